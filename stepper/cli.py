@@ -1,0 +1,130 @@
+"""The `stepper` command line. Bad input exits with code 2 and one line on stderr."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from . import __version__
+from .dump import check_writable, write_dump
+from .errors import StepperError
+from .session import RunSpec, load_model, run
+from .trace import Filter, Recorder, Sink, matches
+from .ui import JsonLines, TensorRows
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    pretty_exceptions_enable=False,
+    help="Step through a Kimi K2 / DeepSeek-V3 layer and see every named tensor.",
+)
+
+
+def fail(message: str) -> None:
+    sys.stderr.write(f"stepper: error: {message}\n")
+    raise typer.Exit(2)
+
+
+def parse_layers(layer: Optional[int], layers: Optional[str]) -> tuple[int, int] | None:
+    if layer is not None and layers is not None:
+        raise StepperError("give --layer or --layers, not both")
+    if layer is not None:
+        return layer, layer + 1
+    if layers is None:
+        return None
+    first, sep, stop = layers.partition(":")
+    try:
+        if not sep:
+            raise ValueError
+        return int(first or 0), int(stop) if stop else sys.maxsize
+    except ValueError:
+        raise StepperError(f"--layers expects A:B (layers A to B-1), got '{layers}'") from None
+
+
+def parse_ids(ids: Optional[str]) -> tuple[int, ...] | None:
+    if ids is None:
+        return None
+    try:
+        return tuple(int(part) for part in ids.split(","))
+    except ValueError:
+        raise StepperError(f"--ids expects comma-separated integers like 1,2,3, got '{ids}'") from None
+
+
+@app.callback(invoke_without_command=True)
+def main(
+    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
+) -> None:
+    if version:
+        print(f"stepper {__version__}")
+        raise typer.Exit(0)
+
+
+@app.command("run")
+def run_command(
+    model: Annotated[str, typer.Option(help="Preset (tiny, tiny-v3, kimi-k2, deepseek-v3) or a config.json.")] = "tiny",
+    layer: Annotated[Optional[int], typer.Option(help="Show only this layer.")] = None,
+    layers: Annotated[Optional[str], typer.Option(help="Show layers A:B (A to B-1).")] = None,
+    ids: Annotated[Optional[str], typer.Option(help="Token ids, comma-separated: 1,2,3.")] = None,
+    prompt_len: Annotated[Optional[int], typer.Option(help="Number of prompt tokens drawn from the seed [default: 7].")] = None,
+    start_pos: Annotated[int, typer.Option(help="Position of the first prompt token (empty cache).")] = 0,
+    decode: Annotated[int, typer.Option(help="Greedy decode steps after the prefill, with the cache.")] = 0,
+    seed: Annotated[int, typer.Option(help="Seed of the synthetic weights and prompt.")] = 0,
+    only: Annotated[Optional[list[str]], typer.Option(help="Show (and dump) only names matching this glob; repeatable.")] = None,
+    plain: Annotated[bool, typer.Option(help="No colour.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per tensor (JSON Lines) on stdout.")] = False,
+    dump: Annotated[Optional[Path], typer.Option(help="Write every shown tensor to FILE.safetensors.")] = None,
+    force: Annotated[bool, typer.Option(help="Let --dump overwrite an existing file.")] = False,
+) -> None:
+    """Run the model on a prompt and print every named tensor in execution order."""
+    try:
+        if ids is not None and prompt_len is not None:
+            raise StepperError("give --ids or --prompt-len, not both")
+        spec = RunSpec(
+            model=model,
+            layers=parse_layers(layer, layers),
+            ids=parse_ids(ids),
+            prompt_len=7 if prompt_len is None else prompt_len,
+            start_pos=start_pos,
+            decode=decode,
+            seed=seed,
+        )
+        if dump is not None:
+            check_writable(dump, force)
+        weights = load_model(spec.model, spec.seed)
+        cfg = weights.config
+        console = Console(no_color=plain, highlight=False, soft_wrap=True)
+        recorder = Recorder()
+        shown = 0
+
+        def count(_event) -> None:
+            nonlocal shown
+            shown += 1
+
+        views: list[Sink] = [count, JsonLines(sys.stdout, cfg) if as_json else TensorRows(console, cfg)]
+        if dump is not None:
+            views.append(recorder)
+        sinks: list[Sink] = [Filter(lambda e: matches(e.name, only), views)] if only else views
+        result = run(spec, sinks, weights)
+        if only and shown == 0:
+            raise StepperError(f"--only {' '.join(only)} matched no tensor (names look like layers.0.self_attn.k_pe)")
+        if dump is not None:
+            write_dump(dump, recorder, {"model": cfg.name, "prompt": json.dumps(result.prompt),
+                                        "start_pos": str(spec.start_pos), "generated": json.dumps(result.generated)})
+        if not as_json:
+            summary_line = f"{shown} tensors · model {cfg.name} · prompt {list(result.prompt)} at positions {spec.start_pos}.."
+            if result.generated:
+                summary_line += f" · generated {list(result.generated)}"
+            if dump is not None:
+                summary_line += f" · dumped to {dump}"
+            console.print(summary_line, style="dim")
+    except StepperError as e:
+        fail(str(e))
+    except BrokenPipeError:
+        sys.stderr.close()  # the reader (e.g. `head`) went away: stop quietly
+        raise typer.Exit(0) from None

@@ -1,0 +1,324 @@
+"""The model's hyper-parameters: a frozen dataclass read from an HF config.json or a named preset.
+
+Field names are those of DeepSeek-V3's and Kimi K2's config.json, so a reader of either file
+finds every value under the name they know. `Config.from_hf` accepts both model types, the
+older `rope_scaling` block and the newer `rope_parameters` block, and rejects inconsistent values
+with a `StepperError` that names the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import StepperError
+
+MODEL_TYPES = ("deepseek_v3", "kimi_k2")
+
+
+@dataclass(frozen=True)
+class Yarn:
+    """YaRN rope scaling: positions past `original_max_position_embeddings` stretched by `factor`."""
+
+    factor: float
+    original_max_position_embeddings: int
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float = 1.0
+    mscale_all_dim: float = 0.0
+
+
+@dataclass(frozen=True)
+class Fp8:
+    """The checkpoint's weight quantization: e4m3 codes with one float32 scale per block."""
+
+    fmt: str = "e4m3"
+    weight_block_size: tuple[int, int] = (128, 128)
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    moe_intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    n_routed_experts: int
+    n_shared_experts: int
+    num_experts_per_tok: int
+    n_group: int
+    topk_group: int
+    routed_scaling_factor: float
+    norm_topk_prob: bool
+    first_k_dense_replace: int
+    moe_layer_freq: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    rope_scaling: Yarn | None
+    quantization: Fp8 | None
+    tie_word_embeddings: bool = False
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """DeepSeek's rule: MoE from `first_k_dense_replace` on, every `moe_layer_freq`-th layer."""
+        return (
+            self.n_routed_experts > 0
+            and layer >= self.first_k_dense_replace
+            and layer % self.moe_layer_freq == 0
+        )
+
+    @classmethod
+    def from_hf(cls, raw: dict[str, Any], name: str = "config.json") -> Config:
+        """Read an HF config.json dict (model_type deepseek_v3 or kimi_k2) and validate it."""
+        return _parse(raw, name)
+
+    def to_hf(self) -> dict[str, Any]:
+        """The config.json dict an HF checkpoint of this model carries (DeepseekV3 field names)."""
+        out: dict[str, Any] = {
+            "architectures": ["DeepseekV3ForCausalLM"],
+            "model_type": self.model_type,
+            "num_key_value_heads": self.num_attention_heads,
+            "hidden_act": "silu",
+            "scoring_func": "sigmoid",
+            "topk_method": "noaux_tc",
+            "attention_bias": False,
+        }
+        for f in dataclasses.fields(self):
+            if f.name in ("name", "model_type", "rope_scaling", "quantization"):
+                continue
+            out[f.name] = getattr(self, f.name)
+        if self.rope_scaling is not None:
+            out["rope_scaling"] = {"type": "yarn", **dataclasses.asdict(self.rope_scaling)}
+        if self.quantization is not None:
+            out["quantization_config"] = {
+                "quant_method": "fp8",
+                "activation_scheme": "dynamic",
+                "fmt": self.quantization.fmt,
+                "weight_block_size": list(self.quantization.weight_block_size),
+            }
+        return out
+
+
+def load_config(path: str | Path) -> Config:
+    """Read and validate a config.json file."""
+    path = Path(path)
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise StepperError(f"{path}: no such file") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise StepperError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(raw, dict):
+        raise StepperError(f"{path}: expected a JSON object, found {type(raw).__name__}")
+    return Config.from_hf(raw, str(path))
+
+
+# ---------------------------------------------------------------------------------------------
+# Parsing and validation
+
+
+class _Fields:
+    """Typed access to a raw config dict; every error names the file and the field."""
+
+    def __init__(self, raw: dict[str, Any], source: str):
+        self.raw, self.source = raw, source
+
+    def fail(self, field: str, why: str) -> StepperError:
+        return StepperError(f"{self.source}: field '{field}' {why}")
+
+    def int(self, field: str, default: Any = ..., minimum: int = 1) -> int:
+        value = self._get(field, default)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.fail(field, f"must be an integer, got {value!r}")
+        if value < minimum:
+            raise self.fail(field, f"must be >= {minimum}, got {value}")
+        return value
+
+    def optional_int(self, field: str) -> int | None:
+        return None if self.raw.get(field) is None else self.int(field)
+
+    def float(self, field: str, default: Any = ..., positive: bool = True) -> float:
+        value = self._get(field, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise self.fail(field, f"must be a finite number, got {value!r}")
+        if positive and value <= 0:
+            raise self.fail(field, f"must be > 0, got {value}")
+        return float(value)
+
+    def bool(self, field: str, default: Any = ...) -> bool:
+        value = self._get(field, default)
+        if not isinstance(value, bool):
+            raise self.fail(field, f"must be true or false, got {value!r}")
+        return value
+
+    def str(self, field: str, default: Any = ...) -> str:
+        value = self._get(field, default)
+        if not isinstance(value, str):
+            raise self.fail(field, f"must be a string, got {value!r}")
+        return value
+
+    def _get(self, field: str, default: Any) -> Any:
+        if field in self.raw and self.raw[field] is not None:
+            return self.raw[field]
+        if default is ...:
+            raise self.fail(field, "is missing")
+        return default
+
+
+def _parse(raw: dict[str, Any], source: str) -> Config:
+    f = _Fields(raw, source)
+    model_type = f.str("model_type")
+    if model_type not in MODEL_TYPES:
+        raise f.fail("model_type", f"must be one of {', '.join(MODEL_TYPES)}, got {model_type!r}")
+    _require_equal(f, "hidden_act", "silu")
+    _require_equal(f, "scoring_func", "sigmoid")
+    _require_equal(f, "topk_method", "noaux_tc")
+    if raw.get("attention_bias"):
+        raise f.fail("attention_bias", "must be false: MLA projections have no bias")
+
+    heads = f.int("num_attention_heads")
+    kv_heads = f.int("num_key_value_heads", default=heads)
+    if kv_heads != heads:
+        raise f.fail(
+            "num_key_value_heads",
+            f"must equal num_attention_heads ({heads}) in MLA, where every head has its own "
+            f"up-projected key and value; got {kv_heads}",
+        )
+    rope_theta, rope_scaling = _rope(f)
+    cfg = Config(
+        name=str(raw.get("_name_or_path") or source),
+        model_type=model_type,
+        vocab_size=f.int("vocab_size"),
+        hidden_size=f.int("hidden_size"),
+        intermediate_size=f.int("intermediate_size"),
+        moe_intermediate_size=f.int("moe_intermediate_size"),
+        num_hidden_layers=f.int("num_hidden_layers"),
+        num_attention_heads=heads,
+        q_lora_rank=f.optional_int("q_lora_rank"),
+        kv_lora_rank=f.int("kv_lora_rank"),
+        qk_nope_head_dim=f.int("qk_nope_head_dim"),
+        qk_rope_head_dim=f.int("qk_rope_head_dim"),
+        v_head_dim=f.int("v_head_dim"),
+        n_routed_experts=f.int("n_routed_experts", default=0, minimum=0),
+        n_shared_experts=f.int("n_shared_experts", default=0, minimum=0),
+        num_experts_per_tok=f.int("num_experts_per_tok", default=1),
+        n_group=f.int("n_group", default=1),
+        topk_group=f.int("topk_group", default=1),
+        routed_scaling_factor=f.float("routed_scaling_factor", default=1.0),
+        norm_topk_prob=f.bool("norm_topk_prob", default=True),
+        first_k_dense_replace=f.int("first_k_dense_replace", default=0, minimum=0),
+        moe_layer_freq=f.int("moe_layer_freq", default=1),
+        rms_norm_eps=f.float("rms_norm_eps", default=1e-6),
+        rope_theta=rope_theta,
+        max_position_embeddings=f.int("max_position_embeddings"),
+        rope_scaling=rope_scaling,
+        quantization=_quantization(f),
+        tie_word_embeddings=f.bool("tie_word_embeddings", default=False),
+    )
+    _check_consistency(cfg, f)
+    return cfg
+
+
+def _require_equal(f: _Fields, field: str, expected: str) -> None:
+    value = f.raw.get(field, expected)
+    if value != expected:
+        raise f.fail(field, f"must be {expected!r} (the only kind stepper runs), got {value!r}")
+
+
+def _rope(f: _Fields) -> tuple[float, Yarn | None]:
+    """rope_theta and the YaRN block, from `rope_scaling` (config.json) or `rope_parameters`."""
+    block_name = "rope_parameters" if isinstance(f.raw.get("rope_parameters"), dict) else "rope_scaling"
+    block = f.raw.get(block_name)
+    theta_source = block if block_name == "rope_parameters" and "rope_theta" in block else f.raw
+    theta = _Fields(theta_source, f.source).float("rope_theta", default=10000.0)
+    if block is None:
+        return theta, None
+    if not isinstance(block, dict):
+        raise f.fail(block_name, f"must be an object or null, got {block!r}")
+    inner = _Fields(block, f"{f.source}: {block_name}")
+    kind = block.get("type", block.get("rope_type", "default"))
+    if kind == "default":
+        return theta, None
+    if kind != "yarn":
+        raise f.fail(f"{block_name}.type", f"must be 'yarn' (or absent), got {kind!r}")
+    yarn = Yarn(
+        factor=inner.float("factor"),
+        original_max_position_embeddings=inner.int("original_max_position_embeddings"),
+        beta_fast=inner.float("beta_fast", default=32.0),
+        beta_slow=inner.float("beta_slow", default=1.0),
+        mscale=inner.float("mscale", default=1.0, positive=False),
+        mscale_all_dim=inner.float("mscale_all_dim", default=0.0, positive=False),
+    )
+    if yarn.factor < 1:
+        raise f.fail(f"{block_name}.factor", f"must be >= 1, got {yarn.factor}")
+    return theta, yarn
+
+
+def _quantization(f: _Fields) -> Fp8 | None:
+    block = f.raw.get("quantization_config")
+    if block is None:
+        return None
+    if not isinstance(block, dict):
+        raise f.fail("quantization_config", f"must be an object, got {block!r}")
+    inner = _Fields(block, f"{f.source}: quantization_config")
+    method = inner.str("quant_method", default="fp8")
+    if method != "fp8":
+        raise f.fail("quantization_config.quant_method", f"must be 'fp8', got {method!r}")
+    fmt = inner.str("fmt", default="e4m3")
+    if fmt != "e4m3":
+        raise f.fail("quantization_config.fmt", f"must be 'e4m3', got {fmt!r}")
+    size = block.get("weight_block_size", [128, 128])
+    if (
+        not isinstance(size, list)
+        or len(size) != 2
+        or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in size)
+    ):
+        raise f.fail("quantization_config.weight_block_size", f"must be two positive integers, got {size!r}")
+    return Fp8(fmt=fmt, weight_block_size=(size[0], size[1]))
+
+
+def _check_consistency(cfg: Config, f: _Fields) -> None:
+    """Relations between fields that a single field's check cannot see."""
+    if cfg.qk_rope_head_dim % 2:
+        raise f.fail("qk_rope_head_dim", f"must be even (rotary dims come in pairs), got {cfg.qk_rope_head_dim}")
+    if cfg.first_k_dense_replace > cfg.num_hidden_layers:
+        raise f.fail(
+            "first_k_dense_replace",
+            f"({cfg.first_k_dense_replace}) must not exceed num_hidden_layers ({cfg.num_hidden_layers})",
+        )
+    if cfg.n_routed_experts == 0:
+        return
+    if cfg.num_experts_per_tok > cfg.n_routed_experts:
+        raise f.fail(
+            "num_experts_per_tok",
+            f"({cfg.num_experts_per_tok}) must not exceed n_routed_experts ({cfg.n_routed_experts})",
+        )
+    if cfg.n_routed_experts % cfg.n_group:
+        raise f.fail("n_group", f"({cfg.n_group}) must divide n_routed_experts ({cfg.n_routed_experts})")
+    per_group = cfg.n_routed_experts // cfg.n_group
+    if cfg.n_group > 1 and per_group < 2:
+        raise f.fail("n_group", f"leaves {per_group} expert per group; a group scores by its top 2")
+    if cfg.topk_group > cfg.n_group:
+        raise f.fail("topk_group", f"({cfg.topk_group}) must not exceed n_group ({cfg.n_group})")
+    if cfg.num_experts_per_tok > cfg.topk_group * per_group:
+        raise f.fail(
+            "num_experts_per_tok",
+            f"({cfg.num_experts_per_tok}) exceeds the experts in the kept groups "
+            f"(topk_group {cfg.topk_group} x {per_group} per group)",
+        )

@@ -1,0 +1,32 @@
+"""One decoder block: pre-norm attention and pre-norm FFN, each added to the residual stream."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..config import Config
+from ..ops import rms_norm
+from ..trace import Emitter
+from .attention import HeadCache, Rope, mla_attention
+from .layer_weights import LayerWeights
+from .mlp import dense_mlp
+from .moe import moe
+
+
+def decoder_layer(
+    hidden: np.ndarray, w: LayerWeights, cfg: Config, rope: Rope, cache: HeadCache | None, emit: Emitter
+) -> np.ndarray:
+    """[B, T, D] residual stream in -> [B, T, D] out."""
+    emit("hidden_states", hidden)
+    x = rms_norm(hidden, w("input_layernorm.weight"), cfg.rms_norm_eps)
+    emit("input_layernorm", x)
+    hidden = hidden + mla_attention(x, w, cfg, rope, cache, emit)
+    emit("attn_residual", hidden)
+
+    x = rms_norm(hidden, w("post_attention_layernorm.weight"), cfg.rms_norm_eps)
+    emit("post_attention_layernorm", x)
+    ffn = moe(x, w, cfg, emit) if cfg.is_moe_layer(w.layer) else dense_mlp(x, w, emit)
+    emit("mlp_output", ffn)
+    hidden = hidden + ffn
+    emit("output", hidden)
+    return hidden

@@ -1,0 +1,20 @@
+"""The dense SwiGLU MLP of the first `first_k_dense_replace` layers."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..ops import linear, silu
+from ..trace import Emitter
+from .layer_weights import LayerWeights
+
+
+def dense_mlp(x: np.ndarray, w: LayerWeights, emit: Emitter) -> np.ndarray:
+    """down(silu(gate(x)) * up(x)).  [B, T, D] -> [B, T, D]"""
+    gate = linear(x, w("mlp.gate_proj.weight"))  # [B, T, I]
+    emit("mlp.gate_proj", gate)
+    up = linear(x, w("mlp.up_proj.weight"))  # [B, T, I]
+    emit("mlp.up_proj", up)
+    act = silu(gate) * up
+    emit("mlp.act", act)
+    return linear(act, w("mlp.down_proj.weight"))

@@ -1,0 +1,176 @@
+"""Named models, written as the config.json an HF checkpoint of each would carry.
+
+`kimi-k2` and `deepseek-v3` are the published full-size configurations. `tiny` is shaped like
+Kimi K2 (one expert group, YaRN with factor 32 and theta 50000, a dense first layer, a shared
+expert) but small enough to run in well under a second; several of its sizes are deliberately not
+multiples of 128, so FP8 blocks are partial. `tiny-v3` is its DeepSeek-V3-shaped sibling: grouped
+routing (4 groups, keep 2) and DeepSeek-V3's rope settings.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .config import Config
+from .errors import StepperError
+
+_FP8 = {
+    "quant_method": "fp8",
+    "activation_scheme": "dynamic",
+    "fmt": "e4m3",
+    "weight_block_size": [128, 128],
+}
+
+_KIMI_YARN = {
+    "type": "yarn",
+    "factor": 32.0,
+    "original_max_position_embeddings": 4096,
+    "beta_fast": 1.0,
+    "beta_slow": 1.0,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
+}
+
+_DEEPSEEK_YARN = {
+    "type": "yarn",
+    "factor": 40.0,
+    "original_max_position_embeddings": 4096,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
+}
+
+_SHARED = {
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "hidden_act": "silu",
+    "scoring_func": "sigmoid",
+    "topk_method": "noaux_tc",
+    "norm_topk_prob": True,
+    "moe_layer_freq": 1,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False,
+    "attention_bias": False,
+}
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": {
+        **_SHARED,
+        "_name_or_path": "tiny",
+        "model_type": "kimi_k2",
+        "vocab_size": 1000,
+        "hidden_size": 320,
+        "intermediate_size": 544,
+        "moe_intermediate_size": 96,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "q_lora_rank": 192,
+        "kv_lora_rank": 128,
+        "qk_nope_head_dim": 32,
+        "qk_rope_head_dim": 16,
+        "v_head_dim": 32,
+        "n_routed_experts": 32,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 4,
+        "n_group": 1,
+        "topk_group": 1,
+        "routed_scaling_factor": 2.827,
+        "first_k_dense_replace": 1,
+        "rope_theta": 50000.0,
+        "max_position_embeddings": 131072,
+        "rope_scaling": _KIMI_YARN,
+        "quantization_config": _FP8,
+    },
+    "tiny-v3": {
+        **_SHARED,
+        "_name_or_path": "tiny-v3",
+        "model_type": "deepseek_v3",
+        "vocab_size": 1000,
+        "hidden_size": 320,
+        "intermediate_size": 544,
+        "moe_intermediate_size": 96,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "q_lora_rank": 192,
+        "kv_lora_rank": 128,
+        "qk_nope_head_dim": 32,
+        "qk_rope_head_dim": 16,
+        "v_head_dim": 32,
+        "n_routed_experts": 32,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 4,
+        "n_group": 4,
+        "topk_group": 2,
+        "routed_scaling_factor": 2.5,
+        "first_k_dense_replace": 1,
+        "rope_theta": 10000.0,
+        "max_position_embeddings": 163840,
+        "rope_scaling": _DEEPSEEK_YARN,
+        "quantization_config": _FP8,
+    },
+    "kimi-k2": {
+        **_SHARED,
+        "_name_or_path": "kimi-k2",
+        "model_type": "kimi_k2",
+        "vocab_size": 163840,
+        "hidden_size": 7168,
+        "intermediate_size": 18432,
+        "moe_intermediate_size": 2048,
+        "num_hidden_layers": 61,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 64,
+        "q_lora_rank": 1536,
+        "kv_lora_rank": 512,
+        "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 128,
+        "n_routed_experts": 384,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 8,
+        "n_group": 1,
+        "topk_group": 1,
+        "routed_scaling_factor": 2.827,
+        "first_k_dense_replace": 1,
+        "rope_theta": 50000.0,
+        "max_position_embeddings": 131072,
+        "rope_scaling": _KIMI_YARN,
+        "quantization_config": _FP8,
+    },
+    "deepseek-v3": {
+        **_SHARED,
+        "_name_or_path": "deepseek-v3",
+        "model_type": "deepseek_v3",
+        "vocab_size": 129280,
+        "hidden_size": 7168,
+        "intermediate_size": 18432,
+        "moe_intermediate_size": 2048,
+        "num_hidden_layers": 61,
+        "num_attention_heads": 128,
+        "num_key_value_heads": 128,
+        "q_lora_rank": 1536,
+        "kv_lora_rank": 512,
+        "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 128,
+        "n_routed_experts": 256,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 8,
+        "n_group": 8,
+        "topk_group": 4,
+        "routed_scaling_factor": 2.5,
+        "first_k_dense_replace": 3,
+        "rope_theta": 10000.0,
+        "max_position_embeddings": 163840,
+        "rope_scaling": _DEEPSEEK_YARN,
+        "quantization_config": _FP8,
+    },
+}
+
+
+def preset(name: str) -> Config:
+    """The named preset's config; an unknown name is a StepperError listing the known ones."""
+    if name not in PRESETS:
+        raise StepperError(f"unknown model '{name}': expected one of {', '.join(PRESETS)} or a checkpoint directory")
+    return Config.from_hf(PRESETS[name], f"preset {name}")

@@ -1,0 +1,102 @@
+"""The one seam between the model and everything that watches it.
+
+Model code calls `emit("self_attn.k_pe", k_pe)` at each catalogued point and knows nothing else.
+An `Emitter` qualifies the name with its scope (phase, layer) and hands an `Event` to each sink:
+the terminal view, a recorder for dumps and fixtures, filters, and later the step debugger.
+An emitter with no sinks does nothing, so silent layers cost nothing.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+Sink = Callable[["Event"], None]
+
+
+@dataclass(frozen=True)
+class Event:
+    """One named tensor as the model produced it.
+
+    `name` is the full name (`decode0.layers.3.self_attn.k_pe`); `key` the catalogue name
+    (`self_attn.k_pe`); `layer` and `phase` the scope it came from (None for global tensors or
+    a run without decode steps).
+    """
+
+    name: str
+    key: str
+    array: np.ndarray
+    layer: int | None = None
+    phase: str | None = None
+
+
+class Emitter:
+    """Callable handed to model code; `layer(i)` and `phase(p)` give scoped children."""
+
+    def __init__(self, sinks: Iterable[Sink] = (), layer: int | None = None, phase: str | None = None):
+        self.sinks = tuple(sinks)
+        self._layer = layer
+        self._phase = phase
+
+    def __call__(self, key: str, array: np.ndarray) -> None:
+        if not self.sinks:
+            return
+        event = Event(self._qualify(key), key, array, self._layer, self._phase)
+        for sink in self.sinks:
+            sink(event)
+
+    def layer(self, index: int) -> Emitter:
+        return Emitter(self.sinks, index, self._phase)
+
+    def phase(self, name: str | None) -> Emitter:
+        return Emitter(self.sinks, self._layer, name)
+
+    def silent(self) -> Emitter:
+        return Emitter((), self._layer, self._phase)
+
+    def _qualify(self, key: str) -> str:
+        name = key if self._layer is None else f"layers.{self._layer}.{key}"
+        return name if self._phase is None else f"{self._phase}.{name}"
+
+
+class Recorder:
+    """Sink that keeps every event, in order."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+
+    def __call__(self, event: Event) -> None:
+        self.events.append(event)
+
+    def tensors(self) -> dict[str, np.ndarray]:
+        return {e.name: e.array for e in self.events}
+
+
+def unphased(name: str) -> str:
+    """`decode0.layers.1.output` -> `layers.1.output`; names without a phase are returned as is."""
+    head, _, rest = name.partition(".")
+    if head == "prefill" or (head.startswith("decode") and head[6:].isdigit()):
+        return rest
+    return name
+
+
+def matches(name: str, patterns: Iterable[str]) -> bool:
+    """True if a glob matches the full name or the name without its phase."""
+    short = unphased(name)
+    return any(fnmatch.fnmatchcase(n, p) for p in patterns for n in (name, short))
+
+
+class Filter:
+    """Sink wrapper passing on only the events a predicate accepts."""
+
+    def __init__(self, accept: Callable[[Event], bool], sinks: Iterable[Sink]):
+        self.accept = accept
+        self.sinks = tuple(sinks)
+
+    def __call__(self, event: Event) -> None:
+        if self.accept(event):
+            for sink in self.sinks:
+                sink(event)

@@ -1,0 +1,105 @@
+"""Views of the event stream: a Rich row per tensor (colour or plain) and JSON Lines.
+
+A row reads, on three lines: the name with its named shape and dtype; its statistics with a
+histogram sparkline; its corner values (the first values of the first row, the last of the last).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import IO, Any
+
+from rich.console import Console
+from rich.text import Text
+
+from . import catalog, summary
+from .config import Config
+from .trace import Event
+
+
+def fmt(x: float) -> str:
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)
+    return f"{x:.4g}"
+
+
+class TensorRows:
+    """Sink printing one row per tensor to a Rich console (colour unless the console is plain)."""
+
+    def __init__(self, console: Console, cfg: Config):
+        self.console = console
+        self.cfg = cfg
+        self.catalog = catalog.load()
+        self.count = 0
+
+    def __call__(self, event: Event) -> None:
+        self.count += 1
+        self.console.print(self.render(event), soft_wrap=True)
+
+    def render(self, event: Event) -> Text:
+        array = event.array
+        dims = self.catalog.dims(event.key, array.shape, self.cfg)
+        st = summary.stats(array)
+        counts, _, _ = summary.histogram(array)
+        first, last = summary.corners(array)
+
+        text = Text()
+        phase, _, rest = event.name.rpartition(event.key)
+        text.append(phase, style="dim")
+        text.append(event.key, style="bold cyan")
+        text.append(rest)
+        text.append(f"  {catalog.format_shape(dims)}", style="yellow")
+        text.append(f"  {array.dtype}\n", style="dim")
+
+        text.append("    ")
+        for label, value in (
+            ("min", st.min), ("max", st.max), ("mean", st.mean), ("std", st.std),
+            ("absmax", st.absmax), ("sum", st.sum),
+        ):
+            text.append(f"{label} ", style="dim")
+            text.append(f"{fmt(value)}  ")
+        for label, value in (("nan", st.nan), ("inf", st.inf)):
+            text.append(f"{label} ", style="dim")
+            text.append(f"{value}  ", style="bold red" if value else "")
+        text.append(summary.sparkline(counts), style="green")
+        text.append("\n    ")
+        text.append("corners ", style="dim")
+        text.append(" ".join(fmt(v) for v in first) + " … " + " ".join(fmt(v) for v in last))
+        return text
+
+
+class JsonLines:
+    """Sink writing one JSON object per tensor, one per line (non-finite numbers become null)."""
+
+    def __init__(self, stream: IO[str], cfg: Config):
+        self.stream = stream
+        self.cfg = cfg
+        self.catalog = catalog.load()
+
+    def __call__(self, event: Event) -> None:
+        self.stream.write(json.dumps(self.record(event), allow_nan=False) + "\n")
+        self.stream.flush()
+
+    def record(self, event: Event) -> dict[str, Any]:
+        array = event.array
+        dims = self.catalog.dims(event.key, array.shape, self.cfg)
+        counts, lo, hi = summary.histogram(array)
+        first, last = summary.corners(array)
+        return {
+            "name": event.name,
+            "key": event.key,
+            "layer": event.layer,
+            "phase": event.phase,
+            "shape": list(array.shape),
+            "dims": [{"symbol": d.symbol, "label": d.label, "size": d.size} for d in dims],
+            "named_shape": catalog.format_shape(dims),
+            "dtype": str(array.dtype),
+            "stats": {k: finite_or_none(v) for k, v in summary.stats(array).as_dict().items()},
+            "histogram": {"counts": counts, "min": finite_or_none(lo), "max": finite_or_none(hi)},
+            "corners": {"first": [finite_or_none(v) for v in first], "last": [finite_or_none(v) for v in last]},
+        }
+
+
+def finite_or_none(x: float | int) -> float | int | None:
+    return None if isinstance(x, float) and not math.isfinite(x) else x

@@ -1,0 +1,87 @@
+"""Config parsing: published values, both model types, and inconsistent configs named by field."""
+
+import json
+
+import pytest
+
+from stepper.config import Config, load_config
+from stepper.errors import StepperError
+from stepper.presets import PRESETS, preset
+
+
+def test_presets_parse_and_round_trip_through_config_json():
+    for name in PRESETS:
+        cfg = preset(name)
+        again = Config.from_hf(json.loads(json.dumps(cfg.to_hf())), name)
+        assert again == cfg, name
+
+
+def test_kimi_k2_published_values():
+    cfg = preset("kimi-k2")
+    assert (cfg.hidden_size, cfg.num_attention_heads, cfg.n_routed_experts, cfg.num_experts_per_tok) == (7168, 64, 384, 8)
+    assert (cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim) == (1536, 512, 128, 64)
+    assert (cfg.n_group, cfg.topk_group, cfg.routed_scaling_factor, cfg.rope_theta) == (1, 1, 2.827, 50000.0)
+    assert cfg.rope_scaling.factor == 32.0 and cfg.rope_scaling.beta_fast == 1.0
+    assert cfg.is_moe_layer(1) and not cfg.is_moe_layer(0)
+
+
+def test_deepseek_v3_published_values():
+    cfg = preset("deepseek-v3")
+    assert (cfg.num_attention_heads, cfg.n_routed_experts, cfg.n_group, cfg.topk_group) == (128, 256, 8, 4)
+    assert (cfg.first_k_dense_replace, cfg.routed_scaling_factor, cfg.rope_theta) == (3, 2.5, 10000.0)
+    assert cfg.rope_scaling.factor == 40.0 and cfg.rope_scaling.beta_fast == 32.0
+    assert cfg.is_moe_layer(3) and not cfg.is_moe_layer(2)
+
+
+def test_tiny_is_kimi_shaped_with_a_partial_fp8_block():
+    cfg = preset("tiny")
+    assert cfg.model_type == "kimi_k2" and cfg.n_group == 1 and cfg.rope_scaling.factor == 32.0
+    assert cfg.num_attention_heads > 1 and cfg.n_shared_experts == 1 and cfg.first_k_dense_replace == 1
+    assert 24 <= cfg.n_routed_experts <= 64 and cfg.num_hidden_layers > cfg.first_k_dense_replace
+    assert any(n % 128 for n in (cfg.hidden_size, cfg.q_lora_rank, cfg.kv_lora_rank + cfg.qk_rope_head_dim))
+
+
+def test_rope_parameters_block_is_read_too(make_config):
+    yarn = dict(PRESETS["tiny"]["rope_scaling"])
+    yarn.pop("type")
+    cfg = make_config(rope_scaling=None, rope_theta=None, rope_parameters={"rope_type": "yarn", "rope_theta": 777.0, **yarn})
+    assert cfg.rope_theta == 777.0 and cfg.rope_scaling.factor == 32.0
+
+
+@pytest.mark.parametrize(
+    "fields, named",
+    [
+        ({"num_key_value_heads": 2}, "num_key_value_heads"),
+        ({"num_experts_per_tok": 64}, "num_experts_per_tok"),
+        ({"n_group": 5}, "n_group"),
+        ({"n_group": 4, "topk_group": 8}, "topk_group"),
+        ({"n_group": 4, "topk_group": 1, "num_experts_per_tok": 9}, "num_experts_per_tok"),
+        ({"hidden_size": None}, "hidden_size"),
+        ({"hidden_size": "320"}, "hidden_size"),
+        ({"hidden_size": 0}, "hidden_size"),
+        ({"num_attention_heads": True}, "num_attention_heads"),
+        ({"qk_rope_head_dim": 15}, "qk_rope_head_dim"),
+        ({"first_k_dense_replace": 9}, "first_k_dense_replace"),
+        ({"model_type": "llama"}, "model_type"),
+        ({"scoring_func": "softmax"}, "scoring_func"),
+        ({"rope_scaling": {"type": "linear", "factor": 2.0}}, "rope_scaling.type"),
+        ({"rope_scaling": {"type": "yarn", "factor": 32.0}}, "original_max_position_embeddings"),
+        ({"routed_scaling_factor": float("nan")}, "routed_scaling_factor"),
+        ({"quantization_config": {"quant_method": "fp8", "weight_block_size": [128]}}, "weight_block_size"),
+    ],
+)
+def test_inconsistent_configs_are_rejected_naming_the_field(make_config, fields, named):
+    with pytest.raises(StepperError, match=named):
+        make_config(**fields)
+
+
+def test_load_config_reports_malformed_files(tmp_path):
+    bad = tmp_path / "config.json"
+    bad.write_text("{ not json")
+    with pytest.raises(StepperError, match="config.json: not valid JSON"):
+        load_config(bad)
+    bad.write_text("[1, 2]")
+    with pytest.raises(StepperError, match="expected a JSON object"):
+        load_config(bad)
+    with pytest.raises(StepperError, match="no such file"):
+        load_config(tmp_path / "missing.json")
