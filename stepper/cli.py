@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -31,7 +31,7 @@ def fail(message: str) -> None:
     raise typer.Exit(2)
 
 
-def parse_layers(layer: Optional[int], layers: Optional[str]) -> tuple[int, int] | None:
+def parse_layers(layer: int | None, layers: str | None) -> tuple[int, int] | None:
     if layer is not None and layers is not None:
         raise StepperError("give --layer or --layers, not both")
     if layer is not None:
@@ -47,7 +47,7 @@ def parse_layers(layer: Optional[int], layers: Optional[str]) -> tuple[int, int]
         raise StepperError(f"--layers expects A:B (layers A to B-1), got '{layers}'") from None
 
 
-def parse_ids(ids: Optional[str]) -> tuple[int, ...] | None:
+def parse_ids(ids: str | None) -> tuple[int, ...] | None:
     if ids is None:
         return None
     try:
@@ -67,19 +67,19 @@ def main(
 
 @app.command("run")
 def run_command(
-    model: Annotated[str, typer.Option(help="Preset (tiny, tiny-v3, kimi-k2, deepseek-v3) or a config.json.")] = "tiny",
-    layer: Annotated[Optional[int], typer.Option(help="Show only this layer.")] = None,
-    layers: Annotated[Optional[str], typer.Option(help="Show layers A:B (A to B-1).")] = None,
-    ids: Annotated[Optional[str], typer.Option(help="Token ids, comma-separated: 1,2,3.")] = None,
-    prompt_len: Annotated[Optional[int], typer.Option(help="Number of prompt tokens drawn from the seed [default: 7].")] = None,
-    start_pos: Annotated[int, typer.Option(help="Position of the first prompt token (empty cache).")] = 0,
-    decode: Annotated[int, typer.Option(help="Greedy decode steps after the prefill, with the cache.")] = 0,
-    seed: Annotated[int, typer.Option(help="Seed of the synthetic weights and prompt.")] = 0,
-    only: Annotated[Optional[list[str]], typer.Option(help="Show (and dump) only names matching this glob; repeatable.")] = None,
-    plain: Annotated[bool, typer.Option(help="No colour.")] = False,
+    model: Annotated[str, typer.Option(metavar="NAME|PATH", help="Preset (tiny, tiny-v3, kimi-k2, deepseek-v3) or a config.json.")] = "tiny",
+    layer: Annotated[int | None, typer.Option(metavar="N", help="Show only layer N.")] = None,
+    layers: Annotated[str | None, typer.Option(metavar="A:B", help="Show layers A to B-1.")] = None,
+    ids: Annotated[str | None, typer.Option(metavar="1,2,3", help="Prompt token ids, comma-separated.")] = None,
+    prompt_len: Annotated[int | None, typer.Option(metavar="T", help="Number of prompt tokens drawn from the seed [default: 7].")] = None,
+    start_pos: Annotated[int, typer.Option(metavar="P", help="Position of the first prompt token (empty cache).")] = 0,
+    decode: Annotated[int, typer.Option(metavar="N", help="Greedy decode steps after the prefill, with the cache.")] = 0,
+    seed: Annotated[int, typer.Option(metavar="S", help="Seed of the synthetic weights and prompt.")] = 0,
+    only: Annotated[list[str] | None, typer.Option(metavar="GLOB", help="Show (and dump) only names matching GLOB, e.g. '*k_pe*'; repeatable.")] = None,
+    plain: Annotated[bool, typer.Option("--plain", help="No colour.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per tensor (JSON Lines) on stdout.")] = False,
-    dump: Annotated[Optional[Path], typer.Option(help="Write every shown tensor to FILE.safetensors.")] = None,
-    force: Annotated[bool, typer.Option(help="Let --dump overwrite an existing file.")] = False,
+    dump: Annotated[Path | None, typer.Option(metavar="FILE", help="Write every shown tensor to FILE.safetensors.")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Let --dump overwrite an existing file.")] = False,
 ) -> None:
     """Run the model on a prompt and print every named tensor in execution order."""
     try:

@@ -101,5 +101,5 @@ class JsonLines:
         }
 
 
-def finite_or_none(x: float | int) -> float | int | None:
+def finite_or_none(x: float) -> float | int | None:
     return None if isinstance(x, float) and not math.isfinite(x) else x

@@ -1,0 +1,116 @@
+"""The command line as a user meets it: output, JSON Lines, dumps, and bad input (exit 2, one line)."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from stepper import catalog
+from stepper.trace import unphased
+
+
+def stepper(*args: str, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "stepper", *args], check=False, capture_output=True, text=True, cwd=cwd, timeout=120)
+
+
+def catalogued_naive_names() -> set[str]:
+    return {e["name"] for e in catalog.load().entries if e["path"] != "absorb"}
+
+
+def key_of(name: str) -> str:
+    name = unphased(name)
+    return name.split(".", 2)[2] if name.startswith("layers.") else name
+
+
+def test_run_shows_the_latent_tensors_with_named_shapes():
+    out = stepper("run", "--plain")
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    for key in ("self_attn.compressed_kv", "self_attn.k_pe ", "self_attn.k_nope"):
+        assert f"layers.1.{key}" in text
+    assert "layers.1.self_attn.compressed_kv  [B=1 batch, T=7 positions, 128 kv latent]  float32" in text
+    assert "min " in text and "absmax " in text and "corners " in text
+    assert "\x1b[" not in text  # --plain: no colour codes
+
+
+def test_json_lines_hold_every_catalogued_name_and_true_statistics():
+    out = stepper("run", "--json", "--ids", "5,6,7,8")
+    assert out.returncode == 0, out.stderr
+    records = [json.loads(line) for line in out.stdout.splitlines()]
+    assert catalogued_naive_names() <= {key_of(r["name"]) for r in records}
+    kv = next(r for r in records if r["name"] == "layers.1.self_attn.compressed_kv")
+    assert kv["shape"] == [1, 4, 128] and kv["named_shape"] == "[B=1 batch, T=4 positions, 128 kv latent]"
+    scores = next(r for r in records if r["name"] == "layers.0.self_attn.attn_scores")
+    assert scores["stats"]["inf"] == 4 * 6  # 4 heads x the 6 masked (future) entries of a 4x4 causal mask
+    weights = next(r for r in records if r["name"] == "layers.0.self_attn.attn_weights")
+    assert weights["stats"]["sum"] == pytest.approx(4 * 4, rel=1e-5)  # every softmax row sums to 1
+
+
+def test_dump_holds_every_tensor_in_order(tmp_path):
+    path = tmp_path / "run.safetensors"
+    out = stepper("run", "--plain", "--decode", "2", "--start-pos", "4094", "--dump", str(path))
+    assert out.returncode == 0, out.stderr
+    tensors = load_file(str(path))
+    with open(path, "rb") as f:
+        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    order = json.loads(header["__metadata__"]["order"])
+    assert set(order) == set(tensors) and order[0] == "prefill.embed" and order[-1] == "decode1.logits"
+    for phase in ("prefill", "decode0", "decode1"):
+        assert catalogued_naive_names() <= {key_of(n) for n in order if n.startswith(phase + ".")}
+    assert tensors["prefill.layers.1.mlp.gate.topk_idx"].dtype == np.int64
+    # the decode step's first token is the greedy choice of the prefill
+    generated = json.loads(header["__metadata__"]["generated"])
+    assert generated[0] == int(np.argmax(tensors["prefill.logits"][0, -1]))
+
+    again = stepper("run", "--plain", "--dump", str(path))
+    assert again.returncode == 2 and "file exists; pass --force" in again.stderr
+    assert load_file(str(path)).keys() == tensors.keys()  # untouched
+
+
+def test_only_and_layer_select_tensors():
+    out = stepper("run", "--json", "--layer", "2", "--only", "*k_pe*")
+    names = [json.loads(line)["name"] for line in out.stdout.splitlines()]
+    assert names == ["layers.2.self_attn.k_pe", "layers.2.self_attn.k_pe_rope"]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--model", "gpt-9"], "unknown model 'gpt-9'"),
+        (["--layer", "3"], "layer 3 out of range: model tiny has layers 0..2"),
+        (["--layers", "1:9"], "layer 1:9 out of range"),
+        (["--ids", "1,2,1000"], "token id 1000 out of range: model tiny has vocab_size 1000"),
+        (["--ids", "1,x"], "--ids expects comma-separated integers"),
+        (["--ids", "1", "--prompt-len", "3"], "give --ids or --prompt-len, not both"),
+        (["--start-pos", "-1"], "--start-pos must be >= 0"),
+        (["--start-pos", "131070"], "exceed max_position_embeddings"),
+        (["--only", "nothing*"], "matched no tensor"),
+        (["--dump", "out.npz"], "must end in .safetensors"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(args, message):
+    out = stepper("run", *args)
+    assert out.returncode == 2
+    assert message in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
+
+
+def test_malformed_config_json_exits_2(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "kimi_k2", "hidden_size": 64')
+    out = stepper("run", "--model", str(tmp_path))
+    assert out.returncode == 2 and "config.json: not valid JSON" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_config_json_model_runs_with_synthetic_weights(tmp_path):
+    from stepper.presets import preset
+
+    raw = preset("tiny").to_hf()
+    raw["num_hidden_layers"] = 2
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    out = stepper("run", "--json", "--model", str(tmp_path / "config.json"), "--prompt-len", "2")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.splitlines()[-1])["name"] == "logits"
