@@ -56,8 +56,27 @@ def parse_ids(ids: str | None) -> tuple[int, ...] | None:
         raise StepperError(f"--ids expects comma-separated integers like 1,2,3, got '{ids}'") from None
 
 
+def main() -> None:
+    """Console entry point: usage errors become one line on stderr and exit code 2."""
+    try:
+        code = app(prog_name="stepper", standalone_mode=False)
+    except typer.TyperException as e:  # typer's usage errors: bad or unknown options
+        ctx = getattr(e, "ctx", None)
+        if type(e).__name__ == "NoArgsIsHelpError" and ctx is not None:
+            print(ctx.get_help())
+            code = 0
+        else:
+            command = ctx.command_path if ctx is not None else "stepper"
+            sys.stderr.write(f"stepper: error: {e.format_message()} (see {command} --help)\n")
+            code = 2
+    except typer.Abort:
+        sys.stderr.write("stepper: interrupted\n")
+        code = 130
+    sys.exit(code or 0)
+
+
 @app.callback(invoke_without_command=True)
-def main(
+def version_option(
     version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
 ) -> None:
     if version:

@@ -89,6 +89,8 @@ def test_only_and_layer_select_tensors():
         (["--start-pos", "131070"], "exceed max_position_embeddings"),
         (["--only", "nothing*"], "matched no tensor"),
         (["--dump", "out.npz"], "must end in .safetensors"),
+        (["--layer", "abc"], "Invalid value for '--layer'"),
+        (["--bogus"], "No such option: --bogus"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(args, message):
