@@ -12,6 +12,7 @@ from rich.console import Console
 
 from . import __version__
 from .dump import check_writable, write_dump
+from .config import Config
 from .errors import StepperError
 from .session import RunSpec, load_model, run
 from .trace import Filter, Recorder, Sink, matches
@@ -75,6 +76,17 @@ def main() -> None:
     sys.exit(code or 0)
 
 
+def describe(cfg: Config, spec: RunSpec) -> str:
+    """One line saying what is about to run."""
+    dense = sum(not cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers))
+    moe = f", {cfg.n_routed_experts} experts top-{cfg.num_experts_per_tok}" if dense < cfg.num_hidden_layers else ""
+    steps = f", then {spec.decode} decode step{'s' if spec.decode > 1 else ''}" if spec.decode else ""
+    return (
+        f"model {cfg.name} ({cfg.model_type}): {cfg.num_hidden_layers} layers ({dense} dense), "
+        f"{cfg.num_attention_heads} heads{moe} · synthetic weights, seed {spec.seed}{steps}"
+    )
+
+
 @app.callback(invoke_without_command=True)
 def version_option(
     version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
@@ -118,6 +130,8 @@ def run_command(
         weights = load_model(spec.model, spec.seed)
         cfg = weights.config
         console = Console(no_color=plain, highlight=False, soft_wrap=True)
+        if not as_json:
+            console.print(describe(cfg, spec), style="bold")
         recorder = Recorder()
         shown = 0
 

@@ -31,11 +31,23 @@ class TensorRows:
         self.console = console
         self.cfg = cfg
         self.catalog = catalog.load()
-        self.count = 0
+        self.scope: tuple[str | None, int | None] | None = None
 
     def __call__(self, event: Event) -> None:
-        self.count += 1
+        scope = (event.phase, event.layer)
+        if scope != self.scope:
+            self.scope = scope
+            self.console.rule(self.heading(event), style="dim", align="left")
         self.console.print(self.render(event), soft_wrap=True)
+
+    def heading(self, event: Event) -> str:
+        parts = [] if event.phase is None else [event.phase]
+        if event.layer is None:
+            parts.append("model")
+        else:
+            kind = "MoE" if self.cfg.is_moe_layer(event.layer) else "dense"
+            parts.append(f"layer {event.layer} ({kind})")
+        return " · ".join(parts)
 
     def render(self, event: Event) -> Text:
         array = event.array
