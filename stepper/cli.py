@@ -11,8 +11,8 @@ import typer
 from rich.console import Console
 
 from . import __version__
-from .dump import check_writable, write_dump
 from .config import Config
+from .dump import check_writable, write_dump
 from .errors import StepperError
 from .session import RunSpec, load_model, run
 from .trace import Filter, Recorder, Sink, matches
