@@ -1,9 +1,15 @@
 """The interpreter's driver: resolve what the user asked for, then run prefill and decode steps.
 
-A run is described by a `RunSpec` (model, layers, tokens, positions, decode steps, seed) and
-reports every named tensor to the given sinks. With decode steps, the prefill's names are
-prefixed `prefill.` and step k's `decode{k}.`; each step feeds the greedy (argmax) token of the
-previous one.
+A run is described by a `RunSpec` and reports every named tensor to the given sinks. Two shapes
+of run:
+
+- the model (default, or `layers=(A, B)`): embedding, layers 0..B-1 (showing A..B-1), and, when
+  every layer runs, the final norm and logits. Decode steps feed the greedy (argmax) token.
+- one layer alone (`layer=N`): layer N on a given residual stream (`input`, a safetensors file)
+  or on the prompt's token embeddings. Nothing produces logits, so decode steps feed tokens drawn
+  from the seed.
+
+With decode steps, the prefill's names are prefixed `prefill.` and step k's `decode{k}.`.
 """
 
 from __future__ import annotations
@@ -14,23 +20,27 @@ from pathlib import Path
 
 import numpy as np
 
+from .checkpoint import Checkpoint
 from .config import Config, load_config
 from .errors import StepperError
 from .model import KVCache, Transformer
 from .presets import PRESETS, preset
+from .safetensors_reader import SafetensorsFile
 from .trace import Emitter, Sink
-from .weights import SyntheticWeights, WeightSource
+from .weights import EMBED, SyntheticWeights, WeightSource
 
 
 @dataclass(frozen=True)
 class RunSpec:
     model: str = "tiny"
-    layers: tuple[int, int] | None = None  # [first, stop); None = the whole model
+    layer: int | None = None  # run this layer alone
+    layers: tuple[int, int | None] | None = None  # [first, stop) of the model run; stop None = the end
     ids: tuple[int, ...] | None = None  # None = `prompt_len` ids drawn from the seed
     prompt_len: int = 7
     start_pos: int = 0
     decode: int = 0
     seed: int = 0
+    input: Path | None = None  # the residual stream for a lone layer
 
 
 @dataclass(frozen=True)
@@ -41,28 +51,26 @@ class RunResult:
 
 
 def load_model(model: str, seed: int) -> WeightSource:
-    """A preset name, or a config.json (or a directory holding one), with synthetic weights."""
+    """A preset (synthetic weights), a checkpoint directory, or a bare config.json (synthetic)."""
     if model in PRESETS:
         return SyntheticWeights(preset(model), seed)
     path = Path(model)
     if path.is_dir():
-        if any(path.glob("*.safetensors")):
-            raise StepperError(
-                f"{path}: reading checkpoint weights is not supported yet; "
-                "point --model at its config.json to run that shape with synthetic weights"
-            )
-        path = path / "config.json"
-    elif not path.exists():
-        raise StepperError(f"unknown model '{model}': expected one of {', '.join(PRESETS)} or a config.json path")
-    return SyntheticWeights(load_config(path), seed)
+        if (path / "config.json").exists() and not any(path.glob("*.safetensors")):
+            return SyntheticWeights(load_config(path / "config.json"), seed)
+        return Checkpoint(path)
+    if path.is_file():
+        return SyntheticWeights(load_config(path), seed)
+    raise StepperError(
+        f"unknown model '{model}': expected one of {', '.join(PRESETS)}, a checkpoint directory or a config.json"
+    )
 
 
 def prompt_ids(spec: RunSpec, cfg: Config) -> tuple[int, ...]:
     if spec.ids is None:
         if spec.prompt_len < 1:
             raise StepperError(f"--prompt-len must be at least 1, got {spec.prompt_len}")
-        rng = np.random.default_rng([spec.seed, 1])
-        return tuple(int(i) for i in rng.integers(0, cfg.vocab_size, spec.prompt_len))
+        return seeded_tokens(spec.seed, cfg, spec.prompt_len)
     if not spec.ids:
         raise StepperError("--ids is empty: give at least one token id")
     bad = [i for i in spec.ids if not 0 <= i < cfg.vocab_size]
@@ -71,14 +79,27 @@ def prompt_ids(spec: RunSpec, cfg: Config) -> tuple[int, ...]:
     return spec.ids
 
 
-def layer_range(spec: RunSpec, cfg: Config) -> range:
+def seeded_tokens(seed: int, cfg: Config, n: int, stream: int = 1) -> tuple[int, ...]:
+    rng = np.random.default_rng([seed, stream])
+    return tuple(int(i) for i in rng.integers(0, cfg.vocab_size, n))
+
+
+def check_layer(layer: int, cfg: Config, what: str = "layer") -> None:
+    if not 0 <= layer < cfg.num_hidden_layers:
+        raise StepperError(f"{what} {layer} out of range: model {cfg.name} has layers 0..{cfg.num_hidden_layers - 1}")
+
+
+def shown_layers(spec: RunSpec, cfg: Config) -> range:
     n = cfg.num_hidden_layers
+    if spec.layer is not None:
+        check_layer(spec.layer, cfg)
+        return range(spec.layer, spec.layer + 1)
     if spec.layers is None:
         return range(n)
     first, stop = spec.layers
+    stop = n if stop is None else stop
     if not (0 <= first < stop <= n):
-        last = f"{first}" if stop == first + 1 else f"{first}:{stop}"
-        raise StepperError(f"layer {last} out of range: model {cfg.name} has layers 0..{n - 1}")
+        raise StepperError(f"layers {first}:{stop} out of range: model {cfg.name} has layers 0..{n - 1}")
     return range(first, stop)
 
 
@@ -94,28 +115,105 @@ def check_positions(spec: RunSpec, cfg: Config, prompt_len: int) -> None:
         )
 
 
-def run(spec: RunSpec, sinks: Iterable[Sink], weights: WeightSource | None = None) -> RunResult:
-    """Run the prefill and `spec.decode` greedy decode steps, emitting to `sinks`."""
+def read_input(path: Path, layer: int, cfg: Config) -> np.ndarray:
+    """The residual stream [B, T, D] for a lone layer, from a safetensors file: its only tensor,
+    or `layers.{N}.hidden_states` (as `stepper run --dump` writes it, with or without `prefill.`)."""
+    with SafetensorsFile(path) as f:
+        names = f.names()
+        wanted = [f"layers.{layer}.hidden_states", f"prefill.layers.{layer}.hidden_states"]
+        name = names[0] if len(names) == 1 else next((n for n in wanted if n in names), None)
+        if name is None:
+            raise StepperError(f"{path}: no tensor named {wanted[0]} (found {len(names)} tensors)")
+        array = np.array(f.get(name), dtype=np.float32)
+    if array.ndim != 3 or array.shape[-1] != cfg.hidden_size:
+        raise StepperError(f"{path}: tensor '{name}' has shape {list(array.shape)}, expected [B, T, {cfg.hidden_size}]")
+    return array
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A validated run: everything `execute` needs, checked before any computation."""
+
+    spec: RunSpec
+    weights: WeightSource
+    shown: range
+    prompt: tuple[int, ...]
+    hidden: np.ndarray | None  # the lone layer's given input
+    needs_logits: bool
+
+    @property
+    def config(self) -> Config:
+        return self.weights.config
+
+    @property
+    def alone(self) -> bool:
+        return self.spec.layer is not None
+
+    @property
+    def input_source(self) -> str:
+        if not self.alone:
+            return "token embeddings"
+        if self.hidden is not None:
+            return str(self.spec.input)
+        if self.weights.has(EMBED):
+            return "the prompt's token embeddings"
+        return "seeded random vectors (no embedding table)"
+
+
+def prepare(spec: RunSpec, weights: WeightSource | None = None) -> Plan:
+    """Resolve and check everything the user gave; raise StepperError on the first problem."""
     weights = weights or load_model(spec.model, spec.seed)
     cfg = weights.config
-    layers = layer_range(spec, cfg)
+    shown = shown_layers(spec, cfg)
     prompt = prompt_ids(spec, cfg)
-    check_positions(spec, cfg, len(prompt))
+    if spec.input is not None and spec.layer is None:
+        raise StepperError("--input feeds one layer: use it with --layer N")
+    hidden = read_input(spec.input, shown.start, cfg) if spec.input else None
+    check_positions(spec, cfg, len(prompt) if hidden is None else hidden.shape[1])
+    alone = spec.layer is not None
+    needs_logits = not alone and (spec.decode > 0 or shown.stop == cfg.num_hidden_layers)
+    weights.check(shown if alone else range(cfg.num_hidden_layers if needs_logits else shown.stop), needs_logits)
+    return Plan(spec, weights, shown, prompt, hidden, needs_logits)
 
-    model = Transformer(weights)
+
+def run(spec: RunSpec, sinks: Iterable[Sink], weights: WeightSource | None = None) -> RunResult:
+    """Prepare and execute."""
+    return execute(prepare(spec, weights), sinks)
+
+
+def execute(plan: Plan, sinks: Iterable[Sink]) -> RunResult:
+    """Run the prefill and `spec.decode` decode steps, emitting to `sinks`."""
+    spec, cfg = plan.spec, plan.config
+    model = Transformer(plan.weights)
     emit = Emitter(sinks)
     cache = KVCache(cfg.num_hidden_layers)
-    phased = spec.decode > 0
-    ids = np.array([prompt], dtype=np.int64)  # [B=1, T]
-    positions = spec.start_pos + np.arange(len(prompt))
+    ids = np.array([plan.prompt], dtype=np.int64)  # [B=1, T]
+    hidden = plan.hidden
+    positions = spec.start_pos + np.arange(ids.shape[1] if hidden is None else hidden.shape[1])
+    decode_tokens = seeded_tokens(spec.seed, cfg, spec.decode, stream=2)
     generated: list[int] = []
     for step in range(spec.decode + 1):
-        phase = None if not phased else ("prefill" if step == 0 else f"decode{step - 1}")
-        needs_logits = step < spec.decode or layers == range(cfg.num_hidden_layers)
-        logits = model.forward(ids, positions, emit.phase(phase), cache, layers, to_logits=needs_logits)
-        if step < spec.decode:
-            token = int(np.argmax(logits[0, -1]))
+        phase = emit.phase(None if spec.decode == 0 else ("prefill" if step == 0 else f"decode{step - 1}"))
+        more = step < spec.decode
+        if plan.alone:
+            if hidden is None:
+                hidden = layer_input(model, ids, spec.seed, step)
+            model.layer(spec.layer, hidden, model.rope(positions, phase), cache, phase)
+            token = decode_tokens[step] if more else None
+        else:
+            logits = model.forward(ids, positions, phase, cache, plan.shown, to_logits=plan.needs_logits)
+            token = int(np.argmax(logits[0, -1])) if more else None
+        if token is not None:
             generated.append(token)
             ids = np.array([[token]], dtype=np.int64)
             positions = positions[-1:] + 1
-    return RunResult(cfg, prompt, tuple(generated))
+            hidden = None
+    return RunResult(cfg, plan.prompt, tuple(generated))
+
+
+def layer_input(model: Transformer, ids: np.ndarray, seed: int, step: int) -> np.ndarray:
+    """A lone layer's synthetic input: the tokens' embeddings, or seeded vectors without a table."""
+    if model.weights.has(EMBED):
+        return model.embed(ids)
+    rng = np.random.default_rng([seed, 3, step])
+    return rng.standard_normal((*ids.shape, model.config.hidden_size), dtype=np.float32)

@@ -1,19 +1,25 @@
 """Where the layer's weights come from, behind one small interface: `source.get(name)`.
 
 Names are those of an HF checkpoint (`model.layers.3.self_attn.kv_a_proj_with_mqa.weight`).
-`weight_shapes` lists every tensor a config needs. `SyntheticWeights` makes any of them on demand,
-deterministically from (seed, name), so a routed expert is only ever made when a token chooses it.
-`ArrayWeights` serves tensors already in memory (tests, the PyTorch cross-check).
+`weight_shapes` lists every tensor a config needs, `storage_dtype` how a Kimi K2 / DeepSeek-V3
+checkpoint stores it: linear weights as FP8 e4m3 codes with float32 block scales
+(`weight_scale_inv`), norms, embeddings, lm_head and the router's gate in BF16, the router's
+bias in float32. `SyntheticWeights` makes any tensor on demand, deterministically from (seed,
+name), stored exactly that way, so a routed expert is only ever made when a token chooses it.
+`ArrayWeights` serves float32 tensors already in memory (tests, the PyTorch cross-check).
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Protocol
 
+import ml_dtypes
 import numpy as np
 
+from . import fp8
 from .config import Config
 from .errors import StepperError
 
@@ -22,8 +28,48 @@ class WeightSource(Protocol):
     config: Config
 
     def get(self, name: str) -> np.ndarray:
-        """The float32 tensor stored under an HF checkpoint name."""
+        """The float32 tensor stored under an HF checkpoint name (FP8 dequantized)."""
         ...
+
+    def get_rows(self, name: str, rows: np.ndarray) -> np.ndarray:
+        """get(name)[rows], reading only those rows where the source can (embeddings)."""
+        ...
+
+    def has(self, name: str) -> bool: ...
+
+    def check(self, layers: Iterable[int], with_globals: bool) -> None:
+        """Raise a StepperError listing every tensor these layers need that is missing or wrong."""
+        ...
+
+
+@dataclass(frozen=True)
+class Stored:
+    """A tensor as a checkpoint stores it: FP8 codes with their block scales, BF16 or F32."""
+
+    dtype: str  # safetensors dtype name: F8_E4M3, BF16, F16 or F32
+    data: np.ndarray
+    scale_inv: np.ndarray | None = None  # [ceil(out/128), ceil(in/128)], FP8 only
+
+    def to_float32(self, name: str = "") -> np.ndarray:
+        if self.dtype == "F8_E4M3":
+            return fp8.dequantize(self.data, self.scale_inv, name=name)
+        return np.asarray(self.data, dtype=np.float32)
+
+
+def is_linear(name: str) -> bool:
+    """The projection weights a DeepSeek-V3 / Kimi K2 checkpoint quantizes to FP8."""
+    return name.startswith("model.layers.") and name.endswith(("_proj.weight", "_proj_with_mqa.weight"))
+
+
+def storage_dtype(cfg: Config, name: str) -> str:
+    if name.endswith("e_score_correction_bias"):
+        return "F32"
+    if cfg.quantization is not None and is_linear(name):
+        return "F8_E4M3"
+    return "BF16"
+
+
+EMBED = "model.embed_tokens.weight"
 
 
 def layer_prefix(layer: int) -> str:
@@ -105,9 +151,11 @@ def _global_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
 class SyntheticWeights:
     """Deterministic weights with realistic scales, made per tensor from (seed, name).
 
-    Linear weights [out, in] ~ N(0, 1/in), so activations keep unit scale; RMSNorm weights near 1;
-    the router's e_score_correction_bias ~ N(0, 0.1^2), large enough to change some choices;
-    embeddings ~ N(0, 1).
+    Values are drawn in float32 and then stored as a checkpoint stores them (FP8 with block
+    scales, BF16, F32); `get` returns what a reader of that checkpoint would compute.
+    Linear weights [out, in] ~ N(0, 1/in), so activations keep unit scale; RMSNorm weights near
+    1; the router's e_score_correction_bias ~ N(0, 0.1^2), large enough to change some choices;
+    embeddings ~ N(0, 1), made row by row.
     """
 
     def __init__(self, config: Config, seed: int = 0):
@@ -115,20 +163,55 @@ class SyntheticWeights:
         self.seed = seed
 
     def get(self, name: str) -> np.ndarray:
+        return self.stored(name).to_float32(name)
+
+    def get_rows(self, name: str, rows: np.ndarray) -> np.ndarray:
+        if name == EMBED:
+            return self._stored_as(name, self._embedding_rows(np.asarray(rows))).to_float32(name)
+        return self.get(name)[rows]
+
+    def has(self, name: str) -> bool:
+        return True
+
+    def check(self, layers: Iterable[int], with_globals: bool) -> None:
+        """Synthetic weights exist for every name of the config."""
+
+    def stored(self, name: str) -> Stored:
+        return self._stored_as(name, self.values(name))
+
+    def _stored_as(self, name: str, values: np.ndarray) -> Stored:
+        dtype = storage_dtype(self.config, name)
+        if dtype == "F8_E4M3":
+            codes, scale_inv = fp8.quantize(values, self.config.quantization.weight_block_size)
+            return Stored(dtype, codes, scale_inv)
+        if dtype == "BF16":
+            return Stored(dtype, values.astype(ml_dtypes.bfloat16))
+        return Stored(dtype, values)
+
+    def values(self, name: str) -> np.ndarray:
+        """The float32 values before storage rounding."""
+        if name == EMBED:
+            return self._embedding_rows(np.arange(self.config.vocab_size))
         shape = shape_of(self.config, name)
         z = self._normal(name, shape)
         if name.endswith("norm.weight"):
             return np.float32(1) + np.float32(0.1) * z
         if name.endswith("e_score_correction_bias"):
             return np.float32(0.1) * z
-        if name == "model.embed_tokens.weight":
-            return z
         return z * np.float32(1 / np.sqrt(shape[-1]))
 
-    def _normal(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+    def _embedding_rows(self, rows: np.ndarray) -> np.ndarray:
+        """Embedding rows ~ N(0, 1), each made on its own so a prompt never makes the whole table."""
+        d = self.config.hidden_size
+        out = np.empty((*rows.shape, d), dtype=np.float32)
+        for index, row in np.ndenumerate(rows):
+            out[index] = self._normal(EMBED, (d,), int(row))
+        return out
+
+    def _normal(self, name: str, shape: tuple[int, ...], *stream: int) -> np.ndarray:
         digest = hashlib.sha256(name.encode()).digest()
         words = np.frombuffer(digest[:16], dtype=np.uint32).tolist()
-        rng = np.random.default_rng(np.random.SeedSequence([self.seed, *words]))
+        rng = np.random.default_rng(np.random.SeedSequence([self.seed, *words, *stream]))
         return rng.standard_normal(shape, dtype=np.float32)
 
 
@@ -139,6 +222,19 @@ class ArrayWeights:
         self.config = config
         self.arrays = arrays
         self.source = source
+
+    def get_rows(self, name: str, rows: np.ndarray) -> np.ndarray:
+        return self.get(name)[rows]
+
+    def has(self, name: str) -> bool:
+        return name in self.arrays
+
+    def check(self, layers: Iterable[int], with_globals: bool) -> None:
+        needed = [n for layer in layers for n in layer_shapes(self.config, layer)]
+        needed += list(_global_shapes(self.config)) if with_globals else []
+        missing = [n for n in needed if n not in self.arrays]
+        if missing:
+            raise StepperError(f"{self.source}: {len(missing)} tensor(s) missing, first '{missing[0]}'")
 
     def get(self, name: str) -> np.ndarray:
         if name not in self.arrays:

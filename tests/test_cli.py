@@ -81,7 +81,7 @@ def test_only_and_layer_select_tensors():
     [
         (["--model", "gpt-9"], "unknown model 'gpt-9'"),
         (["--layer", "3"], "layer 3 out of range: model tiny has layers 0..2"),
-        (["--layers", "1:9"], "layer 1:9 out of range"),
+        (["--layers", "1:9"], "layers 1:9 out of range"),
         (["--ids", "1,2,1000"], "token id 1000 out of range: model tiny has vocab_size 1000"),
         (["--ids", "1,x"], "--ids expects comma-separated integers"),
         (["--ids", "1", "--prompt-len", "3"], "give --ids or --prompt-len, not both"),

@@ -35,7 +35,7 @@ def test_decode_with_cache_equals_uncached_prefill(name, start):
             assert rel_err(step[key][:, -1], full[key][:, t]) < 1e-5, (key, t)
         assert step["layers.1.self_attn.key_states"].shape[2] == t + 1
         assert rel_err(logits[0, -1], full_logits[0, t]) < 1e-5
-    assert cache.length == 6
+    assert cache.length() == 6
 
 
 def test_batch_rows_are_independent():

@@ -1,7 +1,8 @@
 """The whole model: embedding, rotary tables, the decoder layers, final norm and lm_head.
 
-`Transformer.forward` runs T new tokens at given positions, extending a `KVCache` when one is
-passed, so a prefill followed by decode steps equals one uncached pass over the same positions.
+The pieces are separate methods so a session can run the whole model (`forward`) or one layer
+alone on a given residual stream (`layer`). A `KVCache` passed along is extended in place, so a
+prefill followed by decode steps equals one uncached pass over the same positions.
 """
 
 from __future__ import annotations
@@ -18,14 +19,13 @@ from .layer_weights import LayerWeights
 
 
 class KVCache:
-    """One HeadCache per layer, and the number of positions already cached."""
+    """One HeadCache per layer."""
 
     def __init__(self, num_layers: int):
         self.layers = [HeadCache() for _ in range(num_layers)]
 
-    @property
-    def length(self) -> int:
-        keys = self.layers[0].key_states
+    def length(self, layer: int = 0) -> int:
+        keys = self.layers[layer].key_states
         return 0 if keys is None else keys.shape[2]
 
 
@@ -43,11 +43,28 @@ class Transformer:
         if yarn is not None and yarn.mscale_all_dim:
             self.softmax_scale *= yarn_mscale(yarn.factor, yarn.mscale_all_dim) ** 2
 
+    def embed(self, ids: np.ndarray) -> np.ndarray:
+        """ids [B, T] -> [B, T, D], reading only the rows of these tokens."""
+        return np.asarray(self.weights.get_rows("model.embed_tokens.weight", ids), dtype=np.float32)
+
     def rope(self, positions: np.ndarray, emit: Emitter) -> Rope:
         cos, sin = rope_tables(positions, self.inv_freq, self.rope_mscale)  # [T, R/2]
         emit("rope_cos", np.concatenate([cos, cos], axis=-1))  # the reference's cat(freqs, freqs) layout
         emit("rope_sin", np.concatenate([sin, sin], axis=-1))
         return Rope(cos, sin, self.softmax_scale)
+
+    def layer(self, i: int, hidden: np.ndarray, rope: Rope, cache: KVCache | None, emit: Emitter) -> np.ndarray:
+        """Decoder layer i on the residual stream [B, T, D]."""
+        layer_cache = None if cache is None else cache.layers[i]
+        return decoder_layer(hidden, LayerWeights(self.weights, i), self.config, rope, layer_cache, emit.layer(i))
+
+    def head(self, hidden: np.ndarray, emit: Emitter) -> np.ndarray:
+        """Final norm and lm_head: [B, T, D] -> logits [B, T, vocab]."""
+        hidden = rms_norm(hidden, self.weights.get("model.norm.weight"), self.config.rms_norm_eps)
+        emit("norm", hidden)
+        logits = linear(hidden, self.weights.get("lm_head.weight"))
+        emit("logits", logits)
+        return logits
 
     def forward(
         self,
@@ -55,36 +72,22 @@ class Transformer:
         positions: np.ndarray,
         emit: Emitter,
         cache: KVCache | None = None,
-        layers: range | None = None,
+        shown: range | None = None,
         to_logits: bool = True,
     ) -> np.ndarray | None:
         """ids [B, T] at positions [T] -> logits [B, T, vocab].
 
-        `layers` limits which layers emit; the layers before them run silently, so every layer
-        sees its true input. With `to_logits` false the pass stops after the last shown layer
-        and returns None; otherwise the remaining layers, the final norm and lm_head run too
-        (emitted only when every layer is shown).
+        `shown` limits which layers emit; the layers before them run silently, so every layer
+        sees its true input, and the embedding, rope tables, norm and logits are emitted only
+        when every layer is shown. Without `to_logits` the pass stops after the last shown
+        layer and returns None.
         """
-        cfg = self.config
-        shown = range(cfg.num_hidden_layers) if layers is None else layers
-        whole = shown == range(cfg.num_hidden_layers)
-        top = emit if whole else emit.silent()
-        hidden = self.embed(ids)  # [B, T, D]
-        top("embed", hidden)
-        rope = self.rope(positions, top)
-        last = cfg.num_hidden_layers if to_logits else shown.stop
-        for i in range(last):
-            layer_emit = emit.layer(i) if i in shown else emit.silent()
-            hidden = decoder_layer(
-                hidden, LayerWeights(self.weights, i), cfg, rope, None if cache is None else cache.layers[i], layer_emit
-            )
-        if not to_logits:
-            return None
-        hidden = rms_norm(hidden, self.weights.get("model.norm.weight"), cfg.rms_norm_eps)
-        top("norm", hidden)
-        logits = linear(hidden, self.weights.get("lm_head.weight"))
-        top("logits", logits)
-        return logits
-
-    def embed(self, ids: np.ndarray) -> np.ndarray:
-        return self.weights.get("model.embed_tokens.weight")[ids]
+        n = self.config.num_hidden_layers
+        shown = range(n) if shown is None else shown
+        outer = emit if shown == range(n) else emit.silent()
+        hidden = self.embed(ids)
+        outer("embed", hidden)
+        rope = self.rope(positions, outer)
+        for i in range(n if to_logits else shown.stop):
+            hidden = self.layer(i, hidden, rope, cache, emit if i in shown else emit.silent())
+        return self.head(hidden, outer) if to_logits else None

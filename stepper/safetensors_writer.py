@@ -1,0 +1,52 @@
+"""Writes safetensors files one tensor at a time, so memory holds one tensor, not the file.
+
+The header (names, dtypes, shapes, byte offsets) is known before any data exists: each entry
+brings a function that makes its array when its turn comes. The header is padded with spaces
+to a multiple of 8 bytes, as the reference writer does.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+ITEM_SIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "I64": 8, "I32": 4, "U8": 1}
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    dtype: str  # safetensors dtype name
+    shape: tuple[int, ...]
+    make: Callable[[], np.ndarray]
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * ITEM_SIZE[self.dtype]
+
+
+def header_bytes(entries: list[Entry], metadata: dict[str, str] | None) -> bytes:
+    header: dict[str, object] = {"__metadata__": metadata} if metadata else {}
+    offset = 0
+    for e in entries:
+        header[e.name] = {"dtype": e.dtype, "shape": list(e.shape), "data_offsets": [offset, offset + e.nbytes]}
+        offset += e.nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    return raw + b" " * (-len(raw) % 8)
+
+
+def write_safetensors(path: Path, entries: Iterable[Entry], metadata: dict[str, str] | None = None) -> None:
+    entries = list(entries)
+    header = header_bytes(entries, metadata)
+    with open(path, "wb") as f:
+        f.write(len(header).to_bytes(8, "little"))
+        f.write(header)
+        for e in entries:
+            array = np.ascontiguousarray(e.make())
+            if array.shape != e.shape or array.nbytes != e.nbytes:
+                raise ValueError(f"{e.name}: made {array.shape} ({array.nbytes} bytes), header says {e.shape}")
+            array.tofile(f)  # raw bytes, no copy

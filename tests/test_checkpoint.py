@@ -1,0 +1,279 @@
+"""Checkpoint directories: stepper's own writer, an independent writer, strict checks, laziness."""
+
+import ctypes
+import json
+import mmap
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+from test_safetensors_reader import reference_write
+
+from stepper.checkpoint import Checkpoint
+from stepper.errors import StepperError
+from stepper.presets import preset
+from stepper.session import RunSpec, run
+from stepper.synth import synth_checkpoint
+from stepper.trace import Recorder
+from stepper.weights import SyntheticWeights, is_linear, weight_shapes
+
+
+def stepper(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "stepper", *args], check=False, capture_output=True, text=True, timeout=120)
+
+
+def tensors_of(spec: RunSpec, weights=None) -> dict[str, np.ndarray]:
+    rec = Recorder()
+    run(spec, [rec], weights)
+    return rec.tensors()
+
+
+@pytest.fixture(scope="module")
+def synth_dir(tmp_path_factory) -> Path:
+    return synth_checkpoint(SyntheticWeights(preset("tiny"), seed=0), tmp_path_factory.mktemp("synth") / "tiny")
+
+
+def test_synth_writes_an_hf_layout_fp8_checkpoint(synth_dir):
+    index = json.loads((synth_dir / "model.safetensors.index.json").read_text())
+    shards = sorted(p.name for p in synth_dir.glob("*.safetensors"))
+    assert len(shards) == 5 and set(index["weight_map"].values()) == set(shards)
+    config = json.loads((synth_dir / "config.json").read_text())
+    assert config["quantization_config"]["weight_block_size"] == [128, 128]
+    ck = Checkpoint(synth_dir)
+    dtype = {n: ck.shard_of(n).info(n).dtype for n in index["weight_map"]}
+    assert dtype["model.layers.1.self_attn.kv_a_proj_with_mqa.weight"] == "F8_E4M3"
+    assert dtype["model.layers.1.self_attn.kv_a_proj_with_mqa.weight_scale_inv"] == "F32"
+    assert ck.shard_of("model.layers.1.self_attn.kv_a_proj_with_mqa.weight_scale_inv").info(
+        "model.layers.1.self_attn.kv_a_proj_with_mqa.weight_scale_inv").shape == (2, 3)  # [144, 320] in 128-blocks
+    for name in ("model.embed_tokens.weight", "model.norm.weight", "model.layers.1.mlp.gate.weight", "lm_head.weight"):
+        assert dtype[name] == "BF16", name
+    assert dtype["model.layers.1.mlp.gate.e_score_correction_bias"] == "F32"
+
+
+def test_synth_checkpoint_runs_bit_identically_to_the_preset(synth_dir):
+    spec = RunSpec(model="tiny", prompt_len=5, decode=1)
+    from_preset = tensors_of(spec)
+    from_dir = tensors_of(RunSpec(model=str(synth_dir), prompt_len=5, decode=1))
+    assert from_dir.keys() == from_preset.keys()
+    for name, array in from_preset.items():
+        assert np.array_equal(from_dir[name], array), name
+
+
+def test_synth_refuses_to_overwrite_without_force(synth_dir, tmp_path):
+    out = stepper("synth", "--out", str(synth_dir))
+    assert out.returncode == 2 and "already exists; pass --force" in out.stderr
+    target = tmp_path / "again"
+    assert stepper("synth", "--out", str(target), "--layers", "1:2").returncode == 0
+    assert stepper("synth", "--out", str(target), "--force").returncode == 0
+    assert len(list(target.glob("*.safetensors"))) == 5 and not list(tmp_path.glob(".again*"))
+
+
+# ---------------------------------------------------------------------------------------------
+# A checkpoint written by an independent writer (the safetensors package), with FP8 made by
+# ml_dtypes' own cast, the shards laid out differently and one scale in another shard.
+
+
+def independent_checkpoint(folder: Path, seed: int = 7, drop=(), reshape=None, extra=None) -> dict[str, np.ndarray]:
+    """Write tiny's weights with safetensors.serialize_file; return the float64-dequantized truth."""
+    cfg = preset("tiny")
+    rng = np.random.default_rng(seed)
+    shards: dict[str, dict] = {"a.safetensors": {}, "b.safetensors": {}}
+    truth = {}
+    for i, (name, shape) in enumerate(weight_shapes(cfg).items()):
+        shard = "a.safetensors" if i % 2 == 0 else "b.safetensors"
+        if reshape and name in reshape:
+            shape = reshape[name]
+        w = rng.standard_normal(shape) / np.sqrt(shape[-1])
+        if name.endswith("norm.weight"):
+            w = 1 + 0.1 * rng.standard_normal(shape)
+        if name.endswith("bias"):
+            shards[shard][name] = entry("F32", w.astype(np.float32))
+            truth[name] = w.astype(np.float32).astype(np.float64)
+        elif is_linear(name):
+            codes, scales, value = independent_fp8(w)
+            shards[shard][name] = entry("F8_E4M3", codes)
+            scale_shard = "b.safetensors" if name.endswith("layers.1.self_attn.kv_b_proj.weight") else shard
+            shards[scale_shard][name + "_scale_inv"] = entry("F32", scales)
+            truth[name] = value
+        else:
+            b = w.astype(ml_dtypes.bfloat16)
+            shards[shard][name] = entry("BF16", b)
+            truth[name] = b.astype(np.float64)
+    for name, (dtype, array, shard) in (extra or {}).items():
+        for tensors in shards.values():
+            tensors.pop(name, None)
+        shards[shard][name] = entry(dtype, array)
+    for tensors in shards.values():
+        for name in drop:
+            tensors.pop(name, None)
+    folder.mkdir()
+    weight_map = {}
+    for shard, tensors in shards.items():
+        reference_write(folder / shard, tensors)
+        weight_map.update(dict.fromkeys(tensors, shard))
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    (folder / "config.json").write_text(json.dumps(cfg.to_hf()))
+    assert any(weight_map[n] != weight_map[n + "_scale_inv"] for n in weight_map if n + "_scale_inv" in weight_map)
+    return truth
+
+
+def entry(dtype: str, array: np.ndarray) -> np.ndarray:
+    expected = {"F32": np.float32, "BF16": ml_dtypes.bfloat16, "F8_E4M3": ml_dtypes.float8_e4m3fn}[dtype]
+    return np.ascontiguousarray(array, dtype=expected)
+
+
+def independent_fp8(w: np.ndarray):
+    """Block-quantize with ml_dtypes' cast; dequantize in float64 by explicit block indexing."""
+    rows, cols = (-(-n // 128) for n in w.shape)
+    scales = np.zeros((rows, cols), np.float32)
+    codes = np.zeros(w.shape, ml_dtypes.float8_e4m3fn)
+    value = np.zeros(w.shape)
+    for r in range(rows):
+        for c in range(cols):
+            block = (slice(128 * r, 128 * r + 128), slice(128 * c, 128 * c + 128))
+            scales[r, c] = np.abs(w[block]).max() / 448
+            codes[block] = (w[block] / scales[r, c]).astype(ml_dtypes.float8_e4m3fn)
+            value[block] = codes[block].astype(np.float64) * np.float64(scales[r, c])
+    return codes, scales, value
+
+
+@pytest.mark.skipif(not os.environ.get("STEPPER_REQUIRE_CROSSCHECK") and not __import__("importlib").util.find_spec("torch"),
+                    reason="needs torch and transformers (pip install -e .[crosscheck])")
+@pytest.mark.parametrize("writer", ["stepper", "independent"])
+def test_checkpoints_match_the_pytorch_reference(tmp_path, writer):
+    sys.path.insert(0, str(Path(__file__).parent))
+    from hf_reference import hf_trace
+    from test_crosscheck import compare
+
+    folder = tmp_path / "ckpt"
+    if writer == "stepper":
+        synth_checkpoint(SyntheticWeights(preset("tiny"), seed=11), folder)
+        ck = Checkpoint(folder)
+        truth = {n: ck.get(n).astype(np.float64) for n in weight_shapes(ck.config)}
+    else:
+        truth = independent_checkpoint(folder)
+    dump = tmp_path / "run.safetensors"
+    out = stepper("run", "--model", str(folder), "--ids", "3,1,4,1,5", "--start-pos", "4094", "--decode", "2",
+                  "--json", "--dump", str(dump))
+    assert out.returncode == 0, out.stderr
+    from safetensors.numpy import load_file
+
+    mine = load_file(str(dump))
+    generated = json.loads(json.loads(Path(dump).read_bytes()[8:8 + int.from_bytes(dump.read_bytes()[:8], "little")])
+                           ["__metadata__"]["generated"])
+    ref = hf_trace(preset("tiny").to_hf(), {n: v.astype(np.float32) for n, v in truth.items()},
+                   np.array([[3, 1, 4, 1, 5]]), start_pos=4094, decode_ids=[np.array([[t]]) for t in generated])
+    assert set(mine) == set(ref)
+    failures = {n: why for n in mine if (why := compare(n, mine, ref))}
+    assert not failures, failures
+
+
+def test_problems_are_reported_together_by_name(tmp_path):
+    bad_scale = np.ones((1, 1), np.float32)
+    independent_checkpoint(
+        tmp_path / "bad",
+        drop=("model.layers.1.mlp.gate.weight", "model.layers.2.self_attn.o_proj.weight"),
+        reshape={"model.layers.0.self_attn.kv_a_layernorm.weight": (99,)},
+        extra={
+            "model.layers.0.input_layernorm.weight_scale_inv": ("F32", bad_scale, "a.safetensors"),
+        },
+    )
+    with pytest.raises(StepperError) as err:
+        Checkpoint(tmp_path / "bad").check(range(3), with_globals=True)
+    message = str(err.value)
+    assert "4 problem(s)" in message
+    for name in ("model.layers.1.mlp.gate.weight' is missing", "model.layers.2.self_attn.o_proj.weight' is missing",
+                 "kv_a_layernorm.weight' has shape [99], expected [128]",
+                 "input_layernorm.weight_scale_inv' is a block scale for a BF16 weight"):
+        assert name in message, name
+    out = stepper("run", "--model", str(tmp_path / "bad"))
+    assert out.returncode == 2 and "4 problem(s)" in out.stderr and "Traceback" not in out.stderr
+    # running layer 0 alone only needs layer 0's tensors: two of the problems remain
+    assert "2 problem(s)" in stepper("run", "--model", str(tmp_path / "bad"), "--layer", "0").stderr
+
+
+def test_a_missing_or_misshaped_scale_is_named(tmp_path):
+    name = "model.layers.1.self_attn.q_b_proj.weight"
+    independent_checkpoint(tmp_path / "noscale", drop=(name + "_scale_inv",))
+    with pytest.raises(StepperError, match=f"'{name}_scale_inv' is missing"):
+        Checkpoint(tmp_path / "noscale").check([1], with_globals=False)
+    # q_b_proj is [192, 192]: its scales must be [2, 2]
+    independent_checkpoint(tmp_path / "badscale", extra={name + "_scale_inv": ("F32", np.ones((2, 1)), "a.safetensors")})
+    with pytest.raises(StepperError, match=r"has shape \[2, 1\], expected \[2, 2\] for a \[192, 192\] weight"):
+        Checkpoint(tmp_path / "badscale").check([1], with_globals=False)
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda m: m.update({"model.norm.weight": "../outside.safetensors"}), "not a file name"),
+        (lambda m: m.update({"model.norm.weight": "c.safetensors"}), "does not exist"),
+        (lambda m: m.update({"model.layers.0.ghost.weight": "a.safetensors"}), "listed in model.safetensors.index.json but not in this shard"),
+        (lambda m: m.pop("lm_head.weight"), "is in this shard but not in model.safetensors.index.json"),
+    ],
+)
+def test_index_errors_name_the_index_and_tensor(tmp_path, edit, message):
+    folder = tmp_path / "ck"
+    independent_checkpoint(folder)
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    edit(index["weight_map"])
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    out = stepper("run", "--model", str(folder))
+    assert out.returncode == 2 and message in out.stderr, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Laziness: running one layer reads only that layer's pages.
+
+LIBC = ctypes.CDLL(None, use_errno=True)
+
+
+def resident_pages(path: Path) -> np.ndarray:
+    """Which pages of a file are in the page cache (mincore on a fresh read-only map)."""
+    size = path.stat().st_size
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        view = np.frombuffer(mm, dtype=np.uint8)
+        page = mmap.PAGESIZE
+        vec = (ctypes.c_ubyte * ((size + page - 1) // page))()
+        assert LIBC.mincore(ctypes.c_void_p(view.ctypes.data), ctypes.c_size_t(size), vec) == 0
+        del view
+        return np.frombuffer(vec, dtype=np.uint8) & 1
+
+
+def evict(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def test_running_one_layer_never_reads_the_other_layers(tmp_path):
+    raw = preset("tiny").to_hf()
+    raw["num_hidden_layers"] = 6
+    from stepper.config import Config
+
+    cfg = Config.from_hf(raw)
+    folder = synth_checkpoint(SyntheticWeights(cfg, seed=2), tmp_path / "six")
+    ck = Checkpoint(folder)  # reads config, index and every shard's header
+    layer_shard = {i: folder / ck.weight_map[f"model.layers.{i}.input_layernorm.weight"] for i in range(6)}
+    assert len(set(layer_shard.values())) == 6  # one shard per layer
+    for shard in folder.glob("*.safetensors"):
+        evict(shard)
+    if any(resident_pages(s).sum() for s in folder.glob("*.safetensors")):
+        pytest.skip("this file system keeps pages cached after POSIX_FADV_DONTNEED")
+
+    tensors_of(RunSpec(layer=4, prompt_len=3), ck)
+
+    for i, shard in layer_shard.items():
+        read = int(resident_pages(shard).sum())
+        if i == 4:
+            assert read > 0  # layer 4's weights were read
+        else:
+            assert read == 0, f"layer {i}'s shard had {read} pages read"
