@@ -16,8 +16,8 @@ from pathlib import Path
 
 from .checkpoint import INDEX, SCALE
 from .errors import StepperError
-from .safetensors_writer import Entry, write_safetensors
 from .fp8 import scale_grid
+from .safetensors_writer import Entry, write_safetensors
 from .weights import SyntheticWeights, layer_shapes, storage_dtype
 
 
