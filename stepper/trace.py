@@ -84,9 +84,10 @@ def unphased(name: str) -> str:
 
 
 def matches(name: str, patterns: Iterable[str]) -> bool:
-    """True if a glob matches the full name or the name without its phase."""
+    """True if a glob matches the full name, the name without its phase, or a dotted tail of it:
+    `k_pe` and `self_attn.k_pe` both match `decode0.layers.1.self_attn.k_pe`."""
     short = unphased(name)
-    return any(fnmatch.fnmatchcase(n, p) for p in patterns for n in (name, short))
+    return any(fnmatch.fnmatchcase(n, p) or fnmatch.fnmatchcase(short, "*." + p) for p in patterns for n in (name, short))
 
 
 class Filter:
