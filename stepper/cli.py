@@ -3,21 +3,27 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
 
-from . import __version__
+from . import __version__, fp8_view, inspect_view
+from .debugger import CommandSource, Debugger, Quit
 from .dump import check_writable, write_dump
 from .errors import StepperError
-from .session import Plan, RunResult, RunSpec, execute, load_model, prepare, shown_layers
+from .fp8 import BLOCK
+from .model.attention import cache_bytes_per_token
+from .session import Plan, RunResult, RunSpec, attention_path, execute, load_model, prepare, shown_layers
 from .synth import synth_checkpoint
 from .trace import Filter, Recorder, Sink, matches
-from .ui import JsonLines, TensorRows
-from .weights import SyntheticWeights
+from .ui import PICTURES, JsonLines, Pictures, TensorRows
+from .weights import SyntheticWeights, shape_of, storage_dtype
 
 app = typer.Typer(
     add_completion=False,
@@ -28,9 +34,62 @@ app = typer.Typer(
 )
 
 
-def fail(message: str) -> None:
-    sys.stderr.write(f"stepper: error: {message}\n")
-    raise typer.Exit(2)
+def main() -> None:
+    """Console entry point: usage errors become one line on stderr and exit code 2."""
+    try:
+        code = app(prog_name="stepper", standalone_mode=False)
+    except typer.TyperException as e:  # typer's usage errors: bad or unknown options
+        ctx = getattr(e, "ctx", None)
+        if type(e).__name__ == "NoArgsIsHelpError" and ctx is not None:
+            print(ctx.get_help())
+            code = 0
+        else:
+            command = ctx.command_path if ctx is not None else "stepper"
+            sys.stderr.write(f"stepper: error: {e.format_message()} (see {command} --help)\n")
+            code = 2
+    except typer.Abort:
+        sys.stderr.write("stepper: interrupted\n")
+        code = 130
+    sys.exit(code or 0)
+
+
+@contextmanager
+def user_errors() -> Iterator[None]:
+    """A StepperError becomes one line on stderr and exit code 2; a closed pipe ends quietly."""
+    try:
+        yield
+    except StepperError as e:
+        sys.stderr.write(f"stepper: error: {e}\n")
+        raise typer.Exit(2) from None
+    except BrokenPipeError:  # the reader (e.g. `head`) went away
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise typer.Exit(0) from None
+
+
+@app.callback(invoke_without_command=True)
+def version_option(
+    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
+) -> None:
+    if version:
+        print(f"stepper {__version__}")
+        raise typer.Exit(0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Options shared by `run` and `step`
+
+ModelOpt = Annotated[str, typer.Option(metavar="NAME|PATH", help="Preset (tiny, tiny-v3, kimi-k2, deepseek-v3), a checkpoint directory or a config.json.")]
+LayerOpt = Annotated[int | None, typer.Option(metavar="N", help="Run layer N alone (on --input or the prompt's token embeddings).")]
+LayersOpt = Annotated[str | None, typer.Option(metavar="A:B", help="Run the model up to layer B-1, showing layers A to B-1.")]
+IdsOpt = Annotated[str | None, typer.Option(metavar="1,2,3", help="Prompt token ids, comma-separated.")]
+PromptLenOpt = Annotated[int | None, typer.Option(metavar="T", help="Number of prompt tokens drawn from the seed [default: 7].")]
+StartPosOpt = Annotated[int, typer.Option(metavar="P", help="Position of the first prompt token (empty cache).")]
+DecodeOpt = Annotated[int, typer.Option(metavar="N", help="Decode steps after the prefill, with the cache (greedy tokens).")]
+SeedOpt = Annotated[int, typer.Option(metavar="S", help="Seed of the synthetic weights and prompt.")]
+InputOpt = Annotated[Path | None, typer.Option("--input", metavar="FILE", help="Residual stream for --layer N: a safetensors file (e.g. a --dump).")]
+AttnOpt = Annotated[str, typer.Option(metavar="PATH", help="Attention: naive (per-head keys and values), absorb (over the latent cache), or auto (naive prefill, absorbed decode).")]
+PlainOpt = Annotated[bool, typer.Option("--plain", help="No colour.")]
+ForceOpt = Annotated[bool, typer.Option("--force", help="Overwrite an existing output file.")]
 
 
 def parse_layers(layers: str | None) -> tuple[int, int | None] | None:
@@ -54,107 +113,35 @@ def parse_ids(ids: str | None) -> tuple[int, ...] | None:
         raise StepperError(f"--ids expects comma-separated integers like 1,2,3, got '{ids}'") from None
 
 
-def main() -> None:
-    """Console entry point: usage errors become one line on stderr and exit code 2."""
-    try:
-        code = app(prog_name="stepper", standalone_mode=False)
-    except typer.TyperException as e:  # typer's usage errors: bad or unknown options
-        ctx = getattr(e, "ctx", None)
-        if type(e).__name__ == "NoArgsIsHelpError" and ctx is not None:
-            print(ctx.get_help())
-            code = 0
-        else:
-            command = ctx.command_path if ctx is not None else "stepper"
-            sys.stderr.write(f"stepper: error: {e.format_message()} (see {command} --help)\n")
-            code = 2
-    except typer.Abort:
-        sys.stderr.write("stepper: interrupted\n")
-        code = 130
-    sys.exit(code or 0)
-
-
-@app.callback(invoke_without_command=True)
-def version_option(
-    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
-) -> None:
-    if version:
-        print(f"stepper {__version__}")
-        raise typer.Exit(0)
+def run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, input_file, attn) -> RunSpec:
+    if ids is not None and prompt_len is not None:
+        raise StepperError("give --ids or --prompt-len, not both")
+    if layer is not None and layers is not None:
+        raise StepperError("give --layer or --layers, not both")
+    return RunSpec(
+        model=model, layer=layer, layers=parse_layers(layers), ids=parse_ids(ids),
+        prompt_len=7 if prompt_len is None else prompt_len, start_pos=start_pos, decode=decode, seed=seed,
+        input=input_file, attn=attn,
+    )
 
 
 def describe(plan: Plan) -> str:
-    """One line saying what is about to run."""
+    """Two lines saying what is about to run, and what attention caches per position."""
     cfg, spec = plan.config, plan.spec
     dense = sum(not cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers))
     moe = f", {cfg.n_routed_experts} experts top-{cfg.num_experts_per_tok}" if dense < cfg.num_hidden_layers else ""
     weights = f"synthetic weights, seed {spec.seed}" if isinstance(plan.weights, SyntheticWeights) else f"weights from {spec.model}"
     what = f"layer {spec.layer} alone on {plan.input_source}" if plan.alone else f"layers {plan.shown.start}..{plan.shown.stop - 1}"
     steps = f", then {spec.decode} decode step{'s' if spec.decode > 1 else ''}" if spec.decode else ""
+    paths = sorted({attention_path(spec, step) for step in range(spec.decode + 1)}, reverse=True)
+    attn = " then ".join(f"{p}" for p in paths)
+    naive, latent = cache_bytes_per_token(cfg, "naive"), cache_bytes_per_token(cfg, "absorb")
     return (
         f"model {cfg.name} ({cfg.model_type}): {cfg.num_hidden_layers} layers ({dense} dense), "
-        f"{cfg.num_attention_heads} heads{moe} · {weights} · {what}{steps}"
+        f"{cfg.num_attention_heads} heads{moe} · {weights} · {what}{steps}\n"
+        f"attention {attn} · cache per position per layer (float32): per-head keys and values "
+        f"{naive:,} B, latent + rope key {latent:,} B ({naive / latent:.1f}x smaller)"
     )
-
-
-@app.command("run")
-def run_command(
-    model: Annotated[str, typer.Option(metavar="NAME|PATH", help="Preset (tiny, tiny-v3, kimi-k2, deepseek-v3), a checkpoint directory or a config.json.")] = "tiny",
-    layer: Annotated[int | None, typer.Option(metavar="N", help="Run layer N alone (on --input or the prompt's embeddings).")] = None,
-    layers: Annotated[str | None, typer.Option(metavar="A:B", help="Run the model up to layer B-1, showing layers A to B-1.")] = None,
-    ids: Annotated[str | None, typer.Option(metavar="1,2,3", help="Prompt token ids, comma-separated.")] = None,
-    prompt_len: Annotated[int | None, typer.Option(metavar="T", help="Number of prompt tokens drawn from the seed [default: 7].")] = None,
-    start_pos: Annotated[int, typer.Option(metavar="P", help="Position of the first prompt token (empty cache).")] = 0,
-    decode: Annotated[int, typer.Option(metavar="N", help="Decode steps after the prefill, with the cache (greedy tokens).")] = 0,
-    seed: Annotated[int, typer.Option(metavar="S", help="Seed of the synthetic weights and prompt.")] = 0,
-    input_file: Annotated[Path | None, typer.Option("--input", metavar="FILE", help="Residual stream for --layer N: a safetensors file (e.g. a --dump).")] = None,
-    only: Annotated[list[str] | None, typer.Option(metavar="GLOB", help="Show (and dump) only names matching GLOB, e.g. '*k_pe*'; repeatable.")] = None,
-    plain: Annotated[bool, typer.Option("--plain", help="No colour.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per tensor (JSON Lines) on stdout.")] = False,
-    dump: Annotated[Path | None, typer.Option(metavar="FILE", help="Write every shown tensor to FILE.safetensors.")] = None,
-    force: Annotated[bool, typer.Option("--force", help="Let --dump overwrite an existing file.")] = False,
-) -> None:
-    """Run the model on a prompt and print every named tensor in execution order."""
-    try:
-        if ids is not None and prompt_len is not None:
-            raise StepperError("give --ids or --prompt-len, not both")
-        if layer is not None and layers is not None:
-            raise StepperError("give --layer or --layers, not both")
-        spec = RunSpec(
-            model=model,
-            layer=layer,
-            layers=parse_layers(layers),
-            ids=parse_ids(ids),
-            prompt_len=7 if prompt_len is None else prompt_len,
-            start_pos=start_pos,
-            decode=decode,
-            seed=seed,
-            input=input_file,
-        )
-        if dump is not None:
-            check_writable(dump, force)
-        plan = prepare(spec)
-        console = Console(no_color=plain, highlight=False, soft_wrap=True)
-        if not as_json:
-            console.print(describe(plan), style="bold")
-        counter = Counter()
-        recorder = Recorder()
-        views: list[Sink] = [counter, JsonLines(sys.stdout, plan.config) if as_json else TensorRows(console, plan.config)]
-        if dump is not None:
-            views.append(recorder)
-        sinks: list[Sink] = [Filter(lambda e: matches(e.name, only), views)] if only else views
-        result = execute(plan, sinks)
-        if only and counter.count == 0:
-            raise StepperError(f"--only {' '.join(only)} matched no tensor (names look like layers.0.self_attn.k_pe)")
-        if dump is not None:
-            write_dump(dump, recorder, {"model": plan.config.name, "prompt": json.dumps(result.prompt),
-                                        "start_pos": str(spec.start_pos), "generated": json.dumps(result.generated)})
-        if not as_json:
-            console.print(footer(plan, result, counter.count, dump), style="dim")
-    except StepperError as e:
-        fail(str(e))
-    except BrokenPipeError:
-        sys.stderr.close()  # the reader (e.g. `head`) went away: stop quietly
-        raise typer.Exit(0) from None
 
 
 def footer(plan: Plan, result: RunResult, shown: int, dump: Path | None) -> str:
@@ -168,28 +155,12 @@ def footer(plan: Plan, result: RunResult, shown: int, dump: Path | None) -> str:
     return " · ".join(parts)
 
 
-@app.command("synth")
-def synth_command(
-    out: Annotated[Path, typer.Option(metavar="DIR", help="Directory to create.")],
-    model: Annotated[str, typer.Option(metavar="NAME|PATH", help="Preset or config.json to make weights for.")] = "tiny",
-    layers: Annotated[str | None, typer.Option(metavar="A:B", help="Write only layers A to B-1 (no embedding, norm or lm_head).")] = None,
-    seed: Annotated[int, typer.Option(metavar="S", help="Seed of the synthetic weights.")] = 0,
-    force: Annotated[bool, typer.Option("--force", help="Replace DIR if it exists.")] = False,
-) -> None:
-    """Write synthetic weights as a real HF-layout FP8 checkpoint directory."""
-    try:
-        source = load_model(model, seed)
-        if not isinstance(source, SyntheticWeights):
-            raise StepperError(f"--model {model}: synth makes weights for a preset or a config.json, not a checkpoint")
-        chosen = parse_layers(layers)
-        if chosen is not None:
-            chosen = shown_layers(RunSpec(layers=chosen), source.config)
-        synth_checkpoint(source, out, chosen, force)
-        files = sorted(p.name for p in out.iterdir())
-        size = sum(p.stat().st_size for p in out.iterdir())
-        print(f"wrote {out}: {len(files)} files, {size / 2**20:.1f} MiB ({', '.join(files[:3])}{', ...' if len(files) > 3 else ''})")
-    except StepperError as e:
-        fail(str(e))
+def parse_show(show: str | None) -> set[str]:
+    kinds = {k.strip() for k in (show or "").split(",") if k.strip()}
+    unknown = kinds - set(PICTURES)
+    if unknown:
+        raise StepperError(f"--show {show}: unknown picture {min(unknown)!r}; choose from {', '.join(PICTURES)}")
+    return kinds
 
 
 class Counter:
@@ -200,3 +171,251 @@ class Counter:
 
     def __call__(self, _event) -> None:
         self.count += 1
+
+
+# ---------------------------------------------------------------------------------------------
+# run
+
+
+@app.command("run")
+def run_command(
+    model: ModelOpt = "tiny",
+    layer: LayerOpt = None,
+    layers: LayersOpt = None,
+    ids: IdsOpt = None,
+    prompt_len: PromptLenOpt = None,
+    start_pos: StartPosOpt = 0,
+    decode: DecodeOpt = 0,
+    seed: SeedOpt = 0,
+    input_file: InputOpt = None,
+    attn: AttnOpt = "auto",
+    only: Annotated[list[str] | None, typer.Option(metavar="GLOB", help="Show (and dump) only names matching GLOB, e.g. '*k_pe*'; repeatable.")] = None,
+    show: Annotated[str | None, typer.Option(metavar="PICTURES", help=f"Draw pictures after their tensors: {','.join(PICTURES)}.")] = None,
+    plain: PlainOpt = False,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per tensor (JSON Lines) on stdout.")] = False,
+    dump: Annotated[Path | None, typer.Option(metavar="FILE", help="Write every shown tensor to FILE.safetensors.")] = None,
+    force: ForceOpt = False,
+) -> None:
+    """Run the model on a prompt and print every named tensor in execution order."""
+    with user_errors():
+        spec = run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, input_file, attn)
+        pictures = parse_show(show)
+        if dump is not None:
+            check_writable(dump, force)
+        plan = prepare(spec)
+        console = Console(no_color=plain, highlight=False, markup=False, soft_wrap=True)
+        if not as_json:
+            console.print(describe(plan), style="bold")
+        counter, recorder = Counter(), Recorder()
+        views: list[Sink] = [counter, JsonLines(sys.stdout, plan.config) if as_json else TensorRows(console, plan.config)]
+        if pictures:
+            views.append(Pictures(console, plan.config, pictures, plan.weights))
+        if dump is not None:
+            views.append(recorder)
+        sinks: list[Sink] = [Filter(lambda e: matches(e.name, only), views)] if only else views
+        result = execute(plan, sinks)
+        if only and counter.count == 0:
+            raise StepperError(f"--only {' '.join(only)} matched no tensor (names look like layers.0.self_attn.k_pe)")
+        if dump is not None:
+            write_dump(dump, recorder, {"model": plan.config.name, "prompt": json.dumps(result.prompt),
+                                        "start_pos": str(spec.start_pos), "generated": json.dumps(result.generated)})
+        if not as_json:
+            console.print(footer(plan, result, counter.count, dump), style="dim")
+
+
+# ---------------------------------------------------------------------------------------------
+# step
+
+EXPORTS = (".html", ".svg", ".txt")
+
+
+@app.command("step")
+def step_command(
+    model: ModelOpt = "tiny",
+    layer: LayerOpt = None,
+    layers: LayersOpt = None,
+    ids: IdsOpt = None,
+    prompt_len: PromptLenOpt = None,
+    start_pos: StartPosOpt = 0,
+    decode: DecodeOpt = 0,
+    seed: SeedOpt = 0,
+    input_file: InputOpt = None,
+    attn: AttnOpt = "auto",
+    breaks: Annotated[list[str] | None, typer.Option("--break", metavar="GLOB", help="Stop at tensors matching GLOB (e.g. compressed_kv); repeatable.")] = None,
+    until: Annotated[str | None, typer.Option(metavar="NAME", help="Run until the first tensor matching NAME and stop there.")] = None,
+    commands: Annotated[Path | None, typer.Option(metavar="FILE", help="Read debugger commands from FILE first, one per line.")] = None,
+    plain: PlainOpt = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Write each tensor the debugger stops at as a JSON line on stdout (the session goes to stderr).")] = False,
+    export: Annotated[Path | None, typer.Option(metavar="FILE", help="Record the session to FILE.html, FILE.svg or FILE.txt.")] = None,
+    force: ForceOpt = False,
+) -> None:
+    """Step through the run one named tensor at a time, like a debugger.
+
+    At each stop: Enter or n next, c continue, b GLOB break, d delete, u NAME until,
+    p NAME[slice] print, e explain, w where, x A B compare, h history, s show PICTURE, q quit, ? help.
+    Commands are read from the terminal, or line by line from a pipe.
+    """
+    with user_errors():
+        spec = run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, input_file, attn)
+        if export is not None:
+            check_export(export, force)
+        script = read_commands(commands) if commands is not None else None
+        plan = prepare(spec)
+        console = Console(no_color=plain, highlight=False, markup=False, soft_wrap=True, record=export is not None,
+                          stderr=as_json)
+        console.print(describe(plan), style="bold")
+        interactive = sys.stdin.isatty() and console.is_terminal
+        source = CommandSource(console, sys.stdin, interactive, script)
+        on_stop = JsonLines(sys.stdout, plan.config) if as_json else None
+        debugger = Debugger(console, plan.config, source, plan.weights, list(breaks or []), until, on_stop)
+        try:
+            result = execute(plan, [debugger])
+            console.print(footer(plan, result, len(debugger.history), None), style="dim")
+        except Quit:
+            console.print(f"quit after {len(debugger.history)} tensors", style="dim")
+        if export is not None:
+            save_export(console, export)
+
+
+def read_commands(path: Path) -> list[str]:
+    try:
+        return path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise StepperError(f"--commands {path}: cannot read it ({e})") from None
+
+
+def check_export(path: Path, force: bool) -> None:
+    if path.suffix not in EXPORTS:
+        raise StepperError(f"--export {path}: the file name must end in {', '.join(EXPORTS)}")
+    if path.exists() and not force:
+        raise StepperError(f"--export {path}: file exists; pass --force to overwrite it")
+    if not path.parent.is_dir():
+        raise StepperError(f"--export {path}: folder {path.parent} does not exist")
+
+
+def save_export(console: Console, path: Path) -> None:
+    if path.suffix == ".html":
+        console.save_html(str(path))
+    elif path.suffix == ".svg":
+        console.save_svg(str(path), title="stepper step")
+    else:
+        console.save_text(str(path))
+    sys.stderr.write(f"session recorded to {path}\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# synth, inspect, fp8
+
+
+@app.command("synth")
+def synth_command(
+    out: Annotated[Path, typer.Option(metavar="DIR", help="Directory to create.")],
+    model: Annotated[str, typer.Option(metavar="NAME|PATH", help="Preset or config.json to make weights for.")] = "tiny",
+    layers: Annotated[str | None, typer.Option(metavar="A:B", help="Write only layers A to B-1 (no embedding, norm or lm_head).")] = None,
+    seed: SeedOpt = 0,
+    force: Annotated[bool, typer.Option("--force", help="Replace DIR if it exists.")] = False,
+) -> None:
+    """Write synthetic weights as a real HF-layout FP8 checkpoint directory."""
+    with user_errors():
+        source = load_model(model, seed)
+        if not isinstance(source, SyntheticWeights):
+            raise StepperError(f"--model {model}: synth makes weights for a preset or a config.json, not a checkpoint")
+        chosen = parse_layers(layers)
+        if chosen is not None:
+            chosen = shown_layers(RunSpec(layers=chosen), source.config)
+        synth_checkpoint(source, out, chosen, force)
+        files = sorted(p.name for p in out.iterdir())
+        size = sum(p.stat().st_size for p in out.iterdir())
+        print(f"wrote {out}: {len(files)} files, {size / 2**20:.1f} MiB ({', '.join(files[:3])}{', ...' if len(files) > 3 else ''})")
+
+
+@app.command("inspect")
+def inspect_command(
+    path: Annotated[Path, typer.Argument(metavar="PATH", help="A .safetensors file or a checkpoint directory.", show_default=False)],
+    stats: Annotated[bool, typer.Option("--stats", help="Decode every tensor (FP8 with its scales) and add min, max, mean, std, absmax, NaN and Inf counts.")] = False,
+    only: Annotated[list[str] | None, typer.Option(metavar="GLOB", help="List only tensors whose name (or scale's name) matches GLOB, e.g. '*layers.1.*'; repeatable.")] = None,
+    experts: Annotated[bool, typer.Option("--experts", help="One row per routed expert instead of one row per projection of all experts.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per tensor (JSON Lines, experts never folded) on stdout.")] = False,
+    plain: Annotated[bool, typer.Option("--plain", help="No colour.")] = False,
+) -> None:
+    """List a checkpoint's tensors, layer by layer.
+
+    PATH is a checkpoint directory (config.json, index, shards) or one .safetensors file. Each row
+    shows a tensor's dtype, shape, FP8 scale grid (the weight_scale_inv shape), size and shard; a
+    layer's routed experts share one row per projection unless --experts.
+    """
+    with user_errors():
+        source = inspect_view.open_source(path)
+        tensors = inspect_view.collect(source, only)
+        if only and not tensors:
+            raise StepperError(f"--only {' '.join(only)} matched no tensor (names look like model.layers.1.self_attn.o_proj.weight)")
+        if stats:
+            tensors = inspect_view.with_stats(source, tensors, progress=sys.stderr.isatty(), plain=plain)
+        groups = inspect_view.group(tensors, source.config, fold_experts=not experts and not as_json)
+        if as_json:
+            inspect_view.write_json(sys.stdout, groups)
+        else:
+            console = Console(no_color=plain, highlight=False, soft_wrap=True)
+            inspect_view.render(console, source, groups, tensors, inspect_view.total_tensors(source), stats)
+
+
+@app.command("fp8")
+def fp8_command(
+    code: Annotated[str | None, typer.Argument(metavar="CODE", help="One byte to take apart: 0xCD, 205 or 0b11001101.", show_default=False)] = None,
+    weight: Annotated[str | None, typer.Option(metavar="NAME", help="Show one block of this FP8 weight, e.g. model.layers.1.self_attn.kv_a_proj_with_mqa.weight.")] = None,
+    model: Annotated[str | None, typer.Option(metavar="NAME|DIR", help="With --weight: a preset (synthetic weights) or a checkpoint directory [default: tiny].")] = None,
+    block: Annotated[str | None, typer.Option(metavar="R,C", help="With --weight: the block's row and column in the weight's scale grid [default: 0,0].")] = None,
+    seed: Annotated[int | None, typer.Option(metavar="S", help="With --weight and a preset: seed of the synthetic weights [default: 0].")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON on stdout: the 256 codes, the byte, or the block.")] = False,
+    plain: Annotated[bool, typer.Option("--plain", help="No colour.")] = False,
+) -> None:
+    """Show the e4m3fn format and FP8 weight blocks.
+
+    \b
+    stepper fp8                   the value of all 256 codes, as a 16x16 table
+    stepper fp8 0xCD              one byte bit by bit (also 205 or 0b11001101)
+    stepper fp8 --weight NAME     one 128x128 block of an FP8 weight: its scale_inv,
+                                  codes and values (--model, --block R,C)
+    """
+    with user_errors():
+        if weight is None:
+            given = [f"--{o}" for o, value in (("model", model), ("block", block), ("seed", seed)) if value is not None]
+            if given:
+                raise StepperError(f"{', '.join(given)} only go{'es' if len(given) == 1 else ''} with --weight NAME")
+        elif code is not None:
+            raise StepperError("give a CODE or --weight NAME, not both")
+        console = Console(no_color=plain, highlight=False, soft_wrap=True)
+        if weight is not None:
+            shown = fp8_block(weight, model or "tiny", fp8_view.parse_block(block or "0,0"), seed or 0)
+            if as_json:
+                print(json.dumps(fp8_view.block_record(shown), allow_nan=False))
+            else:
+                fp8_view.render_block(console, shown)
+        elif code is not None:
+            byte = fp8_view.parse_code(code)
+            if as_json:
+                print(json.dumps(fp8_view.code_record(byte)))
+            else:
+                fp8_view.render_code(console, byte)
+        elif as_json:
+            print(fp8_view.table_json())
+        else:
+            fp8_view.render_table(console)
+
+
+def fp8_block(name: str, model: str, index: tuple[int, int], seed: int) -> fp8_view.Block:
+    """Block `index` of weight `name` from a preset's synthetic weights or a checkpoint."""
+    source = load_model(model, seed)
+    cfg = source.config
+    size = cfg.quantization.weight_block_size if cfg.quantization else BLOCK
+    example = "FP8 weights are the layers' projections, e.g. model.layers.1.self_attn.kv_a_proj_with_mqa.weight"
+    if isinstance(source, SyntheticWeights):  # check before making it: an embedding can be gigabytes
+        try:
+            shape = shape_of(cfg, name)
+        except StepperError as e:
+            raise StepperError(f"{e}; {example}") from None
+        fp8_view.require_fp8(name, storage_dtype(cfg, name), shape)
+    elif not source.has(name):
+        raise StepperError(f"{model}: no tensor named '{name}'; {example}")
+    where = f"synthetic weights of {cfg.name}, seed {seed}" if isinstance(source, SyntheticWeights) else f"checkpoint {model}"
+    return fp8_view.load_block(source.stored(name), name, index, size, where)

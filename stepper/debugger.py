@@ -131,18 +131,20 @@ class Debugger:
         if self.on_stop:
             self.on_stop(event)
         if self.stops == 0:
-            self.console.print(HELP, style="dim")
+            self.console.print(Text(HELP, style="dim"))
         self.stops += 1
 
     def breadcrumb(self, event: Event) -> str:
         parts = [] if event.phase is None else [event.phase]
-        if event.layer is not None:
-            kind = "MoE" if self.cfg.is_moe_layer(event.layer) else "dense"
-            parts.append(f"layer {event.layer} ({kind})")
+        if event.layer is None:
+            parts.append("model")
+        else:
+            parts.append(f"layer {event.layer} ({'MoE' if self.cfg.is_moe_layer(event.layer) else 'dense'})")
         entry = self.catalog.entry(event.key)
-        if entry:
-            parts.append(BLOCKS.get(entry["block"], entry["block"]))
-        parts.append(event.key.rpartition(".")[2] if entry and entry["block"] != "router" else event.key)
+        block = BLOCKS.get(entry["block"], entry["block"]) if entry else None
+        if block and block != parts[-1]:
+            parts.append(block)
+        parts.append(event.key if block == BLOCKS["router"] else event.key.rpartition(".")[2])
         return " › ".join(parts)
 
     # -- commands ----------------------------------------------------------------------------
@@ -165,8 +167,8 @@ class Debugger:
         rest = rest.strip()
         handler = COMMANDS.get(word)
         if handler is None:
-            self.console.print(f"unknown command '{word}'", style="red")
-            self.console.print(HELP, style="dim")
+            self.console.print(Text(f"unknown command '{word}'", style="red"))
+            self.console.print(Text(HELP, style="dim"))
             return False
         return bool(handler(self, rest))
 
@@ -245,7 +247,7 @@ class Debugger:
         raise Quit
 
     def cmd_help(self, _: str) -> None:
-        self.console.print(HELP)
+        self.console.print(Text(HELP))
 
     # -- pictures ----------------------------------------------------------------------------
 

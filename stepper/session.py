@@ -41,6 +41,17 @@ class RunSpec:
     decode: int = 0
     seed: int = 0
     input: Path | None = None  # the residual stream for a lone layer
+    attn: str = "auto"  # naive | absorb | auto (naive for the prefill, absorbed for decode steps)
+
+
+ATTN_PATHS = ("auto", "naive", "absorb")
+
+
+def attention_path(spec: RunSpec, step: int) -> str:
+    """The attention path of a step: absorbed attention pays off when attending over a cache."""
+    if spec.attn != "auto":
+        return spec.attn
+    return "naive" if step == 0 else "absorb"
 
 
 @dataclass(frozen=True)
@@ -162,6 +173,8 @@ class Plan:
 
 def prepare(spec: RunSpec, weights: WeightSource | None = None) -> Plan:
     """Resolve and check everything the user gave; raise StepperError on the first problem."""
+    if spec.attn not in ATTN_PATHS:
+        raise StepperError(f"--attn must be one of {', '.join(ATTN_PATHS)}, got '{spec.attn}'")
     weights = weights or load_model(spec.model, spec.seed)
     cfg = weights.config
     shown = shown_layers(spec, cfg)
@@ -195,13 +208,14 @@ def execute(plan: Plan, sinks: Iterable[Sink]) -> RunResult:
     for step in range(spec.decode + 1):
         phase = emit.phase(None if spec.decode == 0 else ("prefill" if step == 0 else f"decode{step - 1}"))
         more = step < spec.decode
+        attn = attention_path(spec, step)
         if plan.alone:
             if hidden is None:
                 hidden = layer_input(model, ids, spec.seed, step)
-            model.layer(spec.layer, hidden, model.rope(positions, phase), cache, phase)
+            model.layer(spec.layer, hidden, model.rope(positions, phase), cache, phase, attn)
             token = decode_tokens[step] if more else None
         else:
-            logits = model.forward(ids, positions, phase, cache, plan.shown, to_logits=plan.needs_logits)
+            logits = model.forward(ids, positions, phase, cache, plan.shown, plan.needs_logits, attn)
             token = int(np.argmax(logits[0, -1])) if more else None
         if token is not None:
             generated.append(token)

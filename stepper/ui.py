@@ -10,12 +10,14 @@ import json
 import math
 from typing import IO, Any
 
+import numpy as np
 from rich.console import Console
 from rich.text import Text
 
-from . import catalog, summary
+from . import catalog, pictures, summary
 from .config import Config
 from .trace import Event
+from .weights import storage_dtype
 
 
 def fmt(x: float) -> str:
@@ -115,3 +117,44 @@ class JsonLines:
 
 def finite_or_none(x: float) -> float | int | None:
     return None if isinstance(x, float) and not math.isfinite(x) else x
+
+
+PICTURES = ("attention", "routing", "hist", "scales")
+ATTENTION_WEIGHTS = ("q_a_proj", "q_b_proj", "q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")
+
+
+class Pictures:
+    """Sink drawing pictures after the tensors they belong to (`stepper run --show`).
+
+    attention: each layer's attention weights as per-head heat maps; routing: the router's token x
+    expert map and per-expert load; hist: a histogram of every shown tensor; scales: the FP8 block
+    scales of each shown layer's attention projections.
+    """
+
+    def __init__(self, console: Console, cfg: Config, kinds: set[str], weights=None):
+        self.console = console
+        self.cfg = cfg
+        self.kinds = kinds
+        self.weights = weights
+        self.topk_idx: np.ndarray | None = None
+
+    def __call__(self, event: Event) -> None:
+        if "hist" in self.kinds:
+            self.console.print(pictures.histogram(event.array, title=event.name))
+        if "attention" in self.kinds and event.key == "self_attn.attn_weights":
+            self.console.print(pictures.attention_heatmap(event.array, title=event.name))
+        if event.key == "mlp.gate.topk_idx":
+            self.topk_idx = event.array
+        if "routing" in self.kinds and event.key == "mlp.gate.topk_weight" and self.topk_idx is not None:
+            self.console.print(pictures.routing_map(self.topk_idx, event.array, self.cfg.n_routed_experts))
+        if "scales" in self.kinds and event.key == "hidden_states" and hasattr(self.weights, "stored"):
+            self.draw_scales(event.layer)
+
+    def draw_scales(self, layer: int) -> None:
+        for short in ATTENTION_WEIGHTS:
+            name = f"model.layers.{layer}.self_attn.{short}.weight"
+            if not self.weights.has(name) or storage_dtype(self.cfg, name) != "F8_E4M3":
+                continue
+            stored = self.weights.stored(name)
+            if stored.scale_inv is not None:
+                self.console.print(pictures.scale_grid(np.asarray(stored.scale_inv, dtype=np.float32), title=name))

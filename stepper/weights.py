@@ -171,6 +171,10 @@ class SyntheticWeights:
         return self.get(name)[rows]
 
     def has(self, name: str) -> bool:
+        try:
+            shape_of(self.config, name)
+        except StepperError:
+            return False
         return True
 
     def check(self, layers: Iterable[int], with_globals: bool) -> None:

@@ -21,7 +21,7 @@ NAMES_MD = REPO / "docs" / "names.md"
 
 BLOCKS = {"model", "norm", "attention", "residual", "mlp", "router", "moe"}
 LAYERS = {"all", "dense", "moe"}
-PATHS = {"both", "absorb"}
+PATHS = {"both", "naive", "absorb"}
 DTYPES = {"float32", "int64"}
 REFERENCE_KEYS = {"variable", "modeling_deepseek.py", "transformers", "transformers_hint", "inference"}
 ALIAS_KEYS = {"hf_module", "inference", "llama.cpp"}

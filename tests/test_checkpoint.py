@@ -157,7 +157,7 @@ def test_checkpoints_match_the_pytorch_reference(tmp_path, writer):
     else:
         truth = independent_checkpoint(folder)
     dump = tmp_path / "run.safetensors"
-    out = stepper("run", "--model", str(folder), "--ids", "3,1,4,1,5", "--start-pos", "4094", "--decode", "2",
+    out = stepper("run", "--model", str(folder), "--ids", "3,1,4,1,5", "--start-pos", "4094", "--decode", "2", "--attn", "naive",
                   "--json", "--dump", str(dump))
     assert out.returncode == 0, out.stderr
     from safetensors.numpy import load_file

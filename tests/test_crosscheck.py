@@ -58,7 +58,8 @@ def traces(model: str, start_pos: int, decode: int, seed: int = 0):
     synthetic = SyntheticWeights(cfg, seed)
     arrays = {n: synthetic.get(n) for n in weight_shapes(cfg)}
     rec = Recorder()
-    result = run(RunSpec(model=model, ids=PROMPT, start_pos=start_pos, decode=decode), [rec], ArrayWeights(cfg, arrays))
+    spec = RunSpec(model=model, ids=PROMPT, start_pos=start_pos, decode=decode, attn="naive")
+    result = run(spec, [rec], ArrayWeights(cfg, arrays))
     steps = [np.array([[t]]) for t in result.generated] or None
     ref = hf_trace(cfg.to_hf(), arrays, np.array([PROMPT]), start_pos=start_pos, decode_ids=steps)
     return rec.tensors(), ref

@@ -1,9 +1,16 @@
-"""Multi-head Latent Attention (MLA), the naive path of the reference modeling_deepseek.py.
+"""Multi-head Latent Attention (MLA): the naive path of the reference modeling_deepseek.py and
+the absorbed path of DeepSeek's inference code.
 
 The query goes through a low-rank bottleneck (q_a -> RMSNorm -> q_b). Keys and values are
 compressed jointly into one latent per token (kv_lora_rank dims) plus one rotary key shared by
-all heads (qk_rope_head_dim dims); the latent is normalised and up-projected into per-head keys
-(nope part) and values. Only the rotary dims carry position (decoupled RoPE).
+all heads (qk_rope_head_dim dims); the latent is normalised. Only the rotary dims carry position
+(decoupled RoPE).
+
+- naive: kv_b up-projects the latent into per-head keys (nope part) and values; attention runs
+  over them. The cache keeps every position's per-head keys and values.
+- absorbed: kv_b's key half W_UK is folded into the query (q_nope_absorbed = q_nope W_UK) and its
+  value half W_UV is applied after attention, so attention runs over the cached latents
+  themselves. The cache keeps one latent and one rotary key per position: the point of MLA.
 
 Shape symbols: B batch, T new positions, S attended positions, H heads, C kv_lora_rank,
 R qk_rope_head_dim, P qk_nope_head_dim, V v_head_dim, D hidden_size.
@@ -31,13 +38,28 @@ class Rope:
 
 
 @dataclass
-class HeadCache:
-    """The naive path's cache: every attended position's per-head keys and values."""
+class LayerCache:
+    """What one layer remembers of earlier positions.
 
-    key_states: np.ndarray | None = None  # [B, H, S, P+R]
-    value_states: np.ndarray | None = None  # [B, H, S, V]
+    The latent (compressed_kv_norm) and the roped shared key are kept by both paths; the naive
+    path also keeps the per-head keys and values it attended over.
+    """
 
-    def extend(self, keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    latent: np.ndarray | None = None  # [B, S, C]
+    k_pe: np.ndarray | None = None  # [B, 1, S, R], after RoPE
+    key_states: np.ndarray | None = None  # [B, H, S, P+R], naive path
+    value_states: np.ndarray | None = None  # [B, H, S, V], naive path
+
+    @property
+    def length(self) -> int:
+        return 0 if self.latent is None else self.latent.shape[1]
+
+    def extend_latent(self, latent: np.ndarray, k_pe: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        self.latent = latent if self.latent is None else np.concatenate([self.latent, latent], axis=1)
+        self.k_pe = k_pe if self.k_pe is None else np.concatenate([self.k_pe, k_pe], axis=2)
+        return self.latent, self.k_pe
+
+    def extend_heads(self, keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if self.key_states is not None:
             keys = np.concatenate([self.key_states, keys], axis=2)
             values = np.concatenate([self.value_states, values], axis=2)
@@ -45,29 +67,74 @@ class HeadCache:
         return keys, values
 
 
+def cache_bytes_per_token(cfg: Config, path: str, itemsize: int = 4) -> int:
+    """Bytes one layer caches per position: per-head keys and values, or one latent + rope key."""
+    if path == "naive":
+        return cfg.num_attention_heads * (cfg.qk_head_dim + cfg.v_head_dim) * itemsize
+    return (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * itemsize
+
+
 def mla_attention(
-    x: np.ndarray, w: LayerWeights, cfg: Config, rope: Rope, cache: HeadCache | None, emit: Emitter
+    x: np.ndarray, w: LayerWeights, cfg: Config, rope: Rope, cache: LayerCache | None, emit: Emitter,
+    path: str = "naive",
 ) -> np.ndarray:
     """x [B, T, D] (after input_layernorm) -> o_proj output [B, T, D]."""
+    cache = LayerCache() if cache is None else cache
     q_nope, q_pe = query_heads(x, w, cfg, emit)  # [B, H, T, P], [B, H, T, R]
     compressed_kv, k_pe = latent(x, w, cfg, emit)  # [B, T, C], [B, 1, T, R]
-    k_nope, values = up_project(compressed_kv, w, cfg, emit)  # [B, H, T, P], [B, H, T, V]
+    if path == "absorb":
+        out = absorbed(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache, emit)
+    else:
+        out = naive(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache, emit)
+    return output_projection(out, w, emit)  # out: [B, H, T, V]
 
-    q_pe = apply_rope(q_pe, rope.cos, rope.sin)
-    emit("self_attn.q_pe_rope", q_pe)
-    k_pe = apply_rope(k_pe, rope.cos, rope.sin)
-    emit("self_attn.k_pe_rope", k_pe)
+
+def naive(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache: LayerCache, emit: Emitter) -> np.ndarray:
+    """Up-project the new latents into per-head keys and values, attend over all of them."""
+    k_nope, values = up_project(compressed_kv, w, cfg, emit)  # [B, H, T, P], [B, H, T, V]
+    q_pe, k_pe = rotate(q_pe, k_pe, rope, emit)
+    cache.extend_latent(compressed_kv, k_pe)
 
     query = np.concatenate([q_nope, q_pe], axis=-1)  # [B, H, T, P+R]
     emit("self_attn.query_states", query)
     keys = np.concatenate([k_nope, np.broadcast_to(k_pe, (*k_nope.shape[:3], k_pe.shape[-1]))], axis=-1)
-    if cache is not None:
-        keys, values = cache.extend(keys, values)  # [B, H, S, P+R], [B, H, S, V]
+    keys, values = cache.extend_heads(keys, values)  # [B, H, S, P+R], [B, H, S, V]
     emit("self_attn.key_states", keys)
     emit("self_attn.value_states", values)
+    scores = np.matmul(query, keys.swapaxes(-1, -2))  # [B, H, T, S]
+    weights = attention_weights(scores, rope.softmax_scale, emit)
+    return np.matmul(weights, values)
 
-    out = attend(query, keys, values, rope.softmax_scale, emit)  # [B, H, T, V]
-    return output_projection(out, w, emit)
+
+def absorbed(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache: LayerCache, emit: Emitter) -> np.ndarray:
+    """Attend over the cached latents: W_UK folded into the query, W_UV applied afterwards."""
+    w_uk, w_uv = split_kv_b(w("self_attn.kv_b_proj.weight"), cfg)  # [H, P, C], [H, V, C]
+    q_latent = np.matmul(q_nope, w_uk)  # [B, H, T, C]
+    emit("self_attn.q_nope_absorbed", q_latent)
+    q_pe, k_pe = rotate(q_pe, k_pe, rope, emit)
+    latents, k_pes = cache.extend_latent(compressed_kv, k_pe)  # [B, S, C], [B, 1, S, R]
+
+    latents = latents[:, None]  # [B, 1, S, C], shared by every head
+    scores = np.matmul(q_latent, latents.swapaxes(-1, -2)) + np.matmul(q_pe, k_pes.swapaxes(-1, -2))  # [B, H, T, S]
+    weights = attention_weights(scores, rope.softmax_scale, emit)
+    out_latent = np.matmul(weights, latents)  # [B, H, T, C]
+    emit("self_attn.attn_output_latent", out_latent)
+    return np.matmul(out_latent, w_uv.swapaxes(-1, -2))  # [B, H, T, V]
+
+
+def split_kv_b(kv_b: np.ndarray, cfg: Config) -> tuple[np.ndarray, np.ndarray]:
+    """kv_b_proj [H*(P+V), C] -> its key half W_UK [H, P, C] and value half W_UV [H, V, C]."""
+    per_head = kv_b.reshape(cfg.num_attention_heads, cfg.qk_nope_head_dim + cfg.v_head_dim, cfg.kv_lora_rank)
+    return per_head[:, : cfg.qk_nope_head_dim], per_head[:, cfg.qk_nope_head_dim :]
+
+
+def rotate(q_pe: np.ndarray, k_pe: np.ndarray, rope: Rope, emit: Emitter) -> tuple[np.ndarray, np.ndarray]:
+    """Decoupled RoPE on the query's and the shared key's rotary dims."""
+    q_pe = apply_rope(q_pe, rope.cos, rope.sin)
+    emit("self_attn.q_pe_rope", q_pe)
+    k_pe = apply_rope(k_pe, rope.cos, rope.sin)
+    emit("self_attn.k_pe_rope", k_pe)
+    return q_pe, k_pe
 
 
 def query_heads(x: np.ndarray, w: LayerWeights, cfg: Config, emit: Emitter) -> tuple[np.ndarray, np.ndarray]:
@@ -114,15 +181,14 @@ def up_project(compressed_kv: np.ndarray, w: LayerWeights, cfg: Config, emit: Em
     return k_nope, values
 
 
-def attend(query: np.ndarray, keys: np.ndarray, values: np.ndarray, scale: float, emit: Emitter) -> np.ndarray:
-    """softmax(q k^T * scale, causal) v.  [B, H, T, P+R], [B, H, S, P+R], [B, H, S, V] -> [B, H, T, V]"""
-    T, S = query.shape[2], keys.shape[2]
-    scores = np.matmul(query, keys.swapaxes(-1, -2)) * np.float32(scale)  # [B, H, T, S]
-    scores = np.where(causal_mask(T, S), scores, np.float32(-np.inf))
+def attention_weights(scores: np.ndarray, scale: float, emit: Emitter) -> np.ndarray:
+    """Scale, mask the future, softmax over the attended positions.  [B, H, T, S] -> same."""
+    T, S = scores.shape[-2:]
+    scores = np.where(causal_mask(T, S), scores * np.float32(scale), np.float32(-np.inf))
     emit("self_attn.attn_scores", scores)
     weights = softmax(scores)
     emit("self_attn.attn_weights", weights)
-    return np.matmul(weights, values)
+    return weights
 
 
 def output_projection(out: np.ndarray, w: LayerWeights, emit: Emitter) -> np.ndarray:

@@ -7,20 +7,21 @@ import numpy as np
 from ..config import Config
 from ..ops import rms_norm
 from ..trace import Emitter
-from .attention import HeadCache, Rope, mla_attention
+from .attention import LayerCache, Rope, mla_attention
 from .layer_weights import LayerWeights
 from .mlp import dense_mlp
 from .moe import moe
 
 
 def decoder_layer(
-    hidden: np.ndarray, w: LayerWeights, cfg: Config, rope: Rope, cache: HeadCache | None, emit: Emitter
+    hidden: np.ndarray, w: LayerWeights, cfg: Config, rope: Rope, cache: LayerCache | None, emit: Emitter,
+    attn: str = "naive",
 ) -> np.ndarray:
     """[B, T, D] residual stream in -> [B, T, D] out."""
     emit("hidden_states", hidden)
     x = rms_norm(hidden, w("input_layernorm.weight"), cfg.rms_norm_eps)
     emit("input_layernorm", x)
-    hidden = hidden + mla_attention(x, w, cfg, rope, cache, emit)
+    hidden = hidden + mla_attention(x, w, cfg, rope, cache, emit, attn)
     emit("attn_residual", hidden)
 
     x = rms_norm(hidden, w("post_attention_layernorm.weight"), cfg.rms_norm_eps)

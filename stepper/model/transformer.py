@@ -13,20 +13,19 @@ from ..config import Config
 from ..ops import linear, rms_norm, rope_inv_freq, rope_tables, yarn_mscale
 from ..trace import Emitter
 from ..weights import WeightSource
-from .attention import HeadCache, Rope
+from .attention import LayerCache, Rope
 from .layer import decoder_layer
 from .layer_weights import LayerWeights
 
 
 class KVCache:
-    """One HeadCache per layer."""
+    """One LayerCache per layer."""
 
     def __init__(self, num_layers: int):
-        self.layers = [HeadCache() for _ in range(num_layers)]
+        self.layers = [LayerCache() for _ in range(num_layers)]
 
     def length(self, layer: int = 0) -> int:
-        keys = self.layers[layer].key_states
-        return 0 if keys is None else keys.shape[2]
+        return self.layers[layer].length
 
 
 class Transformer:
@@ -53,10 +52,12 @@ class Transformer:
         emit("rope_sin", np.concatenate([sin, sin], axis=-1))
         return Rope(cos, sin, self.softmax_scale)
 
-    def layer(self, i: int, hidden: np.ndarray, rope: Rope, cache: KVCache | None, emit: Emitter) -> np.ndarray:
-        """Decoder layer i on the residual stream [B, T, D]."""
+    def layer(
+        self, i: int, hidden: np.ndarray, rope: Rope, cache: KVCache | None, emit: Emitter, attn: str = "naive"
+    ) -> np.ndarray:
+        """Decoder layer i on the residual stream [B, T, D], with the naive or absorbed attention."""
         layer_cache = None if cache is None else cache.layers[i]
-        return decoder_layer(hidden, LayerWeights(self.weights, i), self.config, rope, layer_cache, emit.layer(i))
+        return decoder_layer(hidden, LayerWeights(self.weights, i), self.config, rope, layer_cache, emit.layer(i), attn)
 
     def head(self, hidden: np.ndarray, emit: Emitter) -> np.ndarray:
         """Final norm and lm_head: [B, T, D] -> logits [B, T, vocab]."""
@@ -74,6 +75,7 @@ class Transformer:
         cache: KVCache | None = None,
         shown: range | None = None,
         to_logits: bool = True,
+        attn: str = "naive",
     ) -> np.ndarray | None:
         """ids [B, T] at positions [T] -> logits [B, T, vocab].
 
@@ -89,5 +91,5 @@ class Transformer:
         outer("embed", hidden)
         rope = self.rope(positions, outer)
         for i in range(n if to_logits else shown.stop):
-            hidden = self.layer(i, hidden, rope, cache, emit if i in shown else emit.silent())
+            hidden = self.layer(i, hidden, rope, cache, emit if i in shown else emit.silent(), attn)
         return self.head(hidden, outer) if to_logits else None

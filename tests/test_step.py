@@ -1,0 +1,127 @@
+"""`stepper step` driven through piped commands, asserting on the text it prints."""
+
+import re
+import subprocess
+import sys
+from html import unescape
+
+import numpy as np
+import pytest
+
+from stepper.session import RunSpec, run
+from stepper.trace import Recorder
+
+
+def step(*args: str, commands: str = "", timeout: int = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "stepper", "step", "--plain", *args], input=commands,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+@pytest.fixture(scope="module")
+def tensors():
+    rec = Recorder()
+    run(RunSpec(), [rec])
+    return rec.tensors()
+
+
+def stops(out: str) -> list[str]:
+    """The breadcrumbs of the stops, in order."""
+    return [line for line in out.splitlines() if " › " in line]
+
+
+def test_next_steps_one_tensor_at_a_time():
+    out = step(commands="n\nn\nq\n").stdout
+    assert stops(out)[:3] == ["model › embed", "model › latent attention › rope_cos", "model › latent attention › rope_sin"]
+    assert "(stepper) n" in out and "n next (Enter)" in out
+
+
+def test_breakpoint_hits_the_right_tensor_every_layer():
+    out = step("--break", "compressed_kv", commands="c\nc\nq\n").stdout
+    assert stops(out) == [
+        "layer 0 (dense) › latent attention › compressed_kv",
+        "layer 1 (MoE) › latent attention › compressed_kv",
+        "layer 2 (MoE) › latent attention › compressed_kv",
+    ]
+    assert "layers.1.self_attn.compressed_kv  [B=1 batch, T=7 positions, 128 kv latent]" in out
+    assert "passed)" in out  # the tensors run through between stops are counted
+
+
+def test_break_and_delete_from_the_prompt():
+    out = step(commands="b topk_idx\nc\nd topk_idx\nc\n").stdout
+    assert stops(out) == ["model › embed", "layer 1 (MoE) › MoE router › mlp.gate.topk_idx"]
+    assert "breakpoints: none" in out
+
+
+def test_until_stops_where_asked():
+    out = step("--until", "layers.2.mlp.gate.topk_weight", commands="q\n").stdout
+    assert stops(out) == ["layer 2 (MoE) › MoE router › mlp.gate.topk_weight"]
+    out = step(commands="u attn_weights\nu attn_weights\nq\n").stdout
+    assert stops(out)[1:] == ["layer 0 (dense) › latent attention › attn_weights",
+                              "layer 1 (MoE) › latent attention › attn_weights"]
+
+
+def test_print_slices_show_the_right_values(tensors):
+    out = step("--until", "layers.1.self_attn.k_pe", commands="p self_attn.k_pe[0,0,:2,:3] 5\nq\n").stdout
+    expected = tensors["layers.1.self_attn.k_pe"][0, 0, :2, :3]
+    block = out[out.index("layers.1.self_attn.k_pe[0,0,:2,:3]"):]
+    assert "[2x3]" in block.splitlines()[0]
+    printed = [float(v) for line in block.splitlines()[1:3] for v in line.replace("[", " ").replace("]", " ").split()]
+    np.testing.assert_allclose(printed, expected.ravel(), atol=1e-5)
+
+
+def test_history_keeps_earlier_tensors_inspectable(tensors):
+    out = step("--until", "layers.2.output", commands="p layers.0.self_attn.q_pe[0,1,2,0] 6\nh 3\nq\n").stdout
+    assert f"{tensors['layers.0.self_attn.q_pe'][0, 1, 2, 0]:.6f}" in out
+    assert "layers.2.mlp_output" in out  # in the last 3 of the history
+
+
+def test_explain_shows_the_catalogue_text():
+    out = step("--until", "compressed_kv", commands="e\ne kv_cmpr\nq\n").stdout
+    assert "This latent is what Multi-head Latent Attention caches" in out
+    assert "formula" in out and "modeling_deepseek.py" in out
+
+
+def test_where_shows_done_current_and_pending():
+    out = step("--until", "layers.1.self_attn.kv", commands="w\nq\n").stdout
+    tree = out[out.index("layer 1 (MoE)\n") if "layer 1 (MoE)\n" in out else out.index("(stepper) w"):]
+    assert "✓ self_attn.compressed_kv" in tree and "▶ self_attn.kv" in tree and "· mlp.gate.topk_idx" in tree
+
+
+def test_compare_two_tensors(tensors):
+    out = step("--until", "layers.0.output", commands="x layers.0.attn_residual layers.0.hidden_states\nq\n").stdout
+    a, b = tensors["layers.0.attn_residual"], tensors["layers.0.hidden_states"]
+    assert f"max |a - b| {np.abs(a - b).max():.4g}" in out
+
+
+def test_bad_commands_and_bad_slices_print_help_and_go_on():
+    out = step(commands="frobnicate\np embed[0,99,0]\np embed[0,:x]\np nosuch\nn\nq\n")
+    assert out.returncode == 0
+    text = out.stdout
+    assert "unknown command 'frobnicate'" in text and text.count("n next (Enter)") >= 2
+    assert "bad slice [0,99,0] for shape [1, 7, 320]" in text
+    assert "bad slice [0,:x]" in text
+    assert "no tensor 'nosuch' seen yet" in text
+    assert stops(text)[-1] == "model › latent attention › rope_cos"  # the n after the errors still worked
+
+
+def test_pictures_in_step():
+    out = step("--until", "layers.1.mlp.gate.topk_weight",
+               commands="s attention\ns routing\ns hist\ns scales self_attn.kv_a_proj_with_mqa.weight\nq\n").stdout
+    assert "head 0" in out and "[2, 3]" in out
+
+
+def test_commands_file_and_end_of_input(tmp_path):
+    script = tmp_path / "cmds.txt"
+    script.write_text("b attn_weights\nc\n")
+    out = step("--commands", str(script), commands="")
+    assert out.returncode == 0 and stops(out.stdout)[-1] == "layer 0 (dense) › latent attention › attn_weights"
+    assert "end of commands: quitting" in out.stdout
+
+
+def test_export_html_contains_every_row(tmp_path):
+    html = tmp_path / "session.html"
+    out = step("--until", "layers.0.self_attn.q", "--export", str(html), commands="n\nn\nq\n")
+    assert out.returncode == 0, out.stderr
+    text = unescape(re.sub(r"<[^>]+>", "", html.read_text()))  # the page's text, without its markup
+    for name in ("layers.0.self_attn.q", "layers.0.self_attn.q_nope", "layers.0.self_attn.q_pe"):
+        assert f"{name}  [B=1 batch, 4 heads, T=7 positions" in text
