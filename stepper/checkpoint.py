@@ -54,12 +54,19 @@ class Checkpoint:
     def has(self, name: str) -> bool:
         return name in self.weight_map
 
+    def matrix(self, name: str):
+        return self.stored(name).matrix(name)
+
     def stored(self, name: str) -> Stored:
         info, array = self._tensor(name)
         if info.dtype != "F8_E4M3":
             return Stored(info.dtype, array)
         _, scale = self._tensor(name + SCALE)
-        return Stored(info.dtype, array, scale)
+        return Stored(info.dtype, array, scale, self.block)
+
+    @property
+    def block(self) -> tuple[int, int]:
+        return self.config.quantization.weight_block_size if self.config.quantization else fp8.BLOCK
 
     def shard_of(self, name: str) -> SafetensorsFile:
         if name not in self.weight_map:
@@ -107,7 +114,7 @@ class Checkpoint:
         scale_name = name + SCALE
         if scale_name not in self.weight_map:
             return [f"'{scale_name}' is missing: the F8_E4M3 weight '{name}' needs its block scales"]
-        block = self.config.quantization.weight_block_size if self.config.quantization else fp8.BLOCK
+        block = self.block
         expected = fp8.scale_grid(shape, block)
         shard = self.shard_of(scale_name)
         info = shard.info(scale_name)

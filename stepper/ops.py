@@ -10,6 +10,7 @@ import math
 import numpy as np
 
 from .config import Yarn
+from .fp8_matmul import Fp8Matrix, linear_fp8
 
 F32 = np.float32
 
@@ -21,8 +22,13 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     return weight * (x * (F32(1) / np.sqrt(variance + F32(eps))))
 
 
-def linear(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
-    """x @ W^T with an HF-layout weight [out, in].  [..., in] -> [..., out]"""
+def linear(x: np.ndarray, weight: np.ndarray | Fp8Matrix) -> np.ndarray:
+    """x @ W^T with an HF-layout weight [out, in].  [..., in] -> [..., out]
+
+    An FP8 weight is decoded tile by tile inside the product (fp8_matmul), never as a whole.
+    """
+    if isinstance(weight, Fp8Matrix):
+        return linear_fp8(x, weight)
     return np.matmul(x, weight.T)
 
 

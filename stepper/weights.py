@@ -20,6 +20,7 @@ import ml_dtypes
 import numpy as np
 
 from . import fp8
+from .fp8_matmul import Fp8Matrix
 from .config import Config
 from .errors import StepperError
 
@@ -33,6 +34,10 @@ class WeightSource(Protocol):
 
     def get_rows(self, name: str, rows: np.ndarray) -> np.ndarray:
         """get(name)[rows], reading only those rows where the source can (embeddings)."""
+        ...
+
+    def matrix(self, name: str) -> np.ndarray | Fp8Matrix:
+        """A weight to multiply with: float32, or FP8 codes with scales (see ops.linear)."""
         ...
 
     def has(self, name: str) -> bool: ...
@@ -49,11 +54,18 @@ class Stored:
     dtype: str  # safetensors dtype name: F8_E4M3, BF16, F16 or F32
     data: np.ndarray
     scale_inv: np.ndarray | None = None  # [ceil(out/128), ceil(in/128)], FP8 only
+    block: tuple[int, int] = fp8.BLOCK
 
     def to_float32(self, name: str = "") -> np.ndarray:
         if self.dtype == "F8_E4M3":
-            return fp8.dequantize(self.data, self.scale_inv, name=name)
+            return fp8.dequantize(self.data, self.scale_inv, self.block, name=name)
         return np.asarray(self.data, dtype=np.float32)
+
+    def matrix(self, name: str = "") -> np.ndarray | Fp8Matrix:
+        """What the model multiplies with: FP8 weights stay FP8 (decoded tile by tile)."""
+        if self.dtype == "F8_E4M3":
+            return Fp8Matrix.of(self.data, self.scale_inv, self.block, name)
+        return self.to_float32(name)
 
 
 def is_linear(name: str) -> bool:
@@ -165,6 +177,9 @@ class SyntheticWeights:
     def get(self, name: str) -> np.ndarray:
         return self.stored(name).to_float32(name)
 
+    def matrix(self, name: str) -> np.ndarray | Fp8Matrix:
+        return self.stored(name).matrix(name)
+
     def get_rows(self, name: str, rows: np.ndarray) -> np.ndarray:
         if name == EMBED:
             return self._stored_as(name, self._embedding_rows(np.asarray(rows))).to_float32(name)
@@ -186,8 +201,9 @@ class SyntheticWeights:
     def _stored_as(self, name: str, values: np.ndarray) -> Stored:
         dtype = storage_dtype(self.config, name)
         if dtype == "F8_E4M3":
-            codes, scale_inv = fp8.quantize(values, self.config.quantization.weight_block_size)
-            return Stored(dtype, codes, scale_inv)
+            block = self.config.quantization.weight_block_size
+            codes, scale_inv = fp8.quantize(values, block)
+            return Stored(dtype, codes, scale_inv, block)
         if dtype == "BF16":
             return Stored(dtype, values.astype(ml_dtypes.bfloat16))
         return Stored(dtype, values)
@@ -229,6 +245,9 @@ class ArrayWeights:
 
     def get_rows(self, name: str, rows: np.ndarray) -> np.ndarray:
         return self.get(name)[rows]
+
+    def matrix(self, name: str) -> np.ndarray:
+        return self.get(name)
 
     def has(self, name: str) -> bool:
         return name in self.arrays

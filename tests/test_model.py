@@ -60,9 +60,9 @@ def test_only_chosen_experts_are_read():
     seen = []
 
     class Spy(SyntheticWeights):
-        def get(self, name):
+        def stored(self, name):
             seen.append(name)
-            return super().get(name)
+            return super().stored(name)
 
     rec = Recorder()
     run(RunSpec(prompt_len=2), [rec], Spy(preset("tiny"), 0))
@@ -148,3 +148,37 @@ def test_auto_uses_naive_prefill_and_absorbed_decode():
     t = run_tensors(prompt_len=3, decode=1)
     assert "prefill.layers.0.self_attn.key_states" in t and "prefill.layers.0.self_attn.q_nope_absorbed" not in t
     assert "decode0.layers.0.self_attn.q_nope_absorbed" in t and "decode0.layers.0.self_attn.key_states" not in t
+
+
+def test_grouped_expert_dispatch_equals_the_per_token_loop():
+    cfg = preset("tiny-v3")
+    rec = {}
+    for dispatch in ("grouped", "per_token"):
+        r = Recorder()
+        model = Transformer(SyntheticWeights(cfg, seed=4), dispatch=dispatch)
+        model.forward(np.array([[3, 14, 15, 92, 65, 35, 89, 79, 32, 38]]), np.arange(10), Emitter([r]))
+        rec[dispatch] = r.tensors()
+    assert rec["grouped"].keys() == rec["per_token"].keys()
+    for name in rec["grouped"]:
+        a, b = rec["grouped"][name], rec["per_token"][name]
+        finite = np.isfinite(b)
+        assert np.array_equal(np.isfinite(a), finite), name
+        assert np.array_equal(a, b) if a.dtype.kind == "i" else rel_err(a[finite], b[finite]) < 1e-5, name
+
+
+def test_fp8_tiles_equal_the_bit_level_dequantization():
+    """linear_fp8 (tiles decoded in place) equals fp8.decode_bits applied code by code, then x @ W^T."""
+    from stepper import fp8
+    from stepper.fp8_matmul import Fp8Matrix, linear_fp8
+
+    rng = np.random.default_rng(9)
+    for out_dim, in_dim in ((576, 700), (130, 129), (3, 5)):
+        w = rng.standard_normal((out_dim, in_dim)).astype(np.float32) * 0.05
+        codes, scale_inv = fp8.quantize(w)
+        table = np.array([fp8.decode_bits(c) for c in range(256)])  # float64, bit-level
+        rows, cols = np.indices(codes.shape)
+        dense = table[codes.view(np.uint8)] * scale_inv[rows // 128, cols // 128]  # float64 reference
+        x = rng.standard_normal((4, in_dim)).astype(np.float32)
+        y = linear_fp8(x, Fp8Matrix.of(codes, scale_inv))
+        assert np.array_equal(Fp8Matrix.of(codes, scale_inv).dense(), dense.astype(np.float32))
+        np.testing.assert_allclose(y, x.astype(np.float64) @ dense.T, rtol=1e-5, atol=1e-5 * np.abs(y).max())

@@ -108,7 +108,7 @@ def naive(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache: LayerCache, em
 
 def absorbed(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache: LayerCache, emit: Emitter) -> np.ndarray:
     """Attend over the cached latents: W_UK folded into the query, W_UV applied afterwards."""
-    w_uk, w_uv = split_kv_b(w("self_attn.kv_b_proj.weight"), cfg)  # [H, P, C], [H, V, C]
+    w_uk, w_uv = split_kv_b(w("self_attn.kv_b_proj.weight"), cfg)  # [H, P, C], [H, V, C] (float32: small)
     q_latent = np.matmul(q_nope, w_uk)  # [B, H, T, C]
     emit("self_attn.q_nope_absorbed", q_latent)
     q_pe, k_pe = rotate(q_pe, k_pe, rope, emit)
@@ -141,13 +141,13 @@ def query_heads(x: np.ndarray, w: LayerWeights, cfg: Config, emit: Emitter) -> t
     """q = q_b(RMSNorm(q_a(x))) split per head into its nope and rope parts."""
     B, T, _ = x.shape
     if cfg.q_lora_rank is None:
-        q = linear(x, w("self_attn.q_proj.weight"))
+        q = linear(x, w.matrix("self_attn.q_proj.weight"))
     else:
-        q_a = linear(x, w("self_attn.q_a_proj.weight"))  # [B, T, q_lora_rank]
+        q_a = linear(x, w.matrix("self_attn.q_a_proj.weight"))  # [B, T, q_lora_rank]
         emit("self_attn.q_a", q_a)
         q_a = rms_norm(q_a, w("self_attn.q_a_layernorm.weight"), cfg.rms_norm_eps)
         emit("self_attn.q_a_norm", q_a)
-        q = linear(q_a, w("self_attn.q_b_proj.weight"))  # [B, T, H*(P+R)]
+        q = linear(q_a, w.matrix("self_attn.q_b_proj.weight"))  # [B, T, H*(P+R)]
     q = q.reshape(B, T, cfg.num_attention_heads, cfg.qk_head_dim).transpose(0, 2, 1, 3)  # [B, H, T, P+R]
     emit("self_attn.q", q)
     q_nope, q_pe = q[..., : cfg.qk_nope_head_dim], q[..., cfg.qk_nope_head_dim :]
@@ -159,7 +159,7 @@ def query_heads(x: np.ndarray, w: LayerWeights, cfg: Config, emit: Emitter) -> t
 def latent(x: np.ndarray, w: LayerWeights, cfg: Config, emit: Emitter) -> tuple[np.ndarray, np.ndarray]:
     """The joint down-projection: one kv latent per token, normalised, plus the shared rotary key."""
     B, T, _ = x.shape
-    kv_a = linear(x, w("self_attn.kv_a_proj_with_mqa.weight"))  # [B, T, C+R]
+    kv_a = linear(x, w.matrix("self_attn.kv_a_proj_with_mqa.weight"))  # [B, T, C+R]
     emit("self_attn.kv_a", kv_a)
     compressed_kv = kv_a[..., : cfg.kv_lora_rank]  # [B, T, C]
     emit("self_attn.compressed_kv", compressed_kv)
@@ -173,7 +173,7 @@ def latent(x: np.ndarray, w: LayerWeights, cfg: Config, emit: Emitter) -> tuple[
 def up_project(compressed_kv: np.ndarray, w: LayerWeights, cfg: Config, emit: Emitter) -> tuple[np.ndarray, np.ndarray]:
     """kv_b turns each token's latent into per-head keys (nope part) and values."""
     B, T, _ = compressed_kv.shape
-    kv = linear(compressed_kv, w("self_attn.kv_b_proj.weight"))  # [B, T, H*(P+V)]
+    kv = linear(compressed_kv, w.matrix("self_attn.kv_b_proj.weight"))  # [B, T, H*(P+V)]
     kv = kv.reshape(B, T, cfg.num_attention_heads, cfg.qk_nope_head_dim + cfg.v_head_dim).transpose(0, 2, 1, 3)
     emit("self_attn.kv", kv)  # [B, H, T, P+V]
     k_nope, values = kv[..., : cfg.qk_nope_head_dim], kv[..., cfg.qk_nope_head_dim :]
@@ -196,6 +196,6 @@ def output_projection(out: np.ndarray, w: LayerWeights, emit: Emitter) -> np.nda
     B, H, T, V = out.shape
     merged = out.transpose(0, 2, 1, 3).reshape(B, T, H * V)  # [B, T, H*V]
     emit("self_attn.attn_output", merged)
-    projected = linear(merged, w("self_attn.o_proj.weight"))
+    projected = linear(merged, w.matrix("self_attn.o_proj.weight"))
     emit("self_attn.o_proj", projected)
     return projected

@@ -15,7 +15,7 @@ from .moe import moe
 
 def decoder_layer(
     hidden: np.ndarray, w: LayerWeights, cfg: Config, rope: Rope, cache: LayerCache | None, emit: Emitter,
-    attn: str = "naive",
+    attn: str = "naive", dispatch: str = "grouped",
 ) -> np.ndarray:
     """[B, T, D] residual stream in -> [B, T, D] out."""
     emit("hidden_states", hidden)
@@ -26,7 +26,7 @@ def decoder_layer(
 
     x = rms_norm(hidden, w("post_attention_layernorm.weight"), cfg.rms_norm_eps)
     emit("post_attention_layernorm", x)
-    ffn = moe(x, w, cfg, emit) if cfg.is_moe_layer(w.layer) else dense_mlp(x, w, emit)
+    ffn = moe(x, w, cfg, emit, dispatch) if cfg.is_moe_layer(w.layer) else dense_mlp(x, w, emit)
     emit("mlp_output", ffn)
     hidden = hidden + ffn
     emit("output", hidden)

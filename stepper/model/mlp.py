@@ -11,10 +11,10 @@ from .layer_weights import LayerWeights
 
 def dense_mlp(x: np.ndarray, w: LayerWeights, emit: Emitter) -> np.ndarray:
     """down(silu(gate(x)) * up(x)).  [B, T, D] -> [B, T, D]"""
-    gate = linear(x, w("mlp.gate_proj.weight"))  # [B, T, I]
+    gate = linear(x, w.matrix("mlp.gate_proj.weight"))  # [B, T, I]
     emit("mlp.gate_proj", gate)
-    up = linear(x, w("mlp.up_proj.weight"))  # [B, T, I]
+    up = linear(x, w.matrix("mlp.up_proj.weight"))  # [B, T, I]
     emit("mlp.up_proj", up)
     act = silu(gate) * up
     emit("mlp.act", act)
-    return linear(act, w("mlp.down_proj.weight"))
+    return linear(act, w.matrix("mlp.down_proj.weight"))

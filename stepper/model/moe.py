@@ -1,6 +1,13 @@
 """The mixture of experts: routed SwiGLU experts weighted by the router, plus shared experts.
 
-This is the readable reference: each token runs through each of its chosen experts in turn.
+Two ways to run the routed experts, equal to float32 round-off:
+
+- `per_token` (the readable reference): each token runs through each of its chosen experts.
+- `grouped` (the default): each chosen expert runs once, on the batch of tokens that chose it,
+  and the results are scattered back with their weights. The expert's FP8 weights are decoded
+  tile by tile inside the products and dropped afterwards, so memory holds one expert at a time
+  whatever the prompt length.
+
 Only the experts some token chose are ever read from the weight source.
 """
 
@@ -14,24 +21,27 @@ from ..trace import Emitter
 from .layer_weights import LayerWeights
 from .router import Routing, route
 
+DISPATCH = ("grouped", "per_token")
 
-def moe(x: np.ndarray, w: LayerWeights, cfg: Config, emit: Emitter) -> np.ndarray:
+
+def moe(x: np.ndarray, w: LayerWeights, cfg: Config, emit: Emitter, dispatch: str = "grouped") -> np.ndarray:
     """[B, T, D] -> routed_output + shared_output [B, T, D]."""
     B, T, D = x.shape
     tokens = x.reshape(B * T, D)  # [N, D]
     routing = route(tokens, w("mlp.gate.weight"), w("mlp.gate.e_score_correction_bias"), cfg, emit)
-    routed = routed_experts(tokens, routing, w).reshape(B, T, D)
+    experts = grouped_experts if dispatch == "grouped" else per_token_experts
+    routed = experts(tokens, routing, w).reshape(B, T, D)
     emit("mlp.routed_output", routed)
     if cfg.n_shared_experts == 0:
         return routed
-    shared = swiglu(x, *expert_weights(w, "mlp.shared_experts."))
+    shared = swiglu(x, *expert_matrices(w, "mlp.shared_experts."))
     emit("mlp.shared_output", shared)
     return routed + shared
 
 
-def routed_experts(tokens: np.ndarray, routing: Routing, w: LayerWeights) -> np.ndarray:
+def per_token_experts(tokens: np.ndarray, routing: Routing, w: LayerWeights) -> np.ndarray:
     """sum_k weight[n, k] * expert_{idx[n, k]}(x_n), token by token.  [N, D] -> [N, D]"""
-    chosen = {int(e): expert_weights(w, f"mlp.experts.{e}.") for e in np.unique(routing.topk_idx)}
+    chosen = {int(e): expert_arrays(w, f"mlp.experts.{e}.") for e in np.unique(routing.topk_idx)}
     out = np.zeros_like(tokens)
     for n, x_n in enumerate(tokens):
         for e, weight in zip(routing.topk_idx[n], routing.topk_weight[n]):
@@ -39,5 +49,20 @@ def routed_experts(tokens: np.ndarray, routing: Routing, w: LayerWeights) -> np.
     return out
 
 
-def expert_weights(w: LayerWeights, prefix: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def grouped_experts(tokens: np.ndarray, routing: Routing, w: LayerWeights) -> np.ndarray:
+    """Each chosen expert once on its tokens, scattered back with the weights.  [N, D] -> [N, D]"""
+    out = np.zeros_like(tokens)
+    for e in np.unique(routing.topk_idx):
+        rows, ranks = np.nonzero(routing.topk_idx == e)  # the tokens that chose e (each at most once)
+        y = swiglu(tokens[rows], *expert_matrices(w, f"mlp.experts.{e}."))  # [n_e, D]
+        out[rows] += y * routing.topk_weight[rows, ranks, None]
+    return out
+
+
+def expert_arrays(w: LayerWeights, prefix: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return w(prefix + "gate_proj.weight"), w(prefix + "up_proj.weight"), w(prefix + "down_proj.weight")
+
+
+def expert_matrices(w: LayerWeights, prefix: str) -> tuple:
+    return (w.matrix(prefix + "gate_proj.weight"), w.matrix(prefix + "up_proj.weight"),
+            w.matrix(prefix + "down_proj.weight"))

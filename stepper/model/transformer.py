@@ -29,8 +29,9 @@ class KVCache:
 
 
 class Transformer:
-    def __init__(self, weights: WeightSource):
+    def __init__(self, weights: WeightSource, dispatch: str = "grouped"):
         self.weights = weights
+        self.dispatch = dispatch  # how MoE layers run their routed experts (see model.moe)
         self.config: Config = weights.config
         cfg = self.config
         yarn = cfg.rope_scaling
@@ -57,7 +58,8 @@ class Transformer:
     ) -> np.ndarray:
         """Decoder layer i on the residual stream [B, T, D], with the naive or absorbed attention."""
         layer_cache = None if cache is None else cache.layers[i]
-        return decoder_layer(hidden, LayerWeights(self.weights, i), self.config, rope, layer_cache, emit.layer(i), attn)
+        w = LayerWeights(self.weights, i)
+        return decoder_layer(hidden, w, self.config, rope, layer_cache, emit.layer(i), attn, self.dispatch)
 
     def head(self, hidden: np.ndarray, emit: Emitter) -> np.ndarray:
         """Final norm and lm_head: [B, T, D] -> logits [B, T, vocab]."""

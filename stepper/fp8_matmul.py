@@ -1,0 +1,117 @@
+"""FP8 weights applied to activations without ever holding the weight in float32.
+
+`Fp8Matrix` is an e4m3 weight [out, in] with its block scales. `x @ W^T` runs one tile of rows
+at a time: the tile's codes are decoded straight into a small float32 buffer that stays in
+cache, scaled, and multiplied, then the buffer is reused for the next tile. Two workers share the
+tiles (NumPy releases the GIL inside its loops). The result equals dequantizing the whole weight
+with `fp8.dequantize` and multiplying, which stays as the readable reference.
+
+The decode is `fp8.decode`'s bit trick with two passes folded away: the sign extension happens
+in the shift (int8 -> int32), and the 2^120 rebias is multiplied in together with the scales.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import fp8
+
+F32 = np.float32
+TILE_BYTES = 1 << 19  # float32 bytes of one decoded tile: 512 KiB stays in L2
+PARALLEL_MIN = 1 << 20  # weights smaller than this many elements run on one worker
+WORKERS = 2
+SIGN_EXPONENT_MANTISSA = np.int32(-0x78100000)  # 0x87F00000 as int32: bit 31 and bits 26..20
+
+
+@dataclass(frozen=True)
+class Fp8Matrix:
+    """An FP8 weight [out, in] with scale_inv [ceil(out/bo), ceil(in/bi)], applied lazily."""
+
+    codes: np.ndarray  # uint8 [out, in]
+    scale_inv: np.ndarray  # float32 [out/bo, in/bi]
+    block: tuple[int, int] = fp8.BLOCK
+    name: str = "weight"
+    _has_nan: list[bool] = field(default_factory=list, repr=False, compare=False)
+
+    @classmethod
+    def of(cls, codes: np.ndarray, scale_inv: np.ndarray, block: tuple[int, int] = fp8.BLOCK, name: str = "weight"):
+        codes = fp8.as_codes(codes, name)
+        fp8.check_block_shapes(codes, np.asarray(scale_inv), block, name)
+        return cls(codes, fp8.scales_as_f32(scale_inv, name), block, name)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.codes.shape
+
+    @property
+    def nbytes(self) -> int:
+        return self.codes.nbytes + self.scale_inv.nbytes
+
+    def dense(self) -> np.ndarray:
+        """The float32 weight (the readable reference path)."""
+        return fp8.dequantize(self.codes, self.scale_inv, self.block, name=self.name)
+
+    def has_nan(self) -> bool:
+        if not self._has_nan:
+            self._has_nan.append(bool(np.any((self.codes & 0x7F) == 0x7F)))
+        return self._has_nan[0]
+
+
+def linear_fp8(x: np.ndarray, w: Fp8Matrix) -> np.ndarray:
+    """x @ W^T for an FP8 weight.  [..., in] -> [..., out], float32."""
+    out_dim, in_dim = w.shape
+    if w.scale_inv.size and float(w.scale_inv.max()) >= 2.0**7:  # scale * 2^120 would overflow float32
+        return np.matmul(x, w.dense().T)
+    tokens = x.reshape(-1, in_dim).astype(F32, copy=False)  # [N, in]
+    y_t = np.empty((out_dim, tokens.shape[0]), dtype=F32)  # [out, N]: each tile writes whole rows
+    tiles = row_tiles(w)
+    if w.codes.size < PARALLEL_MIN or len(tiles) < 2:
+        apply_tiles(tokens, w, tiles, y_t)
+    else:
+        halves = [tiles[i::WORKERS] for i in range(WORKERS)]
+        with ThreadPoolExecutor(WORKERS) as pool:
+            list(pool.map(lambda share: apply_tiles(tokens, w, share, y_t), halves))
+    return y_t.T.reshape(*x.shape[:-1], out_dim)
+
+
+def row_tiles(w: Fp8Matrix) -> list[tuple[int, int, int]]:
+    """(scale row, first row, end row) of each tile; a tile never crosses a scale block."""
+    out_dim, in_dim = w.shape
+    block_rows = w.block[0]
+    rows = max(1, min(block_rows, TILE_BYTES // (4 * max(in_dim, 1))))
+    return [
+        (r0 // block_rows, t0, min(t0 + rows, r0 + block_rows, out_dim))
+        for r0 in range(0, out_dim, block_rows)
+        for t0 in range(r0, min(r0 + block_rows, out_dim), rows)
+    ]
+
+
+def apply_tiles(tokens: np.ndarray, w: Fp8Matrix, tiles: list[tuple[int, int, int]], y_t: np.ndarray) -> None:
+    """Decode, scale and multiply each tile into its rows of y_t [out, N], with one reused buffer."""
+    in_dim = w.shape[1]
+    height = max((end - start for _, start, end in tiles), default=0)
+    buffer = np.empty((height, in_dim), dtype=F32)
+    row_scales = {}
+    for r, start, end in tiles:
+        if r not in row_scales:
+            row_scales.clear()
+            row_scales[r] = np.repeat(w.scale_inv[r] * fp8.REBIAS, w.block[1])[:in_dim]  # [in]
+        tile = buffer[: end - start]
+        decode_scaled(w.codes[start:end], row_scales[r], tile)
+        if w.has_nan():
+            tile[(w.codes[start:end] & 0x7F) == 0x7F] = np.nan
+        np.matmul(tile, tokens.T, out=y_t[start:end])
+
+
+def decode_scaled(codes: np.ndarray, scales: np.ndarray, out: np.ndarray) -> None:
+    """out = decode(codes) * scales, in three passes over the tile.  [rows, in] uint8 -> float32
+
+    scales [in] already carry the 2^120 rebias of `fp8.decode`'s bit trick.
+    """
+    bits = out.view(np.int32)
+    np.left_shift(codes.view(np.int8), 20, out=bits, dtype=np.int32)  # sign-extended, shifted
+    np.bitwise_and(bits, SIGN_EXPONENT_MANTISSA, out=bits)  # s 0000 eeee mmm 0...0
+    np.multiply(out, scales, out=out)
