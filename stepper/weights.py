@@ -20,9 +20,9 @@ import ml_dtypes
 import numpy as np
 
 from . import fp8
-from .fp8_matmul import Fp8Matrix
 from .config import Config
 from .errors import StepperError
+from .fp8_matmul import Fp8Matrix
 
 
 class WeightSource(Protocol):
