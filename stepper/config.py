@@ -202,7 +202,7 @@ def _parse(raw: dict[str, Any], source: str) -> Config:
         )
     rope_theta, rope_scaling = _rope(f)
     cfg = Config(
-        name=str(raw.get("_name_or_path") or source),
+        name=str(raw.get("_name_or_path") or display_name(source)),
         model_type=model_type,
         vocab_size=f.int("vocab_size"),
         hidden_size=f.int("hidden_size"),
@@ -233,6 +233,12 @@ def _parse(raw: dict[str, Any], source: str) -> Config:
     )
     _check_consistency(cfg, f)
     return cfg
+
+
+def display_name(source: str) -> str:
+    """A model's name from where its config came from: a checkpoint directory's name."""
+    path = Path(source)
+    return path.parent.name if path.name == "config.json" and path.parent.name else source
 
 
 def _require_equal(f: _Fields, field: str, expected: str) -> None:

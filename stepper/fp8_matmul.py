@@ -13,7 +13,8 @@ in the shift (int8 -> int32), and the 2^120 rebias is multiplied in together wit
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import cache
 
 import numpy as np
 
@@ -34,7 +35,6 @@ class Fp8Matrix:
     scale_inv: np.ndarray  # float32 [out/bo, in/bi]
     block: tuple[int, int] = fp8.BLOCK
     name: str = "weight"
-    _has_nan: list[bool] = field(default_factory=list, repr=False, compare=False)
 
     @classmethod
     def of(cls, codes: np.ndarray, scale_inv: np.ndarray, block: tuple[int, int] = fp8.BLOCK, name: str = "weight"):
@@ -54,11 +54,6 @@ class Fp8Matrix:
         """The float32 weight (the readable reference path)."""
         return fp8.dequantize(self.codes, self.scale_inv, self.block, name=self.name)
 
-    def has_nan(self) -> bool:
-        if not self._has_nan:
-            self._has_nan.append(bool(np.any((self.codes & 0x7F) == 0x7F)))
-        return self._has_nan[0]
-
 
 def linear_fp8(x: np.ndarray, w: Fp8Matrix) -> np.ndarray:
     """x @ W^T for an FP8 weight.  [..., in] -> [..., out], float32."""
@@ -71,10 +66,15 @@ def linear_fp8(x: np.ndarray, w: Fp8Matrix) -> np.ndarray:
     if w.codes.size < PARALLEL_MIN or len(tiles) < 2:
         apply_tiles(tokens, w, tiles, y_t)
     else:
-        halves = [tiles[i::WORKERS] for i in range(WORKERS)]
-        with ThreadPoolExecutor(WORKERS) as pool:
-            list(pool.map(lambda share: apply_tiles(tokens, w, share, y_t), halves))
+        shares = [tiles[i::WORKERS] for i in range(WORKERS)]
+        list(workers().map(lambda share: apply_tiles(tokens, w, share, y_t), shares))
     return y_t.T.reshape(*x.shape[:-1], out_dim)
+
+
+@cache
+def workers() -> ThreadPoolExecutor:
+    """The threads that share the tiles, started once per process."""
+    return ThreadPoolExecutor(WORKERS, thread_name_prefix="stepper-fp8")
 
 
 def row_tiles(w: Fp8Matrix) -> list[tuple[int, int, int]]:
@@ -94,15 +94,17 @@ def apply_tiles(tokens: np.ndarray, w: Fp8Matrix, tiles: list[tuple[int, int, in
     in_dim = w.shape[1]
     height = max((end - start for _, start, end in tiles), default=0)
     buffer = np.empty((height, in_dim), dtype=F32)
+    low_bits = np.empty((height, in_dim), dtype=np.uint8)
     row_scales = {}
     for r, start, end in tiles:
         if r not in row_scales:
             row_scales.clear()
             row_scales[r] = np.repeat(w.scale_inv[r] * fp8.REBIAS, w.block[1])[:in_dim]  # [in]
-        tile = buffer[: end - start]
-        decode_scaled(w.codes[start:end], row_scales[r], tile)
-        if w.has_nan():
-            tile[(w.codes[start:end] & 0x7F) == 0x7F] = np.nan
+        tile, codes = buffer[: end - start], w.codes[start:end]
+        decode_scaled(codes, row_scales[r], tile)
+        magnitude = np.bitwise_and(codes, 0x7F, out=low_bits[: end - start])
+        if magnitude.max(initial=0) == 0x7F:  # a NaN code (0x7F / 0xFF) decoded as 480: make it NaN
+            tile[magnitude == 0x7F] = np.nan
         np.matmul(tile, tokens.T, out=y_t[start:end])
 
 

@@ -48,6 +48,13 @@ class Emitter:
         for sink in self.sinks:
             sink(event)
 
+    def progress(self, task: str, done: int, total: int) -> None:
+        """Report progress of a long loop (experts, layers) to the sinks that show it."""
+        for sink in self.sinks:
+            report = getattr(sink, "progress", None)
+            if report is not None:
+                report(task, done, total)
+
     def layer(self, index: int) -> Emitter:
         return Emitter(self.sinks, index, self._phase)
 
@@ -101,3 +108,6 @@ class Filter:
         if self.accept(event):
             for sink in self.sinks:
                 sink(event)
+
+    def progress(self, task: str, done: int, total: int) -> None:
+        Emitter(self.sinks).progress(task, done, total)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from typing import IO, Any
 
 import numpy as np
@@ -158,3 +159,42 @@ class Pictures:
             stored = self.weights.stored(name)
             if stored.scale_inv is not None:
                 self.console.print(pictures.scale_grid(np.asarray(stored.scale_inv, dtype=np.float32), title=name))
+
+
+class ProgressBars:
+    """Sink showing long loops (experts, layers) as transient progress bars on a terminal.
+
+    A bar appears only once its task has run for a second, and never when stderr is not a
+    terminal, so piped output stays clean.
+    """
+
+    DELAY = 1.0
+
+    def __init__(self, console: Console):
+        from rich.progress import Progress
+
+        self.console = console
+        self.bars = Progress(console=console, transient=True)
+        self.tasks: dict[str, tuple[float, int | None]] = {}
+
+    def __call__(self, event: Event) -> None:
+        """Tensor events are for other sinks."""
+
+    def progress(self, task: str, done: int, total: int) -> None:
+        if not self.console.is_terminal:
+            return
+        now = time.monotonic()
+        started, bar = self.tasks.setdefault(task, (now, None))
+        if bar is None and now - started >= self.DELAY and done < total:
+            if not self.bars.live.is_started:
+                self.bars.start()
+            bar = self.bars.add_task(task, total=total)
+            self.tasks[task] = (started, bar)
+        if bar is not None:
+            self.bars.update(bar, completed=done)
+        if done >= total:
+            if bar is not None:
+                self.bars.remove_task(bar)
+            del self.tasks[task]
+            if not self.tasks and self.bars.live.is_started:
+                self.bars.stop()

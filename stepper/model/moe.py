@@ -29,8 +29,10 @@ def moe(x: np.ndarray, w: LayerWeights, cfg: Config, emit: Emitter, dispatch: st
     B, T, D = x.shape
     tokens = x.reshape(B * T, D)  # [N, D]
     routing = route(tokens, w("mlp.gate.weight"), w("mlp.gate.e_score_correction_bias"), cfg, emit)
-    experts = grouped_experts if dispatch == "grouped" else per_token_experts
-    routed = experts(tokens, routing, w).reshape(B, T, D)
+    if dispatch == "grouped":
+        routed = grouped_experts(tokens, routing, w, emit).reshape(B, T, D)
+    else:
+        routed = per_token_experts(tokens, routing, w).reshape(B, T, D)
     emit("mlp.routed_output", routed)
     if cfg.n_shared_experts == 0:
         return routed
@@ -49,13 +51,16 @@ def per_token_experts(tokens: np.ndarray, routing: Routing, w: LayerWeights) -> 
     return out
 
 
-def grouped_experts(tokens: np.ndarray, routing: Routing, w: LayerWeights) -> np.ndarray:
+def grouped_experts(tokens: np.ndarray, routing: Routing, w: LayerWeights, emit: Emitter) -> np.ndarray:
     """Each chosen expert once on its tokens, scattered back with the weights.  [N, D] -> [N, D]"""
     out = np.zeros_like(tokens)
-    for e in np.unique(routing.topk_idx):
+    chosen = np.unique(routing.topk_idx)
+    for done, e in enumerate(chosen):
+        emit.progress(f"layer {w.layer} experts", done, len(chosen))
         rows, ranks = np.nonzero(routing.topk_idx == e)  # the tokens that chose e (each at most once)
         y = swiglu(tokens[rows], *expert_matrices(w, f"mlp.experts.{e}."))  # [n_e, D]
         out[rows] += y * routing.topk_weight[rows, ranks, None]
+    emit.progress(f"layer {w.layer} experts", len(chosen), len(chosen))
     return out
 
 

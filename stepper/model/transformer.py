@@ -93,5 +93,6 @@ class Transformer:
         outer("embed", hidden)
         rope = self.rope(positions, outer)
         for i in range(n if to_logits else shown.stop):
+            emit.progress("layers", i, n if to_logits else shown.stop)
             hidden = self.layer(i, hidden, rope, cache, emit if i in shown else emit.silent(), attn)
         return self.head(hidden, outer) if to_logits else None

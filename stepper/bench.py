@@ -1,0 +1,242 @@
+"""`stepper bench`: how fast a full-size layer runs here, and what bounds it.
+
+Each figure is measured in a fresh subprocess, so its peak RSS is its own:
+
+- the machine's ceilings: memory bandwidth (a large float32 copy), float32 GEMM rate, and the
+  rate at which FP8 tiles are decoded and multiplied (`fp8_matmul`);
+- one Kimi K2 MoE layer at full size (layer 1 of `kimi-k2`, 384 experts, FP8, read from a
+  checkpoint written once by `stepper synth` into the work directory): decode one token over a
+  1024-position latent cache, and a 512-token prefill;
+- the dense layer 0 at full size, the same two ways;
+- the same MoE layer shape with 16 routed experts, against transformers' DeepseekV3 in float32
+  on the same weights and tokens (T = 1, 32, 512), when torch and transformers are installed.
+
+Timing medians use several repetitions; nothing here is asserted in tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .config import Config
+from .presets import PRESETS
+from .synth import synth_checkpoint
+from .weights import SyntheticWeights
+
+
+@dataclass(frozen=True)
+class Figure:
+    name: str
+    value: float
+    unit: str
+    peak_rss_mb: float | None = None
+    note: str = ""
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        model = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                     if line.startswith("model name"))
+        cpu = model
+    except (OSError, StopIteration):
+        pass
+    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, NumPy {np.__version__}"
+
+
+def median_time(fn, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+# ---------------------------------------------------------------------------------------------
+# Scenarios: each runs in its own process (`python -m stepper.bench SCENARIO ARGS`) and prints JSON
+
+
+def ceilings() -> list[Figure]:
+    from .fp8 import quantize
+    from .fp8_matmul import Fp8Matrix, linear_fp8
+
+    a, b = np.empty(2**27, np.float32), np.ones(2**27, np.float32)  # 512 MiB each
+    copy = median_time(lambda: np.copyto(a, b), 5)
+    m = np.ones((2048, 2048), np.float32)
+    gemm = median_time(lambda: m @ m, 5)
+    codes, scales = quantize(np.random.default_rng(0).standard_normal((2048, 7168), dtype=np.float32))
+    w = Fp8Matrix.of(codes, scales)
+    x = np.ones((1, 7168), np.float32)
+    decode = median_time(lambda: linear_fp8(x, w), 7)
+    return [
+        Figure("memory bandwidth (float32 copy, read + write)", 2 * a.nbytes / copy / 1e9, "GB/s"),
+        Figure("float32 GEMM 2048^3", 2 * 2048**3 / gemm / 1e9, "GFLOP/s"),
+        Figure("FP8 tile decode + matvec, 2048x7168", codes.size / decode / 1e9, "G weights/s"),
+    ]
+
+
+def layer_run(checkpoint: Path, layer: int, tokens: int, cache: int, repeat: int) -> list[Figure]:
+    """One layer alone from a checkpoint: `tokens` new positions after `cache` cached ones."""
+    from .checkpoint import Checkpoint
+    from .model import KVCache, Transformer
+    from .trace import Emitter
+
+    source = Checkpoint(checkpoint)
+    cfg = source.config
+    model = Transformer(source)
+    rng = np.random.default_rng(7)
+    emit = Emitter()
+    times = []
+    for rep in range(repeat):
+        kv = KVCache(cfg.num_hidden_layers)
+        if cache:
+            latent = rng.standard_normal((1, cache, cfg.kv_lora_rank), dtype=np.float32)
+            k_pe = rng.standard_normal((1, 1, cache, cfg.qk_rope_head_dim), dtype=np.float32)
+            kv.layers[layer].extend_latent(latent, k_pe)
+        hidden = rng.standard_normal((1, tokens, cfg.hidden_size), dtype=np.float32)
+        positions = cache + np.arange(tokens)
+        attn = "absorb" if cache else "naive"
+        start = time.perf_counter()
+        model.layer(layer, hidden, model.rope(positions, emit), kv, emit, attn)
+        times.append(time.perf_counter() - start)
+    kind = "MoE" if cfg.is_moe_layer(layer) else "dense"
+    what = f"decode 1 token, {cache}-position cache" if cache else f"prefill {tokens} tokens"
+    first, rest = times[0], times[1:] or times
+    return [Figure(f"{cfg.name} layer {layer} ({kind}): {what}", float(np.median(rest)), "s", peak_rss_mb(),
+                   f"median of {len(rest)} after a first run of {first:.2f} s (page cache cold or warm as found)")]
+
+
+def versus_torch(checkpoint: Path, tokens: int, repeat: int) -> list[Figure]:
+    """stepper (FP8 from the checkpoint) and transformers (float32 resident) on the same layer."""
+    import torch
+    from transformers import DeepseekV3Config
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3DecoderLayer, DeepseekV3RotaryEmbedding
+
+    from .checkpoint import Checkpoint
+    from .model import Transformer
+    from .trace import Emitter
+    from .weights import layer_shapes
+
+    torch.set_grad_enabled(False)
+    source = Checkpoint(checkpoint)
+    cfg = source.config
+    raw = {k: v for k, v in cfg.to_hf().items() if k != "quantization_config"}
+    raw.update(model_type="deepseek_v3", rope_interleave=True)
+    hf_cfg = DeepseekV3Config(**raw)
+    hf_cfg._attn_implementation = "eager"
+    layer = DeepseekV3DecoderLayer(hf_cfg, 1).float().eval()
+    load_layer(layer, source, layer_shapes(cfg, 1), cfg)
+    rotary = DeepseekV3RotaryEmbedding(hf_cfg)
+    hidden = np.random.default_rng(3).standard_normal((1, tokens, cfg.hidden_size), dtype=np.float32)
+    h = torch.from_numpy(hidden)
+    positions = torch.arange(tokens)[None]
+    cos_sin = rotary(h, positions)
+    mask = torch.full((tokens, tokens), float("-inf")).triu(1)[None, None]
+    torch_time = median_time(lambda: layer(h, attention_mask=mask, position_ids=positions, position_embeddings=cos_sin), repeat)
+    model = Transformer(source)
+    emit = Emitter()
+    ours = median_time(lambda: model.layer(1, hidden, model.rope(np.arange(tokens), emit), None, emit, "naive"), repeat)
+    return [Figure(f"{cfg.name} layer 1, T={tokens}: stepper (FP8) / transformers (float32)", ours / torch_time, "x",
+                   None, f"stepper {ours:.3f} s, transformers {torch_time:.3f} s, median of {repeat}")]
+
+
+def load_layer(layer, source, shapes: dict[str, tuple[int, ...]], cfg: Config) -> None:
+    import torch
+
+    params = dict(layer.named_parameters())
+    params.update(dict(layer.named_buffers()))
+    experts = {}
+    for name in shapes:
+        short = name.split(".", 3)[3]
+        value = torch.from_numpy(np.ascontiguousarray(source.get(name)))
+        if ".experts." in short:
+            _, _, e, proj, _ = short.split(".")
+            experts.setdefault(int(e), {})[proj] = value
+        else:
+            params[short].data.copy_(value)
+    for e, parts in experts.items():
+        params["mlp.experts.gate_up_proj"].data[e].copy_(torch.cat([parts["gate_proj"], parts["up_proj"]]))
+        params["mlp.experts.down_proj"].data[e].copy_(parts["down_proj"])
+
+
+SCENARIOS = {"ceilings": ceilings, "layer": layer_run, "torch": versus_torch}
+
+
+def scenario_main(argv: list[str]) -> None:
+    name, *args = argv
+    kwargs = json.loads(args[0]) if args else {}
+    if "checkpoint" in kwargs:
+        kwargs["checkpoint"] = Path(kwargs["checkpoint"])
+    figures = SCENARIOS[name](**kwargs)
+    print(json.dumps([f.__dict__ for f in figures]))
+
+
+def in_subprocess(name: str, **kwargs) -> list[Figure]:
+    argv = [sys.executable, "-m", "stepper.bench", name, json.dumps({k: str(v) if isinstance(v, Path) else v
+                                                                      for k, v in kwargs.items()})]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"bench scenario {name} failed:\n{done.stderr[-2000:]}")
+    return [Figure(**f) for f in json.loads(done.stdout.splitlines()[-1])]
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints the scenarios read
+
+
+def bench_config(model: str, experts: int | None) -> Config:
+    raw = dict(PRESETS[model])
+    if experts is not None:
+        raw.update(n_routed_experts=experts, _name_or_path=f"{model}-{experts}-experts")
+    return Config.from_hf(raw, f"bench {model}")
+
+
+def ensure_checkpoint(workdir: Path, cfg: Config, layers: range, seed: int = 0) -> Path:
+    """The synthetic checkpoint of these layers, written once into workdir and reused."""
+    folder = workdir / f"{cfg.name}-layers{layers.start}-{layers.stop - 1}-seed{seed}"
+    if not (folder / "model.safetensors.index.json").exists():
+        workdir.mkdir(parents=True, exist_ok=True)
+        synth_checkpoint(SyntheticWeights(cfg, seed), folder, layers, force=True)
+    return folder
+
+
+def run_all(workdir: Path, with_torch: bool, say) -> list[Figure]:
+    """Every figure of the README's performance table; `say` reports progress lines."""
+    say("measuring the machine's ceilings")
+    figures = in_subprocess("ceilings")
+    kimi = bench_config("kimi-k2", None)
+    say("writing (once) the full-size layer 1 checkpoint: about 17 GB, several minutes")
+    moe = ensure_checkpoint(workdir, kimi, range(1, 2))
+    say("MoE layer 1: decode 1 token over a 1024-position cache")
+    figures += in_subprocess("layer", checkpoint=moe, layer=1, tokens=1, cache=1024, repeat=6)
+    say("MoE layer 1: prefill 512 tokens")
+    figures += in_subprocess("layer", checkpoint=moe, layer=1, tokens=512, cache=0, repeat=2)
+    dense = ensure_checkpoint(workdir, kimi, range(1))
+    say("dense layer 0: decode and prefill")
+    figures += in_subprocess("layer", checkpoint=dense, layer=0, tokens=1, cache=1024, repeat=4)
+    figures += in_subprocess("layer", checkpoint=dense, layer=0, tokens=512, cache=0, repeat=2)
+    if with_torch:
+        small = ensure_checkpoint(workdir, bench_config("kimi-k2", 16), range(1, 2))
+        for tokens in (1, 32, 512):
+            say(f"16-expert layer against transformers, T={tokens}")
+            figures += in_subprocess("torch", checkpoint=small, tokens=tokens, repeat=3 if tokens < 512 else 2)
+    return figures
+
+
+if __name__ == "__main__":
+    scenario_main(sys.argv[1:])
