@@ -22,7 +22,7 @@ from .model.attention import cache_bytes_per_token
 from .session import Plan, RunResult, RunSpec, attention_path, execute, load_model, prepare, shown_layers
 from .synth import synth_checkpoint
 from .trace import Filter, Recorder, Sink, matches
-from .ui import PICTURES, JsonLines, Pictures, TensorRows
+from .ui import PICTURES, JsonLines, Pictures, ProgressBars, TensorRows
 from .weights import SyntheticWeights, shape_of, storage_dtype
 
 app = typer.Typer(
@@ -213,6 +213,7 @@ def run_command(
         if dump is not None:
             views.append(recorder)
         sinks: list[Sink] = [Filter(lambda e: matches(e.name, only), views)] if only else views
+        sinks.append(ProgressBars(Console(stderr=True)))
         result = execute(plan, sinks)
         if only and counter.count == 0:
             raise StepperError(f"--only {' '.join(only)} matched no tensor (names look like layers.0.self_attn.k_pe)")
@@ -269,7 +270,7 @@ def step_command(
         on_stop = JsonLines(sys.stdout, plan.config) if as_json else None
         debugger = Debugger(console, plan.config, source, plan.weights, list(breaks or []), until, on_stop)
         try:
-            result = execute(plan, [debugger])
+            result = execute(plan, [debugger, ProgressBars(Console(stderr=True))])
             console.print(footer(plan, result, len(debugger.history), None), style="dim")
         except Quit:
             console.print(f"quit after {len(debugger.history)} tensors", style="dim")
@@ -301,6 +302,38 @@ def save_export(console: Console, path: Path) -> None:
     else:
         console.save_text(str(path))
     sys.stderr.write(f"session recorded to {path}\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# bench
+
+
+@app.command("bench")
+def bench_command(
+    workdir: Annotated[Path | None, typer.Option(metavar="DIR", help="Where the synthetic full-size checkpoints are written once and reused (about 20 GB) [default: ~/.cache/stepper/bench].")] = None,
+    torch: Annotated[bool, typer.Option("--torch/--no-torch", help="Also compare with transformers' DeepseekV3 on a 16-expert layer (needs the crosscheck extra).")] = True,
+    as_json: Annotated[bool, typer.Option("--json", help="The figures as JSON on stdout.")] = False,
+) -> None:
+    """Measure full-size Kimi K2 layers (decode, prefill, peak memory) and the machine's ceilings."""
+    from . import bench
+
+    with user_errors():
+        console = Console(stderr=as_json, highlight=False, markup=False)
+        workdir = workdir or Path.home() / ".cache" / "stepper" / "bench"
+        figures = bench.run_all(workdir, torch and has_torch(), lambda line: console.print(f"· {line}", style="dim"))
+        if as_json:
+            print(json.dumps({"machine": bench.machine(), "figures": [f.__dict__ for f in figures]}, indent=1))
+            return
+        console.print(f"machine: {bench.machine()}")
+        for f in figures:
+            rss = f"  peak RSS {f.peak_rss_mb:,.0f} MB" if f.peak_rss_mb else ""
+            console.print(f"{f.name}: {f.value:.3g} {f.unit}{rss}  {f.note}")
+
+
+def has_torch() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("torch") is not None and importlib.util.find_spec("transformers") is not None
 
 
 # ---------------------------------------------------------------------------------------------
