@@ -89,6 +89,7 @@ SeedOpt = Annotated[int, typer.Option(metavar="S", help="Seed of the synthetic w
 InputOpt = Annotated[Path | None, typer.Option("--input", metavar="FILE", help="Residual stream for --layer N: a safetensors file (e.g. a --dump).")]
 AttnOpt = Annotated[str, typer.Option(metavar="PATH", help="Attention: naive (per-head keys and values), absorb (over the latent cache), or auto (naive prefill, absorbed decode).")]
 PlainOpt = Annotated[bool, typer.Option("--plain", help="No colour.")]
+CacheOpt = Annotated[int, typer.Option(metavar="MB", help="Keep up to MB megabytes of decoded weights between decode steps.")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Overwrite an existing output file.")]
 
 
@@ -113,7 +114,7 @@ def parse_ids(ids: str | None) -> tuple[int, ...] | None:
         raise StepperError(f"--ids expects comma-separated integers like 1,2,3, got '{ids}'") from None
 
 
-def run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, input_file, attn) -> RunSpec:
+def run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, input_file, attn, cache_mb) -> RunSpec:
     if ids is not None and prompt_len is not None:
         raise StepperError("give --ids or --prompt-len, not both")
     if layer is not None and layers is not None:
@@ -121,7 +122,7 @@ def run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, inp
     return RunSpec(
         model=model, layer=layer, layers=parse_layers(layers), ids=parse_ids(ids),
         prompt_len=7 if prompt_len is None else prompt_len, start_pos=start_pos, decode=decode, seed=seed,
-        input=input_file, attn=attn,
+        input=input_file, attn=attn, weight_cache_mb=cache_mb,
     )
 
 
@@ -189,6 +190,7 @@ def run_command(
     seed: SeedOpt = 0,
     input_file: InputOpt = None,
     attn: AttnOpt = "auto",
+    weight_cache_mb: CacheOpt = 0,
     only: Annotated[list[str] | None, typer.Option(metavar="GLOB", help="Show (and dump) only names matching GLOB, e.g. '*k_pe*'; repeatable.")] = None,
     show: Annotated[str | None, typer.Option(metavar="PICTURES", help=f"Draw pictures after their tensors: {','.join(PICTURES)}.")] = None,
     plain: PlainOpt = False,
@@ -198,7 +200,7 @@ def run_command(
 ) -> None:
     """Run the model on a prompt and print every named tensor in execution order."""
     with user_errors():
-        spec = run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, input_file, attn)
+        spec = run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, input_file, attn, weight_cache_mb)
         pictures = parse_show(show)
         if dump is not None:
             check_writable(dump, force)
@@ -242,6 +244,7 @@ def step_command(
     seed: SeedOpt = 0,
     input_file: InputOpt = None,
     attn: AttnOpt = "auto",
+    weight_cache_mb: CacheOpt = 0,
     breaks: Annotated[list[str] | None, typer.Option("--break", metavar="GLOB", help="Stop at tensors matching GLOB (e.g. compressed_kv); repeatable.")] = None,
     until: Annotated[str | None, typer.Option(metavar="NAME", help="Run until the first tensor matching NAME and stop there.")] = None,
     commands: Annotated[Path | None, typer.Option(metavar="FILE", help="Read debugger commands from FILE first, one per line.")] = None,
@@ -257,7 +260,7 @@ def step_command(
     Commands are read from the terminal, or line by line from a pipe.
     """
     with user_errors():
-        spec = run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, input_file, attn)
+        spec = run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, input_file, attn, weight_cache_mb)
         if export is not None:
             check_export(export, force)
         script = read_commands(commands) if commands is not None else None

@@ -27,6 +27,7 @@ from .model import KVCache, Transformer
 from .presets import PRESETS, preset
 from .safetensors_reader import SafetensorsFile
 from .trace import Emitter, Sink
+from .weight_cache import CachedWeights
 from .weights import EMBED, SyntheticWeights, WeightSource
 
 
@@ -42,6 +43,7 @@ class RunSpec:
     seed: int = 0
     input: Path | None = None  # the residual stream for a lone layer
     attn: str = "auto"  # naive | absorb | auto (naive for the prefill, absorbed for decode steps)
+    weight_cache_mb: int = 0  # keep up to this many MB of decoded weights between steps
 
 
 ATTN_PATHS = ("auto", "naive", "absorb")
@@ -176,6 +178,10 @@ def prepare(spec: RunSpec, weights: WeightSource | None = None) -> Plan:
     if spec.attn not in ATTN_PATHS:
         raise StepperError(f"--attn must be one of {', '.join(ATTN_PATHS)}, got '{spec.attn}'")
     weights = weights or load_model(spec.model, spec.seed)
+    if spec.weight_cache_mb < 0:
+        raise StepperError(f"--weight-cache-mb must be >= 0, got {spec.weight_cache_mb}")
+    if spec.weight_cache_mb:
+        weights = CachedWeights(weights, spec.weight_cache_mb * 2**20)
     cfg = weights.config
     shown = shown_layers(spec, cfg)
     prompt = prompt_ids(spec, cfg)

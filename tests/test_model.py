@@ -182,3 +182,19 @@ def test_fp8_tiles_equal_the_bit_level_dequantization():
         y = linear_fp8(x, Fp8Matrix.of(codes, scale_inv))
         assert np.array_equal(Fp8Matrix.of(codes, scale_inv).dense(), dense.astype(np.float32))
         np.testing.assert_allclose(y, x.astype(np.float64) @ dense.T, rtol=1e-5, atol=1e-5 * np.abs(y).max())
+
+
+def test_weight_cache_changes_speed_not_values():
+    from stepper.weight_cache import CachedWeights
+
+    plain = run_tensors(prompt_len=3, decode=2, seed=5)
+    cached_source = CachedWeights(SyntheticWeights(preset("tiny"), 5), 2**20)
+    rec = Recorder()
+    run(RunSpec(prompt_len=3, decode=2, seed=5), [rec], cached_source)
+    cached = rec.tensors()
+    assert cached.keys() == plain.keys()
+    for name, array in plain.items():
+        finite = np.isfinite(array)
+        assert np.array_equal(np.isfinite(cached[name]), finite), name
+        assert rel_err(cached[name][finite], array[finite]) < 1e-5 if array.dtype.kind == "f" else True, name
+    assert cached_source.hits > 0 and cached_source.bytes <= 2**20
