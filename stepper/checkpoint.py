@@ -11,6 +11,7 @@ through the index: they may live in another shard.
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -26,6 +27,8 @@ INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 SCALE = "_scale_inv"
 FLOAT_DTYPES = ("F32", "BF16", "F16")
+LARGE = 1 << 20  # tensors from this size on are tracked for release
+RESIDENT_BYTES = 1 << 30  # mapped bytes of large tensors kept before the oldest are released
 
 
 class Checkpoint:
@@ -38,6 +41,7 @@ class Checkpoint:
         self.config: Config = load_config(self.path / "config.json")
         self.weight_map = self._read_weight_map()
         self.shards = {name: SafetensorsFile(self.path / name) for name in sorted(set(self.weight_map.values()))}
+        self._resident: OrderedDict[str, int] = OrderedDict()
         self._check_index_against_headers()
 
     # -- reading -----------------------------------------------------------------------------
@@ -58,6 +62,7 @@ class Checkpoint:
         return self.stored(name).matrix(name)
 
     def stored(self, name: str) -> Stored:
+        self._keep_resident(name)
         info, array = self._tensor(name)
         if info.dtype != "F8_E4M3":
             return Stored(info.dtype, array)
@@ -67,6 +72,18 @@ class Checkpoint:
     @property
     def block(self) -> tuple[int, int]:
         return self.config.quantization.weight_block_size if self.config.quantization else fp8.BLOCK
+
+    def _keep_resident(self, name: str) -> None:
+        """Mapped pages count as this process's memory: past RESIDENT_BYTES of large tensors,
+        the least recently used are released (they stay in the page cache, and fault back in)."""
+        size = self.shard_of(name).info(name).nbytes
+        if size < LARGE:
+            return
+        self._resident.pop(name, None)
+        self._resident[name] = size
+        while sum(self._resident.values()) > RESIDENT_BYTES and len(self._resident) > 1:
+            old, _ = self._resident.popitem(last=False)
+            self.shard_of(old).release(old)
 
     def shard_of(self, name: str) -> SafetensorsFile:
         if name not in self.weight_map:

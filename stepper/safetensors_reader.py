@@ -50,6 +50,7 @@ DTYPES: dict[str, tuple[np.dtype, int]] = {
     }.items()
 }
 
+PREFETCH_BYTES = 1 << 20  # tensors from this size on are read ahead when asked for
 MAX_HEADER_BYTES = 100_000_000  # the reference reader's limit
 MAX_DIMS = 32  # NumPy 1.x's limit (2.x allows 64)
 MAX_ARRAY_BYTES = 2**63 - 1  # NumPy's limit on elements x item size, counting only non-zero dims
@@ -105,12 +106,30 @@ class SafetensorsFile:
         return self.header_size + info.start, self.header_size + info.end
 
     def get(self, name: str) -> np.ndarray:
-        """The tensor as a read-only view into the file's memory map (no bytes copied)."""
+        """The tensor as a read-only view into the file's memory map (no bytes copied).
+
+        A large tensor's pages are asked for ahead (the map itself reads no neighbours)."""
         info = self.info(name)
         dtype, item_size = DTYPES[info.dtype]
-        flat = np.frombuffer(self._mapped(), dtype=dtype, count=info.nbytes // item_size,
-                             offset=self.header_size + info.start)
+        mapped = self._mapped()
+        flat = np.frombuffer(mapped, dtype=dtype, count=info.nbytes // item_size, offset=self.header_size + info.start)
+        if info.nbytes >= PREFETCH_BYTES:
+            self._advise(name, mmap.MADV_WILLNEED)
         return flat.reshape(info.shape)
+
+    def release(self, name: str) -> None:
+        """Let the tensor's pages go from this process (they stay in the page cache), so a run
+        that has used a weight does not keep it resident. Views stay valid and fault back in."""
+        if self._map is not None:
+            self._advise(name, mmap.MADV_DONTNEED)
+
+    def _advise(self, name: str, advice: int) -> None:
+        if not hasattr(self._map, "madvise"):
+            return
+        start, end = self.data_range(name)
+        first = start - start % mmap.PAGESIZE
+        if end > first:
+            self._map.madvise(advice, first, end - first)
 
     def close(self) -> None:
         """Drop the memory map. Arrays already returned keep their pages mapped until they go."""
