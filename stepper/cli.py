@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from . import __version__, fp8_view, inspect_view
+from . import __version__, fp8_view, inspect_view, overrides
 from .debugger import CommandSource, Debugger, Quit
 from .dump import check_writable, write_dump
 from .errors import StepperError
@@ -91,6 +91,7 @@ AttnOpt = Annotated[str, typer.Option(metavar="PATH", help="Attention: naive (pe
 PlainOpt = Annotated[bool, typer.Option("--plain", help="No colour.")]
 CacheOpt = Annotated[int, typer.Option(metavar="MB", help="Keep up to MB megabytes of decoded weights between decode steps.")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Overwrite an existing output file.")]
+UseOpt = Annotated[list[Path] | None, typer.Option("--use", metavar="FILE.py", help="Run with your own exercise functions (e.g. a lesson file) in place of stepper's; repeatable.")]
 
 
 def parse_layers(layers: str | None) -> tuple[int, int | None] | None:
@@ -197,6 +198,7 @@ def run_command(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per tensor (JSON Lines) on stdout.")] = False,
     dump: Annotated[Path | None, typer.Option(metavar="FILE", help="Write every shown tensor to FILE.safetensors.")] = None,
     force: ForceOpt = False,
+    use: UseOpt = None,
 ) -> None:
     """Run the model on a prompt and print every named tensor in execution order."""
     with user_errors():
@@ -216,7 +218,8 @@ def run_command(
             views.append(recorder)
         sinks: list[Sink] = [Filter(lambda e: matches(e.name, only), views)] if only else views
         sinks.append(ProgressBars(Console(stderr=True)))
-        result = execute(plan, sinks)
+        with overrides.use(use or [], announce=sys.stderr):
+            result = execute(plan, sinks)
         if only and counter.count == 0:
             raise StepperError(f"--only {' '.join(only)} matched no tensor (names look like layers.0.self_attn.k_pe)")
         if dump is not None:
@@ -252,6 +255,7 @@ def step_command(
     as_json: Annotated[bool, typer.Option("--json", help="Write each tensor the debugger stops at as a JSON line on stdout (the session goes to stderr).")] = False,
     export: Annotated[Path | None, typer.Option(metavar="FILE", help="Record the session to FILE.html, FILE.svg or FILE.txt.")] = None,
     force: ForceOpt = False,
+    use: UseOpt = None,
 ) -> None:
     """Step through the run one named tensor at a time, like a debugger.
 
@@ -273,7 +277,8 @@ def step_command(
         on_stop = JsonLines(sys.stdout, plan.config) if as_json else None
         debugger = Debugger(console, plan.config, source, plan.weights, list(breaks or []), until, on_stop)
         try:
-            result = execute(plan, [debugger, ProgressBars(Console(stderr=True))])
+            with overrides.use(use or [], announce=sys.stderr):
+                result = execute(plan, [debugger, ProgressBars(Console(stderr=True))])
             console.print(footer(plan, result, len(debugger.history), None), style="dim")
         except Quit:
             console.print(f"quit after {len(debugger.history)} tensors", style="dim")
@@ -455,3 +460,13 @@ def fp8_block(name: str, model: str, index: tuple[int, int], seed: int) -> fp8_v
         raise StepperError(f"{model}: no tensor named '{name}'; {example}")
     where = f"synthetic weights of {cfg.name}, seed {seed}" if isinstance(source, SyntheticWeights) else f"checkpoint {model}"
     return fp8_view.load_block(source.stored(name), name, index, size, where)
+
+
+from .fixtures_cli import fixtures_app  # noqa: E402  (the fixtures sub-app; it does not import cli)
+
+app.add_typer(fixtures_app, name="fixtures")
+
+
+from .lessons_cli import lesson_app  # noqa: E402 - the `stepper lesson` sub-commands
+
+app.add_typer(lesson_app, name="lesson")
