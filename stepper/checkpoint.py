@@ -59,6 +59,9 @@ class Checkpoint:
         return name in self.weight_map
 
     def matrix(self, name: str):
+        """A weight about to be multiplied: its pages are mapped in one go."""
+        if self.has(name) and self.shard_of(name).info(name).nbytes >= LARGE:
+            self.shard_of(name).prefetch(name)
         return self.stored(name).matrix(name)
 
     def stored(self, name: str) -> Stored:

@@ -50,7 +50,6 @@ DTYPES: dict[str, tuple[np.dtype, int]] = {
     }.items()
 }
 
-PREFETCH_BYTES = 1 << 20  # tensors from this size on are mapped in one go when asked for
 MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux 5.14
 MAX_HEADER_BYTES = 100_000_000  # the reference reader's limit
 MAX_DIMS = 32  # NumPy 1.x's limit (2.x allows 64)
@@ -107,20 +106,18 @@ class SafetensorsFile:
         return self.header_size + info.start, self.header_size + info.end
 
     def get(self, name: str) -> np.ndarray:
-        """The tensor as a read-only view into the file's memory map (no bytes copied).
-
-        A large tensor's pages are asked for ahead (the map itself reads no neighbours)."""
+        """The tensor as a read-only view into the file's memory map (no bytes copied)."""
         info = self.info(name)
         dtype, item_size = DTYPES[info.dtype]
         mapped = self._mapped()
         flat = np.frombuffer(mapped, dtype=dtype, count=info.nbytes // item_size, offset=self.header_size + info.start)
-        if info.nbytes >= PREFETCH_BYTES:
-            self._populate(name)
         return flat.reshape(info.shape)
 
-    def _populate(self, name: str) -> None:
-        """Map a large tensor's pages in one call (Linux MADV_POPULATE_READ), instead of one page
-        fault per 4 KiB page later; where the kernel lacks it, ask for read-ahead instead."""
+    def prefetch(self, name: str) -> None:
+        """About to read all of a tensor: map its pages in one call (Linux MADV_POPULATE_READ)
+        instead of one page fault per 4 KiB page (the map reads no neighbours on a fault);
+        where the kernel lacks that, ask for read-ahead instead."""
+        self._mapped()
         try:
             self._advise(name, MADV_POPULATE_READ)
         except OSError:
