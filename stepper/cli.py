@@ -462,11 +462,11 @@ def fp8_block(name: str, model: str, index: tuple[int, int], seed: int) -> fp8_v
     return fp8_view.load_block(source.stored(name), name, index, size, where)
 
 
-from .fixtures_cli import fixtures_app  # noqa: E402  (the fixtures sub-app; it does not import cli)
+from .fixtures_cli import fixtures_app  # the fixtures sub-app; it does not import cli
 
 app.add_typer(fixtures_app, name="fixtures")
 
 
-from .lessons_cli import lesson_app  # noqa: E402 - the `stepper lesson` sub-commands
+from .lessons_cli import lesson_app  # the `stepper lesson` sub-commands; it imports cli only inside commands
 
 app.add_typer(lesson_app, name="lesson")

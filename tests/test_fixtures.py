@@ -1,0 +1,485 @@
+"""Golden fixtures: the shipped ones re-export to the same tensors, `verify` finds the first tensor a
+port gets wrong, rejects bad candidates with one line (exit 2), and transformers' DeepseekV3, fed
+each shipped tiny fixture's weights and inputs, passes `verify`."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from stepper import fixtures, fixtures_verify
+from stepper.checkpoint import SCALE, Checkpoint
+from stepper.presets import preset
+from stepper.safetensors_reader import SafetensorsFile
+from stepper.session import RunSpec, run
+from stepper.trace import unphased
+from stepper.weights import SyntheticWeights
+
+ROOT = Path(__file__).resolve().parent.parent
+SHIPPED = sorted(p.parent.name for p in (ROOT / "fixtures").glob("*/manifest.json"))
+TINY = [name for name in SHIPPED if fixtures.read_manifest(ROOT / "fixtures" / name)["weights"]["copied"]]
+FULL_SIZE = [name for name in SHIPPED if name not in TINY]
+BASIC = ROOT / "fixtures" / "tiny-prefill-decode"
+
+
+def stepper(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "stepper", *map(str, args)], check=False, capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def basic() -> fixtures.Fixture:
+    return fixtures.load(BASIC)
+
+
+def write_candidate(path: Path, tensors: dict[str, np.ndarray]) -> Path:
+    if path.suffix == ".npz":
+        np.savez(path, **tensors)
+    else:
+        save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(path))
+    return path
+
+
+def test_the_expected_fixtures_are_shipped_and_small():
+    assert set(SHIPPED) == {"tiny-prefill-decode", "tiny-yarn-4094", "tiny-absorb", "tiny-v3-grouped", "tiny-bf16",
+                            "kimi-k2-layer1-decode"}
+    total = sum(p.stat().st_size for p in (ROOT / "fixtures").rglob("*") if p.is_file())
+    assert total < 22 * 2**20, total
+    readme = (ROOT / "fixtures" / "README.md").read_text()
+    assert all(name in readme for name in SHIPPED)
+
+
+# ---------------------------------------------------------------------------------------------
+# The committed files are what their manifests say, and what stepper makes today
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_manifest_hashes_hold_for_the_committed_files(name):
+    fixture = fixtures.load(ROOT / "fixtures" / name)  # checks every tensor's sha256
+    m = fixture.manifest
+    assert m["format"] == "stepper-fixture" and m["version"] == 1
+    assert fixtures.sha256_file(fixture.path / fixtures.TENSORS) == m["files"][fixtures.TENSORS]["sha256"]
+    assert fixtures.check_weights(fixture) == []
+    assert [e["name"] for e in m["tensors"]] == list(fixture.tensors)
+    with SafetensorsFile(fixture.path / fixtures.TENSORS) as f:
+        assert json.loads(f.metadata["order"]) == list(fixture.tensors)
+    for margin in m["routing"].values():  # no routing decision close to a tie
+        assert all(v is None or v > 1e-3 for v in margin.values()), margin  # as fixtures/README.md says
+
+
+@pytest.mark.parametrize("name", TINY + (FULL_SIZE if os.environ.get("STEPPER_FULL_FIXTURES") else []))
+def test_reexport_matches_the_committed_fixture(name, tmp_path):
+    committed = fixtures.load(ROOT / "fixtures" / name)
+    spec = fixtures.ExportSpec.from_dict(committed.manifest["export"])
+    fresh = fixtures.export(spec, tmp_path / name)
+    assert [(e["name"], e["shape"], e["dims"], e["dtype"]) for e in fresh["tensors"]] == [
+        (e["name"], e["shape"], e["dims"], e["dtype"]) for e in committed.entries]
+    for key in ("config", "inputs", "attention", "run"):
+        assert fresh[key] == committed.manifest[key], key
+    if committed.manifest["weights"]["copied"]:  # the same weight files, byte for byte
+        assert fresh["weights"]["files"] == committed.manifest["weights"]["files"]
+    else:
+        assert fresh["weights"]["read"] == committed.manifest["weights"]["read"]
+    # every tensor bit-identical or within the manifest's tolerance
+    verdict = fixtures_verify.verify(committed, tmp_path / name / fixtures.TENSORS, strict=True)
+    assert verdict.exit_code == 0 and verdict.count("match") == len(committed.entries), fixtures_verify.summary_line(verdict)
+    identical = sum(e["sha256"] == f["sha256"] for e, f in zip(committed.entries, fresh["tensors"]))
+    print(f"{name}: {identical} of {len(committed.entries)} tensors bit-identical, the rest within tolerance")
+
+
+@pytest.mark.parametrize("name", FULL_SIZE)
+def test_full_size_fixture_first_position_reexports(name):
+    """Re-exporting Kimi K2's layer 1 takes about a minute (set STEPPER_FULL_FIXTURES=1 for the whole
+    re-export). This runs the prefill of the first prompt token only (about 15 s): causal attention
+    makes every position-0 slice of the prefill tensors the same computation."""
+    committed = fixtures.load(ROOT / "fixtures" / name)
+    m = committed.manifest
+    spec = fixtures.ExportSpec.from_dict(m["export"])
+    first = m["inputs"]["prompt_ids"][:1]
+    capture = fixtures.Capture()
+    run(RunSpec(model=spec.model, layer=spec.layer, ids=tuple(first), seed=spec.seed, attn=spec.attn), [capture])
+    compared = 0
+    for event in capture.events:
+        entry = next(e for e in committed.entries if e["name"] == f"prefill.{event.name}")
+        index = tuple(slice(0, 1) if d in ("T", "S", "N") else slice(None) for d in entry["dims"])
+        ref = committed.tensors[entry["name"]][index]
+        tol = entry["tolerance"]
+        if tol["kind"] == "allclose":
+            assert fixtures_verify.measure(event.array, ref, tol)["ok"], event.name
+        else:
+            assert np.array_equal(np.sort(event.array, -1), np.sort(ref, -1)), event.name
+        compared += 1
+    assert compared == len([e for e in committed.entries if e["phase"] == "prefill"])
+    # weights named by seed: a few re-created tensors hash as recorded
+    source = SyntheticWeights(preset(m["weights"]["preset"]), m["weights"]["seed"])
+    for weight in ("model.layers.1.input_layernorm.weight", "model.layers.1.self_attn.kv_a_proj_with_mqa.weight",
+                   "model.layers.1.mlp.gate.e_score_correction_bias"):
+        stored, record = source.stored(weight), m["weights"]["read"][weight]
+        assert fixtures.sha256_array(stored.data) == record["sha256"]
+        if stored.scale_inv is not None:
+            assert fixtures.sha256_array(stored.scale_inv) == record["scale_inv_sha256"]
+
+
+def test_read_hashes_are_the_bytes_a_synthesized_checkpoint_holds():
+    source = fixtures.ReadHashes(SyntheticWeights(preset("tiny"), 0))
+    names = ["model.layers.1.self_attn.kv_b_proj.weight", "model.layers.1.mlp.gate.weight",
+             "model.layers.1.mlp.gate.e_score_correction_bias"]
+    for name in names:
+        source.get(name)
+    shards = Checkpoint(ROOT / "fixtures" / "weights" / "tiny-seed0")
+    for name in names:
+        data = shards.shard_of(name).get(name)
+        assert fixtures.sha256_array(data) == source.read[name]["sha256"]
+    scale = shards.shard_of(names[0] + SCALE).get(names[0] + SCALE)
+    assert fixtures.sha256_array(scale) == source.read[names[0]]["scale_inv_sha256"]
+
+
+def test_bf16_fixture_records_and_uses_bf16_weights():
+    fixture = fixtures.load(ROOT / "fixtures" / "tiny-bf16")
+    assert fixture.manifest["weights"]["storage"].startswith("bf16")
+    assert "quantization_config" not in fixture.manifest["config"]
+    ck = Checkpoint(fixture.weights_path())
+    dtypes = {ck.shard_of(n).info(n).dtype for n in ck.weight_map}
+    assert dtypes == {"BF16"} and not any(n.endswith(SCALE) for n in ck.weight_map)
+    # BF16 holds the dequantized FP8 weight rounded once: within BF16's half-ulp of it
+    fp8 = SyntheticWeights(preset("tiny"), 0).get("model.layers.0.self_attn.q_b_proj.weight")
+    bf16 = ck.get("model.layers.0.self_attn.q_b_proj.weight")
+    assert np.all(np.abs(bf16 - fp8) <= np.abs(fp8) * 2.0**-8)
+
+
+# ---------------------------------------------------------------------------------------------
+# verify: injected errors, missing tensors, bad candidates
+
+
+@pytest.mark.parametrize("target", ["decode0.layers.1.self_attn.k_pe_rope", "prefill.layers.0.mlp.act",
+                                    "decode1.layers.2.mlp.gate.scores"])
+def test_verify_names_an_injected_error_as_the_first_divergence(basic, tmp_path, target):
+    tensors = dict(basic.tensors)
+    bad = tensors[target].copy()
+    bad.flat[3] += 1e-3 * np.abs(bad).max()  # one entry, 100x the tolerance
+    tensors[target] = bad
+    candidate = write_candidate(tmp_path / "port.safetensors", tensors)
+    out = stepper("fixtures", "verify", BASIC, candidate, "--report", tmp_path / "report.json", "--plain")
+    assert out.returncode == 1, out.stderr
+    assert f"first divergence: {target}: 1 of {bad.size} entries outside tolerance" in out.stdout
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["first_divergence"]["name"] == target and report["result"] == "mismatch"
+    mismatched = [t["name"] for t in report["tensors"] if t["status"] == "mismatch"]
+    assert mismatched == [target]  # later tensors come from the fixture, so they still match
+    assert all(i["status"] == "match" for i in report["first_divergence"]["inputs"])
+    assert "its inputs match, so the difference starts in this step" in out.stdout
+
+
+def test_first_divergence_names_what_the_tensor_is_computed_from(basic):
+    index = next(i for i, e in enumerate(basic.entries) if e["name"] == "decode0.layers.1.self_attn.attn_scores")
+    inputs = [basic.entries[j]["name"] for j in fixtures_verify.formula_inputs(basic, index)]
+    assert inputs == ["decode0.layers.1.self_attn.query_states", "decode0.layers.1.self_attn.key_states"]
+    index = next(i for i, e in enumerate(basic.entries) if e["name"] == "prefill.layers.2.hidden_states")
+    assert [basic.entries[j]["name"] for j in fixtures_verify.formula_inputs(basic, index)] == ["prefill.layers.1.output"]
+
+
+def test_a_candidate_missing_half_the_tensors_is_reported_tensor_by_tensor(basic, tmp_path):
+    kept = dict(list(basic.tensors.items())[::2])
+    candidate = write_candidate(tmp_path / "half.npz", kept)
+    out = stepper("fixtures", "verify", BASIC, candidate, "--plain", "--report", tmp_path / "r.json")
+    assert out.returncode == 0, out.stdout + out.stderr
+    missing = [n for n in basic.tensors if n not in kept]
+    rows = {line.split()[1]: line.split()[2] for line in out.stdout.splitlines()[2:] if line.strip()[:1].isdigit()}
+    assert all(rows[n] == "missing" for n in missing) and all(rows[n] == "match" for n in kept)
+    assert f"{len(kept)} match, 0 differ, {len(missing)} missing" in out.stdout
+    strict = stepper("fixtures", "verify", BASIC, candidate, "--strict", "--problems", "--plain")
+    assert strict.returncode == 1 and "--strict: missing tensors fail" in strict.stdout
+    assert all(n in strict.stdout for n in missing) and next(iter(kept)) not in strict.stdout
+
+
+@pytest.mark.parametrize("kind", ["truncated", "garbage", "header-lies"])
+def test_a_malformed_safetensors_candidate_exits_2_with_one_line(basic, tmp_path, kind):
+    good = write_candidate(tmp_path / "good.safetensors", basic.tensors).read_bytes()
+    content = {"truncated": good[: len(good) // 2], "garbage": b"not a safetensors file at all",
+               "header-lies": (10**9).to_bytes(8, "little") + good[8:]}[kind]
+    path = tmp_path / "port.safetensors"
+    path.write_bytes(content)
+    out = stepper("fixtures", "verify", BASIC, path)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.count("\n") == 1 and out.stderr.startswith("stepper: error: ") and str(path) in out.stderr
+
+
+@pytest.mark.parametrize("kind", ["truncated", "pickled", "not-zip", "npy"])
+def test_a_malformed_npz_candidate_exits_2_with_one_line(basic, tmp_path, kind):
+    path = tmp_path / "port.npz"
+    if kind == "pickled":
+        np.savez(path, a=np.array([{"x": 1}], dtype=object))
+    else:
+        np.savez(path, **{k: v for k, v in list(basic.tensors.items())[:5]})
+        if kind == "truncated":
+            path.write_bytes(path.read_bytes()[:-100])
+        elif kind == "not-zip":
+            path.write_bytes(b"\x00" * 64)
+        else:
+            np.save(tmp_path / "x.npy", np.zeros(3))
+            path.write_bytes((tmp_path / "x.npy").read_bytes())
+    out = stepper("fixtures", "verify", BASIC, path)
+    assert out.returncode == 2, out.stdout
+    assert out.stderr.count("\n") == 1 and str(path) in out.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["nowhere.safetensors"], "no such file"),
+    (["{fixture}/manifest.json"], "unknown file type"),
+    (["{candidate}", "--map", "nomap.json"], "--map nomap.json: no such file"),
+    (["{candidate}", "--rtol", "-1"], "--rtol must be a number >= 0"),
+])
+def test_verify_bad_input_exits_2(basic, tmp_path, args, message):
+    candidate = write_candidate(tmp_path / "c.safetensors", {"nothing.like.ours": np.zeros(2, np.float32)})
+    args = [a.format(fixture=BASIC, candidate=candidate) for a in args]
+    out = stepper("fixtures", "verify", BASIC, *args)
+    assert out.returncode == 2 and message in out.stderr and out.stderr.count("\n") == 1, out.stderr
+
+
+def test_a_candidate_with_no_known_name_is_bad_input(tmp_path):
+    candidate = write_candidate(tmp_path / "c.safetensors", {"blk.0.attn_q": np.zeros(2, np.float32)})
+    out = stepper("fixtures", "verify", BASIC, candidate)
+    assert out.returncode == 2 and "none of its 1 tensor names" in out.stderr and "--map" in out.stderr
+
+
+def test_not_a_fixture_is_bad_input(tmp_path):
+    out = stepper("fixtures", "verify", tmp_path, tmp_path / "x.safetensors")
+    assert out.returncode == 2 and "no manifest.json" in out.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# verify: names and layouts of other implementations
+
+
+def other_names(fixture: fixtures.Fixture, system: str) -> dict[str, np.ndarray]:
+    """The fixture's tensors under `system`'s names where it has one, canonical names otherwise."""
+    patterns = fixtures_verify.alias_patterns()
+    out = {}
+    for e in fixture.entries:
+        pattern = patterns[e["key"]].get(system)
+        alias = pattern.replace("{i}", str(e["layer"])) if pattern else None
+        out[f"{e['phase']}.{alias}" if alias else e["name"]] = fixture.tensors[e["name"]]
+    return out
+
+
+@pytest.mark.parametrize("system", fixtures_verify.SYSTEMS)
+def test_verify_reads_alias_names(basic, tmp_path, system):
+    candidate = write_candidate(tmp_path / f"{system}.npz", other_names(basic, system))
+    verdict = fixtures_verify.verify(basic, candidate, strict=True)
+    assert verdict.exit_code == 0 and not verdict.unknown and not verdict.ambiguous
+    aliased = [c for c in verdict.checks if c.candidate != c.name]
+    assert len(aliased) > 60, len(aliased)
+
+
+def test_ambiguous_bare_names_are_refused_and_a_map_resolves_them(basic, tmp_path):
+    q = basic.tensors["prefill.layers.1.self_attn.q_a"]
+    candidate = write_candidate(tmp_path / "c.safetensors", {"prefill.q-1": q, "prefill.layers.1.self_attn.q_a_norm":
+                                                              basic.tensors["prefill.layers.1.self_attn.q_a_norm"]})
+    verdict = fixtures_verify.verify(basic, candidate)
+    assert "prefill.q-1" in verdict.ambiguous and verdict.count("match") == 1
+    (tmp_path / "map.json").write_text(json.dumps({"prefill.q-1": "prefill.layers.1.self_attn.q_a"}))
+    out = stepper("fixtures", "verify", BASIC, candidate, "--map", tmp_path / "map.json", "--plain")
+    assert out.returncode == 0 and "2 match" in out.stdout
+
+
+def test_verify_accepts_batch_axes_heads_layouts_and_interleaved_rope(basic, tmp_path):
+    t = dict(basic.tensors)
+    cfg = basic.config
+    h, r = cfg.num_attention_heads, cfg.qk_rope_head_dim
+    changed = {}
+    for name, a in t.items():
+        key = name.split("layers.")[-1].split(".", 1)[-1] if "layers." in name else name.split(".", 1)[-1]
+        if key in ("self_attn.q_pe_rope", "self_attn.k_pe_rope"):
+            inter = np.empty_like(a)
+            inter[..., 0::2], inter[..., 1::2] = a[..., : r // 2], a[..., r // 2:]  # pairs side by side
+            changed[name] = inter
+        elif key == "self_attn.query_states":
+            inter = a.copy()
+            inter[..., -r::2], inter[..., -r + 1::2] = a[..., -r:-r // 2], a[..., -r // 2:]
+            changed[name] = inter
+        elif key == "self_attn.q":
+            b, _, n, x = a.shape
+            changed[name] = a.transpose(0, 2, 1, 3).reshape(b, n, h * x)  # the q_b_proj output
+        elif key == "self_attn.kv":
+            changed[name] = a.transpose(0, 2, 1, 3)  # [B, T, H, X], as inference/model.py keeps it
+        elif a.ndim == 3 and a.shape[0] == 1:
+            changed[name] = a[0]  # no batch axis
+    t.update(changed)
+    candidate = write_candidate(tmp_path / "layouts.safetensors", t)
+    verdict = fixtures_verify.verify(basic, candidate, strict=True)
+    assert verdict.exit_code == 0, fixtures_verify.summary_line(verdict)
+    layouts = {c.name: c.layout for c in verdict.checks}
+    assert layouts["prefill.layers.1.self_attn.q_pe_rope"] == "as reference, rope pairs interleaved"
+    assert layouts["prefill.layers.1.self_attn.query_states"] == "as reference, rope pairs interleaved"
+    assert layouts["prefill.layers.1.self_attn.q"].startswith("heads merged")
+    assert layouts["prefill.layers.1.self_attn.kv"].startswith("positions before heads")
+    assert layouts["prefill.layers.1.output"] == "reshaped [7, 320]"
+    # interleaving is a layout, not a free pass: a wrong rotation still fails
+    t["prefill.layers.1.self_attn.q_pe_rope"] = basic.tensors["prefill.layers.1.self_attn.q_pe"]
+    verdict = fixtures_verify.verify(basic, write_candidate(tmp_path / "wrong.safetensors", t))
+    assert verdict.first["name"] == "prefill.layers.1.self_attn.q_pe_rope"
+
+
+def test_expert_order_is_free_but_the_set_is_not(basic, tmp_path):
+    t = dict(basic.tensors)
+    name = "decode0.layers.2.mlp.gate.topk_idx"
+    t[name] = t[name][:, ::-1].copy()
+    t[name.replace("idx", "weight")] = t[name.replace("idx", "weight")][:, ::-1].copy()
+    assert fixtures_verify.verify(basic, write_candidate(tmp_path / "a.safetensors", t)).exit_code == 0
+    other = t[name].copy()
+    other[0, 0] = next(e for e in range(32) if e not in other[0])
+    t[name] = other
+    verdict = fixtures_verify.verify(basic, write_candidate(tmp_path / "b.safetensors", t))
+    assert verdict.first["name"] == name and "different experts for 1 of 1 tokens" in verdict.first["detail"]
+
+
+def test_masked_scores_may_be_large_negative_numbers(basic, tmp_path):
+    t = dict(basic.tensors)
+    name = "prefill.layers.0.self_attn.attn_scores"
+    t[name] = np.where(np.isinf(t[name]), np.finfo(np.float32).min, t[name])  # transformers' additive mask
+    assert fixtures_verify.verify(basic, write_candidate(tmp_path / "a.safetensors", t)).exit_code == 0
+    t[name] = np.where(np.isinf(basic.tensors[name]), 0.0, basic.tensors[name])  # mask forgotten
+    verdict = fixtures_verify.verify(basic, write_candidate(tmp_path / "b.safetensors", t))
+    assert verdict.first["name"] == name and "masked" in verdict.first["detail"]
+
+
+def test_names_command_lists_the_aliases():
+    out = stepper("fixtures", "names", "--system", "llama.cpp", "--json")
+    assert out.returncode == 0
+    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    assert {"canonical": "self_attn.compressed_kv", "hf_module": "", "inference": "layers.{i}.attn.kv#2",
+            "llama.cpp": "kv_cmpr-{i}#1"} in rows
+    assert stepper("fixtures", "names", "--system", "vllm").returncode == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# export: the command as a user meets it
+
+
+def test_export_refuses_to_overwrite_and_reports_bad_input(tmp_path):
+    out = tmp_path / "fx"
+    first = stepper("fixtures", "export", out, "--ids", "1,2,3", "--layers", "0:1")
+    assert first.returncode == 0, first.stderr
+    assert "wrote" in first.stdout and (out / "weights" / "config.json").exists()
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["run"]["layers_run"] == [0] and "model.norm.weight" not in json.dumps(m["weights"]["files"])
+    again = stepper("fixtures", "export", out, "--ids", "1,2,3")
+    assert again.returncode == 2 and "already exists; pass --force" in again.stderr
+    assert stepper("fixtures", "export", out, "--ids", "1,2,3", "--force").returncode == 0
+    for args, message in ((["--ids", "1,x"], "--ids expects"), (["--layer", "9"], "layer 9 out of range"),
+                          (["--weights-dtype", "int4"], "--weights-dtype must be one of"),
+                          (["--model", "kimi-k2", "--layer", "1", "--weights-dtype", "bf16"], "--weights-dtype bf16"),
+                          (["--attn", "flash"], "--attn must be one of")):
+        bad = stepper("fixtures", "export", tmp_path / "other", *args)
+        assert bad.returncode == 2 and message in bad.stderr and bad.stderr.count("\n") == 1, (args, bad.stderr)
+        assert not (tmp_path / "other").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no partial folders left
+
+
+def test_shared_weights_folder_must_hold_the_same_weights(tmp_path):
+    shared = tmp_path / "w"
+    assert stepper("fixtures", "export", tmp_path / "a", "--ids", "1,2", "--weights-dir", shared).returncode == 0
+    assert stepper("fixtures", "export", tmp_path / "b", "--ids", "3,4", "--weights-dir", shared).returncode == 0
+    assert fixtures.load(tmp_path / "b").weights_path().resolve() == shared.resolve()
+    other = stepper("fixtures", "export", tmp_path / "c", "--ids", "3,4", "--seed", "1", "--weights-dir", shared)
+    assert other.returncode == 2 and "holds other weights" in other.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# A real consumer: transformers' DeepseekV3 on each tiny fixture's weights and inputs
+
+NEEDS_TORCH = not os.environ.get("STEPPER_REQUIRE_CROSSCHECK")
+
+
+def transformers_dump(fixture: fixtures.Fixture, path: Path) -> None:
+    """Load the fixture's weights into transformers, run its inputs, and write every tensor under
+    its HF module name where it has one (in the layout that module really outputs), canonical
+    otherwise. A lone layer N runs as a one-layer model whose layer 0 has layer N's weights."""
+    if NEEDS_TORCH:
+        pytest.importorskip("torch")
+        pytest.importorskip("transformers")
+    from hf_reference import hf_trace
+
+    m = fixture.manifest
+    ck = Checkpoint(fixture.weights_path())
+    weights = {n: np.array(ck.get(n)) for n in ck.weight_map if not n.endswith(SCALE)}
+    config = dict(m["config"])
+    cfg = fixture.config
+    layer = m["run"]["layers"][0] if m["run"]["kind"] == "layer" else None
+    if layer is not None:
+        config.update(num_hidden_layers=1, first_k_dense_replace=0 if cfg.is_moe_layer(layer) else 1)
+        weights = {n.replace(f"model.layers.{layer}.", "model.layers.0."): w for n, w in weights.items()}
+        weights.setdefault("model.norm.weight", np.ones(cfg.hidden_size, np.float32))
+        weights.setdefault("lm_head.weight", np.zeros((cfg.vocab_size, cfg.hidden_size), np.float32))
+    steps = m["inputs"]["steps"]
+    trace = hf_trace(config, weights, np.array([steps[0]["ids"]]), start_pos=m["inputs"]["start_pos"],
+                     decode_ids=[np.array([s["ids"]]) for s in steps[1:]] or None)
+    patterns = fixtures_verify.alias_patterns()
+    out = {}
+    for name, array in trace.items():
+        short = unphased(name)
+        phase = name[: len(name) - len(short)]
+        index, key = (None, short) if not short.startswith("layers.") else short.split(".", 2)[1:]
+        index = layer if layer is not None and index is not None else index
+        pattern = patterns.get(key, {}).get("hf_module")
+        if key in ("self_attn.q", "self_attn.kv"):  # q_b_proj / kv_b_proj output: [B, T, H * X]
+            b, h, t, x = array.shape
+            array = array.transpose(0, 2, 1, 3).reshape(b, t, h * x)
+        elif key in ("rope_cos", "rope_sin"):
+            array = array[None]  # rotary_emb returns [B, T, rope]
+        elif key == "mlp.routed_output":
+            array = array.reshape(-1, array.shape[-1])  # the experts module returns [N, d]
+        alias = pattern.replace("{i}", str(index)) if pattern else (f"layers.{index}.{key}" if index is not None else key)
+        out[phase + alias] = np.ascontiguousarray(array)
+    save_file(out, str(path))
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_transformers_passes_verify_on_every_tiny_fixture(name, tmp_path):
+    fixture = fixtures.load(ROOT / "fixtures" / name)
+    candidate = tmp_path / "transformers.safetensors"
+    transformers_dump(fixture, candidate)
+    out = stepper("fixtures", "verify", fixture.path, candidate, "--report", tmp_path / "report.json", "--plain")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    checks = report["tensors"]
+    absorbed_only = {"self_attn.q_nope_absorbed", "self_attn.attn_output_latent"}
+    assert {t["key"] for t in checks if t["status"] == "missing"} <= absorbed_only  # transformers runs naive MLA
+    assert report["counts"]["match"] >= len(checks) - sum(t["key"] in absorbed_only for t in checks)
+    layouts = {t["layout"].split(" [")[0] for t in checks if t["layout"]}
+    assert "heads merged" in layouts and "reshaped" in layouts  # q_b_proj and kv_b_proj outputs, rotary tables
+    worst = max(t["rel_err"] or 0.0 for t in checks)
+    print(f"{name}: transformers within {worst:.2e} of absmax on every tensor")
+
+
+def test_readme_example_checks_transformers(tmp_path, monkeypatch):
+    """The README's 'Checking a PyTorch port' block, run as written with transformers as the port."""
+    if NEEDS_TORCH:
+        pytest.importorskip("torch")
+        pytest.importorskip("transformers")
+    from hf_reference import build_hf_model
+    from transformers.cache_utils import DynamicCache
+
+    readme = (ROOT / "fixtures" / "README.md").read_text()
+    code = readme.split("## Checking a PyTorch port", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+
+    def load_port(weights_dir):
+        ck = Checkpoint(weights_dir)
+        model = build_hf_model(json.loads((Path(weights_dir) / "config.json").read_text()),
+                               {n: np.array(ck.get(n)) for n in ck.weight_map if not n.endswith(SCALE)})
+        cache = DynamicCache(config=model.config)
+        return model, lambda ids, positions: model(input_ids=ids, position_ids=positions, cache=cache, use_cache=True).logits
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "fixtures").symlink_to(ROOT / "fixtures")
+    exec(compile(code, "fixtures/README.md", "exec"), {"load_port": load_port})  # noqa: S102 (the README's own code)
+    out = stepper("fixtures", "verify", BASIC, tmp_path / "port.safetensors", "--plain", "--report", tmp_path / "r.json")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["counts"]["match"] >= 150, report["counts"]  # every tensor an HF module outputs
+    assert report["counts"]["mismatch"] == 0

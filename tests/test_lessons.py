@@ -1,0 +1,381 @@
+"""Lessons: content, headless walks, exercise checks, `--use` swaps, answers, progress and the CLI."""
+
+from __future__ import annotations
+
+import importlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from stepper import catalog, lesson_check, overrides
+from stepper.cli import app
+from stepper.errors import StepperError
+from stepper.lesson_answers import parse_choice, parse_number, parse_set, parse_shape
+from stepper.lessons import (
+    Context,
+    LessonInput,
+    Prediction,
+    Progress,
+    Workspace,
+    Wrong,
+    all_lessons,
+    find_lesson,
+    judge,
+    mentioned_names,
+    prepare,
+    right_answers,
+    template_errors,
+    unknown_names,
+    walk,
+)
+from stepper.session import RunSpec, run
+from stepper.trace import Recorder
+
+LESSONS = all_lessons()
+IDS = [lesson.name for lesson in LESSONS]
+REQUIRED = {"tour", "rmsnorm", "fp8", "mla-latent", "rope-yarn", "absorption", "moe-routing", "decode-cache"}
+REQUIRED_EXERCISES = {"rms_norm", "decode", "dequantize", "rope_inv_freq", "apply_rope", "absorbed", "route"}
+INTERPRETER = ("stepper.ops", "stepper.fp8", "stepper.fp8_matmul", "stepper.weights", "stepper.checkpoint",
+               "stepper.session", "stepper.model.attention", "stepper.model.layer", "stepper.model.mlp",
+               "stepper.model.moe", "stepper.model.router", "stepper.model.transformer", "stepper.model.layer_weights")
+
+
+@pytest.fixture(autouse=True)
+def data_dir(tmp_path, monkeypatch):
+    """Progress goes to a fresh STEPPER_DATA_DIR, never to the user's data directory."""
+    path = tmp_path / "data"
+    monkeypatch.setenv("STEPPER_DATA_DIR", str(path))
+    return path
+
+
+def stepper(*args: str, stdin: str = ""):
+    """`stepper ARGS` in-process (typer's runner): exit_code, stdout, stderr. STEPPER_DATA_DIR and the
+    working directory come from the test's fixtures."""
+    return CliRunner().invoke(app, list(args), input=stdin)
+
+
+def tensors(spec: RunSpec, use: list[Path] | None = None) -> dict[str, np.ndarray]:
+    recorder = Recorder()
+    with overrides.use(use or []):
+        run(spec, [recorder])
+    return recorder.tensors()
+
+
+# ---------------------------------------------------------------------------------------------
+# Content
+
+
+def test_the_lessons_and_exercises_the_issue_asks_for():
+    assert REQUIRED <= set(IDS)
+    exercised = {name for lesson in LESSONS for name in lesson.exercise.functions}
+    assert REQUIRED_EXERCISES <= exercised
+    assert exercised <= set(overrides.EXERCISES)
+    for lesson in LESSONS:
+        assert lesson.stub.is_file() and lesson.solution.is_file() and lesson.exercise.hints
+        assert lesson.steps and all(step.predict for step in lesson.steps), f"{lesson.name}: every stop asks first"
+
+
+@pytest.mark.parametrize("lesson", LESSONS, ids=IDS)
+def test_every_name_a_lesson_mentions_is_in_the_catalogue(lesson):
+    names = mentioned_names(lesson)
+    assert any(catalog.key_of(n) in catalog.load().names() for n in names)
+    assert unknown_names(lesson) == []
+    assert template_errors(lesson) == []
+
+
+def test_a_misspelt_name_is_caught(tmp_path):
+    folder = tmp_path / "01-bad"
+    shutil.copytree(find_lesson("rmsnorm").folder, folder)
+    toml = folder / "lesson.toml"
+    toml.write_text(toml.read_text().replace("layers.0.self_attn.q_a_norm.shape", "layers.0.self_attn.q_a_nrom.shape")
+                    .replace("`self_attn.q_a`", "`self_attn.q_aa`"))
+    from stepper.lessons import load_lesson
+
+    lesson = load_lesson(folder)
+    assert "self_attn.q_aa" in unknown_names(lesson)
+    assert any("q_a_nrom" in e for e in template_errors(lesson))
+
+
+@pytest.mark.parametrize("lesson", LESSONS, ids=IDS)
+def test_every_lesson_walks_headless_to_the_end(lesson):
+    out = io.StringIO()
+    console = Console(file=out, width=100, no_color=True, highlight=False, markup=False, soft_wrap=True)
+    walked = walk(lesson, console, LessonInput(console, io.StringIO("\n".join(right_answers(lesson)) + "\n"), False))
+    text = out.getvalue()
+    assert walked.finished, text[-2000:]
+    assert walked.right == walked.asked > 0
+    assert text.count("✓ right") == walked.asked
+    assert "end of the run" in text and "(end of commands" not in text
+
+
+def test_a_wrong_prediction_is_explained_by_the_lesson():
+    lesson = find_lesson("tour")
+    answers = right_answers(lesson)
+    answers[0:0] = [f"[1, 7, {prepare(lesson.run).config.vocab_size}]"]  # then the right one
+    out = io.StringIO()
+    console = Console(file=out, width=200, no_color=True, soft_wrap=True)
+    walked = walk(lesson, console, LessonInput(console, io.StringIO("\n".join(answers) + "\n"), False))
+    assert walked.finished and walked.right == walked.asked
+    assert "✗ 1000 is the vocabulary size" in out.getvalue()
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercises
+
+
+@pytest.mark.parametrize("lesson", LESSONS, ids=IDS)
+def test_every_stub_fails_and_every_solution_passes(lesson):
+    stub = lesson_check.check(lesson, lesson.stub)
+    assert not stub.passed
+    assert stub.outcomes[0].detail, "a failing check says why"
+    solution = lesson_check.check(lesson, lesson.solution)
+    assert solution.passed, [(o.title, o.detail) for o in solution.outcomes]
+
+
+@pytest.mark.parametrize("lesson", LESSONS, ids=IDS)
+def test_use_solution_gives_bit_identical_runs(lesson):
+    for spec in lesson.exercise.runs:
+        plain, swapped = {e.name: e.array for e in lesson_check.golden(spec)}, tensors(spec, [lesson.solution])
+        assert list(plain) == list(swapped)
+        for name, array in plain.items():
+            assert swapped[name].dtype == array.dtype and np.array_equal(swapped[name], array, equal_nan=True), name
+
+
+def test_use_with_a_wrong_function_changes_the_downstream_tensors(tmp_path):
+    wrong = tmp_path / "wrong.py"
+    wrong.write_text("import numpy as np\n\n\ndef rms_norm(x, weight, eps):\n"
+                     "    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + np.float32(eps))  # no weight\n")
+    plain, swapped = tensors(RunSpec()), tensors(RunSpec(), [wrong])
+    assert np.array_equal(plain["layers.0.hidden_states"], swapped["layers.0.hidden_states"])
+    for name in ("layers.0.input_layernorm", "layers.1.self_attn.compressed_kv", "logits"):
+        assert not np.allclose(plain[name], swapped[name]), name
+
+
+def test_use_with_a_wrong_fp8_decode_reaches_the_fp8_products(tmp_path):
+    fp8 = find_lesson("fp8").solution.read_text()
+    wrong = tmp_path / "fp8.py"
+    wrong.write_text(fp8.replace("exponent - 7)", "exponent - 6)"))  # every normal value doubled
+    plain, swapped = tensors(RunSpec()), tensors(RunSpec(), [wrong])
+    np.testing.assert_allclose(swapped["layers.0.self_attn.q_a"], 2 * plain["layers.0.self_attn.q_a"], rtol=1e-5, atol=1e-4)  # subnormals are not doubled
+    assert not np.allclose(plain["logits"], swapped["logits"])
+
+
+def test_use_restores_stepper_and_rejects_other_signatures(tmp_path):
+    from stepper import ops
+    from stepper.model import attention
+
+    originals = (ops.rms_norm, attention.rms_norm)
+    with overrides.use([find_lesson("rmsnorm").solution]) as used:
+        assert attention.rms_norm is used["rms_norm"] and ops.rms_norm is used["rms_norm"]
+    assert (ops.rms_norm, attention.rms_norm) == originals
+    bad = tmp_path / "bad.py"
+    bad.write_text("def rms_norm(x, w):\n    return x\n")
+    expected = r"bad\.py: rms_norm\(x, w\) has a different signature .* rms_norm\(x, weight, eps\)"
+    with pytest.raises(StepperError, match=expected), overrides.use([bad]):
+        pass
+    assert (ops.rms_norm, attention.rms_norm) == originals
+
+
+def test_lookups_table_lists_every_place_the_interpreter_holds_an_exercise():
+    references = {name: overrides.reference(name) for name in overrides.EXERCISES}
+    listed = set(overrides.LOOKUPS)
+    for module_name, name in listed:
+        assert getattr(importlib.import_module(module_name), name) is references[name], (module_name, name)
+    detoured = {place for _, place, _ in overrides.DETOURS}
+    fused = {getattr(importlib.import_module(m), n) for m, n in detoured if hasattr(importlib.import_module(m), n)}
+    for module_name in INTERPRETER:
+        module = importlib.import_module(module_name)
+        for attr, value in vars(module).items():
+            for name, ref in references.items():
+                if value is ref:
+                    assert (module_name, attr) in listed, f"{module_name}.{attr} holds {name}: add it to LOOKUPS"
+            if any(value is f for f in fused):
+                assert (module_name, attr) in detoured, f"{module_name}.{attr} is the fused FP8 product: add it to DETOURS"
+
+
+def test_check_shows_the_first_mismatch_with_both_values(tmp_path):
+    wrong = tmp_path / "route.py"
+    wrong.write_text(find_lesson("moe-routing").solution.read_text()
+                     .replace("take_along_axis(scores, topk_idx", "take_along_axis(scores_for_choice, topk_idx"))
+    report = lesson_check.check(find_lesson("moe-routing"), wrong)
+    assert not report.passed
+    detail = "\n".join(report.outcomes[-1].detail)
+    assert "layers.1.mlp.gate.topk_weight differs" in detail
+    assert "expected" in detail and "got" in detail and "first difference at [" in detail
+
+
+# ---------------------------------------------------------------------------------------------
+# Predictions
+
+
+@pytest.fixture(scope="module")
+def ctx():
+    return Context(prepare(RunSpec()))
+
+
+@pytest.mark.parametrize("text", ["[1, 7, 512]", "1x7x512", "(1,7,512)", "1 7 512", "[B=1, T=7, 512]", "1×7×512"])
+def test_shape_answer_forms(text, ctx):
+    assert parse_shape(text) == (1, 7, 512)
+    assert judge(Prediction("?", "shape", [1, 7, 512]), text, ctx, None).right
+
+
+def test_number_set_and_choice_forms(ctx):
+    assert parse_number("2^-6") == 2**-6 and parse_number("3/8") == 0.375 and parse_number("≈ 1.81x") == 1.81
+    assert judge(Prediction("?", "number", 1.8133, tolerance=0.01), "1.81", ctx, None).right
+    assert not judge(Prediction("?", "number", 1.8133, tolerance=0.001), "1.7", ctx, None).right
+    assert parse_set("{30, 0, 24, 29}") == {0, 24, 29, 30}
+    assert judge(Prediction("?", "set", [0, 29, 24, 30]), "24 30 0 29", ctx, None).right
+    options = ("larger", "smaller", "about the same")
+    assert parse_choice("b", options) == 1 and parse_choice("2", options) == 1 and parse_choice("about", options) == 2
+    assert judge(Prediction("?", "choice", "smaller", options=options), "Smaller", ctx, None).right
+
+
+@pytest.mark.parametrize("expected, answer, reason", [
+    ([1, 4, 7, 48], "[1, 7, 192]", "before the heads are split"),
+    ([1, 4, 7, 48], "[1, 7, 4, 48]", "before the transpose"),
+    ([1, 7, 320], "[7, 320]", "keeps the batch axis"),
+    ([7, 32], "[1, 7, 32]", "flattened"),
+    ([1, 7, 128], "[1, 7, 512]", "Kimi K2's full-size kv_lora_rank"),
+    ([1, 7, 144], "[1, 7, 128]", "kv_lora_rank + qk_rope_head_dim"),
+    ([1, 4, 1, 6], "[1, 4, 1, 1]", "cached ones included"),
+])
+def test_a_wrong_shape_says_why(expected, answer, reason, ctx):
+    tensor = {(1, 4, 7, 48): "layers.0.self_attn.q", (1, 7, 320): "embed", (7, 32): "layers.1.mlp.gate.logits",
+              (1, 7, 128): "layers.0.self_attn.compressed_kv", (1, 7, 144): "layers.0.self_attn.kv_a",
+              (1, 4, 1, 6): "decode0.layers.1.self_attn.attn_scores"}[tuple(expected)]
+    verdict = judge(Prediction("?", "shape", expected, tensor=tensor), answer, ctx, None)
+    assert not verdict.right and reason in verdict.why, verdict.why
+
+
+def test_wrong_numbers_sets_and_unreadable_answers_say_why(ctx):
+    pred = Prediction("?", "number", 448, wrong=(Wrong("480", "0x7F is NaN in e4m3fn"),))
+    assert judge(pred, "480", ctx, None).why == "0x7F is NaN in e4m3fn"
+    assert "2 times" in judge(Prediction("?", "number", 84), "168", ctx, None).why
+    assert "wrong sign" in judge(Prediction("?", "number", 0.5), "-0.5", ctx, None).why
+    why = judge(Prediction("?", "set", [0, 24, 29, 30]), "0, 24, 5", ctx, None).why
+    assert "2 of 4 right" in why and "not 5" in why and "exactly 4" in why
+    verdict = judge(Prediction("?", "shape", [1, 7, 512]), "no idea", ctx, None)
+    assert not verdict.readable and "1x7x512" in verdict.why
+
+
+# ---------------------------------------------------------------------------------------------
+# The command line: workspace, progress, hints, solution, reset, watch
+
+
+def test_cli_start_check_hint_solution_reset(tmp_path, data_dir, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    lesson = find_lesson("tour")
+    answers = "\n".join(right_answers(lesson)) + "\n"
+    started = stepper("lesson", "start", "tour", "--plain", stdin=answers)
+    assert started.exit_code == 0, started.stderr
+    assert f"predictions: {sum(len(s.predict) for s in lesson.steps)} of" in started.stdout
+    mine = tmp_path / "stepper-lessons" / "tour.py"
+    assert mine.read_text() == lesson.stub.read_text()
+    progress = json.loads((data_dir / "progress.json").read_text())
+    assert progress["current"] == "tour" and progress["lessons"]["tour"]["walked"]
+    assert not list(Path(__file__).parents[1].glob("progress.json"))
+
+    failed = stepper("lesson", "check")  # NAME defaults to the current lesson
+    assert failed.exit_code == 1 and "not written yet" in failed.stdout
+    refused = stepper("lesson", "solution", "tour")
+    assert refused.exit_code == 2 and "--give-up" in refused.stderr
+    hint = stepper("lesson", "hint", "tour")
+    assert hint.exit_code == 0 and hint.stdout.startswith("hint 1 of")
+    assert json.loads((data_dir / "progress.json").read_text())["lessons"]["tour"]["hints"] == 1
+
+    mine.write_text(lesson.solution.read_text())
+    again = stepper("lesson", "start", "tour", stdin="q\n")
+    assert again.exit_code == 0 and mine.read_text() == lesson.solution.read_text(), "start never overwrites"
+    passed = stepper("lesson", "check", "tour")
+    assert passed.exit_code == 0 and "passed!" in passed.stdout
+    shown = stepper("lesson", "solution", "tour", "--plain")
+    assert shown.exit_code == 0 and "def softmax" in shown.stdout
+    listed = stepper("lesson", "list")
+    assert "1 of" in listed.stdout and "passed" in listed.stdout and str(data_dir) in listed.stdout
+
+    reset = stepper("lesson", "reset", "tour")
+    assert reset.exit_code == 0 and mine.read_text() == lesson.stub.read_text()
+    assert (tmp_path / "stepper-lessons" / "tour.py.bak").read_text() == lesson.solution.read_text()
+    assert "tour" not in json.loads((data_dir / "progress.json").read_text())["lessons"]
+
+
+def test_cli_errors_are_one_line(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    unknown = stepper("lesson", "start", "nope")
+    assert unknown.exit_code == 2 and unknown.stderr.count("\n") == 1 and "no lesson 'nope'" in unknown.stderr
+    missing = stepper("lesson", "check", "fp8")
+    assert missing.exit_code == 2 and "stepper lesson start fp8" in missing.stderr
+
+
+def test_run_and_step_use_swap_in_a_file(tmp_path):
+    solution = find_lesson("rmsnorm").solution
+    base = ["run", "--json", "--only", "logits"]
+    plain = stepper(*base).stdout
+    same = stepper(*base, "--use", str(solution))
+    assert same.exit_code == 0 and same.stdout == plain and "using your rms_norm" in same.stderr
+    bad = tmp_path / "bad.py"
+    bad.write_text("def rms_norm(x):\n    return x\n")
+    refused = stepper(*base, "--use", str(bad))
+    assert refused.exit_code == 2 and refused.stderr.count("\n") == 1 and "bad.py: rms_norm(x)" in refused.stderr
+    stub = stepper("step", "--plain", "--use", str(find_lesson("rmsnorm").stub), stdin="c\n")
+    assert stub.exit_code == 2 and "in rms_norm: is not written yet" in stub.stderr
+
+
+def test_watch_rechecks_on_save_and_stops_on_pass(tmp_path, data_dir):
+    lesson = find_lesson("decode-cache")
+    Workspace(tmp_path / "ws").ensure(lesson)
+    mine = tmp_path / "ws" / "decode-cache.py"
+    env = {**os.environ, "STEPPER_DATA_DIR": str(data_dir)}
+    proc = subprocess.Popen([sys.executable, "-m", "stepper", "lesson", "watch", "decode-cache", "--workspace",
+                             str(tmp_path / "ws"), "--interval", "0.1", "--plain"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
+    try:
+        time.sleep(2.5)  # the first check (fails: the stub's mask); stdin stays open, as a terminal's would
+        mine.write_text(lesson.solution.read_text())
+        proc.wait(timeout=60)
+        out, err = proc.stdout.read(), proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.stdin.close()
+    assert proc.returncode == 0, err
+    assert "press Enter to re-check, q to quit" in out
+    assert out.count("checking ") >= 2 and "causal_mask differs" in out and "passed!" in out
+    assert Progress(data_dir / "progress.json").lesson("decode-cache")["passed"]
+
+
+def test_watch_quits_on_q(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    Workspace().ensure(find_lesson("tour"))
+    done = stepper("lesson", "watch", "tour", "--plain", stdin="\nq\n")
+    assert done.exit_code == 0 and done.stdout.count("checking ") == 2 and "stopped watching" in done.stdout
+
+
+@pytest.mark.parametrize("lesson", LESSONS, ids=IDS)
+def test_every_explanation_of_a_wrong_answer_renders_at_its_stop(lesson):
+    from stepper.lesson_templates import render, value_of
+    from stepper.lessons import expected_value
+
+    plan = prepare(lesson.run)
+    recorder = Recorder()
+    run(lesson.run, [recorder])
+    order = [e.name for e in recorder.events]
+    for step in lesson.steps:
+        seen = order[: order.index(step.stop) + 1]
+        ctx = Context(plan, {name: recorder.tensors()[name] for name in seen})
+        for pred in step.predict:
+            ctx.answer = expected_value(pred, ctx)
+            texts = [pred.question, *pred.option_why, *(w.why for w in pred.wrong)]
+            assert all(isinstance(render(t, ctx), str) for t in texts)
+            for wrong in pred.wrong:
+                if wrong.answer != "*":
+                    assert value_of(wrong.answer, ctx) is not None
