@@ -12,14 +12,16 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.text import Text
+from rich.tree import Tree
 
-from . import __version__, fp8_view, inspect_view, overrides
-from .debugger import CommandSource, Debugger, Quit
+from . import __version__, catalog, fp8_view, inspect_view, overrides
+from .debugger import BLOCKS, CommandSource, Debugger, Quit, explain_text
 from .dump import check_writable, write_dump
 from .errors import StepperError
 from .fp8 import BLOCK
 from .model.attention import cache_bytes_per_token
-from .session import Plan, RunResult, RunSpec, attention_path, execute, load_model, prepare, shown_layers
+from .session import Plan, RunResult, RunSpec, attention_path, check_layer, execute, load_model, prepare, shown_layers
 from .synth import synth_checkpoint
 from .trace import Filter, Recorder, Sink, matches
 from .ui import PICTURES, JsonLines, Pictures, ProgressBars, TensorRows
@@ -310,6 +312,69 @@ def save_export(console: Console, path: Path) -> None:
     else:
         console.save_text(str(path))
     sys.stderr.write(f"session recorded to {path}\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# explain, tree
+
+
+@app.command("explain")
+def explain_command(
+    name: Annotated[str, typer.Argument(metavar="NAME", help="A tensor name (layers.1.self_attn.k_pe, k_pe), a glob ('*gate*') or another implementation's name (kv_cmpr, model.layers.1.self_attn.kv_a_proj_with_mqa).", show_default=False)],
+    model: ModelOpt = "tiny",
+    plain: PlainOpt = False,
+) -> None:
+    """The catalogue entry of a tensor: what it is, its formula and shape, the reference lines."""
+    with user_errors():
+        cfg = load_model(model, 0).config
+        cat = catalog.load()
+        entries = cat.find(name)
+        if not entries:
+            raise StepperError(f"no tensor named '{name}' in the catalogue (stepper tree lists them)")
+        console = Console(no_color=plain, highlight=False, markup=False, soft_wrap=True)
+        for entry in entries:
+            console.print(explain_text(cat, entry, cfg))
+            console.print()
+
+
+@app.command("tree")
+def tree_command(
+    model: ModelOpt = "tiny",
+    layer: Annotated[int | None, typer.Option(metavar="N", help="Only layer N's kind (dense or MoE).")] = None,
+    attn: Annotated[str, typer.Option(metavar="PATH", help="naive or absorb: which attention tensors to list.")] = "naive",
+    plain: PlainOpt = False,
+) -> None:
+    """The structure of a layer: every named tensor in order, its shape for this model, what it is."""
+    with user_errors():
+        cfg = load_model(model, 0).config
+        if attn not in ("naive", "absorb"):
+            raise StepperError(f"--attn must be naive or absorb, got '{attn}'")
+        if layer is not None:
+            check_layer(layer, cfg)
+        console = Console(no_color=plain, highlight=False, markup=False)
+        kinds = {cfg.is_moe_layer(i): i for i in range(cfg.num_hidden_layers)}
+        layers = [layer] if layer is not None else sorted(kinds.values())
+        for i in layers:
+            console.print(layer_tree(catalog.load(), cfg, i, attn))
+
+
+def layer_tree(cat: catalog.Catalog, cfg, layer: int, attn: str) -> Tree:
+    kind = "MoE" if cfg.is_moe_layer(layer) else "dense"
+    same = [i for i in range(cfg.num_hidden_layers) if cfg.is_moe_layer(i) == cfg.is_moe_layer(layer)]
+    span = f"layers {same[0]}..{same[-1]}" if len(same) > 1 else f"layer {same[0]}"
+    root = Tree(Text(f"{cfg.name}: {span} ({kind}), {attn} attention", style="bold"))
+    branch, current = root, None
+    for entry in cat.layer_sequence(cfg, layer, attn):
+        block = BLOCKS.get(entry["block"], entry["block"])
+        if block != current:  # consecutive tensors of one block share a branch, in execution order
+            branch, current = root.add(Text(block, style="magenta")), block
+        dims = ", ".join(d if (size := cat.expected_size(d, cfg)) is None else f"{size} {cat.raw['dims'][d]['label']}"
+                         for d in entry["dims"])
+        row = Text(entry["name"], style="bold cyan")
+        row.append(f"  [{dims}]", style="yellow")
+        row.append(f"  {entry['description']}")
+        branch.add(row)
+    return root
 
 
 # ---------------------------------------------------------------------------------------------

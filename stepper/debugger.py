@@ -318,10 +318,11 @@ class Debugger:
         seen = {e.key for e in self.history.values() if e.layer == event.layer and e.phase == event.phase}
         kind = "MoE" if self.cfg.is_moe_layer(event.layer) else "dense"
         root = Tree(Text(f"{event.phase + ' · ' if event.phase else ''}layer {event.layer} ({kind})", style="bold"))
-        branches: dict[str, Tree] = {}
-        for entry in self.catalog.layer_sequence(self.cfg, event.layer):
+        branch, current = root, None
+        for entry in self.catalog.layer_sequence(self.cfg, event.layer, "absorb" if "q_nope_absorbed" in str(seen) else "naive"):
             block = BLOCKS.get(entry["block"], entry["block"])
-            branch = branches.setdefault(block, root.add(block))
+            if block != current:  # consecutive tensors of one block share a branch, in execution order
+                branch, current = root.add(block), block
             key = entry["name"]
             if key == event.key:
                 branch.add(Text(f"▶ {key}  {entry['description']}", style="bold yellow"))

@@ -118,3 +118,22 @@ def test_config_json_model_runs_with_synthetic_weights(tmp_path):
     out = stepper("run", "--json", "--model", str(tmp_path / "config.json"), "--prompt-len", "2")
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout.splitlines()[-1])["name"] == "logits"
+
+
+def test_explain_accepts_names_globs_and_aliases():
+    out = stepper("explain", "kv_cmpr", "--plain")  # llama.cpp's name
+    assert out.returncode == 0 and "self_attn.compressed_kv\n" in out.stdout
+    assert "kv_lora (kv latent = 128)" in out.stdout and "This latent is what" in out.stdout
+    assert "self_attn.compressed_kv" in stepper("explain", "prefill.layers.2.self_attn.compressed_kv").stdout
+    assert stepper("explain", "*topk*").stdout.count("mlp.gate.topk_") >= 2
+    bad = stepper("explain", "nothing_like_this")
+    assert bad.returncode == 2 and "no tensor named 'nothing_like_this'" in bad.stderr
+
+
+def test_tree_lists_every_tensor_of_a_layer_with_its_shape():
+    out = stepper("tree", "--model", "kimi-k2", "--layer", "1", "--plain")
+    assert out.returncode == 0
+    assert "self_attn.q  [B, 64 heads, T, 192 q/k head dims]" in out.stdout
+    assert "mlp.gate.topk_idx  [N, 8 chosen experts]" in out.stdout and "mlp.gate_proj" not in out.stdout
+    absorbed = stepper("tree", "--layer", "0", "--attn", "absorb", "--plain").stdout
+    assert "self_attn.q_nope_absorbed" in absorbed and "self_attn.key_states" not in absorbed
