@@ -56,8 +56,11 @@ from .weights import layer_shapes, shape_of
 
 try:  # Python 3.11+
     import tomllib
-except ModuleNotFoundError:  # pragma: no cover - Python 3.10 (pyproject installs tomli there)
-    import tomli as tomllib  # type: ignore[no-redef]
+except ModuleNotFoundError:  # pragma: no cover - Python 3.10: tomli if the user has it
+    try:
+        import tomli as tomllib  # type: ignore[no-redef]
+    except ModuleNotFoundError:
+        tomllib = None  # type: ignore[assignment]
 
 FOLDER = re.compile(r"^(\d{2})-([a-z0-9][a-z0-9-]*)$")
 WORKSPACE = Path("stepper-lessons")
@@ -189,6 +192,8 @@ def load_lesson(folder: Path) -> Lesson:
     if not match:
         raise StepperError(f"{folder}: a lesson folder is named NN-name, like 02-rmsnorm")
     path = folder / LESSON_FILE
+    if tomllib is None:  # pragma: no cover - Python 3.10 without tomli
+        raise StepperError(f"{path}: lessons are TOML; they need Python 3.11+, or `pip install tomli` on 3.10")
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as e:
