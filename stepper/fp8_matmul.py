@@ -21,7 +21,8 @@ import numpy as np
 from . import fp8
 
 F32 = np.float32
-TILE_BYTES = 1 << 19  # float32 bytes of one decoded tile: 512 KiB stays in L2
+TILE_BYTES = 1 << 19  # float32 bytes of one decoded tile for a few tokens: 512 KiB stays in L2
+BATCH_TOKENS = 16  # from this many tokens on, a tile is a whole scale block of rows: BLAS needs the height
 PARALLEL_MIN = 1 << 20  # weights smaller than this many elements run on one worker
 WORKERS = 2
 SIGN_EXPONENT_MANTISSA = np.int32(-0x78100000)  # 0x87F00000 as int32: bit 31 and bits 26..20
@@ -62,7 +63,7 @@ def linear_fp8(x: np.ndarray, w: Fp8Matrix) -> np.ndarray:
         return np.matmul(x, w.dense().T)
     tokens = x.reshape(-1, in_dim).astype(F32, copy=False)  # [N, in]
     y_t = np.empty((out_dim, tokens.shape[0]), dtype=F32)  # [out, N]: each tile writes whole rows
-    tiles = row_tiles(w)
+    tiles = row_tiles(w, tokens.shape[0])
     if w.codes.size < PARALLEL_MIN or len(tiles) < 2:
         apply_tiles(tokens, w, tiles, y_t)
     else:
@@ -77,11 +78,14 @@ def workers() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(WORKERS, thread_name_prefix="stepper-fp8")
 
 
-def row_tiles(w: Fp8Matrix) -> list[tuple[int, int, int]]:
-    """(scale row, first row, end row) of each tile; a tile never crosses a scale block."""
+def row_tiles(w: Fp8Matrix, tokens: int = 1) -> list[tuple[int, int, int]]:
+    """(scale row, first row, end row) of each tile; a tile never crosses a scale block.
+
+    For a few tokens (decode) tiles are small enough to stay in cache; for many (prefill) they
+    are a whole scale block high, so each product is a GEMM BLAS runs at full rate."""
     out_dim, in_dim = w.shape
     block_rows = w.block[0]
-    rows = max(1, min(block_rows, TILE_BYTES // (4 * max(in_dim, 1))))
+    rows = block_rows if tokens >= BATCH_TOKENS else max(1, min(block_rows, TILE_BYTES // (4 * max(in_dim, 1))))
     return [
         (r0 // block_rows, t0, min(t0 + rows, r0 + block_rows, out_dim))
         for r0 in range(0, out_dim, block_rows)

@@ -178,10 +178,11 @@ def test_fp8_tiles_equal_the_bit_level_dequantization():
         table = np.array([fp8.decode_bits(c) for c in range(256)])  # float64, bit-level
         rows, cols = np.indices(codes.shape)
         dense = table[codes.view(np.uint8)] * scale_inv[rows // 128, cols // 128]  # float64 reference
-        x = rng.standard_normal((4, in_dim)).astype(np.float32)
-        y = linear_fp8(x, Fp8Matrix.of(codes, scale_inv))
         assert np.array_equal(Fp8Matrix.of(codes, scale_inv).dense(), dense.astype(np.float32))
-        np.testing.assert_allclose(y, x.astype(np.float64) @ dense.T, rtol=1e-5, atol=1e-5 * np.abs(y).max())
+        for tokens in (4, 20):  # decode-sized and prefill-sized tiles
+            x = rng.standard_normal((tokens, in_dim)).astype(np.float32)
+            y = linear_fp8(x, Fp8Matrix.of(codes, scale_inv))
+            np.testing.assert_allclose(y, x.astype(np.float64) @ dense.T, rtol=1e-5, atol=1e-5 * np.abs(y).max())
 
 
 def test_weight_cache_changes_speed_not_values():
