@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -16,6 +13,7 @@ from rich.text import Text
 from rich.tree import Tree
 
 from . import __version__, catalog, fp8_view, inspect_view, overrides
+from .cli_common import parse_ids, parse_layers, user_errors
 from .debugger import BLOCKS, CommandSource, Debugger, Quit, explain_text
 from .dump import check_writable, write_dump
 from .errors import StepperError
@@ -55,17 +53,7 @@ def main() -> None:
     sys.exit(code or 0)
 
 
-@contextmanager
-def user_errors() -> Iterator[None]:
-    """A StepperError becomes one line on stderr and exit code 2; a closed pipe ends quietly."""
-    try:
-        yield
-    except StepperError as e:
-        sys.stderr.write(f"stepper: error: {e}\n")
-        raise typer.Exit(2) from None
-    except BrokenPipeError:  # the reader (e.g. `head`) went away
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        raise typer.Exit(0) from None
+
 
 
 @app.callback(invoke_without_command=True)
@@ -96,25 +84,10 @@ ForceOpt = Annotated[bool, typer.Option("--force", help="Overwrite an existing o
 UseOpt = Annotated[list[Path] | None, typer.Option("--use", metavar="FILE.py", help="Run with your own exercise functions (e.g. a lesson file) in place of stepper's; repeatable.")]
 
 
-def parse_layers(layers: str | None) -> tuple[int, int | None] | None:
-    if layers is None:
-        return None
-    first, sep, stop = layers.partition(":")
-    try:
-        if not sep:
-            raise ValueError
-        return int(first or 0), int(stop) if stop else None
-    except ValueError:
-        raise StepperError(f"--layers expects A:B (layers A to B-1), got '{layers}'") from None
 
 
-def parse_ids(ids: str | None) -> tuple[int, ...] | None:
-    if ids is None:
-        return None
-    try:
-        return tuple(int(part) for part in ids.split(","))
-    except ValueError:
-        raise StepperError(f"--ids expects comma-separated integers like 1,2,3, got '{ids}'") from None
+
+
 
 
 def run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, input_file, attn, cache_mb) -> RunSpec:

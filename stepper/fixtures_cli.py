@@ -6,10 +6,6 @@ Bad input exits with code 2 and one line on stderr; `verify` exits 1 when a tens
 from __future__ import annotations
 
 import json
-import os
-import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -18,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from . import fixtures, fixtures_verify
+from .cli_common import parse_ids, parse_layers, user_errors
 from .errors import StepperError
 
 fixtures_app = typer.Typer(
@@ -28,38 +25,13 @@ fixtures_app = typer.Typer(
 )
 
 
-@contextmanager
-def user_errors() -> Iterator[None]:
-    """A StepperError becomes one line on stderr and exit code 2; a closed pipe ends quietly."""
-    try:
-        yield
-    except StepperError as e:
-        sys.stderr.write(f"stepper: error: {e}\n")
-        raise typer.Exit(2) from None
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        raise typer.Exit(0) from None
 
 
-def parse_layers(layers: str | None) -> tuple[int, int | None] | None:
-    if layers is None:
-        return None
-    first, sep, stop = layers.partition(":")
-    try:
-        if not sep:
-            raise ValueError
-        return int(first or 0), int(stop) if stop else None
-    except ValueError:
-        raise StepperError(f"--layers expects A:B (layers A to B-1), got '{layers}'") from None
 
 
-def parse_ids(ids: str | None) -> tuple[int, ...] | None:
-    if ids is None:
-        return None
-    try:
-        return tuple(int(part) for part in ids.split(","))
-    except ValueError:
-        raise StepperError(f"--ids expects comma-separated integers like 1,2,3, got '{ids}'") from None
+
+
+
 
 
 def console_for(plain: bool, stderr: bool = False) -> Console:

@@ -12,8 +12,6 @@ import queue
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -23,6 +21,7 @@ from rich.syntax import Syntax
 from rich.text import Text
 
 from . import lesson_check
+from .cli_common import user_errors
 from .errors import StepperError
 from .lessons import (
     WORKSPACE,
@@ -48,14 +47,6 @@ lesson_app = typer.Typer(
 NameArg = Annotated[str | None, typer.Argument(metavar="NAME", help="Lesson name or number [default: the current lesson].", show_default=False)]
 WorkspaceOpt = Annotated[Path, typer.Option("--workspace", metavar="DIR", help="Where your exercise files live.")]
 PlainOpt = Annotated[bool, typer.Option("--plain", help="No colour.")]
-
-
-@contextmanager
-def user_errors() -> Iterator[None]:
-    from .cli import user_errors as cli_user_errors  # late: stepper.cli imports this module
-
-    with cli_user_errors():
-        yield
 
 
 def console_for(plain: bool) -> Console:
