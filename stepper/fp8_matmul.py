@@ -2,9 +2,10 @@
 
 `Fp8Matrix` is an e4m3 weight [out, in] with its block scales. `x @ W^T` runs one tile of rows
 at a time: the tile's codes are decoded straight into a small float32 buffer that stays in
-cache, scaled, and multiplied, then the buffer is reused for the next tile. Two workers share the
-tiles (NumPy releases the GIL inside its loops). The result equals dequantizing the whole weight
-with `fp8.dequantize` and multiplying, which stays as the readable reference.
+cache, scaled, and multiplied, then the buffer is reused for the next tile. The result equals
+dequantizing the whole weight with `fp8.dequantize` and multiplying, which stays as the readable
+reference. (Two worker threads sharing the tiles measured slower here than one: each tile's
+NumPy calls are too short for the GIL hand-offs to pay.)
 
 The decode is `fp8.decode`'s bit trick with one pass folded away: the 2^120 rebias is multiplied
 in together with the scales.
@@ -12,9 +13,7 @@ in together with the scales.
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from functools import cache
 
 import numpy as np
 
@@ -23,8 +22,6 @@ from . import fp8
 F32 = np.float32
 TILE_BYTES = 1 << 19  # float32 bytes of one decoded tile for a few tokens: 512 KiB stays in L2
 BATCH_TOKENS = 16  # from this many tokens on, a tile is a whole scale block of rows: BLAS needs the height
-PARALLEL_MIN = 1 << 20  # weights smaller than this many elements run on one worker
-WORKERS = 2
 SIGN_EXPONENT_MANTISSA = np.int32(-0x78100000)  # 0x87F00000 as int32: bit 31 and bits 26..20
 
 
@@ -63,19 +60,8 @@ def linear_fp8(x: np.ndarray, w: Fp8Matrix) -> np.ndarray:
         return np.matmul(x, w.dense().T)
     tokens = x.reshape(-1, in_dim).astype(F32, copy=False)  # [N, in]
     y_t = np.empty((out_dim, tokens.shape[0]), dtype=F32)  # [out, N]: each tile writes whole rows
-    tiles = row_tiles(w, tokens.shape[0])
-    if w.codes.size < PARALLEL_MIN or len(tiles) < 2:
-        apply_tiles(tokens, w, tiles, y_t)
-    else:
-        shares = [tiles[i::WORKERS] for i in range(WORKERS)]
-        list(workers().map(lambda share: apply_tiles(tokens, w, share, y_t), shares))
+    apply_tiles(tokens, w, row_tiles(w, tokens.shape[0]), y_t)
     return y_t.T.reshape(*x.shape[:-1], out_dim)
-
-
-@cache
-def workers() -> ThreadPoolExecutor:
-    """The threads that share the tiles, started once per process."""
-    return ThreadPoolExecutor(WORKERS, thread_name_prefix="stepper-fp8")
 
 
 def row_tiles(w: Fp8Matrix, tokens: int = 1) -> list[tuple[int, int, int]]:
