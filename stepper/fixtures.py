@@ -45,7 +45,7 @@ from .presets import PRESETS
 from .safetensors_reader import SafetensorsFile
 from .safetensors_writer import ITEM_SIZE, Entry, write_safetensors
 from .session import Plan, RunSpec, attention_path, execute, load_model, prepare
-from .synth import tensor_entries
+from .synth import replace_dir, tensor_entries
 from .trace import Event
 from .weights import EMBED, SyntheticWeights, layer_shapes, storage_dtype
 
@@ -491,17 +491,6 @@ def settle_shared_weights(written: Path, shared: Path) -> None:
     shutil.rmtree(partial, ignore_errors=True)
     os.rename(written, partial)
     os.rename(partial, shared)
-
-
-def replace_dir(new: Path, out: Path) -> None:
-    """Move the finished folder into place; an existing one (with --force) goes only after."""
-    if not out.exists():
-        os.rename(new, out)
-        return
-    old = out.parent / f".{out.name}.old-{os.getpid()}"
-    os.rename(out, old)
-    os.rename(new, out)
-    shutil.rmtree(old)
 
 
 def write_tensors(path: Path, events: list[Event]) -> None:

@@ -78,7 +78,7 @@ def synth_checkpoint(source: SyntheticWeights, out: Path, layers: range | None =
     partial.mkdir()
     try:
         _write(source, partial, plan)
-        _replace(partial, out)
+        replace_dir(partial, out)
     finally:
         shutil.rmtree(partial, ignore_errors=True)
     return out
@@ -101,7 +101,7 @@ def _write(source: SyntheticWeights, folder: Path, plan: list[dict[str, tuple[in
     (folder / "config.json").write_text(json.dumps(source.config.to_hf(), indent=2) + "\n")
 
 
-def _replace(new: Path, out: Path) -> None:
+def replace_dir(new: Path, out: Path) -> None:
     """Move the finished folder into place; an existing one (with --force) goes only after."""
     if not out.exists():
         os.rename(new, out)
