@@ -28,10 +28,15 @@ from pathlib import Path
 
 import numpy as np
 
+from .checkpoint import Checkpoint
 from .config import Config
+from .fp8 import quantize
+from .fp8_matmul import Fp8Matrix, linear_fp8
+from .model import KVCache, Transformer
 from .presets import PRESETS
 from .synth import synth_checkpoint
-from .weights import SyntheticWeights
+from .trace import Emitter
+from .weights import SyntheticWeights, layer_shapes
 
 
 @dataclass(frozen=True)
@@ -72,8 +77,6 @@ def peak_rss_mb() -> float:
 
 
 def ceilings() -> list[Figure]:
-    from .fp8 import quantize
-    from .fp8_matmul import Fp8Matrix, linear_fp8
 
     a, b = np.empty(2**27, np.float32), np.ones(2**27, np.float32)  # 512 MiB each
     copy = median_time(lambda: np.copyto(a, b), 5)
@@ -92,9 +95,6 @@ def ceilings() -> list[Figure]:
 
 def layer_run(checkpoint: Path, layer: int, tokens: int, cache: int, repeat: int) -> list[Figure]:
     """One layer alone from a checkpoint: `tokens` new positions after `cache` cached ones."""
-    from .checkpoint import Checkpoint
-    from .model import KVCache, Transformer
-    from .trace import Emitter
 
     source = Checkpoint(checkpoint)
     cfg = source.config
@@ -127,10 +127,6 @@ def versus_torch(checkpoint: Path, tokens: int, repeat: int) -> list[Figure]:
     from transformers import DeepseekV3Config
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3DecoderLayer, DeepseekV3RotaryEmbedding
 
-    from .checkpoint import Checkpoint
-    from .model import Transformer
-    from .trace import Emitter
-    from .weights import layer_shapes
 
     torch.set_grad_enabled(False)
     source = Checkpoint(checkpoint)

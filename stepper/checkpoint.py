@@ -21,7 +21,7 @@ from . import fp8
 from .config import Config, load_config
 from .errors import StepperError
 from .safetensors_reader import SafetensorsFile
-from .weights import Stored, layer_shapes
+from .weights import Stored, global_shapes, layer_shapes
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -106,8 +106,7 @@ class Checkpoint:
         for layer in layers:
             required.update(layer_shapes(self.config, layer))
         if with_globals:
-            d, v = self.config.hidden_size, self.config.vocab_size
-            required.update({"model.embed_tokens.weight": (v, d), "model.norm.weight": (d,), "lm_head.weight": (v, d)})
+            required.update(global_shapes(self.config))
         problems = [p for name, shape in required.items() for p in self._problems(name, shape)]
         if problems:
             listed = "\n".join(f"  - {p}" for p in problems)

@@ -18,7 +18,7 @@ from .checkpoint import INDEX, SCALE
 from .errors import StepperError
 from .fp8 import scale_grid
 from .safetensors_writer import Entry, write_safetensors
-from .weights import SyntheticWeights, layer_shapes, storage_dtype
+from .weights import EMBED, SyntheticWeights, global_shapes, layer_shapes, storage_dtype
 
 
 def tensor_entries(source: SyntheticWeights, shapes: dict[str, tuple[int, ...]]) -> list[Entry]:
@@ -56,12 +56,10 @@ class _Lazy:
 
 def shard_plan(source: SyntheticWeights, layers: range, with_globals: bool) -> list[dict[str, tuple[int, ...]]]:
     cfg = source.config
-    d, v = cfg.hidden_size, cfg.vocab_size
-    shards = [{"model.embed_tokens.weight": (v, d)}] if with_globals else []
+    outer = global_shapes(cfg)
+    shards = [{EMBED: outer.pop(EMBED)}] if with_globals else []
     shards += [layer_shapes(cfg, layer) for layer in layers]
-    if with_globals:
-        shards.append({"model.norm.weight": (d,), "lm_head.weight": (v, d)})
-    return shards
+    return shards + [outer] if with_globals else shards
 
 
 def synth_checkpoint(source: SyntheticWeights, out: Path, layers: range | None = None, force: bool = False) -> Path:

@@ -131,12 +131,11 @@ def layer_shapes(cfg: Config, layer: int) -> dict[str, tuple[int, ...]]:
 
 def weight_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
     """Every tensor of the whole model, by full HF name, with its shape."""
-    shapes = {"model.embed_tokens.weight": (cfg.vocab_size, cfg.hidden_size)}
+    outer = global_shapes(cfg)
+    shapes = {EMBED: outer.pop(EMBED)}  # the embedding first, then the layers, then norm and lm_head
     for layer in range(cfg.num_hidden_layers):
         shapes.update(layer_shapes(cfg, layer))
-    shapes["model.norm.weight"] = (cfg.hidden_size,)
-    shapes["lm_head.weight"] = (cfg.vocab_size, cfg.hidden_size)
-    return shapes
+    return {**shapes, **outer}
 
 
 def shape_of(cfg: Config, name: str) -> tuple[int, ...]:
@@ -147,14 +146,15 @@ def shape_of(cfg: Config, name: str) -> tuple[int, ...]:
             shapes = layer_shapes(cfg, layer)
             if name in shapes:
                 return shapes[name]
-    elif name in (globals_ := _global_shapes(cfg)):
+    elif name in (globals_ := global_shapes(cfg)):
         return globals_[name]
     raise StepperError(f"no tensor named '{name}' in model {cfg.name}")
 
 
-def _global_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
+def global_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
+    """The tensors outside the layers: embedding, final norm, lm_head."""
     return {
-        "model.embed_tokens.weight": (cfg.vocab_size, cfg.hidden_size),
+        EMBED: (cfg.vocab_size, cfg.hidden_size),
         "model.norm.weight": (cfg.hidden_size,),
         "lm_head.weight": (cfg.vocab_size, cfg.hidden_size),
     }
@@ -254,7 +254,7 @@ class ArrayWeights:
 
     def check(self, layers: Iterable[int], with_globals: bool) -> None:
         needed = [n for layer in layers for n in layer_shapes(self.config, layer)]
-        needed += list(_global_shapes(self.config)) if with_globals else []
+        needed += list(global_shapes(self.config)) if with_globals else []
         missing = [n for n in needed if n not in self.arrays]
         if missing:
             raise StepperError(f"{self.source}: {len(missing)} tensor(s) missing, first '{missing[0]}'")
