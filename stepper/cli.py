@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.text import Text
 from rich.tree import Tree
 
-from . import __version__, catalog, fp8_view, inspect_view, overrides
+from . import __version__, catalog, fp8_view, inspect_view, overrides, parallel
 from .cli_common import parse_ids, parse_layers, user_errors
 from .debugger import BLOCKS, CommandSource, Debugger, Quit, explain_text
 from .dump import check_writable, write_dump
@@ -36,6 +36,7 @@ app = typer.Typer(
 
 def main() -> None:
     """Console entry point: usage errors become one line on stderr and exit code 2."""
+    parallel.single_threaded_blas()  # stepper splits the big products across the cores itself
     try:
         code = app(prog_name="stepper", standalone_mode=False)
     except typer.TyperException as e:  # typer's usage errors: bad or unknown options
@@ -51,9 +52,6 @@ def main() -> None:
         sys.stderr.write("stepper: interrupted\n")
         code = 130
     sys.exit(code or 0)
-
-
-
 
 
 @app.callback(invoke_without_command=True)

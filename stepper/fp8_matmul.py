@@ -2,27 +2,40 @@
 
 `Fp8Matrix` is an e4m3 weight [out, in] with its block scales. `x @ W^T` runs one tile of rows
 at a time: the tile's codes are decoded straight into a small float32 buffer that stays in
-cache, scaled, and multiplied, then the buffer is reused for the next tile. The result equals
-dequantizing the whole weight with `fp8.dequantize` and multiplying, which stays as the readable
-reference. (Two worker threads sharing the tiles measured slower here than one: each tile's
-NumPy calls are too short for the GIL hand-offs to pay.)
+cache, multiplied, and the buffer is reused for the next tile. The cores share the tiles
+(`parallel.split`), each with its own buffer.
 
-The decode is `fp8.decode`'s bit trick with one pass folded away: the 2^120 rebias is multiplied
-in together with the scales.
+Decoding is `fp8.decode`'s bit trick without its last pass: the tile holds each code's value
+times 2^-120 (the bits moved into place, not yet rebiased). Neither the 2^120 nor the block
+scales touch the weight. A tile never crosses a block of scale rows, so for its rows the scale
+depends only on the input column: it goes onto the inputs instead, with a power of two 2^k,
+
+    y[i] = sum_j d[i, j] * s[b, j] * x[j] = 2^(120 - k) * sum_j (d[i, j] * 2^-120) * (x[j] * s[b, j] * 2^k)
+
+which costs N x in multiplications per scale row instead of rows x in per tile. k is chosen
+per product so that the largest scaled input is about 2^64: then every product and every sum
+stays far inside float32's range whatever the magnitudes of x and s (`input_rebias`), and the
+powers of two are exact. The result equals dequantizing with `fp8.dequantize` and multiplying,
+which stays as the readable reference, to float32 rounding: each weight-times-input is rounded
+once either way, at a different place.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from . import fp8
+from . import fp8, parallel
 
 F32 = np.float32
 TILE_BYTES = 1 << 19  # float32 bytes of one decoded tile for a few tokens: 512 KiB stays in L2
 BATCH_TOKENS = 16  # from this many tokens on, a tile is a whole scale block of rows: BLAS needs the height
 SIGN_EXPONENT_MANTISSA = np.int32(-0x78100000)  # 0x87F00000 as int32: bit 31 and bits 26..20
+REBIAS_EXPONENT = 120  # fp8.REBIAS = 2^120
+SCALED_INPUT_EXPONENT = 64  # the largest |x * s * 2^k| is near 2^64; products stay near 2^(64 - 111)
+SMALLEST_INPUT = 2.0**-60  # below this the scales times 2^k could overflow: the dense path is used
 
 
 @dataclass(frozen=True)
@@ -56,12 +69,24 @@ class Fp8Matrix:
 def linear_fp8(x: np.ndarray, w: Fp8Matrix) -> np.ndarray:
     """x @ W^T for an FP8 weight.  [..., in] -> [..., out], float32."""
     out_dim, in_dim = w.shape
-    if w.scale_inv.size and float(w.scale_inv.max()) >= 2.0**7:  # scale * 2^120 would overflow float32
-        return np.matmul(x, w.dense().T)
     tokens = x.reshape(-1, in_dim).astype(F32, copy=False)  # [N, in]
+    k = input_rebias(tokens, w)
+    if k is None:  # inf / NaN / all-tiny inputs or scales: the readable path gives their exact semantics
+        return np.matmul(x, w.dense().T)
     y_t = np.empty((out_dim, tokens.shape[0]), dtype=F32)  # [out, N]: each tile writes whole rows
-    apply_tiles(tokens, w, row_tiles(w, tokens.shape[0]), y_t)
+    parallel.split(row_tiles(w, tokens.shape[0]), lambda tiles: apply_tiles(tokens, w, k, tiles, y_t))
+    np.ldexp(y_t, REBIAS_EXPONENT - k, out=y_t)
     return y_t.T.reshape(*x.shape[:-1], out_dim)
+
+
+def input_rebias(tokens: np.ndarray, w: Fp8Matrix) -> int | None:
+    """k making the largest |x * s * 2^k| about 2^64; None if there is no safe k."""
+    x_max = float(np.abs(tokens).max(initial=0))
+    s_max = float(np.abs(w.scale_inv).max(initial=0))
+    largest = x_max * s_max
+    if not (math.isfinite(largest) and x_max >= SMALLEST_INPUT and s_max > 0):
+        return None
+    return SCALED_INPUT_EXPONENT - math.frexp(largest)[1]
 
 
 def row_tiles(w: Fp8Matrix, tokens: int = 1) -> list[tuple[int, int, int]]:
@@ -79,32 +104,32 @@ def row_tiles(w: Fp8Matrix, tokens: int = 1) -> list[tuple[int, int, int]]:
     ]
 
 
-def apply_tiles(tokens: np.ndarray, w: Fp8Matrix, tiles: list[tuple[int, int, int]], y_t: np.ndarray) -> None:
-    """Decode, scale and multiply each tile into its rows of y_t [out, N], with one reused buffer."""
-    in_dim = w.shape[1]
+def apply_tiles(tokens: np.ndarray, w: Fp8Matrix, k: int, tiles: list[tuple[int, int, int]], y_t: np.ndarray) -> None:
+    """Decode and multiply each tile into its rows of y_t [out, N] (times 2^(k - 120)), one buffer reused."""
     height = max((end - start for _, start, end in tiles), default=0)
-    buffer = np.empty((height, in_dim), dtype=F32)
-    low_bits = np.empty((height, in_dim), dtype=np.uint8)
-    row_scales = {}
+    buffer = np.empty((height, w.shape[1]), dtype=F32)
+    scale_row, inputs = -1, None
     for r, start, end in tiles:
-        if r not in row_scales:
-            row_scales.clear()
-            row_scales[r] = np.repeat(w.scale_inv[r] * fp8.REBIAS, w.block[1])[:in_dim]  # [in]
-        tile, codes = buffer[: end - start], w.codes[start:end]
-        decode_scaled(codes, row_scales[r], tile)
-        magnitude = np.bitwise_and(codes, 0x7F, out=low_bits[: end - start])
-        if magnitude.max(initial=0) == 0x7F:  # a NaN code (0x7F / 0xFF) decoded as 480: make it NaN
-            tile[magnitude == 0x7F] = np.nan
-        np.matmul(tile, tokens.T, out=y_t[start:end])
+        if r != scale_row:
+            scale_row, inputs = r, scaled_inputs(tokens, w, r, k)
+        tile = buffer[: end - start]
+        decode_unbiased(w.codes[start:end], tile)
+        np.matmul(tile, inputs, out=y_t[start:end])
 
 
-def decode_scaled(codes: np.ndarray, scales: np.ndarray, out: np.ndarray) -> None:
-    """out = decode(codes) * scales, in four passes over the tile.  [rows, in] uint8 -> float32
+def scaled_inputs(tokens: np.ndarray, w: Fp8Matrix, scale_row: int, k: int) -> np.ndarray:
+    """x[j] * s[scale_row, j] * 2^k for every input j, as a product's right side.  [N, in] -> [in, N]"""
+    scales = np.repeat(np.ldexp(w.scale_inv[scale_row], k), w.block[1])[: w.shape[1]]  # [in], exact
+    return (tokens * scales).T
 
-    scales [in] already carry the 2^120 rebias of `fp8.decode`'s bit trick.
-    """
+
+def decode_unbiased(codes: np.ndarray, out: np.ndarray) -> None:
+    """out = decode(codes) * 2^-120, in three passes over the tile.  [rows, in] uint8 -> float32
+
+    NaN codes (0x7F, 0xFF), which the bit trick turns into 480 * 2^-120, are made NaN."""
     bits = out.view(np.int32)
     np.copyto(bits, codes.view(np.int8))  # s eeee mmm -> s...s s eeee mmm (sign-extended)
     np.left_shift(bits, 20, out=bits)
     np.bitwise_and(bits, SIGN_EXPONENT_MANTISSA, out=bits)  # s 0000 eeee mmm 0...0
-    np.multiply(out, scales, out=out)
+    if codes.max(initial=0) == 0xFF or codes.view(np.int8).max(initial=0) == 0x7F:
+        out[(codes & 0x7F) == 0x7F] = np.nan

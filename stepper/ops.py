@@ -9,10 +9,12 @@ import math
 
 import numpy as np
 
+from . import parallel
 from .config import Yarn
 from .fp8_matmul import Fp8Matrix, linear_fp8
 
 F32 = np.float32
+SPLIT_WEIGHTS = 1 << 20  # a float32 weight of this many values or more is shared out by rows
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
@@ -29,7 +31,25 @@ def linear(x: np.ndarray, weight: np.ndarray | Fp8Matrix) -> np.ndarray:
     """
     if isinstance(weight, Fp8Matrix):
         return linear_fp8(x, weight)
-    return np.matmul(x, weight.T)
+    if weight.size < SPLIT_WEIGHTS:
+        return np.matmul(x, weight.T)
+    return linear_by_rows(x, weight)
+
+
+def linear_by_rows(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """x @ W^T with W's rows shared out across the cores.  [..., in] -> [..., out]"""
+    out_dim, in_dim = weight.shape
+    tokens = x.reshape(-1, in_dim)  # [N, in]
+    y_t = np.empty((out_dim, tokens.shape[0]), dtype=np.result_type(x, weight))  # [out, N]
+    n = parallel.cores()
+    shares = [(out_dim * k // n, out_dim * (k + 1) // n) for k in range(n)]
+
+    def rows(share: list[tuple[int, int]]) -> None:
+        for start, end in share:
+            np.matmul(weight[start:end], tokens.T, out=y_t[start:end])
+
+    parallel.split(shares, rows)
+    return y_t.T.reshape(*x.shape[:-1], out_dim)
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:

@@ -246,19 +246,22 @@ def use(files: Iterable[Path], announce: IO[str] | None = None) -> Iterator[dict
 def linear_fp8_via_dequantize(x: np.ndarray, w) -> np.ndarray:
     """x @ W^T for an FP8 weight, through `fp8.dequantize` one row tile at a time.
 
-    The same tiles and the same products as `fp8_matmul.linear_fp8`, but each tile's float32
-    values come from `fp8.dequantize` (and so from `fp8.decode`), whichever functions those names
-    hold now.  [..., in] -> [..., out]
+    The same tiles, scaled inputs and products as `fp8_matmul.linear_fp8`, but each tile's
+    float32 values (the codes' values times 2^-120, a scale that changes no bit of them) come
+    from `fp8.dequantize` (and so from `fp8.decode`), whichever functions those names hold now.
+    [..., in] -> [..., out]
     """
     from . import fp8, fp8_matmul
 
     out_dim, in_dim = w.shape
-    row_tiles = getattr(fp8_matmul, "row_tiles", None)
-    if row_tiles is None or (w.scale_inv.size and float(w.scale_inv.max()) >= 2.0**7):
-        return np.matmul(x, fp8.dequantize(w.codes, w.scale_inv, w.block, name=w.name).T)
     tokens = x.reshape(-1, in_dim).astype(np.float32, copy=False)  # [N, in]
+    k = fp8_matmul.input_rebias(tokens, w)
+    if k is None:
+        return np.matmul(x, fp8.dequantize(w.codes, w.scale_inv, w.block, name=w.name).T)
+    unbias = np.full((1, w.scale_inv.shape[1]), 1 / fp8.REBIAS, dtype=np.float32)
     y_t = np.empty((out_dim, tokens.shape[0]), dtype=np.float32)  # [out, N]
-    for r, start, end in row_tiles(w):
-        tile = fp8.dequantize(w.codes[start:end], w.scale_inv[r : r + 1], w.block, name=w.name)  # [rows, in]
-        np.matmul(np.ascontiguousarray(tile, dtype=np.float32), tokens.T, out=y_t[start:end])
-    return y_t.T.reshape(*x.shape[:-1], out_dim)
+    for r, start, end in fp8_matmul.row_tiles(w, tokens.shape[0]):
+        tile = fp8.dequantize(w.codes[start:end], unbias, w.block, name=w.name)  # [rows, in]
+        inputs = fp8_matmul.scaled_inputs(tokens, w, r, k)  # [in, N]
+        np.matmul(np.ascontiguousarray(tile, dtype=np.float32), inputs, out=y_t[start:end])
+    return np.ldexp(y_t, fp8_matmul.REBIAS_EXPONENT - k).T.reshape(*x.shape[:-1], out_dim)

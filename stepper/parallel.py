@@ -1,0 +1,85 @@
+"""Work shared by this machine's cores: stepper's own split of a product's rows, BLAS on one thread.
+
+The FP8 product is mostly NumPy element-wise passes (decoding codes) between short BLAS calls.
+OpenBLAS, left to its own threads, spins a helper thread on the second core after every call,
+which then fights the decoding that follows; one BLAS thread per worker and stepper's own split
+of the rows across the cores measured faster. `single_threaded_blas()` is called by the
+command line (and the benchmarks) so the whole process works that way; as a library, stepper
+leaves BLAS as it finds it unless asked.
+
+Each worker takes a contiguous share of the items; NumPy releases the GIL inside each pass and
+each BLAS call, so the shares run side by side.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from functools import cache
+from typing import TypeVar
+
+Item = TypeVar("Item")
+MAX_WORKERS = 8
+SET_THREADS = ("scipy_openblas_set_num_threads64_", "openblas_set_num_threads64_", "openblas_set_num_threads")
+
+
+def cores() -> int:
+    """Cores this process may run on (its affinity mask, not the machine's count)."""
+    try:
+        return max(1, min(MAX_WORKERS, len(os.sched_getaffinity(0))))
+    except AttributeError:  # no affinity API (macOS, Windows)
+        return max(1, min(MAX_WORKERS, os.cpu_count() or 1))
+
+
+@cache
+def _pool(workers: int) -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(workers, thread_name_prefix="stepper")
+
+
+def split(items: Sequence[Item], work: Callable[[Sequence[Item]], None], workers: int | None = None) -> None:
+    """Run work(share) on contiguous shares of items, one share per core; the caller runs the first.
+
+    Exceptions from any share are raised here, after every share has finished."""
+    n = min(workers or cores(), len(items))
+    if n <= 1:
+        work(items)
+        return
+    bounds = [len(items) * k // n for k in range(n + 1)]
+    shares = [items[bounds[k] : bounds[k + 1]] for k in range(n)]
+    futures = [_pool(n - 1).submit(work, share) for share in shares[1:]]
+    try:
+        work(shares[0])
+    finally:
+        for future in futures:
+            future.exception()  # wait for every share before raising any error
+    for future in futures:
+        future.result()
+
+
+def single_threaded_blas() -> bool:
+    """Set the loaded OpenBLAS (NumPy's) to one thread; False when none can be found."""
+    setter = _blas_thread_setter()
+    if setter is None:
+        return False
+    setter(1)
+    return True
+
+
+def _blas_thread_setter() -> Callable[[int], None] | None:
+    import numpy  # noqa: F401  (loads NumPy's BLAS library, so its path is in the process's map)
+
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "openblas" in line.lower() and "/" in line}
+    except OSError:  # not Linux: leave BLAS as it is (OPENBLAS_NUM_THREADS=1 does the same)
+        return None
+    for path in sorted(paths):
+        library = ctypes.CDLL(path)
+        for symbol in SET_THREADS:
+            if hasattr(library, symbol):
+                function = getattr(library, symbol)
+                function.argtypes = [ctypes.c_int]  # 64-bit-integer builds still take a C int here
+                return function
+    return None

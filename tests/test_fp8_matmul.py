@@ -1,0 +1,135 @@
+"""The fast FP8 product (fp8_matmul) and the split of products across cores (parallel)."""
+
+import threading
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from stepper import fp8, ops, parallel
+from stepper.fp8_matmul import Fp8Matrix, decode_unbiased, input_rebias, linear_fp8, row_tiles
+
+
+def test_decoded_tile_is_every_code_times_two_to_the_minus_120_exactly():
+    codes = np.arange(256, dtype=np.uint8).reshape(2, 128)
+    tile = np.empty((2, 128), np.float32)
+    decode_unbiased(codes, tile)
+    expected = codes.view(ml_dtypes.float8_e4m3fn).astype(np.float64) * 2.0**-120  # ml_dtypes: independent
+    assert np.array_equal(tile, expected.astype(np.float32), equal_nan=True)
+    assert np.isnan(tile.ravel()[[0x7F, 0xFF]]).all()
+    assert tile.ravel()[0x01] == np.float32(2.0**-129)  # e4m3's smallest subnormal, a float32 subnormal here
+    assert tile.ravel()[0x7E] == np.float32(448 * 2.0**-120)
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 15, 16, 40])
+@pytest.mark.parametrize("shape", [(576, 700), (130, 129), (3, 5), (256, 7168)])
+def test_product_equals_float64_dequantized_product(shape, tokens):
+    rng = np.random.default_rng(sum(shape) + tokens)
+    codes, scale_inv = fp8.quantize(rng.standard_normal(shape).astype(np.float32) * 0.05)
+    w = Fp8Matrix.of(codes, scale_inv)
+    x = rng.standard_normal((tokens, shape[1])).astype(np.float32)
+    exact = x.astype(np.float64) @ w.dense().astype(np.float64).T
+    y = linear_fp8(x, w)
+    assert y.dtype == np.float32 and y.shape == (tokens, shape[0])
+    assert np.abs(y - exact).max() <= 2e-6 * np.abs(exact).max()
+
+
+def test_scales_far_from_one_and_large_inputs_keep_full_precision():
+    rng = np.random.default_rng(4)
+    codes, scale_inv = fp8.quantize(rng.standard_normal((256, 384)).astype(np.float32))
+    for scale, x_size in ((2.0**-40, 1.0), (2.0**30, 1.0), (1e-3, 1e20), (1.0, 1e-15), (1.0, 1e-30), (2.0**-100, 1.0)):
+        w = Fp8Matrix.of(codes, (scale_inv * scale).astype(np.float32))
+        x = (rng.standard_normal((2, 384)) * x_size).astype(np.float32)
+        exact = x.astype(np.float64) @ w.dense().astype(np.float64).T
+        y = linear_fp8(x, w)
+        assert np.all(np.isfinite(y)), (scale, x_size)
+        assert np.abs(y - exact).max() <= 2e-6 * np.abs(exact).max(), (scale, x_size)
+
+
+def test_the_rebias_puts_the_largest_scaled_input_near_two_to_the_64():
+    codes, scale_inv = fp8.quantize(np.ones((128, 256), np.float32))  # every scale 1/448
+    w = Fp8Matrix.of(codes, scale_inv)
+    for x_max in (1.0, 3e38, 1e-15):
+        k = input_rebias(np.full((2, 256), x_max, np.float32), w)
+        assert 2.0**63 <= float(np.float32(x_max)) * float(scale_inv[0, 0]) * 2.0**k < 2.0**64
+    for x_max in (np.inf, np.nan, 0.0, 1e-30):  # no safe k: these take the dense path
+        assert input_rebias(np.full((2, 256), x_max, np.float32), w) is None
+
+
+def test_inf_nan_and_zero_inputs_give_the_dense_products_exactly():
+    codes, scale_inv = fp8.quantize(np.ones((128, 128), np.float32))
+    w = Fp8Matrix.of(codes, scale_inv)
+    for bad in (np.inf, np.nan, 0.0):
+        x = np.full((1, 128), bad if bad == 0 else 1, np.float32)
+        x[0, 5] = bad
+        with np.errstate(over="ignore", invalid="ignore"):
+            reference = x @ w.dense().T
+            assert np.array_equal(linear_fp8(x, w), reference, equal_nan=True), bad
+
+
+def test_nan_codes_give_nan_in_their_rows_only():
+    codes, scale_inv = fp8.quantize(np.full((300, 200), 0.5, np.float32))
+    raw = codes.view(np.uint8)
+    raw[7, 3], raw[260, 199] = 0x7F, 0xFF
+    for tokens in (1, 20):
+        y = linear_fp8(np.ones((tokens, 200), np.float32), Fp8Matrix.of(codes, scale_inv))
+        assert sorted(np.flatnonzero(np.isnan(y).any(axis=0))) == [7, 260]
+        assert np.isnan(y[:, [7, 260]]).all()
+
+
+def test_tiles_cover_every_row_once_and_never_cross_a_scale_block():
+    w = Fp8Matrix.of(np.zeros((1000, 7168), np.uint8), np.ones((8, 56), np.float32))
+    for tokens in (1, 16, 512):
+        tiles = row_tiles(w, tokens)
+        rows = np.concatenate([np.arange(start, end) for _, start, end in tiles])
+        assert np.array_equal(rows, np.arange(1000))
+        assert all(r == start // 128 == (end - 1) // 128 for r, start, end in tiles)
+    assert max(end - start for _, start, end in row_tiles(w, 1)) * 7168 * 4 <= 1 << 19  # stays in L2
+    assert {end - start for _, start, end in row_tiles(w, 512)} == {128, 1000 - 7 * 128}
+
+
+def test_split_runs_every_share_once_on_several_threads():
+    seen, threads = [], set()
+    lock, all_started = threading.Lock(), threading.Barrier(3, timeout=10)  # breaks unless 3 run at once
+
+    def work(share):
+        with lock:
+            seen.extend(share)
+            threads.add(threading.get_ident())
+        all_started.wait()
+
+    parallel.split(list(range(10)), work, workers=3)
+    assert sorted(seen) == list(range(10))
+    assert len(threads) == 3
+    parallel.split([], lambda share: seen.extend(share), workers=3)
+    assert sorted(seen) == list(range(10))
+
+
+def test_split_raises_a_failing_share_after_all_finished():
+    done = []
+
+    def work(share):
+        if 0 in share:
+            raise ValueError("first share")
+        done.extend(share)
+
+    with pytest.raises(ValueError, match="first share"):
+        parallel.split(list(range(6)), work, workers=2)
+    assert sorted(done) == [3, 4, 5]
+
+
+def test_linear_by_rows_equals_one_product():
+    rng = np.random.default_rng(2)
+    weight = rng.standard_normal((1100, 1024)).astype(np.float32)
+    for shape in ((1024,), (1, 1024), (2, 5, 1024)):
+        x = rng.standard_normal(shape).astype(np.float32)
+        exact = x.astype(np.float64) @ weight.astype(np.float64).T
+        y = ops.linear(x, weight)  # big enough to be shared out by rows
+        assert weight.size >= ops.SPLIT_WEIGHTS and y.shape == exact.shape and y.dtype == np.float32
+        assert np.abs(y - exact).max() <= 1e-5 * np.abs(exact).max()
+
+
+def test_single_threaded_blas_finds_numpys_openblas():
+    if "openblas" not in str(np.show_config(mode="dicts")).lower():
+        pytest.skip("NumPy here is not built on OpenBLAS")
+    assert parallel.single_threaded_blas()
