@@ -32,6 +32,7 @@ from . import fp8, parallel
 F32 = np.float32
 TILE_BYTES = 1 << 19  # float32 bytes of one decoded tile for a few tokens: 512 KiB stays in L2
 BATCH_TOKENS = 16  # from this many tokens on, a tile is a whole scale block of rows: BLAS needs the height
+GEMM_COLUMNS = 8  # BLAS's fast multiple of tokens
 SIGN_EXPONENT_MANTISSA = np.int32(-0x78100000)  # 0x87F00000 as int32: bit 31 and bits 26..20
 REBIAS_EXPONENT = 120  # fp8.REBIAS = 2^120
 SCALED_INPUT_EXPONENT = 64  # the largest |x * s * 2^k| is near 2^64; products stay near 2^(64 - 111)
@@ -73,10 +74,25 @@ def linear_fp8(x: np.ndarray, w: Fp8Matrix) -> np.ndarray:
     k = input_rebias(tokens, w)
     if k is None:  # inf / NaN / all-tiny inputs or scales: the readable path gives their exact semantics
         return np.matmul(x, w.dense().T)
-    y_t = np.empty((out_dim, tokens.shape[0]), dtype=F32)  # [out, N]: each tile writes whole rows
-    parallel.split(row_tiles(w, tokens.shape[0]), lambda tiles: apply_tiles(tokens, w, k, tiles, y_t))
-    np.ldexp(y_t, REBIAS_EXPONENT - k, out=y_t)
-    return y_t.T.reshape(*x.shape[:-1], out_dim)
+    padded = padded_to_columns(tokens)  # [N', in]
+    y_t = np.empty((out_dim, padded.shape[0]), dtype=F32)  # [out, N']: each tile writes whole rows
+    parallel.split(row_tiles(w, padded.shape[0]), lambda tiles: apply_tiles(padded, w, k, tiles, y_t))
+    y = np.ldexp(y_t[:, : tokens.shape[0]].T, REBIAS_EXPONENT - k)  # [N, out]
+    return y.reshape(*x.shape[:-1], out_dim)
+
+
+def padded_to_columns(tokens: np.ndarray) -> np.ndarray:
+    """Several tokens padded with zero rows to a multiple of GEMM_COLUMNS.  [N, in] -> [N', in]
+
+    OpenBLAS multiplies 8 columns at a time: measured here, a [128, 7168] tile times 5 tokens
+    took 530 us and times 8 tokens 290 us, times 11 tokens 570 us and times 16 tokens 510 us.
+    One token stays one (a matrix-vector product)."""
+    n = tokens.shape[0]
+    if n <= 1 or n % GEMM_COLUMNS == 0:
+        return tokens
+    padded = np.zeros((n + GEMM_COLUMNS - n % GEMM_COLUMNS, tokens.shape[1]), dtype=F32)
+    padded[:n] = tokens
+    return padded
 
 
 def input_rebias(tokens: np.ndarray, w: Fp8Matrix) -> int | None:

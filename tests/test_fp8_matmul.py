@@ -133,3 +133,13 @@ def test_single_threaded_blas_finds_numpys_openblas():
     if "openblas" not in str(np.show_config(mode="dicts")).lower():
         pytest.skip("NumPy here is not built on OpenBLAS")
     assert parallel.single_threaded_blas()
+
+
+def test_batches_are_padded_with_zero_rows_to_a_multiple_of_8():
+    from stepper.fp8_matmul import padded_to_columns
+
+    x = np.arange(5 * 3, dtype=np.float32).reshape(5, 3)
+    padded = padded_to_columns(x)
+    assert padded.shape == (8, 3) and np.array_equal(padded[:5], x) and not padded[5:].any()
+    assert padded_to_columns(x[:1]) is not None and padded_to_columns(x[:1]).shape == (1, 3)
+    assert padded_to_columns(np.ones((16, 3), np.float32)).shape == (16, 3)
