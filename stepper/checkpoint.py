@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -54,6 +54,14 @@ class Checkpoint:
         if stored.dtype == "F8_E4M3":
             return stored.to_float32(name)[rows]
         return np.asarray(stored.data[rows], dtype=np.float32)  # touches only these rows' pages
+
+    def row_blocks(self, name: str, rows: int) -> Iterator[Stored]:
+        """Views of the mapped tensor, block by block; a block's pages are released once the next
+        block is asked for, so reading all of lm_head (2.3 GB in BF16) keeps one block resident."""
+        shard = self.shard_of(name)
+        for block in self.stored(name).row_blocks(rows):
+            yield block
+            shard.release(name)
 
     def has(self, name: str) -> bool:
         return name in self.weight_map

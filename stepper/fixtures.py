@@ -147,10 +147,15 @@ class ExportSpec:
 
 def sha256_array(array: np.ndarray) -> str:
     """sha256 of a tensor's bytes as safetensors stores them (C order, little-endian)."""
+    return hashlib.sha256(safetensors_bytes(array)).hexdigest()
+
+
+def safetensors_bytes(array: np.ndarray) -> np.ndarray:
+    """A tensor's bytes as safetensors stores them (C order, little-endian), as uint8."""
     array = np.asarray(array)
     if array.dtype.byteorder == ">":
         array = array.astype(array.dtype.newbyteorder("<"))
-    return hashlib.sha256(np.ascontiguousarray(array).reshape(-1).view(np.uint8)).hexdigest()
+    return np.ascontiguousarray(array).reshape(-1).view(np.uint8)
 
 
 def sha256_file(path: Path) -> str:
@@ -295,11 +300,28 @@ class ReadHashes:
     def stored(self, name: str):
         stored = self.inner.stored(name)
         if name not in self.read:
-            record = {"dtype": stored.dtype, "shape": list(stored.data.shape), "sha256": sha256_array(stored.data)}
-            if stored.scale_inv is not None:
-                record["scale_inv_sha256"] = sha256_array(stored.scale_inv)
-            self.read[name] = record
+            scale = None if stored.scale_inv is None else sha256_array(stored.scale_inv)
+            self._record(name, stored.dtype, stored.data.shape, sha256_array(stored.data), scale)
         return stored
+
+    def row_blocks(self, name: str, rows: int):
+        """The inner source's blocks, hashed one after another: once all are read, the record is
+        the whole tensor's, as `stored` makes it (blocks never split an FP8 scale block)."""
+        data, scales, count = hashlib.sha256(), hashlib.sha256(), 0
+        for block in self.inner.row_blocks(name, rows):
+            data.update(safetensors_bytes(block.data))
+            if block.scale_inv is not None:
+                scales.update(safetensors_bytes(block.scale_inv))
+            count += block.data.shape[0]
+            yield block
+        if name not in self.read:
+            scale = None if block.scale_inv is None else scales.hexdigest()
+            self._record(name, block.dtype, (count, *block.data.shape[1:]), data.hexdigest(), scale)
+
+    def _record(self, name: str, dtype: str, shape: tuple[int, ...], sha256: str, scale_sha256: str | None) -> None:
+        self.read[name] = {"dtype": dtype, "shape": list(shape), "sha256": sha256}
+        if scale_sha256 is not None:
+            self.read[name]["scale_inv_sha256"] = scale_sha256
 
     def get(self, name: str) -> np.ndarray:
         return self.stored(name).to_float32(name)

@@ -9,12 +9,12 @@ cache never holds more than its budget; a weight bigger than the budget is never
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 
 from .fp8_matmul import Fp8Matrix
-from .weights import WeightSource
+from .weights import Stored, WeightSource
 
 
 class CachedWeights:
@@ -52,6 +52,9 @@ class CachedWeights:
 
     def get_rows(self, name: str, rows: np.ndarray) -> np.ndarray:
         return self.source.get_rows(name, rows)
+
+    def row_blocks(self, name: str, rows: int) -> Iterator[Stored]:
+        return self.source.row_blocks(name, rows)
 
     def has(self, name: str) -> bool:
         return self.source.has(name)

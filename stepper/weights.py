@@ -7,12 +7,14 @@ checkpoint stores it: linear weights as FP8 e4m3 codes with float32 block scales
 bias in float32. `SyntheticWeights` makes any tensor on demand, deterministically from (seed,
 name), stored exactly that way, so a routed expert is only ever made when a token chooses it.
 `ArrayWeights` serves float32 tensors already in memory (tests, the PyTorch cross-check).
+Every source also gives a tensor in blocks of rows (`row_blocks`), so a product with a matrix
+too large to hold in float32 (Kimi K2's lm_head, 4.7 GB) can run one block at a time.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -38,6 +40,11 @@ class WeightSource(Protocol):
 
     def matrix(self, name: str) -> np.ndarray | Fp8Matrix:
         """A weight to multiply with: float32, or FP8 codes with scales (see ops.linear)."""
+        ...
+
+    def row_blocks(self, name: str, rows: int) -> Iterator[Stored]:
+        """The stored tensor in consecutive blocks of `rows` rows (the last may be shorter), each
+        made or read only when the previous one is done with (see row_spans)."""
         ...
 
     def has(self, name: str) -> bool: ...
@@ -66,6 +73,33 @@ class Stored:
         if self.dtype == "F8_E4M3":
             return Fp8Matrix.of(self.data, self.scale_inv, self.block, name)
         return self.to_float32(name)
+
+    @property
+    def height(self) -> int:
+        """Rows sharing one scale: a row block must not split them (see row_spans)."""
+        return self.block[0] if self.dtype == "F8_E4M3" else 1
+
+    def rows(self, start: int, stop: int) -> Stored:
+        """Rows start:stop, with their scales, as a Stored of their own (start on a scale-block edge)."""
+        if self.scale_inv is None:
+            return Stored(self.dtype, self.data[start:stop])
+        scales = self.scale_inv[start // self.height:-(-stop // self.height)]  # [ceil(rows/128), ceil(in/128)]
+        return Stored(self.dtype, self.data[start:stop], scales, self.block)
+
+    def row_blocks(self, rows: int) -> Iterator[Stored]:
+        for start, stop in row_spans(self.data.shape[0], rows, self.height):
+            yield self.rows(start, stop)
+
+
+def row_spans(n: int, rows: int, height: int = 1) -> list[tuple[int, int]]:
+    """[start, stop) of consecutive blocks of `rows` rows over n rows, the last possibly shorter.
+
+    height: the rows sharing one FP8 scale; `rows` must be a multiple of it, so that each block
+    is quantized (or dequantized) exactly as the whole tensor is.
+    """
+    if rows < height or rows % height:
+        raise ValueError(f"row blocks must be a positive multiple of {height} rows, got {rows}")
+    return [(start, min(start + rows, n)) for start in range(0, n, rows)]
 
 
 def is_linear(name: str) -> bool:
@@ -185,6 +219,19 @@ class SyntheticWeights:
             return self._stored_as(name, self._embedding_rows(np.asarray(rows))).to_float32(name)
         return self.get(name)[rows]
 
+    def row_blocks(self, name: str, rows: int) -> Iterator[Stored]:
+        """stored(name) block by block, equal to it bit for bit: the blocks are drawn one after
+        another from the tensor's one stream of normals, each then scaled and stored alone."""
+        shape = shape_of(self.config, name)
+        height = self.config.quantization.weight_block_size[0] if storage_dtype(self.config, name) == "F8_E4M3" else 1
+        normals = self._rng(name)
+        for start, stop in row_spans(shape[0], rows, height):
+            if name == EMBED:
+                values = self._embedding_rows(np.arange(start, stop))
+            else:
+                values = self._scaled(name, shape, normals.standard_normal((stop - start, *shape[1:]), dtype=np.float32))
+            yield self._stored_as(name, values)
+
     def has(self, name: str) -> bool:
         try:
             shape_of(self.config, name)
@@ -213,12 +260,17 @@ class SyntheticWeights:
         if name == EMBED:
             return self._embedding_rows(np.arange(self.config.vocab_size))
         shape = shape_of(self.config, name)
-        z = self._normal(name, shape)
+        return self._scaled(name, shape, self._normal(name, shape))
+
+    @staticmethod
+    def _scaled(name: str, shape: tuple[int, ...], z: np.ndarray) -> np.ndarray:
+        """Standard normals z (all or some rows of the tensor) to its values; z is reused."""
         if name.endswith("norm.weight"):
             return np.float32(1) + np.float32(0.1) * z
         if name.endswith("e_score_correction_bias"):
             return np.float32(0.1) * z
-        return z * np.float32(1 / np.sqrt(shape[-1]))
+        z *= np.float32(1 / np.sqrt(shape[-1]))  # in place: a full-size weight's normals are 0.5 GB
+        return z
 
     def _embedding_rows(self, rows: np.ndarray) -> np.ndarray:
         """Embedding rows ~ N(0, 1), each made on its own so a prompt never makes the whole table."""
@@ -229,10 +281,14 @@ class SyntheticWeights:
         return out
 
     def _normal(self, name: str, shape: tuple[int, ...], *stream: int) -> np.ndarray:
+        return self._rng(name, *stream).standard_normal(shape, dtype=np.float32)
+
+    def _rng(self, name: str, *stream: int) -> np.random.Generator:
+        """The tensor's stream of normals, from (seed, name[, stream]). Drawn in pieces, one after
+        another, it gives the same numbers as in one draw."""
         digest = hashlib.sha256(name.encode()).digest()
         words = np.frombuffer(digest[:16], dtype=np.uint32).tolist()
-        rng = np.random.default_rng(np.random.SeedSequence([self.seed, *words, *stream]))
-        return rng.standard_normal(shape, dtype=np.float32)
+        return np.random.default_rng(np.random.SeedSequence([self.seed, *words, *stream]))
 
 
 class ArrayWeights:
@@ -245,6 +301,9 @@ class ArrayWeights:
 
     def get_rows(self, name: str, rows: np.ndarray) -> np.ndarray:
         return self.get(name)[rows]
+
+    def row_blocks(self, name: str, rows: int) -> Iterator[Stored]:
+        return Stored("F32", self.get(name)).row_blocks(rows)
 
     def matrix(self, name: str) -> np.ndarray:
         return self.get(name)

@@ -3,6 +3,10 @@
 The pieces are separate methods so a session can run the whole model (`forward`) or one layer
 alone on a given residual stream (`layer`). A `KVCache` passed along is extended in place, so a
 prefill followed by decode steps equals one uncached pass over the same positions.
+
+Weights are asked for when a layer runs and dropped when it returns, and lm_head multiplies one
+block of vocabulary rows at a time, so a pass over all of a full-size model's layers holds about
+one layer's largest weight at a time.
 """
 
 from __future__ import annotations
@@ -16,6 +20,21 @@ from ..weights import WeightSource
 from .attention import LayerCache, Rope
 from .layer import decoder_layer
 from .layer_weights import LayerWeights
+
+LM_HEAD = "lm_head.weight"
+HEAD_ROWS = 4096  # vocabulary rows multiplied at a time: for Kimi K2, [4096, 7168] float32 is 117 MB
+
+
+def lm_head(hidden: np.ndarray, weights: WeightSource, rows: int = HEAD_ROWS) -> np.ndarray:
+    """hidden [B, T, D] @ lm_head^T -> logits [B, T, vocab], one block of vocabulary rows at a time,
+    so all of lm_head (for Kimi K2 163840 x 7168, 4.7 GB in float32) never exists at once."""
+    logits = np.empty((*hidden.shape[:-1], weights.config.vocab_size), dtype=np.float32)  # [B, T, vocab]
+    start = 0
+    for block in weights.row_blocks(LM_HEAD, rows):  # [rows, D]
+        stop = start + block.data.shape[0]
+        logits[..., start:stop] = linear(hidden, block.matrix(LM_HEAD))  # [B, T, rows]
+        start = stop
+    return logits
 
 
 class KVCache:
@@ -65,7 +84,7 @@ class Transformer:
         """Final norm and lm_head: [B, T, D] -> logits [B, T, vocab]."""
         hidden = rms_norm(hidden, self.weights.get("model.norm.weight"), self.config.rms_norm_eps)
         emit("norm", hidden)
-        logits = linear(hidden, self.weights.get("lm_head.weight"))
+        logits = lm_head(hidden, self.weights)
         emit("logits", logits)
         return logits
 
