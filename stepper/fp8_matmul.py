@@ -1,8 +1,8 @@
 """FP8 weights applied to activations without ever holding the weight in float32.
 
 `Fp8Matrix` is an e4m3 weight [out, in] with its block scales. `x @ W^T` runs one tile of rows
-at a time: the tile's codes are decoded straight into a small float32 buffer that stays in
-cache, multiplied, and the buffer is reused for the next tile. The cores share the tiles
+at a time: the tile's codes are decoded straight into a float32 buffer one block of scale rows
+high, multiplied, and the buffer is reused for the next tile. The cores share the tiles
 (`parallel.split`), each with its own buffer.
 
 Decoding is `fp8.decode`'s bit trick without its last pass: the tile holds each code's value
@@ -30,8 +30,6 @@ import numpy as np
 from . import fp8, parallel
 
 F32 = np.float32
-TILE_BYTES = 1 << 19  # float32 bytes of one decoded tile for a few tokens: 512 KiB stays in L2
-BATCH_TOKENS = 16  # from this many tokens on, a tile is a whole scale block of rows: BLAS needs the height
 GEMM_COLUMNS = 8  # BLAS's fast multiple of tokens
 SIGN_EXPONENT_MANTISSA = np.int32(-0x78100000)  # 0x87F00000 as int32: bit 31 and bits 26..20
 REBIAS_EXPONENT = 120  # fp8.REBIAS = 2^120
@@ -76,7 +74,7 @@ def linear_fp8(x: np.ndarray, w: Fp8Matrix) -> np.ndarray:
         return np.matmul(x, w.dense().T)
     padded = padded_to_columns(tokens)  # [N', in]
     y_t = np.empty((out_dim, padded.shape[0]), dtype=F32)  # [out, N']: each tile writes whole rows
-    parallel.split(row_tiles(w, padded.shape[0]), lambda tiles: apply_tiles(padded, w, k, tiles, y_t))
+    parallel.split(row_tiles(w), lambda tiles: apply_tiles(padded, w, k, tiles, y_t))
     y = np.ldexp(y_t[:, : tokens.shape[0]].T, REBIAS_EXPONENT - k)  # [N, out]
     return y.reshape(*x.shape[:-1], out_dim)
 
@@ -105,19 +103,13 @@ def input_rebias(tokens: np.ndarray, w: Fp8Matrix) -> int | None:
     return SCALED_INPUT_EXPONENT - math.frexp(largest)[1]
 
 
-def row_tiles(w: Fp8Matrix, tokens: int = 1) -> list[tuple[int, int, int]]:
-    """(scale row, first row, end row) of each tile; a tile never crosses a scale block.
+def row_tiles(w: Fp8Matrix) -> list[tuple[int, int, int]]:
+    """(scale row, first row, end row) of each tile: one tile per block of scale rows.
 
-    For a few tokens (decode) tiles are small enough to stay in cache; for many (prefill) they
-    are a whole scale block high, so each product is a GEMM BLAS runs at full rate."""
-    out_dim, in_dim = w.shape
-    block_rows = w.block[0]
-    rows = block_rows if tokens >= BATCH_TOKENS else max(1, min(block_rows, TILE_BYTES // (4 * max(in_dim, 1))))
-    return [
-        (r0 // block_rows, t0, min(t0 + rows, r0 + block_rows, out_dim))
-        for r0 in range(0, out_dim, block_rows)
-        for t0 in range(r0, min(r0 + block_rows, out_dim), rows)
-    ]
+    Smaller tiles (kept in L2) measured no faster on one core, and on two each NumPy call must
+    last long enough for the hand-over of the GIL between the threads not to dominate."""
+    out_dim, block_rows = w.shape[0], w.block[0]
+    return [(r0 // block_rows, r0, min(r0 + block_rows, out_dim)) for r0 in range(0, out_dim, block_rows)]
 
 
 def apply_tiles(tokens: np.ndarray, w: Fp8Matrix, k: int, tiles: list[tuple[int, int, int]], y_t: np.ndarray) -> None:
