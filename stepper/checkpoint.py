@@ -78,7 +78,8 @@ class Checkpoint:
         if info.dtype != "F8_E4M3":
             return Stored(info.dtype, array)
         _, scale = self._tensor(name + SCALE)
-        return Stored(info.dtype, array, scale, self.block)
+        shard = self.shard_of(name)
+        return Stored(info.dtype, array, scale, self.block, (str(shard.path), shard.data_range(name)[0]))
 
     @property
     def block(self) -> tuple[int, int]:

@@ -2,8 +2,8 @@
 
 `Fp8Matrix` is an e4m3 weight [out, in] with its block scales. `x @ W^T` runs one tile of rows
 at a time: the tile's codes are decoded straight into a float32 buffer one block of scale rows
-high, multiplied, and the buffer is reused for the next tile. The cores share the tiles
-(`parallel.split`), each with its own buffer.
+high, multiplied, and the buffer is reused for the next tile. A large product is shared out in
+bands of rows with helper processes, one per further core (`fp8_workers`).
 
 Decoding is `fp8.decode`'s bit trick without its last pass: the tile holds each code's value
 times 2^-120 (the bits moved into place, not yet rebiased). Neither the 2^120 nor the block
@@ -23,13 +23,15 @@ once either way, at a different place.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from . import fp8, parallel
+from . import fp8
 
 F32 = np.float32
+Decoder = Callable[[np.ndarray, np.ndarray], None]  # (codes [rows, in], out float32 [rows, in])
 GEMM_COLUMNS = 8  # BLAS's fast multiple of tokens
 SIGN_EXPONENT_MANTISSA = np.int32(-0x78100000)  # 0x87F00000 as int32: bit 31 and bits 26..20
 REBIAS_EXPONENT = 120  # fp8.REBIAS = 2^120
@@ -45,12 +47,14 @@ class Fp8Matrix:
     scale_inv: np.ndarray  # float32 [out/bo, in/bi]
     block: tuple[int, int] = fp8.BLOCK
     name: str = "weight"
+    origin: tuple[str, int] | None = None  # (file, byte offset) when the codes are a file's bytes, row-major
 
     @classmethod
-    def of(cls, codes: np.ndarray, scale_inv: np.ndarray, block: tuple[int, int] = fp8.BLOCK, name: str = "weight"):
+    def of(cls, codes: np.ndarray, scale_inv: np.ndarray, block: tuple[int, int] = fp8.BLOCK, name: str = "weight",
+           origin: tuple[str, int] | None = None):
         codes = fp8.as_codes(codes, name)
         fp8.check_block_shapes(codes, np.asarray(scale_inv), block, name)
-        return cls(codes, fp8.scales_as_f32(scale_inv, name), block, name)
+        return cls(codes, fp8.scales_as_f32(scale_inv, name), block, name, origin)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -67,6 +71,11 @@ class Fp8Matrix:
 
 def linear_fp8(x: np.ndarray, w: Fp8Matrix) -> np.ndarray:
     """x @ W^T for an FP8 weight.  [..., in] -> [..., out], float32."""
+    return product(x, w, decode_unbiased)
+
+
+def product(x: np.ndarray, w: Fp8Matrix, decode: Decoder) -> np.ndarray:
+    """x @ W^T, each tile decoded by decode(codes, out) into its values times 2^-120."""
     out_dim, in_dim = w.shape
     tokens = x.reshape(-1, in_dim).astype(F32, copy=False)  # [N, in]
     k = input_rebias(tokens, w)
@@ -74,7 +83,10 @@ def linear_fp8(x: np.ndarray, w: Fp8Matrix) -> np.ndarray:
         return np.matmul(x, w.dense().T)
     padded = padded_to_columns(tokens)  # [N', in]
     y_t = np.empty((out_dim, padded.shape[0]), dtype=F32)  # [out, N']: each tile writes whole rows
-    parallel.split(row_tiles(w), lambda tiles: apply_tiles(padded, w, k, tiles, y_t))
+    from .fp8_workers import linear_bands  # (it imports this module)
+
+    if decode is not decode_unbiased or not linear_bands(padded, w, k, y_t):  # large: shared with helpers
+        apply_tiles(padded, w, k, row_tiles(w), y_t, decode)
     y = np.ldexp(y_t[:, : tokens.shape[0]].T, REBIAS_EXPONENT - k)  # [N, out]
     return y.reshape(*x.shape[:-1], out_dim)
 
@@ -112,23 +124,33 @@ def row_tiles(w: Fp8Matrix) -> list[tuple[int, int, int]]:
     return [(r0 // block_rows, r0, min(r0 + block_rows, out_dim)) for r0 in range(0, out_dim, block_rows)]
 
 
-def apply_tiles(tokens: np.ndarray, w: Fp8Matrix, k: int, tiles: list[tuple[int, int, int]], y_t: np.ndarray) -> None:
-    """Decode and multiply each tile into its rows of y_t [out, N] (times 2^(k - 120)), one buffer reused."""
+def apply_tiles(tokens: np.ndarray, w: Fp8Matrix, k: int, tiles: list[tuple[int, int, int]], y_t: np.ndarray,
+                decode: Decoder | None = None) -> None:
+    """Decode and multiply each tile into its rows of y_t [out, N] (times 2^(k - 120)), one buffer reused.
+
+    The scales go onto the inputs, once per scale row; with more tokens than a tile has rows
+    they go onto each tile instead (one pass over it), and the inputs are scaled once."""
+    decode = decode or decode_unbiased
     height = max((end - start for _, start, end in tiles), default=0)
     buffer = np.empty((height, w.shape[1]), dtype=F32)
-    scale_row, inputs = -1, None
+    scale_tiles = tokens.shape[0] > height
+    if scale_tiles:
+        c = SCALED_INPUT_EXPONENT - math.frexp(float(np.abs(w.scale_inv).max(initial=0)))[1]
+        inputs = np.ldexp(tokens, k - c).T  # [in, N]: with the tiles' 2^c, still 2^k in all
+    scale_row = -1
     for r, start, end in tiles:
-        if r != scale_row:
-            scale_row, inputs = r, scaled_inputs(tokens, w, r, k)
         tile = buffer[: end - start]
-        decode_unbiased(w.codes[start:end], tile)
+        decode(w.codes[start:end], tile)
+        if scale_tiles:
+            np.multiply(tile, scale_vector(w, r, c), out=tile)
+        elif r != scale_row:
+            scale_row, inputs = r, (tokens * scale_vector(w, r, k)).T  # [in, N]
         np.matmul(tile, inputs, out=y_t[start:end])
 
 
-def scaled_inputs(tokens: np.ndarray, w: Fp8Matrix, scale_row: int, k: int) -> np.ndarray:
-    """x[j] * s[scale_row, j] * 2^k for every input j, as a product's right side.  [N, in] -> [in, N]"""
-    scales = np.repeat(np.ldexp(w.scale_inv[scale_row], k), w.block[1])[: w.shape[1]]  # [in], exact
-    return (tokens * scales).T
+def scale_vector(w: Fp8Matrix, scale_row: int, k: int) -> np.ndarray:
+    """s[scale_row, j] * 2^k for every input j (exact: a power of two).  -> [in]"""
+    return np.repeat(np.ldexp(w.scale_inv[scale_row], k), w.block[1])[: w.shape[1]]
 
 
 def decode_unbiased(codes: np.ndarray, out: np.ndarray) -> None:

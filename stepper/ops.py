@@ -68,9 +68,10 @@ def swiglu(x: np.ndarray, gate: np.ndarray, up: np.ndarray, down: np.ndarray) ->
 
 def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
     """Numerically safe softmax in float32; -inf entries (masked) get weight exactly 0."""
-    shifted = x - np.max(x, axis=axis, keepdims=True)
-    e = np.exp(shifted)
-    return e / np.sum(e, axis=axis, keepdims=True)
+    e = x - np.max(x, axis=axis, keepdims=True)  # the one new array: exp and the division happen in it
+    np.exp(e, out=e)
+    e /= np.sum(e, axis=axis, keepdims=True)
+    return e
 
 
 def causal_mask(t: int, s: int) -> np.ndarray:

@@ -244,25 +244,14 @@ def use(files: Iterable[Path], announce: IO[str] | None = None) -> Iterator[dict
 
 
 def linear_fp8_via_dequantize(x: np.ndarray, w) -> np.ndarray:
-    """x @ W^T for an FP8 weight, through `fp8.dequantize` one row tile at a time.
-
-    The same tiles, padding, scaled inputs and products as `fp8_matmul.linear_fp8`, but each tile's
-    float32 values (the codes' values times 2^-120, a scale that changes no bit of them) come
-    from `fp8.dequantize` (and so from `fp8.decode`), whichever functions those names hold now.
-    [..., in] -> [..., out]
+    """x @ W^T for an FP8 weight, each tile through `fp8.dequantize` (and so `fp8.decode`),
+    whichever functions those names hold now; otherwise `fp8_matmul.product` itself, so the
+    tiles, padding, scaling and products are the same.  [..., in] -> [..., out]
     """
     from . import fp8, fp8_matmul
 
-    out_dim, in_dim = w.shape
-    tokens = x.reshape(-1, in_dim).astype(np.float32, copy=False)  # [N, in]
-    k = fp8_matmul.input_rebias(tokens, w)
-    if k is None:
-        return np.matmul(x, fp8.dequantize(w.codes, w.scale_inv, w.block, name=w.name).T)
-    unbias = np.full((1, w.scale_inv.shape[1]), 1 / fp8.REBIAS, dtype=np.float32)
-    padded = fp8_matmul.padded_to_columns(tokens)  # [N', in]
-    y_t = np.empty((out_dim, padded.shape[0]), dtype=np.float32)  # [out, N']
-    for r, start, end in fp8_matmul.row_tiles(w):
-        tile = fp8.dequantize(w.codes[start:end], unbias, w.block, name=w.name)  # [rows, in]
-        inputs = fp8_matmul.scaled_inputs(padded, w, r, k)  # [in, N']
-        np.matmul(np.ascontiguousarray(tile, dtype=np.float32), inputs, out=y_t[start:end])
-    return np.ldexp(y_t[:, : tokens.shape[0]].T, fp8_matmul.REBIAS_EXPONENT - k).reshape(*x.shape[:-1], out_dim)
+    def decode(codes: np.ndarray, out: np.ndarray) -> None:  # the codes' values times 2^-120 (exact)
+        unbias = np.full(fp8.scale_grid(codes.shape, w.block), 1 / fp8.REBIAS, dtype=np.float32)
+        out[...] = fp8.dequantize(codes, unbias, w.block, name=w.name)
+
+    return fp8_matmul.product(x, w, decode)

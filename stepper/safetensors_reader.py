@@ -50,7 +50,6 @@ DTYPES: dict[str, tuple[np.dtype, int]] = {
     }.items()
 }
 
-MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux 5.14
 MAX_HEADER_BYTES = 100_000_000  # the reference reader's limit
 MAX_DIMS = 32  # NumPy 1.x's limit (2.x allows 64)
 MAX_ARRAY_BYTES = 2**63 - 1  # NumPy's limit on elements x item size, counting only non-zero dims
@@ -114,14 +113,12 @@ class SafetensorsFile:
         return flat.reshape(info.shape)
 
     def prefetch(self, name: str) -> None:
-        """About to read all of a tensor: map its pages in one call (Linux MADV_POPULATE_READ)
-        instead of one page fault per 4 KiB page (the map reads no neighbours on a fault);
-        where the kernel lacks that, ask for read-ahead instead."""
+        """About to read all of a tensor: ask for read-ahead (MADV_WILLNEED), so a cold page cache
+        fills in large reads, not page by page (the map is MADV_RANDOM). Nothing is mapped here:
+        the pages are mapped by whichever thread or helper process reads them, side by side
+        (mapping them all here, MADV_POPULATE_READ, measured no faster on one core and serial)."""
         self._mapped()
-        try:
-            self._advise(name, MADV_POPULATE_READ)
-        except OSError:
-            self._advise(name, mmap.MADV_WILLNEED)
+        self._advise(name, mmap.MADV_WILLNEED)
 
     def release(self, name: str) -> None:
         """Let the tensor's pages go from this process (they stay in the page cache), so a run

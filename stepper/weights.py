@@ -62,6 +62,7 @@ class Stored:
     data: np.ndarray
     scale_inv: np.ndarray | None = None  # [ceil(out/128), ceil(in/128)], FP8 only
     block: tuple[int, int] = fp8.BLOCK
+    origin: tuple[str, int] | None = None  # (file, byte offset) of data read from a file as it is stored
 
     def to_float32(self, name: str = "") -> np.ndarray:
         if self.dtype == "F8_E4M3":
@@ -71,7 +72,7 @@ class Stored:
     def matrix(self, name: str = "") -> np.ndarray | Fp8Matrix:
         """What the model multiplies with: FP8 weights stay FP8 (decoded tile by tile)."""
         if self.dtype == "F8_E4M3":
-            return Fp8Matrix.of(self.data, self.scale_inv, self.block, name)
+            return Fp8Matrix.of(self.data, self.scale_inv, self.block, name, self.origin)
         return self.to_float32(name)
 
     @property
@@ -84,7 +85,8 @@ class Stored:
         if self.scale_inv is None:
             return Stored(self.dtype, self.data[start:stop])
         scales = self.scale_inv[start // self.height:-(-stop // self.height)]  # [ceil(rows/128), ceil(in/128)]
-        return Stored(self.dtype, self.data[start:stop], scales, self.block)
+        origin = None if self.origin is None else (self.origin[0], self.origin[1] + start * self.data.strides[0])
+        return Stored(self.dtype, self.data[start:stop], scales, self.block, origin)
 
     def row_blocks(self, rows: int) -> Iterator[Stored]:
         for start, stop in row_spans(self.data.shape[0], rows, self.height):

@@ -21,7 +21,7 @@ def test_decoded_tile_is_every_code_times_two_to_the_minus_120_exactly():
     assert tile.ravel()[0x7E] == np.float32(448 * 2.0**-120)
 
 
-@pytest.mark.parametrize("tokens", [1, 3, 15, 16, 40])
+@pytest.mark.parametrize("tokens", [1, 3, 15, 16, 40, 200])  # 200 > 128 rows: scales on the tiles
 @pytest.mark.parametrize("shape", [(576, 700), (130, 129), (3, 5), (256, 7168)])
 def test_product_equals_float64_dequantized_product(shape, tokens):
     rng = np.random.default_rng(sum(shape) + tokens)
@@ -39,11 +39,12 @@ def test_scales_far_from_one_and_large_inputs_keep_full_precision():
     codes, scale_inv = fp8.quantize(rng.standard_normal((256, 384)).astype(np.float32))
     for scale, x_size in ((2.0**-40, 1.0), (2.0**30, 1.0), (1e-3, 1e20), (1.0, 1e-15), (1.0, 1e-30), (2.0**-100, 1.0)):
         w = Fp8Matrix.of(codes, (scale_inv * scale).astype(np.float32))
-        x = (rng.standard_normal((2, 384)) * x_size).astype(np.float32)
-        exact = x.astype(np.float64) @ w.dense().astype(np.float64).T
-        y = linear_fp8(x, w)
-        assert np.all(np.isfinite(y)), (scale, x_size)
-        assert np.abs(y - exact).max() <= 2e-6 * np.abs(exact).max(), (scale, x_size)
+        for tokens in (2, 300):  # scales on the inputs, then on the tiles
+            x = (rng.standard_normal((tokens, 384)) * x_size).astype(np.float32)
+            exact = x.astype(np.float64) @ w.dense().astype(np.float64).T
+            y = linear_fp8(x, w)
+            assert np.all(np.isfinite(y)), (scale, x_size, tokens)
+            assert np.abs(y - exact).max() <= 2e-6 * np.abs(exact).max(), (scale, x_size, tokens)
 
 
 def test_the_rebias_puts_the_largest_scaled_input_near_two_to_the_64():

@@ -184,7 +184,8 @@ def up_project(compressed_kv: np.ndarray, w: LayerWeights, cfg: Config, emit: Em
 def attention_weights(scores: np.ndarray, scale: float, emit: Emitter) -> np.ndarray:
     """Scale, mask the future, softmax over the attended positions.  [B, H, T, S] -> same."""
     T, S = scores.shape[-2:]
-    scores = np.where(causal_mask(T, S), scores * np.float32(scale), np.float32(-np.inf))
+    scores = scores * np.float32(scale)
+    np.copyto(scores, np.float32(-np.inf), where=~causal_mask(T, S))
     emit("self_attn.attn_scores", scores)
     weights = softmax(scores)
     emit("self_attn.attn_weights", weights)

@@ -1,0 +1,248 @@
+"""Helper processes that take a band of an FP8 product's rows, so every core decodes.
+
+Decoding a tile is a handful of short NumPy calls, and each call hands the GIL over: two threads
+sharing the tiles measured only about 1.2x as fast as one on a decode step, two processes 2x.
+So a large FP8 product is cut into bands of whole scale blocks: this process multiplies the
+first band while each helper process multiplies one of the others, then the helpers' rows are
+copied into the result.
+
+A helper reads the codes from the checkpoint file itself (mapped once per file), so only
+weights read from a file are shared out; the inputs and the helper's rows of the result go
+through scratch memory both processes map. (Codes that live only in this process, synthetic
+weights, stay here: copying them over measured slower than decoding them.) A helper that cannot
+start or stops answering is dropped, and the products run here, as before.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import subprocess
+import sys
+import tempfile
+from collections import OrderedDict, deque
+from dataclasses import dataclass, replace
+from functools import cache
+from multiprocessing.connection import Connection, Pipe
+
+import numpy as np
+
+from . import parallel
+from .checkpoint import RESIDENT_BYTES
+from .fp8_matmul import Fp8Matrix, apply_tiles, row_tiles
+
+F32 = np.float32
+SHARE_WEIGHTS = 1 << 22  # a product with fewer weights stays in this process: messages would cost more
+BANDS_PER_SIDE = 3  # bands per process and product: enough to even out a slower side, few messages
+
+
+@dataclass(frozen=True)
+class Band:
+    """One helper's part of a product: rows [start, end) of the weight, in whole scale blocks."""
+
+    start: int
+    end: int
+
+
+# ---------------------------------------------------------------------------------------------
+# This process's side
+
+
+class Helper:
+    """One helper process, its pipe, and the scratch memory shared with it."""
+
+    def __init__(self):
+        # A fresh interpreter (not fork: this process has threads; not multiprocessing's spawn,
+        # which would import the user's __main__ again). It exits when the pipe closes.
+        self.conn, child = Pipe()
+        self.process = subprocess.Popen([sys.executable, "-m", "stepper.fp8_workers", str(child.fileno())],
+                                        pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL)
+        child.close()
+        self.scratch: mmap.mmap | None = None
+        self.inputs_bytes = 0
+        self.band: Band | None = None
+        self.bands_done = 0
+
+    def send_inputs(self, tokens: np.ndarray, most_rows: int) -> None:
+        """Put a product's inputs [N, in] in the scratch, with room after them for most_rows of result."""
+        self._ensure_scratch(tokens.nbytes + most_rows * tokens.shape[0] * 4)
+        np.frombuffer(self.scratch, F32, tokens.size).reshape(tokens.shape)[:] = tokens
+        self.inputs_bytes = tokens.nbytes
+
+    def start(self, w: Fp8Matrix, k: int, band: Band, n: int) -> None:
+        """Send a band of the product whose inputs were sent; the helper starts at once."""
+        block_rows = w.block[0]
+        scales = w.scale_inv[band.start // block_rows : -(-band.end // block_rows)]
+        self.conn.send(("band", w.origin, band, w.shape, scales, w.block, k, n))
+        self.band = band
+
+    def done(self) -> bool:
+        return self.conn.poll()
+
+    def finish_into(self, y_t: np.ndarray) -> None:
+        """Wait for the band and copy its rows into y_t [out, N]."""
+        status, detail = self.conn.recv()
+        if status != "ok":
+            raise RuntimeError(f"FP8 helper process failed: {detail}")
+        band, n = self.band, y_t.shape[1]
+        rows = band.end - band.start
+        y_t[band.start : band.end] = np.frombuffer(self.scratch, F32, rows * n, self.inputs_bytes).reshape(rows, n)
+        self.band = None
+        self.bands_done += 1
+
+    def _ensure_scratch(self, need: int) -> None:
+        if self.scratch is not None and len(self.scratch) >= need:
+            return
+        size = max(need, 2 * len(self.scratch) if self.scratch is not None else 1 << 24)
+        fd, path = tempfile.mkstemp(prefix="stepper-scratch-", dir=scratch_dir())
+        try:
+            os.ftruncate(fd, size)
+            scratch = mmap.mmap(fd, size)
+            self.conn.send(("scratch", path, size))
+            status, detail = self.conn.recv()
+            if status != "ok":
+                raise RuntimeError(f"FP8 helper process could not map its scratch memory: {detail}")
+        finally:
+            os.close(fd)
+            os.unlink(path)  # both processes have it mapped: the memory lives until both let go
+        self.scratch = scratch
+
+
+def scratch_dir() -> str | None:
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+
+
+@cache
+def helpers() -> list[Helper]:
+    """One helper per core beyond this one; none on one core."""
+    return [Helper() for _ in range(parallel.cores() - 1)]
+
+
+_broken = False
+
+
+def stop_helpers() -> None:
+    """End the helper processes (they also end by themselves when this process does)."""
+    global _broken
+    if helpers.cache_info().currsize:
+        for helper in helpers():
+            helper.conn.close()
+            helper.process.wait(timeout=10)
+    helpers.cache_clear()
+    _broken = False
+
+
+def linear_bands(tokens: np.ndarray, w: Fp8Matrix, k: int, y_t: np.ndarray) -> bool:
+    """y_t [out, N] = the product's rows, in bands shared by this process and the helpers.
+
+    The helpers take bands from the end, this process from the start, and a helper that is done
+    gets the next, so a slower side does fewer. False (nothing done) when the product is small,
+    its codes are not a file's, or there are no helpers."""
+    global _broken
+    if _broken or w.origin is None or w.codes.size < SHARE_WEIGHTS or parallel.cores() < 2:
+        return False
+    try:
+        workers = helpers()
+        pending = deque(split_bands(w, BANDS_PER_SIDE * (len(workers) + 1)))
+        most_rows = max(band.end - band.start for band in pending)
+        for helper in workers:
+            helper.send_inputs(tokens, most_rows)
+            if pending:
+                helper.start(w, k, pending.pop(), tokens.shape[0])
+        while pending:
+            band = pending.popleft()
+            mine = band_matrix(w, band)
+            apply_tiles(tokens, mine, k, row_tiles(mine), y_t[band.start : band.end])
+            for helper in workers:
+                if pending and helper.band is not None and helper.done():
+                    helper.finish_into(y_t)
+                    helper.start(w, k, pending.pop(), tokens.shape[0])
+        for helper in workers:
+            if helper.band is not None:
+                helper.finish_into(y_t)
+    except (OSError, EOFError, RuntimeError):  # a helper died or could not start: run here from now on
+        _broken = True
+        return False
+    except BaseException:  # interrupted: a helper's answer may be left unread, so stop using them
+        _broken = True
+        raise
+    return True
+
+
+def split_bands(w: Fp8Matrix, parts: int) -> list[Band]:
+    """Rows cut into `parts` bands of whole scale blocks, as even as the blocks allow (fewer when
+    there are fewer blocks)."""
+    block_rows, out_dim = w.block[0], w.shape[0]
+    blocks = -(-out_dim // block_rows)
+    cuts = [min(out_dim, block_rows * (blocks * p // parts)) for p in range(parts + 1)]
+    return [Band(cuts[p], cuts[p + 1]) for p in range(parts) if cuts[p + 1] > cuts[p]]
+
+
+def band_matrix(w: Fp8Matrix, band: Band) -> Fp8Matrix:
+    """The weight's rows [start, end) with their scale rows, as a matrix of its own."""
+    block_rows = w.block[0]
+    scales = w.scale_inv[band.start // block_rows : -(-band.end // block_rows)]
+    return replace(w, codes=w.codes[band.start : band.end], scale_inv=scales, origin=None)
+
+
+# ---------------------------------------------------------------------------------------------
+# The helper's side
+
+
+def serve(conn: Connection) -> None:
+    """The helper process's loop: map scratch, multiply bands, until the pipe closes."""
+    parallel.single_threaded_blas()
+    scratch, files, resident = None, {}, OrderedDict()
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            if message[0] == "scratch":
+                _, path, size = message
+                with open(path, "r+b") as f:
+                    scratch = mmap.mmap(f.fileno(), size)
+            else:
+                multiply_band(scratch, files, resident, *message[1:])
+            conn.send(("ok", None))
+        except Exception as e:  # noqa: BLE001 (any failure is reported back; the other side stops using helpers)
+            conn.send(("error", f"{type(e).__name__}: {e}"))
+
+
+def multiply_band(scratch, files, resident, origin: tuple[str, int], band: Band, shape, scales, block, k: int, n: int) -> None:
+    """Rows [start, end) of the product into the scratch, after the inputs there.  [N, in] -> [rows, N]"""
+    (path, offset), rows, in_dim = origin, band.end - band.start, shape[1]
+    tokens = np.frombuffer(scratch, F32, n * in_dim).reshape(n, in_dim)
+    y_band = np.frombuffer(scratch, F32, rows * n, n * in_dim * 4).reshape(rows, n)
+    identity = os.stat(path)  # the same file, not one written since under the same name
+    key = (path, identity.st_ino, identity.st_size, identity.st_mtime_ns)
+    if key not in files:
+        files[key] = mapped(path)
+    start = offset + band.start * in_dim
+    codes = np.frombuffer(files[key], np.uint8, rows * in_dim, start).reshape(rows, in_dim)
+    w = Fp8Matrix(codes, scales, block)
+    apply_tiles(tokens, w, k, row_tiles(w), y_band)
+    keep_resident(resident, files[key], start, rows * in_dim)
+
+
+def mapped(path: str) -> mmap.mmap:
+    with open(path, "rb") as f:
+        view = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    if hasattr(view, "madvise"):
+        view.madvise(mmap.MADV_RANDOM)  # as the checkpoint reader: no read-around on each fault
+    return view
+
+
+def keep_resident(resident: OrderedDict, view: mmap.mmap, start: int, length: int) -> None:
+    """As the checkpoint reader does: past RESIDENT_BYTES of mapped bands, the oldest are let go."""
+    resident.pop((id(view), start), None)
+    resident[(id(view), start)] = (view, start, length)
+    while sum(entry[2] for entry in resident.values()) > RESIDENT_BYTES and len(resident) > 1:
+        old_view, old_start, old_length = resident.popitem(last=False)[1]
+        first = old_start - old_start % mmap.PAGESIZE
+        if hasattr(old_view, "madvise"):
+            old_view.madvise(mmap.MADV_DONTNEED, first, old_start + old_length - first)
+
+if __name__ == "__main__":
+    serve(Connection(int(sys.argv[1])))

@@ -1,0 +1,85 @@
+"""FP8 products shared with helper processes (fp8_workers): same values, and a safe fallback."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from stepper import fp8_workers, parallel
+from stepper.checkpoint import Checkpoint
+from stepper.fp8_matmul import Fp8Matrix, linear_fp8
+from stepper.model import KVCache, Transformer
+from stepper.presets import preset
+from stepper.synth import synth_checkpoint
+from stepper.trace import Emitter
+from stepper.weights import SyntheticWeights
+
+EXPERT = "model.layers.1.mlp.experts.3.down_proj.weight"
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return Checkpoint(synth_checkpoint(SyntheticWeights(preset("tiny"), 4), tmp_path_factory.mktemp("ckpt") / "tiny"))
+
+
+@pytest.fixture
+def shared(monkeypatch):
+    """Every product with a file behind it goes through the helpers (tiny's are below the size)."""
+    if parallel.cores() < 2:
+        pytest.skip("helpers need two cores")
+    monkeypatch.setattr(fp8_workers, "SHARE_WEIGHTS", 0)
+    monkeypatch.setattr(fp8_workers, "BANDS_PER_SIDE", 2)
+    fp8_workers.stop_helpers()
+    yield
+    fp8_workers.stop_helpers()
+
+
+def exact(x, w: Fp8Matrix):
+    return x.astype(np.float64) @ w.dense().astype(np.float64).T
+
+
+@pytest.mark.parametrize("tokens", [1, 5, 300])
+def test_shared_product_equals_the_dense_product(checkpoint, shared, tokens):
+    w = checkpoint.matrix(EXPERT)  # [320, 96]: three blocks of scale rows, so three bands
+    assert w.origin is not None and w.shape[0] > 2 * 128
+    x = np.random.default_rng(tokens).standard_normal((tokens, w.shape[1])).astype(np.float32)
+    y = linear_fp8(x, w)
+    helper = fp8_workers.helpers()[0]
+    assert not fp8_workers._broken and helper.bands_done >= 1 and helper.process.poll() is None
+    assert np.abs(y - exact(x, w)).max() <= 2e-6 * np.abs(exact(x, w)).max()
+
+
+def test_bands_cover_the_rows_in_whole_scale_blocks():
+    w = Fp8Matrix.of(np.zeros((1000, 256), np.uint8), np.ones((8, 2), np.float32))
+    for parts in (1, 2, 3, 6, 8, 20):
+        bands = fp8_workers.split_bands(w, parts)
+        assert bands[0].start == 0 and bands[-1].end == 1000 and len(bands) == min(parts, 8)
+        assert all(a.end == b.start and a.end % 128 == 0 for a, b in itertools.pairwise(bands))
+
+
+def test_a_layer_with_helpers_equals_the_layer_without(checkpoint, shared, monkeypatch):
+    cfg = checkpoint.config
+    hidden = np.random.default_rng(1).standard_normal((1, 6, cfg.hidden_size)).astype(np.float32)
+    model = Transformer(checkpoint)
+
+    def layer_output():
+        emit = Emitter()
+        return model.layer(1, hidden, model.rope(np.arange(6), emit), KVCache(cfg.num_hidden_layers), emit, "naive")
+
+    with_helpers = layer_output()
+    assert fp8_workers.helpers()[0].bands_done > 10
+    monkeypatch.setattr(fp8_workers, "SHARE_WEIGHTS", 1 << 40)
+    alone = layer_output()
+    assert np.abs(with_helpers - alone).max() <= 1e-5 * np.abs(alone).max()
+
+
+def test_a_helper_that_dies_leaves_the_products_here(checkpoint, shared):
+    w = checkpoint.matrix(EXPERT)
+    x = np.ones((2, w.shape[1]), np.float32)
+    linear_fp8(x, w)
+    helper = fp8_workers.helpers()[0]
+    helper.process.kill()
+    helper.process.wait()
+    y = linear_fp8(x, w)  # the helper is gone: noticed, and the product is done here
+    assert fp8_workers._broken
+    assert np.abs(y - exact(x, w)).max() <= 2e-6 * np.abs(exact(x, w)).max()
