@@ -28,7 +28,7 @@ SINGLE = "model.safetensors"
 SCALE = "_scale_inv"
 FLOAT_DTYPES = ("F32", "BF16", "F16")
 LARGE = 1 << 20  # tensors from this size on are tracked for release
-RESIDENT_BYTES = 1 << 30  # mapped bytes of large tensors kept before the oldest are released
+RESIDENT_BYTES = 3 << 28  # mapped bytes of large tensors kept before the oldest are released (768 MiB: per process, helpers too)
 
 
 class Checkpoint:

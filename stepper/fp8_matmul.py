@@ -32,6 +32,7 @@ from . import fp8
 
 F32 = np.float32
 Decoder = Callable[[np.ndarray, np.ndarray], None]  # (codes [rows, in], out float32 [rows, in])
+TALL_TILE_BYTES = 1 << 25  # float32 bytes of a tile of several scale blocks, for many tokens
 GEMM_COLUMNS = 8  # BLAS's fast multiple of tokens
 SIGN_EXPONENT_MANTISSA = np.int32(-0x78100000)  # 0x87F00000 as int32: bit 31 and bits 26..20
 REBIAS_EXPONENT = 120  # fp8.REBIAS = 2^120
@@ -86,7 +87,7 @@ def product(x: np.ndarray, w: Fp8Matrix, decode: Decoder) -> np.ndarray:
     from .fp8_workers import linear_bands  # (it imports this module)
 
     if decode is not decode_unbiased or not linear_bands(padded, w, k, y_t):  # large: shared with helpers
-        apply_tiles(padded, w, k, row_tiles(w), y_t, decode)
+        apply_tiles(padded, w, k, y_t, decode)
     y = np.ldexp(y_t[:, : tokens.shape[0]].T, REBIAS_EXPONENT - k)  # [N, out]
     return y.reshape(*x.shape[:-1], out_dim)
 
@@ -115,36 +116,38 @@ def input_rebias(tokens: np.ndarray, w: Fp8Matrix) -> int | None:
     return SCALED_INPUT_EXPONENT - math.frexp(largest)[1]
 
 
-def row_tiles(w: Fp8Matrix) -> list[tuple[int, int, int]]:
-    """(scale row, first row, end row) of each tile: one tile per block of scale rows.
+def row_tiles(w: Fp8Matrix, blocks: int = 1) -> list[tuple[int, int, int]]:
+    """(first scale row, first row, end row) of each tile: `blocks` blocks of scale rows each.
 
-    Smaller tiles (kept in L2) measured no faster on one core, and on two each NumPy call must
-    last long enough for the hand-over of the GIL between the threads not to dominate."""
+    Tiles smaller than a block (kept in L2) measured no faster on one core."""
     out_dim, block_rows = w.shape[0], w.block[0]
-    return [(r0 // block_rows, r0, min(r0 + block_rows, out_dim)) for r0 in range(0, out_dim, block_rows)]
+    rows = blocks * block_rows
+    return [(r0 // block_rows, r0, min(r0 + rows, out_dim)) for r0 in range(0, out_dim, rows)]
 
 
-def apply_tiles(tokens: np.ndarray, w: Fp8Matrix, k: int, tiles: list[tuple[int, int, int]], y_t: np.ndarray,
-                decode: Decoder | None = None) -> None:
+def apply_tiles(tokens: np.ndarray, w: Fp8Matrix, k: int, y_t: np.ndarray, decode: Decoder | None = None) -> None:
     """Decode and multiply each tile into its rows of y_t [out, N] (times 2^(k - 120)), one buffer reused.
 
-    The scales go onto the inputs, once per scale row; with more tokens than a tile has rows
-    they go onto each tile instead (one pass over it), and the inputs are scaled once."""
+    With fewer tokens than a scale block has rows, a tile is one block and its scales go onto the
+    inputs. With more, they go onto the tiles (one pass over each), the inputs are scaled once,
+    and a tile is several blocks high: BLAS repacks the inputs for every product, so taller tiles
+    run faster (measured on [rows, 7168] x 256 tokens: 66 GFLOP/s for 128 rows, 89 for 1024)."""
     decode = decode or decode_unbiased
-    height = max((end - start for _, start, end in tiles), default=0)
-    buffer = np.empty((height, w.shape[1]), dtype=F32)
-    scale_tiles = tokens.shape[0] > height
+    block_rows, in_dim = w.block[0], w.shape[1]
+    scale_tiles = tokens.shape[0] > block_rows
+    tiles = row_tiles(w, max(1, TALL_TILE_BYTES // (4 * in_dim * block_rows)) if scale_tiles else 1)
+    buffer = np.empty((max((end - start for _, start, end in tiles), default=0), in_dim), dtype=F32)
     if scale_tiles:
         c = SCALED_INPUT_EXPONENT - math.frexp(float(np.abs(w.scale_inv).max(initial=0)))[1]
         inputs = np.ldexp(tokens, k - c).T  # [in, N]: with the tiles' 2^c, still 2^k in all
-    scale_row = -1
     for r, start, end in tiles:
         tile = buffer[: end - start]
         decode(w.codes[start:end], tile)
         if scale_tiles:
-            np.multiply(tile, scale_vector(w, r, c), out=tile)
-        elif r != scale_row:
-            scale_row, inputs = r, (tokens * scale_vector(w, r, k)).T  # [in, N]
+            for b, b0 in enumerate(range(0, end - start, block_rows)):
+                np.multiply(tile[b0 : b0 + block_rows], scale_vector(w, r + b, c), out=tile[b0 : b0 + block_rows])
+        else:
+            inputs = (tokens * scale_vector(w, r, k)).T  # [in, N]
         np.matmul(tile, inputs, out=y_t[start:end])
 
 

@@ -2,9 +2,9 @@
 
 Decoding a tile is a handful of short NumPy calls, and each call hands the GIL over: two threads
 sharing the tiles measured only about 1.2x as fast as one on a decode step, two processes 2x.
-So a large FP8 product is cut into bands of whole scale blocks: this process multiplies the
-first band while each helper process multiplies one of the others, then the helpers' rows are
-copied into the result.
+So a large FP8 product is cut into bands of whole scale blocks, taken by this process from the
+front and by the helpers from the back, a helper getting the next band whenever it is done;
+the helpers' rows are copied into the result.
 
 A helper reads the codes from the checkpoint file itself (mapped once per file), so only
 weights read from a file are shared out; the inputs and the helper's rows of the result go
@@ -29,7 +29,7 @@ import numpy as np
 
 from . import parallel
 from .checkpoint import RESIDENT_BYTES
-from .fp8_matmul import Fp8Matrix, apply_tiles, row_tiles
+from .fp8_matmul import Fp8Matrix, apply_tiles
 
 F32 = np.float32
 SHARE_WEIGHTS = 1 << 22  # a product with fewer weights stays in this process: messages would cost more
@@ -38,7 +38,7 @@ BANDS_PER_SIDE = 3  # bands per process and product: enough to even out a slower
 
 @dataclass(frozen=True)
 class Band:
-    """One helper's part of a product: rows [start, end) of the weight, in whole scale blocks."""
+    """A part of a product: rows [start, end) of the weight, in whole scale blocks."""
 
     start: int
     end: int
@@ -152,7 +152,7 @@ def linear_bands(tokens: np.ndarray, w: Fp8Matrix, k: int, y_t: np.ndarray) -> b
         while pending:
             band = pending.popleft()
             mine = band_matrix(w, band)
-            apply_tiles(tokens, mine, k, row_tiles(mine), y_t[band.start : band.end])
+            apply_tiles(tokens, mine, k, y_t[band.start : band.end])
             for helper in workers:
                 if pending and helper.band is not None and helper.done():
                     helper.finish_into(y_t)
@@ -222,7 +222,7 @@ def multiply_band(scratch, files, resident, origin: tuple[str, int], band: Band,
     start = offset + band.start * in_dim
     codes = np.frombuffer(files[key], np.uint8, rows * in_dim, start).reshape(rows, in_dim)
     w = Fp8Matrix(codes, scales, block)
-    apply_tiles(tokens, w, k, row_tiles(w), y_band)
+    apply_tiles(tokens, w, k, y_band)
     keep_resident(resident, files[key], start, rows * in_dim)
 
 

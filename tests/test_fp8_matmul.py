@@ -78,9 +78,10 @@ def test_nan_codes_give_nan_in_their_rows_only():
         assert np.isnan(y[:, [7, 260]]).all()
 
 
-def test_tiles_are_the_blocks_of_scale_rows():
+def test_tiles_are_whole_blocks_of_scale_rows():
     w = Fp8Matrix.of(np.zeros((1000, 7168), np.uint8), np.ones((8, 56), np.float32))
     assert row_tiles(w) == [(r, 128 * r, min(128 * r + 128, 1000)) for r in range(8)]
+    assert row_tiles(w, 3) == [(0, 0, 384), (3, 384, 768), (6, 768, 1000)]
 
 
 def test_split_runs_every_share_once_on_several_threads():
