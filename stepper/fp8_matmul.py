@@ -88,8 +88,8 @@ def product(x: np.ndarray, w: Fp8Matrix, decode: Decoder) -> np.ndarray:
 
     if decode is not decode_unbiased or not linear_bands(padded, w, k, y_t):  # large: shared with helpers
         apply_tiles(padded, w, k, y_t, decode)
-    y = np.ldexp(y_t[:, : tokens.shape[0]].T, REBIAS_EXPONENT - k)  # [N, out]
-    return y.reshape(*x.shape[:-1], out_dim)
+    np.ldexp(y_t, REBIAS_EXPONENT - k, out=y_t)  # in place, while it is contiguous
+    return y_t[:, : tokens.shape[0]].T.reshape(*x.shape[:-1], out_dim)  # [..., out]
 
 
 def padded_to_columns(tokens: np.ndarray) -> np.ndarray:
