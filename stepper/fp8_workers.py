@@ -15,6 +15,7 @@ start or stops answering is dropped, and the products run here, as before.
 
 from __future__ import annotations
 
+import atexit
 import mmap
 import os
 import subprocess
@@ -114,7 +115,8 @@ def scratch_dir() -> str | None:
 
 @cache
 def helpers() -> list[Helper]:
-    """One helper per core beyond this one; none on one core."""
+    """One helper per core beyond this one; none on one core. They are ended at exit."""
+    atexit.register(stop_helpers)
     return [Helper() for _ in range(parallel.cores() - 1)]
 
 
@@ -127,7 +129,10 @@ def stop_helpers() -> None:
     if helpers.cache_info().currsize:
         for helper in helpers():
             helper.conn.close()
-            helper.process.wait(timeout=10)
+            try:
+                helper.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:  # stuck in a band: it would end at its next message
+                helper.process.kill()
     helpers.cache_clear()
     _broken = False
 

@@ -1,14 +1,12 @@
-"""Work shared by this machine's cores: stepper's own split of a product's rows, BLAS on one thread.
+"""Work shared by this machine's cores: threads for big float32 products, BLAS on one thread.
 
-The FP8 product is mostly NumPy element-wise passes (decoding codes) between short BLAS calls.
-OpenBLAS, left to its own threads, spins a helper thread on the second core after every call,
-which then fights the decoding that follows; one BLAS thread per worker and stepper's own split
-of the rows across the cores measured faster. `single_threaded_blas()` is called by the
-command line (and the benchmarks) so the whole process works that way; as a library, stepper
-leaves BLAS as it finds it unless asked.
-
-Each worker takes a contiguous share of the items; NumPy releases the GIL inside each pass and
-each BLAS call, so the shares run side by side.
+A big float32 product (a weight the weight cache holds decoded) is one long BLAS call per share
+of rows, so threads run the shares side by side (NumPy releases the GIL inside the call). FP8
+products are different: many short NumPy calls per tile, so they are shared with helper
+processes instead (`fp8_workers`). OpenBLAS, left to its own threads, spins a thread on the
+other core after every call, which then fights the work that follows; `single_threaded_blas()`
+is called by the command line (and the benchmarks) so the whole process works with stepper's
+own splits; as a library, stepper leaves BLAS as it finds it unless asked.
 """
 
 from __future__ import annotations
