@@ -28,7 +28,6 @@ def shared(monkeypatch):
     if parallel.cores() < 2:
         pytest.skip("helpers need two cores")
     monkeypatch.setattr(fp8_workers, "SHARE_WEIGHTS", 0)
-    monkeypatch.setattr(fp8_workers, "BANDS_PER_SIDE", 2)
     fp8_workers.stop_helpers()
     yield
     fp8_workers.stop_helpers()
@@ -40,7 +39,7 @@ def exact(x, w: Fp8Matrix):
 
 @pytest.mark.parametrize("tokens", [1, 5, 300])
 def test_shared_product_equals_the_dense_product(checkpoint, shared, tokens):
-    w = checkpoint.matrix(EXPERT)  # [320, 96]: three blocks of scale rows, so three bands
+    w = checkpoint.matrix(EXPERT)  # [320, 96]: three blocks of scale rows, bands of 1 and 2
     assert w.origin is not None and w.shape[0] > 2 * 128
     x = np.random.default_rng(tokens).standard_normal((tokens, w.shape[1])).astype(np.float32)
     y = linear_fp8(x, w)
