@@ -187,7 +187,7 @@ def load_layer(layer, source, shapes: dict[str, tuple[int, ...]], cfg: Config) -
     experts = {}
     for name in shapes:
         short = name.split(".", 3)[3]
-        value = torch.from_numpy(np.ascontiguousarray(source.get(name)))
+        value = torch.from_numpy(np.array(source.get(name)))  # a writable copy of the mapped bytes
         if ".experts." in short:
             _, _, e, proj, _ = short.split(".")
             experts.setdefault(int(e), {})[proj] = value
