@@ -7,7 +7,7 @@ for each helper, and the helpers' rows are copied into the result.
 
 A helper reads the codes from the checkpoint file itself (mapped once per file), so only
 weights read from a file are shared out; the inputs and the helper's rows of the result go
-through scratch memory both processes map. (Codes that live only in this process, synthetic
+through scratch memory both processes map (an anonymous memory file, passed over the pipe). (Codes that live only in this process, synthetic
 weights, stay here: copying them over measured slower than decoding them.) A helper that cannot
 start or stops answering is dropped, and the products run here, as before.
 """
@@ -25,6 +25,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, replace
 from functools import cache
 from multiprocessing.connection import Connection, Pipe
+from multiprocessing.reduction import recv_handle, send_handle
 
 import numpy as np
 
@@ -92,21 +93,33 @@ class Helper:
         self.bands_done += 1
 
     def _ensure_scratch(self, need: int) -> None:
+        """Scratch memory of at least `need` bytes, shared with the helper by passing its file
+        descriptor over the pipe: an anonymous memory file (memfd), so nothing is left behind
+        and no size limit of /dev/shm applies (a write past that limit would kill the process)."""
         if self.scratch is not None and len(self.scratch) >= need:
             return
         size = max(need, 2 * len(self.scratch) if self.scratch is not None else 1 << 24)
-        fd, path = tempfile.mkstemp(prefix="stepper-scratch-", dir=scratch_dir())
+        fd = anonymous_file()
         try:
             os.ftruncate(fd, size)
             scratch = mmap.mmap(fd, size)
-            self.conn.send(("scratch", path, size))
+            self.conn.send(("scratch", size))
+            send_handle(self.conn, fd, self.process.pid)
             status, detail = self.conn.recv()
             if status != "ok":
                 raise RuntimeError(f"FP8 helper process could not map its scratch memory: {detail}")
         finally:
-            os.close(fd)
-            os.unlink(path)  # both processes have it mapped: the memory lives until both let go
+            os.close(fd)  # both processes have it mapped: the memory lives until both let go
         self.scratch = scratch
+
+
+def anonymous_file() -> int:
+    """A file descriptor of a file with no name: a memfd (Linux), else an unlinked temporary file."""
+    if hasattr(os, "memfd_create"):
+        return os.memfd_create("stepper-scratch")
+    fd, path = tempfile.mkstemp(prefix="stepper-scratch-")
+    os.unlink(path)
+    return fd
 
 
 def receive(conn: Connection):
@@ -117,10 +130,6 @@ def receive(conn: Connection):
     while not conn.poll() and time.perf_counter() < deadline:
         pass
     return conn.recv()
-
-
-def scratch_dir() -> str | None:
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
 
 @cache
@@ -205,9 +214,9 @@ def serve(conn: Connection) -> None:
             return
         try:
             if message[0] == "scratch":
-                _, path, size = message
-                with open(path, "r+b") as f:
-                    scratch = mmap.mmap(f.fileno(), size)
+                fd = recv_handle(conn)
+                scratch = mmap.mmap(fd, message[1])
+                os.close(fd)
             else:
                 multiply_band(scratch, files, resident, *message[1:])
             conn.send(("ok", None))

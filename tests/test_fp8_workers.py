@@ -82,3 +82,11 @@ def test_a_helper_that_dies_leaves_the_products_here(checkpoint, shared):
     y = linear_fp8(x, w)  # the helper is gone: noticed, and the product is done here
     assert fp8_workers._broken
     assert np.abs(y - exact(x, w)).max() <= 2e-6 * np.abs(exact(x, w)).max()
+
+
+def test_scratch_grows_for_long_inputs(checkpoint, shared):
+    w = checkpoint.matrix(EXPERT)
+    x = np.random.default_rng(5).standard_normal((50_000, w.shape[1])).astype(np.float32)  # 19 MB of inputs
+    y = linear_fp8(x, w)
+    assert len(fp8_workers.helpers()[0].scratch) >= x.nbytes > 1 << 24  # grown past its first 16 MiB
+    assert np.abs(y - exact(x, w)).max() <= 2e-6 * np.abs(exact(x, w)).max()
