@@ -358,7 +358,12 @@ def bench_command(
     torch: Annotated[bool, typer.Option("--torch/--no-torch", help="Also compare with transformers' DeepseekV3 on a 16-expert layer (needs the crosscheck extra).")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="The figures as JSON on stdout.")] = False,
 ) -> None:
-    """Measure full-size Kimi K2 layers (decode, prefill, peak memory) and the machine's ceilings."""
+    """Measure full-size Kimi K2 layers (decode, prefill, peak memory) and the machine's ceilings.
+
+    The first run writes about 20 GB of synthetic checkpoints into the work directory (several
+    minutes); later runs reuse them and take about 4 minutes. The layer figures assume the page
+    cache holds the checkpoint being read (24 GB of RAM is enough for the 17 GB MoE layer); a
+    cold cache makes the first repetitions slower, and the figures say so."""
     from . import bench
 
     with user_errors():
