@@ -75,7 +75,7 @@ def median_time(fn, repeat: int) -> float:
 
 def peak_rss_mb() -> float:
     """This process's peak resident memory plus that of its FP8 helper processes (Linux)."""
-    helpers = sum(helper_peak_kb(h.process.pid) for h in fp8_workers.helpers()) if fp8_workers.helpers.cache_info().currsize else 0
+    helpers = sum(helper_peak_kb(pid) for pid in fp8_workers.helper_pids())
     return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss + helpers) / 1024
 
 

@@ -74,11 +74,11 @@ class Checkpoint:
 
     def stored(self, name: str) -> Stored:
         self._keep_resident(name)
-        info, array = self._tensor(name)
+        shard = self.shard_of(name)
+        info, array = shard.info(name), shard.get(name)
         if info.dtype != "F8_E4M3":
             return Stored(info.dtype, array)
         _, scale = self._tensor(name + SCALE)
-        shard = self.shard_of(name)
         return Stored(info.dtype, array, scale, self.block, (str(shard.path), shard.data_range(name)[0]))
 
     @property

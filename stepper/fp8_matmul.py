@@ -108,7 +108,7 @@ def padded_to_columns(tokens: np.ndarray) -> np.ndarray:
 
 def input_rebias(tokens: np.ndarray, w: Fp8Matrix) -> int | None:
     """k making the largest |x * s * 2^k| about 2^64; None if there is no safe k."""
-    x_max = float(np.abs(tokens).max(initial=0))
+    x_max = max(float(tokens.max(initial=0)), -float(tokens.min(initial=0)))  # |x| without an |x| array
     s_max = float(np.abs(w.scale_inv).max(initial=0))
     largest = x_max * s_max
     if not (math.isfinite(largest) and x_max >= SMALLEST_INPUT and s_max > 0):

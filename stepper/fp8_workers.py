@@ -7,9 +7,10 @@ for each helper, and the helpers' rows are copied into the result.
 
 A helper reads the codes from the checkpoint file itself (mapped once per file), so only
 weights read from a file are shared out; the inputs and the helper's rows of the result go
-through scratch memory both processes map (an anonymous memory file, passed over the pipe). (Codes that live only in this process, synthetic
-weights, stay here: copying them over measured slower than decoding them.) A helper that cannot
-start or stops answering is dropped, and the products run here, as before.
+through scratch memory both processes map (an anonymous memory file, passed over the pipe).
+(Codes that live only in this process, synthetic weights, stay here: copying them over measured
+slower than decoding them.) A helper that cannot start or stops answering is dropped, and the
+products run here, as before.
 """
 
 from __future__ import annotations
@@ -73,13 +74,9 @@ class Helper:
 
     def start(self, w: Fp8Matrix, k: int, band: Band, n: int) -> None:
         """Send a band of the product whose inputs were sent; the helper starts at once."""
-        block_rows = w.block[0]
-        scales = w.scale_inv[band.start // block_rows : -(-band.end // block_rows)]
+        scales = band_matrix(w, band).scale_inv
         self.conn.send(("band", w.origin, band, w.shape, scales, w.block, k, n))
         self.band = band
-
-    def done(self) -> bool:
-        return self.conn.poll()
 
     def finish_into(self, y_t: np.ndarray) -> None:
         """Wait for the band and copy its rows into y_t [out, N]."""
@@ -137,6 +134,11 @@ def helpers() -> list[Helper]:
     """One helper per core beyond this one; none on one core. They are ended at exit."""
     atexit.register(stop_helpers)
     return [Helper() for _ in range(parallel.cores() - 1)]
+
+
+def helper_pids() -> list[int]:
+    """Process ids of the helpers started so far (none before the first shared product)."""
+    return [helper.process.pid for helper in helpers()] if helpers.cache_info().currsize else []
 
 
 _broken = False
@@ -257,6 +259,7 @@ def keep_resident(resident: OrderedDict, view: mmap.mmap, start: int, length: in
         first = old_start - old_start % mmap.PAGESIZE
         if hasattr(old_view, "madvise"):
             old_view.madvise(mmap.MADV_DONTNEED, first, old_start + old_length - first)
+
 
 if __name__ == "__main__":
     serve(Connection(int(sys.argv[1])))
