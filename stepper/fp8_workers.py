@@ -32,7 +32,7 @@ import numpy as np
 
 from . import parallel
 from .checkpoint import RESIDENT_BYTES
-from .fp8_matmul import Fp8Matrix, apply_tiles
+from .fp8_matmul import Fp8Matrix, apply_tiles, many_tokens, result_arrays
 
 F32 = np.float32
 SHARE_WEIGHTS = 1 << 22  # a product with fewer weights stays in this process: messages would cost more
@@ -78,14 +78,15 @@ class Helper:
         self.conn.send(("band", w.origin, band, w.shape, scales, w.block, k, n))
         self.band = band
 
-    def finish_into(self, y_t: np.ndarray) -> None:
-        """Wait for the band and copy its rows into y_t [out, N]."""
+    def finish_into(self, w: Fp8Matrix, rows: np.ndarray) -> None:
+        """Wait for the band and copy its rows into the product's rows [out, N]."""
         status, detail = receive(self.conn)
         if status != "ok":
             raise RuntimeError(f"FP8 helper process failed: {detail}")
-        band, n = self.band, y_t.shape[1]
-        rows = band.end - band.start
-        y_t[band.start : band.end] = np.frombuffer(self.scratch, F32, rows * n, self.inputs_bytes).reshape(rows, n)
+        band, n = self.band, rows.shape[1]
+        height = band.end - band.start
+        flat = np.frombuffer(self.scratch, F32, height * n, self.inputs_bytes)
+        rows[band.start : band.end] = result_arrays(height, n, many_tokens(n, w), flat)[1]
         self.band = None
         self.bands_done += 1
 
@@ -158,8 +159,8 @@ def stop_helpers() -> None:
     _broken = False
 
 
-def linear_bands(tokens: np.ndarray, w: Fp8Matrix, k: int, y_t: np.ndarray) -> bool:
-    """y_t [out, N] = the product's rows, one band for this process and one for each helper.
+def linear_bands(tokens: np.ndarray, w: Fp8Matrix, k: int, rows: np.ndarray) -> bool:
+    """rows [out, N] = the product's rows, one band for this process and one for each helper.
 
     (Smaller bands handed out as each side finished measured slower: 0.68 s against 0.59 s for
     48 expert products of 16 tokens.) False (nothing done) when the product is small, its codes
@@ -173,9 +174,9 @@ def linear_bands(tokens: np.ndarray, w: Fp8Matrix, k: int, y_t: np.ndarray) -> b
         for helper, band in zip(workers, theirs):
             helper.send_inputs(tokens, band.end - band.start)
             helper.start(w, k, band, tokens.shape[0])
-        apply_tiles(tokens, band_matrix(w, mine), k, y_t[mine.start : mine.end])
+        apply_tiles(tokens, band_matrix(w, mine), k, rows[mine.start : mine.end])
         for helper, _ in zip(workers, theirs):
-            helper.finish_into(y_t)
+            helper.finish_into(w, rows)
     except (OSError, EOFError, RuntimeError):  # a helper died or could not start: run here from now on
         _broken = True
         return False
@@ -198,7 +199,8 @@ def band_matrix(w: Fp8Matrix, band: Band) -> Fp8Matrix:
     """The weight's rows [start, end) with their scale rows, as a matrix of its own."""
     block_rows = w.block[0]
     scales = w.scale_inv[band.start // block_rows : -(-band.end // block_rows)]
-    return replace(w, codes=w.codes[band.start : band.end], scale_inv=scales, origin=None)
+    origin = None if w.origin is None else (w.origin[0], w.origin[1] + band.start * w.shape[1])
+    return replace(w, codes=w.codes[band.start : band.end], scale_inv=scales, origin=origin)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -230,15 +232,15 @@ def multiply_band(scratch, files, resident, origin: tuple[str, int], band: Band,
     """Rows [start, end) of the product into the scratch, after the inputs there.  [N, in] -> [rows, N]"""
     (path, offset), rows, in_dim = origin, band.end - band.start, shape[1]
     tokens = np.frombuffer(scratch, F32, n * in_dim).reshape(n, in_dim)
-    y_band = np.frombuffer(scratch, F32, rows * n, n * in_dim * 4).reshape(rows, n)
+    flat = np.frombuffer(scratch, F32, rows * n, n * in_dim * 4)
     identity = os.stat(path)  # the same file, not one written since under the same name
     key = (path, identity.st_ino, identity.st_size, identity.st_mtime_ns)
     if key not in files:
         files[key] = mapped(path)
     start = offset + band.start * in_dim
     codes = np.frombuffer(files[key], np.uint8, rows * in_dim, start).reshape(rows, in_dim)
-    w = Fp8Matrix(codes, scales, block)
-    apply_tiles(tokens, w, k, y_band)
+    w = Fp8Matrix(codes, scales, block, origin=(path, start))
+    apply_tiles(tokens, w, k, result_arrays(rows, n, many_tokens(n, w), flat)[1])
     keep_resident(resident, files[key], start, rows * in_dim)
 
 

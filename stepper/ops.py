@@ -11,7 +11,7 @@ import numpy as np
 
 from . import parallel
 from .config import Yarn
-from .fp8_matmul import Fp8Matrix, linear_fp8
+from .fp8_matmul import Fp8Matrix, decoded, linear_fp8
 
 F32 = np.float32
 SPLIT_WEIGHTS = 1 << 20  # a float32 weight of this many values or more is shared out by rows
@@ -34,6 +34,12 @@ def linear(x: np.ndarray, weight: np.ndarray | Fp8Matrix) -> np.ndarray:
     if weight.size < SPLIT_WEIGHTS:
         return np.matmul(x, weight.T)
     return linear_by_rows(x, weight)
+
+
+def dense(weight: np.ndarray | Fp8Matrix) -> np.ndarray:
+    """A weight as float32 [out, in]: an FP8 one decoded a block of rows at a time (the same bits
+    as fp8.dequantize, a few times faster)."""
+    return decoded(weight) if isinstance(weight, Fp8Matrix) else weight
 
 
 def linear_by_rows(x: np.ndarray, weight: np.ndarray) -> np.ndarray:

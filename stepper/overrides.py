@@ -11,11 +11,12 @@ name. On exit stepper's own functions are put back, whatever happened.
 `stepper.model.layer`; tests/test_lessons.py checks that every module of the interpreter holding
 one of these functions is in the table.
 
-`DETOURS` covers the one place where the interpreter does not call an exercise function at all:
-its FP8 matrix product decodes weight tiles with its own fused bit trick instead of calling
-`fp8.decode` / `fp8.dequantize`. While a learner's `decode` or `dequantize` is in use, that product
-is replaced by one that calls `fp8.dequantize` on the same tiles, in the same order, so the rest of
-the run continues on the learner's output (and, with stepper's own functions, gives the same bits).
+`DETOURS` covers the places where the interpreter does not call an exercise function at all: its
+FP8 matrix product and its fast decoding of a whole weight use their own bit trick instead of
+calling `fp8.decode` / `fp8.dequantize`. While a learner's `decode` or `dequantize` is in use, the
+product is replaced by one that calls `fp8.dequantize` on the same tiles, in the same order, and
+the whole-weight decoding by `fp8.dequantize` itself, so the rest of the run continues on the
+learner's output (and, with stepper's own functions, gives the same bits).
 """
 
 from __future__ import annotations
@@ -66,6 +67,8 @@ HOME: dict[str, str] = {name: module for module, name in reversed(LOOKUPS)}  # n
 DETOURS: tuple[tuple[tuple[str, ...], tuple[str, str], str], ...] = (
     (("decode", "dequantize"), ("stepper.fp8_matmul", "linear_fp8"), "linear_fp8_via_dequantize"),
     (("decode", "dequantize"), ("stepper.ops", "linear_fp8"), "linear_fp8_via_dequantize"),
+    (("decode", "dequantize"), ("stepper.fp8_matmul", "decoded"), "decoded_via_dequantize"),
+    (("decode", "dequantize"), ("stepper.ops", "decoded"), "decoded_via_dequantize"),
 )
 
 
@@ -255,3 +258,8 @@ def linear_fp8_via_dequantize(x: np.ndarray, w) -> np.ndarray:
         out[...] = fp8.dequantize(codes, unbias, w.block, name=w.name)
 
     return fp8_matmul.product(x, w, decode)
+
+
+def decoded_via_dequantize(w) -> np.ndarray:
+    """An FP8 weight as float32 through `fp8.dequantize`, whichever function that name holds now."""
+    return w.dense()

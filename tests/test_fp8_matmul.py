@@ -7,7 +7,16 @@ import numpy as np
 import pytest
 
 from stepper import fp8, ops, parallel
-from stepper.fp8_matmul import Fp8Matrix, decode_unbiased, input_rebias, linear_fp8, row_tiles
+from stepper.fp8_matmul import (
+    Fp8Matrix,
+    decode_unbiased,
+    decoded,
+    has_nan_codes,
+    input_rebias,
+    linear_fp8,
+    row_tiles,
+    times_power_of_two,
+)
 
 
 def test_decoded_tile_is_every_code_times_two_to_the_minus_120_exactly():
@@ -139,3 +148,52 @@ def test_batches_are_padded_with_zero_rows_to_a_multiple_of_8():
     assert padded.shape == (8, 3) and np.array_equal(padded[:5], x) and not padded[5:].any()
     assert padded_to_columns(x[:1]).shape == (1, 3)
     assert padded_to_columns(np.ones((16, 3), np.float32)).shape == (16, 3)
+
+
+@pytest.mark.parametrize("scale", [1e-3, 2.0**-140, 100.0, 2.0**10, np.inf])  # subnormal; s * 2^120 overflows
+def test_decoded_equals_dequantize_bit_for_bit(scale):
+    rng = np.random.default_rng(5)
+    codes = rng.integers(0, 256, (300, 200), dtype=np.uint8)
+    codes[0, :256 - 56] = np.arange(200)  # and every code, NaNs among them, at least once:
+    codes[1, :56] = np.arange(200, 256)
+    scale_inv = (rng.uniform(0.5, 2, (3, 2)) * scale).astype(np.float32)
+    w = Fp8Matrix.of(codes, scale_inv)
+    with np.errstate(over="ignore", invalid="ignore"):
+        expected = fp8.dequantize(codes, scale_inv)
+        got = decoded(w)
+    assert got.dtype == np.float32 and got.flags.c_contiguous
+    nan = np.isnan(expected)
+    assert np.array_equal(np.isnan(got), nan)
+    assert np.array_equal(got[~nan].view(np.int32), expected[~nan].view(np.int32))
+    assert np.isnan(got[0, 0x7F]) and np.isnan(got[1, 0xFF - 200])
+
+
+def test_times_a_power_of_two_rounds_as_ldexp():
+    rng = np.random.default_rng(6)
+    a = (rng.standard_normal(20000) * np.exp2(rng.integers(-149, 126, 20000))).astype(np.float32)
+    for e in (-160, -127, -126, -100, -20, 0, 20, 127, 130):
+        with np.errstate(over="ignore", under="ignore"):
+            assert np.array_equal(times_power_of_two(a, e), np.ldexp(a, e)), e
+
+
+def test_wide_products_come_back_contiguous_and_narrow_ones_as_before():
+    codes, scale_inv = fp8.quantize(np.random.default_rng(7).standard_normal((256, 384)).astype(np.float32))
+    w = Fp8Matrix.of(codes, scale_inv)
+    for tokens in (1, 12, 200):
+        x = np.random.default_rng(tokens).standard_normal((1, tokens, 384)).astype(np.float32)
+        y = linear_fp8(x, w)
+        exact = x.astype(np.float64) @ w.dense().astype(np.float64).T
+        assert y.shape == (1, tokens, 256) and np.abs(y - exact).max() <= 2e-6 * np.abs(exact).max()
+        if tokens > 128:
+            assert y.flags.c_contiguous
+
+
+def test_the_nan_check_is_remembered_per_file_range():
+    codes, scale_inv = fp8.quantize(np.full((256, 128), 0.5, np.float32))
+    clean = Fp8Matrix.of(codes, scale_inv, origin=("weights.safetensors", 4096))
+    poisoned = codes.view(np.uint8).copy()
+    poisoned[200, 7] = 0xFF
+    assert not has_nan_codes(clean)
+    assert not has_nan_codes(Fp8Matrix.of(poisoned, scale_inv, origin=("weights.safetensors", 4096)))  # remembered
+    assert has_nan_codes(Fp8Matrix.of(poisoned, scale_inv, origin=("weights.safetensors", 8192)))  # another range
+    assert has_nan_codes(Fp8Matrix.of(poisoned, scale_inv))  # codes from no file: checked every time
