@@ -199,3 +199,17 @@ def test_weight_cache_changes_speed_not_values():
         assert np.array_equal(np.isfinite(cached[name]), finite), name
         assert rel_err(cached[name][finite], array[finite]) < 1e-5 if array.dtype.kind == "f" else True, name
     assert cached_source.hits > 0 and cached_source.bytes <= 64 * 2**20
+
+
+@pytest.mark.parametrize("attn", ["naive", "absorb"])
+def test_heads_run_in_groups_side_by_side_equal_the_heads_at_once(attn, monkeypatch):
+    from stepper import parallel
+    from stepper.model import attention
+
+    monkeypatch.setattr(parallel, "cores", lambda: 2)  # groups run on two threads even on one core
+    whole = run_tensors(prompt_len=12, attn=attn)
+    monkeypatch.setattr(attention, "GROUP_SCORES", 12 * 12 * 2)  # two heads per group
+    grouped = run_tensors(prompt_len=12, attn=attn)
+    assert whole.keys() == grouped.keys()
+    for key in ("layers.0.self_attn.attn_scores", "layers.0.self_attn.attn_weights", "layers.1.output", "logits"):
+        assert np.array_equal(whole[key], grouped[key]), key

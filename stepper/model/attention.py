@@ -22,10 +22,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import parallel
 from ..config import Config
 from ..ops import apply_rope, causal_mask, dense, linear, rms_norm, softmax
 from ..trace import Emitter
 from .layer_weights import LayerWeights
+
+GROUP_SCORES = 1 << 20  # attention scores per group of heads run side by side (4 MB in float32)
 
 
 @dataclass(frozen=True)
@@ -101,9 +104,8 @@ def naive(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache: LayerCache, em
     keys, values = cache.extend_heads(keys, values)  # [B, H, S, P+R], [B, H, S, V]
     emit("self_attn.key_states", keys)
     emit("self_attn.value_states", values)
-    scores = np.matmul(query, keys.swapaxes(-1, -2))  # [B, H, T, S]
-    weights = attention_weights(scores, rope.softmax_scale, emit)
-    return np.matmul(weights, values)
+    return attend(lambda h: np.matmul(query[:, h], keys[:, h].swapaxes(-1, -2)),  # [B, h, T, S]
+                  lambda h, weights: np.matmul(weights, values[:, h]), query.shape, rope.softmax_scale, emit)
 
 
 def absorbed(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache: LayerCache, emit: Emitter) -> np.ndarray:
@@ -115,9 +117,9 @@ def absorbed(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache: LayerCache,
     latents, k_pes = cache.extend_latent(compressed_kv, k_pe)  # [B, S, C], [B, 1, S, R]
 
     latents = latents[:, None]  # [B, 1, S, C], shared by every head
-    scores = np.matmul(q_latent, latents.swapaxes(-1, -2)) + np.matmul(q_pe, k_pes.swapaxes(-1, -2))  # [B, H, T, S]
-    weights = attention_weights(scores, rope.softmax_scale, emit)
-    out_latent = np.matmul(weights, latents)  # [B, H, T, C]
+    out_latent = attend(  # [B, H, T, C]
+        lambda h: np.matmul(q_latent[:, h], latents.swapaxes(-1, -2)) + np.matmul(q_pe[:, h], k_pes.swapaxes(-1, -2)),
+        lambda h, weights: np.matmul(weights, latents), q_latent.shape, rope.softmax_scale, emit)
     emit("self_attn.attn_output_latent", out_latent)
     return np.matmul(out_latent, w_uv.swapaxes(-1, -2))  # [B, H, T, V]
 
@@ -181,15 +183,46 @@ def up_project(compressed_kv: np.ndarray, w: LayerWeights, cfg: Config, emit: Em
     return k_nope, values
 
 
+def attend(scores_of, weigh_values, shape: tuple[int, ...], scale: float, emit: Emitter) -> np.ndarray:
+    """Attention weights from the scores of heads h, scores_of(h) [B, h, T, S], then the values
+    weighed by them, weigh_values(h, weights) [B, h, T, V]; query `shape` [B, H, T, *].
+
+    Large attention (a prefill) runs in groups of heads, side by side on the cores: BLAS and
+    NumPy's loops let go of the GIL, so threads share the work (64 heads, 512 tokens: 0.27 s at
+    once, 0.19 s in groups on two cores)."""
+    B, H, T, _ = shape
+    per_group = max(1, GROUP_SCORES // max(1, B * T * T))  # heads per group (S >= T)
+    groups = [slice(h, min(h + per_group, H)) for h in range(0, H, per_group)]
+    if len(groups) == 1 or parallel.cores() == 1:
+        return weigh_values(slice(None), attention_weights(scores_of(slice(None)), scale, emit))
+    done = {}
+
+    def run(share: list[slice]) -> None:
+        for h in share:
+            scores, weights = masked_softmax(scores_of(h), scale)
+            done[h.start] = scores, weights, weigh_values(h, weights)
+
+    parallel.split(groups, run)
+    scores, weights, out = (np.concatenate([done[h.start][i] for h in groups], axis=1) for i in range(3))
+    emit("self_attn.attn_scores", scores)
+    emit("self_attn.attn_weights", weights)
+    return out
+
+
 def attention_weights(scores: np.ndarray, scale: float, emit: Emitter) -> np.ndarray:
     """Scale, mask the future, softmax over the attended positions.  [B, H, T, S] -> same."""
+    scores, weights = masked_softmax(scores, scale)
+    emit("self_attn.attn_scores", scores)
+    emit("self_attn.attn_weights", weights)
+    return weights
+
+
+def masked_softmax(scores: np.ndarray, scale: float) -> tuple[np.ndarray, np.ndarray]:
+    """The scaled scores with the future masked, and their softmax.  [B, H, T, S] -> both"""
     T, S = scores.shape[-2:]
     scores = scores * np.float32(scale)
     np.copyto(scores, np.float32(-np.inf), where=~causal_mask(T, S))
-    emit("self_attn.attn_scores", scores)
-    weights = softmax(scores)
-    emit("self_attn.attn_weights", weights)
-    return weights
+    return scores, softmax(scores)
 
 
 def output_projection(out: np.ndarray, w: LayerWeights, emit: Emitter) -> np.ndarray:
