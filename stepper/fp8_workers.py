@@ -23,8 +23,6 @@ import sys
 import tempfile
 import time
 from collections import OrderedDict
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from functools import cache
 from multiprocessing.connection import Connection, Pipe
@@ -60,14 +58,13 @@ class Helper:
         # A fresh interpreter (not fork: this process has threads; not multiprocessing's spawn,
         # which would import the user's __main__ again). It exits when the pipe closes.
         self.conn, child = Pipe()
-        self.process = subprocess.Popen([sys.executable, "-m", "stepper.fp8_workers", str(child.fileno())],
+        self.process = subprocess.Popen([sys.executable, "-m", "stepper.fp8_helper", str(child.fileno())],
                                         pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL)
         child.close()
         self.scratch: mmap.mmap | None = None
         self.inputs_bytes = 0
         self.band: Band | None = None
         self.bands_done = 0
-        self.experts_sent = 0
 
     def send_inputs(self, tokens: np.ndarray, most_rows: int) -> None:
         """Put a product's inputs [N, in] in the scratch, with room after them for most_rows of result."""
@@ -83,38 +80,15 @@ class Helper:
 
     def finish_into(self, w: Fp8Matrix, rows: np.ndarray) -> None:
         """Wait for the band and copy its rows into the product's rows [out, N]."""
-        self._answer()
+        status, detail = receive(self.conn)
+        if status != "ok":
+            raise RuntimeError(f"FP8 helper process failed: {detail}")
         band, n = self.band, rows.shape[1]
         height = band.end - band.start
         flat = np.frombuffer(self.scratch, F32, height * n, self.inputs_bytes)
         rows[band.start : band.end] = result_arrays(height, n, many_tokens(n, w), flat)[1]
         self.band = None
         self.bands_done += 1
-
-    def begin_experts(self, tokens: np.ndarray) -> None:
-        """Start a sum of experts over tokens [N, D]: they go into the scratch, the sum after them."""
-        self._ensure_scratch(2 * tokens.nbytes)
-        np.frombuffer(self.scratch, F32, tokens.size).reshape(tokens.shape)[:] = tokens
-        self.sum_shape = tokens.shape
-        self.conn.send(("experts", *tokens.shape))
-        self._answer()
-
-    def send_expert(self, job) -> None:
-        """Hand over one expert (an expert_split.Job); the helper does not answer."""
-        self.conn.send(("expert", job))
-        self.experts_sent += 1
-
-    def end_experts(self) -> np.ndarray:
-        """Wait for the helper's weighted sum of its experts.  -> [N, D]"""
-        self.conn.send(("experts_end",))
-        self._answer()
-        n, d = self.sum_shape
-        return np.frombuffer(self.scratch, F32, n * d, n * d * 4).reshape(n, d)
-
-    def _answer(self) -> None:
-        status, detail = receive(self.conn)
-        if status != "ok":
-            raise RuntimeError(f"FP8 helper process failed: {detail}")
 
     def _ensure_scratch(self, need: int) -> None:
         """Scratch memory of at least `need` bytes, shared with the helper by passing its file
@@ -169,35 +143,6 @@ def helper_pids() -> list[int]:
 
 
 _broken = False
-_paused = 0  # inside bands_paused(): products are not cut into bands
-
-
-def mark_broken() -> None:
-    """Stop using the helpers: one failed."""
-    global _broken
-    _broken = True
-
-
-@contextmanager
-def bands_paused() -> Iterator[None]:
-    """Products inside run whole in this process (the helpers are busy with other work)."""
-    global _paused
-    _paused += 1
-    try:
-        yield
-    finally:
-        _paused -= 1
-
-
-def available_helpers() -> list[Helper]:
-    """The helpers, started if need be; none on one core, in a helper, or once one failed."""
-    if _broken or _paused or parallel.cores() < 2:
-        return []
-    try:
-        return helpers()
-    except OSError:  # could not start one
-        mark_broken()
-        return []
 
 
 def stop_helpers() -> None:
@@ -221,12 +166,10 @@ def linear_bands(tokens: np.ndarray, w: Fp8Matrix, k: int, rows: np.ndarray) -> 
     48 expert products of 16 tokens.) False (nothing done) when the product is small, its codes
     are not a file's, or there are no helpers."""
     global _broken
-    if w.origin is None or not w.codes.flags.c_contiguous or w.codes.size < SHARE_WEIGHTS:
-        return False
-    workers = available_helpers()
-    if not workers:
+    if _broken or w.origin is None or w.codes.size < SHARE_WEIGHTS or parallel.cores() < 2:
         return False
     try:
+        workers = helpers()
         mine, *theirs = split_bands(w, len(workers) + 1)
         for helper, band in zip(workers, theirs):
             helper.send_inputs(tokens, band.end - band.start)
@@ -264,87 +207,41 @@ def band_matrix(w: Fp8Matrix, band: Band) -> Fp8Matrix:
 # The helper's side
 
 
-class Served:
-    """A helper's state: the scratch memory, the pages it keeps mapped, and the running sum of the
-    experts it was given (expert_split)."""
-
-    def __init__(self):
-        self.scratch: mmap.mmap | None = None
-        self.resident: OrderedDict = OrderedDict()
-        self.sum = None
-
-    def handle(self, conn: Connection, message: tuple) -> bool:
-        """Act on one message; True when it is answered."""
-        from . import expert_split  # (it imports this module)
-
-        kind, *args = message
-        if kind == "scratch":
-            fd = recv_handle(conn)
-            self.scratch = mmap.mmap(fd, args[0])
-            os.close(fd)
-        elif kind == "band":
-            multiply_band(self.scratch, self.resident, *args)
-        elif kind == "experts":
-            n, d = args
-            self.sum = expert_split.HelperSum(*(np.frombuffer(self.scratch, F32, n * d, i * n * d * 4).reshape(n, d)
-                                                for i in (0, 1)))
-        elif kind == "expert":
-            self.sum.add(args[0], self.keep)
-            return False
-        elif kind == "experts_end" and self.sum.error is not None:
-            raise RuntimeError(self.sum.error)
-        return True
-
-    def keep(self, ref) -> None:
-        """A weight just read counts as kept mapped (see keep_resident)."""
-        keep_resident(self.resident, _files[file_key(ref.path)], ref.offset, ref.shape[0] * ref.shape[1])
-
-
 def serve(conn: Connection) -> None:
-    """The helper process's loop: answer messages until the pipe closes."""
-    global _paused
+    """The helper process's loop: map scratch, multiply bands, until the pipe closes."""
     parallel.single_threaded_blas()
-    _paused = 1  # a helper's own products never go to helpers
-    served = Served()
+    scratch, files, resident = None, {}, OrderedDict()
     while True:
         try:
             message = receive(conn)
         except (EOFError, OSError):
             return
         try:
-            if served.handle(conn, message):
-                conn.send(("ok", None))
+            if message[0] == "scratch":
+                fd = recv_handle(conn)
+                scratch = mmap.mmap(fd, message[1])
+                os.close(fd)
+            else:
+                multiply_band(scratch, files, resident, *message[1:])
+            conn.send(("ok", None))
         except Exception as e:  # noqa: BLE001 (any failure is reported back; the other side stops using helpers)
             conn.send(("error", f"{type(e).__name__}: {e}"))
 
 
-def multiply_band(scratch, resident, origin: tuple[str, int], band: Band, shape, scales, block, k: int, n: int) -> None:
+def multiply_band(scratch, files, resident, origin: tuple[str, int], band: Band, shape, scales, block, k: int, n: int) -> None:
     """Rows [start, end) of the product into the scratch, after the inputs there.  [N, in] -> [rows, N]"""
     (path, offset), rows, in_dim = origin, band.end - band.start, shape[1]
     tokens = np.frombuffer(scratch, F32, n * in_dim).reshape(n, in_dim)
     flat = np.frombuffer(scratch, F32, rows * n, n * in_dim * 4)
+    identity = os.stat(path)  # the same file, not one written since under the same name
+    key = (path, identity.st_ino, identity.st_size, identity.st_mtime_ns)
+    if key not in files:
+        files[key] = mapped(path)
     start = offset + band.start * in_dim
-    codes = file_codes(path, offset, shape)[band.start : band.end]
+    codes = np.frombuffer(files[key], np.uint8, rows * in_dim, start).reshape(rows, in_dim)
     w = Fp8Matrix(codes, scales, block, origin=(path, start))
     apply_tiles(tokens, w, k, result_arrays(rows, n, many_tokens(n, w), flat)[1])
-    keep_resident(resident, _files[file_key(path)], start, rows * in_dim)
-
-
-_files: dict[tuple, mmap.mmap] = {}  # a file's identity -> its map in this process
-
-
-def file_key(path: str) -> tuple:
-    """The file at path now (not one written since under the same name)."""
-    identity = os.stat(path)
-    return path, identity.st_ino, identity.st_size, identity.st_mtime_ns
-
-
-def file_codes(path: str, offset: int, shape: tuple[int, int]) -> np.ndarray:
-    """The codes [out, in] of an FP8 weight stored row-major at offset in a file, mapped once per file."""
-    key = file_key(path)
-    if key not in _files:
-        _files[key] = mapped(path)
-    return np.frombuffer(_files[key], np.uint8, shape[0] * shape[1], offset).reshape(shape)
+    keep_resident(resident, files[key], start, rows * in_dim)
 
 
 def mapped(path: str) -> mmap.mmap:
@@ -365,6 +262,3 @@ def keep_resident(resident: OrderedDict, view: mmap.mmap, start: int, length: in
         if hasattr(old_view, "madvise"):
             old_view.madvise(mmap.MADV_DONTNEED, first, old_start + old_length - first)
 
-
-if __name__ == "__main__":
-    serve(Connection(int(sys.argv[1])))

@@ -66,7 +66,7 @@ def test_a_layer_with_helpers_equals_the_layer_without(checkpoint, shared, monke
         return model.layer(1, hidden, model.rope(np.arange(6), emit), KVCache(cfg.num_hidden_layers), emit, "naive")
 
     with_helpers = layer_output()
-    assert fp8_workers.helpers()[0].bands_done > 3  # tiny's experts are too small to cut: bands
+    assert fp8_workers.helpers()[0].bands_done > 10
     monkeypatch.setattr(fp8_workers, "SHARE_WEIGHTS", 1 << 40)
     alone = layer_output()
     assert np.abs(with_helpers - alone).max() <= 1e-5 * np.abs(alone).max()

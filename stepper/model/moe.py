@@ -6,8 +6,7 @@ Two ways to run the routed experts, equal to float32 round-off:
 - `grouped` (the default): each chosen expert runs once, on the batch of tokens that chose it,
   and the results are scattered back with their weights. The expert's FP8 weights are decoded
   tile by tile inside the products and dropped afterwards, so memory holds one expert at a time
-  whatever the prompt length. With helper processes, the chosen experts are dealt out and each
-  process runs its own (`expert_split`).
+  whatever the prompt length.
 
 Only the experts some token chose are ever read from the weight source.
 """
@@ -17,7 +16,6 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import Config
-from ..expert_split import experts_across_cores
 from ..ops import swiglu
 from ..trace import Emitter
 from .layer_weights import LayerWeights
@@ -57,15 +55,11 @@ def grouped_experts(tokens: np.ndarray, routing: Routing, w: LayerWeights, emit:
     """Each chosen expert once on its tokens, scattered back with the weights.  [N, D] -> [N, D]"""
     out = np.zeros_like(tokens)
     chosen = np.unique(routing.topk_idx)
-    groups = [np.nonzero(routing.topk_idx == e) for e in chosen]  # (rows, ranks): the tokens that chose e
-    with experts_across_cores(tokens, [len(rows) for rows, _ in groups]) as cores:
-        for done, (e, (rows, ranks)) in enumerate(zip(chosen, groups)):
-            emit.progress(f"layer {w.layer} experts", done, len(chosen))
-            weights = routing.topk_weight[rows, ranks]  # [n_e]
-            matrices = expert_matrices(w, f"mlp.experts.{e}.")
-            if cores.here(done, rows, weights, *matrices):  # else a helper process runs it
-                out[rows] += swiglu(tokens[rows], *matrices) * weights[:, None]  # [n_e, D]
-        cores.add_theirs(out)
+    for done, e in enumerate(chosen):
+        emit.progress(f"layer {w.layer} experts", done, len(chosen))
+        rows, ranks = np.nonzero(routing.topk_idx == e)  # the tokens that chose e (each at most once)
+        y = swiglu(tokens[rows], *expert_matrices(w, f"mlp.experts.{e}."))  # [n_e, D]
+        out[rows] += y * routing.topk_weight[rows, ranks, None]
     emit.progress(f"layer {w.layer} experts", len(chosen), len(chosen))
     return out
 
