@@ -195,15 +195,20 @@ def attend(scores_of, weigh_values, shape: tuple[int, ...], scale: float, emit: 
     groups = [slice(h, min(h + per_group, H)) for h in range(0, H, per_group)]
     if len(groups) == 1 or parallel.cores() == 1:
         return weigh_values(slice(None), attention_weights(scores_of(slice(None)), scale, emit))
-    done = {}
+    first = groups[0]
+    parts = masked_softmax(scores_of(first), scale)
+    parts += (weigh_values(first, parts[1]),)
+    # The whole arrays, each group writing its heads into them: with the page cache full of a
+    # checkpoint, fresh large arrays fault in slowly, so nothing is concatenated afterwards.
+    scores, weights, out = (np.empty((B, H, *part.shape[2:]), part.dtype) for part in parts)
+    scores[:, first], weights[:, first], out[:, first] = parts
 
     def run(share: list[slice]) -> None:
         for h in share:
-            scores, weights = masked_softmax(scores_of(h), scale)
-            done[h.start] = scores, weights, weigh_values(h, weights)
+            scores[:, h], weights[:, h] = masked_softmax(scores_of(h), scale)
+            out[:, h] = weigh_values(h, weights[:, h])
 
-    parallel.split(groups, run)
-    scores, weights, out = (np.concatenate([done[h.start][i] for h in groups], axis=1) for i in range(3))
+    parallel.split(groups[1:], run)
     emit("self_attn.attn_scores", scores)
     emit("self_attn.attn_weights", weights)
     return out
