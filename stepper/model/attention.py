@@ -196,12 +196,12 @@ def attend(scores_of, weigh_values, shape: tuple[int, ...], scale: float, emit: 
     if len(groups) == 1 or parallel.cores() == 1:
         return weigh_values(slice(None), attention_weights(scores_of(slice(None)), scale, emit))
     first = groups[0]
-    parts = masked_softmax(scores_of(first), scale)
-    parts += (weigh_values(first, parts[1]),)
+    first_scores, first_weights = masked_softmax(scores_of(first), scale)
+    first_out = weigh_values(first, first_weights)
     # The whole arrays, each group writing its heads into them: with the page cache full of a
     # checkpoint, fresh large arrays fault in slowly, so nothing is concatenated afterwards.
-    scores, weights, out = (np.empty((B, H, *part.shape[2:]), part.dtype) for part in parts)
-    scores[:, first], weights[:, first], out[:, first] = parts
+    scores, weights, out = (np.empty((B, H, *a.shape[2:]), a.dtype) for a in (first_scores, first_weights, first_out))
+    scores[:, first], weights[:, first], out[:, first] = first_scores, first_weights, first_out
 
     def run(share: list[slice]) -> None:
         for h in share:
