@@ -1,4 +1,4 @@
 from .cli import main
 
-if __name__ == "__main__":  # not when a helper process (spawned) imports it
+if __name__ == "__main__":  # run as `python -m stepper`, not when imported
     main()

@@ -92,7 +92,6 @@ def helper_peak_kb(pid: int) -> int:
 
 
 def ceilings() -> list[Figure]:
-
     a, b = np.empty(2**27, np.float32), np.ones(2**27, np.float32)  # 512 MiB each
     copy = median_time(lambda: np.copyto(a, b), 5)
     m = np.ones((2048, 2048), np.float32)
@@ -114,7 +113,6 @@ def ceilings() -> list[Figure]:
 
 def layer_run(checkpoint: Path, layer: int, tokens: int, cache: int, repeat: int) -> list[Figure]:
     """One layer alone from a checkpoint: `tokens` new positions after `cache` cached ones."""
-
     source = Checkpoint(checkpoint)
     cfg = source.config
     model = Transformer(source)
@@ -147,7 +145,6 @@ def versus_torch(checkpoint: Path, tokens: int, repeat: int, cache_mb: int = 0) 
     import torch
     from transformers import DeepseekV3Config
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3DecoderLayer, DeepseekV3RotaryEmbedding
-
 
     torch.set_grad_enabled(False)
     source = Checkpoint(checkpoint)

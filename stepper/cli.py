@@ -82,12 +82,6 @@ ForceOpt = Annotated[bool, typer.Option("--force", help="Overwrite an existing o
 UseOpt = Annotated[list[Path] | None, typer.Option("--use", metavar="FILE.py", help="Run with your own exercise functions (e.g. a lesson file) in place of stepper's; repeatable.")]
 
 
-
-
-
-
-
-
 def run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, input_file, attn, cache_mb) -> RunSpec:
     if ids is not None and prompt_len is not None:
         raise StepperError("give --ids or --prompt-len, not both")

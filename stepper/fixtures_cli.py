@@ -25,15 +25,6 @@ fixtures_app = typer.Typer(
 )
 
 
-
-
-
-
-
-
-
-
-
 def console_for(plain: bool, stderr: bool = False) -> Console:
     return Console(no_color=plain, highlight=False, markup=False, soft_wrap=True, stderr=stderr)
 
