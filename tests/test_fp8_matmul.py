@@ -11,7 +11,6 @@ from stepper.fp8_matmul import (
     Fp8Matrix,
     decode_unbiased,
     decoded,
-    has_nan_codes,
     input_rebias,
     linear_fp8,
     row_tiles,
@@ -190,10 +189,15 @@ def test_wide_products_come_back_contiguous_and_narrow_ones_as_before():
 
 def test_the_nan_check_is_remembered_per_file_range():
     codes, scale_inv = fp8.quantize(np.full((256, 128), 0.5, np.float32))
-    clean = Fp8Matrix.of(codes, scale_inv, origin=("weights.safetensors", 4096))
     poisoned = codes.view(np.uint8).copy()
     poisoned[200, 7] = 0xFF
-    assert not has_nan_codes(clean)
-    assert not has_nan_codes(Fp8Matrix.of(poisoned, scale_inv, origin=("weights.safetensors", 4096)))  # remembered
-    assert has_nan_codes(Fp8Matrix.of(poisoned, scale_inv, origin=("weights.safetensors", 8192)))  # another range
-    assert has_nan_codes(Fp8Matrix.of(poisoned, scale_inv))  # codes from no file: checked every time
+    x = np.ones((1, 128), np.float32)
+
+    def nan_rows(c, origin):
+        return np.flatnonzero(np.isnan(linear_fp8(x, Fp8Matrix.of(c, scale_inv, origin=origin))[0])).tolist()
+
+    assert nan_rows(codes, ("nan-check.safetensors", 4096)) == []
+    assert nan_rows(poisoned, ("nan-check.safetensors", 4096)) == []  # that range was found NaN-free: not looked at again
+    assert nan_rows(poisoned, ("nan-check.safetensors", 8192)) == [200]  # another range
+    assert nan_rows(poisoned, ("nan-check.safetensors", 8192)) == [200]  # a range with NaN codes: looked at every time
+    assert nan_rows(poisoned, None) == [200]  # codes from no file: looked at every time
