@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from stepper.fp8_matmul import Fp8Matrix
 from stepper.model import KVCache, Transformer
 from stepper.presets import preset
 from stepper.session import RunSpec, run
@@ -169,7 +170,7 @@ def test_grouped_expert_dispatch_equals_the_per_token_loop():
 def test_fp8_tiles_equal_the_bit_level_dequantization():
     """linear_fp8 (tiles decoded in place) equals fp8.decode_bits applied code by code, then x @ W^T."""
     from stepper import fp8
-    from stepper.fp8_matmul import Fp8Matrix, linear_fp8
+    from stepper.fp8_matmul import linear_fp8
 
     rng = np.random.default_rng(9)
     for out_dim, in_dim in ((576, 700), (130, 129), (3, 5)):
@@ -199,6 +200,35 @@ def test_weight_cache_changes_speed_not_values():
         assert np.array_equal(np.isfinite(cached[name]), finite), name
         assert rel_err(cached[name][finite], array[finite]) < 1e-5 if array.dtype.kind == "f" else True, name
     assert cached_source.hits > 0 and cached_source.bytes <= 64 * 2**20
+
+
+def test_weight_cache_keeps_a_weight_from_its_second_use_decoded_as_dequantize():
+    from stepper.weight_cache import CachedWeights
+
+    source = SyntheticWeights(preset("tiny"), 5)
+    cached = CachedWeights(source, 64 * 2**20)
+    name = "model.layers.0.self_attn.q_b_proj.weight"
+    assert isinstance(cached.matrix(name), Fp8Matrix) and cached.bytes == 0  # used once: the FP8 product
+    kept = cached.matrix(name)  # used again: decoded and kept
+    assert np.array_equal(kept, source.matrix(name).dense()) and cached.bytes == kept.nbytes
+    assert cached.matrix(name) is kept and (cached.hits, cached.misses) == (1, 2)
+
+
+def test_weight_cache_makes_room_only_by_letting_go_of_weights_used_less():
+    from stepper.weight_cache import CachedWeights
+
+    source = SyntheticWeights(preset("tiny"), 5)
+    often, seldom = "model.layers.0.self_attn.q_b_proj.weight", "model.layers.0.self_attn.o_proj.weight"
+    sizes = [int(np.prod(source.matrix(n).shape)) * 4 for n in (often, seldom)]
+    cached = CachedWeights(source, max(sizes))  # room for one of them
+    for _ in range(3):
+        cached.matrix(often)
+    assert list(cached.kept) == [often]
+    assert isinstance(cached.matrix(seldom), Fp8Matrix) and isinstance(cached.matrix(seldom), Fp8Matrix)  # 2 uses < 3
+    assert list(cached.kept) == [often]
+    cached.matrix(seldom)  # 3 uses: not fewer than `often`'s, still no room
+    cached.matrix(seldom)  # 4 uses: `often` (3) makes room
+    assert list(cached.kept) == [seldom] and cached.bytes == sizes[1] <= cached.max_bytes
 
 
 @pytest.mark.parametrize("attn", ["naive", "absorb"])
