@@ -48,6 +48,12 @@ class Emitter:
         for sink in self.sinks:
             sink(event)
 
+    @property
+    def listening(self) -> bool:
+        """Whether any sink receives the tensors: without one, an array made only to be shown
+        (the whole attention scores of a prefill, in groups of heads otherwise) need not be made."""
+        return bool(self.sinks)
+
     def progress(self, task: str, done: int, total: int) -> None:
         """Report progress of a long loop (experts, layers) to the sinks that show it."""
         for sink in self.sinks:

@@ -199,18 +199,25 @@ def attend(scores_of, weigh_values, shape: tuple[int, ...], scale: float, emit: 
     first_scores, first_weights = masked_softmax(scores_of(first), scale)
     first_out = weigh_values(first, first_weights)
     # The whole arrays, each group writing its heads into them: with the page cache full of a
-    # checkpoint, fresh large arrays fault in slowly, so nothing is concatenated afterwards.
-    scores, weights, out = (np.empty((B, H, *a.shape[2:]), a.dtype) for a in (first_scores, first_weights, first_out))
-    scores[:, first], weights[:, first], out[:, first] = first_scores, first_weights, first_out
+    # checkpoint, fresh large arrays fault in slowly, so nothing is concatenated afterwards. The
+    # scores and weights (134 MB for 64 heads of 512 tokens) are kept only to be shown.
+    shown = emit.listening
+    kept = (first_out, first_scores, first_weights) if shown else (first_out,)
+    out, *scores_weights = (np.empty((B, H, *a.shape[2:]), a.dtype) for a in kept)
+    for whole, part in zip((out, *scores_weights), kept):
+        whole[:, first] = part
 
     def run(share: list[slice]) -> None:
         for h in share:
-            scores[:, h], weights[:, h] = masked_softmax(scores_of(h), scale)
-            out[:, h] = weigh_values(h, weights[:, h])
+            group_scores, group_weights = masked_softmax(scores_of(h), scale)
+            out[:, h] = weigh_values(h, group_weights)
+            if shown:
+                scores_weights[0][:, h], scores_weights[1][:, h] = group_scores, group_weights
 
     parallel.split(groups[1:], run)
-    emit("self_attn.attn_scores", scores)
-    emit("self_attn.attn_weights", weights)
+    if shown:
+        emit("self_attn.attn_scores", scores_weights[0])
+        emit("self_attn.attn_weights", scores_weights[1])
     return out
 
 
