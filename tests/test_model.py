@@ -243,3 +243,26 @@ def test_heads_run_in_groups_side_by_side_equal_the_heads_at_once(attn, monkeypa
     assert whole.keys() == grouped.keys()
     for key in ("layers.0.self_attn.attn_scores", "layers.0.self_attn.attn_weights", "layers.1.output", "logits"):
         assert np.array_equal(whole[key], grouped[key]), key
+
+
+def test_attention_in_groups_gives_the_same_output_with_no_sink(monkeypatch):
+    from stepper import parallel
+    from stepper.model import attention
+
+    monkeypatch.setattr(parallel, "cores", lambda: 2)
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 6, 10, d), dtype=np.float32) for d in (8, 8, 4))
+
+    def attend(emit):
+        return attention.attend(lambda h: np.matmul(q[:, h], k[:, h].swapaxes(-1, -2)),
+                                lambda h, weights: np.matmul(weights, v[:, h]), q.shape, 0.3, emit)
+
+    at_once, at_once_shown = Recorder(), Recorder()
+    whole = attend(Emitter([at_once]))
+    monkeypatch.setattr(attention, "GROUP_SCORES", 2 * 10 * 10)  # two heads per group
+    assert np.array_equal(attend(Emitter()), whole)
+    assert np.array_equal(attend(Emitter([at_once_shown])), whole)
+    shown, expected = at_once_shown.tensors(), at_once.tensors()
+    assert shown.keys() == expected.keys() and len(shown) == 2
+    for name in shown:
+        assert np.array_equal(shown[name], expected[name]), name
