@@ -27,7 +27,7 @@ def shared(monkeypatch):
     """Every product with a file behind it goes through the helpers (tiny's are below the size)."""
     if parallel.cores() < 2:
         pytest.skip("helpers need two cores")
-    monkeypatch.setattr(fp8_workers, "SHARE_WEIGHTS", 0)
+    monkeypatch.setattr(fp8_workers, "SHARE_WORK", 0)
     fp8_workers.stop_helpers()
     yield
     fp8_workers.stop_helpers()
@@ -67,7 +67,7 @@ def test_a_layer_with_helpers_equals_the_layer_without(checkpoint, shared, monke
 
     with_helpers = layer_output()
     assert fp8_workers.helpers()[0].bands_done > 10
-    monkeypatch.setattr(fp8_workers, "SHARE_WEIGHTS", 1 << 40)
+    monkeypatch.setattr(fp8_workers, "SHARE_WORK", 1 << 40)
     alone = layer_output()
     assert np.abs(with_helpers - alone).max() <= 1e-5 * np.abs(alone).max()
 
