@@ -217,20 +217,24 @@ def serve(conn: Connection) -> None:
             message = receive(conn)
         except (EOFError, OSError):
             return
+        read = None
         try:
             if message[0] == "scratch":
                 fd = recv_handle(conn)
                 scratch = mmap.mmap(fd, message[1])
                 os.close(fd)
             else:
-                multiply_band(scratch, files, resident, *message[1:])
+                read = multiply_band(scratch, files, *message[1:])
             conn.send(("ok", None))
         except Exception as e:  # noqa: BLE001 (any failure is reported back; the other side stops using helpers)
             conn.send(("error", f"{type(e).__name__}: {e}"))
+        if read is not None:  # after the answer: the other side does not wait for old pages to be let go
+            keep_resident(resident, *read)
 
 
-def multiply_band(scratch, files, resident, origin: tuple[str, int], band: Band, shape, scales, block, k: int, n: int) -> None:
-    """Rows [start, end) of the product into the scratch, after the inputs there.  [N, in] -> [rows, N]"""
+def multiply_band(scratch, files, origin: tuple[str, int], band: Band, shape, scales, block, k: int, n: int) -> tuple:
+    """Rows [start, end) of the product into the scratch, after the inputs there.  [N, in] -> [rows, N]
+    Returns the file map and byte range the codes were read from."""
     (path, offset), rows, in_dim = origin, band.end - band.start, shape[1]
     tokens = np.frombuffer(scratch, F32, n * in_dim).reshape(n, in_dim)
     flat = np.frombuffer(scratch, F32, rows * n, n * in_dim * 4)
@@ -242,7 +246,7 @@ def multiply_band(scratch, files, resident, origin: tuple[str, int], band: Band,
     codes = np.frombuffer(files[key], np.uint8, rows * in_dim, start).reshape(rows, in_dim)
     w = Fp8Matrix(codes, scales, block, origin=(path, start))
     apply_tiles(tokens, w, k, result_arrays(rows, n, many_tokens(n, w), flat)[1])
-    keep_resident(resident, files[key], start, rows * in_dim)
+    return files[key], start, rows * in_dim
 
 
 def mapped(path: str) -> mmap.mmap:
