@@ -355,10 +355,9 @@ def bench_command(
     """Measure full-size Kimi K2 layers (decode, prefill, peak memory) and the machine's ceilings.
 
     The first run writes about 20 GB of synthetic checkpoints into the work directory (several
-    minutes); later runs reuse them and take about 5 minutes. The layer figures assume the page
-    cache holds the checkpoint being read (24 GB of RAM is enough for the 17 GB MoE layer): fill
-    it first with `cat WORKDIR/*/*.safetensors > /dev/null`; a cold cache makes the first
-    repetitions slower, and the figures say so."""
+    minutes); later runs reuse them and take about 6 minutes. Each layer scenario first reads its
+    checkpoint through, so that its timed runs find it in the page cache (24 GB of RAM is
+    enough for the 17 GB MoE layer): the figures measure compute, not the disk."""
     from . import bench
 
     with user_errors():
