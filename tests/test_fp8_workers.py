@@ -90,3 +90,12 @@ def test_scratch_grows_for_long_inputs(checkpoint, shared):
     y = linear_fp8(x, w)
     assert len(fp8_workers.helpers()[0].scratch) >= x.nbytes > 1 << 24  # grown past its first 16 MiB
     assert np.abs(y - exact(x, w)).max() <= 2e-6 * np.abs(exact(x, w)).max()
+
+
+def test_a_helper_that_reports_an_error_leaves_the_products_here(checkpoint, shared, tmp_path):
+    w = checkpoint.matrix(EXPERT)
+    gone = Fp8Matrix(w.codes, w.scale_inv, w.block, origin=(str(tmp_path / "gone.safetensors"), 0))  # no such file
+    x = np.random.default_rng(6).standard_normal((3, w.shape[1])).astype(np.float32)
+    y = linear_fp8(x, gone)
+    assert fp8_workers._broken and fp8_workers.helpers()[0].process.poll() is None  # it answered, and lives on
+    assert np.abs(y - exact(x, w)).max() <= 2e-6 * np.abs(exact(x, w)).max()
