@@ -36,10 +36,10 @@ def linear(x: np.ndarray, weight: np.ndarray | Fp8Matrix) -> np.ndarray:
     return linear_by_rows(x, weight)
 
 
-def dense(weight: np.ndarray | Fp8Matrix) -> np.ndarray:
+def dense(weight: np.ndarray | Fp8Matrix, out: np.ndarray | None = None) -> np.ndarray:
     """A weight as float32 [out, in]: an FP8 one decoded a block of rows at a time (the same bits
-    as fp8.dequantize, a few times faster)."""
-    return decoded(weight) if isinstance(weight, Fp8Matrix) else weight
+    as fp8.dequantize, a few times faster), into `out` if given; a float32 one as it is."""
+    return decoded(weight, out) if isinstance(weight, Fp8Matrix) else weight
 
 
 def linear_by_rows(x: np.ndarray, weight: np.ndarray) -> np.ndarray:

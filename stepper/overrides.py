@@ -260,6 +260,9 @@ def linear_fp8_via_dequantize(x: np.ndarray, w) -> np.ndarray:
     return fp8_matmul.product(x, w, decode)
 
 
-def decoded_via_dequantize(w) -> np.ndarray:
+def decoded_via_dequantize(w, out: np.ndarray | None = None) -> np.ndarray:
     """An FP8 weight as float32 through `fp8.dequantize`, whichever function that name holds now."""
-    return w.dense()
+    if out is None:
+        return w.dense()
+    out[...] = w.dense()
+    return out

@@ -170,6 +170,14 @@ def test_use_with_a_wrong_fp8_decode_reaches_the_fp8_products(tmp_path):
     assert not np.allclose(plain["logits"], swapped["logits"])
 
 
+def test_use_with_the_fp8_solution_keeps_the_absorbed_attention_bit_identical():
+    spec = RunSpec(prompt_len=3, decode=1, attn="absorb")  # kv_b is decoded whole, into reused memory
+    plain, swapped = tensors(spec), tensors(spec, [find_lesson("fp8").solution])
+    assert "decode0.layers.1.self_attn.q_nope_absorbed" in plain and plain.keys() == swapped.keys()
+    for name, array in plain.items():
+        assert np.array_equal(swapped[name], array, equal_nan=True), name
+
+
 def test_use_restores_stepper_and_rejects_other_signatures(tmp_path):
     from stepper import ops
     from stepper.model import attention

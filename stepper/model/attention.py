@@ -24,7 +24,7 @@ import numpy as np
 
 from .. import parallel
 from ..config import Config
-from ..ops import apply_rope, causal_mask, dense, linear, rms_norm, softmax
+from ..ops import apply_rope, causal_mask, linear, rms_norm, softmax
 from ..trace import Emitter
 from .layer_weights import LayerWeights
 
@@ -110,7 +110,7 @@ def naive(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache: LayerCache, em
 
 def absorbed(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache: LayerCache, emit: Emitter) -> np.ndarray:
     """Attend over the cached latents: W_UK folded into the query, W_UV applied afterwards."""
-    w_uk, w_uv = split_kv_b(dense(w.matrix("self_attn.kv_b_proj.weight")), cfg)  # [H, P, C], [H, V, C] (float32: small)
+    w_uk, w_uv = split_kv_b(w.decoded("self_attn.kv_b_proj.weight"), cfg)  # [H, P, C], [H, V, C] (float32: small)
     q_latent = np.matmul(q_nope, w_uk)  # [B, H, T, C]
     emit("self_attn.q_nope_absorbed", q_latent)
     q_pe, k_pe = rotate(q_pe, k_pe, rope, emit)

@@ -5,14 +5,16 @@ from __future__ import annotations
 import numpy as np
 
 from ..fp8_matmul import Fp8Matrix
+from ..ops import dense
 from ..weights import WeightSource, layer_prefix
 
 
 class LayerWeights:
-    def __init__(self, source: WeightSource, layer: int):
+    def __init__(self, source: WeightSource, layer: int, scratch: dict | None = None):
         self.source = source
         self.layer = layer
         self.prefix = layer_prefix(layer)
+        self.scratch = {} if scratch is None else scratch  # shape -> float32 memory reused by `decoded`
 
     def __call__(self, name: str) -> np.ndarray:
         """A float32 tensor (norm weights, the router, the bias)."""
@@ -21,3 +23,15 @@ class LayerWeights:
     def matrix(self, name: str) -> np.ndarray | Fp8Matrix:
         """A projection weight to multiply with: FP8 weights stay FP8 (see ops.linear)."""
         return self.source.matrix(self.prefix + name)
+
+    def decoded(self, name: str) -> np.ndarray:
+        """A weight as float32, an FP8 one decoded into memory reused from one call to the next
+        (so valid only until the next call, whichever layer makes it). kv_b of the absorbed
+        attention is decoded at every decode step, and a fresh 33 MB array, its pages faulted in
+        while the page cache is full, took as long again as the decoding."""
+        weight = self.matrix(name)
+        if not isinstance(weight, Fp8Matrix):
+            return weight
+        if weight.shape not in self.scratch:
+            self.scratch[weight.shape] = np.empty(weight.shape, np.float32)
+        return dense(weight, self.scratch[weight.shape])

@@ -52,6 +52,7 @@ class Transformer:
         self.weights = weights
         self.dispatch = dispatch  # how MoE layers run their routed experts (see model.moe)
         self.config: Config = weights.config
+        self.scratch: dict = {}  # float32 memory the layers decode weights into (LayerWeights.decoded)
         cfg = self.config
         yarn = cfg.rope_scaling
         self.inv_freq = rope_inv_freq(cfg.qk_rope_head_dim, cfg.rope_theta, yarn)  # [R/2]
@@ -77,7 +78,7 @@ class Transformer:
     ) -> np.ndarray:
         """Decoder layer i on the residual stream [B, T, D], with the naive or absorbed attention."""
         layer_cache = None if cache is None else cache.layers[i]
-        w = LayerWeights(self.weights, i)
+        w = LayerWeights(self.weights, i, self.scratch)
         return decoder_layer(hidden, w, self.config, rope, layer_cache, emit.layer(i), attn, self.dispatch)
 
     def head(self, hidden: np.ndarray, emit: Emitter) -> np.ndarray:
