@@ -13,9 +13,12 @@ def absorbed(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache, emit):
     q_pe, k_pe = rotate(q_pe, k_pe, rope, emit)
     latents, k_pes = cache.extend_latent(compressed_kv, k_pe)  # [B, S, C], [B, 1, S, R]
 
-    latents = latents[:, None]  # [B, 1, S, C], shared by every head
-    scores = np.matmul(q_latent, latents.swapaxes(-1, -2)) + np.matmul(q_pe, k_pes.swapaxes(-1, -2))  # [B, H, T, S]
-    weights = attention_weights(scores, rope.softmax_scale, emit)
-    out_latent = np.matmul(weights, latents)  # [B, H, T, C]
+    # Every head attends over the same latents and rotary keys, so all H*T query rows go into one
+    # product with them (a decode step: one 64-row product instead of 64 one-row ones).
+    B, H, T, C = q_latent.shape
+    scores = (np.matmul(q_latent.reshape(B, H * T, C), latents.swapaxes(-1, -2))  # [B, H*T, S]
+              + np.matmul(q_pe.reshape(B, H * T, -1), k_pes[:, 0].swapaxes(-1, -2))).reshape(B, H, T, -1)
+    weights = attention_weights(scores, rope.softmax_scale, emit)  # [B, H, T, S]
+    out_latent = np.matmul(weights.reshape(B, H * T, -1), latents).reshape(B, H, T, C)
     emit("self_attn.attn_output_latent", out_latent)
     return np.matmul(out_latent, w_uv.swapaxes(-1, -2))  # [B, H, T, V]

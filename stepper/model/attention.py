@@ -116,12 +116,26 @@ def absorbed(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache: LayerCache,
     q_pe, k_pe = rotate(q_pe, k_pe, rope, emit)
     latents, k_pes = cache.extend_latent(compressed_kv, k_pe)  # [B, S, C], [B, 1, S, R]
 
-    latents = latents[:, None]  # [B, 1, S, C], shared by every head
+    k_pes = k_pes[:, 0]  # [B, S, R]: like the latents, shared by every head
+    # Every head's rows go into one product with what the heads share (64 matrix-vector
+    # products per decode step took 6.6 ms, one 64-row product 2.5 ms).
     out_latent = attend(  # [B, H, T, C]
-        lambda h: np.matmul(q_latent[:, h], latents.swapaxes(-1, -2)) + np.matmul(q_pe[:, h], k_pes.swapaxes(-1, -2)),
-        lambda h, weights: np.matmul(weights, latents), q_latent.shape, rope.softmax_scale, emit)
+        lambda h: heads_of(np.matmul(head_rows(q_latent[:, h]), latents.swapaxes(-1, -2))
+                           + np.matmul(head_rows(q_pe[:, h]), k_pes.swapaxes(-1, -2)), q_latent.shape[2]),
+        lambda h, weights: heads_of(np.matmul(head_rows(weights), latents), q_latent.shape[2]),
+        q_latent.shape, rope.softmax_scale, emit)
     emit("self_attn.attn_output_latent", out_latent)
     return np.matmul(out_latent, w_uv.swapaxes(-1, -2))  # [B, H, T, V]
+
+
+def head_rows(x: np.ndarray) -> np.ndarray:
+    """The rows of every head in one matrix.  [B, h, T, X] -> [B, h*T, X]"""
+    return x.reshape(x.shape[0], -1, x.shape[-1])
+
+
+def heads_of(rows: np.ndarray, t: int) -> np.ndarray:
+    """Back to heads.  [B, h*T, X] -> [B, h, T, X]"""
+    return rows.reshape(rows.shape[0], -1, t, rows.shape[-1])
 
 
 def split_kv_b(kv_b: np.ndarray, cfg: Config) -> tuple[np.ndarray, np.ndarray]:
