@@ -28,7 +28,8 @@ SINGLE = "model.safetensors"
 SCALE = "_scale_inv"
 FLOAT_DTYPES = ("F32", "BF16", "F16")
 LARGE = 1 << 20  # tensors from this size on are tracked for release
-RESIDENT_BYTES = 3 << 28  # mapped bytes of large tensors kept before the oldest are released (768 MiB: per process, helpers too)
+RESIDENT_BYTES = 1 << 30  # bytes of large tensors kept mapped before the oldest are released (see _keep_resident)
+BAND_RESIDENT_BYTES = 3 << 28  # the same for the bands an FP8 helper process maps (768 MiB)
 
 
 class Checkpoint:
@@ -87,7 +88,11 @@ class Checkpoint:
 
     def _keep_resident(self, name: str) -> None:
         """Mapped pages count as this process's memory: past RESIDENT_BYTES of large tensors,
-        the least recently used are released (they stay in the page cache, and fault back in)."""
+        the least recently used are released (they stay in the page cache, and fault back in).
+
+        The count is of whole tensors, but with FP8 helpers this process maps only its band of a
+        shared product's rows, about half on two cores: at 768 MiB, a 16-expert layer's 850 MB
+        of weights did not fit, and every run of it mapped all of its pages afresh."""
         size = self.shard_of(name).info(name).nbytes
         if size < LARGE:
             return

@@ -32,7 +32,7 @@ from multiprocessing.reduction import recv_handle, send_handle
 import numpy as np
 
 from . import parallel
-from .checkpoint import RESIDENT_BYTES
+from .checkpoint import BAND_RESIDENT_BYTES
 from .fp8_matmul import Fp8Matrix, apply_tiles, many_tokens, result_arrays
 
 F32 = np.float32
@@ -278,10 +278,10 @@ def mapped(path: str) -> mmap.mmap:
 
 
 def keep_resident(resident: OrderedDict, view: mmap.mmap, start: int, length: int) -> None:
-    """As the checkpoint reader does: past RESIDENT_BYTES of mapped bands, the oldest are let go."""
+    """As the checkpoint reader does: past BAND_RESIDENT_BYTES of mapped bands, the oldest are let go."""
     resident.pop((id(view), start), None)
     resident[(id(view), start)] = (view, start, length)
-    while sum(entry[2] for entry in resident.values()) > RESIDENT_BYTES and len(resident) > 1:
+    while sum(entry[2] for entry in resident.values()) > BAND_RESIDENT_BYTES and len(resident) > 1:
         old_view, old_start, old_length = resident.popitem(last=False)[1]
         first = old_start - old_start % mmap.PAGESIZE
         if hasattr(old_view, "madvise"):
