@@ -113,9 +113,10 @@ def ceilings() -> list[Figure]:
 
 def fill_page_cache(checkpoint: Path) -> float:
     """Read every shard of the checkpoint once, so the timed runs find it in the page cache;
-    returns the seconds taken. (This machine's memory reclaim drops file pages nobody has read
-    for about a minute, so a cache filled by hand before `stepper bench` is partly gone by the
-    time a scenario runs.)"""
+    returns the seconds taken. (A machine whose memory reclaim drops file pages nobody has read
+    for a while, as the one the README's figures come from does after about a minute, has
+    otherwise lost part of a cache filled by hand before `stepper bench` by the time a scenario
+    runs.)"""
     start = time.perf_counter()
     chunk = bytearray(1 << 24)
     for shard in sorted(checkpoint.glob("*.safetensors")):
@@ -184,8 +185,9 @@ def versus_torch(checkpoint: Path, tokens: int, repeat: int, cache_mb: int = 0) 
     def ours_once():
         model.layer(1, hidden, model.rope(np.arange(tokens), emit), None, emit, "naive")
 
-    if cache_mb:
-        ours_once()  # fills the weight cache
+    if cache_mb:  # a weight is kept from its second use: two runs fill the cache
+        ours_once()
+        ours_once()
     ours = median_time(ours_once, repeat)
     how = "weight cache warm" if cache_mb else "FP8"
     return [Figure(f"{cfg.name} layer 1, T={tokens}: stepper ({how}) / transformers (float32)", ours / torch_time, "x",

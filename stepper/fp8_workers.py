@@ -236,9 +236,12 @@ def serve(conn: Connection) -> None:
                 read = multiply_band(scratch, files, message)
             conn.send_bytes(OK)
         except Exception as e:  # noqa: BLE001 (any failure is reported back; the other side stops using helpers)
-            conn.send_bytes(f"{type(e).__name__}: {e}".encode())
+            conn.send_bytes(f"{type(e).__name__}: {e}".encode(errors="backslashreplace"))
         if read is not None:  # after the answer: the other side does not wait for old pages to be let go
-            keep_resident(resident, *read)
+            try:
+                keep_resident(resident, *read)
+            except OSError:  # the pages stay mapped: more memory, the same results
+                pass
 
 
 def multiply_band(scratch, files, message: bytes) -> tuple:
@@ -264,6 +267,8 @@ def unpacked_band(message: bytes) -> tuple:
     offset, start, end, _, in_dim, block_rows, block_columns, n, k, path_length = BAND.unpack_from(message, 1)
     path_end = 1 + BAND.size + path_length
     scale_shape = (-(-end // block_rows) - start // block_rows, -(-in_dim // block_columns))
+    if len(message) != path_end + 4 * scale_shape[0] * scale_shape[1]:
+        raise ValueError(f"band message of {len(message)} bytes, expected scales {list(scale_shape)} after the path")
     scales = np.frombuffer(message, F32, scale_shape[0] * scale_shape[1], path_end).reshape(scale_shape)
     path = os.fsdecode(message[1 + BAND.size : path_end])
     return path, offset, Band(start, end), in_dim, (block_rows, block_columns), n, k, scales

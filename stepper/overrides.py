@@ -262,7 +262,10 @@ def linear_fp8_via_dequantize(x: np.ndarray, w) -> np.ndarray:
 
 def decoded_via_dequantize(w, out: np.ndarray | None = None) -> np.ndarray:
     """An FP8 weight as float32 through `fp8.dequantize`, whichever function that name holds now."""
+    dense = w.dense()
     if out is None:
-        return w.dense()
-    out[...] = w.dense()
+        return dense
+    if np.shape(dense) != w.shape:
+        raise StepperError(f"dequantize gave shape {list(np.shape(dense))} for '{w.name}', expected {list(w.shape)}")
+    np.copyto(out, dense)
     return out

@@ -2,8 +2,8 @@
 
 Decoding FP8 costs more than multiplying by the decoded float32 matrix. Decode steps read the
 same attention and shared-expert weights every step (and sometimes the same experts), so keeping
-decoded matrices, least recently used out first, makes the second and later steps faster. The
-cache never holds more than its budget; a weight bigger than the budget is never kept.
+decoded matrices makes the second and later steps faster. The cache never holds more than its
+budget; a weight bigger than the budget is never kept.
 
 Which weights are kept: a weight is kept from its second use on, and room is made for it only by
 letting go of weights used fewer times than it (least recently used first). Routed experts mostly

@@ -201,3 +201,10 @@ def test_the_nan_check_is_remembered_per_file_range():
     assert nan_rows(poisoned, ("nan-check.safetensors", 8192)) == [200]  # another range
     assert nan_rows(poisoned, ("nan-check.safetensors", 8192)) == [200]  # a range with NaN codes: looked at every time
     assert nan_rows(poisoned, None) == [200]  # codes from no file: looked at every time
+
+
+def test_decoded_into_given_memory_is_that_memory_holding_dequantize():
+    codes, scale_inv = fp8.quantize(np.random.default_rng(8).standard_normal((300, 200)).astype(np.float32))
+    w = Fp8Matrix.of(codes, scale_inv)
+    out = np.full(w.shape, np.nan, np.float32)
+    assert decoded(w, out) is out and np.array_equal(out, w.dense())
