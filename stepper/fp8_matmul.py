@@ -170,15 +170,21 @@ def row_tiles(w: Fp8Matrix, blocks: int = 1) -> list[tuple[int, int, int]]:
     return [(r0 // block_rows, r0, min(r0 + rows, out_dim)) for r0 in range(0, out_dim, rows)]
 
 
-def apply_tiles(tokens: np.ndarray, w: Fp8Matrix, k: int, rows: np.ndarray, decode: Decoder | None = None) -> None:
+def apply_tiles(tokens: np.ndarray, w: Fp8Matrix, k: int, rows: np.ndarray, decode: Decoder | None = None,
+                claim: Callable[[], int | None] | None = None, nan_check: NanCheck | None = None) -> None:
     """Decode and multiply each tile into its rows of `rows` [out, N] (times 2^(k - 120)), one buffer reused.
 
     With fewer tokens than a scale block has rows, a tile is one block and its scales go onto the
     inputs. With more, they go onto the tiles (one pass over each), the inputs are scaled once,
     and a tile is several blocks high: BLAS repacks the inputs for every product, so taller tiles
     run faster (measured on [rows, 7168] x 256 tokens: 66 GFLOP/s for 128 rows, 89 for 1024).
-    Such a tile is decoded block by block, so that each block's passes run in the cache."""
-    nan_check = NanCheck(w, decode)
+    Such a tile is decoded block by block, so that each block's passes run in the cache.
+
+    With `claim`, only the tiles it hands out are done (by index, until it gives None), and with
+    `nan_check` the caller puts together and remembers what was found (fp8_workers shares a
+    product's tiles with a helper that way)."""
+    remember = nan_check is None
+    nan_check = nan_check or NanCheck(w, decode)
     block_rows, in_dim = w.block[0], w.shape[1]
     many = many_tokens(tokens.shape[0], w)
     tiles = row_tiles(w, max(1, TALL_TILE_BYTES // (4 * in_dim * block_rows)) if many else 1)
@@ -189,7 +195,8 @@ def apply_tiles(tokens: np.ndarray, w: Fp8Matrix, k: int, rows: np.ndarray, deco
         scales = scale_grid(w, c)
     else:
         scales, scaled = scale_grid(w, k), np.empty(tokens.shape, F32)
-    for r, start, end in tiles:
+    for i in range(len(tiles)) if claim is None else iter(claim, None):
+        r, start, end = tiles[i]
         tile = buffer[: end - start]
         for b, b0 in enumerate(range(0, end - start, block_rows)):
             block = tile[b0 : b0 + block_rows]
@@ -199,7 +206,8 @@ def apply_tiles(tokens: np.ndarray, w: Fp8Matrix, k: int, rows: np.ndarray, deco
         if not many:
             inputs = np.multiply(tokens, scales[r], out=scaled).T  # [in, N]
         np.matmul(tile, inputs, out=rows[start:end])
-    nan_check.done()
+    if remember:
+        nan_check.done()
 
 
 def scale_grid(w: Fp8Matrix, k: int) -> np.ndarray:
@@ -247,9 +255,9 @@ class NanCheck:
     by file range (`origin`), as the same weights recur at every decode step. A decoder of one's
     own (`decode`) is used as it is, unchecked: it gives the NaNs itself."""
 
-    def __init__(self, w: Fp8Matrix, decode: Decoder | None = None):
+    def __init__(self, w: Fp8Matrix, decode: Decoder | None = None, checking: bool | None = None):
         self.key = None if w.origin is None else (*w.origin, w.shape)
-        self.checking = decode is None and self.key not in _nan_free
+        self.checking = decode is None and self.key not in _nan_free if checking is None else checking
         self.decode_block = decode or (decode_unbiased if self.checking else decode_bits)
         self.found = False
 

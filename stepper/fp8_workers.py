@@ -3,7 +3,8 @@
 Decoding a tile is a handful of short NumPy calls, and each call hands the GIL over: two threads
 sharing the tiles measured only about 1.2x as fast as one on a decode step, two processes 2x.
 So a large FP8 product is cut into bands of whole scale blocks, one for this process and one
-for each helper, and the helpers' rows are copied into the result.
+for each helper, and the helpers' rows are copied into the result. With one helper and few
+tokens (a decode step), the two processes instead take tiles from the two ends until they meet.
 
 A helper reads the codes from the checkpoint file itself (mapped once per file), so only
 weights read from a file are shared out; the inputs and the helper's rows of the result go
@@ -33,7 +34,7 @@ import numpy as np
 
 from . import parallel
 from .checkpoint import BAND_RESIDENT_BYTES
-from .fp8_matmul import Fp8Matrix, apply_tiles, many_tokens, result_arrays
+from .fp8_matmul import Fp8Matrix, NanCheck, apply_tiles, many_tokens, result_arrays, row_tiles
 
 F32 = np.float32
 SHARE_WORK = 1 << 22  # a product of fewer weights x tokens stays in this process: messages would cost more
@@ -41,9 +42,11 @@ SHARE_WORK = 1 << 22  # a product of fewer weights x tokens stays in this proces
 SPIN_SECONDS = 0.002  # how long a side watches the pipe before sleeping on it
 # The messages are bytes, not pickles (a pickled band with its scales took 2-3x as long to go
 # round): a kind byte, then for a band its numbers, the file's path and the band's scale rows.
-BAND = struct.Struct("<8q2i")  # byte offset, start, end, out, in, block rows, block columns, tokens; k, path length
+BAND = struct.Struct("<8q3i")  # byte offset, start, end, out, in, block rows, block columns, tokens; k, path length, how
+MEET, CHECK_NAN = 1, 2  # how: tiles taken from both ends (meet_in_the_middle); look for NaN codes
 SCRATCH = struct.Struct("<q")  # size
-OK = b"ok"
+CLAIMS_BYTES = 64  # the scratch starts with two int64: the next tile from the front, the last taken from the back
+OK, OK_NAN = b"ok", b"ok, NaN codes found"
 
 
 @dataclass(frozen=True)
@@ -75,30 +78,37 @@ class Helper:
 
     def send_inputs(self, tokens: np.ndarray, most_rows: int) -> None:
         """Put a product's inputs [N, in] in the scratch, with room after them for most_rows of result."""
-        self._ensure_scratch(tokens.nbytes + most_rows * tokens.shape[0] * 4)
-        np.frombuffer(self.scratch, F32, tokens.size).reshape(tokens.shape)[:] = tokens
+        self._ensure_scratch(CLAIMS_BYTES + tokens.nbytes + most_rows * tokens.shape[0] * 4)
+        np.frombuffer(self.scratch, F32, tokens.size, CLAIMS_BYTES).reshape(tokens.shape)[:] = tokens
         self.inputs_bytes = tokens.nbytes
 
-    def start(self, w: Fp8Matrix, k: int, band: Band, n: int) -> None:
+    def claims(self) -> np.ndarray:
+        """The two tile indices of a product shared from both ends (meet_in_the_middle).  [2] int64"""
+        return np.frombuffer(self.scratch, np.int64, 2)
+
+    def start(self, w: Fp8Matrix, k: int, band: Band, n: int, how: int = 0) -> None:
         """Send a band of the product whose inputs were sent; the helper starts at once."""
         path, offset = w.origin
         path_bytes = os.fsencode(path)
         scales = np.ascontiguousarray(band_matrix(w, band).scale_inv, F32)
-        numbers = BAND.pack(offset, band.start, band.end, *w.shape, *w.block, n, k, len(path_bytes))
+        numbers = BAND.pack(offset, band.start, band.end, *w.shape, *w.block, n, k, len(path_bytes), how)
         self.conn.send_bytes(b"B" + numbers + path_bytes + scales.tobytes())
         self.band = band
 
-    def finish_into(self, w: Fp8Matrix, rows: np.ndarray) -> None:
-        """Wait for the band and copy its rows into the product's rows [out, N]."""
+    def finish_into(self, w: Fp8Matrix, rows: np.ndarray, first_row: int | None = None) -> bool:
+        """Wait for the band and copy its rows (from first_row on, if given) into the product's
+        rows [out, N]. Returns whether the helper found NaN codes."""
         answer = receive(self.conn)
-        if answer != OK:
+        if answer not in (OK, OK_NAN):
             raise RuntimeError(f"FP8 helper process failed: {answer.decode(errors='replace')}")
         band, n = self.band, rows.shape[1]
         height = band.end - band.start
-        flat = np.frombuffer(self.scratch, F32, height * n, self.inputs_bytes)
-        rows[band.start : band.end] = result_arrays(height, n, many_tokens(n, w), flat)[1]
+        flat = np.frombuffer(self.scratch, F32, height * n, CLAIMS_BYTES + self.inputs_bytes)
+        first = band.start if first_row is None else first_row
+        rows[first : band.end] = result_arrays(height, n, many_tokens(n, w), flat)[1][first - band.start :]
         self.band = None
         self.bands_done += 1
+        return answer == OK_NAN
 
     def _ensure_scratch(self, need: int) -> None:
         """Scratch memory of at least `need` bytes, shared with the helper by passing its file
@@ -170,9 +180,9 @@ def stop_helpers() -> None:
 
 
 def linear_bands(tokens: np.ndarray, w: Fp8Matrix, k: int, rows: np.ndarray) -> bool:
-    """rows [out, N] = the product's rows, one band for this process and one for each helper.
-
-    (Smaller bands handed out as each side finished measured slower: 0.68 s against 0.59 s for
+    """rows [out, N] = the product's rows, shared with the helpers: tiles from both ends with one
+    helper and few tokens, else one band for this process and one for each helper. (Smaller
+    bands handed out by message as each side finished measured slower: 0.68 s against 0.59 s for
     48 expert products of 16 tokens.) False (nothing done) when the product is small, its codes
     are not a file's, or there are no helpers."""
     global _broken
@@ -180,13 +190,10 @@ def linear_bands(tokens: np.ndarray, w: Fp8Matrix, k: int, rows: np.ndarray) -> 
         return False
     try:
         workers = helpers()
-        mine, *theirs = split_bands(w, len(workers) + 1)
-        for helper, band in zip(workers, theirs):
-            helper.send_inputs(tokens, band.end - band.start)
-            helper.start(w, k, band, tokens.shape[0])
-        apply_tiles(tokens, band_matrix(w, mine), k, rows[mine.start : mine.end])
-        for helper, _ in zip(workers, theirs):
-            helper.finish_into(w, rows)
+        if len(workers) == 1 and not many_tokens(tokens.shape[0], w):
+            meet_in_the_middle(tokens, w, k, rows, workers[0])
+        else:
+            in_bands(tokens, w, k, rows, workers)
     except (OSError, EOFError, RuntimeError):  # a helper died or could not start: run here from now on
         _broken = True
         return False
@@ -194,6 +201,60 @@ def linear_bands(tokens: np.ndarray, w: Fp8Matrix, k: int, rows: np.ndarray) -> 
         _broken = True
         raise
     return True
+
+
+def in_bands(tokens: np.ndarray, w: Fp8Matrix, k: int, rows: np.ndarray, workers: list[Helper]) -> None:
+    """rows [out, N]: one band of whole scale blocks for this process and one for each helper."""
+    mine, *theirs = split_bands(w, len(workers) + 1)
+    for helper, band in zip(workers, theirs):
+        helper.send_inputs(tokens, band.end - band.start)
+        helper.start(w, k, band, tokens.shape[0])
+    apply_tiles(tokens, band_matrix(w, mine), k, rows[mine.start : mine.end])
+    for helper, _ in zip(workers, theirs):
+        helper.finish_into(w, rows)
+
+
+def meet_in_the_middle(tokens: np.ndarray, w: Fp8Matrix, k: int, rows: np.ndarray, helper: Helper) -> None:
+    """rows [out, N], for few tokens with one helper: this process takes tiles from the first on,
+    the helper from the last back, until they meet, so the one that runs faster does more. Fixed
+    halves left this process waiting 9-17 ms a decode step for whichever half ran slower.
+
+    Each side writes only its own index in the scratch and reads the other's; a stale read can
+    make both take the same tile, never leave one out, and a tile done twice comes out the same.
+    Whether NaN codes were found is put together from both sides before it is remembered."""
+    tiles = len(row_tiles(w))
+    nan_check = NanCheck(w)
+    helper.send_inputs(tokens, w.shape[0])
+    claims = helper.claims()
+    claims[:] = (0, tiles)
+    how = MEET | (CHECK_NAN if nan_check.checking else 0)
+    helper.start(w, k, Band(0, w.shape[0]), tokens.shape[0], how)
+    apply_tiles(tokens, w, k, rows, claim=from_the_front(claims), nan_check=nan_check)
+    if helper.finish_into(w, rows, first_row=min(int(claims[1]) * w.block[0], w.shape[0])):
+        nan_check.found = True
+    nan_check.done()
+
+
+def from_the_front(claims: np.ndarray):
+    """Tile indices from the first on, until the helper's last taken one (claims[1])."""
+    def take() -> int | None:
+        tile = int(claims[0])
+        if tile >= claims[1]:
+            return None
+        claims[0] = tile + 1
+        return tile
+    return take
+
+
+def from_the_back(claims: np.ndarray):
+    """Tile indices from the last back, until this process's next one (claims[0])."""
+    def take() -> int | None:
+        tile = int(claims[1]) - 1
+        if tile < claims[0]:
+            return None
+        claims[1] = tile
+        return tile
+    return take
 
 
 def split_bands(w: Fp8Matrix, parts: int) -> list[Band]:
@@ -226,15 +287,15 @@ def serve(conn: Connection) -> None:
             message = receive(conn)
         except (EOFError, OSError):
             return
-        read = None
+        read, found = None, False
         try:
             if message[:1] == b"S":
                 fd = recv_handle(conn)
                 scratch = mmap.mmap(fd, SCRATCH.unpack_from(message, 1)[0])
                 os.close(fd)
             else:
-                read = multiply_band(scratch, files, message)
-            conn.send_bytes(OK)
+                read, found = multiply_band(scratch, files, message)
+            conn.send_bytes(OK_NAN if found else OK)
         except Exception as e:  # noqa: BLE001 (any failure is reported back; the other side stops using helpers)
             conn.send_bytes(f"{type(e).__name__}: {e}".encode(errors="backslashreplace"))
         if read is not None:  # after the answer: the other side does not wait for old pages to be let go
@@ -246,11 +307,12 @@ def serve(conn: Connection) -> None:
 
 def multiply_band(scratch, files, message: bytes) -> tuple:
     """A band message's rows of the product into the scratch, after the inputs there.
-    [N, in] -> [rows, N]. Returns the file map and byte range the codes were read from."""
-    path, offset, band, in_dim, block, n, k, scales = unpacked_band(message)
+    [N, in] -> [rows, N]. Returns the file map and byte range the codes were read from, and
+    whether NaN codes were found in tiles shared from both ends."""
+    path, offset, band, in_dim, block, n, k, how, scales = unpacked_band(message)
     rows = band.end - band.start
-    tokens = np.frombuffer(scratch, F32, n * in_dim).reshape(n, in_dim)
-    flat = np.frombuffer(scratch, F32, rows * n, n * in_dim * 4)
+    tokens = np.frombuffer(scratch, F32, n * in_dim, CLAIMS_BYTES).reshape(n, in_dim)
+    flat = np.frombuffer(scratch, F32, rows * n, CLAIMS_BYTES + n * in_dim * 4)
     identity = os.stat(path)  # the same file, not one written since under the same name
     key = (path, identity.st_ino, identity.st_size, identity.st_mtime_ns)
     if key not in files:
@@ -258,20 +320,25 @@ def multiply_band(scratch, files, message: bytes) -> tuple:
     start = offset + band.start * in_dim
     codes = np.frombuffer(files[key], np.uint8, rows * in_dim, start).reshape(rows, in_dim)
     w = Fp8Matrix(codes, scales, block, origin=(path, start))
-    apply_tiles(tokens, w, k, result_arrays(rows, n, many_tokens(n, w), flat)[1])
-    return files[key], start, rows * in_dim
+    result = result_arrays(rows, n, many_tokens(n, w), flat)[1]
+    if not how & MEET:
+        apply_tiles(tokens, w, k, result)
+        return (files[key], start, rows * in_dim), False
+    nan_check = NanCheck(w, checking=bool(how & CHECK_NAN))  # the other side remembers what both found
+    apply_tiles(tokens, w, k, result, claim=from_the_back(np.frombuffer(scratch, np.int64, 2)), nan_check=nan_check)
+    return (files[key], start, rows * in_dim), nan_check.found
 
 
 def unpacked_band(message: bytes) -> tuple:
-    """(path, byte offset, band, in, block, tokens, k, the band's scale rows) of a band message."""
-    offset, start, end, _, in_dim, block_rows, block_columns, n, k, path_length = BAND.unpack_from(message, 1)
+    """(path, byte offset, band, in, block, tokens, k, how, the band's scale rows) of a band message."""
+    offset, start, end, _, in_dim, block_rows, block_columns, n, k, path_length, how = BAND.unpack_from(message, 1)
     path_end = 1 + BAND.size + path_length
     scale_shape = (-(-end // block_rows) - start // block_rows, -(-in_dim // block_columns))
     if len(message) != path_end + 4 * scale_shape[0] * scale_shape[1]:
         raise ValueError(f"band message of {len(message)} bytes, expected scales {list(scale_shape)} after the path")
     scales = np.frombuffer(message, F32, scale_shape[0] * scale_shape[1], path_end).reshape(scale_shape)
     path = os.fsdecode(message[1 + BAND.size : path_end])
-    return path, offset, Band(start, end), in_dim, (block_rows, block_columns), n, k, scales
+    return path, offset, Band(start, end), in_dim, (block_rows, block_columns), n, k, how, scales
 
 
 def mapped(path: str) -> mmap.mmap:

@@ -99,3 +99,49 @@ def test_a_helper_that_reports_an_error_leaves_the_products_here(checkpoint, sha
     y = linear_fp8(x, gone)
     assert fp8_workers._broken and fp8_workers.helpers()[0].process.poll() is None  # it answered, and lives on
     assert np.abs(y - exact(x, w)).max() <= 2e-6 * np.abs(exact(x, w)).max()
+
+
+@pytest.fixture
+def slow_front(monkeypatch):
+    """This process takes its tiles slowly, so the helper takes some from the back."""
+    import time
+
+    taken_from_the_front = fp8_workers.from_the_front
+
+    def slowly(claims):
+        take = taken_from_the_front(claims)
+
+        def take_slowly():
+            time.sleep(0.05)
+            return take()
+        return take_slowly
+    monkeypatch.setattr(fp8_workers, "from_the_front", slowly)
+
+
+def test_tiles_taken_from_both_ends_make_the_dense_product(checkpoint, shared, slow_front):
+    w = checkpoint.matrix(EXPERT)  # three tiles
+    x = np.random.default_rng(9).standard_normal((3, w.shape[1])).astype(np.float32)
+    y = linear_fp8(x, w)
+    helper = fp8_workers.helpers()[0]
+    assert not fp8_workers._broken and helper.claims()[1] < 3  # the helper took the last tile or more
+    assert np.abs(y - exact(x, w)).max() <= 2e-6 * np.abs(exact(x, w)).max()
+
+
+def test_nan_codes_in_the_helpers_tiles_are_found_and_not_forgotten(checkpoint, shared, slow_front, tmp_path):
+    import shutil
+
+    folder = tmp_path / "poisoned"
+    shutil.copytree(checkpoint.path, folder)
+    poisoned = Checkpoint(folder)
+    shard = poisoned.shard_of(EXPERT)
+    last_row = shard.data_range(EXPERT)[0] + (poisoned.matrix(EXPERT).shape[0] - 1) * poisoned.matrix(EXPERT).shape[1]
+    with open(shard.path, "r+b") as f:  # a NaN code in the last row, before anything maps the file
+        f.seek(last_row + 5)
+        f.write(b"\x7f")
+    poisoned = Checkpoint(folder)
+    w = poisoned.matrix(EXPERT)
+    x = np.ones((1, w.shape[1]), np.float32)
+    for _ in range(2):  # the second time too: the weight is not remembered as free of NaN codes
+        y = linear_fp8(x, w)[0]
+        assert fp8_workers.helpers()[0].claims()[1] < 3 and not fp8_workers._broken
+        assert np.flatnonzero(np.isnan(y)).tolist() == [w.shape[0] - 1]
