@@ -95,20 +95,25 @@ class Helper:
         self.conn.send_bytes(b"B" + numbers + path_bytes + scales.tobytes())
         self.band = band
 
-    def finish_into(self, w: Fp8Matrix, rows: np.ndarray, first_row: int | None = None) -> bool:
-        """Wait for the band and copy its rows (from first_row on, if given) into the product's
-        rows [out, N]. Returns whether the helper found NaN codes."""
+    def finish_into(self, w: Fp8Matrix, rows: np.ndarray) -> None:
+        """Wait for the band and copy its rows into the product's rows [out, N]."""
+        self.answer()
+        self.copy_into(w, rows, self.band.start)
+
+    def answer(self) -> bool:
+        """Wait for the band to be done; whether the helper found NaN codes."""
         answer = receive(self.conn)
         if answer not in (OK, OK_NAN):
             raise RuntimeError(f"FP8 helper process failed: {answer.decode(errors='replace')}")
+        self.bands_done += 1
+        return answer == OK_NAN
+
+    def copy_into(self, w: Fp8Matrix, rows: np.ndarray, first_row: int) -> None:
+        """Copy the band's rows from first_row on into the product's rows [out, N]."""
         band, n = self.band, rows.shape[1]
         height = band.end - band.start
         flat = np.frombuffer(self.scratch, F32, height * n, CLAIMS_BYTES + self.inputs_bytes)
-        first = band.start if first_row is None else first_row
-        rows[first : band.end] = result_arrays(height, n, many_tokens(n, w), flat)[1][first - band.start :]
-        self.band = None
-        self.bands_done += 1
-        return answer == OK_NAN
+        rows[first_row : band.end] = result_arrays(height, n, many_tokens(n, w), flat)[1][first_row - band.start :]
 
     def _ensure_scratch(self, need: int) -> None:
         """Scratch memory of at least `need` bytes, shared with the helper by passing its file
@@ -230,9 +235,10 @@ def meet_in_the_middle(tokens: np.ndarray, w: Fp8Matrix, k: int, rows: np.ndarra
     how = MEET | (CHECK_NAN if nan_check.checking else 0)
     helper.start(w, k, Band(0, w.shape[0]), tokens.shape[0], how)
     apply_tiles(tokens, w, k, rows, claim=from_the_front(claims), nan_check=nan_check)
-    if helper.finish_into(w, rows, first_row=min(int(claims[1]) * w.block[0], w.shape[0])):
+    if helper.answer():
         nan_check.found = True
     nan_check.done()
+    helper.copy_into(w, rows, min(int(claims[1]) * w.block[0], w.shape[0]))  # the tiles the helper took
 
 
 def from_the_front(claims: np.ndarray):
