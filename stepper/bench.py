@@ -264,12 +264,12 @@ def run_all(workdir: Path, with_torch: bool, say) -> list[Figure]:
     say("writing (once) the full-size layer 1 checkpoint: about 17 GB, several minutes")
     moe = ensure_checkpoint(workdir, kimi, range(1, 2))
     say("MoE layer 1: decode 1 token over a 1024-position cache")
-    figures += in_subprocess("layer", checkpoint=moe, layer=1, tokens=1, cache=1024, repeat=6)
+    figures += in_subprocess("layer", checkpoint=moe, layer=1, tokens=1, cache=1024, repeat=12)  # steps vary: a median of 11
     say("MoE layer 1: prefill 512 tokens")
     figures += in_subprocess("layer", checkpoint=moe, layer=1, tokens=512, cache=0, repeat=3)
     dense = ensure_checkpoint(workdir, kimi, range(1))
     say("dense layer 0: decode and prefill")
-    figures += in_subprocess("layer", checkpoint=dense, layer=0, tokens=1, cache=1024, repeat=4)
+    figures += in_subprocess("layer", checkpoint=dense, layer=0, tokens=1, cache=1024, repeat=8)
     figures += in_subprocess("layer", checkpoint=dense, layer=0, tokens=512, cache=0, repeat=3)
     if with_torch:
         small = ensure_checkpoint(workdir, bench_config("kimi-k2", 16), range(1, 2))
