@@ -163,8 +163,7 @@ def versus_torch(checkpoint: Path, tokens: int, repeat: int, cache_mb: int = 0) 
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3DecoderLayer, DeepseekV3RotaryEmbedding
 
     torch.set_grad_enabled(False)
-    fill_page_cache(checkpoint)
-    source = Checkpoint(checkpoint)
+    source = Checkpoint(checkpoint)  # (load_layer below reads every tensor: the page cache is filled then)
     cfg = source.config
     raw = {k: v for k, v in cfg.to_hf().items() if k != "quantization_config"}
     raw.update(model_type="deepseek_v3", rope_interleave=True)

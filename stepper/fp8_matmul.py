@@ -257,7 +257,7 @@ class NanCheck:
 
     def __init__(self, w: Fp8Matrix, decode: Decoder | None = None, checking: bool | None = None):
         self.key = None if w.origin is None else (*w.origin, w.shape)
-        self.checking = decode is None and self.key not in _nan_free if checking is None else checking
+        self.checking = (decode is None and self.key not in _nan_free) if checking is None else checking
         self.decode_block = decode or (decode_unbiased if self.checking else decode_bits)
         self.found = False
 
