@@ -35,6 +35,7 @@ import numpy as np
 from . import parallel
 from .checkpoint import BAND_RESIDENT_BYTES
 from .fp8_matmul import Fp8Matrix, NanCheck, apply_tiles, many_tokens, result_arrays, row_tiles
+from .safetensors_reader import advise_checkpoint_map
 
 F32 = np.float32
 SHARE_WORK = 1 << 22  # a product of fewer weights x tokens stays in this process: messages would cost more
@@ -350,8 +351,7 @@ def unpacked_band(message: bytes) -> tuple:
 def mapped(path: str) -> mmap.mmap:
     with open(path, "rb") as f:
         view = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    if hasattr(view, "madvise"):
-        view.madvise(mmap.MADV_RANDOM)  # as the checkpoint reader: no read-around on each fault
+    advise_checkpoint_map(view)  # as the checkpoint reader's
     return view
 
 

@@ -244,21 +244,53 @@ def evict(path: Path) -> None:
         os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
 
 
+def huge_page_bytes() -> int:
+    """The block a fault reads in a map advised MADV_HUGEPAGE (2 MiB on x86-64)."""
+    try:
+        return int(Path("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size").read_text())
+    except (OSError, ValueError):
+        return 1 << 21
+
+
 @pytest.mark.skipif(not hasattr(os, "posix_fadvise") or sys.platform != "linux", reason="needs Linux mincore")
-def test_only_the_pages_of_the_tensor_used_are_read(tmp_path):
-    page = mmap.PAGESIZE
+def test_only_the_blocks_of_the_tensor_used_are_read(tmp_path):
+    """A fault reads the aligned huge-page block around it, never the rest of the file."""
+    page, block = mmap.PAGESIZE, huge_page_bytes()
     path = tmp_path / "pages.safetensors"
-    save_file({name: np.full(16 * page, i + 1, np.uint8) for i, name in enumerate("abc")}, str(path))
+    save_file({name: np.full(4 * block, i + 1, np.uint8) for i, name in enumerate("abc")}, str(path))
     evict(path)
     if resident_pages(path).any():
         pytest.skip("this file system keeps pages cached after POSIX_FADV_DONTNEED")
     with SafetensorsFile(path) as f:
         header_pages = -(-f.header_size // page)
         assert not resident_pages(path)[header_pages:].any(), "opening read tensor data"
-        assert int(f.get("b").sum()) == 2 * 16 * page
+        assert int(f.get("b").sum()) == 2 * 4 * block
         start, end = f.data_range("b")
         read = np.flatnonzero(resident_pages(path)[header_pages:]) + header_pages
-        assert read.size and start // page <= read.min() and read.max() <= (end - 1) // page, (start, end, read)
+        first, last = start - start % block, end + -end % block  # the blocks holding b
+        assert read.size and first // page <= read.min() and read.max() < last // page, (start, end, read)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="Linux's /proc/self/smaps")
+def test_checkpoint_maps_are_advised_random_reads_in_huge_page_blocks(tmp_path):
+    path = write(tmp_path / "v.safetensors", VALID)
+    with SafetensorsFile(path) as f:
+        view = f.get("a")
+        address = view.__array_interface__["data"][0]
+        flags = map_flags(address)
+        assert "rr" in flags and "hg" in flags, flags  # MADV_RANDOM, MADV_HUGEPAGE
+
+
+def map_flags(address: int) -> list[str]:
+    """The VmFlags of the mapping holding `address`."""
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if "-" in line.split(" ", 1)[0] and not line.startswith("VmFlags"):
+            low, high = (int(a, 16) for a in line.split(" ", 1)[0].split("-"))
+            inside = low <= address < high
+        elif inside and line.startswith("VmFlags:"):
+            return line.split()[1:]
+    raise AssertionError(f"no mapping holds {address:#x}")
 
 
 def test_get_after_close_and_a_replaced_file_are_errors(tmp_path):
