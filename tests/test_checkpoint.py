@@ -63,6 +63,28 @@ def test_synth_checkpoint_runs_bit_identically_to_the_preset(synth_dir):
         assert np.array_equal(from_dir[name], array), name
 
 
+def test_kv_b_decoded_into_reused_memory_is_decoded_again_only_for_another_weight(synth_dir, monkeypatch):
+    from stepper.model import layer_weights
+    from stepper.model.layer_weights import LayerWeights
+
+    calls = []
+    real_dense = layer_weights.dense
+    monkeypatch.setattr(layer_weights, "dense", lambda w, out: calls.append(w.name) or real_dense(w, out))
+    name, scratch = "self_attn.kv_b_proj.weight", {}
+    from_file = Checkpoint(synth_dir)
+    want = {layer: from_file.matrix(f"model.layers.{layer}.{name}").dense() for layer in (0, 1)}
+    first = LayerWeights(from_file, 1, scratch).decoded(name)
+    assert np.array_equal(first, want[1]) and not first.flags.writeable and len(calls) == 1
+    assert LayerWeights(from_file, 1, scratch).decoded(name) is first and len(calls) == 1  # the same weight: kept
+    assert np.array_equal(LayerWeights(from_file, 0, scratch).decoded(name), want[0]) and len(calls) == 2
+    again = LayerWeights(from_file, 1, scratch).decoded(name)  # the memory holds layer 0's now
+    assert again is first and np.array_equal(again, want[1]) and len(calls) == 3
+    synthetic = SyntheticWeights(preset("tiny"), seed=0)  # no file: no way to tell two weights apart
+    for _ in range(2):
+        LayerWeights(synthetic, 1, scratch).decoded(name)
+    assert len(calls) == 5
+
+
 def test_synth_refuses_to_overwrite_without_force(synth_dir, tmp_path):
     out = stepper("synth", "--out", str(synth_dir))
     assert out.returncode == 2 and "already exists; pass --force" in out.stderr

@@ -14,7 +14,7 @@ class LayerWeights:
         self.source = source
         self.layer = layer
         self.prefix = layer_prefix(layer)
-        self.scratch = {} if scratch is None else scratch  # shape -> float32 memory reused by `decoded`
+        self.scratch = {} if scratch is None else scratch  # shape -> (float32 memory, the weight it holds), for `decoded`
 
     def __call__(self, name: str) -> np.ndarray:
         """A float32 tensor (norm weights, the router, the bias)."""
@@ -25,13 +25,22 @@ class LayerWeights:
         return self.source.matrix(self.prefix + name)
 
     def decoded(self, name: str) -> np.ndarray:
-        """A weight as float32, an FP8 one decoded into memory reused from one call to the next
-        (so valid only until the next call, whichever layer makes it). kv_b of the absorbed
-        attention is decoded at every decode step, and a fresh 33 MB array, its pages faulted in
-        while the page cache is full, took as long again as the decoding."""
+        """A weight as float32, read-only; an FP8 one decoded into memory reused from one call to
+        the next (so valid only until the next call, whichever layer makes it). kv_b of the
+        absorbed attention is asked for at every decode step: a fresh 33 MB array, its pages
+        faulted in while the page cache is full, took as long again as the decoding, and the
+        decoding itself (6-7 ms) is skipped when the memory still holds the same checkpoint
+        weight, as it does when one layer is stepped through."""
         weight = self.matrix(name)
         if not isinstance(weight, Fp8Matrix):
             return weight
-        if weight.shape not in self.scratch:
-            self.scratch[weight.shape] = np.empty(weight.shape, np.float32)
-        return dense(weight, self.scratch[weight.shape])
+        memory, holds = self.scratch.get(weight.shape, (None, None))
+        if memory is None:
+            memory = np.empty(weight.shape, np.float32)
+        key = None if weight.origin is None else (*weight.origin, weight.shape)  # synthetic weights: no key
+        if key is None or key != holds:
+            memory.flags.writeable = True
+            dense(weight, memory)
+            memory.flags.writeable = False
+        self.scratch[weight.shape] = (memory, key)
+        return memory
