@@ -35,7 +35,7 @@ import numpy as np
 from . import parallel
 from .checkpoint import BAND_RESIDENT_BYTES
 from .fp8_matmul import Fp8Matrix, NanCheck, apply_tiles, many_tokens, result_arrays, row_tiles
-from .safetensors_reader import advise_checkpoint_map
+from .safetensors_reader import advise_checkpoint_map, spanned
 
 F32 = np.float32
 SHARE_WORK = 1 << 22  # a product of fewer weights x tokens stays in this process: messages would cost more
@@ -324,16 +324,18 @@ def multiply_band(scratch, files, message: bytes) -> tuple:
     key = (path, identity.st_ino, identity.st_size, identity.st_mtime_ns)
     if key not in files:
         files[key] = mapped(path)
+    view, fault_bytes = files[key]
     start = offset + band.start * in_dim
-    codes = np.frombuffer(files[key], np.uint8, rows * in_dim, start).reshape(rows, in_dim)
+    codes = np.frombuffer(view, np.uint8, rows * in_dim, start).reshape(rows, in_dim)
+    read = (view, start, rows * in_dim, fault_bytes)
     w = Fp8Matrix(codes, scales, block, origin=(path, start))
     result = result_arrays(rows, n, many_tokens(n, w), flat)[1]
     if not how & MEET:
         apply_tiles(tokens, w, k, result)
-        return (files[key], start, rows * in_dim), False
+        return read, False
     nan_check = NanCheck(w, checking=bool(how & CHECK_NAN))  # the other side remembers what both found
     apply_tiles(tokens, w, k, result, claim=from_the_back(np.frombuffer(scratch, np.int64, 2)), nan_check=nan_check)
-    return (files[key], start, rows * in_dim), nan_check.found
+    return read, nan_check.found
 
 
 def unpacked_band(message: bytes) -> tuple:
@@ -348,20 +350,20 @@ def unpacked_band(message: bytes) -> tuple:
     return path, offset, Band(start, end), in_dim, (block_rows, block_columns), n, k, how, scales
 
 
-def mapped(path: str) -> mmap.mmap:
+def mapped(path: str) -> tuple[mmap.mmap, int]:
+    """The file mapped read-only and advised as the checkpoint reader's, and the bytes a fault maps."""
     with open(path, "rb") as f:
         view = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    advise_checkpoint_map(view)  # as the checkpoint reader's
-    return view
+    return view, advise_checkpoint_map(view)
 
 
-def keep_resident(resident: OrderedDict, view: mmap.mmap, start: int, length: int) -> None:
-    """As the checkpoint reader does: past BAND_RESIDENT_BYTES of mapped bands, the oldest are let go."""
+def keep_resident(resident: OrderedDict, view: mmap.mmap, start: int, length: int, fault_bytes: int) -> None:
+    """As the checkpoint reader does: past BAND_RESIDENT_BYTES of mapped bands (counted in the
+    blocks a fault maps), the oldest are let go."""
     resident.pop((id(view), start), None)
-    resident[(id(view), start)] = (view, start, length)
-    while sum(entry[2] for entry in resident.values()) > BAND_RESIDENT_BYTES and len(resident) > 1:
-        old_view, old_start, old_length = resident.popitem(last=False)[1]
+    resident[(id(view), start)] = (view, start, length, spanned(start, start + length, fault_bytes))
+    while sum(entry[3] for entry in resident.values()) > BAND_RESIDENT_BYTES and len(resident) > 1:
+        old_view, old_start, old_length, _ = resident.popitem(last=False)[1]
         first = old_start - old_start % mmap.PAGESIZE
         if hasattr(old_view, "madvise"):
             old_view.madvise(mmap.MADV_DONTNEED, first, old_start + old_length - first)
-
