@@ -160,6 +160,7 @@ def forget_page_cache(checkpoint: Path) -> None:
         return
     for shard in sorted(checkpoint.glob("*.safetensors")):
         with open(shard, "rb", buffering=0) as f:
+            os.fsync(f.fileno())  # pages not yet written back are not dropped
             os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
 
 

@@ -85,6 +85,34 @@ def test_kv_b_decoded_into_reused_memory_is_decoded_again_only_for_another_weigh
     assert len(calls) == 5
 
 
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise") or sys.platform != "linux", reason="needs Linux mincore")
+def test_bench_forgets_then_fills_the_page_cache_without_keeping_pages_mapped(synth_dir):
+    from test_safetensors_reader import resident_pages
+
+    from stepper.bench import fill_page_cache, forget_page_cache
+
+    shards = sorted(synth_dir.glob("*.safetensors"))
+    forget_page_cache(synth_dir)
+    if any(resident_pages(s).any() for s in shards):
+        pytest.skip("this file system keeps pages cached after POSIX_FADV_DONTNEED")
+    mapped_before = mapped_bytes_of(shards)
+    fill_page_cache(synth_dir)
+    assert all(resident_pages(s).all() for s in shards)
+    assert mapped_bytes_of(shards) == mapped_before == 0
+
+
+def mapped_bytes_of(paths: list[Path]) -> int:
+    """Bytes of these files this process has mapped (/proc/self/smaps)."""
+    names, total, counting = {str(p) for p in paths}, 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()
+        if head and "-" in head[0] and not line.startswith(("VmFlags", "Name")) and head[0][0] in "0123456789abcdef":
+            counting = len(head) >= 6 and head[-1] in names
+        elif counting and line.startswith("Rss:"):
+            total += int(head[1]) * 1024
+    return total
+
+
 def test_synth_refuses_to_overwrite_without_force(synth_dir, tmp_path):
     out = stepper("synth", "--out", str(synth_dir))
     assert out.returncode == 2 and "already exists; pass --force" in out.stderr

@@ -25,7 +25,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from stepper.errors import StepperError
-from stepper.safetensors_reader import DTYPES, SafetensorsFile, TensorInfo
+from stepper.safetensors_reader import DTYPES, SafetensorsFile, TensorInfo, spanned
 
 # Corpus cases the reference reader (safetensors 0.8) accepts and we refuse on purpose.
 STRICTER_THAN_REFERENCE = {
@@ -269,6 +269,13 @@ def test_only_the_blocks_of_the_tensor_used_are_read(tmp_path):
         read = np.flatnonzero(resident_pages(path)[header_pages:]) + header_pages
         first, last = start - start % block, end + -end % block  # the blocks holding b
         assert read.size and first // page <= read.min() and read.max() < last // page, (start, end, read)
+
+
+def test_spanned_counts_the_whole_blocks_a_range_touches():
+    assert spanned(0, 1, 4096) == 4096 and spanned(4095, 4097, 4096) == 8192 and spanned(8192, 8192, 4096) == 0
+    mb2 = 1 << 21
+    expert = 7 * mb2  # 7168 x 2048 bytes
+    assert spanned(mb2, mb2 + expert, mb2) == expert and spanned(mb2 - 1, mb2 - 1 + expert, mb2) == expert + mb2
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="Linux's /proc/self/smaps")
