@@ -7,8 +7,8 @@ everything the reference Rust reader rejects, and more (duplicate keys, unknown 
 literals, shapes NumPy cannot hold), with a `StepperError` naming the file and the tensor.
 
 Tensor bytes are never read at open. The first `get` memory-maps the file read-only, and each
-tensor is a read-only NumPy view of its bytes in that map, so only the pages of the tensors
-actually used are ever read from disk. `safetensors`' own NumPy API cannot return BF16 or FP8
+tensor is a read-only NumPy view of its bytes in that map, so only the tensors actually used
+are ever read from disk (in the aligned 2 MB blocks that hold them: `advise_checkpoint_map`). `safetensors`' own NumPy API cannot return BF16 or FP8
 tensors; here they come back as `ml_dtypes` arrays.
 """
 
