@@ -116,12 +116,22 @@ def describe(plan: Plan) -> str:
 def footer(plan: Plan, result: RunResult, shown: int, dump: Path | None) -> str:
     parts = [f"{shown} tensors"]
     if plan.hidden is None:
-        parts.append(f"prompt {list(result.prompt)} at positions {plan.spec.start_pos}..")
+        parts.append(f"prompt {token_ids(result.prompt)} at positions {plan.spec.start_pos}..")
     if result.generated:
-        parts.append(("generated " if not plan.alone else "decode tokens ") + str(list(result.generated)))
+        parts.append(("generated " if not plan.alone else "decode tokens ") + token_ids(result.generated))
     if dump is not None:
         parts.append(f"dumped to {dump}")
     return " · ".join(parts)
+
+
+def token_ids(ids, shown: int = 16) -> str:
+    """Token ids as a list, a long one cut to its first and last few with its length, so that a
+    512-token prompt does not fill the screen."""
+    ids = [int(i) for i in ids]
+    if len(ids) <= shown:
+        return str(ids)
+    head, tail = ids[: shown * 3 // 4], ids[-(shown // 4) :]
+    return f"[{', '.join(map(str, head))}, … {', '.join(map(str, tail))}] ({len(ids)} tokens)"
 
 
 def parse_show(show: str | None) -> set[str]:

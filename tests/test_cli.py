@@ -72,6 +72,16 @@ def test_dump_holds_every_tensor_in_order(tmp_path):
     assert load_file(str(path)).keys() == tensors.keys()  # untouched
 
 
+def test_footer_lists_a_short_prompt_whole_and_cuts_a_long_one():
+    short = stepper("run", "--plain", "--ids", "5,6,7", "--only", "logits").stdout
+    assert "prompt [5, 6, 7] at positions 0.." in short
+    ids = list(range(100, 140))
+    long = stepper("run", "--plain", "--ids", ",".join(map(str, ids)), "--only", "logits").stdout
+    footer = long.strip().splitlines()[-1]
+    assert "prompt [100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 111, … 136, 137, 138, 139] (40 tokens)" in footer
+    assert "112" not in footer and "135" not in footer
+
+
 def test_only_and_layer_select_tensors():
     out = stepper("run", "--json", "--layer", "2", "--only", "*k_pe*")
     names = [json.loads(line)["name"] for line in out.stdout.splitlines()]
