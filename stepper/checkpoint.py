@@ -90,9 +90,10 @@ class Checkpoint:
         """Mapped pages count as this process's memory: past RESIDENT_BYTES of large tensors,
         the least recently used are released (they stay in the page cache, and fault back in).
 
-        The count is of whole tensors, rounded out to the blocks a fault maps, but with FP8 helpers this process maps only its band of a
-        shared product's rows, about half on two cores: at 768 MiB, a 16-expert layer's 850 MB
-        of weights did not fit, and every run of it mapped all of its pages afresh."""
+        The count is of whole tensors, rounded out to the blocks a fault maps, but with FP8
+        helpers this process maps only its band of a shared product's rows, about half on two
+        cores: at 768 MiB, a 16-expert layer's 850 MB of weights did not fit, and every run of
+        it mapped all of its pages afresh."""
         if self.shard_of(name).info(name).nbytes < LARGE:
             return
         size = self.shard_of(name).mapped_bytes(name)

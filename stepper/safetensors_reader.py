@@ -8,8 +8,9 @@ literals, shapes NumPy cannot hold), with a `StepperError` naming the file and t
 
 Tensor bytes are never read at open. The first `get` memory-maps the file read-only, and each
 tensor is a read-only NumPy view of its bytes in that map, so only the tensors actually used
-are ever read from disk (in the aligned 2 MB blocks that hold them: `advise_checkpoint_map`). `safetensors`' own NumPy API cannot return BF16 or FP8
-tensors; here they come back as `ml_dtypes` arrays.
+are ever read from disk (in the aligned 2 MB blocks that hold them: `advise_checkpoint_map`).
+`safetensors`' own NumPy API cannot return BF16 or FP8 tensors; here they come back as
+`ml_dtypes` arrays.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import mmap
 import os
 import stat
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +52,6 @@ DTYPES: dict[str, tuple[np.dtype, int]] = {
     }.items()
 }
 
-HUGE_PAGE_BYTES = 1 << 21  # the block a fault maps under MADV_HUGEPAGE (x86-64; arm64 with 4 KB pages)
 MAX_HEADER_BYTES = 100_000_000  # the reference reader's limit
 MAX_DIMS = 32  # NumPy 1.x's limit (2.x allows 64)
 MAX_ARRAY_BYTES = 2**63 - 1  # NumPy's limit on elements x item size, counting only non-zero dims
@@ -196,7 +197,16 @@ def advise_checkpoint_map(view: mmap.mmap) -> int:
         view.madvise(mmap.MADV_HUGEPAGE)
     except OSError:  # a kernel without transparent huge pages
         return mmap.PAGESIZE
-    return HUGE_PAGE_BYTES
+    return huge_page_bytes()
+
+
+@cache
+def huge_page_bytes() -> int:
+    """The size of the kernel's huge page (2 MB on x86-64, and on arm64 with 4 KB pages)."""
+    try:
+        return int(Path("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size").read_text())
+    except (OSError, ValueError):
+        return 1 << 21
 
 
 def spanned(start: int, end: int, block: int) -> int:

@@ -25,7 +25,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from stepper.errors import StepperError
-from stepper.safetensors_reader import DTYPES, SafetensorsFile, TensorInfo, spanned
+from stepper.safetensors_reader import DTYPES, SafetensorsFile, TensorInfo, huge_page_bytes, spanned
 
 # Corpus cases the reference reader (safetensors 0.8) accepts and we refuse on purpose.
 STRICTER_THAN_REFERENCE = {
@@ -242,14 +242,6 @@ def evict(path: Path) -> None:
     with open(path, "rb") as f:
         os.fsync(f.fileno())
         os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
-
-
-def huge_page_bytes() -> int:
-    """The block a fault reads in a map advised MADV_HUGEPAGE (2 MiB on x86-64)."""
-    try:
-        return int(Path("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size").read_text())
-    except (OSError, ValueError):
-        return 1 << 21
 
 
 @pytest.mark.skipif(not hasattr(os, "posix_fadvise") or sys.platform != "linux", reason="needs Linux mincore")

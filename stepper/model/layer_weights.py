@@ -39,8 +39,9 @@ class LayerWeights:
             memory = np.empty(weight.shape, np.float32)
         key = None if weight.origin is None else (*weight.origin, weight.shape)  # synthetic weights: no key
         if key is None or key != holds:
+            self.scratch[weight.shape] = (memory, None)  # holds nothing whole until decoded
             memory.flags.writeable = True
             dense(weight, memory)
             memory.flags.writeable = False
-        self.scratch[weight.shape] = (memory, key)
+            self.scratch[weight.shape] = (memory, key)
         return memory
