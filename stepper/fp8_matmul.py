@@ -23,6 +23,7 @@ once either way, at a different place.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -188,7 +189,7 @@ def apply_tiles(tokens: np.ndarray, w: Fp8Matrix, k: int, rows: np.ndarray, deco
     block_rows, in_dim = w.block[0], w.shape[1]
     many = many_tokens(tokens.shape[0], w)
     tiles = row_tiles(w, max(1, TALL_TILE_BYTES // (4 * in_dim * block_rows)) if many else 1)
-    buffer = np.empty((max((end - start for _, start, end in tiles), default=0), in_dim), dtype=F32)
+    buffer = tile_buffer(max((end - start for _, start, end in tiles), default=0), in_dim)
     if many:
         c = SCALED_INPUT_EXPONENT - math.frexp(float(np.abs(w.scale_inv).max(initial=0)))[1]
         inputs = times_power_of_two(tokens, k - c).T  # [in, N]: with the tiles' 2^c, still 2^k in all
@@ -208,6 +209,17 @@ def apply_tiles(tokens: np.ndarray, w: Fp8Matrix, k: int, rows: np.ndarray, deco
         np.matmul(tile, inputs, out=rows[start:end])
     if remember:
         nan_check.done()
+
+
+_buffers = threading.local()
+
+
+def tile_buffer(rows: int, columns: int) -> np.ndarray:
+    """Float32 memory [rows, columns] for tiles, this thread's, kept from one product to the next."""
+    kept = getattr(_buffers, "memory", None)
+    if kept is None or kept.size < rows * columns:
+        kept = _buffers.memory = np.empty(rows * columns, F32)
+    return kept[: rows * columns].reshape(rows, columns)
 
 
 def scale_grid(w: Fp8Matrix, k: int) -> np.ndarray:

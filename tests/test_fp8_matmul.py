@@ -208,3 +208,28 @@ def test_decoded_into_given_memory_is_that_memory_holding_dequantize():
     w = Fp8Matrix.of(codes, scale_inv)
     out = np.full(w.shape, np.nan, np.float32)
     assert decoded(w, out) is out and np.array_equal(out, w.dense())
+
+
+def test_products_of_other_shapes_in_turn_share_one_tile_buffer_and_stay_right():
+    rng = np.random.default_rng(9)
+    shapes = [(600, 384), (200, 130), (600, 384), (129, 1000)]  # larger, smaller, again, other width
+    for tokens in (1, 3, 300):
+        for out_dim, in_dim in shapes:
+            codes, scale_inv = fp8.quantize(rng.standard_normal((out_dim, in_dim)).astype(np.float32))
+            w = Fp8Matrix.of(codes, scale_inv)
+            x = rng.standard_normal((tokens, in_dim)).astype(np.float32)
+            want = x.astype(np.float64) @ w.dense().astype(np.float64).T
+            got = linear_fp8(x, w)
+            assert np.allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max()), (tokens, out_dim, in_dim)
+    buffers = {}
+
+    def thread_buffer(name):
+        from stepper.fp8_matmul import tile_buffer
+
+        buffers[name] = tile_buffer(128, 64)
+
+    for name in ("a", "b"):
+        t = threading.Thread(target=thread_buffer, args=(name,))
+        t.start()
+        t.join()
+    assert not np.shares_memory(buffers["a"], buffers["b"])  # each thread its own
