@@ -224,9 +224,9 @@ def test_products_of_other_shapes_in_turn_share_one_tile_buffer_and_stay_right()
     buffers = {}
 
     def thread_buffer(name):
-        from stepper.fp8_matmul import tile_buffer
+        from stepper.fp8_matmul import kept_memory
 
-        buffers[name] = tile_buffer(128, 64)
+        buffers[name] = kept_memory("tiles", 128, 64)
 
     for name in ("a", "b"):
         t = threading.Thread(target=thread_buffer, args=(name,))
