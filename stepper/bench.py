@@ -182,14 +182,29 @@ def layer_run(checkpoint: Path, layer: int, tokens: int, cache: int, repeat: int
         hidden = rng.standard_normal((1, tokens, cfg.hidden_size), dtype=np.float32)
         positions = cache + np.arange(tokens)
         attn = "absorb" if cache else "naive"
+        if rep == 1:
+            faults = major_faults()
         start = time.perf_counter()
         model.layer(layer, hidden, model.rope(positions, emit), kv, emit, attn)
         times.append(time.perf_counter() - start)
     kind = "MoE" if cfg.is_moe_layer(layer) else "dense"
     what = f"decode 1 token, {cache}-position cache" if cache else f"prefill {tokens} tokens"
     first, rest = times[0], times[1:] or times
+    read = f"; {major_faults() - faults} pages read from disk while timed" if repeat > 1 else ""
     return [Figure(f"{cfg.name} layer {layer} ({kind}): {what}", float(np.median(rest)), "s", peak_rss_mb(),
-                   f"median of {len(rest)} after a first run of {first:.2f} s; checkpoint read into the page cache first ({filled:.0f} s)")]
+                   f"median of {len(rest)} after a first run of {first:.2f} s; checkpoint read into the page "
+                   f"cache first ({filled:.0f} s){read}")]
+
+
+def major_faults() -> int:
+    """Page faults that read from disk so far, in this process and its FP8 helpers (Linux; else 0)."""
+    total = 0
+    for pid in ["self", *fp8_workers.helper_pids()]:
+        try:
+            total += int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[9])
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
 
 
 def versus_torch(checkpoint: Path, tokens: int, repeat: int, cache_mb: int = 0) -> list[Figure]:
