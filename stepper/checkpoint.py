@@ -20,6 +20,7 @@ import numpy as np
 from . import fp8
 from .config import Config, load_config
 from .errors import StepperError
+from .fp8_matmul import FileBytes
 from .safetensors_reader import SafetensorsFile
 from .weights import Stored, global_shapes, layer_shapes
 
@@ -80,7 +81,8 @@ class Checkpoint:
         if info.dtype != "F8_E4M3":
             return Stored(info.dtype, array)
         _, scale = self._tensor(name + SCALE)
-        return Stored(info.dtype, array, scale, self.block, (str(shard.path), shard.data_range(name)[0]))
+        where = FileBytes(str(shard.path), shard.data_range(name)[0], shard.identity)
+        return Stored(info.dtype, array, scale, self.block, where)
 
     @property
     def block(self) -> tuple[int, int]:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -42,6 +42,22 @@ SMALLEST_INPUT = 2.0**-60  # below this the scales times 2^k could overflow: the
 
 
 @dataclass(frozen=True)
+class FileBytes:
+    """Where a weight's codes lie in a file: its path, its identity when it was opened (device,
+    inode, size, modification time), and the byte offset. The identity tells a file rewritten or
+    replaced since from the one read: what is remembered about a weight (its NaN codes, its
+    decoded copy) is keyed by all three, and a helper process maps only that same file."""
+
+    path: str
+    offset: int
+    identity: tuple[int, int, int, int]
+
+    def at(self, skip: int) -> FileBytes:
+        """The bytes `skip` bytes further on."""
+        return replace(self, offset=self.offset + skip)
+
+
+@dataclass(frozen=True)
 class Fp8Matrix:
     """An FP8 weight [out, in] with scale_inv [ceil(out/bo), ceil(in/bi)], applied lazily."""
 
@@ -49,11 +65,11 @@ class Fp8Matrix:
     scale_inv: np.ndarray  # float32 [out/bo, in/bi]
     block: tuple[int, int] = fp8.BLOCK
     name: str = "weight"
-    origin: tuple[str, int] | None = None  # (file, byte offset) when the codes are a file's bytes, row-major
+    origin: FileBytes | None = None  # when the codes are a file's bytes, row-major
 
     @classmethod
     def of(cls, codes: np.ndarray, scale_inv: np.ndarray, block: tuple[int, int] = fp8.BLOCK, name: str = "weight",
-           origin: tuple[str, int] | None = None):
+           origin: FileBytes | None = None):
         codes = fp8.as_codes(codes, name)
         fp8.check_block_shapes(codes, np.asarray(scale_inv), block, name)
         return cls(codes, fp8.scales_as_f32(scale_inv, name), block, name, origin)
@@ -258,7 +274,7 @@ def nan_codes_in(codes: np.ndarray) -> bool:
     return bool(codes.max(initial=0) == 0xFF or codes.view(np.int8).max(initial=0) == 0x7F)
 
 
-_nan_free: dict[tuple, None] = {}  # (file, byte offset, shape) of a file's codes found without a NaN code
+_nan_free: dict[tuple, None] = {}  # (FileBytes, shape) of a file's codes found without a NaN code
 NAN_FREE_KEPT = 1 << 16  # entries remembered: a 61-layer model has about 70,000 weight matrices
 
 
@@ -272,7 +288,7 @@ class NanCheck:
     own (`decode`) is used as it is, unchecked: it gives the NaNs itself."""
 
     def __init__(self, w: Fp8Matrix, decode: Decoder | None = None, checking: bool | None = None):
-        self.key = None if w.origin is None else (*w.origin, w.shape)
+        self.key = None if w.origin is None else (w.origin, w.shape)
         self.checking = (decode is None and self.key not in _nan_free) if checking is None else checking
         self.decode_block = decode or (decode_unbiased if self.checking else decode_bits)
         self.found = False

@@ -34,8 +34,8 @@ import numpy as np
 
 from . import parallel
 from .checkpoint import BAND_RESIDENT_BYTES
-from .fp8_matmul import Fp8Matrix, NanCheck, apply_tiles, many_tokens, result_arrays, row_tiles
-from .safetensors_reader import advise_checkpoint_map, spanned
+from .fp8_matmul import FileBytes, Fp8Matrix, NanCheck, apply_tiles, many_tokens, result_arrays, row_tiles
+from .safetensors_reader import advise_checkpoint_map, file_identity, spanned
 
 F32 = np.float32
 SHARE_WORK = 1 << 22  # a product of fewer weights x tokens stays in this process: messages would cost more
@@ -43,7 +43,8 @@ SHARE_WORK = 1 << 22  # a product of fewer weights x tokens stays in this proces
 SPIN_SECONDS = 0.002  # how long a side watches the pipe before sleeping on it
 # The messages are bytes, not pickles (a pickled band with its scales took 2-3x as long to go
 # round): a kind byte, then for a band its numbers, the file's path and the band's scale rows.
-BAND = struct.Struct("<8q3i")  # byte offset, start, end, out, in, block rows, block columns, tokens; k, path length, how
+BAND = struct.Struct("<12q3i")  # file identity (4), byte offset, start, end, out, in, block rows, block columns,
+# tokens; k, path length, how
 MEET, CHECK_NAN = 1, 2  # how: tiles taken from both ends (meet_in_the_middle); look for NaN codes
 SCRATCH = struct.Struct("<q")  # size
 CLAIMS_BYTES = 64  # the scratch starts with two int64: the next tile from the front, the last taken from the back
@@ -89,10 +90,10 @@ class Helper:
 
     def start(self, w: Fp8Matrix, k: int, band: Band, n: int, how: int = 0) -> None:
         """Send a band of the product whose inputs were sent; the helper starts at once."""
-        path, offset = w.origin
-        path_bytes = os.fsencode(path)
+        path_bytes = os.fsencode(w.origin.path)
         scales = np.ascontiguousarray(band_matrix(w, band).scale_inv, F32)
-        numbers = BAND.pack(offset, band.start, band.end, *w.shape, *w.block, n, k, len(path_bytes), how)
+        numbers = BAND.pack(*w.origin.identity, w.origin.offset, band.start, band.end, *w.shape, *w.block, n, k,
+                            len(path_bytes), how)
         self.conn.send_bytes(b"B" + numbers + path_bytes + scales.tobytes())
         self.band = band
 
@@ -277,7 +278,7 @@ def band_matrix(w: Fp8Matrix, band: Band) -> Fp8Matrix:
     """The weight's rows [start, end) with their scale rows, as a matrix of its own."""
     block_rows = w.block[0]
     scales = w.scale_inv[band.start // block_rows : -(-band.end // block_rows)]
-    origin = None if w.origin is None else (w.origin[0], w.origin[1] + band.start * w.shape[1])
+    origin = None if w.origin is None else w.origin.at(band.start * w.shape[1])
     return replace(w, codes=w.codes[band.start : band.end], scale_inv=scales, origin=origin)
 
 
@@ -316,19 +317,18 @@ def multiply_band(scratch, files, message: bytes) -> tuple:
     """A band message's rows of the product into the scratch, after the inputs there.
     [N, in] -> [rows, N]. Returns the file map and byte range the codes were read from, and
     whether NaN codes were found in tiles shared from both ends."""
-    path, offset, band, in_dim, block, n, k, how, scales = unpacked_band(message)
+    where, band, in_dim, block, n, k, how, scales = unpacked_band(message)
     rows = band.end - band.start
     tokens = np.frombuffer(scratch, F32, n * in_dim, CLAIMS_BYTES).reshape(n, in_dim)
     flat = np.frombuffer(scratch, F32, rows * n, CLAIMS_BYTES + n * in_dim * 4)
-    identity = os.stat(path)  # the same file, not one written since under the same name
-    key = (path, identity.st_ino, identity.st_size, identity.st_mtime_ns)
+    key = (where.path, where.identity)  # a map stays on the file it was made from, whatever the path holds now
     if key not in files:
-        files[key] = mapped(path)
+        files[key] = mapped(where)
     view, fault_bytes = files[key]
-    start = offset + band.start * in_dim
+    start = where.offset + band.start * in_dim
     codes = np.frombuffer(view, np.uint8, rows * in_dim, start).reshape(rows, in_dim)
     read = (view, start, rows * in_dim, fault_bytes)
-    w = Fp8Matrix(codes, scales, block, origin=(path, start))
+    w = Fp8Matrix(codes, scales, block, origin=where.at(band.start * in_dim))
     result = result_arrays(rows, n, many_tokens(n, w), flat)[1]
     if not how & MEET:
         apply_tiles(tokens, w, k, result)
@@ -339,20 +339,23 @@ def multiply_band(scratch, files, message: bytes) -> tuple:
 
 
 def unpacked_band(message: bytes) -> tuple:
-    """(path, byte offset, band, in, block, tokens, k, how, the band's scale rows) of a band message."""
-    offset, start, end, _, in_dim, block_rows, block_columns, n, k, path_length, how = BAND.unpack_from(message, 1)
+    """(the codes' FileBytes, band, in, block, tokens, k, how, the band's scale rows) of a band message."""
+    *identity, offset, start, end, _, in_dim, block_rows, block_columns, n, k, path_length, how = BAND.unpack_from(message, 1)
     path_end = 1 + BAND.size + path_length
     scale_shape = (-(-end // block_rows) - start // block_rows, -(-in_dim // block_columns))
     if len(message) != path_end + 4 * scale_shape[0] * scale_shape[1]:
         raise ValueError(f"band message of {len(message)} bytes, expected scales {list(scale_shape)} after the path")
     scales = np.frombuffer(message, F32, scale_shape[0] * scale_shape[1], path_end).reshape(scale_shape)
-    path = os.fsdecode(message[1 + BAND.size : path_end])
-    return path, offset, Band(start, end), in_dim, (block_rows, block_columns), n, k, how, scales
+    where = FileBytes(os.fsdecode(message[1 + BAND.size : path_end]), offset, tuple(identity))
+    return where, Band(start, end), in_dim, (block_rows, block_columns), n, k, how, scales
 
 
-def mapped(path: str) -> tuple[mmap.mmap, int]:
-    """The file mapped read-only and advised as the checkpoint reader's, and the bytes a fault maps."""
-    with open(path, "rb") as f:
+def mapped(where: FileBytes) -> tuple[mmap.mmap, int]:
+    """The file mapped read-only and advised as the checkpoint reader's, and the bytes a fault
+    maps; the file the other process read, or an error (it was rewritten or replaced since)."""
+    with open(where.path, "rb") as f:
+        if file_identity(os.fstat(f.fileno())) != where.identity:
+            raise ValueError(f"{where.path} changed after it was read: not the bytes the product is of")
         view = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     return view, advise_checkpoint_map(view)
 

@@ -90,6 +90,12 @@ class SafetensorsFile:
         self._fault_bytes = mmap.PAGESIZE  # what a fault reads and maps (advise_checkpoint_map)
         self._closed = False
 
+    @property
+    def identity(self) -> tuple[int, int, int, int]:
+        """The file's device, inode, size and modification time when its header was read: the
+        map is checked against it."""
+        return self._identity
+
     def __contains__(self, name: object) -> bool:
         return name in self.tensors
 
@@ -170,7 +176,7 @@ class SafetensorsFile:
             raise StepperError(f"{self.path}: file was closed")
         if self._map is None:
             with _open(self.path) as f:
-                if _identity(os.fstat(f.fileno())) != self._identity:
+                if file_identity(os.fstat(f.fileno())) != self._identity:
                     raise StepperError(f"{self.path}: the file changed after its header was read")
                 self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
             self._fault_bytes = advise_checkpoint_map(self._map)
@@ -233,7 +239,8 @@ def _open(path: Path):
     return f
 
 
-def _identity(st: os.stat_result) -> tuple[int, ...]:
+def file_identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    """Device, inode, size and modification time: a file rewritten or replaced since differs."""
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
@@ -252,7 +259,7 @@ def _read_header_bytes(path: Path) -> tuple[tuple[int, ...], int, bytes]:
         raw = _read_exactly(f, n)
         if len(raw) != n:
             raise StepperError(f"{path}: file ended inside the header ({len(raw)} of {n} bytes read)")
-    return _identity(st), size, raw
+    return file_identity(st), size, raw
 
 
 def _read_exactly(f, n: int) -> bytes:

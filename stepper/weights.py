@@ -24,7 +24,7 @@ import numpy as np
 from . import fp8
 from .config import Config
 from .errors import StepperError
-from .fp8_matmul import Fp8Matrix
+from .fp8_matmul import FileBytes, Fp8Matrix
 
 
 class WeightSource(Protocol):
@@ -62,7 +62,7 @@ class Stored:
     data: np.ndarray
     scale_inv: np.ndarray | None = None  # [ceil(out/128), ceil(in/128)], FP8 only
     block: tuple[int, int] = fp8.BLOCK
-    origin: tuple[str, int] | None = None  # (file, byte offset) of data read from a file as it is stored
+    origin: FileBytes | None = None  # where the data lies in a file, read as it is stored
 
     def to_float32(self, name: str = "") -> np.ndarray:
         if self.dtype == "F8_E4M3":
@@ -85,7 +85,7 @@ class Stored:
         if self.scale_inv is None:
             return Stored(self.dtype, self.data[start:stop])
         scales = self.scale_inv[start // self.height:-(-stop // self.height)]  # [ceil(rows/128), ceil(in/128)]
-        origin = None if self.origin is None else (self.origin[0], self.origin[1] + start * self.data.strides[0])
+        origin = None if self.origin is None else self.origin.at(start * self.data.strides[0])
         return Stored(self.dtype, self.data[start:stop], scales, self.block, origin)
 
     def row_blocks(self, rows: int) -> Iterator[Stored]:

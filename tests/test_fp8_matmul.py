@@ -8,6 +8,7 @@ import pytest
 
 from stepper import fp8, ops, parallel
 from stepper.fp8_matmul import (
+    FileBytes,
     Fp8Matrix,
     decode_unbiased,
     decoded,
@@ -196,10 +197,13 @@ def test_the_nan_check_is_remembered_per_file_range():
     def nan_rows(c, origin):
         return np.flatnonzero(np.isnan(linear_fp8(x, Fp8Matrix.of(c, scale_inv, origin=origin))[0])).tolist()
 
-    assert nan_rows(codes, ("nan-check.safetensors", 4096)) == []
-    assert nan_rows(poisoned, ("nan-check.safetensors", 4096)) == []  # that range was found NaN-free: not looked at again
-    assert nan_rows(poisoned, ("nan-check.safetensors", 8192)) == [200]  # another range
-    assert nan_rows(poisoned, ("nan-check.safetensors", 8192)) == [200]  # a range with NaN codes: looked at every time
+    read = FileBytes("nan-check.safetensors", 4096, (1, 2, 3, 4))
+    assert nan_rows(codes, read) == []
+    assert nan_rows(poisoned, read) == []  # that range was found NaN-free: not looked at again
+    assert nan_rows(poisoned, read.at(4096)) == [200]  # another range
+    assert nan_rows(poisoned, read.at(4096)) == [200]  # a range with NaN codes: looked at every time
+    rewritten = FileBytes("nan-check.safetensors", 4096, (1, 2, 3, 5))  # the same path and range, modified since
+    assert nan_rows(poisoned, rewritten) == [200]
     assert nan_rows(poisoned, None) == [200]  # codes from no file: looked at every time
 
 

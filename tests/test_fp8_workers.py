@@ -7,7 +7,7 @@ import pytest
 
 from stepper import fp8_workers, parallel
 from stepper.checkpoint import Checkpoint
-from stepper.fp8_matmul import Fp8Matrix, linear_fp8
+from stepper.fp8_matmul import FileBytes, Fp8Matrix, linear_fp8
 from stepper.model import KVCache, Transformer
 from stepper.presets import preset
 from stepper.synth import synth_checkpoint
@@ -94,11 +94,29 @@ def test_scratch_grows_for_long_inputs(checkpoint, shared):
 
 def test_a_helper_that_reports_an_error_leaves_the_products_here(checkpoint, shared, tmp_path):
     w = checkpoint.matrix(EXPERT)
-    gone = Fp8Matrix(w.codes, w.scale_inv, w.block, origin=(str(tmp_path / "gone.safetensors"), 0))  # no such file
+    gone = Fp8Matrix(w.codes, w.scale_inv, w.block, origin=FileBytes(str(tmp_path / "gone.safetensors"), 0, (0, 0, 0, 0)))
     x = np.random.default_rng(6).standard_normal((3, w.shape[1])).astype(np.float32)
     y = linear_fp8(x, gone)
     assert fp8_workers._broken and fp8_workers.helpers()[0].process.poll() is None  # it answered, and lives on
     assert np.abs(y - exact(x, w)).max() <= 2e-6 * np.abs(exact(x, w)).max()
+
+
+def test_a_file_replaced_after_it_was_read_is_not_mapped_by_the_helper(shared, tmp_path):
+    """This process still maps the file it read; the helper would map what the path holds now."""
+    folder = synth_checkpoint(SyntheticWeights(preset("tiny"), 4), tmp_path / "tiny")
+    read = Checkpoint(folder)
+    w = read.matrix(EXPERT)
+    x = np.random.default_rng(7).standard_normal((5, w.shape[1])).astype(np.float32)
+    want = exact(x, w)
+    shard = read.shard_of(EXPERT).path
+    replacement = bytearray(shard.read_bytes())
+    start, end = read.shard_of(EXPERT).data_range(EXPERT)
+    replacement[start:end] = bytes(end - start)  # the expert's codes all zero in the new file
+    (tmp_path / "new").write_bytes(replacement)
+    (tmp_path / "new").replace(shard)
+    y = linear_fp8(x, w)
+    assert fp8_workers._broken and fp8_workers.helpers()[0].process.poll() is None  # refused, and lives on
+    assert np.abs(y - want).max() <= 2e-6 * np.abs(want).max()
 
 
 @pytest.fixture
