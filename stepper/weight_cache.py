@@ -11,7 +11,8 @@ change from one step to the next; kept as they come, least recently used out, ea
 experts (176 MB each in float32 at full size) pushed the attention and shared-expert weights
 out, and every step decoded whole weights it then used once (measured: 0.4-0.7 s a decode step
 against 0.17 s without a cache). Making a fresh 176 MB array costs more than the FP8 product of
-one use.
+one use. Every AGE_EVERY uses all the counts are halved, so that a weight used often long ago
+does not keep its place against one used often now (a run stepping on to other layers, say).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from .ops import dense
 from .weights import Stored, WeightSource
 
 USES_KEPT = 1 << 16  # names whose uses are counted, kept weights aside
+AGE_EVERY = 1 << 12  # uses between two halvings of every count (a full-size decode step makes ~2,000)
 
 
 class CachedWeights:
@@ -37,6 +39,7 @@ class CachedWeights:
         self.max_bytes = max_bytes
         self.kept: OrderedDict[str, np.ndarray] = OrderedDict()  # least recently used first
         self.uses: dict[str, int] = {}
+        self.uses_since_aging = 0
         self.bytes = 0
         self.hits = 0
         self.misses = 0
@@ -59,6 +62,10 @@ class CachedWeights:
     def _count_use(self, name: str) -> int:
         if len(self.uses) >= USES_KEPT:
             self.uses = {kept: self.uses[kept] for kept in self.kept}
+        self.uses_since_aging += 1
+        if self.uses_since_aging >= AGE_EVERY:
+            self.uses = {n: count // 2 for n, count in self.uses.items() if count > 1 or n in self.kept}
+            self.uses_since_aging = 0
         self.uses[name] = self.uses.get(name, 0) + 1
         return self.uses[name]
 

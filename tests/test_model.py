@@ -214,6 +214,25 @@ def test_weight_cache_keeps_a_weight_from_its_second_use_decoded_as_dequantize()
     assert cached.matrix(name) is kept and (cached.hits, cached.misses) == (1, 2)
 
 
+def test_weight_cache_counts_age_so_a_weight_used_often_now_displaces_one_used_often_long_ago(monkeypatch):
+    from stepper import weight_cache
+    from stepper.weight_cache import CachedWeights
+
+    monkeypatch.setattr(weight_cache, "AGE_EVERY", 8)
+    source = SyntheticWeights(preset("tiny"), 5)
+    old, new = "model.layers.0.self_attn.q_b_proj.weight", "model.layers.0.self_attn.o_proj.weight"
+    sizes = [int(np.prod(source.matrix(n).shape)) * 4 for n in (old, new)]
+    cached = CachedWeights(source, max(sizes))  # room for one of them
+    for _ in range(7):
+        cached.matrix(old)
+    assert list(cached.kept) == [old] and cached.uses[old] == 7
+    cached.matrix(new)  # the 8th use: every count halved first (old 7 -> 3), then new counted
+    assert cached.uses == {old: 3, new: 1}
+    for _ in range(3):
+        cached.matrix(new)
+    assert list(cached.kept) == [new]  # 4 uses against old's 3: without aging it would need 8
+
+
 def test_weight_cache_makes_room_only_by_letting_go_of_weights_used_less():
     from stepper.weight_cache import CachedWeights
 
