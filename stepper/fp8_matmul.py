@@ -208,7 +208,8 @@ def apply_tiles(tokens: np.ndarray, w: Fp8Matrix, k: int, rows: np.ndarray, deco
     buffer = kept_memory("tiles", max((end - start for _, start, end in tiles), default=0), in_dim)
     if many:
         c = SCALED_INPUT_EXPONENT - math.frexp(float(np.abs(w.scale_inv).max(initial=0)))[1]
-        inputs = times_power_of_two(tokens, k - c, out=kept_memory("inputs", *tokens.shape)).T  # [in, N]: with the tiles' 2^c, still 2^k in all
+        # [in, N]: with the tiles' 2^c, still 2^k in all
+        inputs = times_power_of_two(tokens, k - c, out=kept_memory("inputs", *tokens.shape)).T
         scales = scale_grid(w, c)
     else:
         scales, scaled = scale_grid(w, k), np.empty(tokens.shape, F32)
