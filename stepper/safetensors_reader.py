@@ -52,6 +52,7 @@ DTYPES: dict[str, tuple[np.dtype, int]] = {
     }.items()
 }
 
+HUGE_PAGE_BYTES = 1 << 21  # the huge page size advise_checkpoint_map relies on
 MAX_HEADER_BYTES = 100_000_000  # the reference reader's limit
 MAX_DIMS = 32  # NumPy 1.x's limit (2.x allows 64)
 MAX_ARRAY_BYTES = 2**63 - 1  # NumPy's limit on elements x item size, counting only non-zero dims
@@ -197,8 +198,8 @@ def advise_checkpoint_map(view: mmap.mmap) -> int:
     if not hasattr(view, "madvise"):
         return mmap.PAGESIZE
     view.madvise(mmap.MADV_RANDOM)
-    if not hasattr(mmap, "MADV_HUGEPAGE"):
-        return mmap.PAGESIZE
+    if not hasattr(mmap, "MADV_HUGEPAGE") or huge_page_bytes() != HUGE_PAGE_BYTES:
+        return mmap.PAGESIZE  # (with 16 or 64 KB pages a huge page is 32 or 512 MB: far more than a tensor)
     try:
         view.madvise(mmap.MADV_HUGEPAGE)
     except OSError:  # a kernel without transparent huge pages
@@ -212,7 +213,7 @@ def huge_page_bytes() -> int:
     try:
         return int(Path("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size").read_text())
     except (OSError, ValueError):
-        return 1 << 21
+        return HUGE_PAGE_BYTES
 
 
 def spanned(start: int, end: int, block: int) -> int:
