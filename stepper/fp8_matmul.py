@@ -114,10 +114,12 @@ def decoded(w: Fp8Matrix, out: np.ndarray | None = None) -> np.ndarray:
     """The float32 weight, equal bit for bit to `w.dense()` (fp8.dequantize), decoded one block of
     rows at a time with the bit trick: each value d * 2^-120 times s * 2^120 is the exact d * s,
     rounded once, as dequantize rounds it; into `out` if given.  -> [out, in]"""
-    out = np.empty(w.shape, F32) if out is None else out
     if not float(np.abs(w.scale_inv).max(initial=0)) < 2.0 ** (127 - REBIAS_EXPONENT):  # s * 2^120 would overflow
+        if out is None:
+            return w.dense()
         np.copyto(out, w.dense())
         return out
+    out = np.empty(w.shape, F32) if out is None else out
     scales = scale_grid(w, REBIAS_EXPONENT)
     nan_check = NanCheck(w)
     for r, start, end in row_tiles(w):

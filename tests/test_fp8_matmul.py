@@ -161,6 +161,8 @@ def test_decoded_equals_dequantize_bit_for_bit(scale):
     with np.errstate(over="ignore", invalid="ignore"):
         expected = fp8.dequantize(codes, scale_inv)
         got = decoded(w)
+        given = np.empty(w.shape, np.float32)
+        assert decoded(w, given) is given and np.array_equal(given, got, equal_nan=True)  # into given memory too
     assert got.dtype == np.float32 and got.flags.c_contiguous
     nan = np.isnan(expected)
     assert np.array_equal(np.isnan(got), nan)
