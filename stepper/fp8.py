@@ -167,6 +167,11 @@ def scale_grid(shape: tuple[int, int], block: tuple[int, int] = BLOCK) -> tuple[
     return -(-out_dim // block[0]), -(-in_dim // block[1])
 
 
+def scale_rows(start: int, end: int, block_rows: int) -> slice:
+    """The rows of scale_inv that weight rows [start, end) use (start on a block edge, or not)."""
+    return slice(start // block_rows, -(-end // block_rows))
+
+
 def block_starts(size: int, block: int) -> range:
     return range(0, size, block)
 

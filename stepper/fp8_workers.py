@@ -32,7 +32,7 @@ from multiprocessing.reduction import recv_handle, send_handle
 
 import numpy as np
 
-from . import parallel
+from . import fp8, parallel
 from .checkpoint import BAND_RESIDENT_BYTES
 from .fp8_matmul import FileBytes, Fp8Matrix, NanCheck, apply_tiles, many_tokens, result_arrays, row_tiles
 from .safetensors_reader import advise_checkpoint_map, file_identity, spanned
@@ -276,8 +276,7 @@ def split_bands(w: Fp8Matrix, parts: int) -> list[Band]:
 
 def band_matrix(w: Fp8Matrix, band: Band) -> Fp8Matrix:
     """The weight's rows [start, end) with their scale rows, as a matrix of its own."""
-    block_rows = w.block[0]
-    scales = w.scale_inv[band.start // block_rows : -(-band.end // block_rows)]
+    scales = w.scale_inv[fp8.scale_rows(band.start, band.end, w.block[0])]
     origin = None if w.origin is None else w.origin.at(band.start * w.shape[1])
     return replace(w, codes=w.codes[band.start : band.end], scale_inv=scales, origin=origin)
 
@@ -342,7 +341,8 @@ def unpacked_band(message: bytes) -> tuple:
     """(the codes' FileBytes, band, in, block, tokens, k, how, the band's scale rows) of a band message."""
     *identity, offset, start, end, _, in_dim, block_rows, block_columns, n, k, path_length, how = BAND.unpack_from(message, 1)
     path_end = 1 + BAND.size + path_length
-    scale_shape = (-(-end // block_rows) - start // block_rows, -(-in_dim // block_columns))
+    used = fp8.scale_rows(start, end, block_rows)
+    scale_shape = (used.stop - used.start, -(-in_dim // block_columns))
     if len(message) != path_end + 4 * scale_shape[0] * scale_shape[1]:
         raise ValueError(f"band message of {len(message)} bytes, expected scales {list(scale_shape)} after the path")
     scales = np.frombuffer(message, F32, scale_shape[0] * scale_shape[1], path_end).reshape(scale_shape)

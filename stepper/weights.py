@@ -84,7 +84,7 @@ class Stored:
         """Rows start:stop, with their scales, as a Stored of their own (start on a scale-block edge)."""
         if self.scale_inv is None:
             return Stored(self.dtype, self.data[start:stop])
-        scales = self.scale_inv[start // self.height:-(-stop // self.height)]  # [ceil(rows/128), ceil(in/128)]
+        scales = self.scale_inv[fp8.scale_rows(start, stop, self.height)]  # [ceil(rows/128), ceil(in/128)]
         origin = None if self.origin is None else self.origin.at(start * self.data.strides[0])
         return Stored(self.dtype, self.data[start:stop], scales, self.block, origin)
 

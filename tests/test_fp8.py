@@ -22,6 +22,7 @@ from stepper.fp8 import (
     fields,
     quantize,
     scale_grid,
+    scale_rows,
 )
 
 E4M3 = ml_dtypes.float8_e4m3fn
@@ -329,3 +330,9 @@ def test_round_trip_property(out_dim, in_dim, scale, spread, zero_first_block, s
     if zero_first_block:
         w[:128, :128] = 0
     assert_round_trip(w)
+
+
+def test_scale_rows_are_the_blocks_a_row_range_touches():
+    assert scale_rows(0, 128, 128) == slice(0, 1)
+    assert scale_rows(128, 300, 128) == slice(1, 3)  # rows 128..299: blocks 1 and 2
+    assert scale_rows(127, 129, 128) == slice(0, 2)
