@@ -79,6 +79,12 @@ class Fp8Matrix:
         return self.codes.shape
 
     @property
+    def file_key(self) -> tuple[FileBytes, tuple[int, int]] | None:
+        """What tells these codes apart from any others across calls: where they lie in which
+        file, and their shape; None for codes from no file."""
+        return None if self.origin is None else (self.origin, self.shape)
+
+    @property
     def nbytes(self) -> int:
         return self.codes.nbytes + self.scale_inv.nbytes
 
@@ -291,7 +297,7 @@ class NanCheck:
     own (`decode`) is used as it is, unchecked: it gives the NaNs itself."""
 
     def __init__(self, w: Fp8Matrix, decode: Decoder | None = None, checking: bool | None = None):
-        self.key = None if w.origin is None else (w.origin, w.shape)
+        self.key = w.file_key
         self.checking = (decode is None and self.key not in _nan_free) if checking is None else checking
         self.decode_block = decode or (decode_unbiased if self.checking else decode_bits)
         self.found = False

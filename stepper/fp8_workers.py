@@ -324,10 +324,10 @@ def multiply_band(scratch, files, message: bytes) -> tuple:
     if key not in files:
         files[key] = mapped(where)
     view, fault_bytes = files[key]
-    start = where.offset + band.start * in_dim
-    codes = np.frombuffer(view, np.uint8, rows * in_dim, start).reshape(rows, in_dim)
-    read = (view, start, rows * in_dim, fault_bytes)
-    w = Fp8Matrix(codes, scales, block, origin=where.at(band.start * in_dim))
+    codes_at = where.at(band.start * in_dim)
+    codes = np.frombuffer(view, np.uint8, rows * in_dim, codes_at.offset).reshape(rows, in_dim)
+    read = (view, codes_at.offset, rows * in_dim, fault_bytes)
+    w = Fp8Matrix(codes, scales, block, origin=codes_at)
     result = result_arrays(rows, n, many_tokens(n, w), flat)[1]
     if not how & MEET:
         apply_tiles(tokens, w, k, result)

@@ -80,7 +80,8 @@ class SafetensorsFile:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        self._identity, file_size, raw = _read_header_bytes(self.path)
+        # device, inode, size and modification time when the header was read; the map is checked against them
+        self.identity, file_size, raw = _read_header_bytes(self.path)
         self.header_size = 8 + len(raw)
         where = str(self.path)
         header = _decode_json(raw, where)
@@ -90,12 +91,6 @@ class SafetensorsFile:
         self._map: mmap.mmap | None = None
         self._fault_bytes = mmap.PAGESIZE  # what a fault reads and maps (advise_checkpoint_map)
         self._closed = False
-
-    @property
-    def identity(self) -> tuple[int, int, int, int]:
-        """The file's device, inode, size and modification time when its header was read: the
-        map is checked against it."""
-        return self._identity
 
     def __contains__(self, name: object) -> bool:
         return name in self.tensors
@@ -177,7 +172,7 @@ class SafetensorsFile:
             raise StepperError(f"{self.path}: file was closed")
         if self._map is None:
             with _open(self.path) as f:
-                if file_identity(os.fstat(f.fileno())) != self._identity:
+                if file_identity(os.fstat(f.fileno())) != self.identity:
                     raise StepperError(f"{self.path}: the file changed after its header was read")
                 self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
             self._fault_bytes = advise_checkpoint_map(self._map)

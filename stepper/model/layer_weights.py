@@ -37,7 +37,7 @@ class LayerWeights:
         memory, holds = self.scratch.get(weight.shape, (None, None))
         if memory is None:
             memory = np.empty(weight.shape, np.float32)
-        key = None if weight.origin is None else (weight.origin, weight.shape)  # synthetic weights: no key
+        key = weight.file_key  # synthetic weights: no key
         if key is None or key != holds:
             self.scratch[weight.shape] = (memory, None)  # holds nothing whole until decoded
             memory.flags.writeable = True
