@@ -103,14 +103,10 @@ def test_bench_forgets_then_fills_the_page_cache_without_keeping_pages_mapped(sy
 
 def mapped_bytes_of(paths: list[Path]) -> int:
     """Bytes of these files this process has mapped (/proc/self/smaps)."""
-    names, total, counting = {str(p) for p in paths}, 0, False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        head = line.split()
-        if head and "-" in head[0] and not line.startswith(("VmFlags", "Name")) and head[0][0] in "0123456789abcdef":
-            counting = len(head) >= 6 and head[-1] in names
-        elif counting and line.startswith("Rss:"):
-            total += int(head[1]) * 1024
-    return total
+    from test_safetensors_reader import mappings
+
+    names = {str(p) for p in paths}
+    return sum(int(m["Rss"][0]) * 1024 for m in mappings() if m["path"] in names)
 
 
 def test_synth_refuses_to_overwrite_without_force(synth_dir, tmp_path):

@@ -214,15 +214,21 @@ def test_weight_cache_keeps_a_weight_from_its_second_use_decoded_as_dequantize()
     assert cached.matrix(name) is kept and (cached.hits, cached.misses) == (1, 2)
 
 
-def test_weight_cache_counts_age_so_a_weight_used_often_now_displaces_one_used_often_long_ago(monkeypatch):
-    from stepper import weight_cache
+def cache_with_room_for_one() -> tuple:
+    """A weight cache over tiny's weights with room for one of two of them: (cache, first, second, sizes)."""
     from stepper.weight_cache import CachedWeights
 
-    monkeypatch.setattr(weight_cache, "AGE_EVERY", 8)
     source = SyntheticWeights(preset("tiny"), 5)
-    old, new = "model.layers.0.self_attn.q_b_proj.weight", "model.layers.0.self_attn.o_proj.weight"
-    sizes = [int(np.prod(source.matrix(n).shape)) * 4 for n in (old, new)]
-    cached = CachedWeights(source, max(sizes))  # room for one of them
+    first, second = "model.layers.0.self_attn.q_b_proj.weight", "model.layers.0.self_attn.o_proj.weight"
+    sizes = [int(np.prod(source.matrix(n).shape)) * 4 for n in (first, second)]
+    return CachedWeights(source, max(sizes)), first, second, sizes
+
+
+def test_weight_cache_counts_age_so_a_weight_used_often_now_displaces_one_used_often_long_ago(monkeypatch):
+    from stepper import weight_cache
+
+    monkeypatch.setattr(weight_cache, "AGE_EVERY", 8)
+    cached, old, new, _ = cache_with_room_for_one()
     for _ in range(7):
         cached.matrix(old)
     assert list(cached.kept) == [old] and cached.uses[old] == 7
@@ -234,12 +240,7 @@ def test_weight_cache_counts_age_so_a_weight_used_often_now_displaces_one_used_o
 
 
 def test_weight_cache_makes_room_only_by_letting_go_of_weights_used_less():
-    from stepper.weight_cache import CachedWeights
-
-    source = SyntheticWeights(preset("tiny"), 5)
-    often, seldom = "model.layers.0.self_attn.q_b_proj.weight", "model.layers.0.self_attn.o_proj.weight"
-    sizes = [int(np.prod(source.matrix(n).shape)) * 4 for n in (often, seldom)]
-    cached = CachedWeights(source, max(sizes))  # room for one of them
+    cached, often, seldom, sizes = cache_with_room_for_one()
     for _ in range(3):
         cached.matrix(often)
     assert list(cached.kept) == [often]

@@ -270,26 +270,27 @@ def test_spanned_counts_the_whole_blocks_a_range_touches():
     assert spanned(mb2, mb2 + expert, mb2) == expert and spanned(mb2 - 1, mb2 - 1 + expert, mb2) == expert + mb2
 
 
-@pytest.mark.skipif(sys.platform != "linux", reason="Linux's /proc/self/smaps")
+@pytest.mark.skipif(not Path("/sys/kernel/mm/transparent_hugepage").is_dir() or huge_page_bytes() != 1 << 21,
+                    reason="Linux with 2 MB transparent huge pages")
 def test_checkpoint_maps_are_advised_random_reads_in_huge_page_blocks(tmp_path):
     path = write(tmp_path / "v.safetensors", VALID)
     with SafetensorsFile(path) as f:
-        view = f.get("a")
-        address = view.__array_interface__["data"][0]
-        flags = map_flags(address)
+        address = f.get("a").__array_interface__["data"][0]
+        flags = next(m["VmFlags"] for m in mappings() if m["low"] <= address < m["high"])
         assert "rr" in flags and "hg" in flags, flags  # MADV_RANDOM, MADV_HUGEPAGE
 
 
-def map_flags(address: int) -> list[str]:
-    """The VmFlags of the mapping holding `address`."""
-    inside = False
+def mappings() -> list[dict]:
+    """This process's mappings from /proc/self/smaps: address range, file (or ""), and fields."""
+    found = []
     for line in Path("/proc/self/smaps").read_text().splitlines():
-        if "-" in line.split(" ", 1)[0] and not line.startswith("VmFlags"):
-            low, high = (int(a, 16) for a in line.split(" ", 1)[0].split("-"))
-            inside = low <= address < high
-        elif inside and line.startswith("VmFlags:"):
-            return line.split()[1:]
-    raise AssertionError(f"no mapping holds {address:#x}")
+        head = line.split()
+        if head and "-" in head[0] and not head[0].endswith(":"):  # "low-high perms offset dev inode [path]"
+            low, high = (int(a, 16) for a in head[0].split("-"))
+            found.append({"low": low, "high": high, "path": head[5] if len(head) > 5 else ""})
+        elif head and found:
+            found[-1][head[0].rstrip(":")] = head[1:]
+    return found
 
 
 def test_get_after_close_and_a_replaced_file_are_errors(tmp_path):
