@@ -67,9 +67,18 @@ def silu(x: np.ndarray) -> np.ndarray:
     return x * sigmoid(x)
 
 
-def swiglu(x: np.ndarray, gate: np.ndarray, up: np.ndarray, down: np.ndarray) -> np.ndarray:
-    """down(silu(gate(x)) * up(x)): the dense MLP, each routed expert and the shared expert."""
-    return linear(silu(linear(x, gate)) * linear(x, up), down)
+def swiglu(x: np.ndarray, gate: np.ndarray, up: np.ndarray, down: np.ndarray,
+           row_weights: np.ndarray | None = None) -> np.ndarray:
+    """down(silu(gate(x)) * up(x)): the dense MLP, each routed expert and the shared expert.
+
+    With row_weights [N] (a routed expert's weight for each of its tokens), each row is weighed
+    before down: the same as weighing down's output rows, down being linear, on I values a
+    token instead of D (D = 7168, I = 2048 in Kimi K2).  [N, D] -> [N, D]"""
+    act = silu(linear(x, gate))
+    act *= linear(x, up)
+    if row_weights is not None:
+        act *= row_weights[:, None]
+    return linear(act, down)
 
 
 def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:

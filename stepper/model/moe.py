@@ -58,8 +58,7 @@ def grouped_experts(tokens: np.ndarray, routing: Routing, w: LayerWeights, emit:
     for done, e in enumerate(chosen):
         emit.progress(f"layer {w.layer} experts", done, len(chosen))
         rows, ranks = np.nonzero(routing.topk_idx == e)  # the tokens that chose e (each at most once)
-        y = swiglu(tokens[rows], *expert_matrices(w, f"mlp.experts.{e}."))  # [n_e, D]
-        out[rows] += y * routing.topk_weight[rows, ranks, None]
+        out[rows] += swiglu(tokens[rows], *expert_matrices(w, f"mlp.experts.{e}."), routing.topk_weight[rows, ranks])
     emit.progress(f"layer {w.layer} experts", len(chosen), len(chosen))
     return out
 
