@@ -101,19 +101,34 @@ def linear_fp8(x: np.ndarray, w: Fp8Matrix) -> np.ndarray:
 def product(x: np.ndarray, w: Fp8Matrix, decode: Decoder | None = None) -> np.ndarray:
     """x @ W^T, each tile decoded by decode(codes, out) into its values times 2^-120 (by default
     the bit trick here, with large products shared out across the cores)."""
-    out_dim, in_dim = w.shape
-    tokens = x.reshape(-1, in_dim).astype(F32, copy=False)  # [N, in]
-    k = input_rebias(tokens, w)
-    if k is None:  # inf / NaN / all-tiny inputs or scales: the readable path gives their exact semantics
-        return np.matmul(x, w.dense().T)
+    return products(x, [w], decode)[0]
+
+
+def products(x: np.ndarray, ws: list[Fp8Matrix], decode: Decoder | None = None) -> list[np.ndarray]:
+    """x @ W^T for each of several weights [out_i, in] of the same input, which is looked over
+    and padded once; shared with helpers, the weights' rows one after another are cut into bands
+    as one weight's would be (a SwiGLU's gate and up on two cores: one weight each, one message
+    and one wait for the two).  [..., in] -> [[..., out_i]]"""
+    tokens = x.reshape(-1, ws[0].shape[1]).astype(F32, copy=False)  # [N, in]
+    x_max = input_magnitude(tokens)
+    ks = [input_rebias(tokens, w, x_max) for w in ws]
+    # inf / NaN / all-tiny inputs or scales (no k): the readable path gives their exact semantics
+    outs = [np.matmul(x, w.dense().T) if k is None else None for w, k in zip(ws, ks)]
+    tiled = [i for i, k in enumerate(ks) if k is not None]
+    if not tiled:
+        return outs
     padded = padded_to_columns(tokens)  # [N', in]
-    result, rows = result_arrays(out_dim, padded.shape[0], many_tokens(padded.shape[0], w))
+    arrays = [result_arrays(ws[i].shape[0], padded.shape[0], many_tokens(padded.shape[0], ws[i])) for i in tiled]
     from .fp8_workers import linear_bands  # (it imports this module)
 
-    if decode is not None or not linear_bands(padded, w, k, rows):  # large: shared with helpers
-        apply_tiles(padded, w, k, rows, decode)
-    times_power_of_two(result, REBIAS_EXPONENT - k, out=result)
-    return rows[:, : tokens.shape[0]].T.reshape(*x.shape[:-1], out_dim)  # [..., out]
+    if decode is not None or not linear_bands(padded, [ws[i] for i in tiled], [ks[i] for i in tiled],
+                                              [rows for _, rows in arrays]):  # large: shared with helpers
+        for i, (_, rows) in zip(tiled, arrays):
+            apply_tiles(padded, ws[i], ks[i], rows, decode)
+    for i, (result, rows) in zip(tiled, arrays):
+        times_power_of_two(result, REBIAS_EXPONENT - ks[i], out=result)
+        outs[i] = rows[:, : tokens.shape[0]].T.reshape(*x.shape[:-1], ws[i].shape[0])  # [..., out]
+    return outs
 
 
 def decoded(w: Fp8Matrix, out: np.ndarray | None = None) -> np.ndarray:
@@ -176,9 +191,15 @@ def padded_to_columns(tokens: np.ndarray) -> np.ndarray:
     return padded
 
 
-def input_rebias(tokens: np.ndarray, w: Fp8Matrix) -> int | None:
-    """k making the largest |x * s * 2^k| about 2^64; None if there is no safe k."""
-    x_max = max(float(tokens.max(initial=0)), -float(tokens.min(initial=0)))  # |x| without an |x| array
+def input_magnitude(tokens: np.ndarray) -> float:
+    """The largest |x| (NaN if any x is), without an |x| array."""
+    return max(float(tokens.max(initial=0)), -float(tokens.min(initial=0)))
+
+
+def input_rebias(tokens: np.ndarray, w: Fp8Matrix, x_max: float | None = None) -> int | None:
+    """k making the largest |x * s * 2^k| about 2^64; None if there is no safe k. (x_max: the
+    inputs' input_magnitude, when already known.)"""
+    x_max = input_magnitude(tokens) if x_max is None else x_max
     s_max = float(np.abs(w.scale_inv).max(initial=0))
     largest = x_max * s_max
     if not (math.isfinite(largest) and x_max >= SMALLEST_INPUT and s_max > 0):

@@ -3,8 +3,10 @@
 Decoding a tile is a handful of short NumPy calls, and each call hands the GIL over: two threads
 sharing the tiles measured only about 1.2x as fast as one on a decode step, two processes 2x.
 So a large FP8 product is cut into bands of whole scale blocks, one for this process and one
-for each helper, and the helpers' rows are copied into the result. With one helper and few
-tokens (a decode step), the two processes instead take tiles from the two ends until they meet.
+for each helper, and the helpers' rows are copied into the result. Several products of one
+input (a SwiGLU's gate and up) are cut as one, their rows one after another: on two cores, one
+weight each, the inputs sent once. With one helper and few tokens (a decode step), the two
+processes instead take each weight's tiles from the two ends until they meet.
 
 A helper reads the codes from the checkpoint file itself (mapped once per file), so only
 weights read from a file are shared out; the inputs and the helper's rows of the result go
@@ -24,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, replace
 from functools import cache
 from multiprocessing.connection import Connection, Pipe
@@ -43,8 +45,8 @@ SHARE_WORK = 1 << 22  # a product of fewer weights x tokens stays in this proces
 SPIN_SECONDS = 0.002  # how long a side watches the pipe before sleeping on it
 # The messages are bytes, not pickles (a pickled band with its scales took 2-3x as long to go
 # round): a kind byte, then for a band its numbers, the file's path and the band's scale rows.
-BAND = struct.Struct("<12q3i")  # file identity (4), byte offset, start, end, out, in, block rows, block columns,
-# tokens; k, path length, how
+BAND = struct.Struct("<13q3i")  # file identity (4), byte offset, start, end, out, in, block rows, block columns,
+# tokens, where its rows go in the scratch (bytes after the inputs); k, path length, how
 MEET, CHECK_NAN = 1, 2  # how: tiles taken from both ends (meet_in_the_middle); look for NaN codes
 SCRATCH = struct.Struct("<q")  # size
 CLAIMS_BYTES = 64  # the scratch starts with two int64: the next tile from the front, the last taken from the back
@@ -75,11 +77,14 @@ class Helper:
         child.close()
         self.scratch: mmap.mmap | None = None
         self.inputs_bytes = 0
-        self.band: Band | None = None
+        self.sent: deque[tuple[Band, int]] = deque()  # bands not yet answered, and where their rows go
+        self.band, self.rows_at = Band(0, 0), 0  # the band answered last
         self.bands_done = 0
 
     def send_inputs(self, tokens: np.ndarray, most_rows: int) -> None:
-        """Put a product's inputs [N, in] in the scratch, with room after them for most_rows of result."""
+        """Put the inputs [N, in] of the products to come in the scratch, with room after them for
+        most_rows of results (every band sent before the next inputs)."""
+        assert not self.sent, "inputs sent while bands of the last ones are unanswered"
         self._ensure_scratch(CLAIMS_BYTES + tokens.nbytes + most_rows * tokens.shape[0] * 4)
         np.frombuffer(self.scratch, F32, tokens.size, CLAIMS_BYTES).reshape(tokens.shape)[:] = tokens
         self.inputs_bytes = tokens.nbytes
@@ -89,32 +94,35 @@ class Helper:
         return np.frombuffer(self.scratch, np.int64, 2)
 
     def start(self, w: Fp8Matrix, k: int, band: Band, n: int, how: int = 0) -> None:
-        """Send a band of the product whose inputs were sent; the helper starts at once."""
+        """Send a band of a product of the inputs sent; the helper starts at once, or after the
+        bands sent before it. Its rows go after theirs in the scratch."""
+        rows_at = sum((b.end - b.start) * n * 4 for b, _ in self.sent)
         path_bytes = os.fsencode(w.origin.path)
         scales = np.ascontiguousarray(band_matrix(w, band).scale_inv, F32)
-        numbers = BAND.pack(*w.origin.identity, w.origin.offset, band.start, band.end, *w.shape, *w.block, n, k,
-                            len(path_bytes), how)
+        numbers = BAND.pack(*w.origin.identity, w.origin.offset, band.start, band.end, *w.shape, *w.block, n, rows_at,
+                            k, len(path_bytes), how)
         self.conn.send_bytes(b"B" + numbers + path_bytes + scales.tobytes())
-        self.band = band
+        self.sent.append((band, rows_at))
 
     def finish_into(self, w: Fp8Matrix, rows: np.ndarray) -> None:
-        """Wait for the band and copy its rows into the product's rows [out, N]."""
+        """Wait for the oldest band sent and copy its rows into its product's rows [out, N]."""
         self.answer()
         self.copy_into(w, rows, self.band.start)
 
     def answer(self) -> bool:
-        """Wait for the band to be done; whether the helper found NaN codes."""
+        """Wait for the oldest band sent to be done; whether the helper found NaN codes."""
         answer = receive(self.conn)
+        self.band, self.rows_at = self.sent.popleft()
         if answer not in (OK, OK_NAN):
             raise RuntimeError(f"FP8 helper process failed: {answer.decode(errors='replace')}")
         self.bands_done += 1
         return answer == OK_NAN
 
     def copy_into(self, w: Fp8Matrix, rows: np.ndarray, first_row: int) -> None:
-        """Copy the band's rows from first_row on into the product's rows [out, N]."""
+        """Copy the band answered last, its rows from first_row on, into its product's rows [out, N]."""
         band, n = self.band, rows.shape[1]
         height = band.end - band.start
-        flat = np.frombuffer(self.scratch, F32, height * n, CLAIMS_BYTES + self.inputs_bytes)
+        flat = np.frombuffer(self.scratch, F32, height * n, CLAIMS_BYTES + self.inputs_bytes + self.rows_at)
         rows[first_row : band.end] = result_arrays(height, n, many_tokens(n, w), flat)[1][first_row - band.start :]
 
     def _ensure_scratch(self, need: int) -> None:
@@ -186,21 +194,25 @@ def stop_helpers() -> None:
     _broken = False
 
 
-def linear_bands(tokens: np.ndarray, w: Fp8Matrix, k: int, rows: np.ndarray) -> bool:
-    """rows [out, N] = the product's rows, shared with the helpers: tiles from both ends with one
-    helper and few tokens, else one band for this process and one for each helper. (Smaller
-    bands handed out by message as each side finished measured slower: 0.68 s against 0.59 s for
-    48 expert products of 16 tokens.) False (nothing done) when the product is small, its codes
+def linear_bands(tokens: np.ndarray, ws: list[Fp8Matrix], ks: list[int], rows: list[np.ndarray]) -> bool:
+    """rows[i] [out_i, N] = the rows of the products of the inputs with each weight, shared with
+    the helpers: tiles from both ends with one helper and few tokens, else bands of the weights'
+    rows one after another, one share for this process and one for each helper. (Smaller bands
+    handed out by message as each side finished measured slower: 0.68 s against 0.59 s for 48
+    expert products of 16 tokens.) False (nothing done) when the products are small, their codes
     are not a file's, or there are no helpers."""
     global _broken
-    if _broken or w.origin is None or w.codes.size * tokens.shape[0] < SHARE_WORK or parallel.cores() < 2:
+    if (_broken or any(w.origin is None for w in ws) or parallel.cores() < 2
+            or sum(w.codes.size for w in ws) * tokens.shape[0] < SHARE_WORK):
         return False
     try:
         workers = helpers()
-        if len(workers) == 1 and not many_tokens(tokens.shape[0], w):
-            meet_in_the_middle(tokens, w, k, rows, workers[0])
+        if len(workers) == 1 and not many_tokens(tokens.shape[0], ws[0]):
+            workers[0].send_inputs(tokens, max(w.shape[0] for w in ws))
+            for w, k, r in zip(ws, ks, rows):
+                meet_in_the_middle(tokens, w, k, r, workers[0])
         else:
-            in_bands(tokens, w, k, rows, workers)
+            in_bands(tokens, ws, ks, rows, workers)
     except (OSError, EOFError, RuntimeError):  # a helper died or could not start: run here from now on
         _broken = True
         return False
@@ -210,28 +222,33 @@ def linear_bands(tokens: np.ndarray, w: Fp8Matrix, k: int, rows: np.ndarray) -> 
     return True
 
 
-def in_bands(tokens: np.ndarray, w: Fp8Matrix, k: int, rows: np.ndarray, workers: list[Helper]) -> None:
-    """rows [out, N]: one band of whole scale blocks for this process and one for each helper."""
-    mine, *theirs = split_bands(w, len(workers) + 1)
-    for helper, band in zip(workers, theirs):
-        helper.send_inputs(tokens, band.end - band.start)
-        helper.start(w, k, band, tokens.shape[0])
-    apply_tiles(tokens, band_matrix(w, mine), k, rows[mine.start : mine.end])
-    for helper, _ in zip(workers, theirs):
-        helper.finish_into(w, rows)
+def in_bands(tokens: np.ndarray, ws: list[Fp8Matrix], ks: list[int], rows: list[np.ndarray],
+             workers: list[Helper]) -> None:
+    """rows[i] [out_i, N]: one share of bands of whole scale blocks for this process and one for
+    each helper, each helper sent the inputs once and all its bands at once."""
+    mine, *theirs = shares(ws, len(workers) + 1)
+    for helper, share in zip(workers, theirs):
+        helper.send_inputs(tokens, sum(band.end - band.start for _, band in share))
+        for i, band in share:
+            helper.start(ws[i], ks[i], band, tokens.shape[0])
+    for i, band in mine:
+        apply_tiles(tokens, band_matrix(ws[i], band), ks[i], rows[i][band.start : band.end])
+    for helper, share in zip(workers, theirs):
+        for i, _ in share:
+            helper.finish_into(ws[i], rows[i])
 
 
 def meet_in_the_middle(tokens: np.ndarray, w: Fp8Matrix, k: int, rows: np.ndarray, helper: Helper) -> None:
-    """rows [out, N], for few tokens with one helper: this process takes tiles from the first on,
-    the helper from the last back, until they meet, so the one that runs faster does more. Fixed
-    halves left this process waiting 9-17 ms a decode step for whichever half ran slower.
+    """rows [out, N], for few tokens with one helper, which has the inputs: this process takes
+    tiles from the first on, the helper from the last back, until they meet, so the one that
+    runs faster does more. Fixed halves left this process waiting 9-17 ms a decode step for
+    whichever half ran slower.
 
     Each side writes only its own index in the scratch and reads the other's; a stale read can
     make both take the same tile, never leave one out, and a tile done twice comes out the same.
     Whether NaN codes were found is put together from both sides before it is remembered."""
     tiles = len(row_tiles(w))
     nan_check = NanCheck(w)
-    helper.send_inputs(tokens, w.shape[0])
     claims = helper.claims()
     claims[:] = (0, tiles)
     how = MEET | (CHECK_NAN if nan_check.checking else 0)
@@ -265,13 +282,22 @@ def from_the_back(claims: np.ndarray):
     return take
 
 
-def split_bands(w: Fp8Matrix, parts: int) -> list[Band]:
-    """Rows cut into `parts` bands of whole scale blocks, as even as the blocks allow (fewer when
-    there are fewer blocks)."""
-    block_rows, out_dim = w.block[0], w.shape[0]
-    blocks = -(-out_dim // block_rows)
-    cuts = [min(out_dim, block_rows * (blocks * p // parts)) for p in range(parts + 1)]
-    return [Band(cuts[p], cuts[p + 1]) for p in range(parts) if cuts[p + 1] > cuts[p]]
+def shares(ws: list[Fp8Matrix], parts: int) -> list[list[tuple[int, Band]]]:
+    """The weights' rows one after another, cut into `parts` shares of whole scale blocks as even
+    as the blocks allow (fewer when there are fewer blocks): each share is its bands, (weight
+    index, rows of that weight). Two weights of the same size on two cores: one weight each."""
+    blocks = [-(-w.shape[0] // w.block[0]) for w in ws]
+    cuts = [sum(blocks) * p // parts for p in range(parts + 1)]
+    cut = []
+    for p in range(parts):
+        share, first = [], 0  # first: the weight's first block, counted over all the weights
+        for i, (w, count) in enumerate(zip(ws, blocks)):
+            start, end = max(cuts[p], first) - first, min(cuts[p + 1], first + count) - first
+            if end > start:
+                share.append((i, Band(start * w.block[0], min(end * w.block[0], w.shape[0]))))
+            first += count
+        cut.append(share)
+    return [share for share in cut if share]
 
 
 def band_matrix(w: Fp8Matrix, band: Band) -> Fp8Matrix:
@@ -316,10 +342,10 @@ def multiply_band(scratch, files, message: bytes) -> tuple:
     """A band message's rows of the product into the scratch, after the inputs there.
     [N, in] -> [rows, N]. Returns the file map and byte range the codes were read from, and
     whether NaN codes were found in tiles shared from both ends."""
-    where, band, in_dim, block, n, k, how, scales = unpacked_band(message)
+    where, band, in_dim, block, n, rows_at, k, how, scales = unpacked_band(message)
     rows = band.end - band.start
     tokens = np.frombuffer(scratch, F32, n * in_dim, CLAIMS_BYTES).reshape(n, in_dim)
-    flat = np.frombuffer(scratch, F32, rows * n, CLAIMS_BYTES + n * in_dim * 4)
+    flat = np.frombuffer(scratch, F32, rows * n, CLAIMS_BYTES + n * in_dim * 4 + rows_at)
     key = (where.path, where.identity)  # a map stays on the file it was made from, whatever the path holds now
     if key not in files:
         files[key] = mapped(where)
@@ -338,8 +364,10 @@ def multiply_band(scratch, files, message: bytes) -> tuple:
 
 
 def unpacked_band(message: bytes) -> tuple:
-    """(the codes' FileBytes, band, in, block, tokens, k, how, the band's scale rows) of a band message."""
-    *identity, offset, start, end, _, in_dim, block_rows, block_columns, n, k, path_length, how = BAND.unpack_from(message, 1)
+    """(the codes' FileBytes, band, in, block, tokens, where its rows go, k, how, the band's scale
+    rows) of a band message."""
+    *identity, offset, start, end, _, in_dim, block_rows, block_columns, n, rows_at, k, path_length, how = \
+        BAND.unpack_from(message, 1)
     path_end = 1 + BAND.size + path_length
     used = fp8.scale_rows(start, end, block_rows)
     scale_shape = (used.stop - used.start, -(-in_dim // block_columns))
@@ -347,7 +375,7 @@ def unpacked_band(message: bytes) -> tuple:
         raise ValueError(f"band message of {len(message)} bytes, expected scales {list(scale_shape)} after the path")
     scales = np.frombuffer(message, F32, scale_shape[0] * scale_shape[1], path_end).reshape(scale_shape)
     where = FileBytes(os.fsdecode(message[1 + BAND.size : path_end]), offset, tuple(identity))
-    return where, Band(start, end), in_dim, (block_rows, block_columns), n, k, how, scales
+    return where, Band(start, end), in_dim, (block_rows, block_columns), n, rows_at, k, how, scales
 
 
 def mapped(where: FileBytes) -> tuple[mmap.mmap, int]:

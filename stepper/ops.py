@@ -11,7 +11,7 @@ import numpy as np
 
 from . import parallel
 from .config import Yarn
-from .fp8_matmul import Fp8Matrix, decoded, linear_fp8
+from .fp8_matmul import Fp8Matrix, decoded, linear_fp8, products
 
 F32 = np.float32
 SPLIT_WEIGHTS = 1 << 20  # a float32 weight of this many values or more is shared out by rows
@@ -34,6 +34,14 @@ def linear(x: np.ndarray, weight: np.ndarray | Fp8Matrix) -> np.ndarray:
     if weight.size < SPLIT_WEIGHTS:
         return np.matmul(x, weight.T)
     return linear_by_rows(x, weight)
+
+
+def linears(x: np.ndarray, weights: tuple) -> list[np.ndarray]:
+    """x @ W^T for several weights of the same input: FP8 ones as one product, the input made
+    ready once and, on two cores, one weight on each (a SwiGLU's gate and up).  [..., in] -> [[..., out]]"""
+    if all(isinstance(w, Fp8Matrix) for w in weights):
+        return products(x, list(weights))
+    return [linear(x, w) for w in weights]
 
 
 def dense(weight: np.ndarray | Fp8Matrix, out: np.ndarray | None = None) -> np.ndarray:
@@ -74,8 +82,9 @@ def swiglu(x: np.ndarray, gate: np.ndarray, up: np.ndarray, down: np.ndarray,
     With row_weights [N] (a routed expert's weight for each of its tokens), each row is weighed
     before down: the same as weighing down's output rows, down being linear, on I values a
     token instead of D (D = 7168, I = 2048 in Kimi K2).  [N, D] -> [N, D]"""
-    act = silu(linear(x, gate))
-    act *= linear(x, up)
+    gate_x, up_x = linears(x, (gate, up))
+    act = silu(gate_x)
+    act *= up_x
     if row_weights is not None:
         act *= row_weights[:, None]
     return linear(act, down)

@@ -5,7 +5,7 @@ import itertools
 import numpy as np
 import pytest
 
-from stepper import fp8_workers, parallel
+from stepper import fp8_matmul, fp8_workers, parallel
 from stepper.checkpoint import Checkpoint
 from stepper.fp8_matmul import FileBytes, Fp8Matrix, linear_fp8
 from stepper.model import KVCache, Transformer
@@ -48,12 +48,46 @@ def test_shared_product_equals_the_dense_product(checkpoint, shared, tokens):
     assert np.abs(y - exact(x, w)).max() <= 2e-6 * np.abs(exact(x, w)).max()
 
 
-def test_bands_cover_the_rows_in_whole_scale_blocks():
+def test_shares_cover_the_rows_in_whole_scale_blocks():
     w = Fp8Matrix.of(np.zeros((1000, 256), np.uint8), np.ones((8, 2), np.float32))
     for parts in (1, 2, 3, 6, 8, 20):
-        bands = fp8_workers.split_bands(w, parts)
-        assert bands[0].start == 0 and bands[-1].end == 1000 and len(bands) == min(parts, 8)
+        cut = fp8_workers.shares([w], parts)
+        bands = [band for share in cut for _, band in share]
+        assert all(len(share) == 1 for share in cut) and len(cut) == min(parts, 8)
+        assert bands[0].start == 0 and bands[-1].end == 1000
         assert all(a.end == b.start and a.end % 128 == 0 for a, b in itertools.pairwise(bands))
+
+
+def test_shares_of_several_weights_take_their_rows_one_after_another():
+    gate, up = (Fp8Matrix.of(np.zeros((2048, 256), np.uint8), np.ones((16, 2), np.float32)) for _ in range(2))
+    two = fp8_workers.shares([gate, up], 2)  # one weight each
+    assert two == [[(0, fp8_workers.Band(0, 2048))], [(1, fp8_workers.Band(0, 2048))]]
+    three = fp8_workers.shares([gate, up], 3)  # 32 blocks: 10, 11, 11
+    assert three == [[(0, fp8_workers.Band(0, 1280))],
+                     [(0, fp8_workers.Band(1280, 2048)), (1, fp8_workers.Band(0, 640))],
+                     [(1, fp8_workers.Band(640, 2048))]]
+
+
+@pytest.mark.parametrize("tokens", [1, 5, 300])
+@pytest.mark.parametrize("processes", [2, 3])
+def test_products_of_one_input_with_several_weights_equal_each_dense_product(checkpoint, shared, monkeypatch,
+                                                                            tokens, processes):
+    """Three weights of one scale block each: on two cores, the helper is sent two bands at once
+    (of many tokens), or shares each weight's tiles in turn (of few); on three, one each."""
+    monkeypatch.setattr(parallel, "cores", lambda: processes)
+    names = [EXPERT.replace("down_proj", name) for name in ("gate_proj", "up_proj")]
+    names.append(EXPERT.replace("experts.3", "experts.2").replace("down", "gate"))
+    ws = [checkpoint.matrix(name) for name in names]  # [96, 320] each in tiny
+    x = np.random.default_rng(tokens).standard_normal((tokens, ws[0].shape[1])).astype(np.float32)
+    ys = fp8_matmul.products(x, ws)
+    helpers = fp8_workers.helpers()
+    assert len(helpers) == processes - 1 and not fp8_workers._broken
+    in_turn = processes == 2 and tokens <= 128
+    bands = [len(ws)] if in_turn else [len(share) for share in fp8_workers.shares(ws, processes)[1:]]
+    assert [helper.bands_done for helper in helpers] == bands == ([3] if in_turn else [2] if processes == 2 else [1, 1])
+    assert not any(helper.sent for helper in helpers)
+    for y, w in zip(ys, ws, strict=True):
+        assert np.abs(y - exact(x, w)).max() <= 2e-6 * np.abs(exact(x, w)).max()
 
 
 def test_a_layer_with_helpers_equals_the_layer_without(checkpoint, shared, monkeypatch):

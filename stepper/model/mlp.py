@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ops import linear, silu
+from ..ops import linear, linears, silu
 from ..trace import Emitter
 from .layer_weights import LayerWeights
 
 
 def dense_mlp(x: np.ndarray, w: LayerWeights, emit: Emitter) -> np.ndarray:
     """down(silu(gate(x)) * up(x)).  [B, T, D] -> [B, T, D]"""
-    gate = linear(x, w.matrix("mlp.gate_proj.weight"))  # [B, T, I]
+    gate, up = linears(x, (w.matrix("mlp.gate_proj.weight"), w.matrix("mlp.up_proj.weight")))  # [B, T, I] each
     emit("mlp.gate_proj", gate)
-    up = linear(x, w.matrix("mlp.up_proj.weight"))  # [B, T, I]
     emit("mlp.up_proj", up)
     act = silu(gate) * up
     emit("mlp.act", act)
