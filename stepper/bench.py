@@ -12,7 +12,8 @@ Each figure is measured in a fresh subprocess, so its peak RSS is its own:
   on the same weights and tokens (T = 1, 32, 512, and T = 1 again with stepper's weight cache
   warm), when torch and transformers are installed.
 
-Timing medians use several repetitions; nothing here is asserted in tests.
+Timing medians use several repetitions, and the comparisons with transformers take the two
+runs in turn (`paired_times`); nothing here is asserted in tests.
 """
 
 from __future__ import annotations
@@ -68,12 +69,32 @@ def machine() -> str:
 
 
 def median_time(fn, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
+    return float(np.median([seconds(fn) for _ in range(repeat)]))
+
+
+def seconds(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def paired_times(first, second, pairs: int) -> tuple[float, float, float]:
+    """After one untimed run of each, `pairs` runs of each in turn, the order swapped every pair:
+    the median of the ratios second / first, and the median time of each. Run this way, both see
+    the same state of the machine (on this one, the same layer's time drifted by 20% between
+    minutes), which times taken one after the other do not.  -> (ratio, first s, second s)"""
+    first()
+    second()
+    ones, twos = [], []
+    for p in range(pairs):
+        if p % 2 == 0:
+            ones.append(seconds(first))
+            twos.append(seconds(second))
+        else:
+            twos.append(seconds(second))
+            ones.append(seconds(first))
+    ratios = np.array(twos) / np.array(ones)
+    return float(np.median(ratios)), float(np.median(ones)), float(np.median(twos))
 
 
 def peak_rss_mb() -> float:
@@ -207,10 +228,14 @@ def major_faults() -> int:
     return total
 
 
-def versus_torch(checkpoint: Path, tokens: int, repeat: int, cache_mb: int = 0) -> list[Figure]:
-    """stepper (FP8 from the checkpoint) and transformers (float32 resident) on the same layer.
+def versus_torch(checkpoint: Path, tokens: int, pairs: int, cache_mb: int = 0) -> list[Figure]:
+    """stepper (FP8 from the checkpoint) and transformers (float32 resident) on the same layer,
+    timed in turn (paired_times).
 
-    With cache_mb, stepper keeps decoded weights (--weight-cache-mb) and is timed once it is warm."""
+    transformers runs its experts with its eager loop: what it picks by default for a model it
+    loads, grouped_mm, measured slower on this CPU (16-expert layer at 512 tokens: 4.5-5.4 s
+    against 3.7-4.5 s). With cache_mb, stepper keeps decoded weights (--weight-cache-mb) and is
+    timed once it is warm."""
     import torch
     from transformers import DeepseekV3Config
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3DecoderLayer, DeepseekV3RotaryEmbedding
@@ -222,6 +247,7 @@ def versus_torch(checkpoint: Path, tokens: int, repeat: int, cache_mb: int = 0) 
     raw.update(model_type="deepseek_v3", rope_interleave=True)
     hf_cfg = DeepseekV3Config(**raw)
     hf_cfg._attn_implementation = "eager"
+    hf_cfg._experts_implementation = "eager"
     layer = DeepseekV3DecoderLayer(hf_cfg, 1).float().eval()
     load_layer(layer, source, layer_shapes(cfg, 1), cfg)
     rotary = DeepseekV3RotaryEmbedding(hf_cfg)
@@ -230,7 +256,6 @@ def versus_torch(checkpoint: Path, tokens: int, repeat: int, cache_mb: int = 0) 
     positions = torch.arange(tokens)[None]
     cos_sin = rotary(h, positions)
     mask = torch.full((tokens, tokens), float("-inf")).triu(1)[None, None]
-    torch_time = median_time(lambda: layer(h, attention_mask=mask, position_ids=positions, position_embeddings=cos_sin), repeat)
     model = Transformer(CachedWeights(source, cache_mb << 20) if cache_mb else source)
     emit = Emitter()
 
@@ -240,10 +265,12 @@ def versus_torch(checkpoint: Path, tokens: int, repeat: int, cache_mb: int = 0) 
     if cache_mb:  # a weight is kept from its second use: two runs fill the cache
         ours_once()
         ours_once()
-    ours = median_time(ours_once, repeat)
+    ratio, torch_time, ours = paired_times(
+        lambda: layer(h, attention_mask=mask, position_ids=positions, position_embeddings=cos_sin), ours_once, pairs)
     how = "weight cache warm" if cache_mb else "FP8"
-    return [Figure(f"{cfg.name} layer 1, T={tokens}: stepper ({how}) / transformers (float32)", ours / torch_time, "x",
-                   None, f"stepper {ours:.3f} s, transformers {torch_time:.3f} s, median of {repeat}")]
+    return [Figure(f"{cfg.name} layer 1, T={tokens}: stepper ({how}) / transformers (float32)", ratio, "x", None,
+                   f"median of {pairs} ratios, runs taken in turn after one of each; medians: stepper {ours:.3f} s, "
+                   f"transformers {torch_time:.3f} s")]
 
 
 def load_layer(layer, source, shapes: dict[str, tuple[int, ...]], cfg: Config) -> None:
@@ -330,9 +357,9 @@ def run_all(workdir: Path, with_torch: bool, say) -> list[Figure]:
         forget_page_cache(small)
         for tokens in (1, 32, 512):
             say(f"16-expert layer against transformers, T={tokens}")
-            figures += in_subprocess("torch", checkpoint=small, tokens=tokens, repeat=3 if tokens < 512 else 2)
+            figures += in_subprocess("torch", checkpoint=small, tokens=tokens, pairs={1: 9, 32: 7, 512: 5}[tokens])
         say("16-expert layer against transformers, T=1, stepper's weight cache warm")
-        figures += in_subprocess("torch", checkpoint=small, tokens=1, repeat=5, cache_mb=WARM_CACHE_MB)
+        figures += in_subprocess("torch", checkpoint=small, tokens=1, pairs=9, cache_mb=WARM_CACHE_MB)
     return figures
 
 

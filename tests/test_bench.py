@@ -1,0 +1,23 @@
+"""`stepper bench`'s way of timing two things against each other (no time is asserted: a clock
+that only the timed functions move stands in for the real one)."""
+
+from stepper import bench
+
+
+def test_paired_times_run_each_once_untimed_then_in_turn_swapping_the_order(monkeypatch):
+    clock, calls = [0.0], []
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
+
+    def runs(name, seconds):
+        def run():
+            calls.append(name)
+            clock[0] += seconds.pop(0)
+        return run
+
+    first = runs("first", [9.0, 1.0, 2.0, 4.0, 1.0, 2.0])  # the untimed run first
+    second = runs("second", [9.0, 3.0, 2.0, 8.0, 2.0, 5.0])
+    ratio, first_median, second_median = bench.paired_times(first, second, 5)
+    assert calls == ["first", "second", "first", "second", "second", "first", "first", "second", "second", "first",
+                     "first", "second"]
+    # pairs (first, second): (1, 3), (2, 2), (4, 8), (1, 2), (2, 5): ratios 3, 1, 2, 2, 2.5
+    assert (ratio, first_median, second_median) == (2.0, 2.0, 3.0)
