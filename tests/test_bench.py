@@ -21,3 +21,12 @@ def test_paired_times_run_each_once_untimed_then_in_turn_swapping_the_order(monk
                      "first", "second"]
     # pairs (first, second): (1, 3), (2, 2), (4, 8), (1, 2), (2, 5): ratios 3, 1, 2, 2, 2.5
     assert (ratio, first_median, second_median) == (2.0, 2.0, 3.0)
+
+
+def test_bench_checkpoints_are_the_checkpoint_folders_of_the_workdir(tmp_path):
+    for name in ("b-layers1-1-seed0", "a-layers0-0-seed0"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "model.safetensors.index.json").write_text("{}")
+    (tmp_path / "half-written").mkdir()  # no index: not a checkpoint (yet)
+    (tmp_path / "notes.txt").write_text("")
+    assert bench.bench_checkpoints(tmp_path) == [tmp_path / "a-layers0-0-seed0", tmp_path / "b-layers1-1-seed0"]
