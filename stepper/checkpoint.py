@@ -11,7 +11,6 @@ through the index: they may live in another shard.
 from __future__ import annotations
 
 import json
-from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from . import fp8
 from .config import Config, load_config
 from .errors import StepperError
 from .fp8_matmul import FileBytes
-from .safetensors_reader import SafetensorsFile
+from .safetensors_reader import MappedBudget, SafetensorsFile
 from .weights import Stored, global_shapes, layer_shapes
 
 INDEX = "model.safetensors.index.json"
@@ -43,7 +42,7 @@ class Checkpoint:
         self.config: Config = load_config(self.path / "config.json")
         self.weight_map = self._read_weight_map()
         self.shards = {name: SafetensorsFile(self.path / name) for name in sorted(set(self.weight_map.values()))}
-        self._resident: OrderedDict[str, int] = OrderedDict()
+        self._resident = MappedBudget(RESIDENT_BYTES)
         self._check_index_against_headers()
 
     # -- reading -----------------------------------------------------------------------------
@@ -96,14 +95,9 @@ class Checkpoint:
         helpers this process maps only its band of a shared product's rows, about half on two
         cores: at 768 MiB, a 16-expert layer's 850 MB of weights did not fit, and every run of
         it mapped all of its pages afresh."""
-        if self.shard_of(name).info(name).nbytes < LARGE:
-            return
-        size = self.shard_of(name).mapped_bytes(name)
-        self._resident.pop(name, None)
-        self._resident[name] = size
-        while sum(self._resident.values()) > RESIDENT_BYTES and len(self._resident) > 1:
-            old, _ = self._resident.popitem(last=False)
-            self.shard_of(old).release(old)
+        shard = self.shard_of(name)
+        if shard.info(name).nbytes >= LARGE:
+            self._resident.use(name, shard.mapped_bytes(name), lambda: shard.release(name))
 
     def shard_of(self, name: str) -> SafetensorsFile:
         if name not in self.weight_map:

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from dataclasses import dataclass, replace
 from functools import cache
 from multiprocessing.connection import Connection, Pipe
@@ -37,7 +37,7 @@ import numpy as np
 from . import fp8, parallel
 from .checkpoint import BAND_RESIDENT_BYTES
 from .fp8_matmul import FileBytes, Fp8Matrix, NanCheck, apply_tiles, many_tokens, result_arrays, row_tiles
-from .safetensors_reader import advise_checkpoint_map, file_identity, spanned
+from .safetensors_reader import MappedBudget, advise_checkpoint_map, advise_range, file_identity, spanned
 
 F32 = np.float32
 SHARE_WORK = 1 << 22  # a product of fewer weights x tokens stays in this process: messages would cost more
@@ -314,7 +314,7 @@ def band_matrix(w: Fp8Matrix, band: Band) -> Fp8Matrix:
 def serve(conn: Connection) -> None:
     """The helper process's loop: map scratch, multiply bands, until the pipe closes."""
     parallel.single_threaded_blas()
-    scratch, files, resident = None, {}, OrderedDict()
+    scratch, files, resident = None, {}, MappedBudget(BAND_RESIDENT_BYTES)
     while True:
         try:
             message = receive(conn)
@@ -388,13 +388,8 @@ def mapped(where: FileBytes) -> tuple[mmap.mmap, int]:
     return view, advise_checkpoint_map(view)
 
 
-def keep_resident(resident: OrderedDict, view: mmap.mmap, start: int, length: int, fault_bytes: int) -> None:
+def keep_resident(resident: MappedBudget, view: mmap.mmap, start: int, length: int, fault_bytes: int) -> None:
     """As the checkpoint reader does: past BAND_RESIDENT_BYTES of mapped bands (counted in the
-    blocks a fault maps), the oldest are let go."""
-    resident.pop((id(view), start), None)
-    resident[(id(view), start)] = (view, start, length, spanned(start, start + length, fault_bytes))
-    while sum(entry[3] for entry in resident.values()) > BAND_RESIDENT_BYTES and len(resident) > 1:
-        old_view, old_start, old_length, _ = resident.popitem(last=False)[1]
-        first = old_start - old_start % mmap.PAGESIZE
-        if hasattr(old_view, "madvise"):
-            old_view.madvise(mmap.MADV_DONTNEED, first, old_start + old_length - first)
+    blocks a fault maps), the least recently used are let go."""
+    resident.use((id(view), start), spanned(start, start + length, fault_bytes),
+                 lambda: advise_range(view, mmap.MADV_DONTNEED, start, start + length))

@@ -20,6 +20,8 @@ import json
 import mmap
 import os
 import stat
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -140,12 +142,7 @@ class SafetensorsFile:
             self._advise(name, mmap.MADV_DONTNEED)
 
     def _advise(self, name: str, advice: int) -> None:
-        if not hasattr(self._map, "madvise"):
-            return
-        start, end = self.data_range(name)
-        first = start - start % mmap.PAGESIZE
-        if end > first:
-            self._map.madvise(advice, first, end - first)
+        advise_range(self._map, advice, *self.data_range(name))
 
     def close(self) -> None:
         """Drop the memory map. Arrays already returned keep their pages mapped until they go."""
@@ -214,6 +211,31 @@ def huge_page_bytes() -> int:
 def spanned(start: int, end: int, block: int) -> int:
     """Bytes of the whole blocks that [start, end) touches."""
     return -(-end // block) * block - start // block * block
+
+
+def advise_range(view: mmap.mmap, advice: int, start: int, end: int) -> None:
+    """madvise bytes [start, end) of a map, from the page that holds start (where it exists)."""
+    first = start - start % mmap.PAGESIZE
+    if end > first and hasattr(view, "madvise"):
+        view.madvise(advice, first, end - first)
+
+
+class MappedBudget:
+    """Mapped ranges kept after their use, least recently used first let go once they add up to
+    more than `limit` bytes (the one used last always stays). Mapped pages count as a process's
+    memory; let go, they stay in the page cache and fault back in."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.kept: OrderedDict[Hashable, tuple[int, Callable[[], None]]] = OrderedDict()
+
+    def use(self, key: Hashable, size: int, let_go: Callable[[], None]) -> None:
+        """The range `key` (size bytes mapped) was just used; let_go() unmaps it."""
+        self.kept.pop(key, None)
+        self.kept[key] = (size, let_go)
+        while sum(size for size, _ in self.kept.values()) > self.limit and len(self.kept) > 1:
+            _, (_, oldest_let_go) = self.kept.popitem(last=False)
+            oldest_let_go()
 
 
 # -- reading the header bytes ------------------------------------------------------------------

@@ -323,3 +323,21 @@ def test_running_one_layer_never_reads_the_other_layers(tmp_path):
             assert read > 0  # layer 4's weights were read
         else:
             assert read == 0, f"layer {i}'s shard had {read} pages read"
+
+
+def test_the_reader_lets_go_of_the_least_recently_used_tensors_past_its_budget(synth_dir, monkeypatch):
+    from stepper import checkpoint
+    from stepper.safetensors_reader import SafetensorsFile
+
+    monkeypatch.setattr(checkpoint, "LARGE", 0)  # every tensor counts (tiny's are all small)
+    read = Checkpoint(synth_dir)
+    names = [n for n in read.weight_map if n.startswith("model.layers.1.mlp.experts.")][:3]
+    sizes = sorted(read.shard_of(n).mapped_bytes(n) for n in names)
+    read._resident.limit = sizes[1] + sizes[2]  # room for any two of the three, not for all
+    let_go = []
+    monkeypatch.setattr(SafetensorsFile, "release", lambda self, name: let_go.append(name))
+    read.get(names[0]), read.get(names[1])
+    assert let_go == []
+    read.get(names[0])  # used again: names[1] is now the least recently used
+    read.get(names[2])
+    assert let_go == [names[1]]

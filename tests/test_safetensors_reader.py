@@ -583,3 +583,18 @@ def test_random_headers(fuzz_path, content):
 @given(content=st.binary(max_size=64))
 def test_random_bytes_after_a_plausible_length(fuzz_path, content):
     check_against_reference(fuzz_path, len(content).to_bytes(8, "little") + content)
+
+
+def test_mapped_budget_lets_go_of_the_least_recently_used_past_its_limit():
+    from stepper.safetensors_reader import MappedBudget
+
+    gone = []
+    budget = MappedBudget(10)
+    for key in "abc":
+        budget.use(key, 4, lambda key=key: gone.append(key))
+    assert gone == ["a"]  # 12 > 10: the oldest goes
+    budget.use("b", 4, lambda: gone.append("b"))  # used again: now the newest
+    budget.use("d", 4, lambda: gone.append("d"))
+    assert gone == ["a", "c"] and list(budget.kept) == ["b", "d"]
+    budget.use("huge", 50, lambda: gone.append("huge"))  # over the limit alone: kept, the rest go
+    assert gone == ["a", "c", "b", "d"] and list(budget.kept) == ["huge"]
