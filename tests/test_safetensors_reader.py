@@ -287,7 +287,8 @@ def mappings() -> list[dict]:
         head = line.split()
         if head and "-" in head[0] and not head[0].endswith(":"):  # "low-high perms offset dev inode [path]"
             low, high = (int(a, 16) for a in head[0].split("-"))
-            found.append({"low": low, "high": high, "path": head[5] if len(head) > 5 else ""})
+            path = line.split(maxsplit=5)[5].strip() if len(head) > 5 else ""  # a path may hold spaces
+            found.append({"low": low, "high": high, "path": path})
         elif head and found:
             found[-1][head[0].rstrip(":")] = head[1:]
     return found
