@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from . import fp8_workers, parallel
-from .checkpoint import Checkpoint
+from .checkpoint import INDEX, Checkpoint
 from .config import Config
 from .fp8 import quantize
 from .fp8_matmul import Fp8Matrix, linear_fp8
@@ -329,7 +329,7 @@ def bench_config(model: str, experts: int | None) -> Config:
 def ensure_checkpoint(workdir: Path, cfg: Config, layers: range, seed: int = 0) -> Path:
     """The synthetic checkpoint of these layers, written once into workdir and reused."""
     folder = workdir / f"{cfg.name}-layers{layers.start}-{layers.stop - 1}-seed{seed}"
-    if not (folder / "model.safetensors.index.json").exists():
+    if not (folder / INDEX).exists():
         workdir.mkdir(parents=True, exist_ok=True)
         synth_checkpoint(SyntheticWeights(cfg, seed), folder, layers, force=True)
     return folder
@@ -340,7 +340,7 @@ def bench_checkpoints(workdir: Path) -> list[Path]:
     the full-size MoE layer's is read back: 24 GB held its 16 GB beside the others' pages and
     the libraries only in part, and decode steps read 25-36 pages from disk while timed in two
     runs of three."""
-    return sorted(folder for folder in workdir.iterdir() if (folder / "model.safetensors.index.json").exists())
+    return sorted(folder for folder in workdir.iterdir() if (folder / INDEX).exists())
 
 
 def run_all(workdir: Path, with_torch: bool, say) -> list[Figure]:

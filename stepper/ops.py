@@ -85,9 +85,9 @@ def swiglu(x: np.ndarray, gate: np.ndarray, up: np.ndarray, down: np.ndarray,
            row_weights: np.ndarray | None = None) -> np.ndarray:
     """down(silu(gate(x)) * up(x)): the dense MLP, each routed expert and the shared expert.
 
-    With row_weights [N] (a routed expert's weight for each of its tokens), each row is weighed
-    before down: the same as weighing down's output rows, down being linear, on I values a
-    token instead of D (D = 7168, I = 2048 in Kimi K2).  [N, D] -> [N, D]"""
+    With row_weights [N] (a routed expert's weight for each of its tokens, x [N, D]), each row
+    is weighed before down: the same as weighing down's output rows, down being linear, on I
+    values a token instead of D (D = 7168, I = 2048 in Kimi K2).  [..., D] -> [..., D]"""
     gate_x, up_x = linears(x, (gate, up))
     act = silu(gate_x)
     act *= up_x
