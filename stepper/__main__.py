@@ -1,4 +1,4 @@
-from .cli import main
+from stepper.cli.main import main
 
 if __name__ == "__main__":  # run as `python -m stepper`, not when imported
     main()

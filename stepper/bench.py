@@ -31,18 +31,20 @@ from pathlib import Path
 
 import numpy as np
 
-from . import fp8_workers, parallel
-from .checkpoint import INDEX, Checkpoint
-from .config import Config
-from .fp8 import quantize
-from .fp8_matmul import Fp8Matrix, linear_fp8
-from .model import KVCache, Transformer
-from .presets import PRESETS
-from .safetensors_reader import advise_checkpoint_map
-from .synth import synth_checkpoint
-from .trace import Emitter
-from .weight_cache import CachedWeights
-from .weights import SyntheticWeights, layer_shapes
+from stepper.config import Config
+from stepper.fp8 import quantize
+from stepper.kernels import fp8_workers, parallel
+from stepper.kernels.fp8_matmul import linear_fp8
+from stepper.kernels.weight_cache import CachedWeights
+from stepper.model import KVCache, Transformer
+from stepper.presets import PRESETS
+from stepper.trace import Emitter
+from stepper.weights.checkpoint import INDEX, Checkpoint
+from stepper.weights.names import layer_shapes
+from stepper.weights.safetensors_reader import advise_checkpoint_map
+from stepper.weights.stored import Fp8Matrix
+from stepper.weights.synth import synth_checkpoint
+from stepper.weights.synthetic import SyntheticWeights
 
 FILL_BYTES = 1 << 26  # what fill_page_cache reads or maps at a time
 WARM_CACHE_MB = 8192  # holds every decoded weight of the 16-expert layer (about 3.4 GB)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import StepperError
+from stepper.errors import StepperError
 
 MODEL_TYPES = ("deepseek_v3", "kimi_k2")
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .config import Config
-from .errors import StepperError
+from stepper.config import Config
+from stepper.errors import StepperError
 
 _FP8 = {
     "quant_method": "fp8",

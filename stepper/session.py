@@ -20,15 +20,17 @@ from pathlib import Path
 
 import numpy as np
 
-from .checkpoint import Checkpoint
-from .config import Config, load_config
-from .errors import StepperError
-from .model import KVCache, Transformer
-from .presets import PRESETS, preset
-from .safetensors_reader import SafetensorsFile
-from .trace import Emitter, Sink
-from .weight_cache import CachedWeights
-from .weights import EMBED, SyntheticWeights, WeightSource
+from stepper.config import Config, load_config
+from stepper.errors import StepperError
+from stepper.kernels.weight_cache import CachedWeights
+from stepper.model import KVCache, Transformer
+from stepper.presets import PRESETS, preset
+from stepper.trace import Emitter, Sink
+from stepper.weights.checkpoint import Checkpoint
+from stepper.weights.names import EMBED
+from stepper.weights.safetensors_reader import SafetensorsFile
+from stepper.weights.source import WeightSource
+from stepper.weights.synthetic import SyntheticWeights
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ ALIAS_KEYS = {"hf_module", "inference", "llama.cpp"}
 
 
 def load_catalog() -> dict:
-    text = resources.files("stepper").joinpath("catalog.json").read_text(encoding="utf-8")
+    text = resources.files("stepper.catalog").joinpath("catalog.json").read_text(encoding="utf-8")
     return json.loads(text)
 
 

@@ -13,13 +13,14 @@ import numpy as np
 import pytest
 from test_safetensors_reader import reference_write
 
-from stepper.checkpoint import Checkpoint
 from stepper.errors import StepperError
 from stepper.presets import preset
 from stepper.session import RunSpec, run
-from stepper.synth import synth_checkpoint
 from stepper.trace import Recorder
-from stepper.weights import SyntheticWeights, is_linear, weight_shapes
+from stepper.weights.checkpoint import Checkpoint
+from stepper.weights.names import is_linear, weight_shapes
+from stepper.weights.synth import synth_checkpoint
+from stepper.weights.synthetic import SyntheticWeights
 
 
 def stepper(*args: str) -> subprocess.CompletedProcess:
@@ -326,8 +327,8 @@ def test_running_one_layer_never_reads_the_other_layers(tmp_path):
 
 
 def test_the_reader_lets_go_of_the_least_recently_used_tensors_past_its_budget(synth_dir, monkeypatch):
-    from stepper import checkpoint
-    from stepper.safetensors_reader import SafetensorsFile
+    from stepper.weights import checkpoint
+    from stepper.weights.safetensors_reader import SafetensorsFile
 
     monkeypatch.setattr(checkpoint, "LARGE", 0)  # every tensor counts (tiny's are all small)
     read = Checkpoint(synth_dir)

@@ -19,11 +19,13 @@ from hf_reference import hf_attention_scaling, hf_inv_freq, hf_softmax_scale, hf
 
 from stepper import catalog
 from stepper.model import Transformer
-from stepper.ops import rope_inv_freq
+from stepper.model.rope import rope_inv_freq
 from stepper.presets import preset
 from stepper.session import RunSpec, run
 from stepper.trace import Recorder, unphased
-from stepper.weights import ArrayWeights, SyntheticWeights, weight_shapes
+from stepper.weights.names import weight_shapes
+from stepper.weights.source import ArrayWeights
+from stepper.weights.synthetic import SyntheticWeights
 
 RTOL = 1e-5
 PROMPT = (17, 402, 999, 3, 256, 77, 640)

@@ -12,17 +12,17 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from stepper import fixtures, fixtures_verify
-from stepper.checkpoint import SCALE, Checkpoint
+from stepper.fixtures import export, verify
 from stepper.presets import preset
-from stepper.safetensors_reader import SafetensorsFile
 from stepper.session import RunSpec, run
 from stepper.trace import unphased
-from stepper.weights import SyntheticWeights
+from stepper.weights.checkpoint import SCALE, Checkpoint
+from stepper.weights.safetensors_reader import SafetensorsFile
+from stepper.weights.synthetic import SyntheticWeights
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = sorted(p.parent.name for p in (ROOT / "fixtures").glob("*/manifest.json"))
-TINY = [name for name in SHIPPED if fixtures.read_manifest(ROOT / "fixtures" / name)["weights"]["copied"]]
+TINY = [name for name in SHIPPED if export.read_manifest(ROOT / "fixtures" / name)["weights"]["copied"]]
 FULL_SIZE = [name for name in SHIPPED if name not in TINY]
 BASIC = ROOT / "fixtures" / "tiny-prefill-decode"
 
@@ -33,8 +33,8 @@ def stepper(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def basic() -> fixtures.Fixture:
-    return fixtures.load(BASIC)
+def basic() -> export.Fixture:
+    return export.load(BASIC)
 
 
 def write_candidate(path: Path, tensors: dict[str, np.ndarray]) -> Path:
@@ -60,13 +60,13 @@ def test_the_expected_fixtures_are_shipped_and_small():
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_manifest_hashes_hold_for_the_committed_files(name):
-    fixture = fixtures.load(ROOT / "fixtures" / name)  # checks every tensor's sha256
+    fixture = export.load(ROOT / "fixtures" / name)  # checks every tensor's sha256
     m = fixture.manifest
     assert m["format"] == "stepper-fixture" and m["version"] == 1
-    assert fixtures.sha256_file(fixture.path / fixtures.TENSORS) == m["files"][fixtures.TENSORS]["sha256"]
-    assert fixtures.check_weights(fixture) == []
+    assert export.sha256_file(fixture.path / export.TENSORS) == m["files"][export.TENSORS]["sha256"]
+    assert export.check_weights(fixture) == []
     assert [e["name"] for e in m["tensors"]] == list(fixture.tensors)
-    with SafetensorsFile(fixture.path / fixtures.TENSORS) as f:
+    with SafetensorsFile(fixture.path / export.TENSORS) as f:
         assert json.loads(f.metadata["order"]) == list(fixture.tensors)
     for margin in m["routing"].values():  # no routing decision close to a tie
         assert all(v is None or v > 1e-3 for v in margin.values()), margin  # as fixtures/README.md says
@@ -74,9 +74,9 @@ def test_manifest_hashes_hold_for_the_committed_files(name):
 
 @pytest.mark.parametrize("name", TINY + (FULL_SIZE if os.environ.get("STEPPER_FULL_FIXTURES") else []))
 def test_reexport_matches_the_committed_fixture(name, tmp_path):
-    committed = fixtures.load(ROOT / "fixtures" / name)
-    spec = fixtures.ExportSpec.from_dict(committed.manifest["export"])
-    fresh = fixtures.export(spec, tmp_path / name)
+    committed = export.load(ROOT / "fixtures" / name)
+    spec = export.ExportSpec.from_dict(committed.manifest["export"])
+    fresh = export.export(spec, tmp_path / name)
     assert [(e["name"], e["shape"], e["dims"], e["dtype"]) for e in fresh["tensors"]] == [
         (e["name"], e["shape"], e["dims"], e["dtype"]) for e in committed.entries]
     for key in ("config", "inputs", "attention", "run"):
@@ -86,8 +86,8 @@ def test_reexport_matches_the_committed_fixture(name, tmp_path):
     else:
         assert fresh["weights"]["read"] == committed.manifest["weights"]["read"]
     # every tensor bit-identical or within the manifest's tolerance
-    verdict = fixtures_verify.verify(committed, tmp_path / name / fixtures.TENSORS, strict=True)
-    assert verdict.exit_code == 0 and verdict.count("match") == len(committed.entries), fixtures_verify.summary_line(verdict)
+    verdict = verify.verify(committed, tmp_path / name / export.TENSORS, strict=True)
+    assert verdict.exit_code == 0 and verdict.count("match") == len(committed.entries), verify.summary_line(verdict)
     identical = sum(e["sha256"] == f["sha256"] for e, f in zip(committed.entries, fresh["tensors"]))
     print(f"{name}: {identical} of {len(committed.entries)} tensors bit-identical, the rest within tolerance")
 
@@ -97,11 +97,11 @@ def test_full_size_fixture_first_position_reexports(name):
     """Re-exporting Kimi K2's layer 1 takes about a minute (set STEPPER_FULL_FIXTURES=1 for the whole
     re-export). This runs the prefill of the first prompt token only (about 15 s): causal attention
     makes every position-0 slice of the prefill tensors the same computation."""
-    committed = fixtures.load(ROOT / "fixtures" / name)
+    committed = export.load(ROOT / "fixtures" / name)
     m = committed.manifest
-    spec = fixtures.ExportSpec.from_dict(m["export"])
+    spec = export.ExportSpec.from_dict(m["export"])
     first = m["inputs"]["prompt_ids"][:1]
-    capture = fixtures.Capture()
+    capture = export.Capture()
     run(RunSpec(model=spec.model, layer=spec.layer, ids=tuple(first), seed=spec.seed, attn=spec.attn), [capture])
     compared = 0
     for event in capture.events:
@@ -110,7 +110,7 @@ def test_full_size_fixture_first_position_reexports(name):
         ref = committed.tensors[entry["name"]][index]
         tol = entry["tolerance"]
         if tol["kind"] == "allclose":
-            assert fixtures_verify.measure(event.array, ref, tol)["ok"], event.name
+            assert verify.measure(event.array, ref, tol)["ok"], event.name
         else:
             assert np.array_equal(np.sort(event.array, -1), np.sort(ref, -1)), event.name
         compared += 1
@@ -120,13 +120,13 @@ def test_full_size_fixture_first_position_reexports(name):
     for weight in ("model.layers.1.input_layernorm.weight", "model.layers.1.self_attn.kv_a_proj_with_mqa.weight",
                    "model.layers.1.mlp.gate.e_score_correction_bias"):
         stored, record = source.stored(weight), m["weights"]["read"][weight]
-        assert fixtures.sha256_array(stored.data) == record["sha256"]
+        assert export.sha256_array(stored.data) == record["sha256"]
         if stored.scale_inv is not None:
-            assert fixtures.sha256_array(stored.scale_inv) == record["scale_inv_sha256"]
+            assert export.sha256_array(stored.scale_inv) == record["scale_inv_sha256"]
 
 
 def test_read_hashes_are_the_bytes_a_synthesized_checkpoint_holds():
-    source = fixtures.ReadHashes(SyntheticWeights(preset("tiny"), 0))
+    source = export.ReadHashes(SyntheticWeights(preset("tiny"), 0))
     names = ["model.layers.1.self_attn.kv_b_proj.weight", "model.layers.1.mlp.gate.weight",
              "model.layers.1.mlp.gate.e_score_correction_bias"]
     for name in names:
@@ -134,13 +134,13 @@ def test_read_hashes_are_the_bytes_a_synthesized_checkpoint_holds():
     shards = Checkpoint(ROOT / "fixtures" / "weights" / "tiny-seed0")
     for name in names:
         data = shards.shard_of(name).get(name)
-        assert fixtures.sha256_array(data) == source.read[name]["sha256"]
+        assert export.sha256_array(data) == source.read[name]["sha256"]
     scale = shards.shard_of(names[0] + SCALE).get(names[0] + SCALE)
-    assert fixtures.sha256_array(scale) == source.read[names[0]]["scale_inv_sha256"]
+    assert export.sha256_array(scale) == source.read[names[0]]["scale_inv_sha256"]
 
 
 def test_bf16_fixture_records_and_uses_bf16_weights():
-    fixture = fixtures.load(ROOT / "fixtures" / "tiny-bf16")
+    fixture = export.load(ROOT / "fixtures" / "tiny-bf16")
     assert fixture.manifest["weights"]["storage"].startswith("bf16")
     assert "quantization_config" not in fixture.manifest["config"]
     ck = Checkpoint(fixture.weights_path())
@@ -177,10 +177,10 @@ def test_verify_names_an_injected_error_as_the_first_divergence(basic, tmp_path,
 
 def test_first_divergence_names_what_the_tensor_is_computed_from(basic):
     index = next(i for i, e in enumerate(basic.entries) if e["name"] == "decode0.layers.1.self_attn.attn_scores")
-    inputs = [basic.entries[j]["name"] for j in fixtures_verify.formula_inputs(basic, index)]
+    inputs = [basic.entries[j]["name"] for j in verify.formula_inputs(basic, index)]
     assert inputs == ["decode0.layers.1.self_attn.query_states", "decode0.layers.1.self_attn.key_states"]
     index = next(i for i, e in enumerate(basic.entries) if e["name"] == "prefill.layers.2.hidden_states")
-    assert [basic.entries[j]["name"] for j in fixtures_verify.formula_inputs(basic, index)] == ["prefill.layers.1.output"]
+    assert [basic.entries[j]["name"] for j in verify.formula_inputs(basic, index)] == ["prefill.layers.1.output"]
 
 
 def test_a_candidate_missing_half_the_tensors_is_reported_tensor_by_tensor(basic, tmp_path):
@@ -256,9 +256,9 @@ def test_not_a_fixture_is_bad_input(tmp_path):
 # verify: names and layouts of other implementations
 
 
-def other_names(fixture: fixtures.Fixture, system: str) -> dict[str, np.ndarray]:
+def other_names(fixture: export.Fixture, system: str) -> dict[str, np.ndarray]:
     """The fixture's tensors under `system`'s names where it has one, canonical names otherwise."""
-    patterns = fixtures_verify.alias_patterns()
+    patterns = verify.alias_patterns()
     out = {}
     for e in fixture.entries:
         pattern = patterns[e["key"]].get(system)
@@ -267,10 +267,10 @@ def other_names(fixture: fixtures.Fixture, system: str) -> dict[str, np.ndarray]
     return out
 
 
-@pytest.mark.parametrize("system", fixtures_verify.SYSTEMS)
+@pytest.mark.parametrize("system", verify.SYSTEMS)
 def test_verify_reads_alias_names(basic, tmp_path, system):
     candidate = write_candidate(tmp_path / f"{system}.npz", other_names(basic, system))
-    verdict = fixtures_verify.verify(basic, candidate, strict=True)
+    verdict = verify.verify(basic, candidate, strict=True)
     assert verdict.exit_code == 0 and not verdict.unknown and not verdict.ambiguous
     aliased = [c for c in verdict.checks if c.candidate != c.name]
     assert len(aliased) > 60, len(aliased)
@@ -280,7 +280,7 @@ def test_ambiguous_bare_names_are_refused_and_a_map_resolves_them(basic, tmp_pat
     q = basic.tensors["prefill.layers.1.self_attn.q_a"]
     candidate = write_candidate(tmp_path / "c.safetensors", {"prefill.q-1": q, "prefill.layers.1.self_attn.q_a_norm":
                                                               basic.tensors["prefill.layers.1.self_attn.q_a_norm"]})
-    verdict = fixtures_verify.verify(basic, candidate)
+    verdict = verify.verify(basic, candidate)
     assert "prefill.q-1" in verdict.ambiguous and verdict.count("match") == 1
     (tmp_path / "map.json").write_text(json.dumps({"prefill.q-1": "prefill.layers.1.self_attn.q_a"}))
     out = stepper("fixtures", "verify", BASIC, candidate, "--map", tmp_path / "map.json", "--plain")
@@ -311,8 +311,8 @@ def test_verify_accepts_batch_axes_heads_layouts_and_interleaved_rope(basic, tmp
             changed[name] = a[0]  # no batch axis
     t.update(changed)
     candidate = write_candidate(tmp_path / "layouts.safetensors", t)
-    verdict = fixtures_verify.verify(basic, candidate, strict=True)
-    assert verdict.exit_code == 0, fixtures_verify.summary_line(verdict)
+    verdict = verify.verify(basic, candidate, strict=True)
+    assert verdict.exit_code == 0, verify.summary_line(verdict)
     layouts = {c.name: c.layout for c in verdict.checks}
     assert layouts["prefill.layers.1.self_attn.q_pe_rope"] == "as reference, rope pairs interleaved"
     assert layouts["prefill.layers.1.self_attn.query_states"] == "as reference, rope pairs interleaved"
@@ -321,7 +321,7 @@ def test_verify_accepts_batch_axes_heads_layouts_and_interleaved_rope(basic, tmp
     assert layouts["prefill.layers.1.output"] == "reshaped [7, 320]"
     # interleaving is a layout, not a free pass: a wrong rotation still fails
     t["prefill.layers.1.self_attn.q_pe_rope"] = basic.tensors["prefill.layers.1.self_attn.q_pe"]
-    verdict = fixtures_verify.verify(basic, write_candidate(tmp_path / "wrong.safetensors", t))
+    verdict = verify.verify(basic, write_candidate(tmp_path / "wrong.safetensors", t))
     assert verdict.first["name"] == "prefill.layers.1.self_attn.q_pe_rope"
 
 
@@ -330,11 +330,11 @@ def test_expert_order_is_free_but_the_set_is_not(basic, tmp_path):
     name = "decode0.layers.2.mlp.gate.topk_idx"
     t[name] = t[name][:, ::-1].copy()
     t[name.replace("idx", "weight")] = t[name.replace("idx", "weight")][:, ::-1].copy()
-    assert fixtures_verify.verify(basic, write_candidate(tmp_path / "a.safetensors", t)).exit_code == 0
+    assert verify.verify(basic, write_candidate(tmp_path / "a.safetensors", t)).exit_code == 0
     other = t[name].copy()
     other[0, 0] = next(e for e in range(32) if e not in other[0])
     t[name] = other
-    verdict = fixtures_verify.verify(basic, write_candidate(tmp_path / "b.safetensors", t))
+    verdict = verify.verify(basic, write_candidate(tmp_path / "b.safetensors", t))
     assert verdict.first["name"] == name and "different experts for 1 of 1 tokens" in verdict.first["detail"]
 
 
@@ -342,9 +342,9 @@ def test_masked_scores_may_be_large_negative_numbers(basic, tmp_path):
     t = dict(basic.tensors)
     name = "prefill.layers.0.self_attn.attn_scores"
     t[name] = np.where(np.isinf(t[name]), np.finfo(np.float32).min, t[name])  # transformers' additive mask
-    assert fixtures_verify.verify(basic, write_candidate(tmp_path / "a.safetensors", t)).exit_code == 0
+    assert verify.verify(basic, write_candidate(tmp_path / "a.safetensors", t)).exit_code == 0
     t[name] = np.where(np.isinf(basic.tensors[name]), 0.0, basic.tensors[name])  # mask forgotten
-    verdict = fixtures_verify.verify(basic, write_candidate(tmp_path / "b.safetensors", t))
+    verdict = verify.verify(basic, write_candidate(tmp_path / "b.safetensors", t))
     assert verdict.first["name"] == name and "masked" in verdict.first["detail"]
 
 
@@ -385,7 +385,7 @@ def test_shared_weights_folder_must_hold_the_same_weights(tmp_path):
     shared = tmp_path / "w"
     assert stepper("fixtures", "export", tmp_path / "a", "--ids", "1,2", "--weights-dir", shared).returncode == 0
     assert stepper("fixtures", "export", tmp_path / "b", "--ids", "3,4", "--weights-dir", shared).returncode == 0
-    assert fixtures.load(tmp_path / "b").weights_path().resolve() == shared.resolve()
+    assert export.load(tmp_path / "b").weights_path().resolve() == shared.resolve()
     other = stepper("fixtures", "export", tmp_path / "c", "--ids", "3,4", "--seed", "1", "--weights-dir", shared)
     assert other.returncode == 2 and "holds other weights" in other.stderr
 
@@ -396,7 +396,7 @@ def test_shared_weights_folder_must_hold_the_same_weights(tmp_path):
 NEEDS_TORCH = not os.environ.get("STEPPER_REQUIRE_CROSSCHECK")
 
 
-def transformers_dump(fixture: fixtures.Fixture, path: Path) -> None:
+def transformers_dump(fixture: export.Fixture, path: Path) -> None:
     """Load the fixture's weights into transformers, run its inputs, and write every tensor under
     its HF module name where it has one (in the layout that module really outputs), canonical
     otherwise. A lone layer N runs as a one-layer model whose layer 0 has layer N's weights."""
@@ -419,7 +419,7 @@ def transformers_dump(fixture: fixtures.Fixture, path: Path) -> None:
     steps = m["inputs"]["steps"]
     trace = hf_trace(config, weights, np.array([steps[0]["ids"]]), start_pos=m["inputs"]["start_pos"],
                      decode_ids=[np.array([s["ids"]]) for s in steps[1:]] or None)
-    patterns = fixtures_verify.alias_patterns()
+    patterns = verify.alias_patterns()
     out = {}
     for name, array in trace.items():
         short = unphased(name)
@@ -441,7 +441,7 @@ def transformers_dump(fixture: fixtures.Fixture, path: Path) -> None:
 
 @pytest.mark.parametrize("name", TINY)
 def test_transformers_passes_verify_on_every_tiny_fixture(name, tmp_path):
-    fixture = fixtures.load(ROOT / "fixtures" / name)
+    fixture = export.load(ROOT / "fixtures" / name)
     candidate = tmp_path / "transformers.safetensors"
     transformers_dump(fixture, candidate)
     out = stepper("fixtures", "verify", fixture.path, candidate, "--report", tmp_path / "report.json", "--plain")

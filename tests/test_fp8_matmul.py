@@ -6,10 +6,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from stepper import fp8, ops, parallel
-from stepper.fp8_matmul import (
-    FileBytes,
-    Fp8Matrix,
+from stepper import fp8
+from stepper.kernels import parallel
+from stepper.kernels.fp8_matmul import (
     decode_unbiased,
     decoded,
     input_rebias,
@@ -17,6 +16,8 @@ from stepper.fp8_matmul import (
     row_tiles,
     times_power_of_two,
 )
+from stepper.kernels import linear as linear_module
+from stepper.weights.stored import FileBytes, Fp8Matrix
 
 
 def test_decoded_tile_is_every_code_times_two_to_the_minus_120_exactly():
@@ -129,8 +130,8 @@ def test_linear_by_rows_equals_one_product():
     for shape in ((1024,), (1, 1024), (2, 5, 1024)):
         x = rng.standard_normal(shape).astype(np.float32)
         exact = x.astype(np.float64) @ weight.astype(np.float64).T
-        y = ops.linear(x, weight)  # big enough to be shared out by rows
-        assert weight.size >= ops.SPLIT_WEIGHTS and y.shape == exact.shape and y.dtype == np.float32
+        y = linear_module.linear(x, weight)  # big enough to be shared out by rows
+        assert weight.size >= linear_module.SPLIT_WEIGHTS and y.shape == exact.shape and y.dtype == np.float32
         assert np.abs(y - exact).max() <= 1e-5 * np.abs(exact).max()
 
 
@@ -141,7 +142,7 @@ def test_single_threaded_blas_finds_numpys_openblas():
 
 
 def test_batches_are_padded_with_zero_rows_to_a_multiple_of_8():
-    from stepper.fp8_matmul import padded_to_columns
+    from stepper.kernels.fp8_matmul import padded_to_columns
 
     x = np.arange(5 * 3, dtype=np.float32).reshape(5, 3)
     padded = padded_to_columns(x)
@@ -230,7 +231,7 @@ def test_products_of_other_shapes_in_turn_share_one_tile_buffer_and_stay_right()
     buffers = {}
 
     def thread_buffer(name):
-        from stepper.fp8_matmul import kept_memory
+        from stepper.kernels.fp8_matmul import kept_memory
 
         buffers[name] = kept_memory("tiles", 128, 64)
 

@@ -5,14 +5,15 @@ import itertools
 import numpy as np
 import pytest
 
-from stepper import fp8_matmul, fp8_workers, parallel
-from stepper.checkpoint import Checkpoint
-from stepper.fp8_matmul import FileBytes, Fp8Matrix, linear_fp8
+from stepper.kernels import fp8_matmul, fp8_workers, parallel
+from stepper.kernels.fp8_matmul import linear_fp8
 from stepper.model import KVCache, Transformer
 from stepper.presets import preset
-from stepper.synth import synth_checkpoint
 from stepper.trace import Emitter
-from stepper.weights import SyntheticWeights
+from stepper.weights.checkpoint import Checkpoint
+from stepper.weights.stored import FileBytes, Fp8Matrix
+from stepper.weights.synth import synth_checkpoint
+from stepper.weights.synthetic import SyntheticWeights
 
 EXPERT = "model.layers.1.mlp.experts.3.down_proj.weight"
 

@@ -10,14 +10,14 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from stepper import inspect_view
-from stepper.checkpoint import Checkpoint
 from stepper.presets import preset
-from stepper.safetensors_reader import SafetensorsFile
-from stepper.safetensors_writer import Entry, write_safetensors
-from stepper.summary import stats
-from stepper.synth import synth_checkpoint
-from stepper.weights import SyntheticWeights
+from stepper.views import inspect
+from stepper.views.summary import stats
+from stepper.weights.checkpoint import Checkpoint
+from stepper.weights.safetensors_reader import SafetensorsFile
+from stepper.weights.safetensors_writer import Entry, write_safetensors
+from stepper.weights.synth import synth_checkpoint
+from stepper.weights.synthetic import SyntheticWeights
 
 KV = "model.layers.1.self_attn.kv_a_proj_with_mqa.weight"  # [144, 320]: scales [2, 3], partial blocks
 
@@ -120,10 +120,10 @@ def test_inspect_json_stats_equal_summary_stats_of_the_decoded_tensor(ckpt):
 
 
 def test_statistics_read_in_chunks_agree_with_the_whole_tensor(ckpt, monkeypatch):
-    monkeypatch.setattr(inspect_view, "CHUNK", 1000)  # kv_a_proj: 2 chunks of whole FP8 row blocks; embedding: 334
-    source = inspect_view.open_source(ckpt)
-    for tensor in inspect_view.collect(source, [KV, "model.embed_tokens.weight"]):
-        chunked = inspect_view.tensor_stats(source, tensor, lambda n: None)
+    monkeypatch.setattr(inspect, "CHUNK", 1000)  # kv_a_proj: 2 chunks of whole FP8 row blocks; embedding: 334
+    source = inspect.open_source(ckpt)
+    for tensor in inspect.collect(source, [KV, "model.embed_tokens.weight"]):
+        chunked = inspect.tensor_stats(source, tensor, lambda n: None)
         whole = stats(Checkpoint(ckpt).get(tensor.name))
         assert (chunked.min, chunked.max, chunked.absmax, chunked.nan, chunked.inf, chunked.finite) == (
             whole.min, whole.max, whole.absmax, whole.nan, whole.inf, whole.finite)

@@ -17,11 +17,12 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from stepper import catalog, lesson_check, overrides
-from stepper.cli import app
+from stepper import catalog
+from stepper.cli.main import app
 from stepper.errors import StepperError
-from stepper.lesson_answers import parse_choice, parse_number, parse_set, parse_shape
-from stepper.lessons import (
+from stepper.lessons import check, overrides
+from stepper.lessons.answers import parse_choice, parse_number, parse_set, parse_shape
+from stepper.lessons.content import (
     Context,
     LessonInput,
     Prediction,
@@ -45,9 +46,11 @@ LESSONS = all_lessons()
 IDS = [lesson.name for lesson in LESSONS]
 REQUIRED = {"tour", "rmsnorm", "fp8", "mla-latent", "rope-yarn", "absorption", "moe-routing", "decode-cache"}
 REQUIRED_EXERCISES = {"rms_norm", "decode", "dequantize", "rope_inv_freq", "apply_rope", "absorbed", "route"}
-INTERPRETER = ("stepper.ops", "stepper.fp8", "stepper.fp8_matmul", "stepper.weights", "stepper.checkpoint",
-               "stepper.session", "stepper.model.attention", "stepper.model.layer", "stepper.model.mlp",
-               "stepper.model.moe", "stepper.model.router", "stepper.model.transformer", "stepper.model.layer_weights")
+INTERPRETER = ("stepper.model.ops", "stepper.model.rope", "stepper.fp8", "stepper.fp8.e4m3", "stepper.fp8.blocks",
+               "stepper.kernels.fp8_matmul", "stepper.kernels.linear", "stepper.weights.stored",
+               "stepper.weights.synthetic", "stepper.weights.checkpoint", "stepper.session", "stepper.model.attention",
+               "stepper.model.layer", "stepper.model.mlp", "stepper.model.moe", "stepper.model.router",
+               "stepper.model.transformer", "stepper.model.layer_weights")
 
 
 @pytest.fixture(autouse=True)
@@ -99,7 +102,7 @@ def test_a_misspelt_name_is_caught(tmp_path):
     toml = folder / "lesson.toml"
     toml.write_text(toml.read_text().replace("layers.0.self_attn.q_a_norm.shape", "layers.0.self_attn.q_a_nrom.shape")
                     .replace("`self_attn.q_a`", "`self_attn.q_aa`"))
-    from stepper.lessons import load_lesson
+    from stepper.lessons.content import load_lesson
 
     lesson = load_lesson(folder)
     assert "self_attn.q_aa" in unknown_names(lesson)
@@ -135,17 +138,17 @@ def test_a_wrong_prediction_is_explained_by_the_lesson():
 
 @pytest.mark.parametrize("lesson", LESSONS, ids=IDS)
 def test_every_stub_fails_and_every_solution_passes(lesson):
-    stub = lesson_check.check(lesson, lesson.stub)
+    stub = check.check(lesson, lesson.stub)
     assert not stub.passed
     assert stub.outcomes[0].detail, "a failing check says why"
-    solution = lesson_check.check(lesson, lesson.solution)
+    solution = check.check(lesson, lesson.solution)
     assert solution.passed, [(o.title, o.detail) for o in solution.outcomes]
 
 
 @pytest.mark.parametrize("lesson", LESSONS, ids=IDS)
 def test_use_solution_gives_bit_identical_runs(lesson):
     for spec in lesson.exercise.runs:
-        plain, swapped = {e.name: e.array for e in lesson_check.golden(spec)}, tensors(spec, [lesson.solution])
+        plain, swapped = {e.name: e.array for e in check.golden(spec)}, tensors(spec, [lesson.solution])
         assert list(plain) == list(swapped)
         for name, array in plain.items():
             assert swapped[name].dtype == array.dtype and np.array_equal(swapped[name], array, equal_nan=True), name
@@ -179,8 +182,7 @@ def test_use_with_the_fp8_solution_keeps_the_absorbed_attention_bit_identical():
 
 
 def test_use_restores_stepper_and_rejects_other_signatures(tmp_path):
-    from stepper import ops
-    from stepper.model import attention
+    from stepper.model import attention, ops
 
     originals = (ops.rms_norm, attention.rms_norm)
     with overrides.use([find_lesson("rmsnorm").solution]) as used:
@@ -215,7 +217,7 @@ def test_check_shows_the_first_mismatch_with_both_values(tmp_path):
     wrong = tmp_path / "route.py"
     wrong.write_text(find_lesson("moe-routing").solution.read_text()
                      .replace("take_along_axis(scores, topk_idx", "take_along_axis(scores_for_choice, topk_idx"))
-    report = lesson_check.check(find_lesson("moe-routing"), wrong)
+    report = check.check(find_lesson("moe-routing"), wrong)
     assert not report.passed
     detail = "\n".join(report.outcomes[-1].detail)
     assert "layers.1.mlp.gate.topk_weight differs" in detail
@@ -370,8 +372,8 @@ def test_watch_quits_on_q(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("lesson", LESSONS, ids=IDS)
 def test_every_explanation_of_a_wrong_answer_renders_at_its_stop(lesson):
-    from stepper.lesson_templates import render, value_of
-    from stepper.lessons import expected_value
+    from stepper.lessons.content import expected_value
+    from stepper.lessons.templates import render, value_of
 
     plan = prepare(lesson.run)
     recorder = Recorder()

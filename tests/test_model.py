@@ -3,12 +3,12 @@
 import numpy as np
 import pytest
 
-from stepper.fp8_matmul import Fp8Matrix
 from stepper.model import KVCache, Transformer
 from stepper.presets import preset
 from stepper.session import RunSpec, run
 from stepper.trace import Emitter, Recorder
-from stepper.weights import SyntheticWeights
+from stepper.weights.stored import Fp8Matrix
+from stepper.weights.synthetic import SyntheticWeights
 
 
 def rel_err(a: np.ndarray, b: np.ndarray) -> float:
@@ -170,7 +170,7 @@ def test_grouped_expert_dispatch_equals_the_per_token_loop():
 def test_fp8_tiles_equal_the_bit_level_dequantization():
     """linear_fp8 (tiles decoded in place) equals fp8.decode_bits applied code by code, then x @ W^T."""
     from stepper import fp8
-    from stepper.fp8_matmul import linear_fp8
+    from stepper.kernels.fp8_matmul import linear_fp8
 
     rng = np.random.default_rng(9)
     for out_dim, in_dim in ((576, 700), (130, 129), (3, 5)):
@@ -187,7 +187,7 @@ def test_fp8_tiles_equal_the_bit_level_dequantization():
 
 
 def test_weight_cache_changes_speed_not_values():
-    from stepper.weight_cache import CachedWeights
+    from stepper.kernels.weight_cache import CachedWeights
 
     plain = run_tensors(prompt_len=3, decode=2, seed=5)
     cached_source = CachedWeights(SyntheticWeights(preset("tiny"), 5), 64 * 2**20)
@@ -203,7 +203,7 @@ def test_weight_cache_changes_speed_not_values():
 
 
 def test_weight_cache_keeps_a_weight_from_its_second_use_decoded_as_dequantize():
-    from stepper.weight_cache import CachedWeights
+    from stepper.kernels.weight_cache import CachedWeights
 
     source = SyntheticWeights(preset("tiny"), 5)
     cached = CachedWeights(source, 64 * 2**20)
@@ -216,7 +216,7 @@ def test_weight_cache_keeps_a_weight_from_its_second_use_decoded_as_dequantize()
 
 def cache_with_room_for_one() -> tuple:
     """A weight cache over tiny's weights with room for one of two of them: (cache, first, second, sizes)."""
-    from stepper.weight_cache import CachedWeights
+    from stepper.kernels.weight_cache import CachedWeights
 
     source = SyntheticWeights(preset("tiny"), 5)
     first, second = "model.layers.0.self_attn.q_b_proj.weight", "model.layers.0.self_attn.o_proj.weight"
@@ -225,7 +225,7 @@ def cache_with_room_for_one() -> tuple:
 
 
 def test_weight_cache_counts_age_so_a_weight_used_often_now_displaces_one_used_often_long_ago(monkeypatch):
-    from stepper import weight_cache
+    from stepper.kernels import weight_cache
 
     monkeypatch.setattr(weight_cache, "AGE_EVERY", 8)
     cached, old, new, _ = cache_with_room_for_one()
@@ -253,7 +253,7 @@ def test_weight_cache_makes_room_only_by_letting_go_of_weights_used_less():
 
 @pytest.mark.parametrize("attn", ["naive", "absorb"])
 def test_heads_run_in_groups_side_by_side_equal_the_heads_at_once(attn, monkeypatch):
-    from stepper import parallel
+    from stepper.kernels import parallel
     from stepper.model import attention
 
     monkeypatch.setattr(parallel, "cores", lambda: 2)  # groups run on two threads even on one core
@@ -266,7 +266,7 @@ def test_heads_run_in_groups_side_by_side_equal_the_heads_at_once(attn, monkeypa
 
 
 def test_attention_in_groups_gives_the_same_output_with_no_sink(monkeypatch):
-    from stepper import parallel
+    from stepper.kernels import parallel
     from stepper.model import attention
 
     monkeypatch.setattr(parallel, "cores", lambda: 2)

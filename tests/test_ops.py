@@ -6,17 +6,8 @@ import numpy as np
 import pytest
 
 from stepper.config import Yarn
-from stepper.ops import (
-    apply_rope,
-    causal_mask,
-    rms_norm,
-    rope_inv_freq,
-    rope_tables,
-    silu,
-    softmax,
-    yarn_correction_range,
-    yarn_mscale,
-)
+from stepper.model.ops import causal_mask, rms_norm, silu, softmax
+from stepper.model.rope import apply_rope, rope_inv_freq, rope_tables, yarn_correction_range, yarn_mscale
 
 KIMI_YARN = Yarn(factor=32.0, original_max_position_embeddings=4096, beta_fast=1.0, beta_slow=1.0,
                  mscale=1.0, mscale_all_dim=1.0)

@@ -8,7 +8,7 @@ import pytest
 from rich.cells import cell_len
 from rich.console import Console
 
-from stepper import pictures
+from stepper.views import pictures
 
 
 def render(renderable, width: int = 100) -> str:

@@ -25,7 +25,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from stepper.errors import StepperError
-from stepper.safetensors_reader import DTYPES, SafetensorsFile, TensorInfo, huge_page_bytes, spanned
+from stepper.weights.safetensors_reader import DTYPES, SafetensorsFile, TensorInfo, huge_page_bytes, spanned
 
 # Corpus cases the reference reader (safetensors 0.8) accepts and we refuse on purpose.
 STRICTER_THAN_REFERENCE = {
@@ -587,7 +587,7 @@ def test_random_bytes_after_a_plausible_length(fuzz_path, content):
 
 
 def test_mapped_budget_lets_go_of_the_least_recently_used_past_its_limit():
-    from stepper.safetensors_reader import MappedBudget
+    from stepper.weights.safetensors_reader import MappedBudget
 
     gone = []
     budget = MappedBudget(10)

@@ -7,15 +7,17 @@ import numpy as np
 import pytest
 from conftest import config_with
 
-from stepper.checkpoint import Checkpoint
-from stepper.fixtures import ReadHashes
+from stepper.fixtures.export import ReadHashes
+from stepper.kernels.linear import linear
+from stepper.kernels.weight_cache import CachedWeights
 from stepper.model import Transformer
 from stepper.model.transformer import LM_HEAD, lm_head
-from stepper.ops import linear
 from stepper.presets import preset
 from stepper.trace import Emitter
-from stepper.weight_cache import CachedWeights
-from stepper.weights import EMBED, ArrayWeights, SyntheticWeights
+from stepper.weights.checkpoint import Checkpoint
+from stepper.weights.names import EMBED
+from stepper.weights.source import ArrayWeights
+from stepper.weights.synthetic import SyntheticWeights
 
 FIXTURE_WEIGHTS = Path(__file__).resolve().parents[1] / "fixtures" / "weights" / "tiny-seed0"
 FP8_WEIGHT = "model.layers.1.self_attn.kv_a_proj_with_mqa.weight"  # [144, 320]: 2 x 3 blocks, the last rows ragged

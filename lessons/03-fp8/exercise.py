@@ -12,7 +12,7 @@ dequantize(codes, scale_inv, block, name=...).
 
 import numpy as np
 
-from stepper.fp8 import BLOCK, as_codes  # BLOCK = (128, 128); as_codes(codes) -> the bytes as uint8
+from stepper.fp8 import BLOCK
 
 
 def decode(codes: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:

@@ -1,6 +1,7 @@
 """Lesson 4 (mla-latent): the joint KV down-projection, split into the latent and the shared rotary key."""
 
-from stepper.ops import linear, rms_norm
+from stepper.kernels.linear import linear
+from stepper.model.ops import rms_norm
 
 
 def latent(x, w, cfg, emit):

@@ -13,7 +13,6 @@ apply_rope(x, cos, sin) for the query's and the shared key's rotary dims.
 import numpy as np
 
 from stepper.config import Yarn
-from stepper.ops import yarn_correction_range  # (dim, theta, yarn) -> (low, high): the ramp's ends
 
 F32 = np.float32
 

@@ -3,7 +3,7 @@
 import numpy as np
 
 from stepper.config import Yarn
-from stepper.ops import yarn_correction_range
+from stepper.model.rope import yarn_correction_range
 
 F32 = np.float32
 

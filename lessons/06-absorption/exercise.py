@@ -10,9 +10,8 @@ Keep the name, the signature and the emit(...) calls: the interpreter calls
 absorbed(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache, emit).
 """
 
-import numpy as np
 
-from stepper.model.attention import attention_weights, rotate, split_kv_b
+from stepper.model.attention import split_kv_b
 
 
 def absorbed(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache, emit):

@@ -14,8 +14,7 @@ mlp.gate.topk_idx, mlp.gate.topk_weight.
 
 import numpy as np
 
-from stepper.model.router import Routing  # Routing(topk_idx [N, K] int64, topk_weight [N, K] float32)
-from stepper.ops import linear, sigmoid  # linear(x, w) = x @ w.T; sigmoid in float32
+from stepper.model.router import Routing
 
 
 def route(x: np.ndarray, gate: np.ndarray, bias: np.ndarray, cfg, emit) -> Routing:

@@ -2,8 +2,9 @@
 
 import numpy as np
 
+from stepper.kernels.linear import linear
+from stepper.model.ops import sigmoid
 from stepper.model.router import Routing
-from stepper.ops import linear, sigmoid
 
 
 def route(x: np.ndarray, gate: np.ndarray, bias: np.ndarray, cfg, emit) -> Routing:

@@ -2,6 +2,6 @@
 the decoder block and the whole-model glue. Model code reads like the math, reports every named
 tensor through `emit` and never prints."""
 
-from .transformer import KVCache, Transformer
+from stepper.model.transformer import KVCache, Transformer
 
 __all__ = ["KVCache", "Transformer"]

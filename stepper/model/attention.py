@@ -22,11 +22,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import parallel
-from ..config import Config
-from ..ops import apply_rope, causal_mask, linear, rms_norm, softmax
-from ..trace import Emitter
-from .layer_weights import LayerWeights
+from stepper.config import Config
+from stepper.kernels import parallel
+from stepper.kernels.linear import linear
+from stepper.model.layer_weights import LayerWeights
+from stepper.model.ops import causal_mask, rms_norm, softmax
+from stepper.model.rope import apply_rope
+from stepper.trace import Emitter
 
 GROUP_SCORES = 1 << 20  # attention scores per group of heads run side by side (4 MB in float32)
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..config import Config
-from ..ops import rms_norm
-from ..trace import Emitter
-from .attention import LayerCache, Rope, mla_attention
-from .layer_weights import LayerWeights
-from .mlp import dense_mlp
-from .moe import moe
+from stepper.config import Config
+from stepper.model.attention import LayerCache, Rope, mla_attention
+from stepper.model.layer_weights import LayerWeights
+from stepper.model.mlp import dense_mlp
+from stepper.model.moe import moe
+from stepper.model.ops import rms_norm
+from stepper.trace import Emitter
 
 
 def decoder_layer(

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..fp8_matmul import Fp8Matrix
-from ..ops import dense
-from ..weights import WeightSource, layer_prefix
+from stepper.kernels.linear import dense
+from stepper.weights.names import layer_prefix
+from stepper.weights.source import WeightSource
+from stepper.weights.stored import Fp8Matrix
 
 
 class LayerWeights:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ops import linear, linears, silu
-from ..trace import Emitter
-from .layer_weights import LayerWeights
+from stepper.kernels.linear import linear, linears
+from stepper.model.layer_weights import LayerWeights
+from stepper.model.ops import silu
+from stepper.trace import Emitter
 
 
 def dense_mlp(x: np.ndarray, w: LayerWeights, emit: Emitter) -> np.ndarray:

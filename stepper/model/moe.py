@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..config import Config
-from ..ops import swiglu
-from ..trace import Emitter
-from .layer_weights import LayerWeights
-from .router import Routing, route
+from stepper.config import Config
+from stepper.model.layer_weights import LayerWeights
+from stepper.model.ops import swiglu
+from stepper.model.router import Routing, route
+from stepper.trace import Emitter
 
 DISPATCH = ("grouped", "per_token")
 

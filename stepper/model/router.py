@@ -16,9 +16,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..config import Config
-from ..ops import linear, sigmoid
-from ..trace import Emitter
+from stepper.config import Config
+from stepper.kernels.linear import linear
+from stepper.model.ops import sigmoid
+from stepper.trace import Emitter
 
 
 @dataclass(frozen=True)

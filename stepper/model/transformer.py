@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..config import Config
-from ..ops import linear, rms_norm, rope_inv_freq, rope_tables, yarn_mscale
-from ..trace import Emitter
-from ..weights import WeightSource
-from .attention import LayerCache, Rope
-from .layer import decoder_layer
-from .layer_weights import LayerWeights
+from stepper.config import Config
+from stepper.kernels.linear import linear
+from stepper.model.attention import LayerCache, Rope
+from stepper.model.layer import decoder_layer
+from stepper.model.layer_weights import LayerWeights
+from stepper.model.ops import rms_norm
+from stepper.model.rope import rope_inv_freq, rope_tables, yarn_mscale
+from stepper.trace import Emitter
+from stepper.weights.source import WeightSource
 
 LM_HEAD = "lm_head.weight"
 HEAD_ROWS = 4096  # vocabulary rows multiplied at a time: for Kimi K2, [4096, 7168] float32 is 117 MB

@@ -1,0 +1,118 @@
+"""The tensor catalogue: what each named tensor is, its named dimensions and where the reference
+computes it. The content is data (catalog.json, shipped in the package); this module reads it and
+turns a tensor's shape into named dimensions for a given config."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from functools import cache, cached_property
+from importlib import resources
+from typing import Any
+
+from stepper.config import Config
+
+RUNTIME = "runtime"
+SCOPE = re.compile(r"^(?:prefill\.|decode\d+\.)?(?:layers\.\d+\.)?")
+
+
+def key_of(name: str) -> str:
+    """The catalogue name of an emitted name: `decode0.layers.3.self_attn.k_pe` -> `self_attn.k_pe`."""
+    return SCOPE.sub("", name, count=1)
+
+
+@dataclass(frozen=True)
+class Dim:
+    symbol: str
+    label: str
+    size: int
+    runtime: bool  # batch, positions, tokens: set by the run, not by the config
+
+    def __str__(self) -> str:
+        return f"{self.symbol}={self.size} {self.label}" if self.runtime else f"{self.size} {self.label}"
+
+
+@dataclass(frozen=True)
+class Catalog:
+    raw: dict[str, Any]
+
+    @property
+    def entries(self) -> list[dict[str, Any]]:
+        return self.raw["tensors"]
+
+    def entry(self, key: str) -> dict[str, Any] | None:
+        return self._by_name.get(key)
+
+    def names(self) -> list[str]:
+        return [e["name"] for e in self.entries]
+
+    def dims(self, key: str, shape: tuple[int, ...], cfg: Config) -> list[Dim]:
+        """Named dimensions of a tensor of this shape; unknown tensors get anonymous dims."""
+        entry = self.entry(key)
+        symbols = entry["dims"] if entry and len(entry["dims"]) == len(shape) else None
+        if symbols is None:
+            return [Dim(f"dim{i}", "", n, True) for i, n in enumerate(shape)]
+        table = self.raw["dims"]
+        return [Dim(s, table[s]["label"], n, table[s]["size"] == RUNTIME) for s, n in zip(symbols, shape)]
+
+    def find(self, query: str) -> list[dict[str, Any]]:
+        """Entries for a name (with or without its phase and layer), a glob, or another
+        implementation's name for it (HF module, DeepSeek inference/model.py, llama.cpp)."""
+        key = key_of(query)
+        if key in self._by_name:
+            return [self._by_name[key]]
+        globbed = [e for e in self.entries if fnmatchcase(e["name"], key) or fnmatchcase(e["name"], "*." + key)]
+        return globbed or [e for e in self.entries if any(alias_matches(a, query) for a in e["aliases"].values() if a)]
+
+    def layer_sequence(self, cfg: Config, layer: int, path: str = "naive") -> list[dict[str, Any]]:
+        """The entries one layer emits, in execution order, for this config and attention path."""
+        kind = "moe" if cfg.is_moe_layer(layer) else "dense"
+        no_q_lora = cfg.q_lora_rank is None
+        return [
+            e for e in self.entries
+            if e["scope"] == "layer"
+            and e["layers"] in ("all", kind)
+            and e["path"] in ("both", path)
+            and not (no_q_lora and e["name"] in ("self_attn.q_a", "self_attn.q_a_norm"))
+            and not (cfg.n_shared_experts == 0 and e["name"] == "mlp.shared_output")
+        ]
+
+    def expected_size(self, symbol: str, cfg: Config) -> int | None:
+        """The size a config gives a dimension symbol, or None for runtime dims."""
+        expr = self.raw["dims"][symbol]["size"]
+        return None if expr == RUNTIME else evaluate_size(expr, cfg)
+
+    @cached_property
+    def _by_name(self) -> dict[str, dict[str, Any]]:
+        return {e["name"]: e for e in self.entries}
+
+
+def alias_matches(alias: str, query: str) -> bool:
+    """An alias like 'kv_cmpr (first cb, before the norm)' or 'model.layers.{i}.mlp.gate (output)'
+    matches a query equal to one of its identifiers; `{i}` matches any layer number."""
+    identifiers = re.findall(r"[A-Za-z0-9_.{}]+", alias)
+    return any(fnmatchcase(query, ident.replace("{i}", "*")) for ident in identifiers if len(ident) > 1)
+
+
+def evaluate_size(expr: str, cfg: Config) -> int:
+    """'kv_lora_rank + qk_rope_head_dim' or 'num_attention_heads * v_head_dim' for a config."""
+    total = 0
+    for term in expr.split("+"):
+        product = 1
+        for factor in term.split("*"):
+            factor = factor.strip()
+            product *= int(factor) if factor.isdigit() else int(getattr(cfg, factor))
+        total += product
+    return total
+
+
+def format_shape(dims: list[Dim]) -> str:
+    return "[" + ", ".join(str(d) for d in dims) + "]"
+
+
+@cache
+def load() -> Catalog:
+    text = resources.files("stepper.catalog").joinpath("catalog.json").read_text(encoding="utf-8")
+    return Catalog(json.loads(text))

@@ -1,0 +1,47 @@
+"""What every `stepper` command shares: user errors as one line and exit code 2, and the parsers
+of options that several commands take (--layers A:B, --ids 1,2,3)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import typer
+
+from stepper.errors import StepperError
+
+
+@contextmanager
+def user_errors() -> Iterator[None]:
+    """A StepperError becomes one line on stderr and exit code 2; a closed pipe ends quietly."""
+    try:
+        yield
+    except StepperError as e:
+        sys.stderr.write(f"stepper: error: {e}\n")
+        raise typer.Exit(2) from None
+    except BrokenPipeError:  # the reader (e.g. `head`) went away
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise typer.Exit(0) from None
+
+
+def parse_layers(layers: str | None) -> tuple[int, int | None] | None:
+    if layers is None:
+        return None
+    first, sep, stop = layers.partition(":")
+    try:
+        if not sep:
+            raise ValueError
+        return int(first or 0), int(stop) if stop else None
+    except ValueError:
+        raise StepperError(f"--layers expects A:B (layers A to B-1), got '{layers}'") from None
+
+
+def parse_ids(ids: str | None) -> tuple[int, ...] | None:
+    if ids is None:
+        return None
+    try:
+        return tuple(int(part) for part in ids.split(","))
+    except ValueError:
+        raise StepperError(f"--ids expects comma-separated integers like 1,2,3, got '{ids}'") from None

@@ -1,0 +1,125 @@
+"""`stepper fixtures`: export golden fixtures, verify another implementation's dump against one.
+
+Bad input exits with code 2 and one line on stderr; `verify` exits 1 when a tensor differs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from stepper.cli.common import parse_ids, parse_layers, user_errors
+from stepper.errors import StepperError
+from stepper.fixtures import export, verify
+
+fixtures_app = typer.Typer(
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    pretty_exceptions_enable=False,
+    help="Golden fixtures: every named tensor of a run, for other implementations to test against.",
+)
+
+
+def console_for(plain: bool, stderr: bool = False) -> Console:
+    return Console(no_color=plain, highlight=False, markup=False, soft_wrap=True, stderr=stderr)
+
+
+PlainOpt = Annotated[bool, typer.Option("--plain", help="No colour.")]
+
+
+@fixtures_app.command("export")
+def export_command(
+    out: Annotated[Path, typer.Argument(metavar="OUT_DIR", help="Fixture folder to create.", show_default=False)],
+    model: Annotated[str, typer.Option(metavar="NAME|PATH", help="Preset (tiny, tiny-v3, kimi-k2, deepseek-v3), a checkpoint directory or a config.json.")] = "tiny",
+    layer: Annotated[int | None, typer.Option(metavar="N", help="Run layer N alone, on the prompt's token embeddings.")] = None,
+    layers: Annotated[str | None, typer.Option(metavar="A:B", help="Run the model up to layer B-1, capturing layers A to B-1.")] = None,
+    ids: Annotated[str | None, typer.Option(metavar="1,2,3", help="Prompt token ids, comma-separated.")] = None,
+    prompt_len: Annotated[int | None, typer.Option(metavar="T", help="Number of prompt tokens drawn from the seed [default: 7].")] = None,
+    start_pos: Annotated[int, typer.Option(metavar="P", help="Position of the first prompt token (empty cache).")] = 0,
+    decode: Annotated[int, typer.Option(metavar="N", help="Decode steps after the prefill, with the cache.")] = 0,
+    attn: Annotated[str, typer.Option(metavar="PATH", help="Attention: naive, absorb, or auto (naive prefill, absorbed decode).")] = "auto",
+    seed: Annotated[int, typer.Option(metavar="S", help="Seed of the synthetic weights and prompt.")] = 0,
+    weights_dtype: Annotated[str, typer.Option(metavar="fp8|bf16", help="How the fixture's weights are stored: fp8 (as Kimi K2 / DeepSeek-V3 ship) or bf16 (dequantized as fp8_cast_bf16.py does).")] = "fp8",
+    weights_dir: Annotated[Path | None, typer.Option(metavar="DIR", help="Write the weights to DIR (shared by several fixtures; if DIR exists it must hold the same files) instead of OUT_DIR/weights.")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace OUT_DIR if it exists.")] = False,
+    plain: PlainOpt = False,
+) -> None:
+    """Run the model and write every named tensor as a fixture folder.
+
+    OUT_DIR gets manifest.json, tensors.safetensors and, for small synthetic models, the weights
+    as an HF-layout checkpoint (weights/). Full-size synthetic weights are named by preset and
+    seed instead, with the sha256 of every tensor the run read.
+    """
+    with user_errors():
+        if ids is not None and prompt_len is not None:
+            raise StepperError("give --ids or --prompt-len, not both")
+        if layer is not None and layers is not None:
+            raise StepperError("give --layer or --layers, not both")
+        spec = export.ExportSpec(model=model, layer=layer, layers=parse_layers(layers), ids=parse_ids(ids),
+                                   prompt_len=7 if prompt_len is None else prompt_len, start_pos=start_pos,
+                                   decode=decode, attn=attn, seed=seed, weights_dtype=weights_dtype)
+        export.export(spec, out, force=force, weights_dir=weights_dir, console=console_for(plain))
+
+
+@fixtures_app.command("verify")
+def verify_command(
+    fixture: Annotated[Path, typer.Argument(metavar="FIXTURE", help="A fixture folder (or its manifest.json).", show_default=False)],
+    candidate: Annotated[Path, typer.Argument(metavar="CANDIDATE", help="Another implementation's dump: .safetensors or .npz.", show_default=False)],
+    map_file: Annotated[Path | None, typer.Option("--map", metavar="FILE.json", help="Your names -> canonical names, a JSON object.")] = None,
+    strict: Annotated[bool, typer.Option("--strict", help="Missing tensors fail too (exit 1).")] = False,
+    report: Annotated[Path | None, typer.Option(metavar="FILE.json", help="Write the full result as JSON (overwritten).")] = None,
+    rtol: Annotated[float | None, typer.Option(metavar="R", help="Relative tolerance for every float tensor, instead of the manifest's.")] = None,
+    atol: Annotated[float | None, typer.Option(metavar="A", help="Absolute tolerance for every float tensor, instead of the manifest's per-tensor value.")] = None,
+    problems: Annotated[bool, typer.Option("--problems", help="List only tensors that differ or are missing.")] = False,
+    plain: PlainOpt = False,
+) -> None:
+    """Compare CANDIDATE with FIXTURE tensor by tensor, in execution order.
+
+    Names may be canonical (layers.1.self_attn.k_pe, with prefill./decode0. in multi-step fixtures),
+    HF module paths, DeepSeek inference/model.py or llama.cpp names (see `stepper fixtures names`).
+    Exit code 0: every tensor present matches; 1: a tensor differs (or, with --strict, is missing);
+    2: bad input.
+    """
+    with user_errors():
+        for value, option in ((rtol, "--rtol"), (atol, "--atol")):
+            if value is not None and not (value >= 0):
+                raise StepperError(f"{option} must be a number >= 0, got {value}")
+        loaded = export.load(fixture)
+        mapping = verify.read_map(map_file) if map_file is not None else None
+        verdict = verify.verify(loaded, candidate, mapping, strict, rtol, atol)
+        if report is not None:
+            verify.write_report(report, verdict)
+        verify.render(console_for(plain), loaded, verdict, problems_only=problems)
+    raise typer.Exit(verdict.exit_code)
+
+
+@fixtures_app.command("names")
+def names_command(
+    system: Annotated[str | None, typer.Option(metavar="SYSTEM", help="Only names with an alias in hf_module, inference or llama.cpp.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per name (JSON Lines).")] = False,
+    plain: PlainOpt = False,
+) -> None:
+    """The names `verify` accepts for each tensor: canonical, HF module, inference/model.py, llama.cpp.
+
+    {i} is the layer; multi-step fixtures prefix every name with prefill. or decode{k}.; #n picks
+    the n-th tensor of a name used several times in one layer.
+    """
+    with user_errors():
+        if system is not None and system not in verify.SYSTEMS:
+            raise StepperError(f"--system must be one of {', '.join(verify.SYSTEMS)}, got '{system}'")
+        rows = verify.names_table(system)
+        if as_json:
+            for row in rows:
+                print(json.dumps(row))
+            return
+        table = Table(show_edge=False, pad_edge=False, header_style="bold", box=None)
+        for column in ("canonical", *verify.SYSTEMS):
+            table.add_column(column, no_wrap=True)
+        for row in rows:
+            table.add_row(*(row[c] for c in ("canonical", *verify.SYSTEMS)))
+        verify.print_table(console_for(plain), table)

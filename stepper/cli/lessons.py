@@ -1,0 +1,277 @@
+"""`stepper lesson ...`: list, start, check, watch, hint, solution, reset.
+
+The commands are thin: the lessons, their walk and the progress file are `stepper.lessons`, the
+checking `stepper.lesson_check`. A problem with the user's input (an unknown lesson, a missing
+exercise file, a solution asked for too early) is one line on stderr and exit code 2; a check
+that fails exits with 1, like a failing test.
+"""
+
+from __future__ import annotations
+
+import queue
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.syntax import Syntax
+from rich.text import Text
+
+from stepper.cli.common import user_errors
+from stepper.errors import StepperError
+from stepper.lessons import check
+from stepper.lessons.content import (
+    WORKSPACE,
+    Lesson,
+    LessonInput,
+    Progress,
+    Workspace,
+    all_lessons,
+    default_lesson,
+    find_lesson,
+    styled,
+    walk,
+)
+
+lesson_app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    pretty_exceptions_enable=False,
+    help="Guided lessons: step through the layer, predict each tensor, write the pieces yourself.",
+)
+
+NameArg = Annotated[str | None, typer.Argument(metavar="NAME", help="Lesson name or number [default: the current lesson].", show_default=False)]
+WorkspaceOpt = Annotated[Path, typer.Option("--workspace", metavar="DIR", help="Where your exercise files live.")]
+PlainOpt = Annotated[bool, typer.Option("--plain", help="No colour.")]
+
+
+def console_for(plain: bool) -> Console:
+    return Console(no_color=plain, highlight=False, markup=False, soft_wrap=True)
+
+
+def chosen(name: str | None, progress: Progress) -> tuple[Lesson, list[Lesson]]:
+    lessons = all_lessons()
+    return (find_lesson(name, lessons) if name else default_lesson(progress, lessons)), lessons
+
+
+def next_lesson(lesson: Lesson, lessons: list[Lesson]) -> Lesson | None:
+    later = [l for l in lessons if l.number > lesson.number]
+    return later[0] if later else None
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+@lesson_app.command("list")
+def list_command(plain: PlainOpt = False) -> None:
+    """List the lessons with your progress."""
+    with user_errors():
+        progress = Progress()
+        lessons = all_lessons()
+        console = console_for(plain)
+        name_w = max(len("lesson"), *(len(l.name) for l in lessons)) + 2
+        title_w = max(len("title"), *(len(l.title) for l in lessons)) + 2
+        console.print(f"{'#':>2}  {'lesson':<{name_w}}{'title':<{title_w}}{'walked':<8}exercise", style="bold")
+        for lesson in lessons:
+            entry = progress.lesson(lesson.name)
+            exercise = "passed" if entry["passed"] else ("gave up" if entry["gave_up"] else "·")
+            walked = "✓" if entry["walked"] else "·"
+            current = " ◀" if lesson.name == progress.current else ""
+            console.print(f"{lesson.number:>2}  {lesson.name:<{name_w}}{lesson.title:<{title_w}}{walked:<8}{exercise}{current}")
+        passed = sum(progress.lesson(l.name)["passed"] for l in lessons)
+        upcoming = next((l for l in lessons if not progress.lesson(l.name)["passed"]), None)
+        tail = "" if upcoming is None else f" · next: stepper lesson start {upcoming.name}"
+        console.print(f"{passed} of {len(lessons)} exercises passed{tail}", style="dim")
+        console.print(f"progress file: {progress.path}", style="dim")
+
+
+@lesson_app.command("start")
+def start_command(name: NameArg = None, workspace: WorkspaceOpt = WORKSPACE, plain: PlainOpt = False) -> None:
+    """Step through a lesson: predict each tensor before it is shown, then explore it.
+
+    At each stop: Enter or c goes on to the next stop, n to the next tensor, and the debugger's
+    commands work (p NAME[slice], e explain, s attention|routing|hist, w where, h history, q quit).
+    Predictions and commands are read from the terminal, or line by line from a pipe.
+    """
+    with user_errors():
+        progress = Progress()
+        lesson, _ = chosen(name, progress)
+        console = console_for(plain)
+        path, created = Workspace(workspace).ensure(lesson)
+        console.print(f"your exercise file: {path}" + (" (a fresh copy of the stub)" if created else
+                                                       " (yours, left as it is)"), style="dim")
+        progress.current = lesson.name
+        progress.save()
+        source = LessonInput(console, sys.stdin, sys.stdin.isatty() and console.is_terminal)
+        walked = walk(lesson, console, source)
+        entry = progress.lesson(lesson.name)
+        entry["right"], entry["asked"] = walked.right, walked.asked  # the latest walk's predictions
+        entry["walked"] = entry["walked"] or walked.finished
+        progress.save()
+        functions = ", ".join(lesson.exercise.functions)
+        where = "" if workspace == WORKSPACE else f" --workspace {workspace}"
+        console.print(styled(f"\nyour turn: write {functions} in `{path}`, then run `stepper lesson check "
+                             f"{lesson.name}{where}` (or `stepper lesson watch {lesson.name}{where}` to re-check on "
+                             f"every save; `stepper lesson hint {lesson.name}` if you are stuck)"), soft_wrap=False)
+
+
+@lesson_app.command("check")
+def check_command(
+    name: NameArg = None,
+    workspace: WorkspaceOpt = WORKSPACE,
+    file: Annotated[Path | None, typer.Option("--file", metavar="FILE.py", help="Check this file instead of the workspace's (a pass is not recorded).")] = None,
+    plain: PlainOpt = False,
+) -> None:
+    """Check your exercise against the golden tensors of the lesson's runs."""
+    with user_errors():
+        progress = Progress()
+        lesson, lessons = chosen(name, progress)
+        path = file if file is not None else Workspace(workspace).existing(lesson)
+        console = console_for(plain)
+        passed = run_check(console, lesson, lessons, path, progress if file is None else None)
+    raise typer.Exit(0 if passed else 1)
+
+
+def run_check(console: Console, lesson: Lesson, lessons: list[Lesson], path: Path, progress: Progress | None) -> bool:
+    """Check, show the outcome, and record a pass in `progress` (None: another file than the learner's)."""
+    console.print(f"checking {path} · lesson {lesson.number}, {lesson.name}: {lesson.title}", style="bold")
+    report = check.check(lesson, path)
+    for outcome in report.outcomes:
+        console.print(Text("✓ " if outcome.ok else "✗ ", style="bold green" if outcome.ok else "bold red")
+                      + Text(outcome.title))
+        for line in outcome.detail:
+            console.print("    " + line, highlight=False)
+    if report.passed and progress is not None:
+        progress.lesson(lesson.name)["passed"] = True
+        progress.save()
+    if report.passed:
+        after = next_lesson(lesson, lessons)
+        console.print(styled(f"passed! `stepper run --use {path}` runs the whole model with your "
+                             f"{', '.join(lesson.exercise.functions)}; `stepper lesson solution {lesson.name}` shows ours"
+                             + (f"; next: `stepper lesson start {after.name}`" if after else "; that was the last lesson")),
+                      style="bold green", soft_wrap=False)
+    else:
+        console.print(styled(f"not yet: fix it and check again (`stepper lesson hint {lesson.name}` for a hint)"),
+                      style="yellow", soft_wrap=False)
+    return report.passed
+
+
+@lesson_app.command("watch")
+def watch_command(
+    name: NameArg = None,
+    workspace: WorkspaceOpt = WORKSPACE,
+    interval: Annotated[float, typer.Option(metavar="SECONDS", help="How often to look at the file's modification time.")] = 0.5,
+    plain: PlainOpt = False,
+) -> None:
+    """Re-check your exercise every time you save it, until it passes."""
+    with user_errors():
+        progress = Progress()
+        lesson, lessons = chosen(name, progress)
+        path = Workspace(workspace).existing(lesson)
+        console = console_for(plain)
+        lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=read_lines, args=(lines,), daemon=True).start()
+        banner = f"watching {path}: it is re-checked when you save it · press Enter to re-check, q to quit"
+        console.print(banner, style="bold")
+        stamp = modified(path)
+        passed = run_check(console, lesson, lessons, path, progress)
+        try:
+            while not passed:
+                try:
+                    line = lines.get(timeout=interval)
+                except queue.Empty:
+                    now = modified(path)
+                    if now == stamp:
+                        continue
+                    stamp = now
+                    time.sleep(0.05)  # let the editor finish writing
+                else:
+                    if line is None or line.strip().lower() in ("q", "quit"):
+                        console.print("stopped watching", style="dim")
+                        break
+                    stamp = modified(path)
+                console.rule(style="dim")
+                passed = run_check(console, lesson, lessons, path, progress)
+                if not passed:
+                    console.print("press Enter to re-check, q to quit (or just save the file)", style="dim")
+        except KeyboardInterrupt:
+            console.print("stopped watching", style="dim")
+
+
+def read_lines(lines: queue.Queue) -> None:
+    """Feed stdin's lines to the watch loop; None at the end of input."""
+    try:
+        for line in sys.stdin:
+            lines.put(line)
+    except (OSError, ValueError):
+        pass
+    lines.put(None)
+
+
+def modified(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return None
+
+
+@lesson_app.command("hint")
+def hint_command(name: NameArg = None, plain: PlainOpt = False) -> None:
+    """Show the next hint for a lesson's exercise."""
+    with user_errors():
+        progress = Progress()
+        lesson, _ = chosen(name, progress)
+        entry = progress.lesson(lesson.name)
+        hints = lesson.exercise.hints
+        console = console_for(plain)
+        shown = entry["hints"]
+        if shown >= len(hints):
+            console.print(styled(f"hint {len(hints)} of {len(hints)} (the last): {hints[-1]}"))
+            console.print(styled(f"no more hints; `stepper lesson solution {lesson.name} --give-up` shows the solution"),
+                          style="dim")
+            return
+        console.print(styled(f"hint {shown + 1} of {len(hints)}: {hints[shown]}"))
+        entry["hints"] = shown + 1
+        progress.save()
+
+
+@lesson_app.command("solution")
+def solution_command(
+    name: NameArg = None,
+    give_up: Annotated[bool, typer.Option("--give-up", help="Show it although your exercise has not passed yet.")] = False,
+    plain: PlainOpt = False,
+) -> None:
+    """Show the lesson's solution: after your exercise passes, or with --give-up."""
+    with user_errors():
+        progress = Progress()
+        lesson, _ = chosen(name, progress)
+        entry = progress.lesson(lesson.name)
+        if not entry["passed"] and not give_up:
+            raise StepperError(f"the solution of {lesson.name} opens once your exercise passes "
+                               f"(`stepper lesson check {lesson.name}`), or with --give-up")
+        if not entry["passed"]:
+            entry["gave_up"] = True
+            progress.save()
+        code = lesson.solution.read_text(encoding="utf-8")
+        console = console_for(plain)
+        console.print(f"{lesson.solution}", style="bold")
+        fancy = not plain and console.is_terminal
+        console.print(Syntax(code, "python", word_wrap=True, background_color="default") if fancy else code,
+                      highlight=False)
+
+
+@lesson_app.command("reset")
+def reset_command(name: NameArg = None, workspace: WorkspaceOpt = WORKSPACE, plain: PlainOpt = False) -> None:
+    """Put the exercise stub back (your file is kept as NAME.py.bak) and forget the lesson's progress."""
+    with user_errors():
+        progress = Progress()
+        lesson, _ = chosen(name, progress)
+        path, backup = Workspace(workspace).reset(lesson)
+        progress.data["lessons"].pop(lesson.name, None)
+        progress.save()
+        console = console_for(plain)
+        console.print(f"{path} is the stub again" + (f"; your previous file is {backup}" if backup else ""))

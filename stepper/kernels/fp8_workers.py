@@ -1,0 +1,402 @@
+"""Helper processes that take a band of an FP8 product's rows, so every core decodes.
+
+Decoding a tile is a handful of short NumPy calls, and each call hands the GIL over: two threads
+sharing the tiles measured only about 1.2x as fast as one on a decode step, two processes 2x.
+So a large FP8 product is cut into bands of whole scale blocks, one for this process and one
+for each helper, and the helpers' rows are copied into the result. Several products of one
+input (a SwiGLU's gate and up) are cut as one, their rows one after another: on two cores, one
+weight each, the inputs sent once. With one helper and few tokens (a decode step), the two
+processes instead take each weight's tiles from the two ends until they meet.
+
+A helper reads the codes from the checkpoint file itself (mapped once per file), so only
+weights read from a file are shared out; the inputs and the helper's rows of the result go
+through scratch memory both processes map (an anonymous memory file, passed over the pipe).
+(Codes that live only in this process, synthetic weights, stay here: copying them over measured
+slower than decoding them.) A helper that cannot start or stops answering is dropped, and the
+products run here, as before.
+"""
+
+from __future__ import annotations
+
+import atexit
+import mmap
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from dataclasses import dataclass, replace
+from functools import cache
+from multiprocessing.connection import Connection, Pipe
+from multiprocessing.reduction import recv_handle, send_handle
+
+import numpy as np
+
+from stepper import fp8
+from stepper.kernels import parallel
+from stepper.kernels.fp8_matmul import NanCheck, apply_tiles, many_tokens, result_arrays, row_tiles
+from stepper.weights.safetensors_reader import (
+    MappedBudget,
+    advise_checkpoint_map,
+    advise_range,
+    file_identity,
+    spanned,
+)
+from stepper.weights.stored import FileBytes, Fp8Matrix
+
+BAND_RESIDENT_BYTES = 3 << 28  # bytes of bands a helper keeps mapped before the oldest are released (768 MiB)
+SHARE_WORK = 1 << 22  # a product of fewer weights x tokens stays in this process: messages would cost more
+# (kv_a, 4.1 M weights: 1.8 ms alone against 2.1 ms shared for 1 token; 56 ms against 42 ms for 512)
+SPIN_SECONDS = 0.002  # how long a side watches the pipe before sleeping on it
+# The messages are bytes, not pickles (a pickled band with its scales took 2-3x as long to go
+# round): a kind byte, then for a band its numbers, the file's path and the band's scale rows.
+BAND = struct.Struct("<13q3i")  # file identity (4), byte offset, start, end, out, in, block rows, block columns,
+# tokens, where its rows go in the scratch (bytes after the inputs); k, path length, how
+MEET, CHECK_NAN = 1, 2  # how: tiles taken from both ends (meet_in_the_middle); look for NaN codes
+SCRATCH = struct.Struct("<q")  # size
+CLAIMS_BYTES = 64  # the scratch starts with two int64: the next tile from the front, the last taken from the back
+OK, OK_NAN = b"ok", b"ok, NaN codes found"
+
+
+@dataclass(frozen=True)
+class Band:
+    """A part of a product: rows [start, end) of the weight, in whole scale blocks."""
+
+    start: int
+    end: int
+
+
+# ---------------------------------------------------------------------------------------------
+# This process's side
+
+
+class Helper:
+    """One helper process, its pipe, and the scratch memory shared with it."""
+
+    def __init__(self):
+        # A fresh interpreter (not fork: this process has threads; not multiprocessing's spawn,
+        # which would import the user's __main__ again). It exits when the pipe closes.
+        self.conn, child = Pipe()
+        self.process = subprocess.Popen([sys.executable, "-m", "stepper.kernels.fp8_helper", str(child.fileno())],
+                                        pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL)
+        child.close()
+        self.scratch: mmap.mmap | None = None
+        self.inputs_bytes = 0
+        self.sent: deque[tuple[Band, int]] = deque()  # bands not yet answered, and where their rows go
+        self.band, self.rows_at = Band(0, 0), 0  # the band answered last
+        self.bands_done = 0
+
+    def send_inputs(self, tokens: np.ndarray, most_rows: int) -> None:
+        """Put the inputs [N, in] of the products to come in the scratch, with room after them for
+        most_rows of results (every band sent before the next inputs)."""
+        assert not self.sent, "inputs sent while bands of the last ones are unanswered"
+        self._ensure_scratch(CLAIMS_BYTES + tokens.nbytes + most_rows * tokens.shape[0] * 4)
+        np.frombuffer(self.scratch, np.float32, tokens.size, CLAIMS_BYTES).reshape(tokens.shape)[:] = tokens
+        self.inputs_bytes = tokens.nbytes
+
+    def claims(self) -> np.ndarray:
+        """The two tile indices of a product shared from both ends (meet_in_the_middle).  [2] int64"""
+        return np.frombuffer(self.scratch, np.int64, 2)
+
+    def start(self, w: Fp8Matrix, k: int, band: Band, n: int, how: int = 0) -> None:
+        """Send a band of a product of the inputs sent; the helper starts at once, or after the
+        bands sent before it. Its rows go after theirs in the scratch."""
+        rows_at = sum((b.end - b.start) * n * 4 for b, _ in self.sent)
+        path_bytes = os.fsencode(w.origin.path)
+        scales = np.ascontiguousarray(band_matrix(w, band).scale_inv, np.float32)
+        numbers = BAND.pack(*w.origin.identity, w.origin.offset, band.start, band.end, *w.shape, *w.block, n, rows_at,
+                            k, len(path_bytes), how)
+        self.conn.send_bytes(b"B" + numbers + path_bytes + scales.tobytes())
+        self.sent.append((band, rows_at))
+
+    def finish_into(self, w: Fp8Matrix, rows: np.ndarray) -> None:
+        """Wait for the oldest band sent and copy its rows into its product's rows [out, N]."""
+        self.answer()
+        self.copy_into(w, rows, self.band.start)
+
+    def answer(self) -> bool:
+        """Wait for the oldest band sent to be done; whether the helper found NaN codes."""
+        answer = receive(self.conn)
+        self.band, self.rows_at = self.sent.popleft()
+        if answer not in (OK, OK_NAN):
+            raise RuntimeError(f"FP8 helper process failed: {answer.decode(errors='replace')}")
+        self.bands_done += 1
+        return answer == OK_NAN
+
+    def copy_into(self, w: Fp8Matrix, rows: np.ndarray, first_row: int) -> None:
+        """Copy the band answered last, its rows from first_row on, into its product's rows [out, N]."""
+        band, n = self.band, rows.shape[1]
+        height = band.end - band.start
+        flat = np.frombuffer(self.scratch, np.float32, height * n, CLAIMS_BYTES + self.inputs_bytes + self.rows_at)
+        rows[first_row : band.end] = result_arrays(height, n, many_tokens(n, w), flat)[1][first_row - band.start :]
+
+    def _ensure_scratch(self, need: int) -> None:
+        """Scratch memory of at least `need` bytes, shared with the helper by passing its file
+        descriptor over the pipe: an anonymous memory file (memfd), so nothing is left behind
+        and no size limit of /dev/shm applies (a write past that limit would kill the process)."""
+        if self.scratch is not None and len(self.scratch) >= need:
+            return
+        size = max(need, 2 * len(self.scratch) if self.scratch is not None else 1 << 24)
+        fd = anonymous_file()
+        try:
+            os.ftruncate(fd, size)
+            scratch = mmap.mmap(fd, size)
+            self.conn.send_bytes(b"S" + SCRATCH.pack(size))
+            send_handle(self.conn, fd, self.process.pid)
+            answer = self.conn.recv_bytes()
+            if answer != OK:
+                raise RuntimeError(f"FP8 helper process could not map its scratch memory: {answer.decode(errors='replace')}")
+        finally:
+            os.close(fd)  # both processes have it mapped: the memory lives until both let go
+        self.scratch = scratch
+
+
+def anonymous_file() -> int:
+    """A file descriptor of a file with no name: a memfd (Linux), else an unlinked temporary file."""
+    if hasattr(os, "memfd_create"):
+        return os.memfd_create("stepper-scratch")
+    fd, path = tempfile.mkstemp(prefix="stepper-scratch-")
+    os.unlink(path)
+    return fd
+
+
+def receive(conn: Connection) -> bytes:
+    """The next message, watched for a moment before sleeping on it: a process asleep on a pipe
+    takes long to wake here (a virtual CPU halts), and the two sides message each other for
+    every product."""
+    deadline = time.perf_counter() + SPIN_SECONDS
+    while not conn.poll() and time.perf_counter() < deadline:
+        pass
+    return conn.recv_bytes()
+
+
+@cache
+def helpers() -> list[Helper]:
+    """One helper per core beyond this one; none on one core. They are ended at exit."""
+    atexit.register(stop_helpers)
+    return [Helper() for _ in range(parallel.cores() - 1)]
+
+
+def helper_pids() -> list[int]:
+    """Process ids of the helpers started so far (none before the first shared product)."""
+    return [helper.process.pid for helper in helpers()] if helpers.cache_info().currsize else []
+
+
+_broken = False
+
+
+def stop_helpers() -> None:
+    """End the helper processes (they also end by themselves when this process does)."""
+    global _broken
+    if helpers.cache_info().currsize:
+        for helper in helpers():
+            helper.conn.close()
+            try:
+                helper.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:  # stuck in a band: it would end at its next message
+                helper.process.kill()
+    helpers.cache_clear()
+    _broken = False
+
+
+def linear_bands(tokens: np.ndarray, ws: list[Fp8Matrix], ks: list[int], rows: list[np.ndarray]) -> bool:
+    """rows[i] [out_i, N] = the rows of the products of the inputs with each weight, shared with
+    the helpers: tiles from both ends with one helper and few tokens, else bands of the weights'
+    rows one after another, one share for this process and one for each helper. (Smaller bands
+    handed out by message as each side finished measured slower: 0.68 s against 0.59 s for 48
+    expert products of 16 tokens.) False (nothing done) when the products are small, their codes
+    are not a file's, or there are no helpers."""
+    global _broken
+    if (_broken or any(w.origin is None for w in ws) or parallel.cores() < 2
+            or sum(w.codes.size for w in ws) * tokens.shape[0] < SHARE_WORK):
+        return False
+    try:
+        workers = helpers()
+        if len(workers) == 1 and not many_tokens(tokens.shape[0], ws[0]):
+            workers[0].send_inputs(tokens, max(w.shape[0] for w in ws))
+            for w, k, r in zip(ws, ks, rows):
+                meet_in_the_middle(tokens, w, k, r, workers[0])
+        else:
+            in_bands(tokens, ws, ks, rows, workers)
+    except (OSError, EOFError, RuntimeError):  # a helper died or could not start: run here from now on
+        _broken = True
+        return False
+    except BaseException:  # interrupted: a helper's answer may be left unread, so stop using them
+        _broken = True
+        raise
+    return True
+
+
+def in_bands(tokens: np.ndarray, ws: list[Fp8Matrix], ks: list[int], rows: list[np.ndarray],
+             workers: list[Helper]) -> None:
+    """rows[i] [out_i, N]: one share of bands of whole scale blocks for this process and one for
+    each helper, each helper sent the inputs once and all its bands at once."""
+    mine, *theirs = shares(ws, len(workers) + 1)
+    for helper, share in zip(workers, theirs):
+        helper.send_inputs(tokens, sum(band.end - band.start for _, band in share))
+        for i, band in share:
+            helper.start(ws[i], ks[i], band, tokens.shape[0])
+    for i, band in mine:
+        apply_tiles(tokens, band_matrix(ws[i], band), ks[i], rows[i][band.start : band.end])
+    for helper, share in zip(workers, theirs):
+        for i, _ in share:
+            helper.finish_into(ws[i], rows[i])
+
+
+def meet_in_the_middle(tokens: np.ndarray, w: Fp8Matrix, k: int, rows: np.ndarray, helper: Helper) -> None:
+    """rows [out, N], for few tokens with one helper, which has the inputs: this process takes
+    tiles from the first on, the helper from the last back, until they meet, so the one that
+    runs faster does more. Fixed halves left this process waiting 9-17 ms a decode step for
+    whichever half ran slower.
+
+    Each side writes only its own index in the scratch and reads the other's; a stale read can
+    make both take the same tile, never leave one out, and a tile done twice comes out the same.
+    Whether NaN codes were found is put together from both sides before it is remembered."""
+    tiles = len(row_tiles(w))
+    nan_check = NanCheck(w)
+    claims = helper.claims()
+    claims[:] = (0, tiles)
+    how = MEET | (CHECK_NAN if nan_check.checking else 0)
+    helper.start(w, k, Band(0, w.shape[0]), tokens.shape[0], how)
+    apply_tiles(tokens, w, k, rows, claim=from_the_front(claims), nan_check=nan_check)
+    if helper.answer():
+        nan_check.found = True
+    nan_check.done()
+    helper.copy_into(w, rows, min(int(claims[1]) * w.block[0], w.shape[0]))  # the tiles the helper took
+
+
+def from_the_front(claims: np.ndarray):
+    """Tile indices from the first on, until the helper's last taken one (claims[1])."""
+    def take() -> int | None:
+        tile = int(claims[0])
+        if tile >= claims[1]:
+            return None
+        claims[0] = tile + 1
+        return tile
+    return take
+
+
+def from_the_back(claims: np.ndarray):
+    """Tile indices from the last back, until this process's next one (claims[0])."""
+    def take() -> int | None:
+        tile = int(claims[1]) - 1
+        if tile < claims[0]:
+            return None
+        claims[1] = tile
+        return tile
+    return take
+
+
+def shares(ws: list[Fp8Matrix], parts: int) -> list[list[tuple[int, Band]]]:
+    """The weights' rows one after another, cut into `parts` shares of whole scale blocks as even
+    as the blocks allow (fewer when there are fewer blocks): each share is its bands, (weight
+    index, rows of that weight). Two weights of the same size on two cores: one weight each."""
+    blocks = [-(-w.shape[0] // w.block[0]) for w in ws]
+    cuts = [sum(blocks) * p // parts for p in range(parts + 1)]
+    cut = []
+    for p in range(parts):
+        share, first = [], 0  # first: the weight's first block, counted over all the weights
+        for i, (w, count) in enumerate(zip(ws, blocks)):
+            start, end = max(cuts[p], first) - first, min(cuts[p + 1], first + count) - first
+            if end > start:
+                share.append((i, Band(start * w.block[0], min(end * w.block[0], w.shape[0]))))
+            first += count
+        cut.append(share)
+    return [share for share in cut if share]
+
+
+def band_matrix(w: Fp8Matrix, band: Band) -> Fp8Matrix:
+    """The weight's rows [start, end) with their scale rows, as a matrix of its own."""
+    scales = w.scale_inv[fp8.scale_rows(band.start, band.end, w.block[0])]
+    origin = None if w.origin is None else w.origin.at(band.start * w.shape[1])
+    return replace(w, codes=w.codes[band.start : band.end], scale_inv=scales, origin=origin)
+
+
+# ---------------------------------------------------------------------------------------------
+# The helper's side
+
+
+def serve(conn: Connection) -> None:
+    """The helper process's loop: map scratch, multiply bands, until the pipe closes."""
+    parallel.single_threaded_blas()
+    scratch, files, resident = None, {}, MappedBudget(BAND_RESIDENT_BYTES)
+    while True:
+        try:
+            message = receive(conn)
+        except (EOFError, OSError):
+            return
+        read, found = None, False
+        try:
+            if message[:1] == b"S":
+                fd = recv_handle(conn)
+                scratch = mmap.mmap(fd, SCRATCH.unpack_from(message, 1)[0])
+                os.close(fd)
+            else:
+                read, found = multiply_band(scratch, files, message)
+            conn.send_bytes(OK_NAN if found else OK)
+        except Exception as e:  # noqa: BLE001 (any failure is reported back; the other side stops using helpers)
+            conn.send_bytes(f"{type(e).__name__}: {e}".encode(errors="backslashreplace"))
+        if read is not None:  # after the answer: the other side does not wait for old pages to be let go
+            try:
+                keep_resident(resident, *read)
+            except OSError:  # the pages stay mapped: more memory, the same results
+                pass
+
+
+def multiply_band(scratch, files, message: bytes) -> tuple:
+    """A band message's rows of the product into the scratch, after the inputs there.
+    [N, in] -> [rows, N]. Returns the file map and byte range the codes were read from, and
+    whether NaN codes were found in tiles shared from both ends."""
+    where, band, in_dim, block, n, rows_at, k, how, scales = unpacked_band(message)
+    rows = band.end - band.start
+    tokens = np.frombuffer(scratch, np.float32, n * in_dim, CLAIMS_BYTES).reshape(n, in_dim)
+    flat = np.frombuffer(scratch, np.float32, rows * n, CLAIMS_BYTES + n * in_dim * 4 + rows_at)
+    key = (where.path, where.identity)  # a map stays on the file it was made from, whatever the path holds now
+    if key not in files:
+        files[key] = mapped(where)
+    view, fault_bytes = files[key]
+    codes_at = where.at(band.start * in_dim)
+    codes = np.frombuffer(view, np.uint8, rows * in_dim, codes_at.offset).reshape(rows, in_dim)
+    read = (view, codes_at.offset, rows * in_dim, fault_bytes)
+    w = Fp8Matrix(codes, scales, block, origin=codes_at)
+    result = result_arrays(rows, n, many_tokens(n, w), flat)[1]
+    if not how & MEET:
+        apply_tiles(tokens, w, k, result)
+        return read, False
+    nan_check = NanCheck(w, checking=bool(how & CHECK_NAN))  # the other side remembers what both found
+    apply_tiles(tokens, w, k, result, claim=from_the_back(np.frombuffer(scratch, np.int64, 2)), nan_check=nan_check)
+    return read, nan_check.found
+
+
+def unpacked_band(message: bytes) -> tuple:
+    """(the codes' FileBytes, band, in, block, tokens, where its rows go, k, how, the band's scale
+    rows) of a band message."""
+    *identity, offset, start, end, _, in_dim, block_rows, block_columns, n, rows_at, k, path_length, how = \
+        BAND.unpack_from(message, 1)
+    path_end = 1 + BAND.size + path_length
+    used = fp8.scale_rows(start, end, block_rows)
+    scale_shape = (used.stop - used.start, -(-in_dim // block_columns))
+    if len(message) != path_end + 4 * scale_shape[0] * scale_shape[1]:
+        raise ValueError(f"band message of {len(message)} bytes, expected scales {list(scale_shape)} after the path")
+    scales = np.frombuffer(message, np.float32, scale_shape[0] * scale_shape[1], path_end).reshape(scale_shape)
+    where = FileBytes(os.fsdecode(message[1 + BAND.size : path_end]), offset, tuple(identity))
+    return where, Band(start, end), in_dim, (block_rows, block_columns), n, rows_at, k, how, scales
+
+
+def mapped(where: FileBytes) -> tuple[mmap.mmap, int]:
+    """The file mapped read-only and advised as the checkpoint reader's, and the bytes a fault
+    maps; the file the other process read, or an error (it was rewritten or replaced since)."""
+    with open(where.path, "rb") as f:
+        if file_identity(os.fstat(f.fileno())) != where.identity:
+            raise ValueError(f"{where.path} changed after it was read: not the bytes the product is of")
+        view = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    return view, advise_checkpoint_map(view)
+
+
+def keep_resident(resident: MappedBudget, view: mmap.mmap, start: int, length: int, fault_bytes: int) -> None:
+    """As the checkpoint reader does: past BAND_RESIDENT_BYTES of mapped bands (counted in the
+    blocks a fault maps), the least recently used are let go."""
+    resident.use((id(view), start), spanned(start, start + length, fault_bytes),
+                 lambda: advise_range(view, mmap.MADV_DONTNEED, start, start + length))

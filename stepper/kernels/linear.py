@@ -1,0 +1,56 @@
+"""x @ W^T for every kind of weight, behind one call: float32 weights with BLAS (large ones
+shared out by rows across the cores), FP8 weights decoded tile by tile inside the product
+(kernels.fp8_matmul), never held whole in float32.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from stepper.kernels import parallel
+from stepper.kernels.fp8_matmul import decoded, linear_fp8, products
+from stepper.weights.stored import Fp8Matrix
+
+SPLIT_WEIGHTS = 1 << 20  # a float32 weight of this many values or more is shared out by rows
+
+
+def linear(x: np.ndarray, weight: np.ndarray | Fp8Matrix) -> np.ndarray:
+    """x @ W^T with an HF-layout weight [out, in].  [..., in] -> [..., out]
+
+    An FP8 weight is decoded tile by tile inside the product (fp8_matmul), never as a whole.
+    """
+    if isinstance(weight, Fp8Matrix):
+        return linear_fp8(x, weight)
+    if weight.size < SPLIT_WEIGHTS:
+        return np.matmul(x, weight.T)
+    return linear_by_rows(x, weight)
+
+
+def linears(x: np.ndarray, weights: tuple) -> list[np.ndarray]:
+    """x @ W^T for several weights of the same input: FP8 ones as one product, the input made
+    ready once and, on two cores, one weight on each (a SwiGLU's gate and up).  [..., in] -> [[..., out]]"""
+    if all(isinstance(w, Fp8Matrix) for w in weights):
+        return products(x, list(weights))
+    return [linear(x, w) for w in weights]
+
+
+def dense(weight: np.ndarray | Fp8Matrix, out: np.ndarray | None = None) -> np.ndarray:
+    """A weight as float32 [out, in]: an FP8 one decoded a block of rows at a time (the same bits
+    as fp8.dequantize, a few times faster), into `out` if given; a float32 one as it is."""
+    return decoded(weight, out) if isinstance(weight, Fp8Matrix) else weight
+
+
+def linear_by_rows(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """x @ W^T with W's rows shared out across the cores.  [..., in] -> [..., out]"""
+    out_dim, in_dim = weight.shape
+    tokens = x.reshape(-1, in_dim)  # [N, in]
+    y_t = np.empty((out_dim, tokens.shape[0]), dtype=np.result_type(x, weight))  # [out, N]
+    n = parallel.cores()
+    shares = [(out_dim * k // n, out_dim * (k + 1) // n) for k in range(n)]
+
+    def rows(share: list[tuple[int, int]]) -> None:
+        for start, end in share:
+            np.matmul(weight[start:end], tokens.T, out=y_t[start:end])
+
+    parallel.split(shares, rows)
+    return y_t.T.reshape(*x.shape[:-1], out_dim)

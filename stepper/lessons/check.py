@@ -1,0 +1,366 @@
+"""`stepper lesson check`: a learner's exercise file against the golden tensors of the lesson's runs.
+
+The golden tensors are stepper's own: the lesson's runs with the reference functions. A check
+has two parts, and stops at the first mismatch, showing both values and where:
+
+1. For the small pure functions (softmax, rms_norm, decode, dequantize, rope_inv_freq,
+   apply_rope, causal_mask), the learner's function is called on the very inputs the reference
+   got in the golden run (captured by a spy, one call per place it is used) and on a few
+   hand-made inputs that the run does not reach (all 256 FP8 codes, partial blocks, other
+   presets' YaRN settings, a decode step's mask); outputs are compared with the reference's.
+2. The lesson's runs are repeated with the learner's functions swapped in (`stepper.overrides`,
+   as `stepper run --use` does) and every emitted tensor is compared, in execution order, with
+   the golden run: the first tensor that differs is where the learner's function goes wrong.
+   Top-k experts are compared as sets (their order is unspecified), each weight with its expert.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import traceback
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from stepper import catalog
+from stepper.errors import StepperError
+from stepper.lessons import overrides
+from stepper.presets import PRESETS, preset
+from stepper.session import RunSpec, run
+from stepper.trace import Event, Recorder
+
+PURE = ("softmax", "rms_norm", "decode", "dequantize", "rope_inv_freq", "apply_rope", "causal_mask")
+CALLS_PER_FUNCTION = 6
+
+
+@dataclass(frozen=True)
+class Call:
+    args: tuple
+    kwargs: dict
+    label: str  # "call 2 of the run (it computes layers.0.self_attn.q_a_norm)" or a hand-made case
+
+
+@dataclass
+class Outcome:
+    ok: bool
+    title: str
+    detail: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Report:
+    path: Path
+    outcomes: list[Outcome] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.outcomes) and all(o.ok for o in self.outcomes)
+
+
+# ---------------------------------------------------------------------------------------------
+# Golden runs
+
+
+@lru_cache(maxsize=32)
+def golden(spec: RunSpec) -> tuple[Event, ...]:
+    recorder = Recorder()
+    run(spec, [recorder])
+    return tuple(recorder.events)
+
+
+@lru_cache(maxsize=32)
+def captured(spec: RunSpec, names: tuple[str, ...]) -> dict[str, tuple[Call, ...]]:
+    """The reference functions' calls in a run: one per place of use (up to CALLS_PER_FUNCTION)."""
+    recorder = Recorder()
+    calls: dict[str, list[tuple[tuple, dict, int]]] = {name: [] for name in names}
+
+    def spy(name: str, func: Callable) -> Callable:
+        def call(*args, **kwargs):
+            snapshot = (copy.deepcopy(args), copy.deepcopy(kwargs))
+            out = func(*args, **kwargs)
+            calls[name].append((*snapshot, len(recorder.events)))
+            return out
+
+        call.__wrapped__ = func  # type: ignore[attr-defined]
+        return call
+
+    with overrides.patched({name: spy(name, overrides.reference(name)) for name in names}):
+        run(spec, [recorder])
+    events = recorder.events
+    result = {}
+    for name, found in calls.items():
+        picked: dict[int, str] = {}
+        for site_of in (kind_of_place, str):  # one call per kind of place first, then one per place
+            seen = {site_of(n) for n in picked.values()}
+            for i, (_, _, after) in enumerate(found):
+                next_name = events[after].name if after < len(events) else "the end of the run"
+                if len(picked) < CALLS_PER_FUNCTION and i not in picked and site_of(next_name) not in seen:
+                    seen.add(site_of(next_name))
+                    picked[i] = next_name
+        result[name] = tuple(Call(found[i][0], found[i][1], f"call {i + 1} of {name} in the run (just before {n})")
+                             for i, n in sorted(picked.items()))
+    return result
+
+
+def kind_of_place(name: str) -> tuple[bool, str]:
+    """A prefill's input_layernorm and a decode step's are different kinds of place (T differs)."""
+    return name.startswith("decode"), catalog.key_of(name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Hand-made cases the run does not reach
+
+
+def extra_calls(name: str) -> list[Call]:
+    if name == "softmax":
+        x = np.array([[1000.0, 1001.0, -np.inf], [-1000.0, -1001.0, -999.0]], dtype=np.float32)
+        return [Call((x,), {}, "large scores and a masked -inf entry: [[1000, 1001, -inf], [-1000, -1001, -999]]")]
+    if name == "rms_norm":
+        x = np.zeros((1, 2, 8), dtype=np.float32)
+        x[0, 1] = np.arange(8, dtype=np.float32)
+        return [Call((x, np.full(8, 2.0, dtype=np.float32), 1e-6), {}, "an all-zero row (eps keeps it finite), weight 2")]
+    if name == "decode":
+        codes = np.arange(256, dtype=np.uint8).reshape(16, 16)
+        return [Call((codes,), {}, "all 256 codes 0x00..0xFF, as a [16, 16] uint8 array")]
+    if name == "dequantize":
+        rng = np.random.default_rng(7)
+        codes = rng.integers(0, 0x7E, size=(200, 300), dtype=np.uint8)  # no NaN codes
+        codes[1::2] |= 0x80  # negative rows
+        scales = np.array([[0.5, 2.0**-10, 3.0], [1.25, 7.0, 2.0**-3]], dtype=np.float32)
+        return [
+            Call((codes, scales), {}, "a [200, 300] weight in 128x128 blocks: scale_inv [2, 3], partial last blocks"),
+            Call((codes.view(ml_dtypes.float8_e4m3fn), scales), {}, "the same weight as float8_e4m3fn codes"),
+        ]
+    if name == "rope_inv_freq":
+        calls = []
+        for model in PRESETS:
+            cfg = preset(model)
+            calls.append(Call((cfg.qk_rope_head_dim, cfg.rope_theta, cfg.rope_scaling), {},
+                              f"{model}: dim {cfg.qk_rope_head_dim}, theta {cfg.rope_theta:g}, {cfg.rope_scaling}"))
+        calls.append(Call((64, 10000.0, None), {}, "no YaRN: dim 64, theta 10000, yarn None"))
+        return calls
+    if name == "apply_rope":
+        x = np.array([[[1.0, 0.0, 0.0, 2.0]]], dtype=np.float32)  # [1, T=1, R=4]: pairs (1, 0), (0, 2)
+        cos = np.array([[0.0, 1.0]], dtype=np.float32)  # pair 0 turns by 90 degrees, pair 1 by 0
+        sin = np.array([[1.0, 0.0]], dtype=np.float32)
+        return [Call((x, cos, sin), {}, "pairs (1, 0) and (0, 2) turned by 90 and 0 degrees")]
+    if name == "causal_mask":
+        return [Call((t, s), {}, f"t = {t} new positions, s = {s} attended positions")
+                for t, s in ((1, 1), (4, 4), (1, 8), (3, 8))]
+    return []
+
+
+# ---------------------------------------------------------------------------------------------
+# Comparing
+
+
+def fmt(v: Any) -> str:
+    if isinstance(v, (float, np.floating)):
+        return f"{float(v):.8g}"
+    if isinstance(v, (bool, np.bool_)):
+        return str(bool(v))
+    return str(v)
+
+
+def describe_args(func: Callable, call: Call) -> str:
+    try:
+        bound = inspect.signature(func).bind(*call.args, **call.kwargs)
+    except TypeError:
+        return ""
+    parts = []
+    for name, value in bound.arguments.items():
+        if isinstance(value, np.ndarray):
+            parts.append(f"{name} {list(value.shape)} {value.dtype}")
+        else:
+            text = repr(value)
+            parts.append(f"{name} {text if len(text) < 80 else text[:77] + '...'}")
+    return ", ".join(parts)
+
+
+def difference(mine: Any, ref: np.ndarray, *, rtol: float, exact: bool = False, elementwise: bool = False) -> list[str]:
+    """[] when mine matches ref, else lines saying where and how it differs."""
+    if not isinstance(mine, np.ndarray):
+        if mine is None:
+            return ["it returned None: return the array"]
+        if isinstance(ref, np.ndarray) and np.isscalar(mine):
+            return [f"it returned the scalar {fmt(mine)}, expected an array of shape {list(ref.shape)}"]
+        mine = np.asarray(mine)
+    if mine.shape != ref.shape:
+        return [f"it returned shape {list(mine.shape)}, expected {list(ref.shape)}"]
+    if ref.dtype == np.bool_:
+        mine_b = mine.astype(bool)
+        bad = np.argwhere(mine_b != ref)
+        if bad.size:
+            i = tuple(int(j) for j in bad[0])
+            return [f"at {list(i)}: expected {ref[i]}, got {mine_b[i]} ({len(bad)} entries differ)"]
+        return []
+    if mine.dtype != ref.dtype:
+        return [(f"it returned dtype {mine.dtype}, expected {ref.dtype}: the interpreter computes in "
+                 f"{ref.dtype} (cast with .astype(np.{ref.dtype}) or use np.{ref.dtype} constants)")]
+    if np.issubdtype(ref.dtype, np.integer):
+        bad = np.argwhere(mine != ref)
+        if bad.size:
+            i = tuple(int(j) for j in bad[0])
+            return [f"at {list(i)}: expected {ref[i]}, got {mine[i]} ({len(bad)} entries differ)"]
+        return []
+    m64, r64 = mine.astype(np.float64), ref.astype(np.float64)
+    for what, test in (("NaN", np.isnan), ("+inf", np.isposinf), ("-inf", np.isneginf)):
+        bad = np.argwhere(test(m64) != test(r64))
+        if bad.size:
+            i = tuple(int(j) for j in bad[0])
+            return [(f"at {list(i)}: expected {fmt(ref[i])}, got {fmt(mine[i])} ({what} where there should "
+                     f"{'be' if test(r64[i]) else 'not be'} one; {len(bad)} such entries)")]
+    both = np.isfinite(m64) & np.isfinite(r64)
+    with np.errstate(invalid="ignore"):
+        diff = np.where(both, np.abs(m64 - r64), 0.0)
+    scale = float(np.abs(r64[both]).max()) if both.any() else 0.0
+    if exact:
+        allowed = np.zeros_like(r64)
+    elif elementwise:
+        allowed = rtol * np.abs(r64)
+    else:
+        allowed = np.full_like(r64, rtol * scale)
+    bad = np.argwhere(diff > allowed)
+    if not bad.size:
+        return []
+    i = tuple(int(j) for j in bad[0])
+    worst = np.unravel_index(int(np.argmax(diff)), diff.shape) if diff.ndim else ()
+    tolerance = "exactly" if exact else (f"within {rtol:g} relative" if elementwise
+                                         else f"within {rtol:g} x max|expected| = {rtol * scale:.3g}")
+    return [f"first difference at {list(i)}: expected {fmt(ref[i])}, got {fmt(mine[i])}",
+            (f"{len(bad)} of {ref.size} entries differ; the largest difference is {fmt(diff[worst])} at "
+             f"{[int(j) for j in worst]} (it must match {tolerance})")]
+
+
+def setwise(events: Sequence[Event]) -> list[np.ndarray]:
+    """Each event's array, with top-k experts sorted per token and their weights in the same order."""
+    out, order = [], {}
+    for e in events:
+        array = e.array
+        scope = e.name.rpartition("mlp.gate.")[0]
+        if e.key == "mlp.gate.topk_idx":
+            order[scope] = np.argsort(array, axis=-1, kind="stable")
+            array = np.take_along_axis(array, order[scope], axis=-1)
+        elif e.key == "mlp.gate.topk_weight" and scope in order and order[scope].shape == array.shape:
+            array = np.take_along_axis(array, order[scope], axis=-1)
+        out.append(array)
+    return out
+
+
+def compare_runs(reference: Sequence[Event], mine: Sequence[Event], rtol: float) -> list[str]:
+    """[] when every tensor matches; else where the learner's run first differs."""
+    ref_arrays, my_arrays = setwise(reference), setwise(mine)
+    for i, ref in enumerate(reference):
+        if i >= len(mine):
+            return [f"your run stopped emitting after {i} tensors; the reference goes on with {ref.name}"]
+        if mine[i].name != ref.name:
+            return [f"tensor {i + 1}: your run emitted {mine[i].name} where the reference emits {ref.name}",
+                    "(keep the emit(...) calls of the stub, in its order)"]
+        problem = difference(my_arrays[i], ref_arrays[i], rtol=rtol)
+        if problem:
+            kept = f"the first {i} tensors match; " if i else ""
+            return [f"{ref.name} differs ({kept}this is the first that does not):", *problem]
+    if len(mine) > len(reference):
+        return [f"your run emitted {len(mine) - len(reference)} tensors more than the reference, first {mine[len(reference)].name}"]
+    return []
+
+
+def describe_run(spec: RunSpec) -> str:
+    prompt = f"ids {list(spec.ids)}" if spec.ids else f"{spec.prompt_len} tokens"
+    parts = [f"model {spec.model}", f"{prompt} at positions {spec.start_pos}.."]
+    if spec.decode:
+        parts.append(f"{spec.decode} decode step{'s' if spec.decode > 1 else ''}")
+    if spec.attn != "auto":
+        parts.append(f"attention {spec.attn}")
+    return ", ".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------
+# The check
+
+
+def failure_text(error: BaseException, path: Path) -> str:
+    if isinstance(error, StepperError):
+        return str(error)
+    line = overrides.learner_line(error, path)
+    if line is None:
+        frame = traceback.extract_tb(error.__traceback__)[-1] if error.__traceback__ else None
+        where = f" (in {Path(frame.filename).name} line {frame.lineno})" if frame else ""
+        return f"{type(error).__name__}: {error}{where}"
+    return f"{path} line {line}: {type(error).__name__}: {error}"
+
+
+def check(lesson, path: Path) -> Report:
+    """Check a learner's file for a lesson: its functions' direct cases, then the lesson's runs."""
+    path = Path(path)
+    report = Report(path)
+    try:
+        found = overrides.load(path)
+    except StepperError as e:
+        report.outcomes.append(Outcome(False, "the file does not load", [str(e)]))
+        return report
+    wanted = lesson.exercise.functions
+    missing = [name for name in wanted if name not in found]
+    if missing:
+        report.outcomes.append(Outcome(False, f"{path} does not define {', '.join(missing)}",
+                                       ["keep the function(s) of the exercise stub, with their signatures"]))
+        return report
+    functions = {name: overrides.guarded(path, name, found[name]) for name in wanted}
+    for name in wanted:
+        if name in PURE:
+            report.outcomes.append(check_function(lesson, name, functions[name], path))
+    if not all(o.ok for o in report.outcomes):
+        report.outcomes.append(Outcome(False, "full runs not checked yet: fix the function above first"))
+        return report
+    for spec in lesson.exercise.runs:
+        report.outcomes.append(check_run(spec, functions, lesson.exercise.rtol, path))
+        if not report.outcomes[-1].ok:
+            break
+    return report
+
+
+def check_function(lesson, name: str, mine: Callable, path: Path) -> Outcome:
+    ref = overrides.reference(name)
+    calls = [c for spec in lesson.exercise.runs for c in captured(spec, (name,))[name]] + extra_calls(name)
+    exact = name in ("decode", "causal_mask")
+    elementwise = name in ("rope_inv_freq", "dequantize")
+    rtol = 1e-6 if elementwise else 1e-5
+    for call in calls:
+        expected = ref(*copy.deepcopy(call.args), **copy.deepcopy(call.kwargs))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                got = mine(*copy.deepcopy(call.args), **copy.deepcopy(call.kwargs))
+            except Exception as e:  # noqa: BLE001 - the learner's code may raise anything
+                return Outcome(False, f"{name} fails on {call.label}", [failure_text(e, path),
+                                                                        f"inputs: {describe_args(ref, call)}"])
+        problem = difference(got, expected, rtol=rtol, exact=exact, elementwise=elementwise)
+        if problem:
+            said = [f"NumPy warned: {w.message} ({Path(w.filename).name} line {w.lineno})" for w in caught[:2]]
+            return Outcome(False, f"{name} differs on {call.label}",
+                           [*problem, f"inputs: {describe_args(ref, call)}", *said])
+    return Outcome(True, f"{name} matches the reference on {len(calls)} inputs (from the run and hand-made)")
+
+
+def check_run(spec: RunSpec, functions: dict[str, Callable], rtol: float, path: Path) -> Outcome:
+    reference = golden(spec)
+    recorder = Recorder()
+    try:
+        with overrides.patched(functions):
+            run(spec, [recorder])
+    except Exception as e:  # noqa: BLE001 - the learner's code may raise anything
+        return Outcome(False, f"the run with your {', '.join(functions)} fails ({describe_run(spec)})",
+                       [failure_text(e, path),
+                        (f"(after {len(recorder.events)} tensors; the last was "
+                         f"{recorder.events[-1].name if recorder.events else 'none'})")])
+    problem = compare_runs(reference, recorder.events, rtol)
+    if problem:
+        return Outcome(False, f"the run with your {', '.join(functions)} differs ({describe_run(spec)})", problem)
+    return Outcome(True, f"all {len(reference)} tensors of the run match ({describe_run(spec)})")

@@ -1,0 +1,61 @@
+"""Small NumPy functions the layer is built from. Everything is float32 in, float32 out.
+
+Shapes use named dimensions: `...` any leading axes, the last axis named where it matters.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from stepper.kernels.linear import linear, linears
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """x * rsqrt(mean(x^2) + eps) * weight, in float32 like the reference.  [..., D] -> [..., D]"""
+    x = x.astype(np.float32, copy=False)
+    variance = np.mean(np.square(x), axis=-1, keepdims=True)  # [..., 1]
+    return weight * (x * (np.float32(1) / np.sqrt(variance + np.float32(eps))))
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):  # exp(-x) overflows to inf for x << 0: the result is then 0, as it should be
+        return np.float32(1) / (np.float32(1) + np.exp(-x))
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    """x * sigmoid(x), computed as x / (1 + exp(-x)) in one new array (as torch's kernel does):
+    the two-step form made four arrays and took 3.4 ms on an expert's [252, 2048], this 0.9 ms."""
+    e = np.negative(x)
+    with np.errstate(over="ignore"):  # exp(-x) overflows to inf for x << 0: x / inf is then -0, as it should be
+        np.exp(e, out=e)
+    e += np.float32(1)
+    return np.divide(x, e, out=e)
+
+
+def swiglu(x: np.ndarray, gate: np.ndarray, up: np.ndarray, down: np.ndarray,
+           row_weights: np.ndarray | None = None) -> np.ndarray:
+    """down(silu(gate(x)) * up(x)): the dense MLP, each routed expert and the shared expert.
+
+    With row_weights [N] (a routed expert's weight for each of its tokens, x [N, D]), each row
+    is weighed before down: the same as weighing down's output rows, down being linear, on I
+    values a token instead of D (D = 7168, I = 2048 in Kimi K2).  [..., D] -> [..., D]"""
+    gate_x, up_x = linears(x, (gate, up))
+    act = silu(gate_x)
+    act *= up_x
+    if row_weights is not None:
+        act *= row_weights[:, None]
+    return linear(act, down)
+
+
+def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    """Numerically safe softmax in float32; -inf entries (masked) get weight exactly 0."""
+    e = x - np.max(x, axis=axis, keepdims=True)  # the one new array: exp and the division happen in it
+    np.exp(e, out=e)
+    e /= np.sum(e, axis=axis, keepdims=True)
+    return e
+
+
+def causal_mask(t: int, s: int) -> np.ndarray:
+    """[T, S] bool, True where query t may attend key s: the T new positions are the last T of S."""
+    past = s - t
+    return np.arange(s)[None, :] <= past + np.arange(t)[:, None]

@@ -1,0 +1,71 @@
+"""Rotary position embedding with YaRN: the frequencies, the cos/sin tables, the rotation.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from stepper.config import Yarn
+
+
+def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    """YaRN's magnitude correction 0.1 * mscale * ln(scale) + 1 (1 when not scaling)."""
+    if scale <= 1:
+        return 1.0
+    return 0.1 * mscale * math.log(scale) + 1.0
+
+
+def yarn_correction_dim(rotations: float, dim: int, theta: float, original_max: int) -> float:
+    """The rotary dim index whose wavelength fits `rotations` full turns in `original_max` positions."""
+    return (dim * math.log(original_max / (rotations * 2 * math.pi))) / (2 * math.log(theta))
+
+
+def yarn_correction_range(dim: int, theta: float, yarn: Yarn) -> tuple[int, int]:
+    """[low, high]: below low the frequency is kept (extrapolated), above high it is divided by factor."""
+    low = math.floor(yarn_correction_dim(yarn.beta_fast, dim, theta, yarn.original_max_position_embeddings))
+    high = math.ceil(yarn_correction_dim(yarn.beta_slow, dim, theta, yarn.original_max_position_embeddings))
+    return max(low, 0), min(high, dim - 1)
+
+
+def rope_inv_freq(dim: int, theta: float, yarn: Yarn | None) -> np.ndarray:
+    """Inverse frequencies [dim/2], float32, with YaRN's blend between kept and interpolated ones.
+
+    The arithmetic is the reference's float32 arithmetic, step by step, except theta ** (2i/dim),
+    which stepper rounds correctly (float64, then float32) where torch's float32 pow may be one ulp
+    off; see docs/numerics.md.
+    """
+    exponent = np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim)  # [dim/2]
+    pos_freqs = (np.float64(theta) ** exponent.astype(np.float64)).astype(np.float32)
+    extrapolation = np.float32(1) / pos_freqs
+    if yarn is None:
+        return extrapolation
+    interpolation = np.float32(1) / (np.float32(yarn.factor) * pos_freqs)
+    low, high = yarn_correction_range(dim, theta, yarn)
+    ramp = np.clip((np.arange(dim // 2, dtype=np.float32) - low) / (high - low if high > low else 0.001), 0, 1)
+    keep = np.float32(1) - ramp.astype(np.float32)  # 1 = extrapolate (keep the original frequency)
+    return interpolation * (np.float32(1) - keep) + extrapolation * keep
+
+
+def rope_tables(positions: np.ndarray, inv_freq: np.ndarray, mscale: float) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin [T, rope/2] of the angles position * inv_freq, times YaRN's cos/sin mscale.
+
+    Angles are float32 products as in the reference; cos and sin are then correctly rounded
+    (computed in float64), so they do not depend on the machine's float32 libm.
+    """
+    angles = positions.astype(np.float32)[:, None] * inv_freq[None, :]  # [T, rope/2]
+    cos = np.cos(angles.astype(np.float64)).astype(np.float32) * np.float32(mscale)
+    sin = np.sin(angles.astype(np.float64)).astype(np.float32) * np.float32(mscale)
+    return cos, sin
+
+
+def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """Rotate interleaved pairs (x0, x1), (x2, x3), ... by their angles.  [..., T, rope] -> same.
+
+    The output is in the reference's layout: [rotated evens | rotated odds], i.e. the pairs are
+    first gathered into halves (as modeling_deepseek.py does with view/transpose) and then
+    x * cos + rotate_half(x) * sin is applied.  cos, sin: [T, rope/2].
+    """
+    even, odd = x[..., 0::2], x[..., 1::2]  # [..., T, rope/2] each
+    return np.concatenate([even * cos - odd * sin, odd * cos + even * sin], axis=-1)

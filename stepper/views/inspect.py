@@ -1,0 +1,582 @@
+"""`stepper inspect`: what a checkpoint directory or a single safetensors file holds, by layer.
+
+This module owns the listing: which tensors make one row (an FP8 weight together with its
+`weight_scale_inv`; a layer's routed experts folded into one row per projection), the group
+headings, what a row can have wrong (missing or misshapen scales, scales without their weight),
+the optional decoded statistics, and how it all looks (Rich rows and a footer) or is written
+(JSON Lines, one object per tensor, experts never folded). Headers come from `Checkpoint` (a
+directory: index and shard headers checked against each other) or `SafetensorsFile`; statistics
+read a tensor a chunk of rows at a time with plain sequential reads and decode each chunk (FP8
+with `fp8.dequantize` and its scales), so a large tensor never needs a float64 copy of itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import json
+import math
+import os
+import re
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+from rich.console import Console
+from rich.text import Text
+
+from stepper import fp8
+from stepper.config import Config
+from stepper.errors import StepperError
+from stepper.views import summary
+from stepper.views.summary import Stats
+from stepper.weights.checkpoint import INDEX, SCALE, Checkpoint
+from stepper.weights.safetensors_reader import DTYPES, SafetensorsFile
+
+FP8_DTYPE = "F8_E4M3"
+SCALE_DTYPES = ("F32", "BF16", "F16")
+AS_FLOAT32 = ("BF16", "F16", "F32", "F8_E5M2")  # decoded as float32, as Checkpoint.get does
+CHUNK = 1 << 20  # elements decoded at a time for statistics (small enough to stay in cache)
+
+LAYER = re.compile(r"(?P<prefix>(?:.*?\.)?layers\.(?P<layer>\d+)\.)(?P<rest>.+)")
+HF_LAYER = re.compile(r"model\.layers\.(?P<layer>\d+)\.")
+EXPERT = re.compile(r"(?P<head>(?:.*\.)?experts\.)(?P<expert>\d+)\.(?P<tail>.+)")
+
+
+# ---------------------------------------------------------------------------------------------
+# Where the tensors are
+
+
+@dataclass(frozen=True)
+class Part:
+    """One stored tensor, as its header describes it."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+    shard: str
+
+
+@dataclass(frozen=True)
+class Source:
+    """A checkpoint directory or one file, seen as tensor name -> shard."""
+
+    path: Path
+    title: str
+    config: Config | None
+    weight_map: dict[str, str]
+    shards: dict[str, SafetensorsFile]
+    block: tuple[int, int]
+    hint: str | None = None  # said under the footer
+
+    def part(self, name: str) -> Part:
+        shard = self.weight_map[name]
+        info = self.shards[shard].info(name)
+        return Part(name, info.dtype, info.shape, info.nbytes, shard)
+
+    def array(self, name: str) -> np.ndarray:
+        return self.shards[self.weight_map[name]].get(name)
+
+
+def open_source(path: Path) -> Source:
+    """A checkpoint directory through `Checkpoint`, anything else as one safetensors file."""
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            raise StepperError(f"{path}: not a checkpoint directory (no config.json); give a .safetensors file to inspect one file")
+        ckpt = Checkpoint(path)
+        cfg = ckpt.config
+        block = cfg.quantization.weight_block_size if cfg.quantization else fp8.BLOCK
+        return Source(path, checkpoint_title(ckpt), cfg, ckpt.weight_map, ckpt.shards, block)
+    if not path.exists():
+        raise StepperError(f"{path}: no such file or directory (expected a .safetensors file or a checkpoint directory)")
+    if path.suffix == ".json":
+        raise StepperError(f"{path}: a JSON file; inspect expects a .safetensors file or a checkpoint directory ({path.parent})")
+    file = SafetensorsFile(path)
+    hint = None
+    if (path.parent / INDEX).exists():
+        hint = f"{path.name} is one shard of {path.parent}: inspect the directory to see scales kept in other shards"
+    return Source(path, file_title(file), None, dict.fromkeys(file.names(), path.name), {path.name: file}, fp8.BLOCK, hint)
+
+
+def checkpoint_title(ckpt: Checkpoint) -> str:
+    cfg = ckpt.config
+    dense = sum(not cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers))
+    experts = f", {cfg.n_routed_experts} routed experts" if dense < cfg.num_hidden_layers else ""
+    shards = f"{len(ckpt.shards)} shard{'s' if len(ckpt.shards) != 1 else ''}"
+    kind = cfg.model_type if cfg.name.endswith("config.json") else f"model {cfg.name} ({cfg.model_type})"
+    return f"checkpoint {ckpt.path} · {kind}, {cfg.num_hidden_layers} layers ({dense} dense){experts} · {shards}"
+
+
+def file_title(file: SafetensorsFile) -> str:
+    parts = [f"file {file.path}"]
+    if file.metadata:
+        shown = [f"{k}={v}" if len(v) <= 40 else f"{k}=…" for k, v in file.metadata.items()]
+        parts.append("metadata " + ", ".join(shown))
+    return " · ".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tensors with their scales
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """What one listed tensor is: the tensor, its block scales (FP8), its problems, its statistics."""
+
+    part: Part
+    scale: Part | None = None
+    problems: tuple[str, ...] = ()
+    stats: Stats | None = None
+
+    @property
+    def name(self) -> str:
+        return self.part.name
+
+    @property
+    def nbytes(self) -> int:
+        return self.part.nbytes + (self.scale.nbytes if self.scale else 0)
+
+    @property
+    def dequantized(self) -> bool:
+        """An FP8 weight whose scales fit: its statistics are of code value x scale_inv."""
+        return self.part.dtype == FP8_DTYPE and self.scale is not None and not self.problems
+
+    def parts(self) -> list[Part]:
+        return [self.part] + ([self.scale] if self.scale else [])
+
+
+def collect(source: Source, only: list[str] | None) -> list[Tensor]:
+    """Every tensor, with its scales attached; scales without a weight stand alone, flagged."""
+    names = source.weight_map
+    tensors = []
+    for name in names:
+        weight = name.removesuffix(SCALE)
+        if weight != name:  # block scales: shown in their weight's row, or alone if it is missing
+            if weight not in names:
+                what = "checkpoint" if source.config is not None else "file"
+                missing = f"block scales without their weight: '{weight}' is not in the {what}"
+                tensors.append(Tensor(source.part(name), None, (missing,)))
+            continue
+        scale = source.part(name + SCALE) if name + SCALE in names else None
+        part = source.part(name)
+        tensors.append(Tensor(part, scale, tuple(scale_problems(part, scale, source.block))))
+    if only:
+        tensors = [t for t in tensors if any(fnmatch.fnmatch(p.name, glob) for p in t.parts() for glob in only)]
+    return tensors
+
+
+def scale_problems(part: Part, scale: Part | None, block: tuple[int, int]) -> list[str]:
+    if part.dtype != FP8_DTYPE:
+        if scale is not None:
+            return [f"has block scales ('{scale.name}') although it is {part.dtype}: only F8_E4M3 weights have them"]
+        return []
+    if scale is None:
+        return [f"F8_E4M3 without its block scales: '{part.name}{SCALE}' is missing"]
+    if len(part.shape) != 2:
+        return [f"an F8_E4M3 weight with scales should be 2-D [out, in], this one is {list(part.shape)}"]
+    grid = fp8.scale_grid(part.shape, block)
+    if scale.shape != grid:
+        needs = f"a {list(part.shape)} weight in {block[0]}x{block[1]} blocks needs {list(grid)}"
+        return [f"scales are {list(scale.shape)}, but {needs}"]
+    if scale.dtype not in SCALE_DTYPES:
+        return [f"scales are {scale.dtype}, expected F32, BF16 or F16"]
+    return []
+
+
+# ---------------------------------------------------------------------------------------------
+# Statistics
+
+
+def with_stats(source: Source, tensors: list[Tensor], progress: bool, plain: bool = False) -> list[Tensor]:
+    """The tensors with their decoded statistics; a progress bar on stderr if asked (gone when done)."""
+    if not progress:
+        return [replace(t, stats=tensor_stats(source, t, lambda n: None)) for t in tensors]
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn  # only for --stats
+
+    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(binary_units=True), TimeRemainingColumn())
+    with Progress(*columns, console=Console(stderr=True, no_color=plain), transient=True) as bar:
+        task = bar.add_task("statistics", total=sum(t.part.nbytes for t in tensors))
+        done = []
+        for t in tensors:
+            bar.update(task, description=t.name)
+            done.append(replace(t, stats=tensor_stats(source, t, lambda n: bar.advance(task, n))))
+        return done
+
+
+def tensor_stats(source: Source, tensor: Tensor, advance: Callable[[int], None]) -> Stats:
+    parts = []
+    for chunk, nbytes in decoded_chunks(source, tensor):
+        parts.append(summary.stats(chunk))
+        advance(nbytes)
+    return combine(parts)
+
+
+def decoded_chunks(source: Source, tensor: Tensor) -> Iterator[tuple[np.ndarray, int]]:
+    """The tensor's values, a block of rows at a time (whole FP8 scale blocks), with their byte size."""
+    part = tensor.part
+    if len(part.shape) == 0 or 0 in part.shape:
+        data = source.array(part.name)
+        yield decoded(data, part.dtype), data.nbytes
+        return
+    block_rows = source.block[0]
+    step = max(1, CHUNK // math.prod(part.shape[1:]))
+    scale = source.array(tensor.scale.name) if tensor.dequantized else None
+    if scale is not None:
+        step = max(block_rows, step // block_rows * block_rows)
+    with RowReader(source.shards[part.shard], part.name) as reader:
+        for r0 in range(0, part.shape[0], step):
+            rows = reader.read(r0, min(r0 + step, part.shape[0]))
+            if scale is not None:
+                s = scale[r0 // block_rows: -(-(r0 + len(rows)) // block_rows)]
+                yield fp8.dequantize(rows, s, source.block, name=part.name), rows.nbytes
+            else:
+                yield decoded(rows, part.dtype), rows.nbytes
+
+
+class RowReader:
+    """Reads rows of one tensor with plain sequential reads.
+
+    Statistics read every byte once, front to back; through the reader's memory map (tuned for
+    lazy, random access) that costs one page fault per page, which is slow on a cold disk.
+    """
+
+    def __init__(self, file: SafetensorsFile, name: str):
+        info = file.info(name)
+        self.name, self.path = name, file.path
+        self.dtype = DTYPES[info.dtype][0]
+        self.row_shape = info.shape[1:]
+        self.row_bytes = info.nbytes // info.shape[0]
+        self.start = file.data_range(name)[0]
+        self.file = open(file.path, "rb", buffering=0)  # noqa: SIM115 (closed by __exit__)
+        if hasattr(os, "posix_fadvise"):
+            with contextlib.suppress(OSError):
+                os.posix_fadvise(self.file.fileno(), self.start, info.nbytes, os.POSIX_FADV_SEQUENTIAL)
+
+    def read(self, first: int, stop: int) -> np.ndarray:
+        """Rows first..stop-1."""
+        out = np.empty((stop - first, *self.row_shape), dtype=self.dtype)
+        buffer = memoryview(out.reshape(-1).view(np.uint8))
+        self.file.seek(self.start + first * self.row_bytes)
+        done = 0
+        while done < len(buffer):
+            n = self.file.readinto(buffer[done:])
+            if not n:
+                raise StepperError(f"{self.path}: the file ended inside tensor '{self.name}'; did it change?")
+            done += n
+        return out
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.file.close()
+
+
+def decoded(data: np.ndarray, dtype: str) -> np.ndarray:
+    if dtype == FP8_DTYPE:
+        return fp8.decode(np.ascontiguousarray(data))  # without (fitting) scales: the bare code values
+    if dtype in AS_FLOAT32:
+        return np.asarray(data, dtype=np.float32)
+    return data  # F64, integers and booleans: summary.stats reads them as float64
+
+
+def combine(parts: list[Stats]) -> Stats:
+    """The statistics of several chunks together (one chunk: its own statistics, unchanged)."""
+    if len(parts) == 1:
+        return parts[0]
+    nan, inf = sum(p.nan for p in parts), sum(p.inf for p in parts)
+    finite = [p for p in parts if p.finite]
+    n = sum(p.finite for p in finite)
+    if n == 0:
+        nothing = float("nan")
+        return Stats(nothing, nothing, nothing, nothing, nothing, 0.0, nan, inf, 0)
+    total = math.fsum(p.sum for p in finite)
+    mean = total / n
+    m2 = math.fsum(p.finite * (p.std**2 + (p.mean - mean) ** 2) for p in finite)
+    return Stats(
+        min=min(p.min for p in finite), max=max(p.max for p in finite), mean=mean, std=math.sqrt(m2 / n),
+        absmax=max(p.absmax for p in finite), sum=total, nan=nan, inf=inf, finite=n,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Groups and rows
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the listing: a tensor, or a layer's experts folded together."""
+
+    label: str  # the name relative to its group
+    tensors: tuple[Tensor, ...]
+
+    @property
+    def folded(self) -> bool:
+        return len(self.tensors) > 1
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors)
+
+    @property
+    def stats(self) -> Stats | None:
+        if any(t.stats is None for t in self.tensors):
+            return None
+        return combine([t.stats for t in self.tensors])
+
+
+@dataclass(frozen=True)
+class Group:
+    heading: str
+    layer: int | None
+    rows: tuple[Row, ...]
+
+    def shards(self) -> set[str]:
+        """Every shard holding a tensor or a scale of this group."""
+        return {p.shard for r in self.rows for t in r.tensors for p in t.parts()}
+
+
+def natural(text: str) -> list[Any]:
+    """Sort key putting experts.2 before experts.10."""
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", text)]
+
+
+def listing_order(name: str) -> tuple[int, list[Any]]:
+    """Names in natural order, except that the embedding comes first and lm_head last."""
+    return (0 if "embed_tokens" in name else 2 if name.startswith("lm_head") else 1), natural(name)
+
+
+def split_name(name: str) -> tuple[str, str]:
+    """(group prefix such as 'model.layers.3.', name relative to it); '' for the model's globals."""
+    m = LAYER.fullmatch(name)
+    return (m["prefix"], m["rest"]) if m else ("", name)
+
+
+def heading(prefix: str, config: Config | None) -> tuple[str, int | None]:
+    m = LAYER.fullmatch(prefix + "x")
+    if m is None:
+        return "model", None
+    layer = int(m["layer"])
+    if config is None or not HF_LAYER.fullmatch(prefix):
+        return prefix.removeprefix("model.").rstrip("."), layer
+    if layer >= config.num_hidden_layers:
+        return f"layer {layer} (beyond the config's num_hidden_layers = {config.num_hidden_layers})", layer
+    return f"layer {layer} ({'MoE' if config.is_moe_layer(layer) else 'dense'})", layer
+
+
+def group(tensors: list[Tensor], config: Config | None, fold_experts: bool) -> list[Group]:
+    by_prefix: dict[str, list[Tensor]] = {}
+    for t in tensors:
+        by_prefix.setdefault(split_name(t.name)[0], []).append(t)
+    groups = []
+    for prefix in sorted(by_prefix, key=lambda p: (p != "", natural(p))):
+        members = sorted(by_prefix[prefix], key=lambda t: listing_order(t.name))
+        title, layer = heading(prefix, config)
+        groups.append(Group(title, layer, tuple(rows(members, len(prefix), fold_experts))))
+    return groups
+
+
+def rows(tensors: list[Tensor], cut: int, fold_experts: bool) -> list[Row]:
+    """One row per tensor, or per projection of the experts when folding (same dtype, shape, scales)."""
+    keys = [fold_key(t.name[cut:], t) if fold_experts else None for t in tensors]
+    folds: dict[tuple, list[Tensor]] = {}
+    for key, t in zip(keys, tensors):
+        if key is not None:
+            folds.setdefault(key, []).append(t)
+    out = []
+    for key, t in zip(keys, tensors):
+        if key is None or len(folds[key]) == 1:
+            out.append(Row(t.name[cut:], (t,)))
+        elif folds[key][0] is t:  # the folded row stands where its first expert would
+            experts = [int(EXPERT.fullmatch(m.name[cut:])["expert"]) for m in folds[key]]
+            out.append(Row(f"{key[0]}{{{ranges(experts)}}}.{key[1]}", tuple(folds[key])))
+    return out
+
+
+def fold_key(relative: str, t: Tensor) -> tuple | None:
+    m = EXPERT.fullmatch(relative)
+    if m is None or t.problems:
+        return None  # a tensor with problems keeps its own row, so they show
+    scale = (t.scale.dtype, t.scale.shape) if t.scale else None
+    return m["head"], m["tail"], t.part.dtype, t.part.shape, scale
+
+
+def ranges(numbers: list[int]) -> str:
+    """[0, 1, 2, 5, 7, 8] -> '0..2,5,7..8'."""
+    numbers = sorted(numbers)
+    spans = []
+    start = prev = numbers[0]
+    for n in numbers[1:]:
+        if n != prev + 1:
+            spans.append((start, prev))
+            start = n
+        prev = n
+    spans.append((start, prev))
+    return ",".join(str(a) if a == b else f"{a}..{b}" for a, b in spans)
+
+
+# ---------------------------------------------------------------------------------------------
+# On screen
+
+
+def human(nbytes: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if nbytes < 1024 or unit == "TiB":
+            return f"{int(nbytes)} B" if unit == "B" else f"{nbytes:.1f} {unit}"
+        nbytes /= 1024
+    raise AssertionError("unreachable")
+
+
+def shape_text(shape: tuple[int, ...]) -> str:
+    return "[" + ", ".join(map(str, shape)) + "]"
+
+
+def shard_text(names: set[str]) -> str:
+    if len(names) == 1:
+        return next(iter(names))
+    ordered = sorted(names, key=natural)
+    return f"{ordered[0]} … {ordered[-1]} ({len(names)} shards)"
+
+
+def columns(row: Row, show_shard: bool) -> list[str]:
+    first = row.tensors[0]
+    part, scale = first.part, first.scale
+    count = f" x{len(row.tensors)}" if row.folded else ""
+    scale_text = ""
+    if scale is not None:
+        scale_text = f"scales {shape_text(scale.shape)}" + (f" {scale.dtype}" if scale.dtype != "F32" else "")
+    cells = [row.label, part.dtype, shape_text(part.shape) + count, scale_text, human(row.nbytes)]
+    if show_shard:
+        cells.append(shard_text({t.part.shard for t in row.tensors}))
+        elsewhere = {t.scale.shard for t in row.tensors if t.scale and t.scale.shard != t.part.shard}
+        if elsewhere:
+            cells.append(f"scales in {shard_text(elsewhere)}")
+    return cells
+
+
+def render(console: Console, source: Source, groups: list[Group], matched: list[Tensor], total: int, stats: bool) -> None:
+    """The title, a heading per group, a row per tensor (or folded experts), the footer.
+
+    When all of a group's tensors and scales are in one shard (and there are several), the shard
+    is named in the heading instead of on every row.
+    """
+    console.print(source.title, style="bold", soft_wrap=True)
+    several = len(source.shards) > 1
+    shard_per_row = [several and len(g.shards()) > 1 for g in groups]
+    table = [[columns(r, per_row) for r in g.rows] for g, per_row in zip(groups, shard_per_row)]
+    every = [cells for group_cells in table for cells in group_cells]
+    widths = [max(len(cells[i]) for cells in every if len(cells) > i) for i in range(max(map(len, every), default=0))]
+    for g, per_row, group_cells in zip(groups, shard_per_row, table):
+        title = f"{g.heading} · {next(iter(g.shards()))}" if several and not per_row else g.heading
+        console.rule(title, style="dim", align="left")
+        for r, cells in zip(g.rows, group_cells):
+            console.print(row_text(r, cells, widths, stats), soft_wrap=True)
+    console.print(footer(matched, total, stats), style="dim", soft_wrap=True)
+    if source.hint:
+        console.print(source.hint, style="dim", soft_wrap=True)
+
+
+STYLES = ("bold cyan", "", "yellow", "dim", "", "dim", "dim")  # name, dtype, shape, scales, bytes, shard, scale shard
+
+
+def row_text(row: Row, cells: list[str], widths: list[int], stats: bool) -> Text:
+    text = Text("  ")
+    for i, (cell, width, style) in enumerate(zip(cells, widths, STYLES)):
+        text.append((cell.rjust(width) if i == 4 else cell.ljust(width)) + "  ", style=style)
+    text.rstrip()
+    for t in row.tensors:
+        for problem in t.problems:
+            text.append(f"\n    ! {problem}", style="bold red")
+    if stats and row.stats is not None:
+        text.append("\n    ")
+        text.append_text(stats_text(row))
+    return text
+
+
+def stats_text(row: Row) -> Text:
+    st = row.stats
+    text = Text()
+    if st.finite == 0 and st.nan == 0 and st.inf == 0:
+        text.append("no values", style="dim")
+        return text
+    for label, value in (("min", st.min), ("max", st.max), ("mean", st.mean), ("std", st.std), ("absmax", st.absmax)):
+        text.append(f"{label} ", style="dim")
+        text.append(f"{number(value)}  ")
+    for label, value in (("nan", st.nan), ("inf", st.inf)):
+        text.append(f"{label} ", style="dim")
+        text.append(f"{value}  ", style="bold red" if value else "")
+    first = row.tensors[0]
+    if first.part.dtype == FP8_DTYPE and not first.dequantized:
+        text.append("of the bare code values: no usable scales  ", style="yellow")
+    if row.folded:
+        text.append(f"(all {len(row.tensors)} together)", style="dim")
+    text.rstrip()
+    return text
+
+
+def number(x: float) -> str:
+    return str(x) if not math.isfinite(x) else f"{x:.4g}"
+
+
+def footer(matched: list[Tensor], total: int, stats: bool) -> str:
+    parts = [p for t in matched for p in t.parts()]
+    if not parts:
+        return "no tensors"
+    count = f"{len(parts)} tensors" if len(parts) == total else f"{len(parts)} of {total} tensors"
+    nbytes: Counter[str] = Counter()
+    counts: Counter[str] = Counter()
+    for p in parts:
+        nbytes[p.dtype] += p.nbytes
+        counts[p.dtype] += 1
+    dtypes = ", ".join(f"{d} {counts[d]} ({human(nbytes[d])})" for d in sorted(counts, key=lambda d: -nbytes[d]))
+    fp8_weights = sum(t.part.dtype == FP8_DTYPE and t.scale is not None for t in matched)
+    out = [f"{count}, {human(sum(nbytes.values()))}", f"dtypes: {dtypes}"]
+    if fp8_weights:
+        out.append(f"{fp8_weights} scale tensors shown in their F8_E4M3 weight's row")
+        if stats:
+            out.append("FP8 statistics are of the dequantized values, code value x scale_inv")
+    problems = sum(len(t.problems) for t in matched)
+    if problems:
+        out.append(f"{problems} problem{'s' if problems != 1 else ''} (marked !)")
+    return " · ".join(out)
+
+
+def total_tensors(source: Source) -> int:
+    return len(source.weight_map)
+
+
+# ---------------------------------------------------------------------------------------------
+# JSON Lines
+
+
+def write_json(stream: IO[str], groups: list[Group]) -> None:
+    """One object per tensor (experts unfolded), in the order of the listing."""
+    for g in groups:
+        for row in g.rows:
+            for t in row.tensors:
+                stream.write(json.dumps(record(t, g), allow_nan=False) + "\n")
+
+
+def record(t: Tensor, g: Group) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "name": t.name,
+        "group": g.heading,
+        "layer": g.layer,
+        "dtype": t.part.dtype,
+        "shape": list(t.part.shape),
+        "nbytes": t.part.nbytes,
+        "shard": t.part.shard,
+        "scale_inv": None if t.scale is None else {
+            "name": t.scale.name, "dtype": t.scale.dtype, "shape": list(t.scale.shape),
+            "nbytes": t.scale.nbytes, "shard": t.scale.shard,
+        },
+        "problems": list(t.problems),
+    }
+    if t.stats is not None:
+        out["stats"] = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in t.stats.as_dict().items()}
+        out["stats_of"] = "dequantized" if t.dequantized else "codes" if t.part.dtype == FP8_DTYPE else "values"
+    return out

@@ -1,0 +1,191 @@
+"""An HF checkpoint directory, read lazily and strictly.
+
+A directory holds `config.json` and either one `model.safetensors` or shards listed in
+`model.safetensors.index.json` (`weight_map`: tensor name -> shard file). Opening it reads the
+config, the index and every shard's header, and checks that they agree. Tensor bytes are only
+read when a tensor is asked for, through memory maps, so running layer 30 never touches the
+other layers' pages. An FP8 weight `X.weight` finds its block scales `X.weight_scale_inv`
+through the index: they may live in another shard.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import numpy as np
+
+from stepper import fp8
+from stepper.config import Config, load_config
+from stepper.errors import StepperError
+from stepper.weights.names import global_shapes, layer_shapes
+from stepper.weights.safetensors_reader import MappedBudget, SafetensorsFile
+from stepper.weights.stored import FileBytes, Stored
+
+INDEX = "model.safetensors.index.json"
+SINGLE = "model.safetensors"
+SCALE = "_scale_inv"
+FLOAT_DTYPES = ("F32", "BF16", "F16")
+LARGE = 1 << 20  # tensors from this size on are tracked for release
+RESIDENT_BYTES = 1 << 30  # bytes of large tensors kept mapped before the oldest are released (see _keep_resident)
+
+
+class Checkpoint:
+    """A WeightSource over an HF checkpoint directory."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        if not self.path.is_dir():
+            raise StepperError(f"{self.path}: not a checkpoint directory")
+        self.config: Config = load_config(self.path / "config.json")
+        self.weight_map = self._read_weight_map()
+        self.shards = {name: SafetensorsFile(self.path / name) for name in sorted(set(self.weight_map.values()))}
+        self._resident = MappedBudget(RESIDENT_BYTES)
+        self._check_index_against_headers()
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def get(self, name: str) -> np.ndarray:
+        return self.stored(name).to_float32(name)
+
+    def get_rows(self, name: str, rows: np.ndarray) -> np.ndarray:
+        stored = self.stored(name)
+        if stored.dtype == "F8_E4M3":
+            return stored.to_float32(name)[rows]
+        return np.asarray(stored.data[rows], dtype=np.float32)  # touches only these rows' pages
+
+    def row_blocks(self, name: str, rows: int) -> Iterator[Stored]:
+        """Views of the mapped tensor, block by block; a block's pages are released once the next
+        block is asked for, so reading all of lm_head (2.3 GB in BF16) keeps one block resident."""
+        shard = self.shard_of(name)
+        for block in self.stored(name).row_blocks(rows):
+            yield block
+            shard.release(name)
+
+    def has(self, name: str) -> bool:
+        return name in self.weight_map
+
+    def matrix(self, name: str):
+        """A weight about to be multiplied: its pages are mapped in one go."""
+        if self.has(name) and self.shard_of(name).info(name).nbytes >= LARGE:
+            self.shard_of(name).prefetch(name)
+        return self.stored(name).matrix(name)
+
+    def stored(self, name: str) -> Stored:
+        self._keep_resident(name)
+        shard = self.shard_of(name)
+        info, array = shard.info(name), shard.get(name)
+        if info.dtype != "F8_E4M3":
+            return Stored(info.dtype, array)
+        _, scale = self._tensor(name + SCALE)
+        where = FileBytes(str(shard.path), shard.data_range(name)[0], shard.identity)
+        return Stored(info.dtype, array, scale, self.block, where)
+
+    @property
+    def block(self) -> tuple[int, int]:
+        return self.config.quantization.weight_block_size if self.config.quantization else fp8.BLOCK
+
+    def _keep_resident(self, name: str) -> None:
+        """Mapped pages count as this process's memory: past RESIDENT_BYTES of large tensors,
+        the least recently used are released (they stay in the page cache, and fault back in).
+
+        The count is of whole tensors, rounded out to the blocks a fault maps, but with FP8
+        helpers this process maps only its band of a shared product's rows, about half on two
+        cores: at 768 MiB, a 16-expert layer's 850 MB of weights did not fit, and every run of
+        it mapped all of its pages afresh."""
+        shard = self.shard_of(name)
+        if shard.info(name).nbytes >= LARGE:
+            self._resident.use(name, shard.mapped_bytes(name), lambda: shard.release(name))
+
+    def shard_of(self, name: str) -> SafetensorsFile:
+        if name not in self.weight_map:
+            raise StepperError(f"{self.path}: no tensor named '{name}'")
+        return self.shards[self.weight_map[name]]
+
+    def _tensor(self, name: str):
+        shard = self.shard_of(name)
+        return shard.info(name), shard.get(name)
+
+    # -- checking ----------------------------------------------------------------------------
+
+    def check(self, layers: Iterable[int], with_globals: bool) -> None:
+        """Every tensor the given layers (and the embedding/norm/lm_head) need, with the right
+        shape, dtype and scales; all problems reported together, by name, before any compute."""
+        required: dict[str, tuple[int, ...]] = {}
+        for layer in layers:
+            required.update(layer_shapes(self.config, layer))
+        if with_globals:
+            required.update(global_shapes(self.config))
+        problems = [p for name, shape in required.items() for p in self._problems(name, shape)]
+        if problems:
+            listed = "\n".join(f"  - {p}" for p in problems)
+            raise StepperError(f"{self.path}: {len(problems)} problem(s) with the weights of this run:\n{listed}")
+
+    def _problems(self, name: str, shape: tuple[int, ...]) -> list[str]:
+        if name not in self.weight_map:
+            return [f"'{name}' is missing (expected shape {list(shape)})"]
+        shard = self.shard_of(name)
+        info = shard.info(name)
+        where = f"{shard.path.name}: '{name}'"
+        if info.shape != shape:
+            return [f"{where} has shape {list(info.shape)}, expected {list(shape)}"]
+        has_scale = name + SCALE in self.weight_map
+        if info.dtype == "F8_E4M3":
+            return self._scale_problems(name, shape)
+        if info.dtype not in FLOAT_DTYPES:
+            return [f"{where} has dtype {info.dtype}, expected F8_E4M3, BF16, F16 or F32"]
+        if has_scale:
+            return [f"'{name}{SCALE}' is a block scale for a {info.dtype} weight; only F8_E4M3 weights have scales"]
+        return []
+
+    def _scale_problems(self, name: str, shape: tuple[int, ...]) -> list[str]:
+        scale_name = name + SCALE
+        if scale_name not in self.weight_map:
+            return [f"'{scale_name}' is missing: the F8_E4M3 weight '{name}' needs its block scales"]
+        block = self.block
+        expected = fp8.scale_grid(shape, block)
+        shard = self.shard_of(scale_name)
+        info = shard.info(scale_name)
+        where = f"{shard.path.name}: '{scale_name}'"
+        if info.dtype not in FLOAT_DTYPES:
+            return [f"{where} has dtype {info.dtype}, expected F32, BF16 or F16"]
+        if info.shape != expected:
+            return [f"{where} has shape {list(info.shape)}, expected {list(expected)} for a {list(shape)} weight in {block[0]}x{block[1]} blocks"]
+        return []
+
+    # -- the index ---------------------------------------------------------------------------
+
+    def _read_weight_map(self) -> dict[str, str]:
+        index = self.path / INDEX
+        if not index.exists():
+            if (self.path / SINGLE).exists():
+                return dict.fromkeys(SafetensorsFile(self.path / SINGLE).names(), SINGLE)
+            raise StepperError(f"{self.path}: neither {INDEX} nor {SINGLE} found")
+        try:
+            raw = json.loads(index.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise StepperError(f"{index}: not valid JSON ({e})") from None
+        weight_map = raw.get("weight_map") if isinstance(raw, dict) else None
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise StepperError(f"{index}: expected an object with a 'weight_map' of tensor name -> shard file")
+        for name, shard in weight_map.items():
+            self._check_shard_name(index, name, shard)
+        return weight_map
+
+    def _check_shard_name(self, index: Path, tensor: str, shard: str) -> None:
+        if Path(shard).name != shard or shard in ("", ".", "..") or "\\" in shard:
+            raise StepperError(f"{index}: tensor '{tensor}' points at shard '{shard}', which is not a file name in {self.path}")
+        if not (self.path / shard).is_file():
+            raise StepperError(f"{index}: tensor '{tensor}' points at shard '{shard}', which does not exist")
+
+    def _check_index_against_headers(self) -> None:
+        listed_in: dict[str, set[str]] = {}
+        for name, shard in self.weight_map.items():
+            listed_in.setdefault(shard, set()).add(name)
+            if name not in self.shards[shard]:
+                raise StepperError(f"{self.path / shard}: tensor '{name}' is listed in {INDEX} but not in this shard")
+        for shard, names in listed_in.items():
+            extra = sorted(set(self.shards[shard].names()) - names)
+            if extra:
+                raise StepperError(f"{self.path / shard}: tensor '{extra[0]}' is in this shard but not in {INDEX}")

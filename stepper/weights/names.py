@@ -1,0 +1,104 @@
+"""The tensors a config needs, by HF checkpoint name, with their shapes and storage dtypes.
+
+`weight_shapes` lists every tensor of a model, `storage_dtype` how a Kimi K2 / DeepSeek-V3
+checkpoint stores it: linear weights as FP8 e4m3 codes with float32 block scales
+(`weight_scale_inv`), norms, embeddings, lm_head and the router's gate in BF16, the router's
+bias in float32.
+"""
+
+from __future__ import annotations
+
+from stepper.config import Config
+from stepper.errors import StepperError
+
+
+def is_linear(name: str) -> bool:
+    """The projection weights a DeepSeek-V3 / Kimi K2 checkpoint quantizes to FP8."""
+    return name.startswith("model.layers.") and name.endswith(("_proj.weight", "_proj_with_mqa.weight"))
+
+
+def storage_dtype(cfg: Config, name: str) -> str:
+    if name.endswith("e_score_correction_bias"):
+        return "F32"
+    if cfg.quantization is not None and is_linear(name):
+        return "F8_E4M3"
+    return "BF16"
+
+
+EMBED = "model.embed_tokens.weight"
+
+
+def layer_prefix(layer: int) -> str:
+    return f"model.layers.{layer}."
+
+
+def attention_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
+    d, h = cfg.hidden_size, cfg.num_attention_heads
+    shapes: dict[str, tuple[int, ...]] = {}
+    if cfg.q_lora_rank is None:
+        shapes["self_attn.q_proj.weight"] = (h * cfg.qk_head_dim, d)
+    else:
+        shapes["self_attn.q_a_proj.weight"] = (cfg.q_lora_rank, d)
+        shapes["self_attn.q_a_layernorm.weight"] = (cfg.q_lora_rank,)
+        shapes["self_attn.q_b_proj.weight"] = (h * cfg.qk_head_dim, cfg.q_lora_rank)
+    shapes["self_attn.kv_a_proj_with_mqa.weight"] = (cfg.kv_lora_rank + cfg.qk_rope_head_dim, d)
+    shapes["self_attn.kv_a_layernorm.weight"] = (cfg.kv_lora_rank,)
+    shapes["self_attn.kv_b_proj.weight"] = (h * (cfg.qk_nope_head_dim + cfg.v_head_dim), cfg.kv_lora_rank)
+    shapes["self_attn.o_proj.weight"] = (d, h * cfg.v_head_dim)
+    return shapes
+
+
+def swiglu_shapes(prefix: str, hidden: int, inter: int) -> dict[str, tuple[int, ...]]:
+    return {
+        f"{prefix}gate_proj.weight": (inter, hidden),
+        f"{prefix}up_proj.weight": (inter, hidden),
+        f"{prefix}down_proj.weight": (hidden, inter),
+    }
+
+
+def layer_shapes(cfg: Config, layer: int) -> dict[str, tuple[int, ...]]:
+    """Every tensor of one decoder layer, by full HF name, with its shape."""
+    d = cfg.hidden_size
+    shapes = {"input_layernorm.weight": (d,), "post_attention_layernorm.weight": (d,), **attention_shapes(cfg)}
+    if cfg.is_moe_layer(layer):
+        shapes["mlp.gate.weight"] = (cfg.n_routed_experts, d)
+        shapes["mlp.gate.e_score_correction_bias"] = (cfg.n_routed_experts,)
+        for e in range(cfg.n_routed_experts):
+            shapes.update(swiglu_shapes(f"mlp.experts.{e}.", d, cfg.moe_intermediate_size))
+        shared = cfg.moe_intermediate_size * cfg.n_shared_experts
+        if shared:
+            shapes.update(swiglu_shapes("mlp.shared_experts.", d, shared))
+    else:
+        shapes.update(swiglu_shapes("mlp.", d, cfg.intermediate_size))
+    return {layer_prefix(layer) + k: v for k, v in shapes.items()}
+
+
+def weight_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
+    """Every tensor of the whole model, by full HF name, with its shape."""
+    outer = global_shapes(cfg)
+    shapes = {EMBED: outer.pop(EMBED)}  # the embedding first, then the layers, then norm and lm_head
+    for layer in range(cfg.num_hidden_layers):
+        shapes.update(layer_shapes(cfg, layer))
+    return {**shapes, **outer}
+
+
+def shape_of(cfg: Config, name: str) -> tuple[int, ...]:
+    """The shape of one named tensor, without listing all of a full-size model's experts."""
+    if name.startswith("model.layers."):
+        layer = int(name.split(".")[2])
+        if 0 <= layer < cfg.num_hidden_layers:
+            shapes = layer_shapes(cfg, layer)
+            if name in shapes:
+                return shapes[name]
+    elif name in (globals_ := global_shapes(cfg)):
+        return globals_[name]
+    raise StepperError(f"no tensor named '{name}' in model {cfg.name}")
+
+
+def global_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
+    """The tensors outside the layers: embedding, final norm, lm_head."""
+    return {
+        EMBED: (cfg.vocab_size, cfg.hidden_size),
+        "model.norm.weight": (cfg.hidden_size,),
+        "lm_head.weight": (cfg.vocab_size, cfg.hidden_size),
+    }

@@ -1,0 +1,117 @@
+"""A tensor as a checkpoint stores it: FP8 codes with their block scales, BF16 or F32.
+
+`Stored` is what a weight source hands out; `Fp8Matrix` an FP8 weight [out, in] with its scales,
+kept as codes so the kernels decode it tile by tile inside a product; `FileBytes` where its codes
+lie in a file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from stepper import fp8
+
+
+@dataclass(frozen=True)
+class FileBytes:
+    """Where a weight's codes lie in a file: its path, its identity when it was opened (device,
+    inode, size, modification time), and the byte offset. The identity tells a file rewritten or
+    replaced since from the one read: what is remembered about a weight (its NaN codes, its
+    decoded copy) is keyed by all three, and a helper process maps only that same file."""
+
+    path: str
+    offset: int
+    identity: tuple[int, int, int, int]
+
+    def at(self, skip: int) -> FileBytes:
+        """The bytes `skip` bytes further on."""
+        return replace(self, offset=self.offset + skip)
+
+
+@dataclass(frozen=True)
+class Fp8Matrix:
+    """An FP8 weight [out, in] with scale_inv [ceil(out/bo), ceil(in/bi)], applied lazily."""
+
+    codes: np.ndarray  # uint8 [out, in]
+    scale_inv: np.ndarray  # float32 [out/bo, in/bi]
+    block: tuple[int, int] = fp8.BLOCK
+    name: str = "weight"
+    origin: FileBytes | None = None  # when the codes are a file's bytes, row-major
+
+    @classmethod
+    def of(cls, codes: np.ndarray, scale_inv: np.ndarray, block: tuple[int, int] = fp8.BLOCK, name: str = "weight",
+           origin: FileBytes | None = None):
+        codes = fp8.as_codes(codes, name)
+        fp8.check_block_shapes(codes, np.asarray(scale_inv), block, name)
+        return cls(codes, fp8.scales_as_f32(scale_inv, name), block, name, origin)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.codes.shape
+
+    @property
+    def file_key(self) -> tuple[FileBytes, tuple[int, int]] | None:
+        """What tells these codes apart from any others across calls: where they lie in which
+        file, and their shape; None for codes from no file."""
+        return None if self.origin is None else (self.origin, self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.codes.nbytes + self.scale_inv.nbytes
+
+    def dense(self) -> np.ndarray:
+        """The float32 weight (the readable reference path)."""
+        return fp8.dequantize(self.codes, self.scale_inv, self.block, name=self.name)
+
+
+@dataclass(frozen=True)
+class Stored:
+    """A tensor as a checkpoint stores it: FP8 codes with their block scales, BF16 or F32."""
+
+    dtype: str  # safetensors dtype name: F8_E4M3, BF16, F16 or F32
+    data: np.ndarray
+    scale_inv: np.ndarray | None = None  # [ceil(out/128), ceil(in/128)], FP8 only
+    block: tuple[int, int] = fp8.BLOCK
+    origin: FileBytes | None = None  # where the data lies in a file, read as it is stored
+
+    def to_float32(self, name: str = "") -> np.ndarray:
+        if self.dtype == "F8_E4M3":
+            return fp8.dequantize(self.data, self.scale_inv, self.block, name=name)
+        return np.asarray(self.data, dtype=np.float32)
+
+    def matrix(self, name: str = "") -> np.ndarray | Fp8Matrix:
+        """What the model multiplies with: FP8 weights stay FP8 (decoded tile by tile)."""
+        if self.dtype == "F8_E4M3":
+            return Fp8Matrix.of(self.data, self.scale_inv, self.block, name, self.origin)
+        return self.to_float32(name)
+
+    @property
+    def height(self) -> int:
+        """Rows sharing one scale: a row block must not split them (see row_spans)."""
+        return self.block[0] if self.dtype == "F8_E4M3" else 1
+
+    def rows(self, start: int, stop: int) -> Stored:
+        """Rows start:stop, with their scales, as a Stored of their own (start on a scale-block edge)."""
+        if self.scale_inv is None:
+            return Stored(self.dtype, self.data[start:stop])
+        scales = self.scale_inv[fp8.scale_rows(start, stop, self.height)]  # [ceil(rows/128), ceil(in/128)]
+        origin = None if self.origin is None else self.origin.at(start * self.data.strides[0])
+        return Stored(self.dtype, self.data[start:stop], scales, self.block, origin)
+
+    def row_blocks(self, rows: int) -> Iterator[Stored]:
+        for start, stop in row_spans(self.data.shape[0], rows, self.height):
+            yield self.rows(start, stop)
+
+
+def row_spans(n: int, rows: int, height: int = 1) -> list[tuple[int, int]]:
+    """[start, stop) of consecutive blocks of `rows` rows over n rows, the last possibly shorter.
+
+    height: the rows sharing one FP8 scale; `rows` must be a multiple of it, so that each block
+    is quantized (or dequantized) exactly as the whole tensor is.
+    """
+    if rows < height or rows % height:
+        raise ValueError(f"row blocks must be a positive multiple of {height} rows, got {rows}")
+    return [(start, min(start + rows, n)) for start in range(0, n, rows)]

@@ -1,0 +1,111 @@
+"""`stepper synth`: write any weight source as a real HF-layout checkpoint directory.
+
+The layout is the one DeepSeek-V3 and Kimi K2 ship: config.json (with quantization_config),
+model.safetensors.index.json and several shards (the embedding, one shard per layer, then the
+final norm and lm_head), FP8 linear weights each followed by its float32 `weight_scale_inv`,
+BF16 norms, embeddings, lm_head and router gate, an F32 router bias. Shards are written one
+tensor at a time; the directory appears under its name only when complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from stepper.errors import StepperError
+from stepper.fp8 import scale_grid
+from stepper.weights.checkpoint import INDEX, SCALE
+from stepper.weights.names import EMBED, global_shapes, layer_shapes, storage_dtype
+from stepper.weights.safetensors_writer import Entry, write_safetensors
+from stepper.weights.synthetic import SyntheticWeights
+
+
+def tensor_entries(source: SyntheticWeights, shapes: dict[str, tuple[int, ...]]) -> list[Entry]:
+    """Each tensor, and after each FP8 weight its block scales, made lazily when written."""
+    entries = []
+    for name, shape in shapes.items():
+        stored = _Lazy(source, name)
+        dtype = stored.dtype
+        entries.append(Entry(name, dtype, shape, stored.data))
+        if dtype == "F8_E4M3":
+            grid = stored.grid(shape)
+            entries.append(Entry(name + SCALE, "F32", grid, stored.scale_inv))
+    return entries
+
+
+class _Lazy:
+    """Makes a tensor once, hands out its codes and then its scales, and forgets it."""
+
+    def __init__(self, source: SyntheticWeights, name: str):
+        self.source, self.name = source, name
+        self.dtype = storage_dtype(source.config, name)
+        self._stored = None
+
+    def grid(self, shape: tuple[int, int]) -> tuple[int, int]:
+        return scale_grid(shape, self.source.config.quantization.weight_block_size)
+
+    def data(self):
+        self._stored = self.source.stored(self.name)
+        return self._stored.data
+
+    def scale_inv(self):
+        scale, self._stored = self._stored.scale_inv, None
+        return scale
+
+
+def shard_plan(source: SyntheticWeights, layers: range, with_globals: bool) -> list[dict[str, tuple[int, ...]]]:
+    cfg = source.config
+    outer = global_shapes(cfg)
+    shards = [{EMBED: outer.pop(EMBED)}] if with_globals else []
+    shards += [layer_shapes(cfg, layer) for layer in layers]
+    return shards + [outer] if with_globals else shards
+
+
+def synth_checkpoint(source: SyntheticWeights, out: Path, layers: range | None = None, force: bool = False) -> Path:
+    """Write the checkpoint to `out` (all layers and the globals, or only `layers`)."""
+    cfg = source.config
+    if out.exists() and not force:
+        raise StepperError(f"{out}: already exists; pass --force to replace it")
+    if not out.parent.is_dir():
+        raise StepperError(f"{out}: folder {out.parent} does not exist")
+    whole = layers is None
+    plan = shard_plan(source, range(cfg.num_hidden_layers) if whole else layers, with_globals=whole)
+    partial = out.parent / f".{out.name}.partial-{os.getpid()}"
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir()
+    try:
+        _write(source, partial, plan)
+        replace_dir(partial, out)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return out
+
+
+def _write(source: SyntheticWeights, folder: Path, plan: list[dict[str, tuple[int, ...]]]) -> None:
+    weight_map: dict[str, str] = {}
+    total = 0
+    for i, shapes in enumerate(plan, start=1):
+        shard = f"model-{i:05d}-of-{len(plan):05d}.safetensors"
+        entries = tensor_entries(source, shapes)
+        write_safetensors(folder / shard, entries, {"format": "pt"})
+        weight_map.update(dict.fromkeys((e.name for e in entries), shard))
+        total += sum(e.nbytes for e in entries)
+    index = {
+        "metadata": {"total_size": total, "stepper_synthetic_seed": source.seed, "stepper_model": source.config.name},
+        "weight_map": weight_map,
+    }
+    (folder / INDEX).write_text(json.dumps(index, indent=2) + "\n")
+    (folder / "config.json").write_text(json.dumps(source.config.to_hf(), indent=2) + "\n")
+
+
+def replace_dir(new: Path, out: Path) -> None:
+    """Move the finished folder into place; an existing one (with --force) goes only after."""
+    if not out.exists():
+        os.rename(new, out)
+        return
+    old = out.parent / f".{out.name}.old-{os.getpid()}"
+    os.rename(out, old)
+    os.rename(new, out)
+    shutil.rmtree(old)

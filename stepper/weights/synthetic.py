@@ -1,0 +1,115 @@
+"""Synthetic weights: any tensor made on demand, deterministically from (seed, name), stored as a
+checkpoint stores it (see weights.names), so a routed expert is only ever made when a token
+chooses it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Iterator
+
+import ml_dtypes
+import numpy as np
+
+from stepper import fp8
+from stepper.config import Config
+from stepper.errors import StepperError
+from stepper.weights.names import EMBED, shape_of, storage_dtype
+from stepper.weights.stored import Fp8Matrix, Stored, row_spans
+
+
+class SyntheticWeights:
+    """Deterministic weights with realistic scales, made per tensor from (seed, name).
+
+    Values are drawn in float32 and then stored as a checkpoint stores them (FP8 with block
+    scales, BF16, F32); `get` returns what a reader of that checkpoint would compute.
+    Linear weights [out, in] ~ N(0, 1/in), so activations keep unit scale; RMSNorm weights near
+    1; the router's e_score_correction_bias ~ N(0, 0.1^2), large enough to change some choices;
+    embeddings ~ N(0, 1), made row by row.
+    """
+
+    def __init__(self, config: Config, seed: int = 0):
+        self.config = config
+        self.seed = seed
+
+    def get(self, name: str) -> np.ndarray:
+        return self.stored(name).to_float32(name)
+
+    def matrix(self, name: str) -> np.ndarray | Fp8Matrix:
+        return self.stored(name).matrix(name)
+
+    def get_rows(self, name: str, rows: np.ndarray) -> np.ndarray:
+        if name == EMBED:
+            return self._stored_as(name, self._embedding_rows(np.asarray(rows))).to_float32(name)
+        return self.get(name)[rows]
+
+    def row_blocks(self, name: str, rows: int) -> Iterator[Stored]:
+        """stored(name) block by block, equal to it bit for bit: the blocks are drawn one after
+        another from the tensor's one stream of normals, each then scaled and stored alone."""
+        shape = shape_of(self.config, name)
+        height = self.config.quantization.weight_block_size[0] if storage_dtype(self.config, name) == "F8_E4M3" else 1
+        normals = self._rng(name)
+        for start, stop in row_spans(shape[0], rows, height):
+            if name == EMBED:
+                values = self._embedding_rows(np.arange(start, stop))
+            else:
+                values = self._scaled(name, shape, normals.standard_normal((stop - start, *shape[1:]), dtype=np.float32))
+            yield self._stored_as(name, values)
+
+    def has(self, name: str) -> bool:
+        try:
+            shape_of(self.config, name)
+        except StepperError:
+            return False
+        return True
+
+    def check(self, layers: Iterable[int], with_globals: bool) -> None:
+        """Synthetic weights exist for every name of the config."""
+
+    def stored(self, name: str) -> Stored:
+        return self._stored_as(name, self.values(name))
+
+    def _stored_as(self, name: str, values: np.ndarray) -> Stored:
+        dtype = storage_dtype(self.config, name)
+        if dtype == "F8_E4M3":
+            block = self.config.quantization.weight_block_size
+            codes, scale_inv = fp8.quantize(values, block)
+            return Stored(dtype, codes, scale_inv, block)
+        if dtype == "BF16":
+            return Stored(dtype, values.astype(ml_dtypes.bfloat16))
+        return Stored(dtype, values)
+
+    def values(self, name: str) -> np.ndarray:
+        """The float32 values before storage rounding."""
+        if name == EMBED:
+            return self._embedding_rows(np.arange(self.config.vocab_size))
+        shape = shape_of(self.config, name)
+        return self._scaled(name, shape, self._normal(name, shape))
+
+    @staticmethod
+    def _scaled(name: str, shape: tuple[int, ...], z: np.ndarray) -> np.ndarray:
+        """Standard normals z (all or some rows of the tensor) to its values; z is reused."""
+        if name.endswith("norm.weight"):
+            return np.float32(1) + np.float32(0.1) * z
+        if name.endswith("e_score_correction_bias"):
+            return np.float32(0.1) * z
+        z *= np.float32(1 / np.sqrt(shape[-1]))  # in place: a full-size weight's normals are 0.5 GB
+        return z
+
+    def _embedding_rows(self, rows: np.ndarray) -> np.ndarray:
+        """Embedding rows ~ N(0, 1), each made on its own so a prompt never makes the whole table."""
+        d = self.config.hidden_size
+        out = np.empty((*rows.shape, d), dtype=np.float32)
+        for index, row in np.ndenumerate(rows):
+            out[index] = self._normal(EMBED, (d,), int(row))
+        return out
+
+    def _normal(self, name: str, shape: tuple[int, ...], *stream: int) -> np.ndarray:
+        return self._rng(name, *stream).standard_normal(shape, dtype=np.float32)
+
+    def _rng(self, name: str, *stream: int) -> np.random.Generator:
+        """The tensor's stream of normals, from (seed, name[, stream]). Drawn in pieces, one after
+        another, it gives the same numbers as in one draw."""
+        digest = hashlib.sha256(name.encode()).digest()
+        words = np.frombuffer(digest[:16], dtype=np.uint32).tolist()
+        return np.random.default_rng(np.random.SeedSequence([self.seed, *words, *stream]))
