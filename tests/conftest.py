@@ -1,20 +1,8 @@
-import copy
+"""Shared fixtures. The helpers the tests share live in tests/helpers/ (importable as `helpers`:
+pytest puts this folder on sys.path)."""
 
 import pytest
-
-from stepper.config import Config
-from stepper.presets import PRESETS
-
-
-def config_with(base: str = "tiny", **fields) -> Config:
-    """A preset's config.json dict with some fields replaced (None removes a field), parsed."""
-    raw = copy.deepcopy(PRESETS[base])
-    for key, value in fields.items():
-        if value is None:
-            raw.pop(key, None)
-        else:
-            raw[key] = value
-    return Config.from_hf(raw, f"test config ({base})")
+from helpers.configs import config_with
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import config_with
+from helpers.configs import config_with
 
 from stepper.fixtures.export import ReadHashes
 from stepper.kernels.linear import linear
@@ -19,7 +19,7 @@ from stepper.weights.names import EMBED
 from stepper.weights.source import ArrayWeights
 from stepper.weights.synthetic import SyntheticWeights
 
-FIXTURE_WEIGHTS = Path(__file__).resolve().parents[1] / "fixtures" / "weights" / "tiny-seed0"
+FIXTURE_WEIGHTS = Path(__file__).resolve().parents[2] / "fixtures" / "weights" / "tiny-seed0"
 FP8_WEIGHT = "model.layers.1.self_attn.kv_a_proj_with_mqa.weight"  # [144, 320]: 2 x 3 blocks, the last rows ragged
 NORM = "model.layers.1.input_layernorm.weight"
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import re
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,12 +19,11 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import hf_reference as H
+from helpers import hf_reference as H
 
 from stepper.presets import preset
 
-NAMES_MD = Path(__file__).resolve().parents[1] / "docs" / "names.md"
+NAMES_MD = Path(__file__).resolve().parents[2] / "docs" / "names.md"
 PRESETS = ["tiny", "tiny-v3"]
 B, T = 2, 5
 

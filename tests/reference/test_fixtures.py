@@ -20,7 +20,7 @@ from stepper.weights.checkpoint import SCALE, Checkpoint
 from stepper.weights.safetensors_reader import SafetensorsFile
 from stepper.weights.synthetic import SyntheticWeights
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = sorted(p.parent.name for p in (ROOT / "fixtures").glob("*/manifest.json"))
 TINY = [name for name in SHIPPED if export.read_manifest(ROOT / "fixtures" / name)["weights"]["copied"]]
 FULL_SIZE = [name for name in SHIPPED if name not in TINY]
@@ -403,7 +403,7 @@ def transformers_dump(fixture: export.Fixture, path: Path) -> None:
     if NEEDS_TORCH:
         pytest.importorskip("torch")
         pytest.importorskip("transformers")
-    from hf_reference import hf_trace
+    from helpers.hf_reference import hf_trace
 
     m = fixture.manifest
     ck = Checkpoint(fixture.weights_path())
@@ -462,7 +462,7 @@ def test_readme_example_checks_transformers(tmp_path, monkeypatch):
     if NEEDS_TORCH:
         pytest.importorskip("torch")
         pytest.importorskip("transformers")
-    from hf_reference import build_hf_model
+    from helpers.hf_reference import build_hf_model
     from transformers.cache_utils import DynamicCache
 
     readme = (ROOT / "fixtures" / "README.md").read_text()

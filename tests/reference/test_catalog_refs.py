@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 NAMES_MD = REPO / "docs" / "names.md"
 
 BLOCKS = {"model", "norm", "attention", "residual", "mlp", "router", "moe"}

@@ -11,7 +11,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
-from test_safetensors_reader import reference_write
+from helpers.files import reference_write
 
 from stepper.errors import StepperError
 from stepper.presets import preset
@@ -88,7 +88,7 @@ def test_kv_b_decoded_into_reused_memory_is_decoded_again_only_for_another_weigh
 
 @pytest.mark.skipif(not hasattr(os, "posix_fadvise") or sys.platform != "linux", reason="needs Linux mincore")
 def test_bench_forgets_then_fills_the_page_cache_without_keeping_pages_mapped(synth_dir):
-    from test_safetensors_reader import resident_pages
+    from helpers.files import resident_pages
 
     from stepper.bench import fill_page_cache, forget_page_cache
 
@@ -104,7 +104,7 @@ def test_bench_forgets_then_fills_the_page_cache_without_keeping_pages_mapped(sy
 
 def mapped_bytes_of(paths: list[Path]) -> int:
     """Bytes of these files this process has mapped (/proc/self/smaps)."""
-    from test_safetensors_reader import mappings
+    from helpers.files import mappings
 
     names = {str(p) for p in paths}
     return sum(int(m["Rss"][0]) * 1024 for m in mappings() if m["path"] in names)
@@ -192,9 +192,8 @@ def independent_fp8(w: np.ndarray):
                     reason="needs torch and transformers (pip install -e .[crosscheck])")
 @pytest.mark.parametrize("writer", ["stepper", "independent"])
 def test_checkpoints_match_the_pytorch_reference(tmp_path, writer):
-    sys.path.insert(0, str(Path(__file__).parent))
-    from hf_reference import hf_trace
-    from test_crosscheck import compare
+    from helpers.compare import compare
+    from helpers.hf_reference import hf_trace
 
     folder = tmp_path / "ckpt"
     if writer == "stepper":

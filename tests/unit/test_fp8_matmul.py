@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from stepper import fp8
+from stepper.kernels import linear as linear_module
 from stepper.kernels import parallel
 from stepper.kernels.fp8_matmul import (
     decode_unbiased,
@@ -16,7 +17,6 @@ from stepper.kernels.fp8_matmul import (
     row_tiles,
     times_power_of_two,
 )
-from stepper.kernels import linear as linear_module
 from stepper.weights.stored import FileBytes, Fp8Matrix
 
 

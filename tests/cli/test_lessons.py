@@ -293,7 +293,7 @@ def test_cli_start_check_hint_solution_reset(tmp_path, data_dir, monkeypatch):
     assert mine.read_text() == lesson.stub.read_text()
     progress = json.loads((data_dir / "progress.json").read_text())
     assert progress["current"] == "tour" and progress["lessons"]["tour"]["walked"]
-    assert not list(Path(__file__).parents[1].glob("progress.json"))
+    assert not list(Path(__file__).parents[2].glob("progress.json"))
 
     failed = stepper("lesson", "check")  # NAME defaults to the current lesson
     assert failed.exit_code == 1 and "not written yet" in failed.stdout

@@ -5,7 +5,6 @@ accept, and fuzzing against the reference reader (whatever it rejects, we reject
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import mmap
 import os
@@ -17,10 +16,10 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
-import safetensors
+from helpers.files import mappings, reference_write, resident_pages
+from helpers.malformed import CASES, DATA, VALID, assemble
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from malformed import CASES, DATA, VALID, assemble
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
@@ -42,19 +41,6 @@ STRICTER_THAN_REFERENCE = {
 def write(path: Path, content: bytes) -> Path:
     path.write_bytes(content)
     return path
-
-
-def reference_write(path: Path, arrays: dict[str, np.ndarray], metadata: dict[str, str] | None = None) -> None:
-    """Write with the safetensors package's own low-level serializer, which takes BF16 and FP8."""
-    arrays = {k: np.ascontiguousarray(v) for k, v in arrays.items()}
-    if hasattr(safetensors, "TensorSpec"):  # newer releases (0.8 has it); older ones take dicts
-        specs = {
-            k: safetensors.TensorSpec(dtype=v.dtype.name, shape=list(v.shape), data_ptr=v.ctypes.data, data_len=v.nbytes)
-            for k, v in arrays.items()
-        }
-    else:
-        specs = {k: {"dtype": v.dtype.name, "shape": list(v.shape), "data": v.tobytes()} for k, v in arrays.items()}
-    safetensors.serialize_file(specs, str(path), metadata=metadata)
 
 
 def mapping_of(array: np.ndarray) -> mmap.mmap | None:
@@ -225,19 +211,6 @@ def test_a_sparse_gigabyte_opens_and_reads_one_tensor_without_touching_the_rest(
     assert time.perf_counter() - start < 1 and peak < 64 * 1024
 
 
-def resident_pages(path: Path) -> np.ndarray:
-    """Which of the file's pages are in the page cache (mincore on a fresh, untouched mapping)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-    size = path.stat().st_size
-    pages = np.zeros(-(-size // mmap.PAGESIZE), dtype=np.uint8)
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-        view = np.frombuffer(m, dtype=np.uint8)
-        assert libc.mincore(view.ctypes.data, size, pages.ctypes.data) == 0, ctypes.get_errno()
-        del view
-    return pages & 1 == 1
-
-
 def evict(path: Path) -> None:
     with open(path, "rb") as f:
         os.fsync(f.fileno())
@@ -278,20 +251,6 @@ def test_checkpoint_maps_are_advised_random_reads_in_huge_page_blocks(tmp_path):
         address = f.get("a").__array_interface__["data"][0]
         flags = next(m["VmFlags"] for m in mappings() if m["low"] <= address < m["high"])
         assert "rr" in flags and "hg" in flags, flags  # MADV_RANDOM, MADV_HUGEPAGE
-
-
-def mappings() -> list[dict]:
-    """This process's mappings from /proc/self/smaps: address range, file (or ""), and fields."""
-    found = []
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        head = line.split()
-        if head and "-" in head[0] and not head[0].endswith(":"):  # "low-high perms offset dev inode [path]"
-            low, high = (int(a, 16) for a in head[0].split("-"))
-            path = line.split(maxsplit=5)[5].strip() if len(head) > 5 else ""  # a path may hold spaces
-            found.append({"low": low, "high": high, "path": path})
-        elif head and found:
-            found[-1][head[0].rstrip(":")] = head[1:]
-    return found
 
 
 def test_get_after_close_and_a_replaced_file_are_errors(tmp_path):

@@ -1,0 +1,17 @@
+"""Configs for tests: a preset with some fields changed."""
+
+import copy
+
+from stepper.config import Config
+from stepper.presets import PRESETS
+
+
+def config_with(base: str = "tiny", **fields) -> Config:
+    """A preset's config.json dict with some fields replaced (None removes a field), parsed."""
+    raw = copy.deepcopy(PRESETS[base])
+    for key, value in fields.items():
+        if value is None:
+            raw.pop(key, None)
+        else:
+            raw[key] = value
+    return Config.from_hf(raw, f"test config ({base})")
