@@ -12,6 +12,7 @@ import numpy as np
 
 from stepper.errors import StepperError
 from stepper.fp8.e4m3 import E4M3, FP8_MAX, as_codes, decode, encode
+from stepper.swap import exercise
 
 BLOCK = (128, 128)  # rows (out) x cols (in) sharing one scale
 
@@ -50,6 +51,7 @@ def scales_as_f32(scale_inv: np.ndarray, name: str) -> np.ndarray:
     return scale_inv.astype(np.float32, copy=False)
 
 
+@exercise
 def dequantize(codes: np.ndarray, scale_inv: np.ndarray, block: tuple[int, int] = BLOCK, *,
                name: str = "weight") -> np.ndarray:
     """value[i, j] = decode(code[i, j]) * scale_inv[i // 128, j // 128].  [out, in] -> float32 [out, in]

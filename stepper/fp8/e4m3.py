@@ -17,6 +17,7 @@ import ml_dtypes
 import numpy as np
 
 from stepper.errors import StepperError
+from stepper.swap import exercise
 
 E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
 FP8_MAX = 448.0  # 0x7E = 0 1111 110 = 2^(15-7) * (1 + 6/8)
@@ -99,6 +100,7 @@ REBIAS = np.float32(2.0**120)
 KEEP_SIGN_EXPONENT_MANTISSA = np.uint32(0b1000_0111_1111 << 20)  # bit 31 and bits 26..20
 
 
+@exercise
 def decode(codes: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """e4m3 codes -> float32, by moving the bits into place instead of looking them up.
 

@@ -28,6 +28,9 @@ from collections.abc import Callable
 
 import numpy as np
 
+from stepper import fp8
+from stepper.errors import StepperError
+from stepper.swap import bypasses
 from stepper.weights.stored import Fp8Matrix
 
 Decoder = Callable[[np.ndarray, np.ndarray], object]  # (codes [rows, in], out float32 [rows, in]); result unused
@@ -41,16 +44,33 @@ SMALLEST_INPUT = 2.0**-60  # below this the scales times 2^k could overflow: the
 
 def linear_fp8(x: np.ndarray, w: Fp8Matrix) -> np.ndarray:
     """x @ W^T for an FP8 weight.  [..., in] -> [..., out], float32."""
-    return product(x, w)
+    return products(x, [w])[0]
 
 
 def product(x: np.ndarray, w: Fp8Matrix, decode: Decoder | None = None) -> np.ndarray:
     """x @ W^T, each tile decoded by decode(codes, out) into its values times 2^-120 (by default
     the bit trick here, with large products shared out across the cores)."""
-    return products(x, [w], decode)[0]
+    return tiled_products(x, [w], decode)[0]
 
 
-def products(x: np.ndarray, ws: list[Fp8Matrix], decode: Decoder | None = None) -> list[np.ndarray]:
+def products_via_dequantize(x: np.ndarray, ws: list[Fp8Matrix]) -> list[np.ndarray]:
+    """The same products with each tile through `fp8.dequantize` (and so `fp8.decode`), whichever
+    functions those names run now: the tiles, padding, scaling and products are those of
+    `tiled_products`, so stepper's own functions give the same bits.  [..., in] -> [[..., out_i]]"""
+    return [product(x, w, dequantizing_decoder(w)) for w in ws]
+
+
+def dequantizing_decoder(w: Fp8Matrix) -> Decoder:
+    """A tile decoder calling `fp8.dequantize` with unit scales times 2^-120 (exact)."""
+
+    def decode(codes: np.ndarray, out: np.ndarray) -> None:
+        unbias = np.full(fp8.scale_grid(codes.shape, w.block), 1 / fp8.REBIAS, dtype=np.float32)
+        out[...] = fp8.dequantize(codes, unbias, w.block, name=w.name)
+
+    return decode
+
+
+def tiled_products(x: np.ndarray, ws: list[Fp8Matrix], decode: Decoder | None = None) -> list[np.ndarray]:
     """x @ W^T for each of several weights [out_i, in] of the same input, which is looked over
     and padded once; shared with helpers, the weights' rows one after another are cut into bands
     as one weight's would be (a SwiGLU's gate and up on two cores: one weight each, one message
@@ -59,7 +79,7 @@ def products(x: np.ndarray, ws: list[Fp8Matrix], decode: Decoder | None = None) 
     x_max = input_magnitude(tokens)
     ks = [input_rebias(tokens, w, x_max) for w in ws]
     # inf / NaN / all-tiny inputs or scales (no k): the readable path gives their exact semantics
-    outs = [np.matmul(x, w.dense().T) if k is None else None for w, k in zip(ws, ks)]
+    outs = [np.matmul(x, w.dequantize().T) if k is None else None for w, k in zip(ws, ks)]
     tiled = [i for i, k in enumerate(ks) if k is not None]
     if not tiled:
         return outs
@@ -77,17 +97,35 @@ def products(x: np.ndarray, ws: list[Fp8Matrix], decode: Decoder | None = None) 
     return outs
 
 
-def decoded(w: Fp8Matrix, out: np.ndarray | None = None) -> np.ndarray:
-    """The float32 weight, equal bit for bit to `w.dense()` (fp8.dequantize), decoded one block of
+# The name the kernels call: the tiled products, or their readable version while a learner's
+# `decode` or `dequantize` is swapped in (they never call those functions themselves).
+products = bypasses("decode", "dequantize", readable=products_via_dequantize)(tiled_products)
+
+
+def dequantize_via_reference(w: Fp8Matrix, out: np.ndarray | None = None) -> np.ndarray:
+    """An FP8 weight as float32 through `fp8.dequantize`, whichever function that name runs now;
+    into `out` if given.  -> [out, in]"""
+    weight = w.dequantize()
+    if out is None:
+        return weight
+    if np.shape(weight) != w.shape:
+        raise StepperError(f"dequantize gave shape {list(np.shape(weight))} for '{w.name}', expected {list(w.shape)}")
+    np.copyto(out, weight)
+    return out
+
+
+@bypasses("decode", "dequantize", readable=dequantize_via_reference)
+def dequantize_rows(w: Fp8Matrix, out: np.ndarray | None = None) -> np.ndarray:
+    """The float32 weight, equal bit for bit to `w.dequantize()` (fp8.dequantize), decoded one block of
     rows at a time with the bit trick: each value d * 2^-120 times s * 2^120 is the exact d * s,
     rounded once, as dequantize rounds it; into `out` if given.  -> [out, in]"""
     if not float(np.abs(w.scale_inv).max(initial=0)) < 2.0 ** (127 - REBIAS_EXPONENT):  # s * 2^120 would overflow
         if out is None:
-            return w.dense()
-        np.copyto(out, w.dense())
+            return w.dequantize()
+        np.copyto(out, w.dequantize())
         return out
     out = np.empty(w.shape, np.float32) if out is None else out
-    scales = scale_grid(w, REBIAS_EXPONENT)
+    scales = column_scales(w, REBIAS_EXPONENT)
     nan_check = NanCheck(w)
     for r, start, end in row_tiles(w):
         block = out[start:end]
@@ -185,9 +223,9 @@ def apply_tiles(tokens: np.ndarray, w: Fp8Matrix, k: int, rows: np.ndarray, deco
         c = SCALED_INPUT_EXPONENT - math.frexp(float(np.abs(w.scale_inv).max(initial=0)))[1]
         # [in, N]: with the tiles' 2^c, still 2^k in all
         inputs = times_power_of_two(tokens, k - c, out=kept_memory("inputs", *tokens.shape)).T
-        scales = scale_grid(w, c)
+        scales = column_scales(w, c)
     else:
-        scales, scaled = scale_grid(w, k), np.empty(tokens.shape, np.float32)
+        scales, scaled = column_scales(w, k), np.empty(tokens.shape, np.float32)
     for i in range(len(tiles)) if claim is None else iter(claim, None):
         r, start, end = tiles[i]
         tile = buffer[: end - start]
@@ -218,13 +256,13 @@ def kept_memory(use: str, rows: int, columns: int) -> np.ndarray:
     return kept[: rows * columns].reshape(rows, columns)
 
 
-def scale_grid(w: Fp8Matrix, k: int) -> np.ndarray:
+def column_scales(w: Fp8Matrix, k: int) -> np.ndarray:
     """s[b, j] * 2^k for every scale row b and input j (exact: a power of two), made once per
     product: a row of it scales a tile or its inputs.  -> [out/bo, in]"""
     return np.repeat(times_power_of_two(w.scale_inv, k), w.block[1], axis=1)[:, : w.shape[1]]
 
 
-def decode_bits(codes: np.ndarray, out: np.ndarray) -> None:
+def decode_nan_free(codes: np.ndarray, out: np.ndarray) -> None:
     """out = decode(codes) * 2^-120 for codes with no NaN code, in three passes over the tile.
     [rows, in] uint8 -> float32"""
     bits = out.view(np.int32)
@@ -238,7 +276,7 @@ def decode_unbiased(codes: np.ndarray, out: np.ndarray) -> bool:
 
     NaN codes (0x7F, 0xFF), which the bit trick turns into 480 * 2^-120, are made NaN.
     Returns whether there were any."""
-    decode_bits(codes, out)
+    decode_nan_free(codes, out)
     if not nan_codes_in(codes):
         return False
     out[(codes & 0x7F) == 0x7F] = np.nan
@@ -266,7 +304,7 @@ class NanCheck:
     def __init__(self, w: Fp8Matrix, decode: Decoder | None = None, checking: bool | None = None):
         self.key = w.file_key
         self.checking = (decode is None and self.key not in _nan_free) if checking is None else checking
-        self.decode_block = decode or (decode_unbiased if self.checking else decode_bits)
+        self.decode_block = decode or (decode_unbiased if self.checking else decode_nan_free)
         self.found = False
 
     def decode(self, codes: np.ndarray, out: np.ndarray) -> None:

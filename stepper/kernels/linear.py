@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from stepper.kernels import parallel
-from stepper.kernels.fp8_matmul import decoded, linear_fp8, products
+from stepper.kernels.fp8_matmul import dequantize_rows, linear_fp8, products
 from stepper.weights.stored import Fp8Matrix
 
 SPLIT_WEIGHTS = 1 << 20  # a float32 weight of this many values or more is shared out by rows
@@ -34,10 +34,10 @@ def linears(x: np.ndarray, weights: tuple) -> list[np.ndarray]:
     return [linear(x, w) for w in weights]
 
 
-def dense(weight: np.ndarray | Fp8Matrix, out: np.ndarray | None = None) -> np.ndarray:
+def float32_weight(weight: np.ndarray | Fp8Matrix, out: np.ndarray | None = None) -> np.ndarray:
     """A weight as float32 [out, in]: an FP8 one decoded a block of rows at a time (the same bits
     as fp8.dequantize, a few times faster), into `out` if given; a float32 one as it is."""
-    return decoded(weight, out) if isinstance(weight, Fp8Matrix) else weight
+    return dequantize_rows(weight, out) if isinstance(weight, Fp8Matrix) else weight
 
 
 def linear_by_rows(x: np.ndarray, weight: np.ndarray) -> np.ndarray:

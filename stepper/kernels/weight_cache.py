@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
-from stepper.kernels.linear import dense
+from stepper.kernels.linear import float32_weight
 from stepper.weights.source import WeightSource
 from stepper.weights.stored import Fp8Matrix, Stored
 
@@ -54,7 +54,7 @@ class CachedWeights:
         weight = self.source.matrix(name)
         if uses < 2 or not self._make_room(int(np.prod(weight.shape)) * 4, uses):
             return weight
-        decoded = dense(weight)
+        decoded = float32_weight(weight)
         self.kept[name] = decoded
         self.bytes += decoded.nbytes
         return decoded

@@ -1,22 +1,10 @@
 """`--use FILE.py`: run the interpreter with a learner's own functions in place of stepper's.
 
-A lesson's exercise is a NumPy function with the name and signature of one the interpreter calls
-(`rms_norm`, `decode`, `route`, ...). `use(files)` loads the files, checks the signature of each
-function whose name is an exercise, and, inside the `with` block, puts it at every place the
-interpreter looks that name up: the module that defines it and every module that imported it by
-name. On exit stepper's own functions are put back, whatever happened.
-
-`LOOKUPS` lists those places, one row each. Model code imports functions by name
-(`from ..ops import rms_norm`), so replacing `stepper.ops.rms_norm` alone would change nothing in
-`stepper.model.layer`; tests/test_lessons.py checks that every module of the interpreter holding
-one of these functions is in the table.
-
-`DETOURS` covers the places where the interpreter does not call an exercise function at all: its
-FP8 matrix product and its fast decoding of a whole weight use their own bit trick instead of
-calling `fp8.decode` / `fp8.dequantize`. While a learner's `decode` or `dequantize` is in use, the
-product is replaced by one that calls `fp8.dequantize` on the same tiles, in the same order, and
-the whole-weight decoding by `fp8.dequantize` itself, so the rest of the run continues on the
-learner's output (and, with stepper's own functions, gives the same bits).
+A lesson's exercise is a NumPy function with the name and signature of one the interpreter marks
+`@exercise` (`rms_norm`, `decode`, `route`, ...; see stepper.swap). `use(files)` loads the files,
+checks the signature of each function whose name is an exercise, and, inside the `with` block,
+swaps it in: every call of that exercise, wherever it is made, runs the learner's function. On
+exit stepper's own functions are back, whatever happened.
 """
 
 from __future__ import annotations
@@ -35,51 +23,18 @@ from typing import IO
 
 import numpy as np
 
+import stepper.model  # noqa: F401 - importing the model defines every exercise (stepper.swap.REFERENCES)
+from stepper import swap
 from stepper.errors import StepperError
 
-# (module, name): every place the interpreter looks up an exercise function. The first row of a
-# name is the module that defines it (stepper's reference).
-LOOKUPS: tuple[tuple[str, str], ...] = (
-    ("stepper.model.ops", "softmax"),
-    ("stepper.model.attention", "softmax"),
-    ("stepper.model.ops", "rms_norm"),
-    ("stepper.model.attention", "rms_norm"),
-    ("stepper.model.layer", "rms_norm"),
-    ("stepper.model.transformer", "rms_norm"),
-    ("stepper.fp8.e4m3", "decode"),
-    ("stepper.fp8.blocks", "decode"),
-    ("stepper.fp8", "decode"),
-    ("stepper.fp8.blocks", "dequantize"),
-    ("stepper.fp8", "dequantize"),
-    ("stepper.model.rope", "rope_inv_freq"),
-    ("stepper.model.transformer", "rope_inv_freq"),
-    ("stepper.model.rope", "apply_rope"),
-    ("stepper.model.attention", "apply_rope"),
-    ("stepper.model.ops", "causal_mask"),
-    ("stepper.model.attention", "causal_mask"),
-    ("stepper.model.attention", "latent"),
-    ("stepper.model.attention", "absorbed"),
-    ("stepper.model.router", "route"),
-    ("stepper.model.moe", "route"),
-)
-
-EXERCISES: tuple[str, ...] = tuple(dict.fromkeys(name for _, name in LOOKUPS))
-HOME: dict[str, str] = {name: module for module, name in reversed(LOOKUPS)}  # name -> defining module
-
-# (exercises that trigger it, (module, name) replaced, replacement name in this module)
-DETOURS: tuple[tuple[tuple[str, ...], tuple[str, str], str], ...] = (
-    (("decode", "dequantize"), ("stepper.kernels.fp8_matmul", "linear_fp8"), "linear_fp8_via_dequantize"),
-    (("decode", "dequantize"), ("stepper.kernels.linear", "linear_fp8"), "linear_fp8_via_dequantize"),
-    (("decode", "dequantize"), ("stepper.kernels.fp8_matmul", "decoded"), "decoded_via_dequantize"),
-    (("decode", "dequantize"), ("stepper.kernels.linear", "decoded"), "decoded_via_dequantize"),
-)
+EXERCISES: tuple[str, ...] = tuple(swap.REFERENCES)
 
 
 def reference(name: str) -> Callable:
-    """stepper's own function for an exercise name (as its module holds it now)."""
-    if name not in HOME:
+    """stepper's own function for an exercise name."""
+    if name not in swap.REFERENCES:
         raise StepperError(f"'{name}' is not an exercise function (exercises: {', '.join(EXERCISES)})")
-    return getattr(importlib.import_module(HOME[name]), name)
+    return swap.REFERENCES[name]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -96,7 +51,7 @@ def load(path: Path) -> dict[str, Callable]:
     module = import_file(path)
     found = {
         name: obj for name, obj in vars(module).items()
-        if name in HOME and inspect.isfunction(obj) and obj.__module__ == module.__name__
+        if name in swap.REFERENCES and inspect.isfunction(obj) and obj.__module__ == module.__name__
     }
     if not found:
         raise StepperError(f"{path} defines none of the exercise functions ({', '.join(EXERCISES)})")
@@ -200,26 +155,12 @@ def guarded(path: Path, name: str, func: Callable) -> Callable:
 
 @contextmanager
 def patched(replacements: Mapping[str, Callable]) -> Iterator[None]:
-    """Put each replacement at every place in LOOKUPS (and the DETOURS it triggers); restore on exit."""
-    unknown = sorted(set(replacements) - set(HOME))
+    """Swap each replacement in for its exercise inside the block; stepper's own on exit."""
+    unknown = sorted(set(replacements) - set(swap.REFERENCES))
     if unknown:
         raise StepperError(f"'{unknown[0]}' is not an exercise function (exercises: {', '.join(EXERCISES)})")
-    places = [(module, name, replacements[name]) for module, name in LOOKUPS if name in replacements]
-    for triggers, (module, name), replacement in DETOURS:
-        if any(t in replacements for t in triggers) and hasattr(importlib.import_module(module), name):
-            places.append((module, name, globals()[replacement]))
-    saved: list[tuple[object, str, object]] = []
-    try:
-        for module_name, name, replacement in places:
-            module = importlib.import_module(module_name)
-            if not hasattr(module, name):
-                raise RuntimeError(f"{module_name} has no '{name}': update stepper.overrides.LOOKUPS")
-            saved.append((module, name, getattr(module, name)))
-            setattr(module, name, replacement)
+    with swap.swapped(replacements):
         yield
-    finally:
-        for module, name, original in reversed(saved):
-            setattr(module, name, original)
 
 
 @contextmanager
@@ -243,33 +184,3 @@ def use(files: Iterable[Path], announce: IO[str] | None = None) -> Iterator[dict
         announce.flush()
     with patched(functions):
         yield functions
-
-
-# ---------------------------------------------------------------------------------------------
-# The detour for FP8 products
-
-
-def linear_fp8_via_dequantize(x: np.ndarray, w) -> np.ndarray:
-    """x @ W^T for an FP8 weight, each tile through `fp8.dequantize` (and so `fp8.decode`),
-    whichever functions those names hold now; otherwise `fp8_matmul.product` itself, so the
-    tiles, padding, scaling and products are the same.  [..., in] -> [..., out]
-    """
-    from stepper import fp8
-    from stepper.kernels import fp8_matmul
-
-    def decode(codes: np.ndarray, out: np.ndarray) -> None:  # the codes' values times 2^-120 (exact)
-        unbias = np.full(fp8.scale_grid(codes.shape, w.block), 1 / fp8.REBIAS, dtype=np.float32)
-        out[...] = fp8.dequantize(codes, unbias, w.block, name=w.name)
-
-    return fp8_matmul.product(x, w, decode)
-
-
-def decoded_via_dequantize(w, out: np.ndarray | None = None) -> np.ndarray:
-    """An FP8 weight as float32 through `fp8.dequantize`, whichever function that name holds now."""
-    dense = w.dense()
-    if out is None:
-        return dense
-    if np.shape(dense) != w.shape:
-        raise StepperError(f"dequantize gave shape {list(np.shape(dense))} for '{w.name}', expected {list(w.shape)}")
-    np.copyto(out, dense)
-    return out

@@ -28,6 +28,7 @@ from stepper.kernels.linear import linear
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.ops import causal_mask, rms_norm, softmax
 from stepper.model.rope import apply_rope
+from stepper.swap import exercise
 from stepper.trace import Emitter
 
 GROUP_SCORES = 1 << 20  # attention scores per group of heads run side by side (4 MB in float32)
@@ -110,9 +111,10 @@ def naive(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache: LayerCache, em
                   lambda h, weights: np.matmul(weights, values[:, h]), query.shape, rope.softmax_scale, emit)
 
 
+@exercise
 def absorbed(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache: LayerCache, emit: Emitter) -> np.ndarray:
     """Attend over the cached latents: W_UK folded into the query, W_UV applied afterwards."""
-    w_uk, w_uv = split_kv_b(w.decoded("self_attn.kv_b_proj.weight"), cfg)  # [H, P, C], [H, V, C] (float32: small)
+    w_uk, w_uv = split_kv_b(w.float32("self_attn.kv_b_proj.weight"), cfg)  # [H, P, C], [H, V, C] (float32: small)
     q_latent = np.matmul(q_nope, w_uk)  # [B, H, T, C]
     emit("self_attn.q_nope_absorbed", q_latent)
     q_pe, k_pe = rotate(q_pe, k_pe, rope, emit)
@@ -174,6 +176,7 @@ def query_heads(x: np.ndarray, w: LayerWeights, cfg: Config, emit: Emitter) -> t
     return q_nope, q_pe
 
 
+@exercise
 def latent(x: np.ndarray, w: LayerWeights, cfg: Config, emit: Emitter) -> tuple[np.ndarray, np.ndarray]:
     """The joint down-projection: one kv latent per token, normalised, plus the shared rotary key."""
     B, T, _ = x.shape

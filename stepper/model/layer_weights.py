@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from stepper.kernels.linear import dense
+from stepper.kernels.linear import float32_weight
 from stepper.weights.names import layer_prefix
 from stepper.weights.source import WeightSource
 from stepper.weights.stored import Fp8Matrix
@@ -15,7 +15,7 @@ class LayerWeights:
         self.source = source
         self.layer = layer
         self.prefix = layer_prefix(layer)
-        self.scratch = {} if scratch is None else scratch  # shape -> (float32 memory, the weight it holds), for `decoded`
+        self.scratch = {} if scratch is None else scratch  # shape -> (float32 memory, the weight it holds), for `float32`
 
     def __call__(self, name: str) -> np.ndarray:
         """A float32 tensor (norm weights, the router, the bias)."""
@@ -25,7 +25,7 @@ class LayerWeights:
         """A projection weight to multiply with: FP8 weights stay FP8 (see ops.linear)."""
         return self.source.matrix(self.prefix + name)
 
-    def decoded(self, name: str) -> np.ndarray:
+    def float32(self, name: str) -> np.ndarray:
         """A weight as float32, read-only; an FP8 one decoded into memory reused from one call to
         the next (so valid only until the next call, whichever layer makes it). kv_b of the
         absorbed attention is asked for at every decode step: a fresh 33 MB array, its pages
@@ -42,7 +42,7 @@ class LayerWeights:
         if key is None or key != holds:
             self.scratch[weight.shape] = (memory, None)  # holds nothing whole until decoded
             memory.flags.writeable = True
-            dense(weight, memory)
+            float32_weight(weight, memory)
             memory.flags.writeable = False
             self.scratch[weight.shape] = (memory, key)
         return memory

@@ -8,8 +8,10 @@ from __future__ import annotations
 import numpy as np
 
 from stepper.kernels.linear import linear, linears
+from stepper.swap import exercise
 
 
+@exercise
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     """x * rsqrt(mean(x^2) + eps) * weight, in float32 like the reference.  [..., D] -> [..., D]"""
     x = x.astype(np.float32, copy=False)
@@ -47,6 +49,7 @@ def swiglu(x: np.ndarray, gate: np.ndarray, up: np.ndarray, down: np.ndarray,
     return linear(act, down)
 
 
+@exercise
 def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
     """Numerically safe softmax in float32; -inf entries (masked) get weight exactly 0."""
     e = x - np.max(x, axis=axis, keepdims=True)  # the one new array: exp and the division happen in it
@@ -55,6 +58,7 @@ def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
     return e
 
 
+@exercise
 def causal_mask(t: int, s: int) -> np.ndarray:
     """[T, S] bool, True where query t may attend key s: the T new positions are the last T of S."""
     past = s - t

@@ -8,6 +8,7 @@ import math
 import numpy as np
 
 from stepper.config import Yarn
+from stepper.swap import exercise
 
 
 def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
@@ -29,6 +30,7 @@ def yarn_correction_range(dim: int, theta: float, yarn: Yarn) -> tuple[int, int]
     return max(low, 0), min(high, dim - 1)
 
 
+@exercise
 def rope_inv_freq(dim: int, theta: float, yarn: Yarn | None) -> np.ndarray:
     """Inverse frequencies [dim/2], float32, with YaRN's blend between kept and interpolated ones.
 
@@ -60,6 +62,7 @@ def rope_tables(positions: np.ndarray, inv_freq: np.ndarray, mscale: float) -> t
     return cos, sin
 
 
+@exercise
 def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     """Rotate interleaved pairs (x0, x1), (x2, x3), ... by their angles.  [..., T, rope] -> same.
 

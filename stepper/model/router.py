@@ -19,6 +19,7 @@ import numpy as np
 from stepper.config import Config
 from stepper.kernels.linear import linear
 from stepper.model.ops import sigmoid
+from stepper.swap import exercise
 from stepper.trace import Emitter
 
 
@@ -28,6 +29,7 @@ class Routing:
     topk_weight: np.ndarray  # [N, K] float32
 
 
+@exercise
 def route(x: np.ndarray, gate: np.ndarray, bias: np.ndarray, cfg: Config, emit: Emitter) -> Routing:
     """x [N, D], gate [E, D], bias [E] -> the chosen experts and their weights."""
     logits = linear(x.astype(np.float32), gate.astype(np.float32))  # [N, E]

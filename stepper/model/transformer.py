@@ -54,7 +54,7 @@ class Transformer:
         self.weights = weights
         self.dispatch = dispatch  # how MoE layers run their routed experts (see model.moe)
         self.config: Config = weights.config
-        self.scratch: dict = {}  # float32 memory the layers decode weights into, and what it holds (LayerWeights.decoded)
+        self.scratch: dict = {}  # float32 memory the layers decode weights into, and what it holds (LayerWeights.float32)
         cfg = self.config
         yarn = cfg.rope_scaling
         self.inv_freq = rope_inv_freq(cfg.qk_rope_head_dim, cfg.rope_theta, yarn)  # [R/2]

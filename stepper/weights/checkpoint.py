@@ -47,12 +47,12 @@ class Checkpoint:
     # -- reading -----------------------------------------------------------------------------
 
     def get(self, name: str) -> np.ndarray:
-        return self.stored(name).to_float32(name)
+        return self.stored(name).as_float32(name)
 
     def get_rows(self, name: str, rows: np.ndarray) -> np.ndarray:
         stored = self.stored(name)
         if stored.dtype == "F8_E4M3":
-            return stored.to_float32(name)[rows]
+            return stored.as_float32(name)[rows]
         return np.asarray(stored.data[rows], dtype=np.float32)  # touches only these rows' pages
 
     def row_blocks(self, name: str, rows: int) -> Iterator[Stored]:

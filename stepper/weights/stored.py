@@ -62,7 +62,7 @@ class Fp8Matrix:
     def nbytes(self) -> int:
         return self.codes.nbytes + self.scale_inv.nbytes
 
-    def dense(self) -> np.ndarray:
+    def dequantize(self) -> np.ndarray:
         """The float32 weight (the readable reference path)."""
         return fp8.dequantize(self.codes, self.scale_inv, self.block, name=self.name)
 
@@ -77,7 +77,7 @@ class Stored:
     block: tuple[int, int] = fp8.BLOCK
     origin: FileBytes | None = None  # where the data lies in a file, read as it is stored
 
-    def to_float32(self, name: str = "") -> np.ndarray:
+    def as_float32(self, name: str = "") -> np.ndarray:
         if self.dtype == "F8_E4M3":
             return fp8.dequantize(self.data, self.scale_inv, self.block, name=name)
         return np.asarray(self.data, dtype=np.float32)
@@ -86,7 +86,7 @@ class Stored:
         """What the model multiplies with: FP8 weights stay FP8 (decoded tile by tile)."""
         if self.dtype == "F8_E4M3":
             return Fp8Matrix.of(self.data, self.scale_inv, self.block, name, self.origin)
-        return self.to_float32(name)
+        return self.as_float32(name)
 
     @property
     def height(self) -> int:

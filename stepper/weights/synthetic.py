@@ -33,14 +33,14 @@ class SyntheticWeights:
         self.seed = seed
 
     def get(self, name: str) -> np.ndarray:
-        return self.stored(name).to_float32(name)
+        return self.stored(name).as_float32(name)
 
     def matrix(self, name: str) -> np.ndarray | Fp8Matrix:
         return self.stored(name).matrix(name)
 
     def get_rows(self, name: str, rows: np.ndarray) -> np.ndarray:
         if name == EMBED:
-            return self._stored_as(name, self._embedding_rows(np.asarray(rows))).to_float32(name)
+            return self._stored_as(name, self._embedding_rows(np.asarray(rows))).as_float32(name)
         return self.get(name)[rows]
 
     def row_blocks(self, name: str, rows: int) -> Iterator[Stored]:

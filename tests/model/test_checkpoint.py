@@ -69,20 +69,20 @@ def test_kv_b_decoded_into_reused_memory_is_decoded_again_only_for_another_weigh
     from stepper.model.layer_weights import LayerWeights
 
     calls = []
-    real_dense = layer_weights.dense
-    monkeypatch.setattr(layer_weights, "dense", lambda w, out: calls.append(w.name) or real_dense(w, out))
+    real = layer_weights.float32_weight
+    monkeypatch.setattr(layer_weights, "float32_weight", lambda w, out: calls.append(w.name) or real(w, out))
     name, scratch = "self_attn.kv_b_proj.weight", {}
     from_file = Checkpoint(synth_dir)
-    want = {layer: from_file.matrix(f"model.layers.{layer}.{name}").dense() for layer in (0, 1)}
-    first = LayerWeights(from_file, 1, scratch).decoded(name)
+    want = {layer: from_file.matrix(f"model.layers.{layer}.{name}").dequantize() for layer in (0, 1)}
+    first = LayerWeights(from_file, 1, scratch).float32(name)
     assert np.array_equal(first, want[1]) and not first.flags.writeable and len(calls) == 1
-    assert LayerWeights(from_file, 1, scratch).decoded(name) is first and len(calls) == 1  # the same weight: kept
-    assert np.array_equal(LayerWeights(from_file, 0, scratch).decoded(name), want[0]) and len(calls) == 2
-    again = LayerWeights(from_file, 1, scratch).decoded(name)  # the memory holds layer 0's now
+    assert LayerWeights(from_file, 1, scratch).float32(name) is first and len(calls) == 1  # the same weight: kept
+    assert np.array_equal(LayerWeights(from_file, 0, scratch).float32(name), want[0]) and len(calls) == 2
+    again = LayerWeights(from_file, 1, scratch).float32(name)  # the memory holds layer 0's now
     assert again is first and np.array_equal(again, want[1]) and len(calls) == 3
     synthetic = SyntheticWeights(preset("tiny"), seed=0)  # no file: no way to tell two weights apart
     for _ in range(2):
-        LayerWeights(synthetic, 1, scratch).decoded(name)
+        LayerWeights(synthetic, 1, scratch).float32(name)
     assert len(calls) == 5
 
 

@@ -179,7 +179,7 @@ def test_fp8_tiles_equal_the_bit_level_dequantization():
         table = np.array([fp8.decode_bits(c) for c in range(256)])  # float64, bit-level
         rows, cols = np.indices(codes.shape)
         dense = table[codes.view(np.uint8)] * scale_inv[rows // 128, cols // 128]  # float64 reference
-        assert np.array_equal(Fp8Matrix.of(codes, scale_inv).dense(), dense.astype(np.float32))
+        assert np.array_equal(Fp8Matrix.of(codes, scale_inv).dequantize(), dense.astype(np.float32))
         for tokens in (4, 20):  # decode-sized and prefill-sized tiles
             x = rng.standard_normal((tokens, in_dim)).astype(np.float32)
             y = linear_fp8(x, Fp8Matrix.of(codes, scale_inv))
@@ -210,7 +210,7 @@ def test_weight_cache_keeps_a_weight_from_its_second_use_decoded_as_dequantize()
     name = "model.layers.0.self_attn.q_b_proj.weight"
     assert isinstance(cached.matrix(name), Fp8Matrix) and cached.bytes == 0  # used once: the FP8 product
     kept = cached.matrix(name)  # used again: decoded and kept
-    assert np.array_equal(kept, source.matrix(name).dense()) and cached.bytes == kept.nbytes
+    assert np.array_equal(kept, source.matrix(name).dequantize()) and cached.bytes == kept.nbytes
     assert cached.matrix(name) is kept and (cached.hits, cached.misses) == (1, 2)
 
 

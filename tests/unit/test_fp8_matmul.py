@@ -11,7 +11,7 @@ from stepper.kernels import linear as linear_module
 from stepper.kernels import parallel
 from stepper.kernels.fp8_matmul import (
     decode_unbiased,
-    decoded,
+    dequantize_rows,
     input_rebias,
     linear_fp8,
     row_tiles,
@@ -38,7 +38,7 @@ def test_product_equals_float64_dequantized_product(shape, tokens):
     codes, scale_inv = fp8.quantize(rng.standard_normal(shape).astype(np.float32) * 0.05)
     w = Fp8Matrix.of(codes, scale_inv)
     x = rng.standard_normal((tokens, shape[1])).astype(np.float32)
-    exact = x.astype(np.float64) @ w.dense().astype(np.float64).T
+    exact = x.astype(np.float64) @ w.dequantize().astype(np.float64).T
     y = linear_fp8(x, w)
     assert y.dtype == np.float32 and y.shape == (tokens, shape[0])
     assert np.abs(y - exact).max() <= 2e-6 * np.abs(exact).max()
@@ -51,7 +51,7 @@ def test_scales_far_from_one_and_large_inputs_keep_full_precision():
         w = Fp8Matrix.of(codes, (scale_inv * scale).astype(np.float32))
         for tokens in (2, 300):  # scales on the inputs, then on the tiles
             x = (rng.standard_normal((tokens, 384)) * x_size).astype(np.float32)
-            exact = x.astype(np.float64) @ w.dense().astype(np.float64).T
+            exact = x.astype(np.float64) @ w.dequantize().astype(np.float64).T
             y = linear_fp8(x, w)
             assert np.all(np.isfinite(y)), (scale, x_size, tokens)
             assert np.abs(y - exact).max() <= 2e-6 * np.abs(exact).max(), (scale, x_size, tokens)
@@ -74,7 +74,7 @@ def test_inf_nan_and_zero_inputs_give_the_dense_products_exactly():
         x = np.full((1, 128), bad if bad == 0 else 1, np.float32)
         x[0, 5] = bad
         with np.errstate(over="ignore", invalid="ignore"):
-            reference = x @ w.dense().T
+            reference = x @ w.dequantize().T
             assert np.array_equal(linear_fp8(x, w), reference, equal_nan=True), bad
 
 
@@ -161,9 +161,9 @@ def test_decoded_equals_dequantize_bit_for_bit(scale):
     w = Fp8Matrix.of(codes, scale_inv)
     with np.errstate(over="ignore", invalid="ignore"):
         expected = fp8.dequantize(codes, scale_inv)
-        got = decoded(w)
+        got = dequantize_rows(w)
         given = np.empty(w.shape, np.float32)
-        assert decoded(w, given) is given and np.array_equal(given, got, equal_nan=True)  # into given memory too
+        assert dequantize_rows(w, given) is given and np.array_equal(given, got, equal_nan=True)  # into given memory too
     assert got.dtype == np.float32 and got.flags.c_contiguous
     nan = np.isnan(expected)
     assert np.array_equal(np.isnan(got), nan)
@@ -185,7 +185,7 @@ def test_wide_products_come_back_contiguous_and_narrow_ones_as_before():
     for tokens in (1, 12, 200):
         x = np.random.default_rng(tokens).standard_normal((1, tokens, 384)).astype(np.float32)
         y = linear_fp8(x, w)
-        exact = x.astype(np.float64) @ w.dense().astype(np.float64).T
+        exact = x.astype(np.float64) @ w.dequantize().astype(np.float64).T
         assert y.shape == (1, tokens, 256) and np.abs(y - exact).max() <= 2e-6 * np.abs(exact).max()
         if tokens > 128:
             assert y.flags.c_contiguous
@@ -214,7 +214,7 @@ def test_decoded_into_given_memory_is_that_memory_holding_dequantize():
     codes, scale_inv = fp8.quantize(np.random.default_rng(8).standard_normal((300, 200)).astype(np.float32))
     w = Fp8Matrix.of(codes, scale_inv)
     out = np.full(w.shape, np.nan, np.float32)
-    assert decoded(w, out) is out and np.array_equal(out, w.dense())
+    assert dequantize_rows(w, out) is out and np.array_equal(out, w.dequantize())
 
 
 def test_products_of_other_shapes_in_turn_share_one_tile_buffer_and_stay_right():
@@ -225,7 +225,7 @@ def test_products_of_other_shapes_in_turn_share_one_tile_buffer_and_stay_right()
             codes, scale_inv = fp8.quantize(rng.standard_normal((out_dim, in_dim)).astype(np.float32))
             w = Fp8Matrix.of(codes, scale_inv)
             x = rng.standard_normal((tokens, in_dim)).astype(np.float32)
-            want = x.astype(np.float64) @ w.dense().astype(np.float64).T
+            want = x.astype(np.float64) @ w.dequantize().astype(np.float64).T
             got = linear_fp8(x, w)
             assert np.allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max()), (tokens, out_dim, in_dim)
     buffers = {}

@@ -1,0 +1,62 @@
+"""The seam where a learner's function takes the place of stepper's own.
+
+A function a lesson asks the learner to write is marked `@exercise` where it is defined. Code
+imports and calls it as any other function; the call runs whatever `swapped` has put under that
+name, stepper's own function otherwise. So nothing lists where the function is used, and moving
+a call site cannot break `--use` or `lesson check`.
+
+A fast path that computes what an exercise computes without calling it (the tiled FP8 product
+decodes with its own bit trick instead of calling `fp8.decode`) says so with `@bypasses`: while
+one of those exercises is swapped in, its readable version runs instead, one that calls them.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+
+REFERENCES: dict[str, Callable] = {}  # exercise name -> stepper's own function (filled as modules import)
+_in_use: dict[str, Callable] = {}  # exercise name -> the function swapped in for it
+
+
+def exercise(func: Callable) -> Callable:
+    """Mark func as one a learner may replace: calls go to the replacement while one is swapped in."""
+    name = func.__name__
+    REFERENCES[name] = func
+
+    @functools.wraps(func)
+    def call(*args, **kwargs):
+        return _in_use.get(name, func)(*args, **kwargs)
+
+    return call
+
+
+def bypasses(*names: str, readable: Callable) -> Callable[[Callable], Callable]:
+    """Mark a fast path that does the work of the exercises `names` without calling them: while
+    any of them is swapped in, `readable` (same signature, calling them) runs instead."""
+
+    def mark(fast: Callable) -> Callable:
+        @functools.wraps(fast)
+        def call(*args, **kwargs):
+            chosen = readable if any(n in _in_use for n in names) else fast
+            return chosen(*args, **kwargs)
+
+        return call
+
+    return mark
+
+
+@contextmanager
+def swapped(replacements: Mapping[str, Callable]) -> Iterator[None]:
+    """Inside the block, each replacement runs wherever its exercise is called; restored on exit."""
+    unknown = sorted(set(replacements) - set(REFERENCES))
+    if unknown:
+        raise KeyError(unknown[0])
+    saved = dict(_in_use)
+    _in_use.update(replacements)
+    try:
+        yield
+    finally:
+        _in_use.clear()
+        _in_use.update(saved)
