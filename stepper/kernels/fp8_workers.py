@@ -36,7 +36,7 @@ import numpy as np
 
 from stepper import fp8
 from stepper.kernels import parallel
-from stepper.kernels.fp8_matmul import NanCheck, apply_tiles, many_tokens, result_arrays, row_tiles
+from stepper.kernels.fp8_tiles import NanCheck, apply_tiles, many_tokens, result_arrays, row_tiles
 from stepper.weights.safetensors_reader import (
     MappedBudget,
     advise_checkpoint_map,

@@ -9,14 +9,8 @@ import pytest
 from stepper import fp8
 from stepper.kernels import linear as linear_module
 from stepper.kernels import parallel
-from stepper.kernels.fp8_matmul import (
-    decode_unbiased,
-    dequantize_rows,
-    input_rebias,
-    linear_fp8,
-    row_tiles,
-    times_power_of_two,
-)
+from stepper.kernels.fp8_matmul import dequantize_rows, input_rebias, linear_fp8
+from stepper.kernels.fp8_tiles import decode_unbiased, row_tiles, times_power_of_two
 from stepper.weights.stored import FileBytes, Fp8Matrix
 
 
@@ -231,7 +225,7 @@ def test_products_of_other_shapes_in_turn_share_one_tile_buffer_and_stay_right()
     buffers = {}
 
     def thread_buffer(name):
-        from stepper.kernels.fp8_matmul import kept_memory
+        from stepper.kernels.fp8_tiles import kept_memory
 
         buffers[name] = kept_memory("tiles", 128, 64)
 

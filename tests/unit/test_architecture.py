@@ -1,0 +1,159 @@
+"""The package's architecture, as docs/design-notes.md describes it: rooms whose imports point one
+way, no import cycles (imports inside functions included), and a model small enough to read.
+
+Read from the source with `ast`, never by importing it, so an import made only inside a function
+counts as much as one at the top of a module.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import stepper
+
+PACKAGE = Path(stepper.__file__).resolve().parent
+
+# What each room may import besides itself. A room is a subpackage (model, kernels, ...) or a
+# top-level module (config, trace, ...); "stepper" is the package's __init__ (its version).
+BELOW_EVERYTHING = {"stepper", "errors", "swap", "config", "trace"}
+MAY_IMPORT: dict[str, set[str]] = {
+    "stepper": set(),
+    "errors": set(),
+    "swap": set(),
+    "trace": set(),
+    "config": {"errors"},
+    "presets": {"config", "errors"},
+    "catalog": {"config", "errors"},
+    "fp8": {"errors", "swap"},
+    "weights": {"fp8", "config", "errors"},
+    "kernels": {"weights", "fp8", "swap", "config", "errors"},
+    "model": {"kernels", "weights", "fp8", "config", "trace", "swap", "errors"},
+    "session": {"model", "kernels", "weights", "presets", "config", "trace", "errors"},
+    "bench": {"model", "kernels", "weights", "fp8", "presets", "config", "trace", "errors"},
+    "views": {"session", "catalog", "weights", "fp8", "presets", "config", "trace", "errors"},
+    "lessons": {"views", "session", "model", "kernels", "weights", "fp8", "catalog", "presets", "config", "trace",
+                "swap", "errors", "stepper"},
+    "fixtures": {"views", "session", "model", "kernels", "weights", "fp8", "catalog", "presets", "config", "trace",
+                 "errors", "stepper"},
+    "cli": {"lessons", "fixtures", "views", "bench", "session", "model", "kernels", "weights", "fp8", "catalog",
+            "presets", "config", "trace", "swap", "errors", "stepper"},
+    "__main__": {"cli"},
+}
+NEVER_IMPORT_FROM = {"model", "weights", "fp8", "kernels"}  # ... the rooms that present things
+PRESENTATION = {"views", "lessons", "fixtures", "cli"}
+MODEL_FILE_LINES = 300
+MODEL_FUNCTION_LINES = 40
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+    return ".".join(rel.parts).removesuffix(".__init__")
+
+
+MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def room(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "stepper"
+
+
+def imports(path: Path, known: set[str]) -> set[str]:
+    """The stepper modules a file imports, anywhere in it (`from stepper.x import y` counts as
+    stepper.x.y when that is a module, else stepper.x)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            raise AssertionError(f"{path}: relative import (stepper imports by absolute names)")
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "stepper":
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                found.add(full if full in known else node.module)
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0] == "stepper"}
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    known = set(MODULES)
+    return {name: imports(path, known) - {name} for name, path in MODULES.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), each a cycle."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_cycle_finder_finds_a_cycle_and_only_cycles():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set(), "c": {"a", "b"}}) == []
+
+
+def test_no_import_cycles_function_level_imports_included():
+    assert cycles(import_graph()) == []
+
+
+def test_every_room_is_placed_in_the_layering():
+    assert {room(m) for m in MODULES} <= set(MAY_IMPORT), "a new room: say in MAY_IMPORT what it may import"
+
+
+def test_imports_point_one_way():
+    wrong = sorted(
+        f"{m} imports {t}" for m, targets in import_graph().items() for t in targets
+        if room(t) != room(m) and room(t) not in MAY_IMPORT[room(m)]
+    )
+    assert wrong == []
+
+
+def test_the_layering_itself_has_no_cycle_and_keeps_presentation_out_of_the_core():
+    assert cycles(MAY_IMPORT) == []
+    for name in NEVER_IMPORT_FROM | BELOW_EVERYTHING:
+        assert not MAY_IMPORT[name] & PRESENTATION, name
+    for name in BELOW_EVERYTHING:
+        assert MAY_IMPORT[name] <= BELOW_EVERYTHING, name
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE / "model").glob("*.py")), ids=lambda p: p.name)
+def test_the_model_is_small_enough_to_read(path):
+    source = path.read_text(encoding="utf-8")
+    assert len(source.splitlines()) <= MODEL_FILE_LINES
+    long = [
+        f"{node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.end_lineno - node.lineno + 1 > MODEL_FUNCTION_LINES
+    ]
+    assert long == []
