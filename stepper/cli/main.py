@@ -18,7 +18,7 @@ from stepper.errors import StepperError
 from stepper.fp8 import BLOCK
 from stepper.kernels import parallel
 from stepper.lessons import overrides
-from stepper.model.attention import cache_bytes_per_token
+from stepper.model.cache import cache_bytes_per_token
 from stepper.session import (
     Plan,
     RunResult,

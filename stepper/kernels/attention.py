@@ -53,8 +53,8 @@ def naive_in_head_groups(query_states: np.ndarray, key_states: np.ndarray, value
     query_states [B, H, T, qk_head], key_states [B, H, S, qk_head], value_states [B, H, S, v_head]
     -> [B, H, T, v_head]"""
 
-    def attend(h: slice) -> np.ndarray:  # heads h: [B, h, T, v_head]
-        scores = np.matmul(query_states[:, h], key_states[:, h].swapaxes(-1, -2))  # [B, h, T, S]
+    def attend(h: slice) -> np.ndarray:  # [B, H, T, v_head], the heads h only
+        scores = np.matmul(query_states[:, h], key_states[:, h].swapaxes(-1, -2))  # [B, H, T, S], heads h
         return np.matmul(weights_of(scores), value_states[:, h])
 
     return in_head_groups(attend, query_states.shape)
@@ -67,16 +67,16 @@ def absorbed_in_head_groups(q_latent: np.ndarray, q_pe: np.ndarray, latents: np.
     -> [B, H, T, kv_lora]"""
     keys, rope_keys = latents.swapaxes(-1, -2), k_pe[:, 0].swapaxes(-1, -2)  # [B, kv_lora, S], [B, rope, S]
 
-    def attend(h: slice) -> np.ndarray:  # heads h: [B, h, T, kv_lora]
-        scores = shared_matmul(q_latent[:, h], keys) + shared_matmul(q_pe[:, h], rope_keys)  # [B, h, T, S]
+    def attend(h: slice) -> np.ndarray:  # [B, H, T, kv_lora], the heads h only
+        scores = shared_matmul(q_latent[:, h], keys) + shared_matmul(q_pe[:, h], rope_keys)  # [B, H, T, S], heads h
         return shared_matmul(weights_of(scores), latents)
 
     return in_head_groups(attend, q_latent.shape)
 
 
 def in_head_groups(attend: Callable[[slice], np.ndarray], query_shape: tuple[int, ...]) -> np.ndarray:
-    """attend(heads) [B, h, T, *] for each group of heads, shared out across the cores, written
-    into one array [B, H, T, *]: fresh large arrays fault their pages in slowly while the page
+    """attend(heads) for each group of heads (the H axis of [B, H, T, v_head] or [B, H, T, kv_lora]
+    cut to the group), shared out across the cores and written into one array: fresh large arrays fault their pages in slowly while the page
     cache is full of a checkpoint, so nothing is concatenated afterwards."""
     B, H, T, _ = query_shape
     groups = head_groups(B, H, T)
