@@ -145,9 +145,8 @@ def result_arrays(rows: int, n: int, many: bool, flat: np.ndarray | None = None)
     [rows, N] view that the tiles' products write into.
 
     For many tokens the result is [N, rows]: each tile's product then writes columns of it, and
-    no transpose of [N, rows] is ever made (NumPy transposes at well under 1 G values/s). For
-    few, it is [rows, N]: OpenBLAS multiplies a tile by 8 or 16 tokens about 1.4x as fast that
-    way round."""
+    no transpose of [N, rows] is ever made (NumPy's transposes are slow). For few, it is
+    [rows, N], the way round OpenBLAS multiplies a tile by 8 or 16 tokens faster."""
     shape = (n, rows) if many else (rows, n)
     result = np.empty(shape, np.float32) if flat is None else flat.reshape(shape)
     return result, (result.T if many else result)
@@ -155,7 +154,7 @@ def result_arrays(rows: int, n: int, many: bool, flat: np.ndarray | None = None)
 
 def times_power_of_two(a: np.ndarray, e: int, out: np.ndarray | None = None) -> np.ndarray:
     """a * 2^e, rounded as np.ldexp rounds it: one multiplication when 2^e is a normal float32
-    (NumPy's ldexp runs at about 0.15 G values/s here, a multiplication at about 3)."""
+    (NumPy's ldexp is many times slower than a multiplication)."""
     if -126 <= e <= 127:
         return np.multiply(a, np.float32(2.0**e), out=out)
     return np.ldexp(a, e, out=out)
@@ -164,9 +163,8 @@ def times_power_of_two(a: np.ndarray, e: int, out: np.ndarray | None = None) -> 
 def padded_to_columns(tokens: np.ndarray) -> np.ndarray:
     """Several tokens padded with zero rows to a multiple of GEMM_COLUMNS.  [N, in] -> [N', in]
 
-    OpenBLAS multiplies 8 columns at a time: measured here, a [128, 7168] tile times 5 tokens
-    took 530 us and times 8 tokens 290 us, times 11 tokens 570 us and times 16 tokens 510 us.
-    One token stays one (a matrix-vector product)."""
+    OpenBLAS multiplies 8 columns at a time, so 8 tokens take less time than 5 (times in
+    docs/design-notes.md). One token stays one (a matrix-vector product)."""
     n = tokens.shape[0]
     if n <= 1 or n % GEMM_COLUMNS == 0:
         return tokens
@@ -194,7 +192,7 @@ def input_rebias(tokens: np.ndarray, w: Fp8Matrix, x_max: float | None = None) -
 def row_tiles(w: Fp8Matrix, blocks: int = 1) -> list[tuple[int, int, int]]:
     """(first scale row, first row, end row) of each tile: `blocks` blocks of scale rows each.
 
-    Tiles smaller than a block (kept in L2) measured no faster on one core."""
+    Tiles are not made smaller than a block: kept in L2, they were no faster."""
     out_dim, block_rows = w.shape[0], w.block[0]
     rows = blocks * block_rows
     return [(r0 // block_rows, r0, min(r0 + rows, out_dim)) for r0 in range(0, out_dim, rows)]
@@ -207,7 +205,7 @@ def apply_tiles(tokens: np.ndarray, w: Fp8Matrix, k: int, rows: np.ndarray, deco
     With fewer tokens than a scale block has rows, a tile is one block and its scales go onto the
     inputs. With more, they go onto the tiles (one pass over each), the inputs are scaled once,
     and a tile is several blocks high: BLAS repacks the inputs for every product, so taller tiles
-    run faster (measured on [rows, 7168] x 256 tokens: 66 GFLOP/s for 128 rows, 89 for 1024).
+    run faster.
     Such a tile is decoded block by block, so that each block's passes run in the cache.
 
     With `claim`, only the tiles it hands out are done (by index, until it gives None), and with
@@ -247,8 +245,7 @@ _buffers = threading.local()
 def kept_memory(use: str, rows: int, columns: int) -> np.ndarray:
     """Float32 memory [rows, columns] for one use (the tiles, the scaled inputs), this thread's,
     kept from one product to the next: fresh memory for each product costs its page faults
-    every time (a decode step 0.124 s against 0.120 s, the 16-expert layer at 512 tokens 3.93 s
-    against 3.83 s, in alternating runs)."""
+    every time."""
     kept = getattr(_buffers, use, None)
     if kept is None or kept.size < rows * columns:
         kept = np.empty(rows * columns, np.float32)
