@@ -48,11 +48,11 @@ class RunSpec:
     weight_cache_mb: int = 0  # keep up to this many MB of decoded weights between steps
 
 
-ATTN_PATHS = ("auto", "naive", "absorb")
+ATTN_CHOICES = ("auto", "naive", "absorb")
 
 
-def attention_path(spec: RunSpec, step: int) -> str:
-    """The attention path of a step: absorbed attention pays off when attending over a cache."""
+def step_attn(spec: RunSpec, step: int) -> str:
+    """The attn of a step, "naive" or "absorb": absorbed attention pays off when attending over a cache."""
     if spec.attn != "auto":
         return spec.attn
     return "naive" if step == 0 else "absorb"
@@ -177,8 +177,8 @@ class Plan:
 
 def prepare(spec: RunSpec, weights: WeightSource | None = None) -> Plan:
     """Resolve and check everything the user gave; raise StepperError on the first problem."""
-    if spec.attn not in ATTN_PATHS:
-        raise StepperError(f"--attn must be one of {', '.join(ATTN_PATHS)}, got '{spec.attn}'")
+    if spec.attn not in ATTN_CHOICES:
+        raise StepperError(f"--attn must be one of {', '.join(ATTN_CHOICES)}, got '{spec.attn}'")
     weights = weights or load_model(spec.model, spec.seed)
     if spec.weight_cache_mb < 0:
         raise StepperError(f"--weight-cache-mb must be >= 0, got {spec.weight_cache_mb}")
@@ -216,7 +216,7 @@ def execute(plan: Plan, sinks: Iterable[Sink]) -> RunResult:
     for step in range(spec.decode + 1):
         phase = emit.phase(None if spec.decode == 0 else ("prefill" if step == 0 else f"decode{step - 1}"))
         more = step < spec.decode
-        attn = attention_path(spec, step)
+        attn = step_attn(spec, step)
         if plan.alone:
             if hidden is None:
                 hidden = layer_input(model, ids, spec.seed, step)

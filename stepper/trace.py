@@ -1,8 +1,10 @@
 """The one seam between the model and everything that watches it.
 
-Model code calls `emit("self_attn.k_pe", k_pe)` at each catalogued point and knows nothing else.
-An `Emitter` qualifies the name with its scope (phase, layer) and hands an `Event` to each sink:
-the terminal view, a recorder for dumps and fixtures, filters, and later the step debugger.
+Model code writes `k_pe = emit("self_attn.k_pe", k_pe)` at each catalogued point and knows
+nothing else. An `Emitter` qualifies the name with its scope (phase, layer) and hands an `Event`
+to each sink: the terminal view, a recorder for dumps and fixtures, filters, the step debugger.
+emit returns the array the model continues with: the one it was given, or what a sink returned
+in its place (an array of the same shape and dtype; the sinks after it see the replacement).
 An emitter with no sinks does nothing, so silent layers cost nothing.
 """
 
@@ -14,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-Sink = Callable[["Event"], None]
+Sink = Callable[["Event"], "np.ndarray | None"]  # None: the tensor goes on as it was
 
 
 @dataclass(frozen=True)
@@ -41,12 +43,16 @@ class Emitter:
         self._layer = layer
         self._phase = phase
 
-    def __call__(self, key: str, array: np.ndarray) -> None:
+    def __call__(self, key: str, array: np.ndarray) -> np.ndarray:
+        """Show `array` as `key` to every sink; return the array the model continues with."""
         if not self.sinks:
-            return
+            return array
         event = Event(self._qualify(key), key, array, self._layer, self._phase)
         for sink in self.sinks:
-            sink(event)
+            replacement = sink(event)
+            if replacement is not None:
+                event = Event(event.name, key, checked_replacement(event, replacement), self._layer, self._phase)
+        return event.array
 
     @property
     def listening(self) -> bool:
@@ -73,6 +79,16 @@ class Emitter:
     def _qualify(self, key: str) -> str:
         name = key if self._layer is None else f"layers.{self._layer}.{key}"
         return name if self._phase is None else f"{self._phase}.{name}"
+
+
+def checked_replacement(event: Event, replacement: object) -> np.ndarray:
+    """A sink's replacement for a tensor: an array of the tensor's shape and dtype, or an error."""
+    old = event.array
+    if not isinstance(replacement, np.ndarray) or replacement.shape != old.shape or replacement.dtype != old.dtype:
+        got = (f"{replacement.dtype}{list(replacement.shape)}" if isinstance(replacement, np.ndarray)
+               else type(replacement).__name__)
+        raise ValueError(f"{event.name}: a sink returned {got} in place of {old.dtype}{list(old.shape)}")
+    return replacement
 
 
 class Recorder:

@@ -18,17 +18,17 @@ from stepper.errors import StepperError
 from stepper.fp8 import BLOCK
 from stepper.kernels import parallel
 from stepper.lessons import overrides
-from stepper.model.attention import cache_bytes_per_token
+from stepper.model.cache import cache_bytes_per_token
 from stepper.session import (
     Plan,
     RunResult,
     RunSpec,
-    attention_path,
     check_layer,
     execute,
     load_model,
     prepare,
     shown_layers,
+    step_attn,
 )
 from stepper.trace import Filter, Recorder, Sink, matches
 from stepper.views import fp8_codes, inspect
@@ -116,7 +116,7 @@ def describe(plan: Plan) -> str:
     weights = f"synthetic weights, seed {spec.seed}" if isinstance(plan.weights, SyntheticWeights) else f"weights from {spec.model}"
     what = f"layer {spec.layer} alone on {plan.input_source}" if plan.alone else f"layers {plan.shown.start}..{plan.shown.stop - 1}"
     steps = f", then {spec.decode} decode step{'s' if spec.decode > 1 else ''}" if spec.decode else ""
-    paths = sorted({attention_path(spec, step) for step in range(spec.decode + 1)}, reverse=True)
+    paths = sorted({step_attn(spec, step) for step in range(spec.decode + 1)}, reverse=True)
     attn = " then ".join(f"{p}" for p in paths)
     naive, latent = cache_bytes_per_token(cfg, "naive"), cache_bytes_per_token(cfg, "absorb")
     return (

@@ -142,9 +142,8 @@ def dequantize_rows(w: Fp8Matrix, out: np.ndarray | None = None) -> np.ndarray:
 def padded_to_columns(tokens: np.ndarray) -> np.ndarray:
     """Several tokens padded with zero rows to a multiple of GEMM_COLUMNS.  [N, in] -> [N', in]
 
-    OpenBLAS multiplies 8 columns at a time: measured here, a [128, 7168] tile times 5 tokens
-    took 530 us and times 8 tokens 290 us, times 11 tokens 570 us and times 16 tokens 510 us.
-    One token stays one (a matrix-vector product)."""
+    OpenBLAS multiplies 8 columns at a time, so 8 tokens take less time than 5 (times in
+    docs/design-notes.md). One token stays one (a matrix-vector product)."""
     n = tokens.shape[0]
     if n <= 1 or n % GEMM_COLUMNS == 0:
         return tokens

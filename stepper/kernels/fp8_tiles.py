@@ -33,9 +33,8 @@ def result_arrays(rows: int, n: int, many: bool, flat: np.ndarray | None = None)
     [rows, N] view that the tiles' products write into.
 
     For many tokens the result is [N, rows]: each tile's product then writes columns of it, and
-    no transpose of [N, rows] is ever made (NumPy transposes at well under 1 G values/s). For
-    few, it is [rows, N]: OpenBLAS multiplies a tile by 8 or 16 tokens about 1.4x as fast that
-    way round."""
+    no transpose of [N, rows] is ever made (NumPy's transposes are slow). For few, it is
+    [rows, N], the way round OpenBLAS multiplies a tile by 8 or 16 tokens faster."""
     shape = (n, rows) if many else (rows, n)
     result = np.empty(shape, np.float32) if flat is None else flat.reshape(shape)
     return result, (result.T if many else result)
@@ -43,7 +42,7 @@ def result_arrays(rows: int, n: int, many: bool, flat: np.ndarray | None = None)
 
 def times_power_of_two(a: np.ndarray, e: int, out: np.ndarray | None = None) -> np.ndarray:
     """a * 2^e, rounded as np.ldexp rounds it: one multiplication when 2^e is a normal float32
-    (NumPy's ldexp runs at about 0.15 G values/s here, a multiplication at about 3)."""
+    (NumPy's ldexp is many times slower than a multiplication)."""
     if -126 <= e <= 127:
         return np.multiply(a, np.float32(2.0**e), out=out)
     return np.ldexp(a, e, out=out)
@@ -52,7 +51,7 @@ def times_power_of_two(a: np.ndarray, e: int, out: np.ndarray | None = None) -> 
 def row_tiles(w: Fp8Matrix, blocks: int = 1) -> list[tuple[int, int, int]]:
     """(first scale row, first row, end row) of each tile: `blocks` blocks of scale rows each.
 
-    Tiles smaller than a block (kept in L2) measured no faster on one core."""
+    Tiles are not made smaller than a block: kept in L2, they were no faster."""
     out_dim, block_rows = w.shape[0], w.block[0]
     rows = blocks * block_rows
     return [(r0 // block_rows, r0, min(r0 + rows, out_dim)) for r0 in range(0, out_dim, rows)]

@@ -1,8 +1,7 @@
 """Helper processes that take a band of an FP8 product's rows, so every core decodes.
 
-Decoding a tile is a handful of short NumPy calls, and each call hands the GIL over: two threads
-sharing the tiles measured only about 1.2x as fast as one on a decode step, two processes 2x.
-So a large FP8 product is cut into bands of whole scale blocks, one for this process and one
+Decoding a tile is a handful of short NumPy calls, and each call hands the GIL over, so threads
+sharing the tiles gain little and processes are used instead. A large FP8 product is cut into bands of whole scale blocks, one for this process and one
 for each helper, and the helpers' rows are copied into the result. Several products of one
 input (a SwiGLU's gate and up) are cut as one, their rows one after another: on two cores, one
 weight each, the inputs sent once. With one helper and few tokens (a decode step), the two
@@ -11,8 +10,8 @@ processes instead take each weight's tiles from the two ends until they meet.
 A helper reads the codes from the checkpoint file itself (mapped once per file), so only
 weights read from a file are shared out; the inputs and the helper's rows of the result go
 through scratch memory both processes map (an anonymous memory file, passed over the pipe).
-(Codes that live only in this process, synthetic weights, stay here: copying them over measured
-slower than decoding them.) A helper that cannot start or stops answering is dropped, and the
+(Codes that live only in this process, synthetic weights, stay here: copying them over costs more
+than decoding them.) A helper that cannot start or stops answering is dropped, and the
 products run here, as before.
 """
 
@@ -48,10 +47,8 @@ from stepper.weights.stored import FileBytes, Fp8Matrix
 
 BAND_RESIDENT_BYTES = 3 << 28  # bytes of bands a helper keeps mapped before the oldest are released (768 MiB)
 SHARE_WORK = 1 << 22  # a product of fewer weights x tokens stays in this process: messages would cost more
-# (kv_a, 4.1 M weights: 1.8 ms alone against 2.1 ms shared for 1 token; 56 ms against 42 ms for 512)
 SPIN_SECONDS = 0.002  # how long a side watches the pipe before sleeping on it
-# The messages are bytes, not pickles (a pickled band with its scales took 2-3x as long to go
-# round): a kind byte, then for a band its numbers, the file's path and the band's scale rows.
+# The messages are bytes, not pickles (pickling a band with its scales is slower): a kind byte, then for a band its numbers, the file's path and the band's scale rows.
 BAND = struct.Struct("<13q3i")  # file identity (4), byte offset, start, end, out, in, block rows, block columns,
 # tokens, where its rows go in the scratch (bytes after the inputs); k, path length, how
 MEET, CHECK_NAN = 1, 2  # how: tiles taken from both ends (meet_in_the_middle); look for NaN codes
@@ -204,9 +201,8 @@ def stop_helpers() -> None:
 def linear_bands(tokens: np.ndarray, ws: list[Fp8Matrix], ks: list[int], rows: list[np.ndarray]) -> bool:
     """rows[i] [out_i, N] = the rows of the products of the inputs with each weight, shared with
     the helpers: tiles from both ends with one helper and few tokens, else bands of the weights'
-    rows one after another, one share for this process and one for each helper. (Smaller bands
-    handed out by message as each side finished measured slower: 0.68 s against 0.59 s for 48
-    expert products of 16 tokens.) False (nothing done) when the products are small, their codes
+    rows one after another, one share for this process and one for each helper (one band each:
+    smaller bands handed out as each side finished were slower). False (nothing done) when the products are small, their codes
     are not a file's, or there are no helpers."""
     global _broken
     if (_broken or any(w.origin is None for w in ws) or parallel.cores() < 2
@@ -248,8 +244,7 @@ def in_bands(tokens: np.ndarray, ws: list[Fp8Matrix], ks: list[int], rows: list[
 def meet_in_the_middle(tokens: np.ndarray, w: Fp8Matrix, k: int, rows: np.ndarray, helper: Helper) -> None:
     """rows [out, N], for few tokens with one helper, which has the inputs: this process takes
     tiles from the first on, the helper from the last back, until they meet, so the one that
-    runs faster does more. Fixed halves left this process waiting 9-17 ms a decode step for
-    whichever half ran slower.
+    runs faster does more, where fixed halves left one side waiting for the other.
 
     Each side writes only its own index in the scratch and reads the other's; a stale read can
     make both take the same tile, never leave one out, and a tile done twice comes out the same.

@@ -40,6 +40,27 @@ def float32_weight(weight: np.ndarray | Fp8Matrix, out: np.ndarray | None = None
     return dequantize_rows(weight, out) if isinstance(weight, Fp8Matrix) else weight
 
 
+def float32_kept(weight: np.ndarray | Fp8Matrix, kept: dict) -> np.ndarray:
+    """float32_weight(weight), read-only, decoded into memory kept in `kept` from one call to the
+    next (shape -> (memory, the FileBytes key of the weight it holds)), so valid only until the
+    next call for that shape. Fresh memory for each call would fault its pages in again, and a
+    checkpoint weight the memory still holds is not decoded again. Synthetic weights (no key)
+    are always decoded."""
+    if not isinstance(weight, Fp8Matrix):
+        return weight
+    memory, holds = kept.get(weight.shape, (None, None))
+    if memory is None:
+        memory = np.empty(weight.shape, np.float32)
+    key = weight.file_key
+    if key is None or key != holds:
+        kept[weight.shape] = (memory, None)  # holds nothing whole until decoded
+        memory.flags.writeable = True
+        float32_weight(weight, memory)
+        memory.flags.writeable = False
+        kept[weight.shape] = (memory, key)
+    return memory
+
+
 def linear_by_rows(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
     """x @ W^T with W's rows shared out across the cores.  [..., in] -> [..., out]"""
     out_dim, in_dim = weight.shape

@@ -9,8 +9,7 @@ Which weights are kept: a weight is kept from its second use on, and room is mad
 letting go of weights used fewer times than it (least recently used first). Routed experts mostly
 change from one step to the next; kept as they come, least recently used out, each step's new
 experts (176 MB each in float32 at full size) pushed the attention and shared-expert weights
-out, and every step decoded whole weights it then used once (measured: 0.4-0.7 s a decode step
-against 0.17 s without a cache). Making a fresh 176 MB array costs more than the FP8 product of
+out, and every step decoded whole weights it then used once, slower than no cache at all. Making a fresh 176 MB array costs more than the FP8 product of
 one use. Every AGE_EVERY uses all the counts are halved, so that a weight used often long ago
 does not keep its place against one used often now (a run stepping on to other layers, say).
 """

@@ -19,7 +19,7 @@ import numpy as np
 from stepper import fp8
 from stepper.config import Config
 from stepper.errors import StepperError
-from stepper.model.attention import cache_bytes_per_token
+from stepper.model.cache import cache_bytes_per_token
 from stepper.model.rope import rope_inv_freq, yarn_correction_range, yarn_mscale
 from stepper.presets import PRESETS, preset
 

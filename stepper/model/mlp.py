@@ -11,10 +11,9 @@ from stepper.trace import Emitter
 
 
 def dense_mlp(x: np.ndarray, w: LayerWeights, emit: Emitter) -> np.ndarray:
-    """down(silu(gate(x)) * up(x)).  [B, T, D] -> [B, T, D]"""
-    gate, up = linears(x, (w.matrix("mlp.gate_proj.weight"), w.matrix("mlp.up_proj.weight")))  # [B, T, I] each
-    emit("mlp.gate_proj", gate)
-    emit("mlp.up_proj", up)
-    act = silu(gate) * up
-    emit("mlp.act", act)
+    """down(silu(gate(x)) * up(x)).  [B, T, d] -> [B, T, d]"""
+    gate, up = linears(x, (w.matrix("mlp.gate_proj.weight"), w.matrix("mlp.up_proj.weight")))  # [B, T, inter] each
+    gate = emit("mlp.gate_proj", gate)
+    up = emit("mlp.up_proj", up)
+    act = emit("mlp.act", silu(gate) * up)  # [B, T, inter]
     return linear(act, w.matrix("mlp.down_proj.weight"))

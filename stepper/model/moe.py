@@ -21,28 +21,25 @@ from stepper.model.ops import swiglu
 from stepper.model.router import Routing, route
 from stepper.trace import Emitter
 
-DISPATCH = ("grouped", "per_token")
-
 
 def moe(x: np.ndarray, w: LayerWeights, cfg: Config, emit: Emitter, dispatch: str = "grouped") -> np.ndarray:
-    """[B, T, D] -> routed_output + shared_output [B, T, D]."""
-    B, T, D = x.shape
-    tokens = x.reshape(B * T, D)  # [N, D]
+    """[B, T, d] -> routed_output + shared_output [B, T, d]; dispatch "grouped" or "per_token"."""
+    B, T, d = x.shape
+    tokens = x.reshape(B * T, d)  # [N, d]
     routing = route(tokens, w("mlp.gate.weight"), w("mlp.gate.e_score_correction_bias"), cfg, emit)
     if dispatch == "grouped":
-        routed = grouped_experts(tokens, routing, w, emit).reshape(B, T, D)
+        routed = grouped_experts(tokens, routing, w, emit)  # [N, d]
     else:
-        routed = per_token_experts(tokens, routing, w).reshape(B, T, D)
-    emit("mlp.routed_output", routed)
+        routed = per_token_experts(tokens, routing, w)  # [N, d]
+    routed = emit("mlp.routed_output", routed.reshape(B, T, d))  # [B, T, d]
     if cfg.n_shared_experts == 0:
         return routed
-    shared = swiglu(x, *expert_matrices(w, "mlp.shared_experts."))
-    emit("mlp.shared_output", shared)
+    shared = emit("mlp.shared_output", swiglu(x, *expert_matrices(w, "mlp.shared_experts.")))  # [B, T, d]
     return routed + shared
 
 
 def per_token_experts(tokens: np.ndarray, routing: Routing, w: LayerWeights) -> np.ndarray:
-    """sum_k weight[n, k] * expert_{idx[n, k]}(x_n), token by token.  [N, D] -> [N, D]"""
+    """The sum over k of topk_weight(n, k) * expert_topk_idx(n, k)(x_n), token by token.  [N, d] -> [N, d]"""
     chosen = {int(e): expert_arrays(w, f"mlp.experts.{e}.") for e in np.unique(routing.topk_idx)}
     out = np.zeros_like(tokens)
     for n, x_n in enumerate(tokens):
@@ -52,7 +49,7 @@ def per_token_experts(tokens: np.ndarray, routing: Routing, w: LayerWeights) -> 
 
 
 def grouped_experts(tokens: np.ndarray, routing: Routing, w: LayerWeights, emit: Emitter) -> np.ndarray:
-    """Each chosen expert once on its tokens, scattered back with the weights.  [N, D] -> [N, D]"""
+    """Each chosen expert once on its tokens, scattered back with the weights.  [N, d] -> [N, d]"""
     out = np.zeros_like(tokens)
     chosen = np.unique(routing.topk_idx)
     for done, e in enumerate(chosen):
@@ -64,9 +61,11 @@ def grouped_experts(tokens: np.ndarray, routing: Routing, w: LayerWeights, emit:
 
 
 def expert_arrays(w: LayerWeights, prefix: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """An expert's gate, up [moe_inter, d] and down [d, moe_inter] as float32 arrays."""
     return w(prefix + "gate_proj.weight"), w(prefix + "up_proj.weight"), w(prefix + "down_proj.weight")
 
 
 def expert_matrices(w: LayerWeights, prefix: str) -> tuple:
+    """An expert's gate, up and down as matrices to multiply with (FP8 ones stay FP8)."""
     return (w.matrix(prefix + "gate_proj.weight"), w.matrix(prefix + "up_proj.weight"),
             w.matrix(prefix + "down_proj.weight"))

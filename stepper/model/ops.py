@@ -1,6 +1,7 @@
 """Small NumPy functions the layer is built from. Everything is float32 in, float32 out.
 
-Shapes use named dimensions: `...` any leading axes, the last axis named where it matters.
+Shapes use the catalogue's named dimensions: `...` any leading axes, the last axis named where
+it matters. The products themselves run in kernels.linear.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from stepper.swap import exercise
 
 @exercise
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
-    """x * rsqrt(mean(x^2) + eps) * weight, in float32 like the reference.  [..., D] -> [..., D]"""
+    """x * rsqrt(mean(x^2) + eps) * weight over the last axis, in float32 like the reference.
+    [..., d] -> [..., d] (and the latents: [..., q_lora], [..., kv_lora])"""
     x = x.astype(np.float32, copy=False)
     variance = np.mean(np.square(x), axis=-1, keepdims=True)  # [..., 1]
     return weight * (x * (np.float32(1) / np.sqrt(variance + np.float32(eps))))
@@ -25,8 +27,8 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
 
 
 def silu(x: np.ndarray) -> np.ndarray:
-    """x * sigmoid(x), computed as x / (1 + exp(-x)) in one new array (as torch's kernel does):
-    the two-step form made four arrays and took 3.4 ms on an expert's [252, 2048], this 0.9 ms."""
+    """x * sigmoid(x), computed as x / (1 + exp(-x)) in one new array, as torch's kernel does
+    (the two-step form made four arrays: see docs/design-notes.md)."""
     e = np.negative(x)
     with np.errstate(over="ignore"):  # exp(-x) overflows to inf for x << 0: x / inf is then -0, as it should be
         np.exp(e, out=e)
@@ -36,11 +38,11 @@ def silu(x: np.ndarray) -> np.ndarray:
 
 def swiglu(x: np.ndarray, gate: np.ndarray, up: np.ndarray, down: np.ndarray,
            row_weights: np.ndarray | None = None) -> np.ndarray:
-    """down(silu(gate(x)) * up(x)): the dense MLP, each routed expert and the shared expert.
+    """down(silu(gate(x)) * up(x)): each routed expert and the shared expert.  [..., d] -> [..., d]
 
-    With row_weights [N] (a routed expert's weight for each of its tokens, x [N, D]), each row
-    is weighed before down: the same as weighing down's output rows, down being linear, on I
-    values a token instead of D (D = 7168, I = 2048 in Kimi K2).  [..., D] -> [..., D]"""
+    With row_weights [N] (a routed expert's weight for each of its tokens, x [N, d]), each row
+    is weighed before down: the same as weighing down's output rows, down being linear, on
+    moe_inter values a token instead of d (2048 against 7168 in Kimi K2)."""
     gate_x, up_x = linears(x, (gate, up))
     act = silu(gate_x)
     act *= up_x

@@ -1,14 +1,23 @@
-"""Rotary position embedding with YaRN: the frequencies, the cos/sin tables, the rotation.
-"""
+"""Rotary position embedding with YaRN: the frequencies, the cos/sin tables, the rotation."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
 from stepper.config import Yarn
 from stepper.swap import exercise
+
+
+@dataclass(frozen=True)
+class Rope:
+    """The rotary angles of the T new positions: cos, sin [T, rope/2], and the softmax scale."""
+
+    cos: np.ndarray
+    sin: np.ndarray
+    softmax_scale: float
 
 
 def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
@@ -24,7 +33,8 @@ def yarn_correction_dim(rotations: float, dim: int, theta: float, original_max: 
 
 
 def yarn_correction_range(dim: int, theta: float, yarn: Yarn) -> tuple[int, int]:
-    """[low, high]: below low the frequency is kept (extrapolated), above high it is divided by factor."""
+    """The rotary dims (low, high): below low the frequency is kept (extrapolated), above high it is
+    divided by factor."""
     low = math.floor(yarn_correction_dim(yarn.beta_fast, dim, theta, yarn.original_max_position_embeddings))
     high = math.ceil(yarn_correction_dim(yarn.beta_slow, dim, theta, yarn.original_max_position_embeddings))
     return max(low, 0), min(high, dim - 1)
@@ -32,13 +42,13 @@ def yarn_correction_range(dim: int, theta: float, yarn: Yarn) -> tuple[int, int]
 
 @exercise
 def rope_inv_freq(dim: int, theta: float, yarn: Yarn | None) -> np.ndarray:
-    """Inverse frequencies [dim/2], float32, with YaRN's blend between kept and interpolated ones.
+    """Inverse frequencies [rope/2] (dim = rope), float32, with YaRN's blend between kept and interpolated ones.
 
     The arithmetic is the reference's float32 arithmetic, step by step, except theta ** (2i/dim),
     which stepper rounds correctly (float64, then float32) where torch's float32 pow may be one ulp
     off; see docs/numerics.md.
     """
-    exponent = np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim)  # [dim/2]
+    exponent = np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim)  # [rope/2]
     pos_freqs = (np.float64(theta) ** exponent.astype(np.float64)).astype(np.float32)
     extrapolation = np.float32(1) / pos_freqs
     if yarn is None:
@@ -66,7 +76,7 @@ def rope_tables(positions: np.ndarray, inv_freq: np.ndarray, mscale: float) -> t
 def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     """Rotate interleaved pairs (x0, x1), (x2, x3), ... by their angles.  [..., T, rope] -> same.
 
-    The output is in the reference's layout: [rotated evens | rotated odds], i.e. the pairs are
+    The output is in the reference's layout, the rotated evens then the rotated odds: the pairs are
     first gathered into halves (as modeling_deepseek.py does with view/transpose) and then
     x * cos + rotate_half(x) * sin is applied.  cos, sin: [T, rope/2].
     """

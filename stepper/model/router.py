@@ -7,7 +7,8 @@ is the sum of its two best biased scores, only the best topk_group groups stay e
 has a single group, so that step keeps everything. The chosen experts' scores are normalised to
 sum 1 and multiplied by routed_scaling_factor.
 
-Shape symbols: N tokens, D hidden, E routed experts, G groups, K experts per token.
+Shapes name the catalogue's dimensions: N tokens, d hidden, E routed experts, G expert groups,
+k chosen experts per token.
 """
 
 from __future__ import annotations
@@ -25,35 +26,28 @@ from stepper.trace import Emitter
 
 @dataclass(frozen=True)
 class Routing:
-    topk_idx: np.ndarray  # [N, K] int64, best first
-    topk_weight: np.ndarray  # [N, K] float32
+    topk_idx: np.ndarray  # [N, k] int64, best first
+    topk_weight: np.ndarray  # [N, k] float32
 
 
 @exercise
 def route(x: np.ndarray, gate: np.ndarray, bias: np.ndarray, cfg: Config, emit: Emitter) -> Routing:
-    """x [N, D], gate [E, D], bias [E] -> the chosen experts and their weights."""
-    logits = linear(x.astype(np.float32), gate.astype(np.float32))  # [N, E]
-    emit("mlp.gate.logits", logits)
-    scores = sigmoid(logits)
-    emit("mlp.gate.scores", scores)
-    scores_for_choice = scores + bias  # [N, E], selection only
-    emit("mlp.gate.scores_for_choice", scores_for_choice)
+    """x [N, d], gate [E, d], bias [E] -> the chosen experts and their weights."""
+    logits = emit("mlp.gate.logits", linear(x.astype(np.float32), gate.astype(np.float32)))  # [N, E]
+    scores = emit("mlp.gate.scores", sigmoid(logits))  # [N, E]
+    scores_for_choice = emit("mlp.gate.scores_for_choice", scores + bias)  # [N, E], selection only
 
-    group_scores = top2_sum_per_group(scores_for_choice, cfg.n_group)  # [N, G]
-    emit("mlp.gate.group_scores", group_scores)
-    group_mask = best_groups_mask(group_scores, cfg.topk_group)  # [N, G]
-    emit("mlp.gate.group_mask", group_mask)
+    group_scores = emit("mlp.gate.group_scores", top2_sum_per_group(scores_for_choice, cfg.n_group))  # [N, G]
+    group_mask = emit("mlp.gate.group_mask", best_groups_mask(group_scores, cfg.topk_group))  # [N, G]
 
     eligible = np.repeat(group_mask > 0, cfg.n_routed_experts // cfg.n_group, axis=1)  # [N, E]
-    masked = np.where(eligible, scores_for_choice, np.float32(-np.inf))
-    topk_idx = top_k(masked, cfg.num_experts_per_tok)  # [N, K]
-    emit("mlp.gate.topk_idx", topk_idx)
+    masked = np.where(eligible, scores_for_choice, np.float32(-np.inf))  # [N, E]
+    topk_idx = emit("mlp.gate.topk_idx", top_k(masked, cfg.num_experts_per_tok))  # [N, k]
 
-    weights = np.take_along_axis(scores, topk_idx, axis=1)  # [N, K], unbiased
+    weights = np.take_along_axis(scores, topk_idx, axis=1)  # [N, k], unbiased
     if cfg.norm_topk_prob:
         weights = weights / (np.sum(weights, axis=1, keepdims=True) + np.float32(1e-20))
-    weights = weights * np.float32(cfg.routed_scaling_factor)
-    emit("mlp.gate.topk_weight", weights)
+    weights = emit("mlp.gate.topk_weight", weights * np.float32(cfg.routed_scaling_factor))  # [N, k]
     return Routing(topk_idx, weights)
 
 
@@ -72,5 +66,6 @@ def best_groups_mask(group_scores: np.ndarray, topk_group: int) -> np.ndarray:
 
 
 def top_k(values: np.ndarray, k: int) -> np.ndarray:
-    """Indices [N, k] of the k largest values per row, best first (ties: lower index first)."""
+    """Indices [N, k] of the k largest values per row, best first (ties: lower index first).
+    [N, E] -> [N, k]; it also picks the topk_group best of the groups [N, G]."""
     return np.argsort(-values, axis=1, kind="stable")[:, :k].astype(np.int64)

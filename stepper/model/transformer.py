@@ -15,26 +15,26 @@ import numpy as np
 
 from stepper.config import Config
 from stepper.kernels.linear import linear
-from stepper.model.attention import LayerCache, Rope
+from stepper.model.cache import LayerCache
 from stepper.model.layer import decoder_layer
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.ops import rms_norm
-from stepper.model.rope import rope_inv_freq, rope_tables, yarn_mscale
+from stepper.model.rope import Rope, rope_inv_freq, rope_tables, yarn_mscale
 from stepper.trace import Emitter
 from stepper.weights.source import WeightSource
 
 LM_HEAD = "lm_head.weight"
-HEAD_ROWS = 4096  # vocabulary rows multiplied at a time: for Kimi K2, [4096, 7168] float32 is 117 MB
+HEAD_ROWS = 4096  # vocabulary rows multiplied at a time: for Kimi K2, 4096 x 7168 float32 is 117 MB
 
 
 def lm_head(hidden: np.ndarray, weights: WeightSource, rows: int = HEAD_ROWS) -> np.ndarray:
-    """hidden [B, T, D] @ lm_head^T -> logits [B, T, vocab], one block of vocabulary rows at a time,
-    so all of lm_head (for Kimi K2 163840 x 7168, 4.7 GB in float32) never exists at once."""
-    logits = np.empty((*hidden.shape[:-1], weights.config.vocab_size), dtype=np.float32)  # [B, T, vocab]
+    """hidden [B, T, d] @ lm_head^T -> logits [B, T, V], one block of `rows` vocabulary rows at a
+    time, so all of lm_head (for Kimi K2 163840 x 7168, 4.7 GB in float32) never exists at once."""
+    logits = np.empty((*hidden.shape[:-1], weights.config.vocab_size), dtype=np.float32)  # [B, T, V]
     start = 0
-    for block in weights.row_blocks(LM_HEAD, rows):  # [rows, D]
+    for block in weights.row_blocks(LM_HEAD, rows):  # the next `rows` rows of lm_head [V, d]
         stop = start + block.data.shape[0]
-        logits[..., start:stop] = linear(hidden, block.matrix(LM_HEAD))  # [B, T, rows]
+        logits[..., start:stop] = linear(hidden, block.matrix(LM_HEAD))
         start = stop
     return logits
 
@@ -57,7 +57,7 @@ class Transformer:
         self.scratch: dict = {}  # float32 memory the layers decode weights into, and what it holds (LayerWeights.float32)
         cfg = self.config
         yarn = cfg.rope_scaling
-        self.inv_freq = rope_inv_freq(cfg.qk_rope_head_dim, cfg.rope_theta, yarn)  # [R/2]
+        self.inv_freq = rope_inv_freq(cfg.qk_rope_head_dim, cfg.rope_theta, yarn)  # [rope/2]
         self.rope_mscale = 1.0 if yarn is None else (
             yarn_mscale(yarn.factor, yarn.mscale) / yarn_mscale(yarn.factor, yarn.mscale_all_dim)
         )
@@ -66,30 +66,35 @@ class Transformer:
             self.softmax_scale *= yarn_mscale(yarn.factor, yarn.mscale_all_dim) ** 2
 
     def embed(self, ids: np.ndarray) -> np.ndarray:
-        """ids [B, T] -> [B, T, D], reading only the rows of these tokens."""
+        """ids [B, T] -> [B, T, d], reading only the rows of these tokens."""
         return np.asarray(self.weights.get_rows("model.embed_tokens.weight", ids), dtype=np.float32)
 
     def rope(self, positions: np.ndarray, emit: Emitter) -> Rope:
-        cos, sin = rope_tables(positions, self.inv_freq, self.rope_mscale)  # [T, R/2]
-        emit("rope_cos", np.concatenate([cos, cos], axis=-1))  # the reference's cat(freqs, freqs) layout
-        emit("rope_sin", np.concatenate([sin, sin], axis=-1))
+        """The rotary tables of positions [T]. They are shown in the reference's cat(freqs, freqs)
+        layout [T, rope]; the model goes on with the first half of what is shown, [T, rope/2]."""
+        cos, sin = rope_tables(positions, self.inv_freq, self.rope_mscale)  # [T, rope/2]
+        half = cos.shape[-1]
+        cos = emit("rope_cos", np.concatenate([cos, cos], axis=-1))[:, :half]
+        sin = emit("rope_sin", np.concatenate([sin, sin], axis=-1))[:, :half]
         return Rope(cos, sin, self.softmax_scale)
 
     def layer(
         self, i: int, hidden: np.ndarray, rope: Rope, cache: KVCache | None, emit: Emitter, attn: str = "naive"
     ) -> np.ndarray:
-        """Decoder layer i on the residual stream [B, T, D], with the naive or absorbed attention."""
+        """Decoder layer i on the residual stream [B, T, d], with attn "naive" or "absorb"."""
         layer_cache = None if cache is None else cache.layers[i]
         w = LayerWeights(self.weights, i, self.scratch)
         return decoder_layer(hidden, w, self.config, rope, layer_cache, emit.layer(i), attn, self.dispatch)
 
+    def start(self, ids: np.ndarray, positions: np.ndarray, emit: Emitter) -> tuple[np.ndarray, Rope]:
+        """The embedding [B, T, d] of ids [B, T] and the rotary tables of positions [T]."""
+        hidden = emit("embed", self.embed(ids))
+        return hidden, self.rope(positions, emit)
+
     def head(self, hidden: np.ndarray, emit: Emitter) -> np.ndarray:
-        """Final norm and lm_head: [B, T, D] -> logits [B, T, vocab]."""
-        hidden = rms_norm(hidden, self.weights.get("model.norm.weight"), self.config.rms_norm_eps)
-        emit("norm", hidden)
-        logits = lm_head(hidden, self.weights)
-        emit("logits", logits)
-        return logits
+        """Final norm and lm_head: [B, T, d] -> logits [B, T, V]."""
+        hidden = emit("norm", rms_norm(hidden, self.weights.get("model.norm.weight"), self.config.rms_norm_eps))
+        return emit("logits", lm_head(hidden, self.weights))
 
     def forward(
         self,
@@ -101,7 +106,7 @@ class Transformer:
         to_logits: bool = True,
         attn: str = "naive",
     ) -> np.ndarray | None:
-        """ids [B, T] at positions [T] -> logits [B, T, vocab].
+        """ids [B, T] at positions [T] -> logits [B, T, V].
 
         `shown` limits which layers emit; the layers before them run silently, so every layer
         sees its true input, and the embedding, rope tables, norm and logits are emitted only
@@ -110,11 +115,9 @@ class Transformer:
         """
         n = self.config.num_hidden_layers
         shown = range(n) if shown is None else shown
-        outer = emit if shown == range(n) else emit.silent()
-        hidden = self.embed(ids)
-        outer("embed", hidden)
-        rope = self.rope(positions, outer)
+        whole = emit if shown == range(n) else emit.silent()  # what the model emits outside the layers
+        hidden, rope = self.start(ids, positions, whole)
         for i in range(n if to_logits else shown.stop):
             emit.progress("layers", i, n if to_logits else shown.stop)
             hidden = self.layer(i, hidden, rope, cache, emit if i in shown else emit.silent(), attn)
-        return self.head(hidden, outer) if to_logits else None
+        return self.head(hidden, whole) if to_logits else None

@@ -65,12 +65,12 @@ def test_synth_checkpoint_runs_bit_identically_to_the_preset(synth_dir):
 
 
 def test_kv_b_decoded_into_reused_memory_is_decoded_again_only_for_another_weight(synth_dir, monkeypatch):
-    from stepper.model import layer_weights
+    from stepper.kernels import linear
     from stepper.model.layer_weights import LayerWeights
 
     calls = []
-    real = layer_weights.float32_weight
-    monkeypatch.setattr(layer_weights, "float32_weight", lambda w, out: calls.append(w.name) or real(w, out))
+    real = linear.float32_weight
+    monkeypatch.setattr(linear, "float32_weight", lambda w, out: calls.append(w.name) or real(w, out))
     name, scratch = "self_attn.kv_b_proj.weight", {}
     from_file = Checkpoint(synth_dir)
     want = {layer: from_file.matrix(f"model.layers.{layer}.{name}").dequantize() for layer in (0, 1)}

@@ -5,7 +5,7 @@ import pytest
 
 from stepper.model import KVCache, Transformer
 from stepper.presets import preset
-from stepper.session import RunSpec, run
+from stepper.session import RunSpec, prompt_ids, run
 from stepper.trace import Emitter, Recorder
 from stepper.weights.stored import Fp8Matrix
 from stepper.weights.synthetic import SyntheticWeights
@@ -253,8 +253,9 @@ def test_weight_cache_makes_room_only_by_letting_go_of_weights_used_less():
 
 @pytest.mark.parametrize("attn", ["naive", "absorb"])
 def test_heads_run_in_groups_side_by_side_equal_the_heads_at_once(attn, monkeypatch):
-    from stepper.kernels import parallel
-    from stepper.model import attention
+    """With a sink the scores are made whole; with none, in groups of heads (kernels.attention):
+    the same tensors and logits either way, bit for bit."""
+    from stepper.kernels import attention, parallel
 
     monkeypatch.setattr(parallel, "cores", lambda: 2)  # groups run on two threads even on one core
     whole = run_tensors(prompt_len=12, attn=attn)
@@ -263,26 +264,9 @@ def test_heads_run_in_groups_side_by_side_equal_the_heads_at_once(attn, monkeypa
     assert whole.keys() == grouped.keys()
     for key in ("layers.0.self_attn.attn_scores", "layers.0.self_attn.attn_weights", "layers.1.output", "logits"):
         assert np.array_equal(whole[key], grouped[key]), key
-
-
-def test_attention_in_groups_gives_the_same_output_with_no_sink(monkeypatch):
-    from stepper.kernels import parallel
-    from stepper.model import attention
-
-    monkeypatch.setattr(parallel, "cores", lambda: 2)
-    rng = np.random.default_rng(0)
-    q, k, v = (rng.standard_normal((1, 6, 10, d), dtype=np.float32) for d in (8, 8, 4))
-
-    def attend(emit):
-        return attention.attend(lambda h: np.matmul(q[:, h], k[:, h].swapaxes(-1, -2)),
-                                lambda h, weights: np.matmul(weights, v[:, h]), q.shape, 0.3, emit)
-
-    at_once, at_once_shown = Recorder(), Recorder()
-    whole = attend(Emitter([at_once]))
-    monkeypatch.setattr(attention, "GROUP_SCORES", 2 * 10 * 10)  # two heads per group
-    assert np.array_equal(attend(Emitter()), whole)
-    assert np.array_equal(attend(Emitter([at_once_shown])), whole)
-    shown, expected = at_once_shown.tensors(), at_once.tensors()
-    assert shown.keys() == expected.keys() and len(shown) == 2
-    for name in shown:
-        assert np.array_equal(shown[name], expected[name]), name
+    model = Transformer(SyntheticWeights(preset("tiny"), seed=0))
+    ids = np.array([prompt_ids(RunSpec(prompt_len=12), preset("tiny"))])
+    silent = model.forward(ids, np.arange(12), Emitter(), attn=attn)  # no sink: the heads in groups
+    shown = model.forward(ids, np.arange(12), Emitter([Recorder()]), attn=attn)
+    assert attention.worth_grouping(np.empty((1, 4, 12, 1))) and np.array_equal(silent, shown)
+    assert np.array_equal(silent, whole["logits"])

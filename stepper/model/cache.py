@@ -1,0 +1,50 @@
+"""What a layer remembers of earlier positions, and what that costs per position."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from stepper.config import Config
+
+
+@dataclass
+class LayerCache:
+    """What one layer remembers of earlier positions.
+
+    The latent (compressed_kv_norm) and the roped shared key are kept by both attention paths;
+    the naive path also keeps the per-head keys and values it attended over.
+    """
+
+    latent: np.ndarray | None = None  # [B, S, kv_lora]
+    k_pe: np.ndarray | None = None  # [B, one, S, rope], after RoPE
+    key_states: np.ndarray | None = None  # [B, H, S, qk_head], naive path
+    value_states: np.ndarray | None = None  # [B, H, S, v_head], naive path
+
+    @property
+    def length(self) -> int:
+        return 0 if self.latent is None else self.latent.shape[1]
+
+    def extend_latent(self, latent: np.ndarray, k_pe: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Append the T new positions' latents [B, T, kv_lora] and rotary keys [B, one, T, rope];
+        return all S positions' [B, S, kv_lora], [B, one, S, rope]."""
+        self.latent = latent if self.latent is None else np.concatenate([self.latent, latent], axis=1)
+        self.k_pe = k_pe if self.k_pe is None else np.concatenate([self.k_pe, k_pe], axis=2)
+        return self.latent, self.k_pe
+
+    def extend_heads(self, keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Append per-head keys [B, H, T, qk_head] and values [B, H, T, v_head]; return all S positions'."""
+        if self.key_states is not None:
+            keys = np.concatenate([self.key_states, keys], axis=2)
+            values = np.concatenate([self.value_states, values], axis=2)
+        self.key_states, self.value_states = keys, values
+        return keys, values
+
+
+def cache_bytes_per_token(cfg: Config, attn: str, itemsize: int = 4) -> int:
+    """Bytes one layer caches per position: per-head keys and values (attn "naive"), or one
+    latent and rotary key ("absorb")."""
+    if attn == "naive":
+        return cfg.num_attention_heads * (cfg.qk_head_dim + cfg.v_head_dim) * itemsize
+    return (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * itemsize

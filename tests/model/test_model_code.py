@@ -1,0 +1,95 @@
+"""The model's code read as text: one emit site per catalogued name, shapes in the catalogue's symbols."""
+
+import ast
+import io
+import re
+import tokenize
+from pathlib import Path
+
+import pytest
+
+import stepper
+from stepper import catalog
+
+ROOT = Path(stepper.__file__).parent
+MODEL_FILES = sorted((ROOT / "model").glob("*.py"))
+SHAPE_FILES = [*MODEL_FILES, ROOT / "kernels" / "attention.py"]
+SHAPE = re.compile(r"(?<![\w\])])\[([^\[\]]*)\]")  # a bracket right after a name or a bracket indexes
+TERM = re.compile(r"^(?:\.\.\.|[A-Za-z_][A-Za-z0-9_]*|\d+|[\s()+*/])*$")  # symbols, numbers, + * / ( ) and ...
+
+
+def emit_calls(tree: ast.AST) -> list[ast.Call]:
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "emit"]
+
+
+def emit_sites() -> dict[str, list[str]]:
+    """Catalogued name -> the file:line of every emit("name", ...) in stepper/model."""
+    sites: dict[str, list[str]] = {}
+    for path in MODEL_FILES:
+        for call in emit_calls(ast.parse(path.read_text())):
+            first = call.args[0] if call.args else None
+            assert isinstance(first, ast.Constant) and isinstance(first.value, str), f"{path.name}:{call.lineno}"
+            sites.setdefault(first.value, []).append(f"{path.name}:{call.lineno}")
+    return sites
+
+
+def test_every_catalogued_name_has_exactly_one_emit_site():
+    sites = emit_sites()
+    names = catalog.load().names()
+    assert sorted(sites) == sorted(names)
+    assert {n: s for n, s in sites.items() if len(s) != 1} == {}
+
+
+def test_the_model_goes_on_with_what_emit_returns():
+    """No emit call is a statement of its own (its result dropped), and nothing calls an emitter
+    under another name: every emitter call in the model is `emit(...)` or `emit.<method>(...)`."""
+    for path in MODEL_FILES:
+        tree = ast.parse(path.read_text())
+        dropped = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Expr) and n.value in emit_calls(n)]
+        assert dropped == [], f"{path.name}: emit's result dropped at lines {dropped}"
+        for fn in [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.Lambda)]:
+            emitters = {a.arg for a in fn.args.args if a.annotation is not None and ast.unparse(a.annotation) == "Emitter"}
+            assert emitters <= {"emit"}, f"{path.name}:{fn.lineno}: an Emitter named {emitters - {'emit'}}"
+
+
+def texts(source: str) -> list[tuple[int, str]]:
+    """The comments and docstrings of Python source, each with its first line number."""
+    out = [(tok.start[0], tok.string) for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+           if tok.type == tokenize.COMMENT]
+    for node in ast.walk(ast.parse(source)):
+        documented = isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        if documented and ast.get_docstring(node, clean=False) is not None:
+            out.append((node.body[0].lineno, ast.get_docstring(node, clean=False)))
+    return out
+
+
+def unknown_symbols(source: str, symbols: set[str]) -> list[str]:
+    """Every bracketed shape in the comments and docstrings, `[B, H, T, qk_head]`, checked term by
+    term: `line: [shape]: what is wrong` for each symbol not in the table or term not a shape."""
+    problems = []
+    for line, text in texts(source):
+        for shape in SHAPE.findall(text):
+            for term in shape.split(","):
+                if not TERM.match(term):
+                    problems.append(f"{line}: [{shape}]: '{term.strip()}' is not a shape term")
+                    continue
+                unknown = [s for s in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", term) if s not in symbols]
+                problems += [f"{line}: [{shape}]: unknown symbol {s}" for s in unknown]
+    return problems
+
+
+@pytest.fixture(scope="module")
+def symbols() -> set[str]:
+    return set(catalog.load().raw["dims"])
+
+
+@pytest.mark.parametrize("path", SHAPE_FILES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_shapes_in_comments_and_docstrings_use_the_catalogue_dims(path, symbols):
+    assert unknown_symbols(path.read_text(), symbols) == []
+
+
+def test_the_shape_check_finds_an_unknown_symbol_or_a_non_shape(symbols):
+    source = '"""Module.  [B, T, d]"""\n\n\ndef f(x):\n    """x [B, T, D] -> [..., H*v_head]"""\n    return x  # [B, C, rope/2]\n'
+    assert unknown_symbols(source, symbols) == ["6: [B, C, rope/2]: unknown symbol C", "5: [B, T, D]: unknown symbol D"]
+    assert unknown_symbols("y = 1  # [a | b]\n", symbols) == ["1: [a | b]: 'a | b' is not a shape term"]
+    assert unknown_symbols("y = 1  # [nope+rope, one, ..., 64] from kv[..., :n]\n", symbols) == []
