@@ -14,7 +14,7 @@ from stepper.cli.common import PlainOpt, SeedOpt, parse_layers, user_errors
 from stepper.errors import StepperError
 from stepper.fp8 import BLOCK
 from stepper.session import RunSpec, load_model, shown_layers
-from stepper.views import fp8_codes, inspect
+from stepper.views import fp8_codes, inspect, inspect_stats
 from stepper.weights.names import shape_of, storage_dtype
 from stepper.weights.synth import synth_checkpoint
 from stepper.weights.synthetic import SyntheticWeights
@@ -61,7 +61,7 @@ def inspect_command(
         if only and not tensors:
             raise StepperError(f"--only {' '.join(only)} matched no tensor (names look like model.layers.1.self_attn.o_proj.weight)")
         if stats:
-            tensors = inspect.with_stats(source, tensors, progress=sys.stderr.isatty(), plain=plain)
+            tensors = inspect_stats.with_stats(source, tensors, progress=sys.stderr.isatty(), plain=plain)
         groups = inspect.group(tensors, source.config, fold_experts=not experts and not as_json)
         if as_json:
             inspect.write_json(sys.stdout, groups)
@@ -96,13 +96,13 @@ def fp8_command(
             raise StepperError("give a CODE or --weight NAME, not both")
         console = Console(no_color=plain, highlight=False, soft_wrap=True)
         if weight is not None:
-            shown = fp8_block(weight, model or "tiny", fp8_codes.parse_block(block or "0,0"), seed or 0)
+            shown = fp8_block(weight, model or "tiny", parse_block(block or "0,0"), seed or 0)
             if as_json:
                 print(json.dumps(fp8_codes.block_record(shown), allow_nan=False))
             else:
                 fp8_codes.render_block(console, shown)
         elif code is not None:
-            byte = fp8_codes.parse_code(code)
+            byte = parse_code(code)
             if as_json:
                 print(json.dumps(fp8_codes.code_record(byte)))
             else:
@@ -129,3 +129,29 @@ def fp8_block(name: str, model: str, index: tuple[int, int], seed: int) -> fp8_c
         raise StepperError(f"{model}: no tensor named '{name}'; {example}")
     where = f"synthetic weights of {cfg.name}, seed {seed}" if isinstance(source, SyntheticWeights) else f"checkpoint {model}"
     return fp8_codes.load_block(source.stored(name), name, index, size, where)
+
+
+def parse_code(text: str) -> int:
+    """A byte given as hex (0xCD), decimal (205) or binary (0b11001101)."""
+    expected = "a byte as hex 0x00..0xFF, decimal 0..255 or binary 0b00000000..0b11111111"
+    try:
+        code = int(text, 0)
+    except ValueError:
+        try:
+            code = int(text, 10)  # decimal with leading zeros, e.g. 007
+        except ValueError:
+            raise StepperError(f"CODE: expected {expected} (e.g. 0xCD, 205, 0b11001101), got '{text}'") from None
+    if not 0 <= code <= 255:
+        raise StepperError(f"CODE: '{text}' is {code}, which is not one byte: expected {expected}")
+    return code
+
+
+def parse_block(text: str) -> tuple[int, int]:
+    """--block R,C: the block's row and column in the weight's scale grid."""
+    parts = text.split(",")
+    try:
+        if len(parts) != 2:
+            raise ValueError
+        return int(parts[0]), int(parts[1])
+    except ValueError:
+        raise StepperError(f"--block expects R,C (the block's row and column in the scale grid, e.g. 1,2), got '{text}'") from None

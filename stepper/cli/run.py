@@ -95,8 +95,8 @@ def parse_show(show: str | None) -> set[str]:
     return kinds
 
 
-class Counter:
-    """Sink counting the events it sees."""
+class TensorCount:
+    """Sink counting the tensors it sees."""
 
     def __init__(self) -> None:
         self.count = 0
@@ -135,7 +135,7 @@ def run_command(
         console = Console(no_color=plain, highlight=False, markup=False, soft_wrap=True)
         if not as_json:
             console.print(describe(plan), style="bold")
-        counter, recorder = Counter(), Recorder()
+        counter, recorder = TensorCount(), Recorder()
         views: list[Sink] = [counter, JsonLines(sys.stdout, plan.config) if as_json else TensorRows(console, plan.config)]
         if pictures:
             views.append(Pictures(console, plan.config, pictures, plan.weights))
