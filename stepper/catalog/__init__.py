@@ -66,15 +66,15 @@ class Catalog:
         globbed = [e for e in self.entries if fnmatchcase(e["name"], key) or fnmatchcase(e["name"], "*." + key)]
         return globbed or [e for e in self.entries if any(alias_matches(a, query) for a in e["aliases"].values() if a)]
 
-    def layer_sequence(self, cfg: Config, layer: int, path: str = "naive") -> list[dict[str, Any]]:
-        """The entries one layer emits, in execution order, for this config and attention path."""
+    def layer_sequence(self, cfg: Config, layer: int, attn: str = "naive") -> list[dict[str, Any]]:
+        """The entries one layer emits, in execution order, for this config and attention (naive or absorb)."""
         kind = "moe" if cfg.is_moe_layer(layer) else "dense"
         no_q_lora = cfg.q_lora_rank is None
         return [
             e for e in self.entries
             if e["scope"] == "layer"
             and e["layers"] in ("all", kind)
-            and e["path"] in ("both", path)
+            and e["path"] in ("both", attn)
             and not (no_q_lora and e["name"] in ("self_attn.q_a", "self_attn.q_a_norm"))
             and not (cfg.n_shared_experts == 0 and e["name"] == "mlp.shared_output")
         ]

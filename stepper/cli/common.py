@@ -1,5 +1,6 @@
-"""What every `stepper` command shares: user errors as one line and exit code 2, and the parsers
-of options that several commands take (--layers A:B, --ids 1,2,3)."""
+"""What the `stepper` commands share: user errors as one line and exit code 2, the options that
+several command groups take (--model, --seed, --plain), and the parsers of options several take
+(--layers A:B, --ids 1,2,3)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,15 @@ import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Annotated
 
 import typer
 
 from stepper.errors import StepperError
+
+ModelOpt = Annotated[str, typer.Option(metavar="NAME|PATH", help="Preset (tiny, tiny-v3, kimi-k2, deepseek-v3), a checkpoint directory or a config.json.")]
+SeedOpt = Annotated[int, typer.Option(metavar="S", help="Seed of the synthetic weights and prompt.")]
+PlainOpt = Annotated[bool, typer.Option("--plain", help="No colour.")]
 
 
 @contextmanager

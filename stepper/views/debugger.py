@@ -11,10 +11,8 @@ compared, explained or drawn later. The model code knows nothing of this.
 from __future__ import annotations
 
 import ast
-import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
@@ -27,21 +25,13 @@ from stepper.config import Config
 from stepper.errors import StepperError
 from stepper.trace import Event, matches
 from stepper.views import pictures
+from stepper.views.explain import explain_text
 from stepper.views.sinks import TensorRows
+from stepper.views.tree import BLOCKS
 from stepper.weights.names import layer_prefix
 from stepper.weights.source import WeightSource
 
 PROMPT = "(stepper) "
-
-BLOCKS = {
-    "model": "model",
-    "norm": "norm",
-    "residual": "residual stream",
-    "attention": "latent attention",
-    "router": "MoE router",
-    "moe": "MoE experts",
-    "mlp": "FFN",
-}
 
 HELP = (
     "n next (Enter) · c continue · b break GLOB · d delete [GLOB] · u until NAME · "
@@ -413,47 +403,3 @@ def compare_text(a: Event, b: Event) -> Text:
     text.append(f"  max |a - b| {max_abs:.4g}   relative to max |b| {max_abs / scale if scale else 0.0:.4g}")
     text.append(f"   non-finite mismatches {int((np.isfinite(x) != np.isfinite(y)).sum())}")
     return text
-
-
-def explain_text(cat: catalog.Catalog, entry: dict[str, Any], cfg: Config) -> Text:
-    text = Text()
-    text.append(f"{entry['name']}\n", style="bold cyan")
-    text.append(f"{entry['description']}\n")
-    dims = ", ".join(f"{s} ({cat.raw['dims'][s]['label']}"
-                     + (f" = {cat.expected_size(s, cfg)}" if cat.expected_size(s, cfg) is not None else "") + ")"
-                     for s in entry["dims"])
-    text.append("shape   ", style="dim")
-    text.append(f"[{dims}]\n")
-    text.append("formula ", style="dim")
-    text.append(f"{entry['formula']}\n")
-    text.append(f"\n{entry['explain']}\n\n")
-    ref = entry["reference"]
-    for source, title in (("modeling_deepseek.py", "modeling_deepseek.py"), ("transformers", "transformers modeling_deepseek_v3.py"),
-                          ("inference", "DeepSeek inference/model.py")):
-        lines = ref.get(source)
-        if lines:
-            text.append(f"{title}", style="dim")
-            text.append(f"  lines {lines[0]}-{lines[1]}  ({ref.get('variable', '')})\n")
-            text.append(reference_source(source, lines))
-    aliases = {k: v for k, v in entry.get("aliases", {}).items() if v}
-    if aliases:
-        text.append("aliases ", style="dim")
-        text.append("; ".join(f"{k}: {v}" for k, v in aliases.items()))
-    return text
-
-
-def reference_source(source: str, lines: list[int]) -> Text:
-    """The cited lines of the installed transformers file, when transformers is installed."""
-    if source != "transformers":
-        return Text()
-    try:
-        spec = importlib.util.find_spec("transformers")
-    except (ImportError, ValueError):
-        return Text()
-    if spec is None or spec.origin is None:
-        return Text()
-    path = Path(spec.origin).parent / "models" / "deepseek_v3" / "modeling_deepseek_v3.py"
-    if not path.exists():
-        return Text()
-    code = path.read_text(encoding="utf-8").splitlines()[lines[0] - 1 : lines[1]]
-    return Text("".join(f"    {lines[0] + i:4d}  {line}\n" for i, line in enumerate(code)), style="green")

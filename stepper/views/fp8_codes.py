@@ -2,7 +2,8 @@
 
 This module owns three views and their JSON forms: the table of all 256 codes (a 16x16 grid,
 rows = high nibble, columns = low nibble), one byte taken apart bit by bit, and one 128x128
-block of a stored FP8 weight next to its scale. The arithmetic is `stepper.fp8`'s: values come
+block of a stored FP8 weight next to its scale (the command line's CODE and --block are read by
+`stepper.cli.checkpoint`). The arithmetic is `stepper.fp8`'s: values come
 from `fp8.fields` and `fp8.E4M3_TABLE`; the only product taken here is code value x scale_inv
 for the block shown, exactly as `fp8.dequantize` does it.
 """
@@ -27,36 +28,6 @@ MAX_STYLE, NAN_STYLE, SUBNORMAL_STYLE = "bold yellow", "bold magenta", "dim"
 MAX_CODES = (0x7E, 0xFE)  # ±448
 CELL = 6  # characters per value in the 256-code table
 CORNER = 8  # the block view shows the block's top-left CORNER x CORNER codes and values
-
-
-# ---------------------------------------------------------------------------------------------
-# Reading the command line
-
-
-def parse_code(text: str) -> int:
-    """A byte given as hex (0xCD), decimal (205) or binary (0b11001101)."""
-    expected = "a byte as hex 0x00..0xFF, decimal 0..255 or binary 0b00000000..0b11111111"
-    try:
-        code = int(text, 0)
-    except ValueError:
-        try:
-            code = int(text, 10)  # decimal with leading zeros, e.g. 007
-        except ValueError:
-            raise StepperError(f"CODE: expected {expected} (e.g. 0xCD, 205, 0b11001101), got '{text}'") from None
-    if not 0 <= code <= 255:
-        raise StepperError(f"CODE: '{text}' is {code}, which is not one byte: expected {expected}")
-    return code
-
-
-def parse_block(text: str) -> tuple[int, int]:
-    """--block R,C: the block's row and column in the weight's scale grid."""
-    parts = text.split(",")
-    try:
-        if len(parts) != 2:
-            raise ValueError
-        return int(parts[0]), int(parts[1])
-    except ValueError:
-        raise StepperError(f"--block expects R,C (the block's row and column in the scale grid, e.g. 1,2), got '{text}'") from None
 
 
 # ---------------------------------------------------------------------------------------------

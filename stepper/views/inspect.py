@@ -3,24 +3,19 @@
 This module owns the listing: which tensors make one row (an FP8 weight together with its
 `weight_scale_inv`; a layer's routed experts folded into one row per projection), the group
 headings, what a row can have wrong (missing or misshapen scales, scales without their weight),
-the optional decoded statistics, and how it all looks (Rich rows and a footer) or is written
-(JSON Lines, one object per tensor, experts never folded). Headers come from `Checkpoint` (a
-directory: index and shard headers checked against each other) or `SafetensorsFile`; statistics
-read a tensor a chunk of rows at a time with plain sequential reads and decode each chunk (FP8
-with `fp8.dequantize` and its scales), so a large tensor never needs a float64 copy of itself.
+and how it all looks (Rich rows and a footer, with the statistics `inspect_stats` adds for
+--stats) or is written (JSON Lines, one object per tensor, experts never folded). Headers come
+from `Checkpoint` (a directory: index and shard headers checked against each other) or
+`SafetensorsFile`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import fnmatch
 import json
-import math
-import os
 import re
 from collections import Counter
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -34,12 +29,10 @@ from stepper.errors import StepperError
 from stepper.views import summary
 from stepper.views.summary import Stats
 from stepper.weights.checkpoint import INDEX, SCALE, Checkpoint
-from stepper.weights.safetensors_reader import DTYPES, SafetensorsFile
+from stepper.weights.safetensors_reader import SafetensorsFile
 
 FP8_DTYPE = "F8_E4M3"
 SCALE_DTYPES = ("F32", "BF16", "F16")
-AS_FLOAT32 = ("BF16", "F16", "F32", "F8_E5M2")  # decoded as float32, as Checkpoint.get does
-CHUNK = 1 << 20  # elements decoded at a time for statistics (small enough to stay in cache)
 
 LAYER = re.compile(r"(?P<prefix>(?:.*?\.)?layers\.(?P<layer>\d+)\.)(?P<rest>.+)")
 HF_LAYER = re.compile(r"model\.layers\.(?P<layer>\d+)\.")
@@ -188,122 +181,6 @@ def scale_problems(part: Part, scale: Part | None, block: tuple[int, int]) -> li
 
 
 # ---------------------------------------------------------------------------------------------
-# Statistics
-
-
-def with_stats(source: Source, tensors: list[Tensor], progress: bool, plain: bool = False) -> list[Tensor]:
-    """The tensors with their decoded statistics; a progress bar on stderr if asked (gone when done)."""
-    if not progress:
-        return [replace(t, stats=tensor_stats(source, t, lambda n: None)) for t in tensors]
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn  # only for --stats
-
-    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(binary_units=True), TimeRemainingColumn())
-    with Progress(*columns, console=Console(stderr=True, no_color=plain), transient=True) as bar:
-        task = bar.add_task("statistics", total=sum(t.part.nbytes for t in tensors))
-        done = []
-        for t in tensors:
-            bar.update(task, description=t.name)
-            done.append(replace(t, stats=tensor_stats(source, t, lambda n: bar.advance(task, n))))
-        return done
-
-
-def tensor_stats(source: Source, tensor: Tensor, advance: Callable[[int], None]) -> Stats:
-    parts = []
-    for chunk, nbytes in decoded_chunks(source, tensor):
-        parts.append(summary.stats(chunk))
-        advance(nbytes)
-    return combine(parts)
-
-
-def decoded_chunks(source: Source, tensor: Tensor) -> Iterator[tuple[np.ndarray, int]]:
-    """The tensor's values, a block of rows at a time (whole FP8 scale blocks), with their byte size."""
-    part = tensor.part
-    if len(part.shape) == 0 or 0 in part.shape:
-        data = source.array(part.name)
-        yield decoded(data, part.dtype), data.nbytes
-        return
-    block_rows = source.block[0]
-    step = max(1, CHUNK // math.prod(part.shape[1:]))
-    scale = source.array(tensor.scale.name) if tensor.dequantized else None
-    if scale is not None:
-        step = max(block_rows, step // block_rows * block_rows)
-    with RowReader(source.shards[part.shard], part.name) as reader:
-        for r0 in range(0, part.shape[0], step):
-            rows = reader.read(r0, min(r0 + step, part.shape[0]))
-            if scale is not None:
-                s = scale[r0 // block_rows: -(-(r0 + len(rows)) // block_rows)]
-                yield fp8.dequantize(rows, s, source.block, name=part.name), rows.nbytes
-            else:
-                yield decoded(rows, part.dtype), rows.nbytes
-
-
-class RowReader:
-    """Reads rows of one tensor with plain sequential reads.
-
-    Statistics read every byte once, front to back; through the reader's memory map (tuned for
-    lazy, random access) that costs one page fault per page, which is slow on a cold disk.
-    """
-
-    def __init__(self, file: SafetensorsFile, name: str):
-        info = file.info(name)
-        self.name, self.path = name, file.path
-        self.dtype = DTYPES[info.dtype][0]
-        self.row_shape = info.shape[1:]
-        self.row_bytes = info.nbytes // info.shape[0]
-        self.start = file.data_range(name)[0]
-        self.file = open(file.path, "rb", buffering=0)  # noqa: SIM115 (closed by __exit__)
-        if hasattr(os, "posix_fadvise"):
-            with contextlib.suppress(OSError):
-                os.posix_fadvise(self.file.fileno(), self.start, info.nbytes, os.POSIX_FADV_SEQUENTIAL)
-
-    def read(self, first: int, stop: int) -> np.ndarray:
-        """Rows first..stop-1."""
-        out = np.empty((stop - first, *self.row_shape), dtype=self.dtype)
-        buffer = memoryview(out.reshape(-1).view(np.uint8))
-        self.file.seek(self.start + first * self.row_bytes)
-        done = 0
-        while done < len(buffer):
-            n = self.file.readinto(buffer[done:])
-            if not n:
-                raise StepperError(f"{self.path}: the file ended inside tensor '{self.name}'; did it change?")
-            done += n
-        return out
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.file.close()
-
-
-def decoded(data: np.ndarray, dtype: str) -> np.ndarray:
-    if dtype == FP8_DTYPE:
-        return fp8.decode(np.ascontiguousarray(data))  # without (fitting) scales: the bare code values
-    if dtype in AS_FLOAT32:
-        return np.asarray(data, dtype=np.float32)
-    return data  # F64, integers and booleans: summary.stats reads them as float64
-
-
-def combine(parts: list[Stats]) -> Stats:
-    """The statistics of several chunks together (one chunk: its own statistics, unchanged)."""
-    if len(parts) == 1:
-        return parts[0]
-    nan, inf = sum(p.nan for p in parts), sum(p.inf for p in parts)
-    finite = [p for p in parts if p.finite]
-    n = sum(p.finite for p in finite)
-    if n == 0:
-        nothing = float("nan")
-        return Stats(nothing, nothing, nothing, nothing, nothing, 0.0, nan, inf, 0)
-    total = math.fsum(p.sum for p in finite)
-    mean = total / n
-    m2 = math.fsum(p.finite * (p.std**2 + (p.mean - mean) ** 2) for p in finite)
-    return Stats(
-        min=min(p.min for p in finite), max=max(p.max for p in finite), mean=mean, std=math.sqrt(m2 / n),
-        absmax=max(p.absmax for p in finite), sum=total, nan=nan, inf=inf, finite=n,
-    )
-
-
-# ---------------------------------------------------------------------------------------------
 # Groups and rows
 
 
@@ -326,7 +203,7 @@ class Row:
     def stats(self) -> Stats | None:
         if any(t.stats is None for t in self.tensors):
             return None
-        return combine([t.stats for t in self.tensors])
+        return summary.combine([t.stats for t in self.tensors])
 
 
 @dataclass(frozen=True)
@@ -505,7 +382,7 @@ def stats_text(row: Row) -> Text:
         return text
     for label, value in (("min", st.min), ("max", st.max), ("mean", st.mean), ("std", st.std), ("absmax", st.absmax)):
         text.append(f"{label} ", style="dim")
-        text.append(f"{number(value)}  ")
+        text.append(f"{summary.number(value)}  ")
     for label, value in (("nan", st.nan), ("inf", st.inf)):
         text.append(f"{label} ", style="dim")
         text.append(f"{value}  ", style="bold red" if value else "")
@@ -516,10 +393,6 @@ def stats_text(row: Row) -> Text:
         text.append(f"(all {len(row.tensors)} together)", style="dim")
     text.rstrip()
     return text
-
-
-def number(x: float) -> str:
-    return str(x) if not math.isfinite(x) else f"{x:.4g}"
 
 
 def footer(matched: list[Tensor], total: int, stats: bool) -> str:
@@ -577,6 +450,6 @@ def record(t: Tensor, g: Group) -> dict[str, Any]:
         "problems": list(t.problems),
     }
     if t.stats is not None:
-        out["stats"] = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in t.stats.as_dict().items()}
+        out["stats"] = {k: summary.finite_or_none(v) for k, v in t.stats.as_dict().items()}
         out["stats_of"] = "dequantized" if t.dequantized else "codes" if t.part.dtype == FP8_DTYPE else "values"
     return out

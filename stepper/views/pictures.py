@@ -25,6 +25,8 @@ from rich.measure import Measurement
 from rich.style import Style
 from rich.text import Text
 
+from stepper.views.summary import number
+
 MAX_COLS = 60  # cells across one picture (or one head's map)
 MAX_ROWS = 24  # cell rows down one picture
 MIN_COLS = 24  # a head's map is not squeezed below this to fit the heads side by side
@@ -86,13 +88,6 @@ def caption(text: str) -> Text:
 
 def heading(title: str) -> list[Text]:
     return [Text(title, style="bold")] if title else []
-
-
-def num(x: float) -> str:
-    """A number in 4 significant digits."""
-    if not math.isfinite(x):
-        return str(x)
-    return f"{x:.4g}"
 
 
 def sci(x: float) -> str:
@@ -332,7 +327,7 @@ def decode_bars(rows: np.ndarray, chosen: list[int], notes: str, width: int) -> 
     """A decode step: the one query's weights over the S keys, a bar of cells per head."""
     s_len = rows.shape[1]
     margin = len(f"head {max(chosen)}") + 1
-    note_width = len(f"  max {num(1 / 3)} at s={s_len - 1}")
+    note_width = len(f"  max {number(1 / 3)} at s={s_len - 1}")
     budget = max(1, min(MAX_COLS, width - margin - note_width, width - margin))
     if budget < MIN_COLS:
         budget, note_width = max(1, min(MAX_COLS, width - margin)), 0
@@ -343,7 +338,7 @@ def decode_bars(rows: np.ndarray, chosen: list[int], notes: str, width: int) -> 
         parts = [(f"head {h}".ljust(margin), "bold"), *attention_cells(bar, cell_width)]
         if note_width:
             best = int(np.nanargmax(full)) if not np.isnan(full).all() else 0
-            parts.append((f"  max {num(float(full[best]))} at s={best}", DIM))
+            parts.append((f"  max {number(float(full[best]))} at s={best}", DIM))
         out.append(line(*parts))
     out.append(attention_legend(rows))
     out.append(caption(notes + "; a decode step: the one query (T=1) over the keys s, a row per head"))
@@ -452,7 +447,7 @@ def load_rows(load: np.ndarray, size: int, margin: int) -> list[Text]:
 def routing_legend(top: float, size: int, k: int) -> Text:
     if size == 1:
         return line((EMPTY, DIM), (" not chosen  ", ""), *legend_shades(),
-                    (f" of the largest weight ({num(top)}); picks listed in rank order", ""), wrap=True)
+                    (f" of the largest weight ({number(top)}); picks listed in rank order", ""), wrap=True)
     return line((EMPTY, DIM), (f" none of the token's {k} experts in the bin  ", ""),
                 (f"1..{k}", heat(1.0)), (" how many are", ""), wrap=True)
 
@@ -461,7 +456,7 @@ def routing_summary(load: np.ndarray, n_tokens: int, k: int, size: int) -> list[
     used = int((load > 0).sum())
     busiest = int(load.argmax()) if load.size else 0
     lines = [Text(f"experts used {used}/{load.size} · max load {int(load.max(initial=0))} (expert {busiest}) · "
-                  f"{n_tokens} tokens × top-{k} · balanced would be {num(n_tokens * k / max(load.size, 1))} each")]
+                  f"{n_tokens} tokens × top-{k} · balanced would be {number(n_tokens * k / max(load.size, 1))} each")]
     order = [e for e in sorted(range(load.size), key=lambda e: (-load[e], e))[:8] if load[e] > 0]
     if order:
         lines.append(caption("busiest: " + ", ".join(f"e{e} {int(load[e])}" for e in order)))
@@ -491,8 +486,8 @@ def histogram(array: np.ndarray, bins: int = 24, width: int = 40, title: str = "
 
 def bin_labels(edges: np.ndarray) -> list[str]:
     """'[lo, hi)' for every bin, '[lo, hi]' for the last, the numbers aligned in columns."""
-    lo = [num(float(x)) for x in edges[:-1]]
-    hi = [num(float(x)) for x in edges[1:]]
+    lo = [number(float(x)) for x in edges[:-1]]
+    hi = [number(float(x)) for x in edges[1:]]
     lw, hw = max(map(len, lo)), max(map(len, hi))
     return [f"[{a.rjust(lw)}, {b.rjust(hw)}{']' if i == len(lo) - 1 else ')'}" for i, (a, b) in enumerate(zip(lo, hi))]
 
@@ -525,7 +520,7 @@ def draw_histogram(counts: np.ndarray, edges: np.ndarray, bad: tuple[int, int, i
         text.append(f"{name} {n}", style=ALARM if n else DIM)
     if counts.size:
         plural = "s" if counts.size > 1 else ""
-        text.append(f" · {counts.size} bin{plural} of width {num(float(edges[1] - edges[0]))}", style="dim")
+        text.append(f" · {counts.size} bin{plural} of width {number(float(edges[1] - edges[0]))}", style="dim")
     out.append(text)
     return out
 

@@ -1,4 +1,5 @@
-"""Views of the event stream: a Rich row per tensor (colour or plain) and JSON Lines.
+"""The sinks that show a run: a Rich row per tensor (colour or plain), JSON Lines, pictures after
+the tensors they belong to (`--show`), and progress bars for long loops.
 
 A row reads, on three lines: the name with its named shape and dtype; its statistics with a
 histogram sparkline; its corner values (the first values of the first row, the last of the last).
@@ -7,7 +8,6 @@ histogram sparkline; its corner values (the first values of the first row, the l
 from __future__ import annotations
 
 import json
-import math
 import time
 from typing import IO, Any
 
@@ -19,13 +19,8 @@ from stepper import catalog
 from stepper.config import Config
 from stepper.trace import Event
 from stepper.views import pictures, summary
+from stepper.views.summary import finite_or_none, number
 from stepper.weights.names import storage_dtype
-
-
-def fmt(x: float) -> str:
-    if isinstance(x, float) and not math.isfinite(x):
-        return str(x)
-    return f"{x:.4g}"
 
 
 class TensorRows:
@@ -74,14 +69,14 @@ class TensorRows:
             ("absmax", st.absmax), ("sum", st.sum),
         ):
             text.append(f"{label} ", style="dim")
-            text.append(f"{fmt(value)}  ")
+            text.append(f"{number(value)}  ")
         for label, value in (("nan", st.nan), ("inf", st.inf)):
             text.append(f"{label} ", style="dim")
             text.append(f"{value}  ", style="bold red" if value else "")
         text.append(summary.sparkline(counts), style="green")
         text.append("\n    ")
         text.append("corners ", style="dim")
-        text.append(" ".join(fmt(v) for v in first) + " … " + " ".join(fmt(v) for v in last))
+        text.append(" ".join(number(v) for v in first) + " … " + " ".join(number(v) for v in last))
         return text
 
 
@@ -115,10 +110,6 @@ class JsonLines:
             "histogram": {"counts": counts, "min": finite_or_none(lo), "max": finite_or_none(hi)},
             "corners": {"first": [finite_or_none(v) for v in first], "last": [finite_or_none(v) for v in last]},
         }
-
-
-def finite_or_none(x: float) -> float | int | None:
-    return None if isinstance(x, float) and not math.isfinite(x) else x
 
 
 PICTURES = ("attention", "routing", "hist", "scales")

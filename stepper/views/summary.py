@@ -1,9 +1,11 @@
 """Statistics of a tensor as the views show them: range, moments, NaN/Inf counts, a histogram and
-the corner values. Non-finite entries (NaN, and the -inf of masked attention scores) are counted
-and left out of the other statistics, so one masked entry does not turn every figure into -inf."""
+the corner values, and how a number of them is written. Non-finite entries (NaN, and the -inf of
+masked attention scores) are counted and left out of the other statistics, so one masked entry does
+not turn every figure into -inf."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -51,6 +53,25 @@ def stats(array: np.ndarray) -> Stats:
     )
 
 
+def combine(parts: list[Stats]) -> Stats:
+    """The statistics of several chunks together (one chunk: its own statistics, unchanged)."""
+    if len(parts) == 1:
+        return parts[0]
+    nan, inf = sum(p.nan for p in parts), sum(p.inf for p in parts)
+    finite = [p for p in parts if p.finite]
+    n = sum(p.finite for p in finite)
+    if n == 0:
+        nothing = float("nan")
+        return Stats(nothing, nothing, nothing, nothing, nothing, 0.0, nan, inf, 0)
+    total = math.fsum(p.sum for p in finite)
+    mean = total / n
+    m2 = math.fsum(p.finite * (p.std**2 + (p.mean - mean) ** 2) for p in finite)
+    return Stats(
+        min=min(p.min for p in finite), max=max(p.max for p in finite), mean=mean, std=math.sqrt(m2 / n),
+        absmax=max(p.absmax for p in finite), sum=total, nan=nan, inf=inf, finite=n,
+    )
+
+
 def histogram(array: np.ndarray, bins: int = BINS) -> tuple[list[int], float, float]:
     """Counts of the finite values in `bins` equal bins between their min and max."""
     finite = np.asarray(array, dtype=np.float64).ravel()
@@ -74,3 +95,15 @@ def corners(array: np.ndarray, n: int = CORNER) -> tuple[list[float], list[float
     """The first n values of the first row and the last n of the last row (rows = last axis)."""
     rows = np.asarray(array).reshape(-1, array.shape[-1]) if array.ndim else np.asarray(array).reshape(1, 1)
     return rows[0, :n].tolist(), rows[-1, -n:].tolist()
+
+
+def number(x: float) -> str:
+    """A value as the views write it: 4 significant digits; NaN and infinities by name."""
+    if not math.isfinite(x):
+        return str(x)
+    return f"{x:.4g}"
+
+
+def finite_or_none(x: float) -> float | int | None:
+    """A value for JSON, which has no NaN or infinities: those become null."""
+    return None if isinstance(x, float) and not math.isfinite(x) else x

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from stepper.presets import preset
-from stepper.views import inspect
+from stepper.views import inspect, inspect_stats
 from stepper.views.summary import stats
 from stepper.weights.checkpoint import Checkpoint
 from stepper.weights.safetensors_reader import SafetensorsFile
@@ -120,10 +120,10 @@ def test_inspect_json_stats_equal_summary_stats_of_the_decoded_tensor(ckpt):
 
 
 def test_statistics_read_in_chunks_agree_with_the_whole_tensor(ckpt, monkeypatch):
-    monkeypatch.setattr(inspect, "CHUNK", 1000)  # kv_a_proj: 2 chunks of whole FP8 row blocks; embedding: 334
+    monkeypatch.setattr(inspect_stats, "CHUNK", 1000)  # kv_a_proj: 2 chunks of whole FP8 row blocks; embedding: 334
     source = inspect.open_source(ckpt)
     for tensor in inspect.collect(source, [KV, "model.embed_tokens.weight"]):
-        chunked = inspect.tensor_stats(source, tensor, lambda n: None)
+        chunked = inspect_stats.tensor_stats(source, tensor, lambda n: None)
         whole = stats(Checkpoint(ckpt).get(tensor.name))
         assert (chunked.min, chunked.max, chunked.absmax, chunked.nan, chunked.inf, chunked.finite) == (
             whole.min, whole.max, whole.absmax, whole.nan, whole.inf, whole.finite)

@@ -1,0 +1,46 @@
+"""`stepper bench`: full-size layer timings and the machine's ceilings."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from stepper.cli.common import user_errors
+
+
+def bench_command(
+    workdir: Annotated[Path | None, typer.Option(metavar="DIR", help="Where the synthetic full-size checkpoints are written once and reused (about 20 GB) [default: ~/.cache/stepper/bench].")] = None,
+    torch: Annotated[bool, typer.Option("--torch/--no-torch", help="Also compare with transformers' DeepseekV3 on a 16-expert layer (needs the crosscheck extra): the two run in turn, and each figure is the median of the paired ratios.")] = True,
+    as_json: Annotated[bool, typer.Option("--json", help="The figures as JSON on stdout.")] = False,
+) -> None:
+    """Measure full-size Kimi K2 layers (decode, prefill, peak memory) and the machine's ceilings.
+
+    The first run writes about 20 GB of synthetic checkpoints into the work directory (several
+    minutes); later runs reuse them and take 3-6 minutes, reading them back from disk
+    included. Each checkpoint is first dropped from the page cache and read back as stepper
+    reads it, so that every run finds it cached the same way whatever read it before, and each
+    layer scenario reads its checkpoint through before it is timed (24 GB of RAM is enough for
+    the 17 GB MoE layer): the figures measure compute, not the disk."""
+    from stepper import bench
+
+    with user_errors():
+        console = Console(stderr=as_json, highlight=False, markup=False)
+        workdir = workdir or Path.home() / ".cache" / "stepper" / "bench"
+        figures = bench.run_all(workdir, torch and has_torch(), lambda line: console.print(f"· {line}", style="dim"))
+        if as_json:
+            print(json.dumps({"machine": bench.machine(), "figures": [f.__dict__ for f in figures]}, indent=1))
+            return
+        console.print(f"machine: {bench.machine()}")
+        for f in figures:
+            rss = f"  peak RSS {f.peak_rss_mb:,.0f} MB" if f.peak_rss_mb else ""
+            console.print(f"{f.name}: {f.value:.3g} {f.unit}{rss}  {f.note}")
+
+
+def has_torch() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("torch") is not None and importlib.util.find_spec("transformers") is not None

@@ -1,0 +1,53 @@
+"""`stepper explain` and `stepper tree`: the catalogue of named tensors, one entry or a layer's list."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from stepper import catalog
+from stepper.cli.common import ModelOpt, PlainOpt, user_errors
+from stepper.errors import StepperError
+from stepper.session import check_layer, load_model
+from stepper.views.explain import explain_text
+from stepper.views.tree import layer_tree
+
+
+def explain_command(
+    name: Annotated[str, typer.Argument(metavar="NAME", help="A tensor name (layers.1.self_attn.k_pe, k_pe), a glob ('*gate*') or another implementation's name (kv_cmpr, model.layers.1.self_attn.kv_a_proj_with_mqa).", show_default=False)],
+    model: ModelOpt = "tiny",
+    plain: PlainOpt = False,
+) -> None:
+    """The catalogue entry of a tensor: what it is, its formula and shape, the reference lines."""
+    with user_errors():
+        cfg = load_model(model, 0).config
+        cat = catalog.load()
+        entries = cat.find(name)
+        if not entries:
+            raise StepperError(f"no tensor named '{name}' in the catalogue (stepper tree lists them)")
+        console = Console(no_color=plain, highlight=False, markup=False, soft_wrap=True)
+        for entry in entries:
+            console.print(explain_text(cat, entry, cfg))
+            console.print()
+
+
+def tree_command(
+    model: ModelOpt = "tiny",
+    layer: Annotated[int | None, typer.Option(metavar="N", help="Only layer N's kind (dense or MoE).")] = None,
+    attn: Annotated[str, typer.Option(metavar="PATH", help="naive or absorb: which attention tensors to list.")] = "naive",
+    plain: PlainOpt = False,
+) -> None:
+    """The structure of a layer: every named tensor in order, its shape for this model, what it is."""
+    with user_errors():
+        cfg = load_model(model, 0).config
+        if attn not in ("naive", "absorb"):
+            raise StepperError(f"--attn must be naive or absorb, got '{attn}'")
+        if layer is not None:
+            check_layer(layer, cfg)
+        console = Console(no_color=plain, highlight=False, markup=False)
+        kinds = {cfg.is_moe_layer(i): i for i in range(cfg.num_hidden_layers)}
+        layers = [layer] if layer is not None else sorted(kinds.values())
+        for i in layers:
+            console.print(layer_tree(catalog.load(), cfg, i, attn))

@@ -1,0 +1,233 @@
+"""`stepper run` and `stepper step`: a run shown tensor by tensor, all at once or in the debugger."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from stepper.cli.common import ModelOpt, PlainOpt, SeedOpt, parse_ids, parse_layers, user_errors
+from stepper.errors import StepperError
+from stepper.lessons import overrides
+from stepper.model.cache import cache_bytes_per_token
+from stepper.session import Plan, RunResult, RunSpec, execute, prepare, step_attn
+from stepper.trace import Filter, Recorder, Sink, matches
+from stepper.views.debugger import CommandSource, Debugger, Quit
+from stepper.views.dump import check_writable, write_dump
+from stepper.views.sinks import PICTURES, JsonLines, Pictures, ProgressBars, TensorRows
+from stepper.weights.synthetic import SyntheticWeights
+
+# Options of both commands
+LayerOpt = Annotated[int | None, typer.Option(metavar="N", help="Run layer N alone (on --input or the prompt's token embeddings).")]
+LayersOpt = Annotated[str | None, typer.Option(metavar="A:B", help="Run the model up to layer B-1, showing layers A to B-1.")]
+IdsOpt = Annotated[str | None, typer.Option(metavar="1,2,3", help="Prompt token ids, comma-separated.")]
+PromptLenOpt = Annotated[int | None, typer.Option(metavar="T", help="Number of prompt tokens drawn from the seed [default: 7].")]
+StartPosOpt = Annotated[int, typer.Option(metavar="P", help="Position of the first prompt token (empty cache).")]
+DecodeOpt = Annotated[int, typer.Option(metavar="N", help="Decode steps after the prefill, with the cache (greedy tokens).")]
+InputOpt = Annotated[Path | None, typer.Option("--input", metavar="FILE", help="Residual stream for --layer N: a safetensors file (e.g. a --dump).")]
+AttnOpt = Annotated[str, typer.Option(metavar="PATH", help="Attention: naive (per-head keys and values), absorb (over the latent cache), or auto (naive prefill, absorbed decode).")]
+CacheOpt = Annotated[int, typer.Option(metavar="MB", help="Keep up to MB megabytes of decoded weights between decode steps.")]
+ForceOpt = Annotated[bool, typer.Option("--force", help="Overwrite an existing output file.")]
+UseOpt = Annotated[list[Path] | None, typer.Option("--use", metavar="FILE.py", help="Run with your own exercise functions (e.g. a lesson file) in place of stepper's; repeatable.")]
+
+
+def run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, input_file, attn, cache_mb) -> RunSpec:
+    if ids is not None and prompt_len is not None:
+        raise StepperError("give --ids or --prompt-len, not both")
+    if layer is not None and layers is not None:
+        raise StepperError("give --layer or --layers, not both")
+    return RunSpec(
+        model=model, layer=layer, layers=parse_layers(layers), ids=parse_ids(ids),
+        prompt_len=7 if prompt_len is None else prompt_len, start_pos=start_pos, decode=decode, seed=seed,
+        input=input_file, attn=attn, weight_cache_mb=cache_mb,
+    )
+
+
+def describe(plan: Plan) -> str:
+    """Two lines saying what is about to run, and what attention caches per position."""
+    cfg, spec = plan.config, plan.spec
+    dense = sum(not cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers))
+    moe = f", {cfg.n_routed_experts} experts top-{cfg.num_experts_per_tok}" if dense < cfg.num_hidden_layers else ""
+    weights = f"synthetic weights, seed {spec.seed}" if isinstance(plan.weights, SyntheticWeights) else f"weights from {spec.model}"
+    what = f"layer {spec.layer} alone on {plan.input_source}" if plan.alone else f"layers {plan.shown.start}..{plan.shown.stop - 1}"
+    steps = f", then {spec.decode} decode step{'s' if spec.decode > 1 else ''}" if spec.decode else ""
+    attns = sorted({step_attn(spec, step) for step in range(spec.decode + 1)}, reverse=True)
+    attn = " then ".join(attns)
+    naive, latent = cache_bytes_per_token(cfg, "naive"), cache_bytes_per_token(cfg, "absorb")
+    return (
+        f"model {cfg.name} ({cfg.model_type}): {cfg.num_hidden_layers} layers ({dense} dense), "
+        f"{cfg.num_attention_heads} heads{moe} · {weights} · {what}{steps}\n"
+        f"attention {attn} · cache per position per layer (float32): per-head keys and values "
+        f"{naive:,} B, latent + rope key {latent:,} B ({naive / latent:.1f}x smaller)"
+    )
+
+
+def footer(plan: Plan, result: RunResult, shown: int, dump: Path | None) -> str:
+    parts = [f"{shown} tensors"]
+    if plan.hidden is None:
+        parts.append(f"prompt {token_ids(result.prompt)} at positions {plan.spec.start_pos}..")
+    if result.generated:
+        parts.append(("generated " if not plan.alone else "decode tokens ") + token_ids(result.generated))
+    if dump is not None:
+        parts.append(f"dumped to {dump}")
+    return " · ".join(parts)
+
+
+def token_ids(ids, shown: int = 16) -> str:
+    """Token ids as a list, a long one cut to its first and last few with its length, so that a
+    512-token prompt does not fill the screen."""
+    ids = [int(i) for i in ids]
+    if len(ids) <= shown:
+        return str(ids)
+    head, tail = ids[: shown * 3 // 4], ids[-(shown // 4) :]
+    return f"[{', '.join(map(str, head))}, … {', '.join(map(str, tail))}] ({len(ids)} tokens)"
+
+
+def parse_show(show: str | None) -> set[str]:
+    kinds = {k.strip() for k in (show or "").split(",") if k.strip()}
+    unknown = kinds - set(PICTURES)
+    if unknown:
+        raise StepperError(f"--show {show}: unknown picture {min(unknown)!r}; choose from {', '.join(PICTURES)}")
+    return kinds
+
+
+class TensorCount:
+    """Sink counting the tensors it sees."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self, _event) -> None:
+        self.count += 1
+
+
+def run_command(
+    model: ModelOpt = "tiny",
+    layer: LayerOpt = None,
+    layers: LayersOpt = None,
+    ids: IdsOpt = None,
+    prompt_len: PromptLenOpt = None,
+    start_pos: StartPosOpt = 0,
+    decode: DecodeOpt = 0,
+    seed: SeedOpt = 0,
+    input_file: InputOpt = None,
+    attn: AttnOpt = "auto",
+    weight_cache_mb: CacheOpt = 0,
+    only: Annotated[list[str] | None, typer.Option(metavar="GLOB", help="Show (and dump) only names matching GLOB, e.g. '*k_pe*'; repeatable.")] = None,
+    show: Annotated[str | None, typer.Option(metavar="PICTURES", help=f"Draw pictures after their tensors: {','.join(PICTURES)}.")] = None,
+    plain: PlainOpt = False,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per tensor (JSON Lines) on stdout.")] = False,
+    dump: Annotated[Path | None, typer.Option(metavar="FILE", help="Write every shown tensor to FILE.safetensors.")] = None,
+    force: ForceOpt = False,
+    use: UseOpt = None,
+) -> None:
+    """Run the model on a prompt and print every named tensor in execution order."""
+    with user_errors():
+        spec = run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, input_file, attn, weight_cache_mb)
+        pictures = parse_show(show)
+        if dump is not None:
+            check_writable(dump, force)
+        plan = prepare(spec)
+        console = Console(no_color=plain, highlight=False, markup=False, soft_wrap=True)
+        if not as_json:
+            console.print(describe(plan), style="bold")
+        counter, recorder = TensorCount(), Recorder()
+        views: list[Sink] = [counter, JsonLines(sys.stdout, plan.config) if as_json else TensorRows(console, plan.config)]
+        if pictures:
+            views.append(Pictures(console, plan.config, pictures, plan.weights))
+        if dump is not None:
+            views.append(recorder)
+        sinks: list[Sink] = [Filter(lambda e: matches(e.name, only), views)] if only else views
+        sinks.append(ProgressBars(Console(stderr=True)))
+        with overrides.use(use or [], announce=sys.stderr):
+            result = execute(plan, sinks)
+        if only and counter.count == 0:
+            raise StepperError(f"--only {' '.join(only)} matched no tensor (names look like layers.0.self_attn.k_pe)")
+        if dump is not None:
+            write_dump(dump, recorder, {"model": plan.config.name, "prompt": json.dumps(result.prompt),
+                                        "start_pos": str(spec.start_pos), "generated": json.dumps(result.generated)})
+        if not as_json:
+            console.print(footer(plan, result, counter.count, dump), style="dim")
+
+
+EXPORTS = (".html", ".svg", ".txt")
+
+
+def step_command(
+    model: ModelOpt = "tiny",
+    layer: LayerOpt = None,
+    layers: LayersOpt = None,
+    ids: IdsOpt = None,
+    prompt_len: PromptLenOpt = None,
+    start_pos: StartPosOpt = 0,
+    decode: DecodeOpt = 0,
+    seed: SeedOpt = 0,
+    input_file: InputOpt = None,
+    attn: AttnOpt = "auto",
+    weight_cache_mb: CacheOpt = 0,
+    breaks: Annotated[list[str] | None, typer.Option("--break", metavar="GLOB", help="Stop at tensors matching GLOB (e.g. compressed_kv); repeatable.")] = None,
+    until: Annotated[str | None, typer.Option(metavar="NAME", help="Run until the first tensor matching NAME and stop there.")] = None,
+    commands: Annotated[Path | None, typer.Option(metavar="FILE", help="Read debugger commands from FILE first, one per line.")] = None,
+    plain: PlainOpt = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Write each tensor the debugger stops at as a JSON line on stdout (the session goes to stderr).")] = False,
+    export: Annotated[Path | None, typer.Option(metavar="FILE", help="Record the session to FILE.html, FILE.svg or FILE.txt.")] = None,
+    force: ForceOpt = False,
+    use: UseOpt = None,
+) -> None:
+    """Step through the run one named tensor at a time, like a debugger.
+
+    At each stop: Enter or n next, c continue, b GLOB break, d delete, u NAME until,
+    p NAME[slice] print, e explain, w where, x A B compare, h history, s show PICTURE, q quit, ? help.
+    Commands are read from the terminal, or line by line from a pipe.
+    """
+    with user_errors():
+        spec = run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, input_file, attn, weight_cache_mb)
+        if export is not None:
+            check_export(export, force)
+        script = read_commands(commands) if commands is not None else None
+        plan = prepare(spec)
+        console = Console(no_color=plain, highlight=False, markup=False, soft_wrap=True, record=export is not None,
+                          stderr=as_json)
+        console.print(describe(plan), style="bold")
+        interactive = sys.stdin.isatty() and console.is_terminal
+        source = CommandSource(console, sys.stdin, interactive, script)
+        on_stop = JsonLines(sys.stdout, plan.config) if as_json else None
+        debugger = Debugger(console, plan.config, source, plan.weights, list(breaks or []), until, on_stop)
+        try:
+            with overrides.use(use or [], announce=sys.stderr):
+                result = execute(plan, [debugger, ProgressBars(Console(stderr=True))])
+            console.print(footer(plan, result, len(debugger.history), None), style="dim")
+        except Quit:
+            console.print(f"quit after {len(debugger.history)} tensors", style="dim")
+        if export is not None:
+            save_export(console, export)
+
+
+def read_commands(path: Path) -> list[str]:
+    try:
+        return path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise StepperError(f"--commands {path}: cannot read it ({e})") from None
+
+
+def check_export(path: Path, force: bool) -> None:
+    if path.suffix not in EXPORTS:
+        raise StepperError(f"--export {path}: the file name must end in {', '.join(EXPORTS)}")
+    if path.exists() and not force:
+        raise StepperError(f"--export {path}: file exists; pass --force to overwrite it")
+    if not path.parent.is_dir():
+        raise StepperError(f"--export {path}: folder {path.parent} does not exist")
+
+
+def save_export(console: Console, path: Path) -> None:
+    if path.suffix == ".html":
+        console.save_html(str(path))
+    elif path.suffix == ".svg":
+        console.save_svg(str(path), title="stepper step")
+    else:
+        console.save_text(str(path))
+    sys.stderr.write(f"session recorded to {path}\n")
