@@ -69,7 +69,6 @@ class Config:
     max_position_embeddings: int
     rope_scaling: Yarn | None
     quantization: Fp8 | None
-    tie_word_embeddings: bool = False
 
     @property
     def qk_head_dim(self) -> int:
@@ -103,6 +102,7 @@ class Config:
             if f.name in ("name", "model_type", "rope_scaling", "quantization"):
                 continue
             out[f.name] = getattr(self, f.name)
+        out["tie_word_embeddings"] = False  # lm_head is its own matrix (_parse refuses true)
         if self.rope_scaling is not None:
             out["rope_scaling"] = {"type": "yarn", **dataclasses.asdict(self.rope_scaling)}
         if self.quantization is not None:
@@ -191,6 +191,9 @@ def _parse(raw: dict[str, Any], source: str) -> Config:
     _require_equal(f, "topk_method", "noaux_tc")
     if raw.get("attention_bias"):
         raise f.fail("attention_bias", "must be false: MLA projections have no bias")
+    if f.bool("tie_word_embeddings", default=False):
+        raise f.fail("tie_word_embeddings", "must be false: Kimi K2 and DeepSeek-V3 keep lm_head apart from the "
+                     "embedding, and stepper reads lm_head.weight as its own matrix")
 
     heads = f.int("num_attention_heads")
     kv_heads = f.int("num_key_value_heads", default=heads)
@@ -229,7 +232,6 @@ def _parse(raw: dict[str, Any], source: str) -> Config:
         max_position_embeddings=f.int("max_position_embeddings"),
         rope_scaling=rope_scaling,
         quantization=_quantization(f),
-        tie_word_embeddings=f.bool("tie_word_embeddings", default=False),
     )
     _check_consistency(cfg, f)
     return cfg

@@ -15,7 +15,10 @@ from rich.table import Table
 
 from stepper.cli.common import parse_ids, parse_layers, user_errors
 from stepper.errors import StepperError
-from stepper.fixtures import export, verify
+from stepper.fixtures import aliases, show, verify
+from stepper.fixtures.export import export
+from stepper.fixtures.fixture import load
+from stepper.fixtures.spec import ExportSpec
 
 fixtures_app = typer.Typer(
     no_args_is_help=True,
@@ -60,10 +63,10 @@ def export_command(
             raise StepperError("give --ids or --prompt-len, not both")
         if layer is not None and layers is not None:
             raise StepperError("give --layer or --layers, not both")
-        spec = export.ExportSpec(model=model, layer=layer, layers=parse_layers(layers), ids=parse_ids(ids),
-                                   prompt_len=7 if prompt_len is None else prompt_len, start_pos=start_pos,
-                                   decode=decode, attn=attn, seed=seed, weights_dtype=weights_dtype)
-        export.export(spec, out, force=force, weights_dir=weights_dir, console=console_for(plain))
+        spec = ExportSpec(model=model, layer=layer, layers=parse_layers(layers), ids=parse_ids(ids),
+                          prompt_len=7 if prompt_len is None else prompt_len, start_pos=start_pos,
+                          decode=decode, attn=attn, seed=seed, weights_dtype=weights_dtype)
+        export(spec, out, force=force, weights_dir=weights_dir, console=console_for(plain))
 
 
 @fixtures_app.command("verify")
@@ -89,12 +92,12 @@ def verify_command(
         for value, option in ((rtol, "--rtol"), (atol, "--atol")):
             if value is not None and not (value >= 0):
                 raise StepperError(f"{option} must be a number >= 0, got {value}")
-        loaded = export.load(fixture)
-        mapping = verify.read_map(map_file) if map_file is not None else None
+        loaded = load(fixture)
+        mapping = aliases.read_map(map_file) if map_file is not None else None
         verdict = verify.verify(loaded, candidate, mapping, strict, rtol, atol)
         if report is not None:
             verify.write_report(report, verdict)
-        verify.render(console_for(plain), loaded, verdict, problems_only=problems)
+        show.verdict(console_for(plain), loaded, verdict, problems_only=problems)
     raise typer.Exit(verdict.exit_code)
 
 
@@ -110,16 +113,16 @@ def names_command(
     the n-th tensor of a name used several times in one layer.
     """
     with user_errors():
-        if system is not None and system not in verify.SYSTEMS:
-            raise StepperError(f"--system must be one of {', '.join(verify.SYSTEMS)}, got '{system}'")
-        rows = verify.names_table(system)
+        if system is not None and system not in aliases.SYSTEMS:
+            raise StepperError(f"--system must be one of {', '.join(aliases.SYSTEMS)}, got '{system}'")
+        rows = aliases.names_table(system)
         if as_json:
             for row in rows:
                 print(json.dumps(row))
             return
         table = Table(show_edge=False, pad_edge=False, header_style="bold", box=None)
-        for column in ("canonical", *verify.SYSTEMS):
+        for column in ("canonical", *aliases.SYSTEMS):
             table.add_column(column, no_wrap=True)
         for row in rows:
-            table.add_row(*(row[c] for c in ("canonical", *verify.SYSTEMS)))
-        verify.print_table(console_for(plain), table)
+            table.add_row(*(row[c] for c in ("canonical", *aliases.SYSTEMS)))
+        show.print_table(console_for(plain), table)

@@ -1,9 +1,10 @@
 """`stepper lesson ...`: list, start, check, watch, hint, solution, reset.
 
-The commands are thin: the lessons, their walk and the progress file are `stepper.lessons`, the
-checking `stepper.lesson_check`. A problem with the user's input (an unknown lesson, a missing
-exercise file, a solution asked for too early) is one line on stderr and exit code 2; a check
-that fails exits with 1, like a failing test.
+The commands are thin: the lessons are read by `stepper.lessons.schema`, walked by
+`stepper.lessons.walk` and checked by `stepper.lessons.check`; the progress file is
+`stepper.lessons.progress`, the exercise files `stepper.lessons.workspace`. A problem with the
+user's input (an unknown lesson, a missing exercise file, a solution asked for too early) is one
+line on stderr and exit code 2; a check that fails exits with 1, like a failing test.
 """
 
 from __future__ import annotations
@@ -23,18 +24,11 @@ from rich.text import Text
 from stepper.cli.common import user_errors
 from stepper.errors import StepperError
 from stepper.lessons import check
-from stepper.lessons.content import (
-    WORKSPACE,
-    Lesson,
-    LessonInput,
-    Progress,
-    Workspace,
-    all_lessons,
-    default_lesson,
-    find_lesson,
-    styled,
-    walk,
-)
+from stepper.lessons.progress import Progress, default_lesson
+from stepper.lessons.prose import styled
+from stepper.lessons.schema import Lesson, all_lessons, find_lesson
+from stepper.lessons.walk import LessonInput, walk
+from stepper.lessons.workspace import WORKSPACE, Workspace
 
 lesson_app = typer.Typer(
     add_completion=False,

@@ -8,8 +8,8 @@ has two parts, and stops at the first mismatch, showing both values and where:
    got in the golden run (captured by a spy, one call per place it is used) and on a few
    hand-made inputs that the run does not reach (all 256 FP8 codes, partial blocks, other
    presets' YaRN settings, a decode step's mask); outputs are compared with the reference's.
-2. The lesson's runs are repeated with the learner's functions swapped in (`stepper.overrides`,
-   as `stepper run --use` does) and every emitted tensor is compared, in execution order, with
+2. The lesson's runs are repeated with the learner's functions swapped in
+   (`stepper.lessons.overrides`, as `stepper run --use` does) and every emitted tensor is compared, in execution order, with
    the golden run: the first tensor that differs is where the learner's function goes wrong.
    Top-k experts are compared as sets (their order is unspecified), each weight with its expert.
 """

@@ -12,19 +12,19 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from stepper import fp8
 from stepper.config import Config
 from stepper.errors import StepperError
+from stepper.lessons.context import Context
 from stepper.model.cache import cache_bytes_per_token
 from stepper.model.rope import rope_inv_freq, yarn_correction_range, yarn_mscale
 from stepper.presets import PRESETS, preset
-
-if TYPE_CHECKING:
-    from stepper.lessons.templates import Context
+from stepper.session import run
+from stepper.trace import Recorder
 
 FACTS: dict[str, Callable[..., Any]] = {}
 
@@ -416,9 +416,6 @@ _RERUNS: dict[Any, dict[str, np.ndarray]] = {}
 
 def rerun(ctx: Context, **changes: Any) -> dict[str, np.ndarray]:
     """Every tensor of the lesson's run with some fields changed (kept for the next fact that asks)."""
-    from stepper.session import run
-    from stepper.trace import Recorder
-
     spec = dataclasses.replace(ctx.spec, **changes)
     key = (spec, id(ctx.plan.weights))
     if key not in _RERUNS:

@@ -4,7 +4,7 @@ A placeholder is `{EXPR}` or `{EXPR:FORMAT}` (a Python format spec); `{{` and `}
 braces. EXPR is a tensor emitted so far with an optional NumPy-style index and one attribute
 (`{layers.1.self_attn.compressed_kv.shape}`, `{layers.0.input_layernorm[0, 0].rms:.3f}`), a
 config field (`{config.kv_lora_rank}`), another preset's (`{preset.kimi-k2.kv_lora_rank}`), the
-run (`{run.prompt}`), or a named fact from `stepper.lesson_facts` (`{fact.cache_ratio(kimi-k2)}`).
+run (`{run.prompt}`), or a named fact from `stepper.lessons.facts` (`{fact.cache_ratio(kimi-k2)}`).
 Indices are parsed by the debugger's safe index parser; names must be catalogued.
 """
 
@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -22,32 +20,9 @@ from stepper import catalog
 from stepper.config import Config
 from stepper.errors import StepperError
 from stepper.lessons import facts
+from stepper.lessons.context import Context
 from stepper.presets import PRESETS, preset
-from stepper.session import Plan, RunResult, RunSpec
 from stepper.views.debugger import take
-
-
-@dataclass
-class Context:
-    """What a template can read: the run's plan, the tensors emitted so far, and the result."""
-
-    plan: Plan
-    tensors: Mapping[str, np.ndarray] = field(default_factory=dict)
-    result: RunResult | None = None
-    answer: Any = None  # the learner's parsed answer, while explaining it
-
-    @property
-    def cfg(self) -> Config:
-        return self.plan.config
-
-    @property
-    def spec(self) -> RunSpec:
-        return self.plan.spec
-
-    def tensor(self, name: str) -> np.ndarray:
-        if name not in self.tensors:
-            raise StepperError(f"tensor '{name}' has not been emitted yet at this point of the run")
-        return self.tensors[name]
 
 
 def tensor_name_split(expr: str) -> tuple[str, str | None, str | None]:

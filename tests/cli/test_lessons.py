@@ -21,24 +21,14 @@ from stepper.cli.main import app
 from stepper.errors import StepperError
 from stepper.lessons import check, overrides
 from stepper.lessons.answers import parse_choice, parse_number, parse_set, parse_shape
-from stepper.lessons.content import (
-    Context,
-    LessonInput,
-    Prediction,
-    Progress,
-    Workspace,
-    Wrong,
-    all_lessons,
-    find_lesson,
-    judge,
-    mentioned_names,
-    prepare,
-    right_answers,
-    template_errors,
-    unknown_names,
-    walk,
-)
-from stepper.session import RunSpec, run
+from stepper.lessons.context import Context
+from stepper.lessons.judge import judge
+from stepper.lessons.lint import mentioned_names, template_errors, unknown_names
+from stepper.lessons.progress import Progress
+from stepper.lessons.schema import Prediction, Wrong, all_lessons, find_lesson
+from stepper.lessons.walk import LessonInput, right_answers, walk
+from stepper.lessons.workspace import Workspace
+from stepper.session import RunSpec, prepare, run
 from stepper.trace import Recorder
 
 LESSONS = all_lessons()
@@ -97,7 +87,7 @@ def test_a_misspelt_name_is_caught(tmp_path):
     toml = folder / "lesson.toml"
     toml.write_text(toml.read_text().replace("layers.0.self_attn.q_a_norm.shape", "layers.0.self_attn.q_a_nrom.shape")
                     .replace("`self_attn.q_a`", "`self_attn.q_aa`"))
-    from stepper.lessons.content import load_lesson
+    from stepper.lessons.schema import load_lesson
 
     lesson = load_lesson(folder)
     assert "self_attn.q_aa" in unknown_names(lesson)
@@ -378,7 +368,7 @@ def test_watch_quits_on_q(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("lesson", LESSONS, ids=IDS)
 def test_every_explanation_of_a_wrong_answer_renders_at_its_stop(lesson):
-    from stepper.lessons.content import expected_value
+    from stepper.lessons.judge import expected_value
     from stepper.lessons.templates import render, value_of
 
     plan = prepare(lesson.run)

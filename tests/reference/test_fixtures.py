@@ -12,7 +12,16 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from stepper.fixtures import export, verify
+from stepper.fixtures import verify
+from stepper.fixtures.aliases import SYSTEMS, alias_patterns
+from stepper.fixtures.compare import measure
+from stepper.fixtures.export import Capture, export
+from stepper.fixtures.fixture import Fixture, check_weights, load, read_manifest
+from stepper.fixtures.format import TENSORS
+from stepper.fixtures.hashing import sha256_array, sha256_file
+from stepper.fixtures.read_hashes import ReadHashes
+from stepper.fixtures.show import summary_line
+from stepper.fixtures.spec import ExportSpec
 from stepper.presets import preset
 from stepper.session import RunSpec, run
 from stepper.trace import unphased
@@ -22,7 +31,7 @@ from stepper.weights.synthetic import SyntheticWeights
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = sorted(p.parent.name for p in (ROOT / "fixtures").glob("*/manifest.json"))
-TINY = [name for name in SHIPPED if export.read_manifest(ROOT / "fixtures" / name)["weights"]["copied"]]
+TINY = [name for name in SHIPPED if read_manifest(ROOT / "fixtures" / name)["weights"]["copied"]]
 FULL_SIZE = [name for name in SHIPPED if name not in TINY]
 BASIC = ROOT / "fixtures" / "tiny-prefill-decode"
 
@@ -33,8 +42,8 @@ def stepper(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def basic() -> export.Fixture:
-    return export.load(BASIC)
+def basic() -> Fixture:
+    return load(BASIC)
 
 
 def write_candidate(path: Path, tensors: dict[str, np.ndarray]) -> Path:
@@ -60,13 +69,13 @@ def test_the_expected_fixtures_are_shipped_and_small():
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_manifest_hashes_hold_for_the_committed_files(name):
-    fixture = export.load(ROOT / "fixtures" / name)  # checks every tensor's sha256
+    fixture = load(ROOT / "fixtures" / name)  # checks every tensor's sha256
     m = fixture.manifest
     assert m["format"] == "stepper-fixture" and m["version"] == 1
-    assert export.sha256_file(fixture.path / export.TENSORS) == m["files"][export.TENSORS]["sha256"]
-    assert export.check_weights(fixture) == []
+    assert sha256_file(fixture.path / TENSORS) == m["files"][TENSORS]["sha256"]
+    assert check_weights(fixture) == []
     assert [e["name"] for e in m["tensors"]] == list(fixture.tensors)
-    with SafetensorsFile(fixture.path / export.TENSORS) as f:
+    with SafetensorsFile(fixture.path / TENSORS) as f:
         assert json.loads(f.metadata["order"]) == list(fixture.tensors)
     for margin in m["routing"].values():  # no routing decision close to a tie
         assert all(v is None or v > 1e-3 for v in margin.values()), margin  # as fixtures/README.md says
@@ -74,9 +83,9 @@ def test_manifest_hashes_hold_for_the_committed_files(name):
 
 @pytest.mark.parametrize("name", TINY + (FULL_SIZE if os.environ.get("STEPPER_FULL_FIXTURES") else []))
 def test_reexport_matches_the_committed_fixture(name, tmp_path):
-    committed = export.load(ROOT / "fixtures" / name)
-    spec = export.ExportSpec.from_dict(committed.manifest["export"])
-    fresh = export.export(spec, tmp_path / name)
+    committed = load(ROOT / "fixtures" / name)
+    spec = ExportSpec.from_dict(committed.manifest["export"])
+    fresh = export(spec, tmp_path / name)
     assert [(e["name"], e["shape"], e["dims"], e["dtype"]) for e in fresh["tensors"]] == [
         (e["name"], e["shape"], e["dims"], e["dtype"]) for e in committed.entries]
     for key in ("config", "inputs", "attention", "run"):
@@ -86,8 +95,8 @@ def test_reexport_matches_the_committed_fixture(name, tmp_path):
     else:
         assert fresh["weights"]["read"] == committed.manifest["weights"]["read"]
     # every tensor bit-identical or within the manifest's tolerance
-    verdict = verify.verify(committed, tmp_path / name / export.TENSORS, strict=True)
-    assert verdict.exit_code == 0 and verdict.count("match") == len(committed.entries), verify.summary_line(verdict)
+    verdict = verify.verify(committed, tmp_path / name / TENSORS, strict=True)
+    assert verdict.exit_code == 0 and verdict.count("match") == len(committed.entries), summary_line(verdict)
     identical = sum(e["sha256"] == f["sha256"] for e, f in zip(committed.entries, fresh["tensors"]))
     print(f"{name}: {identical} of {len(committed.entries)} tensors bit-identical, the rest within tolerance")
 
@@ -97,11 +106,11 @@ def test_full_size_fixture_first_position_reexports(name):
     """Re-exporting Kimi K2's layer 1 takes about a minute (set STEPPER_FULL_FIXTURES=1 for the whole
     re-export). This runs the prefill of the first prompt token only (about 15 s): causal attention
     makes every position-0 slice of the prefill tensors the same computation."""
-    committed = export.load(ROOT / "fixtures" / name)
+    committed = load(ROOT / "fixtures" / name)
     m = committed.manifest
-    spec = export.ExportSpec.from_dict(m["export"])
+    spec = ExportSpec.from_dict(m["export"])
     first = m["inputs"]["prompt_ids"][:1]
-    capture = export.Capture()
+    capture = Capture()
     run(RunSpec(model=spec.model, layer=spec.layer, ids=tuple(first), seed=spec.seed, attn=spec.attn), [capture])
     compared = 0
     for event in capture.events:
@@ -110,7 +119,7 @@ def test_full_size_fixture_first_position_reexports(name):
         ref = committed.tensors[entry["name"]][index]
         tol = entry["tolerance"]
         if tol["kind"] == "allclose":
-            assert verify.measure(event.array, ref, tol)["ok"], event.name
+            assert measure(event.array, ref, tol)["ok"], event.name
         else:
             assert np.array_equal(np.sort(event.array, -1), np.sort(ref, -1)), event.name
         compared += 1
@@ -120,13 +129,13 @@ def test_full_size_fixture_first_position_reexports(name):
     for weight in ("model.layers.1.input_layernorm.weight", "model.layers.1.self_attn.kv_a_proj_with_mqa.weight",
                    "model.layers.1.mlp.gate.e_score_correction_bias"):
         stored, record = source.stored(weight), m["weights"]["read"][weight]
-        assert export.sha256_array(stored.data) == record["sha256"]
+        assert sha256_array(stored.data) == record["sha256"]
         if stored.scale_inv is not None:
-            assert export.sha256_array(stored.scale_inv) == record["scale_inv_sha256"]
+            assert sha256_array(stored.scale_inv) == record["scale_inv_sha256"]
 
 
 def test_read_hashes_are_the_bytes_a_synthesized_checkpoint_holds():
-    source = export.ReadHashes(SyntheticWeights(preset("tiny"), 0))
+    source = ReadHashes(SyntheticWeights(preset("tiny"), 0))
     names = ["model.layers.1.self_attn.kv_b_proj.weight", "model.layers.1.mlp.gate.weight",
              "model.layers.1.mlp.gate.e_score_correction_bias"]
     for name in names:
@@ -134,13 +143,13 @@ def test_read_hashes_are_the_bytes_a_synthesized_checkpoint_holds():
     shards = Checkpoint(ROOT / "fixtures" / "weights" / "tiny-seed0")
     for name in names:
         data = shards.shard_of(name).get(name)
-        assert export.sha256_array(data) == source.read[name]["sha256"]
+        assert sha256_array(data) == source.read[name]["sha256"]
     scale = shards.shard_of(names[0] + SCALE).get(names[0] + SCALE)
-    assert export.sha256_array(scale) == source.read[names[0]]["scale_inv_sha256"]
+    assert sha256_array(scale) == source.read[names[0]]["scale_inv_sha256"]
 
 
 def test_bf16_fixture_records_and_uses_bf16_weights():
-    fixture = export.load(ROOT / "fixtures" / "tiny-bf16")
+    fixture = load(ROOT / "fixtures" / "tiny-bf16")
     assert fixture.manifest["weights"]["storage"].startswith("bf16")
     assert "quantization_config" not in fixture.manifest["config"]
     ck = Checkpoint(fixture.weights_path())
@@ -256,9 +265,9 @@ def test_not_a_fixture_is_bad_input(tmp_path):
 # verify: names and layouts of other implementations
 
 
-def other_names(fixture: export.Fixture, system: str) -> dict[str, np.ndarray]:
+def other_names(fixture: Fixture, system: str) -> dict[str, np.ndarray]:
     """The fixture's tensors under `system`'s names where it has one, canonical names otherwise."""
-    patterns = verify.alias_patterns()
+    patterns = alias_patterns()
     out = {}
     for e in fixture.entries:
         pattern = patterns[e["key"]].get(system)
@@ -267,7 +276,7 @@ def other_names(fixture: export.Fixture, system: str) -> dict[str, np.ndarray]:
     return out
 
 
-@pytest.mark.parametrize("system", verify.SYSTEMS)
+@pytest.mark.parametrize("system", SYSTEMS)
 def test_verify_reads_alias_names(basic, tmp_path, system):
     candidate = write_candidate(tmp_path / f"{system}.npz", other_names(basic, system))
     verdict = verify.verify(basic, candidate, strict=True)
@@ -312,7 +321,7 @@ def test_verify_accepts_batch_axes_heads_layouts_and_interleaved_rope(basic, tmp
     t.update(changed)
     candidate = write_candidate(tmp_path / "layouts.safetensors", t)
     verdict = verify.verify(basic, candidate, strict=True)
-    assert verdict.exit_code == 0, verify.summary_line(verdict)
+    assert verdict.exit_code == 0, summary_line(verdict)
     layouts = {c.name: c.layout for c in verdict.checks}
     assert layouts["prefill.layers.1.self_attn.q_pe_rope"] == "as reference, rope pairs interleaved"
     assert layouts["prefill.layers.1.self_attn.query_states"] == "as reference, rope pairs interleaved"
@@ -385,7 +394,7 @@ def test_shared_weights_folder_must_hold_the_same_weights(tmp_path):
     shared = tmp_path / "w"
     assert stepper("fixtures", "export", tmp_path / "a", "--ids", "1,2", "--weights-dir", shared).returncode == 0
     assert stepper("fixtures", "export", tmp_path / "b", "--ids", "3,4", "--weights-dir", shared).returncode == 0
-    assert export.load(tmp_path / "b").weights_path().resolve() == shared.resolve()
+    assert load(tmp_path / "b").weights_path().resolve() == shared.resolve()
     other = stepper("fixtures", "export", tmp_path / "c", "--ids", "3,4", "--seed", "1", "--weights-dir", shared)
     assert other.returncode == 2 and "holds other weights" in other.stderr
 
@@ -396,7 +405,7 @@ def test_shared_weights_folder_must_hold_the_same_weights(tmp_path):
 NEEDS_TORCH = not os.environ.get("STEPPER_REQUIRE_CROSSCHECK")
 
 
-def transformers_dump(fixture: export.Fixture, path: Path) -> None:
+def transformers_dump(fixture: Fixture, path: Path) -> None:
     """Load the fixture's weights into transformers, run its inputs, and write every tensor under
     its HF module name where it has one (in the layout that module really outputs), canonical
     otherwise. A lone layer N runs as a one-layer model whose layer 0 has layer N's weights."""
@@ -419,7 +428,7 @@ def transformers_dump(fixture: export.Fixture, path: Path) -> None:
     steps = m["inputs"]["steps"]
     trace = hf_trace(config, weights, np.array([steps[0]["ids"]]), start_pos=m["inputs"]["start_pos"],
                      decode_ids=[np.array([s["ids"]]) for s in steps[1:]] or None)
-    patterns = verify.alias_patterns()
+    patterns = alias_patterns()
     out = {}
     for name, array in trace.items():
         short = unphased(name)
@@ -441,7 +450,7 @@ def transformers_dump(fixture: export.Fixture, path: Path) -> None:
 
 @pytest.mark.parametrize("name", TINY)
 def test_transformers_passes_verify_on_every_tiny_fixture(name, tmp_path):
-    fixture = export.load(ROOT / "fixtures" / name)
+    fixture = load(ROOT / "fixtures" / name)
     candidate = tmp_path / "transformers.safetensors"
     transformers_dump(fixture, candidate)
     out = stepper("fixtures", "verify", fixture.path, candidate, "--report", tmp_path / "report.json", "--plain")

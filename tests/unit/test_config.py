@@ -68,6 +68,8 @@ def test_rope_parameters_block_is_read_too(make_config):
         ({"rope_scaling": {"type": "yarn", "factor": 32.0}}, "original_max_position_embeddings"),
         ({"routed_scaling_factor": float("nan")}, "routed_scaling_factor"),
         ({"quantization_config": {"quant_method": "fp8", "weight_block_size": [128]}}, "weight_block_size"),
+        ({"tie_word_embeddings": True}, "tie_word_embeddings"),
+        ({"tie_word_embeddings": "false"}, "tie_word_embeddings"),
     ],
 )
 def test_inconsistent_configs_are_rejected_naming_the_field(make_config, fields, named):
@@ -85,3 +87,17 @@ def test_load_config_reports_malformed_files(tmp_path):
         load_config(bad)
     with pytest.raises(StepperError, match="no such file"):
         load_config(tmp_path / "missing.json")
+
+
+def test_tied_embeddings_are_refused_in_one_line_naming_file_and_field(tmp_path):
+    """Kimi K2 and DeepSeek-V3 never tie lm_head to the embedding; a config that does would
+    otherwise run with a separate lm_head. Untied (false, or absent) is read, and written back."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**PRESETS["tiny"], "tie_word_embeddings": True}))
+    with pytest.raises(StepperError) as raised:
+        load_config(path)
+    message = str(raised.value)
+    assert message.startswith(f"{path}: field 'tie_word_embeddings' must be false") and "\n" not in message
+    for untied in (False, None):
+        path.write_text(json.dumps({**PRESETS["tiny"], "tie_word_embeddings": untied}))
+        assert load_config(path).to_hf()["tie_word_embeddings"] is False

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from helpers.configs import config_with
 
-from stepper.fixtures.export import ReadHashes
+from stepper.fixtures.read_hashes import ReadHashes
 from stepper.kernels.linear import linear
 from stepper.kernels.weight_cache import CachedWeights
 from stepper.model import Transformer

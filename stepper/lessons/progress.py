@@ -1,0 +1,75 @@
+"""The learner's progress: progress.json in the user's data directory, never in the repository.
+
+The data directory is $STEPPER_DATA_DIR, else $XDG_DATA_HOME/stepper, else ~/.local/share/stepper.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from stepper.errors import StepperError
+from stepper.lessons.schema import Lesson, find_lesson
+
+
+def data_dir() -> Path:
+    if os.environ.get("STEPPER_DATA_DIR"):
+        return Path(os.environ["STEPPER_DATA_DIR"])
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "stepper"
+
+
+class Progress:
+    """progress.json: per lesson whether it was walked, passed, given up, hints shown, predictions."""
+
+    def __init__(self, path: Path | None = None):
+        self.path = path or data_dir() / "progress.json"
+        self.data: dict[str, Any] = {"version": 1, "current": None, "lessons": {}}
+        if self.path.exists():
+            try:
+                loaded = json.loads(self.path.read_text(encoding="utf-8"))
+            except (OSError, ValueError) as e:
+                raise StepperError(f"progress file {self.path} is unreadable ({e}): fix or delete it") from None
+            if not isinstance(loaded, dict) or not isinstance(loaded.get("lessons"), dict):
+                raise StepperError(f"progress file {self.path} is not stepper's progress: fix or delete it")
+            self.data.update(loaded)
+
+    def lesson(self, name: str) -> dict[str, Any]:
+        entry = self.data["lessons"].setdefault(name, {})
+        for key, default in (("walked", False), ("passed", False), ("gave_up", False), ("hints", 0),
+                             ("right", 0), ("asked", 0)):
+            entry.setdefault(key, default)
+        return entry
+
+    @property
+    def current(self) -> str | None:
+        return self.data.get("current")
+
+    @current.setter
+    def current(self, name: str) -> None:
+        self.data["current"] = name
+
+    def save(self) -> None:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self.data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+            os.replace(tmp, self.path)
+        except OSError as e:
+            raise StepperError(f"cannot write progress file {self.path} ({e})") from None
+
+
+def default_lesson(progress: Progress, lessons: Sequence[Lesson]) -> Lesson:
+    """The lesson a command without NAME means: the current one, else the first not passed."""
+    if progress.current:
+        try:
+            return find_lesson(progress.current, lessons)
+        except StepperError:
+            pass
+    for lesson in lessons:
+        if not progress.lesson(lesson.name)["passed"]:
+            return lesson
+    return lessons[-1]

@@ -1,0 +1,186 @@
+"""Walking a lesson: its run stepped through with the debugger, stopping at the lesson's steps.
+
+Walking runs the interpreter with a `LessonDebugger` sink that stops at each step's tensor, asks
+the step's predictions before showing it (judged by `stepper.lessons.judge`), shows it with the
+debugger's view, explains it with text filled in from the run's real tensors
+(`stepper.lessons.templates`), then hands over to the debugger's prompt until the learner moves on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rich.console import Console
+from rich.text import Text
+
+from stepper.errors import StepperError
+from stepper.lessons.context import Context
+from stepper.lessons.judge import expected_value, judge, show_answer
+from stepper.lessons.prose import join_lines, say, styled
+from stepper.lessons.schema import LESSON_FILE, Lesson, Prediction, Step
+from stepper.lessons.templates import render
+from stepper.session import Plan, execute, prepare
+from stepper.trace import Event, Recorder
+from stepper.views.debugger import CommandSource, Debugger, Quit
+
+
+class LessonInput(CommandSource):
+    """Debugger commands and predictions from one stream: a terminal, or a pipe line by line."""
+
+    def ask(self, prompt: str) -> str | None:
+        if self.script:
+            return self._echo_as(prompt, self.script.pop(0))
+        if self.interactive:
+            try:
+                return self.console.input(prompt)
+            except EOFError:
+                return None
+        line = self.stdin.readline()
+        return None if not line else self._echo_as(prompt, line.rstrip("\n"))
+
+    def _echo_as(self, prompt: str, line: str) -> str:
+        self.console.print(Text(prompt, style="bold") + Text(line))
+        return line
+
+
+ANSWER_PROMPT = "your prediction> "
+LESSON_HELP = "Enter: next stop · n: next tensor · p NAME[i] · e explain · s attention|routing|hist · w where · q quit"
+
+
+@dataclass
+class LessonDebugger(Debugger):
+    """The step debugger, stopping at a lesson's steps to ask, show and explain."""
+
+    lesson: Lesson | None = None
+    plan: Plan | None = None
+    step_index: int = 0
+    right: int = 0
+    asked: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.stepping = False
+        self.stops = 1  # the lesson prints its own help line
+
+    def __call__(self, event: Event) -> None:
+        self.history[event.name] = event
+        self.current = event
+        steps = self.lesson.steps
+        if self.step_index < len(steps) and event.name == steps[self.step_index].stop:
+            self.step_index += 1
+            self.teach(steps[self.step_index - 1], event)
+            self.repl()
+        elif self.should_stop(event):
+            self.show(event)
+            self.repl()
+        else:
+            self.skipped += 1
+
+    def execute(self, line: str) -> bool:
+        if line.strip() in ("", "c", "continue"):
+            self.stepping = False
+            return True
+        return super().execute(line)
+
+    def context(self) -> Context:
+        return Context(self.plan, {name: e.array for name, e in self.history.items()})
+
+    def say(self, text: str, ctx: Context, style: str | None = None) -> None:
+        say(self.console, text, ctx, style)
+
+    def teach(self, step: Step, event: Event) -> None:
+        if self.skipped:
+            self.console.print(f"({self.skipped} tensors passed)", style="dim")
+            self.skipped = 0
+        ctx = self.context()
+        n = len(self.lesson.steps)
+        self.console.rule(f"step {self.step_index}/{n} · {self.breadcrumb(event)}", style="magenta", align="left")
+        self.say(step.text, ctx)
+        for pred in step.predict:
+            self.predict(pred, ctx, event.key)
+        self.console.print(self.breadcrumb(event), style="bold magenta")
+        self.console.print(self.rows.render(event), soft_wrap=True)
+        entry = self.catalog.entry(event.key)
+        if entry:
+            self.console.print(f"    {entry['description']}", style="italic")
+        self.say(step.explain, ctx)
+        for command in step.commands:
+            self.console.print(Text("(stepper) ", style="dim") + Text(command, style="dim"))
+            try:
+                super().execute(command)
+            except StepperError as e:
+                self.console.print(f"{e}", style="red")
+        self.console.print(Text(LESSON_HELP, style="dim"))
+
+    def predict(self, pred: Prediction, ctx: Context, stop_key: str) -> None:
+        expected = expected_value(pred, ctx)
+        question = render(join_lines(pred.question), ctx)
+        if pred.kind == "choice":
+            question += "\n" + "   ".join(f"{chr(ord('a') + i)}) {o}" for i, o in enumerate(pred.options))
+        self.console.print(styled("predict: " + question, "bold yellow"), soft_wrap=False)
+        self.asked += 1
+        tries = unreadable = 0
+        while True:
+            line = self.commands.ask(ANSWER_PROMPT)
+            if line is not None and line.strip().lower() in ("q", "quit"):
+                raise Quit
+            if line is None or line.strip() in ("", "?", "skip"):
+                break
+            verdict = judge(pred, line, ctx, stop_key)
+            if verdict.right:
+                self.right += 1
+                self.console.print(f"✓ right: {show_answer(pred, expected)}", style="bold green")
+                return
+            self.console.print(styled(f"✗ {verdict.why}", "red"), soft_wrap=False)
+            tries += verdict.readable
+            unreadable += not verdict.readable
+            if tries >= 2 or unreadable >= 3:
+                break
+            self.console.print("try again, or press Enter to see the answer", style="dim")
+        self.console.print(f"→ the answer: {show_answer(pred, expected)}", style="bold")
+
+
+
+@dataclass(frozen=True)
+class Walked:
+    finished: bool
+    right: int
+    asked: int
+
+
+def walk(lesson: Lesson, console: Console, source: LessonInput) -> Walked:
+    """Run the lesson's interpreter run, stopping at its steps; the outro at the end."""
+    plan = prepare(lesson.run)
+    debugger = LessonDebugger(console, plan.config, source, plan.weights, lesson=lesson, plan=plan)
+    console.rule(f"lesson {lesson.number} · {lesson.title}", style="bold", align="left")
+    say(console, lesson.intro, Context(plan))
+    try:
+        result = execute(plan, [debugger])
+    except Quit:
+        console.print(f"quit at step {debugger.step_index} of {len(lesson.steps)}; "
+                      f"`stepper lesson start {lesson.name}` starts again", style="dim")
+        return Walked(False, debugger.right, debugger.asked)
+    if debugger.step_index < len(lesson.steps):
+        missing = lesson.steps[debugger.step_index].stop
+        raise StepperError(f"{lesson.folder / LESSON_FILE}: step {debugger.step_index + 1} stops at '{missing}', "
+                           "which the run never emitted (or not in this order)")
+    console.rule("end of the run", style="magenta", align="left")
+    say(console, lesson.outro, Context(plan, debugger.context().tensors, result))
+    console.print(f"predictions: {debugger.right} of {debugger.asked} right", style="bold")
+    return Walked(True, debugger.right, debugger.asked)
+
+
+def right_answers(lesson: Lesson) -> list[str]:
+    """The input lines of a walk that answers every prediction right and goes on at every stop
+    (for headless runs: CI pipes these into `stepper lesson start`)."""
+    plan = prepare(lesson.run)
+    recorder = Recorder()
+    execute(plan, [recorder])
+    ctx = Context(plan, recorder.tensors())
+    lines = []
+    for step in lesson.steps:
+        for pred in step.predict:
+            value = expected_value(pred, ctx)
+            lines.append(repr(float(value)) if pred.kind == "number" else show_answer(pred, value))
+        lines.append("")
+    return lines
