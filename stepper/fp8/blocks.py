@@ -43,11 +43,16 @@ def check_block_shapes(codes: np.ndarray, scale_inv: np.ndarray, block: tuple[in
         )
 
 
+SCALE_DTYPES = tuple(np.dtype(d) for d in (np.float32, ml_dtypes.bfloat16, np.float16, ml_dtypes.float8_e8m0fnu))
+
+
 def scales_as_f32(scale_inv: np.ndarray, name: str) -> np.ndarray:
-    """scale_inv as float32; it is stored as float32, bfloat16 or float16 (all convert exactly)."""
+    """scale_inv as float32; it is stored as float32, bfloat16, float16 or float8_e8m0fnu (powers
+    of two 2^(e - 127)): all convert exactly."""
     scale_inv = np.asarray(scale_inv)
-    if scale_inv.dtype not in (np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16)):
-        raise StepperError(f"{name}: scale_inv dtype must be float32, bfloat16 or float16, got {scale_inv.dtype}")
+    if scale_inv.dtype not in SCALE_DTYPES:
+        raise StepperError(f"{name}: scale_inv dtype must be float32, bfloat16, float16 or float8_e8m0fnu, "
+                           f"got {scale_inv.dtype}")
     return scale_inv.astype(np.float32, copy=False)
 
 

@@ -6,11 +6,14 @@ config, the index and every shard's header, and checks that they agree. Tensor b
 read when a tensor is asked for, through memory maps, so running layer 30 never touches the
 other layers' pages. An FP8 weight `X.weight` finds its block scales `X.weight_scale_inv`
 through the index: they may live in another shard.
+
+A shard that is missing or cannot be read (people download only the shards of the layers they
+look at) is an error only for a run that needs one of its tensors; `unreadable` says which
+shards were left out and why.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -19,6 +22,7 @@ import numpy as np
 from stepper import fp8
 from stepper.config import Config, load_config
 from stepper.errors import StepperError
+from stepper.jsonfile import read_json
 from stepper.weights.names import global_shapes, layer_shapes
 from stepper.weights.safetensors_reader import MappedBudget, SafetensorsFile
 from stepper.weights.stored import FileBytes, Stored
@@ -27,6 +31,8 @@ INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 SCALE = "_scale_inv"
 FLOAT_DTYPES = ("F32", "BF16", "F16")
+SCALE_DTYPES = (*FLOAT_DTYPES, "F8_E8M0")  # E8M0: a power of two 2^(e - 127), as newer checkpoints store scales
+SHARD_SUFFIX = ".safetensors"
 LARGE = 1 << 20  # tensors from this size on are tracked for release
 RESIDENT_BYTES = 1 << 30  # bytes of large tensors kept mapped before the oldest are released (see _keep_resident)
 
@@ -40,7 +46,10 @@ class Checkpoint:
             raise StepperError(f"{self.path}: not a checkpoint directory")
         self.config: Config = load_config(self.path / "config.json")
         self.weight_map = self._read_weight_map()
-        self.shards = {name: SafetensorsFile(self.path / name) for name in sorted(set(self.weight_map.values()))}
+        self.shards: dict[str, SafetensorsFile] = {}
+        self.unreadable: dict[str, str] = {}  # shard -> why it cannot be read
+        for shard in sorted(set(self.weight_map.values())):
+            self._open_shard(shard)
         self._resident = MappedBudget(RESIDENT_BYTES)
         self._check_index_against_headers()
 
@@ -79,6 +88,7 @@ class Checkpoint:
         if info.dtype != "F8_E4M3":
             return Stored(info.dtype, array)
         _, scale = self._tensor(name + SCALE)
+        check_scale_values(self.shard_of(name + SCALE).path.name, name + SCALE, scale)
         where = FileBytes(str(shard.path), shard.data_range(name)[0], shard.identity)
         return Stored(info.dtype, array, scale, self.block, where)
 
@@ -101,7 +111,10 @@ class Checkpoint:
     def shard_of(self, name: str) -> SafetensorsFile:
         if name not in self.weight_map:
             raise StepperError(f"{self.path}: no tensor named '{name}'")
-        return self.shards[self.weight_map[name]]
+        shard = self.weight_map[name]
+        if shard in self.unreadable:
+            raise StepperError(f"{self.path / shard}: cannot be read ({self.unreadable[shard]}); it holds '{name}'")
+        return self.shards[shard]
 
     def _tensor(self, name: str):
         shard = self.shard_of(name)
@@ -117,10 +130,33 @@ class Checkpoint:
             required.update(layer_shapes(self.config, layer))
         if with_globals:
             required.update(global_shapes(self.config))
-        problems = [p for name, shape in required.items() for p in self._problems(name, shape)]
+        problems = self._unreadable_problems(required)
+        problems += [p for name, shape in required.items() for p in self._problems(name, shape)
+                     if self.weight_map.get(name) not in self.unreadable]
+        problems += self._orphan_scales(layers, with_globals, required)
         if problems:
             listed = "\n".join(f"  - {p}" for p in problems)
             raise StepperError(f"{self.path}: {len(problems)} problem(s) with the weights of this run:\n{listed}")
+
+    def _unreadable_problems(self, required: dict[str, tuple[int, ...]]) -> list[str]:
+        """One line per shard the run needs and cannot read, however many of its tensors it needs."""
+        needed: dict[str, list[str]] = {}
+        for name in required:
+            shard = self.weight_map.get(name)
+            if shard in self.unreadable:
+                needed.setdefault(shard, []).append(name)
+        return [f"{shard} cannot be read ({self.unreadable[shard]}); this run needs {len(names)} tensor(s) "
+                f"from it, first '{names[0]}'" for shard, names in needed.items()]
+
+    def _orphan_scales(self, layers: Iterable[int], with_globals: bool, required: dict) -> list[str]:
+        """Block scales of the run's layers whose weight is not in the checkpoint (and not already
+        reported missing)."""
+        prefixes = tuple(f"model.layers.{layer}." for layer in layers)
+        return [f"'{name}' is a block scale with no weight '{name.removesuffix(SCALE)}'"
+                for name in self.weight_map
+                if name.endswith(SCALE) and name.removesuffix(SCALE) not in self.weight_map
+                and name.removesuffix(SCALE) not in required
+                and (name.startswith(prefixes) or (with_globals and not name.startswith("model.layers.")))]
 
     def _problems(self, name: str, shape: tuple[int, ...]) -> list[str]:
         if name not in self.weight_map:
@@ -143,13 +179,16 @@ class Checkpoint:
         scale_name = name + SCALE
         if scale_name not in self.weight_map:
             return [f"'{scale_name}' is missing: the F8_E4M3 weight '{name}' needs its block scales"]
+        scale_shard = self.weight_map[scale_name]
+        if scale_shard in self.unreadable:
+            return [f"'{scale_name}' lies in {scale_shard}, which cannot be read ({self.unreadable[scale_shard]})"]
         block = self.block
         expected = fp8.scale_grid(shape, block)
         shard = self.shard_of(scale_name)
         info = shard.info(scale_name)
         where = f"{shard.path.name}: '{scale_name}'"
-        if info.dtype not in FLOAT_DTYPES:
-            return [f"{where} has dtype {info.dtype}, expected F32, BF16 or F16"]
+        if info.dtype not in SCALE_DTYPES:
+            return [f"{where} has dtype {info.dtype}, expected F32, BF16, F16 or F8_E8M0"]
         if info.shape != expected:
             return [f"{where} has shape {list(info.shape)}, expected {list(expected)} for a {list(shape)} weight in {block[0]}x{block[1]} blocks"]
         return []
@@ -162,10 +201,7 @@ class Checkpoint:
             if (self.path / SINGLE).exists():
                 return dict.fromkeys(SafetensorsFile(self.path / SINGLE).names(), SINGLE)
             raise StepperError(f"{self.path}: neither {INDEX} nor {SINGLE} found")
-        try:
-            raw = json.loads(index.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise StepperError(f"{index}: not valid JSON ({e})") from None
+        raw = read_json(index, "the checkpoint index")
         weight_map = raw.get("weight_map") if isinstance(raw, dict) else None
         if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
             raise StepperError(f"{index}: expected an object with a 'weight_map' of tensor name -> shard file")
@@ -174,14 +210,29 @@ class Checkpoint:
         return weight_map
 
     def _check_shard_name(self, index: Path, tensor: str, shard: str) -> None:
-        if Path(shard).name != shard or shard in ("", ".", "..") or "\\" in shard:
-            raise StepperError(f"{index}: tensor '{tensor}' points at shard '{shard}', which is not a file name in {self.path}")
-        if not (self.path / shard).is_file():
-            raise StepperError(f"{index}: tensor '{tensor}' points at shard '{shard}', which does not exist")
+        """A shard is a plain file name in the checkpoint's folder ending in .safetensors: no
+        folders, no absolute path, no drive letter, no backslash, no '..'."""
+        plain = Path(shard).name == shard and not any(c in shard for c in "\\:") and not shard.startswith(".")
+        if not (plain and shard.endswith(SHARD_SUFFIX) and len(shard) > len(SHARD_SUFFIX)):
+            raise StepperError(f"{index}: tensor {tensor!r} points at shard {shard!r}, expected a file name "
+                               f"ending in {SHARD_SUFFIX} in {self.path}")
+
+    def _open_shard(self, shard: str) -> None:
+        """Read a shard's header; a shard that is missing or unsound is noted, not yet an error."""
+        path = self.path / shard
+        if not path.is_file():
+            self.unreadable[shard] = "no such file"
+            return
+        try:
+            self.shards[shard] = SafetensorsFile(path)
+        except StepperError as e:
+            self.unreadable[shard] = str(e).removeprefix(f"{path}: ")
 
     def _check_index_against_headers(self) -> None:
         listed_in: dict[str, set[str]] = {}
         for name, shard in self.weight_map.items():
+            if shard in self.unreadable:
+                continue
             listed_in.setdefault(shard, set()).add(name)
             if name not in self.shards[shard]:
                 raise StepperError(f"{self.path / shard}: tensor '{name}' is listed in {INDEX} but not in this shard")
@@ -189,3 +240,13 @@ class Checkpoint:
             extra = sorted(set(self.shards[shard].names()) - names)
             if extra:
                 raise StepperError(f"{self.path / shard}: tensor '{extra[0]}' is in this shard but not in {INDEX}")
+
+
+def check_scale_values(shard: str, name: str, scale: np.ndarray) -> None:
+    """Block scales multiply every weight of their block: each must be finite and above zero."""
+    values = np.asarray(scale, dtype=np.float32)
+    bad = ~(np.isfinite(values) & (values > 0))
+    if bad.any():
+        where = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise StepperError(f"{shard}: '{name}' holds {int(bad.sum())} scale(s) that are not finite and positive, "
+                           f"first {values[where]} at {list(where)}")

@@ -42,6 +42,7 @@ DTYPES: dict[str, tuple[np.dtype, int]] = {
         "BF16": ml_dtypes.bfloat16,
         "F8_E4M3": ml_dtypes.float8_e4m3fn,
         "F8_E5M2": ml_dtypes.float8_e5m2,
+        "F8_E8M0": ml_dtypes.float8_e8m0fnu,  # 2^(e - 127): block scales of newer checkpoints
         "I64": "<i8",
         "I32": "<i4",
         "I16": "<i2",
@@ -87,7 +88,7 @@ class SafetensorsFile:
         self.header_size = 8 + len(raw)
         where = str(self.path)
         header = _decode_json(raw, where)
-        self.metadata = _parse_metadata(header.pop(METADATA_KEY, {}), where)
+        self.metadata = _parse_metadata(header.pop(METADATA_KEY, None), where)
         entries = [_parse_entry(name, entry, where) for name, entry in header.items()]
         self.tensors = _check_layout(entries, file_size - self.header_size, where)
         self._map: mmap.mmap | None = None
@@ -356,6 +357,8 @@ def _check_unicode(text: str, where: str) -> None:
 
 
 def _parse_metadata(value: Any, where: str) -> dict[str, str]:
+    if value is None:  # absent, or null: the format allows both
+        return {}
     if not isinstance(value, dict):
         raise StepperError(f"{where}: {METADATA_KEY} must be an object of string -> string, found {_json_type(value)}")
     if getattr(value, "repeated", None) is not None:
@@ -369,6 +372,10 @@ def _parse_metadata(value: Any, where: str) -> dict[str, str]:
 def _parse_entry(name: str, entry: Any, where: str) -> TensorInfo:
     """One tensor entry, with exactly the keys dtype, shape, data_offsets, and a consistent size."""
     at = f"{where}: tensor {_quote(name)}"
+    if not name:
+        raise StepperError(f"{where}: a tensor has an empty name")
+    if any(_is_control(c) for c in name):
+        raise StepperError(f"{at}: its name holds a control character")
     if not isinstance(entry, dict):
         raise StepperError(f"{at}: entry must be an object with {', '.join(ENTRY_KEYS)}, found {_json_type(entry)}")
     if getattr(entry, "repeated", None) is not None:
@@ -394,6 +401,11 @@ def _parse_entry(name: str, entry: Any, where: str) -> TensorInfo:
     info = TensorInfo(name, dtype, tuple(shape), start, end)
     _check_size(info, at)
     return info
+
+
+def _is_control(char: str) -> bool:
+    """C0 and C1 control characters and DEL: NUL, ESC (terminal escape sequences), newlines..."""
+    return ord(char) < 0x20 or 0x7F <= ord(char) <= 0x9F
 
 
 def _is_count(value: Any) -> bool:

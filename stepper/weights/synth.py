@@ -4,14 +4,17 @@ The layout is the one DeepSeek-V3 and Kimi K2 ship: config.json (with quantizati
 model.safetensors.index.json and several shards (the embedding, one shard per layer, then the
 final norm and lm_head), FP8 linear weights each followed by its float32 `weight_scale_inv`,
 BF16 norms, embeddings, lm_head and router gate, an F32 router bias. Shards are written one
-tensor at a time; the directory appears under its name only when complete.
+tensor at a time; the directory appears under its name only when complete. `--force` replaces
+only a checkpoint stepper wrote: a folder holding anything else is never removed.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 from stepper.errors import StepperError
@@ -66,18 +69,16 @@ def shard_plan(source: SyntheticWeights, layers: range, with_globals: bool) -> l
 def synth_checkpoint(source: SyntheticWeights, out: Path, layers: range | None = None, force: bool = False) -> Path:
     """Write the checkpoint to `out` (all layers and the globals, or only `layers`)."""
     cfg = source.config
-    if out.exists() and not force:
-        raise StepperError(f"{out}: already exists; pass --force to replace it")
-    if not out.parent.is_dir():
-        raise StepperError(f"{out}: folder {out.parent} does not exist")
+    check_replaceable(out, force, written_by_synth, "a checkpoint stepper synth wrote")
     whole = layers is None
     plan = shard_plan(source, range(cfg.num_hidden_layers) if whole else layers, with_globals=whole)
     partial = out.parent / f".{out.name}.partial-{os.getpid()}"
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir()
     try:
+        partial.mkdir()
         _write(source, partial, plan)
         replace_dir(partial, out)
+    except OSError as e:
+        raise StepperError(f"{out}: cannot be written ({e.strerror})") from None
     finally:
         shutil.rmtree(partial, ignore_errors=True)
     return out
@@ -100,12 +101,44 @@ def _write(source: SyntheticWeights, folder: Path, plan: list[dict[str, tuple[in
     (folder / "config.json").write_text(json.dumps(source.config.to_hf(), indent=2) + "\n")
 
 
+SYNTH_FILES = re.compile(rf"(config\.json|{re.escape(INDEX)}|model-\d{{5}}-of-\d{{5}}\.safetensors)")
+
+
+def written_by_synth(folder: Path) -> bool:
+    """Whether a folder holds nothing but what `stepper synth` writes."""
+    return all(entry.is_file() and SYNTH_FILES.fullmatch(entry.name) for entry in folder.iterdir())
+
+
+def check_replaceable(out: Path, force: bool, ours: Callable[[Path], bool], what: str) -> None:
+    """Refuse, in one line, to write `out` unless it is new, or `force` is given and `out` is a
+    folder `ours` recognises as stepper's own (nothing a user wrote is ever replaced)."""
+    if not out.parent.is_dir():
+        raise StepperError(f"{out}: folder {out.parent} does not exist")
+    if not os.access(out.parent, os.W_OK):
+        raise StepperError(f"{out}: folder {out.parent} is not writable")
+    if not (out.exists() or out.is_symlink()):
+        return
+    if out.is_symlink() or not out.is_dir():
+        raise StepperError(f"{out}: is a file, not a folder; stepper writes a new folder there (remove the file first)")
+    if not force:
+        raise StepperError(f"{out}: already exists; pass --force to replace it")
+    if not ours(out):
+        others = sorted(e.name for e in out.iterdir())
+        shown = ", ".join(repr(n) for n in others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+        raise StepperError(f"{out}: holds {shown}; --force replaces only {what}, so nothing there was touched")
+
+
 def replace_dir(new: Path, out: Path) -> None:
-    """Move the finished folder into place; an existing one (with --force) goes only after."""
+    """Move the finished folder into place; an existing one (with --force) goes only after, and
+    nothing of it is left beside the new one."""
     if not out.exists():
         os.rename(new, out)
         return
     old = out.parent / f".{out.name}.old-{os.getpid()}"
     os.rename(out, old)
-    os.rename(new, out)
-    shutil.rmtree(old)
+    try:
+        os.rename(new, out)
+    except OSError:
+        os.rename(old, out)  # put it back
+        raise
+    shutil.rmtree(old, ignore_errors=True)

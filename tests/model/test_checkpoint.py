@@ -4,6 +4,7 @@ import ctypes
 import json
 import mmap
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -169,7 +170,10 @@ def independent_checkpoint(folder: Path, seed: int = 7, drop=(), reshape=None, e
 
 
 def entry(dtype: str, array: np.ndarray) -> np.ndarray:
-    expected = {"F32": np.float32, "BF16": ml_dtypes.bfloat16, "F8_E4M3": ml_dtypes.float8_e4m3fn}[dtype]
+    expected = {"F32": np.float32, "BF16": ml_dtypes.bfloat16, "F8_E4M3": ml_dtypes.float8_e4m3fn,
+                "F8_E8M0": ml_dtypes.float8_e8m0fnu}[dtype]
+    if dtype == "F8_E8M0":  # given as exponent bytes
+        return np.ascontiguousarray(array, dtype=np.uint8).view(expected)
     return np.ascontiguousarray(array, dtype=expected)
 
 
@@ -256,8 +260,11 @@ def test_a_missing_or_misshaped_scale_is_named(tmp_path):
 @pytest.mark.parametrize(
     "edit, message",
     [
-        (lambda m: m.update({"model.norm.weight": "../outside.safetensors"}), "not a file name"),
-        (lambda m: m.update({"model.norm.weight": "c.safetensors"}), "does not exist"),
+        (lambda m: m.update({"model.norm.weight": "../outside.safetensors"}), "expected a file name ending in .safetensors"),
+        (lambda m: m.update({"model.norm.weight": "C:outside.safetensors"}), "expected a file name ending in .safetensors"),
+        (lambda m: m.update({"model.norm.weight": "sub\\b.safetensors"}), "expected a file name ending in .safetensors"),
+        (lambda m: m.update({"model.norm.weight": "/abs/b.safetensors"}), "expected a file name ending in .safetensors"),
+        (lambda m: m.update({"model.norm.weight": "b.bin"}), "expected a file name ending in .safetensors"),
         (lambda m: m.update({"model.layers.0.ghost.weight": "a.safetensors"}), "listed in model.safetensors.index.json but not in this shard"),
         (lambda m: m.pop("lm_head.weight"), "is in this shard but not in model.safetensors.index.json"),
     ],
@@ -341,3 +348,96 @@ def test_the_reader_lets_go_of_the_least_recently_used_tensors_past_its_budget(s
     read.get(names[0])  # used again: names[1] is now the least recently used
     read.get(names[2])
     assert let_go == [names[1]]
+
+
+# ---------------------------------------------------------------------------------------------
+# Nothing a user wrote is lost; what the reference readers skip is checked; partial checkpoints
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_synth_force_never_replaces_what_stepper_did_not_write(tmp_path):
+    mine = tmp_path / "mine"
+    (mine / "sub").mkdir(parents=True)
+    (mine / "notes.txt").write_text("my notes\n")
+    (mine / "sub" / "data.bin").write_bytes(b"\x00\x01")
+    before = snapshot(mine)
+    out = stepper("synth", "--out", str(mine), "--force")
+    assert out.returncode == 2 and "'notes.txt'" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    assert snapshot(mine) == before
+    afile = tmp_path / "afile"
+    afile.write_text("keep me")
+    out = stepper("synth", "--out", str(afile), "--force")
+    assert out.returncode == 2 and "is a file" in out.stderr and "Traceback" not in out.stderr
+    assert afile.read_text() == "keep me"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "mine"]  # no .old-* or .partial-* left
+
+
+def test_synth_into_a_place_it_cannot_write_is_one_line(tmp_path):
+    for out in ("/proc/ck", str(tmp_path / "no" / "such" / "ck")):
+        done = stepper("synth", "--out", out)
+        assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert "Traceback" not in done.stderr
+
+
+def test_an_index_with_a_key_twice_is_refused_naming_the_key(tmp_path):
+    folder = tmp_path / "ck"
+    independent_checkpoint(folder)
+    index = folder / "model.safetensors.index.json"
+    text = index.read_text()
+    index.write_text(text.replace('"weight_map": {', '"weight_map": {"model.norm.weight": "a.safetensors", ', 1))
+    done = stepper("run", "--model", str(folder))
+    assert done.returncode == 2 and "'model.norm.weight' appears twice" in done.stderr
+    assert str(index) in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_partial_checkpoint_runs_the_layers_whose_shards_it_has(synth_dir, tmp_path):
+    folder = tmp_path / "partial"
+    shutil.copytree(synth_dir, folder)
+    (folder / "model-00003-of-00005.safetensors").unlink()  # layer 1's shard: not downloaded
+    damaged = folder / "model-00004-of-00005.safetensors"  # layer 2's shard: cut short
+    damaged.write_bytes(damaged.read_bytes()[:100])
+    whole = tensors_of(RunSpec(model=str(synth_dir), layer=0))
+    assert tensors_of(RunSpec(model=str(folder), layer=0)).keys() == whole.keys()
+    for name, array in tensors_of(RunSpec(model=str(folder), layer=0)).items():
+        assert np.array_equal(array, whole[name]), name
+    assert stepper("run", "--model", str(folder), "--layers", "0:1").returncode == 0
+    for layer, shard, why in ((1, "model-00003-of-00005.safetensors", "no such file"),
+                              (2, "model-00004-of-00005.safetensors", "")):
+        done = stepper("run", "--model", str(folder), "--layer", str(layer))
+        assert done.returncode == 2 and shard in done.stderr and f"cannot be read ({why}" in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
+    assert Checkpoint(folder).unreadable["model-00003-of-00005.safetensors"] == "no such file"
+
+
+@pytest.mark.parametrize("bad", [np.nan, 0.0, -0.5, np.inf])
+def test_scales_that_are_not_finite_and_positive_are_named_when_read(tmp_path, bad):
+    name = "model.layers.1.self_attn.q_b_proj.weight_scale_inv"
+    scales = np.ones((2, 2), np.float32)
+    scales[1, 0] = bad
+    independent_checkpoint(tmp_path / "ck", extra={name: ("F32", scales, "a.safetensors")})
+    done = stepper("run", "--model", str(tmp_path / "ck"), "--layer", "1")
+    assert done.returncode == 2 and f"'{name}' holds 1 scale(s) that are not finite and positive" in done.stderr
+    assert "at [1, 0]" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert stepper("run", "--model", str(tmp_path / "ck"), "--layer", "0").returncode == 0  # not read there
+
+
+def test_a_scale_with_no_weight_is_reported(tmp_path):
+    orphan = "model.layers.0.mlp.gate_proj.bias_scale_inv"
+    independent_checkpoint(tmp_path / "ck", extra={orphan: ("F32", np.ones((1, 1), np.float32), "b.safetensors")})
+    with pytest.raises(StepperError, match=f"'{orphan}' is a block scale with no weight"):
+        Checkpoint(tmp_path / "ck").check([0], with_globals=False)
+    Checkpoint(tmp_path / "ck").check([1], with_globals=False)  # another layer's: not this run's problem
+
+
+def test_e8m0_block_scales_are_read_as_powers_of_two(tmp_path):
+    name = "model.layers.1.self_attn.q_b_proj.weight"
+    exponents = np.array([[127, 128], [126, 130]], np.uint8)  # 1, 2, 0.5, 8
+    independent_checkpoint(tmp_path / "ck", extra={name + "_scale_inv": ("F8_E8M0", exponents, "a.safetensors")})
+    ck = Checkpoint(tmp_path / "ck")
+    ck.check([1], with_globals=False)
+    codes = ck.shard_of(name).get(name).astype(np.float32)
+    powers = np.array([[1, 2], [0.5, 8]], np.float32)
+    assert np.array_equal(ck.get(name), codes * np.repeat(np.repeat(powers, 128, 0), 128, 1)[:192, :192])

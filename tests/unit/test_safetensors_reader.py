@@ -30,10 +30,15 @@ from stepper.weights.safetensors_reader import DTYPES, SafetensorsFile, TensorIn
 STRICTER_THAN_REFERENCE = {
     "duplicate-tensor-name",  # serde keeps the last one
     "duplicate-metadata-key",  # serde keeps the last one
-    "metadata-null",  # read as "no metadata"
+    "name-empty",  # names must say what a tensor is
+    "name-escape-sequence",  # would reach the terminal (ESC [ 2 J clears the screen)
+    "name-nul",
+    "name-newline",
+    "name-delete",
+    "name-c1-control",
     "entry-array",  # serde reads a struct from a sequence: ["BF16", [3], [16, 22]]
     "entry-extra-key",  # serde ignores unknown fields
-    "dtype-unsupported-here",  # F8_E8M0, a dtype stepper has no use for
+    "dtype-unsupported-here",  # F8_E4M3FNUZ, a dtype stepper has no use for
     "too-many-dims",  # NumPy cannot make a 41-dimensional array
 }
 
@@ -140,7 +145,7 @@ def test_bf16_and_fp8_round_trip_from_the_reference_serializer(tmp_path):
 
 
 def test_dtype_table():
-    assert set(DTYPES) == {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2", "I64", "I32", "I16", "I8",
+    assert set(DTYPES) == {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2", "F8_E8M0", "I64", "I32", "I16", "I8",
                            "U8", "U16", "U32", "U64", "BOOL"}
     assert DTYPES["BF16"] == (np.dtype(ml_dtypes.bfloat16), 2)
     assert DTYPES["F8_E4M3"] == (np.dtype(ml_dtypes.float8_e4m3fn), 1)
@@ -320,7 +325,8 @@ ACCEPTED = {
         b"\1\2",
     ),
     "zero-size-with-big-dim": ('{"z":{"dtype":"U8","shape":[4611686018427387904,0],"data_offsets":[0,0]}}', b""),
-    "empty-name": ('{"":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}', b"\1"),
+    "metadata-null": ('{"__metadata__":null,"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}', b"\1"),
+    "e8m0-scales": ('{"s":{"dtype":"F8_E8M0","shape":[2],"data_offsets":[0,2]}}', b"\x7f\x80"),
     "unicode-name": ('{"\\u00e9t\\u00e9 \\ud83d\\ude00":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}', b"\1"),
     "32-dims": ('{"d":{"dtype":"U8","shape":[' + ",".join(["1"] * 32) + '],"data_offsets":[0,1]}}', b"\1"),
 }

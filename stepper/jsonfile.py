@@ -1,0 +1,51 @@
+"""JSON files as stepper reads them: one clear line naming the file when they are not sound.
+
+Python's `json` lets through what a JSON file must not hold, and readers elsewhere take silently:
+a key given twice in one object (the last one wins), and NaN / Infinity, which are not JSON.
+Both are refused here, with the key or the literal named.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from stepper.errors import StepperError
+
+
+def read_json(path: Path, what: str = "") -> Any:
+    """The JSON value in a file; a missing, unreadable or unsound file is one StepperError."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise StepperError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise StepperError(f"{path}: is a directory, expected {what or 'a JSON file'}") from None
+    except UnicodeDecodeError as e:
+        raise StepperError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    except OSError as e:
+        raise StepperError(f"{path}: cannot be read ({e.strerror})") from None
+    return parse_json(text, str(path))
+
+
+def parse_json(text: str, where: str) -> Any:
+    """The JSON value of `text`; `where` (a file name) starts every error."""
+
+    def no_constants(literal: str) -> Any:
+        raise StepperError(f"{where}: {literal} is not JSON")
+
+    def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        result: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in result:
+                raise StepperError(f"{where}: key {key!r} appears twice in one object")
+            result[key] = value
+        return result
+
+    try:
+        return json.loads(text, parse_constant=no_constants, object_pairs_hook=unique_keys)
+    except json.JSONDecodeError as e:
+        raise StepperError(f"{where}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    except RecursionError:
+        raise StepperError(f"{where}: JSON nested too deeply") from None
