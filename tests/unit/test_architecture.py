@@ -24,7 +24,8 @@ BELOW_EVERYTHING: dict[str, set[str]] = {
     "errors": set(),
     "swap": set(),
     "trace": set(),
-    "config": {"errors"},
+    "config": {"errors", "jsonfile"},
+    "jsonfile": {"errors"},
 }
 MAY_IMPORT: dict[str, set[str]] = {
     **BELOW_EVERYTHING,
