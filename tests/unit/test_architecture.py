@@ -26,6 +26,7 @@ BELOW_EVERYTHING: dict[str, set[str]] = {
     "trace": set(),
     "config": {"errors", "jsonfile"},
     "jsonfile": {"errors"},
+    "untrusted": set(),
 }
 MAY_IMPORT: dict[str, set[str]] = {
     **BELOW_EVERYTHING,
