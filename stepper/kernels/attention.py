@@ -76,8 +76,9 @@ def absorbed_in_head_groups(q_latent: np.ndarray, q_pe: np.ndarray, latents: np.
 
 def in_head_groups(attend: Callable[[slice], np.ndarray], query_shape: tuple[int, ...]) -> np.ndarray:
     """attend(heads) for each group of heads (the H axis of [B, H, T, v_head] or [B, H, T, kv_lora]
-    cut to the group), shared out across the cores and written into one array: fresh large arrays fault their pages in slowly while the page
-    cache is full of a checkpoint, so nothing is concatenated afterwards."""
+    cut to the group), shared out across the cores and written into one array: fresh large
+    arrays fault their pages in slowly while the page cache is full of a checkpoint, so nothing
+    is concatenated afterwards."""
     B, H, T, _ = query_shape
     groups = head_groups(B, H, T)
     first = attend(groups[0])

@@ -2,6 +2,7 @@
 the decoder block and the whole-model glue. Model code reads like the math, reports every named
 tensor through `emit` and never prints."""
 
-from stepper.model.transformer import KVCache, Transformer
+from stepper.model.cache import KVCache
+from stepper.model.transformer import Transformer
 
 __all__ = ["KVCache", "Transformer"]

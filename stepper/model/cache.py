@@ -42,6 +42,16 @@ class LayerCache:
         return keys, values
 
 
+class KVCache:
+    """One LayerCache per layer."""
+
+    def __init__(self, num_layers: int):
+        self.layers = [LayerCache() for _ in range(num_layers)]
+
+    def length(self, layer: int = 0) -> int:
+        return self.layers[layer].length
+
+
 def cache_bytes_per_token(cfg: Config, attn: str, itemsize: int = 4) -> int:
     """Bytes one layer caches per position: per-head keys and values (attn "naive"), or one
     latent and rotary key ("absorb")."""

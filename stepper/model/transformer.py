@@ -15,7 +15,7 @@ import numpy as np
 
 from stepper.config import Config
 from stepper.kernels.linear import linear
-from stepper.model.cache import LayerCache
+from stepper.model.cache import KVCache
 from stepper.model.layer import decoder_layer
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.ops import rms_norm
@@ -37,16 +37,6 @@ def lm_head(hidden: np.ndarray, weights: WeightSource, rows: int = HEAD_ROWS) ->
         logits[..., start:stop] = linear(hidden, block.matrix(LM_HEAD))
         start = stop
     return logits
-
-
-class KVCache:
-    """One LayerCache per layer."""
-
-    def __init__(self, num_layers: int):
-        self.layers = [LayerCache() for _ in range(num_layers)]
-
-    def length(self, layer: int = 0) -> int:
-        return self.layers[layer].length
 
 
 class Transformer:
