@@ -1,4 +1,5 @@
-"""The model's code read as text: one emit site per catalogued name, shapes in the catalogue's symbols."""
+"""The model's code read as text: it goes on with what emit returns, and its shapes use the catalogue's
+symbols. (One emit site per catalogued name: tests/cli/test_emit_sites.py, through catalog.sites.)"""
 
 import ast
 import io
@@ -20,24 +21,6 @@ TERM = re.compile(r"^(?:\.\.\.|[A-Za-z_][A-Za-z0-9_]*|\d+|[\s()+*/])*$")  # symb
 
 def emit_calls(tree: ast.AST) -> list[ast.Call]:
     return [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "emit"]
-
-
-def emit_sites() -> dict[str, list[str]]:
-    """Catalogued name -> the file:line of every emit("name", ...) in stepper/model."""
-    sites: dict[str, list[str]] = {}
-    for path in MODEL_FILES:
-        for call in emit_calls(ast.parse(path.read_text())):
-            first = call.args[0] if call.args else None
-            assert isinstance(first, ast.Constant) and isinstance(first.value, str), f"{path.name}:{call.lineno}"
-            sites.setdefault(first.value, []).append(f"{path.name}:{call.lineno}")
-    return sites
-
-
-def test_every_catalogued_name_has_exactly_one_emit_site():
-    sites = emit_sites()
-    names = catalog.load().names()
-    assert sorted(sites) == sorted(names)
-    assert {n: s for n, s in sites.items() if len(s) != 1} == {}
 
 
 def test_the_model_goes_on_with_what_emit_returns():
