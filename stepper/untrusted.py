@@ -6,8 +6,9 @@ the clipboard, forge a hyperlink), a carriage return overwrites what was printed
 controls confuse terminals and HTML alike. A byte that is not UTF-8 (in a file name, an argument
 or a line typed at a prompt) reaches Python as a lone surrogate (U+DC80..U+DCFF, the
 `surrogateescape` error handler), which is written back out as that raw byte: 0x9b is CSI. Other
-lone surrogates (JSON's "\\ud800") cannot be written out at all. `shown` turns each such character into a visible escape (`\\x1b`, `\\r`, `\\u009b`, the raw
-byte as `\\x9b`) before the text reaches a screen, a message or an export.
+lone surrogates (JSON's "\\ud800") cannot be written out at all. `shown` turns each such
+character into a visible escape (`\\x1b`, `\\r`, `\\u009b`, the raw byte as `\\x9b`) before the
+text reaches a screen, a message or an export.
 """
 
 from __future__ import annotations

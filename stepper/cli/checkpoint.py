@@ -39,7 +39,8 @@ def synth_command(
         synth_checkpoint(source, out, chosen, force)
         files = sorted(p.name for p in out.iterdir())
         size = sum(p.stat().st_size for p in out.iterdir())
-        print(f"wrote {shown(out)}: {len(files)} files, {size / 2**20:.1f} MiB ({', '.join(files[:3])}{', ...' if len(files) > 3 else ''})")
+        print(f"wrote {shown(out)}: {len(files)} files, {size / 2**20:.1f} MiB "
+              f"({', '.join(files[:3])}{', ...' if len(files) > 3 else ''})")
 
 
 def inspect_command(

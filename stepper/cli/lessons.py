@@ -76,7 +76,8 @@ def list_command(plain: PlainOpt = False) -> None:
             exercise = "passed" if entry["passed"] else ("gave up" if entry["gave_up"] else "·")
             walked = "✓" if entry["walked"] else "·"
             current = " ◀" if lesson.name == progress.current else ""
-            console.print(f"{lesson.number:>2}  {lesson.name:<{name_w}}{shown(lesson.title):<{title_w}}{walked:<8}{exercise}{current}")
+            console.print(f"{lesson.number:>2}  {lesson.name:<{name_w}}{shown(lesson.title):<{title_w}}"
+                          f"{walked:<8}{exercise}{current}")
         passed = sum(progress.lesson(l.name)["passed"] for l in lessons)
         upcoming = next((l for l in lessons if not progress.lesson(l.name)["passed"]), None)
         tail = "" if upcoming is None else f" · next: stepper lesson start {upcoming.name}"
@@ -133,7 +134,8 @@ def check_command(
 
 def run_check(console: Console, lesson: Lesson, lessons: list[Lesson], path: Path, progress: Progress | None) -> bool:
     """Check, show the outcome, and record a pass in `progress` (None: another file than the learner's)."""
-    console.print(f"checking {shown(path)} · lesson {lesson.number}, {lesson.name}: {shown(lesson.title)}", style="bold")
+    console.print(f"checking {shown(path)} · lesson {lesson.number}, {lesson.name}: {shown(lesson.title)}",
+                  style="bold")
     report = check.check(lesson, path)
     for outcome in report.outcomes:
         console.print(Text("✓ " if outcome.ok else "✗ ", style="bold green" if outcome.ok else "bold red")
@@ -269,4 +271,5 @@ def reset_command(name: NameArg = None, workspace: WorkspaceOpt = WORKSPACE, pla
         progress.data["lessons"].pop(lesson.name, None)
         progress.save()
         console = console_for(plain)
-        console.print(f"{shown(path)} is the stub again" + (f"; your previous file is {shown(backup)}" if backup else ""))
+        console.print(f"{shown(path)} is the stub again"
+                      + (f"; your previous file is {shown(backup)}" if backup else ""))
