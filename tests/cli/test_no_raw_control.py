@@ -120,6 +120,12 @@ def test_a_lone_layer_names_its_input_escaped_and_the_dump_too(place):
     assert out.endswith(f"dumped to {shown('dump' + TYPED)}.safetensors\n")
 
 
+def test_your_exercise_file_is_named_escaped(place):
+    shutil.copyfile(REPO / "lessons" / "01-tour" / "solution.py", place / f"use{TYPED}.py")
+    code, out, err = stepper("run", "--plain", "--use", f"use{TYPED}.py", "--only", "logits", cwd=place, colour=True)
+    assert code == 0 and "\nlogits  [" in out and err == f"using your softmax from use{shown(TYPED)}.py\n"
+
+
 def test_an_error_shows_what_the_user_typed_escaped(place):
     code, out, err = stepper("run", "--plain", "--only", TYPED, cwd=place)
     assert code == 2
