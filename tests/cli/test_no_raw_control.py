@@ -202,3 +202,12 @@ def test_a_lesson_file_is_shown_escaped(place):
     code, out, _ = stepper("lesson", "solution", "odd", "--give-up", cwd=place, env=env, colour=True)
     read = ODD.replace("\r", "\n")  # Python reads a lone \r in a text file as a newline
     assert code == 0 and f"# {shown(read, lines=True)}\n" in out
+
+
+def test_lesson_check_shows_what_your_exercise_said_escaped(place):
+    env = {"STEPPER_LESSONS_DIR": str(place / "lessons"), "STEPPER_DATA_DIR": str(place / "data")}
+    (place / f"bad{TYPED}.py").write_text(f"def softmax(x, axis=-1):\n    raise ValueError({ODD!r})\n")
+    code, out, _ = stepper("lesson", "check", "odd", "--file", f"bad{TYPED}.py", cwd=place, env=env, colour=True)
+    assert code == 1
+    assert out.startswith(f"checking bad{shown(TYPED)}.py · lesson 1, odd: title {shown(ODD)}\n✗ softmax fails on ")
+    assert f"ValueError: {shown(ODD)}" in out
