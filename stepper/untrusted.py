@@ -3,22 +3,32 @@
 A tensor name, a metadata value, a config string, a path or a lesson file may hold control
 characters: ESC starts a terminal escape sequence (clear the screen, set the window title, write
 the clipboard, forge a hyperlink), a carriage return overwrites what was printed, NUL and the C1
-controls confuse terminals and HTML alike. `shown` turns each such character into a visible
-escape (`\\x1b`, `\\r`, `\\u009b`) before the text reaches a screen, a message or an export.
+controls confuse terminals and HTML alike. A byte that is not UTF-8 (in a file name, an argument
+or a line typed at a prompt) reaches Python as a lone surrogate (U+DC80..U+DCFF, the
+`surrogateescape` error handler), which is written back out as that raw byte: 0x9b is CSI. Other
+lone surrogates (JSON's "\\ud800") cannot be written out at all. `shown` turns each such
+character into a visible escape (`\\x1b`, `\\r`, `\\u009b`, the raw byte as `\\x9b`) before the
+text reaches a screen, a message or an export.
 """
 
 from __future__ import annotations
 
 import re
 
-CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
-CONTROL_BUT_LINES = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # keeps \t and \n
+CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+CONTROL_BUT_LINES = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")  # keeps \t and \n
 NAMED = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
 
 
 def escape(char: str) -> str:
-    """One control character as it is shown: \\t, \\n, \\r, or \\xNN / \\u00NN."""
-    return NAMED.get(char) or (f"\\x{ord(char):02x}" if ord(char) < 0x80 else f"\\u{ord(char):04x}")
+    """One control character as it is shown: \\t, \\n, \\r, \\xNN / \\u00NN / \\uDNNN, or a raw byte
+    (a lone surrogate U+DC80..U+DCFF) as \\xNN."""
+    code = ord(char)
+    if char in NAMED:
+        return NAMED[char]
+    if code < 0x80 or 0xDC80 <= code <= 0xDCFF:
+        return f"\\x{code & 0xFF:02x}"
+    return f"\\u{code:04x}"
 
 
 def shown(text: object, *, lines: bool = False) -> str:

@@ -14,6 +14,7 @@ from stepper.cli.common import PlainOpt, SeedOpt, parse_layers, user_errors
 from stepper.errors import StepperError
 from stepper.fp8 import BLOCK
 from stepper.session import RunSpec, load_model, shown_layers
+from stepper.untrusted import shown
 from stepper.views import fp8_codes, inspect, inspect_stats
 from stepper.weights.names import shape_of, storage_dtype
 from stepper.weights.synth import synth_checkpoint
@@ -38,7 +39,8 @@ def synth_command(
         synth_checkpoint(source, out, chosen, force)
         files = sorted(p.name for p in out.iterdir())
         size = sum(p.stat().st_size for p in out.iterdir())
-        print(f"wrote {out}: {len(files)} files, {size / 2**20:.1f} MiB ({', '.join(files[:3])}{', ...' if len(files) > 3 else ''})")
+        print(f"wrote {shown(out)}: {len(files)} files, {size / 2**20:.1f} MiB "
+              f"({', '.join(files[:3])}{', ...' if len(files) > 3 else ''})")
 
 
 def inspect_command(

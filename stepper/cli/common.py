@@ -13,6 +13,7 @@ from typing import Annotated
 import typer
 
 from stepper.errors import StepperError
+from stepper.untrusted import shown
 
 ModelOpt = Annotated[str, typer.Option(metavar="NAME|PATH", help="Preset (tiny, tiny-v3, kimi-k2, deepseek-v3), a checkpoint directory or a config.json.")]
 SeedOpt = Annotated[int, typer.Option(metavar="S", help="Seed of the synthetic weights and prompt.")]
@@ -21,11 +22,13 @@ PlainOpt = Annotated[bool, typer.Option("--plain", help="No colour.")]
 
 @contextmanager
 def user_errors() -> Iterator[None]:
-    """A StepperError becomes one line on stderr and exit code 2; a closed pipe ends quietly."""
+    """A StepperError becomes one line on stderr and exit code 2; a closed pipe ends quietly. The
+    message is shown with its control characters escaped, whatever put a file's or a user's text
+    in it (a list of problems keeps its lines)."""
     try:
         yield
     except StepperError as e:
-        sys.stderr.write(f"stepper: error: {e}\n")
+        sys.stderr.write(f"stepper: error: {shown(e, lines=True)}\n")
         raise typer.Exit(2) from None
     except BrokenPipeError:  # the reader (e.g. `head`) went away
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -29,6 +29,7 @@ from stepper.lessons.prose import styled
 from stepper.lessons.schema import Lesson, all_lessons, find_lesson
 from stepper.lessons.walk import LessonInput, walk
 from stepper.lessons.workspace import WORKSPACE, Workspace
+from stepper.untrusted import shown
 
 lesson_app = typer.Typer(
     add_completion=False,
@@ -68,19 +69,20 @@ def list_command(plain: PlainOpt = False) -> None:
         lessons = all_lessons()
         console = console_for(plain)
         name_w = max(len("lesson"), *(len(l.name) for l in lessons)) + 2
-        title_w = max(len("title"), *(len(l.title) for l in lessons)) + 2
+        title_w = max(len("title"), *(len(shown(l.title)) for l in lessons)) + 2
         console.print(f"{'#':>2}  {'lesson':<{name_w}}{'title':<{title_w}}{'walked':<8}exercise", style="bold")
         for lesson in lessons:
             entry = progress.lesson(lesson.name)
             exercise = "passed" if entry["passed"] else ("gave up" if entry["gave_up"] else "·")
             walked = "✓" if entry["walked"] else "·"
             current = " ◀" if lesson.name == progress.current else ""
-            console.print(f"{lesson.number:>2}  {lesson.name:<{name_w}}{lesson.title:<{title_w}}{walked:<8}{exercise}{current}")
+            console.print(f"{lesson.number:>2}  {lesson.name:<{name_w}}{shown(lesson.title):<{title_w}}"
+                          f"{walked:<8}{exercise}{current}")
         passed = sum(progress.lesson(l.name)["passed"] for l in lessons)
         upcoming = next((l for l in lessons if not progress.lesson(l.name)["passed"]), None)
         tail = "" if upcoming is None else f" · next: stepper lesson start {upcoming.name}"
         console.print(f"{passed} of {len(lessons)} exercises passed{tail}", style="dim")
-        console.print(f"progress file: {progress.path}", style="dim")
+        console.print(f"progress file: {shown(progress.path)}", style="dim")
 
 
 @lesson_app.command("start")
@@ -96,7 +98,7 @@ def start_command(name: NameArg = None, workspace: WorkspaceOpt = WORKSPACE, pla
         lesson, _ = chosen(name, progress)
         console = console_for(plain)
         path, created = Workspace(workspace).ensure(lesson)
-        console.print(f"your exercise file: {path}" + (" (a fresh copy of the stub)" if created else
+        console.print(f"your exercise file: {shown(path)}" + (" (a fresh copy of the stub)" if created else
                                                        " (yours, left as it is)"), style="dim")
         progress.current = lesson.name
         progress.save()
@@ -132,13 +134,14 @@ def check_command(
 
 def run_check(console: Console, lesson: Lesson, lessons: list[Lesson], path: Path, progress: Progress | None) -> bool:
     """Check, show the outcome, and record a pass in `progress` (None: another file than the learner's)."""
-    console.print(f"checking {path} · lesson {lesson.number}, {lesson.name}: {lesson.title}", style="bold")
+    console.print(f"checking {shown(path)} · lesson {lesson.number}, {lesson.name}: {shown(lesson.title)}",
+                  style="bold")
     report = check.check(lesson, path)
     for outcome in report.outcomes:
         console.print(Text("✓ " if outcome.ok else "✗ ", style="bold green" if outcome.ok else "bold red")
-                      + Text(outcome.title))
+                      + Text(shown(outcome.title)))
         for line in outcome.detail:
-            console.print("    " + line, highlight=False)
+            console.print("    " + shown(line, lines=True), highlight=False)
     if report.passed and progress is not None:
         progress.lesson(lesson.name)["passed"] = True
         progress.save()
@@ -169,7 +172,7 @@ def watch_command(
         console = console_for(plain)
         lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=read_lines, args=(lines,), daemon=True).start()
-        banner = f"watching {path}: it is re-checked when you save it · press Enter to re-check, q to quit"
+        banner = f"watching {shown(path)}: it is re-checked when you save it · press Enter to re-check, q to quit"
         console.print(banner, style="bold")
         stamp = modified(path)
         passed = run_check(console, lesson, lessons, path, progress)
@@ -222,14 +225,14 @@ def hint_command(name: NameArg = None, plain: PlainOpt = False) -> None:
         entry = progress.lesson(lesson.name)
         hints = lesson.exercise.hints
         console = console_for(plain)
-        shown = entry["hints"]
-        if shown >= len(hints):
+        given = entry["hints"]
+        if given >= len(hints):
             console.print(styled(f"hint {len(hints)} of {len(hints)} (the last): {hints[-1]}"))
             console.print(styled(f"no more hints; `stepper lesson solution {lesson.name} --give-up` shows the solution"),
                           style="dim")
             return
-        console.print(styled(f"hint {shown + 1} of {len(hints)}: {hints[shown]}"))
-        entry["hints"] = shown + 1
+        console.print(styled(f"hint {given + 1} of {len(hints)}: {hints[given]}"))
+        entry["hints"] = given + 1
         progress.save()
 
 
@@ -250,9 +253,9 @@ def solution_command(
         if not entry["passed"]:
             entry["gave_up"] = True
             progress.save()
-        code = lesson.solution.read_text(encoding="utf-8")
+        code = shown(lesson.solution.read_text(encoding="utf-8"), lines=True)
         console = console_for(plain)
-        console.print(f"{lesson.solution}", style="bold")
+        console.print(shown(lesson.solution), style="bold")
         fancy = not plain and console.is_terminal
         console.print(Syntax(code, "python", word_wrap=True, background_color="default") if fancy else code,
                       highlight=False)
@@ -268,4 +271,5 @@ def reset_command(name: NameArg = None, workspace: WorkspaceOpt = WORKSPACE, pla
         progress.data["lessons"].pop(lesson.name, None)
         progress.save()
         console = console_for(plain)
-        console.print(f"{path} is the stub again" + (f"; your previous file is {backup}" if backup else ""))
+        console.print(f"{shown(path)} is the stub again"
+                      + (f"; your previous file is {shown(backup)}" if backup else ""))

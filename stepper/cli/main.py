@@ -12,6 +12,7 @@ from stepper.cli import bench, checkpoint, explain, run
 from stepper.cli.fixtures import fixtures_app
 from stepper.cli.lessons import lesson_app
 from stepper.kernels import parallel
+from stepper.untrusted import shown
 
 app = typer.Typer(
     add_completion=False,
@@ -34,7 +35,7 @@ def main() -> None:
             code = 0
         else:
             command = ctx.command_path if ctx is not None else "stepper"
-            sys.stderr.write(f"stepper: error: {e.format_message()} (see {command} --help)\n")
+            sys.stderr.write(f"stepper: error: {shown(e.format_message())} (see {shown(command)} --help)\n")
             code = 2
     except typer.Abort:
         sys.stderr.write("stepper: interrupted\n")

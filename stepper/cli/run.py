@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from stepper import untrusted
 from stepper.cli.common import ModelOpt, PlainOpt, SeedOpt, parse_ids, parse_layers, user_errors
 from stepper.errors import StepperError
 from stepper.lessons import overrides
@@ -52,14 +53,17 @@ def describe(plan: Plan) -> str:
     cfg, spec = plan.config, plan.spec
     dense = sum(not cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers))
     moe = f", {cfg.n_routed_experts} experts top-{cfg.num_experts_per_tok}" if dense < cfg.num_hidden_layers else ""
-    weights = f"synthetic weights, seed {spec.seed}" if isinstance(plan.weights, SyntheticWeights) else f"weights from {spec.model}"
-    what = f"layer {spec.layer} alone on {plan.input_source}" if plan.alone else f"layers {plan.shown.start}..{plan.shown.stop - 1}"
+    weights = (f"synthetic weights, seed {spec.seed}" if isinstance(plan.weights, SyntheticWeights)
+               else f"weights from {untrusted.shown(spec.model)}")
+    what = (f"layer {spec.layer} alone on {untrusted.shown(plan.input_source)}" if plan.alone
+            else f"layers {plan.shown.start}..{plan.shown.stop - 1}")
     steps = f", then {spec.decode} decode step{'s' if spec.decode > 1 else ''}" if spec.decode else ""
     attns = sorted({step_attn(spec, step) for step in range(spec.decode + 1)}, reverse=True)
     attn = " then ".join(attns)
     naive, latent = cache_bytes_per_token(cfg, "naive"), cache_bytes_per_token(cfg, "absorb")
     return (
-        f"model {cfg.name} ({cfg.model_type}): {cfg.num_hidden_layers} layers ({dense} dense), "
+        f"model {untrusted.shown(cfg.name)} ({untrusted.shown(cfg.model_type)}): "
+        f"{cfg.num_hidden_layers} layers ({dense} dense), "
         f"{cfg.num_attention_heads} heads{moe} · {weights} · {what}{steps}\n"
         f"attention {attn} · cache per position per layer (float32): per-head keys and values "
         f"{naive:,} B, latent + rope key {latent:,} B ({naive / latent:.1f}x smaller)"
@@ -73,7 +77,7 @@ def footer(plan: Plan, result: RunResult, shown: int, dump: Path | None) -> str:
     if result.generated:
         parts.append(("generated " if not plan.alone else "decode tokens ") + token_ids(result.generated))
     if dump is not None:
-        parts.append(f"dumped to {dump}")
+        parts.append(f"dumped to {untrusted.shown(dump)}")
     return " · ".join(parts)
 
 
@@ -230,4 +234,4 @@ def save_export(console: Console, path: Path) -> None:
         console.save_svg(str(path), title="stepper step")
     else:
         console.save_text(str(path))
-    sys.stderr.write(f"session recorded to {path}\n")
+    sys.stderr.write(f"session recorded to {untrusted.shown(path)}\n")

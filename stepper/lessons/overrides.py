@@ -26,6 +26,7 @@ import numpy as np
 import stepper.model  # noqa: F401 - importing the model defines every exercise (stepper.swap.REFERENCES)
 from stepper import swap
 from stepper.errors import StepperError
+from stepper.untrusted import shown
 
 EXERCISES: tuple[str, ...] = tuple(swap.REFERENCES)
 
@@ -180,7 +181,7 @@ def use(files: Iterable[Path], announce: IO[str] | None = None) -> Iterator[dict
             functions[name], origin[name] = guarded(path, name, func), path
     if announce is not None and functions:
         listed = ", ".join(f"{name} from {origin[name]}" for name in functions)
-        announce.write(f"using your {listed}\n")
+        announce.write(f"using your {shown(listed)}\n")
         announce.flush()
     with patched(functions):
         yield functions

@@ -1,4 +1,5 @@
-"""Printing lesson text: prose paragraphs wrapped to the console, `code` spans in cyan."""
+"""Printing lesson text: prose paragraphs wrapped to the console, `code` spans in cyan, control
+characters (a lesson file may hold any) escaped."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from rich.text import Text
 
 from stepper.lessons.context import Context
 from stepper.lessons.templates import render
+from stepper.untrusted import shown
 
 
 def say(console: Console, text: str, ctx: Context, style: str | None = None) -> None:
@@ -37,9 +39,10 @@ def join_lines(text: str) -> str:
 
 
 def styled(text: str, style: str | None = None) -> Text:
-    """Lesson prose: `code` spans in cyan, the rest as written."""
+    """Lesson prose: `code` spans in cyan, the rest as written but for control characters (its lines
+    and tabs stay)."""
     out = Text(style=style or "")
-    for i, part in enumerate(re.split(r"(`[^`]*`)", text)):
+    for i, part in enumerate(re.split(r"(`[^`]*`)", shown(text, lines=True))):
         if i % 2:
             out.append(part, style="cyan")
         else:

@@ -21,6 +21,7 @@ from stepper.lessons.schema import LESSON_FILE, Lesson, Prediction, Step
 from stepper.lessons.templates import render
 from stepper.session import Plan, execute, prepare
 from stepper.trace import Event, Recorder
+from stepper.untrusted import shown
 from stepper.views.debugger import CommandSource, Debugger, Quit
 
 
@@ -29,18 +30,14 @@ class LessonInput(CommandSource):
 
     def ask(self, prompt: str) -> str | None:
         if self.script:
-            return self._echo_as(prompt, self.script.pop(0))
+            return self._echo(self.script.pop(0), prompt)
         if self.interactive:
             try:
                 return self.console.input(prompt)
             except EOFError:
                 return None
         line = self.stdin.readline()
-        return None if not line else self._echo_as(prompt, line.rstrip("\n"))
-
-    def _echo_as(self, prompt: str, line: str) -> str:
-        self.console.print(Text(prompt, style="bold") + Text(line))
-        return line
+        return None if not line else self._echo(line.rstrip("\n"), prompt)
 
 
 ANSWER_PROMPT = "your prediction> "
@@ -105,11 +102,11 @@ class LessonDebugger(Debugger):
             self.console.print(f"    {entry['description']}", style="italic")
         self.say(step.explain, ctx)
         for command in step.commands:
-            self.console.print(Text("(stepper) ", style="dim") + Text(command, style="dim"))
+            self.console.print(Text("(stepper) ", style="dim") + Text(shown(command), style="dim"))
             try:
                 super().execute(command)
             except StepperError as e:
-                self.console.print(f"{e}", style="red")
+                self.error(e)
         self.console.print(Text(LESSON_HELP, style="dim"))
 
     def predict(self, pred: Prediction, ctx: Context, stop_key: str) -> None:
@@ -129,7 +126,7 @@ class LessonDebugger(Debugger):
             verdict = judge(pred, line, ctx, stop_key)
             if verdict.right:
                 self.right += 1
-                self.console.print(f"✓ right: {show_answer(pred, expected)}", style="bold green")
+                self.console.print(f"✓ right: {shown(show_answer(pred, expected))}", style="bold green")
                 return
             self.console.print(styled(f"✗ {verdict.why}", "red"), soft_wrap=False)
             tries += verdict.readable
@@ -137,7 +134,7 @@ class LessonDebugger(Debugger):
             if tries >= 2 or unreadable >= 3:
                 break
             self.console.print("try again, or press Enter to see the answer", style="dim")
-        self.console.print(f"→ the answer: {show_answer(pred, expected)}", style="bold")
+        self.console.print(f"→ the answer: {shown(show_answer(pred, expected))}", style="bold")
 
 
 
@@ -152,7 +149,7 @@ def walk(lesson: Lesson, console: Console, source: LessonInput) -> Walked:
     """Run the lesson's interpreter run, stopping at its steps; the outro at the end."""
     plan = prepare(lesson.run)
     debugger = LessonDebugger(console, plan.config, source, plan.weights, lesson=lesson, plan=plan)
-    console.rule(f"lesson {lesson.number} · {lesson.title}", style="bold", align="left")
+    console.rule(f"lesson {lesson.number} · {shown(lesson.title)}", style="bold", align="left")
     say(console, lesson.intro, Context(plan))
     try:
         result = execute(plan, [debugger])

@@ -5,7 +5,8 @@ stepping, breakpoints when continuing, one name with `until`); when it stops it 
 run is and the tensor, then reads commands until one resumes the run. Commands come from a
 `--commands` file, then from a terminal, or line by line from a pipe, so sessions can be
 scripted and tested. Every tensor seen stays in the history and can be printed, sliced,
-compared, explained or drawn later. The model code knows nothing of this.
+compared, explained or drawn later. The model code knows nothing of this. What the user typed is
+echoed, and comes back in messages, with its control characters escaped.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from stepper import catalog
 from stepper.config import Config
 from stepper.errors import StepperError
 from stepper.trace import Event, matches
+from stepper.untrusted import shown
 from stepper.views import pictures
 from stepper.views.explain import explain_text
 from stepper.views.sinks import TensorRows
@@ -65,8 +67,8 @@ class CommandSource:
         line = self.stdin.readline()
         return None if not line else self._echo(line.rstrip("\n"))
 
-    def _echo(self, line: str) -> str:
-        self.console.print(Text(PROMPT, style="bold") + Text(line))
+    def _echo(self, line: str, prompt: str = PROMPT) -> str:
+        self.console.print(Text(prompt, style="bold") + Text(shown(line)))
         return line
 
 
@@ -151,7 +153,11 @@ class Debugger:
                 if self.execute(line):
                     return
             except StepperError as e:
-                self.console.print(f"{e}", style="red")
+                self.error(e)
+
+    def error(self, e: StepperError) -> None:
+        """A command's problem, in red; the session goes on."""
+        self.console.print(shown(e, lines=True), style="red")
 
     def execute(self, line: str) -> bool:
         """Run one command; True when the run should resume."""
@@ -159,7 +165,7 @@ class Debugger:
         rest = rest.strip()
         handler = COMMANDS.get(word)
         if handler is None:
-            self.console.print(Text(f"unknown command '{word}'", style="red"))
+            self.console.print(Text(f"unknown command '{shown(word)}'", style="red"))
             self.console.print(Text(HELP, style="dim"))
             return False
         return bool(handler(self, rest))
@@ -175,14 +181,16 @@ class Debugger:
     def cmd_break(self, arg: str) -> None:
         if arg:
             self.breakpoints.append(arg)
-        listed = ", ".join(self.breakpoints) or "none"
-        self.console.print(f"breakpoints: {listed}")
+        self.show_breakpoints()
 
     def cmd_delete(self, arg: str) -> None:
         if arg and arg not in self.breakpoints:
             raise StepperError(f"no breakpoint '{arg}' (breakpoints: {', '.join(self.breakpoints) or 'none'})")
         self.breakpoints = [b for b in self.breakpoints if arg and b != arg]
-        self.console.print(f"breakpoints: {', '.join(self.breakpoints) or 'none'}")
+        self.show_breakpoints()
+
+    def show_breakpoints(self) -> None:
+        self.console.print(f"breakpoints: {shown(', '.join(self.breakpoints) or 'none')}")
 
     def cmd_until(self, arg: str) -> bool:
         if not arg:

@@ -18,6 +18,7 @@ from rich.text import Text
 from stepper import catalog
 from stepper.catalog import sites
 from stepper.config import Config
+from stepper.untrusted import shown
 
 REFERENCES = (
     ("modeling_deepseek.py", "modeling_deepseek.py"),
@@ -80,5 +81,6 @@ def reference_source(source: str, lines: list[int]) -> Text:
 
 
 def numbered(code: Sequence[str], first: int) -> Text:
-    """Source lines with their line numbers, indented under the line that cites them."""
-    return Text("".join(f"    {first + i:4d}  {line}\n" for i, line in enumerate(code)), style="green")
+    """Source lines with their line numbers, indented under the line that cites them (escaped: the
+    reference lines are read from the installed transformers' file)."""
+    return Text("".join(f"    {first + i:4d}  {shown(line)}\n" for i, line in enumerate(code)), style="green")

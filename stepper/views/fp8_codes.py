@@ -21,6 +21,7 @@ from rich.text import Text
 
 from stepper import fp8
 from stepper.errors import StepperError
+from stepper.untrusted import shown
 from stepper.weights.stored import Stored
 
 SIGN_STYLE, EXPONENT_STYLE, MANTISSA_STYLE = "bold red", "bold cyan", "bold green"
@@ -323,9 +324,9 @@ def render_block(console: Console, block: Block) -> None:
 
 def block_heading(block: Block) -> list[Text]:
     (h, w), (bh, bw), (r, c) = block.shape, block.block_size, block.index
-    title = Text(block.name, style="bold cyan")
+    title = Text(shown(block.name), style="bold cyan")
     title.append(f"  F8_E4M3 [{h}, {w}]  scales [{block.grid[0]}, {block.grid[1]}] ({bh}x{bw} blocks)  ", style="")
-    title.append(block.source, style="dim")
+    title.append(shown(block.source), style="dim")
     size = f"{len(block.rows)} x {len(block.cols)}"
     where = Text(f"block {r},{c}: rows {block.rows.start}..{block.rows.stop - 1}, "
                  f"columns {block.cols.start}..{block.cols.stop - 1}: ")

@@ -25,6 +25,7 @@ from rich.measure import Measurement
 from rich.style import Style
 from rich.text import Text
 
+from stepper.untrusted import shown
 from stepper.views.summary import number
 
 MAX_COLS = 60  # cells across one picture (or one head's map)
@@ -87,7 +88,8 @@ def caption(text: str) -> Text:
 
 
 def heading(title: str) -> list[Text]:
-    return [Text(title, style="bold")] if title else []
+    """A picture's title (a tensor's or a weight's name, which may come from a file), escaped."""
+    return [Text(shown(title), style="bold")] if title else []
 
 
 def sci(x: float) -> str:

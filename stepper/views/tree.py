@@ -8,6 +8,7 @@ from rich.tree import Tree
 
 from stepper import catalog
 from stepper.config import Config
+from stepper.untrusted import shown
 
 BLOCKS = {
     "model": "model",
@@ -24,7 +25,7 @@ def layer_tree(cat: catalog.Catalog, cfg: Config, layer: int, attn: str) -> Tree
     kind = "MoE" if cfg.is_moe_layer(layer) else "dense"
     same = [i for i in range(cfg.num_hidden_layers) if cfg.is_moe_layer(i) == cfg.is_moe_layer(layer)]
     span = f"layers {same[0]}..{same[-1]}" if len(same) > 1 else f"layer {same[0]}"
-    root = Tree(Text(f"{cfg.name}: {span} ({kind}), {attn} attention", style="bold"))
+    root = Tree(Text(f"{shown(cfg.name)}: {span} ({kind}), {attn} attention", style="bold"))
     branch, current = root, None
     for entry in cat.layer_sequence(cfg, layer, attn):
         block = BLOCKS.get(entry["block"], entry["block"])

@@ -12,6 +12,8 @@ from stepper.untrusted import is_safe, shown
     ("a\nb\tc\rd", "a\\nb\\tc\\rd"),
     ("\x7f\x9b\x80", "\\x7f\\u009b\\u0080"),  # DEL and two C1 controls (0x9b is CSI)
     ("\u00e9t\u00e9 \U0001F600", "\u00e9t\u00e9 \U0001F600"),  # printable Unicode stays as it is
+    (b"a\x9b\xff.npz".decode("utf-8", "surrogateescape"), "a\\x9b\\xff.npz"),  # bytes that are not UTF-8, as read
+    ("\ud800x", "\\ud800x"),  # a lone surrogate (JSON allows "\ud800"), which no stream could write
 ])
 def test_control_characters_are_escaped_and_nothing_else(raw, safe):
     assert shown(raw) == safe
@@ -22,3 +24,8 @@ def test_control_characters_are_escaped_and_nothing_else(raw, safe):
 def test_lines_keep_newlines_and_tabs_but_not_the_rest():
     assert shown("one\n\ttwo\x1b]0;title\x07", lines=True) == "one\n\ttwo\\x1b]0;title\\x07"
     assert shown(3) == "3"
+
+
+def test_what_is_shown_can_be_written_to_any_utf8_stream():
+    raw = b"\x9b\xc3".decode("utf-8", "surrogateescape") + "\ud800\udfff"
+    assert shown(raw).encode("utf-8") == b"\\x9b\\xc3\\ud800\\udfff"
