@@ -23,7 +23,7 @@ from rich.tree import Tree
 from stepper import catalog
 from stepper.config import Config
 from stepper.errors import StepperError
-from stepper.trace import Event, matches
+from stepper.trace import Event, did_you_mean, matches
 from stepper.views import pictures
 from stepper.views.explain import explain_text
 from stepper.views.sinks import TensorRows
@@ -81,6 +81,7 @@ class Debugger:
     breakpoints: list[str] = field(default_factory=list)
     until: str | None = None
     on_stop: Callable[[Event], None] | None = None  # e.g. a JSON Lines writer
+    names: list[str] | None = None  # every name the run emits, when known: b and u check theirs against them
     stepping: bool = True
     history: dict[str, Event] = field(default_factory=dict)
     current: Event | None = None
@@ -174,6 +175,7 @@ class Debugger:
 
     def cmd_break(self, arg: str) -> None:
         if arg:
+            self.check_matches("b", arg, self.names)
             self.breakpoints.append(arg)
         listed = ", ".join(self.breakpoints) or "none"
         self.console.print(f"breakpoints: {listed}")
@@ -187,8 +189,15 @@ class Debugger:
     def cmd_until(self, arg: str) -> bool:
         if not arg:
             raise StepperError("until needs a name or glob, e.g. u attn_weights")
+        self.check_matches("u", arg, self.names and [n for n in self.names if n not in self.history])
         self.until = arg
         return True
+
+    def check_matches(self, command: str, pattern: str, names: list[str] | None) -> None:
+        """A pattern must match a name of the run (for u: one still to come), or nothing happens."""
+        if names is not None and not any(matches(name, [pattern]) for name in names):
+            ahead = " still to come" if command == "u" else ""
+            raise StepperError(f"{command} {pattern}: matches no tensor{ahead} of this run{did_you_mean(pattern, self.names)}")
 
     def cmd_print(self, arg: str) -> None:
         target, digits = split_digits(arg)
