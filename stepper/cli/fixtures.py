@@ -6,6 +6,7 @@ Bad input exits with code 2 and one line on stderr; `verify` exits 1 when a tens
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -19,6 +20,7 @@ from stepper.fixtures import aliases, show, verify
 from stepper.fixtures.export import export
 from stepper.fixtures.fixture import load
 from stepper.fixtures.spec import ExportSpec
+from stepper.untrusted import shown
 
 fixtures_app = typer.Typer(
     no_args_is_help=True,
@@ -74,7 +76,7 @@ def verify_command(
     fixture: Annotated[Path, typer.Argument(metavar="FIXTURE", help="A fixture folder (or its manifest.json).", show_default=False)],
     candidate: Annotated[Path, typer.Argument(metavar="CANDIDATE", help="Another implementation's dump: .safetensors or .npz.", show_default=False)],
     map_file: Annotated[Path | None, typer.Option("--map", metavar="FILE.json", help="Your names -> canonical names, a JSON object.")] = None,
-    strict: Annotated[bool, typer.Option("--strict", help="Missing tensors fail too (exit 1).")] = False,
+    allow_missing: Annotated[bool, typer.Option("--allow-missing", help="Tensors of the fixture missing from CANDIDATE do not fail (exit 0 if the rest match).")] = False,
     report: Annotated[Path | None, typer.Option(metavar="FILE.json", help="Write the full result as JSON (overwritten).")] = None,
     rtol: Annotated[float | None, typer.Option(metavar="R", help="Relative tolerance for every float tensor, instead of the manifest's.")] = None,
     atol: Annotated[float | None, typer.Option(metavar="A", help="Absolute tolerance for every float tensor, instead of the manifest's per-tensor value.")] = None,
@@ -85,7 +87,7 @@ def verify_command(
 
     Names may be canonical (layers.1.self_attn.k_pe, with prefill./decode0. in multi-step fixtures),
     HF module paths, DeepSeek inference/model.py or llama.cpp names (see `stepper fixtures names`).
-    Exit code 0: every tensor present matches; 1: a tensor differs (or, with --strict, is missing);
+    Exit code 0: every tensor matches; 1: a tensor differs or is missing (unless --allow-missing);
     2: bad input.
     """
     with user_errors():
@@ -94,10 +96,14 @@ def verify_command(
                 raise StepperError(f"{option} must be a number >= 0, got {value}")
         loaded = load(fixture)
         mapping = aliases.read_map(map_file) if map_file is not None else None
-        verdict = verify.verify(loaded, candidate, mapping, strict, rtol, atol)
+        verdict = verify.verify(loaded, candidate, mapping, not allow_missing, rtol, atol)
         if report is not None:
             verify.write_report(report, verdict)
         show.verdict(console_for(plain), loaded, verdict, problems_only=problems)
+        missing = verdict.count("missing")
+        if missing and not allow_missing:
+            sys.stderr.write(f"stepper: {missing} of the fixture's {len(verdict.checks)} tensors are missing from "
+                             f"{shown(candidate)}; pass --allow-missing to accept that\n")
     raise typer.Exit(verdict.exit_code)
 
 

@@ -175,7 +175,7 @@ class Debugger:
 
     def cmd_break(self, arg: str) -> None:
         if arg:
-            self.check_matches("b", arg, self.names)
+            self.check_matches("b", arg)
             self.breakpoints.append(arg)
         listed = ", ".join(self.breakpoints) or "none"
         self.console.print(f"breakpoints: {listed}")
@@ -189,15 +189,16 @@ class Debugger:
     def cmd_until(self, arg: str) -> bool:
         if not arg:
             raise StepperError("until needs a name or glob, e.g. u attn_weights")
-        self.check_matches("u", arg, self.names and [n for n in self.names if n not in self.history])
+        if self.names is not None and not any(matches(n, [arg]) for n in self.names if n not in self.history):
+            self.check_matches("u", arg)
+            raise StepperError(f"u {arg}: every tensor it matches has passed (h lists them)")
         self.until = arg
         return True
 
-    def check_matches(self, command: str, pattern: str, names: list[str] | None) -> None:
-        """A pattern must match a name of the run (for u: one still to come), or nothing happens."""
-        if names is not None and not any(matches(name, [pattern]) for name in names):
-            ahead = " still to come" if command == "u" else ""
-            raise StepperError(f"{command} {pattern}: matches no tensor{ahead} of this run{did_you_mean(pattern, self.names)}")
+    def check_matches(self, command: str, pattern: str) -> None:
+        """A pattern must match a name of the run (when the run's names are known), or it would do nothing."""
+        if self.names is not None and not any(matches(name, [pattern]) for name in self.names):
+            raise StepperError(f"{command} {pattern}: matches no tensor of this run{did_you_mean(pattern, self.names)}")
 
     def cmd_print(self, arg: str) -> None:
         target, digits = split_digits(arg)
