@@ -76,13 +76,13 @@ def layer_bytes(plan: Plan, layers: list[int]) -> int:
                for layer in layers for k, (t, s) in enumerate(step_shapes(plan)))
 
 
-def largest_tensor(plan: Plan, layers: list[int]) -> int:
-    """Bytes of the largest named tensor of the run."""
+def largest_tensor(plan: Plan, layers: list[int]) -> tuple[int, str]:
+    """Bytes and name of the largest named tensor of the run."""
     cat, spec = catalog.load(), plan.spec
     keys = {e["name"] for layer in layers for k in range(spec.decode + 1)
             for e in cat.layer_sequence(plan.config, layer, step_attn(spec, k))}
     keys |= {"logits"} if plan.needs_logits else set()
-    return max(tensor_bytes(key, t, s, plan) for key in keys for t, s in step_shapes(plan))
+    return max((tensor_bytes(key, t, s, plan), key) for key in keys for t, s in step_shapes(plan))
 
 
 def needs(plan: Plan, kept: list[str], kept_lower: str) -> list[Need]:
@@ -94,12 +94,13 @@ def needs(plan: Plan, kept: list[str], kept_lower: str) -> list[Need]:
     cached = max(step_attn(spec, k) for k in range(spec.decode + 1))  # "naive" keeps per-head keys too
     positions = t + spec.decode
     per_position = cache_bytes_per_token(cfg, "absorb") + (cache_bytes_per_token(cfg, "naive") if cached == "naive" else 0)
+    largest_bytes, largest_key = largest_tensor(plan, list(run))
     largest = max(math.prod(shape) for layer in run for shape in layer_shapes(cfg, layer).values())
     result = [
         Need(f"attention scores [1, {heads}, {t}, {s}] float32", SCORE_ARRAYS * heads * t * s * FLOAT32 + 2 * t * s,
              "--prompt-len"),
         Need("one layer's tensors", layer_bytes(plan, list(run)), "--prompt-len"),
-        Need("the statistics of the largest tensor", STATS_COPIES * largest_tensor(plan, list(run)), "--prompt-len"),
+        Need(f"the statistics of {largest_key} (float64 copies)", STATS_COPIES * largest_bytes, "--prompt-len"),
         Need(f"the cache of {len(run)} layers", per_position * positions * len(run),
              "--attn absorb" if cached == "naive" else "--prompt-len"),
         Need("the largest weight, decoded", largest * FLOAT32, "--layer N"),
