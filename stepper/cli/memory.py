@@ -107,7 +107,7 @@ def needs(plan: Plan, kept: list[str], kept_lower: str) -> list[Need]:
     ]
     if plan.needs_logits:
         result.append(Need(f"logits [1, {t}, {cfg.vocab_size}] float32", t * cfg.vocab_size * FLOAT32, "--prompt-len"))
-    if spec.weight_cache_mb:
+    if spec.weight_cache_mb and spec.decode:  # a weight is kept from its second use on: in a later step
         weights = sum(math.prod(shape) for layer in run for shape in layer_shapes(cfg, layer).values())
         result.append(Need("the weight cache", min(spec.weight_cache_mb * 2**20, weights * FLOAT32), "--weight-cache-mb"))
     if kept:
