@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import typer
+from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from stepper.cli.common import user_errors
@@ -359,3 +360,19 @@ def test_the_names_of_a_run_are_known_before_it_starts(spec):
     execute(plan, [recorder])
     names = planned_names(plan)
     assert sorted(names) == sorted(e.name for e in recorder.events) and len(set(names)) == len(names)
+
+
+def test_fixtures_verify_counts_missing_tensors_and_an_unwritable_report_is_one_line(tmp_path):
+    fixture = ROOT / "fixtures" / "tiny-prefill-decode"
+    tensors = {}
+    with safe_open(fixture / "tensors.safetensors", "np") as f:
+        for name in list(f.keys())[:9]:
+            tensors[name] = f.get_tensor(name)
+    candidate = tmp_path / "port.safetensors"
+    save_file(tensors, str(candidate))
+    out = stepper("fixtures", "verify", fixture, candidate, "--plain")
+    assert one_line(out, 1) == (f"stepper: 303 of the fixture's 312 tensors are missing from {candidate}; "
+                                "pass --allow-missing to accept that")
+    assert stepper("fixtures", "verify", fixture, candidate, "--allow-missing", "--plain").returncode == 0
+    line = one_line(stepper("fixtures", "verify", fixture, candidate, "--allow-missing", "--report", "/proc/r.json"))
+    assert line == "stepper: error: --report /proc/r.json: cannot write it (No such file or directory)"
