@@ -58,6 +58,13 @@ def step_attn(spec: RunSpec, step: int) -> str:
     return "naive" if step == 0 else "absorb"
 
 
+def phase_name(spec: RunSpec, step: int) -> str | None:
+    """The prefix of a step's names: none without decode steps, else `prefill` and `decode{k}`."""
+    if spec.decode == 0:
+        return None
+    return "prefill" if step == 0 else f"decode{step - 1}"
+
+
 @dataclass(frozen=True)
 class RunResult:
     config: Config
@@ -92,6 +99,10 @@ def prompt_ids(spec: RunSpec, cfg: Config) -> tuple[int, ...]:
     if bad:
         raise StepperError(f"token id {bad[0]} out of range: model {cfg.name} has vocab_size {cfg.vocab_size}")
     return spec.ids
+
+
+def prompt_length(spec: RunSpec) -> int:
+    return spec.prompt_len if spec.ids is None else len(spec.ids)
 
 
 def seeded_tokens(seed: int, cfg: Config, n: int, stream: int = 1) -> tuple[int, ...]:
@@ -165,6 +176,16 @@ class Plan:
         return self.spec.layer is not None
 
     @property
+    def whole(self) -> bool:
+        """Whether the run shows the whole model: the embedding, rope tables, norm and logits too."""
+        return not self.alone and self.shown == range(self.config.num_hidden_layers)
+
+    @property
+    def prompt_len(self) -> int:
+        """Positions of the prefill: the prompt's, or the given input's."""
+        return len(self.prompt) if self.hidden is None else self.hidden.shape[1]
+
+    @property
     def input_source(self) -> str:
         if not self.alone:
             return "token embeddings"
@@ -186,11 +207,11 @@ def prepare(spec: RunSpec, weights: WeightSource | None = None) -> Plan:
         weights = CachedWeights(weights, spec.weight_cache_mb * 2**20)
     cfg = weights.config
     shown = shown_layers(spec, cfg)
-    prompt = prompt_ids(spec, cfg)
     if spec.input is not None and spec.layer is None:
         raise StepperError("--input feeds one layer: use it with --layer N")
     hidden = read_input(spec.input, shown.start, cfg) if spec.input else None
-    check_positions(spec, cfg, len(prompt) if hidden is None else hidden.shape[1])
+    check_positions(spec, cfg, prompt_length(spec) if hidden is None else hidden.shape[1])  # before drawing ids
+    prompt = prompt_ids(spec, cfg)
     alone = spec.layer is not None
     needs_logits = not alone and (spec.decode > 0 or shown.stop == cfg.num_hidden_layers)
     weights.check(shown if alone else range(cfg.num_hidden_layers if needs_logits else shown.stop), needs_logits)
@@ -214,7 +235,7 @@ def execute(plan: Plan, sinks: Iterable[Sink]) -> RunResult:
     decode_tokens = seeded_tokens(spec.seed, cfg, spec.decode, stream=2)
     generated: list[int] = []
     for step in range(spec.decode + 1):
-        phase = emit.phase(None if spec.decode == 0 else ("prefill" if step == 0 else f"decode{step - 1}"))
+        phase = emit.phase(phase_name(spec, step))
         more = step < spec.decode
         attn = step_attn(spec, step)
         if plan.alone:

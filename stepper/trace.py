@@ -10,6 +10,7 @@ An emitter with no sinks does nothing, so silent layers cost nothing.
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -117,6 +118,19 @@ def matches(name: str, patterns: Iterable[str]) -> bool:
     `k_pe` and `self_attn.k_pe` both match `decode0.layers.1.self_attn.k_pe`."""
     short = unphased(name)
     return any(fnmatch.fnmatchcase(n, p) or fnmatch.fnmatchcase(short, "*." + p) for p in patterns for n in (name, short))
+
+
+def did_you_mean(pattern: str, names: Iterable[str]) -> str:
+    """"; did you mean A, B?" with the names (or their dotted tails) nearest a pattern; "" if none is near."""
+    tails = {tail for name in names for tail in dotted_tails(unphased(name))}
+    near = difflib.get_close_matches(pattern.strip("*?"), sorted(tails), n=3, cutoff=0.6)
+    return f"; did you mean {', '.join(near)}?" if near else ""
+
+
+def dotted_tails(name: str) -> list[str]:
+    """`layers.1.self_attn.k_pe` -> itself, `self_attn.k_pe`, `k_pe` (no tail starts at a number)."""
+    parts = name.split(".")
+    return [".".join(parts[i:]) for i in range(len(parts)) if not parts[i].isdigit()]
 
 
 class Filter:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from functools import cache, cached_property
@@ -78,6 +79,19 @@ class Catalog:
             and not (no_q_lora and e["name"] in ("self_attn.q_a", "self_attn.q_a_norm"))
             and not (cfg.n_shared_experts == 0 and e["name"] == "mlp.shared_output")
         ]
+
+    def run_names(self, cfg: Config, steps: Sequence[tuple[str | None, str]], layers: Iterable[int],
+                  start: Sequence[str] = (), end: Sequence[str] = ()) -> list[str]:
+        """Every name a run emits, in order: for each step (its phase, None without decode steps,
+        and its attention path), the global tensors `start`, each layer's sequence, then `end`."""
+        names = []
+        for phase, attn in steps:
+            scope = "" if phase is None else f"{phase}."
+            names += [scope + key for key in start]
+            for layer in layers:
+                names += [f"{scope}layers.{layer}.{e['name']}" for e in self.layer_sequence(cfg, layer, attn)]
+            names += [scope + key for key in end]
+        return names
 
     def expected_size(self, symbol: str, cfg: Config) -> int | None:
         """The size a config gives a dimension symbol, or None for runtime dims."""

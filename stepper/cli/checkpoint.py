@@ -77,7 +77,7 @@ def fp8_command(
     weight: Annotated[str | None, typer.Option(metavar="NAME", help="Show one block of this FP8 weight, e.g. model.layers.1.self_attn.kv_a_proj_with_mqa.weight.")] = None,
     model: Annotated[str | None, typer.Option(metavar="NAME|DIR", help="With --weight: a preset (synthetic weights) or a checkpoint directory [default: tiny].")] = None,
     block: Annotated[str | None, typer.Option(metavar="R,C", help="With --weight: the block's row and column in the weight's scale grid [default: 0,0].")] = None,
-    seed: Annotated[int | None, typer.Option(metavar="S", help="With --weight and a preset: seed of the synthetic weights [default: 0].")] = None,
+    seed: Annotated[int | None, typer.Option(metavar="S", min=0, help="With --weight and a preset: seed of the synthetic weights [default: 0].")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="JSON on stdout: the 256 codes, the byte, or the block.")] = False,
     plain: PlainOpt = False,
 ) -> None:

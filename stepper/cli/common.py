@@ -16,20 +16,28 @@ from stepper.errors import StepperError
 from stepper.untrusted import shown
 
 ModelOpt = Annotated[str, typer.Option(metavar="NAME|PATH", help="Preset (tiny, tiny-v3, kimi-k2, deepseek-v3), a checkpoint directory or a config.json.")]
-SeedOpt = Annotated[int, typer.Option(metavar="S", help="Seed of the synthetic weights and prompt.")]
+SeedOpt = Annotated[int, typer.Option(metavar="S", min=0, help="Seed of the synthetic weights and prompt.")]
 PlainOpt = Annotated[bool, typer.Option("--plain", help="No colour.")]
+
+
+INTERRUPTED = 130  # the exit code of a run ended by Ctrl-C (128 + SIGINT)
 
 
 @contextmanager
 def user_errors() -> Iterator[None]:
-    """A StepperError becomes one line on stderr and exit code 2; a closed pipe ends quietly. The
-    message is shown with its control characters escaped, whatever put a file's or a user's text
-    in it (a list of problems keeps its lines)."""
+    """A StepperError or running out of memory becomes one line on stderr and exit code 2, its
+    control characters escaped (a list of problems keeps its lines); Ctrl-C exit code 130 (main
+    says "interrupted"); a closed pipe ends quietly."""
     try:
         yield
     except StepperError as e:
         sys.stderr.write(f"stepper: error: {shown(e, lines=True)}\n")
         raise typer.Exit(2) from None
+    except MemoryError as e:
+        sys.stderr.write(f"stepper: error: out of memory: {str(e) or 'an allocation failed'}\n")
+        raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        raise typer.Exit(INTERRUPTED) from None
     except BrokenPipeError:  # the reader (e.g. `head`) went away
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise typer.Exit(0) from None

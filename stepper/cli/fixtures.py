@@ -6,6 +6,7 @@ Bad input exits with code 2 and one line on stderr; `verify` exits 1 when a tens
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -19,6 +20,7 @@ from stepper.fixtures import aliases, show, verify
 from stepper.fixtures.export import export
 from stepper.fixtures.fixture import load
 from stepper.fixtures.spec import ExportSpec
+from stepper.untrusted import shown
 
 fixtures_app = typer.Typer(
     no_args_is_help=True,
@@ -39,14 +41,14 @@ PlainOpt = Annotated[bool, typer.Option("--plain", help="No colour.")]
 def export_command(
     out: Annotated[Path, typer.Argument(metavar="OUT_DIR", help="Fixture folder to create.", show_default=False)],
     model: Annotated[str, typer.Option(metavar="NAME|PATH", help="Preset (tiny, tiny-v3, kimi-k2, deepseek-v3), a checkpoint directory or a config.json.")] = "tiny",
-    layer: Annotated[int | None, typer.Option(metavar="N", help="Run layer N alone, on the prompt's token embeddings.")] = None,
+    layer: Annotated[int | None, typer.Option(metavar="N", min=0, help="Run layer N alone, on the prompt's token embeddings.")] = None,
     layers: Annotated[str | None, typer.Option(metavar="A:B", help="Run the model up to layer B-1, capturing layers A to B-1.")] = None,
     ids: Annotated[str | None, typer.Option(metavar="1,2,3", help="Prompt token ids, comma-separated.")] = None,
-    prompt_len: Annotated[int | None, typer.Option(metavar="T", help="Number of prompt tokens drawn from the seed [default: 7].")] = None,
-    start_pos: Annotated[int, typer.Option(metavar="P", help="Position of the first prompt token (empty cache).")] = 0,
-    decode: Annotated[int, typer.Option(metavar="N", help="Decode steps after the prefill, with the cache.")] = 0,
+    prompt_len: Annotated[int | None, typer.Option(metavar="T", min=1, help="Number of prompt tokens drawn from the seed [default: 7].")] = None,
+    start_pos: Annotated[int, typer.Option(metavar="P", min=0, help="Position of the first prompt token (empty cache).")] = 0,
+    decode: Annotated[int, typer.Option(metavar="N", min=0, help="Decode steps after the prefill, with the cache.")] = 0,
     attn: Annotated[str, typer.Option(metavar="PATH", help="Attention: naive, absorb, or auto (naive prefill, absorbed decode).")] = "auto",
-    seed: Annotated[int, typer.Option(metavar="S", help="Seed of the synthetic weights and prompt.")] = 0,
+    seed: Annotated[int, typer.Option(metavar="S", min=0, help="Seed of the synthetic weights and prompt.")] = 0,
     weights_dtype: Annotated[str, typer.Option(metavar="fp8|bf16", help="How the fixture's weights are stored: fp8 (as Kimi K2 / DeepSeek-V3 ship) or bf16 (dequantized as fp8_cast_bf16.py does).")] = "fp8",
     weights_dir: Annotated[Path | None, typer.Option(metavar="DIR", help="Write the weights to DIR (shared by several fixtures; if DIR exists it must hold the same files) instead of OUT_DIR/weights.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace OUT_DIR if it exists.")] = False,
@@ -74,7 +76,7 @@ def verify_command(
     fixture: Annotated[Path, typer.Argument(metavar="FIXTURE", help="A fixture folder (or its manifest.json).", show_default=False)],
     candidate: Annotated[Path, typer.Argument(metavar="CANDIDATE", help="Another implementation's dump: .safetensors or .npz.", show_default=False)],
     map_file: Annotated[Path | None, typer.Option("--map", metavar="FILE.json", help="Your names -> canonical names, a JSON object.")] = None,
-    strict: Annotated[bool, typer.Option("--strict", help="Missing tensors fail too (exit 1).")] = False,
+    allow_missing: Annotated[bool, typer.Option("--allow-missing", help="Tensors of the fixture missing from CANDIDATE do not fail (exit 0 if the rest match).")] = False,
     report: Annotated[Path | None, typer.Option(metavar="FILE.json", help="Write the full result as JSON (overwritten).")] = None,
     rtol: Annotated[float | None, typer.Option(metavar="R", help="Relative tolerance for every float tensor, instead of the manifest's.")] = None,
     atol: Annotated[float | None, typer.Option(metavar="A", help="Absolute tolerance for every float tensor, instead of the manifest's per-tensor value.")] = None,
@@ -85,7 +87,7 @@ def verify_command(
 
     Names may be canonical (layers.1.self_attn.k_pe, with prefill./decode0. in multi-step fixtures),
     HF module paths, DeepSeek inference/model.py or llama.cpp names (see `stepper fixtures names`).
-    Exit code 0: every tensor present matches; 1: a tensor differs (or, with --strict, is missing);
+    Exit code 0: every tensor matches; 1: a tensor differs or is missing (unless --allow-missing);
     2: bad input.
     """
     with user_errors():
@@ -94,10 +96,14 @@ def verify_command(
                 raise StepperError(f"{option} must be a number >= 0, got {value}")
         loaded = load(fixture)
         mapping = aliases.read_map(map_file) if map_file is not None else None
-        verdict = verify.verify(loaded, candidate, mapping, strict, rtol, atol)
+        verdict = verify.verify(loaded, candidate, mapping, not allow_missing, rtol, atol)
         if report is not None:
             verify.write_report(report, verdict)
         show.verdict(console_for(plain), loaded, verdict, problems_only=problems)
+        missing = verdict.count("missing")
+        if missing and not allow_missing:
+            sys.stderr.write(f"stepper: {missing} of the fixture's {len(verdict.checks)} tensors are missing from "
+                             f"{shown(candidate)}; pass --allow-missing to accept that\n")
     raise typer.Exit(verdict.exit_code)
 
 

@@ -161,7 +161,7 @@ def run_check(console: Console, lesson: Lesson, lessons: list[Lesson], path: Pat
 def watch_command(
     name: NameArg = None,
     workspace: WorkspaceOpt = WORKSPACE,
-    interval: Annotated[float, typer.Option(metavar="SECONDS", help="How often to look at the file's modification time.")] = 0.5,
+    interval: Annotated[float, typer.Option(metavar="SECONDS", min=0.01, max=3600, help="How often to look at the file's modification time.")] = 0.5,
     plain: PlainOpt = False,
 ) -> None:
     """Re-check your exercise every time you save it, until it passes."""

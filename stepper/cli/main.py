@@ -9,6 +9,7 @@ import typer
 
 from stepper import __version__
 from stepper.cli import bench, checkpoint, explain, run
+from stepper.cli.common import INTERRUPTED
 from stepper.cli.fixtures import fixtures_app
 from stepper.cli.lessons import lesson_app
 from stepper.kernels import parallel
@@ -37,9 +38,11 @@ def main() -> None:
             command = ctx.command_path if ctx is not None else "stepper"
             sys.stderr.write(f"stepper: error: {shown(e.format_message())} (see {shown(command)} --help)\n")
             code = 2
-    except typer.Abort:
+    except typer.Abort:  # end of input at a prompt (typer has written the newline)
         sys.stderr.write("stepper: interrupted\n")
-        code = 130
+        sys.exit(INTERRUPTED)
+    if code == INTERRUPTED:  # Ctrl-C, in a command or in typer itself (which ends quietly)
+        sys.stderr.write("\nstepper: interrupted\n")
     sys.exit(code or 0)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -12,26 +13,28 @@ from rich.console import Console
 
 from stepper import untrusted
 from stepper.cli.common import ModelOpt, PlainOpt, SeedOpt, parse_ids, parse_layers, user_errors
+from stepper.cli.memory import available_bytes, check_fits, needs
+from stepper.cli.names import check_patterns, planned_names
 from stepper.errors import StepperError
 from stepper.lessons import overrides
 from stepper.model.cache import cache_bytes_per_token
 from stepper.session import Plan, RunResult, RunSpec, execute, prepare, step_attn
 from stepper.trace import Filter, Recorder, Sink, matches
 from stepper.views.debugger import CommandSource, Debugger, Quit
-from stepper.views.dump import check_writable, write_dump
+from stepper.views.dump import check_output, check_writable, write_atomically, write_dump
 from stepper.views.sinks import PICTURES, JsonLines, Pictures, ProgressBars, TensorRows
 from stepper.weights.synthetic import SyntheticWeights
 
 # Options of both commands
-LayerOpt = Annotated[int | None, typer.Option(metavar="N", help="Run layer N alone (on --input or the prompt's token embeddings).")]
+LayerOpt = Annotated[int | None, typer.Option(metavar="N", min=0, help="Run layer N alone (on --input or the prompt's token embeddings).")]
 LayersOpt = Annotated[str | None, typer.Option(metavar="A:B", help="Run the model up to layer B-1, showing layers A to B-1.")]
 IdsOpt = Annotated[str | None, typer.Option(metavar="1,2,3", help="Prompt token ids, comma-separated.")]
-PromptLenOpt = Annotated[int | None, typer.Option(metavar="T", help="Number of prompt tokens drawn from the seed [default: 7].")]
-StartPosOpt = Annotated[int, typer.Option(metavar="P", help="Position of the first prompt token (empty cache).")]
-DecodeOpt = Annotated[int, typer.Option(metavar="N", help="Decode steps after the prefill, with the cache (greedy tokens).")]
+PromptLenOpt = Annotated[int | None, typer.Option(metavar="T", min=1, help="Number of prompt tokens drawn from the seed [default: 7].")]
+StartPosOpt = Annotated[int, typer.Option(metavar="P", min=0, help="Position of the first prompt token (empty cache).")]
+DecodeOpt = Annotated[int, typer.Option(metavar="N", min=0, help="Decode steps after the prefill, with the cache (greedy tokens).")]
 InputOpt = Annotated[Path | None, typer.Option("--input", metavar="FILE", help="Residual stream for --layer N: a safetensors file (e.g. a --dump).")]
 AttnOpt = Annotated[str, typer.Option(metavar="PATH", help="Attention: naive (per-head keys and values), absorb (over the latent cache), or auto (naive prefill, absorbed decode).")]
-CacheOpt = Annotated[int, typer.Option(metavar="MB", help="Keep up to MB megabytes of decoded weights between decode steps.")]
+CacheOpt = Annotated[int, typer.Option(metavar="MB", min=0, help="Keep up to MB megabytes of decoded weights between decode steps.")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Overwrite an existing output file.")]
 UseOpt = Annotated[list[Path] | None, typer.Option("--use", metavar="FILE.py", help="Run with your own exercise functions (e.g. a lesson file) in place of stepper's; repeatable.")]
 
@@ -136,6 +139,10 @@ def run_command(
         if dump is not None:
             check_writable(dump, force)
         plan = prepare(spec)
+        names = planned_names(plan)
+        check_patterns("--only", only or [], names)
+        kept = [n for n in names if not only or matches(n, only)] if dump is not None else []
+        check_fits(needs(plan, kept, "--only"), available_bytes())
         console = Console(no_color=plain, highlight=False, markup=False, soft_wrap=True)
         if not as_json:
             console.print(describe(plan), style="bold")
@@ -149,8 +156,6 @@ def run_command(
         sinks.append(ProgressBars(Console(stderr=True)))
         with overrides.use(use or [], announce=sys.stderr):
             result = execute(plan, sinks)
-        if only and counter.count == 0:
-            raise StepperError(f"--only {' '.join(only)} matched no tensor (names look like layers.0.self_attn.k_pe)")
         if dump is not None:
             write_dump(dump, recorder, {"model": plan.config.name, "prompt": json.dumps(result.prompt),
                                         "start_pos": str(spec.start_pos), "generated": json.dumps(result.generated)})
@@ -158,7 +163,11 @@ def run_command(
             console.print(footer(plan, result, counter.count, dump), style="dim")
 
 
-EXPORTS = (".html", ".svg", ".txt")
+EXPORTS = {  # the file names --export takes, and how a session recorded in each begins
+    ".html": r'<!DOCTYPE html>\s*<html>\s*<head>\s*<meta charset="UTF-8">',
+    ".svg": r'<svg class="rich-terminal"',
+    ".txt": r"model \S+ \(\S+\): \d+ layers",
+}
 
 
 def step_command(
@@ -194,13 +203,17 @@ def step_command(
             check_export(export, force)
         script = read_commands(commands) if commands is not None else None
         plan = prepare(spec)
+        names = planned_names(plan)
+        check_patterns("--break", breaks or [], names)
+        check_patterns("--until", [until] if until else [], names)
+        check_fits(needs(plan, names, "--prompt-len"), available_bytes())  # the debugger keeps every tensor
         console = Console(no_color=plain, highlight=False, markup=False, soft_wrap=True, record=export is not None,
                           stderr=as_json)
         console.print(describe(plan), style="bold")
         interactive = sys.stdin.isatty() and console.is_terminal
         source = CommandSource(console, sys.stdin, interactive, script)
         on_stop = JsonLines(sys.stdout, plan.config) if as_json else None
-        debugger = Debugger(console, plan.config, source, plan.weights, list(breaks or []), until, on_stop)
+        debugger = Debugger(console, plan.config, source, plan.weights, list(breaks or []), until, on_stop, names)
         try:
             with overrides.use(use or [], announce=sys.stderr):
                 result = execute(plan, [debugger, ProgressBars(Console(stderr=True))])
@@ -221,17 +234,25 @@ def read_commands(path: Path) -> list[str]:
 def check_export(path: Path, force: bool) -> None:
     if path.suffix not in EXPORTS:
         raise StepperError(f"--export {path}: the file name must end in {', '.join(EXPORTS)}")
-    if path.exists() and not force:
-        raise StepperError(f"--export {path}: file exists; pass --force to overwrite it")
-    if not path.parent.is_dir():
-        raise StepperError(f"--export {path}: folder {path.parent} does not exist")
+    check_output("--export", path, force, is_export, "a session stepper recorded")
+
+
+def is_export(path: Path) -> bool:
+    """Whether a file begins as a session recorded by `--export` in its format does."""
+    try:
+        with path.open(encoding="utf-8") as f:
+            head = f.read(200)
+    except (OSError, UnicodeDecodeError):
+        return False
+    return re.match(EXPORTS[path.suffix], head) is not None
 
 
 def save_export(console: Console, path: Path) -> None:
     if path.suffix == ".html":
-        console.save_html(str(path))
+        text = console.export_html()
     elif path.suffix == ".svg":
-        console.save_svg(str(path), title="stepper step")
+        text = console.export_svg(title="stepper step")
     else:
-        console.save_text(str(path))
+        text = console.export_text()
+    write_atomically("--export", path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
     sys.stderr.write(f"session recorded to {untrusted.shown(path)}\n")

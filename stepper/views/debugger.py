@@ -24,7 +24,7 @@ from rich.tree import Tree
 from stepper import catalog
 from stepper.config import Config
 from stepper.errors import StepperError
-from stepper.trace import Event, matches
+from stepper.trace import Event, did_you_mean, matches
 from stepper.untrusted import shown
 from stepper.views import pictures
 from stepper.views.explain import explain_text
@@ -83,6 +83,7 @@ class Debugger:
     breakpoints: list[str] = field(default_factory=list)
     until: str | None = None
     on_stop: Callable[[Event], None] | None = None  # e.g. a JSON Lines writer
+    names: list[str] | None = None  # every name the run emits, when known: b and u check theirs against them
     stepping: bool = True
     history: dict[str, Event] = field(default_factory=dict)
     current: Event | None = None
@@ -180,6 +181,7 @@ class Debugger:
 
     def cmd_break(self, arg: str) -> None:
         if arg:
+            self.check_matches("b", arg)
             self.breakpoints.append(arg)
         self.show_breakpoints()
 
@@ -195,8 +197,16 @@ class Debugger:
     def cmd_until(self, arg: str) -> bool:
         if not arg:
             raise StepperError("until needs a name or glob, e.g. u attn_weights")
+        if self.names is not None and not any(matches(n, [arg]) for n in self.names if n not in self.history):
+            self.check_matches("u", arg)
+            raise StepperError(f"u {arg}: every tensor it matches has passed (h lists them)")
         self.until = arg
         return True
+
+    def check_matches(self, command: str, pattern: str) -> None:
+        """A pattern must match a name of the run (when the run's names are known), or it would do nothing."""
+        if self.names is not None and not any(matches(name, [pattern]) for name in self.names):
+            raise StepperError(f"{command} {pattern}: matches no tensor of this run{did_you_mean(pattern, self.names)}")
 
     def cmd_print(self, arg: str) -> None:
         target, digits = split_digits(arg)

@@ -1,39 +1,101 @@
-"""`--dump FILE.safetensors`: every emitted tensor under its canonical name, in one file.
+"""Output files: `--dump FILE.safetensors` (every shown tensor under its canonical name) and the
+way every output file is written.
 
 Tensors are stored as emitted (float32; int64 for expert indices). safetensors orders its
 header by name, so the execution order is kept in the metadata entry `order` (a JSON list).
-The file is written to a temporary name and renamed, so a failed run leaves nothing half-written.
+
+An output file is checked before the run (its folder exists and takes a new file; an existing
+file is replaced only with --force, and only when it is of the kind stepper writes there, never a
+folder or a device), then written beside its place and renamed, with the permissions any new file
+gets (0666 less the umask): a failed or interrupted run leaves nothing half-written behind.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import stat
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+from safetensors import SafetensorError
 from safetensors.numpy import save_file
 
 from stepper.errors import StepperError
 from stepper.trace import Recorder
+from stepper.weights.safetensors_reader import SafetensorsFile
+
+DUMP_FORMAT = "stepper-dump"
+
+
+def check_output(option: str, path: Path, force: bool, ours: Callable[[Path], bool], what: str) -> None:
+    """Refuse an output place that cannot take the file, or a file that --force may not replace."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        raise StepperError(f"{option} {path}: cannot use it ({e.strerror})") from None
+    if st is not None:
+        if stat.S_ISDIR(st.st_mode):
+            raise StepperError(f"{option} {path}: is a folder; give a file name inside it")
+        if not stat.S_ISREG(st.st_mode):
+            raise StepperError(f"{option} {path}: is not a regular file; give a new file name")
+        if not force:
+            raise StepperError(f"{option} {path}: file exists; pass --force to overwrite it")
+        if not ours(path):
+            raise StepperError(f"{option} {path}: is not {what}; --force replaces only {what}, so it was not touched")
+    if not path.parent.is_dir():
+        raise StepperError(f"{option} {path}: folder {path.parent} does not exist")
+    probe = beside(path, "probe")
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        probe.unlink()
+    except OSError as e:
+        raise StepperError(f"{option} {path}: cannot write in {path.parent} ({e.strerror})") from None
+
+
+def beside(path: Path, what: str) -> Path:
+    return path.with_name(f".{path.name}.{what}-{os.getpid()}")
+
+
+def new_file_mode() -> int:
+    """0666 less the umask: the permissions `open` gives a new file."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def write_atomically(option: str, path: Path, write: Callable[[Path], None]) -> None:
+    """`write(tmp)` beside `path`, then rename it into place; the temporary file never stays."""
+    tmp = beside(path, "tmp")
+    try:
+        write(tmp)
+        os.chmod(tmp, new_file_mode())
+        os.replace(tmp, path)
+    except (OSError, SafetensorError) as e:
+        raise StepperError(f"{option} {path}: cannot write it ({getattr(e, 'strerror', None) or e})") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def is_dump(path: Path) -> bool:
+    """Whether a file is a dump stepper wrote (a safetensors file of format stepper-dump)."""
+    try:
+        with SafetensorsFile(path) as f:
+            return f.metadata.get("format") == DUMP_FORMAT
+    except (StepperError, OSError):
+        return False
 
 
 def check_writable(path: Path, force: bool) -> None:
-    """Refuse to overwrite an existing file unless asked; fail early if the folder is missing."""
     if path.suffix != ".safetensors":
         raise StepperError(f"--dump {path}: the file name must end in .safetensors")
-    if path.exists() and not force:
-        raise StepperError(f"--dump {path}: file exists; pass --force to overwrite it")
-    if not path.parent.is_dir():
-        raise StepperError(f"--dump {path}: folder {path.parent} does not exist")
+    check_output("--dump", path, force, is_dump, "a dump stepper wrote")
 
 
 def write_dump(path: Path, recorder: Recorder, metadata: dict[str, str]) -> None:
     tensors = {e.name: np.ascontiguousarray(e.array) for e in recorder.events}
-    meta = {"format": "stepper-dump", "order": json.dumps([e.name for e in recorder.events]), **metadata}
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        save_file(tensors, str(tmp), metadata=meta)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    meta = {"format": DUMP_FORMAT, "order": json.dumps([e.name for e in recorder.events]), **metadata}
+    write_atomically("--dump", path, lambda tmp: save_file(tensors, str(tmp), metadata=meta))

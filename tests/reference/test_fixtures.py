@@ -195,14 +195,16 @@ def test_first_divergence_names_what_the_tensor_is_computed_from(basic):
 def test_a_candidate_missing_half_the_tensors_is_reported_tensor_by_tensor(basic, tmp_path):
     kept = dict(list(basic.tensors.items())[::2])
     candidate = write_candidate(tmp_path / "half.npz", kept)
-    out = stepper("fixtures", "verify", BASIC, candidate, "--plain", "--report", tmp_path / "r.json")
+    out = stepper("fixtures", "verify", BASIC, candidate, "--allow-missing", "--plain", "--report", tmp_path / "r.json")
     assert out.returncode == 0, out.stdout + out.stderr
     missing = [n for n in basic.tensors if n not in kept]
     rows = {line.split()[1]: line.split()[2] for line in out.stdout.splitlines()[2:] if line.strip()[:1].isdigit()}
     assert all(rows[n] == "missing" for n in missing) and all(rows[n] == "match" for n in kept)
     assert f"{len(kept)} match, 0 differ, {len(missing)} missing" in out.stdout
-    strict = stepper("fixtures", "verify", BASIC, candidate, "--strict", "--problems", "--plain")
-    assert strict.returncode == 1 and "--strict: missing tensors fail" in strict.stdout
+    strict = stepper("fixtures", "verify", BASIC, candidate, "--problems", "--plain")
+    assert strict.returncode == 1 and "missing tensors fail: --allow-missing accepts them" in strict.stdout
+    assert strict.stderr == (f"stepper: {len(missing)} of the fixture's {len(basic.tensors)} tensors are missing "
+                             f"from {candidate}; pass --allow-missing to accept that\n")
     assert all(n in strict.stdout for n in missing) and next(iter(kept)) not in strict.stdout
 
 
@@ -292,7 +294,7 @@ def test_ambiguous_bare_names_are_refused_and_a_map_resolves_them(basic, tmp_pat
     verdict = verify.verify(basic, candidate)
     assert "prefill.q-1" in verdict.ambiguous and verdict.count("match") == 1
     (tmp_path / "map.json").write_text(json.dumps({"prefill.q-1": "prefill.layers.1.self_attn.q_a"}))
-    out = stepper("fixtures", "verify", BASIC, candidate, "--map", tmp_path / "map.json", "--plain")
+    out = stepper("fixtures", "verify", BASIC, candidate, "--map", tmp_path / "map.json", "--allow-missing", "--plain")
     assert out.returncode == 0 and "2 match" in out.stdout
 
 
@@ -453,7 +455,8 @@ def test_transformers_passes_verify_on_every_tiny_fixture(name, tmp_path):
     fixture = load(ROOT / "fixtures" / name)
     candidate = tmp_path / "transformers.safetensors"
     transformers_dump(fixture, candidate)
-    out = stepper("fixtures", "verify", fixture.path, candidate, "--report", tmp_path / "report.json", "--plain")
+    out = stepper("fixtures", "verify", fixture.path, candidate, "--report", tmp_path / "report.json", "--plain",
+                  "--allow-missing")
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr
     report = json.loads((tmp_path / "report.json").read_text())
     checks = report["tensors"]
@@ -487,7 +490,8 @@ def test_readme_example_checks_transformers(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "fixtures").symlink_to(ROOT / "fixtures")
     exec(compile(code, "fixtures/README.md", "exec"), {"load_port": load_port})  # noqa: S102 (the README's own code)
-    out = stepper("fixtures", "verify", BASIC, tmp_path / "port.safetensors", "--plain", "--report", tmp_path / "r.json")
+    out = stepper("fixtures", "verify", BASIC, tmp_path / "port.safetensors", "--allow-missing", "--plain",
+                  "--report", tmp_path / "r.json")
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["counts"]["match"] >= 150, report["counts"]  # every tensor an HF module outputs

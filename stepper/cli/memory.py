@@ -1,0 +1,142 @@
+"""A run's peak memory, estimated before it starts from the config and the run, against the memory
+the machine has: a run that would not fit is refused with the option that lowers it, instead of
+failing minutes later with an allocation error.
+
+The estimate adds what is alive at the worst moment: the attention scores of the longest step
+([B, H, T, S] float32, made whole while a view listens: the raw products, the masked scores and
+the weights), one layer's named tensors (the embedding rows, queries, keys, the MoE's
+activations), the cache of every layer run, the logits, the largest weight decoded at once, the
+weight cache, the float64 copies a view's statistics make of the largest tensor, and the
+tensors a view keeps until the end (the debugger's history, a dump).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+from stepper import catalog
+from stepper.errors import StepperError
+from stepper.model.cache import cache_bytes_per_token
+from stepper.session import Plan, step_attn
+from stepper.trace import unphased
+from stepper.weights.names import layer_shapes
+
+FLOAT32 = 4
+SCORE_ARRAYS = 3  # the products q.k, the scaled and masked scores, the softmax
+STATS_COPIES = 6  # a view's statistics of a tensor: its values, the finite ones, their deviations, in float64
+
+
+@dataclass(frozen=True)
+class Need:
+    what: str
+    bytes: int
+    lower: str  # the option that lowers it
+
+
+def gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
+def step_shapes(plan: Plan) -> list[tuple[int, int]]:
+    """(T, S) of each step: the prefill's new positions and the positions attended, then one per decode step."""
+    t = plan.prompt_len
+    return [(t, t)] + [(1, t + k + 1) for k in range(plan.spec.decode)]
+
+
+def tensor_bytes(key: str, t: int, s: int, plan: Plan) -> int:
+    """Bytes of one named tensor of a step with T new and S attended positions (from its catalogue dims)."""
+    cat = catalog.load()
+    entry = cat.entry(key)
+    if entry is None:
+        return 0
+    runtime = {"B": 1, "T": t, "S": s, "N": t}
+    return FLOAT32 * math.prod(runtime.get(d) or cat.expected_size(d, plan.config) or 1 for d in entry["dims"])
+
+
+def kept_bytes(plan: Plan, names: list[str]) -> int:
+    """Bytes of the named tensors a view keeps to the end (names as `planned_names` gives them)."""
+    shapes = step_shapes(plan)
+    phases = {None: 0, "prefill": 0, **{f"decode{k}": k + 1 for k in range(plan.spec.decode)}}
+    total = 0
+    for name in names:
+        head = name.partition(".")[0]
+        t, s = shapes[phases.get(head, 0)]
+        total += tensor_bytes(catalog.key_of(unphased(name)), t, s, plan)
+    return total
+
+
+def layer_bytes(plan: Plan, layers: list[int]) -> int:
+    """The most one layer's named tensors take in any step, but for the attention scores and
+    weights (counted with the scores)."""
+    cat, spec = catalog.load(), plan.spec
+    return max(sum(tensor_bytes(e["name"], t, s, plan) for e in cat.layer_sequence(plan.config, layer, step_attn(spec, k))
+                   if not {"T", "S"} <= set(e["dims"]))
+               for layer in layers for k, (t, s) in enumerate(step_shapes(plan)))
+
+
+def largest_tensor(plan: Plan, layers: list[int]) -> tuple[int, str]:
+    """Bytes and name of the largest named tensor of the run."""
+    cat, spec = catalog.load(), plan.spec
+    keys = {e["name"] for layer in layers for k in range(spec.decode + 1)
+            for e in cat.layer_sequence(plan.config, layer, step_attn(spec, k))}
+    keys |= {"logits"} if plan.needs_logits else set()
+    return max((tensor_bytes(key, t, s, plan), key) for key in keys for t, s in step_shapes(plan))
+
+
+def needs(plan: Plan, kept: list[str], kept_lower: str) -> list[Need]:
+    """What the run holds at its worst moment; `kept`: the names a view keeps to the end."""
+    cfg, spec = plan.config, plan.spec
+    heads = cfg.num_attention_heads
+    t, s = step_shapes(plan)[0]
+    run = [plan.spec.layer] if plan.alone else range(cfg.num_hidden_layers if plan.needs_logits else plan.shown.stop)
+    cached = max(step_attn(spec, k) for k in range(spec.decode + 1))  # "naive" keeps per-head keys too
+    positions = t + spec.decode
+    per_position = cache_bytes_per_token(cfg, "absorb") + (cache_bytes_per_token(cfg, "naive") if cached == "naive" else 0)
+    largest_bytes, largest_key = largest_tensor(plan, list(run))
+    largest = max(math.prod(shape) for layer in run for shape in layer_shapes(cfg, layer).values())
+    result = [
+        Need(f"attention scores [1, {heads}, {t}, {s}] float32", SCORE_ARRAYS * heads * t * s * FLOAT32 + 2 * t * s,
+             "--prompt-len"),
+        Need("one layer's tensors", layer_bytes(plan, list(run)), "--prompt-len"),
+        Need(f"the statistics of {largest_key} (float64 copies)", STATS_COPIES * largest_bytes, "--prompt-len"),
+        Need(f"the cache of {len(run)} layers", per_position * positions * len(run),
+             "--attn absorb" if cached == "naive" else "--prompt-len"),
+        Need("the largest weight, decoded", largest * FLOAT32, "--layer N"),
+    ]
+    if plan.needs_logits:
+        result.append(Need(f"logits [1, {t}, {cfg.vocab_size}] float32", t * cfg.vocab_size * FLOAT32, "--prompt-len"))
+    if spec.weight_cache_mb and spec.decode:  # a weight is kept from its second use on: in a later step
+        weights = sum(math.prod(shape) for layer in run for shape in layer_shapes(cfg, layer).values())
+        result.append(Need("the weight cache", min(spec.weight_cache_mb * 2**20, weights * FLOAT32), "--weight-cache-mb"))
+    if kept:
+        result.append(Need(f"the {len(kept)} tensors kept", kept_bytes(plan, kept), kept_lower))
+    return result
+
+
+def available_bytes() -> int | None:
+    """Memory the machine can give now: MemAvailable, or the free physical pages; None if unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def check_fits(items: list[Need], available: int | None) -> None:
+    """Refuse a run whose estimate exceeds what is available, naming its largest part and the option that lowers it."""
+    total = sum(n.bytes for n in items)
+    if available is None or total <= available:
+        return
+    worst = max(items, key=lambda n: n.bytes)
+    raise StepperError(
+        f"this run would need about {gib(total)} of memory ({gib(worst.bytes)} for {worst.what}) and "
+        f"{gib(available)} is available; lower it with {worst.lower}"
+    )

@@ -1,0 +1,378 @@
+"""Every failure is one line and exit code 2, Ctrl-C is "interrupted" and exit code 130, output files
+keep the umask and are replaced only when stepper wrote them, and nothing the user asks for is
+silently ignored: a pattern that matches no tensor of the run is an error before it starts."""
+
+import os
+import pty
+import re
+import resource
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import typer
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from stepper.cli.common import user_errors
+from stepper.cli.memory import Need, check_fits, needs
+from stepper.cli.names import planned_names
+from stepper.errors import StepperError
+from stepper.session import RunSpec, execute, prepare
+from stepper.trace import Recorder
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+COMMAND = [sys.executable, "-m", "stepper"]
+
+
+def stepper(*args, cwd=None, umask=None, stdin=subprocess.DEVNULL) -> subprocess.CompletedProcess:
+    return subprocess.run([*COMMAND, *map(str, args)], check=False, capture_output=True, text=True, cwd=cwd, env=ENV,
+                          stdin=stdin,
+                          timeout=120, preexec_fn=None if umask is None else (lambda: os.umask(umask)))
+
+
+def one_line(out: subprocess.CompletedProcess, code: int = 2) -> str:
+    """The one line a failure writes on stderr (after checking the exit code and that it is alone)."""
+    assert out.returncode == code, out.stdout[-2000:] + out.stderr
+    lines = out.stderr.splitlines()
+    assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
+    return lines[0]
+
+
+def snapshot(folder: Path) -> dict[str, bytes | None]:
+    """Every file and folder under `folder`, with its bytes (None for a folder)."""
+    return {str(p.relative_to(folder)): None if p.is_dir() else p.read_bytes() for p in sorted(folder.rglob("*"))}
+
+
+# -- numbers ------------------------------------------------------------------------------------
+
+
+def invalid(option: str, bound: str) -> str:
+    return f"stepper: error: Invalid value for '{option}': Input should be {bound} (see stepper run --help)"
+
+
+@pytest.mark.parametrize("args, line", [
+    (["--seed", "-1"], invalid("--seed", "greater than or equal to 0")),
+    (["--prompt-len", "-3"], invalid("--prompt-len", "greater than or equal to 1")),
+    (["--decode", "-1"], invalid("--decode", "greater than or equal to 0")),
+    (["--start-pos", "-1"], invalid("--start-pos", "greater than or equal to 0")),
+    (["--layer", "-1"], invalid("--layer", "greater than or equal to 0")),
+    (["--weight-cache-mb", "-1"], invalid("--weight-cache-mb", "greater than or equal to 0")),
+    (["--prompt-len", "100000000000"],
+     "stepper: error: positions up to 99999999999 exceed max_position_embeddings (131072) of model tiny"),
+    (["--decode", "10000000000"],
+     "stepper: error: positions up to 10000000006 exceed max_position_embeddings (131072) of model tiny"),
+    (["--start-pos", str(10**30)],
+     f"stepper: error: positions up to {10**30 + 6} exceed max_position_embeddings (131072) of model tiny"),
+    (["--layer", str(10**20)], f"stepper: error: layer {10**20} out of range: model tiny has layers 0..2"),
+])
+def test_negative_or_absurd_numbers_are_one_line(args, line):
+    assert one_line(stepper("run", *args)) == line
+
+
+def test_a_huge_seed_runs():
+    out = stepper("run", "--plain", "--only", "logits", "--seed", str(10**30))
+    assert out.returncode == 0 and "synthetic weights, seed 1000000000000000000000000000000" in out.stdout
+
+
+@pytest.mark.parametrize("args, line", [
+    (["fixtures", "export", "fx", "--seed", "-1"],
+     ("stepper: error: Invalid value for '--seed': Input should be greater than or equal to 0 "
+     "(see stepper fixtures export --help)")),
+    (["fp8", "--weight", "model.layers.0.self_attn.o_proj.weight", "--seed", "-2"],
+     "stepper: error: Invalid value for '--seed': Input should be greater than or equal to 0 (see stepper fp8 --help)"),
+    (["lesson", "watch", "tour", "--interval", "-1"],
+     ("stepper: error: Invalid value for '--interval': Input should be greater than or equal to 0.01 "
+     "(see stepper lesson watch --help)")),
+])
+def test_numbers_of_other_commands_are_one_line(args, line, tmp_path):
+    assert one_line(stepper(*args, cwd=tmp_path)) == line
+    assert snapshot(tmp_path) == {}
+
+
+# -- memory -------------------------------------------------------------------------------------
+
+
+def test_a_run_that_cannot_fit_is_refused_at_once():
+    start = time.monotonic()
+    line = one_line(stepper("run", "--prompt-len", "100000"))
+    assert time.monotonic() - start < 10
+    assert re.fullmatch(r"stepper: error: this run would need about [\d.]+ GiB of memory \([\d.]+ GiB for the "
+                        r"statistics of self_attn.attn_(scores|weights) \(float64 copies\)\) and [\d.]+ (GiB|MiB) is available; lower it with "
+                        r"--prompt-len", line), line
+
+
+def test_the_refusal_names_the_estimate_what_is_available_and_the_option():
+    items = [Need("attention scores", 3 * 2**30, "--prompt-len"), Need("the 5 tensors kept", 5 * 2**30, "--only")]
+    with pytest.raises(StepperError) as e:
+        check_fits(items, 6 * 2**30)
+    assert str(e.value) == ("this run would need about 8.0 GiB of memory (5.0 GiB for the 5 tensors kept) and 6.0 GiB "
+                            "is available; lower it with --only")
+    check_fits(items, 8 * 2**30)  # fits exactly
+    check_fits(items, None)  # nothing known about the machine: no refusal
+
+
+def total(spec: RunSpec, kept: bool = False) -> int:
+    plan = prepare(spec)
+    return sum(n.bytes for n in needs(plan, planned_names(plan) if kept else [], "--only"))
+
+
+def test_the_estimate_allows_a_full_size_layer_and_holds_what_views_keep():
+    assert 0.5 * 2**30 < total(RunSpec(model="kimi-k2", layer=1, prompt_len=512)) < 2 * 2**30  # measured peak 1.6 GB
+    assert total(RunSpec(model="kimi-k2", layer=1, prompt_len=512, decode=4), kept=True) < 3 * 2**30
+    assert total(RunSpec(), kept=True) < 64 * 2**20  # what the test suite and README run is small
+    # the debugger's history: the sum of every tensor the run emits
+    plan = prepare(RunSpec(prompt_len=300))
+    recorder = Recorder()
+    execute(plan, [recorder])
+    held = sum(e.array.nbytes for e in recorder.events)
+    kept = next(n for n in needs(plan, planned_names(plan), "--only") if n.what.endswith("tensors kept"))
+    assert 0.9 * held < kept.bytes < 1.1 * held
+
+
+def test_a_memory_error_anywhere_is_one_line():
+    limit = 3 * 2**30  # address space: the estimate (from the machine's memory) lets the run start, NumPy then fails
+    out = subprocess.run([*COMMAND, "run", "--plain", "--prompt-len", "6000"], check=False, capture_output=True,
+                         text=True, env=ENV, timeout=120, stdin=subprocess.DEVNULL,
+                         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
+    line = one_line(out)
+    assert re.fullmatch(r"stepper: error: out of memory: Unable to allocate [\d.]+ [MG]iB for an array with shape "
+                        r"\(.*\) and data type \w+", line), line
+
+
+def test_user_errors_turns_memory_error_and_ctrl_c_into_exit_codes(capsys):
+    with pytest.raises(typer.Exit) as e, user_errors():
+        raise MemoryError()
+    assert e.value.exit_code == 2 and capsys.readouterr().err == "stepper: error: out of memory: an allocation failed\n"
+    with pytest.raises(typer.Exit) as e, user_errors():
+        raise KeyboardInterrupt
+    assert e.value.exit_code == 130
+
+
+# -- Ctrl-C -------------------------------------------------------------------------------------
+
+
+def interrupt(args, cwd: Path, after: str, seconds: float = 0.0) -> subprocess.CompletedProcess:
+    """Start stepper, wait until stdout shows `after` (and `seconds` more), send SIGINT, collect."""
+    p = subprocess.Popen([*COMMAND, *map(str, args)], cwd=cwd, env={**ENV, "PYTHONUNBUFFERED": "1"},
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    seen = ""
+    while after not in seen:
+        line = p.stdout.readline()
+        assert line, "stepper ended before it could be interrupted"
+        seen += line
+    time.sleep(seconds)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    return subprocess.CompletedProcess(p.args, p.returncode, seen + out, err)
+
+
+def test_ctrl_c_during_a_run_leaves_the_old_dump_as_it_was(tmp_path):
+    dump = tmp_path / "run.safetensors"
+    assert stepper("run", "--plain", "--only", "logits", "--dump", dump).returncode == 0
+    before = snapshot(tmp_path)
+    out = interrupt(["run", "--model", "kimi-k2", "--layer", "1", "--prompt-len", "4", "--plain", "--dump", dump,
+                     "--force"], tmp_path, "hidden_states")
+    assert out.returncode == 130 and out.stderr.endswith("\nstepper: interrupted\n") and "Traceback" not in out.stderr
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("args", [
+    ["synth", "--model", "kimi-k2", "--layers", "1:2", "--out", "ck"],
+    ["fixtures", "export", "fx", "--model", "kimi-k2", "--layer", "1", "--prompt-len", "4"],
+])
+def test_ctrl_c_while_writing_leaves_nothing(args, tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    p = subprocess.Popen([*COMMAND, *args], cwd=tmp_path, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         stdin=subprocess.DEVNULL, text=True)
+    deadline = time.monotonic() + 60
+    while not any(p.name.startswith(".") for p in tmp_path.iterdir()):  # the half-written folder beside its place
+        assert time.monotonic() < deadline and p.poll() is None
+        time.sleep(0.05)
+    time.sleep(1)
+    p.send_signal(signal.SIGINT)
+    err = p.communicate(timeout=60)[1]
+    assert p.returncode == 130 and err.endswith("\nstepper: interrupted\n") and "Traceback" not in err
+    assert snapshot(tmp_path) == {"notes.txt": b"mine"}
+
+
+def in_pty(args, cwd: Path, prompt: bytes) -> tuple[int, bytes]:
+    """Run stepper on a terminal, press Ctrl-C (SIGINT to its process group) at `prompt`."""
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: stepper on the terminal
+        os.chdir(cwd)
+        os.execve(sys.executable, [*COMMAND, *map(str, args)], {**ENV, "COLUMNS": "80", "TERM": "xterm"})
+    out = b""
+    deadline = time.monotonic() + 60
+    while prompt not in out and time.monotonic() < deadline:
+        if select.select([fd], [], [], 0.2)[0]:
+            out += os.read(fd, 65536)
+    assert prompt in out, out[-500:]
+    os.killpg(pid, signal.SIGINT)
+    while True:
+        try:
+            chunk = os.read(fd, 65536) if select.select([fd], [], [], 10)[0] else b""
+        except OSError:  # the terminal closed
+            break
+        if not chunk:
+            break
+        out += chunk
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), out
+
+
+@pytest.mark.parametrize("args, prompt", [
+    (["step", "--prompt-len", "3"], b"(stepper) "),
+    (["lesson", "start", "tour", "--workspace", "ws"], b"your prediction> "),
+])
+def test_ctrl_c_at_a_prompt_says_interrupted(args, prompt, tmp_path):
+    code, out = in_pty(args, tmp_path, prompt)
+    assert code == 130
+    assert out.endswith(prompt + b"\r\nstepper: interrupted\r\n"), out[-200:]
+
+
+# -- output files -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o027, 0o640), (0o002, 0o664)])
+def test_output_files_keep_the_umask(umask, mode, tmp_path):
+    dump, export = tmp_path / "run.safetensors", tmp_path / "s.txt"
+    assert stepper("run", "--plain", "--only", "logits", "--dump", dump, umask=umask).returncode == 0
+    assert stepper("step", "--plain", "--export", export, umask=umask, stdin=subprocess.PIPE).returncode == 0
+    assert (dump.stat().st_mode & 0o777, export.stat().st_mode & 0o777) == (mode, mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.safetensors", "s.txt"]
+
+
+def test_force_replaces_a_dump_and_a_recorded_session(tmp_path):
+    dump, export = tmp_path / "run.safetensors", tmp_path / "s.html"
+    assert stepper("run", "--plain", "--only", "logits", "--dump", dump).returncode == 0
+    assert stepper("step", "--plain", "--export", export, stdin=subprocess.PIPE).returncode == 0
+    old = snapshot(tmp_path)
+    assert stepper("run", "--plain", "--only", "embed", "--dump", dump, "--force").returncode == 0
+    assert stepper("step", "--plain", "--prompt-len", "2", "--export", export, "--force",
+                   stdin=subprocess.PIPE).returncode == 0
+    new = snapshot(tmp_path)
+    assert new.keys() == old.keys() and all(new[k] != old[k] for k in new)
+    assert b"prefill" not in new["run.safetensors"] and b'"embed"' in new["run.safetensors"]
+
+
+def user_files(folder: Path) -> None:
+    save_file({"w": np.ones(3, np.float32)}, str(folder / "weights.safetensors"))  # a user's own safetensors file
+    (folder / "notes.txt").write_text("my notes\n")
+    (folder / "page.html").write_text("<!DOCTYPE html><p>mine</p>\n")
+    (folder / "dir.safetensors").mkdir()
+    (folder / "dir.safetensors" / "inside.txt").write_text("kept\n")
+    (folder / "dir.svg").mkdir()
+    (folder / "null.txt").symlink_to("/dev/null")
+
+
+@pytest.mark.parametrize("args, line", [
+    (["run", "--dump", "weights.safetensors", "--force"],
+     ("--dump weights.safetensors: is not a dump stepper wrote; --force replaces only a dump stepper wrote, "
+     "so it was not touched")),
+    (["run", "--dump", "weights.safetensors"], "--dump weights.safetensors: file exists; pass --force to overwrite it"),
+    (["run", "--dump", "dir.safetensors", "--force"], "--dump dir.safetensors: is a folder; give a file name inside it"),
+    (["run", "--dump", "missing/run.safetensors"], "--dump missing/run.safetensors: folder missing does not exist"),
+    (["run", "--dump", "/proc/x.safetensors"], "--dump /proc/x.safetensors: cannot write in /proc (No such file or directory)"),
+    (["run", "--dump", "notes.txt"], "--dump notes.txt: the file name must end in .safetensors"),
+    (["step", "--export", "notes.txt", "--force"],
+     ("--export notes.txt: is not a session stepper recorded; --force replaces only a session stepper recorded, "
+     "so it was not touched")),
+    (["step", "--export", "page.html", "--force"],
+     ("--export page.html: is not a session stepper recorded; --force replaces only a session stepper recorded, "
+     "so it was not touched")),
+    (["step", "--export", "dir.svg", "--force"], "--export dir.svg: is a folder; give a file name inside it"),
+    (["step", "--export", "missing/s.txt"], "--export missing/s.txt: folder missing does not exist"),
+    (["step", "--export", "/proc/s.txt"], "--export /proc/s.txt: cannot write in /proc (No such file or directory)"),
+    (["step", "--export", "null.txt", "--force"], "--export null.txt: is not a regular file; give a new file name"),
+    (["step", "--export", "s.pdf"], "--export s.pdf: the file name must end in .html, .svg, .txt"),
+])
+def test_an_output_place_that_cannot_take_the_file_is_one_line_and_nothing_changes(args, line, tmp_path):
+    user_files(tmp_path)
+    before = snapshot(tmp_path)
+    assert one_line(stepper(*args, cwd=tmp_path)) == "stepper: error: " + line
+    assert snapshot(tmp_path) == before
+
+
+def test_a_special_file_is_never_replaced(tmp_path):
+    fifo = tmp_path / "pipe.safetensors"
+    os.mkfifo(fifo)
+    assert one_line(stepper("run", "--dump", fifo, "--force")) == (
+        f"stepper: error: --dump {fifo}: is not a regular file; give a new file name")
+    assert [p.name for p in tmp_path.iterdir()] == ["pipe.safetensors"] and fifo.is_fifo()
+
+
+# -- nothing silently ignored -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args, line", [
+    (["run", "--only", "nosuch"], "--only nosuch: matches no tensor of this run"),
+    (["run", "--only", "k_pee"], "--only k_pee: matches no tensor of this run; did you mean k_pe, k_nope, k_pe_rope?"),
+    (["run", "--layer", "0", "--only", "mlp.gate.*"],
+     "--only mlp.gate.*: matches no tensor of this run; did you mean mlp.act, mlp.gate_proj?"),
+    (["run", "--only", "q_nope_absorbed"], "--only q_nope_absorbed: matches no tensor of this run"),  # naive attention
+    (["step", "--until", "nosuch"], "--until nosuch: matches no tensor of this run"),
+    (["step", "--break", "compresed_kv"], ("--break compresed_kv: matches no tensor of this run; did you mean "
+                                          "compressed_kv, compressed_kv_norm, self_attn.compressed_kv?")),
+    (["step", "--break", "layers.3.*"],
+     "--break layers.3.*: matches no tensor of this run; did you mean layers.2.output, layers.1.output, layers.0.output?"),
+    (["step", "--decode", "1", "--break", "decode1.*"], "--break decode1.*: matches no tensor of this run"),
+])
+def test_a_pattern_that_matches_nothing_is_refused_before_the_run(args, line):
+    out = stepper(*args, "--plain")
+    assert one_line(out) == "stepper: error: " + line and out.stdout == ""
+
+
+def test_patterns_that_match_run():
+    out = stepper("step", "--plain", "--decode", "1", "--break", "decode0.*k_pe", "--until", "layers.2.output",
+                  stdin=subprocess.PIPE)
+    assert out.returncode == 0 and "layers.2.output  [B=1" in out.stdout
+
+
+def test_the_debugger_says_when_b_or_u_match_nothing_and_goes_on():
+    commands = "b nosuch\nb k_pee\nu compresed_kv\nu embed\nu layers.2.output\nq\n"
+    out = subprocess.run([*COMMAND, "step", "--plain", "--break", "layers.1.*k_pe"], input=commands, text=True,
+                         check=False, capture_output=True, env=ENV, timeout=120)
+    assert out.returncode == 0, out.stderr
+    said = [line for line in out.stdout.splitlines() if line.startswith(("b ", "u ", "breakpoints"))]
+    assert said == [
+        "b nosuch: matches no tensor of this run",
+        "b k_pee: matches no tensor of this run; did you mean k_pe, k_nope, k_pe_rope?",
+        ("u compresed_kv: matches no tensor of this run; did you mean compressed_kv, compressed_kv_norm, "
+        "self_attn.compressed_kv?"),
+        "u embed: every tensor it matches has passed (h lists them)",
+    ]
+    assert "layers.2.output  [B=1" in out.stdout and out.stdout.rstrip().endswith("quit after 102 tensors")
+
+
+@pytest.mark.parametrize("spec", [
+    RunSpec(), RunSpec(decode=2), RunSpec(layer=1, decode=1), RunSpec(layers=(1, 2)), RunSpec(attn="absorb"),
+    RunSpec(model="tiny-v3", decode=1, attn="naive"), RunSpec(layers=(1, 3), decode=1, start_pos=5000),
+])
+def test_the_names_of_a_run_are_known_before_it_starts(spec):
+    plan = prepare(spec)
+    recorder = Recorder()
+    execute(plan, [recorder])
+    names = planned_names(plan)
+    assert sorted(names) == sorted(e.name for e in recorder.events) and len(set(names)) == len(names)
+
+
+def test_fixtures_verify_counts_missing_tensors_and_an_unwritable_report_is_one_line(tmp_path):
+    fixture = ROOT / "fixtures" / "tiny-prefill-decode"
+    tensors = {}
+    with safe_open(fixture / "tensors.safetensors", "np") as f:
+        for name in list(f.keys())[:9]:
+            tensors[name] = f.get_tensor(name)
+    candidate = tmp_path / "port.safetensors"
+    save_file(tensors, str(candidate))
+    out = stepper("fixtures", "verify", fixture, candidate, "--plain")
+    assert one_line(out, 1) == (f"stepper: 303 of the fixture's 312 tensors are missing from {candidate}; "
+                                "pass --allow-missing to accept that")
+    assert stepper("fixtures", "verify", fixture, candidate, "--allow-missing", "--plain").returncode == 0
+    line = one_line(stepper("fixtures", "verify", fixture, candidate, "--allow-missing", "--report", "/proc/r.json"))
+    assert line == "stepper: error: --report /proc/r.json: cannot write it (No such file or directory)"
