@@ -24,6 +24,7 @@ from stepper import fp8
 from stepper.config import Config, load_config
 from stepper.errors import StepperError
 from stepper.jsonfile import read_json
+from stepper.untrusted import is_safe
 from stepper.weights.names import global_shapes, layer_shapes
 from stepper.weights.safetensors_reader import MappedBudget, SafetensorsFile, TensorInfo
 from stepper.weights.stored import FileBytes, Stored
@@ -45,6 +46,8 @@ class Checkpoint:
         self.path = Path(path)
         if not self.path.is_dir():
             raise StepperError(f"{self.path}: not a checkpoint directory")
+        if not (self.path / "config.json").exists():
+            raise StepperError(f"{self.path}: not a checkpoint directory (no config.json)")
         self.config: Config = load_config(self.path / "config.json")
         self.weight_map = self._read_weight_map()
         self.shards: dict[str, SafetensorsFile] = {}
@@ -140,8 +143,8 @@ class Checkpoint:
         if with_globals:
             required.update(global_shapes(self.config))
         problems = self._unreadable_problems(required)
-        problems += [p for name, shape in required.items() for p in self._problems(name, shape)
-                     if self.weight_map.get(name) not in self.unreadable]
+        problems += [p for name, shape in required.items() if self.weight_map.get(name) not in self.unreadable
+                     for p in self._problems(name, shape)]
         return problems + self._orphan_scales(layers, with_globals, required)
 
     def _unreadable_problems(self, required: dict[str, tuple[int, ...]]) -> list[Problem]:
@@ -201,8 +204,9 @@ class Checkpoint:
 
     def _check_shard_name(self, index: Path, tensor: str, shard: str) -> None:
         """A shard is a plain file name in the checkpoint's folder ending in .safetensors: no
-        folders, no absolute path, no drive letter, no backslash, no '..'."""
-        plain = Path(shard).name == shard and not any(c in shard for c in "\\:") and not shard.startswith(".")
+        folders, no absolute path, no drive letter, no backslash, no '..', no control character."""
+        plain = (Path(shard).name == shard and not any(c in shard for c in "\\:") and not shard.startswith(".")
+                 and is_safe(shard))
         if not (plain and shard.endswith(SHARD_SUFFIX) and len(shard) > len(SHARD_SUFFIX)):
             raise StepperError(f"{index}: tensor {tensor!r} points at shard {shard!r}, expected a file name "
                                f"ending in {SHARD_SUFFIX} in {self.path}")
