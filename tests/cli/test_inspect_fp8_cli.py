@@ -174,6 +174,15 @@ def test_inspect_flags_scale_problems_and_names_a_scale_kept_in_another_shard(tm
         "2 problems in 1 file:", f"  ! {kv_missing}", f"  ! {o_in_file}"]
 
 
+def test_inspect_shows_metadata_with_its_control_characters_escaped(tmp_path):
+    header = json.dumps({"__metadata__": {"note": "\x1b]0;title\x07\x1b[2J"}, "a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})
+    path = tmp_path / "meta.safetensors"
+    path.write_bytes(len(header).to_bytes(8, "little") + header.encode() + bytes(4))
+    text = ok("inspect", "--plain", str(path))
+    assert text.splitlines()[0] == f"file {path} · metadata note=\\x1b]0;title\\x07\\x1b[2J"
+    assert not any(c < " " and c != "\n" for c in text)
+
+
 # -- fp8 --------------------------------------------------------------------------------------
 
 
