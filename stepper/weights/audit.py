@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 
 from stepper.errors import StepperError
+from stepper.jsonfile import read_json
 from stepper.weights.checkpoint import SCALE, SCALE_DTYPES, Checkpoint, Problem, check_scale_values
 
 LAYER_NAME = re.compile(r"model\.layers\.(\d+)\.")
@@ -62,13 +63,29 @@ def other_unreadable(ckpt: Checkpoint, found: list[Problem]) -> list[Problem]:
 
 
 def stray_tensors(ckpt: Checkpoint) -> list[Problem]:
-    """Tensors of layers past the config's num_hidden_layers: no run reads them."""
+    """Tensors of layers past the config's num_hidden_layers, one problem per layer: no run reads
+    them. DeepSeek-V3's multi-token-prediction layers (`num_nextn_predict_layers` of them, right
+    after the last layer) are part of the checkpoint, not strays."""
     layers = ckpt.config.num_hidden_layers
-    problems = []
+    known = layers + nextn_layers(ckpt)
+    strays: dict[int, list[tuple[str, str]]] = {}
     for name, shard in ckpt.weight_map.items():
         m = LAYER_NAME.match(name)
-        if m and int(m[1]) >= layers:
-            problems.append(Problem(shard, name, f"{shard}: '{name}' is in layer {m[1]}, but the config has "
-                                                 f"{layers} layers (num_hidden_layers); no run reads it"))
-    return problems
+        if m and int(m[1]) >= known:
+            strays.setdefault(int(m[1]), []).append((name, shard))
+    return [stray_problem(layer, found, layers) for layer, found in sorted(strays.items())]
 
+
+def stray_problem(layer: int, found: list[tuple[str, str]], layers: int) -> Problem:
+    """One line for all of a stray layer's tensors, naming the first."""
+    name, shard = found[0]
+    what = f"'{name}' is" if len(found) == 1 else f"'{name}' and {len(found) - 1} more tensor(s) are"
+    return Problem(shard, name, f"{shard}: {what} in layer {layer}, but the config has {layers} layers "
+                                f"(num_hidden_layers); no run reads {'it' if len(found) == 1 else 'them'}")
+
+
+def nextn_layers(ckpt: Checkpoint) -> int:
+    """The config's num_nextn_predict_layers (0 when absent or not a count)."""
+    raw = read_json(ckpt.path / "config.json")
+    count = raw.get("num_nextn_predict_layers", 0)
+    return count if type(count) is int and count >= 0 else 0

@@ -19,7 +19,16 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
-from helpers.malformed import CASES, DIR_CASES, FIXTURE_CASES, MINI_CONFIG, DirCase
+from helpers.malformed import (
+    CASES,
+    DIR_CASES,
+    FIXTURE_CASES,
+    LAYER1_SHARD,
+    MINI_CONFIG,
+    DirCase,
+    config_fields,
+    with_tensor,
+)
 from typer.testing import CliRunner
 
 from stepper.cli.main import app
@@ -115,6 +124,17 @@ def test_the_sound_mini_checkpoint_passes_inspect_and_runs(mini):
     checked = measured("inspect", "--plain", str(mini), traced=True)
     assert checked.exit_code == 0 and checked.stderr == "" and "problem" not in checked.stdout
     assert measured("run", "--model", str(mini), "--prompt-len", "2", "--plain", traced=False).exit_code == 0
+
+
+def test_a_multi_token_prediction_layer_is_no_stray(mini, tmp_path):
+    """DeepSeek-V3's MTP layer follows the last one (num_nextn_predict_layers): not a problem."""
+    folder = tmp_path / "ck"
+    shutil.copytree(mini, folder)
+    with_tensor("model.layers.2.enorm.weight", "BF16", [64], shard=LAYER1_SHARD)(folder)
+    assert measured("inspect", "--plain", str(folder)).exit_code == 1
+    config_fields(num_nextn_predict_layers=1)(folder)
+    done = measured("inspect", "--plain", str(folder))
+    assert done.exit_code == 0 and "layer 2 (beyond the config's num_hidden_layers = 2)" in done.stdout
 
 
 @pytest.mark.parametrize("case", DIR_CASES, ids=lambda c: c.name)

@@ -481,6 +481,10 @@ def _dir_cases() -> list[DirCase]:
         DirCase("tensor-past-the-config", with_tensor("model.layers.5.input_layernorm.weight", "BF16", [64],
                                                       shard=LAYER1_SHARD),
                 1, "'model.layers.5.input_layernorm.weight' is in layer 5, but the config has 2 layers", run=0),
+        DirCase("layer-past-the-config", both(*(with_tensor(f"model.layers.2.{n}.weight", "BF16", [64], shard=LAYER1_SHARD)
+                                                 for n in ("input_layernorm", "post_attention_layernorm"))),
+                1, "'model.layers.2.input_layernorm.weight' and 1 more tensor(s) are in layer 2, but the config has 2 layers",
+                run=0),
     ]
     scale = KV_A + SCALE_INV
     bad_scales = [
