@@ -9,13 +9,13 @@ with a `StepperError` that names the field.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from stepper.errors import StepperError
+from stepper.jsonfile import read_json
 
 MODEL_TYPES = ("deepseek_v3", "kimi_k2")
 
@@ -118,12 +118,7 @@ class Config:
 def load_config(path: str | Path) -> Config:
     """Read and validate a config.json file."""
     path = Path(path)
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise StepperError(f"{path}: no such file") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise StepperError(f"{path}: not valid JSON ({e})") from None
+    raw = read_json(path, "a config.json")  # a key given twice, or NaN, is refused naming it
     if not isinstance(raw, dict):
         raise StepperError(f"{path}: expected a JSON object, found {type(raw).__name__}")
     return Config.from_hf(raw, str(path))

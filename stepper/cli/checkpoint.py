@@ -47,29 +47,49 @@ def inspect_command(
     path: Annotated[Path, typer.Argument(metavar="PATH", help="A .safetensors file or a checkpoint directory.", show_default=False)],
     stats: Annotated[bool, typer.Option("--stats", help="Decode every tensor (FP8 with its scales) and add min, max, mean, std, absmax, NaN and Inf counts.")] = False,
     only: Annotated[list[str] | None, typer.Option(metavar="GLOB", help="List only tensors whose name (or scale's name) matches GLOB, e.g. '*layers.1.*'; repeatable.")] = None,
+    layers: Annotated[str | None, typer.Option(metavar="A:B", help="Check and list only layers A to B-1 (no embedding, norm or lm_head).")] = None,
     experts: Annotated[bool, typer.Option("--experts", help="One row per routed expert instead of one row per projection of all experts.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per tensor (JSON Lines, experts never folded) on stdout.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per tensor (JSON Lines, experts never folded) on stdout, then one with every problem.")] = False,
     plain: PlainOpt = False,
 ) -> None:
-    """List a checkpoint's tensors, layer by layer.
+    """List a checkpoint's tensors, layer by layer, and check them.
 
     PATH is a checkpoint directory (config.json, index, shards) or one .safetensors file. Each row
     shows a tensor's dtype, shape, FP8 scale grid (the weight_scale_inv shape), size and shard; a
     layer's routed experts share one row per projection unless --experts.
+
+    Everything a run of any layer checks is checked, for every layer, and more: every block
+    scale's values, shards no run could read, tensors in no layer of the config. Exit code 0:
+    sound; 1: problems found (each in its tensor's row and listed at the end); 2: PATH cannot be
+    read at all.
     """
     with user_errors():
         source = inspect.open_source(path)
-        tensors = inspect.collect(source, only)
+        chosen = inspect_layers(layers, source)
+        problems = inspect.find_problems(source, chosen)
+        tensors = inspect.collect(source, only, problems, chosen)
         if only and not tensors:
             raise StepperError(f"--only {' '.join(only)} matched no tensor (names look like model.layers.1.self_attn.o_proj.weight)")
         if stats:
             tensors = inspect_stats.with_stats(source, tensors, progress=sys.stderr.isatty(), plain=plain)
         groups = inspect.group(tensors, source.config, fold_experts=not experts and not as_json)
         if as_json:
-            inspect.write_json(sys.stdout, groups)
+            inspect.write_json(sys.stdout, groups, problems)
         else:
             console = Console(no_color=plain, highlight=False, soft_wrap=True)
-            inspect.render(console, source, groups, tensors, inspect.total_tensors(source), stats)
+            inspect.render(console, source, groups, tensors, inspect.total_tensors(source), stats, problems)
+    if problems:
+        raise typer.Exit(1)
+
+
+def inspect_layers(layers: str | None, source: inspect.Source) -> range | None:
+    """--layers A:B as a range, checked against the config's layers (a file has no config)."""
+    chosen = parse_layers(layers)
+    if chosen is None:
+        return None
+    if source.config is None:
+        return range(chosen[0], chosen[1] if chosen[1] is not None else 2**63)
+    return shown_layers(RunSpec(layers=chosen), source.config)
 
 
 def fp8_command(

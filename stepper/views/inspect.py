@@ -6,7 +6,9 @@ headings, what a row can have wrong (missing or misshapen scales, scales without
 and how it all looks (Rich rows and a footer, with the statistics `inspect_stats` adds for
 --stats) or is written (JSON Lines, one object per tensor, experts never folded). Headers come
 from `Checkpoint` (a directory: index and shard headers checked against each other) or
-`SafetensorsFile`.
+`SafetensorsFile`. What is wrong comes from the checkpoint's own checks (`weights.audit`: what
+a run of any layer refuses, and what only a full read finds) or, for one file, from the block
+scale checks alone; each problem is shown in its tensor's row and again in a summary at the end.
 """
 
 from __future__ import annotations
@@ -26,13 +28,14 @@ from rich.text import Text
 from stepper import fp8
 from stepper.config import Config
 from stepper.errors import StepperError
+from stepper.untrusted import shown
 from stepper.views import summary
 from stepper.views.summary import Stats
-from stepper.weights.checkpoint import INDEX, SCALE, Checkpoint
+from stepper.weights.audit import audit, in_scope
+from stepper.weights.checkpoint import INDEX, SCALE, Checkpoint, Problem, scale_problems
 from stepper.weights.safetensors_reader import SafetensorsFile
 
 FP8_DTYPE = "F8_E4M3"
-SCALE_DTYPES = ("F32", "BF16", "F16")
 
 LAYER = re.compile(r"(?P<prefix>(?:.*?\.)?layers\.(?P<layer>\d+)\.)(?P<rest>.+)")
 HF_LAYER = re.compile(r"model\.layers\.(?P<layer>\d+)\.")
@@ -65,6 +68,11 @@ class Source:
     shards: dict[str, SafetensorsFile]
     block: tuple[int, int]
     hint: str | None = None  # said under the footer
+    checkpoint: Checkpoint | None = None  # a directory's, checked by `audit`
+
+    def readable(self) -> list[str]:
+        """Tensor names in the shards that could be read (those of unreadable shards are not listed)."""
+        return [name for name, shard in self.weight_map.items() if shard in self.shards]
 
     def part(self, name: str) -> Part:
         shard = self.weight_map[name]
@@ -73,6 +81,9 @@ class Source:
 
     def array(self, name: str) -> np.ndarray:
         return self.shards[self.weight_map[name]].get(name)
+
+    def info(self, name: str):
+        return self.shards[self.weight_map[name]].info(name)
 
 
 def open_source(path: Path) -> Source:
@@ -83,7 +94,7 @@ def open_source(path: Path) -> Source:
         ckpt = Checkpoint(path)
         cfg = ckpt.config
         block = cfg.quantization.weight_block_size if cfg.quantization else fp8.BLOCK
-        return Source(path, checkpoint_title(ckpt), cfg, ckpt.weight_map, ckpt.shards, block)
+        return Source(path, checkpoint_title(ckpt), cfg, ckpt.weight_map, ckpt.shards, block, checkpoint=ckpt)
     if not path.exists():
         raise StepperError(f"{path}: no such file or directory (expected a .safetensors file or a checkpoint directory)")
     if path.suffix == ".json":
@@ -142,42 +153,50 @@ class Tensor:
         return [self.part] + ([self.scale] if self.scale else [])
 
 
-def collect(source: Source, only: list[str] | None) -> list[Tensor]:
-    """Every tensor, with its scales attached; scales without a weight stand alone, flagged."""
-    names = source.weight_map
+def find_problems(source: Source, layers: range | None) -> list[Problem]:
+    """Everything wrong with the source: a directory's problems of the given layers (all layers
+    and the embedding, norm and lm_head when None), or a file's block scale problems."""
+    if source.checkpoint is not None:
+        every = range(source.checkpoint.config.num_hidden_layers)
+        return audit(source.checkpoint, every if layers is None else layers, with_globals=layers is None)
+    problems = []
+    for name in source.readable():
+        if layers is not None and not in_scope(name, layers, False):
+            continue
+        weight = name.removesuffix(SCALE)
+        if weight != name:
+            if weight not in source.weight_map:
+                problems.append(Problem(source.weight_map[name], name, f"'{name}' is a block scale with no weight '{weight}'"))
+            continue
+        scale = source.info(name + SCALE) if name + SCALE in source.weight_map else None
+        texts = scale_problems(source.info(name), scale, source.block, source.weight_map.get(name + SCALE))
+        problems += [Problem(source.weight_map[name], name + SCALE, text) for text in texts]
+    return problems
+
+
+def collect(source: Source, only: list[str] | None, problems: list[Problem], layers: range | None = None) -> list[Tensor]:
+    """Every readable tensor (of the layers), with its scales and its problems attached; scales
+    without a weight stand alone."""
+    names = set(source.weight_map)
+    by_tensor: dict[str | None, list[str]] = {}
+    for p in problems:
+        by_tensor.setdefault(p.tensor, []).append(p.text)
     tensors = []
-    for name in names:
+    for name in source.readable():
+        if layers is not None and not in_scope(name, layers, False):
+            continue
         weight = name.removesuffix(SCALE)
         if weight != name:  # block scales: shown in their weight's row, or alone if it is missing
             if weight not in names:
-                what = "checkpoint" if source.config is not None else "file"
-                missing = f"block scales without their weight: '{weight}' is not in the {what}"
-                tensors.append(Tensor(source.part(name), None, (missing,)))
+                found = tuple(by_tensor.get(name, ())) + tuple(by_tensor.get(weight, ()))  # e.g. "the weight is missing"
+                tensors.append(Tensor(source.part(name), None, found))
             continue
-        scale = source.part(name + SCALE) if name + SCALE in names else None
-        part = source.part(name)
-        tensors.append(Tensor(part, scale, tuple(scale_problems(part, scale, source.block))))
+        scale = source.part(name + SCALE) if name + SCALE in names and source.weight_map[name + SCALE] in source.shards else None
+        found = tuple(by_tensor.get(name, ())) + tuple(by_tensor.get(name + SCALE, ()))
+        tensors.append(Tensor(source.part(name), scale, found))
     if only:
         tensors = [t for t in tensors if any(fnmatch.fnmatch(p.name, glob) for p in t.parts() for glob in only)]
     return tensors
-
-
-def scale_problems(part: Part, scale: Part | None, block: tuple[int, int]) -> list[str]:
-    if part.dtype != FP8_DTYPE:
-        if scale is not None:
-            return [f"has block scales ('{scale.name}') although it is {part.dtype}: only F8_E4M3 weights have them"]
-        return []
-    if scale is None:
-        return [f"F8_E4M3 without its block scales: '{part.name}{SCALE}' is missing"]
-    if len(part.shape) != 2:
-        return [f"an F8_E4M3 weight with scales should be 2-D [out, in], this one is {list(part.shape)}"]
-    grid = fp8.scale_grid(part.shape, block)
-    if scale.shape != grid:
-        needs = f"a {list(part.shape)} weight in {block[0]}x{block[1]} blocks needs {list(grid)}"
-        return [f"scales are {list(scale.shape)}, but {needs}"]
-    if scale.dtype not in SCALE_DTYPES:
-        return [f"scales are {scale.dtype}, expected F32, BF16 or F16"]
-    return []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -335,26 +354,39 @@ def columns(row: Row, show_shard: bool) -> list[str]:
     return cells
 
 
-def render(console: Console, source: Source, groups: list[Group], matched: list[Tensor], total: int, stats: bool) -> None:
-    """The title, a heading per group, a row per tensor (or folded experts), the footer.
+def render(console: Console, source: Source, groups: list[Group], matched: list[Tensor], total: int, stats: bool,
+           problems: list[Problem]) -> None:
+    """The title, a heading per group, a row per tensor (or folded experts), the footer, and
+    every problem again at the end.
 
     When all of a group's tensors and scales are in one shard (and there are several), the shard
-    is named in the heading instead of on every row.
+    is named in the heading instead of on every row. Names and metadata come from the files, so
+    their control characters are shown escaped.
     """
-    console.print(source.title, style="bold", soft_wrap=True)
+    console.print(Text(shown(source.title), style="bold"), soft_wrap=True)
     several = len(source.shards) > 1
     shard_per_row = [several and len(g.shards()) > 1 for g in groups]
-    table = [[columns(r, per_row) for r in g.rows] for g, per_row in zip(groups, shard_per_row)]
+    table = [[[shown(c) for c in columns(r, per_row)] for r in g.rows] for g, per_row in zip(groups, shard_per_row)]
     every = [cells for group_cells in table for cells in group_cells]
     widths = [max(len(cells[i]) for cells in every if len(cells) > i) for i in range(max(map(len, every), default=0))]
     for g, per_row, group_cells in zip(groups, shard_per_row, table):
         title = f"{g.heading} · {next(iter(g.shards()))}" if several and not per_row else g.heading
-        console.rule(title, style="dim", align="left")
+        console.rule(Text(shown(title)), style="dim", align="left")
         for r, cells in zip(g.rows, group_cells):
             console.print(row_text(r, cells, widths, stats), soft_wrap=True)
-    console.print(footer(matched, total, stats), style="dim", soft_wrap=True)
+    console.print(Text(footer(matched, total, stats, len(problems)), style="dim"), soft_wrap=True)
     if source.hint:
-        console.print(source.hint, style="dim", soft_wrap=True)
+        console.print(Text(shown(source.hint), style="dim"), soft_wrap=True)
+    if problems:
+        console.print(Text(problem_heading(problems), style="bold red"), soft_wrap=True)
+        for p in problems:
+            console.print(Text(f"  ! {shown(p.text)}", style="red"), soft_wrap=True)
+
+
+def problem_heading(problems: list[Problem]) -> str:
+    files = {p.file for p in problems if p.file is not None}
+    where = f" in {len(files)} file{'s' if len(files) != 1 else ''}" if files else ""
+    return f"{len(problems)} problem{'s' if len(problems) != 1 else ''}{where}:"
 
 
 STYLES = ("bold cyan", "", "yellow", "dim", "", "dim", "dim")  # name, dtype, shape, scales, bytes, shard, scale shard
@@ -367,7 +399,7 @@ def row_text(row: Row, cells: list[str], widths: list[int], stats: bool) -> Text
     text.rstrip()
     for t in row.tensors:
         for problem in t.problems:
-            text.append(f"\n    ! {problem}", style="bold red")
+            text.append(f"\n    ! {shown(problem)}", style="bold red")
     if stats and row.stats is not None:
         text.append("\n    ")
         text.append_text(stats_text(row))
@@ -395,7 +427,7 @@ def stats_text(row: Row) -> Text:
     return text
 
 
-def footer(matched: list[Tensor], total: int, stats: bool) -> str:
+def footer(matched: list[Tensor], total: int, stats: bool, problems: int) -> str:
     parts = [p for t in matched for p in t.parts()]
     if not parts:
         return "no tensors"
@@ -412,26 +444,28 @@ def footer(matched: list[Tensor], total: int, stats: bool) -> str:
         out.append(f"{fp8_weights} scale tensors shown in their F8_E4M3 weight's row")
         if stats:
             out.append("FP8 statistics are of the dequantized values, code value x scale_inv")
-    problems = sum(len(t.problems) for t in matched)
     if problems:
-        out.append(f"{problems} problem{'s' if problems != 1 else ''} (marked !)")
+        out.append(f"{problems} problem{'s' if problems != 1 else ''} (listed below)")
     return " · ".join(out)
 
 
 def total_tensors(source: Source) -> int:
-    return len(source.weight_map)
+    return len(source.readable())
 
 
 # ---------------------------------------------------------------------------------------------
 # JSON Lines
 
 
-def write_json(stream: IO[str], groups: list[Group]) -> None:
-    """One object per tensor (experts unfolded), in the order of the listing."""
+def write_json(stream: IO[str], groups: list[Group], problems: list[Problem]) -> None:
+    """One object per tensor (experts unfolded), in the order of the listing, then one object
+    with every problem: {"problems": [{"file", "tensor", "problem"}, ...]}."""
     for g in groups:
         for row in g.rows:
             for t in row.tensors:
                 stream.write(json.dumps(record(t, g), allow_nan=False) + "\n")
+    listed = [{"file": p.file, "tensor": p.tensor, "problem": p.text} for p in problems]
+    stream.write(json.dumps({"problems": listed}) + "\n")
 
 
 def record(t: Tensor, g: Group) -> dict[str, Any]:

@@ -15,6 +15,7 @@ shards were left out and why.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -23,8 +24,9 @@ from stepper import fp8
 from stepper.config import Config, load_config
 from stepper.errors import StepperError
 from stepper.jsonfile import read_json
+from stepper.untrusted import is_safe
 from stepper.weights.names import global_shapes, layer_shapes
-from stepper.weights.safetensors_reader import MappedBudget, SafetensorsFile
+from stepper.weights.safetensors_reader import MappedBudget, SafetensorsFile, TensorInfo
 from stepper.weights.stored import FileBytes, Stored
 
 INDEX = "model.safetensors.index.json"
@@ -44,6 +46,8 @@ class Checkpoint:
         self.path = Path(path)
         if not self.path.is_dir():
             raise StepperError(f"{self.path}: not a checkpoint directory")
+        if not (self.path / "config.json").exists():
+            raise StepperError(f"{self.path}: not a checkpoint directory (no config.json)")
         self.config: Config = load_config(self.path / "config.json")
         self.weight_map = self._read_weight_map()
         self.shards: dict[str, SafetensorsFile] = {}
@@ -125,73 +129,62 @@ class Checkpoint:
     def check(self, layers: Iterable[int], with_globals: bool) -> None:
         """Every tensor the given layers (and the embedding/norm/lm_head) need, with the right
         shape, dtype and scales; all problems reported together, by name, before any compute."""
+        problems = self.problems(layers, with_globals)
+        if problems:
+            listed = "\n".join(f"  - {p}" for p in problems)
+            raise StepperError(f"{self.path}: {len(problems)} problem(s) with the weights of this run:\n{listed}")
+
+    def problems(self, layers: Iterable[int], with_globals: bool) -> list[Problem]:
+        """What `check` refuses, as data: each problem with its file, its tensor and what is wrong."""
+        layers = list(layers)
         required: dict[str, tuple[int, ...]] = {}
         for layer in layers:
             required.update(layer_shapes(self.config, layer))
         if with_globals:
             required.update(global_shapes(self.config))
         problems = self._unreadable_problems(required)
-        problems += [p for name, shape in required.items() for p in self._problems(name, shape)
-                     if self.weight_map.get(name) not in self.unreadable]
-        problems += self._orphan_scales(layers, with_globals, required)
-        if problems:
-            listed = "\n".join(f"  - {p}" for p in problems)
-            raise StepperError(f"{self.path}: {len(problems)} problem(s) with the weights of this run:\n{listed}")
+        problems += [p for name, shape in required.items() if self.weight_map.get(name) not in self.unreadable
+                     for p in self._problems(name, shape)]
+        return problems + self._orphan_scales(layers, with_globals, required)
 
-    def _unreadable_problems(self, required: dict[str, tuple[int, ...]]) -> list[str]:
+    def _unreadable_problems(self, required: dict[str, tuple[int, ...]]) -> list[Problem]:
         """One line per shard the run needs and cannot read, however many of its tensors it needs."""
         needed: dict[str, list[str]] = {}
         for name in required:
             shard = self.weight_map.get(name)
             if shard in self.unreadable:
                 needed.setdefault(shard, []).append(name)
-        return [f"{shard} cannot be read ({self.unreadable[shard]}); this run needs {len(names)} tensor(s) "
-                f"from it, first '{names[0]}'" for shard, names in needed.items()]
+        return [Problem(shard, names[0], f"{shard} cannot be read ({self.unreadable[shard]}); this run needs "
+                        f"{len(names)} tensor(s) from it, first '{names[0]}'") for shard, names in needed.items()]
 
-    def _orphan_scales(self, layers: Iterable[int], with_globals: bool, required: dict) -> list[str]:
+    def _orphan_scales(self, layers: list[int], with_globals: bool, required: dict) -> list[Problem]:
         """Block scales of the run's layers whose weight is not in the checkpoint (and not already
         reported missing)."""
         prefixes = tuple(f"model.layers.{layer}." for layer in layers)
-        return [f"'{name}' is a block scale with no weight '{name.removesuffix(SCALE)}'"
-                for name in self.weight_map
+        return [Problem(shard, name, f"'{name}' is a block scale with no weight '{name.removesuffix(SCALE)}'")
+                for name, shard in self.weight_map.items()
                 if name.endswith(SCALE) and name.removesuffix(SCALE) not in self.weight_map
                 and name.removesuffix(SCALE) not in required
                 and (name.startswith(prefixes) or (with_globals and not name.startswith("model.layers.")))]
 
-    def _problems(self, name: str, shape: tuple[int, ...]) -> list[str]:
+    def _problems(self, name: str, shape: tuple[int, ...]) -> list[Problem]:
         if name not in self.weight_map:
-            return [f"'{name}' is missing (expected shape {list(shape)})"]
+            return [Problem(None, name, f"'{name}' is missing (expected shape {list(shape)})")]
         shard = self.shard_of(name)
         info = shard.info(name)
         where = f"{shard.path.name}: '{name}'"
         if info.shape != shape:
-            return [f"{where} has shape {list(info.shape)}, expected {list(shape)}"]
-        has_scale = name + SCALE in self.weight_map
-        if info.dtype == "F8_E4M3":
-            return self._scale_problems(name, shape)
-        if info.dtype not in FLOAT_DTYPES:
-            return [f"{where} has dtype {info.dtype}, expected F8_E4M3, BF16, F16 or F32"]
-        if has_scale:
-            return [f"'{name}{SCALE}' is a block scale for a {info.dtype} weight; only F8_E4M3 weights have scales"]
-        return []
-
-    def _scale_problems(self, name: str, shape: tuple[int, ...]) -> list[str]:
+            return [Problem(shard.path.name, name, f"{where} has shape {list(info.shape)}, expected {list(shape)}")]
+        if info.dtype != "F8_E4M3" and info.dtype not in FLOAT_DTYPES:
+            return [Problem(shard.path.name, name, f"{where} has dtype {info.dtype}, expected F8_E4M3, BF16, F16 or F32")]
         scale_name = name + SCALE
-        if scale_name not in self.weight_map:
-            return [f"'{scale_name}' is missing: the F8_E4M3 weight '{name}' needs its block scales"]
-        scale_shard = self.weight_map[scale_name]
-        if scale_shard in self.unreadable:
-            return [f"'{scale_name}' lies in {scale_shard}, which cannot be read ({self.unreadable[scale_shard]})"]
-        block = self.block
-        expected = fp8.scale_grid(shape, block)
-        shard = self.shard_of(scale_name)
-        info = shard.info(scale_name)
-        where = f"{shard.path.name}: '{scale_name}'"
-        if info.dtype not in SCALE_DTYPES:
-            return [f"{where} has dtype {info.dtype}, expected F32, BF16, F16 or F8_E8M0"]
-        if info.shape != expected:
-            return [f"{where} has shape {list(info.shape)}, expected {list(expected)} for a {list(shape)} weight in {block[0]}x{block[1]} blocks"]
-        return []
+        if self.weight_map.get(scale_name) in self.unreadable:
+            scale_shard = self.weight_map[scale_name]
+            return [Problem(scale_shard, scale_name, f"'{scale_name}' lies in {scale_shard}, which cannot be read "
+                            f"({self.unreadable[scale_shard]})")]
+        scale = self.shard_of(scale_name).info(scale_name) if scale_name in self.weight_map else None
+        scale_file = self.weight_map.get(scale_name)
+        return [Problem(scale_file, scale_name, text) for text in scale_problems(info, scale, self.block, scale_file)]
 
     # -- the index ---------------------------------------------------------------------------
 
@@ -211,8 +204,9 @@ class Checkpoint:
 
     def _check_shard_name(self, index: Path, tensor: str, shard: str) -> None:
         """A shard is a plain file name in the checkpoint's folder ending in .safetensors: no
-        folders, no absolute path, no drive letter, no backslash, no '..'."""
-        plain = Path(shard).name == shard and not any(c in shard for c in "\\:") and not shard.startswith(".")
+        folders, no absolute path, no drive letter, no backslash, no '..', no control character."""
+        plain = (Path(shard).name == shard and not any(c in shard for c in "\\:") and not shard.startswith(".")
+                 and is_safe(shard))
         if not (plain and shard.endswith(SHARD_SUFFIX) and len(shard) > len(SHARD_SUFFIX)):
             raise StepperError(f"{index}: tensor {tensor!r} points at shard {shard!r}, expected a file name "
                                f"ending in {SHARD_SUFFIX} in {self.path}")
@@ -240,6 +234,42 @@ class Checkpoint:
             extra = sorted(set(self.shards[shard].names()) - names)
             if extra:
                 raise StepperError(f"{self.path / shard}: tensor '{extra[0]}' is in this shard but not in {INDEX}")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a checkpoint: the file it concerns (None when the tensor is in none),
+    the tensor, and the whole sentence saying what is wrong, as `check` lists it."""
+
+    file: str | None
+    tensor: str | None
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def scale_problems(weight: TensorInfo, scale: TensorInfo | None, block: tuple[int, int], scale_file: str | None) -> list[str]:
+    """What is wrong with a weight's block scales, given the weight's and the scales' headers:
+    an F8_E4M3 weight needs a 2-D weight and scales of a float dtype on its block grid; any
+    other weight has no scales."""
+    name = weight.name + SCALE
+    if weight.dtype != "F8_E4M3":
+        if scale is None:
+            return []
+        return [f"'{name}' is a block scale for a {weight.dtype} weight; only F8_E4M3 weights have scales"]
+    if scale is None:
+        return [f"'{name}' is missing: the F8_E4M3 weight '{weight.name}' needs its block scales"]
+    where = f"{scale_file}: '{name}'"
+    if scale.dtype not in SCALE_DTYPES:
+        return [f"{where} has dtype {scale.dtype}, expected F32, BF16, F16 or F8_E8M0"]
+    if len(weight.shape) != 2:
+        return [f"'{weight.name}' is an F8_E4M3 weight of shape {list(weight.shape)}, expected 2-D [out, in]"]
+    expected = fp8.scale_grid(weight.shape, block)
+    if scale.shape != expected:
+        blocks = f"{block[0]}x{block[1]} blocks"
+        return [f"{where} has shape {list(scale.shape)}, expected {list(expected)} for a {list(weight.shape)} weight in {blocks}"]
+    return []
 
 
 def check_scale_values(shard: str, name: str, scale: np.ndarray) -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from stepper.errors import StepperError
 from stepper.fp8 import scale_grid
+from stepper.untrusted import shown
 from stepper.weights.checkpoint import INDEX, SCALE
 from stepper.weights.names import EMBED, global_shapes, layer_shapes, storage_dtype
 from stepper.weights.safetensors_writer import Entry, write_safetensors
@@ -69,7 +70,7 @@ def shard_plan(source: SyntheticWeights, layers: range, with_globals: bool) -> l
 def synth_checkpoint(source: SyntheticWeights, out: Path, layers: range | None = None, force: bool = False) -> Path:
     """Write the checkpoint to `out` (all layers and the globals, or only `layers`)."""
     cfg = source.config
-    check_replaceable(out, force, written_by_synth, "a checkpoint stepper synth wrote")
+    check_replaceable(out, force, not_from_synth, "a checkpoint stepper synth wrote")
     whole = layers is None
     plan = shard_plan(source, range(cfg.num_hidden_layers) if whole else layers, with_globals=whole)
     partial = out.parent / f".{out.name}.partial-{os.getpid()}"
@@ -104,14 +105,16 @@ def _write(source: SyntheticWeights, folder: Path, plan: list[dict[str, tuple[in
 SYNTH_FILES = re.compile(rf"(config\.json|{re.escape(INDEX)}|model-\d{{5}}-of-\d{{5}}\.safetensors)")
 
 
-def written_by_synth(folder: Path) -> bool:
-    """Whether a folder holds nothing but what `stepper synth` writes."""
-    return all(entry.is_file() and SYNTH_FILES.fullmatch(entry.name) for entry in folder.iterdir())
+def not_from_synth(folder: Path) -> list[str]:
+    """What a folder holds that `stepper synth` does not write (nothing: the folder is synth's)."""
+    return sorted(entry.name for entry in folder.iterdir()
+                  if entry.is_symlink() or not entry.is_file() or not SYNTH_FILES.fullmatch(entry.name))
 
 
-def check_replaceable(out: Path, force: bool, ours: Callable[[Path], bool], what: str) -> None:
+def check_replaceable(out: Path, force: bool, foreign: Callable[[Path], list[str]], what: str) -> None:
     """Refuse, in one line, to write `out` unless it is new, or `force` is given and `out` is a
-    folder `ours` recognises as stepper's own (nothing a user wrote is ever replaced)."""
+    folder in which `foreign` finds nothing stepper did not write (nothing a user wrote is ever
+    replaced); the refusal names what is in the way."""
     if not out.parent.is_dir():
         raise StepperError(f"{out}: folder {out.parent} does not exist")
     if not os.access(out.parent, os.W_OK):
@@ -122,10 +125,10 @@ def check_replaceable(out: Path, force: bool, ours: Callable[[Path], bool], what
         raise StepperError(f"{out}: is a file, not a folder; stepper writes a new folder there (remove the file first)")
     if not force:
         raise StepperError(f"{out}: already exists; pass --force to replace it")
-    if not ours(out):
-        others = sorted(e.name for e in out.iterdir())
-        shown = ", ".join(repr(n) for n in others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
-        raise StepperError(f"{out}: holds {shown}; --force replaces only {what}, so nothing there was touched")
+    others = foreign(out)
+    if others:
+        listed = ", ".join(f"'{shown(n)}'" for n in others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+        raise StepperError(f"{out}: holds {listed}; --force replaces only {what}, so nothing there was touched")
 
 
 def replace_dir(new: Path, out: Path) -> None:

@@ -106,7 +106,9 @@ def test_inspect_experts_option_shows_every_expert(ckpt):
 
 def test_inspect_json_stats_equal_summary_stats_of_the_decoded_tensor(ckpt):
     out = ok("inspect", "--json", "--stats", "--only", "*layers.1.*", "--only", "model.norm.weight", str(ckpt))
-    records = {r["name"]: r for r in map(json.loads, out.splitlines())}
+    *lines, last = map(json.loads, out.splitlines())
+    assert last == {"problems": []}  # the checkpoint is sound
+    records = {r["name"]: r for r in lines}
     names = [n for n in headers(ckpt) if (".layers.1." in n or n == "model.norm.weight") and not n.endswith("_scale_inv")]
     assert sorted(records) == sorted(names)  # one object per tensor, experts unfolded, scales inside their weight
     source = Checkpoint(ckpt)
@@ -122,7 +124,7 @@ def test_inspect_json_stats_equal_summary_stats_of_the_decoded_tensor(ckpt):
 def test_statistics_read_in_chunks_agree_with_the_whole_tensor(ckpt, monkeypatch):
     monkeypatch.setattr(inspect_stats, "CHUNK", 1000)  # kv_a_proj: 2 chunks of whole FP8 row blocks; embedding: 334
     source = inspect.open_source(ckpt)
-    for tensor in inspect.collect(source, [KV, "model.embed_tokens.weight"]):
+    for tensor in inspect.collect(source, [KV, "model.embed_tokens.weight"], []):
         chunked = inspect_stats.tensor_stats(source, tensor, lambda n: None)
         whole = stats(Checkpoint(ckpt).get(tensor.name))
         assert (chunked.min, chunked.max, chunked.absmax, chunked.nan, chunked.inf, chunked.finite) == (
@@ -146,19 +148,39 @@ def test_inspect_flags_scale_problems_and_names_a_scale_kept_in_another_shard(tm
     weight_map = {e.name: "a.safetensors" for e in first} | {e.name: "b.safetensors" for e in second}
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
 
-    text = ok("inspect", "--plain", "--stats", str(tmp_path))
+    done = stepper("inspect", "--plain", "--stats", str(tmp_path))
+    assert done.returncode == 1 and done.stderr == ""  # problems found: listed, exit 1
+    text = done.stdout
     (lines,) = sections(text).values()
     assert row(lines, "self_attn.kv_a_proj_with_mqa.weight")[-3:] == ["scales", "in", "b.safetensors"]
-    assert "! F8_E4M3 without its block scales: 'model.layers.1.self_attn.o_proj.weight_scale_inv' is missing" in text
+    o_missing = ("'model.layers.1.self_attn.o_proj.weight_scale_inv' is missing: "
+                 "the F8_E4M3 weight 'model.layers.1.self_attn.o_proj.weight' needs its block scales")
+    orphan = "'model.layers.1.self_attn.q_b_proj.weight' is missing (expected shape [192, 192])"  # in its scale's row
+    assert f"    ! {o_missing}" in text.splitlines()  # in its row
     assert row(lines, "self_attn.q_b_proj.weight_scale_inv")[1:4] == ["F32", "[2,", "2]"]
-    assert "! block scales without their weight: 'model.layers.1.self_attn.q_b_proj.weight' is not in the checkpoint" in text
+    assert f"    ! {orphan}" in text.splitlines()
     assert "of the bare code values: no usable scales" in text  # o_proj's statistics are of its codes alone
-    assert text.splitlines()[-1].endswith("2 problems (marked !)")
+    listing, summary = text.split("\n234 problems:\n")  # the config's other tensors are missing too
+    assert listing.endswith(" · 234 problems (listed below)")
+    assert f"  ! {o_missing}" in summary.splitlines() and f"  ! {orphan}" in summary.splitlines()
+    assert "'model.layers.1.input_layernorm.weight' is missing (expected shape [320])" in text  # the config's other tensors
 
-    one = ok("inspect", "--plain", str(tmp_path / "a.safetensors"))  # one shard: no config, no index
-    assert list(sections(one)) == ["layers.1"]
-    assert "'model.layers.1.self_attn.kv_a_proj_with_mqa.weight_scale_inv' is missing" in one
-    assert one.splitlines()[-1] == f"a.safetensors is one shard of {tmp_path}: inspect the directory to see scales kept in other shards"
+    one = stepper("inspect", "--plain", str(tmp_path / "a.safetensors"))  # one shard: no config, no index
+    assert one.returncode == 1 and list(sections(one.stdout)) == ["layers.1"]
+    kv_missing = (f"'{KV}_scale_inv' is missing: the F8_E4M3 weight '{KV}' needs its block scales")
+    o_in_file = o_missing.replace("missing: the", "missing: the", 1)
+    assert one.stdout.splitlines()[-4:] == [
+        f"a.safetensors is one shard of {tmp_path}: inspect the directory to see scales kept in other shards",
+        "2 problems in 1 file:", f"  ! {kv_missing}", f"  ! {o_in_file}"]
+
+
+def test_inspect_shows_metadata_with_its_control_characters_escaped(tmp_path):
+    header = json.dumps({"__metadata__": {"note": "\x1b]0;title\x07\x1b[2J"}, "a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})
+    path = tmp_path / "meta.safetensors"
+    path.write_bytes(len(header).to_bytes(8, "little") + header.encode() + bytes(4))
+    text = ok("inspect", "--plain", str(path))
+    assert text.splitlines()[0] == f"file {path} · metadata note=\\x1b]0;title\\x07\\x1b[2J"
+    assert not any(c < " " and c != "\n" for c in text)
 
 
 # -- fp8 --------------------------------------------------------------------------------------

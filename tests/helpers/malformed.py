@@ -1,8 +1,10 @@
-"""Malformed safetensors files for the reader's tests: a small valid file, broken one way at a time.
+"""The malformed-input corpus: safetensors files, checkpoint directories and fixture folders,
+each a sound one broken one way at a time.
 
-The valid file holds `a` (F32 [2, 2], data bytes [0, 16)) and `b` (BF16 [3], [16, 22)) and a
+Safetensors files (the reader's tests): the valid file holds `a` (F32 [2, 2], data bytes [0, 16)) and `b` (BF16 [3], [16, 22)) and a
 `__metadata__` map. Each `Case` is the bytes of a broken copy and the tensor its error must name
-(None when no single tensor is at fault). `CASES` is the corpus.
+(None when no single tensor is at fault). `CASES` are these files; `DIR_CASES` whole checkpoint
+directories (below), `FIXTURE_CASES` fixture folders.
 """
 
 from __future__ import annotations
@@ -11,7 +13,10 @@ import copy
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 HEADER: dict[str, Any] = {
     "__metadata__": {"format": "np"},
@@ -184,3 +189,406 @@ def _drop_a(h: dict[str, Any]) -> None:
 
 
 CASES = _cases()
+
+
+# ---------------------------------------------------------------------------------------------
+# Whole checkpoint directories and fixture folders, broken one way at a time.
+#
+# The sound checkpoint is `mini` (MINI_CONFIG: 2 layers, layer 1 MoE with 4 experts, FP8 in
+# 16x32 blocks so that scale grids are not square), written by `stepper synth`: 4 shards, the
+# embedding, layer 0, layer 1, then norm and lm_head. Each `DirCase` breaks a copy in place and
+# says what `stepper inspect` must exit with (1: problems listed, 2: cannot be read at all), what
+# `stepper run` must exit with, and a piece of the message both must print.
+
+MINI_CONFIG: dict[str, Any] = {
+    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "kimi_k2", "hidden_act": "silu",
+    "scoring_func": "sigmoid", "topk_method": "noaux_tc", "norm_topk_prob": True, "moe_layer_freq": 1,
+    "rms_norm_eps": 1e-06, "tie_word_embeddings": False, "attention_bias": False, "vocab_size": 64,
+    "hidden_size": 64, "intermediate_size": 96, "moe_intermediate_size": 32, "num_hidden_layers": 2,
+    "num_attention_heads": 2, "num_key_value_heads": 2, "q_lora_rank": 48, "kv_lora_rank": 32,
+    "qk_nope_head_dim": 16, "qk_rope_head_dim": 16, "v_head_dim": 16, "n_routed_experts": 4, "n_shared_experts": 1,
+    "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1, "routed_scaling_factor": 2.827, "first_k_dense_replace": 1,
+    "rope_theta": 50000.0, "max_position_embeddings": 4096, "rope_scaling": None,
+    "quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
+                            "weight_block_size": [16, 32]},
+}
+INDEX_FILE = "model.safetensors.index.json"
+LAYER1_SHARD = "model-00003-of-00004.safetensors"
+KV_A = "model.layers.1.self_attn.kv_a_proj_with_mqa.weight"  # F8_E4M3 [48, 64], scales [3, 2]
+EXPERT = "model.layers.1.mlp.experts.2.up_proj.weight"  # F8_E4M3 [32, 64], scales [2, 2]
+SHARED = "model.layers.1.mlp.shared_experts.down_proj.weight"  # F8_E4M3 [64, 32], scales [4, 1], read by every run
+NORM = "model.layers.1.input_layernorm.weight"  # BF16 [64]
+SCALE_INV = "_scale_inv"
+DTYPE_SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "I64": 8, "I32": 4,
+               "I8": 1, "U8": 1, "BOOL": 1}
+
+
+@dataclass(frozen=True)
+class DirCase:
+    name: str
+    edit: Callable[[Path], None]
+    inspect: int  # 1: the problems are listed; 2: the checkpoint cannot be read at all
+    message: str  # in inspect's output (stdout for 1, stderr for 2) and in run's stderr
+    run: int = 2
+
+
+# -- reading and writing the pieces of a checkpoint (independently of stepper's own code)
+
+
+def read_shard(path: Path) -> dict[str, tuple[str, list[int], bytes]]:
+    """name -> (dtype, shape, bytes), in file order, __metadata__ left out."""
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    header.pop("__metadata__", None)
+    data = raw[8 + n:]
+    ordered = sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0])
+    return {k: (v["dtype"], v["shape"], data[v["data_offsets"][0]:v["data_offsets"][1]]) for k, v in ordered}
+
+
+def write_shard(path: Path, tensors: dict[str, tuple[str, list[int], bytes]]) -> None:
+    header, offset = {}, 0
+    for name, (dtype, shape, data) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + len(data)]}
+        offset += len(data)
+    path.write_bytes(assemble(json.dumps(header), b"".join(d for _, _, d in tensors.values())))
+
+
+def index_of(folder: Path) -> dict[str, Any]:
+    return json.loads((folder / INDEX_FILE).read_text())
+
+
+def shard_holding(folder: Path, name: str) -> Path:
+    return folder / index_of(folder)["weight_map"][name]
+
+
+def with_tensor(name: str, dtype: str | None = None, shape: list[int] | None = None, data: bytes | None = None,
+                shard: str | None = None) -> Callable[[Path], None]:
+    """Replace (or add, in `shard`) one tensor; the data is zeros of the new size unless given."""
+
+    def edit(folder: Path) -> None:
+        index = index_of(folder)
+        path = folder / (shard or index["weight_map"][name])
+        tensors = read_shard(path)
+        old = tensors.get(name, ("F32", [1], b""))
+        new_dtype, new_shape = dtype or old[0], old[1] if shape is None else shape
+        size = DTYPE_SIZES[new_dtype]
+        for d in new_shape:
+            size *= d
+        tensors[name] = (new_dtype, new_shape, bytes(size) if data is None else data)
+        write_shard(path, tensors)
+        index["weight_map"][name] = path.name
+        (folder / INDEX_FILE).write_text(json.dumps(index))
+
+    return edit
+
+
+def without_tensor(name: str) -> Callable[[Path], None]:
+    def edit(folder: Path) -> None:
+        index = index_of(folder)
+        path = folder / index["weight_map"].pop(name)
+        tensors = read_shard(path)
+        del tensors[name]
+        write_shard(path, tensors)
+        (folder / INDEX_FILE).write_text(json.dumps(index))
+
+    return edit
+
+
+def scale_values(name: str, values: list[float], dtype: str = "F32") -> Callable[[Path], None]:
+    """The weight's float32 scales with the first ones replaced, stored as `dtype`."""
+    code = {"F32": "<f4", "F16": "<f2"}[dtype]
+    scale = name + SCALE_INV
+
+    def edit(folder: Path) -> None:
+        _, shape, data = read_shard(shard_holding(folder, scale))[scale]
+        array = np.frombuffer(data, "<f4").copy().astype(code)
+        array[: len(values)] = values
+        with_tensor(scale, dtype, shape, array.tobytes())(folder)
+
+    return edit
+
+
+def config_fields(**fields: Any) -> Callable[[Path], None]:
+    """config.json with fields replaced; a value of ... removes the field."""
+
+    def edit(folder: Path) -> None:
+        raw = json.loads((folder / "config.json").read_text())
+        for key, value in fields.items():
+            if value is ...:
+                raw.pop(key, None)
+            else:
+                raw[key] = value
+        (folder / "config.json").write_text(json.dumps(raw))
+
+    return edit
+
+
+def file_bytes(relative: str, content: bytes | Callable[[bytes], bytes]) -> Callable[[Path], None]:
+    def edit(folder: Path) -> None:
+        path = folder / relative
+        path.write_bytes(content(path.read_bytes()) if callable(content) else content)
+
+    return edit
+
+
+def text_replaced(relative: str, old: str, new: str) -> Callable[[Path], None]:
+    def edit(folder: Path) -> None:
+        text = (folder / relative).read_text()
+        assert old in text, (relative, old)
+        (folder / relative).write_text(text.replace(old, new, 1))
+
+    return edit
+
+
+def weight_map_edit(change: Callable[[dict[str, str]], None]) -> Callable[[Path], None]:
+    def edit(folder: Path) -> None:
+        index = index_of(folder)
+        change(index["weight_map"])
+        (folder / INDEX_FILE).write_text(json.dumps(index))
+
+    return edit
+
+
+def index_value(value: Any) -> Callable[[Path], None]:
+    return file_bytes(INDEX_FILE, json.dumps(value).encode())
+
+
+def removed(relative: str) -> Callable[[Path], None]:
+    return lambda folder: (folder / relative).unlink()
+
+
+def made_folder(relative: str) -> Callable[[Path], None]:
+    def edit(folder: Path) -> None:
+        (folder / relative).unlink()
+        (folder / relative).mkdir()
+
+    return edit
+
+
+def point(name: str, shard: str) -> Callable[[Path], None]:
+    return weight_map_edit(lambda m: m.__setitem__(name, shard))
+
+
+def index_replaced(old: str, new: str) -> Callable[[Path], None]:
+    """The index rewritten as json.dumps writes it, with one piece of its text replaced."""
+
+    def edit(folder: Path) -> None:
+        (folder / INDEX_FILE).write_text(json.dumps(index_of(folder)))
+        text_replaced(INDEX_FILE, old, new)(folder)
+
+    return edit
+
+
+def moved_shard(shard: str, to: str) -> Callable[[Path], None]:
+    """The index points the shard's tensors at `to`, which does not exist."""
+
+    def edit(folder: Path) -> None:
+        weight_map_edit(lambda m: m.update({k: to for k, v in m.items() if v == shard}))(folder)
+        (folder / shard).unlink()
+
+    return edit
+
+
+def both(*edits: Callable[[Path], None]) -> Callable[[Path], None]:
+    def edit(folder: Path) -> None:
+        for one in edits:
+            one(folder)
+
+    return edit
+
+
+CANNOT_READ = f"{LAYER1_SHARD} cannot be read"
+PROBLEMS = "problem(s) with the weights of this run"
+
+
+def _dir_cases() -> list[DirCase]:
+    cfg, idx = "config.json", INDEX_FILE
+    bad_config = [
+        DirCase("config-not-json", file_bytes(cfg, b"{not json"), 2, "config.json: not valid JSON"),
+        DirCase("config-empty", file_bytes(cfg, b""), 2, "config.json: not valid JSON"),
+        DirCase("config-not-utf8", file_bytes(cfg, b'{"\xff": 1}'), 2, "config.json: not UTF-8"),
+        DirCase("config-duplicate-key", text_replaced(cfg, '"hidden_size": 64', '"hidden_size": 64, "hidden_size": 96'),
+                2, "key 'hidden_size' appears twice"),
+        DirCase("config-nan", text_replaced(cfg, '"rope_theta": 50000.0', '"rope_theta": NaN'), 2, "NaN is not JSON"),
+        DirCase("config-array", file_bytes(cfg, b"[]"), 2, "config.json: expected a JSON object"),
+        DirCase("config-missing", removed(cfg), 2, "not a checkpoint directory"),
+        DirCase("config-a-folder", made_folder(cfg), 2, "config.json: is a directory"),
+        DirCase("config-missing-field", config_fields(hidden_size=...), 2, "'hidden_size'"),
+        DirCase("config-string-size", config_fields(hidden_size="64"), 2, "'hidden_size' must be an integer"),
+        DirCase("config-bool-size", config_fields(num_hidden_layers=True), 2, "'num_hidden_layers' must be an integer"),
+        DirCase("config-zero-layers", config_fields(num_hidden_layers=0), 2, "'num_hidden_layers' must be >= 1"),
+        DirCase("config-negative-heads", config_fields(num_attention_heads=-2), 2, "'num_attention_heads' must be >= 1"),
+        DirCase("config-float-vocab", config_fields(vocab_size=64.5), 2, "'vocab_size' must be an integer"),
+        DirCase("config-huge-float", text_replaced(cfg, '"rms_norm_eps": 1e-06', '"rms_norm_eps": 1e999'), 2,
+                "rms_norm_eps"),
+        DirCase("config-unknown-model-type", config_fields(model_type="llama"), 2, "model_type"),
+        DirCase("config-tied-embeddings", config_fields(tie_word_embeddings=True), 2, "tie_word_embeddings"),
+        DirCase("config-top-k-over-experts", config_fields(num_experts_per_tok=9), 2, "num_experts_per_tok"),
+        DirCase("config-block-size-zero", config_fields(quantization_config={**MINI_CONFIG["quantization_config"],
+                                                                             "weight_block_size": [0, 32]}),
+                2, "weight_block_size"),
+        DirCase("config-block-size-one-number", config_fields(quantization_config={
+            **MINI_CONFIG["quantization_config"], "weight_block_size": [16]}), 2, "weight_block_size"),
+        DirCase("config-deeply-nested", file_bytes(cfg, b"[" * 100_000 + b"]" * 100_000), 2, "config.json"),
+    ]
+    bad_index = [
+        DirCase("index-not-json", file_bytes(idx, b"{"), 2, f"{idx}: not valid JSON"),
+        DirCase("index-duplicate-tensor", index_replaced('"weight_map": {', '"weight_map": {"model.norm.weight": '
+                                                         '"model-00001-of-00004.safetensors", '),
+                2, "key 'model.norm.weight' appears twice"),
+        DirCase("index-duplicate-weight-map", index_replaced('"weight_map": {', '"weight_map": {}, "weight_map": {'),
+                2, "key 'weight_map' appears twice"),
+        DirCase("index-nan-size", index_replaced('"total_size": ', '"total_size": NaN, "x": '), 2, "NaN is not JSON"),
+        DirCase("index-array", index_value([]), 2, "expected an object with a 'weight_map'"),
+        DirCase("index-no-weight-map", index_value({"metadata": {}}), 2, "expected an object with a 'weight_map'"),
+        DirCase("index-weight-map-list", index_value({"weight_map": []}), 2, "expected an object with a 'weight_map'"),
+        DirCase("index-shard-a-number", point(NORM, 3), 2, "expected an object with a 'weight_map'"),
+        DirCase("index-shard-absolute", point(NORM, "/etc/passwd.safetensors"), 2, "expected a file name ending in"),
+        DirCase("index-shard-parent", point(NORM, "../model-00003-of-00004.safetensors"), 2, "expected a file name"),
+        DirCase("index-shard-drive-letter", point(NORM, "C:model.safetensors"), 2, "expected a file name ending in"),
+        DirCase("index-shard-backslash", point(NORM, "sub\\model.safetensors"), 2, "expected a file name ending in"),
+        DirCase("index-shard-subfolder", point(NORM, "sub/model.safetensors"), 2, "expected a file name ending in"),
+        DirCase("index-shard-other-extension", point(NORM, "model.bin"), 2, "expected a file name ending in"),
+        DirCase("index-shard-only-extension", point(NORM, ".safetensors"), 2, "expected a file name ending in"),
+        DirCase("index-shard-empty", point(NORM, ""), 2, "expected a file name ending in"),
+        DirCase("index-shard-escape-sequence", moved_shard(LAYER1_SHARD, "\x1b[2J.safetensors"), 2,
+                "points at shard '\\x1b[2J.safetensors', expected a file name"),
+        DirCase("index-tensor-not-in-shard", point("model.layers.0.ghost.weight", LAYER1_SHARD), 2,
+                "'model.layers.0.ghost.weight' is listed in model.safetensors.index.json but not in this shard"),
+        DirCase("index-tensor-left-out", weight_map_edit(lambda m: m.pop(NORM)), 2,
+                f"tensor '{NORM}' is in this shard but not in {idx}"),
+        DirCase("index-tensor-in-the-wrong-shard", point(NORM, "model-00002-of-00004.safetensors"), 2,
+                "is listed in model.safetensors.index.json but not in this shard"),
+        DirCase("index-missing-no-single-file", removed(idx), 2, f"neither {idx} nor model.safetensors found"),
+    ]
+    bad_tensors = [
+        DirCase("fp8-weight-as-int8", with_tensor(KV_A, "I8"), 1, f"'{KV_A}' has dtype I8, expected F8_E4M3"),
+        DirCase("fp8-weight-as-e5m2", with_tensor(KV_A, "F8_E5M2"), 1, f"'{KV_A}' has dtype F8_E5M2"),
+        DirCase("fp8-weight-transposed", with_tensor(KV_A, shape=[64, 48]), 1, f"'{KV_A}' has shape [64, 48], expected [48, 64]"),
+        DirCase("fp8-weight-flattened", with_tensor(KV_A, shape=[48 * 64]), 1, f"'{KV_A}' has shape [3072], expected [48, 64]"),
+        DirCase("fp8-weight-3d", with_tensor(KV_A, shape=[1, 48, 64]), 1, f"'{KV_A}' has shape [1, 48, 64]"),
+        DirCase("fp8-expert-missing", without_tensor(EXPERT), 1, f"'{EXPERT}' is missing (expected shape [32, 64])"),
+        DirCase("fp8-weight-as-bool", with_tensor(EXPERT, "BOOL"), 1, f"'{EXPERT}' has dtype BOOL"),
+        DirCase("norm-as-int32", with_tensor(NORM, "I32"), 1, f"'{NORM}' has dtype I32"),
+        DirCase("norm-wrong-length", with_tensor(NORM, shape=[63]), 1, f"'{NORM}' has shape [63], expected [64]"),
+        DirCase("norm-missing", without_tensor(NORM), 1, f"'{NORM}' is missing (expected shape [64])"),
+        DirCase("embedding-wrong-shape", with_tensor("model.embed_tokens.weight", shape=[65, 64]), 1,
+                "'model.embed_tokens.weight' has shape [65, 64], expected [64, 64]"),
+        DirCase("lm-head-missing", without_tensor("lm_head.weight"), 1, "'lm_head.weight' is missing"),
+        DirCase("router-bias-missing", without_tensor("model.layers.1.mlp.gate.e_score_correction_bias"), 1,
+                "'model.layers.1.mlp.gate.e_score_correction_bias' is missing"),
+        DirCase("tensor-past-the-config", with_tensor("model.layers.5.input_layernorm.weight", "BF16", [64],
+                                                      shard=LAYER1_SHARD),
+                1, "'model.layers.5.input_layernorm.weight' is in layer 5, but the config has 2 layers", run=0),
+        DirCase("layer-past-the-config", both(*(with_tensor(f"model.layers.2.{n}.weight", "BF16", [64], shard=LAYER1_SHARD)
+                                                 for n in ("input_layernorm", "post_attention_layernorm"))),
+                1, "'model.layers.2.input_layernorm.weight' and 1 more tensor(s) are in layer 2, but the config has 2 layers",
+                run=0),
+    ]
+    scale = KV_A + SCALE_INV
+    bad_scales = [
+        DirCase("scale-missing", without_tensor(scale), 1, f"'{scale}' is missing: the F8_E4M3 weight"),
+        DirCase("scale-grid-transposed", with_tensor(scale, shape=[2, 3]), 1,
+                f"'{scale}' has shape [2, 3], expected [3, 2] for a [48, 64] weight in 16x32 blocks"),
+        DirCase("scale-grid-too-small", with_tensor(scale, shape=[1, 1]), 1, f"'{scale}' has shape [1, 1], expected [3, 2]"),
+        DirCase("scale-grid-flat", with_tensor(scale, shape=[6]), 1, f"'{scale}' has shape [6], expected [3, 2]"),
+        DirCase("scale-as-int32", with_tensor(scale, "I32"), 1, f"'{scale}' has dtype I32, expected F32, BF16, F16 or F8_E8M0"),
+        DirCase("scale-as-fp8", with_tensor(scale, "F8_E4M3"), 1, f"'{scale}' has dtype F8_E4M3"),
+        DirCase("scale-nan", scale_values(KV_A, [float("nan")]), 1, f"'{scale}' holds 1 scale(s) that are not finite and positive"),
+        DirCase("scale-inf", scale_values(KV_A, [1.0, float("inf")]), 1, "first inf at [0, 1]"),
+        DirCase("scale-zero", scale_values(KV_A, [0.0]), 1, "first 0.0 at [0, 0]"),
+        DirCase("scale-negative", scale_values(KV_A, [1, 1, -0.5]), 1, "first -0.5 at [1, 0]"),
+        DirCase("scale-f16-all-zero", scale_values(KV_A, [0.0] * 6, "F16"), 1, f"'{scale}' holds 6 scale(s)"),
+        DirCase("scale-e8m0-nan-code", with_tensor(scale, "F8_E8M0", data=bytes([127, 127, 255, 127, 127, 127])), 1,
+                "first nan at [1, 0]"),
+        DirCase("shared-expert-scale-nan", scale_values(SHARED, [float("nan")] * 4), 1, "holds 4 scale(s) that are not finite"),
+        DirCase("scale-with-no-weight", with_tensor("model.layers.1.mlp.gate_proj.weight" + SCALE_INV, "F32", [1, 1],
+                                                    shard=LAYER1_SHARD),
+                1, "'model.layers.1.mlp.gate_proj.weight_scale_inv' is a block scale with no weight"),
+        DirCase("scale-for-a-bf16-weight", with_tensor(NORM + SCALE_INV, "F32", [1, 1], shard=LAYER1_SHARD), 1,
+                f"'{NORM}{SCALE_INV}' is a block scale for a BF16 weight"),
+        DirCase("scale-in-a-missing-shard", both(without_tensor(scale), point(scale, "model-00009-of-00009.safetensors")), 1,
+                f"'{scale}' lies in model-00009-of-00009.safetensors, which cannot be read (no such file)"),
+    ]
+    bad_shards = [
+        DirCase("shard-missing", removed(LAYER1_SHARD), 1, f"{CANNOT_READ} (no such file)"),
+        DirCase("shard-empty", file_bytes(LAYER1_SHARD, b""), 1, f"{CANNOT_READ} (0 bytes, too short"),
+        DirCase("shard-truncated", file_bytes(LAYER1_SHARD, lambda b: b[: len(b) // 2]), 1, CANNOT_READ),
+        DirCase("shard-a-folder", made_folder(LAYER1_SHARD), 1, f"{CANNOT_READ} (no such file)"),
+        DirCase("shard-one-byte-more", file_bytes(LAYER1_SHARD, lambda b: b + b"\0"), 1, f"{CANNOT_READ} (extra data"),
+        DirCase("shard-zeroed-header", file_bytes(LAYER1_SHARD, lambda b: bytes(64) + b[64:]), 1, CANNOT_READ),
+        DirCase("shard-all-but-one-missing", lambda f: [p.unlink() for p in f.glob("model-0000[234]*.safetensors")], 1,
+                "model-00004-of-00004.safetensors cannot be read (no such file)"),
+    ]
+    header_shards = [DirCase(f"shard-header-{case.name}", file_bytes(LAYER1_SHARD, case.content), 1, CANNOT_READ)
+                     for case in CASES]
+    return bad_config + bad_index + bad_tensors + bad_scales + bad_shards + header_shards
+
+
+DIR_CASES = _dir_cases()
+
+
+# -- fixture folders for `stepper fixtures verify` (the sound one: `fixtures export` of mini)
+
+
+@dataclass(frozen=True)
+class FixtureCase:
+    name: str
+    edit: Callable[[Path], None]
+    message: str  # in verify's one line on stderr (exit 2)
+
+
+def manifest_edit(change: Callable[[dict[str, Any]], None]) -> Callable[[Path], None]:
+    def edit(folder: Path) -> None:
+        manifest = json.loads((folder / "manifest.json").read_text())
+        change(manifest)
+        (folder / "manifest.json").write_text(json.dumps(manifest))
+
+    return edit
+
+
+def entry_edit(key: str, value: Any) -> Callable[[Path], None]:
+    def change(m: dict[str, Any]) -> None:
+        if value is ...:
+            del m["tensors"][0][key]
+        else:
+            m["tensors"][0][key] = value
+
+    return manifest_edit(change)
+
+
+def _fixture_cases() -> list[FixtureCase]:
+    m = "manifest.json"
+    return [
+        FixtureCase("manifest-not-json", file_bytes(m, b"{"), "manifest.json: not valid JSON"),
+        FixtureCase("manifest-duplicate-key", text_replaced(m, '"version": 1', '"version": 1, "version": 1'),
+                    "key 'version' appears twice"),
+        FixtureCase("manifest-nan", text_replaced(m, '"version": 1', '"version": NaN'), "NaN is not JSON"),
+        FixtureCase("manifest-missing", removed(m), "no manifest.json"),
+        FixtureCase("manifest-a-folder", made_folder(m), "no manifest.json"),
+        FixtureCase("manifest-array", file_bytes(m, b"[]"), "not a stepper fixture manifest"),
+        FixtureCase("manifest-other-format", manifest_edit(lambda d: d.update(format="other")), "not a stepper fixture manifest"),
+        FixtureCase("manifest-version-2", manifest_edit(lambda d: d.update(version=2)), "fixture format version 2"),
+        FixtureCase("manifest-no-tensors", manifest_edit(lambda d: d.pop("tensors")), "no 'tensors'"),
+        FixtureCase("manifest-tensors-object", manifest_edit(lambda d: d.update(tensors={})), "'tensors' must be a list"),
+        FixtureCase("manifest-config-null", manifest_edit(lambda d: d.update(config=None)), "'config' must be an object"),
+        FixtureCase("manifest-entry-number", manifest_edit(lambda d: d["tensors"].insert(0, 7)), "tensors[0] must be an object"),
+        FixtureCase("manifest-entry-no-name", entry_edit("name", ...), "tensors[0] no 'name'"),
+        FixtureCase("manifest-entry-name-number", entry_edit("name", 3), "tensors[0] 'name' must be a string"),
+        FixtureCase("manifest-entry-shape-string", entry_edit("shape", "1,2"), "tensors[0] 'shape' must be a list"),
+        FixtureCase("manifest-entry-layer-bool", entry_edit("layer", True), "tensors[0] 'layer' must be an integer or null"),
+        FixtureCase("manifest-entry-no-tolerance", entry_edit("tolerance", ...), "tensors[0] no 'tolerance'"),
+        FixtureCase("manifest-entry-wrong-shape", entry_edit("shape", [9]), "the manifest says [9]"),
+        FixtureCase("manifest-entry-wrong-hash", entry_edit("sha256", "0" * 64), "does not match its sha256"),
+        FixtureCase("manifest-entry-unknown-tensor", entry_edit("name", "nosuch"), "tensor 'nosuch' of the manifest is missing"),
+        FixtureCase("manifest-weight-file-path", manifest_edit(lambda d: d["weights"]["files"].update({"../x": {"sha256": ""}})),
+                    "must be a plain file name"),
+        FixtureCase("tensors-missing", removed("tensors.safetensors"), "tensors.safetensors: no such file"),
+        FixtureCase("tensors-truncated", file_bytes("tensors.safetensors", lambda b: b[:100]), "tensors.safetensors"),
+        FixtureCase("tensors-not-safetensors", file_bytes("tensors.safetensors", b"hello world, not a file"),
+                    "tensors.safetensors: header length"),
+    ]
+
+
+FIXTURE_CASES = _fixture_cases()

@@ -1,0 +1,91 @@
+"""A checkpoint checked whole, as `stepper inspect` checks it.
+
+`Checkpoint.problems` says what a run of some layers would refuse before it starts. A full read
+finds more, and `audit` adds it: block scales that are not finite and positive (a run finds
+them only when it reads the weight), shards that cannot be read although no known tensor needs
+them, and tensors in no layer the config knows (a run never reads them).
+"""
+
+from __future__ import annotations
+
+import re
+
+from stepper.errors import StepperError
+from stepper.jsonfile import read_json
+from stepper.weights.checkpoint import SCALE, SCALE_DTYPES, Checkpoint, Problem, check_scale_values
+
+LAYER_NAME = re.compile(r"model\.layers\.(\d+)\.")
+
+
+def audit(ckpt: Checkpoint, layers: range, with_globals: bool) -> list[Problem]:
+    """Every problem of the given layers (and of the embedding, norm and lm_head with_globals),
+    in the order: what a run refuses, scale values, unreadable shards, stray tensors."""
+    problems = ckpt.problems(layers, with_globals)
+    problems += scale_value_problems(ckpt, layers, with_globals)
+    problems += other_unreadable(ckpt, problems)
+    if with_globals:
+        problems += stray_tensors(ckpt)
+    return problems
+
+
+def in_scope(name: str, layers: range, with_globals: bool) -> bool:
+    """Whether a tensor belongs to one of the layers, or is a global one and globals are checked."""
+    m = LAYER_NAME.match(name)
+    return int(m[1]) in layers if m else with_globals
+
+
+def scale_value_problems(ckpt: Checkpoint, layers: range, with_globals: bool) -> list[Problem]:
+    """Every readable float block scale of an F8_E4M3 weight: finite and above zero."""
+    problems = []
+    for name, shard in ckpt.weight_map.items():
+        weight = name.removesuffix(SCALE)
+        if weight == name or not in_scope(name, layers, with_globals) or not readable_fp8(ckpt, weight, name):
+            continue
+        try:
+            check_scale_values(shard, name, ckpt.shard_of(name).get(name))
+        except StepperError as e:
+            problems.append(Problem(shard, name, str(e)))
+    return problems
+
+
+def readable_fp8(ckpt: Checkpoint, weight: str, scale: str) -> bool:
+    """An F8_E4M3 weight and its scales in readable shards, the scales of a scale dtype."""
+    if weight not in ckpt.weight_map or {ckpt.weight_map[weight], ckpt.weight_map[scale]} & set(ckpt.unreadable):
+        return False
+    return ckpt.shard_of(weight).info(weight).dtype == "F8_E4M3" and ckpt.shard_of(scale).info(scale).dtype in SCALE_DTYPES
+
+
+def other_unreadable(ckpt: Checkpoint, found: list[Problem]) -> list[Problem]:
+    """Shards that cannot be read and hold no tensor a problem already names."""
+    named = {p.file for p in found}
+    return [Problem(shard, None, f"{shard} cannot be read ({why})") for shard, why in ckpt.unreadable.items()
+            if shard not in named]
+
+
+def stray_tensors(ckpt: Checkpoint) -> list[Problem]:
+    """Tensors of layers past the config's num_hidden_layers, one problem per layer: no run reads
+    them. DeepSeek-V3's multi-token-prediction layers (`num_nextn_predict_layers` of them, right
+    after the last layer) are part of the checkpoint, not strays."""
+    layers = ckpt.config.num_hidden_layers
+    known = layers + nextn_layers(ckpt)
+    strays: dict[int, list[tuple[str, str]]] = {}
+    for name, shard in ckpt.weight_map.items():
+        m = LAYER_NAME.match(name)
+        if m and int(m[1]) >= known:
+            strays.setdefault(int(m[1]), []).append((name, shard))
+    return [stray_problem(layer, found, layers) for layer, found in sorted(strays.items())]
+
+
+def stray_problem(layer: int, found: list[tuple[str, str]], layers: int) -> Problem:
+    """One line for all of a stray layer's tensors, naming the first."""
+    name, shard = found[0]
+    what = f"'{name}' is" if len(found) == 1 else f"'{name}' and {len(found) - 1} more tensor(s) are"
+    return Problem(shard, name, f"{shard}: {what} in layer {layer}, but the config has {layers} layers "
+                                f"(num_hidden_layers); no run reads {'it' if len(found) == 1 else 'them'}")
+
+
+def nextn_layers(ckpt: Checkpoint) -> int:
+    """The config's num_nextn_predict_layers (0 when absent or not a count)."""
+    raw = read_json(ckpt.path / "config.json")
+    count = raw.get("num_nextn_predict_layers", 0)
+    return count if type(count) is int and count >= 0 else 0

@@ -1,0 +1,83 @@
+"""`stepper fixtures export --force` replaces only a fixture folder stepper wrote: whatever else
+is in the way is named in one line and kept byte for byte."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from helpers.malformed import MINI_CONFIG
+from typer.testing import CliRunner
+
+from stepper.cli.main import app
+
+
+def export(out: Path, *more: str):
+    return CliRunner().invoke(app, ["fixtures", "export", str(out), "--model", str(out.parent / "mini.json"),
+                                    "--prompt-len", "2", *more])
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def written(tmp_path) -> Path:
+    (tmp_path / "mini.json").write_text(json.dumps(MINI_CONFIG))
+    out = tmp_path / "fixture"
+    assert export(out).exit_code == 0
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "tensors.safetensors", "weights"]
+    return out
+
+
+def test_force_replaces_a_fixture_folder_stepper_wrote(written):
+    (written / "tensors.safetensors").write_bytes(b"stale")
+    done = export(written, "--force")
+    assert done.exit_code == 0 and (written / "tensors.safetensors").read_bytes() != b"stale"
+    assert sorted(p.name for p in written.parent.iterdir()) == ["fixture", "mini.json"]  # no .old-* or .partial-*
+
+
+@pytest.mark.parametrize("intruder, named", [
+    ("notes.txt", "'notes.txt'"),
+    ("weights/notes.txt", "'weights/notes.txt'"),
+    ("weights/sub/x.bin", "'weights/sub'"),
+])
+def test_force_keeps_a_folder_holding_anything_else(written, intruder, named):
+    (written / intruder).parent.mkdir(parents=True, exist_ok=True)
+    (written / intruder).write_text("mine\n")
+    before = snapshot(written)
+    done = export(written, "--force")
+    assert done.exit_code == 2 and snapshot(written) == before
+    assert done.stderr == (f"stepper: error: {written}: holds {named}; --force replaces only a fixture folder stepper wrote, "
+                           "so nothing there was touched\n")
+
+
+def test_force_keeps_a_manifest_of_another_format_and_a_plain_folder(written, tmp_path):
+    (written / "manifest.json").write_text('{"format": "mine"}')
+    before = snapshot(written)
+    done = export(written, "--force")
+    assert done.exit_code == 2 and "holds 'manifest.json (not a stepper-fixture manifest)'" in done.stderr
+    assert snapshot(written) == before
+    mine = tmp_path / "mine"
+    (mine / "data").mkdir(parents=True)
+    (mine / "tensors.safetensors").write_bytes(b"my own tensors")
+    done = export(mine, "--force")
+    assert done.exit_code == 2 and "holds 'data'" in done.stderr and (mine / "tensors.safetensors").read_bytes() == b"my own tensors"
+
+
+def test_a_file_in_the_way_is_kept(tmp_path):
+    (tmp_path / "mini.json").write_text(json.dumps(MINI_CONFIG))
+    afile = tmp_path / "afile"
+    afile.write_text("keep me")
+    done = export(afile, "--force")
+    assert done.exit_code == 2 and done.stderr == (f"stepper: error: {afile}: is a file, not a folder; stepper writes a new "
+                                                   "folder there (remove the file first)\n")
+    assert afile.read_text() == "keep me" and sorted(p.name for p in tmp_path.iterdir()) == ["afile", "mini.json"]
+
+
+def test_without_force_an_existing_folder_is_refused(written):
+    before = snapshot(written)
+    done = export(written)
+    assert done.exit_code == 2 and done.stderr == f"stepper: error: {written}: already exists; pass --force to replace it\n"
+    assert snapshot(written) == before
