@@ -26,7 +26,7 @@ from stepper.kernels.weight_cache import CachedWeights
 from stepper.model import KVCache, Transformer
 from stepper.presets import PRESETS, preset
 from stepper.trace import Emitter, Sink
-from stepper.weights.checkpoint import Checkpoint
+from stepper.weights.checkpoint import INDEX, Checkpoint
 from stepper.weights.names import EMBED
 from stepper.weights.safetensors_reader import SafetensorsFile
 from stepper.weights.source import WeightSource
@@ -78,7 +78,7 @@ def load_model(model: str, seed: int) -> WeightSource:
         return SyntheticWeights(preset(model), seed)
     path = Path(model)
     if path.is_dir():
-        if (path / "config.json").exists() and not any(path.glob("*.safetensors")):
+        if (path / "config.json").exists() and not any(path.glob("*.safetensors")) and not (path / INDEX).exists():
             return SyntheticWeights(load_config(path / "config.json"), seed)
         return Checkpoint(path)
     if path.is_file():
