@@ -27,9 +27,10 @@ from stepper.lessons import check
 from stepper.lessons.progress import Progress, default_lesson
 from stepper.lessons.prose import styled
 from stepper.lessons.schema import Lesson, all_lessons, find_lesson
-from stepper.lessons.walk import LessonInput, walk
+from stepper.lessons.walk import walk
 from stepper.lessons.workspace import WORKSPACE, Workspace
 from stepper.untrusted import shown
+from stepper.views.debugger import CommandSource
 
 lesson_app = typer.Typer(
     add_completion=False,
@@ -102,7 +103,7 @@ def start_command(name: NameArg = None, workspace: WorkspaceOpt = WORKSPACE, pla
                                                        " (yours, left as it is)"), style="dim")
         progress.current = lesson.name
         progress.save()
-        source = LessonInput(console, sys.stdin, sys.stdin.isatty() and console.is_terminal)
+        source = CommandSource(console, sys.stdin, sys.stdin.isatty() and console.is_terminal)
         walked = walk(lesson, console, source)
         entry = progress.lesson(lesson.name)
         entry["right"], entry["asked"] = walked.right, walked.asked  # the latest walk's predictions

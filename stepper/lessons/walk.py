@@ -24,22 +24,6 @@ from stepper.trace import Event, Recorder
 from stepper.untrusted import shown
 from stepper.views.debugger import CommandSource, Debugger, Quit
 
-
-class LessonInput(CommandSource):
-    """Debugger commands and predictions from one stream: a terminal, or a pipe line by line."""
-
-    def ask(self, prompt: str) -> str | None:
-        if self.script:
-            return self._echo(self.script.pop(0), prompt)
-        if self.interactive:
-            try:
-                return self.console.input(prompt)
-            except EOFError:
-                return None
-        line = self.stdin.readline()
-        return None if not line else self._echo(line.rstrip("\n"), prompt)
-
-
 ANSWER_PROMPT = "your prediction> "
 LESSON_HELP = "Enter: next stop · n: next tensor · p NAME[i] · e explain · s attention|routing|hist · w where · q quit"
 
@@ -145,7 +129,7 @@ class Walked:
     asked: int
 
 
-def walk(lesson: Lesson, console: Console, source: LessonInput) -> Walked:
+def walk(lesson: Lesson, console: Console, source: CommandSource) -> Walked:
     """Run the lesson's interpreter run, stopping at its steps; the outro at the end."""
     plan = prepare(lesson.run)
     debugger = LessonDebugger(console, plan.config, source, plan.weights, lesson=lesson, plan=plan)

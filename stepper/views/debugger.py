@@ -57,15 +57,19 @@ class CommandSource:
 
     def read(self) -> str | None:
         """The next command, or None at the end of input."""
+        return self.ask(PROMPT)
+
+    def ask(self, prompt: str) -> str | None:
+        """The next line typed after `prompt` (a command, a prediction), or None at the end of input."""
         if self.script:
-            return self._echo(self.script.pop(0))
+            return self._echo(self.script.pop(0), prompt)
         if self.interactive:
             try:
-                return self.console.input(PROMPT)
+                return self.console.input(prompt)
             except EOFError:
                 return None
         line = self.stdin.readline()
-        return None if not line else self._echo(line.rstrip("\n"))
+        return None if not line else self._echo(line.rstrip("\n"), prompt)
 
     def _echo(self, line: str, prompt: str = PROMPT) -> str:
         self.console.print(Text(prompt, style="bold") + Text(shown(line)))

@@ -26,10 +26,11 @@ from stepper.lessons.judge import judge
 from stepper.lessons.lint import mentioned_names, template_errors, unknown_names
 from stepper.lessons.progress import Progress
 from stepper.lessons.schema import Prediction, Wrong, all_lessons, find_lesson
-from stepper.lessons.walk import LessonInput, right_answers, walk
+from stepper.lessons.walk import right_answers, walk
 from stepper.lessons.workspace import Workspace
 from stepper.session import RunSpec, prepare, run
 from stepper.trace import Recorder
+from stepper.views.debugger import CommandSource
 
 LESSONS = all_lessons()
 IDS = [lesson.name for lesson in LESSONS]
@@ -98,7 +99,7 @@ def test_a_misspelt_name_is_caught(tmp_path):
 def test_every_lesson_walks_headless_to_the_end(lesson):
     out = io.StringIO()
     console = Console(file=out, width=100, no_color=True, highlight=False, markup=False, soft_wrap=True)
-    walked = walk(lesson, console, LessonInput(console, io.StringIO("\n".join(right_answers(lesson)) + "\n"), False))
+    walked = walk(lesson, console, CommandSource(console, io.StringIO("\n".join(right_answers(lesson)) + "\n"), False))
     text = out.getvalue()
     assert walked.finished, text[-2000:]
     assert walked.right == walked.asked > 0
@@ -112,7 +113,7 @@ def test_a_wrong_prediction_is_explained_by_the_lesson():
     answers[0:0] = [f"[1, 7, {prepare(lesson.run).config.vocab_size}]"]  # then the right one
     out = io.StringIO()
     console = Console(file=out, width=200, no_color=True, soft_wrap=True)
-    walked = walk(lesson, console, LessonInput(console, io.StringIO("\n".join(answers) + "\n"), False))
+    walked = walk(lesson, console, CommandSource(console, io.StringIO("\n".join(answers) + "\n"), False))
     assert walked.finished and walked.right == walked.asked
     assert "✗ 1000 is the vocabulary size" in out.getvalue()
 
