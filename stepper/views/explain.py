@@ -18,6 +18,7 @@ from rich.text import Text
 from stepper import catalog
 from stepper.catalog import sites
 from stepper.config import Config
+from stepper.trace import did_you_mean
 from stepper.untrusted import shown
 
 REFERENCES = (
@@ -84,3 +85,16 @@ def numbered(code: Sequence[str], first: int) -> Text:
     """Source lines with their line numbers, indented under the line that cites them (escaped: the
     reference lines are read from the installed transformers' file)."""
     return Text("".join(f"    {first + i:4d}  {shown(line)}\n" for i, line in enumerate(code)), style="green")
+
+
+def not_found(cat: catalog.Catalog, query: str) -> str:
+    """The one line for a query that names no tensor, with the nearest names."""
+    return f"no tensor named '{query}' in the catalogue{did_you_mean(query, cat.names())} (stepper tree lists them)"
+
+
+def also_named(cat: catalog.Catalog, query: str, shown_entries: Sequence[dict[str, Any]]) -> str:
+    """'also with "logits" in the name: mlp.gate.logits' for the names a bare word matched less
+    closely than the ones shown; "" when there are none."""
+    word = catalog.key_of(query)
+    others = [e["name"] for e in cat.containing(word) if e not in shown_entries] if word.isidentifier() else []
+    return f"also with '{word}' in the name: {', '.join(others)}" if others else ""
