@@ -1,6 +1,7 @@
 """The tensor catalogue: what each named tensor is, its named dimensions and where the reference
-computes it. The content is data (catalog.json, shipped in the package); this module reads it and
-turns a tensor's shape into named dimensions for a given config."""
+computes it. The content is data (catalog.json, shipped in the package); this module reads it,
+finds entries by what a user types and turns a tensor's shape into named dimensions for a given
+config. An entry's `explain` text is a template filled with the run's config (`catalog.texts`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from functools import cache, cached_property
 from importlib import resources
 from typing import Any
 
+from stepper.catalog import texts
 from stepper.config import Config
 
 RUNTIME = "runtime"
@@ -128,7 +130,7 @@ class Catalog:
         return names
 
     def expected_size(self, symbol: str, cfg: Config) -> int | None:
-        """The size a config gives a dimension symbol, or None for runtime dims."""
+        """The size a config gives a dimension symbol, or None for runtime dims and unset fields."""
         expr = self.raw["dims"][symbol]["size"]
         return None if expr == RUNTIME else evaluate_size(expr, cfg)
 
@@ -162,16 +164,11 @@ def alias_matches(alias: str, query: str) -> bool:
     return any(re.fullmatch(re.escape(name).replace(r"\{i\}", r"\d+"), query) for name in names if len(name) > 1)
 
 
-def evaluate_size(expr: str, cfg: Config) -> int:
-    """'kv_lora_rank + qk_rope_head_dim' or 'num_attention_heads * v_head_dim' for a config."""
-    total = 0
-    for term in expr.split("+"):
-        product = 1
-        for factor in term.split("*"):
-            factor = factor.strip()
-            product *= int(factor) if factor.isdigit() else int(getattr(cfg, factor))
-        total += product
-    return total
+def evaluate_size(expr: str, cfg: Config) -> int | None:
+    """'kv_lora_rank + qk_rope_head_dim' or 'num_attention_heads * v_head_dim' for a config; None
+    when it reads a field the config leaves unset (q_lora_rank)."""
+    size = texts.value(expr, cfg)
+    return None if size is None else int(size)
 
 
 def format_shape(dims: list[Dim]) -> str:

@@ -1,6 +1,7 @@
 """`stepper explain NAME` and the debugger's `e`: a tensor's catalogue entry on screen.
 
-What it is, its shape and formula, the explanation for learners, then where it is computed:
+What it is, its shape and formula, the explanation for learners (its sizes the run's own: the
+catalogue's explanations are templates, `catalog.texts`), then where it is computed:
 stepper's own emit site (file:line and function, found from the code by `catalog.sites`) with its
 line of code, and the reference implementations' cited lines (transformers' shown when it is
 installed), then the names other implementations use.
@@ -16,7 +17,7 @@ from typing import Any
 from rich.text import Text
 
 from stepper import catalog
-from stepper.catalog import sites
+from stepper.catalog import sites, texts
 from stepper.config import Config
 from stepper.trace import did_you_mean
 from stepper.untrusted import shown
@@ -39,7 +40,7 @@ def explain_text(cat: catalog.Catalog, entry: dict[str, Any], cfg: Config) -> Te
     text.append(f"[{dims}]\n")
     text.append("formula ", style="dim")
     text.append(f"{entry['formula']}\n")
-    text.append(f"\n{entry['explain']}\n\n")
+    text.append(f"\n{texts.render(entry['explain'], cfg)}\n\n")
     text.append(emit_sites_text(entry["name"]))
     ref = entry["reference"]
     for source, title in REFERENCES:
