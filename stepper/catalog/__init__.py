@@ -88,8 +88,9 @@ class Catalog:
         """The tensors computed from a checkpoint parameter (`model.layers.1.self_attn.q_a_proj.weight`,
         its `weight_scale_inv`, `mlp.gate.e_score_correction_bias`): the entries whose formula names
         it, else the outputs of the nearest HF module that holds it (`mlp.experts.5.up_proj.weight`
-        -> the `mlp.experts` output). Empty for a name that is not a parameter's."""
-        name = re.sub(r"^(?:model\.)?(?:layers\.\d+\.)?", "", parameter).removesuffix("_scale_inv")
+        -> the `mlp.experts` output); a wrapper's prefix (`language_model.`) is passed over. Empty
+        for a name that is not a parameter's."""
+        name = re.sub(r"^(?:[\w.]*?\blayers\.\d+\.|[\w.]*?\bmodel\.)", "", parameter).removesuffix("_scale_inv")
         if not PARAMETER.search(name):
             return []
         named = [e for e in self.entries if any(dotted_suffix(name, p) or dotted_suffix(p, name)

@@ -81,23 +81,23 @@ def citations_text(cat: catalog.Catalog, reference: dict[str, Any]) -> Text:
 def citation_file(about: dict[str, Any], citation: dict[str, Any]) -> str:
     """'modeling_deepseek.py', 'transformers modeling_deepseek_v3.py' (the file this citation names)."""
     path = citation.get("path", about.get("path"))
-    return f"{about['label']} {Path(path).name}" if "version" in about and path else about["label"]
+    return f"{about['label']} {Path(path).name}" if "package" in about and path else about["label"]
 
 
 def revision(about: dict[str, Any]) -> str:
     """'transformers 5.24.0' or 'sumansaurabh/deeseek-model-visualizer@076adb6'."""
-    return f"{about['label']} {about['version']}" if "version" in about else f"{about['repo']}@{about['commit'][:7]}"
+    return f"{about['package']} {about['version']}" if "package" in about else f"{about['repo']}@{about['commit'][:7]}"
 
 
 def installed_lines(about: dict[str, Any], citation: dict[str, Any]) -> list[str]:
-    """The cited lines of an installed package's file, when the installed version is the cited one
-    (transformers); [] otherwise."""
-    if "version" not in about:
+    """The cited lines of an installed package's file (transformers'), when the installed version is
+    the cited one; [] otherwise."""
+    if "package" not in about:
         return []
     try:
-        if importlib.metadata.version(about["label"]) != about["version"]:
+        if importlib.metadata.version(about["package"]) != about["version"]:
             return []
-        spec = importlib.util.find_spec(about["label"])
+        spec = importlib.util.find_spec(about["package"])
     except (ImportError, ValueError):
         return []
     if spec is None or spec.origin is None:

@@ -56,14 +56,15 @@ def test_a_word_explains_every_name_containing_it_and_the_texts_use_the_runs_siz
     assert "k (chosen experts = 8)" in full and "Each token runs 8 of the 384 routed experts" in full
 
 
-def test_a_typo_gets_the_nearest_names_in_explain_and_in_the_debugger():
+def test_a_typo_gets_the_nearest_names_and_the_debugger_explains_with_the_runs_sizes():
     bad = stepper("explain", "compresed_kv")
     assert bad.returncode == 2 and bad.stdout == ""
     assert bad.stderr.strip().startswith("stepper: error: no tensor named 'compresed_kv' in the catalogue; did you mean "
                                          "compressed_kv"), bad.stderr
-    out = stepper("step", "--plain", "--break", "layers.0.self_attn.k_pe", stdin="e compresed_kv\nq\n")
+    out = stepper("step", "--plain", "--break", "layers.0.self_attn.k_pe", stdin="e compresed_kv\ne q_pe_rope\nq\n")
     assert out.returncode == 0, out.stderr
     assert "no tensor named 'compresed_kv' in the catalogue; did you mean compressed_kv" in out.stdout
+    assert "dims i and i + 8 form the pair" in out.stdout  # the tiny run's 16 rope dims, not Kimi K2's 64
 
 
 def citation_blocks(out: str) -> dict[str, list[str]]:

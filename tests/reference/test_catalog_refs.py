@@ -72,7 +72,8 @@ def test_header(catalog):
     assert catalog["version"] == 1
     references = catalog["references"]
     assert set(SOURCES) <= set(references)
-    assert references["transformers"]["version"] and references["transformers"]["path"].endswith(".py")
+    transformers = references["transformers"]
+    assert transformers["package"] == "transformers" and transformers["version"] and transformers["path"].endswith(".py")
     for source in ("modeling_deepseek.py", "inference"):  # not installed: the revision is recorded
         about = references[source]
         assert about["label"] and about["repo"] and about["path"], source

@@ -53,6 +53,8 @@ def test_a_parameter_leads_to_the_tensors_computed_from_it(parameter):
     assert found(parameter) == PRODUCES[parameter]
     short = parameter.removeprefix("model.").split(".", 2)[2] if ".layers." in parameter else parameter
     assert found(short) == PRODUCES[parameter], short  # self_attn.q_a_proj.weight, without the layer
+    wrapped = "language_model." + parameter  # a multimodal wrapper's checkpoint (Kimi K2.5)
+    assert found(wrapped) == PRODUCES[parameter], wrapped
     if is_linear(parameter):  # its FP8 scales lead to the same tensors
         assert found(parameter + "_scale_inv") == PRODUCES[parameter]
 
