@@ -9,8 +9,9 @@ print as integers when whole, else with 4 significant digits; a field the config
 (`q_lora_rank` of a model without a query latent) prints as "(not set)".
 
 A published model's own size is stated only where it teaches something, and then as such: in a
-sentence that begins "In Kimi K2", "In DeepSeek-V3" or "In DeepSeek's", or in a parenthesis that
-begins with those words in lower case ("(in Kimi K2: 8 of 384)"). Anywhere else a size is a field;
+sentence that begins "In Kimi K2", "In DeepSeek-V2", "In DeepSeek-V3" (V3.2 too) or "In
+DeepSeek's", or in a parenthesis that begins with those words in lower case ("(in Kimi K2: 8 of
+384)"). Anywhere else a size is a field;
 tests/reference/test_catalog_texts.py renders every text for two configs and checks that.
 Descriptions and formulas are shown without a config (the debugger's stop line, the lesson walk):
 they hold no fields and name sizes by their config names.

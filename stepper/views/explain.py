@@ -3,8 +3,9 @@
 What it is, its shape and formula, the explanation for learners (its sizes the run's own: the
 catalogue's explanations are templates, `catalog.texts`), then where it is computed:
 stepper's own emit site (file:line and function, found from the code by `catalog.sites`) with its
-line of code, and the reference implementations' cited lines (transformers' shown when it is
-installed), then the names other implementations use.
+line of code, and the reference implementations' cited lines (transformers' read from the
+installed file when it is the cited version, the others' first line as the catalogue records it),
+then the names other implementations use.
 """
 
 from __future__ import annotations

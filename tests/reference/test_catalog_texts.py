@@ -21,7 +21,7 @@ CAT = catalog.load()
 TEXTS = ("description", "formula", "explain")
 PRESETS = ("tiny", "tiny-v3", "kimi-k2", "deepseek-v3")
 PAIRS = [("tiny", "kimi-k2"), ("kimi-k2", "tiny"), ("tiny-v3", "deepseek-v3"), ("deepseek-v3", "tiny-v3")]
-MODEL = r"(?:Kimi K2|DeepSeek-V3|DeepSeek's)"
+MODEL = r"(?:Kimi K2|DeepSeek-V\d|DeepSeek's)"  # Kimi K2(.5), DeepSeek-V2(-Lite), -V3, -V3.2, DeepSeek's code
 PUBLISHED = re.compile(rf"\(in {MODEL}[^()]*\)|(?:^|(?<=\. ))In {MODEL}.*?(?:\.(?=\s|$)|$)")
 NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?!\w)")
 DERIVED = {"qk_rope_head_dim / 2", "num_attention_heads * qk_head_dim", "n_routed_experts / n_group"}
