@@ -157,7 +157,7 @@ def test_the_debugger_echoes_and_answers_escaped(place, colour):
         assert f"\n(stepper) {shown(line)}\n" in out
     t = shown(TYPED)
     for answer in (f"bad slice '{t}': expected NAME[i, a:b, ...]", f"b {t}: matches no tensor of this run",
-                   f"no catalogue entry for '{t}' (try a name like self_attn.k_pe or a glob)",
+                   f"no tensor named '{t}' in the catalogue (stepper tree lists them)",
                    f"no tensor '{t}' seen yet (h lists them)", f"unknown command '{t}'"):
         assert f"\n{answer}\n" in out
 
