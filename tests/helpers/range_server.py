@@ -39,7 +39,7 @@ class RangeServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.server.server_address[1]}"
 
-    def __enter__(self) -> RangeServer:
+    def __enter__(self):
         self.thread.start()
         return self
 
