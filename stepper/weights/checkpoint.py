@@ -124,12 +124,12 @@ class Checkpoint:
 
     def shard_of(self, name: str) -> SafetensorsFile:
         if name in self.disagreements:
-            raise StepperError(f"{self.path}: {self.disagreements[name].text}")
+            raise StepperError(f"{self.label}: {self.disagreements[name].text}")
         if name not in self.weight_map:
-            raise StepperError(f"{self.path}: no tensor named '{name}'")
+            raise StepperError(f"{self.label}: no tensor named '{name}'")
         shard = self.weight_map[name]
         if shard in self.unreadable:
-            raise StepperError(f"{self.path / shard}: cannot be read ({self.unreadable[shard]}); it holds '{name}'")
+            raise StepperError(f"{self.label}: {shard} cannot be read ({self.unreadable[shard]}); it holds '{name}'")
         return self.shards[shard]
 
     def _tensor(self, name: str):
@@ -143,10 +143,10 @@ class Checkpoint:
         shape, dtype and scales; all problems reported together, by name, before any compute."""
         problems = self.problems(layers, with_globals)
         if len(problems) == 1:
-            raise StepperError(f"{self.path}: {problems[0]}")
+            raise StepperError(f"{self.label}: {problems[0]}")
         if problems:
             listed = "\n".join(f"  - {p}" for p in problems)
-            raise StepperError(f"{self.path}: {len(problems)} problem(s) with the weights of this run:\n{listed}")
+            raise StepperError(f"{self.label}: {len(problems)} problem(s) with the weights of this run:\n{listed}")
 
     def problems(self, layers: Iterable[int], with_globals: bool) -> list[Problem]:
         """What `check` refuses, as data: each problem with its file, its tensor and what is wrong."""

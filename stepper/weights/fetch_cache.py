@@ -57,6 +57,36 @@ def missing(chunks: list[tuple[int, int]], start: int, end: int) -> list[tuple[i
     return gaps
 
 
+PIECE = 256 << 20  # the most one request asks for: a retry repeats at most this much
+
+
+def pieces(start: int, end: int) -> list[tuple[int, int]]:
+    return [(a, min(a + PIECE, end)) for a in range(start, end, PIECE)]
+
+
+class FileSink:
+    """Writes a range into the local file as it arrives, hashing it; restarted by a retry. The
+    file's modification time is put back when done (readers check it)."""
+
+    def __init__(self, path: Path, start: int):
+        self.path, self.start = path, start
+        self.stat = os.stat(path)
+        self.fd = os.open(path, os.O_WRONLY)
+        self.restart()
+
+    def restart(self) -> None:
+        self.at, self.digest = self.start, hashlib.sha256()
+
+    def write(self, chunk: bytes) -> None:
+        os.pwrite(self.fd, chunk, self.at)
+        self.at += len(chunk)
+        self.digest.update(chunk)
+
+    def close(self) -> None:
+        os.close(self.fd)
+        os.utime(self.path, ns=(self.stat.st_atime_ns, self.stat.st_mtime_ns))
+
+
 @dataclass
 class Chunk:
     start: int
@@ -101,20 +131,31 @@ class CachedFile:
 
     # -- reading -----------------------------------------------------------------------------
 
+    def missing_bytes(self, ranges: list[tuple[int, int]]) -> int:
+        """How many bytes of the ranges are not cached yet (as far as this process knows)."""
+        have = [(c.start, c.end) for c in self.chunks]
+        return sum(b - a for start, end in merged(ranges) for a, b in missing(have, start, end))
+
     def ensure(self, ranges: list[tuple[int, int]]) -> None:
         """Every byte of the ranges present and checked in the local file."""
+        if self._present(ranges):
+            return
         with self._locked():
             self._load()
             self._ensure_locked(merged(ranges))
+
+    def _present(self, ranges: list[tuple[int, int]]) -> bool:
+        """Whether this process has already fetched or checked every byte of the ranges (no lock needed:
+        chunks are only ever added while a process runs)."""
+        have = [(c.start, c.end) for c in self.chunks if (c.start, c.end) in self.verified]
+        return all(not missing(have, start, end) for start, end in ranges)
 
     def _ensure_locked(self, ranges: list[tuple[int, int]]) -> None:
         self._check_cached(ranges)
         have = [(c.start, c.end) for c in self.chunks]
         gaps = [gap for start, end in ranges for gap in missing(have, start, end)]
-        for start, end in gaps:
-            data, size = self.client.read(self.url, start, end)
-            self._check_same_file(size)
-            self._write(start, data)
+        for start, end in (piece for gap in gaps for piece in pieces(*gap)):
+            self._fetch(start, end)
         self.client.transfer.cached += sum(b - a for a, b in ranges) - sum(b - a for a, b in gaps)
         self._save()
 
@@ -145,6 +186,17 @@ class CachedFile:
         with open(self.path, "wb") as f:
             f.truncate(self.size)
         self.chunks, self.verified = [], set()
+
+    def _fetch(self, start: int, end: int) -> None:
+        """One range from the server straight into the file, hashed on the way; recorded once whole."""
+        sink = FileSink(self.path, start)
+        try:
+            size = self.client.read_into(self.url, start, end, sink)
+        finally:
+            sink.close()
+        self._check_same_file(size)
+        self.chunks.append(Chunk(start, end, sink.digest.hexdigest()))
+        self.verified.add((start, end))
 
     def _write(self, start: int, data: bytes) -> None:
         """The bytes written at start, the file's modification time kept (readers check it)."""

@@ -16,6 +16,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from stepper.errors import StepperError
 from stepper.untrusted import shown
@@ -65,8 +66,15 @@ class RangeClient:
         return self._with_retries(url, "the whole file", lambda: self._whole_once(url, limit))
 
     def read(self, url: str, start: int, end: int) -> tuple[bytes, int]:
-        """Bytes [start, end) of the file and the file's total size."""
-        return self._with_retries(url, f"bytes {start}-{end - 1}", lambda: self._range_once(url, start, end))
+        """Bytes [start, end) of the file (a small range: they are held) and the file's total size."""
+        sink = Collected()
+        total = self.read_into(url, start, end, sink)
+        return sink.data(), total
+
+    def read_into(self, url: str, start: int, end: int, sink: Sink) -> int:
+        """Bytes [start, end) of the file written to the sink as they arrive (never held whole);
+        the file's total size. A retry restarts the sink."""
+        return self._with_retries(url, f"bytes {start}-{end - 1}", lambda: self._range_once(url, start, end, sink))
 
     def etag(self, url: str) -> str | None:
         return self.etags.get(url)
@@ -93,22 +101,24 @@ class RangeClient:
                     return None
                 self._check_status(response, 200)
                 self._check_etag(url, response)
-                body = self._body(response, limit, exact=None)
+                sink = Collected()
+                self._stream(response, limit, sink, exact=False)
         except self.httpx.HTTPError as e:
             raise Transient(describe(e)) from None
-        return body
+        return sink.data()
 
-    def _range_once(self, url: str, start: int, end: int) -> tuple[bytes, int]:
+    def _range_once(self, url: str, start: int, end: int, sink: Sink) -> int:
+        sink.restart()
         try:
             with self.client.stream("GET", url, headers={"Range": f"bytes={start}-{end - 1}"}) as response:
                 self.transfer.requests += 1
                 self._check_status(response, 206)
                 total = self._check_content_range(url, response, start, end)
                 self._check_etag(url, response)
-                body = self._body(response, end - start, exact=end - start)
+                self._stream(response, end - start, sink)
         except self.httpx.HTTPError as e:
             raise Transient(describe(e)) from None
-        return body, total
+        return total
 
     def _check_status(self, response, expected: int) -> None:
         status = response.status_code
@@ -142,21 +152,43 @@ class RangeClient:
             raise StepperError(f"{shown(url)}: the file changed on the server between two reads (ETag {shown(first)} "
                                f"then {shown(etag)}); nothing read from it is used")
 
-    def _body(self, response, limit: int, exact: int | None) -> bytes:
-        chunks, size = [], 0
+    def _stream(self, response, length: int, sink: Sink, exact: bool = True) -> None:
+        """The body into the sink: exactly `length` bytes, or (a whole small file) at most that."""
+        size = 0
         for chunk in response.iter_bytes(CHUNK):
             size += len(chunk)
-            if size > limit:
-                if exact is not None:
-                    raise Transient(f"the answer is longer than the {exact} bytes asked for")
-                raise StepperError(f"{shown(response.request.url)}: over {limit} bytes, more than such a file holds")
-            chunks.append(chunk)
+            if size > length:
+                if exact:
+                    raise Transient(f"the answer is longer than the {length} bytes asked for")
+                raise StepperError(f"{shown(response.request.url)}: over {length} bytes, more than such a file holds")
+            sink.write(chunk)
             self.transfer.fetched += len(chunk)
             if self.transfer.on_bytes:
                 self.transfer.on_bytes(len(chunk))
-        if exact is not None and size != exact:
-            raise Transient(f"the answer ended after {size} of {exact} bytes")
-        return b"".join(chunks)
+        if exact and size != length:
+            raise Transient(f"the answer ended after {size} of {length} bytes")
+
+
+class Sink(Protocol):
+    def restart(self) -> None: ...
+
+    def write(self, chunk: bytes) -> None: ...
+
+
+class Collected:
+    """A sink that keeps the bytes (headers, small files)."""
+
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
+
+    def restart(self) -> None:
+        self.chunks = []
+
+    def write(self, chunk: bytes) -> None:
+        self.chunks.append(chunk)
+
+    def data(self) -> bytes:
+        return b"".join(self.chunks)
 
 
 def retry_after(value: str | None) -> float | None:

@@ -17,6 +17,7 @@ import hashlib
 import os
 import re
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,6 +47,7 @@ class Settings:
     max_bytes: int
     timeout: float = 30.0
     pause: float = 0.5  # before the first retry; doubled for each next one
+    progress: Callable[[str, int], AbstractContextManager[Callable[[int], None]]] | None = None  # (what, bytes) -> advance
 
 
 def default_settings() -> Settings:
@@ -61,7 +63,17 @@ def default_settings() -> Settings:
     return Settings(folder, int(max_gb * 2**30))
 
 
-settings = default_settings  # the command line may replace it with its options' values
+_chosen: Settings | None = None
+
+
+def configure(chosen: Settings | None) -> None:
+    """The settings every remote checkpoint opened from now on uses (the command line's options)."""
+    global _chosen
+    _chosen = chosen
+
+
+def settings() -> Settings:
+    return _chosen or default_settings()
 
 
 def is_remote(model: str) -> bool:
@@ -136,7 +148,7 @@ def open_remote(model: str, chosen: Settings | None = None) -> RemoteCheckpoint:
         except StepperError as e:
             failures[shard] = str(e)
     trim(chosen.cache_dir, chosen.max_bytes, keep={folder / shard for shard in shards})
-    return RemoteCheckpoint(folder, origin, cached, failures, transfer)
+    return RemoteCheckpoint(folder, origin, cached, failures, transfer, chosen.progress)
 
 
 def small_files(folder: Path, origin: Origin, client: RangeClient) -> None:
@@ -195,8 +207,8 @@ class RemoteCheckpoint(Checkpoint):
     reads_values = False  # `inspect` lists from the headers alone, reading no scale values
 
     def __init__(self, folder: Path, origin: Origin, cached: dict[str, CachedFile], failures: dict[str, str],
-                 transfer: Transfer):
-        self.origin, self.cached, self.transfer = origin, cached, transfer
+                 transfer: Transfer, progress=None):
+        self.origin, self.cached, self.transfer, self.progress = origin, cached, transfer, progress
         super().__init__(folder)
         self.unreadable.update({shard: why.removeprefix(f"{origin.url(shard)}: ") for shard, why in failures.items()})
 
@@ -219,12 +231,32 @@ class RemoteCheckpoint(Checkpoint):
         return [n for name in names for n in (name, name + SCALE) if n in self.weight_map]
 
     def fetch(self, names: list[str]) -> None:
-        """Every byte of these tensors present locally, each shard's ranges in merged requests."""
+        """Every byte of these tensors present locally, each shard's ranges in merged requests,
+        with a progress bar in bytes when one is wanted."""
         per_shard: dict[str, list[tuple[int, int]]] = {}
         for name in names:
             per_shard.setdefault(self.weight_map[name], []).append(self.shard_of(name).data_range(name))
+        total = sum(self.cached[shard].missing_bytes(ranges) for shard, ranges in per_shard.items())
+        if not total or self.progress is None:
+            return self._fetch(per_shard)
+        with self.progress(f"fetching {self.label}", total) as advance:
+            self.transfer.on_bytes = advance
+            try:
+                self._fetch(per_shard)
+            finally:
+                self.transfer.on_bytes = None
+
+    def _fetch(self, per_shard: dict[str, list[tuple[int, int]]]) -> None:
         for shard, ranges in per_shard.items():
             self.cached[shard].ensure(ranges)
+
+    def note(self) -> str:
+        """What the run read: from the server and from the cache."""
+        t = self.transfer
+        rate = f", {t.fetched / t.seconds / 1e6:.1f} MB/s" if t.seconds > 0 and t.fetched else ""
+        repaired = f", {t.repaired} corrupted cached range(s) fetched again" if t.repaired else ""
+        return (f"fetched {human(t.fetched)} in {t.requests} request(s){rate}, {human(t.cached)} from the cache "
+                f"({shown(self.path)}){repaired}")
 
     def get_rows(self, name: str, rows: np.ndarray) -> np.ndarray:
         """Only the rows' bytes fetched (an embedding's prompt rows), unless the tensor is FP8."""
@@ -237,3 +269,10 @@ class RemoteCheckpoint(Checkpoint):
         self.cached[self.weight_map[name]].ensure([(start + int(r) * row_bytes, start + (int(r) + 1) * row_bytes)
                                                    for r in np.unique(rows)])
         return np.asarray(SafetensorsFile.get(shard, name)[rows], dtype=np.float32)  # the mapped view, no fetch
+
+
+def human(n: int) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
