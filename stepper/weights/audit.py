@@ -26,7 +26,8 @@ def audit(ckpt: Checkpoint, layers: range, with_globals: bool) -> list[Problem]:
     """Every problem of the given layers (and of the embedding, norm and lm_head with_globals),
     in the order: what a run refuses, scale values, unreadable shards, stray tensors."""
     problems = ckpt.problems(layers, with_globals)
-    problems += scale_value_problems(ckpt, layers, with_globals)
+    if ckpt.reads_values:
+        problems += scale_value_problems(ckpt, layers, with_globals)
     problems += other_unreadable(ckpt, problems)
     problems += unknown_tensors(ckpt, layers)
     if with_globals:

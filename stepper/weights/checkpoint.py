@@ -44,6 +44,8 @@ RESIDENT_BYTES = 1 << 30  # bytes of large tensors kept mapped before the oldest
 class Checkpoint:
     """A WeightSource over an HF checkpoint directory."""
 
+    reads_values = True  # whether `inspect` reads every block scale's values (a remote one lists headers alone)
+
     def __init__(self, path: str | Path):
         self.path = Path(path)
         if not self.path.is_dir():
@@ -59,6 +61,11 @@ class Checkpoint:
             self._open_shard(shard)
         self._resident = MappedBudget(RESIDENT_BYTES)
         self._check_index_against_headers()
+
+    @property
+    def label(self) -> str:
+        """How messages and headers name the checkpoint."""
+        return str(self.path)
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -117,12 +124,12 @@ class Checkpoint:
 
     def shard_of(self, name: str) -> SafetensorsFile:
         if name in self.disagreements:
-            raise StepperError(f"{self.path}: {self.disagreements[name].text}")
+            raise StepperError(f"{self.label}: {self.disagreements[name].text}")
         if name not in self.weight_map:
-            raise StepperError(f"{self.path}: no tensor named '{name}'")
+            raise StepperError(f"{self.label}: no tensor named '{name}'")
         shard = self.weight_map[name]
         if shard in self.unreadable:
-            raise StepperError(f"{self.path / shard}: cannot be read ({self.unreadable[shard]}); it holds '{name}'")
+            raise StepperError(f"{self.label}: {shard} cannot be read ({self.unreadable[shard]}); it holds '{name}'")
         return self.shards[shard]
 
     def _tensor(self, name: str):
@@ -136,10 +143,10 @@ class Checkpoint:
         shape, dtype and scales; all problems reported together, by name, before any compute."""
         problems = self.problems(layers, with_globals)
         if len(problems) == 1:
-            raise StepperError(f"{self.path}: {problems[0]}")
+            raise StepperError(f"{self.label}: {problems[0]}")
         if problems:
             listed = "\n".join(f"  - {p}" for p in problems)
-            raise StepperError(f"{self.path}: {len(problems)} problem(s) with the weights of this run:\n{listed}")
+            raise StepperError(f"{self.label}: {len(problems)} problem(s) with the weights of this run:\n{listed}")
 
     def problems(self, layers: Iterable[int], with_globals: bool) -> list[Problem]:
         """What `check` refuses, as data: each problem with its file, its tensor and what is wrong."""
@@ -214,13 +221,13 @@ class Checkpoint:
         return weight_map
 
     def _check_shard_name(self, index: Path, tensor: str, shard: str) -> None:
-        """A shard is a plain file name in the checkpoint's folder ending in .safetensors: no
-        folders, no absolute path, no drive letter, no backslash, no '..', no control character."""
-        plain = (Path(shard).name == shard and not any(c in shard for c in "\\:") and not shard.startswith(".")
-                 and is_safe(shard))
-        if not (plain and shard.endswith(SHARD_SUFFIX) and len(shard) > len(SHARD_SUFFIX)):
+        if not is_plain_shard_name(shard):
             raise StepperError(f"{index}: tensor {tensor!r} points at shard {shard!r}, expected a file name "
                                f"ending in {SHARD_SUFFIX} in {self.path}")
+
+    def open_file(self, path: Path) -> SafetensorsFile:
+        """A shard's reader (a remote checkpoint's fetches what is read)."""
+        return SafetensorsFile(path)
 
     def _open_shard(self, shard: str) -> None:
         """Read a shard's header; a shard that is missing or unsound is noted, not yet an error."""
@@ -229,7 +236,7 @@ class Checkpoint:
             self.unreadable[shard] = "no such file"
             return
         try:
-            self.shards[shard] = SafetensorsFile(path)
+            self.shards[shard] = self.open_file(path)
         except StepperError as e:
             self.unreadable[shard] = str(e).removeprefix(f"{path}: ")
 
@@ -250,6 +257,14 @@ class Checkpoint:
                 listed = self.disagreements.get(extra)
                 text = f"{listed}; it is in {shard}" if listed else f"{shard}: '{extra}' is in this shard but not in {INDEX}"
                 self.disagreements[extra] = Problem(listed.file if listed else shard, extra, text)
+
+
+def is_plain_shard_name(shard: str) -> bool:
+    """A shard is a plain file name in the checkpoint's folder ending in .safetensors: no
+    folders, no absolute path, no drive letter, no backslash, no '..', no control character."""
+    plain = (Path(shard).name == shard and not any(c in shard for c in "\\:") and not shard.startswith(".")
+             and is_safe(shard))
+    return plain and shard.endswith(SHARD_SUFFIX) and len(shard) > len(SHARD_SUFFIX)
 
 
 def in_scope(name: str, layers: Iterable[int], with_globals: bool) -> bool:
