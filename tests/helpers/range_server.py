@@ -28,6 +28,7 @@ class RangeServer:
         self.root = root
         self.sent = 0  # file bytes sent
         self.requests: list[tuple[str, str | None]] = []  # (path, Range header)
+        self.headers_seen: list[dict[str, str]] = []  # each request's headers, names in lower case
         self.faults: list[str] = []  # applied one per request, first first
         self.etag_suffix = ""
         self.lock = threading.Lock()
@@ -67,6 +68,7 @@ class RangeServer:
             def do_GET(self) -> None:
                 with server.lock:
                     server.requests.append((self.path, self.headers.get("Range")))
+                    server.headers_seen.append({k.lower(): v for k, v in self.headers.items()})
                 api = HUB_API.fullmatch(self.path)
                 if api:
                     return self.send_json({"id": api["repo"], "sha": COMMIT, "siblings": []})

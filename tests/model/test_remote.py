@@ -174,11 +174,18 @@ def test_the_command_line_runs_and_inspects_a_remote_checkpoint(folder, server, 
     done = stepper("run", "--plain", "--model", f"{server.url}/ck/", "--layer", "1", "--only", "*k_pe")
     assert done.returncode == 0, done.stderr
     assert "layers.1.self_attn.k_pe" in done.stdout and server.sent > headers_only
+    env["HF_ENDPOINT"] = server.url  # the Hub's paths on the same server
+    hub = stepper("run", "--plain", "--model", "hf://org/ck", "--layer", "1", "--only", "*k_pe")
+    assert hub.returncode == 0, hub.stderr
+    assert hub.stdout.split("layers.1.self_attn.k_pe", 1)[1] == done.stdout.split("layers.1.self_attn.k_pe", 1)[1].replace(
+        done.stdout.rsplit(" · ", 1)[1], hub.stdout.rsplit(" · ", 1)[1])  # the same tensor, only the footer's cache note differs
+    authorized = [h for h in server.headers_seen if h.get("authorization")]
+    assert authorized and all(h["authorization"] == "Bearer hf_secret_token_value" for h in authorized)
     shown = stepper("cache", "ls")
     assert shown.returncode == 0 and "127.0.0.1" in shown.stdout
     missing = stepper("run", "--model", f"{server.url}/nothing-here/")
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "config.json: no such file (404)" in missing.stderr
-    for out in (listed, done, shown, missing):
+    for out in (listed, done, hub, shown, missing):
         assert "hf_secret_token_value" not in out.stdout + out.stderr
     cleared = stepper("cache", "clear")
     assert cleared.returncode == 0 and not any((tmp_path / "cache").rglob("*.safetensors"))
