@@ -7,13 +7,13 @@ from typing import Annotated
 
 import typer
 
-from stepper import __version__
 from stepper.cli import bench, checkpoint, explain, run
 from stepper.cli.common import INTERRUPTED
 from stepper.cli.fixtures import fixtures_app
 from stepper.cli.lessons import lesson_app
 from stepper.kernels import parallel
 from stepper.untrusted import shown
+from stepper.version import __version__
 
 app = typer.Typer(
     add_completion=False,
