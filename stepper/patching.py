@@ -103,11 +103,12 @@ def parse_patch(text: str, option: str = "--patch") -> tuple[str, PatchFn]:
     pattern, expr = pattern.strip(), expr.strip()
     if not sep or not pattern or not expr:
         raise StepperError(f"{option} {text}: expected NAME=EXPR, e.g. 'layers.1.self_attn.attn_weights=x*0.5'")
-    return pattern, expression(expr, option)
+    return pattern, expression(expr, f"{option} {pattern}=")
 
 
-def expression(expr: str, option: str = "--patch") -> PatchFn:
-    """The function of an EXPR: checked for its form now, evaluated on each tensor it patches."""
+def expression(expr: str, where: str = "--patch ") -> PatchFn:
+    """The function of an EXPR: checked for its form now, evaluated on each tensor it patches.
+    `where` begins its error messages (the option and the name, as the user wrote them)."""
     try:
         tree = ast.parse(expr, mode="exec")
     except SyntaxError:
@@ -118,24 +119,25 @@ def expression(expr: str, option: str = "--patch") -> PatchFn:
     elif isinstance(stmt, ast.Expr):
         target, value = None, stmt.value
     else:
-        raise StepperError(f"{option} {expr}: expected a number, arithmetic of x with numbers (x*0.5, x+1e-3) "
+        raise StepperError(f"{where}{expr}: expected a number, arithmetic of x with numbers (x*0.5, x+1e-3) "
                            "or one slice assignment (x[..., 7]=0)")
     try:
         check_form(value)
         if target is not None:
             index_of(target.slice)
     except ValueError as e:
-        raise StepperError(f"{option} {expr}: {e}") from None
+        raise StepperError(f"{where}{expr}: {e}") from None
 
     def apply(x: np.ndarray, name: str) -> np.ndarray:
         try:
             return evaluate_patch(x, target, value)
         except (ValueError, IndexError, TypeError, OverflowError, ZeroDivisionError) as e:
-            raise StepperError(f"{option} {expr} on {name} {x.dtype}{list(x.shape)}: {e}") from None
+            raise StepperError(f"{where}{expr} on {name} {x.dtype}{list(x.shape)}: {e}") from None
 
     return apply
 
 
+CONSTANTS = {"nan": float("nan"), "inf": float("inf")}
 OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
 
 
@@ -144,8 +146,8 @@ def is_x_slice(node: ast.AST) -> bool:
 
 
 def check_form(node: ast.AST) -> None:
-    """Only x, x[INDEX], numbers, + - * / and unary minus."""
-    if isinstance(node, ast.Name) and node.id == "x":
+    """Only x, x[INDEX], numbers (nan and inf too), + - * / and unary minus."""
+    if isinstance(node, ast.Name) and node.id in ("x", *CONSTANTS):
         return
     if is_x_slice(node):
         index_of(node.slice)
@@ -157,7 +159,7 @@ def check_form(node: ast.AST) -> None:
     if isinstance(node, ast.BinOp) and type(node.op) in OPERATORS:
         check_form(node.left)
         return check_form(node.right)
-    raise ValueError(f"'{ast.unparse(node)}' is not allowed: use x, x[INDEX], numbers and + - * /")
+    raise ValueError(f"'{ast.unparse(node)}' is not allowed: use x, x[INDEX], numbers, nan, inf and + - * /")
 
 
 def evaluate_patch(x: np.ndarray, target: ast.Subscript | None, value: ast.AST) -> np.ndarray:
@@ -166,7 +168,7 @@ def evaluate_patch(x: np.ndarray, target: ast.Subscript | None, value: ast.AST) 
     result = np.array(x, copy=True)
     v = np.asarray(evaluate(value, x))
     if not np.can_cast(v, result.dtype, casting="same_kind") and v.dtype != result.dtype:
-        raise ValueError(f"the value is {v.dtype}, the tensor {result.dtype}")
+        raise ValueError(f"it gives {v.dtype} values for a tensor of {result.dtype}")
     if target is None:
         result[...] = v
     else:
@@ -176,7 +178,7 @@ def evaluate_patch(x: np.ndarray, target: ast.Subscript | None, value: ast.AST) 
 
 def evaluate(node: ast.AST, x: np.ndarray) -> Any:
     if isinstance(node, ast.Name):
-        return x
+        return CONSTANTS.get(node.id, x)
     if isinstance(node, ast.Subscript):
         return x[index_of(node.slice)]
     if isinstance(node, ast.Constant):
