@@ -208,7 +208,7 @@ def load(path: str | Path) -> dict[str, np.ndarray]:
 
 def _side(which: str, side: Any) -> tuple[dict[str, np.ndarray], str]:
     if isinstance(side, Run):
-        return dict(side.items()), repr(side)
+        return dict(side.items()), f"{which.upper()} (a run of {side.config.name})"
     if isinstance(side, (str, Path)):
         return load(side), str(side)
     if isinstance(side, Mapping) and all(isinstance(k, str) and isinstance(v, np.ndarray) for k, v in side.items()):

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from stepper.cli import bench, checkpoint, explain, run
+from stepper.cli import bench, checkpoint, diff, explain, run
 from stepper.cli.common import INTERRUPTED
 from stepper.cli.fixtures import fixtures_app
 from stepper.cli.lessons import lesson_app
@@ -58,6 +58,7 @@ def version_option(
 # The commands, in the order `stepper --help` lists them
 app.command("run")(run.run_command)
 app.command("step")(run.step_command)
+app.command("diff")(diff.diff_command)
 app.command("explain")(explain.explain_command)
 app.command("tree")(explain.tree_command)
 app.command("bench")(bench.bench_command)

@@ -71,19 +71,30 @@ def scope_label(phase: str | None, layer: int | None) -> str:
 
 def growth(diff: Any) -> Text:
     """One line per layer (and step): a character per tensor in execution order, its height the
-    tensor's relative difference on the log scale; red from the first tensor that differs."""
-    text = Text()
+    tensor's relative difference on the log scale (blank: the same bit for bit), red where it differs."""
+    text = Text("how the difference grows: a character per tensor, in order; height log10 |B-A|/absmax(A) from "
+                f"{FLOOR:.0e} to 1, blank the same\n", style="dim")
     width = max((len(scope_label(p, la)) for p, la in {(r.phase, r.layer) for r in diff.rows}), default=0)
     for (phase, layer), rows in groupby(diff.rows, key=lambda r: (r.phase, r.layer)):
         rows = list(rows)
         text.append(scope_label(phase, layer).ljust(width) + "  ", style="dim")
         for r in rows:
             height = level(r)
-            char = " " if height == 0 else SPARK[min(len(SPARK) - 1, int(height * len(SPARK)))]
+            char = " " if r.status == "same" else SPARK[min(len(SPARK) - 1, int(height * len(SPARK)))]
             text.append(char, style=STYLE[r.status])
-        worst = max(rows, key=level)
-        text.append(f"  max {figure(worst.rel) or worst.status} at {worst.key}\n", style="dim")
+        text.append(f"  {scope_note(rows)}\n", style="dim")
     return text
+
+
+def scope_note(rows: list) -> str:
+    """Where a layer's difference starts and how large it gets."""
+    if all(r.status == "same" for r in rows):
+        return "the same"
+    first = next((r for r in rows if r.status == "differs"), None)
+    measured = [r for r in rows if r.rel is not None]
+    worst = max(measured, key=lambda r: r.rel) if measured else None
+    note = f"differs from {first.key}" if first else "within round-off"
+    return note + (f", at most {figure(worst.rel)} ({worst.key})" if worst else "")
 
 
 def summary(diff: Any) -> Text:
