@@ -55,7 +55,7 @@ def show(console: Console, found: Diff, changed: bool) -> None:
     listed = Diff(found.a, found.b, [r for r in found.rows if r.status != "same"] if changed else found.rows,
                   found.only_a, found.only_b)
     if listed.rows:
-        print_table(console, view.table(listed))
+        print_table(console, view.table(listed, console.width if console.is_terminal else None))
         console.print()
     console.print(view.growth(found), end="")
     console.print(view.summary(found))

@@ -50,16 +50,25 @@ def figure(x: float | None, digits: int = 2) -> str:
     return f"{x:.{digits}e}" if x else "0"
 
 
-def table(diff: Any) -> Table:
+WIDE = 140  # narrower than this (a terminal), the table keeps the name, status, relative error and bar
+
+
+def table(diff: Any, width: int | None = None) -> Table:
+    """The rows; `width`: the terminal's, None (a pipe, a notebook) for every column."""
+    narrow = width is not None and width < WIDE
     t = Table(show_edge=False, pad_edge=False, header_style="bold", box=None)
-    for column, justify in (("#", "right"), ("tensor", "left"), ("status", "left"), ("max|b-a|", "right"),
-                            ("relative", "right"), ("cosine", "right"), ("relative, 1e-9 .. 1", "left"),
-                            ("what changed", "left")):
-        t.add_column(column, justify=justify, no_wrap=column != "what changed")
+    columns = [("#", "right"), ("tensor", "left"), ("status", "left"), ("max|b-a|", "right"), ("relative", "right"),
+               ("cosine", "right"), ("1e-9 .. 1", "left"), ("what changed", "left")]
+    keep = {"#", "tensor", "status", "relative", "1e-9 .. 1"} if narrow else {c for c, _ in columns}
+    for column, justify in columns:
+        if column in keep:
+            t.add_column(column, justify=justify, no_wrap=column != "what changed")
     for r in diff.rows:
-        cosine = "" if r.cosine is None else f"{r.cosine:.8f}"
-        t.add_row(str(r.index), shown(r.name), Text(r.status, style=STYLE[r.status]), figure(r.max_abs),
-                  figure(r.rel), cosine, bar(r), shown(r.detail))
+        cells = {"#": str(r.index), "tensor": shown(r.name), "status": Text(r.status, style=STYLE[r.status]),
+                 "max|b-a|": figure(r.max_abs), "relative": figure(r.rel),
+                 "cosine": "" if r.cosine is None else f"{r.cosine:.8f}", "1e-9 .. 1": bar(r, 8 if narrow else BAR),
+                 "what changed": shown(r.detail)}
+        t.add_row(*(cells[c] for c, _ in columns if c in keep))
     return t
 
 
@@ -72,8 +81,7 @@ def scope_label(phase: str | None, layer: int | None) -> str:
 def growth(diff: Any) -> Text:
     """One line per layer (and step): a character per tensor in execution order, its height the
     tensor's relative difference on the log scale (blank: the same bit for bit), red where it differs."""
-    text = Text("how the difference grows: a character per tensor, in order; height log10 |B-A|/absmax(A) from "
-                f"{FLOOR:.0e} to 1, blank the same\n", style="dim")
+    text = Text("growth: a character a tensor, log |B-A|/absmax(A) from 1e-9 to 1, blank: the same\n", style="dim")
     width = max((len(scope_label(p, la)) for p, la in {(r.phase, r.layer) for r in diff.rows}), default=0)
     for (phase, layer), rows in groupby(diff.rows, key=lambda r: (r.phase, r.layer)):
         rows = list(rows)

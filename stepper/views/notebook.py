@@ -13,7 +13,7 @@ from stepper.trace import Event
 from stepper.views import diff as diff_view
 from stepper.views.sinks import TensorRows
 
-WIDTH = 120
+WIDTH = 160
 SHOWN = 200  # a run shows its first tensors; index it for the others
 
 
