@@ -43,6 +43,7 @@ from stepper.weights.source import WeightSource
 
 __all__ = ["Diff", "Run", "diff", "force_experts", "load", "run", "zero_expert", "zero_head", "zero_router_bias"]
 
+PICTURE_OF = {"attention": "attn_weights", "routing": "topk_idx", "hist": ""}  # a picture and the tensor it draws
 API_WORDING = Wording(keep="keep=", patch="patch=", options={
     "--prompt-len": "prompt_len= (a shorter prompt)", "--attn absorb": "attn='absorb'", "--layer N": "layer=N",
     "--weight-cache-mb": "weight_cache_mb=",
@@ -159,9 +160,19 @@ class Run(Mapping):
                                + "; expected one, e.g. self_attn.k_pe")
         return _copy(entries[0])
 
-    def show(self, name: str) -> notebook.TensorView:
+    def show(self, name: str) -> notebook.Shown:
         """One tensor as the terminal shows it (its row), which displays itself in a notebook."""
-        return notebook.TensorView(self.event(name), self.config)
+        return notebook.tensor_view(self.event(name), self.config)
+
+    def picture(self, kind: str, name: str) -> notebook.Shown:
+        """A picture of `stepper run --show`: "attention" of an attn_weights, "routing" of a
+        topk_idx (with its topk_weight kept too), "hist" of any tensor."""
+        if kind not in PICTURE_OF:
+            raise StepperError(f"picture: kind expects one of {', '.join(PICTURE_OF)}, got {kind!r}")
+        event = self.event(name)
+        if PICTURE_OF[kind] and not event.key.endswith(PICTURE_OF[kind]):
+            raise StepperError(f"picture: {kind} draws a {PICTURE_OF[kind]}, and {event.name} is not one")
+        return notebook.picture(kind, event, self.config, self.__getitem__)
 
     def __repr__(self) -> str:
         return (f"<stepper.Run {self.config.name}: {len(self)} tensors kept of {len(self._recorded.names)}, "

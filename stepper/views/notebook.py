@@ -7,10 +7,13 @@ import io
 from typing import Any
 
 from rich.console import Console, RenderableType
+from rich.rule import Rule
+from rich.text import Text
 
 from stepper.config import Config
 from stepper.trace import Event
 from stepper.views import diff as diff_view
+from stepper.views import pictures
 from stepper.views.sinks import TensorRows
 
 WIDTH = 160
@@ -33,8 +36,15 @@ def text(renderables: list[RenderableType]) -> str:
 
 
 def run_rows(events: list[Event], cfg: Config, title: str) -> list[RenderableType]:
+    """The title, then each tensor's row under a rule naming its step and layer, as `stepper run` prints them."""
     rows = TensorRows(Console(file=io.StringIO()), cfg)
-    shown = [title] + [rows.render(e) for e in events[:SHOWN]]
+    shown: list[RenderableType] = [Text(title, style="bold")]
+    scope = None
+    for e in events[:SHOWN]:
+        if (e.phase, e.layer) != scope:
+            scope = (e.phase, e.layer)
+            shown.append(Rule(rows.heading(e), style="dim", align="left"))
+        shown.append(rows.render(e))
     if len(events) > SHOWN:
         shown.append(f"... {len(events) - SHOWN} more tensors (run.names lists them)")
     return shown
@@ -48,17 +58,34 @@ def diff_html(diff: Any) -> str:
     return html([diff_view.render(diff)])
 
 
-class TensorView:
-    """One tensor's row (name, named shape, statistics, histogram sparkline, corners)."""
+class Shown:
+    """Something the terminal draws (a row, a picture), which displays itself in a notebook."""
 
-    def __init__(self, event: Event, cfg: Config):
-        self.event, self.cfg = event, cfg
+    def __init__(self, renderable: RenderableType):
+        self.renderable = renderable
 
     def __rich__(self) -> RenderableType:
-        return TensorRows(Console(file=io.StringIO()), self.cfg).render(self.event)
+        return self.renderable
 
     def __repr__(self) -> str:
         return text([self.__rich__()]).rstrip("\n")
 
     def _repr_html_(self) -> str:
         return html([self.__rich__()])
+
+
+def tensor_view(event: Event, cfg: Config) -> Shown:
+    """One tensor's row: name, named shape, statistics, histogram sparkline, corners."""
+    return Shown(TensorRows(Console(file=io.StringIO()), cfg).render(event))
+
+
+def picture(kind: str, event: Event, cfg: Config, lookup) -> Shown:
+    """`stepper run --show`'s pictures of one tensor: attention (a layer's attention weights as
+    heat maps), routing (its router's token x expert map; `lookup` finds the topk_weight beside a
+    topk_idx), hist (a histogram)."""
+    if kind == "attention":
+        return Shown(pictures.attention_heatmap(event.array, title=event.name))
+    if kind == "routing":
+        weights = lookup(event.name.replace("topk_idx", "topk_weight"))
+        return Shown(pictures.routing_map(event.array, weights, cfg.n_routed_experts))
+    return Shown(pictures.histogram(event.array, title=event.name))
