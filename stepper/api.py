@@ -64,8 +64,8 @@ def run(model: str | Path = "tiny", *, ids: Sequence[int] | None = None, prompt_
     layer alone (on `input`, a safetensors file, or the prompt's embeddings); layers: (A, B) or
     "A:B", the model up to layer B-1 showing A..B-1; attn: naive, absorb or auto; seed: of the
     synthetic weights and prompt; weight_cache_mb: decoded weights kept between decode steps;
-    keep: globs of the tensors to keep (default every one); patch: glob -> fn(array, name), or a
-    list of such dicts; use: lesson files whose exercise functions replace stepper's; weights: a
+    keep: globs of the tensors to keep (default every one); patch: glob -> fn(array, name) (or an
+    expression of x as --patch takes it, "x*0.5"), or a list of such dicts; use: lesson files whose exercise functions replace stepper's; weights: a
     weight source (e.g. `SyntheticWeights`, `ArrayWeights`) in place of the model's, to run on
     changed weights.
     """
@@ -89,9 +89,8 @@ class Run(Mapping):
 
     def __init__(self, recorded: Recorded):
         self._recorded = recorded
-        self._events = recorded.events
-        for event in self._events.values():
-            event.array.flags.writeable = False
+        self._events = {name: Event(e.name, e.key, read_only(e.array), e.layer, e.phase)
+                        for name, e in recorded.events.items()}
 
     @property
     def names(self) -> list[str]:
@@ -133,15 +132,15 @@ class Run(Mapping):
         if len(found) == 1:
             return self._events[found[0]]
         if found:
-            raise LookupError_(f"'{name}' matches {len(found)} kept tensors ({', '.join(found[:3])}"
+            raise NotFound(f"'{name}' matches {len(found)} kept tensors ({', '.join(found[:3])}"
                                f"{', ...' if len(found) > 3 else ''}): give the full name")
         if any(matches(n, [name]) for n in self._recorded.names):
-            raise LookupError_(f"'{name}' was emitted but not kept: add it to keep=")
-        raise LookupError_(f"no tensor '{name}' in this run{did_you_mean(name, self._recorded.names)}")
+            raise NotFound(f"'{name}' was emitted but not kept: add it to keep=")
+        raise NotFound(f"no tensor '{name}' in this run{did_you_mean(name, self._recorded.names)}")
 
     def __getitem__(self, name: str) -> np.ndarray:
         if not isinstance(name, str):
-            raise LookupError_(f"tensors are looked up by name (a string), got {type(name).__name__}")
+            raise NotFound(f"tensors are looked up by name (a string), got {type(name).__name__}")
         return self.event(name).array
 
     def __iter__(self) -> Iterator[str]:
@@ -156,7 +155,7 @@ class Run(Mapping):
         entries = catalog.load().find(name)
         if len(entries) != 1:
             found = ", ".join(e["name"] for e in entries[:4])
-            raise LookupError_(f"'{name}' names {len(entries)} catalogue entries" + (f" ({found})" if found else "")
+            raise NotFound(f"'{name}' names {len(entries)} catalogue entries" + (f" ({found})" if found else "")
                                + "; expected one, e.g. self_attn.k_pe")
         return _copy(entries[0])
 
@@ -182,7 +181,7 @@ class Run(Mapping):
         return notebook.run_html(list(self._events.values()), self.config, repr(self))
 
 
-class LookupError_(StepperError, KeyError):
+class NotFound(StepperError, KeyError):
     """A tensor or entry not found: a KeyError (a Run is a Mapping) with a readable message."""
 
     def __str__(self) -> str:
@@ -226,6 +225,13 @@ def _side(which: str, side: Any) -> tuple[dict[str, np.ndarray], str]:
         return dict(side), f"{len(side)} tensors"
     raise StepperError(f"diff: {which} must be a stepper.Run, a dict of name -> NumPy array, a --dump file or a "
                        f"fixture folder, got {type(side).__name__}")
+
+
+def read_only(array: np.ndarray) -> np.ndarray:
+    """A view that cannot be written (the array itself keeps its flags)."""
+    view = array.view()
+    view.flags.writeable = False
+    return view
 
 
 def _copy(value: Any) -> Any:

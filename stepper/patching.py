@@ -77,8 +77,9 @@ def checked(pattern: str, name: str, old: np.ndarray, new: object) -> np.ndarray
 
 
 def as_patches(patch: Mapping[str, PatchFn] | Iterable[Mapping[str, PatchFn]] | None) -> list[tuple[str, PatchFn]]:
-    """`patch=`: a dict of pattern -> function, or a list of such dicts (applied in order; the
-    helpers each give one, so several on one tensor do not overwrite each other)."""
+    """`patch=`: a dict of pattern -> function (or an EXPR as `--patch` takes it, e.g. "x*0.5"), or
+    a list of such dicts (applied in order; the helpers each give one, so several on one tensor
+    do not overwrite each other)."""
     if patch is None:
         return []
     groups = [patch] if isinstance(patch, Mapping) else list(patch) if isinstance(patch, (list, tuple)) else None
@@ -87,10 +88,10 @@ def as_patches(patch: Mapping[str, PatchFn] | Iterable[Mapping[str, PatchFn]] | 
                            f"got {type(patch).__name__}")
     found = [(pattern, fn) for g in groups for pattern, fn in g.items()]
     for pattern, fn in found:
-        if not isinstance(pattern, str) or not pattern or not callable(fn):
-            raise StepperError(f"patch= expects name patterns (strings) mapped to functions fn(array, name), "
-                               f"got {pattern!r}: {type(fn).__name__}")
-    return found
+        if not isinstance(pattern, str) or not pattern or not (callable(fn) or isinstance(fn, str)):
+            raise StepperError(f"patch= expects name patterns (strings) mapped to functions fn(array, name) "
+                               f"or expressions like 'x*0.5', got {pattern!r}: {type(fn).__name__}")
+    return [(pattern, expression(fn, f"patch= {pattern}=") if isinstance(fn, str) else fn) for pattern, fn in found]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -220,6 +220,15 @@ def test_an_expression_that_does_not_fit_the_tensor_is_one_line_naming_it():
         expression("x*0.5")(np.zeros((2, 3), np.int64), "t")
 
 
+def test_a_patch_may_be_an_expression_as_the_command_line_takes_it(plain):
+    run = stepper.run("tiny", ids=IDS, keep="layers.1.self_attn.k_pe", patch={"layers.1.self_attn.k_pe": "x[..., 0]=0"})
+    expected = plain["layers.1.self_attn.k_pe"].copy()
+    expected[..., 0] = 0
+    np.testing.assert_array_equal(run["layers.1.self_attn.k_pe"], expected)
+    with pytest.raises(StepperError, match="patch= layers.1.self_attn.k_pe=x.y: 'x.y' is not allowed"):
+        stepper.run("tiny", ids=IDS, patch={"layers.1.self_attn.k_pe": "x.y"})
+
+
 def test_the_patcher_is_a_sink_of_the_emit_seam():
     patcher = Patcher([("k_pe", expression("x+1"))])
     out = Emitter([patcher]).layer(3)("self_attn.k_pe", np.zeros(2, np.float32))
