@@ -101,8 +101,8 @@ def scope_note(rows: list) -> str:
     first = next((r for r in rows if r.status == "differs"), None)
     measured = [r for r in rows if r.rel is not None]
     worst = max(measured, key=lambda r: r.rel) if measured else None
-    note = f"differs from {first.key}" if first else "within round-off"
-    return note + (f", at most {figure(worst.rel)} ({worst.key})" if worst else "")
+    note = f"differs from {shown(first.key)}" if first else "within round-off"
+    return note + (f", at most {figure(worst.rel)} ({shown(worst.key)})" if worst else "")
 
 
 def summary(diff: Any) -> Text:

@@ -1,9 +1,13 @@
 """`stepper diff A B`: runs, dumps and fixtures compared; exit 0 the same, 1 a tensor differs, 2 bad input."""
 
+import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
+
+from stepper.untrusted import shown
 
 
 def diff(*args: str, cwd=None) -> subprocess.CompletedProcess:
@@ -55,3 +59,15 @@ def test_bad_sides_are_one_line_and_exit_2(a, message):
     out = diff(a, "run")
     assert out.returncode == 2 and message in out.stderr, out.stderr
     assert out.stderr.count("\n") == 1 and out.stdout == ""
+
+
+def test_tensor_names_and_paths_from_files_are_shown_escaped(tmp_path):
+    odd = "E\x1b[2J\rR\x9b[red]x"
+    a, b = tmp_path / f"a{odd}.npz", tmp_path / "b.npz"
+    x = np.arange(4, dtype=np.float32)
+    np.savez(a, **{f"layers.1.{odd}": x, "layers.1.same": x})
+    np.savez(b, **{f"layers.1.{odd}": x + 1, "layers.1.same": x})
+    out = diff(str(a), str(b))
+    assert out.returncode == 1, out.stderr
+    assert re.findall("[\x00-\x08\x0b-\x1f\x7f-\x9f]", out.stdout + out.stderr) == []
+    assert f"first difference: layers.1.{shown(odd)}" in out.stdout and shown(odd) in out.stdout.splitlines()[1]
