@@ -31,8 +31,8 @@ from stepper.errors import StepperError
 from stepper.untrusted import shown
 from stepper.views import summary
 from stepper.views.summary import Stats
-from stepper.weights.audit import audit, in_scope
-from stepper.weights.checkpoint import INDEX, SCALE, Checkpoint, Problem, scale_problems
+from stepper.weights.audit import audit
+from stepper.weights.checkpoint import INDEX, SCALE, Checkpoint, Problem, in_scope, scale_problems
 from stepper.weights.safetensors_reader import SafetensorsFile
 
 FP8_DTYPE = "F8_E4M3"
