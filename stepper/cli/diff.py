@@ -74,8 +74,11 @@ def side(which: str, text: str) -> tuple[dict[str, np.ndarray], str]:
     spec = run_cli.run_spec(params["model"], params["layer"], params["layers"], params["ids"], params["prompt_len"],
                             params["start_pos"], params["decode"], params["seed"], params["input_file"],
                             params["attn"], params["weight_cache_mb"])
-    patches = [parse_patch(p) for p in params["patch"] or []]
-    recorded = record(spec, params["only"] or None, patches, params["use"] or [])
+    try:
+        patches = [parse_patch(p) for p in params["patch"] or []]
+        recorded = record(spec, params["only"] or None, patches, params["use"] or [])
+    except StepperError as e:
+        raise StepperError(f"diff {which} '{shown(text)}': {e}") from None
     return tensors(recorded), text or "the default run"
 
 

@@ -23,7 +23,7 @@ from stepper.weights.source import WeightSource
 class Wording:
     """How the messages name the options: the command line's (`--only`) or the API's keywords."""
 
-    keep: str = "--keep"
+    keep: str = "--only"
     patch: str = "--patch"
     options: dict[str, str] = field(default_factory=dict)  # an option the memory estimate names -> its name here
 
