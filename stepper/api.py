@@ -197,6 +197,10 @@ class Diff(compare.Diff):
         return f"<stepper.Diff {len(self.rows)} tensors: {self.count('same')} same, {self.count('close')} close, " \
                f"{self.count('differs')} differ; {where}>"
 
+    def __rich__(self):
+        """The table, the growth per layer and the summary `stepper diff` prints (`rich.print(d)`)."""
+        return notebook.diff_view.render(self)
+
     def _repr_html_(self) -> str:
         return notebook.diff_html(self)
 
