@@ -7,13 +7,13 @@ from typing import Annotated
 
 import typer
 
-from stepper import __version__
-from stepper.cli import bench, cache, checkpoint, explain, run
+from stepper.cli import bench, cache, checkpoint, diff, explain, run
 from stepper.cli.common import INTERRUPTED, user_errors
 from stepper.cli.fixtures import fixtures_app
 from stepper.cli.lessons import lesson_app
 from stepper.kernels import parallel
 from stepper.untrusted import shown
+from stepper.version import __version__
 
 app = typer.Typer(
     add_completion=False,
@@ -62,6 +62,7 @@ def global_options(
 # The commands, in the order `stepper --help` lists them
 app.command("run")(run.run_command)
 app.command("step")(run.step_command)
+app.command("diff")(diff.diff_command)
 app.command("explain")(explain.explain_command)
 app.command("tree")(explain.tree_command)
 app.command("bench")(bench.bench_command)

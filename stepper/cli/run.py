@@ -18,6 +18,7 @@ from stepper.cli.names import check_patterns, planned_names
 from stepper.errors import StepperError
 from stepper.lessons import overrides
 from stepper.model.cache import cache_bytes_per_token
+from stepper.patching import Patcher, parse_patch
 from stepper.session import Plan, RunResult, RunSpec, execute, prepare, step_attn
 from stepper.trace import Filter, Recorder, Sink, matches
 from stepper.views.debugger import CommandSource, Debugger, Quit
@@ -37,6 +38,7 @@ AttnOpt = Annotated[str, typer.Option(metavar="PATH", help="Attention: naive (pe
 CacheOpt = Annotated[int, typer.Option(metavar="MB", min=0, help="Keep up to MB megabytes of decoded weights between decode steps.")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Overwrite an existing output file.")]
 UseOpt = Annotated[list[Path] | None, typer.Option("--use", metavar="FILE.py", help="Run with your own exercise functions (e.g. a lesson file) in place of stepper's; repeatable.")]
+PatchOpt = Annotated[list[str] | None, typer.Option("--patch", metavar="NAME=EXPR", help="Continue from NAME with EXPR of its tensor x: 0, x*0.5, x+1e-3, x[..., 7]=0; repeatable.")]
 
 
 def run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, input_file, attn, cache_mb) -> RunSpec:
@@ -133,6 +135,7 @@ def run_command(
     dump: Annotated[Path | None, typer.Option(metavar="FILE", help="Write every shown tensor to FILE.safetensors.")] = None,
     force: ForceOpt = False,
     use: UseOpt = None,
+    patch: PatchOpt = None,
 ) -> None:
     """Run the model on a prompt and print every named tensor in execution order."""
     with user_errors():
@@ -143,6 +146,7 @@ def run_command(
         plan = prepare(spec)
         names = planned_names(plan)
         check_patterns("--only", only or [], names)
+        patcher = patch_sink(patch, names, plan)
         kept = [n for n in names if not only or matches(n, only)] if dump is not None else []
         check_fits(needs(plan, kept, "--only"), available_bytes())
         console = Console(no_color=plain, highlight=False, markup=False, soft_wrap=True)
@@ -155,6 +159,7 @@ def run_command(
         if dump is not None:
             views.append(recorder)
         sinks: list[Sink] = [Filter(lambda e: matches(e.name, only), views)] if only else views
+        sinks[:0] = patcher
         sinks.append(ProgressBars(Console(stderr=True)))
         with overrides.use(use or [], announce=sys.stderr):
             result = execute(plan, sinks)
@@ -192,6 +197,7 @@ def step_command(
     export: Annotated[Path | None, typer.Option(metavar="FILE", help="Record the session to FILE.html, FILE.svg or FILE.txt.")] = None,
     force: ForceOpt = False,
     use: UseOpt = None,
+    patch: PatchOpt = None,
 ) -> None:
     """Step through the run one named tensor at a time, like a debugger.
 
@@ -208,6 +214,7 @@ def step_command(
         names = planned_names(plan)
         check_patterns("--break", breaks or [], names)
         check_patterns("--until", [until] if until else [], names)
+        patcher = patch_sink(patch, names, plan)
         check_fits(needs(plan, names, "--prompt-len"), available_bytes())  # the debugger keeps every tensor
         console = Console(no_color=plain, highlight=False, markup=False, soft_wrap=True, record=export is not None,
                           stderr=as_json)
@@ -218,12 +225,19 @@ def step_command(
         debugger = Debugger(console, plan.config, source, plan.weights, list(breaks or []), until, on_stop, names)
         try:
             with overrides.use(use or [], announce=sys.stderr):
-                result = execute(plan, [debugger, ProgressBars(Console(stderr=True))])
+                result = execute(plan, [*patcher, debugger, ProgressBars(Console(stderr=True))])
             console.print(footer(plan, result, len(debugger.history), None), style="dim")
         except Quit:
             console.print(f"quit after {len(debugger.history)} tensors", style="dim")
         if export is not None:
             save_export(console, export)
+
+
+def patch_sink(patch: list[str] | None, names: list[str], plan: Plan) -> list[Sink]:
+    """The --patch options as a sink that goes before the views (they show the patched tensors); none without them."""
+    patches = [parse_patch(text) for text in patch or []]
+    check_patterns("--patch", [pattern for pattern, _ in patches], names)
+    return [Patcher(patches, plan.config.n_routed_experts)] if patches else []
 
 
 def read_commands(path: Path) -> list[str]:

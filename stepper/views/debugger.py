@@ -27,6 +27,7 @@ from stepper.errors import StepperError
 from stepper.trace import Event, did_you_mean, matches
 from stepper.untrusted import shown
 from stepper.views import pictures
+from stepper.views.debug_set import set_tensor
 from stepper.views.explain import explain_text, not_found
 from stepper.views.sinks import TensorRows
 from stepper.views.tree import BLOCKS
@@ -93,6 +94,7 @@ class Debugger:
     current: Event | None = None
     skipped: int = 0
     stops: int = 0
+    replaced: np.ndarray | None = None  # what `set` made of the current tensor: the run continues from it
 
     def __post_init__(self) -> None:
         self.catalog = catalog.load()
@@ -101,14 +103,16 @@ class Debugger:
 
     # -- the sink ----------------------------------------------------------------------------
 
-    def __call__(self, event: Event) -> None:
+    def __call__(self, event: Event) -> np.ndarray | None:
         self.history[event.name] = event
         self.current = event
         if not self.should_stop(event):
             self.skipped += 1
-            return
+            return None
         self.show(event)
         self.repl()
+        replaced, self.replaced = self.replaced, None
+        return replaced
 
     def should_stop(self, event: Event) -> bool:
         if self.until is not None:
@@ -362,6 +366,7 @@ for _names, _method in (
     (("s", "show"), Debugger.cmd_show),
     (("q", "quit"), Debugger.cmd_quit),
     (("?", "help"), Debugger.cmd_help),
+    (("set",), set_tensor),
 ):
     COMMANDS.update(dict.fromkeys(_names, _method))
 
