@@ -64,12 +64,13 @@ def describe(plan: Plan) -> str:
     attns = sorted({step_attn(spec, step) for step in range(spec.decode + 1)}, reverse=True)
     attn = " then ".join(attns)
     naive, latent = cache_bytes_per_token(cfg, "naive"), cache_bytes_per_token(cfg, "absorb")
+    wrapper = f"\n{untrusted.shown(cfg.wrapper.describe())}" if cfg.wrapper is not None else ""
     return (
         f"model {untrusted.shown(cfg.name)} ({untrusted.shown(cfg.model_type)}): "
         f"{cfg.num_hidden_layers} layers ({dense} dense), "
         f"{cfg.num_attention_heads} heads{moe} · {weights} · {what}{steps}\n"
         f"attention {attn} · cache per position per layer (float32): per-head keys and values "
-        f"{naive:,} B, latent + rope key {latent:,} B ({naive / latent:.1f}x smaller)"
+        f"{naive:,} B, latent + rope key {latent:,} B ({naive / latent:.1f}x smaller){wrapper}"
     )
 
 
