@@ -12,13 +12,14 @@ import typer
 from rich.console import Console
 
 from stepper import untrusted
-from stepper.cli.common import ModelOpt, PlainOpt, SeedOpt, parse_ids, parse_layers, user_errors
+from stepper.cli.common import ModelOpt, PlainOpt, SeedOpt, one_prompt, parse_ids, parse_layers, user_errors
 from stepper.cli.memory import available_bytes, check_fits, needs
 from stepper.cli.names import check_patterns, planned_names
 from stepper.errors import StepperError
 from stepper.lessons import overrides
 from stepper.model.cache import cache_bytes_per_token
 from stepper.session import Plan, RunResult, RunSpec, execute, prepare, step_attn
+from stepper.text import INSTALL, Tokens
 from stepper.trace import Filter, Recorder, Sink, matches
 from stepper.views.debugger import CommandSource, Debugger, Quit
 from stepper.views.dump import check_output, check_writable, write_atomically, write_dump
@@ -29,6 +30,7 @@ from stepper.weights.synthetic import SyntheticWeights
 LayerOpt = Annotated[int | None, typer.Option(metavar="N", min=0, help="Run layer N alone (on --input or the prompt's token embeddings).")]
 LayersOpt = Annotated[str | None, typer.Option(metavar="A:B", help="Run the model up to layer B-1, showing layers A to B-1.")]
 IdsOpt = Annotated[str | None, typer.Option(metavar="1,2,3", help="Prompt token ids, comma-separated.")]
+PromptOpt = Annotated[str | None, typer.Option("--prompt", metavar="TEXT", help=f"The prompt as text, tokenized by the checkpoint's tokenizer.json or tiktoken.model (needs: {INSTALL}).")]
 PromptLenOpt = Annotated[int | None, typer.Option(metavar="T", min=1, help="Number of prompt tokens drawn from the seed [default: 7].")]
 StartPosOpt = Annotated[int, typer.Option(metavar="P", min=0, help="Position of the first prompt token (empty cache).")]
 DecodeOpt = Annotated[int, typer.Option(metavar="N", min=0, help="Decode steps after the prefill, with the cache (greedy tokens).")]
@@ -39,15 +41,15 @@ ForceOpt = Annotated[bool, typer.Option("--force", help="Overwrite an existing o
 UseOpt = Annotated[list[Path] | None, typer.Option("--use", metavar="FILE.py", help="Run with your own exercise functions (e.g. a lesson file) in place of stepper's; repeatable.")]
 
 
-def run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, input_file, attn, cache_mb) -> RunSpec:
-    if ids is not None and prompt_len is not None:
-        raise StepperError("give --ids or --prompt-len, not both")
+def run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, input_file, attn, cache_mb,
+             prompt=None) -> RunSpec:
+    one_prompt(prompt, ids, prompt_len)
     if layer is not None and layers is not None:
         raise StepperError("give --layer or --layers, not both")
     return RunSpec(
         model=model, layer=layer, layers=parse_layers(layers), ids=parse_ids(ids),
         prompt_len=7 if prompt_len is None else prompt_len, start_pos=start_pos, decode=decode, seed=seed,
-        input=input_file, attn=attn, weight_cache_mb=cache_mb,
+        input=input_file, attn=attn, weight_cache_mb=cache_mb, prompt=prompt,
     )
 
 
@@ -65,6 +67,7 @@ def describe(plan: Plan) -> str:
     attn = " then ".join(attns)
     naive, latent = cache_bytes_per_token(cfg, "naive"), cache_bytes_per_token(cfg, "absorb")
     wrapper = f"\n{untrusted.shown(cfg.wrapper.describe())}" if cfg.wrapper is not None else ""
+    wrapper += f"\n{prompt_line(plan.tokens)}" if plan.tokens is not None else ""
     return (
         f"model {untrusted.shown(cfg.name)} ({untrusted.shown(cfg.model_type)}): "
         f"{cfg.num_hidden_layers} layers ({dense} dense), "
@@ -74,12 +77,21 @@ def describe(plan: Plan) -> str:
     )
 
 
+def prompt_line(tokens: Tokens) -> str:
+    """The text prompt's tokens, each id with its text (a long prompt cut like token_ids)."""
+    pairs = [f"{i} {text}" for i, text in zip(tokens.ids, tokens.labels())]
+    shown = pairs if len(pairs) <= 16 else [*pairs[:12], "…", *pairs[-4:]]
+    return f"prompt: {len(pairs)} token{'s' if len(pairs) != 1 else ''} from {untrusted.shown(tokens.tokenizer.file.name)}: {' · '.join(shown)}"
+
+
 def footer(plan: Plan, result: RunResult, shown: int, dump: Path | None) -> str:
     parts = [f"{shown} tensors"]
     if plan.hidden is None:
         parts.append(f"prompt {token_ids(result.prompt)} at positions {plan.spec.start_pos}..")
     if result.generated:
         parts.append(("generated " if not plan.alone else "decode tokens ") + token_ids(result.generated))
+        if plan.tokens is not None:
+            parts[-1] += f" {untrusted.shown(repr(plan.tokens.tokenizer.decode(result.generated)))}"
     if dump is not None:
         parts.append(f"dumped to {untrusted.shown(dump)}")
     return " · ".join(parts)
@@ -118,6 +130,7 @@ def run_command(
     layer: LayerOpt = None,
     layers: LayersOpt = None,
     ids: IdsOpt = None,
+    prompt: PromptOpt = None,
     prompt_len: PromptLenOpt = None,
     start_pos: StartPosOpt = 0,
     decode: DecodeOpt = 0,
@@ -135,7 +148,8 @@ def run_command(
 ) -> None:
     """Run the model on a prompt and print every named tensor in execution order."""
     with user_errors():
-        spec = run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, input_file, attn, weight_cache_mb)
+        spec = run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, input_file, attn, weight_cache_mb,
+                        prompt)
         pictures = parse_show(show)
         if dump is not None:
             check_writable(dump, force)
@@ -148,9 +162,9 @@ def run_command(
         if not as_json:
             console.print(describe(plan), style="bold")
         counter, recorder = TensorCount(), Recorder()
-        views: list[Sink] = [counter, JsonLines(sys.stdout, plan.config) if as_json else TensorRows(console, plan.config)]
+        views: list[Sink] = [counter, JsonLines(sys.stdout, plan.config) if as_json else TensorRows(console, plan.config, plan.tokens)]
         if pictures:
-            views.append(Pictures(console, plan.config, pictures, plan.weights))
+            views.append(Pictures(console, plan.config, pictures, plan.weights, plan.tokens))
         if dump is not None:
             views.append(recorder)
         sinks: list[Sink] = [Filter(lambda e: matches(e.name, only), views)] if only else views
@@ -176,6 +190,7 @@ def step_command(
     layer: LayerOpt = None,
     layers: LayersOpt = None,
     ids: IdsOpt = None,
+    prompt: PromptOpt = None,
     prompt_len: PromptLenOpt = None,
     start_pos: StartPosOpt = 0,
     decode: DecodeOpt = 0,
@@ -199,7 +214,8 @@ def step_command(
     Commands are read from the terminal, or line by line from a pipe.
     """
     with user_errors():
-        spec = run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, input_file, attn, weight_cache_mb)
+        spec = run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, input_file, attn, weight_cache_mb,
+                        prompt)
         if export is not None:
             check_export(export, force)
         script = read_commands(commands) if commands is not None else None
@@ -214,7 +230,8 @@ def step_command(
         interactive = sys.stdin.isatty() and console.is_terminal
         source = CommandSource(console, sys.stdin, interactive, script)
         on_stop = JsonLines(sys.stdout, plan.config) if as_json else None
-        debugger = Debugger(console, plan.config, source, plan.weights, list(breaks or []), until, on_stop, names)
+        debugger = Debugger(console, plan.config, source, plan.weights, list(breaks or []), until, on_stop, names,
+                            tokens=plan.tokens)
         try:
             with overrides.use(use or [], announce=sys.stderr):
                 result = execute(plan, [debugger, ProgressBars(Console(stderr=True))])
