@@ -132,7 +132,7 @@ BYTE_OF = byte_level_alphabet()
 
 class HfTokenizer:
     """A `tokenizer.json` through the `tokenizers` library: its own pre-tokenizer, model and
-    post-processor (DeepSeek's adds the BOS token)."""
+    post-processor (which adds a BOS token where the file says so)."""
 
     def __init__(self, path: Path):
         self.file = path
