@@ -18,6 +18,7 @@ from stepper.errors import StepperError
 from stepper.jsonfile import read_json
 
 MODEL_TYPES = ("deepseek_v3", "kimi_k2")
+WRAPPER_TYPES = ("kimi_k25",)
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,24 @@ class Fp8:
 
     fmt: str = "e4m3"
     weight_block_size: tuple[int, int] = (128, 128)
+
+
+@dataclass(frozen=True)
+class Wrapper:
+    """A vision-language wrapper around the text model (Kimi K2.5's `kimi_k25`): the text model's
+    tensors are stored under `text_prefix`, the vision tower's and projector's under
+    `unused_prefixes`, and `unused_fields` are the wrapper's config fields a text run does not use."""
+
+    model_type: str
+    text_prefix: str = "language_model."
+    unused_prefixes: tuple[str, ...] = ("vision_tower.", "mm_projector.")
+    unused_fields: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        fields = f" · not used: {', '.join(self.unused_fields)}" if self.unused_fields else ""
+        prefixes = ", ".join(p + "*" for p in self.unused_prefixes)
+        return (f"{self.model_type} wrapper: the text model of its text_config, tensors under "
+                f"{self.text_prefix}* ({prefixes} never read){fields}")
 
 
 @dataclass(frozen=True)
@@ -69,6 +88,7 @@ class Config:
     max_position_embeddings: int
     rope_scaling: Yarn | None
     quantization: Fp8 | None
+    wrapper: Wrapper | None = None  # set when config.json wraps this text model (kimi_k25)
 
     @property
     def qk_head_dim(self) -> int:
@@ -99,7 +119,7 @@ class Config:
             "attention_bias": False,
         }
         for f in dataclasses.fields(self):
-            if f.name in ("name", "model_type", "rope_scaling", "quantization"):
+            if f.name in ("name", "model_type", "rope_scaling", "quantization", "wrapper"):
                 continue
             out[f.name] = getattr(self, f.name)
         out["tie_word_embeddings"] = False  # lm_head is its own matrix (_parse refuses true)
@@ -179,6 +199,8 @@ class _Fields:
 def _parse(raw: dict[str, Any], source: str) -> Config:
     f = _Fields(raw, source)
     model_type = f.str("model_type")
+    if model_type in WRAPPER_TYPES:
+        return _kimi_k25(f)
     if model_type not in MODEL_TYPES:
         raise f.fail("model_type", f"must be one of {', '.join(MODEL_TYPES)}, got {model_type!r}")
     _require_equal(f, "hidden_act", "silu")
@@ -230,6 +252,45 @@ def _parse(raw: dict[str, Any], source: str) -> Config:
     )
     _check_consistency(cfg, f)
     return cfg
+
+
+# Fields of a kimi_k25 wrapper that stepper reads or that only record where the file came from
+WRAPPER_READ = ("model_type", "text_config", "quantization_config", "tie_word_embeddings", "_name_or_path")
+WRAPPER_BOOKKEEPING = ("architectures", "auto_map", "transformers_version", "dtype", "torch_dtype")
+
+
+def _kimi_k25(f: _Fields) -> Config:
+    """Kimi K2.5's vision-language wrapper: the model is its `text_config` (a kimi_k2 or
+    deepseek_v3 config), with the wrapper's quantization_config when the text config has none;
+    every other wrapper field is listed as not used."""
+    text = f.raw.get("text_config")
+    if not isinstance(text, dict):
+        raise f.fail("text_config", f"must be an object (the text model's config), got {text!r}")
+    if f.raw.get("tie_word_embeddings"):
+        raise f.fail("tie_word_embeddings", "must be false: stepper reads language_model.lm_head.weight as its own matrix")
+    text = {"model_type": "deepseek_v3", **text}  # transformers' default text model
+    outer = f.raw.get("quantization_config")
+    if outer is not None and text.setdefault("quantization_config", outer) != outer:
+        raise f.fail("quantization_config", "differs from text_config.quantization_config; give one of them")
+    if text["model_type"] in WRAPPER_TYPES:
+        raise f.fail("text_config.model_type", f"must be one of {', '.join(MODEL_TYPES)}, got {text['model_type']!r}")
+    cfg = _parse(text, f"{f.source}: text_config")
+    unused = tuple(k for k in f.raw if k not in WRAPPER_READ + WRAPPER_BOOKKEEPING)
+    name = str(f.raw.get("_name_or_path") or display_name(f.source))
+    return dataclasses.replace(cfg, name=name, wrapper=Wrapper(f.str("model_type"), unused_fields=unused))
+
+
+def wrapped_hf(cfg: Config, vision_config: dict[str, Any]) -> dict[str, Any]:
+    """The config.json of a kimi_k25 checkpoint around this text model (what `stepper synth
+    --layout kimi_k25` writes): the text model in text_config, the vision tower's sizes beside it."""
+    return {
+        "architectures": ["KimiK25ForConditionalGeneration"],
+        "model_type": "kimi_k25",
+        "text_config": cfg.to_hf(),
+        "vision_config": vision_config,
+        "media_placeholder_token_id": cfg.vocab_size - 1,
+        "tie_word_embeddings": False,
+    }
 
 
 def display_name(source: str) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -11,6 +12,7 @@ import typer
 from rich.console import Console
 
 from stepper.cli.common import PlainOpt, SeedOpt, parse_layers, user_errors
+from stepper.config import Config, Wrapper
 from stepper.errors import StepperError
 from stepper.fp8 import BLOCK
 from stepper.session import RunSpec, load_model, shown_layers
@@ -27,12 +29,15 @@ def synth_command(
     layers: Annotated[str | None, typer.Option(metavar="A:B", help="Write only layers A to B-1 (no embedding, norm or lm_head).")] = None,
     seed: SeedOpt = 0,
     force: Annotated[bool, typer.Option("--force", help="Replace DIR if it exists.")] = False,
+    layout: Annotated[str | None, typer.Option(metavar="LAYOUT", help="hf (Kimi K2, DeepSeek-V3) or kimi_k25 (Kimi K2.5: the text model under language_model., a small vision tower beside it) [default: as the config says].")] = None,
 ) -> None:
     """Write synthetic weights as a real HF-layout FP8 checkpoint directory."""
     with user_errors():
         source = load_model(model, seed)
         if not isinstance(source, SyntheticWeights):
             raise StepperError(f"--model {model}: synth makes weights for a preset or a config.json, not a checkpoint")
+        if layout is not None:
+            source = SyntheticWeights(with_layout(source.config, layout), seed)
         chosen = parse_layers(layers)
         if chosen is not None:
             chosen = shown_layers(RunSpec(layers=chosen), source.config)
@@ -41,6 +46,16 @@ def synth_command(
         size = sum(p.stat().st_size for p in out.iterdir())
         print(f"wrote {shown(out)}: {len(files)} files, {size / 2**20:.1f} MiB "
               f"({', '.join(files[:3])}{', ...' if len(files) > 3 else ''})")
+
+
+LAYOUTS = ("hf", "kimi_k25")
+
+
+def with_layout(cfg: Config, layout: str) -> Config:
+    """The config as a checkpoint of that layout carries it: plain, or wrapped as Kimi K2.5's."""
+    if layout not in LAYOUTS:
+        raise StepperError(f"--layout must be one of {', '.join(LAYOUTS)}, got {shown(layout)!r}")
+    return replace(cfg, wrapper=None if layout == "hf" else Wrapper("kimi_k25"))
 
 
 def inspect_command(
@@ -72,7 +87,7 @@ def inspect_command(
             raise StepperError(f"--only {' '.join(only)} matched no tensor (names look like model.layers.1.self_attn.o_proj.weight)")
         if stats:
             tensors = inspect_stats.with_stats(source, tensors, progress=sys.stderr.isatty(), plain=plain)
-        groups = inspect.group(tensors, source.config, fold_experts=not experts and not as_json)
+        groups = inspect.group(tensors, source.config, fold_experts=not experts and not as_json, unused=source.unused)
         if as_json:
             inspect.write_json(sys.stdout, groups, problems)
         else:

@@ -43,6 +43,13 @@ def user_errors() -> Iterator[None]:
         raise typer.Exit(0) from None
 
 
+def one_prompt(prompt: str | None, ids: str | None, prompt_len: int | None) -> None:
+    """The prompt is given one way at most: --prompt TEXT, --ids 1,2,3 or --prompt-len T."""
+    given = [o for o, v in (("--prompt", prompt), ("--ids", ids), ("--prompt-len", prompt_len)) if v is not None]
+    if len(given) > 1:
+        raise StepperError(f"give {given[0]} or {given[1]}, not both")
+
+
 def parse_layers(layers: str | None) -> tuple[int, int | None] | None:
     if layers is None:
         return None

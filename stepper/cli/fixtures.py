@@ -14,12 +14,14 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from stepper.cli.common import parse_ids, parse_layers, user_errors
+from stepper.cli.common import one_prompt, parse_ids, parse_layers, user_errors
 from stepper.errors import StepperError
 from stepper.fixtures import aliases, show, verify
 from stepper.fixtures.export import export
 from stepper.fixtures.fixture import load
 from stepper.fixtures.spec import ExportSpec
+from stepper.session import text_prompt_ids
+from stepper.text import INSTALL
 from stepper.untrusted import shown
 
 fixtures_app = typer.Typer(
@@ -44,6 +46,7 @@ def export_command(
     layer: Annotated[int | None, typer.Option(metavar="N", min=0, help="Run layer N alone, on the prompt's token embeddings.")] = None,
     layers: Annotated[str | None, typer.Option(metavar="A:B", help="Run the model up to layer B-1, capturing layers A to B-1.")] = None,
     ids: Annotated[str | None, typer.Option(metavar="1,2,3", help="Prompt token ids, comma-separated.")] = None,
+    prompt: Annotated[str | None, typer.Option("--prompt", metavar="TEXT", help=f"The prompt as text, tokenized by the checkpoint's tokenizer; the fixture records its ids (needs: {INSTALL}).")] = None,
     prompt_len: Annotated[int | None, typer.Option(metavar="T", min=1, help="Number of prompt tokens drawn from the seed [default: 7].")] = None,
     start_pos: Annotated[int, typer.Option(metavar="P", min=0, help="Position of the first prompt token (empty cache).")] = 0,
     decode: Annotated[int, typer.Option(metavar="N", min=0, help="Decode steps after the prefill, with the cache.")] = 0,
@@ -61,11 +64,11 @@ def export_command(
     seed instead, with the sha256 of every tensor the run read.
     """
     with user_errors():
-        if ids is not None and prompt_len is not None:
-            raise StepperError("give --ids or --prompt-len, not both")
+        one_prompt(prompt, ids, prompt_len)
         if layer is not None and layers is not None:
             raise StepperError("give --layer or --layers, not both")
-        spec = ExportSpec(model=model, layer=layer, layers=parse_layers(layers), ids=parse_ids(ids),
+        chosen = text_prompt_ids(model, prompt, seed) if prompt is not None else parse_ids(ids)
+        spec = ExportSpec(model=model, layer=layer, layers=parse_layers(layers), ids=chosen,
                           prompt_len=7 if prompt_len is None else prompt_len, start_pos=start_pos,
                           decode=decode, attn=attn, seed=seed, weights_dtype=weights_dtype)
         export(spec, out, force=force, weights_dir=weights_dir, console=console_for(plain))

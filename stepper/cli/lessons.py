@@ -13,6 +13,7 @@ import queue
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -29,6 +30,7 @@ from stepper.lessons.prose import styled
 from stepper.lessons.schema import Lesson, all_lessons, find_lesson
 from stepper.lessons.walk import walk
 from stepper.lessons.workspace import WORKSPACE, Workspace
+from stepper.text import INSTALL
 from stepper.untrusted import shown
 from stepper.views.debugger import CommandSource
 
@@ -87,7 +89,13 @@ def list_command(plain: PlainOpt = False) -> None:
 
 
 @lesson_app.command("start")
-def start_command(name: NameArg = None, workspace: WorkspaceOpt = WORKSPACE, plain: PlainOpt = False) -> None:
+def start_command(
+    name: NameArg = None,
+    workspace: WorkspaceOpt = WORKSPACE,
+    plain: PlainOpt = False,
+    prompt: Annotated[str | None, typer.Option("--prompt", metavar="TEXT", help=f"Walk the lesson on this text, tokenized by the --model checkpoint's tokenizer (needs: {INSTALL}).")] = None,
+    model: Annotated[str | None, typer.Option(metavar="DIR", help="Walk the lesson on this checkpoint instead of the lesson's model.")] = None,
+) -> None:
     """Step through a lesson: predict each tensor before it is shown, then explore it.
 
     At each stop: Enter or c goes on to the next stop, n to the next tensor, and the debugger's
@@ -97,6 +105,7 @@ def start_command(name: NameArg = None, workspace: WorkspaceOpt = WORKSPACE, pla
     with user_errors():
         progress = Progress()
         lesson, _ = chosen(name, progress)
+        lesson = on_prompt(lesson, model, prompt)
         console = console_for(plain)
         path, created = Workspace(workspace).ensure(lesson)
         console.print(f"your exercise file: {shown(path)}" + (" (a fresh copy of the stub)" if created else
@@ -114,6 +123,14 @@ def start_command(name: NameArg = None, workspace: WorkspaceOpt = WORKSPACE, pla
         console.print(styled(f"\nyour turn: write {functions} in `{path}`, then run `stepper lesson check "
                              f"{lesson.name}{where}` (or `stepper lesson watch {lesson.name}{where}` to re-check on "
                              f"every save; `stepper lesson hint {lesson.name}` if you are stuck)"), soft_wrap=False)
+
+
+def on_prompt(lesson: Lesson, model: str | None, prompt: str | None) -> Lesson:
+    """The lesson walked on another model, or on a text prompt instead of its token ids."""
+    run = lesson.run if model is None else replace(lesson.run, model=model)
+    if prompt is not None:
+        run = replace(run, ids=None, prompt=prompt)
+    return replace(lesson, run=run)
 
 
 @lesson_app.command("check")

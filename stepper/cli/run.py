@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 
 from stepper import untrusted
-from stepper.cli.common import ModelOpt, PlainOpt, SeedOpt, parse_ids, parse_layers, user_errors
+from stepper.cli.common import ModelOpt, PlainOpt, SeedOpt, one_prompt, parse_ids, parse_layers, user_errors
 from stepper.cli.memory import available_bytes, check_fits, needs
 from stepper.cli.names import check_patterns, planned_names
 from stepper.errors import StepperError
@@ -20,6 +20,7 @@ from stepper.lessons import overrides
 from stepper.model.cache import cache_bytes_per_token
 from stepper.patching import Patcher, parse_patch
 from stepper.session import Plan, RunResult, RunSpec, execute, prepare, step_attn
+from stepper.text import INSTALL, Tokens
 from stepper.trace import Filter, Recorder, Sink, matches
 from stepper.views.debugger import CommandSource, Debugger, Quit
 from stepper.views.dump import check_output, check_writable, write_atomically, write_dump
@@ -30,6 +31,7 @@ from stepper.weights.synthetic import SyntheticWeights
 LayerOpt = Annotated[int | None, typer.Option(metavar="N", min=0, help="Run layer N alone (on --input or the prompt's token embeddings).")]
 LayersOpt = Annotated[str | None, typer.Option(metavar="A:B", help="Run the model up to layer B-1, showing layers A to B-1.")]
 IdsOpt = Annotated[str | None, typer.Option(metavar="1,2,3", help="Prompt token ids, comma-separated.")]
+PromptOpt = Annotated[str | None, typer.Option("--prompt", metavar="TEXT", help=f"The prompt as text, tokenized by the checkpoint's tokenizer.json or tiktoken.model (needs: {INSTALL}).")]
 PromptLenOpt = Annotated[int | None, typer.Option(metavar="T", min=1, help="Number of prompt tokens drawn from the seed [default: 7].")]
 StartPosOpt = Annotated[int, typer.Option(metavar="P", min=0, help="Position of the first prompt token (empty cache).")]
 DecodeOpt = Annotated[int, typer.Option(metavar="N", min=0, help="Decode steps after the prefill, with the cache (greedy tokens).")]
@@ -41,15 +43,15 @@ UseOpt = Annotated[list[Path] | None, typer.Option("--use", metavar="FILE.py", h
 PatchOpt = Annotated[list[str] | None, typer.Option("--patch", metavar="NAME=EXPR", help="Continue from NAME with EXPR of its tensor x: 0, x*0.5, x+1e-3, x[..., 7]=0; repeatable.")]
 
 
-def run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, input_file, attn, cache_mb) -> RunSpec:
-    if ids is not None and prompt_len is not None:
-        raise StepperError("give --ids or --prompt-len, not both")
+def run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, input_file, attn, cache_mb,
+             prompt=None) -> RunSpec:
+    one_prompt(prompt, ids, prompt_len)
     if layer is not None and layers is not None:
         raise StepperError("give --layer or --layers, not both")
     return RunSpec(
         model=model, layer=layer, layers=parse_layers(layers), ids=parse_ids(ids),
         prompt_len=7 if prompt_len is None else prompt_len, start_pos=start_pos, decode=decode, seed=seed,
-        input=input_file, attn=attn, weight_cache_mb=cache_mb,
+        input=input_file, attn=attn, weight_cache_mb=cache_mb, prompt=prompt,
     )
 
 
@@ -66,13 +68,22 @@ def describe(plan: Plan) -> str:
     attns = sorted({step_attn(spec, step) for step in range(spec.decode + 1)}, reverse=True)
     attn = " then ".join(attns)
     naive, latent = cache_bytes_per_token(cfg, "naive"), cache_bytes_per_token(cfg, "absorb")
+    wrapper = f"\n{untrusted.shown(cfg.wrapper.describe())}" if cfg.wrapper is not None else ""
+    wrapper += f"\n{prompt_line(plan.tokens)}" if plan.tokens is not None else ""
     return (
         f"model {untrusted.shown(cfg.name)} ({untrusted.shown(cfg.model_type)}): "
         f"{cfg.num_hidden_layers} layers ({dense} dense), "
         f"{cfg.num_attention_heads} heads{moe} · {weights} · {what}{steps}\n"
         f"attention {attn} · cache per position per layer (float32): per-head keys and values "
-        f"{naive:,} B, latent + rope key {latent:,} B ({naive / latent:.1f}x smaller)"
+        f"{naive:,} B, latent + rope key {latent:,} B ({naive / latent:.1f}x smaller){wrapper}"
     )
+
+
+def prompt_line(tokens: Tokens) -> str:
+    """The text prompt's tokens, each id with its text (a long prompt cut like token_ids)."""
+    pairs = [f"{i} {text}" for i, text in zip(tokens.ids, tokens.labels())]
+    shown = pairs if len(pairs) <= 16 else [*pairs[:12], "…", *pairs[-4:]]
+    return f"prompt: {len(pairs)} token{'s' if len(pairs) != 1 else ''} from {untrusted.shown(tokens.tokenizer.file.name)}: {' · '.join(shown)}"
 
 
 def footer(plan: Plan, result: RunResult, shown: int, dump: Path | None) -> str:
@@ -81,6 +92,8 @@ def footer(plan: Plan, result: RunResult, shown: int, dump: Path | None) -> str:
         parts.append(f"prompt {token_ids(result.prompt)} at positions {plan.spec.start_pos}..")
     if result.generated:
         parts.append(("generated " if not plan.alone else "decode tokens ") + token_ids(result.generated))
+        if plan.tokens is not None:
+            parts[-1] += f" {untrusted.shown(repr(plan.tokens.tokenizer.decode(result.generated)))}"
     if dump is not None:
         parts.append(f"dumped to {untrusted.shown(dump)}")
     if hasattr(plan.weights, "transfer"):  # a remote checkpoint
@@ -121,6 +134,7 @@ def run_command(
     layer: LayerOpt = None,
     layers: LayersOpt = None,
     ids: IdsOpt = None,
+    prompt: PromptOpt = None,
     prompt_len: PromptLenOpt = None,
     start_pos: StartPosOpt = 0,
     decode: DecodeOpt = 0,
@@ -139,7 +153,8 @@ def run_command(
 ) -> None:
     """Run the model on a prompt and print every named tensor in execution order."""
     with user_errors():
-        spec = run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, input_file, attn, weight_cache_mb)
+        spec = run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, input_file, attn, weight_cache_mb,
+                        prompt)
         pictures = parse_show(show)
         if dump is not None:
             check_writable(dump, force)
@@ -153,9 +168,9 @@ def run_command(
         if not as_json:
             console.print(describe(plan), style="bold")
         counter, recorder = TensorCount(), Recorder()
-        views: list[Sink] = [counter, JsonLines(sys.stdout, plan.config) if as_json else TensorRows(console, plan.config)]
+        views: list[Sink] = [counter, JsonLines(sys.stdout, plan.config) if as_json else TensorRows(console, plan.config, plan.tokens)]
         if pictures:
-            views.append(Pictures(console, plan.config, pictures, plan.weights))
+            views.append(Pictures(console, plan.config, pictures, plan.weights, plan.tokens))
         if dump is not None:
             views.append(recorder)
         sinks: list[Sink] = [Filter(lambda e: matches(e.name, only), views)] if only else views
@@ -182,6 +197,7 @@ def step_command(
     layer: LayerOpt = None,
     layers: LayersOpt = None,
     ids: IdsOpt = None,
+    prompt: PromptOpt = None,
     prompt_len: PromptLenOpt = None,
     start_pos: StartPosOpt = 0,
     decode: DecodeOpt = 0,
@@ -206,7 +222,8 @@ def step_command(
     Commands are read from the terminal, or line by line from a pipe.
     """
     with user_errors():
-        spec = run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, input_file, attn, weight_cache_mb)
+        spec = run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, input_file, attn, weight_cache_mb,
+                        prompt)
         if export is not None:
             check_export(export, force)
         script = read_commands(commands) if commands is not None else None
@@ -222,7 +239,8 @@ def step_command(
         interactive = sys.stdin.isatty() and console.is_terminal
         source = CommandSource(console, sys.stdin, interactive, script)
         on_stop = JsonLines(sys.stdout, plan.config) if as_json else None
-        debugger = Debugger(console, plan.config, source, plan.weights, list(breaks or []), until, on_stop, names)
+        debugger = Debugger(console, plan.config, source, plan.weights, list(breaks or []), until, on_stop, names,
+                            tokens=plan.tokens)
         try:
             with overrides.use(use or [], announce=sys.stderr):
                 result = execute(plan, [*patcher, debugger, ProgressBars(Console(stderr=True))])

@@ -132,7 +132,7 @@ class Walked:
 def walk(lesson: Lesson, console: Console, source: CommandSource) -> Walked:
     """Run the lesson's interpreter run, stopping at its steps; the outro at the end."""
     plan = prepare(lesson.run)
-    debugger = LessonDebugger(console, plan.config, source, plan.weights, lesson=lesson, plan=plan)
+    debugger = LessonDebugger(console, plan.config, source, plan.weights, lesson=lesson, plan=plan, tokens=plan.tokens)
     console.rule(f"lesson {lesson.number} · {shown(lesson.title)}", style="bold", align="left")
     say(console, lesson.intro, Context(plan))
     try:

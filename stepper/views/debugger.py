@@ -24,12 +24,13 @@ from rich.tree import Tree
 from stepper import catalog
 from stepper.config import Config
 from stepper.errors import StepperError
+from stepper.text import Tokens
 from stepper.trace import Event, did_you_mean, matches
 from stepper.untrusted import shown
 from stepper.views import pictures
 from stepper.views.debug_set import set_tensor
 from stepper.views.explain import explain_text, not_found
-from stepper.views.sinks import TensorRows
+from stepper.views.sinks import TensorRows, key_labels, token_rows
 from stepper.views.tree import BLOCKS
 from stepper.weights.names import layer_prefix
 from stepper.weights.source import WeightSource
@@ -95,10 +96,11 @@ class Debugger:
     skipped: int = 0
     stops: int = 0
     replaced: np.ndarray | None = None  # what `set` made of the current tensor: the run continues from it
+    tokens: Tokens | None = None  # with a text prompt: the texts that label token-indexed tensors
 
     def __post_init__(self) -> None:
         self.catalog = catalog.load()
-        self.rows = TensorRows(self.console, self.cfg)
+        self.rows = TensorRows(self.console, self.cfg, self.tokens)
         self.stepping = not (self.breakpoints or self.until)
 
     # -- the sink ----------------------------------------------------------------------------
@@ -226,6 +228,23 @@ class Debugger:
         text = np.array2string(np.asarray(array), precision=digits, max_line_width=max(40, self.console.width),
                                threshold=256, edgeitems=4, floatmode="fixed" if digits is not None else "maxprec")
         self.console.print(text, highlight=False, soft_wrap=True)
+        if self.tokens is not None:
+            self.print_tokens(event, index)
+
+    def print_tokens(self, event: Event, index: str | None) -> None:
+        """Which tokens a printed tensor's (or slice's) token axes hold: its positions T or tokens N
+        (the step's own) or its attended positions S (every token so far)."""
+        dims = self.catalog.dims(event.key, event.array.shape, self.cfg)
+        for axis, dim in enumerate(dims):
+            if dim.symbol not in ("T", "N", "S"):
+                continue
+            steps = range(dim.size) if dim.symbol == "S" else self.tokens.of_step(event.phase, dim.size)
+            grid = np.broadcast_to(np.arange(dim.size).reshape([-1 if a == axis else 1 for a in range(len(dims))]),
+                                   event.array.shape)
+            kept = np.unique(take(grid, index)) if index else range(dim.size)
+            labels = self.tokens.numbered([steps[int(i)] for i in kept])
+            labels = labels if len(labels) <= 24 else [*labels[:16], f"… {len(labels) - 20} more …", *labels[-4:]]
+            self.console.print(Text(f"{dim.symbol} ({dim.label}): " + " · ".join(labels), style="dim"), soft_wrap=True)
 
     def cmd_explain(self, arg: str) -> None:
         key = catalog.key_of(self.resolve(arg).name) if not arg or self._seen(arg) else arg
@@ -271,12 +290,14 @@ class Debugger:
 
     def show_attention(self, name: str) -> None:
         event = self.resolve(name or "self_attn.attn_weights")
-        self.console.print(pictures.attention_heatmap(event.array, title=event.name))
+        self.console.print(pictures.attention_heatmap(event.array, title=event.name,
+                                                      token_labels=key_labels(self.tokens, event.array)))
 
     def show_routing(self, name: str) -> None:
         idx = self.resolve(name or "mlp.gate.topk_idx")
         weight = self.resolve(idx.name.replace("topk_idx", "topk_weight"))
-        self.console.print(pictures.routing_map(idx.array, weight.array, self.cfg.n_routed_experts))
+        rows = token_rows(self.tokens, idx.phase, len(idx.array))
+        self.console.print(pictures.routing_map(idx.array, weight.array, self.cfg.n_routed_experts, rows))
 
     def show_histogram(self, name: str) -> None:
         event = self.resolve(name)

@@ -70,6 +70,7 @@ class Source:
     block: tuple[int, int]
     hint: str | None = None  # said under the footer
     checkpoint: Checkpoint | None = None  # a directory's, checked by `audit`
+    unused: frozenset[str] = frozenset()  # a wrapper's tensors no run reads (vision tower, projector)
 
     def readable(self) -> list[str]:
         """Tensor names in the shards that could be read (those of unreadable shards are not listed)."""
@@ -112,7 +113,8 @@ def checkpoint_source(path: Path, ckpt: Checkpoint) -> Source:
     cfg = ckpt.config
     block = cfg.quantization.weight_block_size if cfg.quantization else fp8.BLOCK
     hint = None if ckpt.reads_values else "listed from the headers alone: block scale values are read by a run, or with --stats"
-    return Source(path, checkpoint_title(ckpt), cfg, ckpt.weight_map, ckpt.shards, block, hint=hint, checkpoint=ckpt)
+    return Source(path, checkpoint_title(ckpt), cfg, {**ckpt.weight_map, **ckpt.unused}, ckpt.shards, block, hint=hint,
+                  checkpoint=ckpt, unused=frozenset(ckpt.unused))
 
 
 def checkpoint_title(ckpt: Checkpoint) -> str:
@@ -122,6 +124,12 @@ def checkpoint_title(ckpt: Checkpoint) -> str:
     shards = f"{len(ckpt.shards)} shard{'s' if len(ckpt.shards) != 1 else ''}"
     kind = cfg.model_type if cfg.name.endswith("config.json") else f"model {cfg.name} ({cfg.model_type})"
     return f"checkpoint {ckpt.label} · {kind}, {cfg.num_hidden_layers} layers ({dense} dense){experts} · {shards}"
+
+
+def wrapper_note(ckpt: Checkpoint) -> str:
+    wrapper = ckpt.config.wrapper
+    return (f"{wrapper.model_type} wrapper: text tensors stored under {wrapper.text_prefix}, listed without it; "
+            f"{len(ckpt.unused)} tensors of its vision tower and projector, which no run reads")
 
 
 def file_title(file: SafetensorsFile) -> str:
@@ -273,16 +281,39 @@ def heading(prefix: str, config: Config | None) -> tuple[str, int | None]:
     return f"layer {layer} ({'MoE' if config.is_moe_layer(layer) else 'dense'})", layer
 
 
-def group(tensors: list[Tensor], config: Config | None, fold_experts: bool) -> list[Group]:
+UNUSED_HEADING = "not used (the wrapper's vision tower, projector)"
+BLOCK = re.compile(r"(?P<head>.*\.blocks\.)(?P<block>\d+)\.(?P<tail>.+)")
+
+
+def group(tensors: list[Tensor], config: Config | None, fold_experts: bool, unused: frozenset[str] = frozenset()) -> list[Group]:
     by_prefix: dict[str, list[Tensor]] = {}
     for t in tensors:
-        by_prefix.setdefault(split_name(t.name)[0], []).append(t)
+        if t.name not in unused:
+            by_prefix.setdefault(split_name(t.name)[0], []).append(t)
     groups = []
     for prefix in sorted(by_prefix, key=lambda p: (p != "", natural(p))):
         members = sorted(by_prefix[prefix], key=lambda t: listing_order(t.name))
         title, layer = heading(prefix, config)
         groups.append(Group(title, layer, tuple(rows(members, len(prefix), fold_experts))))
+    members = sorted((t for t in tensors if t.name in unused), key=lambda t: natural(t.name))
+    if members:
+        groups.append(Group(UNUSED_HEADING, None, tuple(unused_rows(members, fold_experts))))
     return groups
+
+
+def unused_rows(tensors: list[Tensor], fold: bool) -> list[Row]:
+    """One row per tensor, or, folding, one per tensor of all the vision tower's blocks alike."""
+    folds: dict[tuple, list[Tensor]] = {}
+    for t in tensors:
+        m = BLOCK.fullmatch(t.name) if fold else None
+        key = (m["head"], m["tail"], t.part.dtype, t.part.shape) if m else (t.name,)
+        folds.setdefault(key, []).append(t)
+    out = []
+    for key, members in folds.items():
+        blocks = [int(BLOCK.fullmatch(t.name)["block"]) for t in members] if len(key) > 1 else []
+        label = f"{key[0]}{{{ranges(blocks)}}}.{key[1]}" if len(members) > 1 else members[0].name
+        out.append(Row(label, tuple(members)))
+    return out
 
 
 def rows(tensors: list[Tensor], cut: int, fold_experts: bool) -> list[Row]:
@@ -373,6 +404,8 @@ def render(console: Console, source: Source, groups: list[Group], matched: list[
     their control characters are shown escaped.
     """
     console.print(Text(shown(source.title), style="bold"), soft_wrap=True)
+    if source.checkpoint is not None and source.checkpoint.config.wrapper is not None:
+        console.print(Text(wrapper_note(source.checkpoint)), soft_wrap=True)
     several = len(source.shards) > 1
     shard_per_row = [several and len(g.shards()) > 1 for g in groups]
     table = [[[shown(c) for c in columns(r, per_row)] for r in g.rows] for g, per_row in zip(groups, shard_per_row)]

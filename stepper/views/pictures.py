@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from functools import lru_cache
 
 import numpy as np
+from rich.cells import cell_len
 from rich.color import Color
 from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
 from rich.measure import Measurement
@@ -217,13 +218,14 @@ def side_by_side(blocks: list[list[Text]], gap: str = GAP) -> list[Text]:
 
 
 def attention_heatmap(weights: np.ndarray, heads: list[int] | None = None, max_heads: int = 4,
-                      title: str = "") -> RenderableType:
+                      title: str = "", token_labels: list[str] | None = None) -> RenderableType:
     """Attention weights [B, H, T, S] (or [H, T, S]) as a heat map per head, batch 0.
 
     Query positions t run down, key positions s across; an exactly-zero weight (a masked, future
     key) is drawn '·', any other weight a shade of its size. A decode step (T = 1) is drawn as a
     bar of S keys per head. heads: which heads (default the first max_heads; at most max_heads
-    are drawn either way).
+    are drawn either way). token_labels: the text of each of the S key tokens (the queries are
+    the last T of them); the rows are then labelled with their tokens and the keys listed below.
     """
     w = np.asarray(weights)
     if w.ndim == 3:
@@ -234,9 +236,26 @@ def attention_heatmap(weights: np.ndarray, heads: list[int] | None = None, max_h
     chosen, asked = pick_heads(shape[1], heads, max_heads)
     maps = np.asarray(w[0, chosen], dtype=np.float64)  # [h, T, S]
     notes = attention_caption(shape, chosen, asked, heads is None)
+    if token_labels is not None and len(token_labels) != shape[3]:
+        raise ValueError(f"{len(token_labels)} token labels for {shape[3]} keys")
+    keys = [] if token_labels is None else [shown(x) for x in token_labels]
     if shape[2] == 1:
-        return Picture(lambda width: heading(title) + decode_bars(maps[:, 0], chosen, notes, width))
-    return Picture(lambda width: heading(title) + head_maps(maps, chosen, notes, width))
+        return Picture(lambda width: heading(title) + decode_bars(maps[:, 0], chosen, notes, width) + key_list(keys, width))
+    rows = keys[shape[3] - shape[2]:] or None
+    return Picture(lambda width: heading(title) + head_maps(maps, chosen, notes, width, rows) + key_list(keys, width))
+
+
+def key_list(labels: list[str], width: int) -> list[Text]:
+    """The key tokens by position, 's: 0 <bos> · 1 hello · …', as many as fit in two lines."""
+    if not labels:
+        return []
+    text, room = "keys s: ", 2 * width - 12
+    for s, label in enumerate(labels):
+        item = f"{s} {short(label, 12)}" + (" · " if s < len(labels) - 1 else "")
+        if cell_len(text + item) > room:
+            return [caption(text + f"… ({len(labels) - s} more)")]
+        text += item
+    return [caption(text)]
 
 
 def pick_heads(n_heads: int, heads: list[int] | None, max_heads: int) -> tuple[list[int], int]:
@@ -291,10 +310,13 @@ def fit_side_by_side(n: int, width: int, margin: int, natural: int) -> tuple[int
     return per_line, max(1, min(MAX_COLS, budget))
 
 
-def head_maps(maps: np.ndarray, chosen: list[int], notes: str, width: int) -> list[Text]:
-    """One heat map per head (query t down, key s across), as many side by side as fit."""
+def head_maps(maps: np.ndarray, chosen: list[int], notes: str, width: int, tokens: list[str] | None = None) -> list[Text]:
+    """One heat map per head (query t down, key s across), as many side by side as fit; with
+    tokens (one per query), the rows say whose they are while the rows are not pooled."""
     _, t_len, s_len = maps.shape
-    margin = max(len(str(t_len - 1)), 3) + 1
+    labels = [str(t) for t in range(t_len)] if tokens is None or t_len > MAX_ROWS else \
+        [f"{t} {short(x, 8)}" for t, x in enumerate(tokens)]
+    margin = max(max(cell_len(x) for x in labels), 3) + 1
     per_line, col_budget = fit_side_by_side(len(chosen), width, margin, s_len)
     stacked = ceil_div(len(chosen), per_line)
     row_budget = MAX_ROWS if stacked == 1 else max(MIN_ROWS, MAX_ROWS // stacked)
@@ -303,7 +325,7 @@ def head_maps(maps: np.ndarray, chosen: list[int], notes: str, width: int) -> li
         pooled, rb, cb = pool_max(head, row_budget, col_budget)
         block = (rb, cb)
         cell_width = 2 if cb == 1 and 2 * s_len <= col_budget else 1
-        blocks.append(one_head_map(h, pooled, rb, cb, margin, cell_width))
+        blocks.append(one_head_map(h, pooled, rb, cb, margin, cell_width, labels if rb == 1 else None))
     out = []
     for i in range(0, len(blocks), per_line):
         out += side_by_side(blocks[i:i + per_line])
@@ -315,14 +337,20 @@ def head_maps(maps: np.ndarray, chosen: list[int], notes: str, width: int) -> li
     return out
 
 
-def one_head_map(h: int, grid: np.ndarray, rb: int, cb: int, margin: int, cell_width: int) -> list[Text]:
+def one_head_map(h: int, grid: np.ndarray, rb: int, cb: int, margin: int, cell_width: int,
+                 labels: list[str] | None = None) -> list[Text]:
     n_rows, n_cols = grid.shape
     lines = [line((f"head {h}", "bold")), line("t\\s".rjust(margin - 1) + " ", (ticks(n_cols, cell_width, lambda c: c * cb), DIM))]
     labelled = labelled_rows(n_rows)
     for r in range(n_rows):
-        label = str(r * rb) if r in labelled else ""
-        lines.append(line((label.rjust(margin - 1) + " ", DIM), *attention_cells(grid[r], cell_width)))
+        label = labels[r] if labels is not None and r in labelled else str(r * rb) if r in labelled else ""
+        lines.append(line((pad_left(label, margin - 1) + " ", DIM), *attention_cells(grid[r], cell_width)))
     return lines
+
+
+def pad_left(text: str, width: int) -> str:
+    """text right-aligned in `width` terminal cells (a Han character takes two)."""
+    return " " * max(0, width - cell_len(text)) + text
 
 
 def decode_bars(rows: np.ndarray, chosen: list[int], notes: str, width: int) -> list[Text]:
@@ -374,7 +402,7 @@ def routing_map(topk_idx: np.ndarray, topk_weight: np.ndarray, n_experts: int,
         raise ValueError(f"expert ids must be in 0..{n_experts - 1}, got {idx.min()}..{idx.max()}")
     if token_labels is not None and len(token_labels) != idx.shape[0]:
         raise ValueError(f"{len(token_labels)} token labels for {idx.shape[0]} tokens")
-    labels = [str(i) for i in range(idx.shape[0])] if token_labels is None else [str(x) for x in token_labels]
+    labels = [str(i) for i in range(idx.shape[0])] if token_labels is None else [shown(str(x)) for x in token_labels]
     load = np.bincount(idx.ravel().astype(np.int64), minlength=n_experts)
     return Picture(lambda width: draw_routing(idx.astype(np.int64), weight, load, labels, width))
 
@@ -395,7 +423,7 @@ def draw_routing(idx: np.ndarray, weight: np.ndarray, load: np.ndarray, labels: 
     n_tokens, k = idx.shape
     n_experts = load.size
     shown = min(n_tokens, TOKEN_ROWS)
-    margin = max([len("load #"), *(len(short(x)) for x in labels[:shown])]) + 1
+    margin = max([len("load #"), *(cell_len(short(x)) for x in labels[:shown])]) + 1
     size = expert_bin(n_experts, max(1, min(MAX_COLS, width - margin)))
     n_cols = ceil_div(n_experts, size)
     top = float(np.nanmax(weight)) if weight.size and not np.isnan(weight).all() else 0.0
@@ -403,7 +431,7 @@ def draw_routing(idx: np.ndarray, weight: np.ndarray, load: np.ndarray, labels: 
     for t in range(shown):
         cells = token_cells(idx[t], weight[t], top, n_cols, size, k)
         picks = [f"e{e} {w:.2f}" for e, w in zip(idx[t], weight[t])] if size == 1 else []
-        out.append(line((short(labels[t]).rjust(margin - 1) + " ", DIM), *cells, *fitting(picks, width - margin - n_cols)))
+        out.append(line((pad_left(short(labels[t]), margin - 1) + " ", DIM), *cells, *fitting(picks, width - margin - n_cols)))
     if shown < n_tokens:
         out.append(caption(f"… {n_tokens - shown} more tokens not shown (N={n_tokens}); the load counts all of them"))
     out += load_rows(load, size, margin)

@@ -17,6 +17,7 @@ from rich.text import Text
 
 from stepper import catalog
 from stepper.config import Config
+from stepper.text import Tokens
 from stepper.trace import Event
 from stepper.views import pictures, summary
 from stepper.views.summary import finite_or_none, number
@@ -26,9 +27,10 @@ from stepper.weights.names import storage_dtype
 class TensorRows:
     """Sink printing one row per tensor to a Rich console (colour unless the console is plain)."""
 
-    def __init__(self, console: Console, cfg: Config):
+    def __init__(self, console: Console, cfg: Config, tokens: Tokens | None = None):
         self.console = console
         self.cfg = cfg
+        self.tokens = tokens  # with a text prompt, a decode step's heading names the token it feeds
         self.catalog = catalog.load()
         self.scope: tuple[str | None, int | None] | None = None
 
@@ -41,6 +43,8 @@ class TensorRows:
 
     def heading(self, event: Event) -> str:
         parts = [] if event.phase is None else [event.phase]
+        if self.tokens is not None and event.phase is not None and event.phase.startswith("decode"):
+            parts.append("token " + self.tokens.numbered(self.tokens.of_step(event.phase, 1))[0])
         if event.layer is None:
             parts.append("model")
         else:
@@ -124,22 +128,25 @@ class Pictures:
     scales of each shown layer's attention projections.
     """
 
-    def __init__(self, console: Console, cfg: Config, kinds: set[str], weights=None):
+    def __init__(self, console: Console, cfg: Config, kinds: set[str], weights=None, tokens: Tokens | None = None):
         self.console = console
         self.cfg = cfg
         self.kinds = kinds
         self.weights = weights
+        self.tokens = tokens  # the texts of a text prompt's tokens, for the pictures' labels
         self.topk_idx: np.ndarray | None = None
 
     def __call__(self, event: Event) -> None:
         if "hist" in self.kinds:
             self.console.print(pictures.histogram(event.array, title=event.name))
         if "attention" in self.kinds and event.key == "self_attn.attn_weights":
-            self.console.print(pictures.attention_heatmap(event.array, title=event.name))
+            self.console.print(pictures.attention_heatmap(event.array, title=event.name,
+                                                          token_labels=key_labels(self.tokens, event.array)))
         if event.key == "mlp.gate.topk_idx":
             self.topk_idx = event.array
         if "routing" in self.kinds and event.key == "mlp.gate.topk_weight" and self.topk_idx is not None:
-            self.console.print(pictures.routing_map(self.topk_idx, event.array, self.cfg.n_routed_experts))
+            rows = token_rows(self.tokens, event.phase, len(self.topk_idx))
+            self.console.print(pictures.routing_map(self.topk_idx, event.array, self.cfg.n_routed_experts, rows))
         if "scales" in self.kinds and event.key == "hidden_states" and hasattr(self.weights, "stored"):
             self.draw_scales(event.layer)
 
@@ -151,6 +158,16 @@ class Pictures:
             stored = self.weights.stored(name)
             if stored.scale_inv is not None:
                 self.console.print(pictures.scale_grid(np.asarray(stored.scale_inv, dtype=np.float32), title=name))
+
+
+def key_labels(tokens: Tokens | None, weights: np.ndarray) -> list[str] | None:
+    """The texts of attention weights' S key tokens, with a text prompt."""
+    return None if tokens is None else tokens.labels(range(weights.shape[-1]))
+
+
+def token_rows(tokens: Tokens | None, phase: str | None, n: int) -> list[str] | None:
+    """The routing map's row labels, with a text prompt: each token's position and text."""
+    return None if tokens is None else tokens.numbered(tokens.of_step(phase, n))
 
 
 class ProgressBars:

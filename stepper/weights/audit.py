@@ -115,5 +115,6 @@ def stray_problem(layer: int, found: list[tuple[str, str]], layers: int) -> Prob
 def nextn_layers(ckpt: Checkpoint) -> int:
     """The config's num_nextn_predict_layers (0 when absent or not a count)."""
     raw = read_json(ckpt.path / "config.json")
+    raw = raw.get("text_config", raw) if ckpt.config.wrapper is not None else raw
     count = raw.get("num_nextn_predict_layers", 0)
     return count if type(count) is int and count >= 0 else 0

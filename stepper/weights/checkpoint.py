@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +26,7 @@ from stepper.config import Config, load_config
 from stepper.errors import StepperError
 from stepper.jsonfile import read_json
 from stepper.untrusted import is_safe
-from stepper.weights.names import global_shapes, layer_shapes
+from stepper.weights.names import global_shapes, layer_shapes, text_name
 from stepper.weights.safetensors_reader import MappedBudget, SafetensorsFile, TensorInfo
 from stepper.weights.stored import FileBytes, Stored
 
@@ -61,6 +61,9 @@ class Checkpoint:
             self._open_shard(shard)
         self._resident = MappedBudget(RESIDENT_BYTES)
         self._check_index_against_headers()
+        self.unused: dict[str, str] = {}  # tensor -> shard, of a wrapper's parts no run reads (vision tower)
+        if self.config.wrapper is not None:
+            self._resolve_names()
 
     @property
     def label(self) -> str:
@@ -239,6 +242,24 @@ class Checkpoint:
             self.shards[shard] = self.open_file(path)
         except StepperError as e:
             self.unreadable[shard] = str(e).removeprefix(f"{path}: ")
+
+    def _resolve_names(self) -> None:
+        """A wrapped checkpoint's tensors by the names stepper knows (`language_model.` dropped);
+        the vision tower's and projector's go to `unused`, out of reach of any run."""
+        stored_as: dict[str, str] = {}
+        text: dict[str, str] = {}
+        for stored, shard in self.weight_map.items():
+            name = text_name(self.config, stored)
+            if name is None:
+                self.unused[stored] = shard
+                continue
+            if name in text:
+                raise StepperError(f"{self.path}: tensors '{stored_as[name]}' and '{stored}' both stand for '{name}'")
+            text[name], stored_as[name] = shard, stored
+        self.weight_map = text
+        renamed = {stored: name for name, stored in stored_as.items() if stored != name}
+        for file in self.shards.values():
+            file.tensors = {renamed.get(n, n): replace(info, name=renamed.get(n, n)) for n, info in file.tensors.items()}
 
     def _check_index_against_headers(self) -> None:
         """The index and the shards' headers must name the same tensors. A tensor listed but not in

@@ -12,6 +12,23 @@ from stepper.config import Config
 from stepper.errors import StepperError
 
 
+def text_name(cfg: Config, stored: str) -> str | None:
+    """The name stepper knows a stored tensor by: in a wrapped checkpoint (kimi_k25) the text
+    model's tensor without its prefix (`language_model.model.norm.weight` is `model.norm.weight`),
+    None for a tensor of the wrapper's other parts (vision tower, projector), which no run reads."""
+    wrapper = cfg.wrapper
+    if wrapper is None:
+        return stored
+    if stored.startswith(wrapper.unused_prefixes):
+        return None
+    return stored.removeprefix(wrapper.text_prefix)
+
+
+def stored_name(cfg: Config, name: str) -> str:
+    """The name a checkpoint of this config stores a tensor under (text_name's inverse)."""
+    return name if cfg.wrapper is None else cfg.wrapper.text_prefix + name
+
+
 def is_linear(name: str) -> bool:
     """The projection weights a DeepSeek-V3 / Kimi K2 checkpoint quantizes to FP8."""
     return name.startswith("model.layers.") and name.endswith(("_proj.weight", "_proj_with_mqa.weight"))

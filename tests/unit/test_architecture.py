@@ -28,6 +28,7 @@ BELOW_EVERYTHING: dict[str, set[str]] = {
     "config": {"errors", "jsonfile"},
     "jsonfile": {"errors"},
     "untrusted": set(),
+    "text": {"errors", "jsonfile", "untrusted"},
 }
 MAY_IMPORT: dict[str, set[str]] = {
     **BELOW_EVERYTHING,
