@@ -22,7 +22,7 @@ from stepper.session import Plan, RunResult, RunSpec, execute, prepare, step_att
 from stepper.trace import Filter, Recorder, Sink
 from stepper.views.debugger import CommandSource, Debugger, Quit
 from stepper.views.dump import check_output, check_writable, write_atomically, write_dump
-from stepper.views.sinks import PICTURES, JsonLines, Pictures, ProgressBars, TensorRows
+from stepper.views.sinks import PICTURES, JsonLines, Pictures, ProgressBars, TensorRows, print_wrapped
 from stepper.weights.synthetic import SyntheticWeights
 
 # Options of both commands
@@ -73,6 +73,12 @@ def describe(plan: Plan) -> str:
         f"attention {attn} · cache per position per layer (float32): per-head keys and values "
         f"{naive:,} B, latent + rope key {latent:,} B ({naive / latent:.1f}x smaller)"
     )
+
+
+def print_lines(console: Console, text: str, style: str) -> None:
+    """Lines of prose, each wrapped at word boundaries on a terminal."""
+    for line in text.splitlines():
+        print_wrapped(console, line, style=style)
 
 
 def footer(plan: Plan, result: RunResult, shown: int, dump: Path | None) -> str:
@@ -150,7 +156,7 @@ def run_command(
         check_fits(needs(plan, kept, "--only"), available_bytes())
         console = Console(no_color=plain, highlight=False, markup=False, soft_wrap=True)
         if not as_json:
-            console.print(describe(plan), style="bold")
+            print_lines(console, describe(plan), "bold")
         counter, recorder = TensorCount(), Recorder()
         views: list[Sink] = [counter, JsonLines(sys.stdout, plan.config) if as_json else TensorRows(console, plan.config)]
         if dump is not None:
@@ -165,7 +171,7 @@ def run_command(
             write_dump(dump, recorder, {"model": plan.config.name, "prompt": json.dumps(result.prompt),
                                         "start_pos": str(spec.start_pos), "generated": json.dumps(result.generated)})
         if not as_json:
-            console.print(footer(plan, result, counter.count, dump), style="dim")
+            print_lines(console, footer(plan, result, counter.count, dump), "dim")
 
 
 EXPORTS = {  # the file names --export takes, and how a session recorded in each begins
@@ -218,7 +224,7 @@ def step_command(
         check_fits(needs(plan, names, "--prompt-len"), available_bytes())  # the debugger keeps every tensor
         console = Console(no_color=plain, highlight=False, markup=False, soft_wrap=True, record=export is not None,
                           stderr=as_json)
-        console.print(describe(plan), style="bold")
+        print_lines(console, describe(plan), "bold")
         interactive = sys.stdin.isatty() and console.is_terminal
         bars = ProgressBars(Console(stderr=True))
         source = CommandSource(console, sys.stdin, interactive, script, before_input=bars.hide)
@@ -227,7 +233,7 @@ def step_command(
         try:
             with overrides.use(use or [], announce=sys.stderr):
                 result = execute(plan, [debugger, bars])
-            console.print(footer(plan, result, len(debugger.history), None), style="dim")
+            print_lines(console, footer(plan, result, len(debugger.history), None), "dim")
         except Quit:
             seen = len(debugger.history)
             console.print(f"quit after {seen} tensor{'s' if seen != 1 else ''}", style="dim")

@@ -31,7 +31,7 @@ from stepper.trace import Event, did_you_mean, matches
 from stepper.untrusted import shown
 from stepper.views import pictures
 from stepper.views.explain import explain_text
-from stepper.views.sinks import TensorRows, line_width, print_wrapped, wrap_fields
+from stepper.views.sinks import TensorRows, line_width, print_picture, print_wrapped, wrap_fields
 from stepper.views.summary import number
 from stepper.views.tree import BLOCKS
 from stepper.weights.names import layer_prefix
@@ -336,18 +336,18 @@ class Debugger:
 
     def show_attention(self, name: str) -> None:
         event = self.resolve(name or "self_attn.attn_weights")
-        self.console.print(pictures.attention_heatmap(event.array, title=event.name))
+        print_picture(self.console, pictures.attention_heatmap(event.array, title=event.name))
 
     def show_routing(self, name: str) -> None:
         idx = self.resolve(name or "mlp.gate.topk_idx")
         if not self._seen(idx.name.replace("topk_idx", "topk_weight")):
             raise StepperError(f"s routing draws {idx.name} with its topk_weight, which comes next: n, then s routing")
         weight = self.resolve(idx.name.replace("topk_idx", "topk_weight"))
-        self.console.print(pictures.routing_map(idx.array, weight.array, self.cfg.n_routed_experts))
+        print_picture(self.console, pictures.routing_map(idx.array, weight.array, self.cfg.n_routed_experts))
 
     def show_histogram(self, name: str) -> None:
         event = self.resolve(name)
-        self.console.print(pictures.histogram(event.array, title=event.name))
+        print_picture(self.console, pictures.histogram(event.array, title=event.name))
 
     def show_scales(self, name: str) -> None:
         if self.weights is None or not hasattr(self.weights, "stored"):
@@ -359,7 +359,7 @@ class Debugger:
         stored = self.weights.stored(full)
         if stored.scale_inv is None:
             raise StepperError(f"'{full}' is stored as {stored.dtype}: only F8_E4M3 weights have block scales")
-        self.console.print(pictures.scale_grid(np.asarray(stored.scale_inv, dtype=np.float32), title=full))
+        print_picture(self.console, pictures.scale_grid(np.asarray(stored.scale_inv, dtype=np.float32), title=full))
 
     # -- names -------------------------------------------------------------------------------
 

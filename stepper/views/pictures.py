@@ -466,7 +466,7 @@ def routing_summary(load: np.ndarray, n_tokens: int, k: int, size: int) -> list[
     used = int((load > 0).sum())
     busiest = int(load.argmax()) if load.size else 0
     lines = [Text(f"experts used {used}/{load.size} · max load {int(load.max(initial=0))} (expert {busiest}) · "
-                  f"{n_tokens} tokens × top-{k} · balanced would be {number(n_tokens * k / max(load.size, 1))} each")]
+                  f"{n_tokens} token{'s' if n_tokens != 1 else ''} × top-{k} · balanced would be {number(n_tokens * k / max(load.size, 1))} each")]
     order = [e for e in sorted(range(load.size), key=lambda e: (-load[e], e))[:8] if load[e] > 0]
     if order:
         lines.append(caption("busiest: " + ", ".join(f"e{e} {int(load[e])}" for e in order)))

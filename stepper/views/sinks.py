@@ -13,8 +13,7 @@ from collections.abc import Callable
 from typing import IO, Any
 
 import numpy as np
-from rich.console import Console
-from rich.padding import Padding
+from rich.console import Console, RenderableType
 from rich.text import Text
 
 from stepper import catalog
@@ -117,13 +116,17 @@ def wrap_fields(fields: list[Text], width: int | None, first: str, indent: str, 
     return out
 
 
+def print_picture(console: Console, picture: RenderableType) -> None:
+    """A picture: its captions wrapped at a terminal's width, its lines whole elsewhere."""
+    console.print(picture, soft_wrap=line_width(console) is None)
+
+
 def print_wrapped(console: Console, text: Text | str, indent: int = 0, style: str = "") -> None:
     """Prose: wrapped at word boundaries on a terminal (continued under its indent), one line elsewhere."""
     body = text if isinstance(text, Text) else Text(text, style=style)
-    if line_width(console) is None:
-        console.print(Text(" " * indent) + body, soft_wrap=True)
-    else:
-        console.print(Padding(body, (0, 0, 0, indent)), soft_wrap=False)
+    width = line_width(console)
+    for line in [body] if width is None else body.wrap(console, max(20, width - indent)):
+        console.print(Text(" " * indent) + line, soft_wrap=True)
 
 
 class JsonLines:
@@ -188,13 +191,13 @@ class Pictures:
         if "routing" in self.kinds and event.key == "mlp.gate.topk_weight" and self.topk_idx is not None:
             idx, idx_shown = self.topk_idx
             if shown or idx_shown:
-                self.console.print(pictures.routing_map(idx, event.array, self.cfg.n_routed_experts))
+                print_picture(self.console, pictures.routing_map(idx, event.array, self.cfg.n_routed_experts))
         if not shown:
             return
         if "hist" in self.kinds:
-            self.console.print(pictures.histogram(event.array, title=event.name))
+            print_picture(self.console, pictures.histogram(event.array, title=event.name))
         if "attention" in self.kinds and event.key == "self_attn.attn_weights":
-            self.console.print(pictures.attention_heatmap(event.array, title=event.name))
+            print_picture(self.console, pictures.attention_heatmap(event.array, title=event.name))
         scope = (event.phase, event.layer)
         if "scales" in self.kinds and event.layer is not None and scope not in self.scaled and hasattr(self.weights, "stored"):
             self.scaled.add(scope)
@@ -207,7 +210,7 @@ class Pictures:
                 continue
             stored = self.weights.stored(name)
             if stored.scale_inv is not None:
-                self.console.print(pictures.scale_grid(np.asarray(stored.scale_inv, dtype=np.float32), title=name))
+                print_picture(self.console, pictures.scale_grid(np.asarray(stored.scale_inv, dtype=np.float32), title=name))
 
 
 class ProgressBars:
