@@ -44,7 +44,7 @@ BEFORE = {"stepper lesson check tour": solution_written,
 
 
 def code_blocks(text: str) -> list[list[str]]:
-    return [block.splitlines() for block in re.findall(r"^```[a-z]*\n(.*?)^```", text, re.S | re.M)]
+    return [block.splitlines() for block in re.findall(r"^```[a-z]*\n(.*?)^```", text, re.DOTALL | re.MULTILINE)]
 
 
 def transcripts(block: list[str]) -> list[tuple[str, list[str]]]:
@@ -109,5 +109,5 @@ def test_the_options_readme_lists_are_the_options_run_and_step_take():
                       .replace(" and ", ", ").split(", "))
     assert not_in_step == {"--only", "--show", "--dump"} and len(listed) >= 15
     for option in listed:
-        assert re.search(rf"^  {option}\b", run_help, re.M), option
-        assert bool(re.search(rf"^  {option}\b", step_help, re.M)) == (option not in not_in_step), option
+        assert re.search(rf"^  {option}\b", run_help, re.MULTILINE), option
+        assert bool(re.search(rf"^  {option}\b", step_help, re.MULTILINE)) == (option not in not_in_step), option

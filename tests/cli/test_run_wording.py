@@ -26,7 +26,7 @@ def recorded(**spec) -> dict[str, np.ndarray]:
 
 def picks(out: str) -> list[list[tuple[int, float]]]:
     """The routing map's rows: each token's listed (expert, weight) picks."""
-    rows = re.findall(r"^ +\d+ [█▓▒░·]+  (.*)$", out, re.M)
+    rows = re.findall(r"^ +\d+ [█▓▒░·]+  (.*)$", out, re.MULTILINE)
     return [[(int(e), float(w)) for e, w in re.findall(r"e(\d+) ([\d.]+)", row)] for row in rows]
 
 
@@ -43,7 +43,7 @@ def test_routing_is_drawn_when_either_of_the_router_choices_is_shown(only):
         for t in range(7):
             assert [e for e, _ in rows[first + t]] == idx[t].tolist()  # all four, in rank order
             np.testing.assert_allclose([w for _, w in rows[first + t]], weight[t], atol=0.005)
-    assert "…" not in "".join(re.findall(r"^ +\d+ [█▓▒░·]+.*$", out.stdout, re.M))
+    assert "…" not in "".join(re.findall(r"^ +\d+ [█▓▒░·]+.*$", out.stdout, re.MULTILINE))
 
 
 def test_a_picture_no_shown_tensor_gives_is_refused_with_the_reason():
@@ -63,12 +63,12 @@ def test_routing_in_the_debugger_before_topk_weight_says_what_to_do():
 def test_a_bare_global_name_is_the_global():
     out = stepper("run", "--plain", "--only", "logits", "--decode", "1")
     assert out.exit_code == 0, out.stderr
-    names = re.findall(r"^(\S+)  \[", out.stdout, re.M)
+    names = re.findall(r"^(\S+)  \[", out.stdout, re.MULTILINE)
     assert names == ["prefill.logits", "decode0.logits"]
     assert "--only logits: the model's logits only (for the layers' mlp.gate.logits: --only mlp.gate.logits)" in out.stderr
-    layers = re.findall(r"^(\S+)  \[", stepper("run", "--plain", "--only", "mlp.gate.logits").stdout, re.M)
+    layers = re.findall(r"^(\S+)  \[", stepper("run", "--plain", "--only", "mlp.gate.logits").stdout, re.MULTILINE)
     assert layers == ["layers.1.mlp.gate.logits", "layers.2.mlp.gate.logits"]
-    globbed = re.findall(r"^(\S+)  \[", stepper("run", "--plain", "--only", "*logits").stdout, re.M)
+    globbed = re.findall(r"^(\S+)  \[", stepper("run", "--plain", "--only", "*logits").stdout, re.MULTILINE)
     assert globbed == ["layers.1.mlp.gate.logits", "layers.2.mlp.gate.logits", "logits"]
 
 
