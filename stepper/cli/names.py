@@ -38,18 +38,16 @@ PICTURE_TENSORS = {  # the tensors a --show picture is drawn from; one of them m
 
 def only_filter(patterns: list[str], names: list[str], note: Callable[[str], None]) -> Callable[[str], bool]:
     """Which names `--only` keeps. A bare name that is a global tensor's (`logits`, `norm`) keeps
-    that global only, not every layer tensor whose name ends the same way (`mlp.gate.logits`);
-    a bare name that matches several kinds of tensor is said, with the kinds."""
+    that global only, not every layer tensor whose name ends the same way (`mlp.gate.logits`, kept
+    by that name); another bare name that matches several kinds of tensor is said, with the kinds."""
+    globals_ = {unphased(n) for n in names if not unphased(n).startswith("layers.")}
     tests = []
     for pattern in patterns:
         kinds = sorted({catalog.key_of(n) for n in names if matches(n, [pattern])})
         if GLOB & set(pattern) or len(kinds) < 2:
             tests.append(lambda name, p=pattern: matches(name, [p]))
-        elif pattern in kinds and not pattern.startswith("layers."):
-            others = ", ".join(k for k in kinds if k != pattern)
-            note(f"--only {pattern}: the model's {pattern} only (for the layers' {others}: --only {others})"
-                 if len(kinds) == 2 else f"--only {pattern}: the model's {pattern} only (not {others})")
-            tests.append(lambda name, p=pattern: catalog.key_of(name) == p and not unphased(name).startswith("layers."))
+        elif pattern in globals_:  # what was meant; the layers' tensors go by their own names
+            tests.append(lambda name, p=pattern: unphased(name) == p)
         else:
             note(f"--only {pattern} matches {len(kinds)} kinds of tensor: {', '.join(kinds)}")
             tests.append(lambda name, p=pattern: matches(name, [p]))

@@ -93,11 +93,10 @@ class CommandSource:
 
     def _typed(self, prompt: str) -> str:
         """A line typed at the terminal: with readline, input() draws the prompt itself, so that
-        editing and history redraw the line correctly (its colour codes marked as taking no room)."""
+        editing and history redraw the line correctly."""
         if not self.editing:
-            return self.console.input(Text(prompt, style="bold"))
-        bold = self.console.color_system is not None and not self.console.no_color
-        line = input(f"\001\x1b[1m\002{prompt}\001\x1b[0m\002" if bold else prompt)
+            return self.console.input(prompt)
+        line = input(prompt)
         if self.console.record:  # the session's export shows the prompt and what was typed
             screen, self.console.file = self.console.file, io.StringIO()
             try:

@@ -65,7 +65,7 @@ class Picture:
         self.whole_off_screen = whole_off_screen  # to a pipe or a file: its lines are not cut at a width
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        if options.is_terminal or not self.whole_off_screen:
+        if not self.whole_off_screen or getattr(console.file, "isatty", lambda: False)():
             yield from self.draw(options.max_width)
             return
         for drawn in self.draw(OFF_SCREEN_WIDTH):

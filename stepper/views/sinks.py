@@ -95,8 +95,10 @@ def corners_line(array: np.ndarray, width: int | None) -> Text:
 
 
 def line_width(console: Console) -> int | None:
-    """The width text is wrapped to: a terminal's; None (lines kept whole) for a pipe or a file."""
-    return console.width if console.is_terminal else None
+    """The width text is wrapped to: a terminal's; None (lines kept whole) for a pipe or a file,
+    coloured or not (FORCE_COLOR makes Rich treat a pipe as a terminal, but it has no width)."""
+    isatty = getattr(console.file, "isatty", None)
+    return console.width if isatty is not None and isatty() else None
 
 
 def wrap_fields(fields: list[Text], width: int | None, first: str, indent: str, sep: str = "  ",
