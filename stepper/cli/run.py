@@ -209,8 +209,9 @@ def step_command(
     """Step through the run one named tensor at a time, like a debugger.
 
     At each stop: Enter or n next, c continue, b GLOB break, d delete, u NAME until,
-    p NAME[slice] print, e explain, w where, x A B compare, h history, s show PICTURE, q quit, ? help.
-    Commands are read from the terminal, or line by line from a pipe.
+    p NAME[slice] print, e explain, w where, x A B compare (tensors or slices), h history,
+    s show PICTURE, q quit, ? help (help CMD: one command, with examples).
+    Commands are read from the terminal (with line editing and history), or line by line from a pipe.
     """
     with user_errors():
         spec = run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, input_file, attn, weight_cache_mb)

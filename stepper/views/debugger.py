@@ -452,7 +452,7 @@ TABLE = (
             "The tree follows the layer's execution order.", ("w",), Debugger.cmd_where),
     Command(("x", "compare"), "x A B", "compare two tensors or slices of the same shape",
             "Prints the largest absolute difference, the largest |b|, their ratio, and how many entries differ.",
-            ("x compressed_kv kv_a[..., :128]", "x prefill.layers.1.output decode0.layers.1.output"),
+            ("x compressed_kv kv_a[..., :128]", "x attn_residual hidden_states"),
             Debugger.cmd_compare),
     Command(("h", "history"), "h [N]", "list the last N tensors seen (20 by default)",
             "Every tensor seen stays printable with p.", ("h", "h 100"), Debugger.cmd_history),

@@ -139,3 +139,22 @@ def test_export_html_contains_every_row(tmp_path):
     text = unescape(re.sub(r"<[^>]+>", "", html.read_text()))  # the page's text, without its markup
     for name in ("layers.0.self_attn.q", "layers.0.self_attn.q_nope", "layers.0.self_attn.q_pe"):
         assert f"{name}  [B=1 batch, 4 heads, T=7 positions" in text
+
+
+def test_every_example_of_the_help_runs():
+    """`?` and `help CMD` show examples; each one is a working command (the ones that resume the run
+    are left out: they would leave the stop)."""
+    from stepper.views.debugger import TABLE
+
+    resuming = {"n", "c", "u", "q"}
+    examples = [e for command in TABLE if command.names[0] not in resuming for e in command.examples]
+    helps = [f"help {command.names[0]}" for command in TABLE]
+    out = step("--decode", "1", "--until", "decode0.layers.1.output", commands="\n".join([*examples, *helps, "?", "q"]) + "\n")
+    assert out.returncode == 0, out.stderr
+    for error in ("unknown command", "no tensor", "bad slice", "cannot compare", "matches no tensor", "no command",
+                  "show what?", "s scales needs", "no stored weights"):
+        assert error not in out.stdout, error
+    for command in TABLE:
+        assert f"\n{command.usage}" in out.stdout  # help CMD's first line
+    assert "a = decode0.layers.1.self_attn.compressed_kv  [1, 1, 128]" in out.stdout
+    assert "breakpoints: layers.2.*" in out.stdout and out.stdout.count("e.g. ") >= 2 * len(TABLE)
