@@ -57,9 +57,16 @@ def parse_layers(layers: str | None) -> tuple[int, int | None] | None:
     try:
         if not sep:
             raise ValueError
-        return int(first or 0), int(stop) if stop else None
+        start, end = int(first or 0), int(stop) if stop else None
     except ValueError:
         raise StepperError(f"--layers expects A:B (layers A to B-1), got '{layers}'") from None
+    if end is not None and end < start:
+        raise StepperError(f"--layers {layers} is reversed: A:B shows layers A to B-1, so A comes first "
+                           f"(--layers {end}:{start})")
+    if end is not None and end == start:
+        raise StepperError(f"--layers {layers} is empty: A:B shows layers A to B-1 "
+                           f"(--layers {start}:{start + 1} for layer {start})")
+    return start, end
 
 
 def parse_ids(ids: str | None) -> tuple[int, ...] | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import sys
 from typing import Annotated
 
@@ -36,7 +37,7 @@ def main() -> None:
             code = 0
         else:
             command = ctx.command_path if ctx is not None else "stepper"
-            sys.stderr.write(f"stepper: error: {shown(e.format_message())} (see {shown(command)} --help)\n")
+            sys.stderr.write(f"stepper: error: {shown(usage_message(e))} (see {shown(command)} --help)\n")
             code = 2
     except typer.Abort:  # end of input at a prompt (typer has written the newline)
         sys.stderr.write("stepper: interrupted\n")
@@ -44,6 +45,17 @@ def main() -> None:
     if code == INTERRUPTED:  # Ctrl-C, in a command or in typer itself (which ends quietly)
         sys.stderr.write("\nstepper: interrupted\n")
     sys.exit(code or 0)
+
+
+def usage_message(e: typer.TyperException) -> str:
+    """click's message, an unknown option's suggestions kept to the options close to what was typed
+    (click offers any it finds remotely alike: --bogus would get --use)."""
+    if type(e).__name__ != "NoSuchOption":  # typer carries its own copy of click
+        return e.format_message()
+    typed = e.option_name.lstrip("-")
+    near = [o for o in e.possibilities or () if difflib.SequenceMatcher(None, typed, o.lstrip("-")).ratio() >= 0.75]
+    suggestion = f" (did you mean {' or '.join(sorted(near))}?)" if near else ""
+    return f"No such option: {e.option_name}{suggestion}"
 
 
 @app.callback(invoke_without_command=True)

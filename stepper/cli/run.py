@@ -9,22 +9,22 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
+from rich.console import CONSOLE_HTML_FORMAT, Console
 
 from stepper import untrusted
 from stepper.cli.common import ModelOpt, PlainOpt, SeedOpt, one_prompt, parse_ids, parse_layers, user_errors
 from stepper.cli.memory import available_bytes, check_fits, needs
-from stepper.cli.names import check_patterns, planned_names
+from stepper.cli.names import check_patterns, check_pictures, only_filter, planned_names
 from stepper.errors import StepperError
 from stepper.lessons import overrides
 from stepper.model.cache import cache_bytes_per_token
 from stepper.patching import Patcher, parse_patch
 from stepper.session import Plan, RunResult, RunSpec, execute, prepare, step_attn
 from stepper.text import INSTALL, Tokens
-from stepper.trace import Filter, Recorder, Sink, matches
+from stepper.trace import Filter, Recorder, Sink
 from stepper.views.debugger import CommandSource, Debugger, Quit
 from stepper.views.dump import check_output, check_writable, write_atomically, write_dump
-from stepper.views.sinks import PICTURES, JsonLines, Pictures, ProgressBars, TensorRows
+from stepper.views.sinks import PICTURES, JsonLines, Pictures, ProgressBars, TensorRows, print_wrapped
 from stepper.weights.synthetic import SyntheticWeights
 
 # Options of both commands
@@ -34,9 +34,9 @@ IdsOpt = Annotated[str | None, typer.Option(metavar="1,2,3", help="Prompt token 
 PromptOpt = Annotated[str | None, typer.Option("--prompt", metavar="TEXT", help=f"The prompt as text, tokenized by the checkpoint's tokenizer.json or tiktoken.model (needs: {INSTALL}).")]
 PromptLenOpt = Annotated[int | None, typer.Option(metavar="T", min=1, help="Number of prompt tokens drawn from the seed [default: 7].")]
 StartPosOpt = Annotated[int, typer.Option(metavar="P", min=0, help="Position of the first prompt token (empty cache).")]
-DecodeOpt = Annotated[int, typer.Option(metavar="N", min=0, help="Decode steps after the prefill, with the cache (greedy tokens).")]
+DecodeOpt = Annotated[int, typer.Option(metavar="N", min=0, help="Decode steps after the prefill, with the cache (greedy tokens; with --layer, drawn from the seed).")]
 InputOpt = Annotated[Path | None, typer.Option("--input", metavar="FILE", help="Residual stream for --layer N: a safetensors file (e.g. a --dump).")]
-AttnOpt = Annotated[str, typer.Option(metavar="PATH", help="Attention: naive (per-head keys and values), absorb (over the latent cache), or auto (naive prefill, absorbed decode).")]
+AttnOpt = Annotated[str, typer.Option(metavar="naive|absorb|auto", help="Attention: naive (per-head keys and values), absorb (over the latent cache), or auto (naive prefill, absorbed decode).")]
 CacheOpt = Annotated[int, typer.Option(metavar="MB", min=0, help="Keep up to MB megabytes of decoded weights between decode steps.")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Overwrite an existing output file.")]
 UseOpt = Annotated[list[Path] | None, typer.Option("--use", metavar="FILE.py", help="Run with your own exercise functions (e.g. a lesson file) in place of stepper's; repeatable.")]
@@ -65,6 +65,8 @@ def describe(plan: Plan) -> str:
     what = (f"layer {spec.layer} alone on {untrusted.shown(plan.input_source)}" if plan.alone
             else f"layers {plan.shown.start}..{plan.shown.stop - 1}")
     steps = f", then {spec.decode} decode step{'s' if spec.decode > 1 else ''}" if spec.decode else ""
+    if steps and plan.alone:
+        steps += " on tokens drawn from the seed (a layer alone has no logits to choose them)"
     attns = sorted({step_attn(spec, step) for step in range(spec.decode + 1)}, reverse=True)
     attn = " then ".join(attns)
     naive, latent = cache_bytes_per_token(cfg, "naive"), cache_bytes_per_token(cfg, "absorb")
@@ -86,10 +88,17 @@ def prompt_line(tokens: Tokens) -> str:
     return f"prompt: {len(pairs)} token{'s' if len(pairs) != 1 else ''} from {untrusted.shown(tokens.tokenizer.file.name)}: {' · '.join(shown)}"
 
 
+def print_lines(console: Console, text: str, style: str) -> None:
+    """Lines of prose, each wrapped at word boundaries on a terminal."""
+    for line in text.splitlines():
+        print_wrapped(console, line, style=style)
+
+
 def footer(plan: Plan, result: RunResult, shown: int, dump: Path | None) -> str:
-    parts = [f"{shown} tensors"]
+    parts = [f"{shown} tensor{'s' if shown != 1 else ''}"]
     if plan.hidden is None:
-        parts.append(f"prompt {token_ids(result.prompt)} at positions {plan.spec.start_pos}..")
+        first, last = plan.spec.start_pos, plan.spec.start_pos + len(result.prompt) - 1
+        parts.append(f"prompt {token_ids(result.prompt)} at position{f's {first}..{last}' if last > first else f' {first}'}")
     if result.generated:
         parts.append(("generated " if not plan.alone else "decode tokens ") + token_ids(result.generated))
         if plan.tokens is not None:
@@ -162,18 +171,20 @@ def run_command(
         names = planned_names(plan)
         check_patterns("--only", only or [], names)
         patcher = patch_sink(patch, names, plan)
-        kept = [n for n in names if not only or matches(n, only)] if dump is not None else []
+        keep = only_filter(only or [], names, lambda note: sys.stderr.write(f"stepper: {note}\n"))
+        check_pictures(pictures, [n for n in names if keep(n)])
+        kept = [n for n in names if keep(n)] if dump is not None else []
         check_fits(needs(plan, kept, "--only"), available_bytes())
         console = Console(no_color=plain, highlight=False, markup=False, soft_wrap=True)
         if not as_json:
-            console.print(describe(plan), style="bold")
+            print_lines(console, describe(plan), "bold")
         counter, recorder = TensorCount(), Recorder()
         views: list[Sink] = [counter, JsonLines(sys.stdout, plan.config) if as_json else TensorRows(console, plan.config, plan.tokens)]
-        if pictures:
-            views.append(Pictures(console, plan.config, pictures, plan.weights, plan.tokens))
         if dump is not None:
             views.append(recorder)
-        sinks: list[Sink] = [Filter(lambda e: matches(e.name, only), views)] if only else views
+        sinks: list[Sink] = [Filter(lambda e: keep(e.name), views)] if only else views
+        if pictures:  # it sees every tensor: a routing map needs both of the router's choices
+            sinks.append(Pictures(console, plan.config, pictures, plan.weights, plan.tokens, lambda e: keep(e.name)))
         sinks[:0] = patcher
         sinks.append(ProgressBars(Console(stderr=True)))
         with overrides.use(use or [], announce=sys.stderr):
@@ -182,7 +193,7 @@ def run_command(
             write_dump(dump, recorder, {"model": plan.config.name, "prompt": json.dumps(result.prompt),
                                         "start_pos": str(spec.start_pos), "generated": json.dumps(result.generated)})
         if not as_json:
-            console.print(footer(plan, result, counter.count, dump), style="dim")
+            print_lines(console, footer(plan, result, counter.count, dump), "dim")
 
 
 EXPORTS = {  # the file names --export takes, and how a session recorded in each begins
@@ -190,6 +201,10 @@ EXPORTS = {  # the file names --export takes, and how a session recorded in each
     ".svg": r'<svg class="rich-terminal"',
     ".txt": r"model \S+ \(\S+\): \d+ layers",
 }
+
+
+# Rich's page, its long lines wrapped by the browser at the window's width, not behind a scrollbar
+WRAPPED_HTML = CONSOLE_HTML_FORMAT.replace('<pre style="', '<pre style="white-space:pre-wrap;overflow-wrap:anywhere;', 1)
 
 
 def step_command(
@@ -218,8 +233,9 @@ def step_command(
     """Step through the run one named tensor at a time, like a debugger.
 
     At each stop: Enter or n next, c continue, b GLOB break, d delete, u NAME until,
-    p NAME[slice] print, e explain, w where, x A B compare, h history, s show PICTURE, q quit, ? help.
-    Commands are read from the terminal, or line by line from a pipe.
+    p NAME[slice] print, e explain, w where, x A B compare (tensors or slices), h history,
+    s show PICTURE, q quit, ? help (help CMD: one command, with examples).
+    Commands are read from the terminal (with line editing and history), or line by line from a pipe.
     """
     with user_errors():
         spec = run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, input_file, attn, weight_cache_mb,
@@ -235,18 +251,20 @@ def step_command(
         check_fits(needs(plan, names, "--prompt-len"), available_bytes())  # the debugger keeps every tensor
         console = Console(no_color=plain, highlight=False, markup=False, soft_wrap=True, record=export is not None,
                           stderr=as_json)
-        console.print(describe(plan), style="bold")
+        print_lines(console, describe(plan), "bold")
         interactive = sys.stdin.isatty() and console.is_terminal
-        source = CommandSource(console, sys.stdin, interactive, script)
+        bars = ProgressBars(Console(stderr=True))
+        source = CommandSource(console, sys.stdin, interactive, script, before_input=bars.hide)
         on_stop = JsonLines(sys.stdout, plan.config) if as_json else None
         debugger = Debugger(console, plan.config, source, plan.weights, list(breaks or []), until, on_stop, names,
                             tokens=plan.tokens)
         try:
             with overrides.use(use or [], announce=sys.stderr):
-                result = execute(plan, [*patcher, debugger, ProgressBars(Console(stderr=True))])
-            console.print(footer(plan, result, len(debugger.history), None), style="dim")
+                result = execute(plan, [*patcher, debugger, bars])
+            print_lines(console, footer(plan, result, len(debugger.history), None), "dim")
         except Quit:
-            console.print(f"quit after {len(debugger.history)} tensors", style="dim")
+            seen = len(debugger.history)
+            console.print(f"quit after {seen} tensor{'s' if seen != 1 else ''}", style="dim")
         if export is not None:
             save_export(console, export)
 
@@ -283,7 +301,7 @@ def is_export(path: Path) -> bool:
 
 def save_export(console: Console, path: Path) -> None:
     if path.suffix == ".html":
-        text = console.export_html()
+        text = console.export_html(code_format=WRAPPED_HTML)
     elif path.suffix == ".svg":
         text = console.export_svg(title="stepper step")
     else:

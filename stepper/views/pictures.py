@@ -35,6 +35,7 @@ MIN_COLS = 24  # a head's map is not squeezed below this to fit the heads side b
 MIN_ROWS = 12  # nor made shorter than this when the heads are stacked
 TOKEN_ROWS = 20  # tokens shown in a routing map before the rest are hidden
 GAP = "   "  # between heads side by side
+OFF_SCREEN_WIDTH = 1000  # the width a picture that keeps its lines whole is drawn for, off a terminal
 
 SHADES = "░▒▓█"  # a fraction of the scale in (0, 1/4], (1/4, 1/2], (1/2, 3/4], (3/4, 1]
 SHADE_BOUNDS = ("¼", "½", "¾", "1")
@@ -60,11 +61,18 @@ class Picture:
     draw(width) returns the lines of the picture: grid lines never wrap, captions may.
     """
 
-    def __init__(self, draw: Callable[[int], list[Text]]):
+    def __init__(self, draw: Callable[[int], list[Text]], whole_off_screen: bool = False):
         self.draw = draw
+        self.whole_off_screen = whole_off_screen  # to a pipe or a file: its lines are not cut at a width
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        yield from self.draw(options.max_width)
+        if not self.whole_off_screen or getattr(console.file, "isatty", lambda: False)():
+            yield from self.draw(options.max_width)
+            return
+        for drawn in self.draw(OFF_SCREEN_WIDTH):
+            if drawn.no_wrap:
+                drawn.overflow = "ignore"
+            yield drawn
 
     def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
         widest = max((line.cell_len for line in self.draw(options.max_width)), default=0)
@@ -404,7 +412,7 @@ def routing_map(topk_idx: np.ndarray, topk_weight: np.ndarray, n_experts: int,
         raise ValueError(f"{len(token_labels)} token labels for {idx.shape[0]} tokens")
     labels = [str(i) for i in range(idx.shape[0])] if token_labels is None else [shown(str(x)) for x in token_labels]
     load = np.bincount(idx.ravel().astype(np.int64), minlength=n_experts)
-    return Picture(lambda width: draw_routing(idx.astype(np.int64), weight, load, labels, width))
+    return Picture(lambda width: draw_routing(idx.astype(np.int64), weight, load, labels, width), whole_off_screen=True)
 
 
 def expert_bin(n_experts: int, budget: int) -> int:
@@ -486,7 +494,7 @@ def routing_summary(load: np.ndarray, n_tokens: int, k: int, size: int) -> list[
     used = int((load > 0).sum())
     busiest = int(load.argmax()) if load.size else 0
     lines = [Text(f"experts used {used}/{load.size} · max load {int(load.max(initial=0))} (expert {busiest}) · "
-                  f"{n_tokens} tokens × top-{k} · balanced would be {number(n_tokens * k / max(load.size, 1))} each")]
+                  f"{n_tokens} token{'s' if n_tokens != 1 else ''} × top-{k} · balanced would be {number(n_tokens * k / max(load.size, 1))} each")]
     order = [e for e in sorted(range(load.size), key=lambda e: (-load[e], e))[:8] if load[e] > 0]
     if order:
         lines.append(caption("busiest: " + ", ".join(f"e{e} {int(load[e])}" for e in order)))
