@@ -47,6 +47,9 @@ def code_blocks(text: str) -> list[list[str]]:
     return [block.splitlines() for block in re.findall(r"^```[a-z]*\n(.*?)^```", text, re.DOTALL | re.MULTILINE)]
 
 
+EXIT = re.compile(r"#.*\bexit (\d+)")  # a command README says exits with another code than 0
+
+
 def transcripts(block: list[str]) -> list[tuple[str, list[str]]]:
     """A block's command lines, each with the output lines README shows after it (a `$ ` transcript's)."""
     runs: list[tuple[str, list[str]]] = []
@@ -55,12 +58,15 @@ def transcripts(block: list[str]) -> list[tuple[str, list[str]]]:
         command = line.removeprefix("$ ")
         if command.startswith("stepper "):
             runs.append((shlex.join(shlex.split(command, comments=True)), []))
+            if EXIT.search(command):
+                EXPECTED_EXIT[runs[-1][0]] = int(EXIT.search(command)[1])
             transcript = line.startswith("$ ")
         elif runs and transcript and line.strip() not in ("", "..."):
             runs[-1][1].append(line.rstrip())
     return runs
 
 
+EXPECTED_EXIT: dict[str, int] = {}
 BLOCKS = [runs for runs in map(transcripts, code_blocks(README)) if runs]
 
 
@@ -83,7 +89,7 @@ def test_every_command_of_a_block_runs_as_quoted(runs, tmp_path, monkeypatch):
             BEFORE[command](tmp_path)
         typed = "".join(line.removeprefix("(stepper) ") + "\n" for line in shown if line.startswith("(stepper) "))
         result = CliRunner().invoke(app, shlex.split(command)[1:], input=typed)
-        assert result.exit_code == 0, f"{command}\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}"
+        assert result.exit_code == EXPECTED_EXIT.get(command, 0), f"{command}\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}"
         printed = iter(line.rstrip() for line in result.stdout.splitlines())
         for line in shown:  # in order: each shown line is found after the one before it
             assert any(out == line for out in printed), f"{command}: README shows a line it does not print:\n{line}"
