@@ -12,6 +12,7 @@ from stepper.cli.common import ModelOpt, PlainOpt, user_errors
 from stepper.errors import StepperError
 from stepper.session import check_layer, load_model
 from stepper.views.explain import also_named, explain_text, not_found
+from stepper.views.sinks import line_width
 from stepper.views.tree import layer_tree
 
 
@@ -28,11 +29,12 @@ def explain_command(
         if not entries:
             raise StepperError(not_found(cat, name))
         console = Console(no_color=plain, highlight=False, markup=False, soft_wrap=True)
+        whole = line_width(console) is None  # a terminal wraps at words, a pipe keeps lines whole
         for entry in entries:
-            console.print(explain_text(cat, entry, cfg))
+            console.print(explain_text(cat, entry, cfg), soft_wrap=whole)
             console.print()
         if also := also_named(cat, name, entries):
-            console.print(also)
+            console.print(also, soft_wrap=whole)
 
 
 def tree_command(

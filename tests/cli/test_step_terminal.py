@@ -6,6 +6,7 @@ import pty
 import re
 import select
 import struct
+import subprocess
 import sys
 import termios
 import time
@@ -163,3 +164,18 @@ def test_everything_fits_the_terminal_width(columns):
     else:
         assert shown[name].endswith("float32") and shown[name + 1].startswith("    min ")
         assert "nan 0  inf 0" in shown[name + 1]
+
+
+@pytest.mark.parametrize("columns", [80, 160])
+def test_explain_breaks_no_word_at_the_terminal_width(columns):
+    """Every word of `stepper explain` on a terminal is a word of its piped output: lines break at spaces."""
+    term = Terminal("explain", "k_pe", columns=columns)
+    assert term.wait() == 0
+    shown = lines(term.screen)
+    assert shown and all(cells(line) <= columns for line in shown)
+    piped = subprocess.run([sys.executable, "-m", "stepper", "explain", "k_pe"], capture_output=True, text=True,
+                           check=True, timeout=60).stdout
+    words = set(piped.split())
+    broken = [w for line in shown for w in line.split() if w not in words]
+    assert not broken, broken
+    assert max(map(len, piped.splitlines())) > 160  # there was something to wrap
