@@ -17,7 +17,7 @@ from stepper.session import RunSpec, load_model, shown_layers
 from stepper.untrusted import shown
 from stepper.views import fp8_codes, inspect, inspect_stats
 from stepper.weights.names import shape_of, storage_dtype
-from stepper.weights.synth import synth_checkpoint
+from stepper.weights.synth import QUANTS, requantized, synth_checkpoint
 from stepper.weights.synthetic import SyntheticWeights
 
 
@@ -27,12 +27,17 @@ def synth_command(
     layers: Annotated[str | None, typer.Option(metavar="A:B", help="Write only layers A to B-1 (no embedding, norm or lm_head).")] = None,
     seed: SeedOpt = 0,
     force: Annotated[bool, typer.Option("--force", help="Replace DIR if it exists.")] = False,
+    quant: Annotated[str | None, typer.Option(metavar="|".join(QUANTS), help="How linear weights are stored: fp8 (128x128 "
+                     "blocks, as Kimi K2 / DeepSeek-V3), int4 (experts in compressed-tensors pack-quantized INT4, "
+                     "groups of 32, the rest BF16, as Kimi-K2-Thinking), bf16. Default: as the model's config says.")] = None,
 ) -> None:
-    """Write synthetic weights as a real HF-layout FP8 checkpoint directory."""
+    """Write synthetic weights as a real HF-layout checkpoint directory (FP8 unless --quant)."""
     with user_errors():
         source = load_model(model, seed)
         if not isinstance(source, SyntheticWeights):
             raise StepperError(f"--model {model}: synth makes weights for a preset or a config.json, not a checkpoint")
+        if quant is not None:
+            source = SyntheticWeights(requantized(source.config, quant), seed)
         chosen = parse_layers(layers)
         if chosen is not None:
             chosen = shown_layers(RunSpec(layers=chosen), source.config)

@@ -33,19 +33,20 @@ MAY_IMPORT: dict[str, set[str]] = {
     "presets": {"config"},
     "catalog": {"config"},
     "fp8": set(),
-    "weights": {"fp8"},
-    "kernels": {"weights", "fp8"},
-    "model": {"kernels", "weights", "fp8"},
+    "int4": set(),
+    "weights": {"fp8", "int4"},
+    "kernels": {"weights", "fp8", "int4"},
+    "model": {"kernels", "weights", "fp8", "int4"},
     "session": {"model", "kernels", "weights", "presets"},
-    "bench": {"model", "kernels", "weights", "fp8", "presets"},
-    "views": {"session", "catalog", "weights", "fp8", "presets"},
-    "lessons": {"views", "session", "model", "kernels", "weights", "fp8", "catalog", "presets"},
-    "fixtures": {"views", "session", "model", "kernels", "weights", "fp8", "catalog", "presets"},
-    "cli": {"lessons", "fixtures", "views", "bench", "session", "model", "kernels", "weights", "fp8", "catalog",
-            "presets"},
+    "bench": {"model", "kernels", "weights", "fp8", "int4", "presets"},
+    "views": {"session", "catalog", "weights", "fp8", "int4", "presets"},
+    "lessons": {"views", "session", "model", "kernels", "weights", "fp8", "int4", "catalog", "presets"},
+    "fixtures": {"views", "session", "model", "kernels", "weights", "fp8", "int4", "catalog", "presets"},
+    "cli": {"lessons", "fixtures", "views", "bench", "session", "model", "kernels", "weights", "fp8", "int4",
+            "catalog", "presets"},
     "__main__": {"cli"},
 }
-NEVER_IMPORT_FROM = {"model", "weights", "fp8", "kernels"}  # ... the rooms that present things
+NEVER_IMPORT_FROM = {"model", "weights", "fp8", "int4", "kernels"}  # ... the rooms that present things
 PRESENTATION = {"views", "lessons", "fixtures", "cli"}
 MODEL_FILE_LINES = 300
 MODEL_FUNCTION_LINES = 40

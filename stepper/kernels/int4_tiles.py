@@ -1,0 +1,147 @@
+"""x @ W^T for INT4 weights, decoded a tile of rows at a time inside the product, never whole.
+
+A tile is decoded in the order the packed bytes hold it: byte b of a row (in a little-endian
+word) holds inputs 2b (its low nibble) and 2b + 1 (its high nibble), so the tile's first half
+is the low nibbles of every byte, its second half the high ones: inputs 0, 2, 4, ... then 1, 3,
+5, ... Taking a byte's nibbles apart is then two whole-array operations on bytes (`& 0xF`,
+`>> 4`) with no interleaving; the inputs are put in the same order once per product, and the
+product is the same sum in another order. Both halves of a row use its scales in the same
+pattern, one scale for each 16 bytes (32 inputs), made once per tile.
+
+Each value (nibble - 8) * scale is the stored weight exactly in float32 (int4.groups), so a tile
+holds the weight's exact values; only the sums' order differs from the readable product. Large
+products share their tiles between threads, one share per core: a tile's operations are few and
+long, so the threads seldom wait for each other.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from stepper import int4
+from stepper.kernels import parallel
+from stepper.kernels.fp8_tiles import TALL_TILE_BYTES, kept_memory, result_arrays
+from stepper.swap import bypasses
+from stepper.weights.stored import Int4Matrix
+
+TILE_ROWS = 32  # rows decoded at once: [32, 7168] float32 (0.9 MB) keeps its passes in the cache
+MANY_TOKENS = 128  # past this, tiles are taller (BLAS repacks the inputs for every product)
+SHARE_WORK = 1 << 22  # weights x tokens below which a product stays on one thread
+
+
+def halves(in_features: int, group: int) -> int:
+    """The bytes of a row as a tile decodes them (each half of the tile is this wide): whole
+    groups, group / 2 bytes each (a partial last group or word padded)."""
+    return int4.groups_for(in_features, group) * group // 2
+
+
+def split_inputs(tokens: np.ndarray, w: Int4Matrix) -> np.ndarray:
+    """The inputs in the tiles' order, even inputs then odd, each half padded with zero inputs
+    to whole groups.  [N, in] -> [N, 2 * halves]"""
+    width = halves(w.in_features, w.group)
+    split = np.zeros((tokens.shape[0], 2 * width), dtype=np.float32)
+    split[:, : -(-w.in_features // 2)] = tokens[:, 0::2]
+    split[:, width : width + w.in_features // 2] = tokens[:, 1::2]
+    return split
+
+
+def decode_tile(w: Int4Matrix, start: int, end: int, out: np.ndarray) -> np.ndarray:
+    """Rows [start, end) of the weight as float32, in the tiles' order, into `out` [rows, 2 * halves]."""
+    rows, width = end - start, out.shape[1] // 2
+    codes = w.packed[start:end].view(np.uint8)  # [rows, 4 * words]: byte b = inputs 2b, 2b + 1
+    if codes.shape[1] != width:  # a partial last group: its missing bytes are padding
+        padded = kept_memory("int4 padded", rows, width).view(np.uint8)[:, :width]
+        padded[:, codes.shape[1] :] = 0
+        padded[:, : codes.shape[1]] = codes
+        codes = padded
+    nibbles = kept_memory("int4 nibbles", rows, width // 4).view(np.uint8)  # [rows, width] bytes
+    for half, take in ((out[:, :width], np.bitwise_and), (out[:, width:], np.right_shift)):
+        take(codes, 0xF if take is np.bitwise_and else 4, out=nibbles)  # low nibbles, then high ones: 0..15
+        np.subtract(nibbles, int4.OFFSET, out=nibbles)  # mod 256: as int8, -8..7
+        np.copyto(half, nibbles.view(np.int8))
+    scales = kept_memory("int4 scales", rows, width)  # each group's scale over its group / 2 bytes
+    np.copyto(scales.reshape(rows, -1, w.group // 2), w.scales[start:end, :, None])
+    np.multiply(out.reshape(rows, 2, width), scales[:, None, :], out=out.reshape(rows, 2, width))
+    return out
+
+
+def tiled_int4_products(x: np.ndarray, ws: list[Int4Matrix]) -> list[np.ndarray]:
+    """x @ W^T for each of several INT4 weights [out_i, in] of the same input, which is put in
+    the tiles' order once.  [..., in] -> [[..., out_i]]"""
+    tokens = x.reshape(-1, ws[0].shape[1]).astype(np.float32, copy=False)  # [N, in]
+    split = split_inputs(tokens, ws[0])  # [N, 2 * halves]
+    outs = []
+    for w in ws:
+        many = tokens.shape[0] > MANY_TOKENS
+        _, rows = result_arrays(w.shape[0], tokens.shape[0], many)  # rows: [out, N]
+        tiles = row_tiles(w, split.shape[1], many)
+        sharing = parallel.cores() if w.packed.size * 8 * tokens.shape[0] >= SHARE_WORK else 1
+        parallel.split(tiles, lambda share, w=w, rows=rows: apply_tiles(split, w, share, rows), sharing)
+        outs.append(rows.T.reshape(*x.shape[:-1], w.shape[0]))  # [..., out]
+    return outs
+
+
+def row_tiles(w: Int4Matrix, width: int, many: bool) -> list[tuple[int, int]]:
+    """[start, end) of each tile: TILE_ROWS rows, or with many tokens as many whole TILE_ROWS as
+    TALL_TILE_BYTES of float32 hold."""
+    height = TILE_ROWS * (max(1, TALL_TILE_BYTES // (4 * width * TILE_ROWS)) if many else 1)
+    return [(r, min(r + height, w.shape[0])) for r in range(0, w.shape[0], height)]
+
+
+def apply_tiles(split: np.ndarray, w: Int4Matrix, tiles: list[tuple[int, int]], rows: np.ndarray) -> None:
+    """Decode and multiply each tile into its rows of `rows` [out, N]; this thread's buffer reused,
+    a tall tile decoded TILE_ROWS rows at a time."""
+    buffer = kept_memory("int4 tile", max((end - start for start, end in tiles), default=0), split.shape[1])
+    for start, end in tiles:
+        tile = buffer[: end - start]
+        for r in range(start, end, TILE_ROWS):
+            decode_tile(w, r, min(r + TILE_ROWS, end), tile[r - start : r - start + TILE_ROWS])
+        np.matmul(tile, split.T, out=rows[start:end])
+
+
+def int4_products_via_dequantize(x: np.ndarray, ws: list[Int4Matrix]) -> list[np.ndarray]:
+    """The same products with each tile of rows through `int4.dequantize_int4`, whichever function
+    that name runs now (a learner's, in a lesson).  [..., in] -> [[..., out_i]]"""
+    tokens = x.reshape(-1, ws[0].shape[1]).astype(np.float32, copy=False)
+    outs = []
+    for w in ws:
+        rows = np.empty((w.shape[0], tokens.shape[0]), np.float32)  # [out, N]
+        for start in range(0, w.shape[0], TILE_ROWS):
+            end = min(start + TILE_ROWS, w.shape[0])
+            tile = int4.dequantize_int4(w.packed[start:end], w.scales[start:end], w.in_features, w.group, name=w.name)
+            np.matmul(np.asarray(tile, np.float32), tokens.T, out=rows[start:end])
+        outs.append(rows.T.reshape(*x.shape[:-1], w.shape[0]))
+    return outs
+
+
+int4_products = bypasses("dequantize_int4", readable=int4_products_via_dequantize)(tiled_int4_products)
+
+
+def dequantize_via_reference(w: Int4Matrix, out: np.ndarray | None = None) -> np.ndarray:
+    """The float32 weight through `int4.dequantize_int4`, whichever function that name runs now."""
+    weight = w.dequantize()
+    if out is None:
+        return weight
+    np.copyto(out, weight)
+    return out
+
+
+@bypasses("dequantize_int4", readable=dequantize_via_reference)
+def int4_rows(w: Int4Matrix, out: np.ndarray | None = None) -> np.ndarray:
+    """The float32 weight, equal bit for bit to `w.dequantize()` (both are exact), decoded a tile
+    of rows at a time with the byte table (int4.unpack); into `out` if given.  -> [out, in]"""
+    out = np.empty(w.shape, np.float32) if out is None else out
+    width = int4.words_for(w.in_features) * int4.PER_WORD
+    padded = int4.groups_for(w.in_features, w.group) * w.group
+    buffer = kept_memory("int4 rows", TILE_ROWS, padded)
+    for start in range(0, w.shape[0], TILE_ROWS):
+        end = min(start + TILE_ROWS, w.shape[0])
+        tile = buffer[: end - start]
+        if width == padded:
+            int4.unpack(w.packed[start:end], tile)
+        else:  # a partial last word or group: unpacked beside, then copied in (the rest is cut off below)
+            tile[:, :width] = int4.unpack(w.packed[start:end], kept_memory("int4 unpacked", end - start, width))
+        values = tile.reshape(end - start, -1, w.group)
+        np.multiply(values, w.scales[start:end, :, None], out=values)
+        out[start:end] = tile[:, : w.in_features]
+    return out
