@@ -3,8 +3,9 @@
 A weight [out, in] stored as `weight_packed` (see int4.packed) comes with `weight_scale`
 [out, ceil(in/32)], one BF16 scale for each run of 32 inputs of a row, and value[i, j] =
 (nibble[i, j] - 8) * scale[i, j // 32]. The format is symmetric: no zero point, and the codes
--8..7 are used as they are. The last group of a row may be partial when `in` is not a multiple
-of 32: its scale covers the inputs there are.
+-8..7 are used as they are. A row is a whole number of groups: compressed-tensors quantizes and
+dequantizes only weights whose `in` is a multiple of the group size, and stepper refuses others
+(the packer would pad a partial last word, but no such weight can be decompressed).
 
 The product (nibble - 8) * scale is exact in float32: a 4-bit integer times a BF16 scale (8
 significant bits) has at most 12 significant bits, so the float32 weight is the stored one
@@ -26,13 +27,16 @@ SCALE_DTYPES = tuple(np.dtype(d) for d in (ml_dtypes.bfloat16, np.float16, np.fl
 
 
 def groups_for(in_features: int, group: int = GROUP) -> int:
-    """The scales a row of `in_features` inputs has: ceil(in / group)."""
+    """The scales a row of `in_features` inputs has: ceil(in / group) (whole groups: in / group)."""
     return -(-in_features // group)
 
 
 def check_shapes(packed: np.ndarray, scales: np.ndarray, shape: tuple[int, int], name: str, group: int = GROUP) -> None:
-    """The packed words, the scales and the weight's shape [out, in] agree."""
+    """The packed words, the scales and the weight's shape [out, in] agree, in whole groups."""
     out_dim, in_dim = shape
+    if in_dim % group:
+        raise StepperError(f"{name}: {in_dim} inputs are not a whole number of groups of {group} "
+                           f"(pack-quantized weights have no partial groups)")
     if packed.ndim != 2 or packed.shape != (out_dim, words_for(in_dim)):
         raise StepperError(f"{name}: a [{out_dim}, {in_dim}] INT4 weight needs packed words of shape "
                            f"[{out_dim}, {words_for(in_dim)}], got {list(packed.shape)}")
@@ -66,7 +70,7 @@ def dequantize_int4(packed: np.ndarray, scales: np.ndarray, in_features: int, gr
     check_shapes(packed, np.asarray(scales), (packed.shape[0], in_features), name, group)
     scales = scales_as_f32(scales, name)  # [out, in/group]
     values = unpack_bits(packed, in_features).astype(np.float32)  # [out, in]
-    return values * np.repeat(scales, group, axis=1)[:, :in_features]
+    return values * np.repeat(scales, group, axis=1)
 
 
 def quantize_int4(w: np.ndarray, group: int = GROUP, *, name: str = "weight") -> tuple[np.ndarray, np.ndarray]:
@@ -81,11 +85,12 @@ def quantize_int4(w: np.ndarray, group: int = GROUP, *, name: str = "weight") ->
     if not np.isfinite(w).all():
         raise StepperError(f"{name}: cannot quantize NaN or infinite values")
     out_dim, in_dim = w.shape
-    padded = np.zeros((out_dim, groups_for(in_dim, group) * group), dtype=np.float32)
-    padded[:, :in_dim] = w
-    amax = np.abs(padded.reshape(out_dim, -1, group)).max(axis=2, initial=0)  # [out, groups]
+    if in_dim % group:
+        raise StepperError(f"{name}: {in_dim} inputs are not a whole number of groups of {group}: "
+                           f"pack-quantized INT4 cannot store this weight")
+    grouped = w.reshape(out_dim, -1, group)  # [out, groups, group]
+    amax = np.abs(grouped).max(axis=2, initial=0)  # [out, groups]
     scales = np.where(amax > 0, amax / np.float32(OFFSET - 0.5), 1).astype(ml_dtypes.bfloat16)
     scales[scales.astype(np.float32) == 0] = 1  # amax so tiny that / 7.5 underflows in BF16
-    divided = padded.reshape(out_dim, -1, group) / scales.astype(np.float32)[:, :, None]
-    codes = np.clip(np.rint(divided), -OFFSET, OFFSET - 1).reshape(out_dim, -1)[:, :in_dim]
-    return pack(codes.astype(np.int8)), scales
+    codes = np.clip(np.rint(grouped / scales.astype(np.float32)[:, :, None]), -OFFSET, OFFSET - 1)
+    return pack(codes.reshape(out_dim, in_dim).astype(np.int8)), scales

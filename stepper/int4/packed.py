@@ -3,8 +3,9 @@
 A weight [out, in] of 4-bit codes is stored as `weight_packed`, int32 [out, ceil(in/8)]: the
 codes of a row, taken along the input dimension, fill its words lowest bits first, so input j
 of the row lies in word j // 8, bits 4*(j % 8) .. 4*(j % 8) + 3. A code is a value plus 8 (the
-offset that makes -8..7 a nibble 0..15): value = nibble - 8. When `in` is not a multiple of 8,
-the last word's high nibbles are padding, written as 0 by the packer, and not part of the weight.
+offset that makes -8..7 a nibble 0..15): value = nibble - 8. (When `in` is not a multiple of 8,
+the packer pads the last word with 0 nibbles; weights are whole groups of 32, so stepper never
+reads such a word, but `pack` and `unpack_bits` handle it.)
 
 `nibble` and `fields` read one word the slow, explicit way (for learners and the UI);
 `unpack_bits` does it for whole arrays, one nibble position at a time; `unpack` is the fast

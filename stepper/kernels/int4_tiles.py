@@ -29,31 +29,15 @@ MANY_TOKENS = 128  # past this, tiles are taller (BLAS repacks the inputs for ev
 SHARE_WORK = 1 << 22  # weights x tokens below which a product stays on one thread
 
 
-def halves(in_features: int, group: int) -> int:
-    """The bytes of a row as a tile decodes them (each half of the tile is this wide): whole
-    groups, group / 2 bytes each (a partial last group or word padded)."""
-    return int4.groups_for(in_features, group) * group // 2
-
-
-def split_inputs(tokens: np.ndarray, w: Int4Matrix) -> np.ndarray:
-    """The inputs in the tiles' order, even inputs then odd, each half padded with zero inputs
-    to whole groups.  [N, in] -> [N, 2 * halves]"""
-    width = halves(w.in_features, w.group)
-    split = np.zeros((tokens.shape[0], 2 * width), dtype=np.float32)
-    split[:, : -(-w.in_features // 2)] = tokens[:, 0::2]
-    split[:, width : width + w.in_features // 2] = tokens[:, 1::2]
-    return split
+def split_inputs(tokens: np.ndarray) -> np.ndarray:
+    """The inputs in the tiles' order, even inputs then odd.  [N, in] -> [N, in]"""
+    return np.concatenate((tokens[:, 0::2], tokens[:, 1::2]), axis=1)
 
 
 def decode_tile(w: Int4Matrix, start: int, end: int, out: np.ndarray) -> np.ndarray:
-    """Rows [start, end) of the weight as float32, in the tiles' order, into `out` [rows, 2 * halves]."""
-    rows, width = end - start, out.shape[1] // 2
-    codes = w.packed[start:end].view(np.uint8)  # [rows, 4 * words]: byte b = inputs 2b, 2b + 1
-    if codes.shape[1] != width:  # a partial last group: its missing bytes are padding
-        padded = kept_memory("int4 padded", rows, width).view(np.uint8)[:, :width]
-        padded[:, codes.shape[1] :] = 0
-        padded[:, : codes.shape[1]] = codes
-        codes = padded
+    """Rows [start, end) of the weight as float32, in the tiles' order, into `out` [rows, in]."""
+    rows, width = end - start, w.in_features // 2  # each half: one value per byte
+    codes = w.packed[start:end].view(np.uint8)  # [rows, in / 2]: byte b = inputs 2b, 2b + 1
     nibbles = kept_memory("int4 nibbles", rows, width // 4).view(np.uint8)  # [rows, width] bytes
     for half, take in ((out[:, :width], np.bitwise_and), (out[:, width:], np.right_shift)):
         take(codes, 0xF if take is np.bitwise_and else 4, out=nibbles)  # low nibbles, then high ones: 0..15
@@ -69,7 +53,7 @@ def tiled_int4_products(x: np.ndarray, ws: list[Int4Matrix]) -> list[np.ndarray]
     """x @ W^T for each of several INT4 weights [out_i, in] of the same input, which is put in
     the tiles' order once.  [..., in] -> [[..., out_i]]"""
     tokens = x.reshape(-1, ws[0].shape[1]).astype(np.float32, copy=False)  # [N, in]
-    split = split_inputs(tokens, ws[0])  # [N, 2 * halves]
+    split = split_inputs(tokens)  # [N, in]
     outs = []
     for w in ws:
         many = tokens.shape[0] > MANY_TOKENS
@@ -129,19 +113,13 @@ def dequantize_via_reference(w: Int4Matrix, out: np.ndarray | None = None) -> np
 @bypasses("dequantize_int4", readable=dequantize_via_reference)
 def int4_rows(w: Int4Matrix, out: np.ndarray | None = None) -> np.ndarray:
     """The float32 weight, equal bit for bit to `w.dequantize()` (both are exact), decoded a tile
-    of rows at a time with the byte table (int4.unpack); into `out` if given.  -> [out, in]"""
+    of rows at a time with the byte table (int4.unpack) straight into its rows; into `out` if
+    given (C-contiguous).  -> [out, in]"""
     out = np.empty(w.shape, np.float32) if out is None else out
-    width = int4.words_for(w.in_features) * int4.PER_WORD
-    padded = int4.groups_for(w.in_features, w.group) * w.group
-    buffer = kept_memory("int4 rows", TILE_ROWS, padded)
     for start in range(0, w.shape[0], TILE_ROWS):
         end = min(start + TILE_ROWS, w.shape[0])
-        tile = buffer[: end - start]
-        if width == padded:
-            int4.unpack(w.packed[start:end], tile)
-        else:  # a partial last word or group: unpacked beside, then copied in (the rest is cut off below)
-            tile[:, :width] = int4.unpack(w.packed[start:end], kept_memory("int4 unpacked", end - start, width))
+        tile = out[start:end]
+        int4.unpack(w.packed[start:end], tile)
         values = tile.reshape(end - start, -1, w.group)
         np.multiply(values, w.scales[start:end, :, None], out=values)
-        out[start:end] = tile[:, : w.in_features]
     return out

@@ -228,6 +228,9 @@ class Checkpoint:
         with the weight's [out, in] (its weight_shape's values too)."""
         out_dim, in_dim = shape
         group = self.config.int4.group_size
+        if in_dim % group:
+            return [Problem(None, name, f"'{name}' {list(shape)}: {in_dim} inputs are not a whole number of groups of "
+                            f"{group}, and pack-quantized INT4 has no partial groups")]
         expected = {PACKED: (("I32",), (out_dim, int4.words_for(in_dim))),
                     GROUP_SCALE: (INT4_SCALE_DTYPES, (out_dim, int4.groups_for(in_dim, group))),
                     WEIGHT_SHAPE: (("I64", "I32"), (2,))}

@@ -25,7 +25,7 @@ def storage_dtype(cfg: Config, name: str) -> str:
     if cfg.quantization is not None and is_linear(name):
         return "F8_E4M3"
     linear = is_linear(name) or name == "lm_head.weight"  # the embedding is no linear module
-    if cfg.int4 is not None and name.endswith(".weight") and cfg.int4.quantizes(name.removesuffix(".weight"), linear):
+    if cfg.int4 is not None and linear and cfg.int4.quantizes(name.removesuffix(".weight"), linear):
         return "INT4"
     return "BF16"
 
