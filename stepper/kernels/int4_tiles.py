@@ -16,9 +16,12 @@ long, so the threads seldom wait for each other.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from stepper import int4
+from stepper.errors import StepperError
 from stepper.kernels import parallel
 from stepper.kernels.fp8_tiles import TALL_TILE_BYTES, kept_memory, result_arrays
 from stepper.swap import bypasses
@@ -49,9 +52,13 @@ def decode_tile(w: Int4Matrix, start: int, end: int, out: np.ndarray) -> np.ndar
     return out
 
 
-def tiled_int4_products(x: np.ndarray, ws: list[Int4Matrix]) -> list[np.ndarray]:
+Decoder = Callable[[Int4Matrix, int, int, np.ndarray], object]  # (w, start, end, out [rows, in] in the tiles' order)
+
+
+def tiled_int4_products(x: np.ndarray, ws: list[Int4Matrix], decode: Decoder | None = None) -> list[np.ndarray]:
     """x @ W^T for each of several INT4 weights [out_i, in] of the same input, which is put in
-    the tiles' order once.  [..., in] -> [[..., out_i]]"""
+    the tiles' order once; each tile decoded by decode(w, start, end, out) (by default
+    decode_tile, with large products shared between threads).  [..., in] -> [[..., out_i]]"""
     tokens = x.reshape(-1, ws[0].shape[1]).astype(np.float32, copy=False)  # [N, in]
     split = split_inputs(tokens)  # [N, in]
     outs = []
@@ -59,8 +66,9 @@ def tiled_int4_products(x: np.ndarray, ws: list[Int4Matrix]) -> list[np.ndarray]
         many = tokens.shape[0] > MANY_TOKENS
         _, rows = result_arrays(w.shape[0], tokens.shape[0], many)  # rows: [out, N]
         tiles = row_tiles(w, split.shape[1], many)
-        sharing = parallel.cores() if w.packed.size * 8 * tokens.shape[0] >= SHARE_WORK else 1
-        parallel.split(tiles, lambda share, w=w, rows=rows: apply_tiles(split, w, share, rows), sharing)
+        large = w.packed.size * 8 * tokens.shape[0] >= SHARE_WORK
+        sharing = parallel.cores() if large and decode is None else 1
+        parallel.split(tiles, lambda share, w=w, rows=rows: apply_tiles(split, w, share, rows, decode), sharing)
         outs.append(rows.T.reshape(*x.shape[:-1], w.shape[0]))  # [..., out]
     return outs
 
@@ -72,30 +80,38 @@ def row_tiles(w: Int4Matrix, width: int, many: bool) -> list[tuple[int, int]]:
     return [(r, min(r + height, w.shape[0])) for r in range(0, w.shape[0], height)]
 
 
-def apply_tiles(split: np.ndarray, w: Int4Matrix, tiles: list[tuple[int, int]], rows: np.ndarray) -> None:
+def apply_tiles(split: np.ndarray, w: Int4Matrix, tiles: list[tuple[int, int]], rows: np.ndarray,
+                decode: Decoder | None = None) -> None:
     """Decode and multiply each tile into its rows of `rows` [out, N]; this thread's buffer reused,
-    a tall tile decoded TILE_ROWS rows at a time."""
+    a tall tile decoded TILE_ROWS rows at a time (decode_tile) or whole (a decoder given)."""
     buffer = kept_memory("int4 tile", max((end - start for start, end in tiles), default=0), split.shape[1])
     for start, end in tiles:
         tile = buffer[: end - start]
-        for r in range(start, end, TILE_ROWS):
-            decode_tile(w, r, min(r + TILE_ROWS, end), tile[r - start : r - start + TILE_ROWS])
+        if decode is None:
+            for r in range(start, end, TILE_ROWS):
+                decode_tile(w, r, min(r + TILE_ROWS, end), tile[r - start : r - start + TILE_ROWS])
+        else:
+            decode(w, start, end, tile)
         np.matmul(tile, split.T, out=rows[start:end])
 
 
+def decode_via_dequantize(w: Int4Matrix, start: int, end: int, out: np.ndarray) -> None:
+    """Rows [start, end) through `int4.dequantize_int4`, whichever function that name runs now,
+    put in the tiles' order: the same values as decode_tile (both exact), so the same products."""
+    tile = np.asarray(int4.dequantize_int4(w.packed[start:end], w.scales[start:end], w.in_features, w.group,
+                                           name=w.name), np.float32)
+    if tile.shape != (end - start, w.in_features):
+        raise StepperError(f"dequantize_int4 gave shape {list(tile.shape)} for rows {start}..{end - 1} of '{w.name}', "
+                           f"expected {[end - start, w.in_features]}")
+    half = w.in_features // 2
+    out[:, :half], out[:, half:] = tile[:, 0::2], tile[:, 1::2]
+
+
 def int4_products_via_dequantize(x: np.ndarray, ws: list[Int4Matrix]) -> list[np.ndarray]:
-    """The same products with each tile of rows through `int4.dequantize_int4`, whichever function
-    that name runs now (a learner's, in a lesson).  [..., in] -> [[..., out_i]]"""
-    tokens = x.reshape(-1, ws[0].shape[1]).astype(np.float32, copy=False)
-    outs = []
-    for w in ws:
-        rows = np.empty((w.shape[0], tokens.shape[0]), np.float32)  # [out, N]
-        for start in range(0, w.shape[0], TILE_ROWS):
-            end = min(start + TILE_ROWS, w.shape[0])
-            tile = int4.dequantize_int4(w.packed[start:end], w.scales[start:end], w.in_features, w.group, name=w.name)
-            np.matmul(np.asarray(tile, np.float32), tokens.T, out=rows[start:end])
-        outs.append(rows.T.reshape(*x.shape[:-1], w.shape[0]))
-    return outs
+    """The same products with each tile through `int4.dequantize_int4` (a learner's, in a lesson):
+    the tiles, the order of the inputs and the products are those of `tiled_int4_products`, so
+    stepper's own function gives the same bits.  [..., in] -> [[..., out_i]]"""
+    return tiled_int4_products(x, ws, decode_via_dequantize)
 
 
 int4_products = bypasses("dequantize_int4", readable=int4_products_via_dequantize)(tiled_int4_products)
