@@ -1,4 +1,6 @@
-"""x @ W^T for INT4 weights, decoded a tile of rows at a time inside the product, never whole.
+"""One INT4 weight's tiles decoded and multiplied, in one process: the work that
+kernels.int4_matmul does itself, with threads, or shares out with the helper processes of
+kernels.fp8_workers.
 
 A tile is decoded in the order the packed bytes hold it: byte b of a row (in a little-endian
 word) holds inputs 2b (its low nibble) and 2b + 1 (its high nibble), so the tile's first half
@@ -9,9 +11,7 @@ product is the same sum in another order. Both halves of a row use its scales in
 pattern, one scale for each 16 bytes (32 inputs), made once per tile.
 
 Each value (nibble - 8) * scale is the stored weight exactly in float32 (int4.groups), so a tile
-holds the weight's exact values; only the sums' order differs from the readable product. Large
-products share their tiles between threads, one share per core: a tile's operations are few and
-long, so the threads seldom wait for each other.
+holds the weight's exact values.
 """
 
 from __future__ import annotations
@@ -21,15 +21,12 @@ from collections.abc import Callable
 import numpy as np
 
 from stepper import int4
-from stepper.errors import StepperError
-from stepper.kernels import parallel
-from stepper.kernels.fp8_tiles import TALL_TILE_BYTES, kept_memory, result_arrays
+from stepper.kernels.fp8_tiles import TALL_TILE_BYTES, kept_memory
 from stepper.swap import bypasses
 from stepper.weights.stored import Int4Matrix
 
 TILE_ROWS = 32  # rows decoded at once: [32, 7168] float32 (0.9 MB) keeps its passes in the cache
 MANY_TOKENS = 128  # past this, tiles are taller (BLAS repacks the inputs for every product)
-SHARE_WORK = 1 << 22  # weights x tokens below which a product stays on one thread
 
 
 def split_inputs(tokens: np.ndarray) -> np.ndarray:
@@ -55,24 +52,6 @@ def decode_tile(w: Int4Matrix, start: int, end: int, out: np.ndarray) -> np.ndar
 Decoder = Callable[[Int4Matrix, int, int, np.ndarray], object]  # (w, start, end, out [rows, in] in the tiles' order)
 
 
-def tiled_int4_products(x: np.ndarray, ws: list[Int4Matrix], decode: Decoder | None = None) -> list[np.ndarray]:
-    """x @ W^T for each of several INT4 weights [out_i, in] of the same input, which is put in
-    the tiles' order once; each tile decoded by decode(w, start, end, out) (by default
-    decode_tile, with large products shared between threads).  [..., in] -> [[..., out_i]]"""
-    tokens = x.reshape(-1, ws[0].shape[1]).astype(np.float32, copy=False)  # [N, in]
-    split = split_inputs(tokens)  # [N, in]
-    outs = []
-    for w in ws:
-        many = tokens.shape[0] > MANY_TOKENS
-        _, rows = result_arrays(w.shape[0], tokens.shape[0], many)  # rows: [out, N]
-        tiles = row_tiles(w, split.shape[1], many)
-        large = w.packed.size * 8 * tokens.shape[0] >= SHARE_WORK
-        sharing = parallel.cores() if large and decode is None else 1
-        parallel.split(tiles, lambda share, w=w, rows=rows: apply_tiles(split, w, share, rows, decode), sharing)
-        outs.append(rows.T.reshape(*x.shape[:-1], w.shape[0]))  # [..., out]
-    return outs
-
-
 def row_tiles(w: Int4Matrix, width: int, many: bool) -> list[tuple[int, int]]:
     """[start, end) of each tile: TILE_ROWS rows, or with many tokens as many whole TILE_ROWS as
     TALL_TILE_BYTES of float32 hold."""
@@ -93,28 +72,6 @@ def apply_tiles(split: np.ndarray, w: Int4Matrix, tiles: list[tuple[int, int]], 
         else:
             decode(w, start, end, tile)
         np.matmul(tile, split.T, out=rows[start:end])
-
-
-def decode_via_dequantize(w: Int4Matrix, start: int, end: int, out: np.ndarray) -> None:
-    """Rows [start, end) through `int4.dequantize_int4`, whichever function that name runs now,
-    put in the tiles' order: the same values as decode_tile (both exact), so the same products."""
-    tile = np.asarray(int4.dequantize_int4(w.packed[start:end], w.scales[start:end], w.in_features, w.group,
-                                           name=w.name), np.float32)
-    if tile.shape != (end - start, w.in_features):
-        raise StepperError(f"dequantize_int4 gave shape {list(tile.shape)} for rows {start}..{end - 1} of '{w.name}', "
-                           f"expected {[end - start, w.in_features]}")
-    half = w.in_features // 2
-    out[:, :half], out[:, half:] = tile[:, 0::2], tile[:, 1::2]
-
-
-def int4_products_via_dequantize(x: np.ndarray, ws: list[Int4Matrix]) -> list[np.ndarray]:
-    """The same products with each tile through `int4.dequantize_int4` (a learner's, in a lesson):
-    the tiles, the order of the inputs and the products are those of `tiled_int4_products`, so
-    stepper's own function gives the same bits.  [..., in] -> [[..., out_i]]"""
-    return tiled_int4_products(x, ws, decode_via_dequantize)
-
-
-int4_products = bypasses("dequantize_int4", readable=int4_products_via_dequantize)(tiled_int4_products)
 
 
 def dequantize_via_reference(w: Int4Matrix, out: np.ndarray | None = None) -> np.ndarray:

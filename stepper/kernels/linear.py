@@ -1,6 +1,6 @@
 """x @ W^T for every kind of weight, behind one call: float32 weights with BLAS (large ones
 shared out by rows across the cores), FP8 weights (kernels.fp8_matmul) and INT4 weights
-(kernels.int4_tiles) decoded tile by tile inside the product, never held whole in float32.
+(kernels.int4_matmul) decoded tile by tile inside the product, never held whole in float32.
 """
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ import numpy as np
 
 from stepper.kernels import parallel
 from stepper.kernels.fp8_matmul import dequantize_rows, linear_fp8, products
-from stepper.kernels.int4_tiles import int4_products, int4_rows
+from stepper.kernels.int4_matmul import int4_products
+from stepper.kernels.int4_tiles import int4_rows
 from stepper.weights.stored import Fp8Matrix, Int4Matrix
 
 Coded = (Fp8Matrix, Int4Matrix)  # weights kept as their codes

@@ -8,7 +8,8 @@ import pytest
 
 from stepper import int4
 from stepper.errors import StepperError
-from stepper.kernels.int4_tiles import int4_products, int4_rows
+from stepper.kernels.int4_matmul import int4_products
+from stepper.kernels.int4_tiles import int4_rows
 from stepper.kernels.linear import float32_weight, linear, linears
 from stepper.swap import swapped
 from stepper.weights.stored import Int4Matrix
