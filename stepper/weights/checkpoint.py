@@ -75,10 +75,11 @@ class Checkpoint:
     def row_blocks(self, name: str, rows: int) -> Iterator[Stored]:
         """Views of the mapped tensor, block by block; a block's pages are released once the next
         block is asked for, so reading all of lm_head (2.3 GB in BF16) keeps one block resident."""
-        shard = self.shard_of(name)
+        held = self._stored_name(name)  # an INT4 lm_head: its packed words
+        shard = self.shard_of(held)
         for block in self.stored(name).row_blocks(rows):
             yield block
-            shard.release(name)
+            shard.release(held)
 
     def has(self, name: str) -> bool:
         return self._stored_name(name) in self.weight_map

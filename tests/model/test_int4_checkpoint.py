@@ -2,6 +2,7 @@
 files, a run from the directory bit for bit the synthetic run, and each way the three tensors of
 an INT4 weight can be wrong refused in one line naming the file and the tensor."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -130,3 +131,16 @@ def test_synth_and_run_on_the_command_line(tmp_path):
     assert ran.returncode == 0 and "logits" in ran.stdout, ran.stderr
     wrong = stepper("synth", "--out", str(tmp_path / "x"), "--quant", "int3")
     assert wrong.returncode == 2 and wrong.stderr.strip().endswith("--quant int3: expected one of fp8, int4, bf16")
+
+
+def test_an_int4_lm_head_is_read_block_by_block(tmp_path):
+    """With lm_head left out of `ignore`, lm_head is INT4 too: the logits come from its packed words."""
+    cfg = requantized(preset("tiny"), "int4")
+    cfg = dataclasses.replace(cfg, int4=dataclasses.replace(cfg.int4, ignore=cfg.int4.ignore[1:]))
+    folder = synth_checkpoint(SyntheticWeights(cfg, seed=2), tmp_path / "ckpt")
+    assert isinstance(Checkpoint(folder).matrix("lm_head.weight"), Int4Matrix)
+    spec = RunSpec(model=str(folder), ids=(3, 4), seed=2)
+    from_files, made = Recorder(), Recorder()
+    run(spec, [from_files])
+    run(spec, [made], SyntheticWeights(cfg, seed=2))
+    np.testing.assert_array_equal(from_files.tensors()["logits"], made.tensors()["logits"])
