@@ -31,7 +31,7 @@ def synth_command(
                      "blocks, as Kimi K2 / DeepSeek-V3), int4 (experts in compressed-tensors pack-quantized INT4, "
                      "groups of 32, the rest BF16, as Kimi-K2-Thinking), bf16. Default: as the model's config says.")] = None,
 ) -> None:
-    """Write synthetic weights as a real HF-layout checkpoint directory (FP8 unless --quant)."""
+    """Write synthetic weights as a real HF-layout checkpoint directory, stored as the config or --quant says."""
     with user_errors():
         source = load_model(model, seed)
         if not isinstance(source, SyntheticWeights):
@@ -110,14 +110,14 @@ def fp8_command(
     """Show the checkpoints' number formats: e4m3fn and FP8 blocks, INT4 words and groups.
 
     \b
-    stepper fp8                   the value of all 256 codes, as a 16x16 table
-    stepper fp8 0xCD              one byte bit by bit (also 205 or 0b11001101)
-    stepper fp8 --weight NAME     one 128x128 block of an FP8 weight: its scale_inv,
-                                  codes and values (--model, --block R,C); of an INT4
-                                  weight one group of 32 inputs, nibble by nibble
-                                  (--block ROW,GROUP)
-    stepper fp8 --int4            the 16 INT4 codes and their values
-    stepper fp8 --int4 0x89ABCDEF one packed word nibble by nibble
+    stepper fp8                    all 256 codes' values, as a 16x16 table
+    stepper fp8 0xCD               one byte bit by bit (also 205 or 0b11001101)
+    stepper fp8 --weight NAME      an FP8 weight's 128x128 block: scale_inv,
+                                   codes, values (--model, --block R,C); an
+                                   INT4 weight's group of 32 inputs, nibble
+                                   by nibble (--block ROW,GROUP)
+    stepper fp8 --int4             the 16 INT4 codes and their values
+    stepper fp8 --int4 0x89ABCDEF  one packed word nibble by nibble
     """
     with user_errors():
         if weight is None:
