@@ -70,3 +70,28 @@ def test_inspect_shows_each_int4_weight_with_its_group_grid(int4_dir):
     weight = Checkpoint(int4_dir).matrix(EXPERT).dequantize()
     assert first["stats_of"] == "dequantized" and first["int4"]["weight_shape"] == [96, 320]
     assert first["stats"]["absmax"] == pytest.approx(float(np.abs(weight).max()), rel=1e-6)
+
+
+def test_inspect_reports_a_nan_group_scale_in_its_weights_row(int4_dir, tmp_path):
+    import ml_dtypes
+    from helpers.files import reference_write
+    from safetensors.numpy import load_file
+
+    index = json.loads((int4_dir / "model.safetensors.index.json").read_text())["weight_map"]
+    shard = index[EXPERT + "_scale"]
+    folder = tmp_path / "nan"
+    folder.mkdir()
+    for file in int4_dir.iterdir():
+        if file.name != shard:
+            (folder / file.name).symlink_to(file)
+    tensors = {n: (v.view(ml_dtypes.bfloat16) if n.endswith(("_scale", ".weight")) else v)
+               for n, v in load_file(int4_dir / shard).items()}
+    tensors[EXPERT + "_scale"] = tensors[EXPERT + "_scale"].copy()
+    tensors[EXPERT + "_scale"][3, 1] = np.nan
+    reference_write(folder / shard, tensors)
+    listed = stepper("inspect", str(folder), "--plain", "--experts", "--only", "*layers.1.mlp.experts.3.*")
+    assert listed.returncode == 1, listed.stderr
+    why = f"'{EXPERT}_scale' holds 1 group scale(s) that are not finite, first nan at [3, 1]"
+    lines = listed.stdout.splitlines()
+    row = next(i for i, line in enumerate(lines) if "experts.3.up_proj.weight_packed" in line)
+    assert why in lines[row + 1] and why in lines[-1]
