@@ -11,11 +11,15 @@ from __future__ import annotations
 from stepper.errors import StepperError
 from stepper.jsonfile import read_json
 from stepper.weights.checkpoint import (
+    GROUP_SCALE,
+    INT4_SCALE_DTYPES,
     LAYER_NAME,
+    PACKED,
     SCALE,
     SCALE_DTYPES,
     Checkpoint,
     Problem,
+    check_int4_scales,
     check_scale_values,
     in_scope,
 )
@@ -28,6 +32,7 @@ def audit(ckpt: Checkpoint, layers: range, with_globals: bool) -> list[Problem]:
     problems = ckpt.problems(layers, with_globals)
     if ckpt.reads_values:
         problems += scale_value_problems(ckpt, layers, with_globals)
+        problems += group_scale_problems(ckpt, layers, with_globals)
     problems += other_unreadable(ckpt, problems)
     problems += unknown_tensors(ckpt, layers)
     if with_globals:
@@ -44,6 +49,21 @@ def scale_value_problems(ckpt: Checkpoint, layers: range, with_globals: bool) ->
             continue
         try:
             check_scale_values(shard, name, ckpt.shard_of(name).get(name))
+        except StepperError as e:
+            problems.append(Problem(shard, name, str(e)))
+    return problems
+
+
+def group_scale_problems(ckpt: Checkpoint, layers: range, with_globals: bool) -> list[Problem]:
+    """Every readable group scale of an INT4 weight (X.weight_scale beside X.weight_packed): finite."""
+    problems = []
+    for name, shard in ckpt.weight_map.items():
+        packed = name.removesuffix(GROUP_SCALE) + PACKED
+        if (not name.endswith(GROUP_SCALE) or packed not in ckpt.weight_map or not in_scope(name, layers, with_globals)
+                or shard in ckpt.unreadable or ckpt.shard_of(name).info(name).dtype not in INT4_SCALE_DTYPES):
+            continue
+        try:
+            check_int4_scales(shard, name, ckpt.shard_of(name).get(name))
         except StepperError as e:
             problems.append(Problem(shard, name, str(e)))
     return problems

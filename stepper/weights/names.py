@@ -35,10 +35,15 @@ def is_linear(name: str) -> bool:
 
 
 def storage_dtype(cfg: Config, name: str) -> str:
+    """F32, F8_E4M3, BF16, or INT4 for a module a compressed-tensors config quantizes (its weight
+    stored as weight_packed, weight_scale and weight_shape)."""
     if name.endswith("e_score_correction_bias"):
         return "F32"
     if cfg.quantization is not None and is_linear(name):
         return "F8_E4M3"
+    linear = is_linear(name) or name == "lm_head.weight"  # the embedding is no linear module
+    if cfg.int4 is not None and linear and cfg.int4.quantizes(name.removesuffix(".weight"), linear):
+        return "INT4"
     return "BF16"
 
 

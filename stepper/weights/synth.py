@@ -3,13 +3,16 @@
 The layout is the one DeepSeek-V3 and Kimi K2 ship: config.json (with quantization_config),
 model.safetensors.index.json and several shards (the embedding, one shard per layer, then the
 final norm and lm_head), FP8 linear weights each followed by its float32 `weight_scale_inv`,
-BF16 norms, embeddings, lm_head and router gate, an F32 router bias. Shards are written one
+BF16 norms, embeddings, lm_head and router gate, an F32 router bias. With a compressed-tensors
+config (`--quant int4`, laid out as Kimi-K2-Thinking) the modules it quantizes are written as
+I32 `weight_packed`, BF16 `weight_scale` and I64 `weight_shape`, the rest BF16. Shards are written one
 tensor at a time; the directory appears under its name only when complete. `--force` replaces
 only a checkpoint stepper wrote: a folder holding anything else is never removed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -21,14 +24,26 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from stepper.config import Config, wrapped_hf
+from stepper import int4
+from stepper.config import Config, Fp8, Int4Groups, wrapped_hf
 from stepper.errors import StepperError
 from stepper.fp8 import scale_grid
 from stepper.untrusted import shown
-from stepper.weights.checkpoint import INDEX, SCALE
+from stepper.weights.checkpoint import GROUP_SCALE, INDEX, PACKED, SCALE, WEIGHT_SHAPE
 from stepper.weights.names import EMBED, global_shapes, layer_shapes, storage_dtype, stored_name
 from stepper.weights.safetensors_writer import Entry, write_safetensors
 from stepper.weights.synthetic import SyntheticWeights
+
+QUANTS = ("fp8", "int4", "bf16")
+
+
+def requantized(cfg: Config, quant: str) -> Config:
+    """The config with its linear weights stored as `quant` says: fp8 (the config's FP8 blocks, or
+    128x128), int4 (Kimi-K2-Thinking's compressed-tensors groups) or bf16 (no quantization)."""
+    if quant not in QUANTS:
+        raise StepperError(f"--quant {shown(quant)}: expected one of {', '.join(QUANTS)}")
+    fp8_blocks = (cfg.quantization or Fp8()) if quant == "fp8" else None
+    return dataclasses.replace(cfg, quantization=fp8_blocks, int4=Int4Groups() if quant == "int4" else None)
 
 
 def tensor_entries(source: SyntheticWeights, shapes: dict[str, tuple[int, ...]]) -> list[Entry]:
@@ -41,6 +56,11 @@ def tensor_entries(source: SyntheticWeights, shapes: dict[str, tuple[int, ...]])
         if dtype == "F8_E4M3":
             grid = stored.grid(shape)
             entries.append(Entry(name + SCALE, "F32", grid, stored.scale_inv))
+        if dtype == "INT4":
+            entries[-1] = Entry(name + PACKED, "I32", (shape[0], int4.words_for(shape[1])), stored.data)
+            groups = (shape[0], int4.groups_for(shape[1], source.config.int4.group_size))
+            entries.append(Entry(name + GROUP_SCALE, "BF16", groups, stored.scale_inv))
+            entries.append(Entry(name + WEIGHT_SHAPE, "I64", (2,), lambda shape=shape: np.array(shape, np.int64)))
     return entries
 
 

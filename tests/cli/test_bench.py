@@ -30,3 +30,24 @@ def test_bench_checkpoints_are_the_checkpoint_folders_of_the_workdir(tmp_path):
     (tmp_path / "half-written").mkdir()  # no index: not a checkpoint (yet)
     (tmp_path / "notes.txt").write_text("")
     assert bench.bench_checkpoints(tmp_path) == [tmp_path / "a-layers0-0-seed0", tmp_path / "b-layers1-1-seed0"]
+
+
+def test_int4_experts_against_fp8_on_a_small_config(tmp_path):
+    """The INT4 scenario's code on tiny (the coordinator runs it at full size): its checkpoint
+    holds INT4 experts, and each ratio is the INT4 figure over the FP8 one."""
+    from stepper.weights.checkpoint import Checkpoint
+    from stepper.weights.stored import Int4Matrix
+
+    said = []
+    fp8_folder = bench.ensure_checkpoint(tmp_path, bench.bench_config("tiny", None), range(1, 2))
+    fp8 = bench.moe_figures(fp8_folder, said.append, " (FP8)", repeats=(2, 2))
+    figures = bench.int4_versus_fp8(tmp_path, "tiny", said.append, fp8, repeats=(2, 2))
+    assert [f.unit for f in figures] == ["s", "s", "x", "x"]
+    decode, prefill, decode_ratio, prefill_ratio = figures
+    assert "decode 1 token" in decode.name and "prefill 512 tokens" in prefill.name
+    assert decode_ratio.name == "tiny layer 1, decode 1 token: INT4 experts / FP8 experts"
+    assert (decode_ratio.value, prefill_ratio.value) == (decode.value / fp8[0].value, prefill.value / fp8[1].value)
+    int4_folder = next(p for p in tmp_path.iterdir() if "int4" in p.name)
+    assert isinstance(Checkpoint(int4_folder).matrix("model.layers.1.mlp.experts.0.up_proj.weight"), Int4Matrix)
+    assert not isinstance(Checkpoint(fp8_folder).matrix("model.layers.1.mlp.experts.0.up_proj.weight"), Int4Matrix)
+    assert any("with INT4 experts" in line for line in said)

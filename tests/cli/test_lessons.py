@@ -190,12 +190,13 @@ def test_use_swaps_in_restores_stepper_and_rejects_other_signatures(tmp_path):
 # query's and the shared key's per layer; latent per layer; absorbed per layer of the decode
 # step; route per MoE layer.
 CALLS = {"rms_norm": 2 * (4 * 3 + 1), "apply_rope": 2 * 2 * 3, "latent": 2 * 3, "absorbed": 3, "route": 2 * 2}
+MODEL = {"dequantize_int4": "tiny-int4"}  # INT4 weights only there (the rest of tiny's are FP8)
 
 
 @pytest.mark.parametrize("name", overrides.EXERCISES)
 def test_a_swapped_exercise_runs_at_every_place_the_interpreter_calls_it(name):
     """No table of call sites: each call of an exercise, wherever it is made, runs what is swapped in."""
-    spec = RunSpec(prompt_len=3, decode=1)
+    spec = RunSpec(model=MODEL.get(name, "tiny"), prompt_len=3, decode=1)
     reference, calls = overrides.reference(name), []
 
     def spy(*args, **kwargs):

@@ -36,23 +36,24 @@ MAY_IMPORT: dict[str, set[str]] = {
     "catalog": {"config"},
     "fp8": set(),
     "patching": set(),
-    "weights": {"fp8"},
-    "kernels": {"weights", "fp8"},
-    "model": {"kernels", "weights", "fp8"},
+    "int4": set(),
+    "weights": {"fp8", "int4"},
+    "kernels": {"weights", "fp8", "int4"},
+    "model": {"kernels", "weights", "fp8", "int4"},
     "session": {"model", "kernels", "weights", "presets"},
-    "bench": {"model", "kernels", "weights", "fp8", "presets"},
-    "views": {"session", "catalog", "weights", "fp8", "presets", "patching"},
-    "lessons": {"views", "session", "model", "kernels", "weights", "fp8", "catalog", "presets"},
-    "fixtures": {"views", "session", "model", "kernels", "weights", "fp8", "catalog", "presets"},
-    "cli": {"lessons", "fixtures", "views", "bench", "session", "model", "kernels", "weights", "fp8", "catalog",
-            "presets", "patching"},
+    "bench": {"model", "kernels", "weights", "fp8", "int4", "presets"},
+    "views": {"session", "catalog", "weights", "fp8", "int4", "presets", "patching"},
+    "lessons": {"views", "session", "model", "kernels", "weights", "fp8", "int4", "catalog", "presets"},
+    "fixtures": {"views", "session", "model", "kernels", "weights", "fp8", "int4", "catalog", "presets"},
+    "cli": {"lessons", "fixtures", "views", "bench", "session", "model", "kernels", "weights", "fp8", "int4",
+            "catalog", "presets", "patching"},
     "__main__": {"cli"},
     # The library on top: the command line's own machinery for a run (cli.record), as functions
     "api": {"cli", "lessons", "fixtures", "views", "session", "model", "kernels", "weights", "fp8", "catalog",
             "presets", "patching"},
     "stepper": {"api"},  # the package's __init__: its version, and the API loaded on first use
 }
-NEVER_IMPORT_FROM = {"model", "weights", "fp8", "kernels"}  # ... the rooms that present things
+NEVER_IMPORT_FROM = {"model", "weights", "fp8", "int4", "kernels"}  # ... the rooms that present things
 PRESENTATION = {"views", "lessons", "fixtures", "cli"}
 MODEL_FILE_LINES = 300
 MODEL_FUNCTION_LINES = 40
