@@ -20,11 +20,11 @@ from stepper import catalog
 from stepper.cli.main import app
 from stepper.errors import StepperError
 from stepper.lessons import check, overrides
-from stepper.lessons.answers import parse_choice, parse_number, parse_set, parse_shape
 from stepper.lessons.context import Context
 from stepper.lessons.judge import judge
 from stepper.lessons.lint import mentioned_names, template_errors, unknown_names
 from stepper.lessons.progress import Progress
+from stepper.lessons.reading import parse_choice, parse_number, parse_set, parse_shape
 from stepper.lessons.schema import Prediction, Wrong, all_lessons, find_lesson
 from stepper.lessons.walk import right_answers, walk
 from stepper.lessons.workspace import Workspace
