@@ -106,7 +106,7 @@ def start_command(name: NameArg = None, workspace: WorkspaceOpt = WORKSPACE, pla
         source = CommandSource(console, sys.stdin, sys.stdin.isatty() and console.is_terminal)
         walked = walk(lesson, console, source)
         entry = progress.lesson(lesson.name)
-        entry["right"], entry["asked"] = walked.right, walked.asked  # the latest walk's predictions
+        entry["first_try"], entry["retried"], entry["asked"] = walked.first_try, walked.retried, walked.asked  # the latest walk's
         entry["walked"] = entry["walked"] or walked.finished
         progress.save()
         functions = ", ".join(lesson.exercise.functions)

@@ -23,7 +23,8 @@ def data_dir() -> Path:
 
 
 class Progress:
-    """progress.json: per lesson whether it was walked, passed, given up, hints shown, predictions."""
+    """progress.json: per lesson whether it was walked, passed, given up, hints shown, and the latest
+    walk's predictions (right at the first try, right on a retry, asked)."""
 
     def __init__(self, path: Path | None = None):
         self.path = path or data_dir() / "progress.json"
@@ -40,7 +41,7 @@ class Progress:
     def lesson(self, name: str) -> dict[str, Any]:
         entry = self.data["lessons"].setdefault(name, {})
         for key, default in (("walked", False), ("passed", False), ("gave_up", False), ("hints", 0),
-                             ("right", 0), ("asked", 0)):
+                             ("first_try", 0), ("retried", 0), ("asked", 0)):
             entry.setdefault(key, default)
         return entry
 

@@ -203,11 +203,17 @@ def parse_shape(text: str) -> tuple[int, ...]:
     if "," in body:
         pieces = [size_of(piece) for piece in body.split(",")]
     else:
-        pieces = [size_of(t) for t in re.split(r"\s*(?<![a-z])x(?![a-z])\s*|\s+", body.strip()) if t]
+        tokens = [t for t in re.split(r"\s*(?<![a-z])x(?![a-z])\s*|\s+", body.strip()) if t]
+        pieces = [size_of(t) if re.fullmatch(r"(?:[A-Za-z_]\w*=)?\d+(?:\*\d+)*|[A-Za-z_]+", t) else unread_size(t)
+                  for t in tokens]
     sizes = tuple(p for p in pieces if p is not None)
     if not sizes:
         raise Unreadable("there is no size in it")
     return sizes
+
+
+def unread_size(token: str) -> int:
+    raise Unreadable(f"I could not read '{token[:20]}' as a size")
 
 
 def size_of(piece: str) -> int | None:

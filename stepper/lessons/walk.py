@@ -35,7 +35,8 @@ class LessonDebugger(Debugger):
     lesson: Lesson | None = None
     plan: Plan | None = None
     step_index: int = 0
-    right: int = 0
+    first_try: int = 0  # predictions right at the first readable answer
+    retried: int = 0  # right on a later try
     asked: int = 0
 
     def __post_init__(self) -> None:
@@ -109,7 +110,10 @@ class LessonDebugger(Debugger):
                 break
             verdict = judge(pred, line, ctx, stop_key)
             if verdict.right:
-                self.right += 1
+                if tries == 0:
+                    self.first_try += 1
+                else:
+                    self.retried += 1
                 self.console.print(f"✓ right: {shown(show_answer(pred, expected))}", style="bold green")
                 return
             self.console.print(styled(f"✗ {verdict.why}", "red"), soft_wrap=False)
@@ -125,8 +129,19 @@ class LessonDebugger(Debugger):
 @dataclass(frozen=True)
 class Walked:
     finished: bool
-    right: int
+    first_try: int  # predictions right at the first try
+    retried: int  # right on a retry
     asked: int
+
+    @property
+    def score(self) -> str:
+        """'7 of 9 right at the first try, 1 more on a retry' (an unreadable answer is no try)."""
+        more = f", {self.retried} more on a retry" if self.retried else ""
+        return f"{self.first_try} of {self.asked} right at the first try{more}"
+
+
+def walked(debugger: LessonDebugger, finished: bool) -> Walked:
+    return Walked(finished, debugger.first_try, debugger.retried, debugger.asked)
 
 
 def walk(lesson: Lesson, console: Console, source: CommandSource) -> Walked:
@@ -140,15 +155,16 @@ def walk(lesson: Lesson, console: Console, source: CommandSource) -> Walked:
     except Quit:
         console.print(f"quit at step {debugger.step_index} of {len(lesson.steps)}; "
                       f"`stepper lesson start {lesson.name}` starts again", style="dim")
-        return Walked(False, debugger.right, debugger.asked)
+        return walked(debugger, False)
     if debugger.step_index < len(lesson.steps):
         missing = lesson.steps[debugger.step_index].stop
         raise StepperError(f"{lesson.folder / LESSON_FILE}: step {debugger.step_index + 1} stops at '{missing}', "
                            "which the run never emitted (or not in this order)")
     console.rule("end of the run", style="magenta", align="left")
     say(console, lesson.outro, Context(plan, debugger.context().tensors, result))
-    console.print(f"predictions: {debugger.right} of {debugger.asked} right", style="bold")
-    return Walked(True, debugger.right, debugger.asked)
+    outcome = walked(debugger, True)
+    console.print(f"predictions: {outcome.score}", style="bold")
+    return outcome
 
 
 def right_answers(lesson: Lesson) -> list[str]:

@@ -102,7 +102,8 @@ def test_every_lesson_walks_headless_to_the_end(lesson):
     walked = walk(lesson, console, CommandSource(console, io.StringIO("\n".join(right_answers(lesson)) + "\n"), False))
     text = out.getvalue()
     assert walked.finished, text[-2000:]
-    assert walked.right == walked.asked > 0
+    assert walked.first_try == walked.asked > 0 and walked.retried == 0
+    assert f"predictions: {walked.asked} of {walked.asked} right at the first try\n" in text
     assert text.count("✓ right") == walked.asked
     assert "end of the run" in text and "(end of commands" not in text
 
@@ -114,8 +115,27 @@ def test_a_wrong_prediction_is_explained_by_the_lesson():
     out = io.StringIO()
     console = Console(file=out, width=200, no_color=True, soft_wrap=True)
     walked = walk(lesson, console, CommandSource(console, io.StringIO("\n".join(answers) + "\n"), False))
-    assert walked.finished and walked.right == walked.asked
+    assert walked.finished and (walked.first_try, walked.retried) == (walked.asked - 1, 1)
     assert "✗ 1000 is the vocabulary size" in out.getvalue()
+    assert f"predictions: {walked.asked - 1} of {walked.asked} right at the first try, 1 more on a retry" in out.getvalue()
+
+
+def test_unreadable_answers_are_no_try_and_a_shown_answer_is_not_right():
+    """First tries and retries are counted apart; an answer refused as unreadable is asked again
+    and is not a try; a prediction answered wrong twice (then shown) counts as neither."""
+    lesson = find_lesson("mla-latent")
+    right = right_answers(lesson)  # each step: its answers, then "" to go on
+    assert right[1] == right[3] == right[5] == ""
+    answers = ["1 7 ?", "[1, 7, 128]", right[0], "",  # step 1: unreadable, wrong, right: a retry
+               "1,2.5", right[2], "",  # step 2: unreadable, then right: a first try
+               "1 7 16", "[1, 4, 7, 16]", "", *right[6:]]  # step 3 (k_pe): wrong twice, then shown
+    out = io.StringIO()
+    console = Console(file=out, width=200, no_color=True, soft_wrap=True)
+    walked = walk(lesson, console, CommandSource(console, io.StringIO("\n".join(answers) + "\n"), False))
+    text = out.getvalue()
+    assert walked.finished, text[-2000:]
+    assert (walked.first_try, walked.retried) == (walked.asked - 2, 1)
+    assert text.count("I could not read that") == 2 and "→ the answer: [1, 1, 7, 16]" in text
 
 
 # ---------------------------------------------------------------------------------------------
