@@ -24,7 +24,7 @@ from rich.text import Text
 from stepper.cli.common import user_errors
 from stepper.errors import StepperError
 from stepper.lessons import check
-from stepper.lessons.progress import Progress, default_lesson
+from stepper.lessons.progress import Progress, default_lesson, next_lesson
 from stepper.lessons.prose import styled
 from stepper.lessons.schema import Lesson, all_lessons, find_lesson
 from stepper.lessons.walk import walk
@@ -54,12 +54,11 @@ def chosen(name: str | None, progress: Progress) -> tuple[Lesson, list[Lesson]]:
     return (find_lesson(name, lessons) if name else default_lesson(progress, lessons)), lessons
 
 
-def next_lesson(lesson: Lesson, lessons: list[Lesson]) -> Lesson | None:
-    later = [l for l in lessons if l.number > lesson.number]
-    return later[0] if later else None
-
-
 # ---------------------------------------------------------------------------------------------
+
+
+LIST_LEGEND = ("◀ the current lesson: lesson commands without NAME use it · walked ✓: stepped through to the end · "
+               "exercise: passed, gave up (solution shown) or · not yet")
 
 
 @lesson_app.command("list")
@@ -79,8 +78,9 @@ def list_command(plain: PlainOpt = False) -> None:
             current = " ◀" if lesson.name == progress.current else ""
             console.print(f"{lesson.number:>2}  {lesson.name:<{name_w}}{shown(lesson.title):<{title_w}}"
                           f"{walked:<8}{exercise}{current}")
+        console.print(LIST_LEGEND, style="dim")
         passed = sum(progress.lesson(l.name)["passed"] for l in lessons)
-        upcoming = next((l for l in lessons if not progress.lesson(l.name)["passed"]), None)
+        upcoming = next_lesson(progress, lessons)
         tail = "" if upcoming is None else f" · next: stepper lesson start {upcoming.name}"
         console.print(f"{passed} of {len(lessons)} exercises passed{tail}", style="dim")
         console.print(f"progress file: {shown(progress.path)}", style="dim")
@@ -129,12 +129,14 @@ def check_command(
         lesson, lessons = chosen(name, progress)
         path = file if file is not None else Workspace(workspace).existing(lesson)
         console = console_for(plain)
-        passed = run_check(console, lesson, lessons, path, progress if file is None else None)
+        passed = run_check(console, lesson, lessons, path, progress, record=file is None)
     raise typer.Exit(0 if passed else 1)
 
 
-def run_check(console: Console, lesson: Lesson, lessons: list[Lesson], path: Path, progress: Progress | None) -> bool:
-    """Check, show the outcome, and record a pass in `progress` (None: another file than the learner's)."""
+def run_check(console: Console, lesson: Lesson, lessons: list[Lesson], path: Path, progress: Progress,
+              record: bool = True) -> bool:
+    """Check, show the outcome, and record a pass in `progress` (unless `record` is False: another
+    file than the learner's)."""
     console.print(f"checking {shown(path)} · lesson {lesson.number}, {lesson.name}: {shown(lesson.title)}",
                   style="bold")
     report = check.check(lesson, path)
@@ -143,14 +145,14 @@ def run_check(console: Console, lesson: Lesson, lessons: list[Lesson], path: Pat
                       + Text(shown(outcome.title)))
         for line in outcome.detail:
             console.print("    " + shown(line, lines=True), highlight=False)
-    if report.passed and progress is not None:
+    if report.passed and record:
         progress.lesson(lesson.name)["passed"] = True
         progress.save()
     if report.passed:
-        after = next_lesson(lesson, lessons)
+        after = next_lesson(progress, lessons, just_passed=lesson)
         console.print(styled(f"passed! `stepper run --use {path}` runs the whole model with your "
                              f"{', '.join(lesson.exercise.functions)}; `stepper lesson solution {lesson.name}` shows ours"
-                             + (f"; next: `stepper lesson start {after.name}`" if after else "; that was the last lesson")),
+                             + (f"; next: `stepper lesson start {after.name}`" if after else "; every lesson is done")),
                       style="bold green", soft_wrap=False)
     else:
         console.print(styled(f"not yet: fix it and check again (`stepper lesson hint {lesson.name}` for a hint)"),

@@ -74,3 +74,16 @@ def default_lesson(progress: Progress, lessons: Sequence[Lesson]) -> Lesson:
         if not progress.lesson(lesson.name)["passed"]:
             return lesson
     return lessons[-1]
+
+
+def done(progress: Progress, lesson: Lesson) -> bool:
+    """A lesson is done once its exercise passed, or its solution was shown (--give-up)."""
+    entry = progress.lesson(lesson.name)
+    return bool(entry["passed"] or entry["gave_up"])
+
+
+def next_lesson(progress: Progress, lessons: Sequence[Lesson], just_passed: Lesson | None = None) -> Lesson | None:
+    """The one rule for "next", wherever stepper says it: the first lesson, in order, not done
+    yet (`just_passed` counts as done); None when every lesson is done."""
+    skip = just_passed.name if just_passed else None
+    return next((lesson for lesson in lessons if lesson.name != skip and not done(progress, lesson)), None)

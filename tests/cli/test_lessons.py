@@ -53,6 +53,11 @@ def stepper(*args: str, stdin: str = ""):
     return CliRunner().invoke(app, list(args), input=stdin)
 
 
+def flat(text: str) -> str:
+    """The text with its line breaks and runs of spaces made single spaces (output wraps at the width)."""
+    return " ".join(text.split())
+
+
 def tensors(spec: RunSpec, use: list[Path] | None = None) -> dict[str, np.ndarray]:
     recorder = Recorder()
     with overrides.use(use or []):
@@ -334,6 +339,30 @@ def test_cli_start_check_hint_solution_reset(tmp_path, data_dir, monkeypatch):
     assert reset.exit_code == 0 and mine.read_text() == lesson.stub.read_text()
     assert (tmp_path / "stepper-lessons" / "tour.py.bak").read_text() == lesson.solution.read_text()
     assert "tour" not in json.loads((data_dir / "progress.json").read_text())["lessons"]
+
+
+def test_next_is_one_rule_for_check_and_list_and_the_markers_have_a_legend(tmp_path, monkeypatch):
+    """After tour and fp8 pass, both `check` and `list` say rmsnorm is next (the first lesson not
+    done), never a lesson already passed; `list` explains its markers."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("tour", "fp8"):
+        path, _ = Workspace().ensure(find_lesson(name))
+        path.write_text(find_lesson(name).solution.read_text())
+    assert "next: `stepper lesson start rmsnorm`" in flat(stepper("lesson", "check", "tour").stdout)
+    progress = Progress()
+    progress.lesson("mla-latent")["passed"] = True
+    progress.current = "fp8"
+    progress.save()
+    checked = stepper("lesson", "check", "fp8", "--plain")
+    assert checked.exit_code == 0 and "next: `stepper lesson start rmsnorm`" in flat(checked.stdout), checked.stdout
+    listed = stepper("lesson", "list", "--plain").stdout
+    assert "next: stepper lesson start rmsnorm" in flat(listed)
+    assert "◀ the current lesson" in listed and " ◀\n" in listed
+    rows = {line.split()[1]: line for line in listed.splitlines() if line[:2].strip().isdigit()}
+    assert rows["fp8"].endswith("passed ◀") and "passed" in rows["mla-latent"] and "passed" not in rows["rmsnorm"]
+    other = stepper("lesson", "check", "rmsnorm", "--file", str(find_lesson("rmsnorm").solution))  # not recorded
+    assert "next: `stepper lesson start rope-yarn`" in flat(other.stdout), other.stdout
+    assert not Progress().lesson("rmsnorm")["passed"]
 
 
 def test_cli_errors_are_one_line(tmp_path, monkeypatch):
