@@ -70,19 +70,21 @@ def list_command(plain: PlainOpt = False) -> None:
         console = console_for(plain)
         name_w = max(len("lesson"), *(len(l.name) for l in lessons)) + 2
         title_w = max(len("title"), *(len(shown(l.title)) for l in lessons)) + 2
+        title_w = max(12, min(title_w, console.width - (4 + name_w + 8 + len("gave up ◀"))))  # rows fit the width
         console.print(f"{'#':>2}  {'lesson':<{name_w}}{'title':<{title_w}}{'walked':<8}exercise", style="bold")
         for lesson in lessons:
             entry = progress.lesson(lesson.name)
             exercise = "passed" if entry["passed"] else ("gave up" if entry["gave_up"] else "·")
             walked = "✓" if entry["walked"] else "·"
             current = " ◀" if lesson.name == progress.current else ""
-            console.print(f"{lesson.number:>2}  {lesson.name:<{name_w}}{shown(lesson.title):<{title_w}}"
-                          f"{walked:<8}{exercise}{current}")
-        console.print(LIST_LEGEND, style="dim")
+            title = shown(lesson.title)
+            title = title if len(title) < title_w else title[: title_w - 2] + "…"
+            console.print(f"{lesson.number:>2}  {lesson.name:<{name_w}}{title:<{title_w}}{walked:<8}{exercise}{current}")
+        console.print(LIST_LEGEND, style="dim", soft_wrap=False)
         passed = sum(progress.lesson(l.name)["passed"] for l in lessons)
         upcoming = next_lesson(progress, lessons)
         tail = "" if upcoming is None else f" · next: stepper lesson start {upcoming.name}"
-        console.print(f"{passed} of {len(lessons)} exercises passed{tail}", style="dim")
+        console.print(f"{passed} of {len(lessons)} exercises passed{tail}", style="dim", soft_wrap=False)
         console.print(f"progress file: {shown(progress.path)}", style="dim")
 
 
