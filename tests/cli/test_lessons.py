@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -395,12 +396,18 @@ def test_watch_rechecks_on_save_and_stops_on_pass(tmp_path, data_dir):
     proc = subprocess.Popen([sys.executable, "-m", "stepper", "lesson", "watch", "decode-cache", "--workspace",
                              str(tmp_path / "ws"), "--interval", "0.1", "--plain"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
+    timer = threading.Timer(120, proc.kill)  # a watch that never ends fails the test instead of hanging it
+    timer.start()
     try:
-        time.sleep(2.5)  # the first check (fails: the stub's mask); stdin stays open, as a terminal's would
+        first = []  # the first check (fails: the stub's mask); stdin stays open, as a terminal's would
+        while not first or not first[-1].startswith(("not yet", "passed!")) and first[-1]:
+            first.append(proc.stdout.readline())
+        time.sleep(0.2)  # a save a moment later has a new modification time
         mine.write_text(lesson.solution.read_text())
         proc.wait(timeout=60)
-        out, err = proc.stdout.read(), proc.stderr.read()
+        out, err = "".join(first) + proc.stdout.read(), proc.stderr.read()
     finally:
+        timer.cancel()
         proc.kill()
         proc.stdin.close()
     assert proc.returncode == 0, err
