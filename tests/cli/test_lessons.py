@@ -23,7 +23,7 @@ from stepper.errors import StepperError
 from stepper.lessons import check, overrides
 from stepper.lessons.context import Context
 from stepper.lessons.judge import judge
-from stepper.lessons.lint import mentioned_names, template_errors, unknown_names
+from stepper.lessons.lint import mentioned_names, subject_errors, template_errors, unknown_names
 from stepper.lessons.progress import Progress
 from stepper.lessons.reading import parse_choice, parse_number, parse_set, parse_shape
 from stepper.lessons.schema import Prediction, Wrong, all_lessons, find_lesson
@@ -442,3 +442,53 @@ def test_every_explanation_of_a_wrong_answer_renders_at_its_stop(lesson):
             for wrong in pred.wrong:
                 if wrong.answer != "*":
                     assert value_of(wrong.answer, ctx) is not None
+
+
+# ---------------------------------------------------------------------------------------------
+# Facts quoted about one token or head
+
+
+def test_every_value_quoted_about_one_token_or_head_is_computed_on_it():
+    """Over every lesson's texts: in a sentence about token 0 (head 2, row 3, the telling token),
+    each quoted tensor value is indexed on that token's axis and each fact gets that token."""
+    checked = 0
+    for lesson in LESSONS:
+        n, problems = subject_errors(lesson)
+        assert problems == [], problems
+        checked += n
+    assert checked >= 30, f"only {checked} quoted values were about one token or head"
+
+
+def test_a_whole_tensor_value_in_a_sentence_about_one_token_is_caught(tmp_path):
+    from stepper.lessons.schema import load_lesson
+
+    folder = tmp_path / "07-routing"
+    shutil.copytree(find_lesson("moe-routing").folder, folder)
+    toml = folder / "lesson.toml"
+    text = toml.read_text()
+    text = text.replace("min {layers.1.mlp.gate.scores[0].min:.3f}", "min {layers.1.mlp.gate.scores.min:.3f}")  # as it was
+    text = text.replace("For token 0, expert {fact.routed(layers.1, 0, 0, expert)}", "For token 1, expert {fact.routed(layers.1, 0, 0, expert)}")
+    text = text.replace('explain = """\nOne row per token,', 'explain = """\nRow 3 of head 1 has {layers.1.mlp.gate.logits[3].max:.3f} and head 2 {layers.1.self_attn.attn_weights[0, 1, 3].sum}. One row per token,')
+    toml.write_text(text)
+    _, problems = subject_errors(load_lesson(folder))
+    said = "\n".join(problems)
+    assert "{layers.1.mlp.gate.scores.min} is computed on the whole tensor, not on token 0 (axis N)" in said
+    assert "{fact.routed(layers.1, 0, 0, expert)} is computed for token 0, not token 1" in said
+    assert "{layers.1.self_attn.attn_weights[0, 1, 3].sum} is computed on head 1, not on head 2 (axis H)" in said
+    assert sum("is computed for token 0, not token 1" in p for p in problems) == 4  # the question's answer too
+    assert len(problems) == 6, said  # logits has no head axis; scores[0].sum and max stay right
+
+
+def test_token_0s_score_range_is_token_0s():
+    lesson = find_lesson("moe-routing")
+    step = next(s for s in lesson.steps if s.stop == "layers.1.mlp.gate.scores")
+    recorder = Recorder()
+    run(lesson.run, [recorder])
+    order = [e.name for e in recorder.events]
+    seen = {n: recorder.tensors()[n] for n in order[: order.index(step.stop) + 1]}
+    from stepper.lessons.templates import render
+
+    said = render(step.explain, Context(prepare(lesson.run), seen))
+    token0 = seen["layers.1.mlp.gate.scores"][0]
+    assert f"min {token0.min():.3f}, max {token0.max():.3f}" in said
+    assert seen["layers.1.mlp.gate.scores"].min() < token0.min(), "the whole tensor's range differs (else no test)"
