@@ -126,6 +126,20 @@ def test_a_wrong_prediction_is_explained_by_the_lesson():
     assert f"predictions: {walked.asked - 1} of {walked.asked} right at the first try, 1 more on a retry" in out.getvalue()
 
 
+@pytest.mark.parametrize("name, written", [
+    ("mla-latent", {"1280.0": "1,280", "576.0": "576 B", "35.55555555555556": "35.6x"}),  # as stepper prints them
+    ("rope-yarn", {"{0, 1, 2, 3, 4}": "0-4", "{3, 11}": "11 and 3", "0.2617215999259001": "0.2617"}),
+])
+def test_answers_written_as_a_learner_writes_them_are_right_at_the_first_try(name, written):
+    lesson = find_lesson(name)
+    answers = [written.get(a, a) for a in right_answers(lesson)]
+    assert set(written.values()) <= set(answers)
+    out = io.StringIO()
+    console = Console(file=out, width=200, no_color=True, soft_wrap=True)
+    walked = walk(lesson, console, CommandSource(console, io.StringIO("\n".join(answers) + "\n"), False))
+    assert walked.finished and walked.first_try == walked.asked, out.getvalue()[-3000:]
+
+
 def test_unreadable_answers_are_no_try_and_a_shown_answer_is_not_right():
     """First tries and retries are counted apart; an answer refused as unreadable is asked again
     and is not a try; a prediction answered wrong twice (then shown) counts as neither."""
