@@ -8,9 +8,11 @@ debugger's view, explains it with text filled in from the run's real tensors
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from rich.console import Console
+from rich.padding import Padding
 from rich.text import Text
 
 from stepper.errors import StepperError
@@ -62,6 +64,11 @@ class LessonDebugger(Debugger):
         if line.strip() in ("", "c", "continue"):
             self.stepping = False
             return True
+        if re.match(r"\s*[-+\[({]?\s*\d", line):  # an answer typed after the question was answered
+            self.console.print(Text("that looks like an answer, but this stop's predictions are done: "
+                                    "Enter goes on to the next stop, ? lists the commands", style="yellow"),
+                               soft_wrap=False)
+            return False
         return super().execute(line)
 
     def context(self) -> Context:
@@ -84,7 +91,7 @@ class LessonDebugger(Debugger):
         self.console.print(self.rows.render(event), soft_wrap=True)
         entry = self.catalog.entry(event.key)
         if entry:
-            self.console.print(f"    {entry['description']}", style="italic")
+            self.console.print(Padding(Text(entry["description"], style="italic"), (0, 0, 0, 4)), soft_wrap=False)
         self.say(step.explain, ctx)
         for command in step.commands:
             self.console.print(Text("(stepper) ", style="dim") + Text(shown(command), style="dim"))
@@ -92,7 +99,7 @@ class LessonDebugger(Debugger):
                 super().execute(command)
             except StepperError as e:
                 self.error(e)
-        self.console.print(Text(LESSON_HELP, style="dim"))
+        self.console.print(Text(LESSON_HELP, style="dim"), soft_wrap=False)
 
     def predict(self, pred: Prediction, ctx: Context, stop_key: str) -> None:
         expected = expected_value(pred, ctx)
@@ -154,7 +161,7 @@ def walk(lesson: Lesson, console: Console, source: CommandSource) -> Walked:
         result = execute(plan, [debugger])
     except Quit:
         console.print(f"quit at step {debugger.step_index} of {len(lesson.steps)}; "
-                      f"`stepper lesson start {lesson.name}` starts again", style="dim")
+                      f"`stepper lesson start {lesson.name}` starts again", style="dim", soft_wrap=False)
         return walked(debugger, False)
     if debugger.step_index < len(lesson.steps):
         missing = lesson.steps[debugger.step_index].stop
