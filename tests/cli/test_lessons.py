@@ -25,8 +25,10 @@ from stepper.lessons.context import Context
 from stepper.lessons.judge import judge
 from stepper.lessons.lint import mentioned_names, subject_errors, template_errors, unknown_names
 from stepper.lessons.progress import Progress
+from stepper.lessons.prose import join_lines, say
 from stepper.lessons.reading import parse_choice, parse_number, parse_set, parse_shape
 from stepper.lessons.schema import Prediction, Wrong, all_lessons, find_lesson
+from stepper.lessons.templates import render
 from stepper.lessons.walk import right_answers, walk
 from stepper.lessons.workspace import Workspace
 from stepper.session import RunSpec, prepare, run
@@ -507,3 +509,33 @@ def test_token_0s_score_range_is_token_0s():
     token0 = seen["layers.1.mlp.gate.scores"][0]
     assert f"min {token0.min():.3f}, max {token0.max():.3f}" in said
     assert seen["layers.1.mlp.gate.scores"].min() < token0.min(), "the whole tensor's range differs (else no test)"
+
+
+# ---------------------------------------------------------------------------------------------
+# Lesson text at 80 columns
+
+
+def texts_at_their_stops(lesson):
+    """(text, context) for every text a walk shows, the context as it is when it is shown."""
+    plan = prepare(lesson.run)
+    recorder = Recorder()
+    result = run(lesson.run, [recorder])
+    order, everything = [e.name for e in recorder.events], recorder.tensors()
+    out = [(lesson.intro, Context(plan))]
+    for step in lesson.steps:
+        ctx = Context(plan, {n: everything[n] for n in order[: order.index(step.stop) + 1]})
+        out += [(step.text, ctx), (step.explain, ctx)]
+        out += [(join_lines(pred.question), ctx) for pred in step.predict]
+    return [*out, (lesson.outro, Context(plan, everything, result))]
+
+
+@pytest.mark.parametrize("lesson", LESSONS, ids=IDS)
+def test_lesson_text_fits_80_columns_without_a_broken_word(lesson):
+    for text, ctx in texts_at_their_stops(lesson):
+        out = io.StringIO()
+        say(Console(file=out, width=80, no_color=True, highlight=False, markup=False, soft_wrap=True), text, ctx)
+        lines = out.getvalue().splitlines()
+        assert all(len(line) <= 80 for line in lines), [line for line in lines if len(line) > 80]
+        printed = set(out.getvalue().split())
+        words = render(join_lines(text), ctx).split()
+        assert [w for w in words if w not in printed] == [], "a word broken across lines"
