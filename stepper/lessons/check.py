@@ -5,9 +5,12 @@ has two parts, and stops at the first mismatch, showing both values and where:
 
 1. For the small pure functions (softmax, rms_norm, decode, dequantize, rope_inv_freq,
    apply_rope, causal_mask), the learner's function is called on the very inputs the reference
-   got in the golden run (captured by a spy, one call per place it is used) and on a few
-   hand-made inputs that the run does not reach (all 256 FP8 codes, partial blocks, other
-   presets' YaRN settings, a decode step's mask); outputs are compared with the reference's.
+   got in the golden run (captured by a spy, one call per place it is used, each named by the
+   tensor it makes) and on a few hand-made inputs that the run does not reach (all 256 FP8
+   codes, partial blocks, other presets' YaRN settings, a decode step's mask); outputs are
+   compared with the reference's. decode and dequantize are called on the run's FP8 weights,
+   whole, with their own block scales (decode on the 256 codes first), and a difference names
+   the byte there, field by field.
 2. The lesson's runs are repeated with the learner's functions swapped in
    (`stepper.lessons.overrides`, as `stepper run --use` does) and every emitted tensor is compared, in execution order, with
    the golden run: the first tensor that differs is where the learner's function goes wrong.
