@@ -208,13 +208,14 @@ def why_sizes(a: tuple[int, ...], e: tuple[int, ...], dims: list[str], cfg: Conf
             continue
         symbol = dims[i] if dims else None
         size = dim_size_name(symbol) if symbol else None
-        named = f" (= {size})" if size and size != "1" else field_names(y, cfg)
+        runtime = symbol is not None and size is None  # B, T, S, N: sizes of the run, not of the config
+        named = f" (= {size})" if size and size != "1" else "" if runtime else field_names(y, cfg)
         note = ""
         if symbol == "T" and y == 1:
             note = ": a decode step runs one new token"
         elif symbol == "S":
             note = ": every position attended to, cached ones included"
-        reasons.append(f"{axis(dims, i)} is {y}{named}{note}, not {x}{field_names(x, cfg, size)}")
+        reasons.append(f"{axis(dims, i)} is {y}{named}{note}, not {x}{'' if runtime else field_names(x, cfg, size)}")
     return "; ".join(reasons)
 
 

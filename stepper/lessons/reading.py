@@ -139,7 +139,7 @@ def arithmetic(node: ast.AST) -> float:
 def unread_number(expr: str) -> str:
     numbers = LITERAL.findall(expr)
     if len(numbers) > 1 and re.fullmatch(r"[\s\d.eE+-]+", expr):
-        return f"that is {len(numbers)} numbers ({', '.join(numbers[:4])}); one is asked for"
+        return f"that reads as {len(numbers)} numbers ({', '.join(numbers[:4])}); one is asked for"
     return f"I could not read '{expr.strip()[:40]}' as a number"
 
 

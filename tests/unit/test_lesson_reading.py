@@ -165,7 +165,7 @@ LATENT = "layers.1.self_attn.compressed_kv"  # [B, T, kv_lora] = [1, 7, 128]
     (LATENT, "7 1 128", "the right sizes in the wrong order: B (batch) = 1 comes before T (positions) = 7", None),  # swapped
     (K_PE, "1 7 1 16", "the head axis (one shared rope head) = 1 comes before T (positions) = 7", None),
     (K_PE, "1 1 7 64", "rope (rope dims) is 16 (= qk_rope_head_dim), not 64 (Kimi K2's full-size qk_rope_head_dim", None),  # size
-    (LATENT, "1 8 128", "T (positions) is 7, not 8", None),
+    (LATENT, "1 8 128", "T (positions) is 7, not 8", "Kimi"),  # a size of the run, not of the config
     (LATENT, "7 512", "stepper keeps the batch axis: B = 1 comes first, even for one sequence; and kv_lora (kv latent) is 128", None),
 ])
 def test_each_shape_mistake_names_the_axis(ctx, tensor, answer, said, not_said):
