@@ -25,7 +25,7 @@ from stepper.cli.common import user_errors
 from stepper.errors import StepperError
 from stepper.lessons import check
 from stepper.lessons.progress import Progress, default_lesson, next_lesson
-from stepper.lessons.prose import styled
+from stepper.lessons.prose import indented, styled
 from stepper.lessons.schema import Lesson, all_lessons, find_lesson
 from stepper.lessons.walk import walk
 from stepper.lessons.workspace import WORKSPACE, Workspace
@@ -140,13 +140,13 @@ def run_check(console: Console, lesson: Lesson, lessons: list[Lesson], path: Pat
     """Check, show the outcome, and record a pass in `progress` (unless `record` is False: another
     file than the learner's)."""
     console.print(f"checking {shown(path)} · lesson {lesson.number}, {lesson.name}: {shown(lesson.title)}",
-                  style="bold")
+                  style="bold", soft_wrap=False)
     report = check.check(lesson, path)
     for outcome in report.outcomes:
         console.print(Text("✓ " if outcome.ok else "✗ ", style="bold green" if outcome.ok else "bold red")
-                      + Text(shown(outcome.title)))
-        for line in outcome.detail:
-            console.print("    " + shown(line, lines=True), highlight=False)
+                      + Text(shown(outcome.title)), soft_wrap=False)
+        for line in outcome.detail:  # wrapped at words, indented
+            indented(console, shown(line, lines=True))
     if report.passed and record:
         progress.lesson(lesson.name)["passed"] = True
         progress.save()

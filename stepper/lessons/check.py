@@ -350,8 +350,10 @@ def compare_runs(reference: Sequence[Event], mine: Sequence[Event], rtol: float)
 
 
 def describe_run(spec: RunSpec) -> str:
-    prompt = f"ids {list(spec.ids)}" if spec.ids else f"{spec.prompt_len} tokens"
-    parts = [f"model {spec.model}", f"{prompt} at positions {spec.start_pos}.."]
+    count = len(spec.ids) if spec.ids else spec.prompt_len
+    prompt = f"ids {list(spec.ids)}" if spec.ids else f"{count} token{'s' if count != 1 else ''}"
+    where = f"position {spec.start_pos}" if count == 1 else f"positions {spec.start_pos}..{spec.start_pos + count - 1}"
+    parts = [f"model {spec.model}", f"{prompt} at {where}"]
     if spec.decode:
         parts.append(f"{spec.decode} decode step{'s' if spec.decode > 1 else ''}")
     if spec.attn != "auto":

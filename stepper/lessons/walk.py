@@ -12,13 +12,12 @@ import re
 from dataclasses import dataclass
 
 from rich.console import Console
-from rich.padding import Padding
 from rich.text import Text
 
 from stepper.errors import StepperError
 from stepper.lessons.context import Context
 from stepper.lessons.judge import expected_value, judge, show_answer
-from stepper.lessons.prose import join_lines, say, styled
+from stepper.lessons.prose import indented, join_lines, say, styled
 from stepper.lessons.schema import LESSON_FILE, Lesson, Prediction, Step
 from stepper.lessons.templates import render
 from stepper.session import Plan, execute, prepare
@@ -91,7 +90,7 @@ class LessonDebugger(Debugger):
         self.console.print(self.rows.render(event), soft_wrap=True)
         entry = self.catalog.entry(event.key)
         if entry:
-            self.console.print(Padding(Text(entry["description"], style="italic"), (0, 0, 0, 4)), soft_wrap=False)
+            indented(self.console, entry["description"], "italic")
         self.say(step.explain, ctx)
         for command in step.commands:
             self.console.print(Text("(stepper) ", style="dim") + Text(shown(command), style="dim"))

@@ -75,3 +75,19 @@ def test_the_calls_checked_are_labelled_by_what_they_make():
         assert scale_inv.shape == (-(-codes.shape[0] // block[0]), -(-codes.shape[1] // block[1]))
         assert scale_inv.min() > 2.0**-100, "real block scales, not the 2^-120 rebias"
         assert call.label.startswith(f"the weight {call.kwargs['name']}: codes {list(codes.shape)}")
+
+
+def test_the_report_wraps_at_80_columns_between_words(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from stepper.cli.main import app
+
+    monkeypatch.setenv("STEPPER_DATA_DIR", str(tmp_path / "data"))
+    wrong = tmp_path / "fp8.py"
+    wrong.write_text(find_lesson("fp8").solution.read_text().replace(*WRONG[2][1]))
+    result = CliRunner().invoke(app, ["lesson", "check", "fp8", "--file", str(wrong), "--plain"], env={"COLUMNS": "80"})
+    assert result.exit_code == 1
+    lines = result.stdout.splitlines()
+    assert all(len(line) <= 80 for line in lines), [line for line in lines if len(line) > 80]
+    assert "    0.001953125" in lines, "a wrapped detail line stays indented"
+    assert "(1/8) = 0.001953125" in " ".join(result.stdout.split()), "wrapped between words, not inside one"
