@@ -139,6 +139,7 @@ def template_errors(lesson: Lesson) -> list[str]:
 # Facts about one token or head, computed on that token or head
 
 SUBJECT = re.compile(r"\b(token|head|row)\s+(\d+|\{fact\.telling_token[^}]*\})", re.IGNORECASE)
+LAST = re.compile(r"\blast\s+(?:position|token)\b", re.IGNORECASE)  # index -1 on the token axis
 SUBJECT_AXES = {"token": ("T", "N"), "head": ("H",), "row": ("T",)}  # the axes each word picks
 FACT_PARAMETER = {"token": "token", "head": "head", "row": "token"}
 LAYOUT_ATTRIBUTES = {"shape", "ndim", "size", "dtype", "nbytes"}  # about the tensor, not its values
@@ -170,12 +171,13 @@ def sentences(text: str) -> list[str]:
 
 
 def subjects_in(sentence: str) -> list[tuple[int, str, str]]:
-    """(offset, kind, value) of each 'token 0', 'head 2', 'row 3', 'token {fact.telling_token(...)}'."""
-    found = []
+    """(offset, kind, value) of each 'token 0', 'head 2', 'row 3', 'token {fact.telling_token(...)}',
+    'the last position' (token -1)."""
+    found = [(m.start(), "token", "-1") for m in LAST.finditer(sentence)]
     for m in SUBJECT.finditer(sentence):
         value = "telling" if m.group(2).startswith("{") else m.group(2)
         found.append((m.start(), m.group(1).lower(), value))
-    return found
+    return sorted(found)
 
 
 def subject_errors(lesson: Lesson) -> tuple[int, list[str]]:

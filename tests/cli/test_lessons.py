@@ -485,7 +485,7 @@ def test_a_whole_tensor_value_in_a_sentence_about_one_token_is_caught(tmp_path):
     text = toml.read_text()
     text = text.replace("min {layers.1.mlp.gate.scores[0].min:.3f}", "min {layers.1.mlp.gate.scores.min:.3f}")  # as it was
     text = text.replace("For token 0, expert {fact.routed(layers.1, 0, 0, expert)}", "For token 1, expert {fact.routed(layers.1, 0, 0, expert)}")
-    text = text.replace('explain = """\nOne row per token,', 'explain = """\nRow 3 of head 1 has {layers.1.mlp.gate.logits[3].max:.3f} and head 2 {layers.1.self_attn.attn_weights[0, 1, 3].sum}. One row per token,')
+    text = text.replace('explain = """\nOne row per token,', 'explain = """\nRow 3 of head 1 has {layers.1.mlp.gate.logits[3].max:.3f} and head 2 {layers.1.self_attn.attn_weights[0, 1, 3].sum}. The last token: {layers.1.mlp.gate.logits[0].max}. One row per token,')
     toml.write_text(text)
     _, problems = subject_errors(load_lesson(folder))
     said = "\n".join(problems)
@@ -493,7 +493,8 @@ def test_a_whole_tensor_value_in_a_sentence_about_one_token_is_caught(tmp_path):
     assert "{fact.routed(layers.1, 0, 0, expert)} is computed for token 0, not token 1" in said
     assert "{layers.1.self_attn.attn_weights[0, 1, 3].sum} is computed on head 1, not on head 2 (axis H)" in said
     assert sum("is computed for token 0, not token 1" in p for p in problems) == 4  # the question's answer too
-    assert len(problems) == 6, said  # logits has no head axis; scores[0].sum and max stay right
+    assert "{layers.1.mlp.gate.logits[0].max} is computed on token 0, not on token -1 (axis N)" in said
+    assert len(problems) == 7, said  # logits has no head axis; scores[0].sum and max stay right
 
 
 def test_token_0s_score_range_is_token_0s():
