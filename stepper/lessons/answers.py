@@ -3,8 +3,8 @@
 `stepper.lessons.reading` reads the answer (a shape, a number, a set, a choice; the forms it
 accepts are listed there); an answer it cannot read is refused with what was in the way, and the
 learner is asked again. A number is right within the prediction's relative `tolerance` (plus an
-absolute `atol`), or when it is the expected value rounded to the digits written (1.3 KiB for
-1280 B); sets are compared as sets.
+absolute `atol`); an exact one (no tolerance) also when it is the expected value rounded to the
+digits written (1.3 KiB for 1280 B). Sets are compared as sets.
 
 A wrong answer gets the lesson's own explanation when it matches one of the lesson's `wrong`
 answers (or its catch-all `*`), else a generic one worked out from the expected value: for shapes
@@ -44,10 +44,12 @@ class Verdict:
 
 
 def same(kind: str, a, b, tolerance: float = 0.0, atol: float = 0.0) -> bool:
-    """Is the parsed answer `a` the value `b`? A number written to a few digits (1.3) also
-    matches every value it rounds from (1.25 to 1.35)."""
+    """Is the parsed answer `a` the value `b`? Where the value is exact (no tolerance), a number
+    written to a few digits (1.3 KiB) also matches every value it rounds from (1.25 to 1.35 KiB);
+    a tolerance, where the lesson gives one, says how close an answer must be."""
     if kind == "number":
-        written = getattr(a, "step", 0.0) / 2 * (1 + 1e-9)
+        exact = tolerance == 0 and atol == 0
+        written = getattr(a, "step", 0.0) / 2 * (1 + 1e-9) if exact else 0.0
         return abs(a - b) <= max(atol + tolerance * abs(b), written)
     if kind == "shape":
         return tuple(a) == tuple(b)

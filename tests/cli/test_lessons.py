@@ -130,7 +130,7 @@ def test_a_wrong_prediction_is_explained_by_the_lesson():
 
 @pytest.mark.parametrize("name, written", [
     ("mla-latent", {"1280.0": "1,280", "576.0": "576 B", "35.55555555555556": "35.6x"}),  # as stepper prints them
-    ("rope-yarn", {"{0, 1, 2, 3, 4}": "0-4", "{3, 11}": "11 and 3", "0.2617215999259001": "0.2617"}),
+    ("rope-yarn", {"{0, 1, 2, 3, 4}": "0-4", "{3, 11}": "11 and 3", "0.2617215999259001": "0.262"}),
 ])
 def test_answers_written_as_a_learner_writes_them_are_right_at_the_first_try(name, written):
     lesson = find_lesson(name)

@@ -191,3 +191,9 @@ def test_a_dropped_axis_is_the_one_named(shape, data):
     extra = list(shape)
     extra.insert(rnd.randrange(len(shape) + 1), 10)  # a size nowhere in the shape
     assert "one axis too many" in why_shape(tuple(extra), shape, (), preset("tiny"))
+
+
+def test_a_tolerance_is_not_loosened_by_the_digits_written():
+    assert same("number", parse_number("0.90"), 0.9044)  # exact: rounds to what was written
+    assert not same("number", parse_number("0.90"), 0.9044, atol=0.001)  # the lesson asks for 0.001
+    assert same("number", parse_number("0.904"), 0.9044, atol=0.001)
