@@ -129,8 +129,12 @@ def why_layout(a: tuple[int, ...], e: tuple[int, ...], dims: list[str]) -> str:
     if dims[:1] == ["N"] and len(a) == len(e) + 1 and a[0] * a[1] == e[0] and a[2:] == e[1:]:
         return (f"the router works on tokens, not sequences: batch and positions are flattened "
                 f"into N = B*T = {e[0]} rows")
-    if len(e) == 3 and len(a) == 4 and a[0] == e[0] and a[2] == e[1] and a[1] * a[3] == e[2] and a[1] > 1:
+    merged = len(e) == 3 and len(a) == 4 and dims[2:] == ["Hv"] and 1 not in a[1:]
+    if merged and a[0] == e[0] and a[2] == e[1] and a[1] * a[3] == e[2]:
         return "that is the shape before the heads are merged back: [B, H, T, V] becomes [B, T, H*V]"
+    if merged and a[:2] == e[:2] and a[2] * a[3] == e[2]:
+        return (f"that is the heads side by side, not yet merged: [B, T, H, V] = {list(a)} is reshaped to "
+                f"[B, T, H*V] = {list(e)}")
     return ""
 
 

@@ -166,10 +166,12 @@ LATENT = "layers.1.self_attn.compressed_kv"  # [B, T, kv_lora] = [1, 7, 128]
     (K_PE, "1 7 1 16", "the head axis (one shared rope head) = 1 comes before T (positions) = 7", None),
     (K_PE, "1 1 7 64", "rope (rope dims) is 16 (= qk_rope_head_dim), not 64 (Kimi K2's full-size qk_rope_head_dim", None),  # size
     (LATENT, "1 8 128", "T (positions) is 7, not 8", "Kimi"),  # a size of the run, not of the config
+    ("layers.1.self_attn.attn_output", "1 7 4 32", "the heads side by side, not yet merged: [B, T, H, V] = [1, 7, 4, 32]", None),
+    ("layers.1.self_attn.attn_output", "1 4 7 32", "before the heads are merged back", None),
     (LATENT, "7 512", "stepper keeps the batch axis: B = 1 comes first, even for one sequence; and kv_lora (kv latent) is 128", None),
 ])
 def test_each_shape_mistake_names_the_axis(ctx, tensor, answer, said, not_said):
-    shapes = {K_PE: [1, 1, 7, 16], LATENT: [1, 7, 128]}
+    shapes = {K_PE: [1, 1, 7, 16], LATENT: [1, 7, 128], "layers.1.self_attn.attn_output": [1, 7, 128]}
     verdict = judge(Prediction("?", "shape", shapes[tensor], tensor=tensor), answer, ctx, None)
     assert not verdict.right and said in verdict.why, verdict.why
     assert not_said is None or not_said not in verdict.why, verdict.why
