@@ -169,8 +169,10 @@ def aligned(short: tuple[int, ...], long: tuple[int, ...]) -> tuple[tuple[int, .
 def why_axes(a: tuple[int, ...], e: tuple[int, ...], dims: list[str], cfg: Config | None) -> str:
     """An axis missing or one too many: the axes named, after aligning the answer to the shape."""
     if len(a) < len(e):
-        gone, _ = aligned(a, e)
+        gone, unequal = aligned(a, e)
         rest = tuple(x for i, x in enumerate(e) if i not in gone)
+        if unequal and len(gone) > 1:  # no telling which axes were meant
+            return f"the shape has {len(e)} axes, {layout(e, dims)}; that has {len(a)}"
         if gone == (0,) and e[0] == 1 and (dims[:1] in (["B"], [])):
             reason = "stepper keeps the batch axis: B = 1 comes first, even for one sequence"
         elif all(e[i] == 1 for i in gone):
@@ -184,8 +186,10 @@ def why_axes(a: tuple[int, ...], e: tuple[int, ...], dims: list[str], cfg: Confi
         kept_dims = [d for i, d in enumerate(dims) if i not in gone]
         sizes = why_sizes(a, rest, kept_dims, cfg) if a != rest else ""
         return reason + (f"; and {sizes}" if sizes else "")
-    extra, _ = aligned(e, a)
+    extra, unequal = aligned(e, a)
     rest = tuple(x for i, x in enumerate(a) if i not in extra)
+    if unequal and len(extra) > 1:
+        return f"the shape has {len(e)} axes, {layout(e, dims)}; that has {len(a)}"
     where = []
     for i in extra:
         before = i - sum(j < i for j in extra)  # how many of the shape's axes come before it

@@ -168,6 +168,7 @@ LATENT = "layers.1.self_attn.compressed_kv"  # [B, T, kv_lora] = [1, 7, 128]
     (LATENT, "1 8 128", "T (positions) is 7, not 8", "Kimi"),  # a size of the run, not of the config
     ("layers.1.self_attn.attn_output", "1 7 4 32", "the heads side by side, not yet merged: [B, T, H, V] = [1, 7, 4, 32]", None),
     ("layers.1.self_attn.attn_output", "1 4 7 32", "before the heads are merged back", None),
+    (LATENT, "5", "the shape has 3 axes, [B, T, kv_lora] = [1, 7, 128]; that has 1", None),  # nothing to align
     (LATENT, "7 512", "stepper keeps the batch axis: B = 1 comes first, even for one sequence; and kv_lora (kv latent) is 128", None),
 ])
 def test_each_shape_mistake_names_the_axis(ctx, tensor, answer, said, not_said):
