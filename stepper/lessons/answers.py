@@ -229,6 +229,11 @@ def why_sizes(a: tuple[int, ...], e: tuple[int, ...], dims: list[str], cfg: Conf
     return "; ".join(reasons)
 
 
+def telling_factor(n: int) -> bool:
+    """Factors worth naming: small ones (a head count, 4 bytes a number), powers of 2 and of 10."""
+    return 2 <= n <= 16 or (n & (n - 1) == 0) or str(n).rstrip("0") == "1"
+
+
 def why_number(a: float, e: float) -> str:
     if e != 0 and math.isclose(a, -e, rel_tol=0.02):
         return "right size, wrong sign"
@@ -236,7 +241,7 @@ def why_number(a: float, e: float) -> str:
         ratio = a / e
         for r, word in ((ratio, "times"), (1 / ratio, "a")):
             n = round(r)
-            if n >= 2 and math.isclose(r, n, rel_tol=0.02):
+            if n >= 2 and telling_factor(n) and math.isclose(r, n, rel_tol=0.02):
                 return f"that is {n} times the answer" if word == "times" else f"that is 1/{n} of the answer"
     return "too high" if a > e else "too low"
 

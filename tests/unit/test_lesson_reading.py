@@ -200,3 +200,12 @@ def test_a_tolerance_is_not_loosened_by_the_digits_written():
     assert same("number", parse_number("0.90"), 0.9044)  # exact: rounds to what was written
     assert not same("number", parse_number("0.90"), 0.9044, atol=0.001)  # the lesson asks for 0.001
     assert same("number", parse_number("0.904"), 0.9044, atol=0.001)
+
+
+def test_a_wrong_number_names_only_a_telling_factor():
+    from stepper.lessons.answers import why_number
+
+    assert why_number(320, 1280) == "that is 1/4 of the answer"
+    assert why_number(1280, 1.25) == "that is 1024 times the answer"
+    assert why_number(0.05, 2.312) == "too low"  # 1/46: a coincidence, not a mistake to name
+    assert why_number(-2.312, 2.312) == "right size, wrong sign"
