@@ -140,7 +140,7 @@ def run_check(console: Console, lesson: Lesson, lessons: list[Lesson], path: Pat
     """Check, show the outcome, and record a pass in `progress` (unless `record` is False: another
     file than the learner's)."""
     console.print(f"checking {shown(path)} · lesson {lesson.number}, {lesson.name}: {shown(lesson.title)}",
-                  style="bold", soft_wrap=False)
+                  style="bold")
     report = check.check(lesson, path)
     for outcome in report.outcomes:
         console.print(Text("✓ " if outcome.ok else "✗ ", style="bold green" if outcome.ok else "bold red")
