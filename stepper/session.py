@@ -26,6 +26,7 @@ from stepper.kernels.weight_cache import CachedWeights
 from stepper.model import KVCache, Transformer
 from stepper.presets import PRESETS, preset
 from stepper.trace import Emitter, Sink
+from stepper.weights import remote
 from stepper.weights.checkpoint import INDEX, Checkpoint
 from stepper.weights.names import EMBED
 from stepper.weights.safetensors_reader import SafetensorsFile
@@ -73,9 +74,12 @@ class RunResult:
 
 
 def load_model(model: str, seed: int) -> WeightSource:
-    """A preset (synthetic weights), a checkpoint directory, or a bare config.json (synthetic)."""
+    """A preset (synthetic weights), a checkpoint directory, a remote checkpoint (hf://ORG/NAME,
+    https://HOST/PATH/), or a bare config.json (synthetic)."""
     if model in PRESETS:
         return SyntheticWeights(preset(model), seed)
+    if remote.is_remote(model):
+        return remote.open_remote(model)
     path = Path(model)
     if path.is_dir():
         if (path / "config.json").exists() and not any(path.glob("*.safetensors")) and not (path / INDEX).exists():

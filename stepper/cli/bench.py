@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 
 from stepper.cli.common import user_errors
+from stepper.untrusted import shown
 
 
 def bench_command(
@@ -30,14 +31,14 @@ def bench_command(
     with user_errors():
         console = Console(stderr=as_json, highlight=False, markup=False)
         workdir = workdir or Path.home() / ".cache" / "stepper" / "bench"
-        figures = bench.run_all(workdir, torch and has_torch(), lambda line: console.print(f"· {line}", style="dim"))
+        figures = bench.run_all(workdir, torch and has_torch(), lambda line: console.print(f"· {shown(line)}", style="dim"))
         if as_json:
             print(json.dumps({"machine": bench.machine(), "figures": [f.__dict__ for f in figures]}, indent=1))
             return
-        console.print(f"machine: {bench.machine()}")
+        console.print(f"machine: {shown(bench.machine())}")
         for f in figures:
             rss = f"  peak RSS {f.peak_rss_mb:,.0f} MB" if f.peak_rss_mb else ""
-            console.print(f"{f.name}: {f.value:.3g} {f.unit}{rss}  {f.note}")
+            console.print(f"{f.name}: {f.value:.3g} {f.unit}{rss}  {shown(f.note)}")
 
 
 def has_torch() -> bool:

@@ -44,7 +44,7 @@ def synth_command(
 
 
 def inspect_command(
-    path: Annotated[Path, typer.Argument(metavar="PATH", help="A .safetensors file or a checkpoint directory.", show_default=False)],
+    path: Annotated[str, typer.Argument(metavar="PATH", help="A .safetensors file, a checkpoint directory, or a remote checkpoint (hf://ORG/NAME[@REVISION], https://HOST/PATH/).", show_default=False)],
     stats: Annotated[bool, typer.Option("--stats", help="Decode every tensor (FP8 with its scales) and add min, max, mean, std, absmax, NaN and Inf counts.")] = False,
     only: Annotated[list[str] | None, typer.Option(metavar="GLOB", help="List only tensors whose name (or scale's name) matches GLOB, e.g. '*layers.1.*'; repeatable.")] = None,
     layers: Annotated[str | None, typer.Option(metavar="A:B", help="Check and list only layers A to B-1 (no embedding, norm or lm_head).")] = None,

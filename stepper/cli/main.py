@@ -8,8 +8,8 @@ from typing import Annotated
 import typer
 
 from stepper import __version__
-from stepper.cli import bench, checkpoint, explain, run
-from stepper.cli.common import INTERRUPTED
+from stepper.cli import bench, cache, checkpoint, explain, run
+from stepper.cli.common import INTERRUPTED, user_errors
 from stepper.cli.fixtures import fixtures_app
 from stepper.cli.lessons import lesson_app
 from stepper.kernels import parallel
@@ -47,12 +47,16 @@ def main() -> None:
 
 
 @app.callback(invoke_without_command=True)
-def version_option(
+def global_options(
     version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
+    cache_dir: cache.CacheDirOpt = None,
+    cache_max_gb: cache.CacheMaxOpt = None,
 ) -> None:
     if version:
         print(f"stepper {__version__}")
         raise typer.Exit(0)
+    with user_errors():
+        cache.choose(cache_dir, cache_max_gb)
 
 
 # The commands, in the order `stepper --help` lists them
@@ -66,3 +70,4 @@ app.command("inspect")(checkpoint.inspect_command)
 app.command("fp8")(checkpoint.fp8_command)
 app.add_typer(fixtures_app, name="fixtures")
 app.add_typer(lesson_app, name="lesson")
+app.add_typer(cache.cache_app, name="cache")

@@ -81,6 +81,8 @@ def footer(plan: Plan, result: RunResult, shown: int, dump: Path | None) -> str:
         parts.append(("generated " if not plan.alone else "decode tokens ") + token_ids(result.generated))
     if dump is not None:
         parts.append(f"dumped to {untrusted.shown(dump)}")
+    if hasattr(plan.weights, "transfer"):  # a remote checkpoint
+        parts.append(plan.weights.note())
     return " · ".join(parts)
 
 

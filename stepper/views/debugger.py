@@ -27,7 +27,7 @@ from stepper.errors import StepperError
 from stepper.trace import Event, did_you_mean, matches
 from stepper.untrusted import shown
 from stepper.views import pictures
-from stepper.views.explain import explain_text
+from stepper.views.explain import explain_text, not_found
 from stepper.views.sinks import TensorRows
 from stepper.views.tree import BLOCKS
 from stepper.weights.names import layer_prefix
@@ -227,7 +227,7 @@ class Debugger:
         key = catalog.key_of(self.resolve(arg).name) if not arg or self._seen(arg) else arg
         entries = self.catalog.find(key)
         if not entries:
-            raise StepperError(f"no catalogue entry for '{key}' (try a name like self_attn.k_pe or a glob)")
+            raise StepperError(not_found(self.catalog, key))
         for entry in entries:
             self.console.print(explain_text(self.catalog, entry, self.cfg))
 

@@ -31,8 +31,9 @@ from stepper.errors import StepperError
 from stepper.untrusted import shown
 from stepper.views import summary
 from stepper.views.summary import Stats
-from stepper.weights.audit import audit, in_scope
-from stepper.weights.checkpoint import INDEX, SCALE, Checkpoint, Problem, scale_problems
+from stepper.weights import remote
+from stepper.weights.audit import audit
+from stepper.weights.checkpoint import INDEX, SCALE, Checkpoint, Problem, in_scope, scale_problems
 from stepper.weights.safetensors_reader import SafetensorsFile
 
 FP8_DTYPE = "F8_E4M3"
@@ -86,15 +87,16 @@ class Source:
         return self.shards[self.weight_map[name]].info(name)
 
 
-def open_source(path: Path) -> Source:
-    """A checkpoint directory through `Checkpoint`, anything else as one safetensors file."""
+def open_source(where: str | Path) -> Source:
+    """A checkpoint directory through `Checkpoint`, a remote one (hf://, https://) from its
+    headers alone, anything else as one safetensors file."""
+    if isinstance(where, str) and remote.is_remote(where):
+        return checkpoint_source(Path(where), remote.open_remote(where))
+    path = Path(where)
     if path.is_dir():
         if not (path / "config.json").exists():
             raise StepperError(f"{path}: not a checkpoint directory (no config.json); give a .safetensors file to inspect one file")
-        ckpt = Checkpoint(path)
-        cfg = ckpt.config
-        block = cfg.quantization.weight_block_size if cfg.quantization else fp8.BLOCK
-        return Source(path, checkpoint_title(ckpt), cfg, ckpt.weight_map, ckpt.shards, block, checkpoint=ckpt)
+        return checkpoint_source(path, Checkpoint(path))
     if not path.exists():
         raise StepperError(f"{path}: no such file or directory (expected a .safetensors file or a checkpoint directory)")
     if path.suffix == ".json":
@@ -106,13 +108,20 @@ def open_source(path: Path) -> Source:
     return Source(path, file_title(file), None, dict.fromkeys(file.names(), path.name), {path.name: file}, fp8.BLOCK, hint)
 
 
+def checkpoint_source(path: Path, ckpt: Checkpoint) -> Source:
+    cfg = ckpt.config
+    block = cfg.quantization.weight_block_size if cfg.quantization else fp8.BLOCK
+    hint = None if ckpt.reads_values else "listed from the headers alone: block scale values are read by a run, or with --stats"
+    return Source(path, checkpoint_title(ckpt), cfg, ckpt.weight_map, ckpt.shards, block, hint=hint, checkpoint=ckpt)
+
+
 def checkpoint_title(ckpt: Checkpoint) -> str:
     cfg = ckpt.config
     dense = sum(not cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers))
     experts = f", {cfg.n_routed_experts} routed experts" if dense < cfg.num_hidden_layers else ""
     shards = f"{len(ckpt.shards)} shard{'s' if len(ckpt.shards) != 1 else ''}"
     kind = cfg.model_type if cfg.name.endswith("config.json") else f"model {cfg.name} ({cfg.model_type})"
-    return f"checkpoint {ckpt.path} · {kind}, {cfg.num_hidden_layers} layers ({dense} dense){experts} · {shards}"
+    return f"checkpoint {ckpt.label} · {kind}, {cfg.num_hidden_layers} layers ({dense} dense){experts} · {shards}"
 
 
 def file_title(file: SafetensorsFile) -> str:

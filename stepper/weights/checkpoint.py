@@ -14,6 +14,7 @@ shards were left out and why.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,12 +36,15 @@ SCALE = "_scale_inv"
 FLOAT_DTYPES = ("F32", "BF16", "F16")
 SCALE_DTYPES = (*FLOAT_DTYPES, "F8_E8M0")  # E8M0: a power of two 2^(e - 127), as newer checkpoints store scales
 SHARD_SUFFIX = ".safetensors"
+LAYER_NAME = re.compile(r"model\.layers\.(\d+)\.")
 LARGE = 1 << 20  # tensors from this size on are tracked for release
 RESIDENT_BYTES = 1 << 30  # bytes of large tensors kept mapped before the oldest are released (see _keep_resident)
 
 
 class Checkpoint:
     """A WeightSource over an HF checkpoint directory."""
+
+    reads_values = True  # whether `inspect` reads every block scale's values (a remote one lists headers alone)
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -52,10 +56,16 @@ class Checkpoint:
         self.weight_map = self._read_weight_map()
         self.shards: dict[str, SafetensorsFile] = {}
         self.unreadable: dict[str, str] = {}  # shard -> why it cannot be read
+        self.disagreements: dict[str, Problem] = {}  # tensor -> where the index and a header disagree on it
         for shard in sorted(set(self.weight_map.values())):
             self._open_shard(shard)
         self._resident = MappedBudget(RESIDENT_BYTES)
         self._check_index_against_headers()
+
+    @property
+    def label(self) -> str:
+        """How messages and headers name the checkpoint."""
+        return str(self.path)
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -113,11 +123,13 @@ class Checkpoint:
             self._resident.use(name, shard.mapped_bytes(name), lambda: shard.release(name))
 
     def shard_of(self, name: str) -> SafetensorsFile:
+        if name in self.disagreements:
+            raise StepperError(f"{self.label}: {self.disagreements[name].text}")
         if name not in self.weight_map:
-            raise StepperError(f"{self.path}: no tensor named '{name}'")
+            raise StepperError(f"{self.label}: no tensor named '{name}'")
         shard = self.weight_map[name]
         if shard in self.unreadable:
-            raise StepperError(f"{self.path / shard}: cannot be read ({self.unreadable[shard]}); it holds '{name}'")
+            raise StepperError(f"{self.label}: {shard} cannot be read ({self.unreadable[shard]}); it holds '{name}'")
         return self.shards[shard]
 
     def _tensor(self, name: str):
@@ -130,9 +142,11 @@ class Checkpoint:
         """Every tensor the given layers (and the embedding/norm/lm_head) need, with the right
         shape, dtype and scales; all problems reported together, by name, before any compute."""
         problems = self.problems(layers, with_globals)
+        if len(problems) == 1:
+            raise StepperError(f"{self.label}: {problems[0]}")
         if problems:
             listed = "\n".join(f"  - {p}" for p in problems)
-            raise StepperError(f"{self.path}: {len(problems)} problem(s) with the weights of this run:\n{listed}")
+            raise StepperError(f"{self.label}: {len(problems)} problem(s) with the weights of this run:\n{listed}")
 
     def problems(self, layers: Iterable[int], with_globals: bool) -> list[Problem]:
         """What `check` refuses, as data: each problem with its file, its tensor and what is wrong."""
@@ -145,6 +159,8 @@ class Checkpoint:
         problems = self._unreadable_problems(required)
         problems += [p for name, shape in required.items() if self.weight_map.get(name) not in self.unreadable
                      for p in self._problems(name, shape)]
+        problems += [p for name, p in self.disagreements.items()
+                     if name not in required and in_scope(name, layers, with_globals)]
         return problems + self._orphan_scales(layers, with_globals, required)
 
     def _unreadable_problems(self, required: dict[str, tuple[int, ...]]) -> list[Problem]:
@@ -154,8 +170,8 @@ class Checkpoint:
             shard = self.weight_map.get(name)
             if shard in self.unreadable:
                 needed.setdefault(shard, []).append(name)
-        return [Problem(shard, names[0], f"{shard} cannot be read ({self.unreadable[shard]}); this run needs "
-                        f"{len(names)} tensor(s) from it, first '{names[0]}'") for shard, names in needed.items()]
+        return [Problem(shard, names[0], f"{shard} cannot be read ({self.unreadable[shard]}); it holds "
+                        f"{count(len(names), 'tensor')} of the layers checked, first '{names[0]}'") for shard, names in needed.items()]
 
     def _orphan_scales(self, layers: list[int], with_globals: bool, required: dict) -> list[Problem]:
         """Block scales of the run's layers whose weight is not in the checkpoint (and not already
@@ -168,6 +184,8 @@ class Checkpoint:
                 and (name.startswith(prefixes) or (with_globals and not name.startswith("model.layers.")))]
 
     def _problems(self, name: str, shape: tuple[int, ...]) -> list[Problem]:
+        if name in self.disagreements:
+            return [self.disagreements[name]]
         if name not in self.weight_map:
             return [Problem(None, name, f"'{name}' is missing (expected shape {list(shape)})")]
         shard = self.shard_of(name)
@@ -203,13 +221,13 @@ class Checkpoint:
         return weight_map
 
     def _check_shard_name(self, index: Path, tensor: str, shard: str) -> None:
-        """A shard is a plain file name in the checkpoint's folder ending in .safetensors: no
-        folders, no absolute path, no drive letter, no backslash, no '..', no control character."""
-        plain = (Path(shard).name == shard and not any(c in shard for c in "\\:") and not shard.startswith(".")
-                 and is_safe(shard))
-        if not (plain and shard.endswith(SHARD_SUFFIX) and len(shard) > len(SHARD_SUFFIX)):
+        if not is_plain_shard_name(shard):
             raise StepperError(f"{index}: tensor {tensor!r} points at shard {shard!r}, expected a file name "
                                f"ending in {SHARD_SUFFIX} in {self.path}")
+
+    def open_file(self, path: Path) -> SafetensorsFile:
+        """A shard's reader (a remote checkpoint's fetches what is read)."""
+        return SafetensorsFile(path)
 
     def _open_shard(self, shard: str) -> None:
         """Read a shard's header; a shard that is missing or unsound is noted, not yet an error."""
@@ -218,22 +236,46 @@ class Checkpoint:
             self.unreadable[shard] = "no such file"
             return
         try:
-            self.shards[shard] = SafetensorsFile(path)
+            self.shards[shard] = self.open_file(path)
         except StepperError as e:
             self.unreadable[shard] = str(e).removeprefix(f"{path}: ")
 
     def _check_index_against_headers(self) -> None:
+        """The index and the shards' headers must name the same tensors. A tensor listed but not in
+        its shard is taken out of the map (nothing will read it) and, with a tensor in a shard but
+        not listed, noted in `disagreements`: a problem for a run that needs it, not yet an error."""
         listed_in: dict[str, set[str]] = {}
-        for name, shard in self.weight_map.items():
+        for name, shard in list(self.weight_map.items()):
             if shard in self.unreadable:
                 continue
             listed_in.setdefault(shard, set()).add(name)
             if name not in self.shards[shard]:
-                raise StepperError(f"{self.path / shard}: tensor '{name}' is listed in {INDEX} but not in this shard")
+                del self.weight_map[name]
+                self.disagreements[name] = Problem(shard, name, f"{shard}: '{name}' is listed in {INDEX} but not in this shard")
         for shard, names in listed_in.items():
-            extra = sorted(set(self.shards[shard].names()) - names)
-            if extra:
-                raise StepperError(f"{self.path / shard}: tensor '{extra[0]}' is in this shard but not in {INDEX}")
+            for extra in sorted(set(self.shards[shard].names()) - names):
+                listed = self.disagreements.get(extra)
+                text = f"{listed}; it is in {shard}" if listed else f"{shard}: '{extra}' is in this shard but not in {INDEX}"
+                self.disagreements[extra] = Problem(listed.file if listed else shard, extra, text)
+
+
+def is_plain_shard_name(shard: str) -> bool:
+    """A shard is a plain file name in the checkpoint's folder ending in .safetensors: no
+    folders, no absolute path, no drive letter, no backslash, no '..', no control character."""
+    plain = (Path(shard).name == shard and not any(c in shard for c in "\\:") and not shard.startswith(".")
+             and is_safe(shard))
+    return plain and shard.endswith(SHARD_SUFFIX) and len(shard) > len(SHARD_SUFFIX)
+
+
+def in_scope(name: str, layers: Iterable[int], with_globals: bool) -> bool:
+    """Whether a tensor belongs to one of the layers, or is a global one and globals are checked."""
+    m = LAYER_NAME.match(name)
+    return int(m[1]) in layers if m else with_globals
+
+
+def count(n: int, noun: str) -> str:
+    """'1 tensor', '3 tensors'."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 @dataclass(frozen=True)
