@@ -18,6 +18,7 @@ from stepper.errors import StepperError
 from stepper.lessons.context import Context
 from stepper.lessons.judge import expected_value, judge, show_answer
 from stepper.lessons.prose import indented, join_lines, say, styled
+from stepper.lessons.reading import FORMS
 from stepper.lessons.schema import LESSON_FILE, Lesson, Prediction, Step
 from stepper.lessons.templates import render
 from stepper.session import Plan, execute, prepare
@@ -112,7 +113,11 @@ class LessonDebugger(Debugger):
             line = self.commands.ask(ANSWER_PROMPT)
             if line is not None and line.strip().lower() in ("q", "quit"):
                 raise Quit
-            if line is None or line.strip() in ("", "?", "skip"):
+            if line is not None and line.strip() in ("?", "help"):
+                self.console.print(f"{FORMS[pred.kind]}; Enter shows the answer, q quits the lesson", style="dim",
+                                   soft_wrap=False)
+                continue
+            if line is None or line.strip() in ("", "skip"):
                 break
             verdict = judge(pred, line, ctx, stop_key)
             if verdict.right:

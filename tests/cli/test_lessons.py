@@ -148,7 +148,7 @@ def test_unreadable_answers_are_no_try_and_a_shown_answer_is_not_right():
     lesson = find_lesson("mla-latent")
     right = right_answers(lesson)  # each step: its answers, then "" to go on
     assert right[1] == right[3] == right[5] == ""
-    answers = ["1 7 ?", "[1, 7, 128]", right[0], right[0], "",  # step 1: unreadable, wrong, right: a retry; again
+    answers = ["?", "1 7 ?", "[1, 7, 128]", right[0], right[0], "",  # step 1: help, unreadable, wrong, right; again
                "1,2.5", right[2], "",  # step 2: unreadable, then right: a first try
                "1 7 16", "[1, 4, 7, 16]", "", *right[6:]]  # step 3 (k_pe): wrong twice, then shown
     out = io.StringIO()
@@ -159,6 +159,7 @@ def test_unreadable_answers_are_no_try_and_a_shown_answer_is_not_right():
     assert (walked.first_try, walked.retried) == (walked.asked - 2, 1)
     assert text.count("I could not read that") == 2 and "→ the answer: [1, 1, 7, 16]" in text
     assert "that looks like an answer, but this stop's predictions are done" in text  # typed at the prompt
+    assert "write the sizes in order, like [1, 7, 512], 1x7x512 or 1 7 512; Enter shows the answer" in text  # ?
 
 
 # ---------------------------------------------------------------------------------------------
