@@ -6,7 +6,7 @@ Nothing is guessed: an answer that could be read two ways (`1,28`, `1 280`, `0-4
 is refused, and the learner is asked again.
 
 - number: `1280`, `1,280` (thousands), `1280 B`, `1.25 KiB`, `0.25`, `1e-6`, `2^-6`, `3/8`,
-  `4*320`, `35.6x`, `≈ 1.81`. Byte units turn into bytes (kB = 1000, KiB = 1024). A decimal
+  `4*320`, `35.6x`, `≈ 1.81`, `0x4C`. Byte units turn into bytes (kB = 1000, KiB = 1024). A decimal
   written to a few digits carries its precision: `1.3 KiB` is any value from 1.25 to 1.35 KiB.
 - set: `3, 17, 28`, `3 17 28`, `{3, 17, 28}`, ranges `0-4` or `0..4` (both ends included),
   `none` for the empty set.
@@ -73,6 +73,8 @@ def parse_number(text: str) -> Reading:
     if not re.search(r"\d|nan|inf", core, re.IGNORECASE):
         raise Unreadable("there is no number in it")
     core = APPROXIMATELY.sub("", core)
+    if re.fullmatch(r"\s*0x[0-9a-f]+\s*", core, re.IGNORECASE):  # a byte, 0x4C
+        return reading(int(core, 16))
     core = TIMES.sub("", core)
     scale = 1.0
     unit = UNIT.search(core)

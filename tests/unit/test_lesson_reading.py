@@ -66,6 +66,7 @@ def test_the_forms_of_the_issue():
     assert same("number", parse_number("1.3 KiB"), 1280) and same("number", parse_number("1.25 KiB"), 1280)
     assert not same("number", parse_number("1.2 KiB"), 1280 + 60)
     assert parse_number("2^-6") == 2**-6 and parse_number("3/8") == 0.375 and parse_number("4*320") == 1280
+    assert parse_number("0x4C") == 76 and parse_number("448.0") == 448
     assert math.isclose(parse_number("64*(192+128)/(512+64)"), 35.5556, rel_tol=1e-5)
     for text in ("1,28", "1 280", "0-4", "2^100000", "1/0", "1280 apples", "__import__('os')", "x" * 500):
         assert read("number", text)[0] is None, text
