@@ -248,52 +248,47 @@ def difference(mine: Any, ref: np.ndarray, *, rtol: float, exact: bool = False, 
                about: Callable[[tuple[int, ...]], str] | None = None) -> list[str]:
     """[] when mine matches ref, else lines saying where and how it differs (and `about(index)`,
     what the input holds at the first entry that differs)."""
-    lines = differing(mine, ref, rtol=rtol, exact=exact, elementwise=elementwise)
-    if lines and about is not None and isinstance(lines, Where):
-        lines.insert(1, about(lines.index_))
-    return list(lines)
+    lines, index = differing(mine, ref, rtol=rtol, exact=exact, elementwise=elementwise)
+    if index is not None and about is not None:
+        lines.insert(1, about(index))
+    return lines
 
 
-class Where(list):
-    """Lines about a difference at one entry, with that entry's index."""
-
-    def __init__(self, index: tuple[int, ...], lines: Sequence[str]):
-        super().__init__(lines)
-        self.index_ = index
-
-
-def differing(mine: Any, ref: np.ndarray, *, rtol: float, exact: bool, elementwise: bool) -> list[str]:
+def differing(mine: Any, ref: np.ndarray, *, rtol: float, exact: bool,
+              elementwise: bool) -> tuple[list[str], tuple[int, ...] | None]:
+    """The lines of `difference`, and the index of the first entry that differs (None when the
+    whole array is amiss: None returned, another shape or dtype)."""
     if not isinstance(mine, np.ndarray):
         if mine is None:
-            return ["it returned None: return the array"]
+            return ["it returned None: return the array"], None
         if isinstance(ref, np.ndarray) and np.isscalar(mine):
-            return [f"it returned the scalar {fmt(mine)}, expected an array of shape {list(ref.shape)}"]
+            return [f"it returned the scalar {fmt(mine)}, expected an array of shape {list(ref.shape)}"], None
         mine = np.asarray(mine)
     if mine.shape != ref.shape:
-        return [f"it returned shape {list(mine.shape)}, expected {list(ref.shape)}"]
+        return [f"it returned shape {list(mine.shape)}, expected {list(ref.shape)}"], None
     if ref.dtype == np.bool_:
         mine_b = mine.astype(bool)
         bad = np.argwhere(mine_b != ref)
         if bad.size:
             i = tuple(int(j) for j in bad[0])
-            return [f"at {list(i)}: expected {ref[i]}, got {mine_b[i]} ({len(bad)} entries differ)"]
-        return []
+            return [f"at {list(i)}: expected {ref[i]}, got {mine_b[i]} ({len(bad)} entries differ)"], i
+        return [], None
     if mine.dtype != ref.dtype:
         return [(f"it returned dtype {mine.dtype}, expected {ref.dtype}: the interpreter computes in "
-                 f"{ref.dtype} (cast with .astype(np.{ref.dtype}) or use np.{ref.dtype} constants)")]
+                 f"{ref.dtype} (cast with .astype(np.{ref.dtype}) or use np.{ref.dtype} constants)")], None
     if np.issubdtype(ref.dtype, np.integer):
         bad = np.argwhere(mine != ref)
         if bad.size:
             i = tuple(int(j) for j in bad[0])
-            return [f"at {list(i)}: expected {ref[i]}, got {mine[i]} ({len(bad)} entries differ)"]
-        return []
+            return [f"at {list(i)}: expected {ref[i]}, got {mine[i]} ({len(bad)} entries differ)"], i
+        return [], None
     m64, r64 = mine.astype(np.float64), ref.astype(np.float64)
     for what, test in (("NaN", np.isnan), ("+inf", np.isposinf), ("-inf", np.isneginf)):
         bad = np.argwhere(test(m64) != test(r64))
         if bad.size:
             i = tuple(int(j) for j in bad[0])
-            return Where(i, [(f"at {list(i)}: expected {fmt(ref[i])}, got {fmt(mine[i])} ({what} where there should "
-                              f"{'be' if test(r64[i]) else 'not be'} one; {len(bad)} such entries)")])
+            return [(f"at {list(i)}: expected {fmt(ref[i])}, got {fmt(mine[i])} ({what} where there should "
+                     f"{'be' if test(r64[i]) else 'not be'} one; {len(bad)} such entries)")], i
     both = np.isfinite(m64) & np.isfinite(r64)
     with np.errstate(invalid="ignore"):
         diff = np.where(both, np.abs(m64 - r64), 0.0)
@@ -306,14 +301,14 @@ def differing(mine: Any, ref: np.ndarray, *, rtol: float, exact: bool, elementwi
         allowed = np.full_like(r64, rtol * scale)
     bad = np.argwhere(diff > allowed)
     if not bad.size:
-        return []
+        return [], None
     i = tuple(int(j) for j in bad[0])
     worst = np.unravel_index(int(np.argmax(diff)), diff.shape) if diff.ndim else ()
     tolerance = "exactly" if exact else (f"within {rtol:g} relative" if elementwise
                                          else f"within {rtol:g} x max|expected| = {rtol * scale:.3g}")
-    return Where(i, [f"first difference at {list(i)}: expected {fmt(ref[i])}, got {fmt(mine[i])}",
-                     (f"{len(bad)} of {ref.size} entries differ; the largest difference is {fmt(diff[worst])} at "
-                      f"{[int(j) for j in worst]} (it must match {tolerance})")])
+    return [f"first difference at {list(i)}: expected {fmt(ref[i])}, got {fmt(mine[i])}",
+            (f"{len(bad)} of {ref.size} entries differ; the largest difference is {fmt(diff[worst])} at "
+             f"{[int(j) for j in worst]} (it must match {tolerance})")], i
 
 
 def setwise(events: Sequence[Event]) -> list[np.ndarray]:
