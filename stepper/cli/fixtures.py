@@ -113,15 +113,17 @@ def verify_command(
 
 @fixtures_app.command("names")
 def names_command(
-    system: Annotated[str | None, typer.Option(metavar="NAMING", help="Only tensors that transformers, inference or llama.cpp names.")] = None,
+    system: Annotated[str | None, typer.Option(metavar="NAMING", help="Only the names of transformers, inference or llama.cpp.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per name (JSON Lines).")] = False,
     plain: PlainOpt = False,
 ) -> None:
-    """The names `verify` accepts for each tensor: canonical, transformers, inference/model.py, llama.cpp.
+    """The names `verify` reads: every name of transformers, inference/model.py and llama.cpp.
 
-    Read from each implementation's naming table (stepper/fixtures/naming/). {i} is the layer;
-    multi-step fixtures prefix every name with prefill. or decode{k}.; #n is a variable's n-th value
-    (fixtures/README.md, Names); [naive], [absorb], [dense], [moe]: only in that path or layer.
+    From each implementation's naming table (stepper/fixtures/naming/), in its source's order: the
+    fixture tensor it holds (empty, with the reason in the note, when none), where it exists only
+    (attention path, dense or MoE layers), its source line and revision. {i} is the layer; #n a
+    variable's n-th value (fixtures/README.md, Names); multi-step fixtures prefix every name with
+    prefill. or decode{k}.
     """
     with user_errors():
         if system is not None and system not in aliases.NAMINGS:
@@ -131,9 +133,14 @@ def names_command(
             for row in rows:
                 print(json.dumps(row))
             return
-        table = Table(show_edge=False, pad_edge=False, header_style="bold", box=None)
-        for column in ("canonical", *aliases.NAMINGS):
-            table.add_column(column, no_wrap=True)
-        for row in rows:
-            table.add_row(*(row[c] for c in ("canonical", *aliases.NAMINGS)))
-        show.print_table(console_for(plain), table)
+        console = console_for(plain)
+        for naming in dict.fromkeys(row["naming"] for row in rows):
+            mine = [row for row in rows if row["naming"] == naming]
+            table = Table(title=f"{naming} (read at {mine[0]['revision']})", title_justify="left", show_edge=False,
+                          pad_edge=False, header_style="bold", box=None)
+            columns = ("name", "canonical", "only", "source", "note")
+            for column in columns:
+                table.add_column(column, no_wrap=column in ("name", "only"), min_width=6 if column == "note" else None)
+            for row in mine:
+                table.add_row(*(row[c] for c in columns))
+            show.print_table(console, table)

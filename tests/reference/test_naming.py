@@ -357,13 +357,13 @@ def test_a_llama_cpp_dump_verifies(name, tmp_path):
     if fixture.manifest["run"]["kind"] == "model":
         assert "last position only" in layouts["prefill.logits"]
         assert "last position only" in layouts["prefill.layers.2.output"]
-        assert layouts["prefill.layers.1.output"] == "llama.cpp [T, d]"
+        assert layouts["prefill.layers.1.output"] == "[T, d]"
     if "tiny-absorb" in name:
         path = tmp_path / "qcur.safetensors"
         save_file({f"prefill.Qcur-{layer}": dump[f"prefill.Qcur-{layer}"]}, str(path))
         got = verify.verify(fixture, path, names="llama.cpp").checks
         assert [c.layout for c in got if c.status == "match"] == [
-            "llama.cpp [T, H, kv_lora+rope], [q_nope_absorbed | q_pe_rope], rope pairs interleaved"]
+            "[T, H, kv_lora+rope], [q_nope_absorbed | q_pe_rope], rope pairs interleaved"]
     target = f"decode0.kq-{layer}"
     bad = verify.verify(fixture, perturbed(dump, target, tmp_path / "bad.safetensors"), names="llama.cpp")
     assert bad.first["name"] == f"decode0.layers.{layer}.self_attn.attn_scores"
