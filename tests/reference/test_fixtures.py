@@ -243,6 +243,7 @@ def test_a_malformed_npz_candidate_exits_2_with_one_line(basic, tmp_path, kind):
     (["{fixture}/manifest.json"], "unknown file type"),
     (["{candidate}", "--map", "nomap.json"], "--map nomap.json: no such file"),
     (["{candidate}", "--rtol", "-1"], "--rtol must be a number >= 0"),
+    (["{candidate}", "--names", "vllm"], "--names must be one of transformers, inference, llama.cpp or canonical"),
 ])
 def test_verify_bad_input_exits_2(basic, tmp_path, args, message):
     candidate = write_candidate(tmp_path / "c.safetensors", {"nothing.like.ours": np.zeros(2, np.float32)})

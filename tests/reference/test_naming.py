@@ -394,6 +394,44 @@ def test_a_name_of_the_other_attention_path_is_listed_with_the_reason(tmp_path):
     assert "before the weight" in verdict.unplaced["prefill.norm-1#2"]
 
 
+def test_a_layout_is_not_a_free_pass(tmp_path):
+    """The table's layout is the one compared: scores in the reference's [B, H, T, S] under
+    inference/model.py's name, or llama.cpp's rope part in the reference's order, differ."""
+    fixture = load(ROOT / "fixtures" / "tiny-prefill-decode")
+    scores = fixture.tensors["prefill.layers.1.self_attn.attn_weights"]
+    q = fixture.tensors["prefill.layers.1.self_attn.query_states"]
+    path = tmp_path / "c.safetensors"
+    save_file({"prefill.layers.1.attn.scores#3": scores, "prefill.Qcur-1": np.ascontiguousarray(q[0].transpose(1, 0, 2))},
+              str(path))
+    checks = {c.name: c for c in verify.verify(fixture, path).checks}
+    assert checks["prefill.layers.1.self_attn.attn_weights"].status == "mismatch"
+    assert checks["prefill.layers.1.self_attn.query_states"].status == "mismatch"
+
+
+def test_a_second_version_of_a_source_is_known_and_named(tmp_path):
+    """llama.cpp builds that put the rope dims first in Qcur: the alternative layout matches and
+    the report says so."""
+    fixture = load(ROOT / "fixtures" / "tiny-prefill-decode")
+    c = Step(fixture, "prefill.layers.1.self_attn.query_states")
+    q = interleaved(lc(heads_after))(fixture.tensors["prefill.layers.1.self_attn.query_states"], c)
+    path = tmp_path / "c.safetensors"
+    save_file({"prefill.Qcur-1": np.ascontiguousarray(np.concatenate([q[..., -c.rope:], q[..., :-c.rope]], -1))},
+              str(path))
+    check = next(c for c in verify.verify(fixture, path, names="llama.cpp").checks if c.status != "missing")
+    assert check.status == "match" and "rope dims first" in check.layout and "builds that" in check.layout
+
+
+def test_a_table_name_spelt_like_another_canonical_tensor_is_refused(tmp_path):
+    from stepper.errors import StepperError
+    from stepper.fixtures.aliases import read_table
+
+    table = json.loads((ROOT / "stepper/fixtures/naming/llama.cpp.json").read_text())
+    table["names"].append({"name": "logits", "tensor": "norm", "line": 1, "axes": ["T", "d"]})
+    (tmp_path / "llama.cpp.json").write_text(json.dumps(table))
+    with pytest.raises(StepperError, match="'logits' is also the canonical name of another tensor"):
+        read_table(tmp_path / "llama.cpp.json", "llama.cpp")
+
+
 def test_every_table_entry_names_its_source_line_or_function():
     for naming, aliases in tables().items():
         for alias in aliases:
