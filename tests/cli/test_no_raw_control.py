@@ -224,13 +224,13 @@ def test_bench_lines_are_shown_escaped(monkeypatch, capsys):
     from stepper import bench
     from stepper.cli.bench import bench_command
 
-    def run_all(workdir, with_torch, say):
+    def run_all(workdir, with_torch, say, int4=False):
         say(f"writing {workdir}")
         return [bench.Figure(name="decode", value=0.25, unit="s", note=f"in {workdir}")]
 
     monkeypatch.setattr(bench, "run_all", run_all)
     monkeypatch.setattr(bench, "machine", lambda: f"cpu {TYPED}")
-    bench_command(workdir=Path(f"w{TYPED}"), torch=False, as_json=False)
+    bench_command(workdir=Path(f"w{TYPED}"), torch=False, int4=False, as_json=False)
     out = capsys.readouterr().out
     assert CONTROL.findall(out) == [] and "[red]x" in out
     assert f"writing w{shown(TYPED)}" in out and f"machine: cpu {shown(TYPED)}" in out and f"in w{shown(TYPED)}" in out
