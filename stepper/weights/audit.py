@@ -17,6 +17,7 @@ from stepper.weights.checkpoint import (
     PACKED,
     SCALE,
     SCALE_DTYPES,
+    WEIGHT_SHAPE,
     Checkpoint,
     Problem,
     check_int4_scales,
@@ -94,7 +95,8 @@ def unknown_tensors(ckpt: Checkpoint, layers: range) -> list[Problem]:
     for layer in (n for n in layers if n < ckpt.config.num_hidden_layers):
         prefix = f"model.layers.{layer}."
         known = set(layer_shapes(ckpt.config, layer))
-        known |= {name + SCALE for name in known} | {prefix + name for name in IGNORED}
+        known |= {name + suffix for name in known for suffix in (SCALE, PACKED, GROUP_SCALE, WEIGHT_SHAPE)}
+        known |= {prefix + name for name in IGNORED}
         found = [(name, shard) for name, shard in ckpt.weight_map.items() if name.startswith(prefix)
                  and name not in known and not (name.endswith(SCALE) and name.removesuffix(SCALE) not in ckpt.weight_map)]
         if found:

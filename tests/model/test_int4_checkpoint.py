@@ -143,3 +143,11 @@ def test_an_int4_lm_head_is_read_block_by_block(tmp_path):
     run(spec, [from_files])
     run(spec, [made], SyntheticWeights(cfg, seed=2))
     np.testing.assert_array_equal(from_files.tensors()["logits"], made.tensors()["logits"])
+
+
+def test_inspect_finds_a_sound_int4_checkpoint_sound(int4_dir):
+    """Every INT4 weight's three tensors are tensors of its layer: nothing unknown, no problem, exit 0."""
+    from stepper.weights.audit import audit
+
+    ckpt = Checkpoint(int4_dir)
+    assert audit(ckpt, range(ckpt.config.num_hidden_layers), with_globals=True) == []
