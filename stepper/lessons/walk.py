@@ -24,7 +24,7 @@ from stepper.lessons.templates import render
 from stepper.session import Plan, execute, prepare
 from stepper.trace import Event, Recorder
 from stepper.untrusted import shown
-from stepper.views.debugger import CommandSource, Debugger, Quit
+from stepper.views.debugger import CommandSource, Debugger, Quit, passed
 
 ANSWER_PROMPT = "your prediction> "
 LESSON_HELP = "Enter: next stop · n: next tensor · p NAME[i] · e explain · s attention|routing|hist · w where · q quit"
@@ -79,7 +79,7 @@ class LessonDebugger(Debugger):
 
     def teach(self, step: Step, event: Event) -> None:
         if self.skipped:
-            self.console.print(f"({self.skipped} tensors passed)", style="dim")
+            self.console.print(passed(self.skipped), style="dim")
             self.skipped = 0
         ctx = self.context()
         n = len(self.lesson.steps)
