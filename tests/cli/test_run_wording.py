@@ -109,7 +109,8 @@ def test_layers_reversed_empty_or_out_of_range_are_told_apart(layers, message):
 
 
 @pytest.mark.parametrize(("option", "suggestion"), [
-    ("--bogus", ""), ("--prompt-le", " (did you mean --prompt-len?)"), ("--start_pos", " (did you mean --start-pos?)"),
+    ("--bogus", ""), ("--prompt-lenn", " (did you mean --prompt-len?)"), ("--prompt-le", " (did you mean --prompt or --prompt-len?)"),
+    ("--start_pos", " (did you mean --start-pos?)"),
 ])
 def test_an_unknown_option_suggests_only_close_ones(option, suggestion, monkeypatch, capsys):
     monkeypatch.setattr("sys.argv", ["stepper", "run", option])
