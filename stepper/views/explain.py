@@ -22,8 +22,9 @@ from stepper.untrusted import shown
 
 REFERENCES = (
     ("modeling_deepseek.py", "modeling_deepseek.py"),
-    ("transformers", "transformers modeling_deepseek_v3.py"),
+    ("transformers", "transformers modeling_{model}.py"),
     ("inference", "DeepSeek inference/model.py"),
+    ("inference_v32", "DeepSeek-V3.2-Exp inference/model.py"),
 )
 
 
@@ -41,12 +42,13 @@ def explain_text(cat: catalog.Catalog, entry: dict[str, Any], cfg: Config) -> Te
     text.append(f"\n{entry['explain']}\n\n")
     text.append(emit_sites_text(entry["name"]))
     ref = entry["reference"]
+    model = ref.get("transformers_model", "deepseek_v3")  # the family's own transformers file
     for source, title in REFERENCES:
         lines = ref.get(source)
         if lines:
-            text.append(f"{title}", style="dim")
+            text.append(title.format(model=model), style="dim")
             text.append(f"  lines {lines[0]}-{lines[1]}  ({ref.get('variable', '')})\n")
-            text.append(reference_source(source, lines))
+            text.append(reference_source(source, lines, model))
     aliases = {k: v for k, v in entry.get("aliases", {}).items() if v}
     if aliases:
         text.append("aliases ", style="dim")
@@ -64,8 +66,8 @@ def emit_sites_text(key: str) -> Text:
     return text
 
 
-def reference_source(source: str, lines: list[int]) -> Text:
-    """The cited lines of the installed transformers file, when transformers is installed."""
+def reference_source(source: str, lines: list[int], model: str = "deepseek_v3") -> Text:
+    """The cited lines of the installed transformers file of `model`, when transformers is installed."""
     if source != "transformers":
         return Text()
     try:
@@ -74,7 +76,7 @@ def reference_source(source: str, lines: list[int]) -> Text:
         return Text()
     if spec is None or spec.origin is None:
         return Text()
-    path = Path(spec.origin).parent / "models" / "deepseek_v3" / "modeling_deepseek_v3.py"
+    path = Path(spec.origin).parent / "models" / model / f"modeling_{model}.py"
     if not path.exists():
         return Text()
     return numbered(path.read_text(encoding="utf-8").splitlines()[lines[0] - 1 : lines[1]], lines[0])

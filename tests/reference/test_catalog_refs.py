@@ -24,6 +24,10 @@ LAYERS = {"all", "dense", "moe"}
 PATHS = {"both", "naive", "absorb"}
 DTYPES = {"float32", "int64"}
 REFERENCE_KEYS = {"variable", "modeling_deepseek.py", "transformers", "transformers_hint", "inference"}
+FAMILY_REFERENCE_KEYS = {"transformers_model", "inference_v32"}  # optional: a family's own reference files
+FAMILY_MODELS = {"deepseek_v2", "deepseek_v32"}
+WHEN_FIELDS = {"scoring_func": {"sigmoid", "softmax"}, "topk_method": {"noaux_tc", "greedy", "group_limited_greedy"},
+               "has_indexer": {True}}
 ALIAS_KEYS = {"hf_module", "inference", "llama.cpp"}
 
 
@@ -86,14 +90,27 @@ def test_entries_follow_the_schema(catalog):
         assert 0 < len(e["description"]) <= 100, f"{name}: description must be one line of at most 100 chars"
         assert "\n" not in e["description"], name
         assert e["formula"] and e["explain"], name
-        assert set(e["reference"]) == REFERENCE_KEYS, f"{name}: reference keys {sorted(e['reference'])}"
+        assert REFERENCE_KEYS <= set(e["reference"]) <= REFERENCE_KEYS | FAMILY_REFERENCE_KEYS, \
+            f"{name}: reference keys {sorted(e['reference'])}"
         assert set(e["aliases"]) == ALIAS_KEYS, f"{name}: alias keys {sorted(e['aliases'])}"
         ref = e["reference"]
-        for key in ("modeling_deepseek.py", "transformers", "inference"):
-            assert ref[key] is None or line_range_ok(ref[key]), f"{name}: bad {key} range {ref[key]!r}"
+        for key in ("modeling_deepseek.py", "transformers", "inference", "inference_v32"):
+            assert ref.get(key) is None or line_range_ok(ref[key]), f"{name}: bad {key} range {ref[key]!r}"
         assert (ref["transformers"] is None) == (ref["transformers_hint"] is None), f"{name}: range without hint"
+        assert ref.get("transformers_model", "deepseek_v3") in FAMILY_MODELS | {"deepseek_v3"}, name
+        for field, values in e.get("when", {}).items():
+            assert field in WHEN_FIELDS and values and set(values) <= WHEN_FIELDS[field], f"{name}: when {field} {values}"
     int_tensors = [e["name"] for e in catalog["tensors"] if e["dtype"] == "int64"]
-    assert int_tensors == ["mlp.gate.topk_idx"]
+    assert int_tensors == ["mlp.gate.topk_idx", "self_attn.indexer.topk_idx"]
+
+
+def test_a_family_entry_follows_an_earlier_entry_and_cites_its_family(catalog):
+    seen = set()
+    for e in catalog["tensors"]:
+        if "after" in e:
+            assert e["after"] in seen, f"{e['name']}: after {e['after']!r}, which does not come before it"
+            assert e.get("when") and e["reference"].get("transformers_model") in FAMILY_MODELS, e["name"]
+        seen.add(e["name"])
 
 
 def test_absorbed_entries_cite_deepseek_inference(catalog):
@@ -102,6 +119,8 @@ def test_absorbed_entries_cite_deepseek_inference(catalog):
         if e["path"] == "absorb":
             assert line_range_ok(ref["inference"]), e["name"]
             assert ref["modeling_deepseek.py"] is None and ref["transformers"] is None, e["name"]
+        elif "transformers_model" in ref:  # another family's tensor: V3's modeling_deepseek.py has none
+            assert line_range_ok(ref["transformers"]), e["name"]
         else:
             assert line_range_ok(ref["modeling_deepseek.py"]), f"{e['name']}: no modeling_deepseek.py range"
 
@@ -131,24 +150,26 @@ def test_names_order_and_rank_follow_docs_names_md(catalog):
             assert len(by_name[name]["dims"]) == width, f"{name}: {by_name[name]['dims']} vs {width} dims in names.md"
 
 
-def installed_modeling_deepseek_v3(expected_version: str) -> list[str]:
+def installed_modeling_deepseek_v3(expected_version: str, model: str = "deepseek_v3") -> list[str]:
     transformers = pytest.importorskip("transformers")
     if transformers.__version__ != expected_version:
         pytest.skip(
             f"line numbers were taken from transformers {expected_version}; "
             f"transformers {transformers.__version__} is installed"
         )
-    path = Path(transformers.__file__).parent / "models" / "deepseek_v3" / "modeling_deepseek_v3.py"
+    path = Path(transformers.__file__).parent / "models" / model / f"modeling_{model}.py"
     return path.read_text(encoding="utf-8").splitlines()
 
 
 def test_transformers_line_ranges_contain_their_hint(catalog):
-    lines = installed_modeling_deepseek_v3(catalog["references"]["transformers"]["version"])
+    version = catalog["references"]["transformers"]["version"]
+    files = {m: installed_modeling_deepseek_v3(version, m) for m in FAMILY_MODELS | {"deepseek_v3"}}
     problems = []
     for e in catalog["tensors"]:
         ref = e["reference"]
         if ref["transformers"] is None:
             continue
+        lines = files[ref.get("transformers_model", "deepseek_v3")]
         start, end = ref["transformers"]
         if end > len(lines):
             problems.append(f"{e['name']}: lines {start}-{end} past the end of the file ({len(lines)} lines)")
