@@ -9,7 +9,7 @@ routing (4 groups, keep 2) and DeepSeek-V3's rope settings.
 The other MLA families: `deepseek-v2-lite` and `deepseek-v2` (softmax router, greedy or
 group-limited greedy choice, no bias, BF16 weights, YaRN mscale 0.707) with `tiny-v2` shaped like
 V2-Lite (one q_proj, two shared experts); `deepseek-v3.2` and `tiny-v32`, DeepSeek-V3 plus the
-Lightning Indexer (`tiny-v32` keeps 4 positions per query, fewer than a default prompt).
+Lightning Indexer (`tiny-v32`: 8 index heads of 32 dims keep 4 positions per query, fewer than a default prompt).
 """
 
 from __future__ import annotations
@@ -255,7 +255,7 @@ PRESETS.update({
         "_name_or_path": "tiny-v32",
         "architectures": ["DeepseekV32ForCausalLM"],
         "model_type": "deepseek_v32",
-        "index_n_heads": 4,
+        "index_n_heads": 8,
         "index_head_dim": 32,
         "index_topk": 4,
     },

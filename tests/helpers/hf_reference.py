@@ -51,6 +51,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 import transformers.models.deepseek_v2.modeling_deepseek_v2 as hf_ds2
 import transformers.models.deepseek_v3.modeling_deepseek_v3 as hf_ds3
 import transformers.models.deepseek_v32.modeling_deepseek_v32 as hf_ds32
@@ -458,6 +459,14 @@ class _Recorder:
             reg(a.kv_b_proj.register_forward_hook(self._out("kv_b_out")))
             reg(a.o_proj.register_forward_pre_hook(self._in("attn_output")))
             reg(a.o_proj.register_forward_hook(self._out("o_proj")))
+            if hasattr(a, "indexer"):  # V3.2's Lightning Indexer
+                ix = a.indexer
+                reg(ix.register_forward_pre_hook(self._indexer_in, with_kwargs=True))
+                reg(ix.register_forward_hook(self._out("index_topk")))
+                reg(ix.wq_b.register_forward_hook(self._out("index_q")))
+                reg(ix.wk.register_forward_hook(self._out("index_k")))
+                reg(ix.k_norm.register_forward_hook(self._out("index_k_norm")))
+                reg(ix.weights_proj.register_forward_hook(self._out("index_weights_proj")))
             ln2 = layer.post_attention_layernorm
             reg(ln2.register_forward_pre_hook(self._in("attn_residual")))
             reg(ln2.register_forward_hook(self._out("post_attention_layernorm")))
@@ -498,7 +507,28 @@ class _Recorder:
             self.layer = None
         return hook
 
+    def _indexer_in(self, module, args, kwargs):
+        bound = inspect.signature(module.forward).bind(*args, **kwargs)
+        self.put("index_mask_in", _c(bound.arguments["attention_mask"]))  # the causal mask it is given
+
     # --- function wrappers -------------------------------------------------------------------
+    def wrap_index_rope(self, orig):
+        """V3.2's module-level apply_rotary_pos_emb: the indexer's half-split RoPE (its only caller)."""
+        def wrapped(q, k, *args, **kwargs):
+            q_embed, k_embed = orig(q, k, *args, **kwargs)
+            self.put("index_q_rot", _c(q_embed))
+            self.put("index_k_rot", _c(k_embed))
+            return q_embed, k_embed
+        return wrapped
+
+    def wrap_update_indexer(self, orig):
+        """The cache's update_indexer: every attended position's indexer keys [B, S, Di]."""
+        def wrapped(k, layer_idx, *args, **kwargs):
+            keys = orig(k, layer_idx, *args, **kwargs)
+            self.put("index_keys", _c(keys))
+            return keys
+        return wrapped
+
     def wrap_rope(self, orig):
         def wrapped(q, k, *args, **kwargs):
             self.put("q_pe", _c(q))
@@ -607,6 +637,8 @@ def _derive_layer(model: DeepseekV3ForCausalLM, i: int, r: dict[str, Any]) -> di
     out["attn_residual"] = r["attn_residual"]
     out["post_attention_layernorm"] = r["post_attention_layernorm"]
 
+    if hasattr(attn, "indexer"):
+        out.update(_derive_indexer(attn.indexer, r, B, T))
     if isinstance(layer.mlp, hf_ds2.DeepseekV2Moe):
         out.update(_derive_router_v2(layer.mlp, r, B, T, i))
     elif isinstance(layer.mlp, MOE_CLASSES):
@@ -647,6 +679,41 @@ def _derive_router(moe, r: dict[str, Any], B: int, T: int, i: int) -> dict[str, 
     out["mlp.routed_output"] = r["experts_out"].view(B, T, -1)
     out["mlp.shared_output"] = r["shared_output"]
     return out
+
+
+def _derive_indexer(ix, r: dict[str, Any], B: int, T: int) -> dict[str, torch.Tensor]:
+    """DeepseekV32Indexer.forward's tensors: captured from its modules, and its score recomputed
+    with its own ops from them (it keeps q, k and the scores in local variables)."""
+    H, D, rope = ix.n_heads, ix.head_dim, ix.qk_rope_head_dim
+    q = r["index_q"].view(B, T, H, D)  # [B, T, Hi, Di], as the indexer views wq_b's output
+    q_rope = torch.cat([r["index_q_rot"], q[..., rope:]], dim=-1)  # [B, T, Hi, Di]
+    k_rope = torch.cat([r["index_k_rot"], r["index_k_norm"].unsqueeze(2)[..., rope:]], dim=-1).squeeze(2)  # [B, T, Di]
+    keys = r.get("index_keys", k_rope)  # without a cache, the new keys are all keys
+    scores = F.relu(torch.matmul(q_rope.float(), keys.transpose(-1, -2).float().unsqueeze(1)) * ix.softmax_scale)
+    weights = r["index_weights_proj"].float() * (H**-0.5)  # [B, T, Hi]
+    mask = r["index_mask_in"]  # [B, T, S] additive: 0 or finfo.min
+    blocked = mask < 0
+    index_scores = (torch.matmul(weights.unsqueeze(-2), scores).squeeze(-2) + mask).masked_fill(blocked, float("-inf"))
+    # topk_idx: the indexer's own returned indices, best first (ties: lower position), positions
+    # in the future (which it returns when a query has fewer than index_topk before it) as -1
+    idx = r["index_topk"].to(torch.int64)
+    idx = torch.sort(idx, dim=-1, stable=True)[0]
+    order = torch.sort(index_scores.gather(-1, idx), dim=-1, descending=True, stable=True)[1]
+    idx = idx.gather(-1, order)
+    idx = idx.masked_fill(blocked.gather(-1, idx), -1)
+    chosen = torch.zeros_like(blocked).scatter(-1, idx.clamp(min=0), True) & ~blocked
+    return {
+        "self_attn.indexer.q": q.transpose(1, 2).contiguous(),
+        "self_attn.indexer.k": r["index_k"],
+        "self_attn.indexer.k_norm": r["index_k_norm"],
+        "self_attn.indexer.q_rope": q_rope.transpose(1, 2).contiguous(),
+        "self_attn.indexer.k_rope": k_rope,
+        "self_attn.indexer.keys": keys,
+        "self_attn.indexer.head_weights": weights,
+        "self_attn.indexer.index_scores": index_scores,
+        "self_attn.indexer.topk_idx": idx,
+        "self_attn.indexer.mask": torch.zeros_like(index_scores).masked_fill(~chosen, float("-inf")),
+    }
 
 
 def _best_first(topk_indices: torch.Tensor, topk_weights: torch.Tensor, masked: torch.Tensor):
@@ -693,7 +760,7 @@ def _derive_router_v2(moe, r: dict[str, Any], B: int, T: int, i: int) -> dict[st
 # ---------------------------------------------------------------------------------------------
 
 def _to_numpy(name: str, t: torch.Tensor) -> np.ndarray:
-    if name.endswith("mlp.gate.topk_idx"):
+    if name.endswith("topk_idx"):
         return t.detach().cpu().numpy().astype(np.int64)
     return t.detach().cpu().numpy().astype(np.float32)
 
@@ -756,11 +823,17 @@ def run_hf_trace(model: DeepseekV3ForCausalLM, ids: np.ndarray, start_pos: int =
     orig_rope = getattr(module, family.rope)
     orig_attn = module.eager_attention_forward
     phases: list[tuple[str, dict[str, torch.Tensor], torch.Tensor]] = []
+    indexed = hasattr(module, "DeepseekV32Indexer")
+    orig_index_rope = getattr(module, "apply_rotary_pos_emb", None)
     try:
         rec.install()
         setattr(module, family.rope, rec.wrap_rope(orig_rope))
         module.eager_attention_forward = rec.wrap_attention(orig_attn)
+        if indexed:
+            module.apply_rotary_pos_emb = rec.wrap_index_rope(orig_index_rope)
         cache = DynamicCache(config=model.config) if steps else None
+        if indexed and cache is not None:
+            cache.update_indexer = rec.wrap_update_indexer(cache.update_indexer)
         tr, lg = _one_pass(model, rec, prefill, start_pos, cache)
         phases.append(("prefill." if steps else "", tr, lg))
         for k, step in enumerate(steps):
@@ -769,6 +842,8 @@ def run_hf_trace(model: DeepseekV3ForCausalLM, ids: np.ndarray, start_pos: int =
     finally:
         setattr(module, family.rope, orig_rope)
         module.eager_attention_forward = orig_attn
+        if indexed:
+            module.apply_rotary_pos_emb = orig_index_rope
         rec.remove()
 
     out: dict[str, np.ndarray] = {}

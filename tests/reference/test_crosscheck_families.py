@@ -4,7 +4,8 @@ DeepseekV32ForCausalLM on the same float32 weights.
 Configs: `tiny-v2` (V2-Lite-like: greedy softmax routing, one q_proj, two shared experts, YaRN
 mscale 0.707), a V2-like sibling (group_limited_greedy over 4 groups keep 2, a q bottleneck,
 routed_scaling_factor 16) and `tiny-v32` (V3 plus the indexer keeping 4 positions, fewer than
-the prompt). Prefill then cached decode steps, at position 0 and past 4096; relative error
+the prompt; its chosen positions identical, on data whose scores have no tie at the cut; both
+MLA paths, transformers' naive tensors left out of the absorbed comparison). Prefill then cached decode steps, at position 0 and past 4096; relative error
 <= 1e-5 per tensor (helpers.compare).
 """
 
@@ -83,3 +84,36 @@ def test_v2_rope_and_softmax_scale_match_transformers(config):
     assert model.rope_mscale == pytest.approx(hf_attention_scaling(cfg.to_hf()), rel=1e-12) == 1.0
     assert model.softmax_scale == pytest.approx(hf_softmax_scale(cfg.to_hf()), rel=1e-12)
     assert model.softmax_scale == pytest.approx(cfg.qk_head_dim**-0.5 * (0.0707 * np.log(40) + 1) ** 2, rel=1e-12)
+
+
+def gaps_at_the_cut(scores: np.ndarray, k: int) -> np.ndarray:
+    """For each query with more than k earlier positions: how far its k-th best index score is
+    from the next, relative to the row's largest (0 would be a tie that either side may break)."""
+    rows = scores.reshape(-1, scores.shape[-1])
+    gaps = []
+    for row in rows:
+        finite = np.sort(row[np.isfinite(row)])[::-1]
+        if len(finite) > k:
+            gaps.append((finite[k - 1] - finite[k]) / np.abs(finite).max())
+    return np.array(gaps)
+
+
+@pytest.mark.parametrize("start_pos, decode, attn", [(0, 2, "naive"), (4093, 3, "naive"), (4093, 3, "absorb")])
+def test_every_v32_tensor_and_the_chosen_positions_match_transformers(start_pos, decode, attn):
+    raw = PRESETS["tiny-v32"]  # index_topk 4, fewer than the 7 prompt positions
+    mine, ref = traces(raw, start_pos, decode, attn=attn)
+    if attn == "absorb":  # transformers has no absorbed path: its naive tensors are left out of it
+        ref = {n: v for n, v in ref.items() if n in mine}
+        mine = {n: v for n, v in mine.items() if n in ref}
+    chosen = [n for n in mine if n.endswith("indexer.topk_idx")]
+    assert len(chosen) == 3 * (decode + 1)  # every layer, every step
+    for name in chosen:  # tie-free data: the cut lies clear of the next score, so the choice is the data's
+        scores = mine[name.replace("topk_idx", "index_scores")]
+        assert (gaps_at_the_cut(scores, raw["index_topk"]) > 1e-4).all(), name
+    assert list(mine) and set(mine) == set(ref), sorted(set(mine) ^ set(ref))
+    failures = {name: why for name in mine if (why := compare(name, mine, ref))}
+    assert not failures, failures
+    if attn == "naive":
+        assert_every_catalogued_name_compared(raw, mine)
+    prefill = next(n for n in chosen if "layers.1." in n)
+    assert (mine[prefill] >= 0).sum(axis=-1).tolist() == [[1, 2, 3, 4, 4, 4, 4]]  # positions dropped
