@@ -130,12 +130,17 @@ class Pictures:
         self.kinds = kinds
         self.weights = weights
         self.topk_idx: np.ndarray | None = None
+        self.index_mask: np.ndarray | None = None
 
     def __call__(self, event: Event) -> None:
         if "hist" in self.kinds:
             self.console.print(pictures.histogram(event.array, title=event.name))
+        if event.key == "self_attn.indexer.mask":  # DeepSeek-V3.2: drawn beside the attention weights
+            self.index_mask = event.array
         if "attention" in self.kinds and event.key == "self_attn.attn_weights":
             self.console.print(pictures.attention_heatmap(event.array, title=event.name))
+            if self.index_mask is not None and self.index_mask.shape[1:] == event.array.shape[2:]:
+                self.console.print(pictures.indexer_map(self.index_mask, event.array, title=event.name + " · indexer"))
         if event.key == "mlp.gate.topk_idx":
             self.topk_idx = event.array
         if "routing" in self.kinds and event.key == "mlp.gate.topk_weight" and self.topk_idx is not None:
