@@ -16,6 +16,7 @@ def bench_command(
     workdir: Annotated[Path | None, typer.Option(metavar="DIR", help="Where the synthetic full-size checkpoints are written once and reused (about 20 GB) [default: ~/.cache/stepper/bench].")] = None,
     torch: Annotated[bool, typer.Option("--torch/--no-torch", help="Also compare with transformers' DeepseekV3 on a 16-expert layer (needs the crosscheck extra): the two run in turn, and each figure is the median of the paired ratios.")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="The figures as JSON on stdout.")] = False,
+    indexer: Annotated[bool, typer.Option("--indexer", help="Also time DeepSeek-V3.2's layer 0 prefilling 4096 tokens: its Lightning Indexer, its attention under the indexer's mask, and the whole layer, each alone (writes a 0.6 GB checkpoint once).")] = False,
 ) -> None:
     """Measure full-size Kimi K2 layers (decode, prefill, peak memory) and the machine's ceilings.
 
@@ -30,7 +31,8 @@ def bench_command(
     with user_errors():
         console = Console(stderr=as_json, highlight=False, markup=False)
         workdir = workdir or Path.home() / ".cache" / "stepper" / "bench"
-        figures = bench.run_all(workdir, torch and has_torch(), lambda line: console.print(f"· {line}", style="dim"))
+        figures = bench.run_all(workdir, torch and has_torch(), lambda line: console.print(f"· {line}", style="dim"),
+                                indexer)
         if as_json:
             print(json.dumps({"machine": bench.machine(), "figures": [f.__dict__ for f in figures]}, indent=1))
             return

@@ -30,3 +30,15 @@ def test_bench_checkpoints_are_the_checkpoint_folders_of_the_workdir(tmp_path):
     (tmp_path / "half-written").mkdir()  # no index: not a checkpoint (yet)
     (tmp_path / "notes.txt").write_text("")
     assert bench.bench_checkpoints(tmp_path) == [tmp_path / "a-layers0-0-seed0", tmp_path / "b-layers1-1-seed0"]
+
+
+def test_the_indexer_scenario_times_the_indexer_the_attention_and_the_layer_of_a_small_v32(tmp_path):
+    said = []
+    figures = bench.indexer_figures(tmp_path, said.append, model="tiny-v32", tokens=24, repeat=1)
+    assert [f.name.partition(" ")[2] for f in figures] == [  # after the checkpoint's name
+        "layer 0: prefill 24 tokens, its Lightning Indexer",
+        "layer 0: prefill 24 tokens, its attention under the indexer's mask",
+        "layer 0: prefill 24 tokens, the whole layer (indexer, attention, FFN)",
+    ]
+    assert all(f.value > 0 and f.unit == "s" for f in figures) and "4 of up to 24 positions kept" in figures[0].note
+    assert said[-1] == "tiny-v32 layer 0: prefill 24 tokens, the indexer apart from the attention"
