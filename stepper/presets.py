@@ -212,7 +212,7 @@ PRESETS.update({
         "qk_nope_head_dim": 32,
         "qk_rope_head_dim": 16,
         "v_head_dim": 32,
-        "n_routed_experts": 32,
+        "n_routed_experts": 16,
         "num_experts_per_tok": 4,
         "n_group": 1,
         "topk_group": 1,
