@@ -44,8 +44,7 @@ def mla_attention(
     q_nope, q_pe = query_heads(x, w, cfg, emit)  # [B, H, T, nope], [B, H, T, rope]
     compressed_kv, k_pe = latent(x, w, cfg, emit)  # [B, T, kv_lora], [B, one, T, rope]
     attend = absorbed if attn == "absorb" else naive
-    sparse = {} if mask is None else {"mask": mask}  # (a lesson's own naive / absorbed takes no mask)
-    out = attend(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache, emit, **sparse)  # [B, H, T, v_head]
+    out = attend(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache, emit, mask)  # [B, H, T, v_head]
     return output_projection(out, w, emit)
 
 
