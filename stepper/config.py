@@ -108,10 +108,12 @@ class Config:
             "model_type": self.model_type,
             "num_key_value_heads": self.num_attention_heads,
             "hidden_act": "silu",
+            "scoring_func": self.scoring_func,
+            "topk_method": self.topk_method,
             "attention_bias": False,
         }
         for f in dataclasses.fields(self):
-            if f.name in ("name", "model_type", "rope_scaling", "quantization"):
+            if f.name in ("name", "model_type", "rope_scaling", "quantization", "scoring_func", "topk_method"):
                 continue
             if f.name.startswith("index_") and not self.has_indexer:
                 continue
