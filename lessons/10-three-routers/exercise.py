@@ -1,4 +1,4 @@
-"""Lesson 9 (three-routers): DeepSeek-V2's and V3's routers, chosen by the config.
+"""Lesson 10 (three-routers): DeepSeek-V2's and V3's routers, chosen by the config.
 
 Write `route` below, then:
 
