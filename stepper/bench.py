@@ -13,7 +13,10 @@ Each figure is measured in a fresh subprocess, so its peak RSS is its own:
 - the dense layer 0 at full size, the same two ways;
 - the same MoE layer shape with 16 routed experts, against transformers' DeepseekV3 in float32
   on the same weights and tokens (T = 1, 32, 512, and T = 1 again with stepper's weight cache
-  warm), when torch and transformers are installed.
+  warm), when torch and transformers are installed;
+- with `--indexer`, DeepSeek-V3.2's first layer (dense: its attention and Lightning Indexer are
+  those of every layer) prefilling 4096 tokens: the indexer alone, the attention under its mask
+  alone, and the whole layer.
 
 Timing medians use several repetitions, and the comparisons with transformers take the two
 runs in turn (`paired_times`); nothing here is asserted in tests.
@@ -40,6 +43,10 @@ from stepper.kernels import fp8_workers, parallel
 from stepper.kernels.fp8_matmul import linear_fp8
 from stepper.kernels.weight_cache import CachedWeights
 from stepper.model import KVCache, Transformer
+from stepper.model.attention import mla_attention
+from stepper.model.cache import LayerCache
+from stepper.model.indexer import index_mask
+from stepper.model.layer_weights import LayerWeights
 from stepper.presets import PRESETS
 from stepper.trace import Emitter
 from stepper.weights.checkpoint import INDEX, Checkpoint
@@ -297,7 +304,28 @@ def load_layer(layer, source, shapes: dict[str, tuple[int, ...]], cfg: Config) -
         params["mlp.experts.down_proj"].data[e].copy_(parts["down_proj"])
 
 
-SCENARIOS = {"ceilings": ceilings, "layer": layer_run, "torch": versus_torch}
+def indexed_prefill(checkpoint: Path, layer: int, tokens: int, repeat: int) -> list[Figure]:
+    """A DeepSeek-V3.2 layer prefilling `tokens` positions: its Lightning Indexer (scores, top-k,
+    mask), its attention under that mask, and the whole layer, each timed alone (medians)."""
+    filled = fill_page_cache(checkpoint)
+    source = Checkpoint(checkpoint)
+    cfg, model, emit = source.config, Transformer(source), Emitter()
+    x = np.random.default_rng(7).standard_normal((1, tokens, cfg.hidden_size), dtype=np.float32)  # a normed input
+    rope = model.rope(np.arange(tokens), emit)
+    w = LayerWeights(source, layer, model.scratch)
+    mask = index_mask(x, w, cfg, rope, LayerCache(), emit)  # [B, T, S]
+    parts = {
+        "its Lightning Indexer": lambda: index_mask(x, w, cfg, rope, LayerCache(), emit),
+        "its attention under the indexer's mask": lambda: mla_attention(x, w, cfg, rope, LayerCache(), emit, "naive", mask),
+        "the whole layer (indexer, attention, FFN)": lambda: model.layer(layer, x, rope, KVCache(cfg.num_hidden_layers), emit),
+    }
+    kept = f"{min(cfg.index_topk, tokens)} of up to {tokens} positions kept per query"
+    return [Figure(f"{cfg.name} layer {layer}: prefill {tokens} tokens, {what}", median_time(fn, repeat), "s",
+                   peak_rss_mb(), f"median of {repeat}; {kept}; checkpoint read into the page cache first ({filled:.0f} s)")
+            for what, fn in parts.items()]
+
+
+SCENARIOS = {"ceilings": ceilings, "layer": layer_run, "torch": versus_torch, "indexed": indexed_prefill}
 
 
 def scenario_main(argv: list[str]) -> None:
@@ -377,7 +405,7 @@ def int4_versus_fp8(workdir: Path, model: str, say, fp8: list[Figure] | None = N
     return figures + ratios
 
 
-def run_all(workdir: Path, with_torch: bool, say, with_int4: bool = True) -> list[Figure]:
+def run_all(workdir: Path, with_torch: bool, say, with_int4: bool = True, with_indexer: bool = False) -> list[Figure]:
     """Every figure of the README's performance table; `say` reports progress lines."""
     say("measuring the machine's ceilings")
     figures = in_subprocess("ceilings")
@@ -403,7 +431,18 @@ def run_all(workdir: Path, with_torch: bool, say, with_int4: bool = True) -> lis
             figures += in_subprocess("torch", checkpoint=small, tokens=tokens, pairs={1: 9, 32: 7, 512: 5}[tokens])
         say("16-expert layer against transformers, T=1, stepper's weight cache warm")
         figures += in_subprocess("torch", checkpoint=small, tokens=1, pairs=9, cache_mb=WARM_CACHE_MB)
+    if with_indexer:
+        figures += indexer_figures(workdir, say)
     return figures
+
+
+def indexer_figures(workdir: Path, say, model: str = "deepseek-v3.2", tokens: int = 4096, repeat: int = 3) -> list[Figure]:
+    """DeepSeek-V3.2's layer 0 (dense, about 0.6 GB), written once: a prefill's indexer apart from its attention."""
+    say(f"writing (once) the {model} layer 0 checkpoint")
+    folder = ensure_checkpoint(workdir, bench_config(model, None), range(1))
+    forget_page_cache(folder)
+    say(f"{model} layer 0: prefill {tokens} tokens, the indexer apart from the attention")
+    return in_subprocess("indexed", checkpoint=folder, layer=0, tokens=tokens, repeat=repeat)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """The model's hyper-parameters: a frozen dataclass read from an HF config.json or a named preset.
 
 Field names are those of DeepSeek-V3's and Kimi K2's config.json, so a reader of either file
-finds every value under the name they know. `Config.from_hf` accepts both model types, the
+finds every value under the name they know. `Config.from_hf` accepts the four model types (V3,
+K2, V2 with its softmax router, V3.2 with its indexer: `_family` reads what tells them apart), the
 older `rope_scaling` block and the newer `rope_parameters` block, and rejects inconsistent values
 with a `StepperError` that names the field.
 """
@@ -19,8 +20,10 @@ from typing import Any
 from stepper.errors import StepperError
 from stepper.jsonfile import read_json
 
-MODEL_TYPES = ("deepseek_v3", "kimi_k2")
+MODEL_TYPES = ("deepseek_v3", "kimi_k2", "deepseek_v2", "deepseek_v32")
 WRAPPER_TYPES = ("kimi_k25",)
+ARCHITECTURES = {"deepseek_v3": "DeepseekV3ForCausalLM", "kimi_k2": "DeepseekV3ForCausalLM",
+                 "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v32": "DeepseekV32ForCausalLM"}
 
 
 @dataclass(frozen=True)
@@ -125,6 +128,17 @@ class Config:
     quantization: Fp8 | None
     wrapper: Wrapper | None = None  # set when config.json wraps this text model (kimi_k25)
     int4: Int4Groups | None = None  # compressed-tensors pack-quantized (then quantization is None)
+    scoring_func: str = "sigmoid"  # the router's scores: sigmoid (V3, K2) or softmax (V2)
+    topk_method: str = "noaux_tc"  # the router's choice: noaux_tc, greedy or group_limited_greedy
+    # DeepSeek-V3.2's Lightning Indexer: index_n_heads heads of index_head_dim score the earlier
+    # positions, each query attends only to the index_topk best (None without an indexer)
+    index_n_heads: int | None = None
+    index_head_dim: int | None = None
+    index_topk: int | None = None
+
+    @property
+    def has_indexer(self) -> bool:
+        return self.index_topk is not None
 
     @property
     def qk_head_dim(self) -> int:
@@ -146,16 +160,19 @@ class Config:
     def to_hf(self) -> dict[str, Any]:
         """The config.json dict an HF checkpoint of this model carries (DeepseekV3 field names)."""
         out: dict[str, Any] = {
-            "architectures": ["DeepseekV3ForCausalLM"],
+            "architectures": [ARCHITECTURES[self.model_type]],
             "model_type": self.model_type,
             "num_key_value_heads": self.num_attention_heads,
             "hidden_act": "silu",
-            "scoring_func": "sigmoid",
-            "topk_method": "noaux_tc",
+            "scoring_func": self.scoring_func,
+            "topk_method": self.topk_method,
             "attention_bias": False,
         }
         for f in dataclasses.fields(self):
-            if f.name in ("name", "model_type", "rope_scaling", "quantization", "wrapper", "int4"):
+            if f.name in ("name", "model_type", "rope_scaling", "quantization", "wrapper", "int4", "scoring_func",
+                          "topk_method"):
+                continue
+            if f.name.startswith("index_") and not self.has_indexer:
                 continue
             out[f.name] = getattr(self, f.name)
         out["tie_word_embeddings"] = False  # lm_head is its own matrix (_parse refuses true)
@@ -242,8 +259,6 @@ def _parse(raw: dict[str, Any], source: str) -> Config:
     if model_type not in MODEL_TYPES:
         raise f.fail("model_type", f"must be one of {', '.join(MODEL_TYPES)}, got {model_type!r}")
     _require_equal(f, "hidden_act", "silu")
-    _require_equal(f, "scoring_func", "sigmoid")
-    _require_equal(f, "topk_method", "noaux_tc")
     if raw.get("attention_bias"):
         raise f.fail("attention_bias", "must be false: MLA projections have no bias")
     if f.bool("tie_word_embeddings", default=False):
@@ -279,7 +294,7 @@ def _parse(raw: dict[str, Any], source: str) -> Config:
         n_group=f.int("n_group", default=1),
         topk_group=f.int("topk_group", default=1),
         routed_scaling_factor=f.float("routed_scaling_factor", default=1.0),
-        norm_topk_prob=f.bool("norm_topk_prob", default=True),
+        norm_topk_prob=f.bool("norm_topk_prob", default=model_type != "deepseek_v2"),
         first_k_dense_replace=f.int("first_k_dense_replace", default=0, minimum=0),
         moe_layer_freq=f.int("moe_layer_freq", default=1),
         rms_norm_eps=f.float("rms_norm_eps", default=1e-6),
@@ -288,6 +303,7 @@ def _parse(raw: dict[str, Any], source: str) -> Config:
         rope_scaling=rope_scaling,
         quantization=_quantization(f),
         int4=_int4_groups(f),
+        **_family(f, model_type),
     )
     _check_consistency(cfg, f)
     return cfg
@@ -342,6 +358,35 @@ def _require_equal(f: _Fields, field: str, expected: str) -> None:
     value = f.raw.get(field, expected)
     if value != expected:
         raise f.fail(field, f"must be {expected!r} (the only kind stepper runs), got {value!r}")
+
+
+ROUTERS = {  # model_type -> the router's scoring functions and selection rules, the default first
+    "deepseek_v3": (("sigmoid",), ("noaux_tc",)),
+    "kimi_k2": (("sigmoid",), ("noaux_tc",)),
+    "deepseek_v32": (("sigmoid",), ("noaux_tc",)),
+    "deepseek_v2": (("softmax",), ("greedy", "group_limited_greedy")),
+}
+
+
+def _family(f: _Fields, model_type: str) -> dict[str, Any]:
+    """The fields that tell the families apart: the router's scoring and selection, V3.2's indexer."""
+    scorings, methods = ROUTERS[model_type]
+    chosen = {}
+    for field, allowed in (("scoring_func", scorings), ("topk_method", methods)):
+        chosen[field] = f.str(field, default=allowed[0])
+        if chosen[field] not in allowed:
+            raise f.fail(field, f"must be {' or '.join(map(repr, allowed))} for model_type {model_type}, "
+                         f"got {chosen[field]!r}")
+    if model_type == "deepseek_v2" and f.raw.get("norm_topk_prob"):
+        raise f.fail("norm_topk_prob", "must be false for deepseek_v2: its references disagree on true "
+                     "(DeepSeek's code normalises and drops routed_scaling_factor, transformers' ignores it)")
+    if model_type == "deepseek_v32":
+        if f.raw.get("q_lora_rank") is None:
+            raise f.fail("q_lora_rank", "is missing: DeepSeek-V3.2's indexer reads its query from q_a_norm")
+        chosen.update(index_n_heads=f.int("index_n_heads", default=64),
+                      index_head_dim=f.int("index_head_dim", default=128),
+                      index_topk=f.int("index_topk", default=2048))
+    return chosen
 
 
 def _rope(f: _Fields) -> tuple[float, Yarn | None]:
@@ -466,6 +511,9 @@ def _check_consistency(cfg: Config, f: _Fields) -> None:
     """Relations between fields that a single field's check cannot see."""
     if cfg.qk_rope_head_dim % 2:
         raise f.fail("qk_rope_head_dim", f"must be even (rotary dims come in pairs), got {cfg.qk_rope_head_dim}")
+    if cfg.has_indexer and cfg.index_head_dim < cfg.qk_rope_head_dim:
+        raise f.fail("index_head_dim", f"({cfg.index_head_dim}) must be at least qk_rope_head_dim "
+                     f"({cfg.qk_rope_head_dim}): the indexer rotates its first qk_rope_head_dim dims")
     if cfg.first_k_dense_replace > cfg.num_hidden_layers:
         raise f.fail(
             "first_k_dense_replace",
@@ -481,11 +529,11 @@ def _check_consistency(cfg: Config, f: _Fields) -> None:
     if cfg.n_routed_experts % cfg.n_group:
         raise f.fail("n_group", f"({cfg.n_group}) must divide n_routed_experts ({cfg.n_routed_experts})")
     per_group = cfg.n_routed_experts // cfg.n_group
-    if cfg.n_group > 1 and per_group < 2:
+    if cfg.topk_method == "noaux_tc" and cfg.n_group > 1 and per_group < 2:
         raise f.fail("n_group", f"leaves {per_group} expert per group; a group scores by its top 2")
     if cfg.topk_group > cfg.n_group:
         raise f.fail("topk_group", f"({cfg.topk_group}) must not exceed n_group ({cfg.n_group})")
-    if cfg.num_experts_per_tok > cfg.topk_group * per_group:
+    if cfg.topk_method != "greedy" and cfg.num_experts_per_tok > cfg.topk_group * per_group:
         raise f.fail(
             "num_experts_per_tok",
             f"({cfg.num_experts_per_tok}) exceeds the experts in the kept groups "

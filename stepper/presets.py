@@ -7,6 +7,11 @@ multiples of 128, so FP8 blocks are partial. `tiny-v3` is its DeepSeek-V3-shaped
 routing (4 groups, keep 2) and DeepSeek-V3's rope settings. `tiny-int4` is `tiny` stored as
 Kimi-K2-Thinking is: routed experts in INT4 (compressed-tensors pack-quantized, groups of 32), the
 rest BF16, and rms_norm_eps 1e-5.
+
+The other MLA families: `deepseek-v2-lite` and `deepseek-v2` (softmax router, greedy or
+group-limited greedy choice, no bias, BF16 weights, YaRN mscale 0.707) with `tiny-v2` shaped like
+V2-Lite (one q_proj, two shared experts); `deepseek-v3.2` and `tiny-v32`, DeepSeek-V3 plus the
+Lightning Indexer (`tiny-v32`: 8 index heads of 32 dims keep 4 positions per query, fewer than a default prompt).
 """
 
 from __future__ import annotations
@@ -188,6 +193,103 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 PRESETS["tiny-int4"] = {**PRESETS["tiny"], "_name_or_path": "tiny-int4", "rms_norm_eps": 1e-5,
                         "quantization_config": _KIMI_K2_THINKING_INT4}
+
+
+_V2_YARN = {**_DEEPSEEK_YARN, "mscale": 0.707, "mscale_all_dim": 0.707}
+
+_V2 = {  # DeepSeek-V2's router and weights: softmax scores, no bias, BF16 (no quantization_config)
+    **{k: v for k, v in _SHARED.items() if k not in ("scoring_func", "topk_method", "norm_topk_prob")},
+    "architectures": ["DeepseekV2ForCausalLM"],
+    "model_type": "deepseek_v2",
+    "scoring_func": "softmax",
+    "norm_topk_prob": False,
+    "n_shared_experts": 2,
+    "first_k_dense_replace": 1,
+    "rope_theta": 10000.0,
+    "max_position_embeddings": 163840,
+    "rope_scaling": _V2_YARN,
+    "vocab_size": 102400,
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "num_experts_per_tok": 6,
+}
+
+PRESETS.update({
+    "tiny-v2": {
+        **_V2,
+        "_name_or_path": "tiny-v2",
+        "topk_method": "greedy",
+        "vocab_size": 1000,
+        "hidden_size": 320,
+        "intermediate_size": 544,
+        "moe_intermediate_size": 96,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "q_lora_rank": None,
+        "kv_lora_rank": 128,
+        "qk_nope_head_dim": 32,
+        "qk_rope_head_dim": 16,
+        "v_head_dim": 32,
+        "n_routed_experts": 16,
+        "num_experts_per_tok": 4,
+        "n_group": 1,
+        "topk_group": 1,
+        "routed_scaling_factor": 1.0,
+    },
+    "deepseek-v2-lite": {
+        **_V2,
+        "_name_or_path": "deepseek-v2-lite",
+        "topk_method": "greedy",
+        "hidden_size": 2048,
+        "intermediate_size": 10944,
+        "moe_intermediate_size": 1408,
+        "num_hidden_layers": 27,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 16,
+        "q_lora_rank": None,
+        "n_routed_experts": 64,
+        "n_group": 1,
+        "topk_group": 1,
+        "routed_scaling_factor": 1.0,
+    },
+    "deepseek-v2": {
+        **_V2,
+        "_name_or_path": "deepseek-v2",
+        "topk_method": "group_limited_greedy",
+        "hidden_size": 5120,
+        "intermediate_size": 12288,
+        "moe_intermediate_size": 1536,
+        "num_hidden_layers": 60,
+        "num_attention_heads": 128,
+        "num_key_value_heads": 128,
+        "q_lora_rank": 1536,
+        "n_routed_experts": 160,
+        "n_group": 8,
+        "topk_group": 3,
+        "routed_scaling_factor": 16.0,
+    },
+    "tiny-v32": {
+        **PRESETS["tiny-v3"],
+        "_name_or_path": "tiny-v32",
+        "architectures": ["DeepseekV32ForCausalLM"],
+        "model_type": "deepseek_v32",
+        "index_n_heads": 8,
+        "index_head_dim": 32,
+        "index_topk": 4,
+    },
+    "deepseek-v3.2": {
+        **PRESETS["deepseek-v3"],
+        "_name_or_path": "deepseek-v3.2",
+        "architectures": ["DeepseekV32ForCausalLM"],
+        "model_type": "deepseek_v32",
+        "index_n_heads": 64,
+        "index_head_dim": 128,
+        "index_topk": 2048,
+    },
+})
 
 
 def preset(name: str) -> Config:

@@ -7,14 +7,14 @@ Finish `absorbed` below, then:
                                        runs the whole model with your absorbed attention
 
 Keep the name, the signature and the emit(...) calls: the interpreter calls
-absorbed(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache, emit).
+absorbed(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache, emit, mask).
 """
 
 
 from stepper.model.attention import split_kv_b
 
 
-def absorbed(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache, emit):
+def absorbed(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache, emit, mask=None):
     """Attention over the cached latents.  -> [B, H, T, V] (the heads' outputs, before merging)
 
     q_nope [B, H, T, P]            queries without position
@@ -25,6 +25,7 @@ def absorbed(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache, emit):
     rope                           rope.cos, rope.sin and rope.softmax_scale of this step
     cache                          cache.extend_latent(latents, k_pe) appends and returns all S positions
     emit(name, array)              reports a named tensor
+    mask                           None here; DeepSeek-V3.2's indexer's [B, T, S] choice: pass it on to attention_weights
     """
     w_uk, w_uv = split_kv_b(w("self_attn.kv_b_proj.weight"), cfg)  # [H, P, C], [H, V, C]
 
@@ -33,7 +34,7 @@ def absorbed(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache, emit):
     # q_pe, k_pe = rotate(q_pe, k_pe, rope, emit)          RoPE on the rotary parts (emits q_pe_rope, k_pe_rope)
     # latents, k_pes = cache.extend_latent(compressed_kv, k_pe)   [B, S, C], [B, 1, S, R]: every attended position
     # scores = ...                                         [B, H, T, S]: q_latent . latents + q_pe . k_pes
-    # weights = attention_weights(scores, rope.softmax_scale, emit)   scale, causal mask, softmax (emits both)
+    # weights = attention_weights(scores, rope.softmax_scale, emit, mask)   scale, causal mask, softmax (emits both)
     # out_latent = ...                                     [B, H, T, C]: the weights average the latents
     # emit("self_attn.attn_output_latent", out_latent)
     # return ...                                           [B, H, T, V]: out_latent through each head's W_UV

@@ -5,7 +5,7 @@ import numpy as np
 from stepper.model.attention import attention_weights, rotate, split_kv_b
 
 
-def absorbed(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache, emit):
+def absorbed(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache, emit, mask=None):
     """Attention over the cached latents.  -> [B, H, T, V] (the heads' outputs, before merging)"""
     w_uk, w_uv = split_kv_b(w("self_attn.kv_b_proj.weight"), cfg)  # [H, P, C], [H, V, C]
     q_latent = np.matmul(q_nope, w_uk)  # [B, H, T, C]
@@ -18,7 +18,7 @@ def absorbed(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache, emit):
     B, H, T, C = q_latent.shape
     scores = (np.matmul(q_latent.reshape(B, H * T, C), latents.swapaxes(-1, -2))  # [B, H*T, S]
               + np.matmul(q_pe.reshape(B, H * T, -1), k_pes[:, 0].swapaxes(-1, -2))).reshape(B, H, T, -1)
-    weights = attention_weights(scores, rope.softmax_scale, emit)  # [B, H, T, S]
+    weights = attention_weights(scores, rope.softmax_scale, emit, mask)  # [B, H, T, S]
     out_latent = np.matmul(weights.reshape(B, H * T, -1), latents).reshape(B, H, T, C)
     emit("self_attn.attn_output_latent", out_latent)
     return np.matmul(out_latent, w_uv.swapaxes(-1, -2))  # [B, H, T, V]

@@ -109,8 +109,9 @@ class Catalog:
         kind = "moe" if cfg.is_moe_layer(layer) else "dense"
         no_q_lora = cfg.q_lora_rank is None
         return [
-            e for e in self.entries
+            e for e in self.in_order
             if e["scope"] == "layer"
+            and applies(e, cfg)
             and e["layers"] in ("all", kind)
             and e["path"] in ("both", attn)
             and not (no_q_lora and e["name"] in ("self_attn.q_a", "self_attn.q_a_norm"))
@@ -133,11 +134,29 @@ class Catalog:
     def expected_size(self, symbol: str, cfg: Config) -> int | None:
         """The size a config gives a dimension symbol, or None for runtime dims and unset fields."""
         expr = self.raw["dims"][symbol]["size"]
-        return None if expr == RUNTIME else evaluate_size(expr, cfg)
+        if expr == RUNTIME or any(getattr(cfg, f, 0) is None for f in re.findall(r"[a-z_]+", expr)):
+            return None  # runtime, or a size of another family (the indexer's, for a config without one)
+        return evaluate_size(expr, cfg)
 
     @cached_property
     def _by_name(self) -> dict[str, dict[str, Any]]:
         return {e["name"]: e for e in self.entries}
+
+    @cached_property
+    def in_order(self) -> list[dict[str, Any]]:
+        """The entries in execution order: one with `after` (a family's own tensor, appended to the
+        catalogue) goes right after the entry it names, which comes before it in the catalogue."""
+        ordered = [e for e in self.entries if "after" not in e]
+        for e in self.entries:
+            if "after" in e:
+                ordered.insert(next(i for i, o in enumerate(ordered) if o["name"] == e["after"]) + 1, e)
+        return ordered
+
+
+def applies(entry: dict[str, Any], cfg: Config) -> bool:
+    """Whether a config emits the entry: its `when` maps config fields to the values under which
+    it is emitted (the router's scoring_func and topk_method, has_indexer)."""
+    return all(getattr(cfg, field) in values for field, values in entry.get("when", {}).items())
 
 
 PARAMETER = re.compile(r"[A-Za-z_][\w.]*\.weight(?!\w)|\b\w+_bias\b")  # q_a_proj.weight, e_score_correction_bias

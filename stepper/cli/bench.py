@@ -18,6 +18,7 @@ def bench_command(
     torch: Annotated[bool, typer.Option("--torch/--no-torch", help="Also compare with transformers' DeepseekV3 on a 16-expert layer (needs the crosscheck extra): the two run in turn, and each figure is the median of the paired ratios.")] = True,
     int4: Annotated[bool, typer.Option("--int4/--no-int4", help="Also the MoE layer with INT4 experts (Kimi-K2-Thinking's storage; about 10 GB more written once), as a ratio to the FP8 layer.")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="The figures as JSON on stdout.")] = False,
+    indexer: Annotated[bool, typer.Option("--indexer", help="Also time DeepSeek-V3.2's layer 0 prefilling 4096 tokens: its Lightning Indexer, its attention under the indexer's mask, and the whole layer, each alone (writes a 0.6 GB checkpoint once).")] = False,
 ) -> None:
     """Measure full-size Kimi K2 layers (decode, prefill, peak memory) and the machine's ceilings.
 
@@ -33,7 +34,7 @@ def bench_command(
         console = Console(stderr=as_json, highlight=False, markup=False)
         workdir = workdir or Path.home() / ".cache" / "stepper" / "bench"
         figures = bench.run_all(workdir, torch and has_torch(), lambda line: console.print(f"· {shown(line)}", style="dim"),
-                                int4)
+                                int4, indexer)
         if as_json:
             print(json.dumps({"machine": bench.machine(), "figures": [f.__dict__ for f in figures]}, indent=1))
             return

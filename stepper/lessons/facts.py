@@ -22,9 +22,10 @@ from stepper.errors import StepperError
 from stepper.lessons.context import Context
 from stepper.model.cache import cache_bytes_per_token
 from stepper.model.rope import rope_inv_freq, yarn_correction_range, yarn_mscale
+from stepper.model.router import max_per_group, route
 from stepper.presets import PRESETS, preset
 from stepper.session import run
-from stepper.trace import Recorder
+from stepper.trace import Emitter, Recorder
 
 FACTS: dict[str, Callable[..., Any]] = {}
 
@@ -481,3 +482,92 @@ def compare_rms(ctx: Context, a: str, b: str) -> str:
     if math.isclose(ra, rb, rel_tol=0.05):
         return "about the same"
     return "larger" if ra > rb else "smaller"
+
+
+# ---------------------------------------------------------------------------------------------
+# The three routers on the same logits (lesson three-routers)
+
+ROUTERS = {  # router -> (scoring_func, topk_method, norm_topk_prob)
+    "v3": ("sigmoid", "noaux_tc", True),  # the run's own, with its bias
+    "v2": ("softmax", "group_limited_greedy", False),
+    "v2-lite": ("softmax", "greedy", False),
+}
+
+
+def routed_by(ctx: Context, scope: str, name: str) -> np.ndarray:
+    """topk_idx [N, k] the named router picks from the run's logits at `scope`, with the run's
+    groups, k and bias (model.router on the logits, an identity gate)."""
+    if name not in ROUTERS:
+        raise StepperError(f"router is one of {', '.join(ROUTERS)}, got '{name}'")
+    logits = ctx.tensor(f"{scope}.mlp.gate.logits")  # [N, E]
+    scoring, method, norm = ROUTERS[name]
+    cfg = dataclasses.replace(ctx.cfg, scoring_func=scoring, topk_method=method, norm_topk_prob=norm)
+    bias = router(ctx, scope)["bias"] if method == "noaux_tc" else None
+    identity = np.eye(logits.shape[1], dtype=np.float32)
+    return route(logits, identity, bias, cfg, Emitter()).topk_idx
+
+
+def router_token(ctx: Context, scope: str, token: str) -> int:
+    """A token number, `telling` (fact.telling_token) or `contrast` (fact.contrast_token)."""
+    return contrast_token(ctx, scope) if token == "contrast" else token_arg(ctx, scope, token)
+
+
+@fact
+def contrast_token(ctx: Context, scope: str = "layers.1") -> int:
+    """A token for which V2's group rule keeps other groups than V3's (else fact.telling_token)."""
+    n = ctx.tensor(f"{scope}.mlp.gate.logits").shape[0]
+    return next((t for t in range(n) if v2_kept_groups(ctx, scope, str(t)) != v3_kept_groups(ctx, scope, str(t))),
+                telling_token(ctx, scope))
+
+
+@fact
+def experts_by(ctx: Context, scope: str, token: str, name: str) -> list[int]:
+    """The experts router `name` (v3, v2, v2-lite) picks for a token, in increasing order."""
+    return sorted(int(e) for e in routed_by(ctx, scope, name)[router_token(ctx, scope, token)])
+
+
+@fact
+def routers_disagree(ctx: Context, scope: str, a: str, b: str) -> int:
+    """Tokens for which routers a and b pick different sets of experts."""
+    x, y = np.sort(routed_by(ctx, scope, a), axis=1), np.sort(routed_by(ctx, scope, b), axis=1)
+    return int(np.any(x != y, axis=1).sum())
+
+
+@fact
+def softmax_group_max(ctx: Context, scope: str = "layers.1", token: str = "0") -> list[float]:
+    """A token's group scores under DeepSeek-V2's rule: each group's best softmax score."""
+    logits = ctx.tensor(f"{scope}.mlp.gate.logits")[router_token(ctx, scope, token)][None].astype(np.float64)
+    p = np.exp(logits - logits.max())
+    return [round(float(v), 4) for v in max_per_group(p / p.sum(), ctx.cfg.n_group)[0]]
+
+
+@fact
+def v2_kept_groups(ctx: Context, scope: str = "layers.1", token: str = "0") -> list[int]:
+    """The groups DeepSeek-V2's rule keeps for a token: the topk_group with the best single expert."""
+    best = np.array(softmax_group_max(ctx, scope, token))
+    return sorted(int(g) for g in np.argsort(-best, kind="stable")[: ctx.cfg.topk_group])
+
+
+@fact
+def v3_kept_groups(ctx: Context, scope: str = "layers.1", token: str = "0") -> list[int]:
+    """The groups V3's rule keeps for a token, from its group_scores (before group_mask is emitted)."""
+    scores = np.array(v3_group_scores(ctx, scope, token))
+    return sorted(int(g) for g in np.argsort(-scores, kind="stable")[: ctx.cfg.topk_group])
+
+
+@fact
+def v3_group_scores(ctx: Context, scope: str = "layers.1", token: str = "0") -> list[float]:
+    """A token's group scores under V3's rule (the two best biased scores of each group, summed)."""
+    return [round(float(v), 4) for v in ctx.tensor(f"{scope}.mlp.gate.group_scores")[router_token(ctx, scope, token)]]
+
+
+@fact
+def routers_table(ctx: Context, scope: str = "layers.1") -> str:
+    """Each token's experts under the three routers, with a mark where they differ from V3's."""
+    picks = {name: np.sort(routed_by(ctx, scope, name), axis=1) for name in ROUTERS}
+    lines = ["token  V3 (sigmoid, bias, top-2 sums)  V2 (softmax, best expert)  V2-Lite (softmax, no groups)"]
+    for t in range(picks["v3"].shape[0]):
+        cells = [" ".join(f"{e:2d}" for e in picks[n][t]) + ("  " if n == "v3" or np.array_equal(picks[n][t], picks["v3"][t])
+                                                               else " *") for n in ROUTERS]
+        lines.append(f"{t:5d}  {cells[0]:<31}  {cells[1]:<25}  {cells[2]}")
+    return "\n".join(lines + ["* a different set from V3's"])

@@ -40,14 +40,15 @@ LATENT_NORM_EPS = 1e-6
 
 def mla_attention(
     x: np.ndarray, w: LayerWeights, cfg: Config, rope: Rope, cache: LayerCache | None, emit: Emitter,
-    attn: str = "naive",
+    attn: str = "naive", mask: np.ndarray | None = None,
 ) -> np.ndarray:
-    """x [B, T, d] (after input_layernorm) -> o_proj output [B, T, d]; attn "naive" or "absorb"."""
+    """x [B, T, d] (after input_layernorm) -> o_proj output [B, T, d]; attn "naive" or "absorb";
+    mask [B, T, S], additive (0 or -inf), every head alike: DeepSeek-V3.2's indexer's choice."""
     cache = LayerCache() if cache is None else cache
     q_nope, q_pe = query_heads(x, w, cfg, emit)  # [B, H, T, nope], [B, H, T, rope]
     compressed_kv, k_pe = latent(x, w, cfg, emit)  # [B, T, kv_lora], [B, one, T, rope]
     attend = absorbed if attn == "absorb" else naive
-    out = attend(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache, emit)  # [B, H, T, v_head]
+    out = attend(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache, emit, mask)  # [B, H, T, v_head]
     return output_projection(out, w, emit)
 
 
@@ -82,7 +83,7 @@ def latent(x: np.ndarray, w: LayerWeights, cfg: Config, emit: Emitter) -> tuple[
     return compressed_kv, k_pe
 
 
-def naive(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache: LayerCache, emit: Emitter) -> np.ndarray:
+def naive(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache: LayerCache, emit: Emitter, mask=None) -> np.ndarray:
     """Up-project the new latents into per-head keys and values, attend over all of them.
     -> [B, H, T, v_head], the heads' outputs before merging"""
     k_nope, value_states = up_project(compressed_kv, w, cfg, emit)  # [B, H, T, nope], [B, H, T, v_head]
@@ -97,15 +98,15 @@ def naive(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache: LayerCache, em
     value_states = emit("self_attn.value_states", value_states)
 
     if not emit.listening and kernels.worth_grouping(query_states):  # the same, never all scores at once
-        weights_of = partial(attention_weights, scale=rope.softmax_scale, emit=emit)
+        weights_of = partial(attention_weights, scale=rope.softmax_scale, emit=emit, mask=mask)
         return kernels.naive_in_head_groups(query_states, key_states, value_states, weights_of)
     scores = np.matmul(query_states, key_states.swapaxes(-1, -2))  # [B, H, T, S]
-    weights = attention_weights(scores, rope.softmax_scale, emit)  # [B, H, T, S]
+    weights = attention_weights(scores, rope.softmax_scale, emit, mask)  # [B, H, T, S]
     return np.matmul(weights, value_states)  # [B, H, T, v_head]
 
 
 @exercise
-def absorbed(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache: LayerCache, emit: Emitter) -> np.ndarray:
+def absorbed(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache: LayerCache, emit: Emitter, mask=None) -> np.ndarray:
     """Attend over the cached latents: W_UK folded into the query, W_UV applied afterwards.
     -> [B, H, T, v_head], the heads' outputs before merging"""
     w_uk, w_uv = split_kv_b(w.float32("self_attn.kv_b_proj.weight"), cfg)  # [H, nope, kv_lora], [H, v_head, kv_lora]
@@ -114,13 +115,13 @@ def absorbed(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache: LayerCache,
     latents, k_pes = cache.extend_latent(compressed_kv, k_pe)  # [B, S, kv_lora], [B, one, S, rope]
 
     if not emit.listening and kernels.worth_grouping(q_latent):  # the same, never all scores at once
-        weights_of = partial(attention_weights, scale=rope.softmax_scale, emit=emit)
+        weights_of = partial(attention_weights, scale=rope.softmax_scale, emit=emit, mask=mask)
         out_latent = kernels.absorbed_in_head_groups(q_latent, q_pe, latents, k_pes, weights_of)
     else:
         # Every head attends over the same latents and rotary keys: q_latent @ latents^T + q_pe @ k_pes^T.
         scores = (kernels.shared_matmul(q_latent, latents.swapaxes(-1, -2))  # [B, H, T, S]
                   + kernels.shared_matmul(q_pe, k_pes[:, 0].swapaxes(-1, -2)))
-        weights = attention_weights(scores, rope.softmax_scale, emit)  # [B, H, T, S]
+        weights = attention_weights(scores, rope.softmax_scale, emit, mask)  # [B, H, T, S]
         out_latent = kernels.shared_matmul(weights, latents)  # [B, H, T, kv_lora]: the weights average the latents
     out_latent = emit("self_attn.attn_output_latent", out_latent)
     return np.matmul(out_latent, w_uv.swapaxes(-1, -2))  # [B, H, T, v_head]
@@ -150,11 +151,14 @@ def rotate(q_pe: np.ndarray, k_pe: np.ndarray, rope: Rope, emit: Emitter) -> tup
     return q_pe, k_pe
 
 
-def attention_weights(scores: np.ndarray, scale: float, emit: Emitter) -> np.ndarray:
-    """Scale, mask the future, softmax over the attended positions.  [B, H, T, S] -> same"""
+def attention_weights(scores: np.ndarray, scale: float, emit: Emitter, mask: np.ndarray | None = None) -> np.ndarray:
+    """Scale, mask the future (and what an additive mask [B, T, S] removes), softmax over the
+    attended positions.  [B, H, T, S] -> same"""
     T, S = scores.shape[-2:]
     scores = scores * np.float32(scale)
     np.copyto(scores, np.float32(-np.inf), where=~causal_mask(T, S))
+    if mask is not None:
+        scores += mask[:, None]  # [B, one, T, S]: the same positions for every head
     scores = emit("self_attn.attn_scores", scores)
     return emit("self_attn.attn_weights", softmax(scores))
 

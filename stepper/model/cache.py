@@ -14,13 +14,15 @@ class LayerCache:
     """What one layer remembers of earlier positions.
 
     The latent (compressed_kv_norm) and the roped shared key are kept by both attention paths;
-    the naive path also keeps the per-head keys and values it attended over.
+    the naive path also keeps the per-head keys and values it attended over. DeepSeek-V3.2's
+    indexer keeps its own roped keys.
     """
 
     latent: np.ndarray | None = None  # [B, S, kv_lora]
     k_pe: np.ndarray | None = None  # [B, one, S, rope], after RoPE
     key_states: np.ndarray | None = None  # [B, H, S, qk_head], naive path
     value_states: np.ndarray | None = None  # [B, H, S, v_head], naive path
+    index_keys: np.ndarray | None = None  # [B, S, Di], the Lightning Indexer's (V3.2)
 
     @property
     def length(self) -> int:
@@ -41,6 +43,11 @@ class LayerCache:
         self.key_states, self.value_states = keys, values
         return keys, values
 
+    def extend_index_keys(self, keys: np.ndarray) -> np.ndarray:
+        """Append the indexer's keys of the T new positions [B, T, Di]; return all S positions' [B, S, Di]."""
+        self.index_keys = keys if self.index_keys is None else np.concatenate([self.index_keys, keys], axis=1)
+        return self.index_keys
+
 
 class KVCache:
     """One LayerCache per layer."""
@@ -54,7 +61,8 @@ class KVCache:
 
 def cache_bytes_per_token(cfg: Config, attn: str, itemsize: int = 4) -> int:
     """Bytes one layer caches per position: per-head keys and values (attn "naive"), or one
-    latent and rotary key ("absorb")."""
+    latent and rotary key ("absorb"); plus the indexer's key, if the model has one."""
+    index_key = cfg.index_head_dim * itemsize if cfg.has_indexer else 0
     if attn == "naive":
-        return cfg.num_attention_heads * (cfg.qk_head_dim + cfg.v_head_dim) * itemsize
-    return (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * itemsize
+        return cfg.num_attention_heads * (cfg.qk_head_dim + cfg.v_head_dim) * itemsize + index_key
+    return (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * itemsize + index_key

@@ -1,4 +1,5 @@
-"""One decoder block: pre-norm attention and pre-norm FFN, each added to the residual stream."""
+"""One decoder block: pre-norm attention and pre-norm FFN, each added to the residual stream.
+In DeepSeek-V3.2 the Lightning Indexer runs first and hands attention its mask."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import numpy as np
 from stepper.config import Config
 from stepper.model.attention import mla_attention
 from stepper.model.cache import LayerCache
+from stepper.model.indexer import index_mask
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.mlp import dense_mlp
 from stepper.model.moe import moe
@@ -22,7 +24,9 @@ def decoder_layer(
     """[B, T, d] residual stream in -> [B, T, d] out."""
     hidden = emit("hidden_states", hidden)
     x = emit("input_layernorm", rms_norm(hidden, w("input_layernorm.weight"), cfg.rms_norm_eps))
-    hidden = emit("attn_residual", hidden + mla_attention(x, w, cfg, rope, cache, emit, attn))
+    cache = LayerCache() if cache is None else cache
+    mask = index_mask(x, w, cfg, rope, cache, emit) if cfg.has_indexer else None  # [B, T, S] or None
+    hidden = emit("attn_residual", hidden + mla_attention(x, w, cfg, rope, cache, emit, attn, mask))
 
     x = emit("post_attention_layernorm", rms_norm(hidden, w("post_attention_layernorm.weight"), cfg.rms_norm_eps))
     ffn = moe(x, w, cfg, emit, dispatch) if cfg.is_moe_layer(w.layer) else dense_mlp(x, w, emit)

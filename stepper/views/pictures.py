@@ -622,3 +622,55 @@ def scale_notes(s: np.ndarray, logs: np.ndarray, lo: float, hi: float, block: tu
     if block != (1, 1):
         notes.append(caption(pooled_note("scale", block, (rows, cols), pooled_shape[:2], ("rows", "cols"))))
     return notes
+
+
+# ---------------------------------------------------------------------------------------------
+# DeepSeek-V3.2's Lightning Indexer
+
+KEPT, DROPPED = "█", "×"  # a position the indexer kept for a query, one in its past it dropped
+
+
+def indexer_map(mask: np.ndarray, weights: np.ndarray, head: int = 0, title: str = "") -> RenderableType:
+    """The indexer's choice, mask [B, T, S] (0 kept, -inf dropped), beside the attention weights
+    [B, H, T, S] of one head, batch 0: for each query t (down), which positions s (across) it kept,
+    and how attention spread over them."""
+    kept, w = np.asarray(mask), np.asarray(weights)
+    if kept.ndim != 3 or w.ndim != 4 or kept.shape[1:] != w.shape[2:] or not 0 <= head < w.shape[1]:
+        raise ValueError(f"need a mask [B, T, S] and weights [B, H, T, S] of the same T, S and a head of H, "
+                         f"got {list(kept.shape)}, {list(w.shape)} and head {head}")
+    t_len, s_len = kept.shape[1:]
+    past = np.arange(s_len)[None, :] <= (s_len - t_len) + np.arange(t_len)[:, None]  # [T, S]
+    state = np.where(kept[0] == 0, 2.0, np.where(past, 1.0, 0.0))  # kept, dropped, future
+    return Picture(lambda width: heading(title) + draw_indexer(state, np.asarray(w[0, head], np.float64), head, width))
+
+
+def draw_indexer(state: np.ndarray, weights: np.ndarray, head: int, width: int) -> list[Text]:
+    t_len, s_len = state.shape
+    margin = max(len(str(t_len - 1)), 3) + 1
+    per_line, col_budget = fit_side_by_side(2, width, margin, s_len)
+    rows = MAX_ROWS if per_line == 2 else MIN_ROWS
+    pooled_state, rb, cb = pool_max(state, rows, col_budget)
+    pooled_w, _, _ = pool_max(weights, rows, col_budget)
+    cell_width = 2 if cb == 1 and 2 * s_len <= col_budget else 1
+    chosen = [line(("indexer kept", "bold")),
+              line("t\\s".rjust(margin - 1) + " ", (ticks(pooled_state.shape[1], cell_width, lambda c: c * cb), DIM))]
+    labelled = labelled_rows(pooled_state.shape[0])
+    for r, row in enumerate(pooled_state):
+        label = str(r * rb) if r in labelled else ""
+        cells = [((KEPT, DROPPED, EMPTY)[2 - int(v)].ljust(cell_width), ("bold", "red", DIM)[2 - int(v)]) for v in row]
+        chosen.append(line((label.rjust(margin - 1) + " ", DIM), *cells))
+    attention = one_head_map(head, pooled_w, rb, cb, margin, cell_width)
+    blocks = [chosen, attention]
+    out = side_by_side(blocks) if per_line == 2 else blocks[0] + blocks[1]
+    kept_per_query = (state == 2).sum(axis=1)
+    out.append(line((KEPT, "bold"), " kept  ", (DROPPED, "red"), " dropped by the indexer  ", (EMPTY, DIM),
+                    " future", wrap=True))
+    out.append(attention_legend(weights))
+    out.append(caption(f"{int(kept_per_query.max())} of up to {s_len} positions kept per query "
+                       f"(query {t_len - 1}: {int(kept_per_query[-1])}); head {head}'s weights beside, "
+                       "exactly 0 wherever the indexer dropped a position"))
+    if (rb, cb) != (1, 1):
+        after = pooled_state.shape
+        out.append(caption(pooled_note("mark (kept, then dropped, then future) and weight", (rb, cb), (t_len, s_len),
+                                       after, ("queries", "keys"))))
+    return out

@@ -190,11 +190,14 @@ class Pictures:
         self.shown = shown
         self.topk_idx: tuple[np.ndarray, bool] | None = None  # the last one, and whether it was shown
         self.scaled: set[tuple[str | None, int]] = set()
+        self.index_mask: np.ndarray | None = None  # DeepSeek-V3.2's: drawn beside the attention weights
 
     def __call__(self, event: Event) -> None:
         shown = self.shown(event)
         if event.key == "mlp.gate.topk_idx":
             self.topk_idx = (event.array, shown)
+        if event.key == "self_attn.indexer.mask":  # shown or not, it belongs beside the attention weights
+            self.index_mask = event.array
         if "routing" in self.kinds and event.key == "mlp.gate.topk_weight" and self.topk_idx is not None:
             idx, idx_shown = self.topk_idx
             if shown or idx_shown:
@@ -207,6 +210,8 @@ class Pictures:
         if "attention" in self.kinds and event.key == "self_attn.attn_weights":
             print_picture(self.console, pictures.attention_heatmap(event.array, title=event.name,
                                                                    token_labels=key_labels(self.tokens, event.array)))
+            if self.index_mask is not None and self.index_mask.shape[1:] == event.array.shape[2:]:
+                print_picture(self.console, pictures.indexer_map(self.index_mask, event.array, title=event.name + " · indexer"))
         scope = (event.phase, event.layer)
         if "scales" in self.kinds and event.layer is not None and scope not in self.scaled and hasattr(self.weights, "stored"):
             self.scaled.add(scope)

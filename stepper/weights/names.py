@@ -11,6 +11,9 @@ from __future__ import annotations
 from stepper.config import Config
 from stepper.errors import StepperError
 
+INDEXER_FP8 = ("self_attn.indexer.wq_b.weight", "self_attn.indexer.wk.weight")
+INDEXER_BF16 = "self_attn.indexer.weights_proj.weight"  # stored BF16 in DeepSeek-V3.2's checkpoint
+
 
 def text_name(cfg: Config, stored: str) -> str | None:
     """The name stepper knows a stored tensor by: in a wrapped checkpoint (kimi_k25) the text
@@ -30,8 +33,10 @@ def stored_name(cfg: Config, name: str) -> str:
 
 
 def is_linear(name: str) -> bool:
-    """The projection weights a DeepSeek-V3 / Kimi K2 checkpoint quantizes to FP8."""
-    return name.startswith("model.layers.") and name.endswith(("_proj.weight", "_proj_with_mqa.weight"))
+    """The projection weights a DeepSeek-V3 / Kimi K2 / V3.2 checkpoint quantizes to FP8."""
+    if not name.startswith("model.layers.") or name.endswith(INDEXER_BF16):
+        return False
+    return name.endswith(("_proj.weight", "_proj_with_mqa.weight", *INDEXER_FP8))
 
 
 def storage_dtype(cfg: Config, name: str) -> str:
@@ -67,7 +72,21 @@ def attention_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
     shapes["self_attn.kv_a_layernorm.weight"] = (cfg.kv_lora_rank,)
     shapes["self_attn.kv_b_proj.weight"] = (h * (cfg.qk_nope_head_dim + cfg.v_head_dim), cfg.kv_lora_rank)
     shapes["self_attn.o_proj.weight"] = (d, h * cfg.v_head_dim)
+    if cfg.has_indexer:
+        shapes.update(indexer_shapes(cfg))
     return shapes
+
+
+def indexer_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
+    """DeepSeek-V3.2's Lightning Indexer: its query from q_a_norm, one key per token, per-head weights."""
+    heads, dim = cfg.index_n_heads, cfg.index_head_dim
+    return {
+        "self_attn.indexer.wq_b.weight": (heads * dim, cfg.q_lora_rank),
+        "self_attn.indexer.wk.weight": (dim, cfg.hidden_size),
+        "self_attn.indexer.k_norm.weight": (dim,),
+        "self_attn.indexer.k_norm.bias": (dim,),
+        INDEXER_BF16: (heads, cfg.hidden_size),
+    }
 
 
 def swiglu_shapes(prefix: str, hidden: int, inter: int) -> dict[str, tuple[int, ...]]:
@@ -84,7 +103,8 @@ def layer_shapes(cfg: Config, layer: int) -> dict[str, tuple[int, ...]]:
     shapes = {"input_layernorm.weight": (d,), "post_attention_layernorm.weight": (d,), **attention_shapes(cfg)}
     if cfg.is_moe_layer(layer):
         shapes["mlp.gate.weight"] = (cfg.n_routed_experts, d)
-        shapes["mlp.gate.e_score_correction_bias"] = (cfg.n_routed_experts,)
+        if cfg.topk_method == "noaux_tc":  # only the aux-loss-free router has a bias
+            shapes["mlp.gate.e_score_correction_bias"] = (cfg.n_routed_experts,)
         for e in range(cfg.n_routed_experts):
             shapes.update(swiglu_shapes(f"mlp.experts.{e}.", d, cfg.moe_intermediate_size))
         shared = cfg.moe_intermediate_size * cfg.n_shared_experts

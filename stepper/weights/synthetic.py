@@ -24,7 +24,8 @@ class SyntheticWeights:
     Values are drawn in float32 and then stored as a checkpoint stores them (FP8 with block
     scales, INT4 with group scales, BF16, F32); `get` returns what a reader of that checkpoint would compute.
     Linear weights [out, in] ~ N(0, 1/in), so activations keep unit scale; RMSNorm weights near
-    1; the router's e_score_correction_bias ~ N(0, 0.1^2), large enough to change some choices;
+    1; the router's e_score_correction_bias ~ N(0, 0.1^2), large enough to change some choices (the
+    indexer's LayerNorm bias too);
     embeddings ~ N(0, 1), made row by row.
     """
 
@@ -95,7 +96,7 @@ class SyntheticWeights:
         """Standard normals z (all or some rows of the tensor) to its values; z is reused."""
         if name.endswith("norm.weight"):
             return np.float32(1) + np.float32(0.1) * z
-        if name.endswith("e_score_correction_bias"):
+        if name.endswith(("e_score_correction_bias", "norm.bias")):
             return np.float32(0.1) * z
         z *= np.float32(1 / np.sqrt(shape[-1]))  # in place: a full-size weight's normals are 0.5 GB
         return z

@@ -51,3 +51,13 @@ def test_int4_experts_against_fp8_on_a_small_config(tmp_path):
     assert isinstance(Checkpoint(int4_folder).matrix("model.layers.1.mlp.experts.0.up_proj.weight"), Int4Matrix)
     assert not isinstance(Checkpoint(fp8_folder).matrix("model.layers.1.mlp.experts.0.up_proj.weight"), Int4Matrix)
     assert any("with INT4 experts" in line for line in said)
+def test_the_indexer_scenario_times_the_indexer_the_attention_and_the_layer_of_a_small_v32(tmp_path):
+    said = []
+    figures = bench.indexer_figures(tmp_path, said.append, model="tiny-v32", tokens=24, repeat=1)
+    assert [f.name.partition(" ")[2] for f in figures] == [  # after the checkpoint's name
+        "layer 0: prefill 24 tokens, its Lightning Indexer",
+        "layer 0: prefill 24 tokens, its attention under the indexer's mask",
+        "layer 0: prefill 24 tokens, the whole layer (indexer, attention, FFN)",
+    ]
+    assert all(f.value > 0 and f.unit == "s" for f in figures) and "4 of up to 24 positions kept" in figures[0].note
+    assert said[-1] == "tiny-v32 layer 0: prefill 24 tokens, the indexer apart from the attention"

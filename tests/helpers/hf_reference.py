@@ -46,12 +46,23 @@ import copy
 import inspect
 import math
 import re
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
+import transformers.models.deepseek_v2.modeling_deepseek_v2 as hf_ds2
 import transformers.models.deepseek_v3.modeling_deepseek_v3 as hf_ds3
-from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+import transformers.models.deepseek_v32.modeling_deepseek_v32 as hf_ds32
+from transformers import (
+    DeepseekV2Config,
+    DeepseekV2ForCausalLM,
+    DeepseekV3Config,
+    DeepseekV3ForCausalLM,
+    DeepseekV32Config,
+    DeepseekV32ForCausalLM,
+)
 from transformers.cache_utils import DynamicCache
 
 __all__ = [
@@ -111,10 +122,64 @@ LAYER_NAMES_MOE = [
     "mlp.shared_output",
 ]
 LAYER_NAMES_TAIL = ["mlp_output", "output"]
+# The other families' own names (docs/names.md, last section), each after the name it follows.
+LAYER_NAMES_FAMILIES = [
+    ("mlp.gate.softmax_scores", "mlp.gate.scores"),  # V2
+    ("mlp.gate.group_max", "mlp.gate.group_scores"),  # V2 group_limited_greedy
+    ("self_attn.indexer.q", "input_layernorm"),  # V3.2
+    ("self_attn.indexer.k", "self_attn.indexer.q"),
+    ("self_attn.indexer.k_norm", "self_attn.indexer.k"),
+    ("self_attn.indexer.q_rope", "self_attn.indexer.k_norm"),
+    ("self_attn.indexer.k_rope", "self_attn.indexer.q_rope"),
+    ("self_attn.indexer.keys", "self_attn.indexer.k_rope"),
+    ("self_attn.indexer.head_weights", "self_attn.indexer.keys"),
+    ("self_attn.indexer.index_scores", "self_attn.indexer.head_weights"),
+    ("self_attn.indexer.topk_idx", "self_attn.indexer.index_scores"),
+    ("self_attn.indexer.mask", "self_attn.indexer.topk_idx"),
+]
+
+
+def _with_family_names(order: list[str]) -> list[str]:
+    order = list(order)
+    for name, after in LAYER_NAMES_FAMILIES:
+        if after in order:
+            order.insert(order.index(after) + 1, name)
+    return order
 
 # Keys of an HF config.json that are not DeepseekV3Config fields and must not reach it.
 _DROP_KEYS = ("model_type", "quantization_config", "auto_map", "torch_dtype", "dtype",
               "transformers_version", "_name_or_path", "architectures")
+
+# The three MLA families transformers has, by model_type. `rope` is the module-level function the
+# attention rotates with (wrapped to capture q_pe / k_pe); V2's rotates complex pairs and returns
+# them interleaved (`interleaved_out`), which the trace re-lays as [evens | odds] like stepper and
+# DeepSeek's V2 code. `checks` are config.json fields transformers ignores: values it would not honour.
+_V3 = SimpleNamespace(module=hf_ds3, config=DeepseekV3Config, model=DeepseekV3ForCausalLM, moe=hf_ds3.DeepseekV3MoE,
+                      rope="apply_rotary_pos_emb_interleave", interleaved_out=False, extra={"rope_interleave": True},
+                      checks={"scoring_func": "sigmoid", "topk_method": "noaux_tc"}, drop=("scoring_func", "topk_method"))
+FAMILIES = {
+    "deepseek_v3": _V3,
+    "kimi_k2": _V3,
+    "deepseek_v2": SimpleNamespace(module=hf_ds2, config=DeepseekV2Config, model=DeepseekV2ForCausalLM,
+                                   moe=hf_ds2.DeepseekV2Moe, rope="apply_rotary_emb", interleaved_out=True, extra={},
+                                   checks={"scoring_func": "softmax", "norm_topk_prob": False},
+                                   drop=("scoring_func", "norm_topk_prob")),
+    "deepseek_v32": SimpleNamespace(module=hf_ds32, config=DeepseekV32Config, model=DeepseekV32ForCausalLM,
+                                    moe=hf_ds32.DeepseekV32MoE, rope="apply_rotary_pos_emb_interleave",
+                                    interleaved_out=False, extra={},
+                                    checks={"scoring_func": "sigmoid", "topk_method": "noaux_tc"},
+                                    drop=("scoring_func", "topk_method")),
+}
+MOE_CLASSES = tuple({f.moe for f in FAMILIES.values()})
+
+
+def family_of(config: dict[str, Any]) -> SimpleNamespace:
+    return FAMILIES[config.get("model_type", "deepseek_v3")]
+
+
+def _halves(x: torch.Tensor) -> torch.Tensor:
+    """Interleaved rotary pairs (x0, x1), (x2, x3), ... re-laid as [evens | odds]."""
+    return torch.cat([x[..., 0::2], x[..., 1::2]], dim=-1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -127,27 +192,28 @@ def _mscale(scale: float, m: float) -> float:
 
 
 def build_hf_config(config: dict[str, Any]) -> DeepseekV3Config:
-    """A float32, eager, interleaved-RoPE `DeepseekV3Config` from an HF config.json dict."""
+    """A float32, eager `DeepseekV3Config` (interleaved RoPE), `DeepseekV2Config` or
+    `DeepseekV32Config`, by the model_type of an HF config.json dict."""
+    family = family_of(config)
     d = copy.deepcopy(dict(config))  # transformers mutates rope dicts in place
     for key in _DROP_KEYS:
         d.pop(key, None)
     # Fields transformers ignores silently: refuse values it would not honour.
-    checks = {"scoring_func": "sigmoid", "topk_method": "noaux_tc", "moe_layer_freq": 1,
-              "attention_bias": False}
+    checks = {**family.checks, "moe_layer_freq": 1, "attention_bias": False}
     for key, want in checks.items():
         if key in d and d[key] != want:
             raise NotImplementedError(
                 f"hf_reference: config {key}={d[key]!r} is not supported by transformers' "
-                f"DeepseekV3 (it always behaves as {key}={want!r})")
+                f"{family.model.__name__} (it always behaves as {key}={want!r})")
     d.pop("moe_layer_freq", None)
-    d.pop("scoring_func", None)
-    d.pop("topk_method", None)
+    for key in family.drop:
+        d.pop(key, None)
     # MLA has no grouped KV heads: kv_b_proj produces all heads; transformers' repeat_kv would
     # otherwise multiply them by num_attention_heads // num_key_value_heads.
     d["num_key_value_heads"] = d["num_attention_heads"]
-    cfg = DeepseekV3Config(
+    cfg = family.config(
         **d,
-        rope_interleave=True,
+        **family.extra,
         attn_implementation="eager",
         experts_implementation="eager",
         dtype=torch.float32,
@@ -192,7 +258,7 @@ def build_hf_model(config: dict[str, Any], weights: dict[str, np.ndarray],
     """
     cfg = build_hf_config(config)
     torch.manual_seed(0)  # irrelevant (everything is overwritten) but keeps any failure reproducible
-    model = DeepseekV3ForCausalLM(cfg).to(torch.float32).eval()
+    model = family_of(config).model(cfg).to(torch.float32).eval()
     _check_constants(model, config)
 
     targets: dict[str, torch.Tensor] = dict(model.named_parameters())
@@ -300,20 +366,27 @@ def _check_constants(model: DeepseekV3ForCausalLM, raw: dict[str, Any]) -> None:
 def hf_inv_freq(config: dict[str, Any]) -> np.ndarray:
     """transformers' own inverse frequencies (float32 torch arithmetic), [qk_rope_head_dim // 2]."""
     cfg = build_hf_config(config)
-    return hf_ds3.DeepseekV3RotaryEmbedding(cfg).inv_freq.detach().numpy().astype(np.float32)
+    return _rotary_class(config)(cfg).inv_freq.detach().numpy().astype(np.float32)
 
 
 def hf_attention_scaling(config: dict[str, Any]) -> float:
     """transformers' cos/sin multiplier (`rotary_emb.attention_scaling`)."""
     cfg = build_hf_config(config)
-    return float(hf_ds3.DeepseekV3RotaryEmbedding(cfg).attention_scaling)
+    return float(_rotary_class(config)(cfg).attention_scaling)
+
+
+def _rotary_class(config: dict[str, Any]):
+    module = family_of(config).module
+    return next(getattr(module, n) for n in dir(module) if n.endswith("RotaryEmbedding"))
 
 
 def hf_softmax_scale(config: dict[str, Any]) -> float:
     """transformers' softmax scale (`DeepseekV3Attention.scaling`), built on the meta device."""
     cfg = build_hf_config(config)
+    module = family_of(config).module
+    attention = next(getattr(module, n) for n in dir(module) if n.startswith("Deepseek") and n.endswith("Attention"))
     with torch.device("meta"):
-        attn = hf_ds3.DeepseekV3Attention(cfg, layer_idx=0)
+        attn = attention(cfg, layer_idx=0)
     return float(attn.scaling)
 
 
@@ -386,12 +459,20 @@ class _Recorder:
             reg(a.kv_b_proj.register_forward_hook(self._out("kv_b_out")))
             reg(a.o_proj.register_forward_pre_hook(self._in("attn_output")))
             reg(a.o_proj.register_forward_hook(self._out("o_proj")))
+            if hasattr(a, "indexer"):  # V3.2's Lightning Indexer
+                ix = a.indexer
+                reg(ix.register_forward_pre_hook(self._indexer_in, with_kwargs=True))
+                reg(ix.register_forward_hook(self._out("index_topk")))
+                reg(ix.wq_b.register_forward_hook(self._out("index_q")))
+                reg(ix.wk.register_forward_hook(self._out("index_k")))
+                reg(ix.k_norm.register_forward_hook(self._out("index_k_norm")))
+                reg(ix.weights_proj.register_forward_hook(self._out("index_weights_proj")))
             ln2 = layer.post_attention_layernorm
             reg(ln2.register_forward_pre_hook(self._in("attn_residual")))
             reg(ln2.register_forward_hook(self._out("post_attention_layernorm")))
             mlp = layer.mlp
             reg(mlp.register_forward_hook(self._out("mlp_output")))
-            if isinstance(mlp, hf_ds3.DeepseekV3MoE):
+            if isinstance(mlp, MOE_CLASSES):
                 reg(mlp.gate.register_forward_hook(self._out("gate_out")))
                 reg(mlp.experts.register_forward_hook(self._out("experts_out")))
                 reg(mlp.shared_experts.register_forward_hook(self._out("shared_output")))
@@ -407,6 +488,8 @@ class _Recorder:
         self.handles.clear()
 
     def _rotary_hook(self, module, args, output):
+        if isinstance(output, torch.Tensor):  # V2: freqs_cis, complex [B, T, rope/2], times the mscale
+            output = tuple(torch.cat([part, part], dim=-1) for part in (output.real, output.imag))
         cos, sin = output
         self.glob["rope_cos"] = _c(cos)
         self.glob["rope_sin"] = _c(sin)
@@ -424,12 +507,33 @@ class _Recorder:
             self.layer = None
         return hook
 
+    def _indexer_in(self, module, args, kwargs):
+        bound = inspect.signature(module.forward).bind(*args, **kwargs)
+        self.put("index_mask_in", _c(bound.arguments["attention_mask"]))  # the causal mask it is given
+
     # --- function wrappers -------------------------------------------------------------------
+    def wrap_index_rope(self, orig):
+        """V3.2's module-level apply_rotary_pos_emb: the indexer's half-split RoPE (its only caller)."""
+        def wrapped(q, k, *args, **kwargs):
+            q_embed, k_embed = orig(q, k, *args, **kwargs)
+            self.put("index_q_rot", _c(q_embed))
+            self.put("index_k_rot", _c(k_embed))
+            return q_embed, k_embed
+        return wrapped
+
+    def wrap_update_indexer(self, orig):
+        """The cache's update_indexer: every attended position's indexer keys [B, S, Di]."""
+        def wrapped(k, layer_idx, *args, **kwargs):
+            keys = orig(k, layer_idx, *args, **kwargs)
+            self.put("index_keys", _c(keys))
+            return keys
+        return wrapped
+
     def wrap_rope(self, orig):
-        def wrapped(q, k, cos, sin, *args, **kwargs):
+        def wrapped(q, k, *args, **kwargs):
             self.put("q_pe", _c(q))
             self.put("k_pe", _c(k))
-            q_embed, k_embed = orig(q, k, cos, sin, *args, **kwargs)
+            q_embed, k_embed = orig(q, k, *args, **kwargs)
             self.put("q_pe_rope", _c(q_embed))
             self.put("k_pe_rope", _c(k_embed))
             return q_embed, k_embed
@@ -509,6 +613,12 @@ def _derive_layer(model: DeepseekV3ForCausalLM, i: int, r: dict[str, Any]) -> di
     out["self_attn.k_pe_rope"] = r["k_pe_rope"]
     out["self_attn.query_states"] = r["query_states"]
     out["self_attn.key_states"] = r["key_states"]
+    if FAMILIES[cfg.model_type].interleaved_out:  # V2: rotated pairs stay interleaved; re-laid as [evens | odds]
+        for name in ("q_pe_rope", "k_pe_rope"):
+            out[f"self_attn.{name}"] = _halves(r[name])
+        for name in ("query_states", "key_states"):
+            x = r[name]
+            out[f"self_attn.{name}"] = torch.cat([x[..., :nope], _halves(x[..., nope:])], dim=-1)
     # attn_scores: eager_attention_forward computes matmul(query, key^T) * scaling and adds the
     # additive mask (0 where allowed, finfo.min where blocked). Recompute that product with the
     # same ops and write -inf where the mask blocks (in decode nothing is blocked / mask is None).
@@ -527,7 +637,11 @@ def _derive_layer(model: DeepseekV3ForCausalLM, i: int, r: dict[str, Any]) -> di
     out["attn_residual"] = r["attn_residual"]
     out["post_attention_layernorm"] = r["post_attention_layernorm"]
 
-    if isinstance(layer.mlp, hf_ds3.DeepseekV3MoE):
+    if hasattr(attn, "indexer"):
+        out.update(_derive_indexer(attn.indexer, r, B, T))
+    if isinstance(layer.mlp, hf_ds2.DeepseekV2Moe):
+        out.update(_derive_router_v2(layer.mlp, r, B, T, i))
+    elif isinstance(layer.mlp, MOE_CLASSES):
         out.update(_derive_router(layer.mlp, r, B, T, i))
     else:
         out["mlp.gate_proj"] = r["gate_proj"]
@@ -552,15 +666,7 @@ def _derive_router(moe, r: dict[str, Any], B: int, T: int, i: int) -> dict[str, 
     group_mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1)  # [N,G] 1/0
     score_mask = group_mask.unsqueeze(-1).expand(-1, G, E // G).reshape(-1, E)
     masked = sfc.masked_fill(~score_mask.bool(), float("-inf"))
-    # topk_idx / topk_weight are the gate's own returned tensors (unsorted topk), re-ordered by
-    # descending masked scores_for_choice, ties broken by lower expert index: a stable sort by
-    # index, then a stable descending sort by value.
-    idx = topk_indices.to(torch.int64)
-    by_index = torch.sort(idx, dim=-1, stable=True)[1]
-    idx = idx.gather(1, by_index)
-    w = topk_weights.gather(1, by_index)
-    order = torch.sort(masked.gather(1, idx), dim=-1, descending=True, stable=True)[1]
-    idx, w = idx.gather(1, order), w.gather(1, order)
+    idx, w = _best_first(topk_indices, topk_weights, masked)
     if not torch.isfinite(masked.gather(1, idx)).all():
         raise RuntimeError(f"hf_reference: layer {i}: derived group mask disagrees with the gate's choice")
     out["mlp.gate.scores"] = scores
@@ -575,12 +681,86 @@ def _derive_router(moe, r: dict[str, Any], B: int, T: int, i: int) -> dict[str, 
     return out
 
 
+def _derive_indexer(ix, r: dict[str, Any], B: int, T: int) -> dict[str, torch.Tensor]:
+    """DeepseekV32Indexer.forward's tensors: captured from its modules, and its score recomputed
+    with its own ops from them (it keeps q, k and the scores in local variables)."""
+    H, D, rope = ix.n_heads, ix.head_dim, ix.qk_rope_head_dim
+    q = r["index_q"].view(B, T, H, D)  # [B, T, Hi, Di], as the indexer views wq_b's output
+    q_rope = torch.cat([r["index_q_rot"], q[..., rope:]], dim=-1)  # [B, T, Hi, Di]
+    k_rope = torch.cat([r["index_k_rot"], r["index_k_norm"].unsqueeze(2)[..., rope:]], dim=-1).squeeze(2)  # [B, T, Di]
+    keys = r.get("index_keys", k_rope)  # without a cache, the new keys are all keys
+    scores = F.relu(torch.matmul(q_rope.float(), keys.transpose(-1, -2).float().unsqueeze(1)) * ix.softmax_scale)
+    weights = r["index_weights_proj"].float() * (H**-0.5)  # [B, T, Hi]
+    mask = r["index_mask_in"]  # [B, T, S] additive: 0 or finfo.min
+    blocked = mask < 0
+    index_scores = (torch.matmul(weights.unsqueeze(-2), scores).squeeze(-2) + mask).masked_fill(blocked, float("-inf"))
+    # topk_idx: the indexer's own returned indices, best first (ties: lower position), positions
+    # in the future (which it returns when a query has fewer than index_topk before it) as -1
+    idx = r["index_topk"].to(torch.int64)
+    idx = torch.sort(idx, dim=-1, stable=True)[0]
+    order = torch.sort(index_scores.gather(-1, idx), dim=-1, descending=True, stable=True)[1]
+    idx = idx.gather(-1, order)
+    idx = idx.masked_fill(blocked.gather(-1, idx), -1)
+    chosen = torch.zeros_like(blocked).scatter(-1, idx.clamp(min=0), True) & ~blocked
+    return {
+        "self_attn.indexer.q": q.transpose(1, 2).contiguous(),
+        "self_attn.indexer.k": r["index_k"],
+        "self_attn.indexer.k_norm": r["index_k_norm"],
+        "self_attn.indexer.q_rope": q_rope.transpose(1, 2).contiguous(),
+        "self_attn.indexer.k_rope": k_rope,
+        "self_attn.indexer.keys": keys,
+        "self_attn.indexer.head_weights": weights,
+        "self_attn.indexer.index_scores": index_scores,
+        "self_attn.indexer.topk_idx": idx,
+        "self_attn.indexer.mask": torch.zeros_like(index_scores).masked_fill(~chosen, float("-inf")),
+    }
+
+
+def _best_first(topk_indices: torch.Tensor, topk_weights: torch.Tensor, masked: torch.Tensor):
+    """The gate's own returned topk (unsorted), re-ordered by descending masked choice scores,
+    ties broken by lower expert index: a stable sort by index, then a stable descending sort by value."""
+    idx = topk_indices.to(torch.int64)
+    by_index = torch.sort(idx, dim=-1, stable=True)[1]
+    idx = idx.gather(1, by_index)
+    w = topk_weights.gather(1, by_index)
+    order = torch.sort(masked.gather(1, idx), dim=-1, descending=True, stable=True)[1]
+    return idx.gather(1, order), w.gather(1, order)
+
+
+def _derive_router_v2(moe, r: dict[str, Any], B: int, T: int, i: int) -> dict[str, torch.Tensor]:
+    """DeepseekV2TopkRouter: softmax scores; greedy, or group_limited_greedy with a group scored by
+    its best expert (the same ops on its returned router_logits); no bias, no normalisation."""
+    gate = moe.gate
+    E, G, KG = gate.num_experts, gate.num_group, gate.topk_group
+    router_logits, topk_weights, topk_indices = r["gate_out"]
+    out: dict[str, torch.Tensor] = {"mlp.gate.logits": router_logits}
+    scores = router_logits.softmax(dim=-1, dtype=torch.float32)  # [N,E]
+    out["mlp.gate.softmax_scores"] = scores
+    masked = scores
+    if gate.topk_method == "group_limited_greedy":
+        group_max = scores.view(-1, G, E // G).max(dim=-1).values  # [N,G]
+        group_idx = torch.topk(group_max, k=KG, dim=-1, sorted=False)[1]
+        group_mask = torch.zeros_like(group_max).scatter_(1, group_idx, 1)
+        score_mask = group_mask.unsqueeze(-1).expand(-1, G, E // G).reshape(-1, E)
+        masked = scores.masked_fill(~score_mask.bool(), 0.0)  # as transformers (softmax scores are > 0)
+        out["mlp.gate.group_max"] = group_max
+        out["mlp.gate.group_mask"] = group_mask
+    idx, w = _best_first(topk_indices, topk_weights, masked)
+    if not (masked.gather(1, idx) > 0).all():
+        raise RuntimeError(f"hf_reference: layer {i}: derived group mask disagrees with the gate's choice")
+    out["mlp.gate.topk_idx"] = idx
+    out["mlp.gate.topk_weight"] = w
+    out["mlp.routed_output"] = r["experts_out"].view(B, T, -1)
+    out["mlp.shared_output"] = r["shared_output"]
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # Running
 # ---------------------------------------------------------------------------------------------
 
 def _to_numpy(name: str, t: torch.Tensor) -> np.ndarray:
-    if name.endswith("mlp.gate.topk_idx"):
+    if name.endswith("topk_idx"):
         return t.detach().cpu().numpy().astype(np.int64)
     return t.detach().cpu().numpy().astype(np.float32)
 
@@ -616,8 +796,8 @@ def _one_pass(model, rec: _Recorder, ids: torch.Tensor, pos0: int, cache) -> tup
     for i in range(n_layers):
         derived = _derive_layer(model, i, rec.raw[i])
         # emit in the documented order (docs/names.md), whatever order they were derived in
-        is_moe = isinstance(model.model.layers[i].mlp, hf_ds3.DeepseekV3MoE)
-        order = LAYER_NAMES_ATTN + (LAYER_NAMES_MOE if is_moe else LAYER_NAMES_DENSE) + LAYER_NAMES_TAIL
+        is_moe = isinstance(model.model.layers[i].mlp, MOE_CLASSES)
+        order = _with_family_names(LAYER_NAMES_ATTN + (LAYER_NAMES_MOE if is_moe else LAYER_NAMES_DENSE) + LAYER_NAMES_TAIL)
         order = [n for n in order if n in derived]
         if set(order) != set(derived):
             raise RuntimeError(f"hf_reference: layer {i}: unlisted names {set(derived) - set(order)}")
@@ -638,22 +818,32 @@ def run_hf_trace(model: DeepseekV3ForCausalLM, ids: np.ndarray, start_pos: int =
     steps = [_check_ids(d, f"decode_ids[{k}]", batch=B, length=1) for k, d in enumerate(decode_ids or [])]
 
     rec = _Recorder(model)
-    orig_rope = hf_ds3.apply_rotary_pos_emb_interleave
-    orig_attn = hf_ds3.eager_attention_forward
+    family = FAMILIES[model.config.model_type]
+    module = family.module
+    orig_rope = getattr(module, family.rope)
+    orig_attn = module.eager_attention_forward
     phases: list[tuple[str, dict[str, torch.Tensor], torch.Tensor]] = []
+    indexed = hasattr(module, "DeepseekV32Indexer")
+    orig_index_rope = getattr(module, "apply_rotary_pos_emb", None)
     try:
         rec.install()
-        hf_ds3.apply_rotary_pos_emb_interleave = rec.wrap_rope(orig_rope)
-        hf_ds3.eager_attention_forward = rec.wrap_attention(orig_attn)
+        setattr(module, family.rope, rec.wrap_rope(orig_rope))
+        module.eager_attention_forward = rec.wrap_attention(orig_attn)
+        if indexed:
+            module.apply_rotary_pos_emb = rec.wrap_index_rope(orig_index_rope)
         cache = DynamicCache(config=model.config) if steps else None
+        if indexed and cache is not None:
+            cache.update_indexer = rec.wrap_update_indexer(cache.update_indexer)
         tr, lg = _one_pass(model, rec, prefill, start_pos, cache)
         phases.append(("prefill." if steps else "", tr, lg))
         for k, step in enumerate(steps):
             tr, lg = _one_pass(model, rec, step, start_pos + T + k, cache)
             phases.append((f"decode{k}.", tr, lg))
     finally:
-        hf_ds3.apply_rotary_pos_emb_interleave = orig_rope
-        hf_ds3.eager_attention_forward = orig_attn
+        setattr(module, family.rope, orig_rope)
+        module.eager_attention_forward = orig_attn
+        if indexed:
+            module.apply_rotary_pos_emb = orig_index_rope
         rec.remove()
 
     out: dict[str, np.ndarray] = {}

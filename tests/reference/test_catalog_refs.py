@@ -32,8 +32,12 @@ LAYERS = {"all", "dense", "moe"}
 PATHS = {"both", "naive", "absorb"}
 DTYPES = {"float32", "int64"}
 REFERENCE_KEYS = {"variable", "modeling_deepseek.py", "transformers", "inference"}
+FAMILY_REFERENCE_KEYS = {"inference_v32"}  # optional: DeepSeek-V3.2-Exp's own inference code, for the indexer
 CITATION_KEYS = {"lines", "symbol", "text"}  # and optionally "path": another file of the same source
-SOURCES = ("modeling_deepseek.py", "transformers", "inference")
+SOURCES = ("modeling_deepseek.py", "transformers", "inference", "inference_v32")
+FAMILY_FILES = ("models/deepseek_v2/", "models/deepseek_v32/")  # a family entry cites its family's transformers file
+WHEN_FIELDS = {"scoring_func": {"sigmoid", "softmax"}, "topk_method": {"noaux_tc", "greedy", "group_limited_greedy"},
+               "has_indexer": {True}}
 ALIAS_KEYS = {"hf_module", "inference", "llama.cpp"}
 
 
@@ -74,7 +78,7 @@ def test_header(catalog):
     assert set(SOURCES) <= set(references)
     transformers = references["transformers"]
     assert transformers["package"] == "transformers" and transformers["version"] and transformers["path"].endswith(".py")
-    for source in ("modeling_deepseek.py", "inference"):  # not installed: the revision is recorded
+    for source in ("modeling_deepseek.py", "inference", "inference_v32"):  # not installed: the revision is recorded
         about = references[source]
         assert about["label"] and about["repo"] and about["path"], source
         assert re.fullmatch(r"[0-9a-f]{40}", about["commit"]) and re.fullmatch(r"[0-9a-f]{40}", about["blob"]), source
@@ -113,14 +117,27 @@ def test_entries_follow_the_schema(catalog):
         assert 0 < len(e["description"]) <= 100, f"{name}: description must be one line of at most 100 chars"
         assert "\n" not in e["description"], name
         assert e["formula"] and e["explain"], name
-        assert set(e["reference"]) == REFERENCE_KEYS, f"{name}: reference keys {sorted(e['reference'])}"
+        assert REFERENCE_KEYS <= set(e["reference"]) <= REFERENCE_KEYS | FAMILY_REFERENCE_KEYS, \
+            f"{name}: reference keys {sorted(e['reference'])}"
         assert set(e["aliases"]) == ALIAS_KEYS, f"{name}: alias keys {sorted(e['aliases'])}"
         ref = e["reference"]
         for key in SOURCES:
-            assert ref[key] is None or citation_ok(ref[key]), f"{name}: bad {key} citation {ref[key]!r}"
+            assert ref.get(key) is None or citation_ok(ref[key]), f"{name}: bad {key} citation {ref[key]!r}"
+        for field, values in e.get("when", {}).items():
+            assert field in WHEN_FIELDS and values and set(values) <= WHEN_FIELDS[field], f"{name}: when {field} {values}"
         assert not re.search(r"\blines? \d", ref["variable"]), f"{name}: line numbers belong in a citation"
     int_tensors = [e["name"] for e in catalog["tensors"] if e["dtype"] == "int64"]
-    assert int_tensors == ["mlp.gate.topk_idx"]
+    assert int_tensors == ["mlp.gate.topk_idx", "self_attn.indexer.topk_idx"]
+
+
+def test_a_family_entry_follows_an_earlier_entry_and_cites_its_family(catalog):
+    seen = set()
+    for e in catalog["tensors"]:
+        if "after" in e:
+            assert e["after"] in seen, f"{e['name']}: after {e['after']!r}, which does not come before it"
+            cited = e["reference"]["transformers"]
+            assert e.get("when") and (cited is None or cited.get("path", "").startswith(FAMILY_FILES)), e["name"]
+        seen.add(e["name"])
 
 
 def test_absorbed_entries_cite_deepseek_inference(catalog):
@@ -129,6 +146,8 @@ def test_absorbed_entries_cite_deepseek_inference(catalog):
         if e["path"] == "absorb":
             assert citation_ok(ref["inference"]), e["name"]
             assert ref["modeling_deepseek.py"] is None and ref["transformers"] is None, e["name"]
+        elif "after" in e:  # another family's tensor: V3's modeling_deepseek.py has none
+            assert citation_ok(ref["transformers"]), e["name"]
         else:
             assert citation_ok(ref["modeling_deepseek.py"]), f"{e['name']}: no modeling_deepseek.py citation"
 
@@ -203,11 +222,13 @@ def git_blob(data: bytes) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
-@pytest.mark.parametrize("source", ["modeling_deepseek.py", "inference"])
+@pytest.mark.parametrize("source", ["modeling_deepseek.py", "inference", "inference_v32"])
 def test_citations_match_a_local_copy_of_the_cited_revision(catalog, source):
+    """The copy is FOLDER/PATH, or FOLDER/REPO-NAME/PATH where two sources share a path."""
     about = catalog["references"][source]
     folder = os.environ.get("STEPPER_REFERENCE_SOURCES")
-    path = Path(folder or ".") / about["path"]
+    places = [Path(folder or ".") / about["path"], Path(folder or ".") / about["repo"].split("/")[1] / about["path"]]
+    path = next((p for p in places if p.is_file() and git_blob(p.read_bytes()) == about["blob"]), places[0])
     if not folder or not path.is_file():
         pytest.skip(f"no copy of {about['repo']} {about['path']} (set STEPPER_REFERENCE_SOURCES to a folder holding it)")
     data = path.read_bytes()

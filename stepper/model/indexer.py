@@ -1,0 +1,108 @@
+"""DeepSeek-V3.2's Lightning Indexer: a mask producer in front of the same MLA attention.
+
+For each query, small index heads score every earlier position, and attention may look only at
+the index_topk best (DeepSeek Sparse Attention). The indexer has its own projections: queries
+from MLA's query latent q_a_norm (wq_b, index_n_heads heads of index_head_dim), one key per
+token (wk, then a LayerNorm with a bias), and a per-token weight for each head (weights_proj).
+RoPE rotates the first qk_rope_head_dim dims of each, as two halves (not MLA's interleaved
+pairs), with MLA's angles. The score of key s for query t is the sum over heads of
+w_h * relu(q_h . k_s) * index_head_dim^-0.5; the future is masked; the best index_topk are kept.
+The result is an additive mask, 0 where attention may look, -inf elsewhere, and the indexer's
+keys have their own cache.
+
+DeepSeek's inference code also rotates q and k by a Hadamard transform and scores in FP8;
+transformers' deepseek_v32, which this follows, scores the same products in float32.
+
+q_a_norm is recomputed here from x (one more q_lora x d product per token, equal bit for bit to
+self_attn.q_a_norm), so that the attention it feeds stays unchanged but for its mask.
+
+Shapes name the catalogue's dimensions: B batch, T new positions, S attended positions, d hidden,
+Hi index heads, Di index head dims, Ki kept positions, rope the rotary dims.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from stepper.config import Config
+from stepper.kernels.linear import linear
+from stepper.model.cache import LayerCache
+from stepper.model.layer_weights import LayerWeights
+from stepper.model.ops import causal_mask, rms_norm
+from stepper.model.rope import Rope
+from stepper.trace import Emitter
+
+LAYER_NORM_EPS = 1e-6  # the indexer's k_norm (DeepSeek's LayerNorm default; not in config.json)
+
+
+def index_mask(x: np.ndarray, w: LayerWeights, cfg: Config, rope: Rope, cache: LayerCache, emit: Emitter) -> np.ndarray:
+    """x [B, T, d] (after input_layernorm) -> the additive mask [B, T, S] of the positions each query may attend."""
+    q = index_queries(x, w, cfg, emit)  # [B, Hi, T, Di]
+    k = index_key(x, w, emit)  # [B, T, Di]
+    q = emit("self_attn.indexer.q_rope", rotate_halves(q, rope, cfg.qk_rope_head_dim))  # [B, Hi, T, Di]
+    k = emit("self_attn.indexer.k_rope", rotate_halves(k, rope, cfg.qk_rope_head_dim))  # [B, T, Di]
+    keys = emit("self_attn.indexer.keys", cache.extend_index_keys(k))  # [B, S, Di]
+    head_weights = linear(x, w.matrix("self_attn.indexer.weights_proj.weight")) * np.float32(cfg.index_n_heads**-0.5)
+    head_weights = emit("self_attn.indexer.head_weights", head_weights)  # [B, T, Hi]
+    scores = emit("self_attn.indexer.index_scores", index_scores(q, keys, head_weights))  # [B, T, S]
+    topk_idx = emit("self_attn.indexer.topk_idx", chosen_positions(scores, cfg.index_topk))  # [B, T, Ki]
+    return emit("self_attn.indexer.mask", mask_of(topk_idx, keys.shape[1]))  # [B, T, S]
+
+
+def index_queries(x: np.ndarray, w: LayerWeights, cfg: Config, emit: Emitter) -> np.ndarray:
+    """q = wq_b(q_a_norm) split into the index heads.  [B, T, d] -> [B, Hi, T, Di]"""
+    B, T, _ = x.shape
+    q_a = linear(x, w.matrix("self_attn.q_a_proj.weight"))  # [B, T, q_lora], as MLA's query makes it
+    q_a_norm = rms_norm(q_a, w("self_attn.q_a_layernorm.weight"), cfg.rms_norm_eps)
+    q = linear(q_a_norm, w.matrix("self_attn.indexer.wq_b.weight"))  # [B, T, Hi*Di]
+    q = q.reshape(B, T, cfg.index_n_heads, cfg.index_head_dim).transpose(0, 2, 1, 3)
+    return emit("self_attn.indexer.q", q)
+
+
+def index_key(x: np.ndarray, w: LayerWeights, emit: Emitter) -> np.ndarray:
+    """One key per token, shared by the index heads: LayerNorm(wk(x)).  [B, T, d] -> [B, T, Di]"""
+    k = emit("self_attn.indexer.k", linear(x, w.matrix("self_attn.indexer.wk.weight")))  # [B, T, Di]
+    k = layer_norm(k, w("self_attn.indexer.k_norm.weight"), w("self_attn.indexer.k_norm.bias"), LAYER_NORM_EPS)
+    return emit("self_attn.indexer.k_norm", k)
+
+
+def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
+    """(x - mean) / sqrt(var + eps) * weight + bias over the last axis (the biased variance).  [..., Di] -> same"""
+    centred = x - np.mean(x, axis=-1, keepdims=True)
+    variance = np.mean(np.square(centred), axis=-1, keepdims=True)
+    return centred / np.sqrt(variance + np.float32(eps)) * weight + bias
+
+
+def rotate_halves(x: np.ndarray, rope: Rope, dims: int) -> np.ndarray:
+    """RoPE on the first `dims` dims, dim i turning with dim i + dims/2; the rest unchanged.
+    [..., T, Di] -> same; rope.cos, rope.sin: [T, rope/2], `dims` being the rope dims."""
+    x1, x2, rest = x[..., : dims // 2], x[..., dims // 2 : dims], x[..., dims:]
+    return np.concatenate([x1 * rope.cos - x2 * rope.sin, x2 * rope.cos + x1 * rope.sin, rest], axis=-1)
+
+
+def index_scores(q: np.ndarray, keys: np.ndarray, head_weights: np.ndarray) -> np.ndarray:
+    """sum_h head_weights[h] * relu(q_h . k) * Di^-0.5, -inf in the future.
+    q [B, Hi, T, Di], keys [B, S, Di], head_weights [B, T, Hi] -> [B, T, S]; one head at a time."""
+    B, H, T, D = q.shape
+    scale = np.float32(D**-0.5)
+    scores = np.zeros((B, T, keys.shape[1]), dtype=np.float32)  # [B, T, S]
+    for h in range(H):
+        per_head = np.matmul(q[:, h], keys.swapaxes(-1, -2)) * scale  # [B, T, S]
+        np.maximum(per_head, 0, out=per_head)  # relu
+        scores += head_weights[:, :, h, None] * per_head
+    np.copyto(scores, np.float32(-np.inf), where=~causal_mask(T, keys.shape[1]))
+    return scores
+
+
+def chosen_positions(scores: np.ndarray, topk: int) -> np.ndarray:
+    """The min(topk, S) best positions of each query, best first (ties: the lower position);
+    -1 where fewer positions than that are in the past.  [B, T, S] -> [B, T, Ki] int64"""
+    best = np.argsort(-scores, axis=-1, kind="stable")[..., :topk].astype(np.int64)  # [B, T, Ki]
+    return np.where(np.isfinite(np.take_along_axis(scores, best, axis=-1)), best, np.int64(-1))
+
+
+def mask_of(topk_idx: np.ndarray, S: int) -> np.ndarray:
+    """0 at the chosen positions, -inf elsewhere.  [B, T, Ki] -> [B, T, S] float32"""
+    mask = np.full((*topk_idx.shape[:2], S + 1), -np.inf, dtype=np.float32)  # one more column for the -1s
+    np.put_along_axis(mask, np.where(topk_idx >= 0, topk_idx, S), np.float32(0), axis=-1)
+    return np.ascontiguousarray(mask[..., :S])
