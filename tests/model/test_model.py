@@ -259,7 +259,7 @@ def test_attention_in_tiles_equals_the_whole_arrays(attn, monkeypatch):
     to float32 round-off, in the prefill and the decode steps, at positions past 4096."""
     from stepper.kernels import attention, parallel
 
-    spec = dict(prompt_len=13, start_pos=5000, decode=2, attn=attn)
+    spec = {"prompt_len": 13, "start_pos": 5000, "decode": 2, "attn": attn}
     whole = run_tensors(**spec)
     monkeypatch.setattr(parallel, "cores", lambda: 2)
     monkeypatch.setattr(attention, "WHOLE_SCORES", 0)
