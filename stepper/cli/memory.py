@@ -3,11 +3,12 @@ the machine has: a run that would not fit is refused with the option that lowers
 failing minutes later with an allocation error.
 
 The estimate adds what is alive at the worst moment: the attention scores of the longest step
-([B, H, T, S] float32, made whole while a view listens: the raw products, the masked scores and
-the weights), one layer's named tensors (the embedding rows, queries, keys, the MoE's
-activations), the cache of every layer run, the logits, the largest weight decoded at once, the
-weight cache, the float64 copies a view's statistics make of the largest tensor, and the
-tensors a view keeps until the end (the debugger's history, a dump).
+([B, H, T, S] float32 where they are small enough to be made whole: the raw products, the masked
+scores and the weights; past that, one tile per core, the scores never held), one layer's named
+tensors (the embedding rows, queries, keys, the MoE's activations), the cache of every layer run,
+the logits, the largest weight decoded at once, the weight cache, the copy a view's statistics
+may make of the largest tensor and their float64 chunks, and the tensors a view keeps until the
+end (the debugger's history, a dump; attention made in tiles keeps only its operands).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 
 from stepper import catalog
 from stepper.errors import StepperError
+from stepper.kernels import attention, parallel
 from stepper.model.cache import cache_bytes_per_token
 from stepper.session import Plan, step_attn
 from stepper.trace import unphased
@@ -25,7 +27,8 @@ from stepper.weights.names import layer_shapes
 
 FLOAT32 = 4
 SCORE_ARRAYS = 3  # the products q.k, the scaled and masked scores, the softmax
-STATS_COPIES = 6  # a view's statistics of a tensor: its values, the finite ones, their deviations, in float64
+STATS_CHUNKS = 6 * 8 * 2**20  # a view's statistics: float64 chunks of 2**20 values, the finite ones, their parts
+TILE_ARRAYS = 4  # a tile of scores, its exponentials, the products with the values, the mask
 
 
 @dataclass(frozen=True)
@@ -45,14 +48,39 @@ def step_shapes(plan: Plan) -> list[tuple[int, int]]:
     return [(t, t)] + [(1, t + k + 1) for k in range(plan.spec.decode)]
 
 
-def tensor_bytes(key: str, t: int, s: int, plan: Plan) -> int:
-    """Bytes of one named tensor of a step with T new and S attended positions (from its catalogue dims)."""
+def tensor_bytes(key: str, t: int, s: int, plan: Plan, held: bool = False) -> int:
+    """Bytes of one named tensor of a step with T new and S attended positions (from its catalogue
+    dims); held: 0 for the attention scores and weights made in tiles, which are never held."""
     cat = catalog.load()
     entry = cat.entry(key)
-    if entry is None:
+    if entry is None or (held and tiled(entry["dims"], t, s, plan)):
         return 0
     runtime = {"B": 1, "T": t, "S": s, "N": t}
     return FLOAT32 * math.prod(runtime.get(d) or cat.expected_size(d, plan.config) or 1 for d in entry["dims"])
+
+
+def tiled(dims: list[str], t: int, s: int, plan: Plan) -> bool:
+    """Whether a tensor of these dims is attention scores that the run makes in tiles."""
+    return {"T", "S"} <= set(dims) and not attention.whole_fits(1, plan.config.num_attention_heads, t, s)
+
+
+def shape_text(key: str, t: int, s: int, plan: Plan) -> str:
+    cat = catalog.load()
+    runtime = {"B": 1, "T": t, "S": s, "N": t}
+    return str([runtime.get(d) or cat.expected_size(d, plan.config) or 1 for d in cat.entry(key)["dims"]])
+
+
+def sizes(plan: Plan, names: list[str]) -> list[tuple[str, str, int]]:
+    """(name, shape, bytes) of each named tensor (names as `planned_names` gives them)."""
+    shapes = step_shapes(plan)
+    phases = {None: 0, "prefill": 0, **{f"decode{k}": k + 1 for k in range(plan.spec.decode)}}
+    result = []
+    for name in names:
+        t, s = shapes[phases.get(name.partition(".")[0], 0)]
+        key = catalog.key_of(unphased(name))
+        if catalog.load().entry(key) is not None:
+            result.append((name, shape_text(key, t, s, plan), tensor_bytes(key, t, s, plan)))
+    return result
 
 
 def kept_bytes(plan: Plan, names: list[str]) -> int:
@@ -63,7 +91,7 @@ def kept_bytes(plan: Plan, names: list[str]) -> int:
     for name in names:
         head = name.partition(".")[0]
         t, s = shapes[phases.get(head, 0)]
-        total += tensor_bytes(catalog.key_of(unphased(name)), t, s, plan)
+        total += tensor_bytes(catalog.key_of(unphased(name)), t, s, plan, held=True)
     return total
 
 
@@ -82,7 +110,7 @@ def largest_tensor(plan: Plan, layers: list[int]) -> tuple[int, str]:
     keys = {e["name"] for layer in layers for k in range(spec.decode + 1)
             for e in cat.layer_sequence(plan.config, layer, step_attn(spec, k))}
     keys |= {"logits"} if plan.needs_logits else set()
-    return max((tensor_bytes(key, t, s, plan), key) for key in keys for t, s in step_shapes(plan))
+    return max((tensor_bytes(key, t, s, plan, held=True), key) for key in keys for t, s in step_shapes(plan))
 
 
 def needs(plan: Plan, kept: list[str], kept_lower: str) -> list[Need]:
@@ -97,10 +125,9 @@ def needs(plan: Plan, kept: list[str], kept_lower: str) -> list[Need]:
     largest_bytes, largest_key = largest_tensor(plan, list(run))
     largest = max(math.prod(shape) for layer in run for shape in layer_shapes(cfg, layer).values())
     result = [
-        Need(f"attention scores [1, {heads}, {t}, {s}] float32", SCORE_ARRAYS * heads * t * s * FLOAT32 + 2 * t * s,
-             "--prompt-len"),
+        scores_need(heads, t, s),
         Need("one layer's tensors", layer_bytes(plan, list(run)), "--prompt-len"),
-        Need(f"the statistics of {largest_key} (float64 copies)", STATS_COPIES * largest_bytes, "--prompt-len"),
+        Need(f"the statistics of {largest_key} (a copy, float64 chunks)", largest_bytes + STATS_CHUNKS, "--prompt-len"),
         Need(f"the cache of {len(run)} layers", per_position * positions * len(run),
              "--attn absorb" if cached == "naive" else "--prompt-len"),
         Need("the largest weight, decoded", largest * FLOAT32, "--layer N"),
@@ -113,6 +140,16 @@ def needs(plan: Plan, kept: list[str], kept_lower: str) -> list[Need]:
     if kept:
         result.append(Need(f"the {len(kept)} tensors kept", kept_bytes(plan, kept), kept_lower))
     return result
+
+
+def scores_need(heads: int, t: int, s: int) -> Need:
+    """The attention scores of the longest step: whole arrays where small, else one tile per core
+    (the scores, their exponentials and the running sums; model.attention.in_tiles)."""
+    if attention.whole_fits(1, heads, t, s):
+        return Need(f"attention scores [1, {heads}, {t}, {s}] float32", SCORE_ARRAYS * heads * t * s * FLOAT32 + 2 * t * s,
+                    "--prompt-len")
+    return Need(f"attention tiles on {parallel.cores()} cores", TILE_ARRAYS * parallel.cores() * attention.TILE_SCORES * FLOAT32,
+                "--prompt-len")
 
 
 def available_bytes() -> int | None:

@@ -13,7 +13,7 @@ from rich.console import Console
 
 from stepper import untrusted
 from stepper.cli.common import ModelOpt, PlainOpt, SeedOpt, parse_ids, parse_layers, user_errors
-from stepper.cli.memory import available_bytes, check_fits, needs
+from stepper.cli.memory import available_bytes, check_fits, needs, sizes
 from stepper.cli.names import check_patterns, planned_names
 from stepper.errors import StepperError
 from stepper.lessons import overrides
@@ -21,7 +21,14 @@ from stepper.model.cache import cache_bytes_per_token
 from stepper.session import Plan, RunResult, RunSpec, execute, prepare, step_attn
 from stepper.trace import Filter, Recorder, Sink, matches
 from stepper.views.debugger import CommandSource, Debugger, Quit
-from stepper.views.dump import check_output, check_writable, write_atomically, write_dump
+from stepper.views.dump import (
+    DUMP_LIMIT_GB,
+    check_dump_sizes,
+    check_output,
+    check_writable,
+    write_atomically,
+    write_dump,
+)
 from stepper.views.sinks import PICTURES, JsonLines, Pictures, ProgressBars, TensorRows
 from stepper.weights.synthetic import SyntheticWeights
 
@@ -129,6 +136,7 @@ def run_command(
     plain: PlainOpt = False,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per tensor (JSON Lines) on stdout.")] = False,
     dump: Annotated[Path | None, typer.Option(metavar="FILE", help="Write every shown tensor to FILE.safetensors.")] = None,
+    dump_limit_gb: Annotated[float, typer.Option(metavar="GB", help="Refuse a --dump with a tensor larger than GB GiB.")] = DUMP_LIMIT_GB,
     force: ForceOpt = False,
     use: UseOpt = None,
 ) -> None:
@@ -142,6 +150,7 @@ def run_command(
         names = planned_names(plan)
         check_patterns("--only", only or [], names)
         kept = [n for n in names if not only or matches(n, only)] if dump is not None else []
+        check_dump_sizes(sizes(plan, kept), dump_limit_gb)
         check_fits(needs(plan, kept, "--only"), available_bytes())
         console = Console(no_color=plain, highlight=False, markup=False, soft_wrap=True)
         if not as_json:

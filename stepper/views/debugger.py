@@ -24,7 +24,7 @@ from rich.tree import Tree
 from stepper import catalog
 from stepper.config import Config
 from stepper.errors import StepperError
-from stepper.trace import Event, did_you_mean, matches
+from stepper.trace import Event, did_you_mean, held, matches
 from stepper.untrusted import shown
 from stepper.views import pictures
 from stepper.views.explain import explain_text
@@ -216,6 +216,9 @@ class Debugger:
         target, digits = split_digits(arg)
         name, index = split_index(target)
         event = self.resolve(name)
+        if index is None and not held(event.array):
+            raise StepperError(f"{event.name} {list(event.array.shape)} is made a tile at a time, never held: "
+                               f"print a slice of it, e.g. p {name or event.key}[0, 0, 0, :8]")
         array = take(event.array, index)
         shape = "x".join(map(str, np.shape(array))) or "scalar"
         self.console.print(f"{event.name}{index or ''}  [{shape}]  {np.asarray(array).dtype}", style="bold")
@@ -413,6 +416,9 @@ def _index_value(node: ast.AST) -> Any:
 
 
 def compare_text(a: Event, b: Event) -> Text:
+    for e in (a, b):
+        if not held(e.array):
+            raise StepperError(f"{e.name} {list(e.array.shape)} is made a tile at a time, never held: x compares held tensors")
     x, y = np.asarray(a.array, dtype=np.float64), np.asarray(b.array, dtype=np.float64)
     if x.shape != y.shape:
         raise StepperError(f"cannot compare shapes {list(x.shape)} and {list(y.shape)}")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from functools import lru_cache
+from functools import lru_cache, partial
 
 import numpy as np
 from rich.color import Color
@@ -25,7 +25,9 @@ from rich.measure import Measurement
 from rich.style import Style
 from rich.text import Text
 
+from stepper.tiled import Tiled
 from stepper.untrusted import shown
+from stepper.views import summary
 from stepper.views.summary import number
 
 MAX_COLS = 60  # cells across one picture (or one head's map)
@@ -157,12 +159,17 @@ def pool_max(a: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, int, int]
     A NaN anywhere in a block makes the block NaN.
     """
     rb, cb = ceil_div(a.shape[0], max(rows, 1)), ceil_div(a.shape[1], max(cols, 1))
+    return pool_blocks(a, rb, cb), rb, cb
+
+
+def pool_blocks(a: np.ndarray, rb: int, cb: int) -> np.ndarray:
+    """The max over blocks of rb rows x cb cols of a 2-D array (the last ones may be smaller)."""
     if rb == 1 and cb == 1:
-        return a, 1, 1
+        return a
     nr, nc = ceil_div(a.shape[0], rb), ceil_div(a.shape[1], cb)
     padded = np.full((nr * rb, nc * cb), -np.inf)
     padded[: a.shape[0], : a.shape[1]] = a
-    return padded.reshape(nr, rb, nc, cb).max(axis=(1, 3)), rb, cb
+    return padded.reshape(nr, rb, nc, cb).max(axis=(1, 3))
 
 
 def pooled_note(what: str, block: tuple[int, int], before: tuple[int, int], after: tuple[int, int],
@@ -225,18 +232,39 @@ def attention_heatmap(weights: np.ndarray, heads: list[int] | None = None, max_h
     bar of S keys per head. heads: which heads (default the first max_heads; at most max_heads
     are drawn either way).
     """
-    w = np.asarray(weights)
+    w = weights if isinstance(weights, Tiled) else np.asarray(weights)
     if w.ndim == 3:
         w = w[None]
     if w.ndim != 4 or min(w.shape) == 0:
         raise ValueError(f"attention weights must be a non-empty [B, H, T, S] array, got shape {list(w.shape)}")
     shape = w.shape
     chosen, asked = pick_heads(shape[1], heads, max_heads)
-    maps = np.asarray(w[0, chosen], dtype=np.float64)  # [h, T, S]
     notes = attention_caption(shape, chosen, asked, heads is None)
     if shape[2] == 1:
-        return Picture(lambda width: heading(title) + decode_bars(maps[:, 0], chosen, notes, width))
-    return Picture(lambda width: heading(title) + head_maps(maps, chosen, notes, width))
+        rows = np.stack([np.asarray(w[0, h, 0], dtype=np.float64) for h in chosen])  # [h, S]
+        return Picture(lambda width: heading(title) + decode_bars(rows, chosen, notes, width))
+    if isinstance(w, Tiled):  # made and pooled a block of query rows at a time
+        pool = partial(pool_max_tiled, w)
+    else:
+        maps = np.asarray(w[0, chosen], dtype=np.float64)  # [h, T, S]
+        pool = partial(pool_head, maps, chosen)
+    return Picture(lambda width: heading(title) + head_maps(pool, shape[2:], chosen, notes, width))
+
+
+def pool_head(maps: np.ndarray, chosen: list[int], head: int, rows: int, cols: int) -> tuple[np.ndarray, int, int]:
+    """pool_max of one chosen head's map [T, S]."""
+    return pool_max(maps[chosen.index(head)], rows, cols)
+
+
+def pool_max_tiled(w: Tiled, head: int, rows: int, cols: int) -> tuple[np.ndarray, int, int]:
+    """pool_max of batch 0's map [T, S] of one head of a Tiled [B, H, T, S], made a block of
+    whole pooling rows at a time: the same cells as pooling the whole map."""
+    _, _, t_len, s_len = w.shape
+    rb, cb = ceil_div(t_len, max(rows, 1)), ceil_div(s_len, max(cols, 1))
+    step = rb * max(1, w.rows_per_block() // rb)
+    grids = [pool_blocks(np.asarray(w.block(slice(head, head + 1), slice(t, min(t + step, t_len)))[0, 0], np.float64),
+                         rb, cb) for t in range(0, t_len, step)]
+    return np.concatenate(grids), rb, cb
 
 
 def pick_heads(n_heads: int, heads: list[int] | None, max_heads: int) -> tuple[list[int], int]:
@@ -291,23 +319,26 @@ def fit_side_by_side(n: int, width: int, margin: int, natural: int) -> tuple[int
     return per_line, max(1, min(MAX_COLS, budget))
 
 
-def head_maps(maps: np.ndarray, chosen: list[int], notes: str, width: int) -> list[Text]:
-    """One heat map per head (query t down, key s across), as many side by side as fit."""
-    _, t_len, s_len = maps.shape
+def head_maps(pool: Callable[[int, int, int], tuple[np.ndarray, int, int]], size: tuple[int, int], chosen: list[int],
+              notes: str, width: int) -> list[Text]:
+    """One heat map per head (query t down, key s across), as many side by side as fit;
+    pool(head, rows, cols) gives a head's map max-pooled to at most rows x cols cells."""
+    t_len, s_len = size
     margin = max(len(str(t_len - 1)), 3) + 1
     per_line, col_budget = fit_side_by_side(len(chosen), width, margin, s_len)
     stacked = ceil_div(len(chosen), per_line)
     row_budget = MAX_ROWS if stacked == 1 else max(MIN_ROWS, MAX_ROWS // stacked)
-    blocks, block = [], (1, 1)
-    for h, head in zip(chosen, maps):
-        pooled, rb, cb = pool_max(head, row_budget, col_budget)
+    blocks, grids, block = [], [], (1, 1)
+    for h in chosen:
+        pooled, rb, cb = pool(h, row_budget, col_budget)
         block = (rb, cb)
+        grids.append(pooled)
         cell_width = 2 if cb == 1 and 2 * s_len <= col_budget else 1
         blocks.append(one_head_map(h, pooled, rb, cb, margin, cell_width))
     out = []
     for i in range(0, len(blocks), per_line):
         out += side_by_side(blocks[i:i + per_line])
-    out.append(attention_legend(maps))
+    out.append(attention_legend(np.concatenate([g.ravel() for g in grids])))  # a NaN stays NaN when pooled
     out.append(caption(notes + "; query t down, key s across"))
     if block != (1, 1):
         after = (ceil_div(t_len, block[0]), ceil_div(s_len, block[1]))
@@ -473,17 +504,24 @@ def routing_summary(load: np.ndarray, n_tokens: int, k: int, size: int) -> list[
 # Histogram
 
 
-def histogram(array: np.ndarray, bins: int = 24, width: int = 40, title: str = "") -> RenderableType:
+def histogram(array: np.ndarray | Tiled, bins: int = 24, width: int = 40, title: str = "") -> RenderableType:
     """A horizontal-bar histogram of the finite values: per bin its range, a bar and the count.
 
-    Bins are those of np.histogram(finite values, bins); NaN, +Inf and -Inf are counted in the
-    caption, and the bin holding 0 is marked '← 0'.
+    Bins are those of np.histogram(finite values, bins), gathered a chunk at a time
+    (views.summary); NaN, +Inf and -Inf are counted in the caption, and the bin holding 0 is
+    marked '← 0'.
     """
-    values = np.asarray(array).astype(np.float64).ravel()
-    finite = values[np.isfinite(values)]
-    counts, edges = np.histogram(finite, bins=max(1, bins)) if finite.size else (np.zeros(0, int), np.zeros(1))
-    bad = (int(np.isnan(values).sum()), int((values == np.inf).sum()), int((values == -np.inf).sum()))
-    return Picture(lambda cols: heading(title) + draw_histogram(counts, edges, bad, values.size, width, cols))
+    gathered = summary.gather(array)
+    st = gathered.stats()
+    bins = max(1, bins)
+    if st.finite:
+        counts = np.array(summary.histogram(array, bins, known=st)[0])
+        edges = np.linspace(*((st.min, st.max) if st.max > st.min else (st.min - 0.5, st.max + 0.5)), bins + 1)
+    else:
+        counts, edges = np.zeros(0, int), np.zeros(1)
+    bad = (st.nan, gathered.pos_inf, st.inf - gathered.pos_inf)
+    total = st.nan + st.inf + st.finite
+    return Picture(lambda cols: heading(title) + draw_histogram(counts, edges, bad, total, width, cols))
 
 
 def bin_labels(edges: np.ndarray) -> list[str]:
