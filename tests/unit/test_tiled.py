@@ -166,7 +166,7 @@ def test_a_dump_past_the_limit_is_refused_in_one_line_before_the_run(tmp_path):
                  "--dump-limit-gb", "0.001")
     assert result.exit_code == 2
     lines = result.output.strip().splitlines()
-    assert lines == ["stepper: error: --dump: layers.0.self_attn.attn_scores [1, 4, 300, 300] float32 is 0.00134 GiB "
-                     "(and 1 more), over the dump limit of 0.001 GiB; raise it with --dump-limit-gb, or leave it out "
-                     "with --only"]
+    assert lines == [("stepper: error: --dump: layers.0.self_attn.attn_scores [1, 4, 300, 300] float32 is 0.00134 GiB "
+                      "(and 1 more), over the dump limit of 0.001 GiB; raise it with --dump-limit-gb, or leave it out "
+                      "with --only")]
     assert not out.exists()
