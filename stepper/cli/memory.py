@@ -6,16 +6,16 @@ The estimate adds what is alive at the worst moment: the attention scores of the
 ([B, H, T, S] float32 where they are small enough to be made whole: the raw products, the masked
 scores and the weights; past that, one tile per core, the scores never held), one layer's named
 tensors (the embedding rows, queries, keys, the MoE's activations), the cache of every layer run,
-the logits, the largest weight decoded at once, the weight cache, the copy a view's statistics
-may make of the largest tensor and their float64 chunks, and the tensors a view keeps until the
-end (the debugger's history, a dump; attention made in tiles keeps only its operands).
+the logits, the largest weight decoded at once, the weight cache, the float64 chunks a view's
+statistics gather, and the tensors a view keeps until the end (the debugger's history, a dump; attention made in tiles keeps only its operands).
 """
 
 from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 from stepper import catalog
 from stepper.errors import StepperError
@@ -43,9 +43,10 @@ def gib(n: float) -> str:
 
 
 def step_shapes(plan: Plan) -> list[tuple[int, int]]:
-    """(T, S) of each step: the prefill's new positions and the positions attended, then one per decode step."""
-    t = plan.prompt_len
-    return [(t, t)] + [(1, t + k + 1) for k in range(plan.spec.decode)]
+    """(T, S) of each step: the prefill's new positions and the positions attended (a synthetic
+    cache's too), then one per decode step."""
+    t, c = plan.prompt_len, plan.spec.cache_len
+    return [(t, c + t)] + [(1, c + t + k + 1) for k in range(plan.spec.decode)]
 
 
 def tensor_bytes(key: str, t: int, s: int, plan: Plan, held: bool = False) -> int:
@@ -104,15 +105,6 @@ def layer_bytes(plan: Plan, layers: list[int]) -> int:
                for layer in layers for k, (t, s) in enumerate(step_shapes(plan)))
 
 
-def largest_tensor(plan: Plan, layers: list[int]) -> tuple[int, str]:
-    """Bytes and name of the largest named tensor of the run."""
-    cat, spec = catalog.load(), plan.spec
-    keys = {e["name"] for layer in layers for k in range(spec.decode + 1)
-            for e in cat.layer_sequence(plan.config, layer, step_attn(spec, k))}
-    keys |= {"logits"} if plan.needs_logits else set()
-    return max((tensor_bytes(key, t, s, plan, held=True), key) for key in keys for t, s in step_shapes(plan))
-
-
 def needs(plan: Plan, kept: list[str], kept_lower: str) -> list[Need]:
     """What the run holds at its worst moment; `kept`: the names a view keeps to the end."""
     cfg, spec = plan.config, plan.spec
@@ -120,14 +112,13 @@ def needs(plan: Plan, kept: list[str], kept_lower: str) -> list[Need]:
     t, s = step_shapes(plan)[0]
     run = [plan.spec.layer] if plan.alone else range(cfg.num_hidden_layers if plan.needs_logits else plan.shown.stop)
     cached = max(step_attn(spec, k) for k in range(spec.decode + 1))  # "naive" keeps per-head keys too
-    positions = t + spec.decode
+    positions = s + spec.decode
     per_position = cache_bytes_per_token(cfg, "absorb") + (cache_bytes_per_token(cfg, "naive") if cached == "naive" else 0)
-    largest_bytes, largest_key = largest_tensor(plan, list(run))
     largest = max(math.prod(shape) for layer in run for shape in layer_shapes(cfg, layer).values())
     result = [
         scores_need(heads, t, s),
         Need("one layer's tensors", layer_bytes(plan, list(run)), "--prompt-len"),
-        Need(f"the statistics of {largest_key} (a copy, float64 chunks)", largest_bytes + STATS_CHUNKS, "--prompt-len"),
+        Need("a view's statistics (float64 chunks)", STATS_CHUNKS, "--prompt-len"),
         Need(f"the cache of {len(run)} layers", per_position * positions * len(run),
              "--attn absorb" if cached == "naive" else "--prompt-len"),
         Need("the largest weight, decoded", largest * FLOAT32, "--layer N"),
@@ -150,6 +141,22 @@ def scores_need(heads: int, t: int, s: int) -> Need:
                     "--prompt-len")
     return Need(f"attention tiles on {parallel.cores()} cores", TILE_ARRAYS * parallel.cores() * attention.TILE_SCORES * FLOAT32,
                 "--prompt-len")
+
+
+def choose_attn(plan: Plan, estimate: Callable[[Plan], list[Need]], available: int | None) -> tuple[Plan, str | None]:
+    """--attn auto: naive for the prefill and absorbed for decode steps when the run's estimate
+    fits in the memory available, else absorbed throughout (its cache is one latent per
+    position); the plan to run, and a line saying which and why (None unless auto)."""
+    if plan.spec.attn != "auto":
+        return plan, None
+    usual = sum(n.bytes for n in estimate(plan))
+    if available is None or usual <= available:
+        room = "" if available is None else f" of the {gib(available)} available"
+        return plan, f"--attn auto: naive prefill, absorbed decode (the run needs about {gib(usual)}{room})"
+    absorbed = replace(plan, spec=replace(plan.spec, attn="absorb"))
+    return absorbed, (f"--attn auto: absorbed throughout: with the naive prefill's per-head keys and values the run "
+                      f"would need about {gib(usual)}, absorbed about {gib(sum(n.bytes for n in estimate(absorbed)))}, "
+                      f"and {gib(available)} is available")
 
 
 def available_bytes() -> int | None:

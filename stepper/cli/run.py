@@ -13,7 +13,7 @@ from rich.console import Console
 
 from stepper import untrusted
 from stepper.cli.common import ModelOpt, PlainOpt, SeedOpt, parse_ids, parse_layers, user_errors
-from stepper.cli.memory import available_bytes, check_fits, needs, sizes
+from stepper.cli.memory import available_bytes, check_fits, choose_attn, needs, sizes
 from stepper.cli.names import check_patterns, planned_names
 from stepper.errors import StepperError
 from stepper.lessons import overrides
@@ -40,13 +40,15 @@ PromptLenOpt = Annotated[int | None, typer.Option(metavar="T", min=1, help="Numb
 StartPosOpt = Annotated[int, typer.Option(metavar="P", min=0, help="Position of the first prompt token (empty cache).")]
 DecodeOpt = Annotated[int, typer.Option(metavar="N", min=0, help="Decode steps after the prefill, with the cache (greedy tokens).")]
 InputOpt = Annotated[Path | None, typer.Option("--input", metavar="FILE", help="Residual stream for --layer N: a safetensors file (e.g. a --dump).")]
-AttnOpt = Annotated[str, typer.Option(metavar="PATH", help="Attention: naive (per-head keys and values), absorb (over the latent cache), or auto (naive prefill, absorbed decode).")]
+AttnOpt = Annotated[str, typer.Option(metavar="PATH", help="Attention: naive (per-head keys and values), absorb (over the latent cache), or auto (naive prefill and absorbed decode where the estimated memory allows, else absorbed; the run says which and why).")]
+CacheLenOpt = Annotated[int, typer.Option(metavar="N", help="Start --layer N's cache with N synthetic positions (seeded, with the statistics of real latents); the prompt follows them.")]
 CacheOpt = Annotated[int, typer.Option(metavar="MB", min=0, help="Keep up to MB megabytes of decoded weights between decode steps.")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Overwrite an existing output file.")]
 UseOpt = Annotated[list[Path] | None, typer.Option("--use", metavar="FILE.py", help="Run with your own exercise functions (e.g. a lesson file) in place of stepper's; repeatable.")]
 
 
-def run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, input_file, attn, cache_mb) -> RunSpec:
+def run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, input_file, attn, cache_mb,
+             cache_len: int = 0) -> RunSpec:
     if ids is not None and prompt_len is not None:
         raise StepperError("give --ids or --prompt-len, not both")
     if layer is not None and layers is not None:
@@ -54,7 +56,7 @@ def run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, inp
     return RunSpec(
         model=model, layer=layer, layers=parse_layers(layers), ids=parse_ids(ids),
         prompt_len=7 if prompt_len is None else prompt_len, start_pos=start_pos, decode=decode, seed=seed,
-        input=input_file, attn=attn, weight_cache_mb=cache_mb,
+        input=input_file, attn=attn, weight_cache_mb=cache_mb, cache_len=cache_len,
     )
 
 
@@ -68,6 +70,8 @@ def describe(plan: Plan) -> str:
     what = (f"layer {spec.layer} alone on {untrusted.shown(plan.input_source)}" if plan.alone
             else f"layers {plan.shown.start}..{plan.shown.stop - 1}")
     steps = f", then {spec.decode} decode step{'s' if spec.decode > 1 else ''}" if spec.decode else ""
+    if spec.cache_len:
+        steps += f", after a synthetic cache of {spec.cache_len:,} positions (seed {spec.seed})"
     attns = sorted({step_attn(spec, step) for step in range(spec.decode + 1)}, reverse=True)
     attn = " then ".join(attns)
     naive, latent = cache_bytes_per_token(cfg, "naive"), cache_bytes_per_token(cfg, "absorb")
@@ -83,7 +87,7 @@ def describe(plan: Plan) -> str:
 def footer(plan: Plan, result: RunResult, shown: int, dump: Path | None) -> str:
     parts = [f"{shown} tensors"]
     if plan.hidden is None:
-        parts.append(f"prompt {token_ids(result.prompt)} at positions {plan.spec.start_pos}..")
+        parts.append(f"prompt {token_ids(result.prompt)} at positions {plan.spec.start_pos + plan.spec.cache_len}..")
     if result.generated:
         parts.append(("generated " if not plan.alone else "decode tokens ") + token_ids(result.generated))
     if dump is not None:
@@ -131,6 +135,7 @@ def run_command(
     input_file: InputOpt = None,
     attn: AttnOpt = "auto",
     weight_cache_mb: CacheOpt = 0,
+    cache_len: CacheLenOpt = 0,
     only: Annotated[list[str] | None, typer.Option(metavar="GLOB", help="Show (and dump) only names matching GLOB, e.g. '*k_pe*'; repeatable.")] = None,
     show: Annotated[str | None, typer.Option(metavar="PICTURES", help=f"Draw pictures after their tensors: {','.join(PICTURES)}.")] = None,
     plain: PlainOpt = False,
@@ -142,19 +147,25 @@ def run_command(
 ) -> None:
     """Run the model on a prompt and print every named tensor in execution order."""
     with user_errors():
-        spec = run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, input_file, attn, weight_cache_mb)
+        spec = run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, input_file, attn, weight_cache_mb,
+                        cache_len)
         pictures = parse_show(show)
         if dump is not None:
             check_writable(dump, force)
-        plan = prepare(spec)
+        def kept_by(plan: Plan) -> list[str]:
+            return [n for n in planned_names(plan) if not only or matches(n, only)] if dump is not None else []
+
+        plan, why = choose_attn(prepare(spec), lambda p: needs(p, kept_by(p), "--only"), available_bytes())
         names = planned_names(plan)
         check_patterns("--only", only or [], names)
-        kept = [n for n in names if not only or matches(n, only)] if dump is not None else []
+        kept = kept_by(plan)
         check_dump_sizes(sizes(plan, kept), dump_limit_gb)
         check_fits(needs(plan, kept, "--only"), available_bytes())
         console = Console(no_color=plain, highlight=False, markup=False, soft_wrap=True)
         if not as_json:
             console.print(describe(plan), style="bold")
+            if why:
+                console.print(why, style="dim")
         counter, recorder = TensorCount(), Recorder()
         views: list[Sink] = [counter, JsonLines(sys.stdout, plan.config) if as_json else TensorRows(console, plan.config)]
         if pictures:
@@ -191,6 +202,7 @@ def step_command(
     input_file: InputOpt = None,
     attn: AttnOpt = "auto",
     weight_cache_mb: CacheOpt = 0,
+    cache_len: CacheLenOpt = 0,
     breaks: Annotated[list[str] | None, typer.Option("--break", metavar="GLOB", help="Stop at tensors matching GLOB (e.g. compressed_kv); repeatable.")] = None,
     until: Annotated[str | None, typer.Option(metavar="NAME", help="Run until the first tensor matching NAME and stop there.")] = None,
     commands: Annotated[Path | None, typer.Option(metavar="FILE", help="Read debugger commands from FILE first, one per line.")] = None,
@@ -207,11 +219,12 @@ def step_command(
     Commands are read from the terminal, or line by line from a pipe.
     """
     with user_errors():
-        spec = run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, input_file, attn, weight_cache_mb)
+        spec = run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, input_file, attn, weight_cache_mb,
+                        cache_len)
         if export is not None:
             check_export(export, force)
         script = read_commands(commands) if commands is not None else None
-        plan = prepare(spec)
+        plan, why = choose_attn(prepare(spec), lambda p: needs(p, planned_names(p), "--prompt-len"), available_bytes())
         names = planned_names(plan)
         check_patterns("--break", breaks or [], names)
         check_patterns("--until", [until] if until else [], names)
@@ -219,6 +232,8 @@ def step_command(
         console = Console(no_color=plain, highlight=False, markup=False, soft_wrap=True, record=export is not None,
                           stderr=as_json)
         console.print(describe(plan), style="bold")
+        if why:
+            console.print(why, style="dim")
         interactive = sys.stdin.isatty() and console.is_terminal
         source = CommandSource(console, sys.stdin, interactive, script)
         on_stop = JsonLines(sys.stdout, plan.config) if as_json else None

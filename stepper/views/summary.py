@@ -10,7 +10,7 @@ array would."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from fractions import Fraction
 
@@ -56,14 +56,26 @@ def gather(array: np.ndarray | Tiled) -> Gather:
 
 def chunks(array: np.ndarray | Tiled) -> Iterator[np.ndarray]:
     """A tensor's values in C order, CHUNK at a time, as float64 (an array's, or a Tiled's blocks)."""
-    if isinstance(array, Tiled):
-        blocks: Iterable[np.ndarray] = array.blocks()
-    else:
-        blocks = [np.asarray(array).reshape(-1)]
+    blocks = array.blocks() if isinstance(array, Tiled) else pieces(np.asarray(array))
     for block in blocks:
-        flat = block.reshape(-1)
+        flat = block.reshape(-1)  # a view, or a copy of at most CHUNK values
         for start in range(0, flat.size, CHUNK):
             yield np.asarray(flat[start:start + CHUNK], dtype=np.float64)
+
+
+def pieces(array: np.ndarray) -> Iterator[np.ndarray]:
+    """An array in C order as runs along its first axis of at most CHUNK values (or one
+    contiguous run), so a strided view (q_nope of q) is never copied whole."""
+    inner = math.prod(array.shape[1:])
+    if array.ndim <= 1 or array.flags.c_contiguous or array.size <= CHUNK:
+        yield array
+    elif inner > CHUNK:
+        for sub in array:
+            yield from pieces(sub)
+    else:
+        step = CHUNK // inner
+        for start in range(0, array.shape[0], step):
+            yield array[start:start + step]
 
 
 class Gather:

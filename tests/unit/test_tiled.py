@@ -170,3 +170,14 @@ def test_a_dump_past_the_limit_is_refused_in_one_line_before_the_run(tmp_path):
                       "(and 1 more), over the dump limit of 0.001 GiB; raise it with --dump-limit-gb, or leave it out "
                       "with --only")]
     assert not out.exists()
+
+
+def test_a_strided_view_is_gathered_in_pieces_without_a_whole_copy(monkeypatch):
+    a = np.random.default_rng(8).standard_normal((3, 5, 7, 11)).astype(np.float32)
+    view = a[:, :, 2:, :6]  # as q_nope is of q
+    whole = summary.stats(np.ascontiguousarray(view))
+    monkeypatch.setattr(summary, "CHUNK", 13)
+    pieces = list(summary.pieces(view))
+    assert max(p.size for p in pieces) <= 13 and sum(p.size for p in pieces) == view.size
+    assert summary.stats(view) == whole
+    assert summary.histogram(view) == summary.histogram(np.ascontiguousarray(view))

@@ -1,0 +1,57 @@
+"""Long contexts from the command line: --attn auto chooses by the estimated memory and says so;
+--cache-len's header says the cache is synthetic; a run that cannot fit says so in one line."""
+
+from typer.testing import CliRunner
+
+from stepper.cli import memory, run
+from stepper.cli.main import app
+from stepper.cli.names import planned_names
+from stepper.session import RunSpec, prepare
+
+
+def invoke(*args):
+    return CliRunner().invoke(app, list(args))
+
+
+def estimate(plan):
+    return memory.needs(plan, planned_names(plan), "--prompt-len")
+
+
+def test_auto_keeps_the_naive_prefill_when_it_fits_and_says_so():
+    plan = prepare(RunSpec(prompt_len=20, decode=1))
+    chosen, why = memory.choose_attn(plan, estimate, 2**40)
+    assert chosen is plan
+    assert why.startswith("--attn auto: naive prefill, absorbed decode (the run needs about ")
+    fixed = prepare(RunSpec(attn="naive"))
+    assert memory.choose_attn(fixed, estimate, 1) == (fixed, None)  # only auto chooses
+
+
+def test_auto_goes_absorbed_when_the_naive_caches_would_not_fit():
+    plan = prepare(RunSpec(model="kimi-k2", layer=1, prompt_len=1, cache_len=131071))
+    naive = sum(n.bytes for n in estimate(plan))
+    absorbed = sum(n.bytes for n in estimate(prepare(RunSpec(model="kimi-k2", layer=1, prompt_len=1, cache_len=131071,
+                                                               attn="absorb"))))
+    assert naive > 10 * 2**30 > 2 * 2**30 > absorbed  # 10.7 GB of per-head keys and values at 128K positions
+    chosen, why = memory.choose_attn(plan, estimate, 4 * 2**30)
+    assert chosen.spec.attn == "absorb"
+    assert why == (f"--attn auto: absorbed throughout: with the naive prefill's per-head keys and values the run "
+                   f"would need about {memory.gib(naive)}, absorbed about {memory.gib(absorbed)}, and 4.0 GiB is available")
+
+
+def test_the_header_says_the_cache_is_synthetic_and_the_prompt_follows_it():
+    result = invoke("run", "--layer", "0", "--cache-len", "5000", "--prompt-len", "2", "--decode", "1",
+                    "--only", "decode0*attn_weights", "--plain")
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0].endswith("then 1 decode step, after a synthetic cache of 5,000 positions (seed 0)")
+    assert lines[2].startswith("--attn auto: naive prefill, absorbed decode")
+    assert "S=5003 attended positions" in result.output
+    assert "at positions 5000.." in lines[-1]
+
+
+def test_a_long_prompt_that_cannot_fit_is_refused_in_one_line_before_it_starts(monkeypatch):
+    monkeypatch.setattr(run, "available_bytes", lambda: 2**30)
+    result = invoke("run", "--prompt-len", "100000")
+    assert result.exit_code == 2
+    assert result.output.count("\n") == 1 and result.output.startswith("stepper: error: this run would need about ")
+    assert "1.0 GiB is available; lower it with --prompt-len" in result.output
