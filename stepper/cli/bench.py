@@ -16,6 +16,8 @@ def bench_command(
     workdir: Annotated[Path | None, typer.Option(metavar="DIR", help="Where the synthetic full-size checkpoints are written once and reused (about 20 GB) [default: ~/.cache/stepper/bench].")] = None,
     torch: Annotated[bool, typer.Option("--torch/--no-torch", help="Also compare with transformers' DeepseekV3 on a 16-expert layer (needs the crosscheck extra): the two run in turn, and each figure is the median of the paired ratios.")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="The figures as JSON on stdout.")] = False,
+    long: Annotated[bool, typer.Option("--long", help="Only the long-context figures: the attention of --long-model's layer 0 (synthetic weights) at prefills of 4096, 16384 and 32768 tokens (time, share of the GEMM rate, peak RSS with every tensor shown) and decode steps over 8K, 32K and 128K cached positions.")] = False,
+    long_model: Annotated[str, typer.Option(metavar="MODEL", help="A preset or config.json for --long.")] = "kimi-k2",
 ) -> None:
     """Measure full-size Kimi K2 layers (decode, prefill, peak memory) and the machine's ceilings.
 
@@ -30,7 +32,8 @@ def bench_command(
     with user_errors():
         console = Console(stderr=as_json, highlight=False, markup=False)
         workdir = workdir or Path.home() / ".cache" / "stepper" / "bench"
-        figures = bench.run_all(workdir, torch and has_torch(), lambda line: console.print(f"· {line}", style="dim"))
+        say = lambda line: console.print(f"· {line}", style="dim")
+        figures = bench.long_context(long_model, say) if long else bench.run_all(workdir, torch and has_torch(), say)
         if as_json:
             print(json.dumps({"machine": bench.machine(), "figures": [f.__dict__ for f in figures]}, indent=1))
             return

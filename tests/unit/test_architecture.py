@@ -38,7 +38,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "kernels": {"weights", "fp8"},
     "model": {"kernels", "weights", "fp8"},
     "session": {"model", "kernels", "weights", "presets"},
-    "bench": {"model", "kernels", "weights", "fp8", "presets"},
+    "bench": {"views", "model", "kernels", "weights", "fp8", "presets"},  # views: what a run computes of a shown tensor
     "views": {"session", "catalog", "weights", "fp8", "presets"},
     "lessons": {"views", "session", "model", "kernels", "weights", "fp8", "catalog", "presets"},
     "fixtures": {"views", "session", "model", "kernels", "weights", "fp8", "catalog", "presets"},
