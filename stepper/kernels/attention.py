@@ -29,6 +29,7 @@ from stepper.kernels import parallel
 
 TILE_SCORES = 1 << 20  # scores of one tile [B, h, t, s] (4 MB in float32)
 KEY_TILE = 512  # keys per tile, before a short query tile widens it
+QUERY_TILE = 256  # queries of one head per tile
 WHOLE_SCORES = 1 << 22  # up to this many scores [B, H, T, S], attention runs on whole arrays
 
 
@@ -91,8 +92,8 @@ class Operands:
             total = part if total is None else np.add(total, part, out=total)
         total *= np.float32(self.scale)
         _, _, T, S = self.shape
-        future = np.arange(keys.start, keys.stop)[None, :] > (S - T) + np.arange(queries.start, queries.stop)[:, None]
-        if future.any():
+        if keys.stop - 1 > S - T + queries.start:  # the tile crosses the causal edge
+            future = np.arange(keys.start, keys.stop)[None, :] > (S - T) + np.arange(queries.start, queries.stop)[:, None]
             np.copyto(total, np.float32(-np.inf), where=future)
         if self.mask is not None:
             tile = mask_tile(self.mask, heads, queries, keys)
@@ -121,7 +122,7 @@ def tiles(batch: int, heads: int, new: int, attended: int) -> tuple[int, int, in
     tiles of heads and queries are enough to keep every core busy."""
     key_tile = min(attended, KEY_TILE)
     rows = max(1, TILE_SCORES // (batch * key_tile))  # (head, query) rows of one tile
-    per_head = max(1, min(new, rows // heads))
+    per_head = max(1, min(new, QUERY_TILE, rows))  # long products: a few heads of many queries
     group = max(1, min(heads, rows // per_head))
     if -(-heads // group) * -(-new // per_head) < parallel.cores():
         group = max(1, -(-heads // parallel.cores()))

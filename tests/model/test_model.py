@@ -265,6 +265,7 @@ def test_attention_in_tiles_equals_the_whole_arrays(attn, monkeypatch):
     monkeypatch.setattr(attention, "WHOLE_SCORES", 0)
     monkeypatch.setattr(attention, "TILE_SCORES", 4 * 5 * 6)  # tiles of 5 queries x 6 keys, edges inside the rows
     monkeypatch.setattr(attention, "KEY_TILE", 6)
+    monkeypatch.setattr(attention, "QUERY_TILE", 5)
     tiled = run_tensors(**spec)
     assert whole.keys() == tiled.keys()
     assert isinstance(tiled["prefill.layers.0.self_attn.attn_weights"], Tiled)

@@ -22,6 +22,7 @@ def small_tiles(monkeypatch):
     monkeypatch.setattr(parallel, "cores", lambda: 2)  # the tiles run on two threads even on one core
     monkeypatch.setattr(attention, "TILE_SCORES", 2 * 4 * 7)  # 2 heads x 4 queries x 7 keys
     monkeypatch.setattr(attention, "KEY_TILE", 7)
+    monkeypatch.setattr(attention, "QUERY_TILE", 4)
 
 
 def whole_naive(query, keys, values, mask=None):
