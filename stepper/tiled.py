@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 Block = Callable[[slice, slice], np.ndarray]  # (heads, queries) -> [B, h, t, S]
-BLOCK_VALUES = 1 << 20  # values per block a reader asks for (4 MB of float32)
+BLOCK_VALUES = 1 << 22  # values per block a reader asks for (16 MB of float32)
 FLOAT32 = np.dtype(np.float32)
 
 
@@ -45,13 +45,16 @@ class Tiled:
         return max(1, min(T, BLOCK_VALUES // max(1, B * S)))
 
     def blocks(self) -> Iterator[np.ndarray]:
-        """The whole tensor in C order, one [t, S] block of one batch row and head at a time."""
-        B, H, T, _ = self.shape
+        """The whole tensor in C order, a block of one batch row at a time: [t, S] of one head,
+        or, where a head's rows are few (a decode step), [h, T, S] of several heads at once, so
+        the keys are read once for many heads."""
+        B, H, T, S = self.shape
         rows = self.rows_per_block()
+        heads = max(1, BLOCK_VALUES // max(1, B * T * S)) if rows == T else 1
         for b in range(B):
-            for h in range(H):
+            for h in range(0, H, heads):
                 for t in range(0, T, rows):
-                    yield self.block(slice(h, h + 1), slice(t, min(t + rows, T)))[b, 0]
+                    yield self.block(slice(h, min(h + heads, H)), slice(t, min(t + rows, T)))[b]
 
     def __getitem__(self, index) -> np.ndarray:
         """The values at an index of ints and slices, computing only the heads and query rows it touches."""

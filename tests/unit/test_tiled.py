@@ -62,10 +62,14 @@ def test_indexing_computes_only_the_rows_it_touches_and_equals_the_array():
 
 
 def test_blocks_are_the_tensor_in_c_order_and_asarray_is_the_whole(small_blocks):
-    a = attention_like(np.random.default_rng(1))
-    t = Counted(a).tensor
-    assert np.array_equal(np.concatenate([b.ravel() for b in t.blocks()]), a.ravel(), equal_nan=True)
-    assert np.array_equal(np.asarray(t), a, equal_nan=True)
+    rng = np.random.default_rng(1)
+    for a in (attention_like(rng), rng.standard_normal((1, 5, 1, 30)).astype(np.float32)):  # prefill; decode: heads together
+        counted = Counted(a)
+        blocks = list(counted.tensor.blocks())
+        assert np.array_equal(np.concatenate([b.ravel() for b in blocks]), a.ravel(), equal_nan=True)
+        assert max(b.size for b in blocks) <= 100 and counted.rows == a.shape[0] * a.shape[1] * a.shape[2]
+        assert np.array_equal(np.asarray(counted.tensor), a, equal_nan=True)
+    assert len(blocks) == 2  # 3 heads, then 2
 
 
 def test_streamed_statistics_and_histogram_equal_the_whole_arrays_exactly(small_blocks):
