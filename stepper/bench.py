@@ -390,14 +390,17 @@ def gemm_rate() -> float:
     return cores * 2 * 2048**3 / once
 
 
-def long_context(model: str, say, prefills=(4096, 16384, 32768), caches=(8192, 32768, 131072)) -> list[Figure]:
-    """The long-context figures: prefills (time and GEMM share unshown, peak RSS shown) with
-    --attn auto's choice for each, and decode steps over long caches (absorbed)."""
+def long_context(model: str, say, prefills=(4096, 16384, 32768), caches=(8192, 32768, 131072),
+                 shown_prefills=(4096,)) -> list[Figure]:
+    """The long-context figures: naive prefills (what --attn auto runs where it fits; time, GEMM
+    share and peak RSS), the shorter ones also with every tensor shown (the statistics of a
+    32768-token prefill's scores and weights, 137G values, take hours on two cores), and
+    decode steps over long caches (absorbed), shown."""
     figures = []
     for tokens in prefills:
-        for shown in (False, True):
+        for shown in (False, True) if tokens in shown_prefills else (False,):
             say(f"{model} attention: prefill {tokens} tokens, {'every tensor shown' if shown else 'silent'}")
-            figures += in_subprocess("attention", model=model, tokens=tokens, cache=0, attn="absorb", shown=shown, repeat=1)
+            figures += in_subprocess("attention", model=model, tokens=tokens, cache=0, attn="naive", shown=shown, repeat=1)
     for cache in caches:
         say(f"{model} attention: decode over {cache} cached positions")
         figures += in_subprocess("attention", model=model, tokens=1, cache=cache, attn="absorb", shown=True, repeat=5)

@@ -16,7 +16,7 @@ def bench_command(
     workdir: Annotated[Path | None, typer.Option(metavar="DIR", help="Where the synthetic full-size checkpoints are written once and reused (about 20 GB) [default: ~/.cache/stepper/bench].")] = None,
     torch: Annotated[bool, typer.Option("--torch/--no-torch", help="Also compare with transformers' DeepseekV3 on a 16-expert layer (needs the crosscheck extra): the two run in turn, and each figure is the median of the paired ratios.")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="The figures as JSON on stdout.")] = False,
-    long: Annotated[bool, typer.Option("--long", help="Only the long-context figures: the attention of --long-model's layer 0 (synthetic weights) at prefills of 4096, 16384 and 32768 tokens (time, share of the GEMM rate, peak RSS with every tensor shown) and decode steps over 8K, 32K and 128K cached positions.")] = False,
+    long: Annotated[bool, typer.Option("--long", help="Only the long-context figures: the attention of --long-model's layer 0 (synthetic weights) at naive prefills of 4096, 16384 and 32768 tokens (time, share of the GEMM rate, peak RSS; 4096 also with every tensor shown) and absorbed decode steps over 8K, 32K and 128K cached positions, shown.")] = False,
     long_model: Annotated[str, typer.Option(metavar="MODEL", help="A preset or config.json for --long.")] = "kimi-k2",
 ) -> None:
     """Measure full-size Kimi K2 layers (decode, prefill, peak memory) and the machine's ceilings.

@@ -55,6 +55,6 @@ def test_the_long_context_scenario_runs_on_a_small_config(monkeypatch):
     names = []
     monkeypatch.setattr(bench, "in_subprocess", lambda name, **kw: names.append((name, kw)) or [])
     bench.long_context("kimi-k2", lambda _: None)
-    assert [(kw["tokens"], kw["cache"], kw["shown"]) for _, kw in names] == [
-        (4096, 0, False), (4096, 0, True), (16384, 0, False), (16384, 0, True), (32768, 0, False), (32768, 0, True),
-        (1, 8192, True), (1, 32768, True), (1, 131072, True)]
+    assert [(kw["tokens"], kw["cache"], kw["attn"], kw["shown"]) for _, kw in names] == [
+        (4096, 0, "naive", False), (4096, 0, "naive", True), (16384, 0, "naive", False), (32768, 0, "naive", False),
+        (1, 8192, "absorb", True), (1, 32768, "absorb", True), (1, 131072, "absorb", True)]
