@@ -27,7 +27,7 @@ import numpy as np
 
 from stepper.kernels import parallel
 
-TILE_SCORES = 1 << 20  # scores of one tile [B, h, t, s] (4 MB in float32)
+TILE_SCORES = 1 << 20  # scores of one tile: [B, H, T, S] cut to its heads, queries and keys (4 MB in float32)
 KEY_TILE = 512  # keys per tile, before a short query tile widens it
 QUERY_TILE = 256  # queries of one head per tile
 WHOLE_SCORES = 1 << 22  # up to this many scores [B, H, T, S], attention runs on whole arrays
@@ -43,14 +43,16 @@ def shared_matmul(x: np.ndarray, shared: np.ndarray) -> np.ndarray:
 
 
 def times(x: np.ndarray, keys: np.ndarray, heads: slice) -> np.ndarray:
-    """x [B, h, t, d] times keys [B, H or one, s, d] transposed (the heads h of them) -> [B, h, t, s]."""
+    """A tile's queries x times keys (per head, or one for all heads) transposed: [B, H, T, qk_head]
+    times [B, H, S, qk_head] -> [B, H, T, S], each cut to the tile's heads, queries and keys."""
     if keys.shape[1] == 1:
         return shared_matmul(x, keys[:, 0].swapaxes(-1, -2))
     return np.matmul(x, keys[:, heads].swapaxes(-1, -2))
 
 
 def weighted(p: np.ndarray, values: np.ndarray, heads: slice) -> np.ndarray:
-    """p [B, h, t, s] times values [B, H or one, s, v] (the heads h of them) -> [B, h, t, v]."""
+    """A tile's weights p times values (per head, or one for all heads): [B, H, T, S] times
+    [B, H, S, v_head] -> [B, H, T, v_head], each cut to the tile's heads, queries and keys."""
     if values.shape[1] == 1:
         return shared_matmul(p, values[:, 0])
     return np.matmul(p, values[:, heads])
@@ -63,8 +65,10 @@ def whole_fits(batch: int, heads: int, new: int, attended: int) -> bool:
 
 @dataclass(frozen=True)
 class Operands:
-    """One attention: queries [B, H, T, d_i], keys [B, H or one, S, d_i] (pairwise), values
-    [B, H or one, S, v], the softmax scale, and an optional extra mask broadcastable to
+    """One attention: queries [B, H, T, qk_head] and keys [B, H, S, qk_head] in pairs (the naive
+    path), or [B, H, T, kv_lora] with [B, one, S, kv_lora] and [B, H, T, rope] with
+    [B, one, S, rope] (the absorbed path: one key for all heads); values [B, H, S, v_head] or
+    [B, one, S, kv_lora]; the softmax scale; and an optional extra mask broadcastable to
     [B, H, T, S]: True where kept (bool), or added to the scaled scores (float, -inf drops)."""
 
     queries: Sequence[np.ndarray]
@@ -85,7 +89,7 @@ class Operands:
         return S - T + queries.stop
 
     def scores(self, heads: slice, queries: slice, keys: slice) -> np.ndarray:
-        """The scaled, masked scores of a tile: [B, h, t, s] float32."""
+        """The scaled, masked scores of a tile: [B, H, T, S] cut to its heads, queries and keys."""
         total = None
         for q, k in zip(self.queries, self.keys):
             part = times(q[:, heads, queries], k[:, :, keys], heads)
@@ -104,7 +108,8 @@ class Operands:
         return total
 
     def weights(self, lse: np.ndarray, heads: slice, queries: slice) -> np.ndarray:
-        """A tile of the softmax weights, every key: exp(scores - lse).  lse [B, H, T] -> [B, h, t, S]"""
+        """The softmax weights of some heads and queries, every key: exp(scores - lse).
+        lse [B, H, T] -> [B, H, T, S] cut to those heads and queries"""
         w = self.scores(heads, queries, slice(0, self.shape[3]))
         w -= lse[:, heads, queries, None]
         with np.errstate(invalid="ignore"):  # a row with every key masked: -inf - -inf, NaN as in softmax
@@ -132,7 +137,7 @@ def tiles(batch: int, heads: int, new: int, attended: int) -> tuple[int, int, in
 
 def attend(ops: Operands) -> tuple[np.ndarray, np.ndarray]:
     """softmax(scores) @ values over tiles, shared out across the cores.
-    -> the output [B, H, T, v] and each row's log-sum-exp [B, H, T]"""
+    -> the output [B, H, T, v_head] ([B, H, T, kv_lora] absorbed) and each row's log-sum-exp [B, H, T]"""
     B, H, T, S = ops.shape
     group, rows, key_tile = tiles(B, H, T, S)
     out = np.empty((B, H, T, ops.values.shape[-1]), np.float32)
@@ -150,7 +155,7 @@ def attend(ops: Operands) -> tuple[np.ndarray, np.ndarray]:
 
 def attend_tile(ops: Operands, heads: slice, queries: slice, key_tile: int) -> tuple[np.ndarray, np.ndarray]:
     """The online softmax over the key tiles of one tile of heads and queries.
-    -> output [B, h, t, v], log-sum-exp [B, h, t]"""
+    -> the output and the log-sum-exp of its rows, [B, H, T, v_head] and [B, H, T] cut to the tile"""
     B = ops.shape[0]
     shape = (B, heads.stop - heads.start, queries.stop - queries.start)
     m = np.full((*shape, 1), -np.inf, np.float32)  # running maximum of each row
@@ -159,7 +164,7 @@ def attend_tile(ops: Operands, heads: slice, queries: slice, key_tile: int) -> t
     with np.errstate(invalid="ignore", divide="ignore"):
         for start in range(0, ops.last_key(queries), key_tile):
             keys = slice(start, min(start + key_tile, ops.last_key(queries)))
-            p = ops.scores(heads, queries, keys)  # [B, h, t, s]
+            p = ops.scores(heads, queries, keys)  # a tile of [B, H, T, S]
             new_m = np.maximum(m, p.max(axis=-1, keepdims=True))
             safe = np.where(np.isfinite(new_m), new_m, np.float32(0))  # a row with no key kept yet
             p -= safe

@@ -80,8 +80,7 @@ def latent(x: np.ndarray, w: LayerWeights, cfg: Config, emit: Emitter) -> tuple[
     return compressed_kv, k_pe
 
 
-def naive(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache: LayerCache, emit: Emitter,
-          mask: np.ndarray | None = None) -> np.ndarray:
+def naive(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache: LayerCache, emit: Emitter) -> np.ndarray:
     """Up-project the new latents into per-head keys and values, attend over all of them.
     -> [B, H, T, v_head], the heads' outputs before merging"""
     k_nope, value_states = up_project(compressed_kv, w, cfg, emit)  # [B, H, T, nope], [B, H, T, v_head]
@@ -96,15 +95,14 @@ def naive(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache: LayerCache, em
     value_states = emit("self_attn.value_states", value_states)
 
     if not kernels.whole_fits(*query_states.shape[:3], key_states.shape[2]):
-        return in_tiles(kernels.Operands([query_states], [key_states], value_states, rope.softmax_scale, mask), emit)
+        return in_tiles(kernels.Operands([query_states], [key_states], value_states, rope.softmax_scale), emit)
     scores = np.matmul(query_states, key_states.swapaxes(-1, -2))  # [B, H, T, S]
-    weights = attention_weights(scores, rope.softmax_scale, emit, mask)  # [B, H, T, S]
+    weights = attention_weights(scores, rope.softmax_scale, emit)  # [B, H, T, S]
     return np.matmul(weights, value_states)  # [B, H, T, v_head]
 
 
 @exercise
-def absorbed(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache: LayerCache, emit: Emitter,
-             mask: np.ndarray | None = None) -> np.ndarray:
+def absorbed(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache: LayerCache, emit: Emitter) -> np.ndarray:
     """Attend over the cached latents: W_UK folded into the query, W_UV applied afterwards.
     -> [B, H, T, v_head], the heads' outputs before merging"""
     w_uk, w_uv = split_kv_b(w.float32("self_attn.kv_b_proj.weight"), cfg)  # [H, nope, kv_lora], [H, v_head, kv_lora]
@@ -116,11 +114,11 @@ def absorbed(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache: LayerCache,
         # Every head attends over the same latents and rotary keys: q_latent @ latents^T + q_pe @ k_pes^T.
         scores = (kernels.shared_matmul(q_latent, latents.swapaxes(-1, -2))  # [B, H, T, S]
                   + kernels.shared_matmul(q_pe, k_pes[:, 0].swapaxes(-1, -2)))
-        weights = attention_weights(scores, rope.softmax_scale, emit, mask)  # [B, H, T, S]
+        weights = attention_weights(scores, rope.softmax_scale, emit)  # [B, H, T, S]
         out_latent = kernels.shared_matmul(weights, latents)  # [B, H, T, kv_lora]: the weights average the latents
     else:
         shared = latents[:, None]  # [B, one, S, kv_lora]: keys and values alike
-        out_latent = in_tiles(kernels.Operands([q_latent, q_pe], [shared, k_pes], shared, rope.softmax_scale, mask), emit)
+        out_latent = in_tiles(kernels.Operands([q_latent, q_pe], [shared, k_pes], shared, rope.softmax_scale), emit)
     out_latent = emit("self_attn.attn_output_latent", out_latent)
     return np.matmul(out_latent, w_uv.swapaxes(-1, -2))  # [B, H, T, v_head]
 
@@ -163,8 +161,8 @@ def attention_weights(scores: np.ndarray, scale: float, emit: Emitter, mask: np.
 def in_tiles(ops: kernels.Operands, emit: Emitter) -> np.ndarray:
     """The same attention over tiles of queries and keys (kernels.attention), never holding the
     scores: a sink sees them, and the weights, as tensors made a tile at a time when it looks.
-    -> [B, H, T, v] (v_head naive, kv_lora absorbed)"""
-    out, lse = kernels.attend(ops)  # [B, H, T, v], [B, H, T]
+    -> [B, H, T, v_head] naive, [B, H, T, kv_lora] absorbed"""
+    out, lse = kernels.attend(ops)  # the output, and each row's log-sum-exp [B, H, T]
     if emit.listening:
         every_key = slice(0, ops.shape[3])
         scores = Tiled(ops.shape, lambda heads, queries: ops.scores(heads, queries, every_key))

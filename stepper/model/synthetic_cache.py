@@ -26,13 +26,13 @@ ROWS = 8192  # positions drawn (and up-projected) at a time
 def fill(cache: LayerCache, w: LayerWeights, cfg: Config, sample: np.ndarray, rope: Rope, seed: int,
          per_head: bool) -> None:
     """Put N synthetic positions (N = the rows of rope) in an empty layer cache.
-    sample [1, t, d]: the layer's input for a few real tokens; rope: the tables of the N positions."""
+    sample [B, T, d]: the layer's input for a few real tokens (B one); rope: the tables of the N positions."""
     x = rms_norm(sample, w("input_layernorm.weight"), cfg.rms_norm_eps)
-    real_kv, real_pe = latent(x, w, cfg, Emitter())  # [1, t, kv_lora], [1, one, t, rope] (not yet turned)
+    real_kv, real_pe = latent(x, w, cfg, Emitter())  # [B, T, kv_lora], [B, one, T, rope] (not yet turned)
     rng = np.random.default_rng([seed, 5, w.layer])
     n = rope.cos.shape[0]
-    latents = np.empty((1, n, cfg.kv_lora_rank), np.float32)  # [1, N, kv_lora]
-    k_pe = np.empty((1, 1, n, cfg.qk_rope_head_dim), np.float32)  # [1, one, N, rope]
+    latents = np.empty((1, n, cfg.kv_lora_rank), np.float32)  # [1, S, kv_lora]
+    k_pe = np.empty((1, 1, n, cfg.qk_rope_head_dim), np.float32)  # [1, one, S, rope]
     for start in range(0, n, ROWS):
         rows = slice(start, min(start + ROWS, n))
         latents[:, rows] = like(real_kv, rows.stop - rows.start, rng)
@@ -44,19 +44,20 @@ def fill(cache: LayerCache, w: LayerWeights, cfg: Config, sample: np.ndarray, ro
 
 
 def per_head_keys(latents: np.ndarray, k_pe: np.ndarray, w: LayerWeights, cfg: Config) -> tuple[np.ndarray, np.ndarray]:
-    """The naive path's keys [1, H, N, qk_head] and values [1, H, N, v_head] of the latents, ROWS at a time."""
+    """The naive path's keys [1, H, S, qk_head] and values [1, H, S, v_head] of the latents, ROWS at a time."""
     n = latents.shape[1]
     keys = np.empty((1, cfg.num_attention_heads, n, cfg.qk_head_dim), np.float32)
     values = np.empty((1, cfg.num_attention_heads, n, cfg.v_head_dim), np.float32)
     for start in range(0, n, ROWS):
         rows = slice(start, min(start + ROWS, n))
-        k_nope, values[:, :, rows] = up_project(latents[:, rows], w, cfg, Emitter())  # [1, H, rows, nope], values
+        k_nope, values[:, :, rows] = up_project(latents[:, rows], w, cfg, Emitter())  # the rows' keys, values
         keys[:, :, rows, : cfg.qk_nope_head_dim] = k_nope
         keys[:, :, rows, cfg.qk_nope_head_dim :] = k_pe[:, :, rows]  # the rotary key, shared by every head
     return keys, values
 
 
 def like(real: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
-    """n rows drawn with the mean and standard deviation of each dimension of real [1, t, c] -> [1, n, c]."""
+    """n rows drawn with the mean and standard deviation of each dimension (the last axis) of
+    real rows, axis 1 of [B, T, kv_lora] or [B, T, rope] (B one) -> the same with n rows."""
     mean, std = real.mean(axis=1, keepdims=True), real.std(axis=1, keepdims=True)
     return mean + std * rng.standard_normal((1, n, real.shape[-1]), dtype=np.float32)
