@@ -23,7 +23,8 @@ BINS = 16
 CORNER = 3
 CHUNK = 1 << 20  # values gathered at once (8 MB of float64)
 MIN_EXPONENT = -1073  # the smallest exponent np.frexp gives a float64 (subnormals included)
-EXACT_SHIFT = 53 - MIN_EXPONENT  # exact sums count units of 2**-EXACT_SHIFT
+EXACT_SHIFT = 1 - MIN_EXPONENT  # exact sums count units of 2**-EXACT_SHIFT (the smallest subnormal's)
+WINDOW = 40  # bits of each value summed at once: 2**20 values of 2**40 stay below 2**63
 
 
 @dataclass(frozen=True)
@@ -115,20 +116,25 @@ class Gather:
 
 
 def exact_sum(values: np.ndarray) -> int:
-    """The exact sum of float64 values [n] (n <= CHUNK), as an integer in units of 2**-EXACT_SHIFT.
+    """The exact sum of finite float64 values [n] (n <= CHUNK), as an integer in units of
+    2**-EXACT_SHIFT.
 
-    Each value is m * 2**(e - 53) with an integer |m| < 2**53 (np.frexp); m is split into 27- and
-    26-bit halves, whose sums per exponent e are exact in float64 (np.bincount) and are then
-    shifted into place as Python integers."""
-    mantissa, exponent = np.frexp(values)
-    m = (mantissa * 2.0**53).astype(np.int64)
-    bucket = exponent - MIN_EXPONENT  # >= 0
-    total = 0
-    for part, shift in ((m >> 26, 26), (m & (2**26 - 1), 0)):
-        sums = np.bincount(bucket, weights=part)
-        for b in np.flatnonzero(sums):
-            total += int(sums[b]) << (int(b) + shift)
-    return total
+    In turn from the largest magnitude down: the values are rounded to multiples of a unit
+    2**WINDOW times smaller than the largest, those multiples (integers below 2**WINDOW, so their
+    sum fits an int64) are summed exactly, and what the rounding left (exactly representable,
+    2**WINDOW times smaller again) goes round once more, until nothing is left: a step per
+    WINDOW bits of the values' range, one or two for most tensors."""
+    total, rest = 0, values
+    while True:
+        top = max(float(rest.max()), -float(rest.min())) if rest.size else 0.0
+        if top == 0.0:
+            return total
+        unit = max(math.frexp(top)[1] - WINDOW, MIN_EXPONENT - 1)  # top < 2**(unit + WINDOW)
+        multiples = np.rint(np.ldexp(rest, -unit))  # exact integers, |m| <= 2**WINDOW
+        count = int(multiples.astype(np.int64).sum())
+        total += count << (unit + EXACT_SHIFT)
+        rest = rest - np.ldexp(multiples, unit)  # exact: the bits below the unit
+        rest = rest[rest != 0]  # most values are done after the first round
 
 
 def combine(parts: list[Stats]) -> Stats:

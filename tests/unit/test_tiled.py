@@ -185,3 +185,11 @@ def test_a_strided_view_is_gathered_in_pieces_without_a_whole_copy(monkeypatch):
     assert max(p.size for p in pieces) <= 13 and sum(p.size for p in pieces) == view.size
     assert summary.stats(view) == whole
     assert summary.histogram(view) == summary.histogram(np.ascontiguousarray(view))
+
+
+def test_the_exact_sum_is_exact_over_the_whole_float64_range():
+    rng = np.random.default_rng(9)
+    for values in (rng.standard_normal(500) * np.exp(rng.uniform(-700, 700, 500)),  # 2000 bits of range
+                   np.array([5e-324, -5e-324, 1e-310, 1.7e308, -1.7e308, 3.0, 0.0, -0.0]),
+                   np.exp(rng.uniform(-30, 0, 500)).astype(np.float32).astype(np.float64)):  # softmax-like
+        assert Fraction(summary.exact_sum(values), 2**summary.EXACT_SHIFT) == sum(Fraction(v) for v in values.tolist())
