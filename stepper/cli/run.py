@@ -41,7 +41,7 @@ StartPosOpt = Annotated[int, typer.Option(metavar="P", min=0, help="Position of 
 DecodeOpt = Annotated[int, typer.Option(metavar="N", min=0, help="Decode steps after the prefill, with the cache (greedy tokens).")]
 InputOpt = Annotated[Path | None, typer.Option("--input", metavar="FILE", help="Residual stream for --layer N: a safetensors file (e.g. a --dump).")]
 AttnOpt = Annotated[str, typer.Option(metavar="PATH", help="Attention: naive (per-head keys and values), absorb (over the latent cache), or auto (naive prefill and absorbed decode where the estimated memory allows, else absorbed; the run says which and why).")]
-CacheLenOpt = Annotated[int, typer.Option(metavar="N", help="Start --layer N's cache with N synthetic positions (seeded, with the statistics of real latents); the prompt follows them.")]
+CacheLenOpt = Annotated[int, typer.Option(metavar="N", help="With --layer: start that layer's cache with N synthetic positions (seeded, with the statistics of real latents); the prompt follows them.")]
 CacheOpt = Annotated[int, typer.Option(metavar="MB", min=0, help="Keep up to MB megabytes of decoded weights between decode steps.")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Overwrite an existing output file.")]
 UseOpt = Annotated[list[Path] | None, typer.Option("--use", metavar="FILE.py", help="Run with your own exercise functions (e.g. a lesson file) in place of stepper's; repeatable.")]
