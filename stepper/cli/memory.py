@@ -65,6 +65,19 @@ def tiled(dims: list[str], t: int, s: int, plan: Plan) -> bool:
     return {"T", "S"} <= set(dims) and not attention.whole_fits(1, plan.config.num_attention_heads, t, s)
 
 
+def tiled_values(plan: Plan, names: list[str]) -> int:
+    """How many values the named tensors made in tiles hold (the long attention scores and weights)."""
+    shapes = step_shapes(plan)
+    phases = {None: 0, "prefill": 0, **{f"decode{k}": k + 1 for k in range(plan.spec.decode)}}
+    total = 0
+    for name in names:
+        t, s = shapes[phases.get(name.partition(".")[0], 0)]
+        entry = catalog.load().entry(catalog.key_of(unphased(name)))
+        if entry is not None and tiled(entry["dims"], t, s, plan):
+            total += tensor_bytes(entry["name"], t, s, plan) // FLOAT32
+    return total
+
+
 def shape_text(key: str, t: int, s: int, plan: Plan) -> str:
     cat = catalog.load()
     runtime = {"B": 1, "T": t, "S": s, "N": t}

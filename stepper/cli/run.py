@@ -13,7 +13,7 @@ from rich.console import Console
 
 from stepper import untrusted
 from stepper.cli.common import ModelOpt, PlainOpt, SeedOpt, parse_ids, parse_layers, user_errors
-from stepper.cli.memory import available_bytes, check_fits, choose_attn, needs, sizes
+from stepper.cli.memory import available_bytes, check_fits, choose_attn, needs, sizes, tiled_values
 from stepper.cli.names import check_patterns, planned_names
 from stepper.errors import StepperError
 from stepper.lessons import overrides
@@ -113,6 +113,9 @@ def parse_show(show: str | None) -> set[str]:
     return kinds
 
 
+LONG_VALUES = 10**9  # tiled attention values past which a run says its statistics take a while
+
+
 class TensorCount:
     """Sink counting the tensors it sees."""
 
@@ -166,6 +169,10 @@ def run_command(
             console.print(describe(plan), style="bold")
             if why:
                 console.print(why, style="dim")
+            long = tiled_values(plan, [n for n in names if not only or matches(n, only)])
+            if long > LONG_VALUES:
+                console.print(f"note: the attention scores and weights shown hold {long:.2g} values, summarised a tile "
+                              "at a time: their exact statistics take a while (--only can leave them out)", style="dim")
         counter, recorder = TensorCount(), Recorder()
         views: list[Sink] = [counter, JsonLines(sys.stdout, plan.config) if as_json else TensorRows(console, plan.config)]
         if pictures:

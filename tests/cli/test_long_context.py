@@ -55,3 +55,14 @@ def test_a_long_prompt_that_cannot_fit_is_refused_in_one_line_before_it_starts(m
     assert result.exit_code == 2
     assert result.output.count("\n") == 1 and result.output.startswith("stepper: error: this run would need about ")
     assert "1.0 GiB is available; lower it with --prompt-len" in result.output
+
+
+def test_a_run_showing_long_attention_says_its_statistics_take_a_while(monkeypatch):
+    monkeypatch.setattr(run, "LONG_VALUES", 10**6)
+    args = ["run", "--layer", "0", "--prompt-len", "1100", "--plain"]  # 4 heads x 1100 x 1100: made in tiles
+    shown = invoke(*args, "--only", "*attn_weights")
+    assert shown.exit_code == 0, shown.output
+    assert shown.output.splitlines()[3] == ("note: the attention scores and weights shown hold 4.8e+06 values, summarised "
+                                            "a tile at a time: their exact statistics take a while (--only can leave "
+                                            "them out)")
+    assert "note:" not in invoke(*args, "--only", "*k_pe").output
