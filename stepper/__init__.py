@@ -1,3 +1,23 @@
-"""stepper: a plain-NumPy, step-through interpreter of the Kimi K2 / DeepSeek-V3 transformer layer."""
+"""stepper: a plain-NumPy, step-through interpreter of the Kimi K2 / DeepSeek-V3 transformer layer.
 
-__version__ = "0.1.0"
+As a library (`stepper.api`, loaded on first use, so `import stepper` stays light):
+
+    run = stepper.run("tiny", ids=[1, 2, 3], decode=1)
+    run["prefill.layers.1.self_attn.compressed_kv"]   # a NumPy array
+
+`run`, `diff`, `load` and the patch helpers (`zero_expert`, `zero_head`, `force_experts`,
+`zero_router_bias`) are documented in `stepper.api`.
+"""
+
+from stepper.version import __version__
+
+__all__ = ["Diff", "Run", "__version__", "diff", "force_experts", "load", "run", "zero_expert", "zero_head",
+           "zero_router_bias"]
+
+
+def __getattr__(name: str):
+    if name in __all__:  # __version__ is already here
+        from stepper import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'stepper' has no attribute '{name}'")

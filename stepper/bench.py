@@ -7,6 +7,9 @@ Each figure is measured in a fresh subprocess, so its peak RSS is its own:
 - one Kimi K2 MoE layer at full size (layer 1 of `kimi-k2`, 384 experts, FP8, read from a
   checkpoint written once by `stepper synth` into the work directory): decode one token over a
   1024-position latent cache, and a 512-token prefill;
+- the same MoE layer with its routed experts in INT4 (compressed-tensors pack-quantized, as
+  Kimi-K2-Thinking stores them; attention and the shared expert BF16), the same two ways, and
+  each time as a ratio to the FP8 layer's;
 - the dense layer 0 at full size, the same two ways;
 - the same MoE layer shape with 16 routed experts, against transformers' DeepseekV3 in float32
   on the same weights and tokens (T = 1, 32, 512, and T = 1 again with stepper's weight cache
@@ -26,7 +29,7 @@ import resource
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -48,7 +51,7 @@ from stepper.weights.checkpoint import INDEX, Checkpoint
 from stepper.weights.names import layer_shapes
 from stepper.weights.safetensors_reader import advise_checkpoint_map
 from stepper.weights.stored import Fp8Matrix
-from stepper.weights.synth import synth_checkpoint
+from stepper.weights.synth import requantized, synth_checkpoint
 from stepper.weights.synthetic import SyntheticWeights
 
 FILL_BYTES = 1 << 26  # what fill_page_cache reads or maps at a time
@@ -458,7 +461,36 @@ def bench_checkpoints(workdir: Path) -> list[Path]:
     return sorted(folder for folder in workdir.iterdir() if (folder / INDEX).exists())
 
 
-def run_all(workdir: Path, with_torch: bool, say) -> list[Figure]:
+def moe_figures(checkpoint: Path, say, what: str, repeats: tuple[int, int] = (12, 3)) -> list[Figure]:
+    """MoE layer 1 of the checkpoint: decode 1 token over a 1024-position cache, prefill 512 tokens."""
+    say(f"MoE layer 1{what}: decode 1 token over a 1024-position cache")
+    figures = in_subprocess("layer", checkpoint=checkpoint, layer=1, tokens=1, cache=1024, repeat=repeats[0])
+    say(f"MoE layer 1{what}: prefill 512 tokens")
+    return figures + in_subprocess("layer", checkpoint=checkpoint, layer=1, tokens=512, cache=0, repeat=repeats[1])
+
+
+def int4_versus_fp8(workdir: Path, model: str, say, fp8: list[Figure] | None = None,
+                    repeats: tuple[int, int] = (12, 3)) -> list[Figure]:
+    """The MoE layer with INT4 experts, decode and prefill, and each as a ratio to the same layer
+    with FP8 experts (`fp8`: its two figures, measured here when not given). An INT4 expert is
+    half the bytes of an FP8 one."""
+    cfg = bench_config(model, None)
+    if fp8 is None:
+        fp8_checkpoint = ensure_checkpoint(workdir, cfg, range(1, 2))
+        forget_page_cache(fp8_checkpoint)
+        fp8 = moe_figures(fp8_checkpoint, say, " (FP8)", repeats)
+    say("writing (once) the layer 1 checkpoint with INT4 experts: about 10 GB at full size")
+    int4 = ensure_checkpoint(workdir, replace(requantized(cfg, "int4"), name=f"{cfg.name}-int4-experts"), range(1, 2))
+    for folder in bench_checkpoints(workdir):  # the FP8 layer's pages make room (see bench_checkpoints)
+        forget_page_cache(folder)
+    figures = moe_figures(int4, say, " with INT4 experts", repeats)
+    ratios = [Figure(f"{cfg.name} layer 1, {kind}: INT4 experts / FP8 experts", mine.value / theirs.value, "x", None,
+                     f"{mine.value:.3g} s against {theirs.value:.3g} s")
+              for kind, mine, theirs in zip(("decode 1 token", "prefill 512 tokens"), figures, fp8)]
+    return figures + ratios
+
+
+def run_all(workdir: Path, with_torch: bool, say, with_int4: bool = True) -> list[Figure]:
     """Every figure of the README's performance table; `say` reports progress lines."""
     say("measuring the machine's ceilings")
     figures = in_subprocess("ceilings")
@@ -467,10 +499,10 @@ def run_all(workdir: Path, with_torch: bool, say) -> list[Figure]:
     moe = ensure_checkpoint(workdir, kimi, range(1, 2))
     for folder in bench_checkpoints(workdir):  # the others' too: see bench_checkpoints
         forget_page_cache(folder)
-    say("MoE layer 1: decode 1 token over a 1024-position cache")
-    figures += in_subprocess("layer", checkpoint=moe, layer=1, tokens=1, cache=1024, repeat=12)  # steps vary: a median of 11
-    say("MoE layer 1: prefill 512 tokens")
-    figures += in_subprocess("layer", checkpoint=moe, layer=1, tokens=512, cache=0, repeat=3)
+    fp8 = moe_figures(moe, say, "")  # decode steps vary: a median of 11
+    figures += fp8
+    if with_int4:
+        figures += int4_versus_fp8(workdir, "kimi-k2", say, fp8)
     dense = ensure_checkpoint(workdir, kimi, range(1))
     forget_page_cache(dense)
     say("dense layer 0: decode and prefill")

@@ -9,7 +9,9 @@ with a `StepperError` that names the field.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ from stepper.errors import StepperError
 from stepper.jsonfile import read_json
 
 MODEL_TYPES = ("deepseek_v3", "kimi_k2")
+WRAPPER_TYPES = ("kimi_k25",)
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,57 @@ class Fp8:
 
     fmt: str = "e4m3"
     weight_block_size: tuple[int, int] = (128, 128)
+
+
+KIMI_INT4_IGNORE = ("lm_head", r"re:.*self_attn.*", r"re:.*shared_experts.*", r"re:.*mlp\.(gate|up|gate_up|down)_proj.*")
+
+
+@dataclass(frozen=True)
+class Int4Groups:
+    """compressed-tensors' `pack-quantized` weights, as Kimi-K2-Thinking / K2.5 ship their experts:
+    symmetric INT4 codes with one scale per `group_size` inputs. A linear module matched by one of
+    `targets` and by no entry of `ignore` is stored that way; the rest stay BF16. Entries are
+    module names ("lm_head") or, after "re:", regular expressions matched from the name's start;
+    the target "Linear" matches every linear module."""
+
+    group_size: int = 32
+    targets: tuple[str, ...] = ("Linear",)
+    ignore: tuple[str, ...] = KIMI_INT4_IGNORE
+
+    def quantizes(self, module: str, linear: bool) -> bool:
+        """Whether the module (a weight's name without ".weight") is stored in INT4."""
+        def matches(entry: str) -> bool:
+            if entry.startswith("re:"):
+                return re.match(entry[3:], module) is not None
+            return entry == module or (entry == "Linear" and linear)
+        return any(matches(t) for t in self.targets) and not any(matches(i) for i in self.ignore)
+
+    def to_hf(self) -> dict[str, Any]:
+        """The quantization_config block of config.json."""
+        weights = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": self.group_size,
+                   "dynamic": False, "actorder": None, "block_structure": None, "observer": "minmax"}
+        group = {"targets": list(self.targets), "weights": weights, "input_activations": None,
+                 "output_activations": None, "format": "pack-quantized"}
+        return {"quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
+                "config_groups": {"group_0": group}, "ignore": list(self.ignore), "kv_cache_scheme": None}
+
+
+@dataclass(frozen=True)
+class Wrapper:
+    """A vision-language wrapper around the text model (Kimi K2.5's `kimi_k25`): the text model's
+    tensors are stored under `text_prefix`, the vision tower's and projector's under
+    `unused_prefixes`, and `unused_fields` are the wrapper's config fields a text run does not use."""
+
+    model_type: str
+    text_prefix: str = "language_model."
+    unused_prefixes: tuple[str, ...] = ("vision_tower.", "mm_projector.")
+    unused_fields: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        fields = f" · not used: {', '.join(self.unused_fields)}" if self.unused_fields else ""
+        prefixes = ", ".join(p + "*" for p in self.unused_prefixes)
+        return (f"{self.model_type} wrapper: the text model of its text_config, tensors under "
+                f"{self.text_prefix}* ({prefixes} never read){fields}")
 
 
 @dataclass(frozen=True)
@@ -69,6 +123,8 @@ class Config:
     max_position_embeddings: int
     rope_scaling: Yarn | None
     quantization: Fp8 | None
+    wrapper: Wrapper | None = None  # set when config.json wraps this text model (kimi_k25)
+    int4: Int4Groups | None = None  # compressed-tensors pack-quantized (then quantization is None)
 
     @property
     def qk_head_dim(self) -> int:
@@ -99,7 +155,7 @@ class Config:
             "attention_bias": False,
         }
         for f in dataclasses.fields(self):
-            if f.name in ("name", "model_type", "rope_scaling", "quantization"):
+            if f.name in ("name", "model_type", "rope_scaling", "quantization", "wrapper", "int4"):
                 continue
             out[f.name] = getattr(self, f.name)
         out["tie_word_embeddings"] = False  # lm_head is its own matrix (_parse refuses true)
@@ -112,6 +168,8 @@ class Config:
                 "fmt": self.quantization.fmt,
                 "weight_block_size": list(self.quantization.weight_block_size),
             }
+        if self.int4 is not None:
+            out["quantization_config"] = self.int4.to_hf()
         return out
 
 
@@ -179,6 +237,8 @@ class _Fields:
 def _parse(raw: dict[str, Any], source: str) -> Config:
     f = _Fields(raw, source)
     model_type = f.str("model_type")
+    if model_type in WRAPPER_TYPES:
+        return _kimi_k25(f)
     if model_type not in MODEL_TYPES:
         raise f.fail("model_type", f"must be one of {', '.join(MODEL_TYPES)}, got {model_type!r}")
     _require_equal(f, "hidden_act", "silu")
@@ -227,9 +287,49 @@ def _parse(raw: dict[str, Any], source: str) -> Config:
         max_position_embeddings=f.int("max_position_embeddings"),
         rope_scaling=rope_scaling,
         quantization=_quantization(f),
+        int4=_int4_groups(f),
     )
     _check_consistency(cfg, f)
     return cfg
+
+
+# Fields of a kimi_k25 wrapper that stepper reads or that only record where the file came from
+WRAPPER_READ = ("model_type", "text_config", "quantization_config", "tie_word_embeddings", "_name_or_path")
+WRAPPER_BOOKKEEPING = ("architectures", "auto_map", "transformers_version", "dtype", "torch_dtype")
+
+
+def _kimi_k25(f: _Fields) -> Config:
+    """Kimi K2.5's vision-language wrapper: the model is its `text_config` (a kimi_k2 or
+    deepseek_v3 config), with the wrapper's quantization_config when the text config has none;
+    every other wrapper field is listed as not used."""
+    text = f.raw.get("text_config")
+    if not isinstance(text, dict):
+        raise f.fail("text_config", f"must be an object (the text model's config), got {text!r}")
+    if f.raw.get("tie_word_embeddings"):
+        raise f.fail("tie_word_embeddings", "must be false: stepper reads language_model.lm_head.weight as its own matrix")
+    text = {"model_type": "deepseek_v3", **text}  # transformers' default text model
+    outer = f.raw.get("quantization_config")
+    if outer is not None and text.setdefault("quantization_config", outer) != outer:
+        raise f.fail("quantization_config", "differs from text_config.quantization_config; give one of them")
+    if text["model_type"] in WRAPPER_TYPES:
+        raise f.fail("text_config.model_type", f"must be one of {', '.join(MODEL_TYPES)}, got {text['model_type']!r}")
+    cfg = _parse(text, f"{f.source}: text_config")
+    unused = tuple(k for k in f.raw if k not in WRAPPER_READ + WRAPPER_BOOKKEEPING)
+    name = str(f.raw.get("_name_or_path") or display_name(f.source))
+    return dataclasses.replace(cfg, name=name, wrapper=Wrapper(f.str("model_type"), unused_fields=unused))
+
+
+def wrapped_hf(cfg: Config, vision_config: dict[str, Any]) -> dict[str, Any]:
+    """The config.json of a kimi_k25 checkpoint around this text model (what `stepper synth
+    --layout kimi_k25` writes): the text model in text_config, the vision tower's sizes beside it."""
+    return {
+        "architectures": ["KimiK25ForConditionalGeneration"],
+        "model_type": "kimi_k25",
+        "text_config": cfg.to_hf(),
+        "vision_config": vision_config,
+        "media_placeholder_token_id": cfg.vocab_size - 1,
+        "tie_word_embeddings": False,
+    }
 
 
 def display_name(source: str) -> str:
@@ -281,8 +381,10 @@ def _quantization(f: _Fields) -> Fp8 | None:
         raise f.fail("quantization_config", f"must be an object, got {block!r}")
     inner = _Fields(block, f"{f.source}: quantization_config")
     method = inner.str("quant_method", default="fp8")
+    if method == COMPRESSED_TENSORS:
+        return None  # _int4_groups reads it
     if method != "fp8":
-        raise f.fail("quantization_config.quant_method", f"must be 'fp8', got {method!r}")
+        raise f.fail("quantization_config.quant_method", f"must be 'fp8' or '{COMPRESSED_TENSORS}', got {method!r}")
     fmt = inner.str("fmt", default="e4m3")
     if fmt != "e4m3":
         raise f.fail("quantization_config.fmt", f"must be 'e4m3', got {fmt!r}")
@@ -294,6 +396,70 @@ def _quantization(f: _Fields) -> Fp8 | None:
     ):
         raise f.fail("quantization_config.weight_block_size", f"must be two positive integers, got {size!r}")
     return Fp8(fmt=fmt, weight_block_size=(size[0], size[1]))
+
+
+COMPRESSED_TENSORS = "compressed-tensors"
+# Each field of a config group's `weights` stepper reads, and the only value it honours.
+INT4_WEIGHTS = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 32,
+                "dynamic": False, "actorder": None, "block_structure": None}
+NOTHING_ELSE = ("input_activations", "output_activations")  # activation quantization: not honoured
+
+
+def _int4_groups(f: _Fields) -> Int4Groups | None:
+    """A compressed-tensors quantization_config stepper can honour: one config group of symmetric
+    INT4 weights in groups of 32, packed (pack-quantized), no activation quantization; anything
+    else is refused naming the field."""
+    block = f.raw.get("quantization_config")
+    if not isinstance(block, dict) or block.get("quant_method") != COMPRESSED_TENSORS:
+        return None
+    where = "quantization_config"
+    _require_value(f, block, where, "format", "pack-quantized")
+    _require_value(f, block, where, "quantization_status", "compressed", missing_ok=True)
+    for field in ("kv_cache_scheme", "sparsity_config", "transform_config"):
+        if block.get(field):
+            raise f.fail(f"{where}.{field}", f"must be null: stepper honours weight quantization only, got {block[field]!r}")
+    groups = block.get("config_groups")
+    if not isinstance(groups, dict) or len(groups) != 1 or not isinstance(next(iter(groups.values())), dict):
+        raise f.fail(f"{where}.config_groups", f"must hold exactly one config group (an object), got {groups!r}")
+    name, group = next(iter(groups.items()))
+    at = f"{where}.config_groups.{name}"
+    for field in NOTHING_ELSE:
+        if group.get(field) is not None:
+            raise f.fail(f"{at}.{field}", f"must be null: stepper quantizes weights only, got {group[field]!r}")
+    _require_value(f, group, at, "format", "pack-quantized", missing_ok=True)
+    weights = group.get("weights")
+    if not isinstance(weights, dict):
+        raise f.fail(f"{at}.weights", f"must be an object, got {weights!r}")
+    for field, honoured in INT4_WEIGHTS.items():
+        _require_value(f, weights, f"{at}.weights", field, honoured, missing_ok=honoured is None or field == "dynamic")
+    return Int4Groups(INT4_WEIGHTS["group_size"], _entries(f, group, f"{at}.targets", "targets"),
+                      _entries(f, block, f"{where}.ignore", "ignore", allow_empty=True))
+
+
+def _require_value(f: _Fields, block: dict, at: str, field: str, honoured: Any, missing_ok: bool = False) -> None:
+    """block[field] is `honoured` (missing: allowed when missing_ok); else one line naming the field."""
+    if field not in block:
+        if missing_ok:
+            return
+        raise f.fail(f"{at}.{field}", f"is missing (stepper honours {json.dumps(honoured)})")
+    value = block[field]
+    if value != honoured or type(value) is not type(honoured):
+        raise f.fail(f"{at}.{field}", f"must be {json.dumps(honoured)} (the only value stepper honours), "
+                     f"got {json.dumps(value)}")
+
+
+def _entries(f: _Fields, block: dict, at: str, field: str, allow_empty: bool = False) -> tuple[str, ...]:
+    """A list of module names and "re:" patterns, each pattern a valid regular expression."""
+    entries = block.get(field, [] if allow_empty else None)
+    if not isinstance(entries, list) or not all(isinstance(e, str) for e in entries) or not (entries or allow_empty):
+        raise f.fail(at, f"must be a list of module names or 're:' patterns, got {entries!r}")
+    for entry in entries:
+        if entry.startswith("re:"):
+            try:
+                re.compile(entry[3:])
+            except re.error as e:
+                raise f.fail(at, f"holds {entry!r}, not a regular expression ({e})") from None
+    return tuple(entries)
 
 
 def _check_consistency(cfg: Config, f: _Fields) -> None:

@@ -4,7 +4,9 @@
 Kimi K2 (one expert group, YaRN with factor 32 and theta 50000, a dense first layer, a shared
 expert) but small enough to run in well under a second; several of its sizes are deliberately not
 multiples of 128, so FP8 blocks are partial. `tiny-v3` is its DeepSeek-V3-shaped sibling: grouped
-routing (4 groups, keep 2) and DeepSeek-V3's rope settings.
+routing (4 groups, keep 2) and DeepSeek-V3's rope settings. `tiny-int4` is `tiny` stored as
+Kimi-K2-Thinking is: routed experts in INT4 (compressed-tensors pack-quantized, groups of 32), the
+rest BF16, and rms_norm_eps 1e-5.
 """
 
 from __future__ import annotations
@@ -19,6 +21,22 @@ _FP8 = {
     "activation_scheme": "dynamic",
     "fmt": "e4m3",
     "weight_block_size": [128, 128],
+}
+
+_KIMI_K2_THINKING_INT4 = {  # Kimi-K2-Thinking's quantization_config
+    "quant_method": "compressed-tensors",
+    "format": "pack-quantized",
+    "quantization_status": "compressed",
+    "config_groups": {"group_0": {
+        "targets": ["Linear"],
+        "weights": {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 32,
+                    "dynamic": False, "actorder": None, "block_structure": None, "observer": "minmax",
+                    "observer_kwargs": {}},
+        "input_activations": None,
+        "output_activations": None,
+    }},
+    "ignore": ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"],
+    "kv_cache_scheme": None,
 }
 
 _KIMI_YARN = {
@@ -167,6 +185,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         "quantization_config": _FP8,
     },
 }
+
+PRESETS["tiny-int4"] = {**PRESETS["tiny"], "_name_or_path": "tiny-int4", "rms_norm_eps": 1e-5,
+                        "quantization_config": _KIMI_K2_THINKING_INT4}
 
 
 def preset(name: str) -> Config:

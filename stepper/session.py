@@ -27,7 +27,9 @@ from stepper.kernels.weight_cache import CachedWeights
 from stepper.model import KVCache, Transformer, synthetic_cache
 from stepper.model.layer_weights import LayerWeights
 from stepper.presets import PRESETS, preset
+from stepper.text import Tokens, load_tokenizer
 from stepper.trace import Emitter, Sink
+from stepper.weights import remote
 from stepper.weights.checkpoint import INDEX, Checkpoint
 from stepper.weights.names import EMBED
 from stepper.weights.safetensors_reader import SafetensorsFile
@@ -41,6 +43,7 @@ class RunSpec:
     layer: int | None = None  # run this layer alone
     layers: tuple[int, int | None] | None = None  # [first, stop) of the model run; stop None = the end
     ids: tuple[int, ...] | None = None  # None = `prompt_len` ids drawn from the seed
+    prompt: str | None = None  # the prompt as text, for the checkpoint's tokenizer (instead of ids)
     prompt_len: int = 7
     start_pos: int = 0
     decode: int = 0
@@ -77,9 +80,12 @@ class RunResult:
 
 
 def load_model(model: str, seed: int) -> WeightSource:
-    """A preset (synthetic weights), a checkpoint directory, or a bare config.json (synthetic)."""
+    """A preset (synthetic weights), a checkpoint directory, a remote checkpoint (hf://ORG/NAME,
+    https://HOST/PATH/), or a bare config.json (synthetic)."""
     if model in PRESETS:
         return SyntheticWeights(preset(model), seed)
+    if remote.is_remote(model):
+        return remote.open_remote(model)
     path = Path(model)
     if path.is_dir():
         if (path / "config.json").exists() and not any(path.glob("*.safetensors")) and not (path / INDEX).exists():
@@ -105,8 +111,35 @@ def prompt_ids(spec: RunSpec, cfg: Config) -> tuple[int, ...]:
     return spec.ids
 
 
+def text_prompt_ids(model: str, text: str, seed: int = 0) -> tuple[int, ...]:
+    """A text prompt as the token ids of the model's tokenizer (for runs described by ids)."""
+    return tuple(prompt_tokens(RunSpec(model=model, prompt=text), load_model(model, seed).config).ids)
+
+
 def prompt_length(spec: RunSpec) -> int:
     return spec.prompt_len if spec.ids is None else len(spec.ids)
+
+
+def prompt_tokens(spec: RunSpec, cfg: Config) -> Tokens | None:
+    """The text prompt's tokens, through the tokenizer of the checkpoint directory `spec.model`."""
+    if spec.prompt is None:
+        return None
+    if spec.ids is not None:
+        raise StepperError("give --prompt or --ids, not both")
+    if not spec.prompt:
+        raise StepperError("--prompt is empty: give some text")
+    if not Path(spec.model).is_dir():
+        raise StepperError(f"--prompt needs a tokenizer, and model {spec.model} (synthetic weights) has none: "
+                           "give token ids with --ids, or a checkpoint directory with its tokenizer")
+    tokenizer = load_tokenizer(Path(spec.model))
+    ids = tokenizer.encode(spec.prompt)
+    if not ids:
+        raise StepperError(f"--prompt {spec.prompt!r} makes no tokens with {tokenizer.file}: give some text")
+    bad = [i for i in ids if not 0 <= i < cfg.vocab_size]
+    if bad:
+        raise StepperError(f"{tokenizer.file}: token {bad[0]} ({tokenizer.piece(bad[0])!r}) of the prompt is past the "
+                           f"vocab_size {cfg.vocab_size} of model {cfg.name}")
+    return Tokens(tokenizer, list(ids))
 
 
 def seeded_tokens(seed: int, cfg: Config, n: int, stream: int = 1) -> tuple[int, ...]:
@@ -174,6 +207,7 @@ class Plan:
     prompt: tuple[int, ...]
     hidden: np.ndarray | None  # the lone layer's given input
     needs_logits: bool
+    tokens: Tokens | None = None  # the tokens' texts, with a text prompt; fed tokens are added as the run goes
 
     @property
     def config(self) -> Config:
@@ -217,13 +251,17 @@ def prepare(spec: RunSpec, weights: WeightSource | None = None) -> Plan:
     shown = shown_layers(spec, cfg)
     if spec.input is not None and spec.layer is None:
         raise StepperError("--input feeds one layer: use it with --layer N")
+    if spec.input is not None and spec.prompt is not None:
+        raise StepperError("give --input or --prompt, not both: the layer runs on one of them")
     hidden = read_input(spec.input, shown.start, cfg) if spec.input else None
-    check_positions(spec, cfg, prompt_length(spec) if hidden is None else hidden.shape[1])  # before drawing ids
-    prompt = prompt_ids(spec, cfg)
+    tokens = prompt_tokens(spec, cfg) if hidden is None else None
+    length = hidden.shape[1] if hidden is not None else len(tokens.ids) if tokens else prompt_length(spec)
+    check_positions(spec, cfg, length)  # before drawing ids
+    prompt = tuple(tokens.ids) if tokens else prompt_ids(spec, cfg)
     alone = spec.layer is not None
     needs_logits = not alone and (spec.decode > 0 or shown.stop == cfg.num_hidden_layers)
     weights.check(shown if alone else range(cfg.num_hidden_layers if needs_logits else shown.stop), needs_logits)
-    return Plan(spec, weights, shown, prompt, hidden, needs_logits)
+    return Plan(spec, weights, shown, prompt, hidden, needs_logits, tokens)
 
 
 def run(spec: RunSpec, sinks: Iterable[Sink], weights: WeightSource | None = None) -> RunResult:
@@ -244,6 +282,8 @@ def execute(plan: Plan, sinks: Iterable[Sink]) -> RunResult:
     positions = spec.start_pos + spec.cache_len + np.arange(ids.shape[1] if hidden is None else hidden.shape[1])
     decode_tokens = seeded_tokens(spec.seed, cfg, spec.decode, stream=2)
     generated: list[int] = []
+    if plan.tokens is not None:
+        plan.tokens.ids[:] = plan.prompt  # a plan may run more than once
     for step in range(spec.decode + 1):
         phase = emit.phase(phase_name(spec, step))
         more = step < spec.decode
@@ -258,6 +298,8 @@ def execute(plan: Plan, sinks: Iterable[Sink]) -> RunResult:
             token = int(np.argmax(logits[0, -1])) if more else None
         if token is not None:
             generated.append(token)
+            if plan.tokens is not None:
+                plan.tokens.feed(token)
             ids = np.array([[token]], dtype=np.int64)
             positions = positions[-1:] + 1
             hidden = None

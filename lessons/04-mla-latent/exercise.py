@@ -18,7 +18,8 @@ def latent(x, w, cfg, emit):
     """x [B, T, D] (after input_layernorm) -> (compressed_kv_norm [B, T, C], k_pe [B, 1, T, R]).
 
     w(name) is a float32 weight of this layer (w.matrix(name) the same weight, maybe still FP8, to multiply with);
-    cfg the config (cfg.kv_lora_rank = C, cfg.qk_rope_head_dim = R, cfg.rms_norm_eps);
+    cfg the config (cfg.kv_lora_rank = C, cfg.qk_rope_head_dim = R); the latent's norm uses eps
+    stepper.model.attention.LATENT_NORM_EPS (1e-6, as the references do, whatever cfg.rms_norm_eps says);
     emit(name, array) reports a named tensor.
     """
     B, T, _ = x.shape

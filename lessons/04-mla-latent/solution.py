@@ -1,6 +1,7 @@
 """Lesson 4 (mla-latent): the joint KV down-projection, split into the latent and the shared rotary key."""
 
 from stepper.kernels.linear import linear
+from stepper.model.attention import LATENT_NORM_EPS
 from stepper.model.ops import rms_norm
 
 
@@ -13,6 +14,6 @@ def latent(x, w, cfg, emit):
     emit("self_attn.compressed_kv", compressed_kv)
     k_pe = kv_a[..., cfg.kv_lora_rank :].reshape(B, T, 1, cfg.qk_rope_head_dim).transpose(0, 2, 1, 3)  # [B, 1, T, R]
     emit("self_attn.k_pe", k_pe)
-    compressed_kv = rms_norm(compressed_kv, w("self_attn.kv_a_layernorm.weight"), cfg.rms_norm_eps)
+    compressed_kv = rms_norm(compressed_kv, w("self_attn.kv_a_layernorm.weight"), LATENT_NORM_EPS)
     emit("self_attn.compressed_kv_norm", compressed_kv)
     return compressed_kv, k_pe

@@ -1,6 +1,7 @@
 """The tensor catalogue: what each named tensor is, its named dimensions and where the reference
-computes it. The content is data (catalog.json, shipped in the package); this module reads it and
-turns a tensor's shape into named dimensions for a given config."""
+computes it. The content is data (catalog.json, shipped in the package); this module reads it,
+finds entries by what a user types and turns a tensor's shape into named dimensions for a given
+config. An entry's `explain` text is a template filled with the run's config (`catalog.texts`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from functools import cache, cached_property
 from importlib import resources
 from typing import Any
 
+from stepper.catalog import texts
 from stepper.config import Config
 
 RUNTIME = "runtime"
@@ -59,13 +61,48 @@ class Catalog:
         return [Dim(s, table[s]["label"], n, table[s]["size"] == RUNTIME) for s, n in zip(symbols, shape)]
 
     def find(self, query: str) -> list[dict[str, Any]]:
-        """Entries for a name (with or without its phase and layer), a glob, or another
-        implementation's name for it (HF module, DeepSeek inference/model.py, llama.cpp)."""
+        """Entries for a query, the first kind that matches: a name (with or without its phase and
+        layer, or its last parts: `k_pe`), a glob, a checkpoint parameter (the tensors computed from
+        it), a word of names (`topk`), another implementation's name for a tensor (HF module,
+        DeepSeek inference/model.py, llama.cpp). Empty when nothing matches."""
         key = key_of(query)
         if key in self._by_name:
             return [self._by_name[key]]
-        globbed = [e for e in self.entries if fnmatchcase(e["name"], key) or fnmatchcase(e["name"], "*." + key)]
-        return globbed or [e for e in self.entries if any(alias_matches(a, query) for a in e["aliases"].values() if a)]
+        if any(c in key for c in "*?["):
+            return [e for e in self.entries if fnmatchcase(e["name"], key) or fnmatchcase(e["name"], "*." + key)]
+        for found in (
+            [e for e in self.entries if e["name"].endswith("." + key)],
+            self.consumers(query),
+            self.containing(key),
+            [e for e in self.entries if any(alias_matches(a, query) for a in e["aliases"].values() if a)],
+        ):
+            if found:
+                return found
+        return []
+
+    def containing(self, word: str) -> list[dict[str, Any]]:
+        """Entries whose name contains a word: `topk` -> mlp.gate.topk_idx, mlp.gate.topk_weight."""
+        return [e for e in self.entries if word and word in e["name"]]
+
+    def consumers(self, parameter: str) -> list[dict[str, Any]]:
+        """The tensors computed from a checkpoint parameter (`model.layers.1.self_attn.q_a_proj.weight`,
+        its `weight_scale_inv`, `mlp.gate.e_score_correction_bias`): the entries whose formula names
+        it, else the outputs of the nearest HF module that holds it (`mlp.experts.5.up_proj.weight`
+        -> the `mlp.experts` output); a wrapper's prefix (`language_model.`) is passed over. Empty
+        for a name that is not a parameter's."""
+        name = re.sub(r"^(?:[\w.]*?\blayers\.\d+\.|[\w.]*?\bmodel\.)", "", parameter).removesuffix("_scale_inv")
+        if not PARAMETER.search(name):
+            return []
+        named = [e for e in self.entries if any(dotted_suffix(name, p) or dotted_suffix(p, name)
+                                                 for p in PARAMETER.findall(e["formula"]))]
+        return named or self.module_outputs(name.rsplit(".", 1)[0])
+
+    def module_outputs(self, module: str) -> list[dict[str, Any]]:
+        """Entries that are an output of the innermost HF module holding `module` (layer-relative)."""
+        outputs = [(hf_module(e), e) for e in self.entries]
+        held = [(m, e) for m, e in outputs if m and (module == m or module.startswith(m + "."))]
+        innermost = max((len(m) for m, _ in held), default=0)
+        return [e for m, e in held if len(m) == innermost]
 
     def layer_sequence(self, cfg: Config, layer: int, attn: str = "naive") -> list[dict[str, Any]]:
         """The entries one layer emits, in execution order, for this config and attention (naive or absorb)."""
@@ -94,7 +131,7 @@ class Catalog:
         return names
 
     def expected_size(self, symbol: str, cfg: Config) -> int | None:
-        """The size a config gives a dimension symbol, or None for runtime dims."""
+        """The size a config gives a dimension symbol, or None for runtime dims and unset fields."""
         expr = self.raw["dims"][symbol]["size"]
         return None if expr == RUNTIME else evaluate_size(expr, cfg)
 
@@ -103,23 +140,36 @@ class Catalog:
         return {e["name"]: e for e in self.entries}
 
 
+PARAMETER = re.compile(r"[A-Za-z_][\w.]*\.weight(?!\w)|\b\w+_bias\b")  # q_a_proj.weight, e_score_correction_bias
+OUTPUT = re.compile(r"^(\S+) \(output\b")  # 'model.layers.{i}.mlp.experts (output, [N, d])'
+
+
+def dotted_suffix(name: str, tail: str) -> bool:
+    """`mlp.gate.weight` ends with `gate.weight`; `mlp.gate_proj.weight` does not."""
+    return name == tail or name.endswith("." + tail)
+
+
+def hf_module(entry: dict[str, Any]) -> str | None:
+    """The layer-relative HF module an entry is the output of (`mlp.experts`, `norm`), or None."""
+    found = OUTPUT.match(entry["aliases"].get("hf_module") or "")
+    return re.sub(r"^(?:model\.)?(?:layers\.\{i\}\.?)?", "", found.group(1)) if found else None
+
+
 def alias_matches(alias: str, query: str) -> bool:
     """An alias like 'kv_cmpr (first cb, before the norm)' or 'model.layers.{i}.mlp.gate (output)'
-    matches a query equal to one of its identifiers; `{i}` matches any layer number."""
-    identifiers = re.findall(r"[A-Za-z0-9_.{}]+", alias)
-    return any(fnmatchcase(query, ident.replace("{i}", "*")) for ident in identifiers if len(ident) > 1)
+    matches a query equal to one of its names: the first word, or any later one that reads as code
+    (with `_`, `.`, a digit or a capital: `kv_cache`, `inpL`; not `the`, `sum`); `{i}` matches a
+    layer number."""
+    first, *rest = re.findall(r"[A-Za-z0-9_.{}]+", alias) or [""]
+    names = [first] + [w for w in rest if not re.fullmatch(r"[a-z]+", w)]
+    return any(re.fullmatch(re.escape(name).replace(r"\{i\}", r"\d+"), query) for name in names if len(name) > 1)
 
 
-def evaluate_size(expr: str, cfg: Config) -> int:
-    """'kv_lora_rank + qk_rope_head_dim' or 'num_attention_heads * v_head_dim' for a config."""
-    total = 0
-    for term in expr.split("+"):
-        product = 1
-        for factor in term.split("*"):
-            factor = factor.strip()
-            product *= int(factor) if factor.isdigit() else int(getattr(cfg, factor))
-        total += product
-    return total
+def evaluate_size(expr: str, cfg: Config) -> int | None:
+    """'kv_lora_rank + qk_rope_head_dim' or 'num_attention_heads * v_head_dim' for a config; None
+    when it reads a field the config leaves unset (q_lora_rank)."""
+    size = texts.value(expr, cfg)
+    return None if size is None else int(size)
 
 
 def format_shape(dims: list[Dim]) -> str:

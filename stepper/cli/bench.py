@@ -10,11 +10,13 @@ import typer
 from rich.console import Console
 
 from stepper.cli.common import user_errors
+from stepper.untrusted import shown
 
 
 def bench_command(
     workdir: Annotated[Path | None, typer.Option(metavar="DIR", help="Where the synthetic full-size checkpoints are written once and reused (about 20 GB) [default: ~/.cache/stepper/bench].")] = None,
     torch: Annotated[bool, typer.Option("--torch/--no-torch", help="Also compare with transformers' DeepseekV3 on a 16-expert layer (needs the crosscheck extra): the two run in turn, and each figure is the median of the paired ratios.")] = True,
+    int4: Annotated[bool, typer.Option("--int4/--no-int4", help="Also the MoE layer with INT4 experts (Kimi-K2-Thinking's storage; about 10 GB more written once), as a ratio to the FP8 layer.")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="The figures as JSON on stdout.")] = False,
     long: Annotated[bool, typer.Option("--long", help="Only the long-context figures: the attention of --long-model's layer 0 (synthetic weights) at naive prefills of 4096, 16384 and 32768 tokens (time, share of the GEMM rate, peak RSS; 4096 also with every tensor shown) and absorbed decode steps over 8K, 32K and 128K cached positions, shown.")] = False,
     long_model: Annotated[str, typer.Option(metavar="MODEL", help="A preset or config.json for --long.")] = "kimi-k2",
@@ -32,15 +34,15 @@ def bench_command(
     with user_errors():
         console = Console(stderr=as_json, highlight=False, markup=False)
         workdir = workdir or Path.home() / ".cache" / "stepper" / "bench"
-        say = lambda line: console.print(f"· {line}", style="dim")
-        figures = bench.long_context(long_model, say) if long else bench.run_all(workdir, torch and has_torch(), say)
+        say = lambda line: console.print(f"· {shown(line)}", style="dim")
+        figures = bench.long_context(long_model, say) if long else bench.run_all(workdir, torch and has_torch(), say, int4)
         if as_json:
             print(json.dumps({"machine": bench.machine(), "figures": [f.__dict__ for f in figures]}, indent=1))
             return
-        console.print(f"machine: {bench.machine()}")
+        console.print(f"machine: {shown(bench.machine())}")
         for f in figures:
             rss = f"  peak RSS {f.peak_rss_mb:,.0f} MB" if f.peak_rss_mb else ""
-            console.print(f"{f.name}: {f.value:.3g} {f.unit}{rss}  {f.note}")
+            console.print(f"{f.name}: {f.value:.3g} {f.unit}{rss}  {shown(f.note)}")
 
 
 def has_torch() -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -11,13 +12,14 @@ import typer
 from rich.console import Console
 
 from stepper.cli.common import PlainOpt, SeedOpt, parse_layers, user_errors
+from stepper.config import Config, Wrapper
 from stepper.errors import StepperError
 from stepper.fp8 import BLOCK
 from stepper.session import RunSpec, load_model, shown_layers
 from stepper.untrusted import shown
-from stepper.views import fp8_codes, inspect, inspect_stats
+from stepper.views import fp8_codes, inspect, inspect_stats, int4_codes
 from stepper.weights.names import shape_of, storage_dtype
-from stepper.weights.synth import synth_checkpoint
+from stepper.weights.synth import QUANTS, requantized, synth_checkpoint
 from stepper.weights.synthetic import SyntheticWeights
 
 
@@ -27,12 +29,20 @@ def synth_command(
     layers: Annotated[str | None, typer.Option(metavar="A:B", help="Write only layers A to B-1 (no embedding, norm or lm_head).")] = None,
     seed: SeedOpt = 0,
     force: Annotated[bool, typer.Option("--force", help="Replace DIR if it exists.")] = False,
+    layout: Annotated[str | None, typer.Option(metavar="LAYOUT", help="hf (Kimi K2, DeepSeek-V3) or kimi_k25 (Kimi K2.5: the text model under language_model., a small vision tower beside it) [default: as the config says].")] = None,
+    quant: Annotated[str | None, typer.Option(metavar="|".join(QUANTS), help="How linear weights are stored: fp8 (128x128 "
+                     "blocks, as Kimi K2 / DeepSeek-V3), int4 (experts in compressed-tensors pack-quantized INT4, "
+                     "groups of 32, the rest BF16, as Kimi-K2-Thinking), bf16. Default: as the model's config says.")] = None,
 ) -> None:
-    """Write synthetic weights as a real HF-layout FP8 checkpoint directory."""
+    """Write synthetic weights as a real HF-layout checkpoint directory, stored as the config or --quant says."""
     with user_errors():
         source = load_model(model, seed)
         if not isinstance(source, SyntheticWeights):
             raise StepperError(f"--model {model}: synth makes weights for a preset or a config.json, not a checkpoint")
+        if layout is not None:
+            source = SyntheticWeights(with_layout(source.config, layout), seed)
+        if quant is not None:
+            source = SyntheticWeights(requantized(source.config, quant), seed)
         chosen = parse_layers(layers)
         if chosen is not None:
             chosen = shown_layers(RunSpec(layers=chosen), source.config)
@@ -43,8 +53,18 @@ def synth_command(
               f"({', '.join(files[:3])}{', ...' if len(files) > 3 else ''})")
 
 
+LAYOUTS = ("hf", "kimi_k25")
+
+
+def with_layout(cfg: Config, layout: str) -> Config:
+    """The config as a checkpoint of that layout carries it: plain, or wrapped as Kimi K2.5's."""
+    if layout not in LAYOUTS:
+        raise StepperError(f"--layout must be one of {', '.join(LAYOUTS)}, got {shown(layout)!r}")
+    return replace(cfg, wrapper=None if layout == "hf" else Wrapper("kimi_k25"))
+
+
 def inspect_command(
-    path: Annotated[Path, typer.Argument(metavar="PATH", help="A .safetensors file or a checkpoint directory.", show_default=False)],
+    path: Annotated[str, typer.Argument(metavar="PATH", help="A .safetensors file, a checkpoint directory, or a remote checkpoint (hf://ORG/NAME[@REVISION], https://HOST/PATH/).", show_default=False)],
     stats: Annotated[bool, typer.Option("--stats", help="Decode every tensor (FP8 with its scales) and add min, max, mean, std, absmax, NaN and Inf counts.")] = False,
     only: Annotated[list[str] | None, typer.Option(metavar="GLOB", help="List only tensors whose name (or scale's name) matches GLOB, e.g. '*layers.1.*'; repeatable.")] = None,
     layers: Annotated[str | None, typer.Option(metavar="A:B", help="Check and list only layers A to B-1 (no embedding, norm or lm_head).")] = None,
@@ -72,7 +92,7 @@ def inspect_command(
             raise StepperError(f"--only {' '.join(only)} matched no tensor (names look like model.layers.1.self_attn.o_proj.weight)")
         if stats:
             tensors = inspect_stats.with_stats(source, tensors, progress=sys.stderr.isatty(), plain=plain)
-        groups = inspect.group(tensors, source.config, fold_experts=not experts and not as_json)
+        groups = inspect.group(tensors, source.config, fold_experts=not experts and not as_json, unused=source.unused)
         if as_json:
             inspect.write_json(sys.stdout, groups, problems)
         else:
@@ -93,21 +113,26 @@ def inspect_layers(layers: str | None, source: inspect.Source) -> range | None:
 
 
 def fp8_command(
-    code: Annotated[str | None, typer.Argument(metavar="CODE", help="One byte to take apart: 0xCD, 205 or 0b11001101.", show_default=False)] = None,
-    weight: Annotated[str | None, typer.Option(metavar="NAME", help="Show one block of this FP8 weight, e.g. model.layers.1.self_attn.kv_a_proj_with_mqa.weight.")] = None,
+    code: Annotated[str | None, typer.Argument(metavar="CODE", help="One byte to take apart: 0xCD, 205 or 0b11001101 (with --int4: a 32-bit word, 0x89ABCDEF).", show_default=False)] = None,
+    weight: Annotated[str | None, typer.Option(metavar="NAME", help="Show one block of this FP8 weight, e.g. model.layers.1.self_attn.kv_a_proj_with_mqa.weight, or one group of this INT4 weight.")] = None,
     model: Annotated[str | None, typer.Option(metavar="NAME|DIR", help="With --weight: a preset (synthetic weights) or a checkpoint directory [default: tiny].")] = None,
-    block: Annotated[str | None, typer.Option(metavar="R,C", help="With --weight: the block's row and column in the weight's scale grid [default: 0,0].")] = None,
+    block: Annotated[str | None, typer.Option(metavar="R,C", help="With --weight: the block's row and column in the weight's scale grid; for an INT4 weight its row and group [default: 0,0].")] = None,
+    int4: Annotated[bool, typer.Option("--int4", help="INT4 (compressed-tensors pack-quantized) instead of e4m3fn: the 16 codes, or CODE as one word.")] = False,
     seed: Annotated[int | None, typer.Option(metavar="S", min=0, help="With --weight and a preset: seed of the synthetic weights [default: 0].")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="JSON on stdout: the 256 codes, the byte, or the block.")] = False,
     plain: PlainOpt = False,
 ) -> None:
-    """Show the e4m3fn format and FP8 weight blocks.
+    """Show the checkpoints' number formats: e4m3fn and FP8 blocks, INT4 words and groups.
 
     \b
-    stepper fp8                   the value of all 256 codes, as a 16x16 table
-    stepper fp8 0xCD              one byte bit by bit (also 205 or 0b11001101)
-    stepper fp8 --weight NAME     one 128x128 block of an FP8 weight: its scale_inv,
-                                  codes and values (--model, --block R,C)
+    stepper fp8                    all 256 codes' values, as a 16x16 table
+    stepper fp8 0xCD               one byte bit by bit (also 205 or 0b11001101)
+    stepper fp8 --weight NAME      an FP8 weight's 128x128 block: scale_inv,
+                                   codes, values (--model, --block R,C); an
+                                   INT4 weight's group of 32 inputs, nibble
+                                   by nibble (--block ROW,GROUP)
+    stepper fp8 --int4             the 16 INT4 codes and their values
+    stepper fp8 --int4 0x89ABCDEF  one packed word nibble by nibble
     """
     with user_errors():
         if weight is None:
@@ -116,8 +141,19 @@ def fp8_command(
                 raise StepperError(f"{', '.join(given)} only go{'es' if len(given) == 1 else ''} with --weight NAME")
         elif code is not None:
             raise StepperError("give a CODE or --weight NAME, not both")
+        elif int4:
+            raise StepperError("--int4 is for the INT4 codes or a word; --weight NAME shows whichever format the weight has")
         console = Console(no_color=plain, highlight=False, soft_wrap=True)
-        if weight is not None:
+        if int4:
+            int4_view(console, code, as_json)
+            return
+        if weight is not None and weight_dtype(weight, model or "tiny", seed or 0) == "INT4":
+            group = int4_group(weight, model or "tiny", parse_block(block or "0,0"), seed or 0)
+            if as_json:
+                print(json.dumps(int4_codes.group_record(group), allow_nan=False))
+            else:
+                int4_codes.render_group(console, group)
+        elif weight is not None:
             shown = fp8_block(weight, model or "tiny", parse_block(block or "0,0"), seed or 0)
             if as_json:
                 print(json.dumps(fp8_codes.block_record(shown), allow_nan=False))
@@ -133,6 +169,35 @@ def fp8_command(
             print(fp8_codes.table_json())
         else:
             fp8_codes.render_table(console)
+
+
+def int4_view(console: Console, code: str | None, as_json: bool) -> None:
+    """The 16 INT4 codes, or one packed word nibble by nibble."""
+    if code is None:
+        if as_json:
+            print(json.dumps(int4_codes.nibble_records()))
+        else:
+            int4_codes.render_nibbles(console)
+        return
+    word = int4_codes.parse_word(code)
+    if as_json:
+        print(json.dumps(int4_codes.word_record(word)))
+    else:
+        int4_codes.render_word(console, word)
+
+
+def weight_dtype(name: str, model: str, seed: int) -> str:
+    """How the model stores the weight (a checkpoint's config decides INT4 as for a run)."""
+    return storage_dtype(load_model(model, seed).config, name)
+
+
+def int4_group(name: str, model: str, index: tuple[int, int], seed: int) -> int4_codes.Group:
+    """Group `index` (row, group) of INT4 weight `name` from synthetic weights or a checkpoint."""
+    source = load_model(model, seed)
+    if not isinstance(source, SyntheticWeights) and not source.has(name):
+        raise StepperError(f"{model}: no tensor named '{name}' (an INT4 weight is stored as '{name}_packed')")
+    where = f"synthetic weights of {source.config.name}, seed {seed}" if isinstance(source, SyntheticWeights) else f"checkpoint {model}"
+    return int4_codes.load_group(source.stored(name), name, index, where)
 
 
 def fp8_block(name: str, model: str, index: tuple[int, int], seed: int) -> fp8_codes.Block:

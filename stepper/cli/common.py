@@ -15,7 +15,7 @@ import typer
 from stepper.errors import StepperError
 from stepper.untrusted import shown
 
-ModelOpt = Annotated[str, typer.Option(metavar="NAME|PATH", help="Preset (tiny, tiny-v3, kimi-k2, deepseek-v3), a checkpoint directory or a config.json.")]
+ModelOpt = Annotated[str, typer.Option(metavar="NAME|PATH", help="Preset (tiny, tiny-v3, kimi-k2, deepseek-v3), a checkpoint directory, a remote checkpoint (hf://ORG/NAME[@REVISION], https://HOST/PATH/) or a config.json.")]
 SeedOpt = Annotated[int, typer.Option(metavar="S", min=0, help="Seed of the synthetic weights and prompt.")]
 PlainOpt = Annotated[bool, typer.Option("--plain", help="No colour.")]
 
@@ -43,6 +43,13 @@ def user_errors() -> Iterator[None]:
         raise typer.Exit(0) from None
 
 
+def one_prompt(prompt: str | None, ids: str | None, prompt_len: int | None) -> None:
+    """The prompt is given one way at most: --prompt TEXT, --ids 1,2,3 or --prompt-len T."""
+    given = [o for o, v in (("--prompt", prompt), ("--ids", ids), ("--prompt-len", prompt_len)) if v is not None]
+    if len(given) > 1:
+        raise StepperError(f"give {given[0]} or {given[1]}, not both")
+
+
 def parse_layers(layers: str | None) -> tuple[int, int | None] | None:
     if layers is None:
         return None
@@ -50,9 +57,16 @@ def parse_layers(layers: str | None) -> tuple[int, int | None] | None:
     try:
         if not sep:
             raise ValueError
-        return int(first or 0), int(stop) if stop else None
+        start, end = int(first or 0), int(stop) if stop else None
     except ValueError:
         raise StepperError(f"--layers expects A:B (layers A to B-1), got '{layers}'") from None
+    if end is not None and end < start:
+        raise StepperError(f"--layers {layers} is reversed: A:B shows layers A to B-1, so A comes first "
+                           f"(--layers {end}:{start})")
+    if end is not None and end == start:
+        raise StepperError(f"--layers {layers} is empty: A:B shows layers A to B-1 "
+                           f"(--layers {start}:{start + 1} for layer {start})")
+    return start, end
 
 
 def parse_ids(ids: str | None) -> tuple[int, ...] | None:

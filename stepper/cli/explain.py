@@ -11,12 +11,13 @@ from stepper import catalog
 from stepper.cli.common import ModelOpt, PlainOpt, user_errors
 from stepper.errors import StepperError
 from stepper.session import check_layer, load_model
-from stepper.views.explain import explain_text
+from stepper.views.explain import also_named, explain_text, not_found
+from stepper.views.sinks import line_width
 from stepper.views.tree import layer_tree
 
 
 def explain_command(
-    name: Annotated[str, typer.Argument(metavar="NAME", help="A tensor name (layers.1.self_attn.k_pe, k_pe), a glob ('*gate*') or another implementation's name (kv_cmpr, model.layers.1.self_attn.kv_a_proj_with_mqa).", show_default=False)],
+    name: Annotated[str, typer.Argument(metavar="NAME", help="A tensor name (layers.1.self_attn.k_pe, k_pe), a glob ('*gate*'), a word of names (topk), a checkpoint parameter (model.layers.1.self_attn.q_a_proj.weight: the tensors computed from it) or another implementation's name (kv_cmpr, model.layers.1.self_attn.kv_a_proj_with_mqa).", show_default=False)],
     model: ModelOpt = "tiny",
     plain: PlainOpt = False,
 ) -> None:
@@ -26,11 +27,14 @@ def explain_command(
         cat = catalog.load()
         entries = cat.find(name)
         if not entries:
-            raise StepperError(f"no tensor named '{name}' in the catalogue (stepper tree lists them)")
+            raise StepperError(not_found(cat, name))
         console = Console(no_color=plain, highlight=False, markup=False, soft_wrap=True)
+        whole = line_width(console) is None  # a terminal wraps at words, a pipe keeps lines whole
         for entry in entries:
-            console.print(explain_text(cat, entry, cfg))
+            console.print(explain_text(cat, entry, cfg), soft_wrap=whole)
             console.print()
+        if also := also_named(cat, name, entries):
+            console.print(also, soft_wrap=whole)
 
 
 def tree_command(

@@ -14,12 +14,14 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from stepper.cli.common import parse_ids, parse_layers, user_errors
+from stepper.cli.common import one_prompt, parse_ids, parse_layers, user_errors
 from stepper.errors import StepperError
 from stepper.fixtures import aliases, show, verify
 from stepper.fixtures.export import export
 from stepper.fixtures.fixture import load
 from stepper.fixtures.spec import ExportSpec
+from stepper.session import text_prompt_ids
+from stepper.text import INSTALL
 from stepper.untrusted import shown
 
 fixtures_app = typer.Typer(
@@ -44,6 +46,7 @@ def export_command(
     layer: Annotated[int | None, typer.Option(metavar="N", min=0, help="Run layer N alone, on the prompt's token embeddings.")] = None,
     layers: Annotated[str | None, typer.Option(metavar="A:B", help="Run the model up to layer B-1, capturing layers A to B-1.")] = None,
     ids: Annotated[str | None, typer.Option(metavar="1,2,3", help="Prompt token ids, comma-separated.")] = None,
+    prompt: Annotated[str | None, typer.Option("--prompt", metavar="TEXT", help=f"The prompt as text, tokenized by the checkpoint's tokenizer; the fixture records its ids (needs: {INSTALL}).")] = None,
     prompt_len: Annotated[int | None, typer.Option(metavar="T", min=1, help="Number of prompt tokens drawn from the seed [default: 7].")] = None,
     start_pos: Annotated[int, typer.Option(metavar="P", min=0, help="Position of the first prompt token (empty cache).")] = 0,
     decode: Annotated[int, typer.Option(metavar="N", min=0, help="Decode steps after the prefill, with the cache.")] = 0,
@@ -61,11 +64,11 @@ def export_command(
     seed instead, with the sha256 of every tensor the run read.
     """
     with user_errors():
-        if ids is not None and prompt_len is not None:
-            raise StepperError("give --ids or --prompt-len, not both")
+        one_prompt(prompt, ids, prompt_len)
         if layer is not None and layers is not None:
             raise StepperError("give --layer or --layers, not both")
-        spec = ExportSpec(model=model, layer=layer, layers=parse_layers(layers), ids=parse_ids(ids),
+        chosen = text_prompt_ids(model, prompt, seed) if prompt is not None else parse_ids(ids)
+        spec = ExportSpec(model=model, layer=layer, layers=parse_layers(layers), ids=chosen,
                           prompt_len=7 if prompt_len is None else prompt_len, start_pos=start_pos,
                           decode=decode, attn=attn, seed=seed, weights_dtype=weights_dtype)
         export(spec, out, force=force, weights_dir=weights_dir, console=console_for(plain))
@@ -76,6 +79,7 @@ def verify_command(
     fixture: Annotated[Path, typer.Argument(metavar="FIXTURE", help="A fixture folder (or its manifest.json).", show_default=False)],
     candidate: Annotated[Path, typer.Argument(metavar="CANDIDATE", help="Another implementation's dump: .safetensors or .npz.", show_default=False)],
     map_file: Annotated[Path | None, typer.Option("--map", metavar="FILE.json", help="Your names -> canonical names, a JSON object.")] = None,
+    names: Annotated[str | None, typer.Option("--names", metavar="NAMING", help="The candidate's naming: transformers, inference, llama.cpp or canonical (only its names are read; it decides a name two namings share). Default: all of them, a shared name read canonically.")] = None,
     allow_missing: Annotated[bool, typer.Option("--allow-missing", help="Tensors of the fixture missing from CANDIDATE do not fail (exit 0 if the rest match).")] = False,
     report: Annotated[Path | None, typer.Option(metavar="FILE.json", help="Write the full result as JSON (overwritten).")] = None,
     rtol: Annotated[float | None, typer.Option(metavar="R", help="Relative tolerance for every float tensor, instead of the manifest's.")] = None,
@@ -86,7 +90,8 @@ def verify_command(
     """Compare CANDIDATE with FIXTURE tensor by tensor, in execution order.
 
     Names may be canonical (layers.1.self_attn.k_pe, with prefill./decode0. in multi-step fixtures),
-    HF module paths, DeepSeek inference/model.py or llama.cpp names (see `stepper fixtures names`).
+    transformers module paths, DeepSeek inference/model.py variables or llama.cpp callback names,
+    each read through that implementation's naming table (see `stepper fixtures names`).
     Exit code 0: every tensor matches; 1: a tensor differs or is missing (unless --allow-missing);
     2: bad input.
     """
@@ -94,9 +99,11 @@ def verify_command(
         for value, option in ((rtol, "--rtol"), (atol, "--atol")):
             if value is not None and not (value >= 0):
                 raise StepperError(f"{option} must be a number >= 0, got {value}")
+        if names is not None and names not in (*aliases.NAMINGS, "canonical"):
+            raise StepperError(f"--names must be one of {', '.join(aliases.NAMINGS)} or canonical, got '{shown(names)}'")
         loaded = load(fixture)
         mapping = aliases.read_map(map_file) if map_file is not None else None
-        verdict = verify.verify(loaded, candidate, mapping, not allow_missing, rtol, atol)
+        verdict = verify.verify(loaded, candidate, mapping, not allow_missing, rtol, atol, names)
         if report is not None:
             verify.write_report(report, verdict)
         show.verdict(console_for(plain), loaded, verdict, problems_only=problems)
@@ -109,26 +116,34 @@ def verify_command(
 
 @fixtures_app.command("names")
 def names_command(
-    system: Annotated[str | None, typer.Option(metavar="SYSTEM", help="Only names with an alias in hf_module, inference or llama.cpp.")] = None,
+    system: Annotated[str | None, typer.Option(metavar="NAMING", help="Only the names of transformers, inference or llama.cpp.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per name (JSON Lines).")] = False,
     plain: PlainOpt = False,
 ) -> None:
-    """The names `verify` accepts for each tensor: canonical, HF module, inference/model.py, llama.cpp.
+    """The names `verify` reads: every name of transformers, inference/model.py and llama.cpp.
 
-    {i} is the layer; multi-step fixtures prefix every name with prefill. or decode{k}.; #n picks
-    the n-th tensor of a name used several times in one layer.
+    From each implementation's naming table (stepper/fixtures/naming/), in its source's order: the
+    fixture tensor it holds (empty, with the reason in the note, when none), where it exists only
+    (attention path, dense or MoE layers), its source line and revision. {i} is the layer; #n a
+    variable's n-th value (fixtures/README.md, Names); multi-step fixtures prefix every name with
+    prefill. or decode{k}.
     """
     with user_errors():
-        if system is not None and system not in aliases.SYSTEMS:
-            raise StepperError(f"--system must be one of {', '.join(aliases.SYSTEMS)}, got '{system}'")
+        if system is not None and system not in aliases.NAMINGS:
+            raise StepperError(f"--system must be one of {', '.join(aliases.NAMINGS)}, got '{shown(system)}'")
         rows = aliases.names_table(system)
         if as_json:
             for row in rows:
                 print(json.dumps(row))
             return
-        table = Table(show_edge=False, pad_edge=False, header_style="bold", box=None)
-        for column in ("canonical", *aliases.SYSTEMS):
-            table.add_column(column, no_wrap=True)
-        for row in rows:
-            table.add_row(*(row[c] for c in ("canonical", *aliases.SYSTEMS)))
-        show.print_table(console_for(plain), table)
+        console = console_for(plain)
+        for naming in dict.fromkeys(row["naming"] for row in rows):
+            mine = [row for row in rows if row["naming"] == naming]
+            table = Table(title=f"{naming} (read at {mine[0]['revision']})", title_justify="left", show_edge=False,
+                          pad_edge=False, header_style="bold", box=None)
+            columns = ("name", "canonical", "only", "source", "note")
+            for column in columns:
+                table.add_column(column, no_wrap=column in ("name", "only"), min_width=6 if column == "note" else None)
+            for row in mine:
+                table.add_row(*(row[c] for c in columns))
+            show.print_table(console, table)

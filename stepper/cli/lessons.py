@@ -13,6 +13,7 @@ import queue
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -24,11 +25,12 @@ from rich.text import Text
 from stepper.cli.common import user_errors
 from stepper.errors import StepperError
 from stepper.lessons import check
-from stepper.lessons.progress import Progress, default_lesson
-from stepper.lessons.prose import styled
+from stepper.lessons.progress import Progress, default_lesson, next_lesson
+from stepper.lessons.prose import indented, styled
 from stepper.lessons.schema import Lesson, all_lessons, find_lesson
 from stepper.lessons.walk import walk
 from stepper.lessons.workspace import WORKSPACE, Workspace
+from stepper.text import INSTALL
 from stepper.untrusted import shown
 from stepper.views.debugger import CommandSource
 
@@ -54,12 +56,11 @@ def chosen(name: str | None, progress: Progress) -> tuple[Lesson, list[Lesson]]:
     return (find_lesson(name, lessons) if name else default_lesson(progress, lessons)), lessons
 
 
-def next_lesson(lesson: Lesson, lessons: list[Lesson]) -> Lesson | None:
-    later = [l for l in lessons if l.number > lesson.number]
-    return later[0] if later else None
-
-
 # ---------------------------------------------------------------------------------------------
+
+
+LIST_LEGEND = ("◀ the current lesson: lesson commands without NAME use it · walked ✓: stepped through to the end · "
+               "exercise: passed, gave up (solution shown) or · not yet")
 
 
 @lesson_app.command("list")
@@ -71,32 +72,43 @@ def list_command(plain: PlainOpt = False) -> None:
         console = console_for(plain)
         name_w = max(len("lesson"), *(len(l.name) for l in lessons)) + 2
         title_w = max(len("title"), *(len(shown(l.title)) for l in lessons)) + 2
+        title_w = max(12, min(title_w, console.width - (4 + name_w + 8 + len("gave up ◀"))))  # rows fit the width
         console.print(f"{'#':>2}  {'lesson':<{name_w}}{'title':<{title_w}}{'walked':<8}exercise", style="bold")
         for lesson in lessons:
             entry = progress.lesson(lesson.name)
             exercise = "passed" if entry["passed"] else ("gave up" if entry["gave_up"] else "·")
             walked = "✓" if entry["walked"] else "·"
             current = " ◀" if lesson.name == progress.current else ""
-            console.print(f"{lesson.number:>2}  {lesson.name:<{name_w}}{shown(lesson.title):<{title_w}}"
-                          f"{walked:<8}{exercise}{current}")
+            title = shown(lesson.title)
+            title = title if len(title) < title_w else title[: title_w - 2] + "…"
+            console.print(f"{lesson.number:>2}  {lesson.name:<{name_w}}{title:<{title_w}}{walked:<8}{exercise}{current}")
+        console.print(LIST_LEGEND, style="dim", soft_wrap=False)
         passed = sum(progress.lesson(l.name)["passed"] for l in lessons)
-        upcoming = next((l for l in lessons if not progress.lesson(l.name)["passed"]), None)
+        upcoming = next_lesson(progress, lessons)
         tail = "" if upcoming is None else f" · next: stepper lesson start {upcoming.name}"
-        console.print(f"{passed} of {len(lessons)} exercises passed{tail}", style="dim")
+        console.print(f"{passed} of {len(lessons)} exercises passed{tail}", style="dim", soft_wrap=False)
         console.print(f"progress file: {shown(progress.path)}", style="dim")
 
 
 @lesson_app.command("start")
-def start_command(name: NameArg = None, workspace: WorkspaceOpt = WORKSPACE, plain: PlainOpt = False) -> None:
+def start_command(
+    name: NameArg = None,
+    workspace: WorkspaceOpt = WORKSPACE,
+    plain: PlainOpt = False,
+    prompt: Annotated[str | None, typer.Option("--prompt", metavar="TEXT", help=f"Walk the lesson on this text, tokenized by the --model checkpoint's tokenizer (needs: {INSTALL}).")] = None,
+    model: Annotated[str | None, typer.Option(metavar="DIR", help="Walk the lesson on this checkpoint instead of the lesson's model.")] = None,
+) -> None:
     """Step through a lesson: predict each tensor before it is shown, then explore it.
 
-    At each stop: Enter or c goes on to the next stop, n to the next tensor, and the debugger's
+    At a prediction: ? shows how to write the answer (1,280, 1.25 KiB, 0-4, 1x7x512), Enter shows
+    the answer. At each stop: Enter or c goes on to the next stop, n to the next tensor, and the debugger's
     commands work (p NAME[slice], e explain, s attention|routing|hist, w where, h history, q quit).
     Predictions and commands are read from the terminal, or line by line from a pipe.
     """
     with user_errors():
         progress = Progress()
         lesson, _ = chosen(name, progress)
+        lesson = on_prompt(lesson, model, prompt)
         console = console_for(plain)
         path, created = Workspace(workspace).ensure(lesson)
         console.print(f"your exercise file: {shown(path)}" + (" (a fresh copy of the stub)" if created else
@@ -106,7 +118,7 @@ def start_command(name: NameArg = None, workspace: WorkspaceOpt = WORKSPACE, pla
         source = CommandSource(console, sys.stdin, sys.stdin.isatty() and console.is_terminal)
         walked = walk(lesson, console, source)
         entry = progress.lesson(lesson.name)
-        entry["right"], entry["asked"] = walked.right, walked.asked  # the latest walk's predictions
+        entry["first_try"], entry["retried"], entry["asked"] = walked.first_try, walked.retried, walked.asked  # the latest walk's
         entry["walked"] = entry["walked"] or walked.finished
         progress.save()
         functions = ", ".join(lesson.exercise.functions)
@@ -114,6 +126,14 @@ def start_command(name: NameArg = None, workspace: WorkspaceOpt = WORKSPACE, pla
         console.print(styled(f"\nyour turn: write {functions} in `{path}`, then run `stepper lesson check "
                              f"{lesson.name}{where}` (or `stepper lesson watch {lesson.name}{where}` to re-check on "
                              f"every save; `stepper lesson hint {lesson.name}` if you are stuck)"), soft_wrap=False)
+
+
+def on_prompt(lesson: Lesson, model: str | None, prompt: str | None) -> Lesson:
+    """The lesson walked on another model, or on a text prompt instead of its token ids."""
+    run = lesson.run if model is None else replace(lesson.run, model=model)
+    if prompt is not None:
+        run = replace(run, ids=None, prompt=prompt)
+    return replace(lesson, run=run)
 
 
 @lesson_app.command("check")
@@ -129,28 +149,30 @@ def check_command(
         lesson, lessons = chosen(name, progress)
         path = file if file is not None else Workspace(workspace).existing(lesson)
         console = console_for(plain)
-        passed = run_check(console, lesson, lessons, path, progress if file is None else None)
+        passed = run_check(console, lesson, lessons, path, progress, record=file is None)
     raise typer.Exit(0 if passed else 1)
 
 
-def run_check(console: Console, lesson: Lesson, lessons: list[Lesson], path: Path, progress: Progress | None) -> bool:
-    """Check, show the outcome, and record a pass in `progress` (None: another file than the learner's)."""
+def run_check(console: Console, lesson: Lesson, lessons: list[Lesson], path: Path, progress: Progress,
+              record: bool = True) -> bool:
+    """Check, show the outcome, and record a pass in `progress` (unless `record` is False: another
+    file than the learner's)."""
     console.print(f"checking {shown(path)} · lesson {lesson.number}, {lesson.name}: {shown(lesson.title)}",
                   style="bold")
     report = check.check(lesson, path)
     for outcome in report.outcomes:
         console.print(Text("✓ " if outcome.ok else "✗ ", style="bold green" if outcome.ok else "bold red")
-                      + Text(shown(outcome.title)))
-        for line in outcome.detail:
-            console.print("    " + shown(line, lines=True), highlight=False)
-    if report.passed and progress is not None:
+                      + Text(shown(outcome.title)), soft_wrap=False)
+        for line in outcome.detail:  # wrapped at words, indented
+            indented(console, shown(line, lines=True))
+    if report.passed and record:
         progress.lesson(lesson.name)["passed"] = True
         progress.save()
     if report.passed:
-        after = next_lesson(lesson, lessons)
+        after = next_lesson(progress, lessons, just_passed=lesson)
         console.print(styled(f"passed! `stepper run --use {path}` runs the whole model with your "
                              f"{', '.join(lesson.exercise.functions)}; `stepper lesson solution {lesson.name}` shows ours"
-                             + (f"; next: `stepper lesson start {after.name}`" if after else "; that was the last lesson")),
+                             + (f"; next: `stepper lesson start {after.name}`" if after else "; every lesson is done")),
                       style="bold green", soft_wrap=False)
     else:
         console.print(styled(f"not yet: fix it and check again (`stepper lesson hint {lesson.name}` for a hint)"),

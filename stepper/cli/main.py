@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+import difflib
 import sys
 from typing import Annotated
 
 import typer
 
-from stepper import __version__
-from stepper.cli import bench, checkpoint, explain, run
-from stepper.cli.common import INTERRUPTED
+from stepper.cli import bench, cache, checkpoint, diff, explain, run
+from stepper.cli.common import INTERRUPTED, user_errors
 from stepper.cli.fixtures import fixtures_app
 from stepper.cli.lessons import lesson_app
 from stepper.kernels import parallel
 from stepper.untrusted import shown
+from stepper.version import __version__
 
 app = typer.Typer(
     add_completion=False,
@@ -36,7 +37,7 @@ def main() -> None:
             code = 0
         else:
             command = ctx.command_path if ctx is not None else "stepper"
-            sys.stderr.write(f"stepper: error: {shown(e.format_message())} (see {shown(command)} --help)\n")
+            sys.stderr.write(f"stepper: error: {shown(usage_message(e))} (see {shown(command)} --help)\n")
             code = 2
     except typer.Abort:  # end of input at a prompt (typer has written the newline)
         sys.stderr.write("stepper: interrupted\n")
@@ -46,18 +47,34 @@ def main() -> None:
     sys.exit(code or 0)
 
 
+def usage_message(e: typer.TyperException) -> str:
+    """click's message, an unknown option's suggestions kept to the options close to what was typed
+    (click offers any it finds remotely alike: --bogus would get --use)."""
+    if type(e).__name__ != "NoSuchOption":  # typer carries its own copy of click
+        return e.format_message()
+    typed = e.option_name.lstrip("-")
+    near = [o for o in e.possibilities or () if difflib.SequenceMatcher(None, typed, o.lstrip("-")).ratio() >= 0.75]
+    suggestion = f" (did you mean {' or '.join(sorted(near))}?)" if near else ""
+    return f"No such option: {e.option_name}{suggestion}"
+
+
 @app.callback(invoke_without_command=True)
-def version_option(
+def global_options(
     version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
+    cache_dir: cache.CacheDirOpt = None,
+    cache_max_gb: cache.CacheMaxOpt = None,
 ) -> None:
     if version:
         print(f"stepper {__version__}")
         raise typer.Exit(0)
+    with user_errors():
+        cache.choose(cache_dir, cache_max_gb)
 
 
 # The commands, in the order `stepper --help` lists them
 app.command("run")(run.run_command)
 app.command("step")(run.step_command)
+app.command("diff")(diff.diff_command)
 app.command("explain")(explain.explain_command)
 app.command("tree")(explain.tree_command)
 app.command("bench")(bench.bench_command)
@@ -66,3 +83,4 @@ app.command("inspect")(checkpoint.inspect_command)
 app.command("fp8")(checkpoint.fp8_command)
 app.add_typer(fixtures_app, name="fixtures")
 app.add_typer(lesson_app, name="lesson")
+app.add_typer(cache.cache_app, name="cache")

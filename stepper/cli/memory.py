@@ -7,7 +7,8 @@ The estimate adds what is alive at the worst moment: the attention scores of the
 scores and the weights; past that, one tile per core, the scores never held), one layer's named
 tensors (the embedding rows, queries, keys, the MoE's activations), the cache of every layer run,
 the logits, the largest weight decoded at once, the weight cache, the float64 chunks a view's
-statistics gather, and the tensors a view keeps until the end (the debugger's history, a dump; attention made in tiles keeps only its operands).
+statistics gather, and the tensors a view keeps until the end (the debugger's history, a dump;
+attention made in tiles keeps only its operands).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from stepper import catalog
 from stepper.errors import StepperError
@@ -173,7 +175,15 @@ def choose_attn(plan: Plan, estimate: Callable[[Plan], list[Need]], available: i
 
 
 def available_bytes() -> int | None:
-    """Memory the machine can give now: MemAvailable, or the free physical pages; None if unknown."""
+    """Memory this process can still be given: the least of the machine's MemAvailable, the room
+    left under its cgroup's memory limit and under its address-space limit (`ulimit -v`); None
+    if none is known."""
+    known = [room for room in (machine_room(), cgroup_room(), address_space_room()) if room is not None]
+    return min(known) if known else None
+
+
+def machine_room() -> int | None:
+    """MemAvailable, or the free physical pages."""
     try:
         with open("/proc/meminfo", encoding="ascii") as f:
             for line in f:
@@ -185,6 +195,71 @@ def available_bytes() -> int | None:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, AttributeError):
         return None
+
+
+UNLIMITED = 1 << 60  # cgroup v1 writes "no limit" as a number near 2^63
+CGROUPS = (  # (folder under the mount, limit, usage, the page cache's reclaimable part in memory.stat)
+    ("", "memory.max", "memory.current", "inactive_file"),  # cgroup v2
+    ("memory", "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"),  # cgroup v1
+)
+
+
+def cgroup_room(mount: Path = Path("/sys/fs/cgroup"), own: Path = Path("/proc/self/cgroup")) -> int | None:
+    """The room under this process's cgroup memory limit (v2, else v1): the limit less the usage,
+    the reclaimable page cache counted as room; None without a limit."""
+    for sub, limit_file, usage_file, reclaimable in CGROUPS:
+        for folder in cgroup_folders(mount / sub, own, v2=not sub):
+            limit, usage = read_number(folder / limit_file), read_number(folder / usage_file)
+            if limit is not None and usage is not None:
+                return None if limit >= UNLIMITED else max(0, limit - usage + stat_value(folder / "memory.stat", reclaimable))
+    return None
+
+
+def cgroup_folders(root: Path, own: Path, v2: bool) -> list[Path]:
+    """The folder of this process's cgroup under root, as /proc/self/cgroup names it, then the
+    root itself (inside a container the mount shows its own cgroup)."""
+    try:
+        lines = own.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        lines = []
+    paths = [line.split(":", 2)[2] for line in lines if line.count(":") >= 2
+             and (line.startswith("0::") if v2 else "memory" in line.split(":", 2)[1].split(","))]
+    return [root / path.lstrip("/") for path in paths if path.strip("/")] + [root]
+
+
+def read_number(path: Path) -> int | None:
+    """A cgroup file's number; "max" is no limit."""
+    try:
+        text = path.read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    if text == "max":
+        return UNLIMITED
+    return int(text) if text.isdigit() else None
+
+
+def stat_value(path: Path, key: str) -> int:
+    """The number after `key` in a file of "key value" lines (memory.stat, /proc/self/status); 0 if absent."""
+    try:
+        lines = path.read_text(encoding="ascii").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return 0
+    fields = [line.split() for line in lines]
+    values = [f[1] for f in fields if len(f) >= 2 and f[0] == key]
+    return int(values[0]) if values and values[0].isdigit() else 0
+
+
+def address_space_room() -> int | None:
+    """The room under RLIMIT_AS (`ulimit -v`): the limit less the address space already mapped."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    except (ImportError, OSError, ValueError):
+        return None
+    if soft == resource.RLIM_INFINITY:
+        return None
+    return max(0, soft - (stat_value(Path("/proc/self/status"), "VmSize:") * 1024))
 
 
 def check_fits(items: list[Need], available: int | None) -> None:

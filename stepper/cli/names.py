@@ -4,12 +4,12 @@ nothing would otherwise end in a run that shows nothing, or never stops."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from stepper import catalog
 from stepper.errors import StepperError
 from stepper.session import Plan, phase_name, step_attn
-from stepper.trace import did_you_mean, matches
+from stepper.trace import did_you_mean, matches, unphased
 
 START, ROPE, END = ("embed",), ("rope_cos", "rope_sin"), ("norm", "logits")
 
@@ -27,3 +27,37 @@ def check_patterns(option: str, patterns: Iterable[str], names: list[str]) -> No
     for pattern in patterns:
         if not any(matches(name, [pattern]) for name in names):
             raise StepperError(f"{option} {pattern}: matches no tensor of this run{did_you_mean(pattern, names)}")
+
+
+GLOB = set("*?[")
+PICTURE_TENSORS = {  # the tensors a --show picture is drawn from; one of them must be shown
+    "attention": ("self_attn.attn_weights",),
+    "routing": ("mlp.gate.topk_idx", "mlp.gate.topk_weight"),
+}
+
+
+def only_filter(patterns: list[str], names: list[str], note: Callable[[str], None]) -> Callable[[str], bool]:
+    """Which names `--only` keeps. A bare name that is a global tensor's (`logits`, `norm`) keeps
+    that global only, not every layer tensor whose name ends the same way (`mlp.gate.logits`, kept
+    by that name); another bare name that matches several kinds of tensor is said, with the kinds."""
+    globals_ = {unphased(n) for n in names if not unphased(n).startswith("layers.")}
+    tests = []
+    for pattern in patterns:
+        kinds = sorted({catalog.key_of(n) for n in names if matches(n, [pattern])})
+        if GLOB & set(pattern) or len(kinds) < 2:
+            tests.append(lambda name, p=pattern: matches(name, [p]))
+        elif pattern in globals_:  # what was meant; the layers' tensors go by their own names
+            tests.append(lambda name, p=pattern: unphased(name) == p)
+        else:
+            note(f"--only {pattern} matches {len(kinds)} kinds of tensor: {', '.join(kinds)}")
+            tests.append(lambda name, p=pattern: matches(name, [p]))
+    return lambda name: not tests or any(test(name) for test in tests)
+
+
+def check_pictures(kinds: set[str], kept: list[str]) -> None:
+    """Refuse a --show picture that no shown tensor can give, saying why."""
+    keys = {catalog.key_of(name) for name in kept}
+    for kind, needed in PICTURE_TENSORS.items():
+        if kind in kinds and not keys & set(needed):
+            raise StepperError(f"--show {kind}: it is drawn from {' or '.join(needed)}, and this run shows "
+                               f"none (choose layers or an --only that include {needed[0]})")

@@ -9,17 +9,19 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
+from rich.console import CONSOLE_HTML_FORMAT, Console
 
 from stepper import untrusted
-from stepper.cli.common import ModelOpt, PlainOpt, SeedOpt, parse_ids, parse_layers, user_errors
+from stepper.cli.common import ModelOpt, PlainOpt, SeedOpt, one_prompt, parse_ids, parse_layers, user_errors
 from stepper.cli.memory import available_bytes, check_fits, choose_attn, needs, sizes, tiled_values
-from stepper.cli.names import check_patterns, planned_names
+from stepper.cli.names import check_patterns, check_pictures, only_filter, planned_names
 from stepper.errors import StepperError
 from stepper.lessons import overrides
 from stepper.model.cache import cache_bytes_per_token
+from stepper.patching import Patcher, parse_patch
 from stepper.session import Plan, RunResult, RunSpec, execute, prepare, step_attn
-from stepper.trace import Filter, Recorder, Sink, matches
+from stepper.text import INSTALL, Tokens
+from stepper.trace import Filter, Recorder, Sink
 from stepper.views.debugger import CommandSource, Debugger, Quit
 from stepper.views.dump import (
     DUMP_LIMIT_GB,
@@ -29,34 +31,35 @@ from stepper.views.dump import (
     write_atomically,
     write_dump,
 )
-from stepper.views.sinks import PICTURES, JsonLines, Pictures, ProgressBars, TensorRows
+from stepper.views.sinks import PICTURES, JsonLines, Pictures, ProgressBars, TensorRows, print_wrapped
 from stepper.weights.synthetic import SyntheticWeights
 
 # Options of both commands
 LayerOpt = Annotated[int | None, typer.Option(metavar="N", min=0, help="Run layer N alone (on --input or the prompt's token embeddings).")]
 LayersOpt = Annotated[str | None, typer.Option(metavar="A:B", help="Run the model up to layer B-1, showing layers A to B-1.")]
 IdsOpt = Annotated[str | None, typer.Option(metavar="1,2,3", help="Prompt token ids, comma-separated.")]
+PromptOpt = Annotated[str | None, typer.Option("--prompt", metavar="TEXT", help=f"The prompt as text, tokenized by the checkpoint's tokenizer.json or tiktoken.model (needs: {INSTALL}).")]
 PromptLenOpt = Annotated[int | None, typer.Option(metavar="T", min=1, help="Number of prompt tokens drawn from the seed [default: 7].")]
 StartPosOpt = Annotated[int, typer.Option(metavar="P", min=0, help="Position of the first prompt token (empty cache).")]
-DecodeOpt = Annotated[int, typer.Option(metavar="N", min=0, help="Decode steps after the prefill, with the cache (greedy tokens).")]
+DecodeOpt = Annotated[int, typer.Option(metavar="N", min=0, help="Decode steps after the prefill, with the cache (greedy tokens; with --layer, drawn from the seed).")]
 InputOpt = Annotated[Path | None, typer.Option("--input", metavar="FILE", help="Residual stream for --layer N: a safetensors file (e.g. a --dump).")]
-AttnOpt = Annotated[str, typer.Option(metavar="PATH", help="Attention: naive (per-head keys and values), absorb (over the latent cache), or auto (naive prefill and absorbed decode where the estimated memory allows, else absorbed; the run says which and why).")]
+AttnOpt = Annotated[str, typer.Option(metavar="naive|absorb|auto", help="Attention: naive (per-head keys and values), absorb (over the latent cache), or auto (naive prefill and absorbed decode where the estimated memory allows, else absorbed; the run says which and why).")]
 CacheLenOpt = Annotated[int, typer.Option(metavar="N", help="With --layer: start that layer's cache with N synthetic positions (seeded, with the statistics of real latents); the prompt follows them.")]
 CacheOpt = Annotated[int, typer.Option(metavar="MB", min=0, help="Keep up to MB megabytes of decoded weights between decode steps.")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Overwrite an existing output file.")]
 UseOpt = Annotated[list[Path] | None, typer.Option("--use", metavar="FILE.py", help="Run with your own exercise functions (e.g. a lesson file) in place of stepper's; repeatable.")]
+PatchOpt = Annotated[list[str] | None, typer.Option("--patch", metavar="NAME=EXPR", help="Continue from NAME with EXPR of its tensor x: 0, x*0.5, x+1e-3, x[..., 7]=0; repeatable.")]
 
 
 def run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, input_file, attn, cache_mb,
-             cache_len: int = 0) -> RunSpec:
-    if ids is not None and prompt_len is not None:
-        raise StepperError("give --ids or --prompt-len, not both")
+             prompt=None, cache_len: int = 0) -> RunSpec:
+    one_prompt(prompt, ids, prompt_len)
     if layer is not None and layers is not None:
         raise StepperError("give --layer or --layers, not both")
     return RunSpec(
         model=model, layer=layer, layers=parse_layers(layers), ids=parse_ids(ids),
         prompt_len=7 if prompt_len is None else prompt_len, start_pos=start_pos, decode=decode, seed=seed,
-        input=input_file, attn=attn, weight_cache_mb=cache_mb, cache_len=cache_len,
+        input=input_file, attn=attn, weight_cache_mb=cache_mb, prompt=prompt, cache_len=cache_len,
     )
 
 
@@ -70,28 +73,51 @@ def describe(plan: Plan) -> str:
     what = (f"layer {spec.layer} alone on {untrusted.shown(plan.input_source)}" if plan.alone
             else f"layers {plan.shown.start}..{plan.shown.stop - 1}")
     steps = f", then {spec.decode} decode step{'s' if spec.decode > 1 else ''}" if spec.decode else ""
+    if steps and plan.alone:
+        steps += " on tokens drawn from the seed (a layer alone has no logits to choose them)"
     if spec.cache_len:
         steps += f", after a synthetic cache of {spec.cache_len:,} positions (seed {spec.seed})"
     attns = sorted({step_attn(spec, step) for step in range(spec.decode + 1)}, reverse=True)
     attn = " then ".join(attns)
     naive, latent = cache_bytes_per_token(cfg, "naive"), cache_bytes_per_token(cfg, "absorb")
+    wrapper = f"\n{untrusted.shown(cfg.wrapper.describe())}" if cfg.wrapper is not None else ""
+    wrapper += f"\n{prompt_line(plan.tokens)}" if plan.tokens is not None else ""
     return (
         f"model {untrusted.shown(cfg.name)} ({untrusted.shown(cfg.model_type)}): "
         f"{cfg.num_hidden_layers} layers ({dense} dense), "
         f"{cfg.num_attention_heads} heads{moe} · {weights} · {what}{steps}\n"
         f"attention {attn} · cache per position per layer (float32): per-head keys and values "
-        f"{naive:,} B, latent + rope key {latent:,} B ({naive / latent:.1f}x smaller)"
+        f"{naive:,} B, latent + rope key {latent:,} B ({naive / latent:.1f}x smaller){wrapper}"
     )
 
 
+def prompt_line(tokens: Tokens) -> str:
+    """The text prompt's tokens, each id with its text (a long prompt cut like token_ids)."""
+    pairs = [f"{i} {text}" for i, text in zip(tokens.ids, tokens.labels())]
+    shown = pairs if len(pairs) <= 16 else [*pairs[:12], "…", *pairs[-4:]]
+    return f"prompt: {len(pairs)} token{'s' if len(pairs) != 1 else ''} from {untrusted.shown(tokens.tokenizer.file.name)}: {' · '.join(shown)}"
+
+
+def print_lines(console: Console, text: str, style: str) -> None:
+    """Lines of prose, each wrapped at word boundaries on a terminal."""
+    for line in text.splitlines():
+        print_wrapped(console, line, style=style)
+
+
 def footer(plan: Plan, result: RunResult, shown: int, dump: Path | None) -> str:
-    parts = [f"{shown} tensors"]
+    parts = [f"{shown} tensor{'s' if shown != 1 else ''}"]
     if plan.hidden is None:
-        parts.append(f"prompt {token_ids(result.prompt)} at positions {plan.spec.start_pos + plan.spec.cache_len}..")
+        first = plan.spec.start_pos + plan.spec.cache_len
+        last = first + len(result.prompt) - 1
+        parts.append(f"prompt {token_ids(result.prompt)} at position{f's {first}..{last}' if last > first else f' {first}'}")
     if result.generated:
         parts.append(("generated " if not plan.alone else "decode tokens ") + token_ids(result.generated))
+        if plan.tokens is not None:
+            parts[-1] += f" {untrusted.shown(repr(plan.tokens.tokenizer.decode(result.generated)))}"
     if dump is not None:
         parts.append(f"dumped to {untrusted.shown(dump)}")
+    if hasattr(plan.weights, "transfer"):  # a remote checkpoint
+        parts.append(plan.weights.note())
     return " · ".join(parts)
 
 
@@ -131,6 +157,7 @@ def run_command(
     layer: LayerOpt = None,
     layers: LayersOpt = None,
     ids: IdsOpt = None,
+    prompt: PromptOpt = None,
     prompt_len: PromptLenOpt = None,
     start_pos: StartPosOpt = 0,
     decode: DecodeOpt = 0,
@@ -147,39 +174,47 @@ def run_command(
     dump_limit_gb: Annotated[float, typer.Option(metavar="GB", help="Refuse a --dump with a tensor larger than GB GiB.")] = DUMP_LIMIT_GB,
     force: ForceOpt = False,
     use: UseOpt = None,
+    patch: PatchOpt = None,
 ) -> None:
     """Run the model on a prompt and print every named tensor in execution order."""
     with user_errors():
         spec = run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, input_file, attn, weight_cache_mb,
-                        cache_len)
+                        prompt, cache_len)
         pictures = parse_show(show)
         if dump is not None:
             check_writable(dump, force)
+
         def kept_by(plan: Plan) -> list[str]:
-            return [n for n in planned_names(plan) if not only or matches(n, only)] if dump is not None else []
+            names = planned_names(plan)
+            keep = only_filter(only or [], names, lambda _: None)
+            return [n for n in names if keep(n)] if dump is not None else []
 
         plan, why = choose_attn(prepare(spec), lambda p: needs(p, kept_by(p), "--only"), available_bytes())
         names = planned_names(plan)
         check_patterns("--only", only or [], names)
-        kept = kept_by(plan)
+        patcher = patch_sink(patch, names, plan)
+        keep = only_filter(only or [], names, lambda note: sys.stderr.write(f"stepper: {note}\n"))
+        check_pictures(pictures, [n for n in names if keep(n)])
+        kept = [n for n in names if keep(n)] if dump is not None else []
         check_dump_sizes(sizes(plan, kept), dump_limit_gb)
         check_fits(needs(plan, kept, "--only"), available_bytes())
         console = Console(no_color=plain, highlight=False, markup=False, soft_wrap=True)
         if not as_json:
-            console.print(describe(plan), style="bold")
+            print_lines(console, describe(plan), "bold")
             if why:
-                console.print(why, style="dim")
-            long = tiled_values(plan, [n for n in names if not only or matches(n, only)])
+                print_lines(console, why, "dim")
+            long = tiled_values(plan, [n for n in names if keep(n)])
             if long > LONG_VALUES:
-                console.print(f"note: the attention scores and weights shown hold {long:.2g} values, summarised a tile "
-                              "at a time: their exact statistics take a while (--only can leave them out)", style="dim")
+                print_lines(console, f"note: the attention scores and weights shown hold {long:.2g} values, summarised "
+                            "a tile at a time: their exact statistics take a while (--only can leave them out)", "dim")
         counter, recorder = TensorCount(), Recorder()
-        views: list[Sink] = [counter, JsonLines(sys.stdout, plan.config) if as_json else TensorRows(console, plan.config)]
-        if pictures:
-            views.append(Pictures(console, plan.config, pictures, plan.weights))
+        views: list[Sink] = [counter, JsonLines(sys.stdout, plan.config) if as_json else TensorRows(console, plan.config, plan.tokens)]
         if dump is not None:
             views.append(recorder)
-        sinks: list[Sink] = [Filter(lambda e: matches(e.name, only), views)] if only else views
+        sinks: list[Sink] = [Filter(lambda e: keep(e.name), views)] if only else views
+        if pictures:  # it sees every tensor: a routing map needs both of the router's choices
+            sinks.append(Pictures(console, plan.config, pictures, plan.weights, plan.tokens, lambda e: keep(e.name)))
+        sinks[:0] = patcher
         sinks.append(ProgressBars(Console(stderr=True)))
         with overrides.use(use or [], announce=sys.stderr):
             result = execute(plan, sinks)
@@ -187,7 +222,7 @@ def run_command(
             write_dump(dump, recorder, {"model": plan.config.name, "prompt": json.dumps(result.prompt),
                                         "start_pos": str(spec.start_pos), "generated": json.dumps(result.generated)})
         if not as_json:
-            console.print(footer(plan, result, counter.count, dump), style="dim")
+            print_lines(console, footer(plan, result, counter.count, dump), "dim")
 
 
 EXPORTS = {  # the file names --export takes, and how a session recorded in each begins
@@ -197,11 +232,16 @@ EXPORTS = {  # the file names --export takes, and how a session recorded in each
 }
 
 
+# Rich's page, its long lines wrapped by the browser at the window's width, not behind a scrollbar
+WRAPPED_HTML = CONSOLE_HTML_FORMAT.replace('<pre style="', '<pre style="white-space:pre-wrap;overflow-wrap:anywhere;', 1)
+
+
 def step_command(
     model: ModelOpt = "tiny",
     layer: LayerOpt = None,
     layers: LayersOpt = None,
     ids: IdsOpt = None,
+    prompt: PromptOpt = None,
     prompt_len: PromptLenOpt = None,
     start_pos: StartPosOpt = 0,
     decode: DecodeOpt = 0,
@@ -218,16 +258,18 @@ def step_command(
     export: Annotated[Path | None, typer.Option(metavar="FILE", help="Record the session to FILE.html, FILE.svg or FILE.txt.")] = None,
     force: ForceOpt = False,
     use: UseOpt = None,
+    patch: PatchOpt = None,
 ) -> None:
     """Step through the run one named tensor at a time, like a debugger.
 
     At each stop: Enter or n next, c continue, b GLOB break, d delete, u NAME until,
-    p NAME[slice] print, e explain, w where, x A B compare, h history, s show PICTURE, q quit, ? help.
-    Commands are read from the terminal, or line by line from a pipe.
+    p NAME[slice] print, e explain, w where, x A B compare (tensors or slices), h history,
+    s show PICTURE, q quit, ? help (help CMD: one command, with examples).
+    Commands are read from the terminal (with line editing and history), or line by line from a pipe.
     """
     with user_errors():
         spec = run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, input_file, attn, weight_cache_mb,
-                        cache_len)
+                        prompt, cache_len)
         if export is not None:
             check_export(export, force)
         script = read_commands(commands) if commands is not None else None
@@ -235,24 +277,35 @@ def step_command(
         names = planned_names(plan)
         check_patterns("--break", breaks or [], names)
         check_patterns("--until", [until] if until else [], names)
+        patcher = patch_sink(patch, names, plan)
         check_fits(needs(plan, names, "--prompt-len"), available_bytes())  # the debugger keeps every tensor
         console = Console(no_color=plain, highlight=False, markup=False, soft_wrap=True, record=export is not None,
                           stderr=as_json)
-        console.print(describe(plan), style="bold")
+        print_lines(console, describe(plan), "bold")
         if why:
-            console.print(why, style="dim")
+            print_lines(console, why, "dim")
         interactive = sys.stdin.isatty() and console.is_terminal
-        source = CommandSource(console, sys.stdin, interactive, script)
+        bars = ProgressBars(Console(stderr=True))
+        source = CommandSource(console, sys.stdin, interactive, script, before_input=bars.hide)
         on_stop = JsonLines(sys.stdout, plan.config) if as_json else None
-        debugger = Debugger(console, plan.config, source, plan.weights, list(breaks or []), until, on_stop, names)
+        debugger = Debugger(console, plan.config, source, plan.weights, list(breaks or []), until, on_stop, names,
+                            tokens=plan.tokens)
         try:
             with overrides.use(use or [], announce=sys.stderr):
-                result = execute(plan, [debugger, ProgressBars(Console(stderr=True))])
-            console.print(footer(plan, result, len(debugger.history), None), style="dim")
+                result = execute(plan, [*patcher, debugger, bars])
+            print_lines(console, footer(plan, result, len(debugger.history), None), "dim")
         except Quit:
-            console.print(f"quit after {len(debugger.history)} tensors", style="dim")
+            seen = len(debugger.history)
+            console.print(f"quit after {seen} tensor{'s' if seen != 1 else ''}", style="dim")
         if export is not None:
             save_export(console, export)
+
+
+def patch_sink(patch: list[str] | None, names: list[str], plan: Plan) -> list[Sink]:
+    """The --patch options as a sink that goes before the views (they show the patched tensors); none without them."""
+    patches = [parse_patch(text) for text in patch or []]
+    check_patterns("--patch", [pattern for pattern, _ in patches], names)
+    return [Patcher(patches, plan.config.n_routed_experts)] if patches else []
 
 
 def read_commands(path: Path) -> list[str]:
@@ -280,7 +333,7 @@ def is_export(path: Path) -> bool:
 
 def save_export(console: Console, path: Path) -> None:
     if path.suffix == ".html":
-        text = console.export_html()
+        text = console.export_html(code_format=WRAPPED_HTML)
     elif path.suffix == ".svg":
         text = console.export_svg(title="stepper step")
     else:

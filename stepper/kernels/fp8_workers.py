@@ -1,4 +1,4 @@
-"""Helper processes that take a band of an FP8 product's rows, so every core decodes.
+"""Helper processes that take a band of an FP8 (or INT4) product's rows, so every core decodes.
 
 Decoding a tile is a handful of short NumPy calls, and each call hands the GIL over, so threads
 sharing the tiles gain little and processes are used instead. A large FP8 product is cut into bands of whole scale blocks, one for this process and one
@@ -13,6 +13,10 @@ through scratch memory both processes map (an anonymous memory file, passed over
 (Codes that live only in this process, synthetic weights, stay here: copying them over costs more
 than decoding them.) A helper that cannot start or stops answering is dropped, and the
 products run here, as before.
+
+INT4 products (kernels.int4_matmul) are shared the same way, in bands of whole tiles (one for
+this process and one for each helper, the inputs in the tiles' order, the band's group scales
+in the message), and decoded by kernels.int4_tiles on both sides.
 """
 
 from __future__ import annotations
@@ -36,6 +40,9 @@ import numpy as np
 from stepper import fp8
 from stepper.kernels import parallel
 from stepper.kernels.fp8_tiles import NanCheck, apply_tiles, many_tokens, result_arrays, row_tiles
+from stepper.kernels.int4_tiles import MANY_TOKENS, TILE_ROWS
+from stepper.kernels.int4_tiles import apply_tiles as apply_int4_tiles
+from stepper.kernels.int4_tiles import row_tiles as int4_row_tiles
 from stepper.weights.safetensors_reader import (
     MappedBudget,
     advise_checkpoint_map,
@@ -43,7 +50,7 @@ from stepper.weights.safetensors_reader import (
     file_identity,
     spanned,
 )
-from stepper.weights.stored import FileBytes, Fp8Matrix
+from stepper.weights.stored import FileBytes, Fp8Matrix, Int4Matrix
 
 BAND_RESIDENT_BYTES = 3 << 28  # bytes of bands a helper keeps mapped before the oldest are released (768 MiB)
 SHARE_WORK = 1 << 22  # a product of fewer weights x tokens stays in this process: messages would cost more
@@ -52,6 +59,8 @@ SPIN_SECONDS = 0.002  # how long a side watches the pipe before sleeping on it
 BAND = struct.Struct("<13q3i")  # file identity (4), byte offset, start, end, out, in, block rows, block columns,
 # tokens, where its rows go in the scratch (bytes after the inputs); k, path length, how
 MEET, CHECK_NAN = 1, 2  # how: tiles taken from both ends (meet_in_the_middle); look for NaN codes
+INT4_BAND = struct.Struct("<12qi")  # file identity (4), byte offset, start, end, out, in, group, tokens, where
+# its rows go in the scratch; path length. Then the path and the band's group scales (float32 [rows, in/group]).
 SCRATCH = struct.Struct("<q")  # size
 CLAIMS_BYTES = 64  # the scratch starts with two int64: the next tile from the front, the last taken from the back
 OK, OK_NAN = b"ok", b"ok, NaN codes found"
@@ -309,6 +318,61 @@ def band_matrix(w: Fp8Matrix, band: Band) -> Fp8Matrix:
     return replace(w, codes=w.codes[band.start : band.end], scale_inv=scales, origin=origin)
 
 
+def int4_bands(split: np.ndarray, w: Int4Matrix, rows: np.ndarray) -> bool:
+    """rows [out, N] = the INT4 product of the inputs in the tiles' order [N, in] (int4_tiles),
+    shared with the helpers: one band of whole tiles for this process and one for each helper.
+    False (nothing done) when the words are not a file's or there are no helpers."""
+    global _broken
+    if _broken or w.origin is None or parallel.cores() < 2:
+        return False
+    try:
+        workers = helpers()
+        mine, *theirs = int4_shares(w, len(workers) + 1)
+        sent = [(helper, band) for helper, band in zip(workers, theirs) if band.end > band.start]
+        for helper, band in sent:
+            helper.send_inputs(split, band.end - band.start)
+            send_int4_band(helper, w, band, split.shape[0])
+        many = split.shape[0] > MANY_TOKENS
+        mine_w = int4_band_matrix(w, mine)
+        apply_int4_tiles(split, mine_w, int4_row_tiles(mine_w, split.shape[1], many), rows[mine.start : mine.end])
+        for helper, band in sent:
+            helper.answer()
+            height = band.end - band.start
+            flat = np.frombuffer(helper.scratch, np.float32, height * split.shape[0], CLAIMS_BYTES + helper.inputs_bytes)
+            rows[band.start : band.end] = result_arrays(height, split.shape[0], many, flat)[1]
+    except (OSError, EOFError, RuntimeError):  # a helper died or could not start: run here from now on
+        _broken = True
+        return False
+    except BaseException:  # interrupted: a helper's answer may be left unread, so stop using them
+        _broken = True
+        raise
+    return True
+
+
+def int4_shares(w: Int4Matrix, parts: int) -> list[Band]:
+    """The weight's rows cut into `parts` bands of whole tiles, as even as the tiles allow (some
+    empty when there are fewer tiles than parts)."""
+    tiles = -(-w.shape[0] // TILE_ROWS)
+    cuts = [min(tiles * p // parts * TILE_ROWS, w.shape[0]) for p in range(parts + 1)]
+    return [Band(cuts[p], cuts[p + 1]) for p in range(parts)]
+
+
+def int4_band_matrix(w: Int4Matrix, band: Band) -> Int4Matrix:
+    """The weight's rows [start, end) with their group scales, as a matrix of its own."""
+    origin = None if w.origin is None else w.origin.at(band.start * w.packed.strides[0])
+    return replace(w, packed=w.packed[band.start : band.end], scales=w.scales[band.start : band.end], origin=origin)
+
+
+def send_int4_band(helper: Helper, w: Int4Matrix, band: Band, n: int) -> None:
+    """Send a band of an INT4 product of the inputs sent; its rows go first in the scratch after them."""
+    path_bytes = os.fsencode(w.origin.path)
+    scales = np.ascontiguousarray(w.scales[band.start : band.end], np.float32)
+    numbers = INT4_BAND.pack(*w.origin.identity, w.origin.offset, band.start, band.end, *w.shape, w.group, n, 0,
+                             len(path_bytes))
+    helper.conn.send_bytes(b"I" + numbers + path_bytes + scales.tobytes())
+    helper.sent.append((band, 0))
+
+
 # ---------------------------------------------------------------------------------------------
 # The helper's side
 
@@ -328,6 +392,8 @@ def serve(conn: Connection) -> None:
                 fd = recv_handle(conn)
                 scratch = mmap.mmap(fd, SCRATCH.unpack_from(message, 1)[0])
                 os.close(fd)
+            elif message[:1] == b"I":
+                read = multiply_int4_band(scratch, files, message)
             else:
                 read, found = multiply_band(scratch, files, message)
             conn.send_bytes(OK_NAN if found else OK)
@@ -363,6 +429,30 @@ def multiply_band(scratch, files, message: bytes) -> tuple:
     nan_check = NanCheck(w, checking=bool(how & CHECK_NAN))  # the other side remembers what both found
     apply_tiles(tokens, w, k, result, claim=from_the_back(np.frombuffer(scratch, np.int64, 2)), nan_check=nan_check)
     return read, nan_check.found
+
+
+def multiply_int4_band(scratch, files, message: bytes) -> tuple:
+    """An INT4 band message's rows of the product into the scratch, after the inputs there (in the
+    tiles' order).  [N, in] -> [rows, N]. Returns the file map and byte range the words were read from."""
+    *identity, offset, start, end, _, in_dim, group, n, rows_at, path_length = INT4_BAND.unpack_from(message, 1)
+    path_end = 1 + INT4_BAND.size + path_length
+    rows, groups, row_bytes = end - start, in_dim // group, in_dim // 2
+    if len(message) != path_end + 4 * rows * groups:
+        raise ValueError(f"INT4 band message of {len(message)} bytes, expected scales [{rows}, {groups}] after the path")
+    scales = np.frombuffer(message, np.float32, rows * groups, path_end).reshape(rows, groups)
+    where = FileBytes(os.fsdecode(message[1 + INT4_BAND.size : path_end]), offset, tuple(identity))
+    key = (where.path, where.identity)
+    if key not in files:
+        files[key] = mapped(where)
+    view, fault_bytes = files[key]
+    words_at = where.at(start * row_bytes)
+    packed = np.frombuffer(view, np.int32, rows * in_dim // 8, words_at.offset).reshape(rows, in_dim // 8)
+    w = Int4Matrix(packed, scales, in_dim, group, origin=words_at)
+    tokens = np.frombuffer(scratch, np.float32, n * in_dim, CLAIMS_BYTES).reshape(n, in_dim)
+    flat = np.frombuffer(scratch, np.float32, rows * n, CLAIMS_BYTES + n * in_dim * 4 + rows_at)
+    many = n > MANY_TOKENS
+    apply_int4_tiles(tokens, w, int4_row_tiles(w, in_dim, many), result_arrays(rows, n, many, flat)[1])
+    return view, words_at.offset, rows * row_bytes, fault_bytes
 
 
 def unpacked_band(message: bytes) -> tuple:

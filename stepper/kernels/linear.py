@@ -1,6 +1,6 @@
 """x @ W^T for every kind of weight, behind one call: float32 weights with BLAS (large ones
-shared out by rows across the cores), FP8 weights decoded tile by tile inside the product
-(kernels.fp8_matmul), never held whole in float32.
+shared out by rows across the cores), FP8 weights (kernels.fp8_matmul) and INT4 weights
+(kernels.int4_matmul) decoded tile by tile inside the product, never held whole in float32.
 """
 
 from __future__ import annotations
@@ -9,18 +9,24 @@ import numpy as np
 
 from stepper.kernels import parallel
 from stepper.kernels.fp8_matmul import dequantize_rows, linear_fp8, products
-from stepper.weights.stored import Fp8Matrix
+from stepper.kernels.int4_matmul import int4_products
+from stepper.kernels.int4_tiles import int4_rows
+from stepper.weights.stored import Fp8Matrix, Int4Matrix
+
+Coded = (Fp8Matrix, Int4Matrix)  # weights kept as their codes
 
 SPLIT_WEIGHTS = 1 << 20  # a float32 weight of this many values or more is shared out by rows
 
 
-def linear(x: np.ndarray, weight: np.ndarray | Fp8Matrix) -> np.ndarray:
+def linear(x: np.ndarray, weight: np.ndarray | Fp8Matrix | Int4Matrix) -> np.ndarray:
     """x @ W^T with an HF-layout weight [out, in].  [..., in] -> [..., out]
 
-    An FP8 weight is decoded tile by tile inside the product (fp8_matmul), never as a whole.
+    An FP8 or INT4 weight is decoded tile by tile inside the product, never as a whole.
     """
     if isinstance(weight, Fp8Matrix):
         return linear_fp8(x, weight)
+    if isinstance(weight, Int4Matrix):
+        return int4_products(x, [weight])[0]
     if weight.size < SPLIT_WEIGHTS:
         return np.matmul(x, weight.T)
     return linear_by_rows(x, weight)
@@ -31,22 +37,29 @@ def linears(x: np.ndarray, weights: tuple) -> list[np.ndarray]:
     ready once and, on two cores, one weight on each (a SwiGLU's gate and up).  [..., in] -> [[..., out]]"""
     if all(isinstance(w, Fp8Matrix) for w in weights):
         return products(x, list(weights))
+    if all(isinstance(w, Int4Matrix) for w in weights):
+        return int4_products(x, list(weights))
     return [linear(x, w) for w in weights]
 
 
-def float32_weight(weight: np.ndarray | Fp8Matrix, out: np.ndarray | None = None) -> np.ndarray:
+def float32_weight(weight: np.ndarray | Fp8Matrix | Int4Matrix, out: np.ndarray | None = None) -> np.ndarray:
     """A weight as float32 [out, in]: an FP8 one decoded a block of rows at a time (the same bits
-    as fp8.dequantize, a few times faster), into `out` if given; a float32 one as it is."""
-    return dequantize_rows(weight, out) if isinstance(weight, Fp8Matrix) else weight
+    as fp8.dequantize, a few times faster), an INT4 one a tile of rows at a time (its exact
+    values), into `out` if given; a float32 one as it is."""
+    if isinstance(weight, Fp8Matrix):
+        return dequantize_rows(weight, out)
+    if isinstance(weight, Int4Matrix):
+        return int4_rows(weight, out)
+    return weight
 
 
-def float32_kept(weight: np.ndarray | Fp8Matrix, kept: dict) -> np.ndarray:
+def float32_kept(weight: np.ndarray | Fp8Matrix | Int4Matrix, kept: dict) -> np.ndarray:
     """float32_weight(weight), read-only, decoded into memory kept in `kept` from one call to the
     next (shape -> (memory, the FileBytes key of the weight it holds)), so valid only until the
     next call for that shape. Fresh memory for each call would fault its pages in again, and a
     checkpoint weight the memory still holds is not decoded again. Synthetic weights (no key)
     are always decoded."""
-    if not isinstance(weight, Fp8Matrix):
+    if not isinstance(weight, Coded):
         return weight
     memory, holds = kept.get(weight.shape, (None, None))
     if memory is None:

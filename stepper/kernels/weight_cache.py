@@ -1,6 +1,6 @@
 """A memory-bounded cache of decoded weights (`--weight-cache-mb`).
 
-Decoding FP8 costs more than multiplying by the decoded float32 matrix. Decode steps read the
+Decoding FP8 (or INT4) costs more than multiplying by the decoded float32 matrix. Decode steps read the
 same attention and shared-expert weights every step (and sometimes the same experts), so keeping
 decoded matrices makes the second and later steps faster. The cache never holds more than its
 budget; a weight bigger than the budget is never kept.
@@ -23,7 +23,7 @@ import numpy as np
 
 from stepper.kernels.linear import float32_weight
 from stepper.weights.source import WeightSource
-from stepper.weights.stored import Fp8Matrix, Stored
+from stepper.weights.stored import Fp8Matrix, Int4Matrix, Stored
 
 USES_KEPT = 1 << 16  # names whose uses are counted, kept weights aside
 AGE_EVERY = 1 << 12  # uses between two halvings of every count (a full-size decode step makes ~2,000)
@@ -43,7 +43,7 @@ class CachedWeights:
         self.hits = 0
         self.misses = 0
 
-    def matrix(self, name: str) -> np.ndarray | Fp8Matrix:
+    def matrix(self, name: str) -> np.ndarray | Fp8Matrix | Int4Matrix:
         uses = self._count_use(name)
         if name in self.kept:
             self.kept.move_to_end(name)

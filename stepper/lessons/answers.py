@@ -1,12 +1,10 @@
-"""Reading a learner's prediction and saying whether it is right, and if not, why not.
+"""Saying whether a learner's prediction is right, and if not, why not.
 
-Four kinds of prediction:
-
-- `shape`: `[1, 7, 512]`, `1x7x512`, `(1,7,512)`, `1 7 512`, `[B=1, T=7, 512]` all read as (1, 7, 512).
-- `number`: `1.81`, `-0.5`, `1e-6`, `2^-6`, `3/8`; right within a relative `tolerance` (plus an
-  absolute `atol`).
-- `set`: integers in any order (`13, 2, 28`): expert ids, groups; compared as sets.
-- `choice`: one of the listed options, by its text (or the start of it), its number or its letter.
+`stepper.lessons.reading` reads the answer (a shape, a number, a set, a choice; the forms it
+accepts are listed there); an answer it cannot read is refused with what was in the way, and the
+learner is asked again. A number is right within the prediction's relative `tolerance` (plus an
+absolute `atol`); an exact one (no tolerance) also when it is the expected value rounded to the
+digits written (1.3 KiB for 1280 B). Sets are compared as sets.
 
 A wrong answer gets the lesson's own explanation when it matches one of the lesson's `wrong`
 answers (or its catch-all `*`), else a generic one worked out from the expected value: for shapes
@@ -16,14 +14,17 @@ is another config field), for numbers the factor or sign it is off by, for sets 
 
 from __future__ import annotations
 
+import itertools
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from stepper import catalog
 from stepper.config import Config
+from stepper.lessons.reading import FORMS, parse, read
 from stepper.presets import preset
+
+__all__ = ["FORMS", "KINDS", "Verdict", "parse", "read", "same", "why_wrong"]
 
 KINDS = ("shape", "number", "set", "choice")
 
@@ -42,79 +43,14 @@ class Verdict:
     readable: bool = True
 
 
-# ---------------------------------------------------------------------------------------------
-# Parsing
-
-
-def parse_shape(text: str) -> tuple[int, ...] | None:
-    """Every integer in the text, in order: '[1, 7, 512]', '1x7x512', '(1,7,512)', '1 7 512'."""
-    if re.search(r"\d\.\d", text):
-        return None
-    numbers = re.findall(r"\d+", text)
-    return tuple(int(n) for n in numbers) if numbers else None
-
-
-NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
-
-
-def parse_number(text: str) -> float | None:
-    """'1.81', '-0.5', '1e-6', '2^-6' or '2**-6', '3/8'; the first number in the text otherwise."""
-    text = text.strip().replace("−", "-").replace("×", "*")
-    power = re.fullmatch(rf"\s*({NUMBER})\s*(?:\^|\*\*)\s*\(?\s*([-+]?\d+)\s*\)?\s*", text)
-    if power:
-        return float(power.group(1)) ** int(power.group(2))
-    fraction = re.fullmatch(rf"\s*({NUMBER})\s*/\s*({NUMBER})\s*", text)
-    if fraction and float(fraction.group(2)) != 0:
-        return float(fraction.group(1)) / float(fraction.group(2))
-    first = re.search(NUMBER, text)
-    return float(first.group(0)) if first else None
-
-
-def parse_set(text: str) -> frozenset[int] | None:
-    numbers = re.findall(r"-?\d+", text)
-    return frozenset(int(n) for n in numbers) if numbers else None
-
-
-def parse_choice(text: str, options: Sequence[str]) -> int | None:
-    """The index of the option meant: its number (1..), its letter (a..), its text or a unique start of it."""
-    answer = text.strip().lower().rstrip(").")
-    if not answer:
-        return None
-    if answer.isdigit() and 1 <= int(answer) <= len(options):
-        return int(answer) - 1
-    if len(answer) == 1 and "a" <= answer <= "z" and ord(answer) - ord("a") < len(options):
-        return ord(answer) - ord("a")
-    lowered = [o.strip().lower() for o in options]
-    if answer in lowered:
-        return lowered.index(answer)
-    starts = [i for i, o in enumerate(lowered) if o.startswith(answer)]
-    return starts[0] if len(starts) == 1 else None
-
-
-def parse(kind: str, text: str, options: Sequence[str] = ()):
-    if kind == "shape":
-        return parse_shape(text)
-    if kind == "number":
-        return parse_number(text)
-    if kind == "set":
-        return parse_set(text)
-    if kind == "choice":
-        return parse_choice(text, options)
-    raise ValueError(f"unknown prediction kind {kind!r}")
-
-
-HOW_TO_WRITE = {
-    "shape": "write a shape like [1, 7, 512] or 1x7x512",
-    "number": "write a number like 0.25, 1e-6 or 2^-6",
-    "set": "write the numbers separated by commas, like 3, 17, 28",
-    "choice": "answer with the option's letter, number or text",
-}
-
-
 def same(kind: str, a, b, tolerance: float = 0.0, atol: float = 0.0) -> bool:
-    """Is the parsed answer `a` the value `b`?"""
+    """Is the parsed answer `a` the value `b`? Where the value is exact (no tolerance), a number
+    written to a few digits (1.3 KiB) also matches every value it rounds from (1.25 to 1.35 KiB);
+    a tolerance, where the lesson gives one, says how close an answer must be."""
     if kind == "number":
-        return abs(a - b) <= atol + tolerance * abs(b)
+        exact = tolerance == 0 and atol == 0
+        written = getattr(a, "step", 0.0) / 2 * (1 + 1e-9) if exact else 0.0
+        return abs(a - b) <= max(atol + tolerance * abs(b), written)
     if kind == "shape":
         return tuple(a) == tuple(b)
     if kind == "set":
@@ -150,8 +86,9 @@ def dim_size_name(symbol: str) -> str | None:
     return entry["size"]
 
 
-def field_names(value: int, cfg: Config | None) -> str:
-    """' (kv_lora_rank)' when a size is a config field of this model, or of Kimi K2 at full size."""
+def field_names(value: int, cfg: Config | None, field: str | None = None) -> str:
+    """' (kv_lora_rank)' when a size is a config field of this model, or of Kimi K2 at full size
+    (`field` first: the one the axis's size comes from)."""
     if cfg is None:
         return ""
     here = [f for f in SIZE_FIELDS if getattr(cfg, f, None) == value]
@@ -159,6 +96,8 @@ def field_names(value: int, cfg: Config | None) -> str:
         return f" ({' or '.join(here[:2])})"
     kimi = preset("kimi-k2")
     there = [f for f in SIZE_FIELDS if getattr(kimi, f) == value and getattr(cfg, f) != value]
+    if field in there:
+        there.insert(0, field)
     if there:
         f = there[0]
         return f" (Kimi K2's full-size {f}; this {cfg.name} model's {f} is {getattr(cfg, f)})"
@@ -167,44 +106,132 @@ def field_names(value: int, cfg: Config | None) -> str:
 
 def why_shape(a: tuple[int, ...], e: tuple[int, ...], dims: Sequence[str], cfg: Config | None) -> str:
     dims = list(dims) if len(dims) == len(e) else []
-    labels = ", ".join(dim_label(s) for s in dims) if dims else ""
-    heads = len(e) == 4 and dims[1:2] == ["H"]
+    concept = why_layout(a, e, dims)
+    if concept:
+        return concept
     if len(a) != len(e):
-        if e and e[0] == 1 and a == e[1:]:
-            return "stepper keeps the batch axis: B = 1 comes first, even for one sequence"
-        if heads and a == (e[0], e[2], e[1] * e[3]):
-            return (f"that is the shape before the heads are split: the projection gives [B, T, H*{e[3]}], "
-                    f"which is viewed as [B, T, H, {e[3]}] and transposed so each head is its own [T, {e[3]}] matrix")
-        if dims[:1] == ["N"] and len(a) == len(e) + 1 and a[0] * a[1] == e[0] and a[2:] == e[1:]:
-            return (f"the router works on tokens, not sequences: batch and positions are flattened "
-                    f"into N = B*T = {e[0]} rows")
-        if len(e) == len(a) + 1 and any(e[:i] + e[i + 1:] == a for i in range(len(e)) if e[i] == 1):
-            i = next(i for i in range(len(e)) if e[i] == 1 and e[:i] + e[i + 1:] == a)
-            what = dim_label(dims[i]) if dims else f"axis {i}"
-            return f"an axis of size 1 is still an axis: {what} is 1 here and stays in the shape"
-        if len(e) == 3 and len(a) == 4 and a[0] == e[0] and a[2] == e[1] and a[1] * a[3] == e[2]:
-            return "that is the shape before the heads are merged back: [B, H, T, V] becomes [B, T, H*V]"
-        return f"it has {len(e)} axes" + (f": [{labels}]" if labels else "")
+        return why_axes(a, e, dims, cfg)
     if sorted(a) == sorted(e):
-        if heads and a == (e[0], e[2], e[1], e[3]):
-            return ("that is the view before the transpose: [B, T, H, ...] becomes [B, H, T, ...], heads in front, "
-                    "so each head is a [T, ...] matrix to multiply")
-        return "the right sizes in the wrong order" + (f": the axes are [{labels}]" if labels else "")
+        return why_order(a, e, dims)
+    return why_sizes(a, e, dims, cfg)
+
+
+def why_layout(a: tuple[int, ...], e: tuple[int, ...], dims: list[str]) -> str:
+    """The mistakes of layout worth a sentence of their own: heads not split, not merged, not
+    transposed; batch and positions not flattened for the router."""
+    heads = len(e) == 4 and dims[1:2] == ["H"]
+    if heads and a == (e[0], e[2], e[1] * e[3]):
+        return (f"that is the shape before the heads are split: the projection gives [B, T, H*{e[3]}], "
+                f"which is viewed as [B, T, H, {e[3]}] and transposed so each head is its own [T, {e[3]}] matrix")
+    if heads and a == (e[0], e[2], e[1], e[3]) and e[1] != e[2]:
+        return ("that is the view before the transpose: [B, T, H, ...] becomes [B, H, T, ...], heads in front, "
+                "so each head is a [T, ...] matrix to multiply")
+    if dims[:1] == ["N"] and len(a) == len(e) + 1 and a[0] * a[1] == e[0] and a[2:] == e[1:]:
+        return (f"the router works on tokens, not sequences: batch and positions are flattened "
+                f"into N = B*T = {e[0]} rows")
+    merged = len(e) == 3 and len(a) == 4 and dims[2:] == ["Hv"] and 1 not in a[1:]
+    if merged and a[0] == e[0] and a[2] == e[1] and a[1] * a[3] == e[2]:
+        return "that is the shape before the heads are merged back: [B, H, T, V] becomes [B, T, H*V]"
+    if merged and a[:2] == e[:2] and a[2] * a[3] == e[2]:
+        return (f"that is the heads side by side, not yet merged: [B, T, H, V] = {list(a)} is reshaped to "
+                f"[B, T, H*V] = {list(e)}")
+    return ""
+
+
+def axis(dims: list[str], i: int) -> str:
+    """How to name axis i: 'H (heads)', 'the head axis (one shared rope head)', or 'axis 2'."""
+    if not dims:
+        return f"axis {i + 1}"
+    if dims[i] == "one":
+        return "the head axis (one shared rope head)"
+    return dim_label(dims[i])
+
+
+def layout(e: tuple[int, ...], dims: list[str]) -> str:
+    sizes = "[" + ", ".join(map(str, e)) + "]"
+    return f"[{', '.join('H=1' if d == 'one' else d for d in dims)}] = {sizes}" if dims else sizes
+
+
+def aligned(short: tuple[int, ...], long: tuple[int, ...]) -> tuple[tuple[int, ...], int]:
+    """Which positions of `long` have no counterpart in `short`: those leaving the fewest sizes
+    unequal. Equal sizes in a row are matched from the left, so the one left over is the last
+    of them ([1, 7, 16] against [1, 1, 7, 16] misses the second 1)."""
+    best: tuple[int, tuple[int, ...]] | None = None
+    for gone in itertools.combinations(range(len(long)), len(long) - len(short)):
+        kept = [x for i, x in enumerate(long) if i not in gone]
+        unequal = sum(x != y for x, y in zip(kept, short))
+        if best is None or unequal < best[0] or (unequal == best[0] and gone > best[1]):
+            best = (unequal, gone)
+    assert best is not None
+    return best[1], best[0]
+
+
+def why_axes(a: tuple[int, ...], e: tuple[int, ...], dims: list[str], cfg: Config | None) -> str:
+    """An axis missing or one too many: the axes named, after aligning the answer to the shape."""
+    if len(a) < len(e):
+        gone, unequal = aligned(a, e)
+        rest = tuple(x for i, x in enumerate(e) if i not in gone)
+        if unequal and len(gone) > 1:  # no telling which axes were meant
+            return f"the shape has {len(e)} axes, {layout(e, dims)}; that has {len(a)}"
+        if gone == (0,) and e[0] == 1 and (dims[:1] in (["B"], [])):
+            reason = "stepper keeps the batch axis: B = 1 comes first, even for one sequence"
+        elif all(e[i] == 1 for i in gone):
+            what = " and ".join(axis(dims, i) for i in gone)
+            verbs = ("is", "stays") if len(gone) == 1 else ("are", "stay")
+            reason = (f"an axis of size 1 is still an axis: {what} {verbs[0]} 1 here "
+                      f"and {verbs[1]} in the shape {layout(e, dims)}")
+        else:
+            what = " and ".join(f"{axis(dims, i)} = {e[i]}" for i in gone)
+            reason = f"{what} {'is' if len(gone) == 1 else 'are'} missing: the shape is {layout(e, dims)}"
+        kept_dims = [d for i, d in enumerate(dims) if i not in gone]
+        sizes = why_sizes(a, rest, kept_dims, cfg) if a != rest else ""
+        return reason + (f"; and {sizes}" if sizes else "")
+    extra, unequal = aligned(e, a)
+    rest = tuple(x for i, x in enumerate(a) if i not in extra)
+    if unequal and len(extra) > 1:
+        return f"the shape has {len(e)} axes, {layout(e, dims)}; that has {len(a)}"
+    where = []
+    for i in extra:
+        before = i - sum(j < i for j in extra)  # how many of the shape's axes come before it
+        place = f"after {axis(dims, before - 1)}" if before else "in front"
+        where.append(f"the {a[i]} {place}")
+    reason = (f"{'one axis' if len(extra) == 1 else f'{len(extra)} axes'} too many: the shape is {layout(e, dims)}, "
+              f"with nothing for {' or '.join(where)}")
+    sizes = why_sizes(rest, e, dims, cfg) if rest != e else ""
+    return reason + (f"; and {sizes}" if sizes else "")
+
+
+def why_order(a: tuple[int, ...], e: tuple[int, ...], dims: list[str]) -> str:
+    wrong = [i for i, (x, y) in enumerate(zip(a, e)) if x != y]
+    if len(wrong) == 2:
+        i, j = wrong
+        return (f"the right sizes in the wrong order: {axis(dims, i)} = {e[i]} comes before {axis(dims, j)} = {e[j]}; "
+                f"the shape is {layout(e, dims)}")
+    return f"the right sizes in the wrong order: the shape is {layout(e, dims)}"
+
+
+def why_sizes(a: tuple[int, ...], e: tuple[int, ...], dims: list[str], cfg: Config | None) -> str:
+    """Axis by axis, each size that differs: what the axis is, where its size comes from."""
     reasons = []
     for i, (x, y) in enumerate(zip(a, e)):
         if x == y:
             continue
         symbol = dims[i] if dims else None
-        what = dim_label(symbol) if symbol else f"axis {i}"
         size = dim_size_name(symbol) if symbol else None
-        named = f" (= {size})" if size else field_names(y, cfg)
+        runtime = symbol is not None and size is None  # B, T, S, N: sizes of the run, not of the config
+        named = f" (= {size})" if size and size != "1" else "" if runtime else field_names(y, cfg)
         note = ""
         if symbol == "T" and y == 1:
             note = ": a decode step runs one new token"
         elif symbol == "S":
             note = ": every position attended to, cached ones included"
-        reasons.append(f"{what} is {y}{named}{note}, not {x}{field_names(x, cfg) if x != y else ''}")
+        reasons.append(f"{axis(dims, i)} is {y}{named}{note}, not {x}{'' if runtime else field_names(x, cfg, size)}")
     return "; ".join(reasons)
+
+
+def telling_factor(n: int) -> bool:
+    """Factors worth naming: small ones (a head count, 4 bytes a number), powers of 2 and of 10."""
+    return 2 <= n <= 16 or (n & (n - 1) == 0) or str(n).rstrip("0") == "1"
 
 
 def why_number(a: float, e: float) -> str:
@@ -214,7 +241,7 @@ def why_number(a: float, e: float) -> str:
         ratio = a / e
         for r, word in ((ratio, "times"), (1 / ratio, "a")):
             n = round(r)
-            if n >= 2 and math.isclose(r, n, rel_tol=0.02):
+            if n >= 2 and telling_factor(n) and math.isclose(r, n, rel_tol=0.02):
                 return f"that is {n} times the answer" if word == "times" else f"that is 1/{n} of the answer"
     return "too high" if a > e else "too low"
 

@@ -5,9 +5,12 @@ has two parts, and stops at the first mismatch, showing both values and where:
 
 1. For the small pure functions (softmax, rms_norm, decode, dequantize, rope_inv_freq,
    apply_rope, causal_mask), the learner's function is called on the very inputs the reference
-   got in the golden run (captured by a spy, one call per place it is used) and on a few
-   hand-made inputs that the run does not reach (all 256 FP8 codes, partial blocks, other
-   presets' YaRN settings, a decode step's mask); outputs are compared with the reference's.
+   got in the golden run (captured by a spy, one call per place it is used, each named by the
+   tensor it makes) and on a few hand-made inputs that the run does not reach (all 256 FP8
+   codes, partial blocks, other presets' YaRN settings, a decode step's mask); outputs are
+   compared with the reference's. decode and dequantize are called on the run's FP8 weights,
+   whole, with their own block scales (decode on the 256 codes first), and a difference names
+   the byte there, field by field.
 2. The lesson's runs are repeated with the learner's functions swapped in
    (`stepper.lessons.overrides`, as `stepper run --use` does) and every emitted tensor is compared, in execution order, with
    the golden run: the first tensor that differs is where the learner's function goes wrong.
@@ -29,11 +32,11 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from stepper import catalog
+from stepper import catalog, fp8
 from stepper.errors import StepperError
 from stepper.lessons import overrides
 from stepper.presets import PRESETS, preset
-from stepper.session import RunSpec, run
+from stepper.session import RunSpec, prepare, run
 from stepper.trace import Event, Recorder
 
 PURE = ("softmax", "rms_norm", "decode", "dequantize", "rope_inv_freq", "apply_rope", "causal_mask")
@@ -81,10 +84,13 @@ def captured(spec: RunSpec, names: tuple[str, ...]) -> dict[str, tuple[Call, ...
     recorder = Recorder()
     calls: dict[str, list[tuple[tuple, dict, int]]] = {name: [] for name in names}
 
+    made: dict[tuple[str, int], Any] = {}  # (function, call) -> what it returned
+
     def spy(name: str, func: Callable) -> Callable:
         def call(*args, **kwargs):
             snapshot = (copy.deepcopy(args), copy.deepcopy(kwargs))
             out = func(*args, **kwargs)
+            made[name, len(calls[name])] = out
             calls[name].append((*snapshot, len(recorder.events)))
             return out
 
@@ -104,14 +110,68 @@ def captured(spec: RunSpec, names: tuple[str, ...]) -> dict[str, tuple[Call, ...
                 if len(picked) < CALLS_PER_FUNCTION and i not in picked and site_of(next_name) not in seen:
                     seen.add(site_of(next_name))
                     picked[i] = next_name
-        result[name] = tuple(Call(found[i][0], found[i][1], f"call {i + 1} of {name} in the run (just before {n})")
+        result[name] = tuple(Call(found[i][0], found[i][1], place(name, i, n, events, found[i][2], made))
                              for i, n in sorted(picked.items()))
     return result
+
+
+def place(name: str, i: int, next_name: str, events: Sequence[Event], after: int, made: dict) -> str:
+    """'call 2 of softmax in the run, which makes layers.1.self_attn.attn_weights' when what the
+    call returned is that tensor; else the tensor the run emitted next."""
+    makes = after < len(events) and events[after].array is made.get((name, i))
+    what = f"which makes {next_name}" if makes else f"computed before {next_name} is emitted"
+    return f"call {i + 1} of {name} in the run, {what}"
 
 
 def kind_of_place(name: str) -> tuple[bool, str]:
     """A prefill's input_layernorm and a decode step's are different kinds of place (T differs)."""
     return name.startswith("decode"), catalog.key_of(name)
+
+
+FP8_FUNCTIONS = ("decode", "dequantize")
+
+
+@lru_cache(maxsize=8)
+def weight_calls(spec: RunSpec, name: str) -> tuple[Call, ...]:
+    """decode or dequantize on the FP8 weights the run reads, one of each kind, whole and with
+    their own block scales. (The run calls them on tiles of rows, with the 2^-120 rebias of
+    the tiled product as the scales: not inputs a learner would recognise.)"""
+    used: list[str] = []
+    for call in captured(spec, ("dequantize",))["dequantize"]:
+        weight = call.kwargs.get("name")
+        if weight and weight not in used:
+            used.append(weight)
+    weights = prepare(spec).weights
+    calls = []
+    for weight in used:
+        stored = weights.stored(weight)
+        codes = fp8.as_codes(stored.data)
+        if name == "decode":
+            calls.append(Call((codes,), {}, f"the codes of {weight}, {list(codes.shape)} uint8, as the run reads them"))
+        else:
+            grid = list(np.shape(stored.scale_inv))
+            calls.append(Call((codes, stored.scale_inv, tuple(stored.block)), {"name": weight},
+                              f"the weight {weight}: codes {list(codes.shape)}, scale_inv {grid}"))
+    return tuple(calls)
+
+
+def about_byte(name: str, call: Call) -> Callable[[tuple[int, ...]], str] | None:
+    """For decode and dequantize: what the byte at an index is, field by field (and its scale)."""
+    if name not in FP8_FUNCTIONS or not call.args:
+        return None
+    codes = fp8.as_codes(np.asarray(call.args[0]))
+
+    def about(index: tuple[int, ...]) -> str:
+        f = fp8.fields(int(codes[index]))
+        text = f"the byte there is 0x{f.code:02X} = {f.bits} ({f.kind}): {f.formula}"
+        if name == "dequantize" and len(call.args) > 1 and len(index) == 2:
+            block = call.args[2] if len(call.args) > 2 else fp8.BLOCK
+            r, c = index[0] // block[0], index[1] // block[1]
+            scale = float(np.asarray(call.args[1], dtype=np.float32)[r, c])
+            text += f", times its block's scale_inv[{r}, {c}] = {scale:.8g}"
+        return text
+
+    return about
 
 
 # ---------------------------------------------------------------------------------------------
@@ -184,39 +244,51 @@ def describe_args(func: Callable, call: Call) -> str:
     return ", ".join(parts)
 
 
-def difference(mine: Any, ref: np.ndarray, *, rtol: float, exact: bool = False, elementwise: bool = False) -> list[str]:
-    """[] when mine matches ref, else lines saying where and how it differs."""
+def difference(mine: Any, ref: np.ndarray, *, rtol: float, exact: bool = False, elementwise: bool = False,
+               about: Callable[[tuple[int, ...]], str] | None = None) -> list[str]:
+    """[] when mine matches ref, else lines saying where and how it differs (and `about(index)`,
+    what the input holds at the first entry that differs)."""
+    lines, index = differing(mine, ref, rtol=rtol, exact=exact, elementwise=elementwise)
+    if index is not None and about is not None:
+        lines.insert(1, about(index))
+    return lines
+
+
+def differing(mine: Any, ref: np.ndarray, *, rtol: float, exact: bool,
+              elementwise: bool) -> tuple[list[str], tuple[int, ...] | None]:
+    """The lines of `difference`, and the index of the first entry that differs (None when the
+    whole array is amiss: None returned, another shape or dtype)."""
     if not isinstance(mine, np.ndarray):
         if mine is None:
-            return ["it returned None: return the array"]
+            return ["it returned None: return the array"], None
         if isinstance(ref, np.ndarray) and np.isscalar(mine):
-            return [f"it returned the scalar {fmt(mine)}, expected an array of shape {list(ref.shape)}"]
+            return [f"it returned the scalar {fmt(mine)}, expected an array of shape {list(ref.shape)}"], None
         mine = np.asarray(mine)
     if mine.shape != ref.shape:
-        return [f"it returned shape {list(mine.shape)}, expected {list(ref.shape)}"]
+        return [f"it returned shape {list(mine.shape)}, expected {list(ref.shape)}"], None
     if ref.dtype == np.bool_:
         mine_b = mine.astype(bool)
         bad = np.argwhere(mine_b != ref)
         if bad.size:
             i = tuple(int(j) for j in bad[0])
-            return [f"at {list(i)}: expected {ref[i]}, got {mine_b[i]} ({len(bad)} entries differ)"]
-        return []
+            return [f"at {list(i)}: expected {ref[i]}, got {mine_b[i]} ({len(bad)} entries differ)"], i
+        return [], None
     if mine.dtype != ref.dtype:
         return [(f"it returned dtype {mine.dtype}, expected {ref.dtype}: the interpreter computes in "
-                 f"{ref.dtype} (cast with .astype(np.{ref.dtype}) or use np.{ref.dtype} constants)")]
+                 f"{ref.dtype} (cast with .astype(np.{ref.dtype}) or use np.{ref.dtype} constants)")], None
     if np.issubdtype(ref.dtype, np.integer):
         bad = np.argwhere(mine != ref)
         if bad.size:
             i = tuple(int(j) for j in bad[0])
-            return [f"at {list(i)}: expected {ref[i]}, got {mine[i]} ({len(bad)} entries differ)"]
-        return []
+            return [f"at {list(i)}: expected {ref[i]}, got {mine[i]} ({len(bad)} entries differ)"], i
+        return [], None
     m64, r64 = mine.astype(np.float64), ref.astype(np.float64)
     for what, test in (("NaN", np.isnan), ("+inf", np.isposinf), ("-inf", np.isneginf)):
         bad = np.argwhere(test(m64) != test(r64))
         if bad.size:
             i = tuple(int(j) for j in bad[0])
             return [(f"at {list(i)}: expected {fmt(ref[i])}, got {fmt(mine[i])} ({what} where there should "
-                     f"{'be' if test(r64[i]) else 'not be'} one; {len(bad)} such entries)")]
+                     f"{'be' if test(r64[i]) else 'not be'} one; {len(bad)} such entries)")], i
     both = np.isfinite(m64) & np.isfinite(r64)
     with np.errstate(invalid="ignore"):
         diff = np.where(both, np.abs(m64 - r64), 0.0)
@@ -229,14 +301,14 @@ def difference(mine: Any, ref: np.ndarray, *, rtol: float, exact: bool = False, 
         allowed = np.full_like(r64, rtol * scale)
     bad = np.argwhere(diff > allowed)
     if not bad.size:
-        return []
+        return [], None
     i = tuple(int(j) for j in bad[0])
     worst = np.unravel_index(int(np.argmax(diff)), diff.shape) if diff.ndim else ()
     tolerance = "exactly" if exact else (f"within {rtol:g} relative" if elementwise
                                          else f"within {rtol:g} x max|expected| = {rtol * scale:.3g}")
     return [f"first difference at {list(i)}: expected {fmt(ref[i])}, got {fmt(mine[i])}",
             (f"{len(bad)} of {ref.size} entries differ; the largest difference is {fmt(diff[worst])} at "
-             f"{[int(j) for j in worst]} (it must match {tolerance})")]
+             f"{[int(j) for j in worst]} (it must match {tolerance})")], i
 
 
 def setwise(events: Sequence[Event]) -> list[np.ndarray]:
@@ -273,8 +345,10 @@ def compare_runs(reference: Sequence[Event], mine: Sequence[Event], rtol: float)
 
 
 def describe_run(spec: RunSpec) -> str:
-    prompt = f"ids {list(spec.ids)}" if spec.ids else f"{spec.prompt_len} tokens"
-    parts = [f"model {spec.model}", f"{prompt} at positions {spec.start_pos}.."]
+    count = len(spec.ids) if spec.ids else spec.prompt_len
+    prompt = f"ids {list(spec.ids)}" if spec.ids else f"{count} token{'s' if count != 1 else ''}"
+    where = f"position {spec.start_pos}" if count == 1 else f"positions {spec.start_pos}..{spec.start_pos + count - 1}"
+    parts = [f"model {spec.model}", f"{prompt} at {where}"]
     if spec.decode:
         parts.append(f"{spec.decode} decode step{'s' if spec.decode > 1 else ''}")
     if spec.attn != "auto":
@@ -326,9 +400,20 @@ def check(lesson, path: Path) -> Report:
     return report
 
 
+def cases(lesson, name: str) -> list[Call]:
+    """The inputs a function is checked on: for decode, all 256 codes first; for decode and
+    dequantize, the run's FP8 weights; for the others, its calls in the lesson's runs; then the
+    hand-made cases."""
+    if name == "decode":
+        return extra_calls(name) + [c for spec in lesson.exercise.runs for c in weight_calls(spec, name)]
+    if name == "dequantize":
+        return [c for spec in lesson.exercise.runs for c in weight_calls(spec, name)] + extra_calls(name)
+    return [c for spec in lesson.exercise.runs for c in captured(spec, (name,))[name]] + extra_calls(name)
+
+
 def check_function(lesson, name: str, mine: Callable, path: Path) -> Outcome:
     ref = overrides.reference(name)
-    calls = [c for spec in lesson.exercise.runs for c in captured(spec, (name,))[name]] + extra_calls(name)
+    calls = cases(lesson, name)
     exact = name in ("decode", "causal_mask")
     elementwise = name in ("rope_inv_freq", "dequantize")
     rtol = 1e-6 if elementwise else 1e-5
@@ -341,7 +426,8 @@ def check_function(lesson, name: str, mine: Callable, path: Path) -> Outcome:
             except Exception as e:  # noqa: BLE001 - the learner's code may raise anything
                 return Outcome(False, f"{name} fails on {call.label}", [failure_text(e, path),
                                                                         f"inputs: {describe_args(ref, call)}"])
-        problem = difference(got, expected, rtol=rtol, exact=exact, elementwise=elementwise)
+        problem = difference(got, expected, rtol=rtol, exact=exact, elementwise=elementwise,
+                             about=about_byte(name, call))
         if problem:
             said = [f"NumPy warned: {w.message} ({Path(w.filename).name} line {w.lineno})" for w in caught[:2]]
             return Outcome(False, f"{name} differs on {call.label}",

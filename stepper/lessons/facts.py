@@ -173,7 +173,8 @@ def rope_pairs(ctx: Context, scope: str = "layers.0", head: str = "0", token: st
     position = ctx.spec.start_pos + t if not scope.startswith("decode") else None
     freqs = inv_freq(ctx)
     where = f" (position {position})" if position is not None else ""
-    lines = [f"head {h}, token {t}{where}; pair i of q_pe sits at [2i, 2i+1], of q_pe_rope at [i, i+{half}]",
+    lines = [f"head {h}, token {t}{where}:",
+             f"pair i of q_pe sits at [2i, 2i+1], of q_pe_rope at [i, i+{half}]",
              f"pair  q_pe[2i] [2i+1]   q_pe_rope[i] [i+{half}]  angle mod 2pi  length before, after"]
     for i in range(min(half, integer(rows, "rows"))):
         a, b = float(x[2 * i]), float(x[2 * i + 1])
@@ -231,7 +232,7 @@ def fp8_row(ctx: Context, name: str, count: str = "4") -> str:
     stored = stored_fp8(ctx, name)
     codes = fp8.as_codes(stored.data)
     scale = float(np.asarray(stored.scale_inv, dtype=np.float32)[0, 0])
-    lines = [f"{name}: row 0, block (0, 0) with scale_inv {scale:.6g}",
+    lines = [f"{name}, row 0:", f"its block (0, 0) has scale_inv {scale:.6g}",
              "  j   byte   s eeee mmm   e4m3 value   x scale_inv = weight"]
     for j in range(integer(count, "count")):
         f = fp8.fields(int(codes[0, j]))

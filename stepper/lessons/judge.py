@@ -20,7 +20,7 @@ from stepper.lessons.templates import fmt, render, value_of
 def expected_value(pred: Prediction, ctx: Context) -> Any:
     value = value_of(pred.answer, ctx)
     if pred.kind == "choice":
-        index = answers.parse_choice(str(value), pred.options)
+        index = answers.parse("choice", str(value), pred.options)
         if index is None:
             raise StepperError(f"prediction '{pred.question[:40]}': answer {value!r} is not one of its options")
         return index
@@ -38,9 +38,9 @@ def expected_value(pred: Prediction, ctx: Context) -> Any:
 
 def judge(pred: Prediction, text: str, ctx: Context, stop_key: str | None) -> answers.Verdict:
     kind = pred.kind
-    answer = answers.parse(kind, text, pred.options)
+    answer, unreadable = answers.read(kind, text, pred.options)
     if answer is None:
-        return answers.Verdict(False, f"I could not read that: {answers.HOW_TO_WRITE[kind]}", False)
+        return answers.Verdict(False, f"I could not read that: {unreadable}", False)
     expected = expected_value(pred, ctx)
     if answers.same(kind, answer, expected, pred.tolerance, pred.atol):
         return answers.Verdict(True)

@@ -23,7 +23,8 @@ def data_dir() -> Path:
 
 
 class Progress:
-    """progress.json: per lesson whether it was walked, passed, given up, hints shown, predictions."""
+    """progress.json: per lesson whether it was walked, passed, given up, hints shown, and the latest
+    walk's predictions (right at the first try, right on a retry, asked)."""
 
     def __init__(self, path: Path | None = None):
         self.path = path or data_dir() / "progress.json"
@@ -40,7 +41,7 @@ class Progress:
     def lesson(self, name: str) -> dict[str, Any]:
         entry = self.data["lessons"].setdefault(name, {})
         for key, default in (("walked", False), ("passed", False), ("gave_up", False), ("hints", 0),
-                             ("right", 0), ("asked", 0)):
+                             ("first_try", 0), ("retried", 0), ("asked", 0)):
             entry.setdefault(key, default)
         return entry
 
@@ -73,3 +74,16 @@ def default_lesson(progress: Progress, lessons: Sequence[Lesson]) -> Lesson:
         if not progress.lesson(lesson.name)["passed"]:
             return lesson
     return lessons[-1]
+
+
+def done(progress: Progress, lesson: Lesson) -> bool:
+    """A lesson is done once its exercise passed, or its solution was shown (--give-up)."""
+    entry = progress.lesson(lesson.name)
+    return bool(entry["passed"] or entry["gave_up"])
+
+
+def next_lesson(progress: Progress, lessons: Sequence[Lesson], just_passed: Lesson | None = None) -> Lesson | None:
+    """The one rule for "next", wherever stepper says it: the first lesson, in order, not done
+    yet (`just_passed` counts as done); None when every lesson is done."""
+    skip = just_passed.name if just_passed else None
+    return next((lesson for lesson in lessons if lesson.name != skip and not done(progress, lesson)), None)

@@ -4,6 +4,7 @@ characters (a lesson file may hold any) escaped."""
 from __future__ import annotations
 
 import re
+import textwrap
 
 from rich.console import Console
 from rich.text import Text
@@ -48,3 +49,13 @@ def styled(text: str, style: str | None = None) -> Text:
         else:
             out.append(part)
     return out
+
+
+def indented(console: Console, text: str, style: str | None = None, indent: int = 4) -> None:
+    """Print text indented, wrapped at spaces to the console's width (continuation lines
+    indented too), its own line breaks kept."""
+    width = max(20, console.width)
+    lines = [textwrap.fill(line, width, initial_indent=" " * indent, subsequent_indent=" " * indent,
+                           break_long_words=False, break_on_hyphens=False) or " " * indent
+             for line in text.split("\n")]
+    console.print(Text("\n".join(lines), style=style or ""), soft_wrap=True)

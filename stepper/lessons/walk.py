@@ -8,6 +8,7 @@ debugger's view, explains it with text filled in from the run's real tensors
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from rich.console import Console
@@ -16,7 +17,8 @@ from rich.text import Text
 from stepper.errors import StepperError
 from stepper.lessons.context import Context
 from stepper.lessons.judge import expected_value, judge, show_answer
-from stepper.lessons.prose import join_lines, say, styled
+from stepper.lessons.prose import indented, join_lines, say, styled
+from stepper.lessons.reading import FORMS
 from stepper.lessons.schema import LESSON_FILE, Lesson, Prediction, Step
 from stepper.lessons.templates import render
 from stepper.session import Plan, execute, prepare
@@ -35,7 +37,8 @@ class LessonDebugger(Debugger):
     lesson: Lesson | None = None
     plan: Plan | None = None
     step_index: int = 0
-    right: int = 0
+    first_try: int = 0  # predictions right at the first readable answer
+    retried: int = 0  # right on a later try
     asked: int = 0
 
     def __post_init__(self) -> None:
@@ -61,6 +64,11 @@ class LessonDebugger(Debugger):
         if line.strip() in ("", "c", "continue"):
             self.stepping = False
             return True
+        if re.match(r"\s*[-+\[({]?\s*\d", line):  # an answer typed after the question was answered
+            self.console.print(Text("that looks like an answer, but this stop's predictions are done: "
+                                    "Enter goes on to the next stop, ? lists the commands", style="yellow"),
+                               soft_wrap=False)
+            return False
         return super().execute(line)
 
     def context(self) -> Context:
@@ -83,7 +91,7 @@ class LessonDebugger(Debugger):
         self.console.print(self.rows.render(event), soft_wrap=True)
         entry = self.catalog.entry(event.key)
         if entry:
-            self.console.print(f"    {entry['description']}", style="italic")
+            indented(self.console, entry["description"], "italic")
         self.say(step.explain, ctx)
         for command in step.commands:
             self.console.print(Text("(stepper) ", style="dim") + Text(shown(command), style="dim"))
@@ -91,7 +99,7 @@ class LessonDebugger(Debugger):
                 super().execute(command)
             except StepperError as e:
                 self.error(e)
-        self.console.print(Text(LESSON_HELP, style="dim"))
+        self.console.print(Text(LESSON_HELP, style="dim"), soft_wrap=False)
 
     def predict(self, pred: Prediction, ctx: Context, stop_key: str) -> None:
         expected = expected_value(pred, ctx)
@@ -105,11 +113,18 @@ class LessonDebugger(Debugger):
             line = self.commands.ask(ANSWER_PROMPT)
             if line is not None and line.strip().lower() in ("q", "quit"):
                 raise Quit
-            if line is None or line.strip() in ("", "?", "skip"):
+            if line is not None and line.strip() in ("?", "help"):
+                self.console.print(f"{FORMS[pred.kind]}; Enter shows the answer, q quits the lesson", style="dim",
+                                   soft_wrap=False)
+                continue
+            if line is None or line.strip() in ("", "skip"):
                 break
             verdict = judge(pred, line, ctx, stop_key)
             if verdict.right:
-                self.right += 1
+                if tries == 0:
+                    self.first_try += 1
+                else:
+                    self.retried += 1
                 self.console.print(f"✓ right: {shown(show_answer(pred, expected))}", style="bold green")
                 return
             self.console.print(styled(f"✗ {verdict.why}", "red"), soft_wrap=False)
@@ -125,30 +140,42 @@ class LessonDebugger(Debugger):
 @dataclass(frozen=True)
 class Walked:
     finished: bool
-    right: int
+    first_try: int  # predictions right at the first try
+    retried: int  # right on a retry
     asked: int
+
+    @property
+    def score(self) -> str:
+        """'7 of 9 right at the first try, 1 more on a retry' (an unreadable answer is no try)."""
+        more = f", {self.retried} more on a retry" if self.retried else ""
+        return f"{self.first_try} of {self.asked} right at the first try{more}"
+
+
+def walked(debugger: LessonDebugger, finished: bool) -> Walked:
+    return Walked(finished, debugger.first_try, debugger.retried, debugger.asked)
 
 
 def walk(lesson: Lesson, console: Console, source: CommandSource) -> Walked:
     """Run the lesson's interpreter run, stopping at its steps; the outro at the end."""
     plan = prepare(lesson.run)
-    debugger = LessonDebugger(console, plan.config, source, plan.weights, lesson=lesson, plan=plan)
+    debugger = LessonDebugger(console, plan.config, source, plan.weights, lesson=lesson, plan=plan, tokens=plan.tokens)
     console.rule(f"lesson {lesson.number} · {shown(lesson.title)}", style="bold", align="left")
     say(console, lesson.intro, Context(plan))
     try:
         result = execute(plan, [debugger])
     except Quit:
         console.print(f"quit at step {debugger.step_index} of {len(lesson.steps)}; "
-                      f"`stepper lesson start {lesson.name}` starts again", style="dim")
-        return Walked(False, debugger.right, debugger.asked)
+                      f"`stepper lesson start {lesson.name}` starts again", style="dim", soft_wrap=False)
+        return walked(debugger, False)
     if debugger.step_index < len(lesson.steps):
         missing = lesson.steps[debugger.step_index].stop
         raise StepperError(f"{lesson.folder / LESSON_FILE}: step {debugger.step_index + 1} stops at '{missing}', "
                            "which the run never emitted (or not in this order)")
     console.rule("end of the run", style="magenta", align="left")
     say(console, lesson.outro, Context(plan, debugger.context().tensors, result))
-    console.print(f"predictions: {debugger.right} of {debugger.asked} right", style="bold")
-    return Walked(True, debugger.right, debugger.asked)
+    outcome = walked(debugger, True)
+    console.print(f"predictions: {outcome.score}", style="bold")
+    return outcome
 
 
 def right_answers(lesson: Lesson) -> list[str]:

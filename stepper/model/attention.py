@@ -35,6 +35,10 @@ from stepper.swap import exercise
 from stepper.tiled import Tiled
 from stepper.trace import Emitter
 
+# q_a_layernorm and kv_a_layernorm: the references build these two norms with the norm's default
+# eps, whatever rms_norm_eps says (docs/numerics.md); Kimi-K2-Thinking's rms_norm_eps is 1e-5.
+LATENT_NORM_EPS = 1e-6
+
 
 def mla_attention(
     x: np.ndarray, w: LayerWeights, cfg: Config, rope: Rope, cache: LayerCache | None, emit: Emitter,
@@ -56,7 +60,7 @@ def query_heads(x: np.ndarray, w: LayerWeights, cfg: Config, emit: Emitter) -> t
         q = linear(x, w.matrix("self_attn.q_proj.weight"))  # [B, T, H*qk_head]
     else:
         q_a = emit("self_attn.q_a", linear(x, w.matrix("self_attn.q_a_proj.weight")))  # [B, T, q_lora]
-        q_a = rms_norm(q_a, w("self_attn.q_a_layernorm.weight"), cfg.rms_norm_eps)
+        q_a = rms_norm(q_a, w("self_attn.q_a_layernorm.weight"), LATENT_NORM_EPS)
         q_a = emit("self_attn.q_a_norm", q_a)
         q = linear(q_a, w.matrix("self_attn.q_b_proj.weight"))  # [B, T, H*qk_head]
     q = q.reshape(B, T, cfg.num_attention_heads, cfg.qk_head_dim).transpose(0, 2, 1, 3)  # [B, H, T, qk_head]
@@ -75,7 +79,7 @@ def latent(x: np.ndarray, w: LayerWeights, cfg: Config, emit: Emitter) -> tuple[
     compressed_kv = emit("self_attn.compressed_kv", kv_a[..., : cfg.kv_lora_rank])  # [B, T, kv_lora]
     k_pe = kv_a[..., cfg.kv_lora_rank :].reshape(B, T, 1, cfg.qk_rope_head_dim).transpose(0, 2, 1, 3)
     k_pe = emit("self_attn.k_pe", k_pe)  # [B, one, T, rope]
-    compressed_kv = rms_norm(compressed_kv, w("self_attn.kv_a_layernorm.weight"), cfg.rms_norm_eps)
+    compressed_kv = rms_norm(compressed_kv, w("self_attn.kv_a_layernorm.weight"), LATENT_NORM_EPS)
     compressed_kv = emit("self_attn.compressed_kv_norm", compressed_kv)  # [B, T, kv_lora]
     return compressed_kv, k_pe
 

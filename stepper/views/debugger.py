@@ -12,23 +12,37 @@ echoed, and comes back in messages, with its control characters escaped.
 from __future__ import annotations
 
 import ast
+import io
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, Any
 
 import numpy as np
 from rich.console import Console
+from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
 from stepper import catalog
 from stepper.config import Config
 from stepper.errors import StepperError
+from stepper.text import Tokens
 from stepper.trace import Event, did_you_mean, held, matches
 from stepper.untrusted import shown
 from stepper.views import pictures
-from stepper.views.explain import explain_text
-from stepper.views.sinks import TensorRows
+from stepper.views.debug_set import set_tensor
+from stepper.views.explain import explain_text, not_found
+from stepper.views.sinks import (
+    TensorRows,
+    key_labels,
+    line_width,
+    print_picture,
+    print_wrapped,
+    token_rows,
+    wrap_fields,
+)
+from stepper.views.summary import number
 from stepper.views.tree import BLOCKS
 from stepper.weights.names import layer_prefix
 from stepper.weights.source import WeightSource
@@ -38,8 +52,14 @@ PROMPT = "(stepper) "
 HELP = (
     "n next (Enter) · c continue · b break GLOB · d delete [GLOB] · u until NAME · "
     "p print NAME[slice] [digits] · e explain [NAME] · w where · x compare A B · h history · "
-    "s show attention|routing|hist|scales [NAME] · q quit · ? help"
+    "s show attention|routing|hist|scales [NAME] · q quit · ? help · help CMD one command"
 )
+
+
+def print_help_line(console: Console, text: str = HELP, style: str = "dim") -> None:
+    """A one-line list of commands, wrapped between its items on a terminal."""
+    items = [Text(item, style=style) for item in text.split(" · ")]
+    console.print(wrap_fields(items, line_width(console), "", "", sep=" · "), soft_wrap=True)
 
 
 class Quit(Exception):
@@ -47,13 +67,21 @@ class Quit(Exception):
 
 
 class CommandSource:
-    """Command lines: a script first, then a terminal (with a prompt) or a pipe (echoed)."""
+    """Command lines: a script first, then a terminal (with a prompt, line editing and history
+    through Python's readline where it is present) or a pipe (each line echoed after its prompt).
 
-    def __init__(self, console: Console, stdin: IO[str], interactive: bool, script: list[str] | None = None):
+    `before_input` runs before each line is read: the progress bars leave the screen, so a prompt
+    or a question never shares its line with one.
+    """
+
+    def __init__(self, console: Console, stdin: IO[str], interactive: bool, script: list[str] | None = None,
+                 before_input: Callable[[], None] | None = None):
         self.console = console
         self.stdin = stdin
         self.interactive = interactive
         self.script = list(script or [])
+        self.before_input = before_input
+        self.editing = interactive and line_editing() and console.file is sys.stdout and sys.stdout.isatty()
 
     def read(self) -> str | None:
         """The next command, or None at the end of input."""
@@ -61,19 +89,44 @@ class CommandSource:
 
     def ask(self, prompt: str) -> str | None:
         """The next line typed after `prompt` (a command, a prediction), or None at the end of input."""
+        if self.before_input is not None:
+            self.before_input()
         if self.script:
             return self._echo(self.script.pop(0), prompt)
         if self.interactive:
             try:
-                return self.console.input(prompt)
+                return self._typed(prompt)
             except EOFError:
                 return None
         line = self.stdin.readline()
         return None if not line else self._echo(line.rstrip("\n"), prompt)
 
+    def _typed(self, prompt: str) -> str:
+        """A line typed at the terminal: with readline, input() draws the prompt itself, so that
+        editing and history redraw the line correctly."""
+        if not self.editing:
+            return self.console.input(prompt)
+        line = input(prompt)
+        if self.console.record:  # the session's export shows the prompt and what was typed
+            screen, self.console.file = self.console.file, io.StringIO()
+            try:
+                self._echo(line, prompt)
+            finally:
+                self.console.file = screen
+        return line
+
     def _echo(self, line: str, prompt: str = PROMPT) -> str:
         self.console.print(Text(prompt, style="bold") + Text(shown(line)))
         return line
+
+
+def line_editing() -> bool:
+    """Whether input() edits lines and keeps a history (Python's readline module is present)."""
+    try:
+        import readline  # noqa: F401  (importing it is what turns editing on for input())
+    except ImportError:
+        return False
+    return True
 
 
 @dataclass
@@ -93,22 +146,26 @@ class Debugger:
     current: Event | None = None
     skipped: int = 0
     stops: int = 0
+    replaced: np.ndarray | None = None  # what `set` made of the current tensor: the run continues from it
+    tokens: Tokens | None = None  # with a text prompt: the texts that label token-indexed tensors
 
     def __post_init__(self) -> None:
         self.catalog = catalog.load()
-        self.rows = TensorRows(self.console, self.cfg)
+        self.rows = TensorRows(self.console, self.cfg, self.tokens)
         self.stepping = not (self.breakpoints or self.until)
 
     # -- the sink ----------------------------------------------------------------------------
 
-    def __call__(self, event: Event) -> None:
+    def __call__(self, event: Event) -> np.ndarray | None:
         self.history[event.name] = event
         self.current = event
         if not self.should_stop(event):
             self.skipped += 1
-            return
+            return None
         self.show(event)
         self.repl()
+        replaced, self.replaced = self.replaced, None
+        return replaced
 
     def should_stop(self, event: Event) -> bool:
         if self.until is not None:
@@ -119,18 +176,20 @@ class Debugger:
         return self.stepping or matches(event.name, self.breakpoints)
 
     def show(self, event: Event) -> None:
+        if self.commands.before_input is not None:
+            self.commands.before_input()  # no progress bar among the lines of a stop
         if self.skipped:
-            self.console.print(f"({self.skipped} tensors passed)", style="dim")
+            self.console.print(passed(self.skipped), style="dim")
             self.skipped = 0
-        self.console.print(self.breadcrumb(event), style="bold magenta")
+        print_wrapped(self.console, self.breadcrumb(event), style="bold magenta")
         self.console.print(self.rows.render(event), soft_wrap=True)
         entry = self.catalog.entry(event.key)
         if entry:
-            self.console.print(f"    {entry['description']}", style="italic")
+            print_wrapped(self.console, Text(entry["description"], style="italic"), indent=4)
         if self.on_stop:
             self.on_stop(event)
         if self.stops == 0:
-            self.console.print(Text(HELP, style="dim"))
+            print_help_line(self.console)
         self.stops += 1
 
     def breadcrumb(self, event: Event) -> str:
@@ -168,12 +227,12 @@ class Debugger:
         """Run one command; True when the run should resume."""
         word, _, rest = line.strip().partition(" ")
         rest = rest.strip()
-        handler = COMMANDS.get(word)
-        if handler is None:
+        command = COMMANDS.get(word)
+        if command is None:
             self.console.print(Text(f"unknown command '{shown(word)}'", style="red"))
-            self.console.print(Text(HELP, style="dim"))
+            print_help_line(self.console)
             return False
-        return bool(handler(self, rest))
+        return bool(command.run(self, rest))
 
     def cmd_next(self, _: str) -> bool:
         self.stepping = True
@@ -225,24 +284,50 @@ class Debugger:
         text = np.array2string(np.asarray(array), precision=digits, max_line_width=max(40, self.console.width),
                                threshold=256, edgeitems=4, floatmode="fixed" if digits is not None else "maxprec")
         self.console.print(text, highlight=False, soft_wrap=True)
+        if self.tokens is not None:
+            self.print_tokens(event, index)
+
+    def print_tokens(self, event: Event, index: str | None) -> None:
+        """Which tokens a printed tensor's (or slice's) token axes hold: its positions T or tokens N
+        (the step's own) or its attended positions S (every token so far)."""
+        dims = self.catalog.dims(event.key, event.array.shape, self.cfg)
+        for axis, dim in enumerate(dims):
+            if dim.symbol not in ("T", "N", "S"):
+                continue
+            steps = range(dim.size) if dim.symbol == "S" else self.tokens.of_step(event.phase, dim.size)
+            grid = np.broadcast_to(np.arange(dim.size).reshape([-1 if a == axis else 1 for a in range(len(dims))]),
+                                   event.array.shape)
+            kept = np.unique(take(grid, index)) if index else range(dim.size)
+            labels = self.tokens.numbered([steps[int(i)] for i in kept])
+            labels = labels if len(labels) <= 24 else [*labels[:16], f"… {len(labels) - 20} more …", *labels[-4:]]
+            self.console.print(Text(f"{dim.symbol} ({dim.label}): " + " · ".join(labels), style="dim"), soft_wrap=True)
 
     def cmd_explain(self, arg: str) -> None:
         key = catalog.key_of(self.resolve(arg).name) if not arg or self._seen(arg) else arg
         entries = self.catalog.find(key)
         if not entries:
-            raise StepperError(f"no catalogue entry for '{key}' (try a name like self_attn.k_pe or a glob)")
+            raise StepperError(not_found(self.catalog, key))
         for entry in entries:
-            self.console.print(explain_text(self.catalog, entry, self.cfg))
+            self.console.print(explain_text(self.catalog, entry, self.cfg), soft_wrap=line_width(self.console) is None)
 
     def cmd_where(self, _: str) -> None:
         self.console.print(self.where_tree())
 
     def cmd_compare(self, arg: str) -> None:
-        names = arg.split()
-        if len(names) != 2:
-            raise StepperError("compare takes two tensors: x NAME_A NAME_B")
-        a, b = (self.resolve(n) for n in names)
-        self.console.print(compare_text(a, b))
+        targets = split_args(arg)
+        if len(targets) != 2:
+            raise StepperError("compare takes two tensors or slices: x A B, e.g. x compressed_kv kv_a[..., :128]")
+        (label_a, a), (label_b, b) = (self.sliced(target) for target in targets)
+        self.console.print(compare_text(label_a, a, label_b, b, line_width(self.console)), soft_wrap=True)
+
+    def sliced(self, target: str) -> tuple[str, np.ndarray]:
+        """'kv_a[..., :128]' -> ('layers.0.self_attn.kv_a[..., :128]', that slice of the tensor)."""
+        name, index = split_index(target)
+        event = self.resolve(name)
+        if index is None and not held(event.array):
+            raise StepperError(f"{event.name} {list(event.array.shape)} is made a tile at a time, never held: "
+                               f"compare a slice of it, e.g. {name or event.key}[0, 0, 0, :8]")
+        return event.name + (index or ""), np.asarray(take(event.array, index))
 
     def cmd_history(self, arg: str) -> None:
         events = list(self.history.values())
@@ -263,23 +348,44 @@ class Debugger:
     def cmd_quit(self, _: str) -> None:
         raise Quit
 
-    def cmd_help(self, _: str) -> None:
-        self.console.print(Text(HELP))
+    def cmd_help(self, arg: str) -> None:
+        if not arg:
+            self.console.print("commands (the letter or the word; help CMD tells more of one):", style="bold")
+            grid = Table.grid(padding=(0, 2))
+            grid.add_column(no_wrap=True)
+            grid.add_column()
+            for command in TABLE:
+                example = next((e for e in command.examples if e not in command.names), None)
+                grid.add_row(Text("  ") + usage_text(command),
+                             Text(command.what) + (Text(f"\ne.g. {example}", style="dim") if example else Text()))
+            self.console.print(grid, soft_wrap=False)
+            return
+        command = COMMANDS.get(arg.strip())
+        if command is None:
+            raise StepperError(f"no command '{arg.strip()}' (? lists them)")
+        self.console.print(usage_text(command), soft_wrap=True)
+        print_wrapped(self.console, command.what + ". " + command.more, indent=2)
+        for example in command.examples:
+            self.console.print(Text("  e.g. ", style="dim") + Text(example, style="bold"), soft_wrap=True)
 
     # -- pictures ----------------------------------------------------------------------------
 
     def show_attention(self, name: str) -> None:
         event = self.resolve(name or "self_attn.attn_weights")
-        self.console.print(pictures.attention_heatmap(event.array, title=event.name))
+        print_picture(self.console, pictures.attention_heatmap(event.array, title=event.name,
+                                                               token_labels=key_labels(self.tokens, event.array)))
 
     def show_routing(self, name: str) -> None:
         idx = self.resolve(name or "mlp.gate.topk_idx")
+        if not self._seen(idx.name.replace("topk_idx", "topk_weight")):
+            raise StepperError(f"s routing draws {idx.name} with its topk_weight, which comes next: n, then s routing")
         weight = self.resolve(idx.name.replace("topk_idx", "topk_weight"))
-        self.console.print(pictures.routing_map(idx.array, weight.array, self.cfg.n_routed_experts))
+        rows = token_rows(self.tokens, idx.phase, len(idx.array))
+        print_picture(self.console, pictures.routing_map(idx.array, weight.array, self.cfg.n_routed_experts, rows))
 
     def show_histogram(self, name: str) -> None:
         event = self.resolve(name)
-        self.console.print(pictures.histogram(event.array, title=event.name))
+        print_picture(self.console, pictures.histogram(event.array, title=event.name))
 
     def show_scales(self, name: str) -> None:
         if self.weights is None or not hasattr(self.weights, "stored"):
@@ -291,7 +397,7 @@ class Debugger:
         stored = self.weights.stored(full)
         if stored.scale_inv is None:
             raise StepperError(f"'{full}' is stored as {stored.dtype}: only F8_E4M3 weights have block scales")
-        self.console.print(pictures.scale_grid(np.asarray(stored.scale_inv, dtype=np.float32), title=full))
+        print_picture(self.console, pictures.scale_grid(np.asarray(stored.scale_inv, dtype=np.float32), title=full))
 
     # -- names -------------------------------------------------------------------------------
 
@@ -350,23 +456,67 @@ class Debugger:
         return root
 
 
-COMMANDS: dict[str, Callable[[Debugger, str], Any]] = {}
-for _names, _method in (
-    (("", "n", "next"), Debugger.cmd_next),
-    (("c", "continue"), Debugger.cmd_continue),
-    (("b", "break"), Debugger.cmd_break),
-    (("d", "delete"), Debugger.cmd_delete),
-    (("u", "until"), Debugger.cmd_until),
-    (("p", "print"), Debugger.cmd_print),
-    (("e", "explain"), Debugger.cmd_explain),
-    (("w", "where"), Debugger.cmd_where),
-    (("x", "compare"), Debugger.cmd_compare),
-    (("h", "history"), Debugger.cmd_history),
-    (("s", "show"), Debugger.cmd_show),
-    (("q", "quit"), Debugger.cmd_quit),
-    (("?", "help"), Debugger.cmd_help),
-):
-    COMMANDS.update(dict.fromkeys(_names, _method))
+@dataclass(frozen=True)
+class Command:
+    """One debugger command: its names, how it is written, what it does, and examples."""
+
+    names: tuple[str, ...]
+    usage: str
+    what: str
+    more: str
+    examples: tuple[str, ...]
+    run: Callable[[Debugger, str], Any]
+
+
+TABLE = (
+    Command(("n", "next", ""), "n, Enter", "stop at the next tensor",
+            "Stepping goes on one named tensor at a time, in execution order.", ("n",), Debugger.cmd_next),
+    Command(("c", "continue"), "c", "run on to the next breakpoint",
+            "With no breakpoint left, the run goes to its end.", ("c",), Debugger.cmd_continue),
+    Command(("b", "break"), "b [GLOB]", "add a breakpoint at every tensor matching GLOB; b alone lists them",
+            "A glob matches a full name or its dotted tail, so k_pe stops at every layer's self_attn.k_pe.",
+            ("b mlp.gate.topk_idx", "b layers.2.*"), Debugger.cmd_break),
+    Command(("d", "delete"), "d [GLOB]", "delete the breakpoint GLOB; d alone deletes them all",
+            "The glob is written as it was given to b.", ("d mlp.gate.topk_idx", "d"), Debugger.cmd_delete),
+    Command(("u", "until"), "u NAME", "run until the next tensor matching NAME and stop there",
+            "Breakpoints are not stopped at on the way.", ("u attn_weights", "u layers.2.output"), Debugger.cmd_until),
+    Command(("p", "print"), "p [NAME][slice] [digits]", "print a tensor seen so far, or a NumPy-style slice of it",
+            "NAME may be short (self_attn.k_pe means the current layer's); a trailing number gives the digits "
+            "after the point. p alone prints the current tensor.",
+            ("p self_attn.k_pe[0, 0, :2, :4] 3", "p attn_weights[0, 1, -1]"), Debugger.cmd_print),
+    Command(("e", "explain"), "e [NAME]", "explain a tensor: catalogue text, formula, where stepper emits it, "
+            "the reference source lines", "e alone explains the current tensor.",
+            ("e", "e self_attn.k_pe_rope"), Debugger.cmd_explain),
+    Command(("w", "where"), "w", "where the run is: the layer's tensors, done, current and to come",
+            "The tree follows the layer's execution order.", ("w",), Debugger.cmd_where),
+    Command(("x", "compare"), "x A B", "compare two tensors or slices of the same shape",
+            "Prints the largest absolute difference, the largest |b|, their ratio, and how many entries differ.",
+            ("x compressed_kv kv_a[..., :128]", "x attn_residual hidden_states"),
+            Debugger.cmd_compare),
+    Command(("h", "history"), "h [N]", "list the last N tensors seen (20 by default)",
+            "Every tensor seen stays printable with p.", ("h", "h 100"), Debugger.cmd_history),
+    Command(("s", "show"), "s PICTURE [NAME]", "draw a picture: attention, routing, hist or scales",
+            "attention: the attention weights as heat maps per head; routing: the router's token x expert map "
+            "(at or after topk_weight); hist: a histogram of a tensor; scales: an FP8 weight's block scales.",
+            ("s attention", "s routing", "s hist self_attn.kv", "s scales self_attn.kv_a_proj_with_mqa.weight"),
+            Debugger.cmd_show),
+    Command(("set",), "set NAME[slice] = VALUE", "change the current tensor (or a slice of it) before the run goes on",
+            "NAME is the current tensor's name, short or full; VALUE a number. Everything computed after this stop "
+            "is computed from the changed tensor.", ("set attn_weights[0, 0, -1] = 0",), set_tensor),
+    Command(("q", "quit"), "q", "end the run", "Nothing is written but an --export.", ("q",), Debugger.cmd_quit),
+    Command(("?", "help"), "?, help [CMD]", "list the commands, or tell more of one",
+            "CMD is the letter or the word.", ("?", "help x"), Debugger.cmd_help),
+)
+COMMANDS: dict[str, Command] = {name: command for command in TABLE for name in command.names}
+
+
+def usage_text(command: Command) -> Text:
+    words = [n for n in command.names if len(n) > 1]
+    return Text(command.usage, style="bold") + Text(f" ({', '.join(words)})" if words else "", style="dim")
+
+
+def passed(n: int) -> str:
+    return f"({n} tensor{'s' if n != 1 else ''} passed)"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -415,19 +565,35 @@ def _index_value(node: ast.AST) -> Any:
     raise ValueError("only integers, slices a:b:c, ... and None are allowed")
 
 
-def compare_text(a: Event, b: Event) -> Text:
-    for e in (a, b):
-        if not held(e.array):
-            raise StepperError(f"{e.name} {list(e.array.shape)} is made a tile at a time, never held: x compares held tensors")
-    x, y = np.asarray(a.array, dtype=np.float64), np.asarray(b.array, dtype=np.float64)
+def split_args(text: str) -> list[str]:
+    """'k_pe kv_a[..., :128]' -> ['k_pe', 'kv_a[..., :128]']: split at spaces outside brackets."""
+    args, depth, current = [], 0, ""
+    for char in text:
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char.isspace() and depth == 0:
+            args, current = args + [current] if current else args, ""
+        else:
+            current += char
+    return args + [current] if current else args
+
+
+def compare_text(label_a: str, a: np.ndarray, label_b: str, b: np.ndarray, width: int | None = None) -> Text:
+    x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     if x.shape != y.shape:
-        raise StepperError(f"cannot compare shapes {list(x.shape)} and {list(y.shape)}")
+        raise StepperError(f"cannot compare shapes {list(x.shape)} and {list(y.shape)}: "
+                           "slice one to the other's shape, e.g. x A B[..., :128]")
     finite = np.isfinite(x) & np.isfinite(y)
     diff = np.abs(x - y)[finite]
     max_abs = float(diff.max()) if diff.size else 0.0
     scale = float(np.abs(y[finite]).max()) if finite.any() else 0.0
-    text = Text()
-    text.append(f"{a.name}  vs  {b.name}\n", style="bold")
-    text.append(f"  max |a - b| {max_abs:.4g}   relative to max |b| {max_abs / scale if scale else 0.0:.4g}")
-    text.append(f"   non-finite mismatches {int((np.isfinite(x) != np.isfinite(y)).sum())}")
+    relative = number(max_abs / scale) if scale else "undefined (b is all 0)"
+    text = wrap_fields([Text(f"a = {shown(label_a)}", style="bold"), Text(f"{list(x.shape)}", style="dim")],
+                       width, "", "    ")
+    text.append("\n")
+    text.append(wrap_fields([Text(f"b = {shown(label_b)}", style="bold")], width, "", "    "))
+    text.append("\n")
+    fields = [f"max |a - b| = {number(max_abs)}", f"max |b| = {number(scale)}",
+              f"max |a - b| / max |b| = {relative}", f"entries that differ: {int((diff > 0).sum())} of {x.size}",
+              f"non-finite in one only: {int((np.isfinite(x) != np.isfinite(y)).sum())}"]
+    text.append(wrap_fields([Text(f) for f in fields], width, "  ", "  ", sep=" · "))
     return text

@@ -1,13 +1,16 @@
 """`stepper explain NAME` and the debugger's `e`: a tensor's catalogue entry on screen.
 
-What it is, its shape and formula, the explanation for learners, then where it is computed:
+What it is, its shape and formula, the explanation for learners (its sizes the run's own: the
+catalogue's explanations are templates, `catalog.texts`), then where it is computed:
 stepper's own emit site (file:line and function, found from the code by `catalog.sites`) with its
-line of code, and the reference implementations' cited lines (transformers' shown when it is
-installed), then the names other implementations use.
+line of code, and the reference implementations' cited lines (transformers' read from the
+installed file when it is the cited version, the others' first line as the catalogue records it),
+then the names other implementations use.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,15 +19,10 @@ from typing import Any
 from rich.text import Text
 
 from stepper import catalog
-from stepper.catalog import sites
+from stepper.catalog import sites, texts
 from stepper.config import Config
+from stepper.trace import did_you_mean
 from stepper.untrusted import shown
-
-REFERENCES = (
-    ("modeling_deepseek.py", "modeling_deepseek.py"),
-    ("transformers", "transformers modeling_deepseek_v3.py"),
-    ("inference", "DeepSeek inference/model.py"),
-)
 
 
 def explain_text(cat: catalog.Catalog, entry: dict[str, Any], cfg: Config) -> Text:
@@ -38,15 +36,9 @@ def explain_text(cat: catalog.Catalog, entry: dict[str, Any], cfg: Config) -> Te
     text.append(f"[{dims}]\n")
     text.append("formula ", style="dim")
     text.append(f"{entry['formula']}\n")
-    text.append(f"\n{entry['explain']}\n\n")
+    text.append(f"\n{texts.render(entry['explain'], cfg)}\n\n")
     text.append(emit_sites_text(entry["name"]))
-    ref = entry["reference"]
-    for source, title in REFERENCES:
-        lines = ref.get(source)
-        if lines:
-            text.append(f"{title}", style="dim")
-            text.append(f"  lines {lines[0]}-{lines[1]}  ({ref.get('variable', '')})\n")
-            text.append(reference_source(source, lines))
+    text.append(citations_text(cat, entry["reference"]))
     aliases = {k: v for k, v in entry.get("aliases", {}).items() if v}
     if aliases:
         text.append("aliases ", style="dim")
@@ -64,23 +56,72 @@ def emit_sites_text(key: str) -> Text:
     return text
 
 
-def reference_source(source: str, lines: list[int]) -> Text:
-    """The cited lines of the installed transformers file, when transformers is installed."""
-    if source != "transformers":
-        return Text()
+def citations_text(cat: catalog.Catalog, reference: dict[str, Any]) -> Text:
+    """The reference's name for the tensor, then each cited source: its file, its own lines and the
+    revision they refer to, and the lines themselves (transformers' from the installed file when it
+    is the cited version, the others' first line as the catalogue records it)."""
+    text = Text()
+    if reference.get("variable"):
+        text.append("the references call it  ", style="dim")
+        text.append(f"{reference['variable']}\n")
+    for source, about in cat.raw["references"].items():
+        citation = reference.get(source)
+        if not isinstance(citation, dict):
+            continue
+        first, last = citation["lines"]
+        text.append(citation_file(about, citation), style="dim")
+        text.append(f"  {f'line {first}' if first == last else f'lines {first}-{last}'}")
+        text.append(f"  ({revision(about)})\n", style="dim")
+        installed = installed_lines(about, citation)
+        text.append(numbered(installed, first) if installed else numbered([citation["text"]], first))
+        if not installed and last > first:
+            text.append(f"    {'':4}  ... to line {last}\n", style="green")
+    return text
+
+
+def citation_file(about: dict[str, Any], citation: dict[str, Any]) -> str:
+    """'modeling_deepseek.py', 'transformers modeling_deepseek_v3.py' (the file this citation names)."""
+    path = citation.get("path", about.get("path"))
+    return f"{about['label']} {Path(path).name}" if "package" in about and path else about["label"]
+
+
+def revision(about: dict[str, Any]) -> str:
+    """'transformers 5.24.0' or 'sumansaurabh/deeseek-model-visualizer@076adb6'."""
+    return f"{about['package']} {about['version']}" if "package" in about else f"{about['repo']}@{about['commit'][:7]}"
+
+
+def installed_lines(about: dict[str, Any], citation: dict[str, Any]) -> list[str]:
+    """The cited lines of an installed package's file (transformers'), when the installed version is
+    the cited one; [] otherwise."""
+    if "package" not in about:
+        return []
     try:
-        spec = importlib.util.find_spec("transformers")
+        if importlib.metadata.version(about["package"]) != about["version"]:
+            return []
+        spec = importlib.util.find_spec(about["package"])
     except (ImportError, ValueError):
-        return Text()
+        return []
     if spec is None or spec.origin is None:
-        return Text()
-    path = Path(spec.origin).parent / "models" / "deepseek_v3" / "modeling_deepseek_v3.py"
-    if not path.exists():
-        return Text()
-    return numbered(path.read_text(encoding="utf-8").splitlines()[lines[0] - 1 : lines[1]], lines[0])
+        return []
+    path = Path(spec.origin).parent / citation.get("path", about["path"])
+    first, last = citation["lines"]
+    return path.read_text(encoding="utf-8").splitlines()[first - 1 : last] if path.is_file() else []
 
 
 def numbered(code: Sequence[str], first: int) -> Text:
     """Source lines with their line numbers, indented under the line that cites them (escaped: the
-    reference lines are read from the installed transformers' file)."""
+    reference lines are read from an installed package's file)."""
     return Text("".join(f"    {first + i:4d}  {shown(line)}\n" for i, line in enumerate(code)), style="green")
+
+
+def not_found(cat: catalog.Catalog, query: str) -> str:
+    """The one line for a query that names no tensor, with the nearest names."""
+    return f"no tensor named '{query}' in the catalogue{did_you_mean(query, cat.names())} (stepper tree lists them)"
+
+
+def also_named(cat: catalog.Catalog, query: str, shown_entries: Sequence[dict[str, Any]]) -> str:
+    """'also with "logits" in the name: mlp.gate.logits' for the names a bare word matched less
+    closely than the ones shown; "" when there are none."""
+    word = catalog.key_of(query)
+    others = [e["name"] for e in cat.containing(word) if e not in shown_entries] if word.isidentifier() else []
+    return f"also with '{word}' in the name: {', '.join(others)}" if others else ""

@@ -270,7 +270,8 @@ def require_fp8(name: str, dtype: str, shape: tuple[int, ...]) -> None:
     if dtype != "F8_E4M3":
         raise StepperError(
             f"'{name}' is {dtype} {list(shape)}, not an FP8 weight: only F8_E4M3 weights "
-            "(the *_proj.weight matrices of the layers) have 128x128 blocks and a weight_scale_inv"
+            "(the *_proj.weight matrices of the layers) have 128x128 blocks and a weight_scale_inv "
+            "(and INT4 weights groups of 32)"
         )
 
 

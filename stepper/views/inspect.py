@@ -1,7 +1,9 @@
 """`stepper inspect`: what a checkpoint directory or a single safetensors file holds, by layer.
 
 This module owns the listing: which tensors make one row (an FP8 weight together with its
-`weight_scale_inv`; a layer's routed experts folded into one row per projection), the group
+`weight_scale_inv`; an INT4 weight's `weight_packed` with its `weight_scale` and `weight_shape`,
+shown as the INT4 weight [out, in] with its group grid; a layer's routed experts folded into one
+row per projection), the group
 headings, what a row can have wrong (missing or misshapen scales, scales without their weight),
 and how it all looks (Rich rows and a footer, with the statistics `inspect_stats` adds for
 --stats) or is written (JSON Lines, one object per tensor, experts never folded). Headers come
@@ -31,11 +33,23 @@ from stepper.errors import StepperError
 from stepper.untrusted import shown
 from stepper.views import summary
 from stepper.views.summary import Stats
-from stepper.weights.audit import audit, in_scope
-from stepper.weights.checkpoint import INDEX, SCALE, Checkpoint, Problem, scale_problems
+from stepper.weights import remote
+from stepper.weights.audit import audit
+from stepper.weights.checkpoint import (
+    GROUP_SCALE,
+    INDEX,
+    PACKED,
+    SCALE,
+    WEIGHT_SHAPE,
+    Checkpoint,
+    Problem,
+    in_scope,
+    scale_problems,
+)
 from stepper.weights.safetensors_reader import SafetensorsFile
 
 FP8_DTYPE = "F8_E4M3"
+INT4_DTYPE = "INT4"  # shown for a weight_packed row: the weight it packs
 
 LAYER = re.compile(r"(?P<prefix>(?:.*?\.)?layers\.(?P<layer>\d+)\.)(?P<rest>.+)")
 HF_LAYER = re.compile(r"model\.layers\.(?P<layer>\d+)\.")
@@ -69,6 +83,7 @@ class Source:
     block: tuple[int, int]
     hint: str | None = None  # said under the footer
     checkpoint: Checkpoint | None = None  # a directory's, checked by `audit`
+    unused: frozenset[str] = frozenset()  # a wrapper's tensors no run reads (vision tower, projector)
 
     def readable(self) -> list[str]:
         """Tensor names in the shards that could be read (those of unreadable shards are not listed)."""
@@ -86,15 +101,16 @@ class Source:
         return self.shards[self.weight_map[name]].info(name)
 
 
-def open_source(path: Path) -> Source:
-    """A checkpoint directory through `Checkpoint`, anything else as one safetensors file."""
+def open_source(where: str | Path) -> Source:
+    """A checkpoint directory through `Checkpoint`, a remote one (hf://, https://) from its
+    headers alone, anything else as one safetensors file."""
+    if isinstance(where, str) and remote.is_remote(where):
+        return checkpoint_source(Path(where), remote.open_remote(where))
+    path = Path(where)
     if path.is_dir():
         if not (path / "config.json").exists():
             raise StepperError(f"{path}: not a checkpoint directory (no config.json); give a .safetensors file to inspect one file")
-        ckpt = Checkpoint(path)
-        cfg = ckpt.config
-        block = cfg.quantization.weight_block_size if cfg.quantization else fp8.BLOCK
-        return Source(path, checkpoint_title(ckpt), cfg, ckpt.weight_map, ckpt.shards, block, checkpoint=ckpt)
+        return checkpoint_source(path, Checkpoint(path))
     if not path.exists():
         raise StepperError(f"{path}: no such file or directory (expected a .safetensors file or a checkpoint directory)")
     if path.suffix == ".json":
@@ -106,13 +122,27 @@ def open_source(path: Path) -> Source:
     return Source(path, file_title(file), None, dict.fromkeys(file.names(), path.name), {path.name: file}, fp8.BLOCK, hint)
 
 
+def checkpoint_source(path: Path, ckpt: Checkpoint) -> Source:
+    cfg = ckpt.config
+    block = cfg.quantization.weight_block_size if cfg.quantization else fp8.BLOCK
+    hint = None if ckpt.reads_values else "listed from the headers alone: block scale values are read by a run, or with --stats"
+    return Source(path, checkpoint_title(ckpt), cfg, {**ckpt.weight_map, **ckpt.unused}, ckpt.shards, block, hint=hint,
+                  checkpoint=ckpt, unused=frozenset(ckpt.unused))
+
+
 def checkpoint_title(ckpt: Checkpoint) -> str:
     cfg = ckpt.config
     dense = sum(not cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers))
     experts = f", {cfg.n_routed_experts} routed experts" if dense < cfg.num_hidden_layers else ""
     shards = f"{len(ckpt.shards)} shard{'s' if len(ckpt.shards) != 1 else ''}"
     kind = cfg.model_type if cfg.name.endswith("config.json") else f"model {cfg.name} ({cfg.model_type})"
-    return f"checkpoint {ckpt.path} · {kind}, {cfg.num_hidden_layers} layers ({dense} dense){experts} · {shards}"
+    return f"checkpoint {ckpt.label} · {kind}, {cfg.num_hidden_layers} layers ({dense} dense){experts} · {shards}"
+
+
+def wrapper_note(ckpt: Checkpoint) -> str:
+    wrapper = ckpt.config.wrapper
+    return (f"{wrapper.model_type} wrapper: text tensors stored under {wrapper.text_prefix}, listed without it; "
+            f"{len(ckpt.unused)} tensors of its vision tower and projector, which no run reads")
 
 
 def file_title(file: SafetensorsFile) -> str:
@@ -129,12 +159,15 @@ def file_title(file: SafetensorsFile) -> str:
 
 @dataclass(frozen=True)
 class Tensor:
-    """What one listed tensor is: the tensor, its block scales (FP8), its problems, its statistics."""
+    """What one listed tensor is: the tensor, its block scales (FP8) or group scales (INT4), an INT4
+    weight's weight_shape tensor and the [out, in] it holds, its problems, its statistics."""
 
     part: Part
     scale: Part | None = None
     problems: tuple[str, ...] = ()
     stats: Stats | None = None
+    shape_part: Part | None = None  # INT4: X.weight_shape
+    weight_shape: tuple[int, int] | None = None  # INT4: the values of X.weight_shape, when sound
 
     @property
     def name(self) -> str:
@@ -142,15 +175,23 @@ class Tensor:
 
     @property
     def nbytes(self) -> int:
-        return self.part.nbytes + (self.scale.nbytes if self.scale else 0)
+        return sum(p.nbytes for p in self.parts())
+
+    @property
+    def int4(self) -> bool:
+        """An INT4 weight's weight_packed (I32), listed with its group scales and shape."""
+        return self.part.name.endswith(PACKED) and self.part.dtype == "I32"
 
     @property
     def dequantized(self) -> bool:
-        """An FP8 weight whose scales fit: its statistics are of code value x scale_inv."""
+        """An FP8 weight whose scales fit, or an INT4 weight with its scales and shape: its
+        statistics are of the values (code value x scale_inv; (nibble - 8) x group scale)."""
+        if self.int4:
+            return self.scale is not None and self.weight_shape is not None and not self.problems
         return self.part.dtype == FP8_DTYPE and self.scale is not None and not self.problems
 
     def parts(self) -> list[Part]:
-        return [self.part] + ([self.scale] if self.scale else [])
+        return [self.part] + ([self.scale] if self.scale else []) + ([self.shape_part] if self.shape_part else [])
 
 
 def find_problems(source: Source, layers: range | None) -> list[Problem]:
@@ -185,6 +226,10 @@ def collect(source: Source, only: list[str] | None, problems: list[Problem], lay
     for name in source.readable():
         if layers is not None and not in_scope(name, layers, False):
             continue
+        if int4_member(name, names):
+            if name.endswith(PACKED):
+                tensors.append(int4_tensor(source, name.removesuffix(PACKED), by_tensor))
+            continue
         weight = name.removesuffix(SCALE)
         if weight != name:  # block scales: shown in their weight's row, or alone if it is missing
             if weight not in names:
@@ -197,6 +242,31 @@ def collect(source: Source, only: list[str] | None, problems: list[Problem], lay
     if only:
         tensors = [t for t in tensors if any(fnmatch.fnmatch(p.name, glob) for p in t.parts() for glob in only)]
     return tensors
+
+
+def int4_member(name: str, names: set[str]) -> bool:
+    """One of an INT4 weight's three tensors (X.weight_packed, X.weight_scale, X.weight_shape) whose
+    weight_packed is in the source: they make one row."""
+    for suffix in (PACKED, GROUP_SCALE, WEIGHT_SHAPE):
+        if name.endswith(suffix) and name.removesuffix(suffix) + PACKED in names:
+            return True
+    return False
+
+
+def int4_tensor(source: Source, weight: str, by_tensor: dict[str | None, list[str]]) -> Tensor:
+    """The row of an INT4 weight X.weight: its packed words, group scales and weight_shape (with its
+    values when it is two integers), and the problems of all of them."""
+    def present(suffix: str) -> Part | None:
+        name = weight + suffix
+        return source.part(name) if name in source.weight_map and source.weight_map[name] in source.shards else None
+
+    shape_part = present(WEIGHT_SHAPE)
+    values = None
+    if shape_part is not None and shape_part.dtype in ("I64", "I32") and shape_part.shape == (2,):
+        values = tuple(int(v) for v in source.array(shape_part.name))
+    found = tuple(text for n in (weight, weight + PACKED, weight + GROUP_SCALE, weight + WEIGHT_SHAPE)
+                  for text in by_tensor.get(n, ()))
+    return Tensor(source.part(weight + PACKED), present(GROUP_SCALE), found, None, shape_part, values)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -264,16 +334,39 @@ def heading(prefix: str, config: Config | None) -> tuple[str, int | None]:
     return f"layer {layer} ({'MoE' if config.is_moe_layer(layer) else 'dense'})", layer
 
 
-def group(tensors: list[Tensor], config: Config | None, fold_experts: bool) -> list[Group]:
+UNUSED_HEADING = "not used (the wrapper's vision tower, projector)"
+BLOCK = re.compile(r"(?P<head>.*\.blocks\.)(?P<block>\d+)\.(?P<tail>.+)")
+
+
+def group(tensors: list[Tensor], config: Config | None, fold_experts: bool, unused: frozenset[str] = frozenset()) -> list[Group]:
     by_prefix: dict[str, list[Tensor]] = {}
     for t in tensors:
-        by_prefix.setdefault(split_name(t.name)[0], []).append(t)
+        if t.name not in unused:
+            by_prefix.setdefault(split_name(t.name)[0], []).append(t)
     groups = []
     for prefix in sorted(by_prefix, key=lambda p: (p != "", natural(p))):
         members = sorted(by_prefix[prefix], key=lambda t: listing_order(t.name))
         title, layer = heading(prefix, config)
         groups.append(Group(title, layer, tuple(rows(members, len(prefix), fold_experts))))
+    members = sorted((t for t in tensors if t.name in unused), key=lambda t: natural(t.name))
+    if members:
+        groups.append(Group(UNUSED_HEADING, None, tuple(unused_rows(members, fold_experts))))
     return groups
+
+
+def unused_rows(tensors: list[Tensor], fold: bool) -> list[Row]:
+    """One row per tensor, or, folding, one per tensor of all the vision tower's blocks alike."""
+    folds: dict[tuple, list[Tensor]] = {}
+    for t in tensors:
+        m = BLOCK.fullmatch(t.name) if fold else None
+        key = (m["head"], m["tail"], t.part.dtype, t.part.shape) if m else (t.name,)
+        folds.setdefault(key, []).append(t)
+    out = []
+    for key, members in folds.items():
+        blocks = [int(BLOCK.fullmatch(t.name)["block"]) for t in members] if len(key) > 1 else []
+        label = f"{key[0]}{{{ranges(blocks)}}}.{key[1]}" if len(members) > 1 else members[0].name
+        out.append(Row(label, tuple(members)))
+    return out
 
 
 def rows(tensors: list[Tensor], cut: int, fold_experts: bool) -> list[Row]:
@@ -298,7 +391,7 @@ def fold_key(relative: str, t: Tensor) -> tuple | None:
     if m is None or t.problems:
         return None  # a tensor with problems keeps its own row, so they show
     scale = (t.scale.dtype, t.scale.shape) if t.scale else None
-    return m["head"], m["tail"], t.part.dtype, t.part.shape, scale
+    return m["head"], m["tail"], t.part.dtype, t.part.shape, scale, t.weight_shape
 
 
 def ranges(numbers: list[int]) -> str:
@@ -344,8 +437,12 @@ def columns(row: Row, show_shard: bool) -> list[str]:
     count = f" x{len(row.tensors)}" if row.folded else ""
     scale_text = ""
     if scale is not None:
-        scale_text = f"scales {shape_text(scale.shape)}" + (f" {scale.dtype}" if scale.dtype != "F32" else "")
-    cells = [row.label, part.dtype, shape_text(part.shape) + count, scale_text, human(row.nbytes)]
+        kind = "groups" if first.int4 else "scales"
+        scale_text = f"{kind} {shape_text(scale.shape)}" + (f" {scale.dtype}" if scale.dtype != "F32" else "")
+    dtype, shape = part.dtype, part.shape
+    if first.int4 and first.weight_shape is not None:  # the weight it packs, [out, in]
+        dtype, shape = INT4_DTYPE, first.weight_shape
+    cells = [row.label, dtype, shape_text(shape) + count, scale_text, human(row.nbytes)]
     if show_shard:
         cells.append(shard_text({t.part.shard for t in row.tensors}))
         elsewhere = {t.scale.shard for t in row.tensors if t.scale and t.scale.shard != t.part.shard}
@@ -364,6 +461,8 @@ def render(console: Console, source: Source, groups: list[Group], matched: list[
     their control characters are shown escaped.
     """
     console.print(Text(shown(source.title), style="bold"), soft_wrap=True)
+    if source.checkpoint is not None and source.checkpoint.config.wrapper is not None:
+        console.print(Text(wrapper_note(source.checkpoint)), soft_wrap=True)
     several = len(source.shards) > 1
     shard_per_row = [several and len(g.shards()) > 1 for g in groups]
     table = [[[shown(c) for c in columns(r, per_row)] for r in g.rows] for g, per_row in zip(groups, shard_per_row)]
@@ -439,11 +538,17 @@ def footer(matched: list[Tensor], total: int, stats: bool, problems: int) -> str
         counts[p.dtype] += 1
     dtypes = ", ".join(f"{d} {counts[d]} ({human(nbytes[d])})" for d in sorted(counts, key=lambda d: -nbytes[d]))
     fp8_weights = sum(t.part.dtype == FP8_DTYPE and t.scale is not None for t in matched)
+    int4_weights = sum(t.int4 for t in matched)
     out = [f"{count}, {human(sum(nbytes.values()))}", f"dtypes: {dtypes}"]
     if fp8_weights:
         out.append(f"{fp8_weights} scale tensors shown in their F8_E4M3 weight's row")
         if stats:
             out.append("FP8 statistics are of the dequantized values, code value x scale_inv")
+    if int4_weights:
+        out.append(f"{int4_weights} INT4 weights: weight_packed (I32, 8 codes a word) shown as the [out, in] it packs, "
+                   f"with its weight_scale (one per 32 inputs) and weight_shape")
+        if stats:
+            out.append("INT4 statistics are of the values, (nibble - 8) x group scale")
     if problems:
         out.append(f"{problems} problem{'s' if problems != 1 else ''} (listed below)")
     return " · ".join(out)
@@ -483,7 +588,17 @@ def record(t: Tensor, g: Group) -> dict[str, Any]:
         },
         "problems": list(t.problems),
     }
+    if t.int4:
+        out["int4"] = {"weight_shape": None if t.weight_shape is None else list(t.weight_shape),
+                       "weight_scale": None if t.scale is None else part_record(t.scale),
+                       "weight_shape_tensor": None if t.shape_part is None else part_record(t.shape_part)}
+        out["scale_inv"] = None
     if t.stats is not None:
         out["stats"] = {k: summary.finite_or_none(v) for k, v in t.stats.as_dict().items()}
-        out["stats_of"] = "dequantized" if t.dequantized else "codes" if t.part.dtype == FP8_DTYPE else "values"
+        coded = t.part.dtype == FP8_DTYPE or t.int4
+        out["stats_of"] = "dequantized" if t.dequantized else "codes" if coded else "values"
     return out
+
+
+def part_record(p: Part) -> dict[str, Any]:
+    return {"name": p.name, "dtype": p.dtype, "shape": list(p.shape), "nbytes": p.nbytes, "shard": p.shard}

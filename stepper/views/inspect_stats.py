@@ -17,7 +17,7 @@ from dataclasses import replace
 import numpy as np
 from rich.console import Console
 
-from stepper import fp8
+from stepper import fp8, int4
 from stepper.errors import StepperError
 from stepper.views import summary
 from stepper.views.inspect import FP8_DTYPE, Source, Tensor
@@ -59,6 +59,9 @@ def decoded_chunks(source: Source, tensor: Tensor) -> Iterator[tuple[np.ndarray,
         data = source.array(part.name)
         yield decoded(data, part.dtype), data.nbytes
         return
+    if tensor.int4:
+        yield from int4_chunks(source, tensor)
+        return
     block_rows = source.block[0]
     step = max(1, CHUNK // math.prod(part.shape[1:]))
     scale = source.array(tensor.scale.name) if tensor.dequantized else None
@@ -72,6 +75,23 @@ def decoded_chunks(source: Source, tensor: Tensor) -> Iterator[tuple[np.ndarray,
                 yield fp8.dequantize(rows, s, source.block, name=part.name), rows.nbytes
             else:
                 yield decoded(rows, part.dtype), rows.nbytes
+
+
+def int4_chunks(source: Source, tensor: Tensor) -> Iterator[tuple[np.ndarray, int]]:
+    """An INT4 weight's values (nibble - 8) x group scale, a block of rows at a time; without
+    (fitting) scales and shape, the bare values nibble - 8 of its packed words."""
+    part = tensor.part
+    step = max(1, CHUNK // (part.shape[1] * 8))
+    scales = source.array(tensor.scale.name) if tensor.dequantized else None
+    with RowReader(source.shards[part.shard], part.name) as reader:
+        for r0 in range(0, part.shape[0], step):
+            words = reader.read(r0, min(r0 + step, part.shape[0]))
+            if scales is None:
+                yield int4.unpack_bits(words, words.shape[1] * int4.PER_WORD).astype(np.float32), words.nbytes
+            else:
+                in_dim = tensor.weight_shape[1]
+                yield int4.dequantize_int4(words, scales[r0 : r0 + len(words)], in_dim, in_dim // scales.shape[1],
+                                           name=part.name), words.nbytes
 
 
 class RowReader:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from functools import lru_cache, partial
 
 import numpy as np
+from rich.cells import cell_len
 from rich.color import Color
 from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
 from rich.measure import Measurement
@@ -36,6 +37,7 @@ MIN_COLS = 24  # a head's map is not squeezed below this to fit the heads side b
 MIN_ROWS = 12  # nor made shorter than this when the heads are stacked
 TOKEN_ROWS = 20  # tokens shown in a routing map before the rest are hidden
 GAP = "   "  # between heads side by side
+OFF_SCREEN_WIDTH = 1000  # the width a picture that keeps its lines whole is drawn for, off a terminal
 
 SHADES = "░▒▓█"  # a fraction of the scale in (0, 1/4], (1/4, 1/2], (1/2, 3/4], (3/4, 1]
 SHADE_BOUNDS = ("¼", "½", "¾", "1")
@@ -61,11 +63,18 @@ class Picture:
     draw(width) returns the lines of the picture: grid lines never wrap, captions may.
     """
 
-    def __init__(self, draw: Callable[[int], list[Text]]):
+    def __init__(self, draw: Callable[[int], list[Text]], whole_off_screen: bool = False):
         self.draw = draw
+        self.whole_off_screen = whole_off_screen  # to a pipe or a file: its lines are not cut at a width
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        yield from self.draw(options.max_width)
+        if not self.whole_off_screen or getattr(console.file, "isatty", lambda: False)():
+            yield from self.draw(options.max_width)
+            return
+        for drawn in self.draw(OFF_SCREEN_WIDTH):
+            if drawn.no_wrap:
+                drawn.overflow = "ignore"
+            yield drawn
 
     def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
         widest = max((line.cell_len for line in self.draw(options.max_width)), default=0)
@@ -224,13 +233,14 @@ def side_by_side(blocks: list[list[Text]], gap: str = GAP) -> list[Text]:
 
 
 def attention_heatmap(weights: np.ndarray, heads: list[int] | None = None, max_heads: int = 4,
-                      title: str = "") -> RenderableType:
+                      title: str = "", token_labels: list[str] | None = None) -> RenderableType:
     """Attention weights [B, H, T, S] (or [H, T, S]) as a heat map per head, batch 0.
 
     Query positions t run down, key positions s across; an exactly-zero weight (a masked, future
     key) is drawn '·', any other weight a shade of its size. A decode step (T = 1) is drawn as a
     bar of S keys per head. heads: which heads (default the first max_heads; at most max_heads
-    are drawn either way).
+    are drawn either way). token_labels: the text of each of the S key tokens (the queries are
+    the last T of them); the rows are then labelled with their tokens and the keys listed below.
     """
     w = weights if isinstance(weights, Tiled) else np.asarray(weights)
     if w.ndim == 3:
@@ -240,15 +250,20 @@ def attention_heatmap(weights: np.ndarray, heads: list[int] | None = None, max_h
     shape = w.shape
     chosen, asked = pick_heads(shape[1], heads, max_heads)
     notes = attention_caption(shape, chosen, asked, heads is None)
+    if token_labels is not None and len(token_labels) != shape[3]:
+        raise ValueError(f"{len(token_labels)} token labels for {shape[3]} keys")
+    keys = [] if token_labels is None else [shown(x) for x in token_labels]
     if shape[2] == 1:
         rows = np.stack([np.asarray(w[0, h, 0], dtype=np.float64) for h in chosen])  # [h, S]
-        return Picture(lambda width: heading(title) + decode_bars(rows, chosen, notes, width))
+        return Picture(lambda width: heading(title) + decode_bars(rows, chosen, notes, width) + key_list(keys, width))
     if isinstance(w, Tiled):  # made and pooled a block of query rows at a time
         pool = partial(pool_max_tiled, w)
     else:
         maps = np.asarray(w[0, chosen], dtype=np.float64)  # [h, T, S]
         pool = partial(pool_head, maps, chosen)
-    return Picture(lambda width: heading(title) + head_maps(pool, shape[2:], chosen, notes, width))
+    labels = keys[shape[3] - shape[2]:] or None
+    return Picture(lambda width: heading(title) + head_maps(pool, shape[2:], chosen, notes, width, labels)
+                   + key_list(keys, width))
 
 
 def pool_head(maps: np.ndarray, chosen: list[int], head: int, rows: int, cols: int) -> tuple[np.ndarray, int, int]:
@@ -265,6 +280,19 @@ def pool_max_tiled(w: Tiled, head: int, rows: int, cols: int) -> tuple[np.ndarra
     grids = [pool_blocks(np.asarray(w.block(slice(head, head + 1), slice(t, min(t + step, t_len)))[0, 0], np.float64),
                          rb, cb) for t in range(0, t_len, step)]
     return np.concatenate(grids), rb, cb
+
+
+def key_list(labels: list[str], width: int) -> list[Text]:
+    """The key tokens by position, 's: 0 <bos> · 1 hello · …', as many as fit in two lines."""
+    if not labels:
+        return []
+    text, room = "keys s: ", 2 * width - 12
+    for s, label in enumerate(labels):
+        item = f"{s} {short(label, 12)}" + (" · " if s < len(labels) - 1 else "")
+        if cell_len(text + item) > room:
+            return [caption(text + f"… ({len(labels) - s} more)")]
+        text += item
+    return [caption(text)]
 
 
 def pick_heads(n_heads: int, heads: list[int] | None, max_heads: int) -> tuple[list[int], int]:
@@ -320,11 +348,14 @@ def fit_side_by_side(n: int, width: int, margin: int, natural: int) -> tuple[int
 
 
 def head_maps(pool: Callable[[int, int, int], tuple[np.ndarray, int, int]], size: tuple[int, int], chosen: list[int],
-              notes: str, width: int) -> list[Text]:
+              notes: str, width: int, tokens: list[str] | None = None) -> list[Text]:
     """One heat map per head (query t down, key s across), as many side by side as fit;
-    pool(head, rows, cols) gives a head's map max-pooled to at most rows x cols cells."""
+    pool(head, rows, cols) gives a head's map max-pooled to at most rows x cols cells. With
+    tokens (one per query), the rows say whose they are while the rows are not pooled."""
     t_len, s_len = size
-    margin = max(len(str(t_len - 1)), 3) + 1
+    labels = [str(t) for t in range(t_len)] if tokens is None or t_len > MAX_ROWS else \
+        [f"{t} {short(x, 8)}" for t, x in enumerate(tokens)]
+    margin = max(max(cell_len(x) for x in labels), 3) + 1
     per_line, col_budget = fit_side_by_side(len(chosen), width, margin, s_len)
     stacked = ceil_div(len(chosen), per_line)
     row_budget = MAX_ROWS if stacked == 1 else max(MIN_ROWS, MAX_ROWS // stacked)
@@ -334,7 +365,7 @@ def head_maps(pool: Callable[[int, int, int], tuple[np.ndarray, int, int]], size
         block = (rb, cb)
         grids.append(pooled)
         cell_width = 2 if cb == 1 and 2 * s_len <= col_budget else 1
-        blocks.append(one_head_map(h, pooled, rb, cb, margin, cell_width))
+        blocks.append(one_head_map(h, pooled, rb, cb, margin, cell_width, labels if rb == 1 else None))
     out = []
     for i in range(0, len(blocks), per_line):
         out += side_by_side(blocks[i:i + per_line])
@@ -346,14 +377,20 @@ def head_maps(pool: Callable[[int, int, int], tuple[np.ndarray, int, int]], size
     return out
 
 
-def one_head_map(h: int, grid: np.ndarray, rb: int, cb: int, margin: int, cell_width: int) -> list[Text]:
+def one_head_map(h: int, grid: np.ndarray, rb: int, cb: int, margin: int, cell_width: int,
+                 labels: list[str] | None = None) -> list[Text]:
     n_rows, n_cols = grid.shape
     lines = [line((f"head {h}", "bold")), line("t\\s".rjust(margin - 1) + " ", (ticks(n_cols, cell_width, lambda c: c * cb), DIM))]
     labelled = labelled_rows(n_rows)
     for r in range(n_rows):
-        label = str(r * rb) if r in labelled else ""
-        lines.append(line((label.rjust(margin - 1) + " ", DIM), *attention_cells(grid[r], cell_width)))
+        label = labels[r] if labels is not None and r in labelled else str(r * rb) if r in labelled else ""
+        lines.append(line((pad_left(label, margin - 1) + " ", DIM), *attention_cells(grid[r], cell_width)))
     return lines
+
+
+def pad_left(text: str, width: int) -> str:
+    """text right-aligned in `width` terminal cells (a Han character takes two)."""
+    return " " * max(0, width - cell_len(text)) + text
 
 
 def decode_bars(rows: np.ndarray, chosen: list[int], notes: str, width: int) -> list[Text]:
@@ -405,9 +442,9 @@ def routing_map(topk_idx: np.ndarray, topk_weight: np.ndarray, n_experts: int,
         raise ValueError(f"expert ids must be in 0..{n_experts - 1}, got {idx.min()}..{idx.max()}")
     if token_labels is not None and len(token_labels) != idx.shape[0]:
         raise ValueError(f"{len(token_labels)} token labels for {idx.shape[0]} tokens")
-    labels = [str(i) for i in range(idx.shape[0])] if token_labels is None else [str(x) for x in token_labels]
+    labels = [str(i) for i in range(idx.shape[0])] if token_labels is None else [shown(str(x)) for x in token_labels]
     load = np.bincount(idx.ravel().astype(np.int64), minlength=n_experts)
-    return Picture(lambda width: draw_routing(idx.astype(np.int64), weight, load, labels, width))
+    return Picture(lambda width: draw_routing(idx.astype(np.int64), weight, load, labels, width), whole_off_screen=True)
 
 
 def expert_bin(n_experts: int, budget: int) -> int:
@@ -426,7 +463,7 @@ def draw_routing(idx: np.ndarray, weight: np.ndarray, load: np.ndarray, labels: 
     n_tokens, k = idx.shape
     n_experts = load.size
     shown = min(n_tokens, TOKEN_ROWS)
-    margin = max([len("load #"), *(len(short(x)) for x in labels[:shown])]) + 1
+    margin = max([len("load #"), *(cell_len(short(x)) for x in labels[:shown])]) + 1
     size = expert_bin(n_experts, max(1, min(MAX_COLS, width - margin)))
     n_cols = ceil_div(n_experts, size)
     top = float(np.nanmax(weight)) if weight.size and not np.isnan(weight).all() else 0.0
@@ -434,7 +471,7 @@ def draw_routing(idx: np.ndarray, weight: np.ndarray, load: np.ndarray, labels: 
     for t in range(shown):
         cells = token_cells(idx[t], weight[t], top, n_cols, size, k)
         picks = [f"e{e} {w:.2f}" for e, w in zip(idx[t], weight[t])] if size == 1 else []
-        out.append(line((short(labels[t]).rjust(margin - 1) + " ", DIM), *cells, *fitting(picks, width - margin - n_cols)))
+        out.append(line((pad_left(short(labels[t]), margin - 1) + " ", DIM), *cells, *fitting(picks, width - margin - n_cols)))
     if shown < n_tokens:
         out.append(caption(f"… {n_tokens - shown} more tokens not shown (N={n_tokens}); the load counts all of them"))
     out += load_rows(load, size, margin)
@@ -489,7 +526,7 @@ def routing_summary(load: np.ndarray, n_tokens: int, k: int, size: int) -> list[
     used = int((load > 0).sum())
     busiest = int(load.argmax()) if load.size else 0
     lines = [Text(f"experts used {used}/{load.size} · max load {int(load.max(initial=0))} (expert {busiest}) · "
-                  f"{n_tokens} tokens × top-{k} · balanced would be {number(n_tokens * k / max(load.size, 1))} each")]
+                  f"{n_tokens} token{'s' if n_tokens != 1 else ''} × top-{k} · balanced would be {number(n_tokens * k / max(load.size, 1))} each")]
     order = [e for e in sorted(range(load.size), key=lambda e: (-load[e], e))[:8] if load[e] > 0]
     if order:
         lines.append(caption("busiest: " + ", ".join(f"e{e} {int(load[e])}" for e in order)))

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import IO, Any
 
 import numpy as np
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.text import Text
 
 from stepper import catalog
 from stepper.config import Config
+from stepper.text import Tokens
 from stepper.trace import Event
 from stepper.views import pictures, summary
 from stepper.views.summary import finite_or_none, number
@@ -26,9 +28,10 @@ from stepper.weights.names import storage_dtype
 class TensorRows:
     """Sink printing one row per tensor to a Rich console (colour unless the console is plain)."""
 
-    def __init__(self, console: Console, cfg: Config):
+    def __init__(self, console: Console, cfg: Config, tokens: Tokens | None = None):
         self.console = console
         self.cfg = cfg
+        self.tokens = tokens  # with a text prompt, a decode step's heading names the token it feeds
         self.catalog = catalog.load()
         self.scope: tuple[str | None, int | None] | None = None
 
@@ -41,6 +44,8 @@ class TensorRows:
 
     def heading(self, event: Event) -> str:
         parts = [] if event.phase is None else [event.phase]
+        if self.tokens is not None and event.phase is not None and event.phase.startswith("decode"):
+            parts.append("token " + self.tokens.numbered(self.tokens.of_step(event.phase, 1))[0])
         if event.layer is None:
             parts.append("model")
         else:
@@ -49,35 +54,85 @@ class TensorRows:
         return " · ".join(parts)
 
     def render(self, event: Event) -> Text:
-        array = event.array
-        dims = self.catalog.dims(event.key, array.shape, self.cfg)
-        st = summary.stats(array)
-        counts, _, _ = summary.histogram(array, known=st)
-        first, last = summary.corners(array)
-
-        text = Text()
-        phase, _, rest = event.name.rpartition(event.key)
-        text.append(phase, style="dim")
-        text.append(event.key, style="bold cyan")
-        text.append(rest)
-        text.append(f"  {catalog.format_shape(dims)}", style="yellow")
-        text.append(f"  {array.dtype}\n", style="dim")
-
-        text.append("    ")
-        for label, value in (
-            ("min", st.min), ("max", st.max), ("mean", st.mean), ("std", st.std),
-            ("absmax", st.absmax), ("sum", st.sum),
-        ):
-            text.append(f"{label} ", style="dim")
-            text.append(f"{number(value)}  ")
-        for label, value in (("nan", st.nan), ("inf", st.inf)):
-            text.append(f"{label} ", style="dim")
-            text.append(f"{value}  ", style="bold red" if value else "")
-        text.append(summary.sparkline(counts), style="green")
-        text.append("\n    ")
-        text.append("corners ", style="dim")
-        text.append(" ".join(number(v) for v in first) + " … " + " ".join(number(v) for v in last))
+        """The tensor's three lines; on a terminal each is wrapped between its fields to fit."""
+        width = line_width(self.console)
+        text = self.name_line(event, width)
+        text.append("\n")
+        text.append(stats_line(event.array, width))
+        text.append("\n")
+        text.append(corners_line(event.array, width))
         return text
+
+    def name_line(self, event: Event, width: int | None) -> Text:
+        """The name, the named shape (broken only between its dims) and the dtype."""
+        phase, _, rest = event.name.rpartition(event.key)
+        name = Text.assemble((phase, "dim"), (event.key, "bold cyan"), rest)
+        parts = [singular(str(d)) if d.size == 1 else str(d) for d in self.catalog.dims(event.key, event.array.shape, self.cfg)]
+        shape = [Text(("[" if i == 0 else "") + part + ("]" if i == len(parts) - 1 else ","), style="yellow")
+                 for i, part in enumerate(parts)] or [Text("[]", style="yellow")]
+        fields = [name, *shape, Text(str(event.array.dtype), style="dim")]
+        return wrap_fields(fields, width, "", "    ", seps=["  ", *[" "] * (len(shape) - 1), "  "])
+
+
+def singular(dim: str) -> str:
+    """'T=1 positions' -> 'T=1 position' (a dim of size 1 is written in the singular)."""
+    return dim.removesuffix("s")
+
+
+def stats_line(array: np.ndarray, width: int | None) -> Text:
+    st = summary.stats(array)
+    counts, _, _ = summary.histogram(array, known=st)
+    fields = [Text.assemble((f"{label} ", "dim"), number(value)) for label, value in (
+        ("min", st.min), ("max", st.max), ("mean", st.mean), ("std", st.std), ("absmax", st.absmax), ("sum", st.sum),
+    )]
+    fields += [Text.assemble((f"{label} ", "dim"), (str(value), "bold red" if value else ""))
+               for label, value in (("nan", st.nan), ("inf", st.inf))]
+    fields.append(Text(summary.sparkline(counts), style="green"))
+    return wrap_fields(fields, width, "    ", "    ")
+
+
+def corners_line(array: np.ndarray, width: int | None) -> Text:
+    first, last = summary.corners(array)
+    values = [number(v) for v in first] + ["…"] + [number(v) for v in last]
+    fields = [Text.assemble(("corners ", "dim"), values[0]), *map(Text, values[1:])]
+    return wrap_fields(fields, width, "    ", "    ", sep=" ")
+
+
+def line_width(console: Console) -> int | None:
+    """The width text is wrapped to: a terminal's; None (lines kept whole) for a pipe or a file,
+    coloured or not (FORCE_COLOR makes Rich treat a pipe as a terminal, but it has no width)."""
+    isatty = getattr(console.file, "isatty", None)
+    return console.width if isatty is not None and isatty() else None
+
+
+def wrap_fields(fields: list[Text], width: int | None, first: str, indent: str, sep: str = "  ",
+                seps: list[str] | None = None) -> Text:
+    """Fields joined by `sep` (or seps[i] before field i + 1), starting a new line (after `indent`)
+    where the next field would pass `width`: a line breaks between fields, never inside one."""
+    out = Text(first)
+    column = len(first)
+    for i, field in enumerate(fields):
+        gap = (seps[i - 1] if seps else sep) if i else ""
+        if i and width is not None and column + len(gap) + field.cell_len > width:
+            out.append("\n" + indent)
+            column, gap = len(indent), ""
+        out.append(gap)
+        out.append_text(field)
+        column += len(gap) + field.cell_len
+    return out
+
+
+def print_picture(console: Console, picture: RenderableType) -> None:
+    """A picture: its captions wrapped at a terminal's width, its lines whole elsewhere."""
+    console.print(picture, soft_wrap=line_width(console) is None)
+
+
+def print_wrapped(console: Console, text: Text | str, indent: int = 0, style: str = "") -> None:
+    """Prose: wrapped at word boundaries on a terminal (continued under its indent), one line elsewhere."""
+    body = text if isinstance(text, Text) else Text(text, style=style)
+    width = line_width(console)
+    for line in [body] if width is None else body.wrap(console, max(20, width - indent)):
+        console.print(Text(" " * indent) + line, soft_wrap=True)
 
 
 class JsonLines:
@@ -121,27 +176,41 @@ class Pictures:
     """Sink drawing pictures after the tensors they belong to (`stepper run --show`).
 
     attention: each layer's attention weights as per-head heat maps; routing: the router's token x
-    expert map and per-expert load; hist: a histogram of every shown tensor; scales: the FP8 block
-    scales of each shown layer's attention projections.
+    expert map and per-expert load, drawn when topk_idx or topk_weight is shown; hist: a histogram
+    of every shown tensor; scales: the FP8 block scales of each shown layer's attention projections,
+    at its first shown tensor. The sink sees every tensor; `shown` says which ones the run shows.
     """
 
-    def __init__(self, console: Console, cfg: Config, kinds: set[str], weights=None):
+    def __init__(self, console: Console, cfg: Config, kinds: set[str], weights=None, tokens: Tokens | None = None,
+                 shown: Callable[[Event], bool] = lambda event: True):
         self.console = console
         self.cfg = cfg
         self.kinds = kinds
         self.weights = weights
-        self.topk_idx: np.ndarray | None = None
+        self.tokens = tokens  # the texts of a text prompt's tokens, for the pictures' labels
+        self.shown = shown
+        self.topk_idx: tuple[np.ndarray, bool] | None = None  # the last one, and whether it was shown
+        self.scaled: set[tuple[str | None, int]] = set()
 
     def __call__(self, event: Event) -> None:
-        if "hist" in self.kinds:
-            self.console.print(pictures.histogram(event.array, title=event.name))
-        if "attention" in self.kinds and event.key == "self_attn.attn_weights":
-            self.console.print(pictures.attention_heatmap(event.array, title=event.name))
+        shown = self.shown(event)
         if event.key == "mlp.gate.topk_idx":
-            self.topk_idx = event.array
+            self.topk_idx = (event.array, shown)
         if "routing" in self.kinds and event.key == "mlp.gate.topk_weight" and self.topk_idx is not None:
-            self.console.print(pictures.routing_map(self.topk_idx, event.array, self.cfg.n_routed_experts))
-        if "scales" in self.kinds and event.key == "hidden_states" and hasattr(self.weights, "stored"):
+            idx, idx_shown = self.topk_idx
+            if shown or idx_shown:
+                rows = token_rows(self.tokens, event.phase, len(idx))
+                print_picture(self.console, pictures.routing_map(idx, event.array, self.cfg.n_routed_experts, rows))
+        if not shown:
+            return
+        if "hist" in self.kinds:
+            print_picture(self.console, pictures.histogram(event.array, title=event.name))
+        if "attention" in self.kinds and event.key == "self_attn.attn_weights":
+            print_picture(self.console, pictures.attention_heatmap(event.array, title=event.name,
+                                                                   token_labels=key_labels(self.tokens, event.array)))
+        scope = (event.phase, event.layer)
+        if "scales" in self.kinds and event.layer is not None and scope not in self.scaled and hasattr(self.weights, "stored"):
+            self.scaled.add(scope)
             self.draw_scales(event.layer)
 
     def draw_scales(self, layer: int) -> None:
@@ -151,7 +220,17 @@ class Pictures:
                 continue
             stored = self.weights.stored(name)
             if stored.scale_inv is not None:
-                self.console.print(pictures.scale_grid(np.asarray(stored.scale_inv, dtype=np.float32), title=name))
+                print_picture(self.console, pictures.scale_grid(np.asarray(stored.scale_inv, dtype=np.float32), title=name))
+
+
+def key_labels(tokens: Tokens | None, weights: np.ndarray) -> list[str] | None:
+    """The texts of attention weights' S key tokens, with a text prompt."""
+    return None if tokens is None else tokens.labels(range(weights.shape[-1]))
+
+
+def token_rows(tokens: Tokens | None, phase: str | None, n: int) -> list[str] | None:
+    """The routing map's row labels, with a text prompt: each token's position and text."""
+    return None if tokens is None else tokens.numbered(tokens.of_step(phase, n))
 
 
 class ProgressBars:
@@ -179,15 +258,20 @@ class ProgressBars:
         now = time.monotonic()
         started, bar = self.tasks.setdefault(task, (now, None))
         if bar is None and now - started >= self.DELAY and done < total:
-            if not self.bars.live.is_started:
-                self.bars.start()
             bar = self.bars.add_task(task, total=total)
             self.tasks[task] = (started, bar)
         if bar is not None:
+            if not self.bars.live.is_started:
+                self.bars.start()
             self.bars.update(bar, completed=done)
         if done >= total:
             if bar is not None:
                 self.bars.remove_task(bar)
             del self.tasks[task]
-            if not self.tasks and self.bars.live.is_started:
-                self.bars.stop()
+            if not self.tasks:
+                self.hide()
+
+    def hide(self) -> None:
+        """Take the bars off the screen (before a prompt or a question); the next progress puts them back."""
+        if self.bars.live.is_started:
+            self.bars.stop()

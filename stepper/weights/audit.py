@@ -8,30 +8,37 @@ them, and tensors in no layer the config knows (a run never reads them).
 
 from __future__ import annotations
 
-import re
-
 from stepper.errors import StepperError
 from stepper.jsonfile import read_json
-from stepper.weights.checkpoint import SCALE, SCALE_DTYPES, Checkpoint, Problem, check_scale_values
-
-LAYER_NAME = re.compile(r"model\.layers\.(\d+)\.")
+from stepper.weights.checkpoint import (
+    GROUP_SCALE,
+    INT4_SCALE_DTYPES,
+    LAYER_NAME,
+    PACKED,
+    SCALE,
+    SCALE_DTYPES,
+    WEIGHT_SHAPE,
+    Checkpoint,
+    Problem,
+    check_int4_scales,
+    check_scale_values,
+    in_scope,
+)
+from stepper.weights.names import layer_shapes
 
 
 def audit(ckpt: Checkpoint, layers: range, with_globals: bool) -> list[Problem]:
     """Every problem of the given layers (and of the embedding, norm and lm_head with_globals),
     in the order: what a run refuses, scale values, unreadable shards, stray tensors."""
     problems = ckpt.problems(layers, with_globals)
-    problems += scale_value_problems(ckpt, layers, with_globals)
+    if ckpt.reads_values:
+        problems += scale_value_problems(ckpt, layers, with_globals)
+        problems += group_scale_problems(ckpt, layers, with_globals)
     problems += other_unreadable(ckpt, problems)
+    problems += unknown_tensors(ckpt, layers)
     if with_globals:
         problems += stray_tensors(ckpt)
     return problems
-
-
-def in_scope(name: str, layers: range, with_globals: bool) -> bool:
-    """Whether a tensor belongs to one of the layers, or is a global one and globals are checked."""
-    m = LAYER_NAME.match(name)
-    return int(m[1]) in layers if m else with_globals
 
 
 def scale_value_problems(ckpt: Checkpoint, layers: range, with_globals: bool) -> list[Problem]:
@@ -43,6 +50,21 @@ def scale_value_problems(ckpt: Checkpoint, layers: range, with_globals: bool) ->
             continue
         try:
             check_scale_values(shard, name, ckpt.shard_of(name).get(name))
+        except StepperError as e:
+            problems.append(Problem(shard, name, str(e)))
+    return problems
+
+
+def group_scale_problems(ckpt: Checkpoint, layers: range, with_globals: bool) -> list[Problem]:
+    """Every readable group scale of an INT4 weight (X.weight_scale beside X.weight_packed): finite."""
+    problems = []
+    for name, shard in ckpt.weight_map.items():
+        packed = name.removesuffix(GROUP_SCALE) + PACKED
+        if (not name.endswith(GROUP_SCALE) or packed not in ckpt.weight_map or not in_scope(name, layers, with_globals)
+                or shard in ckpt.unreadable or ckpt.shard_of(name).info(name).dtype not in INT4_SCALE_DTYPES):
+            continue
+        try:
+            check_int4_scales(shard, name, ckpt.shard_of(name).get(name))
         except StepperError as e:
             problems.append(Problem(shard, name, str(e)))
     return problems
@@ -60,6 +82,34 @@ def other_unreadable(ckpt: Checkpoint, found: list[Problem]) -> list[Problem]:
     named = {p.file for p in found}
     return [Problem(shard, None, f"{shard} cannot be read ({why})") for shard, why in ckpt.unreadable.items()
             if shard not in named]
+
+
+IGNORED = ("self_attn.rotary_emb.inv_freq",)  # Kimi K2's checkpoints keep the rotary table; it is recomputed
+
+
+def unknown_tensors(ckpt: Checkpoint, layers: range) -> list[Problem]:
+    """Tensors of a layer the config has that are no tensor of that layer as the config describes
+    it (a dense layer's tensors where it says MoE, a misspelt name), one problem per layer: no run
+    reads them. A block scale without its weight is left to the run's own check."""
+    problems = []
+    for layer in (n for n in layers if n < ckpt.config.num_hidden_layers):
+        prefix = f"model.layers.{layer}."
+        known = set(layer_shapes(ckpt.config, layer))
+        known |= {name + suffix for name in known for suffix in (SCALE, PACKED, GROUP_SCALE, WEIGHT_SHAPE)}
+        known |= {prefix + name for name in IGNORED}
+        found = [(name, shard) for name, shard in ckpt.weight_map.items() if name.startswith(prefix)
+                 and name not in known and not (name.endswith(SCALE) and name.removesuffix(SCALE) not in ckpt.weight_map)]
+        if found:
+            problems.append(unknown_problem(layer, found))
+    return problems
+
+
+def unknown_problem(layer: int, found: list[tuple[str, str]]) -> Problem:
+    """One line for all of a layer's unknown tensors, naming the first."""
+    name, shard = found[0]
+    what = f"'{name}' is" if len(found) == 1 else f"'{name}' and {len(found) - 1} more tensor(s) are"
+    return Problem(shard, name, f"{shard}: {what} in layer {layer} but no tensor of that layer as config.json "
+                                f"describes it; no run reads {'it' if len(found) == 1 else 'them'}")
 
 
 def stray_tensors(ckpt: Checkpoint) -> list[Problem]:
@@ -87,5 +137,6 @@ def stray_problem(layer: int, found: list[tuple[str, str]], layers: int) -> Prob
 def nextn_layers(ckpt: Checkpoint) -> int:
     """The config's num_nextn_predict_layers (0 when absent or not a count)."""
     raw = read_json(ckpt.path / "config.json")
+    raw = raw.get("text_config", raw) if ckpt.config.wrapper is not None else raw
     count = raw.get("num_nextn_predict_layers", 0)
     return count if type(count) is int and count >= 0 else 0

@@ -5,7 +5,9 @@ A directory holds `config.json` and either one `model.safetensors` or shards lis
 config, the index and every shard's header, and checks that they agree. Tensor bytes are only
 read when a tensor is asked for, through memory maps, so running layer 30 never touches the
 other layers' pages. An FP8 weight `X.weight` finds its block scales `X.weight_scale_inv`
-through the index: they may live in another shard.
+through the index: they may live in another shard. An INT4 weight (a module a compressed-tensors
+quantization_config quantizes) is stored as `X.weight_packed` (I32 words), `X.weight_scale`
+(its group scales) and `X.weight_shape` ([out, in]), and is read and checked as one weight `X.weight`.
 
 A shard that is missing or cannot be read (people download only the shards of the layers they
 look at) is an error only for a run that needs one of its tensors; `unreadable` says which
@@ -14,33 +16,39 @@ shards were left out and why.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
-from stepper import fp8
+from stepper import fp8, int4
 from stepper.config import Config, load_config
 from stepper.errors import StepperError
 from stepper.jsonfile import read_json
 from stepper.untrusted import is_safe
-from stepper.weights.names import global_shapes, layer_shapes
+from stepper.weights.names import global_shapes, layer_shapes, storage_dtype, text_name
 from stepper.weights.safetensors_reader import MappedBudget, SafetensorsFile, TensorInfo
-from stepper.weights.stored import FileBytes, Stored
+from stepper.weights.stored import INT4, FileBytes, Stored
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 SCALE = "_scale_inv"
+PACKED, GROUP_SCALE, WEIGHT_SHAPE = "_packed", "_scale", "_shape"  # X.weight of an INT4 module: X.weight_packed, ...
+INT4_SCALE_DTYPES = ("BF16", "F16", "F32")
 FLOAT_DTYPES = ("F32", "BF16", "F16")
 SCALE_DTYPES = (*FLOAT_DTYPES, "F8_E8M0")  # E8M0: a power of two 2^(e - 127), as newer checkpoints store scales
 SHARD_SUFFIX = ".safetensors"
+LAYER_NAME = re.compile(r"model\.layers\.(\d+)\.")
 LARGE = 1 << 20  # tensors from this size on are tracked for release
 RESIDENT_BYTES = 1 << 30  # bytes of large tensors kept mapped before the oldest are released (see _keep_resident)
 
 
 class Checkpoint:
     """A WeightSource over an HF checkpoint directory."""
+
+    reads_values = True  # whether `inspect` reads every block scale's values (a remote one lists headers alone)
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -52,10 +60,19 @@ class Checkpoint:
         self.weight_map = self._read_weight_map()
         self.shards: dict[str, SafetensorsFile] = {}
         self.unreadable: dict[str, str] = {}  # shard -> why it cannot be read
+        self.disagreements: dict[str, Problem] = {}  # tensor -> where the index and a header disagree on it
         for shard in sorted(set(self.weight_map.values())):
             self._open_shard(shard)
         self._resident = MappedBudget(RESIDENT_BYTES)
         self._check_index_against_headers()
+        self.unused: dict[str, str] = {}  # tensor -> shard, of a wrapper's parts no run reads (vision tower)
+        if self.config.wrapper is not None:
+            self._resolve_names()
+
+    @property
+    def label(self) -> str:
+        """How messages and headers name the checkpoint."""
+        return str(self.path)
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -71,21 +88,29 @@ class Checkpoint:
     def row_blocks(self, name: str, rows: int) -> Iterator[Stored]:
         """Views of the mapped tensor, block by block; a block's pages are released once the next
         block is asked for, so reading all of lm_head (2.3 GB in BF16) keeps one block resident."""
-        shard = self.shard_of(name)
+        held = self._stored_name(name)  # an INT4 lm_head: its packed words
+        shard = self.shard_of(held)
         for block in self.stored(name).row_blocks(rows):
             yield block
-            shard.release(name)
+            shard.release(held)
 
     def has(self, name: str) -> bool:
-        return name in self.weight_map
+        return self._stored_name(name) in self.weight_map
+
+    def _stored_name(self, name: str) -> str:
+        """The tensor holding a weight's codes: X.weight_packed for an INT4 weight X.weight."""
+        return name + PACKED if self.config.int4 is not None and storage_dtype(self.config, name) == INT4 else name
 
     def matrix(self, name: str):
         """A weight about to be multiplied: its pages are mapped in one go."""
-        if self.has(name) and self.shard_of(name).info(name).nbytes >= LARGE:
-            self.shard_of(name).prefetch(name)
+        held = self._stored_name(name)
+        if self.has(name) and self.shard_of(held).info(held).nbytes >= LARGE:
+            self.shard_of(held).prefetch(held)
         return self.stored(name).matrix(name)
 
     def stored(self, name: str) -> Stored:
+        if self._stored_name(name) != name:
+            return self._int4(name)
         self._keep_resident(name)
         shard = self.shard_of(name)
         info, array = shard.info(name), shard.get(name)
@@ -95,6 +120,28 @@ class Checkpoint:
         check_scale_values(self.shard_of(name + SCALE).path.name, name + SCALE, scale)
         where = FileBytes(str(shard.path), shard.data_range(name)[0], shard.identity)
         return Stored(info.dtype, array, scale, self.block, where)
+
+    def _int4(self, name: str) -> Stored:
+        """An INT4 weight: its packed words, where they lie, its group scales (checked finite) and its inputs."""
+        packed = name + PACKED
+        self._keep_resident(packed)
+        shard = self.shard_of(packed)
+        words = shard.get(packed)
+        _, in_dim = self._weight_shape(name, words.shape[0])
+        scales = self.shard_of(name + GROUP_SCALE).get(name + GROUP_SCALE)
+        group = self.config.int4.group_size
+        check_int4_scales(self.shard_of(name + GROUP_SCALE).path.name, name + GROUP_SCALE, scales)
+        where = FileBytes(str(shard.path), shard.data_range(packed)[0], shard.identity)
+        return Stored(INT4, words, scales, (1, group), where, in_dim)
+
+    def _weight_shape(self, name: str, rows: int) -> tuple[int, int]:
+        """X.weight_shape's two values, [out, in] (checked against the packed rows)."""
+        shape_name = name + WEIGHT_SHAPE
+        values = [int(v) for v in np.asarray(self.shard_of(shape_name).get(shape_name)).reshape(-1)]
+        if len(values) != 2 or values[0] != rows or values[1] < 1:
+            raise StepperError(f"{self.shard_of(shape_name).path.name}: '{shape_name}' holds {values}, expected "
+                               f"[{rows}, in] for {rows} rows of packed words")
+        return values[0], values[1]
 
     @property
     def block(self) -> tuple[int, int]:
@@ -113,11 +160,13 @@ class Checkpoint:
             self._resident.use(name, shard.mapped_bytes(name), lambda: shard.release(name))
 
     def shard_of(self, name: str) -> SafetensorsFile:
+        if name in self.disagreements:
+            raise StepperError(f"{self.label}: {self.disagreements[name].text}")
         if name not in self.weight_map:
-            raise StepperError(f"{self.path}: no tensor named '{name}'")
+            raise StepperError(f"{self.label}: no tensor named '{name}'")
         shard = self.weight_map[name]
         if shard in self.unreadable:
-            raise StepperError(f"{self.path / shard}: cannot be read ({self.unreadable[shard]}); it holds '{name}'")
+            raise StepperError(f"{self.label}: {shard} cannot be read ({self.unreadable[shard]}); it holds '{name}'")
         return self.shards[shard]
 
     def _tensor(self, name: str):
@@ -130,9 +179,11 @@ class Checkpoint:
         """Every tensor the given layers (and the embedding/norm/lm_head) need, with the right
         shape, dtype and scales; all problems reported together, by name, before any compute."""
         problems = self.problems(layers, with_globals)
+        if len(problems) == 1:
+            raise StepperError(f"{self.label}: {problems[0]}")
         if problems:
             listed = "\n".join(f"  - {p}" for p in problems)
-            raise StepperError(f"{self.path}: {len(problems)} problem(s) with the weights of this run:\n{listed}")
+            raise StepperError(f"{self.label}: {len(problems)} problem(s) with the weights of this run:\n{listed}")
 
     def problems(self, layers: Iterable[int], with_globals: bool) -> list[Problem]:
         """What `check` refuses, as data: each problem with its file, its tensor and what is wrong."""
@@ -145,6 +196,8 @@ class Checkpoint:
         problems = self._unreadable_problems(required)
         problems += [p for name, shape in required.items() if self.weight_map.get(name) not in self.unreadable
                      for p in self._problems(name, shape)]
+        problems += [p for name, p in self.disagreements.items()
+                     if name not in required and in_scope(name, layers, with_globals)]
         return problems + self._orphan_scales(layers, with_globals, required)
 
     def _unreadable_problems(self, required: dict[str, tuple[int, ...]]) -> list[Problem]:
@@ -154,8 +207,8 @@ class Checkpoint:
             shard = self.weight_map.get(name)
             if shard in self.unreadable:
                 needed.setdefault(shard, []).append(name)
-        return [Problem(shard, names[0], f"{shard} cannot be read ({self.unreadable[shard]}); this run needs "
-                        f"{len(names)} tensor(s) from it, first '{names[0]}'") for shard, names in needed.items()]
+        return [Problem(shard, names[0], f"{shard} cannot be read ({self.unreadable[shard]}); it holds "
+                        f"{count(len(names), 'tensor')} of the layers checked, first '{names[0]}'") for shard, names in needed.items()]
 
     def _orphan_scales(self, layers: list[int], with_globals: bool, required: dict) -> list[Problem]:
         """Block scales of the run's layers whose weight is not in the checkpoint (and not already
@@ -168,8 +221,14 @@ class Checkpoint:
                 and (name.startswith(prefixes) or (with_globals and not name.startswith("model.layers.")))]
 
     def _problems(self, name: str, shape: tuple[int, ...]) -> list[Problem]:
+        if name in self.disagreements:
+            return [self.disagreements[name]]
+        if self._stored_name(name) != name:
+            return self._int4_problems(name, shape)
         if name not in self.weight_map:
-            return [Problem(None, name, f"'{name}' is missing (expected shape {list(shape)})")]
+            packed = f" (the checkpoint holds '{name + PACKED}', but config.json's quantization_config does not " \
+                     f"quantize this module)" if name + PACKED in self.weight_map else ""
+            return [Problem(None, name, f"'{name}' is missing (expected shape {list(shape)}){packed}")]
         shard = self.shard_of(name)
         info = shard.info(name)
         where = f"{shard.path.name}: '{name}'"
@@ -185,6 +244,47 @@ class Checkpoint:
         scale = self.shard_of(scale_name).info(scale_name) if scale_name in self.weight_map else None
         scale_file = self.weight_map.get(scale_name)
         return [Problem(scale_file, scale_name, text) for text in scale_problems(info, scale, self.block, scale_file)]
+
+    def _int4_problems(self, name: str, shape: tuple[int, ...]) -> list[Problem]:
+        """An INT4 weight's three tensors: present and readable, with dtypes and shapes that agree
+        with the weight's [out, in] (its weight_shape's values too)."""
+        out_dim, in_dim = shape
+        group = self.config.int4.group_size
+        if in_dim % group:
+            return [Problem(None, name, f"'{name}' {list(shape)}: {in_dim} inputs are not a whole number of groups of "
+                            f"{group}, and pack-quantized INT4 has no partial groups")]
+        expected = {PACKED: (("I32",), (out_dim, int4.words_for(in_dim))),
+                    GROUP_SCALE: (INT4_SCALE_DTYPES, (out_dim, int4.groups_for(in_dim, group))),
+                    WEIGHT_SHAPE: (("I64", "I32"), (2,))}
+        problems = []
+        for suffix, (dtypes, want) in expected.items():
+            tensor = name + suffix
+            shard = self.weight_map.get(tensor)
+            if shard is None:
+                if name in self.weight_map:
+                    why = f"'{name}' is stored unquantized, but config.json's quantization_config quantizes this module"
+                else:
+                    why = f"'{tensor}' is missing: the INT4 weight '{name}' {list(shape)} needs it"
+                problems.append(Problem(None, tensor, why))
+                continue
+            if shard in self.unreadable:
+                problems.append(Problem(shard, tensor, f"{shard} cannot be read ({self.unreadable[shard]}); it holds '{tensor}'"))
+                continue
+            info = self.shards[shard].info(tensor)
+            if info.dtype not in dtypes or info.shape != want:
+                problems.append(Problem(shard, tensor, f"{shard}: '{tensor}' is {info.dtype} {list(info.shape)}, expected "
+                                        f"{' or '.join(dtypes)} {list(want)} for the INT4 weight '{name}' {list(shape)}"))
+        if not problems:
+            problems += self._shape_values(name, shape)
+        return problems
+
+    def _shape_values(self, name: str, shape: tuple[int, ...]) -> list[Problem]:
+        tensor = name + WEIGHT_SHAPE
+        values = [int(v) for v in self.shard_of(tensor).get(tensor)]
+        if values == list(shape):
+            return []
+        shard = self.weight_map[tensor]
+        return [Problem(shard, tensor, f"{shard}: '{tensor}' holds {values}, expected {list(shape)} (config.json's shape)")]
 
     # -- the index ---------------------------------------------------------------------------
 
@@ -203,13 +303,13 @@ class Checkpoint:
         return weight_map
 
     def _check_shard_name(self, index: Path, tensor: str, shard: str) -> None:
-        """A shard is a plain file name in the checkpoint's folder ending in .safetensors: no
-        folders, no absolute path, no drive letter, no backslash, no '..', no control character."""
-        plain = (Path(shard).name == shard and not any(c in shard for c in "\\:") and not shard.startswith(".")
-                 and is_safe(shard))
-        if not (plain and shard.endswith(SHARD_SUFFIX) and len(shard) > len(SHARD_SUFFIX)):
+        if not is_plain_shard_name(shard):
             raise StepperError(f"{index}: tensor {tensor!r} points at shard {shard!r}, expected a file name "
                                f"ending in {SHARD_SUFFIX} in {self.path}")
+
+    def open_file(self, path: Path) -> SafetensorsFile:
+        """A shard's reader (a remote checkpoint's fetches what is read)."""
+        return SafetensorsFile(path)
 
     def _open_shard(self, shard: str) -> None:
         """Read a shard's header; a shard that is missing or unsound is noted, not yet an error."""
@@ -218,22 +318,64 @@ class Checkpoint:
             self.unreadable[shard] = "no such file"
             return
         try:
-            self.shards[shard] = SafetensorsFile(path)
+            self.shards[shard] = self.open_file(path)
         except StepperError as e:
             self.unreadable[shard] = str(e).removeprefix(f"{path}: ")
 
+    def _resolve_names(self) -> None:
+        """A wrapped checkpoint's tensors by the names stepper knows (`language_model.` dropped);
+        the vision tower's and projector's go to `unused`, out of reach of any run."""
+        stored_as: dict[str, str] = {}
+        text: dict[str, str] = {}
+        for stored, shard in self.weight_map.items():
+            name = text_name(self.config, stored)
+            if name is None:
+                self.unused[stored] = shard
+                continue
+            if name in text:
+                raise StepperError(f"{self.path}: tensors '{stored_as[name]}' and '{stored}' both stand for '{name}'")
+            text[name], stored_as[name] = shard, stored
+        self.weight_map = text
+        renamed = {stored: name for name, stored in stored_as.items() if stored != name}
+        for file in self.shards.values():
+            file.tensors = {renamed.get(n, n): replace(info, name=renamed.get(n, n)) for n, info in file.tensors.items()}
+
     def _check_index_against_headers(self) -> None:
+        """The index and the shards' headers must name the same tensors. A tensor listed but not in
+        its shard is taken out of the map (nothing will read it) and, with a tensor in a shard but
+        not listed, noted in `disagreements`: a problem for a run that needs it, not yet an error."""
         listed_in: dict[str, set[str]] = {}
-        for name, shard in self.weight_map.items():
+        for name, shard in list(self.weight_map.items()):
             if shard in self.unreadable:
                 continue
             listed_in.setdefault(shard, set()).add(name)
             if name not in self.shards[shard]:
-                raise StepperError(f"{self.path / shard}: tensor '{name}' is listed in {INDEX} but not in this shard")
+                del self.weight_map[name]
+                self.disagreements[name] = Problem(shard, name, f"{shard}: '{name}' is listed in {INDEX} but not in this shard")
         for shard, names in listed_in.items():
-            extra = sorted(set(self.shards[shard].names()) - names)
-            if extra:
-                raise StepperError(f"{self.path / shard}: tensor '{extra[0]}' is in this shard but not in {INDEX}")
+            for extra in sorted(set(self.shards[shard].names()) - names):
+                listed = self.disagreements.get(extra)
+                text = f"{listed}; it is in {shard}" if listed else f"{shard}: '{extra}' is in this shard but not in {INDEX}"
+                self.disagreements[extra] = Problem(listed.file if listed else shard, extra, text)
+
+
+def is_plain_shard_name(shard: str) -> bool:
+    """A shard is a plain file name in the checkpoint's folder ending in .safetensors: no
+    folders, no absolute path, no drive letter, no backslash, no '..', no control character."""
+    plain = (Path(shard).name == shard and not any(c in shard for c in "\\:") and not shard.startswith(".")
+             and is_safe(shard))
+    return plain and shard.endswith(SHARD_SUFFIX) and len(shard) > len(SHARD_SUFFIX)
+
+
+def in_scope(name: str, layers: Iterable[int], with_globals: bool) -> bool:
+    """Whether a tensor belongs to one of the layers, or is a global one and globals are checked."""
+    m = LAYER_NAME.match(name)
+    return int(m[1]) in layers if m else with_globals
+
+
+def count(n: int, noun: str) -> str:
+    """'1 tensor', '3 tensors'."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 @dataclass(frozen=True)
@@ -270,6 +412,16 @@ def scale_problems(weight: TensorInfo, scale: TensorInfo | None, block: tuple[in
         blocks = f"{block[0]}x{block[1]} blocks"
         return [f"{where} has shape {list(scale.shape)}, expected {list(expected)} for a {list(weight.shape)} weight in {blocks}"]
     return []
+
+
+def check_int4_scales(shard: str, name: str, scales: np.ndarray) -> None:
+    """Group scales multiply every weight of their group: each must be finite (and -8 times it too)."""
+    values = np.asarray(scales, dtype=np.float32)
+    bad = ~(np.abs(values) <= int4.LARGEST_SCALE)
+    if bad.any():
+        where = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise StepperError(f"{shard}: '{name}' holds {int(bad.sum())} group scale(s) that are not finite, "
+                           f"first {values[where]} at {list(where)}")
 
 
 def check_scale_values(shard: str, name: str, scale: np.ndarray) -> None:

@@ -12,16 +12,38 @@ from stepper.config import Config
 from stepper.errors import StepperError
 
 
+def text_name(cfg: Config, stored: str) -> str | None:
+    """The name stepper knows a stored tensor by: in a wrapped checkpoint (kimi_k25) the text
+    model's tensor without its prefix (`language_model.model.norm.weight` is `model.norm.weight`),
+    None for a tensor of the wrapper's other parts (vision tower, projector), which no run reads."""
+    wrapper = cfg.wrapper
+    if wrapper is None:
+        return stored
+    if stored.startswith(wrapper.unused_prefixes):
+        return None
+    return stored.removeprefix(wrapper.text_prefix)
+
+
+def stored_name(cfg: Config, name: str) -> str:
+    """The name a checkpoint of this config stores a tensor under (text_name's inverse)."""
+    return name if cfg.wrapper is None else cfg.wrapper.text_prefix + name
+
+
 def is_linear(name: str) -> bool:
     """The projection weights a DeepSeek-V3 / Kimi K2 checkpoint quantizes to FP8."""
     return name.startswith("model.layers.") and name.endswith(("_proj.weight", "_proj_with_mqa.weight"))
 
 
 def storage_dtype(cfg: Config, name: str) -> str:
+    """F32, F8_E4M3, BF16, or INT4 for a module a compressed-tensors config quantizes (its weight
+    stored as weight_packed, weight_scale and weight_shape)."""
     if name.endswith("e_score_correction_bias"):
         return "F32"
     if cfg.quantization is not None and is_linear(name):
         return "F8_E4M3"
+    linear = is_linear(name) or name == "lm_head.weight"  # the embedding is no linear module
+    if cfg.int4 is not None and linear and cfg.int4.quantizes(name.removesuffix(".weight"), linear):
+        return "INT4"
     return "BF16"
 
 

@@ -1,8 +1,9 @@
-"""A tensor as a checkpoint stores it: FP8 codes with their block scales, BF16 or F32.
+"""A tensor as a checkpoint stores it: FP8 codes with their block scales, INT4 packed words with
+their group scales, BF16 or F32.
 
-`Stored` is what a weight source hands out; `Fp8Matrix` an FP8 weight [out, in] with its scales,
-kept as codes so the kernels decode it tile by tile inside a product; `FileBytes` where its codes
-lie in a file.
+`Stored` is what a weight source hands out; `Fp8Matrix` an FP8 weight [out, in] with its scales
+and `Int4Matrix` an INT4 one, kept as codes so the kernels decode them tile by tile inside a
+product; `FileBytes` where its codes lie in a file.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from stepper import fp8
+from stepper import fp8, int4
 
 
 @dataclass(frozen=True)
@@ -68,24 +69,70 @@ class Fp8Matrix:
 
 
 @dataclass(frozen=True)
-class Stored:
-    """A tensor as a checkpoint stores it: FP8 codes with their block scales, BF16 or F32."""
+class Int4Matrix:
+    """An INT4 weight [out, in]: packed words [out, ceil(in/8)] with group scales [out, ceil(in/32)],
+    value[i, j] = (nibble[i, j] - 8) * scales[i, j // 32], applied lazily."""
 
-    dtype: str  # safetensors dtype name: F8_E4M3, BF16, F16 or F32
+    packed: np.ndarray  # int32 [out, ceil(in/8)]
+    scales: np.ndarray  # float32 [out, ceil(in/group)]
+    in_features: int
+    group: int = int4.GROUP
+    name: str = "weight"
+    origin: FileBytes | None = None  # when the words are a file's bytes, row-major
+
+    @classmethod
+    def of(cls, packed: np.ndarray, scales: np.ndarray, in_features: int, group: int = int4.GROUP,
+           name: str = "weight", origin: FileBytes | None = None):
+        packed = int4.as_words(packed, name)
+        int4.check_shapes(packed, np.asarray(scales), (packed.shape[0], in_features), name, group)
+        return cls(packed, int4.scales_as_f32(scales, name), in_features, group, name, origin)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.packed.shape[0], self.in_features
+
+    @property
+    def file_key(self) -> tuple[FileBytes, tuple[int, int]] | None:
+        """Where these words lie in which file, and the weight's shape; None for words from no file."""
+        return None if self.origin is None else (self.origin, self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.packed.nbytes + self.scales.nbytes
+
+    def dequantize(self) -> np.ndarray:
+        """The float32 weight (the readable reference path)."""
+        return int4.dequantize_int4(self.packed, self.scales, self.in_features, self.group, name=self.name)
+
+
+INT4 = "INT4"  # Stored.dtype of a pack-quantized weight (packed I32 words, scales, its weight_shape)
+
+
+@dataclass(frozen=True)
+class Stored:
+    """A tensor as a checkpoint stores it: FP8 codes with their block scales, INT4 packed words
+    with their group scales, BF16 or F32."""
+
+    dtype: str  # safetensors dtype name F8_E4M3, BF16, F16 or F32; or INT4 (data: the packed I32 words)
     data: np.ndarray
-    scale_inv: np.ndarray | None = None  # [ceil(out/128), ceil(in/128)], FP8 only
-    block: tuple[int, int] = fp8.BLOCK
+    scale_inv: np.ndarray | None = None  # FP8: [ceil(out/128), ceil(in/128)]; INT4: the group scales [out, ceil(in/32)]
+    block: tuple[int, int] = fp8.BLOCK  # FP8: rows x columns per scale; INT4: (1, group size)
     origin: FileBytes | None = None  # where the data lies in a file, read as it is stored
+    columns: int | None = None  # INT4: the weight's inputs (its weight_shape[1])
 
     def as_float32(self, name: str = "") -> np.ndarray:
         if self.dtype == "F8_E4M3":
             return fp8.dequantize(self.data, self.scale_inv, self.block, name=name)
+        if self.dtype == INT4:
+            return int4.dequantize_int4(self.data, self.scale_inv, self.columns, self.block[1], name=name)
         return np.asarray(self.data, dtype=np.float32)
 
-    def matrix(self, name: str = "") -> np.ndarray | Fp8Matrix:
-        """What the model multiplies with: FP8 weights stay FP8 (decoded tile by tile)."""
+    def matrix(self, name: str = "") -> np.ndarray | Fp8Matrix | Int4Matrix:
+        """What the model multiplies with: FP8 and INT4 weights stay codes (decoded tile by tile)."""
         if self.dtype == "F8_E4M3":
             return Fp8Matrix.of(self.data, self.scale_inv, self.block, name, self.origin)
+        if self.dtype == INT4:
+            return Int4Matrix.of(self.data, self.scale_inv, self.columns, self.block[1], name, self.origin)
         return self.as_float32(name)
 
     @property
@@ -97,9 +144,9 @@ class Stored:
         """Rows start:stop, with their scales, as a Stored of their own (start on a scale-block edge)."""
         if self.scale_inv is None:
             return Stored(self.dtype, self.data[start:stop])
-        scales = self.scale_inv[fp8.scale_rows(start, stop, self.height)]  # [ceil(rows/128), ceil(in/128)]
+        scales = self.scale_inv[fp8.scale_rows(start, stop, self.height)]  # FP8 [ceil(rows/128), ...]; INT4 [rows, ...]
         origin = None if self.origin is None else self.origin.at(start * self.data.strides[0])
-        return Stored(self.dtype, self.data[start:stop], scales, self.block, origin)
+        return Stored(self.dtype, self.data[start:stop], scales, self.block, origin, self.columns)
 
     def row_blocks(self, rows: int) -> Iterator[Stored]:
         for start, stop in row_spans(self.data.shape[0], rows, self.height):

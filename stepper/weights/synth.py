@@ -3,27 +3,47 @@
 The layout is the one DeepSeek-V3 and Kimi K2 ship: config.json (with quantization_config),
 model.safetensors.index.json and several shards (the embedding, one shard per layer, then the
 final norm and lm_head), FP8 linear weights each followed by its float32 `weight_scale_inv`,
-BF16 norms, embeddings, lm_head and router gate, an F32 router bias. Shards are written one
+BF16 norms, embeddings, lm_head and router gate, an F32 router bias. With a compressed-tensors
+config (`--quant int4`, laid out as Kimi-K2-Thinking) the modules it quantizes are written as
+I32 `weight_packed`, BF16 `weight_scale` and I64 `weight_shape`, the rest BF16. Shards are written one
 tensor at a time; the directory appears under its name only when complete. `--force` replaces
 only a checkpoint stepper wrote: a folder holding anything else is never removed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
 import shutil
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
+import ml_dtypes
+import numpy as np
+
+from stepper import int4
+from stepper.config import Config, Fp8, Int4Groups, wrapped_hf
 from stepper.errors import StepperError
 from stepper.fp8 import scale_grid
 from stepper.untrusted import shown
-from stepper.weights.checkpoint import INDEX, SCALE
-from stepper.weights.names import EMBED, global_shapes, layer_shapes, storage_dtype
+from stepper.weights.checkpoint import GROUP_SCALE, INDEX, PACKED, SCALE, WEIGHT_SHAPE
+from stepper.weights.names import EMBED, global_shapes, layer_shapes, storage_dtype, stored_name
 from stepper.weights.safetensors_writer import Entry, write_safetensors
 from stepper.weights.synthetic import SyntheticWeights
+
+QUANTS = ("fp8", "int4", "bf16")
+
+
+def requantized(cfg: Config, quant: str) -> Config:
+    """The config with its linear weights stored as `quant` says: fp8 (the config's FP8 blocks, or
+    128x128), int4 (Kimi-K2-Thinking's compressed-tensors groups) or bf16 (no quantization)."""
+    if quant not in QUANTS:
+        raise StepperError(f"--quant {shown(quant)}: expected one of {', '.join(QUANTS)}")
+    fp8_blocks = (cfg.quantization or Fp8()) if quant == "fp8" else None
+    return dataclasses.replace(cfg, quantization=fp8_blocks, int4=Int4Groups() if quant == "int4" else None)
 
 
 def tensor_entries(source: SyntheticWeights, shapes: dict[str, tuple[int, ...]]) -> list[Entry]:
@@ -36,6 +56,11 @@ def tensor_entries(source: SyntheticWeights, shapes: dict[str, tuple[int, ...]])
         if dtype == "F8_E4M3":
             grid = stored.grid(shape)
             entries.append(Entry(name + SCALE, "F32", grid, stored.scale_inv))
+        if dtype == "INT4":
+            entries[-1] = Entry(name + PACKED, "I32", (shape[0], int4.words_for(shape[1])), stored.data)
+            groups = (shape[0], int4.groups_for(shape[1], source.config.int4.group_size))
+            entries.append(Entry(name + GROUP_SCALE, "BF16", groups, stored.scale_inv))
+            entries.append(Entry(name + WEIGHT_SHAPE, "I64", (2,), lambda shape=shape: np.array(shape, np.int64)))
     return entries
 
 
@@ -86,11 +111,13 @@ def synth_checkpoint(source: SyntheticWeights, out: Path, layers: range | None =
 
 
 def _write(source: SyntheticWeights, folder: Path, plan: list[dict[str, tuple[int, ...]]]) -> None:
+    cfg = source.config
     weight_map: dict[str, str] = {}
     total = 0
+    shards = len(plan) + (cfg.wrapper is not None)
     for i, shapes in enumerate(plan, start=1):
-        shard = f"model-{i:05d}-of-{len(plan):05d}.safetensors"
-        entries = tensor_entries(source, shapes)
+        shard = f"model-{i:05d}-of-{shards:05d}.safetensors"
+        entries = [replace(e, name=stored_name(cfg, e.name)) for e in tensor_entries(source, shapes)]
         write_safetensors(folder / shard, entries, {"format": "pt"})
         weight_map.update(dict.fromkeys((e.name for e in entries), shard))
         total += sum(e.nbytes for e in entries)
@@ -98,8 +125,47 @@ def _write(source: SyntheticWeights, folder: Path, plan: list[dict[str, tuple[in
         "metadata": {"total_size": total, "stepper_synthetic_seed": source.seed, "stepper_model": source.config.name},
         "weight_map": weight_map,
     }
+    if cfg.wrapper is not None:
+        shard = f"model-{shards:05d}-of-{shards:05d}.safetensors"
+        entries = vision_entries(cfg, source.seed)
+        write_safetensors(folder / shard, entries, {"format": "pt"})
+        weight_map.update(dict.fromkeys((e.name for e in entries), shard))
+        total += sum(e.nbytes for e in entries)
     (folder / INDEX).write_text(json.dumps(index, indent=2) + "\n")
-    (folder / "config.json").write_text(json.dumps(source.config.to_hf(), indent=2) + "\n")
+    raw = cfg.to_hf() if cfg.wrapper is None else wrapped_hf(cfg, VISION_CONFIG)
+    (folder / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
+
+
+# A small vision tower and projector, named and shaped as Kimi K2.5's (27 blocks of width 1152
+# there), so that a kimi_k25-layout checkpoint holds the tensors a text run must never read.
+VISION_CONFIG = {"vt_hidden_size": 32, "vt_num_hidden_layers": 2, "vt_num_attention_heads": 2,
+                 "vt_intermediate_size": 64, "mm_hidden_size": 32, "patch_size": 14, "merge_kernel_size": [2, 2],
+                 "mm_projector_type": "patchmerger", "pos_emb_type": "divided_fixed", "init_pos_emb_height": 8,
+                 "init_pos_emb_width": 8}
+
+
+def vision_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
+    v = VISION_CONFIG
+    width, inner, grid = v["vt_hidden_size"], v["vt_intermediate_size"], v["init_pos_emb_height"]
+    merged = width * v["merge_kernel_size"][0] * v["merge_kernel_size"][1]
+    shapes = {"vision_tower.patch_embed.proj.weight": (width, 3, v["patch_size"], v["patch_size"]),
+              "vision_tower.patch_embed.proj.bias": (width,),
+              "vision_tower.patch_embed.pos_emb.weight": (grid, v["init_pos_emb_width"], width)}
+    for b in range(v["vt_num_hidden_layers"]):
+        for part, shape in (("norm0", (width,)), ("norm1", (width,)), ("wqkv", (3 * width, width)),
+                            ("wo", (width, width)), ("mlp.fc0", (inner, width)), ("mlp.fc1", (width, inner))):
+            shapes[f"vision_tower.encoder.blocks.{b}.{part}.weight"] = shape
+            shapes[f"vision_tower.encoder.blocks.{b}.{part}.bias"] = shape[:1]
+    shapes.update({"vision_tower.encoder.final_layernorm.weight": (width,), "mm_projector.pre_norm.weight": (width,),
+                   "mm_projector.proj.0.weight": (merged, merged), "mm_projector.proj.2.weight": (cfg.hidden_size, merged)})
+    return shapes
+
+
+def vision_entries(cfg: Config, seed: int) -> list[Entry]:
+    """The vision tower's and projector's tensors: BF16 normals, drawn from the seed."""
+    rng = np.random.default_rng([seed, 7])
+    return [Entry(name, "BF16", shape, lambda shape=shape: rng.standard_normal(shape, dtype=np.float32).astype(ml_dtypes.bfloat16))
+            for name, shape in vision_shapes(cfg).items()]
 
 
 SYNTH_FILES = re.compile(rf"(config\.json|{re.escape(INDEX)}|model-\d{{5}}-of-\d{{5}}\.safetensors)")

@@ -11,18 +11,18 @@ from collections.abc import Iterable, Iterator
 import ml_dtypes
 import numpy as np
 
-from stepper import fp8
+from stepper import fp8, int4
 from stepper.config import Config
 from stepper.errors import StepperError
 from stepper.weights.names import EMBED, shape_of, storage_dtype
-from stepper.weights.stored import Fp8Matrix, Stored, row_spans
+from stepper.weights.stored import INT4, Fp8Matrix, Int4Matrix, Stored, row_spans
 
 
 class SyntheticWeights:
     """Deterministic weights with realistic scales, made per tensor from (seed, name).
 
     Values are drawn in float32 and then stored as a checkpoint stores them (FP8 with block
-    scales, BF16, F32); `get` returns what a reader of that checkpoint would compute.
+    scales, INT4 with group scales, BF16, F32); `get` returns what a reader of that checkpoint would compute.
     Linear weights [out, in] ~ N(0, 1/in), so activations keep unit scale; RMSNorm weights near
     1; the router's e_score_correction_bias ~ N(0, 0.1^2), large enough to change some choices;
     embeddings ~ N(0, 1), made row by row.
@@ -35,7 +35,7 @@ class SyntheticWeights:
     def get(self, name: str) -> np.ndarray:
         return self.stored(name).as_float32(name)
 
-    def matrix(self, name: str) -> np.ndarray | Fp8Matrix:
+    def matrix(self, name: str) -> np.ndarray | Fp8Matrix | Int4Matrix:
         return self.stored(name).matrix(name)
 
     def get_rows(self, name: str, rows: np.ndarray) -> np.ndarray:
@@ -75,6 +75,10 @@ class SyntheticWeights:
             block = self.config.quantization.weight_block_size
             codes, scale_inv = fp8.quantize(values, block)
             return Stored(dtype, codes, scale_inv, block)
+        if dtype == INT4:
+            group = self.config.int4.group_size
+            packed, scales = int4.quantize_int4(values, group, name=name)
+            return Stored(dtype, packed, scales, (1, group), columns=values.shape[1])
         if dtype == "BF16":
             return Stored(dtype, values.astype(ml_dtypes.bfloat16))
         return Stored(dtype, values)

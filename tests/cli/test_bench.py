@@ -58,3 +58,24 @@ def test_the_long_context_scenario_runs_on_a_small_config(monkeypatch):
     assert [(kw["tokens"], kw["cache"], kw["attn"], kw["shown"]) for _, kw in names] == [
         (4096, 0, "naive", False), (4096, 0, "naive", True), (16384, 0, "naive", False), (32768, 0, "naive", False),
         (1, 8192, "absorb", True), (1, 32768, "absorb", True), (1, 131072, "absorb", True)]
+
+
+def test_int4_experts_against_fp8_on_a_small_config(tmp_path):
+    """The INT4 scenario's code on tiny (the coordinator runs it at full size): its checkpoint
+    holds INT4 experts, and each ratio is the INT4 figure over the FP8 one."""
+    from stepper.weights.checkpoint import Checkpoint
+    from stepper.weights.stored import Int4Matrix
+
+    said = []
+    fp8_folder = bench.ensure_checkpoint(tmp_path, bench.bench_config("tiny", None), range(1, 2))
+    fp8 = bench.moe_figures(fp8_folder, said.append, " (FP8)", repeats=(2, 2))
+    figures = bench.int4_versus_fp8(tmp_path, "tiny", said.append, fp8, repeats=(2, 2))
+    assert [f.unit for f in figures] == ["s", "s", "x", "x"]
+    decode, prefill, decode_ratio, prefill_ratio = figures
+    assert "decode 1 token" in decode.name and "prefill 512 tokens" in prefill.name
+    assert decode_ratio.name == "tiny layer 1, decode 1 token: INT4 experts / FP8 experts"
+    assert (decode_ratio.value, prefill_ratio.value) == (decode.value / fp8[0].value, prefill.value / fp8[1].value)
+    int4_folder = next(p for p in tmp_path.iterdir() if "int4" in p.name)
+    assert isinstance(Checkpoint(int4_folder).matrix("model.layers.1.mlp.experts.0.up_proj.weight"), Int4Matrix)
+    assert not isinstance(Checkpoint(fp8_folder).matrix("model.layers.1.mlp.experts.0.up_proj.weight"), Int4Matrix)
+    assert any("with INT4 experts" in line for line in said)

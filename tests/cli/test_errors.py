@@ -136,8 +136,11 @@ def test_the_estimate_allows_a_full_size_layer_and_holds_what_views_keep():
 
 
 def test_a_memory_error_anywhere_is_one_line():
-    limit = 900 * 2**20  # address space: the estimate (from the machine's memory) lets the run start, NumPy then fails
-    out = subprocess.run([*COMMAND, "run", "--plain", "--prompt-len", "100000"], check=False, capture_output=True,
+    limit = 900 * 2**20  # address space; the estimate is told nothing of the limit, so the run starts and NumPy fails
+    blind = ("import sys; import stepper.cli.memory as m; m.address_space_room = lambda: None; "
+             "from stepper.cli.main import main; sys.argv[0] = 'stepper'; main()")
+    out = subprocess.run([sys.executable, "-c", blind, "run", "--plain", "--prompt-len", "100000"], check=False,
+                         capture_output=True,
                          text=True, env=ENV, timeout=120, stdin=subprocess.DEVNULL,
                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
     line = one_line(out)
@@ -375,3 +378,44 @@ def test_fixtures_verify_counts_missing_tensors_and_an_unwritable_report_is_one_
     assert stepper("fixtures", "verify", fixture, candidate, "--allow-missing", "--plain").returncode == 0
     line = one_line(stepper("fixtures", "verify", fixture, candidate, "--allow-missing", "--report", "/proc/r.json"))
     assert line == "stepper: error: --report /proc/r.json: cannot write it (No such file or directory)"
+
+
+def test_the_room_under_a_cgroup_limit_counts(tmp_path):
+    """cgroup v2 then v1: the limit less the usage, reclaimable page cache counted as room; no limit, no room known."""
+    from stepper.cli.memory import cgroup_room
+
+    own = tmp_path / "cgroup"
+    own.write_text("0::/job\n")
+    v2 = tmp_path / "fs" / "job"
+    v2.mkdir(parents=True)
+    (v2 / "memory.max").write_text("4294967296\n")
+    (v2 / "memory.current").write_text("3221225472\n")
+    (v2 / "memory.stat").write_text("anon 1\ninactive_file 536870912\n")
+    assert cgroup_room(tmp_path / "fs", own) == 2**30 + 2**29
+    (v2 / "memory.max").write_text("max\n")
+    assert cgroup_room(tmp_path / "fs", own) is None
+    (v2 / "memory.max").unlink()
+    v1 = tmp_path / "fs" / "memory"  # v1, the mount showing the container's own group
+    v1.mkdir()
+    (v1 / "memory.limit_in_bytes").write_text("2147483648\n")
+    (v1 / "memory.usage_in_bytes").write_text("2147483648\n")
+    assert cgroup_room(tmp_path / "fs", own) == 0
+    (v1 / "memory.limit_in_bytes").write_text("9223372036854771712\n")
+    assert cgroup_room(tmp_path / "fs", own) is None
+
+
+def test_a_run_past_the_address_space_limit_is_refused_before_it_starts():
+    """Under `ulimit -v`, a prompt whose scores would not fit is refused in one line, exit 2."""
+    import resource
+    import subprocess
+    import sys
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (3 * 2**30, 3 * 2**30))
+
+    p = subprocess.run([sys.executable, "-m", "stepper", "run", "--prompt-len", "12000", "--only", "logits"],
+                       capture_output=True, text=True, preexec_fn=limit, timeout=60, check=False)
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.startswith("stepper: error: this run would need about ") and p.stderr.count("\n") == 1
+    available = float(p.stderr.split(" and ")[1].split()[0])
+    assert available < 3.0  # the limit, not the machine's 20-odd GiB

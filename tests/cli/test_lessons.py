@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -20,12 +21,14 @@ from stepper import catalog
 from stepper.cli.main import app
 from stepper.errors import StepperError
 from stepper.lessons import check, overrides
-from stepper.lessons.answers import parse_choice, parse_number, parse_set, parse_shape
 from stepper.lessons.context import Context
 from stepper.lessons.judge import judge
-from stepper.lessons.lint import mentioned_names, template_errors, unknown_names
+from stepper.lessons.lint import mentioned_names, subject_errors, template_errors, unknown_names
 from stepper.lessons.progress import Progress
+from stepper.lessons.prose import join_lines, say
+from stepper.lessons.reading import parse_choice, parse_number, parse_set, parse_shape
 from stepper.lessons.schema import Prediction, Wrong, all_lessons, find_lesson
+from stepper.lessons.templates import render
 from stepper.lessons.walk import right_answers, walk
 from stepper.lessons.workspace import Workspace
 from stepper.session import RunSpec, prepare, run
@@ -51,6 +54,11 @@ def stepper(*args: str, stdin: str = ""):
     """`stepper ARGS` in-process (typer's runner): exit_code, stdout, stderr. STEPPER_DATA_DIR and the
     working directory come from the test's fixtures."""
     return CliRunner().invoke(app, list(args), input=stdin)
+
+
+def flat(text: str) -> str:
+    """The text with its line breaks and runs of spaces made single spaces (output wraps at the width)."""
+    return " ".join(text.split())
 
 
 def tensors(spec: RunSpec, use: list[Path] | None = None) -> dict[str, np.ndarray]:
@@ -102,7 +110,8 @@ def test_every_lesson_walks_headless_to_the_end(lesson):
     walked = walk(lesson, console, CommandSource(console, io.StringIO("\n".join(right_answers(lesson)) + "\n"), False))
     text = out.getvalue()
     assert walked.finished, text[-2000:]
-    assert walked.right == walked.asked > 0
+    assert walked.first_try == walked.asked > 0 and walked.retried == 0
+    assert f"predictions: {walked.asked} of {walked.asked} right at the first try\n" in text
     assert text.count("✓ right") == walked.asked
     assert "end of the run" in text and "(end of commands" not in text
 
@@ -114,8 +123,43 @@ def test_a_wrong_prediction_is_explained_by_the_lesson():
     out = io.StringIO()
     console = Console(file=out, width=200, no_color=True, soft_wrap=True)
     walked = walk(lesson, console, CommandSource(console, io.StringIO("\n".join(answers) + "\n"), False))
-    assert walked.finished and walked.right == walked.asked
+    assert walked.finished and (walked.first_try, walked.retried) == (walked.asked - 1, 1)
     assert "✗ 1000 is the vocabulary size" in out.getvalue()
+    assert f"predictions: {walked.asked - 1} of {walked.asked} right at the first try, 1 more on a retry" in out.getvalue()
+
+
+@pytest.mark.parametrize("name, written", [
+    ("mla-latent", {"1280.0": "1,280", "576.0": "576 B", "35.55555555555556": "35.6x"}),  # as stepper prints them
+    ("rope-yarn", {"{0, 1, 2, 3, 4}": "0-4", "{3, 11}": "11 and 3", "0.2617215999259001": "0.262"}),
+])
+def test_answers_written_as_a_learner_writes_them_are_right_at_the_first_try(name, written):
+    lesson = find_lesson(name)
+    answers = [written.get(a, a) for a in right_answers(lesson)]
+    assert set(written.values()) <= set(answers)
+    out = io.StringIO()
+    console = Console(file=out, width=200, no_color=True, soft_wrap=True)
+    walked = walk(lesson, console, CommandSource(console, io.StringIO("\n".join(answers) + "\n"), False))
+    assert walked.finished and walked.first_try == walked.asked, out.getvalue()[-3000:]
+
+
+def test_unreadable_answers_are_no_try_and_a_shown_answer_is_not_right():
+    """First tries and retries are counted apart; an answer refused as unreadable is asked again
+    and is not a try; a prediction answered wrong twice (then shown) counts as neither."""
+    lesson = find_lesson("mla-latent")
+    right = right_answers(lesson)  # each step: its answers, then "" to go on
+    assert right[1] == right[3] == right[5] == ""
+    answers = ["?", "1 7 ?", "[1, 7, 128]", right[0], right[0], "",  # step 1: help, unreadable, wrong, right; again
+               "1,2.5", right[2], "",  # step 2: unreadable, then right: a first try
+               "1 7 16", "[1, 4, 7, 16]", "", *right[6:]]  # step 3 (k_pe): wrong twice, then shown
+    out = io.StringIO()
+    console = Console(file=out, width=200, no_color=True, soft_wrap=True)
+    walked = walk(lesson, console, CommandSource(console, io.StringIO("\n".join(answers) + "\n"), False))
+    text = out.getvalue()
+    assert walked.finished, text[-2000:]
+    assert (walked.first_try, walked.retried) == (walked.asked - 2, 1)
+    assert text.count("I could not read that") == 2 and "→ the answer: [1, 1, 7, 16]" in text
+    assert "that looks like an answer, but this stop's predictions are done" in text  # typed at the prompt
+    assert "write the sizes in order, like [1, 7, 512], 1x7x512 or 1 7 512; Enter shows the answer" in text  # ?
 
 
 # ---------------------------------------------------------------------------------------------
@@ -190,12 +234,13 @@ def test_use_swaps_in_restores_stepper_and_rejects_other_signatures(tmp_path):
 # query's and the shared key's per layer; latent per layer; absorbed per layer of the decode
 # step; route per MoE layer.
 CALLS = {"rms_norm": 2 * (4 * 3 + 1), "apply_rope": 2 * 2 * 3, "latent": 2 * 3, "absorbed": 3, "route": 2 * 2}
+MODEL = {"dequantize_int4": "tiny-int4"}  # INT4 weights only there (the rest of tiny's are FP8)
 
 
 @pytest.mark.parametrize("name", overrides.EXERCISES)
 def test_a_swapped_exercise_runs_at_every_place_the_interpreter_calls_it(name):
     """No table of call sites: each call of an exercise, wherever it is made, runs what is swapped in."""
-    spec = RunSpec(prompt_len=3, decode=1)
+    spec = RunSpec(model=MODEL.get(name, "tiny"), prompt_len=3, decode=1)
     reference, calls = overrides.reference(name), []
 
     def spy(*args, **kwargs):
@@ -316,6 +361,30 @@ def test_cli_start_check_hint_solution_reset(tmp_path, data_dir, monkeypatch):
     assert "tour" not in json.loads((data_dir / "progress.json").read_text())["lessons"]
 
 
+def test_next_is_one_rule_for_check_and_list_and_the_markers_have_a_legend(tmp_path, monkeypatch):
+    """After tour and fp8 pass, both `check` and `list` say rmsnorm is next (the first lesson not
+    done), never a lesson already passed; `list` explains its markers."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("tour", "fp8"):
+        path, _ = Workspace().ensure(find_lesson(name))
+        path.write_text(find_lesson(name).solution.read_text())
+    assert "next: `stepper lesson start rmsnorm`" in flat(stepper("lesson", "check", "tour").stdout)
+    progress = Progress()
+    progress.lesson("mla-latent")["passed"] = True
+    progress.current = "fp8"
+    progress.save()
+    checked = stepper("lesson", "check", "fp8", "--plain")
+    assert checked.exit_code == 0 and "next: `stepper lesson start rmsnorm`" in flat(checked.stdout), checked.stdout
+    listed = stepper("lesson", "list", "--plain").stdout
+    assert "next: stepper lesson start rmsnorm" in flat(listed)
+    assert "◀ the current lesson" in listed and " ◀\n" in listed
+    rows = {line.split()[1]: line for line in listed.splitlines() if line[:2].strip().isdigit()}
+    assert rows["fp8"].endswith("passed ◀") and "passed" in rows["mla-latent"] and "passed" not in rows["rmsnorm"]
+    other = stepper("lesson", "check", "rmsnorm", "--file", str(find_lesson("rmsnorm").solution))  # not recorded
+    assert "next: `stepper lesson start rope-yarn`" in flat(other.stdout), other.stdout
+    assert not Progress().lesson("rmsnorm")["passed"]
+
+
 def test_cli_errors_are_one_line(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     unknown = stepper("lesson", "start", "nope")
@@ -346,12 +415,18 @@ def test_watch_rechecks_on_save_and_stops_on_pass(tmp_path, data_dir):
     proc = subprocess.Popen([sys.executable, "-m", "stepper", "lesson", "watch", "decode-cache", "--workspace",
                              str(tmp_path / "ws"), "--interval", "0.1", "--plain"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
+    timer = threading.Timer(120, proc.kill)  # a watch that never ends fails the test instead of hanging it
+    timer.start()
     try:
-        time.sleep(2.5)  # the first check (fails: the stub's mask); stdin stays open, as a terminal's would
+        first = []  # the first check (fails: the stub's mask); stdin stays open, as a terminal's would
+        while not first or not first[-1].startswith(("not yet", "passed!")) and first[-1]:
+            first.append(proc.stdout.readline())
+        time.sleep(0.2)  # a save a moment later has a new modification time
         mine.write_text(lesson.solution.read_text())
         proc.wait(timeout=60)
-        out, err = proc.stdout.read(), proc.stderr.read()
+        out, err = "".join(first) + proc.stdout.read(), proc.stderr.read()
     finally:
+        timer.cancel()
         proc.kill()
         proc.stdin.close()
     assert proc.returncode == 0, err
@@ -386,3 +461,84 @@ def test_every_explanation_of_a_wrong_answer_renders_at_its_stop(lesson):
             for wrong in pred.wrong:
                 if wrong.answer != "*":
                     assert value_of(wrong.answer, ctx) is not None
+
+
+# ---------------------------------------------------------------------------------------------
+# Facts quoted about one token or head
+
+
+def test_every_value_quoted_about_one_token_or_head_is_computed_on_it():
+    """Over every lesson's texts: in a sentence about token 0 (head 2, row 3, the telling token),
+    each quoted tensor value is indexed on that token's axis and each fact gets that token."""
+    checked = 0
+    for lesson in LESSONS:
+        n, problems = subject_errors(lesson)
+        assert problems == [], problems
+        checked += n
+    assert checked >= 30, f"only {checked} quoted values were about one token or head"
+
+
+def test_a_whole_tensor_value_in_a_sentence_about_one_token_is_caught(tmp_path):
+    from stepper.lessons.schema import load_lesson
+
+    folder = tmp_path / "07-routing"
+    shutil.copytree(find_lesson("moe-routing").folder, folder)
+    toml = folder / "lesson.toml"
+    text = toml.read_text()
+    text = text.replace("min {layers.1.mlp.gate.scores[0].min:.3f}", "min {layers.1.mlp.gate.scores.min:.3f}")  # as it was
+    text = text.replace("For token 0, expert {fact.routed(layers.1, 0, 0, expert)}", "For token 1, expert {fact.routed(layers.1, 0, 0, expert)}")
+    text = text.replace('explain = """\nOne row per token,', 'explain = """\nRow 3 of head 1 has {layers.1.mlp.gate.logits[3].max:.3f} and head 2 {layers.1.self_attn.attn_weights[0, 1, 3].sum}. The last token: {layers.1.mlp.gate.logits[0].max}. One row per token,')
+    toml.write_text(text)
+    _, problems = subject_errors(load_lesson(folder))
+    said = "\n".join(problems)
+    assert "{layers.1.mlp.gate.scores.min} is computed on the whole tensor, not on token 0 (axis N)" in said
+    assert "{fact.routed(layers.1, 0, 0, expert)} is computed for token 0, not token 1" in said
+    assert "{layers.1.self_attn.attn_weights[0, 1, 3].sum} is computed on head 1, not on head 2 (axis H)" in said
+    assert sum("is computed for token 0, not token 1" in p for p in problems) == 4  # the question's answer too
+    assert "{layers.1.mlp.gate.logits[0].max} is computed on token 0, not on token -1 (axis N)" in said
+    assert len(problems) == 7, said  # logits has no head axis; scores[0].sum and max stay right
+
+
+def test_token_0s_score_range_is_token_0s():
+    lesson = find_lesson("moe-routing")
+    step = next(s for s in lesson.steps if s.stop == "layers.1.mlp.gate.scores")
+    recorder = Recorder()
+    run(lesson.run, [recorder])
+    order = [e.name for e in recorder.events]
+    seen = {n: recorder.tensors()[n] for n in order[: order.index(step.stop) + 1]}
+    from stepper.lessons.templates import render
+
+    said = render(step.explain, Context(prepare(lesson.run), seen))
+    token0 = seen["layers.1.mlp.gate.scores"][0]
+    assert f"min {token0.min():.3f}, max {token0.max():.3f}" in said
+    assert seen["layers.1.mlp.gate.scores"].min() < token0.min(), "the whole tensor's range differs (else no test)"
+
+
+# ---------------------------------------------------------------------------------------------
+# Lesson text at 80 columns
+
+
+def texts_at_their_stops(lesson):
+    """(text, context) for every text a walk shows, the context as it is when it is shown."""
+    plan = prepare(lesson.run)
+    recorder = Recorder()
+    result = run(lesson.run, [recorder])
+    order, everything = [e.name for e in recorder.events], recorder.tensors()
+    out = [(lesson.intro, Context(plan))]
+    for step in lesson.steps:
+        ctx = Context(plan, {n: everything[n] for n in order[: order.index(step.stop) + 1]})
+        out += [(step.text, ctx), (step.explain, ctx)]
+        out += [(join_lines(pred.question), ctx) for pred in step.predict]
+    return [*out, (lesson.outro, Context(plan, everything, result))]
+
+
+@pytest.mark.parametrize("lesson", LESSONS, ids=IDS)
+def test_lesson_text_fits_80_columns_without_a_broken_word(lesson):
+    for text, ctx in texts_at_their_stops(lesson):
+        out = io.StringIO()
+        say(Console(file=out, width=80, no_color=True, highlight=False, markup=False, soft_wrap=True), text, ctx)
+        lines = out.getvalue().splitlines()
+        assert all(len(line) <= 80 for line in lines), [line for line in lines if len(line) > 80]
+        printed = set(out.getvalue().split())
+        words = render(join_lines(text), ctx).split()
+        assert [w for w in words if w not in printed] == [], "a word broken across lines"

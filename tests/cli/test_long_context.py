@@ -43,7 +43,7 @@ def test_the_header_says_the_cache_is_synthetic_and_the_prompt_follows_it():
                     "--only", "decode0*attn_weights", "--plain")
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    assert lines[0].endswith("then 1 decode step, after a synthetic cache of 5,000 positions (seed 0)")
+    assert lines[0].endswith("after a synthetic cache of 5,000 positions (seed 0)")
     assert lines[2].startswith("--attn auto: naive prefill, absorbed decode")
     assert "S=5003 attended positions" in result.output
     assert "at positions 5000.." in lines[-1]

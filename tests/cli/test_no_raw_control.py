@@ -157,7 +157,7 @@ def test_the_debugger_echoes_and_answers_escaped(place, colour):
         assert f"\n(stepper) {shown(line)}\n" in out
     t = shown(TYPED)
     for answer in (f"bad slice '{t}': expected NAME[i, a:b, ...]", f"b {t}: matches no tensor of this run",
-                   f"no catalogue entry for '{t}' (try a name like self_attn.k_pe or a glob)",
+                   f"no tensor named '{t}' in the catalogue (stepper tree lists them)",
                    f"no tensor '{t}' seen yet (h lists them)", f"unknown command '{t}'"):
         assert f"\n{answer}\n" in out
 
@@ -210,4 +210,27 @@ def test_lesson_check_shows_what_your_exercise_said_escaped(place):
     code, out, _ = stepper("lesson", "check", "odd", "--file", f"bad{TYPED}.py", cwd=place, env=env, colour=True)
     assert code == 1
     assert out.startswith(f"checking bad{shown(TYPED)}.py · lesson 1, odd: title {shown(ODD)}\n✗ softmax fails on ")
-    assert f"ValueError: {shown(ODD)}" in out
+    assert f"ValueError: {shown(ODD)}" in " ".join(out.split())  # the detail wraps at the width, between words
+
+
+def test_fixtures_export_names_its_folder_escaped(place):
+    code, out, _ = stepper("fixtures", "export", f"out{TYPED}", "--prompt-len", "2", cwd=place, colour=True)
+    assert code == 0
+    assert f"\nwrote out{shown(TYPED)}: " in "\n" + out
+
+
+def test_bench_lines_are_shown_escaped(monkeypatch, capsys):
+    """What the bench says (paths of its work folder, the machine's name) reaches the screen escaped."""
+    from stepper import bench
+    from stepper.cli.bench import bench_command
+
+    def run_all(workdir, with_torch, say, int4=False):
+        say(f"writing {workdir}")
+        return [bench.Figure(name="decode", value=0.25, unit="s", note=f"in {workdir}")]
+
+    monkeypatch.setattr(bench, "run_all", run_all)
+    monkeypatch.setattr(bench, "machine", lambda: f"cpu {TYPED}")
+    bench_command(workdir=Path(f"w{TYPED}"), torch=False, int4=False, as_json=False)
+    out = capsys.readouterr().out
+    assert CONTROL.findall(out) == [] and "[red]x" in out
+    assert f"writing w{shown(TYPED)}" in out and f"machine: cpu {shown(TYPED)}" in out and f"in w{shown(TYPED)}" in out

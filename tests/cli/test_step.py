@@ -90,7 +90,21 @@ def test_where_shows_done_current_and_pending():
 def test_compare_two_tensors(tensors):
     out = step("--until", "layers.0.output", commands="x layers.0.attn_residual layers.0.hidden_states\nq\n").stdout
     a, b = tensors["layers.0.attn_residual"], tensors["layers.0.hidden_states"]
-    assert f"max |a - b| {np.abs(a - b).max():.4g}" in out
+    biggest, scale = np.abs(a - b).max(), np.abs(b).max()
+    assert f"max |a - b| = {biggest:.4g} · max |b| = {scale:.4g} · max |a - b| / max |b| = {biggest / scale:.4g}" in out
+    assert f"entries that differ: {int((a != b).sum())} of {a.size}" in out
+
+
+def test_compare_slices_of_tensors(tensors):
+    """x takes NumPy slices on either side (with spaces inside the brackets): the latent is the
+    first kv_lora_rank columns of kv_a, so the two agree exactly; a shape mismatch says to slice."""
+    out = step("--until", "layers.1.self_attn.k_pe",
+               commands="x compressed_kv kv_a[..., :128]\nx kv_a[0, :, 128:] k_pe[0, 0]\nx compressed_kv kv_a\nq\n").stdout
+    kv_a, k_pe = tensors["layers.1.self_attn.kv_a"], tensors["layers.1.self_attn.k_pe"]
+    assert "a = layers.1.self_attn.compressed_kv  [1, 7, 128]\nb = layers.1.self_attn.kv_a[..., :128]" in out
+    assert f"max |a - b| = 0 · max |b| = {np.abs(kv_a[..., :128]).max():.4g}" in out
+    assert f"max |a - b| = 0 · max |b| = {np.abs(k_pe).max():.4g} · max |a - b| / max |b| = 0" in out
+    assert "cannot compare shapes [1, 7, 128] and [1, 7, 144]: slice one" in out
 
 
 def test_bad_commands_and_bad_slices_print_help_and_go_on():
@@ -125,3 +139,22 @@ def test_export_html_contains_every_row(tmp_path):
     text = unescape(re.sub(r"<[^>]+>", "", html.read_text()))  # the page's text, without its markup
     for name in ("layers.0.self_attn.q", "layers.0.self_attn.q_nope", "layers.0.self_attn.q_pe"):
         assert f"{name}  [B=1 batch, 4 heads, T=7 positions" in text
+
+
+def test_every_example_of_the_help_runs():
+    """`?` and `help CMD` show examples; each one is a working command (the ones that resume the run
+    are left out: they would leave the stop)."""
+    from stepper.views.debugger import TABLE
+
+    resuming = {"n", "c", "u", "q"}
+    examples = [e for command in TABLE if command.names[0] not in resuming for e in command.examples]
+    helps = [f"help {command.names[0]}" for command in TABLE]
+    out = step("--decode", "1", "--until", "decode0.layers.1.output", commands="\n".join([*examples, *helps, "?", "q"]) + "\n")
+    assert out.returncode == 0, out.stderr
+    for error in ("unknown command", "no tensor", "bad slice", "cannot compare", "matches no tensor", "no command",
+                  "show what?", "s scales needs", "no stored weights"):
+        assert error not in out.stdout, error
+    for command in TABLE:
+        assert f"\n{command.usage}" in out.stdout  # help CMD's first line
+    assert "a = decode0.layers.1.self_attn.compressed_kv  [1, 1, 128]" in out.stdout
+    assert "breakpoints: layers.2.*" in out.stdout and out.stdout.count("e.g. ") >= 2 * len(TABLE)

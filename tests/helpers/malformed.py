@@ -227,7 +227,7 @@ DTYPE_SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2":
 class DirCase:
     name: str
     edit: Callable[[Path], None]
-    inspect: int  # 1: the problems are listed; 2: the checkpoint cannot be read at all
+    inspect: int  # 0: sound; 1: the problems are listed; 2: the checkpoint cannot be read at all
     message: str  # in inspect's output (stdout for 1, stderr for 2) and in run's stderr
     run: int = 2
 
@@ -454,11 +454,11 @@ def _dir_cases() -> list[DirCase]:
         DirCase("index-shard-empty", point(NORM, ""), 2, "expected a file name ending in"),
         DirCase("index-shard-escape-sequence", moved_shard(LAYER1_SHARD, "\x1b[2J.safetensors"), 2,
                 "points at shard '\\x1b[2J.safetensors', expected a file name"),
-        DirCase("index-tensor-not-in-shard", point("model.layers.0.ghost.weight", LAYER1_SHARD), 2,
+        DirCase("index-tensor-not-in-shard", point("model.layers.0.ghost.weight", LAYER1_SHARD), 1,
                 "'model.layers.0.ghost.weight' is listed in model.safetensors.index.json but not in this shard"),
-        DirCase("index-tensor-left-out", weight_map_edit(lambda m: m.pop(NORM)), 2,
-                f"tensor '{NORM}' is in this shard but not in {idx}"),
-        DirCase("index-tensor-in-the-wrong-shard", point(NORM, "model-00002-of-00004.safetensors"), 2,
+        DirCase("index-tensor-left-out", weight_map_edit(lambda m: m.pop(NORM)), 1,
+                f"'{NORM}' is in this shard but not in {idx}"),
+        DirCase("index-tensor-in-the-wrong-shard", point(NORM, "model-00002-of-00004.safetensors"), 1,
                 "is listed in model.safetensors.index.json but not in this shard"),
         DirCase("index-missing-no-single-file", removed(idx), 2, f"neither {idx} nor model.safetensors found"),
     ]
@@ -485,6 +485,16 @@ def _dir_cases() -> list[DirCase]:
                                                  for n in ("input_layernorm", "post_attention_layernorm"))),
                 1, "'model.layers.2.input_layernorm.weight' and 1 more tensor(s) are in layer 2, but the config has 2 layers",
                 run=0),
+        DirCase("tensor-misspelt-in-a-layer", with_tensor("model.layers.1.post_attention_layernrom.weight", "BF16", [64],
+                                                          shard=LAYER1_SHARD),
+                1, "'model.layers.1.post_attention_layernrom.weight' is in layer 1 but no tensor of that layer as "
+                   "config.json describes it", run=0),
+        DirCase("experts-in-the-dense-layer", both(*(with_tensor(f"model.layers.0.mlp.experts.0.{n}.weight", "BF16", [32, 64],
+                                                                 shard=LAYER1_SHARD) for n in ("gate_proj", "up_proj"))),
+                1, "'model.layers.0.mlp.experts.0.gate_proj.weight' and 1 more tensor(s) are in layer 0 but no tensor",
+                run=0),
+        DirCase("rotary-table-kept", with_tensor("model.layers.1.self_attn.rotary_emb.inv_freq", "F32", [8],
+                                                 shard=LAYER1_SHARD), 0, "", run=0),
     ]
     scale = KV_A + SCALE_INV
     bad_scales = [

@@ -277,7 +277,24 @@ def test_index_errors_name_the_index_and_tensor(tmp_path, edit, message):
     (folder / "model.safetensors.index.json").write_text(json.dumps(index))
     out = stepper("run", "--model", str(folder))
     assert out.returncode == 2 and message in out.stderr, out.stderr
-    assert len(out.stderr.strip().splitlines()) == 1
+    assert len(out.stderr.strip().splitlines()) == 1  # one problem: one line
+
+
+def test_an_index_disagreement_refuses_only_the_runs_that_reach_it(tmp_path):
+    """A tensor of layer 0 listed in the index but in no shard: inspect lists the rest and names it
+    (exit 1), a run of the whole model is refused in one line, a run of layer 2 alone goes ahead."""
+    folder = tmp_path / "ck"
+    independent_checkpoint(folder)
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    index["weight_map"]["model.layers.0.ghost.weight"] = "a.safetensors"
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    checked = stepper("inspect", "--plain", str(folder))
+    assert checked.returncode == 1 and "layer 2 (MoE)" in checked.stdout and "mlp.experts.{0..31}.up_proj" in checked.stdout
+    assert "  ! a.safetensors: 'model.layers.0.ghost.weight' is listed in model.safetensors.index.json" in checked.stdout
+    whole = stepper("run", "--model", str(folder), "--prompt-len", "2")
+    assert whole.returncode == 2 and whole.stderr.count("\n") == 1 and "ghost" in whole.stderr
+    alone = stepper("run", "--model", str(folder), "--layer", "2", "--prompt-len", "2", "--only", "*routed_output")
+    assert alone.returncode == 0 and "layers.2.mlp.routed_output" in alone.stdout
 
 
 # ---------------------------------------------------------------------------------------------

@@ -2,14 +2,22 @@
 
 - Every name is unique, every dimension symbol is defined, and the entries follow docs/names.md
   (same names, same order, same number of dimensions).
-- The transformers line ranges are checked against the installed modeling_deepseek_v3.py: every
-  cited line exists and at least one of them contains the entry's `transformers_hint`. This only
-  runs when the installed transformers is the version the catalogue was written against.
+- Every citation names its own file's lines: `{"lines": [first, last], "symbol": ..., "text": ...}`
+  where `text` is the first cited line as the cited revision reads it and `symbol` is on that line.
+  Those agree with each other always; against the files they are checked where the files are:
+  transformers' citations against the installed package when it is the cited version, and the
+  sources that are not installed (modeling_deepseek.py, DeepSeek's inference/model.py) against a
+  local copy of the cited revision (recognised by its git blob id) in the folder named by
+  $STEPPER_REFERENCE_SOURCES, laid out as the references' `path`s.
 """
 
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
+import importlib.util
 import json
+import os
 import re
 from importlib import resources
 from pathlib import Path
@@ -23,7 +31,9 @@ BLOCKS = {"model", "norm", "attention", "residual", "mlp", "router", "moe"}
 LAYERS = {"all", "dense", "moe"}
 PATHS = {"both", "naive", "absorb"}
 DTYPES = {"float32", "int64"}
-REFERENCE_KEYS = {"variable", "modeling_deepseek.py", "transformers", "transformers_hint", "inference"}
+REFERENCE_KEYS = {"variable", "modeling_deepseek.py", "transformers", "inference"}
+CITATION_KEYS = {"lines", "symbol", "text"}  # and optionally "path": another file of the same source
+SOURCES = ("modeling_deepseek.py", "transformers", "inference")
 ALIAS_KEYS = {"hf_module", "inference", "llama.cpp"}
 
 
@@ -46,11 +56,28 @@ def line_range_ok(value) -> bool:
     )
 
 
+def citation_ok(value) -> bool:
+    """A citation's parts agree with each other: valid lines, its symbol on the recorded first line."""
+    return (
+        isinstance(value, dict)
+        and CITATION_KEYS <= set(value) <= CITATION_KEYS | {"path"}
+        and line_range_ok(value["lines"])
+        and isinstance(value["symbol"], str) and len(value["symbol"]) > 1
+        and isinstance(value["text"], str) and value["symbol"] in value["text"]
+    )
+
+
 def test_header(catalog):
     assert catalog["format"] == "stepper-catalog"
     assert catalog["version"] == 1
-    assert {"modeling_deepseek.py", "transformers", "inference"} <= set(catalog["references"])
-    assert catalog["references"]["transformers"]["version"]
+    references = catalog["references"]
+    assert set(SOURCES) <= set(references)
+    transformers = references["transformers"]
+    assert transformers["package"] == "transformers" and transformers["version"] and transformers["path"].endswith(".py")
+    for source in ("modeling_deepseek.py", "inference"):  # not installed: the revision is recorded
+        about = references[source]
+        assert about["label"] and about["repo"] and about["path"], source
+        assert re.fullmatch(r"[0-9a-f]{40}", about["commit"]) and re.fullmatch(r"[0-9a-f]{40}", about["blob"]), source
 
 
 def test_names_are_unique(catalog):
@@ -89,9 +116,9 @@ def test_entries_follow_the_schema(catalog):
         assert set(e["reference"]) == REFERENCE_KEYS, f"{name}: reference keys {sorted(e['reference'])}"
         assert set(e["aliases"]) == ALIAS_KEYS, f"{name}: alias keys {sorted(e['aliases'])}"
         ref = e["reference"]
-        for key in ("modeling_deepseek.py", "transformers", "inference"):
-            assert ref[key] is None or line_range_ok(ref[key]), f"{name}: bad {key} range {ref[key]!r}"
-        assert (ref["transformers"] is None) == (ref["transformers_hint"] is None), f"{name}: range without hint"
+        for key in SOURCES:
+            assert ref[key] is None or citation_ok(ref[key]), f"{name}: bad {key} citation {ref[key]!r}"
+        assert not re.search(r"\blines? \d", ref["variable"]), f"{name}: line numbers belong in a citation"
     int_tensors = [e["name"] for e in catalog["tensors"] if e["dtype"] == "int64"]
     assert int_tensors == ["mlp.gate.topk_idx"]
 
@@ -100,10 +127,10 @@ def test_absorbed_entries_cite_deepseek_inference(catalog):
     for e in catalog["tensors"]:
         ref = e["reference"]
         if e["path"] == "absorb":
-            assert line_range_ok(ref["inference"]), e["name"]
+            assert citation_ok(ref["inference"]), e["name"]
             assert ref["modeling_deepseek.py"] is None and ref["transformers"] is None, e["name"]
         else:
-            assert line_range_ok(ref["modeling_deepseek.py"]), f"{e['name']}: no modeling_deepseek.py range"
+            assert citation_ok(ref["modeling_deepseek.py"]), f"{e['name']}: no modeling_deepseek.py citation"
 
 
 def names_md_rows() -> list[tuple[str, int | None]]:
@@ -131,29 +158,70 @@ def test_names_order_and_rank_follow_docs_names_md(catalog):
             assert len(by_name[name]["dims"]) == width, f"{name}: {by_name[name]['dims']} vs {width} dims in names.md"
 
 
-def installed_modeling_deepseek_v3(expected_version: str) -> list[str]:
-    transformers = pytest.importorskip("transformers")
-    if transformers.__version__ != expected_version:
-        pytest.skip(
-            f"line numbers were taken from transformers {expected_version}; "
-            f"transformers {transformers.__version__} is installed"
-        )
-    path = Path(transformers.__file__).parent / "models" / "deepseek_v3" / "modeling_deepseek_v3.py"
-    return path.read_text(encoding="utf-8").splitlines()
-
-
-def test_transformers_line_ranges_contain_their_hint(catalog):
-    lines = installed_modeling_deepseek_v3(catalog["references"]["transformers"]["version"])
+def citation_problems(name: str, citation: dict, lines: list[str]) -> list[str]:
+    """What is wrong with a citation against the lines of the file it cites."""
+    first, last = citation["lines"]
+    if last > len(lines):
+        return [f"{name}: lines {first}-{last} past the end of the file ({len(lines)} lines)"]
     problems = []
+    if lines[first - 1].rstrip() != citation["text"]:
+        problems.append(f"{name}: line {first} reads {lines[first - 1].strip()!r}, the catalogue {citation['text'].strip()!r}")
+    if citation["symbol"] not in lines[first - 1]:
+        problems.append(f"{name}: {citation['symbol']!r} not on line {first}")
+    return problems
+
+
+def cited(catalog, source: str):
     for e in catalog["tensors"]:
-        ref = e["reference"]
-        if ref["transformers"] is None:
-            continue
-        start, end = ref["transformers"]
-        if end > len(lines):
-            problems.append(f"{e['name']}: lines {start}-{end} past the end of the file ({len(lines)} lines)")
-            continue
-        cited = lines[start - 1 : end]
-        if not any(ref["transformers_hint"] in line for line in cited):
-            problems.append(f"{e['name']}: {ref['transformers_hint']!r} not in lines {start}-{end}: {cited}")
+        citation = e["reference"].get(source)
+        if isinstance(citation, dict):
+            yield e["name"], citation
+
+
+def installed_transformers(expected_version: str) -> Path:
+    """The installed transformers package's folder (found without importing it)."""
+    spec = importlib.util.find_spec("transformers")
+    if spec is None or spec.origin is None:
+        pytest.skip("transformers is not installed")
+    version = importlib.metadata.version("transformers")
+    if version != expected_version:
+        pytest.skip(f"line numbers were taken from transformers {expected_version}; transformers {version} is installed")
+    return Path(spec.origin).parent
+
+
+def test_transformers_citations_match_the_installed_files(catalog):
+    about = catalog["references"]["transformers"]
+    package = installed_transformers(about["version"])
+    problems = []
+    for name, citation in cited(catalog, "transformers"):
+        lines = (package / citation.get("path", about["path"])).read_text(encoding="utf-8").splitlines()
+        problems += citation_problems(name, citation, lines)
     assert not problems, "\n".join(problems)
+
+
+def git_blob(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+@pytest.mark.parametrize("source", ["modeling_deepseek.py", "inference"])
+def test_citations_match_a_local_copy_of_the_cited_revision(catalog, source):
+    about = catalog["references"][source]
+    folder = os.environ.get("STEPPER_REFERENCE_SOURCES")
+    path = Path(folder or ".") / about["path"]
+    if not folder or not path.is_file():
+        pytest.skip(f"no copy of {about['repo']} {about['path']} (set STEPPER_REFERENCE_SOURCES to a folder holding it)")
+    data = path.read_bytes()
+    if git_blob(data) != about["blob"]:
+        pytest.skip(f"{path} is not {about['repo']}@{about['commit'][:7]}'s {about['path']} (blob {about['blob'][:7]})")
+    lines = data.decode("utf-8").splitlines()
+    problems = [p for name, citation in cited(catalog, source) for p in citation_problems(name, citation, lines)]
+    assert not problems, "\n".join(problems)
+
+
+def test_a_citation_off_by_a_line_is_caught():
+    lines = ["def f(x):", "    y = x + 1", "    return y"]
+    right = {"lines": [2, 3], "symbol": "y", "text": "    y = x + 1"}
+    assert citation_problems("t", right, lines) == []
+    assert citation_problems("t", {**right, "lines": [1, 2]}, lines)  # the text is line 2's
+    assert citation_problems("t", {**right, "lines": [2, 4]}, lines)  # past the end
+    assert not citation_ok({**right, "symbol": "z"})  # the symbol is not on the recorded line

@@ -13,7 +13,6 @@ import pytest
 from safetensors.numpy import save_file
 
 from stepper.fixtures import verify
-from stepper.fixtures.aliases import SYSTEMS, alias_patterns
 from stepper.fixtures.compare import measure
 from stepper.fixtures.export import Capture, export
 from stepper.fixtures.fixture import Fixture, check_weights, load, read_manifest
@@ -244,6 +243,7 @@ def test_a_malformed_npz_candidate_exits_2_with_one_line(basic, tmp_path, kind):
     (["{fixture}/manifest.json"], "unknown file type"),
     (["{candidate}", "--map", "nomap.json"], "--map nomap.json: no such file"),
     (["{candidate}", "--rtol", "-1"], "--rtol must be a number >= 0"),
+    (["{candidate}", "--names", "vllm"], "--names must be one of transformers, inference, llama.cpp or canonical"),
 ])
 def test_verify_bad_input_exits_2(basic, tmp_path, args, message):
     candidate = write_candidate(tmp_path / "c.safetensors", {"nothing.like.ours": np.zeros(2, np.float32)})
@@ -265,26 +265,6 @@ def test_not_a_fixture_is_bad_input(tmp_path):
 
 # ---------------------------------------------------------------------------------------------
 # verify: names and layouts of other implementations
-
-
-def other_names(fixture: Fixture, system: str) -> dict[str, np.ndarray]:
-    """The fixture's tensors under `system`'s names where it has one, canonical names otherwise."""
-    patterns = alias_patterns()
-    out = {}
-    for e in fixture.entries:
-        pattern = patterns[e["key"]].get(system)
-        alias = pattern.replace("{i}", str(e["layer"])) if pattern else None
-        out[f"{e['phase']}.{alias}" if alias else e["name"]] = fixture.tensors[e["name"]]
-    return out
-
-
-@pytest.mark.parametrize("system", SYSTEMS)
-def test_verify_reads_alias_names(basic, tmp_path, system):
-    candidate = write_candidate(tmp_path / f"{system}.npz", other_names(basic, system))
-    verdict = verify.verify(basic, candidate, strict=True)
-    assert verdict.exit_code == 0 and not verdict.unknown and not verdict.ambiguous
-    aliased = [c for c in verdict.checks if c.candidate != c.name]
-    assert len(aliased) > 60, len(aliased)
 
 
 def test_ambiguous_bare_names_are_refused_and_a_map_resolves_them(basic, tmp_path):
@@ -363,8 +343,11 @@ def test_names_command_lists_the_aliases():
     out = stepper("fixtures", "names", "--system", "llama.cpp", "--json")
     assert out.returncode == 0
     rows = [json.loads(line) for line in out.stdout.splitlines()]
-    assert {"canonical": "self_attn.compressed_kv", "hf_module": "", "inference": "layers.{i}.attn.kv#2",
-            "llama.cpp": "kv_cmpr-{i}#1"} in rows
+    assert {"naming": "llama.cpp", "name": "kv_cmpr-{i}#1", "canonical": "self_attn.compressed_kv", "only": "",
+            "source": "src/models/deepseek2.cpp:93", "revision": "07bede6a8f329362c72d46a0bc9756b6a12c22eb",
+            "note": ""} in rows
+    assert {row["naming"] for row in rows} == {"llama.cpp"}
+    assert [row["name"] for row in rows].index("q-{i}#1") < [row["name"] for row in rows].index("q-{i}#3")
     assert stepper("fixtures", "names", "--system", "vllm").returncode == 2
 
 
@@ -409,8 +392,9 @@ NEEDS_TORCH = not os.environ.get("STEPPER_REQUIRE_CROSSCHECK")
 
 def transformers_dump(fixture: Fixture, path: Path) -> None:
     """Load the fixture's weights into transformers, run its inputs, and write every tensor under
-    its HF module name where it has one (in the layout that module really outputs), canonical
-    otherwise. A lone layer N runs as a one-layer model whose layer 0 has layer N's weights."""
+    its canonical name, the projections in the layout their modules really output (verify's own
+    arrangements place them). A lone layer N runs as a one-layer model whose layer 0 has layer N's
+    weights. (tests/reference/test_naming.py reads transformers' own module names.)"""
     if NEEDS_TORCH:
         pytest.importorskip("torch")
         pytest.importorskip("transformers")
@@ -430,14 +414,12 @@ def transformers_dump(fixture: Fixture, path: Path) -> None:
     steps = m["inputs"]["steps"]
     trace = hf_trace(config, weights, np.array([steps[0]["ids"]]), start_pos=m["inputs"]["start_pos"],
                      decode_ids=[np.array([s["ids"]]) for s in steps[1:]] or None)
-    patterns = alias_patterns()
     out = {}
     for name, array in trace.items():
         short = unphased(name)
         phase = name[: len(name) - len(short)]
         index, key = (None, short) if not short.startswith("layers.") else short.split(".", 2)[1:]
         index = layer if layer is not None and index is not None else index
-        pattern = patterns.get(key, {}).get("hf_module")
         if key in ("self_attn.q", "self_attn.kv"):  # q_b_proj / kv_b_proj output: [B, T, H * X]
             b, h, t, x = array.shape
             array = array.transpose(0, 2, 1, 3).reshape(b, t, h * x)
@@ -445,8 +427,7 @@ def transformers_dump(fixture: Fixture, path: Path) -> None:
             array = array[None]  # rotary_emb returns [B, T, rope]
         elif key == "mlp.routed_output":
             array = array.reshape(-1, array.shape[-1])  # the experts module returns [N, d]
-        alias = pattern.replace("{i}", str(index)) if pattern else (f"layers.{index}.{key}" if index is not None else key)
-        out[phase + alias] = np.ascontiguousarray(array)
+        out[phase + (f"layers.{index}.{key}" if index is not None else key)] = np.ascontiguousarray(array)
     save_file(out, str(path))
 
 

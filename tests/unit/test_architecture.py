@@ -17,10 +17,11 @@ import stepper
 PACKAGE = Path(stepper.__file__).resolve().parent
 
 # What each room may import besides itself. A room is a subpackage (model, kernels, ...) or a
-# top-level module (config, trace, ...); "stepper" is the package's __init__ (its version). The
-# rooms below everything may be imported by any other; among themselves, as listed.
+# top-level module (config, trace, ...); "stepper" is the package's __init__ (the version, and
+# the API loaded on first use). The rooms below everything may be imported by any other; among
+# themselves, as listed.
 BELOW_EVERYTHING: dict[str, set[str]] = {
-    "stepper": set(),
+    "version": set(),
     "errors": set(),
     "swap": set(),
     "trace": {"tiled"},
@@ -28,25 +29,32 @@ BELOW_EVERYTHING: dict[str, set[str]] = {
     "config": {"errors", "jsonfile"},
     "jsonfile": {"errors"},
     "untrusted": set(),
+    "text": {"errors", "jsonfile", "untrusted"},
 }
 MAY_IMPORT: dict[str, set[str]] = {
     **BELOW_EVERYTHING,
     "presets": {"config"},
     "catalog": {"config"},
     "fp8": set(),
-    "weights": {"fp8"},
-    "kernels": {"weights", "fp8"},
-    "model": {"kernels", "weights", "fp8"},
+    "patching": set(),
+    "int4": set(),
+    "weights": {"fp8", "int4"},
+    "kernels": {"weights", "fp8", "int4"},
+    "model": {"kernels", "weights", "fp8", "int4"},
     "session": {"model", "kernels", "weights", "presets"},
-    "bench": {"views", "model", "kernels", "weights", "fp8", "presets"},  # views: what a run computes of a shown tensor
-    "views": {"session", "catalog", "weights", "fp8", "presets"},
-    "lessons": {"views", "session", "model", "kernels", "weights", "fp8", "catalog", "presets"},
-    "fixtures": {"views", "session", "model", "kernels", "weights", "fp8", "catalog", "presets"},
-    "cli": {"lessons", "fixtures", "views", "bench", "session", "model", "kernels", "weights", "fp8", "catalog",
-            "presets"},
+    "bench": {"views", "model", "kernels", "weights", "fp8", "int4", "presets"},  # views: what a run computes of a shown tensor
+    "views": {"session", "catalog", "weights", "fp8", "int4", "presets", "patching"},
+    "lessons": {"views", "session", "model", "kernels", "weights", "fp8", "int4", "catalog", "presets"},
+    "fixtures": {"views", "session", "model", "kernels", "weights", "fp8", "int4", "catalog", "presets"},
+    "cli": {"lessons", "fixtures", "views", "bench", "session", "model", "kernels", "weights", "fp8", "int4",
+            "catalog", "presets", "patching"},
     "__main__": {"cli"},
+    # The library on top: the command line's own machinery for a run (cli.record), as functions
+    "api": {"cli", "lessons", "fixtures", "views", "session", "model", "kernels", "weights", "fp8", "catalog",
+            "presets", "patching"},
+    "stepper": {"api"},  # the package's __init__: its version, and the API loaded on first use
 }
-NEVER_IMPORT_FROM = {"model", "weights", "fp8", "kernels"}  # ... the rooms that present things
+NEVER_IMPORT_FROM = {"model", "weights", "fp8", "int4", "kernels"}  # ... the rooms that present things
 PRESENTATION = {"views", "lessons", "fixtures", "cli"}
 MODEL_FILE_LINES = 300
 MODEL_FUNCTION_LINES = 40

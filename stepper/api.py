@@ -1,0 +1,304 @@
+"""stepper as a library: run a model, patch it, compare two runs.
+
+    import stepper
+    run = stepper.run("tiny", ids=[1, 2, 3], decode=1)    # the options of `stepper run`, as keywords
+    run["prefill.layers.1.self_attn.compressed_kv"]       # a NumPy array (read-only)
+    run.names                                             # the kept names, in execution order
+    run.explain("k_pe")                                   # the catalogue entry, as a dict
+    run.generated, run.config                             # the decoded tokens, the model's Config
+
+    patched = stepper.run("tiny", ids=[1, 2, 3], patch=stepper.zero_expert(1, 5))
+    stepper.diff(run, patched).first                      # where the two runs part
+
+A run keeps the tensors matching `keep=` (globs as `--only` takes them; every tensor by default,
+refused before it starts when they would not fit in memory). `patch=` maps globs to functions
+`fn(array, name)`: at each tensor a glob matches, the model continues with the function's result
+(same shape and dtype; None leaves it as it was). Bad arguments raise `StepperError` with one
+sentence naming the argument and what was expected. A run, a tensor (`run.show(name)`) and a diff
+display themselves in a notebook, with the rows the terminal shows.
+
+This module sits on top of the command line's own machinery (`stepper.cli.record`: the run's names
+checked, its memory estimated, its patches applied), so both behave alike.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from stepper import catalog
+from stepper.cli.record import Recorded, Wording, record
+from stepper.config import Config
+from stepper.errors import StepperError
+from stepper.fixtures import diff as compare
+from stepper.patching import as_patches, force_experts, zero_expert, zero_head, zero_router_bias
+from stepper.session import ATTN_CHOICES, RunSpec
+from stepper.trace import Event, did_you_mean, matches
+from stepper.views import notebook
+from stepper.weights.source import WeightSource
+
+__all__ = ["Diff", "Run", "diff", "force_experts", "load", "run", "zero_expert", "zero_head", "zero_router_bias"]
+
+PICTURE_OF = {"attention": "attn_weights", "routing": "topk_idx", "hist": ""}  # a picture and the tensor it draws
+API_WORDING = Wording(keep="keep=", patch="patch=", options={
+    "--prompt-len": "prompt_len= (a shorter prompt)", "--attn absorb": "attn='absorb'", "--layer N": "layer=N",
+    "--weight-cache-mb": "weight_cache_mb=",
+})
+
+
+def run(model: str | Path = "tiny", *, ids: Sequence[int] | None = None, prompt_len: int | None = None,
+        layer: int | None = None, layers: tuple[int, int | None] | str | None = None, start_pos: int = 0,
+        decode: int = 0, seed: int = 0, input: str | Path | None = None, attn: str = "auto",
+        weight_cache_mb: int = 0, keep: str | Sequence[str] | None = None,
+        patch: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
+        use: str | Path | Sequence[str | Path] | None = None, weights: WeightSource | None = None) -> Run:
+    """Run a model as `stepper run` does and keep its tensors.
+
+    model: a preset (tiny, tiny-v3, kimi-k2, deepseek-v3), a checkpoint directory or a config.json.
+    ids or prompt_len: the prompt (default 7 ids drawn from the seed); start_pos: its first position;
+    decode: greedy decode steps (names then start with prefill. / decode{k}.); layer: run that
+    layer alone (on `input`, a safetensors file, or the prompt's embeddings); layers: (A, B) or
+    "A:B", the model up to layer B-1 showing A..B-1; attn: naive, absorb or auto; seed: of the
+    synthetic weights and prompt; weight_cache_mb: decoded weights kept between decode steps;
+    keep: globs of the tensors to keep (default every one); patch: glob -> fn(array, name) (or an
+    expression of x as --patch takes it, "x*0.5"), or a list of such dicts; use: lesson files whose exercise functions replace stepper's; weights: a
+    weight source (e.g. `SyntheticWeights`, `ArrayWeights`) in place of the model's, to run on
+    changed weights.
+    """
+    spec = RunSpec(
+        model=str(_path_or_name("model", model)), layer=_count("layer", layer, none=True), layers=_layers(layers),
+        ids=_ids(ids, prompt_len), prompt_len=7 if prompt_len is None else _count("prompt_len", prompt_len, 1),
+        start_pos=_count("start_pos", start_pos), decode=_count("decode", decode), seed=_count("seed", seed),
+        input=None if input is None else Path(_path_or_name("input", input)), attn=_attn(attn),
+        weight_cache_mb=_count("weight_cache_mb", weight_cache_mb),
+    )
+    kept = _globs("keep", keep)
+    files = [] if use is None else [Path(_path_or_name("use", u)) for u in ([use] if isinstance(use, (str, Path)) else use)]
+    if weights is not None and not all(hasattr(weights, a) for a in ("config", "get", "matrix", "has", "check")):
+        raise StepperError(f"weights= expects a weight source (config, get, matrix, has, check), got {type(weights).__name__}")
+    return Run(record(spec, kept, as_patches(patch), files, API_WORDING, weights=weights))
+
+
+class Run(Mapping):
+    """A finished run: its kept tensors by name (a read-only Mapping, in execution order), what it
+    ran on and what it produced."""
+
+    def __init__(self, recorded: Recorded):
+        self._recorded = recorded
+        self._events = {name: Event(e.name, e.key, read_only(e.array), e.layer, e.phase)
+                        for name, e in recorded.events.items()}
+
+    @property
+    def names(self) -> list[str]:
+        """The kept tensors' names, in execution order."""
+        return list(self._events)
+
+    @property
+    def emitted(self) -> list[str]:
+        """Every name the run emitted, kept or not, in execution order."""
+        return list(self._recorded.names)
+
+    @property
+    def config(self) -> Config:
+        return self._recorded.plan.config
+
+    @property
+    def spec(self) -> RunSpec:
+        return self._recorded.plan.spec
+
+    @property
+    def prompt(self) -> tuple[int, ...]:
+        return self._recorded.result.prompt
+
+    @property
+    def generated(self) -> tuple[int, ...]:
+        """The decode steps' tokens: greedy for the model, drawn from the seed for a lone layer."""
+        return self._recorded.result.generated
+
+    @property
+    def patched(self) -> dict[str, list[str]]:
+        """Each patch glob -> the names it was applied to."""
+        return {k: list(v) for k, v in self._recorded.patched.items()}
+
+    def event(self, name: str) -> Event:
+        """The kept tensor `name` (a full name, or a glob or dotted tail matching one kept name) with its scope."""
+        if name in self._events:
+            return self._events[name]
+        found = [n for n in self._events if matches(n, [name])]
+        if len(found) == 1:
+            return self._events[found[0]]
+        if found:
+            raise NotFound(f"'{name}' matches {len(found)} kept tensors ({', '.join(found[:3])}"
+                               f"{', ...' if len(found) > 3 else ''}): give the full name")
+        if any(matches(n, [name]) for n in self._recorded.names):
+            raise NotFound(f"'{name}' was emitted but not kept: add it to keep=")
+        raise NotFound(f"no tensor '{name}' in this run{did_you_mean(name, self._recorded.names)}")
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if not isinstance(name, str):
+            raise NotFound(f"tensors are looked up by name (a string), got {type(name).__name__}")
+        return self.event(name).array
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._events)
+
+    def __len__(self) -> int:
+        return len(self._events)
+
+    def explain(self, name: str) -> dict[str, Any]:
+        """The catalogue entry of a tensor (a full name, a catalogue name, a dotted tail or another
+        implementation's name), as a dict: description, formula, dims, reference lines, aliases."""
+        entries = catalog.load().find(name)
+        if len(entries) != 1:
+            found = ", ".join(e["name"] for e in entries[:4])
+            raise NotFound(f"'{name}' names {len(entries)} catalogue entries" + (f" ({found})" if found else "")
+                               + "; expected one, e.g. self_attn.k_pe")
+        return _copy(entries[0])
+
+    def show(self, name: str) -> notebook.Shown:
+        """One tensor as the terminal shows it (its row), which displays itself in a notebook."""
+        return notebook.tensor_view(self.event(name), self.config)
+
+    def picture(self, kind: str, name: str) -> notebook.Shown:
+        """A picture of `stepper run --show`: "attention" of an attn_weights, "routing" of a
+        topk_idx (with its topk_weight kept too), "hist" of any tensor."""
+        if kind not in PICTURE_OF:
+            raise StepperError(f"picture: kind expects one of {', '.join(PICTURE_OF)}, got {kind!r}")
+        event = self.event(name)
+        if PICTURE_OF[kind] and not event.key.endswith(PICTURE_OF[kind]):
+            raise StepperError(f"picture: {kind} draws a {PICTURE_OF[kind]}, and {event.name} is not one")
+        return notebook.picture(kind, event, self.config, self.__getitem__)
+
+    def __repr__(self) -> str:
+        return (f"<stepper.Run {self.config.name}: {len(self)} tensors kept of {len(self._recorded.names)}, "
+                f"prompt {list(self.prompt)}, generated {list(self.generated)}>")
+
+    def _repr_html_(self) -> str:
+        return notebook.run_html(list(self._events.values()), self.config, repr(self))
+
+
+class NotFound(StepperError, KeyError):
+    """A tensor or entry not found: a KeyError (a Run is a Mapping) with a readable message."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class Diff(compare.Diff):
+    """Two runs compared, tensor by tensor (rows in execution order, `first` where they part)."""
+
+    def __repr__(self) -> str:
+        first = self.first
+        where = f"first difference {first.name}" if first else "no tensor differs beyond round-off"
+        return f"<stepper.Diff {len(self.rows)} tensors: {self.count('same')} same, {self.count('close')} close, " \
+               f"{self.count('differs')} differ; {where}>"
+
+    def __rich__(self):
+        """The table, the growth per layer and the summary `stepper diff` prints (`rich.print(d)`)."""
+        return notebook.diff_view.render(self)
+
+    def _repr_html_(self) -> str:
+        return notebook.diff_html(self)
+
+
+def diff(a: Run | Mapping[str, np.ndarray] | str | Path, b: Run | Mapping[str, np.ndarray] | str | Path) -> Diff:
+    """Compare two runs tensor by tensor: each a `Run`, a dict of name -> array, a `--dump` file
+    or a fixture folder. Every tensor both have, in A's execution order, with max |b - a|, the
+    relative error, the cosine and the experts whose choice changed; `.first` is the first tensor
+    that differs beyond the tolerance `fixtures verify` uses."""
+    (ta, la), (tb, lb) = _side("a", a), _side("b", b)
+    found = compare.diff_tensors(ta, tb, la, lb)
+    return Diff(**vars(found))
+
+
+def load(path: str | Path) -> dict[str, np.ndarray]:
+    """The tensors of a `--dump` file or a fixture folder, in execution order."""
+    return compare.read_side(Path(_path_or_name("path", path)))
+
+
+def _side(which: str, side: Any) -> tuple[dict[str, np.ndarray], str]:
+    if isinstance(side, Run):
+        return dict(side.items()), f"{which.upper()} (a run of {side.config.name})"
+    if isinstance(side, (str, Path)):
+        return load(side), str(side)
+    if isinstance(side, Mapping) and all(isinstance(k, str) and isinstance(v, np.ndarray) for k, v in side.items()):
+        return dict(side), f"{len(side)} tensors"
+    raise StepperError(f"diff: {which} must be a stepper.Run, a dict of name -> NumPy array, a --dump file or a "
+                       f"fixture folder, got {type(side).__name__}")
+
+
+def read_only(array: np.ndarray) -> np.ndarray:
+    """A view that cannot be written (the array itself keeps its flags)."""
+    view = array.view()
+    view.flags.writeable = False
+    return view
+
+
+def _copy(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_copy(v) for v in value]
+    return value
+
+
+# ---------------------------------------------------------------------------------------------
+# Arguments checked: one sentence naming the argument and what was expected
+
+
+def _count(name: str, value: Any, minimum: int = 0, none: bool = False) -> Any:
+    if value is None and none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise StepperError(f"{name}= expects an integer >= {minimum}{' or None' if none else ''}, got {value!r}")
+    return int(value)
+
+
+def _ids(ids: Any, prompt_len: Any) -> tuple[int, ...] | None:
+    if ids is None:
+        return None
+    if prompt_len is not None:
+        raise StepperError("give ids= or prompt_len=, not both")
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, (Sequence, np.ndarray)) or \
+            not all(isinstance(i, numbers.Integral) and not isinstance(i, bool) for i in np.asarray(ids).ravel().tolist()):
+        raise StepperError(f"ids= expects a list of token ids (integers), got {ids!r}")
+    return tuple(int(i) for i in np.asarray(ids).ravel().tolist())
+
+
+def _layers(layers: Any) -> tuple[int, int | None] | None:
+    if layers is None:
+        return None
+    if isinstance(layers, str):
+        first, sep, stop = layers.partition(":")
+        if sep and (first or "0").isdigit() and (stop == "" or stop.isdigit()):
+            return int(first or 0), int(stop) if stop else None
+    elif isinstance(layers, (tuple, list)) and len(layers) == 2 and all(
+            isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in layers[:1]) and (
+            layers[1] is None or isinstance(layers[1], numbers.Integral)):
+        return int(layers[0]), None if layers[1] is None else int(layers[1])
+    raise StepperError(f"layers= expects (A, B) or 'A:B' (layers A to B-1), got {layers!r}")
+
+
+def _attn(attn: Any) -> str:
+    if attn not in ATTN_CHOICES:
+        raise StepperError(f"attn= expects one of {', '.join(ATTN_CHOICES)}, got {attn!r}")
+    return attn
+
+
+def _globs(name: str, value: Any) -> list[str] | None:
+    if value is None:
+        return None
+    globs = [value] if isinstance(value, str) else value
+    if not isinstance(globs, (list, tuple)) or not globs or not all(isinstance(g, str) and g for g in globs):
+        raise StepperError(f"{name}= expects a glob or a list of globs, e.g. '*compressed_kv', got {value!r}")
+    return list(globs)
+
+
+def _path_or_name(name: str, value: Any) -> str | Path:
+    if not isinstance(value, (str, Path)) or not str(value):
+        raise StepperError(f"{name}= expects a name or a path, got {value!r}")
+    return value

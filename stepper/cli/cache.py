@@ -1,0 +1,96 @@
+"""`stepper cache`: what is kept of remote checkpoints, and clearing it.
+
+Also the options that choose the cache for every command (`stepper --cache-dir DIR ...`), and the
+progress bar in bytes that a remote run shows while it fetches.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+from rich.table import Table
+
+from stepper.cli.common import PlainOpt, user_errors
+from stepper.errors import StepperError
+from stepper.untrusted import shown
+from stepper.weights import fetch_cache, remote
+
+cache_app = typer.Typer(
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    pretty_exceptions_enable=False,
+    help="The local cache of remote checkpoints (hf://ORG/NAME, https://HOST/PATH/): list or clear it.",
+)
+
+CacheDirOpt = Annotated[Path | None, typer.Option("--cache-dir", metavar="DIR", help="Where the bytes fetched of remote checkpoints are kept [default: $STEPPER_CACHE_DIR or ~/.cache/stepper/remote].")]
+CacheMaxOpt = Annotated[float | None, typer.Option("--cache-max-gb", metavar="GB", help="The most the cache keeps; least recently used files go first [default: $STEPPER_CACHE_MAX_GB or 100].")]
+
+
+def choose(cache_dir: Path | None, max_gb: float | None) -> None:
+    """The cache every remote checkpoint of this command uses, and a progress bar on a terminal."""
+    if max_gb is not None and not max_gb > 0:
+        raise StepperError(f"--cache-max-gb must be a number above 0, got {max_gb}")
+    chosen = remote.default_settings()
+    if cache_dir is not None:
+        chosen.cache_dir = cache_dir
+    if max_gb is not None:
+        chosen.max_bytes = int(max_gb * 2**30)
+    if sys.stderr.isatty():
+        chosen.progress = byte_progress
+    remote.configure(chosen)
+
+
+@contextmanager
+def byte_progress(what: str, total: int) -> Iterator[Callable[[int], None]]:
+    """A bar in bytes with the rate, on stderr, gone when done."""
+    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(shown(what), total=total)
+        yield lambda n: bar.advance(task, n)
+
+
+@cache_app.command("ls")
+def ls_command(plain: PlainOpt = False) -> None:
+    """Each cached remote checkpoint: its files, the bytes kept, when last used."""
+    with user_errors():
+        root = remote.settings().cache_dir
+        held = fetch_cache.held(root)
+        console = Console(no_color=plain, highlight=False, markup=False, soft_wrap=True)
+        per_folder: dict[Path, list[fetch_cache.Held]] = {}
+        for h in held:
+            per_folder.setdefault(h.path.parent, []).append(h)
+        table = Table(show_edge=False, pad_edge=False, header_style="bold", box=None)
+        for column in ("checkpoint", "files", "kept", "last used"):
+            table.add_column(column, no_wrap=column != "checkpoint")
+        for folder, files in sorted(per_folder.items()):
+            used = datetime.fromtimestamp(max(h.used for h in files)).strftime("%Y-%m-%d %H:%M")
+            table.add_row(shown(folder.relative_to(root)), str(len(files)), remote.human(sum(h.bytes for h in files)), used)
+        total = sum(h.bytes for h in held)
+        if per_folder:
+            console.print(table)
+        console.print(f"{remote.human(total)} kept in {shown(root)} (at most {remote.human(remote.settings().max_bytes)})")
+
+
+@cache_app.command("clear")
+def clear_command(
+    checkpoint: Annotated[str | None, typer.Argument(metavar="CHECKPOINT", help="One cached checkpoint, as `stepper cache ls` names it [default: all].", show_default=False)] = None,
+) -> None:
+    """Remove what was fetched: every remote checkpoint, or one."""
+    with user_errors():
+        root = remote.settings().cache_dir
+        folder = None
+        if checkpoint is not None:
+            folder = (root / checkpoint).resolve()
+            if root.resolve() not in folder.parents or not folder.is_dir():
+                raise StepperError(f"{shown(checkpoint)}: no such cached checkpoint in {shown(root)} (see stepper cache ls)")
+        freed = sum(h.bytes for h in fetch_cache.held(folder or root))
+        fetch_cache.clear(root, folder)
+        print(f"removed {remote.human(freed)} from {shown(folder or root)}")

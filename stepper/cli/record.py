@@ -1,0 +1,82 @@
+"""A run recorded: its patterns checked against the names it will emit, its memory estimated with
+what it keeps, its patches applied, the tensors asked for kept. `stepper diff` runs its two sides
+with it, and so does the Python API (`stepper.run`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+from stepper.cli.memory import available_bytes, check_fits, needs
+from stepper.cli.names import check_patterns, planned_names
+from stepper.lessons import overrides
+from stepper.patching import Patcher, Patches
+from stepper.session import Plan, RunResult, RunSpec, execute, prepare
+from stepper.trace import Event, Filter, Sink, matches
+from stepper.weights.source import WeightSource
+
+
+@dataclass(frozen=True)
+class Wording:
+    """How the messages name the options: the command line's (`--only`) or the API's keywords."""
+
+    keep: str = "--only"
+    patch: str = "--patch"
+    options: dict[str, str] = field(default_factory=dict)  # an option the memory estimate names -> its name here
+
+
+@dataclass
+class Recorded:
+    plan: Plan
+    result: RunResult
+    events: dict[str, Event]  # the kept tensors, in execution order
+    names: list[str]  # every name the run emitted, in execution order
+    patched: dict[str, list[str]]  # each patch pattern -> the names it applied to
+
+
+class Names:
+    """Sink listing the names, in order."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def __call__(self, event: Event) -> None:
+        self.names.append(event.name)
+
+
+class Keeper:
+    """Sink keeping the events it is given, by name."""
+
+    def __init__(self) -> None:
+        self.events: dict[str, Event] = {}
+
+    def __call__(self, event: Event) -> None:
+        self.events[event.name] = event
+
+
+def record(spec: RunSpec, keep: Sequence[str] | None = None, patches: Patches = (), use: Iterable[Path] = (),
+           wording: Wording = Wording(), extra: Sequence[Sink] = (), announce=None,
+           weights: WeightSource | None = None) -> Recorded:
+    """Run `spec` keeping the tensors matching `keep` (None: every one), with `patches` applied
+    (each must match a name of the run) and the `use` files' exercises swapped in; `weights`: in
+    place of the spec's model (the same config, e.g. some tensors changed)."""
+    plan = prepare(spec, weights)
+    names = planned_names(plan)
+    check_patterns(wording.keep, keep or [], names)
+    check_patterns(wording.patch, [pattern for pattern, _ in patches], names)
+    kept = [n for n in names if keep is None or matches(n, keep)]
+    lower = f"{wording.keep} (fewer tensors)"
+    check_fits([replace(n, lower=wording.options.get(n.lower, n.lower)) for n in needs(plan, kept, lower)],
+               available_bytes())
+    patcher, listed, keeper = Patcher(patches, plan.config.n_routed_experts), Names(), Keeper()
+    sinks: list[Sink] = [patcher, listed, keeper if keep is None else Filter(lambda e: matches(e.name, keep), [keeper])]
+    with overrides.use(list(use), announce=announce):
+        result = execute(plan, [*sinks, *extra])
+    return Recorded(plan, result, keeper.events, listed.names, patcher.applied)
+
+
+def tensors(recorded: Recorded) -> dict[str, np.ndarray]:
+    return {name: e.array for name, e in recorded.events.items()}

@@ -1,0 +1,34 @@
+"""INT4 in compressed-tensors' `pack-quantized` format, as Kimi-K2-Thinking and Kimi-K2.5 store
+their routed experts: codes packed eight to an int32 word (`packed`) with one BF16 scale per
+group of 32 inputs (`groups`)."""
+
+from stepper.int4.groups import (
+    GROUP,
+    LARGEST_SCALE,
+    check_shapes,
+    dequantize_int4,
+    groups_for,
+    quantize_int4,
+    scales_as_f32,
+)
+from stepper.int4.packed import (
+    BITS,
+    OFFSET,
+    PAIRS,
+    PER_WORD,
+    NibbleFields,
+    as_words,
+    fields,
+    nibble,
+    pack,
+    unpack,
+    unpack_bits,
+    word_bits,
+    words_for,
+)
+
+__all__ = [
+    "BITS", "GROUP", "LARGEST_SCALE", "OFFSET", "PAIRS", "PER_WORD", "NibbleFields", "as_words", "check_shapes",
+    "dequantize_int4", "fields", "groups_for", "nibble", "pack", "quantize_int4", "scales_as_f32", "unpack",
+    "unpack_bits", "word_bits", "words_for",
+]

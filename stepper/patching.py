@@ -1,0 +1,276 @@
+"""Patches: at a named point of the computation, the model continues with another tensor.
+
+A patch is a glob (matched as `--only` matches: a full name, or a dotted tail such as
+`layers.1.mlp.gate.topk_idx` or `*.attn_weights`) and a function `fn(array, name)` returning the
+tensor the model goes on with: an array of the same shape and dtype, or None to leave it as it
+was. The function gets a writable copy, so changing it in place never reaches another tensor that
+shares its memory. `Patcher` is the sink that applies them through the emit seam (a sink's
+replacement is what emit returns to the model).
+
+On the command line a patch is written `NAME=EXPR` (`--patch`, the debugger's `set`), EXPR a small
+expression of the tensor `x` read with `ast` and evaluated by hand, never by `eval`: a number
+(`0`: every entry), arithmetic with numbers (`x*0.5`, `x+1e-3`, `-x`, `x/2`), or one assignment to a
+slice (`x[..., 7]=0`, `x[2]=1.5`, `x[0, :, 3]=x[0, :, 3]*2`).
+
+The helpers make the patches of common experiments, each a dict of pattern -> function: zero an
+expert's contribution, silence a head, force the chosen experts, take the router's bias away.
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from stepper.errors import StepperError
+from stepper.trace import Event, matches
+
+PatchFn = Callable[[np.ndarray, str], "np.ndarray | None"]
+Patches = Sequence[tuple[str, PatchFn]]  # in the order they apply
+
+
+class Patcher:
+    """Sink replacing every tensor a pattern matches with its function's result (shape and dtype checked).
+
+    Several patterns may match one tensor: they apply in order, each to the result of the one
+    before. `applied` lists, per pattern, the names it replaced or watched."""
+
+    def __init__(self, patches: Patches, experts: int | None = None):
+        self.patches = list(patches)
+        self.experts = experts  # routed experts: a replaced topk_idx must name distinct ones of them
+        self.applied: dict[str, list[str]] = {pattern: [] for pattern, _ in self.patches}
+
+    def __call__(self, event: Event) -> np.ndarray | None:
+        array, changed = event.array, False
+        for pattern, fn in self.patches:
+            if not matches(event.name, [pattern]):
+                continue
+            result = fn(np.array(array, copy=True), event.name)
+            self.applied[pattern].append(event.name)
+            if result is not None:
+                array, changed = checked(pattern, event.name, array, result), True
+        if changed and event.key == "mlp.gate.topk_idx" and self.experts is not None:
+            check_choice(event.name, array, self.experts)
+        return array if changed else None
+
+
+def check_choice(name: str, idx: np.ndarray, experts: int) -> None:
+    """A patched choice of experts: each token's experts distinct, each one of the layer's."""
+    if idx.size and not (0 <= idx.min() and idx.max() < experts):
+        raise StepperError(f"patched {name} names expert {int(idx.max() if idx.max() >= experts else idx.min())}; "
+                           f"the layer has experts 0..{experts - 1}")
+    ordered = np.sort(idx, axis=-1)
+    if np.any(ordered[..., 1:] == ordered[..., :-1]):
+        raise StepperError(f"patched {name} chooses an expert twice for one token; each token's experts must differ")
+
+
+def checked(pattern: str, name: str, old: np.ndarray, new: object) -> np.ndarray:
+    """A patch's result, if it is an array of the tensor's shape and dtype; else one clear error."""
+    if isinstance(new, np.ndarray) and new.shape == old.shape and new.dtype == old.dtype:
+        return new
+    got = f"{new.dtype}{list(new.shape)}" if isinstance(new, np.ndarray) else type(new).__name__
+    raise StepperError(f"patch {pattern} on {name} returned {got}; expected an array of the tensor's "
+                       f"shape and dtype, {old.dtype}{list(old.shape)}")
+
+
+def as_patches(patch: Mapping[str, PatchFn] | Iterable[Mapping[str, PatchFn]] | None) -> list[tuple[str, PatchFn]]:
+    """`patch=`: a dict of pattern -> function (or an EXPR as `--patch` takes it, e.g. "x*0.5"), or
+    a list of such dicts (applied in order; the helpers each give one, so several on one tensor
+    do not overwrite each other)."""
+    if patch is None:
+        return []
+    groups = [patch] if isinstance(patch, Mapping) else list(patch) if isinstance(patch, (list, tuple)) else None
+    if groups is None or not all(isinstance(g, Mapping) for g in groups):
+        raise StepperError(f"patch= expects a dict of name pattern -> function (or a list of dicts), "
+                           f"got {type(patch).__name__}")
+    found = [(pattern, fn) for g in groups for pattern, fn in g.items()]
+    for pattern, fn in found:
+        if not isinstance(pattern, str) or not pattern or not (callable(fn) or isinstance(fn, str)):
+            raise StepperError(f"patch= expects name patterns (strings) mapped to functions fn(array, name) "
+                               f"or expressions like 'x*0.5', got {pattern!r}: {type(fn).__name__}")
+    return [(pattern, expression(fn, f"patch= {pattern}=") if isinstance(fn, str) else fn) for pattern, fn in found]
+
+
+# ---------------------------------------------------------------------------------------------
+# NAME=EXPR, read safely
+
+
+def parse_patch(text: str, option: str = "--patch") -> tuple[str, PatchFn]:
+    """'layers.1.mlp.gate.topk_idx=x[..., 0]=3' -> (the pattern, its function); the pattern ends at the first '='."""
+    pattern, sep, expr = text.partition("=")
+    pattern, expr = pattern.strip(), expr.strip()
+    if not sep or not pattern or not expr:
+        raise StepperError(f"{option} {text}: expected NAME=EXPR, e.g. 'layers.1.self_attn.attn_weights=x*0.5'")
+    return pattern, expression(expr, f"{option} {pattern}=")
+
+
+def expression(expr: str, where: str = "--patch ") -> PatchFn:
+    """The function of an EXPR: checked for its form now, evaluated on each tensor it patches.
+    `where` begins its error messages (the option and the name, as the user wrote them)."""
+    try:
+        tree = ast.parse(expr, mode="exec")
+    except SyntaxError:
+        tree = None
+    stmt = tree.body[0] if tree is not None and len(tree.body) == 1 else None
+    if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and is_x_slice(stmt.targets[0]):
+        target, value = stmt.targets[0], stmt.value
+    elif isinstance(stmt, ast.Expr):
+        target, value = None, stmt.value
+    else:
+        raise StepperError(f"{where}{expr}: expected a number, arithmetic of x with numbers (x*0.5, x+1e-3) "
+                           "or one slice assignment (x[..., 7]=0)")
+    try:
+        check_form(value)
+        if target is not None:
+            index_of(target.slice)
+    except ValueError as e:
+        raise StepperError(f"{where}{expr}: {e}") from None
+
+    def apply(x: np.ndarray, name: str) -> np.ndarray:
+        try:
+            return evaluate_patch(x, target, value)
+        except (ValueError, IndexError, TypeError, OverflowError, ZeroDivisionError) as e:
+            raise StepperError(f"{where}{expr} on {name} {x.dtype}{list(x.shape)}: {e}") from None
+
+    return apply
+
+
+CONSTANTS = {"nan": float("nan"), "inf": float("inf")}
+OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
+
+
+def is_x_slice(node: ast.AST) -> bool:
+    return isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == "x"
+
+
+def check_form(node: ast.AST) -> None:
+    """Only x, x[INDEX], numbers (nan and inf too), + - * / and unary minus."""
+    if isinstance(node, ast.Name) and node.id in ("x", *CONSTANTS):
+        return
+    if is_x_slice(node):
+        index_of(node.slice)
+        return
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        return
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        return check_form(node.operand)
+    if isinstance(node, ast.BinOp) and type(node.op) in OPERATORS:
+        check_form(node.left)
+        return check_form(node.right)
+    raise ValueError(f"'{ast.unparse(node)}' is not allowed: use x, x[INDEX], numbers, nan, inf and + - * /")
+
+
+def evaluate_patch(x: np.ndarray, target: ast.Subscript | None, value: ast.AST) -> np.ndarray:
+    """The patched tensor: a copy of x with the slice set, or the value everywhere (cast to x's dtype
+    only when that loses nothing, so `x*0.5` on integer expert indices is refused, not truncated)."""
+    result = np.array(x, copy=True)
+    v = np.asarray(evaluate(value, x))
+    if not np.can_cast(v, result.dtype, casting="same_kind") and v.dtype != result.dtype:
+        raise ValueError(f"it gives {v.dtype} values for a tensor of {result.dtype}")
+    if target is None:
+        result[...] = v
+    else:
+        result[index_of(target.slice)] = v
+    return result
+
+
+def evaluate(node: ast.AST, x: np.ndarray) -> Any:
+    if isinstance(node, ast.Name):
+        return CONSTANTS.get(node.id, x)
+    if isinstance(node, ast.Subscript):
+        return x[index_of(node.slice)]
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.UnaryOp):
+        operand = evaluate(node.operand, x)
+        return -operand if isinstance(node.op, ast.USub) else operand
+    return OPERATORS[type(node.op)](evaluate(node.left, x), evaluate(node.right, x))
+
+
+def index_of(node: ast.AST) -> Any:
+    """A NumPy index written as text: integers, slices a:b:c, ... and None, as a tuple."""
+    if isinstance(node, ast.Tuple):
+        return tuple(index_of(n) for n in node.elts)
+    if isinstance(node, ast.Slice):
+        return slice(*(None if n is None else index_of(n) for n in (node.lower, node.upper, node.step)))
+    if isinstance(node, ast.Constant) and (type(node.value) is int or node.value is Ellipsis or node.value is None):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return -index_of(node.operand)
+    raise ValueError(f"index '{ast.unparse(node)}' is not allowed: use integers, slices a:b:c and ...")
+
+
+# ---------------------------------------------------------------------------------------------
+# The common experiments
+
+
+def zero_expert(layer: int, expert: int) -> dict[str, PatchFn]:
+    """Expert `expert` of layer `layer` contributes nothing: its weight in topk_weight is 0 wherever
+    a token chose it (the others keep theirs), so routed_output is the sum of the other experts'."""
+    seen: dict[str, np.ndarray] = {}
+
+    def watch_scores(scores: np.ndarray, name: str) -> None:
+        if not 0 <= expert < scores.shape[-1]:
+            raise StepperError(f"zero_expert: expert {expert} out of range: layer {layer} has experts "
+                               f"0..{scores.shape[-1] - 1}")
+
+    def watch(idx: np.ndarray, name: str) -> None:
+        seen["topk_idx"] = idx
+
+    def zero(weight: np.ndarray, name: str) -> np.ndarray:
+        weight[seen["topk_idx"] == expert] = 0
+        return weight
+
+    return {f"layers.{layer}.mlp.gate.scores": watch_scores, f"layers.{layer}.mlp.gate.topk_idx": watch,
+            f"layers.{layer}.mlp.gate.topk_weight": zero}
+
+
+def zero_head(layer: int, head: int) -> dict[str, PatchFn]:
+    """Head `head` of layer `layer` is silent: its output (its v_head columns of attn_output, which
+    o_proj reads) is 0. The number of heads is read from the layer's query [B, H, T, qk_head]."""
+    seen: dict[str, int] = {}
+
+    def watch(q: np.ndarray, name: str) -> None:
+        seen["heads"] = q.shape[1]
+
+    def silence(out: np.ndarray, name: str) -> np.ndarray:
+        heads = seen["heads"]
+        if not 0 <= head < heads:
+            raise StepperError(f"zero_head: head {head} out of range: layer {layer} has heads 0..{heads - 1}")
+        v_head = out.shape[-1] // heads
+        out[..., head * v_head:(head + 1) * v_head] = 0
+        return out
+
+    return {f"layers.{layer}.self_attn.q": watch, f"layers.{layer}.self_attn.attn_output": silence}
+
+
+def force_experts(layer: int, experts: Sequence[int] | np.ndarray) -> dict[str, PatchFn]:
+    """Every token of layer `layer` chooses `experts` (k of them, best first), or per token the rows
+    of an [N, k] array; their weights are then computed from the router's scores as usual."""
+    chosen = np.asarray(experts, dtype=np.int64)
+
+    def force(idx: np.ndarray, name: str) -> np.ndarray:
+        forced = np.broadcast_to(chosen, idx.shape) if chosen.shape in (idx.shape, idx.shape[-1:]) else None
+        if forced is None:
+            raise StepperError(f"force_experts: {name} has shape {list(idx.shape)} (tokens x chosen experts); "
+                               f"got experts of shape {list(chosen.shape)}")
+        return np.array(forced)
+
+    return {f"layers.{layer}.mlp.gate.topk_idx": force}
+
+
+def zero_router_bias(layer: int | str = "*") -> dict[str, PatchFn]:
+    """The router of layer `layer` (every layer: "*") chooses by the unbiased scores, as if
+    e_score_correction_bias were 0: scores_for_choice is replaced by scores."""
+    seen: dict[str, np.ndarray] = {}
+
+    def watch(scores: np.ndarray, name: str) -> None:
+        seen["scores"] = scores
+
+    def unbiased(_: np.ndarray, name: str) -> np.ndarray:
+        return np.array(seen["scores"])
+
+    return {f"layers.{layer}.mlp.gate.scores": watch, f"layers.{layer}.mlp.gate.scores_for_choice": unbiased}

@@ -1,0 +1,40 @@
+"""The debugger's `set NAME[slice] = value`: the run continues from the tensor it stopped at, changed.
+
+Only the current tensor can be set (an earlier one has already been used, a later one not made
+yet). The value is an expression of the tensor `x` as `--patch` reads it (a number, `x*0.5`,
+`x+1e-3`), written to the slice, or to every entry without one. The debugger hands the changed
+copy back through the emit seam, so everything after it is computed from it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stepper.errors import StepperError
+from stepper.patching import expression
+from stepper.trace import Event
+
+USAGE = "set takes NAME[slice] = value, e.g. set attn_weights[0, 1] = 0 or set [..., 3] = x*2"
+
+
+def set_tensor(debugger: Any, arg: str) -> None:
+    """`set [NAME][slice] = value` on the current tensor (NAME may be left out)."""
+    target, sep, value = arg.partition("=")
+    target, value = target.strip(), value.strip()
+    if not sep or not value:
+        raise StepperError(USAGE)
+    name, bracket, index = target.partition("[")
+    event = debugger.current
+    if event is None:
+        raise StepperError("no tensor yet")
+    if name.strip() and debugger.resolve(name.strip()) is not event:
+        raise StepperError(f"only the tensor the run stopped at ({event.name}) can be set; "
+                           f"{name.strip()} is another (n or c runs on to it)")
+    text = f"x[{index}={value}" if bracket else value
+    array = expression(text, "set ")(event.array, event.name)
+    changed = Event(event.name, event.key, array, event.layer, event.phase)
+    debugger.current = debugger.history[event.name] = changed
+    debugger.replaced = array
+    debugger.console.print(f"set {event.name}{'[' + index if bracket else ''} = {value}: the run continues from it",
+                           style="bold", highlight=False, markup=False)
+    debugger.console.print(debugger.rows.render(changed), soft_wrap=True)

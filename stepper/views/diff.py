@@ -1,0 +1,126 @@
+"""What `stepper diff` shows (and a diff in a notebook): a row per tensor in execution order, a bar
+of its relative difference on a log scale, how the difference grows through each layer, and the
+first tensor where the two runs part.
+
+A diff is read by its fields (`rows`, `first`, `only_a`, `only_b`, `a`, `b`; each row's `name`,
+`status`, `max_abs`, `rel`, `cosine`, `detail`, `phase`, `layer`), as `stepper.fixtures.diff` makes it.
+"""
+
+from __future__ import annotations
+
+import math
+from itertools import groupby
+from typing import Any
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from stepper.untrusted import shown
+from stepper.views.summary import SPARK
+
+FLOOR = 1e-9  # a relative difference at or below this draws as nothing
+STYLE = {"same": "dim green", "close": "green", "differs": "bold red"}
+BAR = 12
+
+
+def level(row: Any) -> float:
+    """The row's relative difference on a log scale from FLOOR (0) to 1 (1); a changed choice of experts is 1."""
+    if row.rel is None:
+        return 1.0 if row.status == "differs" else 0.0
+    if not math.isfinite(row.rel):
+        return 1.0
+    if row.rel <= FLOOR:
+        return 0.0
+    return min(1.0, (math.log10(row.rel) - math.log10(FLOOR)) / -math.log10(FLOOR))
+
+
+def bar(row: Any, width: int = BAR) -> Text:
+    eighths = round(level(row) * width * 8)
+    full, part = divmod(eighths, 8)
+    text = "█" * full + (" ▏▎▍▌▋▊▉"[part] if part else "")
+    return Text(text.ljust(width), style=STYLE[row.status])
+
+
+def figure(x: float | None, digits: int = 2) -> str:
+    if x is None:
+        return ""
+    if not math.isfinite(x):
+        return str(x)
+    return f"{x:.{digits}e}" if x else "0"
+
+
+WIDE = 140  # narrower than this (a terminal), the table keeps the name, status, relative error and bar
+
+
+def table(diff: Any, width: int | None = None) -> Table:
+    """The rows; `width`: the terminal's, None (a pipe, a notebook) for every column."""
+    narrow = width is not None and width < WIDE
+    t = Table(show_edge=False, pad_edge=False, header_style="bold", box=None)
+    columns = [("#", "right"), ("tensor", "left"), ("status", "left"), ("max|b-a|", "right"), ("relative", "right"),
+               ("cosine", "right"), ("1e-9 .. 1", "left"), ("what changed", "left")]
+    keep = {"#", "tensor", "status", "relative", "1e-9 .. 1"} if narrow else {c for c, _ in columns}
+    for column, justify in columns:
+        if column in keep:
+            t.add_column(column, justify=justify, no_wrap=column != "what changed")
+    for r in diff.rows:
+        cells = {"#": str(r.index), "tensor": shown(r.name), "status": Text(r.status, style=STYLE[r.status]),
+                 "max|b-a|": figure(r.max_abs), "relative": figure(r.rel),
+                 "cosine": "" if r.cosine is None else f"{r.cosine:.8f}", "1e-9 .. 1": bar(r, 8 if narrow else BAR),
+                 "what changed": shown(r.detail)}
+        t.add_row(*(cells[c] for c, _ in columns if c in keep))
+    return t
+
+
+def scope_label(phase: str | None, layer: int | None) -> str:
+    parts = [] if phase is None else [phase]
+    parts.append("model" if layer is None else f"layer {layer}")
+    return " · ".join(parts)
+
+
+def growth(diff: Any) -> Text:
+    """One line per layer (and step): a character per tensor in execution order, its height the
+    tensor's relative difference on the log scale (blank: the same bit for bit), red where it differs."""
+    text = Text("growth: a character a tensor, log |B-A|/absmax(A) from 1e-9 to 1, blank: the same\n", style="dim")
+    width = max((len(scope_label(p, la)) for p, la in {(r.phase, r.layer) for r in diff.rows}), default=0)
+    for (phase, layer), rows in groupby(diff.rows, key=lambda r: (r.phase, r.layer)):
+        rows = list(rows)
+        text.append(scope_label(phase, layer).ljust(width) + "  ", style="dim")
+        for r in rows:
+            height = level(r)
+            char = " " if r.status == "same" else SPARK[min(len(SPARK) - 1, int(height * len(SPARK)))]
+            text.append(char, style=STYLE[r.status])
+        text.append(f"  {scope_note(rows)}\n", style="dim")
+    return text
+
+
+def scope_note(rows: list) -> str:
+    """Where a layer's difference starts and how large it gets."""
+    if all(r.status == "same" for r in rows):
+        return "the same"
+    first = next((r for r in rows if r.status == "differs"), None)
+    measured = [r for r in rows if r.rel is not None]
+    worst = max(measured, key=lambda r: r.rel) if measured else None
+    note = f"differs from {shown(first.key)}" if first else "within round-off"
+    return note + (f", at most {figure(worst.rel)} ({shown(worst.key)})" if worst else "")
+
+
+def summary(diff: Any) -> Text:
+    counts = {s: sum(r.status == s for r in diff.rows) for s in STYLE}
+    text = Text(f"{shown(diff.a)} vs {shown(diff.b)}: {len(diff.rows)} tensors in both, {counts['same']} the same "
+                f"bit for bit, {counts['close']} within round-off, {counts['differs']} differ\n")
+    for label, names in (("only in A", diff.only_a), ("only in B", diff.only_b)):
+        if names:
+            text.append(f"{len(names)} {label}: {shown(', '.join(names[:6]))}{' ...' if len(names) > 6 else ''}\n",
+                        style="dim")
+    first = diff.first
+    if first is None:
+        text.append("no tensor differs beyond round-off (the tolerance of fixtures verify)", style="bold green")
+    else:
+        text.append(f"first difference: {shown(first.name)}", style="bold red")
+        text.append(f" ({shown(first.detail)})" if first.detail else "")
+    return text
+
+
+def render(diff: Any) -> Group:
+    return Group(table(diff), Text(""), growth(diff), summary(diff))

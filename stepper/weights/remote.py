@@ -1,0 +1,278 @@
+"""Checkpoints that are not on this machine: `hf://ORG/NAME[@REVISION]` and `https://HOST/PATH/`.
+
+Opening one reads config.json and the index whole, then each shard's header in two range
+reads (its 8-byte length, then the JSON); a run then reads only the byte ranges of the tensors
+it needs, adjacent ranges merged, before it starts (an embedding only its prompt's rows). All of
+it lands in a local cache (`fetch_cache`), keyed by the Hub's resolved commit or by the URL, so a
+second run of the same layer reads nothing remote. The cached folder is an ordinary checkpoint
+folder, read by `Checkpoint` as a local one is, with the same checks.
+
+The Hub is reached through `huggingface_hub` (its endpoint, `HF_ENDPOINT`, its token, `HF_TOKEN`
+or the login); a Hub revision that is not a commit is resolved to one once and pinned.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from stepper.errors import StepperError
+from stepper.jsonfile import read_json
+from stepper.untrusted import shown
+from stepper.weights.checkpoint import INDEX, SCALE, SINGLE, Checkpoint, is_plain_shard_name
+from stepper.weights.fetch_cache import CachedFile, trim
+from stepper.weights.http_ranges import RangeClient, Transfer, missing_extra
+from stepper.weights.names import EMBED, global_shapes, layer_shapes
+from stepper.weights.safetensors_reader import SafetensorsFile
+
+HF = "hf://"
+REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
+COMMIT = re.compile(r"[0-9a-f]{40}")
+SMALL_FILE = 64 << 20  # config.json and the index: more than this is no such file
+DEFAULT_MAX_GB = 100.0
+
+
+@dataclass
+class Settings:
+    """Where fetched bytes are kept and how many, how long a request may take."""
+
+    cache_dir: Path
+    max_bytes: int
+    timeout: float = 30.0
+    pause: float = 0.5  # before the first retry; doubled for each next one
+    progress: Callable[[str, int], AbstractContextManager[Callable[[int], None]]] | None = None  # (what, bytes) -> advance
+
+
+def default_settings() -> Settings:
+    """STEPPER_CACHE_DIR (else $XDG_CACHE_HOME/stepper/remote, else ~/.cache/stepper/remote) and
+    STEPPER_CACHE_MAX_GB (else 100)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    folder = Path(os.environ.get("STEPPER_CACHE_DIR") or Path(base) / "stepper" / "remote")
+    raw = os.environ.get("STEPPER_CACHE_MAX_GB", "")
+    try:
+        max_gb = float(raw) if raw else DEFAULT_MAX_GB
+    except ValueError:
+        raise StepperError(f"STEPPER_CACHE_MAX_GB must be a number of GB, got {shown(raw)!r}") from None
+    return Settings(folder, int(max_gb * 2**30))
+
+
+_chosen: Settings | None = None
+
+
+def configure(chosen: Settings | None) -> None:
+    """The settings every remote checkpoint opened from now on uses (the command line's options)."""
+    global _chosen
+    _chosen = chosen
+
+
+def settings() -> Settings:
+    return _chosen or default_settings()
+
+
+def is_remote(model: str) -> bool:
+    return model.startswith((HF, "https://", "http://"))
+
+
+@dataclass(frozen=True)
+class Origin:
+    """A remote checkpoint resolved: how to name a file's URL, the cache key, request headers."""
+
+    label: str  # as the user wrote it, the revision pinned
+    key: str  # the cache folder, relative
+    url: Callable[[str], str]
+    headers: dict[str, str]
+
+
+def resolve(model: str, timeout: float) -> Origin:
+    """hf://ORG/NAME[@REVISION] through the Hub, or a base URL whose files are BASE/config.json, ..."""
+    if model.startswith(HF):
+        return hub_origin(model, timeout)
+    base = model if model.endswith("/") else model + "/"
+    digest = hashlib.sha256(base.encode()).hexdigest()[:16]
+    plain = re.sub(r"[^A-Za-z0-9._-]+", "_", base.split("://", 1)[1]).strip("_")[:80]
+    return Origin(base, f"url/{plain}-{digest}", lambda name: base + name, {})
+
+
+def hub_origin(model: str, timeout: float) -> Origin:
+    repo, _, revision = model.removeprefix(HF).partition("@")
+    if not REPO.fullmatch(repo) or ".." in repo:
+        raise StepperError(f"{shown(model)}: expected hf://ORG/NAME or hf://ORG/NAME@REVISION")
+    try:
+        from huggingface_hub import HfApi, constants, hf_hub_url
+        from huggingface_hub.utils import build_hf_headers
+    except ImportError:
+        raise missing_extra() from None
+    revision = revision or "main"
+    commit = revision if COMMIT.fullmatch(revision) else resolve_revision(HfApi(), repo, revision, timeout, model)
+    endpoint = constants.ENDPOINT
+    return Origin(f"{HF}{repo}@{commit[:12]}", f"hf/{repo}/{commit}",
+                  lambda name: hf_hub_url(repo, name, revision=commit, endpoint=endpoint), build_hf_headers())
+
+
+def resolve_revision(api, repo: str, revision: str, timeout: float, model: str) -> str:
+    """A branch or tag name as the commit it points at now."""
+    import httpx2
+    from huggingface_hub.errors import HfHubHTTPError
+
+    try:
+        sha = api.model_info(repo, revision=revision, timeout=timeout).sha
+    except (HfHubHTTPError, httpx2.HTTPError, OSError, ValueError) as e:  # not found, gated, network: one line, no token
+        raise StepperError(f"{shown(model)}: cannot resolve revision {shown(revision)!r} on the Hub "
+                           f"({type(e).__name__}: {shown(str(e).splitlines()[0] if str(e) else '')})") from None
+    if not isinstance(sha, str) or not COMMIT.fullmatch(sha):
+        raise StepperError(f"{shown(model)}: the Hub gave no commit for revision {shown(revision)!r}")
+    return sha
+
+
+def open_remote(model: str, chosen: Settings | None = None) -> RemoteCheckpoint:
+    """The remote checkpoint's config, index and shard headers fetched (or found cached), as a checkpoint."""
+    chosen = chosen or settings()
+    origin = resolve(model, chosen.timeout)
+    transfer = Transfer()
+    client = RangeClient(origin.headers, timeout=chosen.timeout, pause=chosen.pause, transfer=transfer)
+    folder = chosen.cache_dir / origin.key
+    small_files(folder, origin, client)
+    shards = shard_names(folder, origin)
+    cached, failures = {}, {}
+    for shard in shards:
+        cached[shard] = CachedFile(folder, shard, origin.url(shard), client)
+        try:
+            cached[shard].open()
+        except StepperError as e:
+            failures[shard] = str(e)
+    trim(chosen.cache_dir, chosen.max_bytes, keep={folder / shard for shard in shards})
+    return RemoteCheckpoint(folder, origin, cached, failures, transfer, chosen.progress)
+
+
+def small_files(folder: Path, origin: Origin, client: RangeClient) -> None:
+    """config.json and the index (when there is one), fetched whole once."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, required in (("config.json", True), (INDEX, False)):
+        path = folder / name
+        if path.exists() or (name == INDEX and (folder / f".{INDEX}.absent").exists()):
+            continue
+        data = client.whole(origin.url(name), SMALL_FILE)
+        if data is None and required:
+            raise StepperError(f"{shown(origin.url(name))}: no such file (404): not a checkpoint")
+        if data is None:
+            (folder / f".{INDEX}.absent").touch()
+            continue
+        partial = path.with_name(path.name + ".partial")
+        partial.write_bytes(data)
+        partial.replace(path)
+
+
+def shard_names(folder: Path, origin: Origin) -> list[str]:
+    """The shards the index names (plain file names only: they become paths in the cache), or the single file."""
+    if not (folder / INDEX).exists():
+        return [SINGLE]
+    raw = read_json(folder / INDEX, "the checkpoint index")
+    weight_map = raw.get("weight_map") if isinstance(raw, dict) else None
+    if not isinstance(weight_map, dict):
+        raise StepperError(f"{shown(origin.url(INDEX))}: expected an object with a 'weight_map' of tensor name -> shard file")
+    for tensor, shard in weight_map.items():
+        if not isinstance(shard, str) or not is_plain_shard_name(shard):
+            raise StepperError(f"{shown(origin.url(INDEX))}: tensor {shown(tensor)!r} points at shard {shown(shard)!r}, "
+                               "expected a file name ending in .safetensors")
+    return sorted(set(weight_map.values()))
+
+
+class FetchedFile(SafetensorsFile):
+    """A shard of the cache whose tensors are fetched before they are read."""
+
+    def __init__(self, path: Path, cached: CachedFile):
+        self.cached = cached
+        super().__init__(path)
+
+    def get(self, name: str) -> np.ndarray:
+        self.cached.ensure([self.data_range(name)])
+        return super().get(name)
+
+    def prefetch(self, name: str) -> None:
+        self.cached.ensure([self.data_range(name)])
+        super().prefetch(name)
+
+
+class RemoteCheckpoint(Checkpoint):
+    """A Checkpoint over the cache folder of a remote one; what a run needs is fetched in merged
+    ranges once its tensors are checked, before any compute."""
+
+    reads_values = False  # `inspect` lists from the headers alone, reading no scale values
+
+    def __init__(self, folder: Path, origin: Origin, cached: dict[str, CachedFile], failures: dict[str, str],
+                 transfer: Transfer, progress=None):
+        self.origin, self.cached, self.transfer, self.progress = origin, cached, transfer, progress
+        super().__init__(folder)
+        self.unreadable.update({shard: why.removeprefix(f"{origin.url(shard)}: ") for shard, why in failures.items()})
+
+    @property
+    def label(self) -> str:
+        return self.origin.label
+
+    def open_file(self, path: Path) -> SafetensorsFile:
+        return FetchedFile(path, self.cached[path.name])
+
+    def check(self, layers: Iterable[int], with_globals: bool) -> None:
+        layers = list(layers)
+        super().check(layers, with_globals)
+        self.fetch(self.needed(layers, with_globals))
+
+    def needed(self, layers: list[int], with_globals: bool) -> list[str]:
+        """The run's tensors and their scales, but for the embedding (only its prompt's rows are read)."""
+        names = [n for layer in layers for n in layer_shapes(self.config, layer)]
+        names += [n for n in global_shapes(self.config) if n != EMBED] if with_globals else []
+        return [n for name in names for n in (name, name + SCALE) if n in self.weight_map]
+
+    def fetch(self, names: list[str]) -> None:
+        """Every byte of these tensors present locally, each shard's ranges in merged requests,
+        with a progress bar in bytes when one is wanted."""
+        per_shard: dict[str, list[tuple[int, int]]] = {}
+        for name in names:
+            per_shard.setdefault(self.weight_map[name], []).append(self.shard_of(name).data_range(name))
+        total = sum(self.cached[shard].missing_bytes(ranges) for shard, ranges in per_shard.items())
+        if not total or self.progress is None:
+            return self._fetch(per_shard)
+        with self.progress(f"fetching {self.label}", total) as advance:
+            self.transfer.on_bytes = advance
+            try:
+                self._fetch(per_shard)
+            finally:
+                self.transfer.on_bytes = None
+
+    def _fetch(self, per_shard: dict[str, list[tuple[int, int]]]) -> None:
+        for shard, ranges in per_shard.items():
+            self.cached[shard].ensure(ranges)
+
+    def note(self) -> str:
+        """What the run read: from the server and from the cache."""
+        t = self.transfer
+        rate = f", {t.fetched / t.seconds / 1e6:.1f} MB/s" if t.seconds > 0 and t.fetched else ""
+        repaired = f", {t.repaired} corrupted cached range(s) fetched again" if t.repaired else ""
+        return (f"fetched {human(t.fetched)} in {t.requests} request(s){rate}, {human(t.cached)} from the cache "
+                f"({shown(self.path)}){repaired}")
+
+    def get_rows(self, name: str, rows: np.ndarray) -> np.ndarray:
+        """Only the rows' bytes fetched (an embedding's prompt rows), unless the tensor is FP8."""
+        shard = self.shard_of(name)
+        info = shard.info(name)
+        if info.dtype == "F8_E4M3" or not info.shape:
+            return super().get_rows(name, rows)
+        start, _ = shard.data_range(name)
+        row_bytes = info.nbytes // info.shape[0]
+        self.cached[self.weight_map[name]].ensure([(start + int(r) * row_bytes, start + (int(r) + 1) * row_bytes)
+                                                   for r in np.unique(rows)])
+        return np.asarray(SafetensorsFile.get(shard, name)[rows], dtype=np.float32)  # the mapped view, no fetch
+
+
+def human(n: int) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"

@@ -1,0 +1,73 @@
+"""`stepper diff A B`: runs, dumps and fixtures compared; exit 0 the same, 1 a tensor differs, 2 bad input."""
+
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from stepper.untrusted import shown
+
+
+def diff(*args: str, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "stepper", "diff", "--plain", *args], capture_output=True, text=True,
+                          timeout=120, check=False, cwd=cwd)
+
+
+def table_rows(text: str) -> list[list[str]]:
+    return [cells for cells in map(str.split, text.splitlines()) if cells[:1] and cells[0].isdigit() and cells[1] != "only"]
+
+
+def test_naive_against_absorb_names_no_divergence():
+    out = diff("run --attn naive --decode 1 --prompt-len 4", "run --attn absorb --decode 1 --prompt-len 4")
+    assert out.returncode == 0, out.stderr
+    rows = table_rows(out.stdout)
+    assert len(rows) > 150 and {r[2] for r in rows} <= {"same", "close"}
+    assert "no tensor differs beyond round-off" in out.stdout and "0 differ" in out.stdout
+    assert "only in A: prefill.layers.0.self_attn.kv," in out.stdout
+
+
+def test_a_patched_run_first_differs_at_the_patch_and_the_growth_is_drawn():
+    out = diff("run --ids 1,2,3", "run --ids 1,2,3 --patch layers.1.self_attn.k_pe=x*1.001")
+    assert out.returncode == 1, out.stderr
+    assert "first difference: layers.1.self_attn.k_pe" in out.stdout
+    growth = {line.split("  ")[0]: line for line in out.stdout.splitlines() if line.startswith(("layer ", "model "))}
+    assert growth["layer 0"].endswith("the same") and "differs from self_attn.k_pe" in growth["layer 1"]
+    assert "differs from hidden_states" in growth["layer 2"]
+
+
+def test_a_dump_against_the_same_run_and_a_fixture_against_a_run(tmp_path):
+    dump = tmp_path / "a.safetensors"
+    made = subprocess.run([sys.executable, "-m", "stepper", "run", "--plain", "--ids", "5,6", "--decode", "1",
+                           "--dump", str(dump)], capture_output=True, text=True, timeout=120, check=False)
+    assert made.returncode == 0, made.stderr
+    out = diff(str(dump), "run --ids 5,6 --decode 1", "--changed")
+    assert out.returncode == 0, out.stderr
+    assert "the same bit for bit" in out.stdout and "0 within round-off, 0 differ" in out.stdout
+    assert table_rows(out.stdout) == []  # --changed: nothing to list
+
+
+@pytest.mark.parametrize("a, message", [
+    ("no/such/dump.safetensors", "diff A 'no/such/dump.safetensors': no such file or folder"),
+    ("run --no-such-option", "diff A 'run --no-such-option': No such option: --no-such-option"),
+    ("run --dump x.safetensors", "diff A 'run --dump x.safetensors': --dump is not for diff"),
+    ("run --attn fast", "--attn must be one of auto, naive, absorb"),
+    ("run --ids '1,2", "diff A 'run --ids '1,2': No closing quotation"),
+])
+def test_bad_sides_are_one_line_and_exit_2(a, message):
+    out = diff(a, "run")
+    assert out.returncode == 2 and message in out.stderr, out.stderr
+    assert out.stderr.count("\n") == 1 and out.stdout == ""
+
+
+def test_tensor_names_and_paths_from_files_are_shown_escaped(tmp_path):
+    odd = "E\x1b[2J\rR\x9b[red]x"
+    a, b = tmp_path / f"a{odd}.npz", tmp_path / "b.npz"
+    x = np.arange(4, dtype=np.float32)
+    np.savez(a, **{f"layers.1.{odd}": x, "layers.1.same": x})
+    np.savez(b, **{f"layers.1.{odd}": x + 1, "layers.1.same": x})
+    out = diff(str(a), str(b))
+    assert out.returncode == 1, out.stderr
+    assert re.findall("[\x00-\x08\x0b-\x1f\x7f-\x9f]", out.stdout + out.stderr) == []
+    assert f"first difference: layers.1.{shown(odd)}" in out.stdout and shown(odd) in out.stdout.splitlines()[1]

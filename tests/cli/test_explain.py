@@ -1,0 +1,103 @@
+"""`stepper explain`, `stepper tree` and the debugger's `e` as a user meets them: what a query
+finds, the run's own sizes in the texts, and citations that name their own file's lines."""
+
+from __future__ import annotations
+
+import io
+import re
+import subprocess
+import sys
+
+from rich.console import Console
+
+from stepper import catalog
+from stepper.presets import preset
+from stepper.views.explain import explain_text
+from stepper.views.tree import layer_tree
+
+
+def stepper(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "stepper", *args], input=stdin, capture_output=True, text=True,
+                          timeout=120, check=False)
+
+
+def printed(renderables) -> str:
+    console = Console(file=io.StringIO(), width=200, no_color=True, highlight=False, markup=False)
+    for r in renderables:
+        console.print(r)
+    return console.file.getvalue()
+
+
+def explained(query: str, model: str = "tiny") -> str:
+    """What `stepper explain QUERY --model MODEL` prints for the entries it finds, made in-process."""
+    cat = catalog.load()
+    return printed(explain_text(cat, entry, preset(model)) for entry in cat.find(query))
+
+
+def titles(out: str) -> list[str]:
+    """The entries an explain printed: each starts with its catalogue name alone on a line."""
+    names = set(catalog.load().names())
+    return [line for line in out.splitlines() if line in names]
+
+
+def test_a_weight_name_explains_the_tensors_computed_from_it():
+    out = stepper("explain", "model.layers.1.self_attn.q_a_proj.weight", "--plain")
+    assert out.returncode == 0, out.stderr
+    assert titles(out.stdout) == ["self_attn.q_a"]
+    gate = explained("model.layers.1.mlp.gate")
+    assert titles(gate) == ["mlp.gate.logits", "mlp.gate.topk_idx", "mlp.gate.topk_weight"]
+
+
+def test_a_word_explains_every_name_containing_it_and_the_texts_use_the_runs_sizes():
+    out = explained("topk")
+    assert titles(out) == ["mlp.gate.topk_idx", "mlp.gate.topk_weight"]
+    assert "k (chosen experts = 4)" in out and "Each token runs 4 of the 32 routed experts" in out
+    full = explained("topk_idx", "kimi-k2")
+    assert "k (chosen experts = 8)" in full and "Each token runs 8 of the 384 routed experts" in full
+
+
+def test_a_typo_gets_the_nearest_names_and_the_debugger_explains_with_the_runs_sizes():
+    bad = stepper("explain", "compresed_kv")
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr.strip().startswith("stepper: error: no tensor named 'compresed_kv' in the catalogue; did you mean "
+                                         "compressed_kv"), bad.stderr
+    out = stepper("step", "--plain", "--break", "layers.0.self_attn.k_pe", stdin="e compresed_kv\ne q_pe_rope\nq\n")
+    assert out.returncode == 0, out.stderr
+    assert "no tensor named 'compresed_kv' in the catalogue; did you mean compressed_kv" in out.stdout
+    assert "dims i and i + 8 form the pair" in out.stdout  # the tiny run's 16 rope dims, not Kimi K2's 64
+
+
+def citation_blocks(out: str) -> dict[str, list[str]]:
+    """Each citation header line ('modeling_deepseek.py  line 775  (...)') -> the lines under it."""
+    blocks: dict[str, list[str]] = {}
+    current = None
+    for line in out.splitlines():
+        if re.match(r"^(modeling_deepseek\.py|transformers \S+|DeepSeek inference/model\.py)  lines? \d", line):
+            current = line
+            blocks[current] = []
+        elif current is not None and line.startswith("    "):
+            blocks[current].append(line)
+        else:
+            current = None
+    return blocks
+
+
+def test_each_citation_names_its_own_files_lines():
+    out = stepper("explain", "kv_a", "--plain").stdout
+    assert "lines 775-775" not in out
+    blocks = citation_blocks(out)
+    (mds,) = [h for h in blocks if h.startswith("modeling_deepseek.py")]
+    assert mds.startswith("modeling_deepseek.py  line 775  (sumansaurabh/deeseek-model-visualizer@076adb6)")
+    assert blocks[mds] == ["     775          compressed_kv = self.kv_a_proj_with_mqa(hidden_states)"]
+    out = explained("q_pe_rope")
+    assert "359" not in out  # modeling_deepseek.py's apply_rotary_pos_emb lines are printed nowhere
+    (hf,) = [h for h in citation_blocks(out) if h.startswith("transformers modeling_deepseek_v3.py")]
+    assert hf.startswith("transformers modeling_deepseek_v3.py  lines 453-456  (transformers 5.24.0)")
+    assert "rope_interleave" in citation_blocks(out)[hf][0]
+
+
+def test_tree_describes_q_without_another_models_sizes():
+    out = re.sub(r"[\s│]+", " ", printed([layer_tree(catalog.load(), preset("tiny"), 1, "naive")]))
+    assert "self_attn.q [B, 4 heads, T, 48 q/k head dims] Per-head queries: q_b_proj output viewed as " \
+           "[B, T, H, qk_head]" in out
+    assert "64-dim" not in out and "192]" not in out

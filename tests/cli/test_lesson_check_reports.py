@@ -1,0 +1,96 @@
+"""`stepper lesson check` with deliberately wrong exercises: every failure is reported on the
+learner's own function and on inputs a learner can relate to (the byte, the weight, the tensor
+the call makes), never on stepper's internal calls (tiles of a weight with the 2^-120 rebias as
+their scales)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from stepper.lessons import check
+from stepper.lessons.schema import find_lesson
+
+# lesson, a change to its solution that makes one exercise wrong, and what the report must say
+WRONG = [
+    ("tour", ("return e / np.sum(e, axis=axis, keepdims=True)", "return e / (np.sum(e, axis=axis, keepdims=True) + 0.01)"),
+     ["softmax differs on call 1 of softmax in the run, which makes layers.0.self_attn.attn_weights",
+      "inputs: x [1, 4, 7, 7] float32"]),
+    ("rmsnorm", ("return weight * (x *", "return (x *"),
+     ["rms_norm differs on call 1 of rms_norm in the run, which makes layers.0.input_layernorm",
+      "inputs: x [1, 7, 320] float32, weight [320] float32, eps 1e-06"]),
+    ("fp8", ("subnormal = np.ldexp(mantissa / F32(8), -6)", "subnormal = np.zeros_like(mantissa)"),
+     ["decode differs on all 256 codes 0x00..0xFF", "first difference at [0, 1]: expected 0.001953125, got 0",
+      "the byte there is 0x01 = 0 0000 001 (subnormal): (-1)^0 * 2^(1-7) * (1/8) = 0.001953125",
+      "dequantize differs on the weight model.layers.0.self_attn.q_a_proj.weight: codes [192, 320], scale_inv [2, 3]",
+      "times its block's scale_inv[0, 1] = "]),
+    ("fp8", ("values[(codes & 0x7F) == 0x7F] = np.nan", "pass"),
+     ["decode differs on all 256 codes", "at [7, 15]: expected nan, got 480 (NaN where there should be one",
+      "the byte there is 0x7F = 0 1111 111 (nan)"]),
+    ("fp8", ("full = np.repeat(np.repeat(scales, block[0], axis=0), block[1], axis=1)[:out_dim, :in_dim]",
+             "full = np.repeat(np.repeat(scales, block[1], axis=1), block[0], axis=0)[:out_dim, :in_dim].T.T * 1.5"),
+     ["✓ decode matches", "dequantize differs on the weight model.layers.0.self_attn.q_a_proj.weight",
+      "times its block's scale_inv[0, 0] = "]),
+    ("rope-yarn", ("exponent = np.arange(0, dim, 2, dtype=F32) / F32(dim)", "exponent = np.arange(0, dim, 2, dtype=F32) / F32(dim + 2)"),
+     ["rope_inv_freq differs on call 1 of rope_inv_freq in the run, computed before embed is emitted",
+      "inputs: dim 16, theta 50000.0, yarn Yarn(factor=32.0"]),
+    ("rope-yarn", ("[even * cos - odd * sin, odd * cos + even * sin]", "[even * cos + odd * sin, odd * cos - even * sin]"),
+     ["apply_rope differs on call 1 of apply_rope in the run, which makes layers.0.self_attn.q_pe_rope"]),
+    ("decode-cache", ("past = s - t", "past = 0"),
+     ["causal_mask differs on call 4 of causal_mask in the run, computed before decode0.layers.0.self_attn.attn_scores is emitted",
+      "inputs: t 1, s 6"]),
+    ("mla-latent", ("compressed_kv = kv_a[..., : cfg.kv_lora_rank]", "compressed_kv = kv_a[..., 1 : cfg.kv_lora_rank + 1]"),
+     ["the run with your latent differs", "layers.0.self_attn.compressed_kv differs (the first"]),
+    ("absorption", ("weights.reshape(B, H * T, -1), latents)", "weights.reshape(B, H * T, -1) * 0.5, latents)"),
+     ["the run with your absorbed differs", "layers.0.self_attn.attn_output_latent differs (the first"]),
+    ("moe-routing", ("weights = weights * np.float32(cfg.routed_scaling_factor)", "weights = weights"),
+     ["the run with your route differs", "layers.1.mlp.gate.topk_weight differs (the first"]),
+]
+
+
+@pytest.mark.parametrize("name, change, said", WRONG, ids=[f"{w[0]}-{i}" for i, w in enumerate(WRONG)])
+def test_a_wrong_exercise_is_reported_on_the_learners_function_and_inputs(tmp_path, name, change, said):
+    lesson = find_lesson(name)
+    solution = lesson.solution.read_text()
+    assert change[0] in solution, "the change must apply to the solution as it is"
+    wrong = tmp_path / f"{name}.py"
+    wrong.write_text(solution.replace(change[0], change[1]))
+    report = check.check(lesson, wrong)
+    text = "\n".join(f"{'✓' if o.ok else '✗'} {o.title}\n" + "\n".join(o.detail) for o in report.outcomes)
+    assert not report.passed, text
+    for line in said:
+        assert line in text, text
+    assert "e-39" not in text and not re.search(r"scale_inv \[1, 3\]", text), "no call with the rebias as its scales"
+    assert "just before" not in text
+
+
+def test_the_calls_checked_are_labelled_by_what_they_make():
+    """Each captured call names the tensor it makes when its result is emitted as it is, and
+    otherwise says what the run emitted after it; decode and dequantize are checked on whole
+    weights with their own scales."""
+    spec = find_lesson("tour").exercise.runs[0]
+    labels = [c.label for c in check.captured(spec, ("softmax",))["softmax"]]
+    assert labels and all(re.fullmatch(r"call \d+ of softmax in the run, which makes layers\.\d\.self_attn\.attn_weights", s)
+                          for s in labels), labels
+    for call in check.weight_calls(find_lesson("fp8").exercise.runs[0], "dequantize"):
+        codes, scale_inv, block = call.args
+        assert scale_inv.shape == (-(-codes.shape[0] // block[0]), -(-codes.shape[1] // block[1]))
+        assert scale_inv.min() > 2.0**-100, "real block scales, not the 2^-120 rebias"
+        assert call.label.startswith(f"the weight {call.kwargs['name']}: codes {list(codes.shape)}")
+
+
+def test_the_report_wraps_at_80_columns_between_words(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from stepper.cli.main import app
+
+    monkeypatch.setenv("STEPPER_DATA_DIR", str(tmp_path / "data"))
+    wrong = tmp_path / "fp8.py"
+    wrong.write_text(find_lesson("fp8").solution.read_text().replace(*WRONG[2][1]))
+    result = CliRunner().invoke(app, ["lesson", "check", "fp8", "--file", str(wrong), "--plain"], env={"COLUMNS": "80"})
+    assert result.exit_code == 1
+    lines = result.stdout.splitlines()[1:]  # after the header, which names the file in full on one line
+    assert all(len(line) <= 80 for line in lines), [line for line in lines if len(line) > 80]
+    assert "    0.001953125" in lines, "a wrapped detail line stays indented"
+    assert "(1/8) = 0.001953125" in " ".join(result.stdout.split()), "wrapped between words, not inside one"

@@ -1,0 +1,87 @@
+"""`--patch NAME=EXPR` in run and step, and the debugger's `set`: the run continues from the changed tensor."""
+
+import io
+import subprocess
+import sys
+
+import numpy as np
+from rich.console import Console
+from safetensors.numpy import load_file
+
+import stepper
+from stepper.patching import expression
+from stepper.session import RunSpec, run
+from stepper.trace import Recorder
+from stepper.views.debugger import CommandSource, Debugger, Quit
+
+
+def cli(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "stepper", *args], input=stdin, capture_output=True, text=True,
+                          timeout=120, check=False)
+
+
+def test_run_patch_dumps_the_tensors_of_the_same_patch_through_the_api(tmp_path):
+    dump = tmp_path / "p.safetensors"
+    out = cli("run", "--plain", "--ids", "3,14,15", "--patch", "layers.1.mlp.gate.topk_idx=x[..., 0]=5",
+              "--patch", "*.attn_weights=x*0.5", "--dump", str(dump))
+    assert out.returncode == 0, out.stderr
+    dumped = load_file(dump)
+    assert np.all(dumped["layers.1.mlp.gate.topk_idx"][:, 0] == 5)
+    api = stepper.run("tiny", ids=[3, 14, 15], patch=[{"layers.1.mlp.gate.topk_idx": expression("x[..., 0]=5")},
+                                                      {"*.attn_weights": lambda x, n: x * np.float32(0.5)}])
+    assert set(dumped) == set(api.names)
+    for name in api.names:
+        np.testing.assert_array_equal(dumped[name], api[name], err_msg=name)
+    assert "layers.1.mlp.gate.topk_idx" in out.stdout
+
+
+def test_a_bad_patch_is_one_line_and_exit_2():
+    for patch, message in (("layers.0.mlp.gate.topk_idx=0", "--patch layers.0.mlp.gate.topk_idx: matches no tensor"),
+                           ("attn_weights=open('f')", "is not allowed"),
+                           ("attn_weights", "expected NAME=EXPR")):
+        out = cli("run", "--plain", "--prompt-len", "2", "--patch", patch)
+        assert out.returncode == 2 and message in out.stderr, out.stderr
+        assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
+
+
+def test_step_takes_patch_too():
+    out = cli("step", "--plain", "--prompt-len", "2", "--until", "layers.1.self_attn.k_pe", "--patch", "layers.1.self_attn.k_pe=0",
+              stdin="p\nq\n")
+    assert out.returncode == 0, out.stderr
+    assert "min 0  max 0  mean 0" in out.stdout
+
+
+def debugged(commands: list[str], breaks: list[str]) -> dict[str, np.ndarray]:
+    """A tiny run stepped through with these commands; the tensors the model continued with."""
+    spec = RunSpec(ids=(3, 14, 15))
+    console = Console(file=io.StringIO(), width=100, markup=False, highlight=False)
+    recorder = Recorder()
+    cfg = stepper.run("tiny", prompt_len=1, keep="norm").config
+    debugger = Debugger(console, cfg, CommandSource(console, io.StringIO(), False, commands), breakpoints=breaks)
+    try:
+        run(spec, [debugger, recorder])
+    except Quit:
+        pass
+    return recorder.tensors(), console.file.getvalue()
+
+
+def test_set_in_the_debugger_is_what_the_model_continues_from():
+    tensors, shown = debugged(["set [1, :2] = 0", "set = x*0.5", "c", "q"], ["layers.1.mlp.gate.topk_weight"])
+    assert "set layers.1.mlp.gate.topk_weight = x*0.5: the run continues from it" in shown
+
+    def both(weight, name):
+        weight[1, :2] = 0
+        return weight * np.float32(0.5)
+
+    api = stepper.run("tiny", ids=[3, 14, 15], patch={"layers.1.mlp.gate.topk_weight": both})
+    for name in ("layers.1.mlp.gate.topk_weight", "layers.1.mlp.routed_output", "layers.2.output", "logits"):
+        np.testing.assert_array_equal(tensors[name], api[name], err_msg=name)
+
+
+def test_set_refuses_another_tensor_and_a_bad_value_and_goes_on():
+    tensors, shown = debugged(["set layers.1.self_attn.q = 0", "set [9] = 0", "set = open", "set", "c"],
+                              ["layers.1.self_attn.k_pe"])
+    assert "only the tensor the run stopped at (layers.1.self_attn.k_pe) can be set" in shown
+    assert "index 9 is out of bounds" in shown and "'open' is not allowed" in shown and "set takes NAME[slice] = value" in shown
+    plain = stepper.run("tiny", ids=[3, 14, 15], keep="logits")
+    np.testing.assert_array_equal(tensors["logits"], plain["logits"])  # nothing was set

@@ -1,0 +1,135 @@
+"""A local HTTP server (127.0.0.1 only) serving a folder with range requests, for remote tests.
+
+It serves `/PATH` from the folder and, as a Hub endpoint, `/{org}/{name}/resolve/{revision}/{file}` (from NAME/file)
+and `/api/models/{org}/{name}/revision/{revision}` (the commit a revision points at). It counts
+the file bytes it sends and the requests, and can be told to misbehave on the next requests: a
+5xx or 429, a dropped connection mid-body, a short body, a wrong Content-Range, a stall, a
+changed ETag. Written from the HTTP range semantics (RFC 9110), independently of stepper's client.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+HUB_FILE = re.compile(r"/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<file>.+)")
+HUB_API = re.compile(r"/api/models/(?P<repo>[^/]+/[^/]+)/revision/(?P<rev>[^/]+)")
+RANGE = re.compile(r"bytes=(\d+)-(\d+)")
+
+
+class Quiet(ThreadingHTTPServer):
+    def handle_error(self, request, client_address) -> None:  # a client that gave up mid-answer (a timeout test)
+        pass
+
+
+class RangeServer:
+    def __init__(self, root: Path):
+        self.root = root
+        self.sent = 0  # file bytes sent
+        self.requests: list[tuple[str, str | None]] = []  # (path, Range header)
+        self.headers_seen: list[dict[str, str]] = []  # each request's headers, names in lower case
+        self.faults: list[str] = []  # applied one per request, first first
+        self.etag_suffix = ""
+        self.lock = threading.Lock()
+        self.server = Quiet(("127.0.0.1", 0), self.handler())
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def reset_counts(self) -> None:
+        with self.lock:
+            self.sent, self.requests = 0, []
+
+    def next_fault(self) -> str | None:
+        with self.lock:
+            return self.faults.pop(0) if self.faults else None
+
+    def handler(self):
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:  # quiet
+                pass
+
+            def do_GET(self) -> None:
+                with server.lock:
+                    server.requests.append((self.path, self.headers.get("Range")))
+                    server.headers_seen.append({k.lower(): v for k, v in self.headers.items()})
+                api = HUB_API.fullmatch(self.path)
+                if api:
+                    return self.send_json({"id": api["repo"], "sha": COMMIT, "siblings": []})
+                hub = HUB_FILE.fullmatch(self.path)
+                relative = f"{hub['repo'].split('/')[1]}/{hub['file']}" if hub else self.path.lstrip("/")  # ORG/NAME: ROOT/NAME
+                path = server.root / relative
+                if ".." in relative or not path.is_file():
+                    return self.send_status(404)
+                self.send_file(path, server.next_fault())
+
+            def send_status(self, status: int, headers: dict | None = None) -> None:
+                self.send_response(status)
+                for k, v in (headers or {}).items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def send_json(self, value) -> None:
+                body = json.dumps(value).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def send_file(self, path: Path, fault: str | None) -> None:
+                if fault in ("500", "503"):
+                    return self.send_status(int(fault))
+                if fault == "429":
+                    return self.send_status(429, {"Retry-After": "0"})
+                data = path.read_bytes()
+                etag = '"' + hashlib.sha256(data).hexdigest()[:16] + server.etag_suffix + '"'
+                asked = RANGE.fullmatch(self.headers.get("Range", ""))
+                if asked:
+                    start, last = int(asked[1]), min(int(asked[2]), len(data) - 1)
+                    body, status = data[start : last + 1], 206
+                    shown_start = start + 1 if fault == "bad-range" else start
+                    content_range = f"bytes {shown_start}-{last}/{len(data)}"
+                else:
+                    body, status, content_range = data, 200, None
+                if fault == "stall":
+                    time.sleep(3)
+                self.send_response(status)
+                self.send_header("ETag", etag)
+                if content_range:
+                    self.send_header("Content-Range", content_range)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if fault in ("drop", "short"):
+                    body = body[: len(body) // 2]
+                self.wfile.write(body)
+                with server.lock:
+                    server.sent += len(body)
+                if fault in ("drop", "short"):
+                    self.close_connection = True
+                    self.wfile.flush()
+                    self.connection.shutdown(2)
+
+        return Handler

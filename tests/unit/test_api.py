@@ -1,0 +1,142 @@
+"""The Python API: `stepper.run` keeps a run's tensors, names, config and tokens; bad arguments are
+one sentence naming the argument."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import stepper
+from stepper.cli import record
+from stepper.cli.memory import Need
+from stepper.errors import StepperError
+from stepper.model.ops import rms_norm
+from stepper.presets import preset
+from stepper.session import RunSpec
+from stepper.session import run as session_run
+from stepper.trace import Recorder
+from stepper.weights.synthetic import SyntheticWeights
+
+
+@pytest.fixture(scope="module")
+def run():
+    return stepper.run("tiny", ids=[1, 2, 3], decode=1)
+
+
+def test_the_issue_example_runs_as_written(run):
+    kv = run["prefill.layers.1.self_attn.compressed_kv"]
+    assert isinstance(kv, np.ndarray) and kv.shape == (1, 3, run.config.kv_lora_rank)
+    assert run.names[:3] == ["prefill.embed", "prefill.rope_cos", "prefill.rope_sin"]
+    assert run.explain("k_pe")["name"] == "self_attn.k_pe"
+    assert len(run.generated) == 1 and run.config.name == "tiny"
+
+
+def test_tensors_names_and_tokens_are_those_of_the_same_run_through_the_session(run):
+    rec = Recorder()
+    result = session_run(RunSpec(ids=(1, 2, 3), decode=1), [rec])
+    assert run.names == [e.name for e in rec.events] == run.emitted
+    for event in rec.events:
+        assert np.array_equal(run[event.name], event.array), event.name
+    assert run.generated == result.generated and run.prompt == (1, 2, 3)
+
+
+def test_compressed_kv_is_the_latent_part_of_kv_a_of_the_normed_input_computed_by_hand(run):
+    w = SyntheticWeights(preset("tiny"), 0)
+    x = run["prefill.layers.1.hidden_states"]
+    normed = rms_norm(x, w.get("model.layers.1.input_layernorm.weight"), run.config.rms_norm_eps)
+    kv_a = normed.astype(np.float64) @ w.get("model.layers.1.self_attn.kv_a_proj_with_mqa.weight").T.astype(np.float64)
+    np.testing.assert_allclose(run["prefill.layers.1.self_attn.compressed_kv"], kv_a[..., :run.config.kv_lora_rank],
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_a_short_name_finds_its_one_tensor_and_an_ambiguous_one_is_refused(run):
+    assert run["decode0.logits"] is run["decode0.lo*"] is run.event("decode0.logits").array
+    assert run["decode0.layers.2.self_attn.k_pe"] is run["decode0.layers.2.*k_pe"]
+    with pytest.raises(KeyError, match="matches 2 kept tensors"):
+        run["layers.1.self_attn.k_pe"]  # prefill and decode0
+    with pytest.raises(KeyError, match="did you mean"):
+        run["layers.1.self_attn.compresed_kv"]
+
+
+def test_tensors_are_read_only(run):
+    with pytest.raises(ValueError):
+        run["prefill.embed"][0, 0, 0] = 1
+
+
+def test_a_run_is_a_mapping_in_execution_order(run):
+    assert list(run) == run.names and len(run) == len(run.names) and "prefill.logits" in run
+    assert dict(run.items())["decode0.logits"].shape == (1, 1, run.config.vocab_size)
+
+
+def test_explain_gives_the_catalogue_entry_as_data_and_refuses_an_unknown_name(run):
+    entry = run.explain("prefill.layers.1.mlp.gate.topk_idx")
+    assert entry["dims"] == ["N", "k"] and "formula" in entry and "aliases" in entry
+    entry["dims"].append("x")
+    assert run.explain("mlp.gate.topk_idx")["dims"] == ["N", "k"]  # a copy
+    with pytest.raises(KeyError, match="names 0 catalogue entries"):
+        run.explain("no_such_tensor")
+
+
+def test_keep_keeps_only_the_matching_tensors():
+    run = stepper.run("tiny", prompt_len=2, keep=["*compressed_kv", "norm"])
+    assert run.names == ["layers.0.self_attn.compressed_kv", "layers.1.self_attn.compressed_kv",
+                         "layers.2.self_attn.compressed_kv", "norm"]
+    assert len(run.emitted) > 60
+    with pytest.raises(KeyError, match="emitted but not kept"):
+        run["layers.1.self_attn.k_pe"]
+
+
+def test_a_keep_glob_that_matches_nothing_is_an_error_before_the_run():
+    with pytest.raises(StepperError, match="keep= compresed: matches no tensor of this run"):
+        stepper.run("tiny", prompt_len=2, keep="compresed")
+
+
+def test_keeping_everything_that_would_not_fit_is_refused_naming_keep(monkeypatch):
+    monkeypatch.setattr(record, "available_bytes", lambda: 2**20)
+    with pytest.raises(StepperError, match=r"would need about .* lower it with keep="):
+        stepper.run("tiny", prompt_len=64)
+    with pytest.raises(StepperError, match=r"lower it with prompt_len="):
+        monkeypatch.setattr(record, "needs", lambda plan, kept, lower: [Need("scores", 2**30, "--prompt-len")])
+        stepper.run("tiny", prompt_len=2, keep="logits")
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"ids": "1,2,3"}, "ids= expects a list of token ids"),
+    ({"ids": [1, 2.5]}, "ids= expects a list of token ids"),
+    ({"ids": [1], "prompt_len": 3}, "give ids= or prompt_len=, not both"),
+    ({"decode": -1}, "decode= expects an integer >= 0"),
+    ({"decode": True}, "decode= expects an integer >= 0"),
+    ({"prompt_len": 0}, "prompt_len= expects an integer >= 1"),
+    ({"attn": "fast"}, "attn= expects one of auto, naive, absorb"),
+    ({"layers": "1-2"}, "layers= expects"),
+    ({"layer": "1"}, "layer= expects an integer >= 0 or None"),
+    ({"keep": 3}, "keep= expects a glob or a list of globs"),
+    ({"patch": 5}, "patch= expects a dict"),
+    ({"patch": {"logits": 0}}, "patch= expects name patterns .* mapped to functions"),
+    ({"weights": "w"}, "weights= expects a weight source"),
+    ({"model": "no-such-model"}, "unknown model 'no-such-model'"),
+    ({"ids": [5000]}, "token id 5000 out of range"),
+])
+def test_bad_arguments_are_one_sentence_naming_the_argument(kwargs, message):
+    with pytest.raises(StepperError, match=message) as e:
+        stepper.run(**kwargs)
+    assert "\n" not in str(e.value)
+
+
+def test_layers_as_a_tuple_or_text_and_a_lone_layer():
+    a = stepper.run("tiny", prompt_len=2, layers=(1, 2), keep="*output")
+    b = stepper.run("tiny", prompt_len=2, layers="1:2", keep="*output")
+    assert a.names == b.names == ["layers.1.self_attn.attn_output", "layers.1.mlp.routed_output",
+                                  "layers.1.mlp.shared_output", "layers.1.mlp_output", "layers.1.output"]
+    alone = stepper.run("tiny", prompt_len=2, layer=1, decode=2, keep="*.output")
+    assert alone.names == ["prefill.layers.1.output", "decode0.layers.1.output", "decode1.layers.1.output"]
+    assert len(alone.generated) == 2
+
+
+def test_import_stepper_is_light():
+    code = "import sys, stepper; print(stepper.__version__, 'numpy' in sys.modules, 'stepper.api' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == [stepper.__version__, "False", "False"]
+    with pytest.raises(AttributeError):
+        _ = stepper.no_such_thing

@@ -1,0 +1,100 @@
+"""INT4 pack-quantized decoding: hand-derived words, the group scales, the checks, and the products
+and the cache against the readable dequantization (against compressed-tensors' own packer and
+unpacker: tests/reference/test_int4_packing.py)."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from stepper import int4
+from stepper.errors import StepperError
+from stepper.kernels.int4_matmul import int4_products
+from stepper.kernels.int4_tiles import int4_rows
+from stepper.kernels.linear import float32_weight, linear, linears
+from stepper.swap import swapped
+from stepper.weights.stored import Int4Matrix
+
+
+def test_hand_derived_words():
+    # 0x89ABCDEF holds, lowest bits first, the codes F E D C B A 9 8: values 7, 6, ..., 0
+    word = np.array([[0x89ABCDEF]], dtype=np.uint32).view(np.int32)
+    assert [int4.nibble(int(word[0, 0]), p) for p in range(8)] == [15, 14, 13, 12, 11, 10, 9, 8]
+    assert [f.value for f in int4.fields(int(word[0, 0]))] == [7, 6, 5, 4, 3, 2, 1, 0]
+    assert int4.unpack_bits(word, 8).tolist() == [[7, 6, 5, 4, 3, 2, 1, 0]]
+    # 0x01234567: codes 7 6 5 4 3 2 1 0, values -1 .. -8 (a positive int32)
+    assert int4.unpack_bits(np.array([[0x01234567]], np.int32), 8).tolist() == [[-1, -2, -3, -4, -5, -6, -7, -8]]
+    assert int4.word_bits(0x89ABCDEF) == "1000 1001 1010 1011 1100 1101 1110 1111"
+    assert int4.fields(-1)[0].bits == "1111" and int4.fields(-1)[7].value == 7
+
+
+def test_dequantize_is_code_minus_8_times_the_group_scale():
+    values = np.random.default_rng(0).integers(-8, 8, (4, 64)).astype(np.int8)
+    scales = np.array([[0.5, 2.0], [1.0, -0.25], [3.0, 1e-30], [0.0, 8.0]], ml_dtypes.bfloat16)
+    weight = int4.dequantize_int4(int4.pack(values), scales, 64)
+    expected = values.astype(np.float64) * np.repeat(scales.astype(np.float64), 32, axis=1)
+    np.testing.assert_array_equal(weight, expected.astype(np.float32))  # exact: a 4-bit integer times a BF16
+    assert weight.dtype == np.float32
+
+
+@pytest.mark.parametrize("packed_shape, scale_shape, in_features, expected", [
+    ((4, 8), (4, 3), 64, "needs scales of shape [4, 2], got [4, 3]"),
+    ((4, 7), (4, 2), 64, "needs packed words of shape [4, 8], got [4, 7]"),
+    ((4, 10), (4, 3), 80, "80 inputs are not a whole number of groups of 32"),
+])
+def test_shapes_that_disagree_are_refused(packed_shape, scale_shape, in_features, expected):
+    with pytest.raises(StepperError, match=expected.replace("[", r"\[")):
+        int4.dequantize_int4(np.zeros(packed_shape, np.int32), np.ones(scale_shape, np.float32), in_features,
+                             name="experts.0.up_proj.weight")
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf, 3e38])
+def test_scales_that_are_not_finite_are_refused(bad):
+    scales = np.ones((2, 1), np.float32)
+    scales[1, 0] = bad
+    with pytest.raises(StepperError, match=r"x.weight_scale: 1 group scale\(s\) are not finite .* at \[1, 0\]"):
+        Int4Matrix.of(np.zeros((2, 4), np.int32), scales, 32, name="x.weight_scale")
+    with pytest.raises(StepperError, match="dtype must be bfloat16, float16 or float32"):
+        int4.scales_as_f32(np.ones((2, 1), np.int32), "x")
+
+
+def test_quantize_chooses_largest_over_7_5_and_rounds_to_nearest():
+    w = np.array([[7.5, -7.5, 3.2, 0.4] + [0.0] * 28, [0.0] * 32], np.float32)
+    packed, scales = int4.quantize_int4(w)
+    assert scales.dtype == ml_dtypes.bfloat16 and scales.astype(np.float32).tolist() == [[1.0], [1.0]]
+    assert int4.unpack_bits(packed, 32)[0, :4].tolist() == [7, -8, 3, 0]  # 7.5 -> 8 clamps to 7; -7.5 -> -8 (even)
+
+
+def int4_weight(out_dim: int, in_dim: int, seed: int = 0) -> Int4Matrix:
+    w = np.random.default_rng(seed).standard_normal((out_dim, in_dim), dtype=np.float32) / np.sqrt(in_dim)
+    packed, scales = int4.quantize_int4(w)
+    return Int4Matrix.of(packed, scales, in_dim, name="w")
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 8, 130, 300])
+def test_tiled_products_match_the_dense_product(tokens):
+    w = int4_weight(100, 192)  # 100 rows: 3 whole tiles of 32 and a short one
+    x = np.random.default_rng(1).standard_normal((1, tokens, 192), dtype=np.float32)
+    ref = x.astype(np.float64) @ w.dequantize().T.astype(np.float64)
+    for y in (linear(x, w), linears(x, (w, w))[1], int4_products(x, [w])[0]):
+        assert y.shape == (1, tokens, 100) and y.dtype == np.float32
+        assert np.abs(y - ref).max() <= 1e-6 * np.abs(ref).max()
+
+
+def test_rows_decoded_for_the_cache_are_the_readable_dequantization_bit_for_bit():
+    w = int4_weight(70, 256, seed=2)
+    np.testing.assert_array_equal(int4_rows(w), w.dequantize())
+    np.testing.assert_array_equal(float32_weight(w), w.dequantize())
+
+
+def test_a_learners_dequantize_runs_in_every_product():
+    w = int4_weight(40, 64, seed=3)
+    calls = []
+
+    def mine(packed, scales, in_features, group=32, *, name="weight"):
+        calls.append(packed.shape)
+        return int4.dequantize_int4.__wrapped__(packed, scales, in_features, group, name=name) * 2
+
+    x = np.ones((1, 2, 64), np.float32)
+    with swapped({"dequantize_int4": mine}):
+        doubled = linear(x, w)
+    assert calls and np.allclose(doubled, 2 * linear(x, w), rtol=1e-6)

@@ -1,0 +1,63 @@
+"""INT4 products shared with the helper processes (fp8_workers' INT4 bands): the same values as
+the dense product, the helpers really used, and the bands cut in whole tiles."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from stepper.kernels import fp8_workers, int4_matmul, parallel
+from stepper.kernels.linear import linear
+from stepper.presets import preset
+from stepper.weights.checkpoint import Checkpoint
+from stepper.weights.stored import Int4Matrix
+from stepper.weights.synth import requantized, synth_checkpoint
+from stepper.weights.synthetic import SyntheticWeights
+
+EXPERT = "model.layers.1.mlp.experts.3.down_proj.weight"  # [320, 96]: ten tiles of 32 rows
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    source = SyntheticWeights(requantized(preset("tiny"), "int4"), 4)
+    return Checkpoint(synth_checkpoint(source, tmp_path_factory.mktemp("ckpt") / "tiny-int4"))
+
+
+@pytest.fixture
+def shared(monkeypatch):
+    """Every INT4 product with a file behind it goes through the helpers (tiny's are below the size)."""
+    if parallel.cores() < 2:
+        pytest.skip("helpers need two cores")
+    monkeypatch.setattr(int4_matmul, "SHARE_WORK", 0)
+    fp8_workers.stop_helpers()
+    yield
+    fp8_workers.stop_helpers()
+
+
+@pytest.mark.parametrize("tokens", [1, 5, 300])
+def test_shared_product_equals_the_dense_product(checkpoint, shared, tokens):
+    w = checkpoint.matrix(EXPERT)
+    assert isinstance(w, Int4Matrix) and w.origin is not None
+    x = np.random.default_rng(tokens).standard_normal((tokens, w.shape[1])).astype(np.float32)
+    y = linear(x, w)
+    helper = fp8_workers.helpers()[0]
+    assert not fp8_workers._broken and helper.bands_done >= 1 and helper.process.poll() is None
+    exact = x.astype(np.float64) @ w.dequantize().astype(np.float64).T
+    assert np.abs(y - exact).max() <= 2e-6 * np.abs(exact).max()
+
+
+def test_a_helper_that_fails_leaves_the_products_here(checkpoint, shared, monkeypatch):
+    w = checkpoint.matrix(EXPERT)
+    x = np.ones((2, w.shape[1]), np.float32)
+    monkeypatch.setattr(fp8_workers, "send_int4_band", lambda *a: (_ for _ in ()).throw(OSError("gone")))
+    y = linear(x, w)
+    assert fp8_workers._broken
+    np.testing.assert_allclose(y, x @ w.dequantize().T, rtol=1e-5, atol=1e-6)
+
+
+def test_bands_are_whole_tiles_covering_the_rows():
+    w = Int4Matrix.of(np.zeros((1000, 32), np.int32), np.ones((1000, 8), np.float32), 256)
+    for parts in (1, 2, 3, 40):
+        bands = fp8_workers.int4_shares(w, parts)
+        assert len(bands) == parts and bands[0].start == 0 and bands[-1].end == 1000
+        assert all(a.end == b.start and a.end % 32 in (0, 1000 % 32) for a, b in itertools.pairwise(bands))

@@ -1,0 +1,76 @@
+"""A run, a tensor, a picture and a diff display themselves in a notebook with the terminal's rows."""
+
+import html
+import io
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+import stepper
+from stepper.errors import StepperError
+from stepper.views import diff as diff_view
+from stepper.views import pictures
+from stepper.views.sinks import TensorRows
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def visible(page: str) -> str:
+    """The text a browser shows of an exported <pre> block."""
+    return html.unescape(re.sub(r"<[^>]+>", "", page))
+
+
+def terminal(renderable) -> str:
+    console = Console(file=io.StringIO(), width=160, no_color=True, highlight=False, markup=False, soft_wrap=True)
+    console.print(renderable)
+    return console.file.getvalue()
+
+
+@pytest.fixture(scope="module")
+def run():
+    return stepper.run("tiny", ids=[1, 2, 3], keep=["*k_pe", "topk*", "layers.1.*attn_weights"])
+
+
+def test_a_run_shows_the_rows_stepper_run_prints(run):
+    shown = visible(run._repr_html_())
+    rows = TensorRows(Console(file=io.StringIO()), run.config)
+    for name in run.names:
+        row = terminal(rows.render(run.event(name)))
+        assert row.strip() in shown, name  # name, named shape, statistics, sparkline, corners
+    assert "layer 1 (MoE) ─" in shown and shown.startswith("<stepper.Run tiny: 8 tensors kept of 104")
+
+
+def test_a_tensor_and_a_picture_show_as_in_the_terminal(run):
+    view = run.show("layers.1.self_attn.k_pe")
+    expected = terminal(TensorRows(Console(file=io.StringIO()), run.config).render(run.event("layers.1.self_attn.k_pe")))
+    assert repr(view) == expected.rstrip("\n") and visible(view._repr_html_()).strip() == expected.strip()
+    routing = run.picture("routing", "layers.1.mlp.gate.topk_idx")
+    drawn = terminal(pictures.routing_map(run["layers.1.mlp.gate.topk_idx"], run["layers.1.mlp.gate.topk_weight"], 32))
+    assert visible(routing._repr_html_()).strip() == drawn.strip()
+    with pytest.raises(StepperError, match="picture: routing draws a topk_idx"):
+        run.picture("routing", "layers.1.self_attn.k_pe")
+
+
+def test_a_diff_shows_its_rows_growth_and_first_difference(run):
+    other = stepper.run("tiny", ids=[1, 2, 3], keep=["*k_pe", "topk*", "layers.1.*attn_weights"],
+                        patch=stepper.force_experts(2, [0, 1, 2, 3]))
+    d = stepper.diff(run, other)
+    shown = visible(d._repr_html_())
+    assert terminal(diff_view.render(d)).strip() == shown.strip() == terminal(d).strip()
+    assert "first difference: layers.2.mlp.gate.topk_idx" in shown and "differs from mlp.gate.topk_idx" in shown
+    assert repr(d).startswith("<stepper.Diff 8 tensors: 6 same, 0 close, 2 differ; first difference layers.2.mlp.gate.topk_idx")
+
+
+def test_the_example_in_docs_runs(tmp_path):
+    page = tmp_path / "example.html"
+    out = subprocess.run([sys.executable, str(ROOT / "docs" / "api_example.py"), str(page)], capture_output=True,
+                         text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    assert "zeroing expert" in out.stdout and "first difference prefill.layers.1.mlp.gate.topk_weight" in out.stdout
+    text = visible(page.read_text(encoding="utf-8"))
+    assert "prefill.layers.1.self_attn.compressed_kv  [B=1 batch, T=4 positions, 128 kv latent]" in text
+    assert "experts used" in text and "head 0" in text and "first difference: prefill.layers.1.mlp.gate.topk_weight" in text
