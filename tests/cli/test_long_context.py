@@ -66,3 +66,11 @@ def test_a_run_showing_long_attention_says_its_statistics_take_a_while(monkeypat
                                             "a tile at a time: their exact statistics take a while (--only can leave "
                                             "them out)")
     assert "note:" not in invoke(*args, "--only", "*k_pe").output
+
+
+def test_a_patch_of_attention_made_in_tiles_is_one_line():
+    result = invoke("run", "--layer", "0", "--prompt-len", "1100", "--patch", "attn_scores=x*0.5", "--plain")
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines()[-1] == (
+        "stepper: error: --patch attn_scores: layers.0.self_attn.attn_scores [1, 4, 1100, 1100] is made a tile at a "
+        "time (a long attention) and never held, so it cannot be patched")
