@@ -30,6 +30,7 @@ from stepper.weights.names import layer_shapes
 FLOAT32 = 4
 SCORE_ARRAYS = 3  # the products q.k, the scaled and masked scores, the softmax
 STATS_CHUNKS = 6 * 8 * 2**20  # a view's statistics: float64 chunks of 2**20 values, the finite ones, their parts
+STATS_PER_BYTE = 12  # ... of a smaller tensor: six float64 copies of its float32 values
 TILE_ARRAYS = 4  # a tile of scores, its exponentials, the products with the values, the mask
 
 
@@ -120,6 +121,15 @@ def layer_bytes(plan: Plan, layers: list[int]) -> int:
                for layer in layers for k, (t, s) in enumerate(step_shapes(plan)))
 
 
+def largest_held(plan: Plan, layers: list[int]) -> int:
+    """Bytes of the largest named tensor of the run that is held (not made in tiles)."""
+    cat, spec = catalog.load(), plan.spec
+    keys = {e["name"] for layer in layers for k in range(spec.decode + 1)
+            for e in cat.layer_sequence(plan.config, layer, step_attn(spec, k))}
+    keys |= {"logits"} if plan.needs_logits else set()
+    return max(tensor_bytes(key, t, s, plan, held=True) for key in keys for t, s in step_shapes(plan))
+
+
 def needs(plan: Plan, kept: list[str], kept_lower: str) -> list[Need]:
     """What the run holds at its worst moment; `kept`: the names a view keeps to the end."""
     cfg, spec = plan.config, plan.spec
@@ -133,7 +143,8 @@ def needs(plan: Plan, kept: list[str], kept_lower: str) -> list[Need]:
     result = [
         scores_need(heads, t, s),
         Need("one layer's tensors", layer_bytes(plan, list(run)), "--prompt-len"),
-        Need("a view's statistics (float64 chunks)", STATS_CHUNKS, "--prompt-len"),
+        Need("a view's statistics (float64 chunks)", min(STATS_CHUNKS, STATS_PER_BYTE * largest_held(plan, list(run))),
+             "--prompt-len"),
         Need(f"the cache of {len(run)} layers", per_position * positions * len(run),
              "--attn absorb" if cached == "naive" else "--prompt-len"),
         Need("the largest weight, decoded", largest * FLOAT32, "--layer N"),

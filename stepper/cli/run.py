@@ -171,7 +171,7 @@ def run_command(
     plain: PlainOpt = False,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per tensor (JSON Lines) on stdout.")] = False,
     dump: Annotated[Path | None, typer.Option(metavar="FILE", help="Write every shown tensor to FILE.safetensors.")] = None,
-    dump_limit_gb: Annotated[float, typer.Option(metavar="GB", help="Refuse a --dump with a tensor larger than GB GiB.")] = DUMP_LIMIT_GB,
+    dump_limit_gb: Annotated[float | None, typer.Option(metavar="GB", help=f"Refuse a --dump with a tensor larger than GB GiB [default: {DUMP_LIMIT_GB:g}].")] = None,
     force: ForceOpt = False,
     use: UseOpt = None,
     patch: PatchOpt = None,
@@ -196,7 +196,7 @@ def run_command(
         keep = only_filter(only or [], names, lambda note: sys.stderr.write(f"stepper: {note}\n"))
         check_pictures(pictures, [n for n in names if keep(n)])
         kept = [n for n in names if keep(n)] if dump is not None else []
-        check_dump_sizes(sizes(plan, kept), dump_limit_gb)
+        check_dump_sizes(sizes(plan, kept), DUMP_LIMIT_GB if dump_limit_gb is None else dump_limit_gb)
         check_fits(needs(plan, kept, "--only"), available_bytes())
         console = Console(no_color=plain, highlight=False, markup=False, soft_wrap=True)
         if not as_json:
