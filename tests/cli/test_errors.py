@@ -405,7 +405,8 @@ def test_the_room_under_a_cgroup_limit_counts(tmp_path):
 
 
 def test_a_run_past_the_address_space_limit_is_refused_before_it_starts():
-    """Under `ulimit -v`, a prompt whose scores would not fit is refused in one line, exit 2."""
+    """Under `ulimit -v`, a prompt whose tensors would not fit is refused in one line, exit 2 (its
+    attention runs in tiles, but 100000 tokens of every layer's tensors and logits stay)."""
     import resource
     import subprocess
     import sys
@@ -413,7 +414,7 @@ def test_a_run_past_the_address_space_limit_is_refused_before_it_starts():
     def limit():
         resource.setrlimit(resource.RLIMIT_AS, (3 * 2**30, 3 * 2**30))
 
-    p = subprocess.run([sys.executable, "-m", "stepper", "run", "--prompt-len", "12000", "--only", "logits"],
+    p = subprocess.run([sys.executable, "-m", "stepper", "run", "--prompt-len", "100000", "--only", "logits"],
                        capture_output=True, text=True, preexec_fn=limit, timeout=60, check=False)
     assert p.returncode == 2, p.stderr
     assert p.stderr.startswith("stepper: error: this run would need about ") and p.stderr.count("\n") == 1
