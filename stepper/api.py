@@ -37,7 +37,7 @@ from stepper.errors import StepperError
 from stepper.fixtures import diff as compare
 from stepper.patching import as_patches, force_experts, zero_expert, zero_head, zero_router_bias
 from stepper.session import ATTN_CHOICES, RunSpec
-from stepper.trace import Event, did_you_mean, matches
+from stepper.trace import Event, did_you_mean, held, matches
 from stepper.views import notebook
 from stepper.weights.source import WeightSource
 
@@ -232,7 +232,10 @@ def _side(which: str, side: Any) -> tuple[dict[str, np.ndarray], str]:
 
 
 def read_only(array: np.ndarray) -> np.ndarray:
-    """A view that cannot be written (the array itself keeps its flags)."""
+    """A view that cannot be written (the array itself keeps its flags); a tensor made in tiles
+    (stepper.tiled: long attention) is read-only already and is kept as it is."""
+    if not held(array):
+        return array
     view = array.view()
     view.flags.writeable = False
     return view

@@ -37,18 +37,20 @@ from pathlib import Path
 
 import numpy as np
 
-from stepper.config import Config
+from stepper.config import Config, load_config
 from stepper.fp8 import quantize
+from stepper.kernels import attention as kernels_attention
 from stepper.kernels import fp8_workers, parallel
 from stepper.kernels.fp8_matmul import linear_fp8
 from stepper.kernels.weight_cache import CachedWeights
-from stepper.model import KVCache, Transformer
+from stepper.model import KVCache, Transformer, synthetic_cache
 from stepper.model.attention import mla_attention
 from stepper.model.cache import LayerCache
 from stepper.model.indexer import index_mask
 from stepper.model.layer_weights import LayerWeights
 from stepper.presets import PRESETS
 from stepper.trace import Emitter
+from stepper.views import summary
 from stepper.weights.checkpoint import INDEX, Checkpoint
 from stepper.weights.names import layer_shapes
 from stepper.weights.safetensors_reader import advise_checkpoint_map
@@ -58,6 +60,7 @@ from stepper.weights.synthetic import SyntheticWeights
 
 FILL_BYTES = 1 << 26  # what fill_page_cache reads or maps at a time
 WARM_CACHE_MB = 8192  # holds every decoded weight of the 16-expert layer (about 3.4 GB)
+ATTENTION_CACHE_MB = 1024  # holds a full-size attention's decoded weights (about 0.4 GB)
 
 
 @dataclass(frozen=True)
@@ -325,7 +328,116 @@ def indexed_prefill(checkpoint: Path, layer: int, tokens: int, repeat: int) -> l
             for what, fn in parts.items()]
 
 
-SCENARIOS = {"ceilings": ceilings, "layer": layer_run, "torch": versus_torch, "indexed": indexed_prefill}
+
+# ---------------------------------------------------------------------------------------------
+# Long contexts: the attention of one layer alone (synthetic weights, nothing read from disk)
+
+
+def attention_run(model: str, tokens: int, cache: int, attn: str, shown: bool, repeat: int) -> list[Figure]:
+    """Layer 0's attention (MLA, synthetic weights decoded once and kept) on `tokens` new
+    positions after `cache` cached ones (random latents); shown: every tensor's statistics, histogram and corners are
+    gathered as `stepper run` shows them. Reports the time, the attention core's share of the
+    float32 GEMM rate measured here, and the peak RSS."""
+    cfg = load_config(Path(model)) if model not in PRESETS else bench_config(model, None)
+    source = CachedWeights(SyntheticWeights(cfg, 0), ATTENTION_CACHE_MB << 20)  # decoded once: the attention is timed
+    transformer = Transformer(source)
+    w, rng = LayerWeights(source, 0, transformer.scratch), np.random.default_rng(11)
+    emit = Emitter([shown_like_run] if shown else [])
+    core, times = CoreTimer(), []
+    with core:
+        for _ in range(2):  # untimed: a weight is kept from its second use on
+            mla_attention(rng.standard_normal((1, 1, cfg.hidden_size), dtype=np.float32), w, cfg,
+                          transformer.rope(np.arange(1), Emitter()), LayerCache(), Emitter(), attn)
+        for _ in range(repeat):
+            layer_cache = random_cache(w, cfg, cache, attn, rng)
+            x = rng.standard_normal((1, tokens, cfg.hidden_size), dtype=np.float32)
+            rope = transformer.rope(cache + np.arange(tokens), Emitter())
+            core.seconds = 0.0
+            start = time.perf_counter()
+            mla_attention(x, w, cfg, rope, layer_cache, emit, attn)
+            times.append(time.perf_counter() - start)
+    what = f"decode 1 token over {cache} cached positions" if tokens == 1 else f"prefill {tokens} tokens"
+    flops, gemm = core_flops(cfg, tokens, cache, attn), gemm_rate()
+    note = f"{'every tensor shown (statistics, histogram, corners)' if shown else 'no tensor shown'}; median of {repeat}"
+    if core.seconds:
+        note += (f"; attention core (kernels.attend) {core.seconds:.3g} s, {flops / core.seconds / 1e9:.1f} GFLOP/s = "
+                 f"{flops / core.seconds / gemm:.0%} of the float32 GEMM rate here ({gemm / 1e9:.1f} GFLOP/s, every core)")
+    return [Figure(f"{cfg.name} attention ({attn}): {what}", float(np.median(times)), "s", peak_rss_mb(), note)]
+
+
+def shown_like_run(event) -> None:
+    """What `stepper run` computes of every tensor it shows (views.sinks.TensorRows)."""
+    st = summary.stats(event.array)
+    summary.histogram(event.array, known=st)
+    summary.corners(event.array)
+
+
+class CoreTimer:
+    """Times kernels.attention.attend, the tiled attention core, while in a `with` block."""
+
+    def __enter__(self):
+        self.seconds, self.original = 0.0, kernels_attention.attend
+
+        def timed(ops):
+            start = time.perf_counter()
+            result = self.original(ops)
+            self.seconds += time.perf_counter() - start
+            return result
+
+        kernels_attention.attend = timed
+        return self
+
+    def __exit__(self, *_):
+        kernels_attention.attend = self.original
+
+
+def random_cache(w: LayerWeights, cfg: Config, cache: int, attn: str, rng: np.random.Generator) -> LayerCache:
+    layer_cache = LayerCache()
+    if cache:
+        latents = rng.standard_normal((1, cache, cfg.kv_lora_rank), dtype=np.float32)
+        k_pe = rng.standard_normal((1, 1, cache, cfg.qk_rope_head_dim), dtype=np.float32)
+        layer_cache.extend_latent(latents, k_pe)
+        if attn == "naive":
+            layer_cache.extend_heads(*synthetic_cache.per_head_keys(latents, k_pe, w, cfg))
+    return layer_cache
+
+
+def core_flops(cfg: Config, tokens: int, cache: int, attn: str) -> float:
+    """Multiply-adds x 2 of the attention core: the scores and the weighted values over the keys
+    each query may attend (cache + t + 1 for query t)."""
+    attended = tokens * cache + tokens * (tokens + 1) / 2  # summed over the queries
+    per_key = (cfg.qk_head_dim + cfg.v_head_dim if attn == "naive"
+               else 2 * cfg.kv_lora_rank + cfg.qk_rope_head_dim)
+    return 2.0 * cfg.num_attention_heads * attended * per_key
+
+
+def gemm_rate() -> float:
+    """float32 GEMM FLOP/s with stepper's own split: one 2048^3 product per core, side by side."""
+    m = np.ones((2048, 2048), np.float32)
+    cores = parallel.cores()
+    once = median_time(lambda: parallel.split(list(range(cores)), lambda share: [m @ m for _ in share]), 3)
+    return cores * 2 * 2048**3 / once
+
+
+def long_context(model: str, say, prefills=(4096, 16384, 32768), caches=(8192, 32768, 131072),
+                 shown_prefills=(4096,)) -> list[Figure]:
+    """The long-context figures: naive prefills (what --attn auto runs where it fits; time, GEMM
+    share and peak RSS), the shorter ones also with every tensor shown (the statistics of a
+    32768-token prefill's scores and weights, 137G values, take hours on two cores), and
+    decode steps over long caches (absorbed), shown."""
+    figures = []
+    for tokens in prefills:
+        for shown in (False, True) if tokens in shown_prefills else (False,):
+            say(f"{model} attention: prefill {tokens} tokens, {'every tensor shown' if shown else 'silent'}")
+            figures += in_subprocess("attention", model=model, tokens=tokens, cache=0, attn="naive", shown=shown, repeat=1)
+    for cache in caches:
+        say(f"{model} attention: decode over {cache} cached positions")
+        figures += in_subprocess("attention", model=model, tokens=1, cache=cache, attn="absorb", shown=True, repeat=5)
+    return figures
+
+
+SCENARIOS = {"ceilings": ceilings, "layer": layer_run, "torch": versus_torch, "indexed": indexed_prefill,
+             "attention": attention_run}
 
 
 def scenario_main(argv: list[str]) -> None:

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from stepper.errors import StepperError
-from stepper.trace import Event, matches
+from stepper.trace import Event, held, matches
 
 PatchFn = Callable[[np.ndarray, str], "np.ndarray | None"]
 Patches = Sequence[tuple[str, PatchFn]]  # in the order they apply
@@ -48,6 +48,9 @@ class Patcher:
         for pattern, fn in self.patches:
             if not matches(event.name, [pattern]):
                 continue
+            if not held(array):
+                raise StepperError(f"--patch {pattern}: {event.name} {list(array.shape)} is made a tile at a time (a long "
+                                   "attention) and never held, so it cannot be patched")
             result = fn(np.array(array, copy=True), event.name)
             self.applied[pattern].append(event.name)
             if result is not None:

@@ -7,7 +7,8 @@ of run:
   every layer runs, the final norm and logits. Decode steps feed the greedy (argmax) token.
 - one layer alone (`layer=N`): layer N on a given residual stream (`input`, a safetensors file)
   or on the prompt's token embeddings. Nothing produces logits, so decode steps feed tokens drawn
-  from the seed.
+  from the seed. `cache_len=N` starts its cache with N synthetic positions (start_pos on; the
+  prompt follows them), so a decode step over a long cache needs no long prefill.
 
 With decode steps, the prefill's names are prefixed `prefill.` and step k's `decode{k}.`.
 """
@@ -23,7 +24,8 @@ import numpy as np
 from stepper.config import Config, load_config
 from stepper.errors import StepperError
 from stepper.kernels.weight_cache import CachedWeights
-from stepper.model import KVCache, Transformer
+from stepper.model import KVCache, Transformer, synthetic_cache
+from stepper.model.layer_weights import LayerWeights
 from stepper.presets import PRESETS, preset
 from stepper.text import Tokens, load_tokenizer
 from stepper.trace import Emitter, Sink
@@ -49,9 +51,11 @@ class RunSpec:
     input: Path | None = None  # the residual stream for a lone layer
     attn: str = "auto"  # naive | absorb | auto (naive for the prefill, absorbed for decode steps)
     weight_cache_mb: int = 0  # keep up to this many MB of decoded weights between steps
+    cache_len: int = 0  # a lone layer's cache starts with this many synthetic positions (model.synthetic_cache)
 
 
 ATTN_CHOICES = ("auto", "naive", "absorb")
+SAMPLE_TOKENS = 64  # real tokens whose latents give a synthetic cache its statistics
 
 
 def step_attn(spec: RunSpec, step: int) -> str:
@@ -167,7 +171,11 @@ def check_positions(spec: RunSpec, cfg: Config, prompt_len: int) -> None:
         raise StepperError(f"--start-pos must be >= 0, got {spec.start_pos}")
     if spec.decode < 0:
         raise StepperError(f"--decode must be >= 0, got {spec.decode}")
-    end = spec.start_pos + prompt_len + spec.decode
+    if spec.cache_len < 0:
+        raise StepperError(f"--cache-len must be >= 0, got {spec.cache_len}")
+    if spec.cache_len and spec.layer is None:
+        raise StepperError("--cache-len fills one layer's cache: use it with --layer N")
+    end = spec.start_pos + spec.cache_len + prompt_len + spec.decode
     if end > cfg.max_position_embeddings:
         raise StepperError(
             f"positions up to {end - 1} exceed max_position_embeddings ({cfg.max_position_embeddings}) of model {cfg.name}"
@@ -269,7 +277,9 @@ def execute(plan: Plan, sinks: Iterable[Sink]) -> RunResult:
     cache = KVCache(cfg.num_hidden_layers)
     ids = np.array([plan.prompt], dtype=np.int64)  # [B=1, T]
     hidden = plan.hidden
-    positions = spec.start_pos + np.arange(ids.shape[1] if hidden is None else hidden.shape[1])
+    if spec.cache_len:
+        fill_cache(plan, model, cache)
+    positions = spec.start_pos + spec.cache_len + np.arange(ids.shape[1] if hidden is None else hidden.shape[1])
     decode_tokens = seeded_tokens(spec.seed, cfg, spec.decode, stream=2)
     generated: list[int] = []
     if plan.tokens is not None:
@@ -294,6 +304,18 @@ def execute(plan: Plan, sinks: Iterable[Sink]) -> RunResult:
             positions = positions[-1:] + 1
             hidden = None
     return RunResult(cfg, plan.prompt, tuple(generated))
+
+
+def fill_cache(plan: Plan, model: Transformer, cache: KVCache) -> None:
+    """The lone layer's cache: spec.cache_len synthetic positions from start_pos on, with the
+    statistics of the layer's latents for a few seeded tokens."""
+    spec = plan.spec
+    ids = np.array([seeded_tokens(spec.seed, plan.config, SAMPLE_TOKENS, stream=4)])
+    sample = layer_input(model, ids, spec.seed, spec.decode + 1)  # a step number no step of the run has
+    rope = model.rope(spec.start_pos + np.arange(spec.cache_len), Emitter())
+    per_head = any(step_attn(spec, k) == "naive" for k in range(spec.decode + 1))
+    w = LayerWeights(model.weights, spec.layer, model.scratch)
+    synthetic_cache.fill(cache.layers[spec.layer], w, plan.config, sample, rope, spec.seed, per_head)
 
 
 def layer_input(model: Transformer, ids: np.ndarray, seed: int, step: int) -> np.ndarray:

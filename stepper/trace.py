@@ -5,6 +5,8 @@ nothing else. An `Emitter` qualifies the name with its scope (phase, layer) and 
 to each sink: the terminal view, a recorder for dumps and fixtures, filters, the step debugger.
 emit returns the array the model continues with: the one it was given, or what a sink returned
 in its place (an array of the same shape and dtype; the sinks after it see the replacement).
+A tensor too large to hold (a long prompt's attention scores) is emitted as a `Tiled`, made a
+tile at a time by whoever looks at it; it cannot be replaced.
 An emitter with no sinks does nothing, so silent layers cost nothing.
 """
 
@@ -16,6 +18,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
+
+from stepper.tiled import Tiled
 
 Sink = Callable[["Event"], "np.ndarray | None"]  # None: the tensor goes on as it was
 
@@ -31,7 +35,7 @@ class Event:
 
     name: str
     key: str
-    array: np.ndarray
+    array: np.ndarray | Tiled  # Tiled: a tensor too large to hold (long attention scores), made a tile at a time
     layer: int | None = None
     phase: str | None = None
 
@@ -85,11 +89,19 @@ class Emitter:
 def checked_replacement(event: Event, replacement: object) -> np.ndarray:
     """A sink's replacement for a tensor: an array of the tensor's shape and dtype, or an error."""
     old = event.array
+    if not held(old):
+        raise ValueError(f"{event.name}: {old.dtype}{list(old.shape)} is made a tile at a time and never held; "
+                         "it cannot be replaced (a shorter prompt holds it whole)")
     if not isinstance(replacement, np.ndarray) or replacement.shape != old.shape or replacement.dtype != old.dtype:
         got = (f"{replacement.dtype}{list(replacement.shape)}" if isinstance(replacement, np.ndarray)
                else type(replacement).__name__)
         raise ValueError(f"{event.name}: a sink returned {got} in place of {old.dtype}{list(old.shape)}")
     return replacement
+
+
+def held(array: np.ndarray | Tiled) -> bool:
+    """Whether a tensor is a whole array (not one made a tile at a time)."""
+    return not isinstance(array, Tiled)
 
 
 class Recorder:

@@ -3,22 +3,25 @@ the machine has: a run that would not fit is refused with the option that lowers
 failing minutes later with an allocation error.
 
 The estimate adds what is alive at the worst moment: the attention scores of the longest step
-([B, H, T, S] float32, made whole while a view listens: the raw products, the masked scores and
-the weights), one layer's named tensors (the embedding rows, queries, keys, the MoE's
-activations), the cache of every layer run, the logits, the largest weight decoded at once, the
-weight cache, the float64 copies a view's statistics make of the largest tensor, and the
-tensors a view keeps until the end (the debugger's history, a dump).
+([B, H, T, S] float32 where they are small enough to be made whole: the raw products, the masked
+scores and the weights; past that, one tile per core, the scores never held), one layer's named
+tensors (the embedding rows, queries, keys, the MoE's activations), the cache of every layer run,
+the logits, the largest weight decoded at once, the weight cache, the float64 chunks a view's
+statistics gather, and the tensors a view keeps until the end (the debugger's history, a dump;
+attention made in tiles keeps only its operands).
 """
 
 from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from stepper import catalog
 from stepper.errors import StepperError
+from stepper.kernels import attention, parallel
 from stepper.model.cache import cache_bytes_per_token
 from stepper.session import Plan, step_attn
 from stepper.trace import unphased
@@ -26,7 +29,9 @@ from stepper.weights.names import layer_shapes
 
 FLOAT32 = 4
 SCORE_ARRAYS = 3  # the products q.k, the scaled and masked scores, the softmax
-STATS_COPIES = 6  # a view's statistics of a tensor: its values, the finite ones, their deviations, in float64
+STATS_CHUNKS = 6 * 8 * 2**20  # a view's statistics: float64 chunks of 2**20 values, the finite ones, their parts
+STATS_PER_BYTE = 12  # ... of a smaller tensor: six float64 copies of its float32 values
+TILE_ARRAYS = 4  # a tile of scores, its exponentials, the products with the values, the mask
 
 
 @dataclass(frozen=True)
@@ -41,19 +46,58 @@ def gib(n: float) -> str:
 
 
 def step_shapes(plan: Plan) -> list[tuple[int, int]]:
-    """(T, S) of each step: the prefill's new positions and the positions attended, then one per decode step."""
-    t = plan.prompt_len
-    return [(t, t)] + [(1, t + k + 1) for k in range(plan.spec.decode)]
+    """(T, S) of each step: the prefill's new positions and the positions attended (a synthetic
+    cache's too), then one per decode step."""
+    t, c = plan.prompt_len, plan.spec.cache_len
+    return [(t, c + t)] + [(1, c + t + k + 1) for k in range(plan.spec.decode)]
 
 
-def tensor_bytes(key: str, t: int, s: int, plan: Plan) -> int:
-    """Bytes of one named tensor of a step with T new and S attended positions (from its catalogue dims)."""
+def tensor_bytes(key: str, t: int, s: int, plan: Plan, held: bool = False) -> int:
+    """Bytes of one named tensor of a step with T new and S attended positions (from its catalogue
+    dims); held: 0 for the attention scores and weights made in tiles, which are never held."""
     cat = catalog.load()
     entry = cat.entry(key)
-    if entry is None:
+    if entry is None or (held and tiled(entry["dims"], t, s, plan)):
         return 0
     runtime = {"B": 1, "T": t, "S": s, "N": t}
     return FLOAT32 * math.prod(runtime.get(d) or cat.expected_size(d, plan.config) or 1 for d in entry["dims"])
+
+
+def tiled(dims: list[str], t: int, s: int, plan: Plan) -> bool:
+    """Whether a tensor of these dims is attention scores that the run makes in tiles."""
+    return {"T", "S"} <= set(dims) and not attention.whole_fits(1, plan.config.num_attention_heads, t, s)
+
+
+def tiled_values(plan: Plan, names: list[str]) -> int:
+    """How many values the named tensors made in tiles hold (the long attention scores and weights)."""
+    shapes = step_shapes(plan)
+    phases = {None: 0, "prefill": 0, **{f"decode{k}": k + 1 for k in range(plan.spec.decode)}}
+    total = 0
+    for name in names:
+        t, s = shapes[phases.get(name.partition(".")[0], 0)]
+        entry = catalog.load().entry(catalog.key_of(unphased(name)))
+        if entry is not None and tiled(entry["dims"], t, s, plan):
+            total += tensor_bytes(entry["name"], t, s, plan) // FLOAT32
+    return total
+
+
+def shape_text(key: str, t: int, s: int, plan: Plan) -> str:
+    cat = catalog.load()
+    runtime = {"B": 1, "T": t, "S": s, "N": t}
+    return str([runtime.get(d) or cat.expected_size(d, plan.config) or 1 for d in cat.entry(key)["dims"]])
+
+
+def sizes(plan: Plan, names: list[str]) -> list[tuple[str, str, int]]:
+    """(name, shape, bytes) of each named tensor (names as `planned_names` gives them)."""
+    shapes = step_shapes(plan)
+    phases = {None: 0, "prefill": 0, **{f"decode{k}": k + 1 for k in range(plan.spec.decode)}}
+    result = []
+    for name in names:
+        t, s = shapes[phases.get(name.partition(".")[0], 0)]
+        key = catalog.key_of(unphased(name))
+        if catalog.load().entry(key) is not None:
+            result.append((name, shape_text(key, t, s, plan), tensor_bytes(key, t, s, plan)))
+    return result
 
 
 def kept_bytes(plan: Plan, names: list[str]) -> int:
@@ -64,7 +108,7 @@ def kept_bytes(plan: Plan, names: list[str]) -> int:
     for name in names:
         head = name.partition(".")[0]
         t, s = shapes[phases.get(head, 0)]
-        total += tensor_bytes(catalog.key_of(unphased(name)), t, s, plan)
+        total += tensor_bytes(catalog.key_of(unphased(name)), t, s, plan, held=True)
     return total
 
 
@@ -77,13 +121,13 @@ def layer_bytes(plan: Plan, layers: list[int]) -> int:
                for layer in layers for k, (t, s) in enumerate(step_shapes(plan)))
 
 
-def largest_tensor(plan: Plan, layers: list[int]) -> tuple[int, str]:
-    """Bytes and name of the largest named tensor of the run."""
+def largest_held(plan: Plan, layers: list[int]) -> int:
+    """Bytes of the largest named tensor of the run that is held (not made in tiles)."""
     cat, spec = catalog.load(), plan.spec
     keys = {e["name"] for layer in layers for k in range(spec.decode + 1)
             for e in cat.layer_sequence(plan.config, layer, step_attn(spec, k))}
     keys |= {"logits"} if plan.needs_logits else set()
-    return max((tensor_bytes(key, t, s, plan), key) for key in keys for t, s in step_shapes(plan))
+    return max(tensor_bytes(key, t, s, plan, held=True) for key in keys for t, s in step_shapes(plan))
 
 
 def needs(plan: Plan, kept: list[str], kept_lower: str) -> list[Need]:
@@ -93,15 +137,14 @@ def needs(plan: Plan, kept: list[str], kept_lower: str) -> list[Need]:
     t, s = step_shapes(plan)[0]
     run = [plan.spec.layer] if plan.alone else range(cfg.num_hidden_layers if plan.needs_logits else plan.shown.stop)
     cached = max(step_attn(spec, k) for k in range(spec.decode + 1))  # "naive" keeps per-head keys too
-    positions = t + spec.decode
+    positions = s + spec.decode
     per_position = cache_bytes_per_token(cfg, "absorb") + (cache_bytes_per_token(cfg, "naive") if cached == "naive" else 0)
-    largest_bytes, largest_key = largest_tensor(plan, list(run))
     largest = max(math.prod(shape) for layer in run for shape in layer_shapes(cfg, layer).values())
     result = [
-        Need(f"attention scores [1, {heads}, {t}, {s}] float32", SCORE_ARRAYS * heads * t * s * FLOAT32 + 2 * t * s,
-             "--prompt-len"),
+        scores_need(heads, t, s),
         Need("one layer's tensors", layer_bytes(plan, list(run)), "--prompt-len"),
-        Need(f"the statistics of {largest_key} (float64 copies)", STATS_COPIES * largest_bytes, "--prompt-len"),
+        Need("a view's statistics (float64 chunks)", min(STATS_CHUNKS, STATS_PER_BYTE * largest_held(plan, list(run))),
+             "--prompt-len"),
         Need(f"the cache of {len(run)} layers", per_position * positions * len(run),
              "--attn absorb" if cached == "naive" else "--prompt-len"),
         Need("the largest weight, decoded", largest * FLOAT32, "--layer N"),
@@ -114,6 +157,32 @@ def needs(plan: Plan, kept: list[str], kept_lower: str) -> list[Need]:
     if kept:
         result.append(Need(f"the {len(kept)} tensors kept", kept_bytes(plan, kept), kept_lower))
     return result
+
+
+def scores_need(heads: int, t: int, s: int) -> Need:
+    """The attention scores of the longest step: whole arrays where small, else one tile per core
+    (the scores, their exponentials and the running sums; model.attention.in_tiles)."""
+    if attention.whole_fits(1, heads, t, s):
+        return Need(f"attention scores [1, {heads}, {t}, {s}] float32", SCORE_ARRAYS * heads * t * s * FLOAT32 + 2 * t * s,
+                    "--prompt-len")
+    return Need(f"attention tiles on {parallel.cores()} cores", TILE_ARRAYS * parallel.cores() * attention.TILE_SCORES * FLOAT32,
+                "--prompt-len")
+
+
+def choose_attn(plan: Plan, estimate: Callable[[Plan], list[Need]], available: int | None) -> tuple[Plan, str | None]:
+    """--attn auto: naive for the prefill and absorbed for decode steps when the run's estimate
+    fits in the memory available, else absorbed throughout (its cache is one latent per
+    position); the plan to run, and a line saying which and why (None unless auto)."""
+    if plan.spec.attn != "auto":
+        return plan, None
+    usual = sum(n.bytes for n in estimate(plan))
+    if available is None or usual <= available:
+        room = "" if available is None else f" of the {gib(available)} available"
+        return plan, f"--attn auto: naive prefill, absorbed decode (the run needs about {gib(usual)}{room})"
+    absorbed = replace(plan, spec=replace(plan.spec, attn="absorb"))
+    return absorbed, (f"--attn auto: absorbed throughout: with the naive prefill's per-head keys and values the run "
+                      f"would need about {gib(usual)}, absorbed about {gib(sum(n.bytes for n in estimate(absorbed)))}, "
+                      f"and {gib(available)} is available")
 
 
 def available_bytes() -> int | None:

@@ -13,7 +13,7 @@ from rich.console import CONSOLE_HTML_FORMAT, Console
 
 from stepper import untrusted
 from stepper.cli.common import ModelOpt, PlainOpt, SeedOpt, one_prompt, parse_ids, parse_layers, user_errors
-from stepper.cli.memory import available_bytes, check_fits, needs
+from stepper.cli.memory import available_bytes, check_fits, choose_attn, needs, sizes, tiled_values
 from stepper.cli.names import check_patterns, check_pictures, only_filter, planned_names
 from stepper.errors import StepperError
 from stepper.lessons import overrides
@@ -23,7 +23,14 @@ from stepper.session import Plan, RunResult, RunSpec, execute, prepare, step_att
 from stepper.text import INSTALL, Tokens
 from stepper.trace import Filter, Recorder, Sink
 from stepper.views.debugger import CommandSource, Debugger, Quit
-from stepper.views.dump import check_output, check_writable, write_atomically, write_dump
+from stepper.views.dump import (
+    DUMP_LIMIT_GB,
+    check_dump_sizes,
+    check_output,
+    check_writable,
+    write_atomically,
+    write_dump,
+)
 from stepper.views.sinks import PICTURES, JsonLines, Pictures, ProgressBars, TensorRows, print_wrapped
 from stepper.weights.synthetic import SyntheticWeights
 
@@ -36,7 +43,8 @@ PromptLenOpt = Annotated[int | None, typer.Option(metavar="T", min=1, help="Numb
 StartPosOpt = Annotated[int, typer.Option(metavar="P", min=0, help="Position of the first prompt token (empty cache).")]
 DecodeOpt = Annotated[int, typer.Option(metavar="N", min=0, help="Decode steps after the prefill, with the cache (greedy tokens; with --layer, drawn from the seed).")]
 InputOpt = Annotated[Path | None, typer.Option("--input", metavar="FILE", help="Residual stream for --layer N: a safetensors file (e.g. a --dump).")]
-AttnOpt = Annotated[str, typer.Option(metavar="naive|absorb|auto", help="Attention: naive (per-head keys and values), absorb (over the latent cache), or auto (naive prefill, absorbed decode).")]
+AttnOpt = Annotated[str, typer.Option(metavar="naive|absorb|auto", help="Attention: naive (per-head keys and values), absorb (over the latent cache), or auto (naive prefill and absorbed decode where the estimated memory allows, else absorbed; the run says which and why).")]
+CacheLenOpt = Annotated[int, typer.Option(metavar="N", help="With --layer: start that layer's cache with N synthetic positions (seeded, with the statistics of real latents); the prompt follows them.")]
 CacheOpt = Annotated[int, typer.Option(metavar="MB", min=0, help="Keep up to MB megabytes of decoded weights between decode steps.")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Overwrite an existing output file.")]
 UseOpt = Annotated[list[Path] | None, typer.Option("--use", metavar="FILE.py", help="Run with your own exercise functions (e.g. a lesson file) in place of stepper's; repeatable.")]
@@ -44,14 +52,14 @@ PatchOpt = Annotated[list[str] | None, typer.Option("--patch", metavar="NAME=EXP
 
 
 def run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, input_file, attn, cache_mb,
-             prompt=None) -> RunSpec:
+             prompt=None, cache_len: int = 0) -> RunSpec:
     one_prompt(prompt, ids, prompt_len)
     if layer is not None and layers is not None:
         raise StepperError("give --layer or --layers, not both")
     return RunSpec(
         model=model, layer=layer, layers=parse_layers(layers), ids=parse_ids(ids),
         prompt_len=7 if prompt_len is None else prompt_len, start_pos=start_pos, decode=decode, seed=seed,
-        input=input_file, attn=attn, weight_cache_mb=cache_mb, prompt=prompt,
+        input=input_file, attn=attn, weight_cache_mb=cache_mb, prompt=prompt, cache_len=cache_len,
     )
 
 
@@ -67,6 +75,8 @@ def describe(plan: Plan) -> str:
     steps = f", then {spec.decode} decode step{'s' if spec.decode > 1 else ''}" if spec.decode else ""
     if steps and plan.alone:
         steps += " on tokens drawn from the seed (a layer alone has no logits to choose them)"
+    if spec.cache_len:
+        steps += f", after a synthetic cache of {spec.cache_len:,} positions (seed {spec.seed})"
     attns = sorted({step_attn(spec, step) for step in range(spec.decode + 1)}, reverse=True)
     attn = " then ".join(attns)
     naive, latent = cache_bytes_per_token(cfg, "naive"), cache_bytes_per_token(cfg, "absorb")
@@ -97,7 +107,8 @@ def print_lines(console: Console, text: str, style: str) -> None:
 def footer(plan: Plan, result: RunResult, shown: int, dump: Path | None) -> str:
     parts = [f"{shown} tensor{'s' if shown != 1 else ''}"]
     if plan.hidden is None:
-        first, last = plan.spec.start_pos, plan.spec.start_pos + len(result.prompt) - 1
+        first = plan.spec.start_pos + plan.spec.cache_len
+        last = first + len(result.prompt) - 1
         parts.append(f"prompt {token_ids(result.prompt)} at position{f's {first}..{last}' if last > first else f' {first}'}")
     if result.generated:
         parts.append(("generated " if not plan.alone else "decode tokens ") + token_ids(result.generated))
@@ -128,6 +139,9 @@ def parse_show(show: str | None) -> set[str]:
     return kinds
 
 
+LONG_VALUES = 10**9  # tiled attention values past which a run says its statistics take a while
+
+
 class TensorCount:
     """Sink counting the tensors it sees."""
 
@@ -151,11 +165,13 @@ def run_command(
     input_file: InputOpt = None,
     attn: AttnOpt = "auto",
     weight_cache_mb: CacheOpt = 0,
+    cache_len: CacheLenOpt = 0,
     only: Annotated[list[str] | None, typer.Option(metavar="GLOB", help="Show (and dump) only names matching GLOB, e.g. '*k_pe*'; repeatable.")] = None,
     show: Annotated[str | None, typer.Option(metavar="PICTURES", help=f"Draw pictures after their tensors: {','.join(PICTURES)}.")] = None,
     plain: PlainOpt = False,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per tensor (JSON Lines) on stdout.")] = False,
     dump: Annotated[Path | None, typer.Option(metavar="FILE", help="Write every shown tensor to FILE.safetensors.")] = None,
+    dump_limit_gb: Annotated[float | None, typer.Option(metavar="GB", help=f"Refuse a --dump with a tensor larger than GB GiB [default: {DUMP_LIMIT_GB:g}].")] = None,
     force: ForceOpt = False,
     use: UseOpt = None,
     patch: PatchOpt = None,
@@ -163,21 +179,34 @@ def run_command(
     """Run the model on a prompt and print every named tensor in execution order."""
     with user_errors():
         spec = run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, input_file, attn, weight_cache_mb,
-                        prompt)
+                        prompt, cache_len)
         pictures = parse_show(show)
         if dump is not None:
             check_writable(dump, force)
-        plan = prepare(spec)
+
+        def kept_by(plan: Plan) -> list[str]:
+            names = planned_names(plan)
+            keep = only_filter(only or [], names, lambda _: None)
+            return [n for n in names if keep(n)] if dump is not None else []
+
+        plan, why = choose_attn(prepare(spec), lambda p: needs(p, kept_by(p), "--only"), available_bytes())
         names = planned_names(plan)
         check_patterns("--only", only or [], names)
         patcher = patch_sink(patch, names, plan)
         keep = only_filter(only or [], names, lambda note: sys.stderr.write(f"stepper: {note}\n"))
         check_pictures(pictures, [n for n in names if keep(n)])
         kept = [n for n in names if keep(n)] if dump is not None else []
+        check_dump_sizes(sizes(plan, kept), DUMP_LIMIT_GB if dump_limit_gb is None else dump_limit_gb)
         check_fits(needs(plan, kept, "--only"), available_bytes())
         console = Console(no_color=plain, highlight=False, markup=False, soft_wrap=True)
         if not as_json:
             print_lines(console, describe(plan), "bold")
+            if why:
+                print_lines(console, why, "dim")
+            long = tiled_values(plan, [n for n in names if keep(n)])
+            if long > LONG_VALUES:
+                print_lines(console, f"note: the attention scores and weights shown hold {long:.2g} values, summarised "
+                            "a tile at a time: their exact statistics take a while (--only can leave them out)", "dim")
         counter, recorder = TensorCount(), Recorder()
         views: list[Sink] = [counter, JsonLines(sys.stdout, plan.config) if as_json else TensorRows(console, plan.config, plan.tokens)]
         if dump is not None:
@@ -220,6 +249,7 @@ def step_command(
     input_file: InputOpt = None,
     attn: AttnOpt = "auto",
     weight_cache_mb: CacheOpt = 0,
+    cache_len: CacheLenOpt = 0,
     breaks: Annotated[list[str] | None, typer.Option("--break", metavar="GLOB", help="Stop at tensors matching GLOB (e.g. compressed_kv); repeatable.")] = None,
     until: Annotated[str | None, typer.Option(metavar="NAME", help="Run until the first tensor matching NAME and stop there.")] = None,
     commands: Annotated[Path | None, typer.Option(metavar="FILE", help="Read debugger commands from FILE first, one per line.")] = None,
@@ -239,11 +269,11 @@ def step_command(
     """
     with user_errors():
         spec = run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, input_file, attn, weight_cache_mb,
-                        prompt)
+                        prompt, cache_len)
         if export is not None:
             check_export(export, force)
         script = read_commands(commands) if commands is not None else None
-        plan = prepare(spec)
+        plan, why = choose_attn(prepare(spec), lambda p: needs(p, planned_names(p), "--prompt-len"), available_bytes())
         names = planned_names(plan)
         check_patterns("--break", breaks or [], names)
         check_patterns("--until", [until] if until else [], names)
@@ -252,6 +282,8 @@ def step_command(
         console = Console(no_color=plain, highlight=False, markup=False, soft_wrap=True, record=export is not None,
                           stderr=as_json)
         print_lines(console, describe(plan), "bold")
+        if why:
+            print_lines(console, why, "dim")
         interactive = sys.stdin.isatty() and console.is_terminal
         bars = ProgressBars(Console(stderr=True))
         source = CommandSource(console, sys.stdin, interactive, script, before_input=bars.hide)

@@ -1,27 +1,36 @@
-"""How attention runs fast: every head's rows in one product, and heads in groups on the cores.
+"""How attention runs fast and in bounded memory: over tiles of queries and keys with an online
+softmax, and every head's rows in one product where the heads share their keys.
 
-The math is model.attention's; these are the same products arranged for speed, each tested equal
-to the readable lines it stands for (tests/unit/test_attention_kernels.py).
+The math is model.attention's whole-matrix lines; these kernels compute the same, tested equal to
+them to float32 round-off (tests/unit/test_attention_kernels.py), without ever holding the
+[B, H, T, S] scores: memory is the inputs, the output and one tile per core.
 
-- `shared_matmul`: a product with a matrix every head shares (the absorbed path's latents and
-  rotary key) as one product of all heads' rows, not one small product per head.
-- `naive_in_head_groups`, `absorbed_in_head_groups`: a large attention (a prefill) in groups of
-  heads, side by side on the cores, each group's scores and weights made and dropped in turn, so
-  the whole [B, H, T, S] scores never exist. BLAS and NumPy's loops over megabytes let go of the
-  GIL, so threads share the work. The model uses them only when no sink would see those scores.
+An attention is a set of `Operands`: scores = scale * sum_i queries[i] @ keys[i]^T, then the causal
+mask (the T new positions are the last T of S), an optional extra mask, softmax over the keys, and
+the weights times `values`. The naive path has one per-head query and key ([B, H, S, qk_head]);
+the absorbed path two (the latent part and the rotary part) whose keys every head shares
+([B, one, S, d]), as are its values, the latents.
+
+The online softmax (the flash-attention recurrence) visits the key tiles of a query tile in turn,
+keeping per query row the running maximum m, the running sum l of exp(score - m) and the running
+weighted sum of values; when a tile raises m, what was gathered is rescaled by exp(m_old - m_new).
+The result is the weighted sum over l, and m + log(l) the row's log-sum-exp, from which any tile
+of the weights is exp(score - lse) (`Operands.weights`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from stepper.kernels import parallel
 
-GROUP_SCORES = 1 << 20  # attention scores per group of heads run side by side (4 MB in float32)
-
-Weights = Callable[[np.ndarray], np.ndarray]  # scores [B, H, T, S] -> attention weights, same shape
+TILE_SCORES = 1 << 20  # scores of one tile: [B, H, T, S] cut to its heads, queries and keys (4 MB in float32)
+KEY_TILE = 512  # keys per tile, before a short query tile widens it
+QUERY_TILE = 256  # queries of one head per tile
+WHOLE_SCORES = 1 << 22  # up to this many scores [B, H, T, S], attention runs on whole arrays
 
 
 def shared_matmul(x: np.ndarray, shared: np.ndarray) -> np.ndarray:
@@ -33,61 +42,137 @@ def shared_matmul(x: np.ndarray, shared: np.ndarray) -> np.ndarray:
     return rows.reshape(B, H, T, rows.shape[-1])
 
 
-def head_groups(batch: int, heads: int, positions: int) -> list[slice]:
-    """The groups of heads whose scores fit GROUP_SCORES each (S >= T); one group on one core."""
-    per_group = max(1, GROUP_SCORES // max(1, batch * positions * positions))
-    if parallel.cores() == 1:
-        return [slice(0, heads)]
-    return [slice(h, min(h + per_group, heads)) for h in range(0, heads, per_group)]
+def times(x: np.ndarray, keys: np.ndarray, heads: slice) -> np.ndarray:
+    """A tile's queries x times keys (per head, or one for all heads) transposed: [B, H, T, qk_head]
+    times [B, H, S, qk_head] -> [B, H, T, S], each cut to the tile's heads, queries and keys."""
+    if keys.shape[1] == 1:
+        return shared_matmul(x, keys[:, 0].swapaxes(-1, -2))
+    return np.matmul(x, keys[:, heads].swapaxes(-1, -2))
 
 
-def worth_grouping(query: np.ndarray) -> bool:
-    """Whether attention with this query [B, H, T, qk_head] would run in more than one group."""
-    B, H, T, _ = query.shape
-    return len(head_groups(B, H, T)) > 1
+def weighted(p: np.ndarray, values: np.ndarray, heads: slice) -> np.ndarray:
+    """A tile's weights p times values (per head, or one for all heads): [B, H, T, S] times
+    [B, H, S, v_head] -> [B, H, T, v_head], each cut to the tile's heads, queries and keys."""
+    if values.shape[1] == 1:
+        return shared_matmul(p, values[:, 0])
+    return np.matmul(p, values[:, heads])
 
 
-def naive_in_head_groups(query_states: np.ndarray, key_states: np.ndarray, value_states: np.ndarray,
-                         weights_of: Weights) -> np.ndarray:
-    """weights_of(query_states @ key_states^T) @ value_states, heads in groups on the cores.
-    query_states [B, H, T, qk_head], key_states [B, H, S, qk_head], value_states [B, H, S, v_head]
-    -> [B, H, T, v_head]"""
-
-    def attend(h: slice) -> np.ndarray:  # [B, H, T, v_head], the heads h only
-        scores = np.matmul(query_states[:, h], key_states[:, h].swapaxes(-1, -2))  # [B, H, T, S], heads h
-        return np.matmul(weights_of(scores), value_states[:, h])
-
-    return in_head_groups(attend, query_states.shape)
+def whole_fits(batch: int, heads: int, new: int, attended: int) -> bool:
+    """Whether the scores [B, H, T, S] are small enough to be made whole (model.attention's lines)."""
+    return batch * heads * new * attended <= WHOLE_SCORES
 
 
-def absorbed_in_head_groups(q_latent: np.ndarray, q_pe: np.ndarray, latents: np.ndarray, k_pe: np.ndarray,
-                            weights_of: Weights) -> np.ndarray:
-    """weights_of(q_latent @ latents^T + q_pe @ k_pe^T) @ latents, heads in groups on the cores.
-    q_latent [B, H, T, kv_lora], q_pe [B, H, T, rope], latents [B, S, kv_lora], k_pe [B, one, S, rope]
-    -> [B, H, T, kv_lora]"""
-    keys, rope_keys = latents.swapaxes(-1, -2), k_pe[:, 0].swapaxes(-1, -2)  # [B, kv_lora, S], [B, rope, S]
+@dataclass(frozen=True)
+class Operands:
+    """One attention: queries [B, H, T, qk_head] and keys [B, H, S, qk_head] in pairs (the naive
+    path), or [B, H, T, kv_lora] with [B, one, S, kv_lora] and [B, H, T, rope] with
+    [B, one, S, rope] (the absorbed path: one key for all heads); values [B, H, S, v_head] or
+    [B, one, S, kv_lora]; the softmax scale; and an optional extra mask broadcastable to
+    [B, H, T, S]: True where kept (bool), or added to the scaled scores (float, -inf drops)."""
 
-    def attend(h: slice) -> np.ndarray:  # [B, H, T, kv_lora], the heads h only
-        scores = shared_matmul(q_latent[:, h], keys) + shared_matmul(q_pe[:, h], rope_keys)  # [B, H, T, S], heads h
-        return shared_matmul(weights_of(scores), latents)
+    queries: Sequence[np.ndarray]
+    keys: Sequence[np.ndarray]
+    values: np.ndarray
+    scale: float
+    mask: np.ndarray | None = None
 
-    return in_head_groups(attend, q_latent.shape)
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        """[B, H, T, S] of the scores."""
+        B, H, T, _ = self.queries[0].shape
+        return B, H, T, self.keys[0].shape[2]
+
+    def last_key(self, queries: slice) -> int:
+        """One past the last key the queries may attend (causal: the T new are the last T of S)."""
+        _, _, T, S = self.shape
+        return S - T + queries.stop
+
+    def scores(self, heads: slice, queries: slice, keys: slice) -> np.ndarray:
+        """The scaled, masked scores of a tile: [B, H, T, S] cut to its heads, queries and keys."""
+        total = None
+        for q, k in zip(self.queries, self.keys):
+            part = times(q[:, heads, queries], k[:, :, keys], heads)
+            total = part if total is None else np.add(total, part, out=total)
+        total *= np.float32(self.scale)
+        _, _, T, S = self.shape
+        if keys.stop - 1 > S - T + queries.start:  # the tile crosses the causal edge
+            future = np.arange(keys.start, keys.stop)[None, :] > (S - T) + np.arange(queries.start, queries.stop)[:, None]
+            np.copyto(total, np.float32(-np.inf), where=future)
+        if self.mask is not None:
+            tile = mask_tile(self.mask, heads, queries, keys)
+            if tile.dtype == np.bool_:
+                np.copyto(total, np.float32(-np.inf), where=~tile)
+            else:
+                total += tile.astype(np.float32, copy=False)
+        return total
+
+    def weights(self, lse: np.ndarray, heads: slice, queries: slice) -> np.ndarray:
+        """The softmax weights of some heads and queries, every key: exp(scores - lse).
+        lse [B, H, T] -> [B, H, T, S] cut to those heads and queries"""
+        w = self.scores(heads, queries, slice(0, self.shape[3]))
+        w -= lse[:, heads, queries, None]
+        with np.errstate(invalid="ignore"):  # a row with every key masked: -inf - -inf, NaN as in softmax
+            return np.exp(w, out=w)
 
 
-def in_head_groups(attend: Callable[[slice], np.ndarray], query_shape: tuple[int, ...]) -> np.ndarray:
-    """attend(heads) for each group of heads (the H axis of [B, H, T, v_head] or [B, H, T, kv_lora]
-    cut to the group), shared out across the cores and written into one array: fresh large
-    arrays fault their pages in slowly while the page cache is full of a checkpoint, so nothing
-    is concatenated afterwards."""
-    B, H, T, _ = query_shape
-    groups = head_groups(B, H, T)
-    first = attend(groups[0])
-    out = np.empty((B, H, *first.shape[2:]), first.dtype)
-    out[:, groups[0]] = first
+def mask_tile(mask: np.ndarray, heads: slice, queries: slice, keys: slice) -> np.ndarray:
+    """The part of a mask broadcastable to [B, H, T, S] that a tile of heads, queries and keys sees."""
+    m = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
+    return m[:, heads if m.shape[1] > 1 else slice(None), queries, keys]
 
-    def run(share: list[slice]) -> None:
-        for h in share:
-            out[:, h] = attend(h)
 
-    parallel.split(groups[1:], run)
-    return out
+def tiles(batch: int, heads: int, new: int, attended: int) -> tuple[int, int, int]:
+    """Heads, query rows and keys per tile, so a tile holds about TILE_SCORES scores and the
+    tiles of heads and queries are enough to keep every core busy."""
+    key_tile = min(attended, KEY_TILE)
+    rows = max(1, TILE_SCORES // (batch * key_tile))  # (head, query) rows of one tile
+    per_head = max(1, min(new, QUERY_TILE, rows))  # long products: a few heads of many queries
+    group = max(1, min(heads, rows // per_head))
+    if -(-heads // group) * -(-new // per_head) < parallel.cores():
+        group = max(1, -(-heads // parallel.cores()))
+    key_tile = min(attended, max(key_tile, TILE_SCORES // (batch * group * per_head)))
+    return group, per_head, key_tile
+
+
+def attend(ops: Operands) -> tuple[np.ndarray, np.ndarray]:
+    """softmax(scores) @ values over tiles, shared out across the cores.
+    -> the output [B, H, T, v_head] ([B, H, T, kv_lora] absorbed) and each row's log-sum-exp [B, H, T]"""
+    B, H, T, S = ops.shape
+    group, rows, key_tile = tiles(B, H, T, S)
+    out = np.empty((B, H, T, ops.values.shape[-1]), np.float32)
+    lse = np.empty((B, H, T), np.float32)
+    work = [(slice(h, min(h + group, H)), slice(t, min(t + rows, T))) for h in range(0, H, group)
+            for t in range(0, T, rows)]
+
+    def run(share: Sequence[tuple[slice, slice]]) -> None:
+        for heads, queries in share:
+            out[:, heads, queries], lse[:, heads, queries] = attend_tile(ops, heads, queries, key_tile)
+
+    parallel.split(work, run)
+    return out, lse
+
+
+def attend_tile(ops: Operands, heads: slice, queries: slice, key_tile: int) -> tuple[np.ndarray, np.ndarray]:
+    """The online softmax over the key tiles of one tile of heads and queries.
+    -> the output and the log-sum-exp of its rows, [B, H, T, v_head] and [B, H, T] cut to the tile"""
+    B = ops.shape[0]
+    shape = (B, heads.stop - heads.start, queries.stop - queries.start)
+    m = np.full((*shape, 1), -np.inf, np.float32)  # running maximum of each row
+    l = np.zeros((*shape, 1), np.float32)  # running sum of exp(score - m)
+    acc = np.zeros((*shape, ops.values.shape[-1]), np.float32)  # running sum of exp(score - m) * value
+    with np.errstate(invalid="ignore", divide="ignore"):
+        for start in range(0, ops.last_key(queries), key_tile):
+            keys = slice(start, min(start + key_tile, ops.last_key(queries)))
+            p = ops.scores(heads, queries, keys)  # a tile of [B, H, T, S]
+            new_m = np.maximum(m, p.max(axis=-1, keepdims=True))
+            safe = np.where(np.isfinite(new_m), new_m, np.float32(0))  # a row with no key kept yet
+            p -= safe
+            np.exp(p, out=p)
+            rescale = np.exp(m - safe)
+            l = l * rescale + p.sum(axis=-1, keepdims=True)
+            acc *= rescale
+            acc += weighted(p, ops.values[:, :, keys], heads)
+            m = new_m
+        acc /= l  # a row with every key masked: 0 / 0, NaN as in softmax
+        return acc, (m + np.log(l))[..., 0]

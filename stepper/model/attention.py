@@ -13,8 +13,9 @@ heads (rope dims); the latent is normalised. Only the rotary dims carry position
 
 Shapes name the catalogue's dimensions (catalog.json "dims"): B batch, T new positions, S attended
 positions, H heads, d hidden, and the head and latent sizes nope, rope, qk_head, v_head, kv_lora.
-Each path writes out its attention in whole arrays, which the sinks see; with no sink to see the
-scores of a large attention, the same products run in groups of heads (kernels.attention).
+Each path writes out its attention in whole arrays where they are small; a larger attention runs
+over tiles of queries and keys with an online softmax (kernels.attention, tested equal to these
+lines), and its scores and weights are shown as tensors made a tile at a time (stepper.tiled).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from stepper.model.layer_weights import LayerWeights
 from stepper.model.ops import causal_mask, rms_norm, softmax
 from stepper.model.rope import Rope, apply_rope
 from stepper.swap import exercise
+from stepper.tiled import Tiled
 from stepper.trace import Emitter
 
 # q_a_layernorm and kv_a_layernorm: the references build these two norms with the norm's default
@@ -97,9 +99,9 @@ def naive(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache: LayerCache, em
     key_states = emit("self_attn.key_states", key_states)
     value_states = emit("self_attn.value_states", value_states)
 
-    if not emit.listening and kernels.worth_grouping(query_states):  # the same, never all scores at once
-        weights_of = partial(attention_weights, scale=rope.softmax_scale, emit=emit, mask=mask)
-        return kernels.naive_in_head_groups(query_states, key_states, value_states, weights_of)
+    if not kernels.whole_fits(*query_states.shape[:3], key_states.shape[2]):
+        return in_tiles(kernels.Operands([query_states], [key_states], value_states, rope.softmax_scale,
+                                         per_head(mask)), emit)
     scores = np.matmul(query_states, key_states.swapaxes(-1, -2))  # [B, H, T, S]
     weights = attention_weights(scores, rope.softmax_scale, emit, mask)  # [B, H, T, S]
     return np.matmul(weights, value_states)  # [B, H, T, v_head]
@@ -114,15 +116,16 @@ def absorbed(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache: LayerCache,
     q_pe, k_pe = rotate(q_pe, k_pe, rope, emit)  # [B, H, T, rope], [B, one, T, rope]
     latents, k_pes = cache.extend_latent(compressed_kv, k_pe)  # [B, S, kv_lora], [B, one, S, rope]
 
-    if not emit.listening and kernels.worth_grouping(q_latent):  # the same, never all scores at once
-        weights_of = partial(attention_weights, scale=rope.softmax_scale, emit=emit, mask=mask)
-        out_latent = kernels.absorbed_in_head_groups(q_latent, q_pe, latents, k_pes, weights_of)
-    else:
+    if kernels.whole_fits(*q_latent.shape[:3], latents.shape[1]):
         # Every head attends over the same latents and rotary keys: q_latent @ latents^T + q_pe @ k_pes^T.
         scores = (kernels.shared_matmul(q_latent, latents.swapaxes(-1, -2))  # [B, H, T, S]
                   + kernels.shared_matmul(q_pe, k_pes[:, 0].swapaxes(-1, -2)))
         weights = attention_weights(scores, rope.softmax_scale, emit, mask)  # [B, H, T, S]
         out_latent = kernels.shared_matmul(weights, latents)  # [B, H, T, kv_lora]: the weights average the latents
+    else:
+        shared = latents[:, None]  # [B, one, S, kv_lora]: keys and values alike
+        out_latent = in_tiles(kernels.Operands([q_latent, q_pe], [shared, k_pes], shared, rope.softmax_scale,
+                                               per_head(mask)), emit)
     out_latent = emit("self_attn.attn_output_latent", out_latent)
     return np.matmul(out_latent, w_uv.swapaxes(-1, -2))  # [B, H, T, v_head]
 
@@ -152,15 +155,38 @@ def rotate(q_pe: np.ndarray, k_pe: np.ndarray, rope: Rope, emit: Emitter) -> tup
 
 
 def attention_weights(scores: np.ndarray, scale: float, emit: Emitter, mask: np.ndarray | None = None) -> np.ndarray:
-    """Scale, mask the future (and what an additive mask [B, T, S] removes), softmax over the
-    attended positions.  [B, H, T, S] -> same"""
+    """Scale, mask the future (and what `mask` [B, T, S] drops: False, or -inf added), softmax over
+    the attended positions.  [B, H, T, S] -> same"""
     T, S = scores.shape[-2:]
     scores = scores * np.float32(scale)
     np.copyto(scores, np.float32(-np.inf), where=~causal_mask(T, S))
     if mask is not None:
-        scores += mask[:, None]  # [B, one, T, S]: the same positions for every head
+        mask = per_head(mask)  # [B, one, T, S]: the same positions for every head
+        scores = np.where(mask, scores, np.float32(-np.inf)) if mask.dtype == np.bool_ else scores + mask
+    return shown(scores, softmax, emit)
+
+
+def per_head(mask: np.ndarray | None) -> np.ndarray | None:
+    """A mask [B, T, S] as [B, one, T, S], to broadcast over the heads."""
+    return None if mask is None else mask[:, None]
+
+
+def in_tiles(ops: kernels.Operands, emit: Emitter) -> np.ndarray:
+    """The same attention over tiles of queries and keys (kernels.attention), never holding the
+    scores: a sink sees them, and the weights, as tensors made a tile at a time when it looks.
+    -> [B, H, T, v_head] naive, [B, H, T, kv_lora] absorbed"""
+    out, lse = kernels.attend(ops)  # the output, and each row's log-sum-exp [B, H, T]
+    if emit.listening:
+        every_key = slice(0, ops.shape[3])
+        scores = Tiled(ops.shape, lambda heads, queries: ops.scores(heads, queries, every_key))
+        shown(scores, lambda _: Tiled(ops.shape, partial(ops.weights, lse)), emit)
+    return out
+
+
+def shown(scores, weights_of, emit: Emitter):
+    """Show the scores and the weights made of them: whole arrays, or `Tiled` ones."""
     scores = emit("self_attn.attn_scores", scores)
-    return emit("self_attn.attn_weights", softmax(scores))
+    return emit("self_attn.attn_weights", weights_of(scores))
 
 
 def output_projection(out: np.ndarray, w: LayerWeights, emit: Emitter) -> np.ndarray:

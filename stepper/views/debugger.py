@@ -28,7 +28,7 @@ from stepper import catalog
 from stepper.config import Config
 from stepper.errors import StepperError
 from stepper.text import Tokens
-from stepper.trace import Event, did_you_mean, matches
+from stepper.trace import Event, did_you_mean, held, matches
 from stepper.untrusted import shown
 from stepper.views import pictures
 from stepper.views.debug_set import set_tensor
@@ -275,6 +275,9 @@ class Debugger:
         target, digits = split_digits(arg)
         name, index = split_index(target)
         event = self.resolve(name)
+        if index is None and not held(event.array):
+            raise StepperError(f"{event.name} {list(event.array.shape)} is made a tile at a time, never held: "
+                               f"print a slice of it, e.g. p {name or event.key}[0, 0, 0, :8]")
         array = take(event.array, index)
         shape = "x".join(map(str, np.shape(array))) or "scalar"
         self.console.print(f"{event.name}{index or ''}  [{shape}]  {np.asarray(array).dtype}", style="bold")
@@ -321,6 +324,9 @@ class Debugger:
         """'kv_a[..., :128]' -> ('layers.0.self_attn.kv_a[..., :128]', that slice of the tensor)."""
         name, index = split_index(target)
         event = self.resolve(name)
+        if index is None and not held(event.array):
+            raise StepperError(f"{event.name} {list(event.array.shape)} is made a tile at a time, never held: "
+                               f"compare a slice of it, e.g. {name or event.key}[0, 0, 0, :8]")
         return event.name + (index or ""), np.asarray(take(event.array, index))
 
     def cmd_history(self, arg: str) -> None:

@@ -1,8 +1,10 @@
 """Output files: `--dump FILE.safetensors` (every shown tensor under its canonical name) and the
 way every output file is written.
 
-Tensors are stored as emitted (float32; int64 for expert indices). safetensors orders its
-header by name, so the execution order is kept in the metadata entry `order` (a JSON list).
+Tensors are stored as emitted (float32; int64 for expert indices), in execution order, which the
+metadata entry `order` (a JSON list) also keeps. A tensor too large to hold (a long prompt's
+attention scores, made in tiles) is written block by block; a tensor over the dump limit
+(DUMP_LIMIT_GB, raised with --dump-limit-gb) is refused in one line before the run starts.
 
 An output file is checked before the run (its folder exists and takes a new file; an existing
 file is replaced only with --force, and only when it is of the kind stepper writes there, never a
@@ -15,18 +17,22 @@ from __future__ import annotations
 import json
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 from safetensors import SafetensorError
-from safetensors.numpy import save_file
 
 from stepper.errors import StepperError
+from stepper.tiled import Tiled
 from stepper.trace import Recorder
 from stepper.weights.safetensors_reader import SafetensorsFile
+from stepper.weights.safetensors_writer import Entry, write_safetensors
 
 DUMP_FORMAT = "stepper-dump"
+DUMP_LIMIT_GB = 2.0  # a dumped tensor may be this large unless --dump-limit-gb says more
+SAFETENSORS_DTYPE = {np.dtype(t): name for t, name in (("float64", "F64"), ("float32", "F32"), ("float16", "F16"),
+                                                        ("int64", "I64"), ("int32", "I32"), ("uint8", "U8"))}
 
 
 def check_output(option: str, path: Path, force: bool, ours: Callable[[Path], bool], what: str) -> None:
@@ -96,6 +102,24 @@ def check_writable(path: Path, force: bool) -> None:
 
 
 def write_dump(path: Path, recorder: Recorder, metadata: dict[str, str]) -> None:
-    tensors = {e.name: np.ascontiguousarray(e.array) for e in recorder.events}
+    """Every recorded tensor, a tensor made in tiles (a long prompt's attention) block by block."""
+    entries = [Entry(e.name, SAFETENSORS_DTYPE[np.dtype(e.array.dtype)], tuple(e.array.shape), maker(e.array))
+               for e in recorder.events]
     meta = {"format": DUMP_FORMAT, "order": json.dumps([e.name for e in recorder.events]), **metadata}
-    write_atomically("--dump", path, lambda tmp: save_file(tensors, str(tmp), metadata=meta))
+    write_atomically("--dump", path, lambda tmp: write_safetensors(tmp, entries, meta))
+
+
+def maker(array: np.ndarray | Tiled) -> Callable[[], np.ndarray | Iterator[np.ndarray]]:
+    if isinstance(array, Tiled):
+        return array.blocks
+    return lambda: np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
+
+
+def check_dump_sizes(sizes: list[tuple[str, str, int]], limit_gb: float) -> None:
+    """Refuse, before the run, a dump with a tensor over the limit: (name, shape, bytes) each."""
+    over = [(name, shape, n) for name, shape, n in sizes if n > limit_gb * 2**30]
+    if over:
+        name, shape, n = max(over, key=lambda x: x[2])
+        more = f" (and {len(over) - 1} more)" if len(over) > 1 else ""
+        raise StepperError(f"--dump: {name} {shape} float32 is {n / 2**30:.3g} GiB{more}, over the dump limit of "
+                           f"{limit_gb:g} GiB; raise it with --dump-limit-gb, or leave it out with --only")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from functools import lru_cache
+from functools import lru_cache, partial
 
 import numpy as np
 from rich.cells import cell_len
@@ -26,7 +26,9 @@ from rich.measure import Measurement
 from rich.style import Style
 from rich.text import Text
 
+from stepper.tiled import Tiled
 from stepper.untrusted import shown
+from stepper.views import summary
 from stepper.views.summary import number
 
 MAX_COLS = 60  # cells across one picture (or one head's map)
@@ -166,12 +168,17 @@ def pool_max(a: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, int, int]
     A NaN anywhere in a block makes the block NaN.
     """
     rb, cb = ceil_div(a.shape[0], max(rows, 1)), ceil_div(a.shape[1], max(cols, 1))
+    return pool_blocks(a, rb, cb), rb, cb
+
+
+def pool_blocks(a: np.ndarray, rb: int, cb: int) -> np.ndarray:
+    """The max over blocks of rb rows x cb cols of a 2-D array (the last ones may be smaller)."""
     if rb == 1 and cb == 1:
-        return a, 1, 1
+        return a
     nr, nc = ceil_div(a.shape[0], rb), ceil_div(a.shape[1], cb)
     padded = np.full((nr * rb, nc * cb), -np.inf)
     padded[: a.shape[0], : a.shape[1]] = a
-    return padded.reshape(nr, rb, nc, cb).max(axis=(1, 3)), rb, cb
+    return padded.reshape(nr, rb, nc, cb).max(axis=(1, 3))
 
 
 def pooled_note(what: str, block: tuple[int, int], before: tuple[int, int], after: tuple[int, int],
@@ -235,22 +242,44 @@ def attention_heatmap(weights: np.ndarray, heads: list[int] | None = None, max_h
     are drawn either way). token_labels: the text of each of the S key tokens (the queries are
     the last T of them); the rows are then labelled with their tokens and the keys listed below.
     """
-    w = np.asarray(weights)
+    w = weights if isinstance(weights, Tiled) else np.asarray(weights)
     if w.ndim == 3:
         w = w[None]
     if w.ndim != 4 or min(w.shape) == 0:
         raise ValueError(f"attention weights must be a non-empty [B, H, T, S] array, got shape {list(w.shape)}")
     shape = w.shape
     chosen, asked = pick_heads(shape[1], heads, max_heads)
-    maps = np.asarray(w[0, chosen], dtype=np.float64)  # [h, T, S]
     notes = attention_caption(shape, chosen, asked, heads is None)
     if token_labels is not None and len(token_labels) != shape[3]:
         raise ValueError(f"{len(token_labels)} token labels for {shape[3]} keys")
     keys = [] if token_labels is None else [shown(x) for x in token_labels]
     if shape[2] == 1:
-        return Picture(lambda width: heading(title) + decode_bars(maps[:, 0], chosen, notes, width) + key_list(keys, width))
-    rows = keys[shape[3] - shape[2]:] or None
-    return Picture(lambda width: heading(title) + head_maps(maps, chosen, notes, width, rows) + key_list(keys, width))
+        rows = np.stack([np.asarray(w[0, h, 0], dtype=np.float64) for h in chosen])  # [h, S]
+        return Picture(lambda width: heading(title) + decode_bars(rows, chosen, notes, width) + key_list(keys, width))
+    if isinstance(w, Tiled):  # made and pooled a block of query rows at a time
+        pool = partial(pool_max_tiled, w)
+    else:
+        maps = np.asarray(w[0, chosen], dtype=np.float64)  # [h, T, S]
+        pool = partial(pool_head, maps, chosen)
+    labels = keys[shape[3] - shape[2]:] or None
+    return Picture(lambda width: heading(title) + head_maps(pool, shape[2:], chosen, notes, width, labels)
+                   + key_list(keys, width))
+
+
+def pool_head(maps: np.ndarray, chosen: list[int], head: int, rows: int, cols: int) -> tuple[np.ndarray, int, int]:
+    """pool_max of one chosen head's map [T, S]."""
+    return pool_max(maps[chosen.index(head)], rows, cols)
+
+
+def pool_max_tiled(w: Tiled, head: int, rows: int, cols: int) -> tuple[np.ndarray, int, int]:
+    """pool_max of batch 0's map [T, S] of one head of a Tiled [B, H, T, S], made a block of
+    whole pooling rows at a time: the same cells as pooling the whole map."""
+    _, _, t_len, s_len = w.shape
+    rb, cb = ceil_div(t_len, max(rows, 1)), ceil_div(s_len, max(cols, 1))
+    step = rb * max(1, w.rows_per_block() // rb)
+    grids = [pool_blocks(np.asarray(w.block(slice(head, head + 1), slice(t, min(t + step, t_len)))[0, 0], np.float64),
+                         rb, cb) for t in range(0, t_len, step)]
+    return np.concatenate(grids), rb, cb
 
 
 def key_list(labels: list[str], width: int) -> list[Text]:
@@ -318,26 +347,29 @@ def fit_side_by_side(n: int, width: int, margin: int, natural: int) -> tuple[int
     return per_line, max(1, min(MAX_COLS, budget))
 
 
-def head_maps(maps: np.ndarray, chosen: list[int], notes: str, width: int, tokens: list[str] | None = None) -> list[Text]:
-    """One heat map per head (query t down, key s across), as many side by side as fit; with
+def head_maps(pool: Callable[[int, int, int], tuple[np.ndarray, int, int]], size: tuple[int, int], chosen: list[int],
+              notes: str, width: int, tokens: list[str] | None = None) -> list[Text]:
+    """One heat map per head (query t down, key s across), as many side by side as fit;
+    pool(head, rows, cols) gives a head's map max-pooled to at most rows x cols cells. With
     tokens (one per query), the rows say whose they are while the rows are not pooled."""
-    _, t_len, s_len = maps.shape
+    t_len, s_len = size
     labels = [str(t) for t in range(t_len)] if tokens is None or t_len > MAX_ROWS else \
         [f"{t} {short(x, 8)}" for t, x in enumerate(tokens)]
     margin = max(max(cell_len(x) for x in labels), 3) + 1
     per_line, col_budget = fit_side_by_side(len(chosen), width, margin, s_len)
     stacked = ceil_div(len(chosen), per_line)
     row_budget = MAX_ROWS if stacked == 1 else max(MIN_ROWS, MAX_ROWS // stacked)
-    blocks, block = [], (1, 1)
-    for h, head in zip(chosen, maps):
-        pooled, rb, cb = pool_max(head, row_budget, col_budget)
+    blocks, grids, block = [], [], (1, 1)
+    for h in chosen:
+        pooled, rb, cb = pool(h, row_budget, col_budget)
         block = (rb, cb)
+        grids.append(pooled)
         cell_width = 2 if cb == 1 and 2 * s_len <= col_budget else 1
         blocks.append(one_head_map(h, pooled, rb, cb, margin, cell_width, labels if rb == 1 else None))
     out = []
     for i in range(0, len(blocks), per_line):
         out += side_by_side(blocks[i:i + per_line])
-    out.append(attention_legend(maps))
+    out.append(attention_legend(np.concatenate([g.ravel() for g in grids])))  # a NaN stays NaN when pooled
     out.append(caption(notes + "; query t down, key s across"))
     if block != (1, 1):
         after = (ceil_div(t_len, block[0]), ceil_div(s_len, block[1]))
@@ -509,17 +541,24 @@ def routing_summary(load: np.ndarray, n_tokens: int, k: int, size: int) -> list[
 # Histogram
 
 
-def histogram(array: np.ndarray, bins: int = 24, width: int = 40, title: str = "") -> RenderableType:
+def histogram(array: np.ndarray | Tiled, bins: int = 24, width: int = 40, title: str = "") -> RenderableType:
     """A horizontal-bar histogram of the finite values: per bin its range, a bar and the count.
 
-    Bins are those of np.histogram(finite values, bins); NaN, +Inf and -Inf are counted in the
-    caption, and the bin holding 0 is marked '← 0'.
+    Bins are those of np.histogram(finite values, bins), gathered a chunk at a time
+    (views.summary); NaN, +Inf and -Inf are counted in the caption, and the bin holding 0 is
+    marked '← 0'.
     """
-    values = np.asarray(array).astype(np.float64).ravel()
-    finite = values[np.isfinite(values)]
-    counts, edges = np.histogram(finite, bins=max(1, bins)) if finite.size else (np.zeros(0, int), np.zeros(1))
-    bad = (int(np.isnan(values).sum()), int((values == np.inf).sum()), int((values == -np.inf).sum()))
-    return Picture(lambda cols: heading(title) + draw_histogram(counts, edges, bad, values.size, width, cols))
+    gathered = summary.gather(array)
+    st = gathered.stats()
+    bins = max(1, bins)
+    if st.finite:
+        counts = np.array(summary.histogram(array, bins, known=st)[0])
+        edges = np.linspace(*((st.min, st.max) if st.max > st.min else (st.min - 0.5, st.max + 0.5)), bins + 1)
+    else:
+        counts, edges = np.zeros(0, int), np.zeros(1)
+    bad = (st.nan, gathered.pos_inf, st.inf - gathered.pos_inf)
+    total = st.nan + st.inf + st.finite
+    return Picture(lambda cols: heading(title) + draw_histogram(counts, edges, bad, total, width, cols))
 
 
 def bin_labels(edges: np.ndarray) -> list[str]:

@@ -81,7 +81,7 @@ def singular(dim: str) -> str:
 
 def stats_line(array: np.ndarray, width: int | None) -> Text:
     st = summary.stats(array)
-    counts, _, _ = summary.histogram(array)
+    counts, _, _ = summary.histogram(array, known=st)
     fields = [Text.assemble((f"{label} ", "dim"), number(value)) for label, value in (
         ("min", st.min), ("max", st.max), ("mean", st.mean), ("std", st.std), ("absmax", st.absmax), ("sum", st.sum),
     )]
@@ -150,7 +150,8 @@ class JsonLines:
     def record(self, event: Event) -> dict[str, Any]:
         array = event.array
         dims = self.catalog.dims(event.key, array.shape, self.cfg)
-        counts, lo, hi = summary.histogram(array)
+        st = summary.stats(array)
+        counts, lo, hi = summary.histogram(array, known=st)
         first, last = summary.corners(array)
         return {
             "name": event.name,
@@ -161,7 +162,7 @@ class JsonLines:
             "dims": [{"symbol": d.symbol, "label": d.label, "size": d.size} for d in dims],
             "named_shape": catalog.format_shape(dims),
             "dtype": str(array.dtype),
-            "stats": {k: finite_or_none(v) for k, v in summary.stats(array).as_dict().items()},
+            "stats": {k: finite_or_none(v) for k, v in st.as_dict().items()},
             "histogram": {"counts": counts, "min": finite_or_none(lo), "max": finite_or_none(hi)},
             "corners": {"first": [finite_or_none(v) for v in first], "last": [finite_or_none(v) for v in last]},
         }

@@ -22,7 +22,7 @@ class Entry:
     name: str
     dtype: str  # safetensors dtype name
     shape: tuple[int, ...]
-    make: Callable[[], np.ndarray]
+    make: Callable[[], np.ndarray | Iterable[np.ndarray]]  # the array, or its blocks in C order
 
     @property
     def nbytes(self) -> int:
@@ -46,7 +46,19 @@ def write_safetensors(path: Path, entries: Iterable[Entry], metadata: dict[str, 
         f.write(len(header).to_bytes(8, "little"))
         f.write(header)
         for e in entries:
-            array = np.ascontiguousarray(e.make())
-            if array.shape != e.shape or array.nbytes != e.nbytes:
-                raise ValueError(f"{e.name}: made {array.shape} ({array.nbytes} bytes), header says {e.shape}")
-            array.tofile(f)  # raw bytes, no copy
+            made = e.make()
+            if isinstance(made, np.ndarray):
+                array = np.ascontiguousarray(made)
+                if array.shape != e.shape or array.nbytes != e.nbytes:
+                    raise ValueError(f"{e.name}: made {array.shape} ({array.nbytes} bytes), header says {e.shape}")
+                array.tofile(f)  # raw bytes, no copy
+            else:  # the tensor's blocks in C order, one at a time
+                written = sum(write_block(f, block) for block in made)
+                if written != e.nbytes:
+                    raise ValueError(f"{e.name}: made {written} bytes in blocks, header says {e.nbytes}")
+
+
+def write_block(f, block: np.ndarray) -> int:
+    block = np.ascontiguousarray(block)
+    block.tofile(f)
+    return block.nbytes

@@ -32,6 +32,34 @@ def test_bench_checkpoints_are_the_checkpoint_folders_of_the_workdir(tmp_path):
     assert bench.bench_checkpoints(tmp_path) == [tmp_path / "a-layers0-0-seed0", tmp_path / "b-layers1-1-seed0"]
 
 
+def test_the_attention_core_flops_count_the_keys_each_query_attends():
+    from stepper.presets import preset
+
+    cfg = preset("tiny")  # 4 heads, kv_lora 128, rope 16, qk_head 48, v_head 32
+    # 3 queries after 2 cached positions attend 3, 4 and 5 keys: 12 (query, key) pairs
+    assert bench.core_flops(cfg, 3, 2, "absorb") == 2 * 4 * 12 * (128 + 16 + 128)
+    assert bench.core_flops(cfg, 3, 2, "naive") == 2 * 4 * 12 * (cfg.qk_head_dim + cfg.v_head_dim)
+
+
+def test_the_long_context_scenario_runs_on_a_small_config(monkeypatch):
+    from stepper.kernels import attention
+
+    monkeypatch.setattr(attention, "WHOLE_SCORES", 0)  # the tiled path, as at full size
+    monkeypatch.setattr(bench, "gemm_rate", lambda: 1e9)
+    [prefill] = bench.attention_run("tiny", tokens=200, cache=0, attn="absorb", shown=True, repeat=1)
+    assert prefill.name == "tiny attention (absorb): prefill 200 tokens" and prefill.unit == "s" and prefill.value > 0
+    assert prefill.peak_rss_mb > 0 and "every tensor shown" in prefill.note
+    assert "of the float32 GEMM rate here (1.0 GFLOP/s, every core)" in prefill.note
+    [decode] = bench.attention_run("tiny", tokens=1, cache=3000, attn="naive", shown=False, repeat=2)
+    assert decode.name == "tiny attention (naive): decode 1 token over 3000 cached positions"
+    names = []
+    monkeypatch.setattr(bench, "in_subprocess", lambda name, **kw: names.append((name, kw)) or [])
+    bench.long_context("kimi-k2", lambda _: None)
+    assert [(kw["tokens"], kw["cache"], kw["attn"], kw["shown"]) for _, kw in names] == [
+        (4096, 0, "naive", False), (4096, 0, "naive", True), (16384, 0, "naive", False), (32768, 0, "naive", False),
+        (1, 8192, "absorb", True), (1, 32768, "absorb", True), (1, 131072, "absorb", True)]
+
+
 def test_int4_experts_against_fp8_on_a_small_config(tmp_path):
     """The INT4 scenario's code on tiny (the coordinator runs it at full size): its checkpoint
     holds INT4 experts, and each ratio is the INT4 figure over the FP8 one."""

@@ -105,7 +105,7 @@ def test_every_command_in_the_text_is_a_command():
 
 
 def test_the_options_readme_lists_are_the_options_run_and_step_take():
-    """Every option of README's table is run's; step's are the same but the three the sentence names."""
+    """Every option of README's table is run's; step's are the same but the four the sentence names."""
     start = README.index("`stepper run` options")
     intro, table = README[start:README.index("| option |", start)], README[start:README.index("The header of every run")]
     listed = {o for row in table.splitlines() if row.startswith("| `--") for o in re.findall(r"`(--[a-z-]+)", row.split("|")[1])}
@@ -113,7 +113,7 @@ def test_the_options_readme_lists_are_the_options_run_and_step_take():
     step_help = CliRunner().invoke(app, ["step", "--help"], terminal_width=200).stdout
     not_in_step = set(re.findall(r"except (`--[a-z-]+`(?:, `--[a-z-]+`)* and `--[a-z-]+`)", intro)[0].replace("`", "")
                       .replace(" and ", ", ").split(", "))
-    assert not_in_step == {"--only", "--show", "--dump"} and len(listed) >= 15
+    assert not_in_step == {"--only", "--show", "--dump", "--dump-limit-gb"} and len(listed) >= 15
     for option in listed:
         assert re.search(rf"^  {option}\b", run_help, re.MULTILINE), option
         assert bool(re.search(rf"^  {option}\b", step_help, re.MULTILINE)) == (option not in not_in_step), option

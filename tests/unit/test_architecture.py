@@ -24,7 +24,8 @@ BELOW_EVERYTHING: dict[str, set[str]] = {
     "version": set(),
     "errors": set(),
     "swap": set(),
-    "trace": set(),
+    "trace": {"tiled"},
+    "tiled": set(),
     "config": {"errors", "jsonfile"},
     "jsonfile": {"errors"},
     "untrusted": set(),
@@ -41,7 +42,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "kernels": {"weights", "fp8", "int4"},
     "model": {"kernels", "weights", "fp8", "int4"},
     "session": {"model", "kernels", "weights", "presets"},
-    "bench": {"model", "kernels", "weights", "fp8", "int4", "presets"},
+    "bench": {"views", "model", "kernels", "weights", "fp8", "int4", "presets"},  # views: what a run computes of a shown tensor
     "views": {"session", "catalog", "weights", "fp8", "int4", "presets", "patching"},
     "lessons": {"views", "session", "model", "kernels", "weights", "fp8", "int4", "catalog", "presets"},
     "fixtures": {"views", "session", "model", "kernels", "weights", "fp8", "int4", "catalog", "presets"},

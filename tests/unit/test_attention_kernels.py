@@ -1,4 +1,7 @@
-"""The fast attention kernels against the readable lines they stand for (model.attention)."""
+"""The attention kernels against the readable lines they stand for (model.attention): attention
+over tiles with the online softmax equals the whole-matrix softmax to float32 round-off, for
+both paths' operands, prefill and decode, the causal edge inside and across tiles, T and S not
+multiples of the tiles, a cache of more than 4096 positions, and an extra mask."""
 
 import numpy as np
 import pytest
@@ -7,9 +10,7 @@ from stepper.kernels import attention, parallel
 from stepper.model.attention import attention_weights
 from stepper.trace import Emitter
 
-
-def readable_weights(scale):
-    return lambda scores: attention_weights(scores, scale, Emitter())
+SCALE = 0.3
 
 
 def random(rng, *shape):
@@ -17,9 +18,17 @@ def random(rng, *shape):
 
 
 @pytest.fixture
-def two_heads_per_group(monkeypatch):
-    monkeypatch.setattr(parallel, "cores", lambda: 2)  # groups run on two threads even on one core
-    monkeypatch.setattr(attention, "GROUP_SCORES", 2 * 10 * 10)
+def small_tiles(monkeypatch):
+    monkeypatch.setattr(parallel, "cores", lambda: 2)  # the tiles run on two threads even on one core
+    monkeypatch.setattr(attention, "TILE_SCORES", 2 * 4 * 7)  # 2 heads x 4 queries x 7 keys
+    monkeypatch.setattr(attention, "KEY_TILE", 7)
+    monkeypatch.setattr(attention, "QUERY_TILE", 4)
+
+
+def whole_naive(query, keys, values, mask=None):
+    """model.attention's lines: the whole scores, the masked softmax, the weights times the values."""
+    weights = attention_weights(np.matmul(query, keys.swapaxes(-1, -2)), SCALE, Emitter(), mask)
+    return np.matmul(weights, values), weights
 
 
 def test_shared_matmul_is_every_head_times_the_shared_matrix():
@@ -31,37 +40,60 @@ def test_shared_matmul_is_every_head_times_the_shared_matrix():
         np.testing.assert_allclose(fast, np.matmul(x, shared[:, None]), rtol=1e-5, atol=1e-5)
 
 
-def test_head_groups_cover_the_heads_once_and_one_core_runs_one_group(monkeypatch):
-    monkeypatch.setattr(parallel, "cores", lambda: 2)
-    monkeypatch.setattr(attention, "GROUP_SCORES", 3 * 10 * 10)
-    groups = attention.head_groups(1, 8, 10)
-    assert [(g.start, g.stop) for g in groups] == [(0, 3), (3, 6), (6, 8)]
-    assert attention.worth_grouping(np.empty((1, 8, 10, 4))) and not attention.worth_grouping(np.empty((1, 3, 10, 4)))
-    monkeypatch.setattr(parallel, "cores", lambda: 1)
-    assert attention.head_groups(1, 8, 10) == [slice(0, 8)]
+def test_tiles_hold_about_the_budget_and_give_every_core_work(small_tiles):
+    assert attention.tiles(1, 2, 20, 20) == (2, 4, 7)  # 56 scores: both heads' 4 queries x 7 keys
+    assert attention.tiles(1, 4, 1, 100) == (2, 1, 28)  # a decode step: heads split for two cores, keys widened
+    assert attention.whole_fits(1, 4, 1024, 1024) and not attention.whole_fits(1, 64, 4096, 4096)
 
 
-@pytest.mark.parametrize("B, H, T, S", [(1, 6, 10, 10), (2, 5, 10, 13)])
-def test_naive_in_head_groups_equals_the_whole_arrays(B, H, T, S, two_heads_per_group):
+@pytest.mark.parametrize("B, H, T, S", [(1, 2, 13, 13), (2, 3, 9, 9), (1, 4, 1, 23), (1, 2, 5, 4100), (1, 3, 11, 30)])
+def test_naive_in_tiles_equals_the_whole_matrix(B, H, T, S, small_tiles):
     rng = np.random.default_rng(2)
-    query, keys, values = random(rng, B, H, T, 8), random(rng, B, H, S, 8), random(rng, B, H, S, 4)
-    whole = np.matmul(attention_weights(np.matmul(query, keys.swapaxes(-1, -2)), 0.3, Emitter()), values)
-    grouped = attention.naive_in_head_groups(query, keys, values, readable_weights(0.3))
-    assert len(attention.head_groups(B, H, T)) > 1
-    assert np.array_equal(grouped, whole)  # each head's products are the same calls, only shared out
+    query, keys, values = random(rng, B, H, T, 8), random(rng, B, H, S, 8), random(rng, B, H, S, 5)
+    want, want_weights = whole_naive(query, keys, values)
+    ops = attention.Operands([query], [keys], values, SCALE)
+    out, lse = attention.attend(ops)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=2e-6)
+    every_key = slice(0, S)
+    np.testing.assert_allclose(ops.weights(lse, slice(0, H), slice(0, T)), want_weights, rtol=1e-5, atol=1e-7)
+    scores = ops.scores(slice(0, H), slice(0, T), every_key)
+    assert np.array_equal(np.isinf(scores), want_weights == 0)  # the causal edge where the reference has it
 
 
-@pytest.mark.parametrize("B, H, T, S", [(1, 6, 10, 10), (2, 5, 10, 13)])
-def test_absorbed_in_head_groups_equals_the_whole_arrays(B, H, T, S, two_heads_per_group):
+@pytest.mark.parametrize("B, H, T, S", [(1, 6, 10, 10), (2, 5, 1, 33), (1, 4, 6, 4101)])
+def test_absorbed_in_tiles_equals_the_whole_matrix(B, H, T, S, small_tiles):
     rng = np.random.default_rng(3)
     q_latent, q_pe = random(rng, B, H, T, 16), random(rng, B, H, T, 4)
     latents, k_pe = random(rng, B, S, 16), random(rng, B, 1, S, 4)
-    scores = np.matmul(q_latent, latents[:, None].swapaxes(-1, -2)) + np.matmul(q_pe, k_pe.swapaxes(-1, -2))
-    readable = np.matmul(attention_weights(scores, 0.3, Emitter()), latents[:, None])  # [B, H, T, kv_lora]
-    grouped = attention.absorbed_in_head_groups(q_latent, q_pe, latents, k_pe, readable_weights(0.3))
-    np.testing.assert_allclose(grouped, readable, rtol=1e-5, atol=1e-6)
-    # the model's whole-array lines (all heads' rows in one product) equal the groups bit for bit here
-    all_rows = attention.shared_matmul(q_latent, latents.swapaxes(-1, -2)) + attention.shared_matmul(
-        q_pe, k_pe[:, 0].swapaxes(-1, -2))
-    whole = attention.shared_matmul(attention_weights(all_rows, 0.3, Emitter()), latents)
-    assert np.array_equal(grouped, whole)
+    scores = (attention.shared_matmul(q_latent, latents.swapaxes(-1, -2))
+              + attention.shared_matmul(q_pe, k_pe[:, 0].swapaxes(-1, -2)))
+    want = attention.shared_matmul(attention_weights(scores, SCALE, Emitter()), latents)  # [B, H, T, kv_lora]
+    out, _ = attention.attend(attention.Operands([q_latent, q_pe], [latents[:, None], k_pe], latents[:, None], SCALE))
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("kind", ["bool", "additive", "per head"])
+def test_an_extra_mask_merges_with_the_causal_one(kind, small_tiles):
+    rng = np.random.default_rng(4)
+    B, H, T, S = 1, 3, 9, 20
+    query, keys, values = random(rng, B, H, T, 8), random(rng, B, H, S, 8), random(rng, B, H, S, 5)
+    kept = rng.random((T, S)) < 0.6
+    kept[:, 0] = True  # every query keeps a key
+    mask = {"bool": kept, "additive": np.where(kept, random(rng, T, S), -np.inf).astype(np.float32),
+            "per head": np.where(rng.random((B, H, T, S)) < 0.6, 0, -np.inf).astype(np.float32)}[kind]
+    if kind == "per head":
+        mask[..., 0] = 0
+    want, _ = whole_naive(query, keys, values, mask)
+    out, _ = attention.attend(attention.Operands([query], [keys], values, SCALE, mask))
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=2e-6)
+
+
+def test_a_row_with_every_key_masked_is_nan_as_in_the_softmax(small_tiles):
+    rng = np.random.default_rng(5)
+    query, keys, values = random(rng, 1, 2, 6, 8), random(rng, 1, 2, 6, 8), random(rng, 1, 2, 6, 5)
+    mask = np.ones((6, 6), bool)
+    mask[3] = False
+    want, _ = whole_naive(query, keys, values, mask)
+    out, lse = attention.attend(attention.Operands([query], [keys], values, SCALE, mask))
+    assert np.isnan(want[:, :, 3]).all() and np.isnan(out[:, :, 3]).all() and np.isneginf(lse[:, :, 3]).all()
+    np.testing.assert_allclose(np.delete(out, 3, axis=2), np.delete(want, 3, axis=2), rtol=1e-5, atol=2e-6)

@@ -1,0 +1,100 @@
+"""A tensor too large to hold, shown without being held: the attention scores and weights
+[B, H, T, S] of a long prompt.
+
+A `Tiled` knows its shape and dtype and makes any block of heads and query rows on demand
+(`block(heads, queries)` -> [B, h, t, S]); everything that looks at it works a block at a time:
+the statistics (views.summary), the heat map (pooled block by block), a slice (`tiled[0, 3, 100]`
+computes that head's row only), a dump (written block by block). `np.asarray(tiled)` makes the
+whole array, for the small sizes where that is fine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import numpy as np
+
+Block = Callable[[slice, slice], np.ndarray]  # (heads, queries) -> [B, h, t, S]
+BLOCK_VALUES = 1 << 22  # values per block a reader asks for (16 MB of float32)
+FLOAT32 = np.dtype(np.float32)
+
+
+class Tiled:
+    """A [B, H, T, S] tensor made block by block; `block(heads, queries)` -> [B, h, t, S]."""
+
+    def __init__(self, shape: tuple[int, int, int, int], block: Block, dtype: np.dtype = FLOAT32):
+        self.shape = tuple(int(n) for n in shape)
+        self.dtype = np.dtype(dtype)
+        self.block = block
+
+    @property
+    def ndim(self) -> int:
+        return 4
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    def rows_per_block(self) -> int:
+        """Query rows of one head per block, so a block holds about BLOCK_VALUES values."""
+        B, _, T, S = self.shape
+        return max(1, min(T, BLOCK_VALUES // max(1, B * S)))
+
+    def blocks(self) -> Iterator[np.ndarray]:
+        """The whole tensor in C order, a block of one batch row at a time: [t, S] of one head,
+        or, where a head's rows are few (a decode step), [h, T, S] of several heads at once, so
+        the keys are read once for many heads."""
+        B, H, T, S = self.shape
+        rows = self.rows_per_block()
+        heads = max(1, BLOCK_VALUES // max(1, B * T * S)) if rows == T else 1
+        for b in range(B):
+            for h in range(0, H, heads):
+                for t in range(0, T, rows):
+                    yield self.block(slice(h, min(h + heads, H)), slice(t, min(t + rows, T)))[b]
+
+    def __getitem__(self, index) -> np.ndarray:
+        """The values at an index of ints and slices, computing only the heads and query rows it touches."""
+        index = basic_index(index)
+        heads, queries = touched(index[1], self.shape[1]), touched(index[2], self.shape[2])
+        part = self.block(heads, queries)  # [B, h, t, S]
+        part = np.take(part, np.arange(self.shape[2])[index[2]] - queries.start, axis=2)
+        part = np.take(part, np.arange(self.shape[1])[index[1]] - heads.start, axis=1)
+        return part[index[0], ..., index[3]]  # the batch and key axes are still there
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        whole = np.empty(self.shape, self.dtype)
+        _, H, T, _ = self.shape
+        rows = self.rows_per_block()
+        for h in range(H):
+            for t in range(0, T, rows):
+                queries = slice(t, min(t + rows, T))
+                whole[:, h:h + 1, queries] = self.block(slice(h, h + 1), queries)
+        return whole if dtype is None else whole.astype(dtype, copy=False)
+
+    def __repr__(self) -> str:
+        return f"Tiled({list(self.shape)}, {self.dtype})"
+
+
+def basic_index(index) -> tuple:
+    """An index of ints, slices and at most one Ellipsis as one entry per axis of [B, H, T, S]."""
+    index = np.index_exp[index]
+    if any(not isinstance(i, int | slice) and i is not Ellipsis for i in index):
+        raise TypeError("only ints and slices index a tensor made in tiles")
+    if Ellipsis in index:
+        at = index.index(Ellipsis)
+        index = index[:at] + (slice(None),) * (5 - len(index)) + index[at + 1:]
+    if len(index) > 4:
+        raise IndexError(f"too many indices for a tensor of 4 dimensions: {len(index)}")
+    return index + (slice(None),) * (4 - len(index))
+
+
+def touched(index: int | slice, n: int) -> slice:
+    """The smallest slice of range(n) holding every position an index of one axis selects."""
+    picked = np.atleast_1d(np.arange(n)[index])
+    if picked.size == 0:
+        return slice(0, 0)
+    return slice(int(picked.min()), int(picked.max()) + 1)

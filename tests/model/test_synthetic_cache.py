@@ -1,0 +1,97 @@
+"""--cache-len: a lone layer's cache starts with N synthetic positions, deterministic from the
+seed, with the statistics of the layer's real latents, rotary keys turned at their positions;
+both attention paths attend over the same cache."""
+
+import numpy as np
+import pytest
+
+from stepper.errors import StepperError
+from stepper.model.cache import LayerCache
+from stepper.model.rope import apply_rope
+from stepper.session import RunSpec, prepare, run
+from stepper.trace import Recorder
+
+
+def tensors(**spec):
+    rec = Recorder()
+    run(RunSpec(layer=1, **spec), [rec])
+    return {e.name: np.asarray(e.array) for e in rec.events}
+
+
+def filled(seed=0, n=3000, start_pos=0, attn="absorb"):
+    """The layer cache a run with cache_len n starts from (captured through the session)."""
+    from stepper import session
+
+    caught = {}
+    original = session.synthetic_cache.fill
+
+    def fill(cache: LayerCache, *args):
+        original(cache, *args)
+        caught["cache"] = cache
+        raise KeyboardInterrupt  # stop the run there
+
+    session.synthetic_cache.fill = fill
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run(RunSpec(layer=1, prompt_len=2, cache_len=n, seed=seed, start_pos=start_pos, attn=attn), [])
+    finally:
+        session.synthetic_cache.fill = original
+    return caught["cache"]
+
+
+def test_the_cache_is_deterministic_from_the_seed_with_the_statistics_of_real_latents():
+    a, b, other = filled(0), filled(0), filled(1)
+    assert a.latent.shape == (1, 3000, 128) and a.k_pe.shape == (1, 1, 3000, 16)
+    assert np.array_equal(a.latent, b.latent) and np.array_equal(a.k_pe, b.k_pe)
+    assert not np.array_equal(a.latent, other.latent)
+    real = tensors(prompt_len=64)["layers.1.self_attn.compressed_kv_norm"][0]  # [64, kv_lora]
+    synthetic = a.latent[0]
+    np.testing.assert_allclose(synthetic.std(axis=0).mean(), real.std(axis=0).mean(), rtol=0.1)
+    np.testing.assert_allclose(np.sqrt(np.mean(synthetic**2)), np.sqrt(np.mean(real**2)), rtol=0.1)
+
+
+def test_the_rotary_keys_are_turned_at_their_positions():
+    from stepper.model import Transformer, synthetic_cache
+    from stepper.model.layer_weights import LayerWeights
+    from stepper.presets import preset
+    from stepper.trace import Emitter
+    from stepper.weights.synthetic import SyntheticWeights
+
+    cfg = preset("tiny")
+    model = Transformer(SyntheticWeights(cfg, 0))
+    w, sample = LayerWeights(model.weights, 1, {}), np.random.default_rng(0).standard_normal((1, 8, cfg.hidden_size), np.float32)
+    caches = {}
+    for start in (0, 5000):
+        caches[start] = LayerCache()
+        rope = model.rope(start + np.arange(40), Emitter())
+        synthetic_cache.fill(caches[start], w, cfg, sample, rope, 7, per_head=False)
+    assert np.array_equal(caches[0].latent, caches[5000].latent)  # the same draws
+    assert not np.allclose(caches[0].k_pe, caches[5000].k_pe, atol=1e-3)  # turned at other positions
+    # the keys at 5000 are those at 0 turned on by 5000 positions more: RoPE(p + q) = RoPE(q) of RoPE(p), mscale aside
+    shift = model.rope(np.full(40, 5000), Emitter())
+    scale = float(np.hypot(shift.cos[0, 0], shift.sin[0, 0]))  # YaRN's mscale multiplies cos and sin
+    halves = caches[0].k_pe
+    interleaved = np.empty_like(halves)  # apply_rope reads interleaved pairs and writes the halves' layout
+    interleaved[..., 0::2], interleaved[..., 1::2] = np.split(halves, 2, axis=-1)
+    np.testing.assert_allclose(apply_rope(interleaved, shift.cos / scale, shift.sin / scale), caches[5000].k_pe,
+                               rtol=1e-3, atol=1e-4)
+
+
+def test_both_paths_attend_over_the_same_synthetic_cache_past_4096():
+    spec = {"prompt_len": 3, "cache_len": 4200, "decode": 1, "seed": 3}
+    naive, absorbed = tensors(attn="naive", **spec), tensors(attn="absorb", **spec)
+    for name in ("prefill.layers.1.self_attn.attn_output", "decode0.layers.1.self_attn.attn_output",
+                 "decode0.layers.1.output"):
+        np.testing.assert_allclose(naive[name], absorbed[name], rtol=1e-4, atol=1e-5, err_msg=name)
+    assert naive["decode0.layers.1.self_attn.attn_weights"].shape == (1, 4, 1, 4204)
+    no_cache = tensors(attn="absorb", prompt_len=3, decode=1, seed=3, start_pos=4200)  # the same positions
+    assert not np.allclose(no_cache["decode0.layers.1.output"], absorbed["decode0.layers.1.output"])
+
+
+def test_cache_len_needs_a_lone_layer_and_fits_the_positions():
+    with pytest.raises(StepperError, match="--cache-len fills one layer's cache: use it with --layer N"):
+        prepare(RunSpec(cache_len=10))
+    with pytest.raises(StepperError, match="positions up to 131073 exceed max_position_embeddings"):
+        prepare(RunSpec(layer=0, cache_len=131072, prompt_len=2))
+    with pytest.raises(StepperError, match="--cache-len must be >= 0"):
+        prepare(RunSpec(layer=0, cache_len=-1))
