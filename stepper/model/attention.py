@@ -50,7 +50,7 @@ def mla_attention(
     q_nope, q_pe = query_heads(x, w, cfg, emit)  # [B, H, T, nope], [B, H, T, rope]
     compressed_kv, k_pe = latent(x, w, cfg, emit)  # [B, T, kv_lora], [B, one, T, rope]
     attend = absorbed if attn == "absorb" else naive
-    out = attend(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache, emit, mask)  # [B, H, T, v_head]
+    out = attend(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache, emit, per_head(mask))  # [B, H, T, v_head]
     return output_projection(out, w, emit)
 
 
@@ -100,8 +100,7 @@ def naive(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache: LayerCache, em
     value_states = emit("self_attn.value_states", value_states)
 
     if not kernels.whole_fits(*query_states.shape[:3], key_states.shape[2]):
-        return in_tiles(kernels.Operands([query_states], [key_states], value_states, rope.softmax_scale,
-                                         per_head(mask)), emit)
+        return in_tiles(kernels.Operands([query_states], [key_states], value_states, rope.softmax_scale, mask), emit)
     scores = np.matmul(query_states, key_states.swapaxes(-1, -2))  # [B, H, T, S]
     weights = attention_weights(scores, rope.softmax_scale, emit, mask)  # [B, H, T, S]
     return np.matmul(weights, value_states)  # [B, H, T, v_head]
@@ -124,8 +123,8 @@ def absorbed(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache: LayerCache,
         out_latent = kernels.shared_matmul(weights, latents)  # [B, H, T, kv_lora]: the weights average the latents
     else:
         shared = latents[:, None]  # [B, one, S, kv_lora]: keys and values alike
-        out_latent = in_tiles(kernels.Operands([q_latent, q_pe], [shared, k_pes], shared, rope.softmax_scale,
-                                               per_head(mask)), emit)
+        out_latent = in_tiles(kernels.Operands([q_latent, q_pe], [shared, k_pes], shared, rope.softmax_scale, mask),
+                              emit)
     out_latent = emit("self_attn.attn_output_latent", out_latent)
     return np.matmul(out_latent, w_uv.swapaxes(-1, -2))  # [B, H, T, v_head]
 
@@ -155,19 +154,18 @@ def rotate(q_pe: np.ndarray, k_pe: np.ndarray, rope: Rope, emit: Emitter) -> tup
 
 
 def attention_weights(scores: np.ndarray, scale: float, emit: Emitter, mask: np.ndarray | None = None) -> np.ndarray:
-    """Scale, mask the future (and what `mask` [B, T, S] drops: False, or -inf added), softmax over
-    the attended positions.  [B, H, T, S] -> same"""
+    """Scale, mask the future (and what `mask`, broadcast to [B, H, T, S], drops: False, or -inf
+    added), softmax over the attended positions.  [B, H, T, S] -> same"""
     T, S = scores.shape[-2:]
     scores = scores * np.float32(scale)
     np.copyto(scores, np.float32(-np.inf), where=~causal_mask(T, S))
     if mask is not None:
-        mask = per_head(mask)  # [B, one, T, S]: the same positions for every head
         scores = np.where(mask, scores, np.float32(-np.inf)) if mask.dtype == np.bool_ else scores + mask
     return shown(scores, softmax, emit)
 
 
 def per_head(mask: np.ndarray | None) -> np.ndarray | None:
-    """A mask [B, T, S] as [B, one, T, S], to broadcast over the heads."""
+    """The indexer's mask [B, T, S] as [B, one, T, S]: the same positions for every head."""
     return None if mask is None else mask[:, None]
 
 

@@ -253,6 +253,27 @@ def test_weight_cache_makes_room_only_by_letting_go_of_weights_used_less():
 
 
 @pytest.mark.parametrize("attn", ["naive", "absorb"])
+def test_attention_in_tiles_under_the_indexers_mask_equals_the_whole_arrays(attn, monkeypatch):
+    """DeepSeek-V3.2's indexer keeps 4 of up to 13 positions: in tiles, its mask drops the same keys."""
+    from stepper.kernels import attention, parallel
+
+    spec = {"model": "tiny-v32", "prompt_len": 13, "start_pos": 5000, "decode": 1, "attn": attn}
+    whole = run_tensors(**spec)
+    monkeypatch.setattr(parallel, "cores", lambda: 2)
+    monkeypatch.setattr(attention, "WHOLE_SCORES", 0)
+    monkeypatch.setattr(attention, "TILE_SCORES", 8 * 5 * 6)
+    monkeypatch.setattr(attention, "KEY_TILE", 6)
+    monkeypatch.setattr(attention, "QUERY_TILE", 5)
+    tiled = run_tensors(**spec)
+    weights = np.asarray(tiled["prefill.layers.0.self_attn.attn_weights"])
+    mask = whole["prefill.layers.0.self_attn.indexer.mask"]  # [B, T, S]: 0 kept, -inf dropped
+    assert np.array_equal(weights[:, 0] > 0, np.isfinite(mask))  # a head attends exactly where the indexer kept
+    for key in ("prefill.logits", "decode0.logits", "decode0.layers.1.output"):
+        scale = float(np.abs(whole[key]).max())
+        assert np.abs(tiled[key] - whole[key]).max() <= 1e-4 * scale, key
+
+
+@pytest.mark.parametrize("attn", ["naive", "absorb"])
 def test_attention_in_tiles_equals_the_whole_arrays(attn, monkeypatch):
     """Past kernels.attention.WHOLE_SCORES the attention runs in tiles on two threads and its
     scores and weights are Tiled tensors: the same tensors and logits as the whole-array lines,
