@@ -153,6 +153,8 @@ class Run(Mapping):
         """The catalogue entry of a tensor (a full name, a catalogue name, a dotted tail or another
         implementation's name), as a dict: description, formula, dims, reference lines, aliases."""
         entries = catalog.load().find(name)
+        in_run = [e for e in entries if any(catalog.key_of(n) == e["name"] for n in self.names)]
+        entries = in_run if len(in_run) == 1 else entries  # k_pe of this run's family, not another's
         if len(entries) != 1:
             found = ", ".join(e["name"] for e in entries[:4])
             raise NotFound(f"'{name}' names {len(entries)} catalogue entries" + (f" ({found})" if found else "")

@@ -224,7 +224,7 @@ def test_bench_lines_are_shown_escaped(monkeypatch, capsys):
     from stepper import bench
     from stepper.cli.bench import bench_command
 
-    def run_all(workdir, with_torch, say, int4=False):
+    def run_all(workdir, with_torch, say, *scenarios):
         say(f"writing {workdir}")
         return [bench.Figure(name="decode", value=0.25, unit="s", note=f"in {workdir}")]
 

@@ -140,3 +140,10 @@ def test_import_stepper_is_light():
     assert out == [stepper.__version__, "False", "False"]
     with pytest.raises(AttributeError):
         _ = stepper.no_such_thing
+
+
+def test_explain_prefers_the_entry_this_run_emits():
+    """topk_idx is the router's and DeepSeek-V3.2's indexer's: a run without an indexer means its router's."""
+    assert stepper.run("tiny", prompt_len=2, keep=["*topk_idx"]).explain("topk_idx")["name"] == "mlp.gate.topk_idx"
+    with pytest.raises(stepper.api.NotFound, match="names 2 catalogue entries"):
+        stepper.run("tiny-v32", prompt_len=2, keep=["*topk_idx"]).explain("topk_idx")
