@@ -11,6 +11,7 @@ from rich.console import Console
 
 from stepper.cli.common import user_errors
 from stepper.untrusted import shown
+from stepper.views.sinks import line_width
 
 
 def bench_command(
@@ -34,17 +35,18 @@ def bench_command(
 
     with user_errors():
         console = Console(stderr=as_json, highlight=False, markup=False)
+        whole = line_width(console) is None  # a terminal wraps at words; a pipe or a file keeps each line whole
         workdir = workdir or Path.home() / ".cache" / "stepper" / "bench"
-        say = lambda line: console.print(f"· {shown(line)}", style="dim")
+        say = lambda line: console.print(f"· {shown(line)}", style="dim", soft_wrap=whole)
         figures = bench.long_context(long_model, say) if long else bench.run_all(workdir, torch and has_torch(), say, int4,
                                                                                    indexer)
         if as_json:
             print(json.dumps({"machine": bench.machine(), "figures": [f.__dict__ for f in figures]}, indent=1))
             return
-        console.print(f"machine: {shown(bench.machine())}")
+        console.print(f"machine: {shown(bench.machine())}", soft_wrap=whole)
         for f in figures:
             rss = f"  peak RSS {f.peak_rss_mb:,.0f} MB" if f.peak_rss_mb else ""
-            console.print(f"{f.name}: {f.value:.3g} {f.unit}{rss}  {shown(f.note)}")
+            console.print(f"{f.name}: {f.value:.3g} {f.unit}{rss}  {shown(f.note)}", soft_wrap=whole)
 
 
 def has_torch() -> bool:

@@ -226,7 +226,8 @@ def test_bench_lines_are_shown_escaped(monkeypatch, capsys):
 
     def run_all(workdir, with_torch, say, *scenarios):
         say(f"writing {workdir}")
-        return [bench.Figure(name="decode", value=0.25, unit="s", note=f"in {workdir}")]
+        say("a progress line long enough to pass the 80 columns a pipe is given by default, and kept whole there")
+        return [bench.Figure(name="decode", value=0.25, unit="s", note=f"in {workdir}, " + "noted " * 20)]
 
     monkeypatch.setattr(bench, "run_all", run_all)
     monkeypatch.setattr(bench, "machine", lambda: f"cpu {TYPED}")
@@ -234,3 +235,6 @@ def test_bench_lines_are_shown_escaped(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert CONTROL.findall(out) == [] and "[red]x" in out
     assert f"writing w{shown(TYPED)}" in out and f"machine: cpu {shown(TYPED)}" in out and f"in w{shown(TYPED)}" in out
+    lines = out.splitlines()  # through a pipe, each line whole
+    assert "· a progress line long enough to pass the 80 columns a pipe is given by default, and kept whole there" in lines
+    assert any(line.startswith("decode: 0.25 s") and line.rstrip().endswith("noted " * 19 + "noted") for line in lines), lines
