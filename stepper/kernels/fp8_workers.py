@@ -30,6 +30,7 @@ import sys
 import tempfile
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import cache
 from multiprocessing.connection import Connection, Pipe
@@ -213,18 +214,18 @@ def linear_bands(tokens: np.ndarray, ws: list[Fp8Matrix], ks: list[int], rows: l
     rows one after another, one share for this process and one for each helper (one band each:
     smaller bands handed out as each side finished were slower). False (nothing done) when the products are small, their codes
     are not a file's, or there are no helpers."""
-    global _broken
     if (_broken or any(w.origin is None for w in ws) or parallel.cores() < 2
             or sum(w.codes.size for w in ws) * tokens.shape[0] < SHARE_WORK):
         return False
+    return with_helpers(lambda workers: shared_fp8(tokens, ws, ks, rows, workers))
+
+
+def with_helpers(share: Callable[[list[Helper]], None]) -> bool:
+    """Run a product shared with the helpers; False (nothing done) if a helper died or could not
+    start, and the helpers are not used again (an interrupted run stops using them too)."""
+    global _broken
     try:
-        workers = helpers()
-        if len(workers) == 1 and not many_tokens(tokens.shape[0], ws[0]):
-            workers[0].send_inputs(tokens, max(w.shape[0] for w in ws))
-            for w, k, r in zip(ws, ks, rows):
-                meet_in_the_middle(tokens, w, k, r, workers[0])
-        else:
-            in_bands(tokens, ws, ks, rows, workers)
+        share(helpers())
     except (OSError, EOFError, RuntimeError):  # a helper died or could not start: run here from now on
         _broken = True
         return False
@@ -232,6 +233,16 @@ def linear_bands(tokens: np.ndarray, ws: list[Fp8Matrix], ks: list[int], rows: l
         _broken = True
         raise
     return True
+
+
+def shared_fp8(tokens: np.ndarray, ws: list[Fp8Matrix], ks: list[int], rows: list[np.ndarray], workers: list[Helper]) -> None:
+    """Tiles from both ends with one helper and few tokens, else bands of rows."""
+    if len(workers) == 1 and not many_tokens(tokens.shape[0], ws[0]):
+        workers[0].send_inputs(tokens, max(w.shape[0] for w in ws))
+        for w, k, r in zip(ws, ks, rows):
+            meet_in_the_middle(tokens, w, k, r, workers[0])
+    else:
+        in_bands(tokens, ws, ks, rows, workers)
 
 
 def in_bands(tokens: np.ndarray, ws: list[Fp8Matrix], ks: list[int], rows: list[np.ndarray],
@@ -322,31 +333,26 @@ def int4_bands(split: np.ndarray, w: Int4Matrix, rows: np.ndarray) -> bool:
     """rows [out, N] = the INT4 product of the inputs in the tiles' order [N, in] (int4_tiles),
     shared with the helpers: one band of whole tiles for this process and one for each helper.
     False (nothing done) when the words are not a file's or there are no helpers."""
-    global _broken
     if _broken or w.origin is None or parallel.cores() < 2:
         return False
-    try:
-        workers = helpers()
-        mine, *theirs = int4_shares(w, len(workers) + 1)
-        sent = [(helper, band) for helper, band in zip(workers, theirs) if band.end > band.start]
-        for helper, band in sent:
-            helper.send_inputs(split, band.end - band.start)
-            send_int4_band(helper, w, band, split.shape[0])
-        many = split.shape[0] > MANY_TOKENS
-        mine_w = int4_band_matrix(w, mine)
-        apply_int4_tiles(split, mine_w, int4_row_tiles(mine_w, split.shape[1], many), rows[mine.start : mine.end])
-        for helper, band in sent:
-            helper.answer()
-            height = band.end - band.start
-            flat = np.frombuffer(helper.scratch, np.float32, height * split.shape[0], CLAIMS_BYTES + helper.inputs_bytes)
-            rows[band.start : band.end] = result_arrays(height, split.shape[0], many, flat)[1]
-    except (OSError, EOFError, RuntimeError):  # a helper died or could not start: run here from now on
-        _broken = True
-        return False
-    except BaseException:  # interrupted: a helper's answer may be left unread, so stop using them
-        _broken = True
-        raise
-    return True
+    return with_helpers(lambda workers: shared_int4(split, w, rows, workers))
+
+
+def shared_int4(split: np.ndarray, w: Int4Matrix, rows: np.ndarray, workers: list[Helper]) -> None:
+    """One band of whole tiles for this process and one for each helper."""
+    mine, *theirs = int4_shares(w, len(workers) + 1)
+    sent = [(helper, band) for helper, band in zip(workers, theirs) if band.end > band.start]
+    for helper, band in sent:
+        helper.send_inputs(split, band.end - band.start)
+        send_int4_band(helper, w, band, split.shape[0])
+    many = split.shape[0] > MANY_TOKENS
+    mine_w = int4_band_matrix(w, mine)
+    apply_int4_tiles(split, mine_w, int4_row_tiles(mine_w, split.shape[1], many), rows[mine.start : mine.end])
+    for helper, band in sent:
+        helper.answer()
+        height = band.end - band.start
+        flat = np.frombuffer(helper.scratch, np.float32, height * split.shape[0], CLAIMS_BYTES + helper.inputs_bytes)
+        rows[band.start : band.end] = result_arrays(height, split.shape[0], many, flat)[1]
 
 
 def int4_shares(w: Int4Matrix, parts: int) -> list[Band]:
