@@ -43,28 +43,26 @@ def audit(ckpt: Checkpoint, layers: range, with_globals: bool) -> list[Problem]:
 
 def scale_value_problems(ckpt: Checkpoint, layers: range, with_globals: bool) -> list[Problem]:
     """Every readable float block scale of an F8_E4M3 weight: finite and above zero."""
-    problems = []
-    for name, shard in ckpt.weight_map.items():
-        weight = name.removesuffix(SCALE)
-        if weight == name or not in_scope(name, layers, with_globals) or not readable_fp8(ckpt, weight, name):
-            continue
-        try:
-            check_scale_values(shard, name, ckpt.shard_of(name).get(name))
-        except StepperError as e:
-            problems.append(Problem(shard, name, str(e)))
-    return problems
+    scales = [name for name in ckpt.weight_map if name.endswith(SCALE) and in_scope(name, layers, with_globals)
+              and readable_fp8(ckpt, name.removesuffix(SCALE), name)]
+    return value_problems(ckpt, scales, check_scale_values)
 
 
 def group_scale_problems(ckpt: Checkpoint, layers: range, with_globals: bool) -> list[Problem]:
     """Every readable group scale of an INT4 weight (X.weight_scale beside X.weight_packed): finite."""
+    scales = [name for name, shard in ckpt.weight_map.items() if name.endswith(GROUP_SCALE)
+              and name.removesuffix(GROUP_SCALE) + PACKED in ckpt.weight_map and in_scope(name, layers, with_globals)
+              and shard not in ckpt.unreadable and ckpt.shard_of(name).info(name).dtype in INT4_SCALE_DTYPES]
+    return value_problems(ckpt, scales, check_int4_scales)
+
+
+def value_problems(ckpt: Checkpoint, names: list[str], check) -> list[Problem]:
+    """What `check(shard, name, values)` refuses of each tensor, one problem each."""
     problems = []
-    for name, shard in ckpt.weight_map.items():
-        packed = name.removesuffix(GROUP_SCALE) + PACKED
-        if (not name.endswith(GROUP_SCALE) or packed not in ckpt.weight_map or not in_scope(name, layers, with_globals)
-                or shard in ckpt.unreadable or ckpt.shard_of(name).info(name).dtype not in INT4_SCALE_DTYPES):
-            continue
+    for name in names:
+        shard = ckpt.weight_map[name]
         try:
-            check_int4_scales(shard, name, ckpt.shard_of(name).get(name))
+            check(shard, name, ckpt.shard_of(name).get(name))
         except StepperError as e:
             problems.append(Problem(shard, name, str(e)))
     return problems
