@@ -30,6 +30,7 @@ from stepper.model.cache import LayerCache
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.ops import causal_mask, rms_norm
 from stepper.model.rope import Rope
+from stepper.swap import exercise
 from stepper.trace import Emitter
 
 LAYER_NORM_EPS = 1e-6  # the indexer's k_norm (DeepSeek's LayerNorm default; not in config.json)
@@ -80,6 +81,7 @@ def rotate_halves(x: np.ndarray, rope: Rope, dims: int) -> np.ndarray:
     return np.concatenate([x1 * rope.cos - x2 * rope.sin, x2 * rope.cos + x1 * rope.sin, rest], axis=-1)
 
 
+@exercise
 def index_scores(q: np.ndarray, keys: np.ndarray, head_weights: np.ndarray) -> np.ndarray:
     """sum_h head_weights[h] * relu(q_h . k) * Di^-0.5, -inf in the future.
     q [B, Hi, T, Di], keys [B, S, Di], head_weights [B, T, Hi] -> [B, T, S]; one head at a time."""
