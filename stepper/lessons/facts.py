@@ -683,3 +683,23 @@ def index_cheaper(ctx: Context, model: str = "") -> float:
 def topk_fraction(ctx: Context, model: str, keys: str) -> float:
     """keys / index_topk: the saving if scoring the positions were free."""
     return integer(keys, "keys") / indexer_config(ctx, model).index_topk
+
+
+@fact
+def kept_why(ctx: Context, scope: str = "layers.0", token: str = "-1") -> str:
+    """Why the learner's set of positions (ctx.answer) is not the one a token kept, position by position."""
+    scores = index_tensor(ctx, scope, "index_scores")[integer(token, "token")]  # [S]
+    past = int(np.isfinite(scores).sum())
+    kept = set(kept_positions(ctx, scope, token))
+    rank = {int(s): i + 1 for i, s in enumerate(np.argsort(-scores, kind="stable")[:past])}
+    answer = set(ctx.answer or ())
+    reasons = []
+    for s in sorted(answer - kept):
+        if s in rank:
+            reasons.append(f"position {s} scores {scores[s]:.3f}, rank {rank[s]} of {past}")
+        else:
+            reasons.append(f"position {s} is not in its past (positions 0 to {past - 1})")
+    reasons += [f"position {s} scores {scores[s]:.3f}, rank {rank[s]}: kept" for s in sorted(kept - answer)]
+    if len(answer) != len(kept):
+        reasons.append(f"it keeps exactly {len(kept)}")
+    return f"{len(answer & kept)} of {len(kept)} right. " + "; ".join(reasons)

@@ -593,3 +593,14 @@ def test_the_indexer_token_facts_follow_the_runs_mask():
     assert facts.compute("unpruned_tokens", ctx, ["layers.0"]) == sum(
         bool((mask[t, : t + 1] == 0).all()) for t in range(T))
     assert facts.compute("recent_positions", ctx, ["layers.0", "-1"]) == list(range(T - 4, T))
+    scores = seen["layers.0.self_attn.indexer.index_scores"][0, -1]
+    order = [int(s) for s in np.argsort(-scores, kind="stable")]  # best first; all T are in the last one's past
+    kept = order[:4]
+    ctx.answer = {*kept[:3], order[-1]}  # three right, the worst instead of the fourth
+    said = facts.compute("kept_why", ctx, ["layers.0", "-1"])
+    assert said == (f"3 of 4 right. position {order[-1]} scores {scores[order[-1]]:.3f}, rank {T} of {T}; "
+                    f"position {kept[3]} scores {scores[kept[3]]:.3f}, rank 4: kept")
+    ctx.answer = {T}
+    missed = "; ".join(f"position {s} scores {scores[s]:.3f}, rank {order.index(s) + 1}: kept" for s in sorted(kept))
+    assert facts.compute("kept_why", ctx, ["layers.0", "-1"]) == (
+        f"0 of 4 right. position {T} is not in its past (positions 0 to {T - 1}); {missed}; it keeps exactly 4")
