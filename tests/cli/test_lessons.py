@@ -604,3 +604,12 @@ def test_the_indexer_token_facts_follow_the_runs_mask():
     missed = "; ".join(f"position {s} scores {scores[s]:.3f}, rank {order.index(s) + 1}: kept" for s in sorted(kept))
     assert facts.compute("kept_why", ctx, ["layers.0", "-1"]) == (
         f"0 of 4 right. position {T} is not in its past (positions 0 to {T - 1}); {missed}; it keeps exactly 4")
+
+
+def test_a_passed_check_names_the_model_the_exercise_runs_on(tmp_path, monkeypatch):
+    """index_scores runs only where there is an indexer: the line after a pass says --model tiny-v32."""
+    monkeypatch.chdir(tmp_path)
+    lesson = find_lesson("sparse-attention")
+    done = stepper("lesson", "check", "sparse-attention", "--file", str(lesson.solution), "--plain")
+    assert done.exit_code == 0, done.stdout
+    assert f"`stepper run --use {lesson.solution} --model tiny-v32` runs the whole model" in flat(done.stdout)
