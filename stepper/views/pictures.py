@@ -725,9 +725,11 @@ def draw_indexer(mask: np.ndarray, pool: Callable[[int, int], tuple[np.ndarray, 
     out.append(line((KEPT, "bold"), " kept  ", (DROPPED, "red"), " dropped by the indexer  ", (EMPTY, DIM),
                     " future", wrap=True))
     out.append(attention_legend(pooled_w))
+    past = t_len * first + t_len * (t_len + 1) // 2  # query-position pairs in the past, over all queries
     out.append(caption(f"{int(kept_per_query.max())} of up to {s_len} positions kept per query "
-                       f"(the last, at position {s_len - 1}: {int(kept_per_query[-1])}); rows are the queries by "
-                       f"position; head {head}'s weights beside, exactly 0 wherever the indexer dropped a position"))
+                       f"(the last, at position {s_len - 1}: {int(kept_per_query[-1])}), {int(kept_per_query.sum()):,} "
+                       f"of the {past:,} in the queries' past; rows are the queries by position; head {head}'s "
+                       "weights beside, exactly 0 wherever the indexer dropped a position"))
     if (rb, cb) != (1, 1):
         out.append(caption(pooled_note("mark (kept, then dropped, then future) and weight", (rb, cb), (t_len, s_len),
                                        marks.shape, ("queries", "keys"))))
