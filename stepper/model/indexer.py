@@ -50,24 +50,24 @@ def index_mask(x: np.ndarray, w: LayerWeights, cfg: Config, rope: Rope, cache: L
     head_weights = linear(x, w.matrix("self_attn.indexer.weights_proj.weight")) * np.float32(cfg.index_n_heads**-0.5)
     head_weights = emit("self_attn.indexer.head_weights", head_weights)  # [B, T, Hi]
     if scoring == "fp8":
-        return fp8_chosen_mask(q, k, keys, head_weights, cfg, cache, emit)
-    scores = emit("self_attn.indexer.index_scores", index_scores(q, keys, head_weights))  # [B, T, S]
-    topk_idx = emit("self_attn.indexer.topk_idx", chosen_positions(scores, cfg.index_topk))  # [B, T, Ki]
-    return emit("self_attn.indexer.mask", mask_of(topk_idx, keys.shape[1]))  # [B, T, S]
-
-
-def fp8_chosen_mask(q: np.ndarray, k: np.ndarray, keys: np.ndarray, head_weights: np.ndarray, cfg: Config,
-                    cache: LayerCache, emit: Emitter) -> np.ndarray:
-    """The mask of the positions FP8 scores choose, beside those exact scores would choose.
-    q [B, Hi, T, Di], k [B, T, Di], keys [B, S, Di], head_weights [B, T, Hi] -> [B, T, S]"""
-    scores = fp8_index_scores(q, k, head_weights, cache, emit)  # [B, T, S]
-    exact = emit("self_attn.indexer.exact_index_scores", index_scores(q, keys, head_weights))  # [B, T, S]
-    exact_idx = emit("self_attn.indexer.exact_topk_idx", chosen_positions(exact, cfg.index_topk))  # [B, T, Ki]
-    scores = emit("self_attn.indexer.index_scores", scores)
+        scores, exact_idx = fp8_scores_beside_exact(q, k, keys, head_weights, cfg, cache, emit)  # [B, T, S], [B, T, Ki]
+    else:
+        scores, exact_idx = index_scores(q, keys, head_weights), None
+    scores = emit("self_attn.indexer.index_scores", scores)  # [B, T, S]
     topk_idx = emit("self_attn.indexer.topk_idx", chosen_positions(scores, cfg.index_topk))  # [B, T, Ki]
     mask = mask_of(topk_idx, keys.shape[1])  # [B, T, S]
-    emit("self_attn.indexer.kept_of_exact", kept_of_exact(mask, mask_of(exact_idx, keys.shape[1])))  # [B, T]
+    if exact_idx is not None:
+        emit("self_attn.indexer.kept_of_exact", kept_of_exact(mask, mask_of(exact_idx, keys.shape[1])))  # [B, T]
     return emit("self_attn.indexer.mask", mask)
+
+
+def fp8_scores_beside_exact(q: np.ndarray, k: np.ndarray, keys: np.ndarray, head_weights: np.ndarray, cfg: Config,
+                            cache: LayerCache, emit: Emitter) -> tuple[np.ndarray, np.ndarray]:
+    """DeepSeek's FP8 index scores, and the positions the exact scores would choose.
+    q [B, Hi, T, Di], k [B, T, Di], keys [B, S, Di], head_weights [B, T, Hi] -> [B, T, S], [B, T, Ki]"""
+    scores = fp8_index_scores(q, k, head_weights, cache, emit)  # [B, T, S]
+    exact = emit("self_attn.indexer.exact_index_scores", index_scores(q, keys, head_weights))  # [B, T, S]
+    return scores, emit("self_attn.indexer.exact_topk_idx", chosen_positions(exact, cfg.index_topk))
 
 
 def index_queries(x: np.ndarray, w: LayerWeights, cfg: Config, emit: Emitter) -> np.ndarray:
