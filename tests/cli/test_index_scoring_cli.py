@@ -44,8 +44,8 @@ def test_a_model_without_an_indexer_is_refused_in_one_line():
     done = stepper("run", "--model", "tiny", "--index-scoring", "fp8")
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.strip().splitlines() == [
-        "stepper: error: --index-scoring fp8 scores the Lightning Indexer, and model tiny (kimi_k2) has none: "
-        "use a DeepSeek-V3.2 model (tiny-v32, deepseek-v3.2)"]
+        ("stepper: error: --index-scoring fp8 scores the Lightning Indexer, and model tiny (kimi_k2) has none: "
+         "use a DeepSeek-V3.2 model (tiny-v32, deepseek-v3.2)")]
     assert stepper("step", "--model", "tiny-v32", "--index-scoring", "int8").returncode == 2
 
 
