@@ -333,7 +333,7 @@ def fill_cache(plan: Plan, model: Transformer, cache: KVCache) -> None:
     rope = model.rope(spec.start_pos + np.arange(spec.cache_len), Emitter())
     per_head = any(step_attn(spec, k) == "naive" for k in range(spec.decode + 1))
     w = LayerWeights(model.weights, spec.layer, model.scratch)
-    synthetic_cache.fill(cache.layers[spec.layer], w, plan.config, sample, rope, spec.seed, per_head)
+    synthetic_cache.fill(cache.layers[spec.layer], w, plan.config, sample, rope, spec.seed, per_head, spec.index_scoring)
 
 
 def layer_input(model: Transformer, ids: np.ndarray, seed: int, step: int) -> np.ndarray:

@@ -148,3 +148,18 @@ def test_fp8_scoring_refuses_a_model_it_cannot_score(model, fields, message):
         prepare(RunSpec(index_scoring="fp8"), SyntheticWeights(config_with(model, **fields), seed=0))
     with pytest.raises(StepperError, match="--index-scoring must be one of exact, fp8, got 'bf16'"):
         prepare(RunSpec(model="tiny-v32", index_scoring="bf16"))
+
+
+@pytest.mark.parametrize("scoring", ["exact", "fp8"])
+def test_a_synthetic_cache_gives_the_indexer_keys_too(wide_heads, scoring):
+    """--cache-len N on a V3.2 layer: N synthetic index keys (and, scoring in FP8, their codes and scales)."""
+    seen = recorded(RunSpec(layer=1, prompt_len=5, cache_len=30, decode=1, index_scoring=scoring, seed=2), wide_heads)
+    keys = seen["decode0." + LAYER + "keys"]  # [B, S, Di]
+    assert keys.shape == (1, 36, 128) and np.isfinite(keys).all() and keys[:, :30].std() > 0
+    assert (seen["decode0." + LAYER + "topk_idx"] >= 0).sum() == 4
+    if scoring == "fp8":
+        dims = keys.shape[-1]
+        want = deepseek_index_score(seen["decode0." + LAYER + "q_rotated"],
+                                    (keys.astype(np.float64) @ sylvester(dims) / math.sqrt(dims)).astype(np.float32),
+                                    seen["decode0." + LAYER + "head_weights"])
+        np.testing.assert_allclose(seen["decode0." + LAYER + "index_scores"], want, rtol=1e-5, atol=1e-7)
