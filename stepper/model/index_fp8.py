@@ -41,21 +41,22 @@ def fp8_index_scores(q: np.ndarray, k: np.ndarray, head_weights: np.ndarray, cac
     k = emit("self_attn.indexer.k_rotated", hadamard(k))  # [B, T, Di]
     q_codes, q_scale = quantize(q)  # [B, Hi, T, Di] e4m3, [B, Hi, T]
     k_codes, k_scale = quantize(k)  # [B, T, Di] e4m3, [B, T]
-    emit("self_attn.indexer.q_fp8", decode(q_codes))
+    q_fp8 = emit("self_attn.indexer.q_fp8", decode(q_codes))  # the e4m3 values, exactly, in float32
     q_scale = emit("self_attn.indexer.q_scale", q_scale)
-    emit("self_attn.indexer.k_fp8", decode(k_codes))
+    k_fp8 = emit("self_attn.indexer.k_fp8", decode(k_codes))
     k_scale = emit("self_attn.indexer.k_scale", k_scale)
-    key_codes, key_scales = cache.extend_index_fp8_keys(k_codes, k_scale)  # [B, S, Di] e4m3, [B, S]
-    emit("self_attn.indexer.keys_fp8", decode(key_codes))
+    key_codes, key_scales = cache.extend_index_fp8_keys(encode(k_fp8), k_scale)  # [B, S, Di] e4m3, [B, S]
+    keys_fp8 = emit("self_attn.indexer.keys_fp8", decode(key_codes))  # [B, S, Di]
     key_scales = emit("self_attn.indexer.key_scales", key_scales)
     weights = head_weights * q_scale.transpose(0, 2, 1) * np.float32(q.shape[-1] ** -0.5)  # [B, T, Hi]
     weights = emit("self_attn.indexer.fp8_head_weights", weights)
-    return scores_of_codes(q_codes, key_codes, weights, key_scales)
+    return fp8_scores(q_fp8, keys_fp8, weights, key_scales)
 
 
 def hadamard(x: np.ndarray) -> np.ndarray:
     """x times the Walsh-Hadamard matrix of Sylvester's order, scaled by n^-0.5, on the last axis
-    (n a power of two): H_1 = [1], H_2m = [[H_m, H_m], [H_m, -H_m]].  [..., n] -> same, float32
+    of n entries (a power of two): H_1 = (1), and H_2m has H_m in three quarters and -H_m in the
+    bottom right one.  [..., Di] -> same, float32
 
     Butterflies: at width h, each pair of entries h apart, (a, b), becomes (a + b, a - b)."""
     n = x.shape[-1]
@@ -65,7 +66,7 @@ def hadamard(x: np.ndarray) -> np.ndarray:
     y = np.asarray(x, dtype=np.float32)
     h = 1
     while h < n:
-        pairs = y.reshape(*lead, n // (2 * h), 2, h)  # [..., blocks, (a, b), h]
+        pairs = y.reshape(*lead, n // (2 * h), 2, h)  # blocks of 2h entries: their halves a and b
         a, b = pairs[..., 0, :], pairs[..., 1, :]
         y = np.stack([a + b, a - b], axis=-2).reshape(*lead, n)
         h *= 2
@@ -90,18 +91,15 @@ def power_of_two_above(x: np.ndarray) -> np.ndarray:
     return np.ldexp(np.float32(1), np.where(mantissa == 0.5, exponent - 1, exponent)).astype(np.float32)
 
 
-def scores_of_codes(q_codes: np.ndarray, key_codes: np.ndarray, weights: np.ndarray,
-                    key_scales: np.ndarray) -> np.ndarray:
+def fp8_scores(q_fp8: np.ndarray, keys_fp8: np.ndarray, weights: np.ndarray, key_scales: np.ndarray) -> np.ndarray:
     """key_scale[s] * sum_h weights[h] * relu(q_fp8_h . k_fp8[s]), -inf in the future: fp8_index.
-    q_codes [B, Hi, T, Di], key_codes [B, S, Di], weights [B, T, Hi], key_scales [B, S] -> [B, T, S]"""
-    q, keys = decode(q_codes), decode(key_codes)  # the e4m3 values, exactly, in float32
-    B, H, T, _ = q.shape
-    scores = np.zeros((B, T, keys.shape[1]), dtype=np.float32)  # [B, T, S]
+    q_fp8 [B, Hi, T, Di], keys_fp8 [B, S, Di] (e4m3 values), weights [B, T, Hi], key_scales [B, S] -> [B, T, S]"""
+    B, H, T, _ = q_fp8.shape
+    scores = np.zeros((B, T, keys_fp8.shape[1]), dtype=np.float32)  # [B, T, S]
     for h in range(H):
-        per_head = np.matmul(q[:, h], keys.swapaxes(-1, -2))  # [B, T, S]
+        per_head = np.matmul(q_fp8[:, h], keys_fp8.swapaxes(-1, -2))  # [B, T, S]
         np.maximum(per_head, 0, out=per_head)  # relu
         scores += weights[:, :, h, None] * per_head
     scores *= key_scales[:, None, :]
-    np.copyto(scores, np.float32(-np.inf), where=~causal_mask(T, keys.shape[1]))
+    np.copyto(scores, np.float32(-np.inf), where=~causal_mask(T, keys_fp8.shape[1]))
     return scores
-

@@ -163,3 +163,18 @@ def test_a_synthetic_cache_gives_the_indexer_keys_too(wide_heads, scoring):
                                     (keys.astype(np.float64) @ sylvester(dims) / math.sqrt(dims)).astype(np.float32),
                                     seen["decode0." + LAYER + "head_weights"])
         np.testing.assert_allclose(seen["decode0." + LAYER + "index_scores"], want, rtol=1e-5, atol=1e-7)
+
+
+def test_the_fp8_scoring_goes_on_with_its_shown_tensors():
+    """A sink replacing q_fp8 or k_fp8 changes what follows: the scores, and the FP8 key cache."""
+    def zero(name):
+        return lambda event: np.zeros_like(event.array) if event.name == name else None
+
+    rec = Recorder()
+    run(RunSpec(model="tiny-v32", layer=1, prompt_len=6, index_scoring="fp8"), [zero(LAYER + "q_fp8"), rec])
+    scores = rec.tensors()[LAYER + "index_scores"]
+    assert np.isfinite(scores).sum() == 21 and np.all(scores[np.isfinite(scores)] == 0)  # 6 queries' 1 + ... + 6 keys
+    rec = Recorder()
+    run(RunSpec(model="tiny-v32", layer=1, prompt_len=6, decode=1, index_scoring="fp8"), [zero("prefill." + LAYER + "k_fp8"), rec])
+    keys = rec.tensors()["decode0." + LAYER + "keys_fp8"]
+    assert np.all(keys[:, :6] == 0) and np.any(keys[:, 6] != 0)

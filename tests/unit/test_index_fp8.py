@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from stepper.cli.run import IndexAgreement
-from stepper.model.index_fp8 import hadamard, power_of_two_above, quantize, scores_of_codes
+from stepper.model.index_fp8 import fp8_scores, hadamard, power_of_two_above, quantize
 from stepper.model.indexer import kept_of_exact, mask_of
 from stepper.trace import Event
 
@@ -101,12 +101,12 @@ def test_quantize_equals_an_independent_reference_bit_for_bit(spread):
     assert np.abs(codes.astype(np.float32)).max(axis=-1).min() > 224  # every vector's largest in (224, 448]
 
 
-def test_scores_of_codes_by_hand():
+def test_fp8_scores_by_hand():
     # one head, two dims: q = (2, 1) with scale 1/4, keys (1, 1) and (-3, 1) with scales 2 and 1/2
-    q = np.array([[[[2, 1]]]], np.float32).astype(ml_dtypes.float8_e4m3fn)  # [B, Hi, T, Di]
-    keys = np.array([[[1, 1], [-3, 1]]], np.float32).astype(ml_dtypes.float8_e4m3fn)  # [B, S, Di]
+    q = np.array([[[[2, 1]]]], np.float32)  # [B, Hi, T, Di]
+    keys = np.array([[[1, 1], [-3, 1]]], np.float32)  # [B, S, Di]
     weights = np.array([[[0.5 * 0.25]]], np.float32)  # head weight 0.5 times q's scale 1/4
-    scores = scores_of_codes(q, keys, weights, np.array([[2.0, 0.5]], np.float32))
+    scores = fp8_scores(q, keys, weights, np.array([[2.0, 0.5]], np.float32))
     # key 0: relu(2 + 1) * 0.125 * 2 = 0.75; key 1: relu(-6 + 1) = 0
     np.testing.assert_array_equal(scores, [[[0.75, 0.0]]])
 
