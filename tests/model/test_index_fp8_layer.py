@@ -178,3 +178,12 @@ def test_the_fp8_scoring_goes_on_with_its_shown_tensors():
     run(RunSpec(model="tiny-v32", layer=1, prompt_len=6, decode=1, index_scoring="fp8"), [zero("prefill." + LAYER + "k_fp8"), rec])
     keys = rec.tensors()["decode0." + LAYER + "keys_fp8"]
     assert np.all(keys[:, :6] == 0) and np.any(keys[:, 6] != 0)
+
+
+def test_the_python_api_takes_index_scoring():
+    import stepper
+    seen = stepper.run("tiny-v32", layer=1, prompt_len=6, index_scoring="fp8", keep="*indexer*")
+    want = recorded(RunSpec(model="tiny-v32", layer=1, prompt_len=6, index_scoring="fp8"))
+    np.testing.assert_array_equal(seen[LAYER + "kept_of_exact"], want[LAYER + "kept_of_exact"])
+    with pytest.raises(StepperError, match="index_scoring= expects one of exact, fp8, got 'int8'"):
+        stepper.run("tiny-v32", index_scoring="int8")
