@@ -52,6 +52,7 @@ def export_command(
     decode: Annotated[int, typer.Option(metavar="N", min=0, help="Decode steps after the prefill, with the cache.")] = 0,
     attn: Annotated[str, typer.Option(metavar="PATH", help="Attention: naive, absorb, or auto (naive prefill, absorbed decode).")] = "auto",
     seed: Annotated[int, typer.Option(metavar="S", min=0, help="Seed of the synthetic weights and prompt.")] = 0,
+    index_scoring: Annotated[str, typer.Option("--index-scoring", metavar="exact|fp8", help="DeepSeek-V3.2's Lightning Indexer: exact (float32 scores) or fp8 (Hadamard-rotated FP8 q and k, as DeepSeek's inference code).")] = "exact",
     weights_dtype: Annotated[str, typer.Option(metavar="fp8|bf16", help="How the fixture's weights are stored: fp8 (as Kimi K2 / DeepSeek-V3 ship) or bf16 (dequantized as fp8_cast_bf16.py does).")] = "fp8",
     weights_dir: Annotated[Path | None, typer.Option(metavar="DIR", help="Write the weights to DIR (shared by several fixtures; if DIR exists it must hold the same files) instead of OUT_DIR/weights.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace OUT_DIR if it exists.")] = False,
@@ -70,7 +71,7 @@ def export_command(
         chosen = text_prompt_ids(model, prompt, seed) if prompt is not None else parse_ids(ids)
         spec = ExportSpec(model=model, layer=layer, layers=parse_layers(layers), ids=chosen,
                           prompt_len=7 if prompt_len is None else prompt_len, start_pos=start_pos,
-                          decode=decode, attn=attn, seed=seed, weights_dtype=weights_dtype)
+                          decode=decode, attn=attn, seed=seed, weights_dtype=weights_dtype, index_scoring=index_scoring)
         export(spec, out, force=force, weights_dir=weights_dir, console=console_for(plain))
 
 

@@ -449,7 +449,9 @@ class Debugger:
         kind = "MoE" if self.cfg.is_moe_layer(event.layer) else "dense"
         root = Tree(Text(f"{event.phase + ' · ' if event.phase else ''}layer {event.layer} ({kind})", style="bold"))
         branch, current = root, None
-        for entry in self.catalog.layer_sequence(self.cfg, event.layer, "absorb" if "q_nope_absorbed" in str(seen) else "naive"):
+        fp8 = any(n.endswith("indexer.q_rotated") for n in self.names or ())  # the run scores its indexer in FP8
+        attn = "absorb" if "q_nope_absorbed" in str(seen) else "naive"
+        for entry in self.catalog.layer_sequence(self.cfg, event.layer, attn, "fp8" if fp8 else "exact"):
             block = BLOCKS.get(entry["block"], entry["block"])
             if block != current:  # consecutive tensors of one block share a branch, in execution order
                 branch, current = root.add(block), block
