@@ -59,7 +59,7 @@ def run(model: str | Path = "tiny", *, ids: Sequence[int] | None = None, prompt_
         index_scoring: str = "exact") -> Run:
     """Run a model as `stepper run` does and keep its tensors.
 
-    model: a preset (tiny, tiny-v3, kimi-k2, deepseek-v3), a checkpoint directory or a config.json.
+    model: a preset (a name of stepper.presets.PRESETS: tiny, kimi-k2, deepseek-v3.2, ...), a checkpoint directory or a config.json.
     ids or prompt_len: the prompt (default 7 ids drawn from the seed); start_pos: its first position;
     decode: greedy decode steps (names then start with prefill. / decode{k}.); layer: run that
     layer alone (on `input`, a safetensors file, or the prompt's embeddings); layers: (A, B) or

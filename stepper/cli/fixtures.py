@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from stepper.cli.common import one_prompt, parse_ids, parse_layers, user_errors
+from stepper.cli.common import PRESET_NAMES, one_prompt, parse_ids, parse_layers, user_errors
 from stepper.errors import StepperError
 from stepper.fixtures import aliases, show, verify
 from stepper.fixtures.export import export
@@ -42,7 +42,7 @@ PlainOpt = Annotated[bool, typer.Option("--plain", help="No colour.")]
 @fixtures_app.command("export")
 def export_command(
     out: Annotated[Path, typer.Argument(metavar="OUT_DIR", help="Fixture folder to create.", show_default=False)],
-    model: Annotated[str, typer.Option(metavar="NAME|PATH", help="Preset (tiny, tiny-v3, kimi-k2, deepseek-v3), a checkpoint directory or a config.json.")] = "tiny",
+    model: Annotated[str, typer.Option(metavar="NAME|PATH", help=f"Preset ({PRESET_NAMES}), a checkpoint directory or a config.json.")] = "tiny",
     layer: Annotated[int | None, typer.Option(metavar="N", min=0, help="Run layer N alone, on the prompt's token embeddings.")] = None,
     layers: Annotated[str | None, typer.Option(metavar="A:B", help="Run the model up to layer B-1, capturing layers A to B-1.")] = None,
     ids: Annotated[str | None, typer.Option(metavar="1,2,3", help="Prompt token ids, comma-separated.")] = None,
