@@ -16,8 +16,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 from safetensors.numpy import save_file
-from test_naming import (as_is, before_mask, check_source_dump, heads_after, interleaved, inverted, merged,
-                         n_rows, new_only, per_head, perturbed)
+from test_naming import (
+    as_is,
+    before_mask,
+    check_source_dump,
+    heads_after,
+    interleaved,
+    inverted,
+    merged,
+    n_rows,
+    new_only,
+    per_head,
+    perturbed,
+)
 
 from stepper.fixtures import verify
 from stepper.fixtures.aliases import tables
