@@ -257,3 +257,17 @@ def test_a_transformers_dump_of_every_module_of_the_layer_verifies(name, module,
     bad = verify.verify(fixture, perturbed(dump, f"decode0.{module}", tmp_path / "bad.safetensors"),
                         names="transformers")
     assert bad.first["name"] == f"decode0.layers.1.{first}"
+
+
+def test_only_the_reference_s_minus_one_index_slots_are_left_out(tmp_path):
+    """The -1 slots take any value; a chosen position elsewhere that differs is a divergence."""
+    fixture = load(ROOT / "fixtures" / "tiny-v32-indexer")
+    idx = fixture.tensors["prefill.layers.1.self_attn.indexer.topk_idx"]
+    free = np.where(idx < 0, 7, idx)
+    wrong = free.copy()
+    wrong[0, 3, 0] = (wrong[0, 3, 0] + 1) % 4
+    for array, status in ((free, "match"), (wrong, "mismatch")):
+        path = tmp_path / f"{status}.safetensors"
+        save_file({"prefill.layers.1.attn.indexer.topk_indices": np.ascontiguousarray(array)}, str(path))
+        checks = [c for c in verify.verify(fixture, path, names="inference").checks if c.status != "missing"]
+        assert [c.status for c in checks] == [status], checks
