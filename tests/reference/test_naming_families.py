@@ -271,3 +271,16 @@ def test_only_the_reference_s_minus_one_index_slots_are_left_out(tmp_path):
         save_file({"prefill.layers.1.attn.indexer.topk_indices": np.ascontiguousarray(array)}, str(path))
         checks = [c for c in verify.verify(fixture, path, names="inference").checks if c.status != "missing"]
         assert [c.status for c in checks] == [status], checks
+
+
+def test_every_transformers_entry_is_at_a_line_that_calls_its_module():
+    """Read against the installed transformers: each name's line calls that module (the dense
+    MLP's projections and act_fn share one line)."""
+    transformers = pytest.importorskip("transformers")
+    folder = Path(transformers.__file__).parent
+    assert transformers.__version__ == "5.24.0"
+    for alias in tables()["transformers"]:
+        line = (folder / alias.file).read_text(encoding="utf-8").split("\n")[alias.line - 1]
+        module = alias.name.removesuffix(":input").split("[")[0].rsplit(".", 1)[-1]
+        called = {"{i}": "decoder_layer(", "rotary_emb": "self.rotary_emb("}.get(module, f"{module}(")
+        assert called in line, (alias.file, alias.name, alias.line, line.strip())
