@@ -138,9 +138,9 @@ def names_command(
                 print(json.dumps(row))
             return
         console = console_for(plain)
-        for naming in dict.fromkeys(row["naming"] for row in rows):
-            mine = [row for row in rows if row["naming"] == naming]
-            table = Table(title=f"{naming} (read at {mine[0]['revision']})", title_justify="left", show_edge=False,
+        for naming, revision, models in dict.fromkeys((row["naming"], row["revision"], row["models"]) for row in rows):
+            mine = [row for row in rows if (row["naming"], row["revision"], row["models"]) == (naming, revision, models)]
+            table = Table(title=f"{naming}, {models} (read at {revision})", title_justify="left", show_edge=False,
                           pad_edge=False, header_style="bold", box=None)
             columns = ("name", "canonical", "only", "source", "note")
             for column in columns:
