@@ -16,7 +16,7 @@ from stepper.errors import StepperError
 from stepper.kernels import parallel
 from stepper.kernels.fp8_tiles import result_arrays
 from stepper.kernels.fp8_workers import int4_bands
-from stepper.kernels.int4_tiles import MANY_TOKENS, Decoder, apply_tiles, row_tiles, split_inputs
+from stepper.kernels.int4_tiles import MANY_TOKENS, Decoder, apply_tiles, row_tiles, split_inputs, tiles_order
 from stepper.swap import bypasses
 from stepper.weights.stored import Int4Matrix
 
@@ -29,12 +29,12 @@ def tiled_int4_products(x: np.ndarray, ws: list[Int4Matrix], decode: Decoder | N
     decode_tile, large products shared with the helper processes, or else between threads).
     [..., in] -> [[..., out_i]]"""
     tokens = x.reshape(-1, ws[0].shape[1]).astype(np.float32, copy=False)  # [N, in]
-    split = split_inputs(tokens)  # [N, in]
+    split = split_inputs(tokens, ws[0])  # [N, in]
     outs = []
     for w in ws:
         many = tokens.shape[0] > MANY_TOKENS
         _, rows = result_arrays(w.shape[0], tokens.shape[0], many)  # rows: [out, N]
-        tiles = row_tiles(w, split.shape[1], many)
+        tiles = row_tiles(w, many)
         large = w.packed.size * 8 * tokens.shape[0] >= SHARE_WORK
         if not (large and decode is None and int4_bands(split, w, rows)):
             sharing = parallel.cores() if large and decode is None else 1
@@ -51,8 +51,7 @@ def decode_via_dequantize(w: Int4Matrix, start: int, end: int, out: np.ndarray) 
     if tile.shape != (end - start, w.in_features):
         raise StepperError(f"dequantize_int4 gave shape {list(tile.shape)} for rows {start}..{end - 1} of '{w.name}', "
                            f"expected {[end - start, w.in_features]}")
-    half = w.in_features // 2
-    out[:, :half], out[:, half:] = tile[:, 0::2], tile[:, 1::2]
+    np.take(tile, tiles_order(w.in_features, w.group), axis=1, out=out)
 
 
 def int4_products_via_dequantize(x: np.ndarray, ws: list[Int4Matrix]) -> list[np.ndarray]:
