@@ -14,6 +14,7 @@ import numpy as np
 from stepper import int4
 from stepper.errors import StepperError
 from stepper.kernels import parallel
+from stepper.kernels.fp8_matmul import padded_to_columns
 from stepper.kernels.fp8_tiles import result_arrays
 from stepper.kernels.fp8_workers import int4_bands
 from stepper.kernels.int4_tiles import MANY_TOKENS, Decoder, apply_tiles, row_tiles, split_inputs, tiles_order
@@ -24,22 +25,22 @@ SHARE_WORK = 1 << 22  # weights x tokens below which a product stays on one thre
 
 
 def tiled_int4_products(x: np.ndarray, ws: list[Int4Matrix], decode: Decoder | None = None) -> list[np.ndarray]:
-    """x @ W^T for each of several INT4 weights [out_i, in] of the same input, which is put in
-    the tiles' order once; each tile decoded by decode(w, start, end, out) (by default
-    decode_tile, large products shared with the helper processes, or else between threads).
-    [..., in] -> [[..., out_i]]"""
+    """x @ W^T for each of several INT4 weights [out_i, in] of the same input, which is padded
+    to whole columns of BLAS (padded_to_columns) and put in the tiles' order once; each tile
+    decoded by decode(w, start, end, out) (by default decode_tile, large products shared with the
+    helper processes, or else between threads).  [..., in] -> [[..., out_i]]"""
     tokens = x.reshape(-1, ws[0].shape[1]).astype(np.float32, copy=False)  # [N, in]
-    split = split_inputs(tokens, ws[0])  # [N, in]
+    split = split_inputs(padded_to_columns(tokens), ws[0])  # [N', in]
+    many = split.shape[0] > MANY_TOKENS
     outs = []
     for w in ws:
-        many = tokens.shape[0] > MANY_TOKENS
-        _, rows = result_arrays(w.shape[0], tokens.shape[0], many)  # rows: [out, N]
+        _, rows = result_arrays(w.shape[0], split.shape[0], many)  # rows: [out, N']
         tiles = row_tiles(w, many)
-        large = w.packed.size * 8 * tokens.shape[0] >= SHARE_WORK
+        large = w.packed.size * 8 * split.shape[0] >= SHARE_WORK
         if not (large and decode is None and int4_bands(split, w, rows)):
             sharing = parallel.cores() if large and decode is None else 1
             parallel.split(tiles, lambda share, w=w, rows=rows: apply_tiles(split, w, share, rows, decode), sharing)
-        outs.append(rows.T.reshape(*x.shape[:-1], w.shape[0]))  # [..., out]
+        outs.append(rows[:, : tokens.shape[0]].T.reshape(*x.shape[:-1], w.shape[0]))  # [..., out]
     return outs
 
 
