@@ -52,7 +52,8 @@ def decode_via_dequantize(w: Int4Matrix, start: int, end: int, out: np.ndarray) 
     if tile.shape != (end - start, w.in_features):
         raise StepperError(f"dequantize_int4 gave shape {list(tile.shape)} for rows {start}..{end - 1} of '{w.name}', "
                            f"expected {[end - start, w.in_features]}")
-    np.take(tile, tiles_order(w.in_features, w.group), axis=1, out=out)
+    ordered = np.take(tile, tiles_order(w.in_features, w.group), axis=1)  # [rows, in]
+    np.copyto(out, ordered.reshape(end - start, out.shape[0], -1).transpose(1, 0, 2))
 
 
 def int4_products_via_dequantize(x: np.ndarray, ws: list[Int4Matrix]) -> list[np.ndarray]:

@@ -4,12 +4,13 @@ kernels.fp8_workers.
 
 A row's packed words hold its groups one after another, four words (32 inputs) a group, and byte
 q of word k of group g (a little-endian word) holds inputs 32g + 8k + 2q (its low nibble) and
-32g + 8k + 2q + 1 (its high nibble). A tile is decoded in an order where one scale covers long
-runs: the row's words are first put word by word ([groups, 4] -> [4, groups], one move for eight
-inputs), so the bytes lie as [word k, group g, byte q]; taking the nibbles apart is then two
-whole-array operations on bytes (`& 0xF`, `>> 4`), and the tile's row is eight planes [nibble,
-word k] of [group g, byte q], each of which the row's scales, four times each (one per byte), multiply
-as one operand (`tiles_order`). The inputs are put in the same order once per product, and the
+32g + 8k + 2q + 1 (its high nibble). A tile is decoded in an order where each pass is one long
+run: the tile's words are first put word by word ([rows, groups, 4] -> [4, rows, groups], one
+move for eight inputs), so its bytes lie as [word k][rows, group g, byte q]; taking the nibbles
+apart is then two whole-array operations on bytes (`& 0xF`, `>> 4`), giving eight planes
+[nibble, word k], each [rows, in/8], which the rows' scales (four times each, one per byte)
+multiply as one operand, and the product is the eight planes' products summed (`tiles_order`
+says which input each place holds). The inputs are put in the same order once per product; the
 product is the same sum in another order.
 
 Each value (nibble - 8) * scale is the stored weight exactly in float32 (int4.groups), so a tile
@@ -35,8 +36,8 @@ MANY_TOKENS = 128  # past this, tiles are taller (BLAS repacks the inputs for ev
 
 @cache
 def tiles_order(in_features: int, group: int) -> np.ndarray:
-    """The input each column of a tile holds: the columns are [nibble (low, high), word k of the
-    group, group g, byte q of the word] and hold input group*g + 8k + 2q + nibble.  -> [in] int"""
+    """The input at each place of a tile's row: the places are [nibble (low, high), word k of the
+    group][group g, byte q of the word] and hold input group*g + 8k + 2q + nibble.  -> [in] int"""
     order = np.arange(in_features).reshape(-1, group // int4.PER_WORD, 4, 2).transpose(3, 1, 0, 2).reshape(-1)
     order.flags.writeable = False
     return order
@@ -47,6 +48,11 @@ def split_inputs(tokens: np.ndarray, w: Int4Matrix) -> np.ndarray:
     return np.take(tokens, tiles_order(w.in_features, w.group), axis=1)
 
 
+def planes(w: Int4Matrix) -> int:
+    """The planes of a tile: one for each nibble (low, high) of each word of a group (8)."""
+    return 2 * (w.group // int4.PER_WORD)
+
+
 def tile_rows(w: Int4Matrix) -> int:
     """Rows decoded at once: as many whole 32s as TILE_VALUES hold, 32 to MOST_TILE_ROWS (a
     narrow weight in taller tiles: fewer NumPy calls for the same values)."""
@@ -55,19 +61,18 @@ def tile_rows(w: Int4Matrix) -> int:
 
 def decode_tile(w: Int4Matrix, start: int, end: int, out: np.ndarray) -> np.ndarray:
     """Rows [start, end) of the weight as float32, in the tiles' order (tiles_order), into `out`
-    [rows, in]: every value (nibble - 8) * its group's scale."""
+    [planes, rows, in/8] (each plane's rows contiguous): every value (nibble - 8) * its group's scale."""
     rows, groups, per_group = end - start, w.in_features // w.group, w.group // int4.PER_WORD
     words = kept_memory("int4 words", rows, w.in_features // int4.PER_WORD).view(np.int32)
-    words = words.reshape(rows, per_group, groups)
-    np.copyto(words, w.packed[start:end].reshape(rows, groups, per_group).transpose(0, 2, 1))
-    codes = words.view(np.uint8).reshape(rows, per_group, groups * 4)  # [word k, (group g, byte q)]
-    nibbles = kept_memory("int4 nibbles", rows, w.in_features // 4).view(np.uint8).reshape(rows, 2, per_group, -1)
-    np.bitwise_and(codes, 0xF, out=nibbles[:, 0])  # 0..15
-    np.right_shift(codes, 4, out=nibbles[:, 1])
+    words = words.reshape(per_group, rows, groups)
+    np.copyto(words, w.packed[start:end].reshape(rows, groups, per_group).transpose(2, 0, 1))
+    codes = words.view(np.uint8).reshape(per_group, rows, groups * 4)  # [word k][row, (group g, byte q)]
+    nibbles = kept_memory("int4 nibbles", rows, w.in_features // 4).view(np.uint8).reshape(2, *codes.shape)
+    np.bitwise_and(codes, 0xF, out=nibbles[0])  # 0..15
+    np.right_shift(codes, 4, out=nibbles[1])
     np.subtract(nibbles, int4.OFFSET, out=nibbles)  # mod 256: as int8, -8..7
-    planes = out.reshape(rows, 2 * per_group, groups * 4)
-    np.copyto(planes, nibbles.view(np.int8).reshape(planes.shape))
-    np.multiply(planes, scales_per_byte(w.scales[start:end])[:, None, :], out=planes)
+    np.copyto(out, nibbles.view(np.int8).reshape(out.shape))
+    np.multiply(out, scales_per_byte(w.scales[start:end]), out=out)  # the same [rows, in/8] scales for every plane
     return out
 
 
@@ -84,7 +89,7 @@ def scales_per_byte(scales: np.ndarray) -> np.ndarray:
     return pairs.view(np.float32).reshape(rows, groups * 4)
 
 
-Decoder = Callable[[Int4Matrix, int, int, np.ndarray], object]  # (w, start, end, out [rows, in] in the tiles' order)
+Decoder = Callable[[Int4Matrix, int, int, np.ndarray], object]  # (w, start, end, out [planes, rows, in/8], as decode_tile)
 
 
 def row_tiles(w: Int4Matrix, many: bool) -> list[tuple[int, int]]:
@@ -97,22 +102,28 @@ def row_tiles(w: Int4Matrix, many: bool) -> list[tuple[int, int]]:
 
 def apply_tiles(split: np.ndarray, w: Int4Matrix, tiles: list[tuple[int, int]], rows: np.ndarray,
                 decode: Decoder | None = None, claim: Callable[[], int | None] | None = None) -> None:
-    """Decode and multiply each tile into its rows of `rows` [out, N]; this thread's buffer reused,
-    a tall tile decoded tile_rows(w) rows at a time (decode_tile) or whole (a decoder given).
+    """Decode and multiply each tile into its rows of `rows` [out, N]: each plane times its inputs,
+    the planes' products summed. This thread's buffers reused; a tall tile decoded tile_rows(w)
+    rows at a time (decode_tile) or whole (a decoder given).
 
     With `claim`, only the tiles it hands out are done (by index, until it gives None): a product
     shared from both ends with a helper process (fp8_workers)."""
-    buffer = kept_memory("int4 tile", max((end - start for start, end in tiles), default=0), split.shape[1])
+    n, count, width = split.shape[0], planes(w), w.in_features // planes(w)
+    inputs = split.reshape(n, count, width).transpose(1, 2, 0)  # [planes, in/8, N]
+    height = max((end - start for start, end in tiles), default=0)
+    buffer = kept_memory("int4 tile", count * height, width).reshape(count, height, width)
+    products = kept_memory("int4 products", count * height, n).reshape(count, height, n)
     step = tile_rows(w)
     for i in range(len(tiles)) if claim is None else iter(claim, None):
         start, end = tiles[i]
-        tile = buffer[: end - start]
+        tile = buffer[:, : end - start]
         if decode is None:
             for r in range(start, end, step):
-                decode_tile(w, r, min(r + step, end), tile[r - start : r - start + step])
+                decode_tile(w, r, min(r + step, end), tile[:, r - start : r - start + step])
         else:
             decode(w, start, end, tile)
-        np.matmul(tile, split.T, out=rows[start:end])
+        np.matmul(tile, inputs, out=products[:, : end - start])
+        np.sum(products[:, : end - start], axis=0, out=rows[start:end])
 
 
 def dequantize_via_reference(w: Int4Matrix, out: np.ndarray | None = None) -> np.ndarray:
