@@ -9,8 +9,9 @@ run: the tile's words are first put word by word ([rows, groups, 4] -> [4, rows,
 move for eight inputs), so its bytes lie as [word k][rows, group g, byte q]; taking the nibbles
 apart is then two whole-array operations on bytes (`& 0xF`, `>> 4`), giving eight planes
 [nibble, word k], each [rows, in/8], which the rows' scales (four times each, one per byte)
-multiply as one operand, and the product is the eight planes' products summed (`tiles_order`
-says which input each place holds). The inputs are put in the same order once per product; the
+multiply as one operand (`tiles_order` says which input each place holds). With few tokens the
+planes lie one after another and the product is theirs summed; with many, side by side in each
+row, for one GEMM (apply_tiles). The inputs are put in the same order once per product; the
 product is the same sum in another order.
 
 Each value (nibble - 8) * scale is the stored weight exactly in float32 (int4.groups), so a tile
@@ -19,7 +20,9 @@ holds the weight's exact values.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import cache
 
 import numpy as np
@@ -59,37 +62,68 @@ def tile_rows(w: Int4Matrix) -> int:
     return min(MOST_TILE_ROWS, 32 * max(1, TILE_VALUES // (32 * w.in_features)))
 
 
+@dataclass(frozen=True)
+class TileMemory:
+    """This thread's memory for decoding tiles of one height and width, with its views made once
+    (a view to another dtype costs microseconds, and a tile is decoded in tens)."""
+
+    words: np.ndarray  # int32 [words of a group, rows, groups]: the tile's words, word by word
+    codes: np.ndarray  # the same bytes, uint8 [words of a group, rows, in/8]
+    nibbles: np.ndarray  # uint8 [2, words of a group, rows, in/8]: low nibbles, then high ones
+    values: np.ndarray  # the same bytes, int8 [planes, rows, in/8]
+    pairs: np.ndarray  # uint64 [rows, groups, 2]: two copies of a scale's bits in each
+    scales: np.ndarray  # the same bytes, float32 [rows, in/8]: each group's scale once per byte
+
+
+KEPT_SHAPES = 64  # tile shapes whose memory a thread keeps (a model has a handful)
+_memory = threading.local()
+
+
+def tile_memory(rows: int, w: Int4Matrix) -> TileMemory:
+    """This thread's TileMemory for `rows` rows of w, kept from one tile (and product) to the next."""
+    kept = getattr(_memory, "kept", None)
+    if kept is None or len(kept) >= KEPT_SHAPES:
+        kept = _memory.kept = {}
+    key = (rows, w.in_features, w.group)
+    if key not in kept:
+        per_group, groups, width = w.group // int4.PER_WORD, w.in_features // w.group, w.in_features // 8
+        words = np.empty((per_group, rows, groups), np.int32)
+        nibbles = np.empty((2, per_group, rows, width), np.uint8)
+        pairs = np.empty((rows, groups, 2), np.uint64)
+        kept[key] = TileMemory(words, words.view(np.uint8).reshape(per_group, rows, width), nibbles,
+                               nibbles.view(np.int8).reshape(2 * per_group, rows, width), pairs,
+                               pairs.view(np.float32).reshape(rows, width))
+    return kept[key]
+
+
 def decode_tile(w: Int4Matrix, start: int, end: int, out: np.ndarray) -> np.ndarray:
     """Rows [start, end) of the weight as float32, in the tiles' order (tiles_order), into `out`
-    [planes, rows, in/8] (each plane's rows contiguous): every value (nibble - 8) * its group's scale."""
+    [planes, rows, in/8] (a view: the planes one after another, or side by side in each row): every
+    value (nibble - 8) * its group's scale."""
     rows, groups, per_group = end - start, w.in_features // w.group, w.group // int4.PER_WORD
-    words = kept_memory("int4 words", rows, w.in_features // int4.PER_WORD).view(np.int32)
-    words = words.reshape(per_group, rows, groups)
-    np.copyto(words, w.packed[start:end].reshape(rows, groups, per_group).transpose(2, 0, 1))
-    codes = words.view(np.uint8).reshape(per_group, rows, groups * 4)  # [word k][row, (group g, byte q)]
-    nibbles = kept_memory("int4 nibbles", rows, w.in_features // 4).view(np.uint8).reshape(2, *codes.shape)
-    np.bitwise_and(codes, 0xF, out=nibbles[0])  # 0..15
-    np.right_shift(codes, 4, out=nibbles[1])
-    np.subtract(nibbles, int4.OFFSET, out=nibbles)  # mod 256: as int8, -8..7
-    np.copyto(out, nibbles.view(np.int8).reshape(out.shape))
-    np.multiply(out, scales_per_byte(w.scales[start:end]), out=out)  # the same [rows, in/8] scales for every plane
+    memory = tile_memory(rows, w)
+    np.copyto(memory.words, w.packed[start:end].reshape(rows, groups, per_group).transpose(2, 0, 1))
+    np.bitwise_and(memory.codes, 0xF, out=memory.nibbles[0])  # 0..15
+    np.right_shift(memory.codes, 4, out=memory.nibbles[1])
+    np.subtract(memory.nibbles, int4.OFFSET, out=memory.nibbles)  # mod 256: as int8, -8..7
+    np.copyto(out, memory.values)
+    np.multiply(out, scales_per_byte(w.scales[start:end], memory), out=out)  # the same [rows, in/8] for every plane
     return out
 
 
 TWO_COPIES = np.uint64(0x1_0000_0001)  # b * (2^32 + 1) = b in both halves of 64 bits, for 32-bit b
 
 
-def scales_per_byte(scales: np.ndarray) -> np.ndarray:
+def scales_per_byte(scales: np.ndarray, memory: TileMemory) -> np.ndarray:
     """Each group scale four times, once for each byte of a word: two copies at once as the 64-bit
     product of its bits and 2^32 + 1, written twice.  float32 [rows, groups] -> [rows, groups * 4]"""
-    rows, groups = scales.shape
-    pairs = kept_memory("int4 scales", rows, groups * 4).view(np.uint64).reshape(rows, groups, 2)
-    np.multiply(np.ascontiguousarray(scales).view(np.uint32), TWO_COPIES, out=pairs[:, :, 0], dtype=np.uint64)
-    np.copyto(pairs[:, :, 1], pairs[:, :, 0])
-    return pairs.view(np.float32).reshape(rows, groups * 4)
+    bits = np.ascontiguousarray(scales).view(np.uint32)
+    np.multiply(bits, TWO_COPIES, out=memory.pairs[:, :, 0], dtype=np.uint64)
+    np.copyto(memory.pairs[:, :, 1], memory.pairs[:, :, 0])
+    return memory.scales
 
 
-Decoder = Callable[[Int4Matrix, int, int, np.ndarray], object]  # (w, start, end, out [planes, rows, in/8], as decode_tile)
+Decoder = Callable[[Int4Matrix, int, int, np.ndarray], object]  # (w, start, end, out [planes, rows, in/8] as decode_tile's)
 
 
 def row_tiles(w: Int4Matrix, many: bool) -> list[tuple[int, int]]:
@@ -102,28 +136,35 @@ def row_tiles(w: Int4Matrix, many: bool) -> list[tuple[int, int]]:
 
 def apply_tiles(split: np.ndarray, w: Int4Matrix, tiles: list[tuple[int, int]], rows: np.ndarray,
                 decode: Decoder | None = None, claim: Callable[[], int | None] | None = None) -> None:
-    """Decode and multiply each tile into its rows of `rows` [out, N]: each plane times its inputs,
-    the planes' products summed. This thread's buffers reused; a tall tile decoded tile_rows(w)
-    rows at a time (decode_tile) or whole (a decoder given).
+    """Decode and multiply each tile into its rows of `rows` [out, N]; this thread's buffers reused,
+    a tall tile decoded tile_rows(w) rows at a time (decode_tile) or whole (a decoder given).
 
-    With `claim`, only the tiles it hands out are done (by index, until it gives None): a product
+    With few tokens a tile is held as its planes one after another, each multiplied by its inputs
+    and the products summed (every pass over the tile one long run); with many, as rows [rows, in],
+    the planes side by side, for one GEMM over whole rows (BLAS is slower on short ones). With
+    `claim`, only the tiles it hands out are done (by index, until it gives None): a product
     shared from both ends with a helper process (fp8_workers)."""
-    n, count, width = split.shape[0], planes(w), w.in_features // planes(w)
-    inputs = split.reshape(n, count, width).transpose(1, 2, 0)  # [planes, in/8, N]
+    n, count, many = split.shape[0], planes(w), split.shape[0] > MANY_TOKENS
+    width = w.in_features // count
     height = max((end - start for start, end in tiles), default=0)
-    buffer = kept_memory("int4 tile", count * height, width).reshape(count, height, width)
-    products = kept_memory("int4 products", count * height, n).reshape(count, height, n)
+    buffer = kept_memory("int4 tile", height, w.in_features).reshape(-1)
+    products = None if many else kept_memory("int4 products", count * height, n).reshape(count, height, n)
+    inputs = split.T if many else split.reshape(n, count, width).transpose(1, 2, 0)  # [in, N] or [planes, in/8, N]
     step = tile_rows(w)
     for i in range(len(tiles)) if claim is None else iter(claim, None):
         start, end = tiles[i]
-        tile = buffer[:, : end - start]
+        tile = buffer[: (end - start) * w.in_features]
+        places = tile.reshape(end - start, count, width).transpose(1, 0, 2) if many else tile.reshape(count, -1, width)
         if decode is None:
-            for r in range(start, end, step):
-                decode_tile(w, r, min(r + step, end), tile[:, r - start : r - start + step])
+            for r in range(0, end - start, step):
+                decode_tile(w, start + r, min(start + r + step, end), places[:, r : r + step])
         else:
-            decode(w, start, end, tile)
-        np.matmul(tile, inputs, out=products[:, : end - start])
-        np.sum(products[:, : end - start], axis=0, out=rows[start:end])
+            decode(w, start, end, places)
+        if many:
+            np.matmul(tile.reshape(end - start, -1), inputs, out=rows[start:end])
+        else:
+            np.matmul(places, inputs, out=products[:, : end - start])
+            np.sum(products[:, : end - start], axis=0, out=rows[start:end])
 
 
 def dequantize_via_reference(w: Int4Matrix, out: np.ndarray | None = None) -> np.ndarray:
