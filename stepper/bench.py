@@ -9,7 +9,8 @@ Each figure is measured in a fresh subprocess, so its peak RSS is its own:
   1024-position latent cache, and a 512-token prefill;
 - the same MoE layer with its routed experts in INT4 (compressed-tensors pack-quantized, as
   Kimi-K2-Thinking stores them; attention and the shared expert BF16), the same two ways, and
-  each time as a ratio to the FP8 layer's;
+  each time as a ratio to the FP8 layer's; and one routed expert alone, INT4 against FP8, for 1,
+  11 (a 512-token prefill's share of each expert) and 512 tokens;
 - the dense layer 0 at full size, the same two ways;
 - the same MoE layer shape with 16 routed experts, against transformers' DeepseekV3 in float32
   on the same weights and tokens (T = 1, 32, 512, and T = 1 again with stepper's weight cache
@@ -48,6 +49,7 @@ from stepper.model.attention import mla_attention
 from stepper.model.cache import LayerCache
 from stepper.model.indexer import index_mask
 from stepper.model.layer_weights import LayerWeights
+from stepper.model.ops import swiglu
 from stepper.presets import PRESETS
 from stepper.trace import Emitter
 from stepper.views import summary
@@ -436,8 +438,27 @@ def long_context(model: str, say, prefills=(4096, 16384, 32768), caches=(8192, 3
     return figures
 
 
+def expert_products(fp8: str, int4: str, tokens: int, pairs: int, layer: int = 1, expert: int = 0) -> list[Figure]:
+    """One routed expert (its gate and up as one product, then down), read from the FP8 and the
+    INT4 checkpoint each time as a run reads it, on the same tokens, timed in turn (paired_times):
+    the experts' products apart from the layer's attention and shared expert (BF16 in the INT4
+    layout)."""
+    sources = [Checkpoint(Path(fp8)), Checkpoint(Path(int4))]
+    prefix = f"model.layers.{layer}.mlp.experts.{expert}."
+    x = np.random.default_rng(5).standard_normal((tokens, sources[0].config.hidden_size), dtype=np.float32)
+
+    def expert_of(source):
+        return lambda: swiglu(x, *(source.matrix(prefix + f"{m}_proj.weight") for m in ("gate", "up", "down")))
+
+    ratio, fp8_time, int4_time = paired_times(*map(expert_of, sources), pairs)
+    name = sources[0].config.name
+    return [Figure(f"{name} layer {layer}, one routed expert, {tokens} token(s): INT4 / FP8", ratio, "x", None,
+                   f"median of {pairs} ratios, taken in turn; medians {int4_time * 1e3:.2f} ms against "
+                   f"{fp8_time * 1e3:.2f} ms")]
+
+
 SCENARIOS = {"ceilings": ceilings, "layer": layer_run, "torch": versus_torch, "indexed": indexed_prefill,
-             "attention": attention_run}
+             "attention": attention_run, "experts": expert_products}
 
 
 def scenario_main(argv: list[str]) -> None:
@@ -502,8 +523,8 @@ def int4_versus_fp8(workdir: Path, model: str, say, fp8: list[Figure] | None = N
     with FP8 experts (`fp8`: its two figures, measured here when not given). An INT4 expert is
     half the bytes of an FP8 one."""
     cfg = bench_config(model, None)
+    fp8_checkpoint = ensure_checkpoint(workdir, cfg, range(1, 2))
     if fp8 is None:
-        fp8_checkpoint = ensure_checkpoint(workdir, cfg, range(1, 2))
         forget_page_cache(fp8_checkpoint)
         fp8 = moe_figures(fp8_checkpoint, say, " (FP8)", repeats)
     say("writing (once) the layer 1 checkpoint with INT4 experts: about 10 GB at full size")
@@ -514,7 +535,10 @@ def int4_versus_fp8(workdir: Path, model: str, say, fp8: list[Figure] | None = N
     ratios = [Figure(f"{cfg.name} layer 1, {kind}: INT4 experts / FP8 experts", mine.value / theirs.value, "x", None,
                      f"{mine.value:.3g} s against {theirs.value:.3g} s")
               for kind, mine, theirs in zip(("decode 1 token", "prefill 512 tokens"), figures, fp8)]
-    return figures + ratios
+    say("one routed expert, INT4 against FP8: 1, 11 and 512 tokens")
+    experts = [f for tokens, pairs in ((1, 21), (11, 11), (512, 5))
+               for f in in_subprocess("experts", fp8=fp8_checkpoint, int4=int4, tokens=tokens, pairs=pairs)]
+    return figures + ratios + experts
 
 
 def run_all(workdir: Path, with_torch: bool, say, with_int4: bool = True, with_indexer: bool = False) -> list[Figure]:

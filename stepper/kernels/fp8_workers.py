@@ -14,9 +14,9 @@ through scratch memory both processes map (an anonymous memory file, passed over
 than decoding them.) A helper that cannot start or stops answering is dropped, and the
 products run here, as before.
 
-INT4 products (kernels.int4_matmul) are shared the same way, in bands of whole tiles (one for
-this process and one for each helper, the inputs in the tiles' order, the band's group scales
-in the message), and decoded by kernels.int4_tiles on both sides.
+INT4 products (kernels.int4_matmul) are shared the same way, in whole tiles decoded by
+kernels.int4_tiles on both sides: from both ends with one helper and few tokens, else in bands.
+The inputs (in the tiles' order) and the shared rows' group scales go through the scratch.
 """
 
 from __future__ import annotations
@@ -41,9 +41,10 @@ import numpy as np
 from stepper import fp8
 from stepper.kernels import parallel
 from stepper.kernels.fp8_tiles import NanCheck, apply_tiles, many_tokens, result_arrays, row_tiles
-from stepper.kernels.int4_tiles import MANY_TOKENS, TILE_ROWS
+from stepper.kernels.int4_tiles import MANY_TOKENS
 from stepper.kernels.int4_tiles import apply_tiles as apply_int4_tiles
 from stepper.kernels.int4_tiles import row_tiles as int4_row_tiles
+from stepper.kernels.int4_tiles import tile_rows as int4_tile_rows
 from stepper.weights.safetensors_reader import (
     MappedBudget,
     advise_checkpoint_map,
@@ -60,8 +61,8 @@ SPIN_SECONDS = 0.002  # how long a side watches the pipe before sleeping on it
 BAND = struct.Struct("<13q3i")  # file identity (4), byte offset, start, end, out, in, block rows, block columns,
 # tokens, where its rows go in the scratch (bytes after the inputs); k, path length, how
 MEET, CHECK_NAN = 1, 2  # how: tiles taken from both ends (meet_in_the_middle); look for NaN codes
-INT4_BAND = struct.Struct("<12qi")  # file identity (4), byte offset, start, end, out, in, group, tokens, where
-# its rows go in the scratch; path length. Then the path and the band's group scales (float32 [rows, in/group]).
+INT4_BAND = struct.Struct("<11q2i")  # file identity (4), byte offset, start, end, out, in, group, tokens; path
+# length, how. Then the path. In the scratch: the inputs, the band's group scales (float32 [rows, in/group]), its rows.
 SCRATCH = struct.Struct("<q")  # size
 CLAIMS_BYTES = 64  # the scratch starts with two int64: the next tile from the front, the last taken from the back
 OK, OK_NAN = b"ok", b"ok, NaN codes found"
@@ -95,11 +96,12 @@ class Helper:
         self.band, self.rows_at = Band(0, 0), 0  # the band answered last
         self.bands_done = 0
 
-    def send_inputs(self, tokens: np.ndarray, most_rows: int) -> None:
+    def send_inputs(self, tokens: np.ndarray, most_rows: int, more_bytes: int = 0) -> None:
         """Put the inputs [N, in] of the products to come in the scratch, with room after them for
-        most_rows of results (every band sent before the next inputs)."""
+        more_bytes (an INT4 band's group scales) and most_rows of results (every band sent before
+        the next inputs)."""
         assert not self.sent, "inputs sent while bands of the last ones are unanswered"
-        self._ensure_scratch(CLAIMS_BYTES + tokens.nbytes + most_rows * tokens.shape[0] * 4)
+        self._ensure_scratch(CLAIMS_BYTES + tokens.nbytes + more_bytes + most_rows * tokens.shape[0] * 4)
         np.frombuffer(self.scratch, np.float32, tokens.size, CLAIMS_BYTES).reshape(tokens.shape)[:] = tokens
         self.inputs_bytes = tokens.nbytes
 
@@ -121,7 +123,7 @@ class Helper:
     def finish_into(self, w: Fp8Matrix, rows: np.ndarray) -> None:
         """Wait for the oldest band sent and copy its rows into its product's rows [out, N]."""
         self.answer()
-        self.copy_into(w, rows, self.band.start)
+        self.copy_into(rows, self.band.start, many_tokens(rows.shape[1], w))
 
     def answer(self) -> bool:
         """Wait for the oldest band sent to be done; whether the helper found NaN codes."""
@@ -132,12 +134,13 @@ class Helper:
         self.bands_done += 1
         return answer == OK_NAN
 
-    def copy_into(self, w: Fp8Matrix, rows: np.ndarray, first_row: int) -> None:
-        """Copy the band answered last, its rows from first_row on, into its product's rows [out, N]."""
+    def copy_into(self, rows: np.ndarray, first_row: int, many: bool) -> None:
+        """Copy the band answered last, its rows from first_row on, into its product's rows [out, N]
+        (laid out as result_arrays lays them out for `many` tokens)."""
         band, n = self.band, rows.shape[1]
         height = band.end - band.start
         flat = np.frombuffer(self.scratch, np.float32, height * n, CLAIMS_BYTES + self.inputs_bytes + self.rows_at)
-        rows[first_row : band.end] = result_arrays(height, n, many_tokens(n, w), flat)[1][first_row - band.start :]
+        rows[first_row : band.end] = result_arrays(height, n, many, flat)[1][first_row - band.start :]
 
     def _ensure_scratch(self, need: int) -> None:
         """Scratch memory of at least `need` bytes, shared with the helper by passing its file
@@ -279,7 +282,8 @@ def meet_in_the_middle(tokens: np.ndarray, w: Fp8Matrix, k: int, rows: np.ndarra
     if helper.answer():
         nan_check.found = True
     nan_check.done()
-    helper.copy_into(w, rows, min(int(claims[1]) * w.block[0], w.shape[0]))  # the tiles the helper took
+    first = min(int(claims[1]) * w.block[0], w.shape[0])  # the tiles the helper took
+    helper.copy_into(rows, first, many_tokens(tokens.shape[0], w))
 
 
 def from_the_front(claims: np.ndarray):
@@ -331,35 +335,50 @@ def band_matrix(w: Fp8Matrix, band: Band) -> Fp8Matrix:
 
 def int4_bands(split: np.ndarray, w: Int4Matrix, rows: np.ndarray) -> bool:
     """rows [out, N] = the INT4 product of the inputs in the tiles' order [N, in] (int4_tiles),
-    shared with the helpers: one band of whole tiles for this process and one for each helper.
-    False (nothing done) when the words are not a file's or there are no helpers."""
+    shared with the helpers: tiles from both ends with one helper and few tokens, else one band of
+    whole tiles for this process and one for each helper. False (nothing done) when the words are
+    not a file's or there are no helpers."""
     if _broken or w.origin is None or parallel.cores() < 2:
         return False
     return with_helpers(lambda workers: shared_int4(split, w, rows, workers))
 
 
 def shared_int4(split: np.ndarray, w: Int4Matrix, rows: np.ndarray, workers: list[Helper]) -> None:
-    """One band of whole tiles for this process and one for each helper."""
+    """Tiles from both ends with one helper and few tokens, else one band of whole tiles for this
+    process and one for each helper."""
+    many = split.shape[0] > MANY_TOKENS
+    if len(workers) == 1 and not many:
+        int4_meet_in_the_middle(split, w, rows, workers[0])
+        return
     mine, *theirs = int4_shares(w, len(workers) + 1)
     sent = [(helper, band) for helper, band in zip(workers, theirs) if band.end > band.start]
     for helper, band in sent:
-        helper.send_inputs(split, band.end - band.start)
-        send_int4_band(helper, w, band, split.shape[0])
-    many = split.shape[0] > MANY_TOKENS
+        send_int4_band(helper, split, w, band)
     mine_w = int4_band_matrix(w, mine)
-    apply_int4_tiles(split, mine_w, int4_row_tiles(mine_w, split.shape[1], many), rows[mine.start : mine.end])
+    apply_int4_tiles(split, mine_w, int4_row_tiles(mine_w, many), rows[mine.start : mine.end])
     for helper, band in sent:
         helper.answer()
-        height = band.end - band.start
-        flat = np.frombuffer(helper.scratch, np.float32, height * split.shape[0], CLAIMS_BYTES + helper.inputs_bytes)
-        rows[band.start : band.end] = result_arrays(height, split.shape[0], many, flat)[1]
+        helper.copy_into(rows, band.start, many)
+
+
+def int4_meet_in_the_middle(split: np.ndarray, w: Int4Matrix, rows: np.ndarray, helper: Helper) -> None:
+    """rows [out, N], for few tokens with one helper: this process takes tiles from the first on,
+    the helper from the last back, until they meet (see meet_in_the_middle)."""
+    tiles = int4_row_tiles(w, False)
+    send_int4_band(helper, split, w, Band(0, w.shape[0]), claims=(0, len(tiles)))
+    claims = helper.claims()
+    apply_int4_tiles(split, w, tiles, rows, claim=from_the_front(claims))
+    helper.answer()
+    taken = int(claims[1])  # the first tile the helper took, if any
+    helper.copy_into(rows, tiles[taken][0] if taken < len(tiles) else w.shape[0], False)
 
 
 def int4_shares(w: Int4Matrix, parts: int) -> list[Band]:
     """The weight's rows cut into `parts` bands of whole tiles, as even as the tiles allow (some
     empty when there are fewer tiles than parts)."""
-    tiles = -(-w.shape[0] // TILE_ROWS)
-    cuts = [min(tiles * p // parts * TILE_ROWS, w.shape[0]) for p in range(parts + 1)]
+    height = int4_tile_rows(w)
+    tiles = -(-w.shape[0] // height)
+    cuts = [min(tiles * p // parts * height, w.shape[0]) for p in range(parts + 1)]
     return [Band(cuts[p], cuts[p + 1]) for p in range(parts)]
 
 
@@ -369,14 +388,22 @@ def int4_band_matrix(w: Int4Matrix, band: Band) -> Int4Matrix:
     return replace(w, packed=w.packed[band.start : band.end], scales=w.scales[band.start : band.end], origin=origin)
 
 
-def send_int4_band(helper: Helper, w: Int4Matrix, band: Band, n: int) -> None:
-    """Send a band of an INT4 product of the inputs sent; its rows go first in the scratch after them."""
+def send_int4_band(helper: Helper, split: np.ndarray, w: Int4Matrix, band: Band,
+                   claims: tuple[int, int] | None = None) -> None:
+    """Send a band of an INT4 product: the inputs [N, in] and the band's group scales into the
+    scratch, then the message. With `claims`, the helper takes the band's tiles from the last back
+    (the two tile indices set to them first: the band is the whole weight)."""
+    scales = w.scales[band.start : band.end]  # float32 [rows, in / group]
+    helper.send_inputs(split, band.end - band.start, scales.nbytes)
+    at = CLAIMS_BYTES + helper.inputs_bytes
+    np.frombuffer(helper.scratch, np.float32, scales.size, at).reshape(scales.shape)[:] = scales
+    if claims is not None:
+        helper.claims()[:] = claims
     path_bytes = os.fsencode(w.origin.path)
-    scales = np.ascontiguousarray(w.scales[band.start : band.end], np.float32)
-    numbers = INT4_BAND.pack(*w.origin.identity, w.origin.offset, band.start, band.end, *w.shape, w.group, n, 0,
-                             len(path_bytes))
-    helper.conn.send_bytes(b"I" + numbers + path_bytes + scales.tobytes())
-    helper.sent.append((band, 0))
+    numbers = INT4_BAND.pack(*w.origin.identity, w.origin.offset, band.start, band.end, *w.shape, w.group,
+                             split.shape[0], len(path_bytes), 0 if claims is None else MEET)
+    helper.conn.send_bytes(b"I" + numbers + path_bytes)
+    helper.sent.append((band, scales.nbytes))  # its rows go after its scales
 
 
 # ---------------------------------------------------------------------------------------------
@@ -438,14 +465,14 @@ def multiply_band(scratch, files, message: bytes) -> tuple:
 
 
 def multiply_int4_band(scratch, files, message: bytes) -> tuple:
-    """An INT4 band message's rows of the product into the scratch, after the inputs there (in the
-    tiles' order).  [N, in] -> [rows, N]. Returns the file map and byte range the words were read from."""
-    *identity, offset, start, end, _, in_dim, group, n, rows_at, path_length = INT4_BAND.unpack_from(message, 1)
+    """An INT4 band message's rows of the product into the scratch, after the inputs (in the tiles'
+    order) and the band's group scales there.  [N, in] -> [rows, N]; tiles from the last back when
+    shared from both ends. Returns the file map and byte range the words were read from."""
+    *identity, offset, start, end, _, in_dim, group, n, path_length, how = INT4_BAND.unpack_from(message, 1)
     path_end = 1 + INT4_BAND.size + path_length
+    if len(message) != path_end:
+        raise ValueError(f"INT4 band message of {len(message)} bytes, expected {path_end} (the numbers and the path)")
     rows, groups, row_bytes = end - start, in_dim // group, in_dim // 2
-    if len(message) != path_end + 4 * rows * groups:
-        raise ValueError(f"INT4 band message of {len(message)} bytes, expected scales [{rows}, {groups}] after the path")
-    scales = np.frombuffer(message, np.float32, rows * groups, path_end).reshape(rows, groups)
     where = FileBytes(os.fsdecode(message[1 + INT4_BAND.size : path_end]), offset, tuple(identity))
     key = (where.path, where.identity)
     if key not in files:
@@ -453,11 +480,14 @@ def multiply_int4_band(scratch, files, message: bytes) -> tuple:
     view, fault_bytes = files[key]
     words_at = where.at(start * row_bytes)
     packed = np.frombuffer(view, np.int32, rows * in_dim // 8, words_at.offset).reshape(rows, in_dim // 8)
+    inputs_end = CLAIMS_BYTES + n * in_dim * 4
+    scales = np.frombuffer(scratch, np.float32, rows * groups, inputs_end).reshape(rows, groups)
     w = Int4Matrix(packed, scales, in_dim, group, origin=words_at)
     tokens = np.frombuffer(scratch, np.float32, n * in_dim, CLAIMS_BYTES).reshape(n, in_dim)
-    flat = np.frombuffer(scratch, np.float32, rows * n, CLAIMS_BYTES + n * in_dim * 4 + rows_at)
+    flat = np.frombuffer(scratch, np.float32, rows * n, inputs_end + scales.nbytes)
     many = n > MANY_TOKENS
-    apply_int4_tiles(tokens, w, int4_row_tiles(w, in_dim, many), result_arrays(rows, n, many, flat)[1])
+    claim = from_the_back(np.frombuffer(scratch, np.int64, 2)) if how & MEET else None
+    apply_int4_tiles(tokens, w, int4_row_tiles(w, many), result_arrays(rows, n, many, flat)[1], claim=claim)
     return view, words_at.offset, rows * row_bytes, fault_bytes
 
 

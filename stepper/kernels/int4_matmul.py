@@ -14,9 +14,10 @@ import numpy as np
 from stepper import int4
 from stepper.errors import StepperError
 from stepper.kernels import parallel
+from stepper.kernels.fp8_matmul import padded_to_columns
 from stepper.kernels.fp8_tiles import result_arrays
 from stepper.kernels.fp8_workers import int4_bands
-from stepper.kernels.int4_tiles import MANY_TOKENS, Decoder, apply_tiles, row_tiles, split_inputs
+from stepper.kernels.int4_tiles import MANY_TOKENS, Decoder, apply_tiles, row_tiles, split_inputs, tiles_order
 from stepper.swap import bypasses
 from stepper.weights.stored import Int4Matrix
 
@@ -24,22 +25,22 @@ SHARE_WORK = 1 << 22  # weights x tokens below which a product stays on one thre
 
 
 def tiled_int4_products(x: np.ndarray, ws: list[Int4Matrix], decode: Decoder | None = None) -> list[np.ndarray]:
-    """x @ W^T for each of several INT4 weights [out_i, in] of the same input, which is put in
-    the tiles' order once; each tile decoded by decode(w, start, end, out) (by default
-    decode_tile, large products shared with the helper processes, or else between threads).
-    [..., in] -> [[..., out_i]]"""
+    """x @ W^T for each of several INT4 weights [out_i, in] of the same input, which is padded
+    to whole columns of BLAS (padded_to_columns) and put in the tiles' order once; each tile
+    decoded by decode(w, start, end, out) (by default decode_tile, large products shared with the
+    helper processes, or else between threads).  [..., in] -> [[..., out_i]]"""
     tokens = x.reshape(-1, ws[0].shape[1]).astype(np.float32, copy=False)  # [N, in]
-    split = split_inputs(tokens)  # [N, in]
+    split = split_inputs(padded_to_columns(tokens), ws[0])  # [N', in]
+    many = split.shape[0] > MANY_TOKENS
     outs = []
     for w in ws:
-        many = tokens.shape[0] > MANY_TOKENS
-        _, rows = result_arrays(w.shape[0], tokens.shape[0], many)  # rows: [out, N]
-        tiles = row_tiles(w, split.shape[1], many)
-        large = w.packed.size * 8 * tokens.shape[0] >= SHARE_WORK
+        _, rows = result_arrays(w.shape[0], split.shape[0], many)  # rows: [out, N']
+        tiles = row_tiles(w, many)
+        large = w.packed.size * 8 * split.shape[0] >= SHARE_WORK
         if not (large and decode is None and int4_bands(split, w, rows)):
             sharing = parallel.cores() if large and decode is None else 1
             parallel.split(tiles, lambda share, w=w, rows=rows: apply_tiles(split, w, share, rows, decode), sharing)
-        outs.append(rows.T.reshape(*x.shape[:-1], w.shape[0]))  # [..., out]
+        outs.append(rows[:, : tokens.shape[0]].T.reshape(*x.shape[:-1], w.shape[0]))  # [..., out]
     return outs
 
 
@@ -51,8 +52,8 @@ def decode_via_dequantize(w: Int4Matrix, start: int, end: int, out: np.ndarray) 
     if tile.shape != (end - start, w.in_features):
         raise StepperError(f"dequantize_int4 gave shape {list(tile.shape)} for rows {start}..{end - 1} of '{w.name}', "
                            f"expected {[end - start, w.in_features]}")
-    half = w.in_features // 2
-    out[:, :half], out[:, half:] = tile[:, 0::2], tile[:, 1::2]
+    ordered = np.take(tile, tiles_order(w.in_features, w.group), axis=1)  # [rows, in]
+    np.copyto(out, ordered.reshape(end - start, out.shape[0], -1).transpose(1, 0, 2))
 
 
 def int4_products_via_dequantize(x: np.ndarray, ws: list[Int4Matrix]) -> list[np.ndarray]:

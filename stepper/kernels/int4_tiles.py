@@ -2,13 +2,17 @@
 kernels.int4_matmul does itself, with threads, or shares out with the helper processes of
 kernels.fp8_workers.
 
-A tile is decoded in the order the packed bytes hold it: byte b of a row (in a little-endian
-word) holds inputs 2b (its low nibble) and 2b + 1 (its high nibble), so the tile's first half
-is the low nibbles of every byte, its second half the high ones: inputs 0, 2, 4, ... then 1, 3,
-5, ... Taking a byte's nibbles apart is then two whole-array operations on bytes (`& 0xF`,
-`>> 4`) with no interleaving; the inputs are put in the same order once per product, and the
-product is the same sum in another order. Both halves of a row use its scales in the same
-pattern, one scale for each 16 bytes (32 inputs), made once per tile.
+A row's packed words hold its groups one after another, four words (32 inputs) a group, and byte
+q of word k of group g (a little-endian word) holds inputs 32g + 8k + 2q (its low nibble) and
+32g + 8k + 2q + 1 (its high nibble). A tile is decoded in an order where each pass is one long
+run: the tile's words are first put word by word ([rows, groups, 4] -> [4, rows, groups], one
+move for eight inputs), so its bytes lie as [word k][rows, group g, byte q]; taking the nibbles
+apart is then two whole-array operations on bytes (`& 0xF`, `>> 4`), giving eight planes
+[nibble, word k], each [rows, in/8], which the rows' scales (four times each, one per byte)
+multiply as one operand (`tiles_order` says which input each place holds). With few tokens the
+planes lie one after another and the product is theirs summed; with many, side by side in each
+row, for one GEMM (apply_tiles). The inputs are put in the same order once per product; the
+product is the same sum in another order.
 
 Each value (nibble - 8) * scale is the stored weight exactly in float32 (int4.groups), so a tile
 holds the weight's exact values.
@@ -16,7 +20,10 @@ holds the weight's exact values.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
 
 import numpy as np
 
@@ -25,53 +32,139 @@ from stepper.kernels.fp8_tiles import TALL_TILE_BYTES, kept_memory
 from stepper.swap import bypasses
 from stepper.weights.stored import Int4Matrix
 
-TILE_ROWS = 32  # rows decoded at once: [32, 7168] float32 (0.9 MB) keeps its passes in the cache
+TILE_VALUES = 1 << 17  # values decoded at once, about: [32, 7168] or [64, 2048] float32 (0.9 or 0.5 MB) stay in the cache
+MOST_TILE_ROWS = 128
 MANY_TOKENS = 128  # past this, tiles are taller (BLAS repacks the inputs for every product)
 
 
-def split_inputs(tokens: np.ndarray) -> np.ndarray:
-    """The inputs in the tiles' order, even inputs then odd.  [N, in] -> [N, in]"""
-    return np.concatenate((tokens[:, 0::2], tokens[:, 1::2]), axis=1)
+@cache
+def tiles_order(in_features: int, group: int) -> np.ndarray:
+    """The input at each place of a tile's row: the places are [nibble (low, high), word k of the
+    group][group g, byte q of the word] and hold input group*g + 8k + 2q + nibble.  -> [in] int"""
+    order = np.arange(in_features).reshape(-1, group // int4.PER_WORD, 4, 2).transpose(3, 1, 0, 2).reshape(-1)
+    order.flags.writeable = False
+    return order
+
+
+def split_inputs(tokens: np.ndarray, w: Int4Matrix) -> np.ndarray:
+    """The inputs in the tiles' order (tiles_order).  [N, in] -> [N, in]"""
+    return np.take(tokens, tiles_order(w.in_features, w.group), axis=1)
+
+
+def planes(w: Int4Matrix) -> int:
+    """The planes of a tile: one for each nibble (low, high) of each word of a group (8)."""
+    return 2 * (w.group // int4.PER_WORD)
+
+
+def tile_rows(w: Int4Matrix) -> int:
+    """Rows decoded at once: as many whole 32s as TILE_VALUES hold, 32 to MOST_TILE_ROWS (a
+    narrow weight in taller tiles: fewer NumPy calls for the same values)."""
+    return min(MOST_TILE_ROWS, 32 * max(1, TILE_VALUES // (32 * w.in_features)))
+
+
+@dataclass(frozen=True)
+class TileMemory:
+    """This thread's memory for decoding tiles of one height and width, with its views made once
+    (a view to another dtype costs microseconds, and a tile is decoded in tens)."""
+
+    words: np.ndarray  # int32 [words of a group, rows, groups]: the tile's words, word by word
+    codes: np.ndarray  # the same bytes, uint8 [words of a group, rows, in/8]
+    nibbles: np.ndarray  # uint8 [2, words of a group, rows, in/8]: low nibbles, then high ones
+    values: np.ndarray  # the same bytes, int8 [planes, rows, in/8]
+    pairs: np.ndarray  # uint64 [rows, groups, 2]: two copies of a scale's bits in each
+    scales: np.ndarray  # the same bytes, float32 [rows, in/8]: each group's scale once per byte
+
+
+KEPT_SHAPES = 64  # tile shapes whose memory a thread keeps (a model has a handful)
+_memory = threading.local()
+
+
+def tile_memory(rows: int, w: Int4Matrix) -> TileMemory:
+    """This thread's TileMemory for `rows` rows of w, kept from one tile (and product) to the next."""
+    kept = getattr(_memory, "kept", None)
+    if kept is None or len(kept) >= KEPT_SHAPES:
+        kept = _memory.kept = {}
+    key = (rows, w.in_features, w.group)
+    if key not in kept:
+        per_group, groups, width = w.group // int4.PER_WORD, w.in_features // w.group, w.in_features // 8
+        words = np.empty((per_group, rows, groups), np.int32)
+        nibbles = np.empty((2, per_group, rows, width), np.uint8)
+        pairs = np.empty((rows, groups, 2), np.uint64)
+        kept[key] = TileMemory(words, words.view(np.uint8).reshape(per_group, rows, width), nibbles,
+                               nibbles.view(np.int8).reshape(2 * per_group, rows, width), pairs,
+                               pairs.view(np.float32).reshape(rows, width))
+    return kept[key]
 
 
 def decode_tile(w: Int4Matrix, start: int, end: int, out: np.ndarray) -> np.ndarray:
-    """Rows [start, end) of the weight as float32, in the tiles' order, into `out` [rows, in]."""
-    rows, width = end - start, w.in_features // 2  # each half: one value per byte
-    codes = w.packed[start:end].view(np.uint8)  # [rows, in / 2]: byte b = inputs 2b, 2b + 1
-    nibbles = kept_memory("int4 nibbles", rows, width // 4).view(np.uint8)  # [rows, width] bytes
-    for half, take in ((out[:, :width], np.bitwise_and), (out[:, width:], np.right_shift)):
-        take(codes, 0xF if take is np.bitwise_and else 4, out=nibbles)  # low nibbles, then high ones: 0..15
-        np.subtract(nibbles, int4.OFFSET, out=nibbles)  # mod 256: as int8, -8..7
-        np.copyto(half, nibbles.view(np.int8))
-    scales = kept_memory("int4 scales", rows, width)  # each group's scale over its group / 2 bytes
-    np.copyto(scales.reshape(rows, -1, w.group // 2), w.scales[start:end, :, None])
-    np.multiply(out.reshape(rows, 2, width), scales[:, None, :], out=out.reshape(rows, 2, width))
+    """Rows [start, end) of the weight as float32, in the tiles' order (tiles_order), into `out`
+    [planes, rows, in/8] (a view: the planes one after another, or side by side in each row): every
+    value (nibble - 8) * its group's scale."""
+    rows, groups, per_group = end - start, w.in_features // w.group, w.group // int4.PER_WORD
+    memory = tile_memory(rows, w)
+    np.copyto(memory.words, w.packed[start:end].reshape(rows, groups, per_group).transpose(2, 0, 1))
+    np.bitwise_and(memory.codes, 0xF, out=memory.nibbles[0])  # 0..15
+    np.right_shift(memory.codes, 4, out=memory.nibbles[1])
+    np.subtract(memory.nibbles, int4.OFFSET, out=memory.nibbles)  # mod 256: as int8, -8..7
+    np.copyto(out, memory.values)
+    np.multiply(out, scales_per_byte(w.scales[start:end], memory), out=out)  # the same [rows, in/8] for every plane
     return out
 
 
-Decoder = Callable[[Int4Matrix, int, int, np.ndarray], object]  # (w, start, end, out [rows, in] in the tiles' order)
+TWO_COPIES = np.uint64(0x1_0000_0001)  # b * (2^32 + 1) = b in both halves of 64 bits, for 32-bit b
 
 
-def row_tiles(w: Int4Matrix, width: int, many: bool) -> list[tuple[int, int]]:
-    """[start, end) of each tile: TILE_ROWS rows, or with many tokens as many whole TILE_ROWS as
+def scales_per_byte(scales: np.ndarray, memory: TileMemory) -> np.ndarray:
+    """Each group scale four times, once for each byte of a word: two copies at once as the 64-bit
+    product of its bits and 2^32 + 1, written twice.  float32 [rows, groups] -> [rows, groups * 4]"""
+    bits = np.ascontiguousarray(scales).view(np.uint32)
+    np.multiply(bits, TWO_COPIES, out=memory.pairs[:, :, 0], dtype=np.uint64)
+    np.copyto(memory.pairs[:, :, 1], memory.pairs[:, :, 0])
+    return memory.scales
+
+
+Decoder = Callable[[Int4Matrix, int, int, np.ndarray], object]  # (w, start, end, out [planes, rows, in/8] as decode_tile's)
+
+
+def row_tiles(w: Int4Matrix, many: bool) -> list[tuple[int, int]]:
+    """[start, end) of each tile: tile_rows(w) rows, or with many tokens as many times that as
     TALL_TILE_BYTES of float32 hold."""
-    height = TILE_ROWS * (max(1, TALL_TILE_BYTES // (4 * width * TILE_ROWS)) if many else 1)
+    rows = tile_rows(w)
+    height = rows * (max(1, TALL_TILE_BYTES // (4 * w.in_features * rows)) if many else 1)
     return [(r, min(r + height, w.shape[0])) for r in range(0, w.shape[0], height)]
 
 
 def apply_tiles(split: np.ndarray, w: Int4Matrix, tiles: list[tuple[int, int]], rows: np.ndarray,
-                decode: Decoder | None = None) -> None:
-    """Decode and multiply each tile into its rows of `rows` [out, N]; this thread's buffer reused,
-    a tall tile decoded TILE_ROWS rows at a time (decode_tile) or whole (a decoder given)."""
-    buffer = kept_memory("int4 tile", max((end - start for start, end in tiles), default=0), split.shape[1])
-    for start, end in tiles:
-        tile = buffer[: end - start]
+                decode: Decoder | None = None, claim: Callable[[], int | None] | None = None) -> None:
+    """Decode and multiply each tile into its rows of `rows` [out, N]; this thread's buffers reused,
+    a tall tile decoded tile_rows(w) rows at a time (decode_tile) or whole (a decoder given).
+
+    With few tokens a tile is held as its planes one after another, each multiplied by its inputs
+    and the products summed (every pass over the tile one long run); with many, as rows [rows, in],
+    the planes side by side, for one GEMM over whole rows (BLAS is slower on short ones). With
+    `claim`, only the tiles it hands out are done (by index, until it gives None): a product
+    shared from both ends with a helper process (fp8_workers)."""
+    n, count, many = split.shape[0], planes(w), split.shape[0] > MANY_TOKENS
+    width = w.in_features // count
+    height = max((end - start for start, end in tiles), default=0)
+    buffer = kept_memory("int4 tile", height, w.in_features).reshape(-1)
+    products = None if many else kept_memory("int4 products", count * height, n).reshape(count, height, n)
+    inputs = split.T if many else split.reshape(n, count, width).transpose(1, 2, 0)  # [in, N] or [planes, in/8, N]
+    step = tile_rows(w)
+    for i in range(len(tiles)) if claim is None else iter(claim, None):
+        start, end = tiles[i]
+        tile = buffer[: (end - start) * w.in_features]
+        places = tile.reshape(end - start, count, width).transpose(1, 0, 2) if many else tile.reshape(count, -1, width)
         if decode is None:
-            for r in range(start, end, TILE_ROWS):
-                decode_tile(w, r, min(r + TILE_ROWS, end), tile[r - start : r - start + TILE_ROWS])
+            for r in range(0, end - start, step):
+                decode_tile(w, start + r, min(start + r + step, end), places[:, r : r + step])
         else:
-            decode(w, start, end, tile)
-        np.matmul(tile, split.T, out=rows[start:end])
+            decode(w, start, end, places)
+        if many:
+            np.matmul(tile.reshape(end - start, -1), inputs, out=rows[start:end])
+        else:
+            np.matmul(places, inputs, out=products[:, : end - start])
+            np.sum(products[:, : end - start], axis=0, out=rows[start:end])
 
 
 def dequantize_via_reference(w: Int4Matrix, out: np.ndarray | None = None) -> np.ndarray:
@@ -89,8 +182,7 @@ def int4_rows(w: Int4Matrix, out: np.ndarray | None = None) -> np.ndarray:
     of rows at a time with the byte table (int4.unpack) straight into its rows; into `out` if
     given (C-contiguous).  -> [out, in]"""
     out = np.empty(w.shape, np.float32) if out is None else out
-    for start in range(0, w.shape[0], TILE_ROWS):
-        end = min(start + TILE_ROWS, w.shape[0])
+    for start, end in row_tiles(w, False):
         tile = out[start:end]
         int4.unpack(w.packed[start:end], tile)
         values = tile.reshape(end - start, -1, w.group)

@@ -70,8 +70,10 @@ def test_int4_experts_against_fp8_on_a_small_config(tmp_path):
     fp8_folder = bench.ensure_checkpoint(tmp_path, bench.bench_config("tiny", None), range(1, 2))
     fp8 = bench.moe_figures(fp8_folder, said.append, " (FP8)", repeats=(2, 2))
     figures = bench.int4_versus_fp8(tmp_path, "tiny", said.append, fp8, repeats=(2, 2))
-    assert [f.unit for f in figures] == ["s", "s", "x", "x"]
-    decode, prefill, decode_ratio, prefill_ratio = figures
+    assert [f.unit for f in figures] == ["s", "s", "x", "x", "x", "x", "x"]
+    decode, prefill, decode_ratio, prefill_ratio, *experts = figures
+    assert [f.name.partition(" layer 1, ")[2] for f in experts] == [
+        f"one routed expert, {n} token(s): INT4 / FP8" for n in (1, 11, 512)]
     assert "decode 1 token" in decode.name and "prefill 512 tokens" in prefill.name
     assert decode_ratio.name == "tiny layer 1, decode 1 token: INT4 experts / FP8 experts"
     assert (decode_ratio.value, prefill_ratio.value) == (decode.value / fp8[0].value, prefill.value / fp8[1].value)
@@ -89,3 +91,21 @@ def test_the_indexer_scenario_times_the_indexer_the_attention_and_the_layer_of_a
     ]
     assert all(f.value > 0 and f.unit == "s" for f in figures) and "4 of up to 24 positions kept" in figures[0].note
     assert said[-1] == "tiny-v32 layer 0: prefill 24 tokens, the indexer apart from the attention"
+
+
+def test_the_expert_scenario_times_one_expert_of_each_checkpoint_in_turn(tmp_path, monkeypatch):
+    from stepper.model.ops import swiglu
+    from stepper.presets import preset
+    from stepper.weights.stored import Fp8Matrix, Int4Matrix
+    from stepper.weights.synth import requantized, synth_checkpoint
+    from stepper.weights.synthetic import SyntheticWeights
+
+    fp8 = synth_checkpoint(SyntheticWeights(preset("tiny")), tmp_path / "fp8", range(1, 2))
+    int4 = synth_checkpoint(SyntheticWeights(requantized(preset("tiny"), "int4")), tmp_path / "int4", range(1, 2))
+    kinds = []
+    monkeypatch.setattr(bench, "swiglu", lambda x, *ws: kinds.append({type(w) for w in ws}) or swiglu(x, *ws))
+    [figure] = bench.expert_products(str(fp8), str(int4), tokens=3, pairs=2)
+    assert figure.name.endswith(" layer 1, one routed expert, 3 token(s): INT4 / FP8") and figure.unit == "x"
+    assert figure.value > 0 and "median of 2 ratios" in figure.note
+    fp8_run, int4_run = {Fp8Matrix}, {Int4Matrix}  # one untimed run of each, then two pairs in turn
+    assert kinds == [fp8_run, int4_run, fp8_run, int4_run, int4_run, fp8_run]

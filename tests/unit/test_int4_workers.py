@@ -14,7 +14,7 @@ from stepper.weights.stored import Int4Matrix
 from stepper.weights.synth import requantized, synth_checkpoint
 from stepper.weights.synthetic import SyntheticWeights
 
-EXPERT = "model.layers.1.mlp.experts.3.down_proj.weight"  # [320, 96]: ten tiles of 32 rows
+EXPERT = "model.layers.1.mlp.experts.3.down_proj.weight"  # [320, 96]: tiles of 128, 128 and 64 rows
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +49,7 @@ def test_shared_product_equals_the_dense_product(checkpoint, shared, tokens):
 def test_a_helper_that_fails_leaves_the_products_here(checkpoint, shared, monkeypatch):
     w = checkpoint.matrix(EXPERT)
     x = np.ones((2, w.shape[1]), np.float32)
-    monkeypatch.setattr(fp8_workers, "send_int4_band", lambda *a: (_ for _ in ()).throw(OSError("gone")))
+    monkeypatch.setattr(fp8_workers, "send_int4_band", lambda *a, **k: (_ for _ in ()).throw(OSError("gone")))
     y = linear(x, w)
     assert fp8_workers._broken
     np.testing.assert_allclose(y, x @ w.dequantize().T, rtol=1e-5, atol=1e-6)
@@ -61,3 +61,31 @@ def test_bands_are_whole_tiles_covering_the_rows():
         bands = fp8_workers.int4_shares(w, parts)
         assert len(bands) == parts and bands[0].start == 0 and bands[-1].end == 1000
         assert all(a.end == b.start and a.end % 32 in (0, 1000 % 32) for a, b in itertools.pairwise(bands))
+
+
+def this_process_takes_none(claims):
+    """A claim for this process's side that leaves every tile to the helper."""
+    return lambda: None
+
+
+def this_process_takes_all(claims):
+    """A claim for this process's side that takes every tile, the helper's count set so it stops."""
+    tiles = iter(range(int(claims[1])))
+
+    def take():
+        tile = next(tiles, None)
+        if tile is not None:
+            claims[0] = tile + 1
+        return tile
+    return take
+
+
+@pytest.mark.parametrize("front", [this_process_takes_none, this_process_takes_all])
+def test_tiles_from_both_ends_give_every_row_whichever_side_takes_them(checkpoint, shared, monkeypatch, front):
+    w = checkpoint.matrix(EXPERT)
+    x = np.random.default_rng(2).standard_normal((3, w.shape[1])).astype(np.float32)
+    monkeypatch.setattr(fp8_workers, "from_the_front", front)
+    y = linear(x, w)
+    assert not fp8_workers._broken and fp8_workers.helpers()[0].bands_done == 1
+    exact = x.astype(np.float64) @ w.dequantize().astype(np.float64).T
+    assert np.abs(y - exact).max() <= 2e-6 * np.abs(exact).max()
