@@ -1,6 +1,7 @@
 """x @ W^T for every kind of weight, behind one call: float32 weights with BLAS (large ones
-shared out by rows across the cores), FP8 weights (kernels.fp8_matmul) and INT4 weights
-(kernels.int4_matmul) decoded tile by tile inside the product, never held whole in float32.
+shared out by rows across the cores), FP8 weights (kernels.fp8_matmul), INT4 weights
+(kernels.int4_matmul) and BF16 weights (kernels.bf16_matmul) decoded tile by tile inside the
+product, never held whole in float32.
 """
 
 from __future__ import annotations
@@ -8,25 +9,28 @@ from __future__ import annotations
 import numpy as np
 
 from stepper.kernels import parallel
+from stepper.kernels.bf16_matmul import bf16_products
 from stepper.kernels.fp8_matmul import dequantize_rows, linear_fp8, products
 from stepper.kernels.int4_matmul import int4_products
 from stepper.kernels.int4_tiles import int4_rows
-from stepper.weights.stored import Fp8Matrix, Int4Matrix
+from stepper.weights.stored import Bf16Matrix, Fp8Matrix, Int4Matrix
 
-Coded = (Fp8Matrix, Int4Matrix)  # weights kept as their codes
+Coded = (Fp8Matrix, Int4Matrix, Bf16Matrix)  # weights kept as stored
 
 SPLIT_WEIGHTS = 1 << 20  # a float32 weight of this many values or more is shared out by rows
 
 
-def linear(x: np.ndarray, weight: np.ndarray | Fp8Matrix | Int4Matrix) -> np.ndarray:
+def linear(x: np.ndarray, weight: np.ndarray | Fp8Matrix | Int4Matrix | Bf16Matrix) -> np.ndarray:
     """x @ W^T with an HF-layout weight [out, in].  [..., in] -> [..., out]
 
-    An FP8 or INT4 weight is decoded tile by tile inside the product, never as a whole.
+    An FP8, INT4 or BF16 weight is decoded tile by tile inside the product, never as a whole.
     """
     if isinstance(weight, Fp8Matrix):
         return linear_fp8(x, weight)
     if isinstance(weight, Int4Matrix):
         return int4_products(x, [weight])[0]
+    if isinstance(weight, Bf16Matrix):
+        return bf16_products(x, [weight])[0]
     if weight.size < SPLIT_WEIGHTS:
         return np.matmul(x, weight.T)
     return linear_by_rows(x, weight)
@@ -39,21 +43,25 @@ def linears(x: np.ndarray, weights: tuple) -> list[np.ndarray]:
         return products(x, list(weights))
     if all(isinstance(w, Int4Matrix) for w in weights):
         return int4_products(x, list(weights))
+    if all(isinstance(w, Bf16Matrix) for w in weights):
+        return bf16_products(x, list(weights))
     return [linear(x, w) for w in weights]
 
 
-def float32_weight(weight: np.ndarray | Fp8Matrix | Int4Matrix, out: np.ndarray | None = None) -> np.ndarray:
+def float32_weight(weight: np.ndarray | Fp8Matrix | Int4Matrix | Bf16Matrix, out: np.ndarray | None = None) -> np.ndarray:
     """A weight as float32 [out, in]: an FP8 one decoded a block of rows at a time (the same bits
-    as fp8.dequantize, a few times faster), an INT4 one a tile of rows at a time (its exact
-    values), into `out` if given; a float32 one as it is."""
+    as fp8.dequantize, a few times faster), an INT4 one a tile of rows at a time, a BF16 one
+    whole (both their exact values), into `out` if given; a float32 one as it is."""
     if isinstance(weight, Fp8Matrix):
         return dequantize_rows(weight, out)
     if isinstance(weight, Int4Matrix):
         return int4_rows(weight, out)
+    if isinstance(weight, Bf16Matrix):
+        return weight.dequantize(out)
     return weight
 
 
-def float32_kept(weight: np.ndarray | Fp8Matrix | Int4Matrix, kept: dict) -> np.ndarray:
+def float32_kept(weight: np.ndarray | Fp8Matrix | Int4Matrix | Bf16Matrix, kept: dict) -> np.ndarray:
     """float32_weight(weight), read-only, decoded into memory kept in `kept` from one call to the
     next (shape -> (memory, the FileBytes key of the weight it holds)), so valid only until the
     next call for that shape. Fresh memory for each call would fault its pages in again, and a

@@ -1,9 +1,9 @@
 """A tensor as a checkpoint stores it: FP8 codes with their block scales, INT4 packed words with
 their group scales, BF16 or F32.
 
-`Stored` is what a weight source hands out; `Fp8Matrix` an FP8 weight [out, in] with its scales
-and `Int4Matrix` an INT4 one, kept as codes so the kernels decode them tile by tile inside a
-product; `FileBytes` where its codes lie in a file.
+`Stored` is what a weight source hands out; `Fp8Matrix` an FP8 weight [out, in] with its scales,
+`Int4Matrix` an INT4 one and `Bf16Matrix` a BF16 one, kept as stored so the kernels decode them
+tile by tile inside a product; `FileBytes` where its codes lie in a file.
 """
 
 from __future__ import annotations
@@ -105,6 +105,39 @@ class Int4Matrix:
         return int4.dequantize_int4(self.packed, self.scales, self.in_features, self.group, name=self.name)
 
 
+@dataclass(frozen=True)
+class Bf16Matrix:
+    """A BF16 weight [out, in] as its 16-bit patterns: a BF16 value is the top half of the
+    float32 with the same bits, so bits << 16 is its float32 exactly."""
+
+    bits: np.ndarray  # uint16 [out, in]
+    name: str = "weight"
+    origin: FileBytes | None = None
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.bits.shape
+
+    @property
+    def file_key(self) -> tuple[FileBytes, tuple[int, int]] | None:
+        return None if self.origin is None else (self.origin, self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.bits.nbytes
+
+    def dequantize(self, out: np.ndarray | None = None) -> np.ndarray:
+        """The float32 weight, into `out` [out, in] if given."""
+        return bf16_rows(self.bits, np.empty(self.shape, np.float32) if out is None else out)
+
+
+def bf16_rows(bits: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """BF16 patterns [rows, in] (uint16) as float32 into `out` [rows, in]: each pattern is the high
+    16 bits of its float32, the low 16 bits zero."""
+    np.left_shift(bits, 16, out=out.view(np.uint32), dtype=np.uint32)
+    return out
+
+
 INT4 = "INT4"  # Stored.dtype of a pack-quantized weight (packed I32 words, scales, its weight_shape)
 
 
@@ -127,12 +160,14 @@ class Stored:
             return int4.dequantize_int4(self.data, self.scale_inv, self.columns, self.block[1], name=name)
         return np.asarray(self.data, dtype=np.float32)
 
-    def matrix(self, name: str = "") -> np.ndarray | Fp8Matrix | Int4Matrix:
-        """What the model multiplies with: FP8 and INT4 weights stay codes (decoded tile by tile)."""
+    def matrix(self, name: str = "") -> np.ndarray | Fp8Matrix | Int4Matrix | Bf16Matrix:
+        """What the model multiplies with: FP8, INT4 and BF16 weights stay as stored (decoded tile by tile)."""
         if self.dtype == "F8_E4M3":
             return Fp8Matrix.of(self.data, self.scale_inv, self.block, name, self.origin)
         if self.dtype == INT4:
             return Int4Matrix.of(self.data, self.scale_inv, self.columns, self.block[1], name, self.origin)
+        if self.dtype == "BF16" and self.data.ndim == 2:
+            return Bf16Matrix(self.data.view(np.uint16), name, self.origin)
         return self.as_float32(name)
 
     @property

@@ -1,0 +1,54 @@
+"""x @ W^T for BF16 weights, decoded a tile of rows at a time inside the product, never held
+whole in float32: a BF16 pattern shifted 16 bits up is its float32 exactly (weights.stored.bf16_rows).
+
+Kimi-K2-Thinking's and K2.5's attention and shared experts are BF16, as are DeepSeek-V2's
+weights. Turning such a weight into a fresh float32 array for every use costs more than the
+product it serves: 235 MB of new memory for one o_proj, its page faults, and a pass over it.
+Here each thread decodes one tile into memory of its own, kept from one product to the next,
+and multiplies it while it is still in the cache; large products are shared out by tiles across
+the cores. The values are the same; only the blocking of BLAS's sums may differ.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from stepper.kernels import parallel
+from stepper.kernels.fp8_tiles import TALL_TILE_BYTES, kept_memory
+from stepper.weights.stored import Bf16Matrix, bf16_rows
+
+TILE_BYTES = 1 << 20  # float32 bytes of a tile for one token: it stays in the cache while multiplied
+SHARE_WORK = 1 << 22  # weights x tokens below which a product stays on one thread
+
+
+def tile_rows(w: Bf16Matrix, tokens: int) -> int:
+    """Rows per tile: about TILE_BYTES of float32 for one token (a decode step, where the product
+    costs no more than the decoding), TALL_TILE_BYTES for several: a BLAS call per tile, and few
+    long calls are faster than many short ones there (much faster when BLAS runs threads of its
+    own, as it may when stepper is used as a library)."""
+    return max(8, (TILE_BYTES if tokens == 1 else TALL_TILE_BYTES) // (4 * w.shape[1]))
+
+
+def bf16_products(x: np.ndarray, ws: list[Bf16Matrix]) -> list[np.ndarray]:
+    """x @ W^T for each of several BF16 weights [out_i, in] of the same input.  [..., in] -> [[..., out_i]]"""
+    tokens = x.reshape(-1, ws[0].shape[1]).astype(np.float32, copy=False)  # [N, in]
+    return [bf16_product(tokens, w).T.reshape(*x.shape[:-1], w.shape[0]) for w in ws]
+
+
+def bf16_product(tokens: np.ndarray, w: Bf16Matrix) -> np.ndarray:
+    """W @ tokens^T, a tile of W's rows at a time.  tokens [N, in] -> [out, N]"""
+    out_dim, in_dim = w.shape
+    rows_t = np.empty((out_dim, tokens.shape[0]), np.float32)  # [out, N]
+    height = tile_rows(w, tokens.shape[0])
+    tiles = [(r, min(r + height, out_dim)) for r in range(0, out_dim, height)]
+    inputs = tokens.T  # [in, N]
+
+    def multiply(share: list[tuple[int, int]]) -> None:
+        tile = kept_memory("bf16 tile", height, in_dim)  # [rows, in], this thread's
+        for start, end in share:
+            decoded = bf16_rows(w.bits[start:end], tile[: end - start])  # [rows, in]
+            np.matmul(decoded, inputs, out=rows_t[start:end])
+
+    large = w.bits.size * tokens.shape[0] >= SHARE_WORK
+    parallel.split(tiles, multiply, None if large else 1)
+    return rows_t

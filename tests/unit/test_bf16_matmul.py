@@ -1,0 +1,63 @@
+"""BF16 weights multiplied tile by tile (kernels.bf16_matmul): the decoded values are ml_dtypes'
+bit for bit, the products those of the float32 weight, one token or many, on one thread or shared."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from stepper.kernels import bf16_matmul
+from stepper.kernels.linear import float32_kept, float32_weight, linear, linears
+from stepper.weights.stored import Bf16Matrix, Stored, bf16_rows
+
+
+def bf16_weight(rng, out: int, inp: int) -> np.ndarray:
+    return rng.standard_normal((out, inp), dtype=np.float32).astype(ml_dtypes.bfloat16)
+
+
+def test_every_bf16_pattern_decodes_to_ml_dtypes_float32_bit_for_bit():
+    patterns = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).reshape(256, 256)  # NaNs, infinities, subnormals, -0
+    decoded = bf16_rows(patterns, np.empty((256, 256), np.float32))
+    expected = patterns.view(ml_dtypes.bfloat16).astype(np.float32)
+    np.testing.assert_array_equal(decoded.view(np.uint32), expected.view(np.uint32))
+    assert decoded.view(np.uint32)[0, 1] == 0x10000  # the pattern 0x0001 is the float32 0x00010000: shifted 16 bits up
+
+
+def test_a_bf16_matrix_is_kept_as_stored_and_other_tensors_are_float32():
+    w = bf16_weight(np.random.default_rng(0), 5, 7)
+    matrix = Stored("BF16", w).matrix("m")
+    assert isinstance(matrix, Bf16Matrix) and matrix.shape == (5, 7) and matrix.nbytes == 70
+    assert np.shares_memory(matrix.bits, w)  # no copy
+    vector = Stored("BF16", w[0]).matrix("v")  # a norm's weight: not a matrix
+    assert isinstance(vector, np.ndarray) and vector.dtype == np.float32
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 200])
+@pytest.mark.parametrize("shared", [False, True])
+def test_products_equal_the_float32_weights_product(tokens, shared, monkeypatch):
+    monkeypatch.setattr(bf16_matmul, "TILE_BYTES", 4 * 96 * 8)  # 8-row tiles: many, the last one short
+    monkeypatch.setattr(bf16_matmul, "TALL_TILE_BYTES", 4 * 96 * 16)
+    if shared:
+        monkeypatch.setattr(bf16_matmul, "SHARE_WORK", 1)
+    rng = np.random.default_rng(tokens)
+    w = bf16_weight(rng, 77, 96)
+    x = rng.standard_normal((1, tokens, 96), dtype=np.float32)
+    exact = (x.astype(np.float64) @ w.astype(np.float64).T)  # [1, N, 77]
+    got = linear(x, Stored("BF16", w).matrix())
+    assert got.shape == (1, tokens, 77) and got.dtype == np.float32
+    np.testing.assert_allclose(got, exact, rtol=2e-5, atol=2e-5 * np.abs(exact).max())
+    np.testing.assert_allclose(got, np.matmul(x, w.astype(np.float32).T), rtol=1e-5, atol=1e-5)
+
+
+def test_several_weights_of_one_input_and_the_decoded_copies():
+    rng = np.random.default_rng(1)
+    gate, up = bf16_weight(rng, 40, 24), bf16_weight(rng, 40, 24)
+    x = rng.standard_normal((2, 24), dtype=np.float32)
+    got = linears(x, (Stored("BF16", gate).matrix(), Stored("BF16", up).matrix()))
+    for g, w in zip(got, (gate, up)):
+        np.testing.assert_allclose(g, x @ w.astype(np.float32).T, rtol=1e-5, atol=1e-6)
+    m = Stored("BF16", gate).matrix()
+    np.testing.assert_array_equal(float32_weight(m), gate.astype(np.float32))
+    kept: dict = {}
+    first = float32_kept(m, kept)
+    np.testing.assert_array_equal(first, gate.astype(np.float32))
+    assert not first.flags.writeable
