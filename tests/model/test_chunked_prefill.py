@@ -15,7 +15,7 @@ from stepper import catalog, prefill
 from stepper.chunked import Chunked
 from stepper.kernels import attention as kernels
 from stepper.model import KVCache, Transformer
-from stepper.session import RunSpec, execute, prepare, run
+from stepper.session import RunSpec, execute, fill_cache, prepare, run, step_attn
 from stepper.statistics import BINS
 from stepper.tiled import Tiled
 from stepper.trace import Emitter, Filter, Recorder
@@ -37,17 +37,18 @@ def one_by_one(spec: RunSpec, chunk: int) -> dict[str, np.ndarray]:
     along T (or N), rows widened with the masked future, tensors over S alone from the last chunk."""
     plan = prepare(spec)
     model, cache, parts = Transformer(plan.weights), KVCache(plan.config.num_hidden_layers), {}
-    ids = np.array([plan.prompt])
+    if spec.cache_len:
+        fill_cache(plan, model, cache)
+    ids, attn = np.array([plan.prompt]), step_attn(spec, 0)
     for start in range(0, ids.shape[1], chunk):
         span = slice(start, min(start + chunk, ids.shape[1]))
+        positions = spec.start_pos + spec.cache_len + np.arange(span.start, span.stop)
         recorder = Recorder()
         emit = Emitter([recorder])
         if plan.alone:
-            hidden = model.embed(ids[:, span])
-            model.layer(spec.layer, hidden, model.rope(spec.start_pos + np.arange(span.start, span.stop), emit), cache,
-                        emit, spec.attn)
+            model.layer(spec.layer, model.embed(ids[:, span]), model.rope(positions, emit), cache, emit, attn)
         else:
-            model.forward(ids[:, span], spec.start_pos + np.arange(span.start, span.stop), emit, cache, attn=spec.attn)
+            model.forward(ids[:, span], positions, emit, cache, attn=attn)
         for e in recorder.events:
             parts.setdefault(e.name, (e.key, []))[1].append(np.asarray(e.array))
     return {name: put_together(key, pieces) for name, (key, pieces) in parts.items()}
@@ -90,6 +91,7 @@ CASES = [
     pytest.param(RunSpec(model="tiny", prompt_len=13, decode=2), 8, id="tiny-model-naive-then-absorbed-decode"),
     pytest.param(RunSpec(model="tiny", layer=1, prompt_len=17, attn="absorb", start_pos=5000), 6, id="tiny-lone-layer-absorbed-past-4096"),
     pytest.param(RunSpec(model="tiny-v32", layer=1, prompt_len=11, attn="naive"), 3, id="indexer-lone-layer"),
+    pytest.param(RunSpec(model="tiny", layer=0, prompt_len=9, cache_len=20, decode=1), 4, id="after-a-synthetic-cache"),
     pytest.param(RunSpec(model="tiny-v32", prompt_len=10, attn="absorb", decode=1), 6, id="indexer-model-absorbed"),
 ]
 
