@@ -53,15 +53,18 @@ def in_chunks(step: Step, length: int, chunk: int, cache: KVCache, emit: Emitter
     for k, span in enumerate(spans):
         emit.progress("prefill chunks", k, len(spans))
         before.append([layer.length for layer in cache.layers])
-        gathered.chunk = k
         result = step(span, cache, emit.to([gathered]))
+    emit.progress("prefill chunks", len(spans), len(spans))
     replay = Replay(step, spans, [layer.first(layer.length) for layer in cache.layers], before, emit)
-    for part in gathered.parts.values():
+    parts = list(gathered.parts.values())
+    for part in parts:
         part.close_stats()
-    for k in range(len(spans)):
-        emit.progress("prefill chunks again, for the histograms", k, len(spans))
-        replay.run(k, [gathered.count])
-    for part in gathered.parts.values():
+    if any(part.axis is not None for part in parts):  # some histogram to count, its range now known
+        for k in range(len(spans)):
+            emit.progress("prefill chunks again, for the histograms", k, len(spans))
+            replay.run(k, [gathered.count])
+        emit.progress("prefill chunks again, for the histograms", len(spans), len(spans))
+    for part in parts:
         emit.deliver(part.event(replay))
     return result
 

@@ -296,8 +296,9 @@ def execute(plan: Plan, sinks: Iterable[Sink]) -> RunResult:
         more = step < spec.decode
         if plan.alone and hidden is None:
             hidden = layer_input(model, ids, spec.seed, step)
-        run_step = partial(one_step, plan, model, ids, hidden, positions, step_attn(spec, step))
         chunk = spec.chunk if step == 0 and spec.chunk else len(positions)
+        runs = chunked_model(plan, model) if chunk < len(positions) else model
+        run_step = partial(one_step, plan, runs, ids, hidden, positions, step_attn(spec, step))
         logits = prefill.in_chunks(run_step, len(positions), chunk, cache, phase)
         token = None if not more else decode_tokens[step] if plan.alone else int(np.argmax(logits[0, -1]))
         if token is not None:
@@ -308,6 +309,16 @@ def execute(plan: Plan, sinks: Iterable[Sink]) -> RunResult:
             positions = positions[-1:] + 1
             hidden = None
     return RunResult(cfg, plan.prompt, tuple(generated))
+
+
+def chunked_model(plan: Plan, model: Transformer) -> Transformer:
+    """The model a chunked prefill runs: its chunks run again for the histograms and must make the
+    same values, but past a weight's first use a weight cache multiplies by its decoded float32
+    copy, which rounds differently; so the prefill reads the weights as stored, as a whole
+    prompt's prefill (every weight's first use) does."""
+    if isinstance(plan.weights, CachedWeights):
+        return Transformer(plan.weights.source, model.dispatch)
+    return model
 
 
 def one_step(plan: Plan, model: Transformer, ids: np.ndarray, hidden: np.ndarray | None, positions: np.ndarray,

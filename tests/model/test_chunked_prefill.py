@@ -91,7 +91,8 @@ CASES = [
     pytest.param(RunSpec(model="tiny", prompt_len=13, decode=2), 8, id="tiny-model-naive-then-absorbed-decode"),
     pytest.param(RunSpec(model="tiny", layer=1, prompt_len=17, attn="absorb", start_pos=5000), 6, id="tiny-lone-layer-absorbed-past-4096"),
     pytest.param(RunSpec(model="tiny-v32", layer=1, prompt_len=11, attn="naive"), 3, id="indexer-lone-layer"),
-    pytest.param(RunSpec(model="tiny", layer=0, prompt_len=9, cache_len=20, decode=1), 4, id="after-a-synthetic-cache"),
+    pytest.param(RunSpec(model="tiny", layer=0, prompt_len=9, cache_len=20, decode=1, weight_cache_mb=64), 4,
+                 id="after-a-synthetic-cache-with-a-weight-cache"),
     pytest.param(RunSpec(model="tiny-v32", prompt_len=10, attn="absorb", decode=1), 6, id="indexer-model-absorbed"),
 ]
 
@@ -101,7 +102,7 @@ def test_a_chunked_prefill_shows_the_figures_of_the_chunks_put_together_and_the_
     whole = recorded(spec)
     chunked = recorded(RunSpec(**{**spec.__dict__, "chunk": chunk}))
     assert list(chunked) == list(whole)  # one tensor per name, in the whole run's order
-    together = one_by_one(RunSpec(**{**spec.__dict__, "decode": 0}), chunk)
+    together = one_by_one(RunSpec(**{**spec.__dict__, "decode": 0, "weight_cache_mb": 0}), chunk)  # the weights as stored
     prefix = "prefill." if spec.decode else ""
     for name, tensor in chunked.items():
         if not name.startswith("decode"):
