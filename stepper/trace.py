@@ -108,8 +108,10 @@ def checked_replacement(event: Event, replacement: object) -> np.ndarray:
     """A sink's replacement for a tensor: an array of the tensor's shape and dtype, or an error."""
     old = event.array
     if not held(old):
-        raise ValueError(f"{event.name}: {old.dtype}{list(old.shape)} is made a tile at a time and never held; "
-                         "it cannot be replaced (a shorter prompt holds it whole)")
+        made = "a chunk of the prefill at a time" if isinstance(old, Chunked) else "a tile at a time"
+        whole = "a prefill run whole" if isinstance(old, Chunked) else "a shorter prompt"
+        raise ValueError(f"{event.name}: {old.dtype}{list(old.shape)} is made {made} and never held; "
+                         f"it cannot be replaced ({whole} holds it whole)")
     if not isinstance(replacement, np.ndarray) or replacement.shape != old.shape or replacement.dtype != old.dtype:
         got = (f"{replacement.dtype}{list(replacement.shape)}" if isinstance(replacement, np.ndarray)
                else type(replacement).__name__)

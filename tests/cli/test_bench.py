@@ -1,6 +1,8 @@
 """`stepper bench`'s way of timing two things against each other (no time is asserted: a clock
 that only the timed functions move stands in for the real one)."""
 
+import pytest
+
 from stepper import bench
 
 
@@ -89,3 +91,20 @@ def test_the_indexer_scenario_times_the_indexer_the_attention_and_the_layer_of_a
     ]
     assert all(f.value > 0 and f.unit == "s" for f in figures) and "4 of up to 24 positions kept" in figures[0].note
     assert said[-1] == "tiny-v32 layer 0: prefill 24 tokens, the indexer apart from the attention"
+
+
+def test_the_shown_prefill_runs_in_chunks_and_shows_what_the_whole_prompt_would(monkeypatch):
+    from stepper.views import summary
+
+    monkeypatch.setattr(bench, "gemm_rate", lambda: 1e9)
+    seen = {}
+
+    def shown(event) -> None:
+        seen[event.name] = summary.stats(event.array)
+
+    monkeypatch.setattr(bench, "shown_like_run", shown)
+    [prefill] = bench.attention_run("tiny", tokens=300, cache=0, attn="absorb", shown=True, repeat=1, chunk=128)
+    assert "every tensor shown" in prefill.note and "in chunks of 128 positions (each run twice" in prefill.note
+    weights = seen["self_attn.attn_weights"]
+    assert weights.finite == 4 * 300 * 300 and weights.sum == pytest.approx(4 * 300)  # every row's weights, whole
+    assert seen["self_attn.q_nope_absorbed"].finite == 4 * 300 * 128
