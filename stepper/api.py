@@ -36,7 +36,7 @@ from stepper.config import Config
 from stepper.errors import StepperError
 from stepper.fixtures import diff as compare
 from stepper.patching import as_patches, force_experts, zero_expert, zero_head, zero_router_bias
-from stepper.session import ATTN_CHOICES, RunSpec
+from stepper.session import ATTN_CHOICES, INDEX_SCORING_CHOICES, RunSpec
 from stepper.trace import Event, did_you_mean, held, matches
 from stepper.views import notebook
 from stepper.weights.source import WeightSource
@@ -55,10 +55,11 @@ def run(model: str | Path = "tiny", *, ids: Sequence[int] | None = None, prompt_
         decode: int = 0, seed: int = 0, input: str | Path | None = None, attn: str = "auto",
         weight_cache_mb: int = 0, keep: str | Sequence[str] | None = None,
         patch: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
-        use: str | Path | Sequence[str | Path] | None = None, weights: WeightSource | None = None) -> Run:
+        use: str | Path | Sequence[str | Path] | None = None, weights: WeightSource | None = None,
+        index_scoring: str = "exact") -> Run:
     """Run a model as `stepper run` does and keep its tensors.
 
-    model: a preset (tiny, tiny-v3, kimi-k2, deepseek-v3), a checkpoint directory or a config.json.
+    model: a preset (a name of stepper.presets.PRESETS: tiny, kimi-k2, deepseek-v3.2, ...), a checkpoint directory or a config.json.
     ids or prompt_len: the prompt (default 7 ids drawn from the seed); start_pos: its first position;
     decode: greedy decode steps (names then start with prefill. / decode{k}.); layer: run that
     layer alone (on `input`, a safetensors file, or the prompt's embeddings); layers: (A, B) or
@@ -67,14 +68,15 @@ def run(model: str | Path = "tiny", *, ids: Sequence[int] | None = None, prompt_
     keep: globs of the tensors to keep (default every one); patch: glob -> fn(array, name) (or an
     expression of x as --patch takes it, "x*0.5"), or a list of such dicts; use: lesson files whose exercise functions replace stepper's; weights: a
     weight source (e.g. `SyntheticWeights`, `ArrayWeights`) in place of the model's, to run on
-    changed weights.
+    changed weights; index_scoring: DeepSeek-V3.2's indexer scores exactly (float32) or as
+    DeepSeek's inference code does ("fp8": Hadamard-rotated FP8 q and k).
     """
     spec = RunSpec(
         model=str(_path_or_name("model", model)), layer=_count("layer", layer, none=True), layers=_layers(layers),
         ids=_ids(ids, prompt_len), prompt_len=7 if prompt_len is None else _count("prompt_len", prompt_len, 1),
         start_pos=_count("start_pos", start_pos), decode=_count("decode", decode), seed=_count("seed", seed),
         input=None if input is None else Path(_path_or_name("input", input)), attn=_attn(attn),
-        weight_cache_mb=_count("weight_cache_mb", weight_cache_mb),
+        weight_cache_mb=_count("weight_cache_mb", weight_cache_mb), index_scoring=_index_scoring(index_scoring),
     )
     kept = _globs("keep", keep)
     files = [] if use is None else [Path(_path_or_name("use", u)) for u in ([use] if isinstance(use, (str, Path)) else use)]
@@ -292,6 +294,12 @@ def _attn(attn: Any) -> str:
     if attn not in ATTN_CHOICES:
         raise StepperError(f"attn= expects one of {', '.join(ATTN_CHOICES)}, got {attn!r}")
     return attn
+
+
+def _index_scoring(scoring: Any) -> str:
+    if scoring not in INDEX_SCORING_CHOICES:
+        raise StepperError(f"index_scoring= expects one of {', '.join(INDEX_SCORING_CHOICES)}, got {scoring!r}")
+    return scoring
 
 
 def _globs(name: str, value: Any) -> list[str] | None:

@@ -36,6 +36,8 @@ PAST_THE_CHUNK = {  # what the whole prompt's tensor holds past a chunk's attend
     "self_attn.indexer.index_scores": -np.inf,
     "self_attn.indexer.mask": -np.inf,
     "self_attn.indexer.topk_idx": -1,  # the kept positions a query's past is too short to fill
+    "self_attn.indexer.exact_index_scores": -np.inf,  # (FP8 index scoring: the exact scores beside it)
+    "self_attn.indexer.exact_topk_idx": -1,
 }
 POSITIONS = ("T", "N")  # the dims along which the chunks follow each other
 WIDTHS = ("S", "Ki")  # the dims a chunk's rows have fewer of than the whole prompt's
@@ -141,8 +143,11 @@ class Part:
             return
         for values in chunks(array):
             self.gather.add(values)
-        first, self.last = corners(array, CORNER)
-        self.first = first if not self.shapes else self.first
+        first, last = corners(array, CORNER)
+        if self.axis == array.ndim - 1:  # rows along the positions ([B, T]): a corner may span chunks
+            self.first, self.last = (self.first + first)[:CORNER], (self.last + last)[-CORNER:]
+        else:
+            self.first, self.last = first if not self.shapes else self.first, last
         self.shapes.append(array.shape)
 
     @property

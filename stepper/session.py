@@ -56,10 +56,12 @@ class RunSpec:
     attn: str = "auto"  # naive | absorb | auto (naive for the prefill, absorbed for decode steps)
     weight_cache_mb: int = 0  # keep up to this many MB of decoded weights between steps
     cache_len: int = 0  # a lone layer's cache starts with this many synthetic positions (model.synthetic_cache)
+    index_scoring: str = "exact"  # DeepSeek-V3.2's indexer: exact (float32) or fp8 (DeepSeek's kernel)
     chunk: int = 0  # the prefill runs this many positions at a time (stepper.prefill); 0: the whole prompt at once
 
 
 ATTN_CHOICES = ("auto", "naive", "absorb")
+INDEX_SCORING_CHOICES = ("exact", "fp8")
 SAMPLE_TOKENS = 64  # real tokens whose latents give a synthetic cache its statistics
 
 
@@ -204,6 +206,21 @@ def read_input(path: Path, layer: int, cfg: Config) -> np.ndarray:
     return array
 
 
+def check_index_scoring(scoring: str, cfg: Config) -> None:
+    """FP8 index scoring needs an indexer, and a head the Hadamard rotation and one scale fit."""
+    if scoring not in INDEX_SCORING_CHOICES:
+        raise StepperError(f"--index-scoring must be one of {', '.join(INDEX_SCORING_CHOICES)}, got '{scoring}'")
+    if scoring == "exact":
+        return
+    if not cfg.has_indexer:
+        raise StepperError(f"--index-scoring fp8 scores the Lightning Indexer, and model {cfg.name} "
+                           f"({cfg.model_type}) has none: use a DeepSeek-V3.2 model (tiny-v32, deepseek-v3.2)")
+    dims = cfg.index_head_dim
+    if dims & (dims - 1) or dims > 128:
+        raise StepperError(f"--index-scoring fp8 needs index_head_dim a power of two up to 128 (the Hadamard "
+                           f"rotation, one FP8 scale per head), and model {cfg.name} has {dims}")
+
+
 @dataclass(frozen=True)
 class Plan:
     """A validated run: everything `execute` needs, checked before any computation."""
@@ -255,6 +272,7 @@ def prepare(spec: RunSpec, weights: WeightSource | None = None) -> Plan:
     if spec.weight_cache_mb:
         weights = CachedWeights(weights, spec.weight_cache_mb * 2**20)
     cfg = weights.config
+    check_index_scoring(spec.index_scoring, cfg)
     shown = shown_layers(spec, cfg)
     if spec.input is not None and spec.layer is None:
         raise StepperError("--input feeds one layer: use it with --layer N")
@@ -279,7 +297,7 @@ def run(spec: RunSpec, sinks: Iterable[Sink], weights: WeightSource | None = Non
 def execute(plan: Plan, sinks: Iterable[Sink]) -> RunResult:
     """Run the prefill and `spec.decode` decode steps, emitting to `sinks`."""
     spec, cfg = plan.spec, plan.config
-    model = Transformer(plan.weights)
+    model = Transformer(plan.weights, index_scoring=spec.index_scoring)
     emit = Emitter(sinks)
     cache = KVCache(cfg.num_hidden_layers)
     ids = np.array([plan.prompt], dtype=np.int64)  # [B=1, T]
@@ -317,7 +335,7 @@ def chunked_model(plan: Plan, model: Transformer) -> Transformer:
     copy, which rounds differently; so the prefill reads the weights as stored, as a whole
     prompt's prefill (every weight's first use) does."""
     if isinstance(plan.weights, CachedWeights):
-        return Transformer(plan.weights.source, model.dispatch)
+        return Transformer(plan.weights.source, model.dispatch, model.index_scoring)
     return model
 
 
@@ -340,7 +358,7 @@ def fill_cache(plan: Plan, model: Transformer, cache: KVCache) -> None:
     rope = model.rope(spec.start_pos + np.arange(spec.cache_len), Emitter())
     per_head = any(step_attn(spec, k) == "naive" for k in range(spec.decode + 1))
     w = LayerWeights(model.weights, spec.layer, model.scratch)
-    synthetic_cache.fill(cache.layers[spec.layer], w, plan.config, sample, rope, spec.seed, per_head)
+    synthetic_cache.fill(cache.layers[spec.layer], w, plan.config, sample, rope, spec.seed, per_head, spec.index_scoring)
 
 
 def layer_input(model: Transformer, ids: np.ndarray, seed: int, step: int) -> np.ndarray:

@@ -104,14 +104,15 @@ class Catalog:
         innermost = max((len(m) for m, _ in held), default=0)
         return [e for m, e in held if len(m) == innermost]
 
-    def layer_sequence(self, cfg: Config, layer: int, attn: str = "naive") -> list[dict[str, Any]]:
-        """The entries one layer emits, in execution order, for this config and attention (naive or absorb)."""
+    def layer_sequence(self, cfg: Config, layer: int, attn: str = "naive", index_scoring: str = "exact") -> list[dict[str, Any]]:
+        """The entries one layer emits, in execution order, for this config, attention (naive or
+        absorb) and index scoring (exact or fp8)."""
         kind = "moe" if cfg.is_moe_layer(layer) else "dense"
         no_q_lora = cfg.q_lora_rank is None
         return [
             e for e in self.in_order
             if e["scope"] == "layer"
-            and applies(e, cfg)
+            and applies(e, cfg, index_scoring)
             and e["layers"] in ("all", kind)
             and e["path"] in ("both", attn)
             and not (no_q_lora and e["name"] in ("self_attn.q_a", "self_attn.q_a_norm"))
@@ -119,7 +120,7 @@ class Catalog:
         ]
 
     def run_names(self, cfg: Config, steps: Sequence[tuple[str | None, str]], layers: Iterable[int],
-                  start: Sequence[str] = (), end: Sequence[str] = ()) -> list[str]:
+                  start: Sequence[str] = (), end: Sequence[str] = (), index_scoring: str = "exact") -> list[str]:
         """Every name a run emits, in order: for each step (its phase, None without decode steps,
         and its attention path), the global tensors `start`, each layer's sequence, then `end`."""
         names = []
@@ -127,7 +128,7 @@ class Catalog:
             scope = "" if phase is None else f"{phase}."
             names += [scope + key for key in start]
             for layer in layers:
-                names += [f"{scope}layers.{layer}.{e['name']}" for e in self.layer_sequence(cfg, layer, attn)]
+                names += [f"{scope}layers.{layer}.{e['name']}" for e in self.layer_sequence(cfg, layer, attn, index_scoring)]
             names += [scope + key for key in end]
         return names
 
@@ -153,10 +154,13 @@ class Catalog:
         return ordered
 
 
-def applies(entry: dict[str, Any], cfg: Config) -> bool:
+def applies(entry: dict[str, Any], cfg: Config, index_scoring: str = "exact") -> bool:
     """Whether a config emits the entry: its `when` maps config fields to the values under which
-    it is emitted (the router's scoring_func and topk_method, has_indexer)."""
-    return all(getattr(cfg, field) in values for field, values in entry.get("when", {}).items())
+    it is emitted (the router's scoring_func and topk_method, has_indexer), or the run's choice
+    of index_scoring."""
+    choices = {"index_scoring": index_scoring}
+    return all((choices[field] if field in choices else getattr(cfg, field)) in values
+               for field, values in entry.get("when", {}).items())
 
 
 PARAMETER = re.compile(r"[A-Za-z_][\w.]*\.weight(?!\w)|\b\w+_bias\b")  # q_a_proj.weight, e_score_correction_bias

@@ -13,9 +13,11 @@ from typing import Annotated
 import typer
 
 from stepper.errors import StepperError
+from stepper.presets import PRESETS
 from stepper.untrusted import shown
 
-ModelOpt = Annotated[str, typer.Option(metavar="NAME|PATH", help="Preset (tiny, tiny-v3, kimi-k2, deepseek-v3), a checkpoint directory, a remote checkpoint (hf://ORG/NAME[@REVISION], https://HOST/PATH/) or a config.json.")]
+PRESET_NAMES = ", ".join(PRESETS)
+ModelOpt = Annotated[str, typer.Option(metavar="NAME|PATH", help=f"Preset ({PRESET_NAMES}), a checkpoint directory, a remote checkpoint (hf://ORG/NAME[@REVISION], https://HOST/PATH/) or a config.json.")]
 SeedOpt = Annotated[int, typer.Option(metavar="S", min=0, help="Seed of the synthetic weights and prompt.")]
 PlainOpt = Annotated[bool, typer.Option("--plain", help="No colour.")]
 

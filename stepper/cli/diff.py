@@ -29,7 +29,7 @@ from stepper.views import diff as view
 SideArg = Annotated[str, typer.Argument(metavar="A", help="A --dump file, a fixture folder, or a run in quotes: 'run --attn naive' ('run': the default run).", show_default=False)]
 # The run options a side may give; the others (what a run shows, or where it writes) have no meaning here
 SIDE_OPTIONS = {"model", "layer", "layers", "ids", "prompt_len", "start_pos", "decode", "seed", "input_file", "attn",
-                "weight_cache_mb", "only", "use", "patch", "cache_len"}
+                "weight_cache_mb", "only", "use", "patch", "cache_len", "index_scoring"}
 
 
 def diff_command(
@@ -73,7 +73,8 @@ def side(which: str, text: str) -> tuple[dict[str, np.ndarray], str]:
     params = run_options(which, text)
     spec = run_cli.run_spec(params["model"], params["layer"], params["layers"], params["ids"], params["prompt_len"],
                             params["start_pos"], params["decode"], params["seed"], params["input_file"],
-                            params["attn"], params["weight_cache_mb"], cache_len=params["cache_len"])
+                            params["attn"], params["weight_cache_mb"], cache_len=params["cache_len"],
+                            index_scoring=params["index_scoring"])
     try:
         patches = [parse_patch(p) for p in params["patch"] or []]
         recorded = record(spec, params["only"] or None, patches, params["use"] or [])

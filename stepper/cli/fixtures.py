@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from stepper.cli.common import one_prompt, parse_ids, parse_layers, user_errors
+from stepper.cli.common import PRESET_NAMES, one_prompt, parse_ids, parse_layers, user_errors
 from stepper.errors import StepperError
 from stepper.fixtures import aliases, show, verify
 from stepper.fixtures.export import export
@@ -42,7 +42,7 @@ PlainOpt = Annotated[bool, typer.Option("--plain", help="No colour.")]
 @fixtures_app.command("export")
 def export_command(
     out: Annotated[Path, typer.Argument(metavar="OUT_DIR", help="Fixture folder to create.", show_default=False)],
-    model: Annotated[str, typer.Option(metavar="NAME|PATH", help="Preset (tiny, tiny-v3, kimi-k2, deepseek-v3), a checkpoint directory or a config.json.")] = "tiny",
+    model: Annotated[str, typer.Option(metavar="NAME|PATH", help=f"Preset ({PRESET_NAMES}), a checkpoint directory or a config.json.")] = "tiny",
     layer: Annotated[int | None, typer.Option(metavar="N", min=0, help="Run layer N alone, on the prompt's token embeddings.")] = None,
     layers: Annotated[str | None, typer.Option(metavar="A:B", help="Run the model up to layer B-1, capturing layers A to B-1.")] = None,
     ids: Annotated[str | None, typer.Option(metavar="1,2,3", help="Prompt token ids, comma-separated.")] = None,
@@ -52,6 +52,7 @@ def export_command(
     decode: Annotated[int, typer.Option(metavar="N", min=0, help="Decode steps after the prefill, with the cache.")] = 0,
     attn: Annotated[str, typer.Option(metavar="PATH", help="Attention: naive, absorb, or auto (naive prefill, absorbed decode).")] = "auto",
     seed: Annotated[int, typer.Option(metavar="S", min=0, help="Seed of the synthetic weights and prompt.")] = 0,
+    index_scoring: Annotated[str, typer.Option("--index-scoring", metavar="exact|fp8", help="DeepSeek-V3.2's Lightning Indexer: exact (float32 scores) or fp8 (Hadamard-rotated FP8 q and k, as DeepSeek's inference code).")] = "exact",
     weights_dtype: Annotated[str, typer.Option(metavar="fp8|bf16", help="How the fixture's weights are stored: fp8 (as Kimi K2 / DeepSeek-V3 ship) or bf16 (dequantized as fp8_cast_bf16.py does).")] = "fp8",
     weights_dir: Annotated[Path | None, typer.Option(metavar="DIR", help="Write the weights to DIR (shared by several fixtures; if DIR exists it must hold the same files) instead of OUT_DIR/weights.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace OUT_DIR if it exists.")] = False,
@@ -70,7 +71,7 @@ def export_command(
         chosen = text_prompt_ids(model, prompt, seed) if prompt is not None else parse_ids(ids)
         spec = ExportSpec(model=model, layer=layer, layers=parse_layers(layers), ids=chosen,
                           prompt_len=7 if prompt_len is None else prompt_len, start_pos=start_pos,
-                          decode=decode, attn=attn, seed=seed, weights_dtype=weights_dtype)
+                          decode=decode, attn=attn, seed=seed, weights_dtype=weights_dtype, index_scoring=index_scoring)
         export(spec, out, force=force, weights_dir=weights_dir, console=console_for(plain))
 
 
@@ -137,9 +138,9 @@ def names_command(
                 print(json.dumps(row))
             return
         console = console_for(plain)
-        for naming in dict.fromkeys(row["naming"] for row in rows):
-            mine = [row for row in rows if row["naming"] == naming]
-            table = Table(title=f"{naming} (read at {mine[0]['revision']})", title_justify="left", show_edge=False,
+        for naming, revision, models in dict.fromkeys((row["naming"], row["revision"], row["models"]) for row in rows):
+            mine = [row for row in rows if (row["naming"], row["revision"], row["models"]) == (naming, revision, models)]
+            table = Table(title=f"{naming}, {models} (read at {revision})", title_justify="left", show_edge=False,
                           pad_edge=False, header_style="bold", box=None)
             columns = ("name", "canonical", "only", "source", "note")
             for column in columns:

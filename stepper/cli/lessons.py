@@ -170,7 +170,8 @@ def run_check(console: Console, lesson: Lesson, lessons: list[Lesson], path: Pat
         progress.save()
     if report.passed:
         after = next_lesson(progress, lessons, just_passed=lesson)
-        console.print(styled(f"passed! `stepper run --use {path}` runs the whole model with your "
+        model = "" if lesson.run.model == "tiny" else f" --model {lesson.run.model}"  # where the exercise runs
+        console.print(styled(f"passed! `stepper run --use {path}{model}` runs the whole model with your "
                              f"{', '.join(lesson.exercise.functions)}; `stepper lesson solution {lesson.name}` shows ours"
                              + (f"; next: `stepper lesson start {after.name}`" if after else "; every lesson is done")),
                       style="bold green", soft_wrap=False)

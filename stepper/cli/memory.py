@@ -124,7 +124,7 @@ def layer_bytes(plan: Plan, layers: list[int]) -> int:
     """The most one layer's named tensors take in any step, but for the attention scores and
     weights (counted with the scores)."""
     cat, spec = catalog.load(), plan.spec
-    return max(sum(tensor_bytes(e["name"], t, s, plan) for e in cat.layer_sequence(plan.config, layer, step_attn(spec, k))
+    return max(sum(tensor_bytes(e["name"], t, s, plan) for e in cat.layer_sequence(plan.config, layer, step_attn(spec, k), spec.index_scoring)
                    if not {"T", "S"} <= set(e["dims"]))
                for layer in layers for k, (t, s) in enumerate(worked_shapes(plan)))
 
@@ -133,7 +133,7 @@ def largest_held(plan: Plan, layers: list[int]) -> int:
     """Bytes of the largest named tensor of the run that is held (not made in tiles)."""
     cat, spec = catalog.load(), plan.spec
     keys = {e["name"] for layer in layers for k in range(spec.decode + 1)
-            for e in cat.layer_sequence(plan.config, layer, step_attn(spec, k))}
+            for e in cat.layer_sequence(plan.config, layer, step_attn(spec, k), spec.index_scoring)}
     keys |= {"logits"} if plan.needs_logits else set()
     return max(tensor_bytes(key, t, s, plan, held=True) for key in keys for t, s in worked_shapes(plan))
 

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Annotated
 
+import numpy as np
 import typer
 from rich.console import CONSOLE_HTML_FORMAT, Console
 
@@ -45,6 +46,7 @@ DecodeOpt = Annotated[int, typer.Option(metavar="N", min=0, help="Decode steps a
 InputOpt = Annotated[Path | None, typer.Option("--input", metavar="FILE", help="Residual stream for --layer N: a safetensors file (e.g. a --dump).")]
 AttnOpt = Annotated[str, typer.Option(metavar="naive|absorb|auto", help="Attention: naive (per-head keys and values), absorb (over the latent cache), or auto (naive prefill and absorbed decode where the estimated memory allows, else absorbed; the run says which and why).")]
 CacheLenOpt = Annotated[int, typer.Option(metavar="N", help="With --layer: start that layer's cache with N synthetic positions (seeded, with the statistics of real latents); the prompt follows them.")]
+IndexScoringOpt = Annotated[str, typer.Option("--index-scoring", metavar="exact|fp8", help="DeepSeek-V3.2's Lightning Indexer: exact (float32 scores, as transformers) or fp8 (Hadamard-rotated q and k in FP8 e4m3, as DeepSeek's inference code; the run also says how many of the exactly chosen positions it kept).")]
 ChunkOpt = Annotated[str, typer.Option(metavar="N|auto", help="Run the prefill N positions at a time, the cache carrying the earlier ones (each tensor is still shown once, whole, over every position; each chunk runs twice, the second time for the histograms); 0: the whole prompt at once; auto: in chunks only where the whole prompt would not fit in memory (the run says so).")]
 CacheOpt = Annotated[int, typer.Option(metavar="MB", min=0, help="Keep up to MB megabytes of decoded weights between decode steps.")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Overwrite an existing output file.")]
@@ -53,7 +55,7 @@ PatchOpt = Annotated[list[str] | None, typer.Option("--patch", metavar="NAME=EXP
 
 
 def run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, input_file, attn, cache_mb,
-             prompt=None, cache_len: int = 0) -> RunSpec:
+             prompt=None, cache_len: int = 0, index_scoring: str = "exact") -> RunSpec:
     one_prompt(prompt, ids, prompt_len)
     if layer is not None and layers is not None:
         raise StepperError("give --layer or --layers, not both")
@@ -61,6 +63,7 @@ def run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, inp
         model=model, layer=layer, layers=parse_layers(layers), ids=parse_ids(ids),
         prompt_len=7 if prompt_len is None else prompt_len, start_pos=start_pos, decode=decode, seed=seed,
         input=input_file, attn=attn, weight_cache_mb=cache_mb, prompt=prompt, cache_len=cache_len,
+        index_scoring=index_scoring,
     )
 
 
@@ -80,6 +83,8 @@ def describe(plan: Plan) -> str:
         steps += f", after a synthetic cache of {spec.cache_len:,} positions (seed {spec.seed})"
     attns = sorted({step_attn(spec, step) for step in range(spec.decode + 1)}, reverse=True)
     attn = " then ".join(attns)
+    if spec.index_scoring == "fp8":
+        attn += ", chosen by FP8 index scores (Hadamard-rotated, e4m3, as DeepSeek's inference code)"
     naive, latent = cache_bytes_per_token(cfg, "naive"), cache_bytes_per_token(cfg, "absorb")
     wrapper = f"\n{untrusted.shown(cfg.wrapper.describe())}" if cfg.wrapper is not None else ""
     wrapper += f"\n{prompt_line(plan.tokens)}" if plan.tokens is not None else ""
@@ -105,7 +110,7 @@ def print_lines(console: Console, text: str, style: str) -> None:
         print_wrapped(console, line, style=style)
 
 
-def footer(plan: Plan, result: RunResult, shown: int, dump: Path | None) -> str:
+def footer(plan: Plan, result: RunResult, shown: int, dump: Path | None, agreement: IndexAgreement | None = None) -> str:
     parts = [f"{shown} tensor{'s' if shown != 1 else ''}"]
     if plan.hidden is None:
         first = plan.spec.start_pos + plan.spec.cache_len
@@ -119,6 +124,8 @@ def footer(plan: Plan, result: RunResult, shown: int, dump: Path | None) -> str:
         parts.append(f"dumped to {untrusted.shown(dump)}")
     if hasattr(plan.weights, "transfer"):  # a remote checkpoint
         parts.append(plan.weights.note())
+    if agreement is not None and agreement.queries:
+        parts.append(agreement.summary())
     return " · ".join(parts)
 
 
@@ -141,6 +148,29 @@ def parse_show(show: str | None) -> set[str]:
 
 
 LONG_VALUES = 10**9  # tiled attention values past which a run says its statistics take a while
+
+
+class IndexAgreement:
+    """Sink adding up, over the run, how many of the positions the exact index scores choose the
+    FP8 scores kept (self_attn.indexer.kept_of_exact against exact_topk_idx)."""
+
+    def __init__(self) -> None:
+        self.kept = self.chosen = self.queries = self.differing = 0
+        self.exact: np.ndarray | None = None  # [B, T]: the last exact_topk_idx's chosen count per query
+
+    def __call__(self, event) -> None:
+        if event.key == "self_attn.indexer.exact_topk_idx":
+            self.exact = np.count_nonzero(np.asarray(event.array) >= 0, axis=-1)
+        elif event.key == "self_attn.indexer.kept_of_exact" and self.exact is not None:
+            kept = np.asarray(event.array)
+            self.kept, self.chosen = self.kept + int(kept.sum()), self.chosen + int(self.exact.sum())
+            self.queries += kept.size
+            self.differing += int(np.count_nonzero(kept < self.exact))
+
+    def summary(self) -> str:
+        share = f" ({100 * self.kept / self.chosen:.1f}%)" if self.chosen else ""
+        return (f"fp8 index scoring kept {self.kept:,} of the {self.chosen:,} positions the exact scores keep{share}; "
+                f"{self.differing:,} of {self.queries:,} queries (all layers and steps) chose differently")
 
 
 class TensorCount:
@@ -167,6 +197,7 @@ def run_command(
     attn: AttnOpt = "auto",
     weight_cache_mb: CacheOpt = 0,
     cache_len: CacheLenOpt = 0,
+    index_scoring: IndexScoringOpt = "exact",
     chunk: ChunkOpt = "auto",
     only: Annotated[list[str] | None, typer.Option(metavar="GLOB", help="Show (and dump) only names matching GLOB, e.g. '*k_pe*'; repeatable.")] = None,
     show: Annotated[str | None, typer.Option(metavar="PICTURES", help=f"Draw pictures after their tensors: {','.join(PICTURES)}.")] = None,
@@ -181,7 +212,7 @@ def run_command(
     """Run the model on a prompt and print every named tensor in execution order."""
     with user_errors():
         spec = run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, input_file, attn, weight_cache_mb,
-                        prompt, cache_len)
+                        prompt, cache_len, index_scoring)
         pictures = parse_show(show)
         asked = parse_chunk(chunk, bool(patch), bool(pictures))
         if dump is not None:
@@ -220,14 +251,15 @@ def run_command(
         if pictures:  # it sees every tensor: a routing map needs both of the router's choices
             sinks.append(Pictures(console, plan.config, pictures, plan.weights, plan.tokens, lambda e: keep(e.name)))
         sinks[:0] = patcher
-        sinks.append(ProgressBars(Console(stderr=True)))
+        agreement = IndexAgreement()
+        sinks += [agreement, ProgressBars(Console(stderr=True))]
         with overrides.use(use or [], announce=sys.stderr):
             result = execute(plan, sinks)
         if dump is not None:
             write_dump(dump, recorder, {"model": plan.config.name, "prompt": json.dumps(result.prompt),
                                         "start_pos": str(spec.start_pos), "generated": json.dumps(result.generated)})
         if not as_json:
-            print_lines(console, footer(plan, result, counter.count, dump), "dim")
+            print_lines(console, footer(plan, result, counter.count, dump, agreement), "dim")
 
 
 EXPORTS = {  # the file names --export takes, and how a session recorded in each begins
@@ -255,6 +287,7 @@ def step_command(
     attn: AttnOpt = "auto",
     weight_cache_mb: CacheOpt = 0,
     cache_len: CacheLenOpt = 0,
+    index_scoring: IndexScoringOpt = "exact",
     breaks: Annotated[list[str] | None, typer.Option("--break", metavar="GLOB", help="Stop at tensors matching GLOB (e.g. compressed_kv); repeatable.")] = None,
     until: Annotated[str | None, typer.Option(metavar="NAME", help="Run until the first tensor matching NAME and stop there.")] = None,
     commands: Annotated[Path | None, typer.Option(metavar="FILE", help="Read debugger commands from FILE first, one per line.")] = None,
@@ -274,7 +307,7 @@ def step_command(
     """
     with user_errors():
         spec = run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, input_file, attn, weight_cache_mb,
-                        prompt, cache_len)
+                        prompt, cache_len, index_scoring)
         if export is not None:
             check_export(export, force)
         script = read_commands(commands) if commands is not None else None
@@ -297,8 +330,9 @@ def step_command(
                             tokens=plan.tokens)
         try:
             with overrides.use(use or [], announce=sys.stderr):
-                result = execute(plan, [*patcher, debugger, bars])
-            print_lines(console, footer(plan, result, len(debugger.history), None), "dim")
+                agreement = IndexAgreement()
+                result = execute(plan, [*patcher, debugger, agreement, bars])
+            print_lines(console, footer(plan, result, len(debugger.history), None, agreement), "dim")
         except Quit:
             seen = len(debugger.history)
             console.print(f"quit after {seen} tensor{'s' if seen != 1 else ''}", style="dim")

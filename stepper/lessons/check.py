@@ -4,7 +4,7 @@ The golden tensors are stepper's own: the lesson's runs with the reference funct
 has two parts, and stops at the first mismatch, showing both values and where:
 
 1. For the small pure functions (softmax, rms_norm, decode, dequantize, rope_inv_freq,
-   apply_rope, causal_mask), the learner's function is called on the very inputs the reference
+   apply_rope, causal_mask, index_scores), the learner's function is called on the very inputs the reference
    got in the golden run (captured by a spy, one call per place it is used, each named by the
    tensor it makes) and on a few hand-made inputs that the run does not reach (all 256 FP8
    codes, partial blocks, other presets' YaRN settings, a decode step's mask); outputs are
@@ -14,7 +14,8 @@ has two parts, and stops at the first mismatch, showing both values and where:
 2. The lesson's runs are repeated with the learner's functions swapped in
    (`stepper.lessons.overrides`, as `stepper run --use` does) and every emitted tensor is compared, in execution order, with
    the golden run: the first tensor that differs is where the learner's function goes wrong.
-   Top-k experts are compared as sets (their order is unspecified), each weight with its expert.
+   Top-k experts are compared as sets (their order is unspecified), each weight with its expert,
+   and so are the positions the indexer keeps.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from stepper.presets import PRESETS, preset
 from stepper.session import RunSpec, prepare, run
 from stepper.trace import Event, Recorder
 
-PURE = ("softmax", "rms_norm", "decode", "dequantize", "rope_inv_freq", "apply_rope", "causal_mask")
+PURE = ("softmax", "rms_norm", "decode", "dequantize", "rope_inv_freq", "apply_rope", "causal_mask", "index_scores")
 CALLS_PER_FUNCTION = 6
 
 
@@ -214,7 +215,19 @@ def extra_calls(name: str) -> list[Call]:
     if name == "causal_mask":
         return [Call((t, s), {}, f"t = {t} new positions, s = {s} attended positions")
                 for t, s in ((1, 1), (4, 4), (1, 8), (3, 8))]
+    if name == "index_scores":
+        return index_score_calls()
     return []
+
+
+def index_score_calls() -> list[Call]:
+    """Two index heads of 2 dims, one with a negative weight (the relu comes before it), as a
+    step of 2 new positions after 1 cached one: q [1, 2, 2, 2], keys [1, 3, 2], head_weights [1, 2, 2]."""
+    q = np.array([[[[1.0, 0.0], [0.0, 2.0]], [[-1.0, 1.0], [1.0, 1.0]]]], dtype=np.float32)
+    keys = np.array([[[1.0, 1.0], [-2.0, 0.5], [0.5, -1.0]]], dtype=np.float32)
+    weights = np.array([[[1.0, -0.5], [0.25, 2.0]]], dtype=np.float32)
+    return [Call((q, keys, weights), {}, "2 index heads, a negative head weight, 2 new positions after 1 cached one "
+                                         "(q [1, 2, 2, 2], keys [1, 3, 2], head_weights [1, 2, 2])")]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -312,12 +325,15 @@ def differing(mine: Any, ref: np.ndarray, *, rtol: float, exact: bool,
 
 
 def setwise(events: Sequence[Event]) -> list[np.ndarray]:
-    """Each event's array, with top-k experts sorted per token and their weights in the same order."""
+    """Each event's array, with top-k experts sorted per token and their weights in the same order,
+    and the indexer's kept positions sorted per query."""
     out, order = [], {}
     for e in events:
         array = e.array
         scope = e.name.rpartition("mlp.gate.")[0]
-        if e.key == "mlp.gate.topk_idx":
+        if e.key == "self_attn.indexer.topk_idx":  # the positions kept, in any order
+            array = np.sort(array, axis=-1)
+        elif e.key == "mlp.gate.topk_idx":
             order[scope] = np.argsort(array, axis=-1, kind="stable")
             array = np.take_along_axis(array, order[scope], axis=-1)
         elif e.key == "mlp.gate.topk_weight" and scope in order and order[scope].shape == array.shape:

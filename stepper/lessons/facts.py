@@ -572,3 +572,134 @@ def routers_table(ctx: Context, scope: str = "layers.1") -> str:
     lines += [f"{t:5d}  " + "  ".join(f"{c:<{width}}" for c in row).rstrip() for t, row in enumerate(cells)]
     return "\n".join(lines + ["V3: sigmoid + bias, groups by their two best; V2: softmax, groups by their best;",
                                "V2-Lite: softmax, no groups. * a different set from V3's"])
+
+
+# ---------------------------------------------------------------------------------------------
+# DeepSeek-V3.2's Lightning Indexer (lesson sparse-attention)
+
+
+def index_tensor(ctx: Context, scope: str, name: str) -> np.ndarray:
+    """Batch 0 of one of a layer's indexer tensors, e.g. index_scores [T, S]."""
+    return ctx.tensor(f"{scope}.self_attn.indexer.{name}")[0]
+
+
+@fact
+def unpruned_tokens(ctx: Context, scope: str = "layers.0") -> int:
+    """Tokens whose every past position survived the indexer (at most index_topk in their past)."""
+    past = np.isfinite(index_tensor(ctx, scope, "index_scores")).sum(axis=-1)  # [T]
+    kept = (index_tensor(ctx, scope, "topk_idx") >= 0).sum(axis=-1)  # [T]
+    return int((kept == past).sum())
+
+
+@fact
+def self_dropped(ctx: Context, scope: str = "layers.0") -> list[int]:
+    """The tokens of the step whose own position the indexer did not keep."""
+    idx = index_tensor(ctx, scope, "topk_idx")  # [T, Ki]
+    first = index_tensor(ctx, scope, "index_scores").shape[-1] - idx.shape[0]  # the step's first position in S
+    return [t for t in range(idx.shape[0]) if first + t not in idx[t]]
+
+
+@fact
+def kept_positions(ctx: Context, scope: str = "layers.0", token: str = "-1") -> list[int]:
+    """The positions (in S) a token of the step keeps, in increasing order."""
+    row = index_tensor(ctx, scope, "topk_idx")[integer(token, "token")]
+    return sorted(int(s) for s in row if s >= 0)
+
+
+@fact
+def recent_positions(ctx: Context, scope: str = "layers.0", token: str = "-1") -> list[int]:
+    """The index_topk positions nearest a token (itself and the ones just before): a sliding window."""
+    scores = index_tensor(ctx, scope, "index_scores")
+    t = integer(token, "token") % scores.shape[0]
+    newest = scores.shape[-1] - scores.shape[0] + t
+    return list(range(max(0, newest + 1 - ctx.cfg.index_topk), newest + 1))
+
+
+def indexer_config(ctx: Context, model: str) -> Config:
+    cfg = config_of(ctx, model)
+    if not cfg.has_indexer:
+        raise StepperError(f"model {cfg.name} has no Lightning Indexer (no index_topk)")
+    return cfg
+
+
+@fact
+def index_macs(ctx: Context, model: str = "") -> int:
+    """Multiply-adds the indexer spends on one query-key pair: a dot product of index_head_dim per index head."""
+    cfg = indexer_config(ctx, model)
+    return cfg.index_n_heads * cfg.index_head_dim
+
+
+@fact
+def mla_macs(ctx: Context, model: str = "") -> int:
+    """Multiply-adds absorbed MLA spends on one query-key pair it attends: per head, a score over
+    the latent and the rope key (kv_lora_rank + qk_rope_head_dim) and a weighted sum of the latent."""
+    cfg = config_of(ctx, model)
+    return cfg.num_attention_heads * (2 * cfg.kv_lora_rank + cfg.qk_rope_head_dim)
+
+
+@fact
+def dense_macs(ctx: Context, model: str, keys: str) -> int:
+    """One query's attention over `keys` positions without an indexer."""
+    return mla_macs(ctx, model) * integer(keys, "keys")
+
+
+@fact
+def sparse_macs(ctx: Context, model: str, keys: str) -> int:
+    """One query over `keys` positions with the indexer: it scores all of them, MLA attends index_topk."""
+    s = integer(keys, "keys")
+    return index_macs(ctx, model) * s + mla_macs(ctx, model) * min(s, indexer_config(ctx, model).index_topk)
+
+
+@fact
+def sparse_saving(ctx: Context, model: str, keys: str) -> float:
+    """How many times less attention work one query does with the indexer than without, over `keys` positions."""
+    return dense_macs(ctx, model, keys) / sparse_macs(ctx, model, keys)
+
+
+@fact
+def break_even(ctx: Context, model: str = "") -> float:
+    """The number of positions above which the indexer saves more than it costs:
+    index_macs * S + mla_macs * index_topk = mla_macs * S."""
+    mla = mla_macs(ctx, model)
+    return mla * indexer_config(ctx, model).index_topk / (mla - index_macs(ctx, model))
+
+
+@fact
+def read_saving(ctx: Context, model: str, keys: str) -> float:
+    """How many times fewer cached numbers one query reads with the indexer: dense MLA reads every
+    position's latent and rope key; sparse reads every index key and index_topk latents."""
+    cfg, s = indexer_config(ctx, model), integer(keys, "keys")
+    latent = cfg.kv_lora_rank + cfg.qk_rope_head_dim
+    return latent * s / (cfg.index_head_dim * s + latent * min(s, cfg.index_topk))
+
+
+@fact
+def index_cheaper(ctx: Context, model: str = "") -> float:
+    """How many times less the indexer spends scoring a position than MLA attending to it."""
+    return mla_macs(ctx, model) / index_macs(ctx, model)
+
+
+@fact
+def topk_fraction(ctx: Context, model: str, keys: str) -> float:
+    """keys / index_topk: the saving if scoring the positions were free."""
+    return integer(keys, "keys") / indexer_config(ctx, model).index_topk
+
+
+@fact
+def kept_why(ctx: Context, scope: str = "layers.0", token: str = "-1") -> str:
+    """Why the learner's set of positions (ctx.answer) is not the one a token kept, position by position."""
+    scores = index_tensor(ctx, scope, "index_scores")[integer(token, "token")]  # [S]
+    past = int(np.isfinite(scores).sum())
+    kept = set(kept_positions(ctx, scope, token))
+    rank = {int(s): i + 1 for i, s in enumerate(np.argsort(-scores, kind="stable")[:past])}
+    answer = set(ctx.answer or ())
+    reasons = []
+    for s in sorted(answer - kept):
+        if s in rank:
+            reasons.append(f"position {s} scores {scores[s]:.3f}, rank {rank[s]} of {past}")
+        else:
+            reasons.append(f"position {s} is not in its past (positions 0 to {past - 1})")
+    reasons += [f"position {s} scores {scores[s]:.3f}, rank {rank[s]}: kept" for s in sorted(kept - answer)]
+    if len(answer) != len(kept):
+        reasons.append(f"it keeps exactly {len(kept)}")
+    return f"{len(answer & kept)} of {len(kept)} right. " + "; ".join(reasons)

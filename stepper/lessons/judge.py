@@ -72,4 +72,5 @@ def show_answer(pred: Prediction, expected: Any) -> str:
         return "[" + ", ".join(map(str, expected)) + "]"
     if pred.kind == "set":
         return "{" + ", ".join(map(str, sorted(expected))) + "}"
-    return fmt(float(expected))
+    value = float(expected)
+    return str(int(value)) if value.is_integer() and abs(value) < 1e12 else fmt(value)  # 139264, not 1.393e+05

@@ -22,6 +22,7 @@ from stepper.lessons.templates import (
     SCOPE_ARG,
     config_value,
     placeholders,
+    preset_value,
     qualified,
     split_spec,
     tensor_name_split,
@@ -121,8 +122,7 @@ def template_errors(lesson: Lesson) -> list[str]:
                 elif body.startswith("config."):
                     config_value(preset("tiny"), body[len("config."):])
                 elif body.startswith("preset."):
-                    name, _, path = body[len("preset."):].partition(".")
-                    config_value(preset(name), path)
+                    preset_value(body[len("preset."):])
                 elif body.startswith("run."):
                     if body[len("run."):] not in RUN_FIELDS:
                         raise StepperError(f"no run field '{body}'")

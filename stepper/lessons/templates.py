@@ -138,6 +138,16 @@ def run_value(ctx: Context, name: str) -> Any:
     return values[name]
 
 
+def preset_value(path: str) -> Any:
+    """'deepseek-v3.2.index_topk' -> that preset's field: the longest preset name before a dot
+    (a preset's name may hold one)."""
+    names = [n for n in PRESETS if path.startswith(n + ".")]
+    if not names:
+        raise StepperError(f"no preset in 'preset.{path}' (presets: {', '.join(PRESETS)})")
+    name = max(names, key=len)
+    return config_value(preset(name), path[len(name) + 1:])
+
+
 def evaluate(expr: str, ctx: Context) -> Any:
     """The value of one placeholder's expression (no format spec)."""
     expr = expr.strip()
@@ -149,10 +159,7 @@ def evaluate(expr: str, ctx: Context) -> Any:
     if expr.startswith("config."):
         return config_value(ctx.cfg, expr[len("config."):])
     if expr.startswith("preset."):
-        name, _, path = expr[len("preset."):].partition(".")
-        if name not in PRESETS:
-            raise StepperError(f"no preset '{name}' (presets: {', '.join(PRESETS)})")
-        return config_value(preset(name), path)
+        return preset_value(expr[len("preset."):])
     if expr.startswith("run."):
         return run_value(ctx, expr[len("run."):])
     name, index, attr = tensor_name_split(expr)

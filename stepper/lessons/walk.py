@@ -24,7 +24,7 @@ from stepper.lessons.templates import render
 from stepper.session import Plan, execute, prepare
 from stepper.trace import Event, Recorder
 from stepper.untrusted import shown
-from stepper.views.debugger import CommandSource, Debugger, Quit, passed
+from stepper.views.debugger import CommandSource, Debugger, Quit, passed, print_help_line
 
 ANSWER_PROMPT = "your prediction> "
 LESSON_HELP = "Enter: next stop · n: next tensor · p NAME[i] · e explain · s attention|routing|hist · w where · q quit"
@@ -99,7 +99,7 @@ class LessonDebugger(Debugger):
                 super().execute(command)
             except StepperError as e:
                 self.error(e)
-        self.console.print(Text(LESSON_HELP, style="dim"), soft_wrap=False)
+        print_help_line(self.console, LESSON_HELP)
 
     def predict(self, pred: Prediction, ctx: Context, stop_key: str) -> None:
         expected = expected_value(pred, ctx)

@@ -15,7 +15,7 @@ class LayerCache:
 
     The latent (compressed_kv_norm) and the roped shared key are kept by both attention paths;
     the naive path also keeps the per-head keys and values it attended over. DeepSeek-V3.2's
-    indexer keeps its own roped keys.
+    indexer keeps its own roped keys; scoring in FP8, also their FP8 codes and scales.
     """
 
     latent: np.ndarray | None = None  # [B, S, kv_lora]
@@ -23,6 +23,8 @@ class LayerCache:
     key_states: np.ndarray | None = None  # [B, H, S, qk_head], naive path
     value_states: np.ndarray | None = None  # [B, H, S, v_head], naive path
     index_keys: np.ndarray | None = None  # [B, S, Di], the Lightning Indexer's (V3.2)
+    index_key_codes: np.ndarray | None = None  # [B, S, Di] e4m3, Hadamard-rotated (FP8 index scoring)
+    index_key_scales: np.ndarray | None = None  # [B, S], one power-of-two scale per key
 
     @property
     def length(self) -> int:
@@ -37,7 +39,7 @@ class LayerCache:
             return None if array is None else array[(slice(None),) * axis + (slice(0, n),)]
 
         return LayerCache(cut(self.latent, 1), cut(self.k_pe, 2), cut(self.key_states, 2), cut(self.value_states, 2),
-                          cut(self.index_keys, 1))
+                          cut(self.index_keys, 1), cut(self.index_key_codes, 1), cut(self.index_key_scales, 1))
 
     def extend_latent(self, latent: np.ndarray, k_pe: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Append the T new positions' latents [B, T, kv_lora] and rotary keys [B, one, T, rope];
@@ -58,6 +60,14 @@ class LayerCache:
         """Append the indexer's keys of the T new positions [B, T, Di]; return all S positions' [B, S, Di]."""
         self.index_keys = keys if self.index_keys is None else np.concatenate([self.index_keys, keys], axis=1)
         return self.index_keys
+
+    def extend_index_fp8_keys(self, codes: np.ndarray, scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Append the T new positions' FP8 index keys [B, T, Di] and scales [B, T]; return all S positions'."""
+        if self.index_key_codes is not None:
+            codes = np.concatenate([self.index_key_codes, codes], axis=1)
+            scales = np.concatenate([self.index_key_scales, scales], axis=1)
+        self.index_key_codes, self.index_key_scales = codes, scales
+        return codes, scales
 
 
 class KVCache:

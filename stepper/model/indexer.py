@@ -10,8 +10,10 @@ w_h * relu(q_h . k_s) * index_head_dim^-0.5; the future is masked; the best inde
 The result is an additive mask, 0 where attention may look, -inf elsewhere, and the indexer's
 keys have their own cache.
 
-DeepSeek's inference code also rotates q and k by a Hadamard transform and scores in FP8;
-transformers' deepseek_v32, which this follows, scores the same products in float32.
+transformers' deepseek_v32, which this follows, scores in float32 ("exact" scoring). DeepSeek's
+inference code rotates q and k by a Hadamard transform and scores them in FP8 (model.index_fp8):
+with scoring "fp8" the indexer keeps the positions those scores choose, and says per query how
+many of the positions the exact scores keep it kept too.
 
 q_a_norm is recomputed here from x (one more q_lora x d product per token, equal bit for bit to
 self_attn.q_a_norm), so that the attention it feeds stays unchanged but for its mask.
@@ -27,16 +29,20 @@ import numpy as np
 from stepper.config import Config
 from stepper.kernels.linear import linear
 from stepper.model.cache import LayerCache
+from stepper.model.index_fp8 import fp8_index_scores
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.ops import causal_mask, rms_norm
 from stepper.model.rope import Rope
+from stepper.swap import exercise
 from stepper.trace import Emitter
 
 LAYER_NORM_EPS = 1e-6  # the indexer's k_norm (DeepSeek's LayerNorm default; not in config.json)
 
 
-def index_mask(x: np.ndarray, w: LayerWeights, cfg: Config, rope: Rope, cache: LayerCache, emit: Emitter) -> np.ndarray:
-    """x [B, T, d] (after input_layernorm) -> the additive mask [B, T, S] of the positions each query may attend."""
+def index_mask(x: np.ndarray, w: LayerWeights, cfg: Config, rope: Rope, cache: LayerCache, emit: Emitter,
+               scoring: str = "exact") -> np.ndarray:
+    """x [B, T, d] (after input_layernorm) -> the additive mask [B, T, S] of the positions each
+    query may attend; scoring "exact" (float32) or "fp8" (DeepSeek's kernel)."""
     q = index_queries(x, w, cfg, emit)  # [B, Hi, T, Di]
     k = index_key(x, w, emit)  # [B, T, Di]
     q = emit("self_attn.indexer.q_rope", rotate_halves(q, rope, cfg.qk_rope_head_dim))  # [B, Hi, T, Di]
@@ -44,9 +50,25 @@ def index_mask(x: np.ndarray, w: LayerWeights, cfg: Config, rope: Rope, cache: L
     keys = emit("self_attn.indexer.keys", cache.extend_index_keys(k))  # [B, S, Di]
     head_weights = linear(x, w.matrix("self_attn.indexer.weights_proj.weight")) * np.float32(cfg.index_n_heads**-0.5)
     head_weights = emit("self_attn.indexer.head_weights", head_weights)  # [B, T, Hi]
-    scores = emit("self_attn.indexer.index_scores", index_scores(q, keys, head_weights))  # [B, T, S]
+    if scoring == "fp8":
+        scores, exact_idx = fp8_scores_beside_exact(q, k, keys, head_weights, cfg, cache, emit)  # [B, T, S], [B, T, Ki]
+    else:
+        scores, exact_idx = index_scores(q, keys, head_weights), None
+    scores = emit("self_attn.indexer.index_scores", scores)  # [B, T, S]
     topk_idx = emit("self_attn.indexer.topk_idx", chosen_positions(scores, cfg.index_topk))  # [B, T, Ki]
-    return emit("self_attn.indexer.mask", mask_of(topk_idx, keys.shape[1]))  # [B, T, S]
+    mask = mask_of(topk_idx, keys.shape[1])  # [B, T, S]
+    if exact_idx is not None:
+        emit("self_attn.indexer.kept_of_exact", kept_of_exact(mask, mask_of(exact_idx, keys.shape[1])))  # [B, T]
+    return emit("self_attn.indexer.mask", mask)
+
+
+def fp8_scores_beside_exact(q: np.ndarray, k: np.ndarray, keys: np.ndarray, head_weights: np.ndarray, cfg: Config,
+                            cache: LayerCache, emit: Emitter) -> tuple[np.ndarray, np.ndarray]:
+    """DeepSeek's FP8 index scores, and the positions the exact scores would choose.
+    q [B, Hi, T, Di], k [B, T, Di], keys [B, S, Di], head_weights [B, T, Hi] -> [B, T, S], [B, T, Ki]"""
+    scores = fp8_index_scores(q, k, head_weights, cache, emit)  # [B, T, S]
+    exact = emit("self_attn.indexer.exact_index_scores", index_scores(q, keys, head_weights))  # [B, T, S]
+    return scores, emit("self_attn.indexer.exact_topk_idx", chosen_positions(exact, cfg.index_topk))
 
 
 def index_queries(x: np.ndarray, w: LayerWeights, cfg: Config, emit: Emitter) -> np.ndarray:
@@ -80,6 +102,7 @@ def rotate_halves(x: np.ndarray, rope: Rope, dims: int) -> np.ndarray:
     return np.concatenate([x1 * rope.cos - x2 * rope.sin, x2 * rope.cos + x1 * rope.sin, rest], axis=-1)
 
 
+@exercise
 def index_scores(q: np.ndarray, keys: np.ndarray, head_weights: np.ndarray) -> np.ndarray:
     """sum_h head_weights[h] * relu(q_h . k) * Di^-0.5, -inf in the future.
     q [B, Hi, T, Di], keys [B, S, Di], head_weights [B, T, Hi] -> [B, T, S]; one head at a time."""
@@ -106,3 +129,8 @@ def mask_of(topk_idx: np.ndarray, S: int) -> np.ndarray:
     mask = np.full((*topk_idx.shape[:2], S + 1), -np.inf, dtype=np.float32)  # one more column for the -1s
     np.put_along_axis(mask, np.where(topk_idx >= 0, topk_idx, S), np.float32(0), axis=-1)
     return np.ascontiguousarray(mask[..., :S])
+
+
+def kept_of_exact(mask: np.ndarray, exact_mask: np.ndarray) -> np.ndarray:
+    """For each query, how many positions both masks keep (0 in both).  [B, T, S] twice -> [B, T] int64"""
+    return np.count_nonzero((mask == 0) & (exact_mask == 0), axis=-1).astype(np.int64)

@@ -19,13 +19,13 @@ from stepper.trace import Emitter
 
 def decoder_layer(
     hidden: np.ndarray, w: LayerWeights, cfg: Config, rope: Rope, cache: LayerCache | None, emit: Emitter,
-    attn: str = "naive", dispatch: str = "grouped",
+    attn: str = "naive", dispatch: str = "grouped", index_scoring: str = "exact",
 ) -> np.ndarray:
-    """[B, T, d] residual stream in -> [B, T, d] out."""
+    """[B, T, d] residual stream in -> [B, T, d] out; index_scoring "exact" or "fp8" (model.indexer)."""
     hidden = emit("hidden_states", hidden)
     x = emit("input_layernorm", rms_norm(hidden, w("input_layernorm.weight"), cfg.rms_norm_eps))
     cache = LayerCache() if cache is None else cache
-    mask = index_mask(x, w, cfg, rope, cache, emit) if cfg.has_indexer else None  # [B, T, S] or None
+    mask = index_mask(x, w, cfg, rope, cache, emit, index_scoring) if cfg.has_indexer else None  # [B, T, S] or None
     hidden = emit("attn_residual", hidden + mla_attention(x, w, cfg, rope, cache, emit, attn, mask))
 
     x = emit("post_attention_layernorm", rms_norm(hidden, w("post_attention_layernorm.weight"), cfg.rms_norm_eps))

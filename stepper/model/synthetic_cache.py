@@ -5,7 +5,9 @@ The synthetic latents have the statistics of real ones: the layer's own latent (
 normalised) and rotary key of a few real inputs give a mean and a standard deviation per
 dimension, and N positions are drawn from the normal distribution with those, deterministic from
 the seed; the rotary keys are then turned by RoPE at their positions, as real ones are. A layer
-that attends naively also gets the per-head keys and values kv_b makes of them.
+that attends naively also gets the per-head keys and values kv_b makes of them. DeepSeek-V3.2's
+indexer gets keys drawn the same way from its own (normalised) keys, turned by its RoPE, and,
+scoring in FP8, their rotated FP8 codes and scales.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import numpy as np
 from stepper.config import Config
 from stepper.model.attention import latent, up_project
 from stepper.model.cache import LayerCache
+from stepper.model.index_fp8 import hadamard, quantize
+from stepper.model.indexer import index_key, rotate_halves
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.ops import rms_norm
 from stepper.model.rope import Rope, apply_rope
@@ -24,7 +28,7 @@ ROWS = 8192  # positions drawn (and up-projected) at a time
 
 
 def fill(cache: LayerCache, w: LayerWeights, cfg: Config, sample: np.ndarray, rope: Rope, seed: int,
-         per_head: bool) -> None:
+         per_head: bool, index_scoring: str = "exact") -> None:
     """Put N synthetic positions (N = the rows of rope) in an empty layer cache.
     sample [B, T, d]: the layer's input for a few real tokens (B one); rope: the tables of the N positions."""
     x = rms_norm(sample, w("input_layernorm.weight"), cfg.rms_norm_eps)
@@ -41,6 +45,22 @@ def fill(cache: LayerCache, w: LayerWeights, cfg: Config, sample: np.ndarray, ro
     cache.extend_latent(latents, k_pe)
     if per_head:
         cache.extend_heads(*per_head_keys(latents, k_pe, w, cfg))
+    if cfg.has_indexer:
+        keys = cache.extend_index_keys(index_keys(x, w, cfg, rope, rng))
+        if index_scoring == "fp8":
+            cache.extend_index_fp8_keys(*quantize(hadamard(keys)))
+
+
+def index_keys(x: np.ndarray, w: LayerWeights, cfg: Config, rope: Rope, rng: np.random.Generator) -> np.ndarray:
+    """The indexer's roped keys [1, S, Di] of N positions, drawn like its keys of the sample x [B, T, d]."""
+    real = index_key(x, w, Emitter())  # [B, T, Di], normalised, not yet turned
+    n = rope.cos.shape[0]
+    keys = np.empty((1, n, cfg.index_head_dim), np.float32)  # [1, S, Di]
+    for start in range(0, n, ROWS):
+        rows = slice(start, min(start + ROWS, n))
+        turn = Rope(rope.cos[rows], rope.sin[rows], rope.softmax_scale)
+        keys[:, rows] = rotate_halves(like(real, rows.stop - rows.start, rng), turn, cfg.qk_rope_head_dim)
+    return keys
 
 
 def per_head_keys(latents: np.ndarray, k_pe: np.ndarray, w: LayerWeights, cfg: Config) -> tuple[np.ndarray, np.ndarray]:

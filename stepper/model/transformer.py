@@ -40,9 +40,10 @@ def lm_head(hidden: np.ndarray, weights: WeightSource, rows: int = HEAD_ROWS) ->
 
 
 class Transformer:
-    def __init__(self, weights: WeightSource, dispatch: str = "grouped"):
+    def __init__(self, weights: WeightSource, dispatch: str = "grouped", index_scoring: str = "exact"):
         self.weights = weights
         self.dispatch = dispatch  # how MoE layers run their routed experts (see model.moe)
+        self.index_scoring = index_scoring  # how DeepSeek-V3.2's indexer scores: "exact" or "fp8" (model.indexer)
         self.config: Config = weights.config
         self.scratch: dict = {}  # float32 memory the layers decode weights into, and what it holds (LayerWeights.float32)
         cfg = self.config
@@ -74,7 +75,8 @@ class Transformer:
         """Decoder layer i on the residual stream [B, T, d], with attn "naive" or "absorb"."""
         layer_cache = None if cache is None else cache.layers[i]
         w = LayerWeights(self.weights, i, self.scratch)
-        return decoder_layer(hidden, w, self.config, rope, layer_cache, emit.layer(i), attn, self.dispatch)
+        return decoder_layer(hidden, w, self.config, rope, layer_cache, emit.layer(i), attn, self.dispatch,
+                             self.index_scoring)
 
     def start(self, ids: np.ndarray, positions: np.ndarray, emit: Emitter) -> tuple[np.ndarray, Rope]:
         """The embedding [B, T, d] of ids [B, T] and the rotary tables of positions [T]."""

@@ -371,9 +371,16 @@ class Debugger:
     # -- pictures ----------------------------------------------------------------------------
 
     def show_attention(self, name: str) -> None:
+        at_indexer = not name and self.current is not None and self.current.key.startswith("self_attn.indexer.")
+        if at_indexer and not self._seen(self.current.name.replace(self.current.key, "self_attn.attn_weights")):
+            raise StepperError("s attention draws this layer's attention weights beside the indexer's choice; "
+                               "they come after the indexer: u attn_weights, then s attention")
         event = self.resolve(name or "self_attn.attn_weights")
         print_picture(self.console, pictures.attention_heatmap(event.array, title=event.name,
                                                                token_labels=key_labels(self.tokens, event.array)))
+        mask = self.history.get(event.name.replace("self_attn.attn_weights", "self_attn.indexer.mask"))
+        if event.key == "self_attn.attn_weights" and mask is not None and mask.array.shape[1:] == event.array.shape[2:]:
+            print_picture(self.console, pictures.indexer_map(mask.array, event.array, title=event.name + " · indexer"))
 
     def show_routing(self, name: str) -> None:
         idx = self.resolve(name or "mlp.gate.topk_idx")
@@ -442,7 +449,9 @@ class Debugger:
         kind = "MoE" if self.cfg.is_moe_layer(event.layer) else "dense"
         root = Tree(Text(f"{event.phase + ' · ' if event.phase else ''}layer {event.layer} ({kind})", style="bold"))
         branch, current = root, None
-        for entry in self.catalog.layer_sequence(self.cfg, event.layer, "absorb" if "q_nope_absorbed" in str(seen) else "naive"):
+        fp8 = any(n.endswith("indexer.q_rotated") for n in self.names or ())  # the run scores its indexer in FP8
+        attn = "absorb" if "q_nope_absorbed" in str(seen) else "naive"
+        for entry in self.catalog.layer_sequence(self.cfg, event.layer, attn, "fp8" if fp8 else "exact"):
             block = BLOCKS.get(entry["block"], entry["block"])
             if block != current:  # consecutive tensors of one block share a branch, in execution order
                 branch, current = root.add(block), block
@@ -496,7 +505,8 @@ TABLE = (
     Command(("h", "history"), "h [N]", "list the last N tensors seen (20 by default)",
             "Every tensor seen stays printable with p.", ("h", "h 100"), Debugger.cmd_history),
     Command(("s", "show"), "s PICTURE [NAME]", "draw a picture: attention, routing, hist or scales",
-            "attention: the attention weights as heat maps per head; routing: the router's token x expert map "
+            "attention: the attention weights as heat maps per head (with DeepSeek-V3.2's indexer, which positions "
+            "it kept beside one head's weights); routing: the router's token x expert map "
             "(at or after topk_weight); hist: a histogram of a tensor; scales: an FP8 weight's block scales.",
             ("s attention", "s routing", "s hist self_attn.kv", "s scales self_attn.kv_a_proj_with_mqa.weight"),
             Debugger.cmd_show),

@@ -26,7 +26,7 @@ from rich.measure import Measurement
 from rich.style import Style
 from rich.text import Text
 
-from stepper.tiled import Tiled
+from stepper.tiled import BLOCK_VALUES, Tiled
 from stepper.untrusted import shown
 from stepper.views import summary
 from stepper.views.summary import number
@@ -669,47 +669,68 @@ def scale_notes(s: np.ndarray, logs: np.ndarray, lo: float, hi: float, block: tu
 KEPT, DROPPED = "█", "×"  # a position the indexer kept for a query, one in its past it dropped
 
 
-def indexer_map(mask: np.ndarray, weights: np.ndarray, head: int = 0, title: str = "") -> RenderableType:
+def indexer_map(mask: np.ndarray, weights: np.ndarray | Tiled, head: int = 0, title: str = "") -> RenderableType:
     """The indexer's choice, mask [B, T, S] (0 kept, -inf dropped), beside the attention weights
-    [B, H, T, S] of one head, batch 0: for each query t (down), which positions s (across) it kept,
-    and how attention spread over them."""
-    kept, w = np.asarray(mask), np.asarray(weights)
-    if kept.ndim != 3 or w.ndim != 4 or kept.shape[1:] != w.shape[2:] or not 0 <= head < w.shape[1]:
+    [B, H, T, S] of one head, batch 0: for each query (down, by its position among the S), which
+    positions s (across) it kept, and how attention spread over them. Both are pooled a block of
+    query rows at a time, so a long prompt's map never makes a second [T, S] array whole."""
+    kept = np.asarray(mask)
+    w = weights if isinstance(weights, Tiled) else np.asarray(weights)
+    if kept.ndim != 3 or w.ndim != 4 or tuple(kept.shape[1:]) != tuple(w.shape[2:]) or not 0 <= head < w.shape[1]:
         raise ValueError(f"need a mask [B, T, S] and weights [B, H, T, S] of the same T, S and a head of H, "
                          f"got {list(kept.shape)}, {list(w.shape)} and head {head}")
-    t_len, s_len = kept.shape[1:]
-    past = np.arange(s_len)[None, :] <= (s_len - t_len) + np.arange(t_len)[:, None]  # [T, S]
-    state = np.where(kept[0] == 0, 2.0, np.where(past, 1.0, 0.0))  # kept, dropped, future
-    return Picture(lambda width: heading(title) + draw_indexer(state, np.asarray(w[0, head], np.float64), head, width))
+    if isinstance(w, Tiled):
+        pool = partial(pool_max_tiled, w, head)
+    else:
+        pool = partial(pool_max, w[0, head])
+    return Picture(lambda width: heading(title) + draw_indexer(kept[0], pool, head, width))
 
 
-def draw_indexer(state: np.ndarray, weights: np.ndarray, head: int, width: int) -> list[Text]:
-    t_len, s_len = state.shape
-    margin = max(len(str(t_len - 1)), 3) + 1
+def pooled_marks(mask: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, int, int]:
+    """The indexer's mark of each query and position, 2 kept, 1 dropped (in its past), 0 future,
+    max-pooled to at most rows x cols cells, a block of whole pooling rows at a time.  mask [T, S]"""
+    t_len, s_len = mask.shape
+    rb, cb = ceil_div(t_len, max(rows, 1)), ceil_div(s_len, max(cols, 1))
+    step = rb * max(1, BLOCK_VALUES // max(1, rb * s_len))
+    grids = []
+    for t in range(0, t_len, step):
+        queries = np.arange(t, min(t + step, t_len))
+        past = np.arange(s_len)[None, :] <= (s_len - t_len) + queries[:, None]  # [t, S]
+        marks = np.where(mask[queries] == 0, 2.0, np.where(past, 1.0, 0.0))
+        grids.append(pool_blocks(marks, rb, cb))
+    return np.concatenate(grids), rb, cb
+
+
+def draw_indexer(mask: np.ndarray, pool: Callable[[int, int], tuple[np.ndarray, int, int]], head: int,
+                 width: int) -> list[Text]:
+    t_len, s_len = mask.shape
+    first = s_len - t_len  # the position of query 0 among the S
+    margin = max(len(str(s_len - 1)), 3) + 1
     per_line, col_budget = fit_side_by_side(2, width, margin, s_len)
     rows = MAX_ROWS if per_line == 2 else MIN_ROWS
-    pooled_state, rb, cb = pool_max(state, rows, col_budget)
-    pooled_w, _, _ = pool_max(weights, rows, col_budget)
+    marks, rb, cb = pooled_marks(mask, rows, col_budget)
+    pooled_w, _, _ = pool(rows, col_budget)
     cell_width = 2 if cb == 1 and 2 * s_len <= col_budget else 1
     chosen = [line(("indexer kept", "bold")),
-              line("t\\s".rjust(margin - 1) + " ", (ticks(pooled_state.shape[1], cell_width, lambda c: c * cb), DIM))]
-    labelled = labelled_rows(pooled_state.shape[0])
-    for r, row in enumerate(pooled_state):
-        label = str(r * rb) if r in labelled else ""
+              line("t\\s".rjust(margin - 1) + " ", (ticks(marks.shape[1], cell_width, lambda c: c * cb), DIM))]
+    labelled = labelled_rows(marks.shape[0])
+    for r, row in enumerate(marks):
+        label = str(first + r * rb) if r in labelled else ""
         cells = [((KEPT, DROPPED, EMPTY)[2 - int(v)].ljust(cell_width), ("bold", "red", DIM)[2 - int(v)]) for v in row]
         chosen.append(line((label.rjust(margin - 1) + " ", DIM), *cells))
-    attention = one_head_map(head, pooled_w, rb, cb, margin, cell_width)
+    attention = one_head_map(head, pooled_w, rb, cb, margin, cell_width, [str(first + r * rb) for r in range(marks.shape[0])])
     blocks = [chosen, attention]
     out = side_by_side(blocks) if per_line == 2 else blocks[0] + blocks[1]
-    kept_per_query = (state == 2).sum(axis=1)
+    kept_per_query = np.count_nonzero(mask == 0, axis=1)  # [T]
     out.append(line((KEPT, "bold"), " kept  ", (DROPPED, "red"), " dropped by the indexer  ", (EMPTY, DIM),
                     " future", wrap=True))
-    out.append(attention_legend(weights))
+    out.append(attention_legend(pooled_w))
+    past = t_len * first + t_len * (t_len + 1) // 2  # query-position pairs in the past, over all queries
     out.append(caption(f"{int(kept_per_query.max())} of up to {s_len} positions kept per query "
-                       f"(query {t_len - 1}: {int(kept_per_query[-1])}); head {head}'s weights beside, "
-                       "exactly 0 wherever the indexer dropped a position"))
+                       f"(the last, at position {s_len - 1}: {int(kept_per_query[-1])}), {int(kept_per_query.sum()):,} "
+                       f"of the {past:,} in the queries' past; rows are the queries by position; head {head}'s "
+                       "weights beside, exactly 0 wherever the indexer dropped a position"))
     if (rb, cb) != (1, 1):
-        after = pooled_state.shape
         out.append(caption(pooled_note("mark (kept, then dropped, then future) and weight", (rb, cb), (t_len, s_len),
-                                       after, ("queries", "keys"))))
+                                       marks.shape, ("queries", "keys"))))
     return out

@@ -46,6 +46,10 @@ WRONG = [
      ["the run with your absorbed differs", "layers.0.self_attn.attn_output_latent differs (the first"]),
     ("moe-routing", ("weights = weights * np.float32(cfg.routed_scaling_factor)", "weights = weights"),
      ["the run with your route differs", "layers.1.mlp.gate.topk_weight differs (the first"]),
+    ("sparse-attention", ("head_weights[:, :, h, None] * (np.maximum(dots, 0) * scale)",
+                          "np.maximum(head_weights[:, :, h, None] * dots * scale, 0)"),  # relu after the weight
+     ["index_scores differs on call 1 of index_scores in the run, which makes layers.0.self_attn.indexer.index_scores",
+      "inputs: q [1, 8, 8, 32] float32, keys [1, 8, 32] float32, head_weights [1, 8, 8] float32"]),
 ]
 
 
@@ -94,3 +98,18 @@ def test_the_report_wraps_at_80_columns_between_words(tmp_path, monkeypatch):
     assert all(len(line) <= 80 for line in lines), [line for line in lines if len(line) > 80]
     assert "    0.001953125" in lines, "a wrapped detail line stays indented"
     assert "(1/8) = 0.001953125" in " ".join(result.stdout.split()), "wrapped between words, not inside one"
+
+
+def test_the_hand_made_index_scores_case_is_what_its_label_says():
+    """Worked by hand: query 0 (position 1) sees keys 0 and 1; its head 1 has weight -0.5 and
+    relu(q . k1) = 2.5, so its score at key 1 is -1.25 / sqrt(2); a relu after the weight would
+    give 0 there."""
+    import numpy as np
+
+    from stepper.lessons.overrides import reference
+
+    (call,) = check.index_score_calls()
+    got = reference("index_scores")(*call.args)
+    r = 2 ** -0.5
+    expected = np.array([[[1 * r, -1.25 * r, -np.inf], [4.5 * r, 0.25 * r, 0.0]]], np.float32)
+    np.testing.assert_allclose(got, expected, rtol=1e-6)

@@ -37,8 +37,10 @@ from stepper.views.debugger import CommandSource
 
 LESSONS = all_lessons()
 IDS = [lesson.name for lesson in LESSONS]
-REQUIRED = {"tour", "rmsnorm", "fp8", "mla-latent", "rope-yarn", "absorption", "moe-routing", "decode-cache"}
-REQUIRED_EXERCISES = {"rms_norm", "decode", "dequantize", "rope_inv_freq", "apply_rope", "absorbed", "route"}
+REQUIRED = {"tour", "rmsnorm", "fp8", "mla-latent", "rope-yarn", "absorption", "moe-routing", "decode-cache",
+            "three-routers", "sparse-attention"}
+REQUIRED_EXERCISES = {"rms_norm", "decode", "dequantize", "rope_inv_freq", "apply_rope", "absorbed", "route",
+                      "index_scores"}
 
 
 
@@ -233,8 +235,9 @@ def test_use_swaps_in_restores_stepper_and_rejects_other_signatures(tmp_path):
 # rms_norm: input, q_a, kv_a and post-attention norms per layer, the final norm; apply_rope: the
 # query's and the shared key's per layer; latent per layer; absorbed per layer of the decode
 # step; route per MoE layer.
-CALLS = {"rms_norm": 2 * (4 * 3 + 1), "apply_rope": 2 * 2 * 3, "latent": 2 * 3, "absorbed": 3, "route": 2 * 2}
-MODEL = {"dequantize_int4": "tiny-int4"}  # INT4 weights only there (the rest of tiny's are FP8)
+CALLS = {"rms_norm": 2 * (4 * 3 + 1), "apply_rope": 2 * 2 * 3, "latent": 2 * 3, "absorbed": 3, "route": 2 * 2,
+         "index_scores": 2 * 3}  # prefill and one decode step, 3 layers
+MODEL = {"dequantize_int4": "tiny-int4", "index_scores": "tiny-v32"}  # INT4 weights only there; the indexer only in V3.2
 
 
 @pytest.mark.parametrize("name", overrides.EXERCISES)
@@ -542,3 +545,71 @@ def test_lesson_text_fits_80_columns_without_a_broken_word(lesson):
         printed = set(out.getvalue().split())
         words = render(join_lines(text), ctx).split()
         assert [w for w in words if w not in printed] == [], "a word broken across lines"
+
+
+# ---------------------------------------------------------------------------------------------
+# The sparse-attention lesson's cost figures
+
+
+def test_the_indexer_cost_facts_count_the_products_the_run_makes():
+    """index_macs and mla_macs, counted from the shapes of the tensors an absorbed tiny-v32 decode
+    step makes (each index head's q against a key; each head's score over the latent and the rope
+    key, then its weighted sum of the latent), agree with the facts computed from the config; at
+    DeepSeek-V3.2's size they are 64 x 128 and 128 x (512 + 64 + 512), and 128K saves 13.4 times."""
+    from stepper.lessons import facts
+
+    spec = RunSpec(model="tiny-v32", prompt_len=3, decode=1, attn="absorb")
+    seen = tensors(spec)
+    ctx = Context(prepare(spec), seen)
+    q = seen["decode0.layers.0.self_attn.indexer.q_rope"]  # [B, Hi, 1, Di]
+    assert facts.compute("index_macs", ctx, []) == q.shape[1] * q.shape[3]
+    scored = seen["decode0.layers.0.self_attn.q_nope_absorbed"].shape[-1] + seen["decode0.layers.0.self_attn.q_pe_rope"].shape[-1]
+    summed = seen["decode0.layers.0.self_attn.attn_output_latent"].shape[-1]
+    heads = seen["decode0.layers.0.self_attn.attn_weights"].shape[1]
+    assert facts.compute("mla_macs", ctx, []) == heads * (scored + summed)
+    assert facts.compute("index_macs", ctx, ["deepseek-v3.2"]) == 8192
+    assert facts.compute("mla_macs", ctx, ["deepseek-v3.2"]) == 139264
+    dense, sparse = 139264 * 131072, 8192 * 131072 + 139264 * 2048
+    assert facts.compute("sparse_saving", ctx, ["deepseek-v3.2", "131072"]) == pytest.approx(dense / sparse)
+    assert facts.compute("sparse_macs", ctx, ["deepseek-v3.2", "1000"]) == (8192 + 139264) * 1000  # all kept
+    even = facts.compute("break_even", ctx, ["deepseek-v3.2"])
+    assert facts.compute("sparse_saving", ctx, ["deepseek-v3.2", str(round(even))]) == pytest.approx(1.0)
+    assert facts.compute("read_saving", ctx, ["deepseek-v3.2", "131072"]) == pytest.approx(
+        576 * 131072 / (128 * 131072 + 576 * 2048))
+    with pytest.raises(StepperError, match="no Lightning Indexer"):
+        facts.compute("index_macs", ctx, ["deepseek-v3"])
+
+
+def test_the_indexer_token_facts_follow_the_runs_mask():
+    from stepper.lessons import facts
+
+    lesson = find_lesson("sparse-attention")
+    seen = tensors(lesson.run)
+    ctx = Context(prepare(lesson.run), seen)
+    mask = seen["layers.0.self_attn.indexer.mask"][0]  # [T, S]
+    T = mask.shape[0]
+    assert facts.compute("self_dropped", ctx, ["layers.0"]) == [t for t in range(T) if mask[t, t] != 0]
+    assert facts.compute("kept_positions", ctx, ["layers.0", "-1"]) == [int(s) for s in np.nonzero(mask[-1] == 0)[0]]
+    assert facts.compute("unpruned_tokens", ctx, ["layers.0"]) == sum(
+        bool((mask[t, : t + 1] == 0).all()) for t in range(T))
+    assert facts.compute("recent_positions", ctx, ["layers.0", "-1"]) == list(range(T - 4, T))
+    scores = seen["layers.0.self_attn.indexer.index_scores"][0, -1]
+    order = [int(s) for s in np.argsort(-scores, kind="stable")]  # best first; all T are in the last one's past
+    kept = order[:4]
+    ctx.answer = {*kept[:3], order[-1]}  # three right, the worst instead of the fourth
+    said = facts.compute("kept_why", ctx, ["layers.0", "-1"])
+    assert said == (f"3 of 4 right. position {order[-1]} scores {scores[order[-1]]:.3f}, rank {T} of {T}; "
+                    f"position {kept[3]} scores {scores[kept[3]]:.3f}, rank 4: kept")
+    ctx.answer = {T}
+    missed = "; ".join(f"position {s} scores {scores[s]:.3f}, rank {order.index(s) + 1}: kept" for s in sorted(kept))
+    assert facts.compute("kept_why", ctx, ["layers.0", "-1"]) == (
+        f"0 of 4 right. position {T} is not in its past (positions 0 to {T - 1}); {missed}; it keeps exactly 4")
+
+
+def test_a_passed_check_names_the_model_the_exercise_runs_on(tmp_path, monkeypatch):
+    """index_scores runs only where there is an indexer: the line after a pass says --model tiny-v32."""
+    monkeypatch.chdir(tmp_path)
+    lesson = find_lesson("sparse-attention")
+    done = stepper("lesson", "check", "sparse-attention", "--file", str(lesson.solution), "--plain")
+    assert done.exit_code == 0, done.stdout
+    assert f"`stepper run --use {lesson.solution} --model tiny-v32` runs the whole model" in flat(done.stdout)

@@ -158,3 +158,38 @@ def test_every_example_of_the_help_runs():
         assert f"\n{command.usage}" in out.stdout  # help CMD's first line
     assert "a = decode0.layers.1.self_attn.compressed_kv  [1, 1, 128]" in out.stdout
     assert "breakpoints: layers.2.*" in out.stdout and out.stdout.count("e.g. ") >= 2 * len(TABLE)
+
+
+def test_s_attention_shows_the_indexers_kept_positions_beside_the_weights_on_v32():
+    """On DeepSeek-V3.2, `s attention` also draws, for each query, the positions the indexer kept
+    (█), dropped (×) and the future (·), as the run's own mask says, beside head 0's weights."""
+    rec = Recorder()
+    run(RunSpec(model="tiny-v32", prompt_len=8), [rec])
+    mask = rec.tensors()["layers.1.self_attn.indexer.mask"][0]  # [T, S]
+    out = step("--model", "tiny-v32", "--prompt-len", "8", "--until", "layers.1.self_attn.attn_weights",
+               commands="s attention\nq\n").stdout
+    assert "layers.1.self_attn.attn_weights · indexer" in out and "indexer kept" in out and "head 0" in out
+    lines = out.splitlines()
+    grid = lines[lines.index(next(x for x in lines if x.startswith("indexer kept"))) + 2:][:8]
+    for t, row in enumerate(grid):
+        marks = row.split()[1:9]
+        expected = ["█" if mask[t, s] == 0 else "×" if s <= t else "·" for s in range(8)]
+        assert row.split()[0] == str(t) and marks == expected, (t, row)
+    assert (mask[-1] == -np.inf).sum() > 0, "the last query dropped some positions (else no test)"
+
+
+def test_s_attention_at_the_indexer_says_the_weights_come_next_and_v3_draws_no_indexer():
+    out = step("--model", "tiny-v32", "--until", "layers.0.self_attn.indexer.topk_idx",
+               commands="s attention\nu attn_weights\ns attention\nq\n").stdout
+    assert "they come after the indexer: u attn_weights, then s attention" in out
+    assert out.count("indexer kept") == 1
+    assert "indexer kept" not in step("--until", "layers.0.self_attn.attn_weights", commands="s attention\nq\n").stdout
+
+
+def test_s_attention_in_a_v32_decode_step_labels_the_query_by_its_position():
+    out = step("--model", "tiny-v32", "--prompt-len", "6", "--decode", "1",
+               "--until", "decode0.layers.0.self_attn.attn_weights", commands="s attention\nq\n").stdout
+    lines = out.splitlines()
+    row = lines[lines.index(next(x for x in lines if x.startswith("indexer kept"))) + 2]
+    assert row.split()[0] == "6" and row.split().count("█") == 4, row  # position 6 keeps index_topk = 4 of 7
+    assert "(the last, at position 6: 4)" in out

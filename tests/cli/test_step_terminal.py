@@ -179,3 +179,22 @@ def test_explain_breaks_no_word_at_the_terminal_width(columns):
     broken = [w for line in shown for w in line.split() if w not in words]
     assert not broken, broken
     assert max(map(len, piped.splitlines())) > 160  # there was something to wrap
+
+
+@pytest.mark.parametrize("columns", [80, 160])
+def test_the_indexer_picture_fits_the_terminal_width(columns):
+    """On DeepSeek-V3.2, s attention adds the indexer's kept positions beside a head's weights:
+    side by side when they fit, every line within the terminal, the legend and caption wrapped."""
+    term = Terminal("step", "--model", "tiny-v32", "--prompt-len", "40", "--until", "layers.0.self_attn.attn_weights",
+                    columns=columns)
+    term.read_until("(stepper) ")
+    term.type("s attention\r")
+    term.read_until("dropped a position")
+    term.read_until_quiet()
+    term.type("q\r")
+    assert term.wait() == 0
+    shown = lines(term.screen)
+    assert not [line for line in shown if cells(line) > columns]
+    top = next(line for line in shown if line.startswith("indexer kept"))
+    assert "head 0" in top, "the two maps side by side"
+    assert "× dropped by the indexer" in "\n".join(shown)

@@ -23,7 +23,8 @@ from stepper.views import summary
 
 # What the whole prompt's tensor holds past the positions a chunk attends (written out here, not read from prefill)
 MASKED = {"self_attn.attn_scores": -np.inf, "self_attn.attn_weights": 0.0, "self_attn.indexer.index_scores": -np.inf,
-          "self_attn.indexer.mask": -np.inf, "self_attn.indexer.topk_idx": -1}
+          "self_attn.indexer.mask": -np.inf, "self_attn.indexer.topk_idx": -1,
+          "self_attn.indexer.exact_index_scores": -np.inf, "self_attn.indexer.exact_topk_idx": -1}
 
 
 def recorded(spec: RunSpec) -> dict[str, object]:
@@ -36,7 +37,7 @@ def one_by_one(spec: RunSpec, chunk: int) -> dict[str, np.ndarray]:
     """The prefill's tensors from a run of consecutive chunks with the cache, put together by hand:
     along T (or N), rows widened with the masked future, tensors over S alone from the last chunk."""
     plan = prepare(spec)
-    model, cache, parts = Transformer(plan.weights), KVCache(plan.config.num_hidden_layers), {}
+    model, cache, parts = Transformer(plan.weights, index_scoring=spec.index_scoring), KVCache(plan.config.num_hidden_layers), {}
     if spec.cache_len:
         fill_cache(plan, model, cache)
     ids, attn = np.array([plan.prompt]), step_attn(spec, 0)
@@ -94,6 +95,7 @@ CASES = [
     pytest.param(RunSpec(model="tiny", layer=0, prompt_len=9, cache_len=20, decode=1, weight_cache_mb=64), 4,
                  id="after-a-synthetic-cache-with-a-weight-cache"),
     pytest.param(RunSpec(model="tiny-v32", prompt_len=10, attn="absorb", decode=1), 6, id="indexer-model-absorbed"),
+    pytest.param(RunSpec(model="tiny-v32", layer=0, prompt_len=8, index_scoring="fp8"), 2, id="indexer-fp8-scoring"),
 ]
 
 

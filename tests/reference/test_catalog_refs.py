@@ -37,7 +37,7 @@ CITATION_KEYS = {"lines", "symbol", "text"}  # and optionally "path": another fi
 SOURCES = ("modeling_deepseek.py", "transformers", "inference", "inference_v32")
 FAMILY_FILES = ("models/deepseek_v2/", "models/deepseek_v32/")  # a family entry cites its family's transformers file
 WHEN_FIELDS = {"scoring_func": {"sigmoid", "softmax"}, "topk_method": {"noaux_tc", "greedy", "group_limited_greedy"},
-               "has_indexer": {True}}
+               "has_indexer": {True}, "index_scoring": {"fp8"}}  # index_scoring: the run's choice, not the config's
 ALIAS_KEYS = {"hf_module", "inference", "llama.cpp"}
 
 
@@ -127,7 +127,8 @@ def test_entries_follow_the_schema(catalog):
             assert field in WHEN_FIELDS and values and set(values) <= WHEN_FIELDS[field], f"{name}: when {field} {values}"
         assert not re.search(r"\blines? \d", ref["variable"]), f"{name}: line numbers belong in a citation"
     int_tensors = [e["name"] for e in catalog["tensors"] if e["dtype"] == "int64"]
-    assert int_tensors == ["mlp.gate.topk_idx", "self_attn.indexer.topk_idx"]
+    assert int_tensors == ["mlp.gate.topk_idx", "self_attn.indexer.topk_idx", "self_attn.indexer.exact_topk_idx",
+                           "self_attn.indexer.kept_of_exact"]
 
 
 def test_a_family_entry_follows_an_earlier_entry_and_cites_its_family(catalog):
@@ -146,6 +147,8 @@ def test_absorbed_entries_cite_deepseek_inference(catalog):
         if e["path"] == "absorb":
             assert citation_ok(ref["inference"]), e["name"]
             assert ref["modeling_deepseek.py"] is None and ref["transformers"] is None, e["name"]
+        elif "index_scoring" in e.get("when", {}):  # DeepSeek's FP8 scoring, or the exact scores it is compared with
+            assert citation_ok(ref["inference_v32"]) or citation_ok(ref["transformers"]), e["name"]
         elif "after" in e:  # another family's tensor: V3's modeling_deepseek.py has none
             assert citation_ok(ref["transformers"]), e["name"]
         else:

@@ -345,7 +345,7 @@ def test_names_command_lists_the_aliases():
     rows = [json.loads(line) for line in out.stdout.splitlines()]
     assert {"naming": "llama.cpp", "name": "kv_cmpr-{i}#1", "canonical": "self_attn.compressed_kv", "only": "",
             "source": "src/models/deepseek2.cpp:93", "revision": "07bede6a8f329362c72d46a0bc9756b6a12c22eb",
-            "note": ""} in rows
+            "models": "deepseek_v3, kimi_k2", "note": ""} in rows
     assert {row["naming"] for row in rows} == {"llama.cpp"}
     assert [row["name"] for row in rows].index("q-{i}#1") < [row["name"] for row in rows].index("q-{i}#3")
     assert stepper("fixtures", "names", "--system", "vllm").returncode == 2

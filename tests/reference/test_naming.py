@@ -26,6 +26,7 @@ from stepper.weights.checkpoint import SCALE, Checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ["tiny-prefill-decode", "tiny-absorb", "tiny-v3-grouped"]
+FILES = {"inference": "inference/model.py", "llama.cpp": "src/models/deepseek2.cpp"}  # where a bare line is
 
 # ---------------------------------------------------------------------------------------------
 # How the sources lay values out, from the fixture's [B, H, T, X] / [B, T, X] / [N, X] tensors
@@ -168,8 +169,9 @@ INFERENCE = [
 ]
 
 # ---------------------------------------------------------------------------------------------
-# llama.cpp at 07bede6a8f329362c72d46a0bc9756b6a12c22eb: src/models/deepseek2.cpp (line) and
-# llama-graph.cpp (function). Arrays in NumPy order, ggml's ne reversed; the batch axis absent.
+# llama.cpp at 07bede6a8f329362c72d46a0bc9756b6a12c22eb, both files read whole at that revision:
+# src/models/deepseek2.cpp (a bare line) and src/llama-graph.cpp ("file:line"). Arrays in NumPy
+# order, ggml's ne reversed; the batch axis absent.
 
 
 def lc(layout):
@@ -206,7 +208,7 @@ def concat_rope(partner):
 
 
 LLAMA = [
-    ("embd", "build_inp_embd", "embed", lc(as_is), "both", "all"),
+    ("embd", "src/llama-graph.cpp:1506", "embed", lc(as_is), "both", "all"),
     ("attn_norm-{i}", 53, "input_layernorm", lc(as_is), "both", "all"),
     ("q-{i}#1", 63, "self_attn.q_a", lc(as_is), "both", "all"),
     ("q-{i}#2", 66, "self_attn.q_a_norm", lc(as_is), "both", "all"),
@@ -232,27 +234,30 @@ LLAMA = [
     ("Vcur_cont-{i}", 171, "self_attn.value_states", lc(new_only), "naive", "all"),
     ("Qcur-{i}", 174, "self_attn.query_states", interleaved(lc(heads_after)), "naive", "all"),
     ("Kcur-{i}", 177, "self_attn.key_states", interleaved(lc(new_only)), "naive", "all"),
-    ("kq-{i}", "build_attn_mha", "self_attn.attn_scores", raw_kq, "both", "all"),
-    ("kq_soft_max-{i}", "build_attn_mha", "self_attn.attn_weights", padded(0.0), "both", "all"),
-    ("kqv-{i}", "build_attn_mha", "self_attn.attn_output", lambda a, c: per_head(a, c)[0].transpose(1, 0, 2),
+    ("kq-{i}", "src/llama-graph.cpp:1726", "self_attn.attn_scores", raw_kq, "both", "all"),
+    ("kq_soft_max-{i}", "src/llama-graph.cpp:1761", "self_attn.attn_weights", padded(0.0), "both", "all"),
+    ("kqv-{i}", "src/llama-graph.cpp:1770", "self_attn.attn_output", lambda a, c: per_head(a, c)[0].transpose(1, 0, 2),
      "naive", "all"),
-    ("kqv-{i}", "build_attn_mha", "self_attn.attn_output_latent", heads_first, "absorb", "all"),
-    ("kqv_mla-{i}", "build_attn_mha", "self_attn.attn_output", lambda a, c: per_head(a, c)[0].transpose(1, 0, 2),
+    ("kqv-{i}", "src/llama-graph.cpp:1770", "self_attn.attn_output_latent", heads_first, "absorb", "all"),
+    ("kqv_mla-{i}", "src/llama-graph.cpp:1775", "self_attn.attn_output", lambda a, c: per_head(a, c)[0].transpose(1, 0, 2),
      "absorb", "all"),
-    ("fattn_mla-{i}", "build_attn_mha", "self_attn.attn_output", lambda a, c: per_head(a, c)[0].transpose(1, 0, 2),
+    ("fattn_mla-{i}", "src/llama-graph.cpp:1717", "self_attn.attn_output", lambda a, c: per_head(a, c)[0].transpose(1, 0, 2),
      "absorb", "all"),  # with flash attention, in place of kqv_mla
-    ("kqv_out-{i}", "build_attn", "self_attn.attn_output", lc(as_is), "both", "all"),
+    ("__fattn__-{i}", "src/llama-graph.cpp:1701", "self_attn.attn_output", lambda a, c: per_head(a, c)[0], "naive", "all"),
+    ("__fattn__-{i}", "src/llama-graph.cpp:1701", "self_attn.attn_output_latent", lc(heads_after), "absorb", "all"),
+    ("kqv_out-{i}", "src/llama-graph.cpp:1942", "self_attn.attn_output", lc(as_is), "naive", "all"),  # build_attn, KV cache
+    ("kqv_out-{i}", "src/llama-graph.cpp:2029", "self_attn.attn_output", lc(as_is), "absorb", "all"),  # build_attn, K-only cache
     ("ffn_inp-{i}", 196, "attn_residual@rows", lc(as_is), "both", "all"),
     ("ffn_norm-{i}", 199, "post_attention_layernorm@rows", lc(as_is), "both", "all"),
-    ("ffn_up-{i}", "build_ffn", "mlp.up_proj@rows", lc(as_is), "both", "dense"),
-    ("ffn_gate-{i}", "build_ffn", "mlp.gate_proj@rows", lc(as_is), "both", "dense"),
-    ("ffn_swiglu-{i}", "build_ffn", "mlp.act@rows", lc(as_is), "both", "dense"),
+    ("ffn_up-{i}", "src/llama-graph.cpp:974", "mlp.up_proj@rows", lc(as_is), "both", "dense"),
+    ("ffn_gate-{i}", "src/llama-graph.cpp:996", "mlp.gate_proj@rows", lc(as_is), "both", "dense"),
+    ("ffn_swiglu-{i}", "src/llama-graph.cpp:1018", "mlp.act@rows", lc(as_is), "both", "dense"),
     ("ffn_out-{i}", 207, "mlp_output@rows", lc(as_is), "both", "dense"),
-    ("ffn_moe_logits-{i}", "build_moe_ffn", "mlp.gate.logits@rows", as_is, "both", "moe"),
-    ("ffn_moe_probs-{i}", "build_moe_ffn", "mlp.gate.scores@rows", as_is, "both", "moe"),
-    ("ffn_moe_probs_biased-{i}", "build_moe_ffn", "mlp.gate.scores_for_choice@rows", as_is, "both", "moe"),
-    ("ffn_moe_topk-{i}", "build_moe_ffn", "mlp.gate.topk_idx@rows", as_is, "both", "moe"),
-    ("ffn_moe_weights_scaled-{i}", "build_moe_ffn", "mlp.gate.topk_weight@rows", lambda a, c: a[..., None],
+    ("ffn_moe_logits-{i}", "src/llama-graph.cpp:1169", "mlp.gate.logits@rows", as_is, "both", "moe"),
+    ("ffn_moe_probs-{i}", "src/llama-graph.cpp:1196", "mlp.gate.scores@rows", as_is, "both", "moe"),
+    ("ffn_moe_probs_biased-{i}", "src/llama-graph.cpp:1203", "mlp.gate.scores_for_choice@rows", as_is, "both", "moe"),
+    ("ffn_moe_topk-{i}", "src/llama-graph.cpp:1245", "mlp.gate.topk_idx@rows", as_is, "both", "moe"),
+    ("ffn_moe_weights_scaled-{i}", "src/llama-graph.cpp:1284", "mlp.gate.topk_weight@rows", lambda a, c: a[..., None],
      "both", "moe"),
     ("ffn_moe_out-{i}", 223, "mlp.routed_output@rows", lc(as_is), "both", "moe"),
     ("ffn_shexp-{i}", 233, "mlp.shared_output@rows", lc(as_is), "both", "moe"),
@@ -265,9 +270,9 @@ LLAMA = [
 
 def source_dump(fixture, table):
     """The fixture's tensors named and laid out as `table` says its source does. `@last`: the last
-    layer's tensor under a global name; `@masked`: only steps of more than one token; `@grouped`:
-    only with expert groups; `@rows`: the last layer keeps only the output row (the last) in
-    llama.cpp's whole-model run."""
+    layer's tensor under a global name; `@masked` / `@prefill`: only steps of more than one token;
+    `@decode`: only one-token steps; `@grouped`: only with expert groups; `@rows`: the last layer
+    keeps only the output row (the last) in llama.cpp's whole-model run."""
     cfg, run = fixture.config, fixture.manifest["run"]
     attention = {s["phase"]: s["attention"] for s in fixture.manifest["inputs"]["steps"]}
     last = cfg.num_hidden_layers - 1 if run["kind"] == "model" else None
@@ -284,7 +289,7 @@ def source_dump(fixture, table):
             if (flag == "last") != ("{i}" not in name and layer is not None) or flag == "last" and layer != last:
                 continue
             c = Step(fixture, e["name"])
-            if flag == "masked" and c.t == 1 or flag == "grouped" and cfg.n_group == 1:
+            if flag in ("masked", "prefill") and c.t == 1 or flag == "decode" and c.t > 1 or flag == "grouped" and cfg.n_group == 1:
                 continue
             array = build(fixture.tensors[e["name"]], c)
             if flag == "rows" and (layer is None or layer == last) and run["kind"] == "model":
@@ -314,8 +319,9 @@ def check_source_dump(fixture, table, naming, tmp_path):
         for cand in names:
             target, line = meta[cand]
             assert checks[target].status == "match" and checks[target].candidate == cand, (cand, checks[target])
-            source = verdict.read_as[target]["source"]  # read by the line the test's own table gives
-            assert (f":{line} @" in source) if isinstance(line, int) else (line in source), (cand, source, line)
+            source = verdict.read_as[target]["source"]  # read by the file and line the test's own table gives
+            where = line if isinstance(line, str) else f"{FILES[naming]}:{line}"
+            assert source.startswith(f"{where} @ "), (cand, source, where)
         verdicts.append(verdict)
     return dump, verdicts[0]
 
@@ -442,10 +448,10 @@ def test_a_table_name_spelt_like_another_canonical_tensor_is_refused(tmp_path):
         read_table(tmp_path / "llama.cpp.json", "llama.cpp")
 
 
-def test_every_table_entry_names_its_source_line_or_function():
+def test_every_table_entry_names_its_source_line():
     for naming, aliases in tables().items():
         for alias in aliases:
-            assert alias.line or alias.function, (naming, alias.name)
+            assert alias.line and alias.file, (naming, alias.name)
             assert alias.tensor or alias.reason
 
 
@@ -454,7 +460,7 @@ def test_every_name_of_stepper_table_is_one_this_test_builds(naming, table):
     """Each name stepper's table places is one of the names written here from the source (the
     llama.cpp embeddings' older name aside), so each is checked by a dump above."""
     written = {name for name, *_ in table}
-    placed = {a.name for a in tables()[naming] if a.tensor}
+    placed = {a.name for a in tables()[naming] if a.tensor and "deepseek_v3" in a.model_types}
     assert placed - written == set(), placed - written
 
 
