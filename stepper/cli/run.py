@@ -158,6 +158,9 @@ class IndexAgreement:
         self.kept = self.chosen = self.queries = self.differing = 0
         self.exact: np.ndarray | None = None  # [B, T]: the last exact_topk_idx's chosen count per query
 
+    def wants(self, event) -> bool:
+        return event.key in ("self_attn.indexer.exact_topk_idx", "self_attn.indexer.kept_of_exact")
+
     def __call__(self, event) -> None:
         if event.key == "self_attn.indexer.exact_topk_idx":
             self.exact = np.count_nonzero(np.asarray(event.array) >= 0, axis=-1)

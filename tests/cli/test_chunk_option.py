@@ -4,6 +4,7 @@ so; refused in one line where a run needs the whole prompt's tensors as they are
 
 from typer.testing import CliRunner
 
+from stepper import prefill
 from stepper.cli import memory
 from stepper.cli.main import app
 from stepper.session import RunSpec, prepare
@@ -56,3 +57,17 @@ def test_the_line_under_the_header_and_the_refusals():
             f"stepper: error: --chunk 4: {why}, so the prompt must run whole: give --chunk 0\n")
     bad = invoke("run", "--chunk", "-3")
     assert bad.exit_code == 2 and bad.output.startswith("stepper: error: --chunk must be a number of positions")
+
+
+def test_only_the_names_shown_are_gathered_chunk_by_chunk(monkeypatch):
+    gathered = []
+
+    class Part(prefill.Part):
+        def __init__(self, event):
+            gathered.append(event.name)
+            super().__init__(event)
+
+    monkeypatch.setattr(prefill, "Part", Part)
+    result = invoke("run", "--prompt-len", "9", "--chunk", "4", "--only", "compressed_kv", "--plain")
+    assert result.exit_code == 0, result.output
+    assert gathered == [f"layers.{i}.self_attn.compressed_kv" for i in range(3)]  # not the attention scores, ...
