@@ -47,7 +47,7 @@ InputOpt = Annotated[Path | None, typer.Option("--input", metavar="FILE", help="
 AttnOpt = Annotated[str, typer.Option(metavar="naive|absorb|auto", help="Attention: naive (per-head keys and values), absorb (over the latent cache), or auto (naive prefill and absorbed decode where the estimated memory allows, else absorbed; the run says which and why).")]
 CacheLenOpt = Annotated[int, typer.Option(metavar="N", help="With --layer: start that layer's cache with N synthetic positions (seeded, with the statistics of real latents); the prompt follows them.")]
 IndexScoringOpt = Annotated[str, typer.Option("--index-scoring", metavar="exact|fp8", help="DeepSeek-V3.2's Lightning Indexer: exact (float32 scores, as transformers) or fp8 (Hadamard-rotated q and k in FP8 e4m3, as DeepSeek's inference code; the run also says how many of the exactly chosen positions it kept).")]
-ChunkOpt = Annotated[str, typer.Option(metavar="N|auto", help="Run the prefill N positions at a time, the cache carrying the earlier ones (each tensor is still shown once, whole, over every position; each chunk runs twice, the second time for the histograms); 0: the whole prompt at once; auto: in chunks only where the whole prompt would not fit in memory (the run says so).")]
+ChunkOpt = Annotated[str | None, typer.Option(metavar="N|auto", help="Run the prefill N positions at a time, the cache carrying the earlier ones (each tensor is still shown once, whole, over every position; each chunk runs twice, the second time for the histograms); 0: the whole prompt at once; auto: in chunks only where the whole prompt would not fit in memory (the run says so).  [default: auto]")]
 CacheOpt = Annotated[int, typer.Option(metavar="MB", min=0, help="Keep up to MB megabytes of decoded weights between decode steps.")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Overwrite an existing output file.")]
 UseOpt = Annotated[list[Path] | None, typer.Option("--use", metavar="FILE.py", help="Run with your own exercise functions (e.g. a lesson file) in place of stepper's; repeatable.")]
@@ -201,7 +201,7 @@ def run_command(
     weight_cache_mb: CacheOpt = 0,
     cache_len: CacheLenOpt = 0,
     index_scoring: IndexScoringOpt = "exact",
-    chunk: ChunkOpt = "auto",
+    chunk: ChunkOpt = None,
     only: Annotated[list[str] | None, typer.Option(metavar="GLOB", help="Show (and dump) only names matching GLOB, e.g. '*k_pe*'; repeatable.")] = None,
     show: Annotated[str | None, typer.Option(metavar="PICTURES", help=f"Draw pictures after their tensors: {','.join(PICTURES)}.")] = None,
     plain: PlainOpt = False,
@@ -343,11 +343,11 @@ def step_command(
             save_export(console, export)
 
 
-def parse_chunk(text: str, patched: bool, drawn: bool) -> int | None:
+def parse_chunk(text: str | None, patched: bool, drawn: bool) -> int | None:
     """--chunk: positions per chunk of the prefill (0: the whole prompt), or None for auto. A patch
     changes a tensor as the prefill makes it and a picture is drawn from whole tensors, so with
     either the prompt runs whole (auto) or the run is refused (a number)."""
-    if text == "auto":
+    if text is None or text == "auto":
         return 0 if patched or drawn else None
     if not text.isdigit():
         raise StepperError(f"--chunk must be a number of positions (0: the whole prompt at once) or auto, got {untrusted.shown(text)!r}")
