@@ -2,6 +2,7 @@
 prompt's estimated memory does not fit, the largest chunk that does; a line under the header says
 so; refused in one line where a run needs the whole prompt's tensors as they are made."""
 
+import numpy as np
 from typer.testing import CliRunner
 
 from stepper import prefill
@@ -71,3 +72,18 @@ def test_only_the_names_shown_are_gathered_chunk_by_chunk(monkeypatch):
     result = invoke("run", "--prompt-len", "9", "--chunk", "4", "--only", "compressed_kv", "--plain")
     assert result.exit_code == 0, result.output
     assert gathered == [f"layers.{i}.self_attn.compressed_kv" for i in range(3)]  # not the attention scores, ...
+
+
+def test_a_chunked_runs_dump_holds_the_whole_prompts_tensors(tmp_path):
+    from safetensors.numpy import load_file
+
+    files = {}
+    for chunk in ("0", "3"):
+        files[chunk] = tmp_path / f"chunk{chunk}.safetensors"
+        result = invoke("run", "--layer", "0", "--prompt-len", "8", "--chunk", chunk, "--only", "attn_weights",
+                        "--only", "q_a", "--dump", str(files[chunk]), "--plain")
+        assert result.exit_code == 0, result.output
+    whole, chunked = load_file(files["0"]), load_file(files["3"])
+    assert list(chunked) == list(whole) and chunked["layers.0.self_attn.attn_weights"].shape == (1, 4, 8, 8)
+    for name in whole:
+        np.testing.assert_allclose(chunked[name], whole[name], rtol=1e-5, atol=1e-6)
