@@ -50,6 +50,7 @@ from stepper.model.cache import LayerCache
 from stepper.model.indexer import index_mask
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.ops import swiglu
+from stepper.prefill import in_chunks
 from stepper.presets import PRESETS
 from stepper.trace import Emitter
 from stepper.views import summary
@@ -63,6 +64,7 @@ from stepper.weights.synthetic import SyntheticWeights
 FILL_BYTES = 1 << 26  # what fill_page_cache reads or maps at a time
 WARM_CACHE_MB = 8192  # holds every decoded weight of the 16-expert layer (about 3.4 GB)
 ATTENTION_CACHE_MB = 1024  # holds a full-size attention's decoded weights (about 0.4 GB)
+SHOWN_CHUNK = 1024  # a shown prefill runs this many positions at a time (stepper.prefill, as `run --chunk`)
 
 
 @dataclass(frozen=True)
@@ -335,32 +337,43 @@ def indexed_prefill(checkpoint: Path, layer: int, tokens: int, repeat: int) -> l
 # Long contexts: the attention of one layer alone (synthetic weights, nothing read from disk)
 
 
-def attention_run(model: str, tokens: int, cache: int, attn: str, shown: bool, repeat: int) -> list[Figure]:
+def attention_run(model: str, tokens: int, cache: int, attn: str, shown: bool, repeat: int,
+                  chunk: int | None = None) -> list[Figure]:
     """Layer 0's attention (MLA, synthetic weights decoded once and kept) on `tokens` new
     positions after `cache` cached ones (random latents); shown: every tensor's statistics, histogram and corners are
-    gathered as `stepper run` shows them. Reports the time, the attention core's share of the
+    gathered as `stepper run` shows them, the prefill `chunk` positions at a time (default: SHOWN_CHUNK
+    shown, the whole prompt silent; 0: the whole prompt). Reports the time, the attention core's share of the
     float32 GEMM rate measured here, and the peak RSS."""
     cfg = load_config(Path(model)) if model not in PRESETS else bench_config(model, None)
     source = CachedWeights(SyntheticWeights(cfg, 0), ATTENTION_CACHE_MB << 20)  # decoded once: the attention is timed
     transformer = Transformer(source)
     w, rng = LayerWeights(source, 0, transformer.scratch), np.random.default_rng(11)
     emit = Emitter([shown_like_run] if shown else [])
+    chunk = (SHOWN_CHUNK if shown else 0) if chunk is None else chunk
     core, times = CoreTimer(), []
     with core:
         for _ in range(2):  # untimed: a weight is kept from its second use on
             mla_attention(rng.standard_normal((1, 1, cfg.hidden_size), dtype=np.float32), w, cfg,
                           transformer.rope(np.arange(1), Emitter()), LayerCache(), Emitter(), attn)
-        for _ in range(repeat):
-            layer_cache = random_cache(w, cfg, cache, attn, rng)
-            x = rng.standard_normal((1, tokens, cfg.hidden_size), dtype=np.float32)
-            rope = transformer.rope(cache + np.arange(tokens), Emitter())
+        for run in range(repeat):
+            kv = KVCache(1)
+            kv.layers[0] = random_cache(w, cfg, cache, attn, rng)
+
+            def step(span: slice, kv: KVCache, emit: Emitter, run: int = run) -> None:
+                x = np.random.default_rng([11, run, span.start]).standard_normal(
+                    (1, span.stop - span.start, cfg.hidden_size), dtype=np.float32)  # made per chunk, never whole
+                rope = transformer.rope(cache + np.arange(span.start, span.stop), Emitter())
+                mla_attention(x, w, cfg, rope, kv.layers[0], emit, attn)
+
             core.seconds = 0.0
             start = time.perf_counter()
-            mla_attention(x, w, cfg, rope, layer_cache, emit, attn)
+            in_chunks(step, tokens, chunk or tokens, kv, emit)
             times.append(time.perf_counter() - start)
     what = f"decode 1 token over {cache} cached positions" if tokens == 1 else f"prefill {tokens} tokens"
     flops, gemm = core_flops(cfg, tokens, cache, attn), gemm_rate()
     note = f"{'every tensor shown (statistics, histogram, corners)' if shown else 'no tensor shown'}; median of {repeat}"
+    if 0 < chunk < tokens:
+        note += f"; in chunks of {chunk} positions{' (each run twice: statistics, then histograms)' if shown else ''}"
     if core.seconds:
         note += (f"; attention core (kernels.attend) {core.seconds:.3g} s, {flops / core.seconds / 1e9:.1f} GFLOP/s = "
                  f"{flops / core.seconds / gemm:.0%} of the float32 GEMM rate here ({gemm / 1e9:.1f} GFLOP/s, every core)")

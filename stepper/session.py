@@ -11,16 +11,20 @@ of run:
   prompt follows them), so a decode step over a long cache needs no long prefill.
 
 With decode steps, the prefill's names are prefixed `prefill.` and step k's `decode{k}.`.
+With `chunk=N` the prefill runs N positions at a time (stepper.prefill), each tensor still shown
+once over every position.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
+from stepper import prefill
 from stepper.config import Config, load_config
 from stepper.errors import StepperError
 from stepper.kernels.weight_cache import CachedWeights
@@ -53,6 +57,7 @@ class RunSpec:
     weight_cache_mb: int = 0  # keep up to this many MB of decoded weights between steps
     cache_len: int = 0  # a lone layer's cache starts with this many synthetic positions (model.synthetic_cache)
     index_scoring: str = "exact"  # DeepSeek-V3.2's indexer: exact (float32) or fp8 (DeepSeek's kernel)
+    chunk: int = 0  # the prefill runs this many positions at a time (stepper.prefill); 0: the whole prompt at once
 
 
 ATTN_CHOICES = ("auto", "naive", "absorb")
@@ -175,6 +180,8 @@ def check_positions(spec: RunSpec, cfg: Config, prompt_len: int) -> None:
         raise StepperError(f"--decode must be >= 0, got {spec.decode}")
     if spec.cache_len < 0:
         raise StepperError(f"--cache-len must be >= 0, got {spec.cache_len}")
+    if spec.chunk < 0:
+        raise StepperError(f"--chunk must be >= 0 (0: the whole prompt at once), got {spec.chunk}")
     if spec.cache_len and spec.layer is None:
         raise StepperError("--cache-len fills one layer's cache: use it with --layer N")
     end = spec.start_pos + spec.cache_len + prompt_len + spec.decode
@@ -305,15 +312,13 @@ def execute(plan: Plan, sinks: Iterable[Sink]) -> RunResult:
     for step in range(spec.decode + 1):
         phase = emit.phase(phase_name(spec, step))
         more = step < spec.decode
-        attn = step_attn(spec, step)
-        if plan.alone:
-            if hidden is None:
-                hidden = layer_input(model, ids, spec.seed, step)
-            model.layer(spec.layer, hidden, model.rope(positions, phase), cache, phase, attn)
-            token = decode_tokens[step] if more else None
-        else:
-            logits = model.forward(ids, positions, phase, cache, plan.shown, plan.needs_logits, attn)
-            token = int(np.argmax(logits[0, -1])) if more else None
+        if plan.alone and hidden is None:
+            hidden = layer_input(model, ids, spec.seed, step)
+        chunk = spec.chunk if step == 0 and spec.chunk else len(positions)
+        runs = chunked_model(plan, model) if chunk < len(positions) else model
+        run_step = partial(one_step, plan, runs, ids, hidden, positions, step_attn(spec, step))
+        logits = prefill.in_chunks(run_step, len(positions), chunk, cache, phase)
+        token = None if not more else decode_tokens[step] if plan.alone else int(np.argmax(logits[0, -1]))
         if token is not None:
             generated.append(token)
             if plan.tokens is not None:
@@ -322,6 +327,26 @@ def execute(plan: Plan, sinks: Iterable[Sink]) -> RunResult:
             positions = positions[-1:] + 1
             hidden = None
     return RunResult(cfg, plan.prompt, tuple(generated))
+
+
+def chunked_model(plan: Plan, model: Transformer) -> Transformer:
+    """The model a chunked prefill runs: its chunks run again for the histograms and must make the
+    same values, but past a weight's first use a weight cache multiplies by its decoded float32
+    copy, which rounds differently; so the prefill reads the weights as stored, as a whole
+    prompt's prefill (every weight's first use) does."""
+    if isinstance(plan.weights, CachedWeights):
+        return Transformer(plan.weights.source, model.dispatch, model.index_scoring)
+    return model
+
+
+def one_step(plan: Plan, model: Transformer, ids: np.ndarray, hidden: np.ndarray | None, positions: np.ndarray,
+             attn: str, span: slice, cache: KVCache, emit: Emitter) -> np.ndarray | None:
+    """The step's positions `span` (all of them, or a chunk of the prefill's) through the lone
+    layer (-> None) or the model (-> the logits [B, t, V], or None without them)."""
+    if plan.alone:
+        model.layer(plan.spec.layer, hidden[:, span], model.rope(positions[span], emit), cache, emit, attn)
+        return None
+    return model.forward(ids[:, span], positions[span], emit, cache, plan.shown, plan.needs_logits, attn)
 
 
 def fill_cache(plan: Plan, model: Transformer, cache: KVCache) -> None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from stepper.chunked import Chunked
 from stepper.tiled import Tiled
 
 Sink = Callable[["Event"], "np.ndarray | None"]  # None: the tensor goes on as it was
@@ -35,7 +36,8 @@ class Event:
 
     name: str
     key: str
-    array: np.ndarray | Tiled  # Tiled: a tensor too large to hold (long attention scores), made a tile at a time
+    array: np.ndarray | Tiled | Chunked  # Tiled: a tensor too large to hold (long attention scores), made a tile
+    # at a time; Chunked: a tensor of a prefill run in chunks of positions (stepper.prefill), made a chunk at a time
     layer: int | None = None
     phase: str | None = None
 
@@ -65,6 +67,22 @@ class Emitter:
         (the whole attention scores of a prefill, in groups of heads otherwise) need not be made."""
         return bool(self.sinks)
 
+    def deliver(self, event: Event) -> None:
+        """Hand an event made elsewhere (a chunked prefill's tensor, shown whole) to every sink."""
+        for sink in self.sinks:
+            replacement = sink(event)
+            if replacement is not None:
+                checked_replacement(event, replacement)  # refuses: such a tensor is never held
+
+    def wants(self, event: Event) -> bool:
+        """Whether some sink would look at an event: a sink with a `wants` method says; others
+        look at every event."""
+        return any(getattr(sink, "wants", None) is None or sink.wants(event) for sink in self.sinks)
+
+    def to(self, sinks: Iterable[Sink]) -> Emitter:
+        """The same scope, other sinks."""
+        return Emitter(sinks, self._layer, self._phase)
+
     def progress(self, task: str, done: int, total: int) -> None:
         """Report progress of a long loop (experts, layers) to the sinks that show it."""
         for sink in self.sinks:
@@ -90,8 +108,10 @@ def checked_replacement(event: Event, replacement: object) -> np.ndarray:
     """A sink's replacement for a tensor: an array of the tensor's shape and dtype, or an error."""
     old = event.array
     if not held(old):
-        raise ValueError(f"{event.name}: {old.dtype}{list(old.shape)} is made a tile at a time and never held; "
-                         "it cannot be replaced (a shorter prompt holds it whole)")
+        made = "a chunk of the prefill at a time" if isinstance(old, Chunked) else "a tile at a time"
+        whole = "a prefill run whole" if isinstance(old, Chunked) else "a shorter prompt"
+        raise ValueError(f"{event.name}: {old.dtype}{list(old.shape)} is made {made} and never held; "
+                         f"it cannot be replaced ({whole} holds it whole)")
     if not isinstance(replacement, np.ndarray) or replacement.shape != old.shape or replacement.dtype != old.dtype:
         got = (f"{replacement.dtype}{list(replacement.shape)}" if isinstance(replacement, np.ndarray)
                else type(replacement).__name__)
@@ -99,9 +119,9 @@ def checked_replacement(event: Event, replacement: object) -> np.ndarray:
     return replacement
 
 
-def held(array: np.ndarray | Tiled) -> bool:
-    """Whether a tensor is a whole array (not one made a tile at a time)."""
-    return not isinstance(array, Tiled)
+def held(array: np.ndarray | Tiled | Chunked) -> bool:
+    """Whether a tensor is a whole array (not one made a tile or a chunk at a time)."""
+    return not isinstance(array, Tiled | Chunked)
 
 
 class Recorder:
@@ -156,6 +176,9 @@ class Filter:
         if self.accept(event):
             for sink in self.sinks:
                 sink(event)
+
+    def wants(self, event: Event) -> bool:
+        return self.accept(event) and Emitter(self.sinks).wants(event)
 
     def progress(self, task: str, done: int, total: int) -> None:
         Emitter(self.sinks).progress(task, done, total)

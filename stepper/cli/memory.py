@@ -52,6 +52,14 @@ def step_shapes(plan: Plan) -> list[tuple[int, int]]:
     return [(t, c + t)] + [(1, c + t + k + 1) for k in range(plan.spec.decode)]
 
 
+def worked_shapes(plan: Plan) -> list[tuple[int, int]]:
+    """(T, S) of each step as the layers work on it: a prefill in chunks (--chunk) makes the
+    tensors of one chunk at a time."""
+    shapes = step_shapes(plan)
+    t, s = shapes[0]
+    return [(min(t, plan.spec.chunk or t), s), *shapes[1:]]
+
+
 def tensor_bytes(key: str, t: int, s: int, plan: Plan, held: bool = False) -> int:
     """Bytes of one named tensor of a step with T new and S attended positions (from its catalogue
     dims); held: 0 for the attention scores and weights made in tiles, which are never held."""
@@ -118,7 +126,7 @@ def layer_bytes(plan: Plan, layers: list[int]) -> int:
     cat, spec = catalog.load(), plan.spec
     return max(sum(tensor_bytes(e["name"], t, s, plan) for e in cat.layer_sequence(plan.config, layer, step_attn(spec, k), spec.index_scoring)
                    if not {"T", "S"} <= set(e["dims"]))
-               for layer in layers for k, (t, s) in enumerate(step_shapes(plan)))
+               for layer in layers for k, (t, s) in enumerate(worked_shapes(plan)))
 
 
 def largest_held(plan: Plan, layers: list[int]) -> int:
@@ -127,14 +135,14 @@ def largest_held(plan: Plan, layers: list[int]) -> int:
     keys = {e["name"] for layer in layers for k in range(spec.decode + 1)
             for e in cat.layer_sequence(plan.config, layer, step_attn(spec, k), spec.index_scoring)}
     keys |= {"logits"} if plan.needs_logits else set()
-    return max(tensor_bytes(key, t, s, plan, held=True) for key in keys for t, s in step_shapes(plan))
+    return max(tensor_bytes(key, t, s, plan, held=True) for key in keys for t, s in worked_shapes(plan))
 
 
 def needs(plan: Plan, kept: list[str], kept_lower: str) -> list[Need]:
     """What the run holds at its worst moment; `kept`: the names a view keeps to the end."""
     cfg, spec = plan.config, plan.spec
     heads = cfg.num_attention_heads
-    t, s = step_shapes(plan)[0]
+    t, s = worked_shapes(plan)[0]
     run = [plan.spec.layer] if plan.alone else range(cfg.num_hidden_layers if plan.needs_logits else plan.shown.stop)
     cached = max(step_attn(spec, k) for k in range(spec.decode + 1))  # "naive" keeps per-head keys too
     positions = s + spec.decode
@@ -183,6 +191,34 @@ def choose_attn(plan: Plan, estimate: Callable[[Plan], list[Need]], available: i
     return absorbed, (f"--attn auto: absorbed throughout: with the naive prefill's per-head keys and values the run "
                       f"would need about {gib(usual)}, absorbed about {gib(sum(n.bytes for n in estimate(absorbed)))}, "
                       f"and {gib(available)} is available")
+
+
+CHUNKS = (4096, 2048, 1024, 512, 256, 128)  # the chunks --chunk auto tries, largest first
+
+
+def choose_chunk(plan: Plan, estimate: Callable[[Plan], list[Need]], available: int | None,
+                 asked: int | None) -> tuple[Plan, str | None]:
+    """--chunk: the prefill's positions per chunk as asked, or (asked None, auto) the whole
+    prompt where the run's estimate fits in the memory available, else the largest chunk of
+    CHUNKS that fits (the smallest if none does); the plan to run, and a line saying so (None
+    when the prompt runs whole)."""
+    t = plan.prompt_len
+    if asked is not None:
+        chunked = replace(plan, spec=replace(plan.spec, chunk=asked if 0 < asked < t else 0))
+        return chunked, chunk_line(chunked, f"--chunk {asked}:") if chunked.spec.chunk else None
+    usual = sum(n.bytes for n in estimate(plan))
+    if available is None or usual <= available or t <= CHUNKS[-1]:
+        return plan, None
+    tried = [replace(plan, spec=replace(plan.spec, chunk=c)) for c in CHUNKS if c < t] or [plan]
+    chunked = next((p for p in tried if sum(n.bytes for n in estimate(p)) <= available), tried[-1])
+    return chunked, chunk_line(chunked, f"--chunk auto: the whole prompt would need about {gib(usual)} and "
+                               f"{gib(available)} is available, so")
+
+
+def chunk_line(plan: Plan, why: str) -> str:
+    chunk, t = plan.spec.chunk, plan.prompt_len
+    return (f"{why} the prefill runs {chunk:,} positions at a time ({-(-t // chunk)} chunks, each tensor still shown "
+            f"whole over the {t:,} positions; each chunk runs again for the histograms)")
 
 
 def available_bytes() -> int | None:

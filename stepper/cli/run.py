@@ -14,7 +14,7 @@ from rich.console import CONSOLE_HTML_FORMAT, Console
 
 from stepper import untrusted
 from stepper.cli.common import ModelOpt, PlainOpt, SeedOpt, one_prompt, parse_ids, parse_layers, user_errors
-from stepper.cli.memory import available_bytes, check_fits, choose_attn, needs, sizes, tiled_values
+from stepper.cli.memory import available_bytes, check_fits, choose_attn, choose_chunk, needs, sizes, tiled_values
 from stepper.cli.names import check_patterns, check_pictures, only_filter, planned_names
 from stepper.errors import StepperError
 from stepper.lessons import overrides
@@ -47,6 +47,7 @@ InputOpt = Annotated[Path | None, typer.Option("--input", metavar="FILE", help="
 AttnOpt = Annotated[str, typer.Option(metavar="naive|absorb|auto", help="Attention: naive (per-head keys and values), absorb (over the latent cache), or auto (naive prefill and absorbed decode where the estimated memory allows, else absorbed; the run says which and why).")]
 CacheLenOpt = Annotated[int, typer.Option(metavar="N", help="With --layer: start that layer's cache with N synthetic positions (seeded, with the statistics of real latents); the prompt follows them.")]
 IndexScoringOpt = Annotated[str, typer.Option("--index-scoring", metavar="exact|fp8", help="DeepSeek-V3.2's Lightning Indexer: exact (float32 scores, as transformers) or fp8 (Hadamard-rotated q and k in FP8 e4m3, as DeepSeek's inference code; the run also says how many of the exactly chosen positions it kept).")]
+ChunkOpt = Annotated[str | None, typer.Option(metavar="N|auto", help="Run the prefill N positions at a time, the cache carrying the earlier ones (each tensor is still shown once, whole, over every position; each chunk runs twice, the second time for the histograms); 0: the whole prompt at once; auto: in chunks only where the whole prompt would not fit in memory (the run says so).  [default: auto]")]
 CacheOpt = Annotated[int, typer.Option(metavar="MB", min=0, help="Keep up to MB megabytes of decoded weights between decode steps.")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Overwrite an existing output file.")]
 UseOpt = Annotated[list[Path] | None, typer.Option("--use", metavar="FILE.py", help="Run with your own exercise functions (e.g. a lesson file) in place of stepper's; repeatable.")]
@@ -157,6 +158,9 @@ class IndexAgreement:
         self.kept = self.chosen = self.queries = self.differing = 0
         self.exact: np.ndarray | None = None  # [B, T]: the last exact_topk_idx's chosen count per query
 
+    def wants(self, event) -> bool:
+        return event.key in ("self_attn.indexer.exact_topk_idx", "self_attn.indexer.kept_of_exact")
+
     def __call__(self, event) -> None:
         if event.key == "self_attn.indexer.exact_topk_idx":
             self.exact = np.count_nonzero(np.asarray(event.array) >= 0, axis=-1)
@@ -197,6 +201,7 @@ def run_command(
     weight_cache_mb: CacheOpt = 0,
     cache_len: CacheLenOpt = 0,
     index_scoring: IndexScoringOpt = "exact",
+    chunk: ChunkOpt = None,
     only: Annotated[list[str] | None, typer.Option(metavar="GLOB", help="Show (and dump) only names matching GLOB, e.g. '*k_pe*'; repeatable.")] = None,
     show: Annotated[str | None, typer.Option(metavar="PICTURES", help=f"Draw pictures after their tensors: {','.join(PICTURES)}.")] = None,
     plain: PlainOpt = False,
@@ -212,6 +217,7 @@ def run_command(
         spec = run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, input_file, attn, weight_cache_mb,
                         prompt, cache_len, index_scoring)
         pictures = parse_show(show)
+        asked = parse_chunk(chunk, bool(patch), bool(pictures))
         if dump is not None:
             check_writable(dump, force)
 
@@ -221,6 +227,7 @@ def run_command(
             return [n for n in names if keep(n)] if dump is not None else []
 
         plan, why = choose_attn(prepare(spec), lambda p: needs(p, kept_by(p), "--only"), available_bytes())
+        plan, chunked = choose_chunk(plan, lambda p: needs(p, kept_by(p), "--only"), available_bytes(), asked)
         names = planned_names(plan)
         check_patterns("--only", only or [], names)
         patcher = patch_sink(patch, names, plan)
@@ -232,8 +239,9 @@ def run_command(
         console = Console(no_color=plain, highlight=False, markup=False, soft_wrap=True)
         if not as_json:
             print_lines(console, describe(plan), "bold")
-            if why:
-                print_lines(console, why, "dim")
+            for line in (why, chunked):
+                if line:
+                    print_lines(console, line, "dim")
             long = tiled_values(plan, [n for n in names if keep(n)])
             if long > LONG_VALUES:
                 print_lines(console, f"note: the attention scores and weights shown hold {long:.2g} values, summarised "
@@ -333,6 +341,20 @@ def step_command(
             console.print(f"quit after {seen} tensor{'s' if seen != 1 else ''}", style="dim")
         if export is not None:
             save_export(console, export)
+
+
+def parse_chunk(text: str | None, patched: bool, drawn: bool) -> int | None:
+    """--chunk: positions per chunk of the prefill (0: the whole prompt), or None for auto. A patch
+    changes a tensor as the prefill makes it and a picture is drawn from whole tensors, so with
+    either the prompt runs whole (auto) or the run is refused (a number)."""
+    if text is None or text == "auto":
+        return 0 if patched or drawn else None
+    if not text.isdigit():
+        raise StepperError(f"--chunk must be a number of positions (0: the whole prompt at once) or auto, got {untrusted.shown(text)!r}")
+    if int(text) and (patched or drawn):
+        raise StepperError(f"--chunk {int(text)}: {'--patch changes tensors as the prefill makes them' if patched else '--show draws from whole tensors'}, "
+                           "so the prompt must run whole: give --chunk 0")
+    return int(text)
 
 
 def patch_sink(patch: list[str] | None, names: list[str], plan: Plan) -> list[Sink]:

@@ -30,6 +30,17 @@ class LayerCache:
     def length(self) -> int:
         return 0 if self.latent is None else self.latent.shape[1]
 
+    def first(self, n: int) -> LayerCache:
+        """The cache as it was when it held its first n positions (views of these arrays)."""
+        if n == 0:
+            return LayerCache()
+
+        def cut(array: np.ndarray | None, axis: int) -> np.ndarray | None:
+            return None if array is None else array[(slice(None),) * axis + (slice(0, n),)]
+
+        return LayerCache(cut(self.latent, 1), cut(self.k_pe, 2), cut(self.key_states, 2), cut(self.value_states, 2),
+                          cut(self.index_keys, 1), cut(self.index_key_codes, 1), cut(self.index_key_scales, 1))
+
     def extend_latent(self, latent: np.ndarray, k_pe: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Append the T new positions' latents [B, T, kv_lora] and rotary keys [B, one, T, rope];
         return all S positions' [B, S, kv_lora], [B, one, S, rope]."""

@@ -257,6 +257,9 @@ class ProgressBars:
     def __call__(self, event: Event) -> None:
         """Tensor events are for other sinks."""
 
+    def wants(self, _event: Event) -> bool:
+        return False
+
     def progress(self, task: str, done: int, total: int) -> None:
         if not self.console.is_terminal:
             return

@@ -1,6 +1,8 @@
 """`stepper bench`'s way of timing two things against each other (no time is asserted: a clock
 that only the timed functions move stands in for the real one)."""
 
+import pytest
+
 from stepper import bench
 
 
@@ -109,3 +111,18 @@ def test_the_expert_scenario_times_one_expert_of_each_checkpoint_in_turn(tmp_pat
     assert figure.value > 0 and "median of 2 ratios" in figure.note
     fp8_run, int4_run = {Fp8Matrix}, {Int4Matrix}  # one untimed run of each, then two pairs in turn
     assert kinds == [fp8_run, int4_run, fp8_run, int4_run, int4_run, fp8_run]
+def test_the_shown_prefill_runs_in_chunks_and_shows_what_the_whole_prompt_would(monkeypatch):
+    from stepper.views import summary
+
+    monkeypatch.setattr(bench, "gemm_rate", lambda: 1e9)
+    seen = {}
+
+    def shown(event) -> None:
+        seen[event.name] = summary.stats(event.array)
+
+    monkeypatch.setattr(bench, "shown_like_run", shown)
+    [prefill] = bench.attention_run("tiny", tokens=300, cache=0, attn="absorb", shown=True, repeat=1, chunk=128)
+    assert "every tensor shown" in prefill.note and "in chunks of 128 positions (each run twice" in prefill.note
+    weights = seen["self_attn.attn_weights"]
+    assert weights.finite == 4 * 300 * 300 and weights.sum == pytest.approx(4 * 300)  # every row's weights, whole
+    assert seen["self_attn.q_nope_absorbed"].finite == 4 * 300 * 128

@@ -51,7 +51,7 @@ def test_the_header_says_the_cache_is_synthetic_and_the_prompt_follows_it():
 
 def test_a_long_prompt_that_cannot_fit_is_refused_in_one_line_before_it_starts(monkeypatch):
     monkeypatch.setattr(run, "available_bytes", lambda: 2**30)
-    result = invoke("run", "--prompt-len", "100000")
+    result = invoke("run", "--prompt-len", "100000", "--chunk", "0")  # (auto would run it in chunks: test_chunk_option)
     assert result.exit_code == 2
     assert result.output.count("\n") == 1 and result.output.startswith("stepper: error: this run would need about ")
     assert "1.0 GiB is available; lower it with --prompt-len" in result.output

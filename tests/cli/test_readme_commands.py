@@ -113,7 +113,7 @@ def test_the_options_readme_lists_are_the_options_run_and_step_take():
     step_help = CliRunner().invoke(app, ["step", "--help"], terminal_width=200).stdout
     not_in_step = set(re.findall(r"except (`--[a-z-]+`(?:, `--[a-z-]+`)* and `--[a-z-]+`)", intro)[0].replace("`", "")
                       .replace(" and ", ", ").split(", "))
-    assert not_in_step == {"--only", "--show", "--dump", "--dump-limit-gb"} and len(listed) >= 15
+    assert not_in_step == {"--only", "--show", "--dump", "--dump-limit-gb", "--chunk"} and len(listed) >= 15
     for option in listed:
         assert re.search(rf"^  {option}\b", run_help, re.MULTILINE), option
         assert bool(re.search(rf"^  {option}\b", step_help, re.MULTILINE)) == (option not in not_in_step), option

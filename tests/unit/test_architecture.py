@@ -24,8 +24,10 @@ BELOW_EVERYTHING: dict[str, set[str]] = {
     "version": set(),
     "errors": set(),
     "swap": set(),
-    "trace": {"tiled"},
+    "trace": {"tiled", "chunked"},
     "tiled": set(),
+    "statistics": set(),
+    "chunked": {"statistics", "tiled"},
     "config": {"errors", "jsonfile"},
     "jsonfile": {"errors"},
     "untrusted": set(),
@@ -41,8 +43,9 @@ MAY_IMPORT: dict[str, set[str]] = {
     "weights": {"fp8", "int4"},
     "kernels": {"weights", "fp8", "int4"},
     "model": {"kernels", "weights", "fp8", "int4"},
-    "session": {"model", "kernels", "weights", "presets"},
-    "bench": {"views", "model", "kernels", "weights", "fp8", "int4", "presets"},  # views: what a run computes of a shown tensor
+    "prefill": {"model", "catalog"},  # a prefill in chunks of positions, its tensors shown whole
+    "session": {"model", "kernels", "weights", "presets", "prefill"},
+    "bench": {"prefill", "views", "model", "kernels", "weights", "fp8", "int4", "presets"},  # views: what a run computes of a shown tensor
     "views": {"session", "catalog", "weights", "fp8", "int4", "presets", "patching"},
     "lessons": {"views", "session", "model", "kernels", "weights", "fp8", "int4", "catalog", "presets"},
     "fixtures": {"views", "session", "model", "kernels", "weights", "fp8", "int4", "catalog", "presets"},

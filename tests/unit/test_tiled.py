@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from stepper import tiled
+from stepper import statistics, tiled
 from stepper.tiled import Tiled
 from stepper.trace import Emitter
 from stepper.views import pictures, summary
@@ -44,7 +44,7 @@ def attention_like(rng, shape=(2, 3, 37, 41)):
 @pytest.fixture
 def small_blocks(monkeypatch):
     monkeypatch.setattr(tiled, "BLOCK_VALUES", 100)  # blocks of 2 query rows of 41 keys
-    monkeypatch.setattr(summary, "CHUNK", 29)  # chunks cut across the blocks' rows
+    monkeypatch.setattr(statistics, "CHUNK", 29)  # chunks cut across the blocks' rows
 
 
 def test_indexing_computes_only_the_rows_it_touches_and_equals_the_array():
@@ -97,7 +97,7 @@ def test_any_chunking_gives_the_same_figures(monkeypatch):
     a = np.random.default_rng(4).standard_normal(1000).astype(np.float32) * np.float32(1e5)
     whole = summary.stats(a)
     for chunk in (1, 7, 64, 999):
-        monkeypatch.setattr(summary, "CHUNK", chunk)
+        monkeypatch.setattr(statistics, "CHUNK", chunk)
         assert summary.stats(a) == whole
 
 
@@ -180,8 +180,8 @@ def test_a_strided_view_is_gathered_in_pieces_without_a_whole_copy(monkeypatch):
     a = np.random.default_rng(8).standard_normal((3, 5, 7, 11)).astype(np.float32)
     view = a[:, :, 2:, :6]  # as q_nope is of q
     whole = summary.stats(np.ascontiguousarray(view))
-    monkeypatch.setattr(summary, "CHUNK", 13)
-    pieces = list(summary.pieces(view))
+    monkeypatch.setattr(statistics, "CHUNK", 13)
+    pieces = list(statistics.pieces(view))
     assert max(p.size for p in pieces) <= 13 and sum(p.size for p in pieces) == view.size
     assert summary.stats(view) == whole
     assert summary.histogram(view) == summary.histogram(np.ascontiguousarray(view))
@@ -192,4 +192,4 @@ def test_the_exact_sum_is_exact_over_the_whole_float64_range():
     for values in (rng.standard_normal(500) * np.exp(rng.uniform(-700, 700, 500)),  # 2000 bits of range
                    np.array([5e-324, -5e-324, 1e-310, 1.7e308, -1.7e308, 3.0, 0.0, -0.0]),
                    np.exp(rng.uniform(-30, 0, 500)).astype(np.float32).astype(np.float64)):  # softmax-like
-        assert Fraction(summary.exact_sum(values), 2**summary.EXACT_SHIFT) == sum(Fraction(v) for v in values.tolist())
+        assert Fraction(statistics.exact_sum(values), 2**statistics.EXACT_SHIFT) == sum(Fraction(v) for v in values.tolist())

@@ -1,0 +1,204 @@
+"""A long prefill in chunks of positions: the step (one layer, or the model) runs on the prompt's
+first `chunk` positions, then on the next ones with the cache the first left, and so on, so
+memory is the cache and one chunk's tensors, never the whole prompt's. (A prefill of T positions
+equals prefills of consecutive chunks with the cache: tests/model/test_cache.py.)
+
+Every named tensor is still shown once, over all T positions, with the figures of the whole
+prompt's tensor (a `stepper.chunked.Chunked`): each chunk's tensors are gathered exactly as they
+come (statistics and corners), then each chunk runs again against the cache as it was (a replay,
+bit for bit the same) for the histograms, whose bins need the range first.
+
+A chunk's rows of a tensor over the attended positions S (the attention scores and weights, the
+indexer's scores, choices and mask) stop at the chunk's last position; the whole prompt's tensor
+holds the masked future there, and so does the shown one (`PAST_THE_CHUNK`). A tensor over the
+attended positions alone (the naive path's key and value states, the indexer's keys) is the last
+chunk's: the cache of every position.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from stepper import catalog
+from stepper.chunked import Chunked, Figures
+from stepper.model.cache import KVCache, LayerCache
+from stepper.statistics import BINS, CORNER, Gather, bin_counts, chunks, corners, edges
+from stepper.tiled import Tiled
+from stepper.trace import Emitter, Event
+
+Step = Callable[[slice, KVCache, Emitter], object]  # run the prompt's positions `span` with a cache -> the step's result
+
+PAST_THE_CHUNK = {  # what the whole prompt's tensor holds past a chunk's attended positions: the masked future
+    "self_attn.attn_scores": -np.inf,
+    "self_attn.attn_weights": 0.0,
+    "self_attn.indexer.index_scores": -np.inf,
+    "self_attn.indexer.mask": -np.inf,
+    "self_attn.indexer.topk_idx": -1,  # the kept positions a query's past is too short to fill
+    "self_attn.indexer.exact_index_scores": -np.inf,  # (FP8 index scoring: the exact scores beside it)
+    "self_attn.indexer.exact_topk_idx": -1,
+}
+POSITIONS = ("T", "N")  # the dims along which the chunks follow each other
+WIDTHS = ("S", "Ki")  # the dims a chunk's rows have fewer of than the whole prompt's
+
+
+def in_chunks(step: Step, length: int, chunk: int, cache: KVCache, emit: Emitter) -> object:
+    """Run `step` on the positions [0, length), `chunk` at a time, each named tensor shown once,
+    whole. -> what the last chunk's step returns"""
+    spans = [slice(start, min(start + chunk, length)) for start in range(0, length, chunk)]
+    if len(spans) == 1 or not emit.listening:
+        for span in spans:
+            result = step(span, cache, emit)
+        return result
+    gathered, before = Gathered(emit), []
+    for k, span in enumerate(spans):
+        emit.progress("prefill chunks", k, len(spans))
+        before.append([layer.length for layer in cache.layers])
+        result = step(span, cache, emit.to([gathered]))
+    emit.progress("prefill chunks", len(spans), len(spans))
+    replay = Replay(step, spans, [layer.first(layer.length) for layer in cache.layers], before, emit)
+    parts = list(gathered.parts.values())
+    for part in parts:
+        part.close_stats()
+    if any(part.axis is not None for part in parts):  # some histogram to count, its range now known
+        for k in range(len(spans)):
+            emit.progress("prefill chunks again, for the histograms", k, len(spans))
+            replay.run(k, [gathered.count])
+        emit.progress("prefill chunks again, for the histograms", len(spans), len(spans))
+    for part in parts:
+        emit.deliver(part.event(replay))
+    return result
+
+
+class Replay:
+    """A chunk of the prefill run again, against the cache as it was before it."""
+
+    def __init__(self, step: Step, spans: list[slice], final: list[LayerCache], before: list[list[int]], emit: Emitter):
+        self.step, self.spans, self.final, self.before, self.emit = step, spans, final, before, emit
+        self.kept: tuple[int, dict[str, np.ndarray | Tiled]] | None = None  # the last chunk replayed for its tensors
+
+    def run(self, k: int, sinks: list) -> None:
+        cache = KVCache(0)
+        cache.layers = [layer.first(n) for layer, n in zip(self.final, self.before[k])]
+        self.step(self.spans[k], cache, self.emit.to(sinks))
+
+    def tensor(self, name: str, k: int) -> np.ndarray | Tiled:
+        """Chunk k's tensor `name`, as its step made it (every tensor of the chunk is kept until another is asked for)."""
+        if self.kept is None or self.kept[0] != k:
+            self.kept = None
+            arrays: dict[str, np.ndarray | Tiled] = {}
+
+            def keep(event: Event) -> None:
+                arrays[event.name] = event.array
+
+            self.run(k, [keep])
+            self.kept = (k, arrays)
+        return self.kept[1][name]
+
+
+class Gathered:
+    """Sink of the chunks' events: each wanted name's `Part`, in the order the names first come."""
+
+    def __init__(self, outer: Emitter):
+        self.outer = outer
+        self.parts: dict[str, Part] = {}
+
+    def __call__(self, event: Event) -> None:
+        if event.name not in self.parts:
+            if not self.outer.wants(event):
+                return
+            self.parts[event.name] = Part(event)
+        self.parts[event.name].add(event.array)
+
+    def count(self, event: Event) -> None:
+        """The second pass: histogram counts, the range known."""
+        part = self.parts.get(event.name)
+        if part is not None:
+            part.count(event.array)
+
+    def progress(self, task: str, done: int, total: int) -> None:
+        self.outer.progress(task, done, total)
+
+
+class Part:
+    """One name's tensor over the chunks: figures gathered chunk by chunk, as the whole tensor's."""
+
+    def __init__(self, event: Event):
+        self.name, self.key, self.layer, self.phase = event.name, event.key, event.layer, event.phase
+        entry = catalog.load().entry(event.key)
+        dims = entry["dims"] if entry is not None and len(entry["dims"]) == event.array.ndim else []
+        self.axis = next((i for i, d in enumerate(dims) if d in POSITIONS), None)  # None: the last chunk's is the whole
+        self.width = next((i for i, d in enumerate(dims) if d in WIDTHS), None) if self.axis is not None else None
+        if self.width is not None and event.key not in PAST_THE_CHUNK:
+            raise ValueError(f"{event.key}: no value for the positions past a chunk (prefill.PAST_THE_CHUNK)")
+        self.pad = PAST_THE_CHUNK.get(event.key, 0.0)
+        self.dtype, self.shapes, self.latest = event.array.dtype, [], None
+        self.gather, self.first, self.last = Gather(), [], []
+        self.counts = np.zeros(BINS, np.int64)
+
+    def add(self, array: np.ndarray | Tiled) -> None:
+        if self.axis is None:
+            self.latest = array
+            return
+        for values in chunks(array):
+            self.gather.add(values)
+        first, last = corners(array, CORNER)
+        if self.axis == array.ndim - 1:  # rows along the positions ([B, T]): a corner may span chunks
+            self.first, self.last = (self.first + first)[:CORNER], (self.last + last)[-CORNER:]
+        else:
+            self.first, self.last = first if not self.shapes else self.first, last
+        self.shapes.append(array.shape)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        shape = list(self.shapes[-1])  # the last chunk's rows are the widest
+        shape[self.axis] = sum(s[self.axis] for s in self.shapes)
+        return tuple(shape)
+
+    @property
+    def padding(self) -> int:
+        """Entries of the whole tensor that no chunk has: the masked future past each chunk's rows."""
+        return int(np.prod(self.shape)) - sum(int(np.prod(s)) for s in self.shapes)
+
+    def close_stats(self) -> None:
+        if self.axis is not None:
+            self.gather.add_repeated(float(self.pad), self.padding)
+            self.stats = self.gather.stats()
+
+    def count(self, array: np.ndarray | Tiled) -> None:
+        if self.axis is not None and self.stats.finite:
+            for values in chunks(array):
+                self.counts += bin_counts(values, edges(self.stats), BINS)
+
+    def event(self, replay: Replay) -> Event:
+        """The whole tensor, as one event: the last chunk's, or a `Chunked` over every chunk."""
+        if self.axis is None:
+            return Event(self.name, self.key, self.latest, self.layer, self.phase)
+        if self.stats.finite:
+            self.counts += bin_counts(np.array([self.pad], np.float64), edges(self.stats), BINS) * self.padding
+        if int(self.counts.sum()) != self.stats.finite:  # a replay made other values than the first run
+            raise RuntimeError(f"{self.name}: the chunks' replay differs from their first run")
+        first = self.first
+        if self.width == len(self.shape) - 1:  # the first row, past chunk 0's attended positions
+            first = first + [float(self.pad)] * (min(CORNER, self.shape[-1]) - len(first))
+        figures = Figures(self.stats, self.counts.tolist(), first, self.last)
+        tensor = Chunked(self.shape, self.dtype, self.axis, len(self.shapes),
+                         lambda k: self.widened(replay.tensor(self.name, k)), figures)
+        return Event(self.name, self.key, tensor, self.layer, self.phase)
+
+    def widened(self, part: np.ndarray | Tiled) -> np.ndarray | Tiled:
+        """A chunk's tensor as the whole tensor has it: its rows widened with the masked future."""
+        if self.width is None or part.shape[self.width] == self.shape[self.width]:
+            return part
+        if isinstance(part, Tiled):  # [B, H, t, S]: widened a block at a time
+            shape = (*part.shape[:3], self.shape[3])
+            return Tiled(shape, lambda heads, queries: widen(part.block(heads, queries), 3, shape[3], self.pad), part.dtype)
+        return widen(part, self.width, self.shape[self.width], self.pad)
+
+
+def widen(array: np.ndarray, axis: int, width: int, value: float) -> np.ndarray:
+    """array with entries equal to `value` appended along `axis`, up to `width`."""
+    shape = list(array.shape)
+    shape[axis] = width - shape[axis]
+    return np.concatenate([array, np.full(shape, value, array.dtype)], axis=axis)

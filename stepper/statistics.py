@@ -1,0 +1,154 @@
+"""Statistics of a tensor, gathered a chunk at a time and exactly, so that any split of a tensor
+into chunks (a `Tiled`'s blocks, a chunked prefill's chunks) gives the figures, and the histogram
+bins, of the whole array: range, moments, NaN/Inf counts (non-finite entries are counted and left
+out of the other figures), histogram counts, corners. views.summary shows them."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from fractions import Fraction
+
+import numpy as np
+
+BINS = 16  # the bins of a sparkline's histogram
+CORNER = 3  # values of each corner
+CHUNK = 1 << 20  # values gathered at once (8 MB of float64)
+MIN_EXPONENT = -1073  # the smallest exponent np.frexp gives a float64 (subnormals included)
+EXACT_SHIFT = 1 - MIN_EXPONENT  # exact sums count units of 2**-EXACT_SHIFT (the smallest subnormal's)
+WINDOW = 40  # bits of each value summed at once: 2**20 values of 2**40 stay below 2**63
+
+
+@dataclass(frozen=True)
+class Stats:
+    min: float
+    max: float
+    mean: float
+    std: float
+    absmax: float
+    sum: float  # of the finite entries, accumulated in float64
+    nan: int
+    inf: int
+    finite: int
+
+    def as_dict(self) -> dict[str, float | int]:
+        return asdict(self)
+
+
+def chunks(array) -> Iterator[np.ndarray]:
+    """A tensor's values CHUNK at a time, as float64: an array's in C order, or the blocks of a
+    tensor made block by block (a Tiled's in C order, a chunked prefill's chunk by chunk)."""
+    blocks = array.blocks() if hasattr(array, "blocks") else pieces(np.asarray(array))
+    for block in blocks:
+        flat = block.reshape(-1)  # a view, or a copy of at most CHUNK values
+        for start in range(0, flat.size, CHUNK):
+            yield np.asarray(flat[start:start + CHUNK], dtype=np.float64)
+
+
+def pieces(array: np.ndarray) -> Iterator[np.ndarray]:
+    """An array in C order as runs along its first axis of at most CHUNK values (or one
+    contiguous run), so a strided view (q_nope of q) is never copied whole."""
+    inner = math.prod(array.shape[1:])
+    if array.ndim <= 1 or array.flags.c_contiguous or array.size <= CHUNK:
+        yield array
+    elif inner > CHUNK:
+        for sub in array:
+            yield from pieces(sub)
+    else:
+        step = CHUNK // inner
+        for start in range(0, array.shape[0], step):
+            yield array[start:start + step]
+
+
+class Gather:
+    """Statistics gathered chunk by chunk, exactly: the sum and the sum of squares as exact
+    rationals (Python integers over 2**EXACT_SHIFT, see `exact_sum`), the mean and std rounded
+    once from them, so any split of a tensor into chunks gives the same figures to the bit.
+    (The squares of float32 values are exact in float64; of float64 ones, rounded once.)"""
+
+    def __init__(self) -> None:
+        self.lo, self.hi, self.absmax = math.inf, -math.inf, 0.0
+        self.nan = self.inf = self.pos_inf = self.finite = 0
+        self.total = self.squares = 0  # exact, in units of 2**-EXACT_SHIFT
+
+    def add(self, values: np.ndarray) -> None:
+        """values: float64 [n], at most CHUNK of them."""
+        nan = int(np.isnan(values).sum())
+        finite = values[np.isfinite(values)]
+        self.nan += nan
+        self.inf += values.size - finite.size - nan
+        self.pos_inf += int(np.isposinf(values).sum())
+        if finite.size:
+            self.finite += finite.size
+            self.lo, self.hi = min(self.lo, float(finite.min())), max(self.hi, float(finite.max()))
+            self.absmax = max(self.absmax, float(np.abs(finite).max()))
+            self.total += exact_sum(finite)
+            self.squares += exact_sum(np.square(finite))
+
+    def add_repeated(self, value: float, count: int) -> None:
+        """`count` more entries equal to `value`, as if added one by one (the masked entries a
+        chunk of a prefill leaves out: -inf scores, zero weights)."""
+        if count <= 0:
+            return
+        if not math.isfinite(value):
+            self.nan += count if math.isnan(value) else 0
+            self.inf += 0 if math.isnan(value) else count
+            self.pos_inf += count if value == math.inf else 0
+            return
+        self.finite += count
+        self.lo, self.hi, self.absmax = min(self.lo, value), max(self.hi, value), max(self.absmax, abs(value))
+        self.total += count * exact_sum(np.array([value]))
+        self.squares += count * exact_sum(np.array([value * value]))
+
+    def stats(self) -> Stats:
+        if self.finite == 0:
+            nothing = float("nan")
+            return Stats(nothing, nothing, nothing, nothing, nothing, 0.0, self.nan, self.inf, 0)
+        n, unit = self.finite, Fraction(1, 2**EXACT_SHIFT)
+        total, squares = self.total * unit, self.squares * unit
+        variance = max(Fraction(0), (squares - total * total / n) / n)
+        return Stats(min=self.lo, max=self.hi, mean=float(total / n), std=math.sqrt(variance), absmax=self.absmax,
+                     sum=float(total), nan=self.nan, inf=self.inf, finite=n)
+
+
+def exact_sum(values: np.ndarray) -> int:
+    """The exact sum of finite float64 values [n] (n <= CHUNK), as an integer in units of
+    2**-EXACT_SHIFT.
+
+    In turn from the largest magnitude down: the values are rounded to multiples of a unit
+    2**WINDOW times smaller than the largest, those multiples (integers below 2**WINDOW, so their
+    sum fits an int64) are summed exactly, and what the rounding left (exactly representable,
+    2**WINDOW times smaller again) goes round once more, until nothing is left: a step per
+    WINDOW bits of the values' range, one or two for most tensors."""
+    total, rest = 0, values
+    while True:
+        top = max(float(rest.max()), -float(rest.min())) if rest.size else 0.0
+        if top == 0.0:
+            return total
+        unit = max(math.frexp(top)[1] - WINDOW, MIN_EXPONENT - 1)  # top < 2**(unit + WINDOW)
+        multiples = np.rint(np.ldexp(rest, -unit))  # exact integers, |m| <= 2**WINDOW
+        count = int(multiples.astype(np.int64).sum())
+        total += count << (unit + EXACT_SHIFT)
+        rest = rest - np.ldexp(multiples, unit)  # exact: the bits below the unit
+        rest = rest[rest != 0]  # most values are done after the first round
+
+
+def edges(known: Stats) -> tuple[float, float]:
+    """The range a histogram's equal bins span: the finite values' min and max (widened by a half
+    each way when they are equal)."""
+    lo, hi = known.min, known.max
+    return (lo, hi) if hi > lo else (lo - 0.5, hi + 0.5)
+
+
+def bin_counts(values: np.ndarray, span: tuple[float, float], bins: int) -> np.ndarray:
+    """Counts of the finite float64 values [n] in `bins` equal bins over `span`."""
+    return np.histogram(values[np.isfinite(values)], bins=bins, range=span)[0]
+
+
+def corners(array, n: int = CORNER) -> tuple[list[float], list[float]]:
+    """The first n values of the first row and the last n of the last row (rows = last axis)."""
+    if array.ndim == 0:
+        return [float(np.asarray(array))], [float(np.asarray(array))]
+    first, last = array[(0,) * (array.ndim - 1)], array[(-1,) * (array.ndim - 1)]
+    return np.asarray(first)[:n].tolist(), np.asarray(last)[-n:].tolist()
