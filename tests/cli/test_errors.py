@@ -101,7 +101,8 @@ def test_numbers_of_other_commands_are_one_line(args, line, tmp_path):
 
 def test_a_run_that_cannot_fit_is_refused_at_once():
     start = time.monotonic()
-    line = one_line(stepper("run", "--model", "kimi-k2", "--layer", "0", "--prompt-len", "100000"))
+    # the whole prompt at once (--chunk auto would run it in chunks that fit: tests/cli/test_chunk_option.py)
+    line = one_line(stepper("run", "--model", "kimi-k2", "--layer", "0", "--prompt-len", "100000", "--chunk", "0"))
     assert time.monotonic() - start < 10
     assert re.fullmatch(r"stepper: error: this run would need about [\d.]+ GiB of memory \([\d.]+ GiB for one layer's "
                         r"tensors\) and [\d.]+ (GiB|MiB) is available; lower it with --prompt-len", line), line
@@ -420,7 +421,7 @@ def test_a_run_past_the_address_space_limit_is_refused_before_it_starts():
     def limit():
         resource.setrlimit(resource.RLIMIT_AS, (3 * 2**30, 3 * 2**30))
 
-    p = subprocess.run([sys.executable, "-m", "stepper", "run", "--prompt-len", "100000", "--only", "logits"],
+    p = subprocess.run([sys.executable, "-m", "stepper", "run", "--prompt-len", "100000", "--only", "logits", "--chunk", "0"],
                        capture_output=True, text=True, preexec_fn=limit, timeout=60, check=False)
     assert p.returncode == 2, p.stderr
     assert p.stderr.startswith("stepper: error: this run would need about ") and p.stderr.count("\n") == 1
