@@ -56,7 +56,7 @@ def run(model: str | Path = "tiny", *, ids: Sequence[int] | None = None, prompt_
         weight_cache_mb: int = 0, keep: str | Sequence[str] | None = None,
         patch: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
         use: str | Path | Sequence[str | Path] | None = None, weights: WeightSource | None = None,
-        index_scoring: str = "exact") -> Run:
+        index_scoring: str = "exact", cache_len: int = 0, chunk: int = 0) -> Run:
     """Run a model as `stepper run` does and keep its tensors.
 
     model: a preset (a name of stepper.presets.PRESETS: tiny, kimi-k2, deepseek-v3.2, ...), a checkpoint directory or a config.json.
@@ -69,7 +69,10 @@ def run(model: str | Path = "tiny", *, ids: Sequence[int] | None = None, prompt_
     expression of x as --patch takes it, "x*0.5"), or a list of such dicts; use: lesson files whose exercise functions replace stepper's; weights: a
     weight source (e.g. `SyntheticWeights`, `ArrayWeights`) in place of the model's, to run on
     changed weights; index_scoring: DeepSeek-V3.2's indexer scores exactly (float32) or as
-    DeepSeek's inference code does ("fp8": Hadamard-rotated FP8 q and k).
+    DeepSeek's inference code does ("fp8": Hadamard-rotated FP8 q and k); cache_len: a lone layer's
+    cache starts with this many synthetic positions (as --cache-len); chunk: the prefill runs this
+    many positions at a time, each tensor still kept once over every position (made again from
+    the chunks when read); 0, the default: the whole prompt at once.
     """
     spec = RunSpec(
         model=str(_path_or_name("model", model)), layer=_count("layer", layer, none=True), layers=_layers(layers),
@@ -77,7 +80,10 @@ def run(model: str | Path = "tiny", *, ids: Sequence[int] | None = None, prompt_
         start_pos=_count("start_pos", start_pos), decode=_count("decode", decode), seed=_count("seed", seed),
         input=None if input is None else Path(_path_or_name("input", input)), attn=_attn(attn),
         weight_cache_mb=_count("weight_cache_mb", weight_cache_mb), index_scoring=_index_scoring(index_scoring),
+        cache_len=_count("cache_len", cache_len), chunk=_count("chunk", chunk),
     )
+    if spec.chunk and patch is not None:
+        raise StepperError("chunk= with patch=: a patch changes tensors as the prefill makes them, so the prompt must run whole")
     kept = _globs("keep", keep)
     files = [] if use is None else [Path(_path_or_name("use", u)) for u in ([use] if isinstance(use, (str, Path)) else use)]
     if weights is not None and not all(hasattr(weights, a) for a in ("config", "get", "matrix", "has", "check")):
@@ -236,9 +242,10 @@ def _side(which: str, side: Any) -> tuple[dict[str, np.ndarray], str]:
 
 
 def read_only(array: np.ndarray) -> np.ndarray:
-    """A view that cannot be written (the array itself keeps its flags); a tensor made in tiles
-    (stepper.tiled: long attention) is read-only already and is kept as it is."""
-    if not held(array):
+    """A view that cannot be written (the array itself keeps its flags); a tensor made when read
+    (stepper.tiled: long attention; stepper.chunked: a chunked prefill's) is read-only already
+    and is kept as it is."""
+    if not held(array) or not isinstance(array, np.ndarray):
         return array
     view = array.view()
     view.flags.writeable = False

@@ -147,3 +147,22 @@ def test_explain_prefers_the_entry_this_run_emits():
     assert stepper.run("tiny", prompt_len=2, keep=["*topk_idx"]).explain("topk_idx")["name"] == "mlp.gate.topk_idx"
     with pytest.raises(stepper.api.NotFound, match="names 2 catalogue entries"):
         stepper.run("tiny-v32", prompt_len=2, keep=["*topk_idx"]).explain("topk_idx")
+
+
+def test_a_chunked_prefill_keeps_every_tensor_once_equal_to_the_whole_prompts():
+    whole = stepper.run(model="tiny", prompt_len=21, decode=1)
+    chunked = stepper.run(model="tiny", prompt_len=21, decode=1, chunk=8)
+    assert chunked.names == whole.names and chunked.generated == whole.generated
+    for name in whole.names:
+        a, b = np.asarray(whole[name], np.float64), np.asarray(chunked[name], np.float64)
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * np.nanmax(np.abs(np.where(np.isfinite(a), a, 0))), err_msg=name)
+    with pytest.raises(StepperError, match="chunk= with patch="):
+        stepper.run(model="tiny", chunk=4, patch={"*q_a": "x*2"})
+
+
+def test_a_lone_layer_starts_after_a_synthetic_cache():
+    run = stepper.run(model="tiny", layer=1, cache_len=5000, prompt_len=3, keep="*attn_weights")
+    weights = np.asarray(run["attn_weights"])
+    assert weights.shape == (1, 4, 3, 5003)  # the new positions attend the 5000 cached ones and themselves
+    np.testing.assert_allclose(weights.sum(axis=-1), 1, rtol=1e-5)
+    assert np.all(weights[0, :, 0, 5001:] == 0)  # the first new position sees nothing after itself
