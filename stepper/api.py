@@ -245,7 +245,7 @@ def read_only(array: np.ndarray) -> np.ndarray:
     """A view that cannot be written (the array itself keeps its flags); a tensor made when read
     (stepper.tiled: long attention; stepper.chunked: a chunked prefill's) is read-only already
     and is kept as it is."""
-    if not held(array) or not isinstance(array, np.ndarray):
+    if not held(array):
         return array
     view = array.view()
     view.flags.writeable = False
