@@ -14,10 +14,13 @@ import numpy as np
 
 BINS = 16  # the bins of a sparkline's histogram
 CORNER = 3  # values of each corner
-CHUNK = 1 << 20  # values gathered at once (8 MB of float64)
+CHUNK = 1 << 17  # values gathered at once (1 MB of float64: the passes over a chunk stay in cache)
 MIN_EXPONENT = -1073  # the smallest exponent np.frexp gives a float64 (subnormals included)
 EXACT_SHIFT = 1 - MIN_EXPONENT  # exact sums count units of 2**-EXACT_SHIFT (the smallest subnormal's)
 WINDOW = 40  # bits of each value summed at once: 2**20 values of 2**40 stay below 2**63
+EXPONENTS = 4096  # a float64's sign and biased exponent: the buckets of `Buckets`
+FLUSH = 1 << 28  # values a bucket takes before its sum is moved to integers: 2**28 of 25 bits stay below 2**53
+HIGH_24 = np.uint64(~((1 << 29) - 1) & (2**64 - 1))  # a float64's sign, exponent and first 24 significant bits
 
 
 @dataclass(frozen=True)
@@ -37,13 +40,15 @@ class Stats:
 
 
 def chunks(array) -> Iterator[np.ndarray]:
-    """A tensor's values CHUNK at a time, as float64: an array's in C order, or the blocks of a
-    tensor made block by block (a Tiled's in C order, a chunked prefill's chunk by chunk)."""
+    """A tensor's values CHUNK at a time, as float32 where that is exact (float32, BF16, FP8, small
+    integers), else as float64: an array's in C order, or the blocks of a tensor made block by
+    block (a Tiled's in C order, a chunked prefill's chunk by chunk)."""
     blocks = array.blocks() if hasattr(array, "blocks") else pieces(np.asarray(array))
     for block in blocks:
         flat = block.reshape(-1)  # a view, or a copy of at most CHUNK values
+        wide = np.float32 if np.can_cast(flat.dtype, np.float32, "safe") else np.float64
         for start in range(0, flat.size, CHUNK):
-            yield np.asarray(flat[start:start + CHUNK], dtype=np.float64)
+            yield np.asarray(flat[start:start + CHUNK], dtype=wide)
 
 
 def pieces(array: np.ndarray) -> Iterator[np.ndarray]:
@@ -63,28 +68,41 @@ def pieces(array: np.ndarray) -> Iterator[np.ndarray]:
 
 class Gather:
     """Statistics gathered chunk by chunk, exactly: the sum and the sum of squares as exact
-    rationals (Python integers over 2**EXACT_SHIFT, see `exact_sum`), the mean and std rounded
-    once from them, so any split of a tensor into chunks gives the same figures to the bit.
-    (The squares of float32 values are exact in float64; of float64 ones, rounded once.)"""
+    rationals (Python integers over 2**EXACT_SHIFT), the mean and std rounded once from them, so
+    any split of a tensor into chunks gives the same figures to the bit. (The squares of float32
+    values are exact in float64; of float64 ones, rounded once.)"""
 
     def __init__(self) -> None:
         self.lo, self.hi, self.absmax = math.inf, -math.inf, 0.0
         self.nan = self.inf = self.pos_inf = self.finite = 0
         self.total = self.squares = 0  # exact, in units of 2**-EXACT_SHIFT
+        self.buckets = Buckets()  # float32 values' sums not yet in total and squares
 
     def add(self, values: np.ndarray) -> None:
-        """values: float64 [n], at most CHUNK of them."""
-        nan = int(np.isnan(values).sum())
-        finite = values[np.isfinite(values)]
+        """values: float32 or float64 [n], at most CHUNK of them."""
+        lo, hi = values.min(initial=np.inf), values.max(initial=-np.inf)  # NaN if any is
+        if values.size and not (np.isfinite(lo) and np.isfinite(hi)):
+            values = self.non_finite(values)
+            lo, hi = values.min(initial=np.inf), values.max(initial=-np.inf)
+        if values.size:
+            self.finite += values.size
+            self.lo, self.hi = min(self.lo, float(lo)), max(self.hi, float(hi))
+            self.absmax = max(self.absmax, -float(lo), float(hi))
+            if values.dtype == np.float32:
+                self.buckets.add(values)
+            else:
+                self.total += exact_sum(values)
+                self.squares += exact_sum(np.square(values))
+
+    def non_finite(self, values: np.ndarray) -> np.ndarray:
+        """Counts the NaN and infinite values. -> the finite ones"""
+        finite = np.isfinite(values)
+        kept = int(np.count_nonzero(finite))
+        nan = int(np.count_nonzero(np.isnan(values)))
         self.nan += nan
-        self.inf += values.size - finite.size - nan
-        self.pos_inf += int(np.isposinf(values).sum())
-        if finite.size:
-            self.finite += finite.size
-            self.lo, self.hi = min(self.lo, float(finite.min())), max(self.hi, float(finite.max()))
-            self.absmax = max(self.absmax, float(np.abs(finite).max()))
-            self.total += exact_sum(finite)
-            self.squares += exact_sum(np.square(finite))
+        self.inf += values.size - kept - nan
+        self.pos_inf += int(np.count_nonzero(values == np.inf))
+        return values[finite]
 
     def add_repeated(self, value: float, count: int) -> None:
         """`count` more entries equal to `value`, as if added one by one (the masked entries a
@@ -105,11 +123,56 @@ class Gather:
         if self.finite == 0:
             nothing = float("nan")
             return Stats(nothing, nothing, nothing, nothing, nothing, 0.0, self.nan, self.inf, 0)
+        total, squares = self.buckets.exact()
         n, unit = self.finite, Fraction(1, 2**EXACT_SHIFT)
-        total, squares = self.total * unit, self.squares * unit
+        total, squares = (self.total + total) * unit, (self.squares + squares) * unit
         variance = max(Fraction(0), (squares - total * total / n) / n)
         return Stats(min=self.lo, max=self.hi, mean=float(total / n), std=math.sqrt(variance), absmax=self.absmax,
                      sum=float(total), nan=self.nan, inf=self.inf, finite=n)
+
+
+class Buckets:
+    """Exact sums of finite float32 values and of their squares, a bucket per float64 sign and exponent.
+
+    A float32 value has 24 significant bits, so the values of one exponent are multiples of one
+    unit below 2**25 of it: 2**28 of them sum exactly in float64, in any order (np.bincount sums
+    them). A square, exact in float64, has 48: it is split into its first 24 bits and the rest
+    (each exact, each bucketed by its own exponent). The bucket sums move to exact integers
+    (`exact`) before they could round."""
+
+    def __init__(self) -> None:
+        self.sums = np.zeros((3, EXPONENTS))  # the values', the squares' first 24 bits', the rest's
+        self.pending = 0  # values in the sums
+        self.total = self.squares = 0  # what was moved out of the sums, in units of 2**-EXACT_SHIFT
+
+    def add(self, values: np.ndarray) -> None:
+        """values: finite float32 [n], n <= CHUNK."""
+        if self.pending + values.size > FLUSH:
+            self.exact()
+        wide = values.astype(np.float64)
+        squares = wide * wide
+        high = (squares.view(np.uint64) & HIGH_24).view(np.float64)
+        for row, part in zip(self.sums, (wide, high, squares - high)):
+            row += np.bincount(exponents(part), weights=part, minlength=EXPONENTS)
+        self.pending += values.size
+
+    def exact(self) -> tuple[int, int]:
+        """-> the sum of the values and of their squares so far, in units of 2**-EXACT_SHIFT"""
+        values, high, low = (sum(map(units, row[row != 0].tolist())) for row in self.sums)
+        self.total, self.squares = self.total + values, self.squares + high + low
+        self.sums[:], self.pending = 0.0, 0
+        return self.total, self.squares
+
+
+def exponents(values: np.ndarray) -> np.ndarray:
+    """The sign and biased exponent of each float64 [n] (12 bits), as bincount's indices."""
+    return (values.view(np.uint64) >> np.uint64(52)).view(np.int64)
+
+
+def units(value: float) -> int:
+    """A finite float64 as an exact integer count of 2**-EXACT_SHIFT."""
+    numerator, denominator = value.as_integer_ratio()  # the denominator a power of two, at most 2**1074
+    return numerator << (EXACT_SHIFT - denominator.bit_length() + 1)
 
 
 def exact_sum(values: np.ndarray) -> int:
@@ -142,8 +205,21 @@ def edges(known: Stats) -> tuple[float, float]:
 
 
 def bin_counts(values: np.ndarray, span: tuple[float, float], bins: int) -> np.ndarray:
-    """Counts of the finite float64 values [n] in `bins` equal bins over `span`."""
-    return np.histogram(values[np.isfinite(values)], bins=bins, range=span)[0]
+    """Counts of the finite values [n] in `bins` equal bins over `span`, as np.histogram counts
+    them: bin i holds edges[i] <= x < edges[i + 1], the last one its right edge too."""
+    lo, hi = values.min(initial=np.inf), values.max(initial=-np.inf)
+    if values.dtype != np.float32 or not span[0] <= lo <= hi <= span[1]:  # NaN, infinities, values outside
+        values = values[np.isfinite(values)]
+        if values.dtype != np.float32 or values.size and not span[0] <= values.min() <= values.max() <= span[1]:
+            return np.histogram(values.astype(np.float64), bins=bins, range=span)[0]
+    below = [np.count_nonzero(values < at_least(edge)) for edge in np.linspace(*span, bins + 1)[1:-1]]
+    return np.diff(np.array([0, *below, values.size], np.int64))
+
+
+def at_least(edge: float) -> np.float32:
+    """The smallest float32 >= edge: for a float32 x, x < edge exactly when x < at_least(edge)."""
+    near = np.float32(edge)
+    return near if float(near) >= edge else np.nextafter(near, np.float32(np.inf))
 
 
 def corners(array, n: int = CORNER) -> tuple[list[float], list[float]]:

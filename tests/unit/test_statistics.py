@@ -1,0 +1,113 @@
+"""The exact statistics of float32 chunks (stepper.statistics): sums and sums of squares equal to
+exact rational arithmetic, any split into chunks giving the same figures, histogram counts equal
+to np.histogram's, at and beside every bin edge."""
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from stepper import statistics
+from stepper.statistics import EXACT_SHIFT, Gather, bin_counts
+
+TINY = np.float32(2.0**-149)  # the smallest subnormal float32
+BIG = np.finfo(np.float32).max
+
+
+def wide_float32(rng: np.random.Generator, n: int) -> np.ndarray:
+    """float32 values over the whole range: normal, subnormal, huge, zeros of both signs, mixed signs."""
+    values = rng.standard_normal(n) * np.exp2(rng.uniform(-140, 120, n))
+    values = values.astype(np.float32)
+    values[:8] = [TINY, -TINY, BIG, -BIG, 0.0, -0.0, 2.0**-126, np.float32(3.0)]
+    return values
+
+
+def exact(values: np.ndarray) -> tuple[Fraction, Fraction]:
+    finite = [Fraction(float(v)) for v in values[np.isfinite(values)]]
+    return sum(finite, Fraction(0)), sum((v * v for v in finite), Fraction(0))
+
+
+def gathered(values: np.ndarray, chunk: int) -> Gather:
+    gather = Gather()
+    for start in range(0, values.size, chunk):
+        gather.add(values[start:start + chunk])
+    return gather
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_float32_sums_and_squares_are_exact_over_the_whole_range(seed):
+    values = wide_float32(np.random.default_rng(seed), 3000)
+    gather = gathered(values, 1000)
+    total, squares = gather.buckets.exact()
+    want_total, want_squares = exact(values)
+    assert Fraction(total, 2**EXACT_SHIFT) == want_total
+    assert Fraction(squares, 2**EXACT_SHIFT) == want_squares
+    st = gather.stats()
+    assert st.sum == float(want_total) and st.mean == float(want_total / values.size)
+    assert st.min == float(values.min()) and st.max == float(values.max()) and st.absmax == float(BIG)
+
+
+def test_float32_figures_equal_float64_ones_and_do_not_depend_on_the_split():
+    rng = np.random.default_rng(3)
+    values = np.exp(rng.standard_normal(5000) * 8 - 20).astype(np.float32)  # softmax-like: 100 bits of range
+    values[::9] *= -1
+    values[::13] = -np.inf
+    values[5] = np.nan
+    values[6] = np.inf
+    whole = gathered(values, values.size).stats()
+    assert whole == gathered(values.astype(np.float64), values.size).stats()  # the float64 path's exact sums
+    for chunk in (1, 7, 999, 4096):
+        assert gathered(values, chunk).stats() == whole
+    assert (whole.nan, whole.inf, whole.finite) == (1, 385 + 1, 5000 - 1 - 386)
+    want_total, want_squares = exact(values)
+    n = whole.finite
+    assert whole.mean == float(want_total / n)
+    assert whole.std == pytest.approx(float(want_squares / n - (want_total / n) ** 2) ** 0.5, rel=1e-15)
+
+
+def test_the_buckets_move_to_integers_before_a_float64_sum_could_round(monkeypatch):
+    """2**28 values of one exponent fill a bucket's 53 bits: FLUSH small, the same sums."""
+    values = np.full(4096, np.float32(1 - 2.0**-24))  # 24 bits set: the squares' both halves too
+    values[::2] = np.float32(1.5)
+    want = gathered(values, 512).stats()
+    monkeypatch.setattr(statistics, "FLUSH", 600)
+    gather = gathered(values, 512)
+    assert gather.buckets.pending <= 600
+    assert gather.stats() == want
+    total, squares = gather.buckets.exact()
+    want_total, want_squares = exact(values)
+    assert (Fraction(total, 2**EXACT_SHIFT), Fraction(squares, 2**EXACT_SHIFT)) == (want_total, want_squares)
+
+
+def edge_values(span: tuple[float, float], bins: int) -> np.ndarray:
+    """Every bin edge as float32 and its neighbours on both sides, inside the span."""
+    edges = np.linspace(*span, bins + 1).astype(np.float32)
+    near = np.concatenate([edges, np.nextafter(edges, np.float32(np.inf)), np.nextafter(edges, np.float32(-np.inf))])
+    return near[(near >= span[0]) & (near <= span[1])]
+
+
+@pytest.mark.parametrize("scale,shift", [(3.0, 0.0), (8.0, -20.0), (1e-3, 5.0)])
+def test_float32_histogram_counts_equal_np_histograms_at_every_edge(scale, shift):
+    rng = np.random.default_rng(4)
+    values = (rng.standard_normal(20000) * scale + shift).astype(np.float32)
+    if shift < 0:
+        values = np.exp(values)
+    span = (float(values.min()), float(values.max()))
+    values = np.concatenate([values, edge_values(span, 16), [np.float32(span[0]), np.float32(span[1])]])
+    want = np.histogram(values.astype(np.float64), bins=16, range=span)[0]
+    np.testing.assert_array_equal(bin_counts(values, span, 16), want)
+    masked = np.concatenate([values, [-np.inf, np.nan, np.inf]]).astype(np.float32)  # left out, as np.histogram of the finite ones
+    np.testing.assert_array_equal(bin_counts(masked, span, 16), want)
+    inside = (span[0] + (span[1] - span[0]) / 4, span[1] - (span[1] - span[0]) / 4)  # values outside a span are left out
+    kept = values[(values >= inside[0]) & (values <= inside[1])].astype(np.float64)
+    np.testing.assert_array_equal(bin_counts(values, inside, 16), np.histogram(kept, bins=16, range=inside)[0])
+
+
+def test_chunks_are_float32_where_that_is_exact_and_float64_elsewhere():
+    import ml_dtypes
+
+    for dtype, wide in ((np.float32, np.float32), (np.float16, np.float32), (ml_dtypes.bfloat16, np.float32),
+                        (np.int16, np.float32), (np.int64, np.float64), (np.float64, np.float64)):
+        array = np.arange(12).reshape(3, 4).astype(dtype)
+        (chunk,) = statistics.chunks(array)
+        assert chunk.dtype == wide and chunk.tolist() == list(range(12))
