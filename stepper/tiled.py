@@ -10,13 +10,17 @@ whole array, for the small sizes where that is fine.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from functools import cache
 
 import numpy as np
 
 Block = Callable[[slice, slice], np.ndarray]  # (heads, queries) -> [B, h, t, S]
 BLOCK_VALUES = 1 << 22  # values per block a reader asks for (16 MB of float32)
 FLOAT32 = np.dtype(np.float32)
+MAKER = "stepper-tiles"  # the thread that makes the next block
 
 
 class Tiled:
@@ -47,14 +51,14 @@ class Tiled:
     def blocks(self) -> Iterator[np.ndarray]:
         """The whole tensor in C order, a block of one batch row at a time: [t, S] of one head,
         or, where a head's rows are few (a decode step), [h, T, S] of several heads at once, so
-        the keys are read once for many heads."""
+        the keys are read once for many heads. Each block is made while the one before is looked
+        at (`ahead`)."""
         B, H, T, S = self.shape
         rows = self.rows_per_block()
         heads = max(1, BLOCK_VALUES // max(1, B * T * S)) if rows == T else 1
-        for b in range(B):
-            for h in range(0, H, heads):
-                for t in range(0, T, rows):
-                    yield self.block(slice(h, min(h + heads, H)), slice(t, min(t + rows, T)))[b]
+        spans = [(b, slice(h, min(h + heads, H)), slice(t, min(t + rows, T)))
+                 for b in range(B) for h in range(0, H, heads) for t in range(0, T, rows)]
+        return ahead(lambda span: self.block(span[1], span[2])[span[0]], spans)
 
     def __getitem__(self, index) -> np.ndarray:
         """The values at an index of ints and slices, computing only the heads and query rows it touches."""
@@ -77,6 +81,28 @@ class Tiled:
 
     def __repr__(self) -> str:
         return f"Tiled({list(self.shape)}, {self.dtype})"
+
+
+def ahead(make: Callable[[object], np.ndarray], items: list) -> Iterator[np.ndarray]:
+    """make(item) for each item in turn, the next one made on another thread while the caller
+    looks at this one: a block's products (which release the GIL) beside the statistics of the
+    one before (which mostly hold it), so both cores work. (On that thread itself, in turn.)"""
+    if threading.current_thread().name.startswith(MAKER):
+        yield from map(make, items)
+        return
+    if not items:
+        return
+    coming = _maker().submit(make, items[0])
+    for item in items[1:]:
+        made = coming.result()
+        coming = _maker().submit(make, item)
+        yield made
+    yield coming.result()
+
+
+@cache
+def _maker() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(1, thread_name_prefix=MAKER)
 
 
 def basic_index(index) -> tuple:
