@@ -24,12 +24,13 @@ from stepper.errors import StepperError
 from stepper.kernels import attention, parallel
 from stepper.model.cache import cache_bytes_per_token
 from stepper.session import Plan, step_attn
+from stepper.statistics import CHUNK
 from stepper.trace import unphased
 from stepper.weights.names import layer_shapes
 
 FLOAT32 = 4
 SCORE_ARRAYS = 3  # the products q.k, the scaled and masked scores, the softmax
-STATS_CHUNKS = 6 * 8 * 2**20  # a view's statistics: float64 chunks of 2**20 values, the finite ones, their parts
+STATS_CHUNKS = 6 * 8 * CHUNK  # a view's statistics: float64 chunks of statistics.CHUNK values, their squares, their parts
 STATS_PER_BYTE = 12  # ... of a smaller tensor: six float64 copies of its float32 values
 TILE_ARRAYS = 4  # a tile of scores, its exponentials, the products with the values, the mask
 
@@ -146,7 +147,8 @@ def needs(plan: Plan, kept: list[str], kept_lower: str) -> list[Need]:
     run = [plan.spec.layer] if plan.alone else range(cfg.num_hidden_layers if plan.needs_logits else plan.shown.stop)
     cached = max(step_attn(spec, k) for k in range(spec.decode + 1))  # "naive" keeps per-head keys too
     positions = s + spec.decode
-    per_position = cache_bytes_per_token(cfg, "absorb") + (cache_bytes_per_token(cfg, "naive") if cached == "naive" else 0)
+    per_position = cache_bytes_per_token(cfg, "absorb", index_scoring=spec.index_scoring) + (
+        cache_bytes_per_token(cfg, "naive") if cached == "naive" else 0)
     largest = max(math.prod(shape) for layer in run for shape in layer_shapes(cfg, layer).values())
     result = [
         scores_need(heads, t, s),

@@ -85,7 +85,8 @@ def describe(plan: Plan) -> str:
     attn = " then ".join(attns)
     if spec.index_scoring == "fp8":
         attn += ", chosen by FP8 index scores (Hadamard-rotated, e4m3, as DeepSeek's inference code)"
-    naive, latent = cache_bytes_per_token(cfg, "naive"), cache_bytes_per_token(cfg, "absorb")
+    naive, latent = (cache_bytes_per_token(cfg, path, index_scoring=spec.index_scoring) for path in ("naive", "absorb"))
+    keys = "" if not cfg.has_indexer else " + index key" + (" and its FP8 codes" if spec.index_scoring == "fp8" else "")
     wrapper = f"\n{untrusted.shown(cfg.wrapper.describe())}" if cfg.wrapper is not None else ""
     wrapper += f"\n{prompt_line(plan.tokens)}" if plan.tokens is not None else ""
     return (
@@ -93,7 +94,7 @@ def describe(plan: Plan) -> str:
         f"{cfg.num_hidden_layers} layers ({dense} dense), "
         f"{cfg.num_attention_heads} heads{moe} · {weights} · {what}{steps}\n"
         f"attention {attn} · cache per position per layer (float32): per-head keys and values "
-        f"{naive:,} B, latent + rope key {latent:,} B ({naive / latent:.1f}x smaller){wrapper}"
+        f"{naive:,} B, latent + rope key{keys} {latent:,} B ({naive / latent:.1f}x smaller){wrapper}"
     )
 
 

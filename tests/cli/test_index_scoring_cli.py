@@ -65,3 +65,17 @@ def test_step_stops_at_an_fp8_tensor_and_fixtures_record_the_choice(tmp_path):
 def write(path, text):
     path.write_text(text)
     return path
+
+
+def test_the_header_counts_the_fp8_index_keys_in_the_cache_per_position():
+    from stepper.presets import preset
+
+    cfg = preset("tiny-v32")
+    latent = (cfg.kv_lora_rank + cfg.qk_rope_head_dim + cfg.index_head_dim) * 4
+    line = re.compile(r"latent \+ rope key \+ index key( and its FP8 codes)? ([\d,]+) B")
+    for scoring, codes, size in (("exact", None, latent), ("fp8", " and its FP8 codes", latent + cfg.index_head_dim + 4)):
+        done = stepper("run", "--model", "tiny-v32", "--prompt-len", "2", "--index-scoring", scoring, "--plain",
+                       "--only", "embed")
+        assert done.returncode == 0, done.stderr
+        found = line.search(done.stdout)
+        assert found is not None and found.group(1) == codes and int(found.group(2).replace(",", "")) == size
