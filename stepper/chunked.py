@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from stepper.statistics import Stats, pieces
-from stepper.tiled import Tiled
+from stepper.tiled import Tiled, Unheld
 
 Piece = Callable[[int], "np.ndarray | Tiled"]  # chunk k -> its part of the tensor, as the whole tensor has it
 
@@ -31,25 +31,13 @@ class Figures:
     last: list[float]
 
 
-class Chunked:
+class Chunked(Unheld):
     """A tensor whose positions axis `axis` is made in `chunks` pieces, `piece(k)` each."""
 
     def __init__(self, shape: tuple[int, ...], dtype: np.dtype, axis: int, chunks: int, piece: Piece, figures: Figures):
         self.shape = tuple(int(n) for n in shape)
         self.dtype = np.dtype(dtype)
         self.axis, self.chunks, self.piece, self.figures = axis, chunks, piece, figures
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    @property
-    def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
-
-    @property
-    def nbytes(self) -> int:
-        return self.size * self.dtype.itemsize
 
     def pieces(self) -> Iterator[np.ndarray | Tiled]:
         """Each chunk's part, in order along the positions axis."""

@@ -23,17 +23,15 @@ FLOAT32 = np.dtype(np.float32)
 MAKER = "stepper-tiles"  # the thread that makes the next block
 
 
-class Tiled:
-    """A [B, H, T, S] tensor made block by block; `block(heads, queries)` -> [B, h, t, S]."""
+class Unheld:
+    """What a tensor that is not held tells of itself, as an array would: its shape, dtype and sizes."""
 
-    def __init__(self, shape: tuple[int, int, int, int], block: Block, dtype: np.dtype = FLOAT32):
-        self.shape = tuple(int(n) for n in shape)
-        self.dtype = np.dtype(dtype)
-        self.block = block
+    shape: tuple[int, ...]
+    dtype: np.dtype
 
     @property
     def ndim(self) -> int:
-        return 4
+        return len(self.shape)
 
     @property
     def size(self) -> int:
@@ -42,6 +40,15 @@ class Tiled:
     @property
     def nbytes(self) -> int:
         return self.size * self.dtype.itemsize
+
+
+class Tiled(Unheld):
+    """A [B, H, T, S] tensor made block by block; `block(heads, queries)` -> [B, h, t, S]."""
+
+    def __init__(self, shape: tuple[int, int, int, int], block: Block, dtype: np.dtype = FLOAT32):
+        self.shape = tuple(int(n) for n in shape)
+        self.dtype = np.dtype(dtype)
+        self.block = block
 
     def rows_per_block(self) -> int:
         """Query rows of one head per block, so a block holds about BLOCK_VALUES values."""
