@@ -53,8 +53,10 @@ def swiglu(x: np.ndarray, gate: np.ndarray, up: np.ndarray, down: np.ndarray,
 
 @exercise
 def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
-    """Numerically safe softmax in float32; -inf entries (masked) get weight exactly 0."""
-    e = x - np.max(x, axis=axis, keepdims=True)  # the one new array: exp and the division happen in it
+    """Numerically safe softmax in float32; -inf entries (masked) get weight exactly 0 (a row
+    with every entry masked: NaN, as in torch's softmax)."""
+    with np.errstate(invalid="ignore"):  # -inf - -inf in such a row
+        e = x - np.max(x, axis=axis, keepdims=True)  # the one new array: exp and the division happen in it
     np.exp(e, out=e)
     e /= np.sum(e, axis=axis, keepdims=True)
     return e
