@@ -435,16 +435,20 @@ def gemm_rate() -> float:
 
 
 def long_context(model: str, say, prefills=(4096, 16384, 32768), caches=(8192, 32768, 131072),
-                 shown_prefills=(4096,)) -> list[Figure]:
+                 shown_prefills=(4096,), shown_chunked=(32768,)) -> list[Figure]:
     """The long-context figures: naive prefills (what --attn auto runs where it fits; time, GEMM
-    share and peak RSS), the shorter ones also with every tensor shown (the statistics of a
-    32768-token prefill's scores and weights, 137G values, take hours on two cores), and
-    decode steps over long caches (absorbed), shown."""
+    share and peak RSS), the shorter ones also with every tensor shown; absorbed prefills in
+    chunks of SHOWN_CHUNK with every tensor shown (the memory bound of a long shown prefill: the
+    32768-token one gathers 70 G scores and weights, twice, and takes about an hour on two
+    cores); and decode steps over long caches (absorbed), shown."""
     figures = []
     for tokens in prefills:
         for shown in (False, True) if tokens in shown_prefills else (False,):
             say(f"{model} attention: prefill {tokens} tokens, {'every tensor shown' if shown else 'silent'}")
             figures += in_subprocess("attention", model=model, tokens=tokens, cache=0, attn="naive", shown=shown, repeat=1)
+    for tokens in shown_chunked:
+        say(f"{model} attention: absorbed prefill {tokens} tokens in chunks of {SHOWN_CHUNK}, every tensor shown")
+        figures += in_subprocess("attention", model=model, tokens=tokens, cache=0, attn="absorb", shown=True, repeat=1)
     for cache in caches:
         say(f"{model} attention: decode over {cache} cached positions")
         figures += in_subprocess("attention", model=model, tokens=1, cache=cache, attn="absorb", shown=True, repeat=5)

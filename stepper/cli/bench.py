@@ -20,7 +20,7 @@ def bench_command(
     int4: Annotated[bool, typer.Option("--int4/--no-int4", help="Also the MoE layer with INT4 experts (Kimi-K2-Thinking's storage; about 10 GB more written once), as a ratio to the FP8 layer.")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="The figures as JSON on stdout.")] = False,
     indexer: Annotated[bool, typer.Option("--indexer", help="Also time DeepSeek-V3.2's layer 0 prefilling 4096 tokens: its Lightning Indexer, its attention under the indexer's mask, and the whole layer, each alone (writes a 0.6 GB checkpoint once).")] = False,
-    long: Annotated[bool, typer.Option("--long", help="Only the long-context figures: the attention of --long-model's layer 0 (synthetic weights) at naive prefills of 4096, 16384 and 32768 tokens (time, share of the GEMM rate, peak RSS; 4096 also with every tensor shown) and absorbed decode steps over 8K, 32K and 128K cached positions, shown.")] = False,
+    long: Annotated[bool, typer.Option("--long", help="Only the long-context figures: the attention of --long-model's layer 0 (synthetic weights) at naive prefills of 4096, 16384 and 32768 tokens (time, share of the GEMM rate, peak RSS; 4096 also with every tensor shown), an absorbed 32768-token prefill in chunks with every tensor shown (about an hour), and absorbed decode steps over 8K, 32K and 128K cached positions, shown.")] = False,
     long_model: Annotated[str, typer.Option(metavar="MODEL", help="A preset or config.json for --long.")] = "kimi-k2",
 ) -> None:
     """Measure full-size Kimi K2 layers (decode, prefill, peak memory) and the machine's ceilings.

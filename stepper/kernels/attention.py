@@ -20,6 +20,8 @@ of the weights is exp(score - lse) (`Operands.weights`).
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -31,6 +33,7 @@ TILE_SCORES = 1 << 20  # scores of one tile: [B, H, T, S] cut to its heads, quer
 KEY_TILE = 512  # keys per tile, before a short query tile widens it
 QUERY_TILE = 256  # queries of one head per tile
 WHOLE_SCORES = 1 << 22  # up to this many scores [B, H, T, S], attention runs on whole arrays
+KEPT_ROW_BYTES = 1 << 26  # rows of scores kept for the next to ask (`Operands.rows`): 64 MB
 
 
 def shared_matmul(x: np.ndarray, shared: np.ndarray) -> np.ndarray:
@@ -107,13 +110,44 @@ class Operands:
                 total += tile.astype(np.float32, copy=False)
         return total
 
+    def rows(self, heads: slice, queries: slice) -> np.ndarray:
+        """The scores of some heads and queries over every key (read-only), kept a while: a shown
+        tensor is looked at more than once (its statistics, then its histogram) and the weights
+        are made of the same rows, so a decode step's are computed once."""
+        return _kept_rows.get(self, heads, queries)
+
     def weights(self, lse: np.ndarray, heads: slice, queries: slice) -> np.ndarray:
         """The softmax weights of some heads and queries, every key: exp(scores - lse).
         lse [B, H, T] -> [B, H, T, S] cut to those heads and queries"""
-        w = self.scores(heads, queries, slice(0, self.shape[3]))
-        w -= lse[:, heads, queries, None]
+        w = np.subtract(self.rows(heads, queries), lse[:, heads, queries, None])
         with np.errstate(invalid="ignore"):  # a row with every key masked: -inf - -inf, NaN as in softmax
             return np.exp(w, out=w)
+
+
+class KeptRows:
+    """The last rows of scores made (Operands.rows), up to KEPT_ROW_BYTES, the oldest let go first."""
+
+    def __init__(self) -> None:
+        self.kept: OrderedDict[tuple, tuple[Operands, np.ndarray]] = OrderedDict()
+        self.lock = threading.Lock()
+
+    def get(self, ops: Operands, heads: slice, queries: slice) -> np.ndarray:
+        key = (id(ops), heads.start, heads.stop, queries.start, queries.stop)  # ops is kept with its rows: ids stay its
+        with self.lock:
+            found = self.kept.get(key)
+            if found is not None:
+                self.kept.move_to_end(key)
+                return found[1]
+        rows = ops.scores(heads, queries, slice(0, ops.shape[3]))
+        rows.flags.writeable = False
+        with self.lock:
+            self.kept[key] = (ops, rows)
+            while sum(r.nbytes for _, r in self.kept.values()) > KEPT_ROW_BYTES and len(self.kept) > 1:
+                self.kept.popitem(last=False)
+        return rows
+
+
+_kept_rows = KeptRows()
 
 
 def mask_tile(mask: np.ndarray, heads: slice, queries: slice, keys: slice) -> np.ndarray:

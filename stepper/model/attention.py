@@ -175,8 +175,7 @@ def in_tiles(ops: kernels.Operands, emit: Emitter) -> np.ndarray:
     -> [B, H, T, v_head] naive, [B, H, T, kv_lora] absorbed"""
     out, lse = kernels.attend(ops)  # the output, and each row's log-sum-exp [B, H, T]
     if emit.listening:
-        every_key = slice(0, ops.shape[3])
-        scores = Tiled(ops.shape, lambda heads, queries: ops.scores(heads, queries, every_key))
+        scores = Tiled(ops.shape, ops.rows)
         shown(scores, lambda _: Tiled(ops.shape, partial(ops.weights, lse)), emit)
     return out
 

@@ -97,3 +97,26 @@ def test_a_row_with_every_key_masked_is_nan_as_in_the_softmax(small_tiles):
     out, lse = attention.attend(attention.Operands([query], [keys], values, SCALE, mask))
     assert np.isnan(want[:, :, 3]).all() and np.isnan(out[:, :, 3]).all() and np.isneginf(lse[:, :, 3]).all()
     np.testing.assert_allclose(np.delete(out, 3, axis=2), np.delete(want, 3, axis=2), rtol=1e-5, atol=2e-6)
+
+
+def test_rows_of_scores_are_made_once_for_the_scores_and_the_weights_and_let_go_by_bytes(monkeypatch):
+    rng = np.random.default_rng(6)
+    B, H, T, S = 1, 4, 3, 50
+    query, keys, values = random(rng, B, H, T, 8), random(rng, B, H, S, 8), random(rng, B, H, S, 5)
+    ops = attention.Operands([query], [keys], values, SCALE)
+    made = []
+    scores = attention.Operands.scores
+    monkeypatch.setattr(attention.Operands, "scores", lambda self, *a: made.append(a) or scores(self, *a))
+    _, lse = attention.attend(ops)
+    made.clear()
+    heads, queries = slice(0, 2), slice(0, T)
+    rows = ops.rows(heads, queries)
+    again, weights = ops.rows(heads, queries), ops.weights(lse, heads, queries)
+    assert len(made) == 1 and again is rows and not rows.flags.writeable  # one product; nobody changes it in place
+    _, want = whole_naive(query, keys, values)
+    np.testing.assert_allclose(weights, want[:, heads], rtol=1e-5, atol=1e-7)
+    assert (rows == ops.rows(heads, queries)).all() and len(made) == 1
+    monkeypatch.setattr(attention, "KEPT_ROW_BYTES", rows.nbytes)  # room for one: the oldest is let go
+    ops.rows(slice(2, 4), queries)
+    ops.rows(heads, queries)
+    assert len(made) == 3
