@@ -59,7 +59,7 @@ def test_the_long_context_scenario_runs_on_a_small_config(monkeypatch):
     bench.long_context("kimi-k2", lambda _: None)
     assert [(kw["tokens"], kw["cache"], kw["attn"], kw["shown"]) for _, kw in names] == [
         (4096, 0, "naive", False), (4096, 0, "naive", True), (16384, 0, "naive", False), (32768, 0, "naive", False),
-        (1, 8192, "absorb", True), (1, 32768, "absorb", True), (1, 131072, "absorb", True)]
+        (32768, 0, "absorb", True), (1, 8192, "absorb", True), (1, 32768, "absorb", True), (1, 131072, "absorb", True)]
 
 
 def test_int4_experts_against_fp8_on_a_small_config(tmp_path):
