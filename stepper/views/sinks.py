@@ -85,7 +85,7 @@ def stats_line(array: np.ndarray, width: int | None) -> Text:
     fields = [Text.assemble((f"{label} ", "dim"), number(value)) for label, value in (
         ("min", st.min), ("max", st.max), ("mean", st.mean), ("std", st.std), ("absmax", st.absmax), ("sum", st.sum),
     )]
-    fields += [Text.assemble((f"{label} ", "dim"), (str(value), "bold red" if value else ""))
+    fields += [Text.assemble((f"{label} ", "dim"), (f"{value:,}", "bold red" if value else ""))
                for label, value in (("nan", st.nan), ("inf", st.inf))]
     fields.append(Text(summary.sparkline(counts), style="green"))
     return wrap_fields(fields, width, "    ", "    ")
