@@ -21,6 +21,7 @@ of the weights is exp(score - lse) (`Operands.weights`).
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -125,23 +126,27 @@ class Operands:
 
 
 class KeptRows:
-    """The last rows of scores made (Operands.rows), up to KEPT_ROW_BYTES, the oldest let go first."""
+    """The last rows of scores made (Operands.rows), up to KEPT_ROW_BYTES, the oldest let go
+    first. An Operands is not kept alive by its rows (its keys may be a whole cache): the rows of
+    one that is gone are let go at the next call."""
 
     def __init__(self) -> None:
-        self.kept: OrderedDict[tuple, tuple[Operands, np.ndarray]] = OrderedDict()
+        self.kept: OrderedDict[tuple, tuple[weakref.ref, np.ndarray]] = OrderedDict()
         self.lock = threading.Lock()
 
     def get(self, ops: Operands, heads: slice, queries: slice) -> np.ndarray:
-        key = (id(ops), heads.start, heads.stop, queries.start, queries.stop)  # ops is kept with its rows: ids stay its
+        key = (id(ops), heads.start, heads.stop, queries.start, queries.stop)
         with self.lock:
             found = self.kept.get(key)
-            if found is not None:
+            if found is not None and found[0]() is ops:
                 self.kept.move_to_end(key)
                 return found[1]
         rows = ops.scores(heads, queries, slice(0, ops.shape[3]))
         rows.flags.writeable = False
         with self.lock:
-            self.kept[key] = (ops, rows)
+            for gone in [k for k, (owner, _) in self.kept.items() if owner() is None]:
+                del self.kept[gone]
+            self.kept[key] = (weakref.ref(ops), rows)
             while sum(r.nbytes for _, r in self.kept.values()) > KEPT_ROW_BYTES and len(self.kept) > 1:
                 self.kept.popitem(last=False)
         return rows

@@ -3,6 +3,9 @@ over tiles with the online softmax equals the whole-matrix softmax to float32 ro
 both paths' operands, prefill and decode, the causal edge inside and across tiles, T and S not
 multiples of the tiles, a cache of more than 4096 positions, and an extra mask."""
 
+import gc
+import weakref
+
 import numpy as np
 import pytest
 
@@ -120,3 +123,7 @@ def test_rows_of_scores_are_made_once_for_the_scores_and_the_weights_and_let_go_
     ops.rows(slice(2, 4), queries)
     ops.rows(heads, queries)
     assert len(made) == 3
+    kept = weakref.ref(ops)
+    del ops, rows, again
+    gc.collect()
+    assert kept() is None  # the rows do not keep their operands (and the cache they read) alive
