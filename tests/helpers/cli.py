@@ -4,8 +4,8 @@ faster (no interpreter to start, nothing to import again).
 
 For what the command prints and writes, not for the process around it: exit codes as a shell
 sees them, signals, a terminal, the umask and memory limits are tested with real processes.
-Like a child process with stdin=DEVNULL, the command sees: its own stdout and stderr (not
-terminals), an empty stdin (or the given text) and /dev/null on file descriptor 0 (so Rich never
+Like a child process with stdin=DEVNULL, the command sees: its own stdout and stderr (pipes, not
+terminals: bytes in the locale's encoding), an empty stdin (or the given text) and /dev/null on file descriptor 0 (so Rich never
 takes the width of a terminal the tests were started from), the given working directory and
 environment. An exception the command lets escape is a traceback on stderr and exit code 1, as
 Python reports it, so a test that says "no traceback" still fails on one.
@@ -29,10 +29,22 @@ def stepper(*args: object, cwd: str | Path | None = None, stdin: str = "",
             env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess:
     """`stepper ARGS` in this process. env: variables set (a value None removes one) for the run."""
     argv = [str(a) for a in args]
-    out, err = io.StringIO(), io.StringIO()
+    out, err = _pipe(sys.__stdout__), _pipe(sys.__stderr__)
     with _process_state(argv, out, err, io.StringIO(stdin), cwd, env or {}):
         code = _exit_code(err)
-    return subprocess.CompletedProcess(["stepper", *argv], code, out.getvalue(), err.getvalue())
+    return subprocess.CompletedProcess(["stepper", *argv], code, _read(out), _read(err))
+
+
+def _pipe(like) -> io.TextIOWrapper:
+    """A stream writing bytes as the interpreter's own stdout or stderr would into a pipe (the
+    locale's encoding and error handler: a raw byte from a file name goes out raw)."""
+    return io.TextIOWrapper(io.BytesIO(), encoding=like.encoding, errors=like.errors, write_through=True)
+
+
+def _read(stream: io.TextIOWrapper) -> str:
+    """The bytes written, decoded as subprocess.run(text=True) decodes them (strictly)."""
+    stream.flush()
+    return stream.buffer.getvalue().decode(stream.encoding)
 
 
 def _exit_code(err: io.StringIO) -> int:
