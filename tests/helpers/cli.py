@@ -26,19 +26,21 @@ from stepper.cli.main import main
 
 
 def stepper(*args: object, cwd: str | Path | None = None, stdin: str = "",
-            env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess:
+            env: Mapping[str, str | None] | None = None) -> subprocess.CompletedProcess:
     """`stepper ARGS` in this process. env: variables set (a value None removes one) for the run."""
     argv = [str(a) for a in args]
-    out, err = _pipe(sys.__stdout__), _pipe(sys.__stderr__)
+    out, err = _pipe(sys.__stdout__, "strict"), _pipe(sys.__stderr__, "backslashreplace")
     with _process_state(argv, out, err, io.StringIO(stdin), cwd, env or {}):
         code = _exit_code(err)
     return subprocess.CompletedProcess(["stepper", *argv], code, _read(out), _read(err))
 
 
-def _pipe(like) -> io.TextIOWrapper:
+def _pipe(like, errors: str) -> io.TextIOWrapper:
     """A stream writing bytes as the interpreter's own stdout or stderr would into a pipe (the
     locale's encoding and error handler: a raw byte from a file name goes out raw)."""
-    return io.TextIOWrapper(io.BytesIO(), encoding=like.encoding, errors=like.errors, write_through=True)
+    encoding = getattr(like, "encoding", None) or "utf-8"
+    return io.TextIOWrapper(io.BytesIO(), encoding=encoding, errors=getattr(like, "errors", None) or errors,
+                            write_through=True)
 
 
 def _read(stream: io.TextIOWrapper) -> str:
@@ -47,7 +49,7 @@ def _read(stream: io.TextIOWrapper) -> str:
     return stream.buffer.getvalue().decode(stream.encoding)
 
 
-def _exit_code(err: io.StringIO) -> int:
+def _exit_code(err: io.TextIOWrapper) -> int:
     """main()'s exit status as the interpreter turns it into one."""
     try:
         main()
@@ -67,7 +69,10 @@ def _process_state(argv: list[str], out, err, stdin, cwd, env: Mapping[str, str 
     saved_streams = sys.argv, sys.stdout, sys.stderr, sys.stdin
     saved_env = {k: os.environ.get(k) for k in env}
     saved_cwd = os.getcwd()
-    saved_fd0 = os.dup(0)
+    try:
+        saved_fd0: int | None = os.dup(0)
+    except OSError:  # the test process has no stdin at all
+        saved_fd0 = None
     null = os.open(os.devnull, os.O_RDONLY)
     try:
         os.dup2(null, 0)
@@ -82,8 +87,11 @@ def _process_state(argv: list[str], out, err, stdin, cwd, env: Mapping[str, str 
         os.chdir(saved_cwd)
         for k, v in saved_env.items():
             _set_env(k, v)
-        os.dup2(saved_fd0, 0)
-        os.close(saved_fd0)
+        if saved_fd0 is None:
+            os.close(0)
+        else:
+            os.dup2(saved_fd0, 0)
+            os.close(saved_fd0)
         os.close(null)
 
 
