@@ -170,6 +170,19 @@ def test_user_errors_turns_memory_error_and_ctrl_c_into_exit_codes(capsys):
 # -- Ctrl-C -------------------------------------------------------------------------------------
 
 
+@pytest.fixture
+def ctrl_c_as_at_a_terminal():
+    """Children get Ctrl-C as at a terminal even when the tests were started with SIGINT ignored
+    (in the background of a shell without job control, or under nohup): an ignored signal stays
+    ignored across exec, and the tests of Ctrl-C would hang instead of testing it; a handled one
+    is the default again in the child."""
+    before = signal.getsignal(signal.SIGINT)
+    if before == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
 def interrupt(args, cwd: Path, after: str, seconds: float = 0.0) -> subprocess.CompletedProcess:
     """Start stepper, wait until stdout shows `after` (and `seconds` more), send SIGINT, collect."""
     p = subprocess.Popen([*COMMAND, *map(str, args)], cwd=cwd, env={**ENV, "PYTHONUNBUFFERED": "1"},
@@ -185,7 +198,7 @@ def interrupt(args, cwd: Path, after: str, seconds: float = 0.0) -> subprocess.C
     return subprocess.CompletedProcess(p.args, p.returncode, seen + out, err)
 
 
-def test_ctrl_c_during_a_run_leaves_the_old_dump_as_it_was(tmp_path):
+def test_ctrl_c_during_a_run_leaves_the_old_dump_as_it_was(tmp_path, ctrl_c_as_at_a_terminal):
     dump = tmp_path / "run.safetensors"
     assert stepper("run", "--plain", "--only", "logits", "--dump", dump).returncode == 0
     before = snapshot(tmp_path)
@@ -199,7 +212,7 @@ def test_ctrl_c_during_a_run_leaves_the_old_dump_as_it_was(tmp_path):
     ["synth", "--model", "kimi-k2", "--layers", "1:2", "--out", "ck"],
     ["fixtures", "export", "fx", "--model", "kimi-k2", "--layer", "1", "--prompt-len", "4"],
 ])
-def test_ctrl_c_while_writing_leaves_nothing(args, tmp_path):
+def test_ctrl_c_while_writing_leaves_nothing(args, tmp_path, ctrl_c_as_at_a_terminal):
     (tmp_path / "notes.txt").write_text("mine")
     p = subprocess.Popen([*COMMAND, *args], cwd=tmp_path, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                          stdin=subprocess.DEVNULL, text=True)
@@ -248,7 +261,7 @@ def in_pty(args, cwd: Path, prompt: bytes) -> tuple[int, bytes]:
     (["step", "--prompt-len", "3"], b"(stepper) "),
     (["lesson", "start", "tour", "--workspace", "ws"], b"your prediction> "),
 ])
-def test_ctrl_c_at_a_prompt_says_interrupted(args, prompt, tmp_path):
+def test_ctrl_c_at_a_prompt_says_interrupted(args, prompt, tmp_path, ctrl_c_as_at_a_terminal):
     code, out = in_pty(args, tmp_path, prompt)
     assert code == 130
     assert out.endswith(prompt + b"\r\nstepper: interrupted\r\n"), out[-200:]
