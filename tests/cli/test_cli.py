@@ -6,6 +6,7 @@ import sys
 
 import numpy as np
 import pytest
+from helpers.cli import stepper
 from safetensors.numpy import load_file
 
 from stepper import catalog
@@ -13,8 +14,8 @@ from stepper.presets import preset
 from stepper.trace import unphased
 
 
-def stepper(*args: str, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "stepper", *args], check=False, capture_output=True, text=True, cwd=cwd, timeout=120)
+def in_a_process(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "stepper", *args], check=False, capture_output=True, text=True, timeout=120)
 
 
 def catalogued_naive_names() -> set[str]:
@@ -28,7 +29,7 @@ def key_of(name: str) -> str:
 
 
 def test_run_shows_the_latent_tensors_with_named_shapes():
-    out = stepper("run", "--plain")
+    out = in_a_process("run", "--plain")
     assert out.returncode == 0, out.stderr
     text = out.stdout
     for key in ("self_attn.compressed_kv", "self_attn.k_pe ", "self_attn.k_nope"):
@@ -112,6 +113,20 @@ def test_bad_input_exits_2_with_one_line(args, message):
     assert out.returncode == 2
     assert message in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
+
+
+def test_a_process_exits_2_with_one_line():
+    """The cases above run in the test process; here two of them as a real `python -m stepper`."""
+    for args, message in ((["--model", "gpt-9"], "unknown model 'gpt-9'"), (["--bogus"], "No such option: --bogus")):
+        out = in_a_process("run", *args)
+        assert out.returncode == 2 and message in out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
+
+
+def test_the_command_in_the_test_process_prints_what_the_process_prints():
+    for args in (["run", "--plain", "--ids", "5,6,7", "--only", "*k_pe*"], ["run", "--layer", "7"], ["explain"]):
+        here, there = stepper(*args), in_a_process(*args)
+        assert (here.returncode, here.stdout, here.stderr) == (there.returncode, there.stdout, there.stderr), args
 
 
 def test_malformed_config_json_exits_2(tmp_path):

@@ -6,13 +6,13 @@ import sys
 
 import numpy as np
 import pytest
+from helpers.cli import stepper
 
 from stepper.untrusted import shown
 
 
 def diff(*args: str, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "stepper", "diff", "--plain", *args], capture_output=True, text=True,
-                          timeout=120, check=False, cwd=cwd)
+    return stepper("diff", "--plain", *args, cwd=cwd)
 
 
 def table_rows(text: str) -> list[list[str]]:

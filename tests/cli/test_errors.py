@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import typer
+from helpers.cli import stepper as in_this_process
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
@@ -31,7 +32,12 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 COMMAND = [sys.executable, "-m", "stepper"]
 
 
-def stepper(*args, cwd=None, umask=None, stdin=subprocess.DEVNULL) -> subprocess.CompletedProcess:
+def stepper(*args, cwd=None, umask=None, stdin=subprocess.DEVNULL, process=False) -> subprocess.CompletedProcess:
+    """The command in the test process (helpers.cli), or in a real one for what only a process
+    has (the umask), or where a broken check would start work without end (process=True: a
+    child that overruns its timeout fails; the test process would hang)."""
+    if umask is None and not process:
+        return in_this_process(*args, cwd=cwd)
     return subprocess.run([*COMMAND, *map(str, args)], check=False, capture_output=True, text=True, cwd=cwd, env=ENV,
                           stdin=stdin,
                           timeout=120, preexec_fn=None if umask is None else (lambda: os.umask(umask)))
@@ -73,7 +79,7 @@ def invalid(option: str, bound: str) -> str:
     (["--layer", str(10**20)], f"stepper: error: layer {10**20} out of range: model tiny has layers 0..2"),
 ])
 def test_negative_or_absurd_numbers_are_one_line(args, line):
-    assert one_line(stepper("run", *args)) == line
+    assert one_line(stepper("run", *args, process="exceed" in line)) == line
 
 
 def test_a_huge_seed_runs():
@@ -102,7 +108,8 @@ def test_numbers_of_other_commands_are_one_line(args, line, tmp_path):
 def test_a_run_that_cannot_fit_is_refused_at_once():
     start = time.monotonic()
     # the whole prompt at once (--chunk auto would run it in chunks that fit: tests/cli/test_chunk_option.py)
-    line = one_line(stepper("run", "--model", "kimi-k2", "--layer", "0", "--prompt-len", "100000", "--chunk", "0"))
+    line = one_line(stepper("run", "--model", "kimi-k2", "--layer", "0", "--prompt-len", "100000", "--chunk", "0",
+                            process=True))
     assert time.monotonic() - start < 10
     assert re.fullmatch(r"stepper: error: this run would need about [\d.]+ GiB of memory \([\d.]+ GiB for one layer's "
                         r"tensors\) and [\d.]+ (GiB|MiB) is available; lower it with --prompt-len", line), line
@@ -137,7 +144,9 @@ def test_the_estimate_allows_a_full_size_layer_and_holds_what_views_keep():
 
 
 def test_a_memory_error_anywhere_is_one_line():
-    limit = 900 * 2**20  # address space; the estimate is told nothing of the limit, so the run starts and NumPy fails
+    # address space; the estimate is told nothing of the limit, so the run starts and NumPy fails (the
+    # interpreter and stepper take ~170 MB of it: 600 MB fails within the first layer's tensors)
+    limit = 600 * 2**20
     blind = ("import sys; import stepper.cli.memory as m; m.address_space_room = lambda: None; "
              "from stepper.cli.main import main; sys.argv[0] = 'stepper'; main()")
     out = subprocess.run([sys.executable, "-c", blind, "run", "--plain", "--prompt-len", "100000"], check=False,
@@ -161,6 +170,19 @@ def test_user_errors_turns_memory_error_and_ctrl_c_into_exit_codes(capsys):
 # -- Ctrl-C -------------------------------------------------------------------------------------
 
 
+@pytest.fixture
+def ctrl_c_as_at_a_terminal():
+    """Children get Ctrl-C as at a terminal even when the tests were started with SIGINT ignored
+    (in the background of a shell without job control, or under nohup): an ignored signal stays
+    ignored across exec, and the tests of Ctrl-C would hang instead of testing it; a handled one
+    is the default again in the child."""
+    before = signal.getsignal(signal.SIGINT)
+    if before == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
 def interrupt(args, cwd: Path, after: str, seconds: float = 0.0) -> subprocess.CompletedProcess:
     """Start stepper, wait until stdout shows `after` (and `seconds` more), send SIGINT, collect."""
     p = subprocess.Popen([*COMMAND, *map(str, args)], cwd=cwd, env={**ENV, "PYTHONUNBUFFERED": "1"},
@@ -176,7 +198,7 @@ def interrupt(args, cwd: Path, after: str, seconds: float = 0.0) -> subprocess.C
     return subprocess.CompletedProcess(p.args, p.returncode, seen + out, err)
 
 
-def test_ctrl_c_during_a_run_leaves_the_old_dump_as_it_was(tmp_path):
+def test_ctrl_c_during_a_run_leaves_the_old_dump_as_it_was(tmp_path, ctrl_c_as_at_a_terminal):
     dump = tmp_path / "run.safetensors"
     assert stepper("run", "--plain", "--only", "logits", "--dump", dump).returncode == 0
     before = snapshot(tmp_path)
@@ -190,7 +212,7 @@ def test_ctrl_c_during_a_run_leaves_the_old_dump_as_it_was(tmp_path):
     ["synth", "--model", "kimi-k2", "--layers", "1:2", "--out", "ck"],
     ["fixtures", "export", "fx", "--model", "kimi-k2", "--layer", "1", "--prompt-len", "4"],
 ])
-def test_ctrl_c_while_writing_leaves_nothing(args, tmp_path):
+def test_ctrl_c_while_writing_leaves_nothing(args, tmp_path, ctrl_c_as_at_a_terminal):
     (tmp_path / "notes.txt").write_text("mine")
     p = subprocess.Popen([*COMMAND, *args], cwd=tmp_path, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                          stdin=subprocess.DEVNULL, text=True)
@@ -239,7 +261,7 @@ def in_pty(args, cwd: Path, prompt: bytes) -> tuple[int, bytes]:
     (["step", "--prompt-len", "3"], b"(stepper) "),
     (["lesson", "start", "tour", "--workspace", "ws"], b"your prediction> "),
 ])
-def test_ctrl_c_at_a_prompt_says_interrupted(args, prompt, tmp_path):
+def test_ctrl_c_at_a_prompt_says_interrupted(args, prompt, tmp_path, ctrl_c_as_at_a_terminal):
     code, out = in_pty(args, tmp_path, prompt)
     assert code == 130
     assert out.endswith(prompt + b"\r\nstepper: interrupted\r\n"), out[-200:]
@@ -311,7 +333,7 @@ def test_an_output_place_that_cannot_take_the_file_is_one_line_and_nothing_chang
 def test_a_special_file_is_never_replaced(tmp_path):
     fifo = tmp_path / "pipe.safetensors"
     os.mkfifo(fifo)
-    assert one_line(stepper("run", "--dump", fifo, "--force")) == (
+    assert one_line(stepper("run", "--dump", fifo, "--force", process=True)) == (  # a child opening the fifo times out
         f"stepper: error: --dump {fifo}: is not a regular file; give a new file name")
     assert [p.name for p in tmp_path.iterdir()] == ["pipe.safetensors"] and fifo.is_fifo()
 
@@ -345,8 +367,7 @@ def test_patterns_that_match_run():
 
 def test_the_debugger_says_when_b_or_u_match_nothing_and_goes_on():
     commands = "b nosuch\nb k_pee\nu compresed_kv\nu embed\nu layers.2.output\nq\n"
-    out = subprocess.run([*COMMAND, "step", "--plain", "--break", "layers.1.*k_pe"], input=commands, text=True,
-                         check=False, capture_output=True, env=ENV, timeout=120)
+    out = in_this_process("step", "--plain", "--break", "layers.1.*k_pe", stdin=commands)
     assert out.returncode == 0, out.stderr
     said = [line for line in out.stdout.splitlines() if line.startswith(("b ", "u ", "breakpoints"))]
     assert said == [

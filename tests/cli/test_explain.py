@@ -5,20 +5,14 @@ from __future__ import annotations
 
 import io
 import re
-import subprocess
-import sys
 
+from helpers.cli import stepper
 from rich.console import Console
 
 from stepper import catalog
 from stepper.presets import preset
 from stepper.views.explain import explain_text
 from stepper.views.tree import layer_tree
-
-
-def stepper(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "stepper", *args], input=stdin, capture_output=True, text=True,
-                          timeout=120, check=False)
 
 
 def printed(renderables) -> str:

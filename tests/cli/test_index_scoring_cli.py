@@ -4,16 +4,9 @@ is refused in one line."""
 
 import json
 import re
-import subprocess
-import sys
 
+from helpers.cli import stepper
 from safetensors.numpy import load_file
-
-
-def stepper(*args: str, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "stepper", *args], check=False, capture_output=True, text=True,
-                          cwd=cwd, timeout=120)
-
 
 FOOTER = re.compile(r"fp8 index scoring kept ([\d,]+) of the ([\d,]+) positions the exact scores keep "
                     r"\([\d.]+%\); ([\d,]+) of ([\d,]+) queries \(all layers and steps\) chose differently")

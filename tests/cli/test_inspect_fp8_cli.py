@@ -2,13 +2,12 @@
 one byte, one block of a weight, and bad input (exit 2, one line)."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 import pytest
+from helpers.cli import stepper
 
 from stepper.presets import preset
 from stepper.views import inspect, inspect_stats
@@ -20,10 +19,6 @@ from stepper.weights.synth import synth_checkpoint
 from stepper.weights.synthetic import SyntheticWeights
 
 KV = "model.layers.1.self_attn.kv_a_proj_with_mqa.weight"  # [144, 320]: scales [2, 3], partial blocks
-
-
-def stepper(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "stepper", *args], check=False, capture_output=True, text=True, timeout=120)
 
 
 def ok(*args: str) -> str:

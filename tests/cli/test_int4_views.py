@@ -3,12 +3,11 @@ weight (one group nibble by nibble), and `stepper inspect` of an INT4 checkpoint
 weight with its group grid, its problems in its row)."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers.cli import stepper
 
 from stepper.presets import preset
 from stepper.weights.checkpoint import Checkpoint
@@ -16,11 +15,6 @@ from stepper.weights.synth import requantized, synth_checkpoint
 from stepper.weights.synthetic import SyntheticWeights
 
 EXPERT = "model.layers.1.mlp.experts.3.up_proj.weight"
-
-
-def stepper(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "stepper", *args], check=False, capture_output=True, text=True,
-                          timeout=120)
 
 
 @pytest.fixture(scope="module")

@@ -2,22 +2,20 @@
 
 A config string, a path, an .npz tensor name, a lesson file and the debugger's typed commands hold
 ESC [2J (clear the screen), NUL, a carriage return, the C1 control CSI (U+009B) and Rich markup.
-The real commands run as subprocesses, through a pipe (no colour at all: not one byte below 0x20
-but newline and tab) and with colour forced (stepper's own colour codes, SGR sequences, are the only
-escape sequences allowed). Each command's output must also show the odd text escaped, where it
+The commands run in the test process (helpers.cli), writing bytes as into a pipe: plain (no
+colour at all: not one byte below 0x20 but newline and tab) and with colour forced (stepper's own
+colour codes, SGR sequences, are the only escape sequences allowed). Each command's output must also show the odd text escaped, where it
 belongs, and its markup literally.
 """
 
 import json
-import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import cli as command_line
 from safetensors.numpy import load_file, save_file
 
 from stepper.untrusted import shown
@@ -32,11 +30,10 @@ SGR = re.compile("\x1b\\[[0-9;]*m")  # a colour or style: stepper's own, when co
 def stepper(*args: str, cwd: Path, stdin: str = "", colour: bool = False, env: dict | None = None) -> tuple[int, str, str]:
     """Exit code, stdout and stderr of a command, the output checked byte by byte: valid UTF-8 (a
     byte that is not UTF-8 would be a raw one), no control character, and with colour only SGR."""
-    environ = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "NO_COLOR", "TERM")}
-    environ.update(COLUMNS="80", **({"FORCE_COLOR": "1", "TERM": "xterm-256color"} if colour else {}), **(env or {}))
-    p = subprocess.run([sys.executable, "-m", "stepper", *args], cwd=cwd, env=environ, input=stdin.encode(),
-                       capture_output=True, timeout=120, check=False)
-    out, err = p.stdout.decode("utf-8"), p.stderr.decode("utf-8")  # strict: a raw non-UTF-8 byte fails here
+    environ = {"FORCE_COLOR": None, "NO_COLOR": None, "TERM": None, "COLUMNS": "80"}
+    environ.update(**({"FORCE_COLOR": "1", "TERM": "xterm-256color"} if colour else {}), **(env or {}))
+    p = command_line.stepper(*args, cwd=cwd, env=environ, stdin=stdin)  # decoded strictly: a raw non-UTF-8 byte fails
+    out, err = p.stdout, p.stderr
     for stream in (out, err):
         bare = SGR.sub("", stream) if colour else stream
         assert CONTROL.findall(bare) == [], f"{args}: raw control characters in {bare!r}"

@@ -2,9 +2,9 @@
 
 import io
 import subprocess
-import sys
 
 import numpy as np
+from helpers import cli as command_line
 from rich.console import Console
 from safetensors.numpy import load_file
 
@@ -16,8 +16,7 @@ from stepper.views.debugger import CommandSource, Debugger, Quit
 
 
 def cli(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "stepper", *args], input=stdin, capture_output=True, text=True,
-                          timeout=120, check=False)
+    return command_line.stepper(*args, stdin=stdin)
 
 
 def test_run_patch_dumps_the_tensors_of_the_same_patch_through_the_api(tmp_path):

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import cli as command_line
 from helpers.tokenizer_files import write_tiktoken_model, write_tokenizer_json
 
 from stepper.presets import preset
@@ -23,8 +24,11 @@ from stepper.weights.synthetic import SyntheticWeights
 PROMPT = "hello world, the fox"
 
 
-def stepper(*args: str, stdin: str | None = None, pre: str = "pass") -> subprocess.CompletedProcess:
-    """`stepper ARGS`, with `pre` run first in the same process (e.g. to hide a library)."""
+def stepper(*args: str, stdin: str | None = None, pre: str | None = None) -> subprocess.CompletedProcess:
+    """`stepper ARGS` in the test process (helpers.cli), or with `pre` run first in a process of its
+    own (e.g. to hide a library)."""
+    if pre is None:
+        return command_line.stepper(*args, stdin=stdin or "")
     code = f"import sys; {pre}; from stepper.cli.main import main; sys.argv = ['stepper', *{list(args)!r}]; main()"
     return subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120,
                           input=stdin)
@@ -156,12 +160,13 @@ def test_fixtures_export_records_the_prompts_ids(ckpt, tmp_path):
 
 
 def test_a_lesson_walks_on_a_text_prompt(ckpt, tmp_path):
-    env = f"import os; os.environ['STEPPER_DATA_DIR'] = {str(tmp_path / 'data')!r}; os.chdir({str(tmp_path)!r})"
-    out = stepper("lesson", "start", "moe-routing", "--plain", "--model", str(ckpt), "--prompt", PROMPT,
-                  stdin="\n" * 200, pre=env)
+    env = {"STEPPER_DATA_DIR": str(tmp_path / "data")}
+    out = command_line.stepper("lesson", "start", "moe-routing", "--plain", "--model", str(ckpt), "--prompt", PROMPT,
+                               stdin="\n" * 200, cwd=tmp_path, env=env)
     assert out.returncode == 0, out.stderr
     assert "The layer's input is [1, 6, 320]" in out.stdout  # the prompt's 6 tokens
-    out = stepper("lesson", "start", "moe-routing", "--plain", "--prompt", PROMPT, stdin="\n" * 200, pre=env)
+    out = command_line.stepper("lesson", "start", "moe-routing", "--plain", "--prompt", PROMPT, stdin="\n" * 200,
+                               cwd=tmp_path, env=env)
     assert out.returncode == 2 and "--prompt needs a tokenizer" in out.stderr
 
 

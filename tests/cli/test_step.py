@@ -2,19 +2,18 @@
 
 import re
 import subprocess
-import sys
 from html import unescape
 
 import numpy as np
 import pytest
+from helpers.cli import stepper
 
 from stepper.session import RunSpec, run
 from stepper.trace import Recorder
 
 
-def step(*args: str, commands: str = "", timeout: int = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "stepper", "step", "--plain", *args], input=commands,
-                          capture_output=True, text=True, timeout=timeout, check=False)
+def step(*args: str, commands: str = "") -> subprocess.CompletedProcess:
+    return stepper("step", "--plain", *args, stdin=commands)
 
 
 @pytest.fixture(scope="module")

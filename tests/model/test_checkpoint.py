@@ -5,13 +5,13 @@ import json
 import mmap
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 import pytest
+from helpers.cli import stepper
 from helpers.files import reference_write
 
 from stepper.errors import StepperError
@@ -22,10 +22,6 @@ from stepper.weights.checkpoint import Checkpoint
 from stepper.weights.names import is_linear, weight_shapes
 from stepper.weights.synth import synth_checkpoint
 from stepper.weights.synthetic import SyntheticWeights
-
-
-def stepper(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "stepper", *args], check=False, capture_output=True, text=True, timeout=120)
 
 
 def tensors_of(spec: RunSpec, weights=None) -> dict[str, np.ndarray]:

@@ -4,13 +4,12 @@ an INT4 weight can be wrong refused in one line naming the file and the tensor."
 
 import dataclasses
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 import pytest
+from helpers.cli import stepper
 from helpers.files import reference_write
 from safetensors.numpy import load_file
 
@@ -120,10 +119,6 @@ def test_a_nan_group_scale_stops_the_run_in_one_line(int4_dir, tmp_path):
 
 
 def test_synth_and_run_on_the_command_line(tmp_path):
-    def stepper(*args):
-        return subprocess.run([sys.executable, "-m", "stepper", *args], check=False, capture_output=True,
-                              text=True, timeout=120)
-
     made = stepper("synth", "--out", str(tmp_path / "k"), "--quant", "int4")
     assert made.returncode == 0 and "wrote" in made.stdout, made.stderr
     ran = stepper("run", "--model", str(tmp_path / "k"), "--ids", "1,2,3", "--plain")

@@ -4,13 +4,12 @@ inspect but never read by a run."""
 
 import copy
 import json
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers.cli import stepper
 
 from stepper.config import Config, Wrapper, Yarn
 from stepper.errors import StepperError
@@ -43,10 +42,6 @@ def k25_raw(**text_fields) -> dict:
     text.pop("quantization_config", None)
     text.update(text_fields)
     return {**copy.deepcopy(K25_EXTRA), "model_type": "kimi_k25", "text_config": text}
-
-
-def stepper(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "stepper", *args], check=False, capture_output=True, text=True, timeout=120)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -4,12 +4,11 @@ each shipped tiny fixture's weights and inputs, passes `verify`."""
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers.cli import stepper
 from safetensors.numpy import save_file
 
 from stepper.fixtures import verify
@@ -33,11 +32,6 @@ SHIPPED = sorted(p.parent.name for p in (ROOT / "fixtures").glob("*/manifest.jso
 TINY = [name for name in SHIPPED if read_manifest(ROOT / "fixtures" / name)["weights"]["copied"]]
 FULL_SIZE = [name for name in SHIPPED if name not in TINY]
 BASIC = ROOT / "fixtures" / "tiny-prefill-decode"
-
-
-def stepper(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "stepper", *map(str, args)], check=False, capture_output=True,
-                          text=True, timeout=300)
 
 
 @pytest.fixture(scope="module")
