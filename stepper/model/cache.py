@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from stepper.config import Config
+
+ROOM = 4  # a full cache array grows by a quarter of its positions (at least ROOM_LEAST): an append
+ROOM_LEAST = 64  # copies the cache now and then, not at every decode step (268 MB at 131072 in Kimi K2)
 
 
 @dataclass
@@ -25,6 +28,8 @@ class LayerCache:
     index_keys: np.ndarray | None = None  # [B, S, Di], the Lightning Indexer's (V3.2)
     index_key_codes: np.ndarray | None = None  # [B, S, Di] e4m3, Hadamard-rotated (FP8 index scoring)
     index_key_scales: np.ndarray | None = None  # [B, S], one power-of-two scale per key
+    room: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False, compare=False)
+    # name -> (this cache's own array with room to grow, the view of it that the field holds)
 
     @property
     def length(self) -> int:
@@ -44,30 +49,45 @@ class LayerCache:
     def extend_latent(self, latent: np.ndarray, k_pe: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Append the T new positions' latents [B, T, kv_lora] and rotary keys [B, one, T, rope];
         return all S positions' [B, S, kv_lora], [B, one, S, rope]."""
-        self.latent = latent if self.latent is None else np.concatenate([self.latent, latent], axis=1)
-        self.k_pe = k_pe if self.k_pe is None else np.concatenate([self.k_pe, k_pe], axis=2)
-        return self.latent, self.k_pe
+        return self.appended("latent", latent, 1), self.appended("k_pe", k_pe, 2)
 
     def extend_heads(self, keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Append per-head keys [B, H, T, qk_head] and values [B, H, T, v_head]; return all S positions'."""
-        if self.key_states is not None:
-            keys = np.concatenate([self.key_states, keys], axis=2)
-            values = np.concatenate([self.value_states, values], axis=2)
-        self.key_states, self.value_states = keys, values
-        return keys, values
+        return self.appended("key_states", keys, 2), self.appended("value_states", values, 2)
 
     def extend_index_keys(self, keys: np.ndarray) -> np.ndarray:
         """Append the indexer's keys of the T new positions [B, T, Di]; return all S positions' [B, S, Di]."""
-        self.index_keys = keys if self.index_keys is None else np.concatenate([self.index_keys, keys], axis=1)
-        return self.index_keys
+        return self.appended("index_keys", keys, 1)
 
     def extend_index_fp8_keys(self, codes: np.ndarray, scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Append the T new positions' FP8 index keys [B, T, Di] and scales [B, T]; return all S positions'."""
-        if self.index_key_codes is not None:
-            codes = np.concatenate([self.index_key_codes, codes], axis=1)
-            scales = np.concatenate([self.index_key_scales, scales], axis=1)
-        self.index_key_codes, self.index_key_scales = codes, scales
-        return codes, scales
+        return self.appended("index_key_codes", codes, 1), self.appended("index_key_scales", scales, 1)
+
+    def appended(self, name: str, new: np.ndarray, axis: int) -> np.ndarray:
+        """The field `name` with the new positions appended along `axis`, written into the room
+        this cache's own array has left (the positions before stay as they are, so views of them,
+        a `first(n)` cache's, still hold them), or into a new array with room.  -> all S positions"""
+        old = getattr(self, name)
+        if old is None:
+            setattr(self, name, new)
+            return new
+        n, total = old.shape[axis], old.shape[axis] + new.shape[axis]
+        own, view = self.room.get(name, (None, None))
+        if own is None or view is not old or own.shape[axis] < total:
+            shape = list(old.shape)
+            shape[axis] = total + max(ROOM_LEAST, total // ROOM)
+            own = np.empty(shape, old.dtype)
+            own[along(axis, 0, n)] = old
+        own[along(axis, n, total)] = new
+        grown = own[along(axis, 0, total)]
+        self.room[name] = (own, grown)
+        setattr(self, name, grown)
+        return grown
+
+
+def along(axis: int, start: int, stop: int) -> tuple[slice, ...]:
+    """The index of positions [start, stop) along `axis`."""
+    return (slice(None),) * axis + (slice(start, stop),)
 
 
 class KVCache:

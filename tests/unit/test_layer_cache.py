@@ -1,0 +1,45 @@
+"""LayerCache appends into room its own arrays leave (model/cache.py): the same positions as
+concatenating, the earlier positions never written again, a `first(n)` cache's appends never
+reaching the cache it was cut from."""
+
+import numpy as np
+
+from stepper.model import cache as cache_module
+from stepper.model.cache import LayerCache
+
+
+def rows(rng, t, d=5):
+    return rng.standard_normal((1, t, d), dtype=np.float32)
+
+
+def test_appends_equal_concatenation_and_reuse_the_room():
+    rng = np.random.default_rng(0)
+    cache, parts = LayerCache(), []
+    for t in (7, 1, 1, 3, 100, 1):
+        part, pe = rows(rng, t), rng.standard_normal((1, 1, t, 2), dtype=np.float32)
+        parts.append((part, pe))
+        latent, k_pe = cache.extend_latent(part, pe)
+        np.testing.assert_array_equal(latent, np.concatenate([p for p, _ in parts], axis=1))
+        np.testing.assert_array_equal(k_pe, np.concatenate([e for _, e in parts], axis=2))
+    assert cache.length == 113
+    own = cache.room["latent"][0]
+    cache.extend_latent(rows(rng, 1), np.zeros((1, 1, 1, 2), np.float32))
+    assert cache.room["latent"][0] is own and np.shares_memory(cache.latent, own)  # one more position: no copy
+    assert 114 < own.shape[1] <= 114 + cache_module.ROOM_LEAST + 114 // cache_module.ROOM  # room bounded by the length
+
+
+def test_views_of_earlier_positions_keep_them_and_a_cut_cache_writes_only_its_own():
+    rng = np.random.default_rng(1)
+    cache = LayerCache()
+    cache.extend_latent(rows(rng, 10), np.zeros((1, 1, 10, 2), np.float32))
+    cache.extend_latent(rows(rng, 1), np.zeros((1, 1, 1, 2), np.float32))  # now with room
+    held, before = cache.latent, cache.latent.copy()
+    cut = cache.first(6)
+    cut.extend_latent(np.full((1, 3, 5), 7.0, np.float32), np.zeros((1, 1, 3, 2), np.float32))
+    np.testing.assert_array_equal(cache.latent, before)  # the cut cache's append went to a new array
+    np.testing.assert_array_equal(cut.latent[:, 6:], 7.0)
+    cache.extend_latent(rows(rng, 2), np.zeros((1, 1, 2, 2), np.float32))
+    np.testing.assert_array_equal(held, before)  # a view held before the append still holds what it held
+    cache.latent = cache.latent.copy()  # a field set from outside: the next append copies it
+    cache.extend_latent(rows(rng, 1), np.zeros((1, 1, 1, 2), np.float32))
+    np.testing.assert_array_equal(cache.latent[:, :11], before)
