@@ -411,9 +411,10 @@ def random_cache(w: LayerWeights, cfg: Config, cache: int, attn: str, rng: np.ra
     if cache:
         latents = rng.standard_normal((1, cache, cfg.kv_lora_rank), dtype=np.float32)
         k_pe = rng.standard_normal((1, 1, cache, cfg.qk_rope_head_dim), dtype=np.float32)
-        layer_cache.extend_latent(latents, k_pe)
-        if attn == "naive":
-            layer_cache.extend_heads(*synthetic_cache.per_head_keys(latents, k_pe, w, cfg))
+        for part in (slice(0, cache - 1), slice(cache - 1, cache)):  # two appends: the cache has room, as after a step
+            layer_cache.extend_latent(latents[:, part], k_pe[:, :, part])
+            if attn == "naive":
+                layer_cache.extend_heads(*synthetic_cache.per_head_keys(latents[:, part], k_pe[:, :, part], w, cfg))
     return layer_cache
 
 
