@@ -9,6 +9,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from fractions import Fraction
+from functools import lru_cache
 
 import numpy as np
 
@@ -207,19 +208,26 @@ def edges(known: Stats) -> tuple[float, float]:
 def bin_counts(values: np.ndarray, span: tuple[float, float], bins: int) -> np.ndarray:
     """Counts of the finite values [n] in `bins` equal bins over `span`, as np.histogram counts
     them: bin i holds edges[i] <= x < edges[i + 1], the last one its right edge too."""
-    lo, hi = values.min(initial=np.inf), values.max(initial=-np.inf)
-    if values.dtype != np.float32 or not span[0] <= lo <= hi <= span[1]:  # NaN, infinities, values outside
-        values = values[np.isfinite(values)]
-        if values.dtype != np.float32 or values.size and not span[0] <= values.min() <= values.max() <= span[1]:
-            return np.histogram(values.astype(np.float64), bins=bins, range=span)[0]
-    below = [np.count_nonzero(values < at_least(edge)) for edge in np.linspace(*span, bins + 1)[1:-1]]
+    if values.dtype == np.float32 and not within(values, span):
+        values = values[np.isfinite(values)]  # NaN and infinities are not counted
+    if values.dtype != np.float32 or not within(values, span):
+        return np.histogram(values[np.isfinite(values)].astype(np.float64), bins=bins, range=span)[0]
+    below = [np.count_nonzero(values < edge) for edge in thresholds(span, bins)]
     return np.diff(np.array([0, *below, values.size], np.int64))
 
 
-def at_least(edge: float) -> np.float32:
-    """The smallest float32 >= edge: for a float32 x, x < edge exactly when x < at_least(edge)."""
-    near = np.float32(edge)
-    return near if float(near) >= edge else np.nextafter(near, np.float32(np.inf))
+def within(values: np.ndarray, span: tuple[float, float]) -> bool:
+    """Whether every value lies in the span (False where one is NaN)."""
+    return values.size == 0 or bool(span[0] <= values.min() and values.max() <= span[1])
+
+
+@lru_cache(maxsize=64)
+def thresholds(span: tuple[float, float], bins: int) -> tuple[np.float32, ...]:
+    """For each inner edge of np.histogram's bins over `span`, the smallest float32 at or above it:
+    for a float32 x, x < edge exactly when x < its threshold."""
+    near = np.linspace(*span, bins + 1)[1:-1]
+    rounded = near.astype(np.float32)
+    return tuple(np.where(rounded.astype(np.float64) >= near, rounded, np.nextafter(rounded, np.float32(np.inf))))
 
 
 def corners(array, n: int = CORNER) -> tuple[list[float], list[float]]:

@@ -104,9 +104,9 @@ def cache_bytes_per_token(cfg: Config, attn: str, itemsize: int = 4, index_scori
     """Bytes one layer caches per position: per-head keys and values (attn "naive"), or one
     latent and rotary key ("absorb"); plus the indexer's key, if the model has one (scoring in
     FP8, also its e4m3 codes and float32 scale)."""
-    index_key = cfg.index_head_dim * itemsize if cfg.has_indexer else 0
-    if cfg.has_indexer and index_scoring == "fp8":
-        index_key += cfg.index_head_dim + 4
+    index_key = 0
+    if cfg.has_indexer:
+        index_key = cfg.index_head_dim * itemsize + (cfg.index_head_dim + 4 if index_scoring == "fp8" else 0)
     if attn == "naive":
         return cfg.num_attention_heads * (cfg.qk_head_dim + cfg.v_head_dim) * itemsize + index_key
     return (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * itemsize + index_key
