@@ -5,14 +5,15 @@ As a library (`stepper.api`, loaded on first use, so `import stepper` stays ligh
     run = stepper.run("tiny", ids=[1, 2, 3], decode=1)
     run["prefill.layers.1.self_attn.compressed_kv"]   # a NumPy array
 
-`run`, `diff`, `load` and the patch helpers (`zero_expert`, `zero_head`, `force_experts`,
-`zero_router_bias`) are documented in `stepper.api`.
+`run`, `diff`, `load`, the patch helpers (`zero_expert`, `zero_head`, `force_experts`,
+`zero_router_bias`) and `StepperError` are documented in `stepper.api`; `dir(stepper)` lists them
+(so a shell or notebook completes them) without loading it.
 """
 
 from stepper.version import __version__
 
-__all__ = ["Diff", "Run", "__version__", "diff", "force_experts", "load", "run", "zero_expert", "zero_head",
-           "zero_router_bias"]
+__all__ = ["Diff", "Run", "StepperError", "__version__", "diff", "force_experts", "load", "run", "zero_expert",
+           "zero_head", "zero_router_bias"]
 
 
 def __getattr__(name: str):
@@ -21,3 +22,7 @@ def __getattr__(name: str):
 
         return getattr(api, name)
     raise AttributeError(f"module 'stepper' has no attribute '{name}'")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

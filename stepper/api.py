@@ -10,12 +10,16 @@
     patched = stepper.run("tiny", ids=[1, 2, 3], patch=stepper.zero_expert(1, 5))
     stepper.diff(run, patched).first                      # where the two runs part
 
-A run keeps the tensors matching `keep=` (globs as `--only` takes them; every tensor by default,
-refused before it starts when they would not fit in memory). `patch=` maps globs to functions
+A run keeps the tensors matching `keep=` (globs as `--only` takes them, or a function of the name
+that says True; every tensor by default, refused before it starts when they would not fit in memory). `patch=` maps globs to functions
 `fn(array, name)`: at each tensor a glob matches, the model continues with the function's result
 (same shape and dtype; None leaves it as it was). Bad arguments raise `StepperError` with one
-sentence naming the argument and what was expected. A run, a tensor (`run.show(name)`) and a diff
-display themselves in a notebook, with the rows the terminal shows.
+sentence naming the argument and what was expected.
+
+In a notebook, one call is one display: a run (a summary: its steps and layers, what each kept),
+`run.show(name)` (the tensor's row), `run.picture(kind, name)` and a diff are values that display
+themselves once, as a cell's last value or through `display(...)`, with what the terminal shows;
+nothing displays while they are made.
 
 This module sits on top of the command line's own machinery (`stepper.cli.record`: the run's names
 checked, its memory estimated, its patches applied), so both behave alike.
@@ -23,27 +27,30 @@ checked, its memory estimated, its patches applied), so both behave alike.
 
 from __future__ import annotations
 
+import inspect
 import numbers
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from stepper import catalog
+from stepper.cli.names import PICTURE_TENSORS
 from stepper.cli.record import Recorded, Wording, record
 from stepper.config import Config
 from stepper.errors import StepperError
 from stepper.fixtures import diff as compare
-from stepper.patching import as_patches, force_experts, zero_expert, zero_head, zero_router_bias
+from stepper.patching import PatchFn, as_patches, force_experts, zero_expert, zero_head, zero_router_bias
 from stepper.session import ATTN_CHOICES, INDEX_SCORING_CHOICES, RunSpec
 from stepper.trace import Event, did_you_mean, held, matches
 from stepper.views import notebook
 from stepper.weights.source import WeightSource
 
-__all__ = ["Diff", "Run", "diff", "force_experts", "load", "run", "zero_expert", "zero_head", "zero_router_bias"]
+__all__ = ["Diff", "Run", "StepperError", "diff", "force_experts", "load", "run", "zero_expert", "zero_head",
+           "zero_router_bias"]
 
-PICTURE_OF = {"attention": "attn_weights", "routing": "topk_idx", "hist": ""}  # a picture and the tensor it draws
+PICTURES = {**PICTURE_TENSORS, "hist": ()}  # a picture and the tensors it draws (as `--show` takes them; hist: any)
 API_WORDING = Wording(keep="keep=", patch="patch=", options={
     "--prompt-len": "prompt_len= (a shorter prompt)", "--attn absorb": "attn='absorb'", "--layer N": "layer=N",
     "--weight-cache-mb": "weight_cache_mb=",
@@ -53,7 +60,7 @@ API_WORDING = Wording(keep="keep=", patch="patch=", options={
 def run(model: str | Path = "tiny", *, ids: Sequence[int] | None = None, prompt_len: int | None = None,
         layer: int | None = None, layers: tuple[int, int | None] | str | None = None, start_pos: int = 0,
         decode: int = 0, seed: int = 0, input: str | Path | None = None, attn: str = "auto",
-        weight_cache_mb: int = 0, keep: str | Sequence[str] | None = None,
+        weight_cache_mb: int = 0, keep: str | Sequence[str] | Callable[[str], bool] | None = None,
         patch: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
         use: str | Path | Sequence[str | Path] | None = None, weights: WeightSource | None = None,
         index_scoring: str = "exact", cache_len: int = 0, chunk: int = 0) -> Run:
@@ -65,7 +72,8 @@ def run(model: str | Path = "tiny", *, ids: Sequence[int] | None = None, prompt_
     layer alone (on `input`, a safetensors file, or the prompt's embeddings); layers: (A, B) or
     "A:B", the model up to layer B-1 showing A..B-1; attn: naive, absorb or auto; seed: of the
     synthetic weights and prompt; weight_cache_mb: decoded weights kept between decode steps;
-    keep: globs of the tensors to keep (default every one); patch: glob -> fn(array, name) (or an
+    keep: globs of the tensors to keep, or a function of a name saying whether to keep it
+    (default every one); patch: glob -> fn(array, name) (or an
     expression of x as --patch takes it, "x*0.5"), or a list of such dicts; use: lesson files whose exercise functions replace stepper's; weights: a
     weight source (e.g. `SyntheticWeights`, `ArrayWeights`) in place of the model's, to run on
     changed weights; index_scoring: DeepSeek-V3.2's indexer scores exactly (float32) or as
@@ -88,7 +96,8 @@ def run(model: str | Path = "tiny", *, ids: Sequence[int] | None = None, prompt_
     files = [] if use is None else [Path(_path_or_name("use", u)) for u in ([use] if isinstance(use, (str, Path)) else use)]
     if weights is not None and not all(hasattr(weights, a) for a in ("config", "get", "matrix", "has", "check")):
         raise StepperError(f"weights= expects a weight source (config, get, matrix, has, check), got {type(weights).__name__}")
-    return Run(record(spec, kept, as_patches(patch), files, API_WORDING, weights=weights))
+    return Run(record(spec, kept, [(p, _two_arguments(p, fn)) for p, fn in as_patches(patch)], files, API_WORDING,
+                      weights=weights))
 
 
 class Run(Mapping):
@@ -170,17 +179,18 @@ class Run(Mapping):
         return _copy(entries[0])
 
     def show(self, name: str) -> notebook.Shown:
-        """One tensor as the terminal shows it (its row), which displays itself in a notebook."""
+        """One tensor as the terminal shows it (its row): a value that displays itself once in a
+        notebook (its repr is the row as text)."""
         return notebook.tensor_view(self.event(name), self.config)
 
     def picture(self, kind: str, name: str) -> notebook.Shown:
-        """A picture of `stepper run --show`: "attention" of an attn_weights, "routing" of a
-        topk_idx (with its topk_weight kept too), "hist" of any tensor."""
-        if kind not in PICTURE_OF:
-            raise StepperError(f"picture: kind expects one of {', '.join(PICTURE_OF)}, got {kind!r}")
+        """A picture of `stepper run --show`, displayed once in a notebook: "attention" of an
+        attn_weights, "routing" of a router's topk_idx or topk_weight (both kept), "hist" of any tensor."""
+        if kind not in PICTURES:
+            raise StepperError(f"picture: kind expects one of {', '.join(PICTURES)}, got {kind!r}")
         event = self.event(name)
-        if PICTURE_OF[kind] and not event.key.endswith(PICTURE_OF[kind]):
-            raise StepperError(f"picture: {kind} draws a {PICTURE_OF[kind]}, and {event.name} is not one")
+        if PICTURES[kind] and event.key not in PICTURES[kind]:
+            raise StepperError(f"picture: {kind} draws a {' or a '.join(PICTURES[kind])}, and {event.name} is not one")
         return notebook.picture(kind, event, self.config, self.__getitem__)
 
     def __repr__(self) -> str:
@@ -188,6 +198,7 @@ class Run(Mapping):
                 f"prompt {list(self.prompt)}, generated {list(self.generated)}>")
 
     def _repr_html_(self) -> str:
+        """A summary (its steps and layers and the names each kept), not every tensor: `show` one."""
         return notebook.run_html(list(self._events.values()), self.config, repr(self))
 
 
@@ -216,8 +227,8 @@ class Diff(compare.Diff):
 
 
 def diff(a: Run | Mapping[str, np.ndarray] | str | Path, b: Run | Mapping[str, np.ndarray] | str | Path) -> Diff:
-    """Compare two runs tensor by tensor: each a `Run`, a dict of name -> array, a `--dump` file
-    or a fixture folder. Every tensor both have, in A's execution order, with max |b - a|, the
+    """Compare two runs tensor by tensor: each a `Run`, a dict of name -> array, a `--dump` file,
+    a fixture folder or the name of one of the repository's fixtures ("tiny-prefill-decode"). Every tensor both have, in A's execution order, with max |b - a|, the
     relative error, the cosine and the experts whose choice changed; `.first` is the first tensor
     that differs beyond the tolerance `fixtures verify` uses."""
     (ta, la), (tb, lb) = _side("a", a), _side("b", b)
@@ -226,15 +237,16 @@ def diff(a: Run | Mapping[str, np.ndarray] | str | Path, b: Run | Mapping[str, n
 
 
 def load(path: str | Path) -> dict[str, np.ndarray]:
-    """The tensors of a `--dump` file or a fixture folder, in execution order."""
-    return compare.read_side(Path(_path_or_name("path", path)))
+    """The tensors of a `--dump` file, a fixture folder or a repository fixture's name, in execution order."""
+    return compare.read_side(compare.side_path(str(_path_or_name("path", path)), "load"))
 
 
 def _side(which: str, side: Any) -> tuple[dict[str, np.ndarray], str]:
     if isinstance(side, Run):
         return dict(side.items()), f"{which.upper()} (a run of {side.config.name})"
     if isinstance(side, (str, Path)):
-        return load(side), str(side)
+        path = compare.side_path(str(_path_or_name(which, side)), f"diff {which}", "a stepper.Run")
+        return compare.read_side(path), str(side)
     if isinstance(side, Mapping) and all(isinstance(k, str) and isinstance(v, np.ndarray) for k, v in side.items()):
         return dict(side), f"{len(side)} tensors"
     raise StepperError(f"diff: {which} must be a stepper.Run, a dict of name -> NumPy array, a --dump file or a "
@@ -273,14 +285,28 @@ def _count(name: str, value: Any, minimum: int = 0, none: bool = False) -> Any:
 
 
 def _ids(ids: Any, prompt_len: Any) -> tuple[int, ...] | None:
+    """One prompt's ids. A run is one sequence (its tensors' batch axis B is 1): a batch of prompts
+    is refused, not flattened into one prompt."""
     if ids is None:
         return None
     if prompt_len is not None:
         raise StepperError("give ids= or prompt_len=, not both")
+    if _is_batch(ids):
+        raise StepperError(f"ids= expects one prompt, a flat list of token ids; got {_short(ids)}: a run is one "
+                           "sequence (B=1), so run each prompt on its own")
     if isinstance(ids, (str, bytes)) or not isinstance(ids, (Sequence, np.ndarray)) or \
             not all(isinstance(i, numbers.Integral) and not isinstance(i, bool) for i in np.asarray(ids).ravel().tolist()):
         raise StepperError(f"ids= expects a list of token ids (integers), got {ids!r}")
     return tuple(int(i) for i in np.asarray(ids).ravel().tolist())
+
+
+def _is_batch(ids: Any) -> bool:
+    def is_list(value: Any) -> bool:
+        return isinstance(value, (Sequence, np.ndarray)) and not isinstance(value, (str, bytes))
+
+    if isinstance(ids, np.ndarray):
+        return ids.ndim > 1
+    return is_list(ids) and any(is_list(i) for i in ids)
 
 
 def _layers(layers: Any) -> tuple[int, int | None] | None:
@@ -309,13 +335,32 @@ def _index_scoring(scoring: Any) -> str:
     return scoring
 
 
-def _globs(name: str, value: Any) -> list[str] | None:
-    if value is None:
-        return None
+def _globs(name: str, value: Any) -> list[str] | Callable[[str], bool] | None:
+    if value is None or callable(value):
+        return value
     globs = [value] if isinstance(value, str) else value
     if not isinstance(globs, (list, tuple)) or not globs or not all(isinstance(g, str) and g for g in globs):
-        raise StepperError(f"{name}= expects a glob or a list of globs, e.g. '*compressed_kv', got {value!r}")
+        raise StepperError(f"{name}= expects a glob, a list of globs or a function of the name, e.g. '*compressed_kv' "
+                           f"or lambda name: 'attn' in name, got {value!r}")
     return list(globs)
+
+
+def _two_arguments(pattern: str, fn: PatchFn) -> PatchFn:
+    """A patch function takes the array and its name: one that cannot is refused before the run."""
+    try:
+        inspect.signature(fn).bind(None, None)
+    except TypeError:
+        name = getattr(fn, "__qualname__", type(fn).__name__)
+        raise StepperError(f"patch= {pattern}: {name}{inspect.signature(fn)} cannot take (array, name); expected "
+                           "fn(array, name), e.g. lambda a, name: a * 0.5") from None
+    except ValueError:  # no signature to read (some built-ins): it is called as it is
+        pass
+    return fn
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value if not isinstance(value, np.ndarray) else value.tolist())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _path_or_name(name: str, value: Any) -> str | Path:

@@ -9,7 +9,6 @@ round-off, 1 when one does, 2 on bad input.
 from __future__ import annotations
 
 import shlex
-from pathlib import Path
 from typing import Annotated
 
 import numpy as np
@@ -20,7 +19,7 @@ from stepper.cli import run as run_cli
 from stepper.cli.common import PlainOpt, user_errors
 from stepper.cli.record import record, tensors
 from stepper.errors import StepperError
-from stepper.fixtures.diff import Diff, diff_tensors, read_side
+from stepper.fixtures.diff import Diff, diff_tensors, read_side, side_path
 from stepper.fixtures.show import print_table
 from stepper.patching import parse_patch
 from stepper.untrusted import shown
@@ -65,11 +64,8 @@ def side(which: str, text: str) -> tuple[dict[str, np.ndarray], str]:
     """One side's tensors in execution order, and how it is named in the summary."""
     words = text.split()
     is_run = not words or words[0] == "run" or words[0].startswith("-")
-    if not is_run and Path(text).exists():
-        return read_side(Path(text)), text
     if not is_run:
-        raise StepperError(f"diff {which} '{shown(text)}': no such file or folder; give a --dump file, a fixture "
-                           "folder or a run such as 'run --attn naive'")
+        return read_side(side_path(text, f"diff {which}", "a run such as 'run --attn naive'")), text
     params = run_options(which, text)
     spec = run_cli.run_spec(params["model"], params["layer"], params["layers"], params["ids"], params["prompt_len"],
                             params["start_pos"], params["decode"], params["seed"], params["input_file"],

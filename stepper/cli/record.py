@@ -4,7 +4,7 @@ with it, and so does the Python API (`stepper.run`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -12,6 +12,7 @@ import numpy as np
 
 from stepper.cli.memory import available_bytes, check_fits, needs
 from stepper.cli.names import check_patterns, planned_names
+from stepper.errors import StepperError
 from stepper.lessons import overrides
 from stepper.patching import Patcher, Patches
 from stepper.session import Plan, RunResult, RunSpec, execute, prepare
@@ -57,25 +58,39 @@ class Keeper:
         self.events[event.name] = event
 
 
-def record(spec: RunSpec, keep: Sequence[str] | None = None, patches: Patches = (), use: Iterable[Path] = (),
+def record(spec: RunSpec, keep: Sequence[str] | Callable[[str], bool] | None = None, patches: Patches = (), use: Iterable[Path] = (),
            wording: Wording = Wording(), extra: Sequence[Sink] = (), announce=None,
            weights: WeightSource | None = None) -> Recorded:
-    """Run `spec` keeping the tensors matching `keep` (None: every one), with `patches` applied
+    """Run `spec` keeping the tensors matching `keep` (globs, or a function of the name; None: every one), with `patches` applied
     (each must match a name of the run) and the `use` files' exercises swapped in; `weights`: in
     place of the spec's model (the same config, e.g. some tensors changed)."""
     plan = prepare(spec, weights)
     names = planned_names(plan)
-    check_patterns(wording.keep, keep or [], names)
+    keeps = kept_by(wording.keep, keep, names)
     check_patterns(wording.patch, [pattern for pattern, _ in patches], names)
-    kept = [n for n in names if keep is None or matches(n, keep)]
+    kept = [n for n in names if keeps(n)]
     lower = f"{wording.keep} (fewer tensors)"
     check_fits([replace(n, lower=wording.options.get(n.lower, n.lower)) for n in needs(plan, kept, lower)],
                available_bytes())
     patcher, listed, keeper = Patcher(patches, plan.config.n_routed_experts), Names(), Keeper()
-    sinks: list[Sink] = [patcher, listed, keeper if keep is None else Filter(lambda e: matches(e.name, keep), [keeper])]
+    sinks: list[Sink] = [patcher, listed, keeper if keep is None else Filter(lambda e: keeps(e.name), [keeper])]
     with overrides.use(list(use), announce=announce):
         result = execute(plan, [*sinks, *extra])
     return Recorded(plan, result, keeper.events, listed.names, patcher.applied)
+
+
+def kept_by(option: str, keep: Sequence[str] | Callable[[str], bool] | None, names: list[str]) -> Callable[[str], bool]:
+    """Whether a name is kept: every one (None), those a glob matches, or those the function says
+    (one that keeps none of the run's names is refused, as a glob that matches none is)."""
+    if keep is None:
+        return lambda name: True
+    if callable(keep):
+        if not any(keep(name) for name in names):
+            raise StepperError(f"{option} {getattr(keep, '__qualname__', type(keep).__name__)}: keeps no tensor of "
+                               f"this run (it is given full names, e.g. {names[-1]})")
+        return lambda name: bool(keep(name))
+    check_patterns(option, keep, names)
+    return lambda name: matches(name, keep)
 
 
 def tensors(recorded: Recorded) -> dict[str, np.ndarray]:

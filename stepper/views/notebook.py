@@ -1,5 +1,9 @@
-"""A run, a tensor and a diff in a notebook: the rows the terminal shows, exported by Rich as HTML
-(`_repr_html_`), and as text in a plain console."""
+"""A run, a tensor, a picture and a diff in a notebook: the rows the terminal shows, exported by Rich as HTML
+(`_repr_html_`), and as text in a plain console.
+
+One call, one display: each object here displays itself when it is a cell's value (or is passed to
+`display`), and nothing is displayed while it is drawn. Rich's consoles display what they print
+when they find themselves in Jupyter, so every console here is told it is not in one."""
 
 from __future__ import annotations
 
@@ -7,7 +11,6 @@ import io
 from typing import Any
 
 from rich.console import Console, RenderableType
-from rich.rule import Rule
 from rich.text import Text
 
 from stepper.config import Config
@@ -17,41 +20,57 @@ from stepper.views import pictures
 from stepper.views.sinks import TensorRows
 
 WIDTH = 160
-SHOWN = 200  # a run shows its first tensors; index it for the others
+SCOPES = 24  # a run's summary lists its first steps and layers; run.names lists every name
+HINT = ('run["NAME"] a tensor · run.show(NAME) its row · run.picture("attention"|"routing"|"hist", NAME) '
+        "· run.names every name")
+
+
+def console(**options: Any) -> Console:
+    """A console writing into a string, never displaying in a notebook itself, and plain text
+    unless told otherwise (a Jupyter kernel sets FORCE_COLOR, which Rich would follow)."""
+    options = {"force_terminal": False, **options}
+    return Console(file=io.StringIO(), force_jupyter=False, highlight=False, markup=False, soft_wrap=True, **options)
 
 
 def html(renderables: list[RenderableType]) -> str:
-    console = Console(record=True, width=WIDTH, file=io.StringIO(), force_terminal=True, color_system="truecolor",
-                      highlight=False, markup=False, soft_wrap=True)
+    out = console(record=True, width=WIDTH, force_terminal=True, color_system="truecolor")
     for r in renderables:
-        console.print(r)
-    return console.export_html(inline_styles=True, code_format="<pre style=\"font-family:monospace\">{code}</pre>")
+        out.print(r)
+    return out.export_html(inline_styles=True, code_format="<pre style=\"font-family:monospace\">{code}</pre>")
 
 
 def text(renderables: list[RenderableType]) -> str:
-    console = Console(width=WIDTH, file=io.StringIO(), no_color=True, highlight=False, markup=False, soft_wrap=True)
+    out = console(width=WIDTH, no_color=True)
     for r in renderables:
-        console.print(r)
-    return console.file.getvalue()
+        out.print(r)
+    return out.file.getvalue()
 
 
-def run_rows(events: list[Event], cfg: Config, title: str) -> list[RenderableType]:
-    """The title, then each tensor's row under a rule naming its step and layer, as `stepper run` prints them."""
-    rows = TensorRows(Console(file=io.StringIO()), cfg)
+def run_summary(events: list[Event], cfg: Config, title: str) -> list[RenderableType]:
+    """The title, then a line per step and layer: its heading, how many tensors it kept and their
+    names (as far as the line goes), then how to see one. Not the tensors themselves: a run of
+    every tensor would be pages long."""
+    rows = TensorRows(console(), cfg)
+    scopes: dict[tuple[str | None, int | None], list[Event]] = {}
+    for e in events:
+        scopes.setdefault((e.phase, e.layer), []).append(e)
+    headings = {scope: rows.heading(kept[0]) for scope, kept in scopes.items()}
+    column = max(map(len, headings.values()), default=0) + 2
     shown: list[RenderableType] = [Text(title, style="bold")]
-    scope = None
-    for e in events[:SHOWN]:
-        if (e.phase, e.layer) != scope:
-            scope = (e.phase, e.layer)
-            shown.append(Rule(rows.heading(e), style="dim", align="left"))
-        shown.append(rows.render(e))
-    if len(events) > SHOWN:
-        shown.append(f"... {len(events) - SHOWN} more tensors (run.names lists them)")
+    for scope, kept in list(scopes.items())[:SCOPES]:
+        line = Text(headings[scope].ljust(column), style="dim")
+        line.append(f"{len(kept):>4} kept  ")
+        line.append(", ".join(e.key for e in kept))
+        line.truncate(WIDTH, overflow="ellipsis")
+        shown.append(line)
+    if len(scopes) > SCOPES:
+        shown.append(Text(f"... {len(scopes) - SCOPES} more steps and layers", style="dim"))
+    shown.append(Text(HINT, style="dim"))
     return shown
 
 
 def run_html(events: list[Event], cfg: Config, title: str) -> str:
-    return html(run_rows(events, cfg, title))
+    return html(run_summary(events, cfg, title))
 
 
 def diff_html(diff: Any) -> str:
@@ -76,16 +95,17 @@ class Shown:
 
 def tensor_view(event: Event, cfg: Config) -> Shown:
     """One tensor's row: name, named shape, statistics, histogram sparkline, corners."""
-    return Shown(TensorRows(Console(file=io.StringIO()), cfg).render(event))
+    return Shown(TensorRows(console(), cfg).render(event))
 
 
 def picture(kind: str, event: Event, cfg: Config, lookup) -> Shown:
     """`stepper run --show`'s pictures of one tensor: attention (a layer's attention weights as
-    heat maps), routing (its router's token x expert map; `lookup` finds the topk_weight beside a
-    topk_idx), hist (a histogram)."""
+    heat maps), routing (its router's token x expert map from its topk_idx and topk_weight, either
+    named; `lookup` finds the other), hist (a histogram)."""
     if kind == "attention":
         return Shown(pictures.attention_heatmap(event.array, title=event.name))
     if kind == "routing":
-        weights = lookup(event.name.replace("topk_idx", "topk_weight"))
-        return Shown(pictures.routing_map(event.array, weights, cfg.n_routed_experts))
+        gate = event.name.rpartition(".")[0]
+        return Shown(pictures.routing_map(lookup(f"{gate}.topk_idx"), lookup(f"{gate}.topk_weight"),
+                                          cfg.n_routed_experts))
     return Shown(pictures.histogram(event.array, title=event.name))
