@@ -285,28 +285,25 @@ def _count(name: str, value: Any, minimum: int = 0, none: bool = False) -> Any:
 
 
 def _ids(ids: Any, prompt_len: Any) -> tuple[int, ...] | None:
-    """One prompt's ids. A run is one sequence (its tensors' batch axis B is 1): a batch of prompts
-    is refused, not flattened into one prompt."""
+    """One prompt's ids ([[...]], a batch of one, is that one). A run is one sequence (its tensors'
+    batch axis B is 1): a batch of prompts is refused, not flattened into one prompt."""
     if ids is None:
         return None
     if prompt_len is not None:
         raise StepperError("give ids= or prompt_len=, not both")
-    if _is_batch(ids):
-        raise StepperError(f"ids= expects one prompt, a flat list of token ids; got {_short(ids)}: a run is one "
-                           "sequence (B=1), so run each prompt on its own")
-    if isinstance(ids, (str, bytes)) or not isinstance(ids, (Sequence, np.ndarray)) or \
-            not all(isinstance(i, numbers.Integral) and not isinstance(i, bool) for i in np.asarray(ids).ravel().tolist()):
-        raise StepperError(f"ids= expects a list of token ids (integers), got {ids!r}")
-    return tuple(int(i) for i in np.asarray(ids).ravel().tolist())
+    prompt = list(ids) if _is_list(ids) else None
+    if prompt is not None and len(prompt) == 1 and _is_list(prompt[0]):
+        prompt = list(prompt[0])
+    if prompt is not None and any(_is_list(i) for i in prompt):
+        raise StepperError(f"ids= expects one prompt, a flat list of token ids; got a batch of {len(prompt)} "
+                           f"({_short(ids)}): a run is one sequence (B=1), so run each prompt on its own")
+    if prompt is None or not all(isinstance(i, numbers.Integral) and not isinstance(i, bool) for i in prompt):
+        raise StepperError(f"ids= expects a list of token ids (integers), got {_short(ids)}")
+    return tuple(int(i) for i in prompt)
 
 
-def _is_batch(ids: Any) -> bool:
-    def is_list(value: Any) -> bool:
-        return isinstance(value, (Sequence, np.ndarray)) and not isinstance(value, (str, bytes))
-
-    if isinstance(ids, np.ndarray):
-        return ids.ndim > 1
-    return is_list(ids) and any(is_list(i) for i in ids)
+def _is_list(value: Any) -> bool:
+    return isinstance(value, np.ndarray) and value.ndim > 0 or isinstance(value, Sequence) and not isinstance(value, (str, bytes))
 
 
 def _layers(layers: Any) -> tuple[int, int | None] | None:

@@ -3,7 +3,9 @@ one sentence naming the argument."""
 
 import subprocess
 import sys
+from pathlib import Path
 
+import helpers.cli
 import numpy as np
 import pytest
 
@@ -18,6 +20,8 @@ from stepper.session import RunSpec
 from stepper.session import run as session_run
 from stepper.trace import Recorder
 from stepper.weights.synthetic import SyntheticWeights
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +116,7 @@ def test_keeping_everything_that_would_not_fit_is_refused_naming_keep(monkeypatc
     ({"attn": "fast"}, "attn= expects one of auto, naive, absorb"),
     ({"layers": "1-2"}, "layers= expects"),
     ({"layer": "1"}, "layer= expects an integer >= 0 or None"),
-    ({"keep": 3}, "keep= expects a glob or a list of globs"),
+    ({"keep": 3}, "keep= expects a glob, a list of globs or a function of the name"),
     ({"patch": 5}, "patch= expects a dict"),
     ({"patch": {"logits": 0}}, "patch= expects name patterns .* mapped to functions"),
     ({"weights": "w"}, "weights= expects a weight source"),
@@ -187,3 +191,71 @@ def test_a_lone_layer_starts_after_a_synthetic_cache():
     assert weights.shape == (1, 4, 3, 5003)  # the new positions attend the 5000 cached ones and themselves
     np.testing.assert_allclose(weights.sum(axis=-1), 1, rtol=1e-5)
     assert np.all(weights[0, :, 0, 5001:] == 0)  # the first new position sees nothing after itself
+
+
+def test_dir_lists_the_api_for_completion_without_loading_it():
+    code = "import sys, stepper; print(' '.join(n for n in dir(stepper) if not n.startswith('_')), 'stepper.api' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["Diff", "Run", "StepperError", "diff", "force_experts", "load", "run", "version", "zero_expert",
+                   "zero_head", "zero_router_bias", "False"]
+    assert stepper.StepperError is StepperError and stepper.diff is stepper.api.diff
+
+
+def test_keep_takes_a_function_of_the_name():
+    by_function = stepper.run("tiny", prompt_len=2, decode=1, keep=lambda name: name.endswith(".compressed_kv"))
+    by_glob = stepper.run("tiny", prompt_len=2, decode=1, keep="*compressed_kv")
+    assert by_function.names == by_glob.names and len(by_function.names) == 6  # 3 layers x (prefill, decode0)
+    for name in by_glob.names:
+        assert np.array_equal(by_function[name], by_glob[name]), name
+    with pytest.raises(StepperError, match=r"^keep= test_keep_takes_a_function_of_the_name.<locals>.<lambda>: keeps "
+                                           r"no tensor of this run \(it is given full names, e.g. decode0.logits\)$"):
+        stepper.run("tiny", prompt_len=2, decode=1, keep=lambda name: name == "k_pe")
+
+
+def test_a_patch_function_that_cannot_take_array_and_name_is_refused_naming_it():
+    def halve(a):
+        return a * 0.5
+
+    with pytest.raises(StepperError, match=r"^patch= \*k_pe: test_.*<locals>.halve\(a\) cannot take \(array, name\); "
+                                           r"expected fn\(array, name\), e.g. lambda a, name: a \* 0.5$"):
+        stepper.run("tiny", prompt_len=2, patch={"*k_pe": halve})
+    with pytest.raises(StepperError, match=r"<lambda>\(a, name, scale\) cannot take"):
+        stepper.run("tiny", prompt_len=2, patch={"*k_pe": lambda a, name, scale: a * scale})
+    kept = stepper.run("tiny", prompt_len=2, keep="layers.1.self_attn.k_pe")["layers.1.self_attn.k_pe"]
+    for fn in (lambda a, name, scale=0.5: a * np.float32(scale), lambda *args: args[0] * np.float32(0.5)):
+        patched = stepper.run("tiny", prompt_len=2, patch={"layers.1.self_attn.k_pe": fn}, keep="layers.1.self_attn.k_pe")
+        assert np.array_equal(patched["layers.1.self_attn.k_pe"], kept * np.float32(0.5))
+
+
+def test_a_batch_of_prompts_is_refused_and_a_batch_of_one_is_that_prompt():
+    for batch in ([[1, 2, 3], [4, 5, 6]], np.array([[1, 2, 3], [4, 5, 6]]), [[1, 2], [3]]):
+        with pytest.raises(StepperError, match=r"^ids= expects one prompt, a flat list of token ids; got a batch of 2 "
+                                               r"\(\[\[1, 2.*\): a run is one sequence \(B=1\), so run each prompt on its own$"):
+            stepper.run("tiny", ids=batch)
+    for one in ([[1, 2, 3]], np.array([[1, 2, 3]]), np.array([1, 2, 3])):
+        assert stepper.run("tiny", ids=one, keep="logits").prompt == (1, 2, 3)
+
+
+def test_a_missing_side_says_what_stepper_diff_says(run):
+    with pytest.raises(StepperError) as api:
+        stepper.diff("nonexistent", run)
+    cli = helpers.cli.stepper("diff", "nonexistent", "run")
+    assert str(api.value) == "diff a 'nonexistent': no such file or folder; give a --dump file, a fixture folder, " \
+                             "a fixture's name (e.g. tiny-prefill-decode) or a stepper.Run"
+    assert cli.returncode == 2 and cli.stderr == "stepper: error: diff A 'nonexistent': no such file or folder; give " \
+        "a --dump file, a fixture folder, a fixture's name (e.g. tiny-prefill-decode) or a run such as 'run --attn naive'\n"
+    with pytest.raises(StepperError, match="^load 'no/such.safetensors': no such file or folder; give a --dump file, "):
+        stepper.load("no/such.safetensors")
+
+
+def test_the_repository_fixtures_are_found_by_name_from_any_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    d = stepper.diff("tiny-prefill-decode", "tiny-absorb")
+    assert d.first is None and len(d.rows) > 150 and d.count("close") > 0  # naive and absorbed: round-off only
+    by_name, by_path = stepper.load("tiny-absorb"), stepper.load(ROOT / "fixtures" / "tiny-absorb")
+    assert list(by_name) == list(by_path) and all(np.array_equal(by_name[n], by_path[n]) for n in by_name)
+    cli = helpers.cli.stepper("diff", "--plain", "tiny-prefill-decode", "tiny-absorb", cwd=tmp_path)
+    assert cli.returncode == 0 and "no tensor differs beyond round-off" in cli.stdout, cli.stderr
+    (tmp_path / "tiny-absorb").mkdir()  # a folder of the user's own, by the same name, comes first
+    with pytest.raises(StepperError, match="tiny-absorb"):
+        stepper.load("tiny-absorb")

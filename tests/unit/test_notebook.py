@@ -13,7 +13,7 @@ from rich.console import Console
 import stepper
 from stepper.errors import StepperError
 from stepper.views import diff as diff_view
-from stepper.views import pictures
+from stepper.views import notebook, pictures
 from stepper.views.sinks import TensorRows
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,13 +35,24 @@ def run():
     return stepper.run("tiny", ids=[1, 2, 3], keep=["*k_pe", "topk*", "layers.1.*attn_weights"])
 
 
-def test_a_run_shows_the_rows_stepper_run_prints(run):
-    shown = visible(run._repr_html_())
-    rows = TensorRows(Console(file=io.StringIO()), run.config)
-    for name in run.names:
-        row = terminal(rows.render(run.event(name)))
-        assert row.strip() in shown, name  # name, named shape, statistics, sparkline, corners
-    assert "layer 1 (MoE) ─" in shown and shown.startswith("<stepper.Run tiny: 8 tensors kept of 104")
+def test_a_run_shows_a_line_per_step_and_layer_not_every_tensor(run):
+    shown = visible(run._repr_html_()).splitlines()
+    assert shown == [
+        "<stepper.Run tiny: 8 tensors kept of 104, prompt [1, 2, 3], generated []>",
+        "layer 0 (dense)     1 kept  self_attn.k_pe",
+        "layer 1 (MoE)       4 kept  self_attn.k_pe, self_attn.attn_weights, mlp.gate.topk_idx, mlp.gate.topk_weight",
+        "layer 2 (MoE)       3 kept  self_attn.k_pe, mlp.gate.topk_idx, mlp.gate.topk_weight",
+        notebook.HINT,
+    ]
+
+
+def test_a_long_run_shows_its_first_steps_and_layers_within_the_width():
+    run = stepper.run("tiny", ids=[1, 2, 3], decode=6)  # 7 steps x (model + 3 layers) = 28 lines
+    shown = visible(run._repr_html_()).splitlines()
+    assert len(shown) == 1 + notebook.SCOPES + 2 and shown[-2] == "... 4 more steps and layers"
+    assert shown[notebook.SCOPES] == "decode4 · layer 2 (MoE)      32 kept  " + shown[notebook.SCOPES][38:]
+    assert max(map(len, shown)) == notebook.WIDTH and shown[2].endswith("…")  # cut at the width, said so
+    assert len(run._repr_html_()) < 10_000
 
 
 def test_a_tensor_and_a_picture_show_as_in_the_terminal(run):
@@ -51,8 +62,17 @@ def test_a_tensor_and_a_picture_show_as_in_the_terminal(run):
     routing = run.picture("routing", "layers.1.mlp.gate.topk_idx")
     drawn = terminal(pictures.routing_map(run["layers.1.mlp.gate.topk_idx"], run["layers.1.mlp.gate.topk_weight"], 32))
     assert visible(routing._repr_html_()).strip() == drawn.strip()
-    with pytest.raises(StepperError, match="picture: routing draws a topk_idx"):
+    assert repr(run.picture("routing", "layers.1.mlp.gate.topk_weight")) == repr(routing)  # either, as --show takes
+    with pytest.raises(StepperError, match="picture: routing draws a mlp.gate.topk_idx or a mlp.gate.topk_weight, "
+                                           "and layers.1.self_attn.k_pe is not one"):
         run.picture("routing", "layers.1.self_attn.k_pe")
+
+
+def test_routing_is_drawn_from_the_router_not_the_indexer():
+    run = stepper.run("tiny-v32", ids=[1, 2, 3], keep="*topk*")
+    with pytest.raises(StepperError, match="layers.1.self_attn.indexer.topk_idx is not one"):
+        run.picture("routing", "layers.1.self_attn.indexer.topk_idx")
+    assert "experts used" in repr(run.picture("routing", "layers.1.mlp.gate.topk_weight"))
 
 
 def test_a_diff_shows_its_rows_growth_and_first_difference(run):
