@@ -2,9 +2,10 @@
 
     python docs/api_example.py [OUT.html]
 
-In a notebook each displayed value (`run`, `run.show(...)`, `run.picture(...)`, `d`) draws
-itself as the terminal would; this script writes the same displays into one HTML page instead,
-so it runs anywhere (tests/unit/test_notebook.py runs it). The questions it asks: what does
+In a notebook (docs/notebook.ipynb) each displayed value (`run.show(...)`, `run.picture(...)`,
+`d`) draws itself once as the terminal would, and a run displays a summary; this script writes
+the same displays into one HTML page instead, so it runs anywhere (tests/unit/test_notebook.py
+runs it). The questions it asks: what does
 layer 1's router choose, what if expert 0 contributed nothing, and where does that change start?
 """
 

@@ -11,9 +11,9 @@
     stepper.diff(run, patched).first                      # where the two runs part
 
 A run keeps the tensors matching `keep=` (globs as `--only` takes them, or a function of the name
-that says True; every tensor by default, refused before it starts when they would not fit in memory). `patch=` maps globs to functions
-`fn(array, name)`: at each tensor a glob matches, the model continues with the function's result
-(same shape and dtype; None leaves it as it was). Bad arguments raise `StepperError` with one
+that says True; every tensor by default, refused before it starts when they would not fit in
+memory). `patch=` maps globs to functions `fn(array, name)`: at each tensor a glob matches, the
+model continues with the function's result (same shape and dtype; None leaves it as it was). Bad arguments raise `StepperError` with one
 sentence naming the argument and what was expected.
 
 In a notebook, one call is one display: a run (a summary: its steps and layers, what each kept),
@@ -228,9 +228,10 @@ class Diff(compare.Diff):
 
 def diff(a: Run | Mapping[str, np.ndarray] | str | Path, b: Run | Mapping[str, np.ndarray] | str | Path) -> Diff:
     """Compare two runs tensor by tensor: each a `Run`, a dict of name -> array, a `--dump` file,
-    a fixture folder or the name of one of the repository's fixtures ("tiny-prefill-decode"). Every tensor both have, in A's execution order, with max |b - a|, the
-    relative error, the cosine and the experts whose choice changed; `.first` is the first tensor
-    that differs beyond the tolerance `fixtures verify` uses."""
+    a fixture folder or the name of one of the repository's fixtures ("tiny-prefill-decode").
+    Every tensor both have, in A's execution order, with max |b - a|, the relative error, the
+    cosine and the experts whose choice changed; `.first` is the first tensor that differs beyond
+    the tolerance `fixtures verify` uses."""
     (ta, la), (tb, lb) = _side("a", a), _side("b", b)
     found = compare.diff_tensors(ta, tb, la, lb)
     return Diff(**vars(found))
@@ -303,7 +304,9 @@ def _ids(ids: Any, prompt_len: Any) -> tuple[int, ...] | None:
 
 
 def _is_list(value: Any) -> bool:
-    return isinstance(value, np.ndarray) and value.ndim > 0 or isinstance(value, Sequence) and not isinstance(value, (str, bytes))
+    if isinstance(value, np.ndarray):
+        return value.ndim > 0
+    return isinstance(value, Sequence) and not isinstance(value, (str, bytes))
 
 
 def _layers(layers: Any) -> tuple[int, int | None] | None:

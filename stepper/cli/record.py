@@ -58,12 +58,13 @@ class Keeper:
         self.events[event.name] = event
 
 
-def record(spec: RunSpec, keep: Sequence[str] | Callable[[str], bool] | None = None, patches: Patches = (), use: Iterable[Path] = (),
-           wording: Wording = Wording(), extra: Sequence[Sink] = (), announce=None,
+def record(spec: RunSpec, keep: Sequence[str] | Callable[[str], bool] | None = None, patches: Patches = (),
+           use: Iterable[Path] = (), wording: Wording = Wording(), extra: Sequence[Sink] = (), announce=None,
            weights: WeightSource | None = None) -> Recorded:
-    """Run `spec` keeping the tensors matching `keep` (globs, or a function of the name; None: every one), with `patches` applied
-    (each must match a name of the run) and the `use` files' exercises swapped in; `weights`: in
-    place of the spec's model (the same config, e.g. some tensors changed)."""
+    """Run `spec` keeping the tensors matching `keep` (globs, or a function of the name; None:
+    every one), with `patches` applied (each must match a name of the run) and the `use` files'
+    exercises swapped in; `weights`: in place of the spec's model (the same config, e.g. some
+    tensors changed)."""
     plan = prepare(spec, weights)
     names = planned_names(plan)
     keeps = kept_by(wording.keep, keep, names)

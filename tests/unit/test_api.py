@@ -194,7 +194,7 @@ def test_a_lone_layer_starts_after_a_synthetic_cache():
 
 
 def test_dir_lists_the_api_for_completion_without_loading_it():
-    code = "import sys, stepper; print(' '.join(n for n in dir(stepper) if not n.startswith('_')), 'stepper.api' in sys.modules)"
+    code = "import sys, stepper; print(*(n for n in dir(stepper) if not n.startswith('_')), 'stepper.api' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["Diff", "Run", "StepperError", "diff", "force_experts", "load", "run", "version", "zero_expert",
                    "zero_head", "zero_router_bias", "False"]
@@ -223,14 +223,16 @@ def test_a_patch_function_that_cannot_take_array_and_name_is_refused_naming_it()
         stepper.run("tiny", prompt_len=2, patch={"*k_pe": lambda a, name, scale: a * scale})
     kept = stepper.run("tiny", prompt_len=2, keep="layers.1.self_attn.k_pe")["layers.1.self_attn.k_pe"]
     for fn in (lambda a, name, scale=0.5: a * np.float32(scale), lambda *args: args[0] * np.float32(0.5)):
-        patched = stepper.run("tiny", prompt_len=2, patch={"layers.1.self_attn.k_pe": fn}, keep="layers.1.self_attn.k_pe")
+        patched = stepper.run("tiny", prompt_len=2, patch={"layers.1.self_attn.k_pe": fn},
+                              keep="layers.1.self_attn.k_pe")
         assert np.array_equal(patched["layers.1.self_attn.k_pe"], kept * np.float32(0.5))
 
 
 def test_a_batch_of_prompts_is_refused_and_a_batch_of_one_is_that_prompt():
     for batch in ([[1, 2, 3], [4, 5, 6]], np.array([[1, 2, 3], [4, 5, 6]]), [[1, 2], [3]]):
         with pytest.raises(StepperError, match=r"^ids= expects one prompt, a flat list of token ids; got a batch of 2 "
-                                               r"\(\[\[1, 2.*\): a run is one sequence \(B=1\), so run each prompt on its own$"):
+                                               r"\(\[\[1, 2.*\): a run is one sequence \(B=1\), so run each prompt "
+                                               r"on its own$"):
             stepper.run("tiny", ids=batch)
     for one in ([[1, 2, 3]], np.array([[1, 2, 3]]), np.array([1, 2, 3])):
         assert stepper.run("tiny", ids=one, keep="logits").prompt == (1, 2, 3)
@@ -243,7 +245,8 @@ def test_a_missing_side_says_what_stepper_diff_says(run):
     assert str(api.value) == "diff a 'nonexistent': no such file or folder; give a --dump file, a fixture folder, " \
                              "a fixture's name (e.g. tiny-prefill-decode) or a stepper.Run"
     assert cli.returncode == 2 and cli.stderr == "stepper: error: diff A 'nonexistent': no such file or folder; give " \
-        "a --dump file, a fixture folder, a fixture's name (e.g. tiny-prefill-decode) or a run such as 'run --attn naive'\n"
+        "a --dump file, a fixture folder, a fixture's name (e.g. tiny-prefill-decode) or a run such as " \
+        "'run --attn naive'\n"
     with pytest.raises(StepperError, match="^load 'no/such.safetensors': no such file or folder; give a --dump file, "):
         stepper.load("no/such.safetensors")
 
