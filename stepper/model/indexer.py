@@ -28,6 +28,7 @@ import numpy as np
 
 from stepper.config import Config
 from stepper.kernels.linear import linear
+from stepper.model.attention import LATENT_NORM_EPS
 from stepper.model.cache import LayerCache
 from stepper.model.index_fp8 import fp8_index_scores
 from stepper.model.layer_weights import LayerWeights
@@ -75,7 +76,7 @@ def index_queries(x: np.ndarray, w: LayerWeights, cfg: Config, emit: Emitter) ->
     """q = wq_b(q_a_norm) split into the index heads.  [B, T, d] -> [B, Hi, T, Di]"""
     B, T, _ = x.shape
     q_a = linear(x, w.matrix("self_attn.q_a_proj.weight"))  # [B, T, q_lora], as MLA's query makes it
-    q_a_norm = rms_norm(q_a, w("self_attn.q_a_layernorm.weight"), cfg.rms_norm_eps)
+    q_a_norm = rms_norm(q_a, w("self_attn.q_a_layernorm.weight"), LATENT_NORM_EPS)  # as attention's q_a_norm
     q = linear(q_a_norm, w.matrix("self_attn.indexer.wq_b.weight"))  # [B, T, Hi*Di]
     q = q.reshape(B, T, cfg.index_n_heads, cfg.index_head_dim).transpose(0, 2, 1, 3)
     return emit("self_attn.indexer.q", q)

@@ -93,3 +93,18 @@ def test_the_indexer_rotates_halves_of_its_first_rope_dims():
     rope = Rope(np.array([[c, 1]], np.float32), np.array([[s, 0]], np.float32), 1.0)
     out = rotate_halves(x, rope, 4)
     np.testing.assert_allclose(out, [[1 * c - 3 * s, 2, 3 * c + 1 * s, 4, 5, 6]], rtol=1e-6)
+
+
+def test_the_indexer_queries_start_from_attentions_own_q_a_norm_whatever_rms_norm_eps_says(make_config):
+    """q_a_layernorm is built with the latent eps (1e-6); on a config whose rms_norm_eps is 1e-5 the
+    indexer must read the same normed latent the attention reads, not recompute it with 1e-5."""
+    from stepper.kernels.linear import linear
+    weights = SyntheticWeights(make_config("tiny-v32", rms_norm_eps=1e-5), seed=2)
+    rec = Recorder()
+    run(RunSpec(model="tiny-v32", prompt_len=5, seed=2), [rec], weights)
+    seen = rec.tensors()
+    q_a_norm = seen["layers.1.self_attn.q_a_norm"]  # [B, T, q_lora]
+    cfg = weights.config
+    q = linear(q_a_norm, weights.matrix("model.layers.1.self_attn.indexer.wq_b.weight"))
+    want = q.reshape(1, 5, cfg.index_n_heads, cfg.index_head_dim).transpose(0, 2, 1, 3)
+    np.testing.assert_array_equal(seen["layers.1.self_attn.indexer.q"], want)
