@@ -6,8 +6,9 @@ name, stepper's own function otherwise. So nothing lists where the function is u
 a call site cannot break `--use` or `lesson check`.
 
 A fast path that computes what an exercise computes without calling it (the tiled FP8 product
-decodes with its own bit trick instead of calling `fp8.decode`) says so with `@bypasses`: while
-one of those exercises is swapped in, its readable version runs instead, one that calls them.
+decodes with its own bit trick instead of calling `fp8.decode`) says so with `@bypasses`, naming
+the exercise functions themselves (so renaming one fails at import, never silently): while one of
+those exercises is swapped in, its readable version runs instead, one that calls them.
 """
 
 from __future__ import annotations
@@ -29,12 +30,15 @@ def exercise(func: Callable) -> Callable:
     def call(*args, **kwargs):
         return _in_use.get(name, func)(*args, **kwargs)
 
+    call.exercise_name = name
     return call
 
 
-def bypasses(*names: str, readable: Callable) -> Callable[[Callable], Callable]:
-    """Mark a fast path that does the work of the exercises `names` without calling them: while
-    any of them is swapped in, `readable` (same signature, calling them) runs instead."""
+def bypasses(*exercises: Callable, readable: Callable) -> Callable[[Callable], Callable]:
+    """Mark a fast path that does the work of `exercises` (functions marked @exercise) without
+    calling them: while any of them is swapped in, `readable` (same signature, calling them) runs
+    instead."""
+    names = [exercise_name(f) for f in exercises]
 
     def mark(fast: Callable) -> Callable:
         @functools.wraps(fast)
@@ -45,6 +49,14 @@ def bypasses(*names: str, readable: Callable) -> Callable[[Callable], Callable]:
         return call
 
     return mark
+
+
+def exercise_name(func: Callable) -> str:
+    """The name under which `func`, a function marked @exercise, is swapped."""
+    name = getattr(func, "exercise_name", None)
+    if name is None:
+        raise TypeError(f"{getattr(func, '__qualname__', func)!r} is not marked @exercise")
+    return name
 
 
 @contextmanager

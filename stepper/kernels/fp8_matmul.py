@@ -103,7 +103,7 @@ def tiled_products(x: np.ndarray, ws: list[Fp8Matrix], decode: Decoder | None = 
 
 # The name the kernels call: the tiled products, or their readable version while a learner's
 # `decode` or `dequantize` is swapped in (they never call those functions themselves).
-products = bypasses("decode", "dequantize", readable=products_via_dequantize)(tiled_products)
+products = bypasses(fp8.decode, fp8.dequantize, readable=products_via_dequantize)(tiled_products)
 
 
 def dequantize_via_reference(w: Fp8Matrix, out: np.ndarray | None = None) -> np.ndarray:
@@ -118,7 +118,7 @@ def dequantize_via_reference(w: Fp8Matrix, out: np.ndarray | None = None) -> np.
     return out
 
 
-@bypasses("decode", "dequantize", readable=dequantize_via_reference)
+@bypasses(fp8.decode, fp8.dequantize, readable=dequantize_via_reference)
 def dequantize_rows(w: Fp8Matrix, out: np.ndarray | None = None) -> np.ndarray:
     """The float32 weight, equal bit for bit to `w.dequantize()` (fp8.dequantize), decoded one block of
     rows at a time with the bit trick: each value d * 2^-120 times s * 2^120 is the exact d * s,

@@ -63,7 +63,7 @@ def int4_products_via_dequantize(x: np.ndarray, ws: list[Int4Matrix]) -> list[np
     return tiled_int4_products(x, ws, decode_via_dequantize)
 
 
-int4_products = bypasses("dequantize_int4", readable=int4_products_via_dequantize)(tiled_int4_products)
+int4_products = bypasses(int4.dequantize_int4, readable=int4_products_via_dequantize)(tiled_int4_products)
 
 
 

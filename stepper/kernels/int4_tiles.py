@@ -176,7 +176,7 @@ def dequantize_via_reference(w: Int4Matrix, out: np.ndarray | None = None) -> np
     return out
 
 
-@bypasses("dequantize_int4", readable=dequantize_via_reference)
+@bypasses(int4.dequantize_int4, readable=dequantize_via_reference)
 def int4_rows(w: Int4Matrix, out: np.ndarray | None = None) -> np.ndarray:
     """The float32 weight, equal bit for bit to `w.dequantize()` (both are exact), decoded a tile
     of rows at a time with the byte table (int4.unpack) straight into its rows; into `out` if
