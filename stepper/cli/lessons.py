@@ -42,7 +42,7 @@ lesson_app = typer.Typer(
     help="Guided lessons: step through the layer, predict each tensor, write the pieces yourself.",
 )
 
-NameArg = Annotated[str | None, typer.Argument(metavar="NAME", help="Lesson name or number [default: the current lesson].", show_default=False)]
+NameArg = Annotated[str | None, typer.Argument(metavar="NAME", help="Lesson name or number [default: the current lesson; once it is done, the next one not done].", show_default=False)]
 WorkspaceOpt = Annotated[Path, typer.Option("--workspace", metavar="DIR", help="Where your exercise files live.")]
 PlainOpt = Annotated[bool, typer.Option("--plain", help="No colour.")]
 
