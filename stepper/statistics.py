@@ -31,13 +31,20 @@ class Stats:
     mean: float
     std: float
     absmax: float
-    sum: float  # of the finite entries, accumulated in float64
+    sum: float  # of the finite entries, accumulated in float64; nan when there are none, as the mean
     nan: int
     inf: int
     finite: int
 
     def as_dict(self) -> dict[str, float | int]:
         return asdict(self)
+
+
+def no_finite(nan: int, inf: int) -> Stats:
+    """The statistics of values none of which is finite: every figure nan (a sum of nothing shown
+    as 0 beside a nan mean would read as values that cancel out), the counts."""
+    nothing = float("nan")
+    return Stats(nothing, nothing, nothing, nothing, nothing, nothing, nan, inf, 0)
 
 
 def chunks(array) -> Iterator[np.ndarray]:
@@ -122,8 +129,7 @@ class Gather:
 
     def stats(self) -> Stats:
         if self.finite == 0:
-            nothing = float("nan")
-            return Stats(nothing, nothing, nothing, nothing, nothing, 0.0, self.nan, self.inf, 0)
+            return no_finite(self.nan, self.inf)
         total, squares = self.buckets.exact()
         n, unit = self.finite, Fraction(1, 2**EXACT_SHIFT)
         total, squares = (self.total + total) * unit, (self.squares + squares) * unit

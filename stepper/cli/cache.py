@@ -31,7 +31,7 @@ cache_app = typer.Typer(
 )
 
 CacheDirOpt = Annotated[Path | None, typer.Option("--cache-dir", metavar="DIR", help="Where the bytes fetched of remote checkpoints are kept [default: $STEPPER_CACHE_DIR or ~/.cache/stepper/remote].")]
-CacheMaxOpt = Annotated[float | None, typer.Option("--cache-max-gb", metavar="GB", help="The most the cache keeps; least recently used files go first [default: $STEPPER_CACHE_MAX_GB or 100].")]
+CacheMaxOpt = Annotated[float | None, typer.Option("--cache-max-gb", metavar="GiB", help="The most the cache keeps, in GiB (2**30 bytes); least recently used files go first [default: $STEPPER_CACHE_MAX_GB or 100].")]
 
 
 def choose(cache_dir: Path | None, max_gb: float | None) -> None:

@@ -25,7 +25,7 @@ from rich.text import Text
 from stepper.cli.common import user_errors
 from stepper.errors import StepperError
 from stepper.lessons import check
-from stepper.lessons.progress import Progress, default_lesson, next_lesson
+from stepper.lessons.progress import Progress, default_lesson, done, next_lesson
 from stepper.lessons.prose import indented, styled
 from stepper.lessons.schema import Lesson, all_lessons, find_lesson
 from stepper.lessons.walk import walk
@@ -42,7 +42,7 @@ lesson_app = typer.Typer(
     help="Guided lessons: step through the layer, predict each tensor, write the pieces yourself.",
 )
 
-NameArg = Annotated[str | None, typer.Argument(metavar="NAME", help="Lesson name or number [default: the current lesson].", show_default=False)]
+NameArg = Annotated[str | None, typer.Argument(metavar="NAME", help="Lesson name or number [default: the current lesson; once it is done, the next one not done].", show_default=False)]
 WorkspaceOpt = Annotated[Path, typer.Option("--workspace", metavar="DIR", help="Where your exercise files live.")]
 PlainOpt = Annotated[bool, typer.Option("--plain", help="No colour.")]
 
@@ -74,18 +74,18 @@ def list_command(plain: PlainOpt = False) -> None:
         title_w = max(len("title"), *(len(shown(l.title)) for l in lessons)) + 2
         title_w = max(12, min(title_w, console.width - (4 + name_w + 8 + len("gave up ◀"))))  # rows fit the width
         console.print(f"{'#':>2}  {'lesson':<{name_w}}{'title':<{title_w}}{'walked':<8}exercise", style="bold")
+        marked = default_lesson(progress, lessons)
         for lesson in lessons:
             entry = progress.lesson(lesson.name)
             exercise = "passed" if entry["passed"] else ("gave up" if entry["gave_up"] else "·")
             walked = "✓" if entry["walked"] else "·"
-            current = " ◀" if lesson.name == progress.current else ""
+            current = " ◀" if lesson.name == marked.name else ""
             title = shown(lesson.title)
             title = title if len(title) < title_w else title[: title_w - 2] + "…"
             console.print(f"{lesson.number:>2}  {lesson.name:<{name_w}}{title:<{title_w}}{walked:<8}{exercise}{current}")
         console.print(LIST_LEGEND, style="dim", soft_wrap=False)
         passed = sum(progress.lesson(l.name)["passed"] for l in lessons)
-        upcoming = next_lesson(progress, lessons)
-        tail = "" if upcoming is None else f" · next: stepper lesson start {upcoming.name}"
+        tail = "" if done(progress, marked) else f" · next: stepper lesson start {marked.name}"
         console.print(f"{passed} of {len(lessons)} exercises passed{tail}", style="dim", soft_wrap=False)
         console.print(f"progress file: {shown(progress.path)}", style="dim")
 

@@ -10,6 +10,7 @@ from stepper import catalog
 from stepper.errors import StepperError
 from stepper.session import Plan, phase_name, step_attn
 from stepper.trace import did_you_mean, matches, unphased
+from stepper.views.scale_grids import part_of
 
 START, ROPE, END = ("embed",), ("rope_cos", "rope_sin"), ("norm", "logits")
 
@@ -62,3 +63,6 @@ def check_pictures(kinds: set[str], kept: list[str]) -> None:
         if kind in kinds and not keys & set(needed):
             raise StepperError(f"--show {kind}: it is drawn from {' or '.join(needed)}, and this run shows "
                                f"none (choose layers or an --only that include {needed[0]})")
+    if "scales" in kinds and not any(part_of(key) for key in keys):
+        raise StepperError("--show scales: a weight's grid is drawn at its layer's attention or MLP tensors, and this "
+                           "run shows none (choose layers or an --only that include one, e.g. '*self_attn.q_a')")

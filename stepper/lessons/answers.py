@@ -10,6 +10,8 @@ A wrong answer gets the lesson's own explanation when it matches one of the less
 answers (or its catch-all `*`), else a generic one worked out from the expected value: for shapes
 from the tensor's named dimensions (the batch axis left out, the heads not yet split, a size that
 is another config field), for numbers the factor or sign it is off by, for sets what is missing.
+A generic explanation is a hint, not the answer: it names axes and where their sizes come from,
+never the expected sizes or value (the learner may try again; Enter shows the answer).
 """
 
 from __future__ import annotations
@@ -86,21 +88,26 @@ def dim_size_name(symbol: str) -> str | None:
     return entry["size"]
 
 
+def config_fields(value: int, cfg: Config | None) -> list[str]:
+    """The config fields of this model whose value is `value` (at most two)."""
+    return [] if cfg is None else [f for f in SIZE_FIELDS if getattr(cfg, f, None) == value][:2]
+
+
 def field_names(value: int, cfg: Config | None, field: str | None = None) -> str:
-    """' (kv_lora_rank)' when a size is a config field of this model, or of Kimi K2 at full size
-    (`field` first: the one the axis's size comes from)."""
+    """What a size the learner wrote is: ' (kv_lora_rank)' when it is a config field of this model,
+    ' (Kimi K2's full-size kv_lora_rank, not this tiny model's)' when it is one of Kimi K2 at full
+    size (`field` first: the one the axis's size comes from)."""
     if cfg is None:
         return ""
-    here = [f for f in SIZE_FIELDS if getattr(cfg, f, None) == value]
+    here = config_fields(value, cfg)
     if here:
-        return f" ({' or '.join(here[:2])})"
+        return f" ({' or '.join(here)})"
     kimi = preset("kimi-k2")
     there = [f for f in SIZE_FIELDS if getattr(kimi, f) == value and getattr(cfg, f) != value]
     if field in there:
         there.insert(0, field)
     if there:
-        f = there[0]
-        return f" (Kimi K2's full-size {f}; this {cfg.name} model's {f} is {getattr(cfg, f)})"
+        return f" (Kimi K2's full-size {there[0]}, not this {cfg.name} model's)"
     return ""
 
 
@@ -121,20 +128,18 @@ def why_layout(a: tuple[int, ...], e: tuple[int, ...], dims: list[str]) -> str:
     transposed; batch and positions not flattened for the router."""
     heads = len(e) == 4 and dims[1:2] == ["H"]
     if heads and a == (e[0], e[2], e[1] * e[3]):
-        return (f"that is the shape before the heads are split: the projection gives [B, T, H*{e[3]}], "
-                f"which is viewed as [B, T, H, {e[3]}] and transposed so each head is its own [T, {e[3]}] matrix")
+        return ("that is the shape before the heads are split: the projection gives [B, T, H*D], "
+                "which is viewed as [B, T, H, D] and transposed so each head is its own [T, D] matrix")
     if heads and a == (e[0], e[2], e[1], e[3]) and e[1] != e[2]:
         return ("that is the view before the transpose: [B, T, H, ...] becomes [B, H, T, ...], heads in front, "
                 "so each head is a [T, ...] matrix to multiply")
     if dims[:1] == ["N"] and len(a) == len(e) + 1 and a[0] * a[1] == e[0] and a[2:] == e[1:]:
-        return (f"the router works on tokens, not sequences: batch and positions are flattened "
-                f"into N = B*T = {e[0]} rows")
+        return "the router works on tokens, not sequences: batch and positions are flattened into N = B*T rows"
     merged = len(e) == 3 and len(a) == 4 and dims[2:] == ["Hv"] and 1 not in a[1:]
     if merged and a[0] == e[0] and a[2] == e[1] and a[1] * a[3] == e[2]:
         return "that is the shape before the heads are merged back: [B, H, T, V] becomes [B, T, H*V]"
     if merged and a[:2] == e[:2] and a[2] * a[3] == e[2]:
-        return (f"that is the heads side by side, not yet merged: [B, T, H, V] = {list(a)} is reshaped to "
-                f"[B, T, H*V] = {list(e)}")
+        return "that is the heads side by side, not yet merged: [B, T, H, V] is reshaped to [B, T, H*V]"
     return ""
 
 
@@ -147,9 +152,20 @@ def axis(dims: list[str], i: int) -> str:
     return dim_label(dims[i])
 
 
+def axis_names(dims: list[str]) -> str:
+    """'[B, T, kv_lora]': a shape by its axes' names."""
+    return f"[{', '.join('H=1' if d == 'one' else d for d in dims)}]"
+
+
 def layout(e: tuple[int, ...], dims: list[str]) -> str:
-    sizes = "[" + ", ".join(map(str, e)) + "]"
-    return f"[{', '.join('H=1' if d == 'one' else d for d in dims)}] = {sizes}" if dims else sizes
+    """'the shape is [B, T, kv_lora]', or 'the shape has 3 axes' when they have no names (the sizes
+    are the answer)."""
+    return f"the shape is {axis_names(dims)}" if dims else f"the shape has {len(e)} axes"
+
+
+def axis_count(a: tuple[int, ...], e: tuple[int, ...], dims: list[str]) -> str:
+    """'the shape has 3 axes, [B, T, kv_lora]; that has 1'."""
+    return f"the shape has {len(e)} axes{', ' + axis_names(dims) if dims else ''}; that has {len(a)}"
 
 
 def aligned(short: tuple[int, ...], long: tuple[int, ...]) -> tuple[tuple[int, ...], int]:
@@ -172,61 +188,69 @@ def why_axes(a: tuple[int, ...], e: tuple[int, ...], dims: list[str], cfg: Confi
         gone, unequal = aligned(a, e)
         rest = tuple(x for i, x in enumerate(e) if i not in gone)
         if unequal and len(gone) > 1:  # no telling which axes were meant
-            return f"the shape has {len(e)} axes, {layout(e, dims)}; that has {len(a)}"
+            return axis_count(a, e, dims)
+        what = " and ".join(axis(dims, i) for i in gone)
+        verb = "is" if len(gone) == 1 else "are"
         if gone == (0,) and e[0] == 1 and (dims[:1] in (["B"], [])):
             reason = "stepper keeps the batch axis: B = 1 comes first, even for one sequence"
         elif all(e[i] == 1 for i in gone):
-            what = " and ".join(axis(dims, i) for i in gone)
-            verbs = ("is", "stays") if len(gone) == 1 else ("are", "stay")
-            reason = (f"an axis of size 1 is still an axis: {what} {verbs[0]} 1 here "
-                      f"and {verbs[1]} in the shape {layout(e, dims)}")
+            reason = f"an axis of size 1 is still an axis: {what} {verb} missing; {layout(e, dims)}"
         else:
-            what = " and ".join(f"{axis(dims, i)} = {e[i]}" for i in gone)
-            reason = f"{what} {'is' if len(gone) == 1 else 'are'} missing: the shape is {layout(e, dims)}"
+            reason = f"{what} {verb} missing; {layout(e, dims)}"
         kept_dims = [d for i, d in enumerate(dims) if i not in gone]
         sizes = why_sizes(a, rest, kept_dims, cfg) if a != rest else ""
         return reason + (f"; and {sizes}" if sizes else "")
     extra, unequal = aligned(e, a)
     rest = tuple(x for i, x in enumerate(a) if i not in extra)
     if unequal and len(extra) > 1:
-        return f"the shape has {len(e)} axes, {layout(e, dims)}; that has {len(a)}"
+        return axis_count(a, e, dims)
     where = []
     for i in extra:
         before = i - sum(j < i for j in extra)  # how many of the shape's axes come before it
         place = f"after {axis(dims, before - 1)}" if before else "in front"
         where.append(f"the {a[i]} {place}")
-    reason = (f"{'one axis' if len(extra) == 1 else f'{len(extra)} axes'} too many: the shape is {layout(e, dims)}, "
+    reason = (f"{'one axis' if len(extra) == 1 else f'{len(extra)} axes'} too many: {layout(e, dims)}, "
               f"with nothing for {' or '.join(where)}")
     sizes = why_sizes(rest, e, dims, cfg) if rest != e else ""
     return reason + (f"; and {sizes}" if sizes else "")
 
 
 def why_order(a: tuple[int, ...], e: tuple[int, ...], dims: list[str]) -> str:
+    """The right sizes in another order: which axis comes first, by name (not by size)."""
     wrong = [i for i, (x, y) in enumerate(zip(a, e)) if x != y]
-    if len(wrong) == 2:
+    if len(wrong) == 2 and dims:
         i, j = wrong
-        return (f"the right sizes in the wrong order: {axis(dims, i)} = {e[i]} comes before {axis(dims, j)} = {e[j]}; "
-                f"the shape is {layout(e, dims)}")
-    return f"the right sizes in the wrong order: the shape is {layout(e, dims)}"
+        return f"the right sizes in the wrong order: {axis(dims, i)} comes before {axis(dims, j)}"
+    return f"the right sizes in the wrong order; {layout(e, dims)}" if dims else "the right sizes in the wrong order"
 
 
 def why_sizes(a: tuple[int, ...], e: tuple[int, ...], dims: list[str], cfg: Config | None) -> str:
-    """Axis by axis, each size that differs: what the axis is, where its size comes from."""
+    """Axis by axis, each size that differs: what the axis is and where its size comes from (a
+    config field, the run), not the size itself."""
     reasons = []
     for i, (x, y) in enumerate(zip(a, e)):
-        if x == y:
-            continue
-        symbol = dims[i] if dims else None
-        size = dim_size_name(symbol) if symbol else None
-        runtime = symbol is not None and size is None  # B, T, S, N: sizes of the run, not of the config
-        named = f" (= {size})" if size and size != "1" else "" if runtime else field_names(y, cfg)
-        note = ""
-        if symbol == "T" and y == 1:
-            note = ": a decode step runs one new token"
-        elif symbol == "S":
-            note = ": every position attended to, cached ones included"
-        reasons.append(f"{axis(dims, i)} is {y}{named}{note}, not {x}{'' if runtime else field_names(x, cfg, size)}")
+        if x != y:
+            reasons.append(f"{axis(dims, i)} is not {x}{size_hint(dims[i] if dims else None, x, y, cfg)}")
     return "; ".join(reasons)
+
+
+def size_hint(symbol: str | None, wrote: int, size: int, cfg: Config | None) -> str:
+    """Where an axis's size comes from: ' (Kimi K2's full-size kv_lora_rank, ...): it is
+    kv_lora_rank', ': a decode step runs one new token', ': it is a size of this run'."""
+    formula = dim_size_name(symbol) if symbol else None
+    if symbol is not None and formula is None:  # B, T, S, N: sizes of the run, not of the config
+        if symbol == "T" and size == 1:
+            return ": a decode step runs one new token"
+        if symbol == "S":
+            return ": every position attended to, cached ones included"
+        return ": it is a size of this run, not of the config"
+    if formula == "1":
+        return ""
+    written = field_names(wrote, cfg, formula)
+    if formula:
+        return f"{written}: it is {formula}"
+    fields = config_fields(size, cfg)
+    return f"{written}: it is {' or '.join(fields)}" if fields else written
 
 
 def telling_factor(n: int) -> bool:

@@ -64,16 +64,17 @@ class Progress:
 
 
 def default_lesson(progress: Progress, lessons: Sequence[Lesson]) -> Lesson:
-    """The lesson a command without NAME means: the current one, else the first not passed."""
+    """The lesson a command without NAME means, and the one `lesson list` marks: the current one
+    while it is not done, else the next one (`next_lesson`), else the current (or last) one."""
+    current = None
     if progress.current:
         try:
-            return find_lesson(progress.current, lessons)
+            current = find_lesson(progress.current, lessons)
         except StepperError:
             pass
-    for lesson in lessons:
-        if not progress.lesson(lesson.name)["passed"]:
-            return lesson
-    return lessons[-1]
+    if current is not None and not done(progress, current):
+        return current
+    return next_lesson(progress, lessons) or current or lessons[-1]
 
 
 def done(progress: Progress, lesson: Lesson) -> bool:

@@ -4,8 +4,8 @@ What it is, its shape and formula, the explanation for learners (its sizes the r
 catalogue's explanations are templates, `catalog.texts`), then where it is computed:
 stepper's own emit site (file:line and function, found from the code by `catalog.sites`) with its
 line of code, and the reference implementations' cited lines (transformers' read from the
-installed file when it is the cited version, the others' first line as the catalogue records it),
-then the names other implementations use.
+installed file when it is the cited version, the others' as the catalogue records them), then the
+names other implementations use.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def emit_sites_text(key: str) -> Text:
 def citations_text(cat: catalog.Catalog, reference: dict[str, Any]) -> Text:
     """The reference's name for the tensor, then each cited source: its file, its own lines and the
     revision they refer to, and the lines themselves (transformers' from the installed file when it
-    is the cited version, the others' first line as the catalogue records it)."""
+    is the cited version, the others' as the catalogue records them: `text`, then `code`)."""
     text = Text()
     if reference.get("variable"):
         text.append("the references call it  ", style="dim")
@@ -72,9 +72,9 @@ def citations_text(cat: catalog.Catalog, reference: dict[str, Any]) -> Text:
         text.append(citation_file(about, citation), style="dim")
         text.append(f"  {f'line {first}' if first == last else f'lines {first}-{last}'}")
         text.append(f"  ({revision(about)})\n", style="dim")
-        installed = installed_lines(about, citation)
-        text.append(numbered(installed, first) if installed else numbered([citation["text"]], first))
-        if not installed and last > first:
+        lines = installed_lines(about, citation) or [citation["text"], *citation.get("code", [])]
+        text.append(numbered(lines, first))
+        if first + len(lines) <= last:  # an installed package of another version: its first line alone
             text.append(f"    {'':4}  ... to line {last}\n", style="green")
     return text
 
@@ -86,8 +86,8 @@ def citation_file(about: dict[str, Any], citation: dict[str, Any]) -> str:
 
 
 def revision(about: dict[str, Any]) -> str:
-    """'transformers 5.24.0' or 'sumansaurabh/deeseek-model-visualizer@076adb6'."""
-    return f"{about['package']} {about['version']}" if "package" in about else f"{about['repo']}@{about['commit'][:7]}"
+    """'transformers 5.24.0' or 'moonshotai/Kimi-K2-Instruct@fd1984e2b7a3': the cited revision."""
+    return f"{about['package']} {about['version']}" if "package" in about else f"{about['repo']}@{about['commit'][:12]}"
 
 
 def installed_lines(about: dict[str, Any], citation: dict[str, Any]) -> list[str]:

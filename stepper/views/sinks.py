@@ -21,8 +21,8 @@ from stepper.config import Config
 from stepper.text import Tokens
 from stepper.trace import Event
 from stepper.views import pictures, summary
+from stepper.views.scale_grids import ScaleGrids
 from stepper.views.summary import finite_or_none, number
-from stepper.weights.names import storage_dtype
 
 
 class TensorRows:
@@ -169,7 +169,6 @@ class JsonLines:
 
 
 PICTURES = ("attention", "routing", "hist", "scales")
-ATTENTION_WEIGHTS = ("q_a_proj", "q_b_proj", "q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")
 
 
 class Pictures:
@@ -177,8 +176,8 @@ class Pictures:
 
     attention: each layer's attention weights as per-head heat maps; routing: the router's token x
     expert map and per-expert load, drawn when topk_idx or topk_weight is shown; hist: a histogram
-    of every shown tensor; scales: the FP8 block scales of each shown layer's attention projections,
-    at its first shown tensor. The sink sees every tensor; `shown` says which ones the run shows.
+    of every shown tensor; scales: the FP8 block scales of each shown layer's weights, where the
+    layer uses them (`scale_grids`). The sink sees every tensor; `shown` says which ones the run shows.
     """
 
     def __init__(self, console: Console, cfg: Config, kinds: set[str], weights=None, tokens: Tokens | None = None,
@@ -190,7 +189,8 @@ class Pictures:
         self.tokens = tokens  # the texts of a text prompt's tokens, for the pictures' labels
         self.shown = shown
         self.topk_idx: tuple[np.ndarray, bool] | None = None  # the last one, and whether it was shown
-        self.scaled: set[tuple[str | None, int]] = set()
+        self.scales = ScaleGrids(cfg, weights, lambda picture: print_picture(console, picture)) \
+            if "scales" in kinds and hasattr(weights, "stored") else None
         self.index_mask: np.ndarray | None = None  # DeepSeek-V3.2's: drawn beside the attention weights
 
     def __call__(self, event: Event) -> None:
@@ -199,6 +199,8 @@ class Pictures:
             self.topk_idx = (event.array, shown)
         if event.key == "self_attn.indexer.mask":  # shown or not, it belongs beside the attention weights
             self.index_mask = event.array
+        if self.scales is not None:
+            self.scales.seen(event)
         if "routing" in self.kinds and event.key == "mlp.gate.topk_weight" and self.topk_idx is not None:
             idx, idx_shown = self.topk_idx
             if shown or idx_shown:
@@ -213,19 +215,8 @@ class Pictures:
                                                                    token_labels=key_labels(self.tokens, event.array)))
             if self.index_mask is not None and self.index_mask.shape[1:] == event.array.shape[2:]:
                 print_picture(self.console, pictures.indexer_map(self.index_mask, event.array, title=event.name + " · indexer"))
-        scope = (event.phase, event.layer)
-        if "scales" in self.kinds and event.layer is not None and scope not in self.scaled and hasattr(self.weights, "stored"):
-            self.scaled.add(scope)
-            self.draw_scales(event.layer)
-
-    def draw_scales(self, layer: int) -> None:
-        for short in ATTENTION_WEIGHTS:
-            name = f"model.layers.{layer}.self_attn.{short}.weight"
-            if not self.weights.has(name) or storage_dtype(self.cfg, name) != "F8_E4M3":
-                continue
-            stored = self.weights.stored(name)
-            if stored.scale_inv is not None:
-                print_picture(self.console, pictures.scale_grid(np.asarray(stored.scale_inv, dtype=np.float32), title=name))
+        if self.scales is not None:
+            self.scales.shown(event)
 
 
 def key_labels(tokens: Tokens | None, weights: np.ndarray) -> list[str] | None:

@@ -16,7 +16,7 @@ import numpy as np
 
 from stepper import statistics
 from stepper.chunked import Chunked
-from stepper.statistics import BINS, CORNER, Gather, Stats, bin_counts, chunks, edges
+from stepper.statistics import BINS, CORNER, Gather, Stats, bin_counts, chunks, edges, no_finite
 from stepper.tiled import Tiled
 
 SPARK = "▁▂▃▄▅▆▇█"
@@ -44,8 +44,7 @@ def combine(parts: list[Stats]) -> Stats:
     finite = [p for p in parts if p.finite]
     n = sum(p.finite for p in finite)
     if n == 0:
-        nothing = float("nan")
-        return Stats(nothing, nothing, nothing, nothing, nothing, 0.0, nan, inf, 0)
+        return no_finite(nan, inf)
     total = math.fsum(p.sum for p in finite)
     mean = total / n
     m2 = math.fsum(p.finite * (p.std**2 + (p.mean - mean) ** 2) for p in finite)

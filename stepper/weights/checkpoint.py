@@ -29,6 +29,7 @@ from stepper.errors import StepperError
 from stepper.jsonfile import read_json
 from stepper.untrusted import is_safe
 from stepper.weights.names import global_shapes, layer_shapes, storage_dtype, text_name
+from stepper.weights.partial import partial_text
 from stepper.weights.safetensors_reader import MappedBudget, SafetensorsFile, TensorInfo
 from stepper.weights.stored import INT4, FileBytes, Stored
 
@@ -188,17 +189,35 @@ class Checkpoint:
     def problems(self, layers: Iterable[int], with_globals: bool) -> list[Problem]:
         """What `check` refuses, as data: each problem with its file, its tensor and what is wrong."""
         layers = list(layers)
+        present = self.present_layers()
+        absent = [layer for layer in layers if layer not in present]
+        globals_absent = with_globals and not any(name in self.weight_map for name in global_shapes(self.config))
         required: dict[str, tuple[int, ...]] = {}
         for layer in layers:
-            required.update(layer_shapes(self.config, layer))
-        if with_globals:
+            if layer in present:
+                required.update(layer_shapes(self.config, layer))
+        if with_globals and not globals_absent:
             required.update(global_shapes(self.config))
-        problems = self._unreadable_problems(required)
+        problems = self._partial_problems(present, absent, globals_absent)
+        problems += self._unreadable_problems(required)
         problems += [p for name, shape in required.items() if self.weight_map.get(name) not in self.unreadable
                      for p in self._problems(name, shape)]
         problems += [p for name, p in self.disagreements.items()
                      if name not in required and in_scope(name, layers, with_globals)]
         return problems + self._orphan_scales(layers, with_globals, required)
+
+    def present_layers(self) -> list[int]:
+        """The config's layers holding at least one tensor, in order."""
+        found = {int(m[1]) for m in map(LAYER_NAME.match, self.weight_map) if m}
+        return sorted(layer for layer in found if layer < self.config.num_hidden_layers)
+
+    def _partial_problems(self, present: list[int], absent: list[int], globals_absent: bool) -> list[Problem]:
+        """One problem for layers (or an embedding, norm and lm_head) the checkpoint holds no tensor
+        of, instead of one per tensor of them: the layers it holds and how to look at them."""
+        if not absent and not globals_absent:
+            return []
+        has_globals = any(name in self.weight_map for name in global_shapes(self.config))
+        return [Problem(None, None, partial_text(present, self.config.num_hidden_layers, has_globals))]
 
     def _unreadable_problems(self, required: dict[str, tuple[int, ...]]) -> list[Problem]:
         """One line per shard the run needs and cannot read, however many of its tensors it needs."""

@@ -52,14 +52,14 @@ class Settings:
 
 def default_settings() -> Settings:
     """STEPPER_CACHE_DIR (else $XDG_CACHE_HOME/stepper/remote, else ~/.cache/stepper/remote) and
-    STEPPER_CACHE_MAX_GB (else 100)."""
+    STEPPER_CACHE_MAX_GB, in GiB (else 100)."""
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     folder = Path(os.environ.get("STEPPER_CACHE_DIR") or Path(base) / "stepper" / "remote")
     raw = os.environ.get("STEPPER_CACHE_MAX_GB", "")
     try:
         max_gb = float(raw) if raw else DEFAULT_MAX_GB
     except ValueError:
-        raise StepperError(f"STEPPER_CACHE_MAX_GB must be a number of GB, got {shown(raw)!r}") from None
+        raise StepperError(f"STEPPER_CACHE_MAX_GB must be a number of GiB, got {shown(raw)!r}") from None
     return Settings(folder, int(max_gb * 2**30))
 
 
@@ -253,7 +253,7 @@ class RemoteCheckpoint(Checkpoint):
     def note(self) -> str:
         """What the run read: from the server and from the cache."""
         t = self.transfer
-        rate = f", {t.fetched / t.seconds / 1e6:.1f} MB/s" if t.seconds > 0 and t.fetched else ""
+        rate = f", {t.fetched / t.seconds / 2**20:.1f} MiB/s" if t.seconds > 0 and t.fetched else ""
         repaired = f", {t.repaired} corrupted cached range(s) fetched again" if t.repaired else ""
         return (f"fetched {human(t.fetched)} in {t.requests} request(s){rate}, {human(t.cached)} from the cache "
                 f"({shown(self.path)}){repaired}")
@@ -272,7 +272,9 @@ class RemoteCheckpoint(Checkpoint):
 
 
 def human(n: int) -> str:
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+    """Bytes in binary units, the ones the cache's limit is set in (GiB = 2**30 bytes) and the rest
+    of stepper shows: '100.0 GiB', '3.2 MiB', '512 B'."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= size:
             return f"{n / size:.1f} {unit}"
     return f"{n} B"

@@ -82,8 +82,14 @@ def test_each_citation_names_its_own_files_lines():
     assert "lines 775-775" not in out
     blocks = citation_blocks(out)
     (mds,) = [h for h in blocks if h.startswith("modeling_deepseek.py")]
-    assert mds.startswith("modeling_deepseek.py  line 775  (sumansaurabh/deeseek-model-visualizer@076adb6)")
+    assert mds == "modeling_deepseek.py  line 775  (moonshotai/Kimi-K2-Instruct@fd1984e2b7a3)"  # the model's own
     assert blocks[mds] == ["     775          compressed_kv = self.kv_a_proj_with_mqa(hidden_states)"]
+    blocks = citation_blocks(stepper("explain", "k_pe", "--plain").stdout)
+    assert blocks["modeling_deepseek.py  lines 776-779  (moonshotai/Kimi-K2-Instruct@fd1984e2b7a3)"] == [  # every line
+        "     776          compressed_kv, k_pe = torch.split(",
+        "     777              compressed_kv, [self.kv_lora_rank, self.qk_rope_head_dim], dim=-1",
+        "     778          )",
+        "     779          k_pe = k_pe.view(bsz, q_len, 1, self.qk_rope_head_dim).transpose(1, 2)"]
     out = explained("q_pe_rope")
     assert "359" not in out  # modeling_deepseek.py's apply_rotary_pos_emb lines are printed nowhere
     (hf,) = [h for h in citation_blocks(out) if h.startswith("transformers modeling_deepseek_v3.py")]

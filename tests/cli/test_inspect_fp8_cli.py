@@ -155,8 +155,10 @@ def test_inspect_flags_scale_problems_and_names_a_scale_kept_in_another_shard(tm
     assert row(lines, "self_attn.q_b_proj.weight_scale_inv")[1:4] == ["F32", "[2,", "2]"]
     assert f"    ! {orphan}" in text.splitlines()
     assert "of the bare code values: no usable scales" in text  # o_proj's statistics are of its codes alone
-    listing, summary = text.split("\n234 problems:\n")  # the config's other tensors are missing too
-    assert listing.endswith(" · 234 problems (listed below)")
+    listing, summary = text.split("\n110 problems:\n")  # layer 1's other tensors are missing too
+    assert listing.endswith(" · 110 problems (listed below)")
+    partial = "holds only layer 1 of 0..2, no embedding, norm or lm_head: inspect with --layers 1:2, run with --layer 1"
+    assert summary.splitlines()[0] == f"  ! {partial}"  # layers 0 and 2 and the globals: one line
     assert f"  ! {o_missing}" in summary.splitlines() and f"  ! {orphan}" in summary.splitlines()
     assert "'model.layers.1.input_layernorm.weight' is missing (expected shape [320])" in text  # the config's other tensors
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -28,7 +29,7 @@ from stepper.lessons.progress import Progress
 from stepper.lessons.prose import join_lines, say
 from stepper.lessons.reading import parse_choice, parse_number, parse_set, parse_shape
 from stepper.lessons.schema import Prediction, Wrong, all_lessons, find_lesson
-from stepper.lessons.templates import render
+from stepper.lessons.templates import render, value_of
 from stepper.lessons.walk import right_answers, walk
 from stepper.lessons.workspace import Workspace
 from stepper.session import RunSpec, prepare, run
@@ -382,10 +383,28 @@ def test_next_is_one_rule_for_check_and_list_and_the_markers_have_a_legend(tmp_p
     assert "next: stepper lesson start rmsnorm" in flat(listed)
     assert "◀ the current lesson" in listed and " ◀\n" in listed
     rows = {line.split()[1]: line for line in listed.splitlines() if line[:2].strip().isdigit()}
-    assert rows["fp8"].endswith("passed ◀") and "passed" in rows["mla-latent"] and "passed" not in rows["rmsnorm"]
+    assert rows["rmsnorm"].endswith("· ◀") and "passed" in rows["mla-latent"] and rows["fp8"].endswith("passed")
     other = stepper("lesson", "check", "rmsnorm", "--file", str(find_lesson("rmsnorm").solution))  # not recorded
     assert "next: `stepper lesson start rope-yarn`" in flat(other.stdout), other.stdout
     assert not Progress().lesson("rmsnorm")["passed"]
+
+
+def test_after_a_pass_start_without_name_and_the_list_agree_on_the_next_lesson(tmp_path):
+    """Once tour passes, `lesson start` without NAME starts rmsnorm, and `lesson list` marks rmsnorm
+    and names it next (the output as a user sees it, through a pipe)."""
+    from helpers.cli import stepper as command
+
+    assert command("lesson", "start", "--plain", stdin="q\n", cwd=tmp_path).returncode == 0
+    (tmp_path / "stepper-lessons" / "tour.py").write_text(find_lesson("tour").solution.read_text())
+    assert command("lesson", "check", "--plain", cwd=tmp_path).returncode == 0  # NAME: the current lesson, tour
+    listed = command("lesson", "list", "--plain", cwd=tmp_path).stdout.splitlines()
+    marked = [line.split()[1] for line in listed if line.endswith(" ◀")]
+    assert marked == ["rmsnorm"]
+    assert f"1 of {len(all_lessons())} exercises passed · next: stepper lesson start rmsnorm" in listed
+    started = command("lesson", "start", "--plain", stdin="q\n", cwd=tmp_path)
+    assert started.returncode == 0
+    assert started.stdout.splitlines()[0] == "your exercise file: stepper-lessons/rmsnorm.py (a fresh copy of the stub)"
+    assert Progress().current == "rmsnorm"
 
 
 def test_cli_errors_are_one_line(tmp_path, monkeypatch):
@@ -464,6 +483,52 @@ def test_every_explanation_of_a_wrong_answer_renders_at_its_stop(lesson):
             for wrong in pred.wrong:
                 if wrong.answer != "*":
                     assert value_of(wrong.answer, ctx) is not None
+
+
+def wrong_answers(pred, expected, ctx) -> list[str]:
+    """The lesson's own wrong answers and a few generic ones: for a shape an axis dropped, one
+    added, a size changed; for a number its negative and a value too high; for a set one member
+    left out and one added."""
+    written = [w.answer for w in pred.wrong if w.answer != "*"]
+    texts = [v if isinstance(v, str) else str(list(v) if pred.kind == "shape" else v)
+             for v in (value_of(w, ctx) for w in written)]
+    if pred.kind == "shape":
+        e = list(expected)
+        texts += [str(e[:i] + e[i + 1:]) for i in range(len(e))] + [str([1, *e]), str([*e, 1])]
+        texts += [str(e[:i] + [e[i] + 3] + e[i + 1:]) for i in range(len(e))]
+    elif pred.kind == "number":
+        texts += [repr(-expected) if expected else "-1", repr(expected * 1.7 + 0.3)]
+    elif pred.kind == "set":
+        texts += [", ".join(map(str, sorted(expected)[1:])) or "999", ", ".join(map(str, sorted(expected | {999})))]
+    return texts
+
+
+@pytest.mark.parametrize("lesson", LESSONS, ids=IDS)
+def test_a_wrong_answer_gets_a_hint_not_the_answer(lesson):
+    """Before "try again", what a wrong prediction is told never holds the answer itself (the
+    answer as shown after Enter: [1, 7, 128], 2.5, {0, 3})."""
+    from stepper.lessons.judge import expected_value, show_answer
+
+    plan = prepare(lesson.run)
+    recorder = Recorder()
+    run(lesson.run, [recorder])
+    order = [e.name for e in recorder.events]
+    told = 0
+    for step in lesson.steps:
+        ctx = Context(plan, {name: recorder.tensors()[name] for name in order[: order.index(step.stop) + 1]})
+        for pred in (p for p in step.predict if p.kind != "choice"):
+            expected = expected_value(pred, ctx)
+            answer = show_answer(pred, expected)
+            forms = [answer] + ([answer.strip("[]{}")] if pred.kind != "number" else [])
+            for text in wrong_answers(pred, expected, ctx):
+                verdict = judge(pred, text, ctx, step.stop)
+                if verdict.right or not verdict.readable:
+                    continue
+                told += 1
+                for form in forms:
+                    found = re.search(r"(?<![\w.])" + re.escape(form) + r"(?![\w]|\.\d)", verdict.why)
+                    assert found is None, f"{pred.question[:60]!r}: {text} is told {verdict.why!r}, the answer {answer}"
+    assert told > 0
 
 
 # ---------------------------------------------------------------------------------------------

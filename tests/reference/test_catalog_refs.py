@@ -3,12 +3,16 @@
 - Every name is unique, every dimension symbol is defined, and the entries follow docs/names.md
   (same names, same order, same number of dimensions).
 - Every citation names its own file's lines: `{"lines": [first, last], "symbol": ..., "text": ...}`
-  where `text` is the first cited line as the cited revision reads it and `symbol` is on that line.
+  where `text` is the first cited line as the cited revision reads it and `symbol` is on that line;
+  the sources that are not installed also record the lines after it (`code`), which `explain` shows.
   Those agree with each other always; against the files they are checked where the files are:
   transformers' citations against the installed package when it is the cited version, and the
   sources that are not installed (modeling_deepseek.py, DeepSeek's inference/model.py) against a
   local copy of the cited revision (recognised by its git blob id) in the folder named by
-  $STEPPER_REFERENCE_SOURCES, laid out as the references' `path`s.
+  $STEPPER_REFERENCE_SOURCES, laid out as the references' `path`s. modeling_deepseek.py is cited at
+  moonshotai/Kimi-K2-Instruct's revision, whose blob id is not recorded: its lines were read from a
+  copy of DeepSeek-V3's file (`read_from`'s blob), and a file at FOLDER/Kimi-K2-Instruct/PATH is
+  taken as the cited revision.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ PATHS = {"both", "naive", "absorb"}
 DTYPES = {"float32", "int64"}
 REFERENCE_KEYS = {"variable", "modeling_deepseek.py", "transformers", "inference"}
 FAMILY_REFERENCE_KEYS = {"inference_v32"}  # optional: DeepSeek-V3.2-Exp's own inference code, for the indexer
-CITATION_KEYS = {"lines", "symbol", "text"}  # and optionally "path": another file of the same source
+CITATION_KEYS = {"lines", "symbol", "text"}  # and optionally "path" (another file of the same source), "code"
 SOURCES = ("modeling_deepseek.py", "transformers", "inference", "inference_v32")
 FAMILY_FILES = ("models/deepseek_v2/", "models/deepseek_v32/")  # a family entry cites its family's transformers file
 WHEN_FIELDS = {"scoring_func": {"sigmoid", "softmax"}, "topk_method": {"noaux_tc", "greedy", "group_limited_greedy"},
@@ -61,13 +65,16 @@ def line_range_ok(value) -> bool:
 
 
 def citation_ok(value) -> bool:
-    """A citation's parts agree with each other: valid lines, its symbol on the recorded first line."""
+    """A citation's parts agree with each other: valid lines, its symbol on the recorded first line,
+    the recorded lines after it (when there are) as many as the range has."""
     return (
         isinstance(value, dict)
-        and CITATION_KEYS <= set(value) <= CITATION_KEYS | {"path"}
+        and CITATION_KEYS <= set(value) <= CITATION_KEYS | {"path", "code"}
         and line_range_ok(value["lines"])
         and isinstance(value["symbol"], str) and len(value["symbol"]) > 1
         and isinstance(value["text"], str) and value["symbol"] in value["text"]
+        and ("code" not in value or (isinstance(value["code"], list) and all(isinstance(x, str) for x in value["code"])
+                                     and len(value["code"]) == value["lines"][1] - value["lines"][0]))
     )
 
 
@@ -81,7 +88,16 @@ def test_header(catalog):
     for source in ("modeling_deepseek.py", "inference", "inference_v32"):  # not installed: the revision is recorded
         about = references[source]
         assert about["label"] and about["repo"] and about["path"], source
-        assert re.fullmatch(r"[0-9a-f]{40}", about["commit"]) and re.fullmatch(r"[0-9a-f]{40}", about["blob"]), source
+        blob = about["blob"] or about["read_from"]["blob"]  # the file the lines were read from
+        assert re.fullmatch(r"[0-9a-f]{40}", about["commit"]) and re.fullmatch(r"[0-9a-f]{40}", blob), source
+    assert references["modeling_deepseek.py"]["repo"] == "moonshotai/Kimi-K2-Instruct"  # the model's own repository
+
+
+def test_sources_not_installed_record_every_cited_line(catalog):
+    for source in ("modeling_deepseek.py", "inference", "inference_v32"):
+        for name, citation in cited(catalog, source):
+            first, last = citation["lines"]
+            assert len(citation.get("code", [])) == last - first, f"{name}: {source} lines {first}-{last}"
 
 
 def test_names_are_unique(catalog):
@@ -190,6 +206,9 @@ def citation_problems(name: str, citation: dict, lines: list[str]) -> list[str]:
         problems.append(f"{name}: line {first} reads {lines[first - 1].strip()!r}, the catalogue {citation['text'].strip()!r}")
     if citation["symbol"] not in lines[first - 1]:
         problems.append(f"{name}: {citation['symbol']!r} not on line {first}")
+    after = [line.rstrip() for line in lines[first:last]]
+    if "code" in citation and citation["code"] != after:
+        problems.append(f"{name}: lines {first + 1}-{last} are not what the catalogue records")
     return problems
 
 
@@ -227,16 +246,20 @@ def git_blob(data: bytes) -> str:
 
 @pytest.mark.parametrize("source", ["modeling_deepseek.py", "inference", "inference_v32"])
 def test_citations_match_a_local_copy_of_the_cited_revision(catalog, source):
-    """The copy is FOLDER/PATH, or FOLDER/REPO-NAME/PATH where two sources share a path."""
+    """The copy is FOLDER/PATH, or FOLDER/REPO-NAME/PATH where two sources share a path: the cited
+    revision (at FOLDER/REPO-NAME/PATH when the catalogue records no blob id for it, else by its blob
+    id), else the file the lines were read from (`read_from`'s blob)."""
     about = catalog["references"][source]
     folder = os.environ.get("STEPPER_REFERENCE_SOURCES")
-    places = [Path(folder or ".") / about["path"], Path(folder or ".") / about["repo"].split("/")[1] / about["path"]]
-    path = next((p for p in places if p.is_file() and git_blob(p.read_bytes()) == about["blob"]), places[0])
-    if not folder or not path.is_file():
-        pytest.skip(f"no copy of {about['repo']} {about['path']} (set STEPPER_REFERENCE_SOURCES to a folder holding it)")
+    named = Path(folder or ".") / about["repo"].split("/")[1] / about["path"]
+    places = [Path(folder or ".") / about["path"], named]
+    blobs = {about["blob"], about.get("read_from", {}).get("blob")} - {None}
+    path = named if about["blob"] is None and named.is_file() else None  # the cited revision, as the layout says
+    path = path or next((p for p in places if p.is_file() and git_blob(p.read_bytes()) in blobs), None)
+    if not folder or path is None:
+        pytest.skip(f"no copy of {about['repo']}@{about['commit'][:12]}'s {about['path']} "
+                    "(set STEPPER_REFERENCE_SOURCES to a folder holding it)")
     data = path.read_bytes()
-    if git_blob(data) != about["blob"]:
-        pytest.skip(f"{path} is not {about['repo']}@{about['commit'][:7]}'s {about['path']} (blob {about['blob'][:7]})")
     lines = data.decode("utf-8").splitlines()
     problems = [p for name, citation in cited(catalog, source) for p in citation_problems(name, citation, lines)]
     assert not problems, "\n".join(problems)
@@ -248,4 +271,7 @@ def test_a_citation_off_by_a_line_is_caught():
     assert citation_problems("t", right, lines) == []
     assert citation_problems("t", {**right, "lines": [1, 2]}, lines)  # the text is line 2's
     assert citation_problems("t", {**right, "lines": [2, 4]}, lines)  # past the end
+    assert citation_problems("t", {**right, "code": ["    return y"]}, lines) == []
+    assert citation_problems("t", {**right, "code": ["    return x"]}, lines)  # a recorded later line differs
+    assert not citation_ok({**right, "code": []})  # the range has two lines: one more than text
     assert not citation_ok({**right, "symbol": "z"})  # the symbol is not on the recorded line

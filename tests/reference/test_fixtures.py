@@ -252,6 +252,41 @@ def test_a_candidate_with_no_known_name_is_bad_input(tmp_path):
     assert out.returncode == 2 and "none of its 1 tensor names" in out.stderr and "--map" in out.stderr
 
 
+def test_names_without_their_step_prefix_are_named_as_such(basic, tmp_path):
+    prefill = {k.removeprefix("prefill."): v for k, v in basic.tensors.items() if k.startswith("prefill.")}
+    bare = write_candidate(tmp_path / "bare.safetensors", prefill)
+    out = stepper("fixtures", "verify", BASIC, bare)
+    example = next(iter(read_names(bare)))
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr == (f"stepper: error: {bare}: {len(prefill)} of its {len(prefill)} tensor names lack the step "
+                          f"prefix that fixture tiny-prefill-decode's names have (prefill., decode0., decode1.): e.g. "
+                          f"'{example}' is 'prefill.{example}' there; prefix each name with its step, or pass --map "
+                          f"FILE.json\n")
+    some = {**{k: v for k, v in basic.tensors.items() if k.startswith("prefill.")},
+            "layers.2.output": basic.tensors["decode1.layers.2.output"]}  # one name without its step
+    out = stepper("fixtures", "verify", BASIC, write_candidate(tmp_path / "some.safetensors", some), "--allow-missing",
+                  "--plain")
+    assert out.returncode == 0
+    assert ("1 of its 105 tensor names lack the step prefix that fixture tiny-prefill-decode's names have (prefill., "
+            "decode0., decode1.): e.g. 'layers.2.output' is 'prefill.layers.2.output' there; prefix each name with "
+            "its step, or pass --map FILE.json") in out.stdout.splitlines()
+
+
+def read_names(path: Path) -> list[str]:
+    return list(SafetensorsFile(path).names())
+
+
+def test_stepper_s_own_dump_is_read_by_stepper_s_names_alone(basic):
+    out = stepper("fixtures", "verify", BASIC, BASIC / TENSORS, "--plain")
+    assert out.returncode == 0 and out.stderr == ""
+    lines = out.stdout.splitlines()
+    assert lines[-1] == f"match: {len(basic.entries)} fixture tensors, {len(basic.entries)} match, 0 differ, 0 missing"
+    for other in ("transformers", "inference", "llama.cpp", "result_norm", "modeling_deepseek"):
+        assert other not in out.stdout, other
+    rows = [line for line in lines if line[:5].strip().isdigit()]
+    assert len(rows) == len(basic.entries) and all(row.split()[2] == "match" for row in rows)
+
+
 def test_not_a_fixture_is_bad_input(tmp_path):
     out = stepper("fixtures", "verify", tmp_path, tmp_path / "x.safetensors")
     assert out.returncode == 2 and "no manifest.json" in out.stderr

@@ -1,0 +1,42 @@
+"""Figures as a user reads them: a tensor none of whose values is finite has no sum (nan, as its
+mean), and the cache's sizes are in GiB, the unit its limit is set in."""
+
+import json
+
+from helpers.cli import stepper
+
+from stepper.statistics import Gather
+from stepper.weights.remote import human
+
+ALL_NAN = ("run", "--layers", "0:1", "--only", "layers.0.input_layernorm", "--patch", "layers.0.input_layernorm=x*nan")
+
+
+def test_an_all_nan_tensor_shows_nan_for_its_sum_as_for_its_mean():
+    plain = stepper(*ALL_NAN, "--plain")
+    assert plain.returncode == 0, plain.stderr
+    (row,) = [line.split() for line in plain.stdout.splitlines() if line.lstrip().startswith("min ")]
+    figures = dict(zip(row[0::2], row[1::2]))
+    assert figures == {"min": "nan", "max": "nan", "mean": "nan", "std": "nan", "absmax": "nan", "sum": "nan",
+                       "nan": "2,240", "inf": "0"}
+    as_json = json.loads(stepper(*ALL_NAN, "--json").stdout.splitlines()[0])["stats"]
+    assert as_json["sum"] is None and as_json["mean"] is None and as_json["nan"] == 7 * 320
+
+
+def test_no_finite_value_gives_a_nan_sum_and_finite_ones_their_sum():
+    import numpy as np
+
+    gathered = Gather()
+    gathered.add(np.array([np.inf, -np.inf, np.nan], np.float32))
+    st = gathered.stats()
+    assert np.isnan(st.sum) and np.isnan(st.mean) and (st.nan, st.inf, st.finite) == (1, 2, 0)
+    gathered.add(np.array([1.5, 2.0], np.float32))
+    assert gathered.stats().sum == 3.5
+
+
+def test_cache_ls_says_the_limit_in_the_gib_it_is_set_in(tmp_path):
+    env = {"STEPPER_CACHE_DIR": str(tmp_path), "STEPPER_CACHE_MAX_GB": None}
+    listed = stepper("cache", "ls", "--plain", env=env)
+    assert listed.returncode == 0 and listed.stdout == f"0 B kept in {tmp_path} (at most 100.0 GiB)\n"
+    listed = stepper("--cache-max-gb", "1.5", "cache", "ls", "--plain", env=env)
+    assert listed.stdout == f"0 B kept in {tmp_path} (at most 1.5 GiB)\n"
+    assert [human(n) for n in (512, 3 << 10, 5 << 20, 100 << 30)] == ["512 B", "3.0 KiB", "5.0 MiB", "100.0 GiB"]
