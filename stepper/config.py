@@ -12,12 +12,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from stepper.errors import StepperError
+from stepper.int4 import patterns
 from stepper.jsonfile import read_json
 
 MODEL_TYPES = ("deepseek_v3", "kimi_k2", "deepseek_v2", "deepseek_v32")
@@ -65,7 +65,7 @@ class Int4Groups:
         """Whether the module (a weight's name without ".weight") is stored in INT4."""
         def matches(entry: str) -> bool:
             if entry.startswith("re:"):
-                return re.match(entry[3:], module) is not None
+                return patterns.matches(entry[3:], module)
             return entry == module or (entry == "Linear" and linear)
         return any(matches(t) for t in self.targets) and not any(matches(i) for i in self.ignore)
 
@@ -494,16 +494,16 @@ def _require_value(f: _Fields, block: dict, at: str, field: str, honoured: Any, 
 
 
 def _entries(f: _Fields, block: dict, at: str, field: str, allow_empty: bool = False) -> tuple[str, ...]:
-    """A list of module names and "re:" patterns, each pattern a valid regular expression."""
+    """A list of module names and "re:" patterns, each pattern in the subset whose work is bounded
+    (stepper.int4.patterns)."""
     entries = block.get(field, [] if allow_empty else None)
     if not isinstance(entries, list) or not all(isinstance(e, str) for e in entries) or not (entries or allow_empty):
         raise f.fail(at, f"must be a list of module names or 're:' patterns, got {entries!r}")
     for entry in entries:
-        if entry.startswith("re:"):
-            try:
-                re.compile(entry[3:])
-            except re.error as e:
-                raise f.fail(at, f"holds {entry!r}, not a regular expression ({e})") from None
+        why = patterns.refusal(entry[3:]) if entry.startswith("re:") else None
+        if why is not None:
+            cut = entry if len(entry) <= 80 else entry[:80] + "..."
+            raise f.fail(at, f"holds {cut!r}, which {why}")
     return tuple(entries)
 
 
