@@ -19,6 +19,7 @@ from typing import Any
 from stepper.errors import StepperError
 from stepper.int4 import patterns
 from stepper.jsonfile import read_json
+from stepper.untrusted import shown
 
 MODEL_TYPES = ("deepseek_v3", "kimi_k2", "deepseek_v2", "deepseek_v32")
 WRAPPER_TYPES = ("kimi_k25",)
@@ -275,7 +276,7 @@ def _parse(raw: dict[str, Any], source: str) -> Config:
         )
     rope_theta, rope_scaling = _rope(f)
     cfg = Config(
-        name=str(raw.get("_name_or_path") or display_name(source)),
+        name=model_name(raw, source),
         model_type=model_type,
         vocab_size=f.int("vocab_size"),
         hidden_size=f.int("hidden_size"),
@@ -331,8 +332,13 @@ def _kimi_k25(f: _Fields) -> Config:
         raise f.fail("text_config.model_type", f"must be one of {', '.join(MODEL_TYPES)}, got {text['model_type']!r}")
     cfg = _parse(text, f"{f.source}: text_config")
     unused = tuple(k for k in f.raw if k not in WRAPPER_READ + WRAPPER_BOOKKEEPING)
-    name = str(f.raw.get("_name_or_path") or display_name(f.source))
-    return dataclasses.replace(cfg, name=name, wrapper=Wrapper(f.str("model_type"), unused_fields=unused))
+    return dataclasses.replace(cfg, name=model_name(f.raw, f.source), wrapper=Wrapper(f.str("model_type"), unused_fields=unused))
+
+
+def model_name(raw: dict[str, Any], source: str) -> str:
+    """The model's name: config.json's _name_or_path, else the file's folder; control characters
+    escaped here, so that no screen, message or repr gets them raw."""
+    return shown(str(raw.get("_name_or_path") or display_name(source)))
 
 
 def wrapped_hf(cfg: Config, vision_config: dict[str, Any]) -> dict[str, Any]:

@@ -128,3 +128,28 @@ def test_a_lone_file_of_activations_has_no_scales_to_miss(tmp_path):
     assert out.returncode == 1
     assert out.stdout.splitlines()[-1].strip() == ("! 'model.layers.0.self_attn.q_a_proj.weight_scale_inv' is missing: the "
                                                    "F8_E4M3 weight 'model.layers.0.self_attn.q_a_proj.weight' needs its block scales")
+
+
+ESCAPES = "k2\x1b]0;pwned\x07\x1b[2J\r\x9b1m"
+
+
+def test_a_config_name_with_escape_sequences_reaches_no_repr_or_screen_raw(tmp_path):
+    import stepper as api
+
+    folder = synth_checkpoint(SyntheticWeights(preset("tiny"), 0), tmp_path / "c")
+    raw = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**raw, "_name_or_path": ESCAPES}))
+    run = api.run(str(folder), prompt_len=2, keep="logits")
+    assert repr(run).startswith("<stepper.Run k2\\x1b]0;pwned\\x07\\x1b[2J\\r\\u009b1m: 3 tensors kept")
+    out = stepper("run", "--model", str(folder), "--plain", "--only", "logits")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("model k2\\x1b]0;pwned\\x07\\x1b[2J\\r\\u009b1m (kimi_k2)")
+    assert not any(c in out.stdout + repr(run) + run._repr_html_() for c in "\x1b\x07\r\x9b")
+
+
+def test_a_diffs_repr_escapes_the_tensor_names_from_files():
+    import stepper as api
+
+    name = "x\x1b[2J"
+    shown_diff = repr(api.diff({name: np.zeros(2, np.float32)}, {name: np.ones(2, np.float32)}))
+    assert shown_diff.endswith("first difference x\\x1b[2J>") and "\x1b" not in shown_diff
