@@ -18,7 +18,7 @@ import numpy as np
 
 from stepper.errors import StepperError
 
-MAX_DEPTH = 100  # arrays and objects inside one another (a tokenizer.json: 5; a fixture manifest: 6)
+MAX_DEPTH = 100  # arrays and objects inside one another (a fixture manifest: 5)
 STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')  # a JSON string, escapes included
 STEPS = bytes.maketrans(b"[{]}" + bytes(b for b in range(256) if b not in b"[{]}"), b"\x01\x01\xff\xff" + bytes(252))
 

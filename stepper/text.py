@@ -10,7 +10,7 @@ text, runs of more than 25,000 spaces or non-spaces cut (so the regex never recu
 text encoded 400,000 characters at a time, and no BOS added. The two libraries are the optional extra `stepper[text]`.
 
 What the files say is bounded before it runs: a tokenizer file of at most MAX_FILE_BYTES, at most
-MAX_VOCAB tokens, merges or added tokens, padding and truncation to at most MAX_TOKENS tokens
+MAX_VOCAB tokens, padding and truncation to at most MAX_TOKENS tokens
 (a fixed padding of 10^8 would make 10^8 ids of any prompt), a truncation's stride at most half
 its length (each overflowing piece repeats `stride` tokens: near the length, a long prompt would
 make as many pieces as tokens); a prompt of at most MAX_PROMPT_CHARS characters. A call into
@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Protocol
 
 from stepper.errors import StepperError
-from stepper.jsonfile import parse_json, read_json
+from stepper.jsonfile import read_json
 from stepper.untrusted import shown
 
 INSTALL = 'pip install "stepper[text]"'
@@ -59,7 +59,7 @@ KIMI_SPECIAL_IDS = 256 + 2  # special token ids after the ranked tokens
 KIMI_MAX_RUN = 25_000  # longest run of spaces or non-spaces handed to the regex at once
 KIMI_CHUNK = 400_000  # characters encoded at once
 MAX_FILE_BYTES = 64 * 2**20  # a tokenizer file (DeepSeek-V3's tokenizer.json: 7.8 MB)
-MAX_VOCAB = 2**20  # tokens, merges or added tokens of a file (Kimi K2: 163,840 tokens)
+MAX_VOCAB = 2**20  # tokens of a file, added tokens included (Kimi K2: 163,840)
 MAX_TOKENS = 2**20  # a padding or truncation length: past the longest context (262,144 positions)
 MAX_PROMPT_CHARS = 2**22  # characters of a prompt: about 10^6 tokens
 
@@ -156,9 +156,9 @@ class HfTokenizer:
         self.file = path
         tokenizers = need("tokenizers", path)
         text = utf8(path, read_bounded(path))
-        check_settings(path, parse_json(text, str(path)))
         with library_call(path, "not a tokenizer.json the tokenizers library can read"):
             self.model = tokenizers.Tokenizer.from_str(text)
+        check_settings(path, self.model)
 
     def encode(self, text: str) -> list[int]:
         check_prompt(text)
@@ -199,37 +199,25 @@ def utf8(path: Path, data: bytes) -> str:
         raise StepperError(f"{path}: not UTF-8 text (byte {e.start})") from None
 
 
-def check_settings(path: Path, raw: object) -> None:
-    """A tokenizer.json's sizes within bounds before the library acts on them: the vocabulary,
-    merges and added tokens, padding and truncation lengths. Values of the wrong type are left
-    to the library, which refuses them."""
-    if not isinstance(raw, dict):
-        return
-    model = raw.get("model") if isinstance(raw.get("model"), dict) else {}
-    for where, entries in (("model.vocab", model.get("vocab")), ("model.merges", model.get("merges")),
-                           ("added_tokens", raw.get("added_tokens"))):
-        if isinstance(entries, (dict, list)) and len(entries) > MAX_VOCAB:
-            raise StepperError(f"{path}: {where} holds {len(entries)} entries; stepper reads at most {MAX_VOCAB}")
-    padding, truncation = raw.get("padding"), raw.get("truncation")
-    if isinstance(padding, dict):
-        strategy = padding.get("strategy")
-        fixed = strategy.get("Fixed") if isinstance(strategy, dict) else None
-        check_length(path, "padding.strategy.Fixed", fixed)
-        check_length(path, "padding.pad_to_multiple_of", padding.get("pad_to_multiple_of"))
-    if isinstance(truncation, dict):
-        length, stride = truncation.get("max_length"), truncation.get("stride")
+def check_settings(path: Path, model) -> None:
+    """A tokenizer's sizes within bounds before it encodes anything: its tokens, its padding and
+    truncation lengths (as the library read them from the file)."""
+    tokens = model.get_vocab_size(with_added_tokens=True)
+    if tokens > MAX_VOCAB:
+        raise StepperError(f"{path}: {tokens} tokens; stepper reads at most {MAX_VOCAB}")
+    padding, truncation = model.padding or {}, model.truncation or {}
+    check_length(path, "padding.strategy.Fixed", padding.get("length"))
+    check_length(path, "padding.pad_to_multiple_of", padding.get("pad_to_multiple_of"))
+    if truncation:
+        length, stride = truncation["max_length"], truncation["stride"]
         check_length(path, "truncation.max_length", length)
-        if is_int(length) and is_int(stride) and stride > length // 2:
+        if stride > length // 2:
             raise StepperError(f"{path}: truncation.stride is {stride}; at most half of max_length ({length}), "
                                "or a long prompt overflows into about as many pieces as it has tokens")
 
 
-def is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def check_length(path: Path, where: str, value: object) -> None:
-    if is_int(value) and value > MAX_TOKENS:
+def check_length(path: Path, where: str, value: int | None) -> None:
+    if value is not None and value > MAX_TOKENS:
         raise StepperError(f"{path}: {where} is {value} tokens; stepper takes at most {MAX_TOKENS} "
                            "(every prompt would be made that long)")
 
@@ -257,7 +245,12 @@ def library_call(path: Path, what: str) -> Iterator[None]:
 def stderr_silenced() -> Iterator[None]:
     """File descriptor 2 on /dev/null inside the block (what Python writes to sys.stderr is flushed first)."""
     sys.stderr.flush()
-    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        saved = os.dup(2)
+    except OSError:  # no file descriptor 2 to silence
+        yield
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
     try:
         os.dup2(null, 2)
         yield
