@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import tomllib
 from helpers.cli import stepper
-from helpers.tokenizer_files import write_tokenizer_json
+from helpers.tokenizer_files import write_tiktoken_model, write_tokenizer_json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -169,6 +169,36 @@ def test_fuzzed_tokenizer_files(token_place, tmp_path_factory, data):
             (copy_ / file.name).symlink_to(file)
     (copy_ / "tokenizer.json").write_text(json.dumps(changed(sound, changes)))
     prompt = data.draw(st.text(min_size=1, max_size=20) | st.just("a" * 40))
+    ends_well(stepper("run", "--model", str(copy_), "--prompt", prompt, "--plain", "--only", "embed"))
+
+
+@pytest.fixture(scope="module")
+def kimi_place(tmp_path_factory) -> Path:
+    """The tiny checkpoint with a Kimi tiktoken.model and tokenizer_config.json."""
+    folder = synth_checkpoint(SyntheticWeights(preset("tiny"), seed=0), tmp_path_factory.mktemp("kimi") / "c")
+    write_tiktoken_model(folder)
+    return folder
+
+
+kimi_lines = st.sampled_from(["", "YQ== 0", "YQ== -1", "YQ==", "YQ== 1 2", "!!! 3", "YQ== 99999999999999999999",
+                              "\x1b[2J 4", "YWJj 5", "YQ== 5"]) | st.text(max_size=20)
+
+
+@SETTINGS
+@given(data=st.data())
+def test_fuzzed_kimi_tokenizer_files(kimi_place, tmp_path_factory, data):
+    lines = (kimi_place / "tiktoken.model").read_text().splitlines()
+    at = data.draw(st.integers(0, len(lines) - 1))
+    lines[at:at + data.draw(st.integers(0, 2))] = data.draw(st.lists(kimi_lines, max_size=3))
+    config = data.draw(st.just(None) | value.map(lambda v: {"added_tokens_decoder": v}) | value)
+    copy_ = tmp_path_factory.mktemp("k")
+    for file in kimi_place.iterdir():
+        if file.name not in ("tiktoken.model", "tokenizer_config.json"):
+            (copy_ / file.name).symlink_to(file)
+    (copy_ / "tiktoken.model").write_text("\n".join(lines) + "\n")
+    if config is not None:
+        (copy_ / "tokenizer_config.json").write_text(json.dumps(config))
+    prompt = data.draw(st.text(min_size=1, max_size=20) | st.just("[BOS]hello <|im_end|>"))
     ends_well(stepper("run", "--model", str(copy_), "--prompt", prompt, "--plain", "--only", "embed"))
 
 
