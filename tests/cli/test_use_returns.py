@@ -77,6 +77,17 @@ def test_what_a_function_raises_is_one_line_with_its_line(tmp_path, body, raised
     assert "\x1b" not in line
 
 
+def test_a_file_raising_while_it_loads_is_one_line(tmp_path):
+    path = tmp_path / "mine.py"
+    path.write_text("import numpy as np\n\nnp.reshape(np.zeros(3), (2, 2))\n\n\ndef rms_norm(x, weight, eps):\n    return x\n")
+    out = stepper("run", "--plain", "--use", str(path))
+    assert out.returncode == 2 and out.stderr == (f"stepper: error: {path} line 3: loading it failed: ValueError: cannot "
+                                                  "reshape array of size 3 into shape (2,2)\n")
+    path.write_text("raise RuntimeError('one\\ntwo')\n")
+    out = stepper("run", "--plain", "--use", str(path))
+    assert out.stderr == f"stepper: error: {path} line 1: loading it failed: RuntimeError: one\\ntwo\n"
+
+
 def stand_in(name: str) -> str:
     """A learner's function that calls stepper's own: same signature, same result."""
     signature = inspect.signature(overrides.reference(name))
