@@ -19,13 +19,12 @@ import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any
-
-import numpy as np
+from typing import IO
 
 import stepper.model  # noqa: F401 - importing the model defines every exercise (stepper.swap.REFERENCES)
 from stepper import swap
 from stepper.errors import StepperError
+from stepper.lessons import returns
 from stepper.untrusted import shown
 
 EXERCISES: tuple[str, ...] = tuple(swap.REFERENCES)
@@ -148,77 +147,13 @@ def guarded(path: Path, name: str, func: Callable) -> Callable:
             what = "is not written yet" if isinstance(e, NotImplementedError) else "raised"
             where = f" line {line}" if line else ""
             raise StepperError(f"{path}{where}, in {name}: {what} ({type(e).__name__}: {shown(e)})") from e
-        wrong = wrong_result(name, signature.bind(*args, **kwargs).arguments, result)
+        wrong = returns.wrong_result(name, signature.bind(*args, **kwargs).arguments, result)
         if wrong:
             raise StepperError(f"{path}: {name} returned {wrong}")
         return result
 
     call.learner_path = path  # type: ignore[attr-defined]
     return call
-
-
-# ---------------------------------------------------------------------------------------------
-# What each exercise returns: (shape, dtype) of an array, a tuple of them, or a Routing's fields
-
-
-def expected(name: str, a: dict[str, Any]) -> Any:
-    """What stepper's own function returns for these arguments: (shape, dtype) of an array, a list
-    of them for a tuple of arrays, a dict of them for a Routing's fields."""
-    if name in ("decode", "dequantize"):
-        return a["codes"].shape, np.float32
-    if name == "dequantize_int4":
-        return (a["packed"].shape[0], a["in_features"]), np.float32
-    if name == "rms_norm":
-        return a["x"].shape, np.float32
-    if name in ("softmax", "apply_rope"):  # float32 in every run; a float64 x stays float64
-        return a["x"].shape, np.result_type(a["x"], np.float32).type
-    if name == "causal_mask":
-        return (a["t"], a["s"]), np.bool_
-    if name == "rope_inv_freq":
-        return (a["dim"] // 2,), np.float32
-    if name == "index_scores":
-        return (a["q"].shape[0], a["q"].shape[2], a["keys"].shape[1]), np.float32
-    if name == "absorbed":
-        return (*a["q_nope"].shape[:3], a["cfg"].v_head_dim), np.float32
-    if name == "latent":
-        (b, t, _), cfg = a["x"].shape, a["cfg"]
-        return [((b, t, cfg.kv_lora_rank), np.float32), ((b, 1, t, cfg.qk_rope_head_dim), np.float32)]
-    if name == "route":
-        k = (a["x"].shape[0], a["cfg"].num_experts_per_tok)
-        return {"topk_idx": (k, np.int64), "topk_weight": (k, np.float32)}
-    raise KeyError(name)
-
-
-def described(result: object) -> str:
-    """A result as a message names it: 'float64[3, 4]', 'tuple of 2', 'None', 'int'."""
-    if isinstance(result, np.ndarray):
-        return f"{result.dtype}{list(result.shape)}"
-    if isinstance(result, tuple):
-        return f"a tuple of {len(result)}"
-    return "None" if result is None else f"a {type(result).__name__}"
-
-
-def array_wrong(result: object, shape: tuple, dtype: type) -> str | None:
-    if isinstance(result, np.ndarray) and result.shape == tuple(shape) and result.dtype == dtype:
-        return None
-    return f"{described(result)}; expected an array {np.dtype(dtype)}{list(shape)}"
-
-
-def wrong_result(name: str, arguments: dict[str, Any], result: object) -> str | None:
-    """What is wrong with an exercise's result (its type, shape or dtype), or None."""
-    want = expected(name, arguments)
-    if isinstance(want, dict):  # a Routing
-        fields = [(f, getattr(result, f, None)) for f in want]
-        if type(result).__name__ != "Routing":
-            return f"{described(result)}; expected a Routing (topk_idx, topk_weight)"
-        problems = [f"{f} {array_wrong(value, *want[f])}" for f, value in fields if array_wrong(value, *want[f])]
-        return f"a Routing whose {problems[0]}" if problems else None
-    if isinstance(want, list):  # a tuple of arrays
-        if not isinstance(result, tuple) or len(result) != len(want):
-            return f"{described(result)}; expected a tuple of {len(want)} arrays"
-        problems = [f"item {i}: {array_wrong(r, *w)}" for i, (r, w) in enumerate(zip(result, want)) if array_wrong(r, *w)]
-        return f"a tuple whose {problems[0]}" if problems else None
-    return array_wrong(result, *want)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -36,7 +36,7 @@ def used(path: Path) -> str:
 @pytest.mark.parametrize(("body", "got"), [
     ("return x[..., :-1]", "float32[1, 3, 319]"),
     ("return None", "None"),
-    ("return 3", "a int"),
+    ("return 3", "an int"),
     ("return (x, x)", "a tuple of 2"),
     ("return 'normed'", "a str"),
     ("return x.astype(np.float64)", "float64[1, 3, 320]"),
