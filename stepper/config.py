@@ -19,7 +19,7 @@ from typing import Any
 from stepper.errors import StepperError
 from stepper.int4 import patterns
 from stepper.jsonfile import read_json
-from stepper.untrusted import shown
+from stepper.untrusted import cut, shown
 
 MODEL_TYPES = ("deepseek_v3", "kimi_k2", "deepseek_v2", "deepseek_v32")
 WRAPPER_TYPES = ("kimi_k25",)
@@ -508,8 +508,7 @@ def _entries(f: _Fields, block: dict, at: str, field: str, allow_empty: bool = F
     for entry in entries:
         why = patterns.refusal(entry[3:]) if entry.startswith("re:") else None
         if why is not None:
-            cut = entry if len(entry) <= 80 else entry[:80] + "..."
-            raise f.fail(at, f"holds {cut!r}, which {why}")
+            raise f.fail(at, f"holds '{cut(entry, 80)}', which {why}")
     return tuple(entries)
 
 

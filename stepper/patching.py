@@ -27,6 +27,7 @@ import numpy as np
 
 from stepper.errors import StepperError
 from stepper.trace import Event, held, matches
+from stepper.untrusted import cut
 
 PatchFn = Callable[[np.ndarray, str], "np.ndarray | None"]
 Patches = Sequence[tuple[str, PatchFn]]  # in the order they apply
@@ -114,13 +115,13 @@ def expression(expr: str, where: str = "--patch ") -> PatchFn:
     """The function of an EXPR: checked for its form now, evaluated on each tensor it patches.
     `where` begins its error messages (the option and the name, as the user wrote them)."""
     if len(expr) > MAX_EXPR:
-        raise StepperError(f"{where}{expr[:40]}...: {len(expr)} characters; an expression is at most {MAX_EXPR}")
+        raise StepperError(f"{where}{cut(expr, 40)}: {len(expr)} characters; an expression is at most {MAX_EXPR}")
     try:
         tree = ast.parse(expr, mode="exec")
     except (SyntaxError, RecursionError, MemoryError):  # MemoryError: the parser's own stack, not the machine's
         tree = None
     if tree is not None and nesting(tree) > MAX_NESTING:
-        raise StepperError(f"{where}{expr[:40]}...: nested more than {MAX_NESTING} deep (brackets, operators, signs)")
+        raise StepperError(f"{where}{cut(expr, 40)}: nested more than {MAX_NESTING} deep (brackets, operators, signs)")
     stmt = tree.body[0] if tree is not None and len(tree.body) == 1 else None
     if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and is_x_slice(stmt.targets[0]):
         target, value = stmt.targets[0], stmt.value

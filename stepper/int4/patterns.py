@@ -27,6 +27,7 @@ except ImportError:  # pragma: no cover - Python 3.10
     import sre_parse  # type: ignore[no-redef]
 
 from stepper.errors import StepperError
+from stepper.untrusted import cut
 
 MAX_NAME = 128  # longest module name a pattern runs on
 MAX_WAYS = 10**7  # ways a match may place the repeats and alternatives on such a name
@@ -105,6 +106,6 @@ NAMES = {sre.GROUPREF: "a backreference", sre.ASSERT: "a lookaround", sre.ASSERT
 def matches(pattern: str, name: str) -> bool:
     """Whether pattern (checked by `refusal` when the config was read) matches from name's start."""
     if len(name) > MAX_NAME:
-        raise StepperError(f"module name {name[:40]}... is longer than {MAX_NAME} characters, the longest a "
+        raise StepperError(f"module name {cut(name, 40)} is longer than {MAX_NAME} characters, the longest a "
                            "quantization_config pattern is run on")
     return re.match(pattern, name) is not None
