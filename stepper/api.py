@@ -44,6 +44,7 @@ from stepper.fixtures import diff as compare
 from stepper.patching import PatchFn, as_patches, force_experts, zero_expert, zero_head, zero_router_bias
 from stepper.session import ATTN_CHOICES, INDEX_SCORING_CHOICES, RunSpec
 from stepper.trace import Event, did_you_mean, held, matches
+from stepper.untrusted import shown
 from stepper.views import notebook
 from stepper.weights.source import WeightSource
 
@@ -214,7 +215,7 @@ class Diff(compare.Diff):
 
     def __repr__(self) -> str:
         first = self.first
-        where = f"first difference {first.name}" if first else "no tensor differs beyond round-off"
+        where = f"first difference {shown(first.name)}" if first else "no tensor differs beyond round-off"
         return f"<stepper.Diff {len(self.rows)} tensors: {self.count('same')} same, {self.count('close')} close, " \
                f"{self.count('differs')} differ; {where}>"
 

@@ -12,13 +12,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from stepper.errors import StepperError
+from stepper.int4 import patterns
 from stepper.jsonfile import read_json
+from stepper.untrusted import cut, shown
 
 MODEL_TYPES = ("deepseek_v3", "kimi_k2", "deepseek_v2", "deepseek_v32")
 WRAPPER_TYPES = ("kimi_k25",)
@@ -65,7 +66,7 @@ class Int4Groups:
         """Whether the module (a weight's name without ".weight") is stored in INT4."""
         def matches(entry: str) -> bool:
             if entry.startswith("re:"):
-                return re.match(entry[3:], module) is not None
+                return patterns.matches(entry[3:], module)
             return entry == module or (entry == "Linear" and linear)
         return any(matches(t) for t in self.targets) and not any(matches(i) for i in self.ignore)
 
@@ -275,7 +276,7 @@ def _parse(raw: dict[str, Any], source: str) -> Config:
         )
     rope_theta, rope_scaling = _rope(f)
     cfg = Config(
-        name=str(raw.get("_name_or_path") or display_name(source)),
+        name=model_name(raw, source),
         model_type=model_type,
         vocab_size=f.int("vocab_size"),
         hidden_size=f.int("hidden_size"),
@@ -331,8 +332,13 @@ def _kimi_k25(f: _Fields) -> Config:
         raise f.fail("text_config.model_type", f"must be one of {', '.join(MODEL_TYPES)}, got {text['model_type']!r}")
     cfg = _parse(text, f"{f.source}: text_config")
     unused = tuple(k for k in f.raw if k not in WRAPPER_READ + WRAPPER_BOOKKEEPING)
-    name = str(f.raw.get("_name_or_path") or display_name(f.source))
-    return dataclasses.replace(cfg, name=name, wrapper=Wrapper(f.str("model_type"), unused_fields=unused))
+    return dataclasses.replace(cfg, name=model_name(f.raw, f.source), wrapper=Wrapper(f.str("model_type"), unused_fields=unused))
+
+
+def model_name(raw: dict[str, Any], source: str) -> str:
+    """The model's name: config.json's _name_or_path, else the file's folder; control characters
+    escaped here, so that no screen, message or repr gets them raw."""
+    return shown(str(raw.get("_name_or_path") or display_name(source)))
 
 
 def wrapped_hf(cfg: Config, vision_config: dict[str, Any]) -> dict[str, Any]:
@@ -494,16 +500,15 @@ def _require_value(f: _Fields, block: dict, at: str, field: str, honoured: Any, 
 
 
 def _entries(f: _Fields, block: dict, at: str, field: str, allow_empty: bool = False) -> tuple[str, ...]:
-    """A list of module names and "re:" patterns, each pattern a valid regular expression."""
+    """A list of module names and "re:" patterns, each pattern in the subset whose work is bounded
+    (stepper.int4.patterns)."""
     entries = block.get(field, [] if allow_empty else None)
     if not isinstance(entries, list) or not all(isinstance(e, str) for e in entries) or not (entries or allow_empty):
         raise f.fail(at, f"must be a list of module names or 're:' patterns, got {entries!r}")
     for entry in entries:
-        if entry.startswith("re:"):
-            try:
-                re.compile(entry[3:])
-            except re.error as e:
-                raise f.fail(at, f"holds {entry!r}, not a regular expression ({e})") from None
+        why = patterns.refusal(entry[3:]) if entry.startswith("re:") else None
+        if why is not None:
+            raise f.fail(at, f"holds '{cut(entry, 80)}', which {why}")
     return tuple(entries)
 
 

@@ -2,16 +2,25 @@
 
 Python's `json` lets through what a JSON file must not hold, and readers elsewhere take silently:
 a key given twice in one object (the last one wins), and NaN / Infinity, which are not JSON.
-Both are refused here, with the key or the literal named.
+Both are refused here, with the key or the literal named. So is a value nested more than
+MAX_DEPTH deep, counted before the parser runs (100,000 brackets in a row would take it to
+Python's recursion limit).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from stepper.errors import StepperError
+
+MAX_DEPTH = 100  # arrays and objects inside one another (a fixture manifest: 5)
+STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')  # a JSON string, escapes included
+STEPS = bytes.maketrans(b"[{]}" + bytes(b for b in range(256) if b not in b"[{]}"), b"\x01\x01\xff\xff" + bytes(252))
 
 
 def read_json(path: Path, what: str = "") -> Any:
@@ -43,9 +52,18 @@ def parse_json(text: str, where: str) -> Any:
             result[key] = value
         return result
 
+    if depth(text) > MAX_DEPTH:
+        raise StepperError(f"{where}: JSON nested too deeply (more than {MAX_DEPTH} arrays or objects inside one another)")
     try:
         return json.loads(text, parse_constant=no_constants, object_pairs_hook=unique_keys)
     except json.JSONDecodeError as e:
         raise StepperError(f"{where}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
     except RecursionError:
         raise StepperError(f"{where}: JSON nested too deeply") from None
+
+
+def depth(text: str) -> int:
+    """How deep the arrays and objects of a JSON text nest, brackets inside strings not counted
+    (an unterminated string's are: an overestimate for text that is no JSON anyway)."""
+    steps = STRING.sub("", text).encode("utf-8", "surrogatepass").translate(STEPS)  # +1 opens, -1 closes, 0 else
+    return int(np.cumsum(np.frombuffer(steps, np.int8), dtype=np.int32).max(initial=0))

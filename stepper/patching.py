@@ -27,6 +27,7 @@ import numpy as np
 
 from stepper.errors import StepperError
 from stepper.trace import Event, held, matches
+from stepper.untrusted import cut
 
 PatchFn = Callable[[np.ndarray, str], "np.ndarray | None"]
 Patches = Sequence[tuple[str, PatchFn]]  # in the order they apply
@@ -113,10 +114,14 @@ def parse_patch(text: str, option: str = "--patch") -> tuple[str, PatchFn]:
 def expression(expr: str, where: str = "--patch ") -> PatchFn:
     """The function of an EXPR: checked for its form now, evaluated on each tensor it patches.
     `where` begins its error messages (the option and the name, as the user wrote them)."""
+    if len(expr) > MAX_EXPR:
+        raise StepperError(f"{where}{cut(expr, 40)}: {len(expr)} characters; an expression is at most {MAX_EXPR}")
     try:
         tree = ast.parse(expr, mode="exec")
-    except SyntaxError:
+    except (SyntaxError, RecursionError, MemoryError):  # MemoryError: the parser's own stack, not the machine's
         tree = None
+    if tree is not None and nesting(tree) > MAX_NESTING:
+        raise StepperError(f"{where}{cut(expr, 40)}: nested more than {MAX_NESTING} deep (brackets, operators, signs)")
     stmt = tree.body[0] if tree is not None and len(tree.body) == 1 else None
     if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and is_x_slice(stmt.targets[0]):
         target, value = stmt.targets[0], stmt.value
@@ -139,6 +144,20 @@ def expression(expr: str, where: str = "--patch ") -> PatchFn:
             raise StepperError(f"{where}{expr} on {name} {x.dtype}{list(x.shape)}: {e}") from None
 
     return apply
+
+
+MAX_EXPR = 1000  # characters of an EXPR: ast's parser fails past 200 brackets, and nests a node per sign
+MAX_NESTING = 100  # nodes inside one another: checking and evaluating recurse once per level
+
+
+def nesting(tree: ast.AST) -> int:
+    """How deep the nodes of a parsed expression nest (counted without recursing)."""
+    deepest, stack = 0, [(tree, 1)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
+    return deepest
 
 
 CONSTANTS = {"nan": float("nan"), "inf": float("inf")}

@@ -9,6 +9,17 @@ whitespace), 258 special token ids right after the ranked tokens (their names fr
 text, runs of more than 25,000 spaces or non-spaces cut (so the regex never recurses that deep),
 text encoded 400,000 characters at a time, and no BOS added. The two libraries are the optional extra `stepper[text]`.
 
+What the files say is bounded before it runs: a tokenizer file of at most MAX_FILE_BYTES, at most
+MAX_VOCAB tokens, padding and truncation to at most MAX_TOKENS tokens
+(a fixed padding of 10^8 would make 10^8 ids of any prompt), a truncation's stride at most half
+its length (each overflowing piece repeats `stride` tokens: near the length, a long prompt would
+make as many pieces as tokens); a prompt of at most MAX_PROMPT_CHARS characters. A call into
+either library is guarded: what it raises, its panics too (pyo3's PanicException is a
+BaseException, and the panic handler writes its own lines on file descriptor 2, silenced
+meanwhile), is one line naming the file. The libraries' own regular expressions (a tokenizer.json
+`Split` or `Replace` pattern) run in Oniguruma, whose retry limit bounds each search: past it,
+that is one line.
+
 A token's text comes from a file: `label` escapes it (and shows spaces as ␣) before any screen.
 """
 
@@ -16,7 +27,10 @@ from __future__ import annotations
 
 import base64
 import binascii
+import os
+import sys
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -44,6 +58,10 @@ KIMI_PATTERN = "|".join(KIMI_ALTERNATIVES)
 KIMI_SPECIAL_IDS = 256 + 2  # special token ids after the ranked tokens
 KIMI_MAX_RUN = 25_000  # longest run of spaces or non-spaces handed to the regex at once
 KIMI_CHUNK = 400_000  # characters encoded at once
+MAX_FILE_BYTES = 64 * 2**20  # a tokenizer file (DeepSeek-V3's tokenizer.json: 7.8 MB)
+MAX_VOCAB = 2**20  # tokens of a file, added tokens included (Kimi K2: 163,840)
+MAX_TOKENS = 2**20  # a padding or truncation length: past the longest context (262,144 positions)
+MAX_PROMPT_CHARS = 2**22  # characters of a prompt: about 10^6 tokens
 
 
 class Tokenizer(Protocol):
@@ -137,26 +155,109 @@ class HfTokenizer:
     def __init__(self, path: Path):
         self.file = path
         tokenizers = need("tokenizers", path)
-        try:
-            self.model = tokenizers.Tokenizer.from_file(str(path))
-        except Exception as e:  # noqa: BLE001 - the library raises a bare Exception for every kind of bad file
-            raise StepperError(f"{path}: not a tokenizer.json the tokenizers library can read ({first_line(e)})") from None
+        text = utf8(path, read_bounded(path))
+        with library_call(path, "not a tokenizer.json the tokenizers library can read"):
+            self.model = tokenizers.Tokenizer.from_str(text)
+        check_settings(path, self.model)
 
     def encode(self, text: str) -> list[int]:
-        return list(self.model.encode(text).ids)
+        check_prompt(text)
+        with library_call(self.file, "encoding the prompt failed"):
+            return list(self.model.encode(text).ids)
 
     def decode(self, ids: Sequence[int]) -> str:
-        known = [i for i in ids if self.model.id_to_token(i) is not None]
-        return self.model.decode(known, skip_special_tokens=False)
+        with library_call(self.file, "decoding failed"):
+            known = [i for i in ids if self.model.id_to_token(i) is not None]
+            return self.model.decode(known, skip_special_tokens=False)
 
     def piece(self, token: int) -> str:
-        entry = self.model.id_to_token(token)
-        if entry is None:
-            return "<unknown>"
-        text = self.model.decode([token], skip_special_tokens=False)
+        with library_call(self.file, f"decoding token {token} failed"):
+            entry = self.model.id_to_token(token)
+            if entry is None:
+                return "<unknown>"
+            text = self.model.decode([token], skip_special_tokens=False)
         if "\ufffd" in text and all(c in BYTE_OF for c in entry):  # a byte-level token, part of a character
             return bytes(BYTE_OF[c] for c in entry).decode("utf-8", errors="backslashreplace")
         return text
+
+
+def read_bounded(path: Path) -> bytes:
+    """A tokenizer file's bytes, if there are at most MAX_FILE_BYTES."""
+    try:
+        size = path.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise StepperError(f"{path}: {size} bytes; a tokenizer file stepper reads is at most {MAX_FILE_BYTES}")
+        return path.read_bytes()
+    except OSError as e:
+        raise StepperError(f"{path}: cannot be read ({e.strerror})") from None
+
+
+def utf8(path: Path, data: bytes) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise StepperError(f"{path}: not UTF-8 text (byte {e.start})") from None
+
+
+def check_settings(path: Path, model) -> None:
+    """A tokenizer's sizes within bounds before it encodes anything: its tokens, its padding and
+    truncation lengths (as the library read them from the file)."""
+    tokens = model.get_vocab_size(with_added_tokens=True)
+    if tokens > MAX_VOCAB:
+        raise StepperError(f"{path}: {tokens} tokens; stepper reads at most {MAX_VOCAB}")
+    padding, truncation = model.padding or {}, model.truncation or {}
+    check_length(path, "padding.strategy.Fixed", padding.get("length"))
+    check_length(path, "padding.pad_to_multiple_of", padding.get("pad_to_multiple_of"))
+    if truncation:
+        length, stride = truncation["max_length"], truncation["stride"]
+        check_length(path, "truncation.max_length", length)
+        if stride > length // 2:
+            raise StepperError(f"{path}: truncation.stride is {stride}; at most half of max_length ({length}), "
+                               "or a long prompt overflows into about as many pieces as it has tokens")
+
+
+def check_length(path: Path, where: str, value: int | None) -> None:
+    if value is not None and value > MAX_TOKENS:
+        raise StepperError(f"{path}: {where} is {value} tokens; stepper takes at most {MAX_TOKENS} "
+                           "(every prompt would be made that long)")
+
+
+def check_prompt(text: str) -> None:
+    if len(text) > MAX_PROMPT_CHARS:
+        raise StepperError(f"the prompt has {len(text)} characters; stepper encodes at most {MAX_PROMPT_CHARS}")
+
+
+@contextmanager
+def library_call(path: Path, what: str) -> Iterator[None]:
+    """A call into a tokenizer library: whatever it raises, a Rust panic too (a BaseException),
+    is one line naming the file; the lines a panic handler writes on file descriptor 2 are
+    silenced. Ctrl-C, exits and running out of memory pass through."""
+    with stderr_silenced():
+        try:
+            yield
+        except (StepperError, KeyboardInterrupt, SystemExit, GeneratorExit, MemoryError):
+            raise
+        except BaseException as e:  # noqa: BLE001 - a panic is a BaseException; the libraries raise bare Exceptions
+            raise StepperError(f"{path}: {what} ({type(e).__name__}: {first_line(e)})") from None
+
+
+@contextmanager
+def stderr_silenced() -> Iterator[None]:
+    """File descriptor 2 on /dev/null inside the block (what Python writes to sys.stderr is flushed first)."""
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:  # no file descriptor 2 to silence
+        yield
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
 
 
 class KimiTiktoken:
@@ -168,24 +269,26 @@ class KimiTiktoken:
         ranks = read_ranks(path)
         first = len(ranks)
         special = {names.get(i, f"<|reserved_token_{i}|>"): i for i in range(first, first + KIMI_SPECIAL_IDS)}
-        try:
+        with library_call(path, "tiktoken cannot use it"):
             self.model = tiktoken.Encoding(path.name, pat_str=KIMI_PATTERN, mergeable_ranks=ranks, special_tokens=special)
-        except ValueError as e:
-            raise StepperError(f"{path}: tiktoken cannot use it ({first_line(e)})") from None
 
     def encode(self, text: str) -> list[int]:
+        check_prompt(text)
         parts = (part for start in range(0, len(text), KIMI_CHUNK)
                  for part in runs_cut(text[start:start + KIMI_CHUNK], KIMI_MAX_RUN))
-        return [i for part in parts for i in self.model.encode(part, allowed_special="all")]
+        with library_call(self.file, "encoding the prompt failed"):
+            return [i for part in parts for i in self.model.encode(part, allowed_special="all")]
 
     def decode(self, ids: Sequence[int]) -> str:
         known = [i for i in ids if i < self.model.n_vocab]
-        return self.model.decode_bytes(known).decode("utf-8", errors="replace")
+        with library_call(self.file, "decoding failed"):
+            return self.model.decode_bytes(known).decode("utf-8", errors="replace")
 
     def piece(self, token: int) -> str:
         if not 0 <= token < self.model.n_vocab:
             return "<unknown>"
-        return self.model.decode_single_token_bytes(token).decode("utf-8", errors="backslashreplace")
+        with library_call(self.file, f"decoding token {token} failed"):
+            return self.model.decode_single_token_bytes(token).decode("utf-8", errors="backslashreplace")
 
 
 def read_ranks(path: Path) -> dict[bytes, int]:
@@ -193,10 +296,9 @@ def read_ranks(path: Path) -> dict[bytes, int]:
     here, not with tiktoken's loader, which keeps a copy of a file by its path and would go on
     using it after the file has changed."""
     ranks: dict[bytes, int] = {}
-    try:
-        lines = path.read_bytes().splitlines()
-    except OSError as e:
-        raise StepperError(f"{path}: cannot be read ({e.strerror})") from None
+    lines = read_bounded(path).splitlines()
+    if len(lines) > MAX_VOCAB:
+        raise StepperError(f"{path}: {len(lines)} lines; stepper reads at most {MAX_VOCAB} tokens")
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
@@ -247,5 +349,5 @@ def runs_cut(text: str, longest: int) -> Iterator[str]:
     yield text[start:]
 
 
-def first_line(error: Exception) -> str:
+def first_line(error: BaseException) -> str:
     return shown(str(error).splitlines()[0] if str(error) else type(error).__name__)

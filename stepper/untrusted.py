@@ -38,6 +38,13 @@ def shown(text: object, *, lines: bool = False) -> str:
     return pattern.sub(lambda m: escape(m.group()), str(text))
 
 
+def cut(text: object, limit: int = 60) -> str:
+    """shown(text), its first `limit` characters and '...' when it is longer: a value from a file
+    in a one-line message (a pattern, an expression of 100,000 characters)."""
+    text = str(text)
+    return shown(text) if len(text) <= limit else shown(text[:limit]) + "..."
+
+
 def is_safe(text: str) -> bool:
     """Whether text holds no control character at all."""
     return CONTROL.search(text) is None

@@ -7,7 +7,10 @@ option of a choice, and its `wrong` answers.
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
+
+import numpy as np
 
 from stepper import catalog
 from stepper.errors import StepperError
@@ -29,11 +32,16 @@ def expected_value(pred: Prediction, ctx: Context) -> Any:
         if parsed is None:
             raise StepperError(f"prediction '{pred.question[:40]}': cannot read the answer {value!r}")
         return parsed
-    if pred.kind == "shape":
+    value = value.tolist() if isinstance(value, (np.ndarray, np.generic)) else value
+    items = value if isinstance(value, (list, tuple)) else [value]
+    whole = all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in items)
+    if pred.kind == "shape" and isinstance(value, (list, tuple)) and whole:
         return tuple(value)
-    if pred.kind == "set":
-        return frozenset(value if isinstance(value, (list, tuple)) else [value])
-    return float(value)
+    if pred.kind == "set" and whole:
+        return frozenset(items)
+    if pred.kind == "number" and isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return float(value)
+    raise StepperError(f"prediction '{pred.question[:40]}': the answer {value!r} is not a {pred.kind}")
 
 
 def judge(pred: Prediction, text: str, ctx: Context, stop_key: str | None) -> answers.Verdict:

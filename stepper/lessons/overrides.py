@@ -21,11 +21,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
-import numpy as np
-
 import stepper.model  # noqa: F401 - importing the model defines every exercise (stepper.swap.REFERENCES)
 from stepper import swap
 from stepper.errors import StepperError
+from stepper.lessons import returns
 from stepper.untrusted import shown
 
 EXERCISES: tuple[str, ...] = tuple(swap.REFERENCES)
@@ -77,7 +76,7 @@ def import_file(path: Path):
     except Exception as e:  # noqa: BLE001 - anything the learner's module does at import time
         line = learner_line(e, path)
         where = f" line {line}" if line else ""
-        raise StepperError(f"{path}{where}: loading it failed: {type(e).__name__}: {e}") from None
+        raise StepperError(f"{path}{where}: loading it failed: {type(e).__name__}: {shown(e)}") from None
     finally:
         sys.modules.pop(name, None)
     return module
@@ -116,35 +115,42 @@ def check_signature(path: Path, name: str, func: Callable) -> None:
 
 def learner_line(error: BaseException, path: Path) -> int | None:
     """The line of `path` where an exception was raised: the innermost frame of the traceback in
-    that file, when nothing but NumPy ran below it. None when the error came from elsewhere (a
-    debugger quitting the run, stepper's own code)."""
+    that file. None when no frame is in it (the call itself failed)."""
     frames = traceback.extract_tb(error.__traceback__)
-    target = str(Path(path).resolve())
-    numpy_dir = str(Path(np.__file__).parent)
+    target = Path(path).resolve()
     for frame in reversed(frames):
-        if frame.filename == target or Path(frame.filename).resolve() == Path(target):
+        if Path(frame.filename).resolve() == target:
             return frame.lineno
-        if not frame.filename.startswith(numpy_dir):
-            return None
     return None
 
 
+PASSING = (KeyboardInterrupt, SystemExit, GeneratorExit, MemoryError)  # not the function's failure: they go on up
+
+
 def guarded(path: Path, name: str, func: Callable) -> Callable:
-    """func, with an error raised in the learner's own code turned into a one-line StepperError
-    naming the file, the line and the function; any other exception passes through unchanged."""
+    """func, with whatever its call raises, a library's panic too, turned into a one-line
+    StepperError naming the file, the line and the function, and a result of the wrong type or
+    shape refused in one line. stepper's own exceptions (its errors, a debugger quitting the run)
+    pass through unchanged."""
+    signature = inspect.signature(reference(name))
 
     @functools.wraps(func)
     def call(*args, **kwargs):
         try:
-            return func(*args, **kwargs)
-        except StepperError:
+            result = func(*args, **kwargs)
+        except PASSING:
             raise
-        except Exception as e:
-            line = learner_line(e, path)
-            if line is None:
+        except BaseException as e:  # a Rust library's panic is a BaseException
+            if type(e).__module__.split(".")[0] == "stepper":
                 raise
+            line = learner_line(e, path)
             what = "is not written yet" if isinstance(e, NotImplementedError) else "raised"
-            raise StepperError(f"{path} line {line}, in {name}: {what} ({type(e).__name__}: {e})") from e
+            where = f" line {line}" if line else ""
+            raise StepperError(f"{path}{where}, in {name}: {what} ({type(e).__name__}: {shown(e)})") from e
+        wrong = returns.wrong_result(name, signature.bind(*args, **kwargs).arguments, result)
+        if wrong:
+            raise StepperError(f"{path}: {name} returned {wrong}")
+        return result
 
     call.learner_path = path  # type: ignore[attr-defined]
     return call

@@ -162,8 +162,12 @@ def load_lesson(folder: Path) -> Lesson:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as e:
         raise StepperError(f"{path}: cannot read it ({e})") from None
+    except UnicodeDecodeError as e:
+        raise StepperError(f"{path}: not UTF-8 text (byte {e.start})") from None
     except tomllib.TOMLDecodeError as e:
         raise StepperError(f"{path}: not valid TOML ({e})") from None
+    except RecursionError:  # tomllib recurses once per nested array or table (it is pure Python: a clean error)
+        raise StepperError(f"{path}: arrays or tables nested too deeply") from None
     top = Reader(path, "top level", raw, TOP_KEYS)
     run = run_spec(Reader(path, "[run]", top.get("run", dict), RUN_KEYS), RunSpec())
     ex = Reader(path, "[exercise]", top.get("exercise", dict), EXERCISE_KEYS)

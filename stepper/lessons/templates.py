@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from stepper import catalog
+from stepper import catalog, untrusted
 from stepper.config import Config
 from stepper.errors import StepperError
 from stepper.lessons import facts
@@ -196,7 +196,12 @@ def placeholders(text: str) -> list[str]:
     return found
 
 
+MAX_SPEC_NUMBER = 100  # a width or precision in a format spec: {x:99999999} would make a string that long
+
+
 def fmt(value: Any, spec: str = "") -> str:
+    if any(int(n) > MAX_SPEC_NUMBER for n in re.findall(r"\d+", spec)):
+        raise StepperError(f"format spec ':{untrusted.cut(spec, 20)}' has a width or precision past {MAX_SPEC_NUMBER}")
     if isinstance(value, (np.generic, np.ndarray)):
         value = value.tolist()
     if isinstance(value, (list, tuple)):

@@ -196,7 +196,8 @@ class Tensor:
 
 def find_problems(source: Source, layers: range | None) -> list[Problem]:
     """Everything wrong with the source: a directory's problems of the given layers (all layers
-    and the embedding, norm and lm_head when None), or a file's block scale problems."""
+    and the embedding, norm and lm_head when None), or a file's block scale problems (scales are
+    demanded of F8_E4M3 tensors named as weights, X.weight, only)."""
     if source.checkpoint is not None:
         every = range(source.checkpoint.config.num_hidden_layers)
         return audit(source.checkpoint, every if layers is None else layers, with_globals=layers is None)
@@ -210,6 +211,8 @@ def find_problems(source: Source, layers: range | None) -> list[Problem]:
                 problems.append(Problem(source.weight_map[name], name, f"'{name}' is a block scale with no weight '{weight}'"))
             continue
         scale = source.info(name + SCALE) if name + SCALE in source.weight_map else None
+        if scale is None and not name.endswith(".weight"):
+            continue  # not a checkpoint's weight (activations, test data): it has no scales to miss
         texts = scale_problems(source.info(name), scale, source.block, source.weight_map.get(name + SCALE))
         problems += [Problem(source.weight_map[name], name + SCALE, text) for text in texts]
     return problems

@@ -38,6 +38,7 @@ SINGLE = "model.safetensors"
 SCALE = "_scale_inv"
 PACKED, GROUP_SCALE, WEIGHT_SHAPE = "_packed", "_scale", "_shape"  # X.weight of an INT4 module: X.weight_packed, ...
 INT4_SCALE_DTYPES = ("BF16", "F16", "F32")
+SHAPE_DTYPES = ("I64", "I32")  # an INT4 weight's weight_shape: its [out, in] as integers
 FLOAT_DTYPES = ("F32", "BF16", "F16")
 SCALE_DTYPES = (*FLOAT_DTYPES, "F8_E8M0")  # E8M0: a power of two 2^(e - 127), as newer checkpoints store scales
 SHARD_SUFFIX = ".safetensors"
@@ -138,6 +139,10 @@ class Checkpoint:
     def _weight_shape(self, name: str, rows: int) -> tuple[int, int]:
         """X.weight_shape's two values, [out, in] (checked against the packed rows)."""
         shape_name = name + WEIGHT_SHAPE
+        info = self.shard_of(shape_name).info(shape_name)
+        if info.dtype not in SHAPE_DTYPES or tuple(info.shape) != (2,):
+            raise StepperError(f"{self.shard_of(shape_name).path.name}: '{shape_name}' is {info.dtype} "
+                               f"{list(info.shape)}, expected {' or '.join(SHAPE_DTYPES)} [2]: the INT4 weight's [out, in]")
         values = [int(v) for v in np.asarray(self.shard_of(shape_name).get(shape_name)).reshape(-1)]
         if len(values) != 2 or values[0] != rows or values[1] < 1:
             raise StepperError(f"{self.shard_of(shape_name).path.name}: '{shape_name}' holds {values}, expected "
@@ -274,7 +279,7 @@ class Checkpoint:
                             f"{group}, and pack-quantized INT4 has no partial groups")]
         expected = {PACKED: (("I32",), (out_dim, int4.words_for(in_dim))),
                     GROUP_SCALE: (INT4_SCALE_DTYPES, (out_dim, int4.groups_for(in_dim, group))),
-                    WEIGHT_SHAPE: (("I64", "I32"), (2,))}
+                    WEIGHT_SHAPE: (SHAPE_DTYPES, (2,))}
         problems = []
         for suffix, (dtypes, want) in expected.items():
             tensor = name + suffix
@@ -434,13 +439,22 @@ def scale_problems(weight: TensorInfo, scale: TensorInfo | None, block: tuple[in
 
 
 def check_int4_scales(shard: str, name: str, scales: np.ndarray) -> None:
-    """Group scales multiply every weight of their group: each must be finite (and -8 times it too)."""
+    """Group scales multiply every weight of their group: each must be finite (and -8 times it
+    too) and above zero, as FP8's block scales. A symmetric quantizer writes max|w| / 7.5 (1 for
+    an all-zero group): a scale of zero would make every weight of the group 0 whatever its codes
+    say, a negative one would flip the group's signs (its codes then span -7..8)."""
     values = np.asarray(scales, dtype=np.float32)
     bad = ~(np.abs(values) <= int4.LARGEST_SCALE)
     if bad.any():
         where = tuple(int(i) for i in np.argwhere(bad)[0])
         raise StepperError(f"{shard}: '{name}' holds {int(bad.sum())} group scale(s) that are not finite, "
                            f"first {values[where]} at {list(where)}")
+    bad = values <= 0
+    if bad.any():
+        where = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise StepperError(f"{shard}: '{name}' holds {int(bad.sum())} group scale(s) of zero or below, first "
+                           f"{values[where]} at {list(where)}: a symmetric quantizer writes max|w| / 7.5 > 0; zero "
+                           "loses the group's weights, a negative scale flips their signs")
 
 
 def check_scale_values(shard: str, name: str, scale: np.ndarray) -> None:

@@ -29,3 +29,11 @@ def test_lines_keep_newlines_and_tabs_but_not_the_rest():
 def test_what_is_shown_can_be_written_to_any_utf8_stream():
     raw = b"\x9b\xc3".decode("utf-8", "surrogateescape") + "\ud800\udfff"
     assert shown(raw).encode("utf-8") == b"\\x9b\\xc3\\ud800\\udfff"
+
+
+def test_cut_escapes_and_shortens_a_value_for_one_line():
+    from stepper.untrusted import cut
+
+    assert cut("x*2") == "x*2"
+    assert cut("\x1b[2J" + "-" * 100, 10) == "\\x1b[2J------..."
+    assert cut("a\nb" * 3, 4) == "a\\nba..."
