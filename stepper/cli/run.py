@@ -98,6 +98,13 @@ def describe(plan: Plan) -> str:
     )
 
 
+def patched_line(patch: list[str] | None) -> str | None:
+    """The header's line naming the --patch options: the run is not the model's own from there on."""
+    if not patch:
+        return None
+    return f"patched: {' · '.join(untrusted.shown(p) for p in patch)} (rows marked patched show the new values; the run goes on from them)"
+
+
 def prompt_line(tokens: Tokens) -> str:
     """The text prompt's tokens, each id with its text (a long prompt cut like token_ids)."""
     pairs = [f"{i} {text}" for i, text in zip(tokens.ids, tokens.labels())]
@@ -240,7 +247,7 @@ def run_command(
         console = Console(no_color=plain, highlight=False, markup=False, soft_wrap=True)
         if not as_json:
             print_lines(console, describe(plan), "bold")
-            for line in (why, chunked):
+            for line in (patched_line(patch), why, chunked):
                 if line:
                     print_lines(console, line, "dim")
             long = tiled_values(plan, [n for n in names if keep(n)])
@@ -324,8 +331,9 @@ def step_command(
         console = Console(no_color=plain, highlight=False, markup=False, soft_wrap=True, record=export is not None,
                           stderr=as_json)
         print_lines(console, describe(plan), "bold")
-        if why:
-            print_lines(console, why, "dim")
+        for line in (patched_line(patch), why):
+            if line:
+                print_lines(console, line, "dim")
         interactive = sys.stdin.isatty() and console.is_terminal
         bars = ProgressBars(Console(stderr=True))
         source = CommandSource(console, sys.stdin, interactive, script, before_input=bars.hide)

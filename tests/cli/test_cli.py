@@ -129,6 +129,14 @@ def test_the_command_in_the_test_process_prints_what_the_process_prints():
         assert (here.returncode, here.stdout, here.stderr) == (there.returncode, there.stdout, there.stderr), args
 
 
+def test_two_runs_print_the_same():
+    """What the machine has left free changes from run to run; a run that fits well does not name it."""
+    first, second = in_a_process("run", "--plain", "--decode", "1"), in_a_process("run", "--plain", "--decode", "1")
+    assert first.returncode == 0 and (first.stdout, first.stderr) == (second.stdout, second.stderr)
+    assert "--attn auto: naive prefill, absorbed decode (the run needs about 1 MiB, under half the memory available)" in first.stdout
+    assert " available" not in first.stdout.replace("under half the memory available", "")
+
+
 def test_malformed_config_json_exits_2(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "kimi_k2", "hidden_size": 64')
     out = stepper("run", "--model", str(tmp_path))
