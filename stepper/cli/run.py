@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Annotated
 
@@ -221,7 +222,7 @@ def run_command(
     patch: PatchOpt = None,
 ) -> None:
     """Run the model on a prompt and print every named tensor in execution order."""
-    with user_errors():
+    with user_errors(), ExitStack() as swapped:
         spec = run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, input_file, attn, weight_cache_mb,
                         prompt, cache_len, index_scoring)
         pictures = parse_show(show)
@@ -244,6 +245,7 @@ def run_command(
         kept = [n for n in names if keep(n)] if dump is not None else []
         check_dump_sizes(sizes(plan, kept), DUMP_LIMIT_GB if dump_limit_gb is None else dump_limit_gb)
         check_fits(needs(plan, kept, "--only"), available_bytes())
+        swapped.enter_context(overrides.use(use or [], announce=sys.stderr))  # a file that fails to load stops it here
         console = Console(no_color=plain, highlight=False, markup=False, soft_wrap=True)
         if not as_json:
             print_lines(console, describe(plan), "bold")
@@ -264,8 +266,7 @@ def run_command(
         sinks[:0] = patcher
         agreement = IndexAgreement()
         sinks += [agreement, ProgressBars(Console(stderr=True))]
-        with overrides.use(use or [], announce=sys.stderr):
-            result = execute(plan, sinks)
+        result = execute(plan, sinks)
         if dump is not None:
             write_dump(dump, recorder, {"model": plan.config.name, "prompt": json.dumps(result.prompt),
                                         "start_pos": str(spec.start_pos), "generated": json.dumps(result.generated)})
@@ -316,7 +317,7 @@ def step_command(
     s show PICTURE, q quit, ? help (help CMD: one command, with examples).
     Commands are read from the terminal (with line editing and history), or line by line from a pipe.
     """
-    with user_errors():
+    with user_errors(), ExitStack() as swapped:
         spec = run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, input_file, attn, weight_cache_mb,
                         prompt, cache_len, index_scoring)
         if export is not None:
@@ -328,6 +329,7 @@ def step_command(
         check_patterns("--until", [until] if until else [], names)
         patcher = patch_sink(patch, names, plan)
         check_fits(needs(plan, names, "--prompt-len"), available_bytes())  # the debugger keeps every tensor
+        swapped.enter_context(overrides.use(use or [], announce=sys.stderr))  # a file that fails to load stops it here
         console = Console(no_color=plain, highlight=False, markup=False, soft_wrap=True, record=export is not None,
                           stderr=as_json)
         print_lines(console, describe(plan), "bold")
@@ -341,9 +343,8 @@ def step_command(
         debugger = Debugger(console, plan.config, source, plan.weights, list(breaks or []), until, on_stop, names,
                             tokens=plan.tokens)
         try:
-            with overrides.use(use or [], announce=sys.stderr):
-                agreement = IndexAgreement()
-                result = execute(plan, [*patcher, debugger, agreement, bars])
+            agreement = IndexAgreement()
+            result = execute(plan, [*patcher, debugger, agreement, bars])
             print_lines(console, footer(plan, result, len(debugger.history), None, agreement), "dim")
         except Quit:
             seen = len(debugger.history)

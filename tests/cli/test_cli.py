@@ -6,6 +6,7 @@ import sys
 
 import numpy as np
 import pytest
+import typer.main
 from helpers.cli import stepper
 from safetensors.numpy import load_file
 
@@ -135,6 +136,25 @@ def test_two_runs_print_the_same():
     assert first.returncode == 0 and (first.stdout, first.stderr) == (second.stdout, second.stderr)
     assert "--attn auto: naive prefill, absorbed decode (the run needs about 1 MiB, under half the memory available)" in first.stdout
     assert " available" not in first.stdout.replace("under half the memory available", "")
+
+
+def test_a_use_file_that_cannot_load_is_one_line_and_no_header(tmp_path):
+    for command in ("run", "step"):
+        out = stepper(command, "--plain", "--use", "nonexist.py", cwd=tmp_path)
+        assert (out.returncode, out.stdout, out.stderr) == (2, "", "stepper: error: nonexist.py: no such file\n"), command
+
+
+def test_every_attn_option_shows_the_paths_it_takes():
+    from stepper.cli.main import app
+
+    def commands(group, path=()):
+        for name, sub in getattr(group, "commands", {}).items():
+            yield from commands(sub, (*path, name)) if hasattr(sub, "commands") else [((*path, name), sub)]
+
+    metavars = {path: p.metavar for path, c in commands(typer.main.get_command(app)) for p in c.params if "--attn" in p.opts}
+    assert metavars == {("run",): "naive|absorb|auto", ("step",): "naive|absorb|auto", ("tree",): "naive|absorb",
+                        ("fixtures", "export"): "naive|absorb|auto"}
+    assert "--attn naive|absorb " in stepper("tree", "--help", env={"COLUMNS": "200"}).stdout
 
 
 def test_malformed_config_json_exits_2(tmp_path):
