@@ -123,7 +123,7 @@ def test_line_editing_and_history_at_the_prompt():
     term.type("p embed[0,0,:2]\r")
     term.read_until("embed[0,0,:2]  [2]")
     term.type("\x1b[A\r")  # Up, Enter: the same command again
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 30
     while term.screen.count("embed[0,0,:2]  [2]") < 2 and time.monotonic() < deadline:
         term.read_until_quiet()
     assert term.screen.count("embed[0,0,:2]  [2]") == 2
