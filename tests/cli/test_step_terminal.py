@@ -103,7 +103,7 @@ def test_no_progress_bar_shares_a_line_with_the_prompt():
     time.sleep(1.2)
     term.type("c\r")
     term.read_until("layer 1 (MoE) › latent attention › k_pe")
-    screen = term.read_until("(stepper) ", timeout=10) if term.screen.count("(stepper) ") < 2 else term.screen
+    screen = term.read_until("(stepper) ", timeout=30) if term.screen.count("(stepper) ") < 2 else term.screen
     time.sleep(0.6)  # a live bar would redraw itself meanwhile
     term.read_until_quiet()
     stop = term.screen[term.screen.rindex("› latent attention › k_pe"):]
