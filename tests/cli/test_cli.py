@@ -157,6 +157,21 @@ def test_every_attn_option_shows_the_paths_it_takes():
     assert "--attn naive|absorb " in stepper("tree", "--help", env={"COLUMNS": "200"}).stdout
 
 
+def test_help_imports_no_number_formats_and_no_reference_libraries():
+    """`stepper --help` (and a command's) imports what it shows: not ml_dtypes (most of a second),
+    torch or transformers, which the commands import where they use them."""
+    code = ("import contextlib, io, runpy, sys\n"
+            "sys.argv = ['stepper', *sys.argv[1:]]\n"
+            "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+            "    runpy.run_module('stepper', run_name='__main__')\n"
+            "print(' '.join(sorted({m.partition('.')[0] for m in sys.modules})))")
+    for args in (["--help"], ["run", "--help"], ["inspect", "--help"]):
+        loaded = set(subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=True,
+                                    timeout=120).stdout.split())
+        assert "stepper" in loaded and "typer" in loaded, args
+        assert not loaded & {"ml_dtypes", "torch", "transformers"}, args
+
+
 def test_malformed_config_json_exits_2(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "kimi_k2", "hidden_size": 64')
     out = stepper("run", "--model", str(tmp_path))

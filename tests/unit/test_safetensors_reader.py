@@ -28,6 +28,7 @@ from stepper.weights.safetensors_reader import (
     MAX_HEADER_BYTES,
     SafetensorsFile,
     TensorInfo,
+    dtype_of,
     huge_page_bytes,
     spanned,
 )
@@ -153,9 +154,9 @@ def test_bf16_and_fp8_round_trip_from_the_reference_serializer(tmp_path):
 def test_dtype_table():
     assert set(DTYPES) == {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2", "F8_E8M0", "I64", "I32", "I16", "I8",
                            "U8", "U16", "U32", "U64", "BOOL"}
-    assert DTYPES["BF16"] == (np.dtype(ml_dtypes.bfloat16), 2)
-    assert DTYPES["F8_E4M3"] == (np.dtype(ml_dtypes.float8_e4m3fn), 1)
-    assert all(dtype.itemsize == size for dtype, size in DTYPES.values())
+    assert dtype_of("BF16") == np.dtype(ml_dtypes.bfloat16) and dtype_of("F8_E4M3") == np.dtype(ml_dtypes.float8_e4m3fn)
+    assert dtype_of("F32") == np.dtype("<f4") and dtype_of("F8_E8M0") == np.dtype(ml_dtypes.float8_e8m0fnu)
+    assert all(dtype_of(name).itemsize == size for name, (_, size) in DTYPES.items())
 
 
 def test_header_api(tmp_path):
