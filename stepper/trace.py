@@ -40,6 +40,7 @@ class Event:
     # at a time; Chunked: a tensor of a prefill run in chunks of positions (stepper.prefill), made a chunk at a time
     layer: int | None = None
     phase: str | None = None
+    patched: bool = False  # a sink before (a --patch) replaced the array the model made
 
 
 class Emitter:
@@ -58,7 +59,7 @@ class Emitter:
         for sink in self.sinks:
             replacement = sink(event)
             if replacement is not None:
-                event = Event(event.name, key, checked_replacement(event, replacement), self._layer, self._phase)
+                event = Event(event.name, key, checked_replacement(event, replacement), self._layer, self._phase, patched=True)
         return event.array
 
     @property

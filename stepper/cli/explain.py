@@ -40,7 +40,7 @@ def explain_command(
 def tree_command(
     model: ModelOpt = "tiny",
     layer: Annotated[int | None, typer.Option(metavar="N", help="Only layer N's kind (dense or MoE).")] = None,
-    attn: Annotated[str, typer.Option(metavar="PATH", help="naive or absorb: which attention tensors to list.")] = "naive",
+    attn: Annotated[str, typer.Option(metavar="naive|absorb", help="naive or absorb: which attention tensors to list.")] = "naive",
     plain: PlainOpt = False,
 ) -> None:
     """The structure of a layer: every named tensor in order, its shape for this model, what it is."""

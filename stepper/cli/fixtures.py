@@ -50,7 +50,7 @@ def export_command(
     prompt_len: Annotated[int | None, typer.Option(metavar="T", min=1, help="Number of prompt tokens drawn from the seed [default: 7].")] = None,
     start_pos: Annotated[int, typer.Option(metavar="P", min=0, help="Position of the first prompt token (empty cache).")] = 0,
     decode: Annotated[int, typer.Option(metavar="N", min=0, help="Decode steps after the prefill, with the cache.")] = 0,
-    attn: Annotated[str, typer.Option(metavar="PATH", help="Attention: naive, absorb, or auto (naive prefill, absorbed decode).")] = "auto",
+    attn: Annotated[str, typer.Option(metavar="naive|absorb|auto", help="Attention: naive, absorb, or auto (naive prefill, absorbed decode).")] = "auto",
     seed: Annotated[int, typer.Option(metavar="S", min=0, help="Seed of the synthetic weights and prompt.")] = 0,
     index_scoring: Annotated[str, typer.Option("--index-scoring", metavar="exact|fp8", help="DeepSeek-V3.2's Lightning Indexer: exact (float32 scores) or fp8 (Hadamard-rotated FP8 q and k, as DeepSeek's inference code).")] = "exact",
     weights_dtype: Annotated[str, typer.Option(metavar="fp8|bf16", help="How the fixture's weights are stored: fp8 (as Kimi K2 / DeepSeek-V3 ship) or bf16 (dequantized as fp8_cast_bf16.py does).")] = "fp8",

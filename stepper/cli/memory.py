@@ -43,7 +43,11 @@ class Need:
 
 
 def gib(n: float) -> str:
-    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+    """A size in the largest binary unit it reaches: "20.5 GiB", "21 MiB", "300 KiB", "12 B"."""
+    for unit, scale, digits in (("GiB", 2**30, 1), ("MiB", 2**20, 0), ("KiB", 2**10, 0)):
+        if n >= scale:
+            return f"{n / scale:.{digits}f} {unit}"
+    return f"{n:.0f} B"
 
 
 def step_shapes(plan: Plan) -> list[tuple[int, int]]:
@@ -155,7 +159,7 @@ def needs(plan: Plan, kept: list[str], kept_lower: str) -> list[Need]:
         Need("one layer's tensors", layer_bytes(plan, list(run)), "--prompt-len"),
         Need("a view's statistics (float64 chunks)", min(STATS_CHUNKS, STATS_PER_BYTE * largest_held(plan, list(run))),
              "--prompt-len"),
-        Need(f"the cache of {len(run)} layers", per_position * positions * len(run),
+        Need(f"the cache of {len(run)} layer{'s' if len(run) != 1 else ''}", per_position * positions * len(run),
              "--attn absorb" if cached == "naive" else "--prompt-len"),
         Need("the largest weight, decoded", largest * FLOAT32, "--layer N"),
     ]
@@ -179,20 +183,32 @@ def scores_need(heads: int, t: int, s: int) -> Need:
                 "--prompt-len")
 
 
+COMFORT = 2  # --attn auto runs the naive prefill only where its estimate is at most 1/COMFORT of what is available
+
+
 def choose_attn(plan: Plan, estimate: Callable[[Plan], list[Need]], available: int | None) -> tuple[Plan, str | None]:
-    """--attn auto: naive for the prefill and absorbed for decode steps when the run's estimate
-    fits in the memory available, else absorbed throughout (its cache is one latent per
-    position); the plan to run, and a line saying which and why (None unless auto)."""
+    """--attn auto: naive for the prefill and absorbed for decode steps, or absorbed throughout (its
+    cache is one latent per position) where the prefill attends over a synthetic cache longer than
+    its prompt (as a decode step does: the naive path would expand every cached position to
+    per-head keys and values) or where the naive run's estimate is over half the memory available
+    (the estimate is not exact and other programs grow too). The plan to run, and a line saying
+    which and why (None unless auto); the memory available is named only where it decides, so
+    that the same run prints the same wherever it fits."""
     if plan.spec.attn != "auto":
         return plan, None
     usual = sum(n.bytes for n in estimate(plan))
-    if available is None or usual <= available:
-        room = "" if available is None else f" of the {gib(available)} available"
-        return plan, f"--attn auto: naive prefill, absorbed decode (the run needs about {gib(usual)}{room})"
     absorbed = replace(plan, spec=replace(plan.spec, attn="absorb"))
-    return absorbed, (f"--attn auto: absorbed throughout: with the naive prefill's per-head keys and values the run "
-                      f"would need about {gib(usual)}, absorbed about {gib(sum(n.bytes for n in estimate(absorbed)))}, "
-                      f"and {gib(available)} is available")
+    lean = f"absorbed it needs about {gib(sum(n.bytes for n in estimate(absorbed)))}"
+    cached, t = plan.spec.cache_len, plan.prompt_len
+    if cached > t:
+        return absorbed, (f"--attn auto: absorbed throughout: the prefill's {t:,} position{'s attend' if t > 1 else ' attends'} "
+                          f"over a cache of {cached:,}, as a decode step does; naive it would need about {gib(usual)}, {lean}")
+    if available is not None and usual * COMFORT > available:
+        return absorbed, (f"--attn auto: absorbed throughout: naive the run would need about {gib(usual)}, over half "
+                          f"the {gib(available)} available; {lean}")
+    paths = "naive prefill, absorbed decode" if plan.spec.decode else "naive prefill"
+    room = "the memory available is not known" if available is None else "under half the memory available"
+    return plan, f"--attn auto: {paths} (the run needs about {gib(usual)}, {room})"
 
 
 CHUNKS = (4096, 2048, 1024, 512, 256, 128)  # the chunks --chunk auto tries, largest first

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Annotated
 
@@ -44,7 +45,7 @@ PromptLenOpt = Annotated[int | None, typer.Option(metavar="T", min=1, help="Numb
 StartPosOpt = Annotated[int, typer.Option(metavar="P", min=0, help="Position of the first prompt token (empty cache).")]
 DecodeOpt = Annotated[int, typer.Option(metavar="N", min=0, help="Decode steps after the prefill, with the cache (greedy tokens; with --layer, drawn from the seed).")]
 InputOpt = Annotated[Path | None, typer.Option("--input", metavar="FILE", help="Residual stream for --layer N: a safetensors file (e.g. a --dump).")]
-AttnOpt = Annotated[str, typer.Option(metavar="naive|absorb|auto", help="Attention: naive (per-head keys and values), absorb (over the latent cache), or auto (naive prefill and absorbed decode where the estimated memory allows, else absorbed; the run says which and why).")]
+AttnOpt = Annotated[str, typer.Option(metavar="naive|absorb|auto", help="Attention: naive (per-head keys and values), absorb (over the latent cache), or auto (naive prefill and absorbed decode where the estimate is at most half the memory available, else absorbed, as for a prefill over a longer --cache-len cache; the run says which and why).")]
 CacheLenOpt = Annotated[int, typer.Option(metavar="N", help="With --layer: start that layer's cache with N synthetic positions (seeded, with the statistics of real latents); the prompt follows them.")]
 IndexScoringOpt = Annotated[str, typer.Option("--index-scoring", metavar="exact|fp8", help="DeepSeek-V3.2's Lightning Indexer: exact (float32 scores, as transformers) or fp8 (Hadamard-rotated q and k in FP8 e4m3, as DeepSeek's inference code; the run also says how many of the exactly chosen positions it kept).")]
 ChunkOpt = Annotated[str | None, typer.Option(metavar="N|auto", help="Run the prefill N positions at a time, the cache carrying the earlier ones (each tensor is still shown once, whole, over every position; each chunk runs twice, the second time for the histograms); 0: the whole prompt at once; auto: in chunks only where the whole prompt would not fit in memory (the run says so).  [default: auto]")]
@@ -96,6 +97,13 @@ def describe(plan: Plan) -> str:
         f"attention {attn} · cache per position per layer (float32): per-head keys and values "
         f"{naive:,} B, latent + rope key{keys} {latent:,} B ({naive / latent:.1f}x smaller){wrapper}"
     )
+
+
+def patched_line(patch: list[str] | None) -> str | None:
+    """The header's line naming the --patch options: the run is not the model's own from there on."""
+    if not patch:
+        return None
+    return f"patched: {' · '.join(untrusted.shown(p) for p in patch)} (rows marked patched show the new values; the run goes on from them)"
 
 
 def prompt_line(tokens: Tokens) -> str:
@@ -214,7 +222,7 @@ def run_command(
     patch: PatchOpt = None,
 ) -> None:
     """Run the model on a prompt and print every named tensor in execution order."""
-    with user_errors():
+    with user_errors(), ExitStack() as swapped:
         spec = run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, input_file, attn, weight_cache_mb,
                         prompt, cache_len, index_scoring)
         pictures = parse_show(show)
@@ -237,10 +245,11 @@ def run_command(
         kept = [n for n in names if keep(n)] if dump is not None else []
         check_dump_sizes(sizes(plan, kept), DUMP_LIMIT_GB if dump_limit_gb is None else dump_limit_gb)
         check_fits(needs(plan, kept, "--only"), available_bytes())
+        swapped.enter_context(overrides.use(use or [], announce=sys.stderr))  # a file that fails to load stops it here
         console = Console(no_color=plain, highlight=False, markup=False, soft_wrap=True)
         if not as_json:
             print_lines(console, describe(plan), "bold")
-            for line in (why, chunked):
+            for line in (patched_line(patch), why, chunked):
                 if line:
                     print_lines(console, line, "dim")
             long = tiled_values(plan, [n for n in names if keep(n)])
@@ -257,8 +266,7 @@ def run_command(
         sinks[:0] = patcher
         agreement = IndexAgreement()
         sinks += [agreement, ProgressBars(Console(stderr=True))]
-        with overrides.use(use or [], announce=sys.stderr):
-            result = execute(plan, sinks)
+        result = execute(plan, sinks)
         if dump is not None:
             write_dump(dump, recorder, {"model": plan.config.name, "prompt": json.dumps(result.prompt),
                                         "start_pos": str(spec.start_pos), "generated": json.dumps(result.generated)})
@@ -309,7 +317,7 @@ def step_command(
     s show PICTURE, q quit, ? help (help CMD: one command, with examples).
     Commands are read from the terminal (with line editing and history), or line by line from a pipe.
     """
-    with user_errors():
+    with user_errors(), ExitStack() as swapped:
         spec = run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, input_file, attn, weight_cache_mb,
                         prompt, cache_len, index_scoring)
         if export is not None:
@@ -321,11 +329,13 @@ def step_command(
         check_patterns("--until", [until] if until else [], names)
         patcher = patch_sink(patch, names, plan)
         check_fits(needs(plan, names, "--prompt-len"), available_bytes())  # the debugger keeps every tensor
+        swapped.enter_context(overrides.use(use or [], announce=sys.stderr))  # a file that fails to load stops it here
         console = Console(no_color=plain, highlight=False, markup=False, soft_wrap=True, record=export is not None,
                           stderr=as_json)
         print_lines(console, describe(plan), "bold")
-        if why:
-            print_lines(console, why, "dim")
+        for line in (patched_line(patch), why):
+            if line:
+                print_lines(console, line, "dim")
         interactive = sys.stdin.isatty() and console.is_terminal
         bars = ProgressBars(Console(stderr=True))
         source = CommandSource(console, sys.stdin, interactive, script, before_input=bars.hide)
@@ -333,9 +343,8 @@ def step_command(
         debugger = Debugger(console, plan.config, source, plan.weights, list(breaks or []), until, on_stop, names,
                             tokens=plan.tokens)
         try:
-            with overrides.use(use or [], announce=sys.stderr):
-                agreement = IndexAgreement()
-                result = execute(plan, [*patcher, debugger, agreement, bars])
+            agreement = IndexAgreement()
+            result = execute(plan, [*patcher, debugger, agreement, bars])
             print_lines(console, footer(plan, result, len(debugger.history), None, agreement), "dim")
         except Quit:
             seen = len(debugger.history)

@@ -7,11 +7,11 @@ The last row and column blocks may be partial (e.g. [576, 7168] has scales [5, 5
 
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 
+from stepper import dtypes
 from stepper.errors import StepperError
-from stepper.fp8.e4m3 import E4M3, FP8_MAX, as_codes, decode, encode
+from stepper.fp8.e4m3 import FP8_MAX, as_codes, decode, encode
 from stepper.swap import exercise
 
 BLOCK = (128, 128)  # rows (out) x cols (in) sharing one scale
@@ -43,14 +43,14 @@ def check_block_shapes(codes: np.ndarray, scale_inv: np.ndarray, block: tuple[in
         )
 
 
-SCALE_DTYPES = tuple(np.dtype(d) for d in (np.float32, ml_dtypes.bfloat16, np.float16, ml_dtypes.float8_e8m0fnu))
+SCALE_DTYPES = ("float32", "bfloat16", "float16", "float8_e8m0fnu")  # by name: ml_dtypes' are imported where met
 
 
 def scales_as_f32(scale_inv: np.ndarray, name: str) -> np.ndarray:
     """scale_inv as float32; it is stored as float32, bfloat16, float16 or float8_e8m0fnu (powers
     of two 2^(e - 127)): all convert exactly."""
     scale_inv = np.asarray(scale_inv)
-    if scale_inv.dtype not in SCALE_DTYPES:
+    if scale_inv.dtype.name not in SCALE_DTYPES:
         raise StepperError(f"{name}: scale_inv dtype must be float32, bfloat16, float16 or float8_e8m0fnu, "
                            f"got {scale_inv.dtype}")
     return scale_inv.astype(np.float32, copy=False)
@@ -92,7 +92,7 @@ def quantize(w: np.ndarray, block: tuple[int, int] = BLOCK, *, name: str = "weig
     rows, cols = block
     in_dim = w.shape[1]
     col_starts = np.arange(0, in_dim, cols)
-    codes = np.empty(w.shape, dtype=E4M3)
+    codes = np.empty(w.shape, dtype=dtypes.ml("float8_e4m3fn"))
     scale_inv = np.empty(scale_grid(w.shape, block), dtype=np.float32)
     for r, r0 in enumerate(block_starts(w.shape[0], rows)):
         rows_w = w[r0:r0 + rows]  # [rows, in]

@@ -13,13 +13,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import ml_dtypes
 import numpy as np
 
+from stepper import dtypes
 from stepper.errors import StepperError
 from stepper.swap import exercise
 
-E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
 FP8_MAX = 448.0  # 0x7E = 0 1111 110 = 2^(15-7) * (1 + 6/8)
 EXPONENT_BIAS = 7
 
@@ -83,7 +82,7 @@ E4M3_TABLE = np.array([decode_bits(c) for c in range(256)], dtype=np.float32)  #
 def as_codes(codes: np.ndarray, name: str = "fp8 codes") -> np.ndarray:
     """The raw bytes of an array of e4m3 codes as uint8 (a view, never a copy)."""
     codes = np.asarray(codes)
-    if codes.dtype == E4M3:
+    if codes.dtype.name == "float8_e4m3fn":
         return codes.view(np.uint8)
     if codes.dtype != np.uint8:
         raise StepperError(f"{name}: expected dtype float8_e4m3fn (or its bytes as uint8), got {codes.dtype}")
@@ -137,4 +136,4 @@ def decode(codes: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
 
 def encode(x: np.ndarray) -> np.ndarray:
     """float32 -> e4m3 codes, rounding to nearest even; beyond ±448 saturates to ±448 (not NaN)."""
-    return np.clip(x, -FP8_MAX, FP8_MAX).astype(E4M3)
+    return np.clip(x, -FP8_MAX, FP8_MAX).astype(dtypes.ml("float8_e4m3fn"))

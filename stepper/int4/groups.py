@@ -14,16 +14,16 @@ exactly, whatever order it is computed in.
 
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 
+from stepper import dtypes
 from stepper.errors import StepperError
 from stepper.int4.packed import OFFSET, as_words, pack, unpack_bits, words_for
 from stepper.swap import exercise
 
 GROUP = 32  # inputs per scale, Kimi-K2-Thinking's group_size
 LARGEST_SCALE = float(np.finfo(np.float32).max) / OFFSET  # |(-8) * scale| stays a finite float32
-SCALE_DTYPES = tuple(np.dtype(d) for d in (ml_dtypes.bfloat16, np.float16, np.float32))
+SCALE_DTYPES = ("bfloat16", "float16", "float32")  # by name: ml_dtypes' are imported where met
 
 
 def groups_for(in_features: int, group: int = GROUP) -> int:
@@ -49,7 +49,7 @@ def scales_as_f32(scales: np.ndarray, name: str) -> np.ndarray:
     """The group scales as float32 (BF16, F16 and F32 all convert exactly), each finite and small
     enough that -8 times it is a finite float32."""
     scales = np.asarray(scales)
-    if scales.dtype not in SCALE_DTYPES:
+    if scales.dtype.name not in SCALE_DTYPES:
         raise StepperError(f"{name}: group scale dtype must be bfloat16, float16 or float32, got {scales.dtype}")
     scales = scales.astype(np.float32, copy=False)
     bad = ~(np.abs(scales) <= LARGEST_SCALE)  # NaN too
@@ -90,7 +90,7 @@ def quantize_int4(w: np.ndarray, group: int = GROUP, *, name: str = "weight") ->
                            f"pack-quantized INT4 cannot store this weight")
     grouped = w.reshape(out_dim, -1, group)  # [out, groups, group]
     amax = np.abs(grouped).max(axis=2, initial=0)  # [out, groups]
-    scales = np.where(amax > 0, amax / np.float32(OFFSET - 0.5), 1).astype(ml_dtypes.bfloat16)
+    scales = np.where(amax > 0, amax / np.float32(OFFSET - 0.5), 1).astype(dtypes.ml("bfloat16"))
     scales[scales.astype(np.float32) == 0] = 1  # amax so tiny that / 7.5 underflows in BF16
     codes = np.clip(np.rint(grouped / scales.astype(np.float32)[:, :, None]), -OFFSET, OFFSET - 1)
     return pack(codes.reshape(out_dim, in_dim).astype(np.int8)), scales

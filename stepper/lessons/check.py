@@ -30,10 +30,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
-from stepper import catalog, fp8
+from stepper import catalog, dtypes, fp8
 from stepper.errors import StepperError
 from stepper.lessons import overrides
 from stepper.presets import PRESETS, preset
@@ -197,7 +196,7 @@ def extra_calls(name: str) -> list[Call]:
         scales = np.array([[0.5, 2.0**-10, 3.0], [1.25, 7.0, 2.0**-3]], dtype=np.float32)
         return [
             Call((codes, scales), {}, "a [200, 300] weight in 128x128 blocks: scale_inv [2, 3], partial last blocks"),
-            Call((codes.view(ml_dtypes.float8_e4m3fn), scales), {}, "the same weight as float8_e4m3fn codes"),
+            Call((codes.view(dtypes.ml("float8_e4m3fn")), scales), {}, "the same weight as float8_e4m3fn codes"),
         ]
     if name == "rope_inv_freq":
         calls = []

@@ -22,7 +22,7 @@ from stepper.errors import StepperError
 from stepper.views import summary
 from stepper.views.inspect import FP8_DTYPE, Source, Tensor
 from stepper.views.summary import Stats
-from stepper.weights.safetensors_reader import DTYPES, SafetensorsFile
+from stepper.weights.safetensors_reader import SafetensorsFile, dtype_of
 
 AS_FLOAT32 = ("BF16", "F16", "F32", "F8_E5M2")  # decoded as float32, as Checkpoint.get does
 CHUNK = 1 << 20  # elements decoded at a time for statistics (small enough to stay in cache)
@@ -104,7 +104,7 @@ class RowReader:
     def __init__(self, file: SafetensorsFile, name: str):
         info = file.info(name)
         self.name, self.path = name, file.path
-        self.dtype = DTYPES[info.dtype][0]
+        self.dtype = dtype_of(info.dtype)
         self.row_shape = info.shape[1:]
         self.row_bytes = info.nbytes // info.shape[0]
         self.start = file.data_range(name)[0]

@@ -71,7 +71,9 @@ class TensorRows:
         shape = [Text(("[" if i == 0 else "") + part + ("]" if i == len(parts) - 1 else ","), style="yellow")
                  for i, part in enumerate(parts)] or [Text("[]", style="yellow")]
         fields = [name, *shape, Text(str(event.array.dtype), style="dim")]
-        return wrap_fields(fields, width, "", "    ", seps=["  ", *[" "] * (len(shape) - 1), "  "])
+        if event.patched:
+            fields.append(Text("patched", style="bold magenta"))
+        return wrap_fields(fields, width, "", "    ", seps=["  ", *[" "] * (len(shape) - 1), "  ", "  "])
 
 
 def singular(dim: str) -> str:

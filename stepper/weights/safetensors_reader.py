@@ -27,33 +27,38 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
+from stepper import dtypes
 from stepper.errors import StepperError
 
-# safetensors dtype name -> (NumPy dtype, item size in bytes). All little-endian.
-DTYPES: dict[str, tuple[np.dtype, int]] = {
-    name: (np.dtype(dtype), np.dtype(dtype).itemsize)
-    for name, dtype in {
-        "F64": "<f8",
-        "F32": "<f4",
-        "F16": "<f2",
-        "BF16": ml_dtypes.bfloat16,
-        "F8_E4M3": ml_dtypes.float8_e4m3fn,
-        "F8_E5M2": ml_dtypes.float8_e5m2,
-        "F8_E8M0": ml_dtypes.float8_e8m0fnu,  # 2^(e - 127): block scales of newer checkpoints
-        "I64": "<i8",
-        "I32": "<i4",
-        "I16": "<i2",
-        "I8": "i1",
-        "U64": "<u8",
-        "U32": "<u4",
-        "U16": "<u2",
-        "U8": "u1",
-        "BOOL": "?",
-    }.items()
+# safetensors dtype name -> (NumPy's type, all little-endian, or ml_dtypes' by name; item size in bytes)
+DTYPES: dict[str, tuple[str, int]] = {
+    "F64": ("<f8", 8),
+    "F32": ("<f4", 4),
+    "F16": ("<f2", 2),
+    "BF16": ("bfloat16", 2),
+    "F8_E4M3": ("float8_e4m3fn", 1),
+    "F8_E5M2": ("float8_e5m2", 1),
+    "F8_E8M0": ("float8_e8m0fnu", 1),  # 2^(e - 127): block scales of newer checkpoints
+    "I64": ("<i8", 8),
+    "I32": ("<i4", 4),
+    "I16": ("<i2", 2),
+    "I8": ("i1", 1),
+    "U64": ("<u8", 8),
+    "U32": ("<u4", 4),
+    "U16": ("<u2", 2),
+    "U8": ("u1", 1),
+    "BOOL": ("?", 1),
 }
+ML_DTYPES = ("BF16", "F8_E4M3", "F8_E5M2", "F8_E8M0")  # made by stepper.dtypes, which imports ml_dtypes on first use
+
+
+@cache
+def dtype_of(name: str) -> np.dtype:
+    """The NumPy dtype of a safetensors dtype name."""
+    return dtypes.ml(DTYPES[name][0]) if name in ML_DTYPES else np.dtype(DTYPES[name][0])
+
 
 HUGE_PAGE_BYTES = 1 << 21  # the huge page size advise_checkpoint_map relies on
 MAX_HEADER_BYTES = 100_000_000  # the reference reader's limit
@@ -115,7 +120,7 @@ class SafetensorsFile:
     def get(self, name: str) -> np.ndarray:
         """The tensor as a read-only view into the file's memory map (no bytes copied)."""
         info = self.info(name)
-        dtype, item_size = DTYPES[info.dtype]
+        dtype, item_size = dtype_of(info.dtype), DTYPES[info.dtype][1]
         mapped = self._mapped()
         flat = np.frombuffer(mapped, dtype=dtype, count=info.nbytes // item_size, offset=self.header_size + info.start)
         return flat.reshape(info.shape)

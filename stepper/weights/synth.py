@@ -21,10 +21,9 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-import ml_dtypes
 import numpy as np
 
-from stepper import int4
+from stepper import dtypes, int4
 from stepper.config import Config, Fp8, Int4Groups, wrapped_hf
 from stepper.errors import StepperError
 from stepper.fp8 import scale_grid
@@ -164,7 +163,7 @@ def vision_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
 def vision_entries(cfg: Config, seed: int) -> list[Entry]:
     """The vision tower's and projector's tensors: BF16 normals, drawn from the seed."""
     rng = np.random.default_rng([seed, 7])
-    return [Entry(name, "BF16", shape, lambda shape=shape: rng.standard_normal(shape, dtype=np.float32).astype(ml_dtypes.bfloat16))
+    return [Entry(name, "BF16", shape, lambda shape=shape: rng.standard_normal(shape, dtype=np.float32).astype(dtypes.ml("bfloat16")))
             for name, shape in vision_shapes(cfg).items()]
 
 

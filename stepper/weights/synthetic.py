@@ -8,10 +8,9 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Iterator
 
-import ml_dtypes
 import numpy as np
 
-from stepper import fp8, int4
+from stepper import dtypes, fp8, int4
 from stepper.config import Config
 from stepper.errors import StepperError
 from stepper.weights.names import EMBED, shape_of, storage_dtype
@@ -81,7 +80,7 @@ class SyntheticWeights:
             packed, scales = int4.quantize_int4(values, group, name=name)
             return Stored(dtype, packed, scales, (1, group), columns=values.shape[1])
         if dtype == "BF16":
-            return Stored(dtype, values.astype(ml_dtypes.bfloat16))
+            return Stored(dtype, values.astype(dtypes.ml("bfloat16")))
         return Stored(dtype, values)
 
     def values(self, name: str) -> np.ndarray:

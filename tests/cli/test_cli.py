@@ -6,6 +6,7 @@ import sys
 
 import numpy as np
 import pytest
+import typer.main
 from helpers.cli import stepper
 from safetensors.numpy import load_file
 
@@ -127,6 +128,48 @@ def test_the_command_in_the_test_process_prints_what_the_process_prints():
     for args in (["run", "--plain", "--ids", "5,6,7", "--only", "*k_pe*"], ["run", "--layer", "7"], ["explain"]):
         here, there = stepper(*args), in_a_process(*args)
         assert (here.returncode, here.stdout, here.stderr) == (there.returncode, there.stdout, there.stderr), args
+
+
+def test_two_runs_print_the_same():
+    """What the machine has left free changes from run to run; a run that fits well does not name it."""
+    first, second = in_a_process("run", "--plain", "--decode", "1"), in_a_process("run", "--plain", "--decode", "1")
+    assert first.returncode == 0 and (first.stdout, first.stderr) == (second.stdout, second.stderr)
+    assert "--attn auto: naive prefill, absorbed decode (the run needs about 1 MiB, under half the memory available)" in first.stdout
+    assert " available" not in first.stdout.replace("under half the memory available", "")
+
+
+def test_a_use_file_that_cannot_load_is_one_line_and_no_header(tmp_path):
+    for command in ("run", "step"):
+        out = stepper(command, "--plain", "--use", "nonexist.py", cwd=tmp_path)
+        assert (out.returncode, out.stdout, out.stderr) == (2, "", "stepper: error: nonexist.py: no such file\n"), command
+
+
+def test_every_attn_option_shows_the_paths_it_takes():
+    from stepper.cli.main import app
+
+    def commands(group, path=()):
+        for name, sub in getattr(group, "commands", {}).items():
+            yield from commands(sub, (*path, name)) if hasattr(sub, "commands") else [((*path, name), sub)]
+
+    metavars = {path: p.metavar for path, c in commands(typer.main.get_command(app)) for p in c.params if "--attn" in p.opts}
+    assert metavars == {("run",): "naive|absorb|auto", ("step",): "naive|absorb|auto", ("tree",): "naive|absorb",
+                        ("fixtures", "export"): "naive|absorb|auto"}
+    assert "--attn naive|absorb " in stepper("tree", "--help", env={"COLUMNS": "200"}).stdout
+
+
+def test_help_imports_no_number_formats_and_no_reference_libraries():
+    """`stepper --help` (and a command's) imports what it shows: not ml_dtypes (most of a second),
+    torch or transformers, which the commands import where they use them."""
+    code = ("import contextlib, io, runpy, sys\n"
+            "sys.argv = ['stepper', *sys.argv[1:]]\n"
+            "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+            "    runpy.run_module('stepper', run_name='__main__')\n"
+            "print(' '.join(sorted({m.partition('.')[0] for m in sys.modules})))")
+    for args in (["--help"], ["run", "--help"], ["inspect", "--help"]):
+        loaded = set(subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=True,
+                                    timeout=120).stdout.split())
+        assert "stepper" in loaded and "typer" in loaded, args
+        assert not loaded & {"ml_dtypes", "torch", "transformers"}, args
 
 
 def test_malformed_config_json_exits_2(tmp_path):

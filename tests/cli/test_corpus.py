@@ -4,8 +4,9 @@ Every broken checkpoint goes through `stepper inspect` (exit 1 with the problem 
 one line when it cannot be read at all) and `stepper run` (exit 2: one line, or the list of the
 run's problems); every broken fixture folder through `stepper fixtures verify` (exit 2, one
 line); every broken safetensors file through `stepper inspect FILE`. No traceback, no control
-character on the terminal, each command under a second and in bounded memory. In-process
-(typer's runner), with a sample as real subprocesses.
+character on the terminal; the bytes each command reads and decodes bounded by the sizes of the
+files it is given, and its memory too. In-process (typer's runner), with a sample as real
+subprocesses.
 """
 
 from __future__ import annotations
@@ -14,8 +15,6 @@ import resource
 import shutil
 import subprocess
 import sys
-import time
-import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -29,6 +28,7 @@ from helpers.malformed import (
     config_fields,
     with_tensor,
 )
+from helpers.work import counted
 from typer.testing import CliRunner
 
 from stepper.cli.main import app
@@ -36,7 +36,7 @@ from stepper.config import Config
 from stepper.weights.synth import synth_checkpoint
 from stepper.weights.synthetic import SyntheticWeights
 
-SECONDS = 1.0
+READ_SLACK = 64 * 1024  # what a command reads besides the files it is given (/proc/meminfo, cgroup limits)
 PYTHON_BYTES = 64 * 2**20  # what one traced command may allocate in Python and NumPy (the files are ~130 KB)
 GROWTH_KIB = 512 * 1024  # how far the test process's peak memory may rise over all of these commands
 CHILD_BYTES = 2**30  # the address space of a whole `python -m stepper` process (a run of mini takes under 600 MB)
@@ -75,23 +75,28 @@ def invoke(*args: str):
 
 
 def measured(*args: str, traced: bool = False):
-    """The command in-process, with how long it took; the test process's peak memory, and (traced)
-    the most the command allocated, NumPy's arrays included."""
-    if traced:
-        tracemalloc.start()
-    started = time.perf_counter()
-    try:
+    """The command in-process, with the work it did: bytes read, tensor bytes handed out, and
+    (traced) the most it allocated, NumPy's arrays included; the test process's peak memory after
+    it. A command reads each file it is given about once (fixtures verify: and hashes it), and
+    hands out at most the tensors' bytes those files hold: a command that read or decoded them
+    over and over would fail."""
+    files = sum(size_of(Path(a)) for a in args if a.startswith("/"))
+    with counted(traced=traced) as work:
         done = invoke(*args)
-        seconds = time.perf_counter() - started
-        peak = tracemalloc.get_traced_memory()[1] if traced else 0
-    finally:
-        tracemalloc.stop()
     assert done.exception is None or isinstance(done.exception, SystemExit), (args, done.exception)
-    assert seconds < SECONDS and peak < PYTHON_BYTES, (args, seconds, peak)
+    assert work.read <= 2 * files + READ_SLACK and work.tensor_bytes <= files, (args, files, work)
+    assert work.peak < PYTHON_BYTES, (args, work)
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - PEAK_BEFORE[0] < GROWTH_KIB
     for text in (done.stdout, done.stderr):
         assert "Traceback" not in text and not any(c < " " and c not in "\n\t" or c == "\x7f" for c in text), (args, text)
     return done
+
+
+def size_of(path: Path) -> int:
+    """Bytes of a file, or of every file under a folder."""
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    return path.stat().st_size if path.is_file() else 0
 
 
 def one_line(stderr: str) -> str:

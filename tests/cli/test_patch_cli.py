@@ -84,3 +84,18 @@ def test_set_refuses_another_tensor_and_a_bad_value_and_goes_on():
     assert "index 9 is out of bounds" in shown and "'open' is not allowed" in shown and "set takes NAME[slice] = value" in shown
     plain = stepper.run("tiny", ids=[3, 14, 15], keep="logits")
     np.testing.assert_array_equal(tensors["logits"], plain["logits"])  # nothing was set
+
+
+def test_a_patched_run_says_so_in_its_header_and_on_the_patched_rows():
+    out = cli("run", "--plain", "--patch", "layers.1.mlp.gate.topk_idx=x[..., 0]=5", "--only", "*gate.topk_idx")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[2] == ("patched: layers.1.mlp.gate.topk_idx=x[..., 0]=5 (rows marked patched show the new values; the "
+                        "run goes on from them)")
+    rows = [line for line in lines if line.startswith("layers.")]
+    assert rows == ["layers.1.mlp.gate.topk_idx  [N=7 tokens, 4 chosen experts]  int64  patched",
+                    "layers.2.mlp.gate.topk_idx  [N=7 tokens, 4 chosen experts]  int64"]  # chosen from a patched run, not patched
+    assert lines[lines.index(rows[0]) + 2].startswith("    corners 5 ")
+    assert "patched" not in cli("run", "--plain", "--only", "*gate.topk_idx").stdout
+    stepped = cli("step", "--plain", "--patch", "layers.1.mlp.gate.topk_idx=x[..., 0]=5", stdin="q\n")
+    assert stepped.stdout.splitlines()[2] == lines[2]

@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import typer.main
 from typer.testing import CliRunner
 
 from stepper.cli.main import app
@@ -102,6 +103,13 @@ def test_every_command_in_the_text_is_a_command():
         assert CliRunner().invoke(app, [word, "--help"]).exit_code == 0, word
     for command, why in SKIPPED.items():
         assert f"`{command}`" in README or command in README, f"skipped but not quoted: {command} ({why})"
+
+
+def test_the_command_table_names_every_command():
+    rows = [row for row in README.splitlines() if row.startswith("| `stepper ")]
+    tabled = {row.split("`")[1].split()[1] for row in rows}
+    assert tabled == set(typer.main.get_command(app).commands)
+    assert any(row.startswith("| `stepper fixtures names`") for row in rows)
 
 
 def test_the_options_readme_lists_are_the_options_run_and_step_take():

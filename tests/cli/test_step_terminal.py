@@ -103,7 +103,7 @@ def test_no_progress_bar_shares_a_line_with_the_prompt():
     time.sleep(1.2)
     term.type("c\r")
     term.read_until("layer 1 (MoE) › latent attention › k_pe")
-    screen = term.read_until("(stepper) ", timeout=10) if term.screen.count("(stepper) ") < 2 else term.screen
+    screen = term.read_until("(stepper) ", timeout=30) if term.screen.count("(stepper) ") < 2 else term.screen
     time.sleep(0.6)  # a live bar would redraw itself meanwhile
     term.read_until_quiet()
     stop = term.screen[term.screen.rindex("› latent attention › k_pe"):]
@@ -123,7 +123,7 @@ def test_line_editing_and_history_at_the_prompt():
     term.type("p embed[0,0,:2]\r")
     term.read_until("embed[0,0,:2]  [2]")
     term.type("\x1b[A\r")  # Up, Enter: the same command again
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 30
     while term.screen.count("embed[0,0,:2]  [2]") < 2 and time.monotonic() < deadline:
         term.read_until_quiet()
     assert term.screen.count("embed[0,0,:2]  [2]") == 2

@@ -156,16 +156,19 @@ def test_a_file_replaced_after_it_was_read_is_not_mapped_by_the_helper(shared, t
 
 @pytest.fixture
 def slow_front(monkeypatch):
-    """This process takes its tiles slowly, so the helper takes some from the back."""
+    """This process takes its first tile only once the helper has taken one from the back (however
+    busy the machine: a minute at most, a guard against a helper that never starts)."""
     import time
 
     taken_from_the_front = fp8_workers.from_the_front
 
     def slowly(claims):
-        take = taken_from_the_front(claims)
+        take, tiles = taken_from_the_front(claims), int(claims[1])
 
         def take_slowly():
-            time.sleep(0.05)
+            deadline = time.monotonic() + 60
+            while claims[1] == tiles and time.monotonic() < deadline:
+                time.sleep(0.01)
             return take()
         return take_slowly
     monkeypatch.setattr(fp8_workers, "from_the_front", slowly)

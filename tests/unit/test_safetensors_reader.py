@@ -9,8 +9,6 @@ import json
 import mmap
 import os
 import sys
-import time
-import tracemalloc
 from pathlib import Path
 
 import ml_dtypes
@@ -18,13 +16,22 @@ import numpy as np
 import pytest
 from helpers.files import mappings, reference_write, resident_pages
 from helpers.malformed import CASES, DATA, VALID, assemble
+from helpers.work import counted
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from stepper.errors import StepperError
-from stepper.weights.safetensors_reader import DTYPES, SafetensorsFile, TensorInfo, huge_page_bytes, spanned
+from stepper.weights.safetensors_reader import (
+    DTYPES,
+    MAX_HEADER_BYTES,
+    SafetensorsFile,
+    TensorInfo,
+    dtype_of,
+    huge_page_bytes,
+    spanned,
+)
 
 # Corpus cases the reference reader (safetensors 0.8) accepts and we refuse on purpose.
 STRICTER_THAN_REFERENCE = {
@@ -147,9 +154,9 @@ def test_bf16_and_fp8_round_trip_from_the_reference_serializer(tmp_path):
 def test_dtype_table():
     assert set(DTYPES) == {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2", "F8_E8M0", "I64", "I32", "I16", "I8",
                            "U8", "U16", "U32", "U64", "BOOL"}
-    assert DTYPES["BF16"] == (np.dtype(ml_dtypes.bfloat16), 2)
-    assert DTYPES["F8_E4M3"] == (np.dtype(ml_dtypes.float8_e4m3fn), 1)
-    assert all(dtype.itemsize == size for dtype, size in DTYPES.values())
+    assert dtype_of("BF16") == np.dtype(ml_dtypes.bfloat16) and dtype_of("F8_E4M3") == np.dtype(ml_dtypes.float8_e4m3fn)
+    assert dtype_of("F32") == np.dtype("<f4") and dtype_of("F8_E8M0") == np.dtype(ml_dtypes.float8_e8m0fnu)
+    assert all(dtype_of(name).itemsize == size for name, (_, size) in DTYPES.items())
 
 
 def test_header_api(tmp_path):
@@ -204,16 +211,14 @@ def test_a_sparse_gigabyte_opens_and_reads_one_tensor_without_touching_the_rest(
     with open(path, "wb") as out:
         out.write(assemble(header, np.arange(4, dtype=np.float32).tobytes()))
         out.truncate(8 + len(header) + 16 + 2**30)
-    tracemalloc.start()
-    start = time.perf_counter()
-    with SafetensorsFile(path) as f:
+    with counted(traced=True) as work, SafetensorsFile(path) as f:
         assert f.get("small").tolist() == [0, 1, 2, 3]
         huge = f.get("huge")
         assert huge.shape == (2**30,) and int(huge[12345]) == 0
         del huge
-    peak = tracemalloc.get_traced_memory()[1]
-    tracemalloc.stop()
-    assert time.perf_counter() - start < 1 and peak < 64 * 1024
+    assert work.peak < 64 * 1024 and work.read == 8 + len(header)  # the header alone through read()
+    if sys.platform == "linux":  # and of the gigabyte, the one block the value read faults in
+        assert resident_pages(path).sum() <= 1 + huge_page_bytes() // mmap.PAGESIZE
 
 
 def evict(path: Path) -> None:
@@ -357,21 +362,27 @@ def test_corpus_is_large_and_every_case_distinct():
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_malformed_file_is_refused_quickly_cheaply_and_by_name(tmp_path, case):
     path = write(tmp_path / f"{case.name}.safetensors", case.content)
-    tracemalloc.start()
-    start = time.perf_counter()
-    try:
-        with pytest.raises(StepperError) as caught:
-            SafetensorsFile(path)
-        elapsed = time.perf_counter() - start
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    with counted(lines=True, traced=True) as work, pytest.raises(StepperError) as caught:
+        SafetensorsFile(path)
     message = str(caught.value)
     assert message.startswith(str(path) + ": ") and "\n" not in message
     if case.tensor is not None:
         assert f"tensor '{case.tensor}'" in message
-    assert elapsed < 1.0
-    assert peak < max(len(case.content), 64 * 1024) + 32 * 1024, peak
+    assert work.read <= header_bytes(case.content), work  # never the data, nor a header over the limit
+    assert work.lines < REFUSAL_LINES, work  # no loop over a size or count the file declares
+    assert work.peak < max(len(case.content), 64 * 1024) + 32 * 1024, work
+
+
+REFUSAL_LINES = 2000  # Python lines a refusal runs: a few hundred; a loop over a declared 2^40 would run billions
+
+
+def header_bytes(content: bytes) -> int:
+    """What a reader must read of a file to refuse it: the 8-byte length and the header it
+    declares, as much as the file holds; none of a header past the limit."""
+    if len(content) < 8:
+        return 0
+    declared = int.from_bytes(content[:8], "little")
+    return 8 if declared > MAX_HEADER_BYTES else 8 + min(declared, len(content) - 8)
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.name not in STRICTER_THAN_REFERENCE], ids=lambda c: c.name)
@@ -386,13 +397,9 @@ def test_header_over_the_size_limit_is_refused_before_it_is_read(tmp_path):
     with open(path, "wb") as out:
         out.write((100_000_001).to_bytes(8, "little") + b"{}")
         out.truncate(8 + 100_000_001)  # sparse: the claimed header really is in the file
-    tracemalloc.start()
-    try:
-        with pytest.raises(StepperError, match="big.safetensors: header length 100000001 is over"):
-            SafetensorsFile(path)
-        assert tracemalloc.get_traced_memory()[1] < 64 * 1024
-    finally:
-        tracemalloc.stop()
+    with counted(traced=True) as work, pytest.raises(StepperError, match="big.safetensors: header length 100000001 is over"):
+        SafetensorsFile(path)
+    assert work.peak < 64 * 1024 and work.read == 8  # the length alone
 
 
 def test_nesting_past_the_parser_recursion_limit_is_a_stepper_error(tmp_path):
