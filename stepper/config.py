@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from stepper.errors import StepperError
-from stepper.int4 import patterns
+from stepper import regex_subset as patterns
 from stepper.jsonfile import read_json
 from stepper.untrusted import cut, shown
 
@@ -501,7 +501,7 @@ def _require_value(f: _Fields, block: dict, at: str, field: str, honoured: Any, 
 
 def _entries(f: _Fields, block: dict, at: str, field: str, allow_empty: bool = False) -> tuple[str, ...]:
     """A list of module names and "re:" patterns, each pattern in the subset whose work is bounded
-    (stepper.int4.patterns)."""
+    (stepper.regex_subset)."""
     entries = block.get(field, [] if allow_empty else None)
     if not isinstance(entries, list) or not all(isinstance(e, str) for e in entries) or not (entries or allow_empty):
         raise f.fail(at, f"must be a list of module names or 're:' patterns, got {entries!r}")

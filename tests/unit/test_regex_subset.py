@@ -7,7 +7,7 @@ import pytest
 
 from stepper.config import KIMI_INT4_IGNORE
 from stepper.errors import StepperError
-from stepper.int4 import patterns
+from stepper import regex_subset as patterns
 
 
 def ways(pattern: str, n: int = patterns.MAX_NAME) -> int:
