@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stepper.errors import StepperError
 from stepper import regex_subset as patterns
+from stepper.errors import StepperError
 from stepper.jsonfile import read_json
 from stepper.untrusted import cut, shown
 
