@@ -8,12 +8,13 @@ histogram sparkline; its corner values (the first values of the first row, the l
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from typing import IO, Any
 
 import numpy as np
-from rich.console import Console, RenderableType
+from rich.console import Console, ConsoleRenderable, RenderableType, RenderHook
 from rich.text import Text
 
 from stepper import catalog
@@ -138,12 +139,14 @@ def print_wrapped(console: Console, text: Text | str, indent: int = 0, style: st
 class JsonLines:
     """Sink writing one JSON object per tensor, one per line (non-finite numbers become null)."""
 
-    def __init__(self, stream: IO[str], cfg: Config):
+    def __init__(self, stream: IO[str], cfg: Config, before_write: Callable[[], None] = lambda: None):
         self.stream = stream
         self.cfg = cfg
         self.catalog = catalog.load()
+        self.before_write = before_write  # e.g. the progress bars leave a terminal first
 
     def __call__(self, event: Event) -> None:
+        self.before_write()
         self.stream.write(json.dumps(self.record(event), allow_nan=False) + "\n")
         self.stream.flush()
 
@@ -241,8 +244,10 @@ def token_rows(tokens: Tokens | None, phase: str | None, n: int) -> list[str] | 
 class ProgressBars:
     """Sink showing long loops (experts, layers) as transient progress bars on a terminal.
 
-    A bar appears only once its task has run for a second, and never when stderr is not a
-    terminal, so piped output stays clean.
+    A bar appears only once its task has run for a second (STEPPER_PROGRESS_DELAY seconds, if
+    set), and never when stderr is not a terminal, so piped output stays clean. Consoles given to
+    `beside` (the run's rows) take the bars off the screen before they print, so that no line is
+    printed onto a bar's; the next progress puts the bars back below what was printed.
     """
 
     DELAY = 1.0
@@ -251,8 +256,9 @@ class ProgressBars:
         from rich.progress import Progress
 
         self.console = console
-        self.bars = Progress(console=console, transient=True)
+        self.bars = Progress(console=console, transient=True, redirect_stdout=False)
         self.tasks: dict[str, tuple[float, int | None]] = {}
+        self.delay = delay_from_env(self.DELAY)
 
     def __call__(self, event: Event) -> None:
         """Tensor events are for other sinks."""
@@ -260,12 +266,17 @@ class ProgressBars:
     def wants(self, _event: Event) -> bool:
         return False
 
+    def beside(self, console: Console) -> Console:
+        """The console, made to take the bars off the screen before each thing it prints."""
+        console.push_render_hook(HideFirst(self.hide))
+        return console
+
     def progress(self, task: str, done: int, total: int) -> None:
         if not self.console.is_terminal:
             return
         now = time.monotonic()
         started, bar = self.tasks.setdefault(task, (now, None))
-        if bar is None and now - started >= self.DELAY and done < total:
+        if bar is None and now - started >= self.delay and done < total:
             bar = self.bars.add_task(task, total=total)
             self.tasks[task] = (started, bar)
         if bar is not None:
@@ -280,6 +291,25 @@ class ProgressBars:
                 self.hide()
 
     def hide(self) -> None:
-        """Take the bars off the screen (before a prompt or a question); the next progress puts them back."""
+        """Take the bars off the screen (before a prompt, a question or a row); the next progress puts them back."""
         if self.bars.live.is_started:
             self.bars.stop()
+
+
+class HideFirst(RenderHook):
+    """A console's render hook running `hide` before the console prints anything."""
+
+    def __init__(self, hide: Callable[[], None]):
+        self.hide = hide
+
+    def process_renderables(self, renderables: list[ConsoleRenderable]) -> list[ConsoleRenderable]:
+        self.hide()
+        return renderables
+
+
+def delay_from_env(default: float) -> float:
+    """STEPPER_PROGRESS_DELAY: seconds a loop runs before its bar appears (0: at once), else `default`."""
+    try:
+        return max(0.0, float(os.environ.get("STEPPER_PROGRESS_DELAY", default)))
+    except ValueError:
+        return default
