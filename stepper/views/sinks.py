@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import IO, Any
 
 import numpy as np
+from rich.cells import cell_len
 from rich.console import Console, ConsoleRenderable, RenderableType, RenderHook
 from rich.text import Text
 
@@ -126,6 +127,34 @@ def wrap_fields(fields: list[Text], width: int | None, first: str, indent: str, 
 def print_picture(console: Console, picture: RenderableType) -> None:
     """A picture: its captions wrapped at a terminal's width, its lines whole elsewhere."""
     console.print(picture, soft_wrap=line_width(console) is None)
+
+
+def print_fitted(console: Console, text: Text | str, indent: int = 4, style: str = "") -> None:
+    """Lines of text: on a terminal each line longer than its width is broken at spaces and
+    continued under `indent` spaces (a word longer than a line is kept whole); elsewhere whole."""
+    body = text if isinstance(text, Text) else Text(text, style=style)
+    width = line_width(console)
+    for line in body.split("\n", allow_blank=True):
+        for part in [line] if width is None else fitted(line, width, indent):
+            console.print(part, soft_wrap=True)
+
+
+def fitted(line: Text, width: int, indent: int) -> list[Text]:
+    """A line broken at spaces into lines of at most `width` cells, all but the first after `indent` spaces."""
+    line = line.copy()
+    line.rstrip()
+    plain, cuts, start, room = line.plain, [], 0, width
+    while cell_len(plain[start:]) > room:
+        cut = plain.rfind(" ", start, start + room + 1)
+        if cut <= start:  # a word longer than the room: it goes whole, up to the next space
+            cut = plain.find(" ", start + room)
+            if cut < 0:
+                break
+        start = len(plain) - len(plain[cut:].lstrip(" "))
+        cuts += [cut, start]
+        room = max(20, width - indent)
+    parts = list(line.divide(cuts))[::2]  # the lines, without the spaces between them
+    return [parts[0], *(Text(" " * indent).append_text(part) for part in parts[1:])]
 
 
 def print_wrapped(console: Console, text: Text | str, indent: int = 0, style: str = "") -> None:
