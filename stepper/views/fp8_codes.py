@@ -161,7 +161,7 @@ def render_code(console: Console, code: int) -> None:
     for label, body in field_lines(f):
         line = Text.assemble((f"  {label:<12}", "dim"))
         line.append_text(body if isinstance(body, Text) else Text(body))
-        print_fitted(console, line, indent=14)
+        print_fitted(console, line, indent=12)
 
 
 def colored_bits(f: fp8.Fp8Fields) -> Text:

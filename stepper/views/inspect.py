@@ -480,7 +480,7 @@ def render(console: Console, source: Source, groups: list[Group], matched: list[
     if problems:
         print_fitted(console, Text(problem_heading(problems), style="bold red"))
         for p in problems:
-            print_fitted(console, Text(f"  ! {shown(p.text)}", style="red"), indent=6)
+            print_fitted(console, Text(f"  ! {shown(p.text)}", style="red"))
 
 
 def problem_heading(problems: list[Problem]) -> str:

@@ -131,7 +131,8 @@ def print_picture(console: Console, picture: RenderableType) -> None:
 
 def print_fitted(console: Console, text: Text | str, indent: int = 4, style: str = "") -> None:
     """Lines of text: on a terminal each line longer than its width is broken at spaces and
-    continued under `indent` spaces (a word longer than a line is kept whole); elsewhere whole."""
+    continued `indent` spaces further in than the line begins (a word longer than a line is kept
+    whole); elsewhere whole."""
     body = text if isinstance(text, Text) else Text(text, style=style)
     width = line_width(console)
     for line in body.split("\n", allow_blank=True):
@@ -140,10 +141,12 @@ def print_fitted(console: Console, text: Text | str, indent: int = 4, style: str
 
 
 def fitted(line: Text, width: int, indent: int) -> list[Text]:
-    """A line broken at spaces into lines of at most `width` cells, all but the first after `indent` spaces."""
+    """A line broken at spaces into lines of at most `width` cells, all but the first `indent`
+    spaces further in than the line's own leading spaces."""
     line = line.copy()
     line.rstrip()
     plain, cuts, start, room = line.plain, [], 0, width
+    indent += len(plain) - len(plain.lstrip(" "))
     while cell_len(plain[start:]) > room:
         cut = plain.rfind(" ", start, start + room + 1)
         if cut <= start:  # a word longer than the room: it goes whole, up to the next space
