@@ -18,6 +18,7 @@ from stepper.fp8 import BLOCK
 from stepper.session import RunSpec, load_model, shown_layers
 from stepper.untrusted import shown
 from stepper.views import fp8_codes, inspect, inspect_stats, int4_codes
+from stepper.views.sinks import print_fitted
 from stepper.weights.names import shape_of, storage_dtype
 from stepper.weights.synth import QUANTS, requantized, synth_checkpoint
 from stepper.weights.synthetic import SyntheticWeights
@@ -49,8 +50,8 @@ def synth_command(
         synth_checkpoint(source, out, chosen, force)
         files = sorted(p.name for p in out.iterdir())
         size = sum(p.stat().st_size for p in out.iterdir())
-        print(f"wrote {shown(out)}: {len(files)} files, {size / 2**20:.1f} MiB "
-              f"({', '.join(files[:3])}{', ...' if len(files) > 3 else ''})")
+        print_fitted(Console(highlight=False, markup=False), f"wrote {shown(out)}: {len(files)} files, {size / 2**20:.1f} MiB "
+                     f"({', '.join(files[:3])}{', ...' if len(files) > 3 else ''})")
 
 
 LAYOUTS = ("hf", "kimi_k25")

@@ -33,7 +33,10 @@ fixtures_app = typer.Typer(
 
 
 def console_for(plain: bool, stderr: bool = False) -> Console:
-    return Console(no_color=plain, highlight=False, markup=False, soft_wrap=True, stderr=stderr)
+    """A console whose lines a terminal gets wrapped at words, and a pipe or a file whole."""
+    console = Console(no_color=plain, highlight=False, markup=False, stderr=stderr)
+    console.soft_wrap = not console.is_terminal
+    return console
 
 
 PlainOpt = Annotated[bool, typer.Option("--plain", help="No colour.")]

@@ -62,7 +62,7 @@ def table(diff: Any, width: int | None = None) -> Table:
     under = ("max|b-a|", "cosine", "what changed") if narrow else ()
     for column, justify in columns:
         if column not in under:
-            t.add_column("tensor\n" + ", ".join(under) if under and column == "tensor" else column, justify=justify,
+            t.add_column("tensor\n  " + "  ".join(under) if under and column == "tensor" else column, justify=justify,
                          no_wrap=column not in ("what changed", "tensor"))
     for r in diff.rows:
         cells = {"#": str(r.index), "tensor": shown(r.name), "status": Text(r.status, style=STYLE[r.status]),

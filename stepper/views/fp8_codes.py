@@ -368,7 +368,7 @@ def corner_grid(block: Block, codes: bool, columns: range | None = None) -> list
     width = max(2, len(str(block.cols.start + columns.stop - 1))) if codes else VALUE
     title = "codes (hex)" if codes else "values = code value x scale_inv"
     if len(columns) < min(CORNER, len(block.cols)):
-        title += f", columns {block.cols.start + columns.start}..{block.cols.start + columns.stop - 1}"
+        title += f" (columns {block.cols.start + columns.start}..{block.cols.start + columns.stop - 1})"
     lines = [Text(title, style="bold")]
     header = Text.assemble((" " * label, "dim"))
     for j in columns:

@@ -124,6 +124,16 @@ def wrap_fields(fields: list[Text], width: int | None, first: str, indent: str, 
     return out
 
 
+class WholeLinesOffTerminal(Console):
+    """A console whose prints wrap (at words) only on a terminal: to a pipe or a file each keeps its
+    lines whole, whatever it asks (so piped prose is never cut at 80 columns, nor padded)."""
+
+    def print(self, *objects: Any, **kwargs: Any) -> None:
+        if line_width(self) is None:
+            kwargs["soft_wrap"] = True
+        super().print(*objects, **kwargs)
+
+
 def print_picture(console: Console, picture: RenderableType) -> None:
     """A picture: its captions wrapped at a terminal's width, its lines whole elsewhere."""
     console.print(picture, soft_wrap=line_width(console) is None)

@@ -16,8 +16,9 @@ import struct
 import sys
 import termios
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import pyte
 
@@ -35,8 +36,13 @@ class Screen:
         return "\n".join(self.lines)
 
 
-def on_terminal(*args: object, columns: int = 80, env: Mapping[str, str] | None = None, timeout: float = 120.0) -> Screen:
-    """`stepper ARGS` on a pseudo-terminal `columns` wide: the screen afterwards."""
+PROMPTS = (b"(stepper) ", b"your prediction> ")  # where the debugger and the lessons wait for a line
+
+
+def on_terminal(*args: object, columns: int = 80, env: Mapping[str, str] | None = None, timeout: float = 120.0,
+                typed: Sequence[str] = (), cwd: str | Path | None = None) -> Screen:
+    """`stepper ARGS` on a pseudo-terminal `columns` wide: the screen afterwards. At each prompt
+    the next of the `typed` lines is typed, and once they are used up, Ctrl-D (end of input)."""
     argv = [sys.executable, "-m", "stepper", *map(str, args)]
     pid, fd = pty.fork()
     if pid == 0:  # the child: the terminal's size set, then stepper in its place
@@ -45,10 +51,12 @@ def on_terminal(*args: object, columns: int = 80, env: Mapping[str, str] | None 
             os.environ.update({"COLUMNS": str(columns), "LINES": str(ROWS), "TERM": "xterm-256color"})
             os.environ.pop("NO_COLOR", None)
             os.environ.update(env or {})
+            if cwd is not None:
+                os.chdir(cwd)
             os.execvp(argv[0], argv)
         finally:
             os._exit(127)
-    raw = read_all(fd, pid, timeout)
+    raw = read_all(fd, pid, timeout, list(typed))
     _, status = os.waitpid(pid, 0)
     os.close(fd)
     screen = pyte.Screen(columns, ROWS)
@@ -59,9 +67,10 @@ def on_terminal(*args: object, columns: int = 80, env: Mapping[str, str] | None 
     return Screen(raw, lines, os.waitstatus_to_exitcode(status))
 
 
-def read_all(fd: int, pid: int, timeout: float) -> bytes:
-    """Everything the child writes until it closes the terminal (killed after `timeout` seconds)."""
-    out, deadline = bytearray(), time.monotonic() + timeout
+def read_all(fd: int, pid: int, timeout: float, typed: list[str]) -> bytes:
+    """Everything the child writes until it closes the terminal (killed after `timeout` seconds),
+    a line of `typed` (or Ctrl-D) typed at each prompt."""
+    out, deadline, answered = bytearray(), time.monotonic() + timeout, 0
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
@@ -76,3 +85,7 @@ def read_all(fd: int, pid: int, timeout: float) -> bytes:
             if not chunk:
                 return bytes(out)
             out += chunk
+        waiting = sum(out.count(prompt) for prompt in PROMPTS)
+        if waiting > answered and not ready:  # a prompt, and nothing more to read: it waits for a line
+            os.write(fd, (typed.pop(0) + "\r").encode() if typed else b"\x04")
+            answered = waiting
