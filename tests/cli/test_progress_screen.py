@@ -10,6 +10,7 @@ import pytest
 if sys.platform == "win32":
     pytest.skip("needs a POSIX pseudo-terminal", allow_module_level=True)
 
+from tests.helpers.cli import stepper
 from tests.helpers.terminal import on_terminal
 
 BAR = "━".encode()
@@ -52,3 +53,16 @@ def unwrapped(lines: list[str], columns: int) -> list[str]:
         else:
             out.append(line)
     return out
+
+
+def test_synth_shows_its_progress_on_a_terminal_and_nothing_through_a_pipe(tmp_path):
+    on_screen = on_terminal("synth", "--model", "tiny", "--out", tmp_path / "on-screen", columns=120)
+    assert on_screen.code == 0
+    drawn = ESCAPE.sub(b"", on_screen.raw).decode()
+    assert BAR in on_screen.raw and "writing on-screen" in drawn and re.search(r"\d+(\.\d+)?/\d+(\.\d+)? [kM]B", drawn)
+    assert [line for line in on_screen.lines if line][0].startswith("wrote ")  # the bar gone, the summary left
+    piped = stepper("synth", "--model", "tiny", "--out", tmp_path / "piped")
+    assert piped.returncode == 0 and piped.stderr == "" and piped.stdout.startswith("wrote ") and piped.stdout.count("\n") == 1
+
+
+ESCAPE = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]")
