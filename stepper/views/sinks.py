@@ -11,6 +11,7 @@ import json
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import IO, Any
 
 import numpy as np
@@ -283,23 +284,33 @@ def token_rows(tokens: Tokens | None, phase: str | None, n: int) -> list[str] | 
     return None if tokens is None else tokens.numbered(tokens.of_step(phase, n))
 
 
+@dataclass
+class Loop:
+    """A long loop reported by progress(): when it began, how far it is, whether it has a bar."""
+
+    started: float
+    done: int = 0
+    total: int = 0
+    shown: bool = False
+
+
 class ProgressBars:
     """Sink showing long loops (experts, layers) as transient progress bars on a terminal.
 
     A bar appears only once its task has run for a second (STEPPER_PROGRESS_DELAY seconds, if
     set), and never when stderr is not a terminal, so piped output stays clean. Consoles given to
     `beside` (the run's rows) take the bars off the screen before they print, so that no line is
-    printed onto a bar's; the next progress puts the bars back below what was printed.
+    printed onto a bar's; the next progress puts the bars back below what was printed (a fresh
+    Rich Progress each time: one that was stopped would erase lines above it when started again).
     """
 
     DELAY = 1.0
 
     def __init__(self, console: Console):
-        from rich.progress import Progress
-
         self.console = console
-        self.bars = Progress(console=console, transient=True, redirect_stdout=False)
-        self.tasks: dict[str, tuple[float, int | None]] = {}
+        self.loops: dict[str, Loop] = {}
+        self.bars: Any = None  # the rich.progress.Progress on screen, or None
+        self.ids: dict[str, Any] = {}  # its task id for each loop it shows
         self.delay = delay_from_env(self.DELAY)
 
     def __call__(self, event: Event) -> None:
@@ -317,25 +328,37 @@ class ProgressBars:
         if not self.console.is_terminal:
             return
         now = time.monotonic()
-        started, bar = self.tasks.setdefault(task, (now, None))
-        if bar is None and now - started >= self.delay and done < total:
-            bar = self.bars.add_task(task, total=total)
-            self.tasks[task] = (started, bar)
-        if bar is not None:
-            if not self.bars.live.is_started:
-                self.bars.start()
-            self.bars.update(bar, completed=done)
+        loop = self.loops.setdefault(task, Loop(now))
+        loop.done, loop.total = done, total
         if done >= total:
-            if bar is not None:
-                self.bars.remove_task(bar)
-            del self.tasks[task]
-            if not self.tasks:
+            del self.loops[task]
+            if task in self.ids:
+                self.bars.remove_task(self.ids.pop(task))
+            if not self.ids:
                 self.hide()
+            return
+        loop.shown = loop.shown or now - loop.started >= self.delay
+        if loop.shown:
+            self.show()
+
+    def show(self) -> None:
+        """The bars of the loops that have them, on screen and up to date."""
+        if self.bars is None:
+            from rich.progress import Progress
+
+            self.bars = Progress(console=self.console, transient=True, redirect_stdout=False)
+            self.bars.start()
+        for task, loop in self.loops.items():
+            if loop.shown and task not in self.ids:
+                self.ids[task] = self.bars.add_task(task, total=loop.total)
+            if task in self.ids:
+                self.bars.update(self.ids[task], completed=loop.done, total=loop.total)
 
     def hide(self) -> None:
         """Take the bars off the screen (before a prompt, a question or a row); the next progress puts them back."""
-        if self.bars.live.is_started:
+        if self.bars is not None:
             self.bars.stop()
+            self.bars, self.ids = None, {}
 
 
 class HideFirst(RenderHook):
