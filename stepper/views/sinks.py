@@ -319,10 +319,9 @@ class ProgressBars:
     def wants(self, _event: Event) -> bool:
         return False
 
-    def beside(self, console: Console) -> Console:
-        """The console, made to take the bars off the screen before each thing it prints."""
+    def beside(self, console: Console) -> None:
+        """Make the console take the bars off the screen before each thing it prints."""
         console.push_render_hook(HideFirst(self.hide))
-        return console
 
     def progress(self, task: str, done: int, total: int) -> None:
         if not self.console.is_terminal:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pyte
 
-ROWS = 1000
+ROWS = 3000
 
 
 @dataclass
