@@ -337,7 +337,7 @@ class ProgressBars:
                 self.hide()
             return
         loop.shown = loop.shown or now - loop.started >= self.delay
-        if loop.shown:
+        if any(loop.shown for loop in self.loops.values()):
             self.show()
 
     def show(self) -> None:
@@ -346,12 +346,13 @@ class ProgressBars:
             from rich.progress import Progress
 
             self.bars = Progress(console=self.console, transient=True, redirect_stdout=False)
-            self.bars.start()
         for task, loop in self.loops.items():
             if loop.shown and task not in self.ids:
-                self.ids[task] = self.bars.add_task(task, total=loop.total)
+                self.ids[task] = self.bars.add_task(task, total=loop.total, completed=loop.done)
             if task in self.ids:
                 self.bars.update(self.ids[task], completed=loop.done, total=loop.total)
+        if not self.bars.live.is_started:
+            self.bars.start()
 
     def hide(self) -> None:
         """Take the bars off the screen (before a prompt, a question or a row); the next progress puts them back."""
