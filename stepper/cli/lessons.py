@@ -50,7 +50,7 @@ PlainOpt = Annotated[bool, typer.Option("--plain", help="No colour.")]
 
 
 def console_for(plain: bool) -> Console:
-    return WholeLinesOffTerminal(no_color=plain, highlight=False, markup=False, soft_wrap=True)
+    return WholeLinesOffTerminal(no_color=plain, highlight=False, markup=False)
 
 
 def chosen(name: str | None, progress: Progress) -> tuple[Lesson, list[Lesson]]:

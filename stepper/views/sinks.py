@@ -126,8 +126,13 @@ def wrap_fields(fields: list[Text], width: int | None, first: str, indent: str, 
 
 
 class WholeLinesOffTerminal(Console):
-    """A console whose prints wrap (at words) only on a terminal: to a pipe or a file each keeps its
-    lines whole, whatever it asks (so piped prose is never cut at 80 columns, nor padded)."""
+    """A console whose prints wrap (at words) only on a terminal, unless they ask not to: to a pipe
+    or a file each keeps its lines whole, whatever it asks (so piped prose is never cut at 80
+    columns, nor padded)."""
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.soft_wrap = line_width(self) is None
 
     def print(self, *objects: Any, **kwargs: Any) -> None:
         if line_width(self) is None:
