@@ -12,7 +12,6 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from stepper.cli.common import PRESET_NAMES, one_prompt, parse_ids, parse_layers, user_errors
 from stepper.errors import StepperError
@@ -143,11 +142,5 @@ def names_command(
         console = console_for(plain)
         for naming, revision, models in dict.fromkeys((row["naming"], row["revision"], row["models"]) for row in rows):
             mine = [row for row in rows if (row["naming"], row["revision"], row["models"]) == (naming, revision, models)]
-            table = Table(title=f"{naming}, {models} (read at {revision})", title_justify="left", show_edge=False,
-                          pad_edge=False, header_style="bold", box=None)
-            columns = ("name", "canonical", "only", "source", "note")
-            for column in columns:
-                table.add_column(column, no_wrap=column in ("name", "only"), min_width=6 if column == "note" else None)
-            for row in mine:
-                table.add_row(*(row[c] for c in columns))
-            show.print_table(console, table)
+            columns = tuple((c, "left") for c in ("name", "canonical", "only", "source", "note"))
+            show.print_fitting(console, f"{naming}, {models} (read at {revision})", columns, mine, "name", ("source", "note"))

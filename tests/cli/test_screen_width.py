@@ -29,7 +29,7 @@ NARROW, WIDE = 80, 400
 EXTRA = [  # what README names in its text, and the views a block does not reach
     [("stepper fp8", []), ("stepper explain k_pe", []), ("stepper tree", []),
      ("stepper step --break attn_weights --prompt-len 4", ["p attn_weights[0,0,9]", "p attn_weights[0,0,1]", "e", "w", "c"]),
-     ("stepper diff 'run --attn naive' 'run --attn absorb'", [])],
+     ("stepper diff 'run --attn naive' 'run --attn absorb'", []), ("stepper fixtures names", [])],
 ]
 
 
