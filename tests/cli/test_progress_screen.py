@@ -24,12 +24,12 @@ def same_run(lines: list[str]) -> list[str]:
     return [re.sub(r"[\d.]+ GiB available", "… GiB available", line) for line in lines]
 
 
-@pytest.mark.parametrize("columns", [80, 200])
-def test_rows_are_printed_below_the_bar_never_on_its_line(columns):
+@pytest.mark.parametrize(("args", "columns"), [(RUN, 80), (RUN, 200), (("run", "--prompt-len", "16", "--decode", "1"), 80)])
+def test_rows_are_printed_below_the_bar_never_on_its_line(args, columns):
     """With every loop's bar drawn at once, the screen afterwards is the screen of the same run
     without bars: each row starts its own line, and the bar leaves nothing behind."""
-    with_bars = on_terminal(*RUN, columns=columns, env={"STEPPER_PROGRESS_DELAY": "0"})
-    without = on_terminal(*RUN, columns=columns, env={"STEPPER_PROGRESS_DELAY": "1000"})
+    with_bars = on_terminal(*args, columns=columns, env={"STEPPER_PROGRESS_DELAY": "0"})
+    without = on_terminal(*args, columns=columns, env={"STEPPER_PROGRESS_DELAY": "1000"})
     assert with_bars.code == without.code == 0
     assert BAR in with_bars.raw and b"layers" in with_bars.raw and b"steps (the prefill" in with_bars.raw  # bars were drawn
     assert BAR not in without.raw
