@@ -125,7 +125,7 @@ def synth_checkpoint(source: SyntheticWeights, out: Path, layers: range | None =
 
 
 def _write(source: SyntheticWeights, folder: Path, plan: list[dict[str, tuple[int, ...]]],
-           advance: Callable[[int], None] = lambda _n: None) -> None:
+           advance: Callable[[int], None]) -> None:
     cfg = source.config
     weight_map: dict[str, str] = {}
     total = 0

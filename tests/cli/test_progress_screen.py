@@ -4,6 +4,7 @@ terminal emulator (tests/helpers/terminal.py)."""
 import json
 import re
 import sys
+from contextlib import contextmanager
 
 import pytest
 
@@ -11,7 +12,10 @@ if sys.platform == "win32":
     pytest.skip("needs a POSIX pseudo-terminal", allow_module_level=True)
 
 from stepper.model import synthetic_cache
+from stepper.presets import preset
 from stepper.session import STEPS, RunSpec, run
+from stepper.weights.synth import synth_checkpoint
+from stepper.weights.synthetic import SyntheticWeights
 from tests.helpers.cli import stepper
 from tests.helpers.terminal import on_terminal
 
@@ -59,6 +63,21 @@ def test_synth_shows_its_progress_on_a_terminal_and_nothing_through_a_pipe(tmp_p
 
 
 ESCAPE = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def test_synth_reports_every_byte_of_its_tensors_once(tmp_path):
+    told: list[tuple[str, int]] = []
+    advanced: list[int] = []
+
+    @contextmanager
+    def progress(what, total):
+        told.append((what, total))
+        yield advanced.append
+
+    folder = synth_checkpoint(SyntheticWeights(preset("tiny"), seed=0), tmp_path / "ck", progress=progress)
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    assert told == [("writing ck", index["metadata"]["total_size"])]
+    assert sum(advanced) == told[0][1] and len(advanced) == len(index["weight_map"])
 
 
 class Reports:
