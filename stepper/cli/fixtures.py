@@ -22,6 +22,7 @@ from stepper.fixtures.spec import ExportSpec
 from stepper.session import text_prompt_ids
 from stepper.text import INSTALL
 from stepper.untrusted import shown
+from stepper.views.sinks import line_width
 
 fixtures_app = typer.Typer(
     no_args_is_help=True,
@@ -34,7 +35,7 @@ fixtures_app = typer.Typer(
 def console_for(plain: bool, stderr: bool = False) -> Console:
     """A console whose lines a terminal gets wrapped at words, and a pipe or a file whole."""
     console = Console(no_color=plain, highlight=False, markup=False, stderr=stderr)
-    console.soft_wrap = not console.is_terminal
+    console.soft_wrap = line_width(console) is None
     return console
 
 
