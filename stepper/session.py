@@ -303,13 +303,14 @@ def execute(plan: Plan, sinks: Iterable[Sink]) -> RunResult:
     ids = np.array([plan.prompt], dtype=np.int64)  # [B=1, T]
     hidden = plan.hidden
     if spec.cache_len:
-        fill_cache(plan, model, cache)
+        fill_cache(plan, model, cache, emit)
     positions = spec.start_pos + spec.cache_len + np.arange(ids.shape[1] if hidden is None else hidden.shape[1])
     decode_tokens = seeded_tokens(spec.seed, cfg, spec.decode, stream=2)
     generated: list[int] = []
     if plan.tokens is not None:
         plan.tokens.ids[:] = plan.prompt  # a plan may run more than once
     for step in range(spec.decode + 1):
+        emit.progress(STEPS, step, spec.decode + 1)
         phase = emit.phase(phase_name(spec, step))
         more = step < spec.decode
         if plan.alone and hidden is None:
@@ -326,7 +327,11 @@ def execute(plan: Plan, sinks: Iterable[Sink]) -> RunResult:
             ids = np.array([[token]], dtype=np.int64)
             positions = positions[-1:] + 1
             hidden = None
+    emit.progress(STEPS, spec.decode + 1, spec.decode + 1)
     return RunResult(cfg, plan.prompt, tuple(generated))
+
+
+STEPS = "steps (the prefill, then each decode step)"
 
 
 def chunked_model(plan: Plan, model: Transformer) -> Transformer:
@@ -349,7 +354,7 @@ def one_step(plan: Plan, model: Transformer, ids: np.ndarray, hidden: np.ndarray
     return model.forward(ids[:, span], positions[span], emit, cache, plan.shown, plan.needs_logits, attn)
 
 
-def fill_cache(plan: Plan, model: Transformer, cache: KVCache) -> None:
+def fill_cache(plan: Plan, model: Transformer, cache: KVCache, emit: Emitter | None = None) -> None:
     """The lone layer's cache: spec.cache_len synthetic positions from start_pos on, with the
     statistics of the layer's latents for a few seeded tokens."""
     spec = plan.spec
@@ -358,7 +363,8 @@ def fill_cache(plan: Plan, model: Transformer, cache: KVCache) -> None:
     rope = model.rope(spec.start_pos + np.arange(spec.cache_len), Emitter())
     per_head = any(step_attn(spec, k) == "naive" for k in range(spec.decode + 1))
     w = LayerWeights(model.weights, spec.layer, model.scratch)
-    synthetic_cache.fill(cache.layers[spec.layer], w, plan.config, sample, rope, spec.seed, per_head, spec.index_scoring)
+    synthetic_cache.fill(cache.layers[spec.layer], w, plan.config, sample, rope, spec.seed, per_head, spec.index_scoring,
+                         emit)
 
 
 def layer_input(model: Transformer, ids: np.ndarray, seed: int, step: int) -> np.ndarray:

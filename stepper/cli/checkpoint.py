@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from stepper.cli.cache import byte_progress
 from stepper.cli.common import PlainOpt, SeedOpt, parse_layers, user_errors
 from stepper.config import Config, Wrapper
 from stepper.errors import StepperError
@@ -18,8 +19,9 @@ from stepper.fp8 import BLOCK
 from stepper.session import RunSpec, load_model, shown_layers
 from stepper.untrusted import shown
 from stepper.views import fp8_codes, inspect, inspect_stats, int4_codes
+from stepper.views.sinks import print_fitted
 from stepper.weights.names import shape_of, storage_dtype
-from stepper.weights.synth import QUANTS, requantized, synth_checkpoint
+from stepper.weights.synth import QUANTS, no_progress, requantized, synth_checkpoint
 from stepper.weights.synthetic import SyntheticWeights
 
 
@@ -46,11 +48,11 @@ def synth_command(
         chosen = parse_layers(layers)
         if chosen is not None:
             chosen = shown_layers(RunSpec(layers=chosen), source.config)
-        synth_checkpoint(source, out, chosen, force)
+        synth_checkpoint(source, out, chosen, force, byte_progress if sys.stderr.isatty() else no_progress)
         files = sorted(p.name for p in out.iterdir())
         size = sum(p.stat().st_size for p in out.iterdir())
-        print(f"wrote {shown(out)}: {len(files)} files, {size / 2**20:.1f} MiB "
-              f"({', '.join(files[:3])}{', ...' if len(files) > 3 else ''})")
+        print_fitted(Console(highlight=False, markup=False), f"wrote {shown(out)}: {len(files)} files, {size / 2**20:.1f} MiB "
+                     f"({', '.join(files[:3])}{', ...' if len(files) > 3 else ''})")
 
 
 LAYOUTS = ("hf", "kimi_k25")

@@ -24,6 +24,7 @@ from stepper.fixtures.show import print_table
 from stepper.patching import parse_patch
 from stepper.untrusted import shown
 from stepper.views import diff as view
+from stepper.views.sinks import line_width, print_fitted
 
 SideArg = Annotated[str, typer.Argument(metavar="A", help="A --dump file, a fixture folder, or a run in quotes: 'run --attn naive' ('run': the default run).", show_default=False)]
 # The run options a side may give; the others (what a run shows, or where it writes) have no meaning here
@@ -56,8 +57,10 @@ def show(console: Console, found: Diff, changed: bool) -> None:
     if listed.rows:
         print_table(console, view.table(listed, console.width if console.is_terminal else None))
         console.print()
-    console.print(view.growth(found), end="")
-    console.print(view.summary(found))
+    growth = view.growth(found, line_width(console))
+    growth.rstrip()
+    print_fitted(console, growth, indent=2)
+    print_fitted(console, view.summary(found), indent=2)
 
 
 def side(which: str, text: str) -> tuple[dict[str, np.ndarray], str]:

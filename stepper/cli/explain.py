@@ -12,7 +12,7 @@ from stepper.cli.common import ModelOpt, PlainOpt, user_errors
 from stepper.errors import StepperError
 from stepper.session import check_layer, load_model
 from stepper.views.explain import also_named, explain_text, not_found
-from stepper.views.sinks import line_width
+from stepper.views.sinks import print_fitted
 from stepper.views.tree import layer_tree
 
 
@@ -29,12 +29,11 @@ def explain_command(
         if not entries:
             raise StepperError(not_found(cat, name))
         console = Console(no_color=plain, highlight=False, markup=False, soft_wrap=True)
-        whole = line_width(console) is None  # a terminal wraps at words, a pipe keeps lines whole
-        for entry in entries:
-            console.print(explain_text(cat, entry, cfg), soft_wrap=whole)
+        for entry in entries:  # a terminal's lines broken at spaces, a pipe's kept whole
+            print_fitted(console, explain_text(cat, entry, cfg))
             console.print()
         if also := also_named(cat, name, entries):
-            console.print(also, soft_wrap=whole)
+            print_fitted(console, also)
 
 
 def tree_command(

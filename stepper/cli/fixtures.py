@@ -12,7 +12,6 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from stepper.cli.common import PRESET_NAMES, one_prompt, parse_ids, parse_layers, user_errors
 from stepper.errors import StepperError
@@ -23,6 +22,7 @@ from stepper.fixtures.spec import ExportSpec
 from stepper.session import text_prompt_ids
 from stepper.text import INSTALL
 from stepper.untrusted import shown
+from stepper.views.sinks import line_width
 
 fixtures_app = typer.Typer(
     no_args_is_help=True,
@@ -33,7 +33,10 @@ fixtures_app = typer.Typer(
 
 
 def console_for(plain: bool, stderr: bool = False) -> Console:
-    return Console(no_color=plain, highlight=False, markup=False, soft_wrap=True, stderr=stderr)
+    """A console whose lines a terminal gets wrapped at words, and a pipe or a file whole."""
+    console = Console(no_color=plain, highlight=False, markup=False, stderr=stderr)
+    console.soft_wrap = line_width(console) is None
+    return console
 
 
 PlainOpt = Annotated[bool, typer.Option("--plain", help="No colour.")]
@@ -140,11 +143,5 @@ def names_command(
         console = console_for(plain)
         for naming, revision, models in dict.fromkeys((row["naming"], row["revision"], row["models"]) for row in rows):
             mine = [row for row in rows if (row["naming"], row["revision"], row["models"]) == (naming, revision, models)]
-            table = Table(title=f"{naming}, {models} (read at {revision})", title_justify="left", show_edge=False,
-                          pad_edge=False, header_style="bold", box=None)
-            columns = ("name", "canonical", "only", "source", "note")
-            for column in columns:
-                table.add_column(column, no_wrap=column in ("name", "only"), min_width=6 if column == "note" else None)
-            for row in mine:
-                table.add_row(*(row[c] for c in columns))
-            show.print_table(console, table)
+            columns = tuple((c, "left") for c in ("name", "canonical", "only", "source", "note"))
+            show.print_fitting(console, f"{naming}, {models} (read at {revision})", columns, mine, "name", ("source", "note"))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import queue
 import sys
+import textwrap
 import threading
 import time
 from dataclasses import replace
@@ -33,6 +34,7 @@ from stepper.lessons.workspace import WORKSPACE, Workspace
 from stepper.text import INSTALL
 from stepper.untrusted import shown
 from stepper.views.debugger import CommandSource
+from stepper.views.sinks import WholeLinesOffTerminal, line_width
 
 lesson_app = typer.Typer(
     add_completion=False,
@@ -48,7 +50,7 @@ PlainOpt = Annotated[bool, typer.Option("--plain", help="No colour.")]
 
 
 def console_for(plain: bool) -> Console:
-    return Console(no_color=plain, highlight=False, markup=False, soft_wrap=True)
+    return WholeLinesOffTerminal(no_color=plain, highlight=False, markup=False)
 
 
 def chosen(name: str | None, progress: Progress) -> tuple[Lesson, list[Lesson]]:
@@ -72,7 +74,8 @@ def list_command(plain: PlainOpt = False) -> None:
         console = console_for(plain)
         name_w = max(len("lesson"), *(len(l.name) for l in lessons)) + 2
         title_w = max(len("title"), *(len(shown(l.title)) for l in lessons)) + 2
-        title_w = max(12, min(title_w, console.width - (4 + name_w + 8 + len("gave up ◀"))))  # rows fit the width
+        if line_width(console) is not None:  # on a terminal, rows fit its width: a long title goes on under itself
+            title_w = max(12, min(title_w, console.width - (4 + name_w + 8 + len("gave up ◀"))))
         console.print(f"{'#':>2}  {'lesson':<{name_w}}{'title':<{title_w}}{'walked':<8}exercise", style="bold")
         marked = default_lesson(progress, lessons)
         for lesson in lessons:
@@ -80,9 +83,10 @@ def list_command(plain: PlainOpt = False) -> None:
             exercise = "passed" if entry["passed"] else ("gave up" if entry["gave_up"] else "·")
             walked = "✓" if entry["walked"] else "·"
             current = " ◀" if lesson.name == marked.name else ""
-            title = shown(lesson.title)
-            title = title if len(title) < title_w else title[: title_w - 2] + "…"
+            title, *more = textwrap.wrap(shown(lesson.title), title_w - 2) or [""]
             console.print(f"{lesson.number:>2}  {lesson.name:<{name_w}}{title:<{title_w}}{walked:<8}{exercise}{current}")
+            for line in more:
+                console.print(" " * (4 + name_w) + line)
         console.print(LIST_LEGEND, style="dim", soft_wrap=False)
         passed = sum(progress.lesson(l.name)["passed"] for l in lessons)
         tail = "" if done(progress, marked) else f" · next: stepper lesson start {marked.name}"

@@ -256,8 +256,10 @@ def run_command(
             if long > LONG_VALUES:
                 print_lines(console, f"note: the attention scores and weights shown hold {long:.2g} values, summarised "
                             "a tile at a time: their exact statistics take a while (--only can leave them out)", "dim")
-        counter, recorder = TensorCount(), Recorder()
-        views: list[Sink] = [counter, JsonLines(sys.stdout, plan.config) if as_json else TensorRows(console, plan.config, plan.tokens)]
+        counter, recorder, bars = TensorCount(), Recorder(), ProgressBars(Console(stderr=True))
+        bars.beside(console)
+        rows = JsonLines(sys.stdout, plan.config, bars.hide) if as_json else TensorRows(console, plan.config, plan.tokens)
+        views: list[Sink] = [counter, rows]
         if dump is not None:
             views.append(recorder)
         sinks: list[Sink] = [Filter(lambda e: keep(e.name), views)] if only else views
@@ -265,8 +267,11 @@ def run_command(
             sinks.append(Pictures(console, plan.config, pictures, plan.weights, plan.tokens, lambda e: keep(e.name)))
         sinks[:0] = patcher
         agreement = IndexAgreement()
-        sinks += [agreement, ProgressBars(Console(stderr=True))]
-        result = execute(plan, sinks)
+        sinks += [agreement, bars]
+        try:
+            result = execute(plan, sinks)
+        finally:
+            bars.hide()
         if dump is not None:
             write_dump(dump, recorder, {"model": plan.config.name, "prompt": json.dumps(result.prompt),
                                         "start_pos": str(spec.start_pos), "generated": json.dumps(result.generated)})
@@ -338,6 +343,7 @@ def step_command(
                 print_lines(console, line, "dim")
         interactive = sys.stdin.isatty() and console.is_terminal
         bars = ProgressBars(Console(stderr=True))
+        bars.beside(console)
         source = CommandSource(console, sys.stdin, interactive, script, before_input=bars.hide)
         on_stop = JsonLines(sys.stdout, plan.config) if as_json else None
         debugger = Debugger(console, plan.config, source, plan.weights, list(breaks or []), until, on_stop, names,

@@ -12,6 +12,7 @@ from rich.text import Text
 from stepper.lessons.context import Context
 from stepper.lessons.templates import render
 from stepper.untrusted import shown
+from stepper.views.sinks import line_width
 
 
 def say(console: Console, text: str, ctx: Context, style: str | None = None) -> None:
@@ -52,10 +53,10 @@ def styled(text: str, style: str | None = None) -> Text:
 
 
 def indented(console: Console, text: str, style: str | None = None, indent: int = 4) -> None:
-    """Print text indented, wrapped at spaces to the console's width (continuation lines
-    indented too), its own line breaks kept."""
-    width = max(20, console.width)
-    lines = [textwrap.fill(line, width, initial_indent=" " * indent, subsequent_indent=" " * indent,
-                           break_long_words=False, break_on_hyphens=False) or " " * indent
+    """Print text indented, wrapped at spaces to a terminal's width (continuation lines indented
+    too; to a pipe each line whole), its own line breaks kept."""
+    width = line_width(console) or 2**31 - 1
+    lines = [textwrap.fill(line, max(20, width), initial_indent=" " * indent, subsequent_indent=" " * indent,
+                           break_long_words=False, break_on_hyphens=False)
              for line in text.split("\n")]
     console.print(Text("\n".join(lines), style=style or ""), soft_wrap=True)

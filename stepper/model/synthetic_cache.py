@@ -12,6 +12,8 @@ scoring in FP8, their rotated FP8 codes and scales.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from stepper.config import Config
@@ -27,24 +29,32 @@ from stepper.trace import Emitter
 ROWS = 8192  # positions drawn (and up-projected) at a time
 
 
+TASK = "synthetic cache positions"
+
+
 def fill(cache: LayerCache, w: LayerWeights, cfg: Config, sample: np.ndarray, rope: Rope, seed: int,
-         per_head: bool, index_scoring: str = "exact") -> None:
+         per_head: bool, index_scoring: str = "exact", emit: Emitter | None = None) -> None:
     """Put N synthetic positions (N = the rows of rope) in an empty layer cache.
-    sample [B, T, d]: the layer's input for a few real tokens (B one); rope: the tables of the N positions."""
+    sample [B, T, d]: the layer's input for a few real tokens (B one); rope: the tables of the N
+    positions; emit: told the progress (positions drawn, then up-projected for the naive path)."""
+    emit = emit or Emitter()
     x = rms_norm(sample, w("input_layernorm.weight"), cfg.rms_norm_eps)
     real_kv, real_pe = latent(x, w, cfg, Emitter())  # [B, T, kv_lora], [B, one, T, rope] (not yet turned)
     rng = np.random.default_rng([seed, 5, w.layer])
     n = rope.cos.shape[0]
     latents = np.empty((1, n, cfg.kv_lora_rank), np.float32)  # [1, S, kv_lora]
     k_pe = np.empty((1, 1, n, cfg.qk_rope_head_dim), np.float32)  # [1, one, S, rope]
+    passes = 2 if per_head else 1
     for start in range(0, n, ROWS):
+        emit.progress(TASK, start, passes * n)
         rows = slice(start, min(start + ROWS, n))
         latents[:, rows] = like(real_kv, rows.stop - rows.start, rng)
         k_pe[:, :, rows] = apply_rope(like(real_pe[:, 0], rows.stop - rows.start, rng)[:, None], rope.cos[rows],
                                       rope.sin[rows])
     cache.extend_latent(latents, k_pe)
     if per_head:
-        cache.extend_heads(*per_head_keys(latents, k_pe, w, cfg))
+        cache.extend_heads(*per_head_keys(latents, k_pe, w, cfg, lambda done: emit.progress(TASK, n + done, 2 * n)))
+    emit.progress(TASK, passes * n, passes * n)
     if cfg.has_indexer:
         keys = cache.extend_index_keys(index_keys(x, w, cfg, rope, rng))
         if index_scoring == "fp8":
@@ -63,12 +73,15 @@ def index_keys(x: np.ndarray, w: LayerWeights, cfg: Config, rope: Rope, rng: np.
     return keys
 
 
-def per_head_keys(latents: np.ndarray, k_pe: np.ndarray, w: LayerWeights, cfg: Config) -> tuple[np.ndarray, np.ndarray]:
-    """The naive path's keys [1, H, S, qk_head] and values [1, H, S, v_head] of the latents, ROWS at a time."""
+def per_head_keys(latents: np.ndarray, k_pe: np.ndarray, w: LayerWeights, cfg: Config,
+                  done: Callable[[int], None] = lambda _rows: None) -> tuple[np.ndarray, np.ndarray]:
+    """The naive path's keys [1, H, S, qk_head] and values [1, H, S, v_head] of the latents, ROWS
+    at a time (`done` told the rows made before each)."""
     n = latents.shape[1]
     keys = np.empty((1, cfg.num_attention_heads, n, cfg.qk_head_dim), np.float32)
     values = np.empty((1, cfg.num_attention_heads, n, cfg.v_head_dim), np.float32)
     for start in range(0, n, ROWS):
+        done(start)
         rows = slice(start, min(start + ROWS, n))
         k_nope, values[:, :, rows] = up_project(latents[:, rows], w, cfg, Emitter())  # the rows' keys, values
         keys[:, :, rows, : cfg.qk_nope_head_dim] = k_nope

@@ -37,6 +37,7 @@ from stepper.views.sinks import (
     TensorRows,
     key_labels,
     line_width,
+    print_fitted,
     print_picture,
     print_wrapped,
     token_rows,
@@ -221,7 +222,7 @@ class Debugger:
 
     def error(self, e: StepperError) -> None:
         """A command's problem, in red; the session goes on."""
-        self.console.print(shown(e, lines=True), style="red")
+        print_fitted(self.console, Text(shown(e, lines=True), style="red"))
 
     def execute(self, line: str) -> bool:
         """Run one command; True when the run should resume."""
@@ -229,7 +230,7 @@ class Debugger:
         rest = rest.strip()
         command = COMMANDS.get(word)
         if command is None:
-            self.console.print(Text(f"unknown command '{shown(word)}'", style="red"))
+            print_fitted(self.console, Text(f"unknown command '{shown(word)}'", style="red"))
             print_help_line(self.console)
             return False
         return bool(command.run(self, rest))
@@ -255,7 +256,7 @@ class Debugger:
         self.show_breakpoints()
 
     def show_breakpoints(self) -> None:
-        self.console.print(f"breakpoints: {shown(', '.join(self.breakpoints) or 'none')}")
+        print_fitted(self.console, f"breakpoints: {shown(', '.join(self.breakpoints) or 'none')}")
 
     def cmd_until(self, arg: str) -> bool:
         if not arg:
@@ -280,7 +281,7 @@ class Debugger:
                                f"print a slice of it, e.g. p {name or event.key}[0, 0, 0, :8]")
         array = take(event.array, index)
         shape = "x".join(map(str, np.shape(array))) or "scalar"
-        self.console.print(f"{event.name}{index or ''}  [{shape}]  {np.asarray(array).dtype}", style="bold")
+        print_fitted(self.console, f"{event.name}{index or ''}  [{shape}]  {np.asarray(array).dtype}", style="bold")
         text = np.array2string(np.asarray(array), precision=digits, max_line_width=max(40, self.console.width),
                                threshold=256, edgeitems=4, floatmode="fixed" if digits is not None else "maxprec")
         self.console.print(text, highlight=False, soft_wrap=True)
@@ -300,7 +301,7 @@ class Debugger:
             kept = np.unique(take(grid, index)) if index else range(dim.size)
             labels = self.tokens.numbered([steps[int(i)] for i in kept])
             labels = labels if len(labels) <= 24 else [*labels[:16], f"… {len(labels) - 20} more …", *labels[-4:]]
-            self.console.print(Text(f"{dim.symbol} ({dim.label}): " + " · ".join(labels), style="dim"), soft_wrap=True)
+            print_fitted(self.console, Text(f"{dim.symbol} ({dim.label}): " + " · ".join(labels), style="dim"))
 
     def cmd_explain(self, arg: str) -> None:
         key = catalog.key_of(self.resolve(arg).name) if not arg or self._seen(arg) else arg
@@ -308,10 +309,10 @@ class Debugger:
         if not entries:
             raise StepperError(not_found(self.catalog, key))
         for entry in entries:
-            self.console.print(explain_text(self.catalog, entry, self.cfg), soft_wrap=line_width(self.console) is None)
+            print_fitted(self.console, explain_text(self.catalog, entry, self.cfg))
 
     def cmd_where(self, _: str) -> None:
-        self.console.print(self.where_tree())
+        self.console.print(self.where_tree(), soft_wrap=line_width(self.console) is None)  # labels wrap at words
 
     def cmd_compare(self, arg: str) -> None:
         targets = split_args(arg)

@@ -50,25 +50,29 @@ def figure(x: float | None, digits: int = 2) -> str:
     return f"{x:.{digits}e}" if x else "0"
 
 
-WIDE = 140  # narrower than this (a terminal), the table keeps the name, status, relative error and bar
+WIDE = 140  # narrower than this (a terminal), a row's max|b-a|, cosine and what changed go under its name
 
 
 def table(diff: Any, width: int | None = None) -> Table:
-    """The rows; `width`: the terminal's, None (a pipe, a notebook) for every column."""
+    """The rows; `width`: the terminal's, None (a pipe, a notebook) for every column on one line."""
     narrow = width is not None and width < WIDE
     t = Table(show_edge=False, pad_edge=False, header_style="bold", box=None)
     columns = [("#", "right"), ("tensor", "left"), ("status", "left"), ("max|b-a|", "right"), ("relative", "right"),
                ("cosine", "right"), ("1e-9 .. 1", "left"), ("what changed", "left")]
-    keep = {"#", "tensor", "status", "relative", "1e-9 .. 1"} if narrow else {c for c, _ in columns}
+    under = ("max|b-a|", "cosine", "what changed") if narrow else ()
     for column, justify in columns:
-        if column in keep:
-            t.add_column(column, justify=justify, no_wrap=column != "what changed")
+        if column not in under:
+            t.add_column("tensor\n  " + "  ".join(under) if under and column == "tensor" else column, justify=justify,
+                         no_wrap=column not in ("what changed", "tensor"))
     for r in diff.rows:
         cells = {"#": str(r.index), "tensor": shown(r.name), "status": Text(r.status, style=STYLE[r.status]),
                  "max|b-a|": figure(r.max_abs), "relative": figure(r.rel),
                  "cosine": "" if r.cosine is None else f"{r.cosine:.8f}", "1e-9 .. 1": bar(r, 8 if narrow else BAR),
                  "what changed": shown(r.detail)}
-        t.add_row(*(cells[c] for c, _ in columns if c in keep))
+        if under:
+            more = "  ".join(str(cells[c]) for c in under if cells[c])
+            cells["tensor"] = Text(cells["tensor"]).append(f"\n  {more}" if more else "", style="dim")
+        t.add_row(*(cells[c] for c, _ in columns if c not in under))
     return t
 
 
@@ -78,19 +82,22 @@ def scope_label(phase: str | None, layer: int | None) -> str:
     return " · ".join(parts)
 
 
-def growth(diff: Any) -> Text:
+def growth(diff: Any, width: int | None = None) -> Text:
     """One line per layer (and step): a character per tensor in execution order, its height the
-    tensor's relative difference on the log scale (blank: the same bit for bit), red where it differs."""
+    tensor's relative difference on the log scale (blank: the same bit for bit), red where it differs.
+    On a terminal `width` wide, a note that does not fit goes on the next line, under the characters."""
     text = Text("growth: a character a tensor, log |B-A|/absmax(A) from 1e-9 to 1, blank: the same\n", style="dim")
-    width = max((len(scope_label(p, la)) for p, la in {(r.phase, r.layer) for r in diff.rows}), default=0)
+    label = max((len(scope_label(p, la)) for p, la in {(r.phase, r.layer) for r in diff.rows}), default=0)
     for (phase, layer), rows in groupby(diff.rows, key=lambda r: (r.phase, r.layer)):
         rows = list(rows)
-        text.append(scope_label(phase, layer).ljust(width) + "  ", style="dim")
+        text.append(scope_label(phase, layer).ljust(label) + "  ", style="dim")
         for r in rows:
             height = level(r)
             char = " " if r.status == "same" else SPARK[min(len(SPARK) - 1, int(height * len(SPARK)))]
             text.append(char, style=STYLE[r.status])
-        text.append(f"  {scope_note(rows)}\n", style="dim")
+        note = scope_note(rows)
+        fits = width is None or label + 2 + len(rows) + 2 + len(note) <= width
+        text.append(f"  {note}\n" if fits else f"\n{' ' * (label + 2)}{note}\n", style="dim")
     return text
 
 

@@ -22,6 +22,7 @@ from rich.text import Text
 from stepper import fp8
 from stepper.errors import StepperError
 from stepper.untrusted import shown
+from stepper.views.sinks import line_width, print_fitted
 from stepper.weights.stored import Stored
 
 SIGN_STYLE, EXPONENT_STYLE, MANTISSA_STYLE = "bold red", "bold cyan", "bold green"
@@ -93,22 +94,34 @@ def cell_style(code: int) -> str:
 
 
 def render_table(console: Console) -> None:
-    """The 16x16 grid of every code's value, then the legend."""
+    """The 16x16 grid of every code's value (two grids of 8 columns when 16 do not fit), then the legend."""
     console.print(Text("e4m3fn: the value of every byte (row = high nibble, column = low nibble)", style="bold"))
+    width = line_width(console)
+    halves = [range(16)] if width is None or width >= 8 + 16 * (CELL + 1) else [range(8), range(8, 16)]
+    for i, lows in enumerate(halves):
+        if i:
+            console.print()
+        for line in grid_lines(lows):
+            console.print(line, soft_wrap=True)
+    print_fitted(console, legend(), indent=0)
+
+
+def grid_lines(lows: range) -> list[Text]:
+    """The grid's header and 16 rows, for the low nibbles `lows`."""
     header = Text("      ")
-    for low in range(16):
+    for low in lows:
         header.append(f" {'_' + format(low, 'X'):>{CELL}}", style="dim")
-    console.print(header, soft_wrap=True)
+    lines = [header]
     for high in range(16):
         line = Text.assemble((f"0x{high:X}_ ", "dim"))
         line.append("-" if high >= 8 else "+", style=SIGN_STYLE if high >= 8 else "dim")
         line.append(" ")
-        for low in range(16):
+        for low in lows:
             code = high << 4 | low
             line.append(" ")
             line.append(f"{compact(code):>{CELL}}", style=cell_style(code))
-        console.print(line, soft_wrap=True)
-    console.print(legend(), soft_wrap=True)
+        lines.append(line)
+    return lines
 
 
 def legend() -> Text:
@@ -119,8 +132,8 @@ def legend() -> Text:
     text.append("eeee", style=EXPONENT_STYLE)
     text.append(" ")
     text.append("mmm", style=MANTISSA_STYLE)
-    text.append(": sign (bit 7), exponent (bits 6-3, bias 7), mantissa (bits 2-0); the rows 0x8_-0xF_ are\n")
-    text.append("the rows 0x0_-0x7_ with the sign bit set.\n")
+    text.append(": sign (bit 7), exponent (bits 6-3, bias 7), mantissa (bits 2-0); the rows 0x8_-0xF_ are "
+                "the rows 0x0_-0x7_ with the sign bit set.\n")
     text.append("normal     exponent 1..15  (-1)^s * 2^(e-7) * (1 + m/8)\n")
     text.append("subnormal  exponent 0      (-1)^s * 2^-6 * m/8 = ±m/512", style=SUBNORMAL_STYLE)
     text.append(" (m = 0: 0x00 = +0, 0x80 = -0)\n")
@@ -129,7 +142,7 @@ def legend() -> Text:
     text.append("no infinities: exponent 1111 holds numbers, up to ")
     text.append("±448", style=MAX_STYLE)
     text.append(" (0x7E, 0xFE), the largest magnitude.\n")
-    text.append("Some values are rounded to 3 significant digits to fit: `stepper fp8 0x2B` shows one exactly,\n"
+    text.append("Some values are rounded to 3 significant digits to fit: `stepper fp8 0x2B` shows one exactly, "
                 "`stepper fp8 --json` lists all 256.", style="dim")
     return text
 
@@ -143,12 +156,12 @@ def render_code(console: Console, code: int) -> None:
     head = Text.assemble((f"0x{code:02X} = {code} = 0b{code:08b}, read as e4m3fn: ", "bold"))
     head.append_text(colored_bits(f))
     head.append("  (sign exponent mantissa)", style="dim")
-    console.print(head, soft_wrap=True)
+    print_fitted(console, head)
     console.print(bit_diagram(f), soft_wrap=True)
     for label, body in field_lines(f):
         line = Text.assemble((f"  {label:<12}", "dim"))
         line.append_text(body if isinstance(body, Text) else Text(body))
-        console.print(line, soft_wrap=True)
+        print_fitted(console, line, indent=12)
 
 
 def colored_bits(f: fp8.Fp8Fields) -> Text:
@@ -309,18 +322,22 @@ def f32(x: float) -> str:
 
 def render_block(console: Console, block: Block) -> None:
     for line in block_heading(block):
-        console.print(line, soft_wrap=True)
+        print_fitted(console, line)
+    n_cols = min(CORNER, len(block.cols))
     codes, values = corner_grid(block, codes=True), corner_grid(block, codes=False)
     left_width = max(line.cell_len for line in codes)
-    side_by_side = not console.is_terminal or console.width >= left_width + 4 + max(line.cell_len for line in values)
-    if side_by_side:
+    width = line_width(console)
+    if width is None or width >= left_width + 4 + max(line.cell_len for line in values):
         for left, right in zip(codes, values):
             console.print(Text.assemble(left, " " * (left_width - left.cell_len + 4), right), soft_wrap=True)
-    else:
-        for line in [*codes, Text(), *values]:
+    else:  # the codes, then the values in as many column groups as it takes to fit
+        fit = max(1, (width - LABEL) // (VALUE + 1))
+        per_line = -(-n_cols // -(-n_cols // fit))  # as few groups as fit, of even sizes
+        groups = [range(j, min(j + per_line, n_cols)) for j in range(0, n_cols, per_line)]
+        for line in [*codes, *(line for g in groups for line in [Text(), *corner_grid(block, codes=False, columns=g)])]:
             console.print(line, soft_wrap=True)
     for line in block_summary(block):
-        console.print(line, soft_wrap=True)
+        print_fitted(console, line)
 
 
 def block_heading(block: Block) -> list[Text]:
@@ -339,20 +356,27 @@ def block_heading(block: Block) -> list[Text]:
     return [title, where, scale, Text()]
 
 
-def corner_grid(block: Block, codes: bool) -> list[Text]:
-    """The block's top-left corner as lines: codes in hex, or values; weight row/column numbers as labels."""
-    n_rows, n_cols = min(CORNER, len(block.rows)), min(CORNER, len(block.cols))
-    label = max(len(str(block.rows.start + n_rows - 1)), 3)
-    width = max(2, len(str(block.cols.start + n_cols - 1))) if codes else 10
+LABEL, VALUE = 3, 10  # at least: characters of a row label, of a value in the block's grid
+
+
+def corner_grid(block: Block, codes: bool, columns: range | None = None) -> list[Text]:
+    """The block's top-left corner as lines: codes in hex, or values; weight row/column numbers as
+    labels. `columns`: which of the corner's columns (all of them without it)."""
+    n_rows = min(CORNER, len(block.rows))
+    columns = range(min(CORNER, len(block.cols))) if columns is None else columns
+    label = max(len(str(block.rows.start + n_rows - 1)), LABEL)
+    width = max(2, len(str(block.cols.start + columns.stop - 1))) if codes else VALUE
     title = "codes (hex)" if codes else "values = code value x scale_inv"
+    if len(columns) < min(CORNER, len(block.cols)):
+        title += f" (columns {block.cols.start + columns.start}..{block.cols.start + columns.stop - 1})"
     lines = [Text(title, style="bold")]
     header = Text.assemble((" " * label, "dim"))
-    for j in range(n_cols):
+    for j in columns:
         header.append(f" {block.cols.start + j:>{width}}", style="dim")
     lines.append(header)
     for i in range(n_rows):
         line = Text.assemble((f"{block.rows.start + i:>{label}}", "dim"))
-        for j in range(n_cols):
+        for j in columns:
             code = int(block.codes[i, j])
             cell = f"{code:02X}" if codes else f"{float(block.values[i, j]):.4g}"
             line.append(" ")

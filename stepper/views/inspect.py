@@ -32,6 +32,7 @@ from stepper.config import Config
 from stepper.errors import StepperError
 from stepper.untrusted import shown
 from stepper.views import summary
+from stepper.views.sinks import line_width, print_fitted, wrap_fields
 from stepper.views.summary import Stats
 from stepper.weights import remote
 from stepper.weights.audit import audit
@@ -463,9 +464,9 @@ def render(console: Console, source: Source, groups: list[Group], matched: list[
     is named in the heading instead of on every row. Names and metadata come from the files, so
     their control characters are shown escaped.
     """
-    console.print(Text(shown(source.title), style="bold"), soft_wrap=True)
+    print_fitted(console, Text(shown(source.title), style="bold"))
     if source.checkpoint is not None and source.checkpoint.config.wrapper is not None:
-        console.print(Text(wrapper_note(source.checkpoint)), soft_wrap=True)
+        print_fitted(console, Text(wrapper_note(source.checkpoint)))
     several = len(source.shards) > 1
     shard_per_row = [several and len(g.shards()) > 1 for g in groups]
     table = [[[shown(c) for c in columns(r, per_row)] for r in g.rows] for g, per_row in zip(groups, shard_per_row)]
@@ -473,16 +474,25 @@ def render(console: Console, source: Source, groups: list[Group], matched: list[
     widths = [max(len(cells[i]) for cells in every if len(cells) > i) for i in range(max(map(len, every), default=0))]
     for g, per_row, group_cells in zip(groups, shard_per_row, table):
         title = f"{g.heading} · {next(iter(g.shards()))}" if several and not per_row else g.heading
-        console.rule(Text(shown(title)), style="dim", align="left")
+        group_heading(console, shown(title))
         for r, cells in zip(g.rows, group_cells):
-            console.print(row_text(r, cells, widths, stats), soft_wrap=True)
-    console.print(Text(footer(matched, total, stats, len(problems)), style="dim"), soft_wrap=True)
+            console.print(row_text(r, cells, widths, stats, line_width(console)), soft_wrap=True)
+    print_fitted(console, Text(footer(matched, total, stats, len(problems)), style="dim"))
     if source.hint:
-        console.print(Text(shown(source.hint), style="dim"), soft_wrap=True)
+        print_fitted(console, Text(shown(source.hint), style="dim"))
     if problems:
-        console.print(Text(problem_heading(problems), style="bold red"), soft_wrap=True)
+        print_fitted(console, Text(problem_heading(problems), style="bold red"))
         for p in problems:
-            console.print(Text(f"  ! {shown(p.text)}", style="red"), soft_wrap=True)
+            print_fitted(console, Text(f"  ! {shown(p.text)}", style="red"))
+
+
+def group_heading(console: Console, title: str) -> None:
+    """A group's title in a rule, or on a terminal too narrow for it, on lines of its own."""
+    width = line_width(console)
+    if width is not None and len(title) + 4 > width:
+        print_fitted(console, Text(title, style="bold"))
+    else:
+        console.rule(Text(title), style="dim", align="left")
 
 
 def problem_heading(problems: list[Problem]) -> str:
@@ -494,39 +504,36 @@ def problem_heading(problems: list[Problem]) -> str:
 STYLES = ("bold cyan", "", "yellow", "dim", "", "dim", "dim")  # name, dtype, shape, scales, bytes, shard, scale shard
 
 
-def row_text(row: Row, cells: list[str], widths: list[int], stats: bool) -> Text:
-    text = Text("  ")
-    for i, (cell, width, style) in enumerate(zip(cells, widths, STYLES)):
-        text.append((cell.rjust(width) if i == 4 else cell.ljust(width)) + "  ", style=style)
+def row_text(row: Row, cells: list[str], widths: list[int], stats: bool, width: int | None = None) -> Text:
+    """The row's columns, aligned; on a terminal `width` wide, the columns that do not fit go on
+    under it, and so do the statistics."""
+    fields = [Text(cell.rjust(w) if i == 4 else cell.ljust(w), style=style)
+              for i, (cell, w, style) in enumerate(zip(cells, widths, STYLES))]
+    text = wrap_fields(fields, width, "  ", "      ")
     text.rstrip()
     for t in row.tensors:
         for problem in t.problems:
             text.append(f"\n    ! {shown(problem)}", style="bold red")
     if stats and row.stats is not None:
-        text.append("\n    ")
-        text.append_text(stats_text(row))
+        text.append("\n")
+        text.append_text(wrap_fields(stats_fields(row), width, "    ", "    "))
     return text
 
 
-def stats_text(row: Row) -> Text:
+def stats_fields(row: Row) -> list[Text]:
     st = row.stats
-    text = Text()
     if st.finite == 0 and st.nan == 0 and st.inf == 0:
-        text.append("no values", style="dim")
-        return text
-    for label, value in (("min", st.min), ("max", st.max), ("mean", st.mean), ("std", st.std), ("absmax", st.absmax)):
-        text.append(f"{label} ", style="dim")
-        text.append(f"{summary.number(value)}  ")
-    for label, value in (("nan", st.nan), ("inf", st.inf)):
-        text.append(f"{label} ", style="dim")
-        text.append(f"{value}  ", style="bold red" if value else "")
+        return [Text("no values", style="dim")]
+    fields = [Text.assemble((f"{label} ", "dim"), summary.number(value))
+              for label, value in (("min", st.min), ("max", st.max), ("mean", st.mean), ("std", st.std), ("absmax", st.absmax))]
+    fields += [Text.assemble((f"{label} ", "dim"), (f"{value}", "bold red" if value else ""))
+               for label, value in (("nan", st.nan), ("inf", st.inf))]
     first = row.tensors[0]
     if first.part.dtype == FP8_DTYPE and not first.dequantized:
-        text.append("of the bare code values: no usable scales  ", style="yellow")
+        fields.append(Text("of the bare code values: no usable scales", style="yellow"))
     if row.folded:
-        text.append(f"(all {len(row.tensors)} together)", style="dim")
-    text.rstrip()
-    return text
+        fields.append(Text(f"(all {len(row.tensors)} together)", style="dim"))
+    return fields
 
 
 def footer(matched: list[Tensor], total: int, stats: bool, problems: int) -> str:

@@ -19,6 +19,7 @@ from rich.text import Text
 from stepper import int4
 from stepper.errors import StepperError
 from stepper.untrusted import shown
+from stepper.views.sinks import print_fitted
 from stepper.weights.stored import INT4, Stored
 
 NIBBLE_STYLE = ("bold cyan", "bold green")  # alternate nibbles, so a word's eight read apart
@@ -42,8 +43,8 @@ def render_nibbles(console: Console) -> None:
             line.append(f"{r['bits']}", style="cyan")
             line.append(f" {r['value']:>+2d}   ")
         console.print(line)
-    console.print(Text("Eight codes fill an int32 word, input 8w + p at bits 4p..4p+3 (lowest bits first); each "
-                       "weight is (c - 8) x its group's BF16 scale, one scale per 32 inputs of a row.", style="dim"))
+    print_fitted(console, Text("Eight codes fill an int32 word, input 8w + p at bits 4p..4p+3 (lowest bits first); each "
+                               "weight is (c - 8) x its group's BF16 scale, one scale per 32 inputs of a row.", style="dim"))
 
 
 def word_record(word: int) -> dict[str, Any]:
@@ -122,10 +123,10 @@ def render_group(console: Console, group: Group) -> None:
     title = Text(shown(group.name), style="bold cyan")
     title.append(f"  INT4 [{group.shape[0]}, {group.shape[1]}]  groups of {int4.GROUP}  ")
     title.append(shown(group.source), style="dim")
-    console.print(title, soft_wrap=True)
-    console.print(Text(f"row {group.row}, group {group.group} (inputs {group.inputs.start}..{group.inputs.stop - 1}): "
-                       f"scale {np.float32(group.scale)} ({group.scale_dtype}), "
-                       f"weight = (code - 8) x {np.float32(group.scale)}"), soft_wrap=True)
+    print_fitted(console, title)
+    print_fitted(console, Text(f"row {group.row}, group {group.group} (inputs {group.inputs.start}..{group.inputs.stop - 1}): "
+                               f"scale {np.float32(group.scale)} ({group.scale_dtype}), "
+                               f"weight = (code - 8) x {np.float32(group.scale)}"))
     for w, word in enumerate(group.words):
         first = group.inputs.start + w * int4.PER_WORD
         column = group.group * WORDS_PER_GROUP + w

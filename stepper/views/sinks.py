@@ -8,12 +8,15 @@ histogram sparkline; its corner values (the first values of the first row, the l
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import IO, Any
 
 import numpy as np
-from rich.console import Console, RenderableType
+from rich.cells import cell_len
+from rich.console import Console, ConsoleRenderable, RenderableType, RenderHook
 from rich.text import Text
 
 from stepper import catalog
@@ -124,9 +127,55 @@ def wrap_fields(fields: list[Text], width: int | None, first: str, indent: str, 
     return out
 
 
+class WholeLinesOffTerminal(Console):
+    """A console whose prints wrap (at words) only on a terminal, unless they ask not to: to a pipe
+    or a file each keeps its lines whole, whatever it asks (so piped prose is never cut at 80
+    columns, nor padded)."""
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.soft_wrap = line_width(self) is None
+
+    def print(self, *objects: Any, **kwargs: Any) -> None:
+        if line_width(self) is None:
+            kwargs["soft_wrap"] = True
+        super().print(*objects, **kwargs)
+
+
 def print_picture(console: Console, picture: RenderableType) -> None:
     """A picture: its captions wrapped at a terminal's width, its lines whole elsewhere."""
     console.print(picture, soft_wrap=line_width(console) is None)
+
+
+def print_fitted(console: Console, text: Text | str, indent: int = 4, style: str = "") -> None:
+    """Lines of text: on a terminal each line longer than its width is broken at spaces and
+    continued `indent` spaces further in than the line begins (a word longer than a line is kept
+    whole); elsewhere whole."""
+    body = text if isinstance(text, Text) else Text(text, style=style)
+    width = line_width(console)
+    for line in body.split("\n", allow_blank=True):
+        for part in [line] if width is None else fitted(line, width, indent):
+            console.print(part, soft_wrap=True)
+
+
+def fitted(line: Text, width: int, indent: int) -> list[Text]:
+    """A line broken at spaces into lines of at most `width` cells, all but the first `indent`
+    spaces further in than the line's own leading spaces."""
+    line = line.copy()
+    line.rstrip()
+    plain, cuts, start, room = line.plain, [], 0, width
+    indent += len(plain) - len(plain.lstrip(" "))
+    while cell_len(plain[start:]) > room:
+        cut = plain.rfind(" ", start, start + room + 1)
+        if cut <= start:  # a word longer than the room: it goes whole, up to the next space
+            cut = plain.find(" ", start + room)
+            if cut < 0:
+                break
+        start = len(plain) - len(plain[cut:].lstrip(" "))
+        cuts += [cut, start]
+        room = max(20, width - indent)
+    parts = list(line.divide(cuts))[::2]  # the lines, without the spaces between them
+    return [parts[0], *(Text(" " * indent).append_text(part) for part in parts[1:])]
 
 
 def print_wrapped(console: Console, text: Text | str, indent: int = 0, style: str = "") -> None:
@@ -140,12 +189,14 @@ def print_wrapped(console: Console, text: Text | str, indent: int = 0, style: st
 class JsonLines:
     """Sink writing one JSON object per tensor, one per line (non-finite numbers become null)."""
 
-    def __init__(self, stream: IO[str], cfg: Config):
+    def __init__(self, stream: IO[str], cfg: Config, before_write: Callable[[], None] = lambda: None):
         self.stream = stream
         self.cfg = cfg
         self.catalog = catalog.load()
+        self.before_write = before_write  # e.g. the progress bars leave a terminal first
 
     def __call__(self, event: Event) -> None:
+        self.before_write()
         self.stream.write(json.dumps(self.record(event), allow_nan=False) + "\n")
         self.stream.flush()
 
@@ -231,21 +282,34 @@ def token_rows(tokens: Tokens | None, phase: str | None, n: int) -> list[str] | 
     return None if tokens is None else tokens.numbered(tokens.of_step(phase, n))
 
 
+@dataclass
+class Loop:
+    """A long loop reported by progress(): when it began, how far it is, whether it has a bar."""
+
+    started: float
+    done: int = 0
+    total: int = 0
+    shown: bool = False
+
+
 class ProgressBars:
     """Sink showing long loops (experts, layers) as transient progress bars on a terminal.
 
-    A bar appears only once its task has run for a second, and never when stderr is not a
-    terminal, so piped output stays clean.
+    A bar appears only once its task has run for a second (STEPPER_PROGRESS_DELAY seconds, if
+    set), and never when stderr is not a terminal, so piped output stays clean. Consoles given to
+    `beside` (the run's rows) take the bars off the screen before they print, so that no line is
+    printed onto a bar's; the next progress puts the bars back below what was printed (a fresh
+    Rich Progress each time: one that was stopped would erase lines above it when started again).
     """
 
     DELAY = 1.0
 
     def __init__(self, console: Console):
-        from rich.progress import Progress
-
         self.console = console
-        self.bars = Progress(console=console, transient=True)
-        self.tasks: dict[str, tuple[float, int | None]] = {}
+        self.loops: dict[str, Loop] = {}
+        self.bars: Any = None  # the rich.progress.Progress on screen, or None
+        self.ids: dict[str, Any] = {}  # its task id for each loop it shows
+        self.delay = delay_from_env(self.DELAY)
 
     def __call__(self, event: Event) -> None:
         """Tensor events are for other sinks."""
@@ -253,26 +317,62 @@ class ProgressBars:
     def wants(self, _event: Event) -> bool:
         return False
 
+    def beside(self, console: Console) -> None:
+        """Make the console take the bars off the screen before each thing it prints."""
+        console.push_render_hook(HideFirst(self.hide))
+
     def progress(self, task: str, done: int, total: int) -> None:
         if not self.console.is_terminal:
             return
         now = time.monotonic()
-        started, bar = self.tasks.setdefault(task, (now, None))
-        if bar is None and now - started >= self.DELAY and done < total:
-            bar = self.bars.add_task(task, total=total)
-            self.tasks[task] = (started, bar)
-        if bar is not None:
-            if not self.bars.live.is_started:
-                self.bars.start()
-            self.bars.update(bar, completed=done)
+        loop = self.loops.setdefault(task, Loop(now))
+        loop.done, loop.total = done, total
         if done >= total:
-            if bar is not None:
-                self.bars.remove_task(bar)
-            del self.tasks[task]
-            if not self.tasks:
+            del self.loops[task]
+            if task in self.ids:
+                self.bars.remove_task(self.ids.pop(task))
+            if not self.ids:
                 self.hide()
+            return
+        loop.shown = loop.shown or now - loop.started >= self.delay
+        if any(loop.shown for loop in self.loops.values()):
+            self.show()
+
+    def show(self) -> None:
+        """The bars of the loops that have them, on screen and up to date."""
+        if self.bars is None:
+            from rich.progress import Progress
+
+            self.bars = Progress(console=self.console, transient=True, redirect_stdout=False)
+        for task, loop in self.loops.items():
+            if loop.shown and task not in self.ids:
+                self.ids[task] = self.bars.add_task(task, total=loop.total, completed=loop.done)
+            if task in self.ids:
+                self.bars.update(self.ids[task], completed=loop.done, total=loop.total)
+        if not self.bars.live.is_started:
+            self.bars.start()
 
     def hide(self) -> None:
-        """Take the bars off the screen (before a prompt or a question); the next progress puts them back."""
-        if self.bars.live.is_started:
+        """Take the bars off the screen (before a prompt, a question or a row); the next progress puts them back."""
+        if self.bars is not None:
             self.bars.stop()
+            self.bars, self.ids = None, {}
+
+
+class HideFirst(RenderHook):
+    """A console's render hook running `hide` before the console prints anything."""
+
+    def __init__(self, hide: Callable[[], None]):
+        self.hide = hide
+
+    def process_renderables(self, renderables: list[ConsoleRenderable]) -> list[ConsoleRenderable]:
+        self.hide()
+        return renderables
+
+
+def delay_from_env(default: float) -> float:
+    """STEPPER_PROGRESS_DELAY: seconds a loop runs before its bar appears (0: at once), else `default`."""
+    try:
+        return max(0.0, float(os.environ.get("STEPPER_PROGRESS_DELAY", default)))
+    except ValueError:
+        return default

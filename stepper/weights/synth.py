@@ -17,9 +17,11 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -91,8 +93,18 @@ def shard_plan(source: SyntheticWeights, layers: range, with_globals: bool) -> l
     return shards + [outer] if with_globals else shards
 
 
-def synth_checkpoint(source: SyntheticWeights, out: Path, layers: range | None = None, force: bool = False) -> Path:
-    """Write the checkpoint to `out` (all layers and the globals, or only `layers`)."""
+ByteProgress = Callable[[str, int], AbstractContextManager[Callable[[int], None]]]
+
+
+@contextmanager
+def no_progress(_what: str, _total: int) -> Iterator[Callable[[int], None]]:
+    yield lambda _n: None
+
+
+def synth_checkpoint(source: SyntheticWeights, out: Path, layers: range | None = None, force: bool = False,
+                     progress: ByteProgress = no_progress) -> Path:
+    """Write the checkpoint to `out` (all layers and the globals, or only `layers`). `progress(what,
+    total)` gives a function told the bytes of each tensor as it is made and written."""
     cfg = source.config
     check_replaceable(out, force, not_from_synth, "a checkpoint stepper synth wrote")
     whole = layers is None
@@ -100,7 +112,9 @@ def synth_checkpoint(source: SyntheticWeights, out: Path, layers: range | None =
     partial = out.parent / f".{out.name}.partial-{os.getpid()}"
     try:
         partial.mkdir()
-        _write(source, partial, plan)
+        total = sum(e.nbytes for shapes in plan for e in tensor_entries(source, shapes))
+        with progress(f"writing {shown(out.name)}", total) as advance:
+            _write(source, partial, plan, advance)
         replace_dir(partial, out)
     except OSError as e:
         raise StepperError(f"{out}: cannot be written ({e.strerror})") from None
@@ -109,14 +123,15 @@ def synth_checkpoint(source: SyntheticWeights, out: Path, layers: range | None =
     return out
 
 
-def _write(source: SyntheticWeights, folder: Path, plan: list[dict[str, tuple[int, ...]]]) -> None:
+def _write(source: SyntheticWeights, folder: Path, plan: list[dict[str, tuple[int, ...]]],
+           advance: Callable[[int], None]) -> None:
     cfg = source.config
     weight_map: dict[str, str] = {}
     total = 0
     shards = len(plan) + (cfg.wrapper is not None)
     for i, shapes in enumerate(plan, start=1):
         shard = f"model-{i:05d}-of-{shards:05d}.safetensors"
-        entries = [replace(e, name=stored_name(cfg, e.name)) for e in tensor_entries(source, shapes)]
+        entries = [replace(e, name=stored_name(cfg, e.name), make=counted(e, advance)) for e in tensor_entries(source, shapes)]
         write_safetensors(folder / shard, entries, {"format": "pt"})
         weight_map.update(dict.fromkeys((e.name for e in entries), shard))
         total += sum(e.nbytes for e in entries)
@@ -133,6 +148,15 @@ def _write(source: SyntheticWeights, folder: Path, plan: list[dict[str, tuple[in
     (folder / INDEX).write_text(json.dumps(index, indent=2) + "\n")
     raw = cfg.to_hf() if cfg.wrapper is None else wrapped_hf(cfg, VISION_CONFIG)
     (folder / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
+
+
+def counted(entry: Entry, advance: Callable[[int], None]) -> Callable[[], Any]:
+    """The entry's make, telling `advance` its bytes as it makes them."""
+    def make():
+        made = entry.make()
+        advance(entry.nbytes)
+        return made
+    return make
 
 
 # A small vision tower and projector, named and shaped as Kimi K2.5's (27 blocks of width 1152

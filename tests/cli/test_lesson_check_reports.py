@@ -84,20 +84,25 @@ def test_the_calls_checked_are_labelled_by_what_they_make():
         assert call.label.startswith(f"the weight {call.kwargs['name']}: codes {list(codes.shape)}")
 
 
-def test_the_report_wraps_at_80_columns_between_words(tmp_path, monkeypatch):
+def test_the_report_wraps_at_80_columns_between_words_on_a_terminal_and_not_through_a_pipe(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
     from stepper.cli.main import app
+    from tests.helpers.terminal import on_terminal
 
     monkeypatch.setenv("STEPPER_DATA_DIR", str(tmp_path / "data"))
     wrong = tmp_path / "fp8.py"
     wrong.write_text(find_lesson("fp8").solution.read_text().replace(*WRONG[2][1]))
-    result = CliRunner().invoke(app, ["lesson", "check", "fp8", "--file", str(wrong), "--plain"], env={"COLUMNS": "80"})
-    assert result.exit_code == 1
-    lines = result.stdout.splitlines()[1:]  # after the header, which names the file in full on one line
+    screen = on_terminal("lesson", "check", "fp8", "--file", wrong, "--plain", columns=80)
+    assert screen.code == 1
+    lines = screen.text.replace(str(wrong), "fp8.py").splitlines()
     assert all(len(line) <= 80 for line in lines), [line for line in lines if len(line) > 80]
     assert "    0.001953125" in lines, "a wrapped detail line stays indented"
-    assert "(1/8) = 0.001953125" in " ".join(result.stdout.split()), "wrapped between words, not inside one"
+    assert "(1/8) = 0.001953125" in " ".join(screen.text.split()), "wrapped between words, not inside one"
+    piped = CliRunner().invoke(app, ["lesson", "check", "fp8", "--file", str(wrong), "--plain"], env={"COLUMNS": "80"})
+    assert piped.exit_code == 1
+    assert any(line.startswith("    the byte there is 0x01") and line.endswith("(1/8) = 0.001953125")
+               for line in piped.stdout.splitlines()), "through a pipe a detail line is whole"
 
 
 def test_the_hand_made_index_scores_case_is_what_its_label_says():
