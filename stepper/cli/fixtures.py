@@ -82,7 +82,8 @@ def verify_command(
     map_file: Annotated[Path | None, typer.Option("--map", metavar="FILE.json", help="Your names -> canonical names, a JSON object.")] = None,
     names: Annotated[str | None, typer.Option("--names", metavar="NAMING", help="The candidate's naming: transformers, inference, llama.cpp or canonical (only its names are read; it decides a name two namings share). Default: all of them, a shared name read canonically.")] = None,
     allow_missing: Annotated[bool, typer.Option("--allow-missing", help="Tensors of the fixture missing from CANDIDATE do not fail (exit 0 if the rest match).")] = False,
-    report: Annotated[Path | None, typer.Option(metavar="FILE.json", help="Write the full result as JSON (overwritten).")] = None,
+    report: Annotated[Path | None, typer.Option(metavar="FILE.json", help="Write the full result as JSON (a new file; --force replaces a report stepper wrote).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace the --report file if it is a report stepper wrote.")] = False,
     rtol: Annotated[float | None, typer.Option(metavar="R", help="Relative tolerance for every float tensor, instead of the manifest's.")] = None,
     atol: Annotated[float | None, typer.Option(metavar="A", help="Absolute tolerance for every float tensor, instead of the manifest's per-tensor value.")] = None,
     problems: Annotated[bool, typer.Option("--problems", help="List only tensors that differ or are missing.")] = False,
@@ -102,6 +103,8 @@ def verify_command(
                 raise StepperError(f"{option} must be a number >= 0, got {value}")
         if names is not None and names not in (*aliases.NAMINGS, "canonical"):
             raise StepperError(f"--names must be one of {', '.join(aliases.NAMINGS)} or canonical, got '{shown(names)}'")
+        if report is not None:
+            verify.check_report(report, force)
         loaded = load(fixture)
         mapping = aliases.read_map(map_file) if map_file is not None else None
         verdict = verify.verify(loaded, candidate, mapping, not allow_missing, rtol, atol, names)

@@ -17,6 +17,7 @@ from stepper.cli.common import ModelOpt, PlainOpt, SeedOpt, one_prompt, parse_id
 from stepper.cli.memory import available_bytes, check_fits, choose_attn, choose_chunk, needs, sizes, tiled_values
 from stepper.cli.names import check_patterns, check_pictures, only_filter, planned_names
 from stepper.errors import StepperError
+from stepper.files import check_output, write_checked
 from stepper.lessons import overrides
 from stepper.model.cache import cache_bytes_per_token
 from stepper.patching import Patcher, parse_patch
@@ -24,14 +25,7 @@ from stepper.session import Plan, RunResult, RunSpec, execute, prepare, step_att
 from stepper.text import INSTALL, Tokens
 from stepper.trace import Filter, Recorder, Sink
 from stepper.views.debugger import CommandSource, Debugger, Quit
-from stepper.views.dump import (
-    DUMP_LIMIT_GB,
-    check_dump_sizes,
-    check_output,
-    check_writable,
-    write_atomically,
-    write_dump,
-)
+from stepper.views.dump import DUMP_LIMIT_GB, check_dump_sizes, check_writable, write_dump
 from stepper.views.sinks import PICTURES, JsonLines, Pictures, ProgressBars, TensorRows, print_wrapped
 from stepper.weights.synthetic import SyntheticWeights
 
@@ -395,5 +389,5 @@ def save_export(console: Console, path: Path) -> None:
         text = console.export_svg(title="stepper step")
     else:
         text = console.export_text()
-    write_atomically("--export", path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    write_checked("--export", path, lambda f: f.write(text.encode("utf-8")))
     sys.stderr.write(f"session recorded to {untrusted.shown(path)}\n")

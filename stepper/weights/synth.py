@@ -16,7 +16,6 @@ import dataclasses
 import json
 import os
 import re
-import shutil
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -24,7 +23,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from stepper import int4
+from stepper import files, int4
 from stepper.config import Config, Fp8, Int4Groups, wrapped_hf
 from stepper.errors import StepperError
 from stepper.fp8 import scale_grid
@@ -98,15 +97,14 @@ def synth_checkpoint(source: SyntheticWeights, out: Path, layers: range | None =
     check_replaceable(out, force, not_from_synth, "a checkpoint stepper synth wrote")
     whole = layers is None
     plan = shard_plan(source, range(cfg.num_hidden_layers) if whole else layers, with_globals=whole)
-    partial = out.parent / f".{out.name}.partial-{os.getpid()}"
+    partial = files.temp_folder(out)
     try:
-        partial.mkdir()
         _write(source, partial, plan)
-        replace_dir(partial, out)
+        files.replace_folder(partial, out)
     except OSError as e:
         raise StepperError(f"{out}: cannot be written ({e.strerror})") from None
     finally:
-        shutil.rmtree(partial, ignore_errors=True)
+        files.remove_temp_folder(partial)
     return out
 
 
@@ -131,9 +129,9 @@ def _write(source: SyntheticWeights, folder: Path, plan: list[dict[str, tuple[in
         write_safetensors(folder / shard, entries, {"format": "pt"})
         weight_map.update(dict.fromkeys((e.name for e in entries), shard))
         total += sum(e.nbytes for e in entries)
-    (folder / INDEX).write_text(json.dumps(index, indent=2) + "\n")
+    files.write_new(folder / INDEX, json.dumps(index, indent=2) + "\n")
     raw = cfg.to_hf() if cfg.wrapper is None else wrapped_hf(cfg, VISION_CONFIG)
-    (folder / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
+    files.write_new(folder / "config.json", json.dumps(raw, indent=2) + "\n")
 
 
 # A small vision tower and projector, named and shaped as Kimi K2.5's (27 blocks of width 1152
@@ -195,19 +193,3 @@ def check_replaceable(out: Path, force: bool, foreign: Callable[[Path], list[str
     if others:
         listed = ", ".join(f"'{shown(n)}'" for n in others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
         raise StepperError(f"{out}: holds {listed}; --force replaces only {what}, so nothing there was touched")
-
-
-def replace_dir(new: Path, out: Path) -> None:
-    """Move the finished folder into place; an existing one (with --force) goes only after, and
-    nothing of it is left beside the new one."""
-    if not out.exists():
-        os.rename(new, out)
-        return
-    old = out.parent / f".{out.name}.old-{os.getpid()}"
-    os.rename(out, old)
-    try:
-        os.rename(new, out)
-    except OSError:
-        os.rename(old, out)  # put it back
-        raise
-    shutil.rmtree(old, ignore_errors=True)

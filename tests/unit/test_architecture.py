@@ -30,6 +30,7 @@ BELOW_EVERYTHING: dict[str, set[str]] = {
     "chunked": {"statistics", "tiled"},
     "config": {"errors", "jsonfile"},
     "jsonfile": {"errors"},
+    "files": {"errors", "untrusted"},  # every file stepper writes or removes goes through it
     "untrusted": set(),
     "text": {"errors", "jsonfile", "untrusted"},
 }
