@@ -94,6 +94,8 @@ def temp_folder(beside: Path) -> Path:
             return folder
         except FileExistsError:
             continue
+        except OSError as e:
+            raise StepperError(f"{shown(beside)}: cannot write in {shown(beside.parent)} ({e.strerror})") from None
     raise StepperError(f"{shown(beside)}: cannot make a temporary folder beside it")
 
 
@@ -283,8 +285,12 @@ def check_output(option: str, path: Path, force: bool, ours: Callable[[Path], bo
             raise StepperError(f"{option} {shown(path)}: is not {what}; --force replaces only {what}, so it was not touched")
     if not path.parent.is_dir():
         raise StepperError(f"{option} {shown(path)}: folder {shown(path.parent)} does not exist")
-    if not os.access(path.parent, os.W_OK):
-        raise StepperError(f"{option} {shown(path)}: cannot write in {shown(path.parent)} (permission denied)")
+    probe = _temp_beside(path)
+    try:
+        os.close(os.open(probe, NEW, 0o600))
+        os.unlink(probe)
+    except OSError as e:
+        raise StepperError(f"{option} {shown(path)}: cannot write in {shown(path.parent)} ({e.strerror})") from None
 
 
 def write_output(option: str, path: Path, write: Callable[[BinaryIO], None], force: bool,

@@ -118,7 +118,7 @@ class CachedFile:
         two range reads (the 8-byte length, then the header)."""
         with self._locked():
             self._refuse_foreign()
-            if self._load() and self.path.stat().st_size == self.size:
+            if self._load() and files.kind(self.path) == "file" and self.path.stat().st_size == self.size:
                 self._ensure_locked([(0, self.header_end())])
                 return
             self._discard()
