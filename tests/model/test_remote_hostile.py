@@ -5,7 +5,6 @@ or stored, every failure one line."""
 
 import base64
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -55,7 +54,7 @@ def cache_folder(tmp_path: Path, url: str) -> Path:
 
 
 def first_shard(folder: Path) -> str:
-    return sorted(set(json.loads((folder / INDEX).read_text())["weight_map"].values()))[0]
+    return min(set(json.loads((folder / INDEX).read_text())["weight_map"].values()))
 
 
 def victim(tmp_path: Path) -> Path:
