@@ -170,9 +170,24 @@ SYNTH_FILES = re.compile(rf"(config\.json|{re.escape(INDEX)}|model-\d{{5}}-of-\d
 
 
 def not_from_synth(folder: Path) -> list[str]:
-    """What a folder holds that `stepper synth` does not write (nothing: the folder is synth's)."""
-    return sorted(entry.name for entry in folder.iterdir()
-                  if entry.is_symlink() or not entry.is_file() or not SYNTH_FILES.fullmatch(entry.name))
+    """What a folder holds that `stepper synth` does not write (nothing: the folder is synth's). Its
+    files are known by their names and by the index, whose metadata says stepper made them."""
+    foreign = sorted(entry.name for entry in folder.iterdir()
+                     if entry.is_symlink() or not entry.is_file() or not SYNTH_FILES.fullmatch(entry.name))
+    if not foreign and any(folder.iterdir()) and not is_synth_index(folder / INDEX):
+        foreign.append(f"{INDEX} (missing, or not written by stepper)")
+    return foreign
+
+
+def is_synth_index(path: Path) -> bool:
+    try:
+        if path.is_symlink() or path.stat().st_size > 1 << 30:
+            return False
+        index = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    metadata = index.get("metadata") if isinstance(index, dict) else None
+    return isinstance(metadata, dict) and "stepper_synthetic_seed" in metadata
 
 
 def check_replaceable(out: Path, force: bool, foreign: Callable[[Path], list[str]], what: str) -> None:

@@ -98,3 +98,16 @@ def test_a_lesson_file_that_is_a_link_is_not_written_through(tmp_path):
     out = stepper("lesson", "reset", "tour", cwd=tmp_path, env=env)
     assert "is a link, not an exercise file" in refused(out)
     assert target.read_text() == MINE and sorted(p.name for p in folder.iterdir()) == ["tour.py"]
+
+
+def test_synth_force_does_not_replace_a_folder_holding_a_users_config(tmp_path):
+    """A config.json alone carries a synth file's name, but no index says stepper wrote it."""
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "config.json").write_text('{"model_type": "kimi_k2"}\n')
+    done = stepper("synth", "--out", out, "--force")
+    assert "--force replaces only a checkpoint stepper synth wrote" in refused(done)
+    assert sorted(p.name for p in out.iterdir()) == ["config.json"]
+    assert (out / "config.json").read_text() == '{"model_type": "kimi_k2"}\n'
+    assert stepper("synth", "--out", tmp_path / "ours").returncode == 0
+    assert stepper("synth", "--out", tmp_path / "ours", "--force", "--seed", "1").returncode == 0
