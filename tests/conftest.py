@@ -5,6 +5,7 @@ import os
 from pathlib import Path
 
 import pytest
+from helpers import untouched
 from helpers.configs import config_with
 from helpers.untouched import Guard
 
@@ -42,11 +43,14 @@ def default_folders(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
-def nothing_else_written(default_folders):
+def nothing_else_written(request, default_folders):
     """Fails the test if it changed a file of the checkout or of stepper's default folders (a test
-    writes in its own tmp_path; what it names there is its own)."""
+    writes in its own tmp_path; each command run by helpers.cli checks that it changed there only
+    stepper's own files)."""
     guard = Guard([CHECKOUT, default_folders / "cache" / "stepper", default_folders / "data" / "stepper"])
+    untouched.test_folder = request.getfixturevalue("tmp_path") if "tmp_path" in request.fixturenames else None
     yield guard
+    untouched.test_folder = None
     changed = guard.check()
     if changed:
         pytest.fail(f"the test changed files outside its own folders: {', '.join(changed[:5])}", pytrace=False)

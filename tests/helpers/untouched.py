@@ -1,6 +1,8 @@
 """No test changes a file outside its own scratch folders: the checkout (sources, lessons,
 fixtures, docs) and stepper's default cache and data folders are snapshot before each test and
-compared after it (tests/conftest.py's `nothing_else_written`).
+compared after it (tests/conftest.py's `nothing_else_written`). And no command changes a file
+that was in the test's tmp_path before it ran, but for stepper's own places (its cache, data and
+lesson folders, and what a --force names): `helpers.cli.stepper` checks each command it runs.
 
 A snapshot is cheap: one lstat per file (inode, size, modification time, kind), no file read; the
 checkout's caches (.git, __pycache__, tool caches) are skipped. The default folders are the
@@ -20,11 +22,14 @@ SKIPPED = {".git", "__pycache__", ".ruff_cache", ".pytest_cache", ".mypy_cache",
 Snapshot = dict[str, tuple[str, int, int, int]]
 
 
-def snapshot(root: Path) -> Snapshot:
-    """Every file and link under root (relative path -> kind, inode, size, mtime in ns), links not followed."""
+def snapshot(root: Path, skip: frozenset[Path] = frozenset()) -> Snapshot:
+    """Every file and link under root (relative path -> kind, inode, size, mtime in ns), links not
+    followed, the folders and files in `skip` left out."""
     found: Snapshot = {}
     for where, folders, names in os.walk(root):
-        folders[:] = [f for f in folders if f not in SKIPPED and not f.endswith(".egg-info")]
+        folders[:] = [f for f in folders if f not in SKIPPED and not f.endswith(".egg-info")
+                      and Path(where, f) not in skip]
+        names = [n for n in names if Path(where, n) not in skip]
         for name in names + [f for f in folders if os.path.islink(os.path.join(where, f))]:
             path = os.path.join(where, name)
             try:
@@ -36,20 +41,41 @@ def snapshot(root: Path) -> Snapshot:
     return found
 
 
-def changes(root: Path, before: Snapshot, after: Snapshot) -> list[str]:
-    """What differs: files created, changed (inode, size or time) or removed under root."""
+def changes(root: Path, before: Snapshot, after: Snapshot, created: bool = True) -> list[str]:
+    """What differs: files created (unless not asked), changed (inode, size or time) or removed under root."""
     out = [f"removed {root / p}" for p in before if p not in after]
     out += [f"changed {root / p}" for p in before if p in after and after[p] != before[p]]
-    out += [f"created {root / p}" for p in after if p not in before]
+    out += [f"created {root / p}" for p in after if p not in before] if created else []
     return sorted(out)
 
 
 class Guard:
-    """The folders a test must leave as they were, snapshot on entry, compared on check()."""
+    """The folders that must stay as they were, snapshot on entry, compared on check(); with
+    created=False only the files that were there count (new ones are outputs)."""
 
-    def __init__(self, roots: list[Path]):
-        self.roots = roots
-        self.before = {root: snapshot(root) for root in roots}
+    def __init__(self, roots: list[Path], skip: frozenset[Path] = frozenset(), created: bool = True):
+        self.roots, self.skip, self.created = roots, skip, created
+        self.before = {root: snapshot(root, skip) for root in roots}
 
     def check(self) -> list[str]:
-        return [line for root in self.roots for line in changes(root, self.before[root], snapshot(root))]
+        return [line for root in self.roots
+                for line in changes(root, self.before[root], snapshot(root, self.skip), self.created)]
+
+
+test_folder: Path | None = None  # the running test's tmp_path, when it has one (set by tests/conftest.py)
+OWN_FOLDERS = ("--cache-dir", "--workspace")
+OWN_VARIABLES = ("STEPPER_DATA_DIR", "STEPPER_CACHE_DIR", "XDG_CACHE_HOME", "XDG_DATA_HOME")
+
+
+def command_guard(argv: list[str], cwd: Path, env: dict[str, str | None]) -> Guard | None:
+    """A guard over the test's tmp_path for one command: the files there before it must stay as
+    they were, but for stepper's own places (its cache and data folders, the lesson workspace,
+    and, with --force, every path the command names)."""
+    if test_folder is None:
+        return None
+    own = [cwd / "stepper-lessons"]
+    own += [Path(v) for k in OWN_VARIABLES if (v := env.get(k, os.environ.get(k)))]
+    own += [cwd / argv[i + 1] for i, a in enumerate(argv[:-1]) if a in OWN_FOLDERS]
+    if "--force" in argv:
+        own += [cwd / a for a in argv if not a.startswith("-")]
+    return Guard([test_folder], frozenset(Path(os.path.abspath(p)) for p in own), created=False)
