@@ -78,4 +78,5 @@ def command_guard(argv: list[str], cwd: Path, env: dict[str, str | None]) -> Gua
     own += [cwd / argv[i + 1] for i, a in enumerate(argv[:-1]) if a in OWN_FOLDERS]
     if "--force" in argv:
         own += [cwd / a for a in argv if not a.startswith("-")]
-    return Guard([test_folder], frozenset(Path(os.path.abspath(p)) for p in own), created=False)
+    places = frozenset(Path(q) for p in own for q in (os.path.abspath(p), os.path.realpath(p)))  # a link's target too
+    return Guard([test_folder], places, created=False)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from helpers import untouched
 from helpers.untouched import Guard
 
 pytest_plugins = ["pytester"]
@@ -66,3 +67,23 @@ def test_the_suites_fixture_fails_a_test_that_writes_outside_its_folders(pyteste
                                  "the test changed files outside its own folders: created *home*/cache/stepper/stray.bin",
                                  "*ERROR at teardown of test_writes_into_the_checkout*",
                                  "the test changed files outside its own folders: created */stray.txt"])
+
+
+def test_a_command_may_change_only_stepper_places_in_the_tests_folder(tmp_path, monkeypatch):
+    mine, data, out = tmp_path / "mine.txt", tmp_path / "data", tmp_path / "report.json"
+    for path in (mine, out, data / "progress.json"):
+        path.parent.mkdir(exist_ok=True)
+        path.write_text("before\n")
+    monkeypatch.setattr(untouched, "test_folder", tmp_path)
+
+    def after(argv, env, *edited):
+        guard = untouched.command_guard(argv, tmp_path, env)
+        for path in edited:
+            path.write_text("after, changed\n")
+        return guard.check()
+
+    assert after(["fixtures", "verify", "f", "c", "--report", str(out)], {}, out) == [f"changed {out}"]
+    assert after(["fixtures", "verify", "f", "c", "--report", str(out), "--force"], {}, out) == []
+    assert after(["lesson", "start"], {"STEPPER_DATA_DIR": str(data)}, data / "progress.json") == []
+    assert after(["run"], {}, mine) == [f"changed {mine}"]
+    assert after(["run", "--dump", "new.safetensors"], {}, tmp_path / "new.safetensors") == []  # a new file is an output
