@@ -52,13 +52,6 @@ def kind(path: Path) -> str | None:
     return "folder" if stat.S_ISDIR(mode) else "other"
 
 
-def new_file_mode() -> int:
-    """0666 less the umask: the permissions `open` gives a new file."""
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
-
-
 # -- folders ------------------------------------------------------------------------------------------
 
 
@@ -196,8 +189,6 @@ def _publish_new(tmp: Path, path: Path) -> None:
     """tmp renamed to path only if nothing is there: a hard link cannot replace a file."""
     try:
         os.link(tmp, path, follow_symlinks=False)
-    except FileExistsError:
-        raise
     except OSError as e:
         if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
             raise
@@ -295,15 +286,10 @@ def check_output(option: str, path: Path, force: bool, ours: Callable[[Path], bo
 
 def write_output(option: str, path: Path, write: Callable[[BinaryIO], None], force: bool,
                  ours: Callable[[Path], bool], what: str) -> None:
-    """An output file the user named, checked (check_output) and written atomically; checked again
-    just before it lands, so a file that appeared in the meantime is not replaced."""
+    """An output file the user named, checked again (check_output: the place may have changed since
+    the check before the run) and written atomically; a file that appears at the last moment is
+    not replaced."""
     check_output(option, path, force, ours, what)
-    write_checked(option, path, write)
-
-
-def write_checked(option: str, path: Path, write: Callable[[BinaryIO], None]) -> None:
-    """An output file whose place check_output accepted (before a run), written atomically: a file
-    there is replaced (it was found to be stepper's), one that appeared since is not."""
     try:
         write_atomically(path, write, replace=kind(path) == "file")
     except FileExistsError:

@@ -110,7 +110,7 @@ def verify_command(
         mapping = aliases.read_map(map_file) if map_file is not None else None
         verdict = verify.verify(loaded, candidate, mapping, not allow_missing, rtol, atol, names)
         if report is not None:
-            verify.write_report(report, verdict)
+            verify.write_report(report, verdict, force)
         show.verdict(console_for(plain), loaded, verdict, problems_only=problems)
         missing = verdict.count("missing")
         if missing and not allow_missing:

@@ -27,6 +27,7 @@ from stepper.weights.safetensors_reader import SafetensorsFile
 from stepper.weights.safetensors_writer import Entry, write_safetensors_into
 
 DUMP_FORMAT = "stepper-dump"
+DUMP_KIND = "a dump stepper wrote"
 DUMP_LIMIT_GB = 2.0  # a dumped tensor may be this large unless --dump-limit-gb says more
 SAFETENSORS_DTYPE = {np.dtype(t): name for t, name in (("float64", "F64"), ("float32", "F32"), ("float16", "F16"),
                                                         ("int64", "I64"), ("int32", "I32"), ("uint8", "U8"))}
@@ -44,15 +45,15 @@ def is_dump(path: Path) -> bool:
 def check_writable(path: Path, force: bool) -> None:
     if path.suffix != ".safetensors":
         raise StepperError(f"--dump {path}: the file name must end in .safetensors")
-    files.check_output("--dump", path, force, is_dump, "a dump stepper wrote")
+    files.check_output("--dump", path, force, is_dump, DUMP_KIND)
 
 
-def write_dump(path: Path, recorder: Recorder, metadata: dict[str, str]) -> None:
+def write_dump(path: Path, recorder: Recorder, metadata: dict[str, str], force: bool = False) -> None:
     """Every recorded tensor, a tensor made in tiles (a long prompt's attention) block by block."""
     entries = [Entry(e.name, SAFETENSORS_DTYPE[np.dtype(e.array.dtype)], tuple(e.array.shape), maker(e.array))
                for e in recorder.events]
     meta = {"format": DUMP_FORMAT, "order": json.dumps([e.name for e in recorder.events]), **metadata}
-    files.write_checked("--dump", path, lambda f: write_safetensors_into(f, entries, meta))
+    files.write_output("--dump", path, lambda f: write_safetensors_into(f, entries, meta), force, is_dump, DUMP_KIND)
 
 
 def maker(array: np.ndarray | Tiled) -> Callable[[], np.ndarray | Iterator[np.ndarray]]:

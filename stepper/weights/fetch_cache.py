@@ -9,7 +9,11 @@ fetched, and each cached range is checked against its length and checksum once p
 corrupted one is fetched again). Writing keeps the file's modification time, which is part of
 the identity that readers check the file against.
 
-Folders are bounded by `trim`: least recently used files first, whole files at a time.
+Folders are bounded by `trim`: least recently used files first, whole files at a time. No link
+in the cache folder is followed: one where a cached file, its ledger, the lock or the ledger
+folder belongs is refused in one line (and left); every write goes through `stepper.files`.
+`clear` removes only the cache's own files (those its ledgers name, the small files, the
+ledgers) and the folders left empty, and returns what else it found.
 """
 
 from __future__ import annotations

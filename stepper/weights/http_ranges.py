@@ -164,13 +164,13 @@ class RangeClient:
         """The body into the sink: exactly `length` bytes, or (a whole small file) at most that;
         given up once the answer takes longer than its deadline or the run's."""
         expected = length if exact else min(length, declared_length(response, length))
-        seconds = self.timeout + expected / MIN_RATE
-        deadline = min(time.monotonic() + seconds, self.run_deadline)
+        seconds = min(self.timeout + expected / MIN_RATE, max(0.0, self.run_deadline - time.monotonic()))
+        deadline = time.monotonic() + seconds
         size = 0
         for chunk in response.iter_bytes():  # each piece as it arrives: the deadline is checked as they come
             if time.monotonic() > deadline:
                 raise StepperError(f"{shown(url)}: {what}: the answer took over {seconds:.3g} s ({size} of "
-                                   f"{expected} bytes came, slower than {MIN_RATE // 1000} kB/s); given up")
+                                   f"{expected} bytes came); given up")
             size += len(chunk)
             if size > length:
                 if exact:

@@ -106,6 +106,16 @@ def test_an_output_is_refused_over_a_users_file_a_link_a_fifo_or_a_folder(tmp_pa
                 "link": "is a link", "fifo": "is not a regular file", "folder": "is a folder"}
     for name, why in expected.items():
         with pytest.raises(StepperError, match=why):
-            files.write_output("--report", tmp_path / name, lambda f: f.write(b"x"), force, lambda p: False,
-                               "a report stepper wrote")
+            files.check_output("--report", tmp_path / name, force, lambda p: False, "a report stepper wrote")
     assert mine.read_bytes() == MINE and sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "folder", "link", "mine.txt"]
+
+
+def test_an_output_checked_before_the_run_is_not_written_over_a_file_that_appeared_since(tmp_path):
+    path = tmp_path / "report.json"
+    files.check_output("--report", path, False, lambda p: False, "a report stepper wrote")
+    path.write_bytes(MINE)  # the user's, made while the run ran
+    with pytest.raises(StepperError, match="file exists; pass --force"):
+        files.write_output("--report", path, lambda f: f.write(b"report"), False, lambda p: False, "a report")
+    with pytest.raises(StepperError, match="is not a report"):
+        files.write_output("--report", path, lambda f: f.write(b"report"), True, lambda p: False, "a report")
+    assert path.read_bytes() == MINE and sorted(tmp_path.iterdir()) == [path]
