@@ -90,7 +90,7 @@ def clear_command(
         root = remote.settings().cache_dir
         target = root if checkpoint is None else cached_folder(root, checkpoint)
         freed = sum(h.bytes for h in fetch_cache.held(target))
-        left = fetch_cache.clear(target)
+        left = fetch_cache.clear(target, keep_target=checkpoint is None)
         print(f"removed {remote.human(freed)} from {shown(target)}")
         if left:
             listed = ", ".join(shown(p.relative_to(target)) for p in left[:3]) + (f" and {len(left) - 3} more" if len(left) > 3 else "")

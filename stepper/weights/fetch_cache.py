@@ -331,16 +331,18 @@ def trim(root: Path, max_bytes: int, keep: set[Path]) -> int:
 TEMPORARY = re.compile(r"\..+\.tmp-\d+-[0-9a-f]{8}")  # stepper.files' temporary names, left by a crash
 
 
-def clear(target: Path) -> list[Path]:
+def clear(target: Path, keep_target: bool = False) -> list[Path]:
     """Remove what stepper cached under target: in each checkpoint folder (one holding a ledger
     folder) the files its ledgers name, config.json, the index and its absence marker, the ledgers
-    and the lock; then every folder left empty. Anything else stays, with the folders holding it:
-    those entries are returned."""
+    and the lock; then every folder left empty (target too, unless keep_target: the cache folder
+    itself, which the user may have made). Anything else stays, with the folders holding it: those
+    entries are returned."""
     for where, folders, names in os.walk(target):
         if LEDGERS in folders and files.kind(Path(where) / LEDGERS) == "folder":
             clear_checkpoint(Path(where), names)
     for where, _, _ in sorted(os.walk(target), key=lambda w: -len(Path(w[0]).parts)):
-        files.remove_empty_folder(Path(where))
+        if not (keep_target and Path(where) == target):
+            files.remove_empty_folder(Path(where))
     left = []
     for where, folders, names in os.walk(target):
         left += [Path(where) / name for name in names]

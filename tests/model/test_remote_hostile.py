@@ -129,6 +129,9 @@ def test_cache_clear_of_one_part_removes_it_whole_when_only_stepper_wrote_there(
     out = cache_cli(tmp_path, "clear", "url")
     assert out.returncode == 0 and out.stdout.count("\n") == 1, out.stdout
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["notes.txt"]
+    (tmp_path / "cache" / "notes.txt").unlink()
+    assert cache_cli(tmp_path, "clear").returncode == 0
+    assert (tmp_path / "cache").is_dir()  # the cache folder itself stays: the user may have made it
     for outside in ("../", "/etc", "url/../..", "nothing"):
         refused = cache_cli(tmp_path, "clear", outside)
         assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "no such cached checkpoint" in refused.stderr
