@@ -43,8 +43,10 @@ def kind(path: Path) -> str | None:
     followed; None when nothing is there."""
     try:
         mode = os.lstat(path).st_mode
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return None
+    except OSError as e:
+        raise StepperError(f"{shown(path)}: cannot look at it ({e.strerror})") from None
     if stat.S_ISLNK(mode):
         return "link"
     if stat.S_ISREG(mode):
@@ -259,10 +261,7 @@ def check_output(option: str, path: Path, force: bool, ours: Callable[[Path], bo
     """Refuse an output place that cannot take the file, or a file that --force may not replace:
     a link, a folder, a FIFO or device is never written; an existing file only with --force and
     only when `ours` recognises it as `what`."""
-    try:
-        found = kind(path)
-    except OSError as e:
-        raise StepperError(f"{option} {shown(path)}: cannot use it ({e.strerror})") from None
+    found = kind(path)
     if found == "folder":
         raise StepperError(f"{option} {shown(path)}: is a folder; give a file name inside it")
     if found == "link":
