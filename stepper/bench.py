@@ -38,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
+from stepper import files
 from stepper.config import Config, load_config
 from stepper.fp8 import quantize
 from stepper.kernels import attention as kernels_attention
@@ -514,7 +515,7 @@ def ensure_checkpoint(workdir: Path, cfg: Config, layers: range, seed: int = 0) 
     """The synthetic checkpoint of these layers, written once into workdir and reused."""
     folder = workdir / f"{cfg.name}-layers{layers.start}-{layers.stop - 1}-seed{seed}"
     if not (folder / INDEX).exists():
-        workdir.mkdir(parents=True, exist_ok=True)
+        files.make_folder(workdir)
         synth_checkpoint(SyntheticWeights(cfg, seed), folder, layers, force=True)
     return folder
 

@@ -8,7 +8,8 @@ or a line typed at a prompt) reaches Python as a lone surrogate (U+DC80..U+DCFF,
 `surrogateescape` error handler), which is written back out as that raw byte: 0x9b is CSI. Other
 lone surrogates (JSON's "\\ud800") cannot be written out at all. `shown` turns each such
 character into a visible escape (`\\x1b`, `\\r`, `\\u009b`, the raw byte as `\\x9b`) before the
-text reaches a screen, a message or an export.
+text reaches a screen, a message or an export. A URL's credentials (`https://USER:PASSWORD@HOST`)
+are shown as `https://***@HOST`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import re
 CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 CONTROL_BUT_LINES = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")  # keeps \t and \n
 NAMED = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
+USERINFO = re.compile(r"(?<=://)[^/?#@\s]+@")
 
 
 def escape(char: str) -> str:
@@ -35,7 +37,7 @@ def shown(text: object, *, lines: bool = False) -> str:
     """str(text) with every control character escaped; with `lines`, tabs and newlines stay (a
     lesson's prose, a multi-line value)."""
     pattern = CONTROL_BUT_LINES if lines else CONTROL
-    return pattern.sub(lambda m: escape(m.group()), str(text))
+    return pattern.sub(lambda m: escape(m.group()), USERINFO.sub("***@", str(text)))
 
 
 def cut(text: object, limit: int = 60) -> str:

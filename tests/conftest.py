@@ -1,8 +1,13 @@
 """Shared fixtures. The helpers the tests share live in tests/helpers/ (importable as `helpers`:
 pytest puts this folder on sys.path)."""
 
+import os
+from pathlib import Path
+
 import pytest
+from helpers import untouched
 from helpers.configs import config_with
+from helpers.untouched import Guard
 
 from stepper.kernels import parallel
 
@@ -17,3 +22,35 @@ def pytest_configure(config):
 @pytest.fixture
 def make_config():
     return config_with
+
+
+CHECKOUT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def default_folders(tmp_path_factory):
+    """stepper's default cache and data folders (XDG_CACHE_HOME/stepper, XDG_DATA_HOME/stepper) in
+    the test run's temporary folder for the session: never the user's (Hugging Face's cache stays
+    where it was)."""
+    home = tmp_path_factory.mktemp("home")
+    names = ("XDG_CACHE_HOME", "XDG_DATA_HOME", "HF_HOME")
+    saved = {k: os.environ.get(k) for k in names}
+    os.environ["HF_HOME"] = saved["HF_HOME"] or str(Path(saved["XDG_CACHE_HOME"] or Path.home() / ".cache") / "huggingface")
+    os.environ["XDG_CACHE_HOME"], os.environ["XDG_DATA_HOME"] = str(home / "cache"), str(home / "data")
+    yield home
+    for k, v in saved.items():
+        os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+
+
+@pytest.fixture(autouse=True)
+def nothing_else_written(request, default_folders):
+    """Fails the test if it changed a file of the checkout or of stepper's default folders (a test
+    writes in its own tmp_path; each command run by helpers.cli checks that it changed there only
+    stepper's own files)."""
+    guard = Guard([CHECKOUT, default_folders / "cache" / "stepper", default_folders / "data" / "stepper"])
+    untouched.test_folder = request.getfixturevalue("tmp_path") if "tmp_path" in request.fixturenames else None
+    yield guard
+    untouched.test_folder = None
+    changed = guard.check()
+    if changed:
+        pytest.fail(f"the test changed files outside its own folders: {', '.join(changed[:5])}", pytrace=False)

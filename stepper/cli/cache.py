@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 from rich.table import Table
 
+from stepper import files
 from stepper.cli.common import PlainOpt, user_errors
 from stepper.errors import StepperError
 from stepper.untrusted import shown
@@ -83,14 +84,26 @@ def ls_command(plain: PlainOpt = False) -> None:
 def clear_command(
     checkpoint: Annotated[str | None, typer.Argument(metavar="CHECKPOINT", help="One cached checkpoint, as `stepper cache ls` names it [default: all].", show_default=False)] = None,
 ) -> None:
-    """Remove what was fetched: every remote checkpoint, or one."""
+    """Remove what was fetched: every remote checkpoint, or one. Only stepper's files go; a folder
+    holding anything else stays, and is named."""
     with user_errors():
         root = remote.settings().cache_dir
-        folder = None
-        if checkpoint is not None:
-            folder = (root / checkpoint).resolve()
-            if root.resolve() not in folder.parents or not folder.is_dir():
-                raise StepperError(f"{shown(checkpoint)}: no such cached checkpoint in {shown(root)} (see stepper cache ls)")
-        freed = sum(h.bytes for h in fetch_cache.held(folder or root))
-        fetch_cache.clear(root, folder)
-        print(f"removed {remote.human(freed)} from {shown(folder or root)}")
+        target = root if checkpoint is None else cached_folder(root, checkpoint)
+        freed = sum(h.bytes for h in fetch_cache.held(target))
+        left = fetch_cache.clear(target, keep_target=checkpoint is None)
+        print(f"removed {remote.human(freed)} from {shown(target)}")
+        if left:
+            listed = ", ".join(shown(p.relative_to(target)) for p in left[:3]) + (f" and {len(left) - 3} more" if len(left) > 3 else "")
+            print(f"left {shown(target)}: it holds what stepper did not write ({listed})")
+        elif files.kind(target) == "link":
+            print(f"left {shown(target)}: a link, not made by stepper")
+
+
+def cached_folder(root: Path, checkpoint: str) -> Path:
+    """The folder of one cached checkpoint (or a part of the cache: hf/ORG), never through a link."""
+    parts = Path(checkpoint).parts
+    folder = root.joinpath(*parts)
+    if not parts or Path(checkpoint).is_absolute() or ".." in parts or any(
+            files.kind(root.joinpath(*parts[:i])) != "folder" for i in range(1, len(parts) + 1)):
+        raise StepperError(f"{shown(checkpoint)}: no such cached checkpoint in {shown(root)} (see stepper cache ls)")
+    return folder

@@ -15,9 +15,10 @@ import typer
 from stepper.errors import StepperError
 from stepper.presets import PRESETS
 from stepper.untrusted import shown
+from stepper.weights.remote import without_credentials
 
 PRESET_NAMES = ", ".join(PRESETS)
-ModelOpt = Annotated[str, typer.Option(metavar="NAME|PATH", help=f"Preset ({PRESET_NAMES}), a checkpoint directory, a remote checkpoint (hf://ORG/NAME[@REVISION], https://HOST/PATH/) or a config.json.")]
+ModelOpt = Annotated[str, typer.Option(metavar="NAME|PATH", callback=without_credentials, help=f"Preset ({PRESET_NAMES}), a checkpoint directory, a remote checkpoint (hf://ORG/NAME[@REVISION], https://HOST/PATH/) or a config.json.")]
 SeedOpt = Annotated[int, typer.Option(metavar="S", min=0, help="Seed of the synthetic weights and prompt.")]
 PlainOpt = Annotated[bool, typer.Option("--plain", help="No colour.")]
 

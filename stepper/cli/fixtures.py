@@ -23,6 +23,7 @@ from stepper.session import text_prompt_ids
 from stepper.text import INSTALL
 from stepper.untrusted import shown
 from stepper.views.sinks import line_width
+from stepper.weights.remote import without_credentials
 
 fixtures_app = typer.Typer(
     no_args_is_help=True,
@@ -45,7 +46,7 @@ PlainOpt = Annotated[bool, typer.Option("--plain", help="No colour.")]
 @fixtures_app.command("export")
 def export_command(
     out: Annotated[Path, typer.Argument(metavar="OUT_DIR", help="Fixture folder to create.", show_default=False)],
-    model: Annotated[str, typer.Option(metavar="NAME|PATH", help=f"Preset ({PRESET_NAMES}), a checkpoint directory or a config.json.")] = "tiny",
+    model: Annotated[str, typer.Option(metavar="NAME|PATH", callback=without_credentials, help=f"Preset ({PRESET_NAMES}), a checkpoint directory or a config.json.")] = "tiny",
     layer: Annotated[int | None, typer.Option(metavar="N", min=0, help="Run layer N alone, on the prompt's token embeddings.")] = None,
     layers: Annotated[str | None, typer.Option(metavar="A:B", help="Run the model up to layer B-1, capturing layers A to B-1.")] = None,
     ids: Annotated[str | None, typer.Option(metavar="1,2,3", help="Prompt token ids, comma-separated.")] = None,
@@ -85,7 +86,8 @@ def verify_command(
     map_file: Annotated[Path | None, typer.Option("--map", metavar="FILE.json", help="Your names -> canonical names, a JSON object.")] = None,
     names: Annotated[str | None, typer.Option("--names", metavar="NAMING", help="The candidate's naming: transformers, inference, llama.cpp or canonical (only its names are read; it decides a name two namings share). Default: all of them, a shared name read canonically.")] = None,
     allow_missing: Annotated[bool, typer.Option("--allow-missing", help="Tensors of the fixture missing from CANDIDATE do not fail (exit 0 if the rest match).")] = False,
-    report: Annotated[Path | None, typer.Option(metavar="FILE.json", help="Write the full result as JSON (overwritten).")] = None,
+    report: Annotated[Path | None, typer.Option(metavar="FILE.json", help="Write the full result as JSON (a new file; --force replaces a report stepper wrote).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace the --report file if it is a report stepper wrote.")] = False,
     rtol: Annotated[float | None, typer.Option(metavar="R", help="Relative tolerance for every float tensor, instead of the manifest's.")] = None,
     atol: Annotated[float | None, typer.Option(metavar="A", help="Absolute tolerance for every float tensor, instead of the manifest's per-tensor value.")] = None,
     problems: Annotated[bool, typer.Option("--problems", help="List only tensors that differ or are missing.")] = False,
@@ -105,11 +107,13 @@ def verify_command(
                 raise StepperError(f"{option} must be a number >= 0, got {value}")
         if names is not None and names not in (*aliases.NAMINGS, "canonical"):
             raise StepperError(f"--names must be one of {', '.join(aliases.NAMINGS)} or canonical, got '{shown(names)}'")
+        if report is not None:
+            verify.check_report(report, force)
         loaded = load(fixture)
         mapping = aliases.read_map(map_file) if map_file is not None else None
         verdict = verify.verify(loaded, candidate, mapping, not allow_missing, rtol, atol, names)
         if report is not None:
-            verify.write_report(report, verdict)
+            verify.write_report(report, verdict, force)
         show.verdict(console_for(plain), loaded, verdict, problems_only=problems)
         missing = verdict.count("missing")
         if missing and not allow_missing:

@@ -291,7 +291,7 @@ def solution_command(
 
 @lesson_app.command("reset")
 def reset_command(name: NameArg = None, workspace: WorkspaceOpt = WORKSPACE, plain: PlainOpt = False) -> None:
-    """Put the exercise stub back (your file is kept as NAME.py.bak) and forget the lesson's progress."""
+    """Put the exercise stub back (your file is kept as a new backup, NAME.py.bak, NAME.py.bak2, ...) and forget the lesson's progress."""
     with user_errors():
         progress = Progress()
         lesson, _ = chosen(name, progress)

@@ -18,6 +18,7 @@ from stepper.cli.common import ModelOpt, PlainOpt, SeedOpt, one_prompt, parse_id
 from stepper.cli.memory import available_bytes, check_fits, choose_attn, choose_chunk, needs, sizes, tiled_values
 from stepper.cli.names import check_patterns, check_pictures, only_filter, planned_names
 from stepper.errors import StepperError
+from stepper.files import check_output, write_output
 from stepper.lessons import overrides
 from stepper.model.cache import cache_bytes_per_token
 from stepper.patching import Patcher, parse_patch
@@ -25,14 +26,7 @@ from stepper.session import Plan, RunResult, RunSpec, execute, prepare, step_att
 from stepper.text import INSTALL, Tokens
 from stepper.trace import Filter, Recorder, Sink
 from stepper.views.debugger import CommandSource, Debugger, Quit
-from stepper.views.dump import (
-    DUMP_LIMIT_GB,
-    check_dump_sizes,
-    check_output,
-    check_writable,
-    write_atomically,
-    write_dump,
-)
+from stepper.views.dump import DUMP_LIMIT_GB, check_dump_sizes, check_writable, write_dump
 from stepper.views.sinks import PICTURES, JsonLines, Pictures, ProgressBars, TensorRows, print_wrapped
 from stepper.weights.synthetic import SyntheticWeights
 
@@ -274,11 +268,13 @@ def run_command(
             bars.hide()
         if dump is not None:
             write_dump(dump, recorder, {"model": plan.config.name, "prompt": json.dumps(result.prompt),
-                                        "start_pos": str(spec.start_pos), "generated": json.dumps(result.generated)})
+                                        "start_pos": str(spec.start_pos), "generated": json.dumps(result.generated)},
+                       force)
         if not as_json:
             print_lines(console, footer(plan, result, counter.count, dump, agreement), "dim")
 
 
+EXPORT_KIND = "a session stepper recorded"
 EXPORTS = {  # the file names --export takes, and how a session recorded in each begins
     ".html": r'<!DOCTYPE html>\s*<html>\s*<head>\s*<meta charset="UTF-8">',
     ".svg": r'<svg class="rich-terminal"',
@@ -356,7 +352,7 @@ def step_command(
             seen = len(debugger.history)
             console.print(f"quit after {seen} tensor{'s' if seen != 1 else ''}", style="dim")
         if export is not None:
-            save_export(console, export)
+            save_export(console, export, force)
 
 
 def parse_chunk(text: str | None, patched: bool, drawn: bool) -> int | None:
@@ -390,7 +386,7 @@ def read_commands(path: Path) -> list[str]:
 def check_export(path: Path, force: bool) -> None:
     if path.suffix not in EXPORTS:
         raise StepperError(f"--export {path}: the file name must end in {', '.join(EXPORTS)}")
-    check_output("--export", path, force, is_export, "a session stepper recorded")
+    check_output("--export", path, force, is_export, EXPORT_KIND)
 
 
 def is_export(path: Path) -> bool:
@@ -403,12 +399,12 @@ def is_export(path: Path) -> bool:
     return re.match(EXPORTS[path.suffix], head) is not None
 
 
-def save_export(console: Console, path: Path) -> None:
+def save_export(console: Console, path: Path, force: bool) -> None:
     if path.suffix == ".html":
         text = console.export_html(code_format=WRAPPED_HTML)
     elif path.suffix == ".svg":
         text = console.export_svg(title="stepper step")
     else:
         text = console.export_text()
-    write_atomically("--export", path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    write_output("--export", path, lambda f: f.write(text.encode("utf-8")), force, is_export, EXPORT_KIND)
     sys.stderr.write(f"session recorded to {untrusted.shown(path)}\n")

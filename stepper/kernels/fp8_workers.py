@@ -27,7 +27,6 @@ import os
 import struct
 import subprocess
 import sys
-import tempfile
 import time
 from collections import deque
 from collections.abc import Callable
@@ -39,6 +38,7 @@ from multiprocessing.reduction import recv_handle, send_handle
 import numpy as np
 
 from stepper import fp8
+from stepper.files import anonymous_file
 from stepper.kernels import parallel
 from stepper.kernels.fp8_tiles import NanCheck, apply_tiles, many_tokens, result_arrays, row_tiles
 from stepper.kernels.int4_tiles import MANY_TOKENS
@@ -161,15 +161,6 @@ class Helper:
         finally:
             os.close(fd)  # both processes have it mapped: the memory lives until both let go
         self.scratch = scratch
-
-
-def anonymous_file() -> int:
-    """A file descriptor of a file with no name: a memfd (Linux), else an unlinked temporary file."""
-    if hasattr(os, "memfd_create"):
-        return os.memfd_create("stepper-scratch")
-    fd, path = tempfile.mkstemp(prefix="stepper-scratch-")
-    os.unlink(path)
-    return fd
 
 
 def receive(conn: Connection) -> bytes:

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from stepper import files
 from stepper.errors import StepperError
 from stepper.lessons.schema import Lesson, find_lesson
 
@@ -55,10 +56,8 @@ class Progress:
 
     def save(self) -> None:
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(self.data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-            os.replace(tmp, self.path)
+            files.make_folder(self.path.parent)
+            files.write_bytes_atomically(self.path, json.dumps(self.data, indent=2, sort_keys=True) + "\n")
         except OSError as e:
             raise StepperError(f"cannot write progress file {self.path} ({e})") from None
 

@@ -6,84 +6,31 @@ metadata entry `order` (a JSON list) also keeps. A tensor too large to hold (a l
 attention scores, made in tiles) is written block by block; a tensor over the dump limit
 (DUMP_LIMIT_GB, raised with --dump-limit-gb) is refused in one line before the run starts.
 
-An output file is checked before the run (its folder exists and takes a new file; an existing
-file is replaced only with --force, and only when it is of the kind stepper writes there, never a
-folder or a device), then written beside its place and renamed, with the permissions any new file
-gets (0666 less the umask): a failed or interrupted run leaves nothing half-written behind.
+The dump's place is checked before the run and the file written after it through
+`stepper.files` (an existing file replaced only with --force and only if it is a dump; never a
+link, a folder or a device; written beside its place and renamed).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
-from safetensors import SafetensorError
 
+from stepper import files
 from stepper.errors import StepperError
 from stepper.tiled import Tiled
 from stepper.trace import Recorder
 from stepper.weights.safetensors_reader import SafetensorsFile
-from stepper.weights.safetensors_writer import Entry, write_safetensors
+from stepper.weights.safetensors_writer import Entry, write_safetensors_into
 
 DUMP_FORMAT = "stepper-dump"
+DUMP_KIND = "a dump stepper wrote"
 DUMP_LIMIT_GB = 2.0  # a dumped tensor may be this large unless --dump-limit-gb says more
 SAFETENSORS_DTYPE = {np.dtype(t): name for t, name in (("float64", "F64"), ("float32", "F32"), ("float16", "F16"),
                                                         ("int64", "I64"), ("int32", "I32"), ("uint8", "U8"))}
-
-
-def check_output(option: str, path: Path, force: bool, ours: Callable[[Path], bool], what: str) -> None:
-    """Refuse an output place that cannot take the file, or a file that --force may not replace."""
-    try:
-        st = path.stat()
-    except FileNotFoundError:
-        st = None
-    except OSError as e:
-        raise StepperError(f"{option} {path}: cannot use it ({e.strerror})") from None
-    if st is not None:
-        if stat.S_ISDIR(st.st_mode):
-            raise StepperError(f"{option} {path}: is a folder; give a file name inside it")
-        if not stat.S_ISREG(st.st_mode):
-            raise StepperError(f"{option} {path}: is not a regular file; give a new file name")
-        if not force:
-            raise StepperError(f"{option} {path}: file exists; pass --force to overwrite it")
-        if not ours(path):
-            raise StepperError(f"{option} {path}: is not {what}; --force replaces only {what}, so it was not touched")
-    if not path.parent.is_dir():
-        raise StepperError(f"{option} {path}: folder {path.parent} does not exist")
-    probe = beside(path, "probe")
-    try:
-        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-        probe.unlink()
-    except OSError as e:
-        raise StepperError(f"{option} {path}: cannot write in {path.parent} ({e.strerror})") from None
-
-
-def beside(path: Path, what: str) -> Path:
-    return path.with_name(f".{path.name}.{what}-{os.getpid()}")
-
-
-def new_file_mode() -> int:
-    """0666 less the umask: the permissions `open` gives a new file."""
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
-
-
-def write_atomically(option: str, path: Path, write: Callable[[Path], None]) -> None:
-    """`write(tmp)` beside `path`, then rename it into place; the temporary file never stays."""
-    tmp = beside(path, "tmp")
-    try:
-        write(tmp)
-        os.chmod(tmp, new_file_mode())
-        os.replace(tmp, path)
-    except (OSError, SafetensorError) as e:
-        raise StepperError(f"{option} {path}: cannot write it ({getattr(e, 'strerror', None) or e})") from None
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def is_dump(path: Path) -> bool:
@@ -98,15 +45,15 @@ def is_dump(path: Path) -> bool:
 def check_writable(path: Path, force: bool) -> None:
     if path.suffix != ".safetensors":
         raise StepperError(f"--dump {path}: the file name must end in .safetensors")
-    check_output("--dump", path, force, is_dump, "a dump stepper wrote")
+    files.check_output("--dump", path, force, is_dump, DUMP_KIND)
 
 
-def write_dump(path: Path, recorder: Recorder, metadata: dict[str, str]) -> None:
+def write_dump(path: Path, recorder: Recorder, metadata: dict[str, str], force: bool = False) -> None:
     """Every recorded tensor, a tensor made in tiles (a long prompt's attention) block by block."""
     entries = [Entry(e.name, SAFETENSORS_DTYPE[np.dtype(e.array.dtype)], tuple(e.array.shape), maker(e.array))
                for e in recorder.events]
     meta = {"format": DUMP_FORMAT, "order": json.dumps([e.name for e in recorder.events]), **metadata}
-    write_atomically("--dump", path, lambda tmp: write_safetensors(tmp, entries, meta))
+    files.write_output("--dump", path, lambda f: write_safetensors_into(f, entries, meta), force, is_dump, DUMP_KIND)
 
 
 def maker(array: np.ndarray | Tiled) -> Callable[[], np.ndarray | Iterator[np.ndarray]]:

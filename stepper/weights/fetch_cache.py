@@ -9,7 +9,11 @@ fetched, and each cached range is checked against its length and checksum once p
 corrupted one is fetched again). Writing keeps the file's modification time, which is part of
 the identity that readers check the file against.
 
-Folders are bounded by `trim`: least recently used files first, whole files at a time.
+Folders are bounded by `trim`: least recently used files first, whole files at a time. No link
+in the cache folder is followed: one where a cached file, its ledger, the lock or the ledger
+folder belongs is refused in one line (and left); every write goes through `stepper.files`.
+`clear` removes only the cache's own files (those its ledgers name, the small files, the
+ledgers) and the folders left empty, and returns what else it found.
 """
 
 from __future__ import annotations
@@ -19,16 +23,22 @@ import fcntl
 import hashlib
 import json
 import os
-import shutil
+import re
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from stepper import files
 from stepper.errors import StepperError
+from stepper.jsonfile import parse_json
 from stepper.untrusted import shown
+from stepper.weights.checkpoint import INDEX
 from stepper.weights.http_ranges import RangeClient
 
 LEDGERS = ".stepper"
+LOCK = "lock"
+MAX_FILE = 1 << 44  # 16 TiB: no checkpoint file is larger (nor can most file systems hold one)
 MAX_HEADER = 100_000_000  # the safetensors reader's limit
 
 
@@ -70,8 +80,8 @@ class FileSink:
 
     def __init__(self, path: Path, start: int):
         self.path, self.start = path, start
-        self.stat = os.stat(path)
-        self.fd = os.open(path, os.O_WRONLY)
+        self.fd = files.open_for_update(path)
+        self.stat = os.fstat(self.fd)
         self.restart()
 
     def restart(self) -> None:
@@ -111,7 +121,8 @@ class CachedFile:
         """Make the local file hold at least the header: from the ledger if it is sound, else by
         two range reads (the 8-byte length, then the header)."""
         with self._locked():
-            if self._load() and self.path.is_file() and self.path.stat().st_size == self.size:
+            self._refuse_foreign()
+            if self._load() and files.kind(self.path) == "file" and self.path.stat().st_size == self.size:
                 self._ensure_locked([(0, self.header_end())])
                 return
             self._discard()
@@ -120,6 +131,7 @@ class CachedFile:
             if n > MAX_HEADER or 8 + n > self.size:
                 raise StepperError(f"{shown(self.url)}: header length {n} does not fit a file of {self.size} bytes")
             header, _ = self.client.read(self.url, 8, 8 + n)
+            check_size(self.url, self.size, n, header)
             self.etag = self.client.etag(self.url)
             self._create()
             self._write(0, length + header)
@@ -181,10 +193,19 @@ class CachedFile:
 
     # -- the local file and its ledger -----------------------------------------------------------
 
+    def _refuse_foreign(self) -> None:
+        """A link, folder or device where a cached file belongs is not the cache's: never followed."""
+        for path in (self.path, self.ledger_path):
+            found = files.kind(path)
+            if found not in (None, "file"):
+                raise StepperError(f"{shown(path)}: is a {found}, not a file stepper cached; stepper does not follow or "
+                                   "remove it (remove it yourself, or use another --cache-dir)")
+
     def _create(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "wb") as f:
-            f.truncate(self.size)
+        try:
+            files.new_sparse_file(self.path, self.size)
+        except OSError as e:
+            raise StepperError(f"{shown(self.path)}: cannot make the local copy of {self.size} bytes ({e.strerror})") from None
         self.chunks, self.verified = [], set()
 
     def _fetch(self, start: int, end: int) -> None:
@@ -200,8 +221,8 @@ class CachedFile:
 
     def _write(self, start: int, data: bytes) -> None:
         """The bytes written at start, the file's modification time kept (readers check it)."""
-        st = os.stat(self.path)
-        fd = os.open(self.path, os.O_WRONLY)
+        fd = files.open_for_update(self.path)
+        st = os.fstat(fd)
         try:
             os.pwrite(fd, data, start)
         finally:
@@ -236,28 +257,25 @@ class CachedFile:
     def _save(self) -> None:
         record = {"url": self.url, "etag": self.etag, "size": self.size, "used": time.time(),
                   "chunks": [[c.start, c.end, c.sha256] for c in self.chunks]}
-        self.ledger_path.parent.mkdir(parents=True, exist_ok=True)
-        partial = self.ledger_path.with_suffix(".partial")
-        partial.write_text(json.dumps(record), encoding="utf-8")
-        partial.replace(self.ledger_path)
+        files.make_folder(self.ledger_path.parent, within=self.path.parent)
+        files.write_bytes_atomically(self.ledger_path, json.dumps(record))
 
     def _discard(self) -> None:
         for path in (self.path, self.ledger_path):
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+            files.remove_file(path)
         self.chunks, self.verified = [], set()
 
     @contextlib.contextmanager
     def _locked(self):
         """One process at a time fills a folder's files (another stepper may share the cache)."""
-        lock = self.ledger_path.parent / "lock"
-        lock.parent.mkdir(parents=True, exist_ok=True)
-        with open(lock, "a") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
+        lock = self.ledger_path.parent / LOCK
+        files.make_folder(lock.parent, within=self.path.parent)
+        fd = files.open_lock(lock)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # the lock goes with it
 
 
 # -- the cache as a whole --------------------------------------------------------------------------
@@ -273,10 +291,17 @@ class Held:
     used: float
 
 
+def ledgers(root: Path) -> Iterator[Path]:
+    """Every ledger under root (no link followed below it)."""
+    for where, _, names in os.walk(root):
+        if Path(where).name == LEDGERS:
+            yield from (Path(where) / name for name in sorted(names) if name.endswith(".json"))
+
+
 def held(root: Path) -> list[Held]:
     """Every cached file under root, with the bytes its ledger says are present."""
     found = []
-    for ledger in root.glob(f"**/{LEDGERS}/*.json"):
+    for ledger in ledgers(root):
         try:
             raw = json.loads(ledger.read_text(encoding="utf-8"))
             present = sum(int(b) - int(a) for a, b, _ in raw["chunks"])
@@ -296,15 +321,66 @@ def trim(root: Path, max_bytes: int, keep: set[Path]) -> int:
             break
         if h.path in keep:
             continue
-        for path in (h.path, h.ledger):
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-        removed += h.bytes
+        if files.kind(h.path) in (None, "file"):  # a link there is not the cache's: left, its ledger too
+            files.remove_file(h.path)
+            files.remove_file(h.ledger)
+            removed += h.bytes
     return removed
 
 
-def clear(root: Path, folder: Path | None = None) -> None:
-    """Remove the whole cache, or one checkpoint's folder in it."""
-    target = folder or root
-    if target.exists():
-        shutil.rmtree(target)
+TEMPORARY = re.compile(r"\..+\.tmp-\d+-[0-9a-f]{8}")  # stepper.files' temporary names, left by a crash
+
+
+def clear(target: Path, keep_target: bool = False) -> list[Path]:
+    """Remove what stepper cached under target: in each checkpoint folder (one holding a ledger
+    folder) the files its ledgers name, config.json, the index and its absence marker, the ledgers
+    and the lock; then every folder left empty (target too, unless keep_target: the cache folder
+    itself, which the user may have made). Anything else stays, with the folders holding it: those
+    entries are returned."""
+    for where, folders, names in os.walk(target):
+        if LEDGERS in folders and files.kind(Path(where) / LEDGERS) == "folder":
+            clear_checkpoint(Path(where), names)
+    for where, _, _ in sorted(os.walk(target), key=lambda w: -len(Path(w[0]).parts)):
+        if not (keep_target and Path(where) == target):
+            files.remove_empty_folder(Path(where))
+    left = []
+    for where, folders, names in os.walk(target):
+        left += [Path(where) / name for name in names]
+        left += [Path(where) / name for name in folders if files.kind(Path(where) / name) == "link"]
+    return sorted(left)
+
+
+def clear_checkpoint(folder: Path, names: list[str]) -> None:
+    ledger_folder = folder / LEDGERS
+    own = {"config.json", INDEX, f".{INDEX}.absent"}
+    own |= {p.name.removesuffix(".json") for p in ledger_folder.iterdir() if p.name.endswith(".json")}
+    for name in names:
+        if name in own or TEMPORARY.fullmatch(name):
+            remove_own(folder / name)
+    for path in ledger_folder.iterdir():
+        if path.name.endswith(".json") or path.name == LOCK or TEMPORARY.fullmatch(path.name):
+            remove_own(path)
+
+
+def remove_own(path: Path) -> None:
+    """A file of the cache's removed; a link at its place is not the cache's, and stays."""
+    if files.kind(path) == "file":
+        files.remove_file(path)
+
+
+def check_size(url: str, size: int, n: int, header: bytes) -> None:
+    """The file's size as the server gives it (Content-Range), held against what no file is and
+    against the end of the data its header describes: no local copy is made of a size the header
+    does not account for."""
+    if size > MAX_FILE:
+        raise StepperError(f"{shown(url)}: the server gives the file's size as {size} bytes, more than any "
+                           f"checkpoint file ({MAX_FILE} bytes); not fetched")
+    try:
+        raw = parse_json(header.decode("utf-8"), shown(url))
+        ends = [int(v["data_offsets"][1]) for k, v in raw.items() if k != "__metadata__"]
+    except (StepperError, UnicodeDecodeError, AttributeError, KeyError, IndexError, TypeError, ValueError):
+        return  # an unsound header: the checkpoint's checks name what is wrong with it
+    data_end = 8 + n + max(ends, default=0)
+    if size > data_end:
+        raise StepperError(f"{shown(url)}: the server gives the file's size as {size} bytes, but its header's "
+                           f"tensors end at byte {data_end}; not fetched")

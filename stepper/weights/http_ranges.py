@@ -6,7 +6,9 @@ bytes are used: the status, that Content-Range names exactly the range asked for
 body has exactly that length, and that the file's ETag is the one it had at the first read (a
 file replaced on the server between two reads would mix two versions). Connection failures,
 timeouts, 5xx and 429 are retried with a growing pause (429's Retry-After honoured); after the
-last try, one line names the file and the range. The client is `huggingface_hub`'s (httpx2),
+last try, one line names the file and the range. Time is bounded three ways: each wait for bytes
+(the timeout), each answer as a whole (the timeout plus its length at MIN_RATE: a server that
+trickles is cut off), and all of a run's requests together (run_seconds). The client is `huggingface_hub`'s (httpx2),
 which also supplies the Hub's token headers; tokens never appear in a message.
 """
 
@@ -23,7 +25,7 @@ from stepper.untrusted import shown
 
 CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 RETRIED_STATUS = {408, 425, 429, 500, 502, 503, 504}
-CHUNK = 1 << 20
+MIN_RATE = 64_000  # bytes a second: an answer slower than this (after the timeout) is given up
 
 
 class Transient(Exception):
@@ -50,14 +52,16 @@ class RangeClient:
     """Reads whole small files and byte ranges of large ones from URLs."""
 
     def __init__(self, headers: dict[str, str] | None = None, timeout: float = 30.0, tries: int = 5,
-                 pause: float = 0.5, sleep: Callable[[float], None] = time.sleep, transfer: Transfer | None = None):
+                 pause: float = 0.5, sleep: Callable[[float], None] = time.sleep, transfer: Transfer | None = None,
+                 run_seconds: float = float("inf")):
         try:
             import httpx2
         except ImportError:
             raise missing_extra() from None
         self.httpx = httpx2
         self.client = httpx2.Client(timeout=httpx2.Timeout(timeout), follow_redirects=True, headers=headers or {})
-        self.tries, self.pause, self.sleep = tries, pause, sleep
+        self.tries, self.pause, self.sleep, self.timeout = tries, pause, sleep, timeout
+        self.run_seconds, self.run_deadline = run_seconds, time.monotonic() + run_seconds
         self.etags: dict[str, str] = {}  # url -> the ETag of its first answer
         self.transfer = transfer or Transfer()
 
@@ -82,6 +86,9 @@ class RangeClient:
     def _with_retries(self, url: str, what: str, once: Callable):
         began = time.monotonic()
         for attempt in range(self.tries):
+            if time.monotonic() > self.run_deadline:
+                raise StepperError(f"{shown(url)}: {what}: the run's remote reads took over {self.run_seconds:g} s "
+                                   "together; given up")
             try:
                 result = once()
                 self.transfer.seconds += time.monotonic() - began
@@ -90,7 +97,8 @@ class RangeClient:
                 reason, wait = str(e), self.pause * 2**attempt
                 retry_after = getattr(e, "retry_after", None)
                 if attempt + 1 < self.tries:
-                    self.sleep(retry_after if retry_after is not None else wait)
+                    self.sleep(min(retry_after if retry_after is not None else wait,
+                                   max(0.0, self.run_deadline - time.monotonic())))
         raise StepperError(f"{shown(url)}: {what}: {reason} (after {self.tries} tries)")
 
     def _whole_once(self, url: str, limit: int) -> bytes | None:
@@ -102,7 +110,7 @@ class RangeClient:
                 self._check_status(response, 200)
                 self._check_etag(url, response)
                 sink = Collected()
-                self._stream(response, limit, sink, exact=False)
+                self._stream(url, "the whole file", response, limit, sink, exact=False)
         except self.httpx.HTTPError as e:
             raise Transient(describe(e)) from None
         return sink.data()
@@ -115,7 +123,7 @@ class RangeClient:
                 self._check_status(response, 206)
                 total = self._check_content_range(url, response, start, end)
                 self._check_etag(url, response)
-                self._stream(response, end - start, sink)
+                self._stream(url, f"bytes {start}-{end - 1}", response, end - start, sink)
         except self.httpx.HTTPError as e:
             raise Transient(describe(e)) from None
         return total
@@ -152,10 +160,17 @@ class RangeClient:
             raise StepperError(f"{shown(url)}: the file changed on the server between two reads (ETag {shown(first)} "
                                f"then {shown(etag)}); nothing read from it is used")
 
-    def _stream(self, response, length: int, sink: Sink, exact: bool = True) -> None:
-        """The body into the sink: exactly `length` bytes, or (a whole small file) at most that."""
+    def _stream(self, url: str, what: str, response, length: int, sink: Sink, exact: bool = True) -> None:
+        """The body into the sink: exactly `length` bytes, or (a whole small file) at most that;
+        given up once the answer takes longer than its deadline or the run's."""
+        expected = length if exact else min(length, declared_length(response, length))
+        seconds = min(self.timeout + expected / MIN_RATE, max(0.0, self.run_deadline - time.monotonic()))
+        deadline = time.monotonic() + seconds
         size = 0
-        for chunk in response.iter_bytes(CHUNK):
+        for chunk in response.iter_bytes():  # each piece as it arrives: the deadline is checked as they come
+            if time.monotonic() > deadline:
+                raise StepperError(f"{shown(url)}: {what}: the answer took over {seconds:.3g} s ({size} of "
+                                   f"{expected} bytes came); given up")
             size += len(chunk)
             if size > length:
                 if exact:
@@ -189,6 +204,12 @@ class Collected:
 
     def data(self) -> bytes:
         return b"".join(self.chunks)
+
+
+def declared_length(response, default: int) -> int:
+    """The answer's Content-Length, or the default when it gives none (or nonsense)."""
+    value = response.headers.get("Content-Length", "")
+    return int(value) if value.strip().isdigit() else default
 
 
 def retry_after(value: str | None) -> float | None:

@@ -13,6 +13,7 @@ or the login); a Hub revision that is not a commit is resolved to one once and p
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import os
 import re
@@ -20,14 +21,16 @@ from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import numpy as np
 
+from stepper import files
 from stepper.errors import StepperError
 from stepper.jsonfile import read_json
 from stepper.untrusted import shown
 from stepper.weights.checkpoint import INDEX, SCALE, SINGLE, Checkpoint, is_plain_shard_name
-from stepper.weights.fetch_cache import CachedFile, trim
+from stepper.weights.fetch_cache import LEDGERS, CachedFile, trim
 from stepper.weights.http_ranges import RangeClient, Transfer, missing_extra
 from stepper.weights.names import EMBED, global_shapes, layer_shapes
 from stepper.weights.safetensors_reader import SafetensorsFile
@@ -37,6 +40,7 @@ REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 COMMIT = re.compile(r"[0-9a-f]{40}")
 SMALL_FILE = 64 << 20  # config.json and the index: more than this is no such file
 DEFAULT_MAX_GB = 100.0
+RUN_SECONDS = 24 * 3600.0
 
 
 @dataclass
@@ -45,14 +49,15 @@ class Settings:
 
     cache_dir: Path
     max_bytes: int
-    timeout: float = 30.0
+    timeout: float = 30.0  # the longest wait for a connection or for the next bytes of an answer
     pause: float = 0.5  # before the first retry; doubled for each next one
+    run_seconds: float = RUN_SECONDS  # the longest all of a run's requests may take together
     progress: Callable[[str, int], AbstractContextManager[Callable[[int], None]]] | None = None  # (what, bytes) -> advance
 
 
 def default_settings() -> Settings:
-    """STEPPER_CACHE_DIR (else $XDG_CACHE_HOME/stepper/remote, else ~/.cache/stepper/remote) and
-    STEPPER_CACHE_MAX_GB, in GiB (else 100)."""
+    """STEPPER_CACHE_DIR (else $XDG_CACHE_HOME/stepper/remote, else ~/.cache/stepper/remote),
+    STEPPER_CACHE_MAX_GB, in GiB (else 100), STEPPER_REMOTE_TIMEOUT (seconds, else 30)."""
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     folder = Path(os.environ.get("STEPPER_CACHE_DIR") or Path(base) / "stepper" / "remote")
     raw = os.environ.get("STEPPER_CACHE_MAX_GB", "")
@@ -60,7 +65,18 @@ def default_settings() -> Settings:
         max_gb = float(raw) if raw else DEFAULT_MAX_GB
     except ValueError:
         raise StepperError(f"STEPPER_CACHE_MAX_GB must be a number of GiB, got {shown(raw)!r}") from None
-    return Settings(folder, int(max_gb * 2**30))
+    return Settings(folder, int(max_gb * 2**30), timeout=positive_seconds("STEPPER_REMOTE_TIMEOUT", 30.0))
+
+
+def positive_seconds(variable: str, default: float) -> float:
+    raw = os.environ.get(variable, "")
+    try:
+        value = float(raw) if raw else default
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):
+        raise StepperError(f"{variable} must be a number of seconds above 0, got {shown(raw)!r}")
+    return value
 
 
 _chosen: Settings | None = None
@@ -90,14 +106,36 @@ class Origin:
     headers: dict[str, str]
 
 
+_credentials: dict[str, str] = {}  # a URL without its user:password@ -> its Authorization header
+
+
+def without_credentials(model: str) -> str:
+    """A remote URL with its `user:password@` taken out, the credentials kept (in this process
+    only) for the requests to it; anything else unchanged. Credentials are never shown or stored:
+    the URL without them is the one that is shown, and names the cache folder."""
+    if not model.startswith(("https://", "http://")):
+        return model
+    parts = urlsplit(model)
+    if "@" not in parts.netloc:
+        return model
+    userinfo, _, host = parts.netloc.rpartition("@")
+    clean = urlunsplit(parts._replace(netloc=host))
+    user, _, password = userinfo.partition(":")
+    token = base64.b64encode(f"{unquote(user)}:{unquote(password)}".encode()).decode()
+    _credentials[clean if clean.endswith("/") else clean + "/"] = f"Basic {token}"
+    return clean
+
+
 def resolve(model: str, timeout: float) -> Origin:
     """hf://ORG/NAME[@REVISION] through the Hub, or a base URL whose files are BASE/config.json, ..."""
     if model.startswith(HF):
         return hub_origin(model, timeout)
+    model = without_credentials(model)
     base = model if model.endswith("/") else model + "/"
     digest = hashlib.sha256(base.encode()).hexdigest()[:16]
     plain = re.sub(r"[^A-Za-z0-9._-]+", "_", base.split("://", 1)[1]).strip("_")[:80]
-    return Origin(base, f"url/{plain}-{digest}", lambda name: base + name, {})
+    headers = {"Authorization": _credentials[base]} if base in _credentials else {}
+    return Origin(base, f"url/{plain}-{digest}", lambda name: base + name, headers)
 
 
 def hub_origin(model: str, timeout: float) -> Origin:
@@ -134,10 +172,13 @@ def resolve_revision(api, repo: str, revision: str, timeout: float, model: str) 
 def open_remote(model: str, chosen: Settings | None = None) -> RemoteCheckpoint:
     """The remote checkpoint's config, index and shard headers fetched (or found cached), as a checkpoint."""
     chosen = chosen or settings()
+    model = without_credentials(model)
     origin = resolve(model, chosen.timeout)
     transfer = Transfer()
-    client = RangeClient(origin.headers, timeout=chosen.timeout, pause=chosen.pause, transfer=transfer)
+    client = RangeClient(origin.headers, timeout=chosen.timeout, pause=chosen.pause, transfer=transfer,
+                         run_seconds=chosen.run_seconds)
     folder = chosen.cache_dir / origin.key
+    files.make_folder(folder / LEDGERS, within=chosen.cache_dir)
     small_files(folder, origin, client)
     shards = shard_names(folder, origin)
     cached, failures = {}, {}
@@ -153,20 +194,23 @@ def open_remote(model: str, chosen: Settings | None = None) -> RemoteCheckpoint:
 
 def small_files(folder: Path, origin: Origin, client: RangeClient) -> None:
     """config.json and the index (when there is one), fetched whole once."""
-    folder.mkdir(parents=True, exist_ok=True)
+    absent = folder / f".{INDEX}.absent"
     for name, required in (("config.json", True), (INDEX, False)):
         path = folder / name
-        if path.exists() or (name == INDEX and (folder / f".{INDEX}.absent").exists()):
+        for place in (path, absent):
+            found = files.kind(place)
+            if found not in (None, "file"):
+                raise StepperError(f"{shown(place)}: is a {found}, not a file stepper cached; stepper does not follow "
+                                   "or remove it (remove it yourself, or use another --cache-dir)")
+        if files.kind(path) == "file" or (name == INDEX and files.kind(absent) == "file"):
             continue
         data = client.whole(origin.url(name), SMALL_FILE)
         if data is None and required:
             raise StepperError(f"{shown(origin.url(name))}: no such file (404): not a checkpoint")
-        if data is None:
-            (folder / f".{INDEX}.absent").touch()
-            continue
-        partial = path.with_name(path.name + ".partial")
-        partial.write_bytes(data)
-        partial.replace(path)
+        try:
+            files.write_bytes_atomically(absent if data is None else path, data or b"")
+        except OSError as e:
+            raise StepperError(f"{shown(path)}: cannot be written ({e.strerror})") from None
 
 
 def shard_names(folder: Path, origin: Origin) -> list[str]:

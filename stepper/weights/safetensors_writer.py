@@ -11,8 +11,11 @@ import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
+
+from stepper.files import new_file
 
 ITEM_SIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "I64": 8, "I32": 4, "U8": 1}
 
@@ -40,22 +43,27 @@ def header_bytes(entries: list[Entry], metadata: dict[str, str] | None) -> bytes
 
 
 def write_safetensors(path: Path, entries: Iterable[Entry], metadata: dict[str, str] | None = None) -> None:
+    """A new file (one already at `path` is not replaced: stepper.files.new_file)."""
+    with new_file(path) as f:
+        write_safetensors_into(f, entries, metadata)
+
+
+def write_safetensors_into(f: BinaryIO, entries: Iterable[Entry], metadata: dict[str, str] | None = None) -> None:
     entries = list(entries)
     header = header_bytes(entries, metadata)
-    with open(path, "wb") as f:
-        f.write(len(header).to_bytes(8, "little"))
-        f.write(header)
-        for e in entries:
-            made = e.make()
-            if isinstance(made, np.ndarray):
-                array = np.ascontiguousarray(made)
-                if array.shape != e.shape or array.nbytes != e.nbytes:
-                    raise ValueError(f"{e.name}: made {array.shape} ({array.nbytes} bytes), header says {e.shape}")
-                array.tofile(f)  # raw bytes, no copy
-            else:  # the tensor's blocks in C order, one at a time
-                written = sum(write_block(f, block) for block in made)
-                if written != e.nbytes:
-                    raise ValueError(f"{e.name}: made {written} bytes in blocks, header says {e.nbytes}")
+    f.write(len(header).to_bytes(8, "little"))
+    f.write(header)
+    for e in entries:
+        made = e.make()
+        if isinstance(made, np.ndarray):
+            array = np.ascontiguousarray(made)
+            if array.shape != e.shape or array.nbytes != e.nbytes:
+                raise ValueError(f"{e.name}: made {array.shape} ({array.nbytes} bytes), header says {e.shape}")
+            array.tofile(f)  # raw bytes, no copy
+        else:  # the tensor's blocks in C order, one at a time
+            written = sum(write_block(f, block) for block in made)
+            if written != e.nbytes:
+                raise ValueError(f"{e.name}: made {written} bytes in blocks, header says {e.nbytes}")
 
 
 def write_block(f, block: np.ndarray) -> int:

@@ -16,7 +16,6 @@ import dataclasses
 import json
 import os
 import re
-import shutil
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import replace
@@ -25,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from stepper import dtypes, int4
+from stepper import dtypes, files, int4
 from stepper.config import Config, Fp8, Int4Groups, wrapped_hf
 from stepper.errors import StepperError
 from stepper.fp8 import scale_grid
@@ -109,17 +108,16 @@ def synth_checkpoint(source: SyntheticWeights, out: Path, layers: range | None =
     check_replaceable(out, force, not_from_synth, "a checkpoint stepper synth wrote")
     whole = layers is None
     plan = shard_plan(source, range(cfg.num_hidden_layers) if whole else layers, with_globals=whole)
-    partial = out.parent / f".{out.name}.partial-{os.getpid()}"
+    partial = files.temp_folder(out)
     try:
-        partial.mkdir()
         total = sum(e.nbytes for shapes in plan for e in tensor_entries(source, shapes))
         with progress(f"writing {shown(out.name)}", total) as advance:
             _write(source, partial, plan, advance)
-        replace_dir(partial, out)
+        files.replace_folder(partial, out)
     except OSError as e:
         raise StepperError(f"{out}: cannot be written ({e.strerror})") from None
     finally:
-        shutil.rmtree(partial, ignore_errors=True)
+        files.remove_temp_folder(partial)
     return out
 
 
@@ -145,9 +143,9 @@ def _write(source: SyntheticWeights, folder: Path, plan: list[dict[str, tuple[in
         write_safetensors(folder / shard, entries, {"format": "pt"})
         weight_map.update(dict.fromkeys((e.name for e in entries), shard))
         total += sum(e.nbytes for e in entries)
-    (folder / INDEX).write_text(json.dumps(index, indent=2) + "\n")
+    files.write_new(folder / INDEX, json.dumps(index, indent=2) + "\n")
     raw = cfg.to_hf() if cfg.wrapper is None else wrapped_hf(cfg, VISION_CONFIG)
-    (folder / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
+    files.write_new(folder / "config.json", json.dumps(raw, indent=2) + "\n")
 
 
 def counted(entry: Entry, advance: Callable[[int], None]) -> Callable[[], Any]:
@@ -195,9 +193,24 @@ SYNTH_FILES = re.compile(rf"(config\.json|{re.escape(INDEX)}|model-\d{{5}}-of-\d
 
 
 def not_from_synth(folder: Path) -> list[str]:
-    """What a folder holds that `stepper synth` does not write (nothing: the folder is synth's)."""
-    return sorted(entry.name for entry in folder.iterdir()
-                  if entry.is_symlink() or not entry.is_file() or not SYNTH_FILES.fullmatch(entry.name))
+    """What a folder holds that `stepper synth` does not write (nothing: the folder is synth's). Its
+    files are known by their names and by the index, whose metadata says stepper made them."""
+    foreign = sorted(entry.name for entry in folder.iterdir()
+                     if entry.is_symlink() or not entry.is_file() or not SYNTH_FILES.fullmatch(entry.name))
+    if not foreign and any(folder.iterdir()) and not is_synth_index(folder / INDEX):
+        foreign.append(f"{INDEX} (missing, or not written by stepper)")
+    return foreign
+
+
+def is_synth_index(path: Path) -> bool:
+    try:
+        if path.is_symlink() or path.stat().st_size > 1 << 30:
+            return False
+        index = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    metadata = index.get("metadata") if isinstance(index, dict) else None
+    return isinstance(metadata, dict) and "stepper_synthetic_seed" in metadata
 
 
 def check_replaceable(out: Path, force: bool, foreign: Callable[[Path], list[str]], what: str) -> None:
@@ -218,19 +231,3 @@ def check_replaceable(out: Path, force: bool, foreign: Callable[[Path], list[str
     if others:
         listed = ", ".join(f"'{shown(n)}'" for n in others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
         raise StepperError(f"{out}: holds {listed}; --force replaces only {what}, so nothing there was touched")
-
-
-def replace_dir(new: Path, out: Path) -> None:
-    """Move the finished folder into place; an existing one (with --force) goes only after, and
-    nothing of it is left beside the new one."""
-    if not out.exists():
-        os.rename(new, out)
-        return
-    old = out.parent / f".{out.name}.old-{os.getpid()}"
-    os.rename(out, old)
-    try:
-        os.rename(new, out)
-    except OSError:
-        os.rename(old, out)  # put it back
-        raise
-    shutil.rmtree(old, ignore_errors=True)

@@ -311,7 +311,8 @@ def user_files(folder: Path) -> None:
     (["run", "--dump", "weights.safetensors", "--force"],
      ("--dump weights.safetensors: is not a dump stepper wrote; --force replaces only a dump stepper wrote, "
      "so it was not touched")),
-    (["run", "--dump", "weights.safetensors"], "--dump weights.safetensors: file exists; pass --force to overwrite it"),
+    (["run", "--dump", "weights.safetensors"], ("--dump weights.safetensors: file exists; pass --force to overwrite it, "
+                                                "or give another name")),
     (["run", "--dump", "dir.safetensors", "--force"], "--dump dir.safetensors: is a folder; give a file name inside it"),
     (["run", "--dump", "missing/run.safetensors"], "--dump missing/run.safetensors: folder missing does not exist"),
     (["run", "--dump", "/proc/x.safetensors"], "--dump /proc/x.safetensors: cannot write in /proc (No such file or directory)"),
@@ -325,7 +326,8 @@ def user_files(folder: Path) -> None:
     (["step", "--export", "dir.svg", "--force"], "--export dir.svg: is a folder; give a file name inside it"),
     (["step", "--export", "missing/s.txt"], "--export missing/s.txt: folder missing does not exist"),
     (["step", "--export", "/proc/s.txt"], "--export /proc/s.txt: cannot write in /proc (No such file or directory)"),
-    (["step", "--export", "null.txt", "--force"], "--export null.txt: is not a regular file; give a new file name"),
+    (["step", "--export", "null.txt", "--force"],
+     "--export null.txt: is a link; stepper does not write through links, give a new file name"),
     (["step", "--export", "s.pdf"], "--export s.pdf: the file name must end in .html, .svg, .txt"),
 ])
 def test_an_output_place_that_cannot_take_the_file_is_one_line_and_nothing_changes(args, line, tmp_path):
@@ -410,7 +412,7 @@ def test_fixtures_verify_counts_missing_tensors_and_an_unwritable_report_is_one_
                                 "pass --allow-missing to accept that")
     assert stepper("fixtures", "verify", fixture, candidate, "--allow-missing", "--plain").returncode == 0
     line = one_line(stepper("fixtures", "verify", fixture, candidate, "--allow-missing", "--report", "/proc/r.json"))
-    assert line == "stepper: error: --report /proc/r.json: cannot write it (No such file or directory)"
+    assert line == "stepper: error: --report /proc/r.json: cannot write in /proc (No such file or directory)"
 
 
 def test_the_room_under_a_cgroup_limit_counts(tmp_path):

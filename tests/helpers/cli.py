@@ -8,7 +8,9 @@ Like a child process with stdin=DEVNULL, the command sees: its own stdout and st
 terminals: bytes in the locale's encoding), an empty stdin (or the given text) and /dev/null on file descriptor 0 (so Rich never
 takes the width of a terminal the tests were started from), the given working directory and
 environment. An exception the command lets escape is a traceback on stderr and exit code 1, as
-Python reports it, so a test that says "no traceback" still fails on one.
+Python reports it, so a test that says "no traceback" still fails on one. A command that changes a
+file that was in the test's tmp_path, outside stepper's own places, fails the test
+(helpers.untouched.command_guard).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
+from helpers import untouched
 from stepper.cli.main import main
 
 
@@ -30,8 +33,11 @@ def stepper(*args: object, cwd: str | Path | None = None, stdin: str = "",
     """`stepper ARGS` in this process. env: variables set (a value None removes one) for the run."""
     argv = [str(a) for a in args]
     out, err = _pipe(sys.__stdout__, "strict"), _pipe(sys.__stderr__, "backslashreplace")
+    guard = untouched.command_guard(argv, Path(cwd or os.getcwd()), env or {})
     with _process_state(argv, out, err, io.StringIO(stdin), cwd, env or {}):
         code = _exit_code(err)
+    changed = guard.check() if guard else []
+    assert not changed, f"stepper {' '.join(argv)} changed files it was not asked to: {', '.join(changed[:5])}"
     return subprocess.CompletedProcess(["stepper", *argv], code, _read(out), _read(err))
 
 

@@ -4,7 +4,8 @@ It serves `/PATH` from the folder and, as a Hub endpoint, `/{org}/{name}/resolve
 and `/api/models/{org}/{name}/revision/{revision}` (the commit a revision points at). It counts
 the file bytes it sends and the requests, and can be told to misbehave on the next requests: a
 5xx or 429, a dropped connection mid-body, a short body, a wrong Content-Range, a stall, a
-changed ETag. Written from the HTTP range semantics (RFC 9110), independently of stepper's client.
+changed ETag, a body trickled one byte every `trickle_seconds` ("trickle"), a Content-Range
+whose total is 2^60 ("huge-total"). Written from the HTTP range semantics (RFC 9110), independently of stepper's client.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class RangeServer:
         self.headers_seen: list[dict[str, str]] = []  # each request's headers, names in lower case
         self.faults: list[str] = []  # applied one per request, first first
         self.etag_suffix = ""
+        self.trickle_seconds = 0.2
         self.lock = threading.Lock()
         self.server = Quiet(("127.0.0.1", 0), self.handler())
         self.server.daemon_threads = True
@@ -111,7 +113,8 @@ class RangeServer:
                     start, last = int(asked[1]), min(int(asked[2]), len(data) - 1)
                     body, status = data[start : last + 1], 206
                     shown_start = start + 1 if fault == "bad-range" else start
-                    content_range = f"bytes {shown_start}-{last}/{len(data)}"
+                    total = 2**60 if fault == "huge-total" else len(data)
+                    content_range = f"bytes {shown_start}-{last}/{total}"
                 else:
                     body, status, content_range = data, 200, None
                 if fault == "stall":
@@ -124,6 +127,8 @@ class RangeServer:
                 self.end_headers()
                 if fault in ("drop", "short"):
                     body = body[: len(body) // 2]
+                if fault == "trickle":
+                    return self.trickle(body)
                 self.wfile.write(body)
                 with server.lock:
                     server.sent += len(body)
@@ -131,5 +136,17 @@ class RangeServer:
                     self.close_connection = True
                     self.wfile.flush()
                     self.connection.shutdown(2)
+
+            def trickle(self, body: bytes) -> None:
+                """One byte at a time, each after a pause, until the client gives up."""
+                for i in range(len(body)):
+                    time.sleep(server.trickle_seconds)
+                    try:
+                        self.wfile.write(body[i : i + 1])
+                        self.wfile.flush()
+                    except OSError:
+                        return
+                    with server.lock:
+                        server.sent += 1
 
         return Handler

@@ -32,6 +32,7 @@ BELOW_EVERYTHING: dict[str, set[str]] = {
     "regex_subset": {"errors", "untrusted"},
     "dtypes": set(),
     "jsonfile": {"errors"},
+    "files": {"errors", "untrusted"},  # every file stepper writes or removes goes through it
     "untrusted": set(),
     "text": {"errors", "jsonfile", "untrusted"},
 }

@@ -1,0 +1,113 @@
+"""What stepper writes where the user already has something: a `fixtures verify --report` onto an
+existing file, a FIFO or a link; `lesson reset` twice. Nothing of the user's is replaced or lost;
+a refusal is one line, exit 2; --force replaces only what stepper wrote."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from helpers.cli import stepper
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from stepper.lessons.schema import find_lesson
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURE = ROOT / "fixtures" / "tiny-prefill-decode"
+MINE = "my own notes, not a report\n"
+
+
+@pytest.fixture(scope="module")
+def candidate(tmp_path_factory) -> Path:
+    """A port's dump holding the fixture's first tensors (verify with --allow-missing matches)."""
+    with safe_open(FIXTURE / "tensors.safetensors", "np") as f:
+        tensors = {name: f.get_tensor(name) for name in list(f.keys())[:5]}
+    path = tmp_path_factory.mktemp("port") / "port.safetensors"
+    save_file(tensors, str(path))
+    return path
+
+
+def verify(candidate: Path, report: Path, *more: str):
+    return stepper("fixtures", "verify", FIXTURE, candidate, "--allow-missing", "--plain", "--report", report, *more)
+
+
+def refused(out) -> str:
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "Traceback" not in out.stderr, out.stderr
+    return out.stderr.removeprefix("stepper: error: ").strip()
+
+
+def test_a_report_onto_a_users_file_is_refused_with_or_without_force(candidate, tmp_path):
+    report = tmp_path / "report.json"
+    report.write_text(MINE)
+    assert refused(verify(candidate, report)) == (f"--report {report}: file exists; pass --force to overwrite it, "
+                                                  "or give another name")
+    assert refused(verify(candidate, report, "--force")) == (
+        f"--report {report}: is not a report stepper wrote; --force replaces only a report stepper wrote, so it was not touched")
+    assert report.read_text() == MINE and sorted(tmp_path.iterdir()) == [report]
+
+
+def test_a_report_onto_a_fifo_or_a_link_is_refused_and_neither_is_touched(candidate, tmp_path):
+    fifo, link, target = tmp_path / "fifo.json", tmp_path / "link.json", tmp_path / "target.json"
+    os.mkfifo(fifo)
+    target.write_text(MINE)
+    link.symlink_to(target)
+    assert refused(verify(candidate, fifo, "--force")) == f"--report {fifo}: is not a regular file; give a new file name"
+    assert refused(verify(candidate, link, "--force")) == (f"--report {link}: is a link; stepper does not write "
+                                                           "through links, give a new file name")
+    assert fifo.is_fifo() and link.is_symlink() and target.read_text() == MINE
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo.json", "link.json", "target.json"]
+
+
+def test_force_replaces_a_report_stepper_wrote(candidate, tmp_path):
+    report = tmp_path / "report.json"
+    assert verify(candidate, report).returncode == 0
+    first = json.loads(report.read_text())
+    report.write_text(json.dumps({**first, "result": "edited"}))
+    assert verify(candidate, report, "--force").returncode == 0
+    assert json.loads(report.read_text()) == first  # the whole report written again
+    assert sorted(tmp_path.iterdir()) == [report]  # no temporary file left
+
+
+def test_two_lesson_resets_keep_every_backup(tmp_path):
+    lesson = find_lesson("tour")
+    env = {"STEPPER_DATA_DIR": str(tmp_path / "data")}
+    folder = tmp_path / "stepper-lessons"
+    assert stepper("lesson", "start", "tour", cwd=tmp_path, env=env, stdin="q\n").returncode == 0
+    (folder / "tour.py.bak").write_text("a backup the learner made\n")
+    for attempt in ("first attempt\n", "second attempt\n"):
+        (folder / "tour.py").write_text(attempt)
+        out = stepper("lesson", "reset", "tour", "--plain", cwd=tmp_path, env=env)
+        assert out.returncode == 0, out.stderr
+    assert (folder / "tour.py").read_text() == lesson.stub.read_text()
+    assert {p.name: p.read_text() for p in folder.iterdir()} == {
+        "tour.py": lesson.stub.read_text(), "tour.py.bak": "a backup the learner made\n",
+        "tour.py.bak2": "first attempt\n", "tour.py.bak3": "second attempt\n"}
+    assert out.stdout == "stepper-lessons/tour.py is the stub again; your previous file is stepper-lessons/tour.py.bak3\n"
+
+
+def test_a_lesson_file_that_is_a_link_is_not_written_through(tmp_path):
+    env = {"STEPPER_DATA_DIR": str(tmp_path / "data")}
+    folder = tmp_path / "stepper-lessons"
+    folder.mkdir()
+    target = tmp_path / "elsewhere.py"
+    target.write_text(MINE)
+    (folder / "tour.py").symlink_to(target)
+    out = stepper("lesson", "reset", "tour", cwd=tmp_path, env=env)
+    assert "is a link, not an exercise file" in refused(out)
+    assert target.read_text() == MINE and sorted(p.name for p in folder.iterdir()) == ["tour.py"]
+
+
+def test_synth_force_does_not_replace_a_folder_holding_a_users_config(tmp_path):
+    """A config.json alone carries a synth file's name, but no index says stepper wrote it."""
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "config.json").write_text('{"model_type": "kimi_k2"}\n')
+    done = stepper("synth", "--out", out, "--force")
+    assert "--force replaces only a checkpoint stepper synth wrote" in refused(done)
+    assert sorted(p.name for p in out.iterdir()) == ["config.json"]
+    assert (out / "config.json").read_text() == '{"model_type": "kimi_k2"}\n'
+    assert stepper("synth", "--out", tmp_path / "ours").returncode == 0
+    assert stepper("synth", "--out", tmp_path / "ours", "--force", "--seed", "1").returncode == 0
