@@ -122,6 +122,8 @@ def test_keeping_everything_that_would_not_fit_is_refused_naming_keep(monkeypatc
     ({"weights": "w"}, "weights= expects a weight source"),
     ({"model": "no-such-model"}, "unknown model 'no-such-model'"),
     ({"ids": [5000]}, "token id 5000 out of range"),
+    ({"ids": []}, "^ids= is empty: give at least one token id$"),
+    ({"ids": [[]]}, "^ids= is empty: give at least one token id$"),
 ])
 def test_bad_arguments_are_one_sentence_naming_the_argument(kwargs, message):
     with pytest.raises(StepperError, match=message) as e:
@@ -226,6 +228,14 @@ def test_a_patch_function_that_cannot_take_array_and_name_is_refused_naming_it()
         patched = stepper.run("tiny", prompt_len=2, patch={"layers.1.self_attn.k_pe": fn},
                               keep="layers.1.self_attn.k_pe")
         assert np.array_equal(patched["layers.1.self_attn.k_pe"], kept * np.float32(0.5))
+
+
+def test_a_patched_run_says_so_in_its_repr_and_its_patched_rows_as_the_command_line_does():
+    run = stepper.run("tiny", prompt_len=2, patch={"layers.1.mlp.gate.topk_idx": "x[..., 0]=5"})
+    assert repr(run).startswith("<stepper.Run tiny, patched at layers.1.mlp.gate.topk_idx: ")
+    assert repr(run.show("layers.1.mlp.gate.topk_idx")).splitlines()[0].endswith("  int64  patched")
+    assert not repr(run.show("layers.1.mlp.gate.topk_weight")).splitlines()[0].endswith("patched")
+    assert repr(stepper.run("tiny", prompt_len=2, keep="logits")).startswith("<stepper.Run tiny: 3 tensors kept")
 
 
 def test_a_batch_of_prompts_is_refused_and_a_batch_of_one_is_that_prompt():
