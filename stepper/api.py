@@ -72,7 +72,7 @@ def run(model: str | Path = "tiny", *, ids: Sequence[int] | None = None, prompt_
     ids or prompt_len: the prompt (default 7 ids drawn from the seed); start_pos: its first position;
     decode: greedy decode steps (names then start with prefill. / decode{k}.); layer: run that
     layer alone (on `input`, a safetensors file, or the prompt's embeddings); layers: (A, B) or
-    "A:B", the model up to layer B-1 showing A..B-1; attn: naive, absorb or auto (chosen as stepper run chooses; run.spec.attn says which ran); seed: of the
+    "A:B", the model up to layer B-1 showing A..B-1; attn: naive, absorb or auto (as stepper run chooses: run.spec.attn is then "absorb" where it ran absorbed throughout); seed: of the
     synthetic weights and prompt; weight_cache_mb: decoded weights kept between decode steps;
     keep: globs of the tensors to keep, or a function of a name saying whether to keep it
     (default every one); patch: glob -> fn(array, name) (or an
