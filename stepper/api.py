@@ -30,6 +30,7 @@ from __future__ import annotations
 import inspect
 import numbers
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +72,7 @@ def run(model: str | Path = "tiny", *, ids: Sequence[int] | None = None, prompt_
     ids or prompt_len: the prompt (default 7 ids drawn from the seed); start_pos: its first position;
     decode: greedy decode steps (names then start with prefill. / decode{k}.); layer: run that
     layer alone (on `input`, a safetensors file, or the prompt's embeddings); layers: (A, B) or
-    "A:B", the model up to layer B-1 showing A..B-1; attn: naive, absorb or auto; seed: of the
+    "A:B", the model up to layer B-1 showing A..B-1; attn: naive, absorb or auto (as stepper run chooses: run.spec.attn is then "absorb" where it ran absorbed throughout); seed: of the
     synthetic weights and prompt; weight_cache_mb: decoded weights kept between decode steps;
     keep: globs of the tensors to keep, or a function of a name saying whether to keep it
     (default every one); patch: glob -> fn(array, name) (or an
@@ -107,8 +108,7 @@ class Run(Mapping):
 
     def __init__(self, recorded: Recorded):
         self._recorded = recorded
-        self._events = {name: Event(e.name, e.key, read_only(e.array), e.layer, e.phase)
-                        for name, e in recorded.events.items()}
+        self._events = {name: replace(e, array=read_only(e.array)) for name, e in recorded.events.items()}
 
     @property
     def names(self) -> list[str]:
@@ -195,7 +195,8 @@ class Run(Mapping):
         return notebook.picture(kind, event, self.config, self.__getitem__)
 
     def __repr__(self) -> str:
-        return (f"<stepper.Run {self.config.name}: {len(self)} tensors kept of {len(self._recorded.names)}, "
+        patched = ", ".join(shown(glob) for glob in self._recorded.patched)
+        return (f"<stepper.Run {self.config.name}{f', patched at {patched}' if patched else ''}: {len(self)} tensors kept of {len(self._recorded.names)}, "
                 f"prompt {list(self.prompt)}, generated {list(self.generated)}>")
 
     def _repr_html_(self) -> str:
@@ -301,6 +302,8 @@ def _ids(ids: Any, prompt_len: Any) -> tuple[int, ...] | None:
                            f"({_short(ids)}): a run is one sequence (B=1), so run each prompt on its own")
     if prompt is None or not all(isinstance(i, numbers.Integral) and not isinstance(i, bool) for i in prompt):
         raise StepperError(f"ids= expects a list of token ids (integers), got {_short(ids)}")
+    if not prompt:
+        raise StepperError("ids= is empty: give at least one token id")
     return tuple(int(i) for i in prompt)
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stepper.cli.memory import available_bytes, check_fits, needs
+from stepper.cli.memory import available_bytes, check_fits, choose_attn, needs
 from stepper.cli.names import check_patterns, planned_names
 from stepper.errors import StepperError
 from stepper.lessons import overrides
@@ -65,12 +65,13 @@ def record(spec: RunSpec, keep: Sequence[str] | Callable[[str], bool] | None = N
     every one), with `patches` applied (each must match a name of the run) and the `use` files'
     exercises swapped in; `weights`: in place of the spec's model (the same config, e.g. some
     tensors changed)."""
-    plan = prepare(spec, weights)
+    lower = f"{wording.keep} (fewer tensors)"
+    plan, _ = choose_attn(prepare(spec, weights), lambda p: needs(p, [n for n in planned_names(p) if wanted(keep, n)], lower),
+                          available_bytes())  # attn auto as the command line chooses it
     names = planned_names(plan)
     keeps = kept_by(wording.keep, keep, names)
     check_patterns(wording.patch, [pattern for pattern, _ in patches], names)
     kept = [n for n in names if keeps(n)]
-    lower = f"{wording.keep} (fewer tensors)"
     check_fits([replace(n, lower=wording.options.get(n.lower, n.lower)) for n in needs(plan, kept, lower)],
                available_bytes())
     patcher, listed, keeper = Patcher(patches, plan.config.n_routed_experts), Names(), Keeper()
@@ -80,18 +81,20 @@ def record(spec: RunSpec, keep: Sequence[str] | Callable[[str], bool] | None = N
     return Recorded(plan, result, keeper.events, listed.names, patcher.applied)
 
 
+def wanted(keep: Sequence[str] | Callable[[str], bool] | None, name: str) -> bool:
+    """Whether `keep` keeps a name (unchecked: for an estimate before the names are final)."""
+    return keep is None or bool(keep(name) if callable(keep) else matches(name, keep))
+
+
 def kept_by(option: str, keep: Sequence[str] | Callable[[str], bool] | None, names: list[str]) -> Callable[[str], bool]:
     """Whether a name is kept: every one (None), those a glob matches, or those the function says
     (one that keeps none of the run's names is refused, as a glob that matches none is)."""
-    if keep is None:
-        return lambda name: True
-    if callable(keep):
-        if not any(keep(name) for name in names):
-            raise StepperError(f"{option} {getattr(keep, '__qualname__', type(keep).__name__)}: keeps no tensor of "
-                               f"this run (it is given full names, e.g. {names[-1]})")
-        return lambda name: bool(keep(name))
-    check_patterns(option, keep, names)
-    return lambda name: matches(name, keep)
+    if callable(keep) and not any(keep(name) for name in names):
+        raise StepperError(f"{option} {getattr(keep, '__qualname__', type(keep).__name__)}: keeps no tensor of "
+                           f"this run (it is given full names, e.g. {names[-1]})")
+    if keep is not None and not callable(keep):
+        check_patterns(option, keep, names)
+    return lambda name: wanted(keep, name)
 
 
 def tensors(recorded: Recorded) -> dict[str, np.ndarray]:

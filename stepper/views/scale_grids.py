@@ -2,8 +2,9 @@
 
 A layer's attention weights (q_a_proj .. o_proj, the indexer's) are drawn at its first shown
 attention tensor (`self_attn.*`); its MLP's at its first shown MLP tensor (`mlp.*`, `mlp_output`):
-a dense layer's gate, up and down projections, or a MoE layer's routed experts, then its shared
-experts. Of the routed experts only those the tokens chose, as the router's topk_idx says, and
+a dense layer's gate, up and down projections, or a MoE layer's shared experts; a MoE layer's
+routed experts at its first shown MLP tensor once the router has chosen (at or after topk_idx).
+Of the routed experts only those the tokens chose, as the router's topk_idx says, and
 of those only the EXPERT_GRIDS chosen by the most tokens (a line names how many were chosen):
 Kimi K2 has 384 of them, three weights each. A weight's grid is drawn once per run (the weights
 are the same at every step), the chosen experts' once per layer and step (each step chooses anew).

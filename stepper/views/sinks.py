@@ -218,6 +218,7 @@ class JsonLines:
             "stats": {k: finite_or_none(v) for k, v in st.as_dict().items()},
             "histogram": {"counts": counts, "min": finite_or_none(lo), "max": finite_or_none(hi)},
             "corners": {"first": [finite_or_none(v) for v in first], "last": [finite_or_none(v) for v in last]},
+            **({"patched": True} if event.patched else {}),  # a --patch replaced it (unpatched rows as before)
         }
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers.cli import stepper
+from helpers.cli import one_line, stepper
 from helpers.malformed import read_shard, write_shard
 
 from stepper.presets import preset
@@ -15,13 +15,6 @@ from stepper.weights.synth import requantized, synth_checkpoint
 from stepper.weights.synthetic import SyntheticWeights
 
 EXPERT = "model.layers.1.mlp.experts.3.up_proj.weight"
-
-
-def one_line(out, code: int = 2) -> str:
-    assert out.returncode == code, out.stdout[-2000:] + out.stderr
-    lines = out.stderr.splitlines()
-    assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
-    return lines[0]
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers.cli import stepper
+from helpers.cli import one_line, stepper
 
 from stepper import text
 from stepper.presets import preset
@@ -28,13 +28,6 @@ WORDS = {
 }
 FIXED = {"strategy": {"Fixed": 10**8}, "direction": "Right", "pad_to_multiple_of": None, "pad_id": 0,
          "pad_type_id": 0, "pad_token": "a"}
-
-
-def one_line(out, code: int = 2) -> str:
-    assert out.returncode == code, out.stdout[-2000:] + out.stderr
-    lines = out.stderr.splitlines()
-    assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
-    return lines[0]
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers.cli import stepper
+from helpers.cli import one_line, stepper
 from safetensors.numpy import save_file
 
 from stepper import jsonfile
@@ -20,13 +20,6 @@ FIXTURE = ROOT / "fixtures" / "tiny-prefill-decode"
 DEEP_ARRAY = "[" * 100_000 + "]" * 100_000
 DEEP_OBJECT = '{"a": ' * 100_000 + "1" + "}" * 100_000
 NESTED = f"JSON nested too deeply (more than {jsonfile.MAX_DEPTH} arrays or objects inside one another)"
-
-
-def one_line(out, code: int = 2) -> str:
-    assert out.returncode == code, out.stdout[-2000:] + out.stderr
-    lines = out.stderr.splitlines()
-    assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
-    return lines[0]
 
 
 @pytest.mark.parametrize("text, depth", [

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import typer
+from helpers.cli import one_line
 from helpers.cli import stepper as in_this_process
 from safetensors import safe_open
 from safetensors.numpy import save_file
@@ -41,14 +42,6 @@ def stepper(*args, cwd=None, umask=None, stdin=subprocess.DEVNULL, process=False
     return subprocess.run([*COMMAND, *map(str, args)], check=False, capture_output=True, text=True, cwd=cwd, env=ENV,
                           stdin=stdin,
                           timeout=120, preexec_fn=None if umask is None else (lambda: os.umask(umask)))
-
-
-def one_line(out: subprocess.CompletedProcess, code: int = 2) -> str:
-    """The one line a failure writes on stderr (after checking the exit code and that it is alone)."""
-    assert out.returncode == code, out.stdout[-2000:] + out.stderr
-    lines = out.stderr.splitlines()
-    assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
-    return lines[0]
 
 
 def snapshot(folder: Path) -> dict[str, bytes | None]:

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 import tomllib
-from helpers.cli import stepper
+from helpers.cli import ends_well, stepper
+from helpers.malformed import paths_of
 from helpers.tokenizer_files import write_tiktoken_model, write_tokenizer_json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -32,26 +33,6 @@ leaf = st.one_of(st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=
                                   "{layers.9.output}", "number", "choice", "layers.0.output", "p layers.0.output"]))
 value = st.recursive(leaf, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
                      max_leaves=6)
-
-
-def ends_well(out) -> None:
-    """Exit 0 or 1, or 2 with one line; never a traceback."""
-    assert "Traceback" not in out.stderr and "Traceback" not in out.stdout, out.stderr[-3000:]
-    assert out.returncode in (0, 1, 2), out.stderr[-3000:]
-    if out.returncode == 2:
-        assert len(out.stderr.splitlines()) == 1, out.stderr
-
-
-def paths_of(tree, prefix=()) -> list[tuple]:
-    """Every path to a value inside a parsed file (lists: their first two items)."""
-    found = [prefix] if prefix else []
-    if isinstance(tree, dict):
-        for key, inner in tree.items():
-            found += paths_of(inner, (*prefix, key))
-    elif isinstance(tree, list):
-        for i, inner in enumerate(tree[:2]):
-            found += paths_of(inner, (*prefix, i))
-    return found
 
 
 def changed(tree, changes) -> dict:

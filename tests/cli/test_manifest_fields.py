@@ -8,7 +8,8 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers.cli import stepper
+from helpers.cli import ends_well, stepper
+from helpers.malformed import paths_of
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -21,14 +22,6 @@ SETTINGS = settings(max_examples=40, derandomize=True, deadline=None, database=N
 
 def verify(folder: Path, *more: str):
     return stepper("fixtures", "verify", str(folder), str(FIXTURE / "tensors.safetensors"), "--plain", *more)
-
-
-def ends_well(out) -> None:
-    """Exit 0 or 1 with a verdict, or 2 with one line; never a traceback."""
-    assert "Traceback" not in out.stderr and "Traceback" not in out.stdout, out.stderr
-    assert out.returncode in (0, 1, 2), out.stderr
-    if out.returncode == 2:
-        assert len(out.stderr.splitlines()) == 1, out.stderr
 
 
 def fixture_with(folder: Path, manifest: dict) -> Path:
@@ -98,18 +91,6 @@ json_leaf = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.f
                       st.text(max_size=12), st.sampled_from([0, -1, 1, 2**63, 1e308, "", "\x1b[2J", "model", "exact"]))
 json_value = st.recursive(json_leaf, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
                           max_leaves=6)
-
-
-def paths_of(value, prefix=()) -> list[tuple]:
-    """Every path to a value inside a manifest (the tensors: the first two entries only)."""
-    found = [prefix] if prefix else []
-    if isinstance(value, dict):
-        for key, inner in value.items():
-            found += paths_of(inner, (*prefix, key))
-    elif isinstance(value, list):
-        for i, inner in enumerate(value[:2]):
-            found += paths_of(inner, (*prefix, i))
-    return found
 
 
 PATHS = [p for p in paths_of(SOUND) if p[0] != "config" or len(p) == 1]  # config fields: the config reader's fuzzing

@@ -1,6 +1,7 @@
 """`--patch NAME=EXPR` in run and step, and the debugger's `set`: the run continues from the changed tensor."""
 
 import io
+import json
 import subprocess
 
 import numpy as np
@@ -99,3 +100,12 @@ def test_a_patched_run_says_so_in_its_header_and_on_the_patched_rows():
     assert "patched" not in cli("run", "--plain", "--only", "*gate.topk_idx").stdout
     stepped = cli("step", "--plain", "--patch", "layers.1.mlp.gate.topk_idx=x[..., 0]=5", stdin="q\n")
     assert stepped.stdout.splitlines()[2] == lines[2]
+
+
+def test_json_rows_say_which_tensors_a_patch_replaced():
+    out = cli("run", "--json", "--patch", "layers.1.mlp.gate.topk_idx=x[..., 0]=5", "--only", "*gate.topk_idx")
+    assert out.returncode == 0, out.stderr
+    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [(r["name"], r.get("patched")) for r in rows] == [("layers.1.mlp.gate.topk_idx", True),
+                                                           ("layers.2.mlp.gate.topk_idx", None)]
+    assert rows[0]["corners"]["first"][0] == 5

@@ -41,6 +41,22 @@ def stepper(*args: object, cwd: str | Path | None = None, stdin: str = "",
     return subprocess.CompletedProcess(["stepper", *argv], code, _read(out), _read(err))
 
 
+def one_line(out: subprocess.CompletedProcess, code: int = 2) -> str:
+    """The one line a failure writes on stderr (after checking the exit code and that it is alone)."""
+    assert out.returncode == code, out.stdout[-2000:] + out.stderr
+    lines = out.stderr.splitlines()
+    assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
+    return lines[0]
+
+
+def ends_well(out: subprocess.CompletedProcess) -> None:
+    """Exit 0 or 1 with a verdict, or 2 with one line; never a traceback."""
+    assert "Traceback" not in out.stderr and "Traceback" not in out.stdout, out.stderr[-3000:]
+    assert out.returncode in (0, 1, 2), out.stderr[-3000:]
+    if out.returncode == 2:
+        assert len(out.stderr.splitlines()) == 1, out.stderr
+
+
 def _pipe(like, errors: str) -> io.TextIOWrapper:
     """A stream writing bytes as the interpreter's own stdout or stderr would into a pipe (the
     locale's encoding and error handler: a raw byte from a file name goes out raw)."""

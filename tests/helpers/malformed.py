@@ -602,3 +602,16 @@ def _fixture_cases() -> list[FixtureCase]:
 
 
 FIXTURE_CASES = _fixture_cases()
+
+
+def paths_of(tree, prefix=()) -> list[tuple]:
+    """Every path to a value inside a parsed file (lists: their first two items): the places a
+    fuzzer changes one at a time."""
+    found = [prefix] if prefix else []
+    if isinstance(tree, dict):
+        for key, inner in tree.items():
+            found += paths_of(inner, (*prefix, key))
+    elif isinstance(tree, list):
+        for i, inner in enumerate(tree[:2]):
+            found += paths_of(inner, (*prefix, i))
+    return found

@@ -122,6 +122,8 @@ def test_keeping_everything_that_would_not_fit_is_refused_naming_keep(monkeypatc
     ({"weights": "w"}, "weights= expects a weight source"),
     ({"model": "no-such-model"}, "unknown model 'no-such-model'"),
     ({"ids": [5000]}, "token id 5000 out of range"),
+    ({"ids": []}, "^ids= is empty: give at least one token id$"),
+    ({"ids": [[]]}, "^ids= is empty: give at least one token id$"),
 ])
 def test_bad_arguments_are_one_sentence_naming_the_argument(kwargs, message):
     with pytest.raises(StepperError, match=message) as e:
@@ -193,6 +195,26 @@ def test_a_lone_layer_starts_after_a_synthetic_cache():
     assert np.all(weights[0, :, 0, 5001:] == 0)  # the first new position sees nothing after itself
 
 
+def test_auto_chooses_the_path_the_command_line_chooses():
+    """attn="auto" as `stepper run --attn auto` decides: absorbed throughout for a prefill over a
+    longer synthetic cache, and where the naive estimate is over half the memory available."""
+    long = {"layer": 1, "cache_len": 50, "prompt_len": 2, "keep": "*attn_weights"}
+    run = stepper.run("tiny", **long)
+    assert run.spec.attn == "absorb"
+    assert stepper.diff(run, stepper.run("tiny", **{**long, "attn": "absorb"})).count("same") == len(run) == 1
+    cli = helpers.cli.stepper("run", "--plain", "--layer", "1", "--cache-len", "50", "--prompt-len", "2", "--only", "*attn_weights")
+    assert "--attn auto: absorbed throughout" in cli.stdout
+    assert stepper.run("tiny", prompt_len=2, keep="logits").spec.attn == "auto"  # naive prefill: it fits
+
+
+def test_auto_is_absorbed_where_the_naive_estimate_is_over_half_the_memory(monkeypatch):
+    from stepper.cli import record
+
+    monkeypatch.setattr(record, "available_bytes", lambda: 2 * 2**20)  # the naive run needs about 1 MiB
+    assert stepper.run("tiny", keep="logits").spec.attn == "absorb"
+    assert stepper.run("tiny", keep="logits", attn="naive").spec.attn == "naive"
+
+
 def test_dir_lists_the_api_for_completion_without_loading_it():
     code = "import sys, stepper; print(*(n for n in dir(stepper) if not n.startswith('_')), 'stepper.api' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
@@ -226,6 +248,14 @@ def test_a_patch_function_that_cannot_take_array_and_name_is_refused_naming_it()
         patched = stepper.run("tiny", prompt_len=2, patch={"layers.1.self_attn.k_pe": fn},
                               keep="layers.1.self_attn.k_pe")
         assert np.array_equal(patched["layers.1.self_attn.k_pe"], kept * np.float32(0.5))
+
+
+def test_a_patched_run_says_so_in_its_repr_and_its_patched_rows_as_the_command_line_does():
+    run = stepper.run("tiny", prompt_len=2, patch={"layers.1.mlp.gate.topk_idx": "x[..., 0]=5"})
+    assert repr(run).startswith("<stepper.Run tiny, patched at layers.1.mlp.gate.topk_idx: ")
+    assert repr(run.show("layers.1.mlp.gate.topk_idx")).splitlines()[0].endswith("  int64  patched")
+    assert not repr(run.show("layers.1.mlp.gate.topk_weight")).splitlines()[0].endswith("patched")
+    assert repr(stepper.run("tiny", prompt_len=2, keep="logits")).startswith("<stepper.Run tiny: 3 tensors kept")
 
 
 def test_a_batch_of_prompts_is_refused_and_a_batch_of_one_is_that_prompt():
