@@ -23,12 +23,15 @@ from __future__ import annotations
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
 from stepper.kernels import parallel
+from stepper.tiled import Tiled
+from stepper.trace import Emitter
 
 TILE_SCORES = 1 << 20  # scores of one tile: [B, H, T, S] cut to its heads, queries and keys (4 MB in float32)
 KEY_TILE = 512  # keys per tile, before a short query tile widens it
@@ -172,6 +175,20 @@ def tiles(batch: int, heads: int, new: int, attended: int) -> tuple[int, int, in
         group = max(1, -(-heads // parallel.cores()))
     key_tile = min(attended, max(key_tile, TILE_SCORES // (batch * group * per_head)))
     return group, per_head, key_tile
+
+
+def held_or_tiled(ops: Operands, held: Callable[[], np.ndarray], emit: Emitter, show: Callable) -> np.ndarray:
+    """The attention of `ops`: `held()`, the model's lines on whole arrays, while its scores
+    [B, H, T, S] are few enough to hold (whole_fits); else over tiles (`attend`), never holding
+    them: a listening `emit` gets them and the weights through `show(scores, weights_of, emit)`
+    as `Tiled` tensors, made a tile at a time when a sink looks.
+    -> [B, H, T, v_head] ([B, H, T, kv_lora] absorbed)"""
+    if whole_fits(*ops.shape):
+        return held()
+    out, lse = attend(ops)  # the output, and each row's log-sum-exp [B, H, T]
+    if emit.listening:
+        show(Tiled(ops.shape, ops.rows), lambda _: Tiled(ops.shape, partial(ops.weights, lse)), emit)
+    return out
 
 
 def attend(ops: Operands) -> tuple[np.ndarray, np.ndarray]:

@@ -57,7 +57,7 @@ def grouped_experts(tokens: np.ndarray, routing: Routing, w: LayerWeights, emit:
     for done, e in enumerate(chosen):
         emit.progress(f"layer {w.layer} experts", done, len(chosen))
         rows, ranks = np.nonzero(routing.topk_idx == e)  # the tokens that chose e (each at most once)
-        weights = routing.topk_weight[rows, ranks]  # [n], the expert's weight for each of its tokens
+        weights = routing.topk_weight[rows, ranks]  # the expert's weight for each of its tokens
         # swiglu(tokens[rows], ...) * weights[:, None], each row weighed before down instead
         out[rows] += activations.swiglu(tokens[rows], *expert_matrices(w, f"mlp.experts.{e}."), weights)
     emit.progress(f"layer {w.layer} experts", len(chosen), len(chosen))

@@ -31,7 +31,7 @@ def lm_head(hidden: np.ndarray, weights: WeightSource, rows: int = HEAD_ROWS) ->
     """linear(hidden, lm_head): [B, T, d] -> logits [B, T, V], lm_head read a block of `rows`
     vocabulary rows at a time, so all of it (for Kimi K2 163840 x 7168, 4.7 GB in float32) never
     exists at once."""
-    blocks = (block.matrix(LM_HEAD) for block in weights.row_blocks(LM_HEAD, rows))  # [rows, d] each
+    blocks = (block.matrix(LM_HEAD) for block in weights.row_blocks(LM_HEAD, rows))  # the next `rows` rows of lm_head [V, d]
     return linear_in_row_blocks(hidden, blocks, weights.config.vocab_size)
 
 
