@@ -1,9 +1,10 @@
 """How attention runs fast and in bounded memory: over tiles of queries and keys with an online
 softmax, and every head's rows in one product where the heads share their keys.
 
-The math is model.attention's whole-matrix lines; these kernels compute the same, tested equal to
-them to float32 round-off (tests/unit/test_attention_kernels.py), without ever holding the
-[B, H, T, S] scores: memory is the inputs, the output and one tile per core.
+The math is model.attention's whole-matrix lines (`held`); these kernels compute the same, tested
+equal to them to float32 round-off (tests/unit/test_attention_kernels.py), without ever holding
+the [B, H, T, S] scores: memory is the inputs, the output and one tile per core. Which of the two
+runs is chosen here too (`held_or_tiled`): the whole lines while the scores fit in WHOLE_SCORES.
 
 An attention is a set of `Operands`: scores = scale * sum_i queries[i] @ keys[i]^T, then the causal
 mask (the T new positions are the last T of S), an optional extra mask, softmax over the keys, and
@@ -50,16 +51,17 @@ def shared_matmul(x: np.ndarray, shared: np.ndarray) -> np.ndarray:
 
 
 def times(x: np.ndarray, keys: np.ndarray, heads: slice) -> np.ndarray:
-    """A tile's queries x times keys (per head, or one for all heads) transposed: [B, H, T, qk_head]
-    times [B, H, S, qk_head] -> [B, H, T, S], each cut to the tile's heads, queries and keys."""
+    """Queries x times keys (per head, or one for all heads) transposed: [B, H, T, qk_head] times
+    [B, H, S, qk_head] -> [B, H, T, S], each cut to a tile's heads, queries and keys (or whole,
+    heads slice(None): model.attention.held)."""
     if keys.shape[1] == 1:
         return shared_matmul(x, keys[:, 0].swapaxes(-1, -2))
     return np.matmul(x, keys[:, heads].swapaxes(-1, -2))
 
 
 def weighted(p: np.ndarray, values: np.ndarray, heads: slice) -> np.ndarray:
-    """A tile's weights p times values (per head, or one for all heads): [B, H, T, S] times
-    [B, H, S, v_head] -> [B, H, T, v_head], each cut to the tile's heads, queries and keys."""
+    """Weights p times values (per head, or one for all heads): [B, H, T, S] times
+    [B, H, S, v_head] -> [B, H, T, v_head], each cut to a tile's heads, queries and keys (or whole)."""
     if values.shape[1] == 1:
         return shared_matmul(p, values[:, 0])
     return np.matmul(p, values[:, heads])
