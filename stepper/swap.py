@@ -3,7 +3,8 @@
 A function a lesson asks the learner to write is marked `@exercise` where it is defined. Code
 imports and calls it as any other function; the call runs whatever `swapped` has put under that
 name, stepper's own function otherwise. So nothing lists where the function is used, and moving
-a call site cannot break `--use` or `lesson check`.
+a call site cannot break `--use` or `lesson check`. Marking registers nothing: the exercises are
+listed by object in stepper.lessons.exercises, which checks the names swapped in.
 
 A fast path that computes what an exercise computes without calling it (the tiled FP8 product
 decodes with its own bit trick instead of calling `fp8.decode`) says so with `@bypasses`, naming
@@ -17,14 +18,12 @@ import functools
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 
-REFERENCES: dict[str, Callable] = {}  # exercise name -> stepper's own function (filled as modules import)
 _in_use: dict[str, Callable] = {}  # exercise name -> the function swapped in for it
 
 
 def exercise(func: Callable) -> Callable:
     """Mark func as one a learner may replace: calls go to the replacement while one is swapped in."""
     name = func.__name__
-    REFERENCES[name] = func
 
     @functools.wraps(func)
     def call(*args, **kwargs):
@@ -61,10 +60,8 @@ def exercise_name(func: Callable) -> str:
 
 @contextmanager
 def swapped(replacements: Mapping[str, Callable]) -> Iterator[None]:
-    """Inside the block, each replacement runs wherever its exercise is called; restored on exit."""
-    unknown = sorted(set(replacements) - set(REFERENCES))
-    if unknown:
-        raise KeyError(unknown[0])
+    """Inside the block, each replacement runs wherever the exercise of that name is called;
+    restored on exit. The caller checks the names (stepper.lessons.overrides.patched)."""
     saved = dict(_in_use)
     _in_use.update(replacements)
     try:

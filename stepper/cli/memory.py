@@ -175,7 +175,7 @@ def needs(plan: Plan, kept: list[str], kept_lower: str) -> list[Need]:
 
 def scores_need(heads: int, t: int, s: int) -> Need:
     """The attention scores of the longest step: whole arrays where small, else one tile per core
-    (the scores, their exponentials and the running sums; model.attention.in_tiles)."""
+    (the scores, their exponentials and the running sums; kernels.attention.held_or_tiled)."""
     if attention.whole_fits(1, heads, t, s):
         return Need(f"attention scores [1, {heads}, {t}, {s}] float32", SCORE_ARRAYS * heads * t * s * FLOAT32 + 2 * t * s,
                     "--prompt-len")

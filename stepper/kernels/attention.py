@@ -1,9 +1,10 @@
 """How attention runs fast and in bounded memory: over tiles of queries and keys with an online
 softmax, and every head's rows in one product where the heads share their keys.
 
-The math is model.attention's whole-matrix lines; these kernels compute the same, tested equal to
-them to float32 round-off (tests/unit/test_attention_kernels.py), without ever holding the
-[B, H, T, S] scores: memory is the inputs, the output and one tile per core.
+The math is model.attention's whole-matrix lines (`held`); these kernels compute the same, tested
+equal to them to float32 round-off (tests/unit/test_attention_kernels.py), without ever holding
+the [B, H, T, S] scores: memory is the inputs, the output and one tile per core. Which of the two
+runs is chosen here too (`held_or_tiled`): the whole lines while the scores fit in WHOLE_SCORES.
 
 An attention is a set of `Operands`: scores = scale * sum_i queries[i] @ keys[i]^T, then the causal
 mask (the T new positions are the last T of S), an optional extra mask, softmax over the keys, and
@@ -23,12 +24,15 @@ from __future__ import annotations
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
 from stepper.kernels import parallel
+from stepper.tiled import Tiled
+from stepper.trace import Emitter
 
 TILE_SCORES = 1 << 20  # scores of one tile: [B, H, T, S] cut to its heads, queries and keys (4 MB in float32)
 KEY_TILE = 512  # keys per tile, before a short query tile widens it
@@ -47,16 +51,17 @@ def shared_matmul(x: np.ndarray, shared: np.ndarray) -> np.ndarray:
 
 
 def times(x: np.ndarray, keys: np.ndarray, heads: slice) -> np.ndarray:
-    """A tile's queries x times keys (per head, or one for all heads) transposed: [B, H, T, qk_head]
-    times [B, H, S, qk_head] -> [B, H, T, S], each cut to the tile's heads, queries and keys."""
+    """Queries x times keys (per head, or one for all heads) transposed: [B, H, T, qk_head] times
+    [B, H, S, qk_head] -> [B, H, T, S], each cut to a tile's heads, queries and keys (or whole,
+    heads slice(None): model.attention.held)."""
     if keys.shape[1] == 1:
         return shared_matmul(x, keys[:, 0].swapaxes(-1, -2))
     return np.matmul(x, keys[:, heads].swapaxes(-1, -2))
 
 
 def weighted(p: np.ndarray, values: np.ndarray, heads: slice) -> np.ndarray:
-    """A tile's weights p times values (per head, or one for all heads): [B, H, T, S] times
-    [B, H, S, v_head] -> [B, H, T, v_head], each cut to the tile's heads, queries and keys."""
+    """Weights p times values (per head, or one for all heads): [B, H, T, S] times
+    [B, H, S, v_head] -> [B, H, T, v_head], each cut to a tile's heads, queries and keys (or whole)."""
     if values.shape[1] == 1:
         return shared_matmul(p, values[:, 0])
     return np.matmul(p, values[:, heads])
@@ -172,6 +177,20 @@ def tiles(batch: int, heads: int, new: int, attended: int) -> tuple[int, int, in
         group = max(1, -(-heads // parallel.cores()))
     key_tile = min(attended, max(key_tile, TILE_SCORES // (batch * group * per_head)))
     return group, per_head, key_tile
+
+
+def held_or_tiled(ops: Operands, held: Callable[[], np.ndarray], emit: Emitter, show: Callable) -> np.ndarray:
+    """The attention of `ops`: `held()`, the model's lines on whole arrays, while its scores
+    [B, H, T, S] are few enough to hold (whole_fits); else over tiles (`attend`), never holding
+    them: a listening `emit` gets them and the weights through `show(scores, weights_of, emit)`
+    as `Tiled` tensors, made a tile at a time when a sink looks.
+    -> [B, H, T, v_head] ([B, H, T, kv_lora] absorbed)"""
+    if whole_fits(*ops.shape):
+        return held()
+    out, lse = attend(ops)  # the output, and each row's log-sum-exp [B, H, T]
+    if emit.listening:
+        show(Tiled(ops.shape, ops.rows), lambda _: Tiled(ops.shape, partial(ops.weights, lse)), emit)
+    return out
 
 
 def attend(ops: Operands) -> tuple[np.ndarray, np.ndarray]:

@@ -6,6 +6,8 @@ product, never held whole in float32.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 
 from stepper.kernels import parallel
@@ -34,6 +36,19 @@ def linear(x: np.ndarray, weight: np.ndarray | Fp8Matrix | Int4Matrix | Bf16Matr
     if weight.size < SPLIT_WEIGHTS:
         return np.matmul(x, weight.T)
     return linear_by_rows(x, weight)
+
+
+def linear_in_row_blocks(x: np.ndarray, blocks: Iterable, out_dim: int) -> np.ndarray:
+    """x @ W^T with W [out_dim, in] given as consecutive blocks of its rows, each multiplied (and
+    let go) before the next is asked for: np.concatenate([linear(x, b) for b in blocks], -1)
+    written into one array, so all of W never exists at once.  [..., in] -> [..., out_dim]"""
+    out = np.empty((*x.shape[:-1], out_dim), dtype=np.float32)
+    start = 0
+    for block in blocks:  # the next rows of W [rows, in]
+        stop = start + block.shape[0]
+        out[..., start:stop] = linear(x, block)
+        start = stop
+    return out
 
 
 def linears(x: np.ndarray, weights: tuple) -> list[np.ndarray]:

@@ -1,7 +1,7 @@
 """`--use FILE.py`: run the interpreter with a learner's own functions in place of stepper's.
 
 A lesson's exercise is a NumPy function with the name and signature of one the interpreter marks
-`@exercise` (`rms_norm`, `decode`, `route`, ...; see stepper.swap). `use(files)` loads the files,
+`@exercise` (`rms_norm`, `decode`, `route`, ...; listed in stepper.lessons.exercises). `use(files)` loads the files,
 checks the signature of each function whose name is an exercise, and, inside the `with` block,
 swaps it in: every call of that exercise, wherever it is made, runs the learner's function. On
 exit stepper's own functions are back, whatever happened.
@@ -21,20 +21,20 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
-import stepper.model  # noqa: F401 - importing the model defines every exercise (stepper.swap.REFERENCES)
 from stepper import swap
 from stepper.errors import StepperError
 from stepper.lessons import returns
+from stepper.lessons.exercises import REFERENCES
 from stepper.untrusted import shown
 
-EXERCISES: tuple[str, ...] = tuple(swap.REFERENCES)
+EXERCISES: tuple[str, ...] = tuple(REFERENCES)
 
 
 def reference(name: str) -> Callable:
     """stepper's own function for an exercise name."""
-    if name not in swap.REFERENCES:
+    if name not in REFERENCES:
         raise StepperError(f"'{name}' is not an exercise function (exercises: {', '.join(EXERCISES)})")
-    return swap.REFERENCES[name]
+    return REFERENCES[name]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -51,7 +51,7 @@ def load(path: Path) -> dict[str, Callable]:
     module = import_file(path)
     found = {
         name: obj for name, obj in vars(module).items()
-        if name in swap.REFERENCES and inspect.isfunction(obj) and obj.__module__ == module.__name__
+        if name in REFERENCES and inspect.isfunction(obj) and obj.__module__ == module.__name__
     }
     if not found:
         raise StepperError(f"{path} defines none of the exercise functions ({', '.join(EXERCISES)})")
@@ -163,7 +163,7 @@ def guarded(path: Path, name: str, func: Callable) -> Callable:
 @contextmanager
 def patched(replacements: Mapping[str, Callable]) -> Iterator[None]:
     """Swap each replacement in for its exercise inside the block; stepper's own on exit."""
-    unknown = sorted(set(replacements) - set(swap.REFERENCES))
+    unknown = sorted(set(replacements) - set(REFERENCES))
     if unknown:
         raise StepperError(f"'{unknown[0]}' is not an exercise function (exercises: {', '.join(EXERCISES)})")
     with swap.swapped(replacements):

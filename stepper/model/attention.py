@@ -32,7 +32,6 @@ from stepper.model.layer_weights import LayerWeights
 from stepper.model.ops import causal_mask, rms_norm, softmax
 from stepper.model.rope import Rope, apply_rope
 from stepper.swap import exercise
-from stepper.tiled import Tiled
 from stepper.trace import Emitter
 
 # q_a_layernorm and kv_a_layernorm: the references build these two norms with the norm's default
@@ -99,11 +98,8 @@ def naive(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache: LayerCache, em
     key_states = emit("self_attn.key_states", key_states)
     value_states = emit("self_attn.value_states", value_states)
 
-    if not kernels.whole_fits(*query_states.shape[:3], key_states.shape[2]):
-        return in_tiles(kernels.Operands([query_states], [key_states], value_states, rope.softmax_scale, mask), emit)
-    scores = np.matmul(query_states, key_states.swapaxes(-1, -2))  # [B, H, T, S]
-    weights = attention_weights(scores, rope.softmax_scale, emit, mask)  # [B, H, T, S]
-    return np.matmul(weights, value_states)  # [B, H, T, v_head]
+    # softmax(scale * query_states @ key_states^T, masked) @ value_states: each head its own keys
+    return attend(kernels.Operands([query_states], [key_states], value_states, rope.softmax_scale, mask), emit)
 
 
 @exercise
@@ -115,16 +111,10 @@ def absorbed(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache: LayerCache,
     q_pe, k_pe = rotate(q_pe, k_pe, rope, emit)  # [B, H, T, rope], [B, one, T, rope]
     latents, k_pes = cache.extend_latent(compressed_kv, k_pe)  # [B, S, kv_lora], [B, one, S, rope]
 
-    if kernels.whole_fits(*q_latent.shape[:3], latents.shape[1]):
-        # Every head attends over the same latents and rotary keys: q_latent @ latents^T + q_pe @ k_pes^T.
-        scores = (kernels.shared_matmul(q_latent, latents.swapaxes(-1, -2))  # [B, H, T, S]
-                  + kernels.shared_matmul(q_pe, k_pes[:, 0].swapaxes(-1, -2)))
-        weights = attention_weights(scores, rope.softmax_scale, emit, mask)  # [B, H, T, S]
-        out_latent = kernels.shared_matmul(weights, latents)  # [B, H, T, kv_lora]: the weights average the latents
-    else:
-        shared = latents[:, None]  # [B, one, S, kv_lora]: keys and values alike
-        out_latent = in_tiles(kernels.Operands([q_latent, q_pe], [shared, k_pes], shared, rope.softmax_scale, mask),
-                              emit)
+    # Every head attends over the same latents and rotary keys, scores q_latent @ latents^T + q_pe @ k_pes^T,
+    # and its weights average the latents themselves.
+    shared = latents[:, None]  # [B, one, S, kv_lora]: keys and values alike
+    out_latent = attend(kernels.Operands([q_latent, q_pe], [shared, k_pes], shared, rope.softmax_scale, mask), emit)
     out_latent = emit("self_attn.attn_output_latent", out_latent)
     return np.matmul(out_latent, w_uv.swapaxes(-1, -2))  # [B, H, T, v_head]
 
@@ -153,6 +143,24 @@ def rotate(q_pe: np.ndarray, k_pe: np.ndarray, rope: Rope, emit: Emitter) -> tup
     return q_pe, k_pe
 
 
+def attend(ops: kernels.Operands, emit: Emitter) -> np.ndarray:
+    """softmax(scale * sum_i queries_i @ keys_i^T, masked) @ values: `held`'s lines on whole
+    arrays, or, scores too many to hold, the same over tiles (kernels.attention, tested equal).
+    -> [B, H, T, v_head] naive, [B, H, T, kv_lora] absorbed"""
+    return kernels.held_or_tiled(ops, partial(held, ops, emit), emit, shown)
+
+
+def held(ops: kernels.Operands, emit: Emitter) -> np.ndarray:
+    """The attention on whole arrays: the scores [B, H, T, S], their weights, the weights times
+    the values. A key or value of one head ([B, one, S, ...]: the latents) serves every head."""
+    every = slice(None)
+    scores = kernels.times(ops.queries[0], ops.keys[0], every)  # [B, H, T, S]
+    for q, k in zip(ops.queries[1:], ops.keys[1:]):  # the absorbed path's rotary part
+        scores = scores + kernels.times(q, k, every)
+    weights = attention_weights(scores, ops.scale, emit, ops.mask)  # [B, H, T, S]
+    return kernels.weighted(weights, ops.values, every)
+
+
 def attention_weights(scores: np.ndarray, scale: float, emit: Emitter, mask: np.ndarray | None = None) -> np.ndarray:
     """Scale, mask the future (and what `mask`, broadcast to [B, H, T, S], drops: False, or -inf
     added), softmax over the attended positions.  [B, H, T, S] -> same"""
@@ -169,19 +177,9 @@ def per_head(mask: np.ndarray | None) -> np.ndarray | None:
     return None if mask is None else mask[:, None]
 
 
-def in_tiles(ops: kernels.Operands, emit: Emitter) -> np.ndarray:
-    """The same attention over tiles of queries and keys (kernels.attention), never holding the
-    scores: a sink sees them, and the weights, as tensors made a tile at a time when it looks.
-    -> [B, H, T, v_head] naive, [B, H, T, kv_lora] absorbed"""
-    out, lse = kernels.attend(ops)  # the output, and each row's log-sum-exp [B, H, T]
-    if emit.listening:
-        scores = Tiled(ops.shape, ops.rows)
-        shown(scores, lambda _: Tiled(ops.shape, partial(ops.weights, lse)), emit)
-    return out
-
-
 def shown(scores, weights_of, emit: Emitter):
-    """Show the scores and the weights made of them: whole arrays, or `Tiled` ones."""
+    """Show the scores and the weights made of them: whole arrays, or `Tiled` ones (made a tile
+    at a time when a sink looks: kernels.attention.held_or_tiled)."""
     scores = emit("self_attn.attn_scores", scores)
     return emit("self_attn.attn_weights", weights_of(scores))
 

@@ -7,9 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from stepper.config import Config
-
-ROOM = 4  # a full cache array grows by a quarter of its positions (at least ROOM_LEAST): an append
-ROOM_LEAST = 64  # copies the cache now and then, not at every decode step (268 MB at 131072 in Kimi K2)
+from stepper.kernels.growing import GrowingArray
 
 
 @dataclass
@@ -28,8 +26,8 @@ class LayerCache:
     index_keys: np.ndarray | None = None  # [B, S, Di], the Lightning Indexer's (V3.2)
     index_key_codes: np.ndarray | None = None  # [B, S, Di] e4m3, Hadamard-rotated (FP8 index scoring)
     index_key_scales: np.ndarray | None = None  # [B, S], one power-of-two scale per key
-    room: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False, compare=False)
-    # name -> (this cache's own array with room to grow, the view of it that the field holds)
+    growing: dict[str, GrowingArray] = field(default_factory=dict, repr=False, compare=False)
+    # name -> the spare room after the field's positions (kernels.growing), so appends rarely copy
 
     @property
     def length(self) -> int:
@@ -64,30 +62,12 @@ class LayerCache:
         return self.appended("index_key_codes", codes, 1), self.appended("index_key_scales", scales, 1)
 
     def appended(self, name: str, new: np.ndarray, axis: int) -> np.ndarray:
-        """The field `name` with the new positions appended along `axis`, written into the room
-        this cache's own array has left (the positions before stay as they are, so views of them,
-        a `first(n)` cache's, still hold them), or into a new array with room.  -> all S positions"""
-        old = getattr(self, name)
-        if old is None:
-            setattr(self, name, new)
-            return new
-        n, total = old.shape[axis], old.shape[axis] + new.shape[axis]
-        own, view = self.room.get(name, (None, None))
-        if own is None or view is not old or own.shape[axis] < total:
-            shape = list(old.shape)
-            shape[axis] = total + max(ROOM_LEAST, total // ROOM)
-            own = np.empty(shape, old.dtype)
-            own[along(axis, 0, n)] = old
-        own[along(axis, n, total)] = new
-        grown = own[along(axis, 0, total)]
-        self.room[name] = (own, grown)
+        """The field `name` with the new positions appended along `axis`: np.concatenate, into
+        spare room (kernels.growing) that leaves the positions before, and views of them, as
+        they are.  -> all S positions"""
+        grown = self.growing.setdefault(name, GrowingArray(axis)).concatenate(getattr(self, name), new)
         setattr(self, name, grown)
         return grown
-
-
-def along(axis: int, start: int, stop: int) -> tuple[slice, ...]:
-    """The index of positions [start, stop) along `axis`."""
-    return (slice(None),) * axis + (slice(start, stop),)
 
 
 class KVCache:

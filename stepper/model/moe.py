@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from stepper.config import Config
+from stepper.kernels import activations
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.ops import swiglu
 from stepper.model.router import Routing, route
@@ -56,7 +57,9 @@ def grouped_experts(tokens: np.ndarray, routing: Routing, w: LayerWeights, emit:
     for done, e in enumerate(chosen):
         emit.progress(f"layer {w.layer} experts", done, len(chosen))
         rows, ranks = np.nonzero(routing.topk_idx == e)  # the tokens that chose e (each at most once)
-        out[rows] += swiglu(tokens[rows], *expert_matrices(w, f"mlp.experts.{e}."), routing.topk_weight[rows, ranks])
+        weights = routing.topk_weight[rows, ranks]  # the expert's weight for each of its tokens
+        # swiglu(tokens[rows], ...) * weights[:, None], each row weighed before down instead
+        out[rows] += activations.swiglu(tokens[rows], *expert_matrices(w, f"mlp.experts.{e}."), weights)
     emit.progress(f"layer {w.layer} experts", len(chosen), len(chosen))
     return out
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from stepper.config import Config
-from stepper.kernels.linear import linear
+from stepper.kernels.linear import linear_in_row_blocks
 from stepper.model.cache import KVCache
 from stepper.model.layer import decoder_layer
 from stepper.model.layer_weights import LayerWeights
@@ -28,15 +28,11 @@ HEAD_ROWS = 4096  # vocabulary rows multiplied at a time: for Kimi K2, 4096 x 71
 
 
 def lm_head(hidden: np.ndarray, weights: WeightSource, rows: int = HEAD_ROWS) -> np.ndarray:
-    """hidden [B, T, d] @ lm_head^T -> logits [B, T, V], one block of `rows` vocabulary rows at a
-    time, so all of lm_head (for Kimi K2 163840 x 7168, 4.7 GB in float32) never exists at once."""
-    logits = np.empty((*hidden.shape[:-1], weights.config.vocab_size), dtype=np.float32)  # [B, T, V]
-    start = 0
-    for block in weights.row_blocks(LM_HEAD, rows):  # the next `rows` rows of lm_head [V, d]
-        stop = start + block.data.shape[0]
-        logits[..., start:stop] = linear(hidden, block.matrix(LM_HEAD))
-        start = stop
-    return logits
+    """linear(hidden, lm_head): [B, T, d] -> logits [B, T, V], lm_head read a block of `rows`
+    vocabulary rows at a time, so all of it (for Kimi K2 163840 x 7168, 4.7 GB in float32) never
+    exists at once."""
+    blocks = (block.matrix(LM_HEAD) for block in weights.row_blocks(LM_HEAD, rows))  # the next `rows` rows of lm_head [V, d]
+    return linear_in_row_blocks(hidden, blocks, weights.config.vocab_size)
 
 
 class Transformer:

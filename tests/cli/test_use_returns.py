@@ -103,7 +103,7 @@ MODELS = ["tiny", "tiny-v3", "tiny-int4", "tiny-v2", "tiny-v32"]
 @pytest.mark.parametrize("model", MODELS)
 def test_stepper_own_functions_pass_the_checks_in_every_model(tmp_path, model):
     path = tmp_path / "all.py"
-    path.write_text("from stepper.swap import REFERENCES\n\n\n" + "\n\n".join(stand_in(n) for n in overrides.EXERCISES))
+    path.write_text("from stepper.lessons.exercises import REFERENCES\n\n\n" + "\n\n".join(stand_in(n) for n in overrides.EXERCISES))
     spec = RunSpec(model=model, prompt_len=3, decode=1)
     recorder = Recorder()
     with overrides.use([path]) as swapped:

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from stepper.kernels import attention, parallel
-from stepper.model.attention import attention_weights
+from stepper.model.attention import attention_weights, held, shown
+from stepper.tiled import Tiled
 from stepper.trace import Emitter
 
 SCALE = 0.3
@@ -127,3 +128,43 @@ def test_rows_of_scores_are_made_once_for_the_scores_and_the_weights_and_let_go_
     del ops, rows, again
     gc.collect()
     assert kept() is None  # the rows do not keep their operands (and the cache they read) alive
+
+
+class Recorder:
+    def __init__(self):
+        self.events = {}
+
+    def __call__(self, event):
+        self.events[event.name] = event.array
+
+
+def test_model_held_is_the_whole_array_lines_bit_for_bit():
+    """model.attention.held over Operands: the naive lines (q @ k^T, weights @ v) and the absorbed
+    ones (every head times the shared latents and rotary keys), the same bits as written out."""
+    rng = np.random.default_rng(7)
+    query, keys, values = random(rng, 1, 3, 4, 8), random(rng, 1, 3, 9, 8), random(rng, 1, 3, 9, 5)
+    want, _ = whole_naive(query, keys, values)
+    np.testing.assert_array_equal(held(attention.Operands([query], [keys], values, SCALE), Emitter()), want)
+    q_latent, q_pe, latents, k_pe = random(rng, 2, 5, 3, 16), random(rng, 2, 5, 3, 4), random(rng, 2, 9, 16), \
+        random(rng, 2, 1, 9, 4)
+    scores = (attention.shared_matmul(q_latent, latents.swapaxes(-1, -2))
+              + attention.shared_matmul(q_pe, k_pe[:, 0].swapaxes(-1, -2)))
+    want = attention.shared_matmul(attention_weights(scores, SCALE, Emitter()), latents)
+    ops = attention.Operands([q_latent, q_pe], [latents[:, None], k_pe], latents[:, None], SCALE)
+    np.testing.assert_array_equal(held(ops, Emitter()), want)
+
+
+@pytest.mark.parametrize("S, tiled", [(9, False), (4100, True)])
+def test_held_or_tiled_runs_the_whole_lines_while_they_fit_and_tiles_beyond(S, tiled, small_tiles, monkeypatch):
+    monkeypatch.setattr(attention, "WHOLE_SCORES", 2 * 3 * 9)  # [1, 2, 3, 9] fits, [1, 2, 3, 4100] does not
+    rng = np.random.default_rng(8)
+    query, keys, values = random(rng, 1, 2, 3, 8), random(rng, 1, 2, S, 8), random(rng, 1, 2, S, 5)
+    ops, sink, calls = attention.Operands([query], [keys], values, SCALE), Recorder(), []
+    emit = Emitter([sink])
+    out = attention.held_or_tiled(ops, lambda: calls.append(1) or held(ops, emit), emit, shown)
+    want, want_weights = whole_naive(query, keys, values)
+    assert calls == ([] if tiled else [1])
+    shown_weights = sink.events["self_attn.attn_weights"]
+    assert isinstance(shown_weights, Tiled) == tiled and isinstance(sink.events["self_attn.attn_scores"], Tiled) == tiled
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=2e-6)
+    np.testing.assert_allclose(np.asarray(shown_weights), want_weights, rtol=1e-5, atol=1e-7)

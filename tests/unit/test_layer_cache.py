@@ -1,10 +1,10 @@
-"""LayerCache appends into room its own arrays leave (model/cache.py): the same positions as
-concatenating, the earlier positions never written again, a `first(n)` cache's appends never
+"""LayerCache appends into room its own arrays leave (model/cache.py, kernels/growing.py): the
+same positions as concatenating, the earlier positions never written again, a `first(n)` cache's appends never
 reaching the cache it was cut from."""
 
 import numpy as np
 
-from stepper.model import cache as cache_module
+from stepper.kernels import growing
 from stepper.model.cache import LayerCache
 
 
@@ -22,10 +22,10 @@ def test_appends_equal_concatenation_and_reuse_the_room():
         np.testing.assert_array_equal(latent, np.concatenate([p for p, _ in parts], axis=1))
         np.testing.assert_array_equal(k_pe, np.concatenate([e for _, e in parts], axis=2))
     assert cache.length == 113
-    own = cache.room["latent"][0]
+    own = cache.growing["latent"].own
     cache.extend_latent(rows(rng, 1), np.zeros((1, 1, 1, 2), np.float32))
-    assert cache.room["latent"][0] is own and np.shares_memory(cache.latent, own)  # one more position: no copy
-    assert 114 < own.shape[1] <= 114 + cache_module.ROOM_LEAST + 114 // cache_module.ROOM  # room bounded by the length
+    assert cache.growing["latent"].own is own and np.shares_memory(cache.latent, own)  # one more position: no copy
+    assert 114 < own.shape[1] <= 114 + growing.ROOM_LEAST + 114 // growing.ROOM  # room bounded by the length
 
 
 def test_views_of_earlier_positions_keep_them_and_a_cut_cache_writes_only_its_own():

@@ -8,7 +8,7 @@ import pytest
 from helpers.configs import config_with
 
 from stepper.fixtures.read_hashes import ReadHashes
-from stepper.kernels.linear import linear
+from stepper.kernels.linear import linear, linear_in_row_blocks
 from stepper.kernels.weight_cache import CachedWeights
 from stepper.model import Transformer
 from stepper.model.transformer import LM_HEAD, lm_head
@@ -48,6 +48,19 @@ def test_lm_head_in_row_blocks_equals_the_whole_product(rows):
     assert chunked.shape == whole.shape
     # BLAS may sum a narrow block's dot products in another order: equal to float32 round-off
     np.testing.assert_allclose(chunked, whole, rtol=0, atol=1e-6 * np.abs(whole).max())
+
+
+def test_linear_in_row_blocks_is_each_blocks_product_side_by_side_bit_for_bit():
+    """kernels.linear's row blocks against the readable line: concatenating each block's product."""
+    rng = np.random.default_rng(3)
+    x, weight = rng.standard_normal((2, 3, 16), dtype=np.float32), rng.standard_normal((50, 16), dtype=np.float32)
+    blocks = [weight[start:start + 7] for start in range(0, 50, 7)]  # 7 rows a block, the last 1
+    asked = []
+    lazily = (asked.append(k) or block for k, block in enumerate(blocks))
+    out = linear_in_row_blocks(x, lazily, 50)
+    assert asked == list(range(8))
+    np.testing.assert_array_equal(out, np.concatenate([linear(x, block) for block in blocks], axis=-1))
+    np.testing.assert_allclose(out, linear(x, weight), rtol=0, atol=1e-6 * np.abs(out).max())
 
 
 @pytest.mark.parametrize("name, rows", [(LM_HEAD, 7), (LM_HEAD, 1000), (EMBED, 333), (FP8_WEIGHT, 128), (NORM, 100)])

@@ -1,0 +1,45 @@
+"""model.ops' silu, softmax and SwiGLU, each made in one new array instead of one per step.
+
+Each computes the readable line beside it with the same arithmetic in the same order, so the
+results are the same bits (tests/unit/test_activations.py): the difference is memory and time, a
+step writing into the array the step before made (the two-step silu made four arrays: see
+docs/design-notes.md).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from stepper.kernels.linear import linear, linears
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    """x / (1 + exp(-x)), torch's kernel's form of x * sigmoid(x), in one new array."""
+    e = np.negative(x)
+    with np.errstate(over="ignore"):  # exp(-x) overflows to inf for x << 0: x / inf is then -0, as it should be
+        np.exp(e, out=e)
+    e += np.float32(1)
+    return np.divide(x, e, out=e)
+
+
+def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    """exp(x - max(x)) / sum(exp(x - max(x))) along axis, in one new array."""
+    with np.errstate(invalid="ignore"):  # -inf - -inf in a row with every entry masked
+        e = x - np.max(x, axis=axis, keepdims=True)  # the one new array: exp and the division happen in it
+    np.exp(e, out=e)
+    e /= np.sum(e, axis=axis, keepdims=True)
+    return e
+
+
+def swiglu(x: np.ndarray, gate, up, down, row_weights: np.ndarray | None = None) -> np.ndarray:
+    """down(silu(gate(x)) * up(x)), the product before down made in gate(x)'s array. [..., d] -> [..., d]
+
+    With row_weights [N] (x [N, d]), down(...) * row_weights[:, None]: each row is weighed
+    before down instead, the same down being linear (to float32 round-off, not bit for bit), on
+    moe_inter values a row instead of d (2048 against 7168 in Kimi K2)."""
+    gate_x, up_x = linears(x, (gate, up))
+    act = silu(gate_x)
+    act *= up_x
+    if row_weights is not None:
+        act *= row_weights[:, None]
+    return linear(act, down)
