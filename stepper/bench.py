@@ -158,7 +158,7 @@ def ceilings() -> list[Figure]:
 def fill_page_cache(checkpoint: Path) -> float:
     """Read every shard of the checkpoint once, so the timed runs find it in the page cache;
     returns the seconds taken. (A machine whose memory reclaim drops file pages nobody has read
-    for a while, as the one the README's figures come from does after about a minute, has
+    for a while, as the one docs/performance.md's figures come from does after about a minute, has
     otherwise lost part of a cache filled by hand before `stepper bench` by the time a scenario
     runs.) The pages are read as the checkpoint reader reads them, through a map advised by
     `advise_checkpoint_map`, so that what was dropped comes back in 2 MB folios: `read()` brings
@@ -561,7 +561,7 @@ def int4_versus_fp8(workdir: Path, model: str, say, fp8: list[Figure] | None = N
 
 
 def run_all(workdir: Path, with_torch: bool, say, with_int4: bool = True, with_indexer: bool = False) -> list[Figure]:
-    """Every figure of the README's performance table; `say` reports progress lines."""
+    """Every figure of docs/performance.md's tables; `say` reports progress lines."""
     say("measuring the machine's ceilings")
     figures = in_subprocess("ceilings")
     kimi = bench_config("kimi-k2", None)

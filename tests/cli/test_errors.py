@@ -131,7 +131,7 @@ def total(spec: RunSpec, kept: bool = False) -> int:
 def test_the_estimate_allows_a_full_size_layer_and_holds_what_views_keep():
     assert 0.5 * 2**30 < total(RunSpec(model="kimi-k2", layer=1, prompt_len=512)) < 2 * 2**30  # measured peak 1.6 GB
     assert total(RunSpec(model="kimi-k2", layer=1, prompt_len=512, decode=4), kept=True) < 3 * 2**30
-    assert total(RunSpec(), kept=True) < 64 * 2**20  # what the test suite and README run is small
+    assert total(RunSpec(), kept=True) < 64 * 2**20  # what the test suite and the docs run is small
     # the debugger's history: the sum of every tensor the run emits
     plan = prepare(RunSpec(prompt_len=300))
     recorder = Recorder()

@@ -63,7 +63,7 @@ def test_a_prefill_over_a_longer_synthetic_cache_runs_absorbed_whatever_the_memo
 
 
 def test_the_readme_long_context_command_says_it_runs_absorbed_and_why(monkeypatch):
-    """The README's command line, stopped where the layer would start: its header."""
+    """The command line of docs/usage.md (long contexts), stopped where the layer would start: its header."""
     def stop(plan, sinks):
         raise StepperError(f"stopped before running, attn {plan.spec.attn}")
 

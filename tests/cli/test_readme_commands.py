@@ -1,11 +1,12 @@
-"""Every `stepper` command line README.md quotes runs as quoted, and prints what README shows.
+"""Every `stepper` command line README.md and docs/*.md quote runs as quoted, and prints what they show.
 
-The command lines are read from README's code blocks, in order, each block in a fresh folder (a
-block's commands build on each other: synth, then run on what it wrote). A transcript (`$ stepper
+The command lines are read from the code blocks of README and then of docs/ (tests/helpers/docs.py),
+in order, each block in a fresh folder (a block's commands build on each other: synth, then run on
+what it wrote). A transcript (`$ stepper
 ...` followed by output) must print every line README shows, in that order (README may leave lines
 out, marked `...`); the debugger's `(stepper) CMD` lines are what is typed. Commands in the text are
 checked to be commands, and the options README lists for `stepper run` and `stepper step` against
-their --help.
+their --help. "README" below means these documents together.
 """
 
 import re
@@ -18,13 +19,14 @@ import typer.main
 from typer.testing import CliRunner
 
 from stepper.cli.main import app
+from tests.helpers import docs
 
 ROOT = Path(__file__).resolve().parents[2]
-README = (ROOT / "README.md").read_text(encoding="utf-8")
+README = docs.text()
 
 SKIPPED = {  # command lines too big for the suite, with why
     "stepper run --model kimi-k2 --layers 0:61 --prompt-len 1 --only logits":
-        "every layer of the full-size model: 13 minutes, as README says",
+        "every layer of the full-size model: 13 minutes, as docs/performance.md says",
     "stepper bench --workdir /work/benchwork": "the full-size bench: a 17 GB checkpoint on the bench machine",
 }
 
@@ -106,7 +108,7 @@ def test_every_command_in_the_text_is_a_command():
 
 
 def test_the_command_table_names_every_command():
-    rows = [row for row in README.splitlines() if row.startswith("| `stepper ")]
+    rows = [row for row in (ROOT / "README.md").read_text(encoding="utf-8").splitlines() if row.startswith("| `stepper ")]
     tabled = {row.split("`")[1].split()[1] for row in rows}
     assert tabled == set(typer.main.get_command(app).commands)
     assert any(row.startswith("| `stepper fixtures names`") for row in rows)

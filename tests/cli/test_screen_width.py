@@ -1,8 +1,9 @@
-"""Every command of README, as a user sees it in a terminal 80 columns wide: no line is wider than
-the terminal (the terminal would break it anywhere) and no word or number is broken across lines.
+"""Every command of README and docs/*.md (tests/helpers/docs.py), as a user sees it in a terminal 80
+columns wide: no line is wider than the terminal (the terminal would break it anywhere) and no
+word or number is broken across lines.
 
 Each command runs in a pseudo-terminal (tests/helpers/terminal.py) 80 columns wide and again 400
-wide, in fresh folders, one per README code block (its commands build on each other). What it
+wide, in fresh folders, one per code block (its commands build on each other). What it
 writes is cut at its line ends and measured; and every word of the wide screen (whitespace
 apart) must be found whole on the narrow one, as often: a word split by a line end is two other
 words there. Rules, bars, borders and separators (no letter or digit) are left out, their length
@@ -26,11 +27,7 @@ from tests.helpers.terminal import on_terminal
 
 NARROW, WIDE = 80, 400
 
-EXTRA = [  # what README names in its text, and the views a block does not reach
-    [("stepper fp8", []), ("stepper explain k_pe", []), ("stepper tree", []),
-     ("stepper step --break attn_weights --prompt-len 4", ["p attn_weights[0,0,9]", "p attn_weights[0,0,1]", "e", "w", "c"]),
-     ("stepper diff 'run --attn naive' 'run --attn absorb'", []), ("stepper fixtures names", [])],
-]
+EXTRA = [[("stepper fixtures names", [])]]  # what README names in its text and no block runs
 
 
 def typed_lines(shown: list[str]) -> list[str]:

@@ -1,14 +1,14 @@
-"""Every Python snippet of the README runs as written, in order, in one namespace, from a folder
-that is not the repository (the README's examples work from anywhere)."""
+"""Every Python snippet of the README and of docs/*.md (README first: tests/helpers/docs.py) runs as
+written, in order, in one namespace, from a folder that is not the repository (the examples work
+from anywhere)."""
 
 import re
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers import docs
 
 
 def snippets() -> list[str]:
-    return re.findall(r"^```python\n(.*?)^```", (ROOT / "README.md").read_text(encoding="utf-8"), re.MULTILINE | re.DOTALL)
+    return re.findall(r"^```python\n(.*?)^```", docs.text(), re.MULTILINE | re.DOTALL)
 
 
 def test_every_python_snippet_of_the_readme_runs(monkeypatch, tmp_path):
@@ -17,6 +17,6 @@ def test_every_python_snippet_of_the_readme_runs(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     namespace: dict = {}
     for code in found:
-        exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 - the README's own examples
+        exec(compile(code, "README.md or docs/", "exec"), namespace)  # noqa: S102 - the docs' own examples
     assert namespace["run"].generated == (97,) and namespace["run"].names[:3] == [
         "prefill.embed", "prefill.rope_cos", "prefill.rope_sin"]
