@@ -4,7 +4,8 @@ It serves `/PATH` from the folder and, as a Hub endpoint, `/{org}/{name}/resolve
 and `/api/models/{org}/{name}/revision/{revision}` (the commit a revision points at). It counts
 the file bytes it sends and the requests, and can be told to misbehave on the next requests: a
 5xx or 429, a dropped connection mid-body, a short body, a wrong Content-Range, a stall, a
-changed ETag, a body trickled one byte every `trickle_seconds` ("trickle"), a Content-Range
+changed ETag, a body trickled one byte every `trickle_seconds` ("trickle"), the status line and
+headers trickled the same way ("trickle-headers", counted in `head_sent`), a Content-Range
 whose total is 2^60 ("huge-total"). Written from the HTTP range semantics (RFC 9110), independently of stepper's client.
 """
 
@@ -33,6 +34,7 @@ class RangeServer:
     def __init__(self, root: Path):
         self.root = root
         self.sent = 0  # file bytes sent
+        self.head_sent = 0  # bytes of trickled status lines and headers sent
         self.requests: list[tuple[str, str | None]] = []  # (path, Range header)
         self.headers_seen: list[dict[str, str]] = []  # each request's headers, names in lower case
         self.faults: list[str] = []  # applied one per request, first first
@@ -119,6 +121,8 @@ class RangeServer:
                     body, status, content_range = data, 200, None
                 if fault == "stall":
                     time.sleep(3)
+                if fault == "trickle-headers":
+                    return self.trickle_head(status, {"ETag": etag, "Content-Range": content_range}, body)
                 self.send_response(status)
                 self.send_header("ETag", etag)
                 if content_range:
@@ -148,5 +152,20 @@ class RangeServer:
                         return
                     with server.lock:
                         server.sent += 1
+
+            def trickle_head(self, status: int, headers: dict, body: bytes) -> None:
+                """The status line and headers one byte at a time, each after a pause, then the body."""
+                lines = [f"HTTP/1.1 {status} Partial\r\n"] + [f"{k}: {v}\r\n" for k, v in headers.items() if v]
+                head = "".join(lines + [f"Content-Length: {len(body)}\r\n\r\n"]).encode()
+                for i in range(len(head)):
+                    time.sleep(server.trickle_seconds)
+                    try:
+                        self.wfile.write(head[i : i + 1])
+                        self.wfile.flush()
+                    except OSError:
+                        return
+                    with server.lock:
+                        server.head_sent += 1
+                self.wfile.write(body)
 
         return Handler

@@ -202,3 +202,12 @@ def test_a_content_range_total_of_2_to_the_60_is_refused_without_a_file(folder, 
     ckpt = remote.open_remote(url, settings(tmp_path))
     assert "more than any checkpoint file" in ckpt.unreadable[shard] and "\n" not in ckpt.unreadable[shard]
     assert not (cached / shard).exists()
+
+
+def test_a_server_that_trickles_its_headers_is_cut_off_in_one_line(folder, server, tmp_path):
+    server.faults, server.trickle_seconds = ["trickle-headers"], 0.1  # about 8 s for the status line and headers
+    with pytest.raises(StepperError) as e:
+        remote.open_remote(f"{server.url}/ck/", settings(tmp_path, timeout=0.3))
+    assert "\n" not in str(e.value) and "config.json: the whole file: the answer took over" in str(e.value)
+    assert 0 < server.head_sent < 40  # cut off near its deadline (0.6 s, about 6 bytes), not at the headers' end
+    assert server.sent == 0
