@@ -211,3 +211,14 @@ def test_a_server_that_trickles_its_headers_is_cut_off_in_one_line(folder, serve
     assert "\n" not in str(e.value) and "config.json: the whole file: the answer took over" in str(e.value)
     assert 0 < server.head_sent < 40  # cut off near its deadline (0.6 s, about 6 bytes), not at the headers' end
     assert server.sent == 0
+
+
+def test_a_password_in_a_url_given_to_the_api_is_not_kept_in_the_run(server, tmp_path, monkeypatch):
+    import stepper as api
+
+    monkeypatch.setenv("STEPPER_CACHE_DIR", str(tmp_path / "cache"))
+    url = server.url.replace("http://", "http://reader:s3cret-pw@") + "/ck/"
+    got = api.run(url, layer=1, keep="*k_pe")
+    assert got.spec.model == f"{server.url}/ck/" and "s3cret" not in repr(got) + repr(got.spec)
+    sent = {h.get("authorization") for h in server.headers_seen}
+    assert "Basic " + base64.b64encode(b"reader:s3cret-pw").decode() in sent  # the credentials do reach the server
