@@ -122,7 +122,8 @@ class RangeServer:
                 if fault == "stall":
                     time.sleep(3)
                 if fault == "trickle-headers":
-                    return self.trickle_head(status, {"ETag": etag, "Content-Range": content_range}, body)
+                    self.trickle_head(status, {"ETag": etag, "Content-Range": content_range}, body)
+                    return
                 self.send_response(status)
                 self.send_header("ETag", etag)
                 if content_range:
@@ -132,7 +133,8 @@ class RangeServer:
                 if fault in ("drop", "short"):
                     body = body[: len(body) // 2]
                 if fault == "trickle":
-                    return self.trickle(body)
+                    self.trickle(body)
+                    return
                 self.wfile.write(body)
                 with server.lock:
                     server.sent += len(body)
@@ -141,31 +143,24 @@ class RangeServer:
                     self.wfile.flush()
                     self.connection.shutdown(2)
 
-            def trickle(self, body: bytes) -> None:
-                """One byte at a time, each after a pause, until the client gives up."""
-                for i in range(len(body)):
+            def trickle(self, data: bytes, counter: str = "sent") -> bool:
+                """One byte at a time, each after a pause, counted in server.<counter>; whether all went
+                (not if the client gave up)."""
+                for i in range(len(data)):
                     time.sleep(server.trickle_seconds)
                     try:
-                        self.wfile.write(body[i : i + 1])
+                        self.wfile.write(data[i : i + 1])
                         self.wfile.flush()
                     except OSError:
-                        return
+                        return False
                     with server.lock:
-                        server.sent += 1
+                        setattr(server, counter, getattr(server, counter) + 1)
+                return True
 
             def trickle_head(self, status: int, headers: dict, body: bytes) -> None:
-                """The status line and headers one byte at a time, each after a pause, then the body."""
+                """The status line and headers trickled, then the body at once."""
                 lines = [f"HTTP/1.1 {status} Partial\r\n"] + [f"{k}: {v}\r\n" for k, v in headers.items() if v]
-                head = "".join(lines + [f"Content-Length: {len(body)}\r\n\r\n"]).encode()
-                for i in range(len(head)):
-                    time.sleep(server.trickle_seconds)
-                    try:
-                        self.wfile.write(head[i : i + 1])
-                        self.wfile.flush()
-                    except OSError:
-                        return
-                    with server.lock:
-                        server.head_sent += 1
-                self.wfile.write(body)
+                if self.trickle("".join(lines + [f"Content-Length: {len(body)}\r\n\r\n"]).encode(), "head_sent"):
+                    self.wfile.write(body)
 
         return Handler

@@ -10,33 +10,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers.cli import stepper
-from helpers.range_server import RangeServer
 
 from stepper.errors import StepperError
-from stepper.presets import preset
 from stepper.session import RunSpec, run
 from stepper.trace import Recorder
 from stepper.weights import remote
 from stepper.weights.checkpoint import INDEX, Checkpoint
 from stepper.weights.http_ranges import RangeClient
-from stepper.weights.synth import synth_checkpoint
-from stepper.weights.synthetic import SyntheticWeights
 
 pytest.importorskip("huggingface_hub")
 
 SPEC = RunSpec(model="", layer=1, ids=(5, 17, 3))
 VICTIM = b"the user's own bytes, which no cache may write over\n" * 4
-
-
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory) -> Path:
-    return synth_checkpoint(SyntheticWeights(preset("tiny"), seed=3), tmp_path_factory.mktemp("served") / "ck")
-
-
-@pytest.fixture
-def server(folder):
-    with RangeServer(folder.parent) as s:
-        yield s
 
 
 def settings(tmp_path: Path, timeout: float = 5.0) -> remote.Settings:
