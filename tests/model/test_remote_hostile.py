@@ -207,3 +207,20 @@ def test_a_password_in_a_url_given_to_the_api_is_not_kept_in_the_run(server, tmp
     assert got.spec.model == f"{server.url}/ck/" and "s3cret" not in repr(got) + repr(got.spec)
     sent = {h.get("authorization") for h in server.headers_seen}
     assert "Basic " + base64.b64encode(b"reader:s3cret-pw").decode() in sent  # the credentials do reach the server
+
+
+def test_over_its_limit_the_cache_drops_the_least_recently_used_checkpoint_but_not_a_link(folder, server, tmp_path):
+    older, newer = f"{server.url}/ck/", f"{server.url}/org/ck/resolve/main/"  # the same files under two URLs
+    output(remote.open_remote(older, settings(tmp_path)))
+    shards = sorted(set(json.loads((folder / INDEX).read_text())["weight_map"].values()))
+    kept = cache_folder(tmp_path, older)
+    assert all((kept / shard).is_file() for shard in shards)
+    target = victim(tmp_path)
+    (kept / shards[0]).unlink()
+    (kept / shards[0]).symlink_to(target)  # its ledger stays: a link where a cached file was
+    small = remote.Settings(tmp_path / "cache", 1, 5.0, pause=0.01)
+    got = output(remote.open_remote(newer, small))
+    np.testing.assert_array_equal(got, output(Checkpoint(folder)))
+    assert [s for s in shards if (kept / s).exists() and not (kept / s).is_symlink()] == []  # the older copy's files gone
+    assert (kept / shards[0]).is_symlink() and target.read_bytes() == VICTIM
+    assert all((cache_folder(tmp_path, newer) / shard).is_file() for shard in shards)
