@@ -61,11 +61,19 @@ def default_settings() -> Settings:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     folder = Path(os.environ.get("STEPPER_CACHE_DIR") or Path(base) / "stepper" / "remote")
     raw = os.environ.get("STEPPER_CACHE_MAX_GB", "")
+    max_bytes = gib_bytes("STEPPER_CACHE_MAX_GB", raw) if raw else int(DEFAULT_MAX_GB * 2**30)
+    return Settings(folder, max_bytes, timeout=positive_seconds("STEPPER_REMOTE_TIMEOUT", 30.0))
+
+
+def gib_bytes(what: str, raw: str | float) -> int:
+    """A size in GiB as bytes: a finite number above 0, else one line naming `what`."""
     try:
-        max_gb = float(raw) if raw else DEFAULT_MAX_GB
+        value = float(raw)
     except ValueError:
-        raise StepperError(f"STEPPER_CACHE_MAX_GB must be a number of GiB, got {shown(raw)!r}") from None
-    return Settings(folder, int(max_gb * 2**30), timeout=positive_seconds("STEPPER_REMOTE_TIMEOUT", 30.0))
+        value = -1.0
+    if not 0 < value < float("inf"):
+        raise StepperError(f"{what} must be a number of GiB above 0, got {shown(str(raw))!r}")
+    return int(value * 2**30)
 
 
 def positive_seconds(variable: str, default: float) -> float:

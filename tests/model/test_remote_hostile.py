@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers.cli import stepper
+from helpers.cli import one_line, stepper
 
 from stepper.errors import StepperError
 from stepper.session import RunSpec, run
@@ -224,3 +224,14 @@ def test_over_its_limit_the_cache_drops_the_least_recently_used_checkpoint_but_n
     assert [s for s in shards if (kept / s).exists() and not (kept / s).is_symlink()] == []  # the older copy's files gone
     assert (kept / shards[0]).is_symlink() and target.read_bytes() == VICTIM
     assert all((cache_folder(tmp_path, newer) / shard).is_file() for shard in shards)
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "0", "lots"])
+def test_a_cache_limit_that_is_no_size_is_one_line(value, tmp_path):
+    env = {"STEPPER_CACHE_DIR": str(tmp_path / "cache"), "STEPPER_CACHE_MAX_GB": value}
+    assert one_line(stepper("cache", "ls", env=env)) == \
+        f"stepper: error: STEPPER_CACHE_MAX_GB must be a number of GiB above 0, got {value!r}"
+    env["STEPPER_CACHE_MAX_GB"] = None
+    if value != "lots":  # the option's own type check words that one
+        said = one_line(stepper("--cache-max-gb", value, "cache", "ls", env=env))
+        assert said.startswith("stepper: error: --cache-max-gb must be a number of GiB above 0, got "), said
