@@ -57,7 +57,7 @@ class Watchdog:
     the deadline they are shut down, which ends a blocked read at once (the client then fails the
     request, and `fired` says why)."""
 
-    OPENED = ("connection.connect_tcp.complete", "connection.start_tls.complete")
+    OPENED = (".connect_tcp.complete", ".start_tls.complete")  # directly, or through a proxy ("proxy.", "socks.")
 
     def __init__(self) -> None:
         self.sockets: weakref.WeakSet[socket.socket] = weakref.WeakSet()
@@ -67,7 +67,7 @@ class Watchdog:
         self.fired, self.seconds = False, 0.0
 
     def trace(self, event: str, info: dict) -> None:
-        if event in self.OPENED and info.get("return_value") is not None:
+        if event.endswith(self.OPENED) and info.get("return_value") is not None:
             sock = info["return_value"].get_extra_info("socket")
             if sock is not None:
                 self.sockets.add(sock)
