@@ -123,7 +123,11 @@ def without_credentials(model: str) -> str:
     the URL without them is the one that is shown, and names the cache folder."""
     if not model.startswith(("https://", "http://")):
         return model
-    parts = urlsplit(model)
+    try:
+        parts = urlsplit(model)
+        parts.port  # noqa: B018 (a port that is no number raises here, not at the first request)
+    except ValueError as e:
+        raise StepperError(f"{shown(model)}: not a URL ({e})") from None
     if "@" not in parts.netloc:
         return model
     userinfo, _, host = parts.netloc.rpartition("@")

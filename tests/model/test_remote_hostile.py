@@ -235,3 +235,17 @@ def test_a_cache_limit_that_is_no_size_is_one_line(value, tmp_path):
     if value != "lots":  # the option's own type check words that one
         said = one_line(stepper("--cache-max-gb", value, "cache", "ls", env=env))
         assert said.startswith("stepper: error: --cache-max-gb must be a number of GiB above 0, got "), said
+
+
+@pytest.mark.parametrize(("url", "why"), [("http://reader:s3cret-pw@[bad/", "Invalid IPv6 URL"),
+                                          ("http://reader:s3cret-pw@127.0.0.1:99999/ck/", "Port out of range 0-65535")])
+def test_a_malformed_url_is_one_line_without_its_password(url, why, tmp_path):
+    import stepper as api
+
+    shown = url.replace("reader:s3cret-pw@", "***@")
+    for args, option in ((("run", "--model", url), "'--model'"), (("inspect", url), "'PATH'")):
+        assert one_line(stepper(*args, env={"STEPPER_CACHE_DIR": str(tmp_path / "cache")})) == \
+            f"stepper: error: Invalid value for {option}: {shown}: not a URL ({why}) (see stepper {args[0]} --help)"
+    with pytest.raises(StepperError) as e:
+        api.run(url)
+    assert str(e.value) == f"{shown}: not a URL ({why})"
