@@ -5,7 +5,8 @@ and `/api/models/{org}/{name}/revision/{revision}` (the commit a revision points
 the file bytes it sends and the requests, and can be told to misbehave on the next requests: a
 5xx or 429, a dropped connection mid-body, a short body, a wrong Content-Range, a stall, a
 changed ETag, a body trickled one byte every `trickle_seconds` ("trickle"), the status line and
-headers trickled the same way ("trickle-headers", counted in `head_sent`), a Content-Range
+headers trickled the same way ("trickle-headers", counted in `head_sent`; also the Hub API's
+answers, with `api_fault`), a Content-Range
 whose total is 2^60 ("huge-total"). Written from the HTTP range semantics (RFC 9110), independently of stepper's client.
 """
 
@@ -38,6 +39,7 @@ class RangeServer:
         self.requests: list[tuple[str, str | None]] = []  # (path, Range header)
         self.headers_seen: list[dict[str, str]] = []  # each request's headers, names in lower case
         self.faults: list[str] = []  # applied one per request, first first
+        self.api_fault: str | None = None  # "trickle-headers": every Hub API answer trickled so
         self.etag_suffix = ""
         self.trickle_seconds = 0.2
         self.lock = threading.Lock()
@@ -97,6 +99,9 @@ class RangeServer:
 
             def send_json(self, value) -> None:
                 body = json.dumps(value).encode()
+                if server.api_fault == "trickle-headers":
+                    self.trickle_head(200, {"Content-Type": "application/json"}, body)
+                    return
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))

@@ -249,3 +249,14 @@ def test_a_malformed_url_is_one_line_without_its_password(url, why, tmp_path):
     with pytest.raises(StepperError) as e:
         api.run(url)
     assert str(e.value) == f"{shown}: not a URL ({why})"
+
+
+def test_a_hub_that_trickles_its_answer_on_a_revision_is_cut_off_in_one_line(server, tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "ENDPOINT", server.url)  # as HF_ENDPOINT sets it when the Hub's library loads
+    server.api_fault, server.trickle_seconds = "trickle-headers", 0.1  # about 8 s for the status line and headers
+    with pytest.raises(StepperError) as e:
+        remote.open_remote("hf://org/ck", settings(tmp_path, timeout=0.3))
+    assert str(e.value) == "hf://org/ck: cannot resolve revision 'main' on the Hub (no answer within 0.6 s; given up)"
+    assert 0 < server.head_sent < 40  # cut off near its deadline, not at the headers' end
