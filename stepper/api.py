@@ -47,6 +47,7 @@ from stepper.session import ATTN_CHOICES, INDEX_SCORING_CHOICES, RunSpec
 from stepper.trace import Event, did_you_mean, held, matches
 from stepper.untrusted import shown
 from stepper.views import notebook
+from stepper.weights.remote import without_credentials
 from stepper.weights.source import WeightSource
 
 __all__ = ["Diff", "Run", "StepperError", "diff", "force_experts", "load", "run", "zero_expert", "zero_head",
@@ -85,7 +86,7 @@ def run(model: str | Path = "tiny", *, ids: Sequence[int] | None = None, prompt_
     the chunks when read); 0, the default: the whole prompt at once.
     """
     spec = RunSpec(
-        model=str(_path_or_name("model", model)), layer=_count("layer", layer, none=True), layers=_layers(layers),
+        model=without_credentials(str(_path_or_name("model", model))), layer=_count("layer", layer, none=True), layers=_layers(layers),
         ids=_ids(ids, prompt_len), prompt_len=7 if prompt_len is None else _count("prompt_len", prompt_len, 1),
         start_pos=_count("start_pos", start_pos), decode=_count("decode", decode), seed=_count("seed", seed),
         input=None if input is None else Path(_path_or_name("input", input)), attn=_attn(attn),

@@ -3,9 +3,9 @@ every other module to it).
 
 The promises, kept in one place:
 - No link is followed that stepper did not make: new files are created exclusively and without
-  following a link (O_CREAT | O_EXCL | O_NOFOLLOW), files are updated through O_NOFOLLOW, the
-  folders made are checked (lstat) not to be links, and a link found at an output's place is
-  refused, never written through.
+  following a link (O_CREAT | O_EXCL | O_NOFOLLOW), files are updated through O_NOFOLLOW and only
+  when they have no other name (no hard link), the folders made are checked (lstat) not to be
+  links, and a link found at an output's place is refused, never written through.
 - Nothing stepper did not write is replaced: an existing output is replaced only with --force,
   and only when the caller recognises it as a file of its own kind (a dump, a report, a recorded
   session, a folder synth or export wrote; the cache knows its files by their ledgers).
@@ -210,16 +210,22 @@ def write_bytes_atomically(path: Path, data: bytes | str) -> None:
 
 
 def open_for_update(path: Path) -> int:
-    """A file descriptor to write into an existing regular file stepper made (never through a link)."""
+    """A file descriptor to write into an existing regular file stepper made (never through a link,
+    symbolic or hard)."""
     try:
         fd = os.open(path, UPDATE)
     except OSError as e:
         if e.errno == errno.ELOOP:
             raise StepperError(f"{shown(path)}: is a link; stepper does not write through links it did not make") from None
         raise
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
         os.close(fd)
         raise StepperError(f"{shown(path)}: is not a regular file; stepper does not write into it")
+    if st.st_nlink != 1:  # a hard link: the same bytes under another name, perhaps a user's
+        os.close(fd)
+        raise StepperError(f"{shown(path)}: has {st.st_nlink} names (hard links); stepper does not write into "
+                           "a file that is also elsewhere")
     return fd
 
 

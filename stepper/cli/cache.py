@@ -37,13 +37,12 @@ CacheMaxOpt = Annotated[float | None, typer.Option("--cache-max-gb", metavar="Gi
 
 def choose(cache_dir: Path | None, max_gb: float | None) -> None:
     """The cache every remote checkpoint of this command uses, and a progress bar on a terminal."""
-    if max_gb is not None and not max_gb > 0:
-        raise StepperError(f"--cache-max-gb must be a number above 0, got {max_gb}")
+    max_bytes = None if max_gb is None else remote.gib_bytes("--cache-max-gb", max_gb)
     chosen = remote.default_settings()
     if cache_dir is not None:
         chosen.cache_dir = cache_dir
-    if max_gb is not None:
-        chosen.max_bytes = int(max_gb * 2**30)
+    if max_bytes is not None:
+        chosen.max_bytes = max_bytes
     if sys.stderr.isatty():
         chosen.progress = byte_progress
     remote.configure(chosen)

@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 
 from stepper.cli.cache import byte_progress
-from stepper.cli.common import PlainOpt, SeedOpt, parse_layers, user_errors
+from stepper.cli.common import PlainOpt, SeedOpt, parse_layers, url_option, user_errors
 from stepper.config import Config, Wrapper
 from stepper.errors import StepperError
 from stepper.fp8 import BLOCK
@@ -21,7 +21,6 @@ from stepper.untrusted import shown
 from stepper.views import fp8_codes, inspect, inspect_stats, int4_codes
 from stepper.views.sinks import print_fitted
 from stepper.weights.names import shape_of, storage_dtype
-from stepper.weights.remote import without_credentials
 from stepper.weights.synth import QUANTS, no_progress, requantized, synth_checkpoint
 from stepper.weights.synthetic import SyntheticWeights
 
@@ -67,7 +66,7 @@ def with_layout(cfg: Config, layout: str) -> Config:
 
 
 def inspect_command(
-    path: Annotated[str, typer.Argument(metavar="PATH", callback=without_credentials, help="A .safetensors file, a checkpoint directory, or a remote checkpoint (hf://ORG/NAME[@REVISION], https://HOST/PATH/).", show_default=False)],
+    path: Annotated[str, typer.Argument(metavar="PATH", callback=url_option, help="A .safetensors file, a checkpoint directory, or a remote checkpoint (hf://ORG/NAME[@REVISION], https://HOST/PATH/).", show_default=False)],
     stats: Annotated[bool, typer.Option("--stats", help="Decode every tensor (FP8 with its scales) and add min, max, mean, std, absmax, NaN and Inf counts.")] = False,
     only: Annotated[list[str] | None, typer.Option(metavar="GLOB", help="List only tensors whose name (or scale's name) matches GLOB, e.g. '*layers.1.*'; repeatable.")] = None,
     layers: Annotated[str | None, typer.Option(metavar="A:B", help="Check and list only layers A to B-1 (no embedding, norm or lm_head).")] = None,

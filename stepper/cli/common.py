@@ -18,7 +18,17 @@ from stepper.untrusted import shown
 from stepper.weights.remote import without_credentials
 
 PRESET_NAMES = ", ".join(PRESETS)
-ModelOpt = Annotated[str, typer.Option(metavar="NAME|PATH", callback=without_credentials, help=f"Preset ({PRESET_NAMES}), a checkpoint directory, a remote checkpoint (hf://ORG/NAME[@REVISION], https://HOST/PATH/) or a config.json.")]
+
+
+def url_option(value: str) -> str:
+    """without_credentials as an option's callback: a malformed URL is a usage error (one line)."""
+    try:
+        return without_credentials(value)
+    except StepperError as e:
+        raise typer.BadParameter(str(e)) from None
+
+
+ModelOpt = Annotated[str, typer.Option(metavar="NAME|PATH", callback=url_option, help=f"Preset ({PRESET_NAMES}), a checkpoint directory, a remote checkpoint (hf://ORG/NAME[@REVISION], https://HOST/PATH/) or a config.json.")]
 SeedOpt = Annotated[int, typer.Option(metavar="S", min=0, help="Seed of the synthetic weights and prompt.")]
 PlainOpt = Annotated[bool, typer.Option("--plain", help="No colour.")]
 

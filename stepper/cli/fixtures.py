@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from stepper.cli.common import PRESET_NAMES, one_prompt, parse_ids, parse_layers, user_errors
+from stepper.cli.common import PRESET_NAMES, one_prompt, parse_ids, parse_layers, url_option, user_errors
 from stepper.errors import StepperError
 from stepper.fixtures import aliases, show, verify
 from stepper.fixtures.export import export
@@ -23,7 +23,6 @@ from stepper.session import text_prompt_ids
 from stepper.text import INSTALL
 from stepper.untrusted import shown
 from stepper.views.sinks import line_width
-from stepper.weights.remote import without_credentials
 
 fixtures_app = typer.Typer(
     no_args_is_help=True,
@@ -46,7 +45,7 @@ PlainOpt = Annotated[bool, typer.Option("--plain", help="No colour.")]
 @fixtures_app.command("export")
 def export_command(
     out: Annotated[Path, typer.Argument(metavar="OUT_DIR", help="Fixture folder to create.", show_default=False)],
-    model: Annotated[str, typer.Option(metavar="NAME|PATH", callback=without_credentials, help=f"Preset ({PRESET_NAMES}), a checkpoint directory or a config.json.")] = "tiny",
+    model: Annotated[str, typer.Option(metavar="NAME|PATH", callback=url_option, help=f"Preset ({PRESET_NAMES}), a checkpoint directory or a config.json.")] = "tiny",
     layer: Annotated[int | None, typer.Option(metavar="N", min=0, help="Run layer N alone, on the prompt's token embeddings.")] = None,
     layers: Annotated[str | None, typer.Option(metavar="A:B", help="Run the model up to layer B-1, capturing layers A to B-1.")] = None,
     ids: Annotated[str | None, typer.Option(metavar="1,2,3", help="Prompt token ids, comma-separated.")] = None,

@@ -1,6 +1,6 @@
 """The learner's workspace: one exercise file `NAME.py` per lesson, default `./stepper-lessons/`.
 
-The learner's file is never lost: `reset` first copies it to a new backup (`NAME.py.bak`, then
+The learner's file is never lost: `reset` first copies it (unless it is the stub) to a new backup (`NAME.py.bak`, then
 `NAME.py.bak2`, `NAME.py.bak3`, ...: an existing backup is never written over), and no file is
 written through a link.
 """
@@ -49,17 +49,18 @@ class Workspace:
         return path
 
     def reset(self, lesson: Lesson) -> tuple[Path, Path | None]:
-        """Put the stub back; an existing file is kept first as a new backup (the next free NAME.py.bakN)."""
+        """Put the stub back; an existing file other than the stub is kept first as a new backup
+        (the next free NAME.py.bakN)."""
         path = self.file(lesson)
         found = files.kind(path)
         if found not in (None, "file"):
             raise StepperError(f"{shown(path)}: is a {found}, not an exercise file; stepper does not write through it")
-        backup = None
+        backup, stub = None, lesson.stub.read_bytes()
         try:
             files.make_folder(self.root)
-            if found == "file":
+            if found == "file" and path.read_bytes() != stub:  # the stub itself needs no backup
                 backup = new_backup(path)
-            files.write_bytes_atomically(path, lesson.stub.read_bytes())
+            files.write_bytes_atomically(path, stub)
         except OSError as e:
             raise StepperError(f"cannot reset {shown(path)} ({e.strerror or e})") from None
         return path, backup

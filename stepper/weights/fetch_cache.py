@@ -314,9 +314,9 @@ def held(root: Path) -> list[Held]:
 def trim(root: Path, max_bytes: int, keep: set[Path]) -> int:
     """Remove least recently used files (not those in keep) until root holds at most max_bytes;
     returns the bytes removed."""
-    files = sorted(held(root), key=lambda h: h.used)
-    total, removed = sum(h.bytes for h in files), 0
-    for h in files:
+    cached = sorted(held(root), key=lambda h: h.used)
+    total, removed = sum(h.bytes for h in cached), 0
+    for h in cached:
         if total - removed <= max_bytes:
             break
         if h.path in keep:

@@ -7,16 +7,22 @@ body has exactly that length, and that the file's ETag is the one it had at the 
 file replaced on the server between two reads would mix two versions). Connection failures,
 timeouts, 5xx and 429 are retried with a growing pause (429's Retry-After honoured); after the
 last try, one line names the file and the range. Time is bounded three ways: each wait for bytes
-(the timeout), each answer as a whole (the timeout plus its length at MIN_RATE: a server that
-trickles is cut off), and all of a run's requests together (run_seconds). The client is `huggingface_hub`'s (httpx2),
-which also supplies the Hub's token headers; tokens never appear in a message.
+(the timeout), each answer as a whole, its status line and headers included (twice the timeout
+plus its length at MIN_RATE: a server that trickles is cut off), and all of a run's requests together
+(run_seconds). The client is `huggingface_hub`'s (httpx2), whose timeouts are per read only: a
+Watchdog shuts a request's connections down at its deadline. The client also supplies the Hub's
+token headers; tokens never appear in a message.
 """
 
 from __future__ import annotations
 
 import re
+import socket
+import threading
 import time
+import weakref
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -44,6 +50,55 @@ class Transfer:
     on_bytes: Callable[[int], None] | None = field(default=None, repr=False)  # a progress bar's advance
 
 
+class Watchdog:
+    """Ends a request that outlives its deadline wherever it waits (headers or body): the
+    client's timeouts are per read, so a server trickling its headers would never be cut off.
+    The sockets are learnt as connections open, through httpcore's `trace` request extension; at
+    the deadline they are shut down, which ends a blocked read at once (the client then fails the
+    request, and `fired` says why)."""
+
+    OPENED = (".connect_tcp.complete", ".start_tls.complete")  # directly, or through a proxy ("proxy.", "socks.")
+
+    def __init__(self) -> None:
+        self.sockets: weakref.WeakSet[socket.socket] = weakref.WeakSet()
+        self.lock = threading.Lock()
+        self.timer: threading.Timer | None = None
+        self.token: object | None = None  # the armed timer's: a timer stopped or replaced meanwhile does nothing
+        self.fired, self.seconds = False, 0.0
+
+    def trace(self, event: str, info: dict) -> None:
+        if event.endswith(self.OPENED) and info.get("return_value") is not None:
+            sock = info["return_value"].get_extra_info("socket")
+            if sock is not None:
+                self.sockets.add(sock)
+
+    def arm(self, began: float, seconds: float) -> None:
+        """Fire `seconds` after `began` (a time.monotonic()), replacing the deadline set before."""
+        self.stop()
+        with self.lock:
+            self.fired, self.seconds, self.token = False, seconds, object()
+            self.timer = threading.Timer(max(0.0, began + seconds - time.monotonic()), self.fire, (self.token,))
+            self.timer.daemon = True
+            self.timer.start()
+
+    def stop(self) -> None:
+        with self.lock:
+            if self.timer is not None:
+                self.timer.cancel()
+                self.timer = self.token = None
+
+    def fire(self, token: object) -> None:
+        with self.lock:
+            if token is not self.token:
+                return
+            self.fired = True
+            for sock in list(self.sockets):
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:  # closed already
+                    pass
+
+
 def missing_extra() -> StepperError:
     return StepperError("reading a remote checkpoint needs huggingface_hub: pip install \"stepper[remote]\"")
 
@@ -64,6 +119,7 @@ class RangeClient:
         self.run_seconds, self.run_deadline = run_seconds, time.monotonic() + run_seconds
         self.etags: dict[str, str] = {}  # url -> the ETag of its first answer
         self.transfer = transfer or Transfer()
+        self.watchdog = Watchdog()
 
     def whole(self, url: str, limit: int) -> bytes | None:
         """A small file's bytes (at most `limit`), or None if the server has no such file (404)."""
@@ -102,31 +158,49 @@ class RangeClient:
         raise StepperError(f"{shown(url)}: {what}: {reason} (after {self.tries} tries)")
 
     def _whole_once(self, url: str, limit: int) -> bytes | None:
-        try:
-            with self.client.stream("GET", url) as response:
-                self.transfer.requests += 1
-                if response.status_code == 404:
-                    return None
-                self._check_status(response, 200)
-                self._check_etag(url, response)
-                sink = Collected()
-                self._stream(url, "the whole file", response, limit, sink, exact=False)
-        except self.httpx.HTTPError as e:
-            raise Transient(describe(e)) from None
+        sink = Collected()
+        with self._request(url, "the whole file", 0) as (response, began):
+            if response.status_code == 404:
+                return None
+            self._check_status(response, 200)
+            self._check_etag(url, response)
+            self.watchdog.arm(began, self._seconds(began, min(limit, declared_length(response, limit))))
+            self._stream(response, limit, sink, exact=False)
         return sink.data()
 
     def _range_once(self, url: str, start: int, end: int, sink: Sink) -> int:
         sink.restart()
-        try:
-            with self.client.stream("GET", url, headers={"Range": f"bytes={start}-{end - 1}"}) as response:
-                self.transfer.requests += 1
-                self._check_status(response, 206)
-                total = self._check_content_range(url, response, start, end)
-                self._check_etag(url, response)
-                self._stream(url, f"bytes {start}-{end - 1}", response, end - start, sink)
-        except self.httpx.HTTPError as e:
-            raise Transient(describe(e)) from None
+        what = f"bytes {start}-{end - 1}"
+        with self._request(url, what, end - start, {"Range": f"bytes={start}-{end - 1}"}) as (response, _):
+            self._check_status(response, 206)
+            total = self._check_content_range(url, response, start, end)
+            self._check_etag(url, response)
+            self._stream(response, end - start, sink)
         return total
+
+    @contextmanager
+    def _request(self, url: str, what: str, length: int, headers: dict[str, str] | None = None):
+        """A GET's response and when it began, the answer cut off by the watchdog once it takes
+        longer than `length` bytes allow (see _seconds); a transport failure is Transient."""
+        began = time.monotonic()
+        self.watchdog.arm(began, self._seconds(began, length))
+        try:
+            with self.client.stream("GET", url, headers=headers, extensions={"trace": self.watchdog.trace}) as response:
+                self.transfer.requests += 1
+                yield response, began
+        except self.httpx.HTTPError as e:
+            if self.watchdog.fired:
+                raise StepperError(f"{shown(url)}: {what}: the answer took over {self.watchdog.seconds:.3g} s; "
+                                   "given up") from None
+            raise Transient(describe(e)) from None
+        finally:
+            self.watchdog.stop()
+
+    def _seconds(self, began: float, length: int) -> float:
+        """How long an answer of `length` bytes may take, within the run's deadline: the timeout
+        for its status line and headers, then the timeout plus its length at MIN_RATE (a server
+        that only stalls meets the per-read timeout first: a transient fault, tried again)."""
+        return min(2 * self.timeout + length / MIN_RATE, max(0.0, self.run_deadline - began))
 
     def _check_status(self, response, expected: int) -> None:
         status = response.status_code
@@ -160,17 +234,10 @@ class RangeClient:
             raise StepperError(f"{shown(url)}: the file changed on the server between two reads (ETag {shown(first)} "
                                f"then {shown(etag)}); nothing read from it is used")
 
-    def _stream(self, url: str, what: str, response, length: int, sink: Sink, exact: bool = True) -> None:
-        """The body into the sink: exactly `length` bytes, or (a whole small file) at most that;
-        given up once the answer takes longer than its deadline or the run's."""
-        expected = length if exact else min(length, declared_length(response, length))
-        seconds = min(self.timeout + expected / MIN_RATE, max(0.0, self.run_deadline - time.monotonic()))
-        deadline = time.monotonic() + seconds
+    def _stream(self, response, length: int, sink: Sink, exact: bool = True) -> None:
+        """The body into the sink: exactly `length` bytes, or (a whole small file) at most that."""
         size = 0
-        for chunk in response.iter_bytes():  # each piece as it arrives: the deadline is checked as they come
-            if time.monotonic() > deadline:
-                raise StepperError(f"{shown(url)}: {what}: the answer took over {seconds:.3g} s ({size} of "
-                                   f"{expected} bytes came); given up")
+        for chunk in response.iter_bytes():  # each piece as it arrives
             size += len(chunk)
             if size > length:
                 if exact:

@@ -17,10 +17,12 @@ import base64
 import hashlib
 import os
 import re
+import threading
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 import numpy as np
@@ -38,6 +40,7 @@ from stepper.weights.safetensors_reader import SafetensorsFile
 HF = "hf://"
 REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 COMMIT = re.compile(r"[0-9a-f]{40}")
+T = TypeVar("T")
 SMALL_FILE = 64 << 20  # config.json and the index: more than this is no such file
 DEFAULT_MAX_GB = 100.0
 RUN_SECONDS = 24 * 3600.0
@@ -61,11 +64,19 @@ def default_settings() -> Settings:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     folder = Path(os.environ.get("STEPPER_CACHE_DIR") or Path(base) / "stepper" / "remote")
     raw = os.environ.get("STEPPER_CACHE_MAX_GB", "")
+    max_bytes = gib_bytes("STEPPER_CACHE_MAX_GB", raw) if raw else int(DEFAULT_MAX_GB * 2**30)
+    return Settings(folder, max_bytes, timeout=positive_seconds("STEPPER_REMOTE_TIMEOUT", 30.0))
+
+
+def gib_bytes(what: str, raw: str | float) -> int:
+    """A size in GiB as bytes: a finite number above 0, else one line naming `what`."""
     try:
-        max_gb = float(raw) if raw else DEFAULT_MAX_GB
+        value = float(raw)
     except ValueError:
-        raise StepperError(f"STEPPER_CACHE_MAX_GB must be a number of GiB, got {shown(raw)!r}") from None
-    return Settings(folder, int(max_gb * 2**30), timeout=positive_seconds("STEPPER_REMOTE_TIMEOUT", 30.0))
+        value = -1.0
+    if not 0 < value < float("inf"):
+        raise StepperError(f"{what} must be a number of GiB above 0, got {shown(str(raw))!r}")
+    return int(value * 2**30)
 
 
 def positive_seconds(variable: str, default: float) -> float:
@@ -115,7 +126,11 @@ def without_credentials(model: str) -> str:
     the URL without them is the one that is shown, and names the cache folder."""
     if not model.startswith(("https://", "http://")):
         return model
-    parts = urlsplit(model)
+    try:
+        parts = urlsplit(model)
+        parts.port  # noqa: B018 (a port that is no number raises here, not at the first request)
+    except ValueError as e:
+        raise StepperError(f"{shown(model)}: not a URL ({e})") from None
     if "@" not in parts.netloc:
         return model
     userinfo, _, host = parts.netloc.rpartition("@")
@@ -159,14 +174,38 @@ def resolve_revision(api, repo: str, revision: str, timeout: float, model: str) 
     import httpx2
     from huggingface_hub.errors import HfHubHTTPError
 
+    failed = f"{shown(model)}: cannot resolve revision {shown(revision)!r} on the Hub"
     try:
-        sha = api.model_info(repo, revision=revision, timeout=timeout).sha
+        sha = within(2 * timeout, lambda: api.model_info(repo, revision=revision, timeout=timeout).sha)
+    except TimeoutError:
+        raise StepperError(f"{failed} (no answer within {2 * timeout:g} s; given up)") from None
     except (HfHubHTTPError, httpx2.HTTPError, OSError, ValueError) as e:  # not found, gated, network: one line, no token
-        raise StepperError(f"{shown(model)}: cannot resolve revision {shown(revision)!r} on the Hub "
-                           f"({type(e).__name__}: {shown(str(e).splitlines()[0] if str(e) else '')})") from None
+        raise StepperError(f"{failed} ({type(e).__name__}: {shown(str(e).splitlines()[0] if str(e) else '')})") from None
     if not isinstance(sha, str) or not COMMIT.fullmatch(sha):
         raise StepperError(f"{shown(model)}: the Hub gave no commit for revision {shown(revision)!r}")
     return sha
+
+
+def within(seconds: float, call: Callable[[], T]) -> T:
+    """call()'s result, or TimeoutError once it has taken `seconds`: for a request made by a
+    library whose timeout is per read only (a server trickling its answer would hold it for ever).
+    The call goes on in a daemon thread, which ends with the process."""
+    done: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            done["value"] = call()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller, who words it or lets it through
+            done["error"] = e
+
+    worker = threading.Thread(target=work, daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if worker.is_alive():
+        raise TimeoutError
+    if "error" in done:
+        raise done["error"]
+    return done["value"]
 
 
 def open_remote(model: str, chosen: Settings | None = None) -> RemoteCheckpoint:

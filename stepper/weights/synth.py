@@ -221,10 +221,13 @@ def check_replaceable(out: Path, force: bool, foreign: Callable[[Path], list[str
         raise StepperError(f"{out}: folder {out.parent} does not exist")
     if not os.access(out.parent, os.W_OK):
         raise StepperError(f"{out}: folder {out.parent} is not writable")
-    if not (out.exists() or out.is_symlink()):
+    found = files.kind(out)
+    if found is None:
         return
-    if out.is_symlink() or not out.is_dir():
-        raise StepperError(f"{out}: is a file, not a folder; stepper writes a new folder there (remove the file first)")
+    if found != "folder":
+        thing = {"other": "special file"}.get(found, found)  # a link is not followed, even to a folder
+        raise StepperError(f"{shown(out)}: is a {thing}, not a folder; stepper writes a new folder there "
+                           f"(remove the {thing} first)")
     if not force:
         raise StepperError(f"{out}: already exists; pass --force to replace it")
     others = foreign(out)

@@ -81,3 +81,13 @@ def test_without_force_an_existing_folder_is_refused(written):
     done = export(written)
     assert done.exit_code == 2 and done.stderr == f"stepper: error: {written}: already exists; pass --force to replace it\n"
     assert snapshot(written) == before
+
+
+def test_a_link_in_the_way_is_named_as_a_link_and_not_followed(written, tmp_path):
+    before = snapshot(written)
+    link = tmp_path / "alink"
+    link.symlink_to(written)  # a folder stepper wrote, behind a link: --force must not replace it through the link
+    done = export(link, "--force")
+    assert done.exit_code == 2 and done.stderr == (f"stepper: error: {link}: is a link, not a folder; stepper writes a new "
+                                                   "folder there (remove the link first)\n")
+    assert link.is_symlink() and snapshot(written) == before

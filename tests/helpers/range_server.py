@@ -4,7 +4,9 @@ It serves `/PATH` from the folder and, as a Hub endpoint, `/{org}/{name}/resolve
 and `/api/models/{org}/{name}/revision/{revision}` (the commit a revision points at). It counts
 the file bytes it sends and the requests, and can be told to misbehave on the next requests: a
 5xx or 429, a dropped connection mid-body, a short body, a wrong Content-Range, a stall, a
-changed ETag, a body trickled one byte every `trickle_seconds` ("trickle"), a Content-Range
+changed ETag, a body trickled one byte every `trickle_seconds` ("trickle"), the status line and
+headers trickled the same way ("trickle-headers", counted in `head_sent`; also the Hub API's
+answers, with `api_fault`), a Content-Range
 whose total is 2^60 ("huge-total"). Written from the HTTP range semantics (RFC 9110), independently of stepper's client.
 """
 
@@ -33,9 +35,11 @@ class RangeServer:
     def __init__(self, root: Path):
         self.root = root
         self.sent = 0  # file bytes sent
+        self.head_sent = 0  # bytes of trickled status lines and headers sent
         self.requests: list[tuple[str, str | None]] = []  # (path, Range header)
         self.headers_seen: list[dict[str, str]] = []  # each request's headers, names in lower case
         self.faults: list[str] = []  # applied one per request, first first
+        self.api_fault: str | None = None  # "trickle-headers": every Hub API answer trickled so
         self.etag_suffix = ""
         self.trickle_seconds = 0.2
         self.lock = threading.Lock()
@@ -95,6 +99,9 @@ class RangeServer:
 
             def send_json(self, value) -> None:
                 body = json.dumps(value).encode()
+                if server.api_fault == "trickle-headers":
+                    self.trickle_head(200, {"Content-Type": "application/json"}, body)
+                    return
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
@@ -119,6 +126,9 @@ class RangeServer:
                     body, status, content_range = data, 200, None
                 if fault == "stall":
                     time.sleep(3)
+                if fault == "trickle-headers":
+                    self.trickle_head(status, {"ETag": etag, "Content-Range": content_range}, body)
+                    return
                 self.send_response(status)
                 self.send_header("ETag", etag)
                 if content_range:
@@ -128,7 +138,8 @@ class RangeServer:
                 if fault in ("drop", "short"):
                     body = body[: len(body) // 2]
                 if fault == "trickle":
-                    return self.trickle(body)
+                    self.trickle(body)
+                    return
                 self.wfile.write(body)
                 with server.lock:
                     server.sent += len(body)
@@ -137,16 +148,24 @@ class RangeServer:
                     self.wfile.flush()
                     self.connection.shutdown(2)
 
-            def trickle(self, body: bytes) -> None:
-                """One byte at a time, each after a pause, until the client gives up."""
-                for i in range(len(body)):
+            def trickle(self, data: bytes, counter: str = "sent") -> bool:
+                """One byte at a time, each after a pause, counted in server.<counter>; whether all went
+                (not if the client gave up)."""
+                for i in range(len(data)):
                     time.sleep(server.trickle_seconds)
                     try:
-                        self.wfile.write(body[i : i + 1])
+                        self.wfile.write(data[i : i + 1])
                         self.wfile.flush()
                     except OSError:
-                        return
+                        return False
                     with server.lock:
-                        server.sent += 1
+                        setattr(server, counter, getattr(server, counter) + 1)
+                return True
+
+            def trickle_head(self, status: int, headers: dict, body: bytes) -> None:
+                """The status line and headers trickled, then the body at once."""
+                lines = [f"HTTP/1.1 {status} Partial\r\n"] + [f"{k}: {v}\r\n" for k, v in headers.items() if v]
+                if self.trickle("".join(lines + [f"Content-Length: {len(body)}\r\n\r\n"]).encode(), "head_sent"):
+                    self.wfile.write(body)
 
         return Handler

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers.range_server import COMMIT, RangeServer
+from helpers.range_server import COMMIT
 
 from stepper.errors import StepperError
 from stepper.presets import preset
@@ -19,24 +19,11 @@ from stepper.trace import Recorder
 from stepper.weights import remote
 from stepper.weights.checkpoint import SCALE, Checkpoint
 from stepper.weights.names import EMBED, global_shapes, layer_shapes
-from stepper.weights.synth import synth_checkpoint
-from stepper.weights.synthetic import SyntheticWeights
 
 pytest.importorskip("huggingface_hub")
 
 IDS = (5, 17, 3)
 SPEC = RunSpec(model="", layer=1, ids=IDS, start_pos=4100, decode=1)
-
-
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory) -> Path:
-    return synth_checkpoint(SyntheticWeights(preset("tiny"), seed=3), tmp_path_factory.mktemp("served") / "ck")
-
-
-@pytest.fixture
-def server(folder):
-    with RangeServer(folder.parent) as s:
-        yield s
 
 
 def settings(tmp_path: Path, timeout: float = 5.0) -> remote.Settings:

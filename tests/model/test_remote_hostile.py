@@ -9,34 +9,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers.cli import stepper
-from helpers.range_server import RangeServer
+from helpers.cli import one_line, stepper
 
 from stepper.errors import StepperError
-from stepper.presets import preset
 from stepper.session import RunSpec, run
 from stepper.trace import Recorder
 from stepper.weights import remote
 from stepper.weights.checkpoint import INDEX, Checkpoint
 from stepper.weights.http_ranges import RangeClient
-from stepper.weights.synth import synth_checkpoint
-from stepper.weights.synthetic import SyntheticWeights
 
 pytest.importorskip("huggingface_hub")
 
 SPEC = RunSpec(model="", layer=1, ids=(5, 17, 3))
 VICTIM = b"the user's own bytes, which no cache may write over\n" * 4
-
-
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory) -> Path:
-    return synth_checkpoint(SyntheticWeights(preset("tiny"), seed=3), tmp_path_factory.mktemp("served") / "ck")
-
-
-@pytest.fixture
-def server(folder):
-    with RangeServer(folder.parent) as s:
-        yield s
 
 
 def settings(tmp_path: Path, timeout: float = 5.0) -> remote.Settings:
@@ -202,3 +187,76 @@ def test_a_content_range_total_of_2_to_the_60_is_refused_without_a_file(folder, 
     ckpt = remote.open_remote(url, settings(tmp_path))
     assert "more than any checkpoint file" in ckpt.unreadable[shard] and "\n" not in ckpt.unreadable[shard]
     assert not (cached / shard).exists()
+
+
+def test_a_server_that_trickles_its_headers_is_cut_off_in_one_line(folder, server, tmp_path):
+    server.faults, server.trickle_seconds = ["trickle-headers"], 0.1  # about 8 s for the status line and headers
+    with pytest.raises(StepperError) as e:
+        remote.open_remote(f"{server.url}/ck/", settings(tmp_path, timeout=0.3))
+    assert "\n" not in str(e.value) and "config.json: the whole file: the answer took over" in str(e.value)
+    assert 0 < server.head_sent < 40  # cut off near its deadline (0.6 s, about 6 bytes), not at the headers' end
+    assert server.sent == 0
+
+
+def test_a_password_in_a_url_given_to_the_api_is_not_kept_in_the_run(server, tmp_path, monkeypatch):
+    import stepper as api
+
+    monkeypatch.setenv("STEPPER_CACHE_DIR", str(tmp_path / "cache"))
+    url = server.url.replace("http://", "http://reader:s3cret-pw@") + "/ck/"
+    got = api.run(url, layer=1, keep="*k_pe")
+    assert got.spec.model == f"{server.url}/ck/" and "s3cret" not in repr(got) + repr(got.spec)
+    sent = {h.get("authorization") for h in server.headers_seen}
+    assert "Basic " + base64.b64encode(b"reader:s3cret-pw").decode() in sent  # the credentials do reach the server
+
+
+def test_over_its_limit_the_cache_drops_the_least_recently_used_checkpoint_but_not_a_link(folder, server, tmp_path):
+    older, newer = f"{server.url}/ck/", f"{server.url}/org/ck/resolve/main/"  # the same files under two URLs
+    output(remote.open_remote(older, settings(tmp_path)))
+    shards = sorted(set(json.loads((folder / INDEX).read_text())["weight_map"].values()))
+    kept = cache_folder(tmp_path, older)
+    assert all((kept / shard).is_file() for shard in shards)
+    target = victim(tmp_path)
+    (kept / shards[0]).unlink()
+    (kept / shards[0]).symlink_to(target)  # its ledger stays: a link where a cached file was
+    small = remote.Settings(tmp_path / "cache", 1, 5.0, pause=0.01)
+    got = output(remote.open_remote(newer, small))
+    np.testing.assert_array_equal(got, output(Checkpoint(folder)))
+    assert [s for s in shards if (kept / s).exists() and not (kept / s).is_symlink()] == []  # the older copy's files gone
+    assert (kept / shards[0]).is_symlink() and target.read_bytes() == VICTIM
+    assert all((cache_folder(tmp_path, newer) / shard).is_file() for shard in shards)
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "0", "lots"])
+def test_a_cache_limit_that_is_no_size_is_one_line(value, tmp_path):
+    env = {"STEPPER_CACHE_DIR": str(tmp_path / "cache"), "STEPPER_CACHE_MAX_GB": value}
+    assert one_line(stepper("cache", "ls", env=env)) == \
+        f"stepper: error: STEPPER_CACHE_MAX_GB must be a number of GiB above 0, got {value!r}"
+    env["STEPPER_CACHE_MAX_GB"] = None
+    if value != "lots":  # the option's own type check words that one
+        said = one_line(stepper("--cache-max-gb", value, "cache", "ls", env=env))
+        assert said.startswith("stepper: error: --cache-max-gb must be a number of GiB above 0, got "), said
+
+
+@pytest.mark.parametrize(("url", "why"), [("http://reader:s3cret-pw@[bad/", "Invalid IPv6 URL"),
+                                          ("http://reader:s3cret-pw@127.0.0.1:99999/ck/", "Port out of range 0-65535")])
+def test_a_malformed_url_is_one_line_without_its_password(url, why, tmp_path):
+    import stepper as api
+
+    shown = url.replace("reader:s3cret-pw@", "***@")
+    for args, option in ((("run", "--model", url), "'--model'"), (("inspect", url), "'PATH'")):
+        assert one_line(stepper(*args, env={"STEPPER_CACHE_DIR": str(tmp_path / "cache")})) == \
+            f"stepper: error: Invalid value for {option}: {shown}: not a URL ({why}) (see stepper {args[0]} --help)"
+    with pytest.raises(StepperError) as e:
+        api.run(url)
+    assert str(e.value) == f"{shown}: not a URL ({why})"
+
+
+def test_a_hub_that_trickles_its_answer_on_a_revision_is_cut_off_in_one_line(server, tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "ENDPOINT", server.url)  # as HF_ENDPOINT sets it when the Hub's library loads
+    server.api_fault, server.trickle_seconds = "trickle-headers", 0.1  # about 8 s for the status line and headers
+    with pytest.raises(StepperError) as e:
+        remote.open_remote("hf://org/ck", settings(tmp_path, timeout=0.3))
+    assert str(e.value) == "hf://org/ck: cannot resolve revision 'main' on the Hub (no answer within 0.6 s; given up)"
+    assert 0 < server.head_sent < 40  # cut off near its deadline, not at the headers' end

@@ -86,6 +86,14 @@ def test_updating_a_file_refuses_a_link(tmp_path):
     assert target.read_bytes() == MINE
 
 
+def test_updating_a_file_refuses_a_hard_link(tmp_path):
+    target = user_file(tmp_path)
+    os.link(target, tmp_path / "shard")  # the same file under a second name: writing one writes the other
+    with pytest.raises(StepperError, match="shard: has 2 names"):
+        files.open_for_update(tmp_path / "shard")
+    assert target.read_bytes() == MINE
+
+
 def test_removing_a_link_removes_the_link_only_and_a_folder_is_not_removed(tmp_path):
     target = user_file(tmp_path)
     (tmp_path / "link").symlink_to(target)

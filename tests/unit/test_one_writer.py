@@ -30,7 +30,7 @@ def offences(source: str) -> list[str]:
         owner = func.value.id if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) else ""
         if name in WRITING_METHODS and not (name == "save" and owner not in ("np", "numpy")) \
                 and not (name in ("copy", "remove") and owner not in ("shutil", "os")) \
-                and not (name == "truncate" and any(k.arg == "overflow" for k in node.keywords)):  # rich's Text
+                and not (name == "truncate" and (node.keywords or len(node.args) > 1)):  # a file's takes one size
             found.append(f"line {node.lineno}: {owner + '.' if owner else ''}{name}()")
         elif name == "replace" and len(node.args) == 1 and not node.keywords:  # Path.replace(target); str.replace takes 2
             found.append(f"line {node.lineno}: .replace(target)")
