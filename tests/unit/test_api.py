@@ -190,12 +190,14 @@ def test_run_name_is_a_read_only_array_when_held_and_a_lazy_tensor_of_a_chunked_
     assert first.shape == whole[lazy[0]].shape and first.dtype == whole[lazy[0]].dtype
     assert first.cost == "reading it replays the prefill's 3 chunks once and makes the run's 98 chunked tensors " \
                          f"({sum(chunked[n].nbytes for n in lazy) / 2**20:,.1f} MiB), kept for the next reads"
+    drawn = "layers.1.self_attn.attn_weights"
+    assert repr(chunked.picture("attention", drawn)) == repr(whole.picture("attention", drawn))
     for _ in range(2):
         for name in lazy:
             a, b = whole[name].astype(np.float64), chunked[name].numpy().astype(np.float64)
             np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * np.nanmax(np.abs(np.where(np.isfinite(a), a, 0))),
                                        err_msg=name)
-    assert replayed[after_the_prefill:] == [0, 1, 2]  # 98 tensors read twice: one replay of the 3 chunks
+    assert replayed[after_the_prefill:] == [0, 1, 2]  # a picture and 98 tensors read twice: one replay of the 3 chunks
     assert chunked[lazy[0]].cost == "held since a tensor of its run was read (no cost)"
     assert np.array_equal(np.asarray(chunked[lazy[1]]), chunked[lazy[1]].numpy())
 
