@@ -5,9 +5,9 @@ made at a time.
 A `Chunked` knows its shape, dtype and figures (the statistics, the sparkline's histogram and the
 corners, gathered exactly chunk by chunk while the prefill ran), so the views show it at no cost.
 Its values come from its `Source`, the prefill's replay: reading one (`np.asarray(chunked)`,
-`numpy()`) replays the chunks once against the cache as it was and makes every chunked tensor of
-the run together, which the source keeps, so reading the others replays nothing (`cost` says how
-much that is). `piece(k)` is chunk k's part alone.
+`numpy()`) replays the chunks once against the cache as it was. The tensors a holder keeps
+(`keep_when_read`: a `stepper.run`'s) are made together on the first read and kept, so reading
+the others replays nothing; `cost` says which. `piece(k)` is chunk k's part alone.
 """
 
 from __future__ import annotations
@@ -32,6 +32,9 @@ class Source(Protocol):
     def cost(self, name: str) -> str:
         """What reading `name` makes, in one sentence."""
 
+    def keep(self, name: str) -> None:
+        """Make `name` with the others kept on the first read of one, and keep it."""
+
 
 class Chunked(LazyTensor):
     """A tensor whose positions axis `axis` is made in `chunks` pieces, read from `source` by its name."""
@@ -54,6 +57,9 @@ class Chunked(LazyTensor):
     @property
     def cost(self) -> str:
         return self.source.cost(self.name)
+
+    def keep_when_read(self) -> None:
+        self.source.keep(self.name)
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
         whole = self.source.whole(self.name)

@@ -76,14 +76,16 @@ def in_chunks(step: Step, length: int, chunk: int, cache: KVCache, emit: Emitter
 
 class Replay:
     """The chunks of the prefill run again, against the cache as it was before each: the `Source`
-    of the run's chunked tensors. Reading one replays every chunk once and makes all of them,
-    which it keeps: reading the others replays nothing."""
+    of the run's chunked tensors. The tensors a holder keeps (`keep`: a `stepper.run`'s) are made
+    together: reading one replays every chunk once and makes all of them, kept, so reading the
+    others replays nothing. Any other is made alone when read (a dump writes it and lets it go)."""
 
     def __init__(self, step: Step, spans: list[slice], final: list[LayerCache], before: list[list[int]], emit: Emitter):
         self.step, self.spans, self.final, self.before, self.emit = step, spans, final, before, emit
         self.parts: dict[str, Part] = {}  # the chunked tensors, by name (set once the prefill has run)
         self.kept: tuple[int, dict[str, np.ndarray | Tiled]] | None = None  # the last chunk replayed for its tensors
-        self.made: dict[str, np.ndarray] = {}  # every chunked tensor, whole, once one is read
+        self.together: set[str] = set()  # the names made together on the first read, and kept
+        self.made: dict[str, np.ndarray] = {}  # those, once made
 
     def run(self, k: int, sinks: list) -> None:
         cache = KVCache(0)
@@ -103,14 +105,20 @@ class Replay:
             self.kept = (k, arrays)
         return self.parts[name].widened(self.kept[1][name])
 
+    def keep(self, name: str) -> None:
+        self.together.add(name)
+
     def whole(self, name: str) -> np.ndarray:
-        if not self.made:
-            self.made = self.make_all()
+        if name in self.made:
+            return self.made[name]
+        if name not in self.together:
+            return self.make([name])[name]
+        self.made.update(self.make(sorted(self.together - self.made.keys())))
         return self.made[name]
 
-    def make_all(self) -> dict[str, np.ndarray]:
-        """Every chunked tensor over all positions, each chunk replayed once for all of them."""
-        made: dict[str, list[np.ndarray]] = {name: [] for name in self.parts}
+    def make(self, names: list[str]) -> dict[str, np.ndarray]:
+        """These chunked tensors over all positions, each chunk replayed once for all of them."""
+        made: dict[str, list[np.ndarray]] = {name: [] for name in names}
 
         def keep(event: Event) -> None:
             if event.name in made:
@@ -124,11 +132,14 @@ class Replay:
         return wholes
 
     def cost(self, name: str) -> str:
-        if self.made:
+        chunks = f"the prefill's {len(self.spans)} chunks"
+        if name in self.made:
             return "held since a tensor of its run was read (no cost)"
-        total = sum(int(np.prod(p.shape)) * p.dtype.itemsize for p in self.parts.values())
-        return (f"reading it replays the prefill's {len(self.spans)} chunks once and makes the run's "
-                f"{len(self.parts)} chunked tensors ({mib(total)}), kept for the next reads")
+        if name not in self.together:
+            return f"reading it replays {chunks} for it alone ({mib(self.parts[name].nbytes)}, not kept)"
+        together = [self.parts[n] for n in self.together - self.made.keys()]
+        return (f"reading it replays {chunks} once and makes the {len(together)} chunked tensors the run keeps "
+                f"({mib(sum(p.nbytes for p in together))}): the next reads cost nothing")
 
 
 class Gathered:
@@ -189,6 +200,10 @@ class Part:
         shape = list(self.shapes[-1])  # the last chunk's rows are the widest
         shape[self.axis] = sum(s[self.axis] for s in self.shapes)
         return tuple(shape)
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape)) * self.dtype.itemsize
 
     @property
     def padding(self) -> int:

@@ -188,8 +188,8 @@ def test_run_name_is_a_read_only_array_when_held_and_a_lazy_tensor_of_a_chunked_
     after_the_prefill = len(replayed)  # the histograms' pass: each chunk once
     first = chunked[lazy[0]]
     assert first.shape == whole[lazy[0]].shape and first.dtype == whole[lazy[0]].dtype
-    assert first.cost == "reading it replays the prefill's 3 chunks once and makes the run's 98 chunked tensors " \
-                         f"({sum(chunked[n].nbytes for n in lazy) / 2**20:,.1f} MiB), kept for the next reads"
+    assert first.cost == "reading it replays the prefill's 3 chunks once and makes the 98 chunked tensors the run " \
+                         f"keeps ({sum(chunked[n].nbytes for n in lazy) / 2**20:,.1f} MiB): the next reads cost nothing"
     drawn = "layers.1.self_attn.attn_weights"
     assert repr(chunked.picture("attention", drawn)) == repr(whole.picture("attention", drawn))
     for _ in range(2):
