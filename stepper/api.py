@@ -56,8 +56,8 @@ from stepper.untrusted import shown
 from stepper.views import notebook
 from stepper.weights.source import WeightSource
 
-__all__ = ["Diff", "LazyTensor", "Run", "StepperError", "diff", "force_experts", "load", "run", "zero_expert", "zero_head",
-           "zero_router_bias"]
+__all__ = ["Diff", "LazyTensor", "Run", "StepperError", "diff", "force_experts", "load", "run", "zero_expert",
+           "zero_head", "zero_router_bias"]
 
 PICTURES = {**PICTURE_TENSORS, "hist": ()}  # a picture and the tensors it draws (as `--show` takes them; hist: any)
 API_WORDING = Wording(keep="keep=", patch="patch=", options={
