@@ -5,11 +5,11 @@ Two kinds are made when read, both `LazyTensor`s with the same face: a tensor to
 the attention's operands) and a tensor of a prefill run in chunks of positions
 (`stepper.chunked.Chunked`, made by replaying the chunks). A lazy tensor tells its shape, dtype
 and sizes as an array does; `cost` says, in one sentence, what reading it makes; `numpy()` (or
-`np.asarray(t)`) reads it; `keep_when_read()` has a holder's tensors made together and kept
-(a chunked run's: one replay for all, never one per read); `blocks()` gives its values a block at a time (for statistics: in no
-particular order); `figures` are its statistics when they are known without reading it (a
-chunked prefill's, gathered as it ran), else None. `held(t)` tells the two apart, so no consumer
-needs to know which kind it has.
+`np.asarray(t)`) reads it; `keep_when_read()` has a holder's tensors made together and kept (a
+chunked run's: one replay for all, never one per read); `blocks()` gives its values a block at a
+time (for statistics: in no particular order); `figures` are its statistics when they are known
+without reading it (a chunked prefill's, gathered as it ran), else None. `held(t)` tells an
+array from a lazy tensor, so no consumer needs to know which kind it has.
 """
 
 from __future__ import annotations
