@@ -3,16 +3,16 @@
 As a library (`stepper.api`, loaded on first use, so `import stepper` stays light):
 
     run = stepper.run("tiny", ids=[1, 2, 3], decode=1)
-    run["prefill.layers.1.self_attn.compressed_kv"]   # a NumPy array
+    run["prefill.layers.1.self_attn.compressed_kv"]   # a NumPy array (a LazyTensor if made when read)
 
-`run`, `diff`, `load`, the patch helpers (`zero_expert`, `zero_head`, `force_experts`,
+`run`, `diff`, `load`, `LazyTensor`, the patch helpers (`zero_expert`, `zero_head`, `force_experts`,
 `zero_router_bias`) and `StepperError` are documented in `stepper.api`; `dir(stepper)` lists them
 (so a shell or notebook completes them) without loading it.
 """
 
 from stepper.version import __version__
 
-__all__ = ["Diff", "Run", "StepperError", "__version__", "diff", "force_experts", "load", "run", "zero_expert",
+__all__ = ["Diff", "LazyTensor", "Run", "StepperError", "__version__", "diff", "force_experts", "load", "run", "zero_expert",
            "zero_head", "zero_router_bias"]
 
 

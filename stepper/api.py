@@ -2,7 +2,7 @@
 
     import stepper
     run = stepper.run("tiny", ids=[1, 2, 3], decode=1)    # the options of `stepper run`, as keywords
-    run["prefill.layers.1.self_attn.compressed_kv"]       # a NumPy array (read-only)
+    run["prefill.layers.1.self_attn.compressed_kv"]       # a NumPy array (read-only), or a LazyTensor
     run.names                                             # the kept names, in execution order
     run.explain("k_pe")                                   # the catalogue entry, as a dict
     run.generated, run.config                             # the decoded tokens, the model's Config
@@ -15,6 +15,12 @@ that says True; every tensor by default, refused before it starts when they woul
 memory). `patch=` maps globs to functions `fn(array, name)`: at each tensor a glob matches, the
 model continues with the function's result (same shape and dtype; None leaves it as it was). Bad arguments raise `StepperError` with one
 sentence naming the argument and what was expected.
+
+`run[name]` is a read-only NumPy array when the run holds the tensor, else a `LazyTensor`
+(stepper.tensor), made when read: a long prompt's attention scores and weights (made a tile at a
+time), every tensor over the positions of a prefill run in chunks (chunk=). `np.asarray(t)` or
+`t.numpy()` reads one and `t.cost` says first what that makes: a chunked run's first read replays
+its chunks once and makes all its chunked tensors, kept for the next reads.
 
 In a notebook, one call is one display: a run (a summary: its steps and layers, what each kept),
 `run.show(name)` (the tensor's row), `run.picture(kind, name)` and a diff are values that display
@@ -44,14 +50,15 @@ from stepper.errors import StepperError
 from stepper.fixtures import diff as compare
 from stepper.patching import PatchFn, as_patches, force_experts, zero_expert, zero_head, zero_router_bias
 from stepper.session import ATTN_CHOICES, INDEX_SCORING_CHOICES, RunSpec
-from stepper.trace import Event, did_you_mean, held, matches
+from stepper.tensor import LazyTensor, Tensor, held
+from stepper.trace import Event, did_you_mean, matches
 from stepper.untrusted import shown
 from stepper.views import notebook
 from stepper.weights.remote import without_credentials
 from stepper.weights.source import WeightSource
 
-__all__ = ["Diff", "Run", "StepperError", "diff", "force_experts", "load", "run", "zero_expert", "zero_head",
-           "zero_router_bias"]
+__all__ = ["Diff", "LazyTensor", "Run", "StepperError", "diff", "force_experts", "load", "run", "zero_expert",
+           "zero_head", "zero_router_bias"]
 
 PICTURES = {**PICTURE_TENSORS, "hist": ()}  # a picture and the tensors it draws (as `--show` takes them; hist: any)
 API_WORDING = Wording(keep="keep=", patch="patch=", options={
@@ -82,8 +89,8 @@ def run(model: str | Path = "tiny", *, ids: Sequence[int] | None = None, prompt_
     changed weights; index_scoring: DeepSeek-V3.2's indexer scores exactly (float32) or as
     DeepSeek's inference code does ("fp8": Hadamard-rotated FP8 q and k); cache_len: a lone layer's
     cache starts with this many synthetic positions (as --cache-len); chunk: the prefill runs this
-    many positions at a time, each tensor still kept once over every position (made again from
-    the chunks when read); 0, the default: the whole prompt at once.
+    many positions at a time, each tensor still kept once over every position (a LazyTensor: the
+    first read replays the chunks once for all of them); 0, the default: the whole prompt at once.
     """
     spec = RunSpec(
         model=without_credentials(str(_path_or_name("model", model))), layer=_count("layer", layer, none=True), layers=_layers(layers),
@@ -110,6 +117,9 @@ class Run(Mapping):
     def __init__(self, recorded: Recorded):
         self._recorded = recorded
         self._events = {name: replace(e, array=read_only(e.array)) for name, e in recorded.events.items()}
+        for event in self._events.values():
+            if not held(event.array):
+                event.array.keep_when_read()  # a chunked run's: one replay makes them all, never one per read
 
     @property
     def names(self) -> list[str]:
@@ -157,7 +167,8 @@ class Run(Mapping):
             raise NotFound(f"'{name}' was emitted but not kept: add it to keep=")
         raise NotFound(f"no tensor '{name}' in this run{did_you_mean(name, self._recorded.names)}")
 
-    def __getitem__(self, name: str) -> np.ndarray:
+    def __getitem__(self, name: str) -> Tensor:
+        """The kept tensor `name`: a read-only array, or a LazyTensor made when read (see `cost`)."""
         if not isinstance(name, str):
             raise NotFound(f"tensors are looked up by name (a string), got {type(name).__name__}")
         return self.event(name).array
@@ -257,7 +268,7 @@ def _side(which: str, side: Any) -> tuple[dict[str, np.ndarray], str]:
                        f"fixture folder, got {type(side).__name__}")
 
 
-def read_only(array: np.ndarray) -> np.ndarray:
+def read_only(array: Tensor) -> Tensor:
     """A view that cannot be written (the array itself keeps its flags); a tensor made when read
     (stepper.tiled: long attention; stepper.chunked: a chunked prefill's) is read-only already
     and is kept as it is."""

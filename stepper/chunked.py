@@ -3,58 +3,67 @@ every position of the prompt, as the whole prompt's run has it, though only one 
 made at a time.
 
 A `Chunked` knows its shape, dtype and figures (the statistics, the sparkline's histogram and the
-corners, gathered exactly chunk by chunk while the prefill ran), so the views show it at no cost;
-its values are made again, a chunk at a time, by whoever asks for them (`pieces()`, `blocks()`,
-`np.asarray(chunked)`): each piece is that chunk's run replayed against the cache as it was.
+corners, gathered exactly chunk by chunk while the prefill ran), so the views show it at no cost.
+Its values come from its `Source`, the prefill's replay: reading one (`np.asarray(chunked)`,
+`numpy()`) replays the chunks once against the cache as it was. The tensors a holder keeps
+(`keep_when_read`: a `stepper.run`'s) are made together on the first read and kept, so reading
+the others replays nothing; `cost` says which. `piece(k)` is chunk k's part alone.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
+from typing import Protocol
 
 import numpy as np
 
-from stepper.statistics import Stats, pieces
-from stepper.tiled import Tiled, Unheld
-
-Piece = Callable[[int], "np.ndarray | Tiled"]  # chunk k -> its part of the tensor, as the whole tensor has it
+from stepper.tensor import Figures, LazyTensor, Tensor
 
 
-@dataclass(frozen=True)
-class Figures:
-    """What the views show of a tensor, gathered exactly chunk by chunk."""
+class Source(Protocol):
+    """Where a chunked tensor's values come from: the replay of the prefill's chunks."""
 
-    stats: Stats
-    counts: list[int]  # the histogram of the finite values in len(counts) equal bins between stats.min and max
-    first: list[float]  # corners: the first values of the first row, the last of the last
-    last: list[float]
+    def piece(self, name: str, k: int) -> Tensor:
+        """Chunk k's part of the tensor `name`, as the whole tensor has it."""
+
+    def whole(self, name: str) -> np.ndarray:
+        """The tensor `name` over every chunk (made with the others it keeps, in one replay)."""
+
+    def cost(self, name: str) -> str:
+        """What reading `name` makes, in one sentence."""
+
+    def keep(self, name: str) -> None:
+        """Make `name` with the others kept on the first read of one, and keep it."""
 
 
-class Chunked(Unheld):
-    """A tensor whose positions axis `axis` is made in `chunks` pieces, `piece(k)` each."""
+class Chunked(LazyTensor):
+    """A tensor whose positions axis `axis` is made in `chunks` pieces, read from `source` by its name."""
 
-    def __init__(self, shape: tuple[int, ...], dtype: np.dtype, axis: int, chunks: int, piece: Piece, figures: Figures):
-        self.shape = tuple(int(n) for n in shape)
-        self.dtype = np.dtype(dtype)
-        self.axis, self.chunks, self.piece, self.figures = axis, chunks, piece, figures
+    made, whole = "a chunk of the prefill at a time", "a prefill run whole"
 
-    def pieces(self) -> Iterator[np.ndarray | Tiled]:
+    def __init__(self, name: str, shape: tuple[int, ...], dtype: np.dtype, axis: int, chunks: int, source: Source,
+                 figures: Figures):
+        self.name, self.shape, self.dtype = name, tuple(int(n) for n in shape), np.dtype(dtype)
+        self.axis, self.chunks, self.source, self.figures = axis, chunks, source, figures
+
+    def piece(self, k: int) -> Tensor:
+        return self.source.piece(self.name, k)
+
+    def pieces(self) -> Iterator[Tensor]:
         """Each chunk's part, in order along the positions axis."""
         for k in range(self.chunks):
             yield self.piece(k)
 
-    def blocks(self) -> Iterator[np.ndarray]:
-        """The values a block at a time, chunk by chunk (not in C order: for order-free figures)."""
-        for part in self.pieces():
-            yield from part.blocks() if isinstance(part, Tiled) else pieces(np.asarray(part))
+    @property
+    def cost(self) -> str:
+        return self.source.cost(self.name)
+
+    def keep_when_read(self) -> None:
+        self.source.keep(self.name)
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
-        whole = np.concatenate([np.asarray(part) for part in self.pieces()], axis=self.axis)
+        whole = self.source.whole(self.name)
         return whole if dtype is None else whole.astype(dtype, copy=False)
 
     def __getitem__(self, index) -> np.ndarray:
         return np.asarray(self)[index]
-
-    def __repr__(self) -> str:
-        return f"Chunked({list(self.shape)}, {self.dtype}, {self.chunks} chunks)"

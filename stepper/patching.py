@@ -26,7 +26,8 @@ from typing import Any
 import numpy as np
 
 from stepper.errors import StepperError
-from stepper.trace import Event, held, matches
+from stepper.tensor import held
+from stepper.trace import Event, matches
 from stepper.untrusted import cut
 
 PatchFn = Callable[[np.ndarray, str], "np.ndarray | None"]

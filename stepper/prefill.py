@@ -6,7 +6,8 @@ equals prefills of consecutive chunks with the cache: tests/model/test_cache.py.
 Every named tensor is still shown once, over all T positions, with the figures of the whole
 prompt's tensor (a `stepper.chunked.Chunked`): each chunk's tensors are gathered exactly as they
 come (statistics and corners), then each chunk runs again against the cache as it was (a replay,
-bit for bit the same) for the histograms, whose bins need the range first.
+bit for bit the same) for the histograms, whose bins need the range first. Reading the values of
+one (`np.asarray`) replays the chunks once more and makes every chunked tensor at once (`Replay`).
 
 A chunk's rows of a tensor over the attended positions S (the attention scores and weights, the
 indexer's scores, choices and mask) stop at the chunk's last position; the whole prompt's tensor
@@ -22,9 +23,10 @@ from collections.abc import Callable
 import numpy as np
 
 from stepper import catalog
-from stepper.chunked import Chunked, Figures
+from stepper.chunked import Chunked
 from stepper.model.cache import KVCache, LayerCache
 from stepper.statistics import BINS, CORNER, Gather, bin_counts, chunks, corners, edges
+from stepper.tensor import Figures, held, mib
 from stepper.tiled import Tiled
 from stepper.trace import Emitter, Event
 
@@ -59,6 +61,7 @@ def in_chunks(step: Step, length: int, chunk: int, cache: KVCache, emit: Emitter
     emit.progress("prefill chunks", len(spans), len(spans))
     replay = Replay(step, spans, [layer.first(layer.length) for layer in cache.layers], before, emit)
     parts = list(gathered.parts.values())
+    replay.parts = {part.name: part for part in parts if part.axis is not None}
     for part in parts:
         part.close_stats()
     if any(part.axis is not None for part in parts):  # some histogram to count, its range now known
@@ -72,19 +75,25 @@ def in_chunks(step: Step, length: int, chunk: int, cache: KVCache, emit: Emitter
 
 
 class Replay:
-    """A chunk of the prefill run again, against the cache as it was before it."""
+    """The chunks of the prefill run again, against the cache as it was before each: the `Source`
+    of the run's chunked tensors. The tensors a holder keeps (`keep`: a `stepper.run`'s) are made
+    together: reading one replays every chunk once and makes all of them, kept, so reading the
+    others replays nothing. Any other is made alone when read (a dump writes it and lets it go)."""
 
     def __init__(self, step: Step, spans: list[slice], final: list[LayerCache], before: list[list[int]], emit: Emitter):
         self.step, self.spans, self.final, self.before, self.emit = step, spans, final, before, emit
+        self.parts: dict[str, Part] = {}  # the chunked tensors, by name (set once the prefill has run)
         self.kept: tuple[int, dict[str, np.ndarray | Tiled]] | None = None  # the last chunk replayed for its tensors
+        self.together: set[str] = set()  # the names made together on the first read, and kept
+        self.made: dict[str, np.ndarray] = {}  # those, once made
 
     def run(self, k: int, sinks: list) -> None:
         cache = KVCache(0)
         cache.layers = [layer.first(n) for layer, n in zip(self.final, self.before[k])]
         self.step(self.spans[k], cache, self.emit.to(sinks))
 
-    def tensor(self, name: str, k: int) -> np.ndarray | Tiled:
-        """Chunk k's tensor `name`, as its step made it (every tensor of the chunk is kept until another is asked for)."""
+    def piece(self, name: str, k: int) -> np.ndarray | Tiled:
+        """Chunk k's part of `name` as the whole tensor has it (every tensor of the chunk is kept until another chunk is asked for)."""
         if self.kept is None or self.kept[0] != k:
             self.kept = None
             arrays: dict[str, np.ndarray | Tiled] = {}
@@ -94,7 +103,43 @@ class Replay:
 
             self.run(k, [keep])
             self.kept = (k, arrays)
-        return self.kept[1][name]
+        return self.parts[name].widened(self.kept[1][name])
+
+    def keep(self, name: str) -> None:
+        self.together.add(name)
+
+    def whole(self, name: str) -> np.ndarray:
+        if name in self.made:
+            return self.made[name]
+        if name not in self.together:
+            return self.make([name])[name]
+        self.made.update(self.make(sorted(self.together - self.made.keys())))
+        return self.made[name]
+
+    def make(self, names: list[str]) -> dict[str, np.ndarray]:
+        """These chunked tensors over all positions, each chunk replayed once for all of them."""
+        made: dict[str, list[np.ndarray]] = {name: [] for name in names}
+
+        def keep(event: Event) -> None:
+            if event.name in made:
+                made[event.name].append(np.asarray(self.parts[event.name].widened(event.array)))
+
+        for k in range(len(self.spans)):
+            self.run(k, [keep])
+        wholes = {name: np.concatenate(p, axis=self.parts[name].axis) for name, p in made.items()}
+        for array in wholes.values():
+            array.flags.writeable = False  # one array for every reader
+        return wholes
+
+    def cost(self, name: str) -> str:
+        chunks = f"the prefill's {len(self.spans)} chunks"
+        if name in self.made:
+            return "held since a tensor of its run was read (no cost)"
+        if name not in self.together:
+            return f"reading it replays {chunks} for it alone ({mib(self.parts[name].nbytes)}, not kept)"
+        together = [self.parts[n] for n in self.together - self.made.keys()]
+        return (f"reading it replays {chunks} once and makes the {len(together)} chunked tensors the run keeps "
+                f"({mib(sum(p.nbytes for p in together))}): the next reads cost nothing")
 
 
 class Gathered:
@@ -157,6 +202,10 @@ class Part:
         return tuple(shape)
 
     @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape)) * self.dtype.itemsize
+
+    @property
     def padding(self) -> int:
         """Entries of the whole tensor that no chunk has: the masked future past each chunk's rows."""
         return int(np.prod(self.shape)) - sum(int(np.prod(s)) for s in self.shapes)
@@ -183,15 +232,14 @@ class Part:
         if self.width == len(self.shape) - 1:  # the first row, past chunk 0's attended positions
             first = first + [float(self.pad)] * (min(CORNER, self.shape[-1]) - len(first))
         figures = Figures(self.stats, self.counts.tolist(), first, self.last)
-        tensor = Chunked(self.shape, self.dtype, self.axis, len(self.shapes),
-                         lambda k: self.widened(replay.tensor(self.name, k)), figures)
+        tensor = Chunked(self.name, self.shape, self.dtype, self.axis, len(self.shapes), replay, figures)
         return Event(self.name, self.key, tensor, self.layer, self.phase)
 
     def widened(self, part: np.ndarray | Tiled) -> np.ndarray | Tiled:
         """A chunk's tensor as the whole tensor has it: its rows widened with the masked future."""
         if self.width is None or part.shape[self.width] == self.shape[self.width]:
             return part
-        if isinstance(part, Tiled):  # [B, H, t, S]: widened a block at a time
+        if not held(part):  # a Tiled [B, H, t, S]: widened a block at a time
             shape = (*part.shape[:3], self.shape[3])
             return Tiled(shape, lambda heads, queries: widen(part.block(heads, queries), 3, shape[3], self.pad), part.dtype)
         return widen(part, self.width, self.shape[self.width], self.pad)

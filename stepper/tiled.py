@@ -17,33 +17,18 @@ from functools import cache
 
 import numpy as np
 
+from stepper.tensor import LazyTensor, mib
+
 Block = Callable[[slice, slice], np.ndarray]  # (heads, queries) -> [B, h, t, S]
 BLOCK_VALUES = 1 << 22  # values per block a reader asks for (16 MB of float32)
 FLOAT32 = np.dtype(np.float32)
 MAKER = "stepper-tiles"  # the thread that makes the next block
 
 
-class Unheld:
-    """What a tensor that is not held tells of itself, as an array would: its shape, dtype and sizes."""
-
-    shape: tuple[int, ...]
-    dtype: np.dtype
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    @property
-    def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
-
-    @property
-    def nbytes(self) -> int:
-        return self.size * self.dtype.itemsize
-
-
-class Tiled(Unheld):
+class Tiled(LazyTensor):
     """A [B, H, T, S] tensor made block by block; `block(heads, queries)` -> [B, h, t, S]."""
+
+    made, whole = "a tile at a time", "a shorter prompt"
 
     def __init__(self, shape: tuple[int, int, int, int], block: Block, dtype: np.dtype = FLOAT32):
         self.shape = tuple(int(n) for n in shape)
@@ -67,6 +52,12 @@ class Tiled(Unheld):
                  for b in range(B) for h in range(0, H, heads) for t in range(0, T, rows)]
         return ahead(lambda span: self.block(span[1], span[2])[span[0]], spans)
 
+    in_order = blocks
+
+    @property
+    def cost(self) -> str:
+        return f"reading it makes {mib(self.nbytes)} a tile at a time from the attention's operands (no model run)"
+
     def __getitem__(self, index) -> np.ndarray:
         """The values at an index of ints and slices, computing only the heads and query rows it touches."""
         index = basic_index(index)
@@ -85,9 +76,6 @@ class Tiled(Unheld):
                 queries = slice(t, min(t + rows, T))
                 whole[:, h:h + 1, queries] = self.block(slice(h, h + 1), queries)
         return whole if dtype is None else whole.astype(dtype, copy=False)
-
-    def __repr__(self) -> str:
-        return f"Tiled({list(self.shape)}, {self.dtype})"
 
 
 def ahead(make: Callable[[object], np.ndarray], items: list) -> Iterator[np.ndarray]:

@@ -6,7 +6,8 @@ to each sink: the terminal view, a recorder for dumps and fixtures, filters, the
 emit returns the array the model continues with: the one it was given, or what a sink returned
 in its place (an array of the same shape and dtype; the sinks after it see the replacement).
 A tensor too large to hold (a long prompt's attention scores) is emitted as a `Tiled`, made a
-tile at a time by whoever looks at it; it cannot be replaced.
+tile at a time by whoever looks at it, and a chunked prefill's as a `Chunked` (both
+`stepper.tensor.LazyTensor`s); such a tensor cannot be replaced.
 An emitter with no sinks does nothing, so silent layers cost nothing.
 """
 
@@ -19,8 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stepper.chunked import Chunked
-from stepper.tiled import Tiled
+from stepper.tensor import Tensor, held
 
 Sink = Callable[["Event"], "np.ndarray | None"]  # None: the tensor goes on as it was
 
@@ -36,8 +36,7 @@ class Event:
 
     name: str
     key: str
-    array: np.ndarray | Tiled | Chunked  # Tiled: a tensor too large to hold (long attention scores), made a tile
-    # at a time; Chunked: a tensor of a prefill run in chunks of positions (stepper.prefill), made a chunk at a time
+    array: Tensor  # a held array, or a LazyTensor made when read (stepper.tensor)
     layer: int | None = None
     phase: str | None = None
     patched: bool = False  # a sink before (a --patch) replaced the array the model made
@@ -109,20 +108,13 @@ def checked_replacement(event: Event, replacement: object) -> np.ndarray:
     """A sink's replacement for a tensor: an array of the tensor's shape and dtype, or an error."""
     old = event.array
     if not held(old):
-        made = "a chunk of the prefill at a time" if isinstance(old, Chunked) else "a tile at a time"
-        whole = "a prefill run whole" if isinstance(old, Chunked) else "a shorter prompt"
-        raise ValueError(f"{event.name}: {old.dtype}{list(old.shape)} is made {made} and never held; "
-                         f"it cannot be replaced ({whole} holds it whole)")
+        raise ValueError(f"{event.name}: {old.dtype}{list(old.shape)} is made {old.made} and never held; "
+                         f"it cannot be replaced ({old.whole} holds it whole)")
     if not isinstance(replacement, np.ndarray) or replacement.shape != old.shape or replacement.dtype != old.dtype:
         got = (f"{replacement.dtype}{list(replacement.shape)}" if isinstance(replacement, np.ndarray)
                else type(replacement).__name__)
         raise ValueError(f"{event.name}: a sink returned {got} in place of {old.dtype}{list(old.shape)}")
     return replacement
-
-
-def held(array: np.ndarray | Tiled | Chunked) -> bool:
-    """Whether a tensor is a whole array (not one made a tile or a chunk at a time)."""
-    return not isinstance(array, Tiled | Chunked)
 
 
 class Recorder:

@@ -21,7 +21,7 @@ import numpy as np
 
 from stepper import files
 from stepper.errors import StepperError
-from stepper.tiled import Tiled
+from stepper.tensor import Tensor, held
 from stepper.trace import Recorder
 from stepper.weights.safetensors_reader import SafetensorsFile
 from stepper.weights.safetensors_writer import Entry, write_safetensors_into
@@ -56,9 +56,9 @@ def write_dump(path: Path, recorder: Recorder, metadata: dict[str, str], force: 
     files.write_output("--dump", path, lambda f: write_safetensors_into(f, entries, meta), force, is_dump, DUMP_KIND)
 
 
-def maker(array: np.ndarray | Tiled) -> Callable[[], np.ndarray | Iterator[np.ndarray]]:
-    if isinstance(array, Tiled):
-        return array.blocks
+def maker(array: Tensor) -> Callable[[], np.ndarray | Iterator[np.ndarray]]:
+    if not held(array):
+        return array.in_order
     return lambda: np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
 
 

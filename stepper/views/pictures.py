@@ -26,7 +26,8 @@ from rich.measure import Measurement
 from rich.style import Style
 from rich.text import Text
 
-from stepper.tiled import BLOCK_VALUES, Tiled
+from stepper.tensor import LazyTensor, Tensor, held
+from stepper.tiled import BLOCK_VALUES
 from stepper.untrusted import shown
 from stepper.views import summary
 from stepper.views.summary import number
@@ -242,7 +243,7 @@ def attention_heatmap(weights: np.ndarray, heads: list[int] | None = None, max_h
     are drawn either way). token_labels: the text of each of the S key tokens (the queries are
     the last T of them); the rows are then labelled with their tokens and the keys listed below.
     """
-    w = weights if isinstance(weights, Tiled) else np.asarray(weights)
+    w = np.asarray(weights) if held(weights) else weights
     if w.ndim == 3:
         w = w[None]
     if w.ndim != 4 or min(w.shape) == 0:
@@ -256,8 +257,8 @@ def attention_heatmap(weights: np.ndarray, heads: list[int] | None = None, max_h
     if shape[2] == 1:
         rows = np.stack([np.asarray(w[0, h, 0], dtype=np.float64) for h in chosen])  # [h, S]
         return Picture(lambda width: heading(title) + decode_bars(rows, chosen, notes, width) + key_list(keys, width))
-    if isinstance(w, Tiled):  # made and pooled a block of query rows at a time
-        pool = partial(pool_max_tiled, w)
+    if not held(w):  # made and pooled a block of query rows at a time
+        pool = partial(pool_max_lazy, w)
     else:
         maps = np.asarray(w[0, chosen], dtype=np.float64)  # [h, T, S]
         pool = partial(pool_head, maps, chosen)
@@ -271,14 +272,14 @@ def pool_head(maps: np.ndarray, chosen: list[int], head: int, rows: int, cols: i
     return pool_max(maps[chosen.index(head)], rows, cols)
 
 
-def pool_max_tiled(w: Tiled, head: int, rows: int, cols: int) -> tuple[np.ndarray, int, int]:
-    """pool_max of batch 0's map [T, S] of one head of a Tiled [B, H, T, S], made a block of
-    whole pooling rows at a time: the same cells as pooling the whole map."""
-    _, _, t_len, s_len = w.shape
+def pool_max_lazy(w: LazyTensor, head: int, rows: int, cols: int) -> tuple[np.ndarray, int, int]:
+    """pool_max of batch 0's map [T, S] of one head of a lazy [B, H, T, S] tensor, read a block
+    of whole pooling rows at a time (a Tiled makes only those rows): the same cells as pooling
+    the whole map."""
+    b_len, _, t_len, s_len = w.shape
     rb, cb = ceil_div(t_len, max(rows, 1)), ceil_div(s_len, max(cols, 1))
-    step = rb * max(1, w.rows_per_block() // rb)
-    grids = [pool_blocks(np.asarray(w.block(slice(head, head + 1), slice(t, min(t + step, t_len)))[0, 0], np.float64),
-                         rb, cb) for t in range(0, t_len, step)]
+    step = rb * max(1, min(t_len, BLOCK_VALUES // max(1, b_len * s_len)) // rb)
+    grids = [pool_blocks(np.asarray(w[0, head, t:t + step], np.float64), rb, cb) for t in range(0, t_len, step)]
     return np.concatenate(grids), rb, cb
 
 
@@ -541,7 +542,7 @@ def routing_summary(load: np.ndarray, n_tokens: int, k: int, size: int) -> list[
 # Histogram
 
 
-def histogram(array: np.ndarray | Tiled, bins: int = 24, width: int = 40, title: str = "") -> RenderableType:
+def histogram(array: Tensor, bins: int = 24, width: int = 40, title: str = "") -> RenderableType:
     """A horizontal-bar histogram of the finite values: per bin its range, a bar and the count.
 
     Bins are those of np.histogram(finite values, bins), gathered a chunk at a time
@@ -669,18 +670,18 @@ def scale_notes(s: np.ndarray, logs: np.ndarray, lo: float, hi: float, block: tu
 KEPT, DROPPED = "█", "×"  # a position the indexer kept for a query, one in its past it dropped
 
 
-def indexer_map(mask: np.ndarray, weights: np.ndarray | Tiled, head: int = 0, title: str = "") -> RenderableType:
+def indexer_map(mask: np.ndarray, weights: Tensor, head: int = 0, title: str = "") -> RenderableType:
     """The indexer's choice, mask [B, T, S] (0 kept, -inf dropped), beside the attention weights
     [B, H, T, S] of one head, batch 0: for each query (down, by its position among the S), which
     positions s (across) it kept, and how attention spread over them. Both are pooled a block of
     query rows at a time, so a long prompt's map never makes a second [T, S] array whole."""
     kept = np.asarray(mask)
-    w = weights if isinstance(weights, Tiled) else np.asarray(weights)
+    w = np.asarray(weights) if held(weights) else weights
     if kept.ndim != 3 or w.ndim != 4 or tuple(kept.shape[1:]) != tuple(w.shape[2:]) or not 0 <= head < w.shape[1]:
         raise ValueError(f"need a mask [B, T, S] and weights [B, H, T, S] of the same T, S and a head of H, "
                          f"got {list(kept.shape)}, {list(w.shape)} and head {head}")
-    if isinstance(w, Tiled):
-        pool = partial(pool_max_tiled, w, head)
+    if not held(w):
+        pool = partial(pool_max_lazy, w, head)
     else:
         pool = partial(pool_max, w[0, head])
     return Picture(lambda width: heading(title) + draw_indexer(kept[0], pool, head, width))

@@ -5,8 +5,8 @@ not turn every figure into -inf.
 
 Every figure is gathered a chunk at a time, exactly (stepper.statistics): a tensor too large to
 hold (a `Tiled`, made block by block) gets the same figures, and the same histogram bins, as the
-whole array would; a chunked prefill's tensor (a `Chunked`) brings its figures, gathered as the
-prefill ran."""
+whole array would; a lazy tensor that knows its `figures` (a chunked prefill's, gathered as the
+prefill ran) brings them."""
 
 from __future__ import annotations
 
@@ -15,21 +15,21 @@ import math
 import numpy as np
 
 from stepper import statistics
-from stepper.chunked import Chunked
 from stepper.statistics import BINS, CORNER, Gather, Stats, bin_counts, chunks, edges, no_finite
-from stepper.tiled import Tiled
+from stepper.tensor import Figures, Tensor, held
 
 SPARK = "▁▂▃▄▅▆▇█"
 
 
-def stats(array: np.ndarray | Tiled | Chunked) -> Stats:
+def stats(array: Tensor) -> Stats:
     """The statistics of a tensor, gathered a chunk at a time (a Tiled one a block at a time)."""
-    if isinstance(array, Chunked):
-        return array.figures.stats
+    known = figures(array)
+    if known is not None:
+        return known.stats
     return gather(array).stats()
 
 
-def gather(array: np.ndarray | Tiled | Chunked) -> Gather:
+def gather(array: Tensor) -> Gather:
     gathered = Gather()
     for chunk in chunks(array):
         gathered.add(chunk)
@@ -54,15 +54,15 @@ def combine(parts: list[Stats]) -> Stats:
     )
 
 
-def histogram(array: np.ndarray | Tiled | Chunked, bins: int = BINS,
+def histogram(array: Tensor, bins: int = BINS,
               known: Stats | None = None) -> tuple[list[int], float, float]:
     """Counts of the finite values in `bins` equal bins between their min and max, gathered a
     chunk at a time (a second pass once `stats` knows the range; `known` saves the first)."""
     known = known or stats(array)
     if known.finite == 0:
         return [0] * bins, float("nan"), float("nan")
-    if isinstance(array, Chunked) and bins == len(array.figures.counts):
-        return list(array.figures.counts), known.min, known.max
+    if (fig := figures(array)) is not None and bins == len(fig.counts):
+        return list(fig.counts), known.min, known.max
     span, counts = edges(known), np.zeros(bins, np.int64)
     for chunk in chunks(array):
         counts += bin_counts(chunk, span, bins)
@@ -77,11 +77,16 @@ def sparkline(counts: list[int]) -> str:
     return "".join(" " if c == 0 else SPARK[min(len(SPARK) - 1, (c * len(SPARK) - 1) // top)] for c in counts)
 
 
-def corners(array: np.ndarray | Tiled | Chunked, n: int = CORNER) -> tuple[list[float], list[float]]:
+def corners(array: Tensor, n: int = CORNER) -> tuple[list[float], list[float]]:
     """The first n values of the first row and the last n of the last row (rows = last axis)."""
-    if isinstance(array, Chunked) and n == CORNER:
-        return list(array.figures.first), list(array.figures.last)
+    if (fig := figures(array)) is not None and n == CORNER:
+        return list(fig.first), list(fig.last)
     return statistics.corners(array, n)
+
+
+def figures(array: Tensor) -> Figures | None:
+    """The figures a lazy tensor knows without being read; None for others."""
+    return None if held(array) else array.figures
 
 
 def number(x: float) -> str:

@@ -156,3 +156,22 @@ def test_only_the_names_a_view_wants_are_gathered():
     assert [e.name for e in seen.events] == ["layers.2.self_attn.compressed_kv"]
     assert isinstance(seen.events[0].array, Chunked) and seen.events[0].array.shape == (1, 9, 128)
     assert len(seen.events[0].array.figures.counts) == BINS
+
+
+def test_a_chunked_tensor_is_made_alone_when_read_unless_its_holder_keeps_it_then_with_the_others_once(monkeypatch):
+    """A sink that lets each tensor go once read (a dump) replays the chunks per tensor, holding one;
+    tensors a holder keeps (a stepper.run's) are made together by one replay, and kept."""
+    seen = Recorder()
+    plan = prepare(RunSpec(model="tiny", layer=2, prompt_len=9, chunk=4))
+    execute(plan, [Filter(lambda e: e.name.endswith(("compressed_kv", "k_pe")), [seen])])
+    kv, k_pe = (e.array for e in seen.events)
+    replayed = []
+    replay = prefill.Replay.run
+    monkeypatch.setattr(prefill.Replay, "run", lambda self, k, sinks: replayed.append(k) or replay(self, k, sinks))
+    assert kv.cost == f"reading it replays the prefill's 3 chunks for it alone ({kv.nbytes / 2**20:,.1f} MiB, not kept)"
+    alone = np.asarray(kv)
+    assert np.array_equal(np.asarray(kv), alone) and replayed == [0, 1, 2, 0, 1, 2]
+    k_pe.keep_when_read()
+    kv.keep_when_read()
+    assert np.array_equal(np.asarray(kv), alone) and np.asarray(k_pe).shape == k_pe.shape and replayed[6:] == [0, 1, 2]
+    assert k_pe.cost == kv.cost == "held since a tensor of its run was read (no cost)"

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import stepper
+from stepper import prefill
 from stepper.chunked import Chunked
 from stepper.cli import record
 from stepper.cli.memory import Need
@@ -165,17 +166,47 @@ def test_a_chunked_prefill_keeps_every_tensor_once_equal_to_the_whole_prompts():
         a, b = np.asarray(whole[name], np.float64), np.asarray(made[name], np.float64)
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * np.nanmax(np.abs(np.where(np.isfinite(a), a, 0))), err_msg=name)
     for name in ("prefill.layers.0.self_attn.attn_weights", "prefill.layers.1.mlp.gate.topk_idx", "prefill.layers.2.output"):
-        assert isinstance(chunked[name], Chunked), name
+        assert isinstance(chunked[name], stepper.LazyTensor), name
         assert np.array_equal(np.asarray(chunked[name]), made[name]), name  # read whole, as a user reads it
     with pytest.raises(StepperError, match="chunk= with patch="):
         stepper.run(model="tiny", chunk=4, patch={"*q_a": "x*2"})
+
+
+def test_run_name_is_a_read_only_array_when_held_and_a_lazy_tensor_of_a_chunked_run_read_in_one_replay(monkeypatch):
+    """As docs/python.md says: a held tensor is a read-only NumPy array; a chunked prefill's tensor
+    over the positions is a LazyTensor, and reading all of them (twice) replays each chunk once."""
+    whole = stepper.run(model="tiny", prompt_len=21)
+    assert all(type(whole[n]) is np.ndarray and not whole[n].flags.writeable for n in whole.names)
+    replayed = []
+    replay = prefill.Replay.run
+    monkeypatch.setattr(prefill.Replay, "run", lambda self, k, sinks: replayed.append(k) or replay(self, k, sinks))
+    chunked = stepper.run(model="tiny", prompt_len=21, chunk=8)
+    held = [n for n in chunked.names if type(chunked[n]) is np.ndarray]
+    lazy = [n for n in chunked.names if isinstance(chunked[n], stepper.LazyTensor)]
+    assert sorted(held + lazy) == sorted(chunked.names) and len(lazy) == 98 and "layers.1.output" in lazy
+    assert held == [f"layers.{i}.self_attn.{t}_states" for i in range(3) for t in ("key", "value")]  # the last chunk's: the cache's
+    after_the_prefill = len(replayed)  # the histograms' pass: each chunk once
+    first = chunked[lazy[0]]
+    assert first.shape == whole[lazy[0]].shape and first.dtype == whole[lazy[0]].dtype
+    assert first.cost == "reading it replays the prefill's 3 chunks once and makes the 98 chunked tensors the run " \
+                         f"keeps ({sum(chunked[n].nbytes for n in lazy) / 2**20:,.1f} MiB): the next reads cost nothing"
+    drawn = "layers.1.self_attn.attn_weights"
+    assert repr(chunked.picture("attention", drawn)) == repr(whole.picture("attention", drawn))
+    for _ in range(2):
+        for name in lazy:
+            a, b = whole[name].astype(np.float64), chunked[name].numpy().astype(np.float64)
+            np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * np.nanmax(np.abs(np.where(np.isfinite(a), a, 0))),
+                                       err_msg=name)
+    assert replayed[after_the_prefill:] == [0, 1, 2]  # a picture and 98 tensors read twice: one replay of the 3 chunks
+    assert chunked[lazy[0]].cost == "held since a tensor of its run was read (no cost)"
+    assert np.array_equal(np.asarray(chunked[lazy[1]]), chunked[lazy[1]].numpy())
 
 
 def made_chunk_by_chunk(run) -> dict[str, np.ndarray]:
     """Every tensor of a chunked run, its chunks read in order for all tensors at once: chunk k's
     replay keeps all its tensors, so this replays each chunk once (np.asarray of each tensor
     replays every chunk for it)."""
-    chunked = {name: run[name] for name in run.names if isinstance(run[name], Chunked)}
+    chunked = {name: run[name] for name in run.names if isinstance(run[name], Chunked)}  # (its pieces: Chunked's own)
     chunks = {t.chunks for t in chunked.values()}
     assert len(chunks) == 1 and chunks.pop() > 2, "the prompt runs in at least three chunks"
     parts: dict[str, list] = {name: [] for name in chunked}
@@ -218,7 +249,7 @@ def test_auto_is_absorbed_where_the_naive_estimate_is_over_half_the_memory(monke
 def test_dir_lists_the_api_for_completion_without_loading_it():
     code = "import sys, stepper; print(*(n for n in dir(stepper) if not n.startswith('_')), 'stepper.api' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    assert out == ["Diff", "Run", "StepperError", "diff", "force_experts", "load", "run", "version", "zero_expert",
+    assert out == ["Diff", "LazyTensor", "Run", "StepperError", "diff", "force_experts", "load", "run", "version", "zero_expert",
                    "zero_head", "zero_router_bias", "False"]
     assert stepper.StepperError is StepperError and stepper.diff is stepper.api.diff
 

@@ -1,0 +1,93 @@
+"""What a tensor of a run is: a NumPy array when it is held, else a `LazyTensor`, made when read.
+
+Two kinds are made when read, both `LazyTensor`s with the same face: a tensor too large to hold
+(a long prompt's attention scores and weights: `stepper.tiled.Tiled`, made a tile at a time from
+the attention's operands) and a tensor of a prefill run in chunks of positions
+(`stepper.chunked.Chunked`, made by replaying the chunks). A lazy tensor tells its shape, dtype
+and sizes as an array does; `cost` says, in one sentence, what reading it makes; `numpy()` (or
+`np.asarray(t)`) reads it; `keep_when_read()` has a holder's tensors made together and kept (a
+chunked run's: one replay for all, never one per read); `blocks()` gives its values a block at a
+time (for statistics: in no particular order); `figures` are its statistics when they are known
+without reading it (a chunked prefill's, gathered as it ran), else None. `held(t)` tells an
+array from a lazy tensor, so no consumer needs to know which kind it has.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from stepper.statistics import Stats, pieces
+
+
+@dataclass(frozen=True)
+class Figures:
+    """What the views show of a tensor, gathered exactly chunk by chunk."""
+
+    stats: Stats
+    counts: list[int]  # the histogram of the finite values in len(counts) equal bins between stats.min and max
+    first: list[float]  # corners: the first values of the first row, the last of the last
+    last: list[float]
+
+
+class LazyTensor:
+    """A tensor not held, made when read: its shape, dtype and sizes as an array's; `numpy()` its values."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    figures: Figures | None = None  # its statistics, known without reading it (None: read to know them)
+    made = "when read"  # how it is made, and what holds it whole (said when a patch would replace it)
+    whole = "a held run"
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    @property
+    def cost(self) -> str:
+        """What reading it makes, in one sentence."""
+        raise NotImplementedError
+
+    def keep_when_read(self) -> None:
+        """Have the first read that makes this tensor's kind make this one with it, and keep it
+        (a chunked prefill's kept tensors: one replay for all; a tile is cheap to make again)."""
+
+    def numpy(self) -> np.ndarray:
+        """The whole tensor, as `np.asarray(t)` makes it (see `cost`)."""
+        return np.asarray(self)
+
+    def blocks(self) -> Iterator[np.ndarray]:
+        """The values a block at a time (for order-free figures)."""
+        return pieces(np.asarray(self))
+
+    def in_order(self) -> Iterator[np.ndarray]:
+        """The values a block at a time, in C order (as a file of the whole tensor holds them)."""
+        yield np.ascontiguousarray(self)
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({list(self.shape)}, {self.dtype}: {self.cost})"
+
+
+Tensor = np.ndarray | LazyTensor
+
+
+def held(tensor: Tensor) -> bool:
+    """Whether a tensor is a whole array (not one made when read)."""
+    return not isinstance(tensor, LazyTensor)
+
+
+def mib(nbytes: int) -> str:
+    return f"{nbytes / 2**20:,.1f} MiB"
