@@ -61,6 +61,10 @@ class RunPlan:
         needs = [replace(n, lower=self.wording.options.get(n.lower, n.lower)) for n in memory.needs(self.plan, kept, lower)]
         memory.check_fits(needs, memory.available_bytes())
 
+    def on(self, weights: WeightSource) -> RunPlan:
+        """The same run, its choices made, on other weights of the same config (checked as the first were)."""
+        return replace(self, plan=session.prepare(self.plan.spec, weights))
+
     def execute(self, sinks: Sequence[Sink]) -> RunResult:
         return session.execute(self.plan, sinks)
 
