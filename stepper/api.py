@@ -340,7 +340,11 @@ def _attn(attn: Any) -> str:
 
 def _chunk(chunk: Any) -> int | None:
     """chunk=: positions per chunk of the prefill (0: the whole prompt), or None for "auto"."""
-    return None if isinstance(chunk, str) and chunk == "auto" else _count("chunk", chunk)
+    if isinstance(chunk, str) and chunk == "auto":
+        return None
+    if isinstance(chunk, bool) or not isinstance(chunk, numbers.Integral) or chunk < 0:
+        raise StepperError(f"chunk= expects an integer >= 0 (0: the whole prompt at once) or 'auto', got {chunk!r}")
+    return int(chunk)
 
 
 def _index_scoring(scoring: Any) -> str:

@@ -101,3 +101,9 @@ def test_the_long_context_command_of_the_usage_plans_absorbed_through_every_entr
         stepper.run("kimi-k2", layer=1, cache_len=131000, prompt_len=1, decode=1, keep="*attn_weights")
     assert one_line(cli("diff", f"run {options}", "run")) == f"stepper: error: diff A 'run {options}': stopped before running"
     assert [(s.model, s.attn, s.chunk) for s in chosen] == [("kimi-k2", "absorb", 0)] * 3
+
+
+@pytest.mark.parametrize("chunk", ["half", -1, 2.5, True])
+def test_the_api_takes_the_chunks_stepper_run_takes_and_names_them_when_wrong(chunk):
+    with pytest.raises(StepperError, match=r"^chunk= expects an integer >= 0 \(0: the whole prompt at once\) or 'auto', got "):
+        stepper.run("tiny", chunk=chunk)
