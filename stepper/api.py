@@ -45,7 +45,7 @@ from stepper.patching import PatchFn, as_patches, force_experts, zero_expert, ze
 from stepper.planning import Wording
 from stepper.planning.names import PICTURE_TENSORS
 from stepper.planning.record import Recorded, record
-from stepper.session import ATTN_CHOICES, INDEX_SCORING_CHOICES, RunSpec
+from stepper.session import ATTN_CHOICES, INDEX_SCORING_CHOICES, RunSpec, check_choice
 from stepper.trace import Event, did_you_mean, held, matches
 from stepper.untrusted import shown
 from stepper.views import notebook
@@ -91,8 +91,9 @@ def run(model: str | Path = "tiny", *, ids: Sequence[int] | None = None, prompt_
         model=str(_path_or_name("model", model)), layer=_count("layer", layer, none=True), layers=_layers(layers),
         ids=_ids(ids, prompt_len), prompt_len=7 if prompt_len is None else _count("prompt_len", prompt_len, 1),
         start_pos=_count("start_pos", start_pos), decode=_count("decode", decode), seed=_count("seed", seed),
-        input=None if input is None else Path(_path_or_name("input", input)), attn=_attn(attn),
-        weight_cache_mb=_count("weight_cache_mb", weight_cache_mb), index_scoring=_index_scoring(index_scoring),
+        input=None if input is None else Path(_path_or_name("input", input)),
+        attn=check_choice("attn=", attn, ATTN_CHOICES), weight_cache_mb=_count("weight_cache_mb", weight_cache_mb),
+        index_scoring=check_choice("index_scoring=", index_scoring, INDEX_SCORING_CHOICES),
         cache_len=_count("cache_len", cache_len),
     )
     asked = _chunk(chunk)
@@ -332,12 +333,6 @@ def _layers(layers: Any) -> tuple[int, int | None] | None:
     raise StepperError(f"layers= expects (A, B) or 'A:B' (layers A to B-1), got {layers!r}")
 
 
-def _attn(attn: Any) -> str:
-    if attn not in ATTN_CHOICES:
-        raise StepperError(f"attn= expects one of {', '.join(ATTN_CHOICES)}, got {attn!r}")
-    return attn
-
-
 def _chunk(chunk: Any) -> int | None:
     """chunk=: positions per chunk of the prefill (0: the whole prompt), or None for "auto"."""
     if isinstance(chunk, str) and chunk == "auto":
@@ -345,12 +340,6 @@ def _chunk(chunk: Any) -> int | None:
     if isinstance(chunk, bool) or not isinstance(chunk, numbers.Integral) or chunk < 0:
         raise StepperError(f"chunk= expects an integer >= 0 (0: the whole prompt at once) or 'auto', got {chunk!r}")
     return int(chunk)
-
-
-def _index_scoring(scoring: Any) -> str:
-    if scoring not in INDEX_SCORING_CHOICES:
-        raise StepperError(f"index_scoring= expects one of {', '.join(INDEX_SCORING_CHOICES)}, got {scoring!r}")
-    return scoring
 
 
 def _globs(name: str, value: Any) -> list[str] | Callable[[str], bool] | None:
