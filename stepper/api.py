@@ -27,7 +27,7 @@ In a notebook, one call is one display: a run (a summary: its steps and layers, 
 themselves once, as a cell's last value or through `display(...)`, with what the terminal shows;
 nothing displays while they are made.
 
-This module sits on top of the command line's own machinery (`stepper.cli.record`: the run's names
+A run is planned as the command line plans one (`stepper.planning`: its auto choices, its names
 checked, its memory estimated, its patches applied), so both behave alike.
 """
 
@@ -43,13 +43,15 @@ from typing import Any
 import numpy as np
 
 from stepper import catalog
-from stepper.cli.names import PICTURE_TENSORS
-from stepper.cli.record import Recorded, Wording, record
 from stepper.config import Config
 from stepper.errors import StepperError
 from stepper.fixtures import diff as compare
+from stepper.lessons import overrides
 from stepper.patching import PatchFn, as_patches, force_experts, zero_expert, zero_head, zero_router_bias
-from stepper.session import ATTN_CHOICES, INDEX_SCORING_CHOICES, RunSpec
+from stepper.planning import Wording
+from stepper.planning.names import PICTURE_TENSORS
+from stepper.planning.record import Recorded, record
+from stepper.session import ATTN_CHOICES, INDEX_SCORING_CHOICES, RunSpec, check_choice
 from stepper.tensor import LazyTensor, Tensor, held
 from stepper.trace import Event, did_you_mean, matches
 from stepper.untrusted import shown
@@ -73,7 +75,7 @@ def run(model: str | Path = "tiny", *, ids: Sequence[int] | None = None, prompt_
         weight_cache_mb: int = 0, keep: str | Sequence[str] | Callable[[str], bool] | None = None,
         patch: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
         use: str | Path | Sequence[str | Path] | None = None, weights: WeightSource | None = None,
-        index_scoring: str = "exact", cache_len: int = 0, chunk: int = 0) -> Run:
+        index_scoring: str = "exact", cache_len: int = 0, chunk: int | str = "auto") -> Run:
     """Run a model as `stepper run` does and keep its tensors.
 
     model: a preset (a name of stepper.presets.PRESETS: tiny, kimi-k2, deepseek-v3.2, ...), a checkpoint directory or a config.json.
@@ -90,24 +92,29 @@ def run(model: str | Path = "tiny", *, ids: Sequence[int] | None = None, prompt_
     DeepSeek's inference code does ("fp8": Hadamard-rotated FP8 q and k); cache_len: a lone layer's
     cache starts with this many synthetic positions (as --cache-len); chunk: the prefill runs this
     many positions at a time, each tensor still kept once over every position (a LazyTensor: the
-    first read replays the chunks once for all of them); 0, the default: the whole prompt at once.
+    first read replays the chunks once for all of them); 0: the whole prompt at once; "auto", the
+    default: as stepper run chooses (the whole prompt where it fits in memory; run.spec.chunk is
+    what ran).
     """
     spec = RunSpec(
         model=without_credentials(str(_path_or_name("model", model))), layer=_count("layer", layer, none=True), layers=_layers(layers),
         ids=_ids(ids, prompt_len), prompt_len=7 if prompt_len is None else _count("prompt_len", prompt_len, 1),
         start_pos=_count("start_pos", start_pos), decode=_count("decode", decode), seed=_count("seed", seed),
-        input=None if input is None else Path(_path_or_name("input", input)), attn=_attn(attn),
-        weight_cache_mb=_count("weight_cache_mb", weight_cache_mb), index_scoring=_index_scoring(index_scoring),
-        cache_len=_count("cache_len", cache_len), chunk=_count("chunk", chunk),
+        input=None if input is None else Path(_path_or_name("input", input)),
+        attn=check_choice("attn=", attn, ATTN_CHOICES), weight_cache_mb=_count("weight_cache_mb", weight_cache_mb),
+        index_scoring=check_choice("index_scoring=", index_scoring, INDEX_SCORING_CHOICES),
+        cache_len=_count("cache_len", cache_len),
     )
-    if spec.chunk and patch is not None:
+    asked = _chunk(chunk)
+    if asked and patch is not None:
         raise StepperError("chunk= with patch=: a patch changes tensors as the prefill makes them, so the prompt must run whole")
     kept = _globs("keep", keep)
     files = [] if use is None else [Path(_path_or_name("use", u)) for u in ([use] if isinstance(use, (str, Path)) else use)]
     if weights is not None and not all(hasattr(weights, a) for a in ("config", "get", "matrix", "has", "check")):
         raise StepperError(f"weights= expects a weight source (config, get, matrix, has, check), got {type(weights).__name__}")
-    return Run(record(spec, kept, [(p, _two_arguments(p, fn)) for p, fn in as_patches(patch)], files, API_WORDING,
-                      weights=weights))
+    patches = [(p, _two_arguments(p, fn)) for p, fn in as_patches(patch)]
+    chosen = 0 if asked is None and patches else asked  # auto with a patch: the whole prompt, as --patch makes it
+    return Run(record(spec, kept, patches, lambda: overrides.use(files), API_WORDING, weights=weights, chunk=chosen))
 
 
 class Run(Mapping):
@@ -339,16 +346,13 @@ def _layers(layers: Any) -> tuple[int, int | None] | None:
     raise StepperError(f"layers= expects (A, B) or 'A:B' (layers A to B-1), got {layers!r}")
 
 
-def _attn(attn: Any) -> str:
-    if attn not in ATTN_CHOICES:
-        raise StepperError(f"attn= expects one of {', '.join(ATTN_CHOICES)}, got {attn!r}")
-    return attn
-
-
-def _index_scoring(scoring: Any) -> str:
-    if scoring not in INDEX_SCORING_CHOICES:
-        raise StepperError(f"index_scoring= expects one of {', '.join(INDEX_SCORING_CHOICES)}, got {scoring!r}")
-    return scoring
+def _chunk(chunk: Any) -> int | None:
+    """chunk=: positions per chunk of the prefill (0: the whole prompt), or None for "auto"."""
+    if isinstance(chunk, str) and chunk == "auto":
+        return None
+    if isinstance(chunk, bool) or not isinstance(chunk, numbers.Integral) or chunk < 0:
+        raise StepperError(f"chunk= expects an integer >= 0 (0: the whole prompt at once) or 'auto', got {chunk!r}")
+    return int(chunk)
 
 
 def _globs(name: str, value: Any) -> list[str] | Callable[[str], bool] | None:

@@ -206,10 +206,18 @@ def read_input(path: Path, layer: int, cfg: Config) -> np.ndarray:
     return array
 
 
+def check_choice(option: str, value: object, choices: tuple[str, ...]) -> str:
+    """Refuse a value not among an option's choices, the option spelled as the caller's user
+    writes it: `--attn` (the command line) or `attn=` (the API)."""
+    if value not in choices:
+        verb = "expects" if option.endswith("=") else "must be"
+        raise StepperError(f"{option} {verb} one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
 def check_index_scoring(scoring: str, cfg: Config) -> None:
     """FP8 index scoring needs an indexer, and a head the Hadamard rotation and one scale fit."""
-    if scoring not in INDEX_SCORING_CHOICES:
-        raise StepperError(f"--index-scoring must be one of {', '.join(INDEX_SCORING_CHOICES)}, got '{scoring}'")
+    check_choice("--index-scoring", scoring, INDEX_SCORING_CHOICES)
     if scoring == "exact":
         return
     if not cfg.has_indexer:
@@ -264,8 +272,7 @@ class Plan:
 
 def prepare(spec: RunSpec, weights: WeightSource | None = None) -> Plan:
     """Resolve and check everything the user gave; raise StepperError on the first problem."""
-    if spec.attn not in ATTN_CHOICES:
-        raise StepperError(f"--attn must be one of {', '.join(ATTN_CHOICES)}, got '{spec.attn}'")
+    check_choice("--attn", spec.attn, ATTN_CHOICES)
     weights = weights or load_model(spec.model, spec.seed)
     if spec.weight_cache_mb < 0:
         raise StepperError(f"--weight-cache-mb must be >= 0, got {spec.weight_cache_mb}")

@@ -17,11 +17,12 @@ from rich.console import Console
 
 from stepper.cli import run as run_cli
 from stepper.cli.common import PlainOpt, user_errors
-from stepper.cli.record import record, tensors
 from stepper.errors import StepperError
 from stepper.fixtures.diff import Diff, diff_tensors, read_side, side_path
 from stepper.fixtures.show import print_table
+from stepper.lessons import overrides
 from stepper.patching import parse_patch
+from stepper.planning.record import record, tensors
 from stepper.untrusted import shown
 from stepper.views import diff as view
 from stepper.views.sinks import line_width, print_fitted
@@ -29,7 +30,7 @@ from stepper.views.sinks import line_width, print_fitted
 SideArg = Annotated[str, typer.Argument(metavar="A", help="A --dump file, a fixture folder, or a run in quotes: 'run --attn naive' ('run': the default run).", show_default=False)]
 # The run options a side may give; the others (what a run shows, or where it writes) have no meaning here
 SIDE_OPTIONS = {"model", "layer", "layers", "ids", "prompt_len", "start_pos", "decode", "seed", "input_file", "attn",
-                "weight_cache_mb", "only", "use", "patch", "cache_len", "index_scoring"}
+                "weight_cache_mb", "only", "use", "patch", "cache_len", "index_scoring", "chunk"}
 
 
 def diff_command(
@@ -76,7 +77,8 @@ def side(which: str, text: str) -> tuple[dict[str, np.ndarray], str]:
                             index_scoring=params["index_scoring"])
     try:
         patches = [parse_patch(p) for p in params["patch"] or []]
-        recorded = record(spec, params["only"] or None, patches, params["use"] or [])
+        chunk = run_cli.parse_chunk(params["chunk"], bool(patches), False)
+        recorded = record(spec, params["only"] or None, patches, lambda: overrides.use(params["use"] or []), chunk=chunk)
     except StepperError as e:
         raise StepperError(f"diff {which} '{shown(text)}': {e}") from None
     return tensors(recorded), text or "the default run"

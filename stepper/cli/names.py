@@ -1,41 +1,17 @@
-"""The names a run will emit, known before it starts (from the catalogue), and the check that
-every `--only`, `--break` and `--until` pattern matches one of them: a pattern that matches
-nothing would otherwise end in a run that shows nothing, or never stops."""
+"""What `--only` keeps of the names a run will emit (stepper.planning.names), and the check that a
+`--show` picture has a shown tensor to be drawn from."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 from stepper import catalog
 from stepper.errors import StepperError
-from stepper.session import Plan, phase_name, step_attn
-from stepper.trace import did_you_mean, matches, unphased
+from stepper.planning.names import PICTURE_TENSORS
+from stepper.trace import matches, unphased
 from stepper.views.scale_grids import part_of
 
-START, ROPE, END = ("embed",), ("rope_cos", "rope_sin"), ("norm", "logits")
-
-
-def planned_names(plan: Plan) -> list[str]:
-    """Every name the run emits, in execution order."""
-    spec = plan.spec
-    steps = [(phase_name(spec, step), step_attn(spec, step)) for step in range(spec.decode + 1)]
-    start = START + ROPE if plan.whole else ROPE if plan.alone else ()
-    return catalog.load().run_names(plan.config, steps, plan.shown, start, END if plan.whole else (),
-                                    spec.index_scoring)
-
-
-def check_patterns(option: str, patterns: Iterable[str], names: list[str]) -> None:
-    """Refuse a pattern that matches no name of the run, with the nearest names."""
-    for pattern in patterns:
-        if not any(matches(name, [pattern]) for name in names):
-            raise StepperError(f"{option} {pattern}: matches no tensor of this run{did_you_mean(pattern, names)}")
-
-
 GLOB = set("*?[")
-PICTURE_TENSORS = {  # the tensors a --show picture is drawn from; one of them must be shown
-    "attention": ("self_attn.attn_weights",),
-    "routing": ("mlp.gate.topk_idx", "mlp.gate.topk_weight"),
-}
 
 
 def only_filter(patterns: list[str], names: list[str], note: Callable[[str], None]) -> Callable[[str], bool]:

@@ -15,14 +15,15 @@ from rich.console import CONSOLE_HTML_FORMAT, Console
 
 from stepper import untrusted
 from stepper.cli.common import ModelOpt, PlainOpt, SeedOpt, one_prompt, parse_ids, parse_layers, user_errors
-from stepper.cli.memory import available_bytes, check_fits, choose_attn, choose_chunk, needs, sizes, tiled_values
-from stepper.cli.names import check_patterns, check_pictures, only_filter, planned_names
+from stepper.cli.names import check_pictures, only_filter
 from stepper.errors import StepperError
 from stepper.files import check_output, write_output
 from stepper.lessons import overrides
 from stepper.model.cache import cache_bytes_per_token
-from stepper.patching import Patcher, parse_patch
-from stepper.session import Plan, RunResult, RunSpec, execute, prepare, step_attn
+from stepper.patching import parse_patch
+from stepper.planning import RunPlan, plan_run
+from stepper.planning.memory import sizes, tiled_values
+from stepper.session import Plan, RunResult, RunSpec, step_attn
 from stepper.text import INSTALL, Tokens
 from stepper.trace import Filter, Recorder, Sink
 from stepper.views.debugger import CommandSource, Debugger, Quit
@@ -224,26 +225,24 @@ def run_command(
         if dump is not None:
             check_writable(dump, force)
 
-        def kept_by(plan: Plan) -> list[str]:
-            names = planned_names(plan)
+        def kept_by(plan: Plan, names: list[str]) -> list[str]:
             keep = only_filter(only or [], names, lambda _: None)
             return [n for n in names if keep(n)] if dump is not None else []
 
-        plan, why = choose_attn(prepare(spec), lambda p: needs(p, kept_by(p), "--only"), available_bytes())
-        plan, chunked = choose_chunk(plan, lambda p: needs(p, kept_by(p), "--only"), available_bytes(), asked)
-        names = planned_names(plan)
-        check_patterns("--only", only or [], names)
-        patcher = patch_sink(patch, names, plan)
+        planned = plan_run(spec, kept_by, "--only", asked)
+        plan, names = planned.plan, planned.names
+        planned.check("--only", only or [])
+        patcher = patch_sink(patch, planned)
         keep = only_filter(only or [], names, lambda note: sys.stderr.write(f"stepper: {note}\n"))
         check_pictures(pictures, [n for n in names if keep(n)])
         kept = [n for n in names if keep(n)] if dump is not None else []
         check_dump_sizes(sizes(plan, kept), DUMP_LIMIT_GB if dump_limit_gb is None else dump_limit_gb)
-        check_fits(needs(plan, kept, "--only"), available_bytes())
+        planned.check_fits(kept, "--only")
         swapped.enter_context(overrides.use(use or [], announce=sys.stderr))  # a file that fails to load stops it here
         console = Console(no_color=plain, highlight=False, markup=False, soft_wrap=True)
         if not as_json:
             print_lines(console, describe(plan), "bold")
-            for line in (patched_line(patch), why, chunked):
+            for line in (patched_line(patch), *planned.said):
                 if line:
                     print_lines(console, line, "dim")
             long = tiled_values(plan, [n for n in names if keep(n)])
@@ -263,7 +262,7 @@ def run_command(
         agreement = IndexAgreement()
         sinks += [agreement, bars]
         try:
-            result = execute(plan, sinks)
+            result = planned.execute(sinks)
         finally:
             bars.hide()
         if dump is not None:
@@ -324,17 +323,17 @@ def step_command(
         if export is not None:
             check_export(export, force)
         script = read_commands(commands) if commands is not None else None
-        plan, why = choose_attn(prepare(spec), lambda p: needs(p, planned_names(p), "--prompt-len"), available_bytes())
-        names = planned_names(plan)
-        check_patterns("--break", breaks or [], names)
-        check_patterns("--until", [until] if until else [], names)
-        patcher = patch_sink(patch, names, plan)
-        check_fits(needs(plan, names, "--prompt-len"), available_bytes())  # the debugger keeps every tensor
+        planned = plan_run(spec, lambda plan, names: names)  # the debugger keeps every tensor
+        plan, names = planned.plan, planned.names
+        planned.check("--break", breaks or [])
+        planned.check("--until", [until] if until else [])
+        patcher = patch_sink(patch, planned)
+        planned.check_fits(names, "--prompt-len")
         swapped.enter_context(overrides.use(use or [], announce=sys.stderr))  # a file that fails to load stops it here
         console = Console(no_color=plain, highlight=False, markup=False, soft_wrap=True, record=export is not None,
                           stderr=as_json)
         print_lines(console, describe(plan), "bold")
-        for line in (patched_line(patch), why):
+        for line in (patched_line(patch), *planned.said):
             if line:
                 print_lines(console, line, "dim")
         interactive = sys.stdin.isatty() and console.is_terminal
@@ -346,7 +345,7 @@ def step_command(
                             tokens=plan.tokens)
         try:
             agreement = IndexAgreement()
-            result = execute(plan, [*patcher, debugger, agreement, bars])
+            result = planned.execute([*patcher, debugger, agreement, bars])
             print_lines(console, footer(plan, result, len(debugger.history), None, agreement), "dim")
         except Quit:
             seen = len(debugger.history)
@@ -369,11 +368,9 @@ def parse_chunk(text: str | None, patched: bool, drawn: bool) -> int | None:
     return int(text)
 
 
-def patch_sink(patch: list[str] | None, names: list[str], plan: Plan) -> list[Sink]:
+def patch_sink(patch: list[str] | None, planned: RunPlan) -> list[Sink]:
     """The --patch options as a sink that goes before the views (they show the patched tensors); none without them."""
-    patches = [parse_patch(text) for text in patch or []]
-    check_patterns("--patch", [pattern for pattern, _ in patches], names)
-    return [Patcher(patches, plan.config.n_routed_experts)] if patches else []
+    return planned.patcher([parse_patch(text) for text in patch or []])
 
 
 def read_commands(path: Path) -> list[str]:

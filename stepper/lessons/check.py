@@ -35,9 +35,10 @@ import numpy as np
 from stepper import catalog, dtypes, fp8
 from stepper.errors import StepperError
 from stepper.lessons import overrides
+from stepper.planning import plan_run
 from stepper.presets import PRESETS, preset
-from stepper.session import RunSpec, prepare, run
-from stepper.trace import Event, Recorder
+from stepper.session import RunResult, RunSpec, prepare
+from stepper.trace import Event, Recorder, Sink
 
 PURE = ("softmax", "rms_norm", "decode", "dequantize", "rope_inv_freq", "apply_rope", "causal_mask", "index_scores")
 CALLS_PER_FUNCTION = 6
@@ -69,6 +70,13 @@ class Report:
 
 # ---------------------------------------------------------------------------------------------
 # Golden runs
+
+
+def run(spec: RunSpec, sinks: Sequence[Sink]) -> RunResult:
+    """A lesson's run, planned as `stepper run` plans one: it keeps every tensor (a recorder)."""
+    planned = plan_run(spec, lambda plan, names: names)
+    planned.check_fits(planned.names, "--prompt-len")
+    return planned.execute(sinks)
 
 
 @lru_cache(maxsize=32)

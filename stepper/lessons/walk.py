@@ -21,7 +21,8 @@ from stepper.lessons.prose import indented, join_lines, say, styled
 from stepper.lessons.reading import FORMS
 from stepper.lessons.schema import LESSON_FILE, Lesson, Prediction, Step
 from stepper.lessons.templates import render
-from stepper.session import Plan, execute, prepare
+from stepper.planning import RunPlan, plan_run
+from stepper.session import Plan
 from stepper.trace import Event, Recorder
 from stepper.untrusted import shown
 from stepper.views.debugger import CommandSource, Debugger, Quit, passed, print_help_line
@@ -151,18 +152,26 @@ class Walked:
         return f"{self.first_try} of {self.asked} right at the first try{more}"
 
 
+def planned_run(lesson: Lesson) -> RunPlan:
+    """The lesson's run, planned as `stepper step` plans one: the debugger keeps every tensor."""
+    planned = plan_run(lesson.run, lambda plan, names: names)
+    planned.check_fits(planned.names, "--prompt-len")
+    return planned
+
+
 def walked(debugger: LessonDebugger, finished: bool) -> Walked:
     return Walked(finished, debugger.first_try, debugger.retried, debugger.asked)
 
 
 def walk(lesson: Lesson, console: Console, source: CommandSource) -> Walked:
     """Run the lesson's interpreter run, stopping at its steps; the outro at the end."""
-    plan = prepare(lesson.run)
+    planned = planned_run(lesson)
+    plan = planned.plan
     debugger = LessonDebugger(console, plan.config, source, plan.weights, lesson=lesson, plan=plan, tokens=plan.tokens)
     console.rule(f"lesson {lesson.number} · {shown(lesson.title)}", style="bold", align="left")
     say(console, lesson.intro, Context(plan))
     try:
-        result = execute(plan, [debugger])
+        result = planned.execute([debugger])
     except Quit:
         console.print(f"quit at step {debugger.step_index} of {len(lesson.steps)}; "
                       f"`stepper lesson start {lesson.name}` starts again", style="dim", soft_wrap=False)
@@ -181,10 +190,10 @@ def walk(lesson: Lesson, console: Console, source: CommandSource) -> Walked:
 def right_answers(lesson: Lesson) -> list[str]:
     """The input lines of a walk that answers every prediction right and goes on at every stop
     (for headless runs: CI pipes these into `stepper lesson start`)."""
-    plan = prepare(lesson.run)
+    planned = planned_run(lesson)
     recorder = Recorder()
-    execute(plan, [recorder])
-    ctx = Context(plan, recorder.tensors())
+    planned.execute([recorder])
+    ctx = Context(planned.plan, recorder.tensors())
     lines = []
     for step in lesson.steps:
         for pred in step.predict:

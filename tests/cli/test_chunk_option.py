@@ -6,8 +6,8 @@ import numpy as np
 from typer.testing import CliRunner
 
 from stepper import prefill
-from stepper.cli import memory
 from stepper.cli.main import app
+from stepper.planning import memory
 from stepper.session import RunSpec, prepare
 
 

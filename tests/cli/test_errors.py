@@ -22,9 +22,9 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from stepper.cli.common import user_errors
-from stepper.cli.memory import Need, check_fits, needs
-from stepper.cli.names import planned_names
 from stepper.errors import StepperError
+from stepper.planning.memory import Need, check_fits, needs
+from stepper.planning.names import planned_names
 from stepper.session import RunSpec, execute, prepare
 from stepper.trace import Recorder
 
@@ -145,7 +145,7 @@ def test_a_memory_error_anywhere_is_one_line():
     # address space; the estimate is told nothing of the limit, so the run starts and NumPy fails (the
     # interpreter and stepper take ~170 MB of it: 600 MB fails within the first layer's tensors)
     limit = 600 * 2**20
-    blind = ("import sys; import stepper.cli.memory as m; m.address_space_room = lambda: None; "
+    blind = ("import sys; import stepper.planning.memory as m; m.address_space_room = lambda: None; "
              "from stepper.cli.main import main; sys.argv[0] = 'stepper'; main()")
     out = subprocess.run([sys.executable, "-c", blind, "run", "--plain", "--prompt-len", "100000"], check=False,
                          capture_output=True,
@@ -410,7 +410,7 @@ def test_fixtures_verify_counts_missing_tensors_and_an_unwritable_report_is_one_
 
 def test_the_room_under_a_cgroup_limit_counts(tmp_path):
     """cgroup v2 then v1: the limit less the usage, reclaimable page cache counted as room; no limit, no room known."""
-    from stepper.cli.memory import cgroup_room
+    from stepper.planning.memory import cgroup_room
 
     own = tmp_path / "cgroup"
     own.write_text("0::/job\n")

@@ -3,10 +3,12 @@
 
 from typer.testing import CliRunner
 
-from stepper.cli import memory, run
+from stepper import planning
+from stepper.cli import run
 from stepper.cli.main import app
-from stepper.cli.names import planned_names
 from stepper.errors import StepperError
+from stepper.planning import memory
+from stepper.planning.names import planned_names
 from stepper.session import RunSpec, prepare
 
 
@@ -67,8 +69,8 @@ def test_the_readme_long_context_command_says_it_runs_absorbed_and_why(monkeypat
     def stop(plan, sinks):
         raise StepperError(f"stopped before running, attn {plan.spec.attn}")
 
-    monkeypatch.setattr(run, "execute", stop)
-    monkeypatch.setattr(run, "available_bytes", lambda: 2**50)  # plenty: memory is not why
+    monkeypatch.setattr(planning.session, "execute", stop)
+    monkeypatch.setattr(memory, "available_bytes", lambda: 2**50)  # plenty: memory is not why
     result = invoke("run", "--model", "kimi-k2", "--layer", "1", "--cache-len", "131000", "--prompt-len", "1",
                     "--decode", "1", "--only", "*attn_weights", "--plain")
     lines = result.output.splitlines()
@@ -90,7 +92,7 @@ def test_the_header_says_the_cache_is_synthetic_and_the_prompt_follows_it():
 
 
 def test_a_long_prompt_that_cannot_fit_is_refused_in_one_line_before_it_starts(monkeypatch):
-    monkeypatch.setattr(run, "available_bytes", lambda: 2**30)
+    monkeypatch.setattr(memory, "available_bytes", lambda: 2**30)
     result = invoke("run", "--prompt-len", "100000", "--chunk", "0")  # (auto would run it in chunks: test_chunk_option)
     assert result.exit_code == 2
     assert result.output.count("\n") == 1 and result.output.startswith("stepper: error: this run would need about ")

@@ -4,7 +4,7 @@ run starts and are emitted in catalogue order, their checkpoints write and read 
 import numpy as np
 import pytest
 
-from stepper.cli.names import planned_names
+from stepper.planning.names import planned_names
 from stepper.presets import preset
 from stepper.session import RunSpec, execute, prepare, run
 from stepper.trace import Recorder

@@ -9,8 +9,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from stepper.cli.names import planned_names
 from stepper.errors import StepperError
+from stepper.planning.names import planned_names
 from stepper.session import RunSpec, execute, prepare, run
 from stepper.trace import Recorder
 from stepper.weights.synthetic import SyntheticWeights

@@ -12,10 +12,10 @@ import pytest
 import stepper
 from stepper import prefill
 from stepper.chunked import Chunked
-from stepper.cli import record
-from stepper.cli.memory import Need
 from stepper.errors import StepperError
 from stepper.model.ops import rms_norm
+from stepper.planning import memory
+from stepper.planning.memory import Need
 from stepper.presets import preset
 from stepper.session import RunSpec
 from stepper.session import run as session_run
@@ -99,11 +99,11 @@ def test_a_keep_glob_that_matches_nothing_is_an_error_before_the_run():
 
 
 def test_keeping_everything_that_would_not_fit_is_refused_naming_keep(monkeypatch):
-    monkeypatch.setattr(record, "available_bytes", lambda: 2**20)
+    monkeypatch.setattr(memory, "available_bytes", lambda: 2**20)
     with pytest.raises(StepperError, match=r"would need about .* lower it with keep="):
         stepper.run("tiny", prompt_len=64)
     with pytest.raises(StepperError, match=r"lower it with prompt_len="):
-        monkeypatch.setattr(record, "needs", lambda plan, kept, lower: [Need("scores", 2**30, "--prompt-len")])
+        monkeypatch.setattr(memory, "needs", lambda plan, kept, lower: [Need("scores", 2**30, "--prompt-len")])
         stepper.run("tiny", prompt_len=2, keep="logits")
 
 
@@ -239,9 +239,7 @@ def test_auto_chooses_the_path_the_command_line_chooses():
 
 
 def test_auto_is_absorbed_where_the_naive_estimate_is_over_half_the_memory(monkeypatch):
-    from stepper.cli import record
-
-    monkeypatch.setattr(record, "available_bytes", lambda: 2 * 2**20)  # the naive run needs about 1 MiB
+    monkeypatch.setattr(memory, "available_bytes", lambda: 2 * 2**20)  # the naive run needs about 1 MiB
     assert stepper.run("tiny", keep="logits").spec.attn == "absorb"
     assert stepper.run("tiny", keep="logits", attn="naive").spec.attn == "naive"
 

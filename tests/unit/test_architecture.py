@@ -49,15 +49,17 @@ MAY_IMPORT: dict[str, set[str]] = {
     "model": {"kernels", "weights", "fp8", "int4"},
     "prefill": {"model", "catalog"},  # a prefill in chunks of positions, its tensors shown whole
     "session": {"model", "kernels", "weights", "presets", "prefill"},
+    # One plan of a run: its auto choices, names, patterns, patches and memory, for every entry point
+    "planning": {"session", "catalog", "model", "kernels", "weights", "presets", "prefill", "patching"},
     "bench": {"prefill", "views", "model", "kernels", "weights", "fp8", "int4", "presets"},  # views: what a run computes of a shown tensor
     "views": {"session", "catalog", "weights", "fp8", "int4", "presets", "patching"},
-    "lessons": {"views", "session", "model", "kernels", "weights", "fp8", "int4", "catalog", "presets"},
-    "fixtures": {"views", "session", "model", "kernels", "weights", "fp8", "int4", "catalog", "presets"},
-    "cli": {"lessons", "fixtures", "views", "bench", "session", "model", "kernels", "weights", "fp8", "int4",
+    "lessons": {"views", "planning", "session", "model", "kernels", "weights", "fp8", "int4", "catalog", "presets"},
+    "fixtures": {"views", "planning", "session", "model", "kernels", "weights", "fp8", "int4", "catalog", "presets"},
+    "cli": {"lessons", "fixtures", "views", "bench", "planning", "session", "model", "kernels", "weights", "fp8", "int4",
             "catalog", "presets", "patching"},
     "__main__": {"cli"},
-    # The library on top: the command line's own machinery for a run (cli.record), as functions
-    "api": {"cli", "lessons", "fixtures", "views", "session", "model", "kernels", "weights", "fp8", "catalog",
+    # The library on top: a run planned as the command line plans one (planning), as functions
+    "api": {"lessons", "fixtures", "views", "planning", "session", "model", "kernels", "weights", "fp8", "catalog",
             "presets", "patching"},
     "stepper": {"api"},  # the package's __init__: its version, and the API loaded on first use
 }
@@ -159,6 +161,15 @@ def test_imports_point_one_way():
         f"{m} imports {t}" for m, targets in import_graph().items() for t in targets
         if room(t) != room(m) and room(t) not in allowed(room(m))
     )
+    assert wrong == []
+
+
+def test_nothing_outside_the_command_line_imports_it():
+    """cli/ is the top of the package: the library (api), lessons and fixtures plan a run through
+    stepper.planning, as the command line does, never through the command line's modules."""
+    assert "cli" not in set().union(*(allowed(name) for name in MAY_IMPORT if name not in ("cli", "__main__")))
+    wrong = sorted(f"{m} imports {t}" for m, targets in import_graph().items() for t in targets
+                   if room(t) == "cli" and room(m) not in ("cli", "__main__"))
     assert wrong == []
 
 

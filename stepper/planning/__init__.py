@@ -1,0 +1,84 @@
+"""One plan of a run: the spec resolved (stepper.session.prepare), the auto choices made with their
+reasons (the attention path, the prefill's chunks: stepper.planning.memory), the names it will emit
+(stepper.planning.names), its patterns and patches checked against them, its memory estimated
+against what the machine has, then executed.
+
+`stepper run`, `stepper step`, `stepper diff` and the Python API (`stepper.run`, through
+stepper.planning.record) all plan a run with `plan_run`, so the same request makes the same
+choices, says the same reasons and is refused for the same causes wherever it is made. The
+messages name the options as the caller spells them (`Wording`: `--only` or `keep=`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+from stepper import session
+from stepper.patching import Patcher, Patches
+from stepper.planning import memory
+from stepper.planning.names import check_patterns, planned_names
+from stepper.session import Plan, RunResult, RunSpec
+from stepper.trace import Sink
+from stepper.weights.source import WeightSource
+
+
+@dataclass(frozen=True)
+class Wording:
+    """How the messages name the options: the command line's (`--only`) or the API's keywords."""
+
+    keep: str = "--only"
+    patch: str = "--patch"
+    options: dict[str, str] = field(default_factory=dict)  # an option the memory estimate names -> its name here
+
+
+COMMAND_LINE = Wording()
+Kept = Callable[[Plan, list[str]], list[str]]  # of a plan and its names, those a view keeps to the end
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """A run planned: the session's plan as chosen, the names it will emit in execution order, and
+    a line for each auto choice saying which and why."""
+
+    plan: Plan
+    names: list[str]
+    said: tuple[str, ...] = ()
+    wording: Wording = COMMAND_LINE
+
+    def check(self, option: str, patterns: Sequence[str]) -> None:
+        """Refuse a pattern of `option` that matches no name of the run."""
+        check_patterns(option, patterns, self.names)
+
+    def patcher(self, patches: Patches) -> list[Sink]:
+        """The patches as a sink to go before the views (each must match a name of the run); none without them."""
+        self.check(self.wording.patch, [pattern for pattern, _ in patches])
+        return [Patcher(patches, self.plan.config.n_routed_experts)] if patches else []
+
+    def check_fits(self, kept: list[str], lower: str) -> None:
+        """Refuse a run whose estimate (`kept`: the names a view keeps to the end, lowered by the
+        option `lower`) is over the memory available, naming the option that lowers it."""
+        needs = [replace(n, lower=self.wording.options.get(n.lower, n.lower)) for n in memory.needs(self.plan, kept, lower)]
+        memory.check_fits(needs, memory.available_bytes())
+
+    def on(self, weights: WeightSource) -> RunPlan:
+        """The same run, its choices made, on other weights of the same config (checked as the first were)."""
+        return replace(self, plan=session.prepare(self.plan.spec, weights))
+
+    def execute(self, sinks: Sequence[Sink]) -> RunResult:
+        return session.execute(self.plan, sinks)
+
+
+def plan_run(spec: RunSpec, kept: Kept = lambda plan, names: [], lower: str = "--prompt-len", chunk: int | None = 0,
+             weights: WeightSource | None = None, wording: Wording = COMMAND_LINE) -> RunPlan:
+    """Resolve `spec` (raising StepperError on the first problem) and make its auto choices: the
+    attention path (spec.attn "auto") and the prefill's chunks (`chunk`: positions per chunk as
+    asked, 0 the whole prompt, None auto), by the run's estimate with the tensors `kept` keeps
+    (`lower`: the option that lowers them) against the memory available; `weights`: in place of
+    the spec's model."""
+    def estimate(plan: Plan) -> list[memory.Need]:
+        return memory.needs(plan, kept(plan, planned_names(plan)), lower)
+
+    plan, why = memory.choose_attn(session.prepare(spec, weights), estimate, memory.available_bytes())
+    plan, chunked = memory.choose_chunk(plan, estimate, memory.available_bytes(), chunk)
+    return RunPlan(plan, planned_names(plan), tuple(line for line in (why, chunked) if line), wording)
