@@ -1,0 +1,18 @@
+"""`pip install .` ships every subpackage: pyproject lists packages by hand (the lessons ship as
+stepper.lessons_data from another folder), so a new room under stepper/ must be listed there, or
+the wheel would lack it while an editable install still works."""
+
+from pathlib import Path
+
+import pytest
+
+tomllib = pytest.importorskip("tomllib")
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_every_package_under_stepper_is_in_the_wheel():
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "stepper").rglob("__init__.py")}
+    assert found - listed == set()
+    assert listed - found == {"stepper.lessons_data"}  # the lessons/ folder, mapped by package-dir
