@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from stepper.errors import StepperError
-from stepper.tensor import held
+from stepper.tensors.tensor import held
 from stepper.trace import Event, matches
 from stepper.untrusted import cut
 

@@ -15,7 +15,7 @@ Shapes name the catalogue's dimensions (catalog.json "dims"): B batch, T new pos
 positions, H heads, d hidden, and the head and latent sizes nope, rope, qk_head, v_head, kv_lora.
 Each path writes out its attention in whole arrays where they are small; a larger attention runs
 over tiles of queries and keys with an online softmax (kernels.attention, tested equal to these
-lines), and its scores and weights are shown as tensors made a tile at a time (stepper.tiled).
+lines), and its scores and weights are shown as tensors made a tile at a time (stepper.tensors.tiled).
 """
 
 from __future__ import annotations

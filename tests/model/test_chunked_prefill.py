@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 
 from stepper import catalog, prefill
-from stepper.chunked import Chunked
 from stepper.kernels import attention as kernels
 from stepper.model import KVCache, Transformer
 from stepper.session import RunSpec, execute, fill_cache, prepare, run, step_attn
-from stepper.statistics import BINS
-from stepper.tiled import Tiled
+from stepper.tensors.chunked import Chunked
+from stepper.tensors.statistics import BINS
+from stepper.tensors.tiled import Tiled
 from stepper.trace import Emitter, Filter, Recorder
 from stepper.views import summary
 

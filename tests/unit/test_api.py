@@ -11,7 +11,6 @@ import pytest
 
 import stepper
 from stepper import prefill
-from stepper.chunked import Chunked
 from stepper.errors import StepperError
 from stepper.model.ops import rms_norm
 from stepper.planning import memory
@@ -19,6 +18,7 @@ from stepper.planning.memory import Need
 from stepper.presets import preset
 from stepper.session import RunSpec
 from stepper.session import run as session_run
+from stepper.tensors.chunked import Chunked
 from stepper.trace import Recorder
 from stepper.weights.synthetic import SyntheticWeights
 

@@ -18,17 +18,19 @@ PACKAGE = Path(stepper.__file__).resolve().parent
 
 # What each room may import besides itself. A room is a subpackage (model, kernels, ...) or a
 # top-level module (config, trace, ...); "stepper" is the package's __init__ (the version, and
-# the API loaded on first use). The rooms below everything may be imported by any other; among
-# themselves, as listed.
+# the API loaded on first use). The modules of a grouped room (GROUPED: tensors/) are placed one
+# by one ("tensors.tiled"), so grouping them keeps each one's imports as strict as before. The
+# rooms below everything may be imported by any other; among themselves, as listed.
 BELOW_EVERYTHING: dict[str, set[str]] = {
     "version": set(),
     "errors": set(),
     "swap": set(),
-    "trace": {"tensor"},
-    "tensor": {"statistics"},  # what a tensor of a run is: an array, or a LazyTensor made when read
-    "tiled": {"tensor"},
-    "statistics": set(),
-    "chunked": {"tensor"},
+    "trace": {"tensors.tensor"},
+    "tensors": set(),  # the room's __init__: its docstring only
+    "tensors.tensor": {"tensors.statistics"},  # what a tensor of a run is: an array, or a LazyTensor made when read
+    "tensors.tiled": {"tensors.tensor"},
+    "tensors.statistics": set(),
+    "tensors.chunked": {"tensors.tensor"},
     "config": {"errors", "jsonfile", "untrusted", "regex_subset"},
     "regex_subset": {"errors", "untrusted"},
     "dtypes": set(),
@@ -77,8 +79,13 @@ def module_name(path: Path) -> str:
 MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 
 
+GROUPED = {"tensors"}  # rooms whose modules are placed in the layering one by one
+
+
 def room(module: str) -> str:
     parts = module.split(".")
+    if len(parts) > 2 and parts[1] in GROUPED:
+        return ".".join(parts[1:3])
     return parts[1] if len(parts) > 1 else "stepper"
 
 

@@ -1,4 +1,4 @@
-"""Tensors too large to hold, shown without being held (stepper.tiled): their statistics and
+"""Tensors too large to hold, shown without being held (stepper.tensors.tiled): their statistics and
 histogram bins are exactly those of the whole array, gathered a block at a time; the heat map is
 pooled block by block into the same cells; a slice computes only that slice; a dump writes them
 block by block; they cannot be replaced."""
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from stepper import statistics, tiled
-from stepper.tiled import Tiled
+from stepper.tensors import statistics, tiled
+from stepper.tensors.tiled import Tiled
 from stepper.trace import Emitter
 from stepper.views import pictures, summary
 from stepper.views.debugger import take
