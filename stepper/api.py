@@ -47,13 +47,13 @@ from stepper.config import Config
 from stepper.errors import StepperError
 from stepper.fixtures import diff as compare
 from stepper.lessons import overrides
-from stepper.patching import PatchFn, as_patches, force_experts, zero_expert, zero_head, zero_router_bias
 from stepper.planning import Wording
 from stepper.planning.names import PICTURE_TENSORS
 from stepper.planning.record import Recorded, record
+from stepper.seams.patching import PatchFn, as_patches, force_experts, zero_expert, zero_head, zero_router_bias
+from stepper.seams.trace import Event, did_you_mean, matches
 from stepper.session import ATTN_CHOICES, INDEX_SCORING_CHOICES, RunSpec, check_choice
 from stepper.tensors.tensor import LazyTensor, Tensor, held
-from stepper.trace import Event, did_you_mean, matches
 from stepper.untrusted import shown
 from stepper.views import notebook
 from stepper.weights.remote import without_credentials

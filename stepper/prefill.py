@@ -24,11 +24,11 @@ import numpy as np
 
 from stepper import catalog
 from stepper.model.cache import KVCache, LayerCache
+from stepper.seams.trace import Emitter, Event
 from stepper.tensors.chunked import Chunked
 from stepper.tensors.statistics import BINS, CORNER, Gather, bin_counts, chunks, corners, edges
 from stepper.tensors.tensor import Figures, held, mib
 from stepper.tensors.tiled import Tiled
-from stepper.trace import Emitter, Event
 
 Step = Callable[[slice, KVCache, Emitter], object]  # run the prompt's positions `span` with a cache -> the step's result
 

@@ -31,8 +31,8 @@ from stepper.model.cache import LayerCache
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.ops import causal_mask, rms_norm, softmax
 from stepper.model.rope import Rope, apply_rope
-from stepper.swap import exercise
-from stepper.trace import Emitter
+from stepper.seams.swap import exercise
+from stepper.seams.trace import Emitter
 
 # q_a_layernorm and kv_a_layernorm: the references build these two norms with the norm's default
 # eps, whatever rms_norm_eps says (docs/numerics.md); Kimi-K2-Thinking's rms_norm_eps is 1e-5.

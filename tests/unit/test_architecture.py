@@ -17,15 +17,17 @@ import stepper
 PACKAGE = Path(stepper.__file__).resolve().parent
 
 # What each room may import besides itself. A room is a subpackage (model, kernels, ...) or a
-# top-level module (config, trace, ...); "stepper" is the package's __init__ (the version, and
-# the API loaded on first use). The modules of a grouped room (GROUPED: tensors/) are placed one
-# by one ("tensors.tiled"), so grouping them keeps each one's imports as strict as before. The
-# rooms below everything may be imported by any other; among themselves, as listed.
+# top-level module (config, session, ...); "stepper" is the package's __init__ (the version, and
+# the API loaded on first use). The modules of a grouped room (GROUPED: tensors/, seams/) are
+# placed one by one ("tensors.tiled", "seams.trace"), so grouping them keeps each one's imports as
+# strict as before. The rooms below everything may be imported by any other; among themselves, as
+# listed.
 BELOW_EVERYTHING: dict[str, set[str]] = {
     "version": set(),
     "errors": set(),
-    "swap": set(),
-    "trace": {"tensors.tensor"},
+    "seams": set(),  # the room's __init__: its docstring only
+    "seams.swap": set(),
+    "seams.trace": {"tensors.tensor"},
     "tensors": set(),  # the room's __init__: its docstring only
     "tensors.tensor": {"tensors.statistics"},  # what a tensor of a run is: an array, or a LazyTensor made when read
     "tensors.tiled": {"tensors.tensor"},
@@ -44,7 +46,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "presets": {"config"},
     "catalog": {"config"},
     "fp8": set(),
-    "patching": set(),
+    "seams.patching": set(),
     "int4": set(),
     "weights": {"fp8", "int4"},
     "kernels": {"weights", "fp8", "int4"},
@@ -52,17 +54,17 @@ MAY_IMPORT: dict[str, set[str]] = {
     "prefill": {"model", "catalog"},  # a prefill in chunks of positions, its tensors shown whole
     "session": {"model", "kernels", "weights", "presets", "prefill"},
     # One plan of a run: its auto choices, names, patterns, patches and memory, for every entry point
-    "planning": {"session", "catalog", "model", "kernels", "weights", "presets", "prefill", "patching"},
+    "planning": {"session", "catalog", "model", "kernels", "weights", "presets", "prefill", "seams.patching"},
     "bench": {"prefill", "views", "model", "kernels", "weights", "fp8", "int4", "presets"},  # views: what a run computes of a shown tensor
-    "views": {"session", "catalog", "weights", "fp8", "int4", "presets", "patching"},
+    "views": {"session", "catalog", "weights", "fp8", "int4", "presets", "seams.patching"},
     "lessons": {"views", "planning", "session", "model", "kernels", "weights", "fp8", "int4", "catalog", "presets"},
     "fixtures": {"views", "planning", "session", "model", "kernels", "weights", "fp8", "int4", "catalog", "presets"},
     "cli": {"lessons", "fixtures", "views", "bench", "planning", "session", "model", "kernels", "weights", "fp8", "int4",
-            "catalog", "presets", "patching"},
+            "catalog", "presets", "seams.patching"},
     "__main__": {"cli"},
     # The library on top: a run planned as the command line plans one (planning), as functions
     "api": {"lessons", "fixtures", "views", "planning", "session", "model", "kernels", "weights", "fp8", "catalog",
-            "presets", "patching"},
+            "presets", "seams.patching"},
     "stepper": {"api"},  # the package's __init__: its version, and the API loaded on first use
 }
 NEVER_IMPORT_FROM = {"model", "weights", "fp8", "int4", "kernels"}  # ... the rooms that present things
@@ -79,7 +81,7 @@ def module_name(path: Path) -> str:
 MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 
 
-GROUPED = {"tensors"}  # rooms whose modules are placed in the layering one by one
+GROUPED = {"tensors", "seams"}  # rooms whose modules are placed in the layering one by one
 
 
 def room(module: str) -> str:
