@@ -18,10 +18,10 @@ PACKAGE = Path(stepper.__file__).resolve().parent
 
 # What each room may import besides itself. A room is a subpackage (model, kernels, ...) or a
 # top-level module (config, session, ...); "stepper" is the package's __init__ (the version, and
-# the API loaded on first use). The modules of a grouped room (GROUPED: tensors/, seams/) are
-# placed one by one ("tensors.tiled", "seams.trace"), so grouping them keeps each one's imports as
-# strict as before. The rooms below everything may be imported by any other; among themselves, as
-# listed.
+# the API loaded on first use). The modules of a grouped room (GROUPED: tensors/, seams/,
+# untrusted/) are placed one by one ("tensors.tiled", "seams.trace"; the package's __init__ is the
+# room's own name), so grouping them keeps each one's imports as strict as before. The rooms below
+# everything may be imported by any other; among themselves, as listed.
 BELOW_EVERYTHING: dict[str, set[str]] = {
     "version": set(),
     "errors": set(),
@@ -33,13 +33,13 @@ BELOW_EVERYTHING: dict[str, set[str]] = {
     "tensors.tiled": {"tensors.tensor"},
     "tensors.statistics": set(),
     "tensors.chunked": {"tensors.tensor"},
-    "config": {"errors", "jsonfile", "untrusted", "regex_subset"},
-    "regex_subset": {"errors", "untrusted"},
+    "config": {"errors", "untrusted.jsonfile", "untrusted", "untrusted.regex_subset"},
+    "untrusted.regex_subset": {"errors", "untrusted"},
     "dtypes": set(),
-    "jsonfile": {"errors"},
+    "untrusted.jsonfile": {"errors"},
     "files": {"errors", "untrusted"},  # every file stepper writes or removes goes through it
-    "untrusted": set(),
-    "text": {"errors", "jsonfile", "untrusted"},
+    "untrusted": set(),  # the room's __init__: text from a file or a user made safe to show (shown, cut)
+    "text": {"errors", "untrusted.jsonfile", "untrusted"},
 }
 MAY_IMPORT: dict[str, set[str]] = {
     **BELOW_EVERYTHING,
@@ -81,7 +81,7 @@ def module_name(path: Path) -> str:
 MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 
 
-GROUPED = {"tensors", "seams"}  # rooms whose modules are placed in the layering one by one
+GROUPED = {"tensors", "seams", "untrusted"}  # rooms whose modules are placed in the layering one by one
 
 
 def room(module: str) -> str:
