@@ -17,7 +17,7 @@ model continues with the function's result (same shape and dtype; None leaves it
 sentence naming the argument and what was expected.
 
 `run[name]` is a read-only NumPy array when the run holds the tensor, else a `LazyTensor`
-(stepper.tensor), made when read: a long prompt's attention scores and weights (made a tile at a
+(stepper.tensors.tensor), made when read: a long prompt's attention scores and weights (made a tile at a
 time), every tensor over the positions of a prefill run in chunks (chunk=). `np.asarray(t)` or
 `t.numpy()` reads one and `t.cost` says first what that makes: a chunked run's first read replays
 its chunks once and makes all its chunked tensors, kept for the next reads.
@@ -47,13 +47,13 @@ from stepper.config import Config
 from stepper.errors import StepperError
 from stepper.fixtures import diff as compare
 from stepper.lessons import overrides
-from stepper.patching import PatchFn, as_patches, force_experts, zero_expert, zero_head, zero_router_bias
 from stepper.planning import Wording
 from stepper.planning.names import PICTURE_TENSORS
 from stepper.planning.record import Recorded, record
+from stepper.seams.patching import PatchFn, as_patches, force_experts, zero_expert, zero_head, zero_router_bias
+from stepper.seams.trace import Event, did_you_mean, matches
 from stepper.session import ATTN_CHOICES, INDEX_SCORING_CHOICES, RunSpec, check_choice
-from stepper.tensor import LazyTensor, Tensor, held
-from stepper.trace import Event, did_you_mean, matches
+from stepper.tensors.tensor import LazyTensor, Tensor, held
 from stepper.untrusted import shown
 from stepper.views import notebook
 from stepper.weights.remote import without_credentials
@@ -277,7 +277,7 @@ def _side(which: str, side: Any) -> tuple[dict[str, np.ndarray], str]:
 
 def read_only(array: Tensor) -> Tensor:
     """A view that cannot be written (the array itself keeps its flags); a tensor made when read
-    (stepper.tiled: long attention; stepper.chunked: a chunked prefill's) is read-only already
+    (stepper.tensors.tiled: long attention; stepper.tensors.chunked: a chunked prefill's) is read-only already
     and is kept as it is."""
     if not held(array):
         return array

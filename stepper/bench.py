@@ -53,7 +53,7 @@ from stepper.model.layer_weights import LayerWeights
 from stepper.model.ops import swiglu
 from stepper.prefill import in_chunks
 from stepper.presets import PRESETS
-from stepper.trace import Emitter
+from stepper.seams.trace import Emitter
 from stepper.views import summary
 from stepper.weights.checkpoint import INDEX, Checkpoint
 from stepper.weights.names import layer_shapes

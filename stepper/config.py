@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stepper import regex_subset as patterns
 from stepper.errors import StepperError
-from stepper.jsonfile import read_json
 from stepper.untrusted import cut, shown
+from stepper.untrusted import regex_subset as patterns
+from stepper.untrusted.jsonfile import read_json
 
 MODEL_TYPES = ("deepseek_v3", "kimi_k2", "deepseek_v2", "deepseek_v32")
 WRAPPER_TYPES = ("kimi_k25",)
@@ -501,7 +501,7 @@ def _require_value(f: _Fields, block: dict, at: str, field: str, honoured: Any, 
 
 def _entries(f: _Fields, block: dict, at: str, field: str, allow_empty: bool = False) -> tuple[str, ...]:
     """A list of module names and "re:" patterns, each pattern in the subset whose work is bounded
-    (stepper.regex_subset)."""
+    (stepper.untrusted.regex_subset)."""
     entries = block.get(field, [] if allow_empty else None)
     if not isinstance(entries, list) or not all(isinstance(e, str) for e in entries) or not (entries or allow_empty):
         raise f.fail(at, f"must be a list of module names or 're:' patterns, got {entries!r}")

@@ -4,7 +4,7 @@ memory is the cache and one chunk's tensors, never the whole prompt's. (A prefil
 equals prefills of consecutive chunks with the cache: tests/model/test_cache.py.)
 
 Every named tensor is still shown once, over all T positions, with the figures of the whole
-prompt's tensor (a `stepper.chunked.Chunked`): each chunk's tensors are gathered exactly as they
+prompt's tensor (a `stepper.tensors.chunked.Chunked`): each chunk's tensors are gathered exactly as they
 come (statistics and corners), then each chunk runs again against the cache as it was (a replay,
 bit for bit the same) for the histograms, whose bins need the range first. Reading the values of
 one (`np.asarray`) replays the chunks once more and makes every chunked tensor at once (`Replay`).
@@ -23,12 +23,12 @@ from collections.abc import Callable
 import numpy as np
 
 from stepper import catalog
-from stepper.chunked import Chunked
 from stepper.model.cache import KVCache, LayerCache
-from stepper.statistics import BINS, CORNER, Gather, bin_counts, chunks, corners, edges
-from stepper.tensor import Figures, held, mib
-from stepper.tiled import Tiled
-from stepper.trace import Emitter, Event
+from stepper.seams.trace import Emitter, Event
+from stepper.tensors.chunked import Chunked
+from stepper.tensors.statistics import BINS, CORNER, Gather, bin_counts, chunks, corners, edges
+from stepper.tensors.tensor import Figures, held, mib
+from stepper.tensors.tiled import Tiled
 
 Step = Callable[[slice, KVCache, Emitter], object]  # run the prompt's positions `span` with a cache -> the step's result
 

@@ -31,8 +31,8 @@ from stepper.kernels.weight_cache import CachedWeights
 from stepper.model import KVCache, Transformer, synthetic_cache
 from stepper.model.layer_weights import LayerWeights
 from stepper.presets import PRESETS, preset
+from stepper.seams.trace import Emitter, Sink
 from stepper.text import Tokens, load_tokenizer
-from stepper.trace import Emitter, Sink
 from stepper.weights import remote
 from stepper.weights.checkpoint import INDEX, Checkpoint
 from stepper.weights.names import EMBED

@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Protocol
 
 from stepper.errors import StepperError
-from stepper.jsonfile import read_json
 from stepper.untrusted import shown
+from stepper.untrusted.jsonfile import read_json
 
 INSTALL = 'pip install "stepper[text]"'
 TOKENIZER_JSON = "tokenizer.json"

@@ -21,8 +21,8 @@ from stepper.errors import StepperError
 from stepper.fixtures.diff import Diff, diff_tensors, read_side, side_path
 from stepper.fixtures.show import print_table
 from stepper.lessons import overrides
-from stepper.patching import parse_patch
 from stepper.planning.record import record, tensors
+from stepper.seams.patching import parse_patch
 from stepper.untrusted import shown
 from stepper.views import diff as view
 from stepper.views.sinks import line_width, print_fitted

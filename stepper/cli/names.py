@@ -8,7 +8,7 @@ from collections.abc import Callable
 from stepper import catalog
 from stepper.errors import StepperError
 from stepper.planning.names import PICTURE_TENSORS
-from stepper.trace import matches, unphased
+from stepper.seams.trace import matches, unphased
 from stepper.views.scale_grids import part_of
 
 GLOB = set("*?[")

@@ -20,12 +20,12 @@ from stepper.errors import StepperError
 from stepper.files import check_output, write_output
 from stepper.lessons import overrides
 from stepper.model.cache import cache_bytes_per_token
-from stepper.patching import parse_patch
 from stepper.planning import RunPlan, plan_run
 from stepper.planning.memory import sizes, tiled_values
+from stepper.seams.patching import parse_patch
+from stepper.seams.trace import Filter, Recorder, Sink
 from stepper.session import Plan, RunResult, RunSpec, step_attn
 from stepper.text import INSTALL, Tokens
-from stepper.trace import Filter, Recorder, Sink
 from stepper.views.debugger import CommandSource, Debugger, Quit
 from stepper.views.dump import DUMP_LIMIT_GB, check_dump_sizes, check_writable, write_dump
 from stepper.views.sinks import PICTURES, JsonLines, Pictures, ProgressBars, TensorRows, print_wrapped

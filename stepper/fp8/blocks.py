@@ -12,7 +12,7 @@ import numpy as np
 from stepper import dtypes
 from stepper.errors import StepperError
 from stepper.fp8.e4m3 import FP8_MAX, as_codes, decode, encode
-from stepper.swap import exercise
+from stepper.seams.swap import exercise
 
 BLOCK = (128, 128)  # rows (out) x cols (in) sharing one scale
 

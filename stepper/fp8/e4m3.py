@@ -17,7 +17,7 @@ import numpy as np
 
 from stepper import dtypes
 from stepper.errors import StepperError
-from stepper.swap import exercise
+from stepper.seams.swap import exercise
 
 FP8_MAX = 448.0  # 0x7E = 0 1111 110 = 2^(15-7) * (1 + 6/8)
 EXPONENT_BIAS = 7

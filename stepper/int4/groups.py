@@ -19,7 +19,7 @@ import numpy as np
 from stepper import dtypes
 from stepper.errors import StepperError
 from stepper.int4.packed import OFFSET, as_words, pack, unpack_bits, words_for
-from stepper.swap import exercise
+from stepper.seams.swap import exercise
 
 GROUP = 32  # inputs per scale, Kimi-K2-Thinking's group_size
 LARGEST_SCALE = float(np.finfo(np.float32).max) / OFFSET  # |(-8) * scale| stays a finite float32

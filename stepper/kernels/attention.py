@@ -31,8 +31,8 @@ from functools import partial
 import numpy as np
 
 from stepper.kernels import parallel
-from stepper.tiled import Tiled
-from stepper.trace import Emitter
+from stepper.seams.trace import Emitter
+from stepper.tensors.tiled import Tiled
 
 TILE_SCORES = 1 << 20  # scores of one tile: [B, H, T, S] cut to its heads, queries and keys (4 MB in float32)
 KEY_TILE = 512  # keys per tile, before a short query tile widens it

@@ -40,7 +40,7 @@ from stepper.kernels.fp8_tiles import (
     times_power_of_two,
 )
 from stepper.kernels.fp8_workers import linear_bands
-from stepper.swap import bypasses
+from stepper.seams.swap import bypasses
 from stepper.weights.stored import Fp8Matrix
 
 GEMM_COLUMNS = 8  # BLAS's fast multiple of tokens

@@ -18,7 +18,7 @@ from stepper.kernels.fp8_matmul import padded_to_columns
 from stepper.kernels.fp8_tiles import result_arrays
 from stepper.kernels.fp8_workers import int4_bands
 from stepper.kernels.int4_tiles import MANY_TOKENS, Decoder, apply_tiles, row_tiles, split_inputs, tiles_order
-from stepper.swap import bypasses
+from stepper.seams.swap import bypasses
 from stepper.weights.stored import Int4Matrix
 
 SHARE_WORK = 1 << 22  # weights x tokens below which a product stays on one thread

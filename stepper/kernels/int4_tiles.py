@@ -29,7 +29,7 @@ import numpy as np
 
 from stepper import int4
 from stepper.kernels.fp8_tiles import TALL_TILE_BYTES, kept_memory
-from stepper.swap import bypasses
+from stepper.seams.swap import bypasses
 from stepper.weights.stored import Int4Matrix
 
 TILE_VALUES = 1 << 17  # values decoded at once, about: [32, 7168] or [64, 2048] float32 (0.9 or 0.5 MB) stay in the cache

@@ -37,8 +37,8 @@ from stepper.errors import StepperError
 from stepper.lessons import overrides
 from stepper.planning import plan_run
 from stepper.presets import PRESETS, preset
+from stepper.seams.trace import Event, Recorder, Sink
 from stepper.session import RunResult, RunSpec, prepare
-from stepper.trace import Event, Recorder, Sink
 
 PURE = ("softmax", "rms_norm", "decode", "dequantize", "rope_inv_freq", "apply_rope", "causal_mask", "index_scores")
 CALLS_PER_FUNCTION = 6

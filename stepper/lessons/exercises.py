@@ -1,6 +1,6 @@
 """The exercises: the functions a lesson asks a learner to write, listed here by object.
 
-Each is marked `@exercise` where it is defined (stepper.swap: its calls go to a learner's
+Each is marked `@exercise` where it is defined (stepper.seams.swap: its calls go to a learner's
 function while one is swapped in); this list is what `--use` and `lesson check` accept, in the
 order their messages name them. Nothing is registered by importing a module: a function marked
 but not listed here fails tests/unit/test_swap.py, one listed but not marked fails on import, and
@@ -14,7 +14,7 @@ from collections.abc import Callable
 from stepper.fp8 import blocks, e4m3
 from stepper.int4 import groups
 from stepper.model import attention, indexer, ops, rope, router
-from stepper.swap import exercise_name
+from stepper.seams.swap import exercise_name
 
 FUNCTIONS: tuple[Callable, ...] = (
     e4m3.decode, blocks.dequantize, groups.dequantize_int4,

@@ -24,8 +24,8 @@ from stepper.model.cache import cache_bytes_per_token
 from stepper.model.rope import rope_inv_freq, yarn_correction_range, yarn_mscale
 from stepper.model.router import max_per_group, route
 from stepper.presets import PRESETS, preset
+from stepper.seams.trace import Emitter, Recorder
 from stepper.session import run
-from stepper.trace import Emitter, Recorder
 
 FACTS: dict[str, Callable[..., Any]] = {}
 

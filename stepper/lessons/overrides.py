@@ -21,10 +21,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
-from stepper import swap
 from stepper.errors import StepperError
 from stepper.lessons import returns
 from stepper.lessons.exercises import REFERENCES
+from stepper.seams import swap
 from stepper.untrusted import shown
 
 EXERCISES: tuple[str, ...] = tuple(REFERENCES)

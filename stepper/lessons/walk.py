@@ -22,8 +22,8 @@ from stepper.lessons.reading import FORMS
 from stepper.lessons.schema import LESSON_FILE, Lesson, Prediction, Step
 from stepper.lessons.templates import render
 from stepper.planning import RunPlan, plan_run
+from stepper.seams.trace import Event, Recorder
 from stepper.session import Plan
-from stepper.trace import Event, Recorder
 from stepper.untrusted import shown
 from stepper.views.debugger import CommandSource, Debugger, Quit, passed, print_help_line
 

@@ -15,7 +15,7 @@ Shapes name the catalogue's dimensions (catalog.json "dims"): B batch, T new pos
 positions, H heads, d hidden, and the head and latent sizes nope, rope, qk_head, v_head, kv_lora.
 Each path writes out its attention in whole arrays where they are small; a larger attention runs
 over tiles of queries and keys with an online softmax (kernels.attention, tested equal to these
-lines), and its scores and weights are shown as tensors made a tile at a time (stepper.tiled).
+lines), and its scores and weights are shown as tensors made a tile at a time (stepper.tensors.tiled).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from stepper.model.cache import LayerCache
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.ops import causal_mask, rms_norm, softmax
 from stepper.model.rope import Rope, apply_rope
-from stepper.swap import exercise
-from stepper.trace import Emitter
+from stepper.seams.swap import exercise
+from stepper.seams.trace import Emitter
 
 # q_a_layernorm and kv_a_layernorm: the references build these two norms with the norm's default
 # eps, whatever rms_norm_eps says (docs/numerics.md); Kimi-K2-Thinking's rms_norm_eps is 1e-5.

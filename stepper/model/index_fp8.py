@@ -27,7 +27,7 @@ import numpy as np
 from stepper.fp8.e4m3 import FP8_MAX, decode, encode
 from stepper.model.cache import LayerCache
 from stepper.model.ops import causal_mask
-from stepper.trace import Emitter
+from stepper.seams.trace import Emitter
 
 FP8_BLOCK = 128  # values sharing one scale (act_quant's block_size)
 AMAX_FLOOR = np.float32(1e-4)  # act_quant's least amax, so an all-zero block still gets a scale

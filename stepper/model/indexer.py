@@ -34,8 +34,8 @@ from stepper.model.index_fp8 import fp8_index_scores
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.ops import causal_mask, rms_norm
 from stepper.model.rope import Rope
-from stepper.swap import exercise
-from stepper.trace import Emitter
+from stepper.seams.swap import exercise
+from stepper.seams.trace import Emitter
 
 LAYER_NORM_EPS = 1e-6  # the indexer's k_norm (DeepSeek's LayerNorm default; not in config.json)
 

@@ -14,7 +14,7 @@ from stepper.model.mlp import dense_mlp
 from stepper.model.moe import moe
 from stepper.model.ops import rms_norm
 from stepper.model.rope import Rope
-from stepper.trace import Emitter
+from stepper.seams.trace import Emitter
 
 
 def decoder_layer(

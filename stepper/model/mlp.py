@@ -7,7 +7,7 @@ import numpy as np
 from stepper.kernels.linear import linear, linears
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.ops import silu
-from stepper.trace import Emitter
+from stepper.seams.trace import Emitter
 
 
 def dense_mlp(x: np.ndarray, w: LayerWeights, emit: Emitter) -> np.ndarray:

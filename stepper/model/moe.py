@@ -20,7 +20,7 @@ from stepper.kernels import activations
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.ops import swiglu
 from stepper.model.router import Routing, route
-from stepper.trace import Emitter
+from stepper.seams.trace import Emitter
 
 
 def moe(x: np.ndarray, w: LayerWeights, cfg: Config, emit: Emitter, dispatch: str = "grouped") -> np.ndarray:

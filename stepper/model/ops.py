@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from stepper.kernels import activations
-from stepper.swap import exercise
+from stepper.seams.swap import exercise
 
 
 @exercise

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from stepper.config import Yarn
-from stepper.swap import exercise
+from stepper.seams.swap import exercise
 
 
 @dataclass(frozen=True)

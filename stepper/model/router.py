@@ -26,8 +26,8 @@ import numpy as np
 from stepper.config import Config
 from stepper.kernels.linear import linear
 from stepper.model.ops import sigmoid, softmax
-from stepper.swap import exercise
-from stepper.trace import Emitter
+from stepper.seams.swap import exercise
+from stepper.seams.trace import Emitter
 
 
 @dataclass(frozen=True)

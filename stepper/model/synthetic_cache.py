@@ -24,7 +24,7 @@ from stepper.model.indexer import index_key, rotate_halves
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.ops import rms_norm
 from stepper.model.rope import Rope, apply_rope
-from stepper.trace import Emitter
+from stepper.seams.trace import Emitter
 
 ROWS = 8192  # positions drawn (and up-projected) at a time
 

@@ -20,7 +20,7 @@ from stepper.model.layer import decoder_layer
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.ops import rms_norm
 from stepper.model.rope import Rope, rope_inv_freq, rope_tables, yarn_mscale
-from stepper.trace import Emitter
+from stepper.seams.trace import Emitter
 from stepper.weights.source import WeightSource
 
 LM_HEAD = "lm_head.weight"

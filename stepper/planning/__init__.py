@@ -15,11 +15,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from stepper import session
-from stepper.patching import Patcher, Patches
 from stepper.planning import memory
 from stepper.planning.names import check_patterns, planned_names
+from stepper.seams.patching import Patcher, Patches
+from stepper.seams.trace import Sink
 from stepper.session import Plan, RunResult, RunSpec
-from stepper.trace import Sink
 from stepper.weights.source import WeightSource
 
 

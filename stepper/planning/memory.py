@@ -23,9 +23,9 @@ from stepper import catalog
 from stepper.errors import StepperError
 from stepper.kernels import attention, parallel
 from stepper.model.cache import cache_bytes_per_token
+from stepper.seams.trace import unphased
 from stepper.session import Plan, step_attn
-from stepper.statistics import CHUNK
-from stepper.trace import unphased
+from stepper.tensors.statistics import CHUNK
 from stepper.weights.names import layer_shapes
 
 FLOAT32 = 4

@@ -9,8 +9,8 @@ from collections.abc import Iterable
 
 from stepper import catalog
 from stepper.errors import StepperError
+from stepper.seams.trace import did_you_mean, matches
 from stepper.session import Plan, phase_name, step_attn
-from stepper.trace import did_you_mean, matches
 
 START, ROPE, END = ("embed",), ("rope_cos", "rope_sin"), ("norm", "logits")
 PICTURE_TENSORS = {  # the tensors a --show picture is drawn from; one of them must be shown

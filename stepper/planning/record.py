@@ -12,11 +12,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from stepper.errors import StepperError
-from stepper.patching import Patches
 from stepper.planning import COMMAND_LINE, Wording, plan_run
 from stepper.planning.names import check_patterns
+from stepper.seams.patching import Patches
+from stepper.seams.trace import Event, Filter, Sink, matches
 from stepper.session import Plan, RunResult, RunSpec
-from stepper.trace import Event, Filter, Sink, matches
 from stepper.weights.source import WeightSource
 
 

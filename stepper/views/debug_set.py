@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from stepper.errors import StepperError
-from stepper.patching import expression
-from stepper.trace import Event
+from stepper.seams.patching import expression
+from stepper.seams.trace import Event
 
 USAGE = "set takes NAME[slice] = value, e.g. set attn_weights[0, 1] = 0 or set [..., 3] = x*2"
 

@@ -27,9 +27,9 @@ from rich.tree import Tree
 from stepper import catalog
 from stepper.config import Config
 from stepper.errors import StepperError
-from stepper.tensor import held
+from stepper.seams.trace import Event, did_you_mean, matches
+from stepper.tensors.tensor import held
 from stepper.text import Tokens
-from stepper.trace import Event, did_you_mean, matches
 from stepper.untrusted import shown
 from stepper.views import pictures
 from stepper.views.debug_set import set_tensor

@@ -21,8 +21,8 @@ import numpy as np
 
 from stepper import files
 from stepper.errors import StepperError
-from stepper.tensor import Tensor, held
-from stepper.trace import Recorder
+from stepper.seams.trace import Recorder
+from stepper.tensors.tensor import Tensor, held
 from stepper.weights.safetensors_reader import SafetensorsFile
 from stepper.weights.safetensors_writer import Entry, write_safetensors_into
 

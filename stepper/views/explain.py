@@ -21,7 +21,7 @@ from rich.text import Text
 from stepper import catalog
 from stepper.catalog import sites, texts
 from stepper.config import Config
-from stepper.trace import did_you_mean
+from stepper.seams.trace import did_you_mean
 from stepper.untrusted import shown
 
 

@@ -14,7 +14,7 @@ from rich.console import Console, RenderableType
 from rich.text import Text
 
 from stepper.config import Config
-from stepper.trace import Event
+from stepper.seams.trace import Event
 from stepper.views import diff as diff_view
 from stepper.views import pictures
 from stepper.views.sinks import TensorRows

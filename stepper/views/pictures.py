@@ -26,8 +26,8 @@ from rich.measure import Measurement
 from rich.style import Style
 from rich.text import Text
 
-from stepper.tensor import LazyTensor, Tensor, held
-from stepper.tiled import BLOCK_VALUES
+from stepper.tensors.tensor import LazyTensor, Tensor, held
+from stepper.tensors.tiled import BLOCK_VALUES
 from stepper.untrusted import shown
 from stepper.views import summary
 from stepper.views.summary import number

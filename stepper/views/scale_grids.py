@@ -19,7 +19,7 @@ from rich.console import RenderableType
 from rich.text import Text
 
 from stepper.config import Config
-from stepper.trace import Event
+from stepper.seams.trace import Event
 from stepper.views import pictures
 from stepper.weights.names import layer_prefix, layer_shapes, storage_dtype
 

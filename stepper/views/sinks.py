@@ -21,8 +21,8 @@ from rich.text import Text
 
 from stepper import catalog
 from stepper.config import Config
+from stepper.seams.trace import Event
 from stepper.text import Tokens
-from stepper.trace import Event
 from stepper.views import pictures, summary
 from stepper.views.scale_grids import ScaleGrids
 from stepper.views.summary import finite_or_none, number

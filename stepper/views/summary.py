@@ -3,7 +3,7 @@ the corner values, and how a number of them is written. Non-finite entries (NaN,
 masked attention scores) are counted and left out of the other statistics, so one masked entry does
 not turn every figure into -inf.
 
-Every figure is gathered a chunk at a time, exactly (stepper.statistics): a tensor too large to
+Every figure is gathered a chunk at a time, exactly (stepper.tensors.statistics): a tensor too large to
 hold (a `Tiled`, made block by block) gets the same figures, and the same histogram bins, as the
 whole array would; a lazy tensor that knows its `figures` (a chunked prefill's, gathered as the
 prefill ran) brings them."""
@@ -14,9 +14,9 @@ import math
 
 import numpy as np
 
-from stepper import statistics
-from stepper.statistics import BINS, CORNER, Gather, Stats, bin_counts, chunks, edges, no_finite
-from stepper.tensor import Figures, Tensor, held
+from stepper.tensors import statistics
+from stepper.tensors.statistics import BINS, CORNER, Gather, Stats, bin_counts, chunks, edges, no_finite
+from stepper.tensors.tensor import Figures, Tensor, held
 
 SPARK = "▁▂▃▄▅▆▇█"
 

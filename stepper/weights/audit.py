@@ -9,7 +9,7 @@ them, and tensors in no layer the config knows (a run never reads them).
 from __future__ import annotations
 
 from stepper.errors import StepperError
-from stepper.jsonfile import read_json
+from stepper.untrusted.jsonfile import read_json
 from stepper.weights.checkpoint import (
     GROUP_SCALE,
     INT4_SCALE_DTYPES,

@@ -26,8 +26,8 @@ import numpy as np
 from stepper import fp8, int4
 from stepper.config import Config, load_config
 from stepper.errors import StepperError
-from stepper.jsonfile import read_json
 from stepper.untrusted import is_safe
+from stepper.untrusted.jsonfile import read_json
 from stepper.weights.names import global_shapes, layer_shapes, storage_dtype, text_name
 from stepper.weights.partial import partial_text
 from stepper.weights.safetensors_reader import MappedBudget, SafetensorsFile, TensorInfo

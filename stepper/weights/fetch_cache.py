@@ -31,8 +31,8 @@ from pathlib import Path
 
 from stepper import files
 from stepper.errors import StepperError
-from stepper.jsonfile import parse_json
 from stepper.untrusted import shown
+from stepper.untrusted.jsonfile import parse_json
 from stepper.weights.checkpoint import INDEX
 from stepper.weights.http_ranges import RangeClient
 

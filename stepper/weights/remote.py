@@ -29,8 +29,8 @@ import numpy as np
 
 from stepper import files
 from stepper.errors import StepperError
-from stepper.jsonfile import read_json
 from stepper.untrusted import shown
+from stepper.untrusted.jsonfile import read_json
 from stepper.weights.checkpoint import INDEX, SCALE, SINGLE, Checkpoint, is_plain_shard_name
 from stepper.weights.fetch_cache import LEDGERS, CachedFile, trim
 from stepper.weights.http_ranges import RangeClient, Transfer, missing_extra

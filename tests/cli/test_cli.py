@@ -12,7 +12,7 @@ from safetensors.numpy import load_file
 
 from stepper import catalog
 from stepper.presets import preset
-from stepper.trace import unphased
+from stepper.seams.trace import unphased
 
 
 def in_a_process(*args: str) -> subprocess.CompletedProcess:

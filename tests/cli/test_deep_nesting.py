@@ -10,9 +10,9 @@ import pytest
 from helpers.cli import one_line, stepper
 from safetensors.numpy import save_file
 
-from stepper import jsonfile
 from stepper.errors import StepperError
-from stepper.patching import MAX_EXPR, MAX_NESTING, parse_patch
+from stepper.seams.patching import MAX_EXPR, MAX_NESTING, parse_patch
+from stepper.untrusted import jsonfile
 from stepper.views.dump import DUMP_FORMAT
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -25,8 +25,8 @@ from stepper.cli.common import user_errors
 from stepper.errors import StepperError
 from stepper.planning.memory import Need, check_fits, needs
 from stepper.planning.names import planned_names
+from stepper.seams.trace import Recorder
 from stepper.session import RunSpec, execute, prepare
-from stepper.trace import Recorder
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}

@@ -5,7 +5,7 @@ import json
 
 from helpers.cli import stepper
 
-from stepper.statistics import Gather
+from stepper.tensors.statistics import Gather
 from stepper.weights.remote import human
 
 ALL_NAN = ("run", "--layers", "0:1", "--only", "layers.0.input_layernorm", "--patch", "layers.0.input_layernorm=x*nan")

@@ -32,8 +32,8 @@ from stepper.lessons.schema import Prediction, Wrong, all_lessons, find_lesson
 from stepper.lessons.templates import render, value_of
 from stepper.lessons.walk import right_answers, walk
 from stepper.lessons.workspace import Workspace
+from stepper.seams.trace import Recorder
 from stepper.session import RunSpec, prepare, run
-from stepper.trace import Recorder
 from stepper.views.debugger import CommandSource
 
 LESSONS = all_lessons()

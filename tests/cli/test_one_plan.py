@@ -14,8 +14,8 @@ from stepper import session
 from stepper.errors import StepperError
 from stepper.planning import memory
 from stepper.planning.names import planned_names
+from stepper.seams.trace import matches
 from stepper.session import RunSpec, prepare
-from stepper.trace import matches
 
 LONG = RunSpec(layer=0, prompt_len=300)  # tiny's layer 0 on 300 positions, keeping its k_pe
 KEEP = "*k_pe"

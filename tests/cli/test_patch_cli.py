@@ -10,9 +10,9 @@ from rich.console import Console
 from safetensors.numpy import load_file
 
 import stepper
-from stepper.patching import expression
+from stepper.seams.patching import expression
+from stepper.seams.trace import Recorder
 from stepper.session import RunSpec, run
-from stepper.trace import Recorder
 from stepper.views.debugger import CommandSource, Debugger, Quit
 
 

@@ -15,9 +15,9 @@ from helpers import cli as command_line
 from helpers.tokenizer_files import write_tiktoken_model, write_tokenizer_json
 
 from stepper.presets import preset
+from stepper.seams.trace import Recorder
 from stepper.session import RunSpec, execute, prepare, run
 from stepper.text import load_tokenizer
-from stepper.trace import Recorder
 from stepper.weights.synth import synth_checkpoint
 from stepper.weights.synthetic import SyntheticWeights
 

@@ -10,8 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from stepper.cli.main import app, main
+from stepper.seams.trace import Recorder
 from stepper.session import RunSpec, run
-from stepper.trace import Recorder
 
 
 def stepper(*args: str, stdin: str = ""):

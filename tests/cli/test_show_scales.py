@@ -9,8 +9,8 @@ from collections import Counter
 import numpy as np
 from helpers.cli import stepper
 
+from stepper.seams.trace import Recorder
 from stepper.session import RunSpec, run
-from stepper.trace import Recorder
 
 ATTENTION = ["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"]
 ROW = re.compile(r"^(\S*layers\.\d+\.\S+)  \[")  # a tensor's row: its name, then its named shape

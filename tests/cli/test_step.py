@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from helpers.cli import stepper
 
+from stepper.seams.trace import Recorder
 from stepper.session import RunSpec, run
-from stepper.trace import Recorder
 
 
 def step(*args: str, commands: str = "") -> subprocess.CompletedProcess:

@@ -10,8 +10,8 @@ import pytest
 from helpers.cli import stepper
 
 from stepper.lessons import check, overrides
+from stepper.seams.trace import Recorder
 from stepper.session import RunSpec, run
-from stepper.trace import Recorder
 
 
 def error_line(out, path: Path) -> str:

@@ -3,7 +3,7 @@ cross-checks share."""
 
 import numpy as np
 
-from stepper.trace import unphased
+from stepper.seams.trace import unphased
 
 RTOL = 1e-5
 

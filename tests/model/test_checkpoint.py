@@ -16,8 +16,8 @@ from helpers.files import reference_write
 
 from stepper.errors import StepperError
 from stepper.presets import preset
+from stepper.seams.trace import Recorder
 from stepper.session import RunSpec, run
-from stepper.trace import Recorder
 from stepper.weights.checkpoint import Checkpoint
 from stepper.weights.names import is_linear, weight_shapes
 from stepper.weights.synth import synth_checkpoint

@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 
 from stepper import catalog, prefill
-from stepper.chunked import Chunked
 from stepper.kernels import attention as kernels
 from stepper.model import KVCache, Transformer
+from stepper.seams.trace import Emitter, Filter, Recorder
 from stepper.session import RunSpec, execute, fill_cache, prepare, run, step_attn
-from stepper.statistics import BINS
-from stepper.tiled import Tiled
-from stepper.trace import Emitter, Filter, Recorder
+from stepper.tensors.chunked import Chunked
+from stepper.tensors.statistics import BINS
+from stepper.tensors.tiled import Tiled
 from stepper.views import summary
 
 # What the whole prompt's tensor holds past the positions a chunk attends (written out here, not read from prefill)

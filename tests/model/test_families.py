@@ -6,8 +6,8 @@ import pytest
 
 from stepper.planning.names import planned_names
 from stepper.presets import preset
+from stepper.seams.trace import Recorder
 from stepper.session import RunSpec, execute, prepare, run
-from stepper.trace import Recorder
 from stepper.weights.checkpoint import Checkpoint
 from stepper.weights.synth import synth_checkpoint
 from stepper.weights.synthetic import SyntheticWeights

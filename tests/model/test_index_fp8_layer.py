@@ -11,8 +11,8 @@ import pytest
 
 from stepper.errors import StepperError
 from stepper.planning.names import planned_names
+from stepper.seams.trace import Recorder
 from stepper.session import RunSpec, execute, prepare, run
-from stepper.trace import Recorder
 from stepper.weights.synthetic import SyntheticWeights
 
 LAYER = "layers.1.self_attn.indexer."

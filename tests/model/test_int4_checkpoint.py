@@ -16,8 +16,8 @@ from safetensors.numpy import load_file
 from stepper.errors import StepperError
 from stepper.kernels.weight_cache import CachedWeights
 from stepper.presets import preset
+from stepper.seams.trace import Recorder
 from stepper.session import RunSpec, run
-from stepper.trace import Recorder
 from stepper.weights.checkpoint import Checkpoint
 from stepper.weights.stored import Int4Matrix
 from stepper.weights.synth import requantized, synth_checkpoint

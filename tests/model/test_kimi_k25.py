@@ -14,8 +14,8 @@ from helpers.cli import stepper
 from stepper.config import Config, Wrapper, Yarn
 from stepper.errors import StepperError
 from stepper.presets import PRESETS, preset
+from stepper.seams.trace import Recorder
 from stepper.session import RunSpec, run
-from stepper.trace import Recorder
 from stepper.weights.checkpoint import Checkpoint
 from stepper.weights.safetensors_reader import SafetensorsFile
 from stepper.weights.safetensors_writer import Entry, write_safetensors

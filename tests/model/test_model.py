@@ -5,9 +5,9 @@ import pytest
 
 from stepper.model import KVCache, Transformer
 from stepper.presets import preset
+from stepper.seams.trace import Emitter, Recorder
 from stepper.session import RunSpec, prompt_ids, run
-from stepper.tiled import Tiled
-from stepper.trace import Emitter, Recorder
+from stepper.tensors.tiled import Tiled
 from stepper.weights.stored import Fp8Matrix
 from stepper.weights.synthetic import SyntheticWeights
 

@@ -14,8 +14,8 @@ from helpers.range_server import COMMIT
 
 from stepper.errors import StepperError
 from stepper.presets import preset
+from stepper.seams.trace import Recorder
 from stepper.session import RunSpec, run
-from stepper.trace import Recorder
 from stepper.weights import remote
 from stepper.weights.checkpoint import SCALE, Checkpoint
 from stepper.weights.names import EMBED, global_shapes, layer_shapes

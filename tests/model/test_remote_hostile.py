@@ -12,8 +12,8 @@ import pytest
 from helpers.cli import one_line, stepper
 
 from stepper.errors import StepperError
+from stepper.seams.trace import Recorder
 from stepper.session import RunSpec, run
-from stepper.trace import Recorder
 from stepper.weights import remote
 from stepper.weights.checkpoint import INDEX, Checkpoint
 from stepper.weights.http_ranges import RangeClient

@@ -8,8 +8,8 @@ import pytest
 from stepper.errors import StepperError
 from stepper.model.cache import LayerCache
 from stepper.model.rope import apply_rope
+from stepper.seams.trace import Recorder
 from stepper.session import RunSpec, prepare, run
-from stepper.trace import Recorder
 
 
 def tensors(**spec):
@@ -54,7 +54,7 @@ def test_the_rotary_keys_are_turned_at_their_positions():
     from stepper.model import Transformer, synthetic_cache
     from stepper.model.layer_weights import LayerWeights
     from stepper.presets import preset
-    from stepper.trace import Emitter
+    from stepper.seams.trace import Emitter
     from stepper.weights.synthetic import SyntheticWeights
 
     cfg = preset("tiny")

@@ -22,8 +22,8 @@ from stepper import catalog
 from stepper.model import Transformer
 from stepper.model.rope import rope_inv_freq
 from stepper.presets import preset
+from stepper.seams.trace import Recorder, unphased
 from stepper.session import RunSpec, run
-from stepper.trace import Recorder, unphased
 from stepper.weights.names import weight_shapes
 from stepper.weights.source import ArrayWeights
 from stepper.weights.synthetic import SyntheticWeights

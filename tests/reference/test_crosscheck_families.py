@@ -26,8 +26,8 @@ from stepper import catalog
 from stepper.config import Config
 from stepper.model import Transformer
 from stepper.presets import PRESETS
+from stepper.seams.trace import Recorder, unphased
 from stepper.session import RunSpec, run
-from stepper.trace import Recorder, unphased
 from stepper.weights.names import weight_shapes
 from stepper.weights.source import ArrayWeights
 from stepper.weights.synthetic import SyntheticWeights

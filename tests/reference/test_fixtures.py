@@ -21,8 +21,8 @@ from stepper.fixtures.read_hashes import ReadHashes
 from stepper.fixtures.show import summary_line
 from stepper.fixtures.spec import ExportSpec
 from stepper.presets import preset
+from stepper.seams.trace import unphased
 from stepper.session import RunSpec, run
-from stepper.trace import unphased
 from stepper.weights.checkpoint import SCALE, Checkpoint
 from stepper.weights.safetensors_reader import SafetensorsFile
 from stepper.weights.synthetic import SyntheticWeights

@@ -26,8 +26,8 @@ from helpers.kimi_int4 import write_kimi_int4
 
 from stepper.errors import StepperError
 from stepper.presets import preset
+from stepper.seams.trace import Recorder
 from stepper.session import RunSpec, run
-from stepper.trace import Recorder
 from stepper.weights.checkpoint import Checkpoint
 from stepper.weights.names import weight_shapes
 from stepper.weights.stored import Bf16Matrix, Int4Matrix

@@ -11,15 +11,15 @@ import pytest
 
 import stepper
 from stepper import prefill
-from stepper.chunked import Chunked
 from stepper.errors import StepperError
 from stepper.model.ops import rms_norm
 from stepper.planning import memory
 from stepper.planning.memory import Need
 from stepper.presets import preset
+from stepper.seams.trace import Recorder
 from stepper.session import RunSpec
 from stepper.session import run as session_run
-from stepper.trace import Recorder
+from stepper.tensors.chunked import Chunked
 from stepper.weights.synthetic import SyntheticWeights
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,32 +17,36 @@ import stepper
 PACKAGE = Path(stepper.__file__).resolve().parent
 
 # What each room may import besides itself. A room is a subpackage (model, kernels, ...) or a
-# top-level module (config, trace, ...); "stepper" is the package's __init__ (the version, and
-# the API loaded on first use). The rooms below everything may be imported by any other; among
-# themselves, as listed.
+# top-level module (config, session, ...); "stepper" is the package's __init__ (the version, and
+# the API loaded on first use). The modules of a grouped room (GROUPED: tensors/, seams/,
+# untrusted/) are placed one by one ("tensors.tiled", "seams.trace"; the package's __init__ is the
+# room's own name), so grouping them keeps each one's imports as strict as before. The rooms below
+# everything may be imported by any other; among themselves, as listed.
 BELOW_EVERYTHING: dict[str, set[str]] = {
     "version": set(),
     "errors": set(),
-    "swap": set(),
-    "trace": {"tensor"},
-    "tensor": {"statistics"},  # what a tensor of a run is: an array, or a LazyTensor made when read
-    "tiled": {"tensor"},
-    "statistics": set(),
-    "chunked": {"tensor"},
-    "config": {"errors", "jsonfile", "untrusted", "regex_subset"},
-    "regex_subset": {"errors", "untrusted"},
+    "seams": set(),  # the room's __init__: its docstring only
+    "seams.swap": set(),
+    "seams.trace": {"tensors.tensor"},
+    "tensors": set(),  # the room's __init__: its docstring only
+    "tensors.tensor": {"tensors.statistics"},  # what a tensor of a run is: an array, or a LazyTensor made when read
+    "tensors.tiled": {"tensors.tensor"},
+    "tensors.statistics": set(),
+    "tensors.chunked": {"tensors.tensor"},
+    "config": {"errors", "untrusted.jsonfile", "untrusted", "untrusted.regex_subset"},
+    "untrusted.regex_subset": {"errors", "untrusted"},
     "dtypes": set(),
-    "jsonfile": {"errors"},
+    "untrusted.jsonfile": {"errors"},
     "files": {"errors", "untrusted"},  # every file stepper writes or removes goes through it
-    "untrusted": set(),
-    "text": {"errors", "jsonfile", "untrusted"},
+    "untrusted": set(),  # the room's __init__: text from a file or a user made safe to show (shown, cut)
+    "text": {"errors", "untrusted.jsonfile", "untrusted"},
 }
 MAY_IMPORT: dict[str, set[str]] = {
     **BELOW_EVERYTHING,
     "presets": {"config"},
     "catalog": {"config"},
     "fp8": set(),
-    "patching": set(),
+    "seams.patching": set(),
     "int4": set(),
     "weights": {"fp8", "int4"},
     "kernels": {"weights", "fp8", "int4"},
@@ -50,17 +54,17 @@ MAY_IMPORT: dict[str, set[str]] = {
     "prefill": {"model", "catalog"},  # a prefill in chunks of positions, its tensors shown whole
     "session": {"model", "kernels", "weights", "presets", "prefill"},
     # One plan of a run: its auto choices, names, patterns, patches and memory, for every entry point
-    "planning": {"session", "catalog", "model", "kernels", "weights", "presets", "prefill", "patching"},
+    "planning": {"session", "catalog", "model", "kernels", "weights", "presets", "prefill", "seams.patching"},
     "bench": {"prefill", "views", "model", "kernels", "weights", "fp8", "int4", "presets"},  # views: what a run computes of a shown tensor
-    "views": {"session", "catalog", "weights", "fp8", "int4", "presets", "patching"},
+    "views": {"session", "catalog", "weights", "fp8", "int4", "presets", "seams.patching"},
     "lessons": {"views", "planning", "session", "model", "kernels", "weights", "fp8", "int4", "catalog", "presets"},
     "fixtures": {"views", "planning", "session", "model", "kernels", "weights", "fp8", "int4", "catalog", "presets"},
     "cli": {"lessons", "fixtures", "views", "bench", "planning", "session", "model", "kernels", "weights", "fp8", "int4",
-            "catalog", "presets", "patching"},
+            "catalog", "presets", "seams.patching"},
     "__main__": {"cli"},
     # The library on top: a run planned as the command line plans one (planning), as functions
     "api": {"lessons", "fixtures", "views", "planning", "session", "model", "kernels", "weights", "fp8", "catalog",
-            "presets", "patching"},
+            "presets", "seams.patching"},
     "stepper": {"api"},  # the package's __init__: its version, and the API loaded on first use
 }
 NEVER_IMPORT_FROM = {"model", "weights", "fp8", "int4", "kernels"}  # ... the rooms that present things
@@ -77,8 +81,13 @@ def module_name(path: Path) -> str:
 MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 
 
+GROUPED = {"tensors", "seams", "untrusted"}  # rooms whose modules are placed in the layering one by one
+
+
 def room(module: str) -> str:
     parts = module.split(".")
+    if len(parts) > 2 and parts[1] in GROUPED:
+        return ".".join(parts[1:3])
     return parts[1] if len(parts) > 1 else "stepper"
 
 

@@ -11,8 +11,8 @@ import pytest
 
 from stepper.kernels import attention, parallel
 from stepper.model.attention import attention_weights, held, shown
-from stepper.tiled import Tiled
-from stepper.trace import Emitter
+from stepper.seams.trace import Emitter
+from stepper.tensors.tiled import Tiled
 
 SCALE = 0.3
 

@@ -9,7 +9,7 @@ from stepper.kernels import fp8_matmul, fp8_workers, parallel
 from stepper.kernels.fp8_matmul import linear_fp8
 from stepper.model import KVCache, Transformer
 from stepper.presets import preset
-from stepper.trace import Emitter
+from stepper.seams.trace import Emitter
 from stepper.weights.checkpoint import Checkpoint
 from stepper.weights.stored import FileBytes, Fp8Matrix
 from stepper.weights.synth import synth_checkpoint

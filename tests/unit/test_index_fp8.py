@@ -12,7 +12,7 @@ import pytest
 from stepper.cli.run import IndexAgreement
 from stepper.model.index_fp8 import fp8_scores, hadamard, power_of_two_above, quantize
 from stepper.model.indexer import kept_of_exact, mask_of
-from stepper.trace import Event
+from stepper.seams.trace import Event
 
 
 def sylvester(n: int) -> np.ndarray:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from stepper.tiled import Tiled
+from stepper.tensors.tiled import Tiled
 from stepper.views import pictures
 
 

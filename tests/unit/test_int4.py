@@ -11,7 +11,7 @@ from stepper.errors import StepperError
 from stepper.kernels.int4_matmul import int4_products
 from stepper.kernels.int4_tiles import int4_rows
 from stepper.kernels.linear import float32_weight, linear, linears
-from stepper.swap import swapped
+from stepper.seams.swap import swapped
 from stepper.weights.stored import Int4Matrix
 
 

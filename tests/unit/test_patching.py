@@ -7,9 +7,9 @@ import pytest
 import stepper
 from stepper.errors import StepperError
 from stepper.model.ops import silu
-from stepper.patching import Patcher, expression, parse_patch
 from stepper.presets import preset
-from stepper.trace import Emitter
+from stepper.seams.patching import Patcher, expression, parse_patch
+from stepper.seams.trace import Emitter
 from stepper.weights.synthetic import SyntheticWeights
 
 IDS = [3, 14, 15, 92]

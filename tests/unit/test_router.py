@@ -9,7 +9,7 @@ import pytest
 
 from stepper.errors import StepperError
 from stepper.model.router import route
-from stepper.trace import Emitter, Recorder
+from stepper.seams.trace import Emitter, Recorder
 
 
 def logit(p: float) -> float:

@@ -1,4 +1,4 @@
-"""The exact statistics of float32 chunks (stepper.statistics): sums and sums of squares equal to
+"""The exact statistics of float32 chunks (stepper.tensors.statistics): sums and sums of squares equal to
 exact rational arithmetic, any split into chunks giving the same figures, histogram counts equal
 to np.histogram's, at and beside every bin edge."""
 
@@ -7,8 +7,8 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from stepper import statistics
-from stepper.statistics import EXACT_SHIFT, Gather, bin_counts
+from stepper.tensors import statistics
+from stepper.tensors.statistics import EXACT_SHIFT, Gather, bin_counts
 
 TINY = np.float32(2.0**-149)  # the smallest subnormal float32
 BIG = np.finfo(np.float32).max

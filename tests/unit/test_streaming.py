@@ -13,7 +13,7 @@ from stepper.kernels.weight_cache import CachedWeights
 from stepper.model import Transformer
 from stepper.model.transformer import LM_HEAD, lm_head
 from stepper.presets import preset
-from stepper.trace import Emitter
+from stepper.seams.trace import Emitter
 from stepper.weights.checkpoint import Checkpoint
 from stepper.weights.names import EMBED
 from stepper.weights.source import ArrayWeights

@@ -1,4 +1,4 @@
-"""The seam of swap.py: a fast path names the exercise functions it bypasses by object, and runs
+"""The seam of seams/swap.py: a fast path names the exercise functions it bypasses by object, and runs
 its readable version while any of them is swapped in; the exercises are listed by object
 (lessons.exercises), never registered as a side effect of importing the model."""
 
@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 
 import stepper
-from stepper import fp8, swap
+from stepper import fp8
 from stepper.errors import StepperError
 from stepper.lessons import exercises, overrides
 from stepper.model.ops import rms_norm
-from stepper.swap import bypasses, exercise, exercise_name, swapped
+from stepper.seams import swap
+from stepper.seams.swap import bypasses, exercise, exercise_name, swapped
 
 
 def decode_via_exercise(codes):

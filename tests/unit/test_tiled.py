@@ -1,4 +1,4 @@
-"""Tensors too large to hold, shown without being held (stepper.tiled): their statistics and
+"""Tensors too large to hold, shown without being held (stepper.tensors.tiled): their statistics and
 histogram bins are exactly those of the whole array, gathered a block at a time; the heat map is
 pooled block by block into the same cells; a slice computes only that slice; a dump writes them
 block by block; they cannot be replaced."""
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from stepper import statistics, tiled
-from stepper.tiled import Tiled
-from stepper.trace import Emitter
+from stepper.seams.trace import Emitter
+from stepper.tensors import statistics, tiled
+from stepper.tensors.tiled import Tiled
 from stepper.views import pictures, summary
 from stepper.views.debugger import take
 from stepper.views.dump import write_dump
@@ -121,7 +121,7 @@ def test_the_heat_map_and_histogram_of_a_tiled_tensor_are_those_of_the_array(wid
 
 
 def test_a_dump_writes_a_tiled_tensor_block_by_block(tmp_path, small_blocks):
-    from stepper.trace import Recorder
+    from stepper.seams.trace import Recorder
 
     a = attention_like(np.random.default_rng(6))
     recorder = Recorder()

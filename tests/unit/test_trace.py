@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from stepper.trace import Emitter, Recorder
+from stepper.seams.trace import Emitter, Recorder
 
 
 def test_emit_returns_the_array_it_was_given_with_or_without_sinks():

@@ -17,7 +17,7 @@ from functools import cache
 
 import numpy as np
 
-from stepper.tensor import LazyTensor, mib
+from stepper.tensors.tensor import LazyTensor, mib
 
 Block = Callable[[slice, slice], np.ndarray]  # (heads, queries) -> [B, h, t, S]
 BLOCK_VALUES = 1 << 22  # values per block a reader asks for (16 MB of float32)

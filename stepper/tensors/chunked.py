@@ -17,7 +17,7 @@ from typing import Protocol
 
 import numpy as np
 
-from stepper.tensor import Figures, LazyTensor, Tensor
+from stepper.tensors.tensor import Figures, LazyTensor, Tensor
 
 
 class Source(Protocol):

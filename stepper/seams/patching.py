@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 
 from stepper.errors import StepperError
-from stepper.tensor import held
-from stepper.trace import Event, matches
+from stepper.seams.trace import Event, matches
+from stepper.tensors.tensor import held
 from stepper.untrusted import cut
 
 PatchFn = Callable[[np.ndarray, str], "np.ndarray | None"]

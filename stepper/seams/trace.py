@@ -7,7 +7,7 @@ emit returns the array the model continues with: the one it was given, or what a
 in its place (an array of the same shape and dtype; the sinks after it see the replacement).
 A tensor too large to hold (a long prompt's attention scores) is emitted as a `Tiled`, made a
 tile at a time by whoever looks at it, and a chunked prefill's as a `Chunked` (both
-`stepper.tensor.LazyTensor`s); such a tensor cannot be replaced.
+`stepper.tensors.tensor.LazyTensor`s); such a tensor cannot be replaced.
 An emitter with no sinks does nothing, so silent layers cost nothing.
 """
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stepper.tensor import Tensor, held
+from stepper.tensors.tensor import Tensor, held
 
 Sink = Callable[["Event"], "np.ndarray | None"]  # None: the tensor goes on as it was
 
@@ -36,7 +36,7 @@ class Event:
 
     name: str
     key: str
-    array: Tensor  # a held array, or a LazyTensor made when read (stepper.tensor)
+    array: Tensor  # a held array, or a LazyTensor made when read (stepper.tensors.tensor)
     layer: int | None = None
     phase: str | None = None
     patched: bool = False  # a sink before (a --patch) replaced the array the model made

@@ -1,9 +1,9 @@
 """What a tensor of a run is: a NumPy array when it is held, else a `LazyTensor`, made when read.
 
 Two kinds are made when read, both `LazyTensor`s with the same face: a tensor too large to hold
-(a long prompt's attention scores and weights: `stepper.tiled.Tiled`, made a tile at a time from
+(a long prompt's attention scores and weights: `stepper.tensors.tiled.Tiled`, made a tile at a time from
 the attention's operands) and a tensor of a prefill run in chunks of positions
-(`stepper.chunked.Chunked`, made by replaying the chunks). A lazy tensor tells its shape, dtype
+(`stepper.tensors.chunked.Chunked`, made by replaying the chunks). A lazy tensor tells its shape, dtype
 and sizes as an array does; `cost` says, in one sentence, what reading it makes; `numpy()` (or
 `np.asarray(t)`) reads it; `keep_when_read()` has a holder's tensors made together and kept (a
 chunked run's: one replay for all, never one per read); `blocks()` gives its values a block at a
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stepper.statistics import Stats, pieces
+from stepper.tensors.statistics import Stats, pieces
 
 
 @dataclass(frozen=True)
