@@ -5,7 +5,6 @@ with one line; never a traceback."""
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import shutil
@@ -14,7 +13,7 @@ from pathlib import Path
 import pytest
 import tomllib
 from helpers.cli import ends_well, stepper
-from helpers.malformed import paths_of
+from helpers.malformed import changed_at, paths_of
 from helpers.tokenizer_files import write_tiktoken_model, write_tokenizer_json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -33,23 +32,6 @@ leaf = st.one_of(st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=
                                   "{layers.9.output}", "number", "choice", "layers.0.output", "p layers.0.output"]))
 value = st.recursive(leaf, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
                      max_leaves=6)
-
-
-def changed(tree, changes) -> dict:
-    """A copy with each (path, value) set (KeyError: removed); a path an earlier change removed is skipped."""
-    tree = copy.deepcopy(tree)
-    for path, new in changes:
-        try:
-            inner = tree
-            for key in path[:-1]:
-                inner = inner[key]
-            if new is KeyError:
-                del inner[path[-1]]
-            else:
-                inner[path[-1]] = new
-        except (KeyError, IndexError, TypeError):
-            continue
-    return tree
 
 
 # -- lesson files -------------------------------------------------------------------------------
@@ -101,7 +83,7 @@ def test_the_sound_lesson_file_round_trips_through_the_writer():
 @SETTINGS
 @given(changes=st.lists(st.tuples(st.sampled_from(LESSON_PATHS), value | st.just(KeyError)), min_size=1, max_size=3))
 def test_fuzzed_lesson_files(lesson_place, changes):
-    lesson_commands(lesson_place, toml_text(changed(SOUND_LESSON, changes)))
+    lesson_commands(lesson_place, toml_text(changed_at(SOUND_LESSON, changes)))
 
 
 @pytest.mark.parametrize("text", [
@@ -157,7 +139,7 @@ def test_fuzzed_tokenizer_files(token_place, tmp_path_factory, data):
     for file in folder.iterdir():
         if file.name != "tokenizer.json":
             (copy_ / file.name).symlink_to(file)
-    (copy_ / "tokenizer.json").write_text(json.dumps(changed(sound, changes)))
+    (copy_ / "tokenizer.json").write_text(json.dumps(changed_at(sound, changes)))
     prompt = data.draw(st.text(min_size=1, max_size=20) | st.just("a" * 40))
     ends_well(stepper("run", "--model", str(copy_), "--prompt", prompt, "--plain", "--only", "embed"))
 

@@ -3,13 +3,12 @@ missing `run` or `inputs`, a tolerance without its `kind` or `atol`, strings whe
 Then fuzzing (derandomized, bounded): changed manifests and `--map` files end in exit 0 or 1, or
 exit 2 with one line, never a traceback."""
 
-import copy
 import json
 from pathlib import Path
 
 import pytest
 from helpers.cli import ends_well, stepper
-from helpers.malformed import paths_of
+from helpers.malformed import changed_at, paths_of
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -33,19 +32,7 @@ def fixture_with(folder: Path, manifest: dict) -> Path:
 
 
 def changed(path: tuple, value) -> dict:
-    return apply(copy.deepcopy(SOUND), path, value)
-
-
-def apply(manifest: dict, path: tuple, value) -> dict:
-    """The manifest with the value at path replaced (KeyError: removed)."""
-    inner = manifest
-    for key in path[:-1]:
-        inner = inner[key]
-    if value is KeyError:
-        del inner[path[-1]]
-    else:
-        inner[path[-1]] = value
-    return manifest
+    return changed_at(SOUND, [(path, value)])
 
 
 def test_the_sound_manifest_verifies(tmp_path):
@@ -99,13 +86,7 @@ PATHS = [p for p in paths_of(SOUND) if p[0] != "config" or len(p) == 1]  # confi
 @SETTINGS
 @given(changes=st.lists(st.tuples(st.sampled_from(PATHS), json_value | st.just(KeyError)), min_size=1, max_size=3))
 def test_fuzzed_manifests_end_in_a_verdict_or_one_line(tmp_path_factory, changes):
-    manifest = copy.deepcopy(SOUND)
-    for path, value in changes:
-        try:
-            manifest = apply(manifest, path, value)
-        except (KeyError, IndexError, TypeError):
-            continue  # an earlier change removed the path
-    folder = fixture_with(tmp_path_factory.mktemp("fuzz"), manifest)
+    folder = fixture_with(tmp_path_factory.mktemp("fuzz"), changed_at(SOUND, changes))
     ends_well(verify(folder))
 
 

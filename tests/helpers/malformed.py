@@ -604,6 +604,24 @@ def _fixture_cases() -> list[FixtureCase]:
 FIXTURE_CASES = _fixture_cases()
 
 
+def changed_at(tree, changes) -> Any:
+    """A copy of a parsed file with each (path, value) of `changes` set (value KeyError: the key
+    removed); a path that an earlier change removed is skipped."""
+    tree = copy.deepcopy(tree)
+    for path, new in changes:
+        try:
+            inner = tree
+            for key in path[:-1]:
+                inner = inner[key]
+            if new is KeyError:
+                del inner[path[-1]]
+            else:
+                inner[path[-1]] = new
+        except (KeyError, IndexError, TypeError):
+            continue
+    return tree
+
+
 def paths_of(tree, prefix=()) -> list[tuple]:
     """Every path to a value inside a parsed file (lists: their first two items): the places a
     fuzzer changes one at a time."""
