@@ -214,10 +214,13 @@ def test_ctrl_c_while_writing_leaves_nothing(args, tmp_path, ctrl_c_as_at_a_term
     (tmp_path / "notes.txt").write_text("mine")
     p = subprocess.Popen([*COMMAND, *args], cwd=tmp_path, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                          stdin=subprocess.DEVNULL, text=True)
-    deadline = time.monotonic() + 60
-    while not any(p.name.startswith(".") for p in tmp_path.iterdir()):  # the half-written folder beside its place
-        assert time.monotonic() < deadline and p.poll() is None
+    def writing() -> bool:  # the half-written folder beside its place
+        return any(f.name.startswith(".") for f in tmp_path.iterdir())
+
+    hang_guard = time.monotonic() + 120  # a run that never begins to write fails below, not on time
+    while not writing() and p.poll() is None and time.monotonic() < hang_guard:
         time.sleep(0.05)
+    assert writing() and p.poll() is None, "the command never began to write"
     time.sleep(1)
     p.send_signal(signal.SIGINT)
     err = p.communicate(timeout=60)[1]
