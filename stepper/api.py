@@ -124,9 +124,6 @@ class Run(Mapping):
     def __init__(self, recorded: Recorded):
         self._recorded = recorded
         self._events = {name: replace(e, array=read_only(e.array)) for name, e in recorded.events.items()}
-        for event in self._events.values():
-            if not held(event.array):
-                event.array.keep_when_read()  # a chunked run's: one replay makes them all, never one per read
 
     @property
     def names(self) -> list[str]:

@@ -17,6 +17,7 @@ from stepper.planning.names import check_patterns
 from stepper.seams.patching import Patches
 from stepper.seams.trace import Event, Filter, Sink, matches
 from stepper.session import Plan, RunResult, RunSpec
+from stepper.tensors.tensor import held
 from stepper.weights.source import WeightSource
 
 
@@ -66,6 +67,9 @@ def record(spec: RunSpec, keep: Sequence[str] | Callable[[str], bool] | None = N
     sinks: list[Sink] = [*patcher, listed, keeper if keep is None else Filter(lambda e: keeps(e.name), [keeper])]
     with swapped():
         result = planned.execute([*sinks, *extra])
+    for event in keeper.events.values():
+        if not held(event.array):
+            event.array.keep_when_read()  # a chunked run's: one replay makes them all, never one per read
     return Recorded(planned.plan, result, keeper.events, listed.names, patcher[0].applied if patcher else {})
 
 
@@ -86,4 +90,5 @@ def kept_by(option: str, keep: Sequence[str] | Callable[[str], bool] | None, nam
 
 
 def tensors(recorded: Recorded) -> dict[str, np.ndarray]:
-    return {name: e.array for name, e in recorded.events.items()}
+    """The kept tensors as arrays (a chunked run's made by one replay of its chunks)."""
+    return {name: np.asarray(e.array) for name, e in recorded.events.items()}

@@ -28,6 +28,18 @@ def test_naive_against_absorb_names_no_divergence():
     assert "only in A: prefill.layers.0.self_attn.kv," in out.stdout
 
 
+def test_a_chunked_prefill_against_the_whole_prompt_is_within_round_off_and_replays_once(monkeypatch):
+    from stepper.prefill import Replay
+    replays = []
+    run_chunk = Replay.run
+    monkeypatch.setattr(Replay, "run", lambda self, k, *a, **kw: (replays.append(k), run_chunk(self, k, *a, **kw))[1])
+    out = diff("run --prompt-len 16 --chunk 4", "run --prompt-len 16")
+    assert out.returncode == 0, out.stderr
+    assert "104 tensors in both" in out.stdout and " 0 differ" in out.stdout
+    assert "no tensor differs beyond round-off" in out.stdout
+    assert replays == [0, 1, 2, 3] * 2  # the histograms' pass, then one replay for every chunked tensor read
+
+
 def test_a_patched_run_first_differs_at_the_patch_and_the_growth_is_drawn():
     out = diff("run --ids 1,2,3", "run --ids 1,2,3 --patch layers.1.self_attn.k_pe=x*1.001")
     assert out.returncode == 1, out.stderr
