@@ -142,10 +142,10 @@ def without_credentials(model: str) -> str:
 
 
 def resolve(model: str, timeout: float) -> Origin:
-    """hf://ORG/NAME[@REVISION] through the Hub, or a base URL whose files are BASE/config.json, ..."""
+    """hf://ORG/NAME[@REVISION] through the Hub, or a base URL (credentials taken out: see
+    without_credentials) whose files are BASE/config.json, ..."""
     if model.startswith(HF):
         return hub_origin(model, timeout)
-    model = without_credentials(model)
     base = model if model.endswith("/") else model + "/"
     digest = hashlib.sha256(base.encode()).hexdigest()[:16]
     plain = re.sub(r"[^A-Za-z0-9._-]+", "_", base.split("://", 1)[1]).strip("_")[:80]

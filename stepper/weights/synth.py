@@ -29,6 +29,7 @@ from stepper.config import Config, Fp8, Int4Groups, wrapped_hf
 from stepper.errors import StepperError
 from stepper.fp8 import scale_grid
 from stepper.untrusted import shown
+from stepper.untrusted.jsonfile import read_json
 from stepper.weights.checkpoint import GROUP_SCALE, INDEX, PACKED, SCALE, WEIGHT_SHAPE
 from stepper.weights.names import EMBED, global_shapes, layer_shapes, storage_dtype, stored_name
 from stepper.weights.safetensors_writer import Entry, write_safetensors
@@ -206,8 +207,8 @@ def is_synth_index(path: Path) -> bool:
     try:
         if path.is_symlink() or path.stat().st_size > 1 << 30:
             return False
-        index = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        index = read_json(path)
+    except (StepperError, OSError):  # unsound JSON (too deep, not UTF-8, ...): not an index synth wrote
         return False
     metadata = index.get("metadata") if isinstance(index, dict) else None
     return isinstance(metadata, dict) and "stepper_synthetic_seed" in metadata

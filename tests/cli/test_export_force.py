@@ -91,3 +91,14 @@ def test_a_link_in_the_way_is_named_as_a_link_and_not_followed(written, tmp_path
     assert done.exit_code == 2 and done.stderr == (f"stepper: error: {link}: is a link, not a folder; stepper writes a new "
                                                    "folder there (remove the link first)\n")
     assert link.is_symlink() and snapshot(written) == before
+
+
+def test_synth_force_keeps_a_folder_whose_index_is_nested_too_deep_in_one_line(tmp_path):
+    from helpers.cli import one_line, stepper
+    out = tmp_path / "ck"
+    out.mkdir()
+    index = out / "model.safetensors.index.json"
+    index.write_text("[" * 100_000 + "]" * 100_000)
+    said = one_line(stepper("synth", "--model", "tiny", "--out", out, "--force"))
+    assert "model.safetensors.index.json (missing, or not written by stepper)" in said
+    assert index.read_text() == "[" * 100_000 + "]" * 100_000
