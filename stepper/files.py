@@ -271,14 +271,17 @@ def check_output(option: str, path: Path, force: bool, ours: Callable[[Path], bo
     if found == "folder":
         raise StepperError(f"{option} {shown(path)}: is a folder; give a file name inside it")
     if found == "link":
-        raise StepperError(f"{option} {shown(path)}: is a link; stepper does not write through links, give a new file name")
+        raise StepperError(f"{option} {shown(path)}: is a link; stepper does not write through links, give a new file "
+                           "name")
     if found == "other":
         raise StepperError(f"{option} {shown(path)}: is not a regular file; give a new file name")
     if found == "file":
         if not force:
-            raise StepperError(f"{option} {shown(path)}: file exists; pass --force to overwrite it, or give another name")
+            raise StepperError(f"{option} {shown(path)}: file exists; pass --force to overwrite it, or give another "
+                               "name")
         if not ours(path):
-            raise StepperError(f"{option} {shown(path)}: is not {what}; --force replaces only {what}, so it was not touched")
+            raise StepperError(f"{option} {shown(path)}: is not {what}; --force replaces only {what}, so it was not "
+                               "touched")
     if not path.parent.is_dir():
         raise StepperError(f"{option} {shown(path)}: folder {shown(path.parent)} does not exist")
     probe = _temp_beside(path)

@@ -35,7 +35,8 @@ def default_folders(tmp_path_factory):
     home = tmp_path_factory.mktemp("home")
     names = ("XDG_CACHE_HOME", "XDG_DATA_HOME", "HF_HOME")
     saved = {k: os.environ.get(k) for k in names}
-    os.environ["HF_HOME"] = saved["HF_HOME"] or str(Path(saved["XDG_CACHE_HOME"] or Path.home() / ".cache") / "huggingface")
+    os.environ["HF_HOME"] = (saved["HF_HOME"]
+                             or str(Path(saved["XDG_CACHE_HOME"] or Path.home() / ".cache") / "huggingface"))
     os.environ["XDG_CACHE_HOME"], os.environ["XDG_DATA_HOME"] = str(home / "cache"), str(home / "data")
     yield home
     for k, v in saved.items():

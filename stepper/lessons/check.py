@@ -193,7 +193,8 @@ def extra_calls(name: str) -> list[Call]:
     if name == "rms_norm":
         x = np.zeros((1, 2, 8), dtype=np.float32)
         x[0, 1] = np.arange(8, dtype=np.float32)
-        return [Call((x, np.full(8, 2.0, dtype=np.float32), 1e-6), {}, "an all-zero row (eps keeps it finite), weight 2")]
+        return [Call((x, np.full(8, 2.0, dtype=np.float32), 1e-6), {},
+                     "an all-zero row (eps keeps it finite), weight 2")]
     if name == "decode":
         codes = np.arange(256, dtype=np.uint8).reshape(16, 16)
         return [Call((codes,), {}, "all 256 codes 0x00..0xFF, as a [16, 16] uint8 array")]
@@ -363,7 +364,8 @@ def compare_runs(reference: Sequence[Event], mine: Sequence[Event], rtol: float)
             kept = f"the first {i} tensors match; " if i else ""
             return [f"{ref.name} differs ({kept}this is the first that does not):", *problem]
     if len(mine) > len(reference):
-        return [f"your run emitted {len(mine) - len(reference)} tensors more than the reference, first {mine[len(reference)].name}"]
+        return [(f"your run emitted {len(mine) - len(reference)} tensors more than the reference, first "
+                f"{mine[len(reference)].name}")]
     return []
 
 

@@ -192,10 +192,12 @@ def subject_errors(lesson: Lesson) -> tuple[int, list[str]]:
             for offset, expr in placeholder_offsets(sentence):
                 subjects = nearest(mentions, offset)
                 n, found = check_subjects(expr, subjects)
-                checked, problems = checked + n, problems + [f"{lesson.name}: '{sentence.strip()[:90]}': {p}" for p in found]
+                checked, problems = (checked + n, problems
+                                     + [f"{lesson.name}: '{sentence.strip()[:90]}': {p}" for p in found])
         for expr in (e for answer in governed for e in placeholders(answer)):
             n, found = check_subjects(expr, nearest(whole, len(text)))
-            checked, problems = checked + n, problems + [f"{lesson.name}: the answer to '{text.strip()[:60]}': {p}" for p in found]
+            checked, problems = checked + n, problems + [f"{lesson.name}: the answer to '{text.strip()[:60]}': "
+                                                         f"{p}" for p in found]
     return checked, problems
 
 
@@ -268,5 +270,6 @@ def check_fact(expr: str, fact: re.Match, subjects: dict[str, str]) -> tuple[int
         if parameter in bound.arguments:
             checked += 1
             if str(bound.arguments[parameter]) != value:
-                problems.append(f"{{{expr}}} is computed for {parameter} {bound.arguments[parameter]}, not {kind} {value}")
+                problems.append(f"{{{expr}}} is computed for {parameter} {bound.arguments[parameter]}, not {kind} "
+                                f"{value}")
     return checked, problems

@@ -268,7 +268,8 @@ class Pictures:
             print_picture(self.console, pictures.attention_heatmap(event.array, title=event.name,
                                                                    token_labels=key_labels(self.tokens, event.array)))
             if self.index_mask is not None and self.index_mask.shape[1:] == event.array.shape[2:]:
-                print_picture(self.console, pictures.indexer_map(self.index_mask, event.array, title=event.name + " · indexer"))
+                print_picture(self.console,
+                              pictures.indexer_map(self.index_mask, event.array, title=event.name + " · indexer"))
         if self.scales is not None:
             self.scales.shown(event)
 

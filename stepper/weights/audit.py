@@ -72,7 +72,8 @@ def readable_fp8(ckpt: Checkpoint, weight: str, scale: str) -> bool:
     """An F8_E4M3 weight and its scales in readable shards, the scales of a scale dtype."""
     if weight not in ckpt.weight_map or {ckpt.weight_map[weight], ckpt.weight_map[scale]} & set(ckpt.unreadable):
         return False
-    return ckpt.shard_of(weight).info(weight).dtype == "F8_E4M3" and ckpt.shard_of(scale).info(scale).dtype in SCALE_DTYPES
+    return (ckpt.shard_of(weight).info(weight).dtype == "F8_E4M3"
+            and ckpt.shard_of(scale).info(scale).dtype in SCALE_DTYPES)
 
 
 def other_unreadable(ckpt: Checkpoint, found: list[Problem]) -> list[Problem]:

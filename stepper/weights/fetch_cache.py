@@ -198,14 +198,16 @@ class CachedFile:
         for path in (self.path, self.ledger_path):
             found = files.kind(path)
             if found not in (None, "file"):
-                raise StepperError(f"{shown(path)}: is a {found}, not a file stepper cached; stepper does not follow or "
+                raise StepperError(f"{shown(path)}: is a {found}, not a file stepper cached; stepper does not follow "
+                                   "or "
                                    "remove it (remove it yourself, or use another --cache-dir)")
 
     def _create(self) -> None:
         try:
             files.new_sparse_file(self.path, self.size)
         except OSError as e:
-            raise StepperError(f"{shown(self.path)}: cannot make the local copy of {self.size} bytes ({e.strerror})") from None
+            raise StepperError(f"{shown(self.path)}: cannot make the local copy of {self.size} bytes "
+                               f"({e.strerror})") from None
         self.chunks, self.verified = [], set()
 
     def _fetch(self, start: int, end: int) -> None:
@@ -305,7 +307,8 @@ def held(root: Path) -> list[Held]:
         try:
             raw = json.loads(ledger.read_text(encoding="utf-8"))
             present = sum(int(b) - int(a) for a, b, _ in raw["chunks"])
-            found.append(Held(ledger.parent.parent / ledger.name.removesuffix(".json"), ledger, present, float(raw["used"])))
+            found.append(Held(ledger.parent.parent / ledger.name.removesuffix(".json"), ledger, present,
+                              float(raw["used"])))
         except (OSError, ValueError, KeyError, TypeError):
             continue
     return found

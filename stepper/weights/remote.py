@@ -55,7 +55,8 @@ class Settings:
     timeout: float = 30.0  # the longest wait for a connection or for the next bytes of an answer
     pause: float = 0.5  # before the first retry; doubled for each next one
     run_seconds: float = RUN_SECONDS  # the longest all of a run's requests may take together
-    progress: Callable[[str, int], AbstractContextManager[Callable[[int], None]]] | None = None  # (what, bytes) -> advance
+    progress: Callable[[str, int],
+                       AbstractContextManager[Callable[[int], None]]] | None = None  # (what, bytes) -> advance
 
 
 def default_settings() -> Settings:
@@ -179,7 +180,8 @@ def resolve_revision(api, repo: str, revision: str, timeout: float, model: str) 
         sha = within(2 * timeout, lambda: api.model_info(repo, revision=revision, timeout=timeout).sha)
     except TimeoutError:
         raise StepperError(f"{failed} (no answer within {2 * timeout:g} s; given up)") from None
-    except (HfHubHTTPError, httpx2.HTTPError, OSError, ValueError) as e:  # not found, gated, network: one line, no token
+    except (HfHubHTTPError, httpx2.HTTPError, OSError,
+            ValueError) as e:  # not found, gated, network: one line, no token
         raise StepperError(f"{failed} ({type(e).__name__}: {shown(str(e).splitlines()[0] if str(e) else '')})") from None
     if not isinstance(sha, str) or not COMMIT.fullmatch(sha):
         raise StepperError(f"{shown(model)}: the Hub gave no commit for revision {shown(revision)!r}")
@@ -259,10 +261,12 @@ def shard_names(folder: Path, origin: Origin) -> list[str]:
     raw = read_json(folder / INDEX, "the checkpoint index")
     weight_map = raw.get("weight_map") if isinstance(raw, dict) else None
     if not isinstance(weight_map, dict):
-        raise StepperError(f"{shown(origin.url(INDEX))}: expected an object with a 'weight_map' of tensor name -> shard file")
+        raise StepperError(f"{shown(origin.url(INDEX))}: expected an object with a 'weight_map' of tensor name -> "
+                           "shard file")
     for tensor, shard in weight_map.items():
         if not isinstance(shard, str) or not is_plain_shard_name(shard):
-            raise StepperError(f"{shown(origin.url(INDEX))}: tensor {shown(tensor)!r} points at shard {shown(shard)!r}, "
+            raise StepperError(f"{shown(origin.url(INDEX))}: tensor {shown(tensor)!r} points at shard "
+                               f"{shown(shard)!r}, "
                                "expected a file name ending in .safetensors")
     return sorted(set(weight_map.values()))
 

@@ -370,7 +370,8 @@ def _parse_metadata(value: Any, where: str) -> dict[str, str]:
         raise StepperError(f"{where}: {METADATA_KEY} key {_quote(value.repeated)} appears twice")
     for key, item in value.items():
         if not isinstance(item, str):
-            raise StepperError(f"{where}: {METADATA_KEY} entry {_quote(key)} must be a string, found {_json_type(item)}")
+            raise StepperError(f"{where}: {METADATA_KEY} entry {_quote(key)} must be a string, found "
+                               f"{_json_type(item)}")
     return dict(value)
 
 
@@ -399,7 +400,8 @@ def _parse_entry(name: str, entry: Any, where: str) -> TensorInfo:
     if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
         raise StepperError(f"{at}: shape must be a list of non-negative integers, found {_show(shape)}")
     if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_count(o) for o in offsets):
-        raise StepperError(f"{at}: data_offsets must be [start, end] with non-negative integers, found {_show(offsets)}")
+        raise StepperError(f"{at}: data_offsets must be [start, end] with non-negative integers, found "
+                           f"{_show(offsets)}")
     start, end = offsets
     if end < start:
         raise StepperError(f"{at}: data_offsets [{start}, {end}] end before they start")
@@ -444,7 +446,8 @@ def _check_layout(entries: list[TensorInfo], data_size: int, where: str) -> dict
     for info in ordered:
         at = f"{where}: tensor {_quote(info.name)}"
         if info.start > covered:
-            raise StepperError(f"{at}: starts at data byte {info.start}, leaving bytes [{covered}, {info.start}) unused")
+            raise StepperError(f"{at}: starts at data byte {info.start}, leaving bytes [{covered}, {info.start}) "
+                               "unused")
         if info.start < covered:
             same = (previous.start, previous.end) == (info.start, info.end)
             verb = "use the same bytes as" if same else "overlap"
@@ -479,5 +482,6 @@ def _show(value: Any, limit: int = 80) -> str:
 
 
 def _json_type(value: Any) -> str:
-    names = {dict: "an object", _Object: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
+    names = {dict: "an object", _Object: "an object", list: "an array", str: "a string", bool: "a boolean",
+             type(None): "null"}
     return names.get(type(value), "a number")

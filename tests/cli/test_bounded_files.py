@@ -19,7 +19,8 @@ EXPERT = "model.layers.1.mlp.experts.3.up_proj.weight"
 
 @pytest.fixture(scope="module")
 def int4_dir(tmp_path_factory) -> Path:
-    return synth_checkpoint(SyntheticWeights(requantized(preset("tiny"), "int4"), 1), tmp_path_factory.mktemp("b") / "c")
+    return synth_checkpoint(SyntheticWeights(requantized(preset("tiny"), "int4"), 1),
+                            tmp_path_factory.mktemp("b") / "c")
 
 
 def linked_copy(source: Path, folder: Path, *, but: str) -> Path:
@@ -112,15 +113,18 @@ def test_a_lone_file_of_activations_has_no_scales_to_miss(tmp_path):
     codes = np.arange(16, dtype=np.uint8).reshape(4, 4).tobytes()
     tensors = {"t_f8": ("F8_E4M3", [4, 4], codes), "q": ("F8_E4M3", [2, 8], codes), "x": ("F32", [1], bytes(4)),
                "model.layers.0.self_attn.q_a_proj.weight": ("F8_E4M3", [4, 4], codes)}
-    write_shard(tmp_path / "acts.safetensors", {k: v for k, v in tensors.items() if k != "model.layers.0.self_attn.q_a_proj.weight"})
+    write_shard(tmp_path / "acts.safetensors", {k: v for k,
+                                                v in tensors.items() if k != "model.layers.0.self_attn.q_a_proj.weight"})
     out = stepper("inspect", str(tmp_path / "acts.safetensors"), "--plain")
     assert out.returncode == 0, out.stdout
     assert "3 tensors, 36 B" in out.stdout and "problem" not in out.stdout
     write_shard(tmp_path / "weights.safetensors", tensors)  # a weight's name: its scales are demanded
     out = stepper("inspect", str(tmp_path / "weights.safetensors"), "--plain")
     assert out.returncode == 1
-    assert out.stdout.splitlines()[-1].strip() == ("! 'model.layers.0.self_attn.q_a_proj.weight_scale_inv' is missing: the "
-                                                   "F8_E4M3 weight 'model.layers.0.self_attn.q_a_proj.weight' needs its block scales")
+    assert out.stdout.splitlines()[-1].strip() == ("! 'model.layers.0.self_attn.q_a_proj.weight_scale_inv' is "
+                                                   "missing: the "
+                                                   "F8_E4M3 weight 'model.layers.0.self_attn.q_a_proj.weight' needs "
+                                                   "its block scales")
 
 
 ESCAPES = "k2\x1b]0;pwned\x07\x1b[2J\r\x9b1m"

@@ -16,7 +16,8 @@ from stepper.seams.trace import unphased
 
 
 def in_a_process(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "stepper", *args], check=False, capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "stepper", *args], check=False, capture_output=True, text=True,
+                          timeout=120)
 
 
 def catalogued_naive_names() -> set[str]:
@@ -141,7 +142,8 @@ def test_two_runs_print_the_same():
 def test_a_use_file_that_cannot_load_is_one_line_and_no_header(tmp_path):
     for command in ("run", "step"):
         out = stepper(command, "--plain", "--use", "nonexist.py", cwd=tmp_path)
-        assert (out.returncode, out.stdout, out.stderr) == (2, "", "stepper: error: nonexist.py: no such file\n"), command
+        assert (out.returncode, out.stdout, out.stderr) == (2, "",
+                                                            "stepper: error: nonexist.py: no such file\n"), command
 
 
 def test_every_attn_option_shows_the_paths_it_takes():
@@ -151,7 +153,8 @@ def test_every_attn_option_shows_the_paths_it_takes():
         for name, sub in getattr(group, "commands", {}).items():
             yield from commands(sub, (*path, name)) if hasattr(sub, "commands") else [((*path, name), sub)]
 
-    metavars = {path: p.metavar for path, c in commands(typer.main.get_command(app)) for p in c.params if "--attn" in p.opts}
+    metavars = {path: p.metavar for path,
+                c in commands(typer.main.get_command(app)) for p in c.params if "--attn" in p.opts}
     assert metavars == {("run",): "naive|absorb|auto", ("step",): "naive|absorb|auto", ("tree",): "naive|absorb",
                         ("fixtures", "export"): "naive|absorb|auto"}
     assert "--attn naive|absorb " in stepper("tree", "--help", env={"COLUMNS": "200"}).stdout

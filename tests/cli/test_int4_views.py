@@ -19,7 +19,8 @@ EXPERT = "model.layers.1.mlp.experts.3.up_proj.weight"
 
 @pytest.fixture(scope="module")
 def int4_dir(tmp_path_factory) -> Path:
-    return synth_checkpoint(SyntheticWeights(requantized(preset("tiny"), "int4"), 1), tmp_path_factory.mktemp("v") / "c")
+    return synth_checkpoint(SyntheticWeights(requantized(preset("tiny"), "int4"), 1),
+                            tmp_path_factory.mktemp("v") / "c")
 
 
 def test_one_word_nibble_by_nibble():

@@ -27,7 +27,8 @@ CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # every control but newli
 SGR = re.compile("\x1b\\[[0-9;]*m")  # a colour or style: stepper's own, when colour is on
 
 
-def stepper(*args: str, cwd: Path, stdin: str = "", colour: bool = False, env: dict | None = None) -> tuple[int, str, str]:
+def stepper(*args: str, cwd: Path, stdin: str = "", colour: bool = False,
+            env: dict | None = None) -> tuple[int, str, str]:
     """Exit code, stdout and stderr of a command, the output checked byte by byte: valid UTF-8 (a
     byte that is not UTF-8 would be a raw one), no control character, and with colour only SGR."""
     environ = {"FORCE_COLOR": None, "NO_COLOR": None, "TERM": None, "COLUMNS": "80"}
@@ -52,7 +53,8 @@ def place(tmp_path_factory) -> Path:
     config = root / f"ck{TYPED}" / "config.json"
     config.write_text(json.dumps({**json.loads(config.read_text()), "_name_or_path": ODD}))
     hidden = np.random.default_rng(0).standard_normal((1, 3, 320)).astype(np.float32)
-    save_file({"layers.1.hidden_states": hidden}, str(root / f"in{TYPED}.safetensors"), metadata={"note": ODD, ODD: ODD})
+    save_file({"layers.1.hidden_states": hidden}, str(root / f"in{TYPED}.safetensors"),
+              metadata={"note": ODD, ODD: ODD})
     fixture = REPO / "fixtures" / "tiny-prefill-decode"
     (root / f"fx{TYPED}").mkdir()
     for name in ("manifest.json", "tensors.safetensors"):

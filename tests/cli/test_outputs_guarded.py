@@ -45,7 +45,8 @@ def test_a_report_onto_a_users_file_is_refused_with_or_without_force(candidate, 
     assert refused(verify(candidate, report)) == (f"--report {report}: file exists; pass --force to overwrite it, "
                                                   "or give another name")
     assert refused(verify(candidate, report, "--force")) == (
-        f"--report {report}: is not a report stepper wrote; --force replaces only a report stepper wrote, so it was not touched")
+        f"--report {report}: is not a report stepper wrote; --force replaces only a report stepper wrote, so it was "
+        "not touched")
     assert report.read_text() == MINE and sorted(tmp_path.iterdir()) == [report]
 
 
@@ -54,7 +55,8 @@ def test_a_report_onto_a_fifo_or_a_link_is_refused_and_neither_is_touched(candid
     os.mkfifo(fifo)
     target.write_text(MINE)
     link.symlink_to(target)
-    assert refused(verify(candidate, fifo, "--force")) == f"--report {fifo}: is not a regular file; give a new file name"
+    assert refused(verify(candidate, fifo,
+                          "--force")) == f"--report {fifo}: is not a regular file; give a new file name"
     assert refused(verify(candidate, link, "--force")) == (f"--report {link}: is a link; stepper does not write "
                                                            "through links, give a new file name")
     assert fifo.is_fifo() and link.is_symlink() and target.read_text() == MINE

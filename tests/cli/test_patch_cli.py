@@ -45,7 +45,8 @@ def test_a_bad_patch_is_one_line_and_exit_2():
 
 
 def test_step_takes_patch_too():
-    out = cli("step", "--plain", "--prompt-len", "2", "--until", "layers.1.self_attn.k_pe", "--patch", "layers.1.self_attn.k_pe=0",
+    out = cli("step", "--plain", "--prompt-len", "2", "--until", "layers.1.self_attn.k_pe", "--patch",
+              "layers.1.self_attn.k_pe=0",
               stdin="p\nq\n")
     assert out.returncode == 0, out.stderr
     assert "min 0  max 0  mean 0" in out.stdout
@@ -82,7 +83,8 @@ def test_set_refuses_another_tensor_and_a_bad_value_and_goes_on():
     tensors, shown = debugged(["set layers.1.self_attn.q = 0", "set [9] = 0", "set = open", "set", "c"],
                               ["layers.1.self_attn.k_pe"])
     assert "only the tensor the run stopped at (layers.1.self_attn.k_pe) can be set" in shown
-    assert "index 9 is out of bounds" in shown and "'open' is not allowed" in shown and "set takes NAME[slice] = value" in shown
+    assert ("index 9 is out of bounds" in shown and "'open' is not allowed" in shown
+            and "set takes NAME[slice] = value" in shown)
     plain = stepper.run("tiny", ids=[3, 14, 15], keep="logits")
     np.testing.assert_array_equal(tensors["logits"], plain["logits"])  # nothing was set
 

@@ -90,7 +90,8 @@ def test_counts_agree_with_their_nouns_and_positions_are_a_range():
     assert "(1 tensor passed)" in step.stdout
     quit_ = stepper("step", "--plain", stdin="q\n")
     assert "quit after 1 tensor\n" in quit_.stdout
-    topk = stepper("step", "--plain", "--decode", "1", "--until", "decode0.layers.1.mlp.gate.topk_weight", stdin="s routing\nq\n")
+    topk = stepper("step", "--plain", "--decode", "1", "--until", "decode0.layers.1.mlp.gate.topk_weight",
+                   stdin="s routing\nq\n")
     assert "1 token × top-4" in topk.stdout and "[N=1 token, 4 chosen experts]" in topk.stdout
 
 
@@ -109,7 +110,8 @@ def test_layers_reversed_empty_or_out_of_range_are_told_apart(layers, message):
 
 
 @pytest.mark.parametrize(("option", "suggestion"), [
-    ("--bogus", ""), ("--prompt-lenn", " (did you mean --prompt-len?)"), ("--prompt-le", " (did you mean --prompt or --prompt-len?)"),
+    ("--bogus", ""), ("--prompt-lenn", " (did you mean --prompt-len?)"),
+    ("--prompt-le", " (did you mean --prompt or --prompt-len?)"),
     ("--start_pos", " (did you mean --start-pos?)"),
 ])
 def test_an_unknown_option_suggests_only_close_ones(option, suggestion, monkeypatch, capsys):

@@ -54,7 +54,8 @@ def test_a_tuple_and_a_routing_are_checked_field_by_field(tmp_path):
     path = learner_file(tmp_path, "return x[..., :4]", "latent(x, w, cfg, emit)")
     assert used(path) == f"stepper: error: {path}: latent returned float32[1, 3, 4]; expected a tuple of 2 arrays"
     body = ("from stepper.model.router import Routing\n"
-            "return Routing(np.zeros((len(x), cfg.num_experts_per_tok)), np.ones((len(x), cfg.num_experts_per_tok), np.float32))")
+            "return Routing(np.zeros((len(x), cfg.num_experts_per_tok)), np.ones((len(x), cfg.num_experts_per_tok), "
+            "np.float32))")
     path = learner_file(tmp_path, body, "route(x, gate, bias, cfg, emit)")
     assert used(path) == (f"stepper: error: {path}: route returned a Routing whose topk_idx float64[3, 4]; "
                           "expected an array int64[3, 4]")
@@ -79,9 +80,11 @@ def test_what_a_function_raises_is_one_line_with_its_line(tmp_path, body, raised
 
 def test_a_file_raising_while_it_loads_is_one_line(tmp_path):
     path = tmp_path / "mine.py"
-    path.write_text("import numpy as np\n\nnp.reshape(np.zeros(3), (2, 2))\n\n\ndef rms_norm(x, weight, eps):\n    return x\n")
+    path.write_text("import numpy as np\n\nnp.reshape(np.zeros(3), (2, 2))\n\n\ndef rms_norm(x, weight, eps):\n    "
+                    "return x\n")
     out = stepper("run", "--plain", "--use", str(path))
-    assert out.returncode == 2 and out.stderr == (f"stepper: error: {path} line 3: loading it failed: ValueError: cannot "
+    assert out.returncode == 2 and out.stderr == (f"stepper: error: {path} line 3: loading it failed: ValueError: "
+                                                  "cannot "
                                                   "reshape array of size 3 into shape (2,2)\n")
     path.write_text("raise RuntimeError('one\\ntwo')\n")
     out = stepper("run", "--plain", "--use", str(path))

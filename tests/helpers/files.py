@@ -16,7 +16,8 @@ def reference_write(path: Path, arrays: dict[str, np.ndarray], metadata: dict[st
     arrays = {k: np.ascontiguousarray(v) for k, v in arrays.items()}
     if hasattr(safetensors, "TensorSpec"):  # newer releases (0.8 has it); older ones take dicts
         specs = {
-            k: safetensors.TensorSpec(dtype=v.dtype.name, shape=list(v.shape), data_ptr=v.ctypes.data, data_len=v.nbytes)
+            k: safetensors.TensorSpec(dtype=v.dtype.name, shape=list(v.shape), data_ptr=v.ctypes.data,
+                                      data_len=v.nbytes)
             for k, v in arrays.items()
         }
     else:

@@ -160,7 +160,8 @@ _DROP_KEYS = ("model_type", "quantization_config", "auto_map", "torch_dtype", "d
 # DeepSeek's V2 code. `checks` are config.json fields transformers ignores: values it would not honour.
 _V3 = SimpleNamespace(module=hf_ds3, config=DeepseekV3Config, model=DeepseekV3ForCausalLM, moe=hf_ds3.DeepseekV3MoE,
                       rope="apply_rotary_pos_emb_interleave", interleaved_out=False, extra={"rope_interleave": True},
-                      checks={"scoring_func": "sigmoid", "topk_method": "noaux_tc"}, drop=("scoring_func", "topk_method"))
+                      checks={"scoring_func": "sigmoid", "topk_method": "noaux_tc"},
+                      drop=("scoring_func", "topk_method"))
 FAMILIES = {
     "deepseek_v3": _V3,
     "kimi_k2": _V3,
@@ -780,7 +781,8 @@ def _check_ids(ids: np.ndarray, what: str, batch: int | None = None, length: int
     return torch.from_numpy(a.astype(np.int64))
 
 
-def _one_pass(model, rec: _Recorder, ids: torch.Tensor, pos0: int, cache) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+def _one_pass(model, rec: _Recorder, ids: torch.Tensor, pos0: int,
+              cache) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     B, T = ids.shape
     position_ids = (torch.arange(T, dtype=torch.int64) + pos0).unsqueeze(0).expand(B, T).contiguous()
     rec.reset()

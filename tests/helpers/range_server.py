@@ -84,7 +84,8 @@ class RangeServer:
                 if api:
                     return self.send_json({"id": api["repo"], "sha": COMMIT, "siblings": []})
                 hub = HUB_FILE.fullmatch(self.path)
-                relative = f"{hub['repo'].split('/')[1]}/{hub['file']}" if hub else self.path.lstrip("/")  # ORG/NAME: ROOT/NAME
+                relative = (f"{hub['repo'].split('/')[1]}/{hub['file']}" if hub
+                            else self.path.lstrip("/"))  # ORG/NAME: ROOT/NAME
                 path = server.root / relative
                 if ".." in relative or not path.is_file():
                     return self.send_status(404)

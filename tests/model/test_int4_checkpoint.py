@@ -96,8 +96,10 @@ def replaced(name, value):
     (without(EXPERT + "_scale"), f"'{EXPERT}_scale' is missing: the INT4 weight '{EXPERT}' [96, 320] needs it"),
     (replaced(EXPERT + "_scale", np.ones((96, 5), ml_dtypes.bfloat16)),
      f"'{EXPERT}_scale' is BF16 [96, 5], expected BF16 or F16 or F32 [96, 10]"),
-    (replaced(EXPERT + "_packed", np.zeros((96, 40), np.int64)), f"'{EXPERT}_packed' is I64 [96, 40], expected I32 [96, 40]"),
-    (replaced(EXPERT + "_shape", np.array([96, 321], np.int64)), f"'{EXPERT}_shape' holds [96, 321], expected [96, 320]"),
+    (replaced(EXPERT + "_packed", np.zeros((96, 40), np.int64)),
+     f"'{EXPERT}_packed' is I64 [96, 40], expected I32 [96, 40]"),
+    (replaced(EXPERT + "_shape", np.array([96, 321], np.int64)),
+     f"'{EXPERT}_shape' holds [96, 321], expected [96, 320]"),
     (lambda t: {**without(EXPERT + "_packed")(t), EXPERT: np.ones((96, 320), ml_dtypes.bfloat16)},
      f"'{EXPERT}' is stored unquantized, but config.json's quantization_config quantizes this module"),
 ])

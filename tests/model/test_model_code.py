@@ -20,7 +20,8 @@ TERM = re.compile(r"^(?:\.\.\.|[A-Za-z_][A-Za-z0-9_]*|\d+|[\s()+*/])*$")  # symb
 
 
 def emit_calls(tree: ast.AST) -> list[ast.Call]:
-    return [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "emit"]
+    return [n for n in ast.walk(tree) if isinstance(n,
+                                                    ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "emit"]
 
 
 # Tensors shown only, that nothing in the layer computes from: their emit may stand alone

@@ -66,7 +66,8 @@ def test_a_remote_layer_equals_the_local_one_and_reads_only_its_bytes(folder, se
     assert list(ours) == list(want)
     for name in want:
         np.testing.assert_array_equal(ours[name], want[name], err_msg=name)
-    assert server.sent == expected_bytes(folder, [1], with_globals=False, rows=4)  # the layer's input: 3 + 1 embedding rows
+    assert server.sent == expected_bytes(folder, [1], with_globals=False,
+                                         rows=4)  # the layer's input: 3 + 1 embedding rows
     server.reset_counts()
     again = tensors(SPEC, opened(url, tmp_path))
     assert server.requests == [] and server.sent == 0  # a second run reads nothing remote
@@ -88,14 +89,16 @@ def test_the_hub_revision_is_resolved_once_to_a_commit(folder, server, tmp_path,
     from huggingface_hub import constants
 
     monkeypatch.setattr(constants, "ENDPOINT", server.url)  # as HF_ENDPOINT sets them when the Hub's library loads
-    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", server.url + "/{repo_id}/resolve/{revision}/{filename}")
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
+                        server.url + "/{repo_id}/resolve/{revision}/{filename}")
     ckpt = opened("hf://org/ck", tmp_path)
     assert ckpt.label == f"hf://org/ck@{COMMIT[:12]}" and COMMIT in str(ckpt.path)
     paths = [path for path, _ in server.requests]
     assert "/api/models/org/ck/revision/main" in paths
     assert all(path.startswith(f"/org/ck/resolve/{COMMIT}/") for path in paths if not path.startswith("/api/"))
     got = tensors(SPEC, ckpt)
-    np.testing.assert_array_equal(got["prefill.layers.1.output"], tensors(SPEC, Checkpoint(folder))["prefill.layers.1.output"])
+    np.testing.assert_array_equal(got["prefill.layers.1.output"],
+                                  tensors(SPEC, Checkpoint(folder))["prefill.layers.1.output"])
     server.reset_counts()
     opened(f"hf://org/ck@{COMMIT}", tmp_path)  # a commit: no resolving, nothing fetched
     assert [path for path, _ in server.requests if not path.startswith("/api/agent")] == []
@@ -106,7 +109,8 @@ def test_a_transient_fault_is_retried_and_nothing_wrong_is_kept(folder, server, 
     server.faults = [fault]
     ckpt = remote.open_remote(f"{server.url}/ck/", settings(tmp_path, timeout=1.0))
     got = tensors(SPEC, ckpt)
-    np.testing.assert_array_equal(got["decode0.layers.1.output"], tensors(SPEC, Checkpoint(folder))["decode0.layers.1.output"])
+    np.testing.assert_array_equal(got["decode0.layers.1.output"],
+                                  tensors(SPEC, Checkpoint(folder))["decode0.layers.1.output"])
     assert server.faults == []
 
 
@@ -118,7 +122,8 @@ def test_a_fault_that_persists_is_one_line_naming_the_file_and_range(folder, ser
     with pytest.raises(StepperError) as e:
         tensors(SPEC, ckpt)
     message = str(e.value)
-    assert "\n" not in message and ".safetensors: bytes " in message and "the server answered 500 (after 5 tries)" in message
+    assert ("\n" not in message and ".safetensors: bytes " in message
+            and "the server answered 500 (after 5 tries)" in message)
 
 
 def test_a_file_changed_on_the_server_between_reads_is_refused(folder, server, tmp_path):
@@ -164,14 +169,17 @@ def test_the_command_line_runs_and_inspects_a_remote_checkpoint(folder, server, 
     env["HF_ENDPOINT"] = server.url  # the Hub's paths on the same server
     hub = stepper("run", "--plain", "--model", "hf://org/ck", "--layer", "1", "--only", "*k_pe")
     assert hub.returncode == 0, hub.stderr
-    assert hub.stdout.split("layers.1.self_attn.k_pe", 1)[1] == done.stdout.split("layers.1.self_attn.k_pe", 1)[1].replace(
-        done.stdout.rsplit(" · ", 1)[1], hub.stdout.rsplit(" · ", 1)[1])  # the same tensor, only the footer's cache note differs
+    assert hub.stdout.split("layers.1.self_attn.k_pe",
+                            1)[1] == done.stdout.split("layers.1.self_attn.k_pe", 1)[1].replace(
+        done.stdout.rsplit(" · ", 1)[1], hub.stdout.rsplit(" · ",
+                                                           1)[1])  # the same tensor, only the footer's cache note differs
     authorized = [h for h in server.headers_seen if h.get("authorization")]
     assert authorized and all(h["authorization"] == "Bearer hf_secret_token_value" for h in authorized)
     shown = stepper("cache", "ls")
     assert shown.returncode == 0 and "127.0.0.1" in shown.stdout
     missing = stepper("run", "--model", f"{server.url}/nothing-here/")
-    assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "config.json: no such file (404)" in missing.stderr
+    assert (missing.returncode == 2 and missing.stderr.count("\n") == 1
+            and "config.json: no such file (404)" in missing.stderr)
     for out in (listed, done, hub, shown, missing):
         assert "hf_secret_token_value" not in out.stdout + out.stderr
     cleared = stepper("cache", "clear")
@@ -187,4 +195,5 @@ def test_a_long_range_is_fetched_in_pieces_straight_into_the_file(folder, server
     asked = [tuple(map(int, r.removeprefix("bytes=").split("-"))) for _, r in server.requests if r]
     data = [(a, b) for a, b in asked if a not in (0, 8)]  # (a header is read whole, as the reader holds it)
     assert len(data) > 10 and max(b - a + 1 for a, b in data) == 1 << 16
-    np.testing.assert_array_equal(got["decode0.layers.1.output"], tensors(SPEC, Checkpoint(folder))["decode0.layers.1.output"])
+    np.testing.assert_array_equal(got["decode0.layers.1.output"],
+                                  tensors(SPEC, Checkpoint(folder))["decode0.layers.1.output"])

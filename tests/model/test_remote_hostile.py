@@ -107,7 +107,8 @@ def test_cache_clear_removes_stepper_files_and_leaves_the_users_naming_them(fold
     assert out.returncode == 0, out.stderr
     assert notes.read_text() == "my notes\n" and beside.read_text() == "mine\n"
     left = sorted(str(p.relative_to(tmp_path / "cache")) for p in (tmp_path / "cache").rglob("*"))
-    assert left == ["notes.txt", "url", str(cached.relative_to(tmp_path / "cache")), str(beside.relative_to(tmp_path / "cache"))]
+    assert left == ["notes.txt", "url", str(cached.relative_to(tmp_path / "cache")),
+                    str(beside.relative_to(tmp_path / "cache"))]
     assert out.stdout.splitlines()[-1] == (f"left {tmp_path / 'cache'}: it holds what stepper did not write "
                                            f"(notes.txt, {beside.relative_to(tmp_path / 'cache')})")
 
@@ -124,7 +125,8 @@ def test_cache_clear_of_one_part_removes_it_whole_when_only_stepper_wrote_there(
     assert (tmp_path / "cache").is_dir()  # the cache folder itself stays: the user may have made it
     for outside in ("../", "/etc", "url/../..", "nothing"):
         refused = cache_cli(tmp_path, "clear", outside)
-        assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "no such cached checkpoint" in refused.stderr
+        assert (refused.returncode == 2 and refused.stderr.count("\n") == 1
+                and "no such cached checkpoint" in refused.stderr)
 
 
 def test_a_cache_folder_that_is_a_link_is_cleared_inside_and_the_link_left(folder, server, tmp_path):

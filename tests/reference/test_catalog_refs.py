@@ -84,7 +84,8 @@ def test_header(catalog):
     references = catalog["references"]
     assert set(SOURCES) <= set(references)
     transformers = references["transformers"]
-    assert transformers["package"] == "transformers" and transformers["version"] and transformers["path"].endswith(".py")
+    assert (transformers["package"] == "transformers" and transformers["version"]
+            and transformers["path"].endswith(".py"))
     for source in ("modeling_deepseek.py", "inference", "inference_v32"):  # not installed: the revision is recorded
         about = references[source]
         assert about["label"] and about["repo"] and about["path"], source
@@ -140,7 +141,8 @@ def test_entries_follow_the_schema(catalog):
         for key in SOURCES:
             assert ref.get(key) is None or citation_ok(ref[key]), f"{name}: bad {key} citation {ref[key]!r}"
         for field, values in e.get("when", {}).items():
-            assert field in WHEN_FIELDS and values and set(values) <= WHEN_FIELDS[field], f"{name}: when {field} {values}"
+            assert (field in WHEN_FIELDS and values
+                    and set(values) <= WHEN_FIELDS[field]), f"{name}: when {field} {values}"
         assert not re.search(r"\blines? \d", ref["variable"]), f"{name}: line numbers belong in a citation"
     int_tensors = [e["name"] for e in catalog["tensors"] if e["dtype"] == "int64"]
     assert int_tensors == ["mlp.gate.topk_idx", "self_attn.indexer.topk_idx", "self_attn.indexer.exact_topk_idx",
@@ -203,7 +205,8 @@ def citation_problems(name: str, citation: dict, lines: list[str]) -> list[str]:
         return [f"{name}: lines {first}-{last} past the end of the file ({len(lines)} lines)"]
     problems = []
     if lines[first - 1].rstrip() != citation["text"]:
-        problems.append(f"{name}: line {first} reads {lines[first - 1].strip()!r}, the catalogue {citation['text'].strip()!r}")
+        problems.append(f"{name}: line {first} reads {lines[first - 1].strip()!r}, the catalogue "
+                        f"{citation['text'].strip()!r}")
     if citation["symbol"] not in lines[first - 1]:
         problems.append(f"{name}: {citation['symbol']!r} not on line {first}")
     after = [line.rstrip() for line in lines[first:last]]
@@ -226,7 +229,8 @@ def installed_transformers(expected_version: str) -> Path:
         pytest.skip("transformers is not installed")
     version = importlib.metadata.version("transformers")
     if version != expected_version:
-        pytest.skip(f"line numbers were taken from transformers {expected_version}; transformers {version} is installed")
+        pytest.skip(f"line numbers were taken from transformers {expected_version}; transformers {version} is "
+                    "installed")
     return Path(spec.origin).parent
 
 

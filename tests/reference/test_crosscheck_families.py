@@ -34,7 +34,8 @@ from stepper.weights.synthetic import SyntheticWeights
 
 PROMPT = (17, 402, 999, 3, 256, 77, 640)
 
-V2_LIKE = {**copy.deepcopy(PRESETS["tiny-v2"]), "_name_or_path": "tiny-v2-grouped", "topk_method": "group_limited_greedy",
+V2_LIKE = {**copy.deepcopy(PRESETS["tiny-v2"]), "_name_or_path": "tiny-v2-grouped",
+           "topk_method": "group_limited_greedy",
            "n_group": 4, "topk_group": 2, "q_lora_rank": 192, "routed_scaling_factor": 16.0}
 CONFIGS = {"tiny-v2": PRESETS["tiny-v2"], "v2-grouped": V2_LIKE}
 

@@ -495,7 +495,8 @@ def test_readme_example_checks_transformers(tmp_path, monkeypatch):
         model = build_hf_model(json.loads((Path(weights_dir) / "config.json").read_text()),
                                {n: np.array(ck.get(n)) for n in ck.weight_map if not n.endswith(SCALE)})
         cache = DynamicCache(config=model.config)
-        return model, lambda ids, positions: model(input_ids=ids, position_ids=positions, cache=cache, use_cache=True).logits
+        return model, lambda ids, positions: model(input_ids=ids, position_ids=positions, cache=cache,
+                                                   use_cache=True).logits
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "fixtures").symlink_to(ROOT / "fixtures")

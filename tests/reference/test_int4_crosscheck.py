@@ -84,7 +84,8 @@ def test_the_latent_norms_use_eps_1e6_as_transformers_does(checkpoint):
     rec = Recorder()
     run(RunSpec(model=str(folder), ids=PROMPT, attn="naive"), [rec])
     mine, ref = rec.tensors(), hf_trace(config, exact, np.array([PROMPT]))
-    for before, after, norm in (("q_a", "q_a_norm", "q_a_layernorm"), ("compressed_kv", "compressed_kv_norm", "kv_a_layernorm")):
+    for before, after, norm in (("q_a", "q_a_norm", "q_a_layernorm"),
+                                ("compressed_kv", "compressed_kv_norm", "kv_a_layernorm")):
         x = mine[f"layers.0.self_attn.{before}"].astype(np.float64)
         gain = exact[f"model.layers.0.self_attn.{norm}.weight"]
         with_config_eps = x / np.sqrt((x * x).mean(-1, keepdims=True) + config["rms_norm_eps"]) * gain

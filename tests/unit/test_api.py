@@ -164,8 +164,10 @@ def test_a_chunked_prefill_keeps_every_tensor_once_equal_to_the_whole_prompts():
     made = made_chunk_by_chunk(chunked)
     for name in whole.names:
         a, b = np.asarray(whole[name], np.float64), np.asarray(made[name], np.float64)
-        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * np.nanmax(np.abs(np.where(np.isfinite(a), a, 0))), err_msg=name)
-    for name in ("prefill.layers.0.self_attn.attn_weights", "prefill.layers.1.mlp.gate.topk_idx", "prefill.layers.2.output"):
+        np.testing.assert_allclose(b, a, rtol=1e-5,
+                                   atol=1e-5 * np.nanmax(np.abs(np.where(np.isfinite(a), a, 0))), err_msg=name)
+    for name in ("prefill.layers.0.self_attn.attn_weights", "prefill.layers.1.mlp.gate.topk_idx",
+                 "prefill.layers.2.output"):
         assert isinstance(chunked[name], stepper.LazyTensor), name
         assert np.array_equal(np.asarray(chunked[name]), made[name]), name  # read whole, as a user reads it
     with pytest.raises(StepperError, match="chunk= with patch="):
@@ -233,7 +235,8 @@ def test_auto_chooses_the_path_the_command_line_chooses():
     run = stepper.run("tiny", **long)
     assert run.spec.attn == "absorb"
     assert stepper.diff(run, stepper.run("tiny", **{**long, "attn": "absorb"})).count("same") == len(run) == 1
-    cli = helpers.cli.stepper("run", "--plain", "--layer", "1", "--cache-len", "50", "--prompt-len", "2", "--only", "*attn_weights")
+    cli = helpers.cli.stepper("run", "--plain", "--layer", "1", "--cache-len", "50", "--prompt-len", "2", "--only",
+                              "*attn_weights")
     assert "--attn auto: absorbed throughout" in cli.stdout
     assert stepper.run("tiny", prompt_len=2, keep="logits").spec.attn == "auto"  # naive prefill: it fits
 
@@ -247,7 +250,8 @@ def test_auto_is_absorbed_where_the_naive_estimate_is_over_half_the_memory(monke
 def test_dir_lists_the_api_for_completion_without_loading_it():
     code = "import sys, stepper; print(*(n for n in dir(stepper) if not n.startswith('_')), 'stepper.api' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    assert out == ["Diff", "LazyTensor", "Run", "StepperError", "diff", "force_experts", "load", "run", "version", "zero_expert",
+    assert out == ["Diff", "LazyTensor", "Run", "StepperError", "diff", "force_experts", "load", "run", "version",
+                   "zero_expert",
                    "zero_head", "zero_router_bias", "False"]
     assert stepper.StepperError is StepperError and stepper.diff is stepper.api.diff
 

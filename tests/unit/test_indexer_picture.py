@@ -30,7 +30,9 @@ def test_kept_dropped_and_future_positions_beside_the_weights():
     assert kept == ["█ · ·", "█ █ ·", "█ × █"]
     # beside it head 1's weights: query 2 gives 0.1 to position 0, exactly 0 to the dropped 1, 0.9 to 2
     assert [line[-6:].strip() for line in rows] == ["██· ·", "▒▒▒▒·", "░░· ██"]
-    assert "head 1" in text and "2 of up to 3 positions kept per query (the last, at position 2: 2), 5 of the 6 in the queries' past" in " ".join(text.split())
+    assert ("head 1" in text
+            and "2 of up to 3 positions kept per query (the last, at position 2: 2), 5 of the 6 in the queries' "
+                "past" in " ".join(text.split()))
 
 
 def test_a_wrong_shape_is_refused():

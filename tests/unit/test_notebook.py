@@ -57,7 +57,8 @@ def test_a_long_run_shows_its_first_steps_and_layers_within_the_width():
 
 def test_a_tensor_and_a_picture_show_as_in_the_terminal(run):
     view = run.show("layers.1.self_attn.k_pe")
-    expected = terminal(TensorRows(Console(file=io.StringIO()), run.config).render(run.event("layers.1.self_attn.k_pe")))
+    expected = terminal(TensorRows(Console(file=io.StringIO()),
+                                   run.config).render(run.event("layers.1.self_attn.k_pe")))
     assert repr(view) == expected.rstrip("\n") and visible(view._repr_html_()).strip() == expected.strip()
     routing = run.picture("routing", "layers.1.mlp.gate.topk_idx")
     drawn = terminal(pictures.routing_map(run["layers.1.mlp.gate.topk_idx"], run["layers.1.mlp.gate.topk_weight"], 32))
@@ -82,7 +83,8 @@ def test_a_diff_shows_its_rows_growth_and_first_difference(run):
     shown = visible(d._repr_html_())
     assert terminal(diff_view.render(d)).strip() == shown.strip() == terminal(d).strip()
     assert "first difference: layers.2.mlp.gate.topk_idx" in shown and "differs from mlp.gate.topk_idx" in shown
-    assert repr(d).startswith("<stepper.Diff 8 tensors: 6 same, 0 close, 2 differ; first difference layers.2.mlp.gate.topk_idx")
+    assert repr(d).startswith("<stepper.Diff 8 tensors: 6 same, 0 close, 2 differ; first difference "
+                              "layers.2.mlp.gate.topk_idx")
 
 
 def test_the_example_in_docs_runs(tmp_path):
@@ -93,4 +95,5 @@ def test_the_example_in_docs_runs(tmp_path):
     assert "zeroing expert" in out.stdout and "first difference prefill.layers.1.mlp.gate.topk_weight" in out.stdout
     text = visible(page.read_text(encoding="utf-8"))
     assert "prefill.layers.1.self_attn.compressed_kv  [B=1 batch, T=4 positions, 128 kv latent]" in text
-    assert "experts used" in text and "head 0" in text and "first difference: prefill.layers.1.mlp.gate.topk_weight" in text
+    assert ("experts used" in text and "head 0" in text
+            and "first difference: prefill.layers.1.mlp.gate.topk_weight" in text)

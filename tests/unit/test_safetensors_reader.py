@@ -397,7 +397,8 @@ def test_header_over_the_size_limit_is_refused_before_it_is_read(tmp_path):
     with open(path, "wb") as out:
         out.write((100_000_001).to_bytes(8, "little") + b"{}")
         out.truncate(8 + 100_000_001)  # sparse: the claimed header really is in the file
-    with counted(traced=True) as work, pytest.raises(StepperError, match="big.safetensors: header length 100000001 is over"):
+    with counted(traced=True) as work, pytest.raises(StepperError,
+                                                     match="big.safetensors: header length 100000001 is over"):
         SafetensorsFile(path)
     assert work.peak < 64 * 1024 and work.read == 8  # the length alone
 
