@@ -216,7 +216,8 @@ def open_for_update(path: Path) -> int:
         fd = os.open(path, UPDATE)
     except OSError as e:
         if e.errno == errno.ELOOP:
-            raise StepperError(f"{shown(path)}: is a link; stepper does not write through links it did not make") from None
+            raise StepperError(f"{shown(path)}: is a link; stepper does not write through links it did not make") \
+                from None
         raise
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
@@ -235,7 +236,8 @@ def open_lock(path: Path) -> int:
         return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
     except OSError as e:
         if e.errno == errno.ELOOP:
-            raise StepperError(f"{shown(path)}: is a link; stepper does not write through links it did not make") from None
+            raise StepperError(f"{shown(path)}: is a link; stepper does not write through links it did not make") \
+                from None
         raise
 
 

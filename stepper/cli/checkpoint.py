@@ -75,10 +75,10 @@ def with_layout(cfg: Config, layout: str) -> Config:
 
 
 def inspect_command(
-    path: Annotated[str, typer.Argument(metavar="PATH", callback=url_option, help="A .safetensors file, a checkpoint "
-                                                                                  "directory, or a remote checkpoint "
-                                                                                  "(hf://ORG/NAME[@REVISION], "
-                                                                                  "https://HOST/PATH/).", show_default=False)],
+    path: Annotated[str, typer.Argument(
+        metavar="PATH", callback=url_option, show_default=False,
+        help="A .safetensors file, a checkpoint directory, or a remote checkpoint (hf://ORG/NAME[@REVISION], "
+             "https://HOST/PATH/).")],
     stats: Annotated[bool, typer.Option("--stats",
                                         help="Decode every tensor (FP8 with its scales) and add min, max, mean, std, "
                                              "absmax, NaN and Inf counts.")] = False,
@@ -137,10 +137,13 @@ def inspect_layers(layers: str | None, source: inspect.Source) -> range | None:
 
 
 def fp8_command(
-    code: Annotated[str | None, typer.Argument(metavar="CODE", help="One byte to take apart: 0xCD, 205 or 0b11001101 "
-                                                                    "(with --int4: a 32-bit word, 0x89ABCDEF).", show_default=False)] = None,
-    weight: Annotated[str | None, typer.Option(metavar="NAME", help="Show one block of this FP8 weight, e.g. "
-                                                                    "model.layers.1.self_attn.kv_a_proj_with_mqa.weight, or one group of this INT4 weight.")] = None,
+    code: Annotated[str | None, typer.Argument(
+        metavar="CODE", show_default=False,
+        help="One byte to take apart: 0xCD, 205 or 0b11001101 (with --int4: a 32-bit word, 0x89ABCDEF).")] = None,
+    weight: Annotated[str | None, typer.Option(
+        metavar="NAME",
+        help="Show one block of this FP8 weight, e.g. model.layers.1.self_attn.kv_a_proj_with_mqa.weight, or one "
+             "group of this INT4 weight.")] = None,
     model: Annotated[str | None, typer.Option(metavar="NAME|DIR",
                                               help="With --weight: a preset (synthetic weights) or a checkpoint "
                                                    "directory [default: tiny].")] = None,

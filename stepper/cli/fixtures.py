@@ -45,33 +45,32 @@ PlainOpt = Annotated[bool, typer.Option("--plain", help="No colour.")]
 @fixtures_app.command("export")
 def export_command(
     out: Annotated[Path, typer.Argument(metavar="OUT_DIR", help="Fixture folder to create.", show_default=False)],
-    model: Annotated[str, typer.Option(metavar="NAME|PATH", callback=url_option,
-                                       help=f"Preset ({PRESET_NAMES}), a checkpoint directory or a config.json.")] = "tiny",
-    layer: Annotated[int | None, typer.Option(metavar="N", min=0,
-                                              help="Run layer N alone, on the prompt's token embeddings.")] = None,
-    layers: Annotated[str | None, typer.Option(metavar="A:B",
-                                               help="Run the model up to layer B-1, capturing layers A to B-1.")] = None,
+    model: Annotated[str, typer.Option(
+        metavar="NAME|PATH", callback=url_option,
+        help=f"Preset ({PRESET_NAMES}), a checkpoint directory or a config.json.")] = "tiny",
+    layer: Annotated[int | None, typer.Option(
+        metavar="N", min=0, help="Run layer N alone, on the prompt's token embeddings.")] = None,
+    layers: Annotated[str | None, typer.Option(
+        metavar="A:B", help="Run the model up to layer B-1, capturing layers A to B-1.")] = None,
     ids: Annotated[str | None, typer.Option(metavar="1,2,3", help="Prompt token ids, comma-separated.")] = None,
-    prompt: Annotated[str | None, typer.Option("--prompt", metavar="TEXT", help="The prompt as text, tokenized by "
-                                                                                "the checkpoint's tokenizer; the "
-                                                                                "fixture records its ids (needs: "
-                                                                                f"{INSTALL}).")] = None,
-    prompt_len: Annotated[int | None, typer.Option(metavar="T", min=1,
-                                                   help="Number of prompt tokens drawn from the seed [default: "
-                                                        "7].")] = None,
+    prompt: Annotated[str | None, typer.Option(
+        "--prompt", metavar="TEXT",
+        help="The prompt as text, tokenized by the checkpoint's tokenizer; the fixture records its ids (needs: "
+             f"{INSTALL}).")] = None,
+    prompt_len: Annotated[int | None, typer.Option(
+        metavar="T", min=1, help="Number of prompt tokens drawn from the seed [default: 7].")] = None,
     start_pos: Annotated[int, typer.Option(metavar="P", min=0,
                                            help="Position of the first prompt token (empty cache).")] = 0,
     decode: Annotated[int, typer.Option(metavar="N", min=0,
                                         help="Decode steps after the prefill, with the cache.")] = 0,
-    attn: Annotated[str, typer.Option(metavar="naive|absorb|auto",
-                                      help="Attention: naive, absorb, or auto (naive prefill, absorbed decode).")] = "auto",
+    attn: Annotated[str, typer.Option(
+        metavar="naive|absorb|auto",
+        help="Attention: naive, absorb, or auto (naive prefill, absorbed decode).")] = "auto",
     seed: Annotated[int, typer.Option(metavar="S", min=0, help="Seed of the synthetic weights and prompt.")] = 0,
-    index_scoring: Annotated[str, typer.Option("--index-scoring", metavar="exact|fp8", help="DeepSeek-V3.2's "
-                                                                                            "Lightning Indexer: exact "
-                                                                                            "(float32 scores) or fp8 "
-                                                                                            "(Hadamard-rotated FP8 q "
-                                                                                            "and k, as DeepSeek's "
-                                                                                            "inference code).")] = "exact",
+    index_scoring: Annotated[str, typer.Option(
+        "--index-scoring", metavar="exact|fp8",
+        help="DeepSeek-V3.2's Lightning Indexer: exact (float32 scores) or fp8 (Hadamard-rotated FP8 q and k, as "
+             "DeepSeek's inference code).")] = "exact",
     weights_dtype: Annotated[str, typer.Option(metavar="fp8|bf16", help="How the fixture's weights are stored: fp8 "
                                                                         "(as Kimi K2 / DeepSeek-V3 ship) or bf16 "
                                                                         "(dequantized as fp8_cast_bf16.py "
@@ -109,12 +108,10 @@ def verify_command(
                                               show_default=False)],
     map_file: Annotated[Path | None, typer.Option("--map", metavar="FILE.json",
                                                   help="Your names -> canonical names, a JSON object.")] = None,
-    names: Annotated[str | None, typer.Option("--names", metavar="NAMING", help="The candidate's naming: "
-                                                                                "transformers, inference, llama.cpp "
-                                                                                "or canonical (only its names are "
-                                                                                "read; it decides a name two namings "
-                                                                                "share). Default: all of them, a "
-                                                                                "shared name read canonically.")] = None,
+    names: Annotated[str | None, typer.Option(
+        "--names", metavar="NAMING",
+        help="The candidate's naming: transformers, inference, llama.cpp or canonical (only its names are read; it "
+             "decides a name two namings share). Default: all of them, a shared name read canonically.")] = None,
     allow_missing: Annotated[bool, typer.Option("--allow-missing",
                                                 help="Tensors of the fixture missing from CANDIDATE do not fail (exit "
                                                      "0 if the rest match).")] = False,

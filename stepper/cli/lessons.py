@@ -130,7 +130,8 @@ def start_command(
         source = CommandSource(console, sys.stdin, sys.stdin.isatty() and console.is_terminal)
         walked = walk(lesson, console, source)
         entry = progress.lesson(lesson.name)
-        entry["first_try"], entry["retried"], entry["asked"] = walked.first_try, walked.retried, walked.asked  # the latest walk's
+        # the latest walk's counts
+        entry["first_try"], entry["retried"], entry["asked"] = walked.first_try, walked.retried, walked.asked
         entry["walked"] = entry["walked"] or walked.finished
         progress.save()
         functions = ", ".join(lesson.exercise.functions)
@@ -305,7 +306,8 @@ def solution_command(
 
 @lesson_app.command("reset")
 def reset_command(name: NameArg = None, workspace: WorkspaceOpt = WORKSPACE, plain: PlainOpt = False) -> None:
-    """Put the exercise stub back (your file is kept as a new backup, NAME.py.bak, NAME.py.bak2, ...) and forget the lesson's progress."""
+    """Put the exercise stub back (your file is kept as a new backup, NAME.py.bak, NAME.py.bak2, ...) and forget the
+    lesson's progress."""
     with user_errors():
         progress = Progress()
         lesson, _ = chosen(name, progress)

@@ -136,14 +136,16 @@ def patched_line(patch: list[str] | None) -> str | None:
     """The header's line naming the --patch options: the run is not the model's own from there on."""
     if not patch:
         return None
-    return f"patched: {' · '.join(untrusted.shown(p) for p in patch)} (rows marked patched show the new values; the run goes on from them)"
+    listed = " · ".join(untrusted.shown(p) for p in patch)
+    return f"patched: {listed} (rows marked patched show the new values; the run goes on from them)"
 
 
 def prompt_line(tokens: Tokens) -> str:
     """The text prompt's tokens, each id with its text (a long prompt cut like token_ids)."""
     pairs = [f"{i} {text}" for i, text in zip(tokens.ids, tokens.labels())]
     shown = pairs if len(pairs) <= 16 else [*pairs[:12], "…", *pairs[-4:]]
-    return f"prompt: {len(pairs)} token{'s' if len(pairs) != 1 else ''} from {untrusted.shown(tokens.tokenizer.file.name)}: {' · '.join(shown)}"
+    tokenizer = untrusted.shown(tokens.tokenizer.file.name)
+    return f"prompt: {len(pairs)} token{'s' if len(pairs) != 1 else ''} from {tokenizer}: {' · '.join(shown)}"
 
 
 def print_lines(console: Console, text: str, style: str) -> None:
@@ -421,9 +423,8 @@ def parse_chunk(text: str | None, patched: bool, drawn: bool) -> int | None:
         raise StepperError("--chunk must be a number of positions (0: the whole prompt at once) or auto, got "
                            f"{untrusted.shown(text)!r}")
     if int(text) and (patched or drawn):
-        raise StepperError(f"--chunk {int(text)}: "
-                           f"{'--patch changes tensors as the prefill makes them' if patched else '--show draws from whole tensors'}, "
-                           "so the prompt must run whole: give --chunk 0")
+        why = "--patch changes tensors as the prefill makes them" if patched else "--show draws from whole tensors"
+        raise StepperError(f"--chunk {int(text)}: {why}, so the prompt must run whole: give --chunk 0")
     return int(text)
 
 

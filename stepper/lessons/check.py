@@ -12,8 +12,8 @@ has two parts, and stops at the first mismatch, showing both values and where:
    whole, with their own block scales (decode on the 256 codes first), and a difference names
    the byte there, field by field.
 2. The lesson's runs are repeated with the learner's functions swapped in
-   (`stepper.lessons.overrides`, as `stepper run --use` does) and every emitted tensor is compared, in execution order, with
-   the golden run: the first tensor that differs is where the learner's function goes wrong.
+   (`stepper.lessons.overrides`, as `stepper run --use` does) and every emitted tensor is compared, in execution order,
+   with the golden run: the first tensor that differs is where the learner's function goes wrong.
    Top-k experts are compared as sets (their order is unspecified), each weight with its expert,
    and so are the positions the indexer keeps.
 """

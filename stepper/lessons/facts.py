@@ -568,8 +568,10 @@ def v3_group_scores(ctx: Context, scope: str = "layers.1", token: str = "0") -> 
 def routers_table(ctx: Context, scope: str = "layers.1") -> str:
     """Each token's experts under the three routers, with a mark where they differ from V3's."""
     picks = {name: np.sort(routed_by(ctx, scope, name), axis=1) for name in ROUTERS}
-    cells = [[" ".join(f"{e:2d}" for e in picks[n][t]) + ("" if n == "v3" or np.array_equal(picks[n][t], picks["v3"][t])
-                                                          else " *") for n in ROUTERS] for t in range(picks["v3"].shape[0])]
+    def cell(n: str, t: int) -> str:
+        same = n == "v3" or np.array_equal(picks[n][t], picks["v3"][t])
+        return " ".join(f"{e:2d}" for e in picks[n][t]) + ("" if same else " *")
+    cells = [[cell(n, t) for n in ROUTERS] for t in range(picks["v3"].shape[0])]
     width = max(len("V2-Lite"), *(len(c) for row in cells for c in row))
     lines = ["token  " + "  ".join(f"{title:<{width}}" for title in ("V3", "V2", "V2-Lite")).rstrip()]
     lines += [f"{t:5d}  " + "  ".join(f"{c:<{width}}" for c in row).rstrip() for t, row in enumerate(cells)]

@@ -70,7 +70,8 @@ class TensorRows:
         """The name, the named shape (broken only between its dims) and the dtype."""
         phase, _, rest = event.name.rpartition(event.key)
         name = Text.assemble((phase, "dim"), (event.key, "bold cyan"), rest)
-        parts = [singular(str(d)) if d.size == 1 else str(d) for d in self.catalog.dims(event.key, event.array.shape, self.cfg)]
+        dims = self.catalog.dims(event.key, event.array.shape, self.cfg)
+        parts = [singular(str(d)) if d.size == 1 else str(d) for d in dims]
         shape = [Text(("[" if i == 0 else "") + part + ("]" if i == len(parts) - 1 else ","), style="yellow")
                  for i, part in enumerate(parts)] or [Text("[]", style="yellow")]
         fields = [name, *shape, Text(str(event.array.dtype), style="dim")]

@@ -96,11 +96,16 @@ def unknown_tensors(ckpt: Checkpoint, layers: range) -> list[Problem]:
         known = set(layer_shapes(ckpt.config, layer))
         known |= {name + suffix for name in known for suffix in (SCALE, PACKED, GROUP_SCALE, WEIGHT_SHAPE)}
         known |= {prefix + name for name in IGNORED}
-        found = [(name, shard) for name, shard in ckpt.weight_map.items() if name.startswith(prefix)
-                 and name not in known and not (name.endswith(SCALE) and name.removesuffix(SCALE) not in ckpt.weight_map)]
+        found = [(name, shard) for name, shard in ckpt.weight_map.items()
+                 if name.startswith(prefix) and name not in known and not orphan_scale(ckpt, name)]
         if found:
             problems.append(unknown_problem(layer, found))
     return problems
+
+
+def orphan_scale(ckpt: Checkpoint, name: str) -> bool:
+    """A block scale whose weight the checkpoint does not list."""
+    return name.endswith(SCALE) and name.removesuffix(SCALE) not in ckpt.weight_map
 
 
 def unknown_problem(layer: int, found: list[tuple[str, str]]) -> Problem:

@@ -180,9 +180,10 @@ def resolve_revision(api, repo: str, revision: str, timeout: float, model: str) 
         sha = within(2 * timeout, lambda: api.model_info(repo, revision=revision, timeout=timeout).sha)
     except TimeoutError:
         raise StepperError(f"{failed} (no answer within {2 * timeout:g} s; given up)") from None
-    except (HfHubHTTPError, httpx2.HTTPError, OSError,
-            ValueError) as e:  # not found, gated, network: one line, no token
-        raise StepperError(f"{failed} ({type(e).__name__}: {shown(str(e).splitlines()[0] if str(e) else '')})") from None
+    # not found, gated, network: one line, no token
+    except (HfHubHTTPError, httpx2.HTTPError, OSError, ValueError) as e:
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise StepperError(f"{failed} ({type(e).__name__}: {shown(first)})") from None
     if not isinstance(sha, str) or not COMMIT.fullmatch(sha):
         raise StepperError(f"{shown(model)}: the Hub gave no commit for revision {shown(revision)!r}")
     return sha

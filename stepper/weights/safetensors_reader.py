@@ -355,7 +355,8 @@ def _check_unicode(text: str, where: str) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        raise StepperError(f"{where}: header has a string with an unpaired surrogate escape (\\ud800-\\udfff)") from None
+        raise StepperError(f"{where}: header has a string with an unpaired surrogate escape "
+                           "(\\ud800-\\udfff)") from None
 
 
 # -- checking the entries ------------------------------------------------------------------------
