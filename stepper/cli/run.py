@@ -300,8 +300,8 @@ def run_command(
                             "a tile at a time: their exact statistics take a while (--only can leave them out)", "dim")
         counter, recorder, bars = TensorCount(), Recorder(), ProgressBars(Console(stderr=True))
         bars.beside(console)
-        rows = JsonLines(sys.stdout, plan.config,
-                         bars.hide) if as_json else TensorRows(console, plan.config, plan.tokens)
+        rows = (JsonLines(sys.stdout, plan.config, bars.hide) if as_json
+                else TensorRows(console, plan.config, plan.tokens))
         views: list[Sink] = [counter, rows]
         if dump is not None:
             views.append(recorder)
@@ -332,8 +332,8 @@ EXPORTS = {  # the file names --export takes, and how a session recorded in each
 
 
 # Rich's page, its long lines wrapped by the browser at the window's width, not behind a scrollbar
-WRAPPED_HTML = CONSOLE_HTML_FORMAT.replace('<pre style="', '<pre style="white-space:pre-wrap;overflow-wrap:anywhere;',
-                                           1)
+WRAPPED_HTML = CONSOLE_HTML_FORMAT.replace(
+    '<pre style="', '<pre style="white-space:pre-wrap;overflow-wrap:anywhere;', 1)
 
 
 def step_command(

@@ -113,8 +113,8 @@ def test_a_lone_file_of_activations_has_no_scales_to_miss(tmp_path):
     codes = np.arange(16, dtype=np.uint8).reshape(4, 4).tobytes()
     tensors = {"t_f8": ("F8_E4M3", [4, 4], codes), "q": ("F8_E4M3", [2, 8], codes), "x": ("F32", [1], bytes(4)),
                "model.layers.0.self_attn.q_a_proj.weight": ("F8_E4M3", [4, 4], codes)}
-    write_shard(tmp_path / "acts.safetensors", {k: v for k,
-                                                v in tensors.items() if k != "model.layers.0.self_attn.q_a_proj.weight"})
+    without_q_a = {k: v for k, v in tensors.items() if k != "model.layers.0.self_attn.q_a_proj.weight"}
+    write_shard(tmp_path / "acts.safetensors", without_q_a)
     out = stepper("inspect", str(tmp_path / "acts.safetensors"), "--plain")
     assert out.returncode == 0, out.stdout
     assert "3 tensors, 36 B" in out.stdout and "problem" not in out.stdout

@@ -64,7 +64,8 @@ def test_dump_holds_every_tensor_in_order(tmp_path):
     order = json.loads(header["__metadata__"]["order"])
     assert set(order) == set(tensors) and order[0] == "prefill.embed" and order[-1] == "decode1.logits"
     assert catalogued_naive_names() <= {key_of(n) for n in order if n.startswith("prefill.")}
-    absorbed = {e["name"] for e in catalog.load().entries if e["path"] != "naive" and catalog.applies(e, preset("tiny"))}
+    absorbed = {e["name"] for e in catalog.load().entries
+                if e["path"] != "naive" and catalog.applies(e, preset("tiny"))}
     for phase in ("decode0", "decode1"):  # by default decode steps attend over the latent cache
         assert absorbed <= {key_of(n) for n in order if n.startswith(phase + ".")}
     assert tensors["prefill.layers.1.mlp.gate.topk_idx"].dtype == np.int64
@@ -83,7 +84,8 @@ def test_footer_lists_a_short_prompt_whole_and_cuts_a_long_one():
     ids = list(range(100, 140))
     long = stepper("run", "--plain", "--ids", ",".join(map(str, ids)), "--only", "logits").stdout
     footer = long.strip().splitlines()[-1]
-    assert "prompt [100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 111, … 136, 137, 138, 139] (40 tokens)" in footer
+    assert "prompt [100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 111, … 136, 137, 138, 139] (40 tokens)" \
+        in footer
     assert "112" not in footer and "135" not in footer
 
 
@@ -135,7 +137,8 @@ def test_two_runs_print_the_same():
     """What the machine has left free changes from run to run; a run that fits well does not name it."""
     first, second = in_a_process("run", "--plain", "--decode", "1"), in_a_process("run", "--plain", "--decode", "1")
     assert first.returncode == 0 and (first.stdout, first.stderr) == (second.stdout, second.stderr)
-    assert "--attn auto: naive prefill, absorbed decode (the run needs about 1 MiB, under half the memory available)" in first.stdout
+    assert ("--attn auto: naive prefill, absorbed decode (the run needs about 1 MiB, under half the memory "
+            "available)") in first.stdout
     assert " available" not in first.stdout.replace("under half the memory available", "")
 
 

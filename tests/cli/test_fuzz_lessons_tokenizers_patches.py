@@ -181,10 +181,9 @@ def test_fuzzed_kimi_tokenizer_files(kimi_place, tmp_path_factory, data):
 
 atoms = st.sampled_from(["x", "0", "1.5", "-2", "nan", "inf", "1e309", "x[0]", "x[..., 7]", "x[0, :, 3]", "x[::-1]",
                          "open", "__import__('os')", "x.T", "y", "'s'", "None", "x[9999]", "x[1:2:0]", "2**99"])
-expressions = st.recursive(atoms, lambda e: st.tuples(e,
-                                                      st.sampled_from(["+", "-", "*", "/", "**", "//", "@", ","]),
-                                                      e).map(
-    lambda t: f"({t[0]}{t[1]}{t[2]})") | e.map(lambda a: f"-{a}"), max_leaves=8)
+OPERATORS = st.sampled_from(["+", "-", "*", "/", "**", "//", "@", ","])
+expressions = st.recursive(atoms, lambda e: st.tuples(e, OPERATORS, e).map(lambda t: f"({t[0]}{t[1]}{t[2]})")
+                           | e.map(lambda a: f"-{a}"), max_leaves=8)
 patches = st.one_of(
     expressions,
     st.tuples(st.sampled_from(["x[0]", "x[..., 1]", "x[0, 0]", "x[", "y[0]"]),

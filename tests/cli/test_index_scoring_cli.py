@@ -67,8 +67,8 @@ def test_the_header_counts_the_fp8_index_keys_in_the_cache_per_position():
     cfg = preset("tiny-v32")
     latent = (cfg.kv_lora_rank + cfg.qk_rope_head_dim + cfg.index_head_dim) * 4
     line = re.compile(r"latent \+ rope key \+ index key( and its FP8 codes)? ([\d,]+) B")
-    for scoring, codes, size in (("exact", None, latent), ("fp8", " and its FP8 codes",
-                                                           latent + cfg.index_head_dim + 4)):
+    for scoring, codes, size in (("exact", None, latent),
+                                 ("fp8", " and its FP8 codes", latent + cfg.index_head_dim + 4)):
         done = stepper("run", "--model", "tiny-v32", "--prompt-len", "2", "--index-scoring", scoring, "--plain",
                        "--only", "embed")
         assert done.returncode == 0, done.stderr

@@ -74,8 +74,8 @@ def test_inspect_lists_each_layer_with_fp8_scale_grids_and_folded_experts(ckpt):
     assert row(layer1, "self_attn.kv_a_proj_with_mqa.weight") == ["self_attn.kv_a_proj_with_mqa.weight", "F8_E4M3",
                                                                   "[144,", "320]", "scales", "[2,", "3]", "45.0", "KiB"]
     # 32 experts x (96 x 320 codes + 1 x 3 scales) = 983424 bytes = 960.4 KiB, on one row
-    assert row(layer1, "mlp.experts.{0..31}.gate_proj.weight") == ["mlp.experts.{0..31}.gate_proj.weight", "F8_E4M3",
-                                                                   "[96,", "320]", "x32", "scales", "[1,", "3]", "960.4", "KiB"]
+    assert row(layer1, "mlp.experts.{0..31}.gate_proj.weight") == [
+        "mlp.experts.{0..31}.gate_proj.weight", "F8_E4M3", "[96,", "320]", "x32", "scales", "[1,", "3]", "960.4", "KiB"]
     assert row(layer1, "mlp.gate.weight")[1:4] == ["BF16", "[32,", "320]"]
     assert row(layer1, "mlp.gate.e_score_correction_bias")[1:3] == ["F32", "[32]"]
     assert not any("experts.5." in line or "_scale_inv" in line for lines in groups.values() for line in lines)
@@ -108,7 +108,8 @@ def test_inspect_json_stats_equal_summary_stats_of_the_decoded_tensor(ckpt):
     *lines, last = map(json.loads, out.splitlines())
     assert last == {"problems": []}  # the checkpoint is sound
     records = {r["name"]: r for r in lines}
-    names = [n for n in headers(ckpt) if (".layers.1." in n or n == "model.norm.weight") and not n.endswith("_scale_inv")]
+    names = [n for n in headers(ckpt)
+             if (".layers.1." in n or n == "model.norm.weight") and not n.endswith("_scale_inv")]
     assert sorted(records) == sorted(names)  # one object per tensor, experts unfolded, scales inside their weight
     source = Checkpoint(ckpt)
     for name in (KV, "model.layers.1.mlp.experts.7.down_proj.weight", "model.layers.1.mlp.gate.weight",
@@ -166,7 +167,8 @@ def test_inspect_flags_scale_problems_and_names_a_scale_kept_in_another_shard(tm
     partial = "holds only layer 1 of 0..2, no embedding, norm or lm_head: inspect with --layers 1:2, run with --layer 1"
     assert summary.splitlines()[0] == f"  ! {partial}"  # layers 0 and 2 and the globals: one line
     assert f"  ! {o_missing}" in summary.splitlines() and f"  ! {orphan}" in summary.splitlines()
-    assert "'model.layers.1.input_layernorm.weight' is missing (expected shape [320])" in text  # the config's other tensors
+    # the config's other tensors
+    assert "'model.layers.1.input_layernorm.weight' is missing (expected shape [320])" in text
 
     one = stepper("inspect", "--plain", str(tmp_path / "a.safetensors"))  # one shard: no config, no index
     assert one.returncode == 1 and list(sections(one.stdout)) == ["layers.1"]
@@ -229,8 +231,8 @@ def test_fp8_takes_one_byte_apart_from_hex_decimal_or_binary():
     text = ok("fp8", "--plain", "0xCD")
     assert ok("fp8", "--plain", "205") == text == ok("fp8", "--plain", "0b11001101")
     assert "0xCD = 205 = 0b11001101, read as e4m3fn: 1 1001 101" in text
-    fields = {line.split()[0]: line.split(None,
-                                          1)[1] for line in text.splitlines() if line.startswith("  ") and line.split()}
+    fields = {line.split()[0]: line.split(None, 1)[1]
+              for line in text.splitlines() if line.startswith("  ") and line.split()}
     assert fields["value"] == "-6.5"
     assert fields["exponent"].startswith("1001 = 9") and fields["mantissa"].startswith("101 = 5")
     assert fields["formula"] == "(-1)^1 * 2^(9-7) * (1 + 5/8) = -6.5"

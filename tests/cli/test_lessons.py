@@ -128,7 +128,8 @@ def test_a_wrong_prediction_is_explained_by_the_lesson():
     walked = walk(lesson, console, CommandSource(console, io.StringIO("\n".join(answers) + "\n"), False))
     assert walked.finished and (walked.first_try, walked.retried) == (walked.asked - 1, 1)
     assert "✗ 1000 is the vocabulary size" in out.getvalue()
-    assert f"predictions: {walked.asked - 1} of {walked.asked} right at the first try, 1 more on a retry" in out.getvalue()
+    assert (f"predictions: {walked.asked - 1} of {walked.asked} right at the first try, 1 more on a retry"
+            in out.getvalue())
 
 
 @pytest.mark.parametrize("name, written", [

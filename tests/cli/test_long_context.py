@@ -29,7 +29,8 @@ def test_auto_keeps_the_naive_prefill_when_it_fits_and_says_so_without_the_live_
     for available in (2**40, 2**35):  # what the machine has left changes from run to run; the line does not
         chosen, why = memory.choose_attn(plan, estimate, available)
         assert chosen is plan
-        assert why == f"--attn auto: naive prefill, absorbed decode (the run needs about {memory.gib(total(plan))}, under half the memory available)"
+        assert why == (f"--attn auto: naive prefill, absorbed decode (the run needs about {memory.gib(total(plan))}, "
+                       "under half the memory available)")
     assert memory.choose_attn(prepare(RunSpec()), estimate, None)[1] == (
         f"--attn auto: naive prefill (the run needs about {memory.gib(total(prepare(RunSpec())))}, the memory "
         "available is not known)")

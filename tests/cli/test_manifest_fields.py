@@ -77,9 +77,9 @@ def test_an_infinite_tolerance_is_refused(tmp_path):
 
 json_leaf = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=False),
                       st.text(max_size=12), st.sampled_from([0, -1, 1, 2**63, 1e308, "", "\x1b[2J", "model", "exact"]))
-json_value = st.recursive(json_leaf, lambda inner: st.lists(inner,
-                                                            max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
-                          max_leaves=6)
+json_value = st.recursive(
+    json_leaf, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=6)
 
 
 PATHS = [p for p in paths_of(SOUND) if p[0] != "config" or len(p) == 1]  # config fields: the config reader's fuzzing

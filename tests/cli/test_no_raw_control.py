@@ -4,8 +4,8 @@ A config string, a path, an .npz tensor name, a lesson file and the debugger's t
 ESC [2J (clear the screen), NUL, a carriage return, the C1 control CSI (U+009B) and Rich markup.
 The commands run in the test process (helpers.cli), writing bytes as into a pipe: plain (no
 colour at all: not one byte below 0x20 but newline and tab) and with colour forced (stepper's own
-colour codes, SGR sequences, are the only escape sequences allowed). Each command's output must also show the odd text escaped, where it
-belongs, and its markup literally.
+colour codes, SGR sequences, are the only escape sequences allowed). Each command's output must also show the odd
+text escaped, where it belongs, and its markup literally.
 """
 
 import json
@@ -235,5 +235,7 @@ def test_bench_lines_are_shown_escaped(monkeypatch, capsys):
     assert CONTROL.findall(out) == [] and "[red]x" in out
     assert f"writing w{shown(TYPED)}" in out and f"machine: cpu {shown(TYPED)}" in out and f"in w{shown(TYPED)}" in out
     lines = out.splitlines()  # through a pipe, each line whole
-    assert "· a progress line long enough to pass the 80 columns a pipe is given by default, and kept whole there" in lines
-    assert any(line.startswith("decode: 0.25 s") and line.rstrip().endswith("noted " * 19 + "noted") for line in lines), lines
+    assert "· a progress line long enough to pass the 80 columns a pipe is given by default, and kept whole there" \
+        in lines
+    noted = "noted " * 19 + "noted"
+    assert any(line.startswith("decode: 0.25 s") and line.rstrip().endswith(noted) for line in lines), lines

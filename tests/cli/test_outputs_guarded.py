@@ -87,7 +87,8 @@ def test_two_lesson_resets_keep_every_backup(tmp_path):
     assert {p.name: p.read_text() for p in folder.iterdir()} == {
         "tour.py": lesson.stub.read_text(), "tour.py.bak": "a backup the learner made\n",
         "tour.py.bak2": "first attempt\n", "tour.py.bak3": "second attempt\n"}
-    assert out.stdout == "stepper-lessons/tour.py is the stub again; your previous file is stepper-lessons/tour.py.bak3\n"
+    assert out.stdout == ("stepper-lessons/tour.py is the stub again; your previous file is "
+                          "stepper-lessons/tour.py.bak3\n")
     again = stepper("lesson", "reset", "tour", "--plain", cwd=tmp_path, env=env)  # the stub untouched: no backup of it
     assert again.stdout == "stepper-lessons/tour.py is the stub again\n" and len(list(folder.iterdir())) == 4
 

@@ -96,8 +96,9 @@ def test_a_patched_run_says_so_in_its_header_and_on_the_patched_rows():
     assert lines[2] == ("patched: layers.1.mlp.gate.topk_idx=x[..., 0]=5 (rows marked patched show the new values; the "
                         "run goes on from them)")
     rows = [line for line in lines if line.startswith("layers.")]
+    # layer 2's experts are chosen from a patched run, not patched
     assert rows == ["layers.1.mlp.gate.topk_idx  [N=7 tokens, 4 chosen experts]  int64  patched",
-                    "layers.2.mlp.gate.topk_idx  [N=7 tokens, 4 chosen experts]  int64"]  # chosen from a patched run, not patched
+                    "layers.2.mlp.gate.topk_idx  [N=7 tokens, 4 chosen experts]  int64"]
     assert lines[lines.index(rows[0]) + 2].startswith("    corners 5 ")
     assert "patched" not in cli("run", "--plain", "--only", "*gate.topk_idx").stdout
     stepped = cli("step", "--plain", "--patch", "layers.1.mlp.gate.topk_idx=x[..., 0]=5", stdin="q\n")

@@ -24,7 +24,8 @@ def error_line(out, path: Path) -> str:
 
 def learner_file(tmp_path: Path, body: str, signature: str = "rms_norm(x, weight, eps)") -> Path:
     path = tmp_path / "mine.py"
-    path.write_text(f"import numpy as np\n\n\ndef {signature}:\n" + "".join(f"    {line}\n" for line in body.splitlines()))
+    indented = "".join(f"    {line}\n" for line in body.splitlines())
+    path.write_text(f"import numpy as np\n\n\ndef {signature}:\n" + indented)
     return path
 
 
@@ -106,7 +107,8 @@ MODELS = ["tiny", "tiny-v3", "tiny-int4", "tiny-v2", "tiny-v32"]
 @pytest.mark.parametrize("model", MODELS)
 def test_stepper_own_functions_pass_the_checks_in_every_model(tmp_path, model):
     path = tmp_path / "all.py"
-    path.write_text("from stepper.lessons.exercises import REFERENCES\n\n\n" + "\n\n".join(stand_in(n) for n in overrides.EXERCISES))
+    stand_ins = "\n\n".join(stand_in(n) for n in overrides.EXERCISES)
+    path.write_text("from stepper.lessons.exercises import REFERENCES\n\n\n" + stand_ins)
     spec = RunSpec(model=model, prompt_len=3, decode=1)
     recorder = Recorder()
     with overrides.use([path]) as swapped:

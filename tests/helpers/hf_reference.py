@@ -803,7 +803,8 @@ def _one_pass(model, rec: _Recorder, ids: torch.Tensor, pos0: int,
         derived = _derive_layer(model, i, rec.raw[i])
         # emit in the documented order (docs/names.md), whatever order they were derived in
         is_moe = isinstance(model.model.layers[i].mlp, MOE_CLASSES)
-        order = _with_family_names(LAYER_NAMES_ATTN + (LAYER_NAMES_MOE if is_moe else LAYER_NAMES_DENSE) + LAYER_NAMES_TAIL)
+        mlp_names = LAYER_NAMES_MOE if is_moe else LAYER_NAMES_DENSE
+        order = _with_family_names(LAYER_NAMES_ATTN + mlp_names + LAYER_NAMES_TAIL)
         order = [n for n in order if n in derived]
         if set(order) != set(derived):
             raise RuntimeError(f"hf_reference: layer {i}: unlisted names {set(derived) - set(order)}")

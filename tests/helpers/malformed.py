@@ -1,9 +1,9 @@
 """The malformed-input corpus: safetensors files, checkpoint directories and fixture folders,
 each a sound one broken one way at a time.
 
-Safetensors files (the reader's tests): the valid file holds `a` (F32 [2, 2], data bytes [0, 16)) and `b` (BF16 [3], [16, 22)) and a
-`__metadata__` map. Each `Case` is the bytes of a broken copy and the tensor its error must name
-(None when no single tensor is at fault). `CASES` are these files; `DIR_CASES` whole checkpoint
+Safetensors files (the reader's tests): the valid file holds `a` (F32 [2, 2], data bytes [0, 16)) and `b`
+(BF16 [3], [16, 22)) and a `__metadata__` map. Each `Case` is the bytes of a broken copy and the tensor its error
+must name (None when no single tensor is at fault). `CASES` are these files; `DIR_CASES` whole checkpoint
 directories (below), `FIXTURE_CASES` fixture folders.
 """
 
@@ -484,21 +484,21 @@ def _dir_cases() -> list[DirCase]:
         DirCase("tensor-past-the-config", with_tensor("model.layers.5.input_layernorm.weight", "BF16", [64],
                                                       shard=LAYER1_SHARD),
                 1, "'model.layers.5.input_layernorm.weight' is in layer 5, but the config has 2 layers", run=0),
-        DirCase("layer-past-the-config", both(*(with_tensor(f"model.layers.2.{n}.weight", "BF16", [64],
-                                                            shard=LAYER1_SHARD)
+        DirCase("layer-past-the-config",
+                both(*(with_tensor(f"model.layers.2.{n}.weight", "BF16", [64], shard=LAYER1_SHARD)
                                                  for n in ("input_layernorm", "post_attention_layernorm"))),
                 1,
                 "'model.layers.2.input_layernorm.weight' and 1 more tensor(s) are in layer 2, but the config has 2 "
                 "layers",
                 run=0),
-        DirCase("tensor-misspelt-in-a-layer", with_tensor("model.layers.1.post_attention_layernrom.weight", "BF16",
-                                                          [64],
+        DirCase("tensor-misspelt-in-a-layer",
+                with_tensor("model.layers.1.post_attention_layernrom.weight", "BF16", [64],
                                                           shard=LAYER1_SHARD),
                 1, "'model.layers.1.post_attention_layernrom.weight' is in layer 1 but no tensor of that layer as "
                    "config.json describes it", run=0),
         DirCase("experts-in-the-dense-layer",
-                both(*(with_tensor(f"model.layers.0.mlp.experts.0.{n}.weight", "BF16", [32, 64],
-                                                                 shard=LAYER1_SHARD) for n in ("gate_proj", "up_proj"))),
+                both(*(with_tensor(f"model.layers.0.mlp.experts.0.{n}.weight", "BF16", [32, 64], shard=LAYER1_SHARD)
+                       for n in ("gate_proj", "up_proj"))),
                 1, "'model.layers.0.mlp.experts.0.gate_proj.weight' and 1 more tensor(s) are in layer 0 but no tensor",
                 run=0),
         DirCase("rotary-table-kept", with_tensor("model.layers.1.self_attn.rotary_emb.inv_freq", "F32", [8],

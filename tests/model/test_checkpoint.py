@@ -188,7 +188,8 @@ def independent_fp8(w: np.ndarray):
     return codes, scales, value
 
 
-@pytest.mark.skipif(not os.environ.get("STEPPER_REQUIRE_CROSSCHECK") and not __import__("importlib").util.find_spec("torch"),
+@pytest.mark.skipif(not os.environ.get("STEPPER_REQUIRE_CROSSCHECK")
+                    and not __import__("importlib").util.find_spec("torch"),
                     reason="needs torch and transformers (pip install -e .[crosscheck])")
 @pytest.mark.parametrize("writer", ["stepper", "independent"])
 def test_checkpoints_match_the_pytorch_reference(tmp_path, writer):
@@ -294,7 +295,8 @@ def test_an_index_disagreement_refuses_only_the_runs_that_reach_it(tmp_path):
     checked = stepper("inspect", "--plain", str(folder))
     assert (checked.returncode == 1 and "layer 2 (MoE)" in checked.stdout
             and "mlp.experts.{0..31}.up_proj" in checked.stdout)
-    assert "  ! a.safetensors: 'model.layers.0.ghost.weight' is listed in model.safetensors.index.json" in checked.stdout
+    assert ("  ! a.safetensors: 'model.layers.0.ghost.weight' is listed in model.safetensors.index.json"
+            in checked.stdout)
     whole = stepper("run", "--model", str(folder), "--prompt-len", "2")
     assert whole.returncode == 2 and whole.stderr.count("\n") == 1 and "ghost" in whole.stderr
     alone = stepper("run", "--model", str(folder), "--layer", "2", "--prompt-len", "2", "--only", "*routed_output")

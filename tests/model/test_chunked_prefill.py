@@ -107,8 +107,8 @@ def test_a_chunked_prefill_shows_the_figures_of_the_chunks_put_together_and_the_
     whole = recorded(spec)
     chunked = recorded(RunSpec(**{**spec.__dict__, "chunk": chunk}))
     assert list(chunked) == list(whole)  # one tensor per name, in the whole run's order
-    together = one_by_one(RunSpec(**{**spec.__dict__, "decode": 0, "weight_cache_mb": 0}),
-                          chunk)  # the weights as stored
+    together = one_by_one(RunSpec(**{**spec.__dict__, "decode": 0,
+                                     "weight_cache_mb": 0}), chunk)  # the weights as stored
     prefix = "prefill." if spec.decode else ""
     for name, tensor in chunked.items():
         if not name.startswith("decode"):
@@ -120,7 +120,8 @@ def test_a_chunked_prefill_shows_the_figures_of_the_chunks_put_together_and_the_
 def test_the_widened_rows_and_the_kept_positions_past_a_short_chunk():
     spec = RunSpec(model="tiny-v32", layer=0, prompt_len=7, attn="naive", chunk=3)
     shown = recorded(spec)
-    weights, idx = np.asarray(shown["layers.0.self_attn.attn_weights"]), np.asarray(shown["layers.0.self_attn.indexer.topk_idx"])
+    weights = np.asarray(shown["layers.0.self_attn.attn_weights"])
+    idx = np.asarray(shown["layers.0.self_attn.indexer.topk_idx"])
     assert weights.shape == (1, 4, 7, 7) and idx.shape == (1, 7, 4)
     assert np.all(np.triu(weights[0], 1) == 0) and np.allclose(weights.sum(-1), 1, atol=1e-6)
     assert idx[0, 0].tolist() == [0, -1, -1, -1] and idx[0, 2].tolist()[3] == -1  # chunk 0's 3 positions keep 3 at most

@@ -228,7 +228,8 @@ def test_over_its_limit_the_cache_drops_the_least_recently_used_checkpoint_but_n
     small = remote.Settings(tmp_path / "cache", 1, 5.0, pause=0.01)
     got = output(remote.open_remote(newer, small))
     np.testing.assert_array_equal(got, output(Checkpoint(folder)))
-    assert [s for s in shards if (kept / s).exists() and not (kept / s).is_symlink()] == []  # the older copy's files gone
+    # the older copy's files gone
+    assert [s for s in shards if (kept / s).exists() and not (kept / s).is_symlink()] == []
     assert (kept / shards[0]).is_symlink() and target.read_bytes() == VICTIM
     assert all((cache_folder(tmp_path, newer) / shard).is_file() for shard in shards)
 

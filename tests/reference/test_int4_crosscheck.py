@@ -111,7 +111,8 @@ def test_transformers_own_loading_rounds_each_expert_weight_to_bf16(checkpoint, 
     for file in folder.iterdir():
         if file.name != "config.json":
             (tmp_path / file.name).symlink_to(file)
-    (tmp_path / "config.json").write_text(folder.joinpath("config.json").read_text().replace('"kimi_k2"', '"deepseek_v3"'))
+    config = folder.joinpath("config.json").read_text()
+    (tmp_path / "config.json").write_text(config.replace('"kimi_k2"', '"deepseek_v3"'))
     model = DeepseekV3ForCausalLM.from_pretrained(str(tmp_path), dtype=torch.float32, attn_implementation="eager",
                                                   experts_implementation="eager").eval()
     for parameter in model.parameters():  # its decompressed experts are BF16; float32 holds their values exactly

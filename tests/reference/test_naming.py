@@ -294,8 +294,8 @@ def source_dump(fixture, table):
             if (flag == "last") != ("{i}" not in name and layer is not None) or flag == "last" and layer != last:
                 continue
             c = Step(fixture, e["name"])
-            if flag in ("masked",
-                        "prefill") and c.t == 1 or flag == "decode" and c.t > 1 or flag == "grouped" and cfg.n_group == 1:
+            if (flag in ("masked", "prefill") and c.t == 1 or flag == "decode" and c.t > 1
+                    or flag == "grouped" and cfg.n_group == 1):
                 continue
             array = build(fixture.tensors[e["name"]], c)
             if flag == "rows" and (layer is None or layer == last) and run["kind"] == "model":

@@ -186,7 +186,8 @@ def test_run_name_is_a_read_only_array_when_held_and_a_lazy_tensor_of_a_chunked_
     held = [n for n in chunked.names if type(chunked[n]) is np.ndarray]
     lazy = [n for n in chunked.names if isinstance(chunked[n], stepper.LazyTensor)]
     assert sorted(held + lazy) == sorted(chunked.names) and len(lazy) == 98 and "layers.1.output" in lazy
-    assert held == [f"layers.{i}.self_attn.{t}_states" for i in range(3) for t in ("key", "value")]  # the last chunk's: the cache's
+    # the last chunk's: the cache's
+    assert held == [f"layers.{i}.self_attn.{t}_states" for i in range(3) for t in ("key", "value")]
     after_the_prefill = len(replayed)  # the histograms' pass: each chunk once
     first = chunked[lazy[0]]
     assert first.shape == whole[lazy[0]].shape and first.dtype == whole[lazy[0]].dtype
@@ -248,7 +249,8 @@ def test_auto_is_absorbed_where_the_naive_estimate_is_over_half_the_memory(monke
 
 
 def test_dir_lists_the_api_for_completion_without_loading_it():
-    code = "import sys, stepper; print(*(n for n in dir(stepper) if not n.startswith('_')), 'stepper.api' in sys.modules)"
+    code = ("import sys, stepper; "
+            "print(*(n for n in dir(stepper) if not n.startswith('_')), 'stepper.api' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["Diff", "LazyTensor", "Run", "StepperError", "diff", "force_experts", "load", "run", "version",
                    "zero_expert",

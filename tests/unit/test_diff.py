@@ -17,7 +17,8 @@ class BiasChanged:
 
     def __init__(self, layer: int, expert: int, by: float):
         self.base = SyntheticWeights(preset("tiny"), 0)
-        self.config, self.name, self.expert, self.by = self.base.config, f"model.layers.{layer}.mlp.gate.e_score_correction_bias", expert, by
+        self.config, self.expert, self.by = self.base.config, expert, by
+        self.name = f"model.layers.{layer}.mlp.gate.e_score_correction_bias"
 
     def __getattr__(self, name):
         return getattr(self.base, name)

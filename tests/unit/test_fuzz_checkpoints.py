@@ -43,9 +43,9 @@ ALLOCATED = 32 * 2**20  # the files are about 130 KB: a reader that trusts a siz
 
 json_leaf = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=False),
                       st.text(max_size=12), st.sampled_from([0, -1, 1, 2**31, 2**63, 1e308, "", "\x1b[2J"]))
-json_value = st.recursive(json_leaf, lambda inner: st.lists(inner,
-                                                            max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
-                          max_leaves=6)
+json_value = st.recursive(
+    json_leaf, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=6)
 dtypes = st.sampled_from(["F32", "BF16", "F16", "F8_E4M3", "F8_E5M2", "F8_E8M0", "I8", "I64", "BOOL", "U8", "bf16",
                           "Q4"])
 dims = st.lists(st.integers(-2, 2**40) | st.sampled_from([0, 1, 16, 32, 48, 64]), max_size=4)
@@ -78,9 +78,9 @@ def config_change(draw):
 
 @st.composite
 def index_change(draw):
-    pick, shard = draw(st.integers(0,
-                                   10**6)), draw(st.text(max_size=20) | st.sampled_from(["model-00001-of-00004.safetensors",
-                                                                                               "model-00003-of-00004.safetensors"]))
+    pick = draw(st.integers(0, 10**6))
+    shard = draw(st.text(max_size=20) | st.sampled_from(["model-00001-of-00004.safetensors",
+                                                         "model-00003-of-00004.safetensors"]))
     whole = draw(st.none() | json_value)
 
     def change(folder: Path) -> None:
@@ -133,9 +133,8 @@ def header_change(draw):
 
 @st.composite
 def bytes_change(draw):
-    shard, where, kind = draw(st.integers(1,
-                                          4)), draw(st.integers(0,
-                                                                10**6)), draw(st.sampled_from(["flip", "cut", "append", "scale"]))
+    shard, where = draw(st.integers(1, 4)), draw(st.integers(0, 10**6))
+    kind = draw(st.sampled_from(["flip", "cut", "append", "scale"]))
     noise = draw(st.binary(min_size=1, max_size=16))
 
     def change(folder: Path) -> None:

@@ -48,7 +48,8 @@ def test_a_decode_steps_query_is_labelled_by_its_position():
     rows = [line for line in render(pictures.indexer_map(mask, weights)).splitlines() if line.startswith("  4 ")]
     assert len(rows) == 1 and rows[0].split()[:6] == ["4", "█", "×", "█", "█", "█"], rows
     assert rows[0].count(" 4 ") == 2, "the head's map labels the row by its position too"
-    assert "(the last, at position 4: 4), 4 of the 5 in the queries' past" in " ".join(render(pictures.indexer_map(mask, weights)).split())
+    drawn = " ".join(render(pictures.indexer_map(mask, weights)).split())
+    assert "(the last, at position 4: 4), 4 of the 5 in the queries' past" in drawn
 
 
 def test_tiled_weights_draw_the_same_picture_a_block_of_rows_at_a_time():

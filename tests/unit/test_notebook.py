@@ -57,8 +57,8 @@ def test_a_long_run_shows_its_first_steps_and_layers_within_the_width():
 
 def test_a_tensor_and_a_picture_show_as_in_the_terminal(run):
     view = run.show("layers.1.self_attn.k_pe")
-    expected = terminal(TensorRows(Console(file=io.StringIO()),
-                                   run.config).render(run.event("layers.1.self_attn.k_pe")))
+    rows = TensorRows(Console(file=io.StringIO()), run.config)
+    expected = terminal(rows.render(run.event("layers.1.self_attn.k_pe")))
     assert repr(view) == expected.rstrip("\n") and visible(view._repr_html_()).strip() == expected.strip()
     routing = run.picture("routing", "layers.1.mlp.gate.topk_idx")
     drawn = terminal(pictures.routing_map(run["layers.1.mlp.gate.topk_idx"], run["layers.1.mlp.gate.topk_weight"], 32))

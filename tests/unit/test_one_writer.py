@@ -52,9 +52,9 @@ def _mode(node: ast.Call) -> set[str]:
     """The characters of an open() call's mode (positional after the path, or mode=), when written out."""
     mode = next((k.value for k in node.keywords if k.arg == "mode"), None)
     if mode is None:
-        at = 1 if isinstance(node.func, ast.Name) or (isinstance(node.func, ast.Attribute) and
-                                                     isinstance(node.func.value,
-                                                                ast.Name) and node.func.value.id == "io") else 0
+        io_open = (isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name)
+                   and node.func.value.id == "io")
+        at = 1 if isinstance(node.func, ast.Name) or io_open else 0
         mode = node.args[at] if len(node.args) > at else None
     return set(mode.value) if isinstance(mode, ast.Constant) and isinstance(mode.value, str) else set()
 

@@ -7,7 +7,8 @@ What counts as a bound on wall time: a comparison of a clock reading (time.perf_
 monotonic(), time(), ..., or a name assigned from one) with a number of seconds between 0 and 30;
 a deadline made of a clock reading plus under 30 s; a `timeout=` under 30 s given to what waits
 (subprocess.run, communicate, wait, a barrier, a join, the pty helpers' read_until) or as the
-default of such a helper's parameter (a network client's timeout, retried, is not a bound); a hypothesis `deadline` under 30 s. What counts as reading the free memory:
+default of such a helper's parameter (a network client's timeout, retried, is not a bound); a hypothesis `deadline`
+under 30 s. What counts as reading the free memory:
 /proc/meminfo, MemAvailable, SC_AVPHYS_PAGES, psutil's virtual_memory(), and calling stepper's
 own available_bytes() or machine_room() (a test replaces them instead).
 """
