@@ -173,31 +173,12 @@ def fp8_command(
     stepper fp8 --int4 0x89ABCDEF  one packed word nibble by nibble
     """
     with user_errors():
-        if weight is None:
-            given = [f"--{o}" for o, value in (("model", model), ("block", block), ("seed", seed)) if value is not None]
-            if given:
-                raise StepperError(f"{', '.join(given)} only go{'es' if len(given) == 1 else ''} with --weight NAME")
-        elif code is not None:
-            raise StepperError("give a CODE or --weight NAME, not both")
-        elif int4:
-            raise StepperError("--int4 is for the INT4 codes or a word; --weight NAME shows whichever format the "
-                               "weight has")
+        check_fp8_options(code, weight, model, block, seed, int4)
         console = Console(no_color=plain, highlight=False, soft_wrap=True)
         if int4:
             int4_view(console, code, as_json)
-            return
-        if weight is not None and weight_dtype(weight, model or "tiny", seed or 0) == "INT4":
-            group = int4_group(weight, model or "tiny", parse_block(block or "0,0"), seed or 0)
-            if as_json:
-                print(json.dumps(int4_codes.group_record(group), allow_nan=False))
-            else:
-                int4_codes.render_group(console, group)
         elif weight is not None:
-            shown = fp8_block(weight, model or "tiny", parse_block(block or "0,0"), seed or 0)
-            if as_json:
-                print(json.dumps(fp8_codes.block_record(shown), allow_nan=False))
-            else:
-                fp8_codes.render_block(console, shown)
+            weight_view(console, weight, model or "tiny", parse_block(block or "0,0"), seed or 0, as_json)
         elif code is not None:
             byte = parse_code(code)
             if as_json:
@@ -208,6 +189,36 @@ def fp8_command(
             print(fp8_codes.table_json())
         else:
             fp8_codes.render_table(console)
+
+
+def check_fp8_options(code: str | None, weight: str | None, model: str | None, block: str | None, seed: int | None,
+                      int4: bool) -> None:
+    """The options of `stepper fp8` that go together: --model, --block and --seed only with --weight."""
+    if weight is None:
+        given = [f"--{o}" for o, value in (("model", model), ("block", block), ("seed", seed)) if value is not None]
+        if given:
+            raise StepperError(f"{', '.join(given)} only go{'es' if len(given) == 1 else ''} with --weight NAME")
+    elif code is not None:
+        raise StepperError("give a CODE or --weight NAME, not both")
+    elif int4:
+        raise StepperError("--int4 is for the INT4 codes or a word; --weight NAME shows whichever format the "
+                           "weight has")
+
+
+def weight_view(console: Console, weight: str, model: str, index: tuple[int, int], seed: int, as_json: bool) -> None:
+    """One INT4 group or one FP8 block of a weight, whichever format it is stored in."""
+    if weight_dtype(weight, model, seed) == "INT4":
+        group = int4_group(weight, model, index, seed)
+        if as_json:
+            print(json.dumps(int4_codes.group_record(group), allow_nan=False))
+        else:
+            int4_codes.render_group(console, group)
+        return
+    block = fp8_block(weight, model, index, seed)
+    if as_json:
+        print(json.dumps(fp8_codes.block_record(block), allow_nan=False))
+    else:
+        fp8_codes.render_block(console, block)
 
 
 def int4_view(console: Console, code: str | None, as_json: bool) -> None:

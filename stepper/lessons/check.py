@@ -288,21 +288,27 @@ def differing(mine: Any, ref: np.ndarray, *, rtol: float, exact: bool,
     if mine.shape != ref.shape:
         return [f"it returned shape {list(mine.shape)}, expected {list(ref.shape)}"], None
     if ref.dtype == np.bool_:
-        mine_b = mine.astype(bool)
-        bad = np.argwhere(mine_b != ref)
-        if bad.size:
-            i = tuple(int(j) for j in bad[0])
-            return [f"at {list(i)}: expected {ref[i]}, got {mine_b[i]} ({len(bad)} entries differ)"], i
-        return [], None
+        return first_unequal(mine.astype(bool), ref)
     if mine.dtype != ref.dtype:
         return [(f"it returned dtype {mine.dtype}, expected {ref.dtype}: the interpreter computes in "
                  f"{ref.dtype} (cast with .astype(np.{ref.dtype}) or use np.{ref.dtype} constants)")], None
     if np.issubdtype(ref.dtype, np.integer):
-        bad = np.argwhere(mine != ref)
-        if bad.size:
-            i = tuple(int(j) for j in bad[0])
-            return [f"at {list(i)}: expected {ref[i]}, got {mine[i]} ({len(bad)} entries differ)"], i
+        return first_unequal(mine, ref)
+    return float_difference(mine, ref, rtol=rtol, exact=exact, elementwise=elementwise)
+
+
+def first_unequal(mine: np.ndarray, ref: np.ndarray) -> tuple[list[str], tuple[int, ...] | None]:
+    """`differing` for booleans and integers: the first entry that is not equal."""
+    bad = np.argwhere(mine != ref)
+    if not bad.size:
         return [], None
+    i = tuple(int(j) for j in bad[0])
+    return [f"at {list(i)}: expected {ref[i]}, got {mine[i]} ({len(bad)} entries differ)"], i
+
+
+def float_difference(mine: np.ndarray, ref: np.ndarray, *, rtol: float, exact: bool,
+                     elementwise: bool) -> tuple[list[str], tuple[int, ...] | None]:
+    """`differing` for floats: NaN and infinities where the reference has them, then the tolerance."""
     m64, r64 = mine.astype(np.float64), ref.astype(np.float64)
     for what, test in (("NaN", np.isnan), ("+inf", np.isposinf), ("-inf", np.isneginf)):
         bad = np.argwhere(test(m64) != test(r64))

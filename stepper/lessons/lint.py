@@ -111,28 +111,32 @@ def template_errors(lesson: Lesson) -> list[str]:
             errors.append(str(e))
             continue
         for expr in found:
-            body, _ = split_spec(expr)
-            fact = FACT.fullmatch(body.strip())
             try:
-                if fact:
-                    if fact.group(1) not in facts.FACTS:
-                        raise StepperError(f"unknown fact '{fact.group(1)}'")
-                    if fact.group(4) and fact.group(4) not in ATTRIBUTES:
-                        raise StepperError(f"unknown attribute '.{fact.group(4)}'")
-                elif body.startswith("config."):
-                    config_value(preset("tiny"), body[len("config."):])
-                elif body.startswith("preset."):
-                    preset_value(body[len("preset."):])
-                elif body.startswith("run."):
-                    if body[len("run."):] not in RUN_FIELDS:
-                        raise StepperError(f"no run field '{body}'")
-                else:
-                    _, _, attr = tensor_name_split(body.strip())
-                    if attr is not None and attr not in ATTRIBUTES:
-                        raise StepperError(f"unknown attribute '.{attr}'")
+                check_placeholder(split_spec(expr)[0])
             except (StepperError, KeyError) as e:
                 errors.append(f"{{{expr}}}: {e}")
     return errors
+
+
+def check_placeholder(body: str) -> None:
+    """Raise when a placeholder's body (its format spec taken off) names nothing a lesson can show."""
+    fact = FACT.fullmatch(body.strip())
+    if fact:
+        if fact.group(1) not in facts.FACTS:
+            raise StepperError(f"unknown fact '{fact.group(1)}'")
+        if fact.group(4) and fact.group(4) not in ATTRIBUTES:
+            raise StepperError(f"unknown attribute '.{fact.group(4)}'")
+    elif body.startswith("config."):
+        config_value(preset("tiny"), body[len("config."):])
+    elif body.startswith("preset."):
+        preset_value(body[len("preset."):])
+    elif body.startswith("run."):
+        if body[len("run."):] not in RUN_FIELDS:
+            raise StepperError(f"no run field '{body}'")
+    else:
+        _, _, attr = tensor_name_split(body.strip())
+        if attr is not None and attr not in ATTRIBUTES:
+            raise StepperError(f"unknown attribute '.{attr}'")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -335,13 +335,18 @@ def _decode_json(raw: bytes, where: str) -> _Object:
         raise StepperError(f"{where}: header is not valid JSON ({what} at byte {e.pos} of the header)") from None
     except RecursionError:
         raise StepperError(f"{where}: header JSON is nested too deeply") from None
+    _check_header_object(header, where)
+    return header
+
+
+def _check_header_object(header: Any, where: str) -> None:
+    """The decoded header is one object, each key in it once."""
     if not isinstance(header, dict):
         raise StepperError(f"{where}: header must be a JSON object, found {_json_type(header)}")
     if header.repeated == METADATA_KEY:
         raise StepperError(f"{where}: {METADATA_KEY} appears twice in the header")
     if header.repeated is not None:
         raise StepperError(f"{where}: tensor {_quote(header.repeated)} appears twice in the header")
-    return header
 
 
 class _Object(dict):
@@ -383,16 +388,7 @@ def _parse_entry(name: str, entry: Any, where: str) -> TensorInfo:
         raise StepperError(f"{where}: a tensor has an empty name")
     if any(_is_control(c) for c in name):
         raise StepperError(f"{at}: its name holds a control character")
-    if not isinstance(entry, dict):
-        raise StepperError(f"{at}: entry must be an object with {', '.join(ENTRY_KEYS)}, found {_json_type(entry)}")
-    if getattr(entry, "repeated", None) is not None:
-        raise StepperError(f"{at}: key {_quote(entry.repeated)} appears twice in its entry")
-    for key in entry:
-        if key not in ENTRY_KEYS:
-            raise StepperError(f"{at}: unknown key {_quote(key)} (expected only {', '.join(ENTRY_KEYS)})")
-    for key in ENTRY_KEYS:
-        if key not in entry:
-            raise StepperError(f"{at}: missing key '{key}'")
+    _check_entry_keys(entry, at)
     dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
     if not isinstance(dtype, str) or dtype not in DTYPES:
         raise StepperError(f"{at}: unknown dtype {_show(dtype)} (expected one of {', '.join(DTYPES)})")
@@ -409,6 +405,20 @@ def _parse_entry(name: str, entry: Any, where: str) -> TensorInfo:
     info = TensorInfo(name, dtype, tuple(shape), start, end)
     _check_size(info, at)
     return info
+
+
+def _check_entry_keys(entry: Any, at: str) -> None:
+    """A tensor entry is an object with exactly the keys dtype, shape and data_offsets, each once."""
+    if not isinstance(entry, dict):
+        raise StepperError(f"{at}: entry must be an object with {', '.join(ENTRY_KEYS)}, found {_json_type(entry)}")
+    if getattr(entry, "repeated", None) is not None:
+        raise StepperError(f"{at}: key {_quote(entry.repeated)} appears twice in its entry")
+    for key in entry:
+        if key not in ENTRY_KEYS:
+            raise StepperError(f"{at}: unknown key {_quote(key)} (expected only {', '.join(ENTRY_KEYS)})")
+    for key in ENTRY_KEYS:
+        if key not in entry:
+            raise StepperError(f"{at}: missing key '{key}'")
 
 
 def _is_control(char: str) -> bool:

@@ -254,6 +254,22 @@ def _check_yarn(raw: dict[str, Any], cfg: DeepseekV3Config) -> None:
 _EXPERT_RE = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 
 
+def _expert_slice(targets: dict[str, torch.Tensor], prefix: str, e: int, proj: str) -> torch.Tensor | None:
+    """Expert e's gate, up or down weight inside the fused expert parameters; None when there is none."""
+    if prefix + "gate_up_proj" not in targets:
+        return None
+    gate_up = targets[prefix + "gate_up_proj"]  # [E, 2*inter, d] = cat(gate, up)
+    down = targets[prefix + "down_proj"]  # [E, d, inter]
+    inter = down.shape[2]
+    if not 0 <= e < gate_up.shape[0]:
+        return None
+    if proj == "gate_proj":
+        return gate_up[e, :inter]
+    if proj == "up_proj":
+        return gate_up[e, inter:]
+    return down[e]
+
+
 def build_hf_model(config: dict[str, Any], weights: dict[str, np.ndarray],
                    inv_freq: np.ndarray | None = None) -> DeepseekV3ForCausalLM:
     """Build the model and copy `weights` (HF checkpoint names) into it.
@@ -279,31 +295,16 @@ def build_hf_model(config: dict[str, Any], weights: dict[str, np.ndarray],
             src = torch.from_numpy(np.ascontiguousarray(np.asarray(arr, dtype=np.float32)))
             m = _EXPERT_RE.match(name)
             if m:
-                layer, e, proj = int(m.group(1)), int(m.group(2)), m.group(3)
-                prefix = f"model.layers.{layer}.mlp.experts."
-                if prefix + "gate_up_proj" not in targets:
+                prefix, e, proj = f"model.layers.{m.group(1)}.mlp.experts.", int(m.group(2)), m.group(3)
+                dst = _expert_slice(targets, prefix, e, proj)
+                if dst is None:
                     unknown.append(name)
                     continue
-                gate_up = targets[prefix + "gate_up_proj"]  # [E, 2*inter, d] = cat(gate, up)
-                down = targets[prefix + "down_proj"]  # [E, d, inter]
-                inter = down.shape[2]
-                if not 0 <= e < gate_up.shape[0]:
-                    unknown.append(name)
-                    continue
-                if proj == "gate_proj":
-                    dst = gate_up[e, :inter]
-                elif proj == "up_proj":
-                    dst = gate_up[e, inter:]
-                else:
-                    dst = down[e]
                 _copy(dst, src, name)
                 key = (prefix, e, proj)
                 expert_counts[key] = expert_counts.get(key, 0) + 1
                 continue
-            if name == "lm_head.weight" and name not in targets:  # tied embeddings
-                unknown.append(name)
-                continue
-            if name not in targets:
+            if name not in targets:  # also lm_head.weight where the embeddings are tied
                 unknown.append(name)
                 continue
             _copy(targets[name], src, name)
