@@ -12,7 +12,7 @@ the identity that readers check the file against.
 Folders are bounded by `trim`: least recently used files first, whole files at a time. No link
 in the cache folder is followed: one where a cached file, its ledger, the lock or the ledger
 folder belongs is refused in one line (and left); every write goes through `stepper.files`.
-`clear` removes only the cache's own files (those its ledgers name, the small files, the
+`clear` removes only the cache's own files (those its ledgers name, the small files as it wrote them, the
 ledgers) and the folders left empty, and returns what else it found.
 """
 
@@ -38,6 +38,7 @@ from stepper.weights.http_ranges import RangeClient
 
 LEDGERS = ".stepper"
 LOCK = "lock"
+WRITTEN = ".written"  # `.stepper/NAME.written`: "SIZE SHA256" of a small file stepper wrote whole (config.json...)
 MAX_FILE = 1 << 44  # 16 TiB: no checkpoint file is larger (nor can most file systems hold one)
 MAX_HEADER = 100_000_000  # the safetensors reader's limit
 
@@ -336,9 +337,10 @@ TEMPORARY = re.compile(r"\..+\.tmp-\d+-[0-9a-f]{8}")  # stepper.files' temporary
 
 def clear(target: Path, keep_target: bool = False) -> list[Path]:
     """Remove what stepper cached under target: in each checkpoint folder (one holding a ledger
-    folder) the files its ledgers name, config.json, the index and its absence marker, the ledgers
-    and the lock; then every folder left empty (target too, unless keep_target: the cache folder
-    itself, which the user may have made). Anything else stays, with the folders holding it: those
+    folder) the files its ledgers name, config.json and the index as stepper wrote them (a changed
+    one is the user's), the index's absence marker, the ledgers and the lock; then every folder
+    left empty (target too, unless keep_target: the cache folder itself, which the user may have
+    made). Anything else stays, with the folders holding it: those
     entries are returned."""
     for where, folders, names in os.walk(target):
         if LEDGERS in folders and files.kind(Path(where) / LEDGERS) == "folder":
@@ -355,14 +357,32 @@ def clear(target: Path, keep_target: bool = False) -> list[Path]:
 
 def clear_checkpoint(folder: Path, names: list[str]) -> None:
     ledger_folder = folder / LEDGERS
-    own = {"config.json", INDEX, f".{INDEX}.absent"}
+    own = {f".{INDEX}.absent"} | {name for name in ("config.json", INDEX) if written_whole(folder, name)}
     own |= {p.name.removesuffix(".json") for p in ledger_folder.iterdir() if p.name.endswith(".json")}
     for name in names:
         if name in own or TEMPORARY.fullmatch(name):
             remove_own(folder / name)
     for path in ledger_folder.iterdir():
-        if path.name.endswith(".json") or path.name == LOCK or TEMPORARY.fullmatch(path.name):
+        if path.name.endswith((".json", WRITTEN)) or path.name == LOCK or TEMPORARY.fullmatch(path.name):
             remove_own(path)
+
+
+def note_written(folder: Path, name: str, data: bytes) -> None:
+    """Record that stepper wrote folder/name whole with these bytes, so that `clear` removes it and
+    not a file a user put (or changed) there."""
+    record = f"{len(data)} {hashlib.sha256(data).hexdigest()}"
+    files.write_bytes_atomically(folder / LEDGERS / f"{name}{WRITTEN}", record.encode())
+
+
+def written_whole(folder: Path, name: str) -> bool:
+    """Whether folder/name holds the bytes stepper wrote there (note_written), unchanged."""
+    path, note = folder / name, folder / LEDGERS / f"{name}{WRITTEN}"
+    if files.kind(path) != "file" or files.kind(note) != "file" or note.stat().st_size > 100:
+        return False
+    size, _, digest = note.read_text(encoding="utf-8", errors="replace").partition(" ")
+    if not size.isdigit() or path.stat().st_size != int(size):  # read back only a file of the size written
+        return False
+    return hashlib.sha256(path.read_bytes()).hexdigest() == digest
 
 
 def remove_own(path: Path) -> None:

@@ -32,7 +32,7 @@ from stepper.errors import StepperError
 from stepper.untrusted import shown
 from stepper.untrusted.jsonfile import read_json
 from stepper.weights.checkpoint import INDEX, SCALE, SINGLE, Checkpoint, is_plain_shard_name
-from stepper.weights.fetch_cache import LEDGERS, CachedFile, trim
+from stepper.weights.fetch_cache import LEDGERS, CachedFile, note_written, trim
 from stepper.weights.http_ranges import RangeClient, Transfer, missing_extra
 from stepper.weights.names import EMBED, global_shapes, layer_shapes
 from stepper.weights.safetensors_reader import SafetensorsFile
@@ -251,6 +251,8 @@ def small_files(folder: Path, origin: Origin, client: RangeClient) -> None:
             raise StepperError(f"{shown(origin.url(name))}: no such file (404): not a checkpoint")
         try:
             files.write_bytes_atomically(absent if data is None else path, data or b"")
+            if data is not None:
+                note_written(folder, name, data)
         except OSError as e:
             raise StepperError(f"{shown(path)}: cannot be written ({e.strerror})") from None
 

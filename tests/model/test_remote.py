@@ -169,10 +169,10 @@ def test_the_command_line_runs_and_inspects_a_remote_checkpoint(folder, server, 
     env["HF_ENDPOINT"] = server.url  # the Hub's paths on the same server
     hub = stepper("run", "--plain", "--model", "hf://org/ck", "--layer", "1", "--only", "*k_pe")
     assert hub.returncode == 0, hub.stderr
+    # the same tensor, only the footer's cache note differs
     hub_rows = hub.stdout.split("layers.1.self_attn.k_pe", 1)[1]
     local_rows = done.stdout.split("layers.1.self_attn.k_pe", 1)[1]
     assert hub_rows == local_rows.replace(done.stdout.rsplit(" · ", 1)[1], hub.stdout.rsplit(" · ", 1)[1])
-    # the same tensor, only the footer's cache note differs
     authorized = [h for h in server.headers_seen if h.get("authorization")]
     assert authorized and all(h["authorization"] == "Bearer hf_secret_token_value" for h in authorized)
     shown = stepper("cache", "ls")

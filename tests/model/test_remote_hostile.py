@@ -113,6 +113,28 @@ def test_cache_clear_removes_stepper_files_and_leaves_the_users_naming_them(fold
                                            f"(notes.txt, {beside.relative_to(tmp_path / 'cache')})")
 
 
+def test_cache_clear_leaves_a_config_or_index_the_user_changed_or_put_there(folder, server, tmp_path):
+    """config.json and the index are the cache's only as it wrote them: one changed after the fetch,
+    or put in the folder before it, is the user's and stays (named); the unchanged ones go."""
+    url = f"{server.url}/ck/"
+    output(remote.open_remote(url, settings(tmp_path)))
+    cached = cache_folder(tmp_path, url)
+    assert (cached / ".stepper" / "config.json.written").is_file()
+    edited = (cached / "config.json").read_text().replace("{", '{"note": "mine", ', 1)
+    (cached / "config.json").write_text(edited)
+    out = cache_cli(tmp_path, "clear")
+    assert out.returncode == 0, out.stderr
+    left = sorted(p.relative_to(cached) for p in cached.rglob("*"))
+    assert left == [Path("config.json")] and (cached / "config.json").read_text() == edited
+    assert out.stdout.splitlines()[-1].endswith(f"({cached.relative_to(tmp_path / 'cache') / 'config.json'})")
+    # put there before the first fetch: used as the checkpoint's config, never written, so never removed
+    output(remote.open_remote(url, settings(tmp_path)))
+    assert not (cached / ".stepper" / "config.json.written").exists()
+    assert (cached / ".stepper" / f"{INDEX}.written").is_file()
+    assert cache_cli(tmp_path, "clear").returncode == 0
+    assert sorted(p.relative_to(cached) for p in cached.rglob("*")) == [Path("config.json")]
+
+
 def test_cache_clear_of_one_part_removes_it_whole_when_only_stepper_wrote_there(folder, server, tmp_path):
     url = f"{server.url}/ck/"
     output(remote.open_remote(url, settings(tmp_path)))
