@@ -31,16 +31,12 @@ cache_app = typer.Typer(
     help="The local cache of remote checkpoints (hf://ORG/NAME, https://HOST/PATH/): list or clear it.",
 )
 
-CacheDirOpt = Annotated[Path | None, typer.Option("--cache-dir", metavar="DIR", help="Where the bytes fetched of "
-                                                                                     "remote checkpoints are kept "
-                                                                                     "[default: $STEPPER_CACHE_DIR or "
-                                                                                     "~/.cache/stepper/remote].")]
-CacheMaxOpt = Annotated[float | None, typer.Option("--cache-max-gb", metavar="GiB", help="The most the cache keeps, "
-                                                                                         "in GiB (2**30 bytes); least "
-                                                                                         "recently used files go "
-                                                                                         "first [default: "
-                                                                                         "$STEPPER_CACHE_MAX_GB or "
-                                                                                         "100].")]
+CacheDirOpt = Annotated[Path | None, typer.Option("--cache-dir", metavar="DIR",
+    help="Where the bytes fetched of remote checkpoints are kept [default: $STEPPER_CACHE_DIR or "
+         "~/.cache/stepper/remote].")]
+CacheMaxOpt = Annotated[float | None, typer.Option("--cache-max-gb", metavar="GiB",
+    help="The most the cache keeps, in GiB (2**30 bytes); least recently used files go first [default: "
+         "$STEPPER_CACHE_MAX_GB or 100].")]
 
 
 def choose(cache_dir: Path | None, max_gb: float | None) -> None:

@@ -34,10 +34,9 @@ def synth_command(
                                                     "lm_head).")] = None,
     seed: SeedOpt = 0,
     force: Annotated[bool, typer.Option("--force", help="Replace DIR if it exists.")] = False,
-    layout: Annotated[str | None, typer.Option(metavar="LAYOUT", help="hf (Kimi K2, DeepSeek-V3) or kimi_k25 (Kimi "
-                                                                      "K2.5: the text model under language_model., a "
-                                                                      "small vision tower beside it) [default: as the "
-                                                                      "config says].")] = None,
+    layout: Annotated[str | None, typer.Option(metavar="LAYOUT",
+        help="hf (Kimi K2, DeepSeek-V3) or kimi_k25 (Kimi K2.5: the text model under language_model., a small vision "
+             "tower beside it) [default: as the config says].")] = None,
     quant: Annotated[str | None, typer.Option(metavar="|".join(QUANTS),
                                               help="How linear weights are stored: fp8 (128x128 "
                      "blocks, as Kimi K2 / DeepSeek-V3), int4 (experts in compressed-tensors pack-quantized INT4, "
@@ -147,9 +146,9 @@ def fp8_command(
     model: Annotated[str | None, typer.Option(metavar="NAME|DIR",
                                               help="With --weight: a preset (synthetic weights) or a checkpoint "
                                                    "directory [default: tiny].")] = None,
-    block: Annotated[str | None, typer.Option(metavar="R,C", help="With --weight: the block's row and column in the "
-                                                                  "weight's scale grid; for an INT4 weight its row "
-                                                                  "and group [default: 0,0].")] = None,
+    block: Annotated[str | None, typer.Option(metavar="R,C",
+        help="With --weight: the block's row and column in the weight's scale grid; for an INT4 weight its row and "
+             "group [default: 0,0].")] = None,
     int4: Annotated[bool, typer.Option("--int4",
                                        help="INT4 (compressed-tensors pack-quantized) instead of e4m3fn: the 16 "
                                             "codes, or CODE as one word.")] = False,

@@ -27,8 +27,8 @@ from stepper.untrusted import shown
 from stepper.views import diff as view
 from stepper.views.sinks import line_width, print_fitted
 
-SideArg = Annotated[str, typer.Argument(metavar="A", help="A --dump file, a fixture folder, or a run in quotes: 'run "
-                                                          "--attn naive' ('run': the default run).",
+SideArg = Annotated[str, typer.Argument(metavar="A",
+    help="A --dump file, a fixture folder, or a run in quotes: 'run --attn naive' ('run': the default run).",
                                                           show_default=False)]
 # The run options a side may give; the others (what a run shows, or where it writes) have no meaning here
 SIDE_OPTIONS = {"model", "layer", "layers", "ids", "prompt_len", "start_pos", "decode", "seed", "input_file", "attn",

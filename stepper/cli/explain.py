@@ -17,12 +17,10 @@ from stepper.views.tree import layer_tree
 
 
 def explain_command(
-    name: Annotated[str, typer.Argument(metavar="NAME", help="A tensor name (layers.1.self_attn.k_pe, k_pe), a glob "
-                                                             "('*gate*'), a word of names (topk), a checkpoint "
-                                                             "parameter (model.layers.1.self_attn.q_a_proj.weight: "
-                                                             "the tensors computed from it) or another "
-                                                             "implementation's name (kv_cmpr, "
-                                                             "model.layers.1.self_attn.kv_a_proj_with_mqa).",
+    name: Annotated[str, typer.Argument(metavar="NAME",
+        help="A tensor name (layers.1.self_attn.k_pe, k_pe), a glob ('*gate*'), a word of names (topk), a checkpoint "
+             "parameter (model.layers.1.self_attn.q_a_proj.weight: the tensors computed from it) or another "
+             "implementation's name (kv_cmpr, model.layers.1.self_attn.kv_a_proj_with_mqa).",
                                                              show_default=False)],
     model: ModelOpt = "tiny",
     plain: PlainOpt = False,

@@ -71,14 +71,12 @@ def export_command(
         "--index-scoring", metavar="exact|fp8",
         help="DeepSeek-V3.2's Lightning Indexer: exact (float32 scores) or fp8 (Hadamard-rotated FP8 q and k, as "
              "DeepSeek's inference code).")] = "exact",
-    weights_dtype: Annotated[str, typer.Option(metavar="fp8|bf16", help="How the fixture's weights are stored: fp8 "
-                                                                        "(as Kimi K2 / DeepSeek-V3 ship) or bf16 "
-                                                                        "(dequantized as fp8_cast_bf16.py "
-                                                                        "does).")] = "fp8",
-    weights_dir: Annotated[Path | None, typer.Option(metavar="DIR", help="Write the weights to DIR (shared by several "
-                                                                         "fixtures; if DIR exists it must hold the "
-                                                                         "same files) instead of "
-                                                                         "OUT_DIR/weights.")] = None,
+    weights_dtype: Annotated[str, typer.Option(metavar="fp8|bf16",
+        help="How the fixture's weights are stored: fp8 (as Kimi K2 / DeepSeek-V3 ship) or bf16 (dequantized as "
+             "fp8_cast_bf16.py does).")] = "fp8",
+    weights_dir: Annotated[Path | None, typer.Option(metavar="DIR",
+        help="Write the weights to DIR (shared by several fixtures; if DIR exists it must hold the same files) instead "
+             "of OUT_DIR/weights.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace OUT_DIR if it exists.")] = False,
     plain: PlainOpt = False,
 ) -> None:

@@ -49,34 +49,22 @@ DecodeOpt = Annotated[int, typer.Option(metavar="N", min=0,
 InputOpt = Annotated[Path | None, typer.Option("--input", metavar="FILE",
                                                help="Residual stream for --layer N: a safetensors file (e.g. a "
                                                     "--dump).")]
-AttnOpt = Annotated[str, typer.Option(metavar="naive|absorb|auto", help="Attention: naive (per-head keys and values), "
-                                                                        "absorb (over the latent cache), or auto "
-                                                                        "(naive prefill and absorbed decode where the "
-                                                                        "estimate is at most half the memory "
-                                                                        "available, else absorbed, as for a prefill "
-                                                                        "over a longer --cache-len cache; the run "
-                                                                        "says which and why).")]
-CacheLenOpt = Annotated[int, typer.Option(metavar="N", help="With --layer: start that layer's cache with N synthetic "
-                                                            "positions (seeded, with the statistics of real latents); "
-                                                            "the prompt follows them.")]
-IndexScoringOpt = Annotated[str, typer.Option("--index-scoring", metavar="exact|fp8", help="DeepSeek-V3.2's Lightning "
-                                                                                           "Indexer: exact (float32 "
-                                                                                           "scores, as transformers) "
-                                                                                           "or fp8 (Hadamard-rotated "
-                                                                                           "q and k in FP8 e4m3, as "
-                                                                                           "DeepSeek's inference "
-                                                                                           "code; the run also says "
-                                                                                           "how many of the exactly "
-                                                                                           "chosen positions it "
-                                                                                           "kept).")]
-ChunkOpt = Annotated[str | None, typer.Option(metavar="N|auto", help="Run the prefill N positions at a time, the "
-                                                                     "cache carrying the earlier ones (each tensor is "
-                                                                     "still shown once, whole, over every position; "
-                                                                     "each chunk runs twice, the second time for the "
-                                                                     "histograms); 0: the whole prompt at once; auto: "
-                                                                     "in chunks only where the whole prompt would not "
-                                                                     "fit in memory (the run says so).  [default: "
-                                                                     "auto]")]
+AttnOpt = Annotated[str, typer.Option(metavar="naive|absorb|auto",
+    help="Attention: naive (per-head keys and values), absorb (over the latent cache), or auto (naive prefill and "
+         "absorbed decode where the estimate is at most half the memory available, else absorbed, as for a prefill "
+         "over a longer --cache-len cache; the run says which and why).")]
+CacheLenOpt = Annotated[int, typer.Option(metavar="N",
+    help="With --layer: start that layer's cache with N synthetic positions (seeded, with the statistics of real "
+         "latents); the prompt follows them.")]
+IndexScoringOpt = Annotated[str, typer.Option("--index-scoring", metavar="exact|fp8",
+    help="DeepSeek-V3.2's Lightning Indexer: exact (float32 scores, as transformers) or fp8 (Hadamard-rotated q and k "
+         "in FP8 e4m3, as DeepSeek's inference code; the run also says how many of the exactly chosen positions it "
+         "kept).")]
+ChunkOpt = Annotated[str | None, typer.Option(metavar="N|auto",
+    help="Run the prefill N positions at a time, the cache carrying the earlier ones (each tensor is still shown once, "
+         "whole, over every position; each chunk runs twice, the second time for the histograms); 0: the whole prompt "
+         "at once; auto: in chunks only where the whole prompt would not fit in memory (the run says so).  [default: "
+         "auto]")]
 CacheOpt = Annotated[int, typer.Option(metavar="MB", min=0,
                                        help="Keep up to MB megabytes of decoded weights between decode steps.")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Overwrite an existing output file.")]

@@ -121,10 +121,9 @@ def test_a_lone_file_of_activations_has_no_scales_to_miss(tmp_path):
     write_shard(tmp_path / "weights.safetensors", tensors)  # a weight's name: its scales are demanded
     out = stepper("inspect", str(tmp_path / "weights.safetensors"), "--plain")
     assert out.returncode == 1
-    assert out.stdout.splitlines()[-1].strip() == ("! 'model.layers.0.self_attn.q_a_proj.weight_scale_inv' is "
-                                                   "missing: the "
-                                                   "F8_E4M3 weight 'model.layers.0.self_attn.q_a_proj.weight' needs "
-                                                   "its block scales")
+    assert out.stdout.splitlines()[-1].strip() == (
+        "! 'model.layers.0.self_attn.q_a_proj.weight_scale_inv' is missing: the F8_E4M3 weight "
+        "'model.layers.0.self_attn.q_a_proj.weight' needs its block scales")
 
 
 ESCAPES = "k2\x1b]0;pwned\x07\x1b[2J\r\x9b1m"

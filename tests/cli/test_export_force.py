@@ -73,9 +73,9 @@ def test_a_file_in_the_way_is_kept(tmp_path):
     afile = tmp_path / "afile"
     afile.write_text("keep me")
     done = export(afile, "--force")
-    assert done.exit_code == 2 and done.stderr == (f"stepper: error: {afile}: is a file, not a folder; stepper writes "
-                                                   "a new "
-                                                   "folder there (remove the file first)\n")
+    assert done.exit_code == 2 and done.stderr == (
+        f"stepper: error: {afile}: is a file, not a folder; stepper writes a new folder there "
+        "(remove the file first)\n")
     assert afile.read_text() == "keep me" and sorted(p.name for p in tmp_path.iterdir()) == ["afile", "mini.json"]
 
 
@@ -92,9 +92,9 @@ def test_a_link_in_the_way_is_named_as_a_link_and_not_followed(written, tmp_path
     link = tmp_path / "alink"
     link.symlink_to(written)  # a folder stepper wrote, behind a link: --force must not replace it through the link
     done = export(link, "--force")
-    assert done.exit_code == 2 and done.stderr == (f"stepper: error: {link}: is a link, not a folder; stepper writes "
-                                                   "a new "
-                                                   "folder there (remove the link first)\n")
+    assert done.exit_code == 2 and done.stderr == (
+        f"stepper: error: {link}: is a link, not a folder; stepper writes a new folder there "
+        "(remove the link first)\n")
     assert link.is_symlink() and snapshot(written) == before
 
 

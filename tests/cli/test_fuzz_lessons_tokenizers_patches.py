@@ -101,9 +101,9 @@ def test_a_format_width_past_the_bound_is_one_line(lesson_place):
     env = {"STEPPER_LESSONS_DIR": str(lesson_place / "lessons"), "STEPPER_DATA_DIR": str(lesson_place / "data")}
     out = stepper("lesson", "start", "fuzz", "--plain", "--workspace", str(lesson_place / "ws"), cwd=lesson_place,
                   env=env, stdin="q\n")
-    assert out.returncode == 2 and out.stderr == ("stepper: error: template {config.hidden_size:999999999}: format "
-                                                  "spec "
-                                                  "':999999999' has a width or precision past 100\n")
+    assert out.returncode == 2 and out.stderr == (
+        "stepper: error: template {config.hidden_size:999999999}: format spec ':999999999' has a width or precision "
+        "past 100\n")
 
 
 # -- tokenizer files ----------------------------------------------------------------------------

@@ -560,11 +560,10 @@ def test_a_whole_tensor_value_in_a_sentence_about_one_token_is_caught(tmp_path):
                         "min {layers.1.mlp.gate.scores.min:.3f}")  # as it was
     text = text.replace("For token 0, expert {fact.routed(layers.1, 0, 0, expert)}",
                         "For token 1, expert {fact.routed(layers.1, 0, 0, expert)}")
-    text = text.replace('explain = """\nOne row per token,', 'explain = """\nRow 3 of head 1 has '
-                                                             '{layers.1.mlp.gate.logits[3].max:.3f} and head 2 '
-                                                             '{layers.1.self_attn.attn_weights[0, 1, 3].sum}. The '
-                                                             'last token: {layers.1.mlp.gate.logits[0].max}. One row '
-                                                             'per token,')
+    text = text.replace('explain = """\nOne row per token,', (
+        'explain = """\nRow 3 of head 1 has {layers.1.mlp.gate.logits[3].max:.3f} and head 2 '
+        '{layers.1.self_attn.attn_weights[0, 1, 3].sum}. The last token: {layers.1.mlp.gate.logits[0].max}. '
+        'One row per token,'))
     toml.write_text(text)
     _, problems = subject_errors(load_lesson(folder))
     said = "\n".join(problems)

@@ -84,9 +84,9 @@ def test_a_file_raising_while_it_loads_is_one_line(tmp_path):
     path.write_text("import numpy as np\n\nnp.reshape(np.zeros(3), (2, 2))\n\n\ndef rms_norm(x, weight, eps):\n    "
                     "return x\n")
     out = stepper("run", "--plain", "--use", str(path))
-    assert out.returncode == 2 and out.stderr == (f"stepper: error: {path} line 3: loading it failed: ValueError: "
-                                                  "cannot "
-                                                  "reshape array of size 3 into shape (2,2)\n")
+    assert out.returncode == 2 and out.stderr == (
+        f"stepper: error: {path} line 3: loading it failed: ValueError: cannot reshape array of size 3 into shape "
+        "(2,2)\n")
     path.write_text("raise RuntimeError('one\\ntwo')\n")
     out = stepper("run", "--plain", "--use", str(path))
     assert out.stderr == f"stepper: error: {path} line 1: loading it failed: RuntimeError: one\\ntwo\n"
