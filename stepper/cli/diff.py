@@ -24,7 +24,7 @@ from stepper.lessons import overrides
 from stepper.planning.record import record, tensors
 from stepper.seams.patching import parse_patch
 from stepper.untrusted import shown
-from stepper.views import diff as view
+from stepper.views import diff_table
 from stepper.views.sinks import line_width, print_fitted
 
 SideArg = Annotated[str, typer.Argument(metavar="A",
@@ -59,12 +59,12 @@ def show(console: Console, found: Diff, changed: bool) -> None:
     listed = Diff(found.a, found.b, [r for r in found.rows if r.status != "same"] if changed else found.rows,
                   found.only_a, found.only_b)
     if listed.rows:
-        print_table(console, view.table(listed, console.width if console.is_terminal else None))
+        print_table(console, diff_table.table(listed, console.width if console.is_terminal else None))
         console.print()
-    growth = view.growth(found, line_width(console))
+    growth = diff_table.growth(found, line_width(console))
     growth.rstrip()
     print_fitted(console, growth, indent=2)
-    print_fitted(console, view.summary(found), indent=2)
+    print_fitted(console, diff_table.summary(found), indent=2)
 
 
 def side(which: str, text: str) -> tuple[dict[str, np.ndarray], str]:

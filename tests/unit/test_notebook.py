@@ -12,8 +12,7 @@ from rich.console import Console
 
 import stepper
 from stepper.errors import StepperError
-from stepper.views import diff as diff_view
-from stepper.views import notebook, pictures
+from stepper.views import diff_table, notebook, pictures
 from stepper.views.sinks import TensorRows
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,7 +80,7 @@ def test_a_diff_shows_its_rows_growth_and_first_difference(run):
                         patch=stepper.force_experts(2, [0, 1, 2, 3]))
     d = stepper.diff(run, other)
     shown = visible(d._repr_html_())
-    assert terminal(diff_view.render(d)).strip() == shown.strip() == terminal(d).strip()
+    assert terminal(diff_table.render(d)).strip() == shown.strip() == terminal(d).strip()
     assert "first difference: layers.2.mlp.gate.topk_idx" in shown and "differs from mlp.gate.topk_idx" in shown
     assert repr(d).startswith("<stepper.Diff 8 tensors: 6 same, 0 close, 2 differ; first difference "
                               "layers.2.mlp.gate.topk_idx")
