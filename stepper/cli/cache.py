@@ -67,10 +67,10 @@ def ls_command(plain: PlainOpt = False) -> None:
     """Each cached remote checkpoint: its files, the bytes kept, when last used."""
     with user_errors():
         root = remote.settings().cache_dir
-        held = fetch_cache.held(root)
+        entries = fetch_cache.cache_entries(root)
         console = Console(no_color=plain, highlight=False, markup=False, soft_wrap=True)
-        per_folder: dict[Path, list[fetch_cache.Held]] = {}
-        for h in held:
+        per_folder: dict[Path, list[fetch_cache.CacheEntry]] = {}
+        for h in entries:
             per_folder.setdefault(h.path.parent, []).append(h)
         table = Table(show_edge=False, pad_edge=False, header_style="bold", box=None)
         for column in ("checkpoint", "files", "kept", "last used"):
@@ -79,7 +79,7 @@ def ls_command(plain: PlainOpt = False) -> None:
             used = datetime.fromtimestamp(max(h.used for h in files)).strftime("%Y-%m-%d %H:%M")
             table.add_row(shown(folder.relative_to(root)), str(len(files)),
                           remote.human(sum(h.bytes for h in files)), used)
-        total = sum(h.bytes for h in held)
+        total = sum(h.bytes for h in entries)
         if per_folder:
             console.print(table)
         console.print(f"{remote.human(total)} kept in {shown(root)} (at most "
@@ -97,7 +97,7 @@ def clear_command(
     with user_errors():
         root = remote.settings().cache_dir
         target = root if checkpoint is None else cached_folder(root, checkpoint)
-        freed = sum(h.bytes for h in fetch_cache.held(target))
+        freed = sum(h.bytes for h in fetch_cache.cache_entries(target))
         left = fetch_cache.clear(target, keep_target=checkpoint is None)
         print(f"removed {remote.human(freed)} from {shown(target)}")
         if left:

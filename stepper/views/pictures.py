@@ -549,7 +549,7 @@ def routing_summary(load: np.ndarray, n_tokens: int, k: int, size: int) -> list[
 def histogram(array: Tensor, bins: int = 24, width: int = 40, title: str = "") -> RenderableType:
     """A horizontal-bar histogram of the finite values: per bin its range, a bar and the count.
 
-    Bins are those of np.histogram(finite values, bins), gathered a chunk at a time
+    Bins are those of np.histogram(finite values, bins), gathered a batch of values at a time
     (views.summary); NaN, +Inf and -Inf are counted in the caption, and the bin holding 0 is
     marked '← 0'.
     """

@@ -90,11 +90,11 @@ class Checkpoint:
     def row_blocks(self, name: str, rows: int) -> Iterator[Stored]:
         """Views of the mapped tensor, block by block; a block's pages are released once the next
         block is asked for, so reading all of lm_head (2.3 GB in BF16) keeps one block resident."""
-        held = self._stored_name(name)  # an INT4 lm_head: its packed words
-        shard = self.shard_of(held)
+        stored_name = self._stored_name(name)  # an INT4 lm_head: its packed words
+        shard = self.shard_of(stored_name)
         for block in self.stored(name).row_blocks(rows):
             yield block
-            shard.release(held)
+            shard.release(stored_name)
 
     def has(self, name: str) -> bool:
         return self._stored_name(name) in self.weight_map
@@ -105,9 +105,9 @@ class Checkpoint:
 
     def matrix(self, name: str):
         """A weight about to be multiplied: its pages are mapped in one go."""
-        held = self._stored_name(name)
-        if self.has(name) and self.shard_of(held).info(held).nbytes >= LARGE:
-            self.shard_of(held).prefetch(held)
+        stored_name = self._stored_name(name)
+        if self.has(name) and self.shard_of(stored_name).info(stored_name).nbytes >= LARGE:
+            self.shard_of(stored_name).prefetch(stored_name)
         return self.stored(name).matrix(name)
 
     def stored(self, name: str) -> Stored:

@@ -68,11 +68,11 @@ def missing(chunks: list[tuple[int, int]], start: int, end: int) -> list[tuple[i
     return gaps
 
 
-PIECE = 256 << 20  # the most one request asks for: a retry repeats at most this much
+REQUEST_BYTES = 256 << 20  # the most one request asks for: a retry repeats at most this much
 
 
-def pieces(start: int, end: int) -> list[tuple[int, int]]:
-    return [(a, min(a + PIECE, end)) for a in range(start, end, PIECE)]
+def request_spans(start: int, end: int) -> list[tuple[int, int]]:
+    return [(a, min(a + REQUEST_BYTES, end)) for a in range(start, end, REQUEST_BYTES)]
 
 
 class FileSink:
@@ -167,7 +167,7 @@ class CachedFile:
         self._check_cached(ranges)
         have = [(c.start, c.end) for c in self.chunks]
         gaps = [gap for start, end in ranges for gap in missing(have, start, end)]
-        for start, end in (piece for gap in gaps for piece in pieces(*gap)):
+        for start, end in (span for gap in gaps for span in request_spans(*gap)):
             self._fetch(start, end)
         self.client.transfer.cached += sum(b - a for a, b in ranges) - sum(b - a for a, b in gaps)
         self._save()
@@ -285,7 +285,7 @@ class CachedFile:
 
 
 @dataclass(frozen=True)
-class Held:
+class CacheEntry:
     """One cached file: where, how many bytes of it are present, when last used."""
 
     path: Path
@@ -301,14 +301,14 @@ def ledgers(root: Path) -> Iterator[Path]:
             yield from (Path(where) / name for name in sorted(names) if name.endswith(".json"))
 
 
-def held(root: Path) -> list[Held]:
+def cache_entries(root: Path) -> list[CacheEntry]:
     """Every cached file under root, with the bytes its ledger says are present."""
     found = []
     for ledger in ledgers(root):
         try:
             raw = json.loads(ledger.read_text(encoding="utf-8"))
             present = sum(int(b) - int(a) for a, b, _ in raw["chunks"])
-            found.append(Held(ledger.parent.parent / ledger.name.removesuffix(".json"), ledger, present,
+            found.append(CacheEntry(ledger.parent.parent / ledger.name.removesuffix(".json"), ledger, present,
                               float(raw["used"])))
         except (OSError, ValueError, KeyError, TypeError):
             continue
@@ -318,7 +318,7 @@ def held(root: Path) -> list[Held]:
 def trim(root: Path, max_bytes: int, keep: set[Path]) -> int:
     """Remove least recently used files (not those in keep) until root holds at most max_bytes;
     returns the bytes removed."""
-    cached = sorted(held(root), key=lambda h: h.used)
+    cached = sorted(cache_entries(root), key=lambda h: h.used)
     total, removed = sum(h.bytes for h in cached), 0
     for h in cached:
         if total - removed <= max_bytes:

@@ -186,11 +186,11 @@ def test_the_command_line_runs_and_inspects_a_remote_checkpoint(folder, server, 
     assert cleared.returncode == 0 and not any((tmp_path / "cache").rglob("*.safetensors"))
 
 
-def test_a_long_range_is_fetched_in_pieces_straight_into_the_file(folder, server, tmp_path, monkeypatch):
-    """No request asks for more than a piece, and the bytes arrive into the file, not memory."""
+def test_a_long_range_is_fetched_in_bounded_requests_straight_into_the_file(folder, server, tmp_path, monkeypatch):
+    """No request asks for more than REQUEST_BYTES, and the bytes arrive into the file, not memory."""
     from stepper.weights import fetch_cache
 
-    monkeypatch.setattr(fetch_cache, "PIECE", 1 << 16)
+    monkeypatch.setattr(fetch_cache, "REQUEST_BYTES", 1 << 16)
     got = tensors(SPEC, opened(f"{server.url}/ck/", tmp_path))
     asked = [tuple(map(int, r.removeprefix("bytes=").split("-"))) for _, r in server.requests if r]
     data = [(a, b) for a, b in asked if a not in (0, 8)]  # (a header is read whole, as the reader holds it)
