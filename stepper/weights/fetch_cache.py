@@ -195,13 +195,7 @@ class CachedFile:
     # -- the local file and its ledger -----------------------------------------------------------
 
     def _refuse_foreign(self) -> None:
-        """A link, folder or device where a cached file belongs is not the cache's: never followed."""
-        for path in (self.path, self.ledger_path):
-            found = files.kind(path)
-            if found not in (None, "file"):
-                raise StepperError(f"{shown(path)}: is a {found}, not a file stepper cached; stepper does not follow "
-                                   "or "
-                                   "remove it (remove it yourself, or use another --cache-dir)")
+        refuse_foreign(self.path, self.ledger_path)
 
     def _create(self) -> None:
         try:
@@ -292,6 +286,15 @@ class CacheEntry:
     ledger: Path
     bytes: int
     used: float
+
+
+def refuse_foreign(*paths: Path) -> None:
+    """A link, folder or device where a file of the cache belongs is not the cache's: never followed."""
+    for path in paths:
+        found = files.kind(path)
+        if found not in (None, "file"):
+            raise StepperError(f"{shown(path)}: is a {found}, not a file stepper cached; stepper does not follow or "
+                               "remove it (remove it yourself, or use another --cache-dir)")
 
 
 def ledgers(root: Path) -> Iterator[Path]:

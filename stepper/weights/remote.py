@@ -32,7 +32,7 @@ from stepper.errors import StepperError
 from stepper.untrusted import shown
 from stepper.untrusted.jsonfile import read_json
 from stepper.weights.checkpoint import INDEX, SCALE, SINGLE, Checkpoint, is_plain_shard_name
-from stepper.weights.fetch_cache import LEDGERS, CachedFile, note_written, trim
+from stepper.weights.fetch_cache import LEDGERS, CachedFile, note_written, refuse_foreign, trim
 from stepper.weights.http_ranges import RangeClient, Transfer, missing_extra
 from stepper.weights.names import EMBED, global_shapes, layer_shapes
 from stepper.weights.safetensors_reader import SafetensorsFile
@@ -69,26 +69,25 @@ def default_settings() -> Settings:
     return Settings(folder, max_bytes, timeout=positive_seconds("STEPPER_REMOTE_TIMEOUT", 30.0))
 
 
-def gib_bytes(what: str, raw: str | float) -> int:
-    """A size in GiB as bytes: a finite number above 0, else one line naming `what`."""
+def positive_number(what: str, raw: str | float, unit: str) -> float:
+    """A finite number above 0, else one line naming `what` and the unit it counts."""
     try:
         value = float(raw)
     except ValueError:
         value = -1.0
     if not 0 < value < float("inf"):
-        raise StepperError(f"{what} must be a number of GiB above 0, got {shown(str(raw))!r}")
-    return int(value * 2**30)
+        raise StepperError(f"{what} must be a number of {unit} above 0, got {shown(str(raw))!r}")
+    return value
+
+
+def gib_bytes(what: str, raw: str | float) -> int:
+    """A size in GiB as bytes."""
+    return int(positive_number(what, raw, "GiB") * 2**30)
 
 
 def positive_seconds(variable: str, default: float) -> float:
-    raw = os.environ.get(variable, "")
-    try:
-        value = float(raw) if raw else default
-    except ValueError:
-        value = -1.0
-    if not 0 < value < float("inf"):
-        raise StepperError(f"{variable} must be a number of seconds above 0, got {shown(raw)!r}")
-    return value
+    """The environment variable's number of seconds, or the default when it is not set."""
+    return positive_number(variable, os.environ.get(variable, "") or default, "seconds")
 
 
 _chosen: Settings | None = None
@@ -239,11 +238,7 @@ def small_files(folder: Path, origin: Origin, client: RangeClient) -> None:
     absent = folder / f".{INDEX}.absent"
     for name, required in (("config.json", True), (INDEX, False)):
         path = folder / name
-        for place in (path, absent):
-            found = files.kind(place)
-            if found not in (None, "file"):
-                raise StepperError(f"{shown(place)}: is a {found}, not a file stepper cached; stepper does not follow "
-                                   "or remove it (remove it yourself, or use another --cache-dir)")
+        refuse_foreign(path, absent)
         if files.kind(path) == "file" or (name == INDEX and files.kind(absent) == "file"):
             continue
         data = client.whole(origin.url(name), SMALL_FILE)

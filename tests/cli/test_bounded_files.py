@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers.cli import one_line, stepper
+from helpers.files import linked
 from helpers.malformed import read_shard, write_shard
 
 from stepper.presets import preset
@@ -23,19 +24,8 @@ def int4_dir(tmp_path_factory) -> Path:
                             tmp_path_factory.mktemp("b") / "c")
 
 
-def linked_copy(source: Path, folder: Path, *, but: str) -> Path:
-    """folder with links to every file of source but `but`, which is copied (to be changed)."""
-    folder.mkdir()
-    for file in source.iterdir():
-        if file.name == but:
-            (folder / but).write_bytes(file.read_bytes())
-        else:
-            (folder / file.name).symlink_to(file)
-    return folder
-
-
 def with_ignore(int4_dir: Path, folder: Path, entry: str) -> Path:
-    copy = linked_copy(int4_dir, folder, but="config.json")
+    copy = linked(int4_dir, folder, but={"config.json"}, copied=True)
     raw = json.loads((copy / "config.json").read_text())
     raw["quantization_config"]["ignore"].append(entry)
     (copy / "config.json").write_text(json.dumps(raw))
@@ -67,7 +57,7 @@ def test_a_pattern_whose_work_is_not_bounded_is_refused_before_it_runs(int4_dir,
 def with_tensor(int4_dir: Path, folder: Path, name: str, dtype: str, shape: list[int], data: bytes) -> Path:
     """The INT4 checkpoint with one tensor replaced (its shard copied, the rest linked)."""
     shard = json.loads((int4_dir / "model.safetensors.index.json").read_text())["weight_map"][name]
-    copy = linked_copy(int4_dir, folder, but=shard)
+    copy = linked(int4_dir, folder, but={shard}, copied=True)
     tensors = read_shard(copy / shard)
     tensors[name] = (dtype, shape, data)
     write_shard(copy / shard, tensors)

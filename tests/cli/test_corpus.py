@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.files import size_of
 from helpers.malformed import (
     CASES,
     DIR_CASES,
@@ -92,13 +93,6 @@ def measured(*args: str, traced: bool = False):
         assert ("Traceback" not in text
                 and not any(c < " " and c not in "\n\t" or c == "\x7f" for c in text)), (args, text)
     return done
-
-
-def size_of(path: Path) -> int:
-    """Bytes of a file, or of every file under a folder."""
-    if path.is_dir():
-        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-    return path.stat().st_size if path.is_file() else 0
 
 
 def one_line(stderr: str) -> str:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import tomllib
 from helpers.cli import ends_well, stepper
+from helpers.files import linked
 from helpers.malformed import changed_at, paths_of
 from helpers.tokenizer_files import write_tiktoken_model, write_tokenizer_json
 from hypothesis import HealthCheck, given, settings
@@ -138,10 +139,7 @@ def test_fuzzed_tokenizer_files(token_place, tmp_path_factory, data):
     changes = data.draw(st.lists(st.tuples(st.sampled_from(tokenizer_paths(sound)),
                                            TOKENIZER_VALUES | st.just(KeyError)),
                                  min_size=1, max_size=3))
-    copy_ = tmp_path_factory.mktemp("t")
-    for file in folder.iterdir():
-        if file.name != "tokenizer.json":
-            (copy_ / file.name).symlink_to(file)
+    copy_ = linked(folder, tmp_path_factory.mktemp("t"), but={"tokenizer.json"})
     (copy_ / "tokenizer.json").write_text(json.dumps(changed_at(sound, changes)))
     prompt = data.draw(st.text(min_size=1, max_size=20) | st.just("a" * 40))
     ends_well(stepper("run", "--model", str(copy_), "--prompt", prompt, "--plain", "--only", "embed"))
@@ -166,10 +164,7 @@ def test_fuzzed_kimi_tokenizer_files(kimi_place, tmp_path_factory, data):
     at = data.draw(st.integers(0, len(lines) - 1))
     lines[at:at + data.draw(st.integers(0, 2))] = data.draw(st.lists(kimi_lines, max_size=3))
     config = data.draw(st.just(None) | value.map(lambda v: {"added_tokens_decoder": v}) | value)
-    copy_ = tmp_path_factory.mktemp("k")
-    for file in kimi_place.iterdir():
-        if file.name not in ("tiktoken.model", "tokenizer_config.json"):
-            (copy_ / file.name).symlink_to(file)
+    copy_ = linked(kimi_place, tmp_path_factory.mktemp("k"), but={"tiktoken.model", "tokenizer_config.json"})
     (copy_ / "tiktoken.model").write_text("\n".join(lines) + "\n")
     if config is not None:
         (copy_ / "tokenizer_config.json").write_text(json.dumps(config))

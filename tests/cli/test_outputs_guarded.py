@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
-from helpers.cli import stepper
+from helpers.cli import refused, stepper
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
@@ -32,11 +32,6 @@ def candidate(tmp_path_factory) -> Path:
 
 def verify(candidate: Path, report: Path, *more: str):
     return stepper("fixtures", "verify", FIXTURE, candidate, "--allow-missing", "--plain", "--report", report, *more)
-
-
-def refused(out) -> str:
-    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "Traceback" not in out.stderr, out.stderr
-    return out.stderr.removeprefix("stepper: error: ").strip()
 
 
 def test_a_report_onto_a_users_file_is_refused_with_or_without_force(candidate, tmp_path):

@@ -49,6 +49,11 @@ def one_line(out: subprocess.CompletedProcess, code: int = 2) -> str:
     return lines[0]
 
 
+def refused(out: subprocess.CompletedProcess) -> str:
+    """The one line of a refusal (exit code 2), without its "stepper: error: " prefix."""
+    return one_line(out).removeprefix("stepper: error: ").strip()
+
+
 def ends_well(out: subprocess.CompletedProcess) -> None:
     """Exit 0 or 1 with a verdict, or 2 with one line; never a traceback."""
     assert "Traceback" not in out.stderr and "Traceback" not in out.stdout, out.stderr[-3000:]

@@ -10,7 +10,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from helpers.cli import stepper
-from helpers.files import reference_write
+from helpers.files import linked, reference_write
 from safetensors.numpy import load_file
 
 from stepper.errors import StepperError
@@ -66,11 +66,8 @@ def test_the_weight_cache_keeps_int4_experts_decoded(int4_dir):
 def rewritten(int4_dir: Path, folder: Path, change) -> Path:
     """A copy of the checkpoint with the expert's shard's tensors passed through change(dict)."""
     index = json.loads((int4_dir / "model.safetensors.index.json").read_text())
-    folder.mkdir()
-    for file in int4_dir.iterdir():
-        if file.name != index["weight_map"][EXPERT + "_packed"]:
-            (folder / file.name).symlink_to(file)
     shard = index["weight_map"][EXPERT + "_packed"]
+    linked(int4_dir, folder, but={shard})
     tensors = dict(load_file(int4_dir / shard))
     for name, value in list(tensors.items()):
         if name.endswith(("_scale", ".weight")):  # BF16, which safetensors.numpy gives as its bytes

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers.range_server import COMMIT
+from helpers.remote_cache import cache_settings
 
 from stepper.errors import StepperError
 from stepper.presets import preset
@@ -26,10 +27,6 @@ IDS = (5, 17, 3)
 SPEC = RunSpec(model="", layer=1, ids=IDS, start_pos=4100, decode=1)
 
 
-def settings(tmp_path: Path, timeout: float = 5.0) -> remote.Settings:
-    return remote.Settings(tmp_path / "cache", 2**40, timeout, pause=0.01)
-
-
 def tensors(spec: RunSpec, weights) -> dict[str, np.ndarray]:
     rec = Recorder()
     run(spec, [rec], weights)
@@ -37,7 +34,7 @@ def tensors(spec: RunSpec, weights) -> dict[str, np.ndarray]:
 
 
 def opened(url: str, tmp_path: Path, **kw) -> remote.RemoteCheckpoint:
-    return remote.open_remote(url, settings(tmp_path, **kw))
+    return remote.open_remote(url, cache_settings(tmp_path, **kw))
 
 
 def expected_bytes(folder: Path, layers: list[int], with_globals: bool, rows: int) -> int:
@@ -107,7 +104,7 @@ def test_the_hub_revision_is_resolved_once_to_a_commit(folder, server, tmp_path,
 @pytest.mark.parametrize("fault", ["500", "503", "429", "drop", "short", "bad-range", "stall"])
 def test_a_transient_fault_is_retried_and_nothing_wrong_is_kept(folder, server, tmp_path, fault):
     server.faults = [fault]
-    ckpt = remote.open_remote(f"{server.url}/ck/", settings(tmp_path, timeout=1.0))
+    ckpt = remote.open_remote(f"{server.url}/ck/", cache_settings(tmp_path, timeout=1.0))
     got = tensors(SPEC, ckpt)
     np.testing.assert_array_equal(got["decode0.layers.1.output"],
                                   tensors(SPEC, Checkpoint(folder))["decode0.layers.1.output"])
@@ -116,9 +113,9 @@ def test_a_transient_fault_is_retried_and_nothing_wrong_is_kept(folder, server, 
 
 def test_a_fault_that_persists_is_one_line_naming_the_file_and_range(folder, server, tmp_path):
     url = f"{server.url}/ck/"
-    remote.open_remote(url, settings(tmp_path))  # headers cached
+    remote.open_remote(url, cache_settings(tmp_path))  # headers cached
     server.faults = ["500"] * 20
-    ckpt = remote.open_remote(url, settings(tmp_path))
+    ckpt = remote.open_remote(url, cache_settings(tmp_path))
     with pytest.raises(StepperError) as e:
         tensors(SPEC, ckpt)
     message = str(e.value)
@@ -127,7 +124,7 @@ def test_a_fault_that_persists_is_one_line_naming_the_file_and_range(folder, ser
 
 
 def test_a_file_changed_on_the_server_between_reads_is_refused(folder, server, tmp_path):
-    ckpt = remote.open_remote(f"{server.url}/ck/", settings(tmp_path))
+    ckpt = remote.open_remote(f"{server.url}/ck/", cache_settings(tmp_path))
     server.etag_suffix = "-new"
     with pytest.raises(StepperError, match="the file changed on the server between two reads"):
         tensors(SPEC, ckpt)

@@ -21,6 +21,7 @@ if not os.environ.get("STEPPER_REQUIRE_CROSSCHECK"):
     pytest.importorskip("compressed_tensors")
 
 from helpers.compare import compare, rel_err
+from helpers.files import linked
 from helpers.hf_reference import hf_trace
 from helpers.kimi_int4 import write_kimi_int4
 
@@ -108,9 +109,7 @@ def test_transformers_own_loading_rounds_each_expert_weight_to_bf16(checkpoint, 
     from transformers import DeepseekV3ForCausalLM
 
     folder, _, exact = checkpoint
-    for file in folder.iterdir():
-        if file.name != "config.json":
-            (tmp_path / file.name).symlink_to(file)
+    linked(folder, tmp_path, but={"config.json"})
     config = folder.joinpath("config.json").read_text()
     (tmp_path / "config.json").write_text(config.replace('"kimi_k2"', '"deepseek_v3"'))
     model = DeepseekV3ForCausalLM.from_pretrained(str(tmp_path), dtype=torch.float32, attn_implementation="eager",

@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from helpers.files import size_of
 from helpers.malformed import INDEX_FILE, MINI_CONFIG, read_shard, write_shard
 from helpers.work import counted
 from hypothesis import HealthCheck, given, settings
@@ -194,11 +195,6 @@ def bounded(exercise, *paths: Path) -> None:
         exercise(*paths)
     assert (work.peak < ALLOCATED and work.read <= 2 * files + 64 * 1024
             and work.tensor_bytes <= TENSOR_READS * files), work
-
-
-def size_of(path: Path) -> int:
-    """Bytes of a file, or of every file under a folder."""
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else path.stat().st_size
 
 
 @SETTINGS
