@@ -132,13 +132,20 @@ def test_attention_made_in_tiles_inside_the_chunks(monkeypatch):
     monkeypatch.setattr(kernels, "WHOLE_SCORES", 64)  # every chunk's scores are made a tile at a time
     spec = RunSpec(model="tiny", layer=0, prompt_len=21, attn="naive")
     whole = recorded(spec)
+    made, make = [], Tiled.__init__
+
+    def noted(tiled, shape, *rest):
+        made.append(tuple(shape))
+        make(tiled, shape, *rest)
+    monkeypatch.setattr(Tiled, "__init__", noted)
     shown = recorded(RunSpec(**{**spec.__dict__, "chunk": 5}))
-    scores = shown["layers.0.self_attn.attn_scores"]
-    assert isinstance(scores, Chunked) and isinstance(scores.piece(0), Tiled) and scores.piece(0).shape == (1, 4, 5, 21)
+    assert isinstance(shown["layers.0.self_attn.attn_scores"], Chunked)
     for name in ("layers.0.self_attn.attn_scores", "layers.0.self_attn.attn_weights"):
         assert_same_figures(shown[name], np.asarray(shown[name]),
                             corners_to_round_off=True)  # the figures of its replayed chunks, put together
         assert_round_off(np.asarray(shown[name]), np.asarray(whole[name]), name)
+    # each chunk's scores and weights made a tile at a time, over at most 5 queries, never the whole prompt's 21
+    assert (1, 4, 5, 21) in made and {shape[2] for shape in made} <= {1, 5}, made
 
 
 def test_the_cache_after_a_chunked_prefill_equals_the_whole_prompts():
