@@ -122,8 +122,9 @@ def test_inspect_json_stats_equal_summary_stats_of_the_decoded_tensor(ckpt):
     assert kv["shape"] == [144, 320] and kv["nbytes"] == 144 * 320 and kv["problems"] == []
 
 
-def test_statistics_read_in_chunks_agree_with_the_whole_tensor(ckpt, monkeypatch):
-    monkeypatch.setattr(inspect_stats, "CHUNK", 1000)  # kv_a_proj: 2 chunks of whole FP8 row blocks; embedding: 334
+def test_statistics_read_in_row_batches_agree_with_the_whole_tensor(ckpt, monkeypatch):
+    # kv_a_proj: 2 batches of whole FP8 row blocks; embedding: 334
+    monkeypatch.setattr(inspect_stats, "BATCH_VALUES", 1000)
     source = inspect.open_source(ckpt)
     for tensor in inspect.collect(source, [KV, "model.embed_tokens.weight"], []):
         chunked = inspect_stats.tensor_stats(source, tensor, lambda n: None)
