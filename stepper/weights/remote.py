@@ -264,8 +264,7 @@ def shard_names(folder: Path, origin: Origin) -> list[str]:
     for tensor, shard in weight_map.items():
         if not isinstance(shard, str) or not is_plain_shard_name(shard):
             raise StepperError(f"{shown(origin.url(INDEX))}: tensor {shown(tensor)!r} points at shard "
-                               f"{shown(shard)!r}, "
-                               "expected a file name ending in .safetensors")
+                               f"{shown(shard)!r}, expected a file name ending in .safetensors")
     return sorted(set(weight_map.values()))
 
 

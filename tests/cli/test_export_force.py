@@ -50,8 +50,7 @@ def test_force_keeps_a_folder_holding_anything_else(written, intruder, named):
     done = export(written, "--force")
     assert done.exit_code == 2 and snapshot(written) == before
     assert done.stderr == (f"stepper: error: {written}: holds {named}; --force replaces only a fixture folder stepper "
-                           "wrote, "
-                           "so nothing there was touched\n")
+                           "wrote, so nothing there was touched\n")
 
 
 def test_force_keeps_a_manifest_of_another_format_and_a_plain_folder(written, tmp_path):

@@ -48,8 +48,7 @@ def test_auto_runs_naive_only_with_half_the_memory_available_to_spare():
     chosen, why = memory.choose_attn(plan, estimate, 2 * naive - 1)
     assert chosen.spec.attn == "absorb" and chosen.spec.prompt_len == 4096
     assert why == (f"--attn auto: absorbed throughout: naive the run would need about {memory.gib(naive)}, over half "
-                   "the "
-                   f"{memory.gib(2 * naive - 1)} available; absorbed it needs about {memory.gib(absorbed)}")
+                   f"the {memory.gib(2 * naive - 1)} available; absorbed it needs about {memory.gib(absorbed)}")
     assert memory.choose_attn(plan, estimate, naive)[0].spec.attn == "absorb"  # it fits, but not comfortably
 
 
@@ -63,8 +62,7 @@ def test_a_prefill_over_a_longer_synthetic_cache_runs_absorbed_whatever_the_memo
         chosen, why = memory.choose_attn(prepare(spec), estimate, available)
         assert chosen.spec.attn == "absorb"
         assert why == ("--attn auto: absorbed throughout: the prefill's 1 position attends over a cache of 131,000, "
-                       "as "
-                       f"a decode step does; naive it would need about {memory.gib(naive)}, absorbed it needs about "
+                       f"as a decode step does; naive it would need about {memory.gib(naive)}, absorbed it needs about "
                        f"{memory.gib(absorbed)}")
 
 
