@@ -10,6 +10,7 @@ from helpers.configs import config_with
 from helpers.untouched import Guard
 
 from stepper.kernels import parallel
+from stepper.planning import memory
 
 
 def pytest_configure(config):
@@ -41,6 +42,17 @@ def default_folders(tmp_path_factory):
     yield home
     for k, v in saved.items():
         os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+
+
+ROOM = 16 * 2**30  # the memory every test's run is told it may use
+
+
+@pytest.fixture(autouse=True)
+def fixed_room(monkeypatch):
+    """Runs in the test process see a fixed amount of free memory, never the machine's (which other
+    work on the machine moves: a lesson's 2 MiB run was once refused with "0 B available"). A test
+    about the memory check sets its own figure over this one."""
+    monkeypatch.setattr(memory, "available_bytes", lambda: ROOM)
 
 
 @pytest.fixture(autouse=True)
