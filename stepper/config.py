@@ -155,8 +155,11 @@ class Config:
 
     @classmethod
     def from_hf(cls, raw: dict[str, Any], name: str = "config.json") -> Config:
-        """Read an HF config.json dict (model_type deepseek_v3 or kimi_k2) and validate it."""
-        return _parse(raw, name)
+        """Read an HF config.json dict and validate it, by the family its model_type names
+        (stepper.families): this class for the MLA family, a family's own config class otherwise."""
+        from stepper import families  # the registry's families import this module
+
+        return families.read_config(raw, name)
 
     def to_hf(self) -> dict[str, Any]:
         """The config.json dict an HF checkpoint of this model carries (DeepseekV3 field names)."""
@@ -250,6 +253,11 @@ class _Fields:
         if default is ...:
             raise self.fail(field, "is missing")
         return default
+
+
+def read_mla_config(raw: dict[str, Any], source: str) -> Config:
+    """The MLA family's reader (families.deepseek): a config.json of MODEL_TYPES or its wrapper."""
+    return _parse(raw, source)
 
 
 def _parse(raw: dict[str, Any], source: str) -> Config:

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from stepper import families  # the registry: which decoder layer a config's family runs
 from stepper.config import Config
 from stepper.kernels.linear import linear_in_row_blocks
 from stepper.model.cache import KVCache
-from stepper.model.layer import decoder_layer
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.ops import rms_norm
+from stepper.model.options import LayerOptions
 from stepper.model.rope import Rope, rope_inv_freq, rope_tables, yarn_mscale
 from stepper.seams.trace import Emitter
 from stepper.weights.source import WeightSource
@@ -41,6 +42,7 @@ class Transformer:
         self.dispatch = dispatch  # how MoE layers run their routed experts (see model.moe)
         self.index_scoring = index_scoring  # how DeepSeek-V3.2's indexer scores: "exact" or "fp8" (model.indexer)
         self.config: Config = weights.config
+        self.decoder_layer = families.family_for(self.config).decoder_layer
         self.scratch: dict = {}  # float32 memory the layers decode weights into, and what it holds (LayerWeights.float32)
         cfg = self.config
         yarn = cfg.rope_scaling
@@ -68,11 +70,12 @@ class Transformer:
     def layer(
         self, i: int, hidden: np.ndarray, rope: Rope, cache: KVCache | None, emit: Emitter, attn: str = "naive"
     ) -> np.ndarray:
-        """Decoder layer i on the residual stream [B, T, d], with attn "naive" or "absorb"."""
+        """Decoder layer i (its family's decoder layer) on the residual stream [B, T, d], with attn
+        "naive" or "absorb"."""
         layer_cache = None if cache is None else cache.layers[i]
-        w = LayerWeights(self.weights, i, self.scratch)
-        return decoder_layer(hidden, w, self.config, rope, layer_cache, emit.layer(i), attn, self.dispatch,
-                             self.index_scoring)
+        w = LayerWeights(self.weights, i, self.scratch, rope)
+        options = LayerOptions(attention=attn, index_scoring=self.index_scoring, dispatch=self.dispatch)
+        return self.decoder_layer(hidden, w, layer_cache, options, emit.layer(i))
 
     def start(self, ids: np.ndarray, positions: np.ndarray, emit: Emitter) -> tuple[np.ndarray, Rope]:
         """The embedding [B, T, d] of ids [B, T] and the rotary tables of positions [T]."""
