@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from stepper.families import family_for
+from stepper import families  # (the registry's modules import the catalogue, which imports this)
 from stepper.families.family import Family
 from stepper.model.cache import KVCache
 from stepper.model.options import LayerOptions
@@ -31,7 +31,7 @@ class Emitted:
 def layer_emits(cfg: Any, layer: int, options: LayerOptions = DEFAULT, step: str = "prefill") -> tuple[Emitted, ...]:
     """The tensors layer `layer` of cfg emits, in order, with these options, in a prefill
     (step "prefill") or a decode step after it ("decode")."""
-    family = family_for(cfg)
+    family = families.family_for(cfg)
     prefill, decode = recorded(family, family.miniature(cfg, layer), options)
     return prefill if step == "prefill" else decode
 
