@@ -9,9 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from helpers.cli import one_line, stepper
 from made_up import tempered  # tests/model/made_up: pytest puts this test's folder on sys.path
+
 from stepper import catalog, families
 from stepper import run as stepper_run
 from stepper.config import load_config
