@@ -11,6 +11,8 @@ one layer's largest weight at a time.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from stepper import families  # the registry: which decoder layer a config's family runs
@@ -19,7 +21,7 @@ from stepper.kernels.linear import linear_in_row_blocks
 from stepper.model.cache import KVCache
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.ops import rms_norm
-from stepper.model.options import LayerOptions
+from stepper.model.options import Dispatch, IndexScoring, LayerOptions
 from stepper.model.rope import Rope, rope_inv_freq, rope_tables, yarn_mscale
 from stepper.seams.trace import Emitter
 from stepper.weights.source import WeightSource
@@ -37,10 +39,10 @@ def lm_head(hidden: np.ndarray, weights: WeightSource, rows: int = HEAD_ROWS) ->
 
 
 class Transformer:
-    def __init__(self, weights: WeightSource, dispatch: str = "grouped", index_scoring: str = "exact"):
+    def __init__(self, weights: WeightSource, dispatch: Dispatch = "grouped", index_scoring: IndexScoring = "exact"):
         self.weights = weights
-        self.dispatch = dispatch  # how MoE layers run their routed experts (see model.moe)
-        self.index_scoring = index_scoring  # how DeepSeek-V3.2's indexer scores: "exact" or "fp8" (model.indexer)
+        # how MoE layers run their routed experts (model.moe) and DeepSeek-V3.2's indexer scores (model.indexer)
+        self.options = LayerOptions(dispatch=dispatch, index_scoring=index_scoring)
         self.config: Config = weights.config
         self.decoder_layer = families.family_for(self.config).decoder_layer
         self.scratch: dict = {}  # float32 memory the layers decode weights into, and what it holds (LayerWeights.float32)
@@ -53,6 +55,14 @@ class Transformer:
         self.softmax_scale = cfg.qk_head_dim**-0.5
         if yarn is not None and yarn.mscale_all_dim:
             self.softmax_scale *= yarn_mscale(yarn.factor, yarn.mscale_all_dim) ** 2
+
+    @property
+    def dispatch(self) -> str:
+        return self.options.dispatch
+
+    @property
+    def index_scoring(self) -> str:
+        return self.options.index_scoring
 
     def embed(self, ids: np.ndarray) -> np.ndarray:
         """ids [B, T] -> [B, T, d], reading only the rows of these tokens."""
@@ -74,7 +84,7 @@ class Transformer:
         "naive" or "absorb"."""
         layer_cache = None if cache is None else cache.layers[i]
         w = LayerWeights(self.weights, i, self.scratch, rope)
-        options = LayerOptions(attention=attn, index_scoring=self.index_scoring, dispatch=self.dispatch)
+        options = dataclasses.replace(self.options, attention=attn)
         return self.decoder_layer(hidden, w, layer_cache, options, emit.layer(i))
 
     def start(self, ids: np.ndarray, positions: np.ndarray, emit: Emitter) -> tuple[np.ndarray, Rope]:
