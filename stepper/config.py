@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -155,11 +156,9 @@ class Config:
 
     @classmethod
     def from_hf(cls, raw: dict[str, Any], name: str = "config.json") -> Config:
-        """Read an HF config.json dict and validate it, by the family its model_type names
-        (stepper.families): this class for the MLA family, a family's own config class otherwise."""
-        from stepper import families  # the registry's families import this module
-
-        return families.read_config(raw, name)
+        """Read an HF config.json dict of the MLA family (MODEL_TYPES or its wrapper) and validate
+        it. A config.json of any registered family: stepper.families.read_config."""
+        return _parse(raw, name)
 
     def to_hf(self) -> dict[str, Any]:
         """The config.json dict an HF checkpoint of this model carries (DeepseekV3 field names)."""
@@ -194,13 +193,19 @@ class Config:
         return out
 
 
-def load_config(path: str | Path) -> Config:
-    """Read and validate a config.json file."""
+def read_mla_config(raw: dict[str, Any], source: str) -> Config:
+    """The MLA family's reader (families.deepseek): a config.json of MODEL_TYPES or its wrapper."""
+    return _parse(raw, source)
+
+
+def load_config(path: str | Path, read: Callable[[dict[str, Any], str], Any] = read_mla_config) -> Any:
+    """Read and validate a config.json file with a family's reader (the MLA family's unless given:
+    stepper.families.load_config reads any registered family's)."""
     path = Path(path)
     raw = read_json(path, "a config.json")  # a key given twice, or NaN, is refused naming it
     if not isinstance(raw, dict):
         raise StepperError(f"{path}: expected a JSON object, found {type(raw).__name__}")
-    return Config.from_hf(raw, str(path))
+    return read(raw, str(path))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -253,11 +258,6 @@ class _Fields:
         if default is ...:
             raise self.fail(field, "is missing")
         return default
-
-
-def read_mla_config(raw: dict[str, Any], source: str) -> Config:
-    """The MLA family's reader (families.deepseek): a config.json of MODEL_TYPES or its wrapper."""
-    return _parse(raw, source)
 
 
 def _parse(raw: dict[str, Any], source: str) -> Config:

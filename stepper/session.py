@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from stepper import prefill
-from stepper.config import Config, load_config
+from stepper import families, prefill
+from stepper.config import Config
 from stepper.errors import StepperError
 from stepper.kernels.weight_cache import CachedWeights
 from stepper.model import KVCache, Transformer, synthetic_cache
@@ -96,10 +96,10 @@ def load_model(model: str, seed: int) -> WeightSource:
     path = Path(model)
     if path.is_dir():
         if (path / "config.json").exists() and not any(path.glob("*.safetensors")) and not (path / INDEX).exists():
-            return SyntheticWeights(load_config(path / "config.json"), seed)
-        return Checkpoint(path)
+            return SyntheticWeights(families.load_config(path / "config.json"), seed)
+        return Checkpoint(path, families.load_config)
     if path.is_file():
-        return SyntheticWeights(load_config(path), seed)
+        return SyntheticWeights(families.load_config(path), seed)
     raise StepperError(
         f"unknown model '{model}': expected one of {', '.join(PRESETS)}, a checkpoint directory or a config.json"
     )
@@ -304,7 +304,7 @@ def run(spec: RunSpec, sinks: Iterable[Sink], weights: WeightSource | None = Non
 def execute(plan: Plan, sinks: Iterable[Sink]) -> RunResult:
     """Run the prefill and `spec.decode` decode steps, emitting to `sinks`."""
     spec, cfg = plan.spec, plan.config
-    model = Transformer(plan.weights, index_scoring=spec.index_scoring)
+    model = Transformer(plan.weights, index_scoring=spec.index_scoring, layer=families.family_for(cfg).decoder_layer)
     emit = Emitter(sinks)
     cache = KVCache(cfg.num_hidden_layers)
     ids = np.array([plan.prompt], dtype=np.int64)  # [B=1, T]
@@ -347,7 +347,7 @@ def chunked_model(plan: Plan, model: Transformer) -> Transformer:
     copy, which rounds differently; so the prefill reads the weights as stored, as a whole
     prompt's prefill (every weight's first use) does."""
     if isinstance(plan.weights, CachedWeights):
-        return Transformer(plan.weights.source, model.dispatch, model.index_scoring)
+        return Transformer(plan.weights.source, model.dispatch, model.index_scoring, model.decoder_layer)
     return model
 
 

@@ -18,10 +18,10 @@ from functools import cache, cached_property
 from importlib.abc import Traversable
 from typing import Any
 
+from stepper import families
 from stepper.catalog import texts
 from stepper.config import Config
 from stepper.families import derive
-from stepper.model.options import LayerOptions
 
 RUNTIME = "runtime"
 SCOPE = re.compile(r"^(?:prefill\.|decode\d+\.)?(?:layers\.\d+\.)?")
@@ -114,8 +114,7 @@ class Catalog:
         """The entries one layer emits, in execution order, for this config, attention (naive or
         absorb) and index scoring (exact or fp8): the names the model emits (families.derive),
         each with its entry (a name with none gets a bare one, which the catalogue tests refuse)."""
-        options = LayerOptions(attention=attn, index_scoring=index_scoring)
-        return [self.entry(key) or uncatalogued(key) for key in derive.layer_keys(cfg, layer, options)]
+        return [self.entry(key) or uncatalogued(key) for key in derive.layer_keys(cfg, layer, attn, index_scoring)]
 
     def run_names(self, cfg: Config, steps: Sequence[tuple[str | None, str]], layers: Iterable[int],
                   start: Sequence[str] = (), end: Sequence[str] = (), index_scoring: str = "exact") -> list[str]:
@@ -187,8 +186,6 @@ def format_shape(dims: list[Dim]) -> str:
 
 def load() -> Catalog:
     """The catalogue of every registered family's parts (stepper.families)."""
-    from stepper import families  # the families' modules import the model, which imports this
-
     return merged(tuple(dict.fromkeys(part for family in families.registry() for part in family.parts)))
 
 

@@ -3,14 +3,19 @@
 `FAMILIES` is the tuple of the families shipped; `registered(family)` adds one for the length of
 a `with` block (a test's made-up family, a notebook's experiment), nothing else changes it, and
 importing this package registers nothing by side effect. Reading a config.json dispatches on its
-model_type through `family_of`; the model, the weight names and the catalogue ask the same."""
+model_type (`read_config`, `load_config`); a run asks `family_for(cfg)` for the decoder layer,
+the catalogue for the part files and `derive` for what a layer emits. The room sits above the
+model, the weights and the config reader, which know nothing of it, and below the catalogue and
+a run (docs/design-notes.md)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
+from stepper import config
 from stepper.errors import StepperError
 from stepper.families import deepseek
 from stepper.families.family import Family
@@ -49,6 +54,11 @@ def read_config(raw: dict[str, Any], source: str) -> Any:
         got = "is missing" if model_type is None else f"got {model_type!r}"
         raise StepperError(f"{source}: field 'model_type' must be one of {', '.join(model_types())}, {got}")
     return family.read_config(raw, source)
+
+
+def load_config(path: str | Path) -> Any:
+    """A config.json file's config, read by the family its model_type names."""
+    return config.load_config(path, read_config)
 
 
 @contextmanager

@@ -10,7 +10,6 @@ from importlib import resources
 from stepper.config import Config, read_mla_config
 from stepper.families.family import Family
 from stepper.model.layer import decoder_layer
-from stepper.weights.names import mla_layer_shapes
 
 PARTS = ("model", "residual", "mla_attention", "mlp", "router", "router_sigmoid", "router_noaux_tc", "router_groups",
          "moe", "router_softmax", "router_group_limited", "indexer", "index_fp8")  # the catalogue lists (and finds) in this order
@@ -45,6 +44,5 @@ FAMILY = Family(
     read_config=read_mla_config,
     decoder_layer=decoder_layer,
     parts=part_files(PARTS),
-    layer_shapes=mla_layer_shapes,
     miniature=miniature,
 )

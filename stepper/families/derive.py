@@ -12,11 +12,13 @@ from typing import Any
 
 import numpy as np
 
-from stepper import families  # (the registry's modules import the catalogue, which imports this)
+from stepper import families
 from stepper.families.family import Family
 from stepper.model.cache import KVCache
-from stepper.model.options import LayerOptions
+from stepper.model.options import Attention, IndexScoring, LayerOptions
+from stepper.model.transformer import Transformer
 from stepper.seams.trace import Emitter, Recorder
+from stepper.weights.synthetic import SyntheticWeights
 
 DEFAULT = LayerOptions()
 PREFILL = 2  # positions of the miniature's prefill; a decode step of one follows
@@ -36,18 +38,16 @@ def layer_emits(cfg: Any, layer: int, options: LayerOptions = DEFAULT, step: str
     return prefill if step == "prefill" else decode
 
 
-def layer_keys(cfg: Any, layer: int, options: LayerOptions = DEFAULT) -> list[str]:
-    return [e.key for e in layer_emits(cfg, layer, options)]
+def layer_keys(cfg: Any, layer: int, attention: Attention = "naive", index_scoring: IndexScoring = "exact") -> list[str]:
+    """The names layer `layer` of cfg emits, in order, on this attention path and index scoring."""
+    return [e.key for e in layer_emits(cfg, layer, LayerOptions(attention=attention, index_scoring=index_scoring))]
 
 
 @lru_cache(maxsize=512)
 def recorded(family: Family, mini: Any, options: LayerOptions) -> tuple[tuple[Emitted, ...], tuple[Emitted, ...]]:
     """Run the miniature's layer 0: a prefill of PREFILL positions, then one decode step.
     -> what each step emitted, in order"""
-    from stepper.model.transformer import Transformer  # the model imports the registry
-    from stepper.weights.synthetic import SyntheticWeights
-
-    model = Transformer(SyntheticWeights(mini, seed=0), options.dispatch, options.index_scoring)
+    model = Transformer(SyntheticWeights(mini, seed=0), options.dispatch, options.index_scoring, family.decoder_layer)
     cache = KVCache(1)
     hidden = np.random.default_rng(0).standard_normal((1, PREFILL + 1, mini.hidden_size), dtype=np.float32)  # [B, T, d]
     steps = []

@@ -1,7 +1,8 @@
 """What a family of models is to stepper: the one record that says how its config.json is read,
 which function computes one decoder layer, which catalogue part files explain what that layer
-emits, the names and shapes of its layers' weights on disk, and a miniature of its config that
-takes the same branches (from which `families.derive` learns what a layer emits)."""
+emits, and a miniature of its config that takes the same branches (from which `families.derive`
+learns what a layer emits). The names and shapes of its layers' weights on disk are its config
+class's to say (a `layer_shapes(layer)` method; weights.names, MLA's names without one)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,9 @@ from dataclasses import dataclass
 from importlib.abc import Traversable
 from typing import Any
 
-import numpy as np
+from stepper.model.layer import DecoderLayer
 
 ReadConfig = Callable[[dict[str, Any], str], Any]  # (config.json's dict, where it came from) -> a frozen config
-# (residual stream [B, T, d], the layer's weights (cfg and rope on them), its cache, the options, the emitter) -> [B, T, d]
-DecoderLayer = Callable[..., np.ndarray]
-LayerShapes = Callable[[Any, int], dict[str, tuple[int, ...]]]  # (config, layer) -> full tensor name -> shape
 Miniature = Callable[[Any, int], Any]  # (config, layer) -> a tiny one-layer config whose layer 0 branches as `layer` does
 
 
@@ -26,5 +24,4 @@ class Family:
     read_config: ReadConfig
     decoder_layer: DecoderLayer
     parts: tuple[Traversable, ...]  # catalogue part files (JSON): the entries of every tensor the layer emits
-    layer_shapes: LayerShapes
     miniature: Miniature

@@ -3,6 +3,8 @@ In DeepSeek-V3.2 the Lightning Indexer runs first and hands attention its mask."
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from stepper.model.attention import mla_attention
@@ -14,6 +16,10 @@ from stepper.model.moe import moe
 from stepper.model.ops import rms_norm
 from stepper.model.options import LayerOptions
 from stepper.seams.trace import Emitter
+
+# What a family's decoder layer is: (residual stream [B, T, d], the layer's weights (config and rope
+# on them), its cache, the run's options, the emitter) -> the residual stream [B, T, d]
+DecoderLayer = Callable[[np.ndarray, LayerWeights, LayerCache | None, LayerOptions, Emitter], np.ndarray]
 
 
 def decoder_layer(hidden: np.ndarray, w: LayerWeights, cache: LayerCache | None, options: LayerOptions,

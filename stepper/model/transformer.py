@@ -15,10 +15,10 @@ import dataclasses
 
 import numpy as np
 
-from stepper import families  # the registry: which decoder layer a config's family runs
 from stepper.config import Config
 from stepper.kernels.linear import linear_in_row_blocks
 from stepper.model.cache import KVCache
+from stepper.model.layer import DecoderLayer, decoder_layer
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.ops import rms_norm
 from stepper.model.options import Dispatch, IndexScoring, LayerOptions
@@ -39,12 +39,13 @@ def lm_head(hidden: np.ndarray, weights: WeightSource, rows: int = HEAD_ROWS) ->
 
 
 class Transformer:
-    def __init__(self, weights: WeightSource, dispatch: Dispatch = "grouped", index_scoring: IndexScoring = "exact"):
+    def __init__(self, weights: WeightSource, dispatch: Dispatch = "grouped", index_scoring: IndexScoring = "exact",
+                 layer: DecoderLayer = decoder_layer):
         self.weights = weights
         # how MoE layers run their routed experts (model.moe) and DeepSeek-V3.2's indexer scores (model.indexer)
         self.options = LayerOptions(dispatch=dispatch, index_scoring=index_scoring)
         self.config: Config = weights.config
-        self.decoder_layer = families.family_for(self.config).decoder_layer
+        self.decoder_layer = layer  # the config's family's (stepper.families), MLA's unless given
         self.scratch: dict = {}  # float32 memory the layers decode weights into, and what it holds (LayerWeights.float32)
         cfg = self.config
         yarn = cfg.rope_scaling

@@ -98,11 +98,11 @@ def swiglu_shapes(prefix: str, hidden: int, inter: int) -> dict[str, tuple[int, 
 
 
 def layer_shapes(cfg: Config, layer: int) -> dict[str, tuple[int, ...]]:
-    """Every tensor of one decoder layer, by full name, with its shape: as the config's family
-    names them (stepper.families)."""
-    from stepper import families  # the registry's families import this module
-
-    return families.family_for(cfg).layer_shapes(cfg, layer)
+    """Every tensor of one decoder layer, by full name, with its shape: the MLA family's, or what
+    the config's own class says (a family's config class with a `layer_shapes(layer)` method:
+    its on-disk names)."""
+    own = getattr(cfg, "layer_shapes", None)
+    return own(layer) if own is not None else mla_layer_shapes(cfg, layer)
 
 
 def mla_layer_shapes(cfg: Config, layer: int) -> dict[str, tuple[int, ...]]:

@@ -14,9 +14,8 @@ from made_up import tempered  # tests/model/made_up: pytest puts this test's fol
 
 from stepper import catalog, families
 from stepper import run as stepper_run
-from stepper.config import load_config
 from stepper.errors import StepperError
-from stepper.families import derive
+from stepper.families import derive, load_config
 from stepper.presets import PRESETS
 
 NEW = "mlp.gate.tempered_scores"

@@ -44,15 +44,17 @@ BELOW_EVERYTHING: dict[str, set[str]] = {
 MAY_IMPORT: dict[str, set[str]] = {
     **BELOW_EVERYTHING,
     "presets": {"config"},
-    "catalog": {"config"},
+    "catalog": {"config", "families"},  # the registered families' part files; what a layer emits, from the model
     "fp8": set(),
     "seams.patching": set(),
     "int4": set(),
     "weights": {"fp8", "int4"},
     "kernels": {"weights", "fp8", "int4"},
     "model": {"kernels", "weights", "fp8", "int4"},
-    "prefill": {"model", "catalog"},  # a prefill in chunks of positions, its tensors shown whole
-    "session": {"model", "kernels", "weights", "presets", "prefill"},
+    # The registry: each family's config reader, decoder layer, catalogue parts, miniature; what a layer emits
+    "families": {"model", "kernels", "weights", "fp8", "int4"},
+    "prefill": {"model", "catalog", "families"},  # a prefill in chunks of positions, its tensors shown whole
+    "session": {"model", "kernels", "weights", "presets", "prefill", "families"},
     # One plan of a run: its auto choices, names, patterns, patches and memory, for every entry point
     "planning": {"session", "catalog", "model", "kernels", "weights", "presets", "prefill", "seams.patching"},
     "bench": {"prefill", "views", "model", "kernels", "weights", "fp8", "int4", "presets"},  # views: what a run computes of a shown tensor

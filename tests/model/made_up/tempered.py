@@ -27,7 +27,6 @@ from stepper.model.ops import rms_norm, softmax
 from stepper.model.options import LayerOptions
 from stepper.model.router import Routing, top_k
 from stepper.seams.trace import Emitter
-from stepper.weights.names import mla_layer_shapes
 
 MODEL_TYPE = "tempered_moe"
 PART = Path(__file__).with_name("tempered_router.json")
@@ -35,6 +34,8 @@ PART = Path(__file__).with_name("tempered_router.json")
 
 @dataclasses.dataclass(frozen=True)
 class TemperedConfig(Config):
+    """MLA's fields (its weights keep HF's names: no `layer_shapes` method), and the temperature."""
+
     router_temperature: float = 1.0  # the router's softmax runs on logits / router_temperature
 
 
@@ -86,6 +87,5 @@ FAMILY = Family(
     read_config=read_config,
     decoder_layer=tempered_layer,
     parts=deepseek.FAMILY.parts + (PART,),
-    layer_shapes=mla_layer_shapes,  # HF's names: the router's gate.weight, no bias (greedy)
     miniature=deepseek.miniature,
 )
