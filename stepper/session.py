@@ -30,7 +30,7 @@ from stepper.errors import StepperError
 from stepper.kernels.weight_cache import CachedWeights
 from stepper.model import KVCache, Transformer, synthetic_cache
 from stepper.model.layer_weights import LayerWeights
-from stepper.presets import PRESETS, preset
+from stepper.presets import PRESETS
 from stepper.seams.trace import Emitter, Sink
 from stepper.text import Tokens, load_tokenizer
 from stepper.weights import remote
@@ -90,7 +90,7 @@ def load_model(model: str, seed: int) -> WeightSource:
     """A preset (synthetic weights), a checkpoint directory, a remote checkpoint (hf://ORG/NAME,
     https://HOST/PATH/), or a bare config.json (synthetic)."""
     if model in PRESETS:
-        return SyntheticWeights(preset(model), seed)
+        return SyntheticWeights(families.read_config(PRESETS[model], f"preset {model}"), seed)
     if remote.is_remote(model):
         return remote.open_remote(model)
     path = Path(model)

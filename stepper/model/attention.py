@@ -11,7 +11,7 @@ heads (rope dims); the latent is normalised. Only the rotary dims carry position
   value half W_UV is applied after attention, so attention runs over the cached latents
   themselves. The cache keeps one latent and one rotary key per position: the point of MLA.
 
-Shapes name the catalogue's dimensions (catalog.json "dims"): B batch, T new positions, S attended
+Shapes name the catalogue's dimensions (catalog/parts/*.json "dims"): B batch, T new positions, S attended
 positions, H heads, d hidden, and the head and latent sizes nope, rope, qk_head, v_head, kv_lora.
 Each path writes out its attention in whole arrays where they are small; a larger attention runs
 over tiles of queries and keys with an online softmax (kernels.attention, tested equal to these
