@@ -40,6 +40,7 @@ import numpy as np
 
 from stepper import files
 from stepper.config import Config, load_config
+from stepper.families import derive
 from stepper.fp8 import quantize
 from stepper.kernels import attention as kernels_attention
 from stepper.kernels import fp8_workers, parallel
@@ -368,7 +369,7 @@ def attention_run(model: str, tokens: int, cache: int, attn: str, shown: bool, r
 
             core.seconds = 0.0
             start = time.perf_counter()
-            in_chunks(step, tokens, chunk or tokens, kv, emit)
+            in_chunks(step, tokens, chunk or tokens, kv, emit, derive.masked_future(cfg, 0, attn))
             times.append(time.perf_counter() - start)
     what = f"decode 1 token over {cache} cached positions" if tokens == 1 else f"prefill {tokens} tokens"
     flops, gemm = core_flops(cfg, tokens, cache, attn), gemm_rate()

@@ -27,6 +27,7 @@ import numpy as np
 from stepper import families, prefill
 from stepper.config import Config
 from stepper.errors import StepperError
+from stepper.families import derive
 from stepper.kernels.weight_cache import CachedWeights
 from stepper.model import KVCache, Transformer, synthetic_cache
 from stepper.model.layer_weights import LayerWeights
@@ -325,7 +326,8 @@ def execute(plan: Plan, sinks: Iterable[Sink]) -> RunResult:
         chunk = spec.chunk if step == 0 and spec.chunk else len(positions)
         runs = chunked_model(plan, model) if chunk < len(positions) else model
         run_step = partial(one_step, plan, runs, ids, hidden, positions, step_attn(spec, step))
-        logits = prefill.in_chunks(run_step, len(positions), chunk, cache, phase)
+        masked = masked_future(plan, step_attn(spec, step)) if chunk < len(positions) else None
+        logits = prefill.in_chunks(run_step, len(positions), chunk, cache, phase, masked)
         token = None if not more else decode_tokens[step] if plan.alone else int(np.argmax(logits[0, -1]))
         if token is not None:
             generated.append(token)
@@ -339,6 +341,14 @@ def execute(plan: Plan, sinks: Iterable[Sink]) -> RunResult:
 
 
 STEPS = "steps (the prefill, then each decode step)"
+
+
+def masked_future(plan: Plan, attn: str) -> dict[str, float]:
+    """What the run's layers' tensors over the attended positions hold at a masked future position,
+    as their code makes it (families.derive): a chunked prefill widens each chunk's rows with it."""
+    cfg = plan.config
+    return {key: value for layer in range(cfg.num_hidden_layers)
+            for key, value in derive.masked_future(cfg, layer, attn, plan.spec.index_scoring).items()}
 
 
 def chunked_model(plan: Plan, model: Transformer) -> Transformer:

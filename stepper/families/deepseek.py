@@ -34,7 +34,7 @@ def miniature(cfg: Config, layer: int) -> Config:
         n_shared_experts=min(cfg.n_shared_experts, 1), num_experts_per_tok=min(cfg.num_experts_per_tok, 2),
         first_k_dense_replace=0, moe_layer_freq=1, rope_scaling=None, quantization=None, int4=None, wrapper=None,
         index_n_heads=None if not cfg.has_indexer else 2, index_head_dim=None if not cfg.has_indexer else 8,
-        index_topk=None if not cfg.has_indexer else 2,
+        index_topk=None if not cfg.has_indexer else 4,  # more than the positions: its kept positions grow with them
     )
 
 
