@@ -8,6 +8,7 @@ import numpy as np
 
 from stepper.config import Config
 from stepper.kernels.growing import GrowingArray
+from stepper.model.options import Attention, IndexScoring
 
 POSITION_AXIS = {  # each kept field's axis of positions
     "latent": 1, "k_pe": 2, "key_states": 2, "value_states": 2, "index_keys": 1, "index_key_codes": 1,
@@ -84,7 +85,7 @@ class KVCache:
         return self.layers[layer].length
 
 
-def cache_bytes_per_token(cfg: Config, attn: str, itemsize: int = 4, index_scoring: str = "exact") -> int:
+def cache_bytes_per_token(cfg: Config, attn: Attention, itemsize: int = 4, index_scoring: IndexScoring = "exact") -> int:
     """Bytes one layer caches per position: per-head keys and values (attn "naive"), or one
     latent and rotary key ("absorb"); plus the indexer's key, if the model has one (scoring in
     FP8, also its e4m3 codes and float32 scale)."""

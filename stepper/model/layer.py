@@ -25,14 +25,14 @@ DecoderLayer = Callable[[np.ndarray, LayerWeights, LayerCache | None, LayerOptio
 def decoder_layer(hidden: np.ndarray, w: LayerWeights, cache: LayerCache | None, options: LayerOptions,
                   emit: Emitter) -> np.ndarray:
     """[B, T, d] residual stream in -> [B, T, d] out; w carries the config and the rotary tables."""
-    cfg, rope = w.cfg, w.rope
+    cfg = w.cfg
     hidden = emit("hidden_states", hidden)
     x = emit("input_layernorm", rms_norm(hidden, w("input_layernorm.weight"), cfg.rms_norm_eps))
     cache = LayerCache() if cache is None else cache
-    mask = index_mask(x, w, cfg, rope, cache, emit, options.index_scoring) if cfg.has_indexer else None  # [B, T, S]
-    hidden = emit("attn_residual", hidden + mla_attention(x, w, cfg, rope, cache, emit, options.attention, mask))
+    mask = index_mask(x, w, cache, options, emit) if cfg.has_indexer else None  # [B, T, S] or None
+    hidden = emit("attn_residual", hidden + mla_attention(x, w, cache, options, emit, mask))
 
     x = emit("post_attention_layernorm", rms_norm(hidden, w("post_attention_layernorm.weight"), cfg.rms_norm_eps))
-    ffn = moe(x, w, cfg, emit, options.dispatch) if cfg.is_moe_layer(w.layer) else dense_mlp(x, w, emit)
+    ffn = moe(x, w, options, emit) if cfg.is_moe_layer(w.layer) else dense_mlp(x, w, emit)
     ffn = emit("mlp_output", ffn)
     return emit("output", hidden + ffn)

@@ -21,7 +21,7 @@ from stepper.model.cache import KVCache
 from stepper.model.layer import DecoderLayer, decoder_layer
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.ops import rms_norm
-from stepper.model.options import Dispatch, IndexScoring, LayerOptions
+from stepper.model.options import Attention, Dispatch, IndexScoring, LayerOptions
 from stepper.model.rope import Rope, rope_inv_freq, rope_tables, yarn_mscale
 from stepper.seams.trace import Emitter
 from stepper.weights.source import WeightSource
@@ -79,7 +79,7 @@ class Transformer:
         return Rope(cos, sin, self.softmax_scale)
 
     def layer(
-        self, i: int, hidden: np.ndarray, rope: Rope, cache: KVCache | None, emit: Emitter, attn: str = "naive"
+        self, i: int, hidden: np.ndarray, rope: Rope, cache: KVCache | None, emit: Emitter, attn: Attention = "naive"
     ) -> np.ndarray:
         """Decoder layer i (its family's decoder layer) on the residual stream [B, T, d], with attn
         "naive" or "absorb"."""
@@ -106,7 +106,7 @@ class Transformer:
         cache: KVCache | None = None,
         shown: range | None = None,
         to_logits: bool = True,
-        attn: str = "naive",
+        attn: Attention = "naive",
     ) -> np.ndarray | None:
         """ids [B, T] at positions [T] -> logits [B, T, V].
 

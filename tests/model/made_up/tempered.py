@@ -74,7 +74,7 @@ def tempered_layer(hidden: np.ndarray, w: LayerWeights, cache: LayerCache | None
     hidden = emit("hidden_states", hidden)  # [B, T, d]
     x = emit("input_layernorm", rms_norm(hidden, w("input_layernorm.weight"), cfg.rms_norm_eps))
     cache = LayerCache() if cache is None else cache
-    hidden = emit("attn_residual", hidden + mla_attention(x, w, cfg, w.rope, cache, emit, options.attention))
+    hidden = emit("attn_residual", hidden + mla_attention(x, w, cache, options, emit))
     x = emit("post_attention_layernorm", rms_norm(hidden, w("post_attention_layernorm.weight"), cfg.rms_norm_eps))
     ffn = tempered_moe(x, w, emit) if cfg.is_moe_layer(w.layer) else dense_mlp(x, w, emit)
     ffn = emit("mlp_output", ffn)
