@@ -93,7 +93,7 @@ def load_model(model: str, seed: int) -> WeightSource:
     if model in PRESETS:
         return SyntheticWeights(families.read_config(PRESETS[model], f"preset {model}"), seed)
     if remote.is_remote(model):
-        return remote.open_remote(model)
+        return remote.open_remote(model, read_config=families.load_config)
     path = Path(model)
     if path.is_dir():
         if (path / "config.json").exists() and not any(path.glob("*.safetensors")) and not (path / INDEX).exists():

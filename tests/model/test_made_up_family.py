@@ -17,6 +17,8 @@ from stepper import run as stepper_run
 from stepper.errors import StepperError
 from stepper.families import derive, load_config
 from stepper.presets import PRESETS
+from stepper.weights.synth import synth_checkpoint
+from stepper.weights.synthetic import SyntheticWeights
 
 NEW = "mlp.gate.tempered_scores"
 
@@ -70,6 +72,18 @@ def test_it_runs_through_stepper_run_with_every_tensor_named_and_explained(confi
         chosen = np.take_along_axis(scores, idx, axis=1)
         assert np.all(chosen.min(axis=1) >= np.sort(scores, axis=1)[:, -idx.shape[1]])  # the k best
         np.testing.assert_allclose(weight, chosen / chosen.sum(axis=1, keepdims=True), rtol=1e-6)
+
+
+def test_a_checkpoint_of_it_is_read_through_the_registry(config_json, tmp_path):
+    with families.registered(tempered.FAMILY):
+        cfg = load_config(config_json)
+        folder = synth_checkpoint(SyntheticWeights(cfg, seed=3), tmp_path / "ck")
+        from_disk = stepper_run(folder, prompt_len=4, attn="absorb", seed=3)
+        synthetic = stepper_run(config_json, prompt_len=4, attn="absorb", seed=3)
+    assert type(from_disk.config) is tempered.TemperedConfig and from_disk.config.router_temperature == 0.5
+    assert json.loads((folder / "config.json").read_text())["router_temperature"] == 0.5
+    name = f"layers.1.{NEW}"
+    np.testing.assert_array_equal(np.asarray(from_disk[name]), np.asarray(synthetic[name]))  # the same weights, read back
 
 
 def test_the_command_line_explains_and_lists_its_tensor(config_json):

@@ -38,6 +38,10 @@ class TemperedConfig(Config):
 
     router_temperature: float = 1.0  # the router's softmax runs on logits / router_temperature
 
+    def to_hf(self) -> dict[str, Any]:
+        """Its config.json (a checkpoint's): V2's fields, router_temperature, its model_type."""
+        return {**Config.to_hf(dataclasses.replace(self, model_type="deepseek_v2")), "model_type": MODEL_TYPE}
+
 
 def read_config(raw: dict[str, Any], source: str) -> TemperedConfig:
     """The MLA reader for every field it knows, then the family's own."""
