@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -36,7 +36,8 @@ class Emitted:
     shape: tuple[int, ...]  # its shape in the miniature (full-size shapes come from the catalogue's dims)
 
 
-def layer_emits(cfg: Any, layer: int, options: LayerOptions = DEFAULT, step: str = "prefill") -> tuple[Emitted, ...]:
+def layer_emits(cfg: Any, layer: int, options: LayerOptions = DEFAULT,
+                step: Literal["prefill", "decode"] = "prefill") -> tuple[Emitted, ...]:
     """The tensors layer `layer` of cfg emits, in order, with these options, in a prefill
     (step "prefill") or a decode step after it ("decode")."""
     family = families.family_for(cfg)
