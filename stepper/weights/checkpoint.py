@@ -17,7 +17,7 @@ shards were left out and why.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -52,13 +52,15 @@ class Checkpoint:
 
     reads_values = True  # whether `inspect` reads every block scale's values (a remote one lists headers alone)
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, read_config: Callable[[str | Path], Config] = load_config):
+        """read_config: of the folder's config.json (MLA's reader unless given; a run passes
+        stepper.families.load_config, which reads any registered family's)."""
         self.path = Path(path)
         if not self.path.is_dir():
             raise StepperError(f"{self.path}: not a checkpoint directory")
         if not (self.path / "config.json").exists():
             raise StepperError(f"{self.path}: not a checkpoint directory (no config.json)")
-        self.config: Config = load_config(self.path / "config.json")
+        self.config: Config = read_config(self.path / "config.json")
         self.weight_map = self._read_weight_map()
         self.shards: dict[str, SafetensorsFile] = {}
         self.unreadable: dict[str, str] = {}  # shard -> why it cannot be read

@@ -28,6 +28,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 import numpy as np
 
 from stepper import files
+from stepper.config import Config, load_config
 from stepper.errors import StepperError
 from stepper.untrusted import shown
 from stepper.untrusted.jsonfile import read_json
@@ -210,8 +211,10 @@ def within(seconds: float, call: Callable[[], T]) -> T:
     return done["value"]
 
 
-def open_remote(model: str, chosen: Settings | None = None) -> RemoteCheckpoint:
-    """The remote checkpoint's config, index and shard headers fetched (or found cached), as a checkpoint."""
+def open_remote(model: str, chosen: Settings | None = None,
+                read_config: Callable[[str | Path], Config] = load_config) -> RemoteCheckpoint:
+    """The remote checkpoint's config, index and shard headers fetched (or found cached), as a
+    checkpoint; read_config reads its config.json (Checkpoint)."""
     chosen = chosen or settings()
     model = without_credentials(model)
     origin = resolve(model, chosen.timeout)
@@ -230,7 +233,7 @@ def open_remote(model: str, chosen: Settings | None = None) -> RemoteCheckpoint:
         except StepperError as e:
             failures[shard] = str(e)
     trim(chosen.cache_dir, chosen.max_bytes, keep={folder / shard for shard in shards})
-    return RemoteCheckpoint(folder, origin, cached, failures, transfer, chosen.progress)
+    return RemoteCheckpoint(folder, origin, cached, failures, transfer, chosen.progress, read_config)
 
 
 def small_files(folder: Path, origin: Origin, client: RangeClient) -> None:
@@ -291,9 +294,9 @@ class RemoteCheckpoint(Checkpoint):
     reads_values = False  # `inspect` lists from the headers alone, reading no scale values
 
     def __init__(self, folder: Path, origin: Origin, cached: dict[str, CachedFile], failures: dict[str, str],
-                 transfer: Transfer, progress=None):
+                 transfer: Transfer, progress=None, read_config: Callable[[str | Path], Config] = load_config):
         self.origin, self.cached, self.transfer, self.progress = origin, cached, transfer, progress
-        super().__init__(folder)
+        super().__init__(folder, read_config)
         self.unreadable.update({shard: why.removeprefix(f"{origin.url(shard)}: ") for shard, why in failures.items()})
 
     @property

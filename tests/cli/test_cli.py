@@ -20,9 +20,17 @@ def in_a_process(*args: str) -> subprocess.CompletedProcess:
                           timeout=120)
 
 
+def catalogued_names(attn: str = "naive") -> set[str]:
+    """The names a run of the default model emits on this attention path (its layers' as their code
+    emits them, families.derive; the global ones), each catalogued."""
+    cfg, cat = preset("tiny"), catalog.load()
+    layers = {e["name"] for layer in range(cfg.num_hidden_layers) for e in cat.layer_sequence(cfg, layer, attn)}
+    assert all(cat.entry(name) is not None for name in layers)
+    return layers | {e["name"] for e in cat.entries if e["scope"] == "global"}
+
+
 def catalogued_naive_names() -> set[str]:
-    """The catalogued names of a naive run of the default model (other families' own names left out)."""
-    return {e["name"] for e in catalog.load().entries if e["path"] != "absorb" and catalog.applies(e, preset("tiny"))}
+    return catalogued_names("naive")
 
 
 def key_of(name: str) -> str:
@@ -64,8 +72,7 @@ def test_dump_holds_every_tensor_in_order(tmp_path):
     order = json.loads(header["__metadata__"]["order"])
     assert set(order) == set(tensors) and order[0] == "prefill.embed" and order[-1] == "decode1.logits"
     assert catalogued_naive_names() <= {key_of(n) for n in order if n.startswith("prefill.")}
-    absorbed = {e["name"] for e in catalog.load().entries
-                if e["path"] != "naive" and catalog.applies(e, preset("tiny"))}
+    absorbed = catalogued_names("absorb")
     for phase in ("decode0", "decode1"):  # by default decode steps attend over the latent cache
         assert absorbed <= {key_of(n) for n in order if n.startswith(phase + ".")}
     assert tensors["prefill.layers.1.mlp.gate.topk_idx"].dtype == np.int64

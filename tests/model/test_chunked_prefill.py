@@ -15,7 +15,7 @@ from stepper import catalog, prefill
 from stepper.kernels import attention as kernels
 from stepper.model import KVCache, Transformer
 from stepper.seams.trace import Emitter, Filter, Recorder
-from stepper.session import RunSpec, execute, fill_cache, prepare, run, step_attn
+from stepper.session import RunSpec, execute, fill_cache, masked_future, prepare, run, step_attn
 from stepper.tensors.chunked import Chunked
 from stepper.tensors.statistics import BINS
 from stepper.tensors.tiled import Tiled
@@ -155,7 +155,7 @@ def test_the_cache_after_a_chunked_prefill_equals_the_whole_prompts():
     model.forward(ids, np.arange(13), Emitter(), whole, attn="naive")
     logits = prefill.in_chunks(lambda span, cache, emit: model.forward(ids[:, span], np.arange(13)[span], emit, cache,
                                                                        attn="naive"),
-                               13, 9, chunked, Emitter([lambda e: None]))
+                               13, 9, chunked, Emitter([lambda e: None]), masked_future(plan, "naive"))
     assert logits.shape == (1, 4, plan.config.vocab_size)  # the last chunk's: 13 = 9 + 4
     for a, b in zip(whole.layers, chunked.layers):
         for field in ("latent", "k_pe", "key_states", "value_states", "index_keys"):

@@ -44,24 +44,25 @@ BELOW_EVERYTHING: dict[str, set[str]] = {
 MAY_IMPORT: dict[str, set[str]] = {
     **BELOW_EVERYTHING,
     "presets": {"config"},
-    "catalog": {"config"},
+    "catalog": {"config", "families"},  # the registered families' part files; what a layer emits, from the model
     "fp8": set(),
     "seams.patching": set(),
     "int4": set(),
     "weights": {"fp8", "int4"},
     "kernels": {"weights", "fp8", "int4"},
     "model": {"kernels", "weights", "fp8", "int4"},
-    "prefill": {"model", "catalog"},  # a prefill in chunks of positions, its tensors shown whole
-    "session": {"model", "kernels", "weights", "presets", "prefill"},
+    # The registry: each family's config reader, decoder layer, catalogue parts, miniature; what a layer emits
+    "families": {"model", "kernels", "weights", "fp8", "int4"},
+    "prefill": {"model", "catalog", "families"},  # a prefill in chunks of positions, its tensors shown whole
+    "session": {"model", "kernels", "weights", "presets", "prefill", "families"},
     # One plan of a run: its auto choices, names, patterns, patches and memory, for every entry point
     "planning": {"session", "catalog", "model", "kernels", "weights", "presets", "prefill", "seams.patching"},
-    # views: what a run computes of a shown tensor
-    "bench": {"prefill", "views", "model", "kernels", "weights", "fp8", "int4", "presets"},
+    "bench": {"prefill", "views", "families", "model", "kernels", "weights", "fp8", "int4", "presets"},  # views: what a run computes of a shown tensor
     "views": {"session", "catalog", "weights", "fp8", "int4", "presets", "seams.patching"},
     "lessons": {"views", "planning", "session", "model", "kernels", "weights", "fp8", "int4", "catalog", "presets"},
     "fixtures": {"views", "planning", "session", "model", "kernels", "weights", "fp8", "int4", "catalog", "presets"},
-    "cli": {"lessons", "fixtures", "views", "bench", "planning", "session", "model", "kernels", "weights", "fp8",
-            "int4", "catalog", "presets", "seams.patching"},
+    "cli": {"lessons", "fixtures", "views", "bench", "planning", "session", "model", "kernels", "weights", "fp8", "int4",
+            "catalog", "presets", "seams.patching"},
     "__main__": {"cli"},
     # The library on top: a run planned as the command line plans one (planning), as functions
     "api": {"lessons", "fixtures", "views", "planning", "session", "model", "kernels", "weights", "fp8", "catalog",
