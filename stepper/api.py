@@ -13,8 +13,8 @@
 A run keeps the tensors matching `keep=` (globs as `--only` takes them, or a function of the name
 that says True; every tensor by default, refused before it starts when they would not fit in
 memory). `patch=` maps globs to functions `fn(array, name)`: at each tensor a glob matches, the
-model continues with the function's result (same shape and dtype; None leaves it as it was). Bad arguments raise `StepperError` with one
-sentence naming the argument and what was expected.
+model continues with the function's result (same shape and dtype; None leaves it as it was). Bad
+arguments raise `StepperError` with one sentence naming the argument and what was expected.
 
 `run[name]` is a read-only NumPy array when the run holds the tensor, else a `LazyTensor`
 (stepper.tensors.tensor), made when read: a long prompt's attention scores and weights (made a tile at a
@@ -78,26 +78,30 @@ def run(model: str | Path = "tiny", *, ids: Sequence[int] | None = None, prompt_
         index_scoring: str = "exact", cache_len: int = 0, chunk: int | str = "auto") -> Run:
     """Run a model as `stepper run` does and keep its tensors.
 
-    model: a preset (a name of stepper.presets.PRESETS: tiny, kimi-k2, deepseek-v3.2, ...), a checkpoint directory or a config.json.
+    model: a preset (a name of stepper.presets.PRESETS: tiny, kimi-k2, deepseek-v3.2, ...), a
+    checkpoint directory or a config.json.
     ids or prompt_len: the prompt (default 7 ids drawn from the seed); start_pos: its first position;
     decode: greedy decode steps (names then start with prefill. / decode{k}.); layer: run that
     layer alone (on `input`, a safetensors file, or the prompt's embeddings); layers: (A, B) or
-    "A:B", the model up to layer B-1 showing A..B-1; attn: naive, absorb or auto (as stepper run chooses: run.spec.attn is then "absorb" where it ran absorbed throughout); seed: of the
+    "A:B", the model up to layer B-1 showing A..B-1; attn: naive, absorb or auto (absorbed
+    throughout where naive attention would not fit in memory or the prompt attends over a longer
+    cache: run.spec.attn is then "absorb"); seed: of the
     synthetic weights and prompt; weight_cache_mb: decoded weights kept between decode steps;
     keep: globs of the tensors to keep, or a function of a name saying whether to keep it
-    (default every one); patch: glob -> fn(array, name) (or an
-    expression of x as --patch takes it, "x*0.5"), or a list of such dicts; use: lesson files whose exercise functions replace stepper's; weights: a
+    (default every one); patch: glob -> fn(array, name) (or an expression of x, "x*0.5"), or a
+    list of such dicts; use: lesson files whose exercise functions replace stepper's; weights: a
     weight source (e.g. `SyntheticWeights`, `ArrayWeights`) in place of the model's, to run on
     changed weights; index_scoring: DeepSeek-V3.2's indexer scores exactly (float32) or as
     DeepSeek's inference code does ("fp8": Hadamard-rotated FP8 q and k); cache_len: a lone layer's
-    cache starts with this many synthetic positions (as --cache-len); chunk: the prefill runs this
+    cache starts with this many synthetic positions (with layer= only); chunk: the prefill runs this
     many positions at a time, each tensor still kept once over every position (a LazyTensor: the
     first read replays the chunks once for all of them); 0: the whole prompt at once; "auto", the
-    default: as stepper run chooses (the whole prompt where it fits in memory; run.spec.chunk is
+    default: the whole prompt where it fits in memory, else chunks that fit (run.spec.chunk is
     what ran).
     """
     spec = RunSpec(
-        model=without_credentials(str(_path_or_name("model", model))), layer=_count("layer", layer, none=True), layers=_layers(layers),
+        model=without_credentials(str(_path_or_name("model", model))), layer=_count("layer", layer, none=True),
+        layers=_layers(layers),
         ids=_ids(ids, prompt_len), prompt_len=7 if prompt_len is None else _count("prompt_len", prompt_len, 1),
         start_pos=_count("start_pos", start_pos), decode=_count("decode", decode), seed=_count("seed", seed),
         input=None if input is None else Path(_path_or_name("input", input)),
@@ -107,11 +111,14 @@ def run(model: str | Path = "tiny", *, ids: Sequence[int] | None = None, prompt_
     )
     asked = _chunk(chunk)
     if asked and patch is not None:
-        raise StepperError("chunk= with patch=: a patch changes tensors as the prefill makes them, so the prompt must run whole")
+        raise StepperError("chunk= with patch=: a patch changes tensors as the prefill makes them, "
+                           "so the prompt must run whole")
     kept = _globs("keep", keep)
-    files = [] if use is None else [Path(_path_or_name("use", u)) for u in ([use] if isinstance(use, (str, Path)) else use)]
+    uses = [use] if isinstance(use, (str, Path)) else use
+    files = [] if use is None else [Path(_path_or_name("use", u)) for u in uses]
     if weights is not None and not all(hasattr(weights, a) for a in ("config", "get", "matrix", "has", "check")):
-        raise StepperError(f"weights= expects a weight source (config, get, matrix, has, check), got {type(weights).__name__}")
+        raise StepperError("weights= expects a weight source (config, get, matrix, has, check), "
+                           f"got {type(weights).__name__}")
     patches = [(p, _two_arguments(p, fn)) for p, fn in as_patches(patch)]
     chosen = 0 if asked is None and patches else asked  # auto with a patch: the whole prompt, as --patch makes it
     return Run(record(spec, kept, patches, lambda: overrides.use(files), API_WORDING, weights=weights, chunk=chosen))
@@ -212,7 +219,8 @@ class Run(Mapping):
 
     def __repr__(self) -> str:
         patched = ", ".join(shown(glob) for glob in self._recorded.patched)
-        return (f"<stepper.Run {self.config.name}{f', patched at {patched}' if patched else ''}: {len(self)} tensors kept of {len(self._recorded.names)}, "
+        at = f", patched at {patched}" if patched else ""
+        return (f"<stepper.Run {self.config.name}{at}: {len(self)} tensors kept of {len(self._recorded.names)}, "
                 f"prompt {list(self.prompt)}, generated {list(self.generated)}>")
 
     def _repr_html_(self) -> str:

@@ -188,7 +188,8 @@ def check_positions(spec: RunSpec, cfg: Config, prompt_len: int) -> None:
     end = spec.start_pos + spec.cache_len + prompt_len + spec.decode
     if end > cfg.max_position_embeddings:
         raise StepperError(
-            f"positions up to {end - 1} exceed max_position_embeddings ({cfg.max_position_embeddings}) of model {cfg.name}"
+            f"positions up to {end - 1} exceed max_position_embeddings ({cfg.max_position_embeddings}) "
+            f"of model {cfg.name}"
         )
 
 
@@ -380,8 +381,8 @@ def fill_cache(plan: Plan, model: Transformer, cache: KVCache, emit: Emitter | N
     rope = model.rope(spec.start_pos + np.arange(spec.cache_len), Emitter())
     per_head = any(step_attn(spec, k) == "naive" for k in range(spec.decode + 1))
     w = LayerWeights(model.weights, spec.layer, model.scratch)
-    synthetic_cache.fill(cache.layers[spec.layer], w, plan.config, sample, rope, spec.seed, per_head, spec.index_scoring,
-                         emit)
+    synthetic_cache.fill(cache.layers[spec.layer], w, plan.config, sample, rope, spec.seed, per_head,
+                         spec.index_scoring, emit)
 
 
 def layer_input(model: Transformer, ids: np.ndarray, seed: int, step: int) -> np.ndarray:

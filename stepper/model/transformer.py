@@ -34,7 +34,8 @@ def lm_head(hidden: np.ndarray, weights: WeightSource, rows: int = HEAD_ROWS) ->
     """linear(hidden, lm_head): [B, T, d] -> logits [B, T, V], lm_head read a block of `rows`
     vocabulary rows at a time, so all of it (for Kimi K2 163840 x 7168, 4.7 GB in float32) never
     exists at once."""
-    blocks = (block.matrix(LM_HEAD) for block in weights.row_blocks(LM_HEAD, rows))  # the next `rows` rows of lm_head [V, d]
+    # the next `rows` rows of lm_head [V, d], one after another
+    blocks = (block.matrix(LM_HEAD) for block in weights.row_blocks(LM_HEAD, rows))
     return linear_in_row_blocks(hidden, blocks, weights.config.vocab_size)
 
 
@@ -46,7 +47,8 @@ class Transformer:
         self.options = LayerOptions(dispatch=dispatch, index_scoring=index_scoring)
         self.config: Config = weights.config
         self.decoder_layer = layer  # the config's family's (stepper.families), MLA's unless given
-        self.scratch: dict = {}  # float32 memory the layers decode weights into, and what it holds (LayerWeights.float32)
+        # float32 memory the layers decode weights into, and what it holds (LayerWeights.float32)
+        self.scratch: dict = {}
         cfg = self.config
         yarn = cfg.rope_scaling
         self.inv_freq = rope_inv_freq(cfg.qk_rope_head_dim, cfg.rope_theta, yarn)  # [rope/2]

@@ -58,7 +58,8 @@ class RunPlan:
     def check_fits(self, kept: list[str], lower: str) -> None:
         """Refuse a run whose estimate (`kept`: the names a view keeps to the end, lowered by the
         option `lower`) is over the memory available, naming the option that lowers it."""
-        needs = [replace(n, lower=self.wording.options.get(n.lower, n.lower)) for n in memory.needs(self.plan, kept, lower)]
+        needs = [replace(n, lower=self.wording.options.get(n.lower, n.lower))
+                 for n in memory.needs(self.plan, kept, lower)]
         memory.check_fits(needs, memory.available_bytes())
 
     def on(self, weights: WeightSource) -> RunPlan:
