@@ -45,7 +45,7 @@ import numpy as np
 from stepper import catalog
 from stepper.config import Config
 from stepper.errors import StepperError
-from stepper.fixtures import diff as compare
+from stepper.fixtures import run_diff
 from stepper.lessons import overrides
 from stepper.planning import Wording
 from stepper.planning.names import PICTURE_TENSORS
@@ -235,7 +235,7 @@ class NotFound(StepperError, KeyError):
         return str(self.args[0])
 
 
-class Diff(compare.Diff):
+class Diff(run_diff.Diff):
     """Two runs compared, tensor by tensor (rows in execution order, `first` where they part)."""
 
     def __repr__(self) -> str:
@@ -246,7 +246,7 @@ class Diff(compare.Diff):
 
     def __rich__(self):
         """The table, the growth per layer and the summary `stepper diff` prints (`rich.print(d)`)."""
-        return notebook.diff_view.render(self)
+        return notebook.diff_table.render(self)
 
     def _repr_html_(self) -> str:
         return notebook.diff_html(self)
@@ -259,21 +259,21 @@ def diff(a: Run | Mapping[str, np.ndarray] | str | Path, b: Run | Mapping[str, n
     cosine and the experts whose choice changed; `.first` is the first tensor that differs beyond
     the tolerance `fixtures verify` uses."""
     (ta, la), (tb, lb) = _side("a", a), _side("b", b)
-    found = compare.diff_tensors(ta, tb, la, lb)
+    found = run_diff.diff_tensors(ta, tb, la, lb)
     return Diff(**vars(found))
 
 
 def load(path: str | Path) -> dict[str, np.ndarray]:
     """The tensors of a `--dump` file, a fixture folder or a repository fixture's name, in execution order."""
-    return compare.read_side(compare.side_path(str(_path_or_name("path", path)), "load"))
+    return run_diff.read_side(run_diff.side_path(str(_path_or_name("path", path)), "load"))
 
 
 def _side(which: str, side: Any) -> tuple[dict[str, np.ndarray], str]:
     if isinstance(side, Run):
         return dict(side.items()), f"{which.upper()} (a run of {side.config.name})"
     if isinstance(side, (str, Path)):
-        path = compare.side_path(str(_path_or_name(which, side)), f"diff {which}", "a stepper.Run")
-        return compare.read_side(path), str(side)
+        path = run_diff.side_path(str(_path_or_name(which, side)), f"diff {which}", "a stepper.Run")
+        return run_diff.read_side(path), str(side)
     if isinstance(side, Mapping) and all(isinstance(k, str) and isinstance(v, np.ndarray) for k, v in side.items()):
         return dict(side), f"{len(side)} tensors"
     raise StepperError(f"diff: {which} must be a stepper.Run, a dict of name -> NumPy array, a --dump file or a "

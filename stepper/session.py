@@ -38,8 +38,8 @@ from stepper.weights import remote
 from stepper.weights.checkpoint import INDEX, Checkpoint
 from stepper.weights.names import EMBED
 from stepper.weights.safetensors_reader import SafetensorsFile
+from stepper.weights.seeded import SyntheticWeights
 from stepper.weights.source import WeightSource
-from stepper.weights.synthetic import SyntheticWeights
 
 
 @dataclass(frozen=True)

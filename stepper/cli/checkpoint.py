@@ -21,8 +21,8 @@ from stepper.untrusted import shown
 from stepper.views import fp8_codes, inspect, inspect_stats, int4_codes
 from stepper.views.sinks import print_fitted
 from stepper.weights.names import shape_of, storage_dtype
-from stepper.weights.synth import QUANTS, no_progress, requantized, synth_checkpoint
-from stepper.weights.synthetic import SyntheticWeights
+from stepper.weights.seeded import SyntheticWeights
+from stepper.weights.synth_checkpoint import QUANTS, no_progress, requantized, synth_checkpoint
 
 
 def synth_command(

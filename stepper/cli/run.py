@@ -29,7 +29,7 @@ from stepper.text import INSTALL, Tokens
 from stepper.views.debugger import CommandSource, Debugger, Quit
 from stepper.views.dump import DUMP_LIMIT_GB, check_dump_sizes, check_writable, write_dump
 from stepper.views.sinks import PICTURES, JsonLines, Pictures, ProgressBars, TensorRows, print_wrapped
-from stepper.weights.synthetic import SyntheticWeights
+from stepper.weights.seeded import SyntheticWeights
 
 # Options of both commands
 LayerOpt = Annotated[int | None, typer.Option(metavar="N", min=0,

@@ -24,7 +24,7 @@ from stepper.model.cache import KVCache
 from stepper.model.options import Attention, IndexScoring, LayerOptions
 from stepper.model.transformer import Transformer
 from stepper.seams.trace import Emitter, Recorder
-from stepper.weights.synthetic import SyntheticWeights
+from stepper.weights.seeded import SyntheticWeights
 
 DEFAULT = LayerOptions()
 PREFILL = 2  # positions of the miniature's prefill; a decode step of one follows

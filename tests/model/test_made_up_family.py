@@ -17,8 +17,8 @@ from stepper import run as stepper_run
 from stepper.errors import StepperError
 from stepper.families import derive, load_config
 from stepper.presets import PRESETS
-from stepper.weights.synth import synth_checkpoint
-from stepper.weights.synthetic import SyntheticWeights
+from stepper.weights.seeded import SyntheticWeights
+from stepper.weights.synth_checkpoint import synth_checkpoint
 
 NEW = "mlp.gate.tempered_scores"
 

@@ -20,7 +20,7 @@ from stepper.seams.trace import Recorder
 from stepper.session import RunSpec
 from stepper.session import run as session_run
 from stepper.tensors.chunked import Chunked
-from stepper.weights.synthetic import SyntheticWeights
+from stepper.weights.seeded import SyntheticWeights
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -16,8 +16,8 @@ from stepper.presets import preset
 from stepper.seams.trace import Emitter
 from stepper.weights.checkpoint import Checkpoint
 from stepper.weights.names import EMBED
+from stepper.weights.seeded import SyntheticWeights
 from stepper.weights.source import ArrayWeights
-from stepper.weights.synthetic import SyntheticWeights
 
 FIXTURE_WEIGHTS = Path(__file__).resolve().parents[2] / "fixtures" / "weights" / "tiny-seed0"
 FP8_WEIGHT = "model.layers.1.self_attn.kv_a_proj_with_mqa.weight"  # [144, 320]: 2 x 3 blocks, the last rows ragged
