@@ -52,7 +52,7 @@ from stepper.planning.names import PICTURE_TENSORS
 from stepper.planning.record import Recorded, record
 from stepper.seams.patching import PatchFn, as_patches, force_experts, zero_expert, zero_head, zero_router_bias
 from stepper.seams.trace import Event, did_you_mean, matches
-from stepper.session import ATTN_CHOICES, INDEX_SCORING_CHOICES, RunSpec, check_choice
+from stepper.session import ATTN_CHOICES, INDEX_SCORING_CHOICES, RunSpec, api_keyword, check_choice
 from stepper.tensors.tensor import LazyTensor, Tensor, held
 from stepper.untrusted import shown
 from stepper.views import notebook
@@ -63,7 +63,7 @@ __all__ = ["Diff", "LazyTensor", "Run", "StepperError", "diff", "force_experts",
            "zero_head", "zero_router_bias"]
 
 PICTURES = {**PICTURE_TENSORS, "hist": ()}  # a picture and the tensors it draws (as `--show` takes them; hist: any)
-API_WORDING = Wording(keep="keep=", patch="patch=", options={
+API_WORDING = Wording(keep="keep=", patch="patch=", spell=api_keyword, options={
     "--prompt-len": "prompt_len= (a shorter prompt)", "--attn absorb": "attn='absorb'", "--layer N": "layer=N",
     "--weight-cache-mb": "weight_cache_mb=",
 })

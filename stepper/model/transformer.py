@@ -106,22 +106,22 @@ class Transformer:
         positions: np.ndarray,
         emit: Emitter,
         cache: KVCache | None = None,
-        shown: range | None = None,
+        layers_shown: range | None = None,
         to_logits: bool = True,
         attn: Attention = "naive",
     ) -> np.ndarray | None:
         """ids [B, T] at positions [T] -> logits [B, T, V].
 
-        `shown` limits which layers emit; the layers before them run silently, so every layer
+        `layers_shown` limits which layers emit; the layers before them run silently, so every layer
         sees its true input, and the embedding, rope tables, norm and logits are emitted only
         when every layer is shown. Without `to_logits` the pass stops after the last shown
         layer and returns None.
         """
         n = self.config.num_hidden_layers
-        shown = range(n) if shown is None else shown
-        whole = emit if shown == range(n) else emit.silent()  # what the model emits outside the layers
+        layers = range(n) if layers_shown is None else layers_shown
+        whole = emit if layers == range(n) else emit.silent()  # what the model emits outside the layers
         hidden, rope = self.start(ids, positions, whole)
-        for i in range(n if to_logits else shown.stop):
-            emit.progress("layers", i, n if to_logits else shown.stop)
-            hidden = self.layer(i, hidden, rope, cache, emit if i in shown else emit.silent(), attn)
+        for i in range(n if to_logits else layers.stop):
+            emit.progress("layers", i, n if to_logits else layers.stop)
+            hidden = self.layer(i, hidden, rope, cache, emit if i in layers else emit.silent(), attn)
         return self.head(hidden, whole) if to_logits else None

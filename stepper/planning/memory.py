@@ -151,7 +151,8 @@ def needs(plan: Plan, kept: list[str], kept_lower: str) -> list[Need]:
     cfg, spec = plan.config, plan.spec
     heads = cfg.num_attention_heads
     t, s = worked_shapes(plan)[0]
-    run = [plan.spec.layer] if plan.alone else range(cfg.num_hidden_layers if plan.needs_logits else plan.shown.stop)
+    last = cfg.num_hidden_layers if plan.needs_logits else plan.layers_shown.stop
+    run = [plan.spec.layer] if plan.alone else range(last)
     cached = max(step_attn(spec, k) for k in range(spec.decode + 1))  # "naive" keeps per-head keys too
     positions = s + spec.decode
     per_position = cache_bytes_per_token(cfg, "absorb", index_scoring=spec.index_scoring) + (
