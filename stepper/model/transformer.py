@@ -31,12 +31,12 @@ HEAD_ROWS = 4096  # vocabulary rows multiplied at a time: for Kimi K2, 4096 x 71
 
 
 def lm_head(hidden: np.ndarray, weights: WeightSource, rows: int = HEAD_ROWS) -> np.ndarray:
-    """linear(hidden, lm_head): [B, T, d] -> logits [B, T, V], lm_head read a block of `rows`
+    """linear(hidden, lm_head): [B, T, d] -> logits [B, T, V], lm_head read a band of `rows`
     vocabulary rows at a time, so all of it (for Kimi K2 163840 x 7168, 4.7 GB in float32) never
     exists at once."""
     # the next `rows` rows of lm_head [V, d], one after another
-    blocks = (block.matrix(LM_HEAD) for block in weights.row_blocks(LM_HEAD, rows))
-    return linear_in_row_blocks(hidden, blocks, weights.config.vocab_size)
+    bands = (band.matrix(LM_HEAD) for band in weights.row_bands(LM_HEAD, rows))
+    return linear_in_row_blocks(hidden, bands, weights.config.vocab_size)
 
 
 class Transformer:
