@@ -1,4 +1,4 @@
-"""A whole-model pass streams: tensors in blocks of rows, lm_head one block of vocabulary at a time."""
+"""A whole-model pass streams: tensors in bands of rows, lm_head one band of vocabulary at a time."""
 
 import tracemalloc
 from pathlib import Path
