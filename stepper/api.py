@@ -10,7 +10,7 @@
     patched = stepper.run("tiny", ids=[1, 2, 3], patch=stepper.zero_expert(1, 5))
     stepper.diff(run, patched).first                      # where the two runs part
 
-A run keeps the tensors matching `keep=` (globs as `--only` takes them, or a function of the name
+A run keeps the tensors matching `keep=` (globs such as "*.mlp.gate.*", or a function of the name
 that says True; every tensor by default, refused before it starts when they would not fit in
 memory). `patch=` maps globs to functions `fn(array, name)`: at each tensor a glob matches, the
 model continues with the function's result (same shape and dtype; None leaves it as it was). Bad
@@ -120,7 +120,7 @@ def run(model: str | Path = "tiny", *, ids: Sequence[int] | None = None, prompt_
         raise StepperError("weights= expects a weight source (config, get, matrix, has, check), "
                            f"got {type(weights).__name__}")
     patches = [(p, _two_arguments(p, fn)) for p, fn in as_patches(patch)]
-    chosen = 0 if asked is None and patches else asked  # auto with a patch: the whole prompt, as --patch makes it
+    chosen = 0 if asked is None and patches else asked  # auto with a patch: the whole prompt (a patch changes tensors as they are made)
     return Run(record(spec, kept, patches, lambda: overrides.use(files), API_WORDING, weights=weights, chunk=chosen))
 
 
