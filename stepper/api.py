@@ -120,7 +120,7 @@ def run(model: str | Path = "tiny", *, ids: Sequence[int] | None = None, prompt_
         raise StepperError("weights= expects a weight source (config, get, matrix, has, check), "
                            f"got {type(weights).__name__}")
     patches = [(p, _two_arguments(p, fn)) for p, fn in as_patches(patch)]
-    chosen = 0 if asked is None and patches else asked  # auto with a patch: the whole prompt (a patch changes tensors as they are made)
+    chosen = 0 if asked is None and patches else asked  # auto with a patch: the whole prompt, made as patched
     return Run(record(spec, kept, patches, lambda: overrides.use(files), API_WORDING, weights=weights, chunk=chosen))
 
 
