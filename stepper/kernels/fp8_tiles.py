@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from stepper.kernels import caches
 from stepper.weights.stored import Fp8Matrix
 
 Decoder = Callable[[np.ndarray, np.ndarray], object]  # (codes [rows, in], out float32 [rows, in]); result unused
@@ -82,19 +83,30 @@ def apply_tiles(tokens: np.ndarray, w: Fp8Matrix, k: int, rows: np.ndarray, deco
         scales = column_scales(w, c)
     else:
         scales, scaled = column_scales(w, k), np.empty(tokens.shape, np.float32)
+    step = min(block_rows, caches.rows_in_cache(4 * in_dim))  # rows whose float32 fit in the L2: each pass stays there
     for i in range(len(tiles)) if claim is None else iter(claim, None):
         r, start, end = tiles[i]
         tile = buffer[: end - start]
-        for b, b0 in enumerate(range(0, end - start, block_rows)):
-            block = tile[b0 : b0 + block_rows]
-            nan_check.decode(w.codes[start + b0 : start + b0 + block_rows], block)
-            if many:
-                np.multiply(block, scales[r + b], out=block)
         if not many:
             inputs = np.multiply(tokens, scales[r], out=scaled).T  # [in, N]
-        np.matmul(tile, inputs, out=rows[start:end])
+        for b0, b1 in in_steps(end - start, block_rows, step):
+            part = tile[b0:b1]  # [<= step, in]
+            nan_check.decode(w.codes[start + b0 : start + b1], part)
+            if many:
+                np.multiply(part, scales[r + b0 // block_rows], out=part)
+            else:  # multiplied while in the cache
+                np.matmul(part, inputs, out=rows[start + b0 : start + b1])
+        if many:
+            np.matmul(tile, inputs, out=rows[start:end])
     if remember:
         nan_check.done()
+
+
+def in_steps(rows: int, block_rows: int, step: int) -> list[tuple[int, int]]:
+    """[start, end) of each part of a tile of `rows` rows: at most `step` rows, never crossing a
+    block of block_rows (a part has one scale row)."""
+    return [(b0, min(b0 + step, block, rows)) for block in range(block_rows, rows + block_rows, block_rows)
+            for b0 in range(block - block_rows, min(block, rows), step)]
 
 
 _buffers = threading.local()
