@@ -26,6 +26,7 @@ runs in turn (`paired_times`); nothing here is asserted in tests.
 from __future__ import annotations
 
 import json
+import math
 import mmap
 import os
 import platform
@@ -43,7 +44,7 @@ from stepper.config import Config, load_config
 from stepper.families import derive
 from stepper.fp8 import quantize
 from stepper.kernels import attention as kernels_attention
-from stepper.kernels import fp8_workers, parallel
+from stepper.kernels import caches, fp8_workers, parallel
 from stepper.kernels.fp8_matmul import linear_fp8
 from stepper.kernels.weight_cache import CachedWeights
 from stepper.model import KVCache, Transformer, synthetic_cache
@@ -67,6 +68,8 @@ from stepper.weights.synthetic import SyntheticWeights
 FILL_BYTES = 1 << 26  # what fill_page_cache reads or maps at a time
 WARM_CACHE_MB = 8192  # holds every decoded weight of the 16-expert layer (about 3.4 GB)
 ATTENTION_CACHE_MB = 1024  # holds a full-size attention's decoded weights (about 0.4 GB)
+GEMM_CEILING = "float32 GEMM 2048^3, BLAS on every core"
+FP8_CEILING = "FP8 tile decode + matvec, 2048x7168, one core"
 SHOWN_CHUNK = 1024  # a shown prefill runs this many positions at a time (stepper.prefill, as `run --chunk`)
 
 
@@ -77,17 +80,79 @@ class Figure:
     unit: str
     peak_rss_mb: float | None = None
     note: str = ""
+    floor: float | None = None  # in the figure's unit: what this run's ceilings allow, or the anchor a ratio is held to
+    floor_note: str = ""  # how the floor was made
+
+    def ratio(self) -> float | None:
+        """The figure over its floor (None without one)."""
+        return self.value / self.floor if self.floor else None
+
+
+FEATURES = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_bf16", "avx512_fp16", "avx512_vnni", "amx_tile",
+            "amx_bf16", "asimd", "sve")  # the CPU flags the products' speed depends on, where the CPU has them
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
+    """The CPU, its cores, its L2, the features the products use, Python, NumPy and the BLAS."""
+    cpu, flags = platform.processor() or platform.machine(), set()
     try:
-        model = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                     if line.startswith("model name"))
-        cpu = model
-    except (OSError, StopIteration):
+        info = Path("/proc/cpuinfo").read_text().splitlines()
+        cpu = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), cpu)
+        flags = set(next((line.split(":", 1)[1].split() for line in info if line.startswith(("flags", "Features"))),
+                         []))
+    except OSError:
         pass
-    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, NumPy {np.__version__}"
+    features = " ".join(f for f in FEATURES if f in flags) or "not reported"
+    return (f"{cpu}, {os.cpu_count()} cores, L2 {caches.l2_bytes() >> 10} KiB per core; CPU features: {features}; "
+            f"Python {platform.python_version()}, NumPy {np.__version__}, BLAS: {parallel.blas_description()}")
+
+
+@dataclass(frozen=True)
+class Ceilings:
+    """This run's rates that the floors are made of."""
+
+    fp8_per_core: float  # FP8 weights decoded and multiplied per second, one core
+    gemm: float  # float32 FLOP/s, BLAS on every core
+    cores: int
+
+    @classmethod
+    def of(cls, figures: list[Figure]) -> Ceilings:
+        rate = {f.name: f.value for f in figures}
+        return cls(rate[FP8_CEILING] * 1e9, rate[GEMM_CEILING] * 1e9, parallel.cores())
+
+
+def layer_floor(cfg: Config, layer: int, tokens: int, cache: int, ceil: Ceilings) -> tuple[float, str]:
+    """The least time a layer step could take here: every FP8 weight it uses decoded once on every
+    core at the measured FP8 rate, and its products (2 x tokens x the weights each token uses, and
+    the attention core over the cache) at the measured GEMM rate, every core. A prefill uses the
+    experts its tokens choose: n x (1 - (1 - k/n)^T) of n routed experts, k per token, on average.
+    -> (seconds, how it was made)"""
+    shapes = layer_shapes(cfg, layer)
+    matrices = {name: math.prod(shape) for name, shape in shapes.items() if len(shape) == 2 and ".gate.weight" not in name}
+    routed = sum(v for name, v in matrices.items() if ".mlp.experts." in name)
+    rest = sum(matrices.values()) - routed
+    if cfg.is_moe_layer(layer) and cfg.n_routed_experts:
+        n, k = cfg.n_routed_experts, cfg.num_experts_per_tok
+        per_expert = routed / n
+        decoded = rest + per_expert * n * (1 - (1 - k / n) ** tokens)
+        per_token = rest + per_expert * k
+    else:
+        decoded = per_token = rest
+    attn = "absorb" if cache else "naive"
+    flops = 2.0 * tokens * per_token + core_flops(cfg, tokens, cache, attn)
+    seconds = decoded / (ceil.cores * ceil.fp8_per_core) + flops / ceil.gemm
+    how = (f"{decoded / 1e6:,.0f} M FP8 weights at {ceil.fp8_per_core / 1e9:.2f} G/s on each of {ceil.cores} cores "
+           f"+ {flops / 1e9:,.0f} GFLOP at {ceil.gemm / 1e9:.0f} GFLOP/s")
+    return seconds, how
+
+
+def with_floor(figures: list[Figure], floor: tuple[float, str]) -> list[Figure]:
+    return [replace(f, floor=floor[0], floor_note=floor[1]) for f in figures]
+
+
+def anchored(figures: list[Figure], why: str) -> list[Figure]:
+    """The ratios among the figures held to 1 (no slower than the other side); the rest as they are."""
+    return [replace(f, floor=1.0, floor_note=why) if f.unit == "x" else f for f in figures]
 
 
 def median_time(fn, repeat: int) -> float:
@@ -150,9 +215,9 @@ def ceilings() -> list[Figure]:
     decode = median_time(lambda: linear_fp8(x, w), 7)
     return [
         Figure("memory bandwidth (float32 copy, read + write)", 2 * a.nbytes / copy / 1e9, "GB/s"),
-        Figure("float32 GEMM 2048^3, BLAS on every core", 2 * 2048**3 / gemm / 1e9, "GFLOP/s"),
+        Figure(GEMM_CEILING, 2 * 2048**3 / gemm / 1e9, "GFLOP/s"),
         Figure("float32 GEMM 2048^3, BLAS on one core", 2 * 2048**3 / gemm_one / 1e9, "GFLOP/s"),
-        Figure("FP8 tile decode + matvec, 2048x7168, one core", codes.size / decode / 1e9, "G weights/s",
+        Figure(FP8_CEILING, codes.size / decode / 1e9, "G weights/s",
                note="weights in memory, so no helper process: the rate of one core"),
     ]
 
@@ -567,28 +632,34 @@ def run_all(workdir: Path, with_torch: bool, say, with_int4: bool = True, with_i
     """Every figure of docs/performance.md's tables; `say` reports progress lines."""
     say("measuring the machine's ceilings")
     figures = in_subprocess("ceilings")
+    ceil = Ceilings.of(figures)
     kimi = bench_config("kimi-k2", None)
     say("writing (once) the full-size layer 1 checkpoint: about 17 GB, several minutes")
     moe = ensure_checkpoint(workdir, kimi, range(1, 2))
     for folder in bench_checkpoints(workdir):  # the others' too: see bench_checkpoints
         forget_page_cache(folder)
-    fp8 = moe_figures(moe, say, "")  # decode steps vary: a median of 11
+    decode, prefill = moe_figures(moe, say, "")  # decode steps vary: a median of 11
+    fp8 = with_floor([decode], layer_floor(kimi, 1, 1, 1024, ceil)) + with_floor([prefill], layer_floor(kimi, 1, 512, 0, ceil))
     figures += fp8
     if with_int4:
-        figures += int4_versus_fp8(workdir, "kimi-k2", say, fp8)
+        figures += anchored(int4_versus_fp8(workdir, "kimi-k2", say, fp8), "no slower than FP8")
     dense = ensure_checkpoint(workdir, kimi, range(1))
     forget_page_cache(dense)
     say("dense layer 0: decode and prefill")
-    figures += in_subprocess("layer", checkpoint=dense, layer=0, tokens=1, cache=1024, repeat=8)
-    figures += in_subprocess("layer", checkpoint=dense, layer=0, tokens=512, cache=0, repeat=3)
+    figures += with_floor(in_subprocess("layer", checkpoint=dense, layer=0, tokens=1, cache=1024, repeat=8),
+                          layer_floor(kimi, 0, 1, 1024, ceil))
+    figures += with_floor(in_subprocess("layer", checkpoint=dense, layer=0, tokens=512, cache=0, repeat=3),
+                          layer_floor(kimi, 0, 512, 0, ceil))
     if with_torch:
         small = ensure_checkpoint(workdir, bench_config("kimi-k2", 16), range(1, 2))
         forget_page_cache(small)
         for tokens in (1, 32, 512):
             say(f"16-expert layer against transformers, T={tokens}")
-            figures += in_subprocess("torch", checkpoint=small, tokens=tokens, pairs={1: 9, 32: 7, 512: 5}[tokens])
+            figures += anchored(in_subprocess("torch", checkpoint=small, tokens=tokens,
+                                              pairs={1: 9, 32: 7, 512: 5}[tokens]), "no slower than transformers")
         say("16-expert layer against transformers, T=1, stepper's weight cache warm")
-        figures += in_subprocess("torch", checkpoint=small, tokens=1, pairs=9, cache_mb=WARM_CACHE_MB)
+        figures += anchored(in_subprocess("torch", checkpoint=small, tokens=1, pairs=9, cache_mb=WARM_CACHE_MB),
+                            "no slower than transformers")
     if with_indexer:
         figures += indexer_figures(workdir, say)
     return figures

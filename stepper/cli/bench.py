@@ -46,7 +46,14 @@ def bench_command(
         console.print(f"machine: {shown(bench.machine())}", soft_wrap=whole)
         for f in figures:
             rss = f"  peak RSS {f.peak_rss_mb:,.0f} MB" if f.peak_rss_mb else ""
-            console.print(f"{f.name}: {f.value:.3g} {f.unit}{rss}  {shown(f.note)}", soft_wrap=whole)
+            console.print(f"{f.name}: {f.value:.3g} {f.unit}{rss}{against_floor(f)}  {shown(f.note)}", soft_wrap=whole)
+
+
+def against_floor(f) -> str:
+    """'  = 1.23x its floor (how)' for a figure with a floor measured in the same run; '' without one."""
+    if f.floor is None:
+        return ""
+    return f"  = {f.ratio():.2f}x its floor {f.floor:.3g} {f.unit} ({shown(f.floor_note)})"
 
 
 def has_torch() -> bool:
