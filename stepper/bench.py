@@ -124,12 +124,14 @@ class Ceilings:
 
 def layer_floor(cfg: Config, layer: int, tokens: int, cache: int, ceil: Ceilings) -> tuple[float, str]:
     """The least time a layer step could take here: every FP8 weight it uses decoded once at the
-    FP8 rate measured with every core at once (two vCPUs need not give twice one's rate), and its products (2 x tokens x the weights each token uses, and
-    the attention core over the cache) at the measured GEMM rate, every core. A prefill uses the
+    FP8 rate measured with every core at once (two vCPUs need not give twice one's rate), and its
+    products (2 x tokens x the weights each token uses, and the attention core over the cache) at
+    the measured GEMM rate, every core. A prefill uses the
     experts its tokens choose: n x (1 - (1 - k/n)^T) of n routed experts, k per token, on average.
     -> (seconds, how it was made)"""
     shapes = layer_shapes(cfg, layer)
-    matrices = {name: math.prod(shape) for name, shape in shapes.items() if len(shape) == 2 and ".gate.weight" not in name}
+    matrices = {name: math.prod(shape) for name, shape in shapes.items()
+                if len(shape) == 2 and ".gate.weight" not in name}  # the router stays float32
     routed = sum(v for name, v in matrices.items() if ".mlp.experts." in name)
     rest = sum(matrices.values()) - routed
     if cfg.is_moe_layer(layer) and cfg.n_routed_experts:
@@ -218,8 +220,9 @@ def ceilings() -> list[Figure]:
         Figure("float32 GEMM 2048^3, BLAS on one core", 2 * 2048**3 / gemm_one / 1e9, "GFLOP/s"),
         one_core,
         Figure(FP8_EVERY_CORE, sum(f.value for f in together), "G weights/s",
-               note=f"one process per core at once ({len(together)}), each {', '.join(f'{f.value:.2f}' for f in together)}:"
-                    f" {sum(f.value for f in together) / one_core.value:.2f}x one core alone"),
+               note=f"one process per core at once ({len(together)}), each "
+                    f"{', '.join(f'{f.value:.2f}' for f in together)}: "
+                    f"{sum(f.value for f in together) / one_core.value:.2f}x one core alone"),
     ]
 
 
@@ -234,7 +237,8 @@ def fp8_rate() -> list[Figure]:
 
 
 def side_by_side(name: str, copies: int) -> list[Figure]:
-    """A scenario run in `copies` processes at once (each core busy, as when a product is shared): each one's figures."""
+    """A scenario run in `copies` processes at once (each core busy, as when a product is
+    shared): each one's figures."""
     argv = [sys.executable, "-m", "stepper.bench", name, "{}"]
     running = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(copies)]
     figures = []
@@ -416,11 +420,13 @@ def indexed_prefill(checkpoint: Path, layer: int, tokens: int, repeat: int) -> l
     parts = {
         "its Lightning Indexer": lambda: index_mask(x, w, LayerCache(), options, emit),
         "its attention under the indexer's mask": lambda: mla_attention(x, w, LayerCache(), options, emit, mask),
-        "the whole layer (indexer, attention, FFN)": lambda: model.layer(layer, x, rope, KVCache(cfg.num_hidden_layers), emit),
+        "the whole layer (indexer, attention, FFN)": lambda: model.layer(layer, x, rope, KVCache(cfg.num_hidden_layers),
+                                                                         emit),
     }
     kept = f"{min(cfg.index_topk, tokens)} of up to {tokens} positions kept per query"
     return [Figure(f"{cfg.name} layer {layer}: prefill {tokens} tokens, {what}", median_time(fn, repeat), "s",
-                   peak_rss_mb(), f"median of {repeat}; {kept}; checkpoint read into the page cache first ({filled:.0f} s)")
+                   peak_rss_mb(),
+                   f"median of {repeat}; {kept}; checkpoint read into the page cache first ({filled:.0f} s)")
             for what, fn in parts.items()]
 
 
@@ -447,7 +453,8 @@ def attention_run(model: str, tokens: int, cache: int, attn: str, shown: bool, r
     with core:
         for _ in range(2):  # untimed: a weight is kept from its second use on
             w.rope = transformer.rope(np.arange(1), Emitter())
-            mla_attention(rng.standard_normal((1, 1, cfg.hidden_size), dtype=np.float32), w, LayerCache(), options, Emitter())
+            one = rng.standard_normal((1, 1, cfg.hidden_size), dtype=np.float32)
+            mla_attention(one, w, LayerCache(), options, Emitter())
         for run in range(repeat):
             kv = KVCache(1)
             kv.layers[0] = random_cache(w, cfg, cache, attn, rng)
@@ -464,12 +471,14 @@ def attention_run(model: str, tokens: int, cache: int, attn: str, shown: bool, r
             times.append(time.perf_counter() - start)
     what = f"decode 1 token over {cache} cached positions" if tokens == 1 else f"prefill {tokens} tokens"
     flops, gemm = core_flops(cfg, tokens, cache, attn), gemm_rate()
-    note = f"{'every tensor shown (statistics, histogram, corners)' if shown else 'no tensor shown'}; median of {repeat}"
+    seen = "every tensor shown (statistics, histogram, corners)" if shown else "no tensor shown"
+    note = f"{seen}; median of {repeat}"
     if 0 < chunk < tokens:
         note += f"; in chunks of {chunk} positions{' (each run twice: statistics, then histograms)' if shown else ''}"
     if core.seconds:
         note += (f"; attention core (kernels.attend) {core.seconds:.3g} s, {flops / core.seconds / 1e9:.1f} GFLOP/s = "
-                 f"{flops / core.seconds / gemm:.0%} of the float32 GEMM rate here ({gemm / 1e9:.1f} GFLOP/s, every core)")
+                 f"{flops / core.seconds / gemm:.0%} of the float32 GEMM rate here "
+                 f"({gemm / 1e9:.1f} GFLOP/s, every core)")
     return [Figure(f"{cfg.name} attention ({attn}): {what}", float(np.median(times)), "s", peak_rss_mb(), note)]
 
 
@@ -539,7 +548,8 @@ def long_context(model: str, say, prefills=(4096, 16384, 32768), caches=(8192, 3
     for tokens in prefills:
         for shown in (False, True) if tokens in shown_prefills else (False,):
             say(f"{model} attention: prefill {tokens} tokens, {'every tensor shown' if shown else 'silent'}")
-            figures += in_subprocess("attention", model=model, tokens=tokens, cache=0, attn="naive", shown=shown, repeat=1)
+            figures += in_subprocess("attention", model=model, tokens=tokens, cache=0, attn="naive", shown=shown,
+                                     repeat=1)
     for tokens in shown_chunked:
         say(f"{model} attention: absorbed prefill {tokens} tokens in chunks of {SHOWN_CHUNK}, every tensor shown")
         figures += in_subprocess("attention", model=model, tokens=tokens, cache=0, attn="absorb", shown=True, repeat=1)
@@ -568,7 +578,8 @@ def expert_products(fp8: str, int4: str, tokens: int, pairs: int, layer: int = 1
                    f"{fp8_time * 1e3:.2f} ms")]
 
 
-SCENARIOS = {"ceilings": ceilings, "fp8_rate": fp8_rate, "layer": layer_run, "torch": versus_torch, "indexed": indexed_prefill,
+SCENARIOS = {"ceilings": ceilings, "fp8_rate": fp8_rate, "layer": layer_run, "torch": versus_torch,
+             "indexed": indexed_prefill,
              "attention": attention_run, "experts": expert_products}
 
 
@@ -663,7 +674,8 @@ def run_all(workdir: Path, with_torch: bool, say, with_int4: bool = True, with_i
     for folder in bench_checkpoints(workdir):  # the others' too: see bench_checkpoints
         forget_page_cache(folder)
     decode, prefill = moe_figures(moe, say, "")  # decode steps vary: a median of 11
-    fp8 = with_floor([decode], layer_floor(kimi, 1, 1, 1024, ceil)) + with_floor([prefill], layer_floor(kimi, 1, 512, 0, ceil))
+    fp8 = (with_floor([decode], layer_floor(kimi, 1, 1, 1024, ceil))
+           + with_floor([prefill], layer_floor(kimi, 1, 512, 0, ceil)))
     figures += fp8
     if with_int4:
         figures += anchored(int4_versus_fp8(workdir, "kimi-k2", say, fp8), "no slower than FP8")
@@ -689,7 +701,8 @@ def run_all(workdir: Path, with_torch: bool, say, with_int4: bool = True, with_i
     return figures
 
 
-def indexer_figures(workdir: Path, say, model: str = "deepseek-v3.2", tokens: int = 4096, repeat: int = 3) -> list[Figure]:
+def indexer_figures(workdir: Path, say, model: str = "deepseek-v3.2", tokens: int = 4096,
+                    repeat: int = 3) -> list[Figure]:
     """DeepSeek-V3.2's layer 0 (dense, about 0.6 GB), written once: a prefill's indexer apart from its attention."""
     say(f"writing (once) the {model} layer 0 checkpoint")
     folder = ensure_checkpoint(workdir, bench_config(model, None), range(1))

@@ -65,7 +65,9 @@ def apply_tiles(tokens: np.ndarray, w: Fp8Matrix, k: int, rows: np.ndarray, deco
     With fewer tokens than a scale block has rows, a tile is one block and its scales go onto the
     inputs. With more, they go onto the tiles (one pass over each), the inputs are scaled once,
     and a tile is several blocks high: BLAS repacks the inputs for every product, so taller tiles
-    run faster (docs/design-notes.md). Such a tile is decoded block by block, so that each block's passes run in the cache.
+    run faster (docs/design-notes.md). A tile is decoded (and, for few tokens, multiplied) in parts
+    of at most a block whose float32 fit in half the L2 read from the machine (kernels.caches), so
+    that each pass runs in the cache: a block [128, 7168] (3.5 MiB) does not fit a 2 MiB L2.
 
     With `claim`, only the tiles it hands out are done (by index, until it gives None), and with
     `nan_check` the caller puts together and remembers what was found (fp8_workers shares a
