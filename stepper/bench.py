@@ -39,12 +39,12 @@ from pathlib import Path
 
 import numpy as np
 
-from stepper import files
+from stepper import cpu_caches, files
 from stepper.config import Config, load_config
 from stepper.families import derive
 from stepper.fp8 import quantize
 from stepper.kernels import attention as kernels_attention
-from stepper.kernels import caches, fp8_workers, parallel
+from stepper.kernels import fp8_workers, parallel
 from stepper.kernels.fp8_matmul import linear_fp8
 from stepper.kernels.weight_cache import CachedWeights
 from stepper.model import KVCache, Transformer, synthetic_cache
@@ -104,7 +104,7 @@ def machine() -> str:
     except OSError:
         pass
     features = " ".join(f for f in FEATURES if f in flags) or "not reported"
-    return (f"{cpu}, {os.cpu_count()} cores, L2 {caches.l2_bytes() >> 10} KiB per core; CPU features: {features}; "
+    return (f"{cpu}, {os.cpu_count()} cores, L2 {cpu_caches.l2_bytes() >> 10} KiB per core; CPU features: {features}; "
             f"Python {platform.python_version()}, NumPy {np.__version__}, BLAS: {parallel.blas_description()}")
 
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from stepper.kernels import caches
+from stepper import cpu_caches
 from stepper.weights.stored import Fp8Matrix
 
 Decoder = Callable[[np.ndarray, np.ndarray], object]  # (codes [rows, in], out float32 [rows, in]); result unused
@@ -66,7 +66,7 @@ def apply_tiles(tokens: np.ndarray, w: Fp8Matrix, k: int, rows: np.ndarray, deco
     inputs. With more, they go onto the tiles (one pass over each), the inputs are scaled once,
     and a tile is several blocks high: BLAS repacks the inputs for every product, so taller tiles
     run faster (docs/design-notes.md). A tile is decoded (and, for few tokens, multiplied) in parts
-    of at most a block whose float32 fit in half the L2 read from the machine (kernels.caches), so
+    of at most a block whose float32 fit in half the L2 read from the machine (cpu_caches), so
     that each pass runs in the cache: a block [128, 7168] (3.5 MiB) does not fit a 2 MiB L2.
 
     With `claim`, only the tiles it hands out are done (by index, until it gives None), and with
@@ -85,7 +85,7 @@ def apply_tiles(tokens: np.ndarray, w: Fp8Matrix, k: int, rows: np.ndarray, deco
         scales = column_scales(w, c)
     else:
         scales, scaled = column_scales(w, k), np.empty(tokens.shape, np.float32)
-    step = min(block_rows, caches.rows_in_cache(4 * in_dim))  # rows whose float32 fit in the L2: each pass stays there
+    step = min(block_rows, cpu_caches.rows_in_cache(4 * in_dim))  # rows whose float32 fit in the L2
     for i in range(len(tiles)) if claim is None else iter(claim, None):
         r, start, end = tiles[i]
         tile = buffer[: end - start]

@@ -27,8 +27,7 @@ from functools import cache
 
 import numpy as np
 
-from stepper import int4
-from stepper.kernels import caches
+from stepper import cpu_caches, int4
 from stepper.kernels.fp8_tiles import TALL_TILE_BYTES, kept_memory
 from stepper.seams.swap import bypasses
 from stepper.weights.stored import Int4Matrix
@@ -65,8 +64,8 @@ def tile_rows(w: Int4Matrix) -> int:
 
 
 def tile_values() -> int:
-    """Values decoded at once, from the L2 the machine reports (kernels.caches)."""
-    return caches.l2_bytes() // TILE_SHARE
+    """Values decoded at once, from the L2 the machine reports (cpu_caches)."""
+    return cpu_caches.l2_bytes() // TILE_SHARE
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,11 @@ import threading
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from fractions import Fraction
-from functools import lru_cache
+from functools import cache, lru_cache
 
 import numpy as np
+
+from stepper import cpu_caches
 
 BINS = 16  # the bins of a sparkline's histogram
 CORNER = 3  # values of each corner
@@ -154,11 +156,18 @@ class Buckets:
         self.total = self.squares = 0  # what was moved out of the sums, in units of 2**-EXACT_SHIFT
 
     def add(self, values: np.ndarray) -> None:
-        """values: finite float32 [n], n <= CHUNK. Every pass writes into memory kept from one
-        chunk to the next (`scratch`): fresh arrays of a chunk's size fault their pages in at
-        every call, which cost ten times the arithmetic here."""
+        """values: finite float32 [n], n <= CHUNK, summed in_cache() values at a time."""
         if self.pending + values.size > FLUSH:
             self.exact()
+        step = in_cache()
+        for start in range(0, values.size, step):
+            self.add_part(values[start : start + step])
+        self.pending += values.size
+
+    def add_part(self, values: np.ndarray) -> None:
+        """Every pass writes into memory kept from one call to the next (`scratch`): fresh arrays
+        of a chunk's size fault their pages in at every call, which cost ten times the arithmetic
+        here. The four arrays of a part fit in the L2 with room to spare."""
         n = values.size
         wide, high, low = (scratch(use, n, np.float64) for use in ("wide", "high", "low"))
         indices = scratch("indices", n, np.int64)
@@ -168,7 +177,6 @@ class Buckets:
         np.subtract(low, high, out=low)  # the rest, exact
         for row, part in zip(self.sums, (wide, high, low)):
             row += np.bincount(exponents(part, out=indices), weights=part, minlength=EXPONENTS)
-        self.pending += n
 
     def exact(self) -> tuple[int, int]:
         """-> the sum of the values and of their squares so far, in units of 2**-EXACT_SHIFT"""
@@ -187,6 +195,15 @@ def exponents(values: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
 
 
 _kept = threading.local()
+PART_BYTES = 4 * 8 * 2  # bytes per value of Buckets.add_part's arrays (four of 8 bytes), and as much again free
+
+
+@cache
+def in_cache() -> int:
+    """Values Buckets.add_part takes at once: a power of two whose arrays fit the L2 the machine
+    reports (cpu_caches), 2^12 to CHUNK."""
+    fit = cpu_caches.l2_bytes() // PART_BYTES
+    return max(1 << 12, min(CHUNK, 1 << (fit.bit_length() - 1)))
 
 
 def scratch(use: str, n: int, dtype) -> np.ndarray:

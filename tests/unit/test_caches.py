@@ -3,8 +3,7 @@
 import numpy as np
 import pytest
 
-from stepper import fp8
-from stepper.kernels import caches
+from stepper import cpu_caches, fp8
 from stepper.kernels.fp8_matmul import linear_fp8, products_via_dequantize
 from stepper.kernels.fp8_tiles import in_steps
 from stepper.weights.stored import Fp8Matrix
@@ -21,21 +20,21 @@ def test_the_l2_is_read_from_a_sysfs_cache_folder(tmp_path):
     write_cache(tmp_path, 1, 1, "Instruction", "64K")
     write_cache(tmp_path, 2, 2, "Unified", "2048K")
     write_cache(tmp_path, 3, 3, "Unified", "491520K")
-    assert caches.l2_from_sysfs(tmp_path) == 2048 * 1024
-    assert caches.l2_from_sysfs(tmp_path / "missing") is None
+    assert cpu_caches.l2_from_sysfs(tmp_path) == 2048 * 1024
+    assert cpu_caches.l2_from_sysfs(tmp_path / "missing") is None
 
 
 @pytest.mark.parametrize("text, size", [("2048K", 2 << 20), ("1M", 1 << 20), ("512", 512), ("", None), ("xK", None),
                                         ("0K", None)])
 def test_sizes_are_parsed_or_refused(text, size):
-    assert caches.parse_size(text) == size
+    assert cpu_caches.parse_size(text) == size
 
 
 def test_rows_in_cache_take_half_the_l2_in_multiples_of_eight(monkeypatch):
-    monkeypatch.setattr(caches, "l2_bytes", lambda: 2 << 20)
-    assert caches.rows_in_cache(7168 * 4) == 32  # 1 MiB / 28 KiB = 36.6 -> 32
-    assert caches.rows_in_cache(1536 * 4) == 168
-    assert caches.rows_in_cache(10 << 20) == 8  # never fewer than one multiple
+    monkeypatch.setattr(cpu_caches, "l2_bytes", lambda: 2 << 20)
+    assert cpu_caches.rows_in_cache(7168 * 4) == 32  # 1 MiB / 28 KiB = 36.6 -> 32
+    assert cpu_caches.rows_in_cache(1536 * 4) == 168
+    assert cpu_caches.rows_in_cache(10 << 20) == 8  # never fewer than one multiple
 
 
 def test_steps_cover_every_row_once_and_never_cross_a_scale_block():
@@ -47,7 +46,7 @@ def test_steps_cover_every_row_once_and_never_cross_a_scale_block():
 
 @pytest.mark.parametrize("tokens", [1, 5, 200])  # scales on the inputs; on the tiles (taller than a block)
 def test_products_in_parts_of_a_small_cache_equal_the_readable_and_exact_products(monkeypatch, tokens):
-    monkeypatch.setattr(caches, "l2_bytes", lambda: 2 * 8 * 4 * 700)  # parts of 8 rows: 16 per scale block
+    monkeypatch.setattr(cpu_caches, "l2_bytes", lambda: 2 * 8 * 4 * 700)  # parts of 8 rows: 16 per scale block
     rng = np.random.default_rng(tokens)
     codes, scale_inv = fp8.quantize(rng.standard_normal((300, 700)).astype(np.float32) * 0.05)
     w = Fp8Matrix.of(codes, scale_inv)

@@ -1,4 +1,5 @@
-"""The CPU's caches, read from the machine: the sizes the kernels' tiles and blocks are cut to.
+"""The CPU's caches, read from the machine: the sizes the kernels' tiles and blocks (and the exact
+statistics' passes) are cut to.
 
 A tile decoded in several NumPy passes runs each pass in the cache only if it fits there: on a
 CPU whose L2 holds 2 MiB, an FP8 tile of one scale block [128, 7168] in float32 (3.5 MiB) sends
