@@ -68,7 +68,7 @@ def apply_tiles(tokens: np.ndarray, w: Fp8Matrix, k: int, rows: np.ndarray, deco
     With fewer tokens than a scale block has rows, a tile is one block and its scales go onto the
     inputs. With more, they go onto the tiles (one pass over each), the inputs are scaled once,
     and a tile is several blocks high: BLAS repacks the inputs for every product, so taller tiles
-    run faster (docs/design-notes.md). A tile is decoded (and, for few tokens, multiplied) in parts
+    run faster (docs/design-notes.md). A tile is decoded (and, for one token, multiplied) in parts
     of at most a block whose float32 fit in half the L2 read from the machine (cpu_caches), so
     that each pass runs in the cache: a block [128, 7168] (3.5 MiB) does not fit a 2 MiB L2.
 
