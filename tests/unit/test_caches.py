@@ -55,3 +55,17 @@ def test_products_in_parts_of_a_small_cache_equal_the_readable_and_exact_product
     exact = x.astype(np.float64) @ w.dequantize().astype(np.float64).T
     assert np.abs(y - exact).max() <= 2e-6 * np.abs(exact).max()
     assert np.array_equal(y, products_via_dequantize(x, [w])[0])  # the same tiles through fp8.dequantize
+
+
+def test_int4_tiles_take_a_quarter_of_the_l2(monkeypatch):
+    from stepper.kernels.int4_tiles import tile_rows
+    from stepper.weights.stored import Int4Matrix
+
+    def weight(in_features):
+        return Int4Matrix(np.zeros((256, in_features // 8), np.int32), np.ones((256, in_features // 32), np.float32),
+                          in_features)
+
+    monkeypatch.setattr(cpu_caches, "l2_bytes", lambda: 2 << 20)  # 2^17 float32 values a tile
+    assert (tile_rows(weight(7168)), tile_rows(weight(2048))) == (32, 64)
+    monkeypatch.setattr(cpu_caches, "l2_bytes", lambda: 8 << 20)
+    assert (tile_rows(weight(7168)), tile_rows(weight(2048))) == (64, 128)  # whole 32s; at most MOST_TILE_ROWS
