@@ -10,6 +10,7 @@ with a `StepperError` that names the field.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import math
 from dataclasses import dataclass
@@ -25,6 +26,13 @@ MODEL_TYPES = ("deepseek_v3", "kimi_k2", "deepseek_v2", "deepseek_v32")
 WRAPPER_TYPES = ("kimi_k25",)
 ARCHITECTURES = {"deepseek_v3": "DeepseekV3ForCausalLM", "kimi_k2": "DeepseekV3ForCausalLM",
                  "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v32": "DeepseekV32ForCausalLM"}
+# MLA families whose config.json stepper translates (stepper/families/<model_type>.py: to_mla, published)
+FAMILY_TYPES = ("sarvam_mla",)
+
+
+def family_module(model_type: str):
+    """The module that reads and writes an MLA family's own config.json (None for DeepSeek's types)."""
+    return importlib.import_module(f"stepper.families.{model_type}") if model_type in FAMILY_TYPES else None
 
 
 @dataclass(frozen=True)
@@ -37,6 +45,15 @@ class Yarn:
     beta_slow: float = 1.0
     mscale: float = 1.0
     mscale_all_dim: float = 0.0
+
+
+@dataclass(frozen=True)
+class QueryScale:
+    """Llama 4's position-dependent query scale (Mistral 4): queries at position p are multiplied
+    by 1 + beta * ln(1 + floor(p / original_max_position_embeddings))."""
+
+    beta: float
+    original_max_position_embeddings: int
 
 
 @dataclass(frozen=True)
@@ -136,6 +153,13 @@ class Config:
     index_n_heads: int | None = None
     index_head_dim: int | None = None
     index_topk: int | None = None
+    # the MLA families' differences (stepper/families): lm_head is the embedding (Youtu); the router
+    # adds no learned bias to choose (A.X-K1, Mistral 4); an RMSNorm on the MoE's output (A.X-K1);
+    # queries scaled by position (Mistral 4)
+    tie_word_embeddings: bool = False
+    router_bias: bool = True
+    moe_output_norm: bool = False
+    query_scale: QueryScale | None = None
 
     @property
     def has_indexer(self) -> bool:
@@ -159,9 +183,15 @@ class Config:
         return _parse(raw, name)
 
     def to_hf(self) -> dict[str, Any]:
-        """The config.json dict an HF checkpoint of this model carries (DeepseekV3 field names)."""
+        """The config.json dict an HF checkpoint of this model carries: DeepseekV3 field names, or
+        the family's published ones."""
+        family = family_module(self.model_type)
+        return self.mla_hf() if family is None else family.published(self)
+
+    def mla_hf(self) -> dict[str, Any]:
+        """This config in DeepseekV3 field names (what the MLA families translate from and to)."""
         out: dict[str, Any] = {
-            "architectures": [ARCHITECTURES[self.model_type]],
+            "architectures": [ARCHITECTURES.get(self.model_type, "DeepseekV3ForCausalLM")],
             "model_type": self.model_type,
             "num_key_value_heads": self.num_attention_heads,
             "hidden_act": "silu",
@@ -171,7 +201,7 @@ class Config:
         }
         for f in dataclasses.fields(self):
             if f.name in ("name", "model_type", "rope_scaling", "quantization", "wrapper", "int4", "scoring_func",
-                          "topk_method"):
+                          "topk_method", *FAMILY_FIELDS):
                 continue
             if f.name.startswith("index_") and not self.has_indexer:
                 continue
@@ -189,6 +219,9 @@ class Config:
         if self.int4 is not None:
             out["quantization_config"] = self.int4.to_hf()
         return out
+
+
+FAMILY_FIELDS = ("tie_word_embeddings", "router_bias", "moe_output_norm", "query_scale")  # written by families
 
 
 def load_config(path: str | Path) -> Config:
@@ -257,8 +290,12 @@ def _parse(raw: dict[str, Any], source: str) -> Config:
     model_type = f.str("model_type")
     if model_type in WRAPPER_TYPES:
         return _kimi_k25(f)
-    if model_type not in MODEL_TYPES:
-        raise f.fail("model_type", f"must be one of {', '.join(MODEL_TYPES)}, got {model_type!r}")
+    family, extra = family_module(model_type), {}
+    if family is not None:  # the family's published fields, renamed and checked, into DeepseekV3's
+        raw, extra = family.to_mla(f)
+        f = _Fields(raw, source)
+    elif model_type not in MODEL_TYPES:
+        raise f.fail("model_type", f"must be one of {', '.join(MODEL_TYPES + FAMILY_TYPES)}, got {model_type!r}")
     _require_equal(f, "hidden_act", "silu")
     if raw.get("attention_bias"):
         raise f.fail("attention_bias", "must be false: MLA projections have no bias")
@@ -275,13 +312,14 @@ def _parse(raw: dict[str, Any], source: str) -> Config:
             f"up-projected key and value; got {kv_heads}",
         )
     rope_theta, rope_scaling = _rope(f)
+    no_experts = {} if raw.get("n_routed_experts") else {"default": 0, "minimum": 0}  # dense layers only: no expert size
     cfg = Config(
         name=model_name(raw, source),
         model_type=model_type,
         vocab_size=f.int("vocab_size"),
         hidden_size=f.int("hidden_size"),
         intermediate_size=f.int("intermediate_size"),
-        moe_intermediate_size=f.int("moe_intermediate_size"),
+        moe_intermediate_size=f.int("moe_intermediate_size", **no_experts),
         num_hidden_layers=f.int("num_hidden_layers"),
         num_attention_heads=heads,
         q_lora_rank=f.optional_int("q_lora_rank"),
@@ -305,6 +343,7 @@ def _parse(raw: dict[str, Any], source: str) -> Config:
         quantization=_quantization(f),
         int4=_int4_groups(f),
         **_family(f, model_type),
+        **extra,
     )
     _check_consistency(cfg, f)
     return cfg
@@ -376,7 +415,7 @@ ROUTERS = {  # model_type -> the router's scoring functions and selection rules,
 
 def _family(f: _Fields, model_type: str) -> dict[str, Any]:
     """The fields that tell the families apart: the router's scoring and selection, V3.2's indexer."""
-    scorings, methods = ROUTERS[model_type]
+    scorings, methods = ROUTERS[model_type] if model_type in ROUTERS else family_module(model_type).ROUTER
     chosen = {}
     for field, allowed in (("scoring_func", scorings), ("topk_method", methods)):
         chosen[field] = f.str(field, default=allowed[0])

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from stepper.config import Config
+from stepper.config import FAMILY_TYPES, Config, family_module
 from stepper.errors import StepperError
 
 _FP8 = {
@@ -290,6 +290,10 @@ PRESETS.update({
         "index_topk": 2048,
     },
 })
+
+
+for _model_type in FAMILY_TYPES:  # the MLA families' presets, in each family's published config.json
+    PRESETS.update(family_module(_model_type).PRESETS)
 
 
 def preset(name: str) -> Config:

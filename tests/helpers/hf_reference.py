@@ -177,6 +177,18 @@ FAMILIES = {
 MOE_CLASSES = tuple({f.moe for f in FAMILIES.values()})
 
 
+def register(model_type: str, family: SimpleNamespace) -> None:
+    """Trace another MLA family's model (helpers.hf_families): `family` has the fields of FAMILIES'
+    entries (`moe` None for a family without experts) and optionally `names` ((name, after) pairs
+    of its own tensors), `install(rec, layer, reg)` (more hooks), `derive(layer, raw, B, T)` (its
+    own tensors), `derive_router(moe, raw, B, T, i)` (another router) and `globals(model,
+    position_ids)` (its own tensors outside the layers)."""
+    global MOE_CLASSES
+    FAMILIES[model_type] = family
+    MOE_CLASSES = tuple({f.moe for f in FAMILIES.values() if f.moe is not None})
+    LAYER_NAMES_FAMILIES.extend(n for n in getattr(family, "names", ()) if n not in LAYER_NAMES_FAMILIES)
+
+
 def family_of(config: dict[str, Any]) -> SimpleNamespace:
     return FAMILIES[config.get("model_type", "deepseek_v3")]
 
@@ -474,6 +486,9 @@ class _Recorder:
             ln2 = layer.post_attention_layernorm
             reg(ln2.register_forward_pre_hook(self._in("attn_residual")))
             reg(ln2.register_forward_hook(self._out("post_attention_layernorm")))
+            install = getattr(family_of({"model_type": self.cfg.model_type}), "install", None)
+            if install is not None:
+                install(self, layer, reg)
             mlp = layer.mlp
             reg(mlp.register_forward_hook(self._out("mlp_output")))
             if isinstance(mlp, MOE_CLASSES):
@@ -643,16 +658,19 @@ def _derive_layer(model: DeepseekV3ForCausalLM, i: int, r: dict[str, Any]) -> di
 
     if hasattr(attn, "indexer"):
         out.update(_derive_indexer(attn.indexer, r, B, T))
+    family = FAMILIES[cfg.model_type]
     if isinstance(layer.mlp, hf_ds2.DeepseekV2Moe):
         out.update(_derive_router_v2(layer.mlp, r, B, T, i))
     elif isinstance(layer.mlp, MOE_CLASSES):
-        out.update(_derive_router(layer.mlp, r, B, T, i))
+        out.update(getattr(family, "derive_router", _derive_router)(layer.mlp, r, B, T, i))
     else:
         out["mlp.gate_proj"] = r["gate_proj"]
         out["mlp.up_proj"] = r["up_proj"]
         out["mlp.act"] = r["act"]
     out["mlp_output"] = r["mlp_output"]
     out["output"] = r["output"]
+    if hasattr(family, "derive"):
+        out.update(family.derive(layer, r, B, T))
     return out
 
 
@@ -794,6 +812,9 @@ def _one_pass(model, rec: _Recorder, ids: torch.Tensor, pos0: int, cache) -> tup
     trace["embed"] = g["embed"]
     trace["rope_cos"] = g["rope_cos"][0]  # [T, rope], batch 0 (all batch rows share positions)
     trace["rope_sin"] = g["rope_sin"][0]
+    family = FAMILIES[model.config.model_type]
+    if hasattr(family, "globals"):
+        trace.update(family.globals(model, position_ids))
     n_layers = len(model.model.layers)
     if sorted(k for k in rec.raw if k is not None) != list(range(n_layers)) or None in rec.raw:
         raise RuntimeError(f"hf_reference: captured layers {sorted(map(str, rec.raw))}, expected 0..{n_layers - 1}")

@@ -1,0 +1,83 @@
+"""What the MLA families' config readers share: their published config.json read into DeepseekV3's
+field names (stepper.config parses those), each field stepper does not build refused by name, and
+the way back for `synth`.
+
+A family module (stepper/families/<model_type>.py) holds the family's published defaults (its
+transformers configuration's), the fields it renames, and `to_mla` / `published`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def with_defaults(raw: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    """The config with the family's published default for each field it does not give."""
+    return {**defaults, **raw}
+
+
+def renamed(f, names: dict[str, str]) -> dict[str, Any]:
+    """The raw config with the family's own field names (`num_experts`) under DeepseekV3's
+    (`n_routed_experts`); both given with different values is refused naming the old one."""
+    raw = dict(f.raw)
+    for old, new in names.items():
+        if old not in raw:
+            continue
+        value = raw.pop(old)
+        if new in raw and raw[new] != value:
+            raise f.fail(old, f"({value!r}) disagrees with {new} ({raw[new]!r}); give one of them")
+        raw[new] = value
+    return raw
+
+
+def rope_block(raw: dict[str, Any]) -> dict[str, Any]:
+    """The rope settings block (`rope_parameters`, or the older `rope_scaling`), {} when none."""
+    block = raw.get("rope_parameters") if isinstance(raw.get("rope_parameters"), dict) else raw.get("rope_scaling")
+    return block if isinstance(block, dict) else {}
+
+
+def check_interleaved(f, raw: dict[str, Any]) -> None:
+    """stepper rotates the rope dims in interleaved pairs (`rope_interleave: true`, every MLA
+    family's default); the half-split layout is not built."""
+    if raw.get("rope_interleave", True) is not True:
+        raise f.fail("rope_interleave", f"must be true: stepper rotates interleaved pairs, got {raw['rope_interleave']!r}")
+
+
+def check_rotary_fraction(f, raw: dict[str, Any], expected: float) -> None:
+    """`partial_rotary_factor` (top level or in the rope block) must make the rotary part exactly
+    qk_rope_head_dim wide: `expected` is the fraction that does for this family."""
+    for where, block in (("partial_rotary_factor", raw), ("rope_parameters.partial_rotary_factor", rope_block(raw))):
+        value = block.get("partial_rotary_factor")
+        if value is not None and value != expected:
+            raise f.fail(where, f"must be {expected}: stepper rotates exactly qk_rope_head_dim dims, got {value!r}")
+
+
+def dense_prefix(f, raw: dict[str, Any]) -> tuple[int, int]:
+    """`mlp_layer_types` ("dense"/"sparse" per layer) as DeepSeek's rule: first_k_dense_replace
+    dense layers, then MoE every moe_layer_freq-th layer; a pattern the rule cannot say is refused."""
+    types = raw.get("mlp_layer_types")
+    n = raw["num_hidden_layers"]
+    if not isinstance(types, list) or len(types) != n or not set(types) <= {"dense", "sparse"}:
+        raise f.fail("mlp_layer_types", f"must list 'dense' or 'sparse' for each of the {n} layers, got {types!r}")
+    first = types.index("sparse") if "sparse" in types else n
+    sparse = [i for i, t in enumerate(types) if t == "sparse"]
+    freq = sparse[1] - sparse[0] if len(sparse) > 1 else 1
+    if [i >= first and i % freq == 0 for i in range(n)] != [t == "sparse" for t in types]:
+        raise f.fail("mlp_layer_types", "must be dense layers then MoE layers every k-th one (DeepSeek's "
+                     f"first_k_dense_replace / moe_layer_freq), got {types}")
+    return first, freq
+
+
+def refuse_present(f, raw: dict[str, Any], fields: tuple[str, ...], why: str) -> None:
+    """Refuse, naming it, the first of `fields` the config gives a value other than null, 0 or false."""
+    for field in fields:
+        if raw.get(field):
+            raise f.fail(field, f"is not built: {why}, got {raw[field]!r}")
+
+
+def published_fields(cfg, model_type: str, architecture: str, drop: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The config in DeepseekV3's names under the family's model_type and architecture, without the
+    fields the family does not have."""
+    out = {k: v for k, v in cfg.mla_hf().items() if k not in ("scoring_func", "topk_method", *drop)}
+    return {"architectures": [architecture], "model_type": model_type, **{k: v for k, v in out.items()
+                                                                          if k not in ("architectures", "model_type")}}

@@ -1,0 +1,72 @@
+"""Sarvam (`sarvam_mla`, sarvamai/sarvam-105b): DeepSeek-V3's layer under older config names.
+
+transformers runs it as DeepseekV3ForCausalLM (models/sarvam_mla/configuration_sarvam_mla.py
+translates the config): `num_experts` and `num_shared_experts` are n_routed_experts and
+n_shared_experts; `q_head_dim` is qk_nope_head_dim + qk_rope_head_dim; `head_dim` is
+kv_lora_rank + qk_rope_head_dim (the latent a token caches, written for vLLM), not a size of the
+attention, and is not read; a `rope_scaling` of type `deepseek_yarn` is YaRN. The checkpoint stores
+DeepSeek-V3's tensor names with one tensor per expert, BF16.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stepper.families import mla_fields
+
+MODEL_TYPE = "sarvam_mla"
+ROUTER = (("sigmoid",), ("noaux_tc",))  # DeepseekV3TopkRouter
+RENAMED = {"num_experts": "n_routed_experts", "num_shared_experts": "n_shared_experts"}
+DEFAULTS: dict[str, Any] = {  # SarvamMLAConfig's
+    "vocab_size": 262144, "hidden_size": 4096, "intermediate_size": 16384, "moe_intermediate_size": 2048,
+    "num_hidden_layers": 32, "num_attention_heads": 64, "n_shared_experts": 1, "n_routed_experts": 128,
+    "routed_scaling_factor": 2.5, "kv_lora_rank": 512, "q_lora_rank": None, "qk_rope_head_dim": 64,
+    "v_head_dim": 128, "qk_nope_head_dim": 128, "n_group": 1, "topk_group": 1, "num_experts_per_tok": 8,
+    "first_k_dense_replace": 1, "norm_topk_prob": True, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
+}
+
+
+def to_mla(f) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Sarvam's config.json in DeepseekV3's names, and no field of stepper's beyond them."""
+    raw = mla_fields.with_defaults(mla_fields.renamed(f, RENAMED), DEFAULTS)
+    mla_fields.check_interleaved(f, raw)
+    raw.pop("head_dim", None)  # kv_lora_rank + qk_rope_head_dim for vLLM: not the attention's
+    q_head_dim = raw.pop("q_head_dim", None)
+    if q_head_dim is not None and q_head_dim != raw["qk_nope_head_dim"] + raw["qk_rope_head_dim"]:
+        raise f.fail("q_head_dim", f"must be qk_nope_head_dim + qk_rope_head_dim "
+                     f"({raw['qk_nope_head_dim'] + raw['qk_rope_head_dim']}), got {q_head_dim!r}")
+    rope = raw.get("rope_scaling")
+    if isinstance(rope, dict) and "deepseek_yarn" in (rope.get("type"), rope.get("rope_type")):
+        raw["rope_scaling"] = {**{k: v for k, v in rope.items() if k not in ("type", "rope_type")}, "type": "yarn"}
+    return raw, {}
+
+
+def published(cfg) -> dict[str, Any]:
+    """The config.json of a Sarvam checkpoint: the older names, `head_dim` as Sarvam writes it."""
+    out = mla_fields.published_fields(cfg, MODEL_TYPE, "SarvamMLAForCausalLM")
+    for old, new in RENAMED.items():
+        out[old] = out.pop(new)
+    out["q_head_dim"] = cfg.qk_head_dim
+    out["head_dim"] = cfg.kv_lora_rank + cfg.qk_rope_head_dim
+    if cfg.rope_scaling is not None:
+        out["rope_scaling"]["type"] = "deepseek_yarn"
+    return out
+
+
+_PUBLISHED = {"architectures": ["SarvamMLAForCausalLM"], "model_type": MODEL_TYPE, "hidden_act": "silu",
+              "attention_bias": False, "tie_word_embeddings": False, "rope_theta": 10000.0}
+PRESETS: dict[str, dict[str, Any]] = {
+    "sarvam-105b": {**_PUBLISHED, "_name_or_path": "sarvam-105b", **{k: v for k, v in DEFAULTS.items() if k not in RENAMED.values()},
+                    "num_experts": 128, "num_shared_experts": 1, "num_key_value_heads": 64, "head_dim": 576,
+                    "q_head_dim": 192},
+    "tiny-sarvam": {  # one q_proj, one expert group, YaRN under Sarvam's own type name
+        **_PUBLISHED, "_name_or_path": "tiny-sarvam", "vocab_size": 1000, "hidden_size": 320, "intermediate_size": 544,
+        "moe_intermediate_size": 96, "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 4,
+        "q_lora_rank": None, "kv_lora_rank": 128, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32,
+        "head_dim": 144, "q_head_dim": 48, "num_experts": 16, "num_shared_experts": 1, "num_experts_per_tok": 4,
+        "n_group": 1, "topk_group": 1, "routed_scaling_factor": 2.5, "norm_topk_prob": True, "first_k_dense_replace": 1,
+        "rms_norm_eps": 1e-6, "max_position_embeddings": 16384,
+        "rope_scaling": {"type": "deepseek_yarn", "factor": 4.0, "original_max_position_embeddings": 4096,
+                         "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0},
+    },
+}

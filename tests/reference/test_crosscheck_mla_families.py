@@ -1,0 +1,67 @@
+"""The MLA families of stepper/families, every named tensor against transformers' own model of
+each family (helpers.hf_families: from_pretrained on the checkpoint `stepper synth` writes in the
+family's published layout, float32), prefill then cached decode steps, at position 0 and past the
+YaRN / query-scale boundary, both MLA paths (transformers' naive tensors left out of the absorbed
+comparison); relative error <= 1e-5 per tensor and the same experts chosen (helpers.compare)."""
+
+import os
+
+import numpy as np
+import pytest
+
+if not os.environ.get("STEPPER_REQUIRE_CROSSCHECK"):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+
+from helpers.compare import compare
+from helpers.hf_families import hf_family_trace
+
+from stepper import catalog
+from stepper.presets import preset
+from stepper.seams.trace import Recorder, unphased
+from stepper.session import RunSpec, run
+from stepper.weights.synth import synth_checkpoint
+from stepper.weights.synthetic import SyntheticWeights
+
+PROMPT = (17, 402, 999, 3, 256, 77, 640)
+# preset -> checkpoint tensors transformers' code of the family declares it does not load
+FAMILIES = {"tiny-sarvam": ()}
+CASES = [(0, 2, "naive"), (4093, 3, "naive"), (4093, 3, "absorb")]
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("mla-families")
+    return {name: synth_checkpoint(SyntheticWeights(preset(name), seed=3), folder / name) for name in FAMILIES}
+
+
+def traces(folder, name: str, start_pos: int, decode: int, attn: str):
+    rec = Recorder()
+    result = run(RunSpec(model=str(folder), ids=PROMPT, start_pos=start_pos, decode=decode, attn=attn), [rec])
+    steps = [np.array([[t]]) for t in result.generated] or None
+    ref = hf_family_trace(folder, np.array([PROMPT]), start_pos=start_pos, decode_ids=steps, ignorable=FAMILIES[name])
+    mine = rec.tensors()
+    if attn == "absorb":  # transformers has no absorbed path: its naive tensors are left out of it
+        ref = {n: v for n, v in ref.items() if n in mine}
+        mine = {n: v for n, v in mine.items() if n in ref}
+    return mine, ref
+
+
+def catalogued(name: str, attn: str) -> set[str]:
+    cfg = preset(name)
+    cat = catalog.load()
+    names = {e["name"] for layer in range(cfg.num_hidden_layers) for e in cat.layer_sequence(cfg, layer, attn)}
+    return names | {e["name"] for e in cat.entries if e["scope"] == "global" and catalog.applies(e, cfg)}
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+@pytest.mark.parametrize("start_pos, decode, attn", CASES)
+def test_every_tensor_matches_the_familys_transformers_model(checkpoints, name, start_pos, decode, attn):
+    mine, ref = traces(checkpoints[name], name, start_pos, decode, attn)
+    assert list(mine) and set(mine) == set(ref), sorted(set(mine) ^ set(ref))
+    failures = {n: why for n in mine if (why := compare(n, mine, ref))}
+    assert not failures, failures
+    if attn == "naive":  # every tensor the catalogue lists for this config was compared
+        compared = {unphased(n).split(".", 2)[-1] if unphased(n).startswith("layers.") else unphased(n) for n in mine}
+        assert catalogued(name, attn) <= compared, catalogued(name, attn) - compared
+    assert sum(n.endswith("mlp.gate.topk_idx") for n in mine) or name == "tiny-youtu"  # the routers were compared
