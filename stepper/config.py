@@ -27,7 +27,7 @@ WRAPPER_TYPES = ("kimi_k25",)
 ARCHITECTURES = {"deepseek_v3": "DeepseekV3ForCausalLM", "kimi_k2": "DeepseekV3ForCausalLM",
                  "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v32": "DeepseekV32ForCausalLM"}
 # MLA families whose config.json stepper translates (stepper/families/<model_type>.py: to_mla, published)
-FAMILY_TYPES = ("sarvam_mla",)
+FAMILY_TYPES = ("sarvam_mla", "youtu")
 
 
 def family_module(model_type: str):
@@ -155,8 +155,9 @@ class Config:
     index_topk: int | None = None
     # the MLA families' differences (stepper/families): lm_head is the embedding (Youtu); the router
     # adds no learned bias to choose (A.X-K1, Mistral 4); an RMSNorm on the MoE's output (A.X-K1);
-    # queries scaled by position (Mistral 4)
+    # queries scaled by position (Mistral 4); the embedding row of the pad token zeroed on load (Youtu)
     tie_word_embeddings: bool = False
+    zeroed_pad_row: int | None = None
     router_bias: bool = True
     moe_output_norm: bool = False
     query_scale: QueryScale | None = None
@@ -221,7 +222,7 @@ class Config:
         return out
 
 
-FAMILY_FIELDS = ("tie_word_embeddings", "router_bias", "moe_output_norm", "query_scale")  # written by families
+FAMILY_FIELDS = ("tie_word_embeddings", "zeroed_pad_row", "router_bias", "moe_output_norm", "query_scale")  # written by families
 
 
 def load_config(path: str | Path) -> Config:

@@ -21,6 +21,7 @@ from stepper.model.layer_weights import LayerWeights
 from stepper.model.ops import rms_norm
 from stepper.model.rope import Rope, rope_inv_freq, rope_tables, yarn_mscale
 from stepper.seams.trace import Emitter
+from stepper.weights.names import EMBED
 from stepper.weights.source import WeightSource
 
 LM_HEAD = "lm_head.weight"
@@ -30,8 +31,9 @@ HEAD_ROWS = 4096  # vocabulary rows multiplied at a time: for Kimi K2, 4096 x 71
 def lm_head(hidden: np.ndarray, weights: WeightSource, rows: int = HEAD_ROWS) -> np.ndarray:
     """linear(hidden, lm_head): [B, T, d] -> logits [B, T, V], lm_head read a block of `rows`
     vocabulary rows at a time, so all of it (for Kimi K2 163840 x 7168, 4.7 GB in float32) never
-    exists at once."""
-    blocks = (block.matrix(LM_HEAD) for block in weights.row_blocks(LM_HEAD, rows))  # the next `rows` rows of lm_head [V, d]
+    exists at once. With tied embeddings (Youtu) lm_head is the embedding matrix."""
+    name = EMBED if weights.config.tie_word_embeddings else LM_HEAD
+    blocks = (block.matrix(name) for block in weights.row_blocks(name, rows))  # the next `rows` rows of lm_head [V, d]
     return linear_in_row_blocks(hidden, blocks, weights.config.vocab_size)
 
 
@@ -53,8 +55,11 @@ class Transformer:
             self.softmax_scale *= yarn_mscale(yarn.factor, yarn.mscale_all_dim) ** 2
 
     def embed(self, ids: np.ndarray) -> np.ndarray:
-        """ids [B, T] -> [B, T, d], reading only the rows of these tokens."""
-        return np.asarray(self.weights.get_rows("model.embed_tokens.weight", ids), dtype=np.float32)
+        """ids [B, T] -> [B, T, d], reading only the rows of these tokens (a row the family zeroes
+        on load, Youtu's pad token's, as zeros)."""
+        rows = np.asarray(self.weights.get_rows(EMBED, ids), dtype=np.float32)  # [B, T, d]
+        pad = self.config.zeroed_pad_row
+        return rows if pad is None else np.where((ids == pad)[..., None], np.float32(0), rows)
 
     def rope(self, positions: np.ndarray, emit: Emitter) -> Rope:
         """The rotary tables of positions [T]. They are shown in the reference's cat(freqs, freqs)
@@ -82,7 +87,10 @@ class Transformer:
     def head(self, hidden: np.ndarray, emit: Emitter) -> np.ndarray:
         """Final norm and lm_head: [B, T, d] -> logits [B, T, V]."""
         hidden = emit("norm", rms_norm(hidden, self.weights.get("model.norm.weight"), self.config.rms_norm_eps))
-        return emit("logits", lm_head(hidden, self.weights))
+        logits = lm_head(hidden, self.weights)  # [B, T, V]
+        if self.config.zeroed_pad_row is not None and self.config.tie_word_embeddings:  # lm_head's zeroed row
+            logits[..., self.config.zeroed_pad_row] = 0
+        return emit("logits", logits)
 
     def forward(
         self,

@@ -10,6 +10,7 @@ import pytest
 from stepper.config import Config
 from stepper.errors import StepperError
 from stepper.presets import PRESETS, preset
+from stepper.weights.names import weight_shapes
 
 
 def read(raw: dict) -> Config:
@@ -22,7 +23,7 @@ def refusal(raw: dict) -> str:
     return str(e.value)
 
 
-@pytest.mark.parametrize("name", ["tiny-sarvam", "sarvam-105b"])
+@pytest.mark.parametrize("name", ["tiny-sarvam", "sarvam-105b", "tiny-youtu", "youtu-llm-2b"])
 def test_the_published_config_reads_back_from_what_synth_writes(name):
     cfg = preset(name)
     assert read(cfg.to_hf()) == dataclasses.replace(cfg, name="config.json")
@@ -40,7 +41,20 @@ def test_sarvam_reads_its_older_names_as_deepseek_v3s():
     assert (full.num_hidden_layers, full.n_routed_experts, full.num_experts_per_tok, full.n_group) == (32, 128, 8, 1)
 
 
+def test_youtu_is_dense_and_tied():
+    cfg = read(PRESETS["tiny-youtu"])
+    assert cfg.tie_word_embeddings and cfg.zeroed_pad_row == 999 and cfg.n_routed_experts == 0
+    assert not any(cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers))
+    assert "lm_head.weight" not in weight_shapes(cfg) and "model.layers.0.mlp.gate_proj.weight" in weight_shapes(cfg)
+    untied = read({**PRESETS["tiny-youtu"], "tie_word_embeddings": False})
+    assert not untied.tie_word_embeddings and "lm_head.weight" in weight_shapes(untied)
+    assert preset("youtu-llm-2b").rope_theta == 1600000
+
+
 @pytest.mark.parametrize("raw, field", [
+    ({**PRESETS["tiny-youtu"], "n_routed_experts": 8}, "n_routed_experts"),
+    ({**PRESETS["tiny-youtu"], "pad_token_id": 1000}, "pad_token_id"),
+    ({**PRESETS["tiny-youtu"], "rope_interleave": False}, "rope_interleave"),
     ({**PRESETS["tiny-sarvam"], "rope_interleave": False}, "rope_interleave"),
     ({**PRESETS["tiny-sarvam"], "q_head_dim": 64}, "q_head_dim"),
     ({**PRESETS["tiny-sarvam"], "n_routed_experts": 8}, "num_experts"),
