@@ -25,7 +25,7 @@ from stepper.weights.synthetic import SyntheticWeights
 
 PROMPT = (17, 402, 999, 3, 256, 77, 640)
 # preset -> checkpoint tensors transformers' code of the family declares it does not load
-FAMILIES = {"tiny-sarvam": (), "tiny-youtu": ()}
+FAMILIES = {"tiny-sarvam": (), "tiny-youtu": (), "tiny-glm4-flash": ()}
 CASES = [(0, 2, "naive"), (4093, 3, "naive"), (4093, 3, "absorb")]
 
 

@@ -23,7 +23,8 @@ def refusal(raw: dict) -> str:
     return str(e.value)
 
 
-@pytest.mark.parametrize("name", ["tiny-sarvam", "sarvam-105b", "tiny-youtu", "youtu-llm-2b"])
+@pytest.mark.parametrize("name", ["tiny-sarvam", "sarvam-105b", "tiny-youtu", "youtu-llm-2b", "tiny-glm4-flash",
+                                  "glm-4.7-flash"])
 def test_the_published_config_reads_back_from_what_synth_writes(name):
     cfg = preset(name)
     assert read(cfg.to_hf()) == dataclasses.replace(cfg, name="config.json")
@@ -51,7 +52,25 @@ def test_youtu_is_dense_and_tied():
     assert preset("youtu-llm-2b").rope_theta == 1600000
 
 
+def test_glm4_flash_dense_layers_follow_mlp_layer_types():
+    raw = PRESETS["tiny-glm4-flash"]
+    assert [read(raw).is_moe_layer(i) for i in range(3)] == [False, True, True]
+    two_dense = read({**raw, "first_k_dense_replace": 2, "mlp_layer_types": ["dense", "dense", "sparse"]})
+    assert [two_dense.is_moe_layer(i) for i in range(3)] == [False, False, True]
+    every_other = read({**raw, "num_hidden_layers": 5, "mlp_layer_types": ["dense", "dense", "sparse", "dense", "sparse"],
+                        "first_k_dense_replace": None})
+    assert (every_other.first_k_dense_replace, every_other.moe_layer_freq) == (2, 2)
+    full = preset("glm-4.7-flash")  # v_head_dim 256 next to nope 192; 46 MoE layers of 64 experts
+    assert (full.v_head_dim, full.qk_nope_head_dim, full.rms_norm_eps) == (256, 192, 1e-5)
+    assert sum(full.is_moe_layer(i) for i in range(full.num_hidden_layers)) == 46
+
+
 @pytest.mark.parametrize("raw, field", [
+    ({**PRESETS["tiny-glm4-flash"], "partial_rotary_factor": 0.5}, "partial_rotary_factor"),
+    ({**PRESETS["tiny-glm4-flash"], "rope_parameters": {"rope_theta": 1e6, "partial_rotary_factor": 0.5}},
+     "rope_parameters.partial_rotary_factor"),
+    ({**PRESETS["tiny-glm4-flash"], "first_k_dense_replace": 2}, "first_k_dense_replace"),
+    ({**PRESETS["tiny-glm4-flash"], "mlp_layer_types": ["dense", "sparse", "dense"]}, "mlp_layer_types"),
     ({**PRESETS["tiny-youtu"], "n_routed_experts": 8}, "n_routed_experts"),
     ({**PRESETS["tiny-youtu"], "pad_token_id": 1000}, "pad_token_id"),
     ({**PRESETS["tiny-youtu"], "rope_interleave": False}, "rope_interleave"),
