@@ -27,7 +27,7 @@ WRAPPER_TYPES = ("kimi_k25",)
 ARCHITECTURES = {"deepseek_v3": "DeepseekV3ForCausalLM", "kimi_k2": "DeepseekV3ForCausalLM",
                  "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v32": "DeepseekV32ForCausalLM"}
 # MLA families whose config.json stepper translates (stepper/families/<model_type>.py: to_mla, published)
-FAMILY_TYPES = ("sarvam_mla", "youtu", "glm4_moe_lite")
+FAMILY_TYPES = ("sarvam_mla", "youtu", "glm4_moe_lite", "axk1")
 
 
 def family_module(model_type: str):

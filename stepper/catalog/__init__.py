@@ -201,5 +201,10 @@ def format_shape(dims: list[Dim]) -> str:
 
 @cache
 def load() -> Catalog:
-    text = resources.files("stepper.catalog").joinpath("catalog.json").read_text(encoding="utf-8")
-    return Catalog(json.loads(text))
+    """catalog.json, then the tensors of each part file (parts/*.json: the MLA families' own parts)."""
+    package = resources.files("stepper.catalog")
+    raw = json.loads(package.joinpath("catalog.json").read_text(encoding="utf-8"))
+    parts = sorted((p for p in package.joinpath("parts").iterdir() if p.name.endswith(".json")), key=lambda p: p.name)
+    for part in parts:
+        raw["tensors"] += json.loads(part.read_text(encoding="utf-8"))["tensors"]
+    return Catalog(raw)

@@ -27,7 +27,7 @@ def moe(x: np.ndarray, w: LayerWeights, cfg: Config, emit: Emitter, dispatch: st
     """[B, T, d] -> routed_output + shared_output [B, T, d]; dispatch "grouped" or "per_token"."""
     B, T, d = x.shape
     tokens = x.reshape(B * T, d)  # [N, d]
-    bias = w("mlp.gate.e_score_correction_bias") if cfg.topk_method == "noaux_tc" else None  # [E], V3 and K2
+    bias = w("mlp.gate.e_score_correction_bias") if cfg.topk_method == "noaux_tc" and cfg.router_bias else None  # [E]
     routing = route(tokens, w("mlp.gate.weight"), bias, cfg, emit)
     if dispatch == "grouped":
         routed = grouped_experts(tokens, routing, w, emit)  # [N, d]

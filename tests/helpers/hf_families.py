@@ -5,8 +5,8 @@ with the hooks and derivations of what it adds.
 
 The model is loaded the way a user loads the published checkpoint, `from_pretrained` on a folder
 (which `stepper synth` writes in the family's published layout), float32, eager attention and
-experts; a tensor it does not load or a checkpoint tensor it does not use is an error, except the
-ones the family's transformers code declares ignorable.
+experts; a parameter it does not load or a checkpoint tensor it does not use is an error (beyond
+those the family's transformers code itself ignores, as A.X-K1's dense layers' post_mlp_layernorm).
 
     hf_family_trace(folder, ids, start_pos=0, decode_ids=None) -> {name: array}
 """
@@ -81,22 +81,21 @@ hf_reference.register("mistral4", SimpleNamespace(module=hf_mistral4, moe=hf_mis
                                                   globals=_query_scale))
 
 
-def load(folder: Path, ignorable: tuple[str, ...] = ()):
+def load(folder: Path):
     """The family's model from a checkpoint folder, float32, eager; every checkpoint tensor used and
-    every parameter loaded, except names containing one of `ignorable`."""
+    every parameter loaded."""
     model, info = AutoModelForCausalLM.from_pretrained(
         folder, dtype=torch.float32, attn_implementation="eager", experts_implementation="eager",
         output_loading_info=True)
-    left = {kind: [n for n in names if not any(i in n for i in ignorable)] for kind, names in info.items()
-            if kind in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+    left = {kind: names for kind, names in info.items() if kind in ("missing_keys", "unexpected_keys", "mismatched_keys")}
     if any(left.values()):
         raise RuntimeError(f"hf_families: {folder} did not load cleanly: {left}")
     return model.eval()
 
 
-def hf_family_trace(folder: Path, ids: np.ndarray, start_pos: int = 0, decode_ids: list[np.ndarray] | None = None,
-                    ignorable: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
+def hf_family_trace(folder: Path, ids: np.ndarray, start_pos: int = 0,
+                    decode_ids: list[np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """Every named tensor of the family's transformers model on the checkpoint in `folder`
     (names as hf_reference.hf_trace gives them)."""
-    trace, _ = run_hf_trace(load(folder, ignorable), ids, start_pos=start_pos, decode_ids=decode_ids)
+    trace, _ = run_hf_trace(load(folder), ids, start_pos=start_pos, decode_ids=decode_ids)
     return trace

@@ -24,7 +24,7 @@ def refusal(raw: dict) -> str:
 
 
 @pytest.mark.parametrize("name", ["tiny-sarvam", "sarvam-105b", "tiny-youtu", "youtu-llm-2b", "tiny-glm4-flash",
-                                  "glm-4.7-flash"])
+                                  "glm-4.7-flash", "tiny-axk1", "a.x-k1"])
 def test_the_published_config_reads_back_from_what_synth_writes(name):
     cfg = preset(name)
     assert read(cfg.to_hf()) == dataclasses.replace(cfg, name="config.json")
@@ -65,7 +65,20 @@ def test_glm4_flash_dense_layers_follow_mlp_layer_types():
     assert sum(full.is_moe_layer(i) for i in range(full.num_hidden_layers)) == 46
 
 
+def test_axk1_has_its_moe_output_norm_and_no_router_bias():
+    cfg = read(PRESETS["tiny-axk1"])
+    assert cfg.moe_output_norm and not cfg.router_bias
+    shapes = weight_shapes(cfg)
+    assert not any(n.endswith("e_score_correction_bias") for n in shapes)
+    assert all(f"model.layers.{i}.post_mlp_layernorm.weight" in shapes for i in range(cfg.num_hidden_layers))
+    full = preset("a.x-k1")
+    assert (full.n_routed_experts, full.n_group, full.topk_group, full.num_hidden_layers) == (192, 8, 4, 61)
+
+
 @pytest.mark.parametrize("raw, field", [
+    ({**PRESETS["tiny-axk1"], "q_lora_rank": None}, "q_lora_rank"),
+    ({**PRESETS["tiny-axk1"], "mlp_layer_types": ["dense", "sparse", "dense"]}, "mlp_layer_types"),
+    ({**PRESETS["tiny-axk1"], "scoring_func": "softmax"}, "scoring_func"),
     ({**PRESETS["tiny-glm4-flash"], "partial_rotary_factor": 0.5}, "partial_rotary_factor"),
     ({**PRESETS["tiny-glm4-flash"], "rope_parameters": {"rope_theta": 1e6, "partial_rotary_factor": 0.5}},
      "rope_parameters.partial_rotary_factor"),
