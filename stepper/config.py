@@ -27,7 +27,7 @@ WRAPPER_TYPES = ("kimi_k25",)
 ARCHITECTURES = {"deepseek_v3": "DeepseekV3ForCausalLM", "kimi_k2": "DeepseekV3ForCausalLM",
                  "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v32": "DeepseekV32ForCausalLM"}
 # MLA families whose config.json stepper translates (stepper/families/<model_type>.py: to_mla, published)
-FAMILY_TYPES = ("sarvam_mla", "youtu", "glm4_moe_lite", "axk1")
+FAMILY_TYPES = ("sarvam_mla", "youtu", "glm4_moe_lite", "axk1", "mistral4")
 
 
 def family_module(model_type: str):
@@ -161,10 +161,15 @@ class Config:
     router_bias: bool = True
     moe_output_norm: bool = False
     query_scale: QueryScale | None = None
+    fused_experts: bool = False  # the checkpoint stores each layer's experts in two tensors (weights.fused_experts)
 
     @property
     def has_indexer(self) -> bool:
         return self.index_topk is not None
+
+    @property
+    def has_query_scale(self) -> bool:
+        return self.query_scale is not None
 
     @property
     def qk_head_dim(self) -> int:
@@ -222,7 +227,8 @@ class Config:
         return out
 
 
-FAMILY_FIELDS = ("tie_word_embeddings", "zeroed_pad_row", "router_bias", "moe_output_norm", "query_scale")  # written by families
+FAMILY_FIELDS = ("tie_word_embeddings", "zeroed_pad_row", "router_bias", "moe_output_norm", "query_scale",
+                 "fused_experts")  # written by families
 
 
 def load_config(path: str | Path) -> Config:

@@ -36,6 +36,12 @@ def rope_block(raw: dict[str, Any]) -> dict[str, Any]:
     return block if isinstance(block, dict) else {}
 
 
+def rope_fields(f, raw: dict[str, Any]):
+    """Typed access to the rope block's fields, errors naming the block (`rope_parameters.factor`)."""
+    name = "rope_parameters" if isinstance(raw.get("rope_parameters"), dict) else "rope_scaling"
+    return type(f)(rope_block(raw), f"{f.source}: {name}")
+
+
 def check_interleaved(f, raw: dict[str, Any]) -> None:
     """stepper rotates the rope dims in interleaved pairs (`rope_interleave: true`, every MLA
     family's default); the half-split layout is not built."""

@@ -19,6 +19,7 @@ from stepper.model.cache import KVCache
 from stepper.model.layer import decoder_layer
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.ops import rms_norm
+from stepper.model.query_scale import llama4_query_scale
 from stepper.model.rope import Rope, rope_inv_freq, rope_tables, yarn_mscale
 from stepper.seams.trace import Emitter
 from stepper.weights.names import EMBED
@@ -68,7 +69,8 @@ class Transformer:
         half = cos.shape[-1]
         cos = emit("rope_cos", np.concatenate([cos, cos], axis=-1))[:, :half]
         sin = emit("rope_sin", np.concatenate([sin, sin], axis=-1))[:, :half]
-        return Rope(cos, sin, self.softmax_scale)
+        scale = self.config.query_scale  # Mistral 4: queries scaled by position (model.query_scale)
+        return Rope(cos, sin, self.softmax_scale, None if scale is None else llama4_query_scale(positions, scale))
 
     def layer(
         self, i: int, hidden: np.ndarray, rope: Rope, cache: KVCache | None, emit: Emitter, attn: str = "naive"

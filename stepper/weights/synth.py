@@ -19,6 +19,7 @@ import re
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from stepper.fp8 import scale_grid
 from stepper.untrusted import shown
 from stepper.untrusted.jsonfile import read_json
 from stepper.weights.checkpoint import GROUP_SCALE, INDEX, PACKED, SCALE, WEIGHT_SHAPE
+from stepper.weights.fused_experts import fused_data, stored_shapes
 from stepper.weights.names import EMBED, global_shapes, layer_shapes, storage_dtype, stored_name
 from stepper.weights.safetensors_writer import Entry, write_safetensors
 from stepper.weights.synthetic import SyntheticWeights
@@ -51,6 +53,10 @@ def tensor_entries(source: SyntheticWeights, shapes: dict[str, tuple[int, ...]])
     """Each tensor, and after each FP8 weight its block scales, made lazily when written."""
     entries = []
     for name, shape in shapes.items():
+        if source.config.fused_experts and name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            data = partial(fused_data, name, shape[0], lambda expert: source.stored(expert).data)
+            entries.append(Entry(name, storage_dtype(source.config, name), shape, data))
+            continue
         stored = _Lazy(source, name)
         dtype = stored.dtype
         entries.append(Entry(name, dtype, shape, stored.data))
@@ -89,7 +95,7 @@ def shard_plan(source: SyntheticWeights, layers: range, with_globals: bool) -> l
     cfg = source.config
     outer = global_shapes(cfg)
     shards = [{EMBED: outer.pop(EMBED)}] if with_globals else []
-    shards += [layer_shapes(cfg, layer) for layer in layers]
+    shards += [stored_shapes(layer_shapes(cfg, layer)) if cfg.fused_experts else layer_shapes(cfg, layer) for layer in layers]
     return shards + [outer] if with_globals else shards
 
 

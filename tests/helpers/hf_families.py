@@ -13,11 +13,13 @@ those the family's transformers code itself ignores, as A.X-K1's dense layers' p
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import torch
+import transformers
 import transformers.models.axk1.modeling_axk1 as hf_axk1
 import transformers.models.glm4_moe_lite.modeling_glm4_moe_lite as hf_glm
 import transformers.models.mistral4.modeling_mistral4 as hf_mistral4
@@ -61,12 +63,13 @@ def _softmax_top2_router(moe, r, B, T, i) -> dict[str, torch.Tensor]:
             "mlp.shared_output": r["shared_output"]}
 
 
-def _query_scale(model, position_ids) -> dict[str, torch.Tensor]:
-    """Mistral 4's position-dependent query scale, from transformers' own function, one per position."""
-    rope = model.config.rope_parameters
-    scale = hf_mistral4.get_llama_4_attn_scale(position_ids, rope.get("llama_4_scaling_beta"),
-                                               rope.get("original_max_position_embeddings"))
-    return {"rope_query_scale": scale[0, 0, :, 0]}  # [T]
+def _record_query_scale(rec, orig):
+    """Mistral 4's position-dependent query scale [B, one, T, one], as its attention computes it."""
+    def wrapped(position_ids, beta, original_max):
+        scale = orig(position_ids, beta, original_max)
+        rec.put("q_position_scale", scale[0, 0, :, 0].clone())  # [T]
+        return scale
+    return wrapped
 
 
 hf_reference.register("sarvam_mla", hf_reference.FAMILIES["deepseek_v3"])  # DeepseekV3ForCausalLM
@@ -78,13 +81,18 @@ hf_reference.register("axk1", SimpleNamespace(module=hf_axk1, moe=hf_axk1.AXK1Mo
                                               install=_moe_output_norm_hooks, derive=_moe_output_norm))
 hf_reference.register("mistral4", SimpleNamespace(module=hf_mistral4, moe=hf_mistral4.Mistral4MoE, rope=INTERLEAVED,
                                                   interleaved_out=False, derive_router=_softmax_top2_router,
-                                                  globals=_query_scale))
+                                                  wraps={"get_llama_4_attn_scale": _record_query_scale},
+                                                  names=[("self_attn.q_position_scale", "self_attn.compressed_kv_norm")],
+                                                  derive=lambda layer, r, B, T: {
+                                                      "self_attn.q_position_scale": r["q_position_scale"]}))
 
 
 def load(folder: Path):
     """The family's model from a checkpoint folder, float32, eager; every checkpoint tensor used and
     every parameter loaded."""
-    model, info = AutoModelForCausalLM.from_pretrained(
+    architecture = json.loads((folder / "config.json").read_text())["architectures"][0]
+    model_class = getattr(transformers, architecture, None) or AutoModelForCausalLM  # Mistral 4: not in its mapping
+    model, info = model_class.from_pretrained(
         folder, dtype=torch.float32, attn_implementation="eager", experts_implementation="eager",
         output_loading_info=True)
     left = {kind: names for kind, names in info.items() if kind in ("missing_keys", "unexpected_keys", "mismatched_keys")}

@@ -181,8 +181,8 @@ def register(model_type: str, family: SimpleNamespace) -> None:
     """Trace another MLA family's model (helpers.hf_families): `family` has the fields of FAMILIES'
     entries (`moe` None for a family without experts) and optionally `names` ((name, after) pairs
     of its own tensors), `install(rec, layer, reg)` (more hooks), `derive(layer, raw, B, T)` (its
-    own tensors), `derive_router(moe, raw, B, T, i)` (another router) and `globals(model,
-    position_ids)` (its own tensors outside the layers)."""
+    own tensors), `derive_router(moe, raw, B, T, i)` (another router) and `wraps` ({function name
+    in its module: make(rec, orig) -> the function that records what it computes})."""
     global MOE_CLASSES
     FAMILIES[model_type] = family
     MOE_CLASSES = tuple({f.moe for f in FAMILIES.values() if f.moe is not None})
@@ -812,9 +812,6 @@ def _one_pass(model, rec: _Recorder, ids: torch.Tensor, pos0: int, cache) -> tup
     trace["embed"] = g["embed"]
     trace["rope_cos"] = g["rope_cos"][0]  # [T, rope], batch 0 (all batch rows share positions)
     trace["rope_sin"] = g["rope_sin"][0]
-    family = FAMILIES[model.config.model_type]
-    if hasattr(family, "globals"):
-        trace.update(family.globals(model, position_ids))
     n_layers = len(model.model.layers)
     if sorted(k for k in rec.raw if k is not None) != list(range(n_layers)) or None in rec.raw:
         raise RuntimeError(f"hf_reference: captured layers {sorted(map(str, rec.raw))}, expected 0..{n_layers - 1}")
@@ -846,12 +843,15 @@ def run_hf_trace(model: DeepseekV3ForCausalLM, ids: np.ndarray, start_pos: int =
     family = FAMILIES[model.config.model_type]
     module = family.module
     orig_rope = getattr(module, family.rope)
+    wraps = {name: getattr(module, name) for name in getattr(family, "wraps", {})}  # a family's own functions
     orig_attn = module.eager_attention_forward
     phases: list[tuple[str, dict[str, torch.Tensor], torch.Tensor]] = []
     indexed = hasattr(module, "DeepseekV32Indexer")
     orig_index_rope = getattr(module, "apply_rotary_pos_emb", None)
     try:
         rec.install()
+        for name, orig in wraps.items():
+            setattr(module, name, family.wraps[name](rec, orig))
         setattr(module, family.rope, rec.wrap_rope(orig_rope))
         module.eager_attention_forward = rec.wrap_attention(orig_attn)
         if indexed:
@@ -865,6 +865,8 @@ def run_hf_trace(model: DeepseekV3ForCausalLM, ids: np.ndarray, start_pos: int =
             tr, lg = _one_pass(model, rec, step, start_pos + T + k, cache)
             phases.append((f"decode{k}.", tr, lg))
     finally:
+        for name, orig in wraps.items():
+            setattr(module, name, orig)
         setattr(module, family.rope, orig_rope)
         module.eager_attention_forward = orig_attn
         if indexed:

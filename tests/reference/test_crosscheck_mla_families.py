@@ -24,7 +24,7 @@ from stepper.weights.synth import synth_checkpoint
 from stepper.weights.synthetic import SyntheticWeights
 
 PROMPT = (17, 402, 999, 3, 256, 77, 640)
-FAMILIES = ("tiny-sarvam", "tiny-youtu", "tiny-glm4-flash", "tiny-axk1")
+FAMILIES = ("tiny-sarvam", "tiny-youtu", "tiny-glm4-flash", "tiny-axk1", "tiny-mistral4")
 CASES = [(0, 2, "naive"), (4093, 3, "naive"), (4093, 3, "absorb")]
 
 
@@ -71,3 +71,6 @@ def test_every_tensor_matches_the_familys_transformers_model(checkpoints, name, 
         layer = f"{'prefill.' if decode else ''}layers.1."
         assert np.array_equal(mine[layer + "mlp.gate.scores_for_choice"], mine[layer + "mlp.gate.scores"])
         assert np.array_equal(mine[layer + "mlp_output"], mine[layer + "mlp.post_mlp_layernorm"])
+    if name == "tiny-mistral4":  # queries past position 4096 scaled by 1 + 0.1 ln 2, those before by 1
+        scales = np.concatenate([v for n, v in mine.items() if n.endswith("layers.0.self_attn.q_position_scale")])
+        assert set(np.round(scales, 6)) == ({1.0, np.float32(1 + 0.1 * np.log(2)).round(6)} if start_pos else {1.0})

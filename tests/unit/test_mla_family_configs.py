@@ -24,7 +24,8 @@ def refusal(raw: dict) -> str:
 
 
 @pytest.mark.parametrize("name", ["tiny-sarvam", "sarvam-105b", "tiny-youtu", "youtu-llm-2b", "tiny-glm4-flash",
-                                  "glm-4.7-flash", "tiny-axk1", "a.x-k1"])
+                                  "glm-4.7-flash", "tiny-axk1", "a.x-k1",
+                                  "tiny-mistral4", "mistral-small-4"])
 def test_the_published_config_reads_back_from_what_synth_writes(name):
     cfg = preset(name)
     assert read(cfg.to_hf()) == dataclasses.replace(cfg, name="config.json")
@@ -75,7 +76,26 @@ def test_axk1_has_its_moe_output_norm_and_no_router_bias():
     assert (full.n_routed_experts, full.n_group, full.topk_group, full.num_hidden_layers) == (192, 8, 4, 61)
 
 
+def test_mistral4_scales_queries_routes_by_softmax_and_fuses_its_experts():
+    cfg = read(PRESETS["tiny-mistral4"])
+    assert (cfg.scoring_func, cfg.router_bias, cfg.fused_experts) == ("softmax", False, True)
+    assert (cfg.query_scale.beta, cfg.query_scale.original_max_position_embeddings) == (0.1, 4096)
+    full = preset("mistral-small-4")  # Mistral4Config's defaults: YaRN x128 from 8192, beta 0.1
+    assert (full.rope_scaling.factor, full.rope_scaling.original_max_position_embeddings) == (128.0, 8192)
+    assert (full.n_routed_experts, full.num_experts_per_tok, full.first_k_dense_replace) == (128, 4, 0)
+    assert read({**PRESETS["tiny-mistral4"], "rope_parameters": {
+        **PRESETS["tiny-mistral4"]["rope_parameters"], "llama_4_scaling_beta": 0.0}}).query_scale is None
+
+
 @pytest.mark.parametrize("raw, field", [
+    ({**PRESETS["tiny-mistral4"], "rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
+                                                      "original_max_position_embeddings": 4096}},
+     "llama_4_scaling_beta"),
+    ({**PRESETS["tiny-mistral4"], "rope_parameters": {**PRESETS["tiny-mistral4"]["rope_parameters"],
+                                                      "partial_rotary_factor": 1.0}},
+     "rope_parameters.partial_rotary_factor"),
+    ({**PRESETS["tiny-mistral4"], "moe_layer_freq": 2}, "moe_layer_freq"),
+    ({**PRESETS["tiny-mistral4"], "quantization_config": {"quant_method": "fp8"}}, "quantization_config"),
     ({**PRESETS["tiny-axk1"], "q_lora_rank": None}, "q_lora_rank"),
     ({**PRESETS["tiny-axk1"], "mlp_layer_types": ["dense", "sparse", "dense"]}, "mlp_layer_types"),
     ({**PRESETS["tiny-axk1"], "scoring_func": "softmax"}, "scoring_func"),
@@ -92,4 +112,4 @@ def test_axk1_has_its_moe_output_norm_and_no_router_bias():
     ({**PRESETS["tiny-sarvam"], "n_routed_experts": 8}, "num_experts"),
 ])
 def test_a_field_stepper_does_not_build_is_refused_by_name(raw, field):
-    assert f"field '{field}'" in refusal(raw)
+    assert f"field '{field}" in refusal(raw)

@@ -1,0 +1,85 @@
+"""Mistral Small 4 (`mistral4`, mistralai/Mistral-Small-4-119B-2603): DeepSeek-V3's attention and
+MoE with a softmax router and Llama 4's query scale.
+
+transformers (models/mistral4/modular_mistral4.py) changes from DeepSeek-V3:
+- the router (Mistral4TopkRouter) scores the experts with a softmax and has no bias; groups are
+  judged by their two best scores, a dropped group's scores set to 0.0 before the top-k (the
+  softmax's scores are positive, so no dropped expert is ever chosen: stepper drops them with
+  -inf, the same choice); the chosen scores are renormalised (norm_topk_prob);
+- YaRN's mscale_all_dim enters the softmax scale squared (as DeepSeek-V3's), and the cos/sin
+  factor mscale / mscale_all_dim is 1 for the published values (both 1);
+- each query is scaled by 1 + beta * ln(1 + floor(p / original_max_position_embeddings)) at its
+  position p (`llama_4_scaling_beta` in rope_parameters: stepper/model/query_scale.py);
+- the rotary part is head_dim x partial_rotary_factor with head_dim the whole query head
+  (qk_nope + qk_rope), which must therefore come to qk_rope_head_dim;
+- the first `first_k_dense_replace` layers (0 published) are dense, every later one MoE;
+- the checkpoint stores each layer's experts fused (`mlp.experts.gate_up_proj`, `down_proj`:
+  stepper/weights/fused_experts.py), as transformers saves Mistral4ForCausalLM (it has no
+  conversion for per-expert names).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stepper.config import QueryScale
+from stepper.families import mla_fields
+
+MODEL_TYPE = "mistral4"
+ROUTER = (("softmax",), ("noaux_tc",))  # softmax scores, groups judged by their best two, no bias
+ROPE = {"type": "yarn", "rope_theta": 10000.0, "factor": 128.0, "original_max_position_embeddings": 8192,
+        "beta_fast": 32.0, "beta_slow": 1.0, "mscale_all_dim": 1.0, "mscale": 1.0, "llama_4_scaling_beta": 0.1}
+DEFAULTS: dict[str, Any] = {  # Mistral4Config's
+    "vocab_size": 131072, "hidden_size": 4096, "intermediate_size": 12288, "moe_intermediate_size": 2048,
+    "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 32, "n_shared_experts": 1,
+    "n_routed_experts": 128, "routed_scaling_factor": 1.0, "kv_lora_rank": 256, "q_lora_rank": 1024,
+    "qk_rope_head_dim": 64, "v_head_dim": 128, "qk_nope_head_dim": 64, "n_group": 1, "topk_group": 1,
+    "num_experts_per_tok": 4, "first_k_dense_replace": 0, "norm_topk_prob": True, "max_position_embeddings": 1048576,
+    "rms_norm_eps": 1e-6, "rope_parameters": ROPE,
+}
+
+
+def to_mla(f) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Mistral 4's config.json in DeepseekV3's names, with its query scale and bias-free router."""
+    raw = mla_fields.with_defaults(dict(f.raw), DEFAULTS)
+    mla_fields.check_interleaved(f, raw)
+    head = raw["qk_nope_head_dim"] + raw["qk_rope_head_dim"]
+    mla_fields.check_rotary_fraction(f, raw, raw["qk_rope_head_dim"] / head)
+    if raw.get("moe_layer_freq", 1) != 1:
+        raise f.fail("moe_layer_freq", f"must be 1: every Mistral 4 layer from first_k_dense_replace on is MoE, "
+                     f"got {raw['moe_layer_freq']!r}")
+    fields = mla_fields.rope_fields(f, raw)
+    beta = fields.float("llama_4_scaling_beta", positive=False)  # transformers reads both, whatever the rope type
+    original = fields.int("original_max_position_embeddings")
+    if isinstance(raw.get("quantization_config"), dict):
+        raise f.fail("quantization_config", "is not built for Mistral 4: stepper reads its fused experts "
+                     "(mlp.experts.gate_up_proj, down_proj) in BF16 or F32 only")
+    scale = QueryScale(beta, original) if beta else None
+    return raw, {"router_bias": False, "query_scale": scale, "fused_experts": True}
+
+
+def published(cfg) -> dict[str, Any]:
+    """The config.json of a Mistral 4 checkpoint: the query scale and rotary fraction in rope_parameters."""
+    out = mla_fields.published_fields(cfg, MODEL_TYPE, "Mistral4ForCausalLM", drop=("moe_layer_freq",))
+    rope = out.pop("rope_scaling", None) or {"type": "default"}  # YaRN's original length is the scale's too
+    scale = cfg.query_scale or QueryScale(0.0, rope.get("original_max_position_embeddings", cfg.max_position_embeddings))
+    out["rope_parameters"] = {**rope, "rope_theta": out.pop("rope_theta"), "llama_4_scaling_beta": scale.beta,
+                              "original_max_position_embeddings": scale.original_max_position_embeddings,
+                              "partial_rotary_factor": cfg.qk_rope_head_dim / cfg.qk_head_dim}
+    return out
+
+
+_PUBLISHED = {"architectures": ["Mistral4ForCausalLM"], "model_type": MODEL_TYPE, "hidden_act": "silu",
+              "attention_bias": False, "tie_word_embeddings": False, "rope_interleave": True}
+PRESETS: dict[str, dict[str, Any]] = {
+    "mistral-small-4": {**_PUBLISHED, "_name_or_path": "mistral-small-4", **DEFAULTS},
+    "tiny-mistral4": {  # softmax routing in 4 groups keep 2, queries scaled past position 4096
+        **_PUBLISHED, "_name_or_path": "tiny-mistral4", "vocab_size": 1000, "hidden_size": 320,
+        "intermediate_size": 544, "moe_intermediate_size": 96, "num_hidden_layers": 3, "num_attention_heads": 4,
+        "num_key_value_heads": 4, "q_lora_rank": 192, "kv_lora_rank": 128, "qk_nope_head_dim": 32,
+        "qk_rope_head_dim": 16, "v_head_dim": 32, "n_routed_experts": 16, "n_shared_experts": 1,
+        "num_experts_per_tok": 4, "n_group": 4, "topk_group": 2, "routed_scaling_factor": 1.0, "norm_topk_prob": True,
+        "first_k_dense_replace": 1, "rms_norm_eps": 1e-6, "max_position_embeddings": 32768,
+        "rope_parameters": {**ROPE, "factor": 8.0, "original_max_position_embeddings": 4096},
+    },
+}
