@@ -61,6 +61,8 @@ def test_the_checkpoint_runs_as_the_preset_it_was_written_from(written, name):
         assert len(from_folder) == 2 and all(np.array_equal(a, b) for a, b in zip(from_folder, from_preset))
     out = stepper("run", "--model", written / name, "--decode", "1", "--only", "decode0.logits")
     assert out.returncode == 0 and "decode0.logits" in out.stdout, out.stderr
+    inspected = stepper("inspect", written / name)  # every stored tensor one the config describes
+    assert inspected.returncode == 0 and "problem" not in inspected.stdout, inspected.stdout[-500:]
 
 
 def test_a_missing_fused_tensor_is_named(written, tmp_path):
