@@ -71,6 +71,12 @@ def test_every_tensor_matches_the_familys_transformers_model(checkpoints, name, 
         layer = f"{'prefill.' if decode else ''}layers.1."
         assert np.array_equal(mine[layer + "mlp.gate.scores_for_choice"], mine[layer + "mlp.gate.scores"])
         assert np.array_equal(mine[layer + "mlp_output"], mine[layer + "mlp.post_mlp_layernorm"])
+    if name in ("tiny-axk1", "tiny-mistral4"):  # the group rule is at work: a token's k best experts span a dropped group
+        layer = f"{'prefill.' if decode else ''}layers.1.mlp.gate."
+        scores = mine[layer + ("scores" if name == "tiny-axk1" else "softmax_scores")]
+        mask = mine[layer + "group_mask"]
+        groups_of_best = np.argsort(-scores, axis=1)[:, :4] // (scores.shape[1] // mask.shape[1])  # [N, k]
+        assert (np.take_along_axis(mask, groups_of_best, axis=1) == 0).any()
     if name == "tiny-mistral4":  # queries past position 4096 scaled by 1 + 0.1 ln 2, those before by 1
         scales = np.concatenate([v for n, v in mine.items() if n.endswith("layers.0.self_attn.q_position_scale")])
         assert set(np.round(scales, 6)) == ({1.0, np.float32(1 + 0.1 * np.log(2)).round(6)} if start_pos else {1.0})
