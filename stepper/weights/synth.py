@@ -45,6 +45,9 @@ def requantized(cfg: Config, quant: str) -> Config:
     128x128), int4 (Kimi-K2-Thinking's compressed-tensors groups) or bf16 (no quantization)."""
     if quant not in QUANTS:
         raise StepperError(f"--quant {shown(quant)}: expected one of {', '.join(QUANTS)}")
+    if cfg.fused_experts and quant != "bf16":
+        raise StepperError(f"--quant {quant}: model {cfg.name} stores its experts fused (mlp.experts.gate_up_proj), "
+                           "which stepper writes and reads in BF16 only: use --quant bf16")
     fp8_blocks = (cfg.quantization or Fp8()) if quant == "fp8" else None
     return dataclasses.replace(cfg, quantization=fp8_blocks, int4=Int4Groups() if quant == "int4" else None)
 

@@ -75,3 +75,8 @@ def test_a_missing_fused_tensor_is_named(written, tmp_path):
     (folder / "model.safetensors.index.json").write_text(json.dumps(index))
     out = stepper("run", "--model", folder)
     assert "'model.layers.2.mlp.experts.down_proj'" in one_line(out)
+
+
+def test_fused_experts_are_written_in_bf16_only(tmp_path):
+    out = stepper("synth", "--model", "tiny-mistral4", "--quant", "fp8", "--out", tmp_path / "m4")
+    assert "--quant fp8" in one_line(out) and "BF16 only" in out.stderr and not (tmp_path / "m4").exists()
