@@ -80,3 +80,13 @@ def test_a_missing_fused_tensor_is_named(written, tmp_path):
 def test_fused_experts_are_written_in_bf16_only(tmp_path):
     out = stepper("synth", "--model", "tiny-mistral4", "--quant", "fp8", "--out", tmp_path / "m4")
     assert "--quant fp8" in one_line(out) and "BF16 only" in out.stderr and not (tmp_path / "m4").exists()
+
+
+@pytest.mark.parametrize("name", ["tiny-youtu", "tiny-mistral4"])
+def test_a_fixture_carries_the_familys_own_weights_layout(tmp_path, name):
+    out = stepper("fixtures", "export", tmp_path / name, "--model", name, "--decode", "1")
+    assert out.returncode == 0, out.stderr
+    _, names = layout(tmp_path / name / "weights")
+    assert ("lm_head.weight" not in names) if name == "tiny-youtu" else ("model.layers.1.mlp.experts.down_proj" in names)
+    ran = stepper("run", "--model", tmp_path / name / "weights", "--decode", "1", "--only", "decode0.logits")
+    assert ran.returncode == 0, ran.stderr
