@@ -43,14 +43,15 @@ def to_mla(f) -> tuple[dict[str, Any], dict[str, Any]]:
     """Mistral 4's config.json in DeepseekV3's names, with its query scale and bias-free router."""
     raw = mla_fields.with_defaults(dict(f.raw), DEFAULTS)
     mla_fields.check_interleaved(f, raw)
-    head = raw["qk_nope_head_dim"] + raw["qk_rope_head_dim"]
-    mla_fields.check_rotary_fraction(f, raw, raw["qk_rope_head_dim"] / head)
+    fields = mla_fields.typed(f, raw)
+    rope = fields.int("qk_rope_head_dim")
+    mla_fields.check_rotary_fraction(f, raw, rope / (fields.int("qk_nope_head_dim") + rope))
     if raw.get("moe_layer_freq", 1) != 1:
         raise f.fail("moe_layer_freq", f"must be 1: every Mistral 4 layer from first_k_dense_replace on is MoE, "
                      f"got {raw['moe_layer_freq']!r}")
-    fields = mla_fields.rope_fields(f, raw)
-    beta = fields.float("llama_4_scaling_beta", positive=False)  # transformers reads both, whatever the rope type
-    original = fields.int("original_max_position_embeddings")
+    scaling = mla_fields.rope_fields(f, raw)
+    beta = scaling.float("llama_4_scaling_beta", positive=False)  # transformers reads both, whatever the rope type
+    original = scaling.int("original_max_position_embeddings")
     if isinstance(raw.get("quantization_config"), dict):
         raise f.fail("quantization_config", "is not built for Mistral 4: stepper reads its fused experts "
                      "(mlp.experts.gate_up_proj, down_proj) in BF16 or F32 only")

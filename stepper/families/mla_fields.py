@@ -30,6 +30,11 @@ def renamed(f, names: dict[str, str]) -> dict[str, Any]:
     return raw
 
 
+def typed(f, raw: dict[str, Any]):
+    """Typed access to the translated config's fields (errors name the field, as config.py's)."""
+    return type(f)(raw, f.source)
+
+
 def rope_block(raw: dict[str, Any]) -> dict[str, Any]:
     """The rope settings block (`rope_parameters`, or the older `rope_scaling`), {} when none."""
     block = raw.get("rope_parameters") if isinstance(raw.get("rope_parameters"), dict) else raw.get("rope_scaling")
@@ -62,7 +67,7 @@ def dense_prefix(f, raw: dict[str, Any]) -> tuple[int, int]:
     """`mlp_layer_types` ("dense"/"sparse" per layer) as DeepSeek's rule: first_k_dense_replace
     dense layers, then MoE every moe_layer_freq-th layer; a pattern the rule cannot say is refused."""
     types = raw.get("mlp_layer_types")
-    n = raw["num_hidden_layers"]
+    n = typed(f, raw).int("num_hidden_layers")
     if not isinstance(types, list) or len(types) != n or not set(types) <= {"dense", "sparse"}:
         raise f.fail("mlp_layer_types", f"must list 'dense' or 'sparse' for each of the {n} layers, got {types!r}")
     first = types.index("sparse") if "sparse" in types else n

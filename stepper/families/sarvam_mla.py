@@ -32,9 +32,10 @@ def to_mla(f) -> tuple[dict[str, Any], dict[str, Any]]:
     mla_fields.check_interleaved(f, raw)
     raw.pop("head_dim", None)  # kv_lora_rank + qk_rope_head_dim for vLLM: not the attention's
     q_head_dim = raw.pop("q_head_dim", None)
-    if q_head_dim is not None and q_head_dim != raw["qk_nope_head_dim"] + raw["qk_rope_head_dim"]:
-        raise f.fail("q_head_dim", f"must be qk_nope_head_dim + qk_rope_head_dim "
-                     f"({raw['qk_nope_head_dim'] + raw['qk_rope_head_dim']}), got {q_head_dim!r}")
+    fields = mla_fields.typed(f, raw)
+    head = fields.int("qk_nope_head_dim") + fields.int("qk_rope_head_dim")
+    if q_head_dim is not None and q_head_dim != head:
+        raise f.fail("q_head_dim", f"must be qk_nope_head_dim + qk_rope_head_dim ({head}), got {q_head_dim!r}")
     rope = raw.get("rope_scaling")
     if isinstance(rope, dict) and "deepseek_yarn" in (rope.get("type"), rope.get("rope_type")):
         raw["rope_scaling"] = {**{k: v for k, v in rope.items() if k not in ("type", "rope_type")}, "type": "yarn"}

@@ -33,8 +33,9 @@ def to_mla(f) -> tuple[dict[str, Any], dict[str, Any]]:
     if not isinstance(tied, bool):
         raise f.fail("tie_word_embeddings", f"must be true or false, got {tied!r}")
     pad = raw.pop("pad_token_id", None)  # YoutuPreTrainedModel zeroes its embedding row when loading
-    if pad is not None and (isinstance(pad, bool) or not isinstance(pad, int) or not 0 <= pad < raw["vocab_size"]):
-        raise f.fail("pad_token_id", f"must be a token id below vocab_size ({raw['vocab_size']}), got {pad!r}")
+    vocab = mla_fields.typed(f, raw).int("vocab_size")
+    if pad is not None and (isinstance(pad, bool) or not isinstance(pad, int) or not 0 <= pad < vocab):
+        raise f.fail("pad_token_id", f"must be a token id below vocab_size ({vocab}), got {pad!r}")
     return raw, {"tie_word_embeddings": tied, "zeroed_pad_row": pad}
 
 

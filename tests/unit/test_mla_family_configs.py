@@ -113,3 +113,27 @@ def test_mistral4_scales_queries_routes_by_softmax_and_fuses_its_experts():
 ])
 def test_a_field_stepper_does_not_build_is_refused_by_name(raw, field):
     assert f"field '{field}" in refusal(raw)
+
+
+ODD = ("x", None, [], {}, -1, 0, 1.5, True, [1, 2], {"a": 1}, 10**12)
+FAMILY_PRESETS = ("tiny-sarvam", "tiny-youtu", "tiny-glm4-flash", "tiny-axk1", "tiny-mistral4")
+FAMILY_FIELDS = ("mlp_layer_types", "num_experts", "num_shared_experts", "head_dim", "q_head_dim", "rope_interleave",
+                 "partial_rotary_factor", "pad_token_id", "tie_word_embeddings", "rope_parameters", "rope_scaling",
+                 "first_k_dense_replace", "moe_layer_freq", "n_routed_experts")
+
+
+@pytest.mark.parametrize("name", FAMILY_PRESETS)
+def test_any_odd_value_of_any_field_is_read_or_refused_with_a_stepper_error(name):
+    """Every field of the family's preset (and the fields families read), each set to an odd value,
+    in the rope block too: read, or refused with a StepperError (one line), never another exception."""
+    base = PRESETS[name]
+    block = "rope_parameters" if "rope_parameters" in base else "rope_scaling"
+    rope = base.get(block) or {}
+    variants = [{**base, field: value} for field in (*base, *FAMILY_FIELDS) for value in ODD]
+    variants += [{**base, block: {**rope, key: value}} for key in (*rope, "llama_4_scaling_beta",
+                                                                   "original_max_position_embeddings") for value in ODD]
+    for raw in variants:
+        try:
+            read(raw)
+        except StepperError as e:
+            assert "\n" not in str(e) and "config.json" in str(e)
