@@ -297,6 +297,9 @@ def _parse(raw: dict[str, Any], source: str) -> Config:
     model_type = f.str("model_type")
     if model_type in WRAPPER_TYPES:
         return _kimi_k25(f)
+    if model_type == "mistral3":  # Mistral Small 4's vision-language wrapper (stepper/families/mistral4.py)
+        text, wrapper = family_module("mistral4").unwrapped(f)
+        return dataclasses.replace(_parse(text, f"{source}: text_config"), name=model_name(raw, source), wrapper=wrapper)
     family, extra = family_module(model_type), {}
     if family is not None:  # the family's published fields, renamed and checked, into DeepseekV3's
         raw, extra = family.to_mla(f)

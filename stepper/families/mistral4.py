@@ -16,13 +16,16 @@ transformers (models/mistral4/modular_mistral4.py) changes from DeepSeek-V3:
 - the checkpoint stores each layer's experts fused (`mlp.experts.gate_up_proj`, `down_proj`:
   stepper/weights/fused_experts.py), as transformers saves Mistral4ForCausalLM (it has no
   conversion for per-expert names).
+The published config.json is a vision-language wrapper (`mistral3`, Mistral3ForConditionalGeneration)
+around this text model, its tensors under `language_model.` (`unwrapped`); stepper runs the text
+model.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from stepper.config import QueryScale
+from stepper.config import QueryScale, Wrapper
 from stepper.families import mla_fields
 
 MODEL_TYPE = "mistral4"
@@ -57,6 +60,27 @@ def to_mla(f) -> tuple[dict[str, Any], dict[str, Any]]:
                      "(mlp.experts.gate_up_proj, down_proj) in BF16 or F32 only")
     scale = QueryScale(beta, original) if beta else None
     return raw, {"router_bias": False, "query_scale": scale, "fused_experts": True}
+
+
+WRAPPER = "mistral3"  # Mistral Small 4 as published: Mistral3ForConditionalGeneration around this text model
+WRAPPER_READ = ("model_type", "text_config", "tie_word_embeddings", "quantization_config", "_name_or_path")
+WRAPPER_BOOKKEEPING = ("architectures", "transformers_version", "dtype", "torch_dtype")
+
+
+def unwrapped(f) -> tuple[dict[str, Any], Wrapper]:
+    """The text model's config.json out of the vision-language wrapper (`mistral3`), and the
+    wrapper: the text model's tensors under language_model., the vision tower's and projector's
+    beside them (never read)."""
+    text = f.raw.get("text_config")
+    if not isinstance(text, dict) or text.get("model_type") != MODEL_TYPE:
+        found = text.get("model_type") if isinstance(text, dict) else text
+        raise f.fail("text_config.model_type", f"must be '{MODEL_TYPE}' (the MLA text model stepper runs), got {found!r}")
+    if f.raw.get("tie_word_embeddings"):
+        raise f.fail("tie_word_embeddings", "must be false: stepper reads language_model.lm_head.weight as its own matrix")
+    if f.raw.get("quantization_config") is not None:
+        text = {**text, "quantization_config": f.raw["quantization_config"]}  # refused by the text model's reader
+    unused = tuple(k for k in f.raw if k not in WRAPPER_READ + WRAPPER_BOOKKEEPING)
+    return text, Wrapper(WRAPPER, unused_prefixes=("vision_tower.", "multi_modal_projector."), unused_fields=unused)
 
 
 def published(cfg) -> dict[str, Any]:

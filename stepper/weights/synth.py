@@ -115,6 +115,9 @@ def synth_checkpoint(source: SyntheticWeights, out: Path, layers: range | None =
     """Write the checkpoint to `out` (all layers and the globals, or only `layers`). `progress(what,
     total)` gives a function told the bytes of each tensor as it is made and written."""
     cfg = source.config
+    if cfg.wrapper is not None and cfg.wrapper.model_type != "kimi_k25":
+        raise StepperError(f"model {cfg.name}: synth does not write a {cfg.wrapper.model_type} wrapper's vision tower: "
+                           "use --layout hf for the text model alone")
     check_replaceable(out, force, not_from_synth, "a checkpoint stepper synth wrote")
     whole = layers is None
     plan = shard_plan(source, range(cfg.num_hidden_layers) if whole else layers, with_globals=whole)

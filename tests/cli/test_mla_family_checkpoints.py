@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from helpers.cli import one_line, stepper
 
+from stepper.presets import preset
 from stepper.seams.trace import Recorder
 from stepper.session import RunSpec, run
 
@@ -90,3 +91,12 @@ def test_a_fixture_carries_the_familys_own_weights_layout(tmp_path, name):
     assert ("lm_head.weight" not in names) if name == "tiny-youtu" else ("model.layers.1.mlp.experts.down_proj" in names)
     ran = stepper("run", "--model", tmp_path / name / "weights", "--decode", "1", "--only", "decode0.logits")
     assert ran.returncode == 0, ran.stderr
+
+
+def test_synth_writes_a_mistral3_wrappers_text_model_only_when_asked(tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "mistral3", "text_config": preset("tiny-mistral4").to_hf()}))
+    out = stepper("synth", "--model", config, "--out", tmp_path / "m4")
+    assert "--layout hf" in one_line(out) and not (tmp_path / "m4").exists()
+    assert stepper("synth", "--model", config, "--out", tmp_path / "m4", "--layout", "hf").returncode == 0
+    assert json.loads((tmp_path / "m4" / "config.json").read_text())["model_type"] == "mistral4"

@@ -4,6 +4,7 @@ family's published layout, float32), prefill then cached decode steps, at positi
 YaRN / query-scale boundary, both MLA paths (transformers' naive tensors left out of the absorbed
 comparison); relative error <= 1e-5 per tensor and the same experts chosen (helpers.compare)."""
 
+import json
 import os
 
 import numpy as np
@@ -20,6 +21,7 @@ from stepper import catalog
 from stepper.presets import preset
 from stepper.seams.trace import Recorder, unphased
 from stepper.session import RunSpec, run
+from stepper.weights.checkpoint import Checkpoint
 from stepper.weights.synth import synth_checkpoint
 from stepper.weights.synthetic import SyntheticWeights
 
@@ -80,3 +82,36 @@ def test_every_tensor_matches_the_familys_transformers_model(checkpoints, name, 
     if name == "tiny-mistral4":  # queries past position 4096 scaled by 1 + 0.1 ln 2, those before by 1
         scales = np.concatenate([v for n, v in mine.items() if n.endswith("layers.0.self_attn.q_position_scale")])
         assert set(np.round(scales, 6)) == ({1.0, np.float32(1 + 0.1 * np.log(2)).round(6)} if start_pos else {1.0})
+
+
+def test_mistral_small_4_as_published_a_vision_language_wrapper(checkpoints, tmp_path):
+    """transformers' own Mistral3ForConditionalGeneration around the tiny Mistral 4 text model
+    (its weights those of the text checkpoint), saved by save_pretrained: stepper reads the text
+    model under language_model. and runs it as it runs the text checkpoint; the vision tower's and
+    projector's tensors are never read."""
+    import torch
+    from helpers.hf_families import load
+    from transformers import Mistral3Config, Mistral3ForConditionalGeneration
+
+    text = load(checkpoints["tiny-mistral4"])
+    vision = {"model_type": "pixtral", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+              "num_attention_heads": 2, "head_dim": 16, "image_size": 32, "patch_size": 16}
+    wrapped = Mistral3ForConditionalGeneration(Mistral3Config(text_config=text.config.to_dict(), vision_config=vision,
+                                                              tie_word_embeddings=False))
+    with torch.no_grad():
+        wrapped.model.language_model.load_state_dict(text.model.state_dict())
+        wrapped.lm_head.weight.copy_(text.lm_head.weight)
+    wrapped.to(torch.bfloat16).save_pretrained(tmp_path / "published")  # BF16, as the text checkpoint
+    config = json.loads((tmp_path / "published" / "config.json").read_text())
+    assert config["model_type"] == "mistral3" and config["text_config"]["model_type"] == "mistral4"
+
+    def logits(model):
+        rec = Recorder()
+        run(RunSpec(model=str(model), ids=PROMPT, start_pos=4093, decode=1), [rec])
+        return {n: v for n, v in rec.tensors().items() if n.endswith(".logits") and ".layers." not in n}
+
+    mine, text_only = logits(tmp_path / "published"), logits(checkpoints["tiny-mistral4"])
+    assert len(mine) == 2 and all(np.array_equal(mine[n], text_only[n]) for n in mine)
+    cfg = Checkpoint(tmp_path / "published").config
+    assert cfg.wrapper.model_type == "mistral3" and "vision_config" in cfg.wrapper.unused_fields
+    assert not Checkpoint(tmp_path / "published").problems(range(cfg.num_hidden_layers), with_globals=True)

@@ -137,3 +137,24 @@ def test_any_odd_value_of_any_field_is_read_or_refused_with_a_stepper_error(name
             read(raw)
         except StepperError as e:
             assert "\n" not in str(e) and "config.json" in str(e)
+
+
+MISTRAL3 = {"architectures": ["Mistral3ForConditionalGeneration"], "model_type": "mistral3", "image_token_index": 10,
+            "text_config": PRESETS["tiny-mistral4"], "vision_config": {"model_type": "pixtral", "hidden_size": 32}}
+
+
+def test_mistral_small_4_reads_from_its_vision_language_wrapper():
+    cfg = read(MISTRAL3)
+    assert dataclasses.replace(cfg, wrapper=None, name="x") == dataclasses.replace(read(PRESETS["tiny-mistral4"]), name="x")
+    assert cfg.wrapper.text_prefix == "language_model." and set(cfg.wrapper.unused_fields) == {"image_token_index",
+                                                                                                "vision_config"}
+
+
+@pytest.mark.parametrize("raw, field", [
+    ({**MISTRAL3, "text_config": {**PRESETS["tiny-mistral4"], "model_type": "ministral3"}}, "text_config.model_type"),
+    ({**MISTRAL3, "text_config": None}, "text_config.model_type"),
+    ({**MISTRAL3, "tie_word_embeddings": True}, "tie_word_embeddings"),
+    ({**MISTRAL3, "text_config": {**PRESETS["tiny-mistral4"], "moe_layer_freq": 2}}, "moe_layer_freq"),
+])
+def test_the_wrapper_refuses_by_name(raw, field):
+    assert f"field '{field}'" in refusal(raw)
