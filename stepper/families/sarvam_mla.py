@@ -30,6 +30,9 @@ def to_mla(f) -> tuple[dict[str, Any], dict[str, Any]]:
     """Sarvam's config.json in DeepseekV3's names, and no field of stepper's beyond them."""
     raw = mla_fields.with_defaults(mla_fields.renamed(f, RENAMED), DEFAULTS)
     mla_fields.check_interleaved(f, raw)
+    if raw.get("moe_layer_freq") not in (None, 1):  # DeepseekV3Config has no such field
+        raise f.fail("moe_layer_freq", f"must be 1: transformers runs every layer from first_k_dense_replace on as MoE, "
+                     f"got {raw['moe_layer_freq']!r}")
     raw.pop("head_dim", None)  # kv_lora_rank + qk_rope_head_dim for vLLM: not the attention's
     q_head_dim = raw.pop("q_head_dim", None)
     fields = mla_fields.typed(f, raw)

@@ -110,6 +110,7 @@ def test_mistral4_scales_queries_routes_by_softmax_and_fuses_its_experts():
     ({**PRESETS["tiny-sarvam"], "rope_interleave": False}, "rope_interleave"),
     ({**PRESETS["tiny-sarvam"], "q_head_dim": 64}, "q_head_dim"),
     ({**PRESETS["tiny-sarvam"], "n_routed_experts": 8}, "num_experts"),
+    ({**PRESETS["tiny-sarvam"], "moe_layer_freq": 2}, "moe_layer_freq"),
 ])
 def test_a_field_stepper_does_not_build_is_refused_by_name(raw, field):
     assert f"field '{field}" in refusal(raw)
