@@ -32,8 +32,12 @@ def to_mla(f) -> tuple[dict[str, Any], dict[str, Any]]:
     tied = raw.pop("tie_word_embeddings")
     if not isinstance(tied, bool):
         raise f.fail("tie_word_embeddings", f"must be true or false, got {tied!r}")
+    fields = mla_fields.typed(f, raw)
+    head = fields.int("qk_nope_head_dim") + fields.int("qk_rope_head_dim")
+    if raw.get("qk_head_dim") not in (None, head):  # Youtu-LLM's config.json writes it out
+        raise f.fail("qk_head_dim", f"must be qk_nope_head_dim + qk_rope_head_dim ({head}), got {raw['qk_head_dim']!r}")
     pad = raw.pop("pad_token_id", None)  # YoutuPreTrainedModel zeroes its embedding row when loading
-    vocab = mla_fields.typed(f, raw).int("vocab_size")
+    vocab = fields.int("vocab_size")
     if pad is not None and (isinstance(pad, bool) or not isinstance(pad, int) or not 0 <= pad < vocab):
         raise f.fail("pad_token_id", f"must be a token id below vocab_size ({vocab}), got {pad!r}")
     return raw, {"tie_word_embeddings": tied, "zeroed_pad_row": pad}
@@ -50,7 +54,7 @@ def published(cfg) -> dict[str, Any]:
 _PUBLISHED = {"architectures": ["YoutuForCausalLM"], "model_type": MODEL_TYPE, "hidden_act": "silu",
               "attention_bias": False, "rope_interleave": True}
 PRESETS: dict[str, dict[str, Any]] = {
-    "youtu-llm-2b": {**_PUBLISHED, "_name_or_path": "youtu-llm-2b", **DEFAULTS,
+    "youtu-llm-2b": {**_PUBLISHED, "_name_or_path": "youtu-llm-2b", **DEFAULTS, "qk_head_dim": 192,
                      "rope_parameters": {"rope_theta": 1600000, "rope_type": "default"}},
     "tiny-youtu": {  # tied embeddings (the pad token's row zeroed), q bottleneck, dense layers only
         **_PUBLISHED, "_name_or_path": "tiny-youtu", "vocab_size": 1000, "hidden_size": 320, "intermediate_size": 544,

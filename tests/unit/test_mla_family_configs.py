@@ -106,6 +106,7 @@ def test_mistral4_scales_queries_routes_by_softmax_and_fuses_its_experts():
     ({**PRESETS["tiny-glm4-flash"], "mlp_layer_types": ["dense", "sparse", "dense"]}, "mlp_layer_types"),
     ({**PRESETS["tiny-youtu"], "n_routed_experts": 8}, "n_routed_experts"),
     ({**PRESETS["tiny-youtu"], "pad_token_id": 1000}, "pad_token_id"),
+    ({**PRESETS["tiny-youtu"], "qk_head_dim": 64}, "qk_head_dim"),
     ({**PRESETS["tiny-youtu"], "rope_interleave": False}, "rope_interleave"),
     ({**PRESETS["tiny-sarvam"], "rope_interleave": False}, "rope_interleave"),
     ({**PRESETS["tiny-sarvam"], "q_head_dim": 64}, "q_head_dim"),
