@@ -100,3 +100,16 @@ def test_synth_writes_a_mistral3_wrappers_text_model_only_when_asked(tmp_path):
     assert "--layout hf" in one_line(out) and not (tmp_path / "m4").exists()
     assert stepper("synth", "--model", config, "--out", tmp_path / "m4", "--layout", "hf").returncode == 0
     assert json.loads((tmp_path / "m4" / "config.json").read_text())["model_type"] == "mistral4"
+
+
+@pytest.mark.parametrize("name", ["tiny-mistral4", "tiny-youtu"])
+def test_a_chunked_prefill_across_the_query_scale_boundary_equals_the_whole(name):
+    """Each chunk scales its own positions' queries (Mistral 4) and zeroes the pad row (Youtu, whose
+    pad token 999 is the third prompt token)."""
+    def tensors(chunk: int) -> dict:
+        rec = Recorder()
+        run(RunSpec(model=name, ids=(5, 7, 999, 11) * 6, start_pos=4085, chunk=chunk, decode=1), [rec])
+        return rec.tensors()
+    whole, chunked = tensors(0), tensors(8)
+    for key in ("prefill.logits", "decode0.logits", "prefill.layers.1.self_attn.query_states"):
+        assert np.abs(chunked[key] - whole[key]).max() <= 1e-5 * np.abs(whole[key]).max(), key
