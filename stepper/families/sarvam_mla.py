@@ -6,6 +6,12 @@ n_shared_experts; `q_head_dim` is qk_nope_head_dim + qk_rope_head_dim; `head_dim
 kv_lora_rank + qk_rope_head_dim (the latent a token caches, written for vLLM), not a size of the
 attention, and is not read; a `rope_scaling` of type `deepseek_yarn` is YaRN. The checkpoint stores
 DeepSeek-V3's tensor names with one tensor per expert, BF16.
+
+Sarvam-105B's config.json gives no n_group or topk_group. transformers then routes over all the
+experts at once (n_group 1, its configuration's default: "the released checkpoints route over all
+experts at once"); Sarvam's own modeling code reads the missing fields as num_experts / 8 groups
+keeping 2. stepper follows transformers, which its tests compare against; a config.json that gives
+the two fields is read as it says.
 """
 
 from __future__ import annotations
@@ -60,9 +66,14 @@ def published(cfg) -> dict[str, Any]:
 _PUBLISHED = {"architectures": ["SarvamMLAForCausalLM"], "model_type": MODEL_TYPE, "hidden_act": "silu",
               "attention_bias": False, "tie_word_embeddings": False, "rope_theta": 10000.0}
 PRESETS: dict[str, dict[str, Any]] = {
-    "sarvam-105b": {**_PUBLISHED, "_name_or_path": "sarvam-105b", **{k: v for k, v in DEFAULTS.items() if k not in RENAMED.values()},
-                    "num_experts": 128, "num_shared_experts": 1, "num_key_value_heads": 64, "head_dim": 576,
-                    "q_head_dim": 192},
+    "sarvam-105b": {  # its config.json has no n_group / topk_group: see the module's docstring
+        **_PUBLISHED, "_name_or_path": "sarvam-105b",
+        **{k: v for k, v in DEFAULTS.items() if k not in (*RENAMED.values(), "n_group", "topk_group")},
+        "num_experts": 128, "num_shared_experts": 1, "num_key_value_heads": 64, "head_dim": 576, "q_head_dim": 192,
+        "max_position_embeddings": 131072,
+        "rope_scaling": {"type": "deepseek_yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
+                         "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0},
+    },
     "tiny-sarvam": {  # one q_proj, one expert group, YaRN under Sarvam's own type name
         **_PUBLISHED, "_name_or_path": "tiny-sarvam", "vocab_size": 1000, "hidden_size": 320, "intermediate_size": 544,
         "moe_intermediate_size": 96, "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 4,
