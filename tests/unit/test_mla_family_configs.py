@@ -4,13 +4,16 @@ family writes it, and a field stepper does not build refused naming that field."
 
 import copy
 import dataclasses
+import math
 
 import pytest
 
 from stepper.config import Config
 from stepper.errors import StepperError
+from stepper.model import Transformer
 from stepper.presets import PRESETS, preset
 from stepper.weights.names import weight_shapes
+from stepper.weights.synthetic import SyntheticWeights
 
 
 def read(raw: dict) -> Config:
@@ -41,6 +44,14 @@ def test_sarvam_reads_its_older_names_as_deepseek_v3s():
     assert "n_routed_experts" not in written and written["rope_scaling"]["type"] == "deepseek_yarn"
     full = preset("sarvam-105b")  # SarvamMLAConfig's defaults: 32 layers of 128 experts, top 8, one group
     assert (full.num_hidden_layers, full.n_routed_experts, full.num_experts_per_tok, full.n_group) == (32, 128, 8, 1)
+
+
+def test_sarvam_105b_routes_over_all_experts_and_scales_its_softmax_by_yarn():
+    cfg = preset("sarvam-105b")  # no n_group in its config.json: transformers' one group (the module's docstring)
+    assert (cfg.n_group, cfg.topk_group, cfg.max_position_embeddings) == (1, 1, 131072)
+    model = Transformer(SyntheticWeights(cfg))  # 192^-0.5 x (0.1 ln 40 + 1)^2, the cos/sin factor 1
+    assert model.softmax_scale == pytest.approx(192**-0.5 * (0.1 * math.log(40) + 1) ** 2, rel=1e-12)
+    assert round(model.softmax_scale, 5) == 0.13523 and model.rope_mscale == 1.0
 
 
 def test_youtu_is_dense_and_tied():
