@@ -10,9 +10,9 @@ with a `StepperError` that names the field.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,13 +26,6 @@ MODEL_TYPES = ("deepseek_v3", "kimi_k2", "deepseek_v2", "deepseek_v32")
 WRAPPER_TYPES = ("kimi_k25",)
 ARCHITECTURES = {"deepseek_v3": "DeepseekV3ForCausalLM", "kimi_k2": "DeepseekV3ForCausalLM",
                  "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v32": "DeepseekV32ForCausalLM"}
-# MLA families whose config.json stepper translates (stepper/families/<model_type>.py: to_mla, published)
-FAMILY_TYPES = ("sarvam_mla", "youtu", "glm4_moe_lite", "axk1", "mistral4")
-
-
-def family_module(model_type: str):
-    """The module that reads and writes an MLA family's own config.json (None for DeepSeek's types)."""
-    return importlib.import_module(f"stepper.families.{model_type}") if model_type in FAMILY_TYPES else None
 
 
 @dataclass(frozen=True)
@@ -185,19 +178,15 @@ class Config:
 
     @classmethod
     def from_hf(cls, raw: dict[str, Any], name: str = "config.json") -> Config:
-        """Read an HF config.json dict (model_type deepseek_v3 or kimi_k2) and validate it."""
+        """Read an HF config.json dict of the MLA family (MODEL_TYPES or its wrapper) and validate
+        it. A config.json of any registered family: stepper.families.read_config."""
         return _parse(raw, name)
 
     def to_hf(self) -> dict[str, Any]:
-        """The config.json dict an HF checkpoint of this model carries: DeepseekV3 field names, or
-        the family's published ones."""
-        family = family_module(self.model_type)
-        return self.mla_hf() if family is None else family.published(self)
-
-    def mla_hf(self) -> dict[str, Any]:
-        """This config in DeepseekV3 field names (what the MLA families translate from and to)."""
+        """The config.json dict an HF checkpoint of this model carries (DeepseekV3 field names; the
+        other MLA families' config classes write their own, stepper/families)."""
         out: dict[str, Any] = {
-            "architectures": [ARCHITECTURES.get(self.model_type, "DeepseekV3ForCausalLM")],
+            "architectures": [ARCHITECTURES[self.model_type]],
             "model_type": self.model_type,
             "num_key_value_heads": self.num_attention_heads,
             "hidden_act": "silu",
@@ -227,17 +216,23 @@ class Config:
         return out
 
 
+def read_mla_config(raw: dict[str, Any], source: str) -> Config:
+    """The MLA family's reader (families.deepseek): a config.json of MODEL_TYPES or its wrapper."""
+    return _parse(raw, source)
+
+
 FAMILY_FIELDS = ("tie_word_embeddings", "zeroed_pad_row", "router_bias", "moe_output_norm", "query_scale",
-                 "fused_experts")  # written by families
+                 "fused_experts")  # the other MLA families' (stepper/families): their config classes write them
 
 
-def load_config(path: str | Path) -> Config:
-    """Read and validate a config.json file."""
+def load_config(path: str | Path, read: Callable[[dict[str, Any], str], Any] = read_mla_config) -> Any:
+    """Read and validate a config.json file with a family's reader (the MLA family's unless given:
+    stepper.families.load_config reads any registered family's)."""
     path = Path(path)
     raw = read_json(path, "a config.json")  # a key given twice, or NaN, is refused naming it
     if not isinstance(raw, dict):
         raise StepperError(f"{path}: expected a JSON object, found {type(raw).__name__}")
-    return Config.from_hf(raw, str(path))
+    return read(raw, str(path))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -292,20 +287,16 @@ class _Fields:
         return default
 
 
+ConfigFields = _Fields  # the other MLA families' readers (stepper/families) read their fields with it
+
+
 def _parse(raw: dict[str, Any], source: str) -> Config:
     f = _Fields(raw, source)
     model_type = f.str("model_type")
     if model_type in WRAPPER_TYPES:
         return _kimi_k25(f)
-    if model_type == "mistral3":  # Mistral Small 4's vision-language wrapper (stepper/families/mistral4.py)
-        text, wrapper = family_module("mistral4").unwrapped(f)
-        return dataclasses.replace(_parse(text, f"{source}: text_config"), name=model_name(raw, source), wrapper=wrapper)
-    family, extra = family_module(model_type), {}
-    if family is not None:  # the family's published fields, renamed and checked, into DeepseekV3's
-        raw, extra = family.to_mla(f)
-        f = _Fields(raw, source)
-    elif model_type not in MODEL_TYPES:
-        raise f.fail("model_type", f"must be one of {', '.join(MODEL_TYPES + FAMILY_TYPES)}, got {model_type!r}")
+    if model_type not in MODEL_TYPES:
+        raise f.fail("model_type", f"must be one of {', '.join(MODEL_TYPES)}, got {model_type!r}")
     _require_equal(f, "hidden_act", "silu")
     if raw.get("attention_bias"):
         raise f.fail("attention_bias", "must be false: MLA projections have no bias")
@@ -353,7 +344,6 @@ def _parse(raw: dict[str, Any], source: str) -> Config:
         quantization=_quantization(f),
         int4=_int4_groups(f),
         **_family(f, model_type),
-        **extra,
     )
     _check_consistency(cfg, f)
     return cfg
@@ -425,7 +415,7 @@ ROUTERS = {  # model_type -> the router's scoring functions and selection rules,
 
 def _family(f: _Fields, model_type: str) -> dict[str, Any]:
     """The fields that tell the families apart: the router's scoring and selection, V3.2's indexer."""
-    scorings, methods = ROUTERS[model_type] if model_type in ROUTERS else family_module(model_type).ROUTER
+    scorings, methods = ROUTERS[model_type]
     chosen = {}
     for field, allowed in (("scoring_func", scorings), ("topk_method", methods)):
         chosen[field] = f.str(field, default=allowed[0])

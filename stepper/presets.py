@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from stepper.config import FAMILY_TYPES, Config, family_module
+from stepper.config import Config
 from stepper.errors import StepperError
 
 _FP8 = {
@@ -292,8 +292,102 @@ PRESETS.update({
 })
 
 
-for _model_type in FAMILY_TYPES:  # the MLA families' presets, in each family's published config.json
-    PRESETS.update(family_module(_model_type).PRESETS)
+# The other MLA families (stepper/families), each in its published config.json: `tiny-<family>` and the
+# full size. Sarvam-105B's gives no n_group (families/sarvam_mla.py); Youtu's lm_head is its embedding,
+# its pad row zeroed; GLM-4.7-Flash's values are wider than its keys' nope part; A.X-K1 routes without a
+# bias and normalises its MoE's output; Mistral 4 routes by softmax and scales its queries past 4096.
+PRESETS.update({
+    "sarvam-105b": {"architectures": ["SarvamMLAForCausalLM"], "model_type": "sarvam_mla", "hidden_act": "silu",
+        "attention_bias": False, "tie_word_embeddings": False, "rope_theta": 10000.0, "_name_or_path": "sarvam-105b",
+        "vocab_size": 262144, "hidden_size": 4096, "intermediate_size": 16384, "moe_intermediate_size": 2048,
+        "num_hidden_layers": 32, "num_attention_heads": 64, "routed_scaling_factor": 2.5, "kv_lora_rank": 512,
+        "q_lora_rank": None, "qk_rope_head_dim": 64, "v_head_dim": 128, "qk_nope_head_dim": 128,
+        "num_experts_per_tok": 8, "first_k_dense_replace": 1, "norm_topk_prob": True,
+        "max_position_embeddings": 131072, "rms_norm_eps": 1e-06, "num_experts": 128, "num_shared_experts": 1,
+        "num_key_value_heads": 64, "head_dim": 576, "q_head_dim": 192,
+        "rope_scaling": {"type": "deepseek_yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
+            "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}},
+    "tiny-sarvam": {"architectures": ["SarvamMLAForCausalLM"], "model_type": "sarvam_mla", "hidden_act": "silu",
+        "attention_bias": False, "tie_word_embeddings": False, "rope_theta": 10000.0, "_name_or_path": "tiny-sarvam",
+        "vocab_size": 1000, "hidden_size": 320, "intermediate_size": 544, "moe_intermediate_size": 96,
+        "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 4, "q_lora_rank": None,
+        "kv_lora_rank": 128, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32, "head_dim": 144,
+        "q_head_dim": 48, "num_experts": 16, "num_shared_experts": 1, "num_experts_per_tok": 4, "n_group": 1,
+        "topk_group": 1, "routed_scaling_factor": 2.5, "norm_topk_prob": True, "first_k_dense_replace": 1,
+        "rms_norm_eps": 1e-06, "max_position_embeddings": 16384,
+        "rope_scaling": {"type": "deepseek_yarn", "factor": 4.0, "original_max_position_embeddings": 4096,
+            "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}},
+    "youtu-llm-2b": {"architectures": ["YoutuForCausalLM"], "model_type": "youtu", "hidden_act": "silu",
+        "attention_bias": False, "rope_interleave": True, "_name_or_path": "youtu-llm-2b", "vocab_size": 128256,
+        "hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 32, "num_attention_heads": 16,
+        "num_key_value_heads": 16, "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64,
+        "v_head_dim": 128, "qk_nope_head_dim": 128, "max_position_embeddings": 131072, "rms_norm_eps": 1e-06,
+        "tie_word_embeddings": True, "qk_head_dim": 192,
+        "rope_parameters": {"rope_theta": 1600000, "rope_type": "default"}},
+    "tiny-youtu": {"architectures": ["YoutuForCausalLM"], "model_type": "youtu", "hidden_act": "silu",
+        "attention_bias": False, "rope_interleave": True, "_name_or_path": "tiny-youtu", "vocab_size": 1000,
+        "hidden_size": 320, "intermediate_size": 544, "num_hidden_layers": 3, "num_attention_heads": 4,
+        "num_key_value_heads": 4, "q_lora_rank": 192, "kv_lora_rank": 128, "qk_nope_head_dim": 32,
+        "qk_rope_head_dim": 16, "v_head_dim": 32, "max_position_embeddings": 131072, "rms_norm_eps": 1e-06,
+        "tie_word_embeddings": True, "pad_token_id": 999,
+        "rope_parameters": {"rope_theta": 1600000.0, "rope_type": "default"}},
+    "glm-4.7-flash": {"architectures": ["Glm4MoeLiteForCausalLM"], "model_type": "glm4_moe_lite",
+        "hidden_act": "silu", "attention_bias": False, "attention_dropout": 0.0, "tie_word_embeddings": False,
+        "partial_rotary_factor": 1.0, "topk_method": "noaux_tc", "rope_scaling": None, "dtype": "bfloat16",
+        "_name_or_path": "glm-4.7-flash", "vocab_size": 154880, "hidden_size": 2048, "intermediate_size": 10240,
+        "moe_intermediate_size": 1536, "num_hidden_layers": 47, "num_attention_heads": 20, "num_key_value_heads": 20,
+        "n_shared_experts": 1, "n_routed_experts": 64, "routed_scaling_factor": 1.8, "kv_lora_rank": 512,
+        "q_lora_rank": 768, "qk_rope_head_dim": 64, "v_head_dim": 256, "qk_nope_head_dim": 192, "n_group": 1,
+        "topk_group": 1, "num_experts_per_tok": 4, "norm_topk_prob": True, "max_position_embeddings": 202752,
+        "rms_norm_eps": 1e-05, "first_k_dense_replace": 1, "num_nextn_predict_layers": 1, "rope_theta": 1000000.0},
+    "tiny-glm4-flash": {"architectures": ["Glm4MoeLiteForCausalLM"], "model_type": "glm4_moe_lite",
+        "hidden_act": "silu", "attention_bias": False, "attention_dropout": 0.0, "tie_word_embeddings": False,
+        "partial_rotary_factor": 1.0, "topk_method": "noaux_tc", "rope_scaling": None, "dtype": "bfloat16",
+        "_name_or_path": "tiny-glm4-flash", "vocab_size": 1000, "hidden_size": 320, "intermediate_size": 544,
+        "moe_intermediate_size": 96, "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 4,
+        "q_lora_rank": 192, "kv_lora_rank": 128, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 48,
+        "n_routed_experts": 16, "n_shared_experts": 1, "num_experts_per_tok": 4, "n_group": 1, "topk_group": 1,
+        "routed_scaling_factor": 1.8, "norm_topk_prob": True, "first_k_dense_replace": 1, "rms_norm_eps": 1e-05,
+        "rope_theta": 1000000.0, "max_position_embeddings": 202752},
+    "a.x-k1": {"architectures": ["AXK1ForCausalLM"], "model_type": "axk1", "hidden_act": "silu",
+        "attention_bias": False, "tie_word_embeddings": False, "rope_theta": 10000.0, "_name_or_path": "a.x-k1",
+        "vocab_size": 163840, "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048,
+        "num_hidden_layers": 61, "num_attention_heads": 64, "num_key_value_heads": 64, "n_shared_experts": 1,
+        "n_routed_experts": 192, "routed_scaling_factor": 2.5, "kv_lora_rank": 512, "q_lora_rank": 1536,
+        "qk_rope_head_dim": 64, "v_head_dim": 128, "qk_nope_head_dim": 128, "n_group": 8, "topk_group": 4,
+        "num_experts_per_tok": 8, "max_position_embeddings": 32768, "rms_norm_eps": 1e-06, "norm_topk_prob": True,
+        "first_k_dense_replace": 1, "moe_layer_freq": 1},
+    "tiny-axk1": {"architectures": ["AXK1ForCausalLM"], "model_type": "axk1", "hidden_act": "silu",
+        "attention_bias": False, "tie_word_embeddings": False, "rope_theta": 10000.0, "_name_or_path": "tiny-axk1",
+        "vocab_size": 1000, "hidden_size": 320, "intermediate_size": 544, "moe_intermediate_size": 96,
+        "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 4, "q_lora_rank": 192,
+        "kv_lora_rank": 128, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32, "n_routed_experts": 32,
+        "n_shared_experts": 1, "num_experts_per_tok": 4, "n_group": 4, "topk_group": 2, "routed_scaling_factor": 2.5,
+        "norm_topk_prob": True, "first_k_dense_replace": 1, "moe_layer_freq": 1, "rms_norm_eps": 1e-06,
+        "max_position_embeddings": 32768},
+    "mistral-small-4": {"architectures": ["Mistral4ForCausalLM"], "model_type": "mistral4", "hidden_act": "silu",
+        "attention_bias": False, "tie_word_embeddings": False, "rope_interleave": True,
+        "_name_or_path": "mistral-small-4", "vocab_size": 131072, "hidden_size": 4096, "intermediate_size": 12288,
+        "moe_intermediate_size": 2048, "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 32,
+        "n_shared_experts": 1, "n_routed_experts": 128, "routed_scaling_factor": 1.0, "kv_lora_rank": 256,
+        "q_lora_rank": 1024, "qk_rope_head_dim": 64, "v_head_dim": 128, "qk_nope_head_dim": 64, "n_group": 1,
+        "topk_group": 1, "num_experts_per_tok": 4, "first_k_dense_replace": 0, "norm_topk_prob": True,
+        "max_position_embeddings": 1048576, "rms_norm_eps": 1e-06,
+        "rope_parameters": {"type": "yarn", "rope_theta": 10000.0, "factor": 128.0,
+            "original_max_position_embeddings": 8192, "beta_fast": 32.0, "beta_slow": 1.0, "mscale_all_dim": 1.0,
+            "mscale": 1.0, "llama_4_scaling_beta": 0.1}},
+    "tiny-mistral4": {"architectures": ["Mistral4ForCausalLM"], "model_type": "mistral4", "hidden_act": "silu",
+        "attention_bias": False, "tie_word_embeddings": False, "rope_interleave": True,
+        "_name_or_path": "tiny-mistral4", "vocab_size": 1000, "hidden_size": 320, "intermediate_size": 544,
+        "moe_intermediate_size": 96, "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 4,
+        "q_lora_rank": 192, "kv_lora_rank": 128, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32,
+        "n_routed_experts": 16, "n_shared_experts": 1, "num_experts_per_tok": 4, "n_group": 4, "topk_group": 2,
+        "routed_scaling_factor": 1.0, "norm_topk_prob": True, "first_k_dense_replace": 1, "rms_norm_eps": 1e-06,
+        "max_position_embeddings": 32768,
+        "rope_parameters": {"type": "yarn", "rope_theta": 10000.0, "factor": 8.0,
+            "original_max_position_embeddings": 4096, "beta_fast": 32.0, "beta_slow": 1.0, "mscale_all_dim": 1.0,
+            "mscale": 1.0, "llama_4_scaling_beta": 0.1}},
+})
 
 
 def preset(name: str) -> Config:

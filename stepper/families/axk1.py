@@ -12,8 +12,10 @@ moe_layer_freq.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
+from stepper.config import Config
 from stepper.families import mla_fields
 
 MODEL_TYPE = "axk1"
@@ -49,16 +51,15 @@ def published(cfg) -> dict[str, Any]:
     return mla_fields.published_fields(cfg, MODEL_TYPE, "AXK1ForCausalLM")
 
 
-_PUBLISHED = {"architectures": ["AXK1ForCausalLM"], "model_type": MODEL_TYPE, "hidden_act": "silu",
-              "attention_bias": False, "tie_word_embeddings": False, "rope_theta": 10000.0}
-PRESETS: dict[str, dict[str, Any]] = {
-    "a.x-k1": {**_PUBLISHED, "_name_or_path": "a.x-k1", **DEFAULTS},
-    "tiny-axk1": {  # grouped routing without a bias (4 groups, keep 2), a dense first layer
-        **_PUBLISHED, "_name_or_path": "tiny-axk1", "vocab_size": 1000, "hidden_size": 320, "intermediate_size": 544,
-        "moe_intermediate_size": 96, "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 4,
-        "q_lora_rank": 192, "kv_lora_rank": 128, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32,
-        "n_routed_experts": 32, "n_shared_experts": 1, "num_experts_per_tok": 4, "n_group": 4, "topk_group": 2,
-        "routed_scaling_factor": 2.5, "norm_topk_prob": True, "first_k_dense_replace": 1, "moe_layer_freq": 1,
-        "rms_norm_eps": 1e-6, "max_position_embeddings": 32768,
-    },
-}
+@dataclasses.dataclass(frozen=True)
+class AXK1Config(Config):
+    """MLA's config (the fields A.X-K1 sets among them), written back as A.X-K1's config.json."""
+
+    def to_hf(self) -> dict[str, Any]:
+        return published(self)
+
+
+read_config = mla_fields.reader(MODEL_TYPE, ROUTER, to_mla, AXK1Config)
+
+
+FAMILY = mla_fields.family("axk1", (MODEL_TYPE,), read_config, ("moe_output_norm",))

@@ -13,8 +13,10 @@ multi-token-prediction layer (model.layers.47, which no run reads).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
+from stepper.config import Config
 from stepper.families import mla_fields
 
 MODEL_TYPE = "glm4_moe_lite"
@@ -53,18 +55,15 @@ def published(cfg) -> dict[str, Any]:
     return {**out, "partial_rotary_factor": 1.0, "topk_method": "noaux_tc", "mlp_layer_types": types}
 
 
-_PUBLISHED = {"architectures": ["Glm4MoeLiteForCausalLM"], "model_type": MODEL_TYPE, "hidden_act": "silu",
-              "attention_bias": False, "attention_dropout": 0.0, "tie_word_embeddings": False,
-              "partial_rotary_factor": 1.0, "topk_method": "noaux_tc", "rope_scaling": None, "dtype": "bfloat16"}
-PRESETS: dict[str, dict[str, Any]] = {
-    "glm-4.7-flash": {**_PUBLISHED, "_name_or_path": "glm-4.7-flash", **DEFAULTS, "first_k_dense_replace": 1,
-                      "num_nextn_predict_layers": 1, "rope_theta": 1000000.0},
-    "tiny-glm4-flash": {  # values wider than the keys' nope part, one dense layer, one expert group
-        **_PUBLISHED, "_name_or_path": "tiny-glm4-flash", "vocab_size": 1000, "hidden_size": 320,
-        "intermediate_size": 544, "moe_intermediate_size": 96, "num_hidden_layers": 3, "num_attention_heads": 4,
-        "num_key_value_heads": 4, "q_lora_rank": 192, "kv_lora_rank": 128, "qk_nope_head_dim": 32,
-        "qk_rope_head_dim": 16, "v_head_dim": 48, "n_routed_experts": 16, "n_shared_experts": 1,
-        "num_experts_per_tok": 4, "n_group": 1, "topk_group": 1, "routed_scaling_factor": 1.8, "norm_topk_prob": True,
-        "first_k_dense_replace": 1, "rms_norm_eps": 1e-5, "rope_theta": 1000000.0, "max_position_embeddings": 202752,
-    },
-}
+@dataclasses.dataclass(frozen=True)
+class Glm4MoeLiteConfig(Config):
+    """MLA's config (the fields GLM-4.7-Flash sets among them), written back as GLM-4.7-Flash's config.json."""
+
+    def to_hf(self) -> dict[str, Any]:
+        return published(self)
+
+
+read_config = mla_fields.reader(MODEL_TYPE, ROUTER, to_mla, Glm4MoeLiteConfig)
+
+
+FAMILY = mla_fields.family("glm4_moe_lite", (MODEL_TYPE,), read_config)

@@ -23,9 +23,10 @@ model.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
-from stepper.config import QueryScale, Wrapper
+from stepper.config import Config, ConfigFields, QueryScale, Wrapper, model_name
 from stepper.families import mla_fields
 
 MODEL_TYPE = "mistral4"
@@ -74,9 +75,11 @@ def unwrapped(f) -> tuple[dict[str, Any], Wrapper]:
     text = f.raw.get("text_config")
     if not isinstance(text, dict) or text.get("model_type") != MODEL_TYPE:
         found = text.get("model_type") if isinstance(text, dict) else text
-        raise f.fail("text_config.model_type", f"must be '{MODEL_TYPE}' (the MLA text model stepper runs), got {found!r}")
+        raise f.fail("text_config.model_type", f"must be '{MODEL_TYPE}' (the MLA text model stepper runs), "
+                     f"got {found!r}")
     if f.raw.get("tie_word_embeddings"):
-        raise f.fail("tie_word_embeddings", "must be false: stepper reads language_model.lm_head.weight as its own matrix")
+        raise f.fail("tie_word_embeddings", "must be false: stepper reads language_model.lm_head.weight as its own "
+                     "matrix")
     if f.raw.get("quantization_config") is not None:
         text = {**text, "quantization_config": f.raw["quantization_config"]}  # refused by the text model's reader
     unused = tuple(k for k in f.raw if k not in WRAPPER_READ + WRAPPER_BOOKKEEPING)
@@ -87,24 +90,32 @@ def published(cfg) -> dict[str, Any]:
     """The config.json of a Mistral 4 checkpoint: the query scale and rotary fraction in rope_parameters."""
     out = mla_fields.published_fields(cfg, MODEL_TYPE, "Mistral4ForCausalLM", drop=("moe_layer_freq",))
     rope = out.pop("rope_scaling", None) or {"type": "default"}  # YaRN's original length is the scale's too
-    scale = cfg.query_scale or QueryScale(0.0, rope.get("original_max_position_embeddings", cfg.max_position_embeddings))
+    original = rope.get("original_max_position_embeddings", cfg.max_position_embeddings)
+    scale = cfg.query_scale or QueryScale(0.0, original)
     out["rope_parameters"] = {**rope, "rope_theta": out.pop("rope_theta"), "llama_4_scaling_beta": scale.beta,
                               "original_max_position_embeddings": scale.original_max_position_embeddings,
                               "partial_rotary_factor": cfg.qk_rope_head_dim / cfg.qk_head_dim}
     return out
 
 
-_PUBLISHED = {"architectures": ["Mistral4ForCausalLM"], "model_type": MODEL_TYPE, "hidden_act": "silu",
-              "attention_bias": False, "tie_word_embeddings": False, "rope_interleave": True}
-PRESETS: dict[str, dict[str, Any]] = {
-    "mistral-small-4": {**_PUBLISHED, "_name_or_path": "mistral-small-4", **DEFAULTS},
-    "tiny-mistral4": {  # softmax routing in 4 groups keep 2, queries scaled past position 4096
-        **_PUBLISHED, "_name_or_path": "tiny-mistral4", "vocab_size": 1000, "hidden_size": 320,
-        "intermediate_size": 544, "moe_intermediate_size": 96, "num_hidden_layers": 3, "num_attention_heads": 4,
-        "num_key_value_heads": 4, "q_lora_rank": 192, "kv_lora_rank": 128, "qk_nope_head_dim": 32,
-        "qk_rope_head_dim": 16, "v_head_dim": 32, "n_routed_experts": 16, "n_shared_experts": 1,
-        "num_experts_per_tok": 4, "n_group": 4, "topk_group": 2, "routed_scaling_factor": 1.0, "norm_topk_prob": True,
-        "first_k_dense_replace": 1, "rms_norm_eps": 1e-6, "max_position_embeddings": 32768,
-        "rope_parameters": {**ROPE, "factor": 8.0, "original_max_position_embeddings": 4096},
-    },
-}
+@dataclasses.dataclass(frozen=True)
+class Mistral4Config(Config):
+    """MLA's config (the fields Mistral 4 sets among them), written back as Mistral 4's config.json."""
+
+    def to_hf(self) -> dict[str, Any]:
+        return published(self)
+
+
+read_text_config = mla_fields.reader(MODEL_TYPE, ROUTER, to_mla, Mistral4Config)
+
+
+def read_config(raw: dict[str, Any], source: str) -> Config:
+    """Mistral 4's text config.json, or the published vision-language wrapper around it."""
+    if raw.get("model_type") != WRAPPER:
+        return read_text_config(raw, source)
+    text, wrapper = unwrapped(ConfigFields(raw, source))
+    cfg = read_text_config(text, f"{source}: text_config")
+    return dataclasses.replace(cfg, name=model_name(raw, source), wrapper=wrapper)
+
+
+FAMILY = mla_fields.family("mistral4", (MODEL_TYPE, WRAPPER), read_config, ("query_scale",))

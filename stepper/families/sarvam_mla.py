@@ -16,8 +16,10 @@ the two fields is read as it says.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
+from stepper.config import Config
 from stepper.families import mla_fields
 
 MODEL_TYPE = "sarvam_mla"
@@ -37,7 +39,7 @@ def to_mla(f) -> tuple[dict[str, Any], dict[str, Any]]:
     raw = mla_fields.with_defaults(mla_fields.renamed(f, RENAMED), DEFAULTS)
     mla_fields.check_interleaved(f, raw)
     if raw.get("moe_layer_freq") not in (None, 1):  # DeepseekV3Config has no such field
-        raise f.fail("moe_layer_freq", f"must be 1: transformers runs every layer from first_k_dense_replace on as MoE, "
+        raise f.fail("moe_layer_freq", "must be 1: transformers runs every layer from first_k_dense_replace on as MoE, "
                      f"got {raw['moe_layer_freq']!r}")
     raw.pop("head_dim", None)  # kv_lora_rank + qk_rope_head_dim for vLLM: not the attention's
     q_head_dim = raw.pop("q_head_dim", None)
@@ -63,25 +65,15 @@ def published(cfg) -> dict[str, Any]:
     return out
 
 
-_PUBLISHED = {"architectures": ["SarvamMLAForCausalLM"], "model_type": MODEL_TYPE, "hidden_act": "silu",
-              "attention_bias": False, "tie_word_embeddings": False, "rope_theta": 10000.0}
-PRESETS: dict[str, dict[str, Any]] = {
-    "sarvam-105b": {  # its config.json has no n_group / topk_group: see the module's docstring
-        **_PUBLISHED, "_name_or_path": "sarvam-105b",
-        **{k: v for k, v in DEFAULTS.items() if k not in (*RENAMED.values(), "n_group", "topk_group")},
-        "num_experts": 128, "num_shared_experts": 1, "num_key_value_heads": 64, "head_dim": 576, "q_head_dim": 192,
-        "max_position_embeddings": 131072,
-        "rope_scaling": {"type": "deepseek_yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
-                         "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0},
-    },
-    "tiny-sarvam": {  # one q_proj, one expert group, YaRN under Sarvam's own type name
-        **_PUBLISHED, "_name_or_path": "tiny-sarvam", "vocab_size": 1000, "hidden_size": 320, "intermediate_size": 544,
-        "moe_intermediate_size": 96, "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 4,
-        "q_lora_rank": None, "kv_lora_rank": 128, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32,
-        "head_dim": 144, "q_head_dim": 48, "num_experts": 16, "num_shared_experts": 1, "num_experts_per_tok": 4,
-        "n_group": 1, "topk_group": 1, "routed_scaling_factor": 2.5, "norm_topk_prob": True, "first_k_dense_replace": 1,
-        "rms_norm_eps": 1e-6, "max_position_embeddings": 16384,
-        "rope_scaling": {"type": "deepseek_yarn", "factor": 4.0, "original_max_position_embeddings": 4096,
-                         "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0},
-    },
-}
+@dataclasses.dataclass(frozen=True)
+class SarvamConfig(Config):
+    """MLA's config (the fields Sarvam sets among them), written back as Sarvam's config.json."""
+
+    def to_hf(self) -> dict[str, Any]:
+        return published(self)
+
+
+read_config = mla_fields.reader(MODEL_TYPE, ROUTER, to_mla, SarvamConfig)
+
+
+FAMILY = mla_fields.family("sarvam_mla", (MODEL_TYPE,), read_config)

@@ -8,8 +8,10 @@ defaults tie_word_embeddings to true, so the checkpoint has no lm_head.weight.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
+from stepper.config import Config
 from stepper.families import mla_fields
 
 MODEL_TYPE = "youtu"
@@ -51,16 +53,15 @@ def published(cfg) -> dict[str, Any]:
     return {**out, "tie_word_embeddings": cfg.tie_word_embeddings, **pad}
 
 
-_PUBLISHED = {"architectures": ["YoutuForCausalLM"], "model_type": MODEL_TYPE, "hidden_act": "silu",
-              "attention_bias": False, "rope_interleave": True}
-PRESETS: dict[str, dict[str, Any]] = {
-    "youtu-llm-2b": {**_PUBLISHED, "_name_or_path": "youtu-llm-2b", **DEFAULTS, "qk_head_dim": 192,
-                     "rope_parameters": {"rope_theta": 1600000, "rope_type": "default"}},
-    "tiny-youtu": {  # tied embeddings (the pad token's row zeroed), q bottleneck, dense layers only
-        **_PUBLISHED, "_name_or_path": "tiny-youtu", "vocab_size": 1000, "hidden_size": 320, "intermediate_size": 544,
-        "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 4, "q_lora_rank": 192,
-        "kv_lora_rank": 128, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32,
-        "max_position_embeddings": 131072, "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
-        "pad_token_id": 999, "rope_parameters": {"rope_theta": 1600000.0, "rope_type": "default"},
-    },
-}
+@dataclasses.dataclass(frozen=True)
+class YoutuConfig(Config):
+    """MLA's config (the fields Youtu sets among them), written back as Youtu's config.json."""
+
+    def to_hf(self) -> dict[str, Any]:
+        return published(self)
+
+
+read_config = mla_fields.reader(MODEL_TYPE, ROUTER, to_mla, YoutuConfig)
+
+
+FAMILY = mla_fields.family("youtu", (MODEL_TYPE,), read_config)

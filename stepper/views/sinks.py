@@ -71,7 +71,8 @@ class TensorRows:
         """The name, the named shape (broken only between its dims) and the dtype."""
         phase, _, rest = event.name.rpartition(event.key)
         name = Text.assemble((phase, "dim"), (event.key, "bold cyan"), rest)
-        parts = [singular(str(d)) if d.size == 1 else str(d) for d in self.catalog.dims(event.key, event.array.shape, self.cfg)]
+        dims = self.catalog.dims(event.key, event.array.shape, self.cfg)
+        parts = [singular(str(d)) if d.size == 1 else str(d) for d in dims]
         shape = [Text(("[" if i == 0 else "") + part + ("]" if i == len(parts) - 1 else ","), style="yellow")
                  for i, part in enumerate(parts)] or [Text("[]", style="yellow")]
         fields = [name, *shape, Text(str(event.array.dtype), style="dim")]
@@ -232,17 +233,17 @@ class Pictures:
     attention: each layer's attention weights as per-head heat maps; routing: the router's token x
     expert map and per-expert load, drawn when topk_idx or topk_weight is shown; hist: a histogram
     of every shown tensor; scales: the FP8 block scales of each shown layer's weights, where the
-    layer uses them (`scale_grids`). The sink sees every tensor; `shown` says which ones the run shows.
+    layer uses them (`scale_grids`). The sink sees every tensor; `is_shown` says which ones the run shows.
     """
 
     def __init__(self, console: Console, cfg: Config, kinds: set[str], weights=None, tokens: Tokens | None = None,
-                 shown: Callable[[Event], bool] = lambda event: True):
+                 is_shown: Callable[[Event], bool] = lambda event: True):
         self.console = console
         self.cfg = cfg
         self.kinds = kinds
         self.weights = weights
         self.tokens = tokens  # the texts of a text prompt's tokens, for the pictures' labels
-        self.shown = shown
+        self.is_shown = is_shown
         self.topk_idx: tuple[np.ndarray, bool] | None = None  # the last one, and whether it was shown
         self.scales = ScaleGrids(cfg, weights, lambda picture: print_picture(console, picture)) \
             if "scales" in kinds and hasattr(weights, "stored") else None
@@ -250,7 +251,7 @@ class Pictures:
         self.group_mask: np.ndarray | None = None  # a grouped router's kept groups: drawn under the routing map
 
     def __call__(self, event: Event) -> None:
-        shown = self.shown(event)
+        shown = self.is_shown(event)
         if event.key == "mlp.gate.topk_idx":
             self.topk_idx = (event.array, shown)
         if event.key == "self_attn.indexer.mask":  # shown or not, it belongs beside the attention weights
@@ -260,12 +261,7 @@ class Pictures:
         if self.scales is not None:
             self.scales.seen(event)
         if "routing" in self.kinds and event.key == "mlp.gate.topk_weight" and self.topk_idx is not None:
-            idx, idx_shown = self.topk_idx
-            if shown or idx_shown:
-                rows = token_rows(self.tokens, event.phase, len(idx))
-                print_picture(self.console, pictures.routing_map(idx, event.array, self.cfg.n_routed_experts, rows))
-                if self.group_mask is not None and self.cfg.n_group > 1 and len(self.group_mask) == len(idx):
-                    print_picture(self.console, group_map(self.group_mask, idx, self.cfg))
+            self.draw_routing(event, shown)
         if not shown:
             return
         if "hist" in self.kinds:
@@ -274,9 +270,22 @@ class Pictures:
             print_picture(self.console, pictures.attention_heatmap(event.array, title=event.name,
                                                                    token_labels=key_labels(self.tokens, event.array)))
             if self.index_mask is not None and self.index_mask.shape[1:] == event.array.shape[2:]:
-                print_picture(self.console, pictures.indexer_map(self.index_mask, event.array, title=event.name + " · indexer"))
+                print_picture(self.console,
+                              pictures.indexer_map(self.index_mask, event.array, title=event.name + " · indexer"))
         if self.scales is not None:
-            self.scales.shown(event)
+            self.scales.draw_for(event)
+
+
+    def draw_routing(self, weights: Event, shown: bool) -> None:
+        """The routing map of the router's choice (topk_idx, then these topk_weight), and under it,
+        for a grouped router, the groups each token kept (views.group_map)."""
+        idx, idx_shown = self.topk_idx
+        if not (shown or idx_shown):
+            return
+        rows = token_rows(self.tokens, weights.phase, len(idx))
+        print_picture(self.console, pictures.routing_map(idx, weights.array, self.cfg.n_routed_experts, rows))
+        if self.group_mask is not None and self.cfg.n_group > 1 and len(self.group_mask) == len(idx):
+            print_picture(self.console, group_map(self.group_mask, idx, self.cfg))
 
 
 def key_labels(tokens: Tokens | None, weights: np.ndarray) -> list[str] | None:

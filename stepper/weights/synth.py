@@ -98,7 +98,8 @@ def shard_plan(source: SyntheticWeights, layers: range, with_globals: bool) -> l
     cfg = source.config
     outer = global_shapes(cfg)
     shards = [{EMBED: outer.pop(EMBED)}] if with_globals else []
-    shards += [stored_shapes(layer_shapes(cfg, layer)) if cfg.fused_experts else layer_shapes(cfg, layer) for layer in layers]
+    stored = stored_shapes if cfg.fused_experts else dict  # fused experts: as the checkpoint stores them
+    shards += [stored(layer_shapes(cfg, layer)) for layer in layers]
     return shards + [outer] if with_globals else shards
 
 
@@ -142,7 +143,8 @@ def _write(source: SyntheticWeights, folder: Path, plan: list[dict[str, tuple[in
     shards = len(plan) + (cfg.wrapper is not None)
     for i, shapes in enumerate(plan, start=1):
         shard = f"model-{i:05d}-of-{shards:05d}.safetensors"
-        entries = [replace(e, name=stored_name(cfg, e.name), make=counted(e, advance)) for e in tensor_entries(source, shapes)]
+        entries = [replace(e, name=stored_name(cfg, e.name),
+                           make=counted(e, advance)) for e in tensor_entries(source, shapes)]
         write_safetensors(folder / shard, entries, {"format": "pt"})
         weight_map.update(dict.fromkeys((e.name for e in entries), shard))
         total += sum(e.nbytes for e in entries)
@@ -191,14 +193,16 @@ def vision_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
             shapes[f"vision_tower.encoder.blocks.{b}.{part}.weight"] = shape
             shapes[f"vision_tower.encoder.blocks.{b}.{part}.bias"] = shape[:1]
     shapes.update({"vision_tower.encoder.final_layernorm.weight": (width,), "mm_projector.pre_norm.weight": (width,),
-                   "mm_projector.proj.0.weight": (merged, merged), "mm_projector.proj.2.weight": (cfg.hidden_size, merged)})
+                   "mm_projector.proj.0.weight": (merged, merged),
+                   "mm_projector.proj.2.weight": (cfg.hidden_size, merged)})
     return shapes
 
 
 def vision_entries(cfg: Config, seed: int) -> list[Entry]:
     """The vision tower's and projector's tensors: BF16 normals, drawn from the seed."""
     rng = np.random.default_rng([seed, 7])
-    return [Entry(name, "BF16", shape, lambda shape=shape: rng.standard_normal(shape, dtype=np.float32).astype(dtypes.ml("bfloat16")))
+    return [Entry(name, "BF16", shape,
+                  lambda shape=shape: rng.standard_normal(shape, dtype=np.float32).astype(dtypes.ml("bfloat16")))
             for name, shape in vision_shapes(cfg).items()]
 
 
@@ -245,5 +249,6 @@ def check_replaceable(out: Path, force: bool, foreign: Callable[[Path], list[str
         raise StepperError(f"{out}: already exists; pass --force to replace it")
     others = foreign(out)
     if others:
-        listed = ", ".join(f"'{shown(n)}'" for n in others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+        listed = (", ".join(f"'{shown(n)}'" for n in others[:3])
+                  + (f" and {len(others) - 3} more" if len(others) > 3 else ""))
         raise StepperError(f"{out}: holds {listed}; --force replaces only {what}, so nothing there was touched")

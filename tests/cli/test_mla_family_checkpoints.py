@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 from helpers.cli import one_line, stepper
+from helpers.configs import family_preset
 
-from stepper.presets import preset
 from stepper.seams.trace import Recorder
 from stepper.session import RunSpec, run
 
@@ -88,14 +88,17 @@ def test_a_fixture_carries_the_familys_own_weights_layout(tmp_path, name):
     out = stepper("fixtures", "export", tmp_path / name, "--model", name, "--decode", "1")
     assert out.returncode == 0, out.stderr
     _, names = layout(tmp_path / name / "weights")
-    assert ("lm_head.weight" not in names) if name == "tiny-youtu" else ("model.layers.1.mlp.experts.down_proj" in names)
+    if name == "tiny-youtu":
+        assert "lm_head.weight" not in names
+    else:
+        assert "model.layers.1.mlp.experts.down_proj" in names
     ran = stepper("run", "--model", tmp_path / name / "weights", "--decode", "1", "--only", "decode0.logits")
     assert ran.returncode == 0, ran.stderr
 
 
 def test_synth_writes_a_mistral3_wrappers_text_model_only_when_asked(tmp_path):
     config = tmp_path / "config.json"
-    config.write_text(json.dumps({"model_type": "mistral3", "text_config": preset("tiny-mistral4").to_hf()}))
+    config.write_text(json.dumps({"model_type": "mistral3", "text_config": family_preset("tiny-mistral4").to_hf()}))
     out = stepper("synth", "--model", config, "--out", tmp_path / "m4")
     assert "--layout hf" in one_line(out) and not (tmp_path / "m4").exists()
     assert stepper("synth", "--model", config, "--out", tmp_path / "m4", "--layout", "hf").returncode == 0

@@ -2,9 +2,9 @@
 the two configs."""
 
 from helpers.cli import one_line, stepper
+from helpers.configs import family_preset
 
 from stepper import catalog
-from stepper.presets import preset
 from stepper.views.compare import compared_layer, differing_fields, merged, read_fields
 
 
@@ -40,9 +40,10 @@ def test_a_dense_family_against_a_moe_one_and_every_tensor_with_all():
 
 
 def test_the_compared_layers_and_the_merged_order():
-    assert compared_layer(preset("tiny-youtu"), None) == 0 and compared_layer(preset("tiny-axk1"), None) == 1
-    assert merged(["a", "b", "d"], ["a", "c", "d", "e"]) == ["a", "c", "b", "d", "e"]  # c right after a, which it follows
-    fields = differing_fields(preset("tiny-v3"), preset("tiny-axk1"))
+    assert compared_layer(family_preset("tiny-youtu"), None) == 0
+    assert compared_layer(family_preset("tiny-axk1"), None) == 1
+    assert merged(["a", "b", "d"], ["a", "c", "d", "e"]) == ["a", "c", "b", "d", "e"]  # c right after a, it follows a
+    fields = differing_fields(family_preset("tiny-v3"), family_preset("tiny-axk1"))
     assert set(fields) >= {"router_bias", "moe_output_norm", "model_type"} and "name" not in fields
     entry = catalog.load().entry("mlp.gate.scores_for_choice")
     assert read_fields(entry, fields) == ["router_bias"]

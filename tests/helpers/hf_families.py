@@ -76,13 +76,15 @@ hf_reference.register("sarvam_mla", hf_reference.FAMILIES["deepseek_v3"])  # Dee
 hf_reference.register("youtu", SimpleNamespace(module=hf_youtu, moe=None, rope=INTERLEAVED, interleaved_out=False))
 hf_reference.register("glm4_moe_lite", SimpleNamespace(module=hf_glm, moe=hf_glm.Glm4MoeLiteMoE, rope=INTERLEAVED,
                                                        interleaved_out=False))
-hf_reference.register("axk1", SimpleNamespace(module=hf_axk1, moe=hf_axk1.AXK1MoE, rope=INTERLEAVED, interleaved_out=False,
+hf_reference.register("axk1", SimpleNamespace(module=hf_axk1, moe=hf_axk1.AXK1MoE, rope=INTERLEAVED,
+                                              interleaved_out=False,
                                               names=[("mlp.post_mlp_layernorm", "mlp.shared_output")],
                                               install=_moe_output_norm_hooks, derive=_moe_output_norm))
 hf_reference.register("mistral4", SimpleNamespace(module=hf_mistral4, moe=hf_mistral4.Mistral4MoE, rope=INTERLEAVED,
                                                   interleaved_out=False, derive_router=_softmax_top2_router,
                                                   wraps={"get_llama_4_attn_scale": _record_query_scale},
-                                                  names=[("self_attn.q_position_scale", "self_attn.compressed_kv_norm")],
+                                                  names=[("self_attn.q_position_scale",
+                                                          "self_attn.compressed_kv_norm")],
                                                   derive=lambda layer, r, B, T: {
                                                       "self_attn.q_position_scale": r["q_position_scale"]}))
 
@@ -95,7 +97,8 @@ def load(folder: Path):
     model, info = model_class.from_pretrained(
         folder, dtype=torch.float32, attn_implementation="eager", experts_implementation="eager",
         output_loading_info=True)
-    left = {kind: names for kind, names in info.items() if kind in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+    kinds = ("missing_keys", "unexpected_keys", "mismatched_keys")
+    left = {kind: names for kind, names in info.items() if kind in kinds}
     if any(left.values()):
         raise RuntimeError(f"hf_families: {folder} did not load cleanly: {left}")
     return model.eval()

@@ -15,13 +15,12 @@ if not os.environ.get("STEPPER_REQUIRE_CROSSCHECK"):
     pytest.importorskip("transformers")
 
 from helpers.compare import compare
+from helpers.configs import family_preset
 from helpers.hf_families import hf_family_trace
 
 from stepper import catalog
-from stepper.presets import preset
 from stepper.seams.trace import Recorder, unphased
-from stepper.session import RunSpec, run
-from stepper.weights.checkpoint import Checkpoint
+from stepper.session import RunSpec, open_checkpoint, run
 from stepper.weights.synth import synth_checkpoint
 from stepper.weights.synthetic import SyntheticWeights
 
@@ -33,7 +32,7 @@ CASES = [(0, 2, "naive"), (4093, 3, "naive"), (4093, 3, "absorb")]
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     folder = tmp_path_factory.mktemp("mla-families")
-    return {name: synth_checkpoint(SyntheticWeights(preset(name), seed=3), folder / name) for name in FAMILIES}
+    return {name: synth_checkpoint(SyntheticWeights(family_preset(name), seed=3), folder / name) for name in FAMILIES}
 
 
 def traces(folder, start_pos: int, decode: int, attn: str):
@@ -49,10 +48,13 @@ def traces(folder, start_pos: int, decode: int, attn: str):
 
 
 def catalogued(name: str, attn: str) -> set[str]:
-    cfg = preset(name)
+    """Every name the model emits for this config (its layers' derived from the code), each with
+    its catalogue entry."""
+    cfg = family_preset(name)
     cat = catalog.load()
     names = {e["name"] for layer in range(cfg.num_hidden_layers) for e in cat.layer_sequence(cfg, layer, attn)}
-    return names | {e["name"] for e in cat.entries if e["scope"] == "global" and catalog.applies(e, cfg)}
+    assert all(cat.entry(n) is not None for n in names), [n for n in names if cat.entry(n) is None]
+    return names | {e["name"] for e in cat.entries if e["scope"] == "global"}
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -73,7 +75,7 @@ def test_every_tensor_matches_the_familys_transformers_model(checkpoints, name, 
         layer = f"{'prefill.' if decode else ''}layers.1."
         assert np.array_equal(mine[layer + "mlp.gate.scores_for_choice"], mine[layer + "mlp.gate.scores"])
         assert np.array_equal(mine[layer + "mlp_output"], mine[layer + "mlp.post_mlp_layernorm"])
-    if name in ("tiny-axk1", "tiny-mistral4"):  # the group rule is at work: a token's k best experts span a dropped group
+    if name in ("tiny-axk1", "tiny-mistral4"):  # the group rule at work: a token's k best experts span a dropped group
         layer = f"{'prefill.' if decode else ''}layers.1.mlp.gate."
         scores = mine[layer + ("scores" if name == "tiny-axk1" else "softmax_scores")]
         mask = mine[layer + "group_mask"]
@@ -112,6 +114,6 @@ def test_mistral_small_4_as_published_a_vision_language_wrapper(checkpoints, tmp
 
     mine, text_only = logits(tmp_path / "published"), logits(checkpoints["tiny-mistral4"])
     assert len(mine) == 2 and all(np.array_equal(mine[n], text_only[n]) for n in mine)
-    cfg = Checkpoint(tmp_path / "published").config
+    cfg = open_checkpoint(tmp_path / "published").config
     assert cfg.wrapper.model_type == "mistral3" and "vision_config" in cfg.wrapper.unused_fields
-    assert not Checkpoint(tmp_path / "published").problems(range(cfg.num_hidden_layers), with_globals=True)
+    assert not open_checkpoint(tmp_path / "published").problems(range(cfg.num_hidden_layers), with_globals=True)

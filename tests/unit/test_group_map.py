@@ -5,9 +5,9 @@ import io
 
 import numpy as np
 from helpers.cli import stepper
+from helpers.configs import family_preset
 from rich.console import Console
 
-from stepper.presets import preset
 from stepper.views.group_map import group_map, group_rule
 
 
@@ -18,7 +18,7 @@ def drawn(picture) -> list[str]:
 
 
 def test_each_token_row_marks_dropped_groups_kept_ones_and_the_experts_chosen_from_them():
-    cfg = preset("tiny-mistral4")  # 16 experts in 4 groups of 4, 2 groups kept, top 4
+    cfg = family_preset("tiny-mistral4")  # 16 experts in 4 groups of 4, 2 groups kept, top 4
     mask = np.array([[1, 0, 0, 1], [0, 1, 1, 0]], np.float32)
     idx = np.array([[0, 1, 2, 13], [4, 5, 6, 7]])
     lines = drawn(group_map(mask, idx, cfg))
@@ -28,9 +28,9 @@ def test_each_token_row_marks_dropped_groups_kept_ones_and_the_experts_chosen_fr
 
 
 def test_the_rule_names_each_routers_group_score():
-    assert group_rule(preset("tiny-v3")).endswith("(sigmoid score + e_score_correction_bias)")
-    assert group_rule(preset("tiny-axk1")).endswith("(sigmoid score, no bias)")
-    assert group_rule(preset("deepseek-v2")) == "a group scores as its best softmax score (V2)"
+    assert group_rule(family_preset("tiny-v3")).endswith("(sigmoid score + e_score_correction_bias)")
+    assert group_rule(family_preset("tiny-axk1")).endswith("(sigmoid score, no bias)")
+    assert group_rule(family_preset("deepseek-v2")) == "a group scores as its best softmax score (V2)"
 
 
 def test_run_draws_it_under_the_routing_map_for_a_grouped_router_only():

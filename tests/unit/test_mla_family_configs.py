@@ -7,17 +7,19 @@ import dataclasses
 import math
 
 import pytest
+from helpers.configs import family_preset
 
+from stepper import families
 from stepper.config import Config
 from stepper.errors import StepperError
 from stepper.model import Transformer
-from stepper.presets import PRESETS, preset
+from stepper.presets import PRESETS
 from stepper.weights.names import weight_shapes
 from stepper.weights.synthetic import SyntheticWeights
 
 
 def read(raw: dict) -> Config:
-    return Config.from_hf(copy.deepcopy(raw), "config.json")
+    return families.read_config(copy.deepcopy(raw), "config.json")
 
 
 def refusal(raw: dict) -> str:
@@ -30,7 +32,7 @@ def refusal(raw: dict) -> str:
                                   "glm-4.7-flash", "tiny-axk1", "a.x-k1",
                                   "tiny-mistral4", "mistral-small-4"])
 def test_the_published_config_reads_back_from_what_synth_writes(name):
-    cfg = preset(name)
+    cfg = family_preset(name)
     assert read(cfg.to_hf()) == dataclasses.replace(cfg, name="config.json")
 
 
@@ -42,12 +44,12 @@ def test_sarvam_reads_its_older_names_as_deepseek_v3s():
     assert read({**raw, "head_dim": 12345}) == cfg  # vLLM's cache width, not the attention's: not read
     written = cfg.to_hf()
     assert "n_routed_experts" not in written and written["rope_scaling"]["type"] == "deepseek_yarn"
-    full = preset("sarvam-105b")  # SarvamMLAConfig's defaults: 32 layers of 128 experts, top 8, one group
+    full = family_preset("sarvam-105b")  # SarvamMLAConfig's defaults: 32 layers of 128 experts, top 8, one group
     assert (full.num_hidden_layers, full.n_routed_experts, full.num_experts_per_tok, full.n_group) == (32, 128, 8, 1)
 
 
 def test_sarvam_105b_routes_over_all_experts_and_scales_its_softmax_by_yarn():
-    cfg = preset("sarvam-105b")  # no n_group in its config.json: transformers' one group (the module's docstring)
+    cfg = family_preset("sarvam-105b")  # no n_group in its config.json: transformers' one group (families/sarvam_mla)
     assert (cfg.n_group, cfg.topk_group, cfg.max_position_embeddings) == (1, 1, 131072)
     model = Transformer(SyntheticWeights(cfg))  # 192^-0.5 x (0.1 ln 40 + 1)^2, the cos/sin factor 1
     assert model.softmax_scale == pytest.approx(192**-0.5 * (0.1 * math.log(40) + 1) ** 2, rel=1e-12)
@@ -61,7 +63,7 @@ def test_youtu_is_dense_and_tied():
     assert "lm_head.weight" not in weight_shapes(cfg) and "model.layers.0.mlp.gate_proj.weight" in weight_shapes(cfg)
     untied = read({**PRESETS["tiny-youtu"], "tie_word_embeddings": False})
     assert not untied.tie_word_embeddings and "lm_head.weight" in weight_shapes(untied)
-    assert preset("youtu-llm-2b").rope_theta == 1600000
+    assert family_preset("youtu-llm-2b").rope_theta == 1600000
 
 
 def test_glm4_flash_dense_layers_follow_mlp_layer_types():
@@ -69,10 +71,10 @@ def test_glm4_flash_dense_layers_follow_mlp_layer_types():
     assert [read(raw).is_moe_layer(i) for i in range(3)] == [False, True, True]
     two_dense = read({**raw, "first_k_dense_replace": 2, "mlp_layer_types": ["dense", "dense", "sparse"]})
     assert [two_dense.is_moe_layer(i) for i in range(3)] == [False, False, True]
-    every_other = read({**raw, "num_hidden_layers": 5, "mlp_layer_types": ["dense", "dense", "sparse", "dense", "sparse"],
-                        "first_k_dense_replace": None})
+    every_other = read({**raw, "num_hidden_layers": 5, "first_k_dense_replace": None,
+                        "mlp_layer_types": ["dense", "dense", "sparse", "dense", "sparse"]})
     assert (every_other.first_k_dense_replace, every_other.moe_layer_freq) == (2, 2)
-    full = preset("glm-4.7-flash")  # v_head_dim 256 next to nope 192; 46 MoE layers of 64 experts
+    full = family_preset("glm-4.7-flash")  # v_head_dim 256 next to nope 192; 46 MoE layers of 64 experts
     assert (full.v_head_dim, full.qk_nope_head_dim, full.rms_norm_eps) == (256, 192, 1e-5)
     assert sum(full.is_moe_layer(i) for i in range(full.num_hidden_layers)) == 46
 
@@ -83,7 +85,7 @@ def test_axk1_has_its_moe_output_norm_and_no_router_bias():
     shapes = weight_shapes(cfg)
     assert not any(n.endswith("e_score_correction_bias") for n in shapes)
     assert all(f"model.layers.{i}.post_mlp_layernorm.weight" in shapes for i in range(cfg.num_hidden_layers))
-    full = preset("a.x-k1")
+    full = family_preset("a.x-k1")
     assert (full.n_routed_experts, full.n_group, full.topk_group, full.num_hidden_layers) == (192, 8, 4, 61)
 
 
@@ -91,7 +93,7 @@ def test_mistral4_scales_queries_routes_by_softmax_and_fuses_its_experts():
     cfg = read(PRESETS["tiny-mistral4"])
     assert (cfg.scoring_func, cfg.router_bias, cfg.fused_experts) == ("softmax", False, True)
     assert (cfg.query_scale.beta, cfg.query_scale.original_max_position_embeddings) == (0.1, 4096)
-    full = preset("mistral-small-4")  # Mistral4Config's defaults: YaRN x128 from 8192, beta 0.1
+    full = family_preset("mistral-small-4")  # Mistral4Config's defaults: YaRN x128 from 8192, beta 0.1
     assert (full.rope_scaling.factor, full.rope_scaling.original_max_position_embeddings) == (128.0, 8192)
     assert (full.n_routed_experts, full.num_experts_per_tok, full.first_k_dense_replace) == (128, 4, 0)
     assert read({**PRESETS["tiny-mistral4"], "rope_parameters": {
@@ -158,7 +160,8 @@ MISTRAL3 = {"architectures": ["Mistral3ForConditionalGeneration"], "model_type":
 
 def test_mistral_small_4_reads_from_its_vision_language_wrapper():
     cfg = read(MISTRAL3)
-    assert dataclasses.replace(cfg, wrapper=None, name="x") == dataclasses.replace(read(PRESETS["tiny-mistral4"]), name="x")
+    text = read(PRESETS["tiny-mistral4"])
+    assert dataclasses.replace(cfg, wrapper=None, name="x") == dataclasses.replace(text, name="x")
     assert cfg.wrapper.text_prefix == "language_model." and set(cfg.wrapper.unused_fields) == {"image_token_index",
                                                                                                 "vision_config"}
 
