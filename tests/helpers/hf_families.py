@@ -72,6 +72,10 @@ def _record_query_scale(rec, orig):
     return wrapped
 
 
+def _query_scale(layer, r, B, T) -> dict[str, torch.Tensor]:
+    return {"self_attn.q_position_scale": r["q_position_scale"]}
+
+
 hf_reference.register("sarvam_mla", hf_reference.FAMILIES["deepseek_v3"])  # DeepseekV3ForCausalLM
 hf_reference.register("youtu", SimpleNamespace(module=hf_youtu, moe=None, rope=INTERLEAVED, interleaved_out=False))
 hf_reference.register("glm4_moe_lite", SimpleNamespace(module=hf_glm, moe=hf_glm.Glm4MoeLiteMoE, rope=INTERLEAVED,
@@ -85,8 +89,7 @@ hf_reference.register("mistral4", SimpleNamespace(module=hf_mistral4, moe=hf_mis
                                                   wraps={"get_llama_4_attn_scale": _record_query_scale},
                                                   names=[("self_attn.q_position_scale",
                                                           "self_attn.compressed_kv_norm")],
-                                                  derive=lambda layer, r, B, T: {
-                                                      "self_attn.q_position_scale": r["q_position_scale"]}))
+                                                  derive=_query_scale))
 
 
 def load(folder: Path):
