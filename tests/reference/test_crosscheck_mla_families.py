@@ -21,8 +21,8 @@ from helpers.hf_families import hf_family_trace
 from stepper import catalog
 from stepper.seams.trace import Recorder, unphased
 from stepper.session import RunSpec, open_checkpoint, run
-from stepper.weights.synth import synth_checkpoint
-from stepper.weights.synthetic import SyntheticWeights
+from stepper.weights.seeded import SyntheticWeights
+from stepper.weights.synth_checkpoint import synth_checkpoint
 
 PROMPT = (17, 402, 999, 3, 256, 77, 640)
 FAMILIES = ("tiny-sarvam", "tiny-youtu", "tiny-glm4-flash", "tiny-axk1", "tiny-mistral4")

@@ -15,7 +15,7 @@ from stepper.errors import StepperError
 from stepper.model import Transformer
 from stepper.presets import PRESETS
 from stepper.weights.names import weight_shapes
-from stepper.weights.synthetic import SyntheticWeights
+from stepper.weights.seeded import SyntheticWeights
 
 
 def read(raw: dict) -> Config:

@@ -35,7 +35,7 @@ from stepper.weights.checkpoint import GROUP_SCALE, INDEX, PACKED, SCALE, WEIGHT
 from stepper.weights.fused_experts import fused_data, stored_shapes
 from stepper.weights.names import EMBED, global_shapes, layer_shapes, storage_dtype, stored_name
 from stepper.weights.safetensors_writer import Entry, write_safetensors
-from stepper.weights.synthetic import SyntheticWeights
+from stepper.weights.seeded import SyntheticWeights
 
 QUANTS = ("fp8", "int4", "bf16")
 
