@@ -21,7 +21,6 @@ from stepper.errors import StepperError
 from stepper.fp4 import e8m0
 from stepper.fp4.e2m1 import E2M1_TABLE, FP4_MAX, encode
 from stepper.fp4.packed import as_bytes, pack, unpack
-from stepper.seams.swap import exercise
 
 GROUP = 32  # inputs per FP4 scale
 
@@ -49,7 +48,6 @@ def check_shapes(packed: np.ndarray, scales: np.ndarray, shape: tuple[int, int],
                            f"{list(group_shape(shape, group))}, got {list(scales.shape)}")
 
 
-@exercise
 def dequantize_fp4(packed: np.ndarray, scales: np.ndarray, group: int = GROUP, *, name: str = "weight") -> np.ndarray:
     """value[i, j] = e2m1(code[i, j]) * 2^(scale[i, j // 32] - 127).  bytes [out, in/2] -> float32 [out, in]
 

@@ -1,8 +1,8 @@
 """A tensor as a checkpoint stores it: FP8 codes with their block scales, INT4 packed words with
-their group scales, BF16 or F32.
+their group scales, FP4 packed bytes with their E8M0 group scales, BF16 or F32.
 
 `Stored` is what a weight source hands out; `Fp8Matrix` an FP8 weight [out, in] with its scales,
-`Int4Matrix` an INT4 one and `Bf16Matrix` a BF16 one, kept as stored so the kernels decode them
+`Int4Matrix` an INT4 one, `Fp4Matrix` an FP4 one and `Bf16Matrix` a BF16 one, kept as stored so the kernels decode them
 tile by tile inside a product; `FileBytes` where its codes lie in a file.
 """
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from stepper import fp8, int4
+from stepper import fp4, fp8, int4
 
 
 @dataclass(frozen=True)
@@ -103,6 +103,44 @@ class Int4Matrix:
     def dequantize(self) -> np.ndarray:
         """The float32 weight (the readable reference path)."""
         return int4.dequantize_int4(self.packed, self.scales, self.in_features, self.group, name=self.name)
+
+
+@dataclass(frozen=True)
+class Fp4Matrix:
+    """An FP4 weight [out, in] (DeepSeek-V4's routed experts): e2m1 codes two to a byte [out, in/2]
+    with one power-of-two scale per 32 inputs [out, in/32], value[i, j] = e2m1(code[i, j]) *
+    scales[i, j // 32], applied lazily."""
+
+    packed: np.ndarray  # uint8 [out, in/2]: input 2k in the low nibble, 2k + 1 in the high
+    scales: np.ndarray  # float32 [out, in/32], each 2^(byte - 127)
+    name: str = "weight"
+    origin: FileBytes | None = None  # when the bytes are a file's, row-major
+
+    @classmethod
+    def of(cls, packed: np.ndarray, scales: np.ndarray, name: str = "weight", origin: FileBytes | None = None):
+        """From the stored bytes (I8 or U8) and E8M0 scales (F8_E8M0 or their bytes), shapes checked."""
+        packed = fp4.as_bytes(packed, name)
+        scale_bytes = fp4.e8m0.as_bytes(scales, f"{name} scales")
+        fp4.check_shapes(packed, scale_bytes, (packed.shape[0], 2 * packed.shape[1]), name)
+        return cls(packed, fp4.e8m0.decode(scale_bytes), name, origin)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.packed.shape[0], 2 * self.packed.shape[1]
+
+    @property
+    def file_key(self) -> tuple[FileBytes, tuple[int, int]] | None:
+        """Where these bytes lie in which file, and the weight's shape; None for bytes from no file."""
+        return None if self.origin is None else (self.origin, self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.packed.nbytes + self.scales.size  # the scales are stored one byte each
+
+    def dequantize(self) -> np.ndarray:
+        """The float32 weight (the readable reference path): e2m1 values times their group's scale."""
+        values = fp4.E2M1_TABLE[fp4.unpack(self.packed)]  # [out, in]
+        return values * np.repeat(self.scales, fp4.GROUP, axis=1)
 
 
 @dataclass(frozen=True)
