@@ -2,8 +2,8 @@
 their group scales, FP4 packed bytes with their E8M0 group scales, BF16 or F32.
 
 `Stored` is what a weight source hands out; `Fp8Matrix` an FP8 weight [out, in] with its scales,
-`Int4Matrix` an INT4 one, `Fp4Matrix` an FP4 one and `Bf16Matrix` a BF16 one, kept as stored so the kernels decode them
-tile by tile inside a product; `FileBytes` where its codes lie in a file.
+`Int4Matrix` an INT4 one, `Fp4Matrix` an FP4 one and `Bf16Matrix` a BF16 one, kept as stored so
+the kernels decode them tile by tile inside a product; `FileBytes` where its codes lie in a file.
 """
 
 from __future__ import annotations
@@ -177,6 +177,7 @@ def bf16_rows(bits: np.ndarray, out: np.ndarray) -> np.ndarray:
 
 
 INT4 = "INT4"  # Stored.dtype of a pack-quantized weight (packed I32 words, scales, its weight_shape)
+FP4 = "FP4"  # Stored.dtype of an FP4 e2m1 weight (I8 bytes, two codes each, with E8M0 scales per 32 inputs)
 
 
 @dataclass(frozen=True)
@@ -184,9 +185,9 @@ class Stored:
     """A tensor as a checkpoint stores it: FP8 codes with their block scales, INT4 packed words
     with their group scales, BF16 or F32."""
 
-    dtype: str  # safetensors dtype name F8_E4M3, BF16, F16 or F32; or INT4 (data: the packed I32 words)
+    dtype: str  # safetensors dtype name F8_E4M3, BF16, F16 or F32; INT4 (data: the packed I32 words); FP4 (data: I8 bytes)
     data: np.ndarray
-    scale_inv: np.ndarray | None = None  # FP8: [ceil(out/128), ceil(in/128)]; INT4: the group scales [out, ceil(in/32)]
+    scale_inv: np.ndarray | None = None  # FP8: [ceil(out/128), ceil(in/128)]; INT4, FP4: the group scales [out, in/32]
     block: tuple[int, int] = fp8.BLOCK  # FP8: rows x columns per scale; INT4: (1, group size)
     origin: FileBytes | None = None  # where the data lies in a file, read as it is stored
     columns: int | None = None  # INT4: the weight's inputs (its weight_shape[1])
@@ -196,14 +197,18 @@ class Stored:
             return fp8.dequantize(self.data, self.scale_inv, self.block, name=name)
         if self.dtype == INT4:
             return int4.dequantize_int4(self.data, self.scale_inv, self.columns, self.block[1], name=name)
+        if self.dtype == FP4:
+            return fp4.dequantize_fp4(self.data, self.scale_inv, name=name)
         return np.asarray(self.data, dtype=np.float32)
 
     def matrix(self, name: str = "") -> np.ndarray | Fp8Matrix | Int4Matrix | Bf16Matrix:
-        """What the model multiplies with: FP8, INT4 and BF16 weights stay as stored (decoded tile by tile)."""
+        """What the model multiplies with: FP8, INT4, FP4 and BF16 weights stay as stored (decoded tile by tile)."""
         if self.dtype == "F8_E4M3":
             return Fp8Matrix.of(self.data, self.scale_inv, self.block, name, self.origin)
         if self.dtype == INT4:
             return Int4Matrix.of(self.data, self.scale_inv, self.columns, self.block[1], name, self.origin)
+        if self.dtype == FP4:
+            return Fp4Matrix.of(self.data, self.scale_inv, name, self.origin)
         if self.dtype == "BF16" and self.data.ndim == 2:
             return Bf16Matrix(self.data.view(np.uint16), name, self.origin)
         return self.as_float32(name)
