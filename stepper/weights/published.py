@@ -42,6 +42,16 @@ from stepper.weights.stored import FP4, FileBytes, Stored
 FP8_DTYPE, FP4_DTYPE, SCALE_DTYPE = "F8_E4M3", "I8", "F8_E8M0"
 INDEX_DTYPES = ("I64", "I32")
 MODEL_PREFIX = "model."
+MODEL_TYPE = "deepseek_v4"
+
+
+def is_published_v4(folder: Path) -> bool:
+    """Whether a folder's config.json says DeepSeek-V4 (whose checkpoints use the published layout)."""
+    config = folder / "config.json"
+    if not config.is_file():
+        return False
+    raw = read_json(config, "the checkpoint's config.json")
+    return isinstance(raw, dict) and raw.get("model_type") == MODEL_TYPE
 
 
 class PublishedCheckpoint(Checkpoint):
@@ -238,7 +248,7 @@ class PublishedCheckpoint(Checkpoint):
                     f"{fmt(weight.dtype)} weight '{weight.name}'")
         if scale.shape != scale_grid(weight):
             return (f"{scale_shard}: '{name}' has shape {list(scale.shape)}, expected {list(scale_grid(weight))} for the "
-                    f"{fmt(weight.dtype)} weight '{weight.name}' {list(weight.shape)} ({grid_words(weight.dtype)})")
+                    f"{fmt(weight.dtype)} weight '{weight.name}' {list(logical_shape(weight))} ({grid_words(weight.dtype)})")
         return None
 
     def check(self, layers: Iterable[int], with_globals: bool) -> None:
@@ -269,13 +279,18 @@ def fmt(dtype: str) -> str:
     return "FP4 (I8)" if dtype == FP4_DTYPE else dtype
 
 
+def logical_shape(weight: TensorInfo) -> tuple[int, ...]:
+    """The weight's [out, in]: an FP4 weight's bytes [out, in/2] hold [out, in]."""
+    return (weight.shape[0], 2 * weight.shape[1]) if weight.dtype == FP4_DTYPE and len(weight.shape) == 2 else weight.shape
+
+
 def scale_grid(weight: TensorInfo) -> tuple[int, ...]:
     """The scales a stored weight needs: FP8 [ceil(out/128), ceil(in/128)], FP4 bytes [out, in/2] -> [out, in/32]."""
     if len(weight.shape) != 2:
         return ()
     if weight.dtype == FP8_DTYPE:
         return fp8.scale_grid(weight.shape)
-    return fp4.group_shape((weight.shape[0], 2 * weight.shape[1]))
+    return fp4.group_shape(logical_shape(weight))
 
 
 def grid_words(dtype: str) -> str:

@@ -88,7 +88,7 @@ def test_a_scale_grid_of_the_wrong_shape(tmp_path):
     [problem] = source.problems([1], False)
     assert problem.file == source.weight_map["layers.1.ffn.experts.0.w1.scale"]
     assert problem.text == (f"{problem.file}: 'layers.1.ffn.experts.0.w1.scale' has shape [32, 1], expected [32, 2] for "
-                            "the FP4 (I8) weight 'layers.1.ffn.experts.0.w1.weight' [32, 32] (one scale per row and 32 inputs)")
+                            "the FP4 (I8) weight 'layers.1.ffn.experts.0.w1.weight' [32, 64] (one scale per row and 32 inputs)")
     with pytest.raises(StepperError, match=r"'layers.1.ffn.experts.0.w1.scale' has shape \[32, 1\], expected \[32, 2\]"):
         source.matrix("layers.1.ffn.experts.0.w1.weight")
 
