@@ -18,9 +18,11 @@ from stepper.errors import StepperError
 from stepper.fp8 import BLOCK
 from stepper.session import RunSpec, load_model, shown_layers
 from stepper.untrusted import shown
-from stepper.views import fp8_codes, inspect, inspect_stats, int4_codes
+from stepper.views import fp4_codes, fp8_codes, inspect, inspect_stats, int4_codes
 from stepper.views.sinks import print_fitted
 from stepper.weights.names import shape_of, storage_dtype
+from stepper.weights.published import PublishedCheckpoint, is_published_v4
+from stepper.weights.stored import FP4
 from stepper.weights.synth import QUANTS, no_progress, requantized, synth_checkpoint
 from stepper.weights.synthetic import SyntheticWeights
 
@@ -120,11 +122,12 @@ def fp8_command(
     model: Annotated[str | None, typer.Option(metavar="NAME|DIR", help="With --weight: a preset (synthetic weights) or a checkpoint directory [default: tiny].")] = None,
     block: Annotated[str | None, typer.Option(metavar="R,C", help="With --weight: the block's row and column in the weight's scale grid; for an INT4 weight its row and group [default: 0,0].")] = None,
     int4: Annotated[bool, typer.Option("--int4", help="INT4 (compressed-tensors pack-quantized) instead of e4m3fn: the 16 codes, or CODE as one word.")] = False,
+    fp4: Annotated[bool, typer.Option("--fp4", help="FP4 e2m1 (DeepSeek-V4's experts) instead of e4m3fn: the 16 codes, or CODE as one packed byte.")] = False,
     seed: Annotated[int | None, typer.Option(metavar="S", min=0, help="With --weight and a preset: seed of the synthetic weights [default: 0].")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="JSON on stdout: the 256 codes, the byte, or the block.")] = False,
     plain: PlainOpt = False,
 ) -> None:
-    """Show the checkpoints' number formats: e4m3fn and FP8 blocks, INT4 words and groups.
+    """Show the checkpoints' number formats: e4m3fn and FP8 blocks, INT4 words and groups, FP4 bytes and groups.
 
     \b
     stepper fp8                    all 256 codes' values, as a 16x16 table
@@ -135,6 +138,8 @@ def fp8_command(
                                    by nibble (--block ROW,GROUP)
     stepper fp8 --int4             the 16 INT4 codes and their values
     stepper fp8 --int4 0x89ABCDEF  one packed word nibble by nibble
+    stepper fp8 --fp4              the 16 e2m1 codes, bit by bit
+    stepper fp8 --fp4 0x2F         one packed FP4 byte: its two codes
     """
     with user_errors():
         if weight is None:
@@ -143,11 +148,20 @@ def fp8_command(
                 raise StepperError(f"{', '.join(given)} only go{'es' if len(given) == 1 else ''} with --weight NAME")
         elif code is not None:
             raise StepperError("give a CODE or --weight NAME, not both")
-        elif int4:
-            raise StepperError("--int4 is for the INT4 codes or a word; --weight NAME shows whichever format the weight has")
+        elif int4 or fp4:
+            raise StepperError(f"--{'int4' if int4 else 'fp4'} is for the codes or a {'word' if int4 else 'byte'}; "
+                               "--weight NAME shows whichever format the weight has")
+        if int4 and fp4:
+            raise StepperError("--int4 and --fp4 are two formats: give one")
         console = Console(no_color=plain, highlight=False, soft_wrap=True)
         if int4:
             int4_view(console, code, as_json)
+            return
+        if fp4:
+            fp4_view(console, code, as_json)
+            return
+        if weight is not None and model is not None and Path(model).is_dir() and is_published_v4(Path(model)):
+            published_view(console, weight, model, parse_block(block or "0,0"), as_json)
             return
         if weight is not None and weight_dtype(weight, model or "tiny", seed or 0) == "INT4":
             group = int4_group(weight, model or "tiny", parse_block(block or "0,0"), seed or 0)
@@ -186,6 +200,37 @@ def int4_view(console: Console, code: str | None, as_json: bool) -> None:
         print(json.dumps(int4_codes.word_record(word)))
     else:
         int4_codes.render_word(console, word)
+
+
+def fp4_view(console: Console, code: str | None, as_json: bool) -> None:
+    """The 16 e2m1 codes, or one packed byte's two codes."""
+    if code is None:
+        if as_json:
+            print(json.dumps(fp4_codes.code_records()))
+        else:
+            fp4_codes.render_codes(console)
+        return
+    byte = fp4_codes.parse_byte(code)
+    if as_json:
+        print(json.dumps(fp4_codes.byte_record(byte)))
+    else:
+        fp4_codes.render_byte(console, byte)
+
+
+def published_view(console: Console, name: str, model: str, index: tuple[int, int], as_json: bool) -> None:
+    """A weight of a DeepSeek-V4 checkpoint: an FP4 expert's group of 32 inputs, or an FP8 weight's
+    128x128 block with its E8M0 scale."""
+    source = PublishedCheckpoint(Path(model))
+    if not source.has(name):
+        raise StepperError(f"{model}: no tensor named '{shown(name)}' (DeepSeek-V4's names have no model. prefix, "
+                           f"e.g. layers.1.ffn.experts.0.w1.weight)")
+    stored, where = source.stored(name), f"checkpoint {model}"
+    if stored.dtype == FP4:
+        group = fp4_codes.load_group(stored, name, index, where)
+        print(json.dumps(fp4_codes.group_record(group), allow_nan=False)) if as_json else fp4_codes.render_group(console, group)
+        return
+    shown_block = fp8_codes.load_block(stored, name, index, BLOCK, where)
+    print(json.dumps(fp8_codes.block_record(shown_block), allow_nan=False)) if as_json else fp8_codes.render_block(console, shown_block)
 
 
 def weight_dtype(name: str, model: str, seed: int) -> str:

@@ -68,6 +68,7 @@ class PublishedCheckpoint(Checkpoint):
         if not isinstance(raw, dict):
             raise StepperError(f"{self.path / 'config.json'}: expected a JSON object of config fields")
         self.config = raw if config is None else config
+        self._layer_tensors: dict[int, dict[str, v4.Tensor]] = {}
         self.shards = {}
         self.unreadable: dict[str, str] = {}
         self.disagreements: dict[str, Problem] = {}
@@ -139,10 +140,12 @@ class PublishedCheckpoint(Checkpoint):
         info, array = shard.info(name), shard.get(name)
         if info.dtype not in (FP8_DTYPE, FP4_DTYPE):
             return Stored(info.dtype, array)
+        expected = self.expected(name)
+        problems = ([p.text for p in self.tensor_problems(name, expected)] if expected is not None
+                    else [p for p in [self.scale_problem(info, shard.path.name)] if p is not None])
+        if problems:
+            raise StepperError(problems[0])
         scale_name = scale_of(name)
-        problem = self.scale_problem(info, shard.path.name)
-        if problem is not None:
-            raise StepperError(problem)
         scale = self.shard_of(scale_name).get(scale_name)
         check_scale_values(self.shard_of(scale_name).path.name, scale_name, scale)
         where = FileBytes(str(shard.path), shard.data_range(name)[0], shard.identity)
@@ -159,6 +162,18 @@ class PublishedCheckpoint(Checkpoint):
     @property
     def layers(self) -> int:
         return v4.field(self.config, "num_hidden_layers")
+
+    def expected(self, name: str) -> v4.Tensor | None:
+        """What the config says a stored name is (None for a name it does not know); each layer's
+        list made once."""
+        layer = v4.layer_of(name)
+        if layer is None:
+            return v4.global_tensors(self.config).get(name)
+        if layer >= self.layers:
+            return None
+        if layer not in self._layer_tensors:
+            self._layer_tensors[layer] = v4.layer_tensors(self.config, layer)
+        return self._layer_tensors[layer].get(name.removeprefix(v4.layer_prefix(layer)))
 
     def present_layers(self) -> list[int]:
         found = {v4.layer_of(name) for name in self.weight_map} - {None}
