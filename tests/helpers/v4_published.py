@@ -4,8 +4,9 @@ routed experts as I8 [out, in/2] with F8_E8M0 scales per 32 inputs, BF16 norms a
 F32 hc_* / ape / attn_sink / gate.bias, I64 tid2eid, an `mtp.0.*` block, and shards
 model-000NN-of-000MM.safetensors with (or without) the index.
 
-`write_tiny_v4` returns each tensor's float32 values (the quantized ones decoded by ml_dtypes,
-independently of stepper.fp4) and the stored arrays, so a test can break one and compare."""
+The arrays are made by stepper.weights.published_store (as `synth` makes them); `write_tiny_v4`
+returns each tensor's values, the quantized ones decoded by ml_dtypes, independently of
+stepper.fp4, so a test can compare what stepper reads, or break one tensor and see it refused."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from stepper import fp4
 from stepper.families import deepseek_v4_names as v4
+from stepper.weights.published_store import safetensors_dtype, stored_arrays
 from stepper.weights.safetensors_writer import Entry, write_safetensors
 
 CONFIG = {
@@ -27,7 +28,6 @@ CONFIG = {
     "num_hash_layers": 1, "index_n_heads": 2, "index_head_dim": 16, "expert_dtype": "fp4",
     "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0", "weight_block_size": [128, 128]},
 }
-F32_NAMES = ("attn_sink", "ape", "hc_", "gate.bias")
 
 
 def fp4_values(packed: np.ndarray, scales: np.ndarray) -> np.ndarray:
@@ -54,27 +54,19 @@ def stored_tensors(cfg: dict, seed: int) -> tuple[dict[str, np.ndarray], dict[st
     stored, values = {}, {}
     for name, tensor in wanted.items():
         if tensor.kind == v4.INDEX:
-            stored[name] = values[name] = rng.integers(0, cfg["n_routed_experts"], tensor.shape).astype(np.int64)
-            continue
-        w = (rng.standard_normal(tensor.shape) * 0.1).astype(np.float32)
-        if tensor.kind == v4.EXPERT:
-            packed, scales = fp4.quantize_fp4(w)
-            stored[name], stored[name.removesuffix(".weight") + ".scale"] = packed, scales
-            values[name] = fp4_values(packed, scales)
-        elif tensor.kind == v4.LINEAR:
-            codes, scales = fp4.quantize_fp8_e8m0(w)
-            stored[name], stored[name.removesuffix(".weight") + ".scale"] = codes, scales
-            values[name] = fp8_values(codes, scales)
-        elif any(part in name for part in F32_NAMES):
-            stored[name] = values[name] = w
+            w = rng.integers(0, cfg["n_routed_experts"], tensor.shape)
         else:
-            stored[name] = w.astype(ml_dtypes.bfloat16)
-            values[name] = stored[name].astype(np.float32)
+            w = (rng.standard_normal(tensor.shape) * 0.1).astype(np.float32)
+        arrays = stored_arrays(name, tensor, w)
+        stored.update(arrays)
+        scale = arrays.get(name.removesuffix(".weight") + ".scale")
+        if tensor.kind == v4.EXPERT:
+            values[name] = fp4_values(arrays[name], scale)
+        elif tensor.kind == v4.LINEAR:
+            values[name] = fp8_values(arrays[name], scale)
+        else:
+            values[name] = arrays[name] if tensor.kind == v4.INDEX else arrays[name].astype(np.float32)
     return stored, values
-
-
-DTYPE_NAMES = {"float32": "F32", "bfloat16": "BF16", "float8_e4m3fn": "F8_E4M3", "float8_e8m0fnu": "F8_E8M0",
-               "int8": "I8", "int64": "I64"}
 
 
 def write_shards(folder: Path, stored: dict[str, np.ndarray], shards: int, index: bool = True, cfg: dict | None = None) -> None:
@@ -85,7 +77,7 @@ def write_shards(folder: Path, stored: dict[str, np.ndarray], shards: int, index
     names = list(stored)
     files = {f"model-{n + 1:05d}-of-{shards:05d}.safetensors": names[n::shards] for n in range(shards)}
     for file, members in files.items():
-        entries = [Entry(name, DTYPE_NAMES[stored[name].dtype.name], stored[name].shape, lambda a=stored[name]: a)
+        entries = [Entry(name, safetensors_dtype(stored[name]), stored[name].shape, lambda a=stored[name]: a)
                    for name in members]
         write_safetensors(folder / file, entries)
     if index:

@@ -142,3 +142,21 @@ def test_layer_kinds_decide_the_tensors():
     assert "ffn.gate.tid2eid" in sliding and "ffn.gate.bias" in csa and "ffn.gate.tid2eid" not in csa
     with pytest.raises(StepperError, match="config.json: field 'hc_mult' is None, expected a whole number"):
         v4.layer_tensors({**CONFIG, "hc_mult": None}, 0)
+
+
+def test_tensors_are_stored_as_published(tiny):
+    folder, _ = tiny
+    source = PublishedCheckpoint(folder)
+    dtype = {name: source.shard_of(name).info(name).dtype for name in source.weight_map}
+    expected = {
+        "layers.1.attn.attn_sink": "F32", "layers.1.attn.compressor.ape": "F32", "layers.1.hc_attn_fn": "F32",
+        "layers.1.ffn.gate.bias": "F32", "hc_head_scale": "F32", "layers.0.ffn.gate.tid2eid": "I64",
+        "layers.1.attn.compressor.wkv.weight": "BF16", "layers.1.attn.indexer.weights_proj.weight": "BF16",
+        "layers.1.ffn.gate.weight": "BF16", "embed.weight": "BF16", "layers.1.attn.q_norm.weight": "BF16",
+        "layers.1.attn.wq_a.weight": "F8_E4M3", "layers.1.attn.wq_a.scale": "F8_E8M0",
+        "layers.1.attn.indexer.wq_b.weight": "F8_E4M3", "layers.1.ffn.shared_experts.w2.weight": "F8_E4M3",
+        "layers.1.ffn.experts.1.w2.weight": "I8", "layers.1.ffn.experts.1.w2.scale": "F8_E8M0",
+    }
+    assert {name: dtype[name] for name in expected} == expected
+    assert source.shard_of("layers.1.ffn.experts.1.w2.weight").info("layers.1.ffn.experts.1.w2.weight").shape == (64, 16)
+    assert source.shard_of("layers.1.ffn.experts.1.w2.scale").info("layers.1.ffn.experts.1.w2.scale").shape == (64, 1)
