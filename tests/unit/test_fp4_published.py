@@ -10,6 +10,7 @@ from helpers.v4_published import CONFIG, stored_tensors, write_shards, write_tin
 
 from stepper.errors import StepperError
 from stepper.families import deepseek_v4_names as v4
+from stepper.kernels import fp8_workers, parallel
 from stepper.kernels.linear import linear, linears
 from stepper.model.layer_weights import LayerWeights
 from stepper.weights.published import PublishedCheckpoint
@@ -160,3 +161,20 @@ def test_tensors_are_stored_as_published(tiny):
     assert {name: dtype[name] for name in expected} == expected
     assert source.shard_of("layers.1.ffn.experts.1.w2.weight").info("layers.1.ffn.experts.1.w2.weight").shape == (64, 16)
     assert source.shard_of("layers.1.ffn.experts.1.w2.scale").info("layers.1.ffn.experts.1.w2.scale").shape == (64, 1)
+
+
+def test_fp8_e8m0_weights_shared_with_the_helper_processes(tiny, monkeypatch):
+    if parallel.cores() < 2:
+        pytest.skip("helpers need two cores")
+    folder, values = tiny
+    monkeypatch.setattr(fp8_workers, "SHARE_WORK", 0)  # every product with a file behind it goes to the helpers
+    fp8_workers.stop_helpers()
+    try:
+        w = PublishedCheckpoint(folder).matrix("layers.2.attn.wq_b.weight")  # the codes mapped from the file
+        x = np.random.default_rng(3).standard_normal((6, 32)).astype(np.float32)
+        y = linear(x, w)
+        assert not fp8_workers._broken and fp8_workers.helpers()[0].bands_done >= 1
+        exact = x.astype(np.float64) @ values["layers.2.attn.wq_b.weight"].astype(np.float64).T
+        assert np.abs(y - exact).max() <= 2e-6 * np.abs(exact).max()
+    finally:
+        fp8_workers.stop_helpers()
