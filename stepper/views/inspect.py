@@ -30,7 +30,6 @@ from rich.text import Text
 from stepper import fp8
 from stepper.config import Config
 from stepper.errors import StepperError
-from stepper.families.deepseek_v4_names import field as v4_field
 from stepper.untrusted import shown
 from stepper.views import summary
 from stepper.views.sinks import line_width, print_fitted, wrap_fields
@@ -48,6 +47,7 @@ from stepper.weights.checkpoint import (
     in_scope,
     scale_problems,
 )
+from stepper.weights.deepseek_v4_names import field as v4_field
 from stepper.weights.published import PublishedCheckpoint, is_published_v4
 from stepper.weights.published import scale_of as published_scale_of
 from stepper.weights.published_audit import audit_published

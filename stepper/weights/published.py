@@ -1,6 +1,6 @@
 """A DeepSeek-V4 checkpoint as DeepSeek publishes it, read lazily and strictly.
 
-Tensors are named without `model.` (stepper.families.deepseek_v4_names): a weight `X.weight`
+Tensors are named without `model.` (stepper.weights.deepseek_v4_names): a weight `X.weight`
 stored F8_E4M3 is paired with its F8_E8M0 block scales `X.scale` [ceil(out/128), ceil(in/128)],
 one stored I8 is FP4 e2m1, two codes a byte [out, in/2], paired with its F8_E8M0 scales `X.scale`
 [out, in/32]; `matrix` hands the model either one to multiply, decoded tile by tile inside the
@@ -24,8 +24,8 @@ import numpy as np
 
 from stepper import fp4, fp8
 from stepper.errors import StepperError
-from stepper.families import deepseek_v4_names as v4
 from stepper.untrusted.jsonfile import read_json
+from stepper.weights import deepseek_v4_names as v4
 from stepper.weights.checkpoint import (
     FLOAT_DTYPES,
     INDEX,
@@ -58,7 +58,7 @@ class PublishedCheckpoint(Checkpoint):
     """A WeightSource over a DeepSeek-V4 checkpoint folder in the published layout.
 
     config: the family's config object, or None for config.json's fields as they are (enough for
-    the tensors' shapes: stepper.families.deepseek_v4_names.field)."""
+    the tensors' shapes: stepper.weights.deepseek_v4_names.field)."""
 
     def __init__(self, path: str | Path, config: Any = None):
         self.path = Path(path)

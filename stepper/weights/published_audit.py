@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from stepper.families import deepseek_v4_names as v4
+from stepper.weights import deepseek_v4_names as v4
 from stepper.weights.audit import other_unreadable, stray_problem, unknown_problem
 from stepper.weights.checkpoint import Problem, count
 from stepper.weights.published import FP4_DTYPE, FP8_DTYPE, SCALE_DTYPE, PublishedCheckpoint, scale_of, weight_of

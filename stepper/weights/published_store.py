@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from stepper import dtypes, fp4
-from stepper.families import deepseek_v4_names as v4
+from stepper.weights import deepseek_v4_names as v4
 
 F32_PARTS = ("attn_sink", ".ape", "hc_", "gate.bias")  # the FLOAT tensors stored F32
 SAFETENSORS_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float8_e4m3fn": "F8_E4M3", "float8_e8m0fnu": "F8_E8M0",

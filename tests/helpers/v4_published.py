@@ -16,7 +16,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from stepper.families import deepseek_v4_names as v4
+from stepper.weights import deepseek_v4_names as v4
 from stepper.weights.published_store import safetensors_dtype, stored_arrays
 from stepper.weights.safetensors_writer import Entry, write_safetensors
 

@@ -46,17 +46,18 @@ MAY_IMPORT: dict[str, set[str]] = {
     "presets": {"config"},
     "catalog": {"config"},
     "fp8": set(),
+    "fp4": {"fp8"},  # FP8 weights with E8M0 block scales are written with fp8's e4m3
     "seams.patching": set(),
     "int4": set(),
-    "weights": {"fp8", "int4"},
-    "kernels": {"weights", "fp8", "int4"},
+    "weights": {"fp8", "int4", "fp4"},
+    "kernels": {"weights", "fp8", "int4", "fp4"},
     "model": {"kernels", "weights", "fp8", "int4"},
     "prefill": {"model", "catalog"},  # a prefill in chunks of positions, its tensors shown whole
     "session": {"model", "kernels", "weights", "presets", "prefill"},
     # One plan of a run: its auto choices, names, patterns, patches and memory, for every entry point
     "planning": {"session", "catalog", "model", "kernels", "weights", "presets", "prefill", "seams.patching"},
-    "bench": {"prefill", "views", "model", "kernels", "weights", "fp8", "int4", "presets"},  # views: what a run computes of a shown tensor
-    "views": {"session", "catalog", "weights", "fp8", "int4", "presets", "seams.patching"},
+    "bench": {"prefill", "views", "model", "kernels", "weights", "fp8", "int4", "fp4", "presets"},  # views: what a run computes of a shown tensor
+    "views": {"session", "catalog", "weights", "fp8", "int4", "fp4", "presets", "seams.patching"},
     "lessons": {"views", "planning", "session", "model", "kernels", "weights", "fp8", "int4", "catalog", "presets"},
     "fixtures": {"views", "planning", "session", "model", "kernels", "weights", "fp8", "int4", "catalog", "presets"},
     "cli": {"lessons", "fixtures", "views", "bench", "planning", "session", "model", "kernels", "weights", "fp8", "int4",
@@ -67,7 +68,7 @@ MAY_IMPORT: dict[str, set[str]] = {
             "presets", "seams.patching"},
     "stepper": {"api"},  # the package's __init__: its version, and the API loaded on first use
 }
-NEVER_IMPORT_FROM = {"model", "weights", "fp8", "int4", "kernels"}  # ... the rooms that present things
+NEVER_IMPORT_FROM = {"model", "weights", "fp8", "int4", "fp4", "kernels"}  # ... the rooms that present things
 PRESENTATION = {"views", "lessons", "fixtures", "cli"}
 MODEL_FILE_LINES = 300
 MODEL_FUNCTION_LINES = 40

@@ -9,10 +9,10 @@ import pytest
 from helpers.v4_published import CONFIG, stored_tensors, write_shards, write_tiny_v4
 
 from stepper.errors import StepperError
-from stepper.families import deepseek_v4_names as v4
 from stepper.kernels import fp8_workers, parallel
 from stepper.kernels.linear import linear, linears
 from stepper.model.layer_weights import LayerWeights
+from stepper.weights import deepseek_v4_names as v4
 from stepper.weights.published import PublishedCheckpoint
 from stepper.weights.stored import Bf16Matrix, Fp4Matrix, Fp8Matrix
 

@@ -1,4 +1,5 @@
-"""DeepSeek-V4's tensors as its published checkpoint names and stores them.
+"""DeepSeek-V4's tensors as its published checkpoint names and stores them (the on-disk names a
+family module reads its weights by; the weights room knows them, as weights.names knows V3's).
 
 Names have no `model.` prefix: `embed.weight`, `layers.N.attn.wq_a.weight`,
 `layers.N.ffn.experts.E.w1.weight`, `head.weight`, and a multi-token-prediction block `mtp.0.*`
