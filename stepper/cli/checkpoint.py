@@ -93,10 +93,12 @@ def inspect_command(
         problems = inspect.find_problems(source, chosen)
         tensors = inspect.collect(source, only, problems, chosen)
         if only and not tensors:
-            raise StepperError(f"--only {' '.join(only)} matched no tensor (names look like model.layers.1.self_attn.o_proj.weight)")
+            example = "layers.1.attn.wq_a.weight" if source.published else "model.layers.1.self_attn.o_proj.weight"
+            raise StepperError(f"--only {' '.join(only)} matched no tensor (names look like {example})")
         if stats:
             tensors = inspect_stats.with_stats(source, tensors, progress=sys.stderr.isatty(), plain=plain)
-        groups = inspect.group(tensors, source.config, fold_experts=not experts and not as_json, unused=source.unused)
+        groups = inspect.group(tensors, source.config, fold_experts=not experts and not as_json, unused=source.unused,
+                               published=source.published)
         if as_json:
             inspect.write_json(sys.stdout, groups, problems)
         else:

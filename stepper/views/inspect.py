@@ -48,6 +48,7 @@ from stepper.weights.checkpoint import (
     scale_problems,
 )
 from stepper.weights.deepseek_v4_names import field as v4_field
+from stepper.weights.deepseek_v4_names import layer_kind as v4_layer_kind
 from stepper.weights.published import PublishedCheckpoint, is_published_v4
 from stepper.weights.published import scale_of as published_scale_of
 from stepper.weights.published_audit import audit_published
@@ -366,11 +367,15 @@ def split_name(name: str) -> tuple[str, str]:
     return (m["prefix"], m["rest"]) if m else ("", name)
 
 
-def heading(prefix: str, config: Config | None) -> tuple[str, int | None]:
+def heading(prefix: str, config: Config | None, published: PublishedCheckpoint | None = None) -> tuple[str, int | None]:
     m = LAYER.fullmatch(prefix + "x")
     if m is None:
         return "model", None
     layer = int(m["layer"])
+    if published is not None and prefix == f"layers.{layer}.":
+        if layer >= published.layers:
+            return f"layer {layer} (beyond the config's num_hidden_layers = {published.layers})", layer
+        return f"layer {layer} ({v4_layer_kind(published.config, layer)})", layer
     if config is None or not HF_LAYER.fullmatch(prefix):
         return prefix.removeprefix("model.").rstrip("."), layer
     if layer >= config.num_hidden_layers:
@@ -383,7 +388,10 @@ MTP_HEADING = "not used (the multi-token-prediction block, mtp.*)"
 BLOCK = re.compile(r"(?P<head>.*\.blocks\.)(?P<block>\d+)\.(?P<tail>.+)")
 
 
-def group(tensors: list[Tensor], config: Config | None, fold_experts: bool, unused: frozenset[str] = frozenset()) -> list[Group]:
+def group(tensors: list[Tensor], config: Config | None, fold_experts: bool, unused: frozenset[str] = frozenset(),
+          published: PublishedCheckpoint | None = None) -> list[Group]:
+    """The tensors in groups (the model's, then layer by layer, then those no run reads), each a
+    list of rows; a DeepSeek-V4 checkpoint's layers headed with their kind (`published`)."""
     by_prefix: dict[str, list[Tensor]] = {}
     for t in tensors:
         if t.name not in unused:
@@ -391,7 +399,7 @@ def group(tensors: list[Tensor], config: Config | None, fold_experts: bool, unus
     groups = []
     for prefix in sorted(by_prefix, key=lambda p: (p != "", natural(p))):
         members = sorted(by_prefix[prefix], key=lambda t: listing_order(t.name))
-        title, layer = heading(prefix, config)
+        title, layer = heading(prefix, config, published)
         groups.append(Group(title, layer, tuple(rows(members, len(prefix), fold_experts))))
     members = sorted((t for t in tensors if t.name in unused), key=lambda t: natural(t.name))
     if members:

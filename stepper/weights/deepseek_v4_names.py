@@ -140,6 +140,15 @@ def global_tensors(cfg: Any) -> dict[str, Tensor]:
             "norm.weight": Tensor((d,), FLOAT), "head.weight": Tensor((vocab, d), FLOAT)}
 
 
+def layer_kind(cfg: Any, layer: int) -> str:
+    """How a layer attends and routes, in words: 'sliding window; hash-routed', 'CSA: 4 tokens an
+    entry, indexer; score-routed', 'HCA: 128 tokens an entry; score-routed'."""
+    ratio = compress_ratio(cfg, layer)
+    attention = ("sliding window" if ratio == SLIDING else f"CSA: {ratio} tokens an entry, indexer" if ratio == CSA
+                 else f"HCA: {ratio} tokens an entry")
+    return f"{attention}; {'hash' if layer < field(cfg, 'num_hash_layers') else 'score'}-routed"
+
+
 def layer_prefix(layer: int) -> str:
     return f"layers.{layer}."
 

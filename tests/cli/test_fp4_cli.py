@@ -90,6 +90,11 @@ def test_inspect_lists_a_sound_v4_checkpoint(tiny):
     out = stepper("inspect", folder)
     assert out.returncode == 0, out.stderr
     assert "deepseek_v4 (published layout), 3 layers, 2 routed experts · 3 shards" in out.stdout
+    headings = [line.split(" ─")[0] for line in out.stdout.splitlines() if " ───" in line]
+    assert headings == ["model", "layer 0 (sliding window; hash-routed)",
+                        "layer 1 (CSA: 4 tokens an entry, indexer; score-routed)",
+                        "layer 2 (HCA: 128 tokens an entry; score-routed)",
+                        "not used (the multi-token-prediction block, mtp.*)"]
     rows = {line.split()[0]: line.split()[1:] for line in out.stdout.splitlines() if line.startswith("  ")}
     assert rows["ffn.experts.{0..1}.w1.weight"][:5] == ["FP4", "[32,", "64]", "x2", "groups"]
     assert rows["attn.wq_a.weight"][:5] == ["F8_E4M3", "[32,", "64]", "scales", "[1,"]
