@@ -119,10 +119,10 @@ def inspect_layers(layers: str | None, source: inspect.Source) -> range | None:
 
 
 def fp8_command(
-    code: Annotated[str | None, typer.Argument(metavar="CODE", help="One byte to take apart: 0xCD, 205 or 0b11001101 (with --int4: a 32-bit word, 0x89ABCDEF).", show_default=False)] = None,
-    weight: Annotated[str | None, typer.Option(metavar="NAME", help="Show one block of this FP8 weight, e.g. model.layers.1.self_attn.kv_a_proj_with_mqa.weight, or one group of this INT4 weight.")] = None,
+    code: Annotated[str | None, typer.Argument(metavar="CODE", help="One byte to take apart: 0xCD, 205 or 0b11001101 (with --int4: a 32-bit word, 0x89ABCDEF; with --fp4: a packed byte, 0x2F).", show_default=False)] = None,
+    weight: Annotated[str | None, typer.Option(metavar="NAME", help="Show one block of this FP8 weight, e.g. model.layers.1.self_attn.kv_a_proj_with_mqa.weight, or one group of this INT4 or FP4 weight (DeepSeek-V4: layers.1.ffn.experts.0.w1.weight).")] = None,
     model: Annotated[str | None, typer.Option(metavar="NAME|DIR", help="With --weight: a preset (synthetic weights) or a checkpoint directory [default: tiny].")] = None,
-    block: Annotated[str | None, typer.Option(metavar="R,C", help="With --weight: the block's row and column in the weight's scale grid; for an INT4 weight its row and group [default: 0,0].")] = None,
+    block: Annotated[str | None, typer.Option(metavar="R,C", help="With --weight: the block's row and column in the weight's scale grid; for an INT4 or FP4 weight its row and group [default: 0,0].")] = None,
     int4: Annotated[bool, typer.Option("--int4", help="INT4 (compressed-tensors pack-quantized) instead of e4m3fn: the 16 codes, or CODE as one word.")] = False,
     fp4: Annotated[bool, typer.Option("--fp4", help="FP4 e2m1 (DeepSeek-V4's experts) instead of e4m3fn: the 16 codes, or CODE as one packed byte.")] = False,
     seed: Annotated[int | None, typer.Option(metavar="S", min=0, help="With --weight and a preset: seed of the synthetic weights [default: 0].")] = None,
@@ -136,8 +136,8 @@ def fp8_command(
     stepper fp8 0xCD               one byte bit by bit (also 205 or 0b11001101)
     stepper fp8 --weight NAME      an FP8 weight's 128x128 block: scale_inv,
                                    codes, values (--model, --block R,C); an
-                                   INT4 weight's group of 32 inputs, nibble
-                                   by nibble (--block ROW,GROUP)
+                                   INT4 or FP4 weight's group of 32 inputs,
+                                   nibble by nibble (--block ROW,GROUP)
     stepper fp8 --int4             the 16 INT4 codes and their values
     stepper fp8 --int4 0x89ABCDEF  one packed word nibble by nibble
     stepper fp8 --fp4              the 16 e2m1 codes, bit by bit
