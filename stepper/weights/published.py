@@ -248,6 +248,8 @@ class PublishedCheckpoint(Checkpoint):
         weight has none."""
         name = scale_of(weight.name)
         quantized = weight.dtype in (FP8_DTYPE, FP4_DTYPE)
+        if quantized and len(weight.shape) != 2:
+            return f"{shard}: '{weight.name}' is an {fmt(weight.dtype)} weight of shape {list(weight.shape)}, expected 2-D [out, in]"
         if name not in self.weight_map:
             return (f"'{name}' is missing: the {fmt(weight.dtype)} weight '{weight.name}' ({shard}) needs its "
                     f"{SCALE_DTYPE} scales {list(scale_grid(weight))}") if quantized else None

@@ -4,6 +4,9 @@ decoded exactly (against ml_dtypes); 5+5-digit shards with and without the index
 apart; every grid, byte-shape and dtype problem one line naming the file, the tensor and what was
 expected."""
 
+import json
+import re
+
 import numpy as np
 import pytest
 from helpers.v4_published import CONFIG, stored_tensors, write_shards, write_tiny_v4
@@ -178,3 +181,19 @@ def test_fp8_e8m0_weights_shared_with_the_helper_processes(tiny, monkeypatch):
         assert np.abs(y - exact).max() <= 2e-6 * np.abs(exact).max()
     finally:
         fp8_workers.stop_helpers()
+
+
+def test_hostile_tensors_and_config_fields_are_one_line(tmp_path):
+    stored, _ = stored_tensors(CONFIG, 0)
+    stored["layers.1.attn.odd.weight"] = np.zeros(6, np.int8)  # an I8 weight no config names, 1-D
+    stored["layers.1.attn.odd.scale"] = np.ones(1, np.float32)
+    write_shards(tmp_path / "odd", stored, 2)
+    source = PublishedCheckpoint(tmp_path / "odd")
+    with pytest.raises(StepperError, match=r"'layers.1.attn.odd.weight' is an FP4 \(I8\) weight of shape \[6\], expected 2-D"):
+        source.matrix("layers.1.attn.odd.weight")
+    for field, value, expected in [("hidden_size", "64", "field 'hidden_size' is '64', expected a whole number"),
+                                   ("compress_ratios", [0, 4], ("field 'compress_ratios' is [0, 4], expected a whole "
+                                                               "number for layer 2"))]:
+        (tmp_path / "odd" / "config.json").write_text(json.dumps({**CONFIG, field: value}))
+        with pytest.raises(StepperError, match=re.escape(expected)):
+            PublishedCheckpoint(tmp_path / "odd").problems(range(3), True)
