@@ -38,12 +38,15 @@ def test_tiled_product_equals_decode_then_matmul(tokens, monkeypatch):
     assert (np.abs(got - expected) <= bound).all()
 
 
-def test_several_weights_and_shared_threads(monkeypatch):
+@pytest.mark.parametrize("tokens", [3, 100])  # 2 x 100: many tokens, tall tiles shared between the threads
+def test_several_weights_and_shared_threads(tokens, monkeypatch):
     monkeypatch.setattr(fp4_matmul, "SHARE_WORK", 1)  # every product shared out between threads
+    monkeypatch.setattr(fp4_matmul, "TILE_VALUES", 128 * 8)
     w1, w3 = fp4_weight(64, 128, 3), fp4_weight(48, 128, 4)
-    x = np.random.default_rng(5).standard_normal((2, 3, 128)).astype(np.float32)
+    assert len(fp4_matmul.row_tiles(w1, True, 2)) == 2 and len(fp4_matmul.row_tiles(w1, False)) == 8
+    x = np.random.default_rng(5).standard_normal((2, tokens, 128)).astype(np.float32)
     y1, y3 = linears(x, (w1, w3))
-    assert y1.shape == (2, 3, 64) and y3.shape == (2, 3, 48)
+    assert y1.shape == (2, tokens, 64) and y3.shape == (2, tokens, 48)
     np.testing.assert_allclose(y1, x @ w1.dequantize().T, rtol=1e-5, atol=1e-4 * np.abs(x).max())
     np.testing.assert_allclose(y3, x @ w3.dequantize().T, rtol=1e-5, atol=1e-4 * np.abs(x).max())
 
