@@ -98,7 +98,7 @@ class PublishedCheckpoint(Checkpoint):
         self.unreadable.update({shard: "no such file" for shard in expected if shard not in found})
         stray = sorted(set(found) - set(expected))
         if stray:
-            raise StepperError(f"{self.path}: {stray[0]} is numbered past its count ({total:05d} shards)")
+            raise StepperError(f"{self.path}: {stray[0]} is not numbered 00001 to {total:05d}, the count its name gives")
         weight_map = {}
         for shard in found:
             self._open_shard(shard)

@@ -197,3 +197,18 @@ def test_hostile_tensors_and_config_fields_are_one_line(tmp_path):
         (tmp_path / "odd" / "config.json").write_text(json.dumps({**CONFIG, field: value}))
         with pytest.raises(StepperError, match=re.escape(expected)):
             PublishedCheckpoint(tmp_path / "odd").problems(range(3), True)
+
+
+def test_shard_names_that_do_not_add_up(tmp_path):
+    stored, _ = stored_tensors(CONFIG, 2)
+    write_shards(tmp_path / "a", stored, 2, index=False)
+    (tmp_path / "a" / "model-00001-of-00002.safetensors").rename(tmp_path / "a" / "model-00003-of-00002.safetensors")
+    with pytest.raises(StepperError, match="model-00003-of-00002.safetensors is not numbered 00001 to 00002"):
+        PublishedCheckpoint(tmp_path / "a")
+    (tmp_path / "a" / "model-00003-of-00002.safetensors").rename(tmp_path / "a" / "model-00001-of-00003.safetensors")
+    with pytest.raises(StepperError, match=r"shards of different counts \(00002, 00003\)"):
+        PublishedCheckpoint(tmp_path / "a")
+    for shard in (tmp_path / "a").glob("*.safetensors"):
+        shard.unlink()
+    with pytest.raises(StepperError, match="nor shards model-NNNNN-of-MMMMM.safetensors found"):
+        PublishedCheckpoint(tmp_path / "a")
