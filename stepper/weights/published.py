@@ -138,13 +138,13 @@ class PublishedCheckpoint(Checkpoint):
         self._keep_resident(name)
         shard = self.shard_of(name)
         info, array = shard.info(name), shard.get(name)
-        if info.dtype not in (FP8_DTYPE, FP4_DTYPE):
-            return Stored(info.dtype, array)
-        expected = self.expected(name)
+        expected = self.expected(name)  # a tensor the config knows: its dtype and shape checked, as a run's check does
         problems = ([p.text for p in self.tensor_problems(name, expected)] if expected is not None
                     else [p for p in [self.scale_problem(info, shard.path.name)] if p is not None])
         if problems:
             raise StepperError(problems[0])
+        if info.dtype not in (FP8_DTYPE, FP4_DTYPE):
+            return Stored(info.dtype, array)
         scale_name = scale_of(name)
         scale = self.shard_of(scale_name).get(scale_name)
         check_scale_values(self.shard_of(scale_name).path.name, scale_name, scale)
@@ -171,9 +171,13 @@ class PublishedCheckpoint(Checkpoint):
             return v4.global_tensors(self.config).get(name)
         if layer >= self.layers:
             return None
+        return self.layer_tensors(layer).get(name.removeprefix(v4.layer_prefix(layer)))
+
+    def layer_tensors(self, layer: int) -> dict[str, v4.Tensor]:
+        """The layer's tensors by name relative to `layers.N.` (v4.layer_tensors), made once."""
         if layer not in self._layer_tensors:
             self._layer_tensors[layer] = v4.layer_tensors(self.config, layer)
-        return self._layer_tensors[layer].get(name.removeprefix(v4.layer_prefix(layer)))
+        return self._layer_tensors[layer]
 
     def present_layers(self) -> list[int]:
         found = {v4.layer_of(name) for name in self.weight_map} - {None}
@@ -184,7 +188,7 @@ class PublishedCheckpoint(Checkpoint):
         required = {}
         for layer in layers:
             prefix = v4.layer_prefix(layer)
-            required.update({prefix + k: t for k, t in v4.layer_tensors(self.config, layer).items()})
+            required.update({prefix + k: t for k, t in self.layer_tensors(layer).items()})
         return {**required, **(v4.global_tensors(self.config) if with_globals else {})}
 
     def problems(self, layers: Iterable[int], with_globals: bool) -> list[Problem]:

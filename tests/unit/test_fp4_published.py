@@ -212,3 +212,9 @@ def test_shard_names_that_do_not_add_up(tmp_path):
         shard.unlink()
     with pytest.raises(StepperError, match="nor shards model-NNNNN-of-MMMMM.safetensors found"):
         PublishedCheckpoint(tmp_path / "a")
+
+
+def test_a_float_tensor_of_the_wrong_shape_is_refused_when_read(tmp_path):
+    source = broken(tmp_path, "layers.1.attn.q_norm.weight", np.ones(31, np.float32))
+    with pytest.raises(StepperError, match=r"'layers.1.attn.q_norm.weight' has shape \[31\], expected \[32\]"):
+        LayerWeights(source, 1)("attn.q_norm.weight")
