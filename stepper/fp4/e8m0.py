@@ -27,7 +27,7 @@ def value_of(byte: int) -> float:
     return math.nan if byte == NAN_BYTE else 2.0 ** (byte - EXPONENT_BIAS)
 
 
-E8M0_TABLE = np.array([value_of(b) for b in range(256)], dtype=np.float32)  # [256] byte -> float32 (2^-127 is subnormal, exact)
+E8M0_TABLE = np.array([value_of(b) for b in range(256)], dtype=np.float32)  # [256] byte -> float32 (2^-127: subnormal)
 
 
 def as_bytes(scales: np.ndarray, name: str = "scales") -> np.ndarray:

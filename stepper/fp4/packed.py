@@ -49,7 +49,8 @@ def pack(codes: np.ndarray) -> np.ndarray:
     """e2m1 codes 0..15 [..., in] (in even) -> int8 bytes [..., in/2], as the checkpoint stores them."""
     codes = np.asarray(codes, dtype=np.uint8)
     if codes.shape[-1] % 2:
-        raise ValueError(f"FP4 codes pack two to a byte: a row of {codes.shape[-1]} codes is not a whole number of bytes")
+        raise ValueError(f"FP4 codes pack two to a byte: a row of {codes.shape[-1]} codes is not a whole number "
+                         "of bytes")
     if codes.size and int(codes.max()) >= CODES:
         raise ValueError(f"e2m1 codes are 0..15; got {int(codes.max())}")
     return (codes[..., 0::2] | (codes[..., 1::2] << 4)).view(np.int8)

@@ -76,7 +76,8 @@ def render_byte(console: Console, byte: int) -> None:
     head.append(" ")
     head.append(f"{low:04b}", style=NIBBLE_STYLE[0])
     print_fitted(console, head)
-    for position, code, which in ((0, low, "low nibble (bits 3..0), input 2k:"), (1, high, "high nibble (bits 7..4), input 2k+1:")):
+    nibbles = ((0, low, "low nibble (bits 3..0), input 2k:"), (1, high, "high nibble (bits 7..4), input 2k+1:"))
+    for position, code, which in nibbles:
         f = fp4.fields(code)
         line = Text(f"  {which:<37}")
         line.append(f"{code:04b}", style=NIBBLE_STYLE[position])
@@ -132,8 +133,8 @@ def load_group(stored: Stored, name: str, index: tuple[int, int], source: str) -
     row, g = index
     groups = weight.scales.shape[1]
     if not (0 <= row < weight.shape[0] and 0 <= g < groups):
-        raise StepperError(f"--block {row},{g} is outside '{name}': FP4 {list(weight.shape)} has rows 0..{weight.shape[0] - 1} "
-                           f"and groups 0..{groups - 1} of {fp4.GROUP} inputs")
+        raise StepperError(f"--block {row},{g} is outside '{name}': FP4 {list(weight.shape)} has rows "
+                           f"0..{weight.shape[0] - 1} and groups 0..{groups - 1} of {fp4.GROUP} inputs")
     packed = weight.packed[row : row + 1, g * BYTES_PER_GROUP : (g + 1) * BYTES_PER_GROUP]  # [1, 16]
     scale = fp4.e8m0.as_bytes(stored.scale_inv)[row : row + 1, g : g + 1]  # [1, 1]
     values = fp4.dequantize_fp4(packed, scale, name=name)[0]  # [32]
@@ -145,12 +146,14 @@ def render_group(console: Console, group: Group) -> None:
     title.append(f"  FP4 e2m1 [{group.shape[0]}, {group.shape[1]}]  groups of {fp4.GROUP}  ")
     title.append(shown(group.source), style="dim")
     print_fitted(console, title)
-    print_fitted(console, Text(f"row {group.row}, group {group.group} (inputs {group.inputs.start}..{group.inputs.stop - 1}): "
+    inputs = f"{group.inputs.start}..{group.inputs.stop - 1}"
+    print_fitted(console, Text(f"row {group.row}, group {group.group} (inputs {inputs}): "
                                f"scale byte 0x{group.scale_byte:02X} = 2^({group.scale_byte} - 127) = "
                                f"{np.float32(group.scale)}, weight = e2m1 value x {np.float32(group.scale)}"))
     for k, byte in enumerate(group.packed):
         column = group.group * BYTES_PER_GROUP + k
-        console.print(Text(f"  byte {column} = 0x{byte:02X}  {byte >> 4:04b} {byte & 0xF:04b}", style="bold"), soft_wrap=True)
+        bits = f"{byte >> 4:04b} {byte & 0xF:04b}"
+        console.print(Text(f"  byte {column} = 0x{byte:02X}  {bits}", style="bold"), soft_wrap=True)
         for position, code in enumerate(fp4.nibbles(byte)):
             f = fp4.fields(code)
             line = Text(f"    in {group.inputs.start + 2 * k + position:>5}  {('low ', 'high')[position]} ")

@@ -92,7 +92,7 @@ class Source:
     hint: str | None = None  # said under the footer
     checkpoint: Checkpoint | None = None  # a directory's, checked by `audit`
     unused: frozenset[str] = frozenset()  # a wrapper's tensors no run reads (vision tower, projector)
-    published: PublishedCheckpoint | None = None  # a DeepSeek-V4 checkpoint (X.weight with X.scale), checked by audit_published
+    published: PublishedCheckpoint | None = None  # DeepSeek-V4's (X.weight with X.scale), checked by audit_published
 
     def scale_of(self, name: str) -> str:
         """The name of a weight's scales: X.weight_scale_inv, or in V4's published layout X.scale."""
@@ -134,23 +134,28 @@ def open_source(where: str | Path) -> Source:
         return published_source(path, PublishedCheckpoint(path))
     if path.is_dir():
         if not (path / "config.json").exists():
-            raise StepperError(f"{path}: not a checkpoint directory (no config.json); give a .safetensors file to inspect one file")
+            raise StepperError(f"{path}: not a checkpoint directory (no config.json); give a .safetensors file to "
+                               "inspect one file")
         return checkpoint_source(path, Checkpoint(path))
     if not path.exists():
-        raise StepperError(f"{path}: no such file or directory (expected a .safetensors file or a checkpoint directory)")
+        raise StepperError(f"{path}: no such file or directory (expected a .safetensors file or a checkpoint "
+                           "directory)")
     if path.suffix == ".json":
-        raise StepperError(f"{path}: a JSON file; inspect expects a .safetensors file or a checkpoint directory ({path.parent})")
+        raise StepperError(f"{path}: a JSON file; inspect expects a .safetensors file or a checkpoint directory "
+                           f"({path.parent})")
     file = SafetensorsFile(path)
     hint = None
     if (path.parent / INDEX).exists():
         hint = f"{path.name} is one shard of {path.parent}: inspect the directory to see scales kept in other shards"
-    return Source(path, file_title(file), None, dict.fromkeys(file.names(), path.name), {path.name: file}, fp8.BLOCK, hint)
+    return Source(path, file_title(file), None, dict.fromkeys(file.names(), path.name), {path.name: file},
+                  fp8.BLOCK, hint)
 
 
 def checkpoint_source(path: Path, ckpt: Checkpoint) -> Source:
     cfg = ckpt.config
     block = cfg.quantization.weight_block_size if cfg.quantization else fp8.BLOCK
-    hint = None if ckpt.reads_values else "listed from the headers alone: block scale values are read by a run, or with --stats"
+    hint = (None if ckpt.reads_values
+            else "listed from the headers alone: block scale values are read by a run, or with --stats")
     return Source(path, checkpoint_title(ckpt), cfg, {**ckpt.weight_map, **ckpt.unused}, ckpt.shards, block, hint=hint,
                   checkpoint=ckpt, unused=frozenset(ckpt.unused))
 
@@ -249,7 +254,8 @@ def find_problems(source: Source, layers: range | None) -> list[Problem]:
         weight = name.removesuffix(SCALE)
         if weight != name:
             if weight not in source.weight_map:
-                problems.append(Problem(source.weight_map[name], name, f"'{name}' is a block scale with no weight '{weight}'"))
+                problems.append(Problem(source.weight_map[name], name,
+                                        f"'{name}' is a block scale with no weight '{weight}'"))
             continue
         scale = source.info(name + SCALE) if name + SCALE in source.weight_map else None
         if scale is None and not name.endswith(".weight"):
@@ -259,7 +265,8 @@ def find_problems(source: Source, layers: range | None) -> list[Problem]:
     return problems
 
 
-def collect(source: Source, only: list[str] | None, problems: list[Problem], layers: range | None = None) -> list[Tensor]:
+def collect(source: Source, only: list[str] | None, problems: list[Problem],
+            layers: range | None = None) -> list[Tensor]:
     """Every readable tensor (of the layers), with its scales and its problems attached; scales
     without a weight stand alone."""
     names = set(source.weight_map)
@@ -277,11 +284,13 @@ def collect(source: Source, only: list[str] | None, problems: list[Problem], lay
         weight = source.weight_of(name)
         if weight != name:  # block scales: shown in their weight's row, or alone if it is missing
             if weight not in names:
-                found = tuple(by_tensor.get(name, ())) + tuple(by_tensor.get(weight, ()))  # e.g. "the weight is missing"
+                found = tuple(by_tensor.get(name,
+                                            ())) + tuple(by_tensor.get(weight, ()))  # e.g. "the weight is missing"
                 tensors.append(Tensor(source.part(name), None, found))
             continue
         scale_name = source.scale_of(name)
-        scale = source.part(scale_name) if scale_name in names and source.weight_map[scale_name] in source.shards else None
+        scale = (source.part(scale_name) if scale_name in names
+                 and source.weight_map[scale_name] in source.shards else None)
         found = tuple(by_tensor.get(name, ())) + tuple(by_tensor.get(scale_name, ()))
         tensors.append(Tensor(source.part(name), scale, found))
     if only:
@@ -577,7 +586,8 @@ def stats_fields(row: Row) -> list[Text]:
     if st.finite == 0 and st.nan == 0 and st.inf == 0:
         return [Text("no values", style="dim")]
     fields = [Text.assemble((f"{label} ", "dim"), summary.number(value))
-              for label, value in (("min", st.min), ("max", st.max), ("mean", st.mean), ("std", st.std), ("absmax", st.absmax))]
+              for label, value in (("min", st.min), ("max", st.max), ("mean", st.mean), ("std", st.std),
+                                   ("absmax", st.absmax))]
     fields += [Text.assemble((f"{label} ", "dim"), (f"{value}", "bold red" if value else ""))
                for label, value in (("nan", st.nan), ("inf", st.inf))]
     first = row.tensors[0]
@@ -613,8 +623,8 @@ def footer(matched: list[Tensor], total: int, stats: bool, problems: int) -> str
             out.append("INT4 statistics are of the values, (nibble - 8) x group scale")
     fp4_weights = sum(t.fp4 for t in matched)
     if fp4_weights:
-        out.append(f"{fp4_weights} FP4 weights: I8 bytes (two e2m1 codes each, low nibble first) shown as the [out, in] "
-                   f"they hold, with their F8_E8M0 scales (one per 32 inputs)")
+        out.append(f"{fp4_weights} FP4 weights: I8 bytes (two e2m1 codes each, low nibble first) shown as the "
+                   f"[out, in] they hold, with their F8_E8M0 scales (one per 32 inputs)")
     if problems:
         out.append(f"{problems} problem{'s' if problems != 1 else ''} (listed below)")
     return " · ".join(out)

@@ -50,7 +50,8 @@ def field(cfg: Any, name: str) -> int:
     """A whole-number field of the config (config.json's dict, or an object with that attribute)."""
     value = cfg.get(name) if isinstance(cfg, Mapping) else getattr(cfg, name, None)
     if type(value) is not int or value < 0:
-        raise StepperError(f"config.json: field '{name}' is {value!r}, expected a whole number (V4's tensor shapes need it)")
+        raise StepperError(f"config.json: field '{name}' is {value!r}, expected a whole number (V4's tensor shapes "
+                           "need it)")
     return value
 
 
@@ -58,7 +59,8 @@ def compress_ratio(cfg: Any, layer: int) -> int:
     """The layer's entry of compress_ratios: 0 sliding window, 4 CSA, 128 HCA."""
     ratios = cfg.get("compress_ratios") if isinstance(cfg, Mapping) else getattr(cfg, "compress_ratios", None)
     if not isinstance(ratios, (list, tuple)) or layer >= len(ratios) or type(ratios[layer]) is not int:
-        raise StepperError(f"config.json: field 'compress_ratios' is {ratios!r}, expected a whole number for layer {layer}")
+        raise StepperError(f"config.json: field 'compress_ratios' is {ratios!r}, expected a whole number for "
+                           f"layer {layer}")
     return ratios[layer]
 
 

@@ -88,7 +88,8 @@ class PublishedCheckpoint(Checkpoint):
             return super()._read_weight_map()
         found = sorted(p.name for p in self.path.iterdir() if v4.SHARD.fullmatch(p.name))
         if not found:
-            raise StepperError(f"{self.path}: neither {INDEX}, {SINGLE} nor shards model-NNNNN-of-MMMMM.safetensors found")
+            raise StepperError(f"{self.path}: neither {INDEX}, {SINGLE} nor shards "
+                               "model-NNNNN-of-MMMMM.safetensors found")
         counts = {v4.SHARD.fullmatch(name)[2] for name in found}
         if len(counts) > 1:
             raise StepperError(f"{self.path}: shards of different counts ({', '.join(sorted(counts))}): expected "
@@ -98,7 +99,8 @@ class PublishedCheckpoint(Checkpoint):
         self.unreadable.update({shard: "no such file" for shard in expected if shard not in found})
         stray = sorted(set(found) - set(expected))
         if stray:
-            raise StepperError(f"{self.path}: {stray[0]} is not numbered 00001 to {total:05d}, the count its name gives")
+            raise StepperError(f"{self.path}: {stray[0]} is not numbered 00001 to {total:05d}, the count its name "
+                               "gives")
         weight_map = {}
         for shard in found:
             self._open_shard(shard)
@@ -222,7 +224,8 @@ class PublishedCheckpoint(Checkpoint):
         prefixes = tuple(v4.layer_prefix(layer) for layer in layers)
         return [Problem(shard, name, f"{shard}: '{name}' is a scale with no weight '{weight_of(name)}'")
                 for name, shard in self.weight_map.items()
-                if name.endswith(v4.SCALE) and weight_of(name) not in self.weight_map and weight_of(name) not in required
+                if name.endswith(v4.SCALE) and weight_of(name) not in self.weight_map
+                and weight_of(name) not in required
                 and (name.startswith(prefixes) or (with_globals and v4.layer_of(name) is None))]
 
     def tensor_problems(self, name: str, tensor: v4.Tensor) -> list[Problem]:
@@ -239,10 +242,11 @@ class PublishedCheckpoint(Checkpoint):
             out_dim, in_dim = tensor.shape
             if in_dim % fp4.GROUP or info.shape != fp4.packed_shape(tensor.shape):
                 return [Problem(shard, name, f"{shard}: '{name}' holds FP4 bytes of shape {list(info.shape)}, expected "
-                                f"{list(fp4.packed_shape(tensor.shape))} (two codes a byte) for the [{out_dim}, {in_dim}] "
-                                f"weight config.json gives")]
+                                f"{list(fp4.packed_shape(tensor.shape))} (two codes a byte) for the "
+                                f"[{out_dim}, {in_dim}] weight config.json gives")]
         elif info.shape != tensor.shape:
-            return [Problem(shard, name, f"{shard}: '{name}' has shape {list(info.shape)}, expected {list(tensor.shape)}")]
+            return [Problem(shard, name, f"{shard}: '{name}' has shape {list(info.shape)}, expected "
+                                         f"{list(tensor.shape)}")]
         problem = self.scale_problem(info, shard)
         return [] if problem is None else [Problem(self.weight_map.get(scale_of(name)), scale_of(name), problem)]
 
@@ -253,7 +257,8 @@ class PublishedCheckpoint(Checkpoint):
         name = scale_of(weight.name)
         quantized = weight.dtype in (FP8_DTYPE, FP4_DTYPE)
         if quantized and len(weight.shape) != 2:
-            return f"{shard}: '{weight.name}' is an {fmt(weight.dtype)} weight of shape {list(weight.shape)}, expected 2-D [out, in]"
+            return (f"{shard}: '{weight.name}' is an {fmt(weight.dtype)} weight of shape {list(weight.shape)}, "
+                    "expected 2-D [out, in]")
         if name not in self.weight_map:
             return (f"'{name}' is missing: the {fmt(weight.dtype)} weight '{weight.name}' ({shard}) needs its "
                     f"{SCALE_DTYPE} scales {list(scale_grid(weight))}") if quantized else None
@@ -268,8 +273,9 @@ class PublishedCheckpoint(Checkpoint):
             return (f"{scale_shard}: '{name}' has dtype {scale.dtype}, expected {SCALE_DTYPE} (2^(byte - 127)) for the "
                     f"{fmt(weight.dtype)} weight '{weight.name}'")
         if scale.shape != scale_grid(weight):
-            return (f"{scale_shard}: '{name}' has shape {list(scale.shape)}, expected {list(scale_grid(weight))} for the "
-                    f"{fmt(weight.dtype)} weight '{weight.name}' {list(logical_shape(weight))} ({grid_words(weight.dtype)})")
+            return (f"{scale_shard}: '{name}' has shape {list(scale.shape)}, expected {list(scale_grid(weight))} "
+                    f"for the {fmt(weight.dtype)} weight '{weight.name}' {list(logical_shape(weight))} "
+                    f"({grid_words(weight.dtype)})")
         return None
 
     def check(self, layers: Iterable[int], with_globals: bool) -> None:
@@ -278,7 +284,8 @@ class PublishedCheckpoint(Checkpoint):
             raise StepperError(problems[0].text)
         if problems:
             listed = "\n".join(f"  - {p}" for p in problems)
-            raise StepperError(f"{self.label}: {count(len(problems), 'problem')} with the weights of this run:\n{listed}")
+            raise StepperError(f"{self.label}: {count(len(problems), 'problem')} with the weights of this "
+                               f"run:\n{listed}")
 
 
 def unprefixed(name: str) -> str:
@@ -302,7 +309,9 @@ def fmt(dtype: str) -> str:
 
 def logical_shape(weight: TensorInfo) -> tuple[int, ...]:
     """The weight's [out, in]: an FP4 weight's bytes [out, in/2] hold [out, in]."""
-    return (weight.shape[0], 2 * weight.shape[1]) if weight.dtype == FP4_DTYPE and len(weight.shape) == 2 else weight.shape
+    if weight.dtype == FP4_DTYPE and len(weight.shape) == 2:
+        return weight.shape[0], 2 * weight.shape[1]
+    return weight.shape
 
 
 def scale_grid(weight: TensorInfo) -> tuple[int, ...]:

@@ -61,7 +61,8 @@ def unknown_layer_tensors(ckpt: PublishedCheckpoint, layers: range) -> list[Prob
         prefix = v4.layer_prefix(layer)
         known = {prefix + name for name in v4.layer_tensors(ckpt.config, layer)}
         known |= {scale_of(name) for name in known}
-        found = [(name, shard) for name, shard in ckpt.weight_map.items() if name.startswith(prefix) and name not in known]
+        found = [(name, shard) for name, shard in ckpt.weight_map.items()
+                 if name.startswith(prefix) and name not in known]
         if found:
             problems.append(unknown_problem(layer, found))
     return problems

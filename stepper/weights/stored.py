@@ -185,7 +185,7 @@ class Stored:
     """A tensor as a checkpoint stores it: FP8 codes with their block scales, INT4 packed words
     with their group scales, BF16 or F32."""
 
-    dtype: str  # safetensors dtype name F8_E4M3, BF16, F16 or F32; INT4 (data: the packed I32 words); FP4 (data: I8 bytes)
+    dtype: str  # safetensors dtype F8_E4M3, BF16, F16 or F32; INT4 (data: packed I32 words); FP4 (data: I8 bytes)
     data: np.ndarray
     scale_inv: np.ndarray | None = None  # FP8: [ceil(out/128), ceil(in/128)]; INT4, FP4: the group scales [out, in/32]
     block: tuple[int, int] = fp8.BLOCK  # FP8: rows x columns per scale; INT4: (1, group size)

@@ -70,7 +70,8 @@ def test_an_fp4_group_bit_by_bit(tiny):
     first = group["bytes"][0]
     assert [first["low"]["value"] * group["scale"], first["high"]["value"] * group["scale"]] == group["values"][:2]
     shown = stepper("fp8", "--weight", EXPERT, "--model", folder, "--block", "3,1")
-    assert shown.returncode == 0 and f"scale byte 0x{group['scale_byte']:02X} = 2^({group['scale_byte']} - 127)" in shown.stdout
+    byte = group["scale_byte"]
+    assert shown.returncode == 0 and f"scale byte 0x{byte:02X} = 2^({byte} - 127)" in shown.stdout
     assert one_line(stepper("fp8", "--weight", EXPERT, "--model", folder, "--block", "3,2")).endswith(
         "has rows 0..31 and groups 0..1 of 32 inputs")
 

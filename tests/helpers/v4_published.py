@@ -26,7 +26,8 @@ CONFIG = {
     "q_lora_rank": 32, "o_groups": 2, "o_lora_rank": 16, "n_routed_experts": 2, "n_shared_experts": 1,
     "num_experts_per_tok": 2, "moe_intermediate_size": 32, "hc_mult": 2, "compress_ratios": [0, 4, 128, 0],
     "num_hash_layers": 1, "index_n_heads": 2, "index_head_dim": 16, "expert_dtype": "fp4",
-    "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0", "weight_block_size": [128, 128]},
+    "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0",
+                            "weight_block_size": [128, 128]},
 }
 
 
@@ -69,7 +70,8 @@ def stored_tensors(cfg: dict, seed: int) -> tuple[dict[str, np.ndarray], dict[st
     return stored, values
 
 
-def write_shards(folder: Path, stored: dict[str, np.ndarray], shards: int, index: bool = True, cfg: dict | None = None) -> None:
+def write_shards(folder: Path, stored: dict[str, np.ndarray], shards: int, index: bool = True,
+                 cfg: dict | None = None) -> None:
     """The arrays in `shards` files named model-000NN-of-000MM.safetensors, round robin (a weight's
     scale lands in the next shard), the config, and the index unless index=False."""
     folder.mkdir(parents=True, exist_ok=True)

@@ -99,9 +99,10 @@ def exercise(folder: Path) -> None:
         source = inspect.open_source(folder)
         problems = inspect.find_problems(source, None)
         tensors = inspect_stats.with_stats(source, inspect.collect(source, None, problems), progress=False)
-        groups = inspect.group(tensors, source.config, fold_experts=True, unused=source.unused, published=source.published)
-        inspect.render(Console(file=io.StringIO(), width=80), source, groups, tensors, inspect.total_tensors(source), True,
-                       problems)
+        groups = inspect.group(tensors, source.config, fold_experts=True, unused=source.unused,
+                               published=source.published)
+        inspect.render(Console(file=io.StringIO(), width=80), source, groups, tensors, inspect.total_tensors(source),
+                       True, problems)
         inspect.write_json(io.StringIO(), groups, problems)
         ckpt = PublishedCheckpoint(folder)
         try:

@@ -71,7 +71,8 @@ def test_shards_without_an_index(tmp_path):
     write_shards(tmp_path / "ok", stored, 4, index=False)
     source = PublishedCheckpoint(tmp_path / "ok")
     assert len(source.shards) == 4
-    np.testing.assert_array_equal(source.get("layers.2.ffn.experts.0.w2.weight"), values["layers.2.ffn.experts.0.w2.weight"])
+    w2 = "layers.2.ffn.experts.0.w2.weight"
+    np.testing.assert_array_equal(source.get(w2), values[w2])
     (tmp_path / "ok" / "model-00003-of-00004.safetensors").unlink()
     problem, *scales = PublishedCheckpoint(tmp_path / "ok").problems(range(3), True)
     assert scales and all(".scale' is missing: the " in p.text for p in scales)  # weights read, their scales not
@@ -91,9 +92,10 @@ def test_a_scale_grid_of_the_wrong_shape(tmp_path):
     source = broken(tmp_path, "layers.1.ffn.experts.0.w1.scale", scale[:, :1].copy())
     [problem] = source.problems([1], False)
     assert problem.file == source.weight_map["layers.1.ffn.experts.0.w1.scale"]
-    assert problem.text == (f"{problem.file}: 'layers.1.ffn.experts.0.w1.scale' has shape [32, 1], expected [32, 2] for "
-                            "the FP4 (I8) weight 'layers.1.ffn.experts.0.w1.weight' [32, 64] (one scale per row and 32 inputs)")
-    with pytest.raises(StepperError, match=r"'layers.1.ffn.experts.0.w1.scale' has shape \[32, 1\], expected \[32, 2\]"):
+    assert problem.text == (f"{problem.file}: 'layers.1.ffn.experts.0.w1.scale' has shape [32, 1], expected [32, 2] "
+                            "for the FP4 (I8) weight 'layers.1.ffn.experts.0.w1.weight' [32, 64] (one scale per row "
+                            "and 32 inputs)")
+    with pytest.raises(StepperError, match=r"'layers.1.ffn.experts.0.w1.scale' has shape \[32, 1\], expected \[32, 2"):
         source.matrix("layers.1.ffn.experts.0.w1.weight")
 
 
@@ -101,7 +103,8 @@ def test_fp4_bytes_of_the_wrong_shape(tmp_path):
     source = broken(tmp_path, "layers.2.ffn.experts.1.w2.weight", np.zeros((64, 8), np.int8))
     [problem] = source.problems([2], False)
     assert problem.tensor == "layers.2.ffn.experts.1.w2.weight" and problem.file.startswith("model-000")
-    assert problem.text.endswith("'layers.2.ffn.experts.1.w2.weight' holds FP4 bytes of shape [64, 8], expected [64, 16] "
+    assert problem.text.endswith("'layers.2.ffn.experts.1.w2.weight' holds FP4 bytes of shape [64, 8], expected "
+                                 "[64, 16] "
                                  "(two codes a byte) for the [64, 32] weight config.json gives")
 
 
@@ -162,8 +165,9 @@ def test_tensors_are_stored_as_published(tiny):
         "layers.1.ffn.experts.1.w2.weight": "I8", "layers.1.ffn.experts.1.w2.scale": "F8_E8M0",
     }
     assert {name: dtype[name] for name in expected} == expected
-    assert source.shard_of("layers.1.ffn.experts.1.w2.weight").info("layers.1.ffn.experts.1.w2.weight").shape == (64, 16)
-    assert source.shard_of("layers.1.ffn.experts.1.w2.scale").info("layers.1.ffn.experts.1.w2.scale").shape == (64, 1)
+    weight, scale = "layers.1.ffn.experts.1.w2.weight", "layers.1.ffn.experts.1.w2.scale"
+    assert source.shard_of(weight).info(weight).shape == (64, 16)
+    assert source.shard_of(scale).info(scale).shape == (64, 1)
 
 
 def test_fp8_e8m0_weights_shared_with_the_helper_processes(tiny, monkeypatch):
@@ -189,7 +193,8 @@ def test_hostile_tensors_and_config_fields_are_one_line(tmp_path):
     stored["layers.1.attn.odd.scale"] = np.ones(1, np.float32)
     write_shards(tmp_path / "odd", stored, 2)
     source = PublishedCheckpoint(tmp_path / "odd")
-    with pytest.raises(StepperError, match=r"'layers.1.attn.odd.weight' is an FP4 \(I8\) weight of shape \[6\], expected 2-D"):
+    with pytest.raises(StepperError, match=r"'layers.1.attn.odd.weight' is an FP4 \(I8\) weight of shape \[6\], "
+                                           "expected 2-D"):
         source.matrix("layers.1.attn.odd.weight")
     for field, value, expected in [("hidden_size", "64", "field 'hidden_size' is '64', expected a whole number"),
                                    ("compress_ratios", [0, 4], ("field 'compress_ratios' is [0, 4], expected a whole "
