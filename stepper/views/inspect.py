@@ -49,8 +49,9 @@ from stepper.weights.checkpoint import (
 )
 from stepper.weights.deepseek_v4_names import field as v4_field
 from stepper.weights.deepseek_v4_names import layer_kind as v4_layer_kind
-from stepper.weights.published import PublishedCheckpoint, is_published_v4
+from stepper.weights.published import PublishedCheckpoint, is_published_v4, uses_published_names
 from stepper.weights.published import scale_of as published_scale_of
+from stepper.weights.published import scale_problem as published_scale_problem
 from stepper.weights.published_audit import audit_published
 from stepper.weights.published_audit import in_scope as published_in_scope
 from stepper.weights.safetensors_reader import SafetensorsFile
@@ -93,18 +94,19 @@ class Source:
     checkpoint: Checkpoint | None = None  # a directory's, checked by `audit`
     unused: frozenset[str] = frozenset()  # a wrapper's tensors no run reads (vision tower, projector)
     published: PublishedCheckpoint | None = None  # DeepSeek-V4's (X.weight with X.scale), checked by audit_published
+    published_names: bool = False  # a file named as V4 publishes (X.weight with X.scale), its checkpoint or not
 
     def scale_of(self, name: str) -> str:
         """The name of a weight's scales: X.weight_scale_inv, or in V4's published layout X.scale."""
-        return name + SCALE if self.published is None else published_scale_of(name)
+        return name + SCALE if not self.published_names else published_scale_of(name)
 
     def in_layers(self, name: str, layers: range) -> bool:
         """Whether a tensor belongs to one of the layers (`model.layers.N.`, or V4's `layers.N.`)."""
-        return in_scope(name, layers, False) if self.published is None else published_in_scope(name, layers, False)
+        return in_scope(name, layers, False) if not self.published_names else published_in_scope(name, layers, False)
 
     def weight_of(self, name: str) -> str:
         """The weight of a scale name (the name itself when it is no scale's)."""
-        if self.published is None:
+        if not self.published_names:
             return name.removesuffix(SCALE)
         return name.removesuffix(".scale") + ".weight" if name.endswith(".scale") else name
 
@@ -148,7 +150,7 @@ def open_source(where: str | Path) -> Source:
     if (path.parent / INDEX).exists():
         hint = f"{path.name} is one shard of {path.parent}: inspect the directory to see scales kept in other shards"
     return Source(path, file_title(file), None, dict.fromkeys(file.names(), path.name), {path.name: file},
-                  fp8.BLOCK, hint)
+                  fp8.BLOCK, hint, published_names=uses_published_names(file.names()))
 
 
 def checkpoint_source(path: Path, ckpt: Checkpoint) -> Source:
@@ -166,7 +168,7 @@ def published_source(path: Path, ckpt: PublishedCheckpoint) -> Source:
     title = (f"checkpoint {ckpt.label} · deepseek_v4 (published layout), {ckpt.layers} layers, "
              f"{v4_field(ckpt.config, 'n_routed_experts')} routed experts · {shards}")
     return Source(path, title, None, {**ckpt.weight_map, **ckpt.unused}, ckpt.shards, fp8.BLOCK,
-                  unused=frozenset(ckpt.unused), published=ckpt)
+                  unused=frozenset(ckpt.unused), published=ckpt, published_names=True)
 
 
 def checkpoint_title(ckpt: Checkpoint) -> str:
@@ -247,6 +249,8 @@ def find_problems(source: Source, layers: range | None) -> list[Problem]:
     if source.checkpoint is not None:
         every = range(source.checkpoint.config.num_hidden_layers)
         return audit(source.checkpoint, every if layers is None else layers, with_globals=layers is None)
+    if source.published_names:
+        return published_file_problems(source, layers)
     problems = []
     for name in source.readable():
         if layers is not None and not in_scope(name, layers, False):
@@ -262,6 +266,26 @@ def find_problems(source: Source, layers: range | None) -> list[Problem]:
             continue  # not a checkpoint's weight (activations, test data): it has no scales to miss
         texts = scale_problems(source.info(name), scale, source.block, source.weight_map.get(name + SCALE))
         problems += [Problem(source.weight_map[name], name + SCALE, text) for text in texts]
+    return problems
+
+
+def published_file_problems(source: Source, layers: range | None) -> list[Problem]:
+    """One file named as DeepSeek-V4 publishes (a shard alone, no config): each quantized weight's
+    `.scale` (dtype, grid), and scales without their weight."""
+    problems = []
+    for name in source.readable():
+        if layers is not None and not source.in_layers(name, layers):
+            continue
+        weight, shard = source.weight_of(name), source.weight_map[name]
+        if weight != name:
+            if weight not in source.weight_map:
+                problems.append(Problem(shard, name, f"'{name}' is a scale with no weight '{weight}'"))
+            continue
+        scale = source.scale_of(name)
+        text = published_scale_problem(source.info(name), shard, source.info(scale) if scale in source.weight_map
+                                       else None, source.weight_map.get(scale))
+        if text is not None:
+            problems.append(Problem(shard, scale, text))
     return problems
 
 

@@ -251,32 +251,13 @@ class PublishedCheckpoint(Checkpoint):
         return [] if problem is None else [Problem(self.weight_map.get(scale_of(name)), scale_of(name), problem)]
 
     def scale_problem(self, weight: TensorInfo, shard: str) -> str | None:
-        """What is wrong with a weight's `.scale`, from the two headers: an F8_E4M3 weight needs
-        F8_E8M0 scales on its 128x128 grid, an I8 (FP4) one F8_E8M0 scales per 32 inputs; a float
-        weight has none."""
+        """What is wrong with a weight's `.scale` (scale_problem), its shard read if need be."""
         name = scale_of(weight.name)
-        quantized = weight.dtype in (FP8_DTYPE, FP4_DTYPE)
-        if quantized and len(weight.shape) != 2:
-            return (f"{shard}: '{weight.name}' is an {fmt(weight.dtype)} weight of shape {list(weight.shape)}, "
-                    "expected 2-D [out, in]")
-        if name not in self.weight_map:
-            return (f"'{name}' is missing: the {fmt(weight.dtype)} weight '{weight.name}' ({shard}) needs its "
-                    f"{SCALE_DTYPE} scales {list(scale_grid(weight))}") if quantized else None
-        scale_shard = self.weight_map[name]
+        scale_shard = self.weight_map.get(name)
         if scale_shard in self.unreadable:
             return f"'{name}' lies in {scale_shard}, which cannot be read ({self.unreadable[scale_shard]})"
-        scale = self.shard_of(name).info(name)
-        if not quantized:
-            return (f"{scale_shard}: '{name}' is a scale for the {weight.dtype} weight '{weight.name}'; only F8_E4M3 "
-                    f"and FP4 (I8) weights have scales")
-        if scale.dtype != SCALE_DTYPE:
-            return (f"{scale_shard}: '{name}' has dtype {scale.dtype}, expected {SCALE_DTYPE} (2^(byte - 127)) for the "
-                    f"{fmt(weight.dtype)} weight '{weight.name}'")
-        if scale.shape != scale_grid(weight):
-            return (f"{scale_shard}: '{name}' has shape {list(scale.shape)}, expected {list(scale_grid(weight))} "
-                    f"for the {fmt(weight.dtype)} weight '{weight.name}' {list(logical_shape(weight))} "
-                    f"({grid_words(weight.dtype)})")
-        return None
+        scale = None if scale_shard is None else self.shard_of(name).info(name)
+        return scale_problem(weight, shard, scale, scale_shard)
 
     def check(self, layers: Iterable[int], with_globals: bool) -> None:
         problems = self.problems(layers, with_globals)
@@ -286,6 +267,37 @@ class PublishedCheckpoint(Checkpoint):
             listed = "\n".join(f"  - {p}" for p in problems)
             raise StepperError(f"{self.label}: {count(len(problems), 'problem')} with the weights of this "
                                f"run:\n{listed}")
+
+
+def scale_problem(weight: TensorInfo, shard: str, scale: TensorInfo | None, scale_shard: str | None) -> str | None:
+    """What is wrong with a weight's `.scale`, from the two headers (None: no scale): an F8_E4M3
+    weight needs F8_E8M0 scales on its 128x128 grid, an I8 (FP4) one F8_E8M0 scales per 32 inputs;
+    a float weight has none."""
+    name = scale_of(weight.name)
+    quantized = weight.dtype in (FP8_DTYPE, FP4_DTYPE)
+    if quantized and len(weight.shape) != 2:
+        return (f"{shard}: '{weight.name}' is an {fmt(weight.dtype)} weight of shape {list(weight.shape)}, "
+                "expected 2-D [out, in]")
+    if scale is None:
+        return (f"'{name}' is missing: the {fmt(weight.dtype)} weight '{weight.name}' ({shard}) needs its "
+                f"{SCALE_DTYPE} scales {list(scale_grid(weight))}") if quantized else None
+    if not quantized:
+        return (f"{scale_shard}: '{name}' is a scale for the {weight.dtype} weight '{weight.name}'; only F8_E4M3 "
+                f"and FP4 (I8) weights have scales")
+    if scale.dtype != SCALE_DTYPE:
+        return (f"{scale_shard}: '{name}' has dtype {scale.dtype}, expected {SCALE_DTYPE} (2^(byte - 127)) for the "
+                f"{fmt(weight.dtype)} weight '{weight.name}'")
+    if scale.shape != scale_grid(weight):
+        return (f"{scale_shard}: '{name}' has shape {list(scale.shape)}, expected {list(scale_grid(weight))} "
+                f"for the {fmt(weight.dtype)} weight '{weight.name}' {list(logical_shape(weight))} "
+                f"({grid_words(weight.dtype)})")
+    return None
+
+
+def uses_published_names(names: Iterable[str]) -> bool:
+    """Whether tensors are named as DeepSeek-V4 publishes them: scales named X.scale, or layers
+    without `model.` in front (HF checkpoints have neither)."""
+    return any(name.endswith(v4.SCALE) or v4.layer_of(name) is not None for name in names)
 
 
 def unprefixed(name: str) -> str:

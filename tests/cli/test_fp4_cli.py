@@ -9,7 +9,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from helpers.cli import one_line, stepper
-from helpers.v4_published import CONFIG, stored_tensors, write_tiny_v4
+from helpers.v4_published import CONFIG, stored_tensors, write_shards, write_tiny_v4
 
 EXPERT = "layers.1.ffn.experts.0.w1.weight"
 
@@ -132,3 +132,16 @@ def test_inspect_lists_every_grid_problem(bad):
 def test_bad_input_is_one_line(bad, weight, expected):
     line = one_line(stepper("fp8", "--weight", weight, "--model", bad))
     assert line.startswith("stepper: error: model-0000") and expected in line
+
+
+def test_inspect_one_v4_shard_alone(tmp_path):
+    stored, _ = stored_tensors(CONFIG, 0)
+    stored["layers.1.ffn.experts.0.w1.scale"] = stored["layers.1.ffn.experts.0.w1.scale"][:, :1].copy()
+    write_shards(tmp_path / "v4", stored, 1, index=False)  # every weight beside its scale
+    out = stepper("inspect", tmp_path / "v4" / "model-00001-of-00001.safetensors")
+    assert out.returncode == 1, out.stderr
+    assert out.stdout.split("1 problem in 1 file:")[1].strip() == (
+        "! model-00001-of-00001.safetensors: 'layers.1.ffn.experts.0.w1.scale' has shape [32, 1], expected [32, 2] "
+        "for the FP4 (I8) weight 'layers.1.ffn.experts.0.w1.weight' [32, 64] (one scale per row and 32 inputs)")
+    rows = {line.split()[0]: line.split()[1:] for line in out.stdout.splitlines() if line.startswith("  ")}
+    assert rows["ffn.experts.{0..1}.w2.weight"][:5] == ["FP4", "[64,", "32]", "x2", "groups"]
