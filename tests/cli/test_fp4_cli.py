@@ -72,6 +72,10 @@ def test_an_fp4_group_bit_by_bit(tiny):
     shown = stepper("fp8", "--weight", EXPERT, "--model", folder, "--block", "3,1")
     byte = group["scale_byte"]
     assert shown.returncode == 0 and f"scale byte 0x{byte:02X} = 2^({byte} - 127)" in shown.stdout
+    nibble_lines = [line.split() for line in shown.stdout.splitlines() if line.startswith("    in ")]
+    assert len(nibble_lines) == 32 and [line[1] for line in nibble_lines] == [str(i) for i in range(32, 64)]
+    low = nibble_lines[0]  # in 32  low  CCCC = s ee m  value  -> weight
+    assert low[2] == "low" and int(low[3], 2) == first["low"]["code"] and float(low[-1]) == group["values"][0]
     assert one_line(stepper("fp8", "--weight", EXPERT, "--model", folder, "--block", "3,2")).endswith(
         "has rows 0..31 and groups 0..1 of 32 inputs")
 
