@@ -32,7 +32,10 @@ def decode_rows(w: Fp4Matrix, start: int, end: int, out: np.ndarray) -> np.ndarr
     """Rows [start, end) of the weight as float32 into `out` [rows, in] (C-contiguous): every
     value e2m1(code) * its group's scale, exactly as w.dequantize() gives it."""
     rows, in_dim = end - start, w.shape[1]
-    np.take(fp4.PAIRS, w.packed[start:end], axis=0, out=out.reshape(rows, in_dim // 2, 2))  # [rows, in/2, 2]
+    # mode="wrap": a byte indexes 256 rows, so no index is out of range, and NumPy's wrapping take skips
+    # the bounds check that made the default ("raise") take twice as long
+    pairs = out.reshape(rows, in_dim // 2, 2)  # [rows, in/2, 2]: each byte's two values, low nibble first
+    np.take(fp4.PAIRS, w.packed[start:end], axis=0, out=pairs, mode="wrap")
     groups = out.reshape(rows, -1, fp4.GROUP)  # [rows, in/32, 32]
     np.multiply(groups, w.scales[start:end, :, None], out=groups)
     return out
