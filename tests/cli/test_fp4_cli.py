@@ -88,6 +88,10 @@ def test_an_fp8_block_with_its_e8m0_scale(tiny):
     corner = np.array(block["corner_values"], np.float32)
     np.testing.assert_array_equal(corner, values["layers.2.attn.wo_b.weight"][: corner.shape[0], : corner.shape[1]])
     assert block["scale_grid"] == [1, 1] and block["scale_inv"] == 2.0 ** round(np.log2(block["scale_inv"]))
+    assert block["scale_format"] == "F8_E8M0" and 224 <= block["absmax"] / block["scale_inv"] <= 448
+    shown = stepper("fp8", "--weight", "layers.2.attn.wo_b.weight", "--model", folder).stdout
+    assert f"scale (F8_E8M0)[0, 0] = {np.float32(block['scale_inv'])} = 2^{round(np.log2(block['scale_inv']))}" in shown
+    assert "an E8M0 scale is the smallest power of two that brings the block's amax within 448" in shown
 
 
 def test_inspect_lists_a_sound_v4_checkpoint(tiny):
