@@ -53,6 +53,7 @@ def test_matrices_pair_weights_with_their_scales(tiny):
     gate, up = linears(x, (w1, w3))
     np.testing.assert_allclose(gate, x @ values["layers.1.ffn.experts.1.w1.weight"].T, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(up, x @ values["layers.1.ffn.experts.1.w3.weight"].T, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(w.float32("ffn.experts.1.w2.weight"), values["layers.1.ffn.experts.1.w2.weight"])
     tid2eid = LayerWeights(source, 0)("ffn.gate.tid2eid")
     assert tid2eid.dtype == np.int64 and tid2eid.shape == (40, 2)
     np.testing.assert_array_equal(tid2eid, values["layers.0.ffn.gate.tid2eid"])
