@@ -10,6 +10,7 @@ with a `StepperError` that names the field.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import math
 from dataclasses import dataclass
@@ -23,6 +24,9 @@ from stepper.untrusted.jsonfile import read_json
 
 MODEL_TYPES = ("deepseek_v3", "kimi_k2", "deepseek_v2", "deepseek_v32")
 WRAPPER_TYPES = ("kimi_k25",)
+# The MLA families grown from DeepSeek-V3, each read by its own module stepper/families/<model_type>.py
+FAMILY_TYPES = ("minicpm3",)
+FAMILY_FIELDS = ("rope_interleave", "longrope", "scale_emb", "scale_depth", "dim_model_base", "tie_word_embeddings")
 ARCHITECTURES = {"deepseek_v3": "DeepseekV3ForCausalLM", "kimi_k2": "DeepseekV3ForCausalLM",
                  "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v32": "DeepseekV32ForCausalLM"}
 
@@ -37,6 +41,18 @@ class Yarn:
     beta_slow: float = 1.0
     mscale: float = 1.0
     mscale_all_dim: float = 0.0
+
+
+@dataclass(frozen=True)
+class LongRope:
+    """LongRoPE (MiniCPM3): each rotary frequency divided by its own factor, `short_factor` while
+    every position is below `original_max_position_embeddings`, `long_factor` past it; cos and sin
+    times `attention_factor`."""
+
+    short_factor: tuple[float, ...]
+    long_factor: tuple[float, ...]
+    original_max_position_embeddings: int
+    attention_factor: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -136,6 +152,26 @@ class Config:
     index_n_heads: int | None = None
     index_head_dim: int | None = None
     index_topk: int | None = None
+    # Fields of the other MLA families (stepper/families/<model_type>.py); the defaults are DeepSeek's
+    rope_interleave: bool = True  # RoPE turns interleaved pairs (DeepSeek) or dim i with i + rope/2 (MiniCPM3)
+    longrope: LongRope | None = None  # LongRoPE's per-frequency factors (MiniCPM3), instead of YaRN
+    scale_emb: float = 1.0  # the embedding times this (MiniCPM3)
+    scale_depth: float | None = None  # each residual branch times scale_depth / sqrt(layers) (MiniCPM3)
+    dim_model_base: int | None = None  # the final norm divided by hidden_size / dim_model_base (MiniCPM3)
+    tie_word_embeddings: bool = False  # lm_head is the embedding matrix (MiniCPM3)
+
+    @property
+    def has_mup_scalings(self) -> bool:
+        """MiniCPM3's embedding, residual and logit scalings (model.scalings)."""
+        return self.scale_depth is not None
+
+    @property
+    def residual_scale(self) -> float:
+        return 1.0 if self.scale_depth is None else self.scale_depth / math.sqrt(self.num_hidden_layers)
+
+    @property
+    def logits_scaling(self) -> float:
+        return 1.0 if self.dim_model_base is None else self.hidden_size / self.dim_model_base
 
     @property
     def has_indexer(self) -> bool:
@@ -159,7 +195,10 @@ class Config:
         return _parse(raw, name)
 
     def to_hf(self) -> dict[str, Any]:
-        """The config.json dict an HF checkpoint of this model carries (DeepseekV3 field names)."""
+        """The config.json dict an HF checkpoint of this model carries (DeepseekV3 field names, or
+        the family's own: stepper/families)."""
+        if self.model_type in FAMILY_TYPES:
+            return family(self.model_type).to_hf(self)
         out: dict[str, Any] = {
             "architectures": [ARCHITECTURES[self.model_type]],
             "model_type": self.model_type,
@@ -171,7 +210,7 @@ class Config:
         }
         for f in dataclasses.fields(self):
             if f.name in ("name", "model_type", "rope_scaling", "quantization", "wrapper", "int4", "scoring_func",
-                          "topk_method"):
+                          "topk_method") or f.name in FAMILY_FIELDS:
                 continue
             if f.name.startswith("index_") and not self.has_indexer:
                 continue
@@ -257,8 +296,10 @@ def _parse(raw: dict[str, Any], source: str) -> Config:
     model_type = f.str("model_type")
     if model_type in WRAPPER_TYPES:
         return _kimi_k25(f)
+    if model_type in FAMILY_TYPES:
+        return family(model_type).from_hf(raw, source)
     if model_type not in MODEL_TYPES:
-        raise f.fail("model_type", f"must be one of {', '.join(MODEL_TYPES)}, got {model_type!r}")
+        raise f.fail("model_type", f"must be one of {', '.join(MODEL_TYPES + FAMILY_TYPES)}, got {model_type!r}")
     _require_equal(f, "hidden_act", "silu")
     if raw.get("attention_bias"):
         raise f.fail("attention_bias", "must be false: MLA projections have no bias")
@@ -333,6 +374,11 @@ def _kimi_k25(f: _Fields) -> Config:
     cfg = _parse(text, f"{f.source}: text_config")
     unused = tuple(k for k in f.raw if k not in WRAPPER_READ + WRAPPER_BOOKKEEPING)
     return dataclasses.replace(cfg, name=model_name(f.raw, f.source), wrapper=Wrapper(f.str("model_type"), unused_fields=unused))
+
+
+def family(model_type: str) -> Any:
+    """The module that reads and writes a family's config.json (stepper/families/<model_type>.py)."""
+    return importlib.import_module(f"stepper.families.{model_type}")
 
 
 def model_name(raw: dict[str, Any], source: str) -> str:

@@ -292,6 +292,32 @@ PRESETS.update({
 })
 
 
+# MiniCPM3 (stepper/families/minicpm3.py): openbmb/MiniCPM3-4B's config.json, and a tiny sibling
+_MINICPM3_FACTORS = [1.0591234137867171, 1.1241891283591912, 1.2596935748670968, 1.5380380402321725,
+                     2.093982484148734, 3.1446935121267696, 4.937952647693647, 7.524541999994549, 10.475458000005451,
+                     13.062047352306353, 14.85530648787323, 15.906017515851266, 16.461961959767827,
+                     16.740306425132907, 16.87581087164081, 16.940876586213285]
+PRESETS["minicpm3-4b"] = {
+    "_name_or_path": "minicpm3-4b", "architectures": ["MiniCPM3ForCausalLM"], "model_type": "minicpm3",
+    "bos_token_id": 1, "eos_token_id": [2, 73440], "hidden_act": "silu", "initializer_range": 0.1,
+    "hidden_size": 2560, "num_hidden_layers": 62, "intermediate_size": 6400, "max_position_embeddings": 32768,
+    "num_attention_heads": 40, "num_key_value_heads": 40, "qk_nope_head_dim": 64, "qk_rope_head_dim": 32,
+    "q_lora_rank": 768, "kv_lora_rank": 256, "rms_norm_eps": 1e-05,
+    "rope_scaling": {"type": "longrope", "long_factor": _MINICPM3_FACTORS, "short_factor": _MINICPM3_FACTORS,
+                     "original_max_position_embeddings": 32768},
+    "torch_dtype": "bfloat16", "use_cache": True, "vocab_size": 73448, "scale_emb": 12, "dim_model_base": 256,
+    "scale_depth": 1.4,
+}
+PRESETS["tiny-minicpm3"] = {  # long factors unlike the short ones, and an original length a decode can pass
+    **PRESETS["minicpm3-4b"], "_name_or_path": "tiny-minicpm3", "vocab_size": 1000, "hidden_size": 256,
+    "intermediate_size": 352, "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 4,
+    "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "q_lora_rank": 96, "kv_lora_rank": 64, "dim_model_base": 64,
+    "max_position_embeddings": 8192,
+    "rope_scaling": {"type": "longrope", "short_factor": _MINICPM3_FACTORS[::2], "long_factor": _MINICPM3_FACTORS[1::2],
+                     "original_max_position_embeddings": 4096},
+}
+
+
 def preset(name: str) -> Config:
     """The named preset's config; an unknown name is a StepperError listing the known ones."""
     if name not in PRESETS:

@@ -124,6 +124,7 @@ class Catalog:
         """Every name a run emits, in order: for each step (its phase, None without decode steps,
         and its attention path), the global tensors `start`, each layer's sequence, then `end`."""
         names = []
+        start, end = self.with_globals_after(start, cfg), self.with_globals_after(end, cfg)
         for phase, attn in steps:
             scope = "" if phase is None else f"{phase}."
             names += [scope + key for key in start]
@@ -131,6 +132,12 @@ class Catalog:
                 names += [f"{scope}layers.{layer}.{e['name']}" for e in self.layer_sequence(cfg, layer, attn, index_scoring)]
             names += [scope + key for key in end]
         return names
+
+    def with_globals_after(self, keys: Sequence[str], cfg: Config) -> list[str]:
+        """The global names `keys`, each followed by the global entries this config emits after it
+        (MiniCPM3's embed_scaled after embed)."""
+        return [e["name"] for e in self.in_order if e["scope"] == "global" and applies(e, cfg)
+                and (e["name"] in keys or e.get("after") in keys)]
 
     def expected_size(self, symbol: str, cfg: Config) -> int | None:
         """The size a config gives a dimension symbol, or None for runtime dims and unset fields."""
@@ -201,5 +208,11 @@ def format_shape(dims: list[Dim]) -> str:
 
 @cache
 def load() -> Catalog:
-    text = resources.files("stepper.catalog").joinpath("catalog.json").read_text(encoding="utf-8")
-    return Catalog(json.loads(text))
+    """catalog.json, with each part file's entries (parts/<part>.json: a family's own tensors,
+    each placed by its `after`) appended."""
+    folder = resources.files("stepper.catalog")
+    raw = json.loads(folder.joinpath("catalog.json").read_text(encoding="utf-8"))
+    parts = folder.joinpath("parts")
+    for part in sorted((p for p in parts.iterdir() if p.name.endswith(".json")), key=lambda p: p.name) if parts.is_dir() else ():
+        raw["tensors"] += json.loads(part.read_text(encoding="utf-8"))["tensors"]
+    return Catalog(raw)

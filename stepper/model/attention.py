@@ -30,7 +30,7 @@ from stepper.kernels.linear import linear
 from stepper.model.cache import LayerCache
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.ops import causal_mask, rms_norm, softmax
-from stepper.model.rope import Rope, apply_rope
+from stepper.model.rope import Rope, apply_rope, rotate_halves
 from stepper.seams.swap import exercise
 from stepper.seams.trace import Emitter
 
@@ -137,9 +137,12 @@ def up_project(compressed_kv: np.ndarray, w: LayerWeights, cfg: Config, emit: Em
 
 
 def rotate(q_pe: np.ndarray, k_pe: np.ndarray, rope: Rope, emit: Emitter) -> tuple[np.ndarray, np.ndarray]:
-    """Decoupled RoPE on the query's and the shared key's rotary dims."""
-    q_pe = emit("self_attn.q_pe_rope", apply_rope(q_pe, rope.cos, rope.sin))  # [B, H, T, rope]
-    k_pe = emit("self_attn.k_pe_rope", apply_rope(k_pe, rope.cos, rope.sin))  # [B, one, T, rope]
+    """Decoupled RoPE on the query's and the shared key's rotary dims: interleaved pairs, or
+    (MiniCPM3) dim i with dim i + rope/2."""
+    def turn(x: np.ndarray) -> np.ndarray:
+        return apply_rope(x, rope.cos, rope.sin) if rope.interleaved else rotate_halves(x, rope.cos, rope.sin, x.shape[-1])
+    q_pe = emit("self_attn.q_pe_rope", turn(q_pe))  # [B, H, T, rope]
+    k_pe = emit("self_attn.k_pe_rope", turn(k_pe))  # [B, one, T, rope]
     return q_pe, k_pe
 
 

@@ -34,6 +34,7 @@ from stepper.model.index_fp8 import fp8_index_scores
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.ops import causal_mask, rms_norm
 from stepper.model.rope import Rope
+from stepper.model.rope import rotate_halves as rope_halves
 from stepper.seams.swap import exercise
 from stepper.seams.trace import Emitter
 
@@ -97,10 +98,9 @@ def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) 
 
 
 def rotate_halves(x: np.ndarray, rope: Rope, dims: int) -> np.ndarray:
-    """RoPE on the first `dims` dims, dim i turning with dim i + dims/2; the rest unchanged.
-    [..., T, Di] -> same; rope.cos, rope.sin: [T, rope/2], `dims` being the rope dims."""
-    x1, x2, rest = x[..., : dims // 2], x[..., dims // 2 : dims], x[..., dims:]
-    return np.concatenate([x1 * rope.cos - x2 * rope.sin, x2 * rope.cos + x1 * rope.sin, rest], axis=-1)
+    """RoPE on the first `dims` dims (the rope dims), dim i turning with dim i + dims/2; the rest
+    unchanged.  [..., T, Di] -> same"""
+    return rope_halves(x, rope.cos, rope.sin, dims)
 
 
 @exercise

@@ -14,6 +14,7 @@ from stepper.model.mlp import dense_mlp
 from stepper.model.moe import moe
 from stepper.model.ops import rms_norm
 from stepper.model.rope import Rope
+from stepper.model.scalings import scaled_branch
 from stepper.seams.trace import Emitter
 
 
@@ -26,9 +27,14 @@ def decoder_layer(
     x = emit("input_layernorm", rms_norm(hidden, w("input_layernorm.weight"), cfg.rms_norm_eps))
     cache = LayerCache() if cache is None else cache
     mask = index_mask(x, w, cfg, rope, cache, emit, index_scoring) if cfg.has_indexer else None  # [B, T, S] or None
-    hidden = emit("attn_residual", hidden + mla_attention(x, w, cfg, rope, cache, emit, attn, mask))
+    attn_out = mla_attention(x, w, cfg, rope, cache, emit, attn, mask)  # [B, T, d]
+    if cfg.has_mup_scalings:
+        attn_out = scaled_branch("attn_scaled", attn_out, cfg, emit)
+    hidden = emit("attn_residual", hidden + attn_out)
 
     x = emit("post_attention_layernorm", rms_norm(hidden, w("post_attention_layernorm.weight"), cfg.rms_norm_eps))
     ffn = moe(x, w, cfg, emit, dispatch) if cfg.is_moe_layer(w.layer) else dense_mlp(x, w, emit)
     ffn = emit("mlp_output", ffn)
+    if cfg.has_mup_scalings:
+        ffn = scaled_branch("mlp_scaled", ffn, cfg, emit)
     return emit("output", hidden + ffn)

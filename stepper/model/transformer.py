@@ -19,19 +19,21 @@ from stepper.model.cache import KVCache
 from stepper.model.layer import decoder_layer
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.ops import rms_norm
-from stepper.model.rope import Rope, rope_inv_freq, rope_tables, yarn_mscale
+from stepper.model.rope import Rope, longrope_inv_freq, rope_inv_freq, rope_tables, yarn_mscale
+from stepper.model.scalings import scaled_embedding, scaled_for_logits
 from stepper.seams.trace import Emitter
+from stepper.weights.names import head_weight
 from stepper.weights.source import WeightSource
 
-LM_HEAD = "lm_head.weight"
 HEAD_ROWS = 4096  # vocabulary rows multiplied at a time: for Kimi K2, 4096 x 7168 float32 is 117 MB
 
 
 def lm_head(hidden: np.ndarray, weights: WeightSource, rows: int = HEAD_ROWS) -> np.ndarray:
     """linear(hidden, lm_head): [B, T, d] -> logits [B, T, V], lm_head read a block of `rows`
     vocabulary rows at a time, so all of it (for Kimi K2 163840 x 7168, 4.7 GB in float32) never
-    exists at once."""
-    blocks = (block.matrix(LM_HEAD) for block in weights.row_blocks(LM_HEAD, rows))  # the next `rows` rows of lm_head [V, d]
+    exists at once. A tied lm_head (MiniCPM3) is the embedding matrix."""
+    name = head_weight(weights.config)
+    blocks = (block.matrix(name) for block in weights.row_blocks(name, rows))  # the next `rows` rows of lm_head [V, d]
     return linear_in_row_blocks(hidden, blocks, weights.config.vocab_size)
 
 
@@ -51,6 +53,8 @@ class Transformer:
         self.softmax_scale = cfg.qk_head_dim**-0.5
         if yarn is not None and yarn.mscale_all_dim:
             self.softmax_scale *= yarn_mscale(yarn.factor, yarn.mscale_all_dim) ** 2
+        if cfg.longrope is not None:  # MiniCPM3: frequencies chosen per call (longrope_inv_freq)
+            self.rope_mscale = cfg.longrope.attention_factor
 
     def embed(self, ids: np.ndarray) -> np.ndarray:
         """ids [B, T] -> [B, T, d], reading only the rows of these tokens."""
@@ -59,11 +63,14 @@ class Transformer:
     def rope(self, positions: np.ndarray, emit: Emitter) -> Rope:
         """The rotary tables of positions [T]. They are shown in the reference's cat(freqs, freqs)
         layout [T, rope]; the model goes on with the first half of what is shown, [T, rope/2]."""
-        cos, sin = rope_tables(positions, self.inv_freq, self.rope_mscale)  # [T, rope/2]
+        cfg = self.config
+        inv_freq = self.inv_freq if cfg.longrope is None else longrope_inv_freq(
+            cfg.qk_rope_head_dim, cfg.rope_theta, cfg.longrope, positions)  # [rope/2]
+        cos, sin = rope_tables(positions, inv_freq, self.rope_mscale)  # [T, rope/2]
         half = cos.shape[-1]
         cos = emit("rope_cos", np.concatenate([cos, cos], axis=-1))[:, :half]
         sin = emit("rope_sin", np.concatenate([sin, sin], axis=-1))[:, :half]
-        return Rope(cos, sin, self.softmax_scale)
+        return Rope(cos, sin, self.softmax_scale, cfg.rope_interleave)
 
     def layer(
         self, i: int, hidden: np.ndarray, rope: Rope, cache: KVCache | None, emit: Emitter, attn: str = "naive"
@@ -77,11 +84,15 @@ class Transformer:
     def start(self, ids: np.ndarray, positions: np.ndarray, emit: Emitter) -> tuple[np.ndarray, Rope]:
         """The embedding [B, T, d] of ids [B, T] and the rotary tables of positions [T]."""
         hidden = emit("embed", self.embed(ids))
+        if self.config.has_mup_scalings:
+            hidden = scaled_embedding(hidden, self.config, emit)
         return hidden, self.rope(positions, emit)
 
     def head(self, hidden: np.ndarray, emit: Emitter) -> np.ndarray:
         """Final norm and lm_head: [B, T, d] -> logits [B, T, V]."""
         hidden = emit("norm", rms_norm(hidden, self.weights.get("model.norm.weight"), self.config.rms_norm_eps))
+        if self.config.has_mup_scalings:
+            hidden = scaled_for_logits(hidden, self.config, emit)
         return emit("logits", lm_head(hidden, self.weights))
 
     def forward(

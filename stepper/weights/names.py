@@ -53,6 +53,7 @@ def storage_dtype(cfg: Config, name: str) -> str:
 
 
 EMBED = "model.embed_tokens.weight"
+LM_HEAD = "lm_head.weight"
 
 
 def layer_prefix(layer: int) -> str:
@@ -138,9 +139,13 @@ def shape_of(cfg: Config, name: str) -> tuple[int, ...]:
 
 
 def global_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
-    """The tensors outside the layers: embedding, final norm, lm_head."""
-    return {
-        EMBED: (cfg.vocab_size, cfg.hidden_size),
-        "model.norm.weight": (cfg.hidden_size,),
-        "lm_head.weight": (cfg.vocab_size, cfg.hidden_size),
-    }
+    """The tensors outside the layers: embedding, final norm, lm_head (none when tied to the embedding)."""
+    shapes = {EMBED: (cfg.vocab_size, cfg.hidden_size), "model.norm.weight": (cfg.hidden_size,)}
+    if not cfg.tie_word_embeddings:
+        shapes[LM_HEAD] = (cfg.vocab_size, cfg.hidden_size)
+    return shapes
+
+
+def head_weight(cfg: Config) -> str:
+    """The matrix the logits are made with: lm_head.weight, or the embedding when tied (MiniCPM3)."""
+    return EMBED if cfg.tie_word_embeddings else LM_HEAD

@@ -174,7 +174,17 @@ FAMILIES = {
                                     checks={"scoring_func": "sigmoid", "topk_method": "noaux_tc"},
                                     drop=("scoring_func", "topk_method")),
 }
-MOE_CLASSES = tuple({f.moe for f in FAMILIES.values()})
+
+
+def moe_classes() -> tuple[type, ...]:
+    """The MoE block classes of every registered family (helpers.hf_families registers more)."""
+    return tuple({f.moe for f in FAMILIES.values() if f.moe is not None})
+
+
+def _family_step(model, step: str):
+    """A registered family's extra step (helpers.hf_families): `extend` installs more hooks,
+    `derive` adds a layer's own tensors, `derive_globals` the model's; None when it has none."""
+    return getattr(FAMILIES[model.config.model_type], step, None)
 
 
 def family_of(config: dict[str, Any]) -> SimpleNamespace:
@@ -359,6 +369,11 @@ def _check_constants(model: DeepseekV3ForCausalLM, raw: dict[str, Any]) -> None:
         want_scale = qk_head ** -0.5
         if rs.get("mscale_all_dim"):
             want_scale *= _mscale(f, rs["mscale_all_dim"]) ** 2
+    elif rs.get("rope_type", rs.get("type")) == "longrope":  # MiniCPM3: LongRoPE's attention factor
+        original = rs["original_max_position_embeddings"]
+        f = rs.get("factor", raw["max_position_embeddings"] / original)
+        want_att = rs.get("attention_factor", math.sqrt(1 + math.log(f) / math.log(original)) if f > 1 else 1.0)
+        want_scale = qk_head ** -0.5
     else:
         want_att, want_scale = 1.0, qk_head ** -0.5
     if not math.isclose(att, want_att, rel_tol=1e-12):
@@ -476,7 +491,7 @@ class _Recorder:
             reg(ln2.register_forward_hook(self._out("post_attention_layernorm")))
             mlp = layer.mlp
             reg(mlp.register_forward_hook(self._out("mlp_output")))
-            if isinstance(mlp, MOE_CLASSES):
+            if isinstance(mlp, moe_classes()):
                 reg(mlp.gate.register_forward_hook(self._out("gate_out")))
                 reg(mlp.experts.register_forward_hook(self._out("experts_out")))
                 reg(mlp.shared_experts.register_forward_hook(self._out("shared_output")))
@@ -485,6 +500,8 @@ class _Recorder:
                 reg(mlp.up_proj.register_forward_hook(self._out("up_proj")))
                 # The input of down_proj is act_fn(gate_proj(x)) * up_proj(x), materialised.
                 reg(mlp.down_proj.register_forward_pre_hook(self._in("act")))
+        if extend := _family_step(m, "extend"):
+            extend(self)
 
     def remove(self) -> None:
         for h in self.handles:
@@ -645,7 +662,7 @@ def _derive_layer(model: DeepseekV3ForCausalLM, i: int, r: dict[str, Any]) -> di
         out.update(_derive_indexer(attn.indexer, r, B, T))
     if isinstance(layer.mlp, hf_ds2.DeepseekV2Moe):
         out.update(_derive_router_v2(layer.mlp, r, B, T, i))
-    elif isinstance(layer.mlp, MOE_CLASSES):
+    elif isinstance(layer.mlp, moe_classes()):
         out.update(_derive_router(layer.mlp, r, B, T, i))
     else:
         out["mlp.gate_proj"] = r["gate_proj"]
@@ -653,6 +670,8 @@ def _derive_layer(model: DeepseekV3ForCausalLM, i: int, r: dict[str, Any]) -> di
         out["mlp.act"] = r["act"]
     out["mlp_output"] = r["mlp_output"]
     out["output"] = r["output"]
+    if derive := _family_step(model, "derive"):
+        out.update(derive(model, i, r))
     return out
 
 
@@ -800,7 +819,7 @@ def _one_pass(model, rec: _Recorder, ids: torch.Tensor, pos0: int, cache) -> tup
     for i in range(n_layers):
         derived = _derive_layer(model, i, rec.raw[i])
         # emit in the documented order (docs/names.md), whatever order they were derived in
-        is_moe = isinstance(model.model.layers[i].mlp, MOE_CLASSES)
+        is_moe = isinstance(model.model.layers[i].mlp, moe_classes())
         order = _with_family_names(LAYER_NAMES_ATTN + (LAYER_NAMES_MOE if is_moe else LAYER_NAMES_DENSE) + LAYER_NAMES_TAIL)
         order = [n for n in order if n in derived]
         if set(order) != set(derived):
@@ -809,6 +828,8 @@ def _one_pass(model, rec: _Recorder, ids: torch.Tensor, pos0: int, cache) -> tup
             trace[f"layers.{i}.{name}"] = derived[name]
     trace["norm"] = g["norm"]
     trace["logits"] = g["logits"]
+    if derive_globals := _family_step(model, "derive_globals"):
+        trace.update(derive_globals(model, g))
     return trace, result.logits.detach().clone()
 
 
