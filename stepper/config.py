@@ -25,8 +25,9 @@ from stepper.untrusted.jsonfile import read_json
 MODEL_TYPES = ("deepseek_v3", "kimi_k2", "deepseek_v2", "deepseek_v32")
 WRAPPER_TYPES = ("kimi_k25",)
 # The MLA families grown from DeepSeek-V3, each read by its own module stepper/families/<model_type>.py
-FAMILY_TYPES = ("minicpm3",)
-FAMILY_FIELDS = ("rope_interleave", "longrope", "scale_emb", "scale_depth", "dim_model_base", "tie_word_embeddings")
+FAMILY_TYPES = ("minicpm3", "glm_moe_dsa")
+FAMILY_FIELDS = ("rope_interleave", "longrope", "scale_emb", "scale_depth", "dim_model_base", "tie_word_embeddings",
+                 "indexer_rope_interleave", "index_reused_layers")
 ARCHITECTURES = {"deepseek_v3": "DeepseekV3ForCausalLM", "kimi_k2": "DeepseekV3ForCausalLM",
                  "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v32": "DeepseekV32ForCausalLM"}
 
@@ -159,11 +160,17 @@ class Config:
     scale_depth: float | None = None  # each residual branch times scale_depth / sqrt(layers) (MiniCPM3)
     dim_model_base: int | None = None  # the final norm divided by hidden_size / dim_model_base (MiniCPM3)
     tie_word_embeddings: bool = False  # lm_head is the embedding matrix (MiniCPM3)
+    indexer_rope_interleave: bool = False  # the indexer's RoPE on interleaved pairs (GLM-5), not two halves (V3.2)
+    index_reused_layers: tuple[int, ...] = ()  # layers reusing the previous layer's index choice (GLM-5 "shared")
 
     @property
     def has_mup_scalings(self) -> bool:
         """MiniCPM3's embedding, residual and logit scalings (model.scalings)."""
         return self.scale_depth is not None
+
+    def index_reused(self, layer: int) -> bool:
+        """Whether the layer runs no indexer and attends where the layer before it chose (GLM-5)."""
+        return layer in self.index_reused_layers
 
     @property
     def residual_scale(self) -> float:

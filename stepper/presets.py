@@ -318,6 +318,26 @@ PRESETS["tiny-minicpm3"] = {  # long factors unlike the short ones, and an origi
 }
 
 
+# GLM-5 (stepper/families/glm_moe_dsa.py): the sizes of transformers' GlmMoeDsaConfig, whose defaults
+# are zai-org/GLM-5's, stored as GLM-5-FP8 (128x128 e4m3 blocks); and a tiny sibling whose third
+# layer reuses the second's index choice, keeping 4 positions of a 7-token prompt
+PRESETS["glm-5"] = {
+    **{k: v for k, v in PRESETS["deepseek-v3.2"].items() if k not in ("rope_scaling", "index_n_heads")},
+    "_name_or_path": "glm-5", "architectures": ["GlmMoeDsaForCausalLM"], "model_type": "glm_moe_dsa",
+    "vocab_size": 154880, "hidden_size": 6144, "intermediate_size": 12288, "moe_intermediate_size": 2048,
+    "num_hidden_layers": 78, "num_attention_heads": 64, "num_key_value_heads": 64, "n_shared_experts": 1,
+    "n_routed_experts": 256, "routed_scaling_factor": 2.5, "kv_lora_rank": 512, "q_lora_rank": 2048,
+    "qk_rope_head_dim": 64, "v_head_dim": 256, "qk_nope_head_dim": 192, "n_group": 1, "topk_group": 1,
+    "num_experts_per_tok": 8, "first_k_dense_replace": 3, "max_position_embeddings": 202752, "rms_norm_eps": 1e-5,
+    "rope_theta": 1000000.0, "index_topk": 2048, "index_head_dim": 128, "index_n_heads": 32,
+    "num_nextn_predict_layers": 1,
+}
+PRESETS["tiny-glm5"] = {
+    **PRESETS["tiny-v32"], "_name_or_path": "tiny-glm5", "architectures": ["GlmMoeDsaForCausalLM"],
+    "model_type": "glm_moe_dsa", "v_head_dim": 48, "indexer_types": ["full", "full", "shared"],
+}
+
+
 def preset(name: str) -> Config:
     """The named preset's config; an unknown name is a StepperError listing the known ones."""
     if name not in PRESETS:

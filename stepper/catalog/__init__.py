@@ -112,7 +112,7 @@ class Catalog:
         return [
             e for e in self.in_order
             if e["scope"] == "layer"
-            and applies(e, cfg, index_scoring)
+            and applies(e, cfg, index_scoring, layer)
             and e["layers"] in ("all", kind)
             and e["path"] in ("both", attn)
             and not (no_q_lora and e["name"] in ("self_attn.q_a", "self_attn.q_a_norm"))
@@ -161,13 +161,16 @@ class Catalog:
         return ordered
 
 
-def applies(entry: dict[str, Any], cfg: Config, index_scoring: str = "exact") -> bool:
-    """Whether a config emits the entry: its `when` maps config fields to the values under which
-    it is emitted (the router's scoring_func and topk_method, has_indexer), or the run's choice
-    of index_scoring."""
-    choices = {"index_scoring": index_scoring}
-    return all((choices[field] if field in choices else getattr(cfg, field)) in values
-               for field, values in entry.get("when", {}).items())
+def applies(entry: dict[str, Any], cfg: Config, index_scoring: str = "exact", layer: int | None = None) -> bool:
+    """Whether a config emits the entry (in `layer`, for a layer's entry): its `when` maps config
+    fields to the values under which it is emitted (the router's scoring_func and topk_method,
+    has_indexer), the run's choice of index_scoring, or whether the layer reuses the previous
+    layer's index choice (GLM-5)."""
+    choices = {"index_scoring": index_scoring, "index_reused": layer is not None and cfg.index_reused(layer)}
+    when = entry.get("when", {})
+    if choices["index_reused"] and "has_indexer" in when:  # GLM-5's shared layer runs no indexer of its own
+        return False
+    return all((choices[field] if field in choices else getattr(cfg, field)) in values for field, values in when.items())
 
 
 PARAMETER = re.compile(r"[A-Za-z_][\w.]*\.weight(?!\w)|\b\w+_bias\b")  # q_a_proj.weight, e_score_correction_bias

@@ -26,6 +26,7 @@ class LayerCache:
     index_keys: np.ndarray | None = None  # [B, S, Di], the Lightning Indexer's (V3.2)
     index_key_codes: np.ndarray | None = None  # [B, S, Di] e4m3, Hadamard-rotated (FP8 index scoring)
     index_key_scales: np.ndarray | None = None  # [B, S], one power-of-two scale per key
+    index_choice: np.ndarray | None = None  # [B, T, Ki]: the positions this step's queries attend (GLM-5 reuses it)
     growing: dict[str, GrowingArray] = field(default_factory=dict, repr=False, compare=False)
     # name -> the spare room after the field's positions (kernels.growing), so appends rarely copy
 

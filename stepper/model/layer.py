@@ -8,7 +8,7 @@ import numpy as np
 from stepper.config import Config
 from stepper.model.attention import mla_attention
 from stepper.model.cache import LayerCache
-from stepper.model.indexer import index_mask
+from stepper.model.indexer import index_mask, reused_index_mask
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.mlp import dense_mlp
 from stepper.model.moe import moe
@@ -20,21 +20,26 @@ from stepper.seams.trace import Emitter
 
 def decoder_layer(
     hidden: np.ndarray, w: LayerWeights, cfg: Config, rope: Rope, cache: LayerCache | None, emit: Emitter,
-    attn: str = "naive", dispatch: str = "grouped", index_scoring: str = "exact",
+    attn: str = "naive", dispatch: str = "grouped", index_scoring: str = "exact", previous: LayerCache | None = None,
 ) -> np.ndarray:
-    """[B, T, d] residual stream in -> [B, T, d] out; index_scoring "exact" or "fp8" (model.indexer)."""
+    """[B, T, d] residual stream in -> [B, T, d] out; index_scoring "exact" or "fp8" (model.indexer);
+    previous: the layer before's cache, whose index choice a GLM-5 "shared" layer reuses."""
     hidden = emit("hidden_states", hidden)
     x = emit("input_layernorm", rms_norm(hidden, w("input_layernorm.weight"), cfg.rms_norm_eps))
     cache = LayerCache() if cache is None else cache
-    mask = index_mask(x, w, cfg, rope, cache, emit, index_scoring) if cfg.has_indexer else None  # [B, T, S] or None
+    mask = None  # [B, T, S]: the indexer's choice, or the one GLM-5 reuses from the layer before
+    if cfg.index_reused(w.layer):
+        mask = reused_index_mask(previous, cache, x.shape[1], w.layer, emit)
+    elif cfg.has_indexer:
+        mask = index_mask(x, w, cfg, rope, cache, emit, index_scoring)
     attn_out = mla_attention(x, w, cfg, rope, cache, emit, attn, mask)  # [B, T, d]
     if cfg.has_mup_scalings:
-        attn_out = scaled_branch("attn_scaled", attn_out, cfg, emit)
+        attn_out = emit("attn_scaled", scaled_branch(attn_out, cfg))
     hidden = emit("attn_residual", hidden + attn_out)
 
     x = emit("post_attention_layernorm", rms_norm(hidden, w("post_attention_layernorm.weight"), cfg.rms_norm_eps))
     ffn = moe(x, w, cfg, emit, dispatch) if cfg.is_moe_layer(w.layer) else dense_mlp(x, w, emit)
     ffn = emit("mlp_output", ffn)
     if cfg.has_mup_scalings:
-        ffn = scaled_branch("mlp_scaled", ffn, cfg, emit)
+        ffn = emit("mlp_scaled", scaled_branch(ffn, cfg))
     return emit("output", hidden + ffn)

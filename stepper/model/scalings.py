@@ -22,9 +22,10 @@ def scaled_embedding(embed: np.ndarray, cfg: Config, emit: Emitter) -> np.ndarra
     return emit("embed_scaled", embed * np.float32(cfg.scale_emb))
 
 
-def scaled_branch(name: str, branch: np.ndarray, cfg: Config, emit: Emitter) -> np.ndarray:
-    """A residual branch times scale_depth / sqrt(num_hidden_layers).  [B, T, d] -> [B, T, d]"""
-    return emit(name, branch * np.float32(cfg.residual_scale))
+def scaled_branch(branch: np.ndarray, cfg: Config) -> np.ndarray:
+    """A residual branch times scale_depth / sqrt(num_hidden_layers) (the layer names the two:
+    attn_scaled, mlp_scaled).  [B, T, d] -> [B, T, d]"""
+    return branch * np.float32(cfg.residual_scale)
 
 
 def scaled_for_logits(normed: np.ndarray, cfg: Config, emit: Emitter) -> np.ndarray:

@@ -77,9 +77,10 @@ class Transformer:
     ) -> np.ndarray:
         """Decoder layer i on the residual stream [B, T, d], with attn "naive" or "absorb"."""
         layer_cache = None if cache is None else cache.layers[i]
+        previous = None if cache is None or i == 0 else cache.layers[i - 1]  # its index choice (GLM-5)
         w = LayerWeights(self.weights, i, self.scratch)
         return decoder_layer(hidden, w, self.config, rope, layer_cache, emit.layer(i), attn, self.dispatch,
-                             self.index_scoring)
+                             self.index_scoring, previous)
 
     def start(self, ids: np.ndarray, positions: np.ndarray, emit: Emitter) -> tuple[np.ndarray, Rope]:
         """The embedding [B, T, d] of ids [B, T] and the rotary tables of positions [T]."""

@@ -102,6 +102,8 @@ def layer_shapes(cfg: Config, layer: int) -> dict[str, tuple[int, ...]]:
     """Every tensor of one decoder layer, by full HF name, with its shape."""
     d = cfg.hidden_size
     shapes = {"input_layernorm.weight": (d,), "post_attention_layernorm.weight": (d,), **attention_shapes(cfg)}
+    if cfg.index_reused(layer):  # GLM-5's shared layer has no indexer
+        shapes = {k: v for k, v in shapes.items() if not k.startswith("self_attn.indexer.")}
     if cfg.is_moe_layer(layer):
         shapes["mlp.gate.weight"] = (cfg.n_routed_experts, d)
         if cfg.topk_method == "noaux_tc":  # only the aux-loss-free router has a bias

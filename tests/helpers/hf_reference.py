@@ -478,7 +478,7 @@ class _Recorder:
             reg(a.kv_b_proj.register_forward_hook(self._out("kv_b_out")))
             reg(a.o_proj.register_forward_pre_hook(self._in("attn_output")))
             reg(a.o_proj.register_forward_hook(self._out("o_proj")))
-            if hasattr(a, "indexer"):  # V3.2's Lightning Indexer
+            if getattr(a, "indexer", None) is not None:  # V3.2's Lightning Indexer (GLM-5: not in every layer)
                 ix = a.indexer
                 reg(ix.register_forward_pre_hook(self._indexer_in, with_kwargs=True))
                 reg(ix.register_forward_hook(self._out("index_topk")))
@@ -523,8 +523,8 @@ class _Recorder:
         return hook
 
     def _layer_post(self, i: int):
-        def hook(module, args, output):
-            self.put("output", _c(output))
+        def hook(module, args, output):  # GLM-5's layer also returns the top-k it used
+            self.put("output", _c(output[0] if isinstance(output, tuple) else output))
             self.layer = None
         return hook
 
@@ -658,7 +658,7 @@ def _derive_layer(model: DeepseekV3ForCausalLM, i: int, r: dict[str, Any]) -> di
     out["attn_residual"] = r["attn_residual"]
     out["post_attention_layernorm"] = r["post_attention_layernorm"]
 
-    if hasattr(attn, "indexer"):
+    if getattr(attn, "indexer", None) is not None:
         out.update(_derive_indexer(attn.indexer, r, B, T))
     if isinstance(layer.mlp, hf_ds2.DeepseekV2Moe):
         out.update(_derive_router_v2(layer.mlp, r, B, T, i))
@@ -848,14 +848,16 @@ def run_hf_trace(model: DeepseekV3ForCausalLM, ids: np.ndarray, start_pos: int =
     orig_rope = getattr(module, family.rope)
     orig_attn = module.eager_attention_forward
     phases: list[tuple[str, dict[str, torch.Tensor], torch.Tensor]] = []
-    indexed = hasattr(module, "DeepseekV32Indexer")
-    orig_index_rope = getattr(module, "apply_rotary_pos_emb", None)
+    indexed = getattr(family, "indexed", hasattr(module, "DeepseekV32Indexer"))
+    index_rope = getattr(family, "index_rope", "apply_rotary_pos_emb")  # None: the family wraps both in wrap_rope
+    orig_index_rope = getattr(module, index_rope, None) if index_rope else None
     try:
         rec.install()
-        setattr(module, family.rope, rec.wrap_rope(orig_rope))
+        wrap_rope = getattr(family, "wrap_rope", None)  # a family whose indexer calls the same function (GLM-5)
+        setattr(module, family.rope, wrap_rope(rec, orig_rope) if wrap_rope else rec.wrap_rope(orig_rope))
         module.eager_attention_forward = rec.wrap_attention(orig_attn)
-        if indexed:
-            module.apply_rotary_pos_emb = rec.wrap_index_rope(orig_index_rope)
+        if indexed and index_rope:
+            setattr(module, index_rope, rec.wrap_index_rope(orig_index_rope))
         cache = DynamicCache(config=model.config) if steps else None
         if indexed and cache is not None:
             cache.update_indexer = rec.wrap_update_indexer(cache.update_indexer)
@@ -867,8 +869,8 @@ def run_hf_trace(model: DeepseekV3ForCausalLM, ids: np.ndarray, start_pos: int =
     finally:
         setattr(module, family.rope, orig_rope)
         module.eager_attention_forward = orig_attn
-        if indexed:
-            module.apply_rotary_pos_emb = orig_index_rope
+        if indexed and index_rope:
+            setattr(module, index_rope, orig_index_rope)
         rec.remove()
 
     out: dict[str, np.ndarray] = {}

@@ -44,6 +44,7 @@ BELOW_EVERYTHING: dict[str, set[str]] = {
 MAY_IMPORT: dict[str, set[str]] = {
     **BELOW_EVERYTHING,
     "presets": {"config"},
+    "families": {"config"},  # each MLA family's config.json reading; config loads the module by model_type
     "catalog": {"config"},
     "fp8": set(),
     "seams.patching": set(),
