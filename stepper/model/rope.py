@@ -97,7 +97,8 @@ def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
 
 
 def rotate_halves(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, dims: int) -> np.ndarray:
-    """RoPE on the first `dims` dims, dim i turning with dim i + dims/2 (Llama's rotate_half); the
-    rest unchanged.  [..., T, D] -> same; cos, sin: [T, dims/2]."""
+    """RoPE on the first `dims` dims (the rope dims), dim i turning with dim i + dims/2 (Llama's
+    rotate_half); the rest unchanged.  [..., T, Di] -> same (MiniCPM3's [..., T, rope] whole);
+    cos, sin: [T, rope/2]."""
     x1, x2, rest = x[..., : dims // 2], x[..., dims // 2 : dims], x[..., dims:]
     return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest], axis=-1)
