@@ -25,9 +25,9 @@ from stepper.untrusted.jsonfile import read_json
 MODEL_TYPES = ("deepseek_v3", "kimi_k2", "deepseek_v2", "deepseek_v32")
 WRAPPER_TYPES = ("kimi_k25",)
 # The MLA families grown from DeepSeek-V3, each read by its own module stepper/families/<model_type>.py
-FAMILY_TYPES = ("minicpm3", "glm_moe_dsa")
+FAMILY_TYPES = ("minicpm3", "glm_moe_dsa", "axk2")
 FAMILY_FIELDS = ("rope_interleave", "longrope", "scale_emb", "scale_depth", "dim_model_base", "tie_word_embeddings",
-                 "indexer_rope_interleave", "index_reused_layers")
+                 "indexer_rope_interleave", "index_reused_layers", "q_gate", "gated_norm_rank", "masked_groups_zero")
 ARCHITECTURES = {"deepseek_v3": "DeepseekV3ForCausalLM", "kimi_k2": "DeepseekV3ForCausalLM",
                  "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v32": "DeepseekV32ForCausalLM"}
 
@@ -162,6 +162,9 @@ class Config:
     tie_word_embeddings: bool = False  # lm_head is the embedding matrix (MiniCPM3)
     indexer_rope_interleave: bool = False  # the indexer's RoPE on interleaved pairs (GLM-5), not two halves (V3.2)
     index_reused_layers: tuple[int, ...] = ()  # layers reusing the previous layer's index choice (GLM-5 "shared")
+    q_gate: bool = False  # q_b_proj also makes a per-head sigmoid gate on attention's output (A.X-K2)
+    gated_norm_rank: int | None = None  # RMSNorms times a low-rank sigmoid gate of their output (A.X-K2)
+    masked_groups_zero: bool = False  # experts of dropped groups score 0.0 in the choice, not -inf (A.X-K2)
 
     @property
     def has_mup_scalings(self) -> bool:
@@ -171,6 +174,11 @@ class Config:
     def index_reused(self, layer: int) -> bool:
         """Whether the layer runs no indexer and attends where the layer before it chose (GLM-5)."""
         return layer in self.index_reused_layers
+
+    @property
+    def has_gated_norms(self) -> bool:
+        """A.X-K2's gated input_layernorm (every layer) and post_attention_layernorm (MoE layers)."""
+        return self.gated_norm_rank is not None
 
     @property
     def residual_scale(self) -> float:

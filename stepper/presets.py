@@ -338,6 +338,26 @@ PRESETS["tiny-glm5"] = {
 }
 
 
+# A.X-K2 (stepper/families/axk2.py): the sizes of transformers' AXK2Config, whose defaults are
+# skt/A.X-K2's (A.X-K2-Light: no expert groups), BF16; and a tiny sibling with expert groups (so
+# the 0.0 fill of dropped groups is at work) and an indexer keeping 4 positions
+PRESETS["a.x-k2"] = {
+    **{k: v for k, v in PRESETS["deepseek-v3.2"].items()
+       if k not in ("rope_scaling", "quantization_config", "n_group", "topk_group")},
+    "_name_or_path": "a.x-k2", "architectures": ["AXK2ForCausalLM"], "model_type": "axk2",
+    "vocab_size": 163840, "hidden_size": 2048, "intermediate_size": 5120, "moe_intermediate_size": 512,
+    "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 32, "n_shared_experts": 1,
+    "n_routed_experts": 128, "routed_scaling_factor": 2.5, "kv_lora_rank": 128, "q_lora_rank": 384,
+    "qk_rope_head_dim": 32, "v_head_dim": 64, "qk_nope_head_dim": 64, "num_experts_per_tok": 8,
+    "max_position_embeddings": 131072, "rms_norm_eps": 1e-6, "first_k_dense_replace": 1, "index_topk": 2048,
+    "index_head_dim": 128, "index_n_heads": 16, "gated_norm_rank": 16, "rope_theta": 10000.0,
+}
+PRESETS["tiny-axk2"] = {
+    **{k: v for k, v in PRESETS["tiny-v32"].items() if k != "quantization_config"}, "_name_or_path": "tiny-axk2",
+    "architectures": ["AXK2ForCausalLM"], "model_type": "axk2", "v_head_dim": 48, "gated_norm_rank": 8,
+}
+
+
 def preset(name: str) -> Config:
     """The named preset's config; an unknown name is a StepperError listing the known ones."""
     if name not in PRESETS:

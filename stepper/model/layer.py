@@ -8,6 +8,7 @@ import numpy as np
 from stepper.config import Config
 from stepper.model.attention import mla_attention
 from stepper.model.cache import LayerCache
+from stepper.model.gated_norm import gated_input_norm, gated_post_attention_norm, is_gated, norm_weight
 from stepper.model.indexer import index_mask, reused_index_mask
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.mlp import dense_mlp
@@ -25,7 +26,9 @@ def decoder_layer(
     """[B, T, d] residual stream in -> [B, T, d] out; index_scoring "exact" or "fp8" (model.indexer);
     previous: the layer before's cache, whose index choice a GLM-5 "shared" layer reuses."""
     hidden = emit("hidden_states", hidden)
-    x = emit("input_layernorm", rms_norm(hidden, w("input_layernorm.weight"), cfg.rms_norm_eps))
+    x = emit("input_layernorm", rms_norm(hidden, w(norm_weight(cfg, w.layer, "input_layernorm")), cfg.rms_norm_eps))
+    if is_gated(cfg, w.layer, "input_layernorm"):
+        x = gated_input_norm(x, w, emit)
     cache = LayerCache() if cache is None else cache
     mask = None  # [B, T, S]: the indexer's choice, or the one GLM-5 reuses from the layer before
     if cfg.index_reused(w.layer):
@@ -37,7 +40,10 @@ def decoder_layer(
         attn_out = emit("attn_scaled", scaled_branch(attn_out, cfg))
     hidden = emit("attn_residual", hidden + attn_out)
 
-    x = emit("post_attention_layernorm", rms_norm(hidden, w("post_attention_layernorm.weight"), cfg.rms_norm_eps))
+    x = rms_norm(hidden, w(norm_weight(cfg, w.layer, "post_attention_layernorm")), cfg.rms_norm_eps)
+    x = emit("post_attention_layernorm", x)
+    if is_gated(cfg, w.layer, "post_attention_layernorm"):
+        x = gated_post_attention_norm(x, w, emit)
     ffn = moe(x, w, cfg, emit, dispatch) if cfg.is_moe_layer(w.layer) else dense_mlp(x, w, emit)
     ffn = emit("mlp_output", ffn)
     if cfg.has_mup_scalings:

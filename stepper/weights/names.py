@@ -68,7 +68,8 @@ def attention_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
     else:
         shapes["self_attn.q_a_proj.weight"] = (cfg.q_lora_rank, d)
         shapes["self_attn.q_a_layernorm.weight"] = (cfg.q_lora_rank,)
-        shapes["self_attn.q_b_proj.weight"] = (h * cfg.qk_head_dim, cfg.q_lora_rank)
+        q_b_out = h * (cfg.qk_head_dim + (cfg.v_head_dim if cfg.q_gate else 0))  # A.X-K2: each head's output gate too
+        shapes["self_attn.q_b_proj.weight"] = (q_b_out, cfg.q_lora_rank * (2 if cfg.q_gate else 1))
     shapes["self_attn.kv_a_proj_with_mqa.weight"] = (cfg.kv_lora_rank + cfg.qk_rope_head_dim, d)
     shapes["self_attn.kv_a_layernorm.weight"] = (cfg.kv_lora_rank,)
     shapes["self_attn.kv_b_proj.weight"] = (h * (cfg.qk_nope_head_dim + cfg.v_head_dim), cfg.kv_lora_rank)
@@ -104,6 +105,11 @@ def layer_shapes(cfg: Config, layer: int) -> dict[str, tuple[int, ...]]:
     shapes = {"input_layernorm.weight": (d,), "post_attention_layernorm.weight": (d,), **attention_shapes(cfg)}
     if cfg.index_reused(layer):  # GLM-5's shared layer has no indexer
         shapes = {k: v for k, v in shapes.items() if not k.startswith("self_attn.indexer.")}
+    for norm in ("input_layernorm", "post_attention_layernorm"):  # A.X-K2's gated norms
+        if cfg.has_gated_norms and (norm == "input_layernorm" or cfg.is_moe_layer(layer)):
+            del shapes[f"{norm}.weight"]
+            shapes.update({f"{norm}.norm.weight": (d,), f"{norm}.W_down.weight": (cfg.gated_norm_rank, d),
+                           f"{norm}.W_up.weight": (d, cfg.gated_norm_rank)})
     if cfg.is_moe_layer(layer):
         shapes["mlp.gate.weight"] = (cfg.n_routed_experts, d)
         if cfg.topk_method == "noaux_tc":  # only the aux-loss-free router has a bias

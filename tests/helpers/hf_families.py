@@ -10,13 +10,22 @@ config.json dicts. Derivations repeat transformers' own ops on captured tensors 
 
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
+import transformers.models.axk2.modeling_axk2 as hf_axk2
 import transformers.models.glm_moe_dsa.modeling_glm_moe_dsa as hf_glm5
 import transformers.models.minicpm3.modeling_minicpm3 as hf_minicpm3
-from transformers import GlmMoeDsaConfig, GlmMoeDsaForCausalLM, MiniCPM3Config, MiniCPM3ForCausalLM
+from transformers import (
+    AXK2Config,
+    AXK2ForCausalLM,
+    GlmMoeDsaConfig,
+    GlmMoeDsaForCausalLM,
+    MiniCPM3Config,
+    MiniCPM3ForCausalLM,
+)
 
 from helpers import hf_reference
 from helpers.hf_reference import FAMILIES, LAYER_NAMES_FAMILIES
@@ -99,5 +108,110 @@ FAMILIES["glm_moe_dsa"] = SimpleNamespace(
 LAYER_NAMES_FAMILIES += [("self_attn.indexer.reused_topk_idx", "input_layernorm"),
                          ("self_attn.indexer.reused_mask", "self_attn.indexer.reused_topk_idx")]
 
-hf_trace = hf_reference.hf_trace
+
+# ---------------------------------------------------------------------------------------------
+# A.X-K2: fused q/gate projection with a sigmoid output gate, gated RMSNorms, 0.0-filled groups
+
+
+def _axk2_extend(rec) -> None:
+    """Each gated norm's RMSNorm output and its gate MLP's output (before the sigmoid)."""
+    for layer in rec.model.model.layers:
+        for key, norm in (("ln1", layer.input_layernorm), ("ln2", layer.post_attention_layernorm)):
+            if isinstance(norm, hf_axk2.AXK2GatedRMSNorm):
+                rec.handles.append(norm.norm.register_forward_hook(rec._out(f"{key}_norm")))
+                rec.handles.append(norm.mlp.register_forward_hook(rec._out(f"{key}_gate_in")))
+
+
+def _axk2_derive(model, i: int, r: dict) -> dict[str, torch.Tensor]:
+    """The gate half of q_gate_proj's output (as the attention splits it), the heads' output before
+    the gate (eager attention's weights @ values, transposed and merged, its own ops), the gated
+    norms' parts; the router's choice again with dropped groups at 0.0 (AXK2TopkRouter's fill)."""
+    cfg, attn = model.config, model.model.layers[i].self_attn
+    B, T, _ = r["hidden_states"].shape
+    out = {"self_attn.output_gate": r["q_proj_out"].view(B, T, cfg.num_attention_heads, -1)[..., attn.qk_head_dim :]
+           .reshape(B, T, -1),
+           "self_attn.attn_output": torch.matmul(r["attn_weights"], r["value_states"]).transpose(1, 2).reshape(B, T, -1),
+           "self_attn.attn_output_gated": r["attn_output"]}
+    for key, name in (("ln1", "input_layernorm"), ("ln2", "post_attention_layernorm")):
+        if f"{key}_norm" in r:
+            out[name] = r[f"{key}_norm"]
+            out[f"{name}_gate"] = torch.sigmoid(r[f"{key}_gate_in"].float())
+            out[f"{name}_gated"] = r[name]
+    mlp = model.model.layers[i].mlp
+    if isinstance(mlp, hf_axk2.AXK2MoE) and mlp.gate.num_group is not None:
+        out.update(_axk2_groups(mlp.gate, r))
+    return out
+
+
+def _axk2_groups(gate, r: dict) -> dict[str, torch.Tensor]:
+    """AXK2TopkRouter.forward's group rule on its returned logits, the dropped groups at 0.0."""
+    logits, weights, indices = r["gate_out"]
+    E, G = gate.num_experts, gate.num_group
+    sfc = logits.sigmoid() + gate.e_score_correction_bias
+    group_scores = sfc.view(-1, G, E // G).topk(2, dim=-1)[0].sum(dim=-1)
+    group_mask = torch.zeros_like(group_scores).scatter_(1, torch.topk(group_scores, k=gate.topk_group, dim=-1)[1], 1)
+    masked = sfc.masked_fill(~group_mask.unsqueeze(-1).expand(-1, G, E // G).reshape(-1, E).bool(), 0.0)
+    idx, w = hf_reference._best_first(indices, weights, masked)
+    return {"mlp.gate.group_mask": group_mask, "mlp.gate.topk_idx": idx, "mlp.gate.topk_weight": w}
+
+
+def _axk2_rename(name: str) -> str:
+    """The published name of a weight -> transformers' (conversion_mapping.py's axk2 renames)."""
+    name = re.sub(r"\.W_down\.", ".mlp.fc1.", re.sub(r"\.W_up\.", ".mlp.fc2.", name))
+    return name.replace("self_attn.q_b_proj.", "self_attn.q_gate_proj.")
+
+
+FAMILIES["axk2"] = SimpleNamespace(
+    module=hf_axk2, config=AXK2Config, model=AXK2ForCausalLM, moe=hf_axk2.AXK2MoE,
+    rope="apply_rotary_pos_emb_interleave", interleaved_out=False, extra={},
+    checks={"scoring_func": "sigmoid", "topk_method": "noaux_tc"}, drop=("scoring_func", "topk_method"),
+    indexed=True, index_rope="apply_rotary_pos_emb", extend=_axk2_extend, derive=_axk2_derive, rename=_axk2_rename)
+LAYER_NAMES_FAMILIES += [("input_layernorm_gate", "input_layernorm"), ("input_layernorm_gated", "input_layernorm_gate"),
+                         ("self_attn.output_gate", "self_attn.q_a_norm"),
+                         ("self_attn.attn_output_gated", "self_attn.attn_output"),
+                         ("post_attention_layernorm_gate", "post_attention_layernorm"),
+                         ("post_attention_layernorm_gated", "post_attention_layernorm_gate")]
+
+
+def hf_trace(config: dict, weights: dict, ids, start_pos: int = 0, decode_ids=None, inv_freq=None):
+    """hf_reference.hf_trace on weights under their published names, renamed as transformers loads
+    them (the family's `rename`, from conversion_mapping.py) where the two differ."""
+    rename = getattr(FAMILIES[config["model_type"]], "rename", None)
+    if rename is not None:
+        weights = {rename(name): value for name, value in weights.items()}
+    return hf_reference.hf_trace(config, weights, ids, start_pos=start_pos, decode_ids=decode_ids, inv_freq=inv_freq)
+
+
 build_hf_model = hf_reference.build_hf_model
+
+
+def traces(folder, raw: dict, values: dict, ids: tuple[int, ...], start_pos: int, decode: int, attn: str):
+    """stepper run from the checkpoint folder, and transformers on its values: both traces, by name
+    (stepper's absorbed path against transformers' naive one: only the names both have)."""
+    import numpy as np
+
+    from stepper.seams.trace import Recorder
+    from stepper.session import RunSpec, run
+
+    rec = Recorder()
+    result = run(RunSpec(model=str(folder), ids=ids, start_pos=start_pos, decode=decode, attn=attn), [rec])
+    steps = [np.array([[t]]) for t in result.generated] or None
+    mine, ref = rec.tensors(), hf_trace(raw, values, np.array([ids]), start_pos=start_pos, decode_ids=steps)
+    if attn == "absorb":
+        ref = {n: v for n, v in ref.items() if n in mine}
+        mine = {n: v for n, v in mine.items() if n in ref}
+    return mine, ref
+
+
+def catalogued_names(raw: dict, names) -> tuple[set[str], set[str]]:
+    """The catalogue's names a naive run of this config emits (layers and globals), and those of `names`."""
+    from stepper import catalog
+    from stepper.config import Config
+    from stepper.seams.trace import unphased
+
+    cfg = Config.from_hf(dict(raw), "test config")
+    cat = catalog.load()
+    expected = {e["name"] for layer in range(cfg.num_hidden_layers) for e in cat.layer_sequence(cfg, layer, "naive")}
+    expected |= set(cat.with_globals_after(("embed", "rope_cos", "rope_sin", "norm", "logits"), cfg))
+    compared = {unphased(n).split(".", 2)[-1] if unphased(n).startswith("layers.") else unphased(n) for n in names}
+    return expected, compared

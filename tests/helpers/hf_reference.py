@@ -469,7 +469,8 @@ class _Recorder:
             if a.q_lora_rank is not None:
                 reg(a.q_a_proj.register_forward_hook(self._out("q_a")))
                 reg(a.q_a_layernorm.register_forward_hook(self._out("q_a_norm")))
-                reg(a.q_b_proj.register_forward_hook(self._out("q_proj_out")))
+                q_b = a.q_b_proj if hasattr(a, "q_b_proj") else a.q_gate_proj  # A.X-K2's fused query and gate
+                reg(q_b.register_forward_hook(self._out("q_proj_out")))
             else:
                 reg(a.q_proj.register_forward_hook(self._out("q_proj_out")))
             reg(a.kv_a_proj_with_mqa.register_forward_hook(self._out("kv_a")))
@@ -605,7 +606,7 @@ def _derive_layer(model: DeepseekV3ForCausalLM, i: int, r: dict[str, Any]) -> di
         out["self_attn.q_a_norm"] = r["q_a_norm"]
     # q: q_b_proj (or q_proj) output viewed [B,T,H,qk_head] and transposed to [B,H,T,qk_head],
     # exactly as DeepseekV3Attention.forward does; q_nope/q_pe are its torch.split.
-    q = r["q_proj_out"].view(B, T, -1, attn.qk_head_dim).transpose(1, 2)
+    q = r["q_proj_out"].view(B, T, cfg.num_attention_heads, -1)[..., : attn.qk_head_dim].transpose(1, 2)  # A.X-K2: a gate after
     q_nope, q_pe = torch.split(q, [nope, rope], dim=-1)
     out["self_attn.q"] = q.contiguous()
     out["self_attn.q_nope"] = q_nope.contiguous()

@@ -20,15 +20,12 @@ if not os.environ.get("STEPPER_REQUIRE_CROSSCHECK"):
     pytest.importorskip("transformers")
 
 from helpers.compare import compare
-from helpers.hf_families import hf_trace
+from helpers.hf_families import catalogued_names, traces
 from helpers.published import write_published
 from test_crosscheck_families import gaps_at_the_cut
 
-from stepper import catalog
 from stepper.config import Config
 from stepper.presets import PRESETS
-from stepper.seams.trace import Recorder, unphased
-from stepper.session import RunSpec, run
 from stepper.weights.names import weight_shapes
 
 PROMPT = (17, 402, 999, 3, 256, 77, 640)
@@ -48,14 +45,7 @@ def published(tmp_path_factory):
 @pytest.mark.parametrize("start_pos, decode, attn", [(0, 2, "naive"), (4093, 3, "naive"), (4093, 3, "absorb")])
 def test_every_glm5_tensor_and_the_reused_choice_match_transformers(published, start_pos, decode, attn):
     folder, values = published
-    rec = Recorder()
-    result = run(RunSpec(model=str(folder), ids=PROMPT, start_pos=start_pos, decode=decode, attn=attn), [rec])
-    mine = rec.tensors()
-    steps = [np.array([[t]]) for t in result.generated]
-    ref = hf_trace(copy.deepcopy(RAW), values, np.array([PROMPT]), start_pos=start_pos, decode_ids=steps)
-    if attn == "absorb":
-        ref = {n: v for n, v in ref.items() if n in mine}
-        mine = {n: v for n, v in mine.items() if n in ref}
+    mine, ref = traces(folder, copy.deepcopy(RAW), values, PROMPT, start_pos, decode, attn)
     chosen = [n for n in mine if n.endswith("indexer.topk_idx")]
     assert len(chosen) == 2 * (decode + 1)  # layers 0 and 1 choose, every step
     for name in chosen:
@@ -68,9 +58,7 @@ def test_every_glm5_tensor_and_the_reused_choice_match_transformers(published, s
     failures = {name: why for name in mine if (why := compare(name, mine, ref))}
     assert not failures, failures
     if attn == "naive":
-        cfg = Config.from_hf(copy.deepcopy(RAW), "test config")
-        compared = {unphased(n).split(".", 2)[-1] if unphased(n).startswith("layers.") else unphased(n) for n in mine}
-        expected = {e["name"] for layer in range(3) for e in catalog.load().layer_sequence(cfg, layer, "naive")}
+        expected, compared = catalogued_names(RAW, mine)
         assert {"self_attn.indexer.reused_mask", "self_attn.indexer.q_rope"} <= expected <= compared, expected - compared
     first = "prefill.layers.1.self_attn.indexer.topk_idx" if decode else "layers.1.self_attn.indexer.topk_idx"
     assert (mine[first] >= 0).sum(axis=-1).tolist() == [[1, 2, 3, 4, 4, 4, 4]]  # positions dropped

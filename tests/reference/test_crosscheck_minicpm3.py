@@ -19,14 +19,11 @@ if not os.environ.get("STEPPER_REQUIRE_CROSSCHECK"):
     pytest.importorskip("transformers")
 
 from helpers.compare import compare
-from helpers.hf_families import hf_trace
+from helpers.hf_families import catalogued_names, traces
 from helpers.published import write_published
 
-from stepper import catalog
 from stepper.config import Config
 from stepper.presets import PRESETS
-from stepper.seams.trace import Recorder, unphased
-from stepper.session import RunSpec, run
 from stepper.weights.names import weight_shapes
 
 PROMPT = (17, 402, 999, 3, 256, 77, 640)
@@ -42,30 +39,15 @@ def published(tmp_path_factory):
     return folder, values
 
 
-def traces(published, start_pos: int, decode: int, attn: str):
-    folder, values = published
-    rec = Recorder()
-    result = run(RunSpec(model=str(folder), ids=PROMPT, start_pos=start_pos, decode=decode, attn=attn), [rec])
-    steps = [np.array([[t]]) for t in result.generated] or None
-    ref = hf_trace(copy.deepcopy(RAW), values, np.array([PROMPT]), start_pos=start_pos, decode_ids=steps)
-    return rec.tensors(), ref
-
-
 @pytest.mark.parametrize("start_pos, decode, attn", [(0, 2, "naive"), (4088, 2, "naive"), (4088, 2, "absorb")])
 def test_every_minicpm3_tensor_matches_transformers(published, start_pos, decode, attn):
-    mine, ref = traces(published, start_pos, decode, attn)
-    if attn == "absorb":
-        ref = {n: v for n, v in ref.items() if n in mine}
-        mine = {n: v for n, v in mine.items() if n in ref}
+    folder, values = published
+    mine, ref = traces(folder, copy.deepcopy(RAW), values, PROMPT, start_pos, decode, attn)
     assert list(mine) and set(mine) == set(ref), sorted(set(mine) ^ set(ref))
     failures = {name: why for name in mine if (why := compare(name, mine, ref))}
     assert not failures, failures
     if attn == "naive":  # every catalogued name of the family was compared
-        cfg = Config.from_hf(copy.deepcopy(RAW), "test config")
-        compared = {unphased(n).split(".", 2)[-1] if unphased(n).startswith("layers.") else unphased(n) for n in mine}
-        cat = catalog.load()
-        expected = {e["name"] for layer in range(cfg.num_hidden_layers) for e in cat.layer_sequence(cfg, layer, "naive")}
-        expected |= set(cat.with_globals_after(("embed", "rope_cos", "rope_sin", "norm", "logits"), cfg))
+        expected, compared = catalogued_names(RAW, mine)
         assert {"embed_scaled", "attn_scaled", "mlp_scaled", "norm_scaled"} <= expected <= compared, expected - compared
     if start_pos == 4088:  # positions 4088..4094, then 4095 (short factors), then 4096: past 4096, long ones
         for phase, position, factors in (("decode0", 4095, "short_factor"), ("decode1", 4096, "long_factor")):
