@@ -25,9 +25,10 @@ from stepper.untrusted.jsonfile import read_json
 MODEL_TYPES = ("deepseek_v3", "kimi_k2", "deepseek_v2", "deepseek_v32")
 WRAPPER_TYPES = ("kimi_k25",)
 # The MLA families grown from DeepSeek-V3, each read by its own module stepper/families/<model_type>.py
-FAMILY_TYPES = ("minicpm3", "glm_moe_dsa", "axk2")
+FAMILY_TYPES = ("minicpm3", "glm_moe_dsa", "axk2", "longcat_flash")
 FAMILY_FIELDS = ("rope_interleave", "longrope", "scale_emb", "scale_depth", "dim_model_base", "tie_word_embeddings",
-                 "indexer_rope_interleave", "index_reused_layers", "q_gate", "gated_norm_rank", "masked_groups_zero")
+                 "indexer_rope_interleave", "index_reused_layers", "q_gate", "gated_norm_rank", "masked_groups_zero",
+                 "zero_experts", "mla_lora_scales", "shortcut_moe")
 ARCHITECTURES = {"deepseek_v3": "DeepseekV3ForCausalLM", "kimi_k2": "DeepseekV3ForCausalLM",
                  "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v32": "DeepseekV32ForCausalLM"}
 
@@ -165,6 +166,9 @@ class Config:
     q_gate: bool = False  # q_b_proj also makes a per-head sigmoid gate on attention's output (A.X-K2)
     gated_norm_rank: int | None = None  # RMSNorms times a low-rank sigmoid gate of their output (A.X-K2)
     masked_groups_zero: bool = False  # experts of dropped groups score 0.0 in the choice, not -inf (A.X-K2)
+    zero_experts: int = 0  # the router's extra identity experts, after the routed ones (LongCat-Flash)
+    mla_lora_scales: bool = False  # q times sqrt(d / q_lora_rank), the kv latent times sqrt(d / kv_lora_rank) (LongCat)
+    shortcut_moe: bool = False  # two attention + dense-MLP sublayers per layer, the MoE beside them (LongCat)
 
     @property
     def has_mup_scalings(self) -> bool:
@@ -179,6 +183,11 @@ class Config:
     def has_gated_norms(self) -> bool:
         """A.X-K2's gated input_layernorm (every layer) and post_attention_layernorm (MoE layers)."""
         return self.gated_norm_rank is not None
+
+    @property
+    def router_experts(self) -> int:
+        """The experts the router scores: the routed ones and (LongCat) the zero experts after them."""
+        return self.n_routed_experts + self.zero_experts
 
     @property
     def residual_scale(self) -> float:

@@ -358,6 +358,27 @@ PRESETS["tiny-axk2"] = {
 }
 
 
+# LongCat-Flash (stepper/families/longcat_flash.py): the sizes of transformers' LongcatFlashConfig,
+# whose defaults are meituan-longcat/LongCat-Flash-Chat's, BF16; and a tiny sibling (8 experts and
+# 4 zero experts, 3 chosen, so zero experts are chosen on a short prompt)
+PRESETS["longcat-flash"] = {
+    "_name_or_path": "longcat-flash", "architectures": ["LongcatFlashForCausalLM"], "model_type": "longcat_flash",
+    "vocab_size": 131072, "hidden_size": 6144, "num_layers": 28, "num_attention_heads": 64, "hidden_act": "silu",
+    "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "ffn_hidden_size": 12288, "q_lora_rank": 1536,
+    "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "moe_topk": 12,
+    "n_routed_experts": 512, "zero_expert_num": 256, "expert_ffn_hidden_size": 2048, "routed_scaling_factor": 6.0,
+    "rope_theta": 10000000.0, "zero_expert_type": "identity", "mla_scale_q_lora": True, "mla_scale_kv_lora": True,
+    "router_bias": False, "attention_method": "MLA", "tie_word_embeddings": False, "head_dim": 64,
+}
+PRESETS["tiny-longcat"] = {
+    **PRESETS["longcat-flash"], "_name_or_path": "tiny-longcat", "vocab_size": 1000, "hidden_size": 256,
+    "num_layers": 2, "num_attention_heads": 4, "ffn_hidden_size": 352, "q_lora_rank": 96, "kv_lora_rank": 64,
+    "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32, "moe_topk": 3, "n_routed_experts": 8,
+    "zero_expert_num": 4, "expert_ffn_hidden_size": 96, "routed_scaling_factor": 2.0, "rope_theta": 10000.0,
+    "head_dim": 16,
+}
+
+
 def preset(name: str) -> Config:
     """The named preset's config; an unknown name is a StepperError listing the known ones."""
     if name not in PRESETS:

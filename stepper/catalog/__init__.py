@@ -18,7 +18,7 @@ from stepper.catalog import texts
 from stepper.config import Config
 
 RUNTIME = "runtime"
-SCOPE = re.compile(r"^(?:prefill\.|decode\d+\.)?(?:layers\.\d+\.)?")
+SCOPE = re.compile(r"^(?:prefill\.|decode\d+\.)?(?:layers\.\d+\.)?(?:sub\d\.)?")  # sub: LongCat's sublayers
 
 
 def key_of(name: str) -> str:

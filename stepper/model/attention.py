@@ -29,6 +29,7 @@ from stepper.kernels import attention as kernels
 from stepper.kernels.linear import linear
 from stepper.model.cache import LayerCache
 from stepper.model.layer_weights import LayerWeights
+from stepper.model.lora_scale import lora_scaled
 from stepper.model.ops import causal_mask, rms_norm, softmax
 from stepper.model.output_gate import gated, q_b_input, split_gate
 from stepper.model.rope import Rope, apply_rope, rotate_halves
@@ -49,6 +50,8 @@ def mla_attention(
     cache = LayerCache() if cache is None else cache
     q_nope, q_pe, gate = query_heads(x, w, cfg, emit)  # [B, H, T, nope], [B, H, T, rope], A.X-K2's [B, T, Hv]
     compressed_kv, k_pe = latent(x, w, cfg, emit)  # [B, T, kv_lora], [B, one, T, rope]
+    if cfg.mla_lora_scales:  # LongCat-Flash
+        q_nope, q_pe, compressed_kv = lora_scaled(q_nope, q_pe, compressed_kv, cfg, emit)
     attend = absorbed if attn == "absorb" else naive
     out = attend(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache, emit, per_head(mask))  # [B, H, T, v_head]
     return output_projection(out, w, emit, gate)
@@ -56,7 +59,7 @@ def mla_attention(
 
 def query_heads(x: np.ndarray, w: LayerWeights, cfg: Config, emit: Emitter) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """q = q_b(RMSNorm(q_a(x))) split per head into its nope and rope parts; A.X-K2's q_b reads
-    [RMSNorm(q_a(x)) | q_a(x)] and also gives each head's output gate (model.output_gate)."""
+    RMSNorm(q_a(x)) and q_a(x) side by side and also gives each head's output gate (model.output_gate)."""
     B, T, _ = x.shape
     if cfg.q_lora_rank is None:
         q = linear(x, w.matrix("self_attn.q_proj.weight"))  # [B, T, H*qk_head]

@@ -26,6 +26,7 @@ class LayerCache:
     index_keys: np.ndarray | None = None  # [B, S, Di], the Lightning Indexer's (V3.2)
     index_key_codes: np.ndarray | None = None  # [B, S, Di] e4m3, Hadamard-rotated (FP8 index scoring)
     index_key_scales: np.ndarray | None = None  # [B, S], one power-of-two scale per key
+    second: LayerCache | None = None  # LongCat-Flash's second attention sublayer's own cache
     index_choice: np.ndarray | None = None  # [B, T, Ki]: the positions this step's queries attend (GLM-5 reuses it)
     growing: dict[str, GrowingArray] = field(default_factory=dict, repr=False, compare=False)
     # name -> the spare room after the field's positions (kernels.growing), so appends rarely copy
@@ -43,7 +44,8 @@ class LayerCache:
             return None if array is None else array[(slice(None),) * axis + (slice(0, n),)]
 
         return LayerCache(cut(self.latent, 1), cut(self.k_pe, 2), cut(self.key_states, 2), cut(self.value_states, 2),
-                          cut(self.index_keys, 1), cut(self.index_key_codes, 1), cut(self.index_key_scales, 1))
+                          cut(self.index_keys, 1), cut(self.index_key_codes, 1), cut(self.index_key_scales, 1),
+                          None if self.second is None else self.second.first(n))
 
     def extend_latent(self, latent: np.ndarray, k_pe: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Append the T new positions' latents [B, T, kv_lora] and rotary keys [B, one, T, rope];

@@ -1,7 +1,12 @@
 """One decoder block: pre-norm attention and pre-norm FFN, each added to the residual stream.
-In DeepSeek-V3.2 the Lightning Indexer runs first and hands attention its mask."""
+In DeepSeek-V3.2 the Lightning Indexer runs first and hands attention its mask.
+
+The block is written as its steps (`attention_block`, `ffn_output`, `layer_output`), which
+LongCat-Flash's layer (model.longcat) composes in another order: each named tensor has one site."""
 
 from __future__ import annotations
+
+from functools import reduce
 
 import numpy as np
 
@@ -25,7 +30,23 @@ def decoder_layer(
 ) -> np.ndarray:
     """[B, T, d] residual stream in -> [B, T, d] out; index_scoring "exact" or "fp8" (model.indexer);
     previous: the layer before's cache, whose index choice a GLM-5 "shared" layer reuses."""
-    hidden = emit("hidden_states", hidden)
+    hidden = layer_input(hidden, emit)
+    hidden, x = attention_block(hidden, w, cfg, rope, cache, emit, attn, index_scoring, previous)  # [B, T, d] twice
+    ffn = moe(x, w, cfg, emit, dispatch) if cfg.is_moe_layer(w.layer) else dense_mlp(x, w, emit)
+    return layer_output(emit, hidden, ffn_output(ffn, cfg, emit))
+
+
+def layer_input(hidden: np.ndarray, emit: Emitter) -> np.ndarray:
+    """The residual stream entering the layer.  [B, T, d]"""
+    return emit("hidden_states", hidden)
+
+
+def attention_block(
+    hidden: np.ndarray, w: LayerWeights, cfg: Config, rope: Rope, cache: LayerCache | None, emit: Emitter,
+    attn: str = "naive", index_scoring: str = "exact", previous: LayerCache | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Pre-norm attention added to the stream, and the stream's post-attention norm (what the FFN
+    reads).  [B, T, d] -> [B, T, d] twice"""
     x = emit("input_layernorm", rms_norm(hidden, w(norm_weight(cfg, w.layer, "input_layernorm")), cfg.rms_norm_eps))
     if is_gated(cfg, w.layer, "input_layernorm"):
         x = gated_input_norm(x, w, emit)
@@ -44,8 +65,15 @@ def decoder_layer(
     x = emit("post_attention_layernorm", x)
     if is_gated(cfg, w.layer, "post_attention_layernorm"):
         x = gated_post_attention_norm(x, w, emit)
-    ffn = moe(x, w, cfg, emit, dispatch) if cfg.is_moe_layer(w.layer) else dense_mlp(x, w, emit)
+    return hidden, x
+
+
+def ffn_output(ffn: np.ndarray, cfg: Config, emit: Emitter) -> np.ndarray:
+    """The FFN's output, the branch added to the stream (MiniCPM3: scaled).  [B, T, d]"""
     ffn = emit("mlp_output", ffn)
-    if cfg.has_mup_scalings:
-        ffn = emit("mlp_scaled", scaled_branch(ffn, cfg))
-    return emit("output", hidden + ffn)
+    return emit("mlp_scaled", scaled_branch(ffn, cfg)) if cfg.has_mup_scalings else ffn
+
+
+def layer_output(emit: Emitter, hidden: np.ndarray, *branches: np.ndarray) -> np.ndarray:
+    """The stream plus the branches, added left to right.  [B, T, d]"""
+    return emit("output", reduce(np.add, branches, hidden))

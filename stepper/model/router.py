@@ -89,7 +89,7 @@ def keep_best_groups(scores: np.ndarray, group_scores: np.ndarray, cfg: Config, 
     """scores [N, E] with the experts outside the topk_group best groups set to -inf (A.X-K2: 0.0,
     as its reference fills them; an expert there can then beat a kept one whose biased score is below 0)."""
     group_mask = emit("mlp.gate.group_mask", best_groups_mask(group_scores, cfg.topk_group))  # [N, G]
-    eligible = np.repeat(group_mask > 0, cfg.n_routed_experts // cfg.n_group, axis=1)  # [N, E]
+    eligible = np.repeat(group_mask > 0, cfg.router_experts // cfg.n_group, axis=1)  # [N, E]
     dropped = np.float32(0) if cfg.masked_groups_zero else np.float32(-np.inf)  # A.X-K2 fills 0.0
     return np.where(eligible, scores, dropped)  # [N, E]
 

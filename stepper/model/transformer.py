@@ -18,6 +18,7 @@ from stepper.kernels.linear import linear_in_row_blocks
 from stepper.model.cache import KVCache
 from stepper.model.layer import decoder_layer
 from stepper.model.layer_weights import LayerWeights
+from stepper.model.longcat import longcat_layer
 from stepper.model.ops import rms_norm
 from stepper.model.rope import Rope, longrope_inv_freq, rope_inv_freq, rope_tables, yarn_mscale
 from stepper.model.scalings import scaled_embedding, scaled_for_logits
@@ -79,6 +80,8 @@ class Transformer:
         layer_cache = None if cache is None else cache.layers[i]
         previous = None if cache is None or i == 0 else cache.layers[i - 1]  # its index choice (GLM-5)
         w = LayerWeights(self.weights, i, self.scratch)
+        if self.config.shortcut_moe:  # LongCat-Flash
+            return longcat_layer(hidden, w, self.config, rope, layer_cache, emit.layer(i), attn, self.dispatch)
         return decoder_layer(hidden, w, self.config, rope, layer_cache, emit.layer(i), attn, self.dispatch,
                              self.index_scoring, previous)
 

@@ -259,7 +259,8 @@ class Pictures:
             idx, idx_shown = self.topk_idx
             if shown or idx_shown:
                 rows = token_rows(self.tokens, event.phase, len(idx))
-                print_picture(self.console, pictures.routing_map(idx, event.array, self.cfg.n_routed_experts, rows))
+                print_picture(self.console, pictures.routing_map(idx, event.array, self.cfg.router_experts, rows,
+                                                                   self.cfg.zero_experts))
         if not shown:
             return
         if "hist" in self.kinds:

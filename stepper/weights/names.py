@@ -99,9 +99,33 @@ def swiglu_shapes(prefix: str, hidden: int, inter: int) -> dict[str, tuple[int, 
     }
 
 
+def router_names(cfg: Config) -> tuple[str, str]:
+    """The router's weight and bias: DeepSeek's mlp.gate, or LongCat's mlp.router.classifier."""
+    if cfg.zero_experts:
+        return "mlp.router.classifier.weight", "mlp.router.e_score_correction_bias"
+    return "mlp.gate.weight", "mlp.gate.e_score_correction_bias"
+
+
+def longcat_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
+    """A LongCat-Flash layer's tensors (layer-relative): two attention and two dense-MLP sublayers,
+    each with its norms (`<module>.0.`, `<module>.1.`), and the MoE (its zero experts have none)."""
+    d, shapes = cfg.hidden_size, {}
+    for j in (0, 1):
+        shapes.update({f"input_layernorm.{j}.weight": (d,), f"post_attention_layernorm.{j}.weight": (d,)})
+        shapes.update({k.replace("self_attn.", f"self_attn.{j}."): v for k, v in attention_shapes(cfg).items()})
+        shapes.update(swiglu_shapes(f"mlps.{j}.", d, cfg.intermediate_size))
+    weight, bias = router_names(cfg)
+    shapes.update({weight: (cfg.router_experts, d), bias: (cfg.router_experts,)})
+    for e in range(cfg.n_routed_experts):
+        shapes.update(swiglu_shapes(f"mlp.experts.{e}.", d, cfg.moe_intermediate_size))
+    return shapes
+
+
 def layer_shapes(cfg: Config, layer: int) -> dict[str, tuple[int, ...]]:
     """Every tensor of one decoder layer, by full HF name, with its shape."""
     d = cfg.hidden_size
+    if cfg.shortcut_moe:
+        return {layer_prefix(layer) + k: v for k, v in longcat_shapes(cfg).items()}
     shapes = {"input_layernorm.weight": (d,), "post_attention_layernorm.weight": (d,), **attention_shapes(cfg)}
     if cfg.index_reused(layer):  # GLM-5's shared layer has no indexer
         shapes = {k: v for k, v in shapes.items() if not k.startswith("self_attn.indexer.")}

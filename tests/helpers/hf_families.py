@@ -215,3 +215,141 @@ def catalogued_names(raw: dict, names) -> tuple[set[str], set[str]]:
     expected |= set(cat.with_globals_after(("embed", "rope_cos", "rope_sin", "norm", "logits"), cfg))
     compared = {unphased(n).split(".", 2)[-1] if unphased(n).startswith("layers.") else unphased(n) for n in names}
     return expected, compared
+
+
+# ---------------------------------------------------------------------------------------------
+# LongCat-Flash: two attention + dense-MLP sublayers per layer, a shortcut MoE with zero experts.
+# Its layer is not DeepSeek's, so it has its own hooks and pass; each sublayer is derived by
+# hf_reference's _derive_layer through a view of the model holding that sublayer's modules.
+
+import transformers.models.longcat_flash.modeling_longcat_flash as hf_longcat
+from transformers import LongcatFlashConfig, LongcatFlashForCausalLM
+
+
+class _LongcatRecorder(hf_reference._Recorder):
+    """raw[2i + j]: sublayer j of layer i (the attention's own layer_idx), as hf_reference keys a layer."""
+
+    def install(self) -> None:
+        m, reg = self.model, self.handles.append
+        reg(m.model.embed_tokens.register_forward_hook(self._out("embed", glob=True)))
+        reg(m.model.rotary_emb.register_forward_hook(self._rotary_hook))
+        reg(m.model.norm.register_forward_hook(self._out("norm", glob=True)))
+        reg(m.lm_head.register_forward_hook(self._out("logits", glob=True)))
+        for i, layer in enumerate(m.model.layers):
+            reg(layer.register_forward_pre_hook(self._enter(2 * i, "hidden_states"), with_kwargs=True))
+            reg(layer.register_forward_hook(self._out("output")))
+            for j in (0, 1):
+                reg(layer.input_layernorm[j].register_forward_pre_hook(self._enter(2 * i + j, "sub_input")))
+                reg(layer.input_layernorm[j].register_forward_hook(self._out("input_layernorm")))
+                a = layer.self_attn[j]
+                for module, key in ((a.q_a_proj, "q_a"), (a.q_a_layernorm, "q_a_norm"), (a.q_b_proj, "q_proj_out"),
+                                    (a.kv_a_proj_with_mqa, "kv_a"), (a.kv_a_layernorm, "compressed_kv_norm"),
+                                    (a.kv_b_proj, "kv_b_out"), (a.o_proj, "o_proj")):
+                    reg(module.register_forward_hook(self._out(key)))
+                reg(a.kv_a_layernorm.register_forward_pre_hook(self._in("compressed_kv")))
+                reg(a.o_proj.register_forward_pre_hook(self._in("attn_output")))
+                reg(layer.post_attention_layernorm[j].register_forward_pre_hook(self._in("attn_residual")))
+                reg(layer.post_attention_layernorm[j].register_forward_hook(self._out("post_attention_layernorm")))
+                mlp = layer.mlps[j]
+                reg(mlp.gate_proj.register_forward_hook(self._out("gate_proj")))
+                reg(mlp.up_proj.register_forward_hook(self._out("up_proj")))
+                reg(mlp.down_proj.register_forward_pre_hook(self._in("act")))
+                reg(mlp.register_forward_hook(self._out("mlp_output")))
+            reg(layer.mlp.router.register_forward_hook(self._out("gate_out")))
+            reg(layer.mlp.experts.register_forward_hook(self._out("experts_out")))
+
+    def _enter(self, index: int, key: str):
+        def hook(module, args, kwargs=None):
+            self.layer = index
+            self.put(key, hf_reference._c(args[0] if args else kwargs["hidden_states"]))
+        return hook
+
+
+def _sublayer_view(model, i: int, j: int):
+    """The model as _derive_layer reads it, layer i being LongCat's sublayer j."""
+    layer = model.model.layers[i]
+    sub = SimpleNamespace(self_attn=layer.self_attn[j], mlp=layer.mlps[j])
+    return SimpleNamespace(config=model.config, model=SimpleNamespace(layers={i: sub}))
+
+
+def _longcat_layer(model, i: int, r0: dict, r1: dict) -> dict[str, torch.Tensor]:
+    """Layer i's tensors by stepper's names: each sublayer's, then the MoE's and the layer's output."""
+    out = {"hidden_states": r0["hidden_states"]}
+    for j, r in ((0, r0), (1, r1)):
+        attn = model.model.layers[i].self_attn[j]
+        r = {**r, "hidden_states": r0["hidden_states"] if j == 0 else r1["sub_input"],
+             "output": r1["sub_input"] if j == 0 else r1["output"]}
+        derived = hf_reference._derive_layer(_sublayer_view(model, i, j), i, r)
+        # LoRA scales, as LongcatFlashMLA.forward multiplies (q_rot's scaled value is the rope's q)
+        derived["self_attn.q_nope_scaled"] = derived["self_attn.q_nope"] * attn.mla_scale_q_lora
+        derived["self_attn.q_pe_scaled"] = r["q_pe"]
+        derived["self_attn.compressed_kv_scaled"] = r["compressed_kv_norm"] * attn.mla_scale_kv_lora
+        keep = [n for n in derived if n not in ("hidden_states", "output") or (n == "output" and j == 0)]
+        out.update({f"sub{j}.{n}": derived[n] for n in keep})
+    out.update(_longcat_moe(model.model.layers[i].mlp, r0))
+    out["output"] = r1["output"]
+    return out
+
+
+def _longcat_moe(moe, r: dict) -> dict[str, torch.Tensor]:
+    """LongcatFlashTopkRouter.forward's ops on its returned logits (softmax, plus the bias to choose;
+    one group), the chosen best first, and the zero experts' share: their input times their weight."""
+    logits, weights, indices = r["gate_out"]
+    scores = logits.softmax(dim=-1)
+    sfc = scores + moe.router.e_score_correction_bias
+    idx, w = hf_reference._best_first(indices, weights, sfc)
+    x = r["post_attention_layernorm"]
+    B, T, d = x.shape
+    zero = idx >= moe.experts.num_routed_experts  # [N, k]
+    identity = (x.reshape(B * T, 1, d) * (w * zero).unsqueeze(-1)).sum(dim=1).view(B, T, d)
+    return {"mlp.gate.logits": logits, "mlp.gate.softmax_scores": scores, "mlp.gate.scores_for_choice": sfc,
+            "mlp.gate.group_scores": sfc.topk(2, dim=-1)[0].sum(dim=-1, keepdim=True),
+            "mlp.gate.group_mask": torch.ones(sfc.shape[0], 1), "mlp.gate.topk_idx": idx, "mlp.gate.topk_weight": w,
+            "mlp.zero_expert_output": identity, "mlp.routed_output": r["experts_out"].view(B, T, d)}
+
+
+def longcat_trace(config: dict, weights: dict, ids, start_pos: int = 0, decode_ids=None) -> dict:
+    """transformers' LongcatFlashForCausalLM on the weights (published names: the experts one by one),
+    prefill then cached decode steps, every tensor under stepper's names (`layers.i.sub{j}.` for a sublayer)."""
+    import numpy as np
+    from transformers.cache_utils import DynamicCache
+
+    zero = range(config["n_routed_experts"], config["n_routed_experts"] + config["zero_expert_num"])
+    d, inter = config["hidden_size"], config["expert_ffn_hidden_size"]
+    unused = {f"model.layers.{i}.mlp.experts.{e}.{p}.weight": np.zeros((inter, d), np.float32)  # transformers
+              for i in range(config["num_layers"]) for e in zero for p in ("gate_proj", "up_proj")}  # sizes them, unread
+    model = hf_reference.build_hf_model(config, {**weights, **unused})
+    rec = _LongcatRecorder(model)
+    module = hf_longcat
+    rope, attention = module.apply_rotary_pos_emb_interleave, module.eager_attention_forward
+    out = {}
+    try:
+        rec.install()
+        module.apply_rotary_pos_emb_interleave = rec.wrap_rope(rope)
+        module.eager_attention_forward = rec.wrap_attention(attention)
+        steps = [np.asarray(ids)] + [np.asarray(d) for d in decode_ids or []]
+        cache = DynamicCache(config=model.config) if decode_ids else None
+        position = start_pos
+        for k, step in enumerate(steps):
+            prefix = "" if not decode_ids else "prefill." if k == 0 else f"decode{k - 1}."
+            tokens = torch.from_numpy(step.astype(np.int64))
+            positions = (torch.arange(tokens.shape[1]) + position).unsqueeze(0)
+            rec.reset()
+            with torch.no_grad():
+                model(input_ids=tokens, position_ids=positions, cache=cache, use_cache=cache is not None)
+            position += tokens.shape[1]
+            trace = {"embed": rec.glob["embed"], "rope_cos": rec.glob["rope_cos"][0], "rope_sin": rec.glob["rope_sin"][0]}
+            for i in range(len(model.model.layers)):
+                for name, t in _longcat_layer(model, i, rec.raw[2 * i], rec.raw[2 * i + 1]).items():
+                    trace[f"layers.{i}.{name}"] = t
+            trace.update(norm=rec.glob["norm"], logits=rec.glob["logits"])
+            out.update({prefix + n: hf_reference._to_numpy(n, t) for n, t in trace.items()})
+    finally:
+        module.apply_rotary_pos_emb_interleave, module.eager_attention_forward = rope, attention
+        rec.remove()
+    return out
+
+
+FAMILIES["longcat_flash"] = SimpleNamespace(
+    module=hf_longcat, config=LongcatFlashConfig, model=LongcatFlashForCausalLM, moe=hf_longcat.LongcatFlashMoE,
+    rope="apply_rotary_pos_emb_interleave", interleaved_out=False, extra={}, checks={}, drop=())

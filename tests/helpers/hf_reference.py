@@ -362,7 +362,9 @@ def _check_constants(model: DeepseekV3ForCausalLM, raw: dict[str, Any]) -> None:
     rs = raw.get("rope_scaling") or {}
     qk_head = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
     att = model.model.rotary_emb.attention_scaling
-    scale = model.model.layers[0].self_attn.scaling if len(model.model.layers) else None
+    attn = model.model.layers[0].self_attn if len(model.model.layers) else None
+    attn = attn[0] if isinstance(attn, torch.nn.ModuleList) else attn  # LongCat: two attention sublayers
+    scale = None if attn is None else attn.scaling
     if rs.get("rope_type", rs.get("type")) == "yarn":
         f = rs["factor"]
         want_att = _mscale(f, rs.get("mscale", 1)) / _mscale(f, rs.get("mscale_all_dim", 0))
@@ -611,7 +613,7 @@ def _derive_layer(model: DeepseekV3ForCausalLM, i: int, r: dict[str, Any]) -> di
     out["self_attn.q"] = q.contiguous()
     out["self_attn.q_nope"] = q_nope.contiguous()
     out["self_attn.q_pe"] = q_pe.contiguous()
-    if not torch.equal(q_pe, r["q_pe"]):  # the q argument of the rope function
+    if not torch.equal(q_pe * getattr(attn, "mla_scale_q_lora", 1.0), r["q_pe"]):  # the rope's q (LongCat: scaled)
         raise RuntimeError(f"hf_reference: layer {i}: q_pe split differs from the rope input")
     kv_a = r["kv_a"]
     out["self_attn.kv_a"] = kv_a

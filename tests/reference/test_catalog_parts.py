@@ -26,7 +26,7 @@ from stepper import catalog
 from stepper.config import Config
 
 PARTS = sorted(p for p in resources.files("stepper.catalog").joinpath("parts").iterdir() if p.name.endswith(".json"))
-CONFIG_FIELDS = {"has_mup_scalings", "index_reused"} | set(Config.__dataclass_fields__)  # index_reused: per layer
+CONFIG_FIELDS = {n for n in dir(Config) if not n.startswith("_")}  # fields and properties (index_reused: per layer)
 
 
 @pytest.mark.parametrize("part", PARTS, ids=lambda p: p.name)
