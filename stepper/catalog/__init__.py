@@ -46,7 +46,8 @@ class Catalog:
         return self.raw["tensors"]
 
     def entry(self, key: str) -> dict[str, Any] | None:
-        return self._by_name.get(key)
+        """The entry of a catalogue name, or of a LongCat sublayer's (`sub1.self_attn.q`)."""
+        return self._by_name.get(key) or self._by_name.get(key_of(key))
 
     def names(self) -> list[str]:
         return [e["name"] for e in self.entries]
@@ -108,16 +109,18 @@ class Catalog:
         """The entries one layer emits, in execution order, for this config, attention (naive or
         absorb) and index scoring (exact or fp8)."""
         kind = "moe" if cfg.is_moe_layer(layer) else "dense"
+        kinds = ("all", "dense", "moe") if cfg.shortcut_moe else ("all", kind)  # LongCat: both, in sublayers
         no_q_lora = cfg.q_lora_rank is None
-        return [
+        entries = [
             e for e in self.in_order
             if e["scope"] == "layer"
             and applies(e, cfg, index_scoring, layer)
-            and e["layers"] in ("all", kind)
+            and e["layers"] in kinds
             and e["path"] in ("both", attn)
             and not (no_q_lora and e["name"] in ("self_attn.q_a", "self_attn.q_a_norm"))
             and not (cfg.n_shared_experts == 0 and e["name"] == "mlp.shared_output")
         ]
+        return sublayered(entries) if cfg.shortcut_moe else entries
 
     def run_names(self, cfg: Config, steps: Sequence[tuple[str | None, str]], layers: Iterable[int],
                   start: Sequence[str] = (), end: Sequence[str] = (), index_scoring: str = "exact") -> list[str]:
@@ -159,6 +162,22 @@ class Catalog:
             if "after" in e:
                 ordered.insert(next(i for i, o in enumerate(ordered) if o["name"] == e["after"]) + 1, e)
         return ordered
+
+
+def sublayered(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A LongCat-Flash layer's entries in its order (model.longcat): sublayer 0's attention, the
+    MoE beside the sublayers, sublayer 0's MLP and output, sublayer 1's attention and MLP, the
+    layer's output; a sublayer's names under `sub0.` / `sub1.`."""
+    names = [e["name"] for e in entries]
+    attention = entries[names.index("input_layernorm"): names.index("post_attention_layernorm") + 1]
+    moe = [e for e in entries if e["layers"] == "moe"]
+    mlp = [e for e in entries if e["layers"] == "dense"] + [e for e in entries if e["name"] == "mlp_output"]
+    output = [e for e in entries if e["name"] == "output"]
+
+    def sub(j: int, part: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{**e, "name": f"sub{j}.{e['name']}"} for e in part]
+
+    return entries[:1] + sub(0, attention) + moe + sub(0, mlp + output) + sub(1, attention + mlp) + output
 
 
 def applies(entry: dict[str, Any], cfg: Config, index_scoring: str = "exact", layer: int | None = None) -> bool:
