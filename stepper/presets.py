@@ -335,6 +335,7 @@ PRESETS["glm-5"] = {
 PRESETS["tiny-glm5"] = {
     **PRESETS["tiny-v32"], "_name_or_path": "tiny-glm5", "architectures": ["GlmMoeDsaForCausalLM"],
     "model_type": "glm_moe_dsa", "v_head_dim": 48, "indexer_types": ["full", "full", "shared"],
+    "hidden_size": 256, "n_routed_experts": 16,  # smaller than tiny-v32: its fixture ships its weights
 }
 
 
