@@ -8,6 +8,8 @@ perturbed module output is named as the first divergence.
 
 - tiny-glm5-shared (GLM-5): layers 1 and 2 of tiny-glm5, layer 1 choosing with its indexer, layer
   2 "shared" (no indexer: it reuses layer 1's choice), prefill and a decode step.
+- tiny-minicpm3 (MiniCPM3): the whole model, BF16 weights as published: the scaled embedding,
+  LongRoPE's tables, the tied lm_head reading the final norm divided by hidden / dim_model_base.
 """
 
 import os
@@ -52,3 +54,19 @@ def test_a_transformers_dump_of_the_glm5_fixture_verifies(tmp_path):
     bad = verify.verify(fixture, perturbed(dump, "decode0.model.layers.1.self_attn.indexer.k_norm",
                                            tmp_path / "bad.safetensors"), names="transformers")
     assert bad.first["name"] == "decode0.layers.1.self_attn.indexer.k_norm"
+
+
+def test_a_transformers_dump_of_the_minicpm3_fixture_verifies(tmp_path):
+    fixture = load(ROOT / "fixtures" / "tiny-minicpm3")
+    dump = hooked_run(fixture)
+    path = tmp_path / "hf.safetensors"
+    save_file(dump, str(path))
+    verdict = verify.verify(fixture, path, names="transformers")
+    assert verdict.count("mismatch") == 0, summary_line(verdict)
+    assert verdict.unknown == [] and not verdict.ambiguous, verdict.unknown[:5]
+    matched = {c.name.split(".", 1)[1] for c in verdict.checks if c.status == "match"}
+    assert {"embed_scaled", "rope_cos", "layers.1.self_attn.kv", "layers.1.attn_residual", "layers.2.output",
+            "norm_scaled", "logits"} <= matched
+    bad = verify.verify(fixture, perturbed(dump, "decode0.model.layers.1.self_attn.kv_a_layernorm",
+                                           tmp_path / "bad.safetensors"), names="transformers")
+    assert bad.first["name"] == "decode0.layers.1.self_attn.compressed_kv_norm"
