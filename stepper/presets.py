@@ -309,9 +309,9 @@ PRESETS["minicpm3-4b"] = {
     "scale_depth": 1.4,
 }
 PRESETS["tiny-minicpm3"] = {  # long factors unlike the short ones, and an original length a decode can pass
-    **PRESETS["minicpm3-4b"], "_name_or_path": "tiny-minicpm3", "vocab_size": 1000, "hidden_size": 256,
-    "intermediate_size": 352, "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 4,
-    "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "q_lora_rank": 96, "kv_lora_rank": 64, "dim_model_base": 64,
+    **PRESETS["minicpm3-4b"], "_name_or_path": "tiny-minicpm3", "vocab_size": 1000, "hidden_size": 128,
+    "intermediate_size": 192, "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 4,
+    "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "q_lora_rank": 64, "kv_lora_rank": 48, "dim_model_base": 32,
     "max_position_embeddings": 8192,
     "rope_scaling": {"type": "longrope", "short_factor": _MINICPM3_FACTORS[::2], "long_factor": _MINICPM3_FACTORS[1::2],
                      "original_max_position_embeddings": 4096},
@@ -332,10 +332,11 @@ PRESETS["glm-5"] = {
     "rope_theta": 1000000.0, "index_topk": 2048, "index_head_dim": 128, "index_n_heads": 32,
     "num_nextn_predict_layers": 1,
 }
-PRESETS["tiny-glm5"] = {
+PRESETS["tiny-glm5"] = {  # smaller than tiny-v32: its fixture ships its weights
     **PRESETS["tiny-v32"], "_name_or_path": "tiny-glm5", "architectures": ["GlmMoeDsaForCausalLM"],
-    "model_type": "glm_moe_dsa", "v_head_dim": 48, "indexer_types": ["full", "full", "shared"],
-    "hidden_size": 256, "n_routed_experts": 16,  # smaller than tiny-v32: its fixture ships its weights
+    "model_type": "glm_moe_dsa", "indexer_types": ["full", "full", "shared"], "hidden_size": 128,
+    "intermediate_size": 256, "moe_intermediate_size": 64, "n_routed_experts": 8, "num_experts_per_tok": 2,
+    "n_group": 2, "topk_group": 1, "q_lora_rank": 96, "kv_lora_rank": 64, "v_head_dim": 48, "index_n_heads": 4,
 }
 
 

@@ -96,6 +96,10 @@ def load_model(model: str, seed: int) -> WeightSource:
     path = Path(model)
     if path.is_dir():
         if (path / "config.json").exists() and not any(path.glob("*.safetensors")) and not (path / INDEX).exists():
+            pickled = sorted(path.glob("pytorch_model*.bin"))  # older releases (MiniCPM3's era)
+            if pickled:
+                raise StepperError(f"{path}: holds {pickled[0].name} (PyTorch pickle), which stepper does not read "
+                                   "(unpickling runs code); convert the weights to safetensors")
             return SyntheticWeights(load_config(path / "config.json"), seed)
         return Checkpoint(path)
     if path.is_file():

@@ -89,5 +89,15 @@ def test_the_tied_head_is_the_embedding():
     embedding = SyntheticWeights(preset("tiny-minicpm3"), seed=0).get("model.embed_tokens.weight")  # [V, d]
     want = t["norm_scaled"].astype(np.float64) @ embedding.T.astype(np.float64)
     assert np.max(np.abs(t["logits"] - want)) <= 1e-5 * np.max(np.abs(want))
-    assert np.allclose(t["norm_scaled"], t["norm"] / np.float32(256 / 64), rtol=1e-6)
+    assert np.allclose(t["norm_scaled"], t["norm"] / np.float32(128 / 32), rtol=1e-6)
     assert np.allclose(t["embed_scaled"], t["embed"] * 12, rtol=1e-6)
+
+
+def test_a_pickled_checkpoint_is_refused_in_one_line_not_run_synthetic(tmp_path):
+    folder = tmp_path / "MiniCPM3-4B"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(PRESETS["tiny-minicpm3"]))
+    (folder / "pytorch_model.bin").write_bytes(b"\x80\x02not read")
+    result = stepper("run", "--model", folder)
+    assert result.returncode == 2 and result.stderr.strip().count("\n") == 0
+    assert "holds pytorch_model.bin (PyTorch pickle), which stepper does not read" in result.stderr
