@@ -13,22 +13,31 @@ from __future__ import annotations
 import re
 from types import SimpleNamespace
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 import transformers.models.axk2.modeling_axk2 as hf_axk2
 import transformers.models.glm_moe_dsa.modeling_glm_moe_dsa as hf_glm5
+import transformers.models.longcat_flash.modeling_longcat_flash as hf_longcat
 import transformers.models.minicpm3.modeling_minicpm3 as hf_minicpm3
 from transformers import (
     AXK2Config,
     AXK2ForCausalLM,
     GlmMoeDsaConfig,
     GlmMoeDsaForCausalLM,
+    LongcatFlashConfig,
+    LongcatFlashForCausalLM,
     MiniCPM3Config,
     MiniCPM3ForCausalLM,
 )
+from transformers.cache_utils import DynamicCache
 
 from helpers import hf_reference
 from helpers.hf_reference import FAMILIES, LAYER_NAMES_FAMILIES
+from stepper import catalog
+from stepper.config import Config
+from stepper.seams.trace import Recorder, unphased
+from stepper.session import RunSpec, run
 
 # ---------------------------------------------------------------------------------------------
 # MiniCPM3: muP scalings around DeepSeek-V2's attention, Llama's rotate_half RoPE, tied lm_head
@@ -188,11 +197,6 @@ build_hf_model = hf_reference.build_hf_model
 def traces(folder, raw: dict, values: dict, ids: tuple[int, ...], start_pos: int, decode: int, attn: str):
     """stepper run from the checkpoint folder, and transformers on its values: both traces, by name
     (stepper's absorbed path against transformers' naive one: only the names both have)."""
-    import numpy as np
-
-    from stepper.seams.trace import Recorder
-    from stepper.session import RunSpec, run
-
     rec = Recorder()
     result = run(RunSpec(model=str(folder), ids=ids, start_pos=start_pos, decode=decode, attn=attn), [rec])
     steps = [np.array([[t]]) for t in result.generated] or None
@@ -205,10 +209,6 @@ def traces(folder, raw: dict, values: dict, ids: tuple[int, ...], start_pos: int
 
 def catalogued_names(raw: dict, names) -> tuple[set[str], set[str]]:
     """The catalogue's names a naive run of this config emits (layers and globals), and those of `names`."""
-    from stepper import catalog
-    from stepper.config import Config
-    from stepper.seams.trace import unphased
-
     cfg = Config.from_hf(dict(raw), "test config")
     cat = catalog.load()
     expected = {e["name"] for layer in range(cfg.num_hidden_layers) for e in cat.layer_sequence(cfg, layer, "naive")}
@@ -222,8 +222,6 @@ def catalogued_names(raw: dict, names) -> tuple[set[str], set[str]]:
 # Its layer is not DeepSeek's, so it has its own hooks and pass; each sublayer is derived by
 # hf_reference's _derive_layer through a view of the model holding that sublayer's modules.
 
-import transformers.models.longcat_flash.modeling_longcat_flash as hf_longcat
-from transformers import LongcatFlashConfig, LongcatFlashForCausalLM
 
 
 class _LongcatRecorder(hf_reference._Recorder):
@@ -311,9 +309,6 @@ def _longcat_moe(moe, r: dict) -> dict[str, torch.Tensor]:
 def longcat_trace(config: dict, weights: dict, ids, start_pos: int = 0, decode_ids=None) -> dict:
     """transformers' LongcatFlashForCausalLM on the weights (published names: the experts one by one),
     prefill then cached decode steps, every tensor under stepper's names (`layers.i.sub{j}.` for a sublayer)."""
-    import numpy as np
-    from transformers.cache_utils import DynamicCache
-
     zero = range(config["n_routed_experts"], config["n_routed_experts"] + config["zero_expert_num"])
     d, inter = config["hidden_size"], config["expert_ffn_hidden_size"]
     unused = {f"model.layers.{i}.mlp.experts.{e}.{p}.weight": np.zeros((inter, d), np.float32)  # transformers
