@@ -10,9 +10,9 @@ with a `StepperError` that names the field.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,6 @@ from stepper.untrusted.jsonfile import read_json
 MODEL_TYPES = ("deepseek_v3", "kimi_k2", "deepseek_v2", "deepseek_v32")
 WRAPPER_TYPES = ("kimi_k25",)
 # The MLA families grown from DeepSeek-V3, each read by its own module stepper/families/<model_type>.py
-FAMILY_TYPES = ("minicpm3", "glm_moe_dsa", "axk2", "longcat_flash")
 FAMILY_FIELDS = ("rope_interleave", "longrope", "scale_emb", "scale_depth", "dim_model_base", "tie_word_embeddings",
                  "indexer_rope_interleave", "index_reused_layers", "q_gate", "gated_norm_rank", "masked_groups_zero",
                  "zero_experts", "mla_lora_scales", "shortcut_moe")
@@ -215,14 +214,13 @@ class Config:
 
     @classmethod
     def from_hf(cls, raw: dict[str, Any], name: str = "config.json") -> Config:
-        """Read an HF config.json dict (model_type deepseek_v3 or kimi_k2) and validate it."""
+        """Read an HF config.json dict of the MLA family (MODEL_TYPES or its wrapper) and validate
+        it. A config.json of any registered family: stepper.families.read_config."""
         return _parse(raw, name)
 
     def to_hf(self) -> dict[str, Any]:
         """The config.json dict an HF checkpoint of this model carries (DeepseekV3 field names, or
         the family's own: stepper/families)."""
-        if self.model_type in FAMILY_TYPES:
-            return family(self.model_type).to_hf(self)
         out: dict[str, Any] = {
             "architectures": [ARCHITECTURES[self.model_type]],
             "model_type": self.model_type,
@@ -254,13 +252,19 @@ class Config:
         return out
 
 
-def load_config(path: str | Path) -> Config:
-    """Read and validate a config.json file."""
+def read_mla_config(raw: dict[str, Any], source: str) -> Config:
+    """The MLA family's reader (families.deepseek): a config.json of MODEL_TYPES or its wrapper."""
+    return _parse(raw, source)
+
+
+def load_config(path: str | Path, read: Callable[[dict[str, Any], str], Any] = read_mla_config) -> Any:
+    """Read and validate a config.json file with a family's reader (the MLA family's unless given:
+    stepper.families.load_config reads any registered family's)."""
     path = Path(path)
     raw = read_json(path, "a config.json")  # a key given twice, or NaN, is refused naming it
     if not isinstance(raw, dict):
         raise StepperError(f"{path}: expected a JSON object, found {type(raw).__name__}")
-    return Config.from_hf(raw, str(path))
+    return read(raw, str(path))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -320,10 +324,8 @@ def _parse(raw: dict[str, Any], source: str) -> Config:
     model_type = f.str("model_type")
     if model_type in WRAPPER_TYPES:
         return _kimi_k25(f)
-    if model_type in FAMILY_TYPES:
-        return family(model_type).from_hf(raw, source)
     if model_type not in MODEL_TYPES:
-        raise f.fail("model_type", f"must be one of {', '.join(MODEL_TYPES + FAMILY_TYPES)}, got {model_type!r}")
+        raise f.fail("model_type", f"must be one of {', '.join(MODEL_TYPES)}, got {model_type!r}")
     _require_equal(f, "hidden_act", "silu")
     if raw.get("attention_bias"):
         raise f.fail("attention_bias", "must be false: MLA projections have no bias")
@@ -398,11 +400,6 @@ def _kimi_k25(f: _Fields) -> Config:
     cfg = _parse(text, f"{f.source}: text_config")
     unused = tuple(k for k in f.raw if k not in WRAPPER_READ + WRAPPER_BOOKKEEPING)
     return dataclasses.replace(cfg, name=model_name(f.raw, f.source), wrapper=Wrapper(f.str("model_type"), unused_fields=unused))
-
-
-def family(model_type: str) -> Any:
-    """The module that reads and writes a family's config.json (stepper/families/<model_type>.py)."""
-    return importlib.import_module(f"stepper.families.{model_type}")
 
 
 def model_name(raw: dict[str, Any], source: str) -> str:

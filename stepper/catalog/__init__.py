@@ -1,7 +1,11 @@
 """The tensor catalogue: what each named tensor is, its named dimensions and where the reference
-computes it. The content is data (catalog.json, shipped in the package); this module reads it,
-finds entries by what a user types and turns a tensor's shape into named dimensions for a given
-config. An entry's `explain` text is a template filled with the run's config (`catalog.texts`)."""
+computes it: what code cannot say. The content is data, one JSON file per part of a model
+(stepper/catalog/parts/*.json, shipped in the package; a family lists its parts, and a family
+added elsewhere brings its own files); this module merges the registered families' parts, finds
+entries by what a user types and turns a tensor's shape into named dimensions for a given config.
+Which tensors a layer emits, and in which order, is not kept here: the model says it
+(`families.derive`), and `layer_sequence` asks it. An entry's `explain` text is a template
+filled with the run's config (`catalog.texts`)."""
 
 from __future__ import annotations
 
@@ -11,11 +15,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from functools import cache, cached_property
-from importlib import resources
+from importlib.abc import Traversable
 from typing import Any
 
+from stepper import families
 from stepper.catalog import texts
 from stepper.config import Config
+from stepper.families import derive
 
 RUNTIME = "runtime"
 SCOPE = re.compile(r"^(?:prefill\.|decode\d+\.)?(?:layers\.\d+\.)?(?:sub\d\.)?")  # sub: LongCat's sublayers
@@ -107,20 +113,10 @@ class Catalog:
 
     def layer_sequence(self, cfg: Config, layer: int, attn: str = "naive", index_scoring: str = "exact") -> list[dict[str, Any]]:
         """The entries one layer emits, in execution order, for this config, attention (naive or
-        absorb) and index scoring (exact or fp8)."""
-        kind = "moe" if cfg.is_moe_layer(layer) else "dense"
-        kinds = ("all", "dense", "moe") if cfg.shortcut_moe else ("all", kind)  # LongCat: both, in sublayers
-        no_q_lora = cfg.q_lora_rank is None
-        entries = [
-            e for e in self.in_order
-            if e["scope"] == "layer"
-            and applies(e, cfg, index_scoring, layer)
-            and e["layers"] in kinds
-            and e["path"] in ("both", attn)
-            and not (no_q_lora and e["name"] in ("self_attn.q_a", "self_attn.q_a_norm"))
-            and not (cfg.n_shared_experts == 0 and e["name"] == "mlp.shared_output")
-        ]
-        return sublayered(entries) if cfg.shortcut_moe else entries
+        absorb) and index scoring (exact or fp8): the names the model emits (families.derive),
+        each with its entry (a name with none gets a bare one, which the catalogue tests refuse)."""
+        keys = derive.layer_keys(cfg, layer, attn, index_scoring)
+        return [{**(self.entry(key) or uncatalogued(key)), "name": key} for key in keys]  # LongCat: `sub0.` names
 
     def run_names(self, cfg: Config, steps: Sequence[tuple[str | None, str]], layers: Iterable[int],
                   start: Sequence[str] = (), end: Sequence[str] = (), index_scoring: str = "exact") -> list[str]:
@@ -137,10 +133,9 @@ class Catalog:
         return names
 
     def with_globals_after(self, keys: Sequence[str], cfg: Config) -> list[str]:
-        """The global names `keys`, each followed by the global entries this config emits after it
-        (MiniCPM3's embed_scaled after embed)."""
-        return [e["name"] for e in self.in_order if e["scope"] == "global" and applies(e, cfg)
-                and (e["name"] in keys or e.get("after") in keys)]
+        """The global names `keys`, each followed by what the model around the layers emits after
+        it for this config (MiniCPM3's embed_scaled after embed: model.transformer.global_names)."""
+        return derive.global_names(cfg, keys)
 
     def expected_size(self, symbol: str, cfg: Config) -> int | None:
         """The size a config gives a dimension symbol, or None for runtime dims and unset fields."""
@@ -153,43 +148,12 @@ class Catalog:
     def _by_name(self) -> dict[str, dict[str, Any]]:
         return {e["name"]: e for e in self.entries}
 
-    @cached_property
-    def in_order(self) -> list[dict[str, Any]]:
-        """The entries in execution order: one with `after` (a family's own tensor, appended to the
-        catalogue) goes right after the entry it names, which comes before it in the catalogue."""
-        ordered = [e for e in self.entries if "after" not in e]
-        for e in self.entries:
-            if "after" in e:
-                ordered.insert(next(i for i, o in enumerate(ordered) if o["name"] == e["after"]) + 1, e)
-        return ordered
 
 
-def sublayered(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A LongCat-Flash layer's entries in its order (model.longcat): sublayer 0's attention, the
-    MoE beside the sublayers, sublayer 0's MLP and output, sublayer 1's attention and MLP, the
-    layer's output; a sublayer's names under `sub0.` / `sub1.`."""
-    names = [e["name"] for e in entries]
-    attention = entries[names.index("input_layernorm"): names.index("post_attention_layernorm") + 1]
-    moe = [e for e in entries if e["layers"] == "moe"]
-    mlp = [e for e in entries if e["layers"] == "dense"] + [e for e in entries if e["name"] == "mlp_output"]
-    output = [e for e in entries if e["name"] == "output"]
-
-    def sub(j: int, part: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return [{**e, "name": f"sub{j}.{e['name']}"} for e in part]
-
-    return entries[:1] + sub(0, attention) + moe + sub(0, mlp + output) + sub(1, attention + mlp) + output
-
-
-def applies(entry: dict[str, Any], cfg: Config, index_scoring: str = "exact", layer: int | None = None) -> bool:
-    """Whether a config emits the entry (in `layer`, for a layer's entry): its `when` maps config
-    fields to the values under which it is emitted (the router's scoring_func and topk_method,
-    has_indexer), the run's choice of index_scoring, or whether the layer reuses the previous
-    layer's index choice (GLM-5)."""
-    choices = {"index_scoring": index_scoring, "index_reused": layer is not None and cfg.index_reused(layer)}
-    when = entry.get("when", {})
-    if choices["index_reused"] and "has_indexer" in when:  # GLM-5's shared layer runs no indexer of its own
-        return False
-    return all((choices[field] if field in choices else getattr(cfg, field)) in values for field, values in when.items())
+def uncatalogued(key: str) -> dict[str, Any]:
+    """The bare entry of a name the model emits that no part file explains."""
+    return {"name": key, "scope": "layer", "block": "uncatalogued", "dims": [], "dtype": "float32", "aliases": {},
+            "description": "(not in the catalogue)", "formula": "", "explain": "", "reference": {}}
 
 
 PARAMETER = re.compile(r"[A-Za-z_][\w.]*\.weight(?!\w)|\b\w+_bias\b")  # q_a_proj.weight, e_score_correction_bias
@@ -228,13 +192,26 @@ def format_shape(dims: list[Dim]) -> str:
     return "[" + ", ".join(str(d) for d in dims) + "]"
 
 
-@cache
 def load() -> Catalog:
-    """catalog.json, with each part file's entries (parts/<part>.json: a family's own tensors,
-    each placed by its `after`) appended."""
-    folder = resources.files("stepper.catalog")
-    raw = json.loads(folder.joinpath("catalog.json").read_text(encoding="utf-8"))
-    parts = folder.joinpath("parts")
-    for part in sorted((p for p in parts.iterdir() if p.name.endswith(".json")), key=lambda p: p.name) if parts.is_dir() else ():
-        raw["tensors"] += json.loads(part.read_text(encoding="utf-8"))["tensors"]
+    """The catalogue of every registered family's parts (stepper.families)."""
+    return merged(tuple(dict.fromkeys(part for family in families.registry() for part in family.parts)))
+
+
+@cache
+def merged(parts: tuple[Traversable, ...]) -> Catalog:
+    """One catalogue of part files: their references and dims joined, their tensors in the order of
+    the files. Two parts may not explain one name or define one symbol differently."""
+    raw: dict[str, Any] = {"format": "stepper-catalog", "version": 1, "references": {}, "dims": {}, "tensors": []}
+    names: dict[str, str] = {}
+    for part in parts:
+        data = json.loads(part.read_text(encoding="utf-8"))
+        for table in ("references", "dims"):
+            for key, value in data.get(table, {}).items():
+                if raw[table].setdefault(key, value) != value:
+                    raise ValueError(f"catalogue part {part.name}: {table} {key!r} differs from an earlier part's")
+        for entry in data["tensors"]:
+            if entry["name"] in names:
+                raise ValueError(f"catalogue part {part.name}: {entry['name']} is already in {names[entry['name']]}")
+            names[entry["name"]] = part.name
+            raw["tensors"].append(entry)
     return Catalog(raw)

@@ -17,6 +17,9 @@ import dataclasses
 from typing import Any
 
 from stepper.config import Config, _Fields, _parse
+from stepper.families import deepseek
+from stepper.families.family import Family
+from stepper.model.layer import decoder_layer
 
 MODEL_TYPE = "axk2"
 ARCHITECTURE = "AXK2ForCausalLM"
@@ -25,7 +28,15 @@ DEFAULTS = {"index_n_heads": 16, "index_head_dim": 128, "index_topk": 2048, "fir
 HONOURED = {"attention_bias": False}
 
 
-def from_hf(raw: dict[str, Any], source: str) -> Config:
+@dataclasses.dataclass(frozen=True)
+class AXK2Config(Config):
+    """MLA's config with A.X-K2's fields set; written back as A.X-K2's config.json."""
+
+    def to_hf(self) -> dict[str, Any]:
+        return to_hf(self)
+
+
+def from_hf(raw: dict[str, Any], source: str) -> AXK2Config:
     """Read an A.X-K2 config.json; each field stepper does not honour refused by name."""
     f = _Fields(raw, source)
     for field, honoured in HONOURED.items():
@@ -41,15 +52,26 @@ def from_hf(raw: dict[str, Any], source: str) -> Config:
     want = ["sparse" if cfg.is_moe_layer(i) else "dense" for i in range(cfg.num_hidden_layers)]
     if given is not None and given != want:
         raise f.fail("mlp_layer_types", f"must be 'dense' then 'sparse' as first_k_dense_replace "
-                     f"({cfg.first_k_dense_replace}) and moe_layer_freq ({cfg.moe_layer_freq}) say, got {str(given)[:80]}")
-    return dataclasses.replace(cfg, model_type=MODEL_TYPE, q_gate=True, masked_groups_zero=True,
-                               gated_norm_rank=f.int("gated_norm_rank", default=16))
+                     f"({cfg.first_k_dense_replace}) and moe_layer_freq ({cfg.moe_layer_freq}) say, "
+                     f"got {str(given)[:80]}")
+    fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+    return AXK2Config(**{**fields, "model_type": MODEL_TYPE, "q_gate": True, "masked_groups_zero": True,
+                         "gated_norm_rank": f.int("gated_norm_rank", default=16)})
 
 
 def to_hf(cfg: Config) -> dict[str, Any]:
     """The config.json of an A.X-K2 checkpoint of this config: V3.2's fields plus gated_norm_rank."""
-    out = dataclasses.replace(cfg, model_type="deepseek_v32").to_hf()
+    out = Config.to_hf(dataclasses.replace(cfg, model_type="deepseek_v32"))
     out.update(architectures=[ARCHITECTURE], model_type=MODEL_TYPE, gated_norm_rank=cfg.gated_norm_rank)
     if cfg.n_group == 1:  # A.X-K2-Light: no expert groups
         del out["n_group"], out["topk_group"]
     return out
+
+
+def miniature(cfg: AXK2Config, layer: int) -> AXK2Config:
+    """DeepSeek's miniature with A.X-K2's gates (a bottleneck of 2)."""
+    return dataclasses.replace(deepseek.miniature(cfg, layer), gated_norm_rank=2)
+
+
+FAMILY = Family(name="axk2", model_types=(MODEL_TYPE,), read_config=from_hf, decoder_layer=decoder_layer,
+                parts=deepseek.part_files(deepseek.PARTS + ("axk2_gates",)), miniature=miniature)

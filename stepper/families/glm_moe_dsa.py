@@ -16,6 +16,9 @@ import dataclasses
 from typing import Any
 
 from stepper.config import Config, _Fields, _parse
+from stepper.families import deepseek
+from stepper.families.family import Family
+from stepper.model.layer import decoder_layer
 
 MODEL_TYPE = "glm_moe_dsa"
 ARCHITECTURE = "GlmMoeDsaForCausalLM"
@@ -25,7 +28,15 @@ PATTERN_FIELDS = ("indexer_types", "index_topk_pattern", "index_topk_freq", "ind
 HONOURED = {"attention_bias": False, "mlp_bias": False}
 
 
-def from_hf(raw: dict[str, Any], source: str) -> Config:
+@dataclasses.dataclass(frozen=True)
+class GlmMoeDsaConfig(Config):
+    """MLA's config with GLM-5's fields set; written back as GLM-5's config.json."""
+
+    def to_hf(self) -> dict[str, Any]:
+        return to_hf(self)
+
+
+def from_hf(raw: dict[str, Any], source: str) -> GlmMoeDsaConfig:
     """Read a GLM-5 config.json; each field stepper does not honour refused by name."""
     f = _Fields(raw, source)
     for field, honoured in HONOURED.items():
@@ -38,7 +49,9 @@ def from_hf(raw: dict[str, Any], source: str) -> Config:
     types = indexer_types(f, cfg.num_hidden_layers)
     check_mlp_layer_types(f, cfg)
     reused = tuple(i for i, kind in enumerate(types) if kind == "shared")
-    return dataclasses.replace(cfg, model_type=MODEL_TYPE, indexer_rope_interleave=True, index_reused_layers=reused)
+    fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+    return GlmMoeDsaConfig(**{**fields, "model_type": MODEL_TYPE, "indexer_rope_interleave": True,
+                              "index_reused_layers": reused})
 
 
 def indexer_types(f: _Fields, layers: int) -> list[str]:
@@ -57,7 +70,8 @@ def indexer_types(f: _Fields, layers: int) -> list[str]:
         offset = f.int("index_skip_topk_offset", default=2, minimum=0)
         return ["full" if max(i - offset + 1, 0) % freq == 0 else "shared" for i in range(layers)]
     if not isinstance(given, list) or len(given) != layers or not set(given) <= {"full", "shared"}:
-        raise f.fail(field, f"must give 'full' or 'shared' (F or S) for each of the {layers} layers, got {str(given)[:80]}")
+        raise f.fail(field, f"must give 'full' or 'shared' (F or S) for each of the {layers} layers, "
+                     f"got {str(given)[:80]}")
     if given[0] != "full":
         raise f.fail(field, "must start with a 'full' layer: a 'shared' layer reuses the choice of the layer before it")
     return list(given)
@@ -76,7 +90,18 @@ def check_mlp_layer_types(f: _Fields, cfg: Config) -> None:
 
 def to_hf(cfg: Config) -> dict[str, Any]:
     """The config.json of a GLM-5 checkpoint of this config: V3.2's fields plus indexer_types."""
-    out = dataclasses.replace(cfg, model_type="deepseek_v32", index_reused_layers=()).to_hf()
+    out = Config.to_hf(dataclasses.replace(cfg, model_type="deepseek_v32", index_reused_layers=()))
     out.update(architectures=[ARCHITECTURE], model_type=MODEL_TYPE)
     out["indexer_types"] = ["shared" if cfg.index_reused(i) else "full" for i in range(cfg.num_hidden_layers)]
     return out
+
+
+def miniature(cfg: GlmMoeDsaConfig, layer: int) -> GlmMoeDsaConfig:
+    """DeepSeek's miniature whose layer 0 is "shared" when `layer` is (run alone, it reuses every
+    earlier position: model.indexer.reused_index_mask)."""
+    shared = (0,) if cfg.index_reused(layer) else ()
+    return dataclasses.replace(deepseek.miniature(cfg, layer), index_reused_layers=shared)
+
+
+FAMILY = Family(name="glm_moe_dsa", model_types=(MODEL_TYPE,), read_config=from_hf, decoder_layer=decoder_layer,
+                parts=deepseek.part_files(deepseek.PARTS + ("index_reuse",)), miniature=miniature)

@@ -18,6 +18,9 @@ import dataclasses
 from typing import Any
 
 from stepper.config import Config, _Fields, _parse, model_name
+from stepper.families import deepseek
+from stepper.families.family import Family
+from stepper.model.longcat import longcat_layer
 
 MODEL_TYPE = "longcat_flash"
 ARCHITECTURE = "LongcatFlashForCausalLM"
@@ -33,12 +36,21 @@ HONOURED = {"zero_expert_type": "identity", "router_bias": False, "mla_scale_q_l
 DEFAULTS = {"rope_theta": 10000000.0, "rms_norm_eps": 1e-5}
 
 
-def from_hf(raw: dict[str, Any], source: str) -> Config:
+@dataclasses.dataclass(frozen=True)
+class LongcatFlashConfig(Config):
+    """MLA's config with LongCat-Flash's fields set; written back as LongCat-Flash's config.json."""
+
+    def to_hf(self) -> dict[str, Any]:
+        return to_hf(self)
+
+
+def from_hf(raw: dict[str, Any], source: str) -> LongcatFlashConfig:
     """Read a LongCat-Flash config.json; each field stepper does not honour refused by name."""
     f = _Fields(raw, source)
     for field, honoured in HONOURED.items():
         if raw.get(field, honoured) not in (honoured, None):
-            raise f.fail(field, f"must be {honoured!r}: stepper builds LongCat-Flash as transformers does, got {raw[field]!r}")
+            raise f.fail(field, f"must be {honoured!r}: stepper builds LongCat-Flash as transformers does, "
+                         f"got {raw[field]!r}")
     if raw.get("qk_head_dim") not in (None, f.int("qk_nope_head_dim") + f.int("qk_rope_head_dim")):
         raise f.fail("qk_head_dim", "must be qk_nope_head_dim + qk_rope_head_dim (or absent)")
     if f.int("head_dim", default=64) != f.int("qk_rope_head_dim"):  # transformers' rotary tables are head_dim wide
@@ -54,14 +66,25 @@ def from_hf(raw: dict[str, Any], source: str) -> Config:
         shared.setdefault(field, value)
     cfg = _parse({**shared, "model_type": "deepseek_v3", "first_k_dense_replace": 0, "n_shared_experts": 0,
                   "norm_topk_prob": False}, source)
-    return dataclasses.replace(cfg, name=model_name(raw, source), model_type=MODEL_TYPE, scoring_func="softmax",
-                               zero_experts=zero, mla_lora_scales=True, shortcut_moe=True)
+    fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+    return LongcatFlashConfig(**{**fields, "name": model_name(raw, source), "model_type": MODEL_TYPE,
+                                 "scoring_func": "softmax", "zero_experts": zero, "mla_lora_scales": True,
+                                 "shortcut_moe": True})
 
 
 def to_hf(cfg: Config) -> dict[str, Any]:
     """The config.json of a LongCat-Flash checkpoint of this config (the published field names)."""
-    base = dataclasses.replace(cfg, model_type="deepseek_v3", scoring_func="sigmoid").to_hf()
+    base = Config.to_hf(dataclasses.replace(cfg, model_type="deepseek_v3", scoring_func="sigmoid"))
     out = {"architectures": [ARCHITECTURE], "model_type": MODEL_TYPE, **{k: base[k] for k in SHARED if k in base}}
     out.update({old: base[new] for old, new in RENAMED.items()}, zero_expert_num=cfg.zero_experts, **HONOURED,
                head_dim=cfg.qk_rope_head_dim)
     return out
+
+
+def miniature(cfg: LongcatFlashConfig, layer: int) -> LongcatFlashConfig:
+    """DeepSeek's miniature with LongCat's layer: its MoE (two experts, one zero expert) beside the sublayers."""
+    return dataclasses.replace(deepseek.miniature(cfg, layer), zero_experts=min(cfg.zero_experts, 1))
+
+
+FAMILY = Family(name="longcat_flash", model_types=(MODEL_TYPE,), read_config=from_hf, decoder_layer=longcat_layer,
+                parts=deepseek.part_files(deepseek.PARTS + ("longcat",)), miniature=miniature)

@@ -18,6 +18,9 @@ import math
 from typing import Any
 
 from stepper.config import Config, LongRope, _Fields, _parse, model_name
+from stepper.families import deepseek
+from stepper.families.family import Family
+from stepper.model.layer import decoder_layer
 
 MODEL_TYPE = "minicpm3"
 ARCHITECTURE = "MiniCPM3ForCausalLM"
@@ -31,7 +34,16 @@ DEFAULTS = {"scale_emb": 12, "scale_depth": 1.4, "dim_model_base": 256, "tie_wor
             "rms_norm_eps": 1e-5, "rope_theta": 10000.0}
 
 
-def from_hf(raw: dict[str, Any], source: str) -> Config:
+@dataclasses.dataclass(frozen=True)
+class MiniCPM3Config(Config):
+    """MLA's config with MiniCPM3's fields set (stepper.config.Config's family fields); written
+    back as MiniCPM3's config.json."""
+
+    def to_hf(self) -> dict[str, Any]:
+        return to_hf(self)
+
+
+def from_hf(raw: dict[str, Any], source: str) -> MiniCPM3Config:
     """Read a MiniCPM3 config.json; each field stepper does not honour refused by name."""
     f = _Fields(raw, source)
     for field, honoured in HONOURED.items():
@@ -45,8 +57,10 @@ def from_hf(raw: dict[str, Any], source: str) -> Config:
         shared.setdefault(field, DEFAULTS[field])
     cfg = _parse({**shared, "model_type": "deepseek_v3", "moe_intermediate_size": f.int("intermediate_size"),
                   "v_head_dim": f.int("v_head_dim", default=hidden // heads)}, source)
+    fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
     return dataclasses.replace(
-        cfg, name=model_name(raw, source), model_type=MODEL_TYPE, rope_interleave=False, longrope=longrope(f, cfg),
+        MiniCPM3Config(**fields), name=model_name(raw, source), model_type=MODEL_TYPE, rope_interleave=False,
+        longrope=longrope(f, cfg),
         scale_emb=f.float("scale_emb", default=DEFAULTS["scale_emb"]),
         scale_depth=f.float("scale_depth", default=DEFAULTS["scale_depth"]),
         dim_model_base=f.int("dim_model_base", default=DEFAULTS["dim_model_base"]),
@@ -94,7 +108,7 @@ def to_hf(cfg: Config) -> dict[str, Any]:
     out.update({k: getattr(cfg, k) for k in SHARED if hasattr(cfg, k)})
     out.update(v_head_dim=cfg.v_head_dim, scale_emb=cfg.scale_emb, scale_depth=cfg.scale_depth,
                dim_model_base=cfg.dim_model_base, tie_word_embeddings=cfg.tie_word_embeddings)
-    quantized = dataclasses.replace(cfg, model_type="deepseek_v3").to_hf().get("quantization_config")
+    quantized = Config.to_hf(dataclasses.replace(cfg, model_type="deepseek_v3")).get("quantization_config")
     if quantized is not None:
         out["quantization_config"] = quantized
     if cfg.longrope is not None:
@@ -103,3 +117,17 @@ def to_hf(cfg: Config) -> dict[str, Any]:
                                "original_max_position_embeddings": cfg.longrope.original_max_position_embeddings,
                                "attention_factor": cfg.longrope.attention_factor}
     return out
+
+
+def miniature(cfg: MiniCPM3Config, layer: int) -> MiniCPM3Config:
+    """DeepSeek's miniature (families.deepseek) with MiniCPM3's branches kept: its LongRoPE factors
+    cut to the miniature's rotary pairs."""
+    mini = deepseek.miniature(cfg, layer)
+    pairs = mini.qk_rope_head_dim // 2
+    longrope = None if cfg.longrope is None else dataclasses.replace(
+        cfg.longrope, short_factor=cfg.longrope.short_factor[:pairs], long_factor=cfg.longrope.long_factor[:pairs])
+    return dataclasses.replace(mini, longrope=longrope, dim_model_base=None if cfg.dim_model_base is None else 4)
+
+
+FAMILY = Family(name="minicpm3", model_types=(MODEL_TYPE,), read_config=from_hf, decoder_layer=decoder_layer,
+                parts=deepseek.part_files(deepseek.PARTS + ("mup_scalings",)), miniature=miniature)

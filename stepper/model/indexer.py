@@ -27,13 +27,13 @@ from __future__ import annotations
 import numpy as np
 
 from stepper.config import Config
-from stepper.errors import StepperError
 from stepper.kernels.linear import linear
 from stepper.model.attention import LATENT_NORM_EPS
 from stepper.model.cache import LayerCache
 from stepper.model.index_fp8 import fp8_index_scores
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.ops import causal_mask, rms_norm
+from stepper.model.options import LayerOptions
 from stepper.model.rope import Rope, apply_rope
 from stepper.model.rope import rotate_halves as rope_halves
 from stepper.seams.swap import exercise
@@ -42,10 +42,11 @@ from stepper.seams.trace import Emitter
 LAYER_NORM_EPS = 1e-6  # the indexer's k_norm (DeepSeek's LayerNorm default; not in config.json)
 
 
-def index_mask(x: np.ndarray, w: LayerWeights, cfg: Config, rope: Rope, cache: LayerCache, emit: Emitter,
-               scoring: str = "exact") -> np.ndarray:
+def index_mask(x: np.ndarray, w: LayerWeights, cache: LayerCache, options: LayerOptions, emit: Emitter) -> np.ndarray:
     """x [B, T, d] (after input_layernorm) -> the additive mask [B, T, S] of the positions each
-    query may attend; scoring "exact" (float32) or "fp8" (DeepSeek's kernel)."""
+    query may attend; the options' index scoring "exact" (float32) or "fp8" (DeepSeek's kernel).
+    w carries the config and the rotary tables."""
+    cfg, rope = w.cfg, w.rope
     q = index_queries(x, w, cfg, emit)  # [B, Hi, T, Di]
     k = index_key(x, w, emit)  # [B, T, Di]
     q = emit("self_attn.indexer.q_rope", rotate_index(q, rope, cfg))  # [B, Hi, T, Di]
@@ -53,7 +54,7 @@ def index_mask(x: np.ndarray, w: LayerWeights, cfg: Config, rope: Rope, cache: L
     keys = emit("self_attn.indexer.keys", cache.extend_index_keys(k))  # [B, S, Di]
     head_weights = linear(x, w.matrix("self_attn.indexer.weights_proj.weight")) * np.float32(cfg.index_n_heads**-0.5)
     head_weights = emit("self_attn.indexer.head_weights", head_weights)  # [B, T, Hi]
-    if scoring == "fp8":
+    if options.index_scoring == "fp8":
         scores, exact_idx = fp8_scores_beside_exact(q, k, keys, head_weights, cfg, cache, emit)  # [B, T, S], [B, T, Ki]
     else:
         scores, exact_idx = index_scores(q, keys, head_weights), None
@@ -108,15 +109,18 @@ def rotate_index(x: np.ndarray, rope: Rope, cfg: Config) -> np.ndarray:
     return np.concatenate([apply_rope(x[..., :dims], rope.cos, rope.sin), x[..., dims:]], axis=-1)
 
 
-def reused_index_mask(previous: LayerCache | None, cache: LayerCache, T: int, layer: int, emit: Emitter) -> np.ndarray:
+def reused_index_mask(cache: LayerCache, T: int, layer: int, emit: Emitter) -> np.ndarray:
     """GLM-5's "shared" layer: no indexer of its own, the positions the layer before it chose for
-    these queries (its own choice, or the one it reused).  -> the additive mask [B, T, S]"""
-    if previous is None or previous.index_choice is None:
-        raise StepperError(f"layer {layer} runs no indexer: it attends where layer {layer - 1} chose, so it runs "
-                           f"only after that layer (run the model, not layer {layer} alone)")
-    topk_idx = emit("self_attn.indexer.reused_topk_idx", previous.index_choice)  # [B, T, Ki]
+    these queries (its own choice, or the one it reused; cache.previous is that layer's cache).
+    A shared layer run alone has no such choice (the session refuses that; what a layer emits is
+    learned from one run alone, families.derive): it keeps every earlier position.  -> [B, T, S]"""
+    S = cache.length + T
+    previous = cache.previous.index_choice if cache.previous is not None else None
+    if previous is None:  # [B, T, Ki]: every position up to each query's own
+        previous = np.where(causal_mask(T, S), np.arange(S), -1)[None].astype(np.int64)
+    topk_idx = emit("self_attn.indexer.reused_topk_idx", previous)  # [B, T, Ki]
     cache.index_choice = topk_idx
-    return emit("self_attn.indexer.reused_mask", mask_of(topk_idx, cache.length + T))  # [B, T, S]
+    return emit("self_attn.indexer.reused_mask", mask_of(topk_idx, S))  # [B, T, S]
 
 
 def rotate_halves(x: np.ndarray, rope: Rope, dims: int) -> np.ndarray:

@@ -17,27 +17,27 @@ from __future__ import annotations
 
 import numpy as np
 
-from stepper.config import Config
 from stepper.model.cache import LayerCache
 from stepper.model.layer import attention_block, ffn_output, layer_input, layer_output
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.mlp import dense_mlp
 from stepper.model.moe import moe
-from stepper.model.rope import Rope
+from stepper.model.options import LayerOptions
 from stepper.seams.trace import Emitter
 
 SUBLAYER_MODULES = {  # a sublayer's module -> transformers' list of the two
-    "self_attn": "self_attn", "input_layernorm": "input_layernorm", "post_attention_layernorm": "post_attention_layernorm",
-    "mlp": "mlps",
+    "self_attn": "self_attn", "input_layernorm": "input_layernorm",
+    "post_attention_layernorm": "post_attention_layernorm", "mlp": "mlps",
 }
 
 
 class SublayerWeights:
     """Sublayer j's view of a LongCat layer's weights: `self_attn.q_a_proj.weight` is
-    `self_attn.j.q_a_proj.weight`, `mlp.gate_proj.weight` is `mlps.j.gate_proj.weight`."""
+    `self_attn.j.q_a_proj.weight`, `mlp.gate_proj.weight` is `mlps.j.gate_proj.weight`; the
+    config and rotary tables are the layer's."""
 
     def __init__(self, w: LayerWeights, j: int):
-        self.w, self.j, self.layer = w, j, w.layer
+        self.w, self.j, self.layer, self.cfg, self.rope = w, j, w.layer, w.cfg, w.rope
 
     def name(self, name: str) -> str:
         module, _, rest = name.partition(".")
@@ -53,16 +53,16 @@ class SublayerWeights:
         return self.w.float32(self.name(name))
 
 
-def longcat_layer(hidden: np.ndarray, w: LayerWeights, cfg: Config, rope: Rope, cache: LayerCache | None,
-                  emit: Emitter, attn: str = "naive", dispatch: str = "grouped") -> np.ndarray:
-    """[B, T, d] residual stream in -> [B, T, d] out."""
+def longcat_layer(hidden: np.ndarray, w: LayerWeights, cache: LayerCache | None, options: LayerOptions,
+                  emit: Emitter) -> np.ndarray:
+    """[B, T, d] residual stream in -> [B, T, d] out; w carries the config and the rotary tables."""
     hidden = layer_input(hidden, emit)
     cache = LayerCache() if cache is None else cache
     cache.second = LayerCache() if cache.second is None else cache.second
     first, second = SublayerWeights(w, 0), SublayerWeights(w, 1)
     sub0, sub1 = emit.sublayer(0), emit.sublayer(1)
-    hidden, x = attention_block(hidden, first, cfg, rope, cache, sub0, attn)  # [B, T, d] twice
-    shortcut = moe(x, w, cfg, emit, dispatch)  # [B, T, d], the MoE beside the sublayers
-    hidden = layer_output(sub0, hidden, ffn_output(dense_mlp(x, first, sub0), cfg, sub0))
-    hidden, x = attention_block(hidden, second, cfg, rope, cache.second, sub1, attn)
-    return layer_output(emit, hidden, ffn_output(dense_mlp(x, second, sub1), cfg, sub1), shortcut)
+    hidden, x = attention_block(hidden, first, cache, options, sub0)  # [B, T, d] twice
+    shortcut = moe(x, w, options, emit)  # [B, T, d], the MoE beside the sublayers
+    hidden = layer_output(sub0, hidden, ffn_output(dense_mlp(x, first, sub0), first, sub0))
+    hidden, x = attention_block(hidden, second, cache.second, options, sub1)
+    return layer_output(emit, hidden, ffn_output(dense_mlp(x, second, sub1), second, sub1), shortcut)

@@ -14,7 +14,8 @@ from stepper.model.ops import sigmoid
 
 
 def q_b_input(q_a_norm: np.ndarray, q_a: np.ndarray, cfg: Config) -> np.ndarray:
-    """What q_b_proj reads: q_a_norm, or (A.X-K2) q_a_norm and q_a side by side.  -> [B, T, q_lora] or [B, T, 2 * q_lora]"""
+    """What q_b_proj reads: q_a_norm, or (A.X-K2) q_a_norm and q_a side by side.
+    -> [B, T, q_lora] or [B, T, 2 * q_lora]"""
     return np.concatenate([q_a_norm, q_a], axis=-1) if cfg.q_gate else q_a_norm
 
 

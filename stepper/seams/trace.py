@@ -50,17 +50,19 @@ class Emitter:
         self.sinks = tuple(sinks)
         self._layer = layer
         self._phase = phase
-        self._sublayer = sublayer  # LongCat-Flash's two sublayers of a layer: names `layers.3.sub1.self_attn.q`
+        self._sublayer = sublayer  # LongCat-Flash's sublayer: keys `sub1.self_attn.q` (catalogue: `self_attn.q`)
 
     def __call__(self, key: str, array: np.ndarray) -> np.ndarray:
         """Show `array` as `key` to every sink; return the array the model continues with."""
         if not self.sinks:
             return array
+        key = key if self._sublayer is None else f"sub{self._sublayer}.{key}"  # LongCat's sublayer: its own key
         event = Event(self._qualify(key), key, array, self._layer, self._phase)
         for sink in self.sinks:
             replacement = sink(event)
             if replacement is not None:
-                event = Event(event.name, key, checked_replacement(event, replacement), self._layer, self._phase, patched=True)
+                event = Event(event.name, key, checked_replacement(event, replacement), self._layer,
+                              self._phase, patched=True)
         return event.array
 
     @property
@@ -105,8 +107,7 @@ class Emitter:
         return Emitter((), self._layer, self._phase, self._sublayer)
 
     def _qualify(self, key: str) -> str:
-        sub = "" if self._sublayer is None else f"sub{self._sublayer}."
-        name = key if self._layer is None else f"layers.{self._layer}.{sub}{key}"
+        name = key if self._layer is None else f"layers.{self._layer}.{key}"
         return name if self._phase is None else f"{self._phase}.{name}"
 
 
@@ -148,7 +149,8 @@ def matches(name: str, patterns: Iterable[str]) -> bool:
     """True if a glob matches the full name, the name without its phase, or a dotted tail of it:
     `k_pe` and `self_attn.k_pe` both match `decode0.layers.1.self_attn.k_pe`."""
     short = unphased(name)
-    return any(fnmatch.fnmatchcase(n, p) or fnmatch.fnmatchcase(short, "*." + p) for p in patterns for n in (name, short))
+    return any(fnmatch.fnmatchcase(n, p) or fnmatch.fnmatchcase(short,
+                                                                "*." + p) for p in patterns for n in (name, short))
 
 
 def did_you_mean(pattern: str, names: Iterable[str]) -> str:

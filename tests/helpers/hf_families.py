@@ -35,7 +35,7 @@ from transformers.cache_utils import DynamicCache
 from helpers import hf_reference
 from helpers.hf_reference import FAMILIES, LAYER_NAMES_FAMILIES
 from stepper import catalog
-from stepper.config import Config
+from stepper.families import read_config
 from stepper.seams.trace import Recorder, unphased
 from stepper.session import RunSpec, run
 
@@ -137,9 +137,9 @@ def _axk2_derive(model, i: int, r: dict) -> dict[str, torch.Tensor]:
     norms' parts; the router's choice again with dropped groups at 0.0 (AXK2TopkRouter's fill)."""
     cfg, attn = model.config, model.model.layers[i].self_attn
     B, T, _ = r["hidden_states"].shape
-    out = {"self_attn.output_gate": r["q_proj_out"].view(B, T, cfg.num_attention_heads, -1)[..., attn.qk_head_dim :]
-           .reshape(B, T, -1),
-           "self_attn.attn_output": torch.matmul(r["attn_weights"], r["value_states"]).transpose(1, 2).reshape(B, T, -1),
+    gate = r["q_proj_out"].view(B, T, cfg.num_attention_heads, -1)[..., attn.qk_head_dim :]  # [B, T, H, v_head]
+    heads = torch.matmul(r["attn_weights"], r["value_states"]).transpose(1, 2)  # [B, T, H, v_head]
+    out = {"self_attn.output_gate": gate.reshape(B, T, -1), "self_attn.attn_output": heads.reshape(B, T, -1),
            "self_attn.attn_output_gated": r["attn_output"]}
     for key, name in (("ln1", "input_layernorm"), ("ln2", "post_attention_layernorm")):
         if f"{key}_norm" in r:
@@ -209,7 +209,7 @@ def traces(folder, raw: dict, values: dict, ids: tuple[int, ...], start_pos: int
 
 def catalogued_names(raw: dict, names) -> tuple[set[str], set[str]]:
     """The catalogue's names a naive run of this config emits (layers and globals), and those of `names`."""
-    cfg = Config.from_hf(dict(raw), "test config")
+    cfg = read_config(dict(raw), "test config")
     cat = catalog.load()
     expected = {e["name"] for layer in range(cfg.num_hidden_layers) for e in cat.layer_sequence(cfg, layer, "naive")}
     expected |= set(cat.with_globals_after(("embed", "rope_cos", "rope_sin", "norm", "logits"), cfg))
@@ -312,7 +312,8 @@ def longcat_trace(config: dict, weights: dict, ids, start_pos: int = 0, decode_i
     zero = range(config["n_routed_experts"], config["n_routed_experts"] + config["zero_expert_num"])
     d, inter = config["hidden_size"], config["expert_ffn_hidden_size"]
     unused = {f"model.layers.{i}.mlp.experts.{e}.{p}.weight": np.zeros((inter, d), np.float32)  # transformers
-              for i in range(config["num_layers"]) for e in zero for p in ("gate_proj", "up_proj")}  # sizes them, unread
+              for i in range(config["num_layers"]) for e in zero
+              for p in ("gate_proj", "up_proj")}  # sizes them, unread
     model = hf_reference.build_hf_model(config, {**weights, **unused})
     rec = _LongcatRecorder(model)
     module = hf_longcat
@@ -333,7 +334,8 @@ def longcat_trace(config: dict, weights: dict, ids, start_pos: int = 0, decode_i
             with torch.no_grad():
                 model(input_ids=tokens, position_ids=positions, cache=cache, use_cache=cache is not None)
             position += tokens.shape[1]
-            trace = {"embed": rec.glob["embed"], "rope_cos": rec.glob["rope_cos"][0], "rope_sin": rec.glob["rope_sin"][0]}
+            g = rec.glob
+            trace = {"embed": g["embed"], "rope_cos": g["rope_cos"][0], "rope_sin": g["rope_sin"][0]}
             for i in range(len(model.model.layers)):
                 for name, t in _longcat_layer(model, i, rec.raw[2 * i], rec.raw[2 * i + 1]).items():
                     trace[f"layers.{i}.{name}"] = t

@@ -10,10 +10,12 @@ import json
 import numpy as np
 import pytest
 from helpers.cli import stepper
+from helpers.configs import family_preset
 
 from stepper.config import Config
 from stepper.errors import StepperError
-from stepper.presets import PRESETS, preset
+from stepper.families import read_config
+from stepper.presets import PRESETS
 from stepper.seams.trace import Recorder
 from stepper.session import RunSpec, run
 from stepper.weights.names import weight_shapes
@@ -24,11 +26,11 @@ from stepper.weights.synthetic import SyntheticWeights
 def glm(**fields) -> Config:
     raw = copy.deepcopy(PRESETS["glm-5"])
     raw.update(fields)
-    return Config.from_hf(raw, "GLM-5/config.json")
+    return read_config(raw, "GLM-5/config.json")
 
 
 def test_the_published_sizes_read_as_glm5():
-    cfg = preset("glm-5")
+    cfg = family_preset("glm-5")
     assert (cfg.model_type, cfg.index_n_heads, cfg.index_head_dim, cfg.index_topk) == ("glm_moe_dsa", 32, 128, 2048)
     assert (cfg.qk_head_dim, cfg.v_head_dim, cfg.first_k_dense_replace, cfg.num_hidden_layers) == (256, 256, 3, 78)
     assert cfg.indexer_rope_interleave and cfg.index_reused_layers == () and cfg.quantization is not None
@@ -60,7 +62,7 @@ def test_a_field_stepper_does_not_honour_is_refused_by_name(fields, message):
 
 
 def test_synth_writes_fp8_without_the_shared_layers_indexer_and_runs_as_the_preset(tmp_path):
-    cfg = preset("tiny-glm5")
+    cfg = family_preset("tiny-glm5")
     folder = synth_checkpoint(SyntheticWeights(cfg, seed=0), tmp_path / "tiny-glm5")
     written = json.loads((folder / "config.json").read_text())
     assert written["model_type"] == "glm_moe_dsa" and written["indexer_types"] == ["full", "full", "shared"]

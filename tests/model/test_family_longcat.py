@@ -10,11 +10,13 @@ import json
 
 import numpy as np
 import pytest
+from helpers.configs import family_preset
 from rich.console import Console
 
 from stepper.config import Config
 from stepper.errors import StepperError
-from stepper.presets import PRESETS, preset
+from stepper.families import read_config
+from stepper.presets import PRESETS
 from stepper.seams.trace import Recorder
 from stepper.session import RunSpec, run
 from stepper.views import pictures
@@ -26,11 +28,11 @@ from stepper.weights.synthetic import SyntheticWeights
 def longcat(**fields) -> Config:
     raw = copy.deepcopy(PRESETS["longcat-flash"])
     raw.update(fields)
-    return Config.from_hf(raw, "LongCat-Flash-Chat/config.json")
+    return read_config(raw, "LongCat-Flash-Chat/config.json")
 
 
 def test_the_published_config_reads_as_longcat_flash():
-    cfg = preset("longcat-flash")
+    cfg = family_preset("longcat-flash")
     assert (cfg.num_hidden_layers, cfg.intermediate_size, cfg.moe_intermediate_size) == (28, 12288, 2048)
     assert (cfg.n_routed_experts, cfg.zero_experts, cfg.router_experts, cfg.num_experts_per_tok) == (512, 256, 768, 12)
     assert cfg.scoring_func == "softmax" and not cfg.norm_topk_prob and cfg.routed_scaling_factor == 6.0
@@ -38,10 +40,11 @@ def test_the_published_config_reads_as_longcat_flash():
     shapes = weight_shapes(cfg)
     assert shapes["model.layers.0.mlp.router.classifier.weight"] == (768, 6144)
     assert shapes["model.layers.0.self_attn.1.kv_b_proj.weight"] == (64 * 256, 512)
-    assert "model.layers.0.mlps.1.down_proj.weight" in shapes and "model.layers.0.mlp.experts.512.up_proj.weight" not in shapes
+    assert "model.layers.0.mlps.1.down_proj.weight" in shapes
+    assert "model.layers.0.mlp.experts.512.up_proj.weight" not in shapes
     written = cfg.to_hf()
     assert (written["num_layers"], written["moe_topk"], written["zero_expert_num"]) == (28, 12, 256)
-    assert Config.from_hf(written, "again") == Config.from_hf({**PRESETS["longcat-flash"], "_name_or_path": None}, "again")
+    assert read_config(written, "again") == read_config({**PRESETS["longcat-flash"], "_name_or_path": None}, "again")
 
 
 @pytest.mark.parametrize("fields, message", [
@@ -60,7 +63,7 @@ def test_a_field_stepper_does_not_honour_is_refused_by_name(fields, message):
 
 
 def test_synth_writes_the_layout_and_a_lone_layer_keeps_two_caches(tmp_path):
-    folder = synth_checkpoint(SyntheticWeights(preset("tiny-longcat"), seed=0), tmp_path / "tiny-longcat")
+    folder = synth_checkpoint(SyntheticWeights(family_preset("tiny-longcat"), seed=0), tmp_path / "tiny-longcat")
     written = json.loads((folder / "config.json").read_text())
     assert written["model_type"] == "longcat_flash" and written["zero_expert_num"] == 4 and written["num_layers"] == 2
     index = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]
@@ -70,8 +73,8 @@ def test_synth_writes_the_layout_and_a_lone_layer_keeps_two_caches(tmp_path):
     run(RunSpec(model=str(folder), layer=1, prompt_len=5, decode=2, attn="naive"), [rec])
     t = rec.tensors()
     # each attention sublayer attends over its own cache: 5 prompt positions, then 6, then 7
-    assert t["decode1.layers.1.sub0.self_attn.key_states"].shape[2] == 7 == t["decode1.layers.1.sub1.self_attn.key_states"].shape[2]
-    assert not np.array_equal(t["decode1.layers.1.sub0.self_attn.key_states"], t["decode1.layers.1.sub1.self_attn.key_states"])
+    keys = [t[f"decode1.layers.1.sub{j}.self_attn.key_states"] for j in (0, 1)]
+    assert keys[0].shape[2] == 7 == keys[1].shape[2] and not np.array_equal(keys[0], keys[1])
 
 
 def test_the_routing_map_shows_zero_experts_as_such():

@@ -8,10 +8,11 @@ import json
 import numpy as np
 import pytest
 from helpers.cli import stepper
+from helpers.configs import family_preset
 
-from stepper.config import Config
 from stepper.errors import StepperError
-from stepper.presets import PRESETS, preset
+from stepper.families import read_config
+from stepper.presets import PRESETS
 from stepper.seams.trace import Recorder
 from stepper.session import RunSpec, run
 from stepper.weights.names import weight_shapes
@@ -26,7 +27,7 @@ def with_fields(**fields) -> dict:
 
 
 def test_the_published_config_reads_as_minicpm3_4b():
-    cfg = preset("minicpm3-4b")
+    cfg = family_preset("minicpm3-4b")
     assert (cfg.model_type, cfg.v_head_dim, cfg.qk_head_dim, cfg.n_routed_experts) == ("minicpm3", 64, 96, 0)
     assert cfg.tie_word_embeddings and not cfg.rope_interleave and cfg.rms_norm_eps == 1e-5
     assert cfg.scale_emb == 12 and cfg.residual_scale == pytest.approx(1.4 / 62**0.5) and cfg.logits_scaling == 10
@@ -52,7 +53,7 @@ def test_the_published_config_reads_as_minicpm3_4b():
 ])
 def test_a_field_stepper_does_not_honour_is_refused_by_name(field, value, message):
     with pytest.raises(StepperError, match=message.replace("(", r"\(")) as refused:
-        Config.from_hf(with_fields(**{field: value}), "MiniCPM3-4B/config.json")
+        read_config(with_fields(**{field: value}), "MiniCPM3-4B/config.json")
     assert str(refused.value).startswith("MiniCPM3-4B/config.json")
 
 
@@ -66,12 +67,13 @@ def test_the_cli_refuses_a_bad_field_in_one_line(tmp_path):
 
 
 def test_synth_writes_the_published_layout_and_runs_it_as_the_preset(tmp_path):
-    cfg = preset("tiny-minicpm3")
+    cfg = family_preset("tiny-minicpm3")
     folder = synth_checkpoint(SyntheticWeights(cfg, seed=0), tmp_path / "tiny-minicpm3")
     written = json.loads((folder / "config.json").read_text())
     assert written["model_type"] == "minicpm3" and written["architectures"] == ["MiniCPM3ForCausalLM"]
     assert written["tie_word_embeddings"] is True and written["rope_scaling"]["type"] == "longrope"
-    assert Config.from_hf(written, "written") == Config.from_hf({**PRESETS["tiny-minicpm3"], "_name_or_path": None}, "written")
+    unnamed = {**PRESETS["tiny-minicpm3"], "_name_or_path": None}
+    assert read_config(written, "written") == read_config(unnamed, "written")
     index = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]
     assert "lm_head.weight" not in index and "model.embed_tokens.weight" in index
     mine, theirs = Recorder(), Recorder()
@@ -86,7 +88,7 @@ def test_the_tied_head_is_the_embedding():
     rec = Recorder()
     run(RunSpec(model="tiny-minicpm3", prompt_len=3), [rec])
     t = rec.tensors()
-    embedding = SyntheticWeights(preset("tiny-minicpm3"), seed=0).get("model.embed_tokens.weight")  # [V, d]
+    embedding = SyntheticWeights(family_preset("tiny-minicpm3"), seed=0).get("model.embed_tokens.weight")  # [V, d]
     want = t["norm_scaled"].astype(np.float64) @ embedding.T.astype(np.float64)
     assert np.max(np.abs(t["logits"] - want)) <= 1e-5 * np.max(np.abs(want))
     assert np.allclose(t["norm_scaled"], t["norm"] / np.float32(128 / 32), rtol=1e-6)

@@ -3,16 +3,16 @@ shared layer without an indexer, A.X-K2's gates, MiniCPM3's scalings, LongCat's 
 MoE beside them) is what the run emits, prefill (naive) and decode (absorbed)."""
 
 import pytest
+from helpers.configs import family_preset
 
 from stepper import catalog
-from stepper.presets import preset
 from stepper.seams.trace import Recorder
 from stepper.session import RunSpec, run
 
 
 @pytest.mark.parametrize("model", ["tiny-minicpm3", "tiny-glm5", "tiny-axk2", "tiny-longcat"])
 def test_the_planned_names_are_the_emitted_ones(model):
-    cfg, rec = preset(model), Recorder()
+    cfg, rec = family_preset(model), Recorder()
     run(RunSpec(model=model, prompt_len=7, decode=1), [rec])
     steps = [("prefill", "naive"), ("decode0", "absorb")]
     planned = catalog.load().run_names(cfg, steps, range(cfg.num_hidden_layers), ("embed", "rope_cos", "rope_sin"),

@@ -22,7 +22,7 @@ from helpers.compare import compare
 from helpers.hf_families import catalogued_names, traces
 from helpers.published import write_published
 
-from stepper.config import Config
+from stepper.families import read_config
 from stepper.presets import PRESETS
 from stepper.weights.names import weight_shapes
 
@@ -35,7 +35,7 @@ GATED = {"input_layernorm_gate", "input_layernorm_gated", "self_attn.output_gate
 @pytest.fixture(scope="module")
 def published(tmp_path_factory):
     folder = tmp_path_factory.mktemp("axk2") / "tiny-axk2"
-    shapes = weight_shapes(Config.from_hf(copy.deepcopy(RAW), "test config"))
+    shapes = weight_shapes(read_config(copy.deepcopy(RAW), "test config"))
     assert shapes["model.layers.1.self_attn.q_b_proj.weight"] == (4 * (48 + 48), 2 * 192)  # query and gate
     assert "model.layers.1.post_attention_layernorm.W_up.weight" in shapes  # MoE layer: gated
     assert "model.layers.0.post_attention_layernorm.weight" in shapes  # dense layer: plain

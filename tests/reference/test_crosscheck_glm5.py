@@ -24,7 +24,7 @@ from helpers.hf_families import catalogued_names, traces
 from helpers.published import write_published
 from test_crosscheck_families import gaps_at_the_cut
 
-from stepper.config import Config
+from stepper.families import read_config
 from stepper.presets import PRESETS
 from stepper.weights.names import weight_shapes
 
@@ -35,7 +35,7 @@ RAW = {k: v for k, v in PRESETS["tiny-glm5"].items() if k != "quantization_confi
 @pytest.fixture(scope="module")
 def published(tmp_path_factory):
     folder = tmp_path_factory.mktemp("glm5") / "tiny-glm5"
-    cfg = Config.from_hf(copy.deepcopy(RAW), "test config")
+    cfg = read_config(copy.deepcopy(RAW), "test config")
     shapes = weight_shapes(cfg)
     assert not any(n.startswith("model.layers.2.self_attn.indexer.") for n in shapes)  # the shared layer has none
     assert "model.layers.1.self_attn.indexer.wq_b.weight" in shapes
@@ -59,7 +59,8 @@ def test_every_glm5_tensor_and_the_reused_choice_match_transformers(published, s
     assert not failures, failures
     if attn == "naive":
         expected, compared = catalogued_names(RAW, mine)
-        assert {"self_attn.indexer.reused_mask", "self_attn.indexer.q_rope"} <= expected <= compared, expected - compared
+        own = {"self_attn.indexer.reused_mask", "self_attn.indexer.q_rope"}
+        assert own <= expected <= compared, expected - compared
     first = "prefill.layers.1.self_attn.indexer.topk_idx" if decode else "layers.1.self_attn.indexer.topk_idx"
     assert (mine[first] >= 0).sum(axis=-1).tolist() == [[1, 2, 3, 4, 4, 4, 4]]  # positions dropped
 
@@ -68,7 +69,7 @@ def test_the_interleaved_index_rope_is_not_v32s():
     """The same weights as V3.2 (tiny-v32) choose other index queries: the rotation differs."""
     from stepper.model.indexer import rotate_index
     from stepper.model.rope import Rope
-    glm, v32 = Config.from_hf(copy.deepcopy(RAW), "glm"), Config.from_hf(copy.deepcopy(PRESETS["tiny-v32"]), "v32")
+    glm, v32 = read_config(copy.deepcopy(RAW), "glm"), read_config(copy.deepcopy(PRESETS["tiny-v32"]), "v32")
     angle = np.array([[0.3, 1.1, 0.7, 2.0, 0.1, 0.2, 0.5, 0.9]], dtype=np.float32)  # [T=1, rope/2]
     rope = Rope(np.cos(angle), np.sin(angle), 1.0)
     x = np.arange(32, dtype=np.float32).reshape(1, 1, 32)  # [B, T, Di]

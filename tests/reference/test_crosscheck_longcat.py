@@ -23,7 +23,7 @@ from helpers.compare import compare
 from helpers.hf_families import longcat_trace
 from helpers.published import write_published
 
-from stepper.config import Config
+from stepper.families import read_config
 from stepper.presets import PRESETS
 from stepper.seams.trace import Recorder
 from stepper.session import RunSpec, run
@@ -36,9 +36,10 @@ RAW = PRESETS["tiny-longcat"]
 @pytest.fixture(scope="module")
 def published(tmp_path_factory):
     folder = tmp_path_factory.mktemp("longcat") / "tiny-longcat"
-    shapes = weight_shapes(Config.from_hf(copy.deepcopy(RAW), "test config"))
+    shapes = weight_shapes(read_config(copy.deepcopy(RAW), "test config"))
     assert shapes["model.layers.1.mlp.router.classifier.weight"] == (8 + 4, 256)  # zero experts are scored too
-    assert "model.layers.1.mlp.experts.7.down_proj.weight" in shapes and "model.layers.1.mlp.experts.8.up_proj.weight" not in shapes
+    assert "model.layers.1.mlp.experts.7.down_proj.weight" in shapes
+    assert "model.layers.1.mlp.experts.8.up_proj.weight" not in shapes
     return folder, write_published(folder, RAW, shapes)
 
 

@@ -22,7 +22,7 @@ from helpers.compare import compare
 from helpers.hf_families import catalogued_names, traces
 from helpers.published import write_published
 
-from stepper.config import Config
+from stepper.families import read_config
 from stepper.presets import PRESETS
 from stepper.weights.names import weight_shapes
 
@@ -33,7 +33,7 @@ RAW = PRESETS["tiny-minicpm3"]
 @pytest.fixture(scope="module")
 def published(tmp_path_factory):
     folder = tmp_path_factory.mktemp("minicpm3") / "tiny-minicpm3"
-    cfg = Config.from_hf(copy.deepcopy(RAW), "test config")
+    cfg = read_config(copy.deepcopy(RAW), "test config")
     values = write_published(folder, RAW, weight_shapes(cfg))
     assert "lm_head.weight" not in values  # tied, as published
     return folder, values

@@ -48,8 +48,8 @@ def test_a_transformers_dump_of_the_glm5_fixture_verifies(tmp_path):
     assert verdict.count("mismatch") == 0, summary_line(verdict)
     assert verdict.unknown == [] and not verdict.ambiguous, verdict.unknown[:5]
     matched = {c.name.split(".", 1)[1] for c in verdict.checks if c.status == "match"}
-    assert {"layers.1.self_attn.indexer.k_norm", "layers.1.self_attn.indexer.topk_idx", "layers.2.self_attn.attn_weights",
-            "layers.2.self_attn.kv", "layers.2.mlp.gate.topk_idx", "layers.2.output"} <= matched
+    assert {"layers.1.self_attn.indexer.k_norm", "layers.1.self_attn.indexer.topk_idx", "layers.2.self_attn.kv",
+            "layers.2.self_attn.attn_weights", "layers.2.mlp.gate.topk_idx", "layers.2.output"} <= matched
     assert {c.name.split(".")[0] for c in verdict.checks if c.status == "match"} == {"prefill", "decode0"}
     bad = verify.verify(fixture, perturbed(dump, "decode0.model.layers.1.self_attn.indexer.k_norm",
                                            tmp_path / "bad.safetensors"), names="transformers")
