@@ -11,6 +11,7 @@ import pytest
 from helpers.cli import stepper
 from safetensors.numpy import save_file
 
+from stepper import families
 from stepper.fixtures import verify
 from stepper.fixtures.export import Capture, export
 from stepper.fixtures.fixture import Fixture, check_weights, load, read_manifest
@@ -146,7 +147,7 @@ def test_bf16_fixture_records_and_uses_bf16_weights():
     fixture = load(ROOT / "fixtures" / "tiny-bf16")
     assert fixture.manifest["weights"]["storage"].startswith("bf16")
     assert "quantization_config" not in fixture.manifest["config"]
-    ck = Checkpoint(fixture.weights_path())
+    ck = Checkpoint(fixture.weights_path(), families.load_config)
     dtypes = {ck.shard_of(n).info(n).dtype for n in ck.weight_map}
     assert dtypes == {"BF16"} and not any(n.endswith(SCALE) for n in ck.weight_map)
     # BF16 holds the dequantized FP8 weight rounded once: within BF16's half-ulp of it
@@ -431,7 +432,7 @@ def transformers_dump(fixture: Fixture, path: Path) -> None:
     from helpers.hf_families import hf_trace  # hf_reference's, with the MLA families of issue 33 registered
 
     m = fixture.manifest
-    ck = Checkpoint(fixture.weights_path())
+    ck = Checkpoint(fixture.weights_path(), families.load_config)
     weights = {n: np.array(ck.get(n)) for n in ck.weight_map if not n.endswith(SCALE)}
     config = dict(m["config"])
     cfg = fixture.config

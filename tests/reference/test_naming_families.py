@@ -30,6 +30,7 @@ from test_naming import (
     perturbed,
 )
 
+from stepper import families
 from stepper.fixtures import verify
 from stepper.fixtures.aliases import tables
 from stepper.fixtures.fixture import load
@@ -204,7 +205,7 @@ def hooked_run(fixture):
     from helpers.hf_reference import build_hf_model
     from transformers.cache_utils import DynamicCache
 
-    ck = Checkpoint(fixture.weights_path())
+    ck = Checkpoint(fixture.weights_path(), families.load_config)
     arrays = {n: np.zeros(shape, np.float32) for n, shape in weight_shapes(fixture.config).items()}
     arrays.update({n: np.array(ck.get(n), dtype=np.float32) for n in ck.weight_map if not n.endswith(SCALE)})
     model = build_hf_model(json.loads((fixture.weights_path() / "config.json").read_text()), arrays)
