@@ -87,6 +87,11 @@ class RunResult:
     generated: tuple[int, ...]
 
 
+def open_checkpoint(path: Path) -> Checkpoint:
+    """A checkpoint directory, its config.json read by the family its model_type names."""
+    return Checkpoint(path, families.load_config)
+
+
 def load_model(model: str, seed: int) -> WeightSource:
     """A preset (synthetic weights), a checkpoint directory, a remote checkpoint (hf://ORG/NAME,
     https://HOST/PATH/), or a bare config.json (synthetic)."""
@@ -102,7 +107,7 @@ def load_model(model: str, seed: int) -> WeightSource:
                 raise StepperError(f"{path}: holds {pickled[0].name} (PyTorch pickle), which stepper does not read "
                                    "(unpickling runs code); convert the weights to safetensors")
             return SyntheticWeights(families.load_config(path / "config.json"), seed)
-        return Checkpoint(path, families.load_config)
+        return open_checkpoint(path)
     if path.is_file():
         return SyntheticWeights(families.load_config(path), seed)
     raise StepperError(

@@ -30,6 +30,7 @@ from rich.text import Text
 from stepper import fp8
 from stepper.config import Config
 from stepper.errors import StepperError
+from stepper.session import open_checkpoint
 from stepper.untrusted import shown
 from stepper.views import summary
 from stepper.views.sinks import line_width, print_fitted, wrap_fields
@@ -112,7 +113,7 @@ def open_source(where: str | Path) -> Source:
         if not (path / "config.json").exists():
             raise StepperError(f"{path}: not a checkpoint directory (no config.json); give a .safetensors file to "
                                "inspect one file")
-        return checkpoint_source(path, Checkpoint(path))
+        return checkpoint_source(path, open_checkpoint(path))  # any registered family's
     if not path.exists():
         raise StepperError(f"{path}: no such file or directory (expected a .safetensors file or a checkpoint "
                            "directory)")

@@ -77,6 +77,9 @@ def test_synth_writes_fp8_without_the_shared_layers_indexer_and_runs_as_the_pres
     a, b = mine.tensors(), theirs.tensors()
     assert list(a) == list(b) and "decode0.layers.2.self_attn.indexer.reused_mask" in a
     assert all(np.array_equal(a[n], b[n]) for n in a)
+    listed = stepper("inspect", folder, "--layers", "1:3")  # read through the registry, checked as a run checks it
+    assert listed.returncode == 0, listed.stderr
+    assert "self_attn.indexer.wq_b.weight" in listed.stdout
 
 
 def test_a_lone_shared_layer_is_refused_in_one_line():
