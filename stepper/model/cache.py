@@ -92,10 +92,12 @@ class KVCache:
 def cache_bytes_per_token(cfg: Config, attn: Attention, itemsize: int = 4, index_scoring: IndexScoring = "exact") -> int:
     """Bytes one layer caches per position: per-head keys and values (attn "naive"), or one
     latent and rotary key ("absorb"); plus the indexer's key, if the model has one (scoring in
-    FP8, also its e4m3 codes and float32 scale)."""
+    FP8, also its e4m3 codes and float32 scale). LongCat-Flash's layer caches for its two attention
+    sublayers."""
     index_key = 0
     if cfg.has_indexer:
         index_key = cfg.index_head_dim * itemsize + (cfg.index_head_dim + 4 if index_scoring == "fp8" else 0)
+    attentions = 2 if getattr(cfg, "shortcut_moe", False) else 1
     if attn == "naive":
-        return cfg.num_attention_heads * (cfg.qk_head_dim + cfg.v_head_dim) * itemsize + index_key
-    return (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * itemsize + index_key
+        return attentions * cfg.num_attention_heads * (cfg.qk_head_dim + cfg.v_head_dim) * itemsize + index_key
+    return attentions * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * itemsize + index_key

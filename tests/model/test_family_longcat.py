@@ -85,3 +85,10 @@ def test_the_routing_map_shows_zero_experts_as_such():
     text = console.export_text()
     assert "e0 0.30  z1 0.30  e3 0.30" in text and "z2 0.30  z3 0.30  z0 0.30" in text
     assert "zero experts z0-z3 (columns 8-11, identity: no compute) took 4 of the 6 choices" in text
+
+
+def test_the_cache_per_position_counts_both_attention_sublayers():
+    from stepper.model.cache import cache_bytes_per_token
+    cfg = family_preset("tiny-longcat")  # kv_lora 64, rope 16, 4 heads of 48 + 32
+    assert cache_bytes_per_token(cfg, "absorb") == 2 * (64 + 16) * 4
+    assert cache_bytes_per_token(cfg, "naive") == 2 * 4 * (48 + 32) * 4
