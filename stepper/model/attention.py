@@ -58,7 +58,8 @@ def mla_attention(x: np.ndarray, w: LayerWeights, cache: LayerCache | None, opti
     return output_projection(out, w, emit, gate)
 
 
-def query_heads(x: np.ndarray, w: LayerWeights, cfg: Config, emit: Emitter) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+def query_heads(x: np.ndarray, w: LayerWeights, cfg: Config,
+                emit: Emitter) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """q = q_b(RMSNorm(q_a(x))) split per head into its nope and rope parts; A.X-K2's q_b reads
     RMSNorm(q_a(x)) and q_a(x) side by side and also gives each head's output gate (model.output_gate)."""
     B, T, _ = x.shape
@@ -111,7 +112,8 @@ def naive(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache: LayerCache, em
 
 
 @exercise
-def absorbed(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache: LayerCache, emit: Emitter, mask=None) -> np.ndarray:
+def absorbed(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache: LayerCache, emit: Emitter,
+             mask=None) -> np.ndarray:
     """Attend over the cached latents: W_UK folded into the query, W_UV applied afterwards.
     -> [B, H, T, v_head], the heads' outputs before merging"""
     w_uk, w_uv = split_kv_b(w.float32("self_attn.kv_b_proj.weight"), cfg)  # [H, nope, kv_lora], [H, v_head, kv_lora]
@@ -148,7 +150,9 @@ def rotate(q_pe: np.ndarray, k_pe: np.ndarray, rope: Rope, emit: Emitter) -> tup
     """Decoupled RoPE on the query's and the shared key's rotary dims: interleaved pairs, or
     (MiniCPM3) dim i with dim i + rope/2."""
     def turn(x: np.ndarray) -> np.ndarray:
-        return apply_rope(x, rope.cos, rope.sin) if rope.interleaved else rotate_halves(x, rope.cos, rope.sin, x.shape[-1])
+        if rope.interleaved:
+            return apply_rope(x, rope.cos, rope.sin)
+        return rotate_halves(x, rope.cos, rope.sin, x.shape[-1])
     q_pe = emit("self_attn.q_pe_rope", turn(q_pe))  # [B, H, T, rope]
     k_pe = emit("self_attn.k_pe_rope", turn(k_pe))  # [B, one, T, rope]
     return q_pe, k_pe

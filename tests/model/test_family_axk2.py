@@ -17,8 +17,8 @@ from stepper.model.router import route
 from stepper.presets import PRESETS
 from stepper.seams.trace import Emitter, Recorder
 from stepper.session import RunSpec, run
-from stepper.weights.synth import requantized, synth_checkpoint
-from stepper.weights.synthetic import SyntheticWeights
+from stepper.weights.seeded import SyntheticWeights
+from stepper.weights.synth_checkpoint import requantized, synth_checkpoint
 
 
 def axk2(**fields) -> Config:

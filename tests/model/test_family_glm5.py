@@ -19,8 +19,8 @@ from stepper.presets import PRESETS
 from stepper.seams.trace import Recorder
 from stepper.session import RunSpec, run
 from stepper.weights.names import weight_shapes
-from stepper.weights.synth import synth_checkpoint
-from stepper.weights.synthetic import SyntheticWeights
+from stepper.weights.seeded import SyntheticWeights
+from stepper.weights.synth_checkpoint import synth_checkpoint
 
 
 def glm(**fields) -> Config:
