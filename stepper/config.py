@@ -50,6 +50,18 @@ class QueryScale:
 
 
 @dataclass(frozen=True)
+class LongRope:
+    """LongRoPE (MiniCPM3): each rotary frequency divided by its own factor, `short_factor` while
+    every position is below `original_max_position_embeddings`, `long_factor` past it; cos and sin
+    times `attention_factor`."""
+
+    short_factor: tuple[float, ...]
+    long_factor: tuple[float, ...]
+    original_max_position_embeddings: int
+    attention_factor: float = 1.0
+
+
+@dataclass(frozen=True)
 class Fp8:
     """The checkpoint's weight quantization: e4m3 codes with one float32 scale per block."""
 
@@ -156,6 +168,47 @@ class Config:
     moe_output_norm: bool = False
     query_scale: QueryScale | None = None
     fused_experts: bool = False  # the checkpoint stores each layer's experts in two tensors (weights.fused_experts)
+    # Fields of the other MLA families (stepper/families/<model_type>.py); the defaults are DeepSeek's
+    rope_interleave: bool = True  # RoPE turns interleaved pairs (DeepSeek) or dim i with i + rope/2 (MiniCPM3)
+    longrope: LongRope | None = None  # LongRoPE's per-frequency factors (MiniCPM3), instead of YaRN
+    scale_emb: float = 1.0  # the embedding times this (MiniCPM3)
+    scale_depth: float | None = None  # each residual branch times scale_depth / sqrt(layers) (MiniCPM3)
+    dim_model_base: int | None = None  # the final norm divided by hidden_size / dim_model_base (MiniCPM3)
+    indexer_rope_interleave: bool = False  # the indexer's RoPE on interleaved pairs (GLM-5), not two halves (V3.2)
+    index_reused_layers: tuple[int, ...] = ()  # layers reusing the previous layer's index choice (GLM-5 "shared")
+    q_gate: bool = False  # q_b_proj also makes a per-head sigmoid gate on attention's output (A.X-K2)
+    gated_norm_rank: int | None = None  # RMSNorms times a low-rank sigmoid gate of their output (A.X-K2)
+    masked_groups_zero: bool = False  # experts of dropped groups score 0.0 in the choice, not -inf (A.X-K2)
+    zero_experts: int = 0  # the router's extra identity experts, after the routed ones (LongCat-Flash)
+    mla_lora_scales: bool = False  # q times sqrt(d / q_lora_rank), the kv latent times sqrt(d / kv_lora_rank) (LongCat)
+    shortcut_moe: bool = False  # two attention + dense-MLP sublayers per layer, the MoE beside them (LongCat)
+
+    @property
+    def has_mup_scalings(self) -> bool:
+        """MiniCPM3's embedding, residual and logit scalings (model.scalings)."""
+        return self.scale_depth is not None
+
+    def index_reused(self, layer: int) -> bool:
+        """Whether the layer runs no indexer and attends where the layer before it chose (GLM-5)."""
+        return layer in self.index_reused_layers
+
+    @property
+    def has_gated_norms(self) -> bool:
+        """A.X-K2's gated input_layernorm (every layer) and post_attention_layernorm (MoE layers)."""
+        return self.gated_norm_rank is not None
+
+    @property
+    def router_experts(self) -> int:
+        """The experts the router scores: the routed ones and (LongCat) the zero experts after them."""
+        return self.n_routed_experts + self.zero_experts
+
+    @property
+    def residual_scale(self) -> float:
+        return 1.0 if self.scale_depth is None else self.scale_depth / math.sqrt(self.num_hidden_layers)
+
+    @property
+    def logits_scaling(self) -> float:
+        return 1.0 if self.dim_model_base is None else self.hidden_size / self.dim_model_base
 
     @property
     def has_indexer(self) -> bool:
@@ -184,8 +237,8 @@ class Config:
         return _parse(raw, name)
 
     def to_hf(self) -> dict[str, Any]:
-        """The config.json dict an HF checkpoint of this model carries (DeepseekV3 field names; the
-        other MLA families' config classes write their own, stepper/families)."""
+        """The config.json dict an HF checkpoint of this model carries (DeepseekV3 field names, or
+        the family's own: stepper/families)."""
         out: dict[str, Any] = {
             "architectures": [ARCHITECTURES[self.model_type]],
             "model_type": self.model_type,
@@ -222,8 +275,11 @@ def read_mla_config(raw: dict[str, Any], source: str) -> Config:
     return _parse(raw, source)
 
 
-FAMILY_FIELDS = ("tie_word_embeddings", "zeroed_pad_row", "router_bias", "moe_output_norm", "query_scale",
-                 "fused_experts")  # the other MLA families' (stepper/families): their config classes write them
+FAMILY_FIELDS = (  # the other MLA families' (stepper/families): their config classes write them
+    "tie_word_embeddings", "zeroed_pad_row", "router_bias", "moe_output_norm", "query_scale", "fused_experts",
+    "rope_interleave", "longrope", "scale_emb", "scale_depth", "dim_model_base", "indexer_rope_interleave",
+    "index_reused_layers", "q_gate", "gated_norm_rank", "masked_groups_zero", "zero_experts", "mla_lora_scales",
+    "shortcut_moe")
 
 
 def load_config(path: str | Path, read: Callable[[dict[str, Any], str], Any] = read_mla_config) -> Any:

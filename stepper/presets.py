@@ -388,6 +388,93 @@ PRESETS.update({
             "original_max_position_embeddings": 4096, "beta_fast": 32.0, "beta_slow": 1.0, "mscale_all_dim": 1.0,
             "mscale": 1.0, "llama_4_scaling_beta": 0.1}},
 })
+# MiniCPM3 (stepper/families/minicpm3.py): openbmb/MiniCPM3-4B's config.json, and a tiny sibling
+_MINICPM3_FACTORS = [1.0591234137867171, 1.1241891283591912, 1.2596935748670968, 1.5380380402321725,
+                     2.093982484148734, 3.1446935121267696, 4.937952647693647, 7.524541999994549, 10.475458000005451,
+                     13.062047352306353, 14.85530648787323, 15.906017515851266, 16.461961959767827,
+                     16.740306425132907, 16.87581087164081, 16.940876586213285]
+PRESETS["minicpm3-4b"] = {
+    "_name_or_path": "minicpm3-4b", "architectures": ["MiniCPM3ForCausalLM"], "model_type": "minicpm3",
+    "bos_token_id": 1, "eos_token_id": [2, 73440], "hidden_act": "silu", "initializer_range": 0.1,
+    "hidden_size": 2560, "num_hidden_layers": 62, "intermediate_size": 6400, "max_position_embeddings": 32768,
+    "num_attention_heads": 40, "num_key_value_heads": 40, "qk_nope_head_dim": 64, "qk_rope_head_dim": 32,
+    "q_lora_rank": 768, "kv_lora_rank": 256, "rms_norm_eps": 1e-05,
+    "rope_scaling": {"type": "longrope", "long_factor": _MINICPM3_FACTORS, "short_factor": _MINICPM3_FACTORS,
+                     "original_max_position_embeddings": 32768},
+    "torch_dtype": "bfloat16", "use_cache": True, "vocab_size": 73448, "scale_emb": 12, "dim_model_base": 256,
+    "scale_depth": 1.4,
+}
+PRESETS["tiny-minicpm3"] = {  # long factors unlike the short ones, and an original length a decode can pass
+    **PRESETS["minicpm3-4b"], "_name_or_path": "tiny-minicpm3", "vocab_size": 1000, "hidden_size": 128,
+    "intermediate_size": 192, "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 4,
+    "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "q_lora_rank": 64, "kv_lora_rank": 48, "dim_model_base": 32,
+    "max_position_embeddings": 8192,
+    "rope_scaling": {"type": "longrope", "short_factor": _MINICPM3_FACTORS[::2], "long_factor": _MINICPM3_FACTORS[1::2],
+                     "original_max_position_embeddings": 4096},
+}
+
+
+# GLM-5 (stepper/families/glm_moe_dsa.py): the sizes of transformers' GlmMoeDsaConfig, whose defaults
+# are zai-org/GLM-5's, stored as GLM-5-FP8 (128x128 e4m3 blocks); and a tiny sibling whose third
+# layer reuses the second's index choice, keeping 4 positions of a 7-token prompt
+PRESETS["glm-5"] = {
+    **{k: v for k, v in PRESETS["deepseek-v3.2"].items() if k not in ("rope_scaling", "index_n_heads")},
+    "_name_or_path": "glm-5", "architectures": ["GlmMoeDsaForCausalLM"], "model_type": "glm_moe_dsa",
+    "vocab_size": 154880, "hidden_size": 6144, "intermediate_size": 12288, "moe_intermediate_size": 2048,
+    "num_hidden_layers": 78, "num_attention_heads": 64, "num_key_value_heads": 64, "n_shared_experts": 1,
+    "n_routed_experts": 256, "routed_scaling_factor": 2.5, "kv_lora_rank": 512, "q_lora_rank": 2048,
+    "qk_rope_head_dim": 64, "v_head_dim": 256, "qk_nope_head_dim": 192, "n_group": 1, "topk_group": 1,
+    "num_experts_per_tok": 8, "first_k_dense_replace": 3, "max_position_embeddings": 202752, "rms_norm_eps": 1e-5,
+    "rope_theta": 1000000.0, "index_topk": 2048, "index_head_dim": 128, "index_n_heads": 32,
+    "num_nextn_predict_layers": 1,
+}
+PRESETS["tiny-glm5"] = {  # smaller than tiny-v32: its fixture ships its weights
+    **PRESETS["tiny-v32"], "_name_or_path": "tiny-glm5", "architectures": ["GlmMoeDsaForCausalLM"],
+    "model_type": "glm_moe_dsa", "indexer_types": ["full", "full", "shared"], "hidden_size": 128,
+    "intermediate_size": 256, "moe_intermediate_size": 64, "n_routed_experts": 8, "num_experts_per_tok": 2,
+    "n_group": 2, "topk_group": 1, "q_lora_rank": 96, "kv_lora_rank": 64, "v_head_dim": 48, "index_n_heads": 4,
+}
+
+
+# A.X-K2 (stepper/families/axk2.py): the sizes of transformers' AXK2Config, whose defaults are
+# skt/A.X-K2's (A.X-K2-Light: no expert groups), BF16; and a tiny sibling with expert groups (so
+# the 0.0 fill of dropped groups is at work) and an indexer keeping 4 positions
+PRESETS["a.x-k2"] = {
+    **{k: v for k, v in PRESETS["deepseek-v3.2"].items()
+       if k not in ("rope_scaling", "quantization_config", "n_group", "topk_group")},
+    "_name_or_path": "a.x-k2", "architectures": ["AXK2ForCausalLM"], "model_type": "axk2",
+    "vocab_size": 163840, "hidden_size": 2048, "intermediate_size": 5120, "moe_intermediate_size": 512,
+    "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 32, "n_shared_experts": 1,
+    "n_routed_experts": 128, "routed_scaling_factor": 2.5, "kv_lora_rank": 128, "q_lora_rank": 384,
+    "qk_rope_head_dim": 32, "v_head_dim": 64, "qk_nope_head_dim": 64, "num_experts_per_tok": 8,
+    "max_position_embeddings": 131072, "rms_norm_eps": 1e-6, "first_k_dense_replace": 1, "index_topk": 2048,
+    "index_head_dim": 128, "index_n_heads": 16, "gated_norm_rank": 16, "rope_theta": 10000.0,
+}
+PRESETS["tiny-axk2"] = {
+    **{k: v for k, v in PRESETS["tiny-v32"].items() if k != "quantization_config"}, "_name_or_path": "tiny-axk2",
+    "architectures": ["AXK2ForCausalLM"], "model_type": "axk2", "v_head_dim": 48, "gated_norm_rank": 8,
+}
+
+
+# LongCat-Flash (stepper/families/longcat_flash.py): the sizes of transformers' LongcatFlashConfig,
+# whose defaults are meituan-longcat/LongCat-Flash-Chat's, BF16; and a tiny sibling (8 experts and
+# 4 zero experts, 3 chosen, so zero experts are chosen on a short prompt)
+PRESETS["longcat-flash"] = {
+    "_name_or_path": "longcat-flash", "architectures": ["LongcatFlashForCausalLM"], "model_type": "longcat_flash",
+    "vocab_size": 131072, "hidden_size": 6144, "num_layers": 28, "num_attention_heads": 64, "hidden_act": "silu",
+    "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "ffn_hidden_size": 12288, "q_lora_rank": 1536,
+    "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "moe_topk": 12,
+    "n_routed_experts": 512, "zero_expert_num": 256, "expert_ffn_hidden_size": 2048, "routed_scaling_factor": 6.0,
+    "rope_theta": 10000000.0, "zero_expert_type": "identity", "mla_scale_q_lora": True, "mla_scale_kv_lora": True,
+    "router_bias": False, "attention_method": "MLA", "tie_word_embeddings": False, "head_dim": 64,
+}
+PRESETS["tiny-longcat"] = {
+    **PRESETS["longcat-flash"], "_name_or_path": "tiny-longcat", "vocab_size": 1000, "hidden_size": 256,
+    "num_layers": 2, "num_attention_heads": 4, "ffn_hidden_size": 352, "q_lora_rank": 96, "kv_lora_rank": 64,
+    "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32, "moe_topk": 3, "n_routed_experts": 8,
+    "zero_expert_num": 4, "expert_ffn_hidden_size": 96, "routed_scaling_factor": 2.0, "rope_theta": 10000.0,
+    "head_dim": 16,
+}
 
 
 def preset(name: str) -> Config:

@@ -97,8 +97,12 @@ def load_model(model: str, seed: int) -> WeightSource:
     path = Path(model)
     if path.is_dir():
         if (path / "config.json").exists() and not any(path.glob("*.safetensors")) and not (path / INDEX).exists():
+            pickled = sorted(path.glob("pytorch_model*.bin"))  # older releases (MiniCPM3's era)
+            if pickled:
+                raise StepperError(f"{path}: holds {pickled[0].name} (PyTorch pickle), which stepper does not read "
+                                   "(unpickling runs code); convert the weights to safetensors")
             return SyntheticWeights(families.load_config(path / "config.json"), seed)
-        return Checkpoint(path, families.load_config)
+        return open_checkpoint(path)
     if path.is_file():
         return SyntheticWeights(families.load_config(path), seed)
     raise StepperError(
@@ -191,6 +195,9 @@ def layers_shown(spec: RunSpec, cfg: Config) -> range:
     n = cfg.num_hidden_layers
     if spec.layer is not None:
         check_layer(spec.layer, cfg)
+        if getattr(cfg, "index_reused", lambda layer: False)(spec.layer):  # GLM-5's shared layer
+            raise StepperError(f"layer {spec.layer} runs no indexer: it attends where layer {spec.layer - 1} chose, so "
+                               f"it runs only after that layer (--layers 0:{spec.layer + 1}, not --layer {spec.layer})")
         return range(spec.layer, spec.layer + 1)
     if spec.layers is None:
         return range(n)

@@ -24,7 +24,7 @@ from stepper.config import Config
 from stepper.families import derive
 
 RUNTIME = "runtime"
-SCOPE = re.compile(r"^(?:prefill\.|decode\d+\.)?(?:layers\.\d+\.)?")
+SCOPE = re.compile(r"^(?:prefill\.|decode\d+\.)?(?:layers\.\d+\.)?(?:sub\d\.)?")  # sub: LongCat's sublayers
 
 
 def key_of(name: str) -> str:
@@ -52,7 +52,8 @@ class Catalog:
         return self.raw["tensors"]
 
     def entry(self, key: str) -> dict[str, Any] | None:
-        return self._by_name.get(key)
+        """The entry of a catalogue name, or of a LongCat sublayer's (`sub1.self_attn.q`)."""
+        return self._by_name.get(key) or self._by_name.get(key_of(key))
 
     def names(self) -> list[str]:
         return [e["name"] for e in self.entries]
@@ -115,13 +116,15 @@ class Catalog:
         """The entries one layer emits, in execution order, for this config, attention (naive or
         absorb) and index scoring (exact or fp8): the names the model emits (families.derive),
         each with its entry (a name with none gets a bare one, which the catalogue tests refuse)."""
-        return [self.entry(key) or uncatalogued(key) for key in derive.layer_keys(cfg, layer, attn, index_scoring)]
+        keys = derive.layer_keys(cfg, layer, attn, index_scoring)
+        return [{**(self.entry(key) or uncatalogued(key)), "name": key} for key in keys]  # LongCat: `sub0.` names
 
     def run_names(self, cfg: Config, steps: Sequence[tuple[str | None, str]], layers: Iterable[int],
                   start: Sequence[str] = (), end: Sequence[str] = (), index_scoring: str = "exact") -> list[str]:
         """Every name a run emits, in order: for each step (its phase, None without decode steps,
         and its attention path), the global tensors `start`, each layer's sequence, then `end`."""
         names = []
+        start, end = self.with_globals_after(start, cfg), self.with_globals_after(end, cfg)
         for phase, attn in steps:
             scope = "" if phase is None else f"{phase}."
             names += [scope + key for key in start]
@@ -130,6 +133,11 @@ class Catalog:
                 names += [f"{scope}layers.{layer}.{e['name']}" for e in sequence]
             names += [scope + key for key in end]
         return names
+
+    def with_globals_after(self, keys: Sequence[str], cfg: Config) -> list[str]:
+        """The global names `keys`, each followed by what the model around the layers emits after
+        it for this config (MiniCPM3's embed_scaled after embed: model.transformer.global_names)."""
+        return derive.global_names(cfg, keys)
 
     def expected_size(self, symbol: str, cfg: Config) -> int | None:
         """The size a config gives a dimension symbol, or None for runtime dims and unset fields."""

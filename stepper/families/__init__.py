@@ -17,11 +17,22 @@ from typing import Any
 
 from stepper import config
 from stepper.errors import StepperError
-from stepper.families import axk1, deepseek, glm4_moe_lite, mistral4, sarvam_mla, youtu
+from stepper.families import (
+    axk1,
+    axk2,
+    deepseek,
+    glm4_moe_lite,
+    glm_moe_dsa,
+    longcat_flash,
+    minicpm3,
+    mistral4,
+    sarvam_mla,
+    youtu,
+)
 from stepper.families.family import Family
 
 FAMILIES: tuple[Family, ...] = (deepseek.FAMILY, sarvam_mla.FAMILY, youtu.FAMILY, glm4_moe_lite.FAMILY, axk1.FAMILY,
-                                mistral4.FAMILY)
+                                mistral4.FAMILY, minicpm3.FAMILY, glm_moe_dsa.FAMILY, axk2.FAMILY, longcat_flash.FAMILY)
 _added: tuple[Family, ...] = ()  # families registered for a while (`registered`)
 
 

@@ -36,6 +36,13 @@ class Emitted:
     shape: tuple[int, ...]  # its shape in the miniature (full-size shapes come from the catalogue's dims)
 
 
+def global_names(cfg: Any, keys) -> list[str]:
+    """The model's names outside the layers among `keys` (embed, rope_cos, rope_sin, norm, logits),
+    each followed by MiniCPM3's scaled one (embed_scaled, norm_scaled: model.transformer, model.scalings)."""
+    scaled = {"embed": "embed_scaled", "norm": "norm_scaled"} if getattr(cfg, "has_mup_scalings", False) else {}
+    return [name for key in keys for name in (key, scaled.get(key)) if name]
+
+
 def layer_emits(cfg: Any, layer: int, options: LayerOptions = DEFAULT,
                 step: Literal["prefill", "decode"] = "prefill") -> tuple[Emitted, ...]:
     """The tensors layer `layer` of cfg emits, in order, with these options, in a prefill

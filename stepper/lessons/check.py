@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from stepper import catalog, dtypes, fp8
+from stepper.config import MODEL_TYPES
 from stepper.errors import StepperError
 from stepper.lessons import overrides
 from stepper.planning import plan_run
@@ -209,7 +210,7 @@ def extra_calls(name: str) -> list[Call]:
         ]
     if name == "rope_inv_freq":
         calls = []
-        for model in PRESETS:
+        for model in (m for m in PRESETS if PRESETS[m]["model_type"] in MODEL_TYPES):  # DeepSeek's, with YaRN
             cfg = preset_config(model)
             calls.append(Call((cfg.qk_rope_head_dim, cfg.rope_theta, cfg.rope_scaling), {},
                               f"{model}: dim {cfg.qk_rope_head_dim}, theta {cfg.rope_theta:g}, {cfg.rope_scaling}"))

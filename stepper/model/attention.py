@@ -29,10 +29,12 @@ from stepper.kernels import attention as kernels
 from stepper.kernels.linear import linear
 from stepper.model.cache import LayerCache
 from stepper.model.layer_weights import LayerWeights
+from stepper.model.lora_scale import lora_scaled
 from stepper.model.ops import causal_mask, rms_norm, softmax
 from stepper.model.options import LayerOptions
+from stepper.model.output_gate import gated, q_b_input, split_gate
 from stepper.model.query_scale import position_scaled, shown_query_scale
-from stepper.model.rope import Rope, apply_rope
+from stepper.model.rope import Rope, apply_rope, rotate_halves
 from stepper.seams.swap import exercise
 from stepper.seams.trace import Emitter
 
@@ -48,29 +50,35 @@ def mla_attention(x: np.ndarray, w: LayerWeights, cache: LayerCache | None, opti
     indexer's choice. w carries the config and the rotary tables."""
     cfg, rope = w.cfg, w.rope
     cache = LayerCache() if cache is None else cache
-    q_nope, q_pe = query_heads(x, w, cfg, emit)  # [B, H, T, nope], [B, H, T, rope]
+    q_nope, q_pe, gate = query_heads(x, w, cfg, emit)  # [B, H, T, nope], [B, H, T, rope], A.X-K2's [B, T, Hv]
     compressed_kv, k_pe = latent(x, w, cfg, emit)  # [B, T, kv_lora], [B, one, T, rope]
     rope = shown_query_scale(rope, emit)  # Mistral 4's query scale per position, if any
+    if cfg.mla_lora_scales:  # LongCat-Flash
+        q_nope, q_pe, compressed_kv = lora_scaled(q_nope, q_pe, compressed_kv, cfg, emit)
     attend = absorbed if options.attention == "absorb" else naive
     out = attend(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache, emit, per_head(mask))  # [B, H, T, v_head]
-    return output_projection(out, w, emit)
+    return output_projection(out, w, emit, gate)
 
 
-def query_heads(x: np.ndarray, w: LayerWeights, cfg: Config, emit: Emitter) -> tuple[np.ndarray, np.ndarray]:
-    """q = q_b(RMSNorm(q_a(x))) split per head into its nope and rope parts."""
+def query_heads(x: np.ndarray, w: LayerWeights, cfg: Config,
+                emit: Emitter) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """q = q_b(RMSNorm(q_a(x))) split per head into its nope and rope parts; A.X-K2's q_b reads
+    RMSNorm(q_a(x)) and q_a(x) side by side and also gives each head's output gate (model.output_gate)."""
     B, T, _ = x.shape
     if cfg.q_lora_rank is None:
         q = linear(x, w.matrix("self_attn.q_proj.weight"))  # [B, T, H*qk_head]
     else:
         q_a = emit("self_attn.q_a", linear(x, w.matrix("self_attn.q_a_proj.weight")))  # [B, T, q_lora]
-        q_a = rms_norm(q_a, w("self_attn.q_a_layernorm.weight"), LATENT_NORM_EPS)
-        q_a = emit("self_attn.q_a_norm", q_a)
-        q = linear(q_a, w.matrix("self_attn.q_b_proj.weight"))  # [B, T, H*qk_head]
-    q = q.reshape(B, T, cfg.num_attention_heads, cfg.qk_head_dim).transpose(0, 2, 1, 3)  # [B, H, T, qk_head]
+        q_a_norm = emit("self_attn.q_a_norm", rms_norm(q_a, w("self_attn.q_a_layernorm.weight"), LATENT_NORM_EPS))
+        q = linear(q_b_input(q_a_norm, q_a, cfg), w.matrix("self_attn.q_b_proj.weight"))  # [B, T, H*qk_head (+ Hv)]
+    q = q.reshape(B, T, cfg.num_attention_heads, -1).transpose(0, 2, 1, 3)  # [B, H, T, qk_head (+ v_head)]
+    q, gate = split_gate(q, cfg)  # [B, H, T, qk_head], A.X-K2's [B, T, Hv]
+    if gate is not None:
+        gate = emit("self_attn.output_gate", gate)
     q = emit("self_attn.q", q)
     q_nope = emit("self_attn.q_nope", q[..., : cfg.qk_nope_head_dim])  # [B, H, T, nope]
     q_pe = emit("self_attn.q_pe", q[..., cfg.qk_nope_head_dim :])  # [B, H, T, rope]
-    return q_nope, q_pe
+    return q_nope, q_pe, gate
 
 
 @exercise
@@ -143,9 +151,14 @@ def up_project(compressed_kv: np.ndarray, w: LayerWeights, cfg: Config, emit: Em
 
 
 def rotate(q_pe: np.ndarray, k_pe: np.ndarray, rope: Rope, emit: Emitter) -> tuple[np.ndarray, np.ndarray]:
-    """Decoupled RoPE on the query's and the shared key's rotary dims."""
-    q_pe = emit("self_attn.q_pe_rope", apply_rope(q_pe, rope.cos, rope.sin))  # [B, H, T, rope]
-    k_pe = emit("self_attn.k_pe_rope", apply_rope(k_pe, rope.cos, rope.sin))  # [B, one, T, rope]
+    """Decoupled RoPE on the query's and the shared key's rotary dims: interleaved pairs, or
+    (MiniCPM3) dim i with dim i + rope/2."""
+    def turn(x: np.ndarray) -> np.ndarray:
+        if rope.interleaved:
+            return apply_rope(x, rope.cos, rope.sin)
+        return rotate_halves(x, rope.cos, rope.sin, x.shape[-1])
+    q_pe = emit("self_attn.q_pe_rope", turn(q_pe))  # [B, H, T, rope]
+    k_pe = emit("self_attn.k_pe_rope", turn(k_pe))  # [B, one, T, rope]
     return q_pe, k_pe
 
 
@@ -190,8 +203,11 @@ def shown(scores, weights_of, emit: Emitter):
     return emit("self_attn.attn_weights", weights_of(scores))
 
 
-def output_projection(out: np.ndarray, w: LayerWeights, emit: Emitter) -> np.ndarray:
-    """Merge the heads and project back to the hidden size.  [B, H, T, v_head] -> [B, T, d]"""
+def output_projection(out: np.ndarray, w: LayerWeights, emit: Emitter, gate: np.ndarray | None = None) -> np.ndarray:
+    """Merge the heads (A.X-K2: times sigmoid(gate)) and project back to the hidden size.
+    [B, H, T, v_head] -> [B, T, d]"""
     B, H, T, v_head = out.shape
     merged = emit("self_attn.attn_output", out.transpose(0, 2, 1, 3).reshape(B, T, H * v_head))  # [B, T, Hv]
+    if gate is not None:
+        merged = emit("self_attn.attn_output_gated", gated(merged, gate))  # [B, T, Hv]
     return emit("self_attn.o_proj", linear(merged, w.matrix("self_attn.o_proj.weight")))  # [B, T, d]

@@ -32,6 +32,10 @@ class LayerCache:
     index_keys: np.ndarray | None = None  # [B, S, Di], the Lightning Indexer's (V3.2)
     index_key_codes: np.ndarray | None = None  # [B, S, Di] e4m3, Hadamard-rotated (FP8 index scoring)
     index_key_scales: np.ndarray | None = None  # [B, S], one power-of-two scale per key
+    second: LayerCache | None = None  # LongCat-Flash's second attention sublayer's own cache
+    # the layer before's cache, set by model.transformer: GLM-5's shared layer attends where it chose
+    previous: LayerCache | None = field(default=None, repr=False, compare=False)
+    index_choice: np.ndarray | None = None  # [B, T, Ki]: the positions this step's queries attend (GLM-5 reuses it)
     growing: dict[str, GrowingArray] = field(default_factory=dict, repr=False, compare=False)
     # name -> the spare room after the field's positions (kernels.growing), so appends rarely copy
 
@@ -47,7 +51,7 @@ class LayerCache:
         for name, axis in POSITION_AXIS.items():
             array = getattr(self, name)
             cut[name] = None if array is None else array[(slice(None),) * axis + (slice(0, n),)]
-        return LayerCache(**cut)
+        return LayerCache(**cut, second=None if self.second is None else self.second.first(n))
 
     def extend_latent(self, latent: np.ndarray, k_pe: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Append the T new positions' latents [B, T, kv_lora] and rotary keys [B, one, T, rope];
@@ -89,10 +93,12 @@ def cache_bytes_per_token(cfg: Config, attn: Attention, itemsize: int = 4,
                           index_scoring: IndexScoring = "exact") -> int:
     """Bytes one layer caches per position: per-head keys and values (attn "naive"), or one
     latent and rotary key ("absorb"); plus the indexer's key, if the model has one (scoring in
-    FP8, also its e4m3 codes and float32 scale)."""
+    FP8, also its e4m3 codes and float32 scale). LongCat-Flash's layer caches for its two attention
+    sublayers."""
     index_key = 0
     if cfg.has_indexer:
         index_key = cfg.index_head_dim * itemsize + (cfg.index_head_dim + 4 if index_scoring == "fp8" else 0)
+    attentions = 2 if getattr(cfg, "shortcut_moe", False) else 1
     if attn == "naive":
-        return cfg.num_attention_heads * (cfg.qk_head_dim + cfg.v_head_dim) * itemsize + index_key
-    return (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * itemsize + index_key
+        return attentions * cfg.num_attention_heads * (cfg.qk_head_dim + cfg.v_head_dim) * itemsize + index_key
+    return attentions * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * itemsize + index_key

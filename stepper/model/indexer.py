@@ -34,7 +34,8 @@ from stepper.model.index_fp8 import fp8_index_scores
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.ops import causal_mask, rms_norm
 from stepper.model.options import LayerOptions
-from stepper.model.rope import Rope
+from stepper.model.rope import Rope, apply_rope
+from stepper.model.rope import rotate_halves as rope_halves
 from stepper.seams.swap import exercise
 from stepper.seams.trace import Emitter
 
@@ -48,8 +49,8 @@ def index_mask(x: np.ndarray, w: LayerWeights, cache: LayerCache, options: Layer
     cfg, rope = w.cfg, w.rope
     q = index_queries(x, w, cfg, emit)  # [B, Hi, T, Di]
     k = index_key(x, w, emit)  # [B, T, Di]
-    q = emit("self_attn.indexer.q_rope", rotate_halves(q, rope, cfg.qk_rope_head_dim))  # [B, Hi, T, Di]
-    k = emit("self_attn.indexer.k_rope", rotate_halves(k, rope, cfg.qk_rope_head_dim))  # [B, T, Di]
+    q = emit("self_attn.indexer.q_rope", rotate_index(q, rope, cfg))  # [B, Hi, T, Di]
+    k = emit("self_attn.indexer.k_rope", rotate_index(k, rope, cfg))  # [B, T, Di]
     keys = emit("self_attn.indexer.keys", cache.extend_index_keys(k))  # [B, S, Di]
     head_weights = linear(x, w.matrix("self_attn.indexer.weights_proj.weight")) * np.float32(cfg.index_n_heads**-0.5)
     head_weights = emit("self_attn.indexer.head_weights", head_weights)  # [B, T, Hi]
@@ -59,6 +60,7 @@ def index_mask(x: np.ndarray, w: LayerWeights, cache: LayerCache, options: Layer
         scores, exact_idx = index_scores(q, keys, head_weights), None
     scores = emit("self_attn.indexer.index_scores", scores)  # [B, T, S]
     topk_idx = emit("self_attn.indexer.topk_idx", chosen_positions(scores, cfg.index_topk))  # [B, T, Ki]
+    cache.index_choice = topk_idx  # what a next layer that reuses it attends (GLM-5)
     mask = mask_of(topk_idx, keys.shape[1])  # [B, T, S]
     if exact_idx is not None:
         emit("self_attn.indexer.kept_of_exact", kept_of_exact(mask, mask_of(exact_idx, keys.shape[1])))  # [B, T]
@@ -98,11 +100,33 @@ def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) 
     return centred / np.sqrt(variance + np.float32(eps)) * weight + bias
 
 
+def rotate_index(x: np.ndarray, rope: Rope, cfg: Config) -> np.ndarray:
+    """RoPE on the first qk_rope_head_dim dims of each index head: two halves (V3.2) or, GLM-5's
+    indexer, interleaved pairs, laid out (rotated evens, then rotated odds) as MLA lays them.  [..., T, Di] -> same"""
+    if not cfg.indexer_rope_interleave:
+        return rotate_halves(x, rope, cfg.qk_rope_head_dim)
+    dims = cfg.qk_rope_head_dim
+    return np.concatenate([apply_rope(x[..., :dims], rope.cos, rope.sin), x[..., dims:]], axis=-1)
+
+
+def reused_index_mask(cache: LayerCache, T: int, layer: int, emit: Emitter) -> np.ndarray:
+    """GLM-5's "shared" layer: no indexer of its own, the positions the layer before it chose for
+    these queries (its own choice, or the one it reused; cache.previous is that layer's cache).
+    A shared layer run alone has no such choice (the session refuses that; what a layer emits is
+    learned from one run alone, families.derive): it keeps every earlier position.  -> [B, T, S]"""
+    S = cache.length + T
+    previous = cache.previous.index_choice if cache.previous is not None else None
+    if previous is None:  # [B, T, Ki]: every position up to each query's own
+        previous = np.where(causal_mask(T, S), np.arange(S), -1)[None].astype(np.int64)
+    topk_idx = emit("self_attn.indexer.reused_topk_idx", previous)  # [B, T, Ki]
+    cache.index_choice = topk_idx
+    return emit("self_attn.indexer.reused_mask", mask_of(topk_idx, S))  # [B, T, S]
+
+
 def rotate_halves(x: np.ndarray, rope: Rope, dims: int) -> np.ndarray:
-    """RoPE on the first `dims` dims, dim i turning with dim i + dims/2; the rest unchanged.
-    [..., T, Di] -> same; rope.cos, rope.sin: [T, rope/2], `dims` being the rope dims."""
-    x1, x2, rest = x[..., : dims // 2], x[..., dims // 2 : dims], x[..., dims:]
-    return np.concatenate([x1 * rope.cos - x2 * rope.sin, x2 * rope.cos + x1 * rope.sin, rest], axis=-1)
+    """RoPE on the first `dims` dims (the rope dims), dim i turning with dim i + dims/2; the rest
+    unchanged.  [..., T, Di] -> same"""
+    return rope_halves(x, rope.cos, rope.sin, dims)
 
 
 @exercise

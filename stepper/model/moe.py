@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from stepper.config import Config
 from stepper.kernels import activations
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.ops import swiglu
 from stepper.model.options import LayerOptions
 from stepper.model.router import Routing, route
 from stepper.seams.trace import Emitter
+from stepper.weights.names import router_names
 
 
 def moe(x: np.ndarray, w: LayerWeights, options: LayerOptions, emit: Emitter) -> np.ndarray:
@@ -29,12 +31,17 @@ def moe(x: np.ndarray, w: LayerWeights, options: LayerOptions, emit: Emitter) ->
     cfg = w.cfg
     B, T, d = x.shape
     tokens = x.reshape(B * T, d)  # [N, d]
-    bias = w("mlp.gate.e_score_correction_bias") if cfg.topk_method == "noaux_tc" and cfg.router_bias else None  # [E]
-    routing = route(tokens, w("mlp.gate.weight"), bias, cfg, emit)
+    gate, bias_name = router_names(cfg)
+    bias = w(bias_name) if cfg.topk_method == "noaux_tc" and cfg.router_bias else None  # [E], V3 and K2
+    routing = route(tokens, w(gate), bias, cfg, emit)
+    routing, zero_weight = without_zero_experts(routing, cfg)  # LongCat: [N] the weight its zero experts got
     if options.dispatch == "grouped":
         routed = grouped_experts(tokens, routing, w, emit)  # [N, d]
     else:
         routed = per_token_experts(tokens, routing, w)  # [N, d]
+    if cfg.zero_experts:
+        identity = emit("mlp.zero_expert_output", (tokens * zero_weight[:, None]).reshape(B, T, d))  # [B, T, d]
+        routed = routed + identity.reshape(B * T, d)
     routed = emit("mlp.routed_output", routed.reshape(B, T, d))  # [B, T, d]
     if cfg.n_shared_experts == 0:
         return routed
@@ -42,20 +49,30 @@ def moe(x: np.ndarray, w: LayerWeights, options: LayerOptions, emit: Emitter) ->
     return routed + shared
 
 
+def without_zero_experts(routing: Routing, cfg: Config) -> tuple[Routing, np.ndarray]:
+    """LongCat's zero experts (indices from n_routed_experts on) return their input: the routing
+    among the real experts (-1, weight 0, where a zero expert was chosen), and the weight each
+    token's zero experts got, summed [N]."""
+    zero = routing.topk_idx >= cfg.n_routed_experts  # [N, k]
+    real = Routing(np.where(zero, -1, routing.topk_idx), np.where(zero, np.float32(0), routing.topk_weight))
+    return real, np.sum(np.where(zero, routing.topk_weight, np.float32(0)), axis=1)
+
+
 def per_token_experts(tokens: np.ndarray, routing: Routing, w: LayerWeights) -> np.ndarray:
     """The sum over k of topk_weight(n, k) * expert_topk_idx(n, k)(x_n), token by token.  [N, d] -> [N, d]"""
-    chosen = {int(e): expert_arrays(w, f"mlp.experts.{e}.") for e in np.unique(routing.topk_idx)}
+    chosen = {int(e): expert_arrays(w, f"mlp.experts.{e}.") for e in np.unique(routing.topk_idx) if e >= 0}
     out = np.zeros_like(tokens)
     for n, x_n in enumerate(tokens):
         for e, weight in zip(routing.topk_idx[n], routing.topk_weight[n]):
-            out[n] += swiglu(x_n, *chosen[int(e)]) * weight
+            if e >= 0:  # -1: a zero expert (without_zero_experts)
+                out[n] += swiglu(x_n, *chosen[int(e)]) * weight
     return out
 
 
 def grouped_experts(tokens: np.ndarray, routing: Routing, w: LayerWeights, emit: Emitter) -> np.ndarray:
     """Each chosen expert once on its tokens, scattered back with the weights.  [N, d] -> [N, d]"""
     out = np.zeros_like(tokens)
-    chosen = np.unique(routing.topk_idx)
+    chosen = np.unique(routing.topk_idx[routing.topk_idx >= 0])  # -1: a zero expert (without_zero_experts)
     for done, e in enumerate(chosen):
         emit.progress(f"layer {w.layer} experts", done, len(chosen))
         rows, ranks = np.nonzero(routing.topk_idx == e)  # the tokens that chose e (each at most once)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stepper.config import Yarn
+from stepper.config import LongRope, Yarn
 from stepper.seams.swap import exercise
 
 
@@ -20,6 +20,7 @@ class Rope:
     sin: np.ndarray
     softmax_scale: float
     query_scale: np.ndarray | None = None
+    interleaved: bool = True  # MLA's rotary dims: interleaved pairs (DeepSeek) or two halves (MiniCPM3)
 
 
 def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
@@ -62,6 +63,17 @@ def rope_inv_freq(dim: int, theta: float, yarn: Yarn | None) -> np.ndarray:
     return interpolation * (np.float32(1) - keep) + extrapolation * keep
 
 
+def longrope_inv_freq(dim: int, theta: float, longrope: LongRope, positions: np.ndarray) -> np.ndarray:
+    """LongRoPE's inverse frequencies [rope/2]: 1 / (factor_i * theta^(2i/dim)), the short factors
+    while every position is below original_max_position_embeddings, the long ones past it (as
+    transformers decides per call, from the largest position)."""
+    long = int(positions.max()) + 1 > longrope.original_max_position_embeddings
+    factors = np.array(longrope.long_factor if long else longrope.short_factor, dtype=np.float32)  # [rope/2]
+    exponent = np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim)  # [rope/2]
+    pos_freqs = (np.float64(theta) ** exponent.astype(np.float64)).astype(np.float32)
+    return np.float32(1) / (factors * pos_freqs)
+
+
 def rope_tables(positions: np.ndarray, inv_freq: np.ndarray, mscale: float) -> tuple[np.ndarray, np.ndarray]:
     """cos and sin [T, rope/2] of the angles position * inv_freq, times YaRN's cos/sin mscale.
 
@@ -84,3 +96,11 @@ def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     """
     even, odd = x[..., 0::2], x[..., 1::2]  # [..., T, rope/2] each
     return np.concatenate([even * cos - odd * sin, odd * cos + even * sin], axis=-1)
+
+
+def rotate_halves(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, dims: int) -> np.ndarray:
+    """RoPE on the first `dims` dims (the rope dims), dim i turning with dim i + dims/2 (Llama's
+    rotate_half); the rest unchanged.  [..., T, Di] -> same (MiniCPM3's [..., T, rope] whole);
+    cos, sin: [T, rope/2]."""
+    x1, x2, rest = x[..., : dims // 2], x[..., dims // 2 : dims], x[..., dims:]
+    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest], axis=-1)

@@ -87,10 +87,12 @@ SELECTION = {"noaux_tc": noaux_tc, "greedy": greedy, "group_limited_greedy": gro
 
 
 def keep_best_groups(scores: np.ndarray, group_scores: np.ndarray, cfg: Config, emit: Emitter) -> np.ndarray:
-    """scores [N, E] with the experts outside the topk_group best groups set to -inf."""
+    """scores [N, E] with the experts outside the topk_group best groups set to -inf (A.X-K2: 0.0,
+    as its reference fills them; an expert there can then beat a kept one whose biased score is below 0)."""
     group_mask = emit("mlp.gate.group_mask", best_groups_mask(group_scores, cfg.topk_group))  # [N, G]
-    eligible = np.repeat(group_mask > 0, cfg.n_routed_experts // cfg.n_group, axis=1)  # [N, E]
-    return np.where(eligible, scores, np.float32(-np.inf))  # [N, E]
+    eligible = np.repeat(group_mask > 0, cfg.router_experts // cfg.n_group, axis=1)  # [N, E]
+    dropped = np.float32(0) if cfg.masked_groups_zero else np.float32(-np.inf)  # A.X-K2 fills 0.0
+    return np.where(eligible, scores, dropped)  # [N, E]
 
 
 def top2_sum_per_group(scores: np.ndarray, n_group: int) -> np.ndarray:

@@ -69,7 +69,7 @@ def index_keys(x: np.ndarray, w: LayerWeights, cfg: Config, rope: Rope, rng: np.
     keys = np.empty((1, n, cfg.index_head_dim), np.float32)  # [1, S, Di]
     for start in range(0, n, ROWS):
         rows = slice(start, min(start + ROWS, n))
-        turn = Rope(rope.cos[rows], rope.sin[rows], rope.softmax_scale)
+        turn = Rope(rope.cos[rows], rope.sin[rows], rope.softmax_scale, interleaved=rope.interleaved)
         keys[:, rows] = rotate_halves(like(real, rows.stop - rows.start, rng), turn, cfg.qk_rope_head_dim)
     return keys
 

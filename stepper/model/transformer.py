@@ -23,20 +23,20 @@ from stepper.model.layer_weights import LayerWeights
 from stepper.model.ops import rms_norm
 from stepper.model.options import Attention, Dispatch, IndexScoring, LayerOptions
 from stepper.model.query_scale import llama4_query_scale
-from stepper.model.rope import Rope, rope_inv_freq, rope_tables, yarn_mscale
+from stepper.model.rope import Rope, longrope_inv_freq, rope_inv_freq, rope_tables, yarn_mscale
+from stepper.model.scalings import scaled_embedding, scaled_for_logits
 from stepper.seams.trace import Emitter
-from stepper.weights.names import EMBED
+from stepper.weights.names import EMBED, head_weight
 from stepper.weights.source import WeightSource
 
-LM_HEAD = "lm_head.weight"
 HEAD_ROWS = 4096  # vocabulary rows multiplied at a time: for Kimi K2, 4096 x 7168 float32 is 117 MB
 
 
 def lm_head(hidden: np.ndarray, weights: WeightSource, rows: int = HEAD_ROWS) -> np.ndarray:
     """linear(hidden, lm_head): [B, T, d] -> logits [B, T, V], lm_head read a band of `rows`
     vocabulary rows at a time, so all of it (for Kimi K2 163840 x 7168, 4.7 GB in float32) never
-    exists at once. With tied embeddings (Youtu) lm_head is the embedding matrix."""
-    name = EMBED if weights.config.tie_word_embeddings else LM_HEAD
+    exists at once. With tied embeddings (Youtu, MiniCPM3) lm_head is the embedding matrix."""
+    name = head_weight(weights.config)
     # the next `rows` rows of lm_head [V, d], one after another
     bands = (band.matrix(name) for band in weights.row_bands(name, rows))
     return linear_in_row_blocks(hidden, bands, weights.config.vocab_size)
@@ -61,6 +61,8 @@ class Transformer:
         self.softmax_scale = cfg.qk_head_dim**-0.5
         if yarn is not None and yarn.mscale_all_dim:
             self.softmax_scale *= yarn_mscale(yarn.factor, yarn.mscale_all_dim) ** 2
+        if cfg.longrope is not None:  # MiniCPM3: frequencies chosen per call (longrope_inv_freq)
+            self.rope_mscale = cfg.longrope.attention_factor
 
     @property
     def dispatch(self) -> str:
@@ -80,12 +82,16 @@ class Transformer:
     def rope(self, positions: np.ndarray, emit: Emitter) -> Rope:
         """The rotary tables of positions [T]. They are shown in the reference's cat(freqs, freqs)
         layout [T, rope]; the model goes on with the first half of what is shown, [T, rope/2]."""
-        cos, sin = rope_tables(positions, self.inv_freq, self.rope_mscale)  # [T, rope/2]
+        cfg = self.config
+        inv_freq = self.inv_freq if cfg.longrope is None else longrope_inv_freq(
+            cfg.qk_rope_head_dim, cfg.rope_theta, cfg.longrope, positions)  # [rope/2]
+        cos, sin = rope_tables(positions, inv_freq, self.rope_mscale)  # [T, rope/2]
         half = cos.shape[-1]
         cos = emit("rope_cos", np.concatenate([cos, cos], axis=-1))[:, :half]
         sin = emit("rope_sin", np.concatenate([sin, sin], axis=-1))[:, :half]
-        scale = self.config.query_scale  # Mistral 4: queries scaled by position (model.query_scale)
-        return Rope(cos, sin, self.softmax_scale, None if scale is None else llama4_query_scale(positions, scale))
+        scale = cfg.query_scale  # Mistral 4: queries scaled by position (model.query_scale)
+        return Rope(cos, sin, self.softmax_scale, None if scale is None else llama4_query_scale(positions, scale),
+                    cfg.rope_interleave)
 
     def layer(
         self, i: int, hidden: np.ndarray, rope: Rope, cache: KVCache | None, emit: Emitter, attn: Attention = "naive"
@@ -94,17 +100,23 @@ class Transformer:
         "naive" or "absorb"."""
         layer_cache = None if cache is None else cache.layers[i]
         w = LayerWeights(self.weights, i, self.scratch, rope)
+        if layer_cache is not None:  # the layer before's cache: GLM-5's shared layer attends where it chose
+            layer_cache.previous = cache.layers[i - 1] if i > 0 else None
         options = dataclasses.replace(self.options, attention=attn)
         return self.decoder_layer(hidden, w, layer_cache, options, emit.layer(i))
 
     def start(self, ids: np.ndarray, positions: np.ndarray, emit: Emitter) -> tuple[np.ndarray, Rope]:
         """The embedding [B, T, d] of ids [B, T] and the rotary tables of positions [T]."""
         hidden = emit("embed", self.embed(ids))
+        if self.config.has_mup_scalings:
+            hidden = scaled_embedding(hidden, self.config, emit)
         return hidden, self.rope(positions, emit)
 
     def head(self, hidden: np.ndarray, emit: Emitter) -> np.ndarray:
         """Final norm and lm_head: [B, T, d] -> logits [B, T, V]."""
         hidden = emit("norm", rms_norm(hidden, self.weights.get("model.norm.weight"), self.config.rms_norm_eps))
+        if self.config.has_mup_scalings:
+            hidden = scaled_for_logits(hidden, self.config, emit)
         logits = lm_head(hidden, self.weights)  # [B, T, V]
         if self.config.zeroed_pad_row is not None and self.config.tie_word_embeddings:  # lm_head's zeroed row
             logits[..., self.config.zeroed_pad_row] = 0

@@ -45,15 +45,18 @@ class Event:
 class Emitter:
     """Callable handed to model code; `layer(i)` and `phase(p)` give scoped children."""
 
-    def __init__(self, sinks: Iterable[Sink] = (), layer: int | None = None, phase: str | None = None):
+    def __init__(self, sinks: Iterable[Sink] = (), layer: int | None = None, phase: str | None = None,
+                 sublayer: int | None = None):
         self.sinks = tuple(sinks)
         self._layer = layer
         self._phase = phase
+        self._sublayer = sublayer  # LongCat-Flash's sublayer: keys `sub1.self_attn.q` (catalogue: `self_attn.q`)
 
     def __call__(self, key: str, array: np.ndarray) -> np.ndarray:
         """Show `array` as `key` to every sink; return the array the model continues with."""
         if not self.sinks:
             return array
+        key = key if self._sublayer is None else f"sub{self._sublayer}.{key}"  # LongCat's sublayer: its own key
         event = Event(self._qualify(key), key, array, self._layer, self._phase)
         for sink in self.sinks:
             replacement = sink(event)
@@ -82,7 +85,7 @@ class Emitter:
 
     def to(self, sinks: Iterable[Sink]) -> Emitter:
         """The same scope, other sinks."""
-        return Emitter(sinks, self._layer, self._phase)
+        return Emitter(sinks, self._layer, self._phase, self._sublayer)
 
     def progress(self, task: str, done: int, total: int) -> None:
         """Report progress of a long loop (experts, layers) to the sinks that show it."""
@@ -94,11 +97,14 @@ class Emitter:
     def layer(self, index: int) -> Emitter:
         return Emitter(self.sinks, index, self._phase)
 
+    def sublayer(self, index: int) -> Emitter:
+        return Emitter(self.sinks, self._layer, self._phase, index)
+
     def phase(self, name: str | None) -> Emitter:
-        return Emitter(self.sinks, self._layer, name)
+        return Emitter(self.sinks, self._layer, name, self._sublayer)
 
     def silent(self) -> Emitter:
-        return Emitter((), self._layer, self._phase)
+        return Emitter((), self._layer, self._phase, self._sublayer)
 
     def _qualify(self, key: str) -> str:
         name = key if self._layer is None else f"layers.{self._layer}.{key}"

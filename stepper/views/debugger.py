@@ -390,7 +390,8 @@ class Debugger:
             raise StepperError(f"s routing draws {idx.name} with its topk_weight, which comes next: n, then s routing")
         weight = self.resolve(idx.name.replace("topk_idx", "topk_weight"))
         rows = token_rows(self.tokens, idx.phase, len(idx.array))
-        print_picture(self.console, pictures.routing_map(idx.array, weight.array, self.cfg.n_routed_experts, rows))
+        print_picture(self.console, pictures.routing_map(idx.array, weight.array, self.cfg.router_experts, rows,
+                                                              self.cfg.zero_experts))
 
     def show_histogram(self, name: str) -> None:
         event = self.resolve(name)

@@ -139,7 +139,7 @@ def open_source(where: str | Path) -> Source:
         if not (path / "config.json").exists():
             raise StepperError(f"{path}: not a checkpoint directory (no config.json); give a .safetensors file to "
                                "inspect one file")
-        return checkpoint_source(path, open_checkpoint(path))
+        return checkpoint_source(path, open_checkpoint(path))  # any registered family's
     if not path.exists():
         raise StepperError(f"{path}: no such file or directory (expected a .safetensors file or a checkpoint "
                            "directory)")

@@ -106,5 +106,5 @@ def picture(kind: str, event: Event, cfg: Config, lookup) -> Shown:
     if kind == "routing":
         gate = event.name.rpartition(".")[0]
         return Shown(pictures.routing_map(lookup(f"{gate}.topk_idx"), lookup(f"{gate}.topk_weight"),
-                                          cfg.n_routed_experts))
+                                          cfg.router_experts, zero_experts=cfg.zero_experts))
     return Shown(pictures.histogram(event.array, title=event.name))

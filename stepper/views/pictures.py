@@ -425,14 +425,15 @@ def decode_bars(rows: np.ndarray, chosen: list[int], notes: str, width: int) -> 
 
 
 def routing_map(topk_idx: np.ndarray, topk_weight: np.ndarray, n_experts: int,
-                token_labels: list[str] | None = None) -> RenderableType:
+                token_labels: list[str] | None = None, zero_experts: int = 0) -> RenderableType:
     """The router's choices, topk_idx / topk_weight [N tokens, k], as a token x expert grid.
 
     A chosen expert's cell is shaded by its weight (relative to the largest weight), others are
     '·'; when there is room the chosen experts and weights are listed after each row, in rank
     order. Below: the load of each expert (how many tokens chose it) and a summary line. More
     experts than fit are grouped in bins (a cell then counts the token's experts in the bin); more
-    tokens than TOKEN_ROWS are cut, and the load still counts them all.
+    tokens than TOKEN_ROWS are cut, and the load still counts them all. The last `zero_experts` of
+    the n_experts (LongCat's identity experts) are listed as z0, z1, ... and counted apart.
     """
     idx = np.asarray(topk_idx)
     weight = np.asarray(topk_weight, dtype=np.float64)
@@ -447,7 +448,8 @@ def routing_map(topk_idx: np.ndarray, topk_weight: np.ndarray, n_experts: int,
         raise ValueError(f"{len(token_labels)} token labels for {idx.shape[0]} tokens")
     labels = [str(i) for i in range(idx.shape[0])] if token_labels is None else [shown(str(x)) for x in token_labels]
     load = np.bincount(idx.ravel().astype(np.int64), minlength=n_experts)
-    return Picture(lambda width: draw_routing(idx.astype(np.int64), weight, load, labels, width), whole_off_screen=True)
+    return Picture(lambda width: draw_routing(idx.astype(np.int64), weight, load, labels, width, zero_experts),
+                   whole_off_screen=True)
 
 
 def expert_bin(n_experts: int, budget: int) -> int:
@@ -462,7 +464,8 @@ def short(label: str, width: int = 10) -> str:
     return label if len(label) <= width else label[: width - 1] + "…"
 
 
-def draw_routing(idx: np.ndarray, weight: np.ndarray, load: np.ndarray, labels: list[str], width: int) -> list[Text]:
+def draw_routing(idx: np.ndarray, weight: np.ndarray, load: np.ndarray, labels: list[str], width: int,
+                 zero_experts: int = 0) -> list[Text]:
     n_tokens, k = idx.shape
     n_experts = load.size
     shown = min(n_tokens, TOKEN_ROWS)
@@ -473,15 +476,32 @@ def draw_routing(idx: np.ndarray, weight: np.ndarray, load: np.ndarray, labels: 
     out = [line("tok\\e".rjust(margin - 1) + " ", (ticks(n_cols, 1, lambda c: c * size), DIM))]
     for t in range(shown):
         cells = token_cells(idx[t], weight[t], top, n_cols, size, k)
-        picks = [f"e{e} {w:.2f}" for e, w in zip(idx[t], weight[t])] if size == 1 else []
+        picks = [f"{expert_label(e, n_experts, zero_experts)} {w:.2f}" for e, w in zip(idx[t], weight[t])]
+        picks = picks if size == 1 else []
         out.append(line((pad_left(short(labels[t]), margin - 1) + " ", DIM), *cells,
                         *fitting(picks, width - margin - n_cols)))
     if shown < n_tokens:
         out.append(caption(f"… {n_tokens - shown} more tokens not shown (N={n_tokens}); the load counts all of them"))
     out += load_rows(load, size, margin)
     out.append(routing_legend(top, size, k))
-    out += routing_summary(load, n_tokens, k, size)
+    out += routing_summary(load, n_tokens, k, size, zero_experts)
+    if zero_experts:
+        out.append(zero_expert_summary(load, n_tokens, k, zero_experts))
     return out
+
+
+def expert_label(e: int, n_experts: int, zero_experts: int) -> str:
+    """e12 for a routed expert, z3 for the fourth zero (identity) expert."""
+    first_zero = n_experts - zero_experts
+    return f"z{e - first_zero}" if e >= first_zero else f"e{e}"
+
+
+def zero_expert_summary(load: np.ndarray, n_tokens: int, k: int, zero_experts: int) -> Text:
+    """How many of the choices went to zero experts, which return their input and compute nothing."""
+    first_zero = load.size - zero_experts
+    chosen = int(load[first_zero:].sum())
+    return caption(f"zero experts z0-z{zero_experts - 1} (columns {first_zero}-{load.size - 1}, identity: no compute) "
+                   f"took {chosen} of the {n_tokens * k} choices")
 
 
 def token_cells(experts: np.ndarray, weights: np.ndarray, top: float, n_cols: int, size: int,
@@ -526,15 +546,17 @@ def routing_legend(top: float, size: int, k: int) -> Text:
                 (f"1..{k}", heat(1.0)), (" how many are", ""), wrap=True)
 
 
-def routing_summary(load: np.ndarray, n_tokens: int, k: int, size: int) -> list[Text]:
+def routing_summary(load: np.ndarray, n_tokens: int, k: int, size: int, zero_experts: int = 0) -> list[Text]:
     used = int((load > 0).sum())
     busiest = int(load.argmax()) if load.size else 0
-    lines = [Text(f"experts used {used}/{load.size} · max load {int(load.max(initial=0))} (expert {busiest}) · "
+    busiest_name = expert_label(busiest, load.size, zero_experts).removeprefix("e")
+    lines = [Text(f"experts used {used}/{load.size} · max load {int(load.max(initial=0))} (expert {busiest_name}) · "
                   f"{n_tokens} token{'s' if n_tokens != 1 else ''} × top-{k} · balanced would be "
                   f"{number(n_tokens * k / max(load.size, 1))} each")]
     order = [e for e in sorted(range(load.size), key=lambda e: (-load[e], e))[:8] if load[e] > 0]
     if order:
-        lines.append(caption("busiest: " + ", ".join(f"e{e} {int(load[e])}" for e in order)))
+        lines.append(caption("busiest: " + ", ".join(f"{expert_label(e, load.size, zero_experts)} {int(load[e])}"
+                                                     for e in order)))
     if size > 1:
         lines.append(caption(f"experts grouped in {ceil_div(load.size, size)} bins of {size} "
                              f"(e0-{size - 1}, e{size}-{2 * size - 1}, …): a cell counts the token's experts in "

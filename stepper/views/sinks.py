@@ -283,7 +283,8 @@ class Pictures:
         if not (shown or idx_shown):
             return
         rows = token_rows(self.tokens, weights.phase, len(idx))
-        print_picture(self.console, pictures.routing_map(idx, weights.array, self.cfg.n_routed_experts, rows))
+        print_picture(self.console, pictures.routing_map(idx, weights.array, self.cfg.router_experts, rows,
+                                                           self.cfg.zero_experts))
         if self.group_mask is not None and self.cfg.n_group > 1 and len(self.group_mask) == len(idx):
             print_picture(self.console, group_map(self.group_mask, idx, self.cfg))
 

@@ -53,6 +53,7 @@ def storage_dtype(cfg: Config, name: str) -> str:
 
 
 EMBED = "model.embed_tokens.weight"
+LM_HEAD = "lm_head.weight"
 
 
 def layer_prefix(layer: int) -> str:
@@ -67,7 +68,8 @@ def attention_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
     else:
         shapes["self_attn.q_a_proj.weight"] = (cfg.q_lora_rank, d)
         shapes["self_attn.q_a_layernorm.weight"] = (cfg.q_lora_rank,)
-        shapes["self_attn.q_b_proj.weight"] = (h * cfg.qk_head_dim, cfg.q_lora_rank)
+        q_b_out = h * (cfg.qk_head_dim + (cfg.v_head_dim if cfg.q_gate else 0))  # A.X-K2: each head's output gate too
+        shapes["self_attn.q_b_proj.weight"] = (q_b_out, cfg.q_lora_rank * (2 if cfg.q_gate else 1))
     shapes["self_attn.kv_a_proj_with_mqa.weight"] = (cfg.kv_lora_rank + cfg.qk_rope_head_dim, d)
     shapes["self_attn.kv_a_layernorm.weight"] = (cfg.kv_lora_rank,)
     shapes["self_attn.kv_b_proj.weight"] = (h * (cfg.qk_nope_head_dim + cfg.v_head_dim), cfg.kv_lora_rank)
@@ -97,6 +99,28 @@ def swiglu_shapes(prefix: str, hidden: int, inter: int) -> dict[str, tuple[int, 
     }
 
 
+def router_names(cfg: Config) -> tuple[str, str]:
+    """The router's weight and bias: DeepSeek's mlp.gate, or LongCat's mlp.router.classifier."""
+    if cfg.zero_experts:
+        return "mlp.router.classifier.weight", "mlp.router.e_score_correction_bias"
+    return "mlp.gate.weight", "mlp.gate.e_score_correction_bias"
+
+
+def longcat_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
+    """A LongCat-Flash layer's tensors (layer-relative): two attention and two dense-MLP sublayers,
+    each with its norms (`<module>.0.`, `<module>.1.`), and the MoE (its zero experts have none)."""
+    d, shapes = cfg.hidden_size, {}
+    for j in (0, 1):
+        shapes.update({f"input_layernorm.{j}.weight": (d,), f"post_attention_layernorm.{j}.weight": (d,)})
+        shapes.update({k.replace("self_attn.", f"self_attn.{j}."): v for k, v in attention_shapes(cfg).items()})
+        shapes.update(swiglu_shapes(f"mlps.{j}.", d, cfg.intermediate_size))
+    weight, bias = router_names(cfg)
+    shapes.update({weight: (cfg.router_experts, d), bias: (cfg.router_experts,)})
+    for e in range(cfg.n_routed_experts):
+        shapes.update(swiglu_shapes(f"mlp.experts.{e}.", d, cfg.moe_intermediate_size))
+    return shapes
+
+
 def layer_shapes(cfg: Config, layer: int) -> dict[str, tuple[int, ...]]:
     """Every tensor of one decoder layer, by full name, with its shape: the MLA family's, or what
     the config's own class says (a family's config class with a `layer_shapes(layer)` method:
@@ -108,7 +132,16 @@ def layer_shapes(cfg: Config, layer: int) -> dict[str, tuple[int, ...]]:
 def mla_layer_shapes(cfg: Config, layer: int) -> dict[str, tuple[int, ...]]:
     """Every tensor of one MLA decoder layer, by full HF name, with its shape."""
     d = cfg.hidden_size
+    if cfg.shortcut_moe:
+        return {layer_prefix(layer) + k: v for k, v in longcat_shapes(cfg).items()}
     shapes = {"input_layernorm.weight": (d,), "post_attention_layernorm.weight": (d,), **attention_shapes(cfg)}
+    if cfg.index_reused(layer):  # GLM-5's shared layer has no indexer
+        shapes = {k: v for k, v in shapes.items() if not k.startswith("self_attn.indexer.")}
+    for norm in ("input_layernorm", "post_attention_layernorm"):  # A.X-K2's gated norms
+        if cfg.has_gated_norms and (norm == "input_layernorm" or cfg.is_moe_layer(layer)):
+            del shapes[f"{norm}.weight"]
+            shapes.update({f"{norm}.norm.weight": (d,), f"{norm}.W_down.weight": (cfg.gated_norm_rank, d),
+                           f"{norm}.W_up.weight": (d, cfg.gated_norm_rank)})
     if cfg.is_moe_layer(layer):
         shapes["mlp.gate.weight"] = (cfg.n_routed_experts, d)
         if cfg.topk_method == "noaux_tc" and cfg.router_bias:  # only the aux-loss-free router has a bias
@@ -148,7 +181,14 @@ def shape_of(cfg: Config, name: str) -> tuple[int, ...]:
 
 
 def global_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
-    """The tensors outside the layers: embedding, final norm, lm_head (none when it is the
-    embedding: tied, as in Youtu)."""
-    head = {} if cfg.tie_word_embeddings else {"lm_head.weight": (cfg.vocab_size, cfg.hidden_size)}
-    return {EMBED: (cfg.vocab_size, cfg.hidden_size), "model.norm.weight": (cfg.hidden_size,), **head}
+    """The tensors outside the layers: embedding, final norm, lm_head (none when tied to the
+    embedding: Youtu, MiniCPM3)."""
+    shapes = {EMBED: (cfg.vocab_size, cfg.hidden_size), "model.norm.weight": (cfg.hidden_size,)}
+    if not cfg.tie_word_embeddings:
+        shapes[LM_HEAD] = (cfg.vocab_size, cfg.hidden_size)
+    return shapes
+
+
+def head_weight(cfg: Config) -> str:
+    """The matrix the logits are made with: lm_head.weight, or the embedding when tied (Youtu, MiniCPM3)."""
+    return EMBED if cfg.tie_word_embeddings else LM_HEAD

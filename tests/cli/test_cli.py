@@ -11,6 +11,7 @@ from helpers.cli import stepper
 from safetensors.numpy import load_file
 
 from stepper import catalog
+from stepper.families import derive
 from stepper.presets import preset
 from stepper.seams.trace import unphased
 
@@ -26,7 +27,7 @@ def catalogued_names(attn: str = "naive") -> set[str]:
     cfg, cat = preset("tiny"), catalog.load()
     layers = {e["name"] for layer in range(cfg.num_hidden_layers) for e in cat.layer_sequence(cfg, layer, attn)}
     assert all(cat.entry(name) is not None for name in layers)
-    return layers | {e["name"] for e in cat.entries if e["scope"] == "global"}
+    return layers | set(derive.global_names(cfg, ("embed", "rope_cos", "rope_sin", "norm", "logits")))
 
 
 def catalogued_naive_names() -> set[str]:

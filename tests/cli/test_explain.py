@@ -45,7 +45,7 @@ def test_a_weight_name_explains_the_tensors_computed_from_it():
 def test_a_word_explains_every_name_containing_it_and_the_texts_use_the_runs_sizes():
     out = explained("topk")
     assert titles(out) == ["mlp.gate.topk_idx", "mlp.gate.topk_weight", "self_attn.indexer.topk_idx",
-                           "self_attn.indexer.exact_topk_idx"]
+                           "self_attn.indexer.exact_topk_idx", "self_attn.indexer.reused_topk_idx"]
     assert "k (chosen experts = 4)" in out and "Each token runs 4 of the 32 routed experts" in out
     full = explained("topk_idx", "kimi-k2")
     assert "k (chosen experts = 8)" in full and "Each token runs 8 of the 384 routed experts" in full

@@ -21,6 +21,8 @@ def compare(name: str, mine: dict, ref: dict) -> str | None:
     key = unphased(name).rpartition("layers.")[2].partition(".")[2] or unphased(name)
     if key == "self_attn.indexer.topk_idx":  # the same positions, in the same order (best first; -1 pads)
         return None if np.array_equal(a, b) else "different positions chosen"
+    if key == "self_attn.indexer.reused_topk_idx":  # the same positions (transformers keeps torch.topk's order)
+        return None if np.array_equal(np.sort(a, -1), np.sort(b, -1)) else "different positions reused"
     if key == "mlp.gate.topk_idx":
         return None if np.array_equal(np.sort(a, 1), np.sort(b, 1)) else "different experts chosen"
     if key == "mlp.gate.topk_weight":

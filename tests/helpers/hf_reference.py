@@ -175,7 +175,23 @@ FAMILIES = {
                                     checks={"scoring_func": "sigmoid", "topk_method": "noaux_tc"},
                                     drop=("scoring_func", "topk_method")),
 }
-MOE_CLASSES = tuple({f.moe for f in FAMILIES.values()})
+
+
+def moe_classes() -> tuple[type, ...]:
+    """The MoE block classes of every registered family (helpers.hf_families registers more)."""
+    return tuple({f.moe for f in FAMILIES.values() if f.moe is not None})
+
+
+def _family_derived(model, i: int, r: dict) -> dict:
+    """A registered family's own tensors of layer i (its `derive` step), none without one."""
+    derive = _family_step(model, "derive")
+    return {} if derive is None else derive(model, i, r)
+
+
+def _family_step(model, step: str):
+    """A registered family's extra step (helpers.hf_families): `extend` installs more hooks,
+    `derive` adds a layer's own tensors, `derive_globals` the model's; None when it has none."""
+    return getattr(FAMILIES[model.config.model_type], step, None)
 
 
 def register(model_type: str, family: SimpleNamespace) -> None:
@@ -366,13 +382,20 @@ def _check_constants(model: DeepseekV3ForCausalLM, raw: dict[str, Any]) -> None:
     rs = raw.get("rope_scaling") or {}
     qk_head = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
     att = model.model.rotary_emb.attention_scaling
-    scale = model.model.layers[0].self_attn.scaling if len(model.model.layers) else None
+    attn = model.model.layers[0].self_attn if len(model.model.layers) else None
+    attn = attn[0] if isinstance(attn, torch.nn.ModuleList) else attn  # LongCat: two attention sublayers
+    scale = None if attn is None else attn.scaling
     if rs.get("rope_type", rs.get("type")) == "yarn":
         f = rs["factor"]
         want_att = _mscale(f, rs.get("mscale", 1)) / _mscale(f, rs.get("mscale_all_dim", 0))
         want_scale = qk_head ** -0.5
         if rs.get("mscale_all_dim"):
             want_scale *= _mscale(f, rs["mscale_all_dim"]) ** 2
+    elif rs.get("rope_type", rs.get("type")) == "longrope":  # MiniCPM3: LongRoPE's attention factor
+        original = rs["original_max_position_embeddings"]
+        f = rs.get("factor", raw["max_position_embeddings"] / original)
+        want_att = rs.get("attention_factor", math.sqrt(1 + math.log(f) / math.log(original)) if f > 1 else 1.0)
+        want_scale = qk_head ** -0.5
     else:
         want_att, want_scale = 1.0, qk_head ** -0.5
     if not math.isclose(att, want_att, rel_tol=1e-12):
@@ -468,7 +491,8 @@ class _Recorder:
             if a.q_lora_rank is not None:
                 reg(a.q_a_proj.register_forward_hook(self._out("q_a")))
                 reg(a.q_a_layernorm.register_forward_hook(self._out("q_a_norm")))
-                reg(a.q_b_proj.register_forward_hook(self._out("q_proj_out")))
+                q_b = a.q_b_proj if hasattr(a, "q_b_proj") else a.q_gate_proj  # A.X-K2's fused query and gate
+                reg(q_b.register_forward_hook(self._out("q_proj_out")))
             else:
                 reg(a.q_proj.register_forward_hook(self._out("q_proj_out")))
             reg(a.kv_a_proj_with_mqa.register_forward_hook(self._out("kv_a")))
@@ -477,7 +501,7 @@ class _Recorder:
             reg(a.kv_b_proj.register_forward_hook(self._out("kv_b_out")))
             reg(a.o_proj.register_forward_pre_hook(self._in("attn_output")))
             reg(a.o_proj.register_forward_hook(self._out("o_proj")))
-            if hasattr(a, "indexer"):  # V3.2's Lightning Indexer
+            if getattr(a, "indexer", None) is not None:  # V3.2's Lightning Indexer (GLM-5: not in every layer)
                 ix = a.indexer
                 reg(ix.register_forward_pre_hook(self._indexer_in, with_kwargs=True))
                 reg(ix.register_forward_hook(self._out("index_topk")))
@@ -493,7 +517,7 @@ class _Recorder:
                 install(self, layer, reg)
             mlp = layer.mlp
             reg(mlp.register_forward_hook(self._out("mlp_output")))
-            if isinstance(mlp, MOE_CLASSES):
+            if isinstance(mlp, moe_classes()):
                 reg(mlp.gate.register_forward_hook(self._out("gate_out")))
                 reg(mlp.experts.register_forward_hook(self._out("experts_out")))
                 reg(mlp.shared_experts.register_forward_hook(self._out("shared_output")))
@@ -502,6 +526,8 @@ class _Recorder:
                 reg(mlp.up_proj.register_forward_hook(self._out("up_proj")))
                 # The input of down_proj is act_fn(gate_proj(x)) * up_proj(x), materialised.
                 reg(mlp.down_proj.register_forward_pre_hook(self._in("act")))
+        if extend := _family_step(m, "extend"):
+            extend(self)
 
     def remove(self) -> None:
         for h in self.handles:
@@ -523,8 +549,8 @@ class _Recorder:
         return hook
 
     def _layer_post(self, i: int):
-        def hook(module, args, output):
-            self.put("output", _c(output))
+        def hook(module, args, output):  # GLM-5's layer also returns the top-k it used
+            self.put("output", _c(output[0] if isinstance(output, tuple) else output))
             self.layer = None
         return hook
 
@@ -605,12 +631,13 @@ def _derive_layer(model: DeepseekV3ForCausalLM, i: int, r: dict[str, Any]) -> di
         out["self_attn.q_a_norm"] = r["q_a_norm"]
     # q: q_b_proj (or q_proj) output viewed [B,T,H,qk_head] and transposed to [B,H,T,qk_head],
     # exactly as DeepseekV3Attention.forward does; q_nope/q_pe are its torch.split.
-    q = r["q_proj_out"].view(B, T, -1, attn.qk_head_dim).transpose(1, 2)
+    q = r["q_proj_out"].view(B, T, cfg.num_attention_heads, -1)[..., : attn.qk_head_dim]  # A.X-K2: a gate after
+    q = q.transpose(1, 2)
     q_nope, q_pe = torch.split(q, [nope, rope], dim=-1)
     out["self_attn.q"] = q.contiguous()
     out["self_attn.q_nope"] = q_nope.contiguous()
     out["self_attn.q_pe"] = q_pe.contiguous()
-    if not torch.equal(q_pe, r["q_pe"]):  # the q argument of the rope function
+    if not torch.equal(q_pe * getattr(attn, "mla_scale_q_lora", 1.0), r["q_pe"]):  # the rope's q (LongCat: scaled)
         raise RuntimeError(f"hf_reference: layer {i}: q_pe split differs from the rope input")
     kv_a = r["kv_a"]
     out["self_attn.kv_a"] = kv_a
@@ -658,7 +685,7 @@ def _derive_layer(model: DeepseekV3ForCausalLM, i: int, r: dict[str, Any]) -> di
     out["attn_residual"] = r["attn_residual"]
     out["post_attention_layernorm"] = r["post_attention_layernorm"]
 
-    if hasattr(attn, "indexer"):
+    if getattr(attn, "indexer", None) is not None:
         out.update(_derive_indexer(attn.indexer, r, B, T))
     family = FAMILIES[cfg.model_type]
     out.update(_derive_mlp(layer, family, r, B, T, i))
@@ -823,7 +850,7 @@ def _one_pass(model, rec: _Recorder, ids: torch.Tensor, pos0: int,
     for i in range(n_layers):
         derived = _derive_layer(model, i, rec.raw[i])
         # emit in the documented order (docs/names.md), whatever order they were derived in
-        is_moe = isinstance(model.model.layers[i].mlp, MOE_CLASSES)
+        is_moe = isinstance(model.model.layers[i].mlp, moe_classes())
         mlp_names = LAYER_NAMES_MOE if is_moe else LAYER_NAMES_DENSE
         order = _with_family_names(LAYER_NAMES_ATTN + mlp_names + LAYER_NAMES_TAIL)
         order = [n for n in order if n in derived]
@@ -833,6 +860,8 @@ def _one_pass(model, rec: _Recorder, ids: torch.Tensor, pos0: int,
             trace[f"layers.{i}.{name}"] = derived[name]
     trace["norm"] = g["norm"]
     trace["logits"] = g["logits"]
+    if derive_globals := _family_step(model, "derive_globals"):
+        trace.update(derive_globals(model, g))
     return trace, result.logits.detach().clone()
 
 
@@ -852,16 +881,17 @@ def run_hf_trace(model: DeepseekV3ForCausalLM, ids: np.ndarray, start_pos: int =
     wraps = {name: getattr(module, name) for name in getattr(family, "wraps", {})}  # a family's own functions
     orig_attn = module.eager_attention_forward
     phases: list[tuple[str, dict[str, torch.Tensor], torch.Tensor]] = []
-    indexed = hasattr(module, "DeepseekV32Indexer")
-    orig_index_rope = getattr(module, "apply_rotary_pos_emb", None)
+    indexed = getattr(family, "indexed", hasattr(module, "DeepseekV32Indexer"))
+    index_rope = getattr(family, "index_rope", "apply_rotary_pos_emb")  # None: the family wraps both in wrap_rope
+    orig_index_rope = getattr(module, index_rope, None) if index_rope else None
     try:
         rec.install()
         for name, orig in wraps.items():
             setattr(module, name, family.wraps[name](rec, orig))
         setattr(module, family.rope, rec.wrap_rope(orig_rope))
         module.eager_attention_forward = rec.wrap_attention(orig_attn)
-        if indexed:
-            module.apply_rotary_pos_emb = rec.wrap_index_rope(orig_index_rope)
+        if indexed and index_rope:
+            setattr(module, index_rope, rec.wrap_index_rope(orig_index_rope))
         cache = DynamicCache(config=model.config) if steps else None
         if indexed and cache is not None:
             cache.update_indexer = rec.wrap_update_indexer(cache.update_indexer)
@@ -875,8 +905,8 @@ def run_hf_trace(model: DeepseekV3ForCausalLM, ids: np.ndarray, start_pos: int =
             setattr(module, name, orig)
         setattr(module, family.rope, orig_rope)
         module.eager_attention_forward = orig_attn
-        if indexed:
-            module.apply_rotary_pos_emb = orig_index_rope
+        if indexed and index_rope:
+            setattr(module, index_rope, orig_index_rope)
         rec.remove()
 
     out: dict[str, np.ndarray] = {}

@@ -42,8 +42,10 @@ REFERENCE_KEYS = {"variable", "modeling_deepseek.py", "transformers", "inference
 FAMILY_REFERENCE_KEYS = {"inference_v32"}  # optional: DeepSeek-V3.2-Exp's own inference code, for the indexer
 CITATION_KEYS = {"lines", "symbol", "text"}  # and optionally "path" (another file of the same source), "code"
 SOURCES = ("modeling_deepseek.py", "transformers", "inference", "inference_v32")
-FAMILY_FILES = ("models/deepseek_v2/", "models/deepseek_v32/", "models/axk1/",  # a family entry cites its family's
-                "models/mistral4/")  # transformers file
+MLA_FAMILY_FILES = ("models/axk1/", "models/mistral4/", "models/minicpm3/", "models/glm_moe_dsa/", "models/axk2/",
+                    "models/longcat_flash/")  # issue 33's
+# a family entry cites its family's transformers file
+FAMILY_FILES = ("models/deepseek_v2/", "models/deepseek_v32/", *MLA_FAMILY_FILES)
 NOT_DATA = {"layers", "path", "when", "after"}  # order and branches: the model's to say (families.derive)
 ALIAS_KEYS = {"hf_module", "inference", "llama.cpp"}
 
@@ -55,7 +57,8 @@ def load_catalog() -> dict:
 def emitted(presets: tuple[str, ...], attn: tuple[str, ...], scoring: tuple[str, ...]) -> set[str]:
     """The names some layer of these presets emits on these attention paths and index scorings."""
     cat = stepper_catalog.load()
-    return {e["name"] for name in presets for cfg in [family_preset(name)] for layer in range(cfg.num_hidden_layers)
+    return {stepper_catalog.key_of(e["name"])  # LongCat's sublayer names (`sub0.`) by their entry's
+            for name in presets for cfg in [family_preset(name)] for layer in range(cfg.num_hidden_layers)
             for a in attn for s in scoring for e in cat.layer_sequence(cfg, layer, a, s)}
 
 
@@ -155,7 +158,8 @@ def test_entries_follow_the_schema(catalog):
         assert not re.search(r"\blines? \d", ref["variable"]), f"{name}: line numbers belong in a citation"
     int_tensors = [e["name"] for e in catalog["tensors"] if e["dtype"] == "int64"]
     assert sorted(int_tensors) == sorted(["mlp.gate.topk_idx", "self_attn.indexer.topk_idx",
-                                          "self_attn.indexer.exact_topk_idx", "self_attn.indexer.kept_of_exact"])
+                                          "self_attn.indexer.exact_topk_idx", "self_attn.indexer.kept_of_exact",
+                                          "self_attn.indexer.reused_topk_idx"])
 
 
 @pytest.fixture(scope="module")
@@ -191,6 +195,8 @@ def test_absorbed_entries_cite_deepseek_inference(catalog, branches):
             assert citation_ok(ref["inference_v32"]) or citation_ok(ref["transformers"]), e["name"]
         elif e["scope"] == "layer" and name not in branches["v3"]:  # another family's tensor: V3's file has none
             assert citation_ok(ref["transformers"]), e["name"]
+        elif (ref["transformers"] or {}).get("path", "").startswith(MLA_FAMILY_FILES):  # MiniCPM3's embed_scaled, ...
+            assert citation_ok(ref["transformers"]) and ref["modeling_deepseek.py"] is None, e["name"]
         else:
             assert citation_ok(ref["modeling_deepseek.py"]), f"{e['name']}: no modeling_deepseek.py citation"
 

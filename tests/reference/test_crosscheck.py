@@ -19,6 +19,7 @@ from helpers.compare import compare
 from helpers.hf_reference import hf_attention_scaling, hf_inv_freq, hf_softmax_scale, hf_trace
 
 from stepper import catalog
+from stepper.families import derive
 from stepper.model import Transformer
 from stepper.model.rope import rope_inv_freq
 from stepper.presets import preset
@@ -57,7 +58,7 @@ def test_every_catalogued_name_is_compared():
     compared = {unphased(n).split(".", 2)[-1] if n.startswith("layers.") else n for n in mine}
     cfg, cat = preset("tiny"), catalog.load()
     naive = {e["name"] for layer in range(cfg.num_hidden_layers) for e in cat.layer_sequence(cfg, layer, "naive")}
-    naive |= {e["name"] for e in cat.entries if e["scope"] == "global"}
+    naive |= set(derive.global_names(cfg, ("embed", "rope_cos", "rope_sin", "norm", "logits")))
     assert naive <= compared, naive - compared
 
 

@@ -24,6 +24,7 @@ from helpers.hf_reference import hf_attention_scaling, hf_inv_freq, hf_softmax_s
 
 from stepper import catalog
 from stepper.config import Config
+from stepper.families import derive
 from stepper.model import Transformer
 from stepper.presets import PRESETS
 from stepper.seams.trace import Recorder, unphased
@@ -57,7 +58,7 @@ def assert_every_catalogued_name_compared(raw: dict, mine: dict) -> None:
     compared = {unphased(n).split(".", 2)[-1] if unphased(n).startswith("layers.") else unphased(n) for n in mine}
     cat = catalog.load()
     naive = {e["name"] for layer in range(cfg.num_hidden_layers) for e in cat.layer_sequence(cfg, layer, "naive")}
-    naive |= {e["name"] for e in cat.entries if e["scope"] == "global"}
+    naive |= set(derive.global_names(cfg, ("embed", "rope_cos", "rope_sin", "norm", "logits")))
     assert naive <= compared, naive - compared
 
 

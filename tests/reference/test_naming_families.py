@@ -30,6 +30,7 @@ from test_naming import (
     perturbed,
 )
 
+from stepper import families
 from stepper.fixtures import verify
 from stepper.fixtures.aliases import tables
 from stepper.fixtures.fixture import load
@@ -181,7 +182,7 @@ def test_a_v3_table_is_not_read_for_another_family(tmp_path):
     """transformers' V3 router hook name means other tensors in V2: the V2 fixture reads V2's table."""
     fixture = load(ROOT / "fixtures" / "tiny-v2-lite")
     sources = {a.source for a in tables()["transformers"] if a.name == "model.layers.{i}.mlp.gate[0]"}
-    assert len(sources) == 3  # V3, V2, V3.2
+    assert len(sources) == 4  # V3, V2, V3.2, GLM-5 (MiniCPM3 has no router)
     path = tmp_path / "c.safetensors"
     save_file({"prefill.model.layers.1.mlp.gate[0]": fixture.tensors["prefill.layers.1.mlp.gate.logits"]}, str(path))
     verdict = verify.verify(fixture, path, names="transformers")
@@ -204,7 +205,7 @@ def hooked_run(fixture):
     from helpers.hf_reference import build_hf_model
     from transformers.cache_utils import DynamicCache
 
-    ck = Checkpoint(fixture.weights_path())
+    ck = Checkpoint(fixture.weights_path(), families.load_config)
     arrays = {n: np.zeros(shape, np.float32) for n, shape in weight_shapes(fixture.config).items()}
     arrays.update({n: np.array(ck.get(n), dtype=np.float32) for n in ck.weight_map if not n.endswith(SCALE)})
     model = build_hf_model(json.loads((fixture.weights_path() / "config.json").read_text()), arrays)

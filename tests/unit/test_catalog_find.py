@@ -84,7 +84,7 @@ def test_an_hf_module_name_gives_that_modules_outputs_only():
 
 def test_a_word_finds_every_name_containing_it():
     assert found("topk") == ["mlp.gate.topk_idx", "mlp.gate.topk_weight", "self_attn.indexer.topk_idx",
-                             "self_attn.indexer.exact_topk_idx"]
+                             "self_attn.indexer.exact_topk_idx", "self_attn.indexer.reused_topk_idx"]
     assert found("group") == ["mlp.gate.group_scores", "mlp.gate.group_mask", "mlp.gate.group_max"]
     assert found("k_pe") == ["self_attn.k_pe"]  # a whole last part wins over names containing it
     assert also_named(CAT, "k_pe", CAT.find("k_pe")) == "also with 'k_pe' in the name: self_attn.k_pe_rope"

@@ -11,11 +11,11 @@ from stepper.fixtures.read_hashes import ReadHashes
 from stepper.kernels.linear import linear, linear_in_row_blocks
 from stepper.kernels.weight_cache import CachedWeights
 from stepper.model import Transformer
-from stepper.model.transformer import LM_HEAD, lm_head
+from stepper.model.transformer import lm_head
 from stepper.presets import preset
 from stepper.seams.trace import Emitter
 from stepper.weights.checkpoint import Checkpoint
-from stepper.weights.names import EMBED
+from stepper.weights.names import EMBED, LM_HEAD
 from stepper.weights.seeded import SyntheticWeights
 from stepper.weights.source import ArrayWeights
 
