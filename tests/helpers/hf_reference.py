@@ -177,33 +177,32 @@ FAMILIES = {
 }
 
 
+def register(model_type: str, family: SimpleNamespace) -> None:
+    """Trace another MLA family's model (helpers.hf_families). `family` has the fields of FAMILIES'
+    entries (`moe` None for a family without experts; `config`/`model`/`extra`/`checks`/`drop` only
+    where build_hf_model builds it from a config dict) and optionally the steps of what it adds:
+      names           (name, after) pairs: where its own layer tensors go in the documented order
+      extend(rec)     installs more hooks on rec.model (appending their handles to rec.handles)
+      wraps           {function name in its module: make(rec, orig) -> the function that records}
+      wrap_rope(rec, orig)   wraps its rope function itself (GLM-5: MLA's and the indexer's in one)
+      indexed, index_rope    a V3.2 indexer (default: the module has one) and its rope function's name
+                             (None: wrap_rope covers it)
+      derive(model, i, raw)  layer i's own tensors from its captured ones
+      derive_router(moe, raw, B, T, i)  another router's tensors in place of V3's
+      derive_globals(model, glob)       the model's own global tensors
+      rename(name)    a published weight name -> transformers' (helpers.hf_families.hf_trace)"""
+    FAMILIES[model_type] = family
+    LAYER_NAMES_FAMILIES.extend(n for n in getattr(family, "names", ()) if n not in LAYER_NAMES_FAMILIES)
+
+
 def moe_classes() -> tuple[type, ...]:
     """The MoE block classes of every registered family (helpers.hf_families registers more)."""
     return tuple({f.moe for f in FAMILIES.values() if f.moe is not None})
 
 
-def _family_derived(model, i: int, r: dict) -> dict:
-    """A registered family's own tensors of layer i (its `derive` step), none without one."""
-    derive = _family_step(model, "derive")
-    return {} if derive is None else derive(model, i, r)
-
-
 def _family_step(model, step: str):
-    """A registered family's extra step (helpers.hf_families): `extend` installs more hooks,
-    `derive` adds a layer's own tensors, `derive_globals` the model's; None when it has none."""
+    """A registered family's extra step (see register); None when it has none."""
     return getattr(FAMILIES[model.config.model_type], step, None)
-
-
-def register(model_type: str, family: SimpleNamespace) -> None:
-    """Trace another MLA family's model (helpers.hf_families): `family` has the fields of FAMILIES'
-    entries (`moe` None for a family without experts) and optionally `names` ((name, after) pairs
-    of its own tensors), `install(rec, layer, reg)` (more hooks), `derive(layer, raw, B, T)` (its
-    own tensors), `derive_router(moe, raw, B, T, i)` (another router) and `wraps` ({function name
-    in its module: make(rec, orig) -> the function that records what it computes})."""
-    global MOE_CLASSES
-    FAMILIES[model_type] = family
-    MOE_CLASSES = tuple({f.moe for f in FAMILIES.values() if f.moe is not None})
-    LAYER_NAMES_FAMILIES.extend(n for n in getattr(family, "names", ()) if n not in LAYER_NAMES_FAMILIES)
 
 
 def family_of(config: dict[str, Any]) -> SimpleNamespace:
@@ -512,9 +511,6 @@ class _Recorder:
             ln2 = layer.post_attention_layernorm
             reg(ln2.register_forward_pre_hook(self._in("attn_residual")))
             reg(ln2.register_forward_hook(self._out("post_attention_layernorm")))
-            install = getattr(family_of({"model_type": self.cfg.model_type}), "install", None)
-            if install is not None:
-                install(self, layer, reg)
             mlp = layer.mlp
             reg(mlp.register_forward_hook(self._out("mlp_output")))
             if isinstance(mlp, moe_classes()):
@@ -691,8 +687,8 @@ def _derive_layer(model: DeepseekV3ForCausalLM, i: int, r: dict[str, Any]) -> di
     out.update(_derive_mlp(layer, family, r, B, T, i))
     out["mlp_output"] = r["mlp_output"]
     out["output"] = r["output"]
-    if hasattr(family, "derive"):
-        out.update(family.derive(layer, r, B, T))
+    if derive := getattr(family, "derive", None):
+        out.update(derive(model, i, r))
     return out
 
 
@@ -700,7 +696,7 @@ def _derive_mlp(layer, family: SimpleNamespace, r: dict[str, Any], B: int, T: in
     """The MoE's tensors (V2's router, the family's own, or V3's), or the dense MLP's."""
     if isinstance(layer.mlp, hf_ds2.DeepseekV2Moe):
         return _derive_router_v2(layer.mlp, r, B, T, i)
-    if isinstance(layer.mlp, MOE_CLASSES):
+    if isinstance(layer.mlp, moe_classes()):
         return getattr(family, "derive_router", _derive_router)(layer.mlp, r, B, T, i)
     return {"mlp.gate_proj": r["gate_proj"], "mlp.up_proj": r["up_proj"], "mlp.act": r["act"]}
 
@@ -888,7 +884,8 @@ def run_hf_trace(model: DeepseekV3ForCausalLM, ids: np.ndarray, start_pos: int =
         rec.install()
         for name, orig in wraps.items():
             setattr(module, name, family.wraps[name](rec, orig))
-        setattr(module, family.rope, rec.wrap_rope(orig_rope))
+        wrap_rope = getattr(family, "wrap_rope", None)  # a family whose indexer calls the same function (GLM-5)
+        setattr(module, family.rope, wrap_rope(rec, orig_rope) if wrap_rope else rec.wrap_rope(orig_rope))
         module.eager_attention_forward = rec.wrap_attention(orig_attn)
         if indexed and index_rope:
             setattr(module, index_rope, rec.wrap_index_rope(orig_index_rope))

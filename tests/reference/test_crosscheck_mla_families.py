@@ -54,7 +54,7 @@ def catalogued(name: str, attn: str) -> set[str]:
     cat = catalog.load()
     names = {e["name"] for layer in range(cfg.num_hidden_layers) for e in cat.layer_sequence(cfg, layer, attn)}
     assert all(cat.entry(n) is not None for n in names), [n for n in names if cat.entry(n) is None]
-    return names | {e["name"] for e in cat.entries if e["scope"] == "global"}
+    return names | set(cat.with_globals_after(("embed", "rope_cos", "rope_sin", "norm", "logits"), cfg))
 
 
 @pytest.mark.parametrize("name", FAMILIES)
