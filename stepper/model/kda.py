@@ -1,0 +1,177 @@
+"""Kimi Delta Attention (KDA): Kimi Linear's attention, whose memory is one fixed-size state per
+head instead of a cache that grows with every position.
+
+For each token (shapes: B batch, T new positions, H heads, K key dims, V value dims, d hidden,
+W conv taps; Kimi Linear has K = V = `linear_head_dim`):
+
+1. q, k, v = q_proj(x), k_proj(x), v_proj(x), each through its own causal depthwise convolution
+   of W taps (the last tap on the token itself; the W - 1 inputs before it are the conv's own
+   small state across calls), then SiLU.
+2. q and k are L2-normalised per head, eps inside the root: x / sqrt(sum x^2 + 1e-6); q * K^-0.5.
+3. The forget gate, per head and key channel, in log space:
+   g = -exp(A_log) * softplus(f_b(f_a(x)) + dt_bias)  (<= 0: a decay factor exp(g) in (0, 1]).
+   The write strength, per head: beta = sigmoid(b_proj(x)).
+4. Per head a state S [K, V] (zero before the first token), token by token (the gated delta rule):
+     S     <- diag(exp(g_t)) S                      decay each key channel's row
+     delta  = beta_t (v_t - S^T k_t)                 what the state should recall at k_t, minus what it does
+     S     <- S + k_t delta^T                        write the correction at k_t
+     o_t    = S^T q_t                                read with the query
+5. o is RMS-normalised per head (o_norm), times sigmoid(g_b(g_a(x))), merged and o_proj'ed.
+
+Step 4 runs token by token here (`recurrent`, the reference); `stepper.kernels.kda_chunked` does
+the same a chunk of tokens at a time with matrix products (the form long prompts use), tested
+equal. A decode step carries the conv inputs and S (`KdaCache`), so it equals a re-run of the
+longer prompt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from stepper.kernels import kda_chunked
+from stepper.kernels.linear import linear
+from stepper.model.layer_weights import LayerWeights
+from stepper.model.ops import rms_norm, sigmoid, silu
+from stepper.seams.trace import Emitter
+
+L2_EPS = 1e-6  # inside the root of q's and k's L2 norm (the reference's l2norm)
+
+Form = Literal["recurrent", "chunked"]  # how step 4 runs: token by token, or a chunk at a time (kernels)
+
+
+@dataclass
+class KdaCache:
+    """What a KDA layer carries from one call to the next: a fixed size, whatever the length."""
+
+    conv: dict[str, np.ndarray] = field(default_factory=dict)  # "q", "k", "v" -> [B, W-1, H*K] the last inputs
+    state: np.ndarray | None = None  # [B, H, K, V]
+    length: int = 0  # positions seen
+
+    def nbytes(self) -> int:
+        """Bytes held: the same after 10 positions as after a million."""
+        held = [*self.conv.values()] + ([] if self.state is None else [self.state])
+        return sum(a.nbytes for a in held)
+
+
+def kda_attention(
+    x: np.ndarray, w: LayerWeights, cfg, cache: KdaCache | None, emit: Emitter, form: Form = "chunked",
+) -> np.ndarray:
+    """x [B, T, d] (after input_layernorm) -> o_proj output [B, T, d]. `cfg` gives linear_num_heads,
+    linear_head_dim and rms_norm_eps; `cache` (extended in place) the conv inputs and S before x."""
+    cache = KdaCache() if cache is None else cache
+    q, k, v = convolved_heads(x, w, cfg, cache, emit)  # [B, H, T, K], [B, H, T, K], [B, H, T, V]
+    q = emit("self_attn.q_l2", l2_normalise(q)) * np.float32(cfg.linear_head_dim**-0.5)  # [B, H, T, K]
+    k = emit("self_attn.k_l2", l2_normalise(k))  # [B, H, T, K]
+    g = emit("self_attn.forget_gate", forget_gate(x, w, cfg))  # [B, H, T, K]
+    beta = emit("self_attn.beta", heads_last(sigmoid(linear(x, w.matrix("self_attn.b_proj.weight")))))  # [B, H, T]
+    out = delta_rule(q, k, v, g, beta, cache, emit, form)  # [B, H, T, V]
+    return gated_output(out, x, w, cfg, emit)
+
+
+def convolved_heads(x: np.ndarray, w: LayerWeights, cfg, cache: KdaCache, emit: Emitter) -> list[np.ndarray]:
+    """q, k, v: projected, each through its causal short conv and SiLU, split per head.
+    -> [B, H, T, K] each (V = K)"""
+    B, T, _ = x.shape
+    heads = []
+    for name in ("q", "k", "v"):
+        projected = emit(f"self_attn.{name}_proj", linear(x, w.matrix(f"self_attn.{name}_proj.weight")))  # [B, T, H*K]
+        convolved, cache.conv[name] = short_conv(projected, w(f"self_attn.{name}_conv1d.weight"), cache.conv.get(name))
+        convolved = emit(f"self_attn.{name}_conv", silu(convolved))  # [B, T, H*K]
+        heads.append(convolved.reshape(B, T, cfg.linear_num_heads, cfg.linear_head_dim).transpose(0, 2, 1, 3))
+    return heads
+
+
+def short_conv(x: np.ndarray, weight: np.ndarray, past: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """Causal depthwise convolution: out_t = sum_j weight[:, 0, j] * input_{t - (W-1) + j}, the
+    inputs before the first being `past` (zeros at the start).
+    x [B, T, C], weight [C, 1, W], past [B, W-1, C] -> out [B, T, C], the last W-1 inputs [B, W-1, C]"""
+    B, T, C = x.shape
+    W = weight.shape[-1]
+    past = np.zeros((B, W - 1, C), np.float32) if past is None else past
+    padded = np.concatenate([past, x], axis=1)  # [B, W-1+T, C]
+    taps = weight[:, 0, :]  # [C, W]
+    out = np.zeros_like(x)
+    for j in range(W):
+        out += padded[:, j : j + T] * taps[:, j]  # [B, T, C]
+    return out, padded[:, padded.shape[1] - (W - 1) :]
+
+
+def l2_normalise(x: np.ndarray) -> np.ndarray:
+    """x / sqrt(sum(x^2) + eps) over the last axis.  [..., K] -> [..., K]"""
+    return x / np.sqrt(np.sum(np.square(x), axis=-1, keepdims=True) + np.float32(L2_EPS))
+
+
+def forget_gate(x: np.ndarray, w: LayerWeights, cfg) -> np.ndarray:
+    """g = -exp(A_log) * softplus(f_b(f_a(x)) + dt_bias), per head and key channel, <= 0.
+    [B, T, d] -> [B, H, T, K]"""
+    B, T, _ = x.shape
+    H, K = cfg.linear_num_heads, cfg.linear_head_dim
+    low = linear(x, w.matrix("self_attn.f_a_proj.weight"))  # [B, T, K]: a rank-K bottleneck
+    raw = linear(low, w.matrix("self_attn.f_b_proj.weight")) + w("self_attn.dt_bias")  # [B, T, H*K]
+    rate = np.exp(w("self_attn.A_log").reshape(H))  # [H], one decay rate per head
+    g = -rate[:, None] * softplus(raw.reshape(B, T, H, K))  # [B, T, H, K]
+    return g.transpose(0, 2, 1, 3)  # [B, H, T, K]
+
+
+def softplus(x: np.ndarray) -> np.ndarray:
+    """log(1 + exp(x)), without overflow."""
+    return np.logaddexp(np.float32(0), x)
+
+
+def heads_last(x: np.ndarray) -> np.ndarray:
+    """[B, T, H] -> [B, H, T]"""
+    return x.transpose(0, 2, 1)
+
+
+def delta_rule(q, k, v, g, beta, cache: KdaCache, emit: Emitter, form: Form) -> np.ndarray:
+    """Step 4 over the T new tokens from the cached state, which it replaces by the state after them.
+    q, k [B, H, T, K], v [B, H, T, V], g [B, H, T, K], beta [B, H, T] -> o [B, H, T, V]"""
+    B, H, T, K = k.shape
+    state = np.zeros((B, H, K, v.shape[-1]), np.float32) if cache.state is None else cache.state  # [B, H, K, V]
+    if form == "recurrent":
+        keep = emit.wants_key("self_attn.state_per_token")
+        out, delta, state, states = recurrent(q, k, v, g, beta, state, keep)
+        if keep:
+            emit("self_attn.state_per_token", states)  # [B, H, T, K, V]
+    else:
+        keep = emit.wants_key("self_attn.state_per_chunk")
+        out, delta, state, states = kda_chunked.chunked(q, k, v, g, beta, state, keep_states=keep)
+        if keep:
+            emit("self_attn.state_per_chunk", states)  # [B, H, chunks, K, V]
+    emit("self_attn.delta", delta)  # [B, H, T, V]
+    cache.state = emit("self_attn.state", state)  # [B, H, K, V]
+    cache.length += T
+    return emit("self_attn.core_out", out)  # [B, H, T, V]
+
+
+def recurrent(q, k, v, g, beta, state, keep_states: bool = False):
+    """The gated delta rule token by token.
+    q, k [B, H, T, K], v [B, H, T, V], g [B, H, T, K], beta [B, H, T], state [B, H, K, V]
+    -> o [B, H, T, V], delta [B, H, T, V], the last state [B, H, K, V], every state [B, H, T, K, V] or None"""
+    T = q.shape[2]
+    out, delta = np.empty_like(v), np.empty_like(v)
+    states = []
+    for t in range(T):
+        state = np.exp(g[:, :, t])[..., None] * state  # [B, H, K, V]: row i times exp(g_t[i])
+        recalled = (k[:, :, t, None, :] @ state)[:, :, 0]  # [B, H, V]: S^T k_t
+        delta[:, :, t] = beta[:, :, t, None] * (v[:, :, t] - recalled)  # [B, H, V]
+        state = state + k[:, :, t, :, None] * delta[:, :, t, None, :]  # [B, H, K, V]: + k_t delta_t^T
+        out[:, :, t] = (q[:, :, t, None, :] @ state)[:, :, 0]  # [B, H, V]: S^T q_t
+        if keep_states:
+            states.append(state)
+    return out, delta, state, np.stack(states, axis=2) if keep_states else None
+
+
+def gated_output(out: np.ndarray, x: np.ndarray, w: LayerWeights, cfg, emit: Emitter) -> np.ndarray:
+    """RMSNorm(o) per head times sigmoid(g_b(g_a(x))), heads merged, then o_proj.
+    out [B, H, T, V], x [B, T, d] -> [B, T, d]"""
+    B, H, T, V = out.shape
+    normed = emit("self_attn.o_norm", rms_norm(out, w("self_attn.o_norm.weight"), cfg.rms_norm_eps))  # [B, H, T, V]
+    gate = linear(linear(x, w.matrix("self_attn.g_a_proj.weight")), w.matrix("self_attn.g_b_proj.weight"))  # [B, T, H*V]
+    gate = emit("self_attn.output_gate", gate.reshape(B, T, H, V).transpose(0, 2, 1, 3))  # [B, H, T, V]
+    gated = emit("self_attn.gated_output", normed * sigmoid(gate))  # [B, H, T, V]
+    merged = gated.transpose(0, 2, 1, 3).reshape(B, T, H * V)  # [B, T, H*V]
+    return emit("self_attn.o_proj", linear(merged, w.matrix("self_attn.o_proj.weight")))  # [B, T, d]
