@@ -157,7 +157,7 @@ def parse(raw: dict[str, Any], source: str) -> KimiLinearConfig:
     if not isinstance(linear, dict):
         raise f.fail("linear_attn_config", f"must be an object (kda_layers, full_attn_layers, num_heads, head_dim, "
                      f"short_conv_kernel_size), got {linear!r}")
-    inner = _Fields(linear, source)
+    inner = LinearAttnFields(linear, source)
     kda, full = layer_kinds(linear, layers, f)
     cfg = KimiLinearConfig(
         name=model_name(raw, source),
@@ -189,6 +189,13 @@ def parse(raw: dict[str, Any], source: str) -> KimiLinearConfig:
     )
     check_experts(cfg, f)
     return cfg
+
+
+class LinearAttnFields(_Fields):
+    """linear_attn_config's own fields, named with it in messages."""
+
+    def fail(self, field: str, why: str) -> StepperError:
+        return super().fail(f"linear_attn_config.{field}", why)
 
 
 def layer_kinds(linear: dict[str, Any], layers: int, f: _Fields) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -467,3 +474,151 @@ class KimiLinear:
         hidden = emit("norm", rms_norm(hidden, self.weights.get("model.norm.weight"), self.config.rms_norm_eps))
         blocks = (b.matrix("lm_head.weight") for b in self.weights.row_blocks("lm_head.weight", 4096))
         return emit("logits", linear_in_row_blocks(hidden, blocks, self.config.vocab_size))
+
+
+# -- presets -----------------------------------------------------------------------------------
+
+KIMI_LINEAR_48B = {  # moonshotai/Kimi-Linear-48B-A3B-Instruct's config.json (the fields stepper reads)
+    "_name_or_path": "kimi-linear-48b-a3b",
+    "architectures": [ARCHITECTURE],
+    "model_type": MODEL_TYPE,
+    "vocab_size": 163840,
+    "hidden_size": 2304,
+    "intermediate_size": 9216,
+    "moe_intermediate_size": 1024,
+    "num_hidden_layers": 27,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "head_dim": 72,  # published, unused (transformers sets head_dim to qk_rope_head_dim)
+    "q_lora_rank": None,
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "mla_use_nope": True,
+    "num_experts": 256,
+    "num_experts_per_token": 8,
+    "num_shared_experts": 1,
+    "num_expert_group": 1,
+    "topk_group": 1,
+    "moe_renormalize": True,
+    "moe_router_activation_func": "sigmoid",
+    "routed_scaling_factor": 2.446,
+    "first_k_dense_replace": 1,
+    "moe_layer_freq": 1,
+    "hidden_act": "silu",
+    "rms_norm_eps": 1e-5,
+    "model_max_length": 1048576,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": False,
+    "linear_attn_config": {
+        "full_attn_layers": [4, 8, 12, 16, 20, 24, 27],
+        "kda_layers": [1, 2, 3, 5, 6, 7, 9, 10, 11, 13, 14, 15, 17, 18, 19, 21, 22, 23, 25, 26],
+        "num_heads": 32,
+        "head_dim": 128,
+        "short_conv_kernel_size": 4,
+    },
+}
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # Kimi Linear's 3:1 pattern in four layers: KDA, KDA, KDA, MLA; a dense first layer, then MoE
+    "tiny-kimi-linear": {
+        **KIMI_LINEAR_48B,
+        "_name_or_path": "tiny-kimi-linear",
+        "vocab_size": 1000,
+        "hidden_size": 160,
+        "intermediate_size": 272,
+        "moe_intermediate_size": 48,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "kv_lora_rank": 64,
+        "qk_nope_head_dim": 32,
+        "qk_rope_head_dim": 16,
+        "v_head_dim": 32,
+        "num_experts": 16,
+        "num_experts_per_token": 4,
+        "model_max_length": 131072,
+        "linear_attn_config": {"full_attn_layers": [4], "kda_layers": [1, 2, 3], "num_heads": 4, "head_dim": 32,
+                               "short_conv_kernel_size": 4},
+    },
+    "kimi-linear-48b-a3b": KIMI_LINEAR_48B,
+}
+
+
+def preset(name: str) -> KimiLinearConfig:
+    return parse(PRESETS[name], f"preset {name}")
+
+
+# -- the memory a layer keeps --------------------------------------------------------------------
+
+
+def kda_layer_bytes(cfg: KimiLinearConfig, itemsize: int = 4) -> int:
+    """What one KDA layer keeps between steps, whatever the length: S [H, K, V] and the three short
+    convs' last W - 1 inputs [W-1, H*K]."""
+    H, K, W = cfg.linear_num_heads, cfg.linear_head_dim, cfg.short_conv_kernel_size
+    return (H * K * K + 3 * (W - 1) * H * K) * itemsize
+
+
+def mla_bytes_per_position(cfg: KimiLinearConfig, attn: str = "absorb", itemsize: int = 4) -> int:
+    """What one MLA layer keeps per position: the latent and the unrotated key (absorb), or every
+    head's key and value (naive)."""
+    if attn == "naive":
+        return cfg.num_attention_heads * (cfg.qk_head_dim + cfg.v_head_dim) * itemsize
+    return (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * itemsize
+
+
+def memory_line(cfg: KimiLinearConfig, positions: int) -> str:
+    """The run header's line on memory: KDA's fixed state beside MLA's growing latent."""
+    kda, mla = kda_layer_bytes(cfg), mla_bytes_per_position(cfg)
+    kda_total, mla_total = len(cfg.kda_layers) * kda, len(cfg.full_attn_layers) * mla * positions
+    return (f"memory per layer (float32): KDA {kda:,} B in all (state {cfg.linear_num_heads}x{cfg.linear_head_dim}"
+            f"x{cfg.linear_head_dim} + conv inputs), 0 B per position · MLA latent + key {mla:,} B per position · "
+            f"at {positions:,} positions: {len(cfg.kda_layers)} KDA layers {fmt_bytes(kda_total)}, "
+            f"{len(cfg.full_attn_layers)} MLA layers {fmt_bytes(mla_total)}")
+
+
+def fmt_bytes(n: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+# -- synth: a checkpoint in the published layout -------------------------------------------------
+
+
+def synth(cfg: KimiLinearConfig, raw: dict[str, Any], folder: Path, seed: int = 0, layers: range | None = None) -> Path:
+    """Write config.json and model.safetensors of random weights in the published layout (BF16, the
+    decay's parameters and the router's bias F32); `layers` limits which layers are written."""
+    import json
+
+    import ml_dtypes
+    from safetensors.numpy import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    wanted = range(cfg.num_hidden_layers) if layers is None else layers
+    arrays = {}
+    for name, shape in weight_shapes(cfg).items():
+        if name.startswith("model.layers.") and int(name.split(".")[2]) not in wanted:
+            continue
+        value = synthetic_value(name, shape, rng)
+        arrays[name] = value if storage_dtype(name) == "F32" else value.astype(ml_dtypes.bfloat16)
+    (folder / "config.json").write_text(json.dumps(raw, indent=1))
+    save_file(arrays, str(folder / "model.safetensors"))
+    return folder
+
+
+def synthetic_value(name: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    """A weight at a scale that keeps the layer's activations in range: A_log = log(uniform(1, 16))
+    and a small dt_bias as Kimi Linear initialises them, norms near 1, projections ~ 1/sqrt(fan-in)."""
+    if name.endswith("A_log"):
+        return np.log(rng.uniform(1, 16, shape)).astype(np.float32)
+    if name.endswith("dt_bias"):
+        return rng.uniform(-6, -2, shape).astype(np.float32)
+    if name.endswith("norm.weight"):
+        return (1 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
+    if name.endswith("e_score_correction_bias"):
+        return (0.01 * rng.standard_normal(shape)).astype(np.float32)
+    return (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
