@@ -44,11 +44,11 @@ def linear(**changes) -> dict:
 
 @pytest.mark.parametrize("raw, message", [
     (linear(kda_layers=[1, 2, 3, 4, 5, 6, 7, 9, 10, 11, 13, 14, 15, 17, 18, 19, 21, 22, 23, 25, 26]),
-     "cfg.json: field 'linear_attn_config' lists layer 4 twice (kda_layers, full_attn_layers); "
-     "each layer 1..27 must be in exactly one"),
+     ("cfg.json: field 'linear_attn_config' lists layer 4 twice (kda_layers, full_attn_layers); "
+     "each layer 1..27 must be in exactly one")),
     (linear(kda_layers=[1, 2, 3, 5, 6, 7, 9, 10, 11, 13, 14, 15, 17, 18, 19, 21, 22, 23, 25]),
-     "cfg.json: field 'linear_attn_config' leaves layer 26 out of kda_layers and full_attn_layers; "
-     "each layer 1..27 must be in exactly one"),
+     ("cfg.json: field 'linear_attn_config' leaves layer 26 out of kda_layers and full_attn_layers; "
+     "each layer 1..27 must be in exactly one")),
     (linear(full_attn_layers=[0, 4, 8, 12, 16, 20, 24, 27]),
      "cfg.json: field 'linear_attn_config.full_attn_layers' lists layer 0, outside 1..27 (1-based, num_hidden_layers 27)"),
     (linear(kda_layers="1-3"), "cfg.json: field 'linear_attn_config.kda_layers' must be a list of 1-based layer numbers, got '1-3'"),
