@@ -15,6 +15,8 @@ Each figure is measured in a fresh subprocess, so its peak RSS is its own:
 - the same MoE layer shape with 16 routed experts, against transformers' DeepseekV3 in float32
   on the same weights and tokens (T = 1, 32, 512, and T = 1 again with stepper's weight cache
   warm), when torch and transformers are installed;
+- with `--kda`, one full-size Kimi Linear KDA layer's attention (stepper.bench_kda): decode one
+  token and prefill 4096, with the share of the time spent in the state update;
 - with `--indexer`, DeepSeek-V3.2's first layer (dense: its attention and Lightning Indexer are
   those of every layer) prefilling 4096 tokens: the indexer alone, the attention under its mask
   alone, and the whole layer.
@@ -38,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stepper import files
+from stepper import bench_kda, files
 from stepper.config import Config, load_config
 from stepper.fp8 import quantize
 from stepper.kernels import attention as kernels_attention
@@ -477,7 +479,7 @@ def expert_products(fp8: str, int4: str, tokens: int, pairs: int, layer: int = 1
 
 
 SCENARIOS = {"ceilings": ceilings, "layer": layer_run, "torch": versus_torch, "indexed": indexed_prefill,
-             "attention": attention_run, "experts": expert_products}
+             "attention": attention_run, "experts": expert_products, "kda": bench_kda.kda_layer}
 
 
 def scenario_main(argv: list[str]) -> None:
@@ -560,7 +562,8 @@ def int4_versus_fp8(workdir: Path, model: str, say, fp8: list[Figure] | None = N
     return figures + ratios + experts
 
 
-def run_all(workdir: Path, with_torch: bool, say, with_int4: bool = True, with_indexer: bool = False) -> list[Figure]:
+def run_all(workdir: Path, with_torch: bool, say, with_int4: bool = True, with_indexer: bool = False,
+            with_kda: bool = False) -> list[Figure]:
     """Every figure of docs/performance.md's tables; `say` reports progress lines."""
     say("measuring the machine's ceilings")
     figures = in_subprocess("ceilings")
@@ -588,6 +591,8 @@ def run_all(workdir: Path, with_torch: bool, say, with_int4: bool = True, with_i
         figures += in_subprocess("torch", checkpoint=small, tokens=1, pairs=9, cache_mb=WARM_CACHE_MB)
     if with_indexer:
         figures += indexer_figures(workdir, say)
+    if with_kda:
+        figures += bench_kda.kda_figures(say, in_subprocess)
     return figures
 
 

@@ -20,6 +20,7 @@ def bench_command(
     int4: Annotated[bool, typer.Option("--int4/--no-int4", help="Also the MoE layer with INT4 experts (Kimi-K2-Thinking's storage; about 10 GB more written once), as a ratio to the FP8 layer.")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="The figures as JSON on stdout.")] = False,
     indexer: Annotated[bool, typer.Option("--indexer", help="Also time DeepSeek-V3.2's layer 0 prefilling 4096 tokens: its Lightning Indexer, its attention under the indexer's mask, and the whole layer, each alone (writes a 0.6 GB checkpoint once).")] = False,
+    kda: Annotated[bool, typer.Option("--kda", help="Also time one full-size Kimi Linear KDA layer's attention (synthetic weights in memory): decode 1 token, prefill 4096 tokens (chunked, and once token by token), with the share of the time in the state update.")] = False,
     long: Annotated[bool, typer.Option("--long", help="Only the long-context figures: the attention of --long-model's layer 0 (synthetic weights) at naive prefills of 4096, 16384 and 32768 tokens (time, share of the GEMM rate, peak RSS; 4096 also with every tensor shown), an absorbed 32768-token prefill in chunks with every tensor shown (about an hour), and absorbed decode steps over 8K, 32K and 128K cached positions, shown.")] = False,
     long_model: Annotated[str, typer.Option(metavar="MODEL", help="A preset or config.json for --long.")] = "kimi-k2",
 ) -> None:
@@ -39,7 +40,7 @@ def bench_command(
         workdir = workdir or Path.home() / ".cache" / "stepper" / "bench"
         say = lambda line: console.print(f"· {shown(line)}", style="dim", soft_wrap=whole)
         figures = bench.long_context(long_model, say) if long else bench.run_all(workdir, torch and has_torch(), say, int4,
-                                                                                   indexer)
+                                                                                   indexer, kda)
         if as_json:
             print(json.dumps({"machine": bench.machine(), "figures": [f.__dict__ for f in figures]}, indent=1))
             return
