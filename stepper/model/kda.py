@@ -42,18 +42,39 @@ L2_EPS = 1e-6  # inside the root of q's and k's L2 norm (the reference's l2norm)
 Form = Literal["recurrent", "chunked"]  # how step 4 runs: token by token, or a chunk at a time (kernels)
 
 
+SNAPSHOTS = 64  # the states a KdaCache keeps of its last calls' starts (a chunked prefill's replay asks for them)
+
+
 @dataclass
 class KdaCache:
-    """What a KDA layer carries from one call to the next: a fixed size, whatever the length."""
+    """What a KDA layer carries from one call to the next: a fixed size, whatever the length.
+
+    Each call replaces the arrays (never writes into them), so the cache as it was when a call
+    began is kept by reference (`first`): a chunked prefill replays its chunks from there."""
 
     conv: dict[str, np.ndarray] = field(default_factory=dict)  # "q", "k", "v" -> [B, W-1, H*K] the last inputs
     state: np.ndarray | None = None  # [B, H, K, V]
     length: int = 0  # positions seen
+    earlier: dict[int, KdaCache] = field(default_factory=dict, repr=False, compare=False)  # length -> as it was
 
     def nbytes(self) -> int:
         """Bytes held: the same after 10 positions as after a million."""
         held = [*self.conv.values()] + ([] if self.state is None else [self.state])
         return sum(a.nbytes for a in held)
+
+    def remember(self) -> None:
+        """Keep the cache as it is now, before a call changes it (the last SNAPSHOTS calls' starts)."""
+        self.earlier[self.length] = KdaCache(dict(self.conv), self.state, self.length)
+        while len(self.earlier) > SNAPSHOTS:
+            del self.earlier[min(self.earlier)]
+
+    def first(self, n: int) -> KdaCache:
+        """The cache as it was after its first n positions: now, or when a call began there."""
+        if n == self.length:
+            return KdaCache(dict(self.conv), self.state, n)
+        if n not in self.earlier:
+            raise ValueError(f"the KDA state after {n} positions was not kept (kept: {sorted(self.earlier)})")
+        return KdaCache(dict(self.earlier[n].conv), self.earlier[n].state, n)
 
 
 def kda_attention(
@@ -62,6 +83,7 @@ def kda_attention(
     """x [B, T, d] (after input_layernorm) -> o_proj output [B, T, d]. `cfg` gives linear_num_heads,
     linear_head_dim and rms_norm_eps; `cache` (extended in place) the conv inputs and S before x."""
     cache = KdaCache() if cache is None else cache
+    cache.remember()
     q, k, v = convolved_heads(x, w, cfg, cache, emit)  # [B, H, T, K], [B, H, T, K], [B, H, T, V]
     q = emit("self_attn.q_l2", l2_normalise(q)) * np.float32(cfg.linear_head_dim**-0.5)  # [B, H, T, K]
     k = emit("self_attn.k_l2", l2_normalise(k))  # [B, H, T, K]
@@ -96,7 +118,7 @@ def short_conv(x: np.ndarray, weight: np.ndarray, past: np.ndarray | None) -> tu
     out = np.zeros_like(x)
     for j in range(W):
         out += padded[:, j : j + T] * taps[:, j]  # [B, T, C]
-    return out, padded[:, padded.shape[1] - (W - 1) :]
+    return out, padded[:, padded.shape[1] - (W - 1) :].copy()  # a copy: a view would keep all of `padded`
 
 
 def l2_normalise(x: np.ndarray) -> np.ndarray:

@@ -123,6 +123,20 @@ def test_decode_steps_equal_a_rerun_of_the_longer_prompt(form):
     assert cache.nbytes() == 3 * 3 * 16 * 4 + 2 * 8 * 8 * 4  # conv inputs and S: the same at any length
 
 
+def test_the_cache_as_it_was_when_a_call_began_is_kept():
+    cfg, w = kda_layer()
+    x = normal(1, 12, cfg.hidden_size)
+    cache, outs = KdaCache(), []
+    for span in (slice(0, 5), slice(5, 9), slice(9, 12)):
+        outs.append(kda_attention(x[:, span], w, cfg, cache, Emitter()))
+    again = cache.first(5)  # the second chunk replayed from where it began: bit for bit the same
+    np.testing.assert_array_equal(kda_attention(x[:, 5:9], w, cfg, again, Emitter()), outs[1])
+    assert again.length == 9 and np.array_equal(again.state, cache.first(9).state)
+    assert cache.first(12).state is cache.state  # now: no copy of the arrays
+    with pytest.raises(ValueError, match="after 7 positions was not kept"):
+        cache.first(7)
+
+
 def test_the_forms_emit_the_same_tensors_and_their_own_states():
     cfg, w = kda_layer()
     x = normal(1, 70, cfg.hidden_size)
@@ -149,3 +163,27 @@ def test_states_of_every_token_are_made_only_for_a_sink_that_looks():
     picky = Picky()
     kda_attention(normal(1, 5, cfg.hidden_size), w, cfg, KdaCache(), Emitter([picky]), "recurrent")
     assert "self_attn.state_per_token" not in [e.key for e in picky.events]
+
+
+def test_a_32768_position_prompt_runs_in_the_memory_of_a_4096_one():
+    """Chunks of 1024 positions carry the conv inputs and S: the memory allocated at the peak
+    (tracemalloc: NumPy's allocations) does not grow with the prompt, the state stays its size."""
+    import tracemalloc
+
+    cfg = KimiLinearConfig.from_hf(tiny_config())
+    w = PublishedLayerWeights(KimiLinearWeights.of_arrays(cfg, random_weights(cfg, seed=3)), 0)
+
+    def peak(length: int) -> tuple[int, KdaCache]:
+        cache = KdaCache()
+        tracemalloc.start()
+        for start in range(0, length, 1024):
+            x = np.random.default_rng(start).standard_normal((1, 1024, cfg.hidden_size), dtype=np.float32)
+            kda_attention(x, w, cfg, cache, Emitter(), "chunked")
+        _, top = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        return top, cache
+
+    short, long = peak(4096), peak(32768)
+    assert long[1].length == 32768 and long[1].nbytes() == short[1].nbytes() == 3 * 3 * 16 * 4 + 2 * 8 * 8 * 4
+    assert long[0] < 1.1 * short[0]  # the same peak: one chunk's tensors
+    assert long[0] < 8 << 20  # a chunk's tensors at these sizes: a few MB, not the 32768 positions'
