@@ -2,7 +2,7 @@
 layer 0: 32 heads of 128, synthetic float32 weights held in memory, nothing read from disk):
 decode one token after a 4096-token prefill's state, and a 4096-token prefill, each with its peak
 RSS and the share of its time spent in the state update (the delta rule: stepper.model.kda's
-`recurrent`, or the chunked form in kernels.kda_chunked). Run in a subprocess by stepper.bench."""
+`gated_delta_rule`, or the chunked form in kernels.kda_chunked). Run in a subprocess by stepper.bench."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ class DeltaRuleTimer:
 
     def __enter__(self):
         self.seconds = 0.0
-        self.originals = kda_chunked.chunked, kda.recurrent
+        self.originals = kda_chunked.chunked, kda.gated_delta_rule
 
         def timed(fn):
             def run(*args, **kwargs):
@@ -34,11 +34,11 @@ class DeltaRuleTimer:
                     self.seconds += time.perf_counter() - start
             return run
 
-        kda_chunked.chunked, kda.recurrent = (timed(fn) for fn in self.originals)
+        kda_chunked.chunked, kda.gated_delta_rule = (timed(fn) for fn in self.originals)
         return self
 
     def __exit__(self, *_):
-        kda_chunked.chunked, kda.recurrent = self.originals
+        kda_chunked.chunked, kda.gated_delta_rule = self.originals
 
 
 def kda_layer(tokens: int, repeat: int, form: str = "chunked") -> list:

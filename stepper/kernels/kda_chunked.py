@@ -1,6 +1,6 @@
 """The gated delta rule a chunk of tokens at a time: the form long prompts use.
 
-Replaces: stepper.model.kda.recurrent (the token-by-token loop, the reference).
+Replaces: stepper.model.kda.gated_delta_rule (the token-by-token loop, the reference).
 Tested equal by: tests/unit/test_kda.py (1,000 tokens, a nonzero initial state, within 1e-6).
 
 Within a chunk of L tokens, with G_i = g_1 + ... + g_i (the decay's log, summed per key channel

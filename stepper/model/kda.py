@@ -18,7 +18,7 @@ W conv taps; Kimi Linear has K = V = `linear_head_dim`):
      o_t    = S^T q_t                                read with the query
 5. o is RMS-normalised per head (o_norm), times sigmoid(g_b(g_a(x))), merged and o_proj'ed.
 
-Step 4 runs token by token here (`recurrent`, the reference); `stepper.kernels.kda_chunked` does
+Step 4 runs token by token here (`gated_delta_rule`, the reference); `stepper.kernels.kda_chunked` does
 the same a chunk of tokens at a time with matrix products (the form long prompts use), tested
 equal. A decode step carries the conv inputs and S (`KdaCache`), so it equals a re-run of the
 longer prompt.
@@ -35,6 +35,7 @@ from stepper.kernels import kda_chunked
 from stepper.kernels.linear import linear
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.ops import rms_norm, sigmoid, silu
+from stepper.seams.swap import bypasses, exercise
 from stepper.seams.trace import Emitter
 
 L2_EPS = 1e-6  # inside the root of q's and k's L2 norm (the reference's l2norm)
@@ -153,23 +154,16 @@ def delta_rule(q, k, v, g, beta, cache: KdaCache, emit: Emitter, form: Form) -> 
     q, k [B, H, T, K], v [B, H, T, V], g [B, H, T, K], beta [B, H, T] -> o [B, H, T, V]"""
     B, H, T, K = k.shape
     state = np.zeros((B, H, K, v.shape[-1]), np.float32) if cache.state is None else cache.state  # [B, H, K, V]
-    if form == "recurrent":
-        keep = emit.wants_key("self_attn.state_per_token")
-        out, delta, state, states = recurrent(q, k, v, g, beta, state, keep)
-        if keep:
-            emit("self_attn.state_per_token", states)  # [B, H, T, K, V]
-    else:
-        keep = emit.wants_key("self_attn.state_per_chunk")
-        out, delta, state, states = kda_chunked.chunked(q, k, v, g, beta, state, keep_states=keep)
-        if keep:
-            emit("self_attn.state_per_chunk", states)  # [B, H, chunks, K, V]
+    run = token_by_token if form == "recurrent" else in_chunks
+    out, delta, state = run(q, k, v, g, beta, state, emit)
     emit("self_attn.delta", delta)  # [B, H, T, V]
     cache.state = emit("self_attn.state", state)  # [B, H, K, V]
     cache.length += T
     return emit("self_attn.core_out", out)  # [B, H, T, V]
 
 
-def recurrent(q, k, v, g, beta, state, keep_states: bool = False):
+@exercise
+def gated_delta_rule(q, k, v, g, beta, state, keep_states: bool = False):
     """The gated delta rule token by token.
     q, k [B, H, T, K], v [B, H, T, V], g [B, H, T, K], beta [B, H, T], state [B, H, K, V]
     -> o [B, H, T, V], delta [B, H, T, V], the last state [B, H, K, V], every state [B, H, T, K, V] or None"""
@@ -185,6 +179,27 @@ def recurrent(q, k, v, g, beta, state, keep_states: bool = False):
         if keep_states:
             states.append(state)
     return out, delta, state, np.stack(states, axis=2) if keep_states else None
+
+
+def token_by_token(q, k, v, g, beta, state, emit: Emitter):
+    """The recurrence, with the state after every token shown when a sink looks at it (too large
+    to make for nothing on a long prompt). -> o, delta [B, H, T, V], the last state [B, H, K, V]"""
+    keep = emit.wants_key("self_attn.state_per_token")
+    out, delta, state, states = gated_delta_rule(q, k, v, g, beta, state, keep)
+    if keep:
+        emit("self_attn.state_per_token", states)  # [B, H, T, K, V]
+    return out, delta, state
+
+
+@bypasses(gated_delta_rule, readable=token_by_token)  # a learner's rule runs token by token
+def in_chunks(q, k, v, g, beta, state, emit: Emitter):
+    """The chunked form (kernels.kda_chunked), with the state after every chunk shown when a sink
+    looks at it. -> o, delta [B, H, T, V], the last state [B, H, K, V]"""
+    keep = emit.wants_key("self_attn.state_per_chunk")
+    out, delta, state, states = kda_chunked.chunked(q, k, v, g, beta, state, keep_states=keep)
+    if keep:
+        emit("self_attn.state_per_chunk", states)  # [B, H, chunks, K, V]
+    return out, delta, state
 
 
 def gated_output(out: np.ndarray, x: np.ndarray, w: LayerWeights, cfg, emit: Emitter) -> np.ndarray:

@@ -13,7 +13,7 @@ import pytest
 
 from stepper.families.kimi_linear import KimiLinear, KimiLinearConfig, Options, new_cache, open_checkpoint
 from stepper.kernels.kda_chunked import chunked
-from stepper.model.kda import recurrent
+from stepper.model.kda import gated_delta_rule
 from stepper.seams.trace import Emitter, Recorder
 from tests.helpers import hf_kimi_linear
 from tests.helpers.compare import compare, rel_err
@@ -82,7 +82,7 @@ def test_both_sides_are_within_round_off_of_a_float64_recurrence(reference):
     B, H, T, K = k.shape
     v = ref[at + "v_conv"].reshape(B, T, H, K).transpose(0, 2, 1, 3).astype(np.float64)
     g, beta = ref[at + "forget_gate"].astype(np.float64), ref[at + "beta"].astype(np.float64)
-    exact, _, exact_state, _ = recurrent(q, k, v, g, beta, np.zeros((B, H, K, K)))
+    exact, _, exact_state, _ = gated_delta_rule(q, k, v, g, beta, np.zeros((B, H, K, K)))
     out, _, state, _ = chunked(*(a.astype(np.float32) for a in (q, k, v, g, beta)), np.zeros((B, H, K, K), np.float32))
     assert rel_err(ref[at + "core_out"], exact) <= 1e-6 and rel_err(out, exact) <= 1e-6
     assert rel_err(ref[at + "state"], exact_state) <= 1e-6 and rel_err(state, exact_state) <= 1e-6

@@ -7,7 +7,7 @@ import pytest
 
 from stepper.families.kimi_linear import KimiLinearConfig, KimiLinearWeights, PublishedLayerWeights
 from stepper.kernels.kda_chunked import chunked
-from stepper.model.kda import KdaCache, kda_attention, l2_normalise, recurrent, short_conv
+from stepper.model.kda import KdaCache, gated_delta_rule, kda_attention, l2_normalise, short_conv
 from stepper.seams.trace import Emitter, Recorder
 from tests.helpers.kimi_linear import random_weights, tiny_config
 
@@ -61,7 +61,7 @@ def test_one_step_of_the_delta_rule_by_hand():
     q = np.array([1, 1], np.float32).reshape(1, 1, 1, 2)
     v = np.array([3, 3], np.float32).reshape(1, 1, 1, 2)
     beta = np.array([0.5], np.float32).reshape(1, 1, 1)
-    out, delta, after, _ = recurrent(q, k, v, g, beta, state)
+    out, delta, after, _ = gated_delta_rule(q, k, v, g, beta, state)
     # decayed S = [[0.5, 0], [0, 2]]; S^T k = (0.5, 0); delta = 0.5 * ((3, 3) - (0.5, 0)) = (1.25, 1.5)
     # S = [[0.5 + 1.25, 1.5], [0, 2]] = [[1.75, 1.5], [0, 2]]; o = S^T q = (1.75, 3.5)
     np.testing.assert_allclose(delta[0, 0, 0], [1.25, 1.5], rtol=1e-6)
@@ -75,7 +75,7 @@ def test_one_step_of_the_delta_rule_by_hand():
 def test_chunked_equals_the_recurrence_on_1000_tokens_from_a_nonzero_state():
     q, k, v, g, beta = delta_rule_inputs()
     state = normal(1, 2, 16, 16)  # a state some earlier prompt left
-    out, delta, last, per_token = recurrent(q, k, v, g, beta, state, keep_states=True)
+    out, delta, last, per_token = gated_delta_rule(q, k, v, g, beta, state, keep_states=True)
     c_out, c_delta, c_last, per_chunk = chunked(q, k, v, g, beta, state, keep_states=True)
     assert rel(c_out, out) <= 1e-6
     assert rel(c_delta, delta) <= 1e-6
@@ -84,7 +84,7 @@ def test_chunked_equals_the_recurrence_on_1000_tokens_from_a_nonzero_state():
     assert per_chunk.shape == (1, 2, 16, 16, 16)
     assert rel(per_chunk, per_token[:, :, ends]) <= 1e-6
     # both within round-off of the same recurrence in float64
-    exact = recurrent(*(a.astype(np.float64) for a in (q, k, v, g, beta, state)))[0]
+    exact = gated_delta_rule(*(a.astype(np.float64) for a in (q, k, v, g, beta, state)))[0]
     assert rel(out, exact) <= 1e-6 and rel(c_out, exact) <= 1e-6
     assert np.abs(last - state).max() > 1  # the state moved: the comparison is not of zeros
 
@@ -97,7 +97,7 @@ def test_chunked_survives_channels_that_forget_fast():
     state = normal(1, 2, 16, 16)
     with np.errstate(all="raise", under="ignore"):
         out, _, last, _ = chunked(q, k, v, g, beta, state)
-    ref_out, _, ref_last, _ = recurrent(q, k, v, g, beta, state)
+    ref_out, _, ref_last, _ = gated_delta_rule(q, k, v, g, beta, state)
     assert np.isfinite(out).all() and rel(out, ref_out) <= 1e-6 and rel(last, ref_last) <= 1e-6
 
 
@@ -187,3 +187,23 @@ def test_a_32768_position_prompt_runs_in_the_memory_of_a_4096_one():
     assert long[1].length == 32768 and long[1].nbytes() == short[1].nbytes() == 3 * 3 * 16 * 4 + 2 * 8 * 8 * 4
     assert long[0] < 1.1 * short[0]  # the same peak: one chunk's tensors
     assert long[0] < 8 << 20  # a chunk's tensors at these sizes: a few MB, not the 32768 positions'
+
+
+def test_a_learners_delta_rule_runs_in_place_of_the_chunked_form():
+    from stepper.lessons.exercises import REFERENCES
+    from stepper.seams.swap import swapped
+
+    cfg, w = kda_layer()
+    x = normal(1, 70, cfg.hidden_size)
+    calls = []
+
+    def learners(*args, **kwargs):
+        calls.append(args[0].shape)
+        return REFERENCES["gated_delta_rule"](*args, **kwargs)
+
+    recorder = Recorder()
+    with swapped({"gated_delta_rule": learners}):
+        out = kda_attention(x, w, cfg, KdaCache(), Emitter([recorder]))  # the chunked form by default
+    assert calls == [(1, 2, 70, 8)]
+    assert "self_attn.state_per_token" in recorder.tensors()  # the token-by-token path's tensors
+    assert rel(out, kda_attention(x, w, cfg, KdaCache(), Emitter())) <= 1e-5
