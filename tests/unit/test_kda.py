@@ -207,3 +207,13 @@ def test_a_learners_delta_rule_runs_in_place_of_the_chunked_form():
     assert calls == [(1, 2, 70, 8)]
     assert "self_attn.state_per_token" in recorder.tensors()  # the token-by-token path's tensors
     assert rel(out, kda_attention(x, w, cfg, KdaCache(), Emitter())) <= 1e-5
+
+
+def test_each_batch_row_has_its_own_state():
+    cfg, w = kda_layer()
+    x = normal(2, 70, cfg.hidden_size)
+    both, cache = kda_attention(x, w, cfg, KdaCache(), Emitter()), KdaCache()
+    alone = [kda_attention(x[b : b + 1], w, cfg, KdaCache(), Emitter()) for b in range(2)]
+    assert rel(both, np.concatenate(alone)) <= 1e-6
+    kda_attention(x, w, cfg, cache, Emitter())
+    assert cache.state.shape == (2, 2, 8, 8) and not np.allclose(cache.state[0], cache.state[1])
