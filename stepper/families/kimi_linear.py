@@ -18,6 +18,7 @@ Emitted names follow transformers' modules: the MoE's are `mlp.*` as in the othe
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -82,6 +83,8 @@ class KimiLinearConfig:
     quantization: ClassVar[None] = None
     int4: ClassVar[None] = None
     wrapper: ClassVar[None] = None
+    rope_theta: ClassVar[float] = 10000.0  # the published value; the MLA layers rotate nothing
+    rope_scaling: ClassVar[None] = None
 
     @property
     def qk_head_dim(self) -> int:
@@ -93,6 +96,10 @@ class KimiLinearConfig:
     def is_moe_layer(self, layer: int) -> bool:
         """The published rule (and transformers'): dense before first_k_dense_replace, MoE after."""
         return self.n_routed_experts > 0 and layer >= self.first_k_dense_replace
+
+    def layer_shapes(self, layer: int) -> dict[str, tuple[int, ...]]:
+        """Every tensor of one layer by its published name (module function layer_shapes)."""
+        return layer_shapes(self, layer)
 
     @classmethod
     def from_hf(cls, raw: dict[str, Any], source: str = "config.json") -> KimiLinearConfig:
@@ -429,6 +436,20 @@ class Options:
     kda_form: Form = "chunked"
     attn: str = "naive"
     dispatch: str = "grouped"
+
+
+def miniature(cfg: KimiLinearConfig, layer: int) -> KimiLinearConfig:
+    """A one-layer config of tiny sizes whose layer 0 takes the branches `layer` of cfg takes: KDA
+    or MLA, MoE (with the router's groups and shared experts) or dense."""
+    moe = cfg.is_moe_layer(layer)
+    return dataclasses.replace(
+        cfg, name=f"miniature of {cfg.name}", vocab_size=16, hidden_size=16, intermediate_size=8,
+        moe_intermediate_size=4, num_hidden_layers=1, num_attention_heads=2, kv_lora_rank=8, qk_nope_head_dim=4,
+        qk_rope_head_dim=4, v_head_dim=4, n_routed_experts=2 * cfg.n_group if moe else 0,
+        n_shared_experts=min(cfg.n_shared_experts, 1), num_experts_per_tok=min(cfg.num_experts_per_tok, 2),
+        first_k_dense_replace=0, linear_num_heads=2, linear_head_dim=4,
+        kda_layers=(0,) if cfg.is_kda_layer(layer) else (), full_attn_layers=() if cfg.is_kda_layer(layer) else (0,),
+    )
 
 
 def new_cache(cfg: KimiLinearConfig) -> list[KdaCache | LayerCache]:
