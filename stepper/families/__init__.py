@@ -17,10 +17,10 @@ from typing import Any
 
 from stepper import config
 from stepper.errors import StepperError
-from stepper.families import deepseek
+from stepper.families import deepseek, kimi_linear
 from stepper.families.family import Family
 
-FAMILIES: tuple[Family, ...] = (deepseek.FAMILY,)
+FAMILIES: tuple[Family, ...] = (deepseek.FAMILY, kimi_linear.FAMILY)
 _added: tuple[Family, ...] = ()  # families registered for a while (`registered`)
 
 

@@ -2,42 +2,30 @@
 Delta Attention (stepper.model.kda, a fixed-size state per head), the others MLA without RoPE
 (stepper.model.mla_nope); the FFN is a dense SwiGLU in the first `first_k_dense_replace` layers
 and a MoE with Kimi's router (sigmoid scores, a bias to choose by, renormalised, times
-routed_scaling_factor) after.
+routed_scaling_factor) after. The decoder layer is stepper.model.kimi_linear_layer.
 
 This module is the family: its config (read from the published config.json, refused one line
-naming the field), the tensors of its published checkpoint layout, the weights' names as the
-parts ask for them, and the decoder layer composed of the parts.
+naming the field), the tensors of its published checkpoint layout, what a layer keeps in memory,
+a miniature of a layer for the derivation, and the family record.
 
 On disk (published): `model.layers.N.self_attn.{q,k,v}_proj`, `{q,k,v}_conv1d.weight` [H*K, 1, W],
 `A_log` [1, 1, H, 1], `dt_bias` [H*K], `f_a_proj`, `f_b_proj`, `b_proj`, `g_a_proj`, `g_b_proj`,
 `o_norm`, `o_proj` in KDA layers; MLA's `q_proj` (no q_lora), `kv_a_proj_with_mqa`,
 `kv_a_layernorm`, `kv_b_proj`, `o_proj`; `block_sparse_moe.{gate, experts.E.w1/w2/w3,
 shared_experts}` (w1 gate, w3 up, w2 down); the dense layers' `mlp.{gate,up,down}_proj`.
-Emitted names follow transformers' modules: the MoE's are `mlp.*` as in the other families.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar
-
-import numpy as np
 
 from stepper.config import _Fields, model_name
 from stepper.errors import StepperError
-from stepper.kernels.linear import linear_in_row_blocks
-from stepper.model.cache import LayerCache
-from stepper.model.kda import Form, KdaCache, kda_attention
-from stepper.model.layer_weights import LayerWeights
-from stepper.model.mla_nope import mla_nope_attention
-from stepper.model.mlp import dense_mlp
-from stepper.model.moe import moe
-from stepper.model.ops import rms_norm
-from stepper.seams.trace import Emitter
-from stepper.untrusted.jsonfile import read_json
-from stepper.weights.stored import Stored
+from stepper.families.deepseek import part_files
+from stepper.families.family import Family
+from stepper.model.kimi_linear_layer import decoder_layer
 
 MODEL_TYPE = "kimi_linear"
 ARCHITECTURE = "KimiLinearForCausalLM"
@@ -83,7 +71,8 @@ class KimiLinearConfig:
     quantization: ClassVar[None] = None
     int4: ClassVar[None] = None
     wrapper: ClassVar[None] = None
-    rope_theta: ClassVar[float] = 10000.0  # the published value; the MLA layers rotate nothing
+    rotary: ClassVar[bool] = False  # no layer rotates: the model makes no rotary tables (model.transformer)
+    rope_theta: ClassVar[float] = 10000.0  # the published value, unused
     rope_scaling: ClassVar[None] = None
 
     @property
@@ -96,6 +85,10 @@ class KimiLinearConfig:
     def is_moe_layer(self, layer: int) -> bool:
         """The published rule (and transformers'): dense before first_k_dense_replace, MoE after."""
         return self.n_routed_experts > 0 and layer >= self.first_k_dense_replace
+
+    def memory_line(self, positions: int) -> str:
+        """The run header's line on what the layers keep (module function memory_line)."""
+        return memory_line(self, positions)
 
     def layer_shapes(self, layer: int) -> dict[str, tuple[int, ...]]:
         """Every tensor of one layer by its published name (module function layer_shapes)."""
@@ -122,19 +115,12 @@ class KimiLinearConfig:
             "rms_norm_eps": self.rms_norm_eps, "model_max_length": self.max_position_embeddings,
             "hidden_act": "silu", "tie_word_embeddings": False,
             "linear_attn_config": {
-                "kda_layers": [i + 1 for i in self.kda_layers], "full_attn_layers": [i + 1 for i in self.full_attn_layers],
+                "kda_layers": [i + 1 for i in self.kda_layers],
+                "full_attn_layers": [i + 1 for i in self.full_attn_layers],
                 "num_heads": self.linear_num_heads, "head_dim": self.linear_head_dim,
                 "short_conv_kernel_size": self.short_conv_kernel_size,
             },
         }
-
-
-def load_config(path: str | Path) -> KimiLinearConfig:
-    """Read and check a Kimi Linear config.json."""
-    raw = read_json(Path(path), "a config.json")
-    if not isinstance(raw, dict):
-        raise StepperError(f"{path}: expected a JSON object, found {type(raw).__name__}")
-    return parse(raw, str(path))
 
 
 def parse(raw: dict[str, Any], source: str) -> KimiLinearConfig:
@@ -243,9 +229,6 @@ def check_experts(cfg: KimiLinearConfig, f: _Fields) -> None:
 
 # -- the published checkpoint's tensors --------------------------------------------------------
 
-EXPERT_WEIGHTS = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}  # the parts' name -> published
-
-
 def kda_shapes(cfg: KimiLinearConfig) -> dict[str, tuple[int, ...]]:
     d, H, K, W = cfg.hidden_size, cfg.linear_num_heads, cfg.linear_head_dim, cfg.short_conv_kernel_size
     shapes: dict[str, tuple[int, ...]] = {}
@@ -301,276 +284,6 @@ def layer_shapes(cfg: KimiLinearConfig, layer: int) -> dict[str, tuple[int, ...]
     return {f"model.layers.{layer}.{k}": v for k, v in shapes.items()}
 
 
-def global_shapes(cfg: KimiLinearConfig) -> dict[str, tuple[int, ...]]:
-    return {"model.embed_tokens.weight": (cfg.vocab_size, cfg.hidden_size), "model.norm.weight": (cfg.hidden_size,),
-            "lm_head.weight": (cfg.vocab_size, cfg.hidden_size)}
-
-
-def weight_shapes(cfg: KimiLinearConfig) -> dict[str, tuple[int, ...]]:
-    shapes = dict(global_shapes(cfg))
-    for layer in range(cfg.num_hidden_layers):
-        shapes.update(layer_shapes(cfg, layer))
-    return shapes
-
-
-def storage_dtype(name: str) -> str:
-    """How the published checkpoint stores a tensor: the decay's parameters and the router's bias
-    in float32, everything else BF16."""
-    return "F32" if name.endswith(("A_log", "dt_bias", "e_score_correction_bias")) else "BF16"
-
-
-def what(name: str) -> str:
-    """A few words on a tensor, for messages about it."""
-    for tail, words in (("A_log", "the per-head decay rate's log"), ("conv1d.weight", "a causal short conv's taps"),
-                        ("dt_bias", "the forget gate's bias")):
-        if name.endswith(tail):
-            return f" ({words})"
-    return ""
-
-
-def on_disk(name: str) -> str:
-    """The published name of a layer-relative name the parts ask for: the MoE's `mlp.gate.*`,
-    `mlp.experts.E.gate_proj.weight`, `mlp.shared_experts.*` live under `block_sparse_moe`, its
-    experts' projections as w1 (gate), w3 (up), w2 (down)."""
-    if not name.startswith(("mlp.gate.", "mlp.experts.", "mlp.shared_experts.")):
-        return name
-    name = "block_sparse_moe." + name.removeprefix("mlp.")
-    if name.startswith("block_sparse_moe.experts."):
-        head, projection, tail = name.rsplit(".", 2)
-        name = f"{head}.{EXPERT_WEIGHTS[projection]}.{tail}"
-    return name
-
-
-class PublishedLayerWeights(LayerWeights):
-    """A layer's weights asked for by the parts' names, read under the published ones (on_disk)."""
-
-    def __call__(self, name: str) -> np.ndarray:
-        return super().__call__(on_disk(name))
-
-    def matrix(self, name: str):
-        return super().matrix(on_disk(name))
-
-    def float32(self, name: str) -> np.ndarray:
-        return super().float32(on_disk(name))
-
-
-class KimiLinearWeights:
-    """The published tensors, from arrays in memory or a checkpoint folder's safetensors files
-    (`open_checkpoint`); each is checked against the config's shape when read."""
-
-    def __init__(self, config: KimiLinearConfig, read, names, source: str):
-        self.config = config
-        self._read = read  # name -> Stored
-        self.names = set(names)
-        self.source = source
-
-    @classmethod
-    def of_arrays(cls, config: KimiLinearConfig, arrays: dict[str, np.ndarray], source: str = "weights"):
-        return cls(config, lambda name: Stored("F32", np.asarray(arrays[name], np.float32)), arrays, source)
-
-    def expected_shape(self, name: str) -> tuple[int, ...]:
-        if name.startswith("model.layers."):
-            layer = int(name.split(".")[2])
-            shapes = layer_shapes(self.config, layer) if 0 <= layer < self.config.num_hidden_layers else {}
-        else:
-            shapes = global_shapes(self.config)
-        if name not in shapes:
-            raise StepperError(f"{self.source}: no tensor named '{name}' in a {MODEL_TYPE} model")
-        return shapes[name]
-
-    def stored(self, name: str) -> Stored:
-        expected = self.expected_shape(name)
-        if name not in self.names:
-            raise StepperError(f"{self.source}: tensor '{name}'{what(name)} is missing, expected {list(expected)}")
-        stored = self._read(name)
-        if tuple(stored.data.shape) != expected:
-            raise StepperError(f"{self.source}: tensor '{name}'{what(name)} has shape {list(stored.data.shape)}, "
-                               f"expected {list(expected)}")
-        return stored
-
-    def get(self, name: str) -> np.ndarray:
-        return self.stored(name).as_float32(name)
-
-    def matrix(self, name: str):
-        return self.stored(name).matrix(name)
-
-    def get_rows(self, name: str, rows: np.ndarray) -> np.ndarray:
-        return self.get(name)[rows]
-
-    def row_blocks(self, name: str, rows: int):
-        return self.stored(name).row_blocks(rows)
-
-    def has(self, name: str) -> bool:
-        return name in self.names
-
-    def check(self, layers, with_globals: bool) -> None:
-        """Every tensor these layers need is there with its shape: the first problem, one line."""
-        needed = {n: s for layer in layers for n, s in layer_shapes(self.config, layer).items()}
-        needed.update(global_shapes(self.config) if with_globals else {})
-        for name in needed:
-            self.stored(name)
-
-
-def open_checkpoint(path: str | Path) -> KimiLinearWeights:
-    """A folder with config.json and *.safetensors in the published layout."""
-    from stepper.weights.safetensors_reader import SafetensorsFile
-
-    path = Path(path)
-    config = load_config(path / "config.json")
-    files = [SafetensorsFile(p) for p in sorted(path.glob("*.safetensors"))]
-    where = {name: f for f in files for name in f.names()}
-
-    def read(name: str) -> Stored:
-        return Stored(where[name].info(name).dtype, where[name].get(name))
-
-    return KimiLinearWeights(config, read, where, str(path))
-
-
-# -- the model ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Options:
-    """A run's choices: KDA's form (token by token, or chunked), MLA's path, the experts' dispatch."""
-
-    kda_form: Form = "chunked"
-    attn: str = "naive"
-    dispatch: str = "grouped"
-
-
-def miniature(cfg: KimiLinearConfig, layer: int) -> KimiLinearConfig:
-    """A one-layer config of tiny sizes whose layer 0 takes the branches `layer` of cfg takes: KDA
-    or MLA, MoE (with the router's groups and shared experts) or dense."""
-    moe = cfg.is_moe_layer(layer)
-    return dataclasses.replace(
-        cfg, name=f"miniature of {cfg.name}", vocab_size=16, hidden_size=16, intermediate_size=8,
-        moe_intermediate_size=4, num_hidden_layers=1, num_attention_heads=2, kv_lora_rank=8, qk_nope_head_dim=4,
-        qk_rope_head_dim=4, v_head_dim=4, n_routed_experts=2 * cfg.n_group if moe else 0,
-        n_shared_experts=min(cfg.n_shared_experts, 1), num_experts_per_tok=min(cfg.num_experts_per_tok, 2),
-        first_k_dense_replace=0, linear_num_heads=2, linear_head_dim=4,
-        kda_layers=(0,) if cfg.is_kda_layer(layer) else (), full_attn_layers=() if cfg.is_kda_layer(layer) else (0,),
-    )
-
-
-def new_cache(cfg: KimiLinearConfig) -> list[KdaCache | LayerCache]:
-    """Each layer's memory: a KDA layer's fixed-size conv inputs and state, an MLA layer's latents."""
-    return [KdaCache() if cfg.is_kda_layer(i) else LayerCache() for i in range(cfg.num_hidden_layers)]
-
-
-def decoder_layer(hidden: np.ndarray, w: LayerWeights, cfg: KimiLinearConfig, cache, emit: Emitter,
-                  options: Options = Options()) -> np.ndarray:
-    """[B, T, d] residual stream in -> [B, T, d] out: KDA or NoPE MLA, then the dense MLP or the MoE."""
-    hidden = emit("hidden_states", hidden)
-    x = emit("input_layernorm", rms_norm(hidden, w("input_layernorm.weight"), cfg.rms_norm_eps))
-    if cfg.is_kda_layer(w.layer):
-        attention = kda_attention(x, w, cfg, cache, emit, options.kda_form)
-    else:
-        attention = mla_nope_attention(x, w, cfg, cache, emit, options.attn)
-    hidden = emit("attn_residual", hidden + attention)
-    x = emit("post_attention_layernorm", rms_norm(hidden, w("post_attention_layernorm.weight"), cfg.rms_norm_eps))
-    ffn = moe(x, w, cfg, emit, options.dispatch) if cfg.is_moe_layer(w.layer) else dense_mlp(x, w, emit)
-    ffn = emit("mlp_output", ffn)
-    return emit("output", hidden + ffn)
-
-
-class KimiLinear:
-    """The whole model on a weight source: embedding, the layers, final norm, lm_head. A cache
-    (new_cache) passed along is extended in place, so a prefill then decode steps equal one pass."""
-
-    def __init__(self, weights, options: Options = Options()):
-        self.weights = weights
-        self.config: KimiLinearConfig = weights.config
-        self.options = options
-        self.scratch: dict = {}
-
-    def layer(self, i: int, hidden: np.ndarray, cache, emit: Emitter) -> np.ndarray:
-        w = PublishedLayerWeights(self.weights, i, self.scratch)
-        return decoder_layer(hidden, w, self.config, None if cache is None else cache[i], emit.layer(i), self.options)
-
-    def forward(self, ids: np.ndarray, emit: Emitter, cache=None) -> np.ndarray:
-        """ids [B, T] -> logits [B, T, V]."""
-        hidden = emit("embed", np.asarray(self.weights.get_rows("model.embed_tokens.weight", ids), np.float32))
-        for i in range(self.config.num_hidden_layers):
-            hidden = self.layer(i, hidden, cache, emit)
-        hidden = emit("norm", rms_norm(hidden, self.weights.get("model.norm.weight"), self.config.rms_norm_eps))
-        blocks = (b.matrix("lm_head.weight") for b in self.weights.row_blocks("lm_head.weight", 4096))
-        return emit("logits", linear_in_row_blocks(hidden, blocks, self.config.vocab_size))
-
-
-# -- presets -----------------------------------------------------------------------------------
-
-KIMI_LINEAR_48B = {  # moonshotai/Kimi-Linear-48B-A3B-Instruct's config.json (the fields stepper reads)
-    "_name_or_path": "kimi-linear-48b-a3b",
-    "architectures": [ARCHITECTURE],
-    "model_type": MODEL_TYPE,
-    "vocab_size": 163840,
-    "hidden_size": 2304,
-    "intermediate_size": 9216,
-    "moe_intermediate_size": 1024,
-    "num_hidden_layers": 27,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 32,
-    "head_dim": 72,  # published, unused (transformers sets head_dim to qk_rope_head_dim)
-    "q_lora_rank": None,
-    "kv_lora_rank": 512,
-    "qk_nope_head_dim": 128,
-    "qk_rope_head_dim": 64,
-    "v_head_dim": 128,
-    "mla_use_nope": True,
-    "num_experts": 256,
-    "num_experts_per_token": 8,
-    "num_shared_experts": 1,
-    "num_expert_group": 1,
-    "topk_group": 1,
-    "moe_renormalize": True,
-    "moe_router_activation_func": "sigmoid",
-    "routed_scaling_factor": 2.446,
-    "first_k_dense_replace": 1,
-    "moe_layer_freq": 1,
-    "hidden_act": "silu",
-    "rms_norm_eps": 1e-5,
-    "model_max_length": 1048576,
-    "rope_theta": 10000.0,
-    "tie_word_embeddings": False,
-    "linear_attn_config": {
-        "full_attn_layers": [4, 8, 12, 16, 20, 24, 27],
-        "kda_layers": [1, 2, 3, 5, 6, 7, 9, 10, 11, 13, 14, 15, 17, 18, 19, 21, 22, 23, 25, 26],
-        "num_heads": 32,
-        "head_dim": 128,
-        "short_conv_kernel_size": 4,
-    },
-}
-
-PRESETS: dict[str, dict[str, Any]] = {
-    # Kimi Linear's 3:1 pattern in four layers: KDA, KDA, KDA, MLA; a dense first layer, then MoE
-    "tiny-kimi-linear": {
-        **KIMI_LINEAR_48B,
-        "_name_or_path": "tiny-kimi-linear",
-        "vocab_size": 1000,
-        "hidden_size": 160,
-        "intermediate_size": 272,
-        "moe_intermediate_size": 48,
-        "num_hidden_layers": 4,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 4,
-        "kv_lora_rank": 64,
-        "qk_nope_head_dim": 32,
-        "qk_rope_head_dim": 16,
-        "v_head_dim": 32,
-        "num_experts": 16,
-        "num_experts_per_token": 4,
-        "model_max_length": 131072,
-        "linear_attn_config": {"full_attn_layers": [4], "kda_layers": [1, 2, 3], "num_heads": 4, "head_dim": 32,
-                               "short_conv_kernel_size": 4},
-    },
-    "kimi-linear-48b-a3b": KIMI_LINEAR_48B,
-}
-
-
-def preset(name: str) -> KimiLinearConfig:
-    return parse(PRESETS[name], f"preset {name}")
-
-
 # -- the memory a layer keeps --------------------------------------------------------------------
 
 
@@ -593,53 +306,37 @@ def memory_line(cfg: KimiLinearConfig, positions: int) -> str:
     """The run header's line on memory: KDA's fixed state beside MLA's growing latent."""
     kda, mla = kda_layer_bytes(cfg), mla_bytes_per_position(cfg)
     kda_total, mla_total = len(cfg.kda_layers) * kda, len(cfg.full_attn_layers) * mla * positions
-    return (f"memory per layer (float32): KDA {kda:,} B in all (state {cfg.linear_num_heads}x{cfg.linear_head_dim}"
-            f"x{cfg.linear_head_dim} + conv inputs), 0 B per position · MLA latent + key {mla:,} B per position · "
-            f"at {positions:,} positions: {len(cfg.kda_layers)} KDA layers {fmt_bytes(kda_total)}, "
-            f"{len(cfg.full_attn_layers)} MLA layers {fmt_bytes(mla_total)}")
+    return (f"KDA layers keep {kda:,} B each at any length (state {cfg.linear_num_heads}x{cfg.linear_head_dim}"
+            f"x{cfg.linear_head_dim} + conv inputs: 0 B per position), MLA layers {mla:,} B per position (latent + key) · "
+            f"at {positions:,} positions: {len(cfg.kda_layers)} KDA layers {kda_total:,} B, "
+            f"{len(cfg.full_attn_layers)} MLA layers {mla_total:,} B")
 
 
-def fmt_bytes(n: int) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} B"
+# -- the family ----------------------------------------------------------------------------------
 
 
-# -- synth: a checkpoint in the published layout -------------------------------------------------
+def miniature(cfg: KimiLinearConfig, layer: int) -> KimiLinearConfig:
+    """A one-layer config of tiny sizes whose layer 0 takes the branches `layer` of cfg takes: KDA
+    or MLA, MoE (with the router's groups and shared experts) or dense."""
+    moe, kda = cfg.is_moe_layer(layer), cfg.is_kda_layer(layer)
+    return dataclasses.replace(
+        cfg, name=f"miniature of {cfg.name}", vocab_size=16, hidden_size=16, intermediate_size=8,
+        moe_intermediate_size=4, num_hidden_layers=1, num_attention_heads=2, kv_lora_rank=8, qk_nope_head_dim=4,
+        qk_rope_head_dim=4, v_head_dim=4, n_routed_experts=2 * cfg.n_group if moe else 0,
+        n_shared_experts=min(cfg.n_shared_experts, 1), num_experts_per_tok=min(cfg.num_experts_per_tok, 2),
+        first_k_dense_replace=0, linear_num_heads=2, linear_head_dim=4,
+        kda_layers=(0,) if kda else (), full_attn_layers=() if kda else (0,),
+    )
 
 
-def synth(cfg: KimiLinearConfig, raw: dict[str, Any], folder: Path, seed: int = 0, layers: range | None = None) -> Path:
-    """Write config.json and model.safetensors of random weights in the published layout (BF16, the
-    decay's parameters and the router's bias F32); `layers` limits which layers are written."""
-    import json
+PARTS = ("model", "residual", "kda", "mla_attention", "mlp", "router", "router_sigmoid", "router_noaux_tc",
+         "router_groups", "moe")
 
-    import ml_dtypes
-    from safetensors.numpy import save_file
-
-    folder.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(seed)
-    wanted = range(cfg.num_hidden_layers) if layers is None else layers
-    arrays = {}
-    for name, shape in weight_shapes(cfg).items():
-        if name.startswith("model.layers.") and int(name.split(".")[2]) not in wanted:
-            continue
-        value = synthetic_value(name, shape, rng)
-        arrays[name] = value if storage_dtype(name) == "F32" else value.astype(ml_dtypes.bfloat16)
-    (folder / "config.json").write_text(json.dumps(raw, indent=1))
-    save_file(arrays, str(folder / "model.safetensors"))
-    return folder
-
-
-def synthetic_value(name: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
-    """A weight at a scale that keeps the layer's activations in range: A_log = log(uniform(1, 16))
-    and a small dt_bias as Kimi Linear initialises them, norms near 1, projections ~ 1/sqrt(fan-in)."""
-    if name.endswith("A_log"):
-        return np.log(rng.uniform(1, 16, shape)).astype(np.float32)
-    if name.endswith("dt_bias"):
-        return rng.uniform(-6, -2, shape).astype(np.float32)
-    if name.endswith("norm.weight"):
-        return (1 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
-    if name.endswith("e_score_correction_bias"):
-        return (0.01 * rng.standard_normal(shape)).astype(np.float32)
-    return (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
+FAMILY = Family(
+    name="kimi_linear",
+    model_types=(MODEL_TYPE,),
+    read_config=parse,
+    decoder_layer=decoder_layer,
+    parts=part_files(PARTS),
+    miniature=miniature,
+)

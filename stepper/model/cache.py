@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from stepper.config import Config
 from stepper.kernels.growing import GrowingArray
 from stepper.model.options import Attention, IndexScoring
+
+if TYPE_CHECKING:
+    from stepper.model.kda import KdaCache
 
 POSITION_AXIS = {  # each kept field's axis of positions
     "latent": 1, "k_pe": 2, "key_states": 2, "value_states": 2, "index_keys": 1, "index_key_codes": 1,
@@ -34,9 +38,12 @@ class LayerCache:
     index_key_scales: np.ndarray | None = None  # [B, S], one power-of-two scale per key
     growing: dict[str, GrowingArray] = field(default_factory=dict, repr=False, compare=False)
     # name -> the spare room after the field's positions (kernels.growing), so appends rarely copy
+    recurrent: KdaCache | None = None  # a Kimi Linear KDA layer's fixed-size memory instead (model.kda)
 
     @property
     def length(self) -> int:
+        if self.recurrent is not None:
+            return self.recurrent.length
         return 0 if self.latent is None else self.latent.shape[1]
 
     def first(self, n: int) -> LayerCache:
@@ -47,7 +54,7 @@ class LayerCache:
         for name, axis in POSITION_AXIS.items():
             array = getattr(self, name)
             cut[name] = None if array is None else array[(slice(None),) * axis + (slice(0, n),)]
-        return LayerCache(**cut)
+        return LayerCache(**cut, recurrent=None if self.recurrent is None else self.recurrent.first(n))
 
     def extend_latent(self, latent: np.ndarray, k_pe: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Append the T new positions' latents [B, T, kv_lora] and rotary keys [B, one, T, rope];

@@ -27,20 +27,17 @@ longer prompt.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
-
 import numpy as np
 
 from stepper.kernels import kda_chunked
 from stepper.kernels.linear import linear
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.ops import rms_norm, sigmoid, silu
+from stepper.model.options import DeltaRule, LayerOptions
 from stepper.seams.swap import bypasses, exercise
 from stepper.seams.trace import Emitter
 
 L2_EPS = 1e-6  # inside the root of q's and k's L2 norm (the reference's l2norm)
-
-Form = Literal["recurrent", "chunked"]  # how step 4 runs: token by token, or a chunk at a time (kernels)
 
 
 SNAPSHOTS = 64  # the states a KdaCache keeps of its last calls' starts (a chunked prefill's replay asks for them)
@@ -78,11 +75,12 @@ class KdaCache:
         return KdaCache(dict(self.earlier[n].conv), self.earlier[n].state, n)
 
 
-def kda_attention(
-    x: np.ndarray, w: LayerWeights, cfg, cache: KdaCache | None, emit: Emitter, form: Form = "chunked",
-) -> np.ndarray:
-    """x [B, T, d] (after input_layernorm) -> o_proj output [B, T, d]. `cfg` gives linear_num_heads,
-    linear_head_dim and rms_norm_eps; `cache` (extended in place) the conv inputs and S before x."""
+def kda_attention(x: np.ndarray, w: LayerWeights, cache: KdaCache | None, options: LayerOptions,
+                  emit: Emitter) -> np.ndarray:
+    """x [B, T, d] (after input_layernorm) -> o_proj output [B, T, d]. w carries the config
+    (linear_num_heads, linear_head_dim, rms_norm_eps); `cache` (extended in place) the conv inputs
+    and S before x; the options say how the state update runs (delta_rule)."""
+    cfg = w.cfg
     cache = KdaCache() if cache is None else cache
     cache.remember()
     q, k, v = convolved_heads(x, w, cfg, cache, emit)  # [B, H, T, K], [B, H, T, K], [B, H, T, V]
@@ -90,7 +88,7 @@ def kda_attention(
     k = emit("self_attn.k_l2", l2_normalise(k))  # [B, H, T, K]
     g = emit("self_attn.forget_gate", forget_gate(x, w, cfg))  # [B, H, T, K]
     beta = emit("self_attn.beta", heads_last(sigmoid(linear(x, w.matrix("self_attn.b_proj.weight")))))  # [B, H, T]
-    out = delta_rule(q, k, v, g, beta, cache, emit, form)  # [B, H, T, V]
+    out = delta_rule(q, k, v, g, beta, cache, emit, options.delta_rule)  # [B, H, T, V]
     return gated_output(out, x, w, cfg, emit)
 
 
@@ -149,7 +147,7 @@ def heads_last(x: np.ndarray) -> np.ndarray:
     return x.transpose(0, 2, 1)
 
 
-def delta_rule(q, k, v, g, beta, cache: KdaCache, emit: Emitter, form: Form) -> np.ndarray:
+def delta_rule(q, k, v, g, beta, cache: KdaCache, emit: Emitter, form: DeltaRule) -> np.ndarray:
     """Step 4 over the T new tokens from the cached state, which it replaces by the state after them.
     q, k [B, H, T, K], v [B, H, T, V], g [B, H, T, K], beta [B, H, T] -> o [B, H, T, V]"""
     B, H, T, K = k.shape

@@ -18,17 +18,19 @@ from stepper.kernels import attention as kernels
 from stepper.model.attention import attend, latent, output_projection, query_heads, split_kv_b, up_project
 from stepper.model.cache import LayerCache
 from stepper.model.layer_weights import LayerWeights
+from stepper.model.options import LayerOptions
 from stepper.seams.trace import Emitter
 
 
-def mla_nope_attention(
-    x: np.ndarray, w: LayerWeights, cfg, cache: LayerCache | None, emit: Emitter, attn: str = "naive",
-) -> np.ndarray:
-    """x [B, T, d] (after input_layernorm) -> o_proj output [B, T, d]; attn "naive" or "absorb"."""
+def mla_nope_attention(x: np.ndarray, w: LayerWeights, cache: LayerCache | None, options: LayerOptions,
+                       emit: Emitter) -> np.ndarray:
+    """x [B, T, d] (after input_layernorm) -> o_proj output [B, T, d] on the options' attention
+    path (naive or absorb). w carries the config; its rotary tables go unused."""
+    cfg = w.cfg
     cache = LayerCache() if cache is None else cache
     q_nope, q_pe = query_heads(x, w, cfg, emit)  # [B, H, T, nope], [B, H, T, rope]
     compressed_kv, k_pe = latent(x, w, cfg, emit)  # [B, T, kv_lora], [B, one, T, rope]
-    attend_over = absorbed if attn == "absorb" else naive
+    attend_over = absorbed if options.attention == "absorb" else naive
     out = attend_over(q_nope, q_pe, compressed_kv, k_pe, w, cfg, cache, emit)  # [B, H, T, v_head]
     return output_projection(out, w, emit)
 

@@ -8,6 +8,8 @@ handed to every layer function beside its input, weights, cache and emitter.
 - dispatch: the routed experts run once per chosen expert on its tokens ("grouped") or token
   by token ("per_token", the readable reference; model.moe).
 - chunk: a prefill of more positions runs this many at a time (None: all at once).
+- delta_rule: Kimi Linear's KDA runs its state update a chunk of tokens at a time ("chunked",
+  kernels.kda_chunked) or token by token ("recurrent", the readable reference; model.kda).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Literal, get_args
 Attention = Literal["naive", "absorb"]
 IndexScoring = Literal["exact", "fp8"]
 Dispatch = Literal["grouped", "per_token"]
+DeltaRule = Literal["chunked", "recurrent"]
 
 
 @dataclass(frozen=True)
@@ -26,9 +29,11 @@ class LayerOptions:
     index_scoring: IndexScoring = "exact"
     dispatch: Dispatch = "grouped"
     chunk: int | None = None
+    delta_rule: DeltaRule = "chunked"
 
     def __post_init__(self) -> None:
-        for field, kind in (("attention", Attention), ("index_scoring", IndexScoring), ("dispatch", Dispatch)):
+        for field, kind in (("attention", Attention), ("index_scoring", IndexScoring), ("dispatch", Dispatch),
+                            ("delta_rule", DeltaRule)):
             if getattr(self, field) not in get_args(kind):
                 raise ValueError(f"{field} must be one of {', '.join(get_args(kind))}, got {getattr(self, field)!r}")
         if self.chunk is not None and (isinstance(self.chunk, bool) or not isinstance(self.chunk, int) or self.chunk < 1):

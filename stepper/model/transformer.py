@@ -71,7 +71,11 @@ class Transformer:
 
     def rope(self, positions: np.ndarray, emit: Emitter) -> Rope:
         """The rotary tables of positions [T]. They are shown in the reference's cat(freqs, freqs)
-        layout [T, rope]; the model goes on with the first half of what is shown, [T, rope/2]."""
+        layout [T, rope]; the model goes on with the first half of what is shown, [T, rope/2].
+        A config whose class says `rotary = False` (Kimi Linear: no layer rotates) has none."""
+        if not getattr(self.config, "rotary", True):
+            return Rope(np.ones((len(positions), 0), np.float32), np.zeros((len(positions), 0), np.float32),
+                        self.softmax_scale)
         cos, sin = rope_tables(positions, self.inv_freq, self.rope_mscale)  # [T, rope/2]
         half = cos.shape[-1]
         cos = emit("rope_cos", np.concatenate([cos, cos], axis=-1))[:, :half]
