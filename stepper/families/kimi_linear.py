@@ -307,7 +307,8 @@ def memory_line(cfg: KimiLinearConfig, positions: int) -> str:
     kda, mla = kda_layer_bytes(cfg), mla_bytes_per_position(cfg)
     kda_total, mla_total = len(cfg.kda_layers) * kda, len(cfg.full_attn_layers) * mla * positions
     return (f"KDA layers keep {kda:,} B each at any length (state {cfg.linear_num_heads}x{cfg.linear_head_dim}"
-            f"x{cfg.linear_head_dim} + conv inputs: 0 B per position), MLA layers {mla:,} B per position (latent + key) · "
+            f"x{cfg.linear_head_dim} + conv inputs: 0 B per position), "
+            f"MLA layers {mla:,} B per position (latent + key) · "
             f"at {positions:,} positions: {len(cfg.kda_layers)} KDA layers {kda_total:,} B, "
             f"{len(cfg.full_attn_layers)} MLA layers {mla_total:,} B")
 

@@ -27,6 +27,7 @@ longer prompt.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
 import numpy as np
 
 from stepper.kernels import kda_chunked
@@ -205,7 +206,8 @@ def gated_output(out: np.ndarray, x: np.ndarray, w: LayerWeights, cfg, emit: Emi
     out [B, H, T, V], x [B, T, d] -> [B, T, d]"""
     B, H, T, V = out.shape
     normed = emit("self_attn.o_norm", rms_norm(out, w("self_attn.o_norm.weight"), cfg.rms_norm_eps))  # [B, H, T, V]
-    gate = linear(linear(x, w.matrix("self_attn.g_a_proj.weight")), w.matrix("self_attn.g_b_proj.weight"))  # [B, T, H*V]
+    low = linear(x, w.matrix("self_attn.g_a_proj.weight"))  # [B, T, V]: a rank-V bottleneck
+    gate = linear(low, w.matrix("self_attn.g_b_proj.weight"))  # [B, T, H*V]
     gate = emit("self_attn.output_gate", gate.reshape(B, T, H, V).transpose(0, 2, 1, 3))  # [B, H, T, V]
     gated = emit("self_attn.gated_output", normed * sigmoid(gate))  # [B, H, T, V]
     merged = gated.transpose(0, 2, 1, 3).reshape(B, T, H * V)  # [B, T, H*V]

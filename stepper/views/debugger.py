@@ -401,7 +401,8 @@ class Debugger:
         with the layer's writes and decays when they were seen (views.kda_state)."""
         target, index = split_index(name)
         event = self.resolve(target or "self_attn.state")
-        extra = [self.history.get(event.name.replace(event.key, key)) for key in ("self_attn.delta", "self_attn.forget_gate")]
+        extra = [self.history.get(event.name.replace(event.key, key))
+                 for key in ("self_attn.delta", "self_attn.forget_gate")]
         try:
             drawn = kda_state.state_pictures(take(event.array, index), event.name + (index or ""),
                                              *(None if e is None else e.array for e in extra))

@@ -75,7 +75,8 @@ def state_heatmap(S: np.ndarray, title: str = "", rows: int = 24, cols: int = 48
             parts = [f"{r * rb:>4}  "] + [shade_cell(v / top if top > 0 else 0.0, cell) for v in row]
             out.append(line(*parts))
         out.append(line("      ", *legend_shades(), wrap=True))
-        note = f"|S| by key channel (down) × value channel (across); max |S| {number(top)}; {negative} of {S.size} negative"
+        note = (f"|S| by key channel (down) × value channel (across); max |S| {number(top)}; "
+                f"{negative} of {S.size} negative")
         if (rb, cb) != (1, 1):
             note += "; " + pooled_note("|S|", (rb, cb), S.shape, pooled.shape, ("rows", "cols"))
         out.append(caption(note))

@@ -10,21 +10,27 @@ import numpy as np
 import pytest
 import transformers
 
-from stepper.families.kimi_linear import KimiLinearConfig, KimiLinearWeights, PublishedLayerWeights
 from stepper.model.kda import KdaCache, kda_attention
+from stepper.model.options import LayerOptions
 from stepper.seams.trace import Emitter, Recorder
-from tests.helpers.kimi_linear import random_weights, tiny_config
+from tests.helpers.kimi_linear import config, layer_weights
 
-PART = json.loads(resources.files("stepper.catalog").joinpath("parts/kda.json").read_text(encoding="utf-8"))
-MAIN = json.loads(resources.files("stepper.catalog").joinpath("catalog.json").read_text(encoding="utf-8"))
-SHARED = {"self_attn.o_proj"}  # emitted by KDA and MLA alike: the main catalogue's entry
+PARTS = resources.files("stepper.catalog").joinpath("parts")
+PART = json.loads(PARTS.joinpath("kda.json").read_text(encoding="utf-8"))
+MAIN = {"dims": {}, "tensors": []}  # every other part's entries and dims
+for other in PARTS.iterdir():
+    if other.name.endswith(".json") and other.name != "kda.json":
+        raw = json.loads(other.read_text(encoding="utf-8"))
+        MAIN["dims"].update(raw.get("dims", {}))
+        MAIN["tensors"] += raw["tensors"]
+SHARED = {"self_attn.o_proj"}  # emitted by KDA and MLA alike: MLA's part's entry
 
 
 def emitted(form: str) -> dict[str, np.ndarray]:
-    cfg = KimiLinearConfig.from_hf(tiny_config())
-    w = PublishedLayerWeights(KimiLinearWeights.of_arrays(cfg, random_weights(cfg)), 0)
+    cfg = config()
     recorder = Recorder()
-    kda_attention(np.ones((1, 70, cfg.hidden_size), np.float32), w, cfg, KdaCache(), Emitter([recorder]), form)
+    x = np.ones((1, 70, cfg.hidden_size), np.float32)
+    kda_attention(x, layer_weights(cfg), KdaCache(), LayerOptions(delta_rule=form), Emitter([recorder]))
     return recorder.tensors()
 
 
@@ -38,7 +44,7 @@ def test_every_emitted_tensor_has_one_entry_and_every_entry_is_emitted():
 
 
 def test_dims_name_the_emitted_shapes():
-    cfg = KimiLinearConfig.from_hf(tiny_config())
+    cfg = config()
     dims = {**MAIN["dims"], **PART["dims"]}
     assert not set(PART["dims"]) & set(MAIN["dims"])
     sizes = {"B": 1, "T": 70, "C": 2}  # the run's: one prompt of 70 tokens, two chunks

@@ -5,11 +5,12 @@ recurrence (1,000 tokens, a nonzero initial state), and a decode step against a 
 import numpy as np
 import pytest
 
-from stepper.families.kimi_linear import KimiLinearConfig, KimiLinearWeights, PublishedLayerWeights
 from stepper.kernels.kda_chunked import chunked
-from stepper.model.kda import KdaCache, gated_delta_rule, kda_attention, l2_normalise, short_conv
+from stepper.model import kda
+from stepper.model.kda import KdaCache, gated_delta_rule, l2_normalise, short_conv
+from stepper.model.options import LayerOptions
 from stepper.seams.trace import Emitter, Recorder
-from tests.helpers.kimi_linear import random_weights, tiny_config
+from tests.helpers.kimi_linear import config, layer_weights
 
 rng = np.random.default_rng(7)
 
@@ -102,10 +103,13 @@ def test_chunked_survives_channels_that_forget_fast():
 
 
 def kda_layer():
-    raw = tiny_config()
-    cfg = KimiLinearConfig.from_hf(raw)
-    weights = KimiLinearWeights.of_arrays(cfg, random_weights(cfg, seed=3))
-    return cfg, PublishedLayerWeights(weights, 0)
+    cfg = config()
+    return cfg, layer_weights(cfg, 0)
+
+
+def kda_attention(x, w, cfg, cache, emit, form="chunked"):
+    """The KDA part as its decoder layer calls it, with the delta rule's form chosen."""
+    return kda.kda_attention(x, w, cache, LayerOptions(delta_rule=form), emit)
 
 
 @pytest.mark.parametrize("form", ["recurrent", "chunked"])
@@ -145,7 +149,8 @@ def test_the_forms_emit_the_same_tensors_and_their_own_states():
         recorder = Recorder()
         kda_attention(x, w, cfg, KdaCache(), Emitter([recorder]), form)
         seen[form] = recorder.tensors()
-    per_token, per_chunk = seen["recurrent"].pop("self_attn.state_per_token"), seen["chunked"].pop("self_attn.state_per_chunk")
+    per_token = seen["recurrent"].pop("self_attn.state_per_token")
+    per_chunk = seen["chunked"].pop("self_attn.state_per_chunk")
     assert per_token.shape == (1, 2, 70, 8, 8) and per_chunk.shape == (1, 2, 2, 8, 8)
     assert rel(per_chunk, per_token[:, :, [63, 69]]) <= 1e-5
     assert seen["recurrent"].keys() == seen["chunked"].keys()
@@ -170,8 +175,7 @@ def test_a_32768_position_prompt_runs_in_the_memory_of_a_4096_one():
     (tracemalloc: NumPy's allocations) does not grow with the prompt, the state stays its size."""
     import tracemalloc
 
-    cfg = KimiLinearConfig.from_hf(tiny_config())
-    w = PublishedLayerWeights(KimiLinearWeights.of_arrays(cfg, random_weights(cfg, seed=3)), 0)
+    cfg, w = kda_layer()
 
     def peak(length: int) -> tuple[int, KdaCache]:
         cache = KdaCache()

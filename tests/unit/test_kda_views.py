@@ -7,11 +7,15 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from stepper.families.kimi_linear import KimiLinear, KimiLinearConfig, KimiLinearWeights, Options, new_cache
+from stepper.families.kimi_linear import FAMILY
+from stepper.model.cache import KVCache
+from stepper.model.options import LayerOptions
+from stepper.model.transformer import Transformer
 from stepper.seams.trace import Emitter
 from stepper.views import kda_state
 from stepper.views.debugger import CommandSource, Debugger, Quit
-from tests.helpers.kimi_linear import random_weights, tiny_config
+from stepper.weights.synthetic import SyntheticWeights
+from tests.helpers.kimi_linear import config
 
 
 def drawn(renderable, width: int = 80) -> str:
@@ -52,8 +56,9 @@ def test_write_norms_and_decay_by_hand():
 
 @pytest.fixture(scope="module")
 def model():
-    cfg = KimiLinearConfig.from_hf(tiny_config())
-    return KimiLinear(KimiLinearWeights.of_arrays(cfg, random_weights(cfg)), Options(kda_form="recurrent"))
+    transformer = Transformer(SyntheticWeights(config(), 0), layer=FAMILY.decoder_layer)
+    transformer.options = LayerOptions(delta_rule="recurrent")  # every token's state is there to look at
+    return transformer
 
 
 def debug(model, script: list[str]) -> tuple[str, Debugger]:
@@ -62,7 +67,7 @@ def debug(model, script: list[str]) -> tuple[str, Debugger]:
     debugger = Debugger(console, model.config, CommandSource(console, io.StringIO(""), False, script=script))
     ids = np.arange(1, 9)[None]  # 8 tokens
     with pytest.raises(Quit):
-        model.forward(ids, Emitter([debugger]), new_cache(model.config))
+        model.forward(ids, np.arange(8), Emitter([debugger]), KVCache(model.config.num_hidden_layers))
     return out.getvalue(), debugger
 
 
@@ -73,7 +78,8 @@ def test_debugger_prints_and_draws_a_slice_of_the_state_at_a_chosen_token(model)
     expected = np.array2string(states[0, 1, 5, :2, :3], precision=4, floatmode="fixed")
     assert "layers.0.self_attn.state_per_token[0, 1, 5, :2, :3]  [2x3]  float32" in out
     assert expected in out
-    assert "self_attn.state_per_token[0, 1, 5]" in out and "max |S| " + kda_state.number(float(np.abs(states[0, 1, 5]).max())) in out
+    assert "self_attn.state_per_token[0, 1, 5]" in out
+    assert "max |S| " + kda_state.number(float(np.abs(states[0, 1, 5]).max())) in out
     # s state alone: the heads' table, head 0's map, the writes and the decays of layer 0
     assert "σ₁² share" in out and "what each token wrote" in out and "how fast each key channel forgets" in out
     final = debugger.history["layers.0.self_attn.state"].array
