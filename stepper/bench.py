@@ -481,8 +481,15 @@ def expert_products(fp8: str, int4: str, tokens: int, pairs: int, layer: int = 1
                    f"{fp8_time * 1e3:.2f} ms")]
 
 
+def kda_run(tokens: int, repeat: int, form: str = "chunked") -> list[Figure]:
+    """A full-size Kimi Linear KDA layer's attention (stepper.bench_kda), with the peak RSS."""
+    name, seconds, note = bench_kda.kda_layer(tokens, repeat, form)
+    return [Figure(name, seconds, "s", peak_rss_mb(), note)]
+
+
 SCENARIOS = {"ceilings": ceilings, "layer": layer_run, "torch": versus_torch, "indexed": indexed_prefill,
-             "attention": attention_run, "experts": expert_products, "kda": bench_kda.kda_layer}
+             "attention": attention_run, "experts": expert_products, "kda": kda_run}
+
 
 
 def scenario_main(argv: list[str]) -> None:

@@ -13,7 +13,13 @@ import numpy as np
 from stepper.families import kimi_linear as kl
 from stepper.kernels import kda_chunked
 from stepper.model import kda
+from stepper.model.kimi_linear_layer import published
+from stepper.model.layer_weights import LayerWeights
+from stepper.model.options import LayerOptions
+from stepper.presets import preset
 from stepper.seams.trace import Emitter
+from stepper.weights.source import ArrayWeights
+from stepper.weights.synthetic import SyntheticWeights
 
 MODEL = "kimi-linear-48b-a3b"
 
@@ -41,19 +47,18 @@ class DeltaRuleTimer:
         kda_chunked.chunked, kda.gated_delta_rule = self.originals
 
 
-def kda_layer(tokens: int, repeat: int, form: str = "chunked") -> list:
+def kda_layer(tokens: int, repeat: int, form: str = "chunked") -> tuple[str, float, str]:
     """The KDA attention of layer 0 on `tokens` new positions (1: a decode step from the state a
-    4096-token prompt leaves, made once untimed); the median of `repeat` runs."""
-    from stepper.bench import Figure, peak_rss_mb
-
-    cfg = kl.preset(MODEL)
-    rng = np.random.default_rng(3)
-    arrays = {name: kl.synthetic_value(name, shape, rng) for name, shape in kl.layer_shapes(cfg, 0).items()}
-    w = kl.PublishedLayerWeights(kl.KimiLinearWeights.of_arrays(cfg, arrays), 0)
+    4096-token prompt leaves, made once untimed): what was timed, the median of `repeat` runs in
+    seconds, and a note with the state update's share."""
+    cfg, options, rng = preset(MODEL), LayerOptions(delta_rule=form), np.random.default_rng(3)
+    source = SyntheticWeights(cfg, 0)
+    arrays = {name: source.get(name) for name in cfg.layer_shapes(0)}  # float32, in memory: nothing read when timed
+    w = published(LayerWeights(ArrayWeights(cfg, arrays), 0))
     start_cache = kda.KdaCache()
     if tokens == 1:
-        kda.kda_attention(rng.standard_normal((1, 4096, cfg.hidden_size), dtype=np.float32), w, cfg, start_cache,
-                          Emitter())
+        prompt = rng.standard_normal((1, 4096, cfg.hidden_size), dtype=np.float32)
+        kda.kda_attention(prompt, w, start_cache, options, Emitter())
     x = rng.standard_normal((1, tokens, cfg.hidden_size), dtype=np.float32)
     times, shares = [], []
     for _ in range(repeat):
@@ -61,16 +66,17 @@ def kda_layer(tokens: int, repeat: int, form: str = "chunked") -> list:
                              None if start_cache.state is None else start_cache.state.copy(), start_cache.length)
         with DeltaRuleTimer() as update:
             begin = time.perf_counter()
-            kda.kda_attention(x, w, cfg, cache, Emitter(), form)
+            kda.kda_attention(x, w, cache, options, Emitter())
             times.append(time.perf_counter() - begin)
         shares.append(update.seconds / times[-1])
     what = "decode 1 token after a 4096-token prompt" if tokens == 1 else f"prefill {tokens} tokens ({form})"
     note = (f"median of {repeat}; state update {np.median(shares):.0%} of the time; the layer keeps "
             f"{kl.kda_layer_bytes(cfg):,} B (S and conv inputs) at any length")
-    return [Figure(f"{cfg.name} layer 0 KDA attention: {what}", float(np.median(times)), "s", peak_rss_mb(), note)]
+    return f"{cfg.name} layer 0 KDA attention: {what}", float(np.median(times)), note
 
 
 def kda_figures(say, in_subprocess) -> list:
+    """The three figures, each measured in a fresh subprocess (stepper.bench.in_subprocess)."""
     say(f"{MODEL} KDA layer 0: decode 1 token, prefill 4096 tokens")
     return (in_subprocess("kda", tokens=1, repeat=11) + in_subprocess("kda", tokens=4096, repeat=3)
             + in_subprocess("kda", tokens=4096, repeat=1, form="recurrent"))

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from stepper import families
 from stepper.config import Config
 from stepper.errors import StepperError
 
@@ -366,8 +367,6 @@ PRESETS.update({
 def preset(name: str) -> Config:
     """The named preset's config, read by its family (stepper.families); an unknown name is a
     StepperError listing the known ones."""
-    from stepper import families  # the registry sits above the presets' readers
-
     if name not in PRESETS:
         raise StepperError(f"unknown model '{name}': expected one of {', '.join(PRESETS)} or a checkpoint directory")
     return families.read_config(PRESETS[name], f"preset {name}")

@@ -11,7 +11,7 @@ W conv taps; Kimi Linear has K = V = `linear_head_dim`):
 3. The forget gate, per head and key channel, in log space:
    g = -exp(A_log) * softplus(f_b(f_a(x)) + dt_bias)  (<= 0: a decay factor exp(g) in (0, 1]).
    The write strength, per head: beta = sigmoid(b_proj(x)).
-4. Per head a state S [K, V] (zero before the first token), token by token (the gated delta rule):
+4. Per head a state S [K, Kv] (zero before the first token), token by token (the gated delta rule):
      S     <- diag(exp(g_t)) S                      decay each key channel's row
      delta  = beta_t (v_t - S^T k_t)                 what the state should recall at k_t, minus what it does
      S     <- S + k_t delta^T                        write the correction at k_t
@@ -51,8 +51,8 @@ class KdaCache:
     Each call replaces the arrays (never writes into them), so the cache as it was when a call
     began is kept by reference (`first`): a chunked prefill replays its chunks from there."""
 
-    conv: dict[str, np.ndarray] = field(default_factory=dict)  # "q", "k", "v" -> [B, W-1, H*K] the last inputs
-    state: np.ndarray | None = None  # [B, H, K, V]
+    conv: dict[str, np.ndarray] = field(default_factory=dict)  # "q", "k", "v" -> the last W - 1 inputs, B x (W-1) x HK
+    state: np.ndarray | None = None  # [B, Hk, K, Kv]
     length: int = 0  # positions seen
     earlier: dict[int, KdaCache] = field(default_factory=dict, repr=False, compare=False)  # length -> as it was
 
@@ -84,24 +84,24 @@ def kda_attention(x: np.ndarray, w: LayerWeights, cache: KdaCache | None, option
     cfg = w.cfg
     cache = KdaCache() if cache is None else cache
     cache.remember()
-    q, k, v = convolved_heads(x, w, cfg, cache, emit)  # [B, H, T, K], [B, H, T, K], [B, H, T, V]
-    q = emit("self_attn.q_l2", l2_normalise(q)) * np.float32(cfg.linear_head_dim**-0.5)  # [B, H, T, K]
-    k = emit("self_attn.k_l2", l2_normalise(k))  # [B, H, T, K]
-    g = emit("self_attn.forget_gate", forget_gate(x, w, cfg))  # [B, H, T, K]
-    beta = emit("self_attn.beta", heads_last(sigmoid(linear(x, w.matrix("self_attn.b_proj.weight")))))  # [B, H, T]
-    out = delta_rule(q, k, v, g, beta, cache, emit, options.delta_rule)  # [B, H, T, V]
+    q, k, v = convolved_heads(x, w, cfg, cache, emit)  # [B, Hk, T, K], [B, Hk, T, K], [B, Hk, T, Kv]
+    q = emit("self_attn.q_l2", l2_normalise(q)) * np.float32(cfg.linear_head_dim**-0.5)  # [B, Hk, T, K]
+    k = emit("self_attn.k_l2", l2_normalise(k))  # [B, Hk, T, K]
+    g = emit("self_attn.forget_gate", forget_gate(x, w, cfg))  # [B, Hk, T, K]
+    beta = emit("self_attn.beta", heads_last(sigmoid(linear(x, w.matrix("self_attn.b_proj.weight")))))  # [B, Hk, T]
+    out = delta_rule(q, k, v, g, beta, cache, emit, options.delta_rule)  # [B, Hk, T, Kv]
     return gated_output(out, x, w, cfg, emit)
 
 
 def convolved_heads(x: np.ndarray, w: LayerWeights, cfg, cache: KdaCache, emit: Emitter) -> list[np.ndarray]:
     """q, k, v: projected, each through its causal short conv and SiLU, split per head.
-    -> [B, H, T, K] each (V = K)"""
+    -> [B, Hk, T, K] each (V = K)"""
     B, T, _ = x.shape
     heads = []
     for name in ("q", "k", "v"):
-        projected = emit(f"self_attn.{name}_proj", linear(x, w.matrix(f"self_attn.{name}_proj.weight")))  # [B, T, H*K]
+        projected = emit(f"self_attn.{name}_proj", linear(x, w.matrix(f"self_attn.{name}_proj.weight")))  # [B, T, HK]
         convolved, cache.conv[name] = short_conv(projected, w(f"self_attn.{name}_conv1d.weight"), cache.conv.get(name))
-        convolved = emit(f"self_attn.{name}_conv", silu(convolved))  # [B, T, H*K]
+        convolved = emit(f"self_attn.{name}_conv", silu(convolved))  # [B, T, HK]
         heads.append(convolved.reshape(B, T, cfg.linear_num_heads, cfg.linear_head_dim).transpose(0, 2, 1, 3))
     return heads
 
@@ -109,15 +109,15 @@ def convolved_heads(x: np.ndarray, w: LayerWeights, cfg, cache: KdaCache, emit: 
 def short_conv(x: np.ndarray, weight: np.ndarray, past: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     """Causal depthwise convolution: out_t = sum_j weight[:, 0, j] * input_{t - (W-1) + j}, the
     inputs before the first being `past` (zeros at the start).
-    x [B, T, C], weight [C, 1, W], past [B, W-1, C] -> out [B, T, C], the last W-1 inputs [B, W-1, C]"""
+    x [B, T, HK], weight [HK, 1, W], past: B x (W-1) x HK -> out [B, T, HK] and the last W - 1 inputs"""
     B, T, C = x.shape
     W = weight.shape[-1]
     past = np.zeros((B, W - 1, C), np.float32) if past is None else past
-    padded = np.concatenate([past, x], axis=1)  # [B, W-1+T, C]
-    taps = weight[:, 0, :]  # [C, W]
+    padded = np.concatenate([past, x], axis=1)  # B x (W-1+T) x HK
+    taps = weight[:, 0, :]  # [HK, W]
     out = np.zeros_like(x)
     for j in range(W):
-        out += padded[:, j : j + T] * taps[:, j]  # [B, T, C]
+        out += padded[:, j : j + T] * taps[:, j]  # [B, T, HK]
     return out, padded[:, padded.shape[1] - (W - 1) :].copy()  # a copy: a view would keep all of `padded`
 
 
@@ -128,14 +128,14 @@ def l2_normalise(x: np.ndarray) -> np.ndarray:
 
 def forget_gate(x: np.ndarray, w: LayerWeights, cfg) -> np.ndarray:
     """g = -exp(A_log) * softplus(f_b(f_a(x)) + dt_bias), per head and key channel, <= 0.
-    [B, T, d] -> [B, H, T, K]"""
+    [B, T, d] -> [B, Hk, T, K]"""
     B, T, _ = x.shape
     H, K = cfg.linear_num_heads, cfg.linear_head_dim
     low = linear(x, w.matrix("self_attn.f_a_proj.weight"))  # [B, T, K]: a rank-K bottleneck
-    raw = linear(low, w.matrix("self_attn.f_b_proj.weight")) + w("self_attn.dt_bias")  # [B, T, H*K]
-    rate = np.exp(w("self_attn.A_log").reshape(H))  # [H], one decay rate per head
-    g = -rate[:, None] * softplus(raw.reshape(B, T, H, K))  # [B, T, H, K]
-    return g.transpose(0, 2, 1, 3)  # [B, H, T, K]
+    raw = linear(low, w.matrix("self_attn.f_b_proj.weight")) + w("self_attn.dt_bias")  # [B, T, HK]
+    rate = np.exp(w("self_attn.A_log").reshape(H))  # [Hk], one decay rate per head
+    g = -rate[:, None] * softplus(raw.reshape(B, T, H, K))  # [B, T, Hk, K]
+    return g.transpose(0, 2, 1, 3)  # [B, Hk, T, K]
 
 
 def softplus(x: np.ndarray) -> np.ndarray:
@@ -144,37 +144,37 @@ def softplus(x: np.ndarray) -> np.ndarray:
 
 
 def heads_last(x: np.ndarray) -> np.ndarray:
-    """[B, T, H] -> [B, H, T]"""
+    """[B, T, Hk] -> [B, Hk, T]"""
     return x.transpose(0, 2, 1)
 
 
 def delta_rule(q, k, v, g, beta, cache: KdaCache, emit: Emitter, form: DeltaRule) -> np.ndarray:
     """Step 4 over the T new tokens from the cached state, which it replaces by the state after them.
-    q, k [B, H, T, K], v [B, H, T, V], g [B, H, T, K], beta [B, H, T] -> o [B, H, T, V]"""
+    q, k [B, Hk, T, K], v [B, Hk, T, Kv], g [B, Hk, T, K], beta [B, Hk, T] -> o [B, Hk, T, Kv]"""
     B, H, T, K = k.shape
-    state = np.zeros((B, H, K, v.shape[-1]), np.float32) if cache.state is None else cache.state  # [B, H, K, V]
+    state = np.zeros((B, H, K, v.shape[-1]), np.float32) if cache.state is None else cache.state  # [B, Hk, K, Kv]
     run = token_by_token if form == "recurrent" else in_chunks
     out, delta, state = run(q, k, v, g, beta, state, emit)
-    emit("self_attn.delta", delta)  # [B, H, T, V]
-    cache.state = emit("self_attn.state", state)  # [B, H, K, V]
+    emit("self_attn.delta", delta)  # [B, Hk, T, Kv]
+    cache.state = emit("self_attn.state", state)  # [B, Hk, K, Kv]
     cache.length += T
-    return emit("self_attn.core_out", out)  # [B, H, T, V]
+    return emit("self_attn.core_out", out)  # [B, Hk, T, Kv]
 
 
 @exercise
 def gated_delta_rule(q, k, v, g, beta, state, keep_states: bool = False):
     """The gated delta rule token by token.
-    q, k [B, H, T, K], v [B, H, T, V], g [B, H, T, K], beta [B, H, T], state [B, H, K, V]
-    -> o [B, H, T, V], delta [B, H, T, V], the last state [B, H, K, V], every state [B, H, T, K, V] or None"""
+    q, k [B, Hk, T, K], v [B, Hk, T, Kv], g [B, Hk, T, K], beta [B, Hk, T], state [B, Hk, K, Kv]
+    -> o [B, Hk, T, Kv], delta [B, Hk, T, Kv], the last state [B, Hk, K, Kv], every state [B, Hk, T, K, Kv] or None"""
     T = q.shape[2]
     out, delta = np.empty_like(v), np.empty_like(v)
     states = []
     for t in range(T):
-        state = np.exp(g[:, :, t])[..., None] * state  # [B, H, K, V]: row i times exp(g_t[i])
-        recalled = (k[:, :, t, None, :] @ state)[:, :, 0]  # [B, H, V]: S^T k_t
-        delta[:, :, t] = beta[:, :, t, None] * (v[:, :, t] - recalled)  # [B, H, V]
-        state = state + k[:, :, t, :, None] * delta[:, :, t, None, :]  # [B, H, K, V]: + k_t delta_t^T
-        out[:, :, t] = (q[:, :, t, None, :] @ state)[:, :, 0]  # [B, H, V]: S^T q_t
+        state = np.exp(g[:, :, t])[..., None] * state  # [B, Hk, K, Kv]: row i times exp(g_t[i])
+        recalled = (k[:, :, t, None, :] @ state)[:, :, 0]  # [B, Hk, Kv]: S^T k_t
+        delta[:, :, t] = beta[:, :, t, None] * (v[:, :, t] - recalled)  # [B, Hk, Kv]
+        state = state + k[:, :, t, :, None] * delta[:, :, t, None, :]  # [B, Hk, K, Kv]: + k_t delta_t^T
+        out[:, :, t] = (q[:, :, t, None, :] @ state)[:, :, 0]  # [B, Hk, Kv]: S^T q_t
         if keep_states:
             states.append(state)
     return out, delta, state, np.stack(states, axis=2) if keep_states else None
@@ -182,33 +182,33 @@ def gated_delta_rule(q, k, v, g, beta, state, keep_states: bool = False):
 
 def token_by_token(q, k, v, g, beta, state, emit: Emitter):
     """The recurrence, with the state after every token shown when a sink looks at it (too large
-    to make for nothing on a long prompt). -> o, delta [B, H, T, V], the last state [B, H, K, V]"""
+    to make for nothing on a long prompt). -> o, delta [B, Hk, T, Kv], the last state [B, Hk, K, Kv]"""
     keep = emit.wants_key("self_attn.state_per_token")
     out, delta, state, states = gated_delta_rule(q, k, v, g, beta, state, keep)
     if keep:
-        emit("self_attn.state_per_token", states)  # [B, H, T, K, V]
+        emit("self_attn.state_per_token", states)  # [B, Hk, T, K, Kv]
     return out, delta, state
 
 
 @bypasses(gated_delta_rule, readable=token_by_token)  # a learner's rule runs token by token
 def in_chunks(q, k, v, g, beta, state, emit: Emitter):
     """The chunked form (kernels.kda_chunked), with the state after every chunk shown when a sink
-    looks at it. -> o, delta [B, H, T, V], the last state [B, H, K, V]"""
+    looks at it. -> o, delta [B, Hk, T, Kv], the last state [B, Hk, K, Kv]"""
     keep = emit.wants_key("self_attn.state_per_chunk")
     out, delta, state, states = kda_chunked.chunked(q, k, v, g, beta, state, keep_states=keep)
     if keep:
-        emit("self_attn.state_per_chunk", states)  # [B, H, chunks, K, V]
+        emit("self_attn.state_per_chunk", states)  # [B, Hk, chunks, K, Kv]
     return out, delta, state
 
 
 def gated_output(out: np.ndarray, x: np.ndarray, w: LayerWeights, cfg, emit: Emitter) -> np.ndarray:
     """RMSNorm(o) per head times sigmoid(g_b(g_a(x))), heads merged, then o_proj.
-    out [B, H, T, V], x [B, T, d] -> [B, T, d]"""
+    out [B, Hk, T, Kv], x [B, T, d] -> [B, T, d]"""
     B, H, T, V = out.shape
-    normed = emit("self_attn.o_norm", rms_norm(out, w("self_attn.o_norm.weight"), cfg.rms_norm_eps))  # [B, H, T, V]
-    low = linear(x, w.matrix("self_attn.g_a_proj.weight"))  # [B, T, V]: a rank-V bottleneck
-    gate = linear(low, w.matrix("self_attn.g_b_proj.weight"))  # [B, T, H*V]
-    gate = emit("self_attn.output_gate", gate.reshape(B, T, H, V).transpose(0, 2, 1, 3))  # [B, H, T, V]
-    gated = emit("self_attn.gated_output", normed * sigmoid(gate))  # [B, H, T, V]
-    merged = gated.transpose(0, 2, 1, 3).reshape(B, T, H * V)  # [B, T, H*V]
+    normed = emit("self_attn.o_norm", rms_norm(out, w("self_attn.o_norm.weight"), cfg.rms_norm_eps))  # [B, Hk, T, Kv]
+    low = linear(x, w.matrix("self_attn.g_a_proj.weight"))  # [B, T, Kv]: a rank-V bottleneck
+    gate = linear(low, w.matrix("self_attn.g_b_proj.weight"))  # [B, T, HK]
+    gate = emit("self_attn.output_gate", gate.reshape(B, T, H, V).transpose(0, 2, 1, 3))  # [B, Hk, T, Kv]
+    gated = emit("self_attn.gated_output", normed * sigmoid(gate))  # [B, Hk, T, Kv]
+    merged = gated.transpose(0, 2, 1, 3).reshape(B, T, H * V)  # [B, T, HK]
     return emit("self_attn.o_proj", linear(merged, w.matrix("self_attn.o_proj.weight")))  # [B, T, d]

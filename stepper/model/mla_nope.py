@@ -36,7 +36,7 @@ def mla_nope_attention(x: np.ndarray, w: LayerWeights, cache: LayerCache | None,
 
 
 def naive(q_nope, q_pe, compressed_kv, k_pe, w, cfg, cache: LayerCache, emit: Emitter) -> np.ndarray:
-    """Per-head keys [k_nope | k_pe] and values over every cached position.  -> [B, H, T, v_head]"""
+    """Per-head keys (k_nope, then the shared k_pe) and values over every cached position.  -> [B, H, T, v_head]"""
     k_nope, value_states = up_project(compressed_kv, w, cfg, emit)  # [B, H, T, nope], [B, H, T, v_head]
     cache.extend_latent(compressed_kv, k_pe)
     query_states = emit("self_attn.query_states", np.concatenate([q_nope, q_pe], axis=-1))  # [B, H, T, qk_head]

@@ -47,7 +47,7 @@ def test_dims_name_the_emitted_shapes():
     cfg = config()
     dims = {**MAIN["dims"], **PART["dims"]}
     assert not set(PART["dims"]) & set(MAIN["dims"])
-    sizes = {"B": 1, "T": 70, "C": 2}  # the run's: one prompt of 70 tokens, two chunks
+    sizes = {"B": 1, "T": 70, "chunks": 2}  # the run's: one prompt of 70 tokens, two chunks
     tensors = {**emitted("recurrent"), **emitted("chunked")}
     for entry in PART["tensors"]:
         shape = tensors[entry["name"]].shape
@@ -57,6 +57,9 @@ def test_dims_name_the_emitted_shapes():
 
 def size(expression: str, cfg) -> int:
     """'linear_num_heads * linear_head_dim' for a config: products of its fields."""
+    if " - " in expression:
+        field, minus = expression.split(" - ")
+        return getattr(cfg, field) - int(minus)
     return int(np.prod([getattr(cfg, factor.strip()) for factor in expression.split("*")]))
 
 

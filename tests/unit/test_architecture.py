@@ -43,7 +43,7 @@ BELOW_EVERYTHING: dict[str, set[str]] = {
 }
 MAY_IMPORT: dict[str, set[str]] = {
     **BELOW_EVERYTHING,
-    "presets": {"config"},
+    "presets": {"config", "families"},  # a preset's config.json, read by its family's reader
     "catalog": {"config", "families"},  # the registered families' part files; what a layer emits, from the model
     "fp8": set(),
     "seams.patching": set(),
@@ -57,7 +57,9 @@ MAY_IMPORT: dict[str, set[str]] = {
     "session": {"model", "kernels", "weights", "presets", "prefill", "families"},
     # One plan of a run: its auto choices, names, patterns, patches and memory, for every entry point
     "planning": {"session", "catalog", "model", "kernels", "weights", "presets", "prefill", "seams.patching"},
-    "bench": {"prefill", "views", "families", "model", "kernels", "weights", "fp8", "int4", "presets"},  # views: what a run computes of a shown tensor
+    # views: what a run computes of a shown tensor
+    "bench": {"prefill", "views", "families", "model", "kernels", "weights", "fp8", "int4", "presets", "bench_kda"},
+    "bench_kda": {"families", "model", "kernels", "weights", "presets"},  # a full-size KDA layer, timed
     "views": {"session", "catalog", "weights", "fp8", "int4", "presets", "seams.patching"},
     "lessons": {"views", "planning", "session", "model", "kernels", "weights", "fp8", "int4", "catalog", "presets"},
     "fixtures": {"views", "planning", "session", "model", "kernels", "weights", "fp8", "int4", "catalog", "presets"},
@@ -87,7 +89,7 @@ ROOM_LINES = {
     "int4": 300,  # 241
     "kernels": 2200,  # 1,810
     "lessons": 4100,  # 3,397
-    "model": 1400,  # 1,160
+    "model": 1800,  # 1,160 + Kimi Linear's KDA, MLA without RoPE and decoder layer (about 430)
     "planning": 700,  # 552
     "seams": 700,  # 553
     "tensors": 700,  # 530
