@@ -138,7 +138,10 @@ def up_project(compressed_kv: np.ndarray, w: LayerWeights, cfg: Config, emit: Em
 
 
 def rotate(q_pe: np.ndarray, k_pe: np.ndarray, rope: Rope, emit: Emitter) -> tuple[np.ndarray, np.ndarray]:
-    """Decoupled RoPE on the query's and the shared key's rotary dims."""
+    """Decoupled RoPE on the query's and the shared key's rotary dims; none in a model without
+    rotary tables (Kimi Linear: its rope dims enter the scores as projected)."""
+    if not rope.rotates:
+        return q_pe, k_pe
     q_pe = emit("self_attn.q_pe_rope", apply_rope(q_pe, rope.cos, rope.sin))  # [B, H, T, rope]
     k_pe = emit("self_attn.k_pe_rope", apply_rope(k_pe, rope.cos, rope.sin))  # [B, one, T, rope]
     return q_pe, k_pe

@@ -32,6 +32,7 @@ import numpy as np
 
 from stepper.kernels import kda_chunked
 from stepper.kernels.linear import linear
+from stepper.model.attention import output_projection
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.ops import rms_norm, sigmoid, silu
 from stepper.model.options import DeltaRule, LayerOptions
@@ -96,14 +97,21 @@ def kda_attention(x: np.ndarray, w: LayerWeights, cache: KdaCache | None, option
 def convolved_heads(x: np.ndarray, w: LayerWeights, cfg, cache: KdaCache, emit: Emitter) -> list[np.ndarray]:
     """q, k, v: projected, each through its causal short conv and SiLU, split per head.
     -> [B, Hk, T, K] each (V = K)"""
+    q = emit("self_attn.q_proj", linear(x, w.matrix("self_attn.q_proj.weight")))  # [B, T, HK]
+    q = emit("self_attn.q_conv", silu(conv("q", q, w, cache)))  # [B, T, HK]
+    k = emit("self_attn.k_proj", linear(x, w.matrix("self_attn.k_proj.weight")))  # [B, T, HK]
+    k = emit("self_attn.k_conv", silu(conv("k", k, w, cache)))  # [B, T, HK]
+    v = emit("self_attn.v_proj", linear(x, w.matrix("self_attn.v_proj.weight")))  # [B, T, HK]
+    v = emit("self_attn.v_conv", silu(conv("v", v, w, cache)))  # [B, T, HK]
     B, T, _ = x.shape
-    heads = []
-    for name in ("q", "k", "v"):
-        projected = emit(f"self_attn.{name}_proj", linear(x, w.matrix(f"self_attn.{name}_proj.weight")))  # [B, T, HK]
-        convolved, cache.conv[name] = short_conv(projected, w(f"self_attn.{name}_conv1d.weight"), cache.conv.get(name))
-        convolved = emit(f"self_attn.{name}_conv", silu(convolved))  # [B, T, HK]
-        heads.append(convolved.reshape(B, T, cfg.linear_num_heads, cfg.linear_head_dim).transpose(0, 2, 1, 3))
-    return heads
+    return [a.reshape(B, T, cfg.linear_num_heads, cfg.linear_head_dim).transpose(0, 2, 1, 3) for a in (q, k, v)]
+
+
+def conv(name: str, projected: np.ndarray, w: LayerWeights, cache: KdaCache) -> np.ndarray:
+    """The short conv of q, k or v, continuing from the inputs the cache kept (which it replaces).
+    [B, T, HK] -> [B, T, HK]"""
+    out, cache.conv[name] = short_conv(projected, w(f"self_attn.{name}_conv1d.weight"), cache.conv.get(name))
+    return out
 
 
 def short_conv(x: np.ndarray, weight: np.ndarray, past: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
@@ -202,7 +210,7 @@ def in_chunks(q, k, v, g, beta, state, emit: Emitter):
 
 
 def gated_output(out: np.ndarray, x: np.ndarray, w: LayerWeights, cfg, emit: Emitter) -> np.ndarray:
-    """RMSNorm(o) per head times sigmoid(g_b(g_a(x))), heads merged, then o_proj.
+    """RMSNorm(o) per head times sigmoid(g_b(g_a(x))), heads merged (self_attn.attn_output), then o_proj.
     out [B, Hk, T, Kv], x [B, T, d] -> [B, T, d]"""
     B, H, T, V = out.shape
     normed = emit("self_attn.o_norm", rms_norm(out, w("self_attn.o_norm.weight"), cfg.rms_norm_eps))  # [B, Hk, T, Kv]
@@ -210,5 +218,4 @@ def gated_output(out: np.ndarray, x: np.ndarray, w: LayerWeights, cfg, emit: Emi
     gate = linear(low, w.matrix("self_attn.g_b_proj.weight"))  # [B, T, HK]
     gate = emit("self_attn.output_gate", gate.reshape(B, T, H, V).transpose(0, 2, 1, 3))  # [B, Hk, T, Kv]
     gated = emit("self_attn.gated_output", normed * sigmoid(gate))  # [B, Hk, T, Kv]
-    merged = gated.transpose(0, 2, 1, 3).reshape(B, T, H * V)  # [B, T, HK]
-    return emit("self_attn.o_proj", linear(merged, w.matrix("self_attn.o_proj.weight")))  # [B, T, d]
+    return output_projection(gated, w, emit)  # heads merged (attn_output), then o_proj: [B, T, d]

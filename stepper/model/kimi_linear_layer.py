@@ -1,6 +1,6 @@
-"""Kimi Linear's decoder block: pre-norm attention (KDA in the layers `kda_layers` names, MLA without
-RoPE in the others) and pre-norm FFN (the dense SwiGLU before `first_k_dense_replace`, Kimi's MoE
-after), each added to the residual stream.
+"""Kimi Linear's decoder block: pre-norm attention (KDA in the layers `kda_layers` names, MLA in the
+others, which rotates nothing: the model makes no rotary tables for this config) and pre-norm FFN
+(the dense SwiGLU before `first_k_dense_replace`, Kimi's MoE after), each added to the stream.
 
 The published checkpoint keeps the MoE under `block_sparse_moe` with its experts' projections as
 w1 (gate), w3 (up), w2 (down); the MoE part asks for them by the names every family's MoE uses
@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from stepper.model.attention import mla_attention
 from stepper.model.cache import LayerCache
 from stepper.model.kda import KdaCache, kda_attention
+from stepper.model.layer import pre_norm_block
 from stepper.model.layer_weights import LayerWeights
-from stepper.model.mla_nope import mla_nope_attention
 from stepper.model.mlp import dense_mlp
 from stepper.model.moe import moe
-from stepper.model.ops import rms_norm
 from stepper.model.options import LayerOptions
 from stepper.seams.trace import Emitter
 
@@ -30,18 +30,17 @@ def decoder_layer(hidden: np.ndarray, w: LayerWeights, cache: LayerCache | None,
     """[B, T, d] residual stream in -> [B, T, d] out; w carries the config."""
     cfg, w = w.cfg, published(w)
     cache = LayerCache() if cache is None else cache
-    hidden = emit("hidden_states", hidden)
-    x = emit("input_layernorm", rms_norm(hidden, w("input_layernorm.weight"), cfg.rms_norm_eps))
-    if cfg.is_kda_layer(w.layer):
+
+    def attention(x: np.ndarray) -> np.ndarray:  # [B, T, d] -> [B, T, d]
+        if not cfg.is_kda_layer(w.layer):
+            return mla_attention(x, w, cache, options, emit)  # no RoPE: w.rope rotates nothing
         cache.recurrent = KdaCache() if cache.recurrent is None else cache.recurrent
-        attention = kda_attention(x, w, cache.recurrent, options, emit)
-    else:
-        attention = mla_nope_attention(x, w, cache, options, emit)
-    hidden = emit("attn_residual", hidden + attention)
-    x = emit("post_attention_layernorm", rms_norm(hidden, w("post_attention_layernorm.weight"), cfg.rms_norm_eps))
-    ffn = moe(x, w, options, emit) if cfg.is_moe_layer(w.layer) else dense_mlp(x, w, emit)
-    ffn = emit("mlp_output", ffn)
-    return emit("output", hidden + ffn)
+        return kda_attention(x, w, cache.recurrent, options, emit)
+
+    def ffn(x: np.ndarray) -> np.ndarray:  # [B, T, d] -> [B, T, d]
+        return moe(x, w, options, emit) if cfg.is_moe_layer(w.layer) else dense_mlp(x, w, emit)
+
+    return pre_norm_block(hidden, w, emit, attention, ffn)
 
 
 def on_disk(name: str) -> str:

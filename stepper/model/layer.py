@@ -26,13 +26,27 @@ def decoder_layer(hidden: np.ndarray, w: LayerWeights, cache: LayerCache | None,
                   emit: Emitter) -> np.ndarray:
     """[B, T, d] residual stream in -> [B, T, d] out; w carries the config and the rotary tables."""
     cfg = w.cfg
-    hidden = emit("hidden_states", hidden)
-    x = emit("input_layernorm", rms_norm(hidden, w("input_layernorm.weight"), cfg.rms_norm_eps))
     cache = LayerCache() if cache is None else cache
-    mask = index_mask(x, w, cache, options, emit) if cfg.has_indexer else None  # [B, T, S] or None
-    hidden = emit("attn_residual", hidden + mla_attention(x, w, cache, options, emit, mask))
 
-    x = emit("post_attention_layernorm", rms_norm(hidden, w("post_attention_layernorm.weight"), cfg.rms_norm_eps))
-    ffn = moe(x, w, options, emit) if cfg.is_moe_layer(w.layer) else dense_mlp(x, w, emit)
-    ffn = emit("mlp_output", ffn)
-    return emit("output", hidden + ffn)
+    def attention(x: np.ndarray) -> np.ndarray:  # [B, T, d] -> [B, T, d]
+        mask = index_mask(x, w, cache, options, emit) if cfg.has_indexer else None  # [B, T, S] or None
+        return mla_attention(x, w, cache, options, emit, mask)
+
+    def ffn(x: np.ndarray) -> np.ndarray:  # [B, T, d] -> [B, T, d]
+        return moe(x, w, options, emit) if cfg.is_moe_layer(w.layer) else dense_mlp(x, w, emit)
+
+    return pre_norm_block(hidden, w, emit, attention, ffn)
+
+
+def pre_norm_block(hidden: np.ndarray, w: LayerWeights, emit: Emitter, attention: Callable[[np.ndarray], np.ndarray],
+                   ffn: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """The residual stream through a block: attention on its RMSNorm, added; the FFN on the next
+    RMSNorm, added (every family whose block is this shape: MLA's, Kimi Linear's).  [B, T, d] -> [B, T, d]"""
+    eps = w.cfg.rms_norm_eps
+    hidden = emit("hidden_states", hidden)
+    x = emit("input_layernorm", rms_norm(hidden, w("input_layernorm.weight"), eps))
+    hidden = emit("attn_residual", hidden + attention(x))
+
+    x = emit("post_attention_layernorm", rms_norm(hidden, w("post_attention_layernorm.weight"), eps))
+    ffn_out = emit("mlp_output", ffn(x))
+    return emit("output", hidden + ffn_out)

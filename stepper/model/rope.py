@@ -13,11 +13,13 @@ from stepper.seams.swap import exercise
 
 @dataclass(frozen=True)
 class Rope:
-    """The rotary angles of the T new positions: cos, sin [T, rope/2], and the softmax scale."""
+    """The rotary angles of the T new positions: cos, sin [T, rope/2], and the softmax scale.
+    A model that rotates nothing (Kimi Linear's MLA layers) has rotates False and no angles."""
 
     cos: np.ndarray
     sin: np.ndarray
     softmax_scale: float
+    rotates: bool = True
 
 
 def yarn_mscale(scale: float, mscale: float = 1.0) -> float:

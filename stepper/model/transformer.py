@@ -74,8 +74,8 @@ class Transformer:
         layout [T, rope]; the model goes on with the first half of what is shown, [T, rope/2].
         A config whose class says `rotary = False` (Kimi Linear: no layer rotates) has none."""
         if not getattr(self.config, "rotary", True):
-            return Rope(np.ones((len(positions), 0), np.float32), np.zeros((len(positions), 0), np.float32),
-                        self.softmax_scale)
+            none = np.zeros((len(positions), 0), np.float32)  # [T, 0]
+            return Rope(none, none, self.softmax_scale, rotates=False)
         cos, sin = rope_tables(positions, self.inv_freq, self.rope_mscale)  # [T, rope/2]
         half = cos.shape[-1]
         cos = emit("rope_cos", np.concatenate([cos, cos], axis=-1))[:, :half]

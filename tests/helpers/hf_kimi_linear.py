@@ -142,6 +142,7 @@ class Tracer:
             self.put("self_attn.o_norm", heads_first(m.forward(hidden, torch.full_like(gate, 100.0))))  # no hooks
 
         self.hook(attn.o_norm, norm_out)
+        self.input(attn.o_proj, "self_attn.attn_output")
         self.output(attn.o_proj, "self_attn.o_proj")
 
     def mla_hooks(self, attn) -> None:
