@@ -2,7 +2,8 @@
 Delta Attention (stepper.model.kda, a fixed-size state per head), the others MLA without RoPE
 (stepper.model.attention; the config's `rotary = False`: no rotary tables, nothing rotated); the
 FFN is a dense SwiGLU in the first `first_k_dense_replace` layers and a MoE with Kimi's router
-(sigmoid scores, a bias to choose by, renormalised, times routed_scaling_factor) after. The decoder layer is stepper.model.kimi_linear_layer.
+(sigmoid scores, a bias to choose by, renormalised, times routed_scaling_factor) after. The
+decoder layer is stepper.model.kimi_linear_layer.
 
 This module is the family: its config (read from the published config.json, refused one line
 naming the field), the tensors of its published checkpoint layout, what a layer keeps in memory,
