@@ -13,6 +13,7 @@ import numpy as np
 from stepper.families import kimi_linear as kl
 from stepper.kernels import kda_chunked
 from stepper.model import kda
+from stepper.model.cache import KdaCache
 from stepper.model.kimi_linear_layer import published
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.options import LayerOptions
@@ -55,14 +56,14 @@ def kda_layer(tokens: int, repeat: int, form: str = "chunked") -> tuple[str, flo
     source = SyntheticWeights(cfg, 0)
     arrays = {name: source.get(name) for name in cfg.layer_shapes(0)}  # float32, in memory: nothing read when timed
     w = published(LayerWeights(ArrayWeights(cfg, arrays), 0))
-    start_cache = kda.KdaCache()
+    start_cache = KdaCache()
     if tokens == 1:
         prompt = rng.standard_normal((1, 4096, cfg.hidden_size), dtype=np.float32)
         kda.kda_attention(prompt, w, start_cache, options, Emitter())
     x = rng.standard_normal((1, tokens, cfg.hidden_size), dtype=np.float32)
     times, shares = [], []
     for _ in range(repeat):
-        cache = kda.KdaCache({k: v.copy() for k, v in start_cache.conv.items()},
+        cache = KdaCache({k: v.copy() for k, v in start_cache.conv.items()},
                              None if start_cache.state is None else start_cache.state.copy(), start_cache.length)
         with DeltaRuleTimer() as update:
             begin = time.perf_counter()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -11,13 +10,45 @@ from stepper.config import Config
 from stepper.kernels.growing import GrowingArray
 from stepper.model.options import Attention, IndexScoring
 
-if TYPE_CHECKING:
-    from stepper.model.kda import KdaCache
-
 POSITION_AXIS = {  # each kept field's axis of positions
     "latent": 1, "k_pe": 2, "key_states": 2, "value_states": 2, "index_keys": 1, "index_key_codes": 1,
     "index_key_scales": 1,
 }
+
+
+SNAPSHOTS = 64  # the states a KdaCache keeps of its last calls' starts (a chunked prefill's replay asks for them)
+
+
+@dataclass
+class KdaCache:
+    """What a KDA layer carries from one call to the next: a fixed size, whatever the length.
+
+    Each call replaces the arrays (never writes into them), so the cache as it was when a call
+    began is kept by reference (`first`): a chunked prefill replays its chunks from there."""
+
+    conv: dict[str, np.ndarray] = field(default_factory=dict)  # "q", "k", "v" -> the last W - 1 inputs, B x (W-1) x HK
+    state: np.ndarray | None = None  # [B, Hk, K, Kv]
+    length: int = 0  # positions seen
+    earlier: dict[int, KdaCache] = field(default_factory=dict, repr=False, compare=False)  # length -> as it was
+
+    def nbytes(self) -> int:
+        """Bytes held: the same after 10 positions as after a million."""
+        held = [*self.conv.values()] + ([] if self.state is None else [self.state])
+        return sum(a.nbytes for a in held)
+
+    def remember(self) -> None:
+        """Keep the cache as it is now, before a call changes it (the last SNAPSHOTS calls' starts)."""
+        self.earlier[self.length] = KdaCache(dict(self.conv), self.state, self.length)
+        while len(self.earlier) > SNAPSHOTS:
+            del self.earlier[min(self.earlier)]
+
+    def first(self, n: int) -> KdaCache:
+        """The cache as it was after its first n positions: now, or when a call began there."""
+        if n == self.length:
+            return KdaCache(dict(self.conv), self.state, n)
+        if n not in self.earlier:
+            raise ValueError(f"the KDA state after {n} positions was not kept (kept: {sorted(self.earlier)})")
+        return KdaCache(dict(self.earlier[n].conv), self.earlier[n].state, n)
 
 
 @dataclass

@@ -26,13 +26,12 @@ longer prompt.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 
 from stepper.kernels import kda_chunked
 from stepper.kernels.linear import linear
 from stepper.model.attention import output_projection
+from stepper.model.cache import KdaCache
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.ops import rms_norm, sigmoid, silu
 from stepper.model.options import DeltaRule, LayerOptions
@@ -40,41 +39,6 @@ from stepper.seams.swap import bypasses, exercise
 from stepper.seams.trace import Emitter
 
 L2_EPS = 1e-6  # inside the root of q's and k's L2 norm (the reference's l2norm)
-
-
-SNAPSHOTS = 64  # the states a KdaCache keeps of its last calls' starts (a chunked prefill's replay asks for them)
-
-
-@dataclass
-class KdaCache:
-    """What a KDA layer carries from one call to the next: a fixed size, whatever the length.
-
-    Each call replaces the arrays (never writes into them), so the cache as it was when a call
-    began is kept by reference (`first`): a chunked prefill replays its chunks from there."""
-
-    conv: dict[str, np.ndarray] = field(default_factory=dict)  # "q", "k", "v" -> the last W - 1 inputs, B x (W-1) x HK
-    state: np.ndarray | None = None  # [B, Hk, K, Kv]
-    length: int = 0  # positions seen
-    earlier: dict[int, KdaCache] = field(default_factory=dict, repr=False, compare=False)  # length -> as it was
-
-    def nbytes(self) -> int:
-        """Bytes held: the same after 10 positions as after a million."""
-        held = [*self.conv.values()] + ([] if self.state is None else [self.state])
-        return sum(a.nbytes for a in held)
-
-    def remember(self) -> None:
-        """Keep the cache as it is now, before a call changes it (the last SNAPSHOTS calls' starts)."""
-        self.earlier[self.length] = KdaCache(dict(self.conv), self.state, self.length)
-        while len(self.earlier) > SNAPSHOTS:
-            del self.earlier[min(self.earlier)]
-
-    def first(self, n: int) -> KdaCache:
-        """The cache as it was after its first n positions: now, or when a call began there."""
-        if n == self.length:
-            return KdaCache(dict(self.conv), self.state, n)
-        if n not in self.earlier:
-            raise ValueError(f"the KDA state after {n} positions was not kept (kept: {sorted(self.earlier)})")
-        return KdaCache(dict(self.earlier[n].conv), self.earlier[n].state, n)
 
 
 def kda_attention(x: np.ndarray, w: LayerWeights, cache: KdaCache | None, options: LayerOptions,

@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from stepper.model.attention import mla_attention
-from stepper.model.cache import LayerCache
-from stepper.model.kda import KdaCache, kda_attention
+from stepper.model.cache import KdaCache, LayerCache
+from stepper.model.kda import kda_attention
 from stepper.model.layer import pre_norm_block
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.mlp import dense_mlp

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import transformers
 
-from stepper.model.kda import KdaCache, kda_attention
+from stepper.model.cache import KdaCache
+from stepper.model.kda import kda_attention
 from stepper.model.options import LayerOptions
 from stepper.seams.trace import Emitter, Recorder
 from tests.helpers.kimi_linear import config, layer_weights
@@ -23,7 +24,7 @@ for other in PARTS.iterdir():
         raw = json.loads(other.read_text(encoding="utf-8"))
         MAIN["dims"].update(raw.get("dims", {}))
         MAIN["tensors"] += raw["tensors"]
-SHARED = {"self_attn.o_proj"}  # emitted by KDA and MLA alike: MLA's part's entry
+SHARED = {"self_attn.attn_output", "self_attn.o_proj"}  # emitted by KDA and MLA alike: MLA's part's entries
 
 
 def emitted(form: str) -> dict[str, np.ndarray]:

@@ -7,7 +7,8 @@ import pytest
 
 from stepper.kernels.kda_chunked import chunked
 from stepper.model import kda
-from stepper.model.kda import KdaCache, gated_delta_rule, l2_normalise, short_conv
+from stepper.model.cache import KdaCache
+from stepper.model.kda import gated_delta_rule, l2_normalise, short_conv
 from stepper.model.options import LayerOptions
 from stepper.seams.trace import Emitter, Recorder
 from tests.helpers.kimi_linear import config, layer_weights
