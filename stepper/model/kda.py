@@ -50,8 +50,8 @@ def kda_attention(x: np.ndarray, w: LayerWeights, cache: KdaCache | None, option
     cache = KdaCache() if cache is None else cache
     cache.remember()
     q, k, v = convolved_heads(x, w, cfg, cache, emit)  # [B, Hk, T, K], [B, Hk, T, K], [B, Hk, T, Kv]
-    q = emit("self_attn.q_l2", l2_normalise(q)) * np.float32(cfg.linear_head_dim**-0.5)  # [B, Hk, T, K]
-    k = emit("self_attn.k_l2", l2_normalise(k))  # [B, Hk, T, K]
+    q = emit("self_attn.q_unit", l2_normalise(q)) * np.float32(cfg.linear_head_dim**-0.5)  # [B, Hk, T, K]
+    k = emit("self_attn.k_unit", l2_normalise(k))  # [B, Hk, T, K]
     g = emit("self_attn.forget_gate", forget_gate(x, w, cfg))  # [B, Hk, T, K]
     beta = emit("self_attn.beta", heads_last(sigmoid(linear(x, w.matrix("self_attn.b_proj.weight")))))  # [B, Hk, T]
     out = delta_rule(q, k, v, g, beta, cache, emit, options.delta_rule)  # [B, Hk, T, Kv]
@@ -120,15 +120,17 @@ def heads_last(x: np.ndarray) -> np.ndarray:
     return x.transpose(0, 2, 1)
 
 
-def delta_rule(q, k, v, g, beta, cache: KdaCache, emit: Emitter, form: DeltaRule) -> np.ndarray:
-    """Step 4 over the T new tokens from the cached state, which it replaces by the state after them.
+def delta_rule(q, k, v, g, beta, cache: KdaCache, emit: Emitter, rule: DeltaRule) -> np.ndarray:
+    """Step 4 over the T new tokens from the cached state, which it replaces by the state after them:
+    token by token ("recurrent"), a chunk at a time ("chunked"), or "auto": token by token for a
+    step of at most one chunk, chunked for a longer one (the forms agree within round-off).
     q, k [B, Hk, T, K], v [B, Hk, T, Kv], g [B, Hk, T, K], beta [B, Hk, T] -> o [B, Hk, T, Kv]"""
     B, H, T, K = k.shape
     state = np.zeros((B, H, K, v.shape[-1]), np.float32) if cache.state is None else cache.state  # [B, Hk, K, Kv]
-    run = token_by_token if form == "recurrent" else in_chunks
-    out, delta, state = run(q, k, v, g, beta, state, emit)
+    recurrent = rule == "recurrent" or (rule == "auto" and T <= kda_chunked.CHUNK)
+    out, delta, last = (token_by_token if recurrent else in_chunks)(q, k, v, g, beta, state, emit)
     emit("self_attn.delta", delta)  # [B, Hk, T, Kv]
-    cache.state = emit("self_attn.state", state)  # [B, Hk, K, Kv]
+    cache.state = emit("self_attn.state", last)  # [B, Hk, K, Kv]
     cache.length += T
     return emit("self_attn.core_out", out)  # [B, Hk, T, Kv]
 
@@ -153,24 +155,44 @@ def gated_delta_rule(q, k, v, g, beta, state, keep_states: bool = False):
 
 
 def token_by_token(q, k, v, g, beta, state, emit: Emitter):
-    """The recurrence, with the state after every token shown when a sink looks at it (too large
-    to make for nothing on a long prompt). -> o, delta [B, Hk, T, Kv], the last state [B, Hk, K, Kv]"""
-    keep = emit.wants_key("self_attn.state_per_token")
-    out, delta, state, states = gated_delta_rule(q, k, v, g, beta, state, keep)
+    """The recurrence, with the states after every token and after every chunk shown when a sink
+    looks at them (too large to make for nothing on a long prompt).
+    -> o, delta [B, Hk, T, Kv], the last state [B, Hk, K, Kv]"""
+    keep = emit.wants_key("self_attn.state_per_token") or emit.wants_key("self_attn.state_per_chunk")
+    out, delta, last, states = gated_delta_rule(q, k, v, g, beta, state, keep)
     if keep:
         emit("self_attn.state_per_token", states)  # [B, Hk, T, K, Kv]
-    return out, delta, state
+        emit("self_attn.state_per_chunk", states[:, :, chunk_ends(q.shape[2])])  # [B, Hk, chunks, K, Kv]
+    return out, delta, last
 
 
 @bypasses(gated_delta_rule, readable=token_by_token)  # a learner's rule runs token by token
 def in_chunks(q, k, v, g, beta, state, emit: Emitter):
-    """The chunked form (kernels.kda_chunked), with the state after every chunk shown when a sink
-    looks at it. -> o, delta [B, Hk, T, Kv], the last state [B, Hk, K, Kv]"""
+    """The chunked form (kernels.kda_chunked), with the same states shown when a sink looks: after
+    every chunk from the kernel, after every token by replaying the writes the kernel found.
+    -> o, delta [B, Hk, T, Kv], the last state [B, Hk, K, Kv]"""
     keep = emit.wants_key("self_attn.state_per_chunk")
-    out, delta, state, states = kda_chunked.chunked(q, k, v, g, beta, state, keep_states=keep)
+    out, delta, last, per_chunk = kda_chunked.chunked(q, k, v, g, beta, state, keep_states=keep)
+    if emit.wants_key("self_attn.state_per_token"):
+        emit("self_attn.state_per_token", written(k, g, delta, state))  # [B, Hk, T, K, Kv]
     if keep:
-        emit("self_attn.state_per_chunk", states)  # [B, Hk, chunks, K, Kv]
-    return out, delta, state
+        emit("self_attn.state_per_chunk", per_chunk)  # [B, Hk, chunks, K, Kv]
+    return out, delta, last
+
+
+def written(k, g, delta, state) -> np.ndarray:
+    """The state after every token from the one before the first and the writes:
+    S_t = diag(exp(g_t)) S_(t-1) + k_t delta_t^T.  -> [B, Hk, T, K, Kv]"""
+    states = []
+    for t in range(k.shape[2]):
+        state = np.exp(g[:, :, t])[..., None] * state + k[:, :, t, :, None] * delta[:, :, t, None, :]
+        states.append(state)
+    return np.stack(states, axis=2)
+
+
+def chunk_ends(T: int) -> list[int]:
+    """The last token of each chunk of the chunked form (the last chunk may be shorter)."""
+    return [min(start + kda_chunked.CHUNK, T) - 1 for start in range(0, T, kda_chunked.CHUNK)]
 
 
 def gated_output(out: np.ndarray, x: np.ndarray, w: LayerWeights, cfg, emit: Emitter) -> np.ndarray:

@@ -8,7 +8,7 @@ functions `causal_conv1d_fn`, `causal_conv1d_update`, `chunk_kimi_delta_attentio
 `recurrent_kimi_delta_attention` and `eager_attention_forward` (restored in a `finally`), and, for
 values transformers keeps only in local variables, a few torch derivations from captured tensors:
 
-* q_l2 / k_l2: transformers' own `l2norm` on the captured query and key;
+* q_unit / k_unit: transformers' own `l2norm` on the captured query and key;
 * the state after each token: transformers' `recurrent_kimi_delta_attention` run one token at a
   time from the captured initial state; after each chunk: the states at the chunk ends;
 * delta_t = k_t^T (S_t - diag(exp g_t) S_{t-1}) / (k_t . k_t) (the write is rank one: k_t delta_t^T);
@@ -216,7 +216,7 @@ class Tracer:
 
     def delta_rule_tensors(self, query, key, value, g, beta, initial_state, core, final) -> None:
         q, k = hf.l2norm(query.float(), eps=1e-6), hf.l2norm(key.float(), eps=1e-6)
-        for name, array in (("q_l2", heads_first(q)), ("k_l2", heads_first(k)), ("beta", beta.transpose(1, 2)),
+        for name, array in (("q_unit", heads_first(q)), ("k_unit", heads_first(k)), ("beta", beta.transpose(1, 2)),
                             ("core_out", heads_first(core)), ("state", final)):
             self.put(f"self_attn.{name}", array)
         B, T, H, K = key.shape

@@ -142,7 +142,7 @@ def test_the_cache_as_it_was_when_a_call_began_is_kept():
         cache.first(7)
 
 
-def test_the_forms_emit_the_same_tensors_and_their_own_states():
+def test_the_forms_emit_the_same_tensors():
     cfg, w = kda_layer()
     x = normal(1, 70, cfg.hidden_size)
     seen = {}
@@ -150,13 +150,26 @@ def test_the_forms_emit_the_same_tensors_and_their_own_states():
         recorder = Recorder()
         kda_attention(x, w, cfg, KdaCache(), Emitter([recorder]), form)
         seen[form] = recorder.tensors()
-    per_token = seen["recurrent"].pop("self_attn.state_per_token")
-    per_chunk = seen["chunked"].pop("self_attn.state_per_chunk")
+    assert list(seen["recurrent"]) == list(seen["chunked"])  # the same names, in the same order
+    per_token, per_chunk = seen["chunked"]["self_attn.state_per_token"], seen["chunked"]["self_attn.state_per_chunk"]
     assert per_token.shape == (1, 2, 70, 8, 8) and per_chunk.shape == (1, 2, 2, 8, 8)
-    assert rel(per_chunk, per_token[:, :, [63, 69]]) <= 1e-5
-    assert seen["recurrent"].keys() == seen["chunked"].keys()
+    assert np.array_equal(per_chunk[:, :, 1], seen["chunked"]["self_attn.state"])
+    assert rel(per_chunk, per_token[:, :, [63, 69]]) <= 1e-5  # the kernel's chunk states, the replayed writes'
     for name, array in seen["recurrent"].items():
         assert rel(seen["chunked"][name], array) <= 1e-5, name
+
+
+def test_auto_runs_a_step_of_one_chunk_token_by_token_and_a_longer_one_in_chunks(monkeypatch):
+    cfg, w = kda_layer()
+    used = []
+    monkeypatch.setattr(kda, "token_by_token", lambda *a: used.append("recurrent") or kda_token_by_token(*a))
+    monkeypatch.setattr(kda, "in_chunks", lambda *a: used.append("chunked") or kda_in_chunks(*a))
+    for T in (1, 64, 65):
+        kda_attention(normal(1, T, cfg.hidden_size), w, cfg, KdaCache(), Emitter(), "auto")
+    assert used == ["recurrent", "recurrent", "chunked"]
+
+
+kda_token_by_token, kda_in_chunks = kda.token_by_token, kda.in_chunks
 
 
 def test_states_of_every_token_are_made_only_for_a_sink_that_looks():
