@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from stepper.config import Config
+from stepper.errors import StepperError
 from stepper.kernels.growing import GrowingArray
 from stepper.model.options import Attention, IndexScoring
 
@@ -43,12 +44,14 @@ class KdaCache:
             del self.earlier[min(self.earlier)]
 
     def first(self, n: int) -> KdaCache:
-        """The cache as it was after its first n positions: now, or when a call began there."""
+        """The cache as it was after its first n positions: now, or when a call began there (with
+        the snapshots, so that it too can go back)."""
         if n == self.length:
-            return KdaCache(dict(self.conv), self.state, n)
+            return KdaCache(dict(self.conv), self.state, n, dict(self.earlier))
         if n not in self.earlier:
-            raise ValueError(f"the KDA state after {n} positions was not kept (kept: {sorted(self.earlier)})")
-        return KdaCache(dict(self.earlier[n].conv), self.earlier[n].state, n)
+            raise StepperError(f"the KDA state after {n} positions was not kept (the last {SNAPSHOTS} calls' are): "
+                               f"a chunked prefill of more chunks than that needs a larger --chunk")
+        return KdaCache(dict(self.earlier[n].conv), self.earlier[n].state, n, dict(self.earlier))
 
 
 @dataclass

@@ -5,6 +5,7 @@ recurrence (1,000 tokens, a nonzero initial state), and a decode step against a 
 import numpy as np
 import pytest
 
+from stepper.errors import StepperError
 from stepper.kernels.kda_chunked import chunked
 from stepper.model import kda
 from stepper.model.cache import KdaCache
@@ -138,7 +139,7 @@ def test_the_cache_as_it_was_when_a_call_began_is_kept():
     np.testing.assert_array_equal(kda_attention(x[:, 5:9], w, cfg, again, Emitter()), outs[1])
     assert again.length == 9 and np.array_equal(again.state, cache.first(9).state)
     assert cache.first(12).state is cache.state  # now: no copy of the arrays
-    with pytest.raises(ValueError, match="after 7 positions was not kept"):
+    with pytest.raises(StepperError, match="after 7 positions was not kept"):
         cache.first(7)
 
 
