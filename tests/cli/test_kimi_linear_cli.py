@@ -50,8 +50,8 @@ def test_tree_and_explain_show_kda():
 
 
 def test_the_debugger_draws_a_state_and_prints_it_at_a_chosen_token():
-    commands = "\n".join(["u layers.0.self_attn.state", "s state self_attn.state_per_token[0, 1, 2]",
-                          "p self_attn.state_per_token[0, 1, 2, :2, :3] 4", "q"]) + "\n"
+    commands = ("u layers.0.self_attn.state\n" "s state self_attn.state_per_token[0, 1, 2]\n"
+                "p self_attn.state_per_token[0, 1, 2, :2, :3] 4\n" "q\n")
     out = stepper("step", "--plain", "--model", "tiny-kimi-linear", "--prompt-len", "5", stdin=commands)
     assert out.returncode == 0, out.stderr
     recorder = Recorder()
