@@ -62,7 +62,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     "bench_kda": {"families", "model", "kernels", "weights", "presets"},  # a full-size KDA layer, timed
     "views": {"session", "catalog", "weights", "fp8", "int4", "presets", "seams.patching"},
     "lessons": {"views", "planning", "session", "model", "kernels", "weights", "fp8", "int4", "catalog", "presets"},
-    "fixtures": {"views", "planning", "session", "model", "kernels", "weights", "fp8", "int4", "catalog", "presets"},
+    "fixtures": {"views", "planning", "session", "model", "kernels", "weights", "fp8", "int4", "catalog", "presets",
+                 "families"},  # a fixture's config, read by its family
     "cli": {"lessons", "fixtures", "views", "bench", "planning", "session", "model", "kernels", "weights", "fp8", "int4",
             "catalog", "presets", "seams.patching"},
     "__main__": {"cli"},
