@@ -155,14 +155,11 @@ def gated_delta_rule(q, k, v, g, beta, state, keep_states: bool = False):
 
 
 def token_by_token(q, k, v, g, beta, state, emit: Emitter):
-    """The recurrence, with the states after every token and after every chunk shown when a sink
-    looks at them (too large to make for nothing on a long prompt).
+    """The recurrence, with the states after every token and chunk shown when a sink looks.
     -> o, delta [B, Hk, T, Kv], the last state [B, Hk, K, Kv]"""
     keep = emit.wants_key("self_attn.state_per_token") or emit.wants_key("self_attn.state_per_chunk")
     out, delta, last, states = gated_delta_rule(q, k, v, g, beta, state, keep)
-    if keep:
-        emit("self_attn.state_per_token", states)  # [B, Hk, T, K, Kv]
-        emit("self_attn.state_per_chunk", states[:, :, chunk_ends(q.shape[2])])  # [B, Hk, chunks, K, Kv]
+    show_states(emit, lambda: states, lambda: states[:, :, chunk_ends(q.shape[2])])
     return out, delta, last
 
 
@@ -173,11 +170,17 @@ def in_chunks(q, k, v, g, beta, state, emit: Emitter):
     -> o, delta [B, Hk, T, Kv], the last state [B, Hk, K, Kv]"""
     keep = emit.wants_key("self_attn.state_per_chunk")
     out, delta, last, per_chunk = kda_chunked.chunked(q, k, v, g, beta, state, keep_states=keep)
-    if emit.wants_key("self_attn.state_per_token"):
-        emit("self_attn.state_per_token", written(k, g, delta, state))  # [B, Hk, T, K, Kv]
-    if keep:
-        emit("self_attn.state_per_chunk", per_chunk)  # [B, Hk, chunks, K, Kv]
+    show_states(emit, lambda: written(k, g, delta, state), lambda: per_chunk)
     return out, delta, last
+
+
+def show_states(emit: Emitter, every_token, every_chunk) -> None:
+    """The states after every token and after every chunk, each made (by the function given) only
+    when a sink looks at it: a long prompt's are too large to make for nothing."""
+    if emit.wants_key("self_attn.state_per_token"):
+        emit("self_attn.state_per_token", every_token())  # [B, Hk, T, K, Kv]
+    if emit.wants_key("self_attn.state_per_chunk"):
+        emit("self_attn.state_per_chunk", every_chunk())  # [B, Hk, chunks, K, Kv]
 
 
 def written(k, g, delta, state) -> np.ndarray:
