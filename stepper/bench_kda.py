@@ -20,7 +20,7 @@ from stepper.model.options import LayerOptions
 from stepper.presets import preset
 from stepper.seams.trace import Emitter
 from stepper.weights.source import ArrayWeights
-from stepper.weights.synthetic import SyntheticWeights
+from stepper.weights.seeded import SyntheticWeights
 
 MODEL = "kimi-linear-48b-a3b"
 

@@ -25,7 +25,7 @@ def planned_names(plan: Plan) -> list[str]:
     steps = [(phase_name(spec, step), step_attn(spec, step)) for step in range(spec.decode + 1)]
     rope = ROPE if getattr(plan.config, "rotary", True) else ()  # Kimi Linear rotates nothing
     start = START + rope if plan.whole else rope if plan.alone else ()
-    return catalog.load().run_names(plan.config, steps, plan.shown, start, END if plan.whole else (),
+    return catalog.load().run_names(plan.config, steps, plan.layers_shown, start, END if plan.whole else (),
                                     spec.index_scoring)
 
 

@@ -14,7 +14,7 @@ from stepper.model.transformer import Transformer
 from stepper.seams.trace import Emitter
 from stepper.views import kda_state
 from stepper.views.debugger import CommandSource, Debugger, Quit
-from stepper.weights.synthetic import SyntheticWeights
+from stepper.weights.seeded import SyntheticWeights
 from tests.helpers.kimi_linear import config
 
 
