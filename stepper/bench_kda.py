@@ -19,8 +19,8 @@ from stepper.model.layer_weights import LayerWeights
 from stepper.model.options import LayerOptions
 from stepper.presets import preset
 from stepper.seams.trace import Emitter
-from stepper.weights.source import ArrayWeights
 from stepper.weights.seeded import SyntheticWeights
+from stepper.weights.source import ArrayWeights
 
 MODEL = "kimi-linear-48b-a3b"
 

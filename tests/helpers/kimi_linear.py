@@ -10,9 +10,9 @@ from stepper import families
 from stepper.families.kimi_linear import KimiLinearConfig
 from stepper.model.kimi_linear_layer import PublishedLayerWeights, published
 from stepper.model.layer_weights import LayerWeights
+from stepper.weights.seeded import SyntheticWeights
 from stepper.weights.source import ArrayWeights
 from stepper.weights.synth_checkpoint import synth_checkpoint
-from stepper.weights.seeded import SyntheticWeights
 
 
 def tiny_config(**changes) -> dict:
