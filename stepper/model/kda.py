@@ -48,7 +48,8 @@ def kda_attention(x: np.ndarray, w: LayerWeights, cache: KdaCache | None, option
     and S before x; the options say how the state update runs (delta_rule)."""
     cfg = w.cfg
     cache = KdaCache() if cache is None else cache
-    cache.remember()
+    if x.shape[1] > 1:  # a prefill (or one of its chunks) may be replayed; a decode step never is
+        cache.remember()
     q, k, v = convolved_heads(x, w, cfg, cache, emit)  # [B, Hk, T, K], [B, Hk, T, K], [B, Hk, T, Kv]
     q = emit("self_attn.q_unit", l2_normalise(q)) * np.float32(cfg.linear_head_dim**-0.5)  # [B, Hk, T, K]
     k = emit("self_attn.k_unit", l2_normalise(k))  # [B, Hk, T, K]
