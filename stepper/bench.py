@@ -16,6 +16,8 @@ Each figure is measured in a fresh subprocess, so its peak RSS is its own:
 - the same MoE layer shape with 16 routed experts, against transformers' DeepseekV3 in float32
   on the same weights and tokens (T = 1, 32, 512, and T = 1 again with stepper's weight cache
   warm), when torch and transformers are installed;
+- with `--kda`, one full-size Kimi Linear KDA layer's attention (stepper.bench_kda): decode one
+  token and prefill 4096, with the share of the time spent in the state update;
 - with `--indexer`, DeepSeek-V3.2's first layer (dense: its attention and Lightning Indexer are
   those of every layer) prefilling 4096 tokens: the indexer alone, the attention under its mask
   alone, and the whole layer.
@@ -40,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stepper import cpu_caches, files
+from stepper import bench_kda, cpu_caches, files
 from stepper.config import Config, load_config
 from stepper.families import derive
 from stepper.fp4 import quantize_fp4
@@ -593,9 +595,15 @@ def expert_products(fp8: str, int4: str, tokens: int, pairs: int, layer: int = 1
                    f"{fp8_time * 1e3:.2f} ms")]
 
 
+def kda_run(tokens: int, repeat: int, form: str = "chunked") -> list[Figure]:
+    """A full-size Kimi Linear KDA layer's attention (stepper.bench_kda), with the peak RSS."""
+    name, seconds, note = bench_kda.kda_layer(tokens, repeat, form)
+    return [Figure(name, seconds, "s", peak_rss_mb(), note)]
+
+
 SCENARIOS = {"ceilings": ceilings, "fp8_rate": fp8_rate, "layer": layer_run, "torch": versus_torch,
              "indexed": indexed_prefill,
-             "attention": attention_run, "experts": expert_products}
+             "attention": attention_run, "experts": expert_products, "kda": kda_run}
 
 
 def scenario_main(argv: list[str]) -> None:
@@ -678,7 +686,8 @@ def int4_versus_fp8(workdir: Path, model: str, say, fp8: list[Figure] | None = N
     return figures + ratios + experts
 
 
-def run_all(workdir: Path, with_torch: bool, say, with_int4: bool = True, with_indexer: bool = False) -> list[Figure]:
+def run_all(workdir: Path, with_torch: bool, say, with_int4: bool = True, with_indexer: bool = False,
+            with_kda: bool = False) -> list[Figure]:
     """Every figure of docs/performance.md's tables; `say` reports progress lines."""
     say("measuring the machine's ceilings")
     figures = in_subprocess("ceilings")
@@ -713,6 +722,8 @@ def run_all(workdir: Path, with_torch: bool, say, with_int4: bool = True, with_i
                             "no slower than transformers")
     if with_indexer:
         figures += indexer_figures(workdir, say)
+    if with_kda:
+        figures += bench_kda.kda_figures(say, in_subprocess)
     return figures
 
 

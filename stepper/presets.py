@@ -8,6 +8,10 @@ routing (4 groups, keep 2) and DeepSeek-V3's rope settings. `tiny-int4` is `tiny
 Kimi-K2-Thinking is: routed experts in INT4 (compressed-tensors pack-quantized, groups of 32), the
 rest BF16, and rms_norm_eps 1e-5.
 
+Kimi Linear (`kimi_linear`, read by stepper.families.kimi_linear): `kimi-linear-48b-a3b` as
+published (27 layers, KDA but for layers 4, 8, ..., 24 and 27, which are MLA without RoPE) and
+`tiny-kimi-linear`, three KDA layers and one MLA layer of 4 heads.
+
 The other MLA families: `deepseek-v2-lite` and `deepseek-v2` (softmax router, greedy or
 group-limited greedy choice, no bias, BF16 weights, YaRN mscale 0.707) with `tiny-v2` shaped like
 V2-Lite (one q_proj, two shared experts); `deepseek-v3.2` and `tiny-v32`, DeepSeek-V3 plus the
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from stepper import families
 from stepper.config import Config
 from stepper.errors import StepperError
 
@@ -291,6 +296,73 @@ PRESETS.update({
     },
 })
 
+KIMI_LINEAR_48B = {  # moonshotai/Kimi-Linear-48B-A3B-Instruct's config.json (the fields stepper reads)
+    "_name_or_path": "kimi-linear-48b-a3b",
+    "architectures": ["KimiLinearForCausalLM"],
+    "model_type": "kimi_linear",
+    "vocab_size": 163840,
+    "hidden_size": 2304,
+    "intermediate_size": 9216,
+    "moe_intermediate_size": 1024,
+    "num_hidden_layers": 27,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "head_dim": 72,  # published, unused (transformers sets head_dim to qk_rope_head_dim)
+    "q_lora_rank": None,
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "mla_use_nope": True,
+    "num_experts": 256,
+    "num_experts_per_token": 8,
+    "num_shared_experts": 1,
+    "num_expert_group": 1,
+    "topk_group": 1,
+    "moe_renormalize": True,
+    "moe_router_activation_func": "sigmoid",
+    "routed_scaling_factor": 2.446,
+    "first_k_dense_replace": 1,
+    "moe_layer_freq": 1,
+    "hidden_act": "silu",
+    "rms_norm_eps": 1e-5,
+    "model_max_length": 1048576,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": False,
+    "linear_attn_config": {
+        "full_attn_layers": [4, 8, 12, 16, 20, 24, 27],
+        "kda_layers": [1, 2, 3, 5, 6, 7, 9, 10, 11, 13, 14, 15, 17, 18, 19, 21, 22, 23, 25, 26],
+        "num_heads": 32,
+        "head_dim": 128,
+        "short_conv_kernel_size": 4,
+    },
+}
+
+PRESETS.update({
+    # Kimi Linear's 3:1 pattern in four layers: KDA, KDA, KDA, MLA without RoPE; a dense first layer, then MoE
+    "tiny-kimi-linear": {
+        **KIMI_LINEAR_48B,
+        "_name_or_path": "tiny-kimi-linear",
+        "vocab_size": 1000,
+        "hidden_size": 160,
+        "intermediate_size": 272,
+        "moe_intermediate_size": 48,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "kv_lora_rank": 64,
+        "qk_nope_head_dim": 32,
+        "qk_rope_head_dim": 16,
+        "v_head_dim": 32,
+        "num_experts": 16,
+        "num_experts_per_token": 4,
+        "model_max_length": 131072,
+        "linear_attn_config": {"full_attn_layers": [4], "kda_layers": [1, 2, 3], "num_heads": 4, "head_dim": 32,
+                               "short_conv_kernel_size": 4},
+    },
+    "kimi-linear-48b-a3b": KIMI_LINEAR_48B,
+})
+
 
 # The other MLA families (stepper/families), each in its published config.json: `tiny-<family>` and the
 # full size. Sarvam-105B's gives no n_group (families/sarvam_mla.py); Youtu's lm_head is its embedding,
@@ -478,7 +550,8 @@ PRESETS["tiny-longcat"] = {
 
 
 def preset(name: str) -> Config:
-    """The named preset's config; an unknown name is a StepperError listing the known ones."""
+    """The named preset's config, read by its family (stepper.families); an unknown name is a
+    StepperError listing the known ones."""
     if name not in PRESETS:
         raise StepperError(f"unknown model '{name}': expected one of {', '.join(PRESETS)} or a checkpoint directory")
-    return Config.from_hf(PRESETS[name], f"preset {name}")
+    return families.read_config(PRESETS[name], f"preset {name}")

@@ -142,8 +142,8 @@ class Catalog:
     def expected_size(self, symbol: str, cfg: Config) -> int | None:
         """The size a config gives a dimension symbol, or None for runtime dims and unset fields."""
         expr = self.raw["dims"][symbol]["size"]
-        if expr == RUNTIME or any(getattr(cfg, f, 0) is None for f in re.findall(r"[a-z_]+", expr)):
-            return None  # runtime, or a size of another family (the indexer's, for a config without one)
+        if expr == RUNTIME or any(getattr(cfg, f, None) is None for f in re.findall(r"[a-z_]+", expr)):
+            return None  # runtime, or a size of another family (the indexer's, or KDA's, for a config without one)
         return evaluate_size(expr, cfg)
 
     @cached_property

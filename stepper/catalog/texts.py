@@ -53,6 +53,14 @@ def known_names() -> frozenset[str]:
     return frozenset(own | derived | yarn)
 
 
+@cache
+def own_numeric_fields(config_class: type) -> frozenset[str]:
+    """The numeric fields of a family's own config class (Kimi Linear's linear_head_dim)."""
+    if not dataclasses.is_dataclass(config_class):
+        return frozenset()
+    return frozenset(f.name for f in dataclasses.fields(config_class) if f.type in NUMERIC)
+
+
 def names_in(expression: str) -> list[str]:
     """The config names an expression reads: 'kv_lora_rank + qk_rope_head_dim' -> both."""
     found: list[str] = []
@@ -85,7 +93,7 @@ def evaluate(node: ast.expr, cfg: Config) -> float | None:
         return -evaluate(node.operand, cfg)
     if isinstance(node, ast.Name | ast.Attribute):
         name = dotted(node)
-        if name not in known_names():
+        if name not in known_names() and name not in own_numeric_fields(type(cfg)):
             raise ValueError(f"template field '{name}' is not a config field")
         found: object = cfg
         for part in name.split("."):

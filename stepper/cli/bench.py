@@ -21,6 +21,8 @@ INT4_HELP = ("Also the MoE layer with INT4 experts (Kimi-K2-Thinking's storage; 
              "ratio to the FP8 layer.")
 INDEXER_HELP = ("Also time DeepSeek-V3.2's layer 0 prefilling 4096 tokens: its Lightning Indexer, its attention under "
                 "the indexer's mask, and the whole layer, each alone (writes a 0.6 GB checkpoint once).")
+KDA_HELP = ("Also time one full-size Kimi Linear KDA layer's attention (synthetic weights in memory): decode 1 token, "
+            "prefill 4096 tokens (chunked, and once token by token), with the share of the time in the state update.")
 LONG_HELP = ("Only the long-context figures: the attention of --long-model's layer 0 (synthetic weights) at naive "
              "prefills of 4096, 16384 and 32768 tokens (time, share of the GEMM rate, peak RSS; 4096 also with every "
              "tensor shown), an absorbed 32768-token prefill in chunks with every tensor shown (about an hour), and "
@@ -33,6 +35,7 @@ def bench_command(
     int4: Annotated[bool, typer.Option("--int4/--no-int4", help=INT4_HELP)] = True,
     as_json: Annotated[bool, typer.Option("--json", help="The figures as JSON on stdout.")] = False,
     indexer: Annotated[bool, typer.Option("--indexer", help=INDEXER_HELP)] = False,
+    kda: Annotated[bool, typer.Option("--kda", help=KDA_HELP)] = False,
     long: Annotated[bool, typer.Option("--long", help=LONG_HELP)] = False,
     long_model: Annotated[str, typer.Option(metavar="MODEL", help="A preset or config.json for --long.")] = "kimi-k2",
 ) -> None:
@@ -54,7 +57,7 @@ def bench_command(
         if long:
             figures = bench.long_context(long_model, say)
         else:
-            figures = bench.run_all(workdir, torch and has_torch(), say, int4, indexer)
+            figures = bench.run_all(workdir, torch and has_torch(), say, int4, indexer, kda)
         if as_json:
             print(json.dumps({"machine": bench.machine(), "figures": [f.__dict__ for f in figures]}, indent=1))
             return

@@ -111,6 +111,8 @@ def describe(plan: Plan) -> str:
     keys = "" if not cfg.has_indexer else " + index key" + (" and its FP8 codes" if spec.index_scoring == "fp8" else "")
     wrapper = f"\n{untrusted.shown(cfg.wrapper.describe())}" if cfg.wrapper is not None else ""
     wrapper += f"\n{prompt_line(plan.tokens)}" if plan.tokens is not None else ""
+    if hasattr(cfg, "memory_line"):  # a family whose layers keep something else (Kimi Linear's KDA state)
+        wrapper += "\n" + cfg.memory_line(spec.cache_len + len(plan.prompt) + spec.decode)
     return (
         f"model {untrusted.shown(cfg.name)} ({untrusted.shown(cfg.model_type)}): "
         f"{cfg.num_hidden_layers} layers ({dense} dense), "

@@ -23,6 +23,7 @@ from stepper.families import (
     deepseek,
     glm4_moe_lite,
     glm_moe_dsa,
+    kimi_linear,
     longcat_flash,
     minicpm3,
     mistral4,
@@ -32,7 +33,8 @@ from stepper.families import (
 from stepper.families.family import Family
 
 FAMILIES: tuple[Family, ...] = (deepseek.FAMILY, sarvam_mla.FAMILY, youtu.FAMILY, glm4_moe_lite.FAMILY, axk1.FAMILY,
-                                mistral4.FAMILY, minicpm3.FAMILY, glm_moe_dsa.FAMILY, axk2.FAMILY, longcat_flash.FAMILY)
+                                mistral4.FAMILY, minicpm3.FAMILY, glm_moe_dsa.FAMILY, axk2.FAMILY, longcat_flash.FAMILY,
+                                kimi_linear.FAMILY)
 _added: tuple[Family, ...] = ()  # families registered for a while (`registered`)
 
 

@@ -78,6 +78,7 @@ def traced(family: Family, mini: Any, options: LayerOptions) -> tuple[tuple[Emit
     """Run the miniature's layer 0: a prefill of PREFILL positions, then one decode step.
     -> what each step emitted, in order; (name, value at a masked future position) pairs"""
     model = Transformer(SyntheticWeights(mini, seed=0), options.dispatch, options.index_scoring, family.decoder_layer)
+    model.options = options  # every choice, the delta rule's too (the attention path is each step's)
     cache = KVCache(1)
     hidden = np.random.default_rng(0).standard_normal((1, PREFILL + 1, mini.hidden_size), dtype=np.float32)  # [B, T, d]
     steps = []

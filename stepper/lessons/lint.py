@@ -27,7 +27,7 @@ from stepper.lessons.templates import (
     split_spec,
     tensor_name_split,
 )
-from stepper.presets import preset
+from stepper.presets import PRESETS, preset
 from stepper.session import prepare
 from stepper.weights.names import layer_shapes, shape_of
 
@@ -112,14 +112,15 @@ def template_errors(lesson: Lesson) -> list[str]:
             continue
         for expr in found:
             try:
-                check_placeholder(split_spec(expr)[0])
+                check_placeholder(split_spec(expr)[0], lesson.run.model)
             except (StepperError, KeyError) as e:
                 errors.append(f"{{{expr}}}: {e}")
     return errors
 
 
-def check_placeholder(body: str) -> None:
-    """Raise when a placeholder's body (its format spec taken off) names nothing a lesson can show."""
+def check_placeholder(body: str, model: str = "tiny") -> None:
+    """Raise when a placeholder's body (its format spec taken off) names nothing a lesson can show;
+    a config field is looked up in the lesson's own model (a preset)."""
     fact = FACT.fullmatch(body.strip())
     if fact:
         if fact.group(1) not in facts.FACTS:
@@ -127,7 +128,7 @@ def check_placeholder(body: str) -> None:
         if fact.group(4) and fact.group(4) not in ATTRIBUTES:
             raise StepperError(f"unknown attribute '.{fact.group(4)}'")
     elif body.startswith("config."):
-        config_value(preset("tiny"), body[len("config."):])
+        config_value(preset(model if model in PRESETS else "tiny"), body[len("config."):])
     elif body.startswith("preset."):
         preset_value(body[len("preset."):])
     elif body.startswith("run."):

@@ -37,6 +37,10 @@ def expected(name: str, a: dict[str, Any]) -> Any:
     if name == "latent":
         (b, t, _), cfg = a["x"].shape, a["cfg"]
         return [((b, t, cfg.kv_lora_rank), np.float32), ((b, 1, t, cfg.qk_rope_head_dim), np.float32)]
+    if name == "gated_delta_rule":  # o, delta, the last state, every state (or None)
+        (b, h, t, k), v = a["k"].shape, a["v"].shape[-1]
+        every = ((b, h, t, k, v), np.float32) if a.get("keep_states") else None
+        return [((b, h, t, v), np.float32), ((b, h, t, v), np.float32), ((b, h, k, v), np.float32), every]
     if name == "route":
         k = (a["x"].shape[0], a["cfg"].num_experts_per_tok)
         return {"topk_idx": (k, np.int64), "topk_weight": (k, np.float32)}
@@ -51,6 +55,13 @@ def described(result: object) -> str:
         return f"a tuple of {len(result)}"
     kind = type(result).__name__
     return "None" if result is None else f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}"
+
+
+def missing_or_wrong(result: object, want: tuple | None) -> str | None:
+    """An item of a tuple: an array as `want` says, or None where `want` is None."""
+    if want is None:
+        return None if result is None else f"{described(result)}; expected None"
+    return array_wrong(result, *want)
 
 
 def array_wrong(result: object, shape: tuple, dtype: type) -> str | None:
@@ -71,7 +82,7 @@ def wrong_result(name: str, arguments: dict[str, Any], result: object) -> str | 
     if isinstance(want, list):  # a tuple of arrays
         if not isinstance(result, tuple) or len(result) != len(want):
             return f"{described(result)}; expected a tuple of {len(want)} arrays"
-        problems = [f"item {i}: {array_wrong(r, *w)}"
-                    for i, (r, w) in enumerate(zip(result, want)) if array_wrong(r, *w)]
+        problems = [f"item {i}: {missing_or_wrong(r, w)}"
+                    for i, (r, w) in enumerate(zip(result, want)) if missing_or_wrong(r, w)]
         return f"a tuple whose {problems[0]}" if problems else None
     return array_wrong(result, *want)

@@ -152,7 +152,11 @@ def up_project(compressed_kv: np.ndarray, w: LayerWeights, cfg: Config, emit: Em
 
 def rotate(q_pe: np.ndarray, k_pe: np.ndarray, rope: Rope, emit: Emitter) -> tuple[np.ndarray, np.ndarray]:
     """Decoupled RoPE on the query's and the shared key's rotary dims: interleaved pairs, or
-    (MiniCPM3) dim i with dim i + rope/2."""
+    (MiniCPM3) dim i with dim i + rope/2; none in a model without rotary tables (Kimi Linear: its
+    rope dims enter the scores as projected)."""
+    if not rope.rotates:
+        return q_pe, k_pe
+
     def turn(x: np.ndarray) -> np.ndarray:
         if rope.interleaved:
             return apply_rope(x, rope.cos, rope.sin)

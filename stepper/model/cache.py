@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from stepper.config import Config
+from stepper.errors import StepperError
 from stepper.kernels.growing import GrowingArray
 from stepper.model.options import Attention, IndexScoring
 
@@ -14,6 +15,43 @@ POSITION_AXIS = {  # each kept field's axis of positions
     "latent": 1, "k_pe": 2, "key_states": 2, "value_states": 2, "index_keys": 1, "index_key_codes": 1,
     "index_key_scales": 1,
 }
+
+
+SNAPSHOTS = 64  # the states a KdaCache keeps of its last calls' starts (a chunked prefill's replay asks for them)
+
+
+@dataclass
+class KdaCache:
+    """What a KDA layer carries from one call to the next: a fixed size, whatever the length.
+
+    Each call replaces the arrays (never writes into them), so the cache as it was when a call
+    began is kept by reference (`first`): a chunked prefill replays its chunks from there."""
+
+    conv: dict[str, np.ndarray] = field(default_factory=dict)  # "q", "k", "v" -> the last W - 1 inputs, B x (W-1) x HK
+    state: np.ndarray | None = None  # [B, Hk, K, Kv]
+    length: int = 0  # positions seen
+    earlier: dict[int, KdaCache] = field(default_factory=dict, repr=False, compare=False)  # length -> as it was
+
+    def nbytes(self) -> int:
+        """Bytes held: the same after 10 positions as after a million."""
+        held = [*self.conv.values()] + ([] if self.state is None else [self.state])
+        return sum(a.nbytes for a in held)
+
+    def remember(self) -> None:
+        """Keep the cache as it is now, before a call changes it (the last SNAPSHOTS calls' starts)."""
+        self.earlier[self.length] = KdaCache(dict(self.conv), self.state, self.length)
+        while len(self.earlier) > SNAPSHOTS:
+            del self.earlier[min(self.earlier)]
+
+    def first(self, n: int) -> KdaCache:
+        """The cache as it was after its first n positions: now, or when a call began there (with
+        the snapshots, so that it too can go back)."""
+        if n == self.length:
+            return KdaCache(dict(self.conv), self.state, n, dict(self.earlier))
+        if n not in self.earlier:
+            raise StepperError(f"the KDA state after {n} positions was not kept (the last {SNAPSHOTS} calls' are): "
+                               f"a chunked prefill of more chunks than that needs a larger --chunk")
+        return KdaCache(dict(self.earlier[n].conv), self.earlier[n].state, n, dict(self.earlier))
 
 
 @dataclass
@@ -38,9 +76,12 @@ class LayerCache:
     index_choice: np.ndarray | None = None  # [B, T, Ki]: the positions this step's queries attend (GLM-5 reuses it)
     growing: dict[str, GrowingArray] = field(default_factory=dict, repr=False, compare=False)
     # name -> the spare room after the field's positions (kernels.growing), so appends rarely copy
+    recurrent: KdaCache | None = None  # a Kimi Linear KDA layer's fixed-size memory instead (model.kda)
 
     @property
     def length(self) -> int:
+        if self.recurrent is not None:
+            return self.recurrent.length
         return 0 if self.latent is None else self.latent.shape[1]
 
     def first(self, n: int) -> LayerCache:
@@ -51,7 +92,8 @@ class LayerCache:
         for name, axis in POSITION_AXIS.items():
             array = getattr(self, name)
             cut[name] = None if array is None else array[(slice(None),) * axis + (slice(0, n),)]
-        return LayerCache(**cut, second=None if self.second is None else self.second.first(n))
+        return LayerCache(**cut, second=None if self.second is None else self.second.first(n),
+                          recurrent=None if self.recurrent is None else self.recurrent.first(n))
 
     def extend_latent(self, latent: np.ndarray, k_pe: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Append the T new positions' latents [B, T, kv_lora] and rotary keys [B, one, T, rope];

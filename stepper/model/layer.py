@@ -1,10 +1,11 @@
 """One decoder block: pre-norm attention and pre-norm FFN, each added to the residual stream.
 In DeepSeek-V3.2 the Lightning Indexer runs first and hands attention its mask.
 
-The block is written as its steps (`attention_block`, `ffn_output`, `layer_output`), which the
-MLA families of issue 33 reuse: GLM-5's shared layers, A.X-K2's gated norms and MiniCPM3's
-scaled branches are branches of these steps; LongCat-Flash's layer (model.longcat) composes them
-in another order. Each named tensor has one site."""
+The block is written as its steps (`pre_norm_block`: `attention_block`, `ffn_output`,
+`layer_output`), which the MLA families of issue 33 reuse: GLM-5's shared layers, A.X-K2's gated
+norms and MiniCPM3's scaled branches are branches of these steps; LongCat-Flash's layer
+(model.longcat) composes them in another order; Kimi Linear's (model.kimi_linear_layer) hands the
+block its own attention. Each named tensor has one site."""
 
 from __future__ import annotations
 
@@ -35,10 +36,39 @@ def decoder_layer(hidden: np.ndarray, w: LayerWeights, cache: LayerCache | None,
                   emit: Emitter) -> np.ndarray:
     """[B, T, d] residual stream in -> [B, T, d] out; w carries the config and the rotary tables."""
     cfg = w.cfg
+    cache = LayerCache() if cache is None else cache
+
+    def ffn(x: np.ndarray) -> np.ndarray:  # [B, T, d] -> [B, T, d]
+        return moe(x, w, options, emit) if cfg.is_moe_layer(w.layer) else dense_mlp(x, w, emit)
+
+    return pre_norm_block(hidden, w, emit, mla_step(w, cache, options, emit), ffn)
+
+
+Sublayer = Callable[[np.ndarray], np.ndarray]  # a normed stream [B, T, d] -> the branch added to it [B, T, d]
+
+
+def mla_step(w: LayerWeights, cache: LayerCache, options: LayerOptions, emit: Emitter) -> Sublayer:
+    """MLA on the layer's normed stream, under the indexer's mask where the layer has one: its own
+    choice (V3.2), or the choice GLM-5's shared layer reuses from the layer before."""
+    cfg = w.cfg
+
+    def attention(x: np.ndarray) -> np.ndarray:  # [B, T, d] -> [B, T, d]
+        mask = None  # [B, T, S]
+        if cfg.index_reused(w.layer):
+            mask = reused_index_mask(cache, x.shape[1], w.layer, emit)
+        elif cfg.has_indexer:
+            mask = index_mask(x, w, cache, options, emit)
+        return mla_attention(x, w, cache, options, emit, mask)
+    return attention
+
+
+def pre_norm_block(hidden: np.ndarray, w: LayerWeights, emit: Emitter, attention: Sublayer,
+                   ffn: Sublayer) -> np.ndarray:
+    """The residual stream through a block: attention on its RMSNorm, added; the FFN on the next
+    RMSNorm, added (every family whose block is this shape: MLA's, Kimi Linear's).  [B, T, d] -> [B, T, d]"""
     hidden = layer_input(hidden, emit)
-    hidden, x = attention_block(hidden, w, cache, options, emit)  # [B, T, d] twice
-    ffn = moe(x, w, options, emit) if cfg.is_moe_layer(w.layer) else dense_mlp(x, w, emit)
-    return layer_output(emit, hidden, ffn_output(ffn, w, emit))
+    hidden, x = attention_block(hidden, w, emit, attention)  # [B, T, d] twice
+    return layer_output(emit, hidden, ffn_output(ffn(x), w, emit))
 
 
 def layer_input(hidden: np.ndarray, emit: Emitter) -> np.ndarray:
@@ -46,21 +76,15 @@ def layer_input(hidden: np.ndarray, emit: Emitter) -> np.ndarray:
     return emit("hidden_states", hidden)
 
 
-def attention_block(hidden: np.ndarray, w: LayerWeights, cache: LayerCache | None, options: LayerOptions,
-                    emit: Emitter) -> tuple[np.ndarray, np.ndarray]:
+def attention_block(hidden: np.ndarray, w: LayerWeights, emit: Emitter,
+                    attention: Sublayer) -> tuple[np.ndarray, np.ndarray]:
     """Pre-norm attention added to the stream, and the stream's post-attention norm (what the FFN
     reads).  [B, T, d] -> [B, T, d] twice"""
     cfg = w.cfg
     x = emit("input_layernorm", rms_norm(hidden, w(norm_weight(cfg, w.layer, "input_layernorm")), cfg.rms_norm_eps))
     if is_gated(cfg, w.layer, "input_layernorm"):
         x = gated_input_norm(x, w, emit)
-    cache = LayerCache() if cache is None else cache
-    mask = None  # [B, T, S]: the indexer's choice, or the one GLM-5 reuses from the layer before
-    if cfg.index_reused(w.layer):
-        mask = reused_index_mask(cache, x.shape[1], w.layer, emit)
-    elif cfg.has_indexer:
-        mask = index_mask(x, w, cache, options, emit)
-    attn_out = mla_attention(x, w, cache, options, emit, mask)  # [B, T, d]
+    attn_out = attention(x)  # [B, T, d]
     if cfg.has_mup_scalings:
         attn_out = emit("attn_scaled", scaled_branch(attn_out, cfg))
     hidden = emit("attn_residual", hidden + attn_out)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from stepper.model.cache import LayerCache
-from stepper.model.layer import attention_block, ffn_output, layer_input, layer_output
+from stepper.model.layer import attention_block, ffn_output, layer_input, layer_output, mla_step
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.mlp import dense_mlp
 from stepper.model.moe import moe
@@ -61,8 +61,8 @@ def longcat_layer(hidden: np.ndarray, w: LayerWeights, cache: LayerCache | None,
     cache.second = LayerCache() if cache.second is None else cache.second
     first, second = SublayerWeights(w, 0), SublayerWeights(w, 1)
     sub0, sub1 = emit.sublayer(0), emit.sublayer(1)
-    hidden, x = attention_block(hidden, first, cache, options, sub0)  # [B, T, d] twice
+    hidden, x = attention_block(hidden, first, sub0, mla_step(first, cache, options, sub0))  # [B, T, d] twice
     shortcut = moe(x, w, options, emit)  # [B, T, d], the MoE beside the sublayers
     hidden = layer_output(sub0, hidden, ffn_output(dense_mlp(x, first, sub0), first, sub0))
-    hidden, x = attention_block(hidden, second, cache.second, options, sub1)
+    hidden, x = attention_block(hidden, second, sub1, mla_step(second, cache.second, options, sub1))
     return layer_output(emit, hidden, ffn_output(dense_mlp(x, second, sub1), second, sub1), shortcut)

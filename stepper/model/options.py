@@ -8,6 +8,9 @@ handed to every layer function beside its input, weights, cache and emitter.
 - dispatch: the routed experts run once per chosen expert on its tokens ("grouped") or token
   by token ("per_token", the readable reference; model.moe).
 - chunk: a prefill of more positions runs this many at a time (None: all at once).
+- delta_rule: Kimi Linear's KDA runs its state update a chunk of tokens at a time ("chunked",
+  kernels.kda_chunked), token by token ("recurrent", the readable reference; model.kda), or
+  "auto": token by token for a step of at most one chunk, chunked for a longer one.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Literal, get_args
 Attention = Literal["naive", "absorb"]
 IndexScoring = Literal["exact", "fp8"]
 Dispatch = Literal["grouped", "per_token"]
+DeltaRule = Literal["auto", "chunked", "recurrent"]
 
 
 @dataclass(frozen=True)
@@ -26,9 +30,11 @@ class LayerOptions:
     index_scoring: IndexScoring = "exact"
     dispatch: Dispatch = "grouped"
     chunk: int | None = None
+    delta_rule: DeltaRule = "auto"
 
     def __post_init__(self) -> None:
-        for field, kind in (("attention", Attention), ("index_scoring", IndexScoring), ("dispatch", Dispatch)):
+        for field, kind in (("attention", Attention), ("index_scoring", IndexScoring), ("dispatch", Dispatch),
+                            ("delta_rule", DeltaRule)):
             if getattr(self, field) not in get_args(kind):
                 raise ValueError(f"{field} must be one of {', '.join(get_args(kind))}, got {getattr(self, field)!r}")
         positive_int = isinstance(self.chunk, int) and not isinstance(self.chunk, bool) and self.chunk >= 1

@@ -14,13 +14,15 @@ from stepper.seams.swap import exercise
 @dataclass(frozen=True)
 class Rope:
     """The rotary angles of the T new positions: cos, sin [T, rope/2], the softmax scale, and the
-    queries' scale per position [T] where the model has one (Mistral 4, model.query_scale)."""
+    queries' scale per position [T] where the model has one (Mistral 4, model.query_scale). A model
+    that rotates nothing (Kimi Linear's MLA layers) has rotates False and no angles."""
 
     cos: np.ndarray
     sin: np.ndarray
     softmax_scale: float
     query_scale: np.ndarray | None = None
     interleaved: bool = True  # MLA's rotary dims: interleaved pairs (DeepSeek) or two halves (MiniCPM3)
+    rotates: bool = True
 
 
 def yarn_mscale(scale: float, mscale: float = 1.0) -> float:

@@ -81,8 +81,12 @@ class Transformer:
 
     def rope(self, positions: np.ndarray, emit: Emitter) -> Rope:
         """The rotary tables of positions [T]. They are shown in the reference's cat(freqs, freqs)
-        layout [T, rope]; the model goes on with the first half of what is shown, [T, rope/2]."""
+        layout [T, rope]; the model goes on with the first half of what is shown, [T, rope/2].
+        A config whose class says `rotary = False` (Kimi Linear: no layer rotates) has none."""
         cfg = self.config
+        if not getattr(cfg, "rotary", True):
+            none = np.zeros((len(positions), 0), np.float32)  # [T, 0]
+            return Rope(none, none, self.softmax_scale, rotates=False)
         inv_freq = self.inv_freq if cfg.longrope is None else longrope_inv_freq(
             cfg.qk_rope_head_dim, cfg.rope_theta, cfg.longrope, positions)  # [rope/2]
         cos, sin = rope_tables(positions, inv_freq, self.rope_mscale)  # [T, rope/2]

@@ -83,6 +83,12 @@ class Emitter:
         look at every event."""
         return any(getattr(sink, "wants", None) is None or sink.wants(event) for sink in self.sinks)
 
+    def wants_key(self, key: str) -> bool:
+        """Whether some sink would look at a tensor named `key` in this scope (asked before making
+        one too large to make for nothing: every state of a long prompt's delta rule)."""
+        return self.listening and self.wants(Event(self._qualify(key), key, np.empty(0, np.float32), self._layer,
+                                                   self._phase))
+
     def to(self, sinks: Iterable[Sink]) -> Emitter:
         """The same scope, other sinks."""
         return Emitter(sinks, self._layer, self._phase, self._sublayer)

@@ -31,7 +31,7 @@ from stepper.seams.trace import Event, did_you_mean, matches
 from stepper.tensors.tensor import held
 from stepper.text import Tokens
 from stepper.untrusted import shown
-from stepper.views import pictures
+from stepper.views import kda_state, pictures
 from stepper.views.debug_set import set_tensor
 from stepper.views.explain import explain_text, not_found
 from stepper.views.sinks import (
@@ -54,7 +54,7 @@ PROMPT = "(stepper) "
 HELP = (
     "n next (Enter) · c continue · b break GLOB · d delete [GLOB] · u until NAME · "
     "p print NAME[slice] [digits] · e explain [NAME] · w where · x compare A B · h history · "
-    "s show attention|routing|hist|scales [NAME] · q quit · ? help · help CMD one command"
+    "s show attention|routing|hist|scales|state [NAME] · q quit · ? help · help CMD one command"
 )
 
 
@@ -342,9 +342,9 @@ class Debugger:
     def cmd_show(self, arg: str) -> None:
         what, _, name = arg.partition(" ")
         pictures_ = {"attention": self.show_attention, "routing": self.show_routing,
-                     "hist": self.show_histogram, "scales": self.show_scales}
+                     "hist": self.show_histogram, "scales": self.show_scales, "state": self.show_state}
         if what not in pictures_:
-            raise StepperError("show what? s attention | s routing | s hist [NAME] | s scales WEIGHT")
+            raise StepperError("show what? s attention | s routing | s hist [NAME] | s scales WEIGHT | s state [NAME]")
         pictures_[what](name.strip())
 
     def cmd_quit(self, _: str) -> None:
@@ -396,6 +396,21 @@ class Debugger:
     def show_histogram(self, name: str) -> None:
         event = self.resolve(name)
         print_picture(self.console, pictures.histogram(event.array, title=event.name))
+
+    def show_state(self, name: str) -> None:
+        """A KDA layer's state (self_attn.state, or a slice of state_per_token / state_per_chunk),
+        with the layer's writes and decays when they were seen (views.kda_state)."""
+        target, index = split_index(name)
+        event = self.resolve(target or "self_attn.state")
+        extra = [self.history.get(event.name.replace(event.key, key))
+                 for key in ("self_attn.delta", "self_attn.forget_gate")]
+        try:
+            drawn = kda_state.state_pictures(take(event.array, index), event.name + (index or ""),
+                                             *(None if e is None else e.array for e in extra))
+        except ValueError as e:
+            raise StepperError(str(e)) from None
+        for picture in drawn:
+            print_picture(self.console, picture)
 
     def show_scales(self, name: str) -> None:
         if self.weights is None or not hasattr(self.weights, "stored"):
@@ -510,7 +525,9 @@ TABLE = (
     Command(("s", "show"), "s PICTURE [NAME]", "draw a picture: attention, routing, hist or scales",
             "attention: the attention weights as heat maps per head (with DeepSeek-V3.2's indexer, which positions "
             "it kept beside one head's weights); routing: the router's token x expert map "
-            "(at or after topk_weight); hist: a histogram of a tensor; scales: an FP8 weight's block scales.",
+            "(at or after topk_weight); hist: a histogram of a tensor; scales: an FP8 weight's block scales; "
+            "state: a KDA layer's state per head, one head's heat map, each token's write and the decays "
+            "(a slice such as self_attn.state_per_token[0, 1, 5] draws that head's state after token 5).",
             ("s attention", "s routing", "s hist self_attn.kv", "s scales self_attn.kv_a_proj_with_mqa.weight"),
             Debugger.cmd_show),
     Command(("set",), "set NAME[slice] = VALUE", "change the current tensor (or a slice of it) before the run goes on",

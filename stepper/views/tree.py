@@ -15,6 +15,7 @@ BLOCKS = {
     "norm": "norm",
     "residual": "residual stream",
     "attention": "latent attention",
+    "kda": "delta attention",
     "router": "MoE router",
     "moe": "MoE experts",
     "mlp": "FFN",

@@ -42,7 +42,7 @@ def is_linear(name: str) -> bool:
 def storage_dtype(cfg: Config, name: str) -> str:
     """F32, F8_E4M3, BF16, or INT4 for a module a compressed-tensors config quantizes (its weight
     stored as weight_packed, weight_scale and weight_shape)."""
-    if name.endswith("e_score_correction_bias"):
+    if name.endswith(("e_score_correction_bias", "A_log", "dt_bias")):  # the router's bias, KDA's decay (Kimi Linear)
         return "F32"
     if cfg.quantization is not None and is_linear(name):
         return "F8_E4M3"

@@ -98,6 +98,8 @@ class SyntheticWeights:
             return np.float32(1) + np.float32(0.1) * z
         if name.endswith(("e_score_correction_bias", "norm.bias")):
             return np.float32(0.1) * z
+        if name.endswith(("A_log", "dt_bias")):  # KDA's decay rate exp(A_log) about 4, softplus(dt_bias) about 0.02
+            return np.float32(0.5) * z + np.float32(1.4 if name.endswith("A_log") else -4.0)
         z *= np.float32(1 / np.sqrt(shape[-1]))  # in place: a full-size weight's normals are 0.5 GB
         return z
 

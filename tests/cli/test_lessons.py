@@ -239,9 +239,10 @@ def test_use_swaps_in_restores_stepper_and_rejects_other_signatures(tmp_path):
 # query's and the shared key's per layer; latent per layer; absorbed per layer of the decode
 # step; route per MoE layer.
 CALLS = {"rms_norm": 2 * (4 * 3 + 1), "apply_rope": 2 * 2 * 3, "latent": 2 * 3, "absorbed": 3, "route": 2 * 2,
-         "index_scores": 2 * 3}  # prefill and one decode step, 3 layers
-MODEL = {"dequantize_int4": "tiny-int4",
-         "index_scores": "tiny-v32"}  # INT4 weights only there; the indexer only in V3.2
+         "index_scores": 2 * 3,  # prefill and one decode step, 3 layers
+         "gated_delta_rule": 2 * 3}  # tiny-kimi-linear: its 3 KDA layers, prefill and decode step
+MODEL = {"dequantize_int4": "tiny-int4", "index_scores": "tiny-v32",  # INT4 weights only there; the indexer in V3.2
+         "gated_delta_rule": "tiny-kimi-linear"}
 
 
 @pytest.mark.parametrize("name", overrides.EXERCISES)

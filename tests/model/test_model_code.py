@@ -25,7 +25,9 @@ def emit_calls(tree: ast.AST) -> list[ast.Call]:
 
 
 # Tensors shown only, that nothing in the layer computes from: their emit may stand alone
-SHOWN_ONLY = {"self_attn.indexer.kept_of_exact"}  # FP8 index scoring's count of the exactly chosen positions it kept
+SHOWN_ONLY = {"self_attn.indexer.kept_of_exact",  # FP8 index scoring's count of the exactly chosen positions it kept
+              # KDA's writes and states along the way (model.kda): the rule has already used them when shown
+              "self_attn.delta", "self_attn.state_per_token", "self_attn.state_per_chunk"}
 
 
 def shown_only(call: ast.Call) -> bool:

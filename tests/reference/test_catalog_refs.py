@@ -31,19 +31,21 @@ import pytest
 from helpers.configs import family_preset
 
 from stepper import catalog as stepper_catalog
+from stepper.families import derive
+from stepper.model.options import LayerOptions
 from stepper.presets import PRESETS
 
 REPO = Path(__file__).resolve().parents[2]
 NAMES_MD = REPO / "docs" / "names.md"
 
-BLOCKS = {"model", "norm", "attention", "residual", "mlp", "router", "moe"}
+BLOCKS = {"model", "norm", "attention", "kda", "residual", "mlp", "router", "moe"}
 DTYPES = {"float32", "int64"}
 REFERENCE_KEYS = {"variable", "modeling_deepseek.py", "transformers", "inference"}
 FAMILY_REFERENCE_KEYS = {"inference_v32"}  # optional: DeepSeek-V3.2-Exp's own inference code, for the indexer
 CITATION_KEYS = {"lines", "symbol", "text"}  # and optionally "path" (another file of the same source), "code"
 SOURCES = ("modeling_deepseek.py", "transformers", "inference", "inference_v32")
 MLA_FAMILY_FILES = ("models/axk1/", "models/mistral4/", "models/minicpm3/", "models/glm_moe_dsa/", "models/axk2/",
-                    "models/longcat_flash/")  # issue 33's
+                    "models/longcat_flash/", "models/kimi_linear/")  # issues 33, 34
 # a family entry cites its family's transformers file
 FAMILY_FILES = ("models/deepseek_v2/", "models/deepseek_v32/", *MLA_FAMILY_FILES)
 NOT_DATA = {"layers", "path", "when", "after"}  # order and branches: the model's to say (families.derive)
@@ -57,9 +59,12 @@ def load_catalog() -> dict:
 def emitted(presets: tuple[str, ...], attn: tuple[str, ...], scoring: tuple[str, ...]) -> set[str]:
     """The names some layer of these presets emits on these attention paths and index scorings."""
     cat = stepper_catalog.load()
-    return {stepper_catalog.key_of(e["name"])  # LongCat's sublayer names (`sub0.`) by their entry's
-            for name in presets for cfg in [family_preset(name)] for layer in range(cfg.num_hidden_layers)
-            for a in attn for s in scoring for e in cat.layer_sequence(cfg, layer, a, s)}
+    names = {stepper_catalog.key_of(e["name"])  # LongCat's sublayer names (`sub0.`) by their entry's
+             for name in presets for cfg in [family_preset(name)] for layer in range(cfg.num_hidden_layers)
+             for a in attn for s in scoring for e in cat.layer_sequence(cfg, layer, a, s)}
+    recurrent = {e.key for name in presets for cfg in [family_preset(name)] for layer in range(cfg.num_hidden_layers)
+                 for a in attn for e in derive.layer_emits(cfg, layer, LayerOptions(a, delta_rule="recurrent"))}
+    return names | recurrent  # Kimi Linear's token-by-token delta rule shows every token's state
 
 
 ALL_PRESETS = tuple(PRESETS)

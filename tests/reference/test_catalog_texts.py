@@ -37,7 +37,8 @@ def own_words(text: str) -> str:
 def quantities() -> set[str]:
     """Every size expression the catalogue knows (config names, dimension sizes, template fields)
     and a few sizes derived from them that texts quote (rope pairs, all heads' key dims)."""
-    dims = {d["size"] for d in CAT.raw["dims"].values() if d["size"] != catalog.RUNTIME}
+    dims = {d["size"] for d in CAT.raw["dims"].values() if d["size"] != catalog.RUNTIME
+            and all(n in texts.known_names() for n in texts.names_in(d["size"]))}  # MLA's: the presets compared
     used = {f for e in CAT.entries for key in TEXTS for f in texts.fields(e[key])}
     return set(texts.known_names()) | dims | used | DERIVED
 

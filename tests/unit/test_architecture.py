@@ -44,7 +44,7 @@ BELOW_EVERYTHING: dict[str, set[str]] = {
 }
 MAY_IMPORT: dict[str, set[str]] = {
     **BELOW_EVERYTHING,
-    "presets": {"config"},
+    "presets": {"config", "families"},  # a preset's config.json, read by its family's reader
     "catalog": {"config", "families"},  # the registered families' part files; what a layer emits, from the model
     "fp8": set(),
     "fp4": {"fp8"},  # FP8 weights with E8M0 block scales are written with fp8's e4m3
@@ -60,7 +60,9 @@ MAY_IMPORT: dict[str, set[str]] = {
     # One plan of a run: its auto choices, names, patterns, patches and memory, for every entry point
     "planning": {"session", "catalog", "model", "kernels", "weights", "presets", "prefill", "seams.patching"},
     # views: what a run computes of a shown tensor
-    "bench": {"prefill", "views", "families", "model", "kernels", "weights", "fp8", "int4", "fp4", "presets"},
+    "bench": {"prefill", "views", "families", "model", "kernels", "weights", "fp8", "int4", "fp4", "presets",
+              "bench_kda"},
+    "bench_kda": {"families", "model", "kernels", "weights", "presets"},  # a full-size KDA layer, timed
     "views": {"session", "catalog", "weights", "fp8", "int4", "fp4", "presets", "seams.patching"},
     "lessons": {"views", "planning", "session", "model", "kernels", "weights", "fp8", "int4", "catalog", "presets"},
     "fixtures": {"views", "planning", "session", "model", "kernels", "weights", "fp8", "int4", "catalog", "presets",
@@ -92,7 +94,7 @@ ROOM_LINES = {
     "int4": 300,  # 241
     "kernels": 2200,  # 1,810
     "lessons": 4100,  # 3,397
-    "model": 1700,  # 1,160, then 1,575 with the parts of issue 33's MLA families (MiniCPM3, GLM-5, A.X-K2, LongCat)
+    "model": 2200,  # 1,160, then 1,575 with issue 33's MLA families' parts, about 2,000 with Kimi Linear's
     "planning": 700,  # 552
     "seams": 700,  # 553
     "tensors": 700,  # 530

@@ -1,0 +1,69 @@
+"""Kimi Linear's decoder block: pre-norm attention (KDA in the layers `kda_layers` names, MLA in the
+others, which rotates nothing: the model makes no rotary tables for this config) and pre-norm FFN
+(the dense SwiGLU before `first_k_dense_replace`, Kimi's MoE after), each added to the stream.
+
+The published checkpoint keeps the MoE under `block_sparse_moe` with its experts' projections as
+w1 (gate), w3 (up), w2 (down); the MoE part asks for them by the names every family's MoE uses
+(`mlp.gate.weight`, `mlp.experts.E.gate_proj.weight`), and `published` reads those under the
+published names. The tensors are emitted under `mlp.*`, as transformers names the module.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from stepper.model.attention import mla_attention
+from stepper.model.cache import KdaCache, LayerCache
+from stepper.model.kda import kda_attention
+from stepper.model.layer import pre_norm_block
+from stepper.model.layer_weights import LayerWeights
+from stepper.model.mlp import dense_mlp
+from stepper.model.moe import moe
+from stepper.model.options import LayerOptions
+from stepper.seams.trace import Emitter
+
+EXPERT_WEIGHTS = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}  # the MoE part's name -> published
+
+
+def decoder_layer(hidden: np.ndarray, w: LayerWeights, cache: LayerCache | None, options: LayerOptions,
+                  emit: Emitter) -> np.ndarray:
+    """[B, T, d] residual stream in -> [B, T, d] out; w carries the config."""
+    cfg, w = w.cfg, published(w)
+    cache = LayerCache() if cache is None else cache
+
+    def attention(x: np.ndarray) -> np.ndarray:  # [B, T, d] -> [B, T, d]
+        if not cfg.is_kda_layer(w.layer):
+            return mla_attention(x, w, cache, options, emit)  # no RoPE: w.rope rotates nothing
+        cache.recurrent = KdaCache() if cache.recurrent is None else cache.recurrent
+        return kda_attention(x, w, cache.recurrent, options, emit)
+
+    def ffn(x: np.ndarray) -> np.ndarray:  # [B, T, d] -> [B, T, d]
+        return moe(x, w, options, emit) if cfg.is_moe_layer(w.layer) else dense_mlp(x, w, emit)
+
+    return pre_norm_block(hidden, w, emit, attention, ffn)
+
+
+def on_disk(name: str) -> str:
+    """The published name of a layer-relative name the parts ask for: the MoE's `mlp.gate.*`,
+    `mlp.experts.E.gate_proj.weight`, `mlp.shared_experts.*` live under `block_sparse_moe`."""
+    if not name.startswith(("mlp.gate.", "mlp.experts.", "mlp.shared_experts.")):
+        return name
+    name = "block_sparse_moe." + name.removeprefix("mlp.")
+    if name.startswith("block_sparse_moe.experts."):
+        head, projection, tail = name.rsplit(".", 2)
+        name = f"{head}.{EXPERT_WEIGHTS[projection]}.{tail}"
+    return name
+
+
+class PublishedLayerWeights(LayerWeights):
+    """A layer's weights asked for by the parts' names, read under the published ones (on_disk)."""
+
+    def __call__(self, name: str) -> np.ndarray:
+        return super().__call__(on_disk(name))
+
+    def matrix(self, name: str):
+        return super().matrix(on_disk(name))
+
+
+def published(w: LayerWeights) -> PublishedLayerWeights:
+    return PublishedLayerWeights(w.source, w.layer, w.scratch, w.rope)

@@ -1,0 +1,148 @@
+"""Pictures of a KDA layer's memory: the state S [K, V] of each head, what each token wrote into it
+and how fast each key channel forgets. Draws arrays it is given (stepper.model.kda emits them);
+no model math beyond summaries.
+
+- `state_statistics`: per head, the state's norm, its largest entry, how much of its energy the
+  first singular direction holds, and its rank at 1% of the largest singular value.
+- `state_heatmap`: one head's S as a heat map of |S| (rows: key channels, columns: value
+  channels); the caption says how many entries are negative.
+- `write_norms`: per head a bar per token of ||delta_t||, how much that token changed the memory.
+- `decay_per_channel`: per head and key channel the mean decay factor exp(g) over the tokens, and
+  the half-life in tokens it gives, -ln 2 / mean(g).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from rich.console import RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from stepper.views.pictures import (
+    Picture,
+    bar_up,
+    caption,
+    heading,
+    legend_shades,
+    line,
+    pool_max,
+    pooled_note,
+    shade_cell,
+)
+from stepper.views.summary import number
+
+ENERGY_RANK = 0.01  # a singular value counts toward the rank when at least this fraction of the largest
+
+
+def per_head(state: np.ndarray) -> np.ndarray:
+    """[B, H, K, V] or [H, K, V] -> [H, K, V] (batch 0)."""
+    state = np.asarray(state, dtype=np.float64)
+    return state[0] if state.ndim == 4 else state
+
+
+def state_statistics(state: np.ndarray, title: str = "") -> RenderableType:
+    """A table, one row per head: ||S||_F, max |S|, the first singular direction's share of the
+    energy (sigma_1^2 / sum sigma^2) and the rank at 1% of sigma_1."""
+    heads = per_head(state)
+    table = Table(title=title or None, title_justify="left", box=None, padding=(0, 2))
+    for column in ("head", "‖S‖", "max |S|", "σ₁² share", "rank@1%"):
+        table.add_column(column, justify="right")
+    for h, S in enumerate(heads):
+        sigma = np.linalg.svd(S, compute_uv=False)  # [min(K, V)]
+        energy = float(np.sum(sigma**2))
+        share = float(sigma[0] ** 2 / energy) if energy > 0 else 0.0
+        rank = int(np.sum(sigma >= ENERGY_RANK * sigma[0])) if sigma[0] > 0 else 0
+        table.add_row(str(h), number(float(np.sqrt(energy))), number(float(np.abs(S).max())), f"{share:.2f}", str(rank))
+    return table
+
+
+def state_heatmap(S: np.ndarray, title: str = "", rows: int = 24, cols: int = 48) -> RenderableType:
+    """One head's state [K, V] as a heat map of |S|: key channels down, value channels across, each
+    cell's shade its |value| as a fraction of the largest (max-pooled when S is larger than the grid)."""
+    S = np.asarray(S, dtype=np.float64)
+    if S.ndim != 2 or min(S.shape) == 0:
+        raise ValueError(f"a state heat map needs one head's [K, V] state, got shape {list(S.shape)}")
+    pooled, rb, cb = pool_max(np.abs(S), rows, cols)
+    top = float(pooled.max())
+    negative = int(np.sum(S < 0))
+
+    def draw(width: int) -> list[Text]:
+        cell = 2 if pooled.shape[1] * 2 + 6 <= width else 1
+        out = heading(title)
+        for r, row in enumerate(pooled):
+            parts = [f"{r * rb:>4}  "] + [shade_cell(v / top if top > 0 else 0.0, cell) for v in row]
+            out.append(line(*parts))
+        out.append(line("      ", *legend_shades(), wrap=True))
+        note = (f"|S| by key channel (down) × value channel (across); max |S| {number(top)}; "
+                f"{negative} of {S.size} negative")
+        if (rb, cb) != (1, 1):
+            note += "; " + pooled_note("|S|", (rb, cb), S.shape, pooled.shape, ("rows", "cols"))
+        out.append(caption(note))
+        return out
+
+    return Picture(draw)
+
+
+def write_norms(delta: np.ndarray, title: str = "", max_tokens: int = 60) -> RenderableType:
+    """||delta_t|| per head and token [B, H, T, V] as a row of bars per head, each scaled to the
+    largest write of all heads; the last `max_tokens` tokens when there are more."""
+    norms = np.linalg.norm(np.asarray(delta, dtype=np.float64)[0], axis=-1)  # [H, T]
+    T = norms.shape[1]
+    first = max(0, T - max_tokens)
+    shown_norms = norms[:, first:]
+    top = float(shown_norms.max()) if shown_norms.size else 0.0
+
+    def draw(width: int) -> list[Text]:
+        out = heading(title)
+        for h, row in enumerate(shown_norms):
+            bars = "".join(bar_up(float(v), top) for v in row)
+            out.append(line(f"head {h:>2}  ", bars, f"  max {number(float(norms[h].max()))}"))
+        note = f"‖delta_t‖ per token (tallest bar {number(top)}), tokens {first}..{T - 1}"
+        out.append(caption(note + (f"; {first} earlier tokens not shown" if first else "")))
+        return out
+
+    return Picture(draw)
+
+
+def decay_per_channel(forget_gate: np.ndarray, title: str = "") -> RenderableType:
+    """The mean decay factor exp(g) per head and key channel over the tokens [B, H, T, K], drawn as
+    bars (a tall bar: the channel keeps what it holds), with each head's fastest and slowest half-life."""
+    g = np.asarray(forget_gate, dtype=np.float64)[0]  # [H, T, K]
+    mean_g = g.mean(axis=1)  # [H, K]
+    factor = np.exp(mean_g)  # [H, K] in (0, 1]
+
+    def draw(width: int) -> list[Text]:
+        out = heading(title)
+        for h in range(factor.shape[0]):
+            bars = "".join(bar_up(float(v), 1.0) for v in factor[h])
+            fast, slow = half_life(mean_g[h].min()), half_life(mean_g[h].max())
+            out.append(line(f"head {h:>2}  ", bars, f"  half-life {fast}..{slow} tokens"))
+        out.append(caption("mean exp(g) per key channel (a full bar keeps everything); half-life = -ln 2 / mean g"))
+        return out
+
+    return Picture(draw)
+
+
+def half_life(mean_g: float) -> str:
+    """Tokens until a channel keeps half of what it held: -ln 2 / g (g <= 0); never, at g = 0."""
+    return "∞" if mean_g >= 0 else number(-math.log(2) / mean_g)
+
+
+
+def state_pictures(state: np.ndarray, title: str, delta: np.ndarray | None = None,
+                   forget_gate: np.ndarray | None = None, head: int = 0) -> list[RenderableType]:
+    """What `s state` draws: one head's [K, V] state alone; a whole state [B, H, K, V] as the heads'
+    statistics and one head's heat map, then the writes (delta) and decays (forget_gate) given."""
+    state = np.asarray(state)
+    if state.ndim == 2:
+        return [state_heatmap(state, title)]
+    if state.ndim != 4:
+        raise ValueError(f"{title}: a state is [B, H, K, V] or one head's [K, V], got shape {list(state.shape)}")
+    drawn = [state_statistics(state, title), state_heatmap(state[0, head], f"{title}[0, {head}]")]
+    if delta is not None:
+        drawn.append(write_norms(delta, "what each token wrote: ‖delta‖"))
+    if forget_gate is not None:
+        drawn.append(decay_per_channel(forget_gate, "how fast each key channel forgets"))
+    return drawn

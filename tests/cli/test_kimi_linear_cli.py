@@ -1,0 +1,61 @@
+"""Kimi Linear from the command line: the run header's memory story in numbers, a 32768-position
+prompt through a KDA layer in the memory of a 4096 one, the tree and explain of its tensors, and
+the debugger drawing a state and printing a slice of it at a chosen token."""
+
+import tracemalloc
+
+import numpy as np
+from helpers.cli import stepper
+
+from stepper.seams.trace import Recorder
+from stepper.session import RunSpec, run
+
+
+def test_the_header_tells_the_memory_story_and_no_rotary_tables_are_made():
+    out = stepper("run", "--model", "tiny-kimi-linear", "--prompt-len", "3", "--plain")
+    assert out.returncode == 0, out.stderr
+    assert ("KDA layers keep 20,992 B each at any length (state 4x32x32 + conv inputs: 0 B per position), "
+            "MLA layers 320 B per position (latent + key)") in out.stdout
+    assert "at 3 positions: 3 KDA layers 62,976 B, 1 MLA layers 960 B" in out.stdout
+    assert "rope_cos" not in out.stdout and "q_pe_rope" not in out.stdout
+    assert "layers.3.self_attn.key_states" in out.stdout and "layers.2.self_attn.state_per_chunk" in out.stdout
+
+
+def peak_traced(length: int) -> int:
+    """The most memory NumPy and Python held at once (tracemalloc) while `stepper run` shows every
+    tensor of KDA layer 0 on a prompt of `length` positions, 1024 at a time."""
+    tracemalloc.start()
+    out = stepper("run", "--model", "tiny-kimi-linear", "--layer", "0", "--prompt-len", length, "--chunk", "1024",
+                  "--plain")
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert out.returncode == 0, out.stderr
+    assert f"layers.0.self_attn.state_per_token  [B=1 batch, 4 KDA heads, T={length} positions" in out.stdout
+    return peak
+
+
+def test_a_32768_position_prompt_runs_through_a_kda_layer_in_the_memory_of_a_4096_one():
+    short, long = peak_traced(4096), peak_traced(32768)
+    assert long < 1.5 * short  # one chunk's tensors and the fixed state, not the prompt's
+    assert long < 64 << 20  # the whole prompt's per-token states alone would be 512 MiB
+
+
+def test_tree_and_explain_show_kda():
+    tree = stepper("tree", "--model", "tiny-kimi-linear", "--layer", "0")
+    assert tree.returncode == 0 and "delta attention" in tree.stdout and "self_attn.forget_gate" in tree.stdout
+    explained = stepper("explain", "self_attn.delta", "--model", "tiny-kimi-linear")
+    assert explained.returncode == 0
+    assert "stepper emits it  stepper/model/kda.py:" in explained.stdout
+    assert "delta = (v_i - kv_mem) * b_i" in explained.stdout  # transformers' line
+
+
+def test_the_debugger_draws_a_state_and_prints_it_at_a_chosen_token():
+    commands = ("u layers.0.self_attn.state\n" "s state self_attn.state_per_token[0, 1, 2]\n"
+                "p self_attn.state_per_token[0, 1, 2, :2, :3] 4\n" "q\n")
+    out = stepper("step", "--plain", "--model", "tiny-kimi-linear", "--prompt-len", "5", stdin=commands)
+    assert out.returncode == 0, out.stderr
+    recorder = Recorder()
+    run(RunSpec(model="tiny-kimi-linear", prompt_len=5), [recorder])
+    states = recorder.tensors()["layers.0.self_attn.state_per_token"]
+    assert np.array2string(states[0, 1, 2, :2, :3], precision=4, floatmode="fixed") in out.stdout
+    assert "self_attn.state_per_token[0, 1, 2]" in out.stdout and "negative" in out.stdout  # the heat map's caption
