@@ -121,8 +121,61 @@ class Wrapper:
                 f"{self.text_prefix}* ({prefixes} never read){fields}")
 
 
+class MlaVariants:
+    """What the MLA families of stepper/families differ in, at DeepSeek-V3's values: the shared parts
+    (model.layer, attention, moe, transformer) read these from any config. `Config` keeps each as a
+    field its families set; a config class of another family (Kimi Linear's) inherits the values."""
+
+    tie_word_embeddings = False
+    zeroed_pad_row = None
+    router_bias = True
+    moe_output_norm = False
+    query_scale = None
+    fused_experts = False
+    rope_interleave = True
+    longrope = None
+    scale_emb = 1.0
+    scale_depth = None
+    dim_model_base = None
+    indexer_rope_interleave = False
+    index_reused_layers: tuple[int, ...] = ()
+    q_gate = False
+    gated_norm_rank = None
+    masked_groups_zero = False
+    zero_experts = 0
+    mla_lora_scales = False
+    shortcut_moe = False
+
+    @property
+    def has_mup_scalings(self) -> bool:
+        """MiniCPM3's embedding, residual and logit scalings (model.scalings)."""
+        return self.scale_depth is not None
+
+    def index_reused(self, layer: int) -> bool:
+        """Whether the layer runs no indexer and attends where the layer before it chose (GLM-5)."""
+        return layer in self.index_reused_layers
+
+    @property
+    def has_gated_norms(self) -> bool:
+        """A.X-K2's gated input_layernorm (every layer) and post_attention_layernorm (MoE layers)."""
+        return self.gated_norm_rank is not None
+
+    @property
+    def router_experts(self) -> int:
+        """The experts the router scores: the routed ones and (LongCat) the zero experts after them."""
+        return self.n_routed_experts + self.zero_experts
+
+    @property
+    def residual_scale(self) -> float:
+        return 1.0 if self.scale_depth is None else self.scale_depth / math.sqrt(self.num_hidden_layers)
+
+    @property
+    def logits_scaling(self) -> float:
+        return 1.0 if self.dim_model_base is None else self.hidden_size / self.dim_model_base
+
+
 @dataclass(frozen=True)
-class Config:
+class Config(MlaVariants):
     name: str
     model_type: str
     vocab_size: int
@@ -182,33 +235,6 @@ class Config:
     zero_experts: int = 0  # the router's extra identity experts, after the routed ones (LongCat-Flash)
     mla_lora_scales: bool = False  # q times sqrt(d / q_lora_rank), the kv latent times sqrt(d / kv_lora_rank) (LongCat)
     shortcut_moe: bool = False  # two attention + dense-MLP sublayers per layer, the MoE beside them (LongCat)
-
-    @property
-    def has_mup_scalings(self) -> bool:
-        """MiniCPM3's embedding, residual and logit scalings (model.scalings)."""
-        return self.scale_depth is not None
-
-    def index_reused(self, layer: int) -> bool:
-        """Whether the layer runs no indexer and attends where the layer before it chose (GLM-5)."""
-        return layer in self.index_reused_layers
-
-    @property
-    def has_gated_norms(self) -> bool:
-        """A.X-K2's gated input_layernorm (every layer) and post_attention_layernorm (MoE layers)."""
-        return self.gated_norm_rank is not None
-
-    @property
-    def router_experts(self) -> int:
-        """The experts the router scores: the routed ones and (LongCat) the zero experts after them."""
-        return self.n_routed_experts + self.zero_experts
-
-    @property
-    def residual_scale(self) -> float:
-        return 1.0 if self.scale_depth is None else self.scale_depth / math.sqrt(self.num_hidden_layers)
-
-    @property
-    def logits_scaling(self) -> float:
-        return 1.0 if self.dim_model_base is None else self.hidden_size / self.dim_model_base
 
     @property
     def has_indexer(self) -> bool:

@@ -22,7 +22,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from stepper.config import _Fields, model_name
+from stepper.config import MlaVariants, _Fields, model_name
 from stepper.errors import StepperError
 from stepper.families.deepseek import part_files
 from stepper.families.family import Family
@@ -33,7 +33,7 @@ ARCHITECTURE = "KimiLinearForCausalLM"
 
 
 @dataclass(frozen=True)
-class KimiLinearConfig:
+class KimiLinearConfig(MlaVariants):
     """Kimi Linear's hyper-parameters under the names the MLA and MoE parts read (DeepSeek's), with
     KDA's own; `from_hf` maps the published config.json's names onto them."""
 

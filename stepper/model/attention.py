@@ -74,7 +74,7 @@ def query_heads(x: np.ndarray, w: LayerWeights, cfg: Config,
     q = q.reshape(B, T, cfg.num_attention_heads, -1).transpose(0, 2, 1, 3)  # [B, H, T, qk_head (+ v_head)]
     q, gate = split_gate(q, cfg)  # [B, H, T, qk_head], A.X-K2's [B, T, Hv]
     if gate is not None:
-        gate = emit("self_attn.output_gate", gate)
+        gate = emit("self_attn.q_gate", gate)
     q = emit("self_attn.q", q)
     q_nope = emit("self_attn.q_nope", q[..., : cfg.qk_nope_head_dim])  # [B, H, T, nope]
     q_pe = emit("self_attn.q_pe", q[..., cfg.qk_nope_head_dim :])  # [B, H, T, rope]

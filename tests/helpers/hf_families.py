@@ -243,7 +243,7 @@ def _axk2_derive(model, i: int, r: dict) -> dict[str, torch.Tensor]:
     B, T, _ = r["hidden_states"].shape
     gate = r["q_proj_out"].view(B, T, cfg.num_attention_heads, -1)[..., attn.qk_head_dim :]  # [B, T, H, v_head]
     heads = torch.matmul(r["attn_weights"], r["value_states"]).transpose(1, 2)  # [B, T, H, v_head]
-    out = {"self_attn.output_gate": gate.reshape(B, T, -1), "self_attn.attn_output": heads.reshape(B, T, -1),
+    out = {"self_attn.q_gate": gate.reshape(B, T, -1), "self_attn.attn_output": heads.reshape(B, T, -1),
            "self_attn.attn_output_gated": r["attn_output"]}
     for key, name in (("ln1", "input_layernorm"), ("ln2", "post_attention_layernorm")):
         if f"{key}_norm" in r:
@@ -279,7 +279,7 @@ hf_reference.register("axk2", SimpleNamespace(
     rope=INTERLEAVED, interleaved_out=False, extra={},
     checks={"scoring_func": "sigmoid", "topk_method": "noaux_tc"}, drop=("scoring_func", "topk_method"),
     names=[("input_layernorm_gate", "input_layernorm"), ("input_layernorm_gated", "input_layernorm_gate"),
-           ("self_attn.output_gate", "self_attn.q_a_norm"), ("self_attn.attn_output_gated", "self_attn.attn_output"),
+           ("self_attn.q_gate", "self_attn.q_a_norm"), ("self_attn.attn_output_gated", "self_attn.attn_output"),
            ("post_attention_layernorm_gate", "post_attention_layernorm"),
            ("post_attention_layernorm_gated", "post_attention_layernorm_gate")],
     indexed=True, index_rope="apply_rotary_pos_emb", extend=_axk2_extend, derive=_axk2_derive, rename=_axk2_rename))

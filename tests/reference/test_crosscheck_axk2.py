@@ -28,7 +28,7 @@ from stepper.weights.names import weight_shapes
 
 PROMPT = (17, 402, 999, 3, 256, 77, 640)
 RAW = PRESETS["tiny-axk2"]
-GATED = {"input_layernorm_gate", "input_layernorm_gated", "self_attn.output_gate", "self_attn.attn_output_gated",
+GATED = {"input_layernorm_gate", "input_layernorm_gated", "self_attn.q_gate", "self_attn.attn_output_gated",
          "post_attention_layernorm_gate", "post_attention_layernorm_gated"}
 
 
@@ -52,5 +52,5 @@ def test_every_axk2_tensor_matches_transformers(published, start_pos, decode, at
     if attn == "naive":
         expected, compared = catalogued_names(RAW, mine)
         assert GATED <= expected <= compared, expected - compared
-    gate = mine["prefill.layers.1.self_attn.output_gate"]
+    gate = mine["prefill.layers.1.self_attn.q_gate"]
     assert gate.shape == (1, 7, 4 * 48) and np.ptp(1 / (1 + np.exp(-gate))) > 0.5  # the gate varies: it does something
