@@ -29,8 +29,7 @@ from stepper.untrusted.jsonfile import read_json
 
 MODEL_TYPE = "deepseek_v4"
 ARCHITECTURE = "DeepseekV4ForCausalLM"
-SLIDING, CSA, HCA = 0, 4, 128  # the compress ratios a layer may have
-LAYER_KINDS = {SLIDING: "sliding", CSA: "csa", HCA: "hca"}
+SLIDING, CSA, HCA = 0, 4, 128  # the published compress ratios: sliding window only, CSA, HCA
 MAX_HC_MULT = 16  # streams: V4 ships 4; more would make the comb matrix's Sinkhorn rounds the cost
 
 
@@ -89,7 +88,10 @@ class V4Config:
         return self.compress_ratios[layer]
 
     def layer_kind(self, layer: int) -> str:
-        return LAYER_KINDS[self.compress_ratio(layer)]
+        """"sliding", "csa" (ratio 4: overlapping windows and the indexer) or "hca" (any other
+        ratio, as DeepSeek's code takes it; the published checkpoints use 128)."""
+        ratio = self.compress_ratio(layer)
+        return "sliding" if ratio == SLIDING else "csa" if ratio == CSA else "hca"
 
     def is_hash_layer(self, layer: int) -> bool:
         """Whether the layer takes its experts from tid2eid[token_id] rather than from its scores."""
@@ -247,8 +249,9 @@ def _compress_ratios(f: _Fields, layers: int, mtp: int) -> tuple[int, ...]:
     if len(ratios) != layers + mtp:
         raise f.fail("compress_ratios", f"must have {expected}, got {len(ratios)}")
     for i, ratio in enumerate(ratios):
-        if isinstance(ratio, bool) or ratio not in LAYER_KINDS:
-            raise f.fail(f"compress_ratios[{i}]", f"must be 0 (sliding), 4 (CSA) or 128 (HCA), got {_short(ratio)}")
+        if isinstance(ratio, bool) or not isinstance(ratio, int) or ratio < 0 or ratio == 1:
+            raise f.fail(f"compress_ratios[{i}]", f"must be 0 (sliding), 4 (CSA) or another ratio >= 2 (HCA; "
+                         f"published: 128), got {_short(ratio)}")
     return tuple(ratios)
 
 

@@ -1,0 +1,159 @@
+"""DeepSeek-V4's tensors: their shapes by the names the model reads (transformers' module names,
+`model.layers.3.attn_hc.fn`), the names a published checkpoint stores them under
+(`layers.3.hc_attn_fn`, DeepSeek's own, without `model.`), and how each is stored there.
+
+Published storage: FP8 e4m3 with an E8M0 block scale `<name>.scale` [ceil(out/128), ceil(in/128)]
+for the attention's projections, the indexer's query and the shared expert; the routed experts in
+FP4 e2m1, two codes a byte (I8 [out, in/2]) with an E8M0 scale per 32 inputs [out, in/32] when
+`expert_dtype` is fp4 (else FP8 like the rest); BF16 for the embedding, head, norms, the router's
+gate and the compressors' and indexer's own projections; F32 for the sink, the compressors'
+position bias (`ape`), the hyper-connections and the router's bias; I64 for `tid2eid`.
+"""
+
+from __future__ import annotations
+
+import re
+
+from stepper.families.deepseek_v4_config import CSA, V4Config
+
+EMBED, HEAD, NORM = "model.embed_tokens.weight", "lm_head.weight", "model.norm.weight"
+HC_HEAD = ("model.hc_head.hc_fn", "model.hc_head.hc_base", "model.hc_head.hc_scale")
+EXPERT = re.compile(r"mlp\.experts\.\d+\.(gate|up|down)_proj\.weight$")
+
+
+def layer_prefix(layer: int) -> str:
+    return f"model.layers.{layer}."
+
+
+def global_shapes(cfg: V4Config) -> dict[str, tuple[int, ...]]:
+    n, d = cfg.hc_mult, cfg.hidden_size
+    return {EMBED: (cfg.vocab_size, d), HEAD: (cfg.vocab_size, d), NORM: (d,),
+            HC_HEAD[0]: (n, n * d), HC_HEAD[1]: (n,), HC_HEAD[2]: (1,)}
+
+
+def layer_shapes(cfg: V4Config, layer: int) -> dict[str, tuple[int, ...]]:
+    """Every tensor of layer `layer`, by its name relative to the layer."""
+    n, d = cfg.hc_mult, cfg.hidden_size
+    shapes: dict[str, tuple[int, ...]] = {"input_layernorm.weight": (d,), "post_attention_layernorm.weight": (d,)}
+    for site in ("attn_hc", "ffn_hc"):
+        shapes.update({f"{site}.fn": (cfg.hc_mixes, n * d), f"{site}.base": (cfg.hc_mixes,), f"{site}.scale": (3,)})
+    shapes.update(attention_shapes(cfg, layer))
+    shapes.update(moe_shapes(cfg, layer))
+    return shapes
+
+
+def attention_shapes(cfg: V4Config, layer: int) -> dict[str, tuple[int, ...]]:
+    d, h, hd, q = cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim, cfg.q_lora_rank
+    g = cfg.o_groups
+    shapes = {
+        "self_attn.q_a_proj.weight": (q, d), "self_attn.q_a_norm.weight": (q,),
+        "self_attn.q_b_proj.weight": (h * hd, q), "self_attn.kv_proj.weight": (hd, d), "self_attn.kv_norm.weight": (hd,),
+        "self_attn.o_a_proj.weight": (g * cfg.o_lora_rank, h * hd // g),
+        "self_attn.o_b_proj.weight": (d, g * cfg.o_lora_rank), "self_attn.sinks": (h,),
+    }
+    m = cfg.compress_ratio(layer)
+    if m:
+        shapes.update(compressor_shapes("self_attn.compressor.", m, hd, d))
+    if m == CSA:
+        di, hi = cfg.index_head_dim, cfg.index_n_heads
+        shapes.update(compressor_shapes("self_attn.compressor.indexer.", m, di, d))
+        shapes["self_attn.compressor.indexer.q_b_proj.weight"] = (hi * di, q)
+        shapes["self_attn.compressor.indexer.scorer.weights_proj.weight"] = (hi, d)
+    return shapes
+
+
+def compressor_shapes(prefix: str, m: int, width: int, d: int) -> dict[str, tuple[int, ...]]:
+    """A compressor pooling m tokens at `width` channels; at m = 4 its windows overlap, so it
+    projects twice the width (this window's half and the next one's)."""
+    c = 2 if m == CSA else 1
+    return {prefix + "kv_proj.weight": (c * width, d), prefix + "gate_proj.weight": (c * width, d),
+            prefix + "position_bias": (m, c * width), prefix + "kv_norm.weight": (width,)}
+
+
+def moe_shapes(cfg: V4Config, layer: int) -> dict[str, tuple[int, ...]]:
+    d, inter, e = cfg.hidden_size, cfg.moe_intermediate_size, cfg.n_routed_experts
+    shapes: dict[str, tuple[int, ...]] = {"mlp.gate.weight": (e, d)}
+    if cfg.is_hash_layer(layer):
+        shapes["mlp.gate.tid2eid"] = (cfg.vocab_size, cfg.num_experts_per_tok)
+    else:
+        shapes["mlp.gate.e_score_correction_bias"] = (e,)
+    experts = [f"mlp.experts.{i}." for i in range(e)] + ["mlp.shared_experts."] * (cfg.n_shared_experts > 0)
+    for prefix in experts:
+        shapes.update({prefix + "gate_proj.weight": (inter, d), prefix + "up_proj.weight": (inter, d),
+                       prefix + "down_proj.weight": (d, inter)})
+    return shapes
+
+
+def weight_shapes(cfg: V4Config) -> dict[str, tuple[int, ...]]:
+    """Every tensor the model reads, by full name."""
+    shapes = global_shapes(cfg)
+    for layer in range(cfg.num_hidden_layers):
+        shapes.update({layer_prefix(layer) + k: v for k, v in layer_shapes(cfg, layer).items()})
+    return shapes
+
+
+# Published names: transformers' name -> DeepSeek's, in the order they are applied
+GLOBAL_NAMES = {EMBED: "embed.weight", HEAD: "head.weight", NORM: "norm.weight",
+                HC_HEAD[0]: "hc_head_fn", HC_HEAD[1]: "hc_head_base", HC_HEAD[2]: "hc_head_scale"}
+LAYER_RENAMES = (
+    ("input_layernorm.", "attn_norm."), ("post_attention_layernorm.", "ffn_norm."),
+    ("attn_hc.", "hc_attn_"), ("ffn_hc.", "hc_ffn_"),
+    ("self_attn.compressor.indexer.scorer.weights_proj.", "attn.indexer.weights_proj."),
+    ("self_attn.compressor.indexer.q_b_proj.", "attn.indexer.wq_b."),
+    ("self_attn.compressor.indexer.", "attn.indexer.compressor."),
+    ("self_attn.", "attn."), ("mlp.", "ffn."),
+)
+LEAF_RENAMES = (
+    ("q_a_proj.", "wq_a."), ("q_b_proj.", "wq_b."), ("q_a_norm.", "q_norm."), ("o_a_proj.", "wo_a."),
+    ("o_b_proj.", "wo_b."), ("sinks", "attn_sink"), ("gate.e_score_correction_bias", "gate.bias"),
+    ("shared_experts.gate_proj.", "shared_experts.w1."), ("shared_experts.up_proj.", "shared_experts.w3."),
+    ("shared_experts.down_proj.", "shared_experts.w2."),
+)
+COMPRESSOR_LEAVES = (("kv_proj.", "wkv."), ("gate_proj.", "wgate."), ("position_bias", "ape"), ("kv_norm.", "norm."))
+EXPERT_LEAVES = {"gate": "w1", "up": "w3", "down": "w2"}
+
+
+def published_name(name: str) -> str:
+    """`model.layers.3.self_attn.compressor.kv_proj.weight` -> `layers.3.attn.compressor.wkv.weight`."""
+    if name in GLOBAL_NAMES:
+        return GLOBAL_NAMES[name]
+    found = re.fullmatch(r"model\.layers\.(\d+)\.(.+)", name)
+    if found is None:
+        raise KeyError(name)
+    rest = found.group(2)
+    expert = EXPERT.fullmatch(rest)
+    if expert:
+        return f"layers.{found.group(1)}.ffn.experts.{rest.split('.')[2]}.{EXPERT_LEAVES[expert.group(1)]}.weight"
+    compressor = rest.startswith("self_attn.compressor.") and not rest.startswith("self_attn.compressor.indexer.")
+    indexer_compressor = rest.startswith("self_attn.compressor.indexer.") and "q_b_proj" not in rest \
+        and "scorer" not in rest
+    if compressor or indexer_compressor:
+        for old, new in COMPRESSOR_LEAVES:
+            rest = rest.replace("." + old, "." + new)
+    else:
+        for old, new in LEAF_RENAMES:
+            rest = rest.replace(old, new)
+    for old, new in LAYER_RENAMES:
+        if rest.startswith(old):
+            rest = new + rest[len(old):]
+            break
+    return f"layers.{found.group(1)}.{rest}"
+
+
+FP8_LEAVES = ("wq_a.weight", "wq_b.weight", "wkv.weight", "wo_a.weight", "wo_b.weight")
+
+
+def published_storage(cfg: V4Config, published: str) -> str:
+    """How the published checkpoint stores a tensor: F8_E4M3 (+ .scale E8M0), FP4 (I8 + .scale
+    E8M0), BF16, F32 or I64."""
+    if published.endswith("tid2eid"):
+        return "I64"
+    if published.endswith(("attn_sink", ".ape", ".gate.bias")) or ".hc_" in published or published.startswith("hc_"):
+        return "F32"
+    if ".ffn.experts." in published:
+        return "FP4" if cfg.expert_dtype == "fp4" else "F8_E4M3"
+    if cfg.quantization is None:
+        return "BF16"
+    if ".shared_experts." in published or (published.endswith(FP8_LEAVES) and ".compressor." not in published):
+        return "F8_E4M3"
+    return "BF16"
