@@ -11,7 +11,7 @@ module's forward computes it.
 from __future__ import annotations
 
 import copy
-from typing import Any, Self
+from typing import Any
 
 import numpy as np
 import torch
@@ -169,7 +169,7 @@ class Trace:
         self.tensors: dict[str, np.ndarray] = {}
         self.handles = []
 
-    def __enter__(self) -> Self:
+    def __enter__(self) -> Trace:  # noqa: PYI034
         inner = self.model.model
         self._hook(inner.embed_tokens, lambda m, a, o: self.put("embed", o))
         self._hook(inner.hc_head, self.head)

@@ -79,3 +79,28 @@ def test_the_shared_experts_clamp_counts_are_those_of_transformers_input(run):
     expected = [np.count_nonzero(gate > 1.0), np.count_nonzero(np.abs(up) > 1.0)]
     assert mine["layers.2.mlp.shared_experts.clamp_counts"].tolist() == expected
     assert 0 < expected[0] < gate.size and 0 < expected[1] < up.size
+
+
+def test_every_tensor_emitted_has_a_catalogue_entry_whose_cited_line_is_transformers(run):
+    import json
+    from importlib import resources
+    from pathlib import Path
+
+    import transformers
+
+    from stepper.catalog import key_of
+
+    entries = {}
+    for part in ("v4_residual", "v4_router"):
+        raw = json.loads(resources.files("stepper.catalog").joinpath(f"parts/{part}.json").read_text(encoding="utf-8"))
+        entries |= {e["name"]: e for e in raw["tensors"]}
+    mine = run[0]
+    missing = sorted({key_of(k) for k in mine} - set(entries))
+    assert missing == []
+    wrong_rank = sorted(k for k, v in mine.items() if len(entries[key_of(k)]["dims"]) != np.ndim(v))
+    assert wrong_rank == []
+    source = Path(transformers.__file__).parent / "models/deepseek_v4/modeling_deepseek_v4.py"
+    lines = source.read_text(encoding="utf-8").splitlines()
+    for e in entries.values():
+        cited = e["reference"]["transformers-deepseek_v4"]
+        assert lines[cited["lines"][0] - 1].strip() == cited["text"], e["name"]
