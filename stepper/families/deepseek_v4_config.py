@@ -25,6 +25,7 @@ from typing import Any
 
 from stepper.config import Yarn, model_name
 from stepper.errors import StepperError
+from stepper.presets import V4_PRESETS
 from stepper.untrusted.jsonfile import read_json
 
 MODEL_TYPE = "deepseek_v4"
@@ -116,7 +117,7 @@ class V4Config:
     def to_hf(self) -> dict[str, Any]:
         """The config.json a published V4 checkpoint of this model carries."""
         skip = ("name", "rope_scaling", "quantization", "expert_dtype", "compress_ratios")
-        out: dict[str, Any] = {"architectures": [ARCHITECTURE], "model_type": self.model_type,
+        out: dict[str, Any] = {"architectures": [ARCHITECTURE], "model_type": self.model_type, "_name_or_path": self.name,
                                "num_key_value_heads": 1, "hidden_act": "silu", "norm_topk_prob": True,
                                "topk_method": "noaux_tc", "tie_word_embeddings": False, "attention_bias": False}
         out.update({f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in skip})
@@ -149,11 +150,11 @@ def load_v4_config(path: str | Path) -> V4Config:
 
 
 class _Fields:
-    def __init__(self, raw: dict[str, Any], source: str):
-        self.raw, self.source = raw, source
+    def __init__(self, raw: dict[str, Any], source: str, within: str = ""):
+        self.raw, self.source, self.within = raw, source, within  # within: "rope_scaling." for a nested block
 
     def fail(self, field: str, why: str) -> StepperError:
-        return StepperError(f"{self.source}: field '{field}' {why}")
+        return StepperError(f"{self.source}: field '{self.within}{field}' {why}")
 
     def get(self, field: str, default: Any = ...) -> Any:
         if field in self.raw and self.raw[field] is not None:
@@ -267,7 +268,7 @@ def _yarn(f: _Fields) -> Yarn | None:
         return None
     if kind != "yarn":
         raise f.fail("rope_scaling.type", f"must be 'yarn' (or absent), got {_short(kind)}")
-    inner = _Fields(block, f"{f.source}: rope_scaling")
+    inner = _Fields(block, f.source, "rope_scaling.")
     yarn = Yarn(factor=inner.float("factor"),
                 original_max_position_embeddings=inner.int("original_max_position_embeddings"),
                 beta_fast=inner.float("beta_fast", default=32.0), beta_slow=inner.float("beta_slow", default=1.0))
@@ -282,7 +283,7 @@ def _quantization(f: _Fields) -> V4Fp8 | None:
         return None
     if not isinstance(block, dict):
         raise f.fail("quantization_config", f"must be an object, got {_short(block)}")
-    inner = _Fields(block, f"{f.source}: quantization_config")
+    inner = _Fields(block, f.source, "quantization_config.")
     inner.equal("quant_method", "fp8", "V4's weights are FP8 with E8M0 scales")
     inner.equal("fmt", "e4m3", "V4's FP8 weights")
     inner.equal("scale_fmt", "ue8m0", "V4's block scales are powers of two stored as E8M0 `.scale`")
@@ -319,3 +320,10 @@ def _check_relations(cfg: V4Config, f: _Fields) -> None:
         raise f.fail("hc_mult", f"must be at most {MAX_HC_MULT} streams, got {cfg.hc_mult}")
     if cfg.n_shared_experts > 1:
         raise f.fail("n_shared_experts", f"must be 0 or 1 (V4 has one shared expert), got {cfg.n_shared_experts}")
+
+
+def v4_preset(name: str) -> V4Config:
+    """A named V4 preset (stepper.presets.V4_PRESETS) as a config."""
+    if name not in V4_PRESETS:
+        raise StepperError(f"unknown model '{name}': expected one of {', '.join(V4_PRESETS)}")
+    return parse(V4_PRESETS[name], f"preset {name}")
