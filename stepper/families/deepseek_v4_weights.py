@@ -104,7 +104,7 @@ LAYER_RENAMES = (
     ("self_attn.", "attn."), ("mlp.", "ffn."),
 )
 LEAF_RENAMES = (
-    ("q_a_proj.", "wq_a."), ("q_b_proj.", "wq_b."), ("q_a_norm.", "q_norm."), ("o_a_proj.", "wo_a."),
+    ("q_a_proj.", "wq_a."), ("q_b_proj.", "wq_b."), ("kv_proj.", "wkv."), ("q_a_norm.", "q_norm."), ("o_a_proj.", "wo_a."),
     ("o_b_proj.", "wo_b."), ("sinks", "attn_sink"), ("gate.e_score_correction_bias", "gate.bias"),
     ("shared_experts.gate_proj.", "shared_experts.w1."), ("shared_experts.up_proj.", "shared_experts.w3."),
     ("shared_experts.down_proj.", "shared_experts.w2."),
@@ -120,24 +120,16 @@ def published_name(name: str) -> str:
     found = re.fullmatch(r"model\.layers\.(\d+)\.(.+)", name)
     if found is None:
         raise KeyError(name)
-    rest = found.group(2)
+    layer, rest = found.groups()
     expert = EXPERT.fullmatch(rest)
     if expert:
-        return f"layers.{found.group(1)}.ffn.experts.{rest.split('.')[2]}.{EXPERT_LEAVES[expert.group(1)]}.weight"
-    compressor = rest.startswith("self_attn.compressor.") and not rest.startswith("self_attn.compressor.indexer.")
-    indexer_compressor = rest.startswith("self_attn.compressor.indexer.") and "q_b_proj" not in rest \
-        and "scorer" not in rest
-    if compressor or indexer_compressor:
-        for old, new in COMPRESSOR_LEAVES:
-            rest = rest.replace("." + old, "." + new)
-    else:
-        for old, new in LEAF_RENAMES:
-            rest = rest.replace(old, new)
-    for old, new in LAYER_RENAMES:
-        if rest.startswith(old):
-            rest = new + rest[len(old):]
-            break
-    return f"layers.{found.group(1)}.{rest}"
+        return f"layers.{layer}.ffn.experts.{rest.split('.')[2]}.{EXPERT_LEAVES[expert.group(1)]}.weight"
+    old, new = next(((o, n) for o, n in LAYER_RENAMES if rest.startswith(o)), ("", ""))
+    rest = new + rest[len(old):]
+    leaves = COMPRESSOR_LEAVES if rest.startswith(("attn.compressor.", "attn.indexer.compressor.")) else LEAF_RENAMES
+    for old, new in leaves:
+        rest = rest.replace(old, new)
+    return f"layers.{layer}.{rest}"
 
 
 FP8_LEAVES = ("wq_a.weight", "wq_b.weight", "wkv.weight", "wo_a.weight", "wo_b.weight")
