@@ -1,0 +1,72 @@
+"""`stepper run` and `stepper synth` for DeepSeek-V4 (`deepseek_v4`), which has a family of its own
+(stepper.families.deepseek_v4*): a header saying what runs, one row per named tensor, a footer."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from stepper.cli.common import parse_ids, parse_layers
+from stepper.cli.names import only_filter
+from stepper.errors import StepperError
+from stepper.families.deepseek_v4_config import V4Config
+from stepper.families.deepseek_v4_run import open_v4, run_v4, seeded_prompt
+from stepper.families.deepseek_v4_synth import V4Synthetic, synth_v4_checkpoint
+from stepper.seams.trace import Filter, Sink
+from stepper.untrusted import shown
+from stepper.views.sinks import TensorRows, print_wrapped
+
+
+def describe(cfg: V4Config, weights, layers: range, decode: int, seed: int) -> str:
+    """The header: the model's layer kinds and routing, the weights, what runs."""
+    kinds = [cfg.layer_kind(i) for i in range(cfg.num_hidden_layers)]
+    count = ", ".join(f"{kinds.count(k)} {k.upper() if k != 'sliding' else k}" for k in ("sliding", "csa", "hca"))
+    source = f"synthetic weights, seed {seed}" if isinstance(weights, V4Synthetic) else f"weights from {shown(weights.path)}"
+    steps = f", then {decode} decode step{'s' if decode != 1 else ''}" if decode else ""
+    return (f"model {shown(cfg.name)} (deepseek_v4): {cfg.num_hidden_layers} layers ({count}; the first "
+            f"{cfg.num_hash_layers} hash-routed), {cfg.num_attention_heads} heads sharing one key-value head, "
+            f"{cfg.n_routed_experts} experts top-{cfg.num_experts_per_tok}, {cfg.hc_mult} residual streams · {source} · "
+            f"layers {layers.start}..{layers.stop - 1}{steps}")
+
+
+def run(model: str, layers: str | None, ids: str | None, prompt_len: int | None, decode: int, seed: int,
+        only: list[str] | None, plain: bool) -> None:
+    """stepper run on a V4 model (the options V4 takes; the others are refused by the caller)."""
+    weights = open_v4(model, seed)
+    cfg = weights.config
+    chosen = parse_layers(layers)
+    n = cfg.num_hidden_layers
+    first, stop = (0, n) if chosen is None else (chosen[0], n if chosen[1] is None else chosen[1])
+    if not 0 <= first < stop <= n:
+        raise StepperError(f"--layers {first}:{stop}: model {shown(cfg.name)} has layers 0..{n - 1}")
+    weights_check = getattr(weights, "check", None)
+    if weights_check is not None:
+        weights_check(range(n), True)  # every layer runs: a missing tensor is one line before anything runs
+    parsed = parse_ids(ids)
+    prompt = parsed if parsed is not None else seeded_prompt(cfg, seed, 7 if prompt_len is None else prompt_len)
+    console = Console(no_color=plain, highlight=False, markup=False, soft_wrap=True)
+    print_wrapped(console, describe(cfg, weights, range(first, stop), decode, seed), style="bold")
+    rows = TensorRows(console, cfg)
+    counted: list[str] = []
+    views: list[Sink] = [rows, lambda event: counted.append(event.name)]
+    sinks: list[Sink] = views
+    if only:
+        keep = only_filter(only, [], lambda note: sys.stderr.write(f"stepper: {note}\n"))
+        sinks = [Filter(lambda e: keep(e.name), views)]
+    result = run_v4(weights, prompt, decode, sinks, range(first, stop))
+    generated = f" · generated {', '.join(map(str, result.generated))}" if result.generated else ""
+    print_wrapped(console, f"{len(counted)} tensors · prompt {', '.join(map(str, result.prompt))}{generated}", style="dim")
+
+
+def synth(model: str, out: Path, seed: int, force: bool) -> None:
+    """stepper synth of a V4 preset or config.json, in the published layout."""
+    weights = open_v4(model, seed)
+    if not isinstance(weights, V4Synthetic):
+        raise StepperError(f"--model {shown(model)}: synth makes weights for a preset or a config.json, not a checkpoint")
+    synth_v4_checkpoint(weights.config, out, seed, force)
+    names = sorted(p.name for p in out.iterdir())
+    size = sum(p.stat().st_size for p in out.iterdir())
+    print_wrapped(Console(highlight=False, markup=False), f"wrote {shown(out)}: {len(names)} files, "
+                  f"{size / 2**20:.1f} MiB ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})")
