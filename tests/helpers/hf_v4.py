@@ -10,7 +10,6 @@ module's forward computes it.
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import numpy as np
@@ -25,7 +24,7 @@ TINY_V4: dict[str, Any] = {
     "_name_or_path": "tiny-v4-test",
     "vocab_size": 96,
     "hidden_size": 64,
-    "moe_intermediate_size": 24,
+    "moe_intermediate_size": 32,
     "num_hidden_layers": 4,
     "num_attention_heads": 4,
     "num_key_value_heads": 1,
@@ -47,7 +46,7 @@ TINY_V4: dict[str, Any] = {
     "sliding_window": 8,
     "o_groups": 2,
     "o_lora_rank": 16,
-    "index_n_heads": 2,
+    "index_n_heads": 8,  # with 2, every head's relu is often 0 and ties at score 0 make the top-k ambiguous
     "index_head_dim": 16,
     "index_topk": 3,
     "hc_mult": 4,
@@ -59,6 +58,8 @@ TINY_V4: dict[str, Any] = {
     "num_nextn_predict_layers": 1,
     "hidden_act": "silu",
     "tie_word_embeddings": False,
+    "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0", "weight_block_size": [128, 128]},
+    "expert_dtype": "fp4",
 }
 
 HCA_RATE = "heavily_compressed_attention"
@@ -187,6 +188,11 @@ class Trace:
             self._hook(layer.mlp.experts, lambda m, a, o, s=s: self.put(s + "mlp.routed_output", o))
             self._hook(layer.mlp.shared_experts, lambda m, a, o, s=s: self.put(s + "mlp.shared_output", o))
             self._hook(layer.mlp, lambda m, a, o, s=s: self.put(s + "mlp_output", o))
+            compressor = layer.self_attn.compressor
+            if compressor is not None:  # its output: every entry made so far, and the mask over them
+                self._hook(compressor, lambda m, a, o, s=s: self.put(s + "attn.entries", o[0][:, 0]))  # [B, 1, E, D]: one kv head
+            if getattr(compressor, "indexer", None) is not None:  # the entries each query keeps, -1 for none
+                self._hook(compressor.indexer, lambda m, a, o, s=s: self.keep(s + "attn.indexer.chosen", o))
         return self
 
     def __exit__(self, *exc) -> None:
@@ -201,6 +207,10 @@ class Trace:
         self.tensors[name] = t.detach().float().cpu().numpy().copy()
         if more:
             self.put(*more)
+
+    def keep(self, name: str, t: torch.Tensor) -> None:
+        """Keep integer choices as they are."""
+        self.tensors[name] = t.detach().cpu().numpy().copy()
 
     def hc(self, m, args, out, site: str) -> None:
         """post, comb and collapsed from the module; mixes, pre and comb before Sinkhorn made as
@@ -231,8 +241,7 @@ class Trace:
         self.put(s + "mlp.gate.logits", logits)
         self.put(s + "mlp.gate.sqrtsoftplus_scores", F.softplus(logits).sqrt())
         self.put(s + "mlp.gate.topk_weight", weights)
-        self.tensors[s + ("mlp.gate.hash_idx" if hasattr(m, "tid2eid") else "mlp.gate.topk_idx")] = (
-            indices.detach().cpu().numpy().copy())
+        self.keep(s + ("mlp.gate.hash_idx" if hasattr(m, "tid2eid") else "mlp.gate.topk_idx"), indices)
 
 
 def trace(model, ids: np.ndarray, cache=None, positions: np.ndarray | None = None) -> dict[str, np.ndarray]:
@@ -241,7 +250,3 @@ def trace(model, ids: np.ndarray, cache=None, positions: np.ndarray | None = Non
         kwargs = {} if positions is None else {"position_ids": torch.from_numpy(positions)[None]}
         model(input_ids=torch.from_numpy(ids), cache=cache, use_cache=cache is not None, **kwargs)
     return t.tensors
-
-
-def clone(model):
-    return copy.deepcopy(model)
