@@ -1,10 +1,11 @@
 """Synthetic DeepSeek-V4 weights, and `stepper synth` of a V4 checkpoint in the published layout.
 
-Every tensor is made on demand from (seed, its published name), then stored as the published
-checkpoint stores it (deepseek_v4_weights.published_storage): FP8 e4m3 with an E8M0 `.scale` per
-128 x 128 block, routed experts FP4 e2m1 (two codes a byte, I8 [out, in/2]) with an E8M0 `.scale`
-per 32 inputs, BF16, F32, and `tid2eid` I64 (k distinct experts per token). A run on the synthetic
-weights reads what a reader of the written checkpoint computes, bit for bit.
+Every tensor is made on demand from (seed, its published name) and stored as the published
+checkpoint stores it (stepper.weights.published_store: FP8 e4m3 with an E8M0 `.scale` per 128 x 128
+block, routed experts FP4 e2m1 as I8 [out, in/2] with an E8M0 `.scale` per 32 inputs, BF16, F32;
+`tid2eid` I64 with k distinct experts per token). The tensors and their kinds are those
+stepper.weights.deepseek_v4_names lists for the config. A run on the synthetic weights reads what a
+reader of the written checkpoint computes, bit for bit.
 
 The written folder: `config.json` (the published fields, `compress_ratios` with the MTP block's
 entry), `model.safetensors.index.json`, and shards `model-000NN-of-000MM.safetensors`: the
@@ -21,26 +22,28 @@ from pathlib import Path
 
 import numpy as np
 
-from stepper import dtypes, files, fp4, fp8
+from stepper import files, fp4, fp8
 from stepper.errors import StepperError
 from stepper.families.deepseek_v4_config import V4Config
-from stepper.families.deepseek_v4_weights import (
-    EMBED,
-    global_shapes,
-    layer_prefix,
-    layer_shapes,
-    published_name,
-    published_storage,
-    weight_shapes,
-)
+from stepper.families.deepseek_v4_weights import published_name
 from stepper.untrusted import shown
+from stepper.weights import deepseek_v4_names as names
 from stepper.weights.checkpoint import INDEX
+from stepper.weights.published_store import safetensors_dtype, stored_arrays
 from stepper.weights.safetensors_writer import Entry, write_safetensors
 from stepper.weights.stored import Stored
 from stepper.weights.synth import check_replaceable, not_from_synth
 
-SCALE = ".scale"
-MTP_EXTRA = ("enorm.weight", "hnorm.weight", "e_proj.weight", "h_proj.weight", "norm.weight")
+MTP_NORMS = ("enorm.weight", "hnorm.weight", "norm.weight")
+MTP_PROJECTIONS = ("e_proj.weight", "h_proj.weight")
+
+
+def published_tensors(cfg: V4Config) -> dict[str, names.Tensor]:
+    """Every tensor a run reads, by published name, with its shape and kind."""
+    tensors = dict(names.global_tensors(cfg))
+    for layer in range(cfg.num_hidden_layers):
+        tensors |= {names.layer_prefix(layer) + k: t for k, t in names.layer_tensors(cfg, layer).items()}
+    return tensors
 
 
 class V4Synthetic:
@@ -49,12 +52,15 @@ class V4Synthetic:
     def __init__(self, config: V4Config, seed: int = 0):
         self.config = config
         self.seed = seed
-        self.shapes = weight_shapes(config)
+        self.tensors = published_tensors(config)
 
     # The weight source the model reads (transformers' names)
 
     def get(self, name: str) -> np.ndarray:
-        return decoded(self.stored(published_name(self._known(name)), self.shapes[name]))
+        published = published_name(name)
+        if published not in self.tensors:
+            raise StepperError(f"synthetic {shown(self.config.name)}: no tensor '{shown(name)}'")
+        return decoded(self.stored(published, self.tensors[published]))
 
     def get_rows(self, name: str, rows: np.ndarray) -> np.ndarray:
         return self.get(name)[rows]
@@ -66,35 +72,20 @@ class V4Synthetic:
         return Stored("F32", self.get(name)).row_blocks(rows)
 
     def has(self, name: str) -> bool:
-        return name in self.shapes
-
-    def _known(self, name: str) -> str:
-        if name not in self.shapes:
-            raise StepperError(f"synthetic {self.config.name}: no tensor '{name}'")
-        return name
+        return published_name(name) in self.tensors
 
     # The published form
 
-    def stored(self, published: str, shape: tuple[int, ...]) -> dict[str, tuple[str, np.ndarray]]:
-        """{stored name: (safetensors dtype, array)}: the weight, and its `.scale` when quantized."""
-        storage = published_storage(self.config, published)
-        if storage == "I64":
-            return {published: ("I64", self._tid2eid(published, shape))}
-        values = self.values(published, shape)
-        scale = published.removesuffix(".weight") + SCALE
-        if storage == "F8_E4M3":
-            codes, scales = fp4.quantize_fp8_e8m0(values, name=published)
-            return {published: ("F8_E4M3", codes), scale: ("F8_E8M0", scales)}
-        if storage == "FP4":
-            packed, scales = fp4.quantize_fp4(values, name=published)
-            return {published: ("I8", packed), scale: ("F8_E8M0", scales)}
-        if storage == "BF16":
-            return {published: ("BF16", values.astype(dtypes.ml("bfloat16")))}
-        return {published: ("F32", values)}
+    def stored(self, published: str, tensor: names.Tensor) -> dict[str, np.ndarray]:
+        """{stored name: array}: the weight, and its `.scale` when quantized."""
+        if tensor.kind == names.INDEX:
+            return stored_arrays(published, tensor, self._tid2eid(published, tensor.shape))
+        return stored_arrays(published, tensor, self.values(published, tensor.shape))
 
     def values(self, published: str, shape: tuple[int, ...]) -> np.ndarray:
         """The float32 values before storage: norms near 1, biases and the hyper-connections' base
-        small, their scales near 1, sinks and position biases ~ N(0, 1), projections ~ N(0, 1/in)."""
+        small, their scales near 1, sinks, position biases and the embedding ~ N(0, 1), projections
+        ~ N(0, 1/in)."""
         z = self._rng(published).standard_normal(shape, dtype=np.float32)
         if published.endswith("norm.weight"):
             return np.float32(1) + np.float32(0.1) * z
@@ -119,15 +110,16 @@ class V4Synthetic:
         return np.random.default_rng(np.random.SeedSequence([self.seed, *words]))
 
 
-def decoded(stored: dict[str, tuple[str, np.ndarray]]) -> np.ndarray:
+def decoded(stored: dict[str, np.ndarray]) -> np.ndarray:
     """What a reader computes from a stored weight (and its scale): float32, tid2eid as int64."""
-    (dtype, data), *scale = stored.values()
-    if dtype == "I64":
+    data, *scale = stored.values()
+    kind = safetensors_dtype(data)
+    if kind == "I64":
         return data
-    if dtype == "F8_E4M3":
-        return fp8.dequantize(data, fp4.e8m0.decode(fp4.e8m0.as_bytes(scale[0][1])), fp8.BLOCK)
-    if dtype == "I8":
-        return fp4.dequantize_fp4(data, scale[0][1])
+    if kind == "F8_E4M3":
+        return fp8.dequantize(data, fp4.e8m0.decode(fp4.e8m0.as_bytes(scale[0])), fp8.BLOCK)
+    if kind == "I8":
+        return fp4.dequantize_fp4(data, scale[0])
     return np.asarray(data, dtype=np.float32)
 
 
@@ -135,25 +127,24 @@ def decoded(stored: dict[str, tuple[str, np.ndarray]]) -> np.ndarray:
 # The checkpoint on disk
 
 
-def shard_plan(cfg: V4Config) -> list[dict[str, tuple[int, ...]]]:
-    """Published names and shapes, shard by shard: embedding, each layer, the head, the MTP block."""
-    outer = {published_name(n): s for n, s in global_shapes(cfg).items()}
-    embed = {published_name(EMBED): outer.pop(published_name(EMBED))}
-    layers = [{published_name(layer_prefix(i) + n): s for n, s in layer_shapes(cfg, i).items()}
+def shard_plan(cfg: V4Config) -> list[dict[str, names.Tensor]]:
+    """Published tensors, shard by shard: embedding, each layer, the head, the MTP blocks."""
+    outer = dict(names.global_tensors(cfg))
+    embed = {"embed.weight": outer.pop("embed.weight")}
+    layers = [{names.layer_prefix(i) + k: t for k, t in names.layer_tensors(cfg, i).items()}
               for i in range(cfg.num_hidden_layers)]
-    return [embed, *layers, outer, *[mtp_shapes(cfg, k) for k in range(cfg.num_nextn_predict_layers)]]
+    return [embed, *layers, outer, *[mtp_tensors(cfg, k) for k in range(cfg.num_nextn_predict_layers)]]
 
 
-def mtp_shapes(cfg: V4Config, k: int) -> dict[str, tuple[int, ...]]:
-    """The k-th multi-token-prediction block: a layer (of its compress_ratios entry) under `mtp.{k}.`
-    with its own embedding and hidden-state norms and projections and its own head collapse."""
-    layer = cfg.num_hidden_layers + k
-    d, n = cfg.hidden_size, cfg.hc_mult
-    block = {published_name(layer_prefix(layer) + name).replace(f"layers.{layer}.", f"mtp.{k}.", 1): shape
-             for name, shape in layer_shapes(cfg, layer).items()}
-    block |= {f"mtp.{k}.{extra}": ((d, d) if "proj" in extra else (d,)) for extra in MTP_EXTRA}
-    block |= {f"mtp.{k}.hc_head_fn": (n, n * d), f"mtp.{k}.hc_head_base": (n,), f"mtp.{k}.hc_head_scale": (1,)}
-    return block
+def mtp_tensors(cfg: V4Config, k: int) -> dict[str, names.Tensor]:
+    """The k-th multi-token-prediction block: a layer (of its compress_ratios entry) under `mtp.{k}.`,
+    its own norms and projections of the embedding and the hidden state, its own head collapse."""
+    d = cfg.hidden_size
+    block = {f"mtp.{k}.{name}": t for name, t in names.layer_tensors(cfg, cfg.num_hidden_layers + k).items()}
+    block |= {f"mtp.{k}.{name}": names.Tensor((d,), names.FLOAT) for name in MTP_NORMS}
+    block |= {f"mtp.{k}.{name}": names.Tensor((d, d), names.LINEAR) for name in MTP_PROJECTIONS}
+    head = names.global_tensors(cfg)
+    return block | {f"mtp.{k}.{name}": head[name] for name in ("hc_head_fn", "hc_head_base", "hc_head_scale")}
 
 
 def synth_v4_checkpoint(cfg: V4Config, out: Path, seed: int = 0, force: bool = False,
@@ -166,11 +157,11 @@ def synth_v4_checkpoint(cfg: V4Config, out: Path, seed: int = 0, force: bool = F
     try:
         weight_map: dict[str, str] = {}
         total = 0
-        for i, shapes in enumerate(plan, start=1):
+        for i, tensors in enumerate(plan, start=1):
             shard = f"model-{i:05d}-of-{len(plan):05d}.safetensors"
-            entries = [Entry(name, dtype, array.shape, lambda array=array: array)
-                       for published, shape in shapes.items()
-                       for name, (dtype, array) in source.stored(published, shape).items()]
+            entries = [Entry(name, safetensors_dtype(array), array.shape, lambda array=array: array)
+                       for published, tensor in tensors.items()
+                       for name, array in source.stored(published, tensor).items()]
             write_safetensors(partial / shard, entries, {"format": "pt"})
             weight_map |= dict.fromkeys((e.name for e in entries), shard)
             total += sum(e.nbytes for e in entries)

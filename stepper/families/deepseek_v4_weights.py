@@ -1,13 +1,7 @@
-"""DeepSeek-V4's tensors: their shapes by the names the model reads (transformers' module names,
-`model.layers.3.attn_hc.fn`), the names a published checkpoint stores them under
-(`layers.3.hc_attn_fn`, DeepSeek's own, without `model.`), and how each is stored there.
-
-Published storage: FP8 e4m3 with an E8M0 block scale `<name>.scale` [ceil(out/128), ceil(in/128)]
-for the attention's projections, the indexer's query and the shared expert; the routed experts in
-FP4 e2m1, two codes a byte (I8 [out, in/2]) with an E8M0 scale per 32 inputs [out, in/32] when
-`expert_dtype` is fp4 (else FP8 like the rest); BF16 for the embedding, head, norms, the router's
-gate and the compressors' and indexer's own projections; F32 for the sink, the compressors'
-position bias (`ape`), the hyper-connections and the router's bias; I64 for `tid2eid`.
+"""DeepSeek-V4's tensors by the names the model reads (transformers' module names,
+`model.layers.3.attn_hc.fn`) with their shapes, and the name a published checkpoint stores each
+under (`layers.3.hc_attn_fn`, DeepSeek's own, without `model.`). How each is stored there (FP8,
+FP4, BF16, F32, I64) is stepper.weights.deepseek_v4_names' and published_store's.
 """
 
 from __future__ import annotations
@@ -130,22 +124,3 @@ def published_name(name: str) -> str:
     for old, new in leaves:
         rest = rest.replace(old, new)
     return f"layers.{layer}.{rest}"
-
-
-FP8_LEAVES = ("wq_a.weight", "wq_b.weight", "wkv.weight", "wo_a.weight", "wo_b.weight")
-
-
-def published_storage(cfg: V4Config, published: str) -> str:
-    """How the published checkpoint stores a tensor: F8_E4M3 (+ .scale E8M0), FP4 (I8 + .scale
-    E8M0), BF16, F32 or I64."""
-    if published.endswith("tid2eid"):
-        return "I64"
-    if published.endswith(("attn_sink", ".ape", ".gate.bias")) or ".hc_" in published or published.startswith("hc_"):
-        return "F32"
-    if ".ffn.experts." in published:
-        return "FP4" if cfg.expert_dtype == "fp4" else "F8_E4M3"
-    if cfg.quantization is None:
-        return "BF16"
-    if ".shared_experts." in published or (published.endswith(FP8_LEAVES) and ".compressor." not in published):
-        return "F8_E4M3"
-    return "BF16"

@@ -1,13 +1,14 @@
 """DeepSeek-V4's names: each tensor the model reads (transformers' module names) maps to the name
-the published checkpoint stores it under, and transformers' own conversion mapping for
-deepseek_v4 renames that published name back to the same module name."""
+the published checkpoint stores it under, transformers' own conversion mapping for deepseek_v4
+renames that published name back to the same module name, and the published listing of the
+reader (stepper.weights.deepseek_v4_names) has the same tensors with the same shapes."""
 
 from __future__ import annotations
 
 import pytest
 
 from stepper.families.deepseek_v4_config import v4_preset
-from stepper.families.deepseek_v4_weights import published_name, published_storage, weight_shapes
+from stepper.families.deepseek_v4_weights import published_name, weight_shapes
 
 pytest.importorskip("transformers")
 
@@ -51,17 +52,13 @@ def test_a_csa_layer_is_stored_under_deepseeks_names():
         "ffn.shared_experts.w1.weight", "ffn.shared_experts.w2.weight", "ffn.shared_experts.w3.weight"))
 
 
-def test_published_storage_follows_the_checkpoint():
-    cfg = v4_preset("tiny-v4")
-    storage = {published_name(n): published_storage(cfg, published_name(n)) for n in weight_shapes(cfg)}
-    assert storage["layers.1.attn.wq_a.weight"] == "F8_E4M3"
-    assert storage["layers.1.attn.compressor.wkv.weight"] == "BF16"
-    assert storage["layers.1.attn.indexer.wq_b.weight"] == "F8_E4M3"
-    assert storage["layers.1.attn.indexer.compressor.wgate.weight"] == "BF16"
-    assert storage["layers.1.attn.indexer.weights_proj.weight"] == "BF16"
-    assert storage["layers.1.ffn.experts.3.w2.weight"] == "FP4"
-    assert storage["layers.1.ffn.shared_experts.w1.weight"] == "F8_E4M3"
-    assert storage["layers.1.ffn.gate.tid2eid"] == "I64" and storage["layers.2.ffn.gate.bias"] == "F32"
-    assert storage["layers.0.hc_attn_fn"] == "F32" and storage["hc_head_scale"] == "F32"
-    assert storage["layers.1.attn.attn_sink"] == "F32" and storage["layers.1.attn.compressor.ape"] == "F32"
-    assert storage["embed.weight"] == storage["head.weight"] == storage["layers.0.attn_norm.weight"] == "BF16"
+@pytest.mark.parametrize("preset", ["tiny-v4", "deepseek-v4-flash"])
+def test_the_models_names_are_the_published_listing_of_the_same_config(preset):
+    from stepper.weights import deepseek_v4_names as listing
+
+    cfg = v4_preset(preset)
+    published = dict(listing.global_tensors(cfg))
+    for layer in range(cfg.num_hidden_layers):
+        published |= {listing.layer_prefix(layer) + k: t for k, t in listing.layer_tensors(cfg, layer).items()}
+    mine = {published_name(name): shape for name, shape in weight_shapes(cfg).items()}
+    assert mine == {name: t.shape for name, t in published.items()}
