@@ -12,11 +12,19 @@ from stepper.cli.common import parse_ids, parse_layers
 from stepper.cli.names import only_filter
 from stepper.errors import StepperError
 from stepper.families.deepseek_v4_config import V4Config
-from stepper.families.deepseek_v4_run import open_v4, run_v4, seeded_prompt
+from stepper.families.deepseek_v4_run import is_v4_model, open_v4, run_v4, seeded_prompt
 from stepper.families.deepseek_v4_synth import V4Synthetic, synth_v4_checkpoint
 from stepper.seams.trace import Filter, Sink
 from stepper.untrusted import shown
 from stepper.views.sinks import TensorRows, print_wrapped
+
+
+def refuse(options: dict[str, object]) -> None:
+    """One line naming the first option given that a V4 run does not take yet."""
+    given = [name for name, value in options.items() if value not in (None, False, 0, [])]
+    if given:
+        raise StepperError(f"{given[0]}: not available for DeepSeek-V4 models yet (they take --layers, --ids, "
+                           "--prompt-len, --decode, --seed, --only, --plain)")
 
 
 def describe(cfg: V4Config, weights, layers: range, decode: int, seed: int) -> str:
@@ -70,3 +78,6 @@ def synth(model: str, out: Path, seed: int, force: bool) -> None:
     size = sum(p.stat().st_size for p in out.iterdir())
     print_wrapped(Console(highlight=False, markup=False), f"wrote {shown(out)}: {len(names)} files, "
                   f"{size / 2**20:.1f} MiB ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})")
+
+
+__all__ = ["describe", "is_v4_model", "refuse", "run", "synth"]
