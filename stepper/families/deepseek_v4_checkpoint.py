@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from stepper.errors import StepperError
 from stepper.families.deepseek_v4 import checked_tid2eid
 from stepper.families.deepseek_v4_config import load_v4_config
 from stepper.families.deepseek_v4_weights import published_name
@@ -51,9 +52,14 @@ class V4Checkpoint:
         return self.published.has(published_name(name))
 
     def check(self, layers: Iterable[int], with_globals: bool) -> None:
-        """Every tensor these layers (and the globals) need is there, of its dtype, shape and grid,
-        else one line per problem (stepper.weights.published)."""
-        self.published.check(layers, with_globals)
+        """Every tensor these layers (and the globals) need is there, of its dtype, shape and grid
+        (stepper.weights.published), else one line: the first problem, named in the checkpoint's
+        folder (a missing tensor is in no shard), and how many more `stepper inspect` lists."""
+        problems = self.published.problems(layers, with_globals)
+        if problems:
+            first = problems[0]
+            more = f" (and {len(problems) - 1} more: stepper inspect lists them)" if len(problems) > 1 else ""
+            raise StepperError(f"{self.path}{'/' if first.file else ': '}{first.text}{more}")
 
     @property
     def unused(self) -> dict[str, str]:
