@@ -25,6 +25,7 @@ from typing import Any
 
 from stepper.config import Yarn, model_name
 from stepper.errors import StepperError
+from stepper.model.compressed_attention import AttentionDims
 from stepper.presets import V4_PRESETS
 from stepper.untrusted.jsonfile import read_json
 
@@ -97,6 +98,20 @@ class V4Config:
     def is_hash_layer(self, layer: int) -> bool:
         """Whether the layer takes its experts from tid2eid[token_id] rather than from its scores."""
         return layer < self.num_hash_layers
+
+    def dims(self, layer: int) -> AttentionDims:
+        """What layer `layer`'s attention needs (stepper.model.compressed_attention's contract):
+        sliding layers turn by rope_theta, the compressed ones (their compressor and indexer too) by
+        compress_rope_theta with YaRN."""
+        ratio = self.compress_ratio(layer)
+        return AttentionDims(
+            hidden_size=self.hidden_size, num_heads=self.num_attention_heads, head_dim=self.head_dim,
+            rope_dim=self.qk_rope_head_dim, q_lora_rank=self.q_lora_rank, o_groups=self.o_groups,
+            o_lora_rank=self.o_lora_rank, sliding_window=self.sliding_window, compress_ratio=ratio,
+            index_n_heads=self.index_n_heads, index_head_dim=self.index_head_dim, index_topk=self.index_topk,
+            eps=self.rms_norm_eps, rope_theta=self.rope_theta if ratio == SLIDING else self.compress_rope_theta,
+            yarn=None if ratio == SLIDING else self.rope_scaling,
+        )
 
     def is_moe_layer(self, layer: int) -> bool:
         return True  # every V4 layer's FFN is a mixture of experts

@@ -2,7 +2,7 @@
 checkpoint) on a prompt, then greedy decode steps with the caches, every named tensor to the sinks.
 
 The attention of each layer is stepper.model.compressed_attention with the layer's `AttentionDims`
-(`attention_dims`) and its own cache, which keeps the window, the compressors' unfinished windows
+(`V4Config.dims`) and its own cache, which keeps the window, the compressors' unfinished windows
 and their entries from one step to the next. With decode steps the prefill's names are prefixed
 `prefill.` and step k's `decode{k}.`; `shown` limits which layers emit (every layer still runs).
 """
@@ -18,9 +18,9 @@ import numpy as np
 from stepper.errors import StepperError
 from stepper.families.deepseek_v4 import V4Model
 from stepper.families.deepseek_v4_checkpoint import V4Checkpoint
-from stepper.families.deepseek_v4_config import SLIDING, V4Config, is_v4, load_v4_config, v4_preset
+from stepper.families.deepseek_v4_config import V4Config, is_v4, load_v4_config, v4_preset
 from stepper.families.deepseek_v4_synth import V4Synthetic
-from stepper.model.compressed_attention import AttentionDims, attention
+from stepper.model.compressed_attention import attention
 from stepper.model.v4_attention_cache import V4AttentionCache
 from stepper.presets import V4_PRESETS
 from stepper.seams.trace import Emitter, Sink
@@ -53,20 +53,6 @@ def open_v4(model: str, seed: int = 0):
     return V4Checkpoint(path)
 
 
-def attention_dims(cfg: V4Config, layer: int) -> AttentionDims:
-    """What layer `layer`'s attention needs of the config: sliding layers turn by rope_theta, the
-    compressed ones (and their compressors and indexer) by compress_rope_theta with YaRN."""
-    ratio = cfg.compress_ratio(layer)
-    return AttentionDims(
-        hidden_size=cfg.hidden_size, num_heads=cfg.num_attention_heads, head_dim=cfg.head_dim,
-        rope_dim=cfg.qk_rope_head_dim, q_lora_rank=cfg.q_lora_rank, o_groups=cfg.o_groups,
-        o_lora_rank=cfg.o_lora_rank, sliding_window=cfg.sliding_window, compress_ratio=ratio,
-        index_n_heads=cfg.index_n_heads, index_head_dim=cfg.index_head_dim, index_topk=cfg.index_topk,
-        eps=cfg.rms_norm_eps, rope_theta=cfg.rope_theta if ratio == SLIDING else cfg.compress_rope_theta,
-        yarn=None if ratio == SLIDING else cfg.rope_scaling,
-    )
-
-
 class V4Session:
     """The model with one attention cache per layer: each `step` continues where the last one ended."""
 
@@ -76,7 +62,7 @@ class V4Session:
         self.model = V4Model(weights, self.attend)
 
     def attend(self, layer: int, w, emit: Emitter):
-        dims, cache = attention_dims(self.config, layer), self.caches[layer]
+        dims, cache = self.config.dims(layer), self.caches[layer]
         return lambda x: attention(x, w, dims, cache, emit)
 
     def step(self, ids: np.ndarray, emit: Emitter, shown: range | None = None) -> np.ndarray:

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import re
 
-from stepper.families.deepseek_v4_config import CSA, V4Config
+from stepper.families.deepseek_v4_config import V4Config
+from stepper.model import compressed_attention as attention
 
 EMBED, HEAD, NORM = "model.embed_tokens.weight", "lm_head.weight", "model.norm.weight"
 HC_HEAD = ("model.hc_head.hc_fn", "model.hc_head.hc_base", "model.hc_head.hc_scale")
@@ -31,37 +32,9 @@ def layer_shapes(cfg: V4Config, layer: int) -> dict[str, tuple[int, ...]]:
     shapes: dict[str, tuple[int, ...]] = {"input_layernorm.weight": (d,), "post_attention_layernorm.weight": (d,)}
     for site in ("attn_hc", "ffn_hc"):
         shapes.update({f"{site}.fn": (cfg.hc_mixes, n * d), f"{site}.base": (cfg.hc_mixes,), f"{site}.scale": (3,)})
-    shapes.update(attention_shapes(cfg, layer))
+    shapes.update(attention.weight_shapes(cfg.dims(layer)))  # the attention's own list
     shapes.update(moe_shapes(cfg, layer))
     return shapes
-
-
-def attention_shapes(cfg: V4Config, layer: int) -> dict[str, tuple[int, ...]]:
-    d, h, hd, q = cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim, cfg.q_lora_rank
-    g = cfg.o_groups
-    shapes = {
-        "self_attn.q_a_proj.weight": (q, d), "self_attn.q_a_norm.weight": (q,),
-        "self_attn.q_b_proj.weight": (h * hd, q), "self_attn.kv_proj.weight": (hd, d), "self_attn.kv_norm.weight": (hd,),
-        "self_attn.o_a_proj.weight": (g * cfg.o_lora_rank, h * hd // g),
-        "self_attn.o_b_proj.weight": (d, g * cfg.o_lora_rank), "self_attn.sinks": (h,),
-    }
-    m = cfg.compress_ratio(layer)
-    if m:
-        shapes.update(compressor_shapes("self_attn.compressor.", m, hd, d))
-    if m == CSA:
-        di, hi = cfg.index_head_dim, cfg.index_n_heads
-        shapes.update(compressor_shapes("self_attn.compressor.indexer.", m, di, d))
-        shapes["self_attn.compressor.indexer.q_b_proj.weight"] = (hi * di, q)
-        shapes["self_attn.compressor.indexer.scorer.weights_proj.weight"] = (hi, d)
-    return shapes
-
-
-def compressor_shapes(prefix: str, m: int, width: int, d: int) -> dict[str, tuple[int, ...]]:
-    """A compressor pooling m tokens at `width` channels; at m = 4 its windows overlap, so it
-    projects twice the width (this window's half and the next one's)."""
-    c = 2 if m == CSA else 1
-    return {prefix + "kv_proj.weight": (c * width, d), prefix + "gate_proj.weight": (c * width, d),
-            prefix + "position_bias": (m, c * width), prefix + "kv_norm.weight": (width,)}
 
 
 def moe_shapes(cfg: V4Config, layer: int) -> dict[str, tuple[int, ...]]:
