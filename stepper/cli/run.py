@@ -221,9 +221,9 @@ def run_command(
     with user_errors(), ExitStack() as swapped:
         if v4.is_v4_model(model):  # DeepSeek-V4: a family of its own, with the options it takes (cli/v4.py)
             v4.refuse({"--layer": layer, "--prompt": prompt, "--start-pos": start_pos, "--input": input_file,
-                       "--cache-len": cache_len, "--chunk": chunk, "--show": show, "--json": as_json, "--dump": dump,
+                       "--cache-len": cache_len, "--chunk": chunk, "--json": as_json, "--dump": dump,
                        "--use": use, "--patch": patch, "--weight-cache-mb": weight_cache_mb})
-            return v4.run(model, layers, ids, prompt_len, decode, seed, only, plain)
+            return v4.run(model, layers, ids, prompt_len, decode, seed, only, plain, show)
         spec = run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, input_file, attn, weight_cache_mb,
                         prompt, cache_len, index_scoring)
         pictures = parse_show(show)

@@ -17,6 +17,7 @@ from stepper.families.deepseek_v4_synth import V4Synthetic, synth_v4_checkpoint
 from stepper.seams.trace import Filter, Sink
 from stepper.untrusted import shown
 from stepper.views.sinks import TensorRows, print_wrapped
+from stepper.views.v4_pictures import V4_PICTURES, V4Pictures
 
 
 def refuse(options: dict[str, object]) -> None:
@@ -24,7 +25,7 @@ def refuse(options: dict[str, object]) -> None:
     given = [name for name, value in options.items() if value not in (None, False, 0, [])]
     if given:
         raise StepperError(f"{given[0]}: not available for DeepSeek-V4 models yet (they take --layers, --ids, "
-                           "--prompt-len, --decode, --seed, --only, --plain)")
+                           "--prompt-len, --decode, --seed, --only, --show, --plain)")
 
 
 def describe(cfg: V4Config, weights, layers: range, decode: int, seed: int) -> str:
@@ -40,7 +41,7 @@ def describe(cfg: V4Config, weights, layers: range, decode: int, seed: int) -> s
 
 
 def run(model: str, layers: str | None, ids: str | None, prompt_len: int | None, decode: int, seed: int,
-        only: list[str] | None, plain: bool) -> None:
+        only: list[str] | None, plain: bool, show: str | None = None) -> None:
     """stepper run on a V4 model (the options V4 takes; the others are refused by the caller)."""
     weights = open_v4(model, seed)
     cfg = weights.config
@@ -52,6 +53,9 @@ def run(model: str, layers: str | None, ids: str | None, prompt_len: int | None,
     weights_check = getattr(weights, "check", None)
     if weights_check is not None:
         weights_check(range(n), True)  # every layer runs: a missing tensor is one line before anything runs
+    pictures = set() if show is None else {p.strip() for p in show.split(",") if p.strip()}
+    if pictures - set(V4_PICTURES):
+        raise StepperError(f"--show: a DeepSeek-V4 run draws {', '.join(V4_PICTURES)}, got {shown(show)}")
     parsed = parse_ids(ids)
     prompt = parsed if parsed is not None else seeded_prompt(cfg, seed, 7 if prompt_len is None else prompt_len)
     console = Console(no_color=plain, highlight=False, markup=False, soft_wrap=True)
@@ -63,6 +67,8 @@ def run(model: str, layers: str | None, ids: str | None, prompt_len: int | None,
     if only:
         keep = only_filter(only, [], lambda note: sys.stderr.write(f"stepper: {note}\n"))
         sinks = [Filter(lambda e: keep(e.name), views)]
+    if pictures:
+        sinks = [*sinks, V4Pictures(console, cfg, pictures, len(prompt))]
     result = run_v4(weights, prompt, decode, sinks, range(first, stop))
     generated = f" · generated {', '.join(map(str, result.generated))}" if result.generated else ""
     print_wrapped(console, f"{len(counted)} tensors · prompt {', '.join(map(str, result.prompt))}{generated}", style="dim")

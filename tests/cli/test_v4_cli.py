@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from helpers.cli import stepper
+
 from stepper.weights.checkpoint import INDEX
 from stepper.weights.published_store import safetensors_dtype
 from stepper.weights.safetensors_reader import SafetensorsFile
