@@ -63,12 +63,10 @@ def run(model: str, layers: str | None, ids: str | None, prompt_len: int | None,
     rows = TensorRows(console, cfg)
     counted: list[str] = []
     views: list[Sink] = [rows, lambda event: counted.append(event.name)]
-    sinks: list[Sink] = views
-    if only:
-        keep = only_filter(only, [], lambda note: sys.stderr.write(f"stepper: {note}\n"))
-        sinks = [Filter(lambda e: keep(e.name), views)]
+    keep = only_filter(only or [], [], lambda note: sys.stderr.write(f"stepper: {note}\n"))
+    sinks: list[Sink] = [Filter(lambda e: keep(e.name), views)] if only else views
     if pictures:
-        sinks = [*sinks, V4Pictures(console, cfg, pictures, len(prompt))]
+        sinks = [*sinks, V4Pictures(console, cfg, pictures, len(prompt), lambda e: keep(e.name))]
     result = run_v4(weights, prompt, decode, sinks, range(first, stop))
     generated = f" · generated {', '.join(map(str, result.generated))}" if result.generated else ""
     print_wrapped(console, f"{len(counted)} tensors · prompt {', '.join(map(str, result.prompt))}{generated}", style="dim")

@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 from rich.console import Console
 
@@ -21,15 +23,19 @@ V4_PICTURES = ("hc", "reach")
 class V4Pictures:
     """Sink drawing the chosen pictures; it keeps the tensors a picture needs from earlier events."""
 
-    def __init__(self, console: Console, cfg, kinds: set[str], prompt_len: int):
+    def __init__(self, console: Console, cfg, kinds: set[str], prompt_len: int,
+                 shows: Callable[[Event], bool] = lambda event: True):
         self.console, self.cfg, self.kinds, self.prompt_len = console, cfg, kinds, prompt_len
+        self.shows = shows  # whether a tensor is shown (--only): its picture is drawn only then
         self.seen: dict[str, np.ndarray] = {}  # the last pre, post and input streams of each site
 
     def __call__(self, event: Event) -> None:
         key, array = event.key, np.asarray(event.array)
         if key in ("hidden_states", "attn_residual", "attn_hc.pre", "attn_hc.post", "ffn_hc.pre", "ffn_hc.post"):
             self.seen[key] = array
-        elif key.endswith("_hc.comb") and "hc" in self.kinds:
+        if not self.shows(event):
+            return
+        if key.endswith("_hc.comb") and "hc" in self.kinds:
             site = key.removesuffix(".comb")
             streams = self.seen.get("hidden_states" if site == "attn_hc" else "attn_residual")
             self.console.print(hyper_connection_map(array, self.seen.get(f"{site}.pre"), self.seen.get(f"{site}.post"),
