@@ -127,3 +127,15 @@ def test_compress_ratios_of_the_wrong_length(written, tmp_path):
 def test_an_option_v4_does_not_take_is_one_line(written):
     line = one_line_error(stepper("run", "--model", "tiny-v4", "--chunk", "4"))
     assert line.startswith("stepper: error: --chunk: not available for DeepSeek-V4 models yet")
+
+
+def test_show_draws_the_comb_matrix_and_what_a_query_sees():
+    done = stepper("run", "--model", "tiny-v4", "--prompt-len", "30", "--only", "layers.3.ffn_hc.comb",
+                   "--only", "layers.2.attn.chosen", "--show", "hc,reach", "--plain")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    rows = [line for line in out.splitlines() if line.startswith("from ")]
+    assert len(rows) == 4 and all(line.endswith(("1.0000", "0.9999")) for line in rows)  # Sinkhorn: rows sum to 1
+    assert "position 29 of 0..29" in out and out.count("post stream ") == 4
+    assert "query at position 29 · m = 16" in out and "1 of the 1 visible entries" in out  # layer 2 (HCA): (29+1)//16
+    assert out.count("attn_hc.comb") == 0  # only the tensors --only keeps are drawn
