@@ -1,9 +1,9 @@
 """The DeepSeek-V4 family (`deepseek_v4`: V4-Flash, V4-Pro): its config, its weights and the
 model composed from parts.
 
-    embed -> n streams -> layers (hc_pre, input_layernorm, attention, hc_post,
-                                  hc_pre, post_attention_layernorm, MoE, hc_post)
-          -> hc_head collapse -> norm -> lm_head
+    embed -> n streams -> layers (hc_pre, attn_norm, attention, hc_post,
+                                  hc_pre, ffn_norm, MoE, hc_post)
+          -> hc_head collapse -> final norm -> lm_head
 
 Parts: stepper/model/hyper_connections.py (mHC), v4_router.py and clamped_experts.py (the MoE),
 v4_layer.py (the layer and the two ends); the attention is handed in per layer (`Attention`:

@@ -7,8 +7,8 @@ L = `swiglu_limit` (10 in V4):
 
 How often the clamp bites is shown as counts: for each routed expert, how many of its gate
 values were above L and how many of its up values were outside [-L, L] over the tokens it ran
-on (`mlp.experts.clamp_counts` [E, 2]); the same for the shared expert
-(`mlp.shared_experts.clamp_counts` [2]). Each chosen expert runs once, on the tokens that chose
+on (`ffn.experts.clamp_counts` [E, 2]); the same for the shared expert
+(`ffn.shared_experts.clamp_counts` [2]). Each chosen expert runs once, on the tokens that chose
 it, and only chosen experts are read. Weights (transformers' names, relative to the layer):
 `mlp.experts.{e}.{gate,up,down}_proj.weight` (the published w1, w3, w2) and
 `mlp.shared_experts.{gate,up,down}_proj.weight`.
@@ -42,13 +42,13 @@ def v4_moe(x: np.ndarray, ids: np.ndarray, w: LayerWeights, dims: MoeDims, emit:
     tokens = x.reshape(B * T, d)  # [N, d]
     routing = v4_route(tokens, ids.reshape(-1), w, dims.router, emit)
     routed, counts = routed_experts(tokens, routing, w, dims.swiglu_limit, dims.n_routed_experts)  # [N, d], [E, 2]
-    emit("mlp.experts.clamp_counts", counts)
-    routed = emit("mlp.routed_output", routed.reshape(B, T, d))  # [B, T, d]
+    emit("ffn.experts.clamp_counts", counts)
+    routed = emit("ffn.routed_output", routed.reshape(B, T, d))  # [B, T, d]
     if not dims.shared:
         return routed
     out, counts = clamped_swiglu(x, expert_matrices(w, "mlp.shared_experts."), dims.swiglu_limit)  # [B, T, d], [2]
-    emit("mlp.shared_experts.clamp_counts", counts)
-    return routed + emit("mlp.shared_output", out)
+    emit("ffn.shared_experts.clamp_counts", counts)
+    return routed + emit("ffn.shared_output", out)
 
 
 def routed_experts(tokens: np.ndarray, routing: Routing, w: LayerWeights, limit: float,

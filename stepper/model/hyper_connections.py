@@ -16,8 +16,9 @@ block runs on x = sum_j pre_j X_j, and `hc_post` writes its output y back into e
     X'_k = post_k y + sum_j comb[j, k] X_j          (comb read transposed: row j says where X_j goes)
 
 The model's head collapses the streams once more with its own pre weights (`hc_head`).
-Weights (transformers' names, relative to the layer): `{site}.fn` [(2 + n) n, n d], `{site}.base`
-[(2 + n) n], `{site}.scale` [3] for site `attn_hc` and `ffn_hc`; the head's `hc_head.hc_fn` [n, n d],
+Tensors are emitted under DeepSeek's names of the two sites, `hc_attn.*` and `hc_ffn.*`. Weights
+(transformers' names, relative to the layer; published `hc_attn_fn`, ...): `attn_hc.fn` and
+`ffn_hc.fn` [(2 + n) n, n d], `.base` [(2 + n) n], `.scale` [3]; the head's `hc_head.hc_fn` [n, n d],
 `hc_head.hc_base` [n], `hc_head.hc_scale` [1].
 """
 
@@ -51,12 +52,15 @@ class Mixing:
     comb: np.ndarray  # [B, T, n, n] after Sinkhorn
 
 
+WEIGHTS = {"hc_attn": "attn_hc", "hc_ffn": "ffn_hc"}  # a site's emitted names -> its weights' module (transformers')
+
+
 def hc_pre(streams: np.ndarray, w: LayerWeights, site: str, cfg: HcDims, emit: Emitter) -> Mixing:
     """streams [B, T, n, d] -> the block's input and the weights to write its output back with;
-    site "attn_hc" or "ffn_hc"."""
-    n, hc_eps = cfg.hc_mult, cfg.hc_eps
-    base, scale = w(f"{site}.base"), w(f"{site}.scale")  # [(2 + n) n], [3]
-    mixes = emit(f"{site}.mixes", rms_scaled_mixes(streams, w(f"{site}.fn"), cfg.norm_eps))  # [B, T, (2 + n) n]
+    site "hc_attn" (before the attention) or "hc_ffn" (before the MoE), as DeepSeek names them."""
+    n, hc_eps, module = cfg.hc_mult, cfg.hc_eps, WEIGHTS[site]
+    base, scale = w(f"{module}.base"), w(f"{module}.scale")  # [(2 + n) n], [3]
+    mixes = emit(f"{site}.mixes", rms_scaled_mixes(streams, w(f"{module}.fn"), cfg.norm_eps))  # [B, T, (2 + n) n]
     pre = emit(f"{site}.pre", sigmoid(mixes[..., :n] * scale[0] + base[:n]) + np.float32(hc_eps))  # [B, T, n]
     post = emit(f"{site}.post", np.float32(2) * sigmoid(mixes[..., n:2 * n] * scale[1] + base[n:2 * n]))  # [B, T, n]
     comb_logits = mixes[..., 2 * n:].reshape(*mixes.shape[:-1], n, n) * scale[2] + base[2 * n:].reshape(n, n)

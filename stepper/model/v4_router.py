@@ -8,7 +8,7 @@
 - Score layers: the top k of scores + bias (the bias, `e_score_correction_bias`, only chooses).
 
 Either way the weights are the chosen experts' unbiased scores divided by their sum (+ 1e-20),
-times `routed_scaling_factor`. Weights (transformers' names, relative to the layer):
+times `routed_scaling_factor`. Tensors are emitted under DeepSeek's module name, `ffn.gate.*`. Weights (transformers' names, relative to the layer):
 `mlp.gate.weight` [E, d], `mlp.gate.tid2eid` [V, k] (hash layers) or
 `mlp.gate.e_score_correction_bias` [E] (score layers).
 """
@@ -39,13 +39,13 @@ def sqrt_softplus(logits: np.ndarray) -> np.ndarray:
 
 def v4_route(x: np.ndarray, ids: np.ndarray, w: LayerWeights, dims: RouterDims, emit: Emitter) -> Routing:
     """x [N, d], token ids [N] -> the chosen experts [N, k] and their weights [N, k]."""
-    logits = emit("mlp.gate.logits", linear(x, w("mlp.gate.weight")))  # [N, E]
-    scores = emit("mlp.gate.sqrtsoftplus_scores", sqrt_softplus(logits))  # [N, E]
+    logits = emit("ffn.gate.logits", linear(x, w("mlp.gate.weight")))  # [N, E]
+    scores = emit("ffn.gate.scores", sqrt_softplus(logits))  # [N, E]
     if dims.hashed:
-        chosen = emit("mlp.gate.hash_idx", w.source.get_rows(w.prefix + "mlp.gate.tid2eid", ids))  # [N, k]
+        chosen = emit("ffn.gate.hash_idx", w.source.get_rows(w.prefix + "mlp.gate.tid2eid", ids))  # [N, k]
     else:
-        biased = emit("mlp.gate.scores_for_choice", scores + w("mlp.gate.e_score_correction_bias"))  # [N, E]
-        chosen = emit("mlp.gate.topk_idx", top_k(biased, dims.top_k))  # [N, k], best first
+        biased = emit("ffn.gate.biased_scores", scores + w("mlp.gate.e_score_correction_bias"))  # [N, E]
+        chosen = emit("ffn.gate.topk_idx", top_k(biased, dims.top_k))  # [N, k], best first
     weights = np.take_along_axis(scores, chosen, axis=1)  # [N, k], unbiased
     weights = weights / (weights.sum(axis=1, keepdims=True) + np.float32(1e-20)) * np.float32(dims.routed_scaling_factor)
-    return Routing(chosen, emit("mlp.gate.topk_weight", weights.astype(np.float32)))
+    return Routing(chosen, emit("ffn.gate.weights", weights.astype(np.float32)))

@@ -1,6 +1,6 @@
 """The pictures of a DeepSeek-V4 run, drawn after their tensors (`stepper run --show hc,reach`):
 
-- hc: after each hyper-connection's comb matrix (`attn_hc.comb`, `ffn_hc.comb`), the matrix at the
+- hc: after each hyper-connection's comb matrix (`hc_attn.comb`, `hc_ffn.comb`), the matrix at the
   last position with the pre and post weights and the streams it mixes (views.hyper_connections);
 - reach: after a compressed layer's choice of entries (`attn.chosen`), what the last query sees:
   the window, the entries kept and dropped (views.compressed_attention_picture).
@@ -31,13 +31,13 @@ class V4Pictures:
 
     def __call__(self, event: Event) -> None:
         key, array = event.key, np.asarray(event.array)
-        if key in ("hidden_states", "attn_residual", "attn_hc.pre", "attn_hc.post", "ffn_hc.pre", "ffn_hc.post"):
+        if key in ("streams", "attn_streams", "hc_attn.pre", "hc_attn.post", "hc_ffn.pre", "hc_ffn.post"):
             self.seen[key] = array
         if not self.shows(event):
             return
-        if key.endswith("_hc.comb") and "hc" in self.kinds:
+        if key in ("hc_attn.comb", "hc_ffn.comb") and "hc" in self.kinds:
             site = key.removesuffix(".comb")
-            streams = self.seen.get("hidden_states" if site == "attn_hc" else "attn_residual")
+            streams = self.seen.get("streams" if site == "hc_attn" else "attn_streams")
             self.console.print(hyper_connection_map(array, self.seen.get(f"{site}.pre"), self.seen.get(f"{site}.post"),
                                                     streams, title=event.name))
         elif key == "attn.chosen" and "reach" in self.kinds and event.layer is not None:

@@ -81,8 +81,8 @@ def test_run_a_checkpoint_with_decode_steps_and_a_layer_range(written):
     shown_layers = {line.split(".")[2] for line in out.splitlines() if line.startswith(("prefill.layers.", "decode"))
                     and ".layers." in line}
     assert shown_layers == {"1", "2"}
-    for name in ("prefill.layers.1.attn.indexer.chosen", "decode1.layers.2.attn_hc.comb", "decode0.layers.1.mlp.gate.hash_idx",
-                 "decode1.layers.2.mlp.gate.topk_idx", "decode1.layers.2.mlp.experts.clamp_counts"):
+    for name in ("prefill.layers.1.attn.indexer.chosen", "decode1.layers.2.hc_attn.comb", "decode0.layers.1.ffn.gate.hash_idx",
+                 "decode1.layers.2.ffn.gate.topk_idx", "decode1.layers.2.ffn.experts.clamp_counts"):
         assert f"\n{name}  " in out, name
     assert "\nprefill.logits  " not in out and "\nprefill.embed  " not in out  # the ends: only when every layer is shown
     assert "generated" in out.splitlines()[-1]
@@ -130,7 +130,7 @@ def test_an_option_v4_does_not_take_is_one_line(written):
 
 
 def test_show_draws_the_comb_matrix_and_what_a_query_sees():
-    done = stepper("run", "--model", "tiny-v4", "--prompt-len", "30", "--only", "layers.3.ffn_hc.comb",
+    done = stepper("run", "--model", "tiny-v4", "--prompt-len", "30", "--only", "layers.3.hc_ffn.comb",
                    "--only", "layers.2.attn.chosen", "--show", "hc,reach", "--plain")
     assert done.returncode == 0, done.stderr
     out = done.stdout
@@ -138,4 +138,4 @@ def test_show_draws_the_comb_matrix_and_what_a_query_sees():
     assert len(rows) == 4 and all(line.endswith(("1.0000", "0.9999")) for line in rows)  # Sinkhorn: rows sum to 1
     assert "position 29 of 0..29" in out and out.count("post stream ") == 4
     assert "query at position 29 · m = 16" in out and "1 of the 1 visible entries" in out  # layer 2 (HCA): (29+1)//16
-    assert out.count("attn_hc.comb") == 0  # only the tensors --only keeps are drawn
+    assert out.count("hc_attn.comb") == 0  # only the tensors --only keeps are drawn

@@ -25,8 +25,6 @@ def compare(name: str, mine: dict, ref: dict) -> str | None:
         return None if np.array_equal(np.sort(a, 1), np.sort(b, 1)) else "different experts chosen"
     if key == "mlp.gate.topk_weight":
         idx_name = name.replace("topk_weight", "topk_idx")
-        if idx_name not in mine:  # DeepSeek-V4's hash layers: experts in tid2eid's order, on both sides
-            idx_name = name.replace("topk_weight", "hash_idx")
         a = np.take_along_axis(a, np.argsort(mine[idx_name], 1), 1)
         b = np.take_along_axis(b, np.argsort(ref[idx_name], 1), 1)
     finite = np.isfinite(b)

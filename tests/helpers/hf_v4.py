@@ -16,6 +16,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from tests.helpers.compare import RTOL, compare, rel_err
+
 # A tiny V4: a sliding layer, a CSA layer (ratio 4, the indexer) and an HCA layer (ratio 8, so a
 # short prompt closes several windows), the first two layers hash-routed; then the MTP block's entry.
 TINY_V4: dict[str, Any] = {
@@ -174,20 +176,20 @@ class Trace:
         inner = self.model.model
         self._hook(inner.embed_tokens, lambda m, a, o: self.put("embed", o))
         self._hook(inner.hc_head, self.head)
-        self._hook(inner.norm, lambda m, a, o: self.put("norm", o))
+        self._hook(inner.norm, lambda m, a, o: self.put("final_norm", o))
         self._hook(self.model.lm_head, lambda m, a, o: self.put("logits", o))
         for i, layer in enumerate(inner.layers):
             s = f"layers.{i}."
-            self._hook(layer, lambda m, a, o, s=s: self.put(s + "output", o, s + "hidden_states", a[0]))
-            for site in ("attn_hc", "ffn_hc"):
-                self._hook(getattr(layer, site), lambda m, a, o, s=s, site=site: self.hc(m, a, o, s + site))
-            self._hook(layer.input_layernorm, lambda m, a, o, s=s: self.put(s + "input_layernorm", o))
+            self._hook(layer, lambda m, a, o, s=s: self.put(s + "ffn_streams", o, s + "streams", a[0]))
+            for module, site in (("attn_hc", "hc_attn"), ("ffn_hc", "hc_ffn")):
+                self._hook(getattr(layer, module), lambda m, a, o, s=s, site=site: self.hc(m, a, o, s + site))
+            self._hook(layer.input_layernorm, lambda m, a, o, s=s: self.put(s + "attn_norm", o))
             self._hook(layer.self_attn, lambda m, a, o, s=s: self.put(s + "attn_output", o[0]))
-            self._hook(layer.post_attention_layernorm, lambda m, a, o, s=s: self.put(s + "post_attention_layernorm", o))
+            self._hook(layer.post_attention_layernorm, lambda m, a, o, s=s: self.put(s + "ffn_norm", o))
             self._hook(layer.mlp.gate, lambda m, a, o, s=s: self.gate(m, o, s))
-            self._hook(layer.mlp.experts, lambda m, a, o, s=s: self.put(s + "mlp.routed_output", o))
-            self._hook(layer.mlp.shared_experts, lambda m, a, o, s=s: self.put(s + "mlp.shared_output", o))
-            self._hook(layer.mlp, lambda m, a, o, s=s: self.put(s + "mlp_output", o))
+            self._hook(layer.mlp.experts, lambda m, a, o, s=s: self.put(s + "ffn.routed_output", o))
+            self._hook(layer.mlp.shared_experts, lambda m, a, o, s=s: self.put(s + "ffn.shared_output", o))
+            self._hook(layer.mlp, lambda m, a, o, s=s: self.put(s + "ffn_output", o))
             compressor = layer.self_attn.compressor
             if compressor is not None:  # its output: every entry made so far, and the mask over them
                 self._hook(compressor, lambda m, a, o, s=s: self.put(s + "attn.entries", o[0][:, 0]))  # [B, 1, E, D]: one kv head
@@ -226,8 +228,8 @@ class Trace:
         for key, t in (("mixes", mixes), ("pre", pre), ("post", post), ("comb_softmax", soft), ("comb", comb),
                        ("collapsed", collapsed)):
             self.put(f"{site}.{key}", t)
-        if site.endswith("ffn_hc"):  # its input: the streams after attention
-            self.put(site.removesuffix("ffn_hc") + "attn_residual", streams)
+        if site.endswith("hc_ffn"):  # its input: the streams after attention
+            self.put(site.removesuffix("hc_ffn") + "attn_streams", streams)
 
     def head(self, m, args, out) -> None:
         streams = args[0]
@@ -238,10 +240,10 @@ class Trace:
 
     def gate(self, m, out, s: str) -> None:
         logits, weights, indices = out
-        self.put(s + "mlp.gate.logits", logits)
-        self.put(s + "mlp.gate.sqrtsoftplus_scores", F.softplus(logits).sqrt())
-        self.put(s + "mlp.gate.topk_weight", weights)
-        self.keep(s + ("mlp.gate.hash_idx" if hasattr(m, "tid2eid") else "mlp.gate.topk_idx"), indices)
+        self.put(s + "ffn.gate.logits", logits)
+        self.put(s + "ffn.gate.scores", F.softplus(logits).sqrt())
+        self.put(s + "ffn.gate.weights", weights)
+        self.keep(s + ("ffn.gate.hash_idx" if hasattr(m, "tid2eid") else "ffn.gate.topk_idx"), indices)
 
 
 def trace(model, ids: np.ndarray, cache=None, positions: np.ndarray | None = None) -> dict[str, np.ndarray]:
@@ -250,3 +252,20 @@ def trace(model, ids: np.ndarray, cache=None, positions: np.ndarray | None = Non
         kwargs = {} if positions is None else {"position_ids": torch.from_numpy(positions)[None]}
         model(input_ids=torch.from_numpy(ids), cache=cache, use_cache=cache is not None, **kwargs)
     return t.tensors
+
+
+def v4_compare(name: str, mine: dict, ref: dict) -> str | None:
+    """None if stepper's tensor `name` matches transformers', else what differs: choices (experts,
+    the indexer's entries) as sets per row (transformers' top-k is unsorted), the experts' weights
+    in the order of their experts, every other tensor by relative error (tests.helpers.compare)."""
+    if name.endswith(("_idx", "indexer.chosen")):
+        same = np.array_equal(np.sort(mine[name], axis=-1), np.sort(ref[name], axis=-1))
+        return None if same else "different choices"
+    if name.endswith("ffn.gate.weights"):
+        stem = name.removesuffix("weights")
+        idx = next(stem + k for k in ("topk_idx", "hash_idx") if stem + k in mine)
+        a = np.take_along_axis(mine[name], np.argsort(mine[idx], axis=1), axis=1)
+        b = np.take_along_axis(ref[name], np.argsort(ref[idx], axis=1), axis=1)
+        err = rel_err(a, b)
+        return None if err <= RTOL else f"relative error {err:.2e}"
+    return compare(name, mine, ref)

@@ -20,7 +20,6 @@ from stepper.families.deepseek_v4_synth import synth_v4_checkpoint
 from stepper.families.deepseek_v4_weights import weight_shapes
 from stepper.seams.trace import Recorder
 from tests.helpers import hf_v4
-from tests.helpers.compare import compare
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -63,7 +62,7 @@ def test_every_tensor_both_name_matches_in_prefill_and_decode(both):
     # per step: each layer's 12 hyper-connection tensors, 7 of the residual and norms, 5 of the MoE, the
     # compressed layers' entries (3), the 6 of the two ends
     assert len(checked) == 3 * (4 * (12 + 7 + 5) + 3 + 6)
-    wrong = {k: why for k in checked if (why := compare(k, mine, ref))}
+    wrong = {k: why for k in checked if (why := hf_v4.v4_compare(k, mine, ref))}
     assert wrong == {}
     assert {k.split(".", 1)[0] for k in checked} == {"prefill", "decode0", "decode1"}
 
