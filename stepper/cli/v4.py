@@ -11,9 +11,7 @@ from rich.console import Console
 from stepper.cli.common import parse_ids, parse_layers
 from stepper.cli.names import only_filter
 from stepper.errors import StepperError
-from stepper.families.deepseek_v4_config import V4Config
-from stepper.families.deepseek_v4_run import is_v4_model, open_v4, run_v4, seeded_prompt
-from stepper.families.deepseek_v4_synth import V4Synthetic, synth_v4_checkpoint
+from stepper.session import V4Config, V4Synthetic, is_v4_model, open_v4, run_v4_model, synth_v4
 from stepper.seams.trace import Filter, Sink
 from stepper.untrusted import shown
 from stepper.views.sinks import TensorRows, print_wrapped
@@ -57,7 +55,7 @@ def run(model: str, layers: str | None, ids: str | None, prompt_len: int | None,
     if pictures - set(V4_PICTURES):
         raise StepperError(f"--show: a DeepSeek-V4 run draws {', '.join(V4_PICTURES)}, got {shown(show)}")
     parsed = parse_ids(ids)
-    prompt = parsed if parsed is not None else seeded_prompt(cfg, seed, 7 if prompt_len is None else prompt_len)
+    length = len(parsed) if parsed is not None else 7 if prompt_len is None else prompt_len
     console = Console(no_color=plain, highlight=False, markup=False, soft_wrap=True)
     print_wrapped(console, describe(cfg, weights, range(first, stop), decode, seed), style="bold")
     rows = TensorRows(console, cfg)
@@ -66,18 +64,15 @@ def run(model: str, layers: str | None, ids: str | None, prompt_len: int | None,
     keep = only_filter(only or [], [], lambda note: sys.stderr.write(f"stepper: {note}\n"))
     sinks: list[Sink] = [Filter(lambda e: keep(e.name), views)] if only else views
     if pictures:
-        sinks = [*sinks, V4Pictures(console, cfg, pictures, len(prompt), lambda e: keep(e.name))]
-    result = run_v4(weights, prompt, decode, sinks, range(first, stop))
+        sinks = [*sinks, V4Pictures(console, cfg, pictures, length, lambda e: keep(e.name))]
+    result = run_v4_model(weights, parsed, length, decode, seed, sinks, range(first, stop))
     generated = f" · generated {', '.join(map(str, result.generated))}" if result.generated else ""
     print_wrapped(console, f"{len(counted)} tensors · prompt {', '.join(map(str, result.prompt))}{generated}", style="dim")
 
 
 def synth(model: str, out: Path, seed: int, force: bool) -> None:
     """stepper synth of a V4 preset or config.json, in the published layout."""
-    weights = open_v4(model, seed)
-    if not isinstance(weights, V4Synthetic):
-        raise StepperError(f"--model {shown(model)}: synth makes weights for a preset or a config.json, not a checkpoint")
-    synth_v4_checkpoint(weights.config, out, seed, force)
+    synth_v4(model, out, seed, force)
     names = sorted(p.name for p in out.iterdir())
     size = sum(p.stat().st_size for p in out.iterdir())
     print_wrapped(Console(highlight=False, markup=False), f"wrote {shown(out)}: {len(names)} files, "

@@ -26,7 +26,6 @@ from typing import Any
 from stepper.config import Yarn, model_name
 from stepper.errors import StepperError
 from stepper.model.compressed_attention import AttentionDims
-from stepper.presets import V4_PRESETS
 from stepper.untrusted.jsonfile import read_json
 
 MODEL_TYPE = "deepseek_v4"
@@ -335,10 +334,3 @@ def _check_relations(cfg: V4Config, f: _Fields) -> None:
         raise f.fail("hc_mult", f"must be at most {MAX_HC_MULT} streams, got {cfg.hc_mult}")
     if cfg.n_shared_experts > 1:
         raise f.fail("n_shared_experts", f"must be 0 or 1 (V4 has one shared expert), got {cfg.n_shared_experts}")
-
-
-def v4_preset(name: str) -> V4Config:
-    """A named V4 preset (stepper.presets.V4_PRESETS) as a config."""
-    if name not in V4_PRESETS:
-        raise StepperError(f"unknown model '{name}': expected one of {', '.join(V4_PRESETS)}")
-    return parse(V4_PRESETS[name], f"preset {name}")

@@ -1,5 +1,6 @@
-"""A run of DeepSeek-V4: the model (synthetic weights of a preset or config.json, or a published
-checkpoint) on a prompt, then greedy decode steps with the caches, every named tensor to the sinks.
+"""A run of DeepSeek-V4: the model on a prompt (its weights: synthetic, deepseek_v4_synth, or a
+published checkpoint, deepseek_v4_checkpoint; stepper.session opens either), then greedy decode
+steps with the caches, every named tensor to the sinks.
 
 The attention of each layer is stepper.model.compressed_attention with the layer's `AttentionDims`
 (`V4Config.dims`) and its own cache, which keeps the window, the compressors' unfinished windows
@@ -11,46 +12,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from stepper.errors import StepperError
 from stepper.families.deepseek_v4 import V4Model
-from stepper.families.deepseek_v4_checkpoint import V4Checkpoint
-from stepper.families.deepseek_v4_config import V4Config, is_v4, load_v4_config, v4_preset
-from stepper.families.deepseek_v4_synth import V4Synthetic
+from stepper.families.deepseek_v4_config import V4Config
 from stepper.model.compressed_attention import attention
 from stepper.model.v4_attention_cache import V4AttentionCache
-from stepper.presets import V4_PRESETS
 from stepper.seams.trace import Emitter, Sink
-from stepper.untrusted.jsonfile import read_json
-
-
-def is_v4_model(model: str) -> bool:
-    """A V4 preset, or a folder or config.json whose model_type is deepseek_v4."""
-    if model in V4_PRESETS:
-        return True
-    path = Path(model)
-    config = path / "config.json" if path.is_dir() else path
-    if not config.is_file() or config.suffix != ".json":
-        return False
-    try:
-        return is_v4(read_json(config, "a config.json"))
-    except StepperError:
-        return False  # the family that reads it says what is wrong
-
-
-def open_v4(model: str, seed: int = 0):
-    """The weights of a V4 preset (synthetic), config.json (synthetic) or checkpoint folder."""
-    if model in V4_PRESETS:
-        return V4Synthetic(v4_preset(model), seed)
-    path = Path(model)
-    if path.is_file():
-        return V4Synthetic(load_v4_config(path), seed)
-    if not any(path.glob("*.safetensors")):
-        return V4Synthetic(load_v4_config(path / "config.json"), seed)
-    return V4Checkpoint(path)
 
 
 class V4Session:
@@ -92,7 +62,3 @@ def run_v4(weights, prompt: Sequence[int], decode: int, sinks: Sequence[Sink], s
             ids = np.argmax(logits[:, -1:], axis=-1)  # [1, 1], the greedy next token
             generated.append(int(ids[0, 0]))
     return V4Result(cfg, tuple(prompt), tuple(generated))
-
-
-def seeded_prompt(cfg: V4Config, seed: int, length: int) -> tuple[int, ...]:
-    return tuple(int(i) for i in np.random.default_rng(seed).integers(0, cfg.vocab_size, size=length))

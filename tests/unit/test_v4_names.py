@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from stepper.families.deepseek_v4_config import v4_preset
+from stepper.session import v4_preset
 from stepper.families.deepseek_v4_weights import published_name, weight_shapes
 
 pytest.importorskip("transformers")
