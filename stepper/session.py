@@ -27,13 +27,13 @@ import numpy as np
 from stepper import prefill
 from stepper.config import Config, load_config
 from stepper.errors import StepperError
-from stepper.kernels.weight_cache import CachedWeights
-from stepper.model import KVCache, Transformer, synthetic_cache
-from stepper.model.layer_weights import LayerWeights
 from stepper.families.deepseek_v4_checkpoint import V4Checkpoint
 from stepper.families.deepseek_v4_config import V4Config, is_v4, load_v4_config
 from stepper.families.deepseek_v4_run import V4Result, run_v4
 from stepper.families.deepseek_v4_synth import V4Synthetic, synth_v4_checkpoint
+from stepper.kernels.weight_cache import CachedWeights
+from stepper.model import KVCache, Transformer, synthetic_cache
+from stepper.model.layer_weights import LayerWeights
 from stepper.presets import PRESETS, V4_PRESETS, preset
 from stepper.seams.trace import Emitter, Sink
 from stepper.text import Tokens, load_tokenizer

@@ -11,8 +11,8 @@ from rich.console import Console
 from stepper.cli.common import parse_ids, parse_layers
 from stepper.cli.names import only_filter
 from stepper.errors import StepperError
-from stepper.session import V4Config, V4Synthetic, is_v4_model, open_v4, run_v4_model, synth_v4
 from stepper.seams.trace import Filter, Sink
+from stepper.session import V4Config, V4Synthetic, is_v4_model, open_v4, run_v4_model, synth_v4
 from stepper.untrusted import shown
 from stepper.views.sinks import TensorRows, print_wrapped
 from stepper.views.v4_pictures import V4_PICTURES, V4Pictures
