@@ -427,9 +427,10 @@ def open_v4(model: str, seed: int = 0) -> V4Synthetic | V4Checkpoint:
 def run_v4_model(weights: V4Synthetic | V4Checkpoint, ids: tuple[int, ...] | None, prompt_len: int, decode: int,
                  seed: int, sinks: list[Sink], shown: range | None = None) -> V4Result:
     """The prompt (ids, or prompt_len tokens drawn from the seed as for any model), then `decode`
-    greedy steps; layers outside `shown` run silently."""
+    steps (greedy; drawn from the seed when `shown` ends before the last layer); layers before
+    `shown` run silently."""
     prompt = seeded_tokens(seed, weights.config, prompt_len) if ids is None else ids
-    return run_v4(weights, prompt, decode, sinks, shown)
+    return run_v4(weights, prompt, decode, sinks, shown, seed)
 
 
 def synth_v4(model: str, out: Path, seed: int, force: bool) -> None:

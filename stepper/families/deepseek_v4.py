@@ -116,13 +116,15 @@ class V4Model:
         hidden = v4_final(streams, head, layer_dims(self.config, 0), emit)  # [B, T, d]
         return emit("logits", lm_head(hidden, self.weights))
 
-    def forward(self, ids: np.ndarray, emit: Emitter, shown: range | None = None) -> np.ndarray:
-        """ids [B, T] -> logits [B, T, V]; `shown` limits which layers emit (the others run silently)."""
+    def forward(self, ids: np.ndarray, emit: Emitter, shown: range | None = None) -> np.ndarray | None:
+        """ids [B, T] -> logits [B, T, V]. `shown` limits which layers emit: the layers before them
+        run silently, the pass stops after the last one shown, and only a pass over every layer
+        emits the embedding and the head and returns logits (else None)."""
         n = self.config.num_hidden_layers
         shown = range(n) if shown is None else shown
-        whole = emit if shown == range(n) else emit.silent()
-        streams = self.start(ids, whole)
-        for i in range(n):
-            emit.progress("layers", i, n)
+        whole = shown == range(n)
+        streams = self.start(ids, emit if whole else emit.silent())
+        for i in range(shown.stop):
+            emit.progress("layers", i, shown.stop)
             streams = self.layer(i, streams, ids, emit if i in shown else emit.silent())
-        return self.head(streams, whole)
+        return self.head(streams, emit) if whole else None

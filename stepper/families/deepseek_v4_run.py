@@ -35,8 +35,8 @@ class V4Session:
         dims, cache = self.config.dims(layer), self.caches[layer]
         return lambda x: attention(x, w, dims, cache, emit)
 
-    def step(self, ids: np.ndarray, emit: Emitter, shown: range | None = None) -> np.ndarray:
-        """ids [B, T], the next T positions -> logits [B, T, V]."""
+    def step(self, ids: np.ndarray, emit: Emitter, shown: range | None = None) -> np.ndarray | None:
+        """ids [B, T], the next T positions -> logits [B, T, V] (None when `shown` stops early)."""
         return self.model.forward(ids, emit, shown)
 
 
@@ -47,18 +47,22 @@ class V4Result:
     generated: tuple[int, ...]
 
 
-def run_v4(weights, prompt: Sequence[int], decode: int, sinks: Sequence[Sink], shown: range | None = None) -> V4Result:
-    """The prompt, then `decode` greedy steps, every named tensor to the sinks."""
+def run_v4(weights, prompt: Sequence[int], decode: int, sinks: Sequence[Sink], shown: range | None = None,
+           seed: int = 0) -> V4Result:
+    """The prompt, then `decode` steps, every named tensor to the sinks: each step feeds the greedy
+    token, or, when the pass stops before the last layer (no logits), one drawn from the seed."""
     cfg = weights.config
     bad = [i for i in prompt if not 0 <= i < cfg.vocab_size]
     if bad:
         raise StepperError(f"token id {bad[0]} out of range: model {cfg.name} has vocab_size {cfg.vocab_size}")
     session, emit = V4Session(weights), Emitter(sinks)
     ids, generated = np.asarray([prompt], dtype=np.int64), []
+    drawn = np.random.default_rng([seed, 2]).integers(0, cfg.vocab_size, decode)  # tokens when there are no logits
     for step in range(decode + 1):
         phase = None if decode == 0 else "prefill" if step == 0 else f"decode{step - 1}"
         logits = session.step(ids, emit.phase(phase), shown)
         if step < decode:
-            ids = np.argmax(logits[:, -1:], axis=-1)  # [1, 1], the greedy next token
-            generated.append(int(ids[0, 0]))
+            token = int(drawn[step]) if logits is None else int(np.argmax(logits[0, -1]))  # greedy
+            ids = np.array([[token]], dtype=np.int64)  # [1, 1]
+            generated.append(token)
     return V4Result(cfg, tuple(prompt), tuple(generated))

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stepper import files, fp4, fp8
+from stepper import dtypes, files, fp4, fp8
 from stepper.errors import StepperError
 from stepper.families.deepseek_v4_config import V4Config
 from stepper.families.deepseek_v4_weights import published_name
@@ -35,6 +35,7 @@ from stepper.weights.stored import Stored
 from stepper.weights.synth import check_replaceable, not_from_synth
 
 MTP_NORMS = ("enorm.weight", "hnorm.weight", "norm.weight")
+ROW_BY_ROW = ("embed.weight", "head.weight")  # BF16 tables made a row at a time: never whole in memory
 MTP_PROJECTIONS = ("e_proj.weight", "h_proj.weight")
 
 
@@ -63,13 +64,24 @@ class V4Synthetic:
         return decoded(self.stored(published, self.tensors[published]))
 
     def get_rows(self, name: str, rows: np.ndarray) -> np.ndarray:
+        """get(name)[rows]; the embedding's rows made alone (V4-Flash's whole table is 2 GB in float32)."""
+        published = published_name(name)
+        if published in ROW_BY_ROW:
+            return self._bf16(self._rows(published, np.asarray(rows)))
         return self.get(name)[rows]
 
     def matrix(self, name: str) -> np.ndarray:
         return self.get(name)
 
     def row_blocks(self, name: str, rows: int) -> Iterator[Stored]:
-        return Stored("F32", self.get(name)).row_blocks(rows)
+        """The tensor `rows` rows at a time; the embedding's and the head's blocks made one by one."""
+        published = published_name(name)
+        if published not in ROW_BY_ROW:
+            yield from Stored("F32", self.get(name)).row_blocks(rows)
+            return
+        total = self.tensors[published].shape[0]
+        for start in range(0, total, rows):
+            yield Stored("F32", self._bf16(self._rows(published, np.arange(start, min(start + rows, total)))))
 
     def has(self, name: str) -> bool:
         return published_name(name) in self.tensors
@@ -86,6 +98,8 @@ class V4Synthetic:
         """The float32 values before storage: norms near 1, biases and the hyper-connections' base
         small, their scales near 1, sinks, position biases and the embedding ~ N(0, 1), projections
         ~ N(0, 1/in)."""
+        if published in ROW_BY_ROW:
+            return self._rows(published, np.arange(shape[0]))
         z = self._rng(published).standard_normal(shape, dtype=np.float32)
         if published.endswith("norm.weight"):
             return np.float32(1) + np.float32(0.1) * z
@@ -93,7 +107,7 @@ class V4Synthetic:
             return np.float32(0.1) * z
         if published.endswith("_scale"):
             return np.float32(1) + np.float32(0.1) * z
-        if published.endswith(("attn_sink", ".ape")) or published == "embed.weight":
+        if published.endswith(("attn_sink", ".ape")):
             return z
         return z * np.float32(1 / np.sqrt(shape[-1]))
 
@@ -105,9 +119,24 @@ class V4Synthetic:
         start = rng.integers(0, len(experts), size=shape[0])
         return experts[(start[:, None] + np.arange(shape[1])) % len(experts)].astype(np.int64)
 
-    def _rng(self, name: str) -> np.random.Generator:
+    def _rows(self, published: str, rows: np.ndarray) -> np.ndarray:
+        """Rows of the embedding (~ N(0, 1)) or the head (~ N(0, 1/d)), each from its own stream.
+        [R] -> [R, d]"""
+        d = self.config.hidden_size
+        scale = np.float32(1) if published == "embed.weight" else np.float32(1 / np.sqrt(d))
+        out = np.empty((*rows.shape, d), dtype=np.float32)
+        for index, row in np.ndenumerate(rows):
+            out[index] = self._rng(published, int(row)).standard_normal(d, dtype=np.float32) * scale
+        return out
+
+    @staticmethod
+    def _bf16(values: np.ndarray) -> np.ndarray:
+        """As a reader of the BF16 table computes it."""
+        return values.astype(dtypes.ml("bfloat16")).astype(np.float32)
+
+    def _rng(self, name: str, *stream: int) -> np.random.Generator:
         words = np.frombuffer(hashlib.sha256(name.encode()).digest()[:16], dtype=np.uint32).tolist()
-        return np.random.default_rng(np.random.SeedSequence([self.seed, *words]))
+        return np.random.default_rng(np.random.SeedSequence([self.seed, *words, *stream]))
 
 
 def decoded(stored: dict[str, np.ndarray]) -> np.ndarray:
