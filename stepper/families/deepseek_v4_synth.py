@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stepper import dtypes, files, fp4, fp8
+from stepper import dtypes, files
 from stepper.errors import StepperError
 from stepper.families.deepseek_v4_config import V4Config
 from stepper.families.deepseek_v4_weights import published_name
@@ -31,7 +31,7 @@ from stepper.weights import deepseek_v4_names as names
 from stepper.weights.checkpoint import INDEX
 from stepper.weights.published_store import safetensors_dtype, stored_arrays
 from stepper.weights.safetensors_writer import Entry, write_safetensors
-from stepper.weights.stored import Stored
+from stepper.weights.stored import FP4, Stored
 from stepper.weights.synth import check_replaceable, not_from_synth
 
 MTP_NORMS = ("enorm.weight", "hnorm.weight", "norm.weight")
@@ -58,10 +58,11 @@ class V4Synthetic:
     # The weight source the model reads (transformers' names)
 
     def get(self, name: str) -> np.ndarray:
-        published = published_name(name)
-        if published not in self.tensors:
-            raise StepperError(f"synthetic {shown(self.config.name)}: no tensor '{shown(name)}'")
-        return decoded(self.stored(published, self.tensors[published]))
+        """A float32 tensor as a reader decodes it; tid2eid as its integers."""
+        published, tensor = self._tensor(name)
+        if tensor.kind == names.INDEX:
+            return self._tid2eid(published, tensor.shape)
+        return self.as_stored(name).as_float32(published)
 
     def get_rows(self, name: str, rows: np.ndarray) -> np.ndarray:
         """get(name)[rows]; the embedding's rows made alone (V4-Flash's whole table is 2 GB in float32)."""
@@ -70,8 +71,23 @@ class V4Synthetic:
             return self._bf16(self._rows(published, np.asarray(rows)))
         return self.get(name)[rows]
 
-    def matrix(self, name: str) -> np.ndarray:
-        return self.get(name)
+    def matrix(self, name: str):
+        """What the model multiplies with: FP8 and FP4 weights kept as stored (decoded tile by tile in
+        the products, stepper.kernels), BF16 and F32 ones too."""
+        return self.as_stored(name).matrix(published_name(name))
+
+    def as_stored(self, name: str) -> Stored:
+        """The tensor as a reader of the published checkpoint holds it (FP4 bytes and E8M0 scales, ...)."""
+        published, tensor = self._tensor(name)
+        data, *scale = self.stored(published, tensor).values()
+        kind = safetensors_dtype(data)
+        return Stored(FP4 if kind == "I8" else kind, data, scale[0] if scale else None)
+
+    def _tensor(self, name: str) -> tuple[str, names.Tensor]:
+        published = published_name(name)
+        if published not in self.tensors:
+            raise StepperError(f"synthetic {shown(self.config.name)}: no tensor '{shown(name)}'")
+        return published, self.tensors[published]
 
     def row_blocks(self, name: str, rows: int) -> Iterator[Stored]:
         """The tensor `rows` rows at a time; the embedding's and the head's blocks made one by one."""
@@ -137,19 +153,6 @@ class V4Synthetic:
     def _rng(self, name: str, *stream: int) -> np.random.Generator:
         words = np.frombuffer(hashlib.sha256(name.encode()).digest()[:16], dtype=np.uint32).tolist()
         return np.random.default_rng(np.random.SeedSequence([self.seed, *words, *stream]))
-
-
-def decoded(stored: dict[str, np.ndarray]) -> np.ndarray:
-    """What a reader computes from a stored weight (and its scale): float32, tid2eid as int64."""
-    data, *scale = stored.values()
-    kind = safetensors_dtype(data)
-    if kind == "I64":
-        return data
-    if kind == "F8_E4M3":
-        return fp8.dequantize(data, fp4.e8m0.decode(fp4.e8m0.as_bytes(scale[0])), fp8.BLOCK)
-    if kind == "I8":
-        return fp4.dequantize_fp4(data, scale[0])
-    return np.asarray(data, dtype=np.float32)
 
 
 # ---------------------------------------------------------------------------------------------
