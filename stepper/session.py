@@ -28,14 +28,14 @@ from stepper import prefill
 from stepper.config import Config, load_config
 from stepper.errors import StepperError
 from stepper.families.deepseek_v4_checkpoint import V4Checkpoint
-from stepper.families.deepseek_v4_config import V4Config, is_v4, load_v4_config
+from stepper.families.deepseek_v4_config import V4Config, is_v4, load_v4_config, miniature
 from stepper.families.deepseek_v4_run import V4Result, run_v4
 from stepper.families.deepseek_v4_synth import V4Synthetic, synth_v4_checkpoint
 from stepper.kernels.weight_cache import CachedWeights
 from stepper.model import KVCache, Transformer, synthetic_cache
 from stepper.model.layer_weights import LayerWeights
 from stepper.presets import PRESETS, V4_PRESETS, preset
-from stepper.seams.trace import Emitter, Sink
+from stepper.seams.trace import Emitter, Recorder, Sink
 from stepper.text import Tokens, load_tokenizer
 from stepper.untrusted.jsonfile import read_json
 from stepper.weights import remote
@@ -439,3 +439,12 @@ def synth_v4(model: str, out: Path, seed: int, force: bool) -> None:
     if not isinstance(weights, V4Synthetic):
         raise StepperError(f"--model {model}: synth makes weights for a preset or a config.json, not a checkpoint")
     synth_v4_checkpoint(weights.config, out, seed, force)
+
+
+def v4_layer_emits(cfg: V4Config, layer: int) -> list[tuple[str, tuple[int, ...], str]]:
+    """What layer `layer` of a V4 config emits, in order: (name, shape, dtype), learned from the
+    model code by running the layer's miniature (same branches, tiny sizes) on two positions."""
+    mini = miniature(cfg, layer)
+    recorder = Recorder()
+    run_v4(V4Synthetic(mini), (1, 2), 0, [recorder])
+    return [(e.key, tuple(e.array.shape), str(e.array.dtype)) for e in recorder.events if e.layer == 0]

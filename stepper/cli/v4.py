@@ -12,9 +12,10 @@ from stepper.cli.common import parse_ids, parse_layers
 from stepper.cli.names import only_filter
 from stepper.errors import StepperError
 from stepper.seams.trace import Filter, Sink
-from stepper.session import V4Config, V4Synthetic, is_v4_model, open_v4, run_v4_model, synth_v4
+from stepper.session import V4Config, V4Synthetic, is_v4_model, open_v4, run_v4_model, synth_v4, v4_layer_emits
 from stepper.untrusted import shown
 from stepper.views.sinks import TensorRows, print_wrapped
+from stepper.views import v4_catalog
 from stepper.views.v4_pictures import V4_PICTURES, V4Pictures
 
 
@@ -79,4 +80,28 @@ def synth(model: str, out: Path, seed: int, force: bool) -> None:
                   f"{size / 2**20:.1f} MiB ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})")
 
 
-__all__ = ["describe", "is_v4_model", "refuse", "run", "synth"]
+def explain(name: str, model: str, plain: bool) -> None:
+    """stepper explain on a V4 model: the entries of its catalogue parts."""
+    cfg = open_v4(model).config
+    found = v4_catalog.find(name)
+    if not found:
+        raise StepperError(f"no DeepSeek-V4 tensor matches '{shown(name)}' (stepper tree --model {shown(model)} lists them)")
+    console = Console(no_color=plain, highlight=False, markup=False, soft_wrap=True)
+    for entry in found:
+        console.print(v4_catalog.explain(entry, cfg))
+        console.print()
+
+
+def tree(model: str, layer: int | None, plain: bool) -> None:
+    """stepper tree on a V4 model: one layer of each kind (or layer N), its tensors in order."""
+    cfg = open_v4(model).config
+    n = cfg.num_hidden_layers
+    if layer is not None and not 0 <= layer < n:
+        raise StepperError(f"--layer {layer}: model {shown(cfg.name)} has layers 0..{n - 1}")
+    kinds = {(cfg.layer_kind(i), cfg.is_hash_layer(i)): i for i in reversed(range(n))}
+    console = Console(no_color=plain, highlight=False, markup=False)
+    for i in [layer] if layer is not None else sorted(kinds.values()):
+        console.print(v4_catalog.tree(cfg, i, v4_layer_emits(cfg, i)))
+
+
+__all__ = ["describe", "explain", "is_v4_model", "refuse", "run", "synth", "tree"]

@@ -334,3 +334,18 @@ def _check_relations(cfg: V4Config, f: _Fields) -> None:
         raise f.fail("hc_mult", f"must be at most {MAX_HC_MULT} streams, got {cfg.hc_mult}")
     if cfg.n_shared_experts > 1:
         raise f.fail("n_shared_experts", f"must be 0 or 1 (V4 has one shared expert), got {cfg.n_shared_experts}")
+
+
+def miniature(cfg: V4Config, layer: int) -> V4Config:
+    """A one-layer config of tiny sizes whose layer 0 takes every branch layer `layer` of cfg
+    takes: its kind (sliding, CSA with the indexer, HCA at cfg's ratio), hash- or score-routed,
+    a shared expert or none. Unquantized (storage changes no name or order)."""
+    ratio = cfg.compress_ratio(layer)
+    return dataclasses.replace(
+        cfg, name=f"miniature of {cfg.name}", vocab_size=16, hidden_size=32, moe_intermediate_size=32,
+        num_hidden_layers=1, num_attention_heads=2, head_dim=16, q_lora_rank=8, qk_rope_head_dim=4,
+        n_routed_experts=4, num_experts_per_tok=2, sliding_window=4, o_groups=2, o_lora_rank=4, index_n_heads=2,
+        index_head_dim=8, index_topk=2, hc_mult=2, hc_sinkhorn_iters=3, num_hash_layers=int(cfg.is_hash_layer(layer)),
+        compress_ratios=(ratio, 0), num_nextn_predict_layers=1, quantization=None, expert_dtype=None,
+        max_position_embeddings=64,
+    )
