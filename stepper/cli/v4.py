@@ -99,7 +99,7 @@ def tree(model: str, layer: int | None, plain: bool) -> None:
     if layer is not None and not 0 <= layer < n:
         raise StepperError(f"--layer {layer}: model {shown(cfg.name)} has layers 0..{n - 1}")
     kinds = {(cfg.layer_kind(i), cfg.is_hash_layer(i)): i for i in reversed(range(n))}
-    console = Console(no_color=plain, highlight=False, markup=False)
+    console = Console(no_color=plain, highlight=False, markup=False, soft_wrap=True)
     for i in [layer] if layer is not None else sorted(kinds.values()):
         console.print(v4_catalog.tree(cfg, i, v4_layer_emits(cfg, i)))
 

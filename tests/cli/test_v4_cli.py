@@ -139,3 +139,33 @@ def test_show_draws_the_comb_matrix_and_what_a_query_sees():
     assert "position 29 of 0..29" in out and out.count("post stream ") == 4
     assert "query at position 29 · m = 16" in out and "1 of the 1 visible entries" in out  # layer 2 (HCA): (29+1)//16
     assert out.count("hc_attn.comb") == 0  # only the tensors --only keeps are drawn
+
+
+def test_tree_lists_each_layer_kind_in_the_order_a_run_emits():
+    from stepper.seams.trace import Recorder
+    from stepper.session import open_v4, run_v4_model, v4_layer_emits
+
+    weights = open_v4("tiny-v4")
+    recorder = Recorder()
+    run_v4_model(weights, None, 40, 0, 0, [recorder])  # 40 positions: windows of both ratios close
+    for layer in range(4):
+        ran = [e.key for e in recorder.events if e.layer == layer]
+        assert [key for key, _, _ in v4_layer_emits(weights.config, layer)] == ran, layer
+    done = stepper("tree", "--model", "tiny-v4", "--plain")
+    assert done.returncode == 0, done.stderr
+    headings = [line for line in done.stdout.splitlines() if line.startswith("layer ")]
+    assert headings == ["layer 0 of tiny-v4: sliding window, hash-routed",
+                        "layer 1 of tiny-v4: CSA (compressed, indexer), hash-routed",
+                        "layer 2 of tiny-v4: HCA (heavily compressed), score-routed",
+                        "layer 3 of tiny-v4: CSA (compressed, indexer), score-routed"]
+    assert "(no catalogue entry)" not in done.stdout
+    assert "  hc_attn.comb                         [B, T, 4, 4]" in done.stdout
+
+
+def test_explain_a_v4_tensor_and_an_unknown_name():
+    done = stepper("explain", "hc_attn.comb", "--model", "deepseek-v4-flash", "--plain")
+    assert done.returncode == 0, done.stderr
+    assert "n (residual streams = 4)" in done.stdout and "after the 20 rounds" in done.stdout
+    assert "modeling_deepseek_v4.py lines 988-991" in done.stdout
+    line = one_line_error(stepper("explain", "no_such_tensor", "--model", "tiny-v4"))
+    assert line == "stepper: error: no DeepSeek-V4 tensor matches 'no_such_tensor' (stepper tree --model tiny-v4 lists them)"
