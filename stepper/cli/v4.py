@@ -14,8 +14,8 @@ from stepper.errors import StepperError
 from stepper.seams.trace import Filter, Sink
 from stepper.session import V4Config, V4Synthetic, is_v4_model, open_v4, run_v4_model, synth_v4, v4_layer_emits
 from stepper.untrusted import shown
-from stepper.views.sinks import TensorRows, print_wrapped
 from stepper.views import v4_catalog
+from stepper.views.sinks import TensorRows, print_wrapped
 from stepper.views.v4_pictures import V4_PICTURES, V4Pictures
 
 
