@@ -51,7 +51,7 @@ def v4_decoder_layer(streams: np.ndarray, ids: np.ndarray, w: LayerWeights, dims
 
 def v4_streams(embedding: np.ndarray, n: int, emit: Emitter) -> np.ndarray:
     """The embedding [B, T, d] copied into each of the n residual streams [B, T, n, d]."""
-    return emit("embed_streams", expand(emit("embed", embedding), n))
+    return emit("embed_streams", expand(embedding, n))
 
 
 def v4_final(streams: np.ndarray, head: dict[str, np.ndarray], dims: V4LayerDims, emit: Emitter) -> np.ndarray:

@@ -1,7 +1,7 @@
 """DeepSeek-V4's tensors explained (`stepper explain NAME --model tiny-v4`) and listed layer by layer
 (`stepper tree --model tiny-v4`), from its catalogue part files (stepper/catalog/parts/v4_*.json;
-`embed` and `logits` are the MLA family's entries, the same tensors) and, for the order and the
-branches, from what the layers emit (session.v4_layer_emits: the model code run on a miniature).
+`logits` is the MLA family's entry, the same tensor) and, for the order and the branches, from
+what the layers emit (session.v4_layer_emits: the model code run on a miniature).
 """
 
 from __future__ import annotations
@@ -19,26 +19,31 @@ from stepper import catalog
 from stepper.untrusted import shown
 
 PARTS = ("v4_residual", "v4_router", "v4_attention")
-SHARED = ("embed", "logits")  # the MLA family's entries
+SHARED = ("logits",)  # the MLA family's entry
 OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv}
 
 
 @cache
+def part(name: str) -> dict[str, Any]:
+    """One V4 part file (stepper/catalog/parts/NAME.json)."""
+    return json.loads(resources.files("stepper.catalog").joinpath(f"parts/{name}.json").read_text(encoding="utf-8"))
+
+
+@cache
 def entries() -> dict[str, dict[str, Any]]:
-    """Every V4 entry by name, and the symbols of their dims."""
+    """Every V4 entry by name."""
     found: dict[str, dict[str, Any]] = {name: catalog.load().entry(name) for name in SHARED}
-    for part in PARTS:
-        raw = json.loads(resources.files("stepper.catalog").joinpath(f"parts/{part}.json").read_text(encoding="utf-8"))
-        found |= {e["name"]: e for e in raw["tensors"]}
+    for name in PARTS:
+        found |= {e["name"]: e for e in part(name)["tensors"]}
     return found
 
 
 @cache
 def symbols() -> dict[str, dict[str, str]]:
+    """Every dim symbol: the catalogue's and V4's own."""
     table = dict(catalog.load().raw["dims"])
-    for part in PARTS:
-        raw = json.loads(resources.files("stepper.catalog").joinpath(f"parts/{part}.json").read_text(encoding="utf-8"))
-        table |= raw.get("dims", {})
+    for name in PARTS:
+        table |= part(name).get("dims", {})
     return table
 
 

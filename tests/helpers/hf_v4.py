@@ -174,13 +174,14 @@ class Trace:
 
     def __enter__(self) -> Trace:  # noqa: PYI034
         inner = self.model.model
-        self._hook(inner.embed_tokens, lambda m, a, o: self.put("embed", o))
         self._hook(inner.hc_head, self.head)
         self._hook(inner.norm, lambda m, a, o: self.put("final_norm", o))
         self._hook(self.model.lm_head, lambda m, a, o: self.put("logits", o))
         for i, layer in enumerate(inner.layers):
             s = f"layers.{i}."
             self._hook(layer, lambda m, a, o, s=s: self.put(s + "ffn_streams", o, s + "streams", a[0]))
+            if i == 0:  # its input: the embedding in every stream
+                self._hook(layer, lambda m, a, o: self.put("embed_streams", a[0]))
             for module, site in (("attn_hc", "hc_attn"), ("ffn_hc", "hc_ffn")):
                 self._hook(getattr(layer, module), lambda m, a, o, s=s, site=site: self.hc(m, a, o, s + site))
             self._hook(layer.input_layernorm, lambda m, a, o, s=s: self.put(s + "attn_norm", o))

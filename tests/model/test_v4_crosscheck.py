@@ -60,7 +60,7 @@ def test_every_tensor_both_name_matches_in_prefill_and_decode(both):
     mine = {k: (v.reshape(ref[k].shape) if k.endswith("routed_output") and k in ref else v) for k, v in mine.items()}
     checked = sorted(set(mine) & set(ref) - {k for k in ref if k.endswith(("attn.indexer.chosen", "_idx"))})
     # per step: each layer's 12 hyper-connection tensors, 7 of the residual and norms, 5 of the MoE, the
-    # compressed layers' entries (3), the 6 of the two ends
+    # compressed layers' entries (3), the 6 of the two ends (embed_streams, hc_head's 3, final_norm, logits)
     assert len(checked) == 3 * (4 * (12 + 7 + 5) + 3 + 6)
     wrong = {k: why for k in checked if (why := hf_v4.v4_compare(k, mine, ref))}
     assert wrong == {}

@@ -46,7 +46,7 @@ def test_every_tensor_outside_the_attention_matches_transformers(run):
     wrong = {k: why for k in checked if (why := hf_v4.v4_compare(k, mine, ref))}
     assert wrong == {}
     only_mine = sorted(k for k in set(mine) - set(ref) if "clamp_counts" not in k and not k.endswith("biased_scores"))
-    assert only_mine == ["embed_streams"]
+    assert only_mine == []
 
 
 def test_hash_layers_take_tid2eid_rows_and_score_layers_their_best(run):
@@ -93,7 +93,7 @@ def test_every_tensor_emitted_has_a_catalogue_entry_whose_cited_line_is_transfor
     for part in ("v4_residual", "v4_router"):
         raw = json.loads(resources.files("stepper.catalog").joinpath(f"parts/{part}.json").read_text(encoding="utf-8"))
         entries |= {e["name"]: e for e in raw["tensors"]}
-    shared = {name: catalog.load().entry(name) for name in ("embed", "logits")}  # the MLA family's, the same tensors
+    shared = {"logits": catalog.load().entry("logits")}  # the MLA family's, the same tensor
     assert all(shared.values()) and not set(shared) & set(entries)
     mine = run[0]
     missing = sorted({catalog.key_of(k) for k in mine} - set(entries) - set(shared))
