@@ -31,11 +31,13 @@ def describe(cfg: V4Config, weights, layers: range, decode: int, seed: int) -> s
     """The header: the model's layer kinds and routing, the weights, what runs."""
     kinds = [cfg.layer_kind(i) for i in range(cfg.num_hidden_layers)]
     count = ", ".join(f"{kinds.count(k)} {k.upper() if k != 'sliding' else k}" for k in ("sliding", "csa", "hca"))
-    source = f"synthetic weights, seed {seed}" if isinstance(weights, V4Synthetic) else f"weights from {shown(weights.path)}"
+    synthetic = isinstance(weights, V4Synthetic)
+    source = f"synthetic weights, seed {seed}" if synthetic else f"weights from {shown(weights.path)}"
     steps = f", then {decode} decode step{'s' if decode != 1 else ''}" if decode else ""
     return (f"model {shown(cfg.name)} (deepseek_v4): {cfg.num_hidden_layers} layers ({count}; the first "
             f"{cfg.num_hash_layers} hash-routed), {cfg.num_attention_heads} heads sharing one key-value head, "
-            f"{cfg.n_routed_experts} experts top-{cfg.num_experts_per_tok}, {cfg.hc_mult} residual streams · {source} · "
+            f"{cfg.n_routed_experts} experts top-{cfg.num_experts_per_tok}, {cfg.hc_mult} residual streams · "
+            f"{source} · "
             f"layers {layers.start}..{layers.stop - 1}{steps}")
 
 
@@ -68,7 +70,8 @@ def run(model: str, layers: str | None, ids: str | None, prompt_len: int | None,
         sinks = [*sinks, V4Pictures(console, cfg, pictures, length, lambda e: keep(e.name))]
     result = run_v4_model(weights, parsed, length, decode, seed, sinks, range(first, stop))
     generated = f" · generated {', '.join(map(str, result.generated))}" if result.generated else ""
-    print_wrapped(console, f"{len(counted)} tensors · prompt {', '.join(map(str, result.prompt))}{generated}", style="dim")
+    prompt = ", ".join(map(str, result.prompt))
+    print_wrapped(console, f"{len(counted)} tensors · prompt {prompt}{generated}", style="dim")
 
 
 def synth(model: str, out: Path, seed: int, force: bool) -> None:
@@ -85,7 +88,8 @@ def explain(name: str, model: str, plain: bool) -> None:
     cfg = open_v4(model).config
     found = v4_catalog.find(name)
     if not found:
-        raise StepperError(f"no DeepSeek-V4 tensor matches '{shown(name)}' (stepper tree --model {shown(model)} lists them)")
+        raise StepperError(f"no DeepSeek-V4 tensor matches '{shown(name)}' "
+                           f"(stepper tree --model {shown(model)} lists them)")
     console = Console(no_color=plain, highlight=False, markup=False, soft_wrap=True)
     for entry in found:
         console.print(v4_catalog.explain(entry, cfg))

@@ -131,15 +131,17 @@ class V4Config:
     def to_hf(self) -> dict[str, Any]:
         """The config.json a published V4 checkpoint of this model carries."""
         skip = ("name", "rope_scaling", "quantization", "expert_dtype", "compress_ratios")
-        out: dict[str, Any] = {"architectures": [ARCHITECTURE], "model_type": self.model_type, "_name_or_path": self.name,
+        out: dict[str, Any] = {"architectures": [ARCHITECTURE], "model_type": self.model_type,
+                               "_name_or_path": self.name,
                                "num_key_value_heads": 1, "hidden_act": "silu", "norm_topk_prob": True,
                                "topk_method": "noaux_tc", "tie_word_embeddings": False, "attention_bias": False}
         out.update({f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in skip})
         out["compress_ratios"] = list(self.compress_ratios)
         if self.rope_scaling is not None:
-            out["rope_scaling"] = {"type": "yarn", "factor": self.rope_scaling.factor,
-                                   "original_max_position_embeddings": self.rope_scaling.original_max_position_embeddings,
-                                   "beta_fast": self.rope_scaling.beta_fast, "beta_slow": self.rope_scaling.beta_slow}
+            yarn = self.rope_scaling
+            out["rope_scaling"] = {"type": "yarn", "factor": yarn.factor,
+                                   "original_max_position_embeddings": yarn.original_max_position_embeddings,
+                                   "beta_fast": yarn.beta_fast, "beta_slow": yarn.beta_slow}
         if self.quantization is not None:
             out["quantization_config"] = self.quantization.to_hf()
         if self.expert_dtype is not None:

@@ -71,7 +71,8 @@ LAYER_RENAMES = (
     ("self_attn.", "attn."), ("mlp.", "ffn."),
 )
 LEAF_RENAMES = (
-    ("q_a_proj.", "wq_a."), ("q_b_proj.", "wq_b."), ("kv_proj.", "wkv."), ("q_a_norm.", "q_norm."), ("o_a_proj.", "wo_a."),
+    ("q_a_proj.", "wq_a."), ("q_b_proj.", "wq_b."), ("kv_proj.", "wkv."), ("q_a_norm.", "q_norm."),
+    ("o_a_proj.", "wo_a."),
     ("o_b_proj.", "wo_b."), ("sinks", "attn_sink"), ("gate.e_score_correction_bias", "gate.bias"),
     ("shared_experts.gate_proj.", "shared_experts.w1."), ("shared_experts.up_proj.", "shared_experts.w3."),
     ("shared_experts.down_proj.", "shared_experts.w2."),

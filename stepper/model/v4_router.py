@@ -8,7 +8,8 @@
 - Score layers: the top k of scores + bias (the bias, `e_score_correction_bias`, only chooses).
 
 Either way the weights are the chosen experts' unbiased scores divided by their sum (+ 1e-20),
-times `routed_scaling_factor`. Tensors are emitted under DeepSeek's module name, `ffn.gate.*`. Weights (transformers' names, relative to the layer):
+times `routed_scaling_factor`. Tensors are emitted under DeepSeek's module name, `ffn.gate.*`.
+Weights (transformers' names, relative to the layer):
 `mlp.gate.weight` [E, d], `mlp.gate.tid2eid` [V, k] (hash layers) or
 `mlp.gate.e_score_correction_bias` [E] (score layers).
 """
@@ -47,5 +48,6 @@ def v4_route(x: np.ndarray, ids: np.ndarray, w: LayerWeights, dims: RouterDims, 
         biased = emit("ffn.gate.biased_scores", scores + w("mlp.gate.e_score_correction_bias"))  # [N, E]
         chosen = emit("ffn.gate.topk_idx", top_k(biased, dims.top_k))  # [N, k], best first
     weights = np.take_along_axis(scores, chosen, axis=1)  # [N, k], unbiased
-    weights = weights / (weights.sum(axis=1, keepdims=True) + np.float32(1e-20)) * np.float32(dims.routed_scaling_factor)
+    weights = weights / (weights.sum(axis=1, keepdims=True) + np.float32(1e-20))  # [N, k], summing to 1
+    weights = weights * np.float32(dims.routed_scaling_factor)
     return Routing(chosen, emit("ffn.gate.weights", weights.astype(np.float32)))

@@ -59,7 +59,8 @@ def weight_lines(label: str, weights: np.ndarray) -> list[Text]:
     """One bar per stream: pre in (0, 1] reads how much of the stream the block takes in, post in
     (0, 2) how strongly the block's output is written back into it."""
     top = 2.0 if label.strip() == "post" else 1.0
-    return [line(f"{label} stream {k}  ", bar_right(float(w), top, BAR).ljust(BAR), f" {w:.3f}") for k, w in enumerate(weights)]
+    return [line(f"{label} stream {k}  ", bar_right(float(w), top, BAR).ljust(BAR), f" {w:.3f}")
+            for k, w in enumerate(weights)]
 
 
 def stream_lines(streams: np.ndarray, width: int) -> list[Text]:

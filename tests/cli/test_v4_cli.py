@@ -47,7 +47,8 @@ def rewrite(folder: Path, name: str, array: np.ndarray | None) -> str:
     else:
         arrays[name] = array
     (folder / shard).unlink()
-    write_safetensors(folder / shard, [Entry(n, safetensors_dtype(a), a.shape, lambda a=a: a) for n, a in arrays.items()])
+    entries = [Entry(n, safetensors_dtype(a), a.shape, lambda a=a: a) for n, a in arrays.items()]
+    write_safetensors(folder / shard, entries)
     (folder / INDEX).write_text(json.dumps(index))
     return shard
 
@@ -81,10 +82,11 @@ def test_run_a_checkpoint_with_decode_steps_and_a_layer_range(written):
     shown_layers = {line.split(".")[2] for line in out.splitlines() if line.startswith(("prefill.layers.", "decode"))
                     and ".layers." in line}
     assert shown_layers == {"1", "2"}
-    for name in ("prefill.layers.1.attn.indexer.chosen", "decode1.layers.2.hc_attn.comb", "decode0.layers.1.ffn.gate.hash_idx",
-                 "decode1.layers.2.ffn.gate.topk_idx", "decode1.layers.2.ffn.experts.clamp_counts"):
+    for name in ("prefill.layers.1.attn.indexer.chosen", "decode1.layers.2.hc_attn.comb",
+                 "decode0.layers.1.ffn.gate.hash_idx", "decode1.layers.2.ffn.gate.topk_idx",
+                 "decode1.layers.2.ffn.experts.clamp_counts"):
         assert f"\n{name}  " in out, name
-    assert "\nprefill.logits  " not in out and "\nprefill.embed  " not in out  # the ends: only when every layer is shown
+    assert "\nprefill.logits  " not in out and "\nprefill.embed_streams  " not in out  # only when every layer is
     assert "generated" in out.splitlines()[-1]
 
 
@@ -95,7 +97,8 @@ def test_a_preset_runs_the_same_weights_as_its_synth(written):
     assert runs[0].stdout.splitlines()[2:] == runs[1].stdout.splitlines()[2:]
 
 
-@pytest.mark.parametrize("missing", ["layers.1.attn.compressor.wkv.weight", "layers.3.attn.indexer.weights_proj.weight"])
+@pytest.mark.parametrize("missing", ["layers.1.attn.compressor.wkv.weight",
+                                     "layers.3.attn.indexer.weights_proj.weight"])
 def test_a_missing_compressor_or_indexer_tensor(written, tmp_path, missing):
     folder = copy_of(written, tmp_path)
     rewrite(folder, missing, None)
@@ -168,4 +171,5 @@ def test_explain_a_v4_tensor_and_an_unknown_name():
     assert "n (residual streams = 4)" in done.stdout and "after the 20 rounds" in done.stdout
     assert "modeling_deepseek_v4.py lines 988-991" in done.stdout
     line = one_line_error(stepper("explain", "no_such_tensor", "--model", "tiny-v4"))
-    assert line == "stepper: error: no DeepSeek-V4 tensor matches 'no_such_tensor' (stepper tree --model tiny-v4 lists them)"
+    assert line == ("stepper: error: no DeepSeek-V4 tensor matches 'no_such_tensor' "
+                    "(stepper tree --model tiny-v4 lists them)")

@@ -60,7 +60,8 @@ TINY_V4: dict[str, Any] = {
     "num_nextn_predict_layers": 1,
     "hidden_act": "silu",
     "tie_word_embeddings": False,
-    "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0", "weight_block_size": [128, 128]},
+    "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0",
+                            "weight_block_size": [128, 128]},
     "expert_dtype": "fp4",
 }
 
@@ -193,7 +194,8 @@ class Trace:
             self._hook(layer.mlp, lambda m, a, o, s=s: self.put(s + "ffn_output", o))
             compressor = layer.self_attn.compressor
             if compressor is not None:  # its output: every entry made so far, and the mask over them
-                self._hook(compressor, lambda m, a, o, s=s: self.put(s + "attn.entries", o[0][:, 0]))  # [B, 1, E, D]: one kv head
+                # [B, 1, E, D]: one kv head
+                self._hook(compressor, lambda m, a, o, s=s: self.put(s + "attn.entries", o[0][:, 0]))
             if getattr(compressor, "indexer", None) is not None:  # the entries each query keeps, -1 for none
                 self._hook(compressor.indexer, lambda m, a, o, s=s: self.keep(s + "attn.indexer.chosen", o))
         return self

@@ -34,7 +34,8 @@ def test_layer_kinds_and_hash_layers_are_those_transformers_reads_from_the_same_
     transformers = pytest.importorskip("transformers")
     cfg = v4_preset(name)
     hf = transformers.DeepseekV4Config(**V4_PRESETS[name])
-    kinds = {"sliding": "sliding_attention", "csa": "compressed_sparse_attention", "hca": "heavily_compressed_attention"}
+    kinds = {"sliding": "sliding_attention", "csa": "compressed_sparse_attention",
+             "hca": "heavily_compressed_attention"}
     assert [kinds[cfg.layer_kind(i)] for i in range(cfg.num_hidden_layers)] == hf.layer_types
     assert ["hash_moe" if cfg.is_hash_layer(i) else "moe" for i in range(cfg.num_hidden_layers)] == hf.mlp_layer_types
     assert (cfg.qk_rope_head_dim, cfg.rope_scaling.factor, cfg.compress_rope_theta) == (
@@ -44,7 +45,7 @@ def test_layer_kinds_and_hash_layers_are_those_transformers_reads_from_the_same_
 def test_flash_reads_as_published():
     cfg = v4_preset("deepseek-v4-flash")
     assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.n_routed_experts, cfg.num_experts_per_tok) == (4096, 43, 256, 6)
-    assert (cfg.layer_kind(0), cfg.layer_kind(1), cfg.layer_kind(2), cfg.layer_kind(3)) == ("sliding", "sliding", "csa", "hca")
+    assert [cfg.layer_kind(i) for i in range(4)] == ["sliding", "sliding", "csa", "hca"]
     assert cfg.is_hash_layer(2) and not cfg.is_hash_layer(3)
     assert cfg.quantization.weight_block_size == (128, 128) and cfg.expert_dtype == "fp4"
     assert cfg.hc_mixes == 24
