@@ -1,7 +1,12 @@
 """DeepSeek-V4's tensors explained (`stepper explain NAME --model tiny-v4`) and listed layer by layer
-(`stepper tree --model tiny-v4`), from its catalogue part files (stepper/catalog/parts/v4_*.json;
-`logits` is the MLA family's entry, the same tensor) and, for the order and the branches, from
-what the layers emit (session.v4_layer_emits: the model code run on a miniature).
+(`stepper tree --model tiny-v4`), from its catalogue part files (stepper/catalog/v4/*.json, in the
+part format; `logits` is the MLA family's entry, the same tensor) and, for the order and the
+branches, from what the layers emit (session.v4_layer_emits: the model code run on a miniature).
+
+V4 is not in the families' registry (stepper.families) yet: its layers run on hc_mult streams in
+a model of its own (families.deepseek_v4.V4Model), which the registry's Transformer, the run plan
+and derive do not know, so its parts are kept beside the registered ones, not merged into the
+catalogue every MLA query searches.
 """
 
 from __future__ import annotations
@@ -25,8 +30,8 @@ OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mu
 
 @cache
 def part(name: str) -> dict[str, Any]:
-    """One V4 part file (stepper/catalog/parts/NAME.json)."""
-    return json.loads(resources.files("stepper.catalog").joinpath(f"parts/{name}.json").read_text(encoding="utf-8"))
+    """One V4 part file (stepper/catalog/v4/NAME.json)."""
+    return json.loads(resources.files("stepper.catalog").joinpath(f"v4/{name}.json").read_text(encoding="utf-8"))
 
 
 @cache
