@@ -6,7 +6,7 @@ L = `swiglu_limit` (10 in V4):
     gate = min(w1 x, L)        up = clip(w3 x, -L, L)        out = w2 (silu(gate) * up)
 
 How often the clamp bites is shown as counts: for each routed expert, how many of its gate
-values were above L and how many of its up values were outside [-L, L] over the tokens it ran
+values were above L and how many of its up values were outside -L..L over the tokens it ran
 on (`ffn.experts.clamp_counts` [E, 2]); the same for the shared expert
 (`ffn.shared_experts.clamp_counts` [2]). Each chosen expert runs once, on the tokens that chose
 it, and only chosen experts are read. Weights (transformers' names, relative to the layer):
@@ -59,14 +59,14 @@ def routed_experts(tokens: np.ndarray, routing: Routing, w: LayerWeights, limit:
     counts = np.zeros((n_experts, 2), dtype=np.int64)
     for e in np.unique(routing.topk_idx):
         rows, ranks = np.nonzero(routing.topk_idx == e)  # the tokens that chose e (each at most once)
-        y, counts[e] = clamped_swiglu(tokens[rows], expert_matrices(w, f"mlp.experts.{e}."), limit)  # [n_e, d]
+        y, counts[e] = clamped_swiglu(tokens[rows], expert_matrices(w, f"mlp.experts.{e}."), limit)  # its tokens x d
         out[rows] += y * routing.topk_weight[rows, ranks][:, None]
     return out, counts
 
 
 def clamped_swiglu(x: np.ndarray, weights: tuple, limit: float) -> tuple[np.ndarray, np.ndarray]:
     """w2(silu(min(w1 x, L)) * clip(w3 x, -L, L)).  [..., d] -> [..., d], and [2] counts of the
-    gate values above L and the up values outside [-L, L]."""
+    gate values above L and the up values outside -L..L."""
     gate_w, up_w, down_w = weights
     L = np.float32(limit)
     gate, up = linear(x, gate_w), linear(x, up_w)  # [..., moe_inter] each

@@ -71,10 +71,10 @@ def hc_pre(streams: np.ndarray, w: LayerWeights, site: str, cfg: HcDims, emit: E
 
 
 def rms_scaled_mixes(streams: np.ndarray, fn: np.ndarray, eps: float) -> np.ndarray:
-    """flatten(X) @ fn^T / rms(flatten(X)).  [B, T, n, d] -> [B, T, mixes]"""
+    """flatten(X) @ fn^T / rms(flatten(X)).  [B, T, n, d] -> [B, T, M] (the head: [B, T, n])"""
     flat = streams.reshape(*streams.shape[:2], -1).astype(np.float32)  # [B, T, n d]
     inv_rms = np.float32(1) / np.sqrt(np.mean(np.square(flat), axis=-1, keepdims=True) + np.float32(eps))  # [B, T, 1]
-    return (flat * inv_rms) @ fn.T  # [B, T, mixes]
+    return (flat * inv_rms) @ fn.T  # [B, T, M]
 
 
 def sinkhorn(comb: np.ndarray, iters: int, hc_eps: float) -> np.ndarray:
