@@ -17,6 +17,7 @@ once over every position.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import partial
@@ -32,6 +33,9 @@ from stepper.families.deepseek_v4_checkpoint import V4Checkpoint
 from stepper.families.deepseek_v4_config import V4Config, is_v4, load_v4_config, miniature
 from stepper.families.deepseek_v4_run import V4Result, run_v4
 from stepper.families.deepseek_v4_synth import V4Synthetic, synth_v4_checkpoint
+from stepper.families.deepseek_v4_weights import EMBED as V4_EMBED
+from stepper.families.deepseek_v4_weights import HEAD as V4_HEAD
+from stepper.families.deepseek_v4_weights import weight_shapes
 from stepper.kernels.weight_cache import CachedWeights
 from stepper.model import KVCache, Transformer, synthetic_cache
 from stepper.model.layer_weights import LayerWeights
@@ -400,6 +404,8 @@ def layer_input(model: Transformer, ids: np.ndarray, seed: int, step: int) -> np
 # DeepSeek-V4 (`deepseek_v4`): a family of its own (stepper/families/deepseek_v4*.py), run as a
 # whole model on its hyper-connection streams; the command line reaches it through these.
 
+V4_TABLES = (V4_EMBED, V4_HEAD)  # read a row (or a block of rows) at a time, never whole
+
 
 def is_v4_model(model: str) -> bool:
     """A V4 preset, or a folder or config.json whose model_type is deepseek_v4."""
@@ -458,3 +464,15 @@ def v4_layer_emits(cfg: V4Config, layer: int) -> list[tuple[str, tuple[int, ...]
     recorder = Recorder()
     run_v4(V4Synthetic(mini), (1, 2), 0, [recorder])
     return [(e.key, tuple(e.array.shape), str(e.array.dtype)) for e in recorder.events if e.layer == 0]
+
+
+def v4_run_bytes(cfg: V4Config, positions: int) -> int:
+    """A rough bound on what a V4 run over `positions` positions holds at once: its largest weight
+    three times (values, stored codes, decoded: synthetic weights are made and quantized when read),
+    the attention's scores and weights over the window and the compressed entries, and the
+    residual streams."""
+    largest = max(math.prod(shape) for name, shape in weight_shapes(cfg).items() if name not in V4_TABLES)
+    keys = min(positions, cfg.sliding_window) + positions // 4 + 1  # window, at most every 4th position pooled, sink
+    scores = 4 * cfg.num_attention_heads * positions * keys  # scores, probabilities, the weights, a product's copy
+    streams = 8 * positions * cfg.hc_mult * cfg.hidden_size  # streams in and out, the mixing products
+    return 4 * (3 * largest + scores + streams)

@@ -12,7 +12,17 @@ from stepper.cli.common import parse_ids, parse_layers
 from stepper.cli.names import only_filter
 from stepper.errors import StepperError
 from stepper.seams.trace import Filter, Sink
-from stepper.session import V4Config, V4Synthetic, is_v4_model, open_v4, run_v4_model, synth_v4, v4_layer_emits
+from stepper.planning.memory import available_bytes, gib
+from stepper.session import (
+    V4Config,
+    V4Synthetic,
+    is_v4_model,
+    open_v4,
+    run_v4_model,
+    synth_v4,
+    v4_layer_emits,
+    v4_run_bytes,
+)
 from stepper.untrusted import shown
 from stepper.views import v4_catalog
 from stepper.views.sinks import TensorRows, print_wrapped
@@ -59,6 +69,10 @@ def run(model: str, layers: str | None, ids: str | None, prompt_len: int | None,
         raise StepperError(f"--show: a DeepSeek-V4 run draws {', '.join(V4_PICTURES)}, got {shown(show)}")
     parsed = parse_ids(ids)
     length = len(parsed) if parsed is not None else 7 if prompt_len is None else prompt_len
+    need, room = v4_run_bytes(cfg, length + decode), available_bytes()
+    if room is not None and need > room:
+        raise StepperError(f"model {shown(cfg.name)} over {length + decode} positions needs about {gib(need)}, "
+                           f"and {gib(room)} is available: a shorter prompt, or a smaller model")
     console = Console(no_color=plain, highlight=False, markup=False, soft_wrap=True)
     print_wrapped(console, describe(cfg, weights, range(first, stop), decode, seed), style="bold")
     rows = TensorRows(console, cfg)

@@ -173,3 +173,9 @@ def test_explain_a_v4_tensor_and_an_unknown_name():
     line = one_line_error(stepper("explain", "no_such_tensor", "--model", "tiny-v4"))
     assert line == ("stepper: error: no DeepSeek-V4 tensor matches 'no_such_tensor' "
                     "(stepper tree --model tiny-v4 lists them)")
+
+
+def test_a_run_that_would_not_fit_is_refused_before_it_starts():
+    line = one_line_error(stepper("run", "--model", "tiny-v4", "--prompt-len", "3000000"))
+    assert line.startswith("stepper: error: model tiny-v4 over 3000000 positions needs about ")
+    assert line.endswith("is available: a shorter prompt, or a smaller model")
