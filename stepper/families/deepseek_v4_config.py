@@ -32,6 +32,7 @@ MODEL_TYPE = "deepseek_v4"
 ARCHITECTURE = "DeepseekV4ForCausalLM"
 SLIDING, CSA, HCA = 0, 4, 128  # the published compress ratios: sliding window only, CSA, HCA
 MAX_HC_MULT = 16  # streams: V4 ships 4; more would make the comb matrix's Sinkhorn rounds the cost
+MAX_SINKHORN_ITERS = 1000  # V4 ships 20: a run's every hyper-connection does this many rounds
 
 
 @dataclass(frozen=True)
@@ -334,6 +335,8 @@ def _check_relations(cfg: V4Config, f: _Fields) -> None:
                      f"({cfg.num_hidden_layers})")
     if cfg.hc_mult > MAX_HC_MULT:
         raise f.fail("hc_mult", f"must be at most {MAX_HC_MULT} streams, got {cfg.hc_mult}")
+    if cfg.hc_sinkhorn_iters > MAX_SINKHORN_ITERS:
+        raise f.fail("hc_sinkhorn_iters", f"must be at most {MAX_SINKHORN_ITERS}, got {cfg.hc_sinkhorn_iters}")
     if cfg.n_shared_experts > 1:
         raise f.fail("n_shared_experts", f"must be 0 or 1 (V4 has one shared expert), got {cfg.n_shared_experts}")
 
