@@ -11,8 +11,8 @@ from rich.console import Console
 from stepper.cli.common import parse_ids, parse_layers
 from stepper.cli.names import only_filter
 from stepper.errors import StepperError
-from stepper.seams.trace import Filter, Sink
 from stepper.planning.memory import available_bytes, gib
+from stepper.seams.trace import Filter, Sink
 from stepper.session import (
     V4Config,
     V4Synthetic,
