@@ -5,7 +5,8 @@ steps with the caches, every named tensor to the sinks.
 The attention of each layer is stepper.model.compressed_attention with the layer's `AttentionDims`
 (`V4Config.dims`) and its own cache, which keeps the window, the compressors' unfinished windows
 and their entries from one step to the next. With decode steps the prefill's names are prefixed
-`prefill.` and step k's `decode{k}.`; `shown` limits which layers emit (every layer still runs).
+`prefill.` and step k's `decode{k}.`; `shown` limits which layers emit (those before it run
+silently, and the pass stops after its last layer).
 """
 
 from __future__ import annotations
