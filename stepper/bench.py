@@ -60,9 +60,9 @@ from stepper.views import summary
 from stepper.weights.checkpoint import INDEX, Checkpoint
 from stepper.weights.names import layer_shapes
 from stepper.weights.safetensors_reader import advise_checkpoint_map
+from stepper.weights.seeded import SyntheticWeights
 from stepper.weights.stored import Fp8Matrix
-from stepper.weights.synth import requantized, synth_checkpoint
-from stepper.weights.synthetic import SyntheticWeights
+from stepper.weights.synth_checkpoint import requantized, synth_checkpoint
 
 FILL_BYTES = 1 << 26  # what fill_page_cache reads or maps at a time
 WARM_CACHE_MB = 8192  # holds every decoded weight of the 16-expert layer (about 3.4 GB)

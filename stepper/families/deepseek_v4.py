@@ -68,8 +68,8 @@ class V4Arrays:
     def matrix(self, name: str) -> np.ndarray:
         return self.get(name)
 
-    def row_blocks(self, name: str, rows: int) -> Iterator[Stored]:
-        return Stored("F32", self.get(name)).row_blocks(rows)
+    def row_bands(self, name: str, rows: int) -> Iterator[Stored]:
+        return Stored("F32", self.get(name)).row_bands(rows)
 
     def has(self, name: str) -> bool:
         return name in self.arrays

@@ -45,8 +45,8 @@ class V4Checkpoint:
     def matrix(self, name: str):
         return self.published.matrix(published_name(name))
 
-    def row_blocks(self, name: str, rows: int) -> Iterator[Stored]:
-        return self.published.row_blocks(published_name(name), rows)
+    def row_bands(self, name: str, rows: int) -> Iterator[Stored]:
+        return self.published.row_bands(published_name(name), rows)
 
     def has(self, name: str) -> bool:
         return self.published.has(published_name(name))

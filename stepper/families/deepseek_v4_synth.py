@@ -32,7 +32,7 @@ from stepper.weights.checkpoint import INDEX
 from stepper.weights.published_store import safetensors_dtype, stored_arrays
 from stepper.weights.safetensors_writer import Entry, write_safetensors
 from stepper.weights.stored import FP4, Stored
-from stepper.weights.synth import check_replaceable, not_from_synth
+from stepper.weights.synth_checkpoint import check_replaceable, not_from_synth
 
 MTP_NORMS = ("enorm.weight", "hnorm.weight", "norm.weight")
 ROW_BY_ROW = ("embed.weight", "head.weight")  # BF16 tables made a row at a time: never whole in memory
@@ -89,11 +89,11 @@ class V4Synthetic:
             raise StepperError(f"synthetic {shown(self.config.name)}: no tensor '{shown(name)}'")
         return published, self.tensors[published]
 
-    def row_blocks(self, name: str, rows: int) -> Iterator[Stored]:
+    def row_bands(self, name: str, rows: int) -> Iterator[Stored]:
         """The tensor `rows` rows at a time; the embedding's and the head's blocks made one by one."""
         published = published_name(name)
         if published not in ROW_BY_ROW:
-            yield from Stored("F32", self.get(name)).row_blocks(rows)
+            yield from Stored("F32", self.get(name)).row_bands(rows)
             return
         total = self.tensors[published].shape[0]
         for start in range(0, total, rows):

@@ -90,8 +90,8 @@ class CachedWeights:
     def get_rows(self, name: str, rows: np.ndarray) -> np.ndarray:
         return self.source.get_rows(name, rows)
 
-    def row_blocks(self, name: str, rows: int) -> Iterator[Stored]:
-        return self.source.row_blocks(name, rows)
+    def row_bands(self, name: str, rows: int) -> Iterator[Stored]:
+        return self.source.row_bands(name, rows)
 
     def has(self, name: str) -> bool:
         return self.source.has(name)

@@ -1,5 +1,5 @@
 """Statistics of a tensor, gathered a chunk at a time and exactly, so that any split of a tensor
-into chunks (a `Tiled`'s blocks, a chunked prefill's chunks) gives the figures, and the histogram
+into chunks (a `Tiled`'s tiles, a chunked prefill's chunks) gives the figures, and the histogram
 bins, of the whole array: range, moments, NaN/Inf counts (non-finite entries are counted and left
 out of the other figures), histogram counts, corners. views.summary shows them."""
 
@@ -49,9 +49,9 @@ def no_finite(nan: int, inf: int) -> Stats:
 
 def chunks(array) -> Iterator[np.ndarray]:
     """A tensor's values CHUNK at a time, as float32 where that is exact (float32, BF16, FP8, small
-    integers), else as float64: an array's in C order, or the blocks of a tensor made block by
-    block (a Tiled's in C order, a chunked prefill's chunk by chunk)."""
-    blocks = array.blocks() if hasattr(array, "blocks") else pieces(np.asarray(array))
+    integers), else as float64: an array's in C order, or the tiles of a tensor made tile by
+    tile (a Tiled's in C order, a chunked prefill's chunk by chunk)."""
+    blocks = array.tiles() if hasattr(array, "tiles") else pieces(np.asarray(array))
     for block in blocks:
         flat = block.reshape(-1)  # a view, or a copy of at most CHUNK values
         wide = np.float32 if np.can_cast(flat.dtype, np.float32, "safe") else np.float64

@@ -98,9 +98,9 @@ def test_the_indexer_scenario_times_the_indexer_the_attention_and_the_layer_of_a
 def test_the_expert_scenario_times_one_expert_of_each_checkpoint_in_turn(tmp_path, monkeypatch):
     from stepper.model.ops import swiglu
     from stepper.presets import preset
+    from stepper.weights.seeded import SyntheticWeights
     from stepper.weights.stored import Fp8Matrix, Int4Matrix
-    from stepper.weights.synth import requantized, synth_checkpoint
-    from stepper.weights.synthetic import SyntheticWeights
+    from stepper.weights.synth_checkpoint import requantized, synth_checkpoint
 
     fp8 = synth_checkpoint(SyntheticWeights(preset("tiny")), tmp_path / "fp8", range(1, 2))
     int4 = synth_checkpoint(SyntheticWeights(requantized(preset("tiny"), "int4")), tmp_path / "int4", range(1, 2))

@@ -57,12 +57,13 @@ MAY_IMPORT: dict[str, set[str]] = {
     "session": {"model", "kernels", "weights", "presets", "prefill", "families"},
     # One plan of a run: its auto choices, names, patterns, patches and memory, for every entry point
     "planning": {"session", "catalog", "model", "kernels", "weights", "presets", "prefill", "seams.patching"},
-    "bench": {"prefill", "views", "families", "model", "kernels", "weights", "fp8", "int4", "presets"},  # views: what a run computes of a shown tensor
+    # views: what a run computes of a shown tensor
+    "bench": {"prefill", "views", "families", "model", "kernels", "weights", "fp8", "int4", "presets"},
     "views": {"session", "catalog", "weights", "fp8", "int4", "presets", "seams.patching"},
     "lessons": {"views", "planning", "session", "model", "kernels", "weights", "fp8", "int4", "catalog", "presets"},
     "fixtures": {"views", "planning", "session", "model", "kernels", "weights", "fp8", "int4", "catalog", "presets"},
-    "cli": {"lessons", "fixtures", "views", "bench", "planning", "session", "model", "kernels", "weights", "fp8", "int4",
-            "catalog", "presets", "seams.patching"},
+    "cli": {"lessons", "fixtures", "views", "bench", "planning", "session", "model", "kernels", "weights", "fp8",
+            "int4", "catalog", "presets", "seams.patching"},
     "__main__": {"cli"},
     # The library on top: a run planned as the command line plans one (planning), as functions
     "api": {"lessons", "fixtures", "views", "planning", "session", "model", "kernels", "weights", "fp8", "catalog",
