@@ -1,0 +1,229 @@
+"""DeepSeek-V4's attention: one shared key-value head, a sliding window, compressed memories, a sink.
+
+CONTRACT (what a V4 family calls):
+
+    attention(x, w, dims, cache, emit) -> [B, T, d]
+
+x [B, T, d] is the layer's attention input after attn_norm (transformers: input_layernorm of the
+collapsed hyper-connection streams); w a LayerWeights of the layer; dims the frozen
+`AttentionDims` of THIS layer (a config's `dims(layer)` builds it); cache a `V4AttentionCache`
+(v4_attention_cache.py), updated in place (None: a fresh one, i.e. a prompt from position 0); the
+new tokens are at positions cache.seen .. cache.seen + T - 1. emit gets every named tensor
+(`attn.*`, catalogue: stepper/catalog/parts/v4_attention.json).
+
+Weights, relative to the layer, as transformers' DeepseekV4Attention names them
+(`model.layers.N.` + name; the published names in brackets):
+  self_attn.q_a_proj.weight [q_lora, d] (attn.wq_a)      self_attn.q_a_norm.weight [q_lora] (attn.q_norm)
+  self_attn.q_b_proj.weight [H*D, q_lora] (attn.wq_b)    self_attn.kv_proj.weight [D, d] (attn.wkv)
+  self_attn.kv_norm.weight [D] (attn.kv_norm)             self_attn.sinks [H] (attn.attn_sink)
+  self_attn.o_a_proj.weight [G*o_lora, H*D/G] (attn.wo_a) self_attn.o_b_proj.weight [d, G*o_lora] (attn.wo_b)
+compressed layers add self_attn.compressor.* (compressor.py: kv_proj, gate_proj, position_bias,
+kv_norm = attn.compressor.{wkv, wgate, ape, norm}); CSA layers add self_attn.compressor.indexer.*
+(sparse_indexer.py; attn.indexer.{wq_b, weights_proj} and attn.indexer.compressor.*).
+`weight_shapes(dims)` lists them all with their shapes.
+
+The layer, step by step:
+  q = q_b_proj(RMSNorm(q_a_proj(x))) per head, each head divided by its own RMS (no weight);
+  kv = RMSNorm(kv_proj(x)): one head, both key and value;
+  both turned by RoPE on their last `rope` channels (interleaved pairs) at their positions
+  (sliding layers: rope_theta; compressed: compress_rope_theta with YaRN, no mscale);
+  keys a query at p sees: the last `sliding_window` tokens (its own included) and the compressed
+  entries chosen for it (HCA: every entry w < (p+1)//m; CSA: the indexer's top-k of those);
+  scores = q.k * D^-0.5, one more logit per head (the sink), softmax, the sink's column dropped;
+  out = weights @ kv, turned back at the query's position (its rope channels carried the keys' turns);
+  heads in o_groups consecutive groups, each group by its block of o_a_proj to o_lora, then o_b_proj.
+Shapes: B batch, T new positions, d hidden, H heads, D head dim, S_w window keys, K entries a query
+can see (chosen or all), G o_groups, q_lora, o_lora.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+import numpy as np
+
+from stepper.config import Yarn
+from stepper.kernels.linear import linear
+from stepper.model.compressor import Compressor, Pending, compress, visible_entries
+from stepper.model.layer_weights import LayerWeights
+from stepper.model.ops import rms_norm, softmax
+from stepper.model.sparse_indexer import index_entries
+from stepper.model.tail_rope import Turn, rotate_tail, turn_at
+from stepper.model.v4_attention_cache import V4AttentionCache
+from stepper.seams.trace import Emitter
+
+COMPRESSOR = "self_attn.compressor"
+
+
+@dataclass(frozen=True)
+class AttentionDims:
+    """Everything one V4 attention layer needs besides its weights."""
+
+    hidden_size: int
+    num_heads: int
+    head_dim: int  # D: the shared kv head and each query head
+    rope_dim: int  # qk_rope_head_dim: the turned tail of each head
+    q_lora_rank: int
+    o_groups: int
+    o_lora_rank: int
+    sliding_window: int
+    compress_ratio: int  # 0 sliding only, 4 CSA, 128 HCA
+    index_n_heads: int
+    index_head_dim: int
+    index_topk: int
+    eps: float  # rms_norm_eps: every norm of the attention (and the per-head RMS of q)
+    rope_theta: float  # this layer's: rope_theta (sliding) or compress_rope_theta (compressed)
+    yarn: Yarn | None = None  # compressed layers' YaRN (None: plain RoPE)
+
+    @property
+    def has_indexer(self) -> bool:
+        return self.compress_ratio == 4
+
+    @property
+    def softmax_scale(self) -> float:
+        return self.head_dim**-0.5
+
+    def turn(self, positions: np.ndarray) -> Turn:
+        return turn_at(positions, self.rope_dim, self.rope_theta, self.yarn)
+
+
+def weight_shapes(dims: AttentionDims) -> dict[str, tuple[int, ...]]:
+    """Every weight the layer's attention reads (transformers' names, relative to the layer)."""
+    d, H, D, G = dims.hidden_size, dims.num_heads, dims.head_dim, dims.o_groups
+    shapes = {
+        "self_attn.q_a_proj.weight": (dims.q_lora_rank, d), "self_attn.q_a_norm.weight": (dims.q_lora_rank,),
+        "self_attn.q_b_proj.weight": (H * D, dims.q_lora_rank), "self_attn.kv_proj.weight": (D, d),
+        "self_attn.kv_norm.weight": (D,), "self_attn.sinks": (H,),
+        "self_attn.o_a_proj.weight": (G * dims.o_lora_rank, H * D // G),
+        "self_attn.o_b_proj.weight": (d, G * dims.o_lora_rank),
+    }
+    if dims.compress_ratio:
+        shapes |= compressor_shapes(COMPRESSOR, dims.compress_ratio, D, d)
+    if dims.has_indexer:
+        Hi, Di = dims.index_n_heads, dims.index_head_dim
+        shapes |= compressor_shapes(f"{COMPRESSOR}.indexer", dims.compress_ratio, Di, d)
+        shapes[f"{COMPRESSOR}.indexer.q_b_proj.weight"] = (Hi * Di, dims.q_lora_rank)
+        shapes[f"{COMPRESSOR}.indexer.scorer.weights_proj.weight"] = (Hi, d)
+    return shapes
+
+
+def compressor_shapes(module: str, ratio: int, width: int, d: int) -> dict[str, tuple[int, ...]]:
+    c = 2 * width if ratio == 4 else width
+    return {f"{module}.kv_proj.weight": (c, d), f"{module}.gate_proj.weight": (c, d),
+            f"{module}.position_bias": (ratio, c), f"{module}.kv_norm.weight": (width,)}
+
+
+def attention(x: np.ndarray, w: LayerWeights, dims: AttentionDims, cache: V4AttentionCache | None,
+              emit: Emitter) -> np.ndarray:
+    """x [B, T, d] after attn_norm -> the attention's output [B, T, d]; cache updated in place."""
+    cache = V4AttentionCache() if cache is None else cache
+    T = x.shape[1]
+    positions = cache.seen + np.arange(T)  # [T]
+    turn = dims.turn(positions)
+    q_latent, q = queries(x, w, dims, turn, emit)  # [B, T, q_lora], [B, H, T, D]
+    kv = shared_kv(x, w, dims, turn, emit)  # [B, T, D]
+    window = emit("attn.window", cache.keys_with(kv, dims.sliding_window))  # [B, S_w, D]
+    in_window = emit("attn.window_visible", window_visible(positions, window.shape[1], dims.sliding_window))
+    entries, chosen = compressed_entries(x, q_latent, w, dims, cache, positions, turn, emit)  # [B, E, D], [B, T, K]
+    seen_entries = emit("attn.entry_keys", gather(entries, chosen))  # [B, T, K, D]
+    weights = attention_weights(q, window, in_window, seen_entries, chosen >= 0, w("self_attn.sinks"), dims, emit)
+    out = emit("attn.output", weighted_values(weights, window, seen_entries))  # [B, H, T, D]
+    out = emit("attn.output_turned_back", rotate_tail(out, turn.inverse()))  # [B, H, T, D]
+    cache.seen += T
+    return grouped_output(out, w, dims, emit)
+
+
+def queries(x: np.ndarray, w: LayerWeights, dims: AttentionDims, turn: Turn, emit: Emitter):
+    """q_a_norm [B, T, q_lora] (the indexer's query latent too) and the turned heads [B, H, T, D]."""
+    B, T, _ = x.shape
+    q_a = emit("attn.q_a", linear(x, w.matrix("self_attn.q_a_proj.weight")))  # [B, T, q_lora]
+    q_latent = emit("attn.q_a_norm", rms_norm(q_a, w("self_attn.q_a_norm.weight"), dims.eps))  # [B, T, q_lora]
+    q = linear(q_latent, w.matrix("self_attn.q_b_proj.weight"))  # [B, T, H*D]
+    q = emit("attn.q_b", q.reshape(B, T, dims.num_heads, dims.head_dim).transpose(0, 2, 1, 3))  # [B, H, T, D]
+    q = emit("attn.q", rms_norm(q, np.float32(1), dims.eps))  # [B, H, T, D]: each head over its own RMS
+    return q_latent, emit("attn.q_rope", rotate_tail(q, turn))
+
+
+def shared_kv(x: np.ndarray, w: LayerWeights, dims: AttentionDims, turn: Turn, emit: Emitter) -> np.ndarray:
+    """The one head that serves as key and value: RMSNorm(kv_proj(x)), turned.  [B, T, d] -> [B, T, D]"""
+    kv = emit("attn.kv_proj", linear(x, w.matrix("self_attn.kv_proj.weight")))  # [B, T, D]
+    kv = emit("attn.kv", rms_norm(kv, w("self_attn.kv_norm.weight"), dims.eps))  # [B, T, D]
+    return emit("attn.kv_rope", rotate_tail(kv, turn))
+
+
+def window_visible(positions: np.ndarray, keys: int, sliding_window: int) -> np.ndarray:
+    """Which window keys each query sees: the last sliding_window positions up to its own.
+    The keys are the last `keys` positions up to the last query.  -> [T, S_w] bool"""
+    key_positions = positions[-1] - keys + 1 + np.arange(keys)  # [S_w]
+    distance = positions[:, None] - key_positions[None, :]  # [T, S_w]
+    return (distance >= 0) & (distance < sliding_window)
+
+
+def compressed_entries(x, q_latent, w, dims: AttentionDims, cache: V4AttentionCache, positions, turn, emit):
+    """Run the layer's compressor (and indexer) over the new tokens: every entry made so far
+    [B, E, D] and, per query, the entries it attends [B, T, K] (-1: none; K 0 on sliding layers)."""
+    B = x.shape[0]
+    if dims.compress_ratio == 0:
+        return np.zeros((B, 0, dims.head_dim), np.float32), np.zeros((B, len(positions), 0), np.int64)
+    turn_of = partial(turn_at, rope_dim=dims.rope_dim, theta=dims.rope_theta, yarn=dims.yarn)
+    comp = Compressor(COMPRESSOR, "attn.compressor", dims.compress_ratio, dims.head_dim, dims.eps)
+    state = cache.compressor or Pending.empty(B, comp.channels, comp.width)
+    cache.compressor = compress(x, w, comp, state, turn_of, emit)
+    entries = emit("attn.entries", cache.compressor.entries)  # [B, E, D]
+    if dims.has_indexer:
+        state = cache.indexer or Pending.empty(B, 2 * dims.index_head_dim, dims.index_head_dim)
+        chosen, cache.indexer = index_entries(x, q_latent, w, dims, state, positions, turn, turn_of, emit)
+    else:
+        chosen = every_visible(positions, entries.shape[1], dims.compress_ratio, B)
+    return entries, emit("attn.chosen", chosen)
+
+
+def every_visible(positions: np.ndarray, count: int, ratio: int, batch: int) -> np.ndarray:
+    """HCA keeps every entry a query can see: entry e for e < (p+1)//m, else -1.  -> [B, T, E]"""
+    e = np.arange(count)[None, :]  # [1, E]
+    chosen = np.where(e < visible_entries(positions, ratio)[:, None], e, -1)  # [T, E]
+    return np.broadcast_to(chosen, (batch, *chosen.shape)).astype(np.int64)
+
+
+def gather(entries: np.ndarray, chosen: np.ndarray) -> np.ndarray:
+    """The chosen entries per query (zeros where none).  [B, E, D], [B, T, K] -> [B, T, K, D]"""
+    B = chosen.shape[0]
+    picked = entries[np.arange(B)[:, None, None], np.maximum(chosen, 0)]  # [B, T, K, D]
+    return np.where((chosen >= 0)[..., None], picked, np.float32(0))
+
+
+def attention_weights(q, window, in_window, seen_entries, entry_seen, sinks, dims: AttentionDims, emit: Emitter):
+    """softmax over [window scores, entry scores, sink] per head, the sink's column dropped.
+    q [B, H, T, D], window [B, S_w, D], seen_entries [B, T, K, D] -> [B, H, T, S_w + K]"""
+    B, H, T, _ = q.shape
+    scale = np.float32(dims.softmax_scale)
+    window_scores = np.matmul(q, window[:, None].swapaxes(-1, -2)) * scale  # [B, H, T, S_w]
+    window_scores = np.where(in_window, window_scores, -np.inf)
+    entry_scores = np.einsum("bhtd,btkd->bhtk", q, seen_entries) * scale  # [B, H, T, K]
+    entry_scores = np.where(entry_seen[:, None], entry_scores, -np.inf)
+    sink = np.broadcast_to(sinks.astype(np.float32)[None, :, None, None], (B, H, T, 1))  # [B, H, T, 1]
+    scores = emit("attn.scores", np.concatenate([window_scores, entry_scores, sink], axis=-1).astype(np.float32))
+    probs = softmax(scores)  # [B, H, T, S_w + K + 1]
+    emit("attn.sink_mass", probs[..., -1])  # [B, H, T]
+    return emit("attn.weights", probs[..., :-1])
+
+
+def weighted_values(weights: np.ndarray, window: np.ndarray, seen_entries: np.ndarray) -> np.ndarray:
+    """The keys serve as values: weights @ [window; entries].  -> [B, H, T, D]"""
+    S_w = window.shape[1]
+    from_window = np.matmul(weights[..., :S_w], window[:, None])  # [B, H, T, D]
+    from_entries = np.einsum("bhtk,btkd->bhtd", weights[..., S_w:], seen_entries)  # [B, H, T, D]
+    return from_window + from_entries
+
+
+def grouped_output(out: np.ndarray, w: LayerWeights, dims: AttentionDims, emit: Emitter) -> np.ndarray:
+    """Heads in o_groups consecutive groups, each projected by its own block of o_a_proj to
+    o_lora, then o_b_proj mixes the groups.  [B, H, T, D] -> [B, T, d]"""
+    B, H, T, D = out.shape
+    G = dims.o_groups
+    grouped = out.transpose(0, 2, 1, 3).reshape(B, T, G, H * D // G)  # [B, T, G, H*D/G]
+    blocks = w.float32("self_attn.o_a_proj.weight").reshape(G, dims.o_lora_rank, H * D // G)  # [G, o_lora, H*D/G]
+    per_group = emit("attn.o_groups", np.einsum("btgi,goi->btgo", grouped, blocks))  # [B, T, G, o_lora]
+    merged = per_group.reshape(B, T, G * dims.o_lora_rank)  # [B, T, G*o_lora]
+    return emit("attn.o", linear(merged, w.matrix("self_attn.o_b_proj.weight")))  # [B, T, d]
