@@ -126,7 +126,9 @@ def attention(x: np.ndarray, w: LayerWeights, dims: AttentionDims, cache: V4Atte
     window = emit("attn.window", cache.keys_with(kv, dims.sliding_window))  # [B, S_w, D]
     in_window = emit("attn.window_visible", window_visible(positions, window.shape[1], dims.sliding_window))
     entries, chosen = compressed_entries(x, q_latent, w, dims, cache, positions, turn, emit)  # [B, E, D], [B, T, K]
-    seen_entries = emit("attn.entry_keys", gather(entries, chosen))  # [B, T, K, D]
+    seen_entries = gather(entries, chosen)  # [B, T, K, D]
+    if dims.compress_ratio:
+        seen_entries = emit("attn.entry_keys", seen_entries)
     weights = attention_weights(q, window, in_window, seen_entries, chosen >= 0, w("self_attn.sinks"), dims, emit)
     out = emit("attn.output", weighted_values(weights, window, seen_entries))  # [B, H, T, D]
     out = emit("attn.output_turned_back", rotate_tail(out, turn.inverse()))  # [B, H, T, D]

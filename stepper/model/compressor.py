@@ -95,8 +95,9 @@ def compress(x: np.ndarray, w: LayerWeights, comp: Compressor, state: Pending, t
     normed = rms_norm(pooled, w(f"{comp.module}.kv_norm.weight"), comp.eps)  # [B, W, width]
     starts = (state.windows_closed + np.arange(W)) * comp.ratio  # [W]
     entries = emit(f"{comp.shown}.entries", rotate_tail(normed, turn_of(starts)))  # [B, W, width]
-    return replace(state, kv=kv[:, closed:], gate=gate[:, closed:],
-                   entries=np.concatenate([state.entries, entries], axis=1))
+    if W:  # copied only when a window closes: at long contexts the entries are most of the memory
+        state = replace(state, entries=np.concatenate([state.entries, entries], axis=1))
+    return replace(state, kv=kv[:, closed:], gate=gate[:, closed:])
 
 
 def slots(chunk_kv: np.ndarray, chunk_gate: np.ndarray, comp: Compressor, state: Pending):
