@@ -11,40 +11,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from stepper.config import Yarn
-from stepper.model.compressed_attention import AttentionDims, attention, weight_shapes
+from stepper.model.compressed_attention import attention, weight_shapes
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.v4_attention_cache import V4AttentionCache
 from stepper.seams.trace import Emitter, Recorder
 from tests.helpers.compare import rel_err
 from tests.helpers.hf_v4_attention import tiny_config, trace
+from tests.helpers.v4_layers import Arrays, dims_of
 
 PROMPT = 383
 LAYERS = {0: "sliding", 1: "CSA", 2: "HCA"}
-
-
-class Arrays:
-    """A weight source of plain arrays (LayerWeights reads `get` and `matrix`)."""
-
-    def __init__(self, arrays: dict):
-        self.arrays = arrays
-
-    def get(self, name: str) -> np.ndarray:
-        return self.arrays[name]
-
-    matrix = get
-
-
-def dims_of(config, layer: int) -> AttentionDims:
-    ratio = {"sliding_attention": 0, "compressed_sparse_attention": 4, "heavily_compressed_attention": 128}[
-        config.layer_types[layer]]
-    rope = config.rope_parameters["compress"]
-    yarn = Yarn(rope["factor"], rope["original_max_position_embeddings"], rope["beta_fast"], rope["beta_slow"])
-    return AttentionDims(
-        config.hidden_size, config.num_attention_heads, config.head_dim, config.qk_rope_head_dim, config.q_lora_rank,
-        config.o_groups, config.o_lora_rank, config.sliding_window, ratio, config.index_n_heads, config.index_head_dim,
-        config.index_topk, config.rms_norm_eps, config.compress_rope_theta if ratio else config.rope_theta,
-        yarn if ratio else None)
 
 
 @pytest.fixture(scope="module")
