@@ -57,7 +57,9 @@ def index_queries(q_latent: np.ndarray, w: LayerWeights, dims, turn: Turn, emit:
 
 def index_scores(q: np.ndarray, keys: np.ndarray, head_weights: np.ndarray, head_dim: int) -> np.ndarray:
     """sum_h weights_h * relu(q_h . K_e) * Di^-0.5.  [B, Hi, T, Di], [B, E, Di], [B, T, Hi] -> [B, T, E]"""
-    per_head = np.maximum(np.matmul(q, keys[:, None].swapaxes(-1, -2)), 0) * np.float32(head_dim**-0.5)  # [B, Hi, T, E]
+    B, Hi, T, Di = q.shape
+    dots = np.matmul(q.reshape(B, Hi * T, Di), keys.swapaxes(-1, -2))  # [B, Hi*T, E]: one product reads the keys once
+    per_head = np.maximum(dots.reshape(B, Hi, T, -1), 0) * np.float32(head_dim**-0.5)  # [B, Hi, T, E]
     return np.einsum("bhte,bth->bte", per_head, head_weights)  # [B, T, E]
 
 
