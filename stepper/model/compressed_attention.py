@@ -200,10 +200,10 @@ def attention_weights(q, window, in_window, seen_entries, entry_seen, sinks, dim
     q [B, H, T, D], window [B, S_w, D], seen_entries [B, T, K, D] -> [B, H, T, S_w + K]"""
     B, H, T, _ = q.shape
     scale = np.float32(dims.softmax_scale)
-    window_scores = np.matmul(q, window[:, None].swapaxes(-1, -2)) * scale  # [B, H, T, S_w]
+    window_scores = per_head(np.matmul(heads_as_rows(q), window.swapaxes(-1, -2)), H) * scale  # [B, H, T, S_w]
     window_scores = np.where(in_window, window_scores, -np.inf)
-    entry_scores = np.einsum("bhtd,btkd->bhtk", q, seen_entries) * scale  # [B, H, T, K]
-    entry_scores = np.where(entry_seen[:, None], entry_scores, -np.inf)
+    entry_scores = np.matmul(q.transpose(0, 2, 1, 3), seen_entries.swapaxes(-1, -2))  # [B, T, H, K]: per query
+    entry_scores = np.where(entry_seen[:, None], entry_scores.transpose(0, 2, 1, 3) * scale, -np.inf)  # [B, H, T, K]
     sink = np.broadcast_to(sinks.astype(np.float32)[None, :, None, None], (B, H, T, 1))  # [B, H, T, 1]
     scores = emit("attn.scores", np.concatenate([window_scores, entry_scores, sink], axis=-1).astype(np.float32))
     probs = softmax(scores)  # [B, H, T, S_w + K + 1]
@@ -213,10 +213,22 @@ def attention_weights(q, window, in_window, seen_entries, entry_seen, sinks, dim
 
 def weighted_values(weights: np.ndarray, window: np.ndarray, seen_entries: np.ndarray) -> np.ndarray:
     """The keys serve as values: weights @ [window; entries].  -> [B, H, T, D]"""
-    S_w = window.shape[1]
-    from_window = np.matmul(weights[..., :S_w], window[:, None])  # [B, H, T, D]
-    from_entries = np.einsum("bhtk,btkd->bhtd", weights[..., S_w:], seen_entries)  # [B, H, T, D]
-    return from_window + from_entries
+    H, S_w = weights.shape[1], window.shape[1]
+    from_window = per_head(np.matmul(heads_as_rows(weights[..., :S_w]), window), H)  # [B, H, T, D]
+    from_entries = np.matmul(weights[..., S_w:].transpose(0, 2, 1, 3), seen_entries)  # [B, T, H, D]: per query
+    return from_window + from_entries.transpose(0, 2, 1, 3)
+
+
+def heads_as_rows(a: np.ndarray) -> np.ndarray:
+    """[B, H, T, n] -> [B, H*T, n]: every head's rows against the one shared head in one product."""
+    B, H, T, n = a.shape
+    return a.reshape(B, H * T, n)
+
+
+def per_head(a: np.ndarray, H: int) -> np.ndarray:
+    """[B, H*T, n] -> [B, H, T, n]"""
+    B, HT, n = a.shape
+    return a.reshape(B, H, HT // H, n)
 
 
 def grouped_output(out: np.ndarray, w: LayerWeights, dims: AttentionDims, emit: Emitter) -> np.ndarray:
@@ -226,6 +238,7 @@ def grouped_output(out: np.ndarray, w: LayerWeights, dims: AttentionDims, emit: 
     G = dims.o_groups
     grouped = out.transpose(0, 2, 1, 3).reshape(B, T, G, H * D // G)  # [B, T, G, H*D/G]
     blocks = w.float32("self_attn.o_a_proj.weight").reshape(G, dims.o_lora_rank, H * D // G)  # [G, o_lora, H*D/G]
-    per_group = emit("attn.o_groups", np.einsum("btgi,goi->btgo", grouped, blocks))  # [B, T, G, o_lora]
+    per_group = np.matmul(grouped.transpose(2, 0, 1, 3), blocks[:, None].swapaxes(-1, -2))  # [G, B, T, o_lora]
+    per_group = emit("attn.o_groups", per_group.transpose(1, 2, 0, 3))  # [B, T, G, o_lora]
     merged = per_group.reshape(B, T, G * dims.o_lora_rank)  # [B, T, G*o_lora]
     return emit("attn.o", linear(merged, w.matrix("self_attn.o_b_proj.weight")))  # [B, T, d]
