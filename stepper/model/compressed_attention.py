@@ -196,7 +196,7 @@ def gather(entries: np.ndarray, chosen: np.ndarray) -> np.ndarray:
 
 
 def attention_weights(q, window, in_window, seen_entries, entry_seen, sinks, dims: AttentionDims, emit: Emitter):
-    """softmax over [window scores, entry scores, sink] per head, the sink's column dropped.
+    """softmax over the window's scores, the entries' and the sink per head, the sink's column dropped.
     q [B, H, T, D], window [B, S_w, D], seen_entries [B, T, K, D] -> [B, H, T, S_w + K]"""
     B, H, T, _ = q.shape
     scale = np.float32(dims.softmax_scale)
@@ -212,7 +212,7 @@ def attention_weights(q, window, in_window, seen_entries, entry_seen, sinks, dim
 
 
 def weighted_values(weights: np.ndarray, window: np.ndarray, seen_entries: np.ndarray) -> np.ndarray:
-    """The keys serve as values: weights @ [window; entries].  -> [B, H, T, D]"""
+    """The keys serve as values: weights @ (the window, then the entries).  -> [B, H, T, D]"""
     H, S_w = weights.shape[1], window.shape[1]
     from_window = per_head(np.matmul(heads_as_rows(weights[..., :S_w]), window), H)  # [B, H, T, D]
     from_entries = np.matmul(weights[..., S_w:].transpose(0, 2, 1, 3), seen_entries)  # [B, T, H, D]: per query
@@ -220,13 +220,13 @@ def weighted_values(weights: np.ndarray, window: np.ndarray, seen_entries: np.nd
 
 
 def heads_as_rows(a: np.ndarray) -> np.ndarray:
-    """[B, H, T, n] -> [B, H*T, n]: every head's rows against the one shared head in one product."""
+    """[B, H, T, ...] -> [B, H*T, ...]: every head's rows against the one shared head in one product."""
     B, H, T, n = a.shape
     return a.reshape(B, H * T, n)
 
 
 def per_head(a: np.ndarray, H: int) -> np.ndarray:
-    """[B, H*T, n] -> [B, H, T, n]"""
+    """[B, H*T, ...] -> [B, H, T, ...]"""
     B, HT, n = a.shape
     return a.reshape(B, H, HT // H, n)
 

@@ -38,7 +38,7 @@ def rotate_tail(x: np.ndarray, turn: Turn) -> np.ndarray:
     """Rotate the interleaved pairs of the last rope channels of x by the turn's angles; the leading
     channels pass unchanged.  [..., T, D] -> [..., T, D]  (cos, sin [T, rope/2])"""
     rope = 2 * turn.cos.shape[-1]
-    head, tail = x[..., :-rope], x[..., -rope:]  # [..., T, D - rope], [..., T, rope]
+    head, tail = x[..., :-rope], x[..., -rope:]  # the leading channels, [..., T, rope]
     even, odd = tail[..., 0::2], tail[..., 1::2]  # [..., T, rope/2] each
     turned = np.empty_like(tail)
     turned[..., 0::2] = even * turn.cos - odd * turn.sin

@@ -24,7 +24,7 @@ class V4AttentionCache:
     """One layer's cache; `seen` positions so far (the next token's position)."""
 
     seen: int = 0
-    window: np.ndarray | None = None  # [B, <= sliding_window - 1, D]
+    window: np.ndarray | None = None  # [B, S_w, D]: at most sliding_window - 1 tokens
     compressor: Pending | None = None
     indexer: Pending | None = None
 

@@ -33,9 +33,9 @@ def seeded_cache(x: np.ndarray, w: LayerWeights, dims: AttentionDims, n: int, se
     rng = np.random.default_rng([seed, 4, w.layer])
     cache = V4AttentionCache(seen=n)
     kept = min(n, dims.sliding_window - 1)
-    kv = like(linear(x, w.matrix("self_attn.kv_proj.weight")), kept, rng)  # [1, kept, D]
+    kv = like(linear(x, w.matrix("self_attn.kv_proj.weight")), kept, rng)  # [1, S_w, D]
     kv = rms_norm(kv, w("self_attn.kv_norm.weight"), dims.eps)
-    cache.window = rotate_tail(kv, dims.turn(np.arange(n - kept, n)))  # [1, kept, D]
+    cache.window = rotate_tail(kv, dims.turn(np.arange(n - kept, n)))  # [1, S_w, D]
     if dims.compress_ratio:
         cache.compressor = seeded_state(x, w, dims, COMPRESSOR, dims.head_dim, n, rng)
     if dims.has_indexer:
@@ -49,17 +49,17 @@ def seeded_state(x: np.ndarray, w: LayerWeights, dims: AttentionDims, module: st
     m = dims.compress_ratio
     kv = linear(x, w.matrix(f"{module}.kv_proj.weight"))  # [1, T, c]: the real projections
     gate = linear(x, w.matrix(f"{module}.gate_proj.weight"))  # [1, T, c]
-    pooled_like = kv[..., -width:]  # [1, T, width]: the channels of a window's own slots
+    pooled_like = kv[..., -width:]  # [1, T, Dc]: the channels of a window's own slots
     count = n // m
-    entries = np.empty((1, count, width), np.float32)  # [1, Ec, width]
+    entries = np.empty((1, count, width), np.float32)  # [1, Ec, Dc]
     for start in range(0, count, ROWS):
         rows = slice(start, min(start + ROWS, count))
-        pooled = like(pooled_like, rows.stop - rows.start, rng)  # [1, rows, width]
+        pooled = like(pooled_like, rows.stop - rows.start, rng)  # [1, Ec, Dc]
         normed = rms_norm(pooled, w(f"{module}.kv_norm.weight"), dims.eps)
         entries[:, rows] = rotate_tail(normed, dims.turn(np.arange(rows.start, rows.stop) * m))
     pending = n - count * m
     state = Pending(like(kv, pending, rng), like(gate, pending, rng), entries)
     if m != 4 or count == 0:
         return state
-    ape = w(f"{module}.position_bias")[:, :width]  # [m, width]
+    ape = w(f"{module}.position_bias")[:, :width]  # [m, Dc]
     return Pending(state.kv, state.gate, entries, like(kv[..., :width], m, rng), like(gate[..., :width], m, rng) + ape)
