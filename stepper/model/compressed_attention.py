@@ -32,8 +32,9 @@ The layer, step by step:
   scores = q.k * D^-0.5, one more logit per head (the sink), softmax, the sink's column dropped;
   out = weights @ kv, turned back at the query's position (its rope channels carried the keys' turns);
   heads in o_groups consecutive groups, each group by its block of o_a_proj to o_lora, then o_b_proj.
-Shapes: B batch, T new positions, d hidden, H heads, D head dim, S_w window keys, K entries a query
-can see (chosen or all), G o_groups, q_lora, o_lora.
+Shapes: B batch, T new positions, d hidden, H heads, D head dim, S_w the window's keys (kept and new),
+Wk a query's window slots (sliding_window), K entries a query can see (chosen or all), S_q = Wk + K,
+Go o_groups, q_lora, o_lora.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 from stepper.config import Yarn
 from stepper.kernels.linear import linear
@@ -124,13 +126,15 @@ def attention(x: np.ndarray, w: LayerWeights, dims: AttentionDims, cache: V4Atte
     q_latent, q = queries(x, w, dims, turn, emit)  # [B, T, q_lora], [B, H, T, D]
     kv = shared_kv(x, w, dims, turn, emit)  # [B, T, D]
     window = emit("attn.window", cache.keys_with(kv, dims.sliding_window))  # [B, S_w, D]
-    in_window = emit("attn.window_visible", window_visible(positions, window.shape[1], dims.sliding_window))
+    in_window = emit("attn.window_visible", window_visible(positions, dims.sliding_window))  # [T, Wk]
+    own_window = window_keys(window, dims.sliding_window, T)  # [B, T, Wk, D]: a view
     entries, chosen = compressed_entries(x, q_latent, w, dims, cache, positions, turn, emit)  # [B, E, D], [B, T, K]
     seen_entries = gather(entries, chosen)  # [B, T, K, D]
     if dims.compress_ratio:
         seen_entries = emit("attn.entry_keys", seen_entries)
-    weights = attention_weights(q, window, in_window, seen_entries, chosen >= 0, w("self_attn.sinks"), dims, emit)
-    out = emit("attn.output", weighted_values(weights, window, seen_entries))  # [B, H, T, D]
+    seen = np.concatenate([np.broadcast_to(in_window, (*chosen.shape[:1], *in_window.shape)), chosen >= 0], axis=-1)
+    weights = attention_weights(q, own_window, seen_entries, seen, w("self_attn.sinks"), dims, emit)  # [B, H, T, S_q]
+    out = emit("attn.output", weighted_values(weights, own_window, seen_entries))  # [B, H, T, D]
     out = emit("attn.output_turned_back", rotate_tail(out, turn.inverse()))  # [B, H, T, D]
     cache.seen += T
     return grouped_output(out, w, dims, emit)
@@ -154,12 +158,20 @@ def shared_kv(x: np.ndarray, w: LayerWeights, dims: AttentionDims, turn: Turn, e
     return emit("attn.kv_rope", rotate_tail(kv, turn))
 
 
-def window_visible(positions: np.ndarray, keys: int, sliding_window: int) -> np.ndarray:
-    """Which window keys each query sees: the last sliding_window positions up to its own.
-    The keys are the last `keys` positions up to the last query.  -> [T, S_w] bool"""
-    key_positions = positions[-1] - keys + 1 + np.arange(keys)  # [S_w]
-    distance = positions[:, None] - key_positions[None, :]  # [T, S_w]
-    return (distance >= 0) & (distance < sliding_window)
+def window_visible(positions: np.ndarray, sliding_window: int) -> np.ndarray:
+    """Which of its window's slots each query sees: slot j of the query at p is position
+    p - sliding_window + 1 + j, seen if it is not before the context's start.  [T] -> [T, Wk] bool"""
+    return positions[:, None] - sliding_window + 1 + np.arange(sliding_window)[None, :] >= 0
+
+
+def window_keys(window: np.ndarray, sliding_window: int, T: int) -> np.ndarray:
+    """Each query's own window: the keys of positions p - sliding_window + 1 .. p, slots before
+    the context's start zero.  window [B, S_w, D] (the last T positions being the queries') ->
+    [B, T, Wk, D], a view of the window padded at the front."""
+    B, S_w, D = window.shape
+    before = np.zeros((B, sliding_window + T - 1 - S_w, D), np.float32)  # the slots before the kept keys: zero
+    padded = np.concatenate([before, window], axis=1)  # T + Wk - 1 rows: slot 0 of query t is row t
+    return sliding_window_view(padded, sliding_window, axis=1).swapaxes(-1, -2)  # [B, T, Wk, D]
 
 
 def compressed_entries(x, q_latent, w, dims: AttentionDims, cache: V4AttentionCache, positions, turn, emit):
@@ -195,40 +207,30 @@ def gather(entries: np.ndarray, chosen: np.ndarray) -> np.ndarray:
     return np.where((chosen >= 0)[..., None], picked, np.float32(0))
 
 
-def attention_weights(q, window, in_window, seen_entries, entry_seen, sinks, dims: AttentionDims, emit: Emitter):
-    """softmax over the window's scores, the entries' and the sink per head, the sink's column dropped.
-    q [B, H, T, D], window [B, S_w, D], seen_entries [B, T, K, D] -> [B, H, T, S_w + K]"""
+def attention_weights(q, own_window, seen_entries, seen, sinks, dims: AttentionDims, emit: Emitter) -> np.ndarray:
+    """softmax over each query's window keys, its entries and the sink, per head; the sink's
+    column dropped. q [B, H, T, D], own_window [B, T, Wk, D], seen_entries [B, T, K, D],
+    seen [B, T, S_q] (which keys are real) -> [B, H, T, S_q]"""
     B, H, T, _ = q.shape
-    scale = np.float32(dims.softmax_scale)
-    window_scores = per_head(np.matmul(heads_as_rows(q), window.swapaxes(-1, -2)), H) * scale  # [B, H, T, S_w]
-    window_scores = np.where(in_window, window_scores, -np.inf)
-    entry_scores = np.matmul(q.transpose(0, 2, 1, 3), seen_entries.swapaxes(-1, -2))  # [B, T, H, K]: per query
-    entry_scores = np.where(entry_seen[:, None], entry_scores.transpose(0, 2, 1, 3) * scale, -np.inf)  # [B, H, T, K]
-    sink = np.broadcast_to(sinks.astype(np.float32)[None, :, None, None], (B, H, T, 1))  # [B, H, T, 1]
-    scores = emit("attn.scores", np.concatenate([window_scores, entry_scores, sink], axis=-1).astype(np.float32))
-    probs = softmax(scores)  # [B, H, T, S_w + K + 1]
+    per_query = q.transpose(0, 2, 1, 3)  # [B, T, H, D]
+    from_window = np.matmul(per_query, own_window.swapaxes(-1, -2))  # [B, T, H, Wk]
+    from_entries = np.matmul(per_query, seen_entries.swapaxes(-1, -2))  # [B, T, H, K]
+    scores = np.concatenate([from_window, from_entries], axis=-1).transpose(0, 2, 1, 3)  # [B, H, T, S_q]
+    scores = np.where(seen[:, None], scores * np.float32(dims.softmax_scale), -np.inf)
+    sink = np.broadcast_to(sinks.astype(np.float32)[None, :, None, None], (B, H, T, 1))  # [B, H, T, one]
+    scores = emit("attn.scores", np.concatenate([scores, sink], axis=-1).astype(np.float32))  # [B, H, T, S_sink]
+    probs = softmax(scores)  # [B, H, T, S_sink]
     emit("attn.sink_mass", probs[..., -1])  # [B, H, T]
     return emit("attn.weights", probs[..., :-1])
 
 
-def weighted_values(weights: np.ndarray, window: np.ndarray, seen_entries: np.ndarray) -> np.ndarray:
-    """The keys serve as values: weights @ (the window, then the entries).  -> [B, H, T, D]"""
-    H, S_w = weights.shape[1], window.shape[1]
-    from_window = per_head(np.matmul(heads_as_rows(weights[..., :S_w]), window), H)  # [B, H, T, D]
-    from_entries = np.matmul(weights[..., S_w:].transpose(0, 2, 1, 3), seen_entries)  # [B, T, H, D]: per query
-    return from_window + from_entries.transpose(0, 2, 1, 3)
-
-
-def heads_as_rows(a: np.ndarray) -> np.ndarray:
-    """[B, H, T, ...] -> [B, H*T, ...]: every head's rows against the one shared head in one product."""
-    B, H, T, n = a.shape
-    return a.reshape(B, H * T, n)
-
-
-def per_head(a: np.ndarray, H: int) -> np.ndarray:
-    """[B, H*T, ...] -> [B, H, T, ...]"""
-    B, HT, n = a.shape
-    return a.reshape(B, H, HT // H, n)
+def weighted_values(weights: np.ndarray, own_window: np.ndarray, seen_entries: np.ndarray) -> np.ndarray:
+    """The keys serve as values: each query's weights times its window keys, then its entries.
+    [B, H, T, S_q], [B, T, Wk, D], [B, T, K, D] -> [B, H, T, D]"""
+    per_query = weights.transpose(0, 2, 1, 3)  # [B, T, H, S_q]
+    Wk = own_window.shape[2]
+    out = np.matmul(per_query[..., :Wk], own_window) + np.matmul(per_query[..., Wk:], seen_entries)  # [B, T, H, D]
+    return out.transpose(0, 2, 1, 3)
 
 
 def grouped_output(out: np.ndarray, w: LayerWeights, dims: AttentionDims, emit: Emitter) -> np.ndarray:

@@ -83,15 +83,22 @@ def test_projections_and_output(traced, layer, step):
 
 
 def scattered(mine: dict, total: int, fill: float, name: str) -> np.ndarray:
-    """My [B, H, T, S_w + K] laid out as transformers' [B, H, T, S_w + E] (entry k at chosen[k])."""
+    """My [B, H, T, Wk + K] (each query's window slots, then its entries) laid out as transformers'
+    [B, H, T, S_w + E] (the window's keys, then every entry): slot j of query t is key
+    t + kept - Wk + 1 + j (kept: the keys before the new ones), entry k is S_w + chosen[k]."""
     a = mine[name]
-    S_w = mine["attn.window"].shape[1]
     B, H, T, _ = a.shape
+    S_w = mine["attn.window"].shape[1]
+    Wk = mine["attn.window_visible"].shape[1]
     out = np.full((B, H, T, S_w + total), fill, np.float32)
-    out[..., :S_w] = a[..., :S_w]
+    for t in range(T):
+        for j in range(Wk):
+            key = t + (S_w - T) - Wk + 1 + j
+            if key >= 0:
+                out[:, :, t, key] = a[:, :, t, j]
     chosen = mine.get("attn.chosen", np.zeros((B, T, 0), np.int64))
     for b, t, k in zip(*np.nonzero(chosen >= 0)):
-        out[b, :, t, S_w + chosen[b, t, k]] = a[b, :, t, S_w + k]
+        out[b, :, t, S_w + chosen[b, t, k]] = a[b, :, t, Wk + k]
     return out
 
 
