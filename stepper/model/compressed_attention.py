@@ -89,6 +89,23 @@ class AttentionDims:
     def turn(self, positions: np.ndarray) -> Turn:
         return turn_at(positions, self.rope_dim, self.rope_theta, self.yarn)
 
+    def problems(self) -> list[str]:
+        """What makes these sizes unusable, in config.json's field names (empty: none); a config
+        reader reports the first as its one line."""
+        found = []
+        if self.num_heads % self.o_groups:
+            found.append(f"o_groups ({self.o_groups}) must divide num_attention_heads ({self.num_heads})")
+        for field, rope_of in (("head_dim", self.head_dim), ("index_head_dim", self.index_head_dim)):
+            if self.rope_dim % 2 or not 0 < self.rope_dim <= rope_of:
+                found.append(f"qk_rope_head_dim ({self.rope_dim}) must be even and at most {field} ({rope_of})")
+        if self.compress_ratio < 0:
+            found.append(f"compress_ratios: {self.compress_ratio} is not 0 (sliding) or a window length")
+        for field, value in (("sliding_window", self.sliding_window), ("index_topk", self.index_topk),
+                             ("index_n_heads", self.index_n_heads)):
+            if value < 1:
+                found.append(f"{field} ({value}) must be at least 1")
+        return found
+
 
 def weight_shapes(dims: AttentionDims) -> dict[str, tuple[int, ...]]:
     """Every weight the layer's attention reads (transformers' names, relative to the layer)."""

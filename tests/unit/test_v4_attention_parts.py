@@ -2,6 +2,8 @@
 windows and CSA's overlapping ones), which entries a position sees, the indexer's picks, and the
 cache's cost per position against V3's MLA."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -101,3 +103,12 @@ def test_compressor_emits_nothing_until_a_window_closes(ratio):
     kv_proj = np.eye(2, dtype=np.float32) if ratio != 4 else np.concatenate([np.eye(2), np.eye(2)]).astype(np.float32)
     shown, state = pooled(ratio, kv_proj, x, 2)
     assert shown["shown.entries"].shape == (1, 0, 2) and state.kv.shape[1] == 3
+
+
+def test_unusable_sizes_are_named_by_their_config_field():
+    assert flash(4).problems() == []
+    assert replace(flash(4), o_groups=7).problems() == ["o_groups (7) must divide num_attention_heads (64)"]
+    assert replace(flash(4), rope_dim=63).problems()[0] == "qk_rope_head_dim (63) must be even and at most head_dim (512)"
+    assert replace(flash(4), index_head_dim=32).problems() == [
+        "qk_rope_head_dim (64) must be even and at most index_head_dim (32)"]
+    assert replace(flash(128), sliding_window=0).problems() == ["sliding_window (0) must be at least 1"]
