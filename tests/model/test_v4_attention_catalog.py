@@ -51,6 +51,8 @@ def test_every_emitted_tensor_has_one_entry():
         assert len(by_name[name]["dims"]) == array.ndim, name
         assert by_name[name]["dtype"] == str(array.dtype), name
         assert by_name[name]["description"] and by_name[name]["formula"], name
+        assert set(by_name[name]) == {"name", "scope", "block", "dims", "dtype", "description", "formula", "explain",
+                                      "reference", "aliases"}, name
 
 
 def test_dims_are_defined():
@@ -63,10 +65,9 @@ def test_dims_are_defined():
 
 @pytest.mark.skipif(transformers.__version__ != "5.24.0", reason="citations are of transformers 5.24.0")
 def test_citations_are_the_installed_lines():
-    path = part()["references"]["transformers"]["path"]
-    lines = (Path(transformers.__file__).parent / path).read_text().split("\n")
     for entry in part()["tensors"]:
         cited = entry["reference"]["transformers"]
+        lines = (Path(transformers.__file__).parent / cited["path"]).read_text().split("\n")
         first, last = cited["lines"]
         assert first <= last and lines[first - 1] == cited["text"], entry["name"]
         assert cited["symbol"] in cited["text"], entry["name"]
