@@ -183,3 +183,17 @@ def test_decode_equals_rerun(traced):
         parts = [attention(x[:, a:b], w, dims, cache, Emitter()) for a, b in ((0, 6), (6, 131), (131, 385))]
         close(np.concatenate(parts, axis=1), whole, f"layer {layer} split")
         assert cache.seen == 385
+
+
+def test_a_batch_is_its_rows_run_alone(traced):
+    """Two different prompts in one batch (prefill, then a decode step) give what each gives alone."""
+    config, arrays, ref, _ = traced
+    x = ref[0][1]["x"][:, :40]  # [1, 40, d]
+    rows = np.concatenate([x, x[:, ::-1]], axis=0)  # [2, 40, d]
+    for layer in LAYERS:
+        dims, w = dims_of(config, layer), LayerWeights(Arrays(arrays), layer)
+        both, alone = V4AttentionCache(), [V4AttentionCache(), V4AttentionCache()]
+        for span in (slice(0, 39), slice(39, 40)):
+            together = attention(rows[:, span], w, dims, both, Emitter())
+            for b in range(2):
+                close(together[b:b + 1], attention(rows[b:b + 1, span], w, dims, alone[b], Emitter()), f"row {b}")
