@@ -145,11 +145,11 @@ def attention(x: np.ndarray, w: LayerWeights, dims: AttentionDims, cache: V4Atte
     window = emit("attn.window", cache.keys_with(kv, dims.sliding_window))  # [B, S_w, D]
     in_window = emit("attn.window_visible", window_visible(positions, dims.sliding_window))  # [T, Wk]
     own_window = window_keys(window, dims.sliding_window, T)  # [B, T, Wk, D]: a view
-    entries, chosen = compressed_entries(x, q_latent, w, dims, cache, positions, turn, emit)  # [B, E, D], [B, T, K]
+    entries, chosen = compressed_entries(x, q_latent, w, dims, cache, positions, turn, emit)  # [B, Ec, D], [B, T, K]
     seen_entries = gather(entries, chosen)  # [B, T, K, D]
     if dims.compress_ratio:
         seen_entries = emit("attn.entry_keys", seen_entries)
-    seen = np.concatenate([np.broadcast_to(in_window, (*chosen.shape[:1], *in_window.shape)), chosen >= 0], axis=-1)
+    seen = keys_seen(in_window, chosen)  # [B, T, S_q]
     weights = attention_weights(q, own_window, seen_entries, seen, w("self_attn.sinks"), dims, emit)  # [B, H, T, S_q]
     out = emit("attn.output", weighted_values(weights, own_window, seen_entries))  # [B, H, T, D]
     out = emit("attn.output_turned_back", rotate_tail(out, turn.inverse()))  # [B, H, T, D]
@@ -191,9 +191,15 @@ def window_keys(window: np.ndarray, sliding_window: int, T: int) -> np.ndarray:
     return sliding_window_view(padded, sliding_window, axis=1).swapaxes(-1, -2)  # [B, T, Wk, D]
 
 
+def keys_seen(in_window: np.ndarray, chosen: np.ndarray) -> np.ndarray:
+    """Which of a query's keys are real: its window slots, then its entries.  [T, Wk], [B, T, K] -> [B, T, S_q]"""
+    window_part = np.broadcast_to(in_window, (chosen.shape[0], *in_window.shape))  # [B, T, Wk]
+    return np.concatenate([window_part, chosen >= 0], axis=-1)
+
+
 def compressed_entries(x, q_latent, w, dims: AttentionDims, cache: V4AttentionCache, positions, turn, emit):
     """Run the layer's compressor (and indexer) over the new tokens: every entry made so far
-    [B, E, D] and, per query, the entries it attends [B, T, K] (-1: none; K 0 on sliding layers)."""
+    [B, Ec, D] and, per query, the entries it attends [B, T, K] (-1: none; K 0 on sliding layers)."""
     B = x.shape[0]
     if dims.compress_ratio == 0:
         return np.zeros((B, 0, dims.head_dim), np.float32), np.zeros((B, len(positions), 0), np.int64)
@@ -201,7 +207,7 @@ def compressed_entries(x, q_latent, w, dims: AttentionDims, cache: V4AttentionCa
     comp = Compressor(COMPRESSOR, "attn.compressor", dims.compress_ratio, dims.head_dim, dims.eps)
     state = cache.compressor or Pending.empty(B, comp.channels, comp.width)
     cache.compressor = compress(x, w, comp, state, turn_of, emit)
-    entries = emit("attn.entries", cache.compressor.entries)  # [B, E, D]
+    entries = emit("attn.entries", cache.compressor.entries)  # [B, Ec, D]
     if dims.has_indexer:
         state = cache.indexer or Pending.empty(B, 2 * dims.index_head_dim, dims.index_head_dim)
         chosen, cache.indexer = index_entries(x, q_latent, w, dims, state, positions, turn, turn_of, emit)
@@ -211,14 +217,14 @@ def compressed_entries(x, q_latent, w, dims: AttentionDims, cache: V4AttentionCa
 
 
 def every_visible(positions: np.ndarray, count: int, ratio: int, batch: int) -> np.ndarray:
-    """HCA keeps every entry a query can see: entry e for e < (p+1)//m, else -1.  -> [B, T, E]"""
-    e = np.arange(count)[None, :]  # [1, E]
-    chosen = np.where(e < visible_entries(positions, ratio)[:, None], e, -1)  # [T, E]
+    """HCA keeps every entry a query can see: entry e for e < (p+1)//m, else -1.  -> [B, T, Ec]"""
+    e = np.arange(count)[None, :]  # [1, Ec]
+    chosen = np.where(e < visible_entries(positions, ratio)[:, None], e, -1)  # [T, Ec]
     return np.broadcast_to(chosen, (batch, *chosen.shape)).astype(np.int64)
 
 
 def gather(entries: np.ndarray, chosen: np.ndarray) -> np.ndarray:
-    """The chosen entries per query (zeros where none).  [B, E, D], [B, T, K] -> [B, T, K, D]"""
+    """The chosen entries per query (zeros where none).  [B, Ec, D], [B, T, K] -> [B, T, K, D]"""
     B = chosen.shape[0]
     picked = entries[np.arange(B)[:, None, None], np.maximum(chosen, 0)]  # [B, T, K, D]
     return np.where((chosen >= 0)[..., None], picked, np.float32(0))

@@ -14,7 +14,7 @@ entries made) are kept, best first; a pick the query cannot see (fewer visible t
 Weights (relative to the layer, transformers' names): `self_attn.compressor.indexer.{kv_proj,
 gate_proj}.weight` [2*Di, d], `.position_bias` [4, 2*Di], `.kv_norm.weight` [Di],
 `.q_b_proj.weight` [Hi*Di, q_lora], `.scorer.weights_proj.weight` [Hi, d].
-Shapes: B batch, T new positions, E entries made, Hi index heads, Di index head dims, K picks.
+Shapes: B batch, T new positions, Ec entries made, Hi index heads, Di index head dims, K picks.
 """
 
 from __future__ import annotations
@@ -36,11 +36,11 @@ def index_entries(x: np.ndarray, q_latent: np.ndarray, w: LayerWeights, dims, st
     indexer compressor's new state. turn: the query positions' angles; turn_of: the windows'."""
     comp = Compressor(MODULE, "attn.indexer.compressor", dims.compress_ratio, dims.index_head_dim, dims.eps)
     state = compress(x, w, comp, state, turn_of, emit)
-    keys = emit("attn.indexer.keys", state.entries)  # [B, E, Di]
+    keys = emit("attn.indexer.keys", state.entries)  # [B, Ec, Di]
     q = index_queries(q_latent, w, dims, turn, emit)  # [B, Hi, T, Di]
     head_weights = linear(x, w.matrix(f"{MODULE}.scorer.weights_proj.weight")) * np.float32(dims.index_n_heads**-0.5)
     head_weights = emit("attn.indexer.head_weights", head_weights)  # [B, T, Hi]
-    scores = index_scores(q, keys, head_weights, dims.index_head_dim)  # [B, T, E]
+    scores = index_scores(q, keys, head_weights, dims.index_head_dim)  # [B, T, Ec]
     visible = visible_entries(positions, dims.compress_ratio)  # [T]
     scores = emit("attn.indexer.scores", np.where(np.arange(keys.shape[1]) < visible[:, None], scores, -np.inf))
     return emit("attn.indexer.chosen", picks(scores, dims.index_topk, visible)), state
@@ -56,16 +56,16 @@ def index_queries(q_latent: np.ndarray, w: LayerWeights, dims, turn: Turn, emit:
 
 
 def index_scores(q: np.ndarray, keys: np.ndarray, head_weights: np.ndarray, head_dim: int) -> np.ndarray:
-    """sum_h weights_h * relu(q_h . K_e) * Di^-0.5.  [B, Hi, T, Di], [B, E, Di], [B, T, Hi] -> [B, T, E]"""
+    """sum_h weights_h * relu(q_h . K_e) * Di^-0.5.  [B, Hi, T, Di], [B, Ec, Di], [B, T, Hi] -> [B, T, Ec]"""
     B, Hi, T, Di = q.shape
-    dots = np.matmul(q.reshape(B, Hi * T, Di), keys.swapaxes(-1, -2))  # [B, Hi*T, E]: one product reads the keys once
-    per_head = np.maximum(dots.reshape(B, Hi, T, -1), 0) * np.float32(head_dim**-0.5)  # [B, Hi, T, E]
-    return np.einsum("bhte,bth->bte", per_head, head_weights)  # [B, T, E]
+    dots = np.matmul(q.reshape(B, Hi * T, Di), keys.swapaxes(-1, -2))  # [B, Hi*T, Ec]: one product reads the keys once
+    per_head = np.maximum(dots.reshape(B, Hi, T, -1), 0) * np.float32(head_dim**-0.5)  # [B, Hi, T, Ec]
+    return np.einsum("bhte,bth->bte", per_head, head_weights)  # [B, T, Ec]
 
 
 def picks(scores: np.ndarray, topk: int, visible: np.ndarray) -> np.ndarray:
-    """The min(topk, E) best entries per query, best first (equal scores: the lower index first);
-    a pick past what the query sees is -1.  [B, T, E] -> [B, T, K] int64"""
+    """The min(topk, Ec) best entries per query, best first (equal scores: the lower index first);
+    a pick past what the query sees is -1.  [B, T, Ec] -> [B, T, K] int64"""
     k = min(topk, scores.shape[-1])
     order = np.argsort(-scores, axis=-1, kind="stable")[..., :k]  # [B, T, K]
     return np.where(order < visible[:, None], order, -1).astype(np.int64)
