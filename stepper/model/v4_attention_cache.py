@@ -67,8 +67,9 @@ def mla_values_per_position(kv_lora_rank: int, qk_rope_head_dim: int) -> int:
     return kv_lora_rank + qk_rope_head_dim
 
 
-def cost_line(dims, kv_lora_rank: int = 512, qk_rope_head_dim: int = 64, bytes_per_value: int = 2) -> str:
-    """The header's sentence: bytes a position costs this layer, beside V3's MLA, at a dtype."""
+def cost_line(dims, kv_lora_rank: int = 512, qk_rope_head_dim: int = 64, bytes_per_value: int = 4) -> str:
+    """The header's sentence: bytes a position costs this layer, beside V3's MLA (kv_lora_rank,
+    qk_rope_head_dim: V3's), both at bytes_per_value (stepper holds float32: 4)."""
     kind = {0: "sliding", 4: "CSA", 128: "HCA"}.get(dims.compress_ratio, f"m={dims.compress_ratio}")
     v4 = values_per_position(dims) * bytes_per_value
     mla = mla_values_per_position(kv_lora_rank, qk_rope_head_dim) * bytes_per_value
