@@ -16,7 +16,7 @@ Weights, relative to the layer, as transformers' DeepseekV4Attention names them
   self_attn.q_a_proj.weight [q_lora, d] (attn.wq_a)      self_attn.q_a_norm.weight [q_lora] (attn.q_norm)
   self_attn.q_b_proj.weight [H*D, q_lora] (attn.wq_b)    self_attn.kv_proj.weight [D, d] (attn.wkv)
   self_attn.kv_norm.weight [D] (attn.kv_norm)             self_attn.sinks [H] (attn.attn_sink)
-  self_attn.o_a_proj.weight [G*o_lora, H*D/G] (attn.wo_a) self_attn.o_b_proj.weight [d, G*o_lora] (attn.wo_b)
+  self_attn.o_a_proj.weight [Go*o_lora, H*D/Go] (attn.wo_a) self_attn.o_b_proj.weight [d, Go*o_lora] (attn.wo_b)
 compressed layers add self_attn.compressor.* (compressor.py: kv_proj, gate_proj, position_bias,
 kv_norm = attn.compressor.{wkv, wgate, ape, norm}); CSA layers add self_attn.compressor.indexer.*
 (sparse_indexer.py; attn.indexer.{wq_b, weights_proj} and attn.indexer.compressor.*).
@@ -32,9 +32,13 @@ The layer, step by step:
   scores = q.k * D^-0.5, one more logit per head (the sink), softmax, the sink's column dropped;
   out = weights @ kv, turned back at the query's position (its rope channels carried the keys' turns);
   heads in o_groups consecutive groups, each group by its block of o_a_proj to o_lora, then o_b_proj.
+Each query's scores and weights are laid out as the keys it sees: its Wk window slots (positions
+p - Wk + 1 .. p; a slot before position 0 is not seen), then its K entries, then the sink. So a
+prompt costs T * (Wk + K) scores a head, not T^2; a longer prompt fed through the cache in pieces
+gives what one run gives (tests/model/test_v4_attention.py), which bounds it further.
 Shapes: B batch, T new positions, d hidden, H heads, D head dim, S_w the window's keys (kept and new),
 Wk a query's window slots (sliding_window), K entries a query can see (chosen or all), S_q = Wk + K,
-Go o_groups, q_lora, o_lora.
+Ec entries made, Go o_groups, q_lora, o_lora.
 """
 
 from __future__ import annotations
@@ -260,10 +264,10 @@ def grouped_output(out: np.ndarray, w: LayerWeights, dims: AttentionDims, emit: 
     """Heads in o_groups consecutive groups, each projected by its own block of o_a_proj to
     o_lora, then o_b_proj mixes the groups.  [B, H, T, D] -> [B, T, d]"""
     B, H, T, D = out.shape
-    G = dims.o_groups
-    grouped = out.transpose(0, 2, 1, 3).reshape(B, T, G, H * D // G)  # [B, T, G, H*D/G]
-    blocks = w.float32("self_attn.o_a_proj.weight").reshape(G, dims.o_lora_rank, H * D // G)  # [G, o_lora, H*D/G]
-    per_group = np.matmul(grouped.transpose(2, 0, 1, 3), blocks[:, None].swapaxes(-1, -2))  # [G, B, T, o_lora]
-    per_group = emit("attn.o_groups", per_group.transpose(1, 2, 0, 3))  # [B, T, G, o_lora]
-    merged = per_group.reshape(B, T, G * dims.o_lora_rank)  # [B, T, G*o_lora]
+    Go = dims.o_groups
+    grouped = out.transpose(0, 2, 1, 3).reshape(B, T, Go, H * D // Go)  # [B, T, Go, H*D/Go]
+    blocks = w.float32("self_attn.o_a_proj.weight").reshape(Go, dims.o_lora_rank, H * D // Go)  # [Go, o_lora, H*D/Go]
+    per_group = np.matmul(grouped.transpose(2, 0, 1, 3), blocks[:, None].swapaxes(-1, -2))  # [Go, B, T, o_lora]
+    per_group = emit("attn.o_groups", per_group.transpose(1, 2, 0, 3))  # [B, T, Go, o_lora]
+    merged = per_group.reshape(B, T, Go * dims.o_lora_rank)  # [B, T, Go*o_lora]
     return emit("attn.o", linear(merged, w.matrix("self_attn.o_b_proj.weight")))  # [B, T, d]
