@@ -40,6 +40,7 @@ import numpy as np
 
 from stepper import files
 from stepper.config import Config, load_config
+from stepper.families import derive
 from stepper.fp8 import quantize
 from stepper.kernels import attention as kernels_attention
 from stepper.kernels import fp8_workers, parallel
@@ -51,6 +52,7 @@ from stepper.model.cache import LayerCache
 from stepper.model.indexer import index_mask
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.ops import swiglu
+from stepper.model.options import LayerOptions
 from stepper.prefill import in_chunks
 from stepper.presets import PRESETS
 from stepper.seams.trace import Emitter
@@ -320,11 +322,11 @@ def indexed_prefill(checkpoint: Path, layer: int, tokens: int, repeat: int) -> l
     cfg, model, emit = source.config, Transformer(source), Emitter()
     x = np.random.default_rng(7).standard_normal((1, tokens, cfg.hidden_size), dtype=np.float32)  # a normed input
     rope = model.rope(np.arange(tokens), emit)
-    w = LayerWeights(source, layer, model.scratch)
-    mask = index_mask(x, w, cfg, rope, LayerCache(), emit)  # [B, T, S]
+    w, options = LayerWeights(source, layer, model.scratch, rope), LayerOptions()
+    mask = index_mask(x, w, LayerCache(), options, emit)  # [B, T, S]
     parts = {
-        "its Lightning Indexer": lambda: index_mask(x, w, cfg, rope, LayerCache(), emit),
-        "its attention under the indexer's mask": lambda: mla_attention(x, w, cfg, rope, LayerCache(), emit, "naive", mask),
+        "its Lightning Indexer": lambda: index_mask(x, w, LayerCache(), options, emit),
+        "its attention under the indexer's mask": lambda: mla_attention(x, w, LayerCache(), options, emit, mask),
         "the whole layer (indexer, attention, FFN)": lambda: model.layer(layer, x, rope, KVCache(cfg.num_hidden_layers), emit),
     }
     kept = f"{min(cfg.index_topk, tokens)} of up to {tokens} positions kept per query"
@@ -349,13 +351,14 @@ def attention_run(model: str, tokens: int, cache: int, attn: str, shown: bool, r
     source = CachedWeights(SyntheticWeights(cfg, 0), ATTENTION_CACHE_MB << 20)  # decoded once: the attention is timed
     transformer = Transformer(source)
     w, rng = LayerWeights(source, 0, transformer.scratch), np.random.default_rng(11)
+    options = LayerOptions(attention=attn)
     emit = Emitter([shown_like_run] if shown else [])
     chunk = (SHOWN_CHUNK if shown else 0) if chunk is None else chunk
     core, times = CoreTimer(), []
     with core:
         for _ in range(2):  # untimed: a weight is kept from its second use on
-            mla_attention(rng.standard_normal((1, 1, cfg.hidden_size), dtype=np.float32), w, cfg,
-                          transformer.rope(np.arange(1), Emitter()), LayerCache(), Emitter(), attn)
+            w.rope = transformer.rope(np.arange(1), Emitter())
+            mla_attention(rng.standard_normal((1, 1, cfg.hidden_size), dtype=np.float32), w, LayerCache(), options, Emitter())
         for run in range(repeat):
             kv = KVCache(1)
             kv.layers[0] = random_cache(w, cfg, cache, attn, rng)
@@ -363,12 +366,12 @@ def attention_run(model: str, tokens: int, cache: int, attn: str, shown: bool, r
             def step(span: slice, kv: KVCache, emit: Emitter, run: int = run) -> None:
                 x = np.random.default_rng([11, run, span.start]).standard_normal(
                     (1, span.stop - span.start, cfg.hidden_size), dtype=np.float32)  # made per chunk, never whole
-                rope = transformer.rope(cache + np.arange(span.start, span.stop), Emitter())
-                mla_attention(x, w, cfg, rope, kv.layers[0], emit, attn)
+                w.rope = transformer.rope(cache + np.arange(span.start, span.stop), Emitter())
+                mla_attention(x, w, kv.layers[0], options, emit)
 
             core.seconds = 0.0
             start = time.perf_counter()
-            in_chunks(step, tokens, chunk or tokens, kv, emit)
+            in_chunks(step, tokens, chunk or tokens, kv, emit, derive.masked_future(cfg, 0, attn))
             times.append(time.perf_counter() - start)
     what = f"decode 1 token over {cache} cached positions" if tokens == 1 else f"prefill {tokens} tokens"
     flops, gemm = core_flops(cfg, tokens, cache, attn), gemm_rate()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -155,7 +156,8 @@ class Config:
 
     @classmethod
     def from_hf(cls, raw: dict[str, Any], name: str = "config.json") -> Config:
-        """Read an HF config.json dict (model_type deepseek_v3 or kimi_k2) and validate it."""
+        """Read an HF config.json dict of the MLA family (MODEL_TYPES or its wrapper) and validate
+        it. A config.json of any registered family: stepper.families.read_config."""
         return _parse(raw, name)
 
     def to_hf(self) -> dict[str, Any]:
@@ -191,13 +193,19 @@ class Config:
         return out
 
 
-def load_config(path: str | Path) -> Config:
-    """Read and validate a config.json file."""
+def read_mla_config(raw: dict[str, Any], source: str) -> Config:
+    """The MLA family's reader (families.deepseek): a config.json of MODEL_TYPES or its wrapper."""
+    return _parse(raw, source)
+
+
+def load_config(path: str | Path, read: Callable[[dict[str, Any], str], Any] = read_mla_config) -> Any:
+    """Read and validate a config.json file with a family's reader (the MLA family's unless given:
+    stepper.families.load_config reads any registered family's)."""
     path = Path(path)
     raw = read_json(path, "a config.json")  # a key given twice, or NaN, is refused naming it
     if not isinstance(raw, dict):
         raise StepperError(f"{path}: expected a JSON object, found {type(raw).__name__}")
-    return Config.from_hf(raw, str(path))
+    return read(raw, str(path))
 
 
 # ---------------------------------------------------------------------------------------------

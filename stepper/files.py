@@ -216,7 +216,8 @@ def open_for_update(path: Path) -> int:
         fd = os.open(path, UPDATE)
     except OSError as e:
         if e.errno == errno.ELOOP:
-            raise StepperError(f"{shown(path)}: is a link; stepper does not write through links it did not make") from None
+            raise StepperError(f"{shown(path)}: is a link; stepper does not write through links it did not make") \
+                from None
         raise
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
@@ -235,7 +236,8 @@ def open_lock(path: Path) -> int:
         return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
     except OSError as e:
         if e.errno == errno.ELOOP:
-            raise StepperError(f"{shown(path)}: is a link; stepper does not write through links it did not make") from None
+            raise StepperError(f"{shown(path)}: is a link; stepper does not write through links it did not make") \
+                from None
         raise
 
 
@@ -271,14 +273,17 @@ def check_output(option: str, path: Path, force: bool, ours: Callable[[Path], bo
     if found == "folder":
         raise StepperError(f"{option} {shown(path)}: is a folder; give a file name inside it")
     if found == "link":
-        raise StepperError(f"{option} {shown(path)}: is a link; stepper does not write through links, give a new file name")
+        raise StepperError(f"{option} {shown(path)}: is a link; stepper does not write through links, give a new file "
+                           "name")
     if found == "other":
         raise StepperError(f"{option} {shown(path)}: is not a regular file; give a new file name")
     if found == "file":
         if not force:
-            raise StepperError(f"{option} {shown(path)}: file exists; pass --force to overwrite it, or give another name")
+            raise StepperError(f"{option} {shown(path)}: file exists; pass --force to overwrite it, or give another "
+                               "name")
         if not ours(path):
-            raise StepperError(f"{option} {shown(path)}: is not {what}; --force replaces only {what}, so it was not touched")
+            raise StepperError(f"{option} {shown(path)}: is not {what}; --force replaces only {what}, so it was not "
+                               "touched")
     if not path.parent.is_dir():
         raise StepperError(f"{option} {shown(path)}: folder {shown(path.parent)} does not exist")
     probe = _temp_beside(path)

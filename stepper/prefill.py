@@ -11,14 +11,15 @@ one (`np.asarray`) replays the chunks once more and makes every chunked tensor a
 
 A chunk's rows of a tensor over the attended positions S (the attention scores and weights, the
 indexer's scores, choices and mask) stop at the chunk's last position; the whole prompt's tensor
-holds the masked future there, and so does the shown one (`PAST_THE_CHUNK`). A tensor over the
+holds the masked future there, and so does the shown one (`masked`: the value of each such
+tensor, as the layer's code makes it: stepper.families.derive.masked_future). A tensor over the
 attended positions alone (the naive path's key and value states, the indexer's keys) is the last
 chunk's: the cache of every position.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -32,28 +33,21 @@ from stepper.tensors.tiled import Tiled
 
 Step = Callable[[slice, KVCache, Emitter], object]  # run the prompt's positions `span` with a cache -> the step's result
 
-PAST_THE_CHUNK = {  # what the whole prompt's tensor holds past a chunk's attended positions: the masked future
-    "self_attn.attn_scores": -np.inf,
-    "self_attn.attn_weights": 0.0,
-    "self_attn.indexer.index_scores": -np.inf,
-    "self_attn.indexer.mask": -np.inf,
-    "self_attn.indexer.topk_idx": -1,  # the kept positions a query's past is too short to fill
-    "self_attn.indexer.exact_index_scores": -np.inf,  # (FP8 index scoring: the exact scores beside it)
-    "self_attn.indexer.exact_topk_idx": -1,
-}
 POSITIONS = ("T", "N")  # the dims along which the chunks follow each other
 WIDTHS = ("S", "Ki")  # the dims a chunk's rows have fewer of than the whole prompt's
 
 
-def in_chunks(step: Step, length: int, chunk: int, cache: KVCache, emit: Emitter) -> object:
+def in_chunks(step: Step, length: int, chunk: int, cache: KVCache, emit: Emitter,
+              masked: Mapping[str, float] | None = None) -> object:
     """Run `step` on the positions [0, length), `chunk` at a time, each named tensor shown once,
-    whole. -> what the last chunk's step returns"""
+    whole; masked: name -> the value a tensor over the attended positions holds at a masked
+    future position (families.derive.masked_future). -> what the last chunk's step returns"""
     spans = [slice(start, min(start + chunk, length)) for start in range(0, length, chunk)]
     if len(spans) == 1 or not emit.listening:
         for span in spans:
             result = step(span, cache, emit)
         return result
-    gathered, before = Gathered(emit), []
+    gathered, before = Gathered(emit, masked or {}), []
     for k, span in enumerate(spans):
         emit.progress("prefill chunks", k, len(spans))
         before.append([layer.length for layer in cache.layers])
@@ -145,15 +139,15 @@ class Replay:
 class Gathered:
     """Sink of the chunks' events: each wanted name's `Part`, in the order the names first come."""
 
-    def __init__(self, outer: Emitter):
-        self.outer = outer
+    def __init__(self, outer: Emitter, masked: Mapping[str, float]):
+        self.outer, self.masked = outer, masked
         self.parts: dict[str, Part] = {}
 
     def __call__(self, event: Event) -> None:
         if event.name not in self.parts:
             if not self.outer.wants(event):
                 return
-            self.parts[event.name] = Part(event)
+            self.parts[event.name] = Part(event, self.masked)
         self.parts[event.name].add(event.array)
 
     def count(self, event: Event) -> None:
@@ -169,15 +163,15 @@ class Gathered:
 class Part:
     """One name's tensor over the chunks: figures gathered chunk by chunk, as the whole tensor's."""
 
-    def __init__(self, event: Event):
+    def __init__(self, event: Event, masked: Mapping[str, float]):
         self.name, self.key, self.layer, self.phase = event.name, event.key, event.layer, event.phase
         entry = catalog.load().entry(event.key)
         dims = entry["dims"] if entry is not None and len(entry["dims"]) == event.array.ndim else []
         self.axis = next((i for i, d in enumerate(dims) if d in POSITIONS), None)  # None: the last chunk's is the whole
         self.width = next((i for i, d in enumerate(dims) if d in WIDTHS), None) if self.axis is not None else None
-        if self.width is not None and event.key not in PAST_THE_CHUNK:
-            raise ValueError(f"{event.key}: no value for the positions past a chunk (prefill.PAST_THE_CHUNK)")
-        self.pad = PAST_THE_CHUNK.get(event.key, 0.0)
+        if self.width is not None and event.key not in masked:
+            raise ValueError(f"{event.key}: no value for the positions past a chunk (families.derive.masked_future)")
+        self.pad = masked.get(event.key, 0.0)
         self.dtype, self.shapes, self.latest = event.array.dtype, [], None
         self.gather, self.first, self.last = Gather(), [], []
         self.counts = np.zeros(BINS, np.int64)

@@ -24,13 +24,14 @@ from pathlib import Path
 
 import numpy as np
 
-from stepper import prefill
-from stepper.config import Config, load_config
+from stepper import families, prefill
+from stepper.config import Config
 from stepper.errors import StepperError
+from stepper.families import derive
 from stepper.kernels.weight_cache import CachedWeights
 from stepper.model import KVCache, Transformer, synthetic_cache
 from stepper.model.layer_weights import LayerWeights
-from stepper.presets import PRESETS, preset
+from stepper.presets import PRESETS
 from stepper.seams.trace import Emitter, Sink
 from stepper.text import Tokens, load_tokenizer
 from stepper.weights import remote
@@ -90,16 +91,16 @@ def load_model(model: str, seed: int) -> WeightSource:
     """A preset (synthetic weights), a checkpoint directory, a remote checkpoint (hf://ORG/NAME,
     https://HOST/PATH/), or a bare config.json (synthetic)."""
     if model in PRESETS:
-        return SyntheticWeights(preset(model), seed)
+        return SyntheticWeights(families.read_config(PRESETS[model], f"preset {model}"), seed)
     if remote.is_remote(model):
-        return remote.open_remote(model)
+        return remote.open_remote(model, read_config=families.load_config)
     path = Path(model)
     if path.is_dir():
         if (path / "config.json").exists() and not any(path.glob("*.safetensors")) and not (path / INDEX).exists():
-            return SyntheticWeights(load_config(path / "config.json"), seed)
-        return Checkpoint(path)
+            return SyntheticWeights(families.load_config(path / "config.json"), seed)
+        return Checkpoint(path, families.load_config)
     if path.is_file():
-        return SyntheticWeights(load_config(path), seed)
+        return SyntheticWeights(families.load_config(path), seed)
     raise StepperError(
         f"unknown model '{model}': expected one of {', '.join(PRESETS)}, a checkpoint directory or a config.json"
     )
@@ -304,7 +305,7 @@ def run(spec: RunSpec, sinks: Iterable[Sink], weights: WeightSource | None = Non
 def execute(plan: Plan, sinks: Iterable[Sink]) -> RunResult:
     """Run the prefill and `spec.decode` decode steps, emitting to `sinks`."""
     spec, cfg = plan.spec, plan.config
-    model = Transformer(plan.weights, index_scoring=spec.index_scoring)
+    model = Transformer(plan.weights, index_scoring=spec.index_scoring, layer=families.family_for(cfg).decoder_layer)
     emit = Emitter(sinks)
     cache = KVCache(cfg.num_hidden_layers)
     ids = np.array([plan.prompt], dtype=np.int64)  # [B=1, T]
@@ -325,7 +326,8 @@ def execute(plan: Plan, sinks: Iterable[Sink]) -> RunResult:
         chunk = spec.chunk if step == 0 and spec.chunk else len(positions)
         runs = chunked_model(plan, model) if chunk < len(positions) else model
         run_step = partial(one_step, plan, runs, ids, hidden, positions, step_attn(spec, step))
-        logits = prefill.in_chunks(run_step, len(positions), chunk, cache, phase)
+        masked = masked_future(plan, step_attn(spec, step)) if chunk < len(positions) else None
+        logits = prefill.in_chunks(run_step, len(positions), chunk, cache, phase, masked)
         token = None if not more else decode_tokens[step] if plan.alone else int(np.argmax(logits[0, -1]))
         if token is not None:
             generated.append(token)
@@ -341,13 +343,21 @@ def execute(plan: Plan, sinks: Iterable[Sink]) -> RunResult:
 STEPS = "steps (the prefill, then each decode step)"
 
 
+def masked_future(plan: Plan, attn: str) -> dict[str, float]:
+    """What the run's layers' tensors over the attended positions hold at a masked future position,
+    as their code makes it (families.derive): a chunked prefill widens each chunk's rows with it."""
+    cfg = plan.config
+    return {key: value for layer in range(cfg.num_hidden_layers)
+            for key, value in derive.masked_future(cfg, layer, attn, plan.spec.index_scoring).items()}
+
+
 def chunked_model(plan: Plan, model: Transformer) -> Transformer:
     """The model a chunked prefill runs: its chunks run again for the histograms and must make the
     same values, but past a weight's first use a weight cache multiplies by its decoded float32
     copy, which rounds differently; so the prefill reads the weights as stored, as a whole
     prompt's prefill (every weight's first use) does."""
     if isinstance(plan.weights, CachedWeights):
-        return Transformer(plan.weights.source, model.dispatch, model.index_scoring)
+        return Transformer(plan.weights.source, model.dispatch, model.index_scoring, model.decoder_layer)
     return model
 
 

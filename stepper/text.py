@@ -270,7 +270,8 @@ class KimiTiktoken:
         first = len(ranks)
         special = {names.get(i, f"<|reserved_token_{i}|>"): i for i in range(first, first + KIMI_SPECIAL_IDS)}
         with library_call(path, "tiktoken cannot use it"):
-            self.model = tiktoken.Encoding(path.name, pat_str=KIMI_PATTERN, mergeable_ranks=ranks, special_tokens=special)
+            self.model = tiktoken.Encoding(path.name, pat_str=KIMI_PATTERN, mergeable_ranks=ranks,
+                                           special_tokens=special)
 
     def encode(self, text: str) -> list[int]:
         check_prompt(text)
@@ -330,7 +331,8 @@ def read_special_names(path: Path) -> dict[int, str]:
     for key, token in added.items():
         content = token.get("content") if isinstance(token, dict) else None
         if not key.isdigit() or not isinstance(content, str):
-            raise StepperError(f"{path}: added_tokens_decoder[{shown(key)!r}] must be a token id with a 'content' string")
+            raise StepperError(f"{path}: added_tokens_decoder[{shown(key)!r}] must be a token id with a 'content' "
+                               "string")
         names[int(key)] = content
     return names
 

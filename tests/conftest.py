@@ -10,6 +10,7 @@ from helpers.configs import config_with
 from helpers.untouched import Guard
 
 from stepper.kernels import parallel
+from stepper.planning import memory
 
 
 def pytest_configure(config):
@@ -35,11 +36,23 @@ def default_folders(tmp_path_factory):
     home = tmp_path_factory.mktemp("home")
     names = ("XDG_CACHE_HOME", "XDG_DATA_HOME", "HF_HOME")
     saved = {k: os.environ.get(k) for k in names}
-    os.environ["HF_HOME"] = saved["HF_HOME"] or str(Path(saved["XDG_CACHE_HOME"] or Path.home() / ".cache") / "huggingface")
+    os.environ["HF_HOME"] = (saved["HF_HOME"]
+                             or str(Path(saved["XDG_CACHE_HOME"] or Path.home() / ".cache") / "huggingface"))
     os.environ["XDG_CACHE_HOME"], os.environ["XDG_DATA_HOME"] = str(home / "cache"), str(home / "data")
     yield home
     for k, v in saved.items():
         os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+
+
+ROOM = 16 * 2**30  # the memory every test's run is told it may use
+
+
+@pytest.fixture(autouse=True)
+def fixed_room(monkeypatch):
+    """Runs in the test process see a fixed amount of free memory, never the machine's (which other
+    work on the machine moves: a lesson's 2 MiB run was once refused with "0 B available"). A test
+    about the memory check sets its own figure over this one."""
+    monkeypatch.setattr(memory, "available_bytes", lambda: ROOM)
 
 
 @pytest.fixture(autouse=True)

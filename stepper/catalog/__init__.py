@@ -1,7 +1,11 @@
 """The tensor catalogue: what each named tensor is, its named dimensions and where the reference
-computes it. The content is data (catalog.json, shipped in the package); this module reads it,
-finds entries by what a user types and turns a tensor's shape into named dimensions for a given
-config. An entry's `explain` text is a template filled with the run's config (`catalog.texts`)."""
+computes it: what code cannot say. The content is data, one JSON file per part of a model
+(stepper/catalog/parts/*.json, shipped in the package; a family lists its parts, and a family
+added elsewhere brings its own files); this module merges the registered families' parts, finds
+entries by what a user types and turns a tensor's shape into named dimensions for a given config.
+Which tensors a layer emits, and in which order, is not kept here: the model says it
+(`families.derive`), and `layer_sequence` asks it. An entry's `explain` text is a template
+filled with the run's config (`catalog.texts`)."""
 
 from __future__ import annotations
 
@@ -11,11 +15,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from functools import cache, cached_property
-from importlib import resources
+from importlib.abc import Traversable
 from typing import Any
 
+from stepper import families
 from stepper.catalog import texts
 from stepper.config import Config
+from stepper.families import derive
 
 RUNTIME = "runtime"
 SCOPE = re.compile(r"^(?:prefill\.|decode\d+\.)?(?:layers\.\d+\.)?")
@@ -106,18 +112,9 @@ class Catalog:
 
     def layer_sequence(self, cfg: Config, layer: int, attn: str = "naive", index_scoring: str = "exact") -> list[dict[str, Any]]:
         """The entries one layer emits, in execution order, for this config, attention (naive or
-        absorb) and index scoring (exact or fp8)."""
-        kind = "moe" if cfg.is_moe_layer(layer) else "dense"
-        no_q_lora = cfg.q_lora_rank is None
-        return [
-            e for e in self.in_order
-            if e["scope"] == "layer"
-            and applies(e, cfg, index_scoring)
-            and e["layers"] in ("all", kind)
-            and e["path"] in ("both", attn)
-            and not (no_q_lora and e["name"] in ("self_attn.q_a", "self_attn.q_a_norm"))
-            and not (cfg.n_shared_experts == 0 and e["name"] == "mlp.shared_output")
-        ]
+        absorb) and index scoring (exact or fp8): the names the model emits (families.derive),
+        each with its entry (a name with none gets a bare one, which the catalogue tests refuse)."""
+        return [self.entry(key) or uncatalogued(key) for key in derive.layer_keys(cfg, layer, attn, index_scoring)]
 
     def run_names(self, cfg: Config, steps: Sequence[tuple[str | None, str]], layers: Iterable[int],
                   start: Sequence[str] = (), end: Sequence[str] = (), index_scoring: str = "exact") -> list[str]:
@@ -143,24 +140,12 @@ class Catalog:
     def _by_name(self) -> dict[str, dict[str, Any]]:
         return {e["name"]: e for e in self.entries}
 
-    @cached_property
-    def in_order(self) -> list[dict[str, Any]]:
-        """The entries in execution order: one with `after` (a family's own tensor, appended to the
-        catalogue) goes right after the entry it names, which comes before it in the catalogue."""
-        ordered = [e for e in self.entries if "after" not in e]
-        for e in self.entries:
-            if "after" in e:
-                ordered.insert(next(i for i, o in enumerate(ordered) if o["name"] == e["after"]) + 1, e)
-        return ordered
 
 
-def applies(entry: dict[str, Any], cfg: Config, index_scoring: str = "exact") -> bool:
-    """Whether a config emits the entry: its `when` maps config fields to the values under which
-    it is emitted (the router's scoring_func and topk_method, has_indexer), or the run's choice
-    of index_scoring."""
-    choices = {"index_scoring": index_scoring}
-    return all((choices[field] if field in choices else getattr(cfg, field)) in values
-               for field, values in entry.get("when", {}).items())
+def uncatalogued(key: str) -> dict[str, Any]:
+    """The bare entry of a name the model emits that no part file explains."""
+    return {"name": key, "scope": "layer", "block": "uncatalogued", "dims": [], "dtype": "float32", "aliases": {},
+            "description": "(not in the catalogue)", "formula": "", "explain": "", "reference": {}}
 
 
 PARAMETER = re.compile(r"[A-Za-z_][\w.]*\.weight(?!\w)|\b\w+_bias\b")  # q_a_proj.weight, e_score_correction_bias
@@ -199,7 +184,26 @@ def format_shape(dims: list[Dim]) -> str:
     return "[" + ", ".join(str(d) for d in dims) + "]"
 
 
-@cache
 def load() -> Catalog:
-    text = resources.files("stepper.catalog").joinpath("catalog.json").read_text(encoding="utf-8")
-    return Catalog(json.loads(text))
+    """The catalogue of every registered family's parts (stepper.families)."""
+    return merged(tuple(dict.fromkeys(part for family in families.registry() for part in family.parts)))
+
+
+@cache
+def merged(parts: tuple[Traversable, ...]) -> Catalog:
+    """One catalogue of part files: their references and dims joined, their tensors in the order of
+    the files. Two parts may not explain one name or define one symbol differently."""
+    raw: dict[str, Any] = {"format": "stepper-catalog", "version": 1, "references": {}, "dims": {}, "tensors": []}
+    names: dict[str, str] = {}
+    for part in parts:
+        data = json.loads(part.read_text(encoding="utf-8"))
+        for table in ("references", "dims"):
+            for key, value in data.get(table, {}).items():
+                if raw[table].setdefault(key, value) != value:
+                    raise ValueError(f"catalogue part {part.name}: {table} {key!r} differs from an earlier part's")
+        for entry in data["tensors"]:
+            if entry["name"] in names:
+                raise ValueError(f"catalogue part {part.name}: {entry['name']} is already in {names[entry['name']]}")
+            names[entry["name"]] = part.name
+            raw["tensors"].append(entry)
+    return Catalog(raw)

@@ -31,8 +31,12 @@ cache_app = typer.Typer(
     help="The local cache of remote checkpoints (hf://ORG/NAME, https://HOST/PATH/): list or clear it.",
 )
 
-CacheDirOpt = Annotated[Path | None, typer.Option("--cache-dir", metavar="DIR", help="Where the bytes fetched of remote checkpoints are kept [default: $STEPPER_CACHE_DIR or ~/.cache/stepper/remote].")]
-CacheMaxOpt = Annotated[float | None, typer.Option("--cache-max-gb", metavar="GiB", help="The most the cache keeps, in GiB (2**30 bytes); least recently used files go first [default: $STEPPER_CACHE_MAX_GB or 100].")]
+CacheDirOpt = Annotated[Path | None, typer.Option("--cache-dir", metavar="DIR",
+    help="Where the bytes fetched of remote checkpoints are kept [default: $STEPPER_CACHE_DIR or "
+         "~/.cache/stepper/remote].")]
+CacheMaxOpt = Annotated[float | None, typer.Option("--cache-max-gb", metavar="GiB",
+    help="The most the cache keeps, in GiB (2**30 bytes); least recently used files go first [default: "
+         "$STEPPER_CACHE_MAX_GB or 100].")]
 
 
 def choose(cache_dir: Path | None, max_gb: float | None) -> None:
@@ -51,7 +55,8 @@ def choose(cache_dir: Path | None, max_gb: float | None) -> None:
 @contextmanager
 def byte_progress(what: str, total: int) -> Iterator[Callable[[int], None]]:
     """A bar in bytes with the rate, on stderr, gone when done."""
-    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
+    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+               TimeRemainingColumn())
     with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task(shown(what), total=total)
         yield lambda n: bar.advance(task, n)
@@ -62,37 +67,42 @@ def ls_command(plain: PlainOpt = False) -> None:
     """Each cached remote checkpoint: its files, the bytes kept, when last used."""
     with user_errors():
         root = remote.settings().cache_dir
-        held = fetch_cache.held(root)
+        entries = fetch_cache.cache_entries(root)
         console = Console(no_color=plain, highlight=False, markup=False, soft_wrap=True)
-        per_folder: dict[Path, list[fetch_cache.Held]] = {}
-        for h in held:
+        per_folder: dict[Path, list[fetch_cache.CacheEntry]] = {}
+        for h in entries:
             per_folder.setdefault(h.path.parent, []).append(h)
         table = Table(show_edge=False, pad_edge=False, header_style="bold", box=None)
         for column in ("checkpoint", "files", "kept", "last used"):
             table.add_column(column, no_wrap=column != "checkpoint")
         for folder, files in sorted(per_folder.items()):
             used = datetime.fromtimestamp(max(h.used for h in files)).strftime("%Y-%m-%d %H:%M")
-            table.add_row(shown(folder.relative_to(root)), str(len(files)), remote.human(sum(h.bytes for h in files)), used)
-        total = sum(h.bytes for h in held)
+            table.add_row(shown(folder.relative_to(root)), str(len(files)),
+                          remote.human(sum(h.bytes for h in files)), used)
+        total = sum(h.bytes for h in entries)
         if per_folder:
             console.print(table)
-        console.print(f"{remote.human(total)} kept in {shown(root)} (at most {remote.human(remote.settings().max_bytes)})")
+        console.print(f"{remote.human(total)} kept in {shown(root)} (at most "
+                      f"{remote.human(remote.settings().max_bytes)})")
 
 
 @cache_app.command("clear")
 def clear_command(
-    checkpoint: Annotated[str | None, typer.Argument(metavar="CHECKPOINT", help="One cached checkpoint, as `stepper cache ls` names it [default: all].", show_default=False)] = None,
+    checkpoint: Annotated[str | None, typer.Argument(metavar="CHECKPOINT",
+                                                     help="One cached checkpoint, as `stepper cache ls` names it "
+                                                          "[default: all].", show_default=False)] = None,
 ) -> None:
     """Remove what was fetched: every remote checkpoint, or one. Only stepper's files go; a folder
     holding anything else stays, and is named."""
     with user_errors():
         root = remote.settings().cache_dir
         target = root if checkpoint is None else cached_folder(root, checkpoint)
-        freed = sum(h.bytes for h in fetch_cache.held(target))
+        freed = sum(h.bytes for h in fetch_cache.cache_entries(target))
         left = fetch_cache.clear(target, keep_target=checkpoint is None)
         print(f"removed {remote.human(freed)} from {shown(target)}")
         if left:
-            listed = ", ".join(shown(p.relative_to(target)) for p in left[:3]) + (f" and {len(left) - 3} more" if len(left) > 3 else "")
+            listed = (", ".join(shown(p.relative_to(target)) for p in left[:3])
+                      + (f" and {len(left) - 3} more" if len(left) > 3 else ""))
             print(f"left {shown(target)}: it holds what stepper did not write ({listed})")
         elif files.kind(target) == "link":
             print(f"left {shown(target)}: a link, not made by stepper")

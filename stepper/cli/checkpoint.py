@@ -27,14 +27,21 @@ from stepper.weights.synthetic import SyntheticWeights
 
 def synth_command(
     out: Annotated[Path, typer.Option(metavar="DIR", help="Directory to create.")],
-    model: Annotated[str, typer.Option(metavar="NAME|PATH", help="Preset or config.json to make weights for.")] = "tiny",
-    layers: Annotated[str | None, typer.Option(metavar="A:B", help="Write only layers A to B-1 (no embedding, norm or lm_head).")] = None,
+    model: Annotated[str, typer.Option(metavar="NAME|PATH",
+                                       help="Preset or config.json to make weights for.")] = "tiny",
+    layers: Annotated[str | None, typer.Option(metavar="A:B",
+                                               help="Write only layers A to B-1 (no embedding, norm or "
+                                                    "lm_head).")] = None,
     seed: SeedOpt = 0,
     force: Annotated[bool, typer.Option("--force", help="Replace DIR if it exists.")] = False,
-    layout: Annotated[str | None, typer.Option(metavar="LAYOUT", help="hf (Kimi K2, DeepSeek-V3) or kimi_k25 (Kimi K2.5: the text model under language_model., a small vision tower beside it) [default: as the config says].")] = None,
-    quant: Annotated[str | None, typer.Option(metavar="|".join(QUANTS), help="How linear weights are stored: fp8 (128x128 "
+    layout: Annotated[str | None, typer.Option(metavar="LAYOUT",
+        help="hf (Kimi K2, DeepSeek-V3) or kimi_k25 (Kimi K2.5: the text model under language_model., a small vision "
+             "tower beside it) [default: as the config says].")] = None,
+    quant: Annotated[str | None, typer.Option(metavar="|".join(QUANTS),
+                                              help="How linear weights are stored: fp8 (128x128 "
                      "blocks, as Kimi K2 / DeepSeek-V3), int4 (experts in compressed-tensors pack-quantized INT4, "
-                     "groups of 32, the rest BF16, as Kimi-K2-Thinking), bf16. Default: as the model's config says.")] = None,
+                     "groups of 32, the rest BF16, as Kimi-K2-Thinking), bf16. Default: as the model's config "
+                     "says.")] = None,
 ) -> None:
     """Write synthetic weights as a real HF-layout checkpoint directory, stored as the config or --quant says."""
     with user_errors():
@@ -51,7 +58,8 @@ def synth_command(
         synth_checkpoint(source, out, chosen, force, byte_progress if sys.stderr.isatty() else no_progress)
         files = sorted(p.name for p in out.iterdir())
         size = sum(p.stat().st_size for p in out.iterdir())
-        print_fitted(Console(highlight=False, markup=False), f"wrote {shown(out)}: {len(files)} files, {size / 2**20:.1f} MiB "
+        print_fitted(Console(highlight=False, markup=False),
+                     f"wrote {shown(out)}: {len(files)} files, {size / 2**20:.1f} MiB "
                      f"({', '.join(files[:3])}{', ...' if len(files) > 3 else ''})")
 
 
@@ -66,12 +74,24 @@ def with_layout(cfg: Config, layout: str) -> Config:
 
 
 def inspect_command(
-    path: Annotated[str, typer.Argument(metavar="PATH", callback=url_option, help="A .safetensors file, a checkpoint directory, or a remote checkpoint (hf://ORG/NAME[@REVISION], https://HOST/PATH/).", show_default=False)],
-    stats: Annotated[bool, typer.Option("--stats", help="Decode every tensor (FP8 with its scales) and add min, max, mean, std, absmax, NaN and Inf counts.")] = False,
-    only: Annotated[list[str] | None, typer.Option(metavar="GLOB", help="List only tensors whose name (or scale's name) matches GLOB, e.g. '*layers.1.*'; repeatable.")] = None,
-    layers: Annotated[str | None, typer.Option(metavar="A:B", help="Check and list only layers A to B-1 (no embedding, norm or lm_head).")] = None,
-    experts: Annotated[bool, typer.Option("--experts", help="One row per routed expert instead of one row per projection of all experts.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per tensor (JSON Lines, experts never folded) on stdout, then one with every problem.")] = False,
+    path: Annotated[str, typer.Argument(
+        metavar="PATH", callback=url_option, show_default=False,
+        help="A .safetensors file, a checkpoint directory, or a remote checkpoint (hf://ORG/NAME[@REVISION], "
+             "https://HOST/PATH/).")],
+    stats: Annotated[bool, typer.Option("--stats",
+                                        help="Decode every tensor (FP8 with its scales) and add min, max, mean, std, "
+                                             "absmax, NaN and Inf counts.")] = False,
+    only: Annotated[list[str] | None, typer.Option(metavar="GLOB",
+                                                   help="List only tensors whose name (or scale's name) matches GLOB, "
+                                                        "e.g. '*layers.1.*'; repeatable.")] = None,
+    layers: Annotated[str | None, typer.Option(metavar="A:B",
+                                               help="Check and list only layers A to B-1 (no embedding, norm or "
+                                                    "lm_head).")] = None,
+    experts: Annotated[bool, typer.Option("--experts",
+                                          help="One row per routed expert instead of one row per projection of all "
+                                               "experts.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per tensor (JSON Lines, experts never "
+                                                         "folded) on stdout, then one with every problem.")] = False,
     plain: PlainOpt = False,
 ) -> None:
     """List a checkpoint's tensors, layer by layer, and check them.
@@ -91,7 +111,8 @@ def inspect_command(
         problems = inspect.find_problems(source, chosen)
         tensors = inspect.collect(source, only, problems, chosen)
         if only and not tensors:
-            raise StepperError(f"--only {' '.join(only)} matched no tensor (names look like model.layers.1.self_attn.o_proj.weight)")
+            raise StepperError(f"--only {' '.join(only)} matched no tensor (names look like "
+                               "model.layers.1.self_attn.o_proj.weight)")
         if stats:
             tensors = inspect_stats.with_stats(source, tensors, progress=sys.stderr.isatty(), plain=plain)
         groups = inspect.group(tensors, source.config, fold_experts=not experts and not as_json, unused=source.unused)
@@ -115,13 +136,27 @@ def inspect_layers(layers: str | None, source: inspect.Source) -> range | None:
 
 
 def fp8_command(
-    code: Annotated[str | None, typer.Argument(metavar="CODE", help="One byte to take apart: 0xCD, 205 or 0b11001101 (with --int4: a 32-bit word, 0x89ABCDEF).", show_default=False)] = None,
-    weight: Annotated[str | None, typer.Option(metavar="NAME", help="Show one block of this FP8 weight, e.g. model.layers.1.self_attn.kv_a_proj_with_mqa.weight, or one group of this INT4 weight.")] = None,
-    model: Annotated[str | None, typer.Option(metavar="NAME|DIR", help="With --weight: a preset (synthetic weights) or a checkpoint directory [default: tiny].")] = None,
-    block: Annotated[str | None, typer.Option(metavar="R,C", help="With --weight: the block's row and column in the weight's scale grid; for an INT4 weight its row and group [default: 0,0].")] = None,
-    int4: Annotated[bool, typer.Option("--int4", help="INT4 (compressed-tensors pack-quantized) instead of e4m3fn: the 16 codes, or CODE as one word.")] = False,
-    seed: Annotated[int | None, typer.Option(metavar="S", min=0, help="With --weight and a preset: seed of the synthetic weights [default: 0].")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="JSON on stdout: the 256 codes, the byte, or the block.")] = False,
+    code: Annotated[str | None, typer.Argument(
+        metavar="CODE", show_default=False,
+        help="One byte to take apart: 0xCD, 205 or 0b11001101 (with --int4: a 32-bit word, 0x89ABCDEF).")] = None,
+    weight: Annotated[str | None, typer.Option(
+        metavar="NAME",
+        help="Show one block of this FP8 weight, e.g. model.layers.1.self_attn.kv_a_proj_with_mqa.weight, or one "
+             "group of this INT4 weight.")] = None,
+    model: Annotated[str | None, typer.Option(metavar="NAME|DIR",
+                                              help="With --weight: a preset (synthetic weights) or a checkpoint "
+                                                   "directory [default: tiny].")] = None,
+    block: Annotated[str | None, typer.Option(metavar="R,C",
+        help="With --weight: the block's row and column in the weight's scale grid; for an INT4 weight its row and "
+             "group [default: 0,0].")] = None,
+    int4: Annotated[bool, typer.Option("--int4",
+                                       help="INT4 (compressed-tensors pack-quantized) instead of e4m3fn: the 16 "
+                                            "codes, or CODE as one word.")] = False,
+    seed: Annotated[int | None, typer.Option(metavar="S", min=0,
+                                             help="With --weight and a preset: seed of the synthetic weights "
+                                                  "[default: 0].")] = None,
+    as_json: Annotated[bool, typer.Option("--json",
+                                          help="JSON on stdout: the 256 codes, the byte, or the block.")] = False,
     plain: PlainOpt = False,
 ) -> None:
     """Show the checkpoints' number formats: e4m3fn and FP8 blocks, INT4 words and groups.
@@ -137,30 +172,12 @@ def fp8_command(
     stepper fp8 --int4 0x89ABCDEF  one packed word nibble by nibble
     """
     with user_errors():
-        if weight is None:
-            given = [f"--{o}" for o, value in (("model", model), ("block", block), ("seed", seed)) if value is not None]
-            if given:
-                raise StepperError(f"{', '.join(given)} only go{'es' if len(given) == 1 else ''} with --weight NAME")
-        elif code is not None:
-            raise StepperError("give a CODE or --weight NAME, not both")
-        elif int4:
-            raise StepperError("--int4 is for the INT4 codes or a word; --weight NAME shows whichever format the weight has")
+        check_fp8_options(code, weight, model, block, seed, int4)
         console = Console(no_color=plain, highlight=False, soft_wrap=True)
         if int4:
             int4_view(console, code, as_json)
-            return
-        if weight is not None and weight_dtype(weight, model or "tiny", seed or 0) == "INT4":
-            group = int4_group(weight, model or "tiny", parse_block(block or "0,0"), seed or 0)
-            if as_json:
-                print(json.dumps(int4_codes.group_record(group), allow_nan=False))
-            else:
-                int4_codes.render_group(console, group)
         elif weight is not None:
-            shown = fp8_block(weight, model or "tiny", parse_block(block or "0,0"), seed or 0)
-            if as_json:
-                print(json.dumps(fp8_codes.block_record(shown), allow_nan=False))
-            else:
-                fp8_codes.render_block(console, shown)
+            weight_view(console, weight, model or "tiny", parse_block(block or "0,0"), seed or 0, as_json)
         elif code is not None:
             byte = parse_code(code)
             if as_json:
@@ -171,6 +188,36 @@ def fp8_command(
             print(fp8_codes.table_json())
         else:
             fp8_codes.render_table(console)
+
+
+def check_fp8_options(code: str | None, weight: str | None, model: str | None, block: str | None, seed: int | None,
+                      int4: bool) -> None:
+    """The options of `stepper fp8` that go together: --model, --block and --seed only with --weight."""
+    if weight is None:
+        given = [f"--{o}" for o, value in (("model", model), ("block", block), ("seed", seed)) if value is not None]
+        if given:
+            raise StepperError(f"{', '.join(given)} only go{'es' if len(given) == 1 else ''} with --weight NAME")
+    elif code is not None:
+        raise StepperError("give a CODE or --weight NAME, not both")
+    elif int4:
+        raise StepperError("--int4 is for the INT4 codes or a word; --weight NAME shows whichever format the "
+                           "weight has")
+
+
+def weight_view(console: Console, weight: str, model: str, index: tuple[int, int], seed: int, as_json: bool) -> None:
+    """One INT4 group or one FP8 block of a weight, whichever format it is stored in."""
+    if weight_dtype(weight, model, seed) == "INT4":
+        group = int4_group(weight, model, index, seed)
+        if as_json:
+            print(json.dumps(int4_codes.group_record(group), allow_nan=False))
+        else:
+            int4_codes.render_group(console, group)
+        return
+    block = fp8_block(weight, model, index, seed)
+    if as_json:
+        print(json.dumps(fp8_codes.block_record(block), allow_nan=False))
+    else:
+        fp8_codes.render_block(console, block)
 
 
 def int4_view(console: Console, code: str | None, as_json: bool) -> None:
@@ -198,7 +245,8 @@ def int4_group(name: str, model: str, index: tuple[int, int], seed: int) -> int4
     source = load_model(model, seed)
     if not isinstance(source, SyntheticWeights) and not source.has(name):
         raise StepperError(f"{model}: no tensor named '{name}' (an INT4 weight is stored as '{name}_packed')")
-    where = f"synthetic weights of {source.config.name}, seed {seed}" if isinstance(source, SyntheticWeights) else f"checkpoint {model}"
+    where = (f"synthetic weights of {source.config.name}, seed {seed}" if isinstance(source, SyntheticWeights)
+             else f"checkpoint {model}")
     return int4_codes.load_group(source.stored(name), name, index, where)
 
 
@@ -216,7 +264,8 @@ def fp8_block(name: str, model: str, index: tuple[int, int], seed: int) -> fp8_c
         fp8_codes.require_fp8(name, storage_dtype(cfg, name), shape)
     elif not source.has(name):
         raise StepperError(f"{model}: no tensor named '{name}'; {example}")
-    where = f"synthetic weights of {cfg.name}, seed {seed}" if isinstance(source, SyntheticWeights) else f"checkpoint {model}"
+    where = (f"synthetic weights of {cfg.name}, seed {seed}" if isinstance(source, SyntheticWeights)
+             else f"checkpoint {model}")
     return fp8_codes.load_block(source.stored(name), name, index, size, where)
 
 
@@ -243,4 +292,5 @@ def parse_block(text: str) -> tuple[int, int]:
             raise ValueError
         return int(parts[0]), int(parts[1])
     except ValueError:
-        raise StepperError(f"--block expects R,C (the block's row and column in the scale grid, e.g. 1,2), got '{text}'") from None
+        raise StepperError("--block expects R,C (the block's row and column in the scale grid, e.g. 1,2), got "
+                           f"'{text}'") from None

@@ -28,7 +28,10 @@ def url_option(value: str) -> str:
         raise typer.BadParameter(str(e)) from None
 
 
-ModelOpt = Annotated[str, typer.Option(metavar="NAME|PATH", callback=url_option, help=f"Preset ({PRESET_NAMES}), a checkpoint directory, a remote checkpoint (hf://ORG/NAME[@REVISION], https://HOST/PATH/) or a config.json.")]
+ModelOpt = Annotated[str, typer.Option(
+    metavar="NAME|PATH", callback=url_option,
+    help=f"Preset ({PRESET_NAMES}), a checkpoint directory, a remote checkpoint (hf://ORG/NAME[@REVISION], "
+         "https://HOST/PATH/) or a config.json.")]
 SeedOpt = Annotated[int, typer.Option(metavar="S", min=0, help="Seed of the synthetic weights and prompt.")]
 PlainOpt = Annotated[bool, typer.Option("--plain", help="No colour.")]
 

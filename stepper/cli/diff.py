@@ -24,10 +24,12 @@ from stepper.lessons import overrides
 from stepper.planning.record import record, tensors
 from stepper.seams.patching import parse_patch
 from stepper.untrusted import shown
-from stepper.views import diff as view
+from stepper.views import diff_table
 from stepper.views.sinks import line_width, print_fitted
 
-SideArg = Annotated[str, typer.Argument(metavar="A", help="A --dump file, a fixture folder, or a run in quotes: 'run --attn naive' ('run': the default run).", show_default=False)]
+SideArg = Annotated[str, typer.Argument(metavar="A",
+    help="A --dump file, a fixture folder, or a run in quotes: 'run --attn naive' ('run': the default run).",
+                                                          show_default=False)]
 # The run options a side may give; the others (what a run shows, or where it writes) have no meaning here
 SIDE_OPTIONS = {"model", "layer", "layers", "ids", "prompt_len", "start_pos", "decode", "seed", "input_file", "attn",
                 "weight_cache_mb", "only", "use", "patch", "cache_len", "index_scoring", "chunk"}
@@ -36,7 +38,8 @@ SIDE_OPTIONS = {"model", "layer", "layers", "ids", "prompt_len", "start_pos", "d
 def diff_command(
     a: SideArg,
     b: Annotated[str, typer.Argument(metavar="B", help="The other side, in the same forms.", show_default=False)],
-    changed: Annotated[bool, typer.Option("--changed", help="List only the tensors that are not the same bit for bit.")] = False,
+    changed: Annotated[bool, typer.Option("--changed",
+                                          help="List only the tensors that are not the same bit for bit.")] = False,
     plain: PlainOpt = False,
 ) -> None:
     """Compare two runs tensor by tensor: max |B - A|, relative error, cosine, experts whose choice changed.
@@ -56,12 +59,12 @@ def show(console: Console, found: Diff, changed: bool) -> None:
     listed = Diff(found.a, found.b, [r for r in found.rows if r.status != "same"] if changed else found.rows,
                   found.only_a, found.only_b)
     if listed.rows:
-        print_table(console, view.table(listed, console.width if console.is_terminal else None))
+        print_table(console, diff_table.table(listed, console.width if console.is_terminal else None))
         console.print()
-    growth = view.growth(found, line_width(console))
+    growth = diff_table.growth(found, line_width(console))
     growth.rstrip()
     print_fitted(console, growth, indent=2)
-    print_fitted(console, view.summary(found), indent=2)
+    print_fitted(console, diff_table.summary(found), indent=2)
 
 
 def side(which: str, text: str) -> tuple[dict[str, np.ndarray], str]:
@@ -78,7 +81,8 @@ def side(which: str, text: str) -> tuple[dict[str, np.ndarray], str]:
     try:
         patches = [parse_patch(p) for p in params["patch"] or []]
         chunk = run_cli.parse_chunk(params["chunk"], bool(patches), False)
-        recorded = record(spec, params["only"] or None, patches, lambda: overrides.use(params["use"] or []), chunk=chunk)
+        recorded = record(spec, params["only"] or None, patches, lambda: overrides.use(params["use"] or []),
+                          chunk=chunk)
     except StepperError as e:
         raise StepperError(f"diff {which} '{shown(text)}': {e}") from None
     return tensors(recorded), text or "the default run"

@@ -17,7 +17,11 @@ from stepper.views.tree import layer_tree
 
 
 def explain_command(
-    name: Annotated[str, typer.Argument(metavar="NAME", help="A tensor name (layers.1.self_attn.k_pe, k_pe), a glob ('*gate*'), a word of names (topk), a checkpoint parameter (model.layers.1.self_attn.q_a_proj.weight: the tensors computed from it) or another implementation's name (kv_cmpr, model.layers.1.self_attn.kv_a_proj_with_mqa).", show_default=False)],
+    name: Annotated[str, typer.Argument(metavar="NAME",
+        help="A tensor name (layers.1.self_attn.k_pe, k_pe), a glob ('*gate*'), a word of names (topk), a checkpoint "
+             "parameter (model.layers.1.self_attn.q_a_proj.weight: the tensors computed from it) or another "
+             "implementation's name (kv_cmpr, model.layers.1.self_attn.kv_a_proj_with_mqa).",
+                                                             show_default=False)],
     model: ModelOpt = "tiny",
     plain: PlainOpt = False,
 ) -> None:
@@ -39,7 +43,8 @@ def explain_command(
 def tree_command(
     model: ModelOpt = "tiny",
     layer: Annotated[int | None, typer.Option(metavar="N", help="Only layer N's kind (dense or MoE).")] = None,
-    attn: Annotated[str, typer.Option(metavar="naive|absorb", help="naive or absorb: which attention tensors to list.")] = "naive",
+    attn: Annotated[str, typer.Option(metavar="naive|absorb",
+                                      help="naive or absorb: which attention tensors to list.")] = "naive",
     plain: PlainOpt = False,
 ) -> None:
     """The structure of a layer: every named tensor in order, its shape for this model, what it is."""

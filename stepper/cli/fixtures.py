@@ -45,19 +45,38 @@ PlainOpt = Annotated[bool, typer.Option("--plain", help="No colour.")]
 @fixtures_app.command("export")
 def export_command(
     out: Annotated[Path, typer.Argument(metavar="OUT_DIR", help="Fixture folder to create.", show_default=False)],
-    model: Annotated[str, typer.Option(metavar="NAME|PATH", callback=url_option, help=f"Preset ({PRESET_NAMES}), a checkpoint directory or a config.json.")] = "tiny",
-    layer: Annotated[int | None, typer.Option(metavar="N", min=0, help="Run layer N alone, on the prompt's token embeddings.")] = None,
-    layers: Annotated[str | None, typer.Option(metavar="A:B", help="Run the model up to layer B-1, capturing layers A to B-1.")] = None,
+    model: Annotated[str, typer.Option(
+        metavar="NAME|PATH", callback=url_option,
+        help=f"Preset ({PRESET_NAMES}), a checkpoint directory or a config.json.")] = "tiny",
+    layer: Annotated[int | None, typer.Option(
+        metavar="N", min=0, help="Run layer N alone, on the prompt's token embeddings.")] = None,
+    layers: Annotated[str | None, typer.Option(
+        metavar="A:B", help="Run the model up to layer B-1, capturing layers A to B-1.")] = None,
     ids: Annotated[str | None, typer.Option(metavar="1,2,3", help="Prompt token ids, comma-separated.")] = None,
-    prompt: Annotated[str | None, typer.Option("--prompt", metavar="TEXT", help=f"The prompt as text, tokenized by the checkpoint's tokenizer; the fixture records its ids (needs: {INSTALL}).")] = None,
-    prompt_len: Annotated[int | None, typer.Option(metavar="T", min=1, help="Number of prompt tokens drawn from the seed [default: 7].")] = None,
-    start_pos: Annotated[int, typer.Option(metavar="P", min=0, help="Position of the first prompt token (empty cache).")] = 0,
-    decode: Annotated[int, typer.Option(metavar="N", min=0, help="Decode steps after the prefill, with the cache.")] = 0,
-    attn: Annotated[str, typer.Option(metavar="naive|absorb|auto", help="Attention: naive, absorb, or auto (naive prefill, absorbed decode).")] = "auto",
+    prompt: Annotated[str | None, typer.Option(
+        "--prompt", metavar="TEXT",
+        help="The prompt as text, tokenized by the checkpoint's tokenizer; the fixture records its ids (needs: "
+             f"{INSTALL}).")] = None,
+    prompt_len: Annotated[int | None, typer.Option(
+        metavar="T", min=1, help="Number of prompt tokens drawn from the seed [default: 7].")] = None,
+    start_pos: Annotated[int, typer.Option(metavar="P", min=0,
+                                           help="Position of the first prompt token (empty cache).")] = 0,
+    decode: Annotated[int, typer.Option(metavar="N", min=0,
+                                        help="Decode steps after the prefill, with the cache.")] = 0,
+    attn: Annotated[str, typer.Option(
+        metavar="naive|absorb|auto",
+        help="Attention: naive, absorb, or auto (naive prefill, absorbed decode).")] = "auto",
     seed: Annotated[int, typer.Option(metavar="S", min=0, help="Seed of the synthetic weights and prompt.")] = 0,
-    index_scoring: Annotated[str, typer.Option("--index-scoring", metavar="exact|fp8", help="DeepSeek-V3.2's Lightning Indexer: exact (float32 scores) or fp8 (Hadamard-rotated FP8 q and k, as DeepSeek's inference code).")] = "exact",
-    weights_dtype: Annotated[str, typer.Option(metavar="fp8|bf16", help="How the fixture's weights are stored: fp8 (as Kimi K2 / DeepSeek-V3 ship) or bf16 (dequantized as fp8_cast_bf16.py does).")] = "fp8",
-    weights_dir: Annotated[Path | None, typer.Option(metavar="DIR", help="Write the weights to DIR (shared by several fixtures; if DIR exists it must hold the same files) instead of OUT_DIR/weights.")] = None,
+    index_scoring: Annotated[str, typer.Option(
+        "--index-scoring", metavar="exact|fp8",
+        help="DeepSeek-V3.2's Lightning Indexer: exact (float32 scores) or fp8 (Hadamard-rotated FP8 q and k, as "
+             "DeepSeek's inference code).")] = "exact",
+    weights_dtype: Annotated[str, typer.Option(metavar="fp8|bf16",
+        help="How the fixture's weights are stored: fp8 (as Kimi K2 / DeepSeek-V3 ship) or bf16 (dequantized as "
+             "fp8_cast_bf16.py does).")] = "fp8",
+    weights_dir: Annotated[Path | None, typer.Option(metavar="DIR",
+        help="Write the weights to DIR (shared by several fixtures; if DIR exists it must hold the same files) instead "
+             "of OUT_DIR/weights.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace OUT_DIR if it exists.")] = False,
     plain: PlainOpt = False,
 ) -> None:
@@ -80,15 +99,31 @@ def export_command(
 
 @fixtures_app.command("verify")
 def verify_command(
-    fixture: Annotated[Path, typer.Argument(metavar="FIXTURE", help="A fixture folder (or its manifest.json).", show_default=False)],
-    candidate: Annotated[Path, typer.Argument(metavar="CANDIDATE", help="Another implementation's dump: .safetensors or .npz.", show_default=False)],
-    map_file: Annotated[Path | None, typer.Option("--map", metavar="FILE.json", help="Your names -> canonical names, a JSON object.")] = None,
-    names: Annotated[str | None, typer.Option("--names", metavar="NAMING", help="The candidate's naming: transformers, inference, llama.cpp or canonical (only its names are read; it decides a name two namings share). Default: all of them, a shared name read canonically.")] = None,
-    allow_missing: Annotated[bool, typer.Option("--allow-missing", help="Tensors of the fixture missing from CANDIDATE do not fail (exit 0 if the rest match).")] = False,
-    report: Annotated[Path | None, typer.Option(metavar="FILE.json", help="Write the full result as JSON (a new file; --force replaces a report stepper wrote).")] = None,
-    force: Annotated[bool, typer.Option("--force", help="Replace the --report file if it is a report stepper wrote.")] = False,
-    rtol: Annotated[float | None, typer.Option(metavar="R", help="Relative tolerance for every float tensor, instead of the manifest's.")] = None,
-    atol: Annotated[float | None, typer.Option(metavar="A", help="Absolute tolerance for every float tensor, instead of the manifest's per-tensor value.")] = None,
+    fixture: Annotated[Path, typer.Argument(metavar="FIXTURE", help="A fixture folder (or its manifest.json).",
+                                            show_default=False)],
+    candidate: Annotated[Path, typer.Argument(metavar="CANDIDATE",
+                                              help="Another implementation's dump: .safetensors or .npz.",
+                                              show_default=False)],
+    map_file: Annotated[Path | None, typer.Option("--map", metavar="FILE.json",
+                                                  help="Your names -> canonical names, a JSON object.")] = None,
+    names: Annotated[str | None, typer.Option(
+        "--names", metavar="NAMING",
+        help="The candidate's naming: transformers, inference, llama.cpp or canonical (only its names are read; it "
+             "decides a name two namings share). Default: all of them, a shared name read canonically.")] = None,
+    allow_missing: Annotated[bool, typer.Option("--allow-missing",
+                                                help="Tensors of the fixture missing from CANDIDATE do not fail (exit "
+                                                     "0 if the rest match).")] = False,
+    report: Annotated[Path | None, typer.Option(metavar="FILE.json",
+                                                help="Write the full result as JSON (a new file; --force replaces a "
+                                                     "report stepper wrote).")] = None,
+    force: Annotated[bool, typer.Option("--force",
+                                        help="Replace the --report file if it is a report stepper wrote.")] = False,
+    rtol: Annotated[float | None, typer.Option(metavar="R",
+                                               help="Relative tolerance for every float tensor, instead of the "
+                                                    "manifest's.")] = None,
+    atol: Annotated[float | None, typer.Option(metavar="A",
+                                               help="Absolute tolerance for every float tensor, instead of the "
+                                                    "manifest's per-tensor value.")] = None,
     problems: Annotated[bool, typer.Option("--problems", help="List only tensors that differ or are missing.")] = False,
     plain: PlainOpt = False,
 ) -> None:
@@ -105,7 +140,8 @@ def verify_command(
             if value is not None and not (value >= 0):
                 raise StepperError(f"{option} must be a number >= 0, got {value}")
         if names is not None and names not in (*aliases.NAMINGS, "canonical"):
-            raise StepperError(f"--names must be one of {', '.join(aliases.NAMINGS)} or canonical, got '{shown(names)}'")
+            raise StepperError(f"--names must be one of {', '.join(aliases.NAMINGS)} or canonical, got "
+                               f"'{shown(names)}'")
         if report is not None:
             verify.check_report(report, force)
         loaded = load(fixture)
@@ -123,7 +159,8 @@ def verify_command(
 
 @fixtures_app.command("names")
 def names_command(
-    system: Annotated[str | None, typer.Option(metavar="NAMING", help="Only the names of transformers, inference or llama.cpp.")] = None,
+    system: Annotated[str | None, typer.Option(metavar="NAMING",
+                                               help="Only the names of transformers, inference or llama.cpp.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per name (JSON Lines).")] = False,
     plain: PlainOpt = False,
 ) -> None:
@@ -145,6 +182,8 @@ def names_command(
             return
         console = console_for(plain)
         for naming, revision, models in dict.fromkeys((row["naming"], row["revision"], row["models"]) for row in rows):
-            mine = [row for row in rows if (row["naming"], row["revision"], row["models"]) == (naming, revision, models)]
+            mine = [row for row in rows if (row["naming"], row["revision"],
+                                            row["models"]) == (naming, revision, models)]
             columns = tuple((c, "left") for c in ("name", "canonical", "only", "source", "note"))
-            show.print_fitting(console, f"{naming}, {models} (read at {revision})", columns, mine, "name", ("source", "note"))
+            show.print_fitting(console, f"{naming}, {models} (read at {revision})", columns, mine, "name",
+                               ("source", "note"))

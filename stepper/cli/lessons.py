@@ -44,7 +44,9 @@ lesson_app = typer.Typer(
     help="Guided lessons: step through the layer, predict each tensor, write the pieces yourself.",
 )
 
-NameArg = Annotated[str | None, typer.Argument(metavar="NAME", help="Lesson name or number [default: the current lesson; once it is done, the next one not done].", show_default=False)]
+NameArg = Annotated[str | None, typer.Argument(metavar="NAME", help="Lesson name or number [default: the current "
+                                                                    "lesson; once it is done, the next one not "
+                                                                    "done].", show_default=False)]
 WorkspaceOpt = Annotated[Path, typer.Option("--workspace", metavar="DIR", help="Where your exercise files live.")]
 PlainOpt = Annotated[bool, typer.Option("--plain", help="No colour.")]
 
@@ -84,7 +86,8 @@ def list_command(plain: PlainOpt = False) -> None:
             walked = "✓" if entry["walked"] else "·"
             current = " ◀" if lesson.name == marked.name else ""
             title, *more = textwrap.wrap(shown(lesson.title), title_w - 2) or [""]
-            console.print(f"{lesson.number:>2}  {lesson.name:<{name_w}}{title:<{title_w}}{walked:<8}{exercise}{current}")
+            console.print(f"{lesson.number:>2}  "
+                          f"{lesson.name:<{name_w}}{title:<{title_w}}{walked:<8}{exercise}{current}")
             for line in more:
                 console.print(" " * (4 + name_w) + line)
         console.print(LIST_LEGEND, style="dim", soft_wrap=False)
@@ -99,8 +102,13 @@ def start_command(
     name: NameArg = None,
     workspace: WorkspaceOpt = WORKSPACE,
     plain: PlainOpt = False,
-    prompt: Annotated[str | None, typer.Option("--prompt", metavar="TEXT", help=f"Walk the lesson on this text, tokenized by the --model checkpoint's tokenizer (needs: {INSTALL}).")] = None,
-    model: Annotated[str | None, typer.Option(metavar="DIR", help="Walk the lesson on this checkpoint instead of the lesson's model.")] = None,
+    prompt: Annotated[str | None, typer.Option("--prompt", metavar="TEXT", help="Walk the lesson on this text, "
+                                                                                "tokenized by the --model "
+                                                                                "checkpoint's tokenizer (needs: "
+                                                                                f"{INSTALL}).")] = None,
+    model: Annotated[str | None, typer.Option(metavar="DIR",
+                                              help="Walk the lesson on this checkpoint instead of the lesson's "
+                                                   "model.")] = None,
 ) -> None:
     """Step through a lesson: predict each tensor before it is shown, then explore it.
 
@@ -122,7 +130,8 @@ def start_command(
         source = CommandSource(console, sys.stdin, sys.stdin.isatty() and console.is_terminal)
         walked = walk(lesson, console, source)
         entry = progress.lesson(lesson.name)
-        entry["first_try"], entry["retried"], entry["asked"] = walked.first_try, walked.retried, walked.asked  # the latest walk's
+        # the latest walk's counts
+        entry["first_try"], entry["retried"], entry["asked"] = walked.first_try, walked.retried, walked.asked
         entry["walked"] = entry["walked"] or walked.finished
         progress.save()
         functions = ", ".join(lesson.exercise.functions)
@@ -144,7 +153,9 @@ def on_prompt(lesson: Lesson, model: str | None, prompt: str | None) -> Lesson:
 def check_command(
     name: NameArg = None,
     workspace: WorkspaceOpt = WORKSPACE,
-    file: Annotated[Path | None, typer.Option("--file", metavar="FILE.py", help="Check this file instead of the workspace's (a pass is not recorded).")] = None,
+    file: Annotated[Path | None, typer.Option("--file", metavar="FILE.py",
+                                              help="Check this file instead of the workspace's (a pass is not "
+                                                   "recorded).")] = None,
     plain: PlainOpt = False,
 ) -> None:
     """Check your exercise against the golden tensors of the lesson's runs."""
@@ -176,7 +187,8 @@ def run_check(console: Console, lesson: Lesson, lessons: list[Lesson], path: Pat
         after = next_lesson(progress, lessons, just_passed=lesson)
         model = "" if lesson.run.model == "tiny" else f" --model {lesson.run.model}"  # where the exercise runs
         console.print(styled(f"passed! `stepper run --use {path}{model}` runs the whole model with your "
-                             f"{', '.join(lesson.exercise.functions)}; `stepper lesson solution {lesson.name}` shows ours"
+                             f"{', '.join(lesson.exercise.functions)}; `stepper lesson solution {lesson.name}` shows "
+                             "ours"
                              + (f"; next: `stepper lesson start {after.name}`" if after else "; every lesson is done")),
                       style="bold green", soft_wrap=False)
     else:
@@ -189,7 +201,8 @@ def run_check(console: Console, lesson: Lesson, lessons: list[Lesson], path: Pat
 def watch_command(
     name: NameArg = None,
     workspace: WorkspaceOpt = WORKSPACE,
-    interval: Annotated[float, typer.Option(metavar="SECONDS", min=0.01, max=3600, help="How often to look at the file's modification time.")] = 0.5,
+    interval: Annotated[float, typer.Option(metavar="SECONDS", min=0.01, max=3600,
+                                            help="How often to look at the file's modification time.")] = 0.5,
     plain: PlainOpt = False,
 ) -> None:
     """Re-check your exercise every time you save it, until it passes."""
@@ -256,7 +269,8 @@ def hint_command(name: NameArg = None, plain: PlainOpt = False) -> None:
         given = entry["hints"]
         if given >= len(hints):
             console.print(styled(f"hint {len(hints)} of {len(hints)} (the last): {hints[-1]}"))
-            console.print(styled(f"no more hints; `stepper lesson solution {lesson.name} --give-up` shows the solution"),
+            console.print(styled(f"no more hints; `stepper lesson solution {lesson.name} --give-up` shows the "
+                                 "solution"),
                           style="dim")
             return
         console.print(styled(f"hint {given + 1} of {len(hints)}: {hints[given]}"))
@@ -267,7 +281,8 @@ def hint_command(name: NameArg = None, plain: PlainOpt = False) -> None:
 @lesson_app.command("solution")
 def solution_command(
     name: NameArg = None,
-    give_up: Annotated[bool, typer.Option("--give-up", help="Show it although your exercise has not passed yet.")] = False,
+    give_up: Annotated[bool, typer.Option("--give-up",
+                                          help="Show it although your exercise has not passed yet.")] = False,
     plain: PlainOpt = False,
 ) -> None:
     """Show the lesson's solution: after your exercise passes, or with --give-up."""
@@ -291,7 +306,8 @@ def solution_command(
 
 @lesson_app.command("reset")
 def reset_command(name: NameArg = None, workspace: WorkspaceOpt = WORKSPACE, plain: PlainOpt = False) -> None:
-    """Put the exercise stub back (your file is kept as a new backup, NAME.py.bak, NAME.py.bak2, ...) and forget the lesson's progress."""
+    """Put the exercise stub back (your file is kept as a new backup, NAME.py.bak, NAME.py.bak2, ...) and forget the
+    lesson's progress."""
     with user_errors():
         progress = Progress()
         lesson, _ = chosen(name, progress)

@@ -32,22 +32,48 @@ from stepper.views.sinks import PICTURES, JsonLines, Pictures, ProgressBars, Ten
 from stepper.weights.synthetic import SyntheticWeights
 
 # Options of both commands
-LayerOpt = Annotated[int | None, typer.Option(metavar="N", min=0, help="Run layer N alone (on --input or the prompt's token embeddings).")]
-LayersOpt = Annotated[str | None, typer.Option(metavar="A:B", help="Run the model up to layer B-1, showing layers A to B-1.")]
+LayerOpt = Annotated[int | None, typer.Option(metavar="N", min=0,
+                                              help="Run layer N alone (on --input or the prompt's token embeddings).")]
+LayersOpt = Annotated[str | None, typer.Option(metavar="A:B",
+                                               help="Run the model up to layer B-1, showing layers A to B-1.")]
 IdsOpt = Annotated[str | None, typer.Option(metavar="1,2,3", help="Prompt token ids, comma-separated.")]
-PromptOpt = Annotated[str | None, typer.Option("--prompt", metavar="TEXT", help=f"The prompt as text, tokenized by the checkpoint's tokenizer.json or tiktoken.model (needs: {INSTALL}).")]
-PromptLenOpt = Annotated[int | None, typer.Option(metavar="T", min=1, help="Number of prompt tokens drawn from the seed [default: 7].")]
+PromptOpt = Annotated[str | None, typer.Option("--prompt", metavar="TEXT",
+                                               help="The prompt as text, tokenized by the checkpoint's "
+                                                    f"tokenizer.json or tiktoken.model (needs: {INSTALL}).")]
+PromptLenOpt = Annotated[int | None, typer.Option(metavar="T", min=1,
+                                                  help="Number of prompt tokens drawn from the seed [default: 7].")]
 StartPosOpt = Annotated[int, typer.Option(metavar="P", min=0, help="Position of the first prompt token (empty cache).")]
-DecodeOpt = Annotated[int, typer.Option(metavar="N", min=0, help="Decode steps after the prefill, with the cache (greedy tokens; with --layer, drawn from the seed).")]
-InputOpt = Annotated[Path | None, typer.Option("--input", metavar="FILE", help="Residual stream for --layer N: a safetensors file (e.g. a --dump).")]
-AttnOpt = Annotated[str, typer.Option(metavar="naive|absorb|auto", help="Attention: naive (per-head keys and values), absorb (over the latent cache), or auto (naive prefill and absorbed decode where the estimate is at most half the memory available, else absorbed, as for a prefill over a longer --cache-len cache; the run says which and why).")]
-CacheLenOpt = Annotated[int, typer.Option(metavar="N", help="With --layer: start that layer's cache with N synthetic positions (seeded, with the statistics of real latents); the prompt follows them.")]
-IndexScoringOpt = Annotated[str, typer.Option("--index-scoring", metavar="exact|fp8", help="DeepSeek-V3.2's Lightning Indexer: exact (float32 scores, as transformers) or fp8 (Hadamard-rotated q and k in FP8 e4m3, as DeepSeek's inference code; the run also says how many of the exactly chosen positions it kept).")]
-ChunkOpt = Annotated[str | None, typer.Option(metavar="N|auto", help="Run the prefill N positions at a time, the cache carrying the earlier ones (each tensor is still shown once, whole, over every position; each chunk runs twice, the second time for the histograms); 0: the whole prompt at once; auto: in chunks only where the whole prompt would not fit in memory (the run says so).  [default: auto]")]
-CacheOpt = Annotated[int, typer.Option(metavar="MB", min=0, help="Keep up to MB megabytes of decoded weights between decode steps.")]
+DecodeOpt = Annotated[int, typer.Option(metavar="N", min=0,
+                                        help="Decode steps after the prefill, with the cache (greedy tokens; with "
+                                             "--layer, drawn from the seed).")]
+InputOpt = Annotated[Path | None, typer.Option("--input", metavar="FILE",
+                                               help="Residual stream for --layer N: a safetensors file (e.g. a "
+                                                    "--dump).")]
+AttnOpt = Annotated[str, typer.Option(metavar="naive|absorb|auto",
+    help="Attention: naive (per-head keys and values), absorb (over the latent cache), or auto (naive prefill and "
+         "absorbed decode where the estimate is at most half the memory available, else absorbed, as for a prefill "
+         "over a longer --cache-len cache; the run says which and why).")]
+CacheLenOpt = Annotated[int, typer.Option(metavar="N",
+    help="With --layer: start that layer's cache with N synthetic positions (seeded, with the statistics of real "
+         "latents); the prompt follows them.")]
+IndexScoringOpt = Annotated[str, typer.Option("--index-scoring", metavar="exact|fp8",
+    help="DeepSeek-V3.2's Lightning Indexer: exact (float32 scores, as transformers) or fp8 (Hadamard-rotated q and k "
+         "in FP8 e4m3, as DeepSeek's inference code; the run also says how many of the exactly chosen positions it "
+         "kept).")]
+ChunkOpt = Annotated[str | None, typer.Option(metavar="N|auto",
+    help="Run the prefill N positions at a time, the cache carrying the earlier ones (each tensor is still shown once, "
+         "whole, over every position; each chunk runs twice, the second time for the histograms); 0: the whole prompt "
+         "at once; auto: in chunks only where the whole prompt would not fit in memory (the run says so).  [default: "
+         "auto]")]
+CacheOpt = Annotated[int, typer.Option(metavar="MB", min=0,
+                                       help="Keep up to MB megabytes of decoded weights between decode steps.")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Overwrite an existing output file.")]
-UseOpt = Annotated[list[Path] | None, typer.Option("--use", metavar="FILE.py", help="Run with your own exercise functions (e.g. a lesson file) in place of stepper's; repeatable.")]
-PatchOpt = Annotated[list[str] | None, typer.Option("--patch", metavar="NAME=EXPR", help="Continue from NAME with EXPR of its tensor x: 0, x*0.5, x+1e-3, x[..., 7]=0; repeatable.")]
+UseOpt = Annotated[list[Path] | None, typer.Option("--use", metavar="FILE.py",
+                                                   help="Run with your own exercise functions (e.g. a lesson file) in "
+                                                        "place of stepper's; repeatable.")]
+PatchOpt = Annotated[list[str] | None, typer.Option("--patch", metavar="NAME=EXPR",
+                                                    help="Continue from NAME with EXPR of its tensor x: 0, x*0.5, "
+                                                         "x+1e-3, x[..., 7]=0; repeatable.")]
 
 
 def run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, input_file, attn, cache_mb,
@@ -98,14 +124,16 @@ def patched_line(patch: list[str] | None) -> str | None:
     """The header's line naming the --patch options: the run is not the model's own from there on."""
     if not patch:
         return None
-    return f"patched: {' · '.join(untrusted.shown(p) for p in patch)} (rows marked patched show the new values; the run goes on from them)"
+    listed = " · ".join(untrusted.shown(p) for p in patch)
+    return f"patched: {listed} (rows marked patched show the new values; the run goes on from them)"
 
 
 def prompt_line(tokens: Tokens) -> str:
     """The text prompt's tokens, each id with its text (a long prompt cut like token_ids)."""
     pairs = [f"{i} {text}" for i, text in zip(tokens.ids, tokens.labels())]
     shown = pairs if len(pairs) <= 16 else [*pairs[:12], "…", *pairs[-4:]]
-    return f"prompt: {len(pairs)} token{'s' if len(pairs) != 1 else ''} from {untrusted.shown(tokens.tokenizer.file.name)}: {' · '.join(shown)}"
+    tokenizer = untrusted.shown(tokens.tokenizer.file.name)
+    return f"prompt: {len(pairs)} token{'s' if len(pairs) != 1 else ''} from {tokenizer}: {' · '.join(shown)}"
 
 
 def print_lines(console: Console, text: str, style: str) -> None:
@@ -114,12 +142,14 @@ def print_lines(console: Console, text: str, style: str) -> None:
         print_wrapped(console, line, style=style)
 
 
-def footer(plan: Plan, result: RunResult, shown: int, dump: Path | None, agreement: IndexAgreement | None = None) -> str:
+def footer(plan: Plan, result: RunResult, shown: int, dump: Path | None,
+           agreement: IndexAgreement | None = None) -> str:
     parts = [f"{shown} tensor{'s' if shown != 1 else ''}"]
     if plan.hidden is None:
         first = plan.spec.start_pos + plan.spec.cache_len
         last = first + len(result.prompt) - 1
-        parts.append(f"prompt {token_ids(result.prompt)} at position{f's {first}..{last}' if last > first else f' {first}'}")
+        parts.append(f"prompt {token_ids(result.prompt)} at "
+                     f"position{f's {first}..{last}' if last > first else f' {first}'}")
     if result.generated:
         parts.append(("generated " if not plan.alone else "decode tokens ") + token_ids(result.generated))
         if plan.tokens is not None:
@@ -206,19 +236,26 @@ def run_command(
     cache_len: CacheLenOpt = 0,
     index_scoring: IndexScoringOpt = "exact",
     chunk: ChunkOpt = None,
-    only: Annotated[list[str] | None, typer.Option(metavar="GLOB", help="Show (and dump) only names matching GLOB, e.g. '*k_pe*'; repeatable.")] = None,
-    show: Annotated[str | None, typer.Option(metavar="PICTURES", help=f"Draw pictures after their tensors: {','.join(PICTURES)}.")] = None,
+    only: Annotated[list[str] | None, typer.Option(metavar="GLOB",
+                                                   help="Show (and dump) only names matching GLOB, e.g. '*k_pe*'; "
+                                                        "repeatable.")] = None,
+    show: Annotated[str | None, typer.Option(metavar="PICTURES",
+                                             help=f"Draw pictures after their tensors: {','.join(PICTURES)}.")] = None,
     plain: PlainOpt = False,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per tensor (JSON Lines) on stdout.")] = False,
-    dump: Annotated[Path | None, typer.Option(metavar="FILE", help="Write every shown tensor to FILE.safetensors.")] = None,
-    dump_limit_gb: Annotated[float | None, typer.Option(metavar="GB", help=f"Refuse a --dump with a tensor larger than GB GiB [default: {DUMP_LIMIT_GB:g}].")] = None,
+    dump: Annotated[Path | None, typer.Option(metavar="FILE",
+                                              help="Write every shown tensor to FILE.safetensors.")] = None,
+    dump_limit_gb: Annotated[float | None, typer.Option(metavar="GB",
+                                                        help="Refuse a --dump with a tensor larger than GB GiB "
+                                                             f"[default: {DUMP_LIMIT_GB:g}].")] = None,
     force: ForceOpt = False,
     use: UseOpt = None,
     patch: PatchOpt = None,
 ) -> None:
     """Run the model on a prompt and print every named tensor in execution order."""
     with user_errors(), ExitStack() as swapped:
-        spec = run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, input_file, attn, weight_cache_mb,
+        spec = run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, input_file, attn,
+                        weight_cache_mb,
                         prompt, cache_len, index_scoring)
         pictures = parse_show(show)
         asked = parse_chunk(chunk, bool(patch), bool(pictures))
@@ -251,7 +288,8 @@ def run_command(
                             "a tile at a time: their exact statistics take a while (--only can leave them out)", "dim")
         counter, recorder, bars = TensorCount(), Recorder(), ProgressBars(Console(stderr=True))
         bars.beside(console)
-        rows = JsonLines(sys.stdout, plan.config, bars.hide) if as_json else TensorRows(console, plan.config, plan.tokens)
+        rows = (JsonLines(sys.stdout, plan.config, bars.hide) if as_json
+                else TensorRows(console, plan.config, plan.tokens))
         views: list[Sink] = [counter, rows]
         if dump is not None:
             views.append(recorder)
@@ -282,7 +320,8 @@ EXPORTS = {  # the file names --export takes, and how a session recorded in each
 
 
 # Rich's page, its long lines wrapped by the browser at the window's width, not behind a scrollbar
-WRAPPED_HTML = CONSOLE_HTML_FORMAT.replace('<pre style="', '<pre style="white-space:pre-wrap;overflow-wrap:anywhere;', 1)
+WRAPPED_HTML = CONSOLE_HTML_FORMAT.replace(
+    '<pre style="', '<pre style="white-space:pre-wrap;overflow-wrap:anywhere;', 1)
 
 
 def step_command(
@@ -300,12 +339,19 @@ def step_command(
     weight_cache_mb: CacheOpt = 0,
     cache_len: CacheLenOpt = 0,
     index_scoring: IndexScoringOpt = "exact",
-    breaks: Annotated[list[str] | None, typer.Option("--break", metavar="GLOB", help="Stop at tensors matching GLOB (e.g. compressed_kv); repeatable.")] = None,
-    until: Annotated[str | None, typer.Option(metavar="NAME", help="Run until the first tensor matching NAME and stop there.")] = None,
-    commands: Annotated[Path | None, typer.Option(metavar="FILE", help="Read debugger commands from FILE first, one per line.")] = None,
+    breaks: Annotated[list[str] | None, typer.Option("--break", metavar="GLOB",
+                                                     help="Stop at tensors matching GLOB (e.g. compressed_kv); "
+                                                          "repeatable.")] = None,
+    until: Annotated[str | None, typer.Option(metavar="NAME",
+                                              help="Run until the first tensor matching NAME and stop there.")] = None,
+    commands: Annotated[Path | None, typer.Option(metavar="FILE",
+                                                  help="Read debugger commands from FILE first, one per line.")] = None,
     plain: PlainOpt = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Write each tensor the debugger stops at as a JSON line on stdout (the session goes to stderr).")] = False,
-    export: Annotated[Path | None, typer.Option(metavar="FILE", help="Record the session to FILE.html, FILE.svg or FILE.txt.")] = None,
+    as_json: Annotated[bool, typer.Option("--json",
+                                          help="Write each tensor the debugger stops at as a JSON line on stdout (the "
+                                               "session goes to stderr).")] = False,
+    export: Annotated[Path | None, typer.Option(metavar="FILE",
+                                                help="Record the session to FILE.html, FILE.svg or FILE.txt.")] = None,
     force: ForceOpt = False,
     use: UseOpt = None,
     patch: PatchOpt = None,
@@ -318,7 +364,8 @@ def step_command(
     Commands are read from the terminal (with line editing and history), or line by line from a pipe.
     """
     with user_errors(), ExitStack() as swapped:
-        spec = run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, input_file, attn, weight_cache_mb,
+        spec = run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, input_file, attn,
+                        weight_cache_mb,
                         prompt, cache_len, index_scoring)
         if export is not None:
             check_export(export, force)
@@ -361,10 +408,11 @@ def parse_chunk(text: str | None, patched: bool, drawn: bool) -> int | None:
     if text is None or text == "auto":
         return 0 if patched or drawn else None
     if not text.isdigit():
-        raise StepperError(f"--chunk must be a number of positions (0: the whole prompt at once) or auto, got {untrusted.shown(text)!r}")
+        raise StepperError("--chunk must be a number of positions (0: the whole prompt at once) or auto, got "
+                           f"{untrusted.shown(text)!r}")
     if int(text) and (patched or drawn):
-        raise StepperError(f"--chunk {int(text)}: {'--patch changes tensors as the prefill makes them' if patched else '--show draws from whole tensors'}, "
-                           "so the prompt must run whole: give --chunk 0")
+        why = "--patch changes tensors as the prefill makes them" if patched else "--show draws from whole tensors"
+        raise StepperError(f"--chunk {int(text)}: {why}, so the prompt must run whole: give --chunk 0")
     return int(text)
 
 

@@ -12,8 +12,8 @@ has two parts, and stops at the first mismatch, showing both values and where:
    whole, with their own block scales (decode on the 256 codes first), and a difference names
    the byte there, field by field.
 2. The lesson's runs are repeated with the learner's functions swapped in
-   (`stepper.lessons.overrides`, as `stepper run --use` does) and every emitted tensor is compared, in execution order, with
-   the golden run: the first tensor that differs is where the learner's function goes wrong.
+   (`stepper.lessons.overrides`, as `stepper run --use` does) and every emitted tensor is compared, in execution order,
+   with the golden run: the first tensor that differs is where the learner's function goes wrong.
    Top-k experts are compared as sets (their order is unspecified), each weight with its expert,
    and so are the positions the indexer keeps.
 """
@@ -193,7 +193,8 @@ def extra_calls(name: str) -> list[Call]:
     if name == "rms_norm":
         x = np.zeros((1, 2, 8), dtype=np.float32)
         x[0, 1] = np.arange(8, dtype=np.float32)
-        return [Call((x, np.full(8, 2.0, dtype=np.float32), 1e-6), {}, "an all-zero row (eps keeps it finite), weight 2")]
+        return [Call((x, np.full(8, 2.0, dtype=np.float32), 1e-6), {},
+                     "an all-zero row (eps keeps it finite), weight 2")]
     if name == "decode":
         codes = np.arange(256, dtype=np.uint8).reshape(16, 16)
         return [Call((codes,), {}, "all 256 codes 0x00..0xFF, as a [16, 16] uint8 array")]
@@ -287,21 +288,27 @@ def differing(mine: Any, ref: np.ndarray, *, rtol: float, exact: bool,
     if mine.shape != ref.shape:
         return [f"it returned shape {list(mine.shape)}, expected {list(ref.shape)}"], None
     if ref.dtype == np.bool_:
-        mine_b = mine.astype(bool)
-        bad = np.argwhere(mine_b != ref)
-        if bad.size:
-            i = tuple(int(j) for j in bad[0])
-            return [f"at {list(i)}: expected {ref[i]}, got {mine_b[i]} ({len(bad)} entries differ)"], i
-        return [], None
+        return first_unequal(mine.astype(bool), ref)
     if mine.dtype != ref.dtype:
         return [(f"it returned dtype {mine.dtype}, expected {ref.dtype}: the interpreter computes in "
                  f"{ref.dtype} (cast with .astype(np.{ref.dtype}) or use np.{ref.dtype} constants)")], None
     if np.issubdtype(ref.dtype, np.integer):
-        bad = np.argwhere(mine != ref)
-        if bad.size:
-            i = tuple(int(j) for j in bad[0])
-            return [f"at {list(i)}: expected {ref[i]}, got {mine[i]} ({len(bad)} entries differ)"], i
+        return first_unequal(mine, ref)
+    return float_difference(mine, ref, rtol=rtol, exact=exact, elementwise=elementwise)
+
+
+def first_unequal(mine: np.ndarray, ref: np.ndarray) -> tuple[list[str], tuple[int, ...] | None]:
+    """`differing` for booleans and integers: the first entry that is not equal."""
+    bad = np.argwhere(mine != ref)
+    if not bad.size:
         return [], None
+    i = tuple(int(j) for j in bad[0])
+    return [f"at {list(i)}: expected {ref[i]}, got {mine[i]} ({len(bad)} entries differ)"], i
+
+
+def float_difference(mine: np.ndarray, ref: np.ndarray, *, rtol: float, exact: bool,
+                     elementwise: bool) -> tuple[list[str], tuple[int, ...] | None]:
+    """`differing` for floats: NaN and infinities where the reference has them, then the tolerance."""
     m64, r64 = mine.astype(np.float64), ref.astype(np.float64)
     for what, test in (("NaN", np.isnan), ("+inf", np.isposinf), ("-inf", np.isneginf)):
         bad = np.argwhere(test(m64) != test(r64))
@@ -363,7 +370,8 @@ def compare_runs(reference: Sequence[Event], mine: Sequence[Event], rtol: float)
             kept = f"the first {i} tensors match; " if i else ""
             return [f"{ref.name} differs ({kept}this is the first that does not):", *problem]
     if len(mine) > len(reference):
-        return [f"your run emitted {len(mine) - len(reference)} tensors more than the reference, first {mine[len(reference)].name}"]
+        return [(f"your run emitted {len(mine) - len(reference)} tensors more than the reference, first "
+                f"{mine[len(reference)].name}")]
     return []
 
 

@@ -181,7 +181,8 @@ def rope_pairs(ctx: Context, scope: str = "layers.0", head: str = "0", token: st
         a, b = float(x[2 * i]), float(x[2 * i + 1])
         c, d = float(y[i]), float(y[i + half])
         angle = "" if position is None else f"{math.fmod(float(np.float32(position) * freqs[i]), 2 * math.pi):.4f}"
-        lines.append(f"{i:4d}  {a:8.4f} {b:7.4f}   {c:8.4f} {d:8.4f}   {angle:>11}   {math.hypot(a, b):.4f}, {math.hypot(c, d):.4f}")
+        lines.append(f"{i:4d}  {a:8.4f} {b:7.4f}   {c:8.4f} {d:8.4f}   {angle:>11}   {math.hypot(a, b):.4f}, "
+                     f"{math.hypot(c, d):.4f}")
     return "\n".join(lines)
 
 
@@ -237,7 +238,8 @@ def fp8_row(ctx: Context, name: str, count: str = "4") -> str:
              "  j   byte   s eeee mmm   e4m3 value   x scale_inv = weight"]
     for j in range(integer(count, "count")):
         f = fp8.fields(int(codes[0, j]))
-        lines.append(f"{j:3d}   0x{f.code:02X}   {f.bits}   {f.value:10.5g}   {np.float32(f.value) * np.float32(scale):12.6g}")
+        lines.append(f"{j:3d}   0x{f.code:02X}   {f.bits}   {f.value:10.5g}   "
+                     f"{np.float32(f.value) * np.float32(scale):12.6g}")
     return "\n".join(lines)
 
 
@@ -383,7 +385,8 @@ def routing_why(ctx: Context, scope: str = "layers.1", token: str = "0") -> str:
         elif e // g not in kept:
             reasons.append(f"expert {e} is in group {e // g}, which was dropped: only groups {sorted(kept)} compete")
         else:
-            reasons.append(f"expert {e} ranks {rank[e]} by score + bias among all experts, not in the top {k} of the kept groups")
+            reasons.append(f"expert {e} ranks {rank[e]} by score + bias among all experts, not in the top {k} of the "
+                           "kept groups")
     if len(answer) != k:
         reasons.append(f"each token picks exactly {k} experts")
     right = len(answer & won)
@@ -565,8 +568,10 @@ def v3_group_scores(ctx: Context, scope: str = "layers.1", token: str = "0") -> 
 def routers_table(ctx: Context, scope: str = "layers.1") -> str:
     """Each token's experts under the three routers, with a mark where they differ from V3's."""
     picks = {name: np.sort(routed_by(ctx, scope, name), axis=1) for name in ROUTERS}
-    cells = [[" ".join(f"{e:2d}" for e in picks[n][t]) + ("" if n == "v3" or np.array_equal(picks[n][t], picks["v3"][t])
-                                                          else " *") for n in ROUTERS] for t in range(picks["v3"].shape[0])]
+    def cell(n: str, t: int) -> str:
+        same = n == "v3" or np.array_equal(picks[n][t], picks["v3"][t])
+        return " ".join(f"{e:2d}" for e in picks[n][t]) + ("" if same else " *")
+    cells = [[cell(n, t) for n in ROUTERS] for t in range(picks["v3"].shape[0])]
     width = max(len("V2-Lite"), *(len(c) for row in cells for c in row))
     lines = ["token  " + "  ".join(f"{title:<{width}}" for title in ("V3", "V2", "V2-Lite")).rstrip()]
     lines += [f"{t:5d}  " + "  ".join(f"{c:<{width}}" for c in row).rstrip() for t, row in enumerate(cells)]

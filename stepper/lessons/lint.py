@@ -111,28 +111,32 @@ def template_errors(lesson: Lesson) -> list[str]:
             errors.append(str(e))
             continue
         for expr in found:
-            body, _ = split_spec(expr)
-            fact = FACT.fullmatch(body.strip())
             try:
-                if fact:
-                    if fact.group(1) not in facts.FACTS:
-                        raise StepperError(f"unknown fact '{fact.group(1)}'")
-                    if fact.group(4) and fact.group(4) not in ATTRIBUTES:
-                        raise StepperError(f"unknown attribute '.{fact.group(4)}'")
-                elif body.startswith("config."):
-                    config_value(preset("tiny"), body[len("config."):])
-                elif body.startswith("preset."):
-                    preset_value(body[len("preset."):])
-                elif body.startswith("run."):
-                    if body[len("run."):] not in RUN_FIELDS:
-                        raise StepperError(f"no run field '{body}'")
-                else:
-                    _, _, attr = tensor_name_split(body.strip())
-                    if attr is not None and attr not in ATTRIBUTES:
-                        raise StepperError(f"unknown attribute '.{attr}'")
+                check_placeholder(split_spec(expr)[0])
             except (StepperError, KeyError) as e:
                 errors.append(f"{{{expr}}}: {e}")
     return errors
+
+
+def check_placeholder(body: str) -> None:
+    """Raise when a placeholder's body (its format spec taken off) names nothing a lesson can show."""
+    fact = FACT.fullmatch(body.strip())
+    if fact:
+        if fact.group(1) not in facts.FACTS:
+            raise StepperError(f"unknown fact '{fact.group(1)}'")
+        if fact.group(4) and fact.group(4) not in ATTRIBUTES:
+            raise StepperError(f"unknown attribute '.{fact.group(4)}'")
+    elif body.startswith("config."):
+        config_value(preset("tiny"), body[len("config."):])
+    elif body.startswith("preset."):
+        preset_value(body[len("preset."):])
+    elif body.startswith("run."):
+        if body[len("run."):] not in RUN_FIELDS:
+            raise StepperError(f"no run field '{body}'")
+    else:
+        _, _, attr = tensor_name_split(body.strip())
+        if attr is not None and attr not in ATTRIBUTES:
+            raise StepperError(f"unknown attribute '.{attr}'")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -192,10 +196,12 @@ def subject_errors(lesson: Lesson) -> tuple[int, list[str]]:
             for offset, expr in placeholder_offsets(sentence):
                 subjects = nearest(mentions, offset)
                 n, found = check_subjects(expr, subjects)
-                checked, problems = checked + n, problems + [f"{lesson.name}: '{sentence.strip()[:90]}': {p}" for p in found]
+                checked, problems = (checked + n, problems
+                                     + [f"{lesson.name}: '{sentence.strip()[:90]}': {p}" for p in found])
         for expr in (e for answer in governed for e in placeholders(answer)):
             n, found = check_subjects(expr, nearest(whole, len(text)))
-            checked, problems = checked + n, problems + [f"{lesson.name}: the answer to '{text.strip()[:60]}': {p}" for p in found]
+            checked, problems = checked + n, problems + [f"{lesson.name}: the answer to '{text.strip()[:60]}': "
+                                                         f"{p}" for p in found]
     return checked, problems
 
 
@@ -268,5 +274,6 @@ def check_fact(expr: str, fact: re.Match, subjects: dict[str, str]) -> tuple[int
         if parameter in bound.arguments:
             checked += 1
             if str(bound.arguments[parameter]) != value:
-                problems.append(f"{{{expr}}} is computed for {parameter} {bound.arguments[parameter]}, not {kind} {value}")
+                problems.append(f"{{{expr}}} is computed for {parameter} {bound.arguments[parameter]}, not {kind} "
+                                f"{value}")
     return checked, problems

@@ -71,6 +71,7 @@ def wrong_result(name: str, arguments: dict[str, Any], result: object) -> str | 
     if isinstance(want, list):  # a tuple of arrays
         if not isinstance(result, tuple) or len(result) != len(want):
             return f"{described(result)}; expected a tuple of {len(want)} arrays"
-        problems = [f"item {i}: {array_wrong(r, *w)}" for i, (r, w) in enumerate(zip(result, want)) if array_wrong(r, *w)]
+        problems = [f"item {i}: {array_wrong(r, *w)}"
+                    for i, (r, w) in enumerate(zip(result, want)) if array_wrong(r, *w)]
         return f"a tuple whose {problems[0]}" if problems else None
     return array_wrong(result, *want)

@@ -11,7 +11,7 @@ heads (rope dims); the latent is normalised. Only the rotary dims carry position
   value half W_UV is applied after attention, so attention runs over the cached latents
   themselves. The cache keeps one latent and one rotary key per position: the point of MLA.
 
-Shapes name the catalogue's dimensions (catalog.json "dims"): B batch, T new positions, S attended
+Shapes name the catalogue's dimensions (catalog/parts/*.json "dims"): B batch, T new positions, S attended
 positions, H heads, d hidden, and the head and latent sizes nope, rope, qk_head, v_head, kv_lora.
 Each path writes out its attention in whole arrays where they are small; a larger attention runs
 over tiles of queries and keys with an online softmax (kernels.attention, tested equal to these
@@ -30,6 +30,7 @@ from stepper.kernels.linear import linear
 from stepper.model.cache import LayerCache
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.ops import causal_mask, rms_norm, softmax
+from stepper.model.options import LayerOptions
 from stepper.model.rope import Rope, apply_rope
 from stepper.seams.swap import exercise
 from stepper.seams.trace import Emitter
@@ -39,16 +40,16 @@ from stepper.seams.trace import Emitter
 LATENT_NORM_EPS = 1e-6
 
 
-def mla_attention(
-    x: np.ndarray, w: LayerWeights, cfg: Config, rope: Rope, cache: LayerCache | None, emit: Emitter,
-    attn: str = "naive", mask: np.ndarray | None = None,
-) -> np.ndarray:
-    """x [B, T, d] (after input_layernorm) -> o_proj output [B, T, d]; attn "naive" or "absorb";
-    mask [B, T, S], additive (0 or -inf), every head alike: DeepSeek-V3.2's indexer's choice."""
+def mla_attention(x: np.ndarray, w: LayerWeights, cache: LayerCache | None, options: LayerOptions, emit: Emitter,
+                  mask: np.ndarray | None = None) -> np.ndarray:
+    """x [B, T, d] (after input_layernorm) -> o_proj output [B, T, d] on the options' attention path
+    (naive or absorb); mask [B, T, S], additive (0 or -inf), every head alike: DeepSeek-V3.2's
+    indexer's choice. w carries the config and the rotary tables."""
+    cfg, rope = w.cfg, w.rope
     cache = LayerCache() if cache is None else cache
     q_nope, q_pe = query_heads(x, w, cfg, emit)  # [B, H, T, nope], [B, H, T, rope]
     compressed_kv, k_pe = latent(x, w, cfg, emit)  # [B, T, kv_lora], [B, one, T, rope]
-    attend = absorbed if attn == "absorb" else naive
+    attend = absorbed if options.attention == "absorb" else naive
     out = attend(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache, emit, per_head(mask))  # [B, H, T, v_head]
     return output_projection(out, w, emit)
 

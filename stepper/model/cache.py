@@ -8,6 +8,12 @@ import numpy as np
 
 from stepper.config import Config
 from stepper.kernels.growing import GrowingArray
+from stepper.model.options import Attention, IndexScoring
+
+POSITION_AXIS = {  # each kept field's axis of positions
+    "latent": 1, "k_pe": 2, "key_states": 2, "value_states": 2, "index_keys": 1, "index_key_codes": 1,
+    "index_key_scales": 1,
+}
 
 
 @dataclass
@@ -37,35 +43,34 @@ class LayerCache:
         """The cache as it was when it held its first n positions (views of these arrays)."""
         if n == 0:
             return LayerCache()
-
-        def cut(array: np.ndarray | None, axis: int) -> np.ndarray | None:
-            return None if array is None else array[(slice(None),) * axis + (slice(0, n),)]
-
-        return LayerCache(cut(self.latent, 1), cut(self.k_pe, 2), cut(self.key_states, 2), cut(self.value_states, 2),
-                          cut(self.index_keys, 1), cut(self.index_key_codes, 1), cut(self.index_key_scales, 1))
+        cut = {}
+        for name, axis in POSITION_AXIS.items():
+            array = getattr(self, name)
+            cut[name] = None if array is None else array[(slice(None),) * axis + (slice(0, n),)]
+        return LayerCache(**cut)
 
     def extend_latent(self, latent: np.ndarray, k_pe: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Append the T new positions' latents [B, T, kv_lora] and rotary keys [B, one, T, rope];
         return all S positions' [B, S, kv_lora], [B, one, S, rope]."""
-        return self.appended("latent", latent, 1), self.appended("k_pe", k_pe, 2)
+        return self.appended("latent", latent), self.appended("k_pe", k_pe)
 
     def extend_heads(self, keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Append per-head keys [B, H, T, qk_head] and values [B, H, T, v_head]; return all S positions'."""
-        return self.appended("key_states", keys, 2), self.appended("value_states", values, 2)
+        return self.appended("key_states", keys), self.appended("value_states", values)
 
     def extend_index_keys(self, keys: np.ndarray) -> np.ndarray:
         """Append the indexer's keys of the T new positions [B, T, Di]; return all S positions' [B, S, Di]."""
-        return self.appended("index_keys", keys, 1)
+        return self.appended("index_keys", keys)
 
     def extend_index_fp8_keys(self, codes: np.ndarray, scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Append the T new positions' FP8 index keys [B, T, Di] and scales [B, T]; return all S positions'."""
-        return self.appended("index_key_codes", codes, 1), self.appended("index_key_scales", scales, 1)
+        return self.appended("index_key_codes", codes), self.appended("index_key_scales", scales)
 
-    def appended(self, name: str, new: np.ndarray, axis: int) -> np.ndarray:
-        """The field `name` with the new positions appended along `axis`: np.concatenate, into
-        spare room (kernels.growing) that leaves the positions before, and views of them, as
-        they are.  -> all S positions"""
-        grown = self.growing.setdefault(name, GrowingArray(axis)).concatenate(getattr(self, name), new)
+    def appended(self, name: str, new: np.ndarray) -> np.ndarray:
+        """The field `name` with the new positions appended along its axis of positions:
+        np.concatenate, into spare room (kernels.growing) that leaves the positions before, and
+        views of them, as they are.  -> all S positions"""
+        grown = self.growing.setdefault(name, GrowingArray(POSITION_AXIS[name])).concatenate(getattr(self, name), new)
         setattr(self, name, grown)
         return grown
 
@@ -80,7 +85,7 @@ class KVCache:
         return self.layers[layer].length
 
 
-def cache_bytes_per_token(cfg: Config, attn: str, itemsize: int = 4, index_scoring: str = "exact") -> int:
+def cache_bytes_per_token(cfg: Config, attn: Attention, itemsize: int = 4, index_scoring: IndexScoring = "exact") -> int:
     """Bytes one layer caches per position: per-head keys and values (attn "naive"), or one
     latent and rotary key ("absorb"); plus the indexer's key, if the model has one (scoring in
     FP8, also its e4m3 codes and float32 scale)."""

@@ -33,6 +33,7 @@ from stepper.model.cache import LayerCache
 from stepper.model.index_fp8 import fp8_index_scores
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.ops import causal_mask, rms_norm
+from stepper.model.options import LayerOptions
 from stepper.model.rope import Rope
 from stepper.seams.swap import exercise
 from stepper.seams.trace import Emitter
@@ -40,10 +41,11 @@ from stepper.seams.trace import Emitter
 LAYER_NORM_EPS = 1e-6  # the indexer's k_norm (DeepSeek's LayerNorm default; not in config.json)
 
 
-def index_mask(x: np.ndarray, w: LayerWeights, cfg: Config, rope: Rope, cache: LayerCache, emit: Emitter,
-               scoring: str = "exact") -> np.ndarray:
+def index_mask(x: np.ndarray, w: LayerWeights, cache: LayerCache, options: LayerOptions, emit: Emitter) -> np.ndarray:
     """x [B, T, d] (after input_layernorm) -> the additive mask [B, T, S] of the positions each
-    query may attend; scoring "exact" (float32) or "fp8" (DeepSeek's kernel)."""
+    query may attend; the options' index scoring "exact" (float32) or "fp8" (DeepSeek's kernel).
+    w carries the config and the rotary tables."""
+    cfg, rope = w.cfg, w.rope
     q = index_queries(x, w, cfg, emit)  # [B, Hi, T, Di]
     k = index_key(x, w, emit)  # [B, T, Di]
     q = emit("self_attn.indexer.q_rope", rotate_halves(q, rope, cfg.qk_rope_head_dim))  # [B, Hi, T, Di]
@@ -51,7 +53,7 @@ def index_mask(x: np.ndarray, w: LayerWeights, cfg: Config, rope: Rope, cache: L
     keys = emit("self_attn.indexer.keys", cache.extend_index_keys(k))  # [B, S, Di]
     head_weights = linear(x, w.matrix("self_attn.indexer.weights_proj.weight")) * np.float32(cfg.index_n_heads**-0.5)
     head_weights = emit("self_attn.indexer.head_weights", head_weights)  # [B, T, Hi]
-    if scoring == "fp8":
+    if options.index_scoring == "fp8":
         scores, exact_idx = fp8_scores_beside_exact(q, k, keys, head_weights, cfg, cache, emit)  # [B, T, S], [B, T, Ki]
     else:
         scores, exact_idx = index_scores(q, keys, head_weights), None

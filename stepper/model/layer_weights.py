@@ -1,18 +1,23 @@
-"""A layer's view of a weight source: `w("self_attn.o_proj.weight")` instead of full names."""
+"""A layer's view of a weight source: `w("self_attn.o_proj.weight")` instead of full names. It also
+carries what every part of the layer reads beside its weights: the config (`w.cfg`) and the
+rotary tables of the step's positions (`w.rope`)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from stepper.kernels.linear import float32_kept
+from stepper.model.rope import Rope
 from stepper.weights.names import layer_prefix
 from stepper.weights.source import WeightSource
 from stepper.weights.stored import Fp8Matrix
 
 
 class LayerWeights:
-    def __init__(self, source: WeightSource, layer: int, scratch: dict | None = None):
+    def __init__(self, source: WeightSource, layer: int, scratch: dict | None = None, rope: Rope | None = None):
         self.source = source
+        self.cfg = source.config
+        self.rope = rope  # the rotary tables of the positions this layer runs on
         self.layer = layer
         self.prefix = layer_prefix(layer)
         self.scratch = {} if scratch is None else scratch  # float32 memory kept for `float32` (kernels.linear)

@@ -15,21 +15,23 @@ from __future__ import annotations
 
 import numpy as np
 
-from stepper.config import Config
 from stepper.kernels import activations
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.ops import swiglu
+from stepper.model.options import LayerOptions
 from stepper.model.router import Routing, route
 from stepper.seams.trace import Emitter
 
 
-def moe(x: np.ndarray, w: LayerWeights, cfg: Config, emit: Emitter, dispatch: str = "grouped") -> np.ndarray:
-    """[B, T, d] -> routed_output + shared_output [B, T, d]; dispatch "grouped" or "per_token"."""
+def moe(x: np.ndarray, w: LayerWeights, options: LayerOptions, emit: Emitter) -> np.ndarray:
+    """[B, T, d] -> routed_output + shared_output [B, T, d]; the options' dispatch "grouped" or
+    "per_token". w carries the config."""
+    cfg = w.cfg
     B, T, d = x.shape
     tokens = x.reshape(B * T, d)  # [N, d]
     bias = w("mlp.gate.e_score_correction_bias") if cfg.topk_method == "noaux_tc" else None  # [E], V3 and K2
     routing = route(tokens, w("mlp.gate.weight"), bias, cfg, emit)
-    if dispatch == "grouped":
+    if options.dispatch == "grouped":
         routed = grouped_experts(tokens, routing, w, emit)  # [N, d]
     else:
         routed = per_token_experts(tokens, routing, w)  # [N, d]

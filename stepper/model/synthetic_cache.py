@@ -23,6 +23,7 @@ from stepper.model.index_fp8 import hadamard, quantize
 from stepper.model.indexer import index_key, rotate_halves
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.ops import rms_norm
+from stepper.model.options import IndexScoring
 from stepper.model.rope import Rope, apply_rope
 from stepper.seams.trace import Emitter
 
@@ -33,7 +34,7 @@ TASK = "synthetic cache positions"
 
 
 def fill(cache: LayerCache, w: LayerWeights, cfg: Config, sample: np.ndarray, rope: Rope, seed: int,
-         per_head: bool, index_scoring: str = "exact", emit: Emitter | None = None) -> None:
+         per_head: bool, index_scoring: IndexScoring = "exact", emit: Emitter | None = None) -> None:
     """Put N synthetic positions (N = the rows of rope) in an empty layer cache.
     sample [B, T, d]: the layer's input for a few real tokens (B one); rope: the tables of the N
     positions; emit: told the progress (positions drawn, then up-projected for the naive path)."""

@@ -11,14 +11,17 @@ one layer's largest weight at a time.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from stepper.config import Config
 from stepper.kernels.linear import linear_in_row_blocks
 from stepper.model.cache import KVCache
-from stepper.model.layer import decoder_layer
+from stepper.model.layer import DecoderLayer, decoder_layer
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.ops import rms_norm
+from stepper.model.options import Attention, Dispatch, IndexScoring, LayerOptions
 from stepper.model.rope import Rope, rope_inv_freq, rope_tables, yarn_mscale
 from stepper.seams.trace import Emitter
 from stepper.weights.source import WeightSource
@@ -36,11 +39,13 @@ def lm_head(hidden: np.ndarray, weights: WeightSource, rows: int = HEAD_ROWS) ->
 
 
 class Transformer:
-    def __init__(self, weights: WeightSource, dispatch: str = "grouped", index_scoring: str = "exact"):
+    def __init__(self, weights: WeightSource, dispatch: Dispatch = "grouped", index_scoring: IndexScoring = "exact",
+                 layer: DecoderLayer = decoder_layer):
         self.weights = weights
-        self.dispatch = dispatch  # how MoE layers run their routed experts (see model.moe)
-        self.index_scoring = index_scoring  # how DeepSeek-V3.2's indexer scores: "exact" or "fp8" (model.indexer)
+        # how MoE layers run their routed experts (model.moe) and DeepSeek-V3.2's indexer scores (model.indexer)
+        self.options = LayerOptions(dispatch=dispatch, index_scoring=index_scoring)
         self.config: Config = weights.config
+        self.decoder_layer = layer  # the config's family's (stepper.families), MLA's unless given
         self.scratch: dict = {}  # float32 memory the layers decode weights into, and what it holds (LayerWeights.float32)
         cfg = self.config
         yarn = cfg.rope_scaling
@@ -51,6 +56,14 @@ class Transformer:
         self.softmax_scale = cfg.qk_head_dim**-0.5
         if yarn is not None and yarn.mscale_all_dim:
             self.softmax_scale *= yarn_mscale(yarn.factor, yarn.mscale_all_dim) ** 2
+
+    @property
+    def dispatch(self) -> str:
+        return self.options.dispatch
+
+    @property
+    def index_scoring(self) -> str:
+        return self.options.index_scoring
 
     def embed(self, ids: np.ndarray) -> np.ndarray:
         """ids [B, T] -> [B, T, d], reading only the rows of these tokens."""
@@ -66,13 +79,14 @@ class Transformer:
         return Rope(cos, sin, self.softmax_scale)
 
     def layer(
-        self, i: int, hidden: np.ndarray, rope: Rope, cache: KVCache | None, emit: Emitter, attn: str = "naive"
+        self, i: int, hidden: np.ndarray, rope: Rope, cache: KVCache | None, emit: Emitter, attn: Attention = "naive"
     ) -> np.ndarray:
-        """Decoder layer i on the residual stream [B, T, d], with attn "naive" or "absorb"."""
+        """Decoder layer i (its family's decoder layer) on the residual stream [B, T, d], with attn
+        "naive" or "absorb"."""
         layer_cache = None if cache is None else cache.layers[i]
-        w = LayerWeights(self.weights, i, self.scratch)
-        return decoder_layer(hidden, w, self.config, rope, layer_cache, emit.layer(i), attn, self.dispatch,
-                             self.index_scoring)
+        w = LayerWeights(self.weights, i, self.scratch, rope)
+        options = dataclasses.replace(self.options, attention=attn)
+        return self.decoder_layer(hidden, w, layer_cache, options, emit.layer(i))
 
     def start(self, ids: np.ndarray, positions: np.ndarray, emit: Emitter) -> tuple[np.ndarray, Rope]:
         """The embedding [B, T, d] of ids [B, T] and the rotary tables of positions [T]."""
@@ -92,7 +106,7 @@ class Transformer:
         cache: KVCache | None = None,
         shown: range | None = None,
         to_logits: bool = True,
-        attn: str = "naive",
+        attn: Attention = "naive",
     ) -> np.ndarray | None:
         """ids [B, T] at positions [T] -> logits [B, T, V].
 

@@ -51,8 +51,8 @@ class Patcher:
             if not matches(event.name, [pattern]):
                 continue
             if not held(array):
-                raise StepperError(f"--patch {pattern}: {event.name} {list(array.shape)} is made a tile at a time (a long "
-                                   "attention) and never held, so it cannot be patched")
+                raise StepperError(f"--patch {pattern}: {event.name} {list(array.shape)} is made a tile at a time (a "
+                                   "long attention) and never held, so it cannot be patched")
             result = fn(np.array(array, copy=True), event.name)
             self.applied[pattern].append(event.name)
             if result is not None:

@@ -58,7 +58,8 @@ class Emitter:
         for sink in self.sinks:
             replacement = sink(event)
             if replacement is not None:
-                event = Event(event.name, key, checked_replacement(event, replacement), self._layer, self._phase, patched=True)
+                event = Event(event.name, key, checked_replacement(event, replacement), self._layer,
+                              self._phase, patched=True)
         return event.array
 
     @property
@@ -142,7 +143,8 @@ def matches(name: str, patterns: Iterable[str]) -> bool:
     """True if a glob matches the full name, the name without its phase, or a dotted tail of it:
     `k_pe` and `self_attn.k_pe` both match `decode0.layers.1.self_attn.k_pe`."""
     short = unphased(name)
-    return any(fnmatch.fnmatchcase(n, p) or fnmatch.fnmatchcase(short, "*." + p) for p in patterns for n in (name, short))
+    return any(fnmatch.fnmatchcase(n, p) or fnmatch.fnmatchcase(short,
+                                                                "*." + p) for p in patterns for n in (name, short))
 
 
 def did_you_mean(pattern: str, names: Iterable[str]) -> str:

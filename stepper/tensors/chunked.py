@@ -7,24 +7,20 @@ corners, gathered exactly chunk by chunk while the prefill ran), so the views sh
 Its values come from its `Source`, the prefill's replay: reading one (`np.asarray(chunked)`,
 `numpy()`) replays the chunks once against the cache as it was. The tensors a holder keeps
 (`keep_when_read`: a `stepper.run`'s) are made together on the first read and kept, so reading
-the others replays nothing; `cost` says which. `piece(k)` is chunk k's part alone.
+the others replays nothing; `cost` says which.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Protocol
 
 import numpy as np
 
-from stepper.tensors.tensor import Figures, LazyTensor, Tensor
+from stepper.tensors.tensor import Figures, LazyTensor
 
 
 class Source(Protocol):
     """Where a chunked tensor's values come from: the replay of the prefill's chunks."""
-
-    def piece(self, name: str, k: int) -> Tensor:
-        """Chunk k's part of the tensor `name`, as the whole tensor has it."""
 
     def whole(self, name: str) -> np.ndarray:
         """The tensor `name` over every chunk (made with the others it keeps, in one replay)."""
@@ -45,14 +41,6 @@ class Chunked(LazyTensor):
                  figures: Figures):
         self.name, self.shape, self.dtype = name, tuple(int(n) for n in shape), np.dtype(dtype)
         self.axis, self.chunks, self.source, self.figures = axis, chunks, source, figures
-
-    def piece(self, k: int) -> Tensor:
-        return self.source.piece(self.name, k)
-
-    def pieces(self) -> Iterator[Tensor]:
-        """Each chunk's part, in order along the positions axis."""
-        for k in range(self.chunks):
-            yield self.piece(k)
 
     @property
     def cost(self) -> str:

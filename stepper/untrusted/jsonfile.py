@@ -53,7 +53,8 @@ def parse_json(text: str, where: str) -> Any:
         return result
 
     if depth(text) > MAX_DEPTH:
-        raise StepperError(f"{where}: JSON nested too deeply (more than {MAX_DEPTH} arrays or objects inside one another)")
+        raise StepperError(f"{where}: JSON nested too deeply (more than {MAX_DEPTH} arrays or objects inside one "
+                           "another)")
     try:
         return json.loads(text, parse_constant=no_constants, object_pairs_hook=unique_keys)
     except json.JSONDecodeError as e:

@@ -348,11 +348,13 @@ def block_heading(block: Block) -> list[Text]:
     size = f"{len(block.rows)} x {len(block.cols)}"
     where = Text(f"block {r},{c}: rows {block.rows.start}..{block.rows.stop - 1}, "
                  f"columns {block.cols.start}..{block.cols.stop - 1}: ")
-    where.append(f"partial, {size} of {bh} x {bw}" if block.partial else f"full, {size}", style="yellow" if block.partial else "")
+    where.append(f"partial, {size} of {bh} x {bw}" if block.partial else f"full, {size}",
+                 style="yellow" if block.partial else "")
     scale = Text(f"scale_inv[{r}, {c}] = ")
     scale.append(f32(block.scale), style="bold")
     scale.append(f"   so value = code value x {f32(block.scale)}", style="dim")
-    scale.append(f"   (the weight's scales run from {f32(block.scale_range[0])} to {f32(block.scale_range[1])})", style="dim")
+    scale.append(f"   (the weight's scales run from {f32(block.scale_range[0])} to {f32(block.scale_range[1])})",
+                 style="dim")
     return [title, where, scale, Text()]
 
 

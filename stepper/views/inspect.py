@@ -110,23 +110,28 @@ def open_source(where: str | Path) -> Source:
     path = Path(where)
     if path.is_dir():
         if not (path / "config.json").exists():
-            raise StepperError(f"{path}: not a checkpoint directory (no config.json); give a .safetensors file to inspect one file")
+            raise StepperError(f"{path}: not a checkpoint directory (no config.json); give a .safetensors file to "
+                               "inspect one file")
         return checkpoint_source(path, Checkpoint(path))
     if not path.exists():
-        raise StepperError(f"{path}: no such file or directory (expected a .safetensors file or a checkpoint directory)")
+        raise StepperError(f"{path}: no such file or directory (expected a .safetensors file or a checkpoint "
+                           "directory)")
     if path.suffix == ".json":
-        raise StepperError(f"{path}: a JSON file; inspect expects a .safetensors file or a checkpoint directory ({path.parent})")
+        raise StepperError(f"{path}: a JSON file; inspect expects a .safetensors file or a checkpoint directory "
+                           f"({path.parent})")
     file = SafetensorsFile(path)
     hint = None
     if (path.parent / INDEX).exists():
         hint = f"{path.name} is one shard of {path.parent}: inspect the directory to see scales kept in other shards"
-    return Source(path, file_title(file), None, dict.fromkeys(file.names(), path.name), {path.name: file}, fp8.BLOCK, hint)
+    return Source(path, file_title(file), None, dict.fromkeys(file.names(), path.name), {path.name: file},
+                  fp8.BLOCK, hint)
 
 
 def checkpoint_source(path: Path, ckpt: Checkpoint) -> Source:
     cfg = ckpt.config
     block = cfg.quantization.weight_block_size if cfg.quantization else fp8.BLOCK
-    hint = None if ckpt.reads_values else "listed from the headers alone: block scale values are read by a run, or with --stats"
+    hint = (None if ckpt.reads_values
+            else "listed from the headers alone: block scale values are read by a run, or with --stats")
     return Source(path, checkpoint_title(ckpt), cfg, {**ckpt.weight_map, **ckpt.unused}, ckpt.shards, block, hint=hint,
                   checkpoint=ckpt, unused=frozenset(ckpt.unused))
 
@@ -209,7 +214,8 @@ def find_problems(source: Source, layers: range | None) -> list[Problem]:
         weight = name.removesuffix(SCALE)
         if weight != name:
             if weight not in source.weight_map:
-                problems.append(Problem(source.weight_map[name], name, f"'{name}' is a block scale with no weight '{weight}'"))
+                problems.append(Problem(source.weight_map[name], name,
+                                        f"'{name}' is a block scale with no weight '{weight}'"))
             continue
         scale = source.info(name + SCALE) if name + SCALE in source.weight_map else None
         if scale is None and not name.endswith(".weight"):
@@ -219,7 +225,8 @@ def find_problems(source: Source, layers: range | None) -> list[Problem]:
     return problems
 
 
-def collect(source: Source, only: list[str] | None, problems: list[Problem], layers: range | None = None) -> list[Tensor]:
+def collect(source: Source, only: list[str] | None, problems: list[Problem],
+            layers: range | None = None) -> list[Tensor]:
     """Every readable tensor (of the layers), with its scales and its problems attached; scales
     without a weight stand alone."""
     names = set(source.weight_map)
@@ -237,10 +244,12 @@ def collect(source: Source, only: list[str] | None, problems: list[Problem], lay
         weight = name.removesuffix(SCALE)
         if weight != name:  # block scales: shown in their weight's row, or alone if it is missing
             if weight not in names:
-                found = tuple(by_tensor.get(name, ())) + tuple(by_tensor.get(weight, ()))  # e.g. "the weight is missing"
+                found = tuple(by_tensor.get(name,
+                                            ())) + tuple(by_tensor.get(weight, ()))  # e.g. "the weight is missing"
                 tensors.append(Tensor(source.part(name), None, found))
             continue
-        scale = source.part(name + SCALE) if name + SCALE in names and source.weight_map[name + SCALE] in source.shards else None
+        scale = (source.part(name + SCALE) if name + SCALE in names
+                 and source.weight_map[name + SCALE] in source.shards else None)
         found = tuple(by_tensor.get(name, ())) + tuple(by_tensor.get(name + SCALE, ()))
         tensors.append(Tensor(source.part(name), scale, found))
     if only:
@@ -342,7 +351,8 @@ UNUSED_HEADING = "not used (the wrapper's vision tower, projector)"
 BLOCK = re.compile(r"(?P<head>.*\.blocks\.)(?P<block>\d+)\.(?P<tail>.+)")
 
 
-def group(tensors: list[Tensor], config: Config | None, fold_experts: bool, unused: frozenset[str] = frozenset()) -> list[Group]:
+def group(tensors: list[Tensor], config: Config | None, fold_experts: bool,
+          unused: frozenset[str] = frozenset()) -> list[Group]:
     by_prefix: dict[str, list[Tensor]] = {}
     for t in tensors:
         if t.name not in unused:
@@ -525,7 +535,8 @@ def stats_fields(row: Row) -> list[Text]:
     if st.finite == 0 and st.nan == 0 and st.inf == 0:
         return [Text("no values", style="dim")]
     fields = [Text.assemble((f"{label} ", "dim"), summary.number(value))
-              for label, value in (("min", st.min), ("max", st.max), ("mean", st.mean), ("std", st.std), ("absmax", st.absmax))]
+              for label, value in (("min", st.min), ("max", st.max), ("mean", st.mean), ("std", st.std),
+                                   ("absmax", st.absmax))]
     fields += [Text.assemble((f"{label} ", "dim"), (f"{value}", "bold red" if value else ""))
                for label, value in (("nan", st.nan), ("inf", st.inf))]
     first = row.tensors[0]

@@ -1,8 +1,8 @@
 """`stepper inspect --stats`: the decoded statistics of each listed tensor.
 
-A tensor is read a chunk of rows at a time with plain sequential reads and each chunk decoded (FP8
+A tensor is read a batch of rows at a time with plain sequential reads and each batch decoded (FP8
 with `fp8.dequantize` and its scales, whole scale blocks at a time; FP8 without fitting scales as
-its bare code values), so a large tensor never needs a float64 copy of itself; the chunks'
+its bare code values), so a large tensor never needs a float64 copy of itself; the batches'
 statistics are then combined (`summary.combine`).
 """
 
@@ -25,7 +25,7 @@ from stepper.views.summary import Stats
 from stepper.weights.safetensors_reader import SafetensorsFile, dtype_of
 
 AS_FLOAT32 = ("BF16", "F16", "F32", "F8_E5M2")  # decoded as float32, as Checkpoint.get does
-CHUNK = 1 << 20  # elements decoded at a time for statistics (small enough to stay in cache)
+BATCH_VALUES = 1 << 20  # elements decoded at a time for statistics (small enough to stay in cache)
 
 
 def with_stats(source: Source, tensors: list[Tensor], progress: bool, plain: bool = False) -> list[Tensor]:
@@ -46,24 +46,24 @@ def with_stats(source: Source, tensors: list[Tensor], progress: bool, plain: boo
 
 def tensor_stats(source: Source, tensor: Tensor, advance: Callable[[int], None]) -> Stats:
     parts = []
-    for chunk, nbytes in decoded_chunks(source, tensor):
-        parts.append(summary.stats(chunk))
+    for batch, nbytes in decoded_row_batches(source, tensor):
+        parts.append(summary.stats(batch))
         advance(nbytes)
     return summary.combine(parts)
 
 
-def decoded_chunks(source: Source, tensor: Tensor) -> Iterator[tuple[np.ndarray, int]]:
-    """The tensor's values, a block of rows at a time (whole FP8 scale blocks), with their byte size."""
+def decoded_row_batches(source: Source, tensor: Tensor) -> Iterator[tuple[np.ndarray, int]]:
+    """The tensor's values, a batch of rows at a time (whole FP8 scale blocks), with their byte size."""
     part = tensor.part
     if len(part.shape) == 0 or 0 in part.shape:
         data = source.array(part.name)
         yield decoded(data, part.dtype), data.nbytes
         return
     if tensor.int4:
-        yield from int4_chunks(source, tensor)
+        yield from int4_row_batches(source, tensor)
         return
     block_rows = source.block[0]
-    step = max(1, CHUNK // math.prod(part.shape[1:]))
+    step = max(1, BATCH_VALUES // math.prod(part.shape[1:]))
     scale = source.array(tensor.scale.name) if tensor.dequantized else None
     if scale is not None:
         step = max(block_rows, step // block_rows * block_rows)
@@ -77,11 +77,11 @@ def decoded_chunks(source: Source, tensor: Tensor) -> Iterator[tuple[np.ndarray,
                 yield decoded(rows, part.dtype), rows.nbytes
 
 
-def int4_chunks(source: Source, tensor: Tensor) -> Iterator[tuple[np.ndarray, int]]:
-    """An INT4 weight's values (nibble - 8) x group scale, a block of rows at a time; without
+def int4_row_batches(source: Source, tensor: Tensor) -> Iterator[tuple[np.ndarray, int]]:
+    """An INT4 weight's values (nibble - 8) x group scale, a batch of rows at a time; without
     (fitting) scales and shape, the bare values nibble - 8 of its packed words."""
     part = tensor.part
-    step = max(1, CHUNK // (part.shape[1] * 8))
+    step = max(1, BATCH_VALUES // (part.shape[1] * 8))
     scales = source.array(tensor.scale.name) if tensor.dequantized else None
     with RowReader(source.shards[part.shard], part.name) as reader:
         for r0 in range(0, part.shape[0], step):

@@ -43,8 +43,10 @@ def render_nibbles(console: Console) -> None:
             line.append(f"{r['bits']}", style="cyan")
             line.append(f" {r['value']:>+2d}   ")
         console.print(line)
-    print_fitted(console, Text("Eight codes fill an int32 word, input 8w + p at bits 4p..4p+3 (lowest bits first); each "
-                               "weight is (c - 8) x its group's BF16 scale, one scale per 32 inputs of a row.", style="dim"))
+    print_fitted(console,
+                 Text("Eight codes fill an int32 word, input 8w + p at bits 4p..4p+3 (lowest bits first); each "
+                               "weight is (c - 8) x its group's BF16 scale, one scale per 32 inputs of a row.",
+                               style="dim"))
 
 
 def word_record(word: int) -> dict[str, Any]:
@@ -62,7 +64,8 @@ def render_word(console: Console, word: int) -> None:
         bits.append(nibble + " ", style=NIBBLE_STYLE[p % 2])
     console.print(bits)
     for f in int4.fields(word):
-        line = Text(f"  nibble {f.position} (bits {4 * f.position:>2}..{4 * f.position + 3:>2}, input 8w+{f.position}): ")
+        line = Text(f"  nibble {f.position} (bits {4 * f.position:>2}..{4 * f.position + 3:>2}, input "
+                    f"8w+{f.position}): ")
         line.append(f.bits, style=NIBBLE_STYLE[f.position % 2])
         line.append(f" = {f.code:>2} -> {f.code} - 8 = {f.value:+d}")
         console.print(line)
@@ -111,11 +114,13 @@ def load_group(stored: Stored, name: str, index: tuple[int, int], source: str) -
     row, g = index
     groups = weight.scales.shape[1]
     if not (0 <= row < weight.shape[0] and 0 <= g < groups):
-        raise StepperError(f"--block {row},{g} is outside '{name}': INT4 {list(weight.shape)} has rows 0..{weight.shape[0] - 1} "
+        raise StepperError(f"--block {row},{g} is outside '{name}': INT4 {list(weight.shape)} has rows "
+                           f"0..{weight.shape[0] - 1} "
                            f"and groups 0..{groups - 1} of {weight.group} inputs")
     words = weight.packed[row, g * WORDS_PER_GROUP : (g + 1) * WORDS_PER_GROUP]
     values = int4.dequantize_int4(words[None, :], weight.scales[row : row + 1, g : g + 1], int4.GROUP, name=name)[0]
-    return Group(name, source, weight.shape, row, g, float(weight.scales[row, g]), str(np.asarray(stored.scale_inv).dtype),
+    return Group(name, source, weight.shape, row, g, float(weight.scales[row, g]),
+                 str(np.asarray(stored.scale_inv).dtype),
                  tuple(int(w) & 0xFFFF_FFFF for w in words), values)
 
 
@@ -124,7 +129,8 @@ def render_group(console: Console, group: Group) -> None:
     title.append(f"  INT4 [{group.shape[0]}, {group.shape[1]}]  groups of {int4.GROUP}  ")
     title.append(shown(group.source), style="dim")
     print_fitted(console, title)
-    print_fitted(console, Text(f"row {group.row}, group {group.group} (inputs {group.inputs.start}..{group.inputs.stop - 1}): "
+    print_fitted(console,
+                 Text(f"row {group.row}, group {group.group} (inputs {group.inputs.start}..{group.inputs.stop - 1}): "
                                f"scale {np.float32(group.scale)} ({group.scale_dtype}), "
                                f"weight = (code - 8) x {np.float32(group.scale)}"))
     for w, word in enumerate(group.words):
@@ -134,7 +140,8 @@ def render_group(console: Console, group: Group) -> None:
         for f in int4.fields(word):
             line = Text(f"    in {first + f.position:>5}  nibble {f.position}  ")
             line.append(f.bits, style=NIBBLE_STYLE[f.position % 2])
-            line.append(f"  {f.code:>2} - 8 = {f.value:+d}  -> {np.float32(group.values[w * int4.PER_WORD + f.position])}")
+            line.append(f"  {f.code:>2} - 8 = {f.value:+d}  -> "
+                        f"{np.float32(group.values[w * int4.PER_WORD + f.position])}")
             console.print(line, soft_wrap=True)
 
 

@@ -15,7 +15,7 @@ from rich.text import Text
 
 from stepper.config import Config
 from stepper.seams.trace import Event
-from stepper.views import diff as diff_view
+from stepper.views import diff_table as diff_view
 from stepper.views import pictures
 from stepper.views.sinks import TensorRows
 

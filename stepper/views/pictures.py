@@ -381,7 +381,8 @@ def head_maps(pool: Callable[[int, int, int], tuple[np.ndarray, int, int]], size
 def one_head_map(h: int, grid: np.ndarray, rb: int, cb: int, margin: int, cell_width: int,
                  labels: list[str] | None = None) -> list[Text]:
     n_rows, n_cols = grid.shape
-    lines = [line((f"head {h}", "bold")), line("t\\s".rjust(margin - 1) + " ", (ticks(n_cols, cell_width, lambda c: c * cb), DIM))]
+    lines = [line((f"head {h}", "bold")), line("t\\s".rjust(margin - 1) + " ",
+                                               (ticks(n_cols, cell_width, lambda c: c * cb), DIM))]
     labelled = labelled_rows(n_rows)
     for r in range(n_rows):
         label = labels[r] if labels is not None and r in labelled else str(r * rb) if r in labelled else ""
@@ -436,7 +437,8 @@ def routing_map(topk_idx: np.ndarray, topk_weight: np.ndarray, n_experts: int,
     idx = np.asarray(topk_idx)
     weight = np.asarray(topk_weight, dtype=np.float64)
     if idx.ndim != 2 or idx.shape != weight.shape:
-        raise ValueError(f"topk_idx and topk_weight must both be [N, k], got {list(idx.shape)} and {list(weight.shape)}")
+        raise ValueError(f"topk_idx and topk_weight must both be [N, k], got {list(idx.shape)} and "
+                         f"{list(weight.shape)}")
     if idx.size and not np.issubdtype(idx.dtype, np.integer):
         raise ValueError(f"topk_idx must hold integers, got {idx.dtype}")
     if idx.size and (idx.min() < 0 or idx.max() >= n_experts):
@@ -472,7 +474,8 @@ def draw_routing(idx: np.ndarray, weight: np.ndarray, load: np.ndarray, labels: 
     for t in range(shown):
         cells = token_cells(idx[t], weight[t], top, n_cols, size, k)
         picks = [f"e{e} {w:.2f}" for e, w in zip(idx[t], weight[t])] if size == 1 else []
-        out.append(line((pad_left(short(labels[t]), margin - 1) + " ", DIM), *cells, *fitting(picks, width - margin - n_cols)))
+        out.append(line((pad_left(short(labels[t]), margin - 1) + " ", DIM), *cells,
+                        *fitting(picks, width - margin - n_cols)))
     if shown < n_tokens:
         out.append(caption(f"… {n_tokens - shown} more tokens not shown (N={n_tokens}); the load counts all of them"))
     out += load_rows(load, size, margin)
@@ -527,7 +530,8 @@ def routing_summary(load: np.ndarray, n_tokens: int, k: int, size: int) -> list[
     used = int((load > 0).sum())
     busiest = int(load.argmax()) if load.size else 0
     lines = [Text(f"experts used {used}/{load.size} · max load {int(load.max(initial=0))} (expert {busiest}) · "
-                  f"{n_tokens} token{'s' if n_tokens != 1 else ''} × top-{k} · balanced would be {number(n_tokens * k / max(load.size, 1))} each")]
+                  f"{n_tokens} token{'s' if n_tokens != 1 else ''} × top-{k} · balanced would be "
+                  f"{number(n_tokens * k / max(load.size, 1))} each")]
     order = [e for e in sorted(range(load.size), key=lambda e: (-load[e], e))[:8] if load[e] > 0]
     if order:
         lines.append(caption("busiest: " + ", ".join(f"e{e} {int(load[e])}" for e in order)))
@@ -545,7 +549,7 @@ def routing_summary(load: np.ndarray, n_tokens: int, k: int, size: int) -> list[
 def histogram(array: Tensor, bins: int = 24, width: int = 40, title: str = "") -> RenderableType:
     """A horizontal-bar histogram of the finite values: per bin its range, a bar and the count.
 
-    Bins are those of np.histogram(finite values, bins), gathered a chunk at a time
+    Bins are those of np.histogram(finite values, bins), gathered a batch of values at a time
     (views.summary); NaN, +Inf and -Inf are counted in the caption, and the bin holding 0 is
     marked '← 0'.
     """
@@ -719,7 +723,8 @@ def draw_indexer(mask: np.ndarray, pool: Callable[[int, int], tuple[np.ndarray, 
         label = str(first + r * rb) if r in labelled else ""
         cells = [((KEPT, DROPPED, EMPTY)[2 - int(v)].ljust(cell_width), ("bold", "red", DIM)[2 - int(v)]) for v in row]
         chosen.append(line((label.rjust(margin - 1) + " ", DIM), *cells))
-    attention = one_head_map(head, pooled_w, rb, cb, margin, cell_width, [str(first + r * rb) for r in range(marks.shape[0])])
+    attention = one_head_map(head, pooled_w, rb, cb, margin, cell_width,
+                             [str(first + r * rb) for r in range(marks.shape[0])])
     blocks = [chosen, attention]
     out = side_by_side(blocks) if per_line == 2 else blocks[0] + blocks[1]
     kept_per_query = np.count_nonzero(mask == 0, axis=1)  # [T]

@@ -55,7 +55,7 @@ class ScaleGrids:
         if event.key == "mlp.gate.topk_idx" and event.layer is not None:
             self.topk[event.phase, event.layer] = event.array
 
-    def shown(self, event: Event) -> None:
+    def draw_for(self, event: Event) -> None:
         """A shown event: the grids of its part of the layer, the first time that part shows."""
         part = part_of(event.key) if event.layer is not None else None
         if part == "attention":

@@ -70,7 +70,8 @@ class TensorRows:
         """The name, the named shape (broken only between its dims) and the dtype."""
         phase, _, rest = event.name.rpartition(event.key)
         name = Text.assemble((phase, "dim"), (event.key, "bold cyan"), rest)
-        parts = [singular(str(d)) if d.size == 1 else str(d) for d in self.catalog.dims(event.key, event.array.shape, self.cfg)]
+        dims = self.catalog.dims(event.key, event.array.shape, self.cfg)
+        parts = [singular(str(d)) if d.size == 1 else str(d) for d in dims]
         shape = [Text(("[" if i == 0 else "") + part + ("]" if i == len(parts) - 1 else ","), style="yellow")
                  for i, part in enumerate(parts)] or [Text("[]", style="yellow")]
         fields = [name, *shape, Text(str(event.array.dtype), style="dim")]
@@ -231,24 +232,24 @@ class Pictures:
     attention: each layer's attention weights as per-head heat maps; routing: the router's token x
     expert map and per-expert load, drawn when topk_idx or topk_weight is shown; hist: a histogram
     of every shown tensor; scales: the FP8 block scales of each shown layer's weights, where the
-    layer uses them (`scale_grids`). The sink sees every tensor; `shown` says which ones the run shows.
+    layer uses them (`scale_grids`). The sink sees every tensor; `is_shown` says which ones the run shows.
     """
 
     def __init__(self, console: Console, cfg: Config, kinds: set[str], weights=None, tokens: Tokens | None = None,
-                 shown: Callable[[Event], bool] = lambda event: True):
+                 is_shown: Callable[[Event], bool] = lambda event: True):
         self.console = console
         self.cfg = cfg
         self.kinds = kinds
         self.weights = weights
         self.tokens = tokens  # the texts of a text prompt's tokens, for the pictures' labels
-        self.shown = shown
+        self.is_shown = is_shown
         self.topk_idx: tuple[np.ndarray, bool] | None = None  # the last one, and whether it was shown
         self.scales = ScaleGrids(cfg, weights, lambda picture: print_picture(console, picture)) \
             if "scales" in kinds and hasattr(weights, "stored") else None
         self.index_mask: np.ndarray | None = None  # DeepSeek-V3.2's: drawn beside the attention weights
 
     def __call__(self, event: Event) -> None:
-        shown = self.shown(event)
+        shown = self.is_shown(event)
         if event.key == "mlp.gate.topk_idx":
             self.topk_idx = (event.array, shown)
         if event.key == "self_attn.indexer.mask":  # shown or not, it belongs beside the attention weights
@@ -268,9 +269,10 @@ class Pictures:
             print_picture(self.console, pictures.attention_heatmap(event.array, title=event.name,
                                                                    token_labels=key_labels(self.tokens, event.array)))
             if self.index_mask is not None and self.index_mask.shape[1:] == event.array.shape[2:]:
-                print_picture(self.console, pictures.indexer_map(self.index_mask, event.array, title=event.name + " · indexer"))
+                print_picture(self.console,
+                              pictures.indexer_map(self.index_mask, event.array, title=event.name + " · indexer"))
         if self.scales is not None:
-            self.scales.shown(event)
+            self.scales.draw_for(event)
 
 
 def key_labels(tokens: Tokens | None, weights: np.ndarray) -> list[str] | None:

@@ -3,7 +3,7 @@ the corner values, and how a number of them is written. Non-finite entries (NaN,
 masked attention scores) are counted and left out of the other statistics, so one masked entry does
 not turn every figure into -inf.
 
-Every figure is gathered a chunk at a time, exactly (stepper.tensors.statistics): a tensor too large to
+Every figure is gathered a batch of values at a time, exactly (stepper.tensors.statistics): a tensor too large to
 hold (a `Tiled`, made block by block) gets the same figures, and the same histogram bins, as the
 whole array would; a lazy tensor that knows its `figures` (a chunked prefill's, gathered as the
 prefill ran) brings them."""
@@ -22,7 +22,7 @@ SPARK = "▁▂▃▄▅▆▇█"
 
 
 def stats(array: Tensor) -> Stats:
-    """The statistics of a tensor, gathered a chunk at a time (a Tiled one a block at a time)."""
+    """The statistics of a tensor, gathered a batch of values at a time (a Tiled one a block at a time)."""
     known = figures(array)
     if known is not None:
         return known.stats
@@ -31,13 +31,13 @@ def stats(array: Tensor) -> Stats:
 
 def gather(array: Tensor) -> Gather:
     gathered = Gather()
-    for chunk in chunks(array):
-        gathered.add(chunk)
+    for batch in chunks(array):
+        gathered.add(batch)
     return gathered
 
 
 def combine(parts: list[Stats]) -> Stats:
-    """The statistics of several chunks together (one chunk: its own statistics, unchanged)."""
+    """The statistics of several parts together (one part: its own statistics, unchanged)."""
     if len(parts) == 1:
         return parts[0]
     nan, inf = sum(p.nan for p in parts), sum(p.inf for p in parts)
@@ -57,15 +57,15 @@ def combine(parts: list[Stats]) -> Stats:
 def histogram(array: Tensor, bins: int = BINS,
               known: Stats | None = None) -> tuple[list[int], float, float]:
     """Counts of the finite values in `bins` equal bins between their min and max, gathered a
-    chunk at a time (a second pass once `stats` knows the range; `known` saves the first)."""
+    batch of values at a time (a second pass once `stats` knows the range; `known` saves the first)."""
     known = known or stats(array)
     if known.finite == 0:
         return [0] * bins, float("nan"), float("nan")
     if (fig := figures(array)) is not None and bins == len(fig.counts):
         return list(fig.counts), known.min, known.max
     span, counts = edges(known), np.zeros(bins, np.int64)
-    for chunk in chunks(array):
-        counts += bin_counts(chunk, span, bins)
+    for batch in chunks(array):
+        counts += bin_counts(batch, span, bins)
     return counts.tolist(), known.min, known.max
 
 

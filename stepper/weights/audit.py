@@ -72,7 +72,8 @@ def readable_fp8(ckpt: Checkpoint, weight: str, scale: str) -> bool:
     """An F8_E4M3 weight and its scales in readable shards, the scales of a scale dtype."""
     if weight not in ckpt.weight_map or {ckpt.weight_map[weight], ckpt.weight_map[scale]} & set(ckpt.unreadable):
         return False
-    return ckpt.shard_of(weight).info(weight).dtype == "F8_E4M3" and ckpt.shard_of(scale).info(scale).dtype in SCALE_DTYPES
+    return (ckpt.shard_of(weight).info(weight).dtype == "F8_E4M3"
+            and ckpt.shard_of(scale).info(scale).dtype in SCALE_DTYPES)
 
 
 def other_unreadable(ckpt: Checkpoint, found: list[Problem]) -> list[Problem]:
@@ -95,11 +96,16 @@ def unknown_tensors(ckpt: Checkpoint, layers: range) -> list[Problem]:
         known = set(layer_shapes(ckpt.config, layer))
         known |= {name + suffix for name in known for suffix in (SCALE, PACKED, GROUP_SCALE, WEIGHT_SHAPE)}
         known |= {prefix + name for name in IGNORED}
-        found = [(name, shard) for name, shard in ckpt.weight_map.items() if name.startswith(prefix)
-                 and name not in known and not (name.endswith(SCALE) and name.removesuffix(SCALE) not in ckpt.weight_map)]
+        found = [(name, shard) for name, shard in ckpt.weight_map.items()
+                 if name.startswith(prefix) and name not in known and not orphan_scale(ckpt, name)]
         if found:
             problems.append(unknown_problem(layer, found))
     return problems
+
+
+def orphan_scale(ckpt: Checkpoint, name: str) -> bool:
+    """A block scale whose weight the checkpoint does not list."""
+    return name.endswith(SCALE) and name.removesuffix(SCALE) not in ckpt.weight_map
 
 
 def unknown_problem(layer: int, found: list[tuple[str, str]]) -> Problem:

@@ -17,7 +17,7 @@ shards were left out and why.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -52,13 +52,15 @@ class Checkpoint:
 
     reads_values = True  # whether `inspect` reads every block scale's values (a remote one lists headers alone)
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, read_config: Callable[[str | Path], Config] = load_config):
+        """read_config: of the folder's config.json (MLA's reader unless given; a run passes
+        stepper.families.load_config, which reads any registered family's)."""
         self.path = Path(path)
         if not self.path.is_dir():
             raise StepperError(f"{self.path}: not a checkpoint directory")
         if not (self.path / "config.json").exists():
             raise StepperError(f"{self.path}: not a checkpoint directory (no config.json)")
-        self.config: Config = load_config(self.path / "config.json")
+        self.config: Config = read_config(self.path / "config.json")
         self.weight_map = self._read_weight_map()
         self.shards: dict[str, SafetensorsFile] = {}
         self.unreadable: dict[str, str] = {}  # shard -> why it cannot be read
@@ -90,11 +92,11 @@ class Checkpoint:
     def row_blocks(self, name: str, rows: int) -> Iterator[Stored]:
         """Views of the mapped tensor, block by block; a block's pages are released once the next
         block is asked for, so reading all of lm_head (2.3 GB in BF16) keeps one block resident."""
-        held = self._stored_name(name)  # an INT4 lm_head: its packed words
-        shard = self.shard_of(held)
+        stored_name = self._stored_name(name)  # an INT4 lm_head: its packed words
+        shard = self.shard_of(stored_name)
         for block in self.stored(name).row_blocks(rows):
             yield block
-            shard.release(held)
+            shard.release(stored_name)
 
     def has(self, name: str) -> bool:
         return self._stored_name(name) in self.weight_map
@@ -105,9 +107,9 @@ class Checkpoint:
 
     def matrix(self, name: str):
         """A weight about to be multiplied: its pages are mapped in one go."""
-        held = self._stored_name(name)
-        if self.has(name) and self.shard_of(held).info(held).nbytes >= LARGE:
-            self.shard_of(held).prefetch(held)
+        stored_name = self._stored_name(name)
+        if self.has(name) and self.shard_of(stored_name).info(stored_name).nbytes >= LARGE:
+            self.shard_of(stored_name).prefetch(stored_name)
         return self.stored(name).matrix(name)
 
     def stored(self, name: str) -> Stored:
@@ -142,7 +144,8 @@ class Checkpoint:
         info = self.shard_of(shape_name).info(shape_name)
         if info.dtype not in SHAPE_DTYPES or tuple(info.shape) != (2,):
             raise StepperError(f"{self.shard_of(shape_name).path.name}: '{shape_name}' is {info.dtype} "
-                               f"{list(info.shape)}, expected {' or '.join(SHAPE_DTYPES)} [2]: the INT4 weight's [out, in]")
+                               f"{list(info.shape)}, expected {' or '.join(SHAPE_DTYPES)} [2]: the INT4 weight's "
+                               "[out, in]")
         values = [int(v) for v in np.asarray(self.shard_of(shape_name).get(shape_name)).reshape(-1)]
         if len(values) != 2 or values[0] != rows or values[1] < 1:
             raise StepperError(f"{self.shard_of(shape_name).path.name}: '{shape_name}' holds {values}, expected "
@@ -232,7 +235,8 @@ class Checkpoint:
             if shard in self.unreadable:
                 needed.setdefault(shard, []).append(name)
         return [Problem(shard, names[0], f"{shard} cannot be read ({self.unreadable[shard]}); it holds "
-                        f"{count(len(names), 'tensor')} of the layers checked, first '{names[0]}'") for shard, names in needed.items()]
+                        f"{count(len(names), 'tensor')} of the layers checked, first '{names[0]}'") for shard,
+                        names in needed.items()]
 
     def _orphan_scales(self, layers: list[int], with_globals: bool, required: dict) -> list[Problem]:
         """Block scales of the run's layers whose weight is not in the checkpoint (and not already
@@ -259,7 +263,8 @@ class Checkpoint:
         if info.shape != shape:
             return [Problem(shard.path.name, name, f"{where} has shape {list(info.shape)}, expected {list(shape)}")]
         if info.dtype != "F8_E4M3" and info.dtype not in FLOAT_DTYPES:
-            return [Problem(shard.path.name, name, f"{where} has dtype {info.dtype}, expected F8_E4M3, BF16, F16 or F32")]
+            return [Problem(shard.path.name, name,
+                            f"{where} has dtype {info.dtype}, expected F8_E4M3, BF16, F16 or F32")]
         scale_name = name + SCALE
         if self.weight_map.get(scale_name) in self.unreadable:
             scale_shard = self.weight_map[scale_name]
@@ -292,12 +297,15 @@ class Checkpoint:
                 problems.append(Problem(None, tensor, why))
                 continue
             if shard in self.unreadable:
-                problems.append(Problem(shard, tensor, f"{shard} cannot be read ({self.unreadable[shard]}); it holds '{tensor}'"))
+                problems.append(Problem(shard, tensor,
+                                        f"{shard} cannot be read ({self.unreadable[shard]}); it holds '{tensor}'"))
                 continue
             info = self.shards[shard].info(tensor)
             if info.dtype not in dtypes or info.shape != want:
-                problems.append(Problem(shard, tensor, f"{shard}: '{tensor}' is {info.dtype} {list(info.shape)}, expected "
-                                        f"{' or '.join(dtypes)} {list(want)} for the INT4 weight '{name}' {list(shape)}"))
+                problems.append(Problem(shard, tensor,
+                                        f"{shard}: '{tensor}' is {info.dtype} {list(info.shape)}, expected "
+                                        f"{' or '.join(dtypes)} {list(want)} for the INT4 weight '{name}' "
+                                        f"{list(shape)}"))
         if not problems:
             problems += self._shape_values(name, shape)
         return problems
@@ -308,7 +316,8 @@ class Checkpoint:
         if values == list(shape):
             return []
         shard = self.weight_map[tensor]
-        return [Problem(shard, tensor, f"{shard}: '{tensor}' holds {values}, expected {list(shape)} (config.json's shape)")]
+        return [Problem(shard, tensor,
+                        f"{shard}: '{tensor}' holds {values}, expected {list(shape)} (config.json's shape)")]
 
     # -- the index ---------------------------------------------------------------------------
 
@@ -362,7 +371,8 @@ class Checkpoint:
         self.weight_map = text
         renamed = {stored: name for name, stored in stored_as.items() if stored != name}
         for file in self.shards.values():
-            file.tensors = {renamed.get(n, n): replace(info, name=renamed.get(n, n)) for n, info in file.tensors.items()}
+            file.tensors = {renamed.get(n, n): replace(info, name=renamed.get(n, n)) for n,
+                            info in file.tensors.items()}
 
     def _check_index_against_headers(self) -> None:
         """The index and the shards' headers must name the same tensors. A tensor listed but not in
@@ -375,11 +385,13 @@ class Checkpoint:
             listed_in.setdefault(shard, set()).add(name)
             if name not in self.shards[shard]:
                 del self.weight_map[name]
-                self.disagreements[name] = Problem(shard, name, f"{shard}: '{name}' is listed in {INDEX} but not in this shard")
+                self.disagreements[name] = Problem(shard, name,
+                                                   f"{shard}: '{name}' is listed in {INDEX} but not in this shard")
         for shard, names in listed_in.items():
             for extra in sorted(set(self.shards[shard].names()) - names):
                 listed = self.disagreements.get(extra)
-                text = f"{listed}; it is in {shard}" if listed else f"{shard}: '{extra}' is in this shard but not in {INDEX}"
+                text = (f"{listed}; it is in {shard}" if listed
+                        else f"{shard}: '{extra}' is in this shard but not in {INDEX}")
                 self.disagreements[extra] = Problem(listed.file if listed else shard, extra, text)
 
 
@@ -415,7 +427,8 @@ class Problem:
         return self.text
 
 
-def scale_problems(weight: TensorInfo, scale: TensorInfo | None, block: tuple[int, int], scale_file: str | None) -> list[str]:
+def scale_problems(weight: TensorInfo, scale: TensorInfo | None, block: tuple[int, int],
+                   scale_file: str | None) -> list[str]:
     """What is wrong with a weight's block scales, given the weight's and the scales' headers:
     an F8_E4M3 weight needs a 2-D weight and scales of a float dtype on its block grid; any
     other weight has no scales."""
@@ -434,7 +447,8 @@ def scale_problems(weight: TensorInfo, scale: TensorInfo | None, block: tuple[in
     expected = fp8.scale_grid(weight.shape, block)
     if scale.shape != expected:
         blocks = f"{block[0]}x{block[1]} blocks"
-        return [f"{where} has shape {list(scale.shape)}, expected {list(expected)} for a {list(weight.shape)} weight in {blocks}"]
+        return [(f"{where} has shape {list(scale.shape)}, expected {list(expected)} for a {list(weight.shape)} weight "
+                f"in {blocks}")]
     return []
 
 

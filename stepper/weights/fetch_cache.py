@@ -12,7 +12,7 @@ the identity that readers check the file against.
 Folders are bounded by `trim`: least recently used files first, whole files at a time. No link
 in the cache folder is followed: one where a cached file, its ledger, the lock or the ledger
 folder belongs is refused in one line (and left); every write goes through `stepper.files`.
-`clear` removes only the cache's own files (those its ledgers name, the small files, the
+`clear` removes only the cache's own files (those its ledgers name, the small files as it wrote them, the
 ledgers) and the folders left empty, and returns what else it found.
 """
 
@@ -38,6 +38,7 @@ from stepper.weights.http_ranges import RangeClient
 
 LEDGERS = ".stepper"
 LOCK = "lock"
+WRITTEN = ".written"  # `.stepper/NAME.written`: "SIZE SHA256" of a small file stepper wrote whole (config.json...)
 MAX_FILE = 1 << 44  # 16 TiB: no checkpoint file is larger (nor can most file systems hold one)
 MAX_HEADER = 100_000_000  # the safetensors reader's limit
 
@@ -67,11 +68,11 @@ def missing(chunks: list[tuple[int, int]], start: int, end: int) -> list[tuple[i
     return gaps
 
 
-PIECE = 256 << 20  # the most one request asks for: a retry repeats at most this much
+REQUEST_BYTES = 256 << 20  # the most one request asks for: a retry repeats at most this much
 
 
-def pieces(start: int, end: int) -> list[tuple[int, int]]:
-    return [(a, min(a + PIECE, end)) for a in range(start, end, PIECE)]
+def request_spans(start: int, end: int) -> list[tuple[int, int]]:
+    return [(a, min(a + REQUEST_BYTES, end)) for a in range(start, end, REQUEST_BYTES)]
 
 
 class FileSink:
@@ -166,7 +167,7 @@ class CachedFile:
         self._check_cached(ranges)
         have = [(c.start, c.end) for c in self.chunks]
         gaps = [gap for start, end in ranges for gap in missing(have, start, end)]
-        for start, end in (piece for gap in gaps for piece in pieces(*gap)):
+        for start, end in (span for gap in gaps for span in request_spans(*gap)):
             self._fetch(start, end)
         self.client.transfer.cached += sum(b - a for a, b in ranges) - sum(b - a for a, b in gaps)
         self._save()
@@ -194,18 +195,14 @@ class CachedFile:
     # -- the local file and its ledger -----------------------------------------------------------
 
     def _refuse_foreign(self) -> None:
-        """A link, folder or device where a cached file belongs is not the cache's: never followed."""
-        for path in (self.path, self.ledger_path):
-            found = files.kind(path)
-            if found not in (None, "file"):
-                raise StepperError(f"{shown(path)}: is a {found}, not a file stepper cached; stepper does not follow or "
-                                   "remove it (remove it yourself, or use another --cache-dir)")
+        refuse_foreign(self.path, self.ledger_path)
 
     def _create(self) -> None:
         try:
             files.new_sparse_file(self.path, self.size)
         except OSError as e:
-            raise StepperError(f"{shown(self.path)}: cannot make the local copy of {self.size} bytes ({e.strerror})") from None
+            raise StepperError(f"{shown(self.path)}: cannot make the local copy of {self.size} bytes "
+                               f"({e.strerror})") from None
         self.chunks, self.verified = [], set()
 
     def _fetch(self, start: int, end: int) -> None:
@@ -282,13 +279,22 @@ class CachedFile:
 
 
 @dataclass(frozen=True)
-class Held:
+class CacheEntry:
     """One cached file: where, how many bytes of it are present, when last used."""
 
     path: Path
     ledger: Path
     bytes: int
     used: float
+
+
+def refuse_foreign(*paths: Path) -> None:
+    """A link, folder or device where a file of the cache belongs is not the cache's: never followed."""
+    for path in paths:
+        found = files.kind(path)
+        if found not in (None, "file"):
+            raise StepperError(f"{shown(path)}: is a {found}, not a file stepper cached; stepper does not follow or "
+                               "remove it (remove it yourself, or use another --cache-dir)")
 
 
 def ledgers(root: Path) -> Iterator[Path]:
@@ -298,14 +304,15 @@ def ledgers(root: Path) -> Iterator[Path]:
             yield from (Path(where) / name for name in sorted(names) if name.endswith(".json"))
 
 
-def held(root: Path) -> list[Held]:
+def cache_entries(root: Path) -> list[CacheEntry]:
     """Every cached file under root, with the bytes its ledger says are present."""
     found = []
     for ledger in ledgers(root):
         try:
             raw = json.loads(ledger.read_text(encoding="utf-8"))
             present = sum(int(b) - int(a) for a, b, _ in raw["chunks"])
-            found.append(Held(ledger.parent.parent / ledger.name.removesuffix(".json"), ledger, present, float(raw["used"])))
+            found.append(CacheEntry(ledger.parent.parent / ledger.name.removesuffix(".json"), ledger, present,
+                              float(raw["used"])))
         except (OSError, ValueError, KeyError, TypeError):
             continue
     return found
@@ -314,7 +321,7 @@ def held(root: Path) -> list[Held]:
 def trim(root: Path, max_bytes: int, keep: set[Path]) -> int:
     """Remove least recently used files (not those in keep) until root holds at most max_bytes;
     returns the bytes removed."""
-    cached = sorted(held(root), key=lambda h: h.used)
+    cached = sorted(cache_entries(root), key=lambda h: h.used)
     total, removed = sum(h.bytes for h in cached), 0
     for h in cached:
         if total - removed <= max_bytes:
@@ -333,9 +340,10 @@ TEMPORARY = re.compile(r"\..+\.tmp-\d+-[0-9a-f]{8}")  # stepper.files' temporary
 
 def clear(target: Path, keep_target: bool = False) -> list[Path]:
     """Remove what stepper cached under target: in each checkpoint folder (one holding a ledger
-    folder) the files its ledgers name, config.json, the index and its absence marker, the ledgers
-    and the lock; then every folder left empty (target too, unless keep_target: the cache folder
-    itself, which the user may have made). Anything else stays, with the folders holding it: those
+    folder) the files its ledgers name, config.json and the index as stepper wrote them (a changed
+    one is the user's), the index's absence marker, the ledgers and the lock; then every folder
+    left empty (target too, unless keep_target: the cache folder itself, which the user may have
+    made). Anything else stays, with the folders holding it: those
     entries are returned."""
     for where, folders, names in os.walk(target):
         if LEDGERS in folders and files.kind(Path(where) / LEDGERS) == "folder":
@@ -352,14 +360,32 @@ def clear(target: Path, keep_target: bool = False) -> list[Path]:
 
 def clear_checkpoint(folder: Path, names: list[str]) -> None:
     ledger_folder = folder / LEDGERS
-    own = {"config.json", INDEX, f".{INDEX}.absent"}
+    own = {f".{INDEX}.absent"} | {name for name in ("config.json", INDEX) if written_whole(folder, name)}
     own |= {p.name.removesuffix(".json") for p in ledger_folder.iterdir() if p.name.endswith(".json")}
     for name in names:
         if name in own or TEMPORARY.fullmatch(name):
             remove_own(folder / name)
     for path in ledger_folder.iterdir():
-        if path.name.endswith(".json") or path.name == LOCK or TEMPORARY.fullmatch(path.name):
+        if path.name.endswith((".json", WRITTEN)) or path.name == LOCK or TEMPORARY.fullmatch(path.name):
             remove_own(path)
+
+
+def note_written(folder: Path, name: str, data: bytes) -> None:
+    """Record that stepper wrote folder/name whole with these bytes, so that `clear` removes it and
+    not a file a user put (or changed) there."""
+    record = f"{len(data)} {hashlib.sha256(data).hexdigest()}"
+    files.write_bytes_atomically(folder / LEDGERS / f"{name}{WRITTEN}", record.encode())
+
+
+def written_whole(folder: Path, name: str) -> bool:
+    """Whether folder/name holds the bytes stepper wrote there (note_written), unchanged."""
+    path, note = folder / name, folder / LEDGERS / f"{name}{WRITTEN}"
+    if files.kind(path) != "file" or files.kind(note) != "file" or note.stat().st_size > 100:
+        return False
+    size, _, digest = note.read_text(encoding="utf-8", errors="replace").partition(" ")
+    if not size.isdigit() or path.stat().st_size != int(size):  # read back only a file of the size written
+        return False
+    return hashlib.sha256(path.read_bytes()).hexdigest() == digest
 
 
 def remove_own(path: Path) -> None:

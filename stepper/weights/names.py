@@ -98,7 +98,15 @@ def swiglu_shapes(prefix: str, hidden: int, inter: int) -> dict[str, tuple[int, 
 
 
 def layer_shapes(cfg: Config, layer: int) -> dict[str, tuple[int, ...]]:
-    """Every tensor of one decoder layer, by full HF name, with its shape."""
+    """Every tensor of one decoder layer, by full name, with its shape: the MLA family's, or what
+    the config's own class says (a family's config class with a `layer_shapes(layer)` method:
+    its on-disk names)."""
+    own = getattr(cfg, "layer_shapes", None)
+    return own(layer) if own is not None else mla_layer_shapes(cfg, layer)
+
+
+def mla_layer_shapes(cfg: Config, layer: int) -> dict[str, tuple[int, ...]]:
+    """Every tensor of one MLA decoder layer, by full HF name, with its shape."""
     d = cfg.hidden_size
     shapes = {"input_layernorm.weight": (d,), "post_attention_layernorm.weight": (d,), **attention_shapes(cfg)}
     if cfg.is_moe_layer(layer):

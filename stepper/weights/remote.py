@@ -28,11 +28,12 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 import numpy as np
 
 from stepper import files
+from stepper.config import Config, load_config
 from stepper.errors import StepperError
 from stepper.untrusted import shown
 from stepper.untrusted.jsonfile import read_json
 from stepper.weights.checkpoint import INDEX, SCALE, SINGLE, Checkpoint, is_plain_shard_name
-from stepper.weights.fetch_cache import LEDGERS, CachedFile, trim
+from stepper.weights.fetch_cache import LEDGERS, CachedFile, note_written, refuse_foreign, trim
 from stepper.weights.http_ranges import RangeClient, Transfer, missing_extra
 from stepper.weights.names import EMBED, global_shapes, layer_shapes
 from stepper.weights.safetensors_reader import SafetensorsFile
@@ -55,7 +56,8 @@ class Settings:
     timeout: float = 30.0  # the longest wait for a connection or for the next bytes of an answer
     pause: float = 0.5  # before the first retry; doubled for each next one
     run_seconds: float = RUN_SECONDS  # the longest all of a run's requests may take together
-    progress: Callable[[str, int], AbstractContextManager[Callable[[int], None]]] | None = None  # (what, bytes) -> advance
+    progress: Callable[[str, int],
+                       AbstractContextManager[Callable[[int], None]]] | None = None  # (what, bytes) -> advance
 
 
 def default_settings() -> Settings:
@@ -68,26 +70,25 @@ def default_settings() -> Settings:
     return Settings(folder, max_bytes, timeout=positive_seconds("STEPPER_REMOTE_TIMEOUT", 30.0))
 
 
-def gib_bytes(what: str, raw: str | float) -> int:
-    """A size in GiB as bytes: a finite number above 0, else one line naming `what`."""
+def positive_number(what: str, raw: str | float, unit: str) -> float:
+    """A finite number above 0, else one line naming `what` and the unit it counts."""
     try:
         value = float(raw)
     except ValueError:
         value = -1.0
     if not 0 < value < float("inf"):
-        raise StepperError(f"{what} must be a number of GiB above 0, got {shown(str(raw))!r}")
-    return int(value * 2**30)
+        raise StepperError(f"{what} must be a number of {unit} above 0, got {shown(str(raw))!r}")
+    return value
+
+
+def gib_bytes(what: str, raw: str | float) -> int:
+    """A size in GiB as bytes."""
+    return int(positive_number(what, raw, "GiB") * 2**30)
 
 
 def positive_seconds(variable: str, default: float) -> float:
-    raw = os.environ.get(variable, "")
-    try:
-        value = float(raw) if raw else default
-    except ValueError:
-        value = -1.0
-    if not 0 < value < float("inf"):
-        raise StepperError(f"{variable} must be a number of seconds above 0, got {shown(raw)!r}")
-    return value
+    """The environment variable's number of seconds, or the default when it is not set."""
+    return positive_number(variable, os.environ.get(variable, "") or default, "seconds")
 
 
 _chosen: Settings | None = None
@@ -179,8 +180,10 @@ def resolve_revision(api, repo: str, revision: str, timeout: float, model: str) 
         sha = within(2 * timeout, lambda: api.model_info(repo, revision=revision, timeout=timeout).sha)
     except TimeoutError:
         raise StepperError(f"{failed} (no answer within {2 * timeout:g} s; given up)") from None
-    except (HfHubHTTPError, httpx2.HTTPError, OSError, ValueError) as e:  # not found, gated, network: one line, no token
-        raise StepperError(f"{failed} ({type(e).__name__}: {shown(str(e).splitlines()[0] if str(e) else '')})") from None
+    # not found, gated, network: one line, no token
+    except (HfHubHTTPError, httpx2.HTTPError, OSError, ValueError) as e:
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise StepperError(f"{failed} ({type(e).__name__}: {shown(first)})") from None
     if not isinstance(sha, str) or not COMMIT.fullmatch(sha):
         raise StepperError(f"{shown(model)}: the Hub gave no commit for revision {shown(revision)!r}")
     return sha
@@ -208,8 +211,10 @@ def within(seconds: float, call: Callable[[], T]) -> T:
     return done["value"]
 
 
-def open_remote(model: str, chosen: Settings | None = None) -> RemoteCheckpoint:
-    """The remote checkpoint's config, index and shard headers fetched (or found cached), as a checkpoint."""
+def open_remote(model: str, chosen: Settings | None = None,
+                read_config: Callable[[str | Path], Config] = load_config) -> RemoteCheckpoint:
+    """The remote checkpoint's config, index and shard headers fetched (or found cached), as a
+    checkpoint; read_config reads its config.json (Checkpoint)."""
     chosen = chosen or settings()
     model = without_credentials(model)
     origin = resolve(model, chosen.timeout)
@@ -228,7 +233,7 @@ def open_remote(model: str, chosen: Settings | None = None) -> RemoteCheckpoint:
         except StepperError as e:
             failures[shard] = str(e)
     trim(chosen.cache_dir, chosen.max_bytes, keep={folder / shard for shard in shards})
-    return RemoteCheckpoint(folder, origin, cached, failures, transfer, chosen.progress)
+    return RemoteCheckpoint(folder, origin, cached, failures, transfer, chosen.progress, read_config)
 
 
 def small_files(folder: Path, origin: Origin, client: RangeClient) -> None:
@@ -236,11 +241,7 @@ def small_files(folder: Path, origin: Origin, client: RangeClient) -> None:
     absent = folder / f".{INDEX}.absent"
     for name, required in (("config.json", True), (INDEX, False)):
         path = folder / name
-        for place in (path, absent):
-            found = files.kind(place)
-            if found not in (None, "file"):
-                raise StepperError(f"{shown(place)}: is a {found}, not a file stepper cached; stepper does not follow "
-                                   "or remove it (remove it yourself, or use another --cache-dir)")
+        refuse_foreign(path, absent)
         if files.kind(path) == "file" or (name == INDEX and files.kind(absent) == "file"):
             continue
         data = client.whole(origin.url(name), SMALL_FILE)
@@ -248,6 +249,8 @@ def small_files(folder: Path, origin: Origin, client: RangeClient) -> None:
             raise StepperError(f"{shown(origin.url(name))}: no such file (404): not a checkpoint")
         try:
             files.write_bytes_atomically(absent if data is None else path, data or b"")
+            if data is not None:
+                note_written(folder, name, data)
         except OSError as e:
             raise StepperError(f"{shown(path)}: cannot be written ({e.strerror})") from None
 
@@ -259,11 +262,12 @@ def shard_names(folder: Path, origin: Origin) -> list[str]:
     raw = read_json(folder / INDEX, "the checkpoint index")
     weight_map = raw.get("weight_map") if isinstance(raw, dict) else None
     if not isinstance(weight_map, dict):
-        raise StepperError(f"{shown(origin.url(INDEX))}: expected an object with a 'weight_map' of tensor name -> shard file")
+        raise StepperError(f"{shown(origin.url(INDEX))}: expected an object with a 'weight_map' of tensor name -> "
+                           "shard file")
     for tensor, shard in weight_map.items():
         if not isinstance(shard, str) or not is_plain_shard_name(shard):
-            raise StepperError(f"{shown(origin.url(INDEX))}: tensor {shown(tensor)!r} points at shard {shown(shard)!r}, "
-                               "expected a file name ending in .safetensors")
+            raise StepperError(f"{shown(origin.url(INDEX))}: tensor {shown(tensor)!r} points at shard "
+                               f"{shown(shard)!r}, expected a file name ending in .safetensors")
     return sorted(set(weight_map.values()))
 
 
@@ -290,9 +294,9 @@ class RemoteCheckpoint(Checkpoint):
     reads_values = False  # `inspect` lists from the headers alone, reading no scale values
 
     def __init__(self, folder: Path, origin: Origin, cached: dict[str, CachedFile], failures: dict[str, str],
-                 transfer: Transfer, progress=None):
+                 transfer: Transfer, progress=None, read_config: Callable[[str | Path], Config] = load_config):
         self.origin, self.cached, self.transfer, self.progress = origin, cached, transfer, progress
-        super().__init__(folder)
+        super().__init__(folder, read_config)
         self.unreadable.update({shard: why.removeprefix(f"{origin.url(shard)}: ") for shard, why in failures.items()})
 
     @property

@@ -335,13 +335,18 @@ def _decode_json(raw: bytes, where: str) -> _Object:
         raise StepperError(f"{where}: header is not valid JSON ({what} at byte {e.pos} of the header)") from None
     except RecursionError:
         raise StepperError(f"{where}: header JSON is nested too deeply") from None
+    _check_header_object(header, where)
+    return header
+
+
+def _check_header_object(header: Any, where: str) -> None:
+    """The decoded header is one object, each key in it once."""
     if not isinstance(header, dict):
         raise StepperError(f"{where}: header must be a JSON object, found {_json_type(header)}")
     if header.repeated == METADATA_KEY:
         raise StepperError(f"{where}: {METADATA_KEY} appears twice in the header")
     if header.repeated is not None:
         raise StepperError(f"{where}: tensor {_quote(header.repeated)} appears twice in the header")
-    return header
 
 
 class _Object(dict):
@@ -355,7 +360,8 @@ def _check_unicode(text: str, where: str) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        raise StepperError(f"{where}: header has a string with an unpaired surrogate escape (\\ud800-\\udfff)") from None
+        raise StepperError(f"{where}: header has a string with an unpaired surrogate escape "
+                           "(\\ud800-\\udfff)") from None
 
 
 # -- checking the entries ------------------------------------------------------------------------
@@ -370,7 +376,8 @@ def _parse_metadata(value: Any, where: str) -> dict[str, str]:
         raise StepperError(f"{where}: {METADATA_KEY} key {_quote(value.repeated)} appears twice")
     for key, item in value.items():
         if not isinstance(item, str):
-            raise StepperError(f"{where}: {METADATA_KEY} entry {_quote(key)} must be a string, found {_json_type(item)}")
+            raise StepperError(f"{where}: {METADATA_KEY} entry {_quote(key)} must be a string, found "
+                               f"{_json_type(item)}")
     return dict(value)
 
 
@@ -381,6 +388,27 @@ def _parse_entry(name: str, entry: Any, where: str) -> TensorInfo:
         raise StepperError(f"{where}: a tensor has an empty name")
     if any(_is_control(c) for c in name):
         raise StepperError(f"{at}: its name holds a control character")
+    _check_entry_keys(entry, at)
+    dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise StepperError(f"{at}: unknown dtype {_show(dtype)} (expected one of {', '.join(DTYPES)})")
+    if isinstance(shape, list) and len(shape) > MAX_DIMS:
+        raise StepperError(f"{at}: shape has {len(shape)} dimensions, more than the {MAX_DIMS} supported")
+    if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
+        raise StepperError(f"{at}: shape must be a list of non-negative integers, found {_show(shape)}")
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_count(o) for o in offsets):
+        raise StepperError(f"{at}: data_offsets must be [start, end] with non-negative integers, found "
+                           f"{_show(offsets)}")
+    start, end = offsets
+    if end < start:
+        raise StepperError(f"{at}: data_offsets [{start}, {end}] end before they start")
+    info = TensorInfo(name, dtype, tuple(shape), start, end)
+    _check_size(info, at)
+    return info
+
+
+def _check_entry_keys(entry: Any, at: str) -> None:
+    """A tensor entry is an object with exactly the keys dtype, shape and data_offsets, each once."""
     if not isinstance(entry, dict):
         raise StepperError(f"{at}: entry must be an object with {', '.join(ENTRY_KEYS)}, found {_json_type(entry)}")
     if getattr(entry, "repeated", None) is not None:
@@ -391,21 +419,6 @@ def _parse_entry(name: str, entry: Any, where: str) -> TensorInfo:
     for key in ENTRY_KEYS:
         if key not in entry:
             raise StepperError(f"{at}: missing key '{key}'")
-    dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
-    if not isinstance(dtype, str) or dtype not in DTYPES:
-        raise StepperError(f"{at}: unknown dtype {_show(dtype)} (expected one of {', '.join(DTYPES)})")
-    if isinstance(shape, list) and len(shape) > MAX_DIMS:
-        raise StepperError(f"{at}: shape has {len(shape)} dimensions, more than the {MAX_DIMS} supported")
-    if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
-        raise StepperError(f"{at}: shape must be a list of non-negative integers, found {_show(shape)}")
-    if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_count(o) for o in offsets):
-        raise StepperError(f"{at}: data_offsets must be [start, end] with non-negative integers, found {_show(offsets)}")
-    start, end = offsets
-    if end < start:
-        raise StepperError(f"{at}: data_offsets [{start}, {end}] end before they start")
-    info = TensorInfo(name, dtype, tuple(shape), start, end)
-    _check_size(info, at)
-    return info
 
 
 def _is_control(char: str) -> bool:
@@ -444,7 +457,8 @@ def _check_layout(entries: list[TensorInfo], data_size: int, where: str) -> dict
     for info in ordered:
         at = f"{where}: tensor {_quote(info.name)}"
         if info.start > covered:
-            raise StepperError(f"{at}: starts at data byte {info.start}, leaving bytes [{covered}, {info.start}) unused")
+            raise StepperError(f"{at}: starts at data byte {info.start}, leaving bytes [{covered}, {info.start}) "
+                               "unused")
         if info.start < covered:
             same = (previous.start, previous.end) == (info.start, info.end)
             verb = "use the same bytes as" if same else "overlap"
@@ -479,5 +493,6 @@ def _show(value: Any, limit: int = 80) -> str:
 
 
 def _json_type(value: Any) -> str:
-    names = {dict: "an object", _Object: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
+    names = {dict: "an object", _Object: "an object", list: "an array", str: "a string", bool: "a boolean",
+             type(None): "null"}
     return names.get(type(value), "a number")

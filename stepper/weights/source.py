@@ -79,5 +79,6 @@ class ArrayWeights:
         array = np.asarray(self.arrays[name], dtype=np.float32)
         expected = shape_of(self.config, name)
         if array.shape != expected:
-            raise StepperError(f"{self.source}: tensor '{name}' has shape {list(array.shape)}, expected {list(expected)}")
+            raise StepperError(f"{self.source}: tensor '{name}' has shape {list(array.shape)}, expected "
+                               f"{list(expected)}")
         return array

@@ -130,7 +130,8 @@ def _write(source: SyntheticWeights, folder: Path, plan: list[dict[str, tuple[in
     shards = len(plan) + (cfg.wrapper is not None)
     for i, shapes in enumerate(plan, start=1):
         shard = f"model-{i:05d}-of-{shards:05d}.safetensors"
-        entries = [replace(e, name=stored_name(cfg, e.name), make=counted(e, advance)) for e in tensor_entries(source, shapes)]
+        entries = [replace(e, name=stored_name(cfg, e.name),
+                           make=counted(e, advance)) for e in tensor_entries(source, shapes)]
         write_safetensors(folder / shard, entries, {"format": "pt"})
         weight_map.update(dict.fromkeys((e.name for e in entries), shard))
         total += sum(e.nbytes for e in entries)
@@ -179,14 +180,16 @@ def vision_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
             shapes[f"vision_tower.encoder.blocks.{b}.{part}.weight"] = shape
             shapes[f"vision_tower.encoder.blocks.{b}.{part}.bias"] = shape[:1]
     shapes.update({"vision_tower.encoder.final_layernorm.weight": (width,), "mm_projector.pre_norm.weight": (width,),
-                   "mm_projector.proj.0.weight": (merged, merged), "mm_projector.proj.2.weight": (cfg.hidden_size, merged)})
+                   "mm_projector.proj.0.weight": (merged, merged),
+                   "mm_projector.proj.2.weight": (cfg.hidden_size, merged)})
     return shapes
 
 
 def vision_entries(cfg: Config, seed: int) -> list[Entry]:
     """The vision tower's and projector's tensors: BF16 normals, drawn from the seed."""
     rng = np.random.default_rng([seed, 7])
-    return [Entry(name, "BF16", shape, lambda shape=shape: rng.standard_normal(shape, dtype=np.float32).astype(dtypes.ml("bfloat16")))
+    return [Entry(name, "BF16", shape,
+                  lambda shape=shape: rng.standard_normal(shape, dtype=np.float32).astype(dtypes.ml("bfloat16")))
             for name, shape in vision_shapes(cfg).items()]
 
 
@@ -233,5 +236,6 @@ def check_replaceable(out: Path, force: bool, foreign: Callable[[Path], list[str
         raise StepperError(f"{out}: already exists; pass --force to replace it")
     others = foreign(out)
     if others:
-        listed = ", ".join(f"'{shown(n)}'" for n in others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+        listed = (", ".join(f"'{shown(n)}'" for n in others[:3])
+                  + (f" and {len(others) - 3} more" if len(others) > 3 else ""))
         raise StepperError(f"{out}: holds {listed}; --force replaces only {what}, so nothing there was touched")

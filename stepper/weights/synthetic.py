@@ -53,7 +53,8 @@ class SyntheticWeights:
             if name == EMBED:
                 values = self._embedding_rows(np.arange(start, stop))
             else:
-                values = self._scaled(name, shape, normals.standard_normal((stop - start, *shape[1:]), dtype=np.float32))
+                values = self._scaled(name, shape,
+                                      normals.standard_normal((stop - start, *shape[1:]), dtype=np.float32))
             yield self._stored_as(name, values)
 
     def has(self, name: str) -> bool:

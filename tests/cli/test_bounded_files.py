@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers.cli import one_line, stepper
+from helpers.files import linked
 from helpers.malformed import read_shard, write_shard
 
 from stepper.presets import preset
@@ -19,22 +20,12 @@ EXPERT = "model.layers.1.mlp.experts.3.up_proj.weight"
 
 @pytest.fixture(scope="module")
 def int4_dir(tmp_path_factory) -> Path:
-    return synth_checkpoint(SyntheticWeights(requantized(preset("tiny"), "int4"), 1), tmp_path_factory.mktemp("b") / "c")
-
-
-def linked_copy(source: Path, folder: Path, *, but: str) -> Path:
-    """folder with links to every file of source but `but`, which is copied (to be changed)."""
-    folder.mkdir()
-    for file in source.iterdir():
-        if file.name == but:
-            (folder / but).write_bytes(file.read_bytes())
-        else:
-            (folder / file.name).symlink_to(file)
-    return folder
+    return synth_checkpoint(SyntheticWeights(requantized(preset("tiny"), "int4"), 1),
+                            tmp_path_factory.mktemp("b") / "c")
 
 
 def with_ignore(int4_dir: Path, folder: Path, entry: str) -> Path:
-    copy = linked_copy(int4_dir, folder, but="config.json")
+    copy = linked(int4_dir, folder, but={"config.json"}, copied=True)
     raw = json.loads((copy / "config.json").read_text())
     raw["quantization_config"]["ignore"].append(entry)
     (copy / "config.json").write_text(json.dumps(raw))
@@ -66,7 +57,7 @@ def test_a_pattern_whose_work_is_not_bounded_is_refused_before_it_runs(int4_dir,
 def with_tensor(int4_dir: Path, folder: Path, name: str, dtype: str, shape: list[int], data: bytes) -> Path:
     """The INT4 checkpoint with one tensor replaced (its shard copied, the rest linked)."""
     shard = json.loads((int4_dir / "model.safetensors.index.json").read_text())["weight_map"][name]
-    copy = linked_copy(int4_dir, folder, but=shard)
+    copy = linked(int4_dir, folder, but={shard}, copied=True)
     tensors = read_shard(copy / shard)
     tensors[name] = (dtype, shape, data)
     write_shard(copy / shard, tensors)
@@ -112,15 +103,17 @@ def test_a_lone_file_of_activations_has_no_scales_to_miss(tmp_path):
     codes = np.arange(16, dtype=np.uint8).reshape(4, 4).tobytes()
     tensors = {"t_f8": ("F8_E4M3", [4, 4], codes), "q": ("F8_E4M3", [2, 8], codes), "x": ("F32", [1], bytes(4)),
                "model.layers.0.self_attn.q_a_proj.weight": ("F8_E4M3", [4, 4], codes)}
-    write_shard(tmp_path / "acts.safetensors", {k: v for k, v in tensors.items() if k != "model.layers.0.self_attn.q_a_proj.weight"})
+    without_q_a = {k: v for k, v in tensors.items() if k != "model.layers.0.self_attn.q_a_proj.weight"}
+    write_shard(tmp_path / "acts.safetensors", without_q_a)
     out = stepper("inspect", str(tmp_path / "acts.safetensors"), "--plain")
     assert out.returncode == 0, out.stdout
     assert "3 tensors, 36 B" in out.stdout and "problem" not in out.stdout
     write_shard(tmp_path / "weights.safetensors", tensors)  # a weight's name: its scales are demanded
     out = stepper("inspect", str(tmp_path / "weights.safetensors"), "--plain")
     assert out.returncode == 1
-    assert out.stdout.splitlines()[-1].strip() == ("! 'model.layers.0.self_attn.q_a_proj.weight_scale_inv' is missing: the "
-                                                   "F8_E4M3 weight 'model.layers.0.self_attn.q_a_proj.weight' needs its block scales")
+    assert out.stdout.splitlines()[-1].strip() == (
+        "! 'model.layers.0.self_attn.q_a_proj.weight_scale_inv' is missing: the F8_E4M3 weight "
+        "'model.layers.0.self_attn.q_a_proj.weight' needs its block scales")
 
 
 ESCAPES = "k2\x1b]0;pwned\x07\x1b[2J\r\x9b1m"

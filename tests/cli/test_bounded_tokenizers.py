@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from helpers.cli import one_line, stepper
+from helpers.files import linked
 
 from stepper import text
 from stepper.presets import preset
@@ -37,9 +38,7 @@ def weights(tmp_path_factory) -> Path:
 
 def checkpoint(weights: Path, folder: Path, tokenizer: dict | str) -> Path:
     """The tiny checkpoint's files (linked) with this tokenizer.json."""
-    folder.mkdir()
-    for file in weights.iterdir():
-        (folder / file.name).symlink_to(file)
+    linked(weights, folder)
     (folder / "tokenizer.json").write_text(tokenizer if isinstance(tokenizer, str) else json.dumps(tokenizer))
     return folder
 

@@ -30,7 +30,8 @@ def test_auto_runs_the_whole_prompt_where_it_fits_and_the_largest_chunk_that_fit
     room = 2**30
     chosen, why = memory.choose_chunk(plan, estimate, room, None)
     assert chosen.spec.chunk == 4096 and total(chosen) <= room < total(plan)  # 4.3 GiB whole, about 0.8 in chunks
-    assert why == (f"--chunk auto: the whole prompt would need about {memory.gib(total(plan))} and 1.0 GiB is available, "
+    assert why == (f"--chunk auto: the whole prompt would need about {memory.gib(total(plan))} and 1.0 GiB is "
+                   "available, "
                    "so the prefill runs 4,096 positions at a time (25 chunks, each tensor still shown whole over the "
                    "100,000 positions; each chunk runs again for the histograms)")
     smaller, _ = memory.choose_chunk(plan, estimate, total(chosen) - 1, None)
@@ -64,9 +65,9 @@ def test_only_the_names_shown_are_gathered_chunk_by_chunk(monkeypatch):
     gathered = []
 
     class Part(prefill.Part):
-        def __init__(self, event):
+        def __init__(self, event, masked):
             gathered.append(event.name)
-            super().__init__(event)
+            super().__init__(event, masked)
 
     monkeypatch.setattr(prefill, "Part", Part)
     result = invoke("run", "--prompt-len", "9", "--chunk", "4", "--only", "compressed_kv", "--plain")

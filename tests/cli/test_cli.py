@@ -16,12 +16,21 @@ from stepper.seams.trace import unphased
 
 
 def in_a_process(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "stepper", *args], check=False, capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "stepper", *args], check=False, capture_output=True, text=True,
+                          timeout=120)
+
+
+def catalogued_names(attn: str = "naive") -> set[str]:
+    """The names a run of the default model emits on this attention path (its layers' as their code
+    emits them, families.derive; the global ones), each catalogued."""
+    cfg, cat = preset("tiny"), catalog.load()
+    layers = {e["name"] for layer in range(cfg.num_hidden_layers) for e in cat.layer_sequence(cfg, layer, attn)}
+    assert all(cat.entry(name) is not None for name in layers)
+    return layers | {e["name"] for e in cat.entries if e["scope"] == "global"}
 
 
 def catalogued_naive_names() -> set[str]:
-    """The catalogued names of a naive run of the default model (other families' own names left out)."""
-    return {e["name"] for e in catalog.load().entries if e["path"] != "absorb" and catalog.applies(e, preset("tiny"))}
+    return catalogued_names("naive")
 
 
 def key_of(name: str) -> str:
@@ -63,7 +72,7 @@ def test_dump_holds_every_tensor_in_order(tmp_path):
     order = json.loads(header["__metadata__"]["order"])
     assert set(order) == set(tensors) and order[0] == "prefill.embed" and order[-1] == "decode1.logits"
     assert catalogued_naive_names() <= {key_of(n) for n in order if n.startswith("prefill.")}
-    absorbed = {e["name"] for e in catalog.load().entries if e["path"] != "naive" and catalog.applies(e, preset("tiny"))}
+    absorbed = catalogued_names("absorb")
     for phase in ("decode0", "decode1"):  # by default decode steps attend over the latent cache
         assert absorbed <= {key_of(n) for n in order if n.startswith(phase + ".")}
     assert tensors["prefill.layers.1.mlp.gate.topk_idx"].dtype == np.int64
@@ -82,7 +91,8 @@ def test_footer_lists_a_short_prompt_whole_and_cuts_a_long_one():
     ids = list(range(100, 140))
     long = stepper("run", "--plain", "--ids", ",".join(map(str, ids)), "--only", "logits").stdout
     footer = long.strip().splitlines()[-1]
-    assert "prompt [100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 111, … 136, 137, 138, 139] (40 tokens)" in footer
+    assert "prompt [100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 111, … 136, 137, 138, 139] (40 tokens)" \
+        in footer
     assert "112" not in footer and "135" not in footer
 
 
@@ -134,14 +144,16 @@ def test_two_runs_print_the_same():
     """What the machine has left free changes from run to run; a run that fits well does not name it."""
     first, second = in_a_process("run", "--plain", "--decode", "1"), in_a_process("run", "--plain", "--decode", "1")
     assert first.returncode == 0 and (first.stdout, first.stderr) == (second.stdout, second.stderr)
-    assert "--attn auto: naive prefill, absorbed decode (the run needs about 1 MiB, under half the memory available)" in first.stdout
+    assert ("--attn auto: naive prefill, absorbed decode (the run needs about 1 MiB, under half the memory "
+            "available)") in first.stdout
     assert " available" not in first.stdout.replace("under half the memory available", "")
 
 
 def test_a_use_file_that_cannot_load_is_one_line_and_no_header(tmp_path):
     for command in ("run", "step"):
         out = stepper(command, "--plain", "--use", "nonexist.py", cwd=tmp_path)
-        assert (out.returncode, out.stdout, out.stderr) == (2, "", "stepper: error: nonexist.py: no such file\n"), command
+        assert (out.returncode, out.stdout, out.stderr) == (2, "",
+                                                            "stepper: error: nonexist.py: no such file\n"), command
 
 
 def test_every_attn_option_shows_the_paths_it_takes():
@@ -151,7 +163,8 @@ def test_every_attn_option_shows_the_paths_it_takes():
         for name, sub in getattr(group, "commands", {}).items():
             yield from commands(sub, (*path, name)) if hasattr(sub, "commands") else [((*path, name), sub)]
 
-    metavars = {path: p.metavar for path, c in commands(typer.main.get_command(app)) for p in c.params if "--attn" in p.opts}
+    metavars = {path: p.metavar for path,
+                c in commands(typer.main.get_command(app)) for p in c.params if "--attn" in p.opts}
     assert metavars == {("run",): "naive|absorb|auto", ("step",): "naive|absorb|auto", ("tree",): "naive|absorb",
                         ("fixtures", "export"): "naive|absorb|auto"}
     assert "--attn naive|absorb " in stepper("tree", "--help", env={"COLUMNS": "200"}).stdout

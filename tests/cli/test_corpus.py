@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.files import size_of
 from helpers.malformed import (
     CASES,
     DIR_CASES,
@@ -54,7 +55,8 @@ def peak_before():
 @pytest.fixture(scope="module")
 def mini(tmp_path_factory) -> Path:
     """The sound checkpoint; inspected and run once first, so that no case pays for the imports."""
-    folder = synth_checkpoint(SyntheticWeights(Config.from_hf(MINI_CONFIG, "mini"), seed=0), tmp_path_factory.mktemp("mini") / "ck")
+    folder = synth_checkpoint(SyntheticWeights(Config.from_hf(MINI_CONFIG, "mini"), seed=0),
+                              tmp_path_factory.mktemp("mini") / "ck")
     assert invoke("inspect", str(folder)).exit_code == 0 and invoke("run", "--model", str(folder)).exit_code == 0
     return folder
 
@@ -88,15 +90,9 @@ def measured(*args: str, traced: bool = False):
     assert work.peak < PYTHON_BYTES, (args, work)
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - PEAK_BEFORE[0] < GROWTH_KIB
     for text in (done.stdout, done.stderr):
-        assert "Traceback" not in text and not any(c < " " and c not in "\n\t" or c == "\x7f" for c in text), (args, text)
+        assert ("Traceback" not in text
+                and not any(c < " " and c not in "\n\t" or c == "\x7f" for c in text)), (args, text)
     return done
-
-
-def size_of(path: Path) -> int:
-    """Bytes of a file, or of every file under a folder."""
-    if path.is_dir():
-        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-    return path.stat().st_size if path.is_file() else 0
 
 
 def one_line(stderr: str) -> str:
@@ -111,7 +107,8 @@ def run_refusal(stderr: str) -> None:
     first, *rest = stderr.splitlines()
     assert first.startswith("stepper: error: "), stderr
     if rest:
-        assert first.endswith("problem(s) with the weights of this run:") and all(r.startswith("  - ") for r in rest), stderr
+        assert (first.endswith("problem(s) with the weights of this run:")
+                and all(r.startswith("  - ") for r in rest)), stderr
 
 
 def broken(mini: Path, tmp_path: Path, case: DirCase) -> Path:
@@ -169,7 +166,8 @@ def test_a_broken_fixture_folder_is_refused_by_verify(mini_fixture, tmp_path, ca
     folder = tmp_path / "fixture"
     shutil.copytree(sound, folder)
     case.edit(folder)
-    done = measured("fixtures", "verify", str(folder), str(candidate), traced=FIXTURE_CASES.index(case) % TRACED_EVERY == 0)
+    done = measured("fixtures", "verify", str(folder), str(candidate),
+                    traced=FIXTURE_CASES.index(case) % TRACED_EVERY == 0)
     assert done.exit_code == 2 and case.message in one_line(done.stderr), done.stderr
 
 
@@ -192,8 +190,10 @@ SAMPLE = [c for i, c in enumerate(DIR_CASES) if i % 40 == 0]  # 5 cases, about 3
 @pytest.mark.parametrize("case", SAMPLE, ids=lambda c: c.name)
 def test_a_sample_as_subprocesses(mini, tmp_path, case):
     folder = broken(mini, tmp_path, case)
-    for args, code in ((["inspect", "--plain", str(folder)], case.inspect), (["run", "--model", str(folder), "--prompt-len", "2"], case.run)):
-        done = subprocess.run([sys.executable, "-m", "stepper", *args], capture_output=True, text=True, timeout=30, check=False,
+    for args, code in ((["inspect", "--plain", str(folder)], case.inspect),
+                       (["run", "--model", str(folder), "--prompt-len", "2"], case.run)):
+        done = subprocess.run([sys.executable, "-m", "stepper", *args], capture_output=True, text=True,
+                              timeout=30, check=False,
                               preexec_fn=limit_memory)
         assert done.returncode == code and "Traceback" not in done.stderr, done.stderr
         assert case.message in (done.stdout if code == 1 else done.stderr)

@@ -69,7 +69,8 @@ DEEP_EXPRESSIONS = {
 @pytest.mark.parametrize("expr", DEEP_EXPRESSIONS.values(), ids=DEEP_EXPRESSIONS.keys())
 def test_a_patch_nested_100000_deep_is_one_line(expr):
     line = one_line(stepper("run", "--plain", "--patch", f"logits={expr}"))
-    assert line == f"stepper: error: --patch logits={expr[:40]}...: {len(expr)} characters; an expression is at most {MAX_EXPR}"
+    assert line == (f"stepper: error: --patch logits={expr[:40]}...: {len(expr)} characters; "
+                    f"an expression is at most {MAX_EXPR}")
 
 
 @pytest.mark.parametrize("expr", ["-" * 500 + "x", "+".join(["x"] * 400), "x*(" * 150 + "x" + ")" * 150],
@@ -77,7 +78,8 @@ def test_a_patch_nested_100000_deep_is_one_line(expr):
 def test_within_the_length_the_nesting_is_bounded(expr):
     with pytest.raises(StepperError) as refused:
         parse_patch(f"logits={expr}")
-    assert str(refused.value) == f"--patch logits={expr[:40]}...: nested more than {MAX_NESTING} deep (brackets, operators, signs)"
+    assert str(refused.value) == (f"--patch logits={expr[:40]}...: nested more than {MAX_NESTING} deep "
+                                  "(brackets, operators, signs)")
 
 
 def test_the_debuggers_set_nested_100000_deep_is_one_line_and_the_session_goes_on():

@@ -16,7 +16,8 @@ def diff(*args: str, cwd=None) -> subprocess.CompletedProcess:
 
 
 def table_rows(text: str) -> list[list[str]]:
-    return [cells for cells in map(str.split, text.splitlines()) if cells[:1] and cells[0].isdigit() and cells[1] != "only"]
+    return [cells for cells in map(str.split,
+                                   text.splitlines()) if cells[:1] and cells[0].isdigit() and cells[1] != "only"]
 
 
 def test_naive_against_absorb_names_no_divergence():

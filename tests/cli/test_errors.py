@@ -307,11 +307,14 @@ def user_files(folder: Path) -> None:
     (["run", "--dump", "weights.safetensors", "--force"],
      ("--dump weights.safetensors: is not a dump stepper wrote; --force replaces only a dump stepper wrote, "
      "so it was not touched")),
-    (["run", "--dump", "weights.safetensors"], ("--dump weights.safetensors: file exists; pass --force to overwrite it, "
+    (["run", "--dump", "weights.safetensors"],
+     ("--dump weights.safetensors: file exists; pass --force to overwrite it, "
                                                 "or give another name")),
-    (["run", "--dump", "dir.safetensors", "--force"], "--dump dir.safetensors: is a folder; give a file name inside it"),
+    (["run", "--dump", "dir.safetensors", "--force"],
+     "--dump dir.safetensors: is a folder; give a file name inside it"),
     (["run", "--dump", "missing/run.safetensors"], "--dump missing/run.safetensors: folder missing does not exist"),
-    (["run", "--dump", "/proc/x.safetensors"], "--dump /proc/x.safetensors: cannot write in /proc (No such file or directory)"),
+    (["run", "--dump", "/proc/x.safetensors"],
+     "--dump /proc/x.safetensors: cannot write in /proc (No such file or directory)"),
     (["run", "--dump", "notes.txt"], "--dump notes.txt: the file name must end in .safetensors"),
     (["step", "--export", "notes.txt", "--force"],
      ("--export notes.txt: is not a session stepper recorded; --force replaces only a session stepper recorded, "
@@ -354,7 +357,8 @@ def test_a_special_file_is_never_replaced(tmp_path):
     (["step", "--break", "compresed_kv"], ("--break compresed_kv: matches no tensor of this run; did you mean "
                                           "compressed_kv, compressed_kv_norm, self_attn.compressed_kv?")),
     (["step", "--break", "layers.3.*"],
-     "--break layers.3.*: matches no tensor of this run; did you mean layers.2.output, layers.1.output, layers.0.output?"),
+     ("--break layers.3.*: matches no tensor of this run; did you mean layers.2.output, layers.1.output, "
+     "layers.0.output?")),
     (["step", "--decode", "1", "--break", "decode1.*"], "--break decode1.*: matches no tensor of this run"),
 ])
 def test_a_pattern_that_matches_nothing_is_refused_before_the_run(args, line):
@@ -445,7 +449,8 @@ def test_a_run_past_the_address_space_limit_is_refused_before_it_starts():
     def limit():
         resource.setrlimit(resource.RLIMIT_AS, (3 * 2**30, 3 * 2**30))
 
-    p = subprocess.run([sys.executable, "-m", "stepper", "run", "--prompt-len", "100000", "--only", "logits", "--chunk", "0"],
+    p = subprocess.run([sys.executable, "-m", "stepper", "run", "--prompt-len", "100000", "--only", "logits",
+                        "--chunk", "0"],
                        capture_output=True, text=True, preexec_fn=limit, timeout=60, check=False)
     assert p.returncode == 2, p.stderr
     assert p.stderr.startswith("stepper: error: this run would need about ") and p.stderr.count("\n") == 1

@@ -54,8 +54,8 @@ def test_a_word_explains_every_name_containing_it_and_the_texts_use_the_runs_siz
 def test_a_typo_gets_the_nearest_names_and_the_debugger_explains_with_the_runs_sizes():
     bad = stepper("explain", "compresed_kv")
     assert bad.returncode == 2 and bad.stdout == ""
-    assert bad.stderr.strip().startswith("stepper: error: no tensor named 'compresed_kv' in the catalogue; did you mean "
-                                         "compressed_kv"), bad.stderr
+    assert bad.stderr.strip().startswith("stepper: error: no tensor named 'compresed_kv' in the catalogue; did you "
+                                         "mean compressed_kv"), bad.stderr
     out = stepper("step", "--plain", "--break", "layers.0.self_attn.k_pe", stdin="e compresed_kv\ne q_pe_rope\nq\n")
     assert out.returncode == 0, out.stderr
     assert "no tensor named 'compresed_kv' in the catalogue; did you mean compressed_kv" in out.stdout

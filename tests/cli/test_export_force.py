@@ -49,8 +49,8 @@ def test_force_keeps_a_folder_holding_anything_else(written, intruder, named):
     before = snapshot(written)
     done = export(written, "--force")
     assert done.exit_code == 2 and snapshot(written) == before
-    assert done.stderr == (f"stepper: error: {written}: holds {named}; --force replaces only a fixture folder stepper wrote, "
-                           "so nothing there was touched\n")
+    assert done.stderr == (f"stepper: error: {written}: holds {named}; --force replaces only a fixture folder stepper "
+                           "wrote, so nothing there was touched\n")
 
 
 def test_force_keeps_a_manifest_of_another_format_and_a_plain_folder(written, tmp_path):
@@ -63,7 +63,8 @@ def test_force_keeps_a_manifest_of_another_format_and_a_plain_folder(written, tm
     (mine / "data").mkdir(parents=True)
     (mine / "tensors.safetensors").write_bytes(b"my own tensors")
     done = export(mine, "--force")
-    assert done.exit_code == 2 and "holds 'data'" in done.stderr and (mine / "tensors.safetensors").read_bytes() == b"my own tensors"
+    assert (done.exit_code == 2 and "holds 'data'" in done.stderr
+            and (mine / "tensors.safetensors").read_bytes() == b"my own tensors")
 
 
 def test_a_file_in_the_way_is_kept(tmp_path):
@@ -71,15 +72,17 @@ def test_a_file_in_the_way_is_kept(tmp_path):
     afile = tmp_path / "afile"
     afile.write_text("keep me")
     done = export(afile, "--force")
-    assert done.exit_code == 2 and done.stderr == (f"stepper: error: {afile}: is a file, not a folder; stepper writes a new "
-                                                   "folder there (remove the file first)\n")
+    assert done.exit_code == 2 and done.stderr == (
+        f"stepper: error: {afile}: is a file, not a folder; stepper writes a new folder there "
+        "(remove the file first)\n")
     assert afile.read_text() == "keep me" and sorted(p.name for p in tmp_path.iterdir()) == ["afile", "mini.json"]
 
 
 def test_without_force_an_existing_folder_is_refused(written):
     before = snapshot(written)
     done = export(written)
-    assert done.exit_code == 2 and done.stderr == f"stepper: error: {written}: already exists; pass --force to replace it\n"
+    assert (done.exit_code == 2
+            and done.stderr == f"stepper: error: {written}: already exists; pass --force to replace it\n")
     assert snapshot(written) == before
 
 
@@ -88,8 +91,9 @@ def test_a_link_in_the_way_is_named_as_a_link_and_not_followed(written, tmp_path
     link = tmp_path / "alink"
     link.symlink_to(written)  # a folder stepper wrote, behind a link: --force must not replace it through the link
     done = export(link, "--force")
-    assert done.exit_code == 2 and done.stderr == (f"stepper: error: {link}: is a link, not a folder; stepper writes a new "
-                                                   "folder there (remove the link first)\n")
+    assert done.exit_code == 2 and done.stderr == (
+        f"stepper: error: {link}: is a link, not a folder; stepper writes a new folder there "
+        "(remove the link first)\n")
     assert link.is_symlink() and snapshot(written) == before
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import tomllib
 from helpers.cli import ends_well, stepper
+from helpers.files import linked
 from helpers.malformed import changed_at, paths_of
 from helpers.tokenizer_files import write_tiktoken_model, write_tokenizer_json
 from hypothesis import HealthCheck, given, settings
@@ -30,7 +31,8 @@ SETTINGS = settings(max_examples=30, derandomize=True, deadline=None, database=N
 leaf = st.one_of(st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=True), st.text(max_size=12),
                  st.sampled_from([0, -1, 1, 2**63, 1e308, "", "\x1b[2J", "{config.hidden_size:999999999}", "{",
                                   "{layers.9.output}", "number", "choice", "layers.0.output", "p layers.0.output"]))
-value = st.recursive(leaf, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+value = st.recursive(leaf, lambda inner: st.lists(inner,
+                                                  max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
                      max_leaves=6)
 
 
@@ -100,8 +102,9 @@ def test_a_format_width_past_the_bound_is_one_line(lesson_place):
     env = {"STEPPER_LESSONS_DIR": str(lesson_place / "lessons"), "STEPPER_DATA_DIR": str(lesson_place / "data")}
     out = stepper("lesson", "start", "fuzz", "--plain", "--workspace", str(lesson_place / "ws"), cwd=lesson_place,
                   env=env, stdin="q\n")
-    assert out.returncode == 2 and out.stderr == ("stepper: error: template {config.hidden_size:999999999}: format spec "
-                                                  "':999999999' has a width or precision past 100\n")
+    assert out.returncode == 2 and out.stderr == (
+        "stepper: error: template {config.hidden_size:999999999}: format spec ':999999999' has a width or precision "
+        "past 100\n")
 
 
 # -- tokenizer files ----------------------------------------------------------------------------
@@ -133,12 +136,10 @@ def tokenizer_paths(sound: dict) -> list[tuple]:
 @given(data=st.data())
 def test_fuzzed_tokenizer_files(token_place, tmp_path_factory, data):
     folder, sound = token_place
-    changes = data.draw(st.lists(st.tuples(st.sampled_from(tokenizer_paths(sound)), TOKENIZER_VALUES | st.just(KeyError)),
+    changes = data.draw(st.lists(st.tuples(st.sampled_from(tokenizer_paths(sound)),
+                                           TOKENIZER_VALUES | st.just(KeyError)),
                                  min_size=1, max_size=3))
-    copy_ = tmp_path_factory.mktemp("t")
-    for file in folder.iterdir():
-        if file.name != "tokenizer.json":
-            (copy_ / file.name).symlink_to(file)
+    copy_ = linked(folder, tmp_path_factory.mktemp("t"), but={"tokenizer.json"})
     (copy_ / "tokenizer.json").write_text(json.dumps(changed_at(sound, changes)))
     prompt = data.draw(st.text(min_size=1, max_size=20) | st.just("a" * 40))
     ends_well(stepper("run", "--model", str(copy_), "--prompt", prompt, "--plain", "--only", "embed"))
@@ -163,10 +164,7 @@ def test_fuzzed_kimi_tokenizer_files(kimi_place, tmp_path_factory, data):
     at = data.draw(st.integers(0, len(lines) - 1))
     lines[at:at + data.draw(st.integers(0, 2))] = data.draw(st.lists(kimi_lines, max_size=3))
     config = data.draw(st.just(None) | value.map(lambda v: {"added_tokens_decoder": v}) | value)
-    copy_ = tmp_path_factory.mktemp("k")
-    for file in kimi_place.iterdir():
-        if file.name not in ("tiktoken.model", "tokenizer_config.json"):
-            (copy_ / file.name).symlink_to(file)
+    copy_ = linked(kimi_place, tmp_path_factory.mktemp("k"), but={"tiktoken.model", "tokenizer_config.json"})
     (copy_ / "tiktoken.model").write_text("\n".join(lines) + "\n")
     if config is not None:
         (copy_ / "tokenizer_config.json").write_text(json.dumps(config))
@@ -178,11 +176,13 @@ def test_fuzzed_kimi_tokenizer_files(kimi_place, tmp_path_factory, data):
 
 atoms = st.sampled_from(["x", "0", "1.5", "-2", "nan", "inf", "1e309", "x[0]", "x[..., 7]", "x[0, :, 3]", "x[::-1]",
                          "open", "__import__('os')", "x.T", "y", "'s'", "None", "x[9999]", "x[1:2:0]", "2**99"])
-expressions = st.recursive(atoms, lambda e: st.tuples(e, st.sampled_from(["+", "-", "*", "/", "**", "//", "@", ","]), e).map(
-    lambda t: f"({t[0]}{t[1]}{t[2]})") | e.map(lambda a: f"-{a}"), max_leaves=8)
+OPERATORS = st.sampled_from(["+", "-", "*", "/", "**", "//", "@", ","])
+expressions = st.recursive(atoms, lambda e: st.tuples(e, OPERATORS, e).map(lambda t: f"({t[0]}{t[1]}{t[2]})")
+                           | e.map(lambda a: f"-{a}"), max_leaves=8)
 patches = st.one_of(
     expressions,
-    st.tuples(st.sampled_from(["x[0]", "x[..., 1]", "x[0, 0]", "x[", "y[0]"]), expressions).map(lambda t: f"{t[0]}={t[1]}"),
+    st.tuples(st.sampled_from(["x[0]", "x[..., 1]", "x[0, 0]", "x[", "y[0]"]),
+              expressions).map(lambda t: f"{t[0]}={t[1]}"),
     st.text(max_size=30),
     st.sampled_from(["-" * 100_000 + "x", "(" * 300 + "x" + ")" * 300, "x" + "*2" * 200, "x[" * 50 + "0" + "]" * 50]),
 )

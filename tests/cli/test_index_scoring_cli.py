@@ -15,7 +15,8 @@ FOOTER = re.compile(r"fp8 index scoring kept ([\d,]+) of the ([\d,]+) positions 
 def test_run_says_how_many_exactly_chosen_positions_fp8_kept(tmp_path):
     dump = tmp_path / "run.safetensors"
     done = stepper("run", "--model", "tiny-v32", "--prompt-len", "30", "--decode", "2", "--index-scoring", "fp8",
-                   "--plain", "--only", "*indexer.kept_of_exact", "--only", "*indexer.exact_topk_idx", "--dump", str(dump))
+                   "--plain", "--only", "*indexer.kept_of_exact", "--only", "*indexer.exact_topk_idx", "--dump",
+                   str(dump))
     assert done.returncode == 0, done.stderr
     assert "chosen by FP8 index scores" in done.stdout
     kept, chosen, differing, queries = (int(g.replace(",", "")) for g in FOOTER.search(done.stdout).groups())
@@ -66,7 +67,8 @@ def test_the_header_counts_the_fp8_index_keys_in_the_cache_per_position():
     cfg = preset("tiny-v32")
     latent = (cfg.kv_lora_rank + cfg.qk_rope_head_dim + cfg.index_head_dim) * 4
     line = re.compile(r"latent \+ rope key \+ index key( and its FP8 codes)? ([\d,]+) B")
-    for scoring, codes, size in (("exact", None, latent), ("fp8", " and its FP8 codes", latent + cfg.index_head_dim + 4)):
+    for scoring, codes, size in (("exact", None, latent),
+                                 ("fp8", " and its FP8 codes", latent + cfg.index_head_dim + 4)):
         done = stepper("run", "--model", "tiny-v32", "--prompt-len", "2", "--index-scoring", scoring, "--plain",
                        "--only", "embed")
         assert done.returncode == 0, done.stderr

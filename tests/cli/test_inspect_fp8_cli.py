@@ -74,20 +74,23 @@ def test_inspect_lists_each_layer_with_fp8_scale_grids_and_folded_experts(ckpt):
     assert row(layer1, "self_attn.kv_a_proj_with_mqa.weight") == ["self_attn.kv_a_proj_with_mqa.weight", "F8_E4M3",
                                                                   "[144,", "320]", "scales", "[2,", "3]", "45.0", "KiB"]
     # 32 experts x (96 x 320 codes + 1 x 3 scales) = 983424 bytes = 960.4 KiB, on one row
-    assert row(layer1, "mlp.experts.{0..31}.gate_proj.weight") == ["mlp.experts.{0..31}.gate_proj.weight", "F8_E4M3",
-                                                                   "[96,", "320]", "x32", "scales", "[1,", "3]", "960.4", "KiB"]
+    assert row(layer1, "mlp.experts.{0..31}.gate_proj.weight") == [
+        "mlp.experts.{0..31}.gate_proj.weight", "F8_E4M3", "[96,", "320]", "x32", "scales", "[1,", "3]", "960.4", "KiB"]
     assert row(layer1, "mlp.gate.weight")[1:4] == ["BF16", "[32,", "320]"]
     assert row(layer1, "mlp.gate.e_score_correction_bias")[1:3] == ["F32", "[32]"]
     assert not any("experts.5." in line or "_scale_inv" in line for lines in groups.values() for line in lines)
-    assert [line.split()[0] for line in groups["model"]] == ["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"]
-    assert "mlp.gate_proj.weight" in {line.split()[0] for line in groups["layer 0 (dense) · model-00002-of-00005.safetensors"]}
+    assert [line.split()[0] for line in groups["model"]] == ["model.embed_tokens.weight", "model.norm.weight",
+                                                             "lm_head.weight"]
+    assert "mlp.gate_proj.weight" in {line.split()[0] for line in groups["layer 0 (dense) · "
+                                                                         "model-00002-of-00005.safetensors"]}
 
     footer = text.splitlines()[-1]  # counts every tensor, its scales included, and every byte
     infos = headers(ckpt)
     total = sum(n for _, n in infos.values())
     assert footer.startswith(f"{len(infos)} tensors, {total / 2**20:.1f} MiB · dtypes: ")
     fp8_weights = sum(d == "F8_E4M3" for d, _ in infos.values())
-    assert f"F8_E4M3 {fp8_weights} (" in footer and f"{fp8_weights} scale tensors shown in their F8_E4M3 weight's row" in footer
+    assert (f"F8_E4M3 {fp8_weights} (" in footer
+            and f"{fp8_weights} scale tensors shown in their F8_E4M3 weight's row" in footer)
     assert f"BF16 {sum(d == 'BF16' for d, _ in infos.values())} (" in footer
     assert f"F32 {sum(d == 'F32' for d, _ in infos.values())} (" in footer
 
@@ -96,7 +99,8 @@ def test_inspect_experts_option_shows_every_expert(ckpt):
     groups = sections(ok("inspect", "--plain", "--experts", "--only", "*layers.2.mlp.experts.*", str(ckpt)))
     (lines,) = groups.values()
     assert len(lines) == 3 * 32
-    assert row(lines, "mlp.experts.31.up_proj.weight")[1:8] == ["F8_E4M3", "[96,", "320]", "scales", "[1,", "3]", "30.0"]
+    assert row(lines, "mlp.experts.31.up_proj.weight")[1:8] == ["F8_E4M3", "[96,", "320]", "scales", "[1,",
+                                                                "3]", "30.0"]
 
 
 def test_inspect_json_stats_equal_summary_stats_of_the_decoded_tensor(ckpt):
@@ -104,10 +108,12 @@ def test_inspect_json_stats_equal_summary_stats_of_the_decoded_tensor(ckpt):
     *lines, last = map(json.loads, out.splitlines())
     assert last == {"problems": []}  # the checkpoint is sound
     records = {r["name"]: r for r in lines}
-    names = [n for n in headers(ckpt) if (".layers.1." in n or n == "model.norm.weight") and not n.endswith("_scale_inv")]
+    names = [n for n in headers(ckpt)
+             if (".layers.1." in n or n == "model.norm.weight") and not n.endswith("_scale_inv")]
     assert sorted(records) == sorted(names)  # one object per tensor, experts unfolded, scales inside their weight
     source = Checkpoint(ckpt)
-    for name in (KV, "model.layers.1.mlp.experts.7.down_proj.weight", "model.layers.1.mlp.gate.weight", "model.norm.weight"):
+    for name in (KV, "model.layers.1.mlp.experts.7.down_proj.weight", "model.layers.1.mlp.gate.weight",
+                 "model.norm.weight"):
         assert records[name]["stats"] == stats(source.get(name)).as_dict(), name
     kv = records[KV]
     assert kv["stats_of"] == "dequantized" and kv["group"] == "layer 1 (MoE)" and kv["layer"] == 1
@@ -116,8 +122,9 @@ def test_inspect_json_stats_equal_summary_stats_of_the_decoded_tensor(ckpt):
     assert kv["shape"] == [144, 320] and kv["nbytes"] == 144 * 320 and kv["problems"] == []
 
 
-def test_statistics_read_in_chunks_agree_with_the_whole_tensor(ckpt, monkeypatch):
-    monkeypatch.setattr(inspect_stats, "CHUNK", 1000)  # kv_a_proj: 2 chunks of whole FP8 row blocks; embedding: 334
+def test_statistics_read_in_row_batches_agree_with_the_whole_tensor(ckpt, monkeypatch):
+    # kv_a_proj: 2 batches of whole FP8 row blocks; embedding: 334
+    monkeypatch.setattr(inspect_stats, "BATCH_VALUES", 1000)
     source = inspect.open_source(ckpt)
     for tensor in inspect.collect(source, [KV, "model.embed_tokens.weight"], []):
         chunked = inspect_stats.tensor_stats(source, tensor, lambda n: None)
@@ -137,7 +144,8 @@ def test_inspect_flags_scale_problems_and_names_a_scale_kept_in_another_shard(tm
     first = [Entry(KV, "F8_E4M3", (144, 320), lambda: kv.data),
              Entry("model.layers.1.self_attn.o_proj.weight", "F8_E4M3", (320, 128), lambda: o_proj.data)]
     second = [Entry(KV + "_scale_inv", "F32", (2, 3), lambda: kv.scale_inv),
-              Entry("model.layers.1.self_attn.q_b_proj.weight_scale_inv", "F32", (2, 2), lambda: np.ones((2, 2), np.float32))]
+              Entry("model.layers.1.self_attn.q_b_proj.weight_scale_inv", "F32", (2, 2),
+                    lambda: np.ones((2, 2), np.float32))]
     write_safetensors(tmp_path / "a.safetensors", first)
     write_safetensors(tmp_path / "b.safetensors", second)
     weight_map = {e.name: "a.safetensors" for e in first} | {e.name: "b.safetensors" for e in second}
@@ -160,7 +168,8 @@ def test_inspect_flags_scale_problems_and_names_a_scale_kept_in_another_shard(tm
     partial = "holds only layer 1 of 0..2, no embedding, norm or lm_head: inspect with --layers 1:2, run with --layer 1"
     assert summary.splitlines()[0] == f"  ! {partial}"  # layers 0 and 2 and the globals: one line
     assert f"  ! {o_missing}" in summary.splitlines() and f"  ! {orphan}" in summary.splitlines()
-    assert "'model.layers.1.input_layernorm.weight' is missing (expected shape [320])" in text  # the config's other tensors
+    # the config's other tensors
+    assert "'model.layers.1.input_layernorm.weight' is missing (expected shape [320])" in text
 
     one = stepper("inspect", "--plain", str(tmp_path / "a.safetensors"))  # one shard: no config, no index
     assert one.returncode == 1 and list(sections(one.stdout)) == ["layers.1"]
@@ -172,7 +181,8 @@ def test_inspect_flags_scale_problems_and_names_a_scale_kept_in_another_shard(tm
 
 
 def test_inspect_shows_metadata_with_its_control_characters_escaped(tmp_path):
-    header = json.dumps({"__metadata__": {"note": "\x1b]0;title\x07\x1b[2J"}, "a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})
+    header = json.dumps({"__metadata__": {"note": "\x1b]0;title\x07\x1b[2J"},
+                         "a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})
     path = tmp_path / "meta.safetensors"
     path.write_bytes(len(header).to_bytes(8, "little") + header.encode() + bytes(4))
     text = ok("inspect", "--plain", str(path))
@@ -202,7 +212,8 @@ def test_fp8_json_lists_the_256_codes_as_ml_dtypes_decodes_them():
 
 
 def test_fp8_table_cells_hold_each_codes_value():
-    lines = {line[:4]: line.split()[2:] for line in ok("fp8", "--plain").splitlines() if line[:2] == "0x" and line[3] == "_"}
+    lines = {line[:4]: line.split()[2:] for line in ok("fp8",
+                                                       "--plain").splitlines() if line[:2] == "0x" and line[3] == "_"}
     assert len(lines) == 16 and all(len(cells) == 16 for cells in lines.values())
     for high, cells in lines.items():
         for low, cell in enumerate(cells):
@@ -221,7 +232,8 @@ def test_fp8_takes_one_byte_apart_from_hex_decimal_or_binary():
     text = ok("fp8", "--plain", "0xCD")
     assert ok("fp8", "--plain", "205") == text == ok("fp8", "--plain", "0b11001101")
     assert "0xCD = 205 = 0b11001101, read as e4m3fn: 1 1001 101" in text
-    fields = {line.split()[0]: line.split(None, 1)[1] for line in text.splitlines() if line.startswith("  ") and line.split()}
+    fields = {line.split()[0]: line.split(None, 1)[1]
+              for line in text.splitlines() if line.startswith("  ") and line.split()}
     assert fields["value"] == "-6.5"
     assert fields["exponent"].startswith("1001 = 9") and fields["mantissa"].startswith("101 = 5")
     assert fields["formula"] == "(-1)^1 * 2^(9-7) * (1 + 5/8) = -6.5"
@@ -255,7 +267,8 @@ def test_fp8_weight_block_shows_its_scale_partial_size_and_values(ckpt):
         (["fp8", "0x1FF"], "CODE: '0x1FF' is 511, which is not one byte"),
         (["fp8", "abc"], "CODE: expected a byte as hex 0x00..0xFF, decimal 0..255 or binary"),
         (["fp8", "--weight", "model.layers.1.input_layernorm.weight"], "is BF16 [320], not an FP8 weight"),
-        (["fp8", "--weight", "model.layers.9.mlp.up_proj.weight"], "no tensor named 'model.layers.9.mlp.up_proj.weight'"),
+        (["fp8", "--weight", "model.layers.9.mlp.up_proj.weight"],
+         "no tensor named 'model.layers.9.mlp.up_proj.weight'"),
         (["fp8", "--weight", KV, "--block", "1"], "--block expects R,C"),
         (["fp8", "--block", "1,2"], "--block only goes with --weight NAME"),
         (["inspect", "no/such/dir"], "no/such/dir: no such file or directory"),

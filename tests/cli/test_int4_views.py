@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers.cli import stepper
+from helpers.files import linked
 
 from stepper.presets import preset
 from stepper.weights.checkpoint import Checkpoint
@@ -19,7 +20,8 @@ EXPERT = "model.layers.1.mlp.experts.3.up_proj.weight"
 
 @pytest.fixture(scope="module")
 def int4_dir(tmp_path_factory) -> Path:
-    return synth_checkpoint(SyntheticWeights(requantized(preset("tiny"), "int4"), 1), tmp_path_factory.mktemp("v") / "c")
+    return synth_checkpoint(SyntheticWeights(requantized(preset("tiny"), "int4"), 1),
+                            tmp_path_factory.mktemp("v") / "c")
 
 
 def test_one_word_nibble_by_nibble():
@@ -73,11 +75,7 @@ def test_inspect_reports_a_nan_group_scale_in_its_weights_row(int4_dir, tmp_path
 
     index = json.loads((int4_dir / "model.safetensors.index.json").read_text())["weight_map"]
     shard = index[EXPERT + "_scale"]
-    folder = tmp_path / "nan"
-    folder.mkdir()
-    for file in int4_dir.iterdir():
-        if file.name != shard:
-            (folder / file.name).symlink_to(file)
+    folder = linked(int4_dir, tmp_path / "nan", but={shard})
     tensors = {n: (v.view(ml_dtypes.bfloat16) if n.endswith(("_scale", ".weight")) else v)
                for n, v in load_file(int4_dir / shard).items()}
     tensors[EXPERT + "_scale"] = tensors[EXPERT + "_scale"].copy()

@@ -14,7 +14,8 @@ from stepper.lessons.schema import find_lesson
 
 # lesson, a change to its solution that makes one exercise wrong, and what the report must say
 WRONG = [
-    ("tour", ("return e / np.sum(e, axis=axis, keepdims=True)", "return e / (np.sum(e, axis=axis, keepdims=True) + 0.01)"),
+    ("tour", ("return e / np.sum(e, axis=axis, keepdims=True)",
+              "return e / (np.sum(e, axis=axis, keepdims=True) + 0.01)"),
      ["softmax differs on call 1 of softmax in the run, which makes layers.0.self_attn.attn_weights",
       "inputs: x [1, 4, 7, 7] float32"]),
     ("rmsnorm", ("return weight * (x *", "return (x *"),
@@ -32,15 +33,19 @@ WRONG = [
              "full = np.repeat(np.repeat(scales, block[1], axis=1), block[0], axis=0)[:out_dim, :in_dim].T.T * 1.5"),
      ["✓ decode matches", "dequantize differs on the weight model.layers.0.self_attn.q_a_proj.weight",
       "times its block's scale_inv[0, 0] = "]),
-    ("rope-yarn", ("exponent = np.arange(0, dim, 2, dtype=F32) / F32(dim)", "exponent = np.arange(0, dim, 2, dtype=F32) / F32(dim + 2)"),
+    ("rope-yarn", ("exponent = np.arange(0, dim, 2, dtype=F32) / F32(dim)",
+                   "exponent = np.arange(0, dim, 2, dtype=F32) / F32(dim + 2)"),
      ["rope_inv_freq differs on call 1 of rope_inv_freq in the run, computed before embed is emitted",
       "inputs: dim 16, theta 50000.0, yarn Yarn(factor=32.0"]),
-    ("rope-yarn", ("[even * cos - odd * sin, odd * cos + even * sin]", "[even * cos + odd * sin, odd * cos - even * sin]"),
+    ("rope-yarn", ("[even * cos - odd * sin, odd * cos + even * sin]",
+                   "[even * cos + odd * sin, odd * cos - even * sin]"),
      ["apply_rope differs on call 1 of apply_rope in the run, which makes layers.0.self_attn.q_pe_rope"]),
     ("decode-cache", ("past = s - t", "past = 0"),
-     ["causal_mask differs on call 4 of causal_mask in the run, computed before decode0.layers.0.self_attn.attn_scores is emitted",
+     [("causal_mask differs on call 4 of causal_mask in the run, computed before "
+      "decode0.layers.0.self_attn.attn_scores is emitted"),
       "inputs: t 1, s 6"]),
-    ("mla-latent", ("compressed_kv = kv_a[..., : cfg.kv_lora_rank]", "compressed_kv = kv_a[..., 1 : cfg.kv_lora_rank + 1]"),
+    ("mla-latent", ("compressed_kv = kv_a[..., : cfg.kv_lora_rank]",
+                    "compressed_kv = kv_a[..., 1 : cfg.kv_lora_rank + 1]"),
      ["the run with your latent differs", "layers.0.self_attn.compressed_kv differs (the first"]),
     ("absorption", ("weights.reshape(B, H * T, -1), latents)", "weights.reshape(B, H * T, -1) * 0.5, latents)"),
      ["the run with your absorbed differs", "layers.0.self_attn.attn_output_latent differs (the first"]),
@@ -75,7 +80,8 @@ def test_the_calls_checked_are_labelled_by_what_they_make():
     weights with their own scales."""
     spec = find_lesson("tour").exercise.runs[0]
     labels = [c.label for c in check.captured(spec, ("softmax",))["softmax"]]
-    assert labels and all(re.fullmatch(r"call \d+ of softmax in the run, which makes layers\.\d\.self_attn\.attn_weights", s)
+    assert labels and all(re.fullmatch(r"call \d+ of softmax in the run, which makes "
+                                       r"layers\.\d\.self_attn\.attn_weights", s)
                           for s in labels), labels
     for call in check.weight_calls(find_lesson("fp8").exercise.runs[0], "dequantize"):
         codes, scale_inv, block = call.args

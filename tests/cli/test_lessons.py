@@ -128,7 +128,8 @@ def test_a_wrong_prediction_is_explained_by_the_lesson():
     walked = walk(lesson, console, CommandSource(console, io.StringIO("\n".join(answers) + "\n"), False))
     assert walked.finished and (walked.first_try, walked.retried) == (walked.asked - 1, 1)
     assert "✗ 1000 is the vocabulary size" in out.getvalue()
-    assert f"predictions: {walked.asked - 1} of {walked.asked} right at the first try, 1 more on a retry" in out.getvalue()
+    assert (f"predictions: {walked.asked - 1} of {walked.asked} right at the first try, 1 more on a retry"
+            in out.getvalue())
 
 
 @pytest.mark.parametrize("name, written", [
@@ -202,7 +203,8 @@ def test_use_with_a_wrong_fp8_decode_reaches_the_fp8_products(tmp_path):
     wrong = tmp_path / "fp8.py"
     wrong.write_text(fp8.replace("exponent - 7)", "exponent - 6)"))  # every normal value doubled
     plain, swapped = tensors(RunSpec()), tensors(RunSpec(), [wrong])
-    np.testing.assert_allclose(swapped["layers.0.self_attn.q_a"], 2 * plain["layers.0.self_attn.q_a"], rtol=1e-5, atol=1e-4)  # subnormals are not doubled
+    np.testing.assert_allclose(swapped["layers.0.self_attn.q_a"], 2 * plain["layers.0.self_attn.q_a"],
+                               rtol=1e-5, atol=1e-4)  # subnormals are not doubled
     assert not np.allclose(plain["logits"], swapped["logits"])
 
 
@@ -238,7 +240,8 @@ def test_use_swaps_in_restores_stepper_and_rejects_other_signatures(tmp_path):
 # step; route per MoE layer.
 CALLS = {"rms_norm": 2 * (4 * 3 + 1), "apply_rope": 2 * 2 * 3, "latent": 2 * 3, "absorbed": 3, "route": 2 * 2,
          "index_scores": 2 * 3}  # prefill and one decode step, 3 layers
-MODEL = {"dequantize_int4": "tiny-int4", "index_scores": "tiny-v32"}  # INT4 weights only there; the indexer only in V3.2
+MODEL = {"dequantize_int4": "tiny-int4",
+         "index_scores": "tiny-v32"}  # INT4 weights only there; the indexer only in V3.2
 
 
 @pytest.mark.parametrize("name", overrides.EXERCISES)
@@ -553,9 +556,14 @@ def test_a_whole_tensor_value_in_a_sentence_about_one_token_is_caught(tmp_path):
     shutil.copytree(find_lesson("moe-routing").folder, folder)
     toml = folder / "lesson.toml"
     text = toml.read_text()
-    text = text.replace("min {layers.1.mlp.gate.scores[0].min:.3f}", "min {layers.1.mlp.gate.scores.min:.3f}")  # as it was
-    text = text.replace("For token 0, expert {fact.routed(layers.1, 0, 0, expert)}", "For token 1, expert {fact.routed(layers.1, 0, 0, expert)}")
-    text = text.replace('explain = """\nOne row per token,', 'explain = """\nRow 3 of head 1 has {layers.1.mlp.gate.logits[3].max:.3f} and head 2 {layers.1.self_attn.attn_weights[0, 1, 3].sum}. The last token: {layers.1.mlp.gate.logits[0].max}. One row per token,')
+    text = text.replace("min {layers.1.mlp.gate.scores[0].min:.3f}",
+                        "min {layers.1.mlp.gate.scores.min:.3f}")  # as it was
+    text = text.replace("For token 0, expert {fact.routed(layers.1, 0, 0, expert)}",
+                        "For token 1, expert {fact.routed(layers.1, 0, 0, expert)}")
+    text = text.replace('explain = """\nOne row per token,', (
+        'explain = """\nRow 3 of head 1 has {layers.1.mlp.gate.logits[3].max:.3f} and head 2 '
+        '{layers.1.self_attn.attn_weights[0, 1, 3].sum}. The last token: {layers.1.mlp.gate.logits[0].max}. '
+        'One row per token,'))
     toml.write_text(text)
     _, problems = subject_errors(load_lesson(folder))
     said = "\n".join(problems)
@@ -628,7 +636,8 @@ def test_the_indexer_cost_facts_count_the_products_the_run_makes():
     ctx = Context(prepare(spec), seen)
     q = seen["decode0.layers.0.self_attn.indexer.q_rope"]  # [B, Hi, 1, Di]
     assert facts.compute("index_macs", ctx, []) == q.shape[1] * q.shape[3]
-    scored = seen["decode0.layers.0.self_attn.q_nope_absorbed"].shape[-1] + seen["decode0.layers.0.self_attn.q_pe_rope"].shape[-1]
+    scored = (seen["decode0.layers.0.self_attn.q_nope_absorbed"].shape[-1]
+              + seen["decode0.layers.0.self_attn.q_pe_rope"].shape[-1])
     summed = seen["decode0.layers.0.self_attn.attn_output_latent"].shape[-1]
     heads = seen["decode0.layers.0.self_attn.attn_weights"].shape[1]
     assert facts.compute("mla_macs", ctx, []) == heads * (scored + summed)

@@ -29,9 +29,11 @@ def test_auto_keeps_the_naive_prefill_when_it_fits_and_says_so_without_the_live_
     for available in (2**40, 2**35):  # what the machine has left changes from run to run; the line does not
         chosen, why = memory.choose_attn(plan, estimate, available)
         assert chosen is plan
-        assert why == f"--attn auto: naive prefill, absorbed decode (the run needs about {memory.gib(total(plan))}, under half the memory available)"
+        assert why == (f"--attn auto: naive prefill, absorbed decode (the run needs about {memory.gib(total(plan))}, "
+                       "under half the memory available)")
     assert memory.choose_attn(prepare(RunSpec()), estimate, None)[1] == (
-        f"--attn auto: naive prefill (the run needs about {memory.gib(total(prepare(RunSpec())))}, the memory available is not known)")
+        f"--attn auto: naive prefill (the run needs about {memory.gib(total(prepare(RunSpec())))}, the memory "
+        "available is not known)")
     fixed = prepare(RunSpec(attn="naive"))
     assert memory.choose_attn(fixed, estimate, 1) == (fixed, None)  # only auto chooses
 
@@ -45,8 +47,8 @@ def test_auto_runs_naive_only_with_half_the_memory_available_to_spare():
     assert memory.choose_attn(plan, estimate, 2 * naive)[0] is plan
     chosen, why = memory.choose_attn(plan, estimate, 2 * naive - 1)
     assert chosen.spec.attn == "absorb" and chosen.spec.prompt_len == 4096
-    assert why == (f"--attn auto: absorbed throughout: naive the run would need about {memory.gib(naive)}, over half the "
-                   f"{memory.gib(2 * naive - 1)} available; absorbed it needs about {memory.gib(absorbed)}")
+    assert why == (f"--attn auto: absorbed throughout: naive the run would need about {memory.gib(naive)}, over half "
+                   f"the {memory.gib(2 * naive - 1)} available; absorbed it needs about {memory.gib(absorbed)}")
     assert memory.choose_attn(plan, estimate, naive)[0].spec.attn == "absorb"  # it fits, but not comfortably
 
 
@@ -59,8 +61,8 @@ def test_a_prefill_over_a_longer_synthetic_cache_runs_absorbed_whatever_the_memo
     for available in (None, 2**30, 2**50):
         chosen, why = memory.choose_attn(prepare(spec), estimate, available)
         assert chosen.spec.attn == "absorb"
-        assert why == (f"--attn auto: absorbed throughout: the prefill's 1 position attends over a cache of 131,000, as "
-                       f"a decode step does; naive it would need about {memory.gib(naive)}, absorbed it needs about "
+        assert why == ("--attn auto: absorbed throughout: the prefill's 1 position attends over a cache of 131,000, "
+                       f"as a decode step does; naive it would need about {memory.gib(naive)}, absorbed it needs about "
                        f"{memory.gib(absorbed)}")
 
 
@@ -76,7 +78,8 @@ def test_the_readme_long_context_command_says_it_runs_absorbed_and_why(monkeypat
     lines = result.output.splitlines()
     assert lines[1].startswith("attention absorb ·")
     assert lines[2].startswith("--attn auto: absorbed throughout: the prefill's 1 position attends over a cache of "
-                               "131,000, as a decode step does; naive it would need about 20.5 GiB, absorbed it needs about ")
+                               "131,000, as a decode step does; naive it would need about 20.5 GiB, absorbed it needs "
+                               "about ")
     assert lines[-1] == "stepper: error: stopped before running, attn absorb"
 
 
@@ -86,7 +89,8 @@ def test_the_header_says_the_cache_is_synthetic_and_the_prompt_follows_it():
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     assert lines[0].endswith("after a synthetic cache of 5,000 positions (seed 0)")
-    assert lines[2].startswith("--attn auto: absorbed throughout: the prefill's 2 positions attend over a cache of 5,000")
+    assert lines[2].startswith("--attn auto: absorbed throughout: the prefill's 2 positions attend over a cache of "
+                               "5,000")
     assert "S=5003 attended positions" in result.output
     assert "at positions 5000.." in lines[-1]
 
@@ -104,7 +108,8 @@ def test_a_run_showing_long_attention_says_its_statistics_take_a_while(monkeypat
     args = ["run", "--layer", "0", "--prompt-len", "1100", "--plain"]  # 4 heads x 1100 x 1100: made in tiles
     shown = invoke(*args, "--only", "*attn_weights")
     assert shown.exit_code == 0, shown.output
-    assert shown.output.splitlines()[3] == ("note: the attention scores and weights shown hold 4.8e+06 values, summarised "
+    assert shown.output.splitlines()[3] == ("note: the attention scores and weights shown hold 4.8e+06 values, "
+                                            "summarised "
                                             "a tile at a time: their exact statistics take a while (--only can leave "
                                             "them out)")
     assert "note:" not in invoke(*args, "--only", "*k_pe").output

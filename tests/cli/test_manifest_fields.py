@@ -49,7 +49,8 @@ def test_the_sound_manifest_verifies(tmp_path):
     (("inputs", "steps"), [], "'inputs.steps' must list at least the prefill"),
     (("inputs", "steps", 0, "ids"), "17 402", "inputs.steps[0]: 'ids' must be a list"),
     (("inputs", "steps", 0, "ids"), ["17"], "inputs.steps[0]: 'ids' must be a list of token ids (integers >= 0)"),
-    (("tensors", 0, "tolerance", "kind"), KeyError, "tensors[0] tolerance: 'kind' must be one of allclose, exact, same-experts, got None"),
+    (("tensors", 0, "tolerance", "kind"), KeyError,
+     "tensors[0] tolerance: 'kind' must be one of allclose, exact, same-experts, got None"),
     (("tensors", 0, "tolerance", "atol"), KeyError, "tensors[0] tolerance: no 'atol' (a number expected)"),
     (("tensors", 0, "tolerance", "atol"), "1e-3", "tensors[0] tolerance: 'atol' must be a number"),
     (("tensors", 0, "tolerance", "rtol"), -1, "tensors[0] tolerance: 'rtol' must be a finite number >= 0, got -1"),
@@ -76,8 +77,9 @@ def test_an_infinite_tolerance_is_refused(tmp_path):
 
 json_leaf = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=False),
                       st.text(max_size=12), st.sampled_from([0, -1, 1, 2**63, 1e308, "", "\x1b[2J", "model", "exact"]))
-json_value = st.recursive(json_leaf, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
-                          max_leaves=6)
+json_value = st.recursive(
+    json_leaf, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=6)
 
 
 PATHS = [p for p in paths_of(SOUND) if p[0] != "config" or len(p) == 1]  # config fields: the config reader's fuzzing

@@ -4,8 +4,8 @@ A config string, a path, an .npz tensor name, a lesson file and the debugger's t
 ESC [2J (clear the screen), NUL, a carriage return, the C1 control CSI (U+009B) and Rich markup.
 The commands run in the test process (helpers.cli), writing bytes as into a pipe: plain (no
 colour at all: not one byte below 0x20 but newline and tab) and with colour forced (stepper's own
-colour codes, SGR sequences, are the only escape sequences allowed). Each command's output must also show the odd text escaped, where it
-belongs, and its markup literally.
+colour codes, SGR sequences, are the only escape sequences allowed). Each command's output must also show the odd
+text escaped, where it belongs, and its markup literally.
 """
 
 import json
@@ -27,7 +27,8 @@ CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # every control but newli
 SGR = re.compile("\x1b\\[[0-9;]*m")  # a colour or style: stepper's own, when colour is on
 
 
-def stepper(*args: str, cwd: Path, stdin: str = "", colour: bool = False, env: dict | None = None) -> tuple[int, str, str]:
+def stepper(*args: str, cwd: Path, stdin: str = "", colour: bool = False,
+            env: dict | None = None) -> tuple[int, str, str]:
     """Exit code, stdout and stderr of a command, the output checked byte by byte: valid UTF-8 (a
     byte that is not UTF-8 would be a raw one), no control character, and with colour only SGR."""
     environ = {"FORCE_COLOR": None, "NO_COLOR": None, "TERM": None, "COLUMNS": "80"}
@@ -52,7 +53,8 @@ def place(tmp_path_factory) -> Path:
     config = root / f"ck{TYPED}" / "config.json"
     config.write_text(json.dumps({**json.loads(config.read_text()), "_name_or_path": ODD}))
     hidden = np.random.default_rng(0).standard_normal((1, 3, 320)).astype(np.float32)
-    save_file({"layers.1.hidden_states": hidden}, str(root / f"in{TYPED}.safetensors"), metadata={"note": ODD, ODD: ODD})
+    save_file({"layers.1.hidden_states": hidden}, str(root / f"in{TYPED}.safetensors"),
+              metadata={"note": ODD, ODD: ODD})
     fixture = REPO / "fixtures" / "tiny-prefill-decode"
     (root / f"fx{TYPED}").mkdir()
     for name in ("manifest.json", "tensors.safetensors"):
@@ -233,5 +235,7 @@ def test_bench_lines_are_shown_escaped(monkeypatch, capsys):
     assert CONTROL.findall(out) == [] and "[red]x" in out
     assert f"writing w{shown(TYPED)}" in out and f"machine: cpu {shown(TYPED)}" in out and f"in w{shown(TYPED)}" in out
     lines = out.splitlines()  # through a pipe, each line whole
-    assert "· a progress line long enough to pass the 80 columns a pipe is given by default, and kept whole there" in lines
-    assert any(line.startswith("decode: 0.25 s") and line.rstrip().endswith("noted " * 19 + "noted") for line in lines), lines
+    assert "· a progress line long enough to pass the 80 columns a pipe is given by default, and kept whole there" \
+        in lines
+    noted = "noted " * 19 + "noted"
+    assert any(line.startswith("decode: 0.25 s") and line.rstrip().endswith(noted) for line in lines), lines

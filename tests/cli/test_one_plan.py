@@ -80,7 +80,8 @@ def test_the_whole_prompt_asked_for_is_refused_alike_where_it_does_not_fit(tight
     with pytest.raises(StepperError, match=r"^this run would need about .* lower it with prompt_len="):
         stepper.run("tiny", layer=0, prompt_len=300, keep=KEEP, chunk=0)
     side = one_line(cli("diff", "run --layer 0 --prompt-len 300 --chunk 0", "run --layer 0 --prompt-len 300"))
-    assert side.startswith("stepper: error: diff A 'run --layer 0 --prompt-len 300 --chunk 0': this run would need about ")
+    assert side.startswith("stepper: error: diff A 'run --layer 0 --prompt-len 300 --chunk 0': this run would need "
+                           "about ")
 
 
 def test_the_long_context_command_of_the_usage_plans_absorbed_through_every_entry_point(monkeypatch):
@@ -99,11 +100,13 @@ def test_the_long_context_command_of_the_usage_plans_absorbed_through_every_entr
     assert one_line(cli("run", *options.split(), "--plain"), 2) == "stepper: error: stopped before running"
     with pytest.raises(StepperError, match="^stopped before running$"):
         stepper.run("kimi-k2", layer=1, cache_len=131000, prompt_len=1, decode=1, keep="*attn_weights")
-    assert one_line(cli("diff", f"run {options}", "run")) == f"stepper: error: diff A 'run {options}': stopped before running"
+    assert one_line(cli("diff", f"run {options}",
+                        "run")) == f"stepper: error: diff A 'run {options}': stopped before running"
     assert [(s.model, s.attn, s.chunk) for s in chosen] == [("kimi-k2", "absorb", 0)] * 3
 
 
 @pytest.mark.parametrize("chunk", ["half", -1, 2.5, True])
 def test_the_api_takes_the_chunks_stepper_run_takes_and_names_them_when_wrong(chunk):
-    with pytest.raises(StepperError, match=r"^chunk= expects an integer >= 0 \(0: the whole prompt at once\) or 'auto', got "):
+    with pytest.raises(StepperError,
+                       match=r"^chunk= expects an integer >= 0 \(0: the whole prompt at once\) or 'auto', got "):
         stepper.run("tiny", chunk=chunk)

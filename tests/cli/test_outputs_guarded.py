@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
-from helpers.cli import stepper
+from helpers.cli import refused, stepper
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
@@ -34,18 +34,14 @@ def verify(candidate: Path, report: Path, *more: str):
     return stepper("fixtures", "verify", FIXTURE, candidate, "--allow-missing", "--plain", "--report", report, *more)
 
 
-def refused(out) -> str:
-    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "Traceback" not in out.stderr, out.stderr
-    return out.stderr.removeprefix("stepper: error: ").strip()
-
-
 def test_a_report_onto_a_users_file_is_refused_with_or_without_force(candidate, tmp_path):
     report = tmp_path / "report.json"
     report.write_text(MINE)
     assert refused(verify(candidate, report)) == (f"--report {report}: file exists; pass --force to overwrite it, "
                                                   "or give another name")
     assert refused(verify(candidate, report, "--force")) == (
-        f"--report {report}: is not a report stepper wrote; --force replaces only a report stepper wrote, so it was not touched")
+        f"--report {report}: is not a report stepper wrote; --force replaces only a report stepper wrote, so it was "
+        "not touched")
     assert report.read_text() == MINE and sorted(tmp_path.iterdir()) == [report]
 
 
@@ -54,7 +50,8 @@ def test_a_report_onto_a_fifo_or_a_link_is_refused_and_neither_is_touched(candid
     os.mkfifo(fifo)
     target.write_text(MINE)
     link.symlink_to(target)
-    assert refused(verify(candidate, fifo, "--force")) == f"--report {fifo}: is not a regular file; give a new file name"
+    assert refused(verify(candidate, fifo,
+                          "--force")) == f"--report {fifo}: is not a regular file; give a new file name"
     assert refused(verify(candidate, link, "--force")) == (f"--report {link}: is a link; stepper does not write "
                                                            "through links, give a new file name")
     assert fifo.is_fifo() and link.is_symlink() and target.read_text() == MINE
@@ -85,7 +82,8 @@ def test_two_lesson_resets_keep_every_backup(tmp_path):
     assert {p.name: p.read_text() for p in folder.iterdir()} == {
         "tour.py": lesson.stub.read_text(), "tour.py.bak": "a backup the learner made\n",
         "tour.py.bak2": "first attempt\n", "tour.py.bak3": "second attempt\n"}
-    assert out.stdout == "stepper-lessons/tour.py is the stub again; your previous file is stepper-lessons/tour.py.bak3\n"
+    assert out.stdout == ("stepper-lessons/tour.py is the stub again; your previous file is "
+                          "stepper-lessons/tour.py.bak3\n")
     again = stepper("lesson", "reset", "tour", "--plain", cwd=tmp_path, env=env)  # the stub untouched: no backup of it
     assert again.stdout == "stepper-lessons/tour.py is the stub again\n" and len(list(folder.iterdir())) == 4
 

@@ -56,7 +56,8 @@ def test_layers_from_the_start_with_the_globals_run_as_a_model():
     assert partial_text([0, 1], 61, has_globals=False) == (  # a model run needs the embedding
         "holds only layers 0..1 of 0..60, no embedding, norm or lm_head: inspect with --layers 0:2, run with --layer 0")
     assert partial_text([3, 4, 9], 61, has_globals=False) == (
-        "holds only layers 3..4, 9 of 0..60, no embedding, norm or lm_head: inspect with --layers 3:5, run with --layer 3")
+        "holds only layers 3..4, 9 of 0..60, no embedding, norm or lm_head: inspect with --layers 3:5, run with "
+        "--layer 3")
     assert partial_text([0, 1, 2], 3, has_globals=False) == (
         "holds layers 0..2, no embedding, norm or lm_head: inspect with --layers 0:3, run with --layer 0")
     assert partial_text([], 3, has_globals=False) == (

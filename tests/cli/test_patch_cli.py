@@ -45,7 +45,8 @@ def test_a_bad_patch_is_one_line_and_exit_2():
 
 
 def test_step_takes_patch_too():
-    out = cli("step", "--plain", "--prompt-len", "2", "--until", "layers.1.self_attn.k_pe", "--patch", "layers.1.self_attn.k_pe=0",
+    out = cli("step", "--plain", "--prompt-len", "2", "--until", "layers.1.self_attn.k_pe", "--patch",
+              "layers.1.self_attn.k_pe=0",
               stdin="p\nq\n")
     assert out.returncode == 0, out.stderr
     assert "min 0  max 0  mean 0" in out.stdout
@@ -82,7 +83,8 @@ def test_set_refuses_another_tensor_and_a_bad_value_and_goes_on():
     tensors, shown = debugged(["set layers.1.self_attn.q = 0", "set [9] = 0", "set = open", "set", "c"],
                               ["layers.1.self_attn.k_pe"])
     assert "only the tensor the run stopped at (layers.1.self_attn.k_pe) can be set" in shown
-    assert "index 9 is out of bounds" in shown and "'open' is not allowed" in shown and "set takes NAME[slice] = value" in shown
+    assert ("index 9 is out of bounds" in shown and "'open' is not allowed" in shown
+            and "set takes NAME[slice] = value" in shown)
     plain = stepper.run("tiny", ids=[3, 14, 15], keep="logits")
     np.testing.assert_array_equal(tensors["logits"], plain["logits"])  # nothing was set
 
@@ -94,8 +96,9 @@ def test_a_patched_run_says_so_in_its_header_and_on_the_patched_rows():
     assert lines[2] == ("patched: layers.1.mlp.gate.topk_idx=x[..., 0]=5 (rows marked patched show the new values; the "
                         "run goes on from them)")
     rows = [line for line in lines if line.startswith("layers.")]
+    # layer 2's experts are chosen from a patched run, not patched
     assert rows == ["layers.1.mlp.gate.topk_idx  [N=7 tokens, 4 chosen experts]  int64  patched",
-                    "layers.2.mlp.gate.topk_idx  [N=7 tokens, 4 chosen experts]  int64"]  # chosen from a patched run, not patched
+                    "layers.2.mlp.gate.topk_idx  [N=7 tokens, 4 chosen experts]  int64"]
     assert lines[lines.index(rows[0]) + 2].startswith("    corners 5 ")
     assert "patched" not in cli("run", "--plain", "--only", "*gate.topk_idx").stdout
     stepped = cli("step", "--plain", "--patch", "layers.1.mlp.gate.topk_idx=x[..., 0]=5", stdin="q\n")

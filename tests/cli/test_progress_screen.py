@@ -28,14 +28,16 @@ def same_run(lines: list[str]) -> list[str]:
     return [re.sub(r"[\d.]+ GiB available", "… GiB available", line) for line in lines]
 
 
-@pytest.mark.parametrize(("args", "columns"), [(RUN, 80), (RUN, 200), (("run", "--prompt-len", "16", "--decode", "1"), 80)])
+@pytest.mark.parametrize(("args", "columns"), [(RUN, 80), (RUN, 200),
+                                               (("run", "--prompt-len", "16", "--decode", "1"), 80)])
 def test_rows_are_printed_below_the_bar_never_on_its_line(args, columns):
     """With every loop's bar drawn at once, the screen afterwards is the screen of the same run
     without bars: each row starts its own line, and the bar leaves nothing behind."""
     with_bars = on_terminal(*args, columns=columns, env={"STEPPER_PROGRESS_DELAY": "0"})
     without = on_terminal(*args, columns=columns, env={"STEPPER_PROGRESS_DELAY": "1000"})
     assert with_bars.code == without.code == 0
-    assert BAR in with_bars.raw and b"layers" in with_bars.raw and b"steps (the prefill" in with_bars.raw  # bars were drawn
+    assert (BAR in with_bars.raw and b"layers" in with_bars.raw
+            and b"steps (the prefill" in with_bars.raw)  # bars were drawn
     assert BAR not in without.raw
     assert "━" not in with_bars.text and "%" not in with_bars.text
     assert same_run(with_bars.lines) == same_run(without.lines)
@@ -59,7 +61,8 @@ def test_synth_shows_its_progress_on_a_terminal_and_nothing_through_a_pipe(tmp_p
     assert BAR in on_screen.raw and "writing on-screen" in drawn and re.search(r"\d+(\.\d+)?/\d+(\.\d+)? [kM]B", drawn)
     assert next(line for line in on_screen.lines if line).startswith("wrote ")  # the bar gone, the summary left
     piped = stepper("synth", "--model", "tiny", "--out", tmp_path / "piped")
-    assert piped.returncode == 0 and piped.stderr == "" and piped.stdout.startswith("wrote ") and piped.stdout.count("\n") == 1
+    assert (piped.returncode == 0 and piped.stderr == "" and piped.stdout.startswith("wrote ")
+            and piped.stdout.count("\n") == 1)
 
 
 ESCAPE = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]")
@@ -108,10 +111,12 @@ def test_a_long_cache_and_the_steps_report_their_progress():
 
 
 def test_the_long_run_shows_its_bars_on_a_terminal_and_leaves_a_clean_screen():
-    args = ("run", "--layer", "1", "--cache-len", "20000", "--prompt-len", "1", "--decode", "1", "--only", "*attn_weights")
+    args = ("run", "--layer", "1", "--cache-len", "20000", "--prompt-len", "1", "--decode", "1", "--only",
+            "*attn_weights")
     shown = on_terminal(*args, columns=100, env={"STEPPER_PROGRESS_DELAY": "0"})
     drawn = ESCAPE.sub(b"", shown.raw).decode()
-    assert shown.code == 0 and "synthetic cache positions" in drawn and "steps (the prefill, then each decode step)" in drawn
+    assert (shown.code == 0 and "synthetic cache positions" in drawn
+            and "steps (the prefill, then each decode step)" in drawn)
     assert "━" not in shown.text and "synthetic cache positions" not in shown.text
     piped = stepper(*args)
     assert piped.returncode == 0 and piped.stderr == "" and "synthetic cache" in piped.stdout  # the header says it

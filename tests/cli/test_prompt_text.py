@@ -65,7 +65,8 @@ def test_a_text_prompt_runs_as_its_ids(ckpt):
 
 
 def test_the_routing_map_and_heat_map_show_the_tokens(ckpt):
-    out = stepper("run", "--model", str(ckpt), "--plain", "--prompt", PROMPT, "--decode", "1", "--show", "routing,attention",
+    out = stepper("run", "--model", str(ckpt), "--plain", "--prompt", PROMPT, "--decode", "1", "--show",
+                  "routing,attention",
                   "--only", "*layers.1.mlp.gate.topk_*", "--only", "*layers.1.self_attn.attn_weights")
     assert out.returncode == 0, out.stderr
     ids = ids_of(ckpt, PROMPT)
@@ -100,7 +101,8 @@ def test_a_kimi_tiktoken_prompt_shows_its_tokens(ckpt):
 
 def test_the_debuggers_p_names_the_tokens_of_a_token_axis(ckpt):
     commands = "p layers.1.self_attn.attn_weights[0,0,2:4]\np layers.1.mlp.gate.topk_idx\nq\n"
-    out = stepper("step", "--model", str(ckpt), "--plain", "--prompt", PROMPT, "--break", "layers.1.mlp.gate.topk_weight",
+    out = stepper("step", "--model", str(ckpt), "--plain", "--prompt", PROMPT, "--break",
+                  "layers.1.mlp.gate.topk_weight",
                   stdin=commands)
     assert out.returncode == 0, out.stderr
     assert "T (positions): 2 ␣world · 3 ," in out.stdout

@@ -92,7 +92,8 @@ def test_every_command_of_a_block_runs_as_quoted(runs, tmp_path, monkeypatch):
             BEFORE[command](tmp_path)
         typed = "".join(line.removeprefix("(stepper) ") + "\n" for line in shown if line.startswith("(stepper) "))
         result = CliRunner().invoke(app, shlex.split(command)[1:], input=typed)
-        assert result.exit_code == EXPECTED_EXIT.get(command, 0), f"{command}\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}"
+        assert result.exit_code == EXPECTED_EXIT.get(command, 0), \
+            f"{command}\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}"
         printed = iter(line.rstrip() for line in result.stdout.splitlines())
         for line in shown:  # in order: each shown line is found after the one before it
             assert any(out == line for out in printed), f"{command}: README shows a line it does not print:\n{line}"
@@ -108,7 +109,8 @@ def test_every_command_in_the_text_is_a_command():
 
 
 def test_the_command_table_names_every_command():
-    rows = [row for row in (ROOT / "README.md").read_text(encoding="utf-8").splitlines() if row.startswith("| `stepper ")]
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    rows = [row for row in readme.splitlines() if row.startswith("| `stepper ")]
     tabled = {row.split("`")[1].split()[1] for row in rows}
     assert tabled == set(typer.main.get_command(app).commands)
     assert any(row.startswith("| `stepper fixtures names`") for row in rows)
@@ -117,8 +119,10 @@ def test_the_command_table_names_every_command():
 def test_the_options_readme_lists_are_the_options_run_and_step_take():
     """Every option of README's table is run's; step's are the same but the four the sentence names."""
     start = README.index("`stepper run` options")
-    intro, table = README[start:README.index("| option |", start)], README[start:README.index("The header of every run")]
-    listed = {o for row in table.splitlines() if row.startswith("| `--") for o in re.findall(r"`(--[a-z-]+)", row.split("|")[1])}
+    intro = README[start:README.index("| option |", start)]
+    table = README[start:README.index("The header of every run")]
+    listed = {o for row in table.splitlines() if row.startswith("| `--")
+              for o in re.findall(r"`(--[a-z-]+)", row.split("|")[1])}
     run_help = CliRunner().invoke(app, ["run", "--help"], terminal_width=200).stdout
     step_help = CliRunner().invoke(app, ["step", "--help"], terminal_width=200).stdout
     not_in_step = set(re.findall(r"except (`--[a-z-]+`(?:, `--[a-z-]+`)* and `--[a-z-]+`)", intro)[0].replace("`", "")

@@ -49,7 +49,8 @@ def test_routing_is_drawn_when_either_of_the_router_choices_is_shown(only):
 def test_a_picture_no_shown_tensor_gives_is_refused_with_the_reason():
     out = stepper("run", "--only", "*k_pe", "--show", "routing")
     assert out.exit_code == 2
-    assert "--show routing: it is drawn from mlp.gate.topk_idx or mlp.gate.topk_weight, and this run shows none" in out.stderr
+    assert ("--show routing: it is drawn from mlp.gate.topk_idx or mlp.gate.topk_weight, and this run shows none"
+            in out.stderr)
     out = stepper("run", "--layers", "0:1", "--show", "attention,routing")
     assert out.exit_code == 2 and "--show routing" in out.stderr  # layer 0 is dense: no router
     assert stepper("run", "--only", "*k_pe", "--show", "hist").exit_code == 0
@@ -57,7 +58,8 @@ def test_a_picture_no_shown_tensor_gives_is_refused_with_the_reason():
 
 def test_routing_in_the_debugger_before_topk_weight_says_what_to_do():
     out = stepper("step", "--plain", "--until", "layers.1.mlp.gate.topk_idx", stdin="s routing\nq\n")
-    assert "s routing draws layers.1.mlp.gate.topk_idx with its topk_weight, which comes next: n, then s routing" in out.stdout
+    assert ("s routing draws layers.1.mlp.gate.topk_idx with its topk_weight, which comes next: n, then s routing"
+            in out.stdout)
 
 
 def test_a_bare_global_name_is_the_global():
@@ -74,7 +76,8 @@ def test_a_bare_global_name_is_the_global():
 
 def test_a_layer_alone_says_its_decode_tokens_come_from_the_seed():
     out = stepper("run", "--plain", "--layer", "1", "--decode", "2", "--only", "output")
-    assert "then 2 decode steps on tokens drawn from the seed (a layer alone has no logits to choose them)" in out.stdout
+    assert ("then 2 decode steps on tokens drawn from the seed (a layer alone has no logits to choose them)"
+            in out.stdout)
     whole = stepper("run", "--plain", "--decode", "2", "--only", "output")
     assert "drawn from the seed" not in whole.stdout
     assert "with --layer, drawn from the seed" in " ".join(stepper("run", "--help").stdout.split())
@@ -90,7 +93,8 @@ def test_counts_agree_with_their_nouns_and_positions_are_a_range():
     assert "(1 tensor passed)" in step.stdout
     quit_ = stepper("step", "--plain", stdin="q\n")
     assert "quit after 1 tensor\n" in quit_.stdout
-    topk = stepper("step", "--plain", "--decode", "1", "--until", "decode0.layers.1.mlp.gate.topk_weight", stdin="s routing\nq\n")
+    topk = stepper("step", "--plain", "--decode", "1", "--until", "decode0.layers.1.mlp.gate.topk_weight",
+                   stdin="s routing\nq\n")
     assert "1 token × top-4" in topk.stdout and "[N=1 token, 4 chosen experts]" in topk.stdout
 
 
@@ -109,7 +113,8 @@ def test_layers_reversed_empty_or_out_of_range_are_told_apart(layers, message):
 
 
 @pytest.mark.parametrize(("option", "suggestion"), [
-    ("--bogus", ""), ("--prompt-lenn", " (did you mean --prompt-len?)"), ("--prompt-le", " (did you mean --prompt or --prompt-len?)"),
+    ("--bogus", ""), ("--prompt-lenn", " (did you mean --prompt-len?)"),
+    ("--prompt-le", " (did you mean --prompt or --prompt-len?)"),
     ("--start_pos", " (did you mean --start-pos?)"),
 ])
 def test_an_unknown_option_suggests_only_close_ones(option, suggestion, monkeypatch, capsys):

@@ -35,7 +35,8 @@ def typed_lines(shown: list[str]) -> list[str]:
     return [line.removeprefix("(stepper) ") for line in shown if line.startswith("(stepper) ")]
 
 
-CASES = [[(command, typed_lines(shown)) for command, shown in runs if command not in SKIPPED] for runs in BLOCKS] + EXTRA
+CASES = [[(command, typed_lines(shown)) for command,
+          shown in runs if command not in SKIPPED] for runs in BLOCKS] + EXTRA
 ESCAPE = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
 VARYING = [(re.compile(r"[\d.]+ GiB available"), "… GiB available"), (re.compile(r"\(\d+(\.\d+)? s\)"), "(… s)")]
 

@@ -73,8 +73,10 @@ def test_each_decode_step_draws_the_experts_it_chose():
     seen = sequence(out.stdout)
     (top, other), chosen = chosen_most(RunSpec(layers=(1, 2), decode=1), "decode0.layers.1.mlp.gate.topk_idx")
     step = seen[seen.index("decode0.layers.1.mlp_output") + 1:]
-    assert chosen == 4 and step[0] == f"layer 1: 4 of 32 routed experts chosen; grids of the 2 chosen most: {top}, {other}"
-    assert step[1:] == [f"model.layers.1.mlp.experts.{e}.{p}_proj.weight" for e in (top, other) for p in ("gate", "up", "down")]
+    assert (chosen == 4
+            and step[0] == f"layer 1: 4 of 32 routed experts chosen; grids of the 2 chosen most: {top}, {other}")
+    assert step[1:] == [f"model.layers.1.mlp.experts.{e}.{p}_proj.weight"
+                        for e in (top, other) for p in ("gate", "up", "down")]
     prefill = seen[seen.index("prefill.layers.1.mlp_output") + 1: seen.index("decode0.layers.1.mlp_output")]
     assert prefill[0].startswith("layer 1: ") and len(prefill) == 1 + 6 + 3  # the routed experts, then the shared
     assert prefill[-3:] == grids(1, "mlp.shared_experts", ["gate_proj", "up_proj", "down_proj"])

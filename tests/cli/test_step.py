@@ -30,7 +30,8 @@ def stops(out: str) -> list[str]:
 
 def test_next_steps_one_tensor_at_a_time():
     out = step(commands="n\nn\nq\n").stdout
-    assert stops(out)[:3] == ["model › embed", "model › latent attention › rope_cos", "model › latent attention › rope_sin"]
+    assert stops(out)[:3] == ["model › embed", "model › latent attention › rope_cos",
+                              "model › latent attention › rope_sin"]
     assert "(stepper) n" in out and "n next (Enter)" in out
 
 
@@ -98,7 +99,8 @@ def test_compare_slices_of_tensors(tensors):
     """x takes NumPy slices on either side (with spaces inside the brackets): the latent is the
     first kv_lora_rank columns of kv_a, so the two agree exactly; a shape mismatch says to slice."""
     out = step("--until", "layers.1.self_attn.k_pe",
-               commands="x compressed_kv kv_a[..., :128]\nx kv_a[0, :, 128:] k_pe[0, 0]\nx compressed_kv kv_a\nq\n").stdout
+               commands="x compressed_kv kv_a[..., :128]\nx kv_a[0, :, 128:] k_pe[0, 0]\nx compressed_kv "
+                        "kv_a\nq\n").stdout
     kv_a, k_pe = tensors["layers.1.self_attn.kv_a"], tensors["layers.1.self_attn.k_pe"]
     assert "a = layers.1.self_attn.compressed_kv  [1, 7, 128]\nb = layers.1.self_attn.kv_a[..., :128]" in out
     assert f"max |a - b| = 0 · max |b| = {np.abs(kv_a[..., :128]).max():.4g}" in out
@@ -148,7 +150,8 @@ def test_every_example_of_the_help_runs():
     resuming = {"n", "c", "u", "q"}
     examples = [e for command in TABLE if command.names[0] not in resuming for e in command.examples]
     helps = [f"help {command.names[0]}" for command in TABLE]
-    out = step("--decode", "1", "--until", "decode0.layers.1.output", commands="\n".join([*examples, *helps, "?", "q"]) + "\n")
+    out = step("--decode", "1", "--until", "decode0.layers.1.output",
+               commands="\n".join([*examples, *helps, "?", "q"]) + "\n")
     assert out.returncode == 0, out.stderr
     for error in ("unknown command", "no tensor", "bad slice", "cannot compare", "matches no tensor", "no command",
                   "show what?", "s scales needs", "no stored weights"):

@@ -157,7 +157,8 @@ def test_everything_fits_the_terminal_width(columns):
     for field in ("nan 0", "inf 0", "h history", "s show attention|routing|hist|scales [NAME]", "T=1 position,",
                   "picks listed in rank order" if columns == 160 else "picks"):
         assert field in text, field
-    name = next(i for i, line in enumerate(shown) if line.startswith("decode0.layers.1.self_attn.q_pe_rope  [B=1 batch,"))
+    name = next(i for i,
+                line in enumerate(shown) if line.startswith("decode0.layers.1.self_attn.q_pe_rope  [B=1 batch,"))
     if columns == 80:  # too long for one line: broken between dims and between fields
         assert shown[name].endswith(",") and shown[name + 1].startswith("    ")
         assert shown[name + 2].startswith("    min ") and shown[name + 3].startswith("    ")

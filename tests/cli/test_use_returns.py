@@ -24,7 +24,8 @@ def error_line(out, path: Path) -> str:
 
 def learner_file(tmp_path: Path, body: str, signature: str = "rms_norm(x, weight, eps)") -> Path:
     path = tmp_path / "mine.py"
-    path.write_text(f"import numpy as np\n\n\ndef {signature}:\n" + "".join(f"    {line}\n" for line in body.splitlines()))
+    indented = "".join(f"    {line}\n" for line in body.splitlines())
+    path.write_text(f"import numpy as np\n\n\ndef {signature}:\n" + indented)
     return path
 
 
@@ -54,7 +55,8 @@ def test_a_tuple_and_a_routing_are_checked_field_by_field(tmp_path):
     path = learner_file(tmp_path, "return x[..., :4]", "latent(x, w, cfg, emit)")
     assert used(path) == f"stepper: error: {path}: latent returned float32[1, 3, 4]; expected a tuple of 2 arrays"
     body = ("from stepper.model.router import Routing\n"
-            "return Routing(np.zeros((len(x), cfg.num_experts_per_tok)), np.ones((len(x), cfg.num_experts_per_tok), np.float32))")
+            "return Routing(np.zeros((len(x), cfg.num_experts_per_tok)), np.ones((len(x), cfg.num_experts_per_tok), "
+            "np.float32))")
     path = learner_file(tmp_path, body, "route(x, gate, bias, cfg, emit)")
     assert used(path) == (f"stepper: error: {path}: route returned a Routing whose topk_idx float64[3, 4]; "
                           "expected an array int64[3, 4]")
@@ -79,10 +81,12 @@ def test_what_a_function_raises_is_one_line_with_its_line(tmp_path, body, raised
 
 def test_a_file_raising_while_it_loads_is_one_line(tmp_path):
     path = tmp_path / "mine.py"
-    path.write_text("import numpy as np\n\nnp.reshape(np.zeros(3), (2, 2))\n\n\ndef rms_norm(x, weight, eps):\n    return x\n")
+    path.write_text("import numpy as np\n\nnp.reshape(np.zeros(3), (2, 2))\n\n\ndef rms_norm(x, weight, eps):\n    "
+                    "return x\n")
     out = stepper("run", "--plain", "--use", str(path))
-    assert out.returncode == 2 and out.stderr == (f"stepper: error: {path} line 3: loading it failed: ValueError: cannot "
-                                                  "reshape array of size 3 into shape (2,2)\n")
+    assert out.returncode == 2 and out.stderr == (
+        f"stepper: error: {path} line 3: loading it failed: ValueError: cannot reshape array of size 3 into shape "
+        "(2,2)\n")
     path.write_text("raise RuntimeError('one\\ntwo')\n")
     out = stepper("run", "--plain", "--use", str(path))
     assert out.stderr == f"stepper: error: {path} line 1: loading it failed: RuntimeError: one\\ntwo\n"
@@ -103,7 +107,8 @@ MODELS = ["tiny", "tiny-v3", "tiny-int4", "tiny-v2", "tiny-v32"]
 @pytest.mark.parametrize("model", MODELS)
 def test_stepper_own_functions_pass_the_checks_in_every_model(tmp_path, model):
     path = tmp_path / "all.py"
-    path.write_text("from stepper.lessons.exercises import REFERENCES\n\n\n" + "\n\n".join(stand_in(n) for n in overrides.EXERCISES))
+    stand_ins = "\n\n".join(stand_in(n) for n in overrides.EXERCISES)
+    path.write_text("from stepper.lessons.exercises import REFERENCES\n\n\n" + stand_ins)
     spec = RunSpec(model=model, prompt_len=3, decode=1)
     recorder = Recorder()
     with overrides.use([path]) as swapped:

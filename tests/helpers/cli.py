@@ -5,8 +5,8 @@ faster (no interpreter to start, nothing to import again).
 For what the command prints and writes, not for the process around it: exit codes as a shell
 sees them, signals, a terminal, the umask and memory limits are tested with real processes.
 Like a child process with stdin=DEVNULL, the command sees: its own stdout and stderr (pipes, not
-terminals: bytes in the locale's encoding), an empty stdin (or the given text) and /dev/null on file descriptor 0 (so Rich never
-takes the width of a terminal the tests were started from), the given working directory and
+terminals: bytes in the locale's encoding), an empty stdin (or the given text) and /dev/null on file descriptor 0
+(so Rich never takes the width of a terminal the tests were started from), the given working directory and
 environment. An exception the command lets escape is a traceback on stderr and exit code 1, as
 Python reports it, so a test that says "no traceback" still fails on one. A command that changes a
 file that was in the test's tmp_path, outside stepper's own places, fails the test
@@ -47,6 +47,11 @@ def one_line(out: subprocess.CompletedProcess, code: int = 2) -> str:
     lines = out.stderr.splitlines()
     assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
     return lines[0]
+
+
+def refused(out: subprocess.CompletedProcess) -> str:
+    """The one line of a refusal (exit code 2), without its "stepper: error: " prefix."""
+    return one_line(out).removeprefix("stepper: error: ").strip()
 
 
 def ends_well(out: subprocess.CompletedProcess) -> None:

@@ -1,10 +1,11 @@
-"""Files and maps for the reader's tests: safetensors written by the reference serializer, the
-pages of a file in the page cache, this process's memory maps."""
+"""Files and maps for the tests: safetensors written by the reference serializer, the pages of a
+file in the page cache, this process's memory maps, a folder's files linked into another, sizes."""
 
 from __future__ import annotations
 
 import ctypes
 import mmap
+from collections.abc import Collection
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,8 @@ def reference_write(path: Path, arrays: dict[str, np.ndarray], metadata: dict[st
     arrays = {k: np.ascontiguousarray(v) for k, v in arrays.items()}
     if hasattr(safetensors, "TensorSpec"):  # newer releases (0.8 has it); older ones take dicts
         specs = {
-            k: safetensors.TensorSpec(dtype=v.dtype.name, shape=list(v.shape), data_ptr=v.ctypes.data, data_len=v.nbytes)
+            k: safetensors.TensorSpec(dtype=v.dtype.name, shape=list(v.shape), data_ptr=v.ctypes.data,
+                                      data_len=v.nbytes)
             for k, v in arrays.items()
         }
     else:
@@ -49,3 +51,22 @@ def mappings() -> list[dict]:
         elif head and found:
             found[-1][head[0].rstrip(":")] = head[1:]
     return found
+
+
+def linked(source: Path, folder: Path, *, but: Collection[str] = (), copied: bool = False) -> Path:
+    """folder (made if need be) with a link to every file of source but those named in `but`: left
+    out, or with copied, copied (to be changed)."""
+    folder.mkdir(exist_ok=True)
+    for file in source.iterdir():
+        if file.name not in but:
+            (folder / file.name).symlink_to(file)
+        elif copied:
+            (folder / file.name).write_bytes(file.read_bytes())
+    return folder
+
+
+def size_of(path: Path) -> int:
+    """Bytes of a file, or of every file under a folder (0 for nothing there)."""
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    return path.stat().st_size if path.is_file() else 0

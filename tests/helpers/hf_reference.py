@@ -160,7 +160,8 @@ _DROP_KEYS = ("model_type", "quantization_config", "auto_map", "torch_dtype", "d
 # DeepSeek's V2 code. `checks` are config.json fields transformers ignores: values it would not honour.
 _V3 = SimpleNamespace(module=hf_ds3, config=DeepseekV3Config, model=DeepseekV3ForCausalLM, moe=hf_ds3.DeepseekV3MoE,
                       rope="apply_rotary_pos_emb_interleave", interleaved_out=False, extra={"rope_interleave": True},
-                      checks={"scoring_func": "sigmoid", "topk_method": "noaux_tc"}, drop=("scoring_func", "topk_method"))
+                      checks={"scoring_func": "sigmoid", "topk_method": "noaux_tc"},
+                      drop=("scoring_func", "topk_method"))
 FAMILIES = {
     "deepseek_v3": _V3,
     "kimi_k2": _V3,
@@ -253,6 +254,22 @@ def _check_yarn(raw: dict[str, Any], cfg: DeepseekV3Config) -> None:
 _EXPERT_RE = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 
 
+def _expert_slice(targets: dict[str, torch.Tensor], prefix: str, e: int, proj: str) -> torch.Tensor | None:
+    """Expert e's gate, up or down weight inside the fused expert parameters; None when there is none."""
+    if prefix + "gate_up_proj" not in targets:
+        return None
+    gate_up = targets[prefix + "gate_up_proj"]  # [E, 2*inter, d] = cat(gate, up)
+    down = targets[prefix + "down_proj"]  # [E, d, inter]
+    inter = down.shape[2]
+    if not 0 <= e < gate_up.shape[0]:
+        return None
+    if proj == "gate_proj":
+        return gate_up[e, :inter]
+    if proj == "up_proj":
+        return gate_up[e, inter:]
+    return down[e]
+
+
 def build_hf_model(config: dict[str, Any], weights: dict[str, np.ndarray],
                    inv_freq: np.ndarray | None = None) -> DeepseekV3ForCausalLM:
     """Build the model and copy `weights` (HF checkpoint names) into it.
@@ -278,31 +295,16 @@ def build_hf_model(config: dict[str, Any], weights: dict[str, np.ndarray],
             src = torch.from_numpy(np.ascontiguousarray(np.asarray(arr, dtype=np.float32)))
             m = _EXPERT_RE.match(name)
             if m:
-                layer, e, proj = int(m.group(1)), int(m.group(2)), m.group(3)
-                prefix = f"model.layers.{layer}.mlp.experts."
-                if prefix + "gate_up_proj" not in targets:
+                prefix, e, proj = f"model.layers.{m.group(1)}.mlp.experts.", int(m.group(2)), m.group(3)
+                dst = _expert_slice(targets, prefix, e, proj)
+                if dst is None:
                     unknown.append(name)
                     continue
-                gate_up = targets[prefix + "gate_up_proj"]  # [E, 2*inter, d] = cat(gate, up)
-                down = targets[prefix + "down_proj"]  # [E, d, inter]
-                inter = down.shape[2]
-                if not 0 <= e < gate_up.shape[0]:
-                    unknown.append(name)
-                    continue
-                if proj == "gate_proj":
-                    dst = gate_up[e, :inter]
-                elif proj == "up_proj":
-                    dst = gate_up[e, inter:]
-                else:
-                    dst = down[e]
                 _copy(dst, src, name)
                 key = (prefix, e, proj)
                 expert_counts[key] = expert_counts.get(key, 0) + 1
                 continue
-            if name == "lm_head.weight" and name not in targets:  # tied embeddings
-                unknown.append(name)
-                continue
-            if name not in targets:
+            if name not in targets:  # also lm_head.weight where the embeddings are tied
                 unknown.append(name)
                 continue
             _copy(targets[name], src, name)
@@ -780,7 +782,8 @@ def _check_ids(ids: np.ndarray, what: str, batch: int | None = None, length: int
     return torch.from_numpy(a.astype(np.int64))
 
 
-def _one_pass(model, rec: _Recorder, ids: torch.Tensor, pos0: int, cache) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+def _one_pass(model, rec: _Recorder, ids: torch.Tensor, pos0: int,
+              cache) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     B, T = ids.shape
     position_ids = (torch.arange(T, dtype=torch.int64) + pos0).unsqueeze(0).expand(B, T).contiguous()
     rec.reset()
@@ -801,7 +804,8 @@ def _one_pass(model, rec: _Recorder, ids: torch.Tensor, pos0: int, cache) -> tup
         derived = _derive_layer(model, i, rec.raw[i])
         # emit in the documented order (docs/names.md), whatever order they were derived in
         is_moe = isinstance(model.model.layers[i].mlp, MOE_CLASSES)
-        order = _with_family_names(LAYER_NAMES_ATTN + (LAYER_NAMES_MOE if is_moe else LAYER_NAMES_DENSE) + LAYER_NAMES_TAIL)
+        mlp_names = LAYER_NAMES_MOE if is_moe else LAYER_NAMES_DENSE
+        order = _with_family_names(LAYER_NAMES_ATTN + mlp_names + LAYER_NAMES_TAIL)
         order = [n for n in order if n in derived]
         if set(order) != set(derived):
             raise RuntimeError(f"hf_reference: layer {i}: unlisted names {set(derived) - set(order)}")

@@ -67,105 +67,108 @@ class RangeServer:
         with self.lock:
             return self.faults.pop(0) if self.faults else None
 
-    def handler(self):
-        server = self
+    def handler(self) -> type[BaseHTTPRequestHandler]:
+        return type("Handler", (RangeHandler,), {"ranged": self})
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
 
-            def log_message(self, *args) -> None:  # quiet
-                pass
+class RangeHandler(BaseHTTPRequestHandler):
+    """Answers one RangeServer's requests (`ranged`: set on the subclass `RangeServer.handler` makes)."""
 
-            def do_GET(self) -> None:
-                with server.lock:
-                    server.requests.append((self.path, self.headers.get("Range")))
-                    server.headers_seen.append({k.lower(): v for k, v in self.headers.items()})
-                api = HUB_API.fullmatch(self.path)
-                if api:
-                    return self.send_json({"id": api["repo"], "sha": COMMIT, "siblings": []})
-                hub = HUB_FILE.fullmatch(self.path)
-                relative = f"{hub['repo'].split('/')[1]}/{hub['file']}" if hub else self.path.lstrip("/")  # ORG/NAME: ROOT/NAME
-                path = server.root / relative
-                if ".." in relative or not path.is_file():
-                    return self.send_status(404)
-                self.send_file(path, server.next_fault())
+    ranged: RangeServer
+    protocol_version = "HTTP/1.1"
 
-            def send_status(self, status: int, headers: dict | None = None) -> None:
-                self.send_response(status)
-                for k, v in (headers or {}).items():
-                    self.send_header(k, v)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
+    def log_message(self, *args) -> None:  # quiet
+        pass
 
-            def send_json(self, value) -> None:
-                body = json.dumps(value).encode()
-                if server.api_fault == "trickle-headers":
-                    self.trickle_head(200, {"Content-Type": "application/json"}, body)
-                    return
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+    def do_GET(self) -> None:
+        with self.ranged.lock:
+            self.ranged.requests.append((self.path, self.headers.get("Range")))
+            self.ranged.headers_seen.append({k.lower(): v for k, v in self.headers.items()})
+        api = HUB_API.fullmatch(self.path)
+        if api:
+            return self.send_json({"id": api["repo"], "sha": COMMIT, "siblings": []})
+        hub = HUB_FILE.fullmatch(self.path)
+        relative = (f"{hub['repo'].split('/')[1]}/{hub['file']}" if hub
+                    else self.path.lstrip("/"))  # ORG/NAME: ROOT/NAME
+        path = self.ranged.root / relative
+        if ".." in relative or not path.is_file():
+            return self.send_status(404)
+        self.send_file(path, self.ranged.next_fault())
 
-            def send_file(self, path: Path, fault: str | None) -> None:
-                if fault in ("500", "503"):
-                    return self.send_status(int(fault))
-                if fault == "429":
-                    return self.send_status(429, {"Retry-After": "0"})
-                data = path.read_bytes()
-                etag = '"' + hashlib.sha256(data).hexdigest()[:16] + server.etag_suffix + '"'
-                asked = RANGE.fullmatch(self.headers.get("Range", ""))
-                if asked:
-                    start, last = int(asked[1]), min(int(asked[2]), len(data) - 1)
-                    body, status = data[start : last + 1], 206
-                    shown_start = start + 1 if fault == "bad-range" else start
-                    total = 2**60 if fault == "huge-total" else len(data)
-                    content_range = f"bytes {shown_start}-{last}/{total}"
-                else:
-                    body, status, content_range = data, 200, None
-                if fault == "stall":
-                    time.sleep(3)
-                if fault == "trickle-headers":
-                    self.trickle_head(status, {"ETag": etag, "Content-Range": content_range}, body)
-                    return
-                self.send_response(status)
-                self.send_header("ETag", etag)
-                if content_range:
-                    self.send_header("Content-Range", content_range)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                if fault in ("drop", "short"):
-                    body = body[: len(body) // 2]
-                if fault == "trickle":
-                    self.trickle(body)
-                    return
-                self.wfile.write(body)
-                with server.lock:
-                    server.sent += len(body)
-                if fault in ("drop", "short"):
-                    self.close_connection = True
-                    self.wfile.flush()
-                    self.connection.shutdown(2)
+    def send_status(self, status: int, headers: dict | None = None) -> None:
+        self.send_response(status)
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
 
-            def trickle(self, data: bytes, counter: str = "sent") -> bool:
-                """One byte at a time, each after a pause, counted in server.<counter>; whether all went
-                (not if the client gave up)."""
-                for i in range(len(data)):
-                    time.sleep(server.trickle_seconds)
-                    try:
-                        self.wfile.write(data[i : i + 1])
-                        self.wfile.flush()
-                    except OSError:
-                        return False
-                    with server.lock:
-                        setattr(server, counter, getattr(server, counter) + 1)
-                return True
+    def send_json(self, value) -> None:
+        body = json.dumps(value).encode()
+        if self.ranged.api_fault == "trickle-headers":
+            self.trickle_head(200, {"Content-Type": "application/json"}, body)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
 
-            def trickle_head(self, status: int, headers: dict, body: bytes) -> None:
-                """The status line and headers trickled, then the body at once."""
-                lines = [f"HTTP/1.1 {status} Partial\r\n"] + [f"{k}: {v}\r\n" for k, v in headers.items() if v]
-                if self.trickle("".join(lines + [f"Content-Length: {len(body)}\r\n\r\n"]).encode(), "head_sent"):
-                    self.wfile.write(body)
+    def send_file(self, path: Path, fault: str | None) -> None:
+        if fault in ("500", "503"):
+            return self.send_status(int(fault))
+        if fault == "429":
+            return self.send_status(429, {"Retry-After": "0"})
+        data = path.read_bytes()
+        etag = '"' + hashlib.sha256(data).hexdigest()[:16] + self.ranged.etag_suffix + '"'
+        asked = RANGE.fullmatch(self.headers.get("Range", ""))
+        if asked:
+            start, last = int(asked[1]), min(int(asked[2]), len(data) - 1)
+            body, status = data[start : last + 1], 206
+            shown_start = start + 1 if fault == "bad-range" else start
+            total = 2**60 if fault == "huge-total" else len(data)
+            content_range = f"bytes {shown_start}-{last}/{total}"
+        else:
+            body, status, content_range = data, 200, None
+        if fault == "stall":
+            time.sleep(3)
+        if fault == "trickle-headers":
+            self.trickle_head(status, {"ETag": etag, "Content-Range": content_range}, body)
+            return
+        self.send_response(status)
+        self.send_header("ETag", etag)
+        if content_range:
+            self.send_header("Content-Range", content_range)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if fault in ("drop", "short"):
+            body = body[: len(body) // 2]
+        if fault == "trickle":
+            self.trickle(body)
+            return
+        self.wfile.write(body)
+        with self.ranged.lock:
+            self.ranged.sent += len(body)
+        if fault in ("drop", "short"):
+            self.close_connection = True
+            self.wfile.flush()
+            self.connection.shutdown(2)
 
-        return Handler
+    def trickle(self, data: bytes, counter: str = "sent") -> bool:
+        """One byte at a time, each after a pause, counted in self.ranged.<counter>; whether all went
+        (not if the client gave up)."""
+        for i in range(len(data)):
+            time.sleep(self.ranged.trickle_seconds)
+            try:
+                self.wfile.write(data[i : i + 1])
+                self.wfile.flush()
+            except OSError:
+                return False
+            with self.ranged.lock:
+                setattr(self.ranged, counter, getattr(self.ranged, counter) + 1)
+        return True
+
+    def trickle_head(self, status: int, headers: dict, body: bytes) -> None:
+        """The status line and headers trickled, then the body at once."""
+        lines = [f"HTTP/1.1 {status} Partial\r\n"] + [f"{k}: {v}\r\n" for k, v in headers.items() if v]
+        if self.trickle("".join(lines + [f"Content-Length: {len(body)}\r\n\r\n"]).encode(), "head_sent"):
+            self.wfile.write(body)

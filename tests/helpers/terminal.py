@@ -75,7 +75,8 @@ def read_all(fd: int, pid: int, timeout: float, typed: list[str]) -> bytes:
         left = deadline - time.monotonic()
         if left <= 0:
             os.kill(pid, 9)
-            raise AssertionError(f"the command did not finish in {timeout} s; it wrote:\n{out[-2000:].decode(errors='replace')}")
+            raise AssertionError(f"the command did not finish in {timeout} s; it "
+                                 f"wrote:\n{out[-2000:].decode(errors='replace')}")
         ready, _, _ = select.select([fd], [], [], min(left, 1.0))
         if ready:
             try:

@@ -36,7 +36,8 @@ def kimi_ranks(vocab_size: int = 320, corpus: list[str] = CORPUS) -> dict[bytes,
 def write_tiktoken_model(folder: Path, ranks: dict[bytes, int] | None = None) -> Path:
     ranks = kimi_ranks() if ranks is None else ranks
     path = folder / "tiktoken.model"
-    lines = [f"{base64.b64encode(token).decode()} {rank}" for token, rank in sorted(ranks.items(), key=lambda kv: kv[1])]
+    lines = [f"{base64.b64encode(token).decode()} {rank}" for token,
+             rank in sorted(ranks.items(), key=lambda kv: kv[1])]
     path.write_text("\n".join(lines) + "\n")
     added = {str(len(ranks) + offset): {"content": name, "special": True} for offset, name in KIMI_SPECIALS.items()}
     (folder / "tokenizer_config.json").write_text(json.dumps({"added_tokens_decoder": added, "bos_token": "[BOS]"}))

@@ -17,7 +17,8 @@ import os
 import stat
 from pathlib import Path
 
-SKIPPED = {".git", "__pycache__", ".ruff_cache", ".pytest_cache", ".mypy_cache", ".hypothesis", ".venv", "build", "dist"}
+SKIPPED = {".git", "__pycache__", ".ruff_cache", ".pytest_cache", ".mypy_cache", ".hypothesis", ".venv",
+           "build", "dist"}
 
 Snapshot = dict[str, tuple[str, int, int, int]]
 

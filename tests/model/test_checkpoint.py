@@ -188,7 +188,8 @@ def independent_fp8(w: np.ndarray):
     return codes, scales, value
 
 
-@pytest.mark.skipif(not os.environ.get("STEPPER_REQUIRE_CROSSCHECK") and not __import__("importlib").util.find_spec("torch"),
+@pytest.mark.skipif(not os.environ.get("STEPPER_REQUIRE_CROSSCHECK")
+                    and not __import__("importlib").util.find_spec("torch"),
                     reason="needs torch and transformers (pip install -e .[crosscheck])")
 @pytest.mark.parametrize("writer", ["stepper", "independent"])
 def test_checkpoints_match_the_pytorch_reference(tmp_path, writer):
@@ -203,7 +204,8 @@ def test_checkpoints_match_the_pytorch_reference(tmp_path, writer):
     else:
         truth = independent_checkpoint(folder)
     dump = tmp_path / "run.safetensors"
-    out = stepper("run", "--model", str(folder), "--ids", "3,1,4,1,5", "--start-pos", "4094", "--decode", "2", "--attn", "naive",
+    out = stepper("run", "--model", str(folder), "--ids", "3,1,4,1,5", "--start-pos", "4094", "--decode", "2",
+                  "--attn", "naive",
                   "--json", "--dump", str(dump))
     assert out.returncode == 0, out.stderr
     from safetensors.numpy import load_file
@@ -248,7 +250,8 @@ def test_a_missing_or_misshaped_scale_is_named(tmp_path):
     with pytest.raises(StepperError, match=f"'{name}_scale_inv' is missing"):
         Checkpoint(tmp_path / "noscale").check([1], with_globals=False)
     # q_b_proj is [192, 192]: its scales must be [2, 2]
-    independent_checkpoint(tmp_path / "badscale", extra={name + "_scale_inv": ("F32", np.ones((2, 1)), "a.safetensors")})
+    independent_checkpoint(tmp_path / "badscale",
+                           extra={name + "_scale_inv": ("F32", np.ones((2, 1)), "a.safetensors")})
     with pytest.raises(StepperError, match=r"has shape \[2, 1\], expected \[2, 2\] for a \[192, 192\] weight"):
         Checkpoint(tmp_path / "badscale").check([1], with_globals=False)
 
@@ -256,12 +259,17 @@ def test_a_missing_or_misshaped_scale_is_named(tmp_path):
 @pytest.mark.parametrize(
     "edit, message",
     [
-        (lambda m: m.update({"model.norm.weight": "../outside.safetensors"}), "expected a file name ending in .safetensors"),
-        (lambda m: m.update({"model.norm.weight": "C:outside.safetensors"}), "expected a file name ending in .safetensors"),
-        (lambda m: m.update({"model.norm.weight": "sub\\b.safetensors"}), "expected a file name ending in .safetensors"),
-        (lambda m: m.update({"model.norm.weight": "/abs/b.safetensors"}), "expected a file name ending in .safetensors"),
+        (lambda m: m.update({"model.norm.weight": "../outside.safetensors"}),
+         "expected a file name ending in .safetensors"),
+        (lambda m: m.update({"model.norm.weight": "C:outside.safetensors"}),
+         "expected a file name ending in .safetensors"),
+        (lambda m: m.update({"model.norm.weight": "sub\\b.safetensors"}),
+         "expected a file name ending in .safetensors"),
+        (lambda m: m.update({"model.norm.weight": "/abs/b.safetensors"}),
+         "expected a file name ending in .safetensors"),
         (lambda m: m.update({"model.norm.weight": "b.bin"}), "expected a file name ending in .safetensors"),
-        (lambda m: m.update({"model.layers.0.ghost.weight": "a.safetensors"}), "listed in model.safetensors.index.json but not in this shard"),
+        (lambda m: m.update({"model.layers.0.ghost.weight": "a.safetensors"}),
+         "listed in model.safetensors.index.json but not in this shard"),
         (lambda m: m.pop("lm_head.weight"), "is in this shard but not in model.safetensors.index.json"),
     ],
 )
@@ -285,8 +293,10 @@ def test_an_index_disagreement_refuses_only_the_runs_that_reach_it(tmp_path):
     index["weight_map"]["model.layers.0.ghost.weight"] = "a.safetensors"
     (folder / "model.safetensors.index.json").write_text(json.dumps(index))
     checked = stepper("inspect", "--plain", str(folder))
-    assert checked.returncode == 1 and "layer 2 (MoE)" in checked.stdout and "mlp.experts.{0..31}.up_proj" in checked.stdout
-    assert "  ! a.safetensors: 'model.layers.0.ghost.weight' is listed in model.safetensors.index.json" in checked.stdout
+    assert (checked.returncode == 1 and "layer 2 (MoE)" in checked.stdout
+            and "mlp.experts.{0..31}.up_proj" in checked.stdout)
+    assert ("  ! a.safetensors: 'model.layers.0.ghost.weight' is listed in model.safetensors.index.json"
+            in checked.stdout)
     whole = stepper("run", "--model", str(folder), "--prompt-len", "2")
     assert whole.returncode == 2 and whole.stderr.count("\n") == 1 and "ghost" in whole.stderr
     alone = stepper("run", "--model", str(folder), "--layer", "2", "--prompt-len", "2", "--only", "*routed_output")

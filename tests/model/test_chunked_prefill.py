@@ -15,7 +15,7 @@ from stepper import catalog, prefill
 from stepper.kernels import attention as kernels
 from stepper.model import KVCache, Transformer
 from stepper.seams.trace import Emitter, Filter, Recorder
-from stepper.session import RunSpec, execute, fill_cache, prepare, run, step_attn
+from stepper.session import RunSpec, execute, fill_cache, masked_future, prepare, run, step_attn
 from stepper.tensors.chunked import Chunked
 from stepper.tensors.statistics import BINS
 from stepper.tensors.tiled import Tiled
@@ -37,7 +37,8 @@ def one_by_one(spec: RunSpec, chunk: int) -> dict[str, np.ndarray]:
     """The prefill's tensors from a run of consecutive chunks with the cache, put together by hand:
     along T (or N), rows widened with the masked future, tensors over S alone from the last chunk."""
     plan = prepare(spec)
-    model, cache, parts = Transformer(plan.weights, index_scoring=spec.index_scoring), KVCache(plan.config.num_hidden_layers), {}
+    model, cache, parts = Transformer(plan.weights,
+                                      index_scoring=spec.index_scoring), KVCache(plan.config.num_hidden_layers), {}
     if spec.cache_len:
         fill_cache(plan, model, cache)
     ids, attn = np.array([plan.prompt]), step_attn(spec, 0)
@@ -81,7 +82,8 @@ def assert_same_figures(shown, whole: np.ndarray, corners_to_round_off: bool = F
 def assert_round_off(a: np.ndarray, b: np.ndarray, name: str) -> None:
     a, b = np.asarray(a), np.asarray(b)
     assert a.shape == b.shape, name
-    assert np.array_equal(np.isfinite(a), np.isfinite(b)) and np.array_equal(a[~np.isfinite(a)], b[~np.isfinite(b)]), name
+    assert np.array_equal(np.isfinite(a),
+                          np.isfinite(b)) and np.array_equal(a[~np.isfinite(a)], b[~np.isfinite(b)]), name
     if a.dtype.kind in "iub":
         assert np.array_equal(a, b), name
     else:
@@ -90,7 +92,8 @@ def assert_round_off(a: np.ndarray, b: np.ndarray, name: str) -> None:
 
 CASES = [
     pytest.param(RunSpec(model="tiny", prompt_len=13, decode=2), 8, id="tiny-model-naive-then-absorbed-decode"),
-    pytest.param(RunSpec(model="tiny", layer=1, prompt_len=17, attn="absorb", start_pos=5000), 6, id="tiny-lone-layer-absorbed-past-4096"),
+    pytest.param(RunSpec(model="tiny", layer=1, prompt_len=17, attn="absorb", start_pos=5000), 6,
+                 id="tiny-lone-layer-absorbed-past-4096"),
     pytest.param(RunSpec(model="tiny-v32", layer=1, prompt_len=11, attn="naive"), 3, id="indexer-lone-layer"),
     pytest.param(RunSpec(model="tiny", layer=0, prompt_len=9, cache_len=20, decode=1, weight_cache_mb=64), 4,
                  id="after-a-synthetic-cache-with-a-weight-cache"),
@@ -104,7 +107,8 @@ def test_a_chunked_prefill_shows_the_figures_of_the_chunks_put_together_and_the_
     whole = recorded(spec)
     chunked = recorded(RunSpec(**{**spec.__dict__, "chunk": chunk}))
     assert list(chunked) == list(whole)  # one tensor per name, in the whole run's order
-    together = one_by_one(RunSpec(**{**spec.__dict__, "decode": 0, "weight_cache_mb": 0}), chunk)  # the weights as stored
+    together = one_by_one(RunSpec(**{**spec.__dict__, "decode": 0,
+                                     "weight_cache_mb": 0}), chunk)  # the weights as stored
     prefix = "prefill." if spec.decode else ""
     for name, tensor in chunked.items():
         if not name.startswith("decode"):
@@ -116,7 +120,8 @@ def test_a_chunked_prefill_shows_the_figures_of_the_chunks_put_together_and_the_
 def test_the_widened_rows_and_the_kept_positions_past_a_short_chunk():
     spec = RunSpec(model="tiny-v32", layer=0, prompt_len=7, attn="naive", chunk=3)
     shown = recorded(spec)
-    weights, idx = np.asarray(shown["layers.0.self_attn.attn_weights"]), np.asarray(shown["layers.0.self_attn.indexer.topk_idx"])
+    weights = np.asarray(shown["layers.0.self_attn.attn_weights"])
+    idx = np.asarray(shown["layers.0.self_attn.indexer.topk_idx"])
     assert weights.shape == (1, 4, 7, 7) and idx.shape == (1, 7, 4)
     assert np.all(np.triu(weights[0], 1) == 0) and np.allclose(weights.sum(-1), 1, atol=1e-6)
     assert idx[0, 0].tolist() == [0, -1, -1, -1] and idx[0, 2].tolist()[3] == -1  # chunk 0's 3 positions keep 3 at most
@@ -127,12 +132,20 @@ def test_attention_made_in_tiles_inside_the_chunks(monkeypatch):
     monkeypatch.setattr(kernels, "WHOLE_SCORES", 64)  # every chunk's scores are made a tile at a time
     spec = RunSpec(model="tiny", layer=0, prompt_len=21, attn="naive")
     whole = recorded(spec)
+    made, make = [], Tiled.__init__
+
+    def noted(tiled, shape, *rest):
+        made.append(tuple(shape))
+        make(tiled, shape, *rest)
+    monkeypatch.setattr(Tiled, "__init__", noted)
     shown = recorded(RunSpec(**{**spec.__dict__, "chunk": 5}))
-    scores = shown["layers.0.self_attn.attn_scores"]
-    assert isinstance(scores, Chunked) and isinstance(scores.piece(0), Tiled) and scores.piece(0).shape == (1, 4, 5, 21)
+    assert isinstance(shown["layers.0.self_attn.attn_scores"], Chunked)
     for name in ("layers.0.self_attn.attn_scores", "layers.0.self_attn.attn_weights"):
-        assert_same_figures(shown[name], np.asarray(shown[name]), corners_to_round_off=True)  # the figures of its replayed chunks, put together
+        assert_same_figures(shown[name], np.asarray(shown[name]),
+                            corners_to_round_off=True)  # the figures of its replayed chunks, put together
         assert_round_off(np.asarray(shown[name]), np.asarray(whole[name]), name)
+    # each chunk's scores and weights made a tile at a time, over at most 5 queries, never the whole prompt's 21
+    assert (1, 4, 5, 21) in made and {shape[2] for shape in made} <= {1, 5}, made
 
 
 def test_the_cache_after_a_chunked_prefill_equals_the_whole_prompts():
@@ -142,7 +155,7 @@ def test_the_cache_after_a_chunked_prefill_equals_the_whole_prompts():
     model.forward(ids, np.arange(13), Emitter(), whole, attn="naive")
     logits = prefill.in_chunks(lambda span, cache, emit: model.forward(ids[:, span], np.arange(13)[span], emit, cache,
                                                                        attn="naive"),
-                               13, 9, chunked, Emitter([lambda e: None]))
+                               13, 9, chunked, Emitter([lambda e: None]), masked_future(plan, "naive"))
     assert logits.shape == (1, 4, plan.config.vocab_size)  # the last chunk's: 13 = 9 + 4
     for a, b in zip(whole.layers, chunked.layers):
         for field in ("latent", "k_pe", "key_states", "value_states", "index_keys"):

@@ -44,7 +44,8 @@ def test_every_tensor_of_a_layer_a_sink_replaces_changes_its_output(model, attn,
     unchanged = []
     for event in rec.events:
         with np.errstate(invalid="ignore"):
-            out = model.layer(layer, hidden, rope, KVCache(3), Emitter([patched(event.name, model.config.n_routed_experts)]), attn)
+            out = model.layer(layer, hidden, rope, KVCache(3),
+                              Emitter([patched(event.name, model.config.n_routed_experts)]), attn)
         if np.array_equal(out, plain):
             unchanged.append(event.name)
     assert len(rec.events) > 20 and unchanged == []
@@ -57,4 +58,6 @@ def test_every_tensor_outside_the_layers_a_sink_replaces_changes_the_logits(mode
     assert outside == ["embed", "rope_cos", "rope_sin", "norm", "logits"]
     for name in outside:
         with np.errstate(invalid="ignore"):
-            assert not np.array_equal(model.forward(IDS, POSITIONS, Emitter([patched(name, model.config.n_routed_experts)])), plain), name
+            assert not np.array_equal(model.forward(IDS, POSITIONS,
+                                                    Emitter([patched(name, model.config.n_routed_experts)])),
+                                                    plain), name

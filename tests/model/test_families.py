@@ -69,7 +69,8 @@ def test_the_indexer_keeps_index_topk_positions_and_attention_sees_only_those(ma
     rec = Recorder()
     run(RunSpec(model="tiny-v32", prompt_len=7, decode=1), [rec])
     seen = rec.tensors()
-    scores, idx = seen["prefill.layers.1.self_attn.indexer.index_scores"][0], seen["prefill.layers.1.self_attn.indexer.topk_idx"][0]
+    scores = seen["prefill.layers.1.self_attn.indexer.index_scores"][0]
+    idx = seen["prefill.layers.1.self_attn.indexer.topk_idx"][0]
     weights = seen["prefill.layers.1.self_attn.attn_weights"][0]  # [H, T, S]
     for t in range(7):  # query t has t + 1 earlier positions; index_topk is 4
         kept = sorted(int(s) for s in idx[t] if s >= 0)

@@ -53,7 +53,8 @@ def test_fp8_scoring_changes_nothing_before_the_scores_and_emits_its_names_in_or
         for phase in ("prefill.", "decode1."):
             np.testing.assert_array_equal(fp8[phase + LAYER + short], exact[phase + LAYER + short])
     # the exact scores beside the FP8 ones are what exact scoring computes
-    np.testing.assert_array_equal(fp8["prefill." + LAYER + "exact_index_scores"], exact["prefill." + LAYER + "index_scores"])
+    np.testing.assert_array_equal(fp8["prefill." + LAYER + "exact_index_scores"],
+                                  exact["prefill." + LAYER + "index_scores"])
     np.testing.assert_array_equal(fp8["prefill." + LAYER + "exact_topk_idx"], exact["prefill." + LAYER + "topk_idx"])
 
 
@@ -89,14 +90,16 @@ def deepseek_index_score(q_rotated, k_rotated, head_weights) -> np.ndarray:
 
 @pytest.mark.parametrize("attn", ["naive", "absorb"])
 def test_fp8_index_scores_equal_deepseeks_formula_in_float64(wide_heads, attn):
-    seen = recorded(RunSpec(prompt_len=12, start_pos=5000, decode=2, attn=attn, index_scoring="fp8", seed=2), wide_heads)
+    seen = recorded(RunSpec(prompt_len=12, start_pos=5000, decode=2, attn=attn, index_scoring="fp8", seed=2),
+                    wide_heads)
     for phase in ("prefill.", "decode0.", "decode1."):
         t = {short: seen[phase + LAYER + short] for short in ("q_rope", "keys", "head_weights", "q_rotated",
                                                                 "index_scores", "topk_idx", "keys_fp8")}
         dims = t["q_rope"].shape[-1]
         assert dims == 128
         # the rotation is Sylvester's matrix over sqrt(128); the keys' rotations come from every step so far
-        np.testing.assert_allclose(t["q_rotated"], t["q_rope"] @ sylvester(dims) / math.sqrt(dims), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(t["q_rotated"], t["q_rope"] @ sylvester(dims) / math.sqrt(dims), rtol=1e-5,
+                                   atol=1e-6)
         k_rotated = t["keys"].astype(np.float64) @ sylvester(dims) / math.sqrt(dims)
         want = deepseek_index_score(t["q_rotated"], k_rotated.astype(np.float32), t["head_weights"])
         np.testing.assert_allclose(t["index_scores"], want, rtol=1e-5, atol=1e-7, err_msg=phase)
@@ -125,11 +128,13 @@ def test_fp8_decode_equals_prefill(wide_heads):
     stepped = Recorder()
     result = run(RunSpec(prompt_len=10, start_pos=4090, decode=3, index_scoring="fp8", seed=2), [stepped], wide_heads)
     steps = stepped.tensors()
-    whole = recorded(RunSpec(ids=(*result.prompt, *result.generated[:2]), start_pos=4090, index_scoring="fp8"), wide_heads)
+    whole = recorded(RunSpec(ids=(*result.prompt, *result.generated[:2]), start_pos=4090, index_scoring="fp8"),
+                     wide_heads)
     for k in range(2):
         row = 10 + k
         for short in ("index_scores", "exact_index_scores"):
-            np.testing.assert_allclose(steps[f"decode{k}.{LAYER}{short}"][:, 0], whole[LAYER + short][:, row, : row + 1],
+            np.testing.assert_allclose(steps[f"decode{k}.{LAYER}{short}"][:, 0],
+                                       whole[LAYER + short][:, row, : row + 1],
                                        rtol=1e-5, atol=1e-6, err_msg=f"decode{k} {short}")
         for short in ("topk_idx", "exact_topk_idx", "kept_of_exact"):
             np.testing.assert_array_equal(steps[f"decode{k}.{LAYER}{short}"][:, 0], whole[LAYER + short][:, row])
@@ -175,7 +180,8 @@ def test_the_fp8_scoring_goes_on_with_its_shown_tensors():
     scores = rec.tensors()[LAYER + "index_scores"]
     assert np.isfinite(scores).sum() == 21 and np.all(scores[np.isfinite(scores)] == 0)  # 6 queries' 1 + ... + 6 keys
     rec = Recorder()
-    run(RunSpec(model="tiny-v32", layer=1, prompt_len=6, decode=1, index_scoring="fp8"), [zero("prefill." + LAYER + "k_fp8"), rec])
+    run(RunSpec(model="tiny-v32", layer=1, prompt_len=6, decode=1, index_scoring="fp8"),
+        [zero("prefill." + LAYER + "k_fp8"), rec])
     keys = rec.tensors()["decode0." + LAYER + "keys_fp8"]
     assert np.all(keys[:, :6] == 0) and np.any(keys[:, 6] != 0)
 

@@ -10,7 +10,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from helpers.cli import stepper
-from helpers.files import reference_write
+from helpers.files import linked, reference_write
 from safetensors.numpy import load_file
 
 from stepper.errors import StepperError
@@ -66,11 +66,8 @@ def test_the_weight_cache_keeps_int4_experts_decoded(int4_dir):
 def rewritten(int4_dir: Path, folder: Path, change) -> Path:
     """A copy of the checkpoint with the expert's shard's tensors passed through change(dict)."""
     index = json.loads((int4_dir / "model.safetensors.index.json").read_text())
-    folder.mkdir()
-    for file in int4_dir.iterdir():
-        if file.name != index["weight_map"][EXPERT + "_packed"]:
-            (folder / file.name).symlink_to(file)
     shard = index["weight_map"][EXPERT + "_packed"]
+    linked(int4_dir, folder, but={shard})
     tensors = dict(load_file(int4_dir / shard))
     for name, value in list(tensors.items()):
         if name.endswith(("_scale", ".weight")):  # BF16, which safetensors.numpy gives as its bytes
@@ -96,8 +93,10 @@ def replaced(name, value):
     (without(EXPERT + "_scale"), f"'{EXPERT}_scale' is missing: the INT4 weight '{EXPERT}' [96, 320] needs it"),
     (replaced(EXPERT + "_scale", np.ones((96, 5), ml_dtypes.bfloat16)),
      f"'{EXPERT}_scale' is BF16 [96, 5], expected BF16 or F16 or F32 [96, 10]"),
-    (replaced(EXPERT + "_packed", np.zeros((96, 40), np.int64)), f"'{EXPERT}_packed' is I64 [96, 40], expected I32 [96, 40]"),
-    (replaced(EXPERT + "_shape", np.array([96, 321], np.int64)), f"'{EXPERT}_shape' holds [96, 321], expected [96, 320]"),
+    (replaced(EXPERT + "_packed", np.zeros((96, 40), np.int64)),
+     f"'{EXPERT}_packed' is I64 [96, 40], expected I32 [96, 40]"),
+    (replaced(EXPERT + "_shape", np.array([96, 321], np.int64)),
+     f"'{EXPERT}_shape' holds [96, 321], expected [96, 320]"),
     (lambda t: {**without(EXPERT + "_packed")(t), EXPERT: np.ones((96, 320), ml_dtypes.bfloat16)},
      f"'{EXPERT}' is stored unquantized, but config.json's quantization_config quantizes this module"),
 ])

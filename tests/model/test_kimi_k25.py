@@ -112,7 +112,8 @@ def test_synth_writes_kimi_k25s_layout(dirs):
     assert "vision_tower.encoder.blocks.1.wqkv.weight" in vision and "mm_projector.proj.2.weight" in vision
     ck = Checkpoint(k25)
     assert set(ck.unused) == set(vision)
-    assert ck.has("model.layers.1.mlp.experts.3.up_proj.weight") and not ck.has("vision_tower.encoder.blocks.1.wqkv.weight")
+    assert (ck.has("model.layers.1.mlp.experts.3.up_proj.weight")
+            and not ck.has("vision_tower.encoder.blocks.1.wqkv.weight"))
     with pytest.raises(StepperError, match="no tensor named 'vision_tower.encoder.blocks.1.wqkv.weight'"):
         ck.get("vision_tower.encoder.blocks.1.wqkv.weight")
 
@@ -161,10 +162,12 @@ def test_names_that_meet_after_the_prefix_is_dropped_are_refused(dirs, tmp_path)
         (copy_dir / f.name).write_bytes(f.read_bytes())
     index = json.loads((copy_dir / "model.safetensors.index.json").read_text())
     # a second copy of the norm under its plain name, in a file of its own
-    write_safetensors(copy_dir / "model-extra.safetensors", [Entry("model.norm.weight", "F32", (320,), lambda: np.ones(320, np.float32))])
+    write_safetensors(copy_dir / "model-extra.safetensors",
+                      [Entry("model.norm.weight", "F32", (320,), lambda: np.ones(320, np.float32))])
     index["weight_map"]["model.norm.weight"] = "model-extra.safetensors"
     (copy_dir / "model.safetensors.index.json").write_text(json.dumps(index))
-    with pytest.raises(StepperError, match="tensors '.*norm.weight' and '.*norm.weight' both stand for 'model.norm.weight'"):
+    with pytest.raises(StepperError,
+                       match="tensors '.*norm.weight' and '.*norm.weight' both stand for 'model.norm.weight'"):
         Checkpoint(copy_dir)
 
 

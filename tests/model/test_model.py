@@ -110,7 +110,8 @@ def test_absorbed_attention_equals_naive(model):
     naive = run_tensors(model=model, prompt_len=6, start_pos=4090, decode=2, attn="naive")
     absorbed = run_tensors(model=model, prompt_len=6, start_pos=4090, decode=2, attn="absorb")
     shared = naive.keys() & absorbed.keys()
-    assert {n for n in shared if n.endswith("layers.2.output")} == {f"{p}.layers.2.output" for p in ("prefill", "decode0", "decode1")}
+    outputs = {f"{p}.layers.2.output" for p in ("prefill", "decode0", "decode1")}
+    assert {n for n in shared if n.endswith("layers.2.output")} == outputs
     assert all(k.endswith(("q_nope_absorbed", "attn_output_latent")) for k in absorbed.keys() - shared)
     for name in shared:
         a, b = absorbed[name], naive[name]

@@ -22,7 +22,8 @@ TERM = re.compile(r"^(?:\.\.\.|[A-Za-z_][A-Za-z0-9_]*|\d+|[\s()+*/])*$")  # symb
 
 
 def emit_calls(tree: ast.AST) -> list[ast.Call]:
-    return [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "emit"]
+    return [n for n in ast.walk(tree)
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "emit"]
 
 
 # Tensors shown only, that nothing in the layer computes from: their emit may stand alone
@@ -44,7 +45,8 @@ def test_the_model_goes_on_with_what_emit_returns():
                    if isinstance(n, ast.Expr) and n.value in emit_calls(n) and not shown_only(n.value)]
         assert dropped == [], f"{path.name}: emit's result dropped at lines {dropped}"
         for fn in [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.Lambda)]:
-            emitters = {a.arg for a in fn.args.args if a.annotation is not None and ast.unparse(a.annotation) == "Emitter"}
+            emitters = {a.arg for a in fn.args.args
+                        if a.annotation is not None and ast.unparse(a.annotation) == "Emitter"}
             assert emitters <= {"emit"}, f"{path.name}:{fn.lineno}: an Emitter named {emitters - {'emit'}}"
 
 
@@ -88,7 +90,8 @@ def test_shapes_in_comments_and_docstrings_use_the_catalogue_dims(path, symbols)
 
 
 def test_the_shape_check_finds_an_unknown_symbol_or_a_non_shape(symbols):
-    source = '"""Module.  [B, T, d]"""\n\n\ndef f(x):\n    """x [B, T, Q] -> [..., H*v_head]"""\n    return x  # [B, C, rope/2]\n'
+    source = ('"""Module.  [B, T, d]"""\n\n\n'
+              'def f(x):\n    """x [B, T, Q] -> [..., H*v_head]"""\n    return x  # [B, C, rope/2]\n')
     assert unknown_symbols(source, symbols) == ["6: [B, C, rope/2]: unknown symbol C", "5: [B, T, Q]: unknown symbol Q"]
     assert unknown_symbols("y = 1  # [a | b]\n", symbols) == ["1: [a | b]: 'a | b' is not a shape term"]
     assert unknown_symbols("y = 1  # [nope+rope, one, ..., 64] from kv[..., :n]\n", symbols) == []

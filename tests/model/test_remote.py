@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers.range_server import COMMIT
+from helpers.remote_cache import cache_settings
 
 from stepper.errors import StepperError
 from stepper.presets import preset
@@ -26,10 +27,6 @@ IDS = (5, 17, 3)
 SPEC = RunSpec(model="", layer=1, ids=IDS, start_pos=4100, decode=1)
 
 
-def settings(tmp_path: Path, timeout: float = 5.0) -> remote.Settings:
-    return remote.Settings(tmp_path / "cache", 2**40, timeout, pause=0.01)
-
-
 def tensors(spec: RunSpec, weights) -> dict[str, np.ndarray]:
     rec = Recorder()
     run(spec, [rec], weights)
@@ -37,7 +34,7 @@ def tensors(spec: RunSpec, weights) -> dict[str, np.ndarray]:
 
 
 def opened(url: str, tmp_path: Path, **kw) -> remote.RemoteCheckpoint:
-    return remote.open_remote(url, settings(tmp_path, **kw))
+    return remote.open_remote(url, cache_settings(tmp_path, **kw))
 
 
 def expected_bytes(folder: Path, layers: list[int], with_globals: bool, rows: int) -> int:
@@ -66,7 +63,8 @@ def test_a_remote_layer_equals_the_local_one_and_reads_only_its_bytes(folder, se
     assert list(ours) == list(want)
     for name in want:
         np.testing.assert_array_equal(ours[name], want[name], err_msg=name)
-    assert server.sent == expected_bytes(folder, [1], with_globals=False, rows=4)  # the layer's input: 3 + 1 embedding rows
+    assert server.sent == expected_bytes(folder, [1], with_globals=False,
+                                         rows=4)  # the layer's input: 3 + 1 embedding rows
     server.reset_counts()
     again = tensors(SPEC, opened(url, tmp_path))
     assert server.requests == [] and server.sent == 0  # a second run reads nothing remote
@@ -88,14 +86,16 @@ def test_the_hub_revision_is_resolved_once_to_a_commit(folder, server, tmp_path,
     from huggingface_hub import constants
 
     monkeypatch.setattr(constants, "ENDPOINT", server.url)  # as HF_ENDPOINT sets them when the Hub's library loads
-    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", server.url + "/{repo_id}/resolve/{revision}/{filename}")
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
+                        server.url + "/{repo_id}/resolve/{revision}/{filename}")
     ckpt = opened("hf://org/ck", tmp_path)
     assert ckpt.label == f"hf://org/ck@{COMMIT[:12]}" and COMMIT in str(ckpt.path)
     paths = [path for path, _ in server.requests]
     assert "/api/models/org/ck/revision/main" in paths
     assert all(path.startswith(f"/org/ck/resolve/{COMMIT}/") for path in paths if not path.startswith("/api/"))
     got = tensors(SPEC, ckpt)
-    np.testing.assert_array_equal(got["prefill.layers.1.output"], tensors(SPEC, Checkpoint(folder))["prefill.layers.1.output"])
+    np.testing.assert_array_equal(got["prefill.layers.1.output"],
+                                  tensors(SPEC, Checkpoint(folder))["prefill.layers.1.output"])
     server.reset_counts()
     opened(f"hf://org/ck@{COMMIT}", tmp_path)  # a commit: no resolving, nothing fetched
     assert [path for path, _ in server.requests if not path.startswith("/api/agent")] == []
@@ -104,25 +104,27 @@ def test_the_hub_revision_is_resolved_once_to_a_commit(folder, server, tmp_path,
 @pytest.mark.parametrize("fault", ["500", "503", "429", "drop", "short", "bad-range", "stall"])
 def test_a_transient_fault_is_retried_and_nothing_wrong_is_kept(folder, server, tmp_path, fault):
     server.faults = [fault]
-    ckpt = remote.open_remote(f"{server.url}/ck/", settings(tmp_path, timeout=1.0))
+    ckpt = remote.open_remote(f"{server.url}/ck/", cache_settings(tmp_path, timeout=1.0))
     got = tensors(SPEC, ckpt)
-    np.testing.assert_array_equal(got["decode0.layers.1.output"], tensors(SPEC, Checkpoint(folder))["decode0.layers.1.output"])
+    np.testing.assert_array_equal(got["decode0.layers.1.output"],
+                                  tensors(SPEC, Checkpoint(folder))["decode0.layers.1.output"])
     assert server.faults == []
 
 
 def test_a_fault_that_persists_is_one_line_naming_the_file_and_range(folder, server, tmp_path):
     url = f"{server.url}/ck/"
-    remote.open_remote(url, settings(tmp_path))  # headers cached
+    remote.open_remote(url, cache_settings(tmp_path))  # headers cached
     server.faults = ["500"] * 20
-    ckpt = remote.open_remote(url, settings(tmp_path))
+    ckpt = remote.open_remote(url, cache_settings(tmp_path))
     with pytest.raises(StepperError) as e:
         tensors(SPEC, ckpt)
     message = str(e.value)
-    assert "\n" not in message and ".safetensors: bytes " in message and "the server answered 500 (after 5 tries)" in message
+    assert ("\n" not in message and ".safetensors: bytes " in message
+            and "the server answered 500 (after 5 tries)" in message)
 
 
 def test_a_file_changed_on_the_server_between_reads_is_refused(folder, server, tmp_path):
-    ckpt = remote.open_remote(f"{server.url}/ck/", settings(tmp_path))
+    ckpt = remote.open_remote(f"{server.url}/ck/", cache_settings(tmp_path))
     server.etag_suffix = "-new"
     with pytest.raises(StepperError, match="the file changed on the server between two reads"):
         tensors(SPEC, ckpt)
@@ -164,27 +166,31 @@ def test_the_command_line_runs_and_inspects_a_remote_checkpoint(folder, server, 
     env["HF_ENDPOINT"] = server.url  # the Hub's paths on the same server
     hub = stepper("run", "--plain", "--model", "hf://org/ck", "--layer", "1", "--only", "*k_pe")
     assert hub.returncode == 0, hub.stderr
-    assert hub.stdout.split("layers.1.self_attn.k_pe", 1)[1] == done.stdout.split("layers.1.self_attn.k_pe", 1)[1].replace(
-        done.stdout.rsplit(" · ", 1)[1], hub.stdout.rsplit(" · ", 1)[1])  # the same tensor, only the footer's cache note differs
+    # the same tensor, only the footer's cache note differs
+    hub_rows = hub.stdout.split("layers.1.self_attn.k_pe", 1)[1]
+    local_rows = done.stdout.split("layers.1.self_attn.k_pe", 1)[1]
+    assert hub_rows == local_rows.replace(done.stdout.rsplit(" · ", 1)[1], hub.stdout.rsplit(" · ", 1)[1])
     authorized = [h for h in server.headers_seen if h.get("authorization")]
     assert authorized and all(h["authorization"] == "Bearer hf_secret_token_value" for h in authorized)
     shown = stepper("cache", "ls")
     assert shown.returncode == 0 and "127.0.0.1" in shown.stdout
     missing = stepper("run", "--model", f"{server.url}/nothing-here/")
-    assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "config.json: no such file (404)" in missing.stderr
+    assert (missing.returncode == 2 and missing.stderr.count("\n") == 1
+            and "config.json: no such file (404)" in missing.stderr)
     for out in (listed, done, hub, shown, missing):
         assert "hf_secret_token_value" not in out.stdout + out.stderr
     cleared = stepper("cache", "clear")
     assert cleared.returncode == 0 and not any((tmp_path / "cache").rglob("*.safetensors"))
 
 
-def test_a_long_range_is_fetched_in_pieces_straight_into_the_file(folder, server, tmp_path, monkeypatch):
-    """No request asks for more than a piece, and the bytes arrive into the file, not memory."""
+def test_a_long_range_is_fetched_in_bounded_requests_straight_into_the_file(folder, server, tmp_path, monkeypatch):
+    """No request asks for more than REQUEST_BYTES, and the bytes arrive into the file, not memory."""
     from stepper.weights import fetch_cache
 
-    monkeypatch.setattr(fetch_cache, "PIECE", 1 << 16)
+    monkeypatch.setattr(fetch_cache, "REQUEST_BYTES", 1 << 16)
     got = tensors(SPEC, opened(f"{server.url}/ck/", tmp_path))
     asked = [tuple(map(int, r.removeprefix("bytes=").split("-"))) for _, r in server.requests if r]
     data = [(a, b) for a, b in asked if a not in (0, 8)]  # (a header is read whole, as the reader holds it)
     assert len(data) > 10 and max(b - a + 1 for a, b in data) == 1 << 16
-    np.testing.assert_array_equal(got["decode0.layers.1.output"], tensors(SPEC, Checkpoint(folder))["decode0.layers.1.output"])
+    np.testing.assert_array_equal(got["decode0.layers.1.output"],
+                                  tensors(SPEC, Checkpoint(folder))["decode0.layers.1.output"])

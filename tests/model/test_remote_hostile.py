@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers.cli import one_line, stepper
+from helpers.remote_cache import cache_settings
 
 from stepper.errors import StepperError
 from stepper.seams.trace import Recorder
@@ -22,10 +23,6 @@ pytest.importorskip("huggingface_hub")
 
 SPEC = RunSpec(model="", layer=1, ids=(5, 17, 3))
 VICTIM = b"the user's own bytes, which no cache may write over\n" * 4
-
-
-def settings(tmp_path: Path, timeout: float = 5.0) -> remote.Settings:
-    return remote.Settings(tmp_path / "cache", 2**40, timeout, pause=0.01)
 
 
 def output(weights) -> np.ndarray:
@@ -58,7 +55,7 @@ def test_partial_files_planted_as_links_are_not_written_through(folder, server, 
     for planted in (cached / "config.json.partial", cached / ".stepper" / f"{shard}.partial",
                     cached / ".stepper" / f"{shard}.json.partial"):
         planted.symlink_to(target)
-    got = output(remote.open_remote(url, settings(tmp_path)))
+    got = output(remote.open_remote(url, cache_settings(tmp_path)))
     np.testing.assert_array_equal(got, output(Checkpoint(folder)))
     assert target.read_bytes() == VICTIM
 
@@ -70,7 +67,7 @@ def test_partial_files_planted_as_links_are_not_written_through(folder, server, 
 def test_a_link_where_the_cache_keeps_a_file_is_refused_in_one_line_and_not_followed(folder, server, tmp_path, planted,
                                                                                       said):
     url = f"{server.url}/ck/"
-    output(remote.open_remote(url, settings(tmp_path)))  # a whole cache, then one of its files swapped for a link
+    output(remote.open_remote(url, cache_settings(tmp_path)))  # a whole cache, then one of its files swapped for a link
     cached = cache_folder(tmp_path, url)
     target = victim(tmp_path)
     place = {"shard": cached / first_shard(folder), "config": cached / "config.json",
@@ -85,7 +82,7 @@ def test_a_link_where_the_cache_keeps_a_file_is_refused_in_one_line_and_not_foll
         place.unlink()
         place.symlink_to(target)
     with pytest.raises(StepperError) as e:
-        output(remote.open_remote(url, settings(tmp_path)))
+        output(remote.open_remote(url, cache_settings(tmp_path)))
     assert "\n" not in str(e.value) and f"{place}: {said}" in str(e.value)
     assert target.read_bytes() == VICTIM and place.is_symlink()
     if planted == "ledgers":
@@ -98,7 +95,7 @@ def cache_cli(tmp_path: Path, *args: str, cache: Path | None = None):
 
 def test_cache_clear_removes_stepper_files_and_leaves_the_users_naming_them(folder, server, tmp_path):
     url = f"{server.url}/ck/"
-    output(remote.open_remote(url, settings(tmp_path)))
+    output(remote.open_remote(url, cache_settings(tmp_path)))
     cached = cache_folder(tmp_path, url)
     notes, beside = tmp_path / "cache" / "notes.txt", cached / "mine.txt"
     notes.write_text("my notes\n")
@@ -107,14 +104,37 @@ def test_cache_clear_removes_stepper_files_and_leaves_the_users_naming_them(fold
     assert out.returncode == 0, out.stderr
     assert notes.read_text() == "my notes\n" and beside.read_text() == "mine\n"
     left = sorted(str(p.relative_to(tmp_path / "cache")) for p in (tmp_path / "cache").rglob("*"))
-    assert left == ["notes.txt", "url", str(cached.relative_to(tmp_path / "cache")), str(beside.relative_to(tmp_path / "cache"))]
+    assert left == ["notes.txt", "url", str(cached.relative_to(tmp_path / "cache")),
+                    str(beside.relative_to(tmp_path / "cache"))]
     assert out.stdout.splitlines()[-1] == (f"left {tmp_path / 'cache'}: it holds what stepper did not write "
                                            f"(notes.txt, {beside.relative_to(tmp_path / 'cache')})")
 
 
+def test_cache_clear_leaves_a_config_or_index_the_user_changed_or_put_there(folder, server, tmp_path):
+    """config.json and the index are the cache's only as it wrote them: one changed after the fetch,
+    or put in the folder before it, is the user's and stays (named); the unchanged ones go."""
+    url = f"{server.url}/ck/"
+    output(remote.open_remote(url, cache_settings(tmp_path)))
+    cached = cache_folder(tmp_path, url)
+    assert (cached / ".stepper" / "config.json.written").is_file()
+    edited = (cached / "config.json").read_text().replace("{", '{"note": "mine", ', 1)
+    (cached / "config.json").write_text(edited)
+    out = cache_cli(tmp_path, "clear")
+    assert out.returncode == 0, out.stderr
+    left = sorted(p.relative_to(cached) for p in cached.rglob("*"))
+    assert left == [Path("config.json")] and (cached / "config.json").read_text() == edited
+    assert out.stdout.splitlines()[-1].endswith(f"({cached.relative_to(tmp_path / 'cache') / 'config.json'})")
+    # put there before the first fetch: used as the checkpoint's config, never written, so never removed
+    output(remote.open_remote(url, cache_settings(tmp_path)))
+    assert not (cached / ".stepper" / "config.json.written").exists()
+    assert (cached / ".stepper" / f"{INDEX}.written").is_file()
+    assert cache_cli(tmp_path, "clear").returncode == 0
+    assert sorted(p.relative_to(cached) for p in cached.rglob("*")) == [Path("config.json")]
+
+
 def test_cache_clear_of_one_part_removes_it_whole_when_only_stepper_wrote_there(folder, server, tmp_path):
     url = f"{server.url}/ck/"
-    output(remote.open_remote(url, settings(tmp_path)))
+    output(remote.open_remote(url, cache_settings(tmp_path)))
     (tmp_path / "cache" / "notes.txt").write_text("my notes\n")
     out = cache_cli(tmp_path, "clear", "url")
     assert out.returncode == 0 and out.stdout.count("\n") == 1, out.stdout
@@ -124,7 +144,8 @@ def test_cache_clear_of_one_part_removes_it_whole_when_only_stepper_wrote_there(
     assert (tmp_path / "cache").is_dir()  # the cache folder itself stays: the user may have made it
     for outside in ("../", "/etc", "url/../..", "nothing"):
         refused = cache_cli(tmp_path, "clear", outside)
-        assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "no such cached checkpoint" in refused.stderr
+        assert (refused.returncode == 2 and refused.stderr.count("\n") == 1
+                and "no such cached checkpoint" in refused.stderr)
 
 
 def test_a_cache_folder_that_is_a_link_is_cleared_inside_and_the_link_left(folder, server, tmp_path):
@@ -163,7 +184,7 @@ def test_a_password_in_the_url_is_never_shown_nor_stored(folder, server, tmp_pat
 def test_a_server_that_trickles_is_cut_off_in_one_line(folder, server, tmp_path):
     server.faults = ["trickle"]  # config.json, one byte every 0.2 s (about 4 minutes for the whole file)
     with pytest.raises(StepperError) as e:
-        remote.open_remote(f"{server.url}/ck/", settings(tmp_path, timeout=0.5))
+        remote.open_remote(f"{server.url}/ck/", cache_settings(tmp_path, timeout=0.5))
     assert "\n" not in str(e.value) and "config.json: the whole file: the answer took over" in str(e.value)
     assert server.sent < (folder / "config.json").stat().st_size // 4
 
@@ -184,12 +205,12 @@ def test_the_run_has_a_deadline_over_all_its_requests(server):
 
 def test_a_content_range_total_of_2_to_the_60_is_refused_without_a_file(folder, server, tmp_path):
     url = f"{server.url}/ck/"
-    remote.open_remote(url, settings(tmp_path))  # config and index cached, then a shard's first answer lies
+    remote.open_remote(url, cache_settings(tmp_path))  # config and index cached, then a shard's first answer lies
     cached = cache_folder(tmp_path, url)
     shard = first_shard(folder)
     (cached / shard).unlink()
     server.faults = ["huge-total"]
-    ckpt = remote.open_remote(url, settings(tmp_path))
+    ckpt = remote.open_remote(url, cache_settings(tmp_path))
     assert "more than any checkpoint file" in ckpt.unreadable[shard] and "\n" not in ckpt.unreadable[shard]
     assert not (cached / shard).exists()
 
@@ -197,7 +218,7 @@ def test_a_content_range_total_of_2_to_the_60_is_refused_without_a_file(folder, 
 def test_a_server_that_trickles_its_headers_is_cut_off_in_one_line(folder, server, tmp_path):
     server.faults, server.trickle_seconds = ["trickle-headers"], 0.5  # over 40 s for the status line and headers
     with pytest.raises(StepperError) as e:  # each byte comes within the per-read timeout; the answer's deadline is 4 s
-        remote.open_remote(f"{server.url}/ck/", settings(tmp_path, timeout=2.0))
+        remote.open_remote(f"{server.url}/ck/", cache_settings(tmp_path, timeout=2.0))
     assert "\n" not in str(e.value) and "config.json: the whole file: the answer took over" in str(e.value)
     assert 0 < server.head_sent < 60  # cut off near its deadline (about 8 bytes), long before the headers' end
     assert server.sent == 0
@@ -216,7 +237,7 @@ def test_a_password_in_a_url_given_to_the_api_is_not_kept_in_the_run(server, tmp
 
 def test_over_its_limit_the_cache_drops_the_least_recently_used_checkpoint_but_not_a_link(folder, server, tmp_path):
     older, newer = f"{server.url}/ck/", f"{server.url}/org/ck/resolve/main/"  # the same files under two URLs
-    output(remote.open_remote(older, settings(tmp_path)))
+    output(remote.open_remote(older, cache_settings(tmp_path)))
     shards = sorted(set(json.loads((folder / INDEX).read_text())["weight_map"].values()))
     kept = cache_folder(tmp_path, older)
     assert all((kept / shard).is_file() for shard in shards)
@@ -226,7 +247,8 @@ def test_over_its_limit_the_cache_drops_the_least_recently_used_checkpoint_but_n
     small = remote.Settings(tmp_path / "cache", 1, 5.0, pause=0.01)
     got = output(remote.open_remote(newer, small))
     np.testing.assert_array_equal(got, output(Checkpoint(folder)))
-    assert [s for s in shards if (kept / s).exists() and not (kept / s).is_symlink()] == []  # the older copy's files gone
+    # the older copy's files gone
+    assert [s for s in shards if (kept / s).exists() and not (kept / s).is_symlink()] == []
     assert (kept / shards[0]).is_symlink() and target.read_bytes() == VICTIM
     assert all((cache_folder(tmp_path, newer) / shard).is_file() for shard in shards)
 
@@ -262,6 +284,6 @@ def test_a_hub_that_trickles_its_answer_on_a_revision_is_cut_off_in_one_line(ser
     monkeypatch.setattr(constants, "ENDPOINT", server.url)  # as HF_ENDPOINT sets it when the Hub's library loads
     server.api_fault, server.trickle_seconds = "trickle-headers", 0.5  # over 40 s for the status line and headers
     with pytest.raises(StepperError) as e:  # each byte comes within the per-read timeout; the answer's deadline is 4 s
-        remote.open_remote("hf://org/ck", settings(tmp_path, timeout=2.0))
+        remote.open_remote("hf://org/ck", cache_settings(tmp_path, timeout=2.0))
     assert str(e.value) == "hf://org/ck: cannot resolve revision 'main' on the Hub (no answer within 4 s; given up)"
     assert 0 < server.head_sent < 60  # cut off near its deadline (about 8 bytes), long before the headers' end

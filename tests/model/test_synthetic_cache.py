@@ -59,7 +59,8 @@ def test_the_rotary_keys_are_turned_at_their_positions():
 
     cfg = preset("tiny")
     model = Transformer(SyntheticWeights(cfg, 0))
-    w, sample = LayerWeights(model.weights, 1, {}), np.random.default_rng(0).standard_normal((1, 8, cfg.hidden_size), np.float32)
+    w, sample = LayerWeights(model.weights, 1,
+                             {}), np.random.default_rng(0).standard_normal((1, 8, cfg.hidden_size), np.float32)
     caches = {}
     for start in (0, 5000):
         caches[start] = LayerCache()

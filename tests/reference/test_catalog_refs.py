@@ -1,7 +1,10 @@
-"""The tensor catalogue (stepper/catalog.json) is data; these tests keep it consistent and honest.
+"""The tensor catalogue (stepper/catalog/parts/*.json, merged) is data; these tests keep it
+consistent and honest.
 
 - Every name is unique, every dimension symbol is defined, and the entries follow docs/names.md
-  (same names, same order, same number of dimensions).
+  (same names, each once, same number of dimensions).
+- Which path, scoring or family emits an entry is not in the data; the model says it
+  (families.derive), and the citations follow what it says.
 - Every citation names its own file's lines: `{"lines": [first, last], "symbol": ..., "text": ...}`
   where `text` is the first cited line as the cited revision reads it and `symbol` is on that line;
   the sources that are not installed also record the lines after it (`code`), which `explain` shows.
@@ -20,34 +23,42 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import importlib.util
-import json
 import os
 import re
-from importlib import resources
 from pathlib import Path
 
 import pytest
+
+from stepper import catalog as stepper_catalog
+from stepper.presets import PRESETS, preset
 
 REPO = Path(__file__).resolve().parents[2]
 NAMES_MD = REPO / "docs" / "names.md"
 
 BLOCKS = {"model", "norm", "attention", "residual", "mlp", "router", "moe"}
-LAYERS = {"all", "dense", "moe"}
-PATHS = {"both", "naive", "absorb"}
 DTYPES = {"float32", "int64"}
 REFERENCE_KEYS = {"variable", "modeling_deepseek.py", "transformers", "inference"}
 FAMILY_REFERENCE_KEYS = {"inference_v32"}  # optional: DeepSeek-V3.2-Exp's own inference code, for the indexer
 CITATION_KEYS = {"lines", "symbol", "text"}  # and optionally "path" (another file of the same source), "code"
 SOURCES = ("modeling_deepseek.py", "transformers", "inference", "inference_v32")
 FAMILY_FILES = ("models/deepseek_v2/", "models/deepseek_v32/")  # a family entry cites its family's transformers file
-WHEN_FIELDS = {"scoring_func": {"sigmoid", "softmax"}, "topk_method": {"noaux_tc", "greedy", "group_limited_greedy"},
-               "has_indexer": {True}, "index_scoring": {"fp8"}}  # index_scoring: the run's choice, not the config's
+NOT_DATA = {"layers", "path", "when", "after"}  # order and branches: the model's to say (families.derive)
 ALIAS_KEYS = {"hf_module", "inference", "llama.cpp"}
 
 
 def load_catalog() -> dict:
-    text = resources.files("stepper.catalog").joinpath("catalog.json").read_text(encoding="utf-8")
-    return json.loads(text)
+    return stepper_catalog.load().raw
+
+
+def emitted(presets: tuple[str, ...], attn: tuple[str, ...], scoring: tuple[str, ...]) -> set[str]:
+    """The names some layer of these presets emits on these attention paths and index scorings."""
+    cat = stepper_catalog.load()
+    return {e["name"] for name in presets for cfg in [preset(name)] for layer in range(cfg.num_hidden_layers)
+            for a in attn for s in scoring for e in cat.layer_sequence(cfg, layer, a, s)}
+
+
+ALL_PRESETS = tuple(PRESETS)
+V3 = ("tiny-v3", "kimi-k2", "deepseek-v3")  # the family modeling_deepseek.py is: the others are its descendants
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +95,8 @@ def test_header(catalog):
     references = catalog["references"]
     assert set(SOURCES) <= set(references)
     transformers = references["transformers"]
-    assert transformers["package"] == "transformers" and transformers["version"] and transformers["path"].endswith(".py")
+    assert (transformers["package"] == "transformers" and transformers["version"]
+            and transformers["path"].endswith(".py"))
     for source in ("modeling_deepseek.py", "inference", "inference_v32"):  # not installed: the revision is recorded
         about = references[source]
         assert about["label"] and about["repo"] and about["path"], source
@@ -127,8 +139,7 @@ def test_entries_follow_the_schema(catalog):
         assert e["scope"] in {"layer", "global"}, name
         assert not name.startswith("layers."), f"{name}: catalogue names carry no layers.{{i}} prefix"
         assert e["block"] in BLOCKS, name
-        assert e["layers"] in LAYERS, name
-        assert e["path"] in PATHS, name
+        assert not NOT_DATA & set(e), f"{name}: {sorted(NOT_DATA & set(e))} is the model's to say, not the catalogue's"
         assert e["dtype"] in DTYPES, name
         assert 0 < len(e["description"]) <= 100, f"{name}: description must be one line of at most 100 chars"
         assert "\n" not in e["description"], name
@@ -139,33 +150,43 @@ def test_entries_follow_the_schema(catalog):
         ref = e["reference"]
         for key in SOURCES:
             assert ref.get(key) is None or citation_ok(ref[key]), f"{name}: bad {key} citation {ref[key]!r}"
-        for field, values in e.get("when", {}).items():
-            assert field in WHEN_FIELDS and values and set(values) <= WHEN_FIELDS[field], f"{name}: when {field} {values}"
         assert not re.search(r"\blines? \d", ref["variable"]), f"{name}: line numbers belong in a citation"
     int_tensors = [e["name"] for e in catalog["tensors"] if e["dtype"] == "int64"]
-    assert int_tensors == ["mlp.gate.topk_idx", "self_attn.indexer.topk_idx", "self_attn.indexer.exact_topk_idx",
-                           "self_attn.indexer.kept_of_exact"]
+    assert sorted(int_tensors) == sorted(["mlp.gate.topk_idx", "self_attn.indexer.topk_idx", "self_attn.indexer.exact_topk_idx",
+                                         "self_attn.indexer.kept_of_exact"])
 
 
-def test_a_family_entry_follows_an_earlier_entry_and_cites_its_family(catalog):
-    seen = set()
+@pytest.fixture(scope="module")
+def branches() -> dict[str, set[str]]:
+    """Names by where the model emits them: on the naive path, the absorbed one, with FP8 index
+    scoring, in V3's family (every layer, either path)."""
+    return {"naive": emitted(ALL_PRESETS, ("naive",), ("exact", "fp8")),
+            "absorb": emitted(ALL_PRESETS, ("absorb",), ("exact", "fp8")),
+            "exact": emitted(ALL_PRESETS, ("naive", "absorb"), ("exact",)),
+            "v3": emitted(V3, ("naive", "absorb"), ("exact",))}
+
+
+def test_every_layer_entry_is_emitted_by_some_preset(catalog, branches):
+    every = branches["naive"] | branches["absorb"]
+    assert [e["name"] for e in catalog["tensors"] if e["scope"] == "layer" and e["name"] not in every] == []
+
+
+def test_a_family_entry_cites_its_family(catalog, branches):
     for e in catalog["tensors"]:
-        if "after" in e:
-            assert e["after"] in seen, f"{e['name']}: after {e['after']!r}, which does not come before it"
+        if e["scope"] == "layer" and e["name"] not in branches["v3"] and e["name"] in branches["exact"]:
             cited = e["reference"]["transformers"]
-            assert e.get("when") and (cited is None or cited.get("path", "").startswith(FAMILY_FILES)), e["name"]
-        seen.add(e["name"])
+            assert cited is None or cited.get("path", "").startswith(FAMILY_FILES), e["name"]
 
 
-def test_absorbed_entries_cite_deepseek_inference(catalog):
+def test_absorbed_entries_cite_deepseek_inference(catalog, branches):
     for e in catalog["tensors"]:
-        ref = e["reference"]
-        if e["path"] == "absorb":
+        ref, name = e["reference"], e["name"]
+        if e["scope"] == "layer" and name in branches["absorb"] and name not in branches["naive"]:
             assert citation_ok(ref["inference"]), e["name"]
             assert ref["modeling_deepseek.py"] is None and ref["transformers"] is None, e["name"]
-        elif "index_scoring" in e.get("when", {}):  # DeepSeek's FP8 scoring, or the exact scores it is compared with
+        elif e["scope"] == "layer" and name not in branches["exact"]:  # DeepSeek's FP8 scoring, or the exact scores beside it
             assert citation_ok(ref["inference_v32"]) or citation_ok(ref["transformers"]), e["name"]
-        elif "after" in e:  # another family's tensor: V3's modeling_deepseek.py has none
+        elif e["scope"] == "layer" and name not in branches["v3"]:  # another family's tensor: V3's file has none
             assert citation_ok(ref["transformers"]), e["name"]
         else:
             assert citation_ok(ref["modeling_deepseek.py"]), f"{e['name']}: no modeling_deepseek.py citation"
@@ -189,7 +210,8 @@ def names_md_rows() -> list[tuple[str, int | None]]:
 @pytest.mark.skipif(not NAMES_MD.exists(), reason="docs/names.md is not in this checkout")
 def test_names_order_and_rank_follow_docs_names_md(catalog):
     documented = names_md_rows()
-    assert [n for n, _ in documented] == [e["name"] for e in catalog["tensors"]]
+    names = [n for n, _ in documented]
+    assert sorted(names) == sorted(e["name"] for e in catalog["tensors"]) and len(set(names)) == len(names)
     by_name = {e["name"]: e for e in catalog["tensors"]}
     for name, width in documented:
         if width is not None:
@@ -203,7 +225,8 @@ def citation_problems(name: str, citation: dict, lines: list[str]) -> list[str]:
         return [f"{name}: lines {first}-{last} past the end of the file ({len(lines)} lines)"]
     problems = []
     if lines[first - 1].rstrip() != citation["text"]:
-        problems.append(f"{name}: line {first} reads {lines[first - 1].strip()!r}, the catalogue {citation['text'].strip()!r}")
+        problems.append(f"{name}: line {first} reads {lines[first - 1].strip()!r}, the catalogue "
+                        f"{citation['text'].strip()!r}")
     if citation["symbol"] not in lines[first - 1]:
         problems.append(f"{name}: {citation['symbol']!r} not on line {first}")
     after = [line.rstrip() for line in lines[first:last]]
@@ -226,7 +249,8 @@ def installed_transformers(expected_version: str) -> Path:
         pytest.skip("transformers is not installed")
     version = importlib.metadata.version("transformers")
     if version != expected_version:
-        pytest.skip(f"line numbers were taken from transformers {expected_version}; transformers {version} is installed")
+        pytest.skip(f"line numbers were taken from transformers {expected_version}; transformers {version} is "
+                    "installed")
     return Path(spec.origin).parent
 
 

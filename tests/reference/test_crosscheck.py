@@ -55,7 +55,9 @@ def test_every_named_tensor_matches_transformers(model, start_pos, decode):
 def test_every_catalogued_name_is_compared():
     mine, _ = traces("tiny", 0, 0)
     compared = {unphased(n).split(".", 2)[-1] if n.startswith("layers.") else n for n in mine}
-    naive = {e["name"] for e in catalog.load().entries if e["path"] != "absorb" and catalog.applies(e, preset("tiny"))}
+    cfg, cat = preset("tiny"), catalog.load()
+    naive = {e["name"] for layer in range(cfg.num_hidden_layers) for e in cat.layer_sequence(cfg, layer, "naive")}
+    naive |= {e["name"] for e in cat.entries if e["scope"] == "global"}
     assert naive <= compared, naive - compared
 
 

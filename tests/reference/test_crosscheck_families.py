@@ -5,8 +5,8 @@ Configs: `tiny-v2` (V2-Lite-like: greedy softmax routing, one q_proj, two shared
 mscale 0.707), a V2-like sibling (group_limited_greedy over 4 groups keep 2, a q bottleneck,
 routed_scaling_factor 16) and `tiny-v32` (V3 plus the indexer keeping 4 positions, fewer than
 the prompt; its chosen positions identical, on data whose scores have no tie at the cut; both
-MLA paths, transformers' naive tensors left out of the absorbed comparison). Prefill then cached decode steps, at position 0 and past 4096; relative error
-<= 1e-5 per tensor (helpers.compare).
+MLA paths, transformers' naive tensors left out of the absorbed comparison). Prefill then cached decode steps, at
+position 0 and past 4096; relative error <= 1e-5 per tensor (helpers.compare).
 """
 
 import copy
@@ -34,7 +34,8 @@ from stepper.weights.synthetic import SyntheticWeights
 
 PROMPT = (17, 402, 999, 3, 256, 77, 640)
 
-V2_LIKE = {**copy.deepcopy(PRESETS["tiny-v2"]), "_name_or_path": "tiny-v2-grouped", "topk_method": "group_limited_greedy",
+V2_LIKE = {**copy.deepcopy(PRESETS["tiny-v2"]), "_name_or_path": "tiny-v2-grouped",
+           "topk_method": "group_limited_greedy",
            "n_group": 4, "topk_group": 2, "q_lora_rank": 192, "routed_scaling_factor": 16.0}
 CONFIGS = {"tiny-v2": PRESETS["tiny-v2"], "v2-grouped": V2_LIKE}
 

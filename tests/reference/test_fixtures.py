@@ -12,7 +12,6 @@ from helpers.cli import stepper
 from safetensors.numpy import save_file
 
 from stepper.fixtures import verify
-from stepper.fixtures.compare import measure
 from stepper.fixtures.export import Capture, export
 from stepper.fixtures.fixture import Fixture, check_weights, load, read_manifest
 from stepper.fixtures.format import TENSORS
@@ -20,6 +19,7 @@ from stepper.fixtures.hashing import sha256_array, sha256_file
 from stepper.fixtures.read_hashes import ReadHashes
 from stepper.fixtures.show import summary_line
 from stepper.fixtures.spec import ExportSpec
+from stepper.fixtures.tensor_check import measure
 from stepper.presets import preset
 from stepper.seams.trace import unphased
 from stepper.session import RunSpec, run
@@ -495,7 +495,8 @@ def test_readme_example_checks_transformers(tmp_path, monkeypatch):
         model = build_hf_model(json.loads((Path(weights_dir) / "config.json").read_text()),
                                {n: np.array(ck.get(n)) for n in ck.weight_map if not n.endswith(SCALE)})
         cache = DynamicCache(config=model.config)
-        return model, lambda ids, positions: model(input_ids=ids, position_ids=positions, cache=cache, use_cache=True).logits
+        return model, lambda ids, positions: model(input_ids=ids, position_ids=positions, cache=cache,
+                                                   use_cache=True).logits
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "fixtures").symlink_to(ROOT / "fixtures")

@@ -21,6 +21,7 @@ if not os.environ.get("STEPPER_REQUIRE_CROSSCHECK"):
     pytest.importorskip("compressed_tensors")
 
 from helpers.compare import compare, rel_err
+from helpers.files import linked
 from helpers.hf_reference import hf_trace
 from helpers.kimi_int4 import write_kimi_int4
 
@@ -84,7 +85,8 @@ def test_the_latent_norms_use_eps_1e6_as_transformers_does(checkpoint):
     rec = Recorder()
     run(RunSpec(model=str(folder), ids=PROMPT, attn="naive"), [rec])
     mine, ref = rec.tensors(), hf_trace(config, exact, np.array([PROMPT]))
-    for before, after, norm in (("q_a", "q_a_norm", "q_a_layernorm"), ("compressed_kv", "compressed_kv_norm", "kv_a_layernorm")):
+    for before, after, norm in (("q_a", "q_a_norm", "q_a_layernorm"),
+                                ("compressed_kv", "compressed_kv_norm", "kv_a_layernorm")):
         x = mine[f"layers.0.self_attn.{before}"].astype(np.float64)
         gain = exact[f"model.layers.0.self_attn.{norm}.weight"]
         with_config_eps = x / np.sqrt((x * x).mean(-1, keepdims=True) + config["rms_norm_eps"]) * gain
@@ -107,10 +109,9 @@ def test_transformers_own_loading_rounds_each_expert_weight_to_bf16(checkpoint, 
     from transformers import DeepseekV3ForCausalLM
 
     folder, _, exact = checkpoint
-    for file in folder.iterdir():
-        if file.name != "config.json":
-            (tmp_path / file.name).symlink_to(file)
-    (tmp_path / "config.json").write_text(folder.joinpath("config.json").read_text().replace('"kimi_k2"', '"deepseek_v3"'))
+    linked(folder, tmp_path, but={"config.json"})
+    config = folder.joinpath("config.json").read_text()
+    (tmp_path / "config.json").write_text(config.replace('"kimi_k2"', '"deepseek_v3"'))
     model = DeepseekV3ForCausalLM.from_pretrained(str(tmp_path), dtype=torch.float32, attn_implementation="eager",
                                                   experts_implementation="eager").eval()
     for parameter in model.parameters():  # its decompressed experts are BF16; float32 holds their values exactly

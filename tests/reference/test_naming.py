@@ -239,14 +239,19 @@ LLAMA = [
     ("kqv-{i}", "src/llama-graph.cpp:1770", "self_attn.attn_output", lambda a, c: per_head(a, c)[0].transpose(1, 0, 2),
      "naive", "all"),
     ("kqv-{i}", "src/llama-graph.cpp:1770", "self_attn.attn_output_latent", heads_first, "absorb", "all"),
-    ("kqv_mla-{i}", "src/llama-graph.cpp:1775", "self_attn.attn_output", lambda a, c: per_head(a, c)[0].transpose(1, 0, 2),
+    ("kqv_mla-{i}", "src/llama-graph.cpp:1775", "self_attn.attn_output", lambda a,
+     c: per_head(a, c)[0].transpose(1, 0, 2),
      "absorb", "all"),
-    ("fattn_mla-{i}", "src/llama-graph.cpp:1717", "self_attn.attn_output", lambda a, c: per_head(a, c)[0].transpose(1, 0, 2),
+    ("fattn_mla-{i}", "src/llama-graph.cpp:1717", "self_attn.attn_output", lambda a,
+     c: per_head(a, c)[0].transpose(1, 0, 2),
      "absorb", "all"),  # with flash attention, in place of kqv_mla
-    ("__fattn__-{i}", "src/llama-graph.cpp:1701", "self_attn.attn_output", lambda a, c: per_head(a, c)[0], "naive", "all"),
+    ("__fattn__-{i}", "src/llama-graph.cpp:1701", "self_attn.attn_output", lambda a, c: per_head(a, c)[0], "naive",
+     "all"),
     ("__fattn__-{i}", "src/llama-graph.cpp:1701", "self_attn.attn_output_latent", lc(heads_after), "absorb", "all"),
-    ("kqv_out-{i}", "src/llama-graph.cpp:1942", "self_attn.attn_output", lc(as_is), "naive", "all"),  # build_attn, KV cache
-    ("kqv_out-{i}", "src/llama-graph.cpp:2029", "self_attn.attn_output", lc(as_is), "absorb", "all"),  # build_attn, K-only cache
+    ("kqv_out-{i}", "src/llama-graph.cpp:1942", "self_attn.attn_output", lc(as_is), "naive",
+     "all"),  # build_attn, KV cache
+    ("kqv_out-{i}", "src/llama-graph.cpp:2029", "self_attn.attn_output", lc(as_is), "absorb",
+     "all"),  # build_attn, K-only cache
     ("ffn_inp-{i}", 196, "attn_residual@rows", lc(as_is), "both", "all"),
     ("ffn_norm-{i}", 199, "post_attention_layernorm@rows", lc(as_is), "both", "all"),
     ("ffn_up-{i}", "src/llama-graph.cpp:974", "mlp.up_proj@rows", lc(as_is), "both", "dense"),
@@ -289,7 +294,8 @@ def source_dump(fixture, table):
             if (flag == "last") != ("{i}" not in name and layer is not None) or flag == "last" and layer != last:
                 continue
             c = Step(fixture, e["name"])
-            if flag in ("masked", "prefill") and c.t == 1 or flag == "decode" and c.t > 1 or flag == "grouped" and cfg.n_group == 1:
+            if (flag in ("masked", "prefill") and c.t == 1 or flag == "decode" and c.t > 1
+                    or flag == "grouped" and cfg.n_group == 1):
                 continue
             array = build(fixture.tensors[e["name"]], c)
             if flag == "rows" and (layer is None or layer == last) and run["kind"] == "model":
@@ -417,7 +423,8 @@ def test_a_layout_is_not_a_free_pass(tmp_path):
     scores = fixture.tensors["prefill.layers.1.self_attn.attn_weights"]
     q = fixture.tensors["prefill.layers.1.self_attn.query_states"]
     path = tmp_path / "c.safetensors"
-    save_file({"prefill.layers.1.attn.scores#3": scores, "prefill.Qcur-1": np.ascontiguousarray(q[0].transpose(1, 0, 2))},
+    save_file({"prefill.layers.1.attn.scores#3": scores,
+               "prefill.Qcur-1": np.ascontiguousarray(q[0].transpose(1, 0, 2))},
               str(path))
     checks = {c.name: c for c in verify.verify(fixture, path).checks}
     assert checks["prefill.layers.1.self_attn.attn_weights"].status == "mismatch"

@@ -167,7 +167,8 @@ def test_what_v32_inference_cannot_compare_is_said():
     reasons = {a.name: a.reason for a in tables()["inference"] if "deepseek_v32" in a.model_types and a.reason}
     assert "interleaved pairs" in reasons["layers.{i}.attn.indexer.q_pe#2"]
     assert "Hadamard" in reasons["layers.{i}.attn.indexer.q#4"]
-    assert "FP8" in reasons["layers.{i}.attn.indexer.q_fp8"] and "FP8" in reasons["layers.{i}.attn.indexer.index_score#1"]
+    assert ("FP8" in reasons["layers.{i}.attn.indexer.q_fp8"]
+            and "FP8" in reasons["layers.{i}.attn.indexer.index_score#1"])
 
 
 def test_every_v32_inference_name_of_stepper_table_is_one_this_test_builds():

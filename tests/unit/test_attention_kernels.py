@@ -165,6 +165,7 @@ def test_held_or_tiled_runs_the_whole_lines_while_they_fit_and_tiles_beyond(S, t
     want, want_weights = whole_naive(query, keys, values)
     assert calls == ([] if tiled else [1])
     shown_weights = sink.events["self_attn.attn_weights"]
-    assert isinstance(shown_weights, Tiled) == tiled and isinstance(sink.events["self_attn.attn_scores"], Tiled) == tiled
+    assert (isinstance(shown_weights, Tiled) == tiled
+            and isinstance(sink.events["self_attn.attn_scores"], Tiled) == tiled)
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=2e-6)
     np.testing.assert_allclose(np.asarray(shown_weights), want_weights, rtol=1e-5, atol=1e-7)

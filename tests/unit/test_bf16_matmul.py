@@ -15,7 +15,8 @@ def bf16_weight(rng, out: int, inp: int) -> np.ndarray:
 
 
 def test_every_bf16_pattern_decodes_to_ml_dtypes_float32_bit_for_bit():
-    patterns = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).reshape(256, 256)  # NaNs, infinities, subnormals, -0
+    patterns = np.arange(1 << 16,
+                         dtype=np.uint32).astype(np.uint16).reshape(256, 256)  # NaNs, infinities, subnormals, -0
     decoded = bf16_rows(patterns, np.empty((256, 256), np.float32))
     expected = patterns.view(ml_dtypes.bfloat16).astype(np.float32)
     np.testing.assert_array_equal(decoded.view(np.uint32), expected.view(np.uint32))

@@ -18,7 +18,8 @@ def test_presets_parse_and_round_trip_through_config_json():
 
 def test_kimi_k2_published_values():
     cfg = preset("kimi-k2")
-    assert (cfg.hidden_size, cfg.num_attention_heads, cfg.n_routed_experts, cfg.num_experts_per_tok) == (7168, 64, 384, 8)
+    assert (cfg.hidden_size, cfg.num_attention_heads, cfg.n_routed_experts,
+            cfg.num_experts_per_tok) == (7168, 64, 384, 8)
     assert (cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim) == (1536, 512, 128, 64)
     assert (cfg.n_group, cfg.topk_group, cfg.routed_scaling_factor, cfg.rope_theta) == (1, 1, 2.827, 50000.0)
     assert cfg.rope_scaling.factor == 32.0 and cfg.rope_scaling.beta_fast == 1.0
@@ -44,7 +45,8 @@ def test_tiny_is_kimi_shaped_with_a_partial_fp8_block():
 def test_rope_parameters_block_is_read_too(make_config):
     yarn = dict(PRESETS["tiny"]["rope_scaling"])
     yarn.pop("type")
-    cfg = make_config(rope_scaling=None, rope_theta=None, rope_parameters={"rope_type": "yarn", "rope_theta": 777.0, **yarn})
+    cfg = make_config(rope_scaling=None, rope_theta=None,
+                      rope_parameters={"rope_type": "yarn", "rope_theta": 777.0, **yarn})
     assert cfg.rope_theta == 777.0 and cfg.rope_scaling.factor == 32.0
 
 

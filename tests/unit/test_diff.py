@@ -17,7 +17,8 @@ class BiasChanged:
 
     def __init__(self, layer: int, expert: int, by: float):
         self.base = SyntheticWeights(preset("tiny"), 0)
-        self.config, self.name, self.expert, self.by = self.base.config, f"model.layers.{layer}.mlp.gate.e_score_correction_bias", expert, by
+        self.config, self.expert, self.by = self.base.config, expert, by
+        self.name = f"model.layers.{layer}.mlp.gate.e_score_correction_bias"
 
     def __getattr__(self, name):
         return getattr(self.base, name)
@@ -46,7 +47,8 @@ def test_naive_against_absorbed_attention_is_within_round_off_everywhere(naive):
         if r.rel is not None:
             assert r.rel < 1e-5 and r.cosine > 1 - 1e-6, r.name  # float32 round-off
     assert d.count("close") > 100  # the attention really is computed another way
-    assert "prefill.layers.1.self_attn.key_states" in d.only_a and "decode0.layers.1.self_attn.q_nope_absorbed" in d.only_b
+    assert ("prefill.layers.1.self_attn.key_states" in d.only_a
+            and "decode0.layers.1.self_attn.q_nope_absorbed" in d.only_b)
 
 
 def test_one_router_bias_entry_changed_first_differs_at_that_layers_scores_for_choice(naive):
@@ -67,7 +69,8 @@ def test_changed_expert_choices_are_named_per_token():
          "layers.1.mlp.gate.topk_weight": np.array([[0.1, 0.2, 0.3, 0.4], [0.4, 0.3, 0.2, 0.1]], np.float32)}
     d = diff_tensors(a, b)
     idx, weight = d.rows
-    assert idx.status == "differs" and idx.detail == "experts changed for 1 of 2 tokens; token 1: [5, 6, 7, 8] -> [5, 6, 7, 9]"
+    assert (idx.status == "differs"
+            and idx.detail == "experts changed for 1 of 2 tokens; token 1: [5, 6, 7, 8] -> [5, 6, 7, 9]")
     # token 0: the same experts in another order and the same weight per expert; token 1 differs only in its
     # last expert, whose weight is the same: paired by expert, the weights agree where the experts do
     assert weight.status == "close" and weight.max_abs == 0

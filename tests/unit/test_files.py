@@ -115,7 +115,8 @@ def test_an_output_is_refused_over_a_users_file_a_link_a_fifo_or_a_folder(tmp_pa
     for name, why in expected.items():
         with pytest.raises(StepperError, match=why):
             files.check_output("--report", tmp_path / name, force, lambda p: False, "a report stepper wrote")
-    assert mine.read_bytes() == MINE and sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "folder", "link", "mine.txt"]
+    assert (mine.read_bytes() == MINE
+            and sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "folder", "link", "mine.txt"])
 
 
 def test_an_output_checked_before_the_run_is_not_written_over_a_file_that_appeared_since(tmp_path):

@@ -90,7 +90,8 @@ def test_tiles_are_whole_blocks_of_scale_rows():
 
 def test_split_runs_every_share_once_on_several_threads():
     seen, threads = [], set()
-    lock, all_started = threading.Lock(), threading.Barrier(3, timeout=60)  # breaks unless 3 run at once (a minute: a busy machine starts threads late)
+    # breaks unless 3 run at once (a minute: a busy machine starts threads late)
+    lock, all_started = threading.Lock(), threading.Barrier(3, timeout=60)
 
     def work(share):
         with lock:
@@ -157,7 +158,8 @@ def test_decoded_equals_dequantize_bit_for_bit(scale):
         expected = fp8.dequantize(codes, scale_inv)
         got = dequantize_rows(w)
         given = np.empty(w.shape, np.float32)
-        assert dequantize_rows(w, given) is given and np.array_equal(given, got, equal_nan=True)  # into given memory too
+        assert (dequantize_rows(w, given) is given
+                and np.array_equal(given, got, equal_nan=True))  # into given memory too
     assert got.dtype == np.float32 and got.flags.c_contiguous
     nan = np.isnan(expected)
     assert np.array_equal(np.isnan(got), nan)

@@ -129,7 +129,8 @@ def test_scratch_grows_for_long_inputs(checkpoint, shared):
 
 def test_a_helper_that_reports_an_error_leaves_the_products_here(checkpoint, shared, tmp_path):
     w = checkpoint.matrix(EXPERT)
-    gone = Fp8Matrix(w.codes, w.scale_inv, w.block, origin=FileBytes(str(tmp_path / "gone.safetensors"), 0, (0, 0, 0, 0)))
+    gone = Fp8Matrix(w.codes, w.scale_inv, w.block,
+                     origin=FileBytes(str(tmp_path / "gone.safetensors"), 0, (0, 0, 0, 0)))
     x = np.random.default_rng(6).standard_normal((3, w.shape[1])).astype(np.float32)
     y = linear_fp8(x, gone)
     assert fp8_workers._broken and fp8_workers.helpers()[0].process.poll() is None  # it answered, and lives on

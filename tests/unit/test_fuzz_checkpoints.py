@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from helpers.files import size_of
 from helpers.malformed import INDEX_FILE, MINI_CONFIG, read_shard, write_shard
 from helpers.work import counted
 from hypothesis import HealthCheck, given, settings
@@ -43,9 +44,11 @@ ALLOCATED = 32 * 2**20  # the files are about 130 KB: a reader that trusts a siz
 
 json_leaf = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=False),
                       st.text(max_size=12), st.sampled_from([0, -1, 1, 2**31, 2**63, 1e308, "", "\x1b[2J"]))
-json_value = st.recursive(json_leaf, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
-                          max_leaves=6)
-dtypes = st.sampled_from(["F32", "BF16", "F16", "F8_E4M3", "F8_E5M2", "F8_E8M0", "I8", "I64", "BOOL", "U8", "bf16", "Q4"])
+json_value = st.recursive(
+    json_leaf, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=6)
+dtypes = st.sampled_from(["F32", "BF16", "F16", "F8_E4M3", "F8_E5M2", "F8_E8M0", "I8", "I64", "BOOL", "U8", "bf16",
+                          "Q4"])
 dims = st.lists(st.integers(-2, 2**40) | st.sampled_from([0, 1, 16, 32, 48, 64]), max_size=4)
 
 
@@ -76,8 +79,9 @@ def config_change(draw):
 
 @st.composite
 def index_change(draw):
-    pick, shard = draw(st.integers(0, 10**6)), draw(st.text(max_size=20) | st.sampled_from(["model-00001-of-00004.safetensors",
-                                                                                               "model-00003-of-00004.safetensors"]))
+    pick = draw(st.integers(0, 10**6))
+    shard = draw(st.text(max_size=20) | st.sampled_from(["model-00001-of-00004.safetensors",
+                                                         "model-00003-of-00004.safetensors"]))
     whole = draw(st.none() | json_value)
 
     def change(folder: Path) -> None:
@@ -130,7 +134,8 @@ def header_change(draw):
 
 @st.composite
 def bytes_change(draw):
-    shard, where, kind = draw(st.integers(1, 4)), draw(st.integers(0, 10**6)), draw(st.sampled_from(["flip", "cut", "append", "scale"]))
+    shard, where = draw(st.integers(1, 4)), draw(st.integers(0, 10**6))
+    kind = draw(st.sampled_from(["flip", "cut", "append", "scale"]))
     noise = draw(st.binary(min_size=1, max_size=16))
 
     def change(folder: Path) -> None:
@@ -152,7 +157,8 @@ def bytes_change(draw):
     return change
 
 
-checkpoint_changes = st.lists(st.one_of(config_change(), index_change(), header_change(), bytes_change()), min_size=1, max_size=3)
+checkpoint_changes = st.lists(st.one_of(config_change(), index_change(), header_change(), bytes_change()),
+                              min_size=1, max_size=3)
 
 
 def exercise_checkpoint(folder: Path) -> None:
@@ -162,7 +168,8 @@ def exercise_checkpoint(folder: Path) -> None:
         problems = inspect.find_problems(source, None)
         tensors = inspect_stats.with_stats(source, inspect.collect(source, None, problems), progress=False)
         groups = inspect.group(tensors, source.config, fold_experts=True)
-        inspect.render(Console(file=io.StringIO(), width=80), source, groups, tensors, inspect.total_tensors(source), True, problems)
+        inspect.render(Console(file=io.StringIO(), width=80), source, groups, tensors,
+                       inspect.total_tensors(source), True, problems)
         inspect.write_json(io.StringIO(), inspect.group(tensors, source.config, fold_experts=False), problems)
         ckpt = source.checkpoint
         assert ckpt is not None
@@ -186,12 +193,8 @@ def bounded(exercise, *paths: Path) -> None:
     files = sum(size_of(path) for path in paths)
     with counted(traced=True) as work:
         exercise(*paths)
-    assert work.peak < ALLOCATED and work.read <= 2 * files + 64 * 1024 and work.tensor_bytes <= TENSOR_READS * files, work
-
-
-def size_of(path: Path) -> int:
-    """Bytes of a file, or of every file under a folder."""
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else path.stat().st_size
+    assert (work.peak < ALLOCATED and work.read <= 2 * files + 64 * 1024
+            and work.tensor_bytes <= TENSOR_READS * files), work
 
 
 @SETTINGS
@@ -211,13 +214,15 @@ def test_a_changed_checkpoint_raises_only_stepper_errors(sound, changes):
 @st.composite
 def manifest_change(draw):
     where = draw(st.sampled_from(["top", "entry", "weights", "config"]))
-    key = draw(st.sampled_from(["format", "version", "tensors", "config", "weights", "name", "shape", "sha256", "key", "phase",
+    key = draw(st.sampled_from(["format", "version", "tensors", "config", "weights", "name", "shape", "sha256",
+                                "key", "phase",
                                 "layer", "dims", "tolerance", "files", "path", "qk_rope_head_dim", "hidden_size"]))
     value, pick = draw(json_value | st.just(...)), draw(st.integers(0, 10**6))
 
     def change(folder: Path) -> None:
         manifest = json.loads((folder / "manifest.json").read_text())
-        if not all(isinstance(manifest.get(k), t) and manifest[k] for k, t in (("tensors", list), ("weights", dict), ("config", dict))):
+        if not all(isinstance(manifest.get(k), t) and manifest[k] for k,
+                   t in (("tensors", list), ("weights", dict), ("config", dict))):
             return  # already changed past this change's reach
         if not isinstance(manifest["tensors"][pick % len(manifest["tensors"])], dict):
             return

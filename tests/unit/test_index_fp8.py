@@ -24,7 +24,8 @@ def sylvester(n: int) -> np.ndarray:
 
 
 def test_hadamard_of_two_and_four_values_by_hand():
-    np.testing.assert_allclose(hadamard(np.array([3.0, 1.0], np.float32)), [4 / math.sqrt(2), 2 / math.sqrt(2)], rtol=1e-6)
+    np.testing.assert_allclose(hadamard(np.array([3.0, 1.0], np.float32)), [4 / math.sqrt(2), 2 / math.sqrt(2)],
+                               rtol=1e-6)
     # H_4 rows (1 1 1 1), (1 -1 1 -1), (1 1 -1 -1), (1 -1 -1 1) on (1, 2, 3, 4): (10, -2, -4, 0), over sqrt(4)
     np.testing.assert_array_equal(hadamard(np.array([1, 2, 3, 4], np.float32)), [5, -1, -2, 0])
 

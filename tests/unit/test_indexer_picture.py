@@ -30,7 +30,9 @@ def test_kept_dropped_and_future_positions_beside_the_weights():
     assert kept == ["█ · ·", "█ █ ·", "█ × █"]
     # beside it head 1's weights: query 2 gives 0.1 to position 0, exactly 0 to the dropped 1, 0.9 to 2
     assert [line[-6:].strip() for line in rows] == ["██· ·", "▒▒▒▒·", "░░· ██"]
-    assert "head 1" in text and "2 of up to 3 positions kept per query (the last, at position 2: 2), 5 of the 6 in the queries' past" in " ".join(text.split())
+    assert ("head 1" in text
+            and "2 of up to 3 positions kept per query (the last, at position 2: 2), 5 of the 6 in the queries' "
+                "past" in " ".join(text.split()))
 
 
 def test_a_wrong_shape_is_refused():
@@ -46,7 +48,8 @@ def test_a_decode_steps_query_is_labelled_by_its_position():
     rows = [line for line in render(pictures.indexer_map(mask, weights)).splitlines() if line.startswith("  4 ")]
     assert len(rows) == 1 and rows[0].split()[:6] == ["4", "█", "×", "█", "█", "█"], rows
     assert rows[0].count(" 4 ") == 2, "the head's map labels the row by its position too"
-    assert "(the last, at position 4: 4), 4 of the 5 in the queries' past" in " ".join(render(pictures.indexer_map(mask, weights)).split())
+    drawn = " ".join(render(pictures.indexer_map(mask, weights)).split())
+    assert "(the last, at position 4: 4), 4 of the 5 in the queries' past" in drawn
 
 
 def test_tiled_weights_draw_the_same_picture_a_block_of_rows_at_a_time():

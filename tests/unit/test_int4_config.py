@@ -81,7 +81,8 @@ def test_what_stepper_cannot_honour_is_one_line_naming_the_field(make_config, pa
         make_config(quantization_config=with_change(path, value))
     message = str(refused.value)
     assert "\n" not in message
-    assert message.startswith("test config (tiny): field 'quantization_config.") and f"quantization_config.{field}'" in message
+    assert (message.startswith("test config (tiny): field 'quantization_config.")
+            and f"quantization_config.{field}'" in message)
     assert says in message
 
 

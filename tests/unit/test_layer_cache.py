@@ -2,10 +2,12 @@
 same positions as concatenating, the earlier positions never written again, a `first(n)` cache's appends never
 reaching the cache it was cut from."""
 
+import dataclasses
+
 import numpy as np
 
 from stepper.kernels import growing
-from stepper.model.cache import LayerCache
+from stepper.model.cache import POSITION_AXIS, LayerCache
 
 
 def rows(rng, t, d=5):
@@ -43,3 +45,20 @@ def test_views_of_earlier_positions_keep_them_and_a_cut_cache_writes_only_its_ow
     cache.latent = cache.latent.copy()  # a field set from outside: the next append copies it
     cache.extend_latent(rows(rng, 1), np.zeros((1, 1, 1, 2), np.float32))
     np.testing.assert_array_equal(cache.latent[:, :11], before)
+
+
+def test_first_cuts_every_kept_field_along_its_own_axis_of_positions():
+    kept = [f.name for f in dataclasses.fields(LayerCache) if f.name != "growing"]
+    assert sorted(POSITION_AXIS) == sorted(kept)  # a field added to the cache needs its axis
+    rng = np.random.default_rng(2)
+    cache = LayerCache()
+    shapes = {"latent": (1, 9, 4), "k_pe": (1, 1, 9, 2), "key_states": (1, 2, 9, 3), "value_states": (1, 2, 9, 3),
+              "index_keys": (1, 9, 4), "index_key_codes": (1, 9, 4), "index_key_scales": (1, 9)}
+    for name, shape in shapes.items():
+        setattr(cache, name, rng.standard_normal(shape, dtype=np.float32))
+    cut = cache.first(4)
+    for name, shape in shapes.items():
+        axis = POSITION_AXIS[name]
+        assert getattr(cut, name).shape[axis] == 4 and np.shares_memory(getattr(cut, name), getattr(cache, name))
+        np.testing.assert_array_equal(getattr(cut, name), np.take(getattr(cache, name), range(4), axis=axis))
+    assert cut.length == 4 and cache.first(0) == LayerCache()

@@ -157,20 +157,28 @@ LATENT = "layers.1.self_attn.compressed_kv"  # [B, T, kv_lora] = [1, 7, 128]
 
 
 @pytest.mark.parametrize("tensor, answer, said, not_said", [
-    (K_PE, "1 7 16", "an axis of size 1 is still an axis: the head axis (one shared rope head) is missing; the shape is [B, H=1, T, rope]", "batch"),  # missing
+    (K_PE, "1 7 16",
+     ("an axis of size 1 is still an axis: the head axis (one shared rope head) is missing; the shape is [B, H=1, T, "
+     "rope]"), "batch"),  # missing
     (K_PE, "7 16", "B (batch) and the head axis (one shared rope head) are missing", None),
     (LATENT, "7 128", "stepper keeps the batch axis", None),
     (LATENT, "1 7", "kv_lora (kv latent) is missing; the shape is [B, T, kv_lora]", None),
-    (LATENT, "1 1 7 128", "one axis too many: the shape is [B, T, kv_lora], with nothing for the 1 after B", None),  # extra
+    (LATENT, "1 1 7 128", "one axis too many: the shape is [B, T, kv_lora], with nothing for the 1 after B",
+     None),  # extra
     (LATENT, "1 7 128 1", "with nothing for the 1 after kv_lora", None),
     (LATENT, "7 1 128", "the right sizes in the wrong order: B (batch) comes before T (positions)", None),  # swapped
     (K_PE, "1 7 1 16", "the head axis (one shared rope head) comes before T (positions)", None),
-    (K_PE, "1 1 7 64", "rope (rope dims) is not 64 (Kimi K2's full-size qk_rope_head_dim, not this tiny model's): it is qk_rope_head_dim", None),  # size
+    (K_PE, "1 1 7 64",
+     ("rope (rope dims) is not 64 (Kimi K2's full-size qk_rope_head_dim, not this tiny model's): it is "
+     "qk_rope_head_dim"), None),  # size
     (LATENT, "1 8 128", "T (positions) is not 8: it is a size of this run, not of the config", "Kimi"),
-    ("layers.1.self_attn.attn_output", "1 7 4 32", "the heads side by side, not yet merged: [B, T, H, V] is reshaped to [B, T, H*V]", None),
+    ("layers.1.self_attn.attn_output", "1 7 4 32",
+     "the heads side by side, not yet merged: [B, T, H, V] is reshaped to [B, T, H*V]", None),
     ("layers.1.self_attn.attn_output", "1 4 7 32", "before the heads are merged back", None),
     (LATENT, "5", "the shape has 3 axes, [B, T, kv_lora]; that has 1", None),  # nothing to align
-    (LATENT, "7 512", "stepper keeps the batch axis: B = 1 comes first, even for one sequence; and kv_lora (kv latent) is not 512", None),
+    (LATENT, "7 512",
+     ("stepper keeps the batch axis: B = 1 comes first, even for one sequence; and kv_lora (kv latent) is not "
+     "512"), None),
 ])
 def test_each_shape_mistake_names_the_axis(ctx, tensor, answer, said, not_said):
     shapes = {K_PE: [1, 1, 7, 16], LATENT: [1, 7, 128], "layers.1.self_attn.attn_output": [1, 7, 128]}

@@ -12,8 +12,7 @@ from rich.console import Console
 
 import stepper
 from stepper.errors import StepperError
-from stepper.views import diff as diff_view
-from stepper.views import notebook, pictures
+from stepper.views import diff_table, notebook, pictures
 from stepper.views.sinks import TensorRows
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,7 +56,8 @@ def test_a_long_run_shows_its_first_steps_and_layers_within_the_width():
 
 def test_a_tensor_and_a_picture_show_as_in_the_terminal(run):
     view = run.show("layers.1.self_attn.k_pe")
-    expected = terminal(TensorRows(Console(file=io.StringIO()), run.config).render(run.event("layers.1.self_attn.k_pe")))
+    rows = TensorRows(Console(file=io.StringIO()), run.config)
+    expected = terminal(rows.render(run.event("layers.1.self_attn.k_pe")))
     assert repr(view) == expected.rstrip("\n") and visible(view._repr_html_()).strip() == expected.strip()
     routing = run.picture("routing", "layers.1.mlp.gate.topk_idx")
     drawn = terminal(pictures.routing_map(run["layers.1.mlp.gate.topk_idx"], run["layers.1.mlp.gate.topk_weight"], 32))
@@ -80,9 +80,10 @@ def test_a_diff_shows_its_rows_growth_and_first_difference(run):
                         patch=stepper.force_experts(2, [0, 1, 2, 3]))
     d = stepper.diff(run, other)
     shown = visible(d._repr_html_())
-    assert terminal(diff_view.render(d)).strip() == shown.strip() == terminal(d).strip()
+    assert terminal(diff_table.render(d)).strip() == shown.strip() == terminal(d).strip()
     assert "first difference: layers.2.mlp.gate.topk_idx" in shown and "differs from mlp.gate.topk_idx" in shown
-    assert repr(d).startswith("<stepper.Diff 8 tensors: 6 same, 0 close, 2 differ; first difference layers.2.mlp.gate.topk_idx")
+    assert repr(d).startswith("<stepper.Diff 8 tensors: 6 same, 0 close, 2 differ; first difference "
+                              "layers.2.mlp.gate.topk_idx")
 
 
 def test_the_example_in_docs_runs(tmp_path):
@@ -93,4 +94,5 @@ def test_the_example_in_docs_runs(tmp_path):
     assert "zeroing expert" in out.stdout and "first difference prefill.layers.1.mlp.gate.topk_weight" in out.stdout
     text = visible(page.read_text(encoding="utf-8"))
     assert "prefill.layers.1.self_attn.compressed_kv  [B=1 batch, T=4 positions, 128 kv latent]" in text
-    assert "experts used" in text and "head 0" in text and "first difference: prefill.layers.1.mlp.gate.topk_weight" in text
+    assert ("experts used" in text and "head 0" in text
+            and "first difference: prefill.layers.1.mlp.gate.topk_weight" in text)

@@ -32,7 +32,8 @@ def offences(source: str) -> list[str]:
                 and not (name in ("copy", "remove") and owner not in ("shutil", "os")) \
                 and not (name == "truncate" and (node.keywords or len(node.args) > 1)):  # a file's takes one size
             found.append(f"line {node.lineno}: {owner + '.' if owner else ''}{name}()")
-        elif name == "replace" and len(node.args) == 1 and not node.keywords:  # Path.replace(target); str.replace takes 2
+        elif (name == "replace" and len(node.args) == 1
+              and not node.keywords):  # Path.replace(target); str.replace takes 2
             found.append(f"line {node.lineno}: .replace(target)")
         elif name == "replace" and owner == "os":
             found.append(f"line {node.lineno}: os.replace()")
@@ -51,8 +52,9 @@ def _mode(node: ast.Call) -> set[str]:
     """The characters of an open() call's mode (positional after the path, or mode=), when written out."""
     mode = next((k.value for k in node.keywords if k.arg == "mode"), None)
     if mode is None:
-        at = 1 if isinstance(node.func, ast.Name) or (isinstance(node.func, ast.Attribute) and
-                                                     isinstance(node.func.value, ast.Name) and node.func.value.id == "io") else 0
+        io_open = (isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name)
+                   and node.func.value.id == "io")
+        at = 1 if isinstance(node.func, ast.Name) or io_open else 0
         mode = node.args[at] if len(node.args) > at else None
     return set(mode.value) if isinstance(mode, ast.Constant) and isinstance(mode.value, str) else set()
 

@@ -16,3 +16,16 @@ def test_every_package_under_stepper_is_in_the_wheel():
     found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "stepper").rglob("__init__.py")}
     assert found - listed == set()
     assert listed - found == {"stepper.lessons_data"}  # the lessons/ folder, mapped by package-dir
+
+
+def test_the_catalogue_part_files_ship():
+    from fnmatch import fnmatch
+
+    from stepper.families import FAMILIES
+
+    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]["package-data"]
+    folder = ROOT / "stepper" / "catalog"
+    parts = sorted(p.relative_to(folder).as_posix() for p in (folder / "parts").glob("*.json"))
+    assert parts and all(any(fnmatch(p, pattern) for pattern in patterns["stepper.catalog"]) for p in parts)
+    listed = {part.name for family in FAMILIES for part in family.parts}
+    assert listed == {Path(p).name for p in parts}  # every shipped part is some family's, and each one exists

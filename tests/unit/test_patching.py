@@ -55,7 +55,8 @@ def test_the_patched_tensor_is_what_the_next_op_is_computed_from(plain):
 
     run = stepper.run("tiny", ids=IDS, patch={"layers.1.self_attn.attn_weights": drop_first_position})
     weights, values = run["layers.1.self_attn.attn_weights"], run["layers.1.self_attn.value_states"]
-    assert np.all(weights[..., 0] == 0) and np.array_equal(weights[..., 1:], plain["layers.1.self_attn.attn_weights"][..., 1:])
+    assert np.all(weights[..., 0] == 0) and np.array_equal(weights[..., 1:],
+                                                           plain["layers.1.self_attn.attn_weights"][..., 1:])
     by_hand = (weights.astype(np.float64) @ values).transpose(0, 2, 1, 3).reshape(1, len(IDS), -1)  # heads merged
     np.testing.assert_allclose(run["layers.1.self_attn.attn_output"], by_hand, rtol=1e-5, atol=1e-6)
     assert not np.allclose(run["layers.1.self_attn.attn_output"], plain["layers.1.self_attn.attn_output"])
@@ -113,12 +114,14 @@ def test_zeroing_a_head_gives_the_output_of_o_proj_without_that_heads_columns(pl
     v = cfg.v_head_dim
     out = run["layers.1.self_attn.attn_output"]
     assert np.all(out[..., 2 * v:3 * v] == 0)
-    assert np.array_equal(np.delete(out, np.s_[2 * v:3 * v], -1), np.delete(plain["layers.1.self_attn.attn_output"], np.s_[2 * v:3 * v], -1))
+    assert np.array_equal(np.delete(out, np.s_[2 * v:3 * v], -1),
+                          np.delete(plain["layers.1.self_attn.attn_output"], np.s_[2 * v:3 * v], -1))
     o = "model.layers.1.self_attn.o_proj.weight"
     without = WEIGHTS.get(o).copy()
     without[:, 2 * v:3 * v] = 0
     removed = stepper.run("tiny", ids=IDS, weights=Changed({o: without}))
-    np.testing.assert_allclose(run["layers.1.self_attn.o_proj"], removed["layers.1.self_attn.o_proj"], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(run["layers.1.self_attn.o_proj"], removed["layers.1.self_attn.o_proj"],
+                               rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(run["logits"], removed["logits"], rtol=1e-5, atol=1e-5)
     with pytest.raises(StepperError, match="head 4 out of range: layer 1 has heads 0..3"):
         stepper.run("tiny", ids=IDS, patch=stepper.zero_head(1, 4))
@@ -170,7 +173,8 @@ def test_patches_apply_in_order_none_leaves_a_tensor_and_the_copy_is_the_patchs_
                                               {"layers.1.*k_pe": lambda x, n: x + np.float32(1)},
                                               {"layers.1.self_attn.k_pe": lambda x, n: x * np.float32(2)}])
     assert seen == ["layers.1.self_attn.k_pe"]
-    np.testing.assert_array_equal(run["layers.1.self_attn.k_pe"], (plain["layers.1.self_attn.k_pe"] + np.float32(1)) * np.float32(2))
+    np.testing.assert_array_equal(run["layers.1.self_attn.k_pe"],
+                                  (plain["layers.1.self_attn.k_pe"] + np.float32(1)) * np.float32(2))
     np.testing.assert_array_equal(run["layers.1.self_attn.kv_a"], plain["layers.1.self_attn.kv_a"])
 
 
@@ -214,7 +218,8 @@ def test_expressions_outside_the_form_are_refused_naming_the_option(text, messag
 
 def test_an_expression_that_does_not_fit_the_tensor_is_one_line_naming_it():
     fn = expression("x[..., 7]=0", "--patch attn_weights=")
-    with pytest.raises(StepperError, match=r"--patch attn_weights=x\[..., 7\]=0 on t float32\[2, 3\]: index 7 is out of bounds"):
+    with pytest.raises(StepperError,
+                       match=r"--patch attn_weights=x\[..., 7\]=0 on t float32\[2, 3\]: index 7 is out of bounds"):
         fn(np.zeros((2, 3), np.float32), "t")
     with pytest.raises(StepperError, match="it gives float64 values for a tensor of int64"):
         expression("x*0.5")(np.zeros((2, 3), np.int64), "t")

@@ -397,7 +397,8 @@ def test_header_over_the_size_limit_is_refused_before_it_is_read(tmp_path):
     with open(path, "wb") as out:
         out.write((100_000_001).to_bytes(8, "little") + b"{}")
         out.truncate(8 + 100_000_001)  # sparse: the claimed header really is in the file
-    with counted(traced=True) as work, pytest.raises(StepperError, match="big.safetensors: header length 100000001 is over"):
+    with counted(traced=True) as work, pytest.raises(StepperError,
+                                                     match="big.safetensors: header length 100000001 is over"):
         SafetensorsFile(path)
     assert work.peak < 64 * 1024 and work.read == 8  # the length alone
 
@@ -498,6 +499,30 @@ NAMES = st.sampled_from(["a", "b", "", "__metadata__", "\ud800", "é"]) | st.tex
 DTYPE_NAMES = st.sampled_from(list(DTYPES) * 3 + ["F8_E8M0", "C64", "bf16", "f32", "X"])
 
 
+def edit_entry(draw, entries: list[list]) -> None:
+    """One edit of a drawn entry, in place: its value, a key renamed, dropped or added, a duplicate,
+    its offsets moved, or the whole entry replaced."""
+    target = draw(st.sampled_from(entries))
+    edit = draw(st.sampled_from(["value", "key", "drop", "extra", "dup", "offset", "entry"]))
+    entry = target[1]
+    if edit == "entry":
+        target[1] = draw(JSON_VALUES)
+    elif edit == "dup":
+        entries.append(list(target))
+    elif isinstance(entry, dict) and entry:
+        key = draw(st.sampled_from(sorted(entry)))
+        if edit == "value":
+            entry[key] = draw(JSON_VALUES)
+        elif edit == "drop":
+            del entry[key]
+        elif edit == "extra":
+            entry[draw(st.text(max_size=3))] = draw(JSON_VALUES)
+        elif edit == "offset" and isinstance(entry.get("data_offsets"), list):
+            entry["data_offsets"] = [o + draw(st.integers(-2, 2)) for o in entry["data_offsets"]]
+        elif edit == "key":
+            entry[key + "x"] = entry.pop(key)
+
+
 @st.composite
 def header_files(draw) -> bytes:
     """A header built from parts: mostly consistent tensors laid out in a random order, then at
@@ -517,25 +542,7 @@ def header_files(draw) -> bytes:
     for _ in range(draw(st.integers(0, 2))):
         if not entries:
             break
-        target = draw(st.sampled_from(entries))
-        edit = draw(st.sampled_from(["value", "key", "drop", "extra", "dup", "offset", "entry"]))
-        entry = target[1]
-        if edit == "entry":
-            target[1] = draw(JSON_VALUES)
-        elif edit == "dup":
-            entries.append(list(target))
-        elif isinstance(entry, dict) and entry:
-            key = draw(st.sampled_from(sorted(entry)))
-            if edit == "value":
-                entry[key] = draw(JSON_VALUES)
-            elif edit == "drop":
-                del entry[key]
-            elif edit == "extra":
-                entry[draw(st.text(max_size=3))] = draw(JSON_VALUES)
-            elif edit == "offset" and isinstance(entry.get("data_offsets"), list):
-                entry["data_offsets"] = [o + draw(st.integers(-2, 2)) for o in entry["data_offsets"]]
-            elif edit == "key":
-                entry[key + "x"] = entry.pop(key)
+        edit_entry(draw, entries)
     ascii_only = draw(st.booleans())
     text = "{" + ",".join(json.dumps(k, ensure_ascii=ascii_only) + ":" + json.dumps(v, ensure_ascii=ascii_only)
                           for k, v in entries) + "}"

@@ -96,9 +96,11 @@ def test_float32_histogram_counts_equal_np_histograms_at_every_edge(scale, shift
     values = np.concatenate([values, edge_values(span, 16), [np.float32(span[0]), np.float32(span[1])]])
     want = np.histogram(values.astype(np.float64), bins=16, range=span)[0]
     np.testing.assert_array_equal(bin_counts(values, span, 16), want)
-    masked = np.concatenate([values, [-np.inf, np.nan, np.inf]]).astype(np.float32)  # left out, as np.histogram of the finite ones
+    masked = np.concatenate([values, [-np.inf, np.nan,
+                                      np.inf]]).astype(np.float32)  # left out, as np.histogram of the finite ones
     np.testing.assert_array_equal(bin_counts(masked, span, 16), want)
-    inside = (span[0] + (span[1] - span[0]) / 4, span[1] - (span[1] - span[0]) / 4)  # values outside a span are left out
+    inside = (span[0] + (span[1] - span[0]) / 4,
+              span[1] - (span[1] - span[0]) / 4)  # values outside a span are left out
     kept = values[(values >= inside[0]) & (values <= inside[1])].astype(np.float64)
     np.testing.assert_array_equal(bin_counts(values, inside, 16), np.histogram(kept, bins=16, range=inside)[0])
 

@@ -7,7 +7,8 @@ What counts as a bound on wall time: a comparison of a clock reading (time.perf_
 monotonic(), time(), ..., or a name assigned from one) with a number of seconds between 0 and 30;
 a deadline made of a clock reading plus under 30 s; a `timeout=` under 30 s given to what waits
 (subprocess.run, communicate, wait, a barrier, a join, the pty helpers' read_until) or as the
-default of such a helper's parameter (a network client's timeout, retried, is not a bound); a hypothesis `deadline` under 30 s. What counts as reading the free memory:
+default of such a helper's parameter (a network client's timeout, retried, is not a bound); a hypothesis `deadline`
+under 30 s. What counts as reading the free memory:
 /proc/meminfo, MemAvailable, SC_AVPHYS_PAGES, psutil's virtual_memory(), and calling stepper's
 own available_bytes() or machine_room() (a test replaces them instead).
 """
@@ -98,7 +99,8 @@ class Checker(ast.NodeVisitor):
         if isinstance(node, ast.Constant) and node.value is None:
             return False
         if called(node) == "timedelta":
-            seconds = sum((self.seconds(k.value) or 0) * {"milliseconds": 1e-3, "seconds": 1, "minutes": 60}.get(k.arg, 0)
+            seconds = sum((self.seconds(k.value) or 0) * {"milliseconds": 1e-3, "seconds": 1,
+                                                          "minutes": 60}.get(k.arg, 0)
                           for k in node.keywords) + sum((self.seconds(a) or 0) * 86400 for a in node.args)
             return seconds < HANG_GUARD
         value = self.seconds(node)
@@ -137,7 +139,8 @@ def test_no_test_bounds_wall_time_under_30_s_or_reads_the_free_memory(path):
 
 
 BROKEN = {  # each breaks a rule, as the suite once did
-    "start = time.perf_counter()\nf()\nassert time.perf_counter() - start < 1": [(3, "a wall time compared with under 30 s")],
+    "start = time.perf_counter()\nf()\nassert time.perf_counter() - start < 1": [(3, ("a wall time compared with under "
+                                                                                     "30 s"))],
     "SECONDS = 1.0\nt = time.perf_counter()\nseconds = time.perf_counter() - t\nassert seconds < SECONDS":
         [(4, "a wall time compared with under 30 s")],
     "from time import monotonic\ndeadline = monotonic() + 10": [(2, "a deadline under 30 s")],
@@ -150,7 +153,8 @@ BROKEN = {  # each breaks a rule, as the suite once did
     "assert memory.available_bytes() > 2**30": [(1, "available_bytes(): the machine's free memory")],
 }
 SOUND = [  # what the suite may do
-    "deadline = time.monotonic() + 60\nwhile time.monotonic() < deadline:\n    left = deadline - time.monotonic()\n    assert left >= 0",
+    ("deadline = time.monotonic() + 60\nwhile time.monotonic() < deadline:\n    left = deadline - time.monotonic()\n   "
+    " assert left >= 0"),
     "subprocess.run(['stepper'], timeout=30)",
     "S = settings(deadline=None)",
     "monkeypatch.setattr(run, 'available_bytes', lambda: 2**30)",

@@ -11,7 +11,8 @@ from stepper import text
 from stepper.errors import StepperError
 from stepper.text import HfTokenizer, KimiTiktoken, Tokens, label, load_tokenizer, runs_cut
 
-TEXTS = ["hello world, the fox", "中文English混合 你好世界", "naïve café 🙂\n\ttabs and  spaces ", "I'm 12345 OK\n\n  x"]
+TEXTS = ["hello world, the fox", "中文English混合 你好世界", "naïve café 🙂\n\ttabs and  spaces ",
+         "I'm 12345 OK\n\n  x"]
 
 
 @pytest.fixture(scope="module")

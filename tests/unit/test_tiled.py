@@ -63,7 +63,8 @@ def test_indexing_computes_only_the_rows_it_touches_and_equals_the_array():
 
 def test_blocks_are_the_tensor_in_c_order_and_asarray_is_the_whole(small_blocks):
     rng = np.random.default_rng(1)
-    for a in (attention_like(rng), rng.standard_normal((1, 5, 1, 30)).astype(np.float32)):  # prefill; decode: heads together
+    for a in (attention_like(rng),
+              rng.standard_normal((1, 5, 1, 30)).astype(np.float32)):  # prefill; decode: heads together
         counted = Counted(a)
         blocks = list(counted.tensor.blocks())
         assert np.array_equal(np.concatenate([b.ravel() for b in blocks]), a.ravel(), equal_nan=True)
@@ -115,7 +116,8 @@ def test_the_heat_map_and_histogram_of_a_tiled_tensor_are_those_of_the_array(wid
     weights[0, 0, :, 60:] = 0
     for a in (weights, weights[:, :, :1]):  # a prefill, pooled; a decode step, as bars
         counted = Counted(a)
-        assert rendered(pictures.attention_heatmap(counted.tensor), width) == rendered(pictures.attention_heatmap(a), width)
+        drawn = rendered(pictures.attention_heatmap(counted.tensor), width)
+        assert drawn == rendered(pictures.attention_heatmap(a), width)
         assert counted.rows <= 4 * a.shape[2]  # the drawn heads' rows only, each once
     assert rendered(pictures.histogram(Counted(weights).tensor), width) == rendered(pictures.histogram(weights), width)
 
@@ -158,7 +160,8 @@ def test_run_dumps_attention_made_in_tiles_as_the_whole_arrays_would_be(tmp_path
     monkeypatch.setattr(attention, "WHOLE_SCORES", 0)
     result = cli(*args, "--dump", str(tmp_path / "tiled.safetensors"))
     assert result.exit_code == 0, result.output
-    with SafetensorsFile(tmp_path / "whole.safetensors") as whole, SafetensorsFile(tmp_path / "tiled.safetensors") as tiles:
+    with SafetensorsFile(tmp_path / "whole.safetensors") as whole, \
+            SafetensorsFile(tmp_path / "tiled.safetensors") as tiles:
         assert whole.names() == tiles.names()
         for name in whole.names():
             np.testing.assert_allclose(np.asarray(tiles.get(name)), np.asarray(whole.get(name)), rtol=1e-5, atol=1e-6)
@@ -192,4 +195,5 @@ def test_the_exact_sum_is_exact_over_the_whole_float64_range():
     for values in (rng.standard_normal(500) * np.exp(rng.uniform(-700, 700, 500)),  # 2000 bits of range
                    np.array([5e-324, -5e-324, 1e-310, 1.7e308, -1.7e308, 3.0, 0.0, -0.0]),
                    np.exp(rng.uniform(-30, 0, 500)).astype(np.float32).astype(np.float64)):  # softmax-like
-        assert Fraction(statistics.exact_sum(values), 2**statistics.EXACT_SHIFT) == sum(Fraction(v) for v in values.tolist())
+        assert Fraction(statistics.exact_sum(values),
+                        2**statistics.EXACT_SHIFT) == sum(Fraction(v) for v in values.tolist())

@@ -64,7 +64,8 @@ def test_the_suites_fixture_fails_a_test_that_writes_outside_its_folders(pyteste
     result = pytester.runpytest_inprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=3, errors=2)
     result.stdout.fnmatch_lines(["*ERROR at teardown of test_writes_into_the_default_cache*",
-                                 "the test changed files outside its own folders: created *home*/cache/stepper/stray.bin",
+                                 ("the test changed files outside its own folders: created "
+                                 "*home*/cache/stepper/stray.bin"),
                                  "*ERROR at teardown of test_writes_into_the_checkout*",
                                  "the test changed files outside its own folders: created */stray.txt"])
 
@@ -86,4 +87,5 @@ def test_a_command_may_change_only_stepper_places_in_the_tests_folder(tmp_path, 
     assert after(["fixtures", "verify", "f", "c", "--report", str(out), "--force"], {}, out) == []
     assert after(["lesson", "start"], {"STEPPER_DATA_DIR": str(data)}, data / "progress.json") == []
     assert after(["run"], {}, mine) == [f"changed {mine}"]
-    assert after(["run", "--dump", "new.safetensors"], {}, tmp_path / "new.safetensors") == []  # a new file is an output
+    assert after(["run", "--dump", "new.safetensors"], {},
+                 tmp_path / "new.safetensors") == []  # a new file is an output

@@ -1,0 +1,77 @@
+"""The families stepper runs, in one explicit registry.
+
+`FAMILIES` is the tuple of the families shipped; `registered(family)` adds one for the length of
+a `with` block (a test's made-up family, a notebook's experiment), nothing else changes it, and
+importing this package registers nothing by side effect. Reading a config.json dispatches on its
+model_type (`read_config`, `load_config`); a run asks `family_for(cfg)` for the decoder layer,
+the catalogue for the part files and `derive` for what a layer emits. The room sits above the
+model, the weights and the config reader, which know nothing of it, and below the catalogue and
+a run (docs/design-notes.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from stepper import config
+from stepper.errors import StepperError
+from stepper.families import deepseek
+from stepper.families.family import Family
+
+FAMILIES: tuple[Family, ...] = (deepseek.FAMILY,)
+_added: tuple[Family, ...] = ()  # families registered for a while (`registered`)
+
+
+def registry() -> tuple[Family, ...]:
+    """Every family a config may name: the shipped ones, then those registered for now."""
+    return FAMILIES + _added
+
+
+def model_types() -> tuple[str, ...]:
+    return tuple(t for family in registry() for t in family.model_types)
+
+
+def family_of(model_type: str) -> Family | None:
+    return next((f for f in registry() if model_type in f.model_types), None)
+
+
+def family_for(cfg: Any) -> Family:
+    """The family of a config a family's reader made (its model_type is one of the family's)."""
+    family = family_of(cfg.model_type)
+    if family is None:
+        raise StepperError(f"model {cfg.name}: model_type {cfg.model_type!r} is no registered family's "
+                           f"(known: {', '.join(model_types())})")
+    return family
+
+
+def read_config(raw: dict[str, Any], source: str) -> Any:
+    """The config of a config.json dict, read by the family its model_type names."""
+    model_type = raw.get("model_type")
+    family = family_of(model_type) if isinstance(model_type, str) else None
+    if family is None:
+        got = "is missing" if model_type is None else f"got {model_type!r}"
+        raise StepperError(f"{source}: field 'model_type' must be one of {', '.join(model_types())}, {got}")
+    return family.read_config(raw, source)
+
+
+def load_config(path: str | Path) -> Any:
+    """A config.json file's config, read by the family its model_type names."""
+    return config.load_config(path, read_config)
+
+
+@contextmanager
+def registered(*families: Family) -> Iterator[None]:
+    """The registry with `families` added, for the length of the block."""
+    global _added
+    taken = {t for f in registry() for t in f.model_types}
+    clash = [t for f in families for t in f.model_types if t in taken]
+    if clash:
+        raise ValueError(f"model_type {', '.join(clash)} is already a registered family's")
+    before = _added
+    _added = before + tuple(families)
+    try:
+        yield
+    finally:
+        _added = before
