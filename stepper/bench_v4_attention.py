@@ -40,6 +40,8 @@ class RandomLayer:
     """Random weights of one attention layer: projections as BF16 (as the published compressor and
     indexer ones are; the FP8 ones are smaller still), norms 1, the rest float32."""
 
+    config = None  # the attention takes its sizes as AttentionDims
+
     def __init__(self, dims: AttentionDims, seed: int = 0):
         rng = np.random.default_rng(seed)
         self.arrays: dict[str, np.ndarray | Bf16Matrix] = {}

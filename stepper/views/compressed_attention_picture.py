@@ -93,9 +93,10 @@ def draw(position: int, sliding_window: int, ratio: int, tokens: np.ndarray, ent
     window = min(sliding_window, position + 1)
     kind = {0: "sliding window only", 4: "CSA (m = 4, indexer)", 128: "HCA (m = 128)"}.get(ratio, f"m = {ratio}")
     kept = int(np.count_nonzero(entries == 2))
+    axis = f"{'':{margin}}0 … {position:,}" + (f"  ({token_block} positions a cell)" if token_block > 1 else "")
     out = [line((f"query at position {position:,} · {kind}", "bold")),
            line(("positions".ljust(margin - 1) + " ", DIM), *token_cells),
-           line(("", DIM), f"{'':{margin}}0 … {position:,}" + (f"  ({token_block} positions a cell)" if token_block > 1 else ""))]
+           line(("", DIM), axis)]
     if ratio:
         out.append(line(("entries".ljust(margin - 1) + " ", DIM), *entry_cells))
         if entry_block > 1:

@@ -68,7 +68,8 @@ def part_names() -> set[str]:
     """The names the catalogue's part files (stepper/catalog/parts/*.json) describe: not read by
     catalog.load yet, their sites are checked here only for being catalogued."""
     parts = resources.files("stepper.catalog").joinpath("parts")
-    return {e["name"] for f in parts.iterdir() if f.name.endswith(".json") for e in json.loads(f.read_text("utf-8"))["tensors"]}
+    files = [f for f in parts.iterdir() if f.name.endswith(".json")]
+    return {e["name"] for f in files for e in json.loads(f.read_text("utf-8"))["tensors"]}
 
 
 def test_every_emit_site_is_a_catalogued_name():

@@ -12,7 +12,10 @@ RATIOS = {"sliding_attention": 0, "compressed_sparse_attention": 4, "heavily_com
 
 
 class Arrays:
-    """A weight source of plain arrays (LayerWeights reads `get` and `matrix`)."""
+    """A weight source of plain arrays (LayerWeights reads `get` and `matrix`; the attention takes
+    its sizes as AttentionDims, not from a config)."""
+
+    config = None
 
     def __init__(self, arrays: dict):
         self.arrays = arrays

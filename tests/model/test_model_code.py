@@ -80,7 +80,7 @@ def unknown_symbols(source: str, symbols: set[str]) -> list[str]:
 def symbols() -> set[str]:
     """The catalogue's symbols and those the part files (stepper/catalog/parts/*.json) add."""
     parts = resources.files("stepper.catalog").joinpath("parts")
-    added = [json.loads(f.read_text("utf-8"))["dims"] for f in parts.iterdir() if f.name.endswith(".json")]
+    added = [json.loads(f.read_text("utf-8")).get("dims", {}) for f in parts.iterdir() if f.name.endswith(".json")]
     return set(catalog.load().raw["dims"]).union(*added)
 
 

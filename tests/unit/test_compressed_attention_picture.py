@@ -26,7 +26,8 @@ def test_csa_query_by_hand():
     assert strip_of(text, "positions") == "████××××██WWWW"
     assert strip_of(text, "entries") == "█×█"
     flat = " ".join(text.split())
-    assert "6 keys: the window's 4 tokens (positions 10..13) + 2 of the 3 visible entries ((p+1)//m = (13+1)//4)" in flat
+    assert ("6 keys: the window's 4 tokens (positions 10..13) + 2 of the 3 visible entries ((p+1)//m = (13+1)//4)"
+            in flat)
     assert "head 3's probability: window 50.0%, entries 25.0%, sink 25.0%" in flat
 
 

@@ -18,6 +18,8 @@ from stepper.seams.trace import Emitter, Recorder
 
 
 class Arrays:
+    config = None  # the attention takes its sizes as AttentionDims
+
     def __init__(self, arrays):
         self.arrays = arrays
 
@@ -110,7 +112,8 @@ def test_compressor_emits_nothing_until_a_window_closes(ratio):
 def test_unusable_sizes_are_named_by_their_config_field():
     assert flash(4).problems() == []
     assert replace(flash(4), o_groups=7).problems() == ["o_groups (7) must divide num_attention_heads (64)"]
-    assert replace(flash(4), rope_dim=63).problems()[0] == "qk_rope_head_dim (63) must be even and at most head_dim (512)"
+    assert replace(flash(4), rope_dim=63).problems()[0] == (
+        "qk_rope_head_dim (63) must be even and at most head_dim (512)")
     assert replace(flash(4), index_head_dim=32).problems() == [
         "qk_rope_head_dim (64) must be even and at most index_head_dim (32)"]
     assert replace(flash(128), sliding_window=0).problems() == ["sliding_window (0) must be at least 1"]
