@@ -147,7 +147,7 @@ def attention(x: np.ndarray, w: LayerWeights, dims: AttentionDims, cache: V4Atte
     q_latent, q = queries(x, w, dims, turn, emit)  # [B, T, q_lora], [B, H, T, D]
     kv = shared_kv(x, w, dims, turn, emit)  # [B, T, D]
     window = emit("attn.window", cache.keys_with(kv, dims.sliding_window))  # [B, S_w, D]
-    in_window = emit("attn.window_visible", window_visible(positions, dims.sliding_window))  # [T, Wk]
+    in_window = window_visible(positions, dims.sliding_window)  # [T, Wk]: slots before position 0 unseen
     own_window = window_keys(window, dims.sliding_window, T)  # [B, T, Wk, D]: a view
     entries, chosen = compressed_entries(x, q_latent, w, dims, cache, positions, turn, emit)  # [B, Ec, D], [B, T, K]
     seen_entries = gather(entries, chosen)  # [B, T, K, D]

@@ -89,14 +89,14 @@ def scattered(mine: dict, total: int, fill: float, name: str) -> np.ndarray:
     a = mine[name]
     B, H, T, _ = a.shape
     S_w = mine["attn.window"].shape[1]
-    Wk = mine["attn.window_visible"].shape[1]
+    chosen = mine.get("attn.chosen", np.zeros((B, T, 0), np.int64))
+    Wk = mine["attn.weights"].shape[-1] - chosen.shape[-1]
     out = np.full((B, H, T, S_w + total), fill, np.float32)
     for t in range(T):
         for j in range(Wk):
             key = t + (S_w - T) - Wk + 1 + j
             if key >= 0:
                 out[:, :, t, key] = a[:, :, t, j]
-    chosen = mine.get("attn.chosen", np.zeros((B, T, 0), np.int64))
     for b, t, k in zip(*np.nonzero(chosen >= 0)):
         out[b, :, t, S_w + chosen[b, t, k]] = a[b, :, t, Wk + k]
     return out

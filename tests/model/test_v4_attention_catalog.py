@@ -50,7 +50,10 @@ def test_every_emitted_tensor_has_one_entry():
     for name, array in shown.items():
         assert len(by_name[name]["dims"]) == array.ndim, name
         assert by_name[name]["dtype"] == str(array.dtype), name
-        assert by_name[name]["description"] and by_name[name]["formula"], name
+        entry = by_name[name]
+        assert 0 < len(entry["description"]) <= 100 and entry["formula"] and entry["explain"], name
+        assert set(entry["reference"]) == {"variable", "modeling_deepseek.py", "transformers", "inference"}, name
+        assert set(entry["aliases"]) == {"hf_module", "inference", "llama.cpp"} and entry["block"] == "attention", name
         assert set(by_name[name]) == {"name", "scope", "block", "dims", "dtype", "description", "formula", "explain",
                                       "reference", "aliases"}, name
 
