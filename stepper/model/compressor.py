@@ -22,10 +22,11 @@ dims, r pending tokens, Ec entries made.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from stepper.kernels.growing import GrowingArray
 from stepper.kernels.linear import linear
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.ops import rms_norm, softmax
@@ -47,6 +48,8 @@ class Pending:
     entries: np.ndarray
     overlap_kv: np.ndarray | None = None
     overlap_gate: np.ndarray | None = None
+    room: GrowingArray = field(default_factory=lambda: GrowingArray(1), compare=False, repr=False)
+    # the spare room after the entries (kernels.growing), so a closing window rarely copies them all
 
     @staticmethod
     def empty(batch: int, channels: int, width: int) -> Pending:
@@ -96,8 +99,8 @@ def compress(x: np.ndarray, w: LayerWeights, comp: Compressor, state: Pending, t
     normed = rms_norm(pooled, w(f"{comp.module}.kv_norm.weight"), comp.eps)  # [B, W, Dc]
     starts = (state.windows_closed + np.arange(W)) * comp.ratio  # [W]
     entries = emit(f"{comp.shown}.entries", rotate_tail(normed, turn_of(starts)))  # [B, W, Dc]
-    if W:  # copied only when a window closes: at long contexts the entries are most of the memory
-        state = replace(state, entries=np.concatenate([state.entries, entries], axis=1))
+    if W:  # the entries so far and the new ones, appended in spare room: at long contexts most of the memory
+        state = replace(state, entries=state.room.concatenate(state.entries, entries))
     return replace(state, kv=kv[:, closed:], gate=gate[:, closed:])
 
 
