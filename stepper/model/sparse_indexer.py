@@ -58,9 +58,11 @@ def index_queries(q_latent: np.ndarray, w: LayerWeights, dims, turn: Turn, emit:
 def index_scores(q: np.ndarray, keys: np.ndarray, head_weights: np.ndarray, head_dim: int) -> np.ndarray:
     """sum_h weights_h * relu(q_h . K_e) * Di^-0.5.  [B, Hi, T, Di], [B, Ec, Di], [B, T, Hi] -> [B, T, Ec]"""
     B, Hi, T, Di = q.shape
-    dots = np.matmul(q.reshape(B, Hi * T, Di), keys.swapaxes(-1, -2))  # [B, Hi*T, Ec]: one product reads the keys once
+    rows = q.reshape(B, Hi * T, Di)  # every head's queries as rows of one product, which reads the keys once
+    dots = np.stack([linear(rows[b], keys[b]) for b in range(B)])  # [B, Hi*T, Ec]: the keys as a weight [Ec, Di]
     per_head = np.maximum(dots.reshape(B, Hi, T, -1), 0) * np.float32(head_dim**-0.5)  # [B, Hi, T, Ec]
-    return np.einsum("bhte,bth->bte", per_head, head_weights)  # [B, T, Ec]
+    weighted = np.matmul(head_weights[:, :, None, :], per_head.transpose(0, 2, 1, 3))  # [B, T, one, Ec]: sum over heads
+    return weighted[:, :, 0]  # [B, T, Ec]
 
 
 def picks(scores: np.ndarray, topk: int, visible: np.ndarray) -> np.ndarray:
