@@ -119,6 +119,11 @@ def test_scores_weights_and_sink(traced, layer, step):
     sinks = arrays[f"model.layers.{layer}.self_attn.sinks"]
     assert np.array_equal(m["attn.scores"][..., -1], np.broadcast_to(sinks[None, :, None], m["attn.scores"].shape[:3]))
     close(m["attn.sink_mass"], 1 - r["weights"].sum(-1), "sink_mass")
+    if layer:  # the entries a query attends are transformers' keys after the window, at the chosen indices
+        S_w, chosen = m["attn.window"].shape[1], m["attn.chosen"]
+        b, t, k = np.nonzero(chosen >= 0)
+        close(m["attn.entry_keys"][b, t, k], r["keys"][b, S_w + chosen[b, t, k]], "entry_keys")
+        assert not m["attn.entry_keys"][chosen < 0].any()
 
 
 @pytest.mark.parametrize("step", [0, 1, 2])
@@ -153,6 +158,11 @@ def test_indexer(traced, step):
     close(m["attn.indexer.compressor.kv"], r["indexer.compressor.kv"], "indexer kv")
     close(m["attn.indexer.compressor.gate"], r["indexer.compressor.gate"], "indexer gate")
     close(m["attn.indexer.keys"], r["indexer.keys"], "indexer keys")
+    closed = m["attn.indexer.compressor.entries"].shape[1]
+    assert closed == r.get("indexer.compressor.pooled", np.zeros((1, 0))).shape[1]
+    if closed:
+        close(m["attn.indexer.compressor.pooled"], r["indexer.compressor.pooled"], "indexer pooled")
+        close(m["attn.indexer.compressor.entries"], r["indexer.keys"][:, -closed:], "indexer entries")
     close(m["attn.indexer.q"], r["indexer.q"].transpose(0, 2, 1, 3), "indexer q")
     close(m["attn.indexer.head_weights"], r["indexer.weights_proj"] * config.index_n_heads**-0.5, "head weights")
     scores, reference = m["attn.indexer.scores"], r["indexer.raw_scores"]
