@@ -63,7 +63,7 @@ class Pending:
 
 @dataclass(frozen=True)
 class Compressor:
-    """One compressor: its weights' prefix, ratio m, entry width, norm eps and RoPE turn maker."""
+    """One compressor: its weights' prefix, its emitted names' prefix, ratio m, entry dims Dc, norm eps."""
 
     module: str  # "self_attn.compressor" or "self_attn.compressor.indexer"
     shown: str  # the emitted names' prefix: "attn.compressor" or "attn.indexer.compressor"
