@@ -2,8 +2,9 @@
 
 Each figure is measured in a fresh subprocess, so its peak RSS is its own:
 
-- the machine's ceilings: memory bandwidth (a large float32 copy), float32 GEMM rate, and the
-  rate at which FP8 tiles are decoded and multiplied (`fp8_matmul`);
+- the machine's ceilings: memory bandwidth (a large float32 copy), float32 GEMM rate, the
+  rate at which FP8 tiles are decoded and multiplied (`fp8_matmul`), and the rate at which FP4
+  tiles are decoded (`fp4_matmul`, DeepSeek-V4's experts);
 - one Kimi K2 MoE layer at full size (layer 1 of `kimi-k2`, 384 experts, FP8, read from a
   checkpoint written once by `stepper synth` into the work directory): decode one token over a
   1024-position latent cache, and a 512-token prefill;
@@ -41,9 +42,10 @@ import numpy as np
 from stepper import files
 from stepper.config import Config, load_config
 from stepper.families import derive
+from stepper.fp4 import quantize_fp4
 from stepper.fp8 import quantize
 from stepper.kernels import attention as kernels_attention
-from stepper.kernels import fp8_workers, parallel
+from stepper.kernels import fp4_matmul, fp8_workers, parallel
 from stepper.kernels.fp8_matmul import linear_fp8
 from stepper.kernels.weight_cache import CachedWeights
 from stepper.model import KVCache, Transformer, synthetic_cache
@@ -61,7 +63,7 @@ from stepper.weights.checkpoint import INDEX, Checkpoint
 from stepper.weights.names import layer_shapes
 from stepper.weights.safetensors_reader import advise_checkpoint_map
 from stepper.weights.seeded import SyntheticWeights
-from stepper.weights.stored import Fp8Matrix
+from stepper.weights.stored import Fp4Matrix, Fp8Matrix
 from stepper.weights.synth_checkpoint import requantized, synth_checkpoint
 
 FILL_BYTES = 1 << 26  # what fill_page_cache reads or maps at a time
@@ -154,7 +156,19 @@ def ceilings() -> list[Figure]:
         Figure("float32 GEMM 2048^3, BLAS on one core", 2 * 2048**3 / gemm_one / 1e9, "GFLOP/s"),
         Figure("FP8 tile decode + matvec, 2048x7168, one core", codes.size / decode / 1e9, "G weights/s",
                note="weights in memory, so no helper process: the rate of one core"),
+        fp4_decode_rate(),
     ]
+
+
+def fp4_decode_rate(out_dim: int = 2048, in_dim: int = 4096) -> Figure:
+    """FP4 weights decoded per second on one core: a V4-Flash expert's w1 [2048, 4096], tile by tile
+    into one reused buffer as the FP4 products decode it (the floor under an FP4 product)."""
+    w = Fp4Matrix.of(*quantize_fp4(np.random.default_rng(0).standard_normal((out_dim, in_dim), dtype=np.float32)))
+    tiles = fp4_matmul.row_tiles(w)
+    buffer = np.empty((fp4_matmul.tile_rows(w), in_dim), np.float32)
+    decode = median_time(lambda: [fp4_matmul.decode_rows(w, start, end, buffer[: end - start]) for start, end in tiles], 7)
+    return Figure(f"FP4 tile decode, {out_dim}x{in_dim}, one core", out_dim * in_dim / decode / 1e9, "G weights/s",
+                  note="e2m1 bytes looked up two values at a time, times each group's power-of-two scale")
 
 
 def fill_page_cache(checkpoint: Path) -> float:

@@ -19,10 +19,12 @@ from stepper.errors import StepperError
 from stepper.fp8 import BLOCK
 from stepper.session import RunSpec, layers_shown, load_model
 from stepper.untrusted import shown
-from stepper.views import fp8_codes, inspect, inspect_stats, int4_codes
+from stepper.views import fp4_codes, fp8_codes, inspect, inspect_stats, int4_codes
 from stepper.views.sinks import print_fitted
 from stepper.weights.names import shape_of, storage_dtype
+from stepper.weights.published import PublishedCheckpoint, is_published_v4
 from stepper.weights.seeded import SyntheticWeights
+from stepper.weights.stored import FP4
 from stepper.weights.synth_checkpoint import QUANTS, no_progress, requantized, synth_checkpoint
 
 
@@ -115,11 +117,12 @@ def inspect_command(
         problems = inspect.find_problems(source, chosen)
         tensors = inspect.collect(source, only, problems, chosen)
         if only and not tensors:
-            raise StepperError(f"--only {' '.join(only)} matched no tensor (names look like "
-                               "model.layers.1.self_attn.o_proj.weight)")
+            example = "layers.1.attn.wq_a.weight" if source.published else "model.layers.1.self_attn.o_proj.weight"
+            raise StepperError(f"--only {' '.join(only)} matched no tensor (names look like {example})")
         if stats:
             tensors = inspect_stats.with_stats(source, tensors, progress=sys.stderr.isatty(), plain=plain)
-        groups = inspect.group(tensors, source.config, fold_experts=not experts and not as_json, unused=source.unused)
+        groups = inspect.group(tensors, source.config, fold_experts=not experts and not as_json, unused=source.unused,
+                               published=source.published)
         if as_json:
             inspect.write_json(sys.stdout, groups, problems)
         else:
@@ -142,20 +145,24 @@ def inspect_layers(layers: str | None, source: inspect.Source) -> range | None:
 def fp8_command(
     code: Annotated[str | None, typer.Argument(
         metavar="CODE", show_default=False,
-        help="One byte to take apart: 0xCD, 205 or 0b11001101 (with --int4: a 32-bit word, 0x89ABCDEF).")] = None,
+        help="One byte to take apart: 0xCD, 205 or 0b11001101 (with --int4: a 32-bit word, 0x89ABCDEF; with --fp4: "
+             "a packed byte, 0x2F).")] = None,
     weight: Annotated[str | None, typer.Option(
         metavar="NAME",
         help="Show one block of this FP8 weight, e.g. model.layers.1.self_attn.kv_a_proj_with_mqa.weight, or one "
-             "group of this INT4 weight.")] = None,
+             "group of this INT4 or FP4 weight (DeepSeek-V4: layers.1.ffn.experts.0.w1.weight).")] = None,
     model: Annotated[str | None, typer.Option(metavar="NAME|DIR",
                                               help="With --weight: a preset (synthetic weights) or a checkpoint "
                                                    "directory [default: tiny].")] = None,
     block: Annotated[str | None, typer.Option(metavar="R,C",
-        help="With --weight: the block's row and column in the weight's scale grid; for an INT4 weight its row and "
-             "group [default: 0,0].")] = None,
+        help="With --weight: the block's row and column in the weight's scale grid; for an INT4 or FP4 weight its "
+             "row and group [default: 0,0].")] = None,
     int4: Annotated[bool, typer.Option("--int4",
                                        help="INT4 (compressed-tensors pack-quantized) instead of e4m3fn: the 16 "
                                             "codes, or CODE as one word.")] = False,
+    fp4: Annotated[bool, typer.Option("--fp4",
+                                      help="FP4 e2m1 (DeepSeek-V4's experts) instead of e4m3fn: the 16 codes, or "
+                                           "CODE as one packed byte.")] = False,
     seed: Annotated[int | None, typer.Option(metavar="S", min=0,
                                              help="With --weight and a preset: seed of the synthetic weights "
                                                   "[default: 0].")] = None,
@@ -163,23 +170,27 @@ def fp8_command(
                                           help="JSON on stdout: the 256 codes, the byte, or the block.")] = False,
     plain: PlainOpt = False,
 ) -> None:
-    """Show the checkpoints' number formats: e4m3fn and FP8 blocks, INT4 words and groups.
+    """Show the checkpoints' number formats: e4m3fn and FP8 blocks, INT4 words and groups, FP4 bytes and groups.
 
     \b
     stepper fp8                    all 256 codes' values, as a 16x16 table
     stepper fp8 0xCD               one byte bit by bit (also 205 or 0b11001101)
     stepper fp8 --weight NAME      an FP8 weight's 128x128 block: scale_inv,
                                    codes, values (--model, --block R,C); an
-                                   INT4 weight's group of 32 inputs, nibble
-                                   by nibble (--block ROW,GROUP)
+                                   INT4 or FP4 weight's group of 32 inputs,
+                                   nibble by nibble (--block ROW,GROUP)
     stepper fp8 --int4             the 16 INT4 codes and their values
     stepper fp8 --int4 0x89ABCDEF  one packed word nibble by nibble
+    stepper fp8 --fp4              the 16 e2m1 codes, bit by bit
+    stepper fp8 --fp4 0x2F         one packed FP4 byte: its two codes
     """
     with user_errors():
-        check_fp8_options(code, weight, model, block, seed, int4)
+        check_fp8_options(code, weight, model, block, seed, int4, fp4)
         console = Console(no_color=plain, highlight=False, soft_wrap=True)
         if int4:
             int4_view(console, code, as_json)
+        elif fp4:
+            fp4_view(console, code, as_json)
         elif weight is not None:
             weight_view(console, weight, model or "tiny", parse_block(block or "0,0"), seed or 0, as_json)
         elif code is not None:
@@ -195,7 +206,7 @@ def fp8_command(
 
 
 def check_fp8_options(code: str | None, weight: str | None, model: str | None, block: str | None, seed: int | None,
-                      int4: bool) -> None:
+                      int4: bool, fp4: bool) -> None:
     """The options of `stepper fp8` that go together: --model, --block and --seed only with --weight."""
     if weight is None:
         given = [f"--{o}" for o, value in (("model", model), ("block", block), ("seed", seed)) if value is not None]
@@ -203,13 +214,18 @@ def check_fp8_options(code: str | None, weight: str | None, model: str | None, b
             raise StepperError(f"{', '.join(given)} only go{'es' if len(given) == 1 else ''} with --weight NAME")
     elif code is not None:
         raise StepperError("give a CODE or --weight NAME, not both")
-    elif int4:
-        raise StepperError("--int4 is for the INT4 codes or a word; --weight NAME shows whichever format the "
-                           "weight has")
+    elif int4 or fp4:
+        raise StepperError(f"--{'int4' if int4 else 'fp4'} is for the codes or a {'word' if int4 else 'byte'}; "
+                           "--weight NAME shows whichever format the weight has")
+    if int4 and fp4:
+        raise StepperError("--int4 and --fp4 are two formats: give one")
 
 
 def weight_view(console: Console, weight: str, model: str, index: tuple[int, int], seed: int, as_json: bool) -> None:
-    """One INT4 group or one FP8 block of a weight, whichever format it is stored in."""
+    """One INT4 or FP4 group or one FP8 block of a weight, whichever format it is stored in."""
+    if Path(model).is_dir() and is_published_v4(Path(model)):
+        published_view(console, weight, model, index, as_json)
+        return
     if weight_dtype(weight, model, seed) == "INT4":
         group = int4_group(weight, model, index, seed)
         if as_json:
@@ -218,6 +234,43 @@ def weight_view(console: Console, weight: str, model: str, index: tuple[int, int
             int4_codes.render_group(console, group)
         return
     block = fp8_block(weight, model, index, seed)
+    if as_json:
+        print(json.dumps(fp8_codes.block_record(block), allow_nan=False))
+    else:
+        fp8_codes.render_block(console, block)
+
+
+def fp4_view(console: Console, code: str | None, as_json: bool) -> None:
+    """The 16 e2m1 codes, or one packed byte's two codes."""
+    if code is None:
+        if as_json:
+            print(json.dumps(fp4_codes.code_records()))
+        else:
+            fp4_codes.render_codes(console)
+        return
+    byte = fp4_codes.parse_byte(code)
+    if as_json:
+        print(json.dumps(fp4_codes.byte_record(byte)))
+    else:
+        fp4_codes.render_byte(console, byte)
+
+
+def published_view(console: Console, name: str, model: str, index: tuple[int, int], as_json: bool) -> None:
+    """A weight of a DeepSeek-V4 checkpoint: an FP4 expert's group of 32 inputs, or an FP8 weight's
+    128x128 block with its E8M0 scale."""
+    source = PublishedCheckpoint(Path(model))
+    if not source.has(name):
+        raise StepperError(f"{model}: no tensor named '{shown(name)}' (DeepSeek-V4's names have no model. prefix, "
+                           f"e.g. layers.1.ffn.experts.0.w1.weight)")
+    stored, where = source.stored(name), f"checkpoint {model}"
+    if stored.dtype == FP4:
+        group = fp4_codes.load_group(stored, name, index, where)
+        if as_json:
+            print(json.dumps(fp4_codes.group_record(group), allow_nan=False))
+        else:
+            fp4_codes.render_group(console, group)
+        return
+    block = fp8_codes.load_block(stored, name, index, BLOCK, where)
     if as_json:
         print(json.dumps(fp8_codes.block_record(block), allow_nan=False))
     else:

@@ -1,7 +1,7 @@
 """x @ W^T for every kind of weight, behind one call: float32 weights with BLAS (large ones
 shared out by rows across the cores), FP8 weights (kernels.fp8_matmul), INT4 weights
-(kernels.int4_matmul) and BF16 weights (kernels.bf16_matmul) decoded tile by tile inside the
-product, never held whole in float32.
+(kernels.int4_matmul), FP4 weights (kernels.fp4_matmul) and BF16 weights (kernels.bf16_matmul)
+decoded tile by tile inside the product, never held whole in float32.
 """
 
 from __future__ import annotations
@@ -12,12 +12,13 @@ import numpy as np
 
 from stepper.kernels import parallel
 from stepper.kernels.bf16_matmul import bf16_products
+from stepper.kernels.fp4_matmul import fp4_products, fp4_rows
 from stepper.kernels.fp8_matmul import dequantize_rows, linear_fp8, products
 from stepper.kernels.int4_matmul import int4_products
 from stepper.kernels.int4_tiles import int4_rows
-from stepper.weights.stored import Bf16Matrix, Fp8Matrix, Int4Matrix
+from stepper.weights.stored import Bf16Matrix, Fp4Matrix, Fp8Matrix, Int4Matrix
 
-Coded = (Fp8Matrix, Int4Matrix, Bf16Matrix)  # weights kept as stored
+Coded = (Fp8Matrix, Int4Matrix, Fp4Matrix, Bf16Matrix)  # weights kept as stored
 
 SPLIT_WEIGHTS = 1 << 20  # a float32 weight of this many values or more is shared out by rows
 
@@ -25,12 +26,14 @@ SPLIT_WEIGHTS = 1 << 20  # a float32 weight of this many values or more is share
 def linear(x: np.ndarray, weight: np.ndarray | Fp8Matrix | Int4Matrix | Bf16Matrix) -> np.ndarray:
     """x @ W^T with an HF-layout weight [out, in].  [..., in] -> [..., out]
 
-    An FP8, INT4 or BF16 weight is decoded tile by tile inside the product, never as a whole.
+    An FP8, INT4, FP4 or BF16 weight is decoded tile by tile inside the product, never as a whole.
     """
     if isinstance(weight, Fp8Matrix):
         return linear_fp8(x, weight)
     if isinstance(weight, Int4Matrix):
         return int4_products(x, [weight])[0]
+    if isinstance(weight, Fp4Matrix):
+        return fp4_products(x, [weight])[0]
     if isinstance(weight, Bf16Matrix):
         return bf16_products(x, [weight])[0]
     if weight.size < SPLIT_WEIGHTS:
@@ -58,6 +61,8 @@ def linears(x: np.ndarray, weights: tuple) -> list[np.ndarray]:
         return products(x, list(weights))
     if all(isinstance(w, Int4Matrix) for w in weights):
         return int4_products(x, list(weights))
+    if all(isinstance(w, Fp4Matrix) for w in weights):
+        return fp4_products(x, list(weights))
     if all(isinstance(w, Bf16Matrix) for w in weights):
         return bf16_products(x, list(weights))
     return [linear(x, w) for w in weights]
@@ -65,12 +70,14 @@ def linears(x: np.ndarray, weights: tuple) -> list[np.ndarray]:
 
 def float32_weight(weight: np.ndarray | Fp8Matrix | Int4Matrix | Bf16Matrix, out: np.ndarray | None = None) -> np.ndarray:
     """A weight as float32 [out, in]: an FP8 one decoded a block of rows at a time (the same bits
-    as fp8.dequantize, a few times faster), an INT4 one a tile of rows at a time, a BF16 one
+    as fp8.dequantize, a few times faster), an INT4 or FP4 one a tile of rows at a time, a BF16 one
     whole (both their exact values), into `out` if given; a float32 one as it is."""
     if isinstance(weight, Fp8Matrix):
         return dequantize_rows(weight, out)
     if isinstance(weight, Int4Matrix):
         return int4_rows(weight, out)
+    if isinstance(weight, Fp4Matrix):
+        return fp4_rows(weight, out)
     if isinstance(weight, Bf16Matrix):
         return weight.dequantize(out)
     return weight

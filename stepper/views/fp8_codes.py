@@ -266,6 +266,7 @@ class Block:
     scale_range: tuple[float, float]  # min and max over the whole grid
     codes: np.ndarray  # uint8 [len(rows), len(cols)]
     values: np.ndarray  # float32 [len(rows), len(cols)]: code value x scale
+    e8m0: bool = False  # DeepSeek-V4's `.scale`: a power of two, the smallest bringing the block's amax within 448
 
     @property
     def partial(self) -> bool:
@@ -312,6 +313,7 @@ def load_block(stored: Stored, name: str, index: tuple[int, int], block_size: tu
         rows=rows, cols=cols, scale=float(scale),
         scale_range=(float(scale_inv.min()), float(scale_inv.max())),
         codes=block_codes, values=fp8.decode(block_codes) * scale,
+        e8m0=np.asarray(stored.scale_inv).dtype.name == "float8_e8m0fnu",
     )
 
 
@@ -350,8 +352,8 @@ def block_heading(block: Block) -> list[Text]:
                  f"columns {block.cols.start}..{block.cols.stop - 1}: ")
     where.append(f"partial, {size} of {bh} x {bw}" if block.partial else f"full, {size}",
                  style="yellow" if block.partial else "")
-    scale = Text(f"scale_inv[{r}, {c}] = ")
-    scale.append(f32(block.scale), style="bold")
+    scale = Text(f"{'scale (F8_E8M0)' if block.e8m0 else 'scale_inv'}[{r}, {c}] = ")
+    scale.append(f32(block.scale) + (f" = 2^{int(np.log2(block.scale))}" if block.e8m0 else ""), style="bold")
     scale.append(f"   so value = code value x {f32(block.scale)}", style="dim")
     scale.append(f"   (the weight's scales run from {f32(block.scale_range[0])} to {f32(block.scale_range[1])})",
                  style="dim")
@@ -411,6 +413,10 @@ def max_lines(block: Block) -> list[Text]:
         why.append("the block's largest |value| is stored as ±448, because its scale_inv is amax / 448", style="dim")
     elif not block.codes.any():
         why = Text("an all-zero block: its scale_inv does not matter", style="dim")
+    elif block.e8m0:
+        why = Text(f"absmax / scale = {block.absmax / block.scale:.6g}, within 448: an E8M0 scale is the smallest "
+                   "power of two that brings the block's amax within 448, so its largest code lies in 224..448",
+                   style="dim")
     else:
         why = Text(f"absmax / scale_inv = {block.absmax / block.scale:.6g}, below 448: "
                    "this block was not scaled to amax / 448", style="yellow")
@@ -432,6 +438,7 @@ def block_record(block: Block) -> dict[str, Any]:
         "size": [len(block.rows), len(block.cols)],
         "partial": block.partial,
         "scale_inv": block.scale,
+        "scale_format": "F8_E8M0" if block.e8m0 else "float",
         "corner_codes": block.codes[:n_rows, :n_cols].tolist(),
         "corner_values": block.values[:n_rows, :n_cols].tolist(),
         "min": float(block.values.min()),

@@ -47,10 +47,18 @@ from stepper.weights.checkpoint import (
     in_scope,
     scale_problems,
 )
+from stepper.weights.deepseek_v4_names import field as v4_field
+from stepper.weights.deepseek_v4_names import layer_kind as v4_layer_kind
+from stepper.weights.published import PublishedCheckpoint, is_published_v4, uses_published_names
+from stepper.weights.published import scale_of as published_scale_of
+from stepper.weights.published import scale_problem as published_scale_problem
+from stepper.weights.published_audit import audit_published
+from stepper.weights.published_audit import in_scope as published_in_scope
 from stepper.weights.safetensors_reader import SafetensorsFile
 
 FP8_DTYPE = "F8_E4M3"
 INT4_DTYPE = "INT4"  # shown for a weight_packed row: the weight it packs
+FP4_DTYPE = "FP4"  # shown for an I8 row with its scales: the e2m1 weight its bytes hold
 
 LAYER = re.compile(r"(?P<prefix>(?:.*?\.)?layers\.(?P<layer>\d+)\.)(?P<rest>.+)")
 HF_LAYER = re.compile(r"model\.layers\.(?P<layer>\d+)\.")
@@ -85,6 +93,22 @@ class Source:
     hint: str | None = None  # said under the footer
     checkpoint: Checkpoint | None = None  # a directory's, checked by `audit`
     unused: frozenset[str] = frozenset()  # a wrapper's tensors no run reads (vision tower, projector)
+    published: PublishedCheckpoint | None = None  # DeepSeek-V4's (X.weight with X.scale), checked by audit_published
+    published_names: bool = False  # a file named as V4 publishes (X.weight with X.scale), its checkpoint or not
+
+    def scale_of(self, name: str) -> str:
+        """The name of a weight's scales: X.weight_scale_inv, or in V4's published layout X.scale."""
+        return name + SCALE if not self.published_names else published_scale_of(name)
+
+    def in_layers(self, name: str, layers: range) -> bool:
+        """Whether a tensor belongs to one of the layers (`model.layers.N.`, or V4's `layers.N.`)."""
+        return in_scope(name, layers, False) if not self.published_names else published_in_scope(name, layers, False)
+
+    def weight_of(self, name: str) -> str:
+        """The weight of a scale name (the name itself when it is no scale's)."""
+        if not self.published_names:
+            return name.removesuffix(SCALE)
+        return name.removesuffix(".scale") + ".weight" if name.endswith(".scale") else name
 
     def readable(self) -> list[str]:
         """Tensor names in the shards that could be read (those of unreadable shards are not listed)."""
@@ -108,6 +132,8 @@ def open_source(where: str | Path) -> Source:
     if isinstance(where, str) and remote.is_remote(where):
         return checkpoint_source(Path(where), remote.open_remote(where))
     path = Path(where)
+    if path.is_dir() and is_published_v4(path):
+        return published_source(path, PublishedCheckpoint(path))
     if path.is_dir():
         if not (path / "config.json").exists():
             raise StepperError(f"{path}: not a checkpoint directory (no config.json); give a .safetensors file to "
@@ -124,7 +150,7 @@ def open_source(where: str | Path) -> Source:
     if (path.parent / INDEX).exists():
         hint = f"{path.name} is one shard of {path.parent}: inspect the directory to see scales kept in other shards"
     return Source(path, file_title(file), None, dict.fromkeys(file.names(), path.name), {path.name: file},
-                  fp8.BLOCK, hint)
+                  fp8.BLOCK, hint, published_names=uses_published_names(file.names()))
 
 
 def checkpoint_source(path: Path, ckpt: Checkpoint) -> Source:
@@ -134,6 +160,15 @@ def checkpoint_source(path: Path, ckpt: Checkpoint) -> Source:
             else "listed from the headers alone: block scale values are read by a run, or with --stats")
     return Source(path, checkpoint_title(ckpt), cfg, {**ckpt.weight_map, **ckpt.unused}, ckpt.shards, block, hint=hint,
                   checkpoint=ckpt, unused=frozenset(ckpt.unused))
+
+
+def published_source(path: Path, ckpt: PublishedCheckpoint) -> Source:
+    """A DeepSeek-V4 checkpoint: headed by layer number, its `mtp.*` block listed as not used."""
+    shards = f"{len(ckpt.shards)} shard{'s' if len(ckpt.shards) != 1 else ''}"
+    title = (f"checkpoint {ckpt.label} · deepseek_v4 (published layout), {ckpt.layers} layers, "
+             f"{v4_field(ckpt.config, 'n_routed_experts')} routed experts · {shards}")
+    return Source(path, title, None, {**ckpt.weight_map, **ckpt.unused}, ckpt.shards, fp8.BLOCK,
+                  unused=frozenset(ckpt.unused), published=ckpt, published_names=True)
 
 
 def checkpoint_title(ckpt: Checkpoint) -> str:
@@ -189,6 +224,11 @@ class Tensor:
         return self.part.name.endswith(PACKED) and self.part.dtype == "I32"
 
     @property
+    def fp4(self) -> bool:
+        """A DeepSeek-V4 FP4 weight: I8 bytes, two e2m1 codes each, with its E8M0 group scales."""
+        return self.part.dtype == "I8" and self.scale is not None
+
+    @property
     def dequantized(self) -> bool:
         """An FP8 weight whose scales fit, or an INT4 weight with its scales and shape: its
         statistics are of the values (code value x scale_inv; (nibble - 8) x group scale)."""
@@ -204,9 +244,13 @@ def find_problems(source: Source, layers: range | None) -> list[Problem]:
     """Everything wrong with the source: a directory's problems of the given layers (all layers
     and the embedding, norm and lm_head when None), or a file's block scale problems (scales are
     demanded of F8_E4M3 tensors named as weights, X.weight, only)."""
+    if source.published is not None:
+        return audit_published(source.published, layers)
     if source.checkpoint is not None:
         every = range(source.checkpoint.config.num_hidden_layers)
         return audit(source.checkpoint, every if layers is None else layers, with_globals=layers is None)
+    if source.published_names:
+        return published_file_problems(source, layers)
     problems = []
     for name in source.readable():
         if layers is not None and not in_scope(name, layers, False):
@@ -225,6 +269,26 @@ def find_problems(source: Source, layers: range | None) -> list[Problem]:
     return problems
 
 
+def published_file_problems(source: Source, layers: range | None) -> list[Problem]:
+    """One file named as DeepSeek-V4 publishes (a shard alone, no config): each quantized weight's
+    `.scale` (dtype, grid), and scales without their weight."""
+    problems = []
+    for name in source.readable():
+        if layers is not None and not source.in_layers(name, layers):
+            continue
+        weight, shard = source.weight_of(name), source.weight_map[name]
+        if weight != name:
+            if weight not in source.weight_map:
+                problems.append(Problem(shard, name, f"'{name}' is a scale with no weight '{weight}'"))
+            continue
+        scale = source.scale_of(name)
+        text = published_scale_problem(source.info(name), shard, source.info(scale) if scale in source.weight_map
+                                       else None, source.weight_map.get(scale))
+        if text is not None:
+            problems.append(Problem(shard, scale, text))
+    return problems
+
+
 def collect(source: Source, only: list[str] | None, problems: list[Problem],
             layers: range | None = None) -> list[Tensor]:
     """Every readable tensor (of the layers), with its scales and its problems attached; scales
@@ -235,22 +299,23 @@ def collect(source: Source, only: list[str] | None, problems: list[Problem],
         by_tensor.setdefault(p.tensor, []).append(p.text)
     tensors = []
     for name in source.readable():
-        if layers is not None and not in_scope(name, layers, False):
+        if layers is not None and not source.in_layers(name, layers):
             continue
         if int4_member(name, names):
             if name.endswith(PACKED):
                 tensors.append(int4_tensor(source, name.removesuffix(PACKED), by_tensor))
             continue
-        weight = name.removesuffix(SCALE)
+        weight = source.weight_of(name)
         if weight != name:  # block scales: shown in their weight's row, or alone if it is missing
             if weight not in names:
                 found = tuple(by_tensor.get(name,
                                             ())) + tuple(by_tensor.get(weight, ()))  # e.g. "the weight is missing"
                 tensors.append(Tensor(source.part(name), None, found))
             continue
-        scale = (source.part(name + SCALE) if name + SCALE in names
-                 and source.weight_map[name + SCALE] in source.shards else None)
-        found = tuple(by_tensor.get(name, ())) + tuple(by_tensor.get(name + SCALE, ()))
+        scale_name = source.scale_of(name)
+        scale = (source.part(scale_name) if scale_name in names
+                 and source.weight_map[scale_name] in source.shards else None)
+        found = tuple(by_tensor.get(name, ())) + tuple(by_tensor.get(scale_name, ()))
         tensors.append(Tensor(source.part(name), scale, found))
     if only:
         tensors = [t for t in tensors if any(fnmatch.fnmatch(p.name, glob) for p in t.parts() for glob in only)]
@@ -335,11 +400,15 @@ def split_name(name: str) -> tuple[str, str]:
     return (m["prefix"], m["rest"]) if m else ("", name)
 
 
-def heading(prefix: str, config: Config | None) -> tuple[str, int | None]:
+def heading(prefix: str, config: Config | None, published: PublishedCheckpoint | None = None) -> tuple[str, int | None]:
     m = LAYER.fullmatch(prefix + "x")
     if m is None:
         return "model", None
     layer = int(m["layer"])
+    if published is not None and prefix == f"layers.{layer}.":
+        if layer >= published.layers:
+            return f"layer {layer} (beyond the config's num_hidden_layers = {published.layers})", layer
+        return f"layer {layer} ({v4_layer_kind(published.config, layer)})", layer
     if config is None or not HF_LAYER.fullmatch(prefix):
         return prefix.removeprefix("model.").rstrip("."), layer
     if layer >= config.num_hidden_layers:
@@ -348,11 +417,14 @@ def heading(prefix: str, config: Config | None) -> tuple[str, int | None]:
 
 
 UNUSED_HEADING = "not used (the wrapper's vision tower, projector)"
+MTP_HEADING = "not used (the multi-token-prediction block, mtp.*)"
 BLOCK = re.compile(r"(?P<head>.*\.blocks\.)(?P<block>\d+)\.(?P<tail>.+)")
 
 
-def group(tensors: list[Tensor], config: Config | None, fold_experts: bool,
-          unused: frozenset[str] = frozenset()) -> list[Group]:
+def group(tensors: list[Tensor], config: Config | None, fold_experts: bool, unused: frozenset[str] = frozenset(),
+          published: PublishedCheckpoint | None = None) -> list[Group]:
+    """The tensors in groups (the model's, then layer by layer, then those no run reads), each a
+    list of rows; a DeepSeek-V4 checkpoint's layers headed with their kind (`published`)."""
     by_prefix: dict[str, list[Tensor]] = {}
     for t in tensors:
         if t.name not in unused:
@@ -360,11 +432,12 @@ def group(tensors: list[Tensor], config: Config | None, fold_experts: bool,
     groups = []
     for prefix in sorted(by_prefix, key=lambda p: (p != "", natural(p))):
         members = sorted(by_prefix[prefix], key=lambda t: listing_order(t.name))
-        title, layer = heading(prefix, config)
+        title, layer = heading(prefix, config, published)
         groups.append(Group(title, layer, tuple(rows(members, len(prefix), fold_experts))))
     members = sorted((t for t in tensors if t.name in unused), key=lambda t: natural(t.name))
     if members:
-        groups.append(Group(UNUSED_HEADING, None, tuple(unused_rows(members, fold_experts))))
+        mtp = all(name.startswith("mtp.") for name in unused)
+        groups.append(Group(MTP_HEADING if mtp else UNUSED_HEADING, None, tuple(unused_rows(members, fold_experts))))
     return groups
 
 
@@ -451,11 +524,13 @@ def columns(row: Row, show_shard: bool) -> list[str]:
     count = f" x{len(row.tensors)}" if row.folded else ""
     scale_text = ""
     if scale is not None:
-        kind = "groups" if first.int4 else "scales"
+        kind = "groups" if first.int4 or first.fp4 else "scales"
         scale_text = f"{kind} {shape_text(scale.shape)}" + (f" {scale.dtype}" if scale.dtype != "F32" else "")
     dtype, shape = part.dtype, part.shape
     if first.int4 and first.weight_shape is not None:  # the weight it packs, [out, in]
         dtype, shape = INT4_DTYPE, first.weight_shape
+    if first.fp4 and len(shape) == 2:  # the weight its bytes hold, [out, in]
+        dtype, shape = FP4_DTYPE, (shape[0], 2 * shape[1])
     cells = [row.label, dtype, shape_text(shape) + count, scale_text, human(row.nbytes)]
     if show_shard:
         cells.append(shard_text({t.part.shard for t in row.tensors}))
@@ -570,6 +645,10 @@ def footer(matched: list[Tensor], total: int, stats: bool, problems: int) -> str
                    f"with its weight_scale (one per 32 inputs) and weight_shape")
         if stats:
             out.append("INT4 statistics are of the values, (nibble - 8) x group scale")
+    fp4_weights = sum(t.fp4 for t in matched)
+    if fp4_weights:
+        out.append(f"{fp4_weights} FP4 weights: I8 bytes (two e2m1 codes each, low nibble first) shown as the "
+                   f"[out, in] they hold, with their F8_E8M0 scales (one per 32 inputs)")
     if problems:
         out.append(f"{problems} problem{'s' if problems != 1 else ''} (listed below)")
     return " · ".join(out)

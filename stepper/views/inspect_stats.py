@@ -2,8 +2,8 @@
 
 A tensor is read a batch of rows at a time with plain sequential reads and each batch decoded (FP8
 with `fp8.dequantize` and its scales, whole scale blocks at a time; FP8 without fitting scales as
-its bare code values), so a large tensor never needs a float64 copy of itself; the batches'
-statistics are then combined (`summary.combine`).
+its bare code values; FP4 with `fp4.dequantize_fp4` and its group scales), so a large tensor never
+needs a float64 copy of itself; the batches' statistics are then combined (`summary.combine`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import replace
 import numpy as np
 from rich.console import Console
 
-from stepper import fp8, int4
+from stepper import fp4, fp8, int4
 from stepper.errors import StepperError
 from stepper.views import summary
 from stepper.views.inspect import FP8_DTYPE, Source, Tensor
@@ -62,6 +62,9 @@ def decoded_row_batches(source: Source, tensor: Tensor) -> Iterator[tuple[np.nda
     if tensor.int4:
         yield from int4_row_batches(source, tensor)
         return
+    if tensor.fp4 and not tensor.problems:
+        yield from fp4_row_batches(source, tensor)
+        return
     block_rows = source.block[0]
     step = max(1, BATCH_VALUES // math.prod(part.shape[1:]))
     scale = source.array(tensor.scale.name) if tensor.dequantized else None
@@ -92,6 +95,17 @@ def int4_row_batches(source: Source, tensor: Tensor) -> Iterator[tuple[np.ndarra
                 in_dim = tensor.weight_shape[1]
                 yield int4.dequantize_int4(words, scales[r0 : r0 + len(words)], in_dim, in_dim // scales.shape[1],
                                            name=part.name), words.nbytes
+
+
+def fp4_row_batches(source: Source, tensor: Tensor) -> Iterator[tuple[np.ndarray, int]]:
+    """An FP4 weight's values, e2m1 code x its group's E8M0 scale, a block of rows at a time."""
+    part = tensor.part
+    step = max(1, BATCH_VALUES // (part.shape[1] * 2))
+    scales = source.array(tensor.scale.name)
+    with RowReader(source.shards[part.shard], part.name) as reader:
+        for r0 in range(0, part.shape[0], step):
+            packed = reader.read(r0, min(r0 + step, part.shape[0]))
+            yield fp4.dequantize_fp4(packed, scales[r0 : r0 + len(packed)], name=part.name), packed.nbytes
 
 
 class RowReader:

@@ -17,7 +17,7 @@ import numpy as np
 
 from stepper.files import new_file
 
-ITEM_SIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "I64": 8, "I32": 4, "U8": 1}
+ITEM_SIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E8M0": 1, "I64": 8, "I32": 4, "I8": 1, "U8": 1}
 
 
 @dataclass(frozen=True)

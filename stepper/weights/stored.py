@@ -1,9 +1,9 @@
 """A tensor as a checkpoint stores it: FP8 codes with their block scales, INT4 packed words with
-their group scales, BF16 or F32.
+their group scales, FP4 packed bytes with their E8M0 group scales, BF16 or F32.
 
 `Stored` is what a weight source hands out; `Fp8Matrix` an FP8 weight [out, in] with its scales,
-`Int4Matrix` an INT4 one and `Bf16Matrix` a BF16 one, kept as stored so the kernels decode them
-tile by tile inside a product; `FileBytes` where its codes lie in a file.
+`Int4Matrix` an INT4 one, `Fp4Matrix` an FP4 one and `Bf16Matrix` a BF16 one, kept as stored so
+the kernels decode them tile by tile inside a product; `FileBytes` where its codes lie in a file.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from stepper import fp8, int4
+from stepper import fp4, fp8, int4
 
 
 @dataclass(frozen=True)
@@ -106,6 +106,44 @@ class Int4Matrix:
 
 
 @dataclass(frozen=True)
+class Fp4Matrix:
+    """An FP4 weight [out, in] (DeepSeek-V4's routed experts): e2m1 codes two to a byte [out, in/2]
+    with one power-of-two scale per 32 inputs [out, in/32], value[i, j] = e2m1(code[i, j]) *
+    scales[i, j // 32], applied lazily."""
+
+    packed: np.ndarray  # uint8 [out, in/2]: input 2k in the low nibble, 2k + 1 in the high
+    scales: np.ndarray  # float32 [out, in/32], each 2^(byte - 127)
+    name: str = "weight"
+    origin: FileBytes | None = None  # when the bytes are a file's, row-major
+
+    @classmethod
+    def of(cls, packed: np.ndarray, scales: np.ndarray, name: str = "weight", origin: FileBytes | None = None):
+        """From the stored bytes (I8 or U8) and E8M0 scales (F8_E8M0 or their bytes), shapes checked."""
+        packed = fp4.as_bytes(packed, name)
+        scale_bytes = fp4.e8m0.as_bytes(scales, f"{name} scales")
+        fp4.check_shapes(packed, scale_bytes, (packed.shape[0], 2 * packed.shape[1]), name)
+        return cls(packed, fp4.e8m0.decode(scale_bytes), name, origin)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.packed.shape[0], 2 * self.packed.shape[1]
+
+    @property
+    def file_key(self) -> tuple[FileBytes, tuple[int, int]] | None:
+        """Where these bytes lie in which file, and the weight's shape; None for bytes from no file."""
+        return None if self.origin is None else (self.origin, self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.packed.nbytes + self.scales.size  # the scales are stored one byte each
+
+    def dequantize(self) -> np.ndarray:
+        """The float32 weight (the readable reference path): e2m1 values times their group's scale."""
+        values = fp4.E2M1_TABLE[fp4.unpack(self.packed)]  # [out, in]
+        return values * np.repeat(self.scales, fp4.GROUP, axis=1)
+
+
+@dataclass(frozen=True)
 class Bf16Matrix:
     """A BF16 weight [out, in] as its 16-bit patterns: a BF16 value is the top half of the
     float32 with the same bits, so bits << 16 is its float32 exactly."""
@@ -139,6 +177,7 @@ def bf16_rows(bits: np.ndarray, out: np.ndarray) -> np.ndarray:
 
 
 INT4 = "INT4"  # Stored.dtype of a pack-quantized weight (packed I32 words, scales, its weight_shape)
+FP4 = "FP4"  # Stored.dtype of an FP4 e2m1 weight (I8 bytes, two codes each, with E8M0 scales per 32 inputs)
 
 
 @dataclass(frozen=True)
@@ -146,9 +185,9 @@ class Stored:
     """A tensor as a checkpoint stores it: FP8 codes with their block scales, INT4 packed words
     with their group scales, BF16 or F32."""
 
-    dtype: str  # safetensors dtype name F8_E4M3, BF16, F16 or F32; or INT4 (data: the packed I32 words)
+    dtype: str  # safetensors dtype F8_E4M3, BF16, F16 or F32; INT4 (data: packed I32 words); FP4 (data: I8 bytes)
     data: np.ndarray
-    scale_inv: np.ndarray | None = None  # FP8: [ceil(out/128), ceil(in/128)]; INT4: the group scales [out, ceil(in/32)]
+    scale_inv: np.ndarray | None = None  # FP8: [ceil(out/128), ceil(in/128)]; INT4, FP4: the group scales [out, in/32]
     block: tuple[int, int] = fp8.BLOCK  # FP8: rows x columns per scale; INT4: (1, group size)
     origin: FileBytes | None = None  # where the data lies in a file, read as it is stored
     columns: int | None = None  # INT4: the weight's inputs (its weight_shape[1])
@@ -158,14 +197,18 @@ class Stored:
             return fp8.dequantize(self.data, self.scale_inv, self.block, name=name)
         if self.dtype == INT4:
             return int4.dequantize_int4(self.data, self.scale_inv, self.columns, self.block[1], name=name)
+        if self.dtype == FP4:
+            return fp4.dequantize_fp4(self.data, self.scale_inv, name=name)
         return np.asarray(self.data, dtype=np.float32)
 
     def matrix(self, name: str = "") -> np.ndarray | Fp8Matrix | Int4Matrix | Bf16Matrix:
-        """What the model multiplies with: FP8, INT4 and BF16 weights stay as stored (decoded tile by tile)."""
+        """What the model multiplies with: FP8, INT4, FP4 and BF16 weights stay as stored (decoded tile by tile)."""
         if self.dtype == "F8_E4M3":
             return Fp8Matrix.of(self.data, self.scale_inv, self.block, name, self.origin)
         if self.dtype == INT4:
             return Int4Matrix.of(self.data, self.scale_inv, self.columns, self.block[1], name, self.origin)
+        if self.dtype == FP4:
+            return Fp4Matrix.of(self.data, self.scale_inv, name, self.origin)
         if self.dtype == "BF16" and self.data.ndim == 2:
             return Bf16Matrix(self.data.view(np.uint16), name, self.origin)
         return self.as_float32(name)

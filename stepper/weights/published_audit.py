@@ -1,0 +1,78 @@
+"""A DeepSeek-V4 checkpoint in the published layout checked whole, as `stepper inspect` checks it.
+
+`PublishedCheckpoint.problems` says what a run of some layers would refuse (missing tensors,
+dtypes, shapes, FP4 byte shapes, scale dtypes and grids); a full read adds scale values that are
+NaN (E8M0's byte 0xFF), shards no known tensor needs that cannot be read, tensors in a layer that
+are no tensor of it as config.json describes it, and layers past num_hidden_layers. The `mtp.*`
+block is not checked: no run reads it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from stepper.weights import deepseek_v4_names as v4
+from stepper.weights.audit import other_unreadable, stray_problem, unknown_problem
+from stepper.weights.checkpoint import Problem, count
+from stepper.weights.published import FP4_DTYPE, FP8_DTYPE, SCALE_DTYPE, PublishedCheckpoint, scale_of, weight_of
+
+
+def audit_published(ckpt: PublishedCheckpoint, layers: range | None) -> list[Problem]:
+    """Every problem of the given layers (all of them, and the tensors outside the layers, when None)."""
+    chosen = range(ckpt.layers) if layers is None else range(max(layers.start, 0), min(layers.stop, ckpt.layers))
+    problems = ckpt.problems(chosen, with_globals=layers is None)
+    problems += nan_scale_problems(ckpt, chosen, layers is None)
+    problems += other_unreadable(ckpt, problems)
+    problems += unknown_layer_tensors(ckpt, chosen)
+    if layers is None:
+        problems += stray_layers(ckpt)
+    return problems
+
+
+def in_scope(name: str, layers: range, with_globals: bool) -> bool:
+    layer = v4.layer_of(name)
+    return layer in layers if layer is not None else with_globals
+
+
+def nan_scale_problems(ckpt: PublishedCheckpoint, layers: range, with_globals: bool) -> list[Problem]:
+    """Every readable F8_E8M0 scale of a quantized weight: no byte 0xFF (NaN)."""
+    problems = []
+    for name, shard in ckpt.weight_map.items():
+        weight = weight_of(name)
+        if not (name.endswith(v4.SCALE) and in_scope(name, layers, with_globals) and weight in ckpt.weight_map):
+            continue
+        if {shard, ckpt.weight_map[weight]} & set(ckpt.unreadable):
+            continue
+        if ckpt.shard_of(name).info(name).dtype != SCALE_DTYPE or ckpt.shard_of(weight).info(weight).dtype not in (
+                FP8_DTYPE, FP4_DTYPE):
+            continue
+        nan = np.asarray(ckpt.shard_of(name).get(name)).view(np.uint8) == 0xFF
+        if nan.any():
+            first = [int(i) for i in np.argwhere(nan)[0]]
+            problems.append(Problem(shard, name, f"{shard}: '{name}' holds {count(int(nan.sum()), 'NaN scale')} (byte "
+                                                 f"0xFF), first at {first}: every weight of its block would be NaN"))
+    return problems
+
+
+def unknown_layer_tensors(ckpt: PublishedCheckpoint, layers: range) -> list[Problem]:
+    """Tensors of a layer that are no tensor of it as config.json describes it, one problem per layer."""
+    problems = []
+    for layer in layers:
+        prefix = v4.layer_prefix(layer)
+        known = {prefix + name for name in v4.layer_tensors(ckpt.config, layer)}
+        known |= {scale_of(name) for name in known}
+        found = [(name, shard) for name, shard in ckpt.weight_map.items()
+                 if name.startswith(prefix) and name not in known]
+        if found:
+            problems.append(unknown_problem(layer, found))
+    return problems
+
+
+def stray_layers(ckpt: PublishedCheckpoint) -> list[Problem]:
+    """Tensors of layers past num_hidden_layers (the MTP block is `mtp.*`, not a layer), one problem per layer."""
+    strays: dict[int, list[tuple[str, str]]] = {}
+    for name, shard in ckpt.weight_map.items():
+        layer = v4.layer_of(name)
+        if layer is not None and layer >= ckpt.layers:
+            strays.setdefault(layer, []).append((name, shard))
+    return [stray_problem(layer, found, ckpt.layers) for layer, found in sorted(strays.items())]

@@ -1,0 +1,155 @@
+"""The FP4 formats and DeepSeek-V4's published layout through the command line: `stepper fp8 --fp4`
+(the 16 e2m1 codes, one packed byte), `stepper fp8 --weight` on a V4 checkpoint (an FP4 group bit
+by bit, an FP8 block with its E8M0 scale), `stepper inspect` listing a V4 checkpoint and every
+problem of its grids, and bad input as one line naming the file, the tensor and what was expected."""
+
+import json
+
+import ml_dtypes
+import numpy as np
+import pytest
+from helpers.cli import one_line, stepper
+from helpers.v4_published import CONFIG, stored_tensors, write_shards, write_tiny_v4
+
+EXPERT = "layers.1.ffn.experts.0.w1.weight"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("v4cli") / "tiny-v4"
+    return folder, write_tiny_v4(folder)
+
+
+@pytest.fixture(scope="module")
+def bad(tmp_path_factory):
+    """A V4 checkpoint with one of each problem the grids can have."""
+    stored, _ = stored_tensors(CONFIG, 0)
+    nan = stored["layers.1.ffn.experts.0.w2.scale"].copy()
+    nan.view(np.uint8)[3, 0] = 0xFF
+    folder = tmp_path_factory.mktemp("v4bad") / "bad-v4"
+    write_tiny_v4(folder, changed={
+        "layers.1.ffn.experts.0.w1.scale": stored["layers.1.ffn.experts.0.w1.scale"][:, :1].copy(),  # grid [32, 1]
+        "layers.2.ffn.experts.1.w2.weight": np.zeros((64, 8), np.int8),  # FP4 bytes of [64, 16] expected
+        "layers.0.attn.wq_b.scale": np.ones((1, 1), np.float32),  # F32, not F8_E8M0
+        "layers.1.ffn.experts.0.w2.scale": nan,
+    })
+    return folder
+
+
+def test_the_16_codes():
+    out = stepper("fp8", "--fp4")
+    assert out.returncode == 0, out.stderr
+    lines = [line for line in out.stdout.splitlines() if line.startswith("  0x")]
+    assert len(lines) == 16 and lines[7].split()[:6] == ["0x7", "0", "11", "1", "normal", "+6.0"]
+    records = json.loads(stepper("fp8", "--fp4", "--json").stdout)
+    expected = np.arange(16, dtype=np.uint8).view(ml_dtypes.float4_e2m1fn).astype(np.float32)
+    assert [r["value"] for r in records] == expected.tolist()
+    assert [r["bits"] for r in records][9] == "1 00 1"
+
+
+def test_one_byte_low_nibble_first():
+    out = stepper("fp8", "--fp4", "0x2F")
+    assert out.returncode == 0, out.stderr
+    low, high = out.stdout.splitlines()[1:3]
+    assert "input 2k:" in low and low.rstrip().endswith("= -6.0")
+    assert "input 2k+1:" in high and high.rstrip().endswith("= 1.0")
+    record = json.loads(stepper("fp8", "--fp4", "--json", "--", "-105").stdout)  # 0x97 as I8 stores it
+    assert (record["hex"], record["low"]["value"], record["high"]["value"]) == ("0x97", 6.0, -0.5)
+    assert "not one byte" in one_line(stepper("fp8", "--fp4", "300"))
+    assert one_line(stepper("fp8", "--fp4", "--int4")) == "stepper: error: --int4 and --fp4 are two formats: give one"
+
+
+def test_an_fp4_group_bit_by_bit(tiny):
+    folder, values = tiny
+    out = stepper("fp8", "--weight", EXPERT, "--model", folder, "--block", "3,1", "--json")
+    assert out.returncode == 0, out.stderr
+    group = json.loads(out.stdout)
+    assert (group["dtype"], group["shape"], group["inputs"]) == ("FP4", [32, 64], [32, 64])
+    assert group["values"] == values[EXPERT][3, 32:64].tolist()  # ml_dtypes' decoding of the same bytes
+    assert group["scale"] == 2.0 ** (group["scale_byte"] - 127)
+    first = group["bytes"][0]
+    assert [first["low"]["value"] * group["scale"], first["high"]["value"] * group["scale"]] == group["values"][:2]
+    shown = stepper("fp8", "--weight", EXPERT, "--model", folder, "--block", "3,1")
+    byte = group["scale_byte"]
+    assert shown.returncode == 0 and f"scale byte 0x{byte:02X} = 2^({byte} - 127)" in shown.stdout
+    nibble_lines = [line.split() for line in shown.stdout.splitlines() if line.startswith("    in ")]
+    assert len(nibble_lines) == 32 and [line[1] for line in nibble_lines] == [str(i) for i in range(32, 64)]
+    low = nibble_lines[0]  # in 32  low  CCCC = s ee m  value  -> weight
+    assert low[2] == "low" and int(low[3], 2) == first["low"]["code"] and float(low[-1]) == group["values"][0]
+    assert one_line(stepper("fp8", "--weight", EXPERT, "--model", folder, "--block", "3,2")).endswith(
+        "has rows 0..31 and groups 0..1 of 32 inputs")
+
+
+def test_an_fp8_block_with_its_e8m0_scale(tiny):
+    folder, values = tiny
+    out = stepper("fp8", "--weight", "model.layers.2.attn.wo_b.weight", "--model", folder, "--json")
+    assert out.returncode == 0, out.stderr
+    block = json.loads(out.stdout)
+    corner = np.array(block["corner_values"], np.float32)
+    np.testing.assert_array_equal(corner, values["layers.2.attn.wo_b.weight"][: corner.shape[0], : corner.shape[1]])
+    assert block["scale_grid"] == [1, 1] and block["scale_inv"] == 2.0 ** round(np.log2(block["scale_inv"]))
+    assert block["scale_format"] == "F8_E8M0" and 224 <= block["absmax"] / block["scale_inv"] <= 448
+    shown = stepper("fp8", "--weight", "layers.2.attn.wo_b.weight", "--model", folder).stdout
+    assert f"scale (F8_E8M0)[0, 0] = {np.float32(block['scale_inv'])} = 2^{round(np.log2(block['scale_inv']))}" in shown
+    assert "an E8M0 scale is the smallest power of two that brings the block's amax within 448" in shown
+
+
+def test_inspect_lists_a_sound_v4_checkpoint(tiny):
+    folder, _ = tiny
+    out = stepper("inspect", folder)
+    assert out.returncode == 0, out.stderr
+    assert "deepseek_v4 (published layout), 3 layers, 2 routed experts · 3 shards" in out.stdout
+    headings = [line.split(" ─")[0] for line in out.stdout.splitlines() if " ───" in line]
+    assert headings == ["model", "layer 0 (sliding window; hash-routed)",
+                        "layer 1 (CSA: 4 tokens an entry, indexer; score-routed)",
+                        "layer 2 (HCA: 128 tokens an entry; score-routed)",
+                        "not used (the multi-token-prediction block, mtp.*)"]
+    rows = {line.split()[0]: line.split()[1:] for line in out.stdout.splitlines() if line.startswith("  ")}
+    assert rows["ffn.experts.{0..1}.w1.weight"][:5] == ["FP4", "[32,", "64]", "x2", "groups"]
+    assert rows["attn.wq_a.weight"][:5] == ["F8_E4M3", "[32,", "64]", "scales", "[1,"]
+    assert "not used (the multi-token-prediction block, mtp.*)" in out.stdout and "mtp.0.norm.weight" in rows
+
+
+def test_inspect_lists_every_grid_problem(bad):
+    out = stepper("inspect", bad)
+    assert out.returncode == 1, out.stderr
+    listed = out.stdout.split("4 problems in ")[1].splitlines()[1:]
+    assert [line.split(": ", 1)[1] for line in listed] == [
+        ("'layers.0.attn.wq_b.scale' has dtype F32, expected F8_E8M0 (2^(byte - 127)) for the F8_E4M3 weight "
+        "'layers.0.attn.wq_b.weight'"),
+        ("'layers.1.ffn.experts.0.w1.scale' has shape [32, 1], expected [32, 2] for the FP4 (I8) weight "
+        "'layers.1.ffn.experts.0.w1.weight' [32, 64] (one scale per row and 32 inputs)"),
+        ("'layers.2.ffn.experts.1.w2.weight' holds FP4 bytes of shape [64, 8], expected [64, 16] (two codes a byte) "
+        "for the [64, 32] weight config.json gives"),
+        ("'layers.1.ffn.experts.0.w2.scale' holds 1 NaN scale (byte 0xFF), first at [3, 0]: every weight of its block "
+        "would be NaN"),
+    ]
+    assert all(line.startswith("  ! model-0000") and ".safetensors: '" in line for line in listed)
+    problems = json.loads(stepper("inspect", bad, "--json").stdout.splitlines()[-1])["problems"]
+    assert len(problems) == 4
+
+
+@pytest.mark.parametrize("weight, expected", [
+    ("layers.1.ffn.experts.0.w1.weight", ("'layers.1.ffn.experts.0.w1.scale' has shape [32, 1], expected [32, 2] for "
+                                         "the FP4 (I8) weight 'layers.1.ffn.experts.0.w1.weight' [32, 64]")),
+    ("layers.2.ffn.experts.1.w2.weight", ("'layers.2.ffn.experts.1.w2.weight' holds FP4 bytes of shape [64, 8], "
+                                         "expected [64, 16] (two codes a byte)")),
+    ("layers.0.attn.wq_b.weight", "'layers.0.attn.wq_b.scale' has dtype F32, expected F8_E8M0 (2^(byte - 127))"),
+    ("layers.1.ffn.experts.0.w2.weight", "'layers.1.ffn.experts.0.w2.scale' holds 1 scale(s) that are not finite"),
+])
+def test_bad_input_is_one_line(bad, weight, expected):
+    line = one_line(stepper("fp8", "--weight", weight, "--model", bad))
+    assert line.startswith("stepper: error: model-0000") and expected in line
+
+
+def test_inspect_one_v4_shard_alone(tmp_path):
+    stored, _ = stored_tensors(CONFIG, 0)
+    stored["layers.1.ffn.experts.0.w1.scale"] = stored["layers.1.ffn.experts.0.w1.scale"][:, :1].copy()
+    write_shards(tmp_path / "v4", stored, 1, index=False)  # every weight beside its scale
+    out = stepper("inspect", tmp_path / "v4" / "model-00001-of-00001.safetensors")
+    assert out.returncode == 1, out.stderr
+    assert out.stdout.split("1 problem in 1 file:")[1].strip() == (
+        "! model-00001-of-00001.safetensors: 'layers.1.ffn.experts.0.w1.scale' has shape [32, 1], expected [32, 2] "
+        "for the FP4 (I8) weight 'layers.1.ffn.experts.0.w1.weight' [32, 64] (one scale per row and 32 inputs)")
+    rows = {line.split()[0]: line.split()[1:] for line in out.stdout.splitlines() if line.startswith("  ")}
+    assert rows["ffn.experts.{0..1}.w2.weight"][:5] == ["FP4", "[64,", "32]", "x2", "groups"]

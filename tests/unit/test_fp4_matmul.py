@@ -1,0 +1,74 @@
+"""FP4 weights inside the products: the tiled kernel (kernels.fp4_matmul) against decode-then-matmul
+(Fp4Matrix.dequantize, itself checked against fp4.dequantize_fp4 and ml_dtypes), and FP8 weights
+with E8M0 block scales through the existing FP8 kernels."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from stepper import fp4, fp8
+from stepper.errors import StepperError
+from stepper.kernels import fp4_matmul
+from stepper.kernels.linear import float32_weight, linear, linears
+from stepper.weights.stored import Fp4Matrix, Fp8Matrix
+
+
+def fp4_weight(out_dim: int, in_dim: int, seed: int) -> Fp4Matrix:
+    w = np.random.default_rng(seed).standard_normal((out_dim, in_dim)).astype(np.float32)
+    w *= np.geomspace(1e-3, 1e3, in_dim // 32).repeat(32).astype(np.float32)  # groups of very different scales
+    packed, scales = fp4.quantize_fp4(w)
+    return Fp4Matrix.of(packed, scales, name="layers.3.ffn.experts.0.w1.weight")
+
+
+def test_dequantize_is_the_formats_own():
+    w = fp4_weight(40, 96, 0)
+    reference = fp4.dequantize_fp4(w.packed, w.scales.astype(ml_dtypes.float8_e8m0fnu))
+    np.testing.assert_array_equal(w.dequantize(), reference)
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 8, 130])
+def test_tiled_product_equals_decode_then_matmul(tokens, monkeypatch):
+    monkeypatch.setattr(fp4_matmul, "TILE_VALUES", 64 * 5)  # tiles of 5 rows: several, the last partial
+    w = fp4_weight(37, 64, 1)
+    x = np.random.default_rng(2).standard_normal((tokens, 64)).astype(np.float32)
+    expected = (x.astype(np.float64) @ w.dequantize().astype(np.float64).T)  # exact weights, float64 sums
+    got = linear(x, w)
+    assert got.shape == (tokens, 37) and got.dtype == np.float32
+    bound = 1e-6 * (np.abs(x).astype(np.float64) @ np.abs(w.dequantize()).astype(np.float64).T)
+    assert (np.abs(got - expected) <= bound).all()
+
+
+@pytest.mark.parametrize("tokens", [3, 100])  # 2 x 100: many tokens, tall tiles shared between the threads
+def test_several_weights_and_shared_threads(tokens, monkeypatch):
+    monkeypatch.setattr(fp4_matmul, "SHARE_WORK", 1)  # every product shared out between threads
+    monkeypatch.setattr(fp4_matmul, "TILE_VALUES", 128 * 8)
+    w1, w3 = fp4_weight(64, 128, 3), fp4_weight(48, 128, 4)
+    assert len(fp4_matmul.row_tiles(w1, True, 2)) == 2 and len(fp4_matmul.row_tiles(w1, False)) == 8
+    x = np.random.default_rng(5).standard_normal((2, tokens, 128)).astype(np.float32)
+    y1, y3 = linears(x, (w1, w3))
+    assert y1.shape == (2, tokens, 64) and y3.shape == (2, tokens, 48)
+    np.testing.assert_allclose(y1, x @ w1.dequantize().T, rtol=1e-5, atol=1e-4 * np.abs(x).max())
+    np.testing.assert_allclose(y3, x @ w3.dequantize().T, rtol=1e-5, atol=1e-4 * np.abs(x).max())
+
+
+def test_rows_decoded_for_the_cache_are_the_readable_ones_bit_for_bit(monkeypatch):
+    monkeypatch.setattr(fp4_matmul, "TILE_VALUES", 96 * 7)
+    w = fp4_weight(30, 96, 6)
+    np.testing.assert_array_equal(float32_weight(w).view(np.uint32), w.dequantize().view(np.uint32))
+
+
+def test_matrix_refuses_disagreeing_shapes():
+    with pytest.raises(StepperError, match=r"w: a \[4, 64\] FP4 weight in groups of 32 needs scales of shape \[4, 2\]"):
+        Fp4Matrix.of(np.zeros((4, 32), np.int8), np.zeros((4, 3), np.uint8), name="w")
+
+
+def test_fp8_with_e8m0_scales_through_the_fp8_kernels():
+    w = np.random.default_rng(7).standard_normal((300, 260)).astype(np.float32) * 0.05
+    codes, scales = fp4.quantize_fp8_e8m0(w)
+    matrix = Fp8Matrix.of(codes, scales, name="layers.0.attn.wq_a.weight")
+    reference = fp8.dequantize(codes, scales)
+    np.testing.assert_array_equal(matrix.dequantize(), reference)
+    np.testing.assert_array_equal(float32_weight(matrix), reference)  # the FP8 row decoder, bit for bit
+    for tokens in (1, 9, 200):
+        x = np.random.default_rng(tokens).standard_normal((tokens, 260)).astype(np.float32)
+        np.testing.assert_allclose(linear(x, matrix), x @ reference.T, rtol=1e-5, atol=1e-5 * np.abs(x).max())
