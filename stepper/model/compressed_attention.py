@@ -9,7 +9,7 @@ collapsed hyper-connection streams); w a LayerWeights of the layer; dims the fro
 `AttentionDims` of THIS layer (a config's `dims(layer)` builds it); cache a `V4AttentionCache`
 (v4_attention_cache.py), updated in place (None: a fresh one, i.e. a prompt from position 0); the
 new tokens are at positions cache.seen .. cache.seen + T - 1. emit gets every named tensor
-(`attn.*`, catalogue: stepper/catalog/parts/v4_attention.json).
+(`attn.*`, catalogue: stepper/catalog/v4/v4_attention.json).
 
 Weights, relative to the layer, as transformers' DeepseekV4Attention names them
 (`model.layers.N.` + name; the published names in brackets):

@@ -65,10 +65,11 @@ def test_explain_points_at_the_line_that_emits_the_name(name):
 
 
 def part_names() -> set[str]:
-    """The names the catalogue's part files (stepper/catalog/parts/*.json) describe: not read by
-    catalog.load yet, their sites are checked here only for being catalogued."""
-    parts = resources.files("stepper.catalog").joinpath("parts")
-    files = [f for f in parts.iterdir() if f.name.endswith(".json")]
+    """The names the catalogue's part files (stepper/catalog/parts/*.json, and V4's in
+    stepper/catalog/v4/*.json, which catalog.load does not merge) describe: their sites are checked
+    here only for being catalogued."""
+    folders = [resources.files("stepper.catalog").joinpath(name) for name in ("parts", "v4")]
+    files = [f for parts in folders for f in parts.iterdir() if f.name.endswith(".json")]
     return {e["name"] for f in files for e in json.loads(f.read_text("utf-8"))["tensors"]}
 
 

@@ -27,7 +27,8 @@ def emit_calls(tree: ast.AST) -> list[ast.Call]:
 
 
 # Tensors shown only, that nothing in the layer computes from: their emit may stand alone
-SHOWN_ONLY = {"self_attn.indexer.kept_of_exact",  # FP8 index scoring's count of the exactly chosen positions it kept
+SHOWN_ONLY = {"ffn.experts.clamp_counts", "ffn.shared_experts.clamp_counts",  # DeepSeek-V4: how often the clamp bit
+              "self_attn.indexer.kept_of_exact",  # FP8 index scoring's count of the exactly chosen positions it kept
               "attn.sink_mass"}  # DeepSeek-V4: the probability the sink takes (the weights drop its column)
 
 
@@ -78,9 +79,11 @@ def unknown_symbols(source: str, symbols: set[str]) -> list[str]:
 
 @pytest.fixture(scope="module")
 def symbols() -> set[str]:
-    """The catalogue's symbols and those the part files (stepper/catalog/parts/*.json) add."""
-    parts = resources.files("stepper.catalog").joinpath("parts")
-    added = [json.loads(f.read_text("utf-8")).get("dims", {}) for f in parts.iterdir() if f.name.endswith(".json")]
+    """The catalogue's symbols and those the part files (stepper/catalog/parts/*.json, and V4's in
+    stepper/catalog/v4/*.json) add."""
+    folders = [resources.files("stepper.catalog").joinpath(name) for name in ("parts", "v4")]
+    added = [json.loads(f.read_text("utf-8")).get("dims", {}) for parts in folders for f in parts.iterdir()
+             if f.name.endswith(".json")]
     return set(catalog.load().raw["dims"]).union(*added)
 
 

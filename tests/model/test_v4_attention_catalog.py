@@ -1,4 +1,4 @@
-"""The V4 attention's catalogue part (stepper/catalog/parts/v4_attention.json): every tensor the
+"""The V4 attention's catalogue part (stepper/catalog/v4/v4_attention.json): every tensor the
 attention emits on a sliding, a CSA and an HCA layer has one entry whose dims match the emitted
 rank, and nothing else has one; every dimension symbol is defined; every citation names the
 installed transformers file's own line (its text, with its symbol on it)."""
@@ -21,7 +21,7 @@ from tests.helpers.v4_layers import Arrays, dims_of
 
 
 def part() -> dict:
-    return json.loads(resources.files("stepper.catalog").joinpath("parts/v4_attention.json").read_text("utf-8"))
+    return json.loads(resources.files("stepper.catalog").joinpath("v4/v4_attention.json").read_text("utf-8"))
 
 
 def emitted() -> dict[str, np.ndarray]:
@@ -59,8 +59,8 @@ def test_every_emitted_tensor_has_one_entry():
 
 
 def test_dims_are_defined():
-    parts = resources.files("stepper.catalog").joinpath("parts")
-    others = [json.loads(f.read_text("utf-8")) for f in parts.iterdir() if f.name.endswith(".json")
+    folders = [resources.files("stepper.catalog").joinpath(name) for name in ("parts", "v4")]
+    others = [json.loads(f.read_text("utf-8")) for parts in folders for f in parts.iterdir() if f.name.endswith(".json")
               and f.name != "v4_attention.json"]
     main = {symbol: size for other in others for symbol, size in other.get("dims", {}).items()}
     own = part()["dims"]
