@@ -76,6 +76,7 @@ def run(model: str, layers: str | None, ids: str | None, prompt_len: int | None,
     console = Console(no_color=plain, highlight=False, markup=False, soft_wrap=True)
     print_wrapped(console, describe(cfg, weights, range(first, stop), decode, seed), style="bold")
     rows = TensorRows(console, cfg)
+    rows.catalog = v4_catalog.catalogue()  # V4's entries name each tensor's dims
     counted: list[str] = []
     views: list[Sink] = [rows, lambda event: counted.append(event.name)]
     keep = only_filter(only or [], [], lambda note: sys.stderr.write(f"stepper: {note}\n"))

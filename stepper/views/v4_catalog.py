@@ -35,6 +35,14 @@ def part(name: str) -> dict[str, Any]:
 
 
 @cache
+def catalogue() -> catalog.Catalog:
+    """V4's parts and the MLA model part (logits) as one catalogue, to name a V4 run's dims."""
+    folder = resources.files("stepper.catalog")
+    parts = (folder.joinpath("parts/model.json"), *(folder.joinpath(f"v4/{name}.json") for name in PARTS))
+    return catalog.merged(parts)
+
+
+@cache
 def entries() -> dict[str, dict[str, Any]]:
     """Every V4 entry by name."""
     found: dict[str, dict[str, Any]] = {name: catalog.load().entry(name) for name in SHARED}

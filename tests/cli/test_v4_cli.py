@@ -179,3 +179,13 @@ def test_a_run_that_would_not_fit_is_refused_before_it_starts():
     line = one_line_error(stepper("run", "--model", "tiny-v4", "--prompt-len", "3000000"))
     assert line.startswith("stepper: error: model tiny-v4 over 3000000 positions needs about ")
     assert line.endswith("is available: a shorter prompt, or a smaller model")
+
+
+def test_a_runs_rows_name_v4s_dims():
+    done = stepper("run", "--model", "tiny-v4", "--prompt-len", "20", "--only", "layers.3.hc_ffn.comb",
+                   "--only", "layers.2.ffn.gate.topk_idx", "--plain")
+    assert done.returncode == 0, done.stderr
+    rows = [line for line in done.stdout.splitlines() if line.startswith("layers.")]
+    assert rows == ["layers.2.ffn.gate.topk_idx  [N=20 tokens, 4 chosen experts]  int64",
+                    "layers.3.hc_ffn.comb  [B=1 batch, T=20 positions, 4 residual streams, 4 residual streams]  float32"]
+
