@@ -36,10 +36,10 @@ def part(name: str) -> dict[str, Any]:
 
 @cache
 def catalogue() -> catalog.Catalog:
-    """V4's parts and the MLA model part (logits) as one catalogue, to name a V4 run's dims."""
-    folder = resources.files("stepper.catalog")
-    parts = (folder.joinpath("parts/model.json"), *(folder.joinpath(f"v4/{name}.json") for name in PARTS))
-    return catalog.merged(parts)
+    """The registered catalogue with V4's entries and symbols added, to name a V4 run's dims."""
+    raw = catalog.load().raw
+    extra = [entry for name, entry in entries().items() if name not in SHARED]
+    return catalog.Catalog({**raw, "dims": symbols(), "tensors": [*raw["tensors"], *extra]})
 
 
 @cache

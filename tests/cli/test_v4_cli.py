@@ -187,5 +187,6 @@ def test_a_runs_rows_name_v4s_dims():
     assert done.returncode == 0, done.stderr
     rows = [line for line in done.stdout.splitlines() if line.startswith("layers.")]
     assert rows == ["layers.2.ffn.gate.topk_idx  [N=20 tokens, 4 chosen experts]  int64",
-                    "layers.3.hc_ffn.comb  [B=1 batch, T=20 positions, 4 residual streams, 4 residual streams]  float32"]
+                    ("layers.3.hc_ffn.comb  [B=1 batch, T=20 positions, 4 residual streams, 4 residual streams]  "
+                     "float32")]
 
