@@ -31,7 +31,8 @@ BELOW_EVERYTHING: dict[str, set[str]] = {
     "tensors": set(),  # the room's __init__: its docstring only
     "tensors.tensor": {"tensors.statistics"},  # what a tensor of a run is: an array, or a LazyTensor made when read
     "tensors.tiled": {"tensors.tensor"},
-    "tensors.statistics": set(),
+    "tensors.statistics": {"cpu_caches"},  # the L2 its passes are cut to
+    "cpu_caches": set(),  # the CPU's cache sizes, read from the machine: the kernels' tiles and blocks
     "tensors.chunked": {"tensors.tensor"},
     "config": {"errors", "untrusted.jsonfile", "untrusted", "untrusted.regex_subset"},
     "untrusted.regex_subset": {"errors", "untrusted"},
