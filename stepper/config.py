@@ -41,6 +41,15 @@ class Yarn:
 
 
 @dataclass(frozen=True)
+class QueryScale:
+    """Llama 4's position-dependent query scale (Mistral 4): queries at position p are multiplied
+    by 1 + beta * ln(1 + floor(p / original_max_position_embeddings))."""
+
+    beta: float
+    original_max_position_embeddings: int
+
+
+@dataclass(frozen=True)
 class Fp8:
     """The checkpoint's weight quantization: e4m3 codes with one float32 scale per block."""
 
@@ -138,10 +147,23 @@ class Config:
     index_n_heads: int | None = None
     index_head_dim: int | None = None
     index_topk: int | None = None
+    # the MLA families' differences (stepper/families): lm_head is the embedding (Youtu); the router
+    # adds no learned bias to choose (A.X-K1, Mistral 4); an RMSNorm on the MoE's output (A.X-K1);
+    # queries scaled by position (Mistral 4); the embedding row of the pad token zeroed on load (Youtu)
+    tie_word_embeddings: bool = False
+    zeroed_pad_row: int | None = None
+    router_bias: bool = True
+    moe_output_norm: bool = False
+    query_scale: QueryScale | None = None
+    fused_experts: bool = False  # the checkpoint stores each layer's experts in two tensors (weights.fused_experts)
 
     @property
     def has_indexer(self) -> bool:
         return self.index_topk is not None
+
+    @property
+    def has_query_scale(self) -> bool:
+        return self.query_scale is not None
 
     @property
     def qk_head_dim(self) -> int:
@@ -162,7 +184,8 @@ class Config:
         return _parse(raw, name)
 
     def to_hf(self) -> dict[str, Any]:
-        """The config.json dict an HF checkpoint of this model carries (DeepseekV3 field names)."""
+        """The config.json dict an HF checkpoint of this model carries (DeepseekV3 field names; the
+        other MLA families' config classes write their own, stepper/families)."""
         out: dict[str, Any] = {
             "architectures": [ARCHITECTURES[self.model_type]],
             "model_type": self.model_type,
@@ -174,7 +197,7 @@ class Config:
         }
         for f in dataclasses.fields(self):
             if f.name in ("name", "model_type", "rope_scaling", "quantization", "wrapper", "int4", "scoring_func",
-                          "topk_method"):
+                          "topk_method", *FAMILY_FIELDS):
                 continue
             if f.name.startswith("index_") and not self.has_indexer:
                 continue
@@ -197,6 +220,10 @@ class Config:
 def read_mla_config(raw: dict[str, Any], source: str) -> Config:
     """The MLA family's reader (families.deepseek): a config.json of MODEL_TYPES or its wrapper."""
     return _parse(raw, source)
+
+
+FAMILY_FIELDS = ("tie_word_embeddings", "zeroed_pad_row", "router_bias", "moe_output_norm", "query_scale",
+                 "fused_experts")  # the other MLA families' (stepper/families): their config classes write them
 
 
 def load_config(path: str | Path, read: Callable[[dict[str, Any], str], Any] = read_mla_config) -> Any:
@@ -261,6 +288,9 @@ class _Fields:
         return default
 
 
+ConfigFields = _Fields  # the other MLA families' readers (stepper/families) read their fields with it
+
+
 def _parse(raw: dict[str, Any], source: str) -> Config:
     f = _Fields(raw, source)
     model_type = f.str("model_type")
@@ -284,13 +314,14 @@ def _parse(raw: dict[str, Any], source: str) -> Config:
             f"up-projected key and value; got {kv_heads}",
         )
     rope_theta, rope_scaling = _rope(f)
+    no_experts = {} if raw.get("n_routed_experts") else {"default": 0, "minimum": 0}  # dense only: no expert size
     cfg = Config(
         name=model_name(raw, source),
         model_type=model_type,
         vocab_size=f.int("vocab_size"),
         hidden_size=f.int("hidden_size"),
         intermediate_size=f.int("intermediate_size"),
-        moe_intermediate_size=f.int("moe_intermediate_size"),
+        moe_intermediate_size=f.int("moe_intermediate_size", **no_experts),
         num_hidden_layers=f.int("num_hidden_layers"),
         num_attention_heads=heads,
         q_lora_rank=f.optional_int("q_lora_rank"),

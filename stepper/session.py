@@ -100,7 +100,7 @@ def load_model(model: str, seed: int) -> WeightSource:
     """A preset (synthetic weights), a checkpoint directory, a remote checkpoint (hf://ORG/NAME,
     https://HOST/PATH/), or a bare config.json (synthetic)."""
     if model in PRESETS:
-        return SyntheticWeights(families.read_config(PRESETS[model], f"preset {model}"), seed)
+        return SyntheticWeights(preset_config(model), seed)
     if remote.is_remote(model):
         return remote.open_remote(model, read_config=families.load_config)
     path = Path(model)
@@ -113,6 +113,20 @@ def load_model(model: str, seed: int) -> WeightSource:
     raise StepperError(
         f"unknown model '{model}': expected one of {', '.join(PRESETS)}, a checkpoint directory or a config.json"
     )
+
+
+def preset_config(name: str) -> Config:
+    """A preset's config, read by the reader of the family its model_type names (presets.preset
+    reads the MLA family's alone)."""
+    return families.read_config(PRESETS[name], f"preset {name}")
+
+
+def open_checkpoint(where: str | Path) -> Checkpoint:
+    """A checkpoint directory or a remote checkpoint (from its headers alone), its config.json read
+    by the reader of the family its model_type names (inspect, fixtures)."""
+    if isinstance(where, str) and remote.is_remote(where):
+        return remote.open_remote(where, read_config=families.load_config)
+    return Checkpoint(Path(where), families.load_config)
 
 
 Spell = Callable[..., str]  # (an option's keyword, a value) -> the option as the caller writes it

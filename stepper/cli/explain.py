@@ -12,6 +12,7 @@ from stepper.cli import v4
 from stepper.cli.common import ModelOpt, PlainOpt, user_errors
 from stepper.errors import StepperError
 from stepper.session import check_layer, load_model
+from stepper.views.compare import compared_layer, comparison
 from stepper.views.explain import also_named, explain_text, not_found
 from stepper.views.sinks import print_fitted
 from stepper.views.tree import layer_tree
@@ -49,6 +50,11 @@ def tree_command(
     attn: Annotated[str, typer.Option(metavar="naive|absorb",
                                       help="naive or absorb: which attention tensors to list.")] = "naive",
     plain: PlainOpt = False,
+    compare: Annotated[str | None, typer.Option(
+        metavar="NAME|PATH", help="Another model: show where its layer differs from --model's (tensors one has and "
+        "the other lacks, shapes, formulas reading a differing config field).")] = None,
+    everything: Annotated[bool, typer.Option("--all", help="With --compare: list the tensors alike in both too.")
+                          ] = False,
 ) -> None:
     """The structure of a layer: every named tensor in order, its shape for this model, what it is."""
     with user_errors():
@@ -60,6 +66,13 @@ def tree_command(
         if layer is not None:
             check_layer(layer, cfg)
         console = Console(no_color=plain, highlight=False, markup=False)
+        if compare is not None:  # two models side by side (views.compare)
+            other = load_model(compare, 0).config
+            if layer is not None:
+                check_layer(layer, other)
+            layers = (compared_layer(cfg, layer), compared_layer(other, layer))
+            console.print(comparison(catalog.load(), cfg, other, layers, attn, everything))
+            return
         kinds = {cfg.is_moe_layer(i): i for i in range(cfg.num_hidden_layers)}
         layers = [layer] if layer is not None else sorted(kinds.values())
         for i in layers:

@@ -17,10 +17,11 @@ from typing import Any
 
 from stepper import config
 from stepper.errors import StepperError
-from stepper.families import deepseek
+from stepper.families import axk1, deepseek, glm4_moe_lite, mistral4, sarvam_mla, youtu
 from stepper.families.family import Family
 
-FAMILIES: tuple[Family, ...] = (deepseek.FAMILY,)
+FAMILIES: tuple[Family, ...] = (deepseek.FAMILY, sarvam_mla.FAMILY, youtu.FAMILY, glm4_moe_lite.FAMILY, axk1.FAMILY,
+                                mistral4.FAMILY)
 _added: tuple[Family, ...] = ()  # families registered for a while (`registered`)
 
 

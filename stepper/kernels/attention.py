@@ -106,8 +106,8 @@ class Operands:
         total *= np.float32(self.scale)
         _, _, T, S = self.shape
         if keys.stop - 1 > S - T + queries.start:  # the tile crosses the causal edge
-            last_seen = (S - T) + np.arange(queries.start, queries.stop)[:, None]  # [q, 1]
-            future = np.arange(keys.start, keys.stop)[None, :] > last_seen  # [q, k]
+            last_seen = (S - T) + np.arange(queries.start, queries.stop)[:, None]  # [T, one] of the tile's queries
+            future = np.arange(keys.start, keys.stop)[None, :] > last_seen  # [T, S] of the tile
             np.copyto(total, np.float32(-np.inf), where=future)
         if self.mask is not None:
             tile = mask_tile(self.mask, heads, queries, keys)

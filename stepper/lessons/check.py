@@ -36,9 +36,9 @@ from stepper import catalog, dtypes, fp8
 from stepper.errors import StepperError
 from stepper.lessons import overrides
 from stepper.planning import plan_run
-from stepper.presets import PRESETS, preset
+from stepper.presets import PRESETS
 from stepper.seams.trace import Event, Recorder, Sink
-from stepper.session import RunResult, RunSpec, prepare
+from stepper.session import RunResult, RunSpec, prepare, preset_config
 
 PURE = ("softmax", "rms_norm", "decode", "dequantize", "rope_inv_freq", "apply_rope", "causal_mask", "index_scores")
 CALLS_PER_FUNCTION = 6
@@ -210,7 +210,7 @@ def extra_calls(name: str) -> list[Call]:
     if name == "rope_inv_freq":
         calls = []
         for model in PRESETS:
-            cfg = preset(model)
+            cfg = preset_config(model)
             calls.append(Call((cfg.qk_rope_head_dim, cfg.rope_theta, cfg.rope_scaling), {},
                               f"{model}: dim {cfg.qk_rope_head_dim}, theta {cfg.rope_theta:g}, {cfg.rope_scaling}"))
         calls.append(Call((64, 10000.0, None), {}, "no YaRN: dim 64, theta 10000, yarn None"))

@@ -23,9 +23,9 @@ from stepper.lessons.context import Context
 from stepper.model.cache import cache_bytes_per_token
 from stepper.model.rope import rope_inv_freq, yarn_correction_range, yarn_mscale
 from stepper.model.router import max_per_group, route
-from stepper.presets import PRESETS, preset
+from stepper.presets import PRESETS
 from stepper.seams.trace import Emitter, Recorder
-from stepper.session import run
+from stepper.session import preset_config, run
 
 FACTS: dict[str, Callable[..., Any]] = {}
 
@@ -49,7 +49,7 @@ def config_of(ctx: Context, name: str | None) -> Config:
         return ctx.cfg
     if name not in PRESETS:
         raise StepperError(f"no preset '{name}' (presets: {', '.join(PRESETS)})")
-    return preset(name)
+    return preset_config(name)
 
 
 def integer(text: str, what: str) -> int:

@@ -21,7 +21,8 @@ from stepper.config import Config
 from stepper.errors import StepperError
 from stepper.lessons import facts
 from stepper.lessons.context import Context
-from stepper.presets import PRESETS, preset
+from stepper.presets import PRESETS
+from stepper.session import preset_config
 from stepper.views.debugger import take
 
 
@@ -145,7 +146,7 @@ def preset_value(path: str) -> Any:
     if not names:
         raise StepperError(f"no preset in 'preset.{path}' (presets: {', '.join(PRESETS)})")
     name = max(names, key=len)
-    return config_value(preset(name), path[len(name) + 1:])
+    return config_value(preset_config(name), path[len(name) + 1:])
 
 
 def evaluate(expr: str, ctx: Context) -> Any:

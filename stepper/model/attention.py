@@ -31,6 +31,7 @@ from stepper.model.cache import LayerCache
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.ops import causal_mask, rms_norm, softmax
 from stepper.model.options import LayerOptions
+from stepper.model.query_scale import position_scaled, shown_query_scale
 from stepper.model.rope import Rope, apply_rope
 from stepper.seams.swap import exercise
 from stepper.seams.trace import Emitter
@@ -49,6 +50,7 @@ def mla_attention(x: np.ndarray, w: LayerWeights, cache: LayerCache | None, opti
     cache = LayerCache() if cache is None else cache
     q_nope, q_pe = query_heads(x, w, cfg, emit)  # [B, H, T, nope], [B, H, T, rope]
     compressed_kv, k_pe = latent(x, w, cfg, emit)  # [B, T, kv_lora], [B, one, T, rope]
+    rope = shown_query_scale(rope, emit)  # Mistral 4's query scale per position, if any
     attend = absorbed if options.attention == "absorb" else naive
     out = attend(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache, emit, per_head(mask))  # [B, H, T, v_head]
     return output_projection(out, w, emit)
@@ -92,7 +94,8 @@ def naive(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache: LayerCache, em
     q_pe, k_pe = rotate(q_pe, k_pe, rope, emit)  # [B, H, T, rope], [B, one, T, rope]
     cache.extend_latent(compressed_kv, k_pe)
 
-    query_states = emit("self_attn.query_states", np.concatenate([q_nope, q_pe], axis=-1))  # [B, H, T, qk_head]
+    query_states = position_scaled(np.concatenate([q_nope, q_pe], axis=-1), rope)  # [B, H, T, qk_head]
+    query_states = emit("self_attn.query_states", query_states)
     k_pe_per_head = np.broadcast_to(k_pe, (*k_nope.shape[:3], k_pe.shape[-1]))  # [B, H, T, rope]
     key_states = np.concatenate([k_nope, k_pe_per_head], axis=-1)  # [B, H, T, qk_head]
     key_states, value_states = cache.extend_heads(key_states, value_states)  # [B, H, S, qk_head], [B, H, S, v_head]
@@ -116,7 +119,8 @@ def absorbed(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache: LayerCache,
     # Every head attends over the same latents and rotary keys, scores q_latent @ latents^T + q_pe @ k_pes^T,
     # and its weights average the latents themselves.
     shared = latents[:, None]  # [B, one, S, kv_lora]: keys and values alike
-    out_latent = attend(kernels.Operands([q_latent, q_pe], [shared, k_pes], shared, rope.softmax_scale, mask), emit)
+    queries = [position_scaled(q_latent, rope), position_scaled(q_pe, rope)]  # Mistral 4 scales both parts
+    out_latent = attend(kernels.Operands(queries, [shared, k_pes], shared, rope.softmax_scale, mask), emit)
     out_latent = emit("self_attn.attn_output_latent", out_latent)
     return np.matmul(out_latent, w_uv.swapaxes(-1, -2))  # [B, H, T, v_head]
 

@@ -13,6 +13,7 @@ from stepper.model.indexer import index_mask
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.mlp import dense_mlp
 from stepper.model.moe import moe
+from stepper.model.moe_output_norm import post_mlp_layernorm
 from stepper.model.ops import rms_norm
 from stepper.model.options import LayerOptions
 from stepper.seams.trace import Emitter
@@ -34,5 +35,7 @@ def decoder_layer(hidden: np.ndarray, w: LayerWeights, cache: LayerCache | None,
 
     x = emit("post_attention_layernorm", rms_norm(hidden, w("post_attention_layernorm.weight"), cfg.rms_norm_eps))
     ffn = moe(x, w, options, emit) if cfg.is_moe_layer(w.layer) else dense_mlp(x, w, emit)
+    if cfg.moe_output_norm and cfg.is_moe_layer(w.layer):  # A.X-K1
+        ffn = post_mlp_layernorm(ffn, w, cfg, emit)
     ffn = emit("mlp_output", ffn)
     return emit("output", hidden + ffn)

@@ -29,7 +29,7 @@ def moe(x: np.ndarray, w: LayerWeights, options: LayerOptions, emit: Emitter) ->
     cfg = w.cfg
     B, T, d = x.shape
     tokens = x.reshape(B * T, d)  # [N, d]
-    bias = w("mlp.gate.e_score_correction_bias") if cfg.topk_method == "noaux_tc" else None  # [E], V3 and K2
+    bias = w("mlp.gate.e_score_correction_bias") if cfg.topk_method == "noaux_tc" and cfg.router_bias else None  # [E]
     routing = route(tokens, w("mlp.gate.weight"), bias, cfg, emit)
     if options.dispatch == "grouped":
         routed = grouped_experts(tokens, routing, w, emit)  # [N, d]

@@ -13,11 +13,13 @@ from stepper.seams.swap import exercise
 
 @dataclass(frozen=True)
 class Rope:
-    """The rotary angles of the T new positions: cos, sin [T, rope/2], and the softmax scale."""
+    """The rotary angles of the T new positions: cos, sin [T, rope/2], the softmax scale, and the
+    queries' scale per position [T] where the model has one (Mistral 4, model.query_scale)."""
 
     cos: np.ndarray
     sin: np.ndarray
     softmax_scale: float
+    query_scale: np.ndarray | None = None
 
 
 def yarn_mscale(scale: float, mscale: float = 1.0) -> float:

@@ -38,7 +38,7 @@ class Routing:
 
 @exercise
 def route(x: np.ndarray, gate: np.ndarray, bias: np.ndarray | None, cfg: Config, emit: Emitter) -> Routing:
-    """x [N, d], gate [E, d], bias [E] (noaux_tc only, else None) -> the chosen experts and their weights."""
+    """x [N, d], gate [E, d], bias [E] (noaux_tc with a bias, else None) -> the chosen experts and their weights."""
     logits = emit("mlp.gate.logits", linear(x.astype(np.float32), gate.astype(np.float32)))  # [N, E]
     scores = SCORING[cfg.scoring_func](logits, emit)  # [N, E]
     choice = SELECTION[cfg.topk_method](scores, bias, cfg, emit)  # [N, E], -inf where not eligible
@@ -64,9 +64,10 @@ SCORING = {"sigmoid": sigmoid_scores, "softmax": softmax_scores}
 
 # Selection: scores [N, E] -> the scores to choose by [N, E], -inf where an expert may not be chosen
 
-def noaux_tc(scores: np.ndarray, bias: np.ndarray, cfg: Config, emit: Emitter) -> np.ndarray:
-    """Biased scores, limited to the groups whose two best biased scores sum highest (V3, K2)."""
-    scores_for_choice = emit("mlp.gate.scores_for_choice", scores + bias)  # [N, E], selection only
+def noaux_tc(scores: np.ndarray, bias: np.ndarray | None, cfg: Config, emit: Emitter) -> np.ndarray:
+    """Biased scores, limited to the groups whose two best biased scores sum highest (V3, K2); a
+    router without a bias (A.X-K1, Mistral 4) chooses by the scores themselves."""
+    scores_for_choice = emit("mlp.gate.scores_for_choice", scores if bias is None else scores + bias)  # [N, E]
     group_scores = emit("mlp.gate.group_scores", top2_sum_per_group(scores_for_choice, cfg.n_group))  # [N, G]
     return keep_best_groups(scores_for_choice, group_scores, cfg, emit)
 

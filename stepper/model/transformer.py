@@ -22,8 +22,10 @@ from stepper.model.layer import DecoderLayer, decoder_layer
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.ops import rms_norm
 from stepper.model.options import Attention, Dispatch, IndexScoring, LayerOptions
+from stepper.model.query_scale import llama4_query_scale
 from stepper.model.rope import Rope, rope_inv_freq, rope_tables, yarn_mscale
 from stepper.seams.trace import Emitter
+from stepper.weights.names import EMBED
 from stepper.weights.source import WeightSource
 
 LM_HEAD = "lm_head.weight"
@@ -33,9 +35,10 @@ HEAD_ROWS = 4096  # vocabulary rows multiplied at a time: for Kimi K2, 4096 x 71
 def lm_head(hidden: np.ndarray, weights: WeightSource, rows: int = HEAD_ROWS) -> np.ndarray:
     """linear(hidden, lm_head): [B, T, d] -> logits [B, T, V], lm_head read a band of `rows`
     vocabulary rows at a time, so all of it (for Kimi K2 163840 x 7168, 4.7 GB in float32) never
-    exists at once."""
+    exists at once. With tied embeddings (Youtu) lm_head is the embedding matrix."""
+    name = EMBED if weights.config.tie_word_embeddings else LM_HEAD
     # the next `rows` rows of lm_head [V, d], one after another
-    bands = (band.matrix(LM_HEAD) for band in weights.row_bands(LM_HEAD, rows))
+    bands = (band.matrix(name) for band in weights.row_bands(name, rows))
     return linear_in_row_blocks(hidden, bands, weights.config.vocab_size)
 
 
@@ -68,8 +71,11 @@ class Transformer:
         return self.options.index_scoring
 
     def embed(self, ids: np.ndarray) -> np.ndarray:
-        """ids [B, T] -> [B, T, d], reading only the rows of these tokens."""
-        return np.asarray(self.weights.get_rows("model.embed_tokens.weight", ids), dtype=np.float32)
+        """ids [B, T] -> [B, T, d], reading only the rows of these tokens (a row the family zeroes
+        on load, Youtu's pad token's, as zeros)."""
+        rows = np.asarray(self.weights.get_rows(EMBED, ids), dtype=np.float32)  # [B, T, d]
+        pad = self.config.zeroed_pad_row
+        return rows if pad is None else np.where((ids == pad)[..., None], np.float32(0), rows)
 
     def rope(self, positions: np.ndarray, emit: Emitter) -> Rope:
         """The rotary tables of positions [T]. They are shown in the reference's cat(freqs, freqs)
@@ -78,7 +84,8 @@ class Transformer:
         half = cos.shape[-1]
         cos = emit("rope_cos", np.concatenate([cos, cos], axis=-1))[:, :half]
         sin = emit("rope_sin", np.concatenate([sin, sin], axis=-1))[:, :half]
-        return Rope(cos, sin, self.softmax_scale)
+        scale = self.config.query_scale  # Mistral 4: queries scaled by position (model.query_scale)
+        return Rope(cos, sin, self.softmax_scale, None if scale is None else llama4_query_scale(positions, scale))
 
     def layer(
         self, i: int, hidden: np.ndarray, rope: Rope, cache: KVCache | None, emit: Emitter, attn: Attention = "naive"
@@ -98,7 +105,10 @@ class Transformer:
     def head(self, hidden: np.ndarray, emit: Emitter) -> np.ndarray:
         """Final norm and lm_head: [B, T, d] -> logits [B, T, V]."""
         hidden = emit("norm", rms_norm(hidden, self.weights.get("model.norm.weight"), self.config.rms_norm_eps))
-        return emit("logits", lm_head(hidden, self.weights))
+        logits = lm_head(hidden, self.weights)  # [B, T, V]
+        if self.config.zeroed_pad_row is not None and self.config.tie_word_embeddings:  # lm_head's zeroed row
+            logits[..., self.config.zeroed_pad_row] = 0
+        return emit("logits", logits)
 
     def forward(
         self,

@@ -30,6 +30,7 @@ from rich.text import Text
 from stepper import fp8
 from stepper.config import Config
 from stepper.errors import StepperError
+from stepper.session import open_checkpoint
 from stepper.untrusted import shown
 from stepper.views import summary
 from stepper.views.sinks import line_width, print_fitted, wrap_fields
@@ -130,7 +131,7 @@ def open_source(where: str | Path) -> Source:
     """A checkpoint directory through `Checkpoint`, a remote one (hf://, https://) from its
     headers alone, anything else as one safetensors file."""
     if isinstance(where, str) and remote.is_remote(where):
-        return checkpoint_source(Path(where), remote.open_remote(where))
+        return checkpoint_source(Path(where), open_checkpoint(where))
     path = Path(where)
     if path.is_dir() and is_published_v4(path):
         return published_source(path, PublishedCheckpoint(path))
@@ -138,7 +139,7 @@ def open_source(where: str | Path) -> Source:
         if not (path / "config.json").exists():
             raise StepperError(f"{path}: not a checkpoint directory (no config.json); give a .safetensors file to "
                                "inspect one file")
-        return checkpoint_source(path, Checkpoint(path))
+        return checkpoint_source(path, open_checkpoint(path))
     if not path.exists():
         raise StepperError(f"{path}: no such file or directory (expected a .safetensors file or a checkpoint "
                            "directory)")

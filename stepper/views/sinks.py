@@ -24,6 +24,7 @@ from stepper.config import Config
 from stepper.seams.trace import Event
 from stepper.text import Tokens
 from stepper.views import pictures, summary
+from stepper.views.group_map import group_map
 from stepper.views.scale_grids import ScaleGrids
 from stepper.views.summary import finite_or_none, number
 
@@ -247,6 +248,7 @@ class Pictures:
         self.scales = ScaleGrids(cfg, weights, lambda picture: print_picture(console, picture)) \
             if "scales" in kinds and hasattr(weights, "stored") else None
         self.index_mask: np.ndarray | None = None  # DeepSeek-V3.2's: drawn beside the attention weights
+        self.group_mask: np.ndarray | None = None  # a grouped router's kept groups: drawn under the routing map
 
     def __call__(self, event: Event) -> None:
         shown = self.is_shown(event)
@@ -254,13 +256,12 @@ class Pictures:
             self.topk_idx = (event.array, shown)
         if event.key == "self_attn.indexer.mask":  # shown or not, it belongs beside the attention weights
             self.index_mask = event.array
+        if event.key == "mlp.gate.group_mask":
+            self.group_mask = event.array
         if self.scales is not None:
             self.scales.seen(event)
         if "routing" in self.kinds and event.key == "mlp.gate.topk_weight" and self.topk_idx is not None:
-            idx, idx_shown = self.topk_idx
-            if shown or idx_shown:
-                rows = token_rows(self.tokens, event.phase, len(idx))
-                print_picture(self.console, pictures.routing_map(idx, event.array, self.cfg.n_routed_experts, rows))
+            self.draw_routing(event, shown)
         if not shown:
             return
         if "hist" in self.kinds:
@@ -273,6 +274,18 @@ class Pictures:
                               pictures.indexer_map(self.index_mask, event.array, title=event.name + " · indexer"))
         if self.scales is not None:
             self.scales.draw_for(event)
+
+
+    def draw_routing(self, weights: Event, shown: bool) -> None:
+        """The routing map of the router's choice (topk_idx, then these topk_weight), and under it,
+        for a grouped router, the groups each token kept (views.group_map)."""
+        idx, idx_shown = self.topk_idx
+        if not (shown or idx_shown):
+            return
+        rows = token_rows(self.tokens, weights.phase, len(idx))
+        print_picture(self.console, pictures.routing_map(idx, weights.array, self.cfg.n_routed_experts, rows))
+        if self.group_mask is not None and self.cfg.n_group > 1 and len(self.group_mask) == len(idx):
+            print_picture(self.console, group_map(self.group_mask, idx, self.cfg))
 
 
 def key_labels(tokens: Tokens | None, weights: np.ndarray) -> list[str] | None:

@@ -24,6 +24,7 @@ from stepper.weights.checkpoint import (
     check_scale_values,
     in_scope,
 )
+from stepper.weights.fused_experts import stored_shapes
 from stepper.weights.names import layer_shapes
 
 
@@ -93,7 +94,8 @@ def unknown_tensors(ckpt: Checkpoint, layers: range) -> list[Problem]:
     problems = []
     for layer in (n for n in layers if n < ckpt.config.num_hidden_layers):
         prefix = f"model.layers.{layer}."
-        known = set(layer_shapes(ckpt.config, layer))
+        shapes = layer_shapes(ckpt.config, layer)
+        known = set(stored_shapes(shapes) if ckpt.config.fused_experts else shapes)  # fused: weights.fused_experts
         known |= {name + suffix for name in known for suffix in (SCALE, PACKED, GROUP_SCALE, WEIGHT_SHAPE)}
         known |= {prefix + name for name in IGNORED}
         found = [(name, shard) for name, shard in ckpt.weight_map.items()

@@ -28,6 +28,7 @@ from stepper.config import Config, load_config
 from stepper.errors import StepperError
 from stepper.untrusted import is_safe
 from stepper.untrusted.jsonfile import read_json
+from stepper.weights.fused_experts import expert_view, fused_name, stored_shapes
 from stepper.weights.names import global_shapes, layer_shapes, storage_dtype, text_name
 from stepper.weights.partial import partial_text
 from stepper.weights.safetensors_reader import MappedBudget, SafetensorsFile, TensorInfo
@@ -102,7 +103,10 @@ class Checkpoint:
         return self._stored_name(name) in self.weight_map
 
     def _stored_name(self, name: str) -> str:
-        """The tensor holding a weight's codes: X.weight_packed for an INT4 weight X.weight."""
+        """The tensor holding a weight's codes: X.weight_packed for an INT4 weight X.weight, the
+        fused experts' tensor for an expert's weight where they are stored fused."""
+        if self.config.fused_experts and (fused := fused_name(name)) is not None:
+            return fused
         return name + PACKED if self.config.int4 is not None and storage_dtype(self.config, name) == INT4 else name
 
     def matrix(self, name: str):
@@ -113,6 +117,12 @@ class Checkpoint:
         return self.stored(name).matrix(name)
 
     def stored(self, name: str) -> Stored:
+        if self.config.fused_experts and (fused := fused_name(name)) is not None:
+            whole = self.stored(fused)
+            if whole.dtype not in FLOAT_DTYPES:
+                raise StepperError(f"{self.label}: '{fused}' is {whole.dtype}: stepper reads fused experts in "
+                                   f"{', '.join(FLOAT_DTYPES)} only")
+            return Stored(whole.dtype, expert_view(whole.data, name))
         if self._stored_name(name) != name:
             return self._int4(name)
         self._keep_resident(name)
@@ -206,6 +216,8 @@ class Checkpoint:
                 required.update(layer_shapes(self.config, layer))
         if with_globals and not globals_absent:
             required.update(global_shapes(self.config))
+        if self.config.fused_experts:
+            required = stored_shapes(required)
         problems = self._partial_problems(present, absent, globals_absent)
         problems += self._unreadable_problems(required)
         problems += [p for name, shape in required.items() if self.weight_map.get(name) not in self.unreadable

@@ -111,7 +111,7 @@ def mla_layer_shapes(cfg: Config, layer: int) -> dict[str, tuple[int, ...]]:
     shapes = {"input_layernorm.weight": (d,), "post_attention_layernorm.weight": (d,), **attention_shapes(cfg)}
     if cfg.is_moe_layer(layer):
         shapes["mlp.gate.weight"] = (cfg.n_routed_experts, d)
-        if cfg.topk_method == "noaux_tc":  # only the aux-loss-free router has a bias
+        if cfg.topk_method == "noaux_tc" and cfg.router_bias:  # only the aux-loss-free router has a bias
             shapes["mlp.gate.e_score_correction_bias"] = (cfg.n_routed_experts,)
         for e in range(cfg.n_routed_experts):
             shapes.update(swiglu_shapes(f"mlp.experts.{e}.", d, cfg.moe_intermediate_size))
@@ -120,6 +120,8 @@ def mla_layer_shapes(cfg: Config, layer: int) -> dict[str, tuple[int, ...]]:
             shapes.update(swiglu_shapes("mlp.shared_experts.", d, shared))
     else:
         shapes.update(swiglu_shapes("mlp.", d, cfg.intermediate_size))
+    if cfg.moe_output_norm:  # A.X-K1 stores it in every layer; only the MoE layers use it
+        shapes["post_mlp_layernorm.weight"] = (d,)
     return {layer_prefix(layer) + k: v for k, v in shapes.items()}
 
 
@@ -146,9 +148,7 @@ def shape_of(cfg: Config, name: str) -> tuple[int, ...]:
 
 
 def global_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
-    """The tensors outside the layers: embedding, final norm, lm_head."""
-    return {
-        EMBED: (cfg.vocab_size, cfg.hidden_size),
-        "model.norm.weight": (cfg.hidden_size,),
-        "lm_head.weight": (cfg.vocab_size, cfg.hidden_size),
-    }
+    """The tensors outside the layers: embedding, final norm, lm_head (none when it is the
+    embedding: tied, as in Youtu)."""
+    head = {} if cfg.tie_word_embeddings else {"lm_head.weight": (cfg.vocab_size, cfg.hidden_size)}
+    return {EMBED: (cfg.vocab_size, cfg.hidden_size), "model.norm.weight": (cfg.hidden_size,), **head}

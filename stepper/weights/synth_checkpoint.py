@@ -19,6 +19,7 @@ import re
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from stepper.fp8 import scale_grid
 from stepper.untrusted import shown
 from stepper.untrusted.jsonfile import read_json
 from stepper.weights.checkpoint import GROUP_SCALE, INDEX, PACKED, SCALE, WEIGHT_SHAPE
+from stepper.weights.fused_experts import fused_data, stored_shapes
 from stepper.weights.names import EMBED, global_shapes, layer_shapes, storage_dtype, stored_name
 from stepper.weights.safetensors_writer import Entry, write_safetensors
 from stepper.weights.seeded import SyntheticWeights
@@ -43,6 +45,9 @@ def requantized(cfg: Config, quant: str) -> Config:
     128x128), int4 (Kimi-K2-Thinking's compressed-tensors groups) or bf16 (no quantization)."""
     if quant not in QUANTS:
         raise StepperError(f"--quant {shown(quant)}: expected one of {', '.join(QUANTS)}")
+    if cfg.fused_experts and quant != "bf16":
+        raise StepperError(f"--quant {quant}: model {cfg.name} stores its experts fused (mlp.experts.gate_up_proj), "
+                           "which stepper writes and reads in BF16 only: use --quant bf16")
     fp8_blocks = (cfg.quantization or Fp8()) if quant == "fp8" else None
     return dataclasses.replace(cfg, quantization=fp8_blocks, int4=Int4Groups() if quant == "int4" else None)
 
@@ -51,6 +56,10 @@ def tensor_entries(source: SyntheticWeights, shapes: dict[str, tuple[int, ...]])
     """Each tensor, and after each FP8 weight its block scales, made lazily when written."""
     entries = []
     for name, shape in shapes.items():
+        if source.config.fused_experts and name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            data = partial(fused_data, name, shape[0], lambda expert: source.stored(expert).data)
+            entries.append(Entry(name, storage_dtype(source.config, name), shape, data))
+            continue
         stored = _Lazy(source, name)
         dtype = stored.dtype
         entries.append(Entry(name, dtype, shape, stored.data))
@@ -89,7 +98,8 @@ def shard_plan(source: SyntheticWeights, layers: range, with_globals: bool) -> l
     cfg = source.config
     outer = global_shapes(cfg)
     shards = [{EMBED: outer.pop(EMBED)}] if with_globals else []
-    shards += [layer_shapes(cfg, layer) for layer in layers]
+    stored = stored_shapes if cfg.fused_experts else dict  # fused experts: as the checkpoint stores them
+    shards += [stored(layer_shapes(cfg, layer)) for layer in layers]
     return shards + [outer] if with_globals else shards
 
 
@@ -106,6 +116,9 @@ def synth_checkpoint(source: SyntheticWeights, out: Path, layers: range | None =
     """Write the checkpoint to `out` (all layers and the globals, or only `layers`). `progress(what,
     total)` gives a function told the bytes of each tensor as it is made and written."""
     cfg = source.config
+    if cfg.wrapper is not None and cfg.wrapper.model_type != "kimi_k25":
+        raise StepperError(f"model {cfg.name}: synth does not write a {cfg.wrapper.model_type} wrapper's vision tower: "
+                           "use --layout hf for the text model alone")
     check_replaceable(out, force, not_from_synth, "a checkpoint stepper synth wrote")
     whole = layers is None
     plan = shard_plan(source, range(cfg.num_hidden_layers) if whole else layers, with_globals=whole)

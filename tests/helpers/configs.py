@@ -15,3 +15,9 @@ def config_with(base: str = "tiny", **fields) -> Config:
         else:
             raw[key] = value
     return Config.from_hf(raw, f"test config ({base})")
+
+
+def family_preset(name: str):
+    """A preset of any registered family, read by its family's reader (as the session reads it)."""
+    from stepper import families
+    return families.read_config(copy.deepcopy(PRESETS[name]), f"preset {name}")

@@ -178,6 +178,18 @@ FAMILIES = {
 MOE_CLASSES = tuple({f.moe for f in FAMILIES.values()})
 
 
+def register(model_type: str, family: SimpleNamespace) -> None:
+    """Trace another MLA family's model (helpers.hf_families): `family` has the fields of FAMILIES'
+    entries (`moe` None for a family without experts) and optionally `names` ((name, after) pairs
+    of its own tensors), `install(rec, layer, reg)` (more hooks), `derive(layer, raw, B, T)` (its
+    own tensors), `derive_router(moe, raw, B, T, i)` (another router) and `wraps` ({function name
+    in its module: make(rec, orig) -> the function that records what it computes})."""
+    global MOE_CLASSES
+    FAMILIES[model_type] = family
+    MOE_CLASSES = tuple({f.moe for f in FAMILIES.values() if f.moe is not None})
+    LAYER_NAMES_FAMILIES.extend(n for n in getattr(family, "names", ()) if n not in LAYER_NAMES_FAMILIES)
+
+
 def family_of(config: dict[str, Any]) -> SimpleNamespace:
     return FAMILIES[config.get("model_type", "deepseek_v3")]
 
@@ -476,6 +488,9 @@ class _Recorder:
             ln2 = layer.post_attention_layernorm
             reg(ln2.register_forward_pre_hook(self._in("attn_residual")))
             reg(ln2.register_forward_hook(self._out("post_attention_layernorm")))
+            install = getattr(family_of({"model_type": self.cfg.model_type}), "install", None)
+            if install is not None:
+                install(self, layer, reg)
             mlp = layer.mlp
             reg(mlp.register_forward_hook(self._out("mlp_output")))
             if isinstance(mlp, MOE_CLASSES):
@@ -645,17 +660,22 @@ def _derive_layer(model: DeepseekV3ForCausalLM, i: int, r: dict[str, Any]) -> di
 
     if hasattr(attn, "indexer"):
         out.update(_derive_indexer(attn.indexer, r, B, T))
-    if isinstance(layer.mlp, hf_ds2.DeepseekV2Moe):
-        out.update(_derive_router_v2(layer.mlp, r, B, T, i))
-    elif isinstance(layer.mlp, MOE_CLASSES):
-        out.update(_derive_router(layer.mlp, r, B, T, i))
-    else:
-        out["mlp.gate_proj"] = r["gate_proj"]
-        out["mlp.up_proj"] = r["up_proj"]
-        out["mlp.act"] = r["act"]
+    family = FAMILIES[cfg.model_type]
+    out.update(_derive_mlp(layer, family, r, B, T, i))
     out["mlp_output"] = r["mlp_output"]
     out["output"] = r["output"]
+    if hasattr(family, "derive"):
+        out.update(family.derive(layer, r, B, T))
     return out
+
+
+def _derive_mlp(layer, family: SimpleNamespace, r: dict[str, Any], B: int, T: int, i: int) -> dict[str, torch.Tensor]:
+    """The MoE's tensors (V2's router, the family's own, or V3's), or the dense MLP's."""
+    if isinstance(layer.mlp, hf_ds2.DeepseekV2Moe):
+        return _derive_router_v2(layer.mlp, r, B, T, i)
+    if isinstance(layer.mlp, MOE_CLASSES):
+        return getattr(family, "derive_router", _derive_router)(layer.mlp, r, B, T, i)
+    return {"mlp.gate_proj": r["gate_proj"], "mlp.up_proj": r["up_proj"], "mlp.act": r["act"]}
 
 
 def _derive_router(moe, r: dict[str, Any], B: int, T: int, i: int) -> dict[str, torch.Tensor]:
@@ -829,12 +849,15 @@ def run_hf_trace(model: DeepseekV3ForCausalLM, ids: np.ndarray, start_pos: int =
     family = FAMILIES[model.config.model_type]
     module = family.module
     orig_rope = getattr(module, family.rope)
+    wraps = {name: getattr(module, name) for name in getattr(family, "wraps", {})}  # a family's own functions
     orig_attn = module.eager_attention_forward
     phases: list[tuple[str, dict[str, torch.Tensor], torch.Tensor]] = []
     indexed = hasattr(module, "DeepseekV32Indexer")
     orig_index_rope = getattr(module, "apply_rotary_pos_emb", None)
     try:
         rec.install()
+        for name, orig in wraps.items():
+            setattr(module, name, family.wraps[name](rec, orig))
         setattr(module, family.rope, rec.wrap_rope(orig_rope))
         module.eager_attention_forward = rec.wrap_attention(orig_attn)
         if indexed:
@@ -848,6 +871,8 @@ def run_hf_trace(model: DeepseekV3ForCausalLM, ids: np.ndarray, start_pos: int =
             tr, lg = _one_pass(model, rec, step, start_pos + T + k, cache)
             phases.append((f"decode{k}.", tr, lg))
     finally:
+        for name, orig in wraps.items():
+            setattr(module, name, orig)
         setattr(module, family.rope, orig_rope)
         module.eager_attention_forward = orig_attn
         if indexed:

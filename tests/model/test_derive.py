@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers.configs import family_preset
 
 from stepper.families import deepseek, derive
 from stepper.model.options import LayerOptions
@@ -16,7 +17,7 @@ OPTIONS = [LayerOptions(attention=a, index_scoring=s) for a in ("naive", "absorb
 
 @pytest.mark.parametrize("name", list(PRESETS))
 def test_a_decode_step_emits_the_names_of_the_prefill_in_the_same_order(name):
-    cfg = preset(name)
+    cfg = family_preset(name)  # any family's, through the registry
     for layer in range(cfg.num_hidden_layers):
         for options in OPTIONS:
             prefill = [e.key for e in derive.layer_emits(cfg, layer, options, "prefill")]

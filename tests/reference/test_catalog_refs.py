@@ -28,9 +28,10 @@ import re
 from pathlib import Path
 
 import pytest
+from helpers.configs import family_preset
 
 from stepper import catalog as stepper_catalog
-from stepper.presets import PRESETS, preset
+from stepper.presets import PRESETS
 
 REPO = Path(__file__).resolve().parents[2]
 NAMES_MD = REPO / "docs" / "names.md"
@@ -41,7 +42,8 @@ REFERENCE_KEYS = {"variable", "modeling_deepseek.py", "transformers", "inference
 FAMILY_REFERENCE_KEYS = {"inference_v32"}  # optional: DeepSeek-V3.2-Exp's own inference code, for the indexer
 CITATION_KEYS = {"lines", "symbol", "text"}  # and optionally "path" (another file of the same source), "code"
 SOURCES = ("modeling_deepseek.py", "transformers", "inference", "inference_v32")
-FAMILY_FILES = ("models/deepseek_v2/", "models/deepseek_v32/")  # a family entry cites its family's transformers file
+FAMILY_FILES = ("models/deepseek_v2/", "models/deepseek_v32/", "models/axk1/",  # a family entry cites its family's
+                "models/mistral4/")  # transformers file
 NOT_DATA = {"layers", "path", "when", "after"}  # order and branches: the model's to say (families.derive)
 ALIAS_KEYS = {"hf_module", "inference", "llama.cpp"}
 
@@ -53,7 +55,7 @@ def load_catalog() -> dict:
 def emitted(presets: tuple[str, ...], attn: tuple[str, ...], scoring: tuple[str, ...]) -> set[str]:
     """The names some layer of these presets emits on these attention paths and index scorings."""
     cat = stepper_catalog.load()
-    return {e["name"] for name in presets for cfg in [preset(name)] for layer in range(cfg.num_hidden_layers)
+    return {e["name"] for name in presets for cfg in [family_preset(name)] for layer in range(cfg.num_hidden_layers)
             for a in attn for s in scoring for e in cat.layer_sequence(cfg, layer, a, s)}
 
 

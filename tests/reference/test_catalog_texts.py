@@ -12,6 +12,7 @@ import dataclasses
 import re
 
 import pytest
+from helpers.configs import family_preset
 
 from stepper import catalog
 from stepper.catalog import texts
@@ -98,19 +99,19 @@ def test_an_unknown_field_or_expression_is_refused():
 
 @pytest.mark.parametrize("name", PRESETS)
 def test_every_text_renders_for_every_preset(name):
-    for cfg in (preset(name), dataclasses.replace(preset(name), q_lora_rank=None)):
+    for cfg in (family_preset(name), dataclasses.replace(family_preset(name), q_lora_rank=None)):
         for entry in CAT.entries:
             rendered = texts.render(entry["explain"], cfg)
             assert "{" not in rendered and "}" not in rendered, (entry["name"], rendered)
 
 
 def explained(name: str, model: str) -> str:
-    return texts.render(CAT.entry(name)["explain"], preset(model))
+    return texts.render(CAT.entry(name)["explain"], family_preset(model))
 
 
 @pytest.mark.parametrize("model", PRESETS)
 def test_the_texts_quote_the_runs_own_sizes(model):
-    cfg = preset(model)
+    cfg = family_preset(model)
     half, k, e = cfg.qk_rope_head_dim // 2, cfg.num_experts_per_tok, cfg.n_routed_experts
     assert f"dims i and i + {half} form the pair" in explained("self_attn.q_pe_rope", model)
     assert f"Each token runs {k} of the {e} routed experts" in explained("mlp.gate.topk_idx", model)

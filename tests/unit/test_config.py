@@ -3,16 +3,18 @@
 import json
 
 import pytest
+from helpers.configs import family_preset
 
-from stepper.config import Config, load_config
+from stepper import families
+from stepper.config import load_config
 from stepper.errors import StepperError
 from stepper.presets import PRESETS, preset
 
 
 def test_presets_parse_and_round_trip_through_config_json():
     for name in PRESETS:
-        cfg = preset(name)
-        again = Config.from_hf(json.loads(json.dumps(cfg.to_hf())), name)
+        cfg = family_preset(name)  # any family's, through the registry
+        again = families.read_config(json.loads(json.dumps(cfg.to_hf())), name)
         assert again == cfg, name
 
 

@@ -1,0 +1,67 @@
+"""Youtu-LLM (`youtu`, tencent/Youtu-LLM-2B): DeepSeek-V3's attention with a dense SwiGLU MLP in
+every layer and the embedding reused as lm_head.
+
+transformers (models/youtu/modular_youtu.py) takes DeepseekV3Attention, Qwen3's MLP
+(gate_proj, up_proj, down_proj) and Llama's decoder layer; its config removes every MoE field and
+defaults tie_word_embeddings to true, so the checkpoint has no lm_head.weight.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from stepper.config import Config
+from stepper.families import mla_fields
+
+MODEL_TYPE = "youtu"
+ROUTER = (("sigmoid",), ("noaux_tc",))  # never used: no layer has experts
+DEFAULTS: dict[str, Any] = {  # YoutuConfig's
+    "vocab_size": 128256, "hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 32,
+    "num_attention_heads": 16, "num_key_value_heads": 16, "kv_lora_rank": 512, "q_lora_rank": 1536,
+    "qk_rope_head_dim": 64, "v_head_dim": 128, "qk_nope_head_dim": 128, "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
+}
+MOE_FIELDS = ("n_routed_experts", "n_shared_experts", "num_experts_per_tok", "moe_intermediate_size",
+              "first_k_dense_replace", "n_group", "topk_group", "routed_scaling_factor")
+
+
+def to_mla(f) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Youtu's config.json in DeepseekV3's names; tie_word_embeddings becomes stepper's own field."""
+    raw = mla_fields.with_defaults(dict(f.raw), DEFAULTS)
+    mla_fields.check_interleaved(f, raw)
+    mla_fields.refuse_present(f, raw, MOE_FIELDS, "every Youtu layer has a dense MLP (YoutuMLP), no experts")
+    tied = raw.pop("tie_word_embeddings")
+    if not isinstance(tied, bool):
+        raise f.fail("tie_word_embeddings", f"must be true or false, got {tied!r}")
+    fields = mla_fields.typed(f, raw)
+    head = fields.int("qk_nope_head_dim") + fields.int("qk_rope_head_dim")
+    if raw.get("qk_head_dim") not in (None, head):  # Youtu-LLM's config.json writes it out
+        raise f.fail("qk_head_dim", f"must be qk_nope_head_dim + qk_rope_head_dim ({head}), got {raw['qk_head_dim']!r}")
+    pad = raw.pop("pad_token_id", None)  # YoutuPreTrainedModel zeroes its embedding row when loading
+    vocab = fields.int("vocab_size")
+    if pad is not None and (isinstance(pad, bool) or not isinstance(pad, int) or not 0 <= pad < vocab):
+        raise f.fail("pad_token_id", f"must be a token id below vocab_size ({vocab}), got {pad!r}")
+    return raw, {"tie_word_embeddings": tied, "zeroed_pad_row": pad}
+
+
+def published(cfg) -> dict[str, Any]:
+    """The config.json of a Youtu checkpoint: no MoE field, tie_word_embeddings as the model has it."""
+    out = mla_fields.published_fields(cfg, MODEL_TYPE, "YoutuForCausalLM",
+                                      drop=(*MOE_FIELDS, "norm_topk_prob", "moe_layer_freq"))
+    pad = {} if cfg.zeroed_pad_row is None else {"pad_token_id": cfg.zeroed_pad_row}
+    return {**out, "tie_word_embeddings": cfg.tie_word_embeddings, **pad}
+
+
+@dataclasses.dataclass(frozen=True)
+class YoutuConfig(Config):
+    """MLA's config (the fields Youtu sets among them), written back as Youtu's config.json."""
+
+    def to_hf(self) -> dict[str, Any]:
+        return published(self)
+
+
+read_config = mla_fields.reader(MODEL_TYPE, ROUTER, to_mla, YoutuConfig)
+
+
+FAMILY = mla_fields.family("youtu", (MODEL_TYPE,), read_config)

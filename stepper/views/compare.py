@@ -1,0 +1,97 @@
+"""`stepper tree --compare B`: two models' layers side by side, where they differ.
+
+For one layer of each (the first MoE layer, or the given one), the union of the named tensors in
+execution order: a tensor only one of them has, a shape that differs, and a tensor whose formula
+reads a config field the two set apart (its catalogue formula and explanation name the field),
+with the two values. Above it, every config field that differs. Everything comes from the
+catalogue and the two configs: nothing is kept here per family.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from stepper import catalog
+from stepper.config import Config
+from stepper.untrusted import shown
+
+ONLY = "—"
+FIELD = re.compile(r"[a-z][a-z0-9_]+")
+# the config fields of the MLA families whose effect a formula names by another word
+SAID_AS = {"router_bias": ("e_score_correction_bias",), "moe_output_norm": ("post_mlp_layernorm",),
+           "query_scale": ("q_position_scale",), "tie_word_embeddings": ("lm_head",),
+           "rope_scaling": ("mscale", "yarn", "YaRN")}
+
+
+def compared_layer(cfg: Config, layer: int | None) -> int:
+    """The given layer, else the first MoE layer (the first layer of a dense-only model)."""
+    if layer is not None:
+        return layer
+    return next((i for i in range(cfg.num_hidden_layers) if cfg.is_moe_layer(i)), 0)
+
+
+def differing_fields(a: Config, b: Config) -> dict[str, tuple[object, object]]:
+    """Each config field (but the name) the two set apart: field -> (a's value, b's value)."""
+    return {f.name: (getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(Config)
+            if f.name != "name" and getattr(a, f.name) != getattr(b, f.name)}
+
+
+def shape(cat: catalog.Catalog, entry: dict, cfg: Config) -> str:
+    sizes = [d if (size := cat.expected_size(d, cfg)) is None else str(size) for d in entry["dims"]]
+    return "[" + ", ".join(sizes) + "]"
+
+
+def read_fields(entry: dict, fields: dict[str, tuple[object, object]]) -> list[str]:
+    """The differing fields the tensor's formula or explanation names."""
+    text = entry["formula"] + " " + entry.get("explain", "")
+    words = set(FIELD.findall(text))
+    return [f for f in fields if f in words or any(word in text for word in SAID_AS.get(f, ()))]
+
+
+def merged(first: list[str], second: list[str]) -> list[str]:
+    """Both name lists in one execution order: each one's order kept, the other's names slotted in
+    after the last name they follow."""
+    order = list(first)
+    for i, name in enumerate(second):
+        if name not in order:
+            before = next((order.index(n) + 1 for n in reversed(second[:i]) if n in order), 0)
+            order.insert(before, name)
+    return order
+
+
+def comparison(cat: catalog.Catalog, a: Config, b: Config, layers: tuple[int, int], attn: str,
+               everything: bool = False) -> Group:
+    """The two layers' differences as a table (every tensor with `everything`), the differing
+    config fields above it."""
+    fields = differing_fields(a, b)
+    seq_a = {e["name"]: e for e in cat.layer_sequence(a, layers[0], attn)}
+    seq_b = {e["name"]: e for e in cat.layer_sequence(b, layers[1], attn)}
+    names_a, names_b = shown(a.name), shown(b.name)
+    title = Text(f"{names_a} layer {layers[0]} vs {names_b} layer {layers[1]}, {attn} attention", style="bold")
+    config = Table("config field", names_a, names_b, title="fields that differ", title_justify="left")
+    for field, (x, y) in fields.items():
+        config.add_row(field, shown(repr(x)), shown(repr(y)))
+    table = Table("tensor", names_a, names_b, "what differs", title="tensors", title_justify="left")
+    same = 0
+    for name in merged(list(seq_a), list(seq_b)):
+        entry = seq_a.get(name) or seq_b[name]
+        left = shape(cat, entry, a) if name in seq_a else ONLY
+        right = shape(cat, entry, b) if name in seq_b else ONLY
+        if ONLY in (left, right):
+            why = f"only in {names_a if name in seq_a else names_b}: {entry['description'].split(':')[0]}"
+        else:
+            reads = read_fields(entry, fields)
+            why = "; ".join(filter(None, ["shape" if left != right else "",
+                                          f"formula reads {', '.join(reads)}" if reads else ""]))
+        if why or everything:
+            table.add_row(Text(name, style="bold cyan"), left, right, why)
+        else:
+            same += 1
+    footer = Text(f"{same} tensor(s) alike in both (same shape, no differing field in their formula)"
+                  + ("" if everything else "; --all lists them"))
+    return Group(title, config, table, footer)

@@ -1,0 +1,118 @@
+"""Each MLA family's checkpoint as `stepper synth` writes it, in the family's published layout
+(config.json field names, tensor names), read back by `stepper run` in both attention paths: the
+same logits as the preset's synthetic weights it was written from, and a missing tensor refused
+by its stored name."""
+
+import json
+
+import numpy as np
+import pytest
+from helpers.cli import one_line, stepper
+from helpers.configs import family_preset
+
+from stepper.seams.trace import Recorder
+from stepper.session import RunSpec, run
+
+FAMILIES = ("tiny-sarvam", "tiny-youtu", "tiny-glm4-flash", "tiny-axk1", "tiny-mistral4")
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("published")
+    for name in FAMILIES:
+        out = stepper("synth", "--model", name, "--out", folder / name, "--seed", 5)
+        assert out.returncode == 0, out.stderr
+    return folder
+
+
+def layout(folder) -> tuple[dict, set[str]]:
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    return json.loads((folder / "config.json").read_text()), set(index["weight_map"])
+
+
+def test_the_published_names(written):
+    config, names = layout(written / "tiny-sarvam")
+    assert config["num_experts"] == 16 and "n_routed_experts" not in config
+    assert config["rope_scaling"]["type"] == "deepseek_yarn" and config["head_dim"] == 144
+    assert "model.layers.1.mlp.experts.15.down_proj.weight" in names
+    config, names = layout(written / "tiny-youtu")
+    assert config["tie_word_embeddings"] is True and "lm_head.weight" not in names
+    assert not any("experts" in n for n in names) and "model.layers.2.mlp.down_proj.weight" in names
+    config, names = layout(written / "tiny-glm4-flash")
+    assert config["mlp_layer_types"] == ["dense", "sparse", "sparse"] and config["partial_rotary_factor"] == 1.0
+    config, names = layout(written / "tiny-axk1")
+    assert {f"model.layers.{i}.post_mlp_layernorm.weight" for i in range(3)} <= names
+    assert not any(n.endswith("e_score_correction_bias") for n in names)
+    config, names = layout(written / "tiny-mistral4")
+    assert config["rope_parameters"]["llama_4_scaling_beta"] == 0.1
+    assert {"model.layers.1.mlp.experts.gate_up_proj", "model.layers.1.mlp.experts.down_proj"} <= names
+    assert not any(".experts.0." in n for n in names)
+
+
+def logits(model: str, attn: str) -> list[np.ndarray]:
+    rec = Recorder()
+    run(RunSpec(model=model, prompt_len=5, decode=1, attn=attn, seed=5), [rec])
+    return [v for n, v in rec.tensors().items() if n.endswith(".logits") and ".layers." not in n]
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_the_checkpoint_runs_as_the_preset_it_was_written_from(written, name):
+    for attn in ("naive", "absorb"):
+        from_folder, from_preset = logits(str(written / name), attn), logits(name, attn)
+        assert len(from_folder) == 2 and all(np.array_equal(a, b) for a, b in zip(from_folder, from_preset))
+    out = stepper("run", "--model", written / name, "--decode", "1", "--only", "decode0.logits")
+    assert out.returncode == 0 and "decode0.logits" in out.stdout, out.stderr
+    inspected = stepper("inspect", written / name)  # every stored tensor one the config describes
+    assert inspected.returncode == 0 and "problem" not in inspected.stdout, inspected.stdout[-500:]
+
+
+def test_a_missing_fused_tensor_is_named(written, tmp_path):
+    folder = tmp_path / "broken"
+    folder.mkdir()
+    for f in (written / "tiny-mistral4").iterdir():
+        (folder / f.name).write_bytes(f.read_bytes())
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    del index["weight_map"]["model.layers.2.mlp.experts.down_proj"]
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    out = stepper("run", "--model", folder)
+    assert "'model.layers.2.mlp.experts.down_proj'" in one_line(out)
+
+
+def test_fused_experts_are_written_in_bf16_only(tmp_path):
+    out = stepper("synth", "--model", "tiny-mistral4", "--quant", "fp8", "--out", tmp_path / "m4")
+    assert "--quant fp8" in one_line(out) and "BF16 only" in out.stderr and not (tmp_path / "m4").exists()
+
+
+@pytest.mark.parametrize("name", ["tiny-youtu", "tiny-mistral4"])
+def test_a_fixture_carries_the_familys_own_weights_layout(tmp_path, name):
+    out = stepper("fixtures", "export", tmp_path / name, "--model", name, "--decode", "1")
+    assert out.returncode == 0, out.stderr
+    _, names = layout(tmp_path / name / "weights")
+    if name == "tiny-youtu":
+        assert "lm_head.weight" not in names
+    else:
+        assert "model.layers.1.mlp.experts.down_proj" in names
+    ran = stepper("run", "--model", tmp_path / name / "weights", "--decode", "1", "--only", "decode0.logits")
+    assert ran.returncode == 0, ran.stderr
+
+
+def test_synth_writes_a_mistral3_wrappers_text_model_only_when_asked(tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "mistral3", "text_config": family_preset("tiny-mistral4").to_hf()}))
+    out = stepper("synth", "--model", config, "--out", tmp_path / "m4")
+    assert "--layout hf" in one_line(out) and not (tmp_path / "m4").exists()
+    assert stepper("synth", "--model", config, "--out", tmp_path / "m4", "--layout", "hf").returncode == 0
+    assert json.loads((tmp_path / "m4" / "config.json").read_text())["model_type"] == "mistral4"
+
+
+@pytest.mark.parametrize("name", ["tiny-mistral4", "tiny-youtu"])
+def test_a_chunked_prefill_across_the_query_scale_boundary_equals_the_whole(name):
+    """Each chunk scales its own positions' queries (Mistral 4) and zeroes the pad row (Youtu, whose
+    pad token 999 is the third prompt token)."""
+    def tensors(chunk: int) -> dict:
+        rec = Recorder()
+        run(RunSpec(model=name, ids=(5, 7, 999, 11) * 6, start_pos=4085, chunk=chunk, decode=1), [rec])
+        return rec.tensors()
+    whole, chunked = tensors(0), tensors(8)
+    for key in ("prefill.logits", "decode0.logits", "prefill.layers.1.self_attn.query_states"):
+        assert np.abs(chunked[key] - whole[key]).max() <= 1e-5 * np.abs(whole[key]).max(), key

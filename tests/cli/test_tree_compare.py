@@ -1,0 +1,54 @@
+"""`stepper tree --model A --compare B`: where two families' layers differ, from the catalogue and
+the two configs."""
+
+from helpers.cli import one_line, stepper
+from helpers.configs import family_preset
+
+from stepper import catalog
+from stepper.views.compare import compared_layer, differing_fields, merged, read_fields
+
+
+def rows(out: str) -> dict[str, str]:
+    """The tensors table's rows: name -> the rest of its line."""
+    found = {}
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.split("│")[1:-1]]
+        if len(cells) == 4 and cells[0] and ("." in cells[0] or cells[0].endswith("output")):
+            found[cells[0]] = " | ".join(cells[1:]).strip()
+    return found
+
+
+def test_the_tensors_one_family_has_and_the_other_lacks_and_the_formulas_that_change():
+    out = stepper("tree", "--model", "tiny-v3", "--compare", "tiny-mistral4", "--plain", env={"COLUMNS": "200"})
+    assert out.returncode == 0, out.stderr
+    table = rows(out.stdout)
+    assert table["self_attn.q_position_scale"].startswith("— | [T] | only in tiny-mistral4")
+    assert table["mlp.gate.scores"].startswith("[N, 32] | — | only in tiny-v3")
+    assert table["mlp.gate.softmax_scores"].startswith("— | [N, 16] | only in tiny-mistral4")
+    assert "formula reads router_bias" in table["mlp.gate.scores_for_choice"]
+    assert "self_attn.kv_a" not in table  # alike in both: not listed
+    assert "scoring_func" in out.stdout and "'sigmoid'" in out.stdout and "'softmax'" in out.stdout
+
+
+def test_a_dense_family_against_a_moe_one_and_every_tensor_with_all():
+    out = stepper("tree", "--model", "tiny-youtu", "--compare", "tiny-axk1", "--all", "--plain", env={"COLUMNS": "200"})
+    assert out.returncode == 0, out.stderr
+    table = rows(out.stdout)
+    assert table["mlp.gate_proj"].startswith("[B, T, 544] | — | only in tiny-youtu")
+    assert table["mlp.post_mlp_layernorm"].startswith("— | [B, T, 320] | only in tiny-axk1")
+    assert table["self_attn.kv_a"] == "[B, T, 144] | [B, T, 144] |"  # alike: listed with --all
+
+
+def test_the_compared_layers_and_the_merged_order():
+    assert compared_layer(family_preset("tiny-youtu"), None) == 0
+    assert compared_layer(family_preset("tiny-axk1"), None) == 1
+    assert merged(["a", "b", "d"], ["a", "c", "d", "e"]) == ["a", "c", "b", "d", "e"]  # c right after a, it follows a
+    fields = differing_fields(family_preset("tiny-v3"), family_preset("tiny-axk1"))
+    assert set(fields) >= {"router_bias", "moe_output_norm", "model_type"} and "name" not in fields
+    entry = catalog.load().entry("mlp.gate.scores_for_choice")
+    assert read_fields(entry, fields) == ["router_bias"]
+
+
+def test_a_bad_other_model_is_one_line():
+    out = stepper("tree", "--compare", "no-such-model")
+    assert "no-such-model" in one_line(out)
