@@ -84,6 +84,7 @@ class V4Config:
     expert_dtype: str | None  # "fp4": routed experts e2m1 (absent in the checkpoint's first revision)
     model_type: str = MODEL_TYPE
     scoring_func: str = "sqrtsoftplus"
+    tie_word_embeddings: bool = False  # V4 keeps head.weight apart from embed.weight (a tied config is refused)
 
     def compress_ratio(self, layer: int) -> int:
         """0 (sliding window only), 4 (CSA) or 128 (HCA)."""
