@@ -259,10 +259,8 @@ def fp4_decode_rate(out_dim: int = 2048, in_dim: int = 4096) -> Figure:
     w = Fp4Matrix.of(*quantize_fp4(np.random.default_rng(0).standard_normal((out_dim, in_dim), dtype=np.float32)))
     tiles = fp4_matmul.row_tiles(w)
     buffer = np.empty((fp4_matmul.tile_rows(w), in_dim), np.float32)
-    def decode_all() -> list:
-        return [fp4_matmul.decode_rows(w, start, end, buffer[: end - start]) for start, end in tiles]
-
-    decode = median_time(decode_all, 7)
+    decode = median_time(lambda: [fp4_matmul.decode_rows(w, start, end, buffer[: end - start])
+                                  for start, end in tiles], 7)
     return Figure(f"FP4 tile decode, {out_dim}x{in_dim}, one core", out_dim * in_dim / decode / 1e9, "G weights/s",
                   note="e2m1 bytes looked up two values at a time, times each group's power-of-two scale")
 
