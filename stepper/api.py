@@ -10,11 +10,11 @@
     patched = stepper.run("tiny", ids=[1, 2, 3], patch=stepper.zero_expert(1, 5))
     stepper.diff(run, patched).first                      # where the two runs part
 
-A run keeps the tensors matching `keep=` (globs as `--only` takes them, or a function of the name
+A run keeps the tensors matching `keep=` (globs such as "*.mlp.gate.*", or a function of the name
 that says True; every tensor by default, refused before it starts when they would not fit in
 memory). `patch=` maps globs to functions `fn(array, name)`: at each tensor a glob matches, the
-model continues with the function's result (same shape and dtype; None leaves it as it was). Bad arguments raise `StepperError` with one
-sentence naming the argument and what was expected.
+model continues with the function's result (same shape and dtype; None leaves it as it was). Bad
+arguments raise `StepperError` with one sentence naming the argument and what was expected.
 
 `run[name]` is a read-only NumPy array when the run holds the tensor, else a `LazyTensor`
 (stepper.tensors.tensor), made when read: a long prompt's attention scores and weights (made a tile at a
@@ -45,14 +45,14 @@ import numpy as np
 from stepper import catalog
 from stepper.config import Config
 from stepper.errors import StepperError
-from stepper.fixtures import diff as compare
+from stepper.fixtures import run_diff
 from stepper.lessons import overrides
 from stepper.planning import Wording
 from stepper.planning.names import PICTURE_TENSORS
 from stepper.planning.record import Recorded, record
 from stepper.seams.patching import PatchFn, as_patches, force_experts, zero_expert, zero_head, zero_router_bias
 from stepper.seams.trace import Event, did_you_mean, matches
-from stepper.session import ATTN_CHOICES, INDEX_SCORING_CHOICES, RunSpec, check_choice
+from stepper.session import ATTN_CHOICES, INDEX_SCORING_CHOICES, RunSpec, api_keyword, check_choice
 from stepper.tensors.tensor import LazyTensor, Tensor, held
 from stepper.untrusted import shown
 from stepper.views import notebook
@@ -63,7 +63,7 @@ __all__ = ["Diff", "LazyTensor", "Run", "StepperError", "diff", "force_experts",
            "zero_head", "zero_router_bias"]
 
 PICTURES = {**PICTURE_TENSORS, "hist": ()}  # a picture and the tensors it draws (as `--show` takes them; hist: any)
-API_WORDING = Wording(keep="keep=", patch="patch=", options={
+API_WORDING = Wording(keep="keep=", patch="patch=", spell=api_keyword, options={
     "--prompt-len": "prompt_len= (a shorter prompt)", "--attn absorb": "attn='absorb'", "--layer N": "layer=N",
     "--weight-cache-mb": "weight_cache_mb=",
 })
@@ -78,26 +78,30 @@ def run(model: str | Path = "tiny", *, ids: Sequence[int] | None = None, prompt_
         index_scoring: str = "exact", cache_len: int = 0, chunk: int | str = "auto") -> Run:
     """Run a model as `stepper run` does and keep its tensors.
 
-    model: a preset (a name of stepper.presets.PRESETS: tiny, kimi-k2, deepseek-v3.2, ...), a checkpoint directory or a config.json.
+    model: a preset (a name of stepper.presets.PRESETS: tiny, kimi-k2, deepseek-v3.2, ...), a
+    checkpoint directory or a config.json.
     ids or prompt_len: the prompt (default 7 ids drawn from the seed); start_pos: its first position;
     decode: greedy decode steps (names then start with prefill. / decode{k}.); layer: run that
     layer alone (on `input`, a safetensors file, or the prompt's embeddings); layers: (A, B) or
-    "A:B", the model up to layer B-1 showing A..B-1; attn: naive, absorb or auto (as stepper run chooses: run.spec.attn is then "absorb" where it ran absorbed throughout); seed: of the
+    "A:B", the model up to layer B-1 showing A..B-1; attn: naive, absorb or auto (absorbed
+    throughout where naive attention would not fit in memory or the prompt attends over a longer
+    cache: run.spec.attn is then "absorb"); seed: of the
     synthetic weights and prompt; weight_cache_mb: decoded weights kept between decode steps;
     keep: globs of the tensors to keep, or a function of a name saying whether to keep it
-    (default every one); patch: glob -> fn(array, name) (or an
-    expression of x as --patch takes it, "x*0.5"), or a list of such dicts; use: lesson files whose exercise functions replace stepper's; weights: a
+    (default every one); patch: glob -> fn(array, name) (or an expression of x, "x*0.5"), or a
+    list of such dicts; use: lesson files whose exercise functions replace stepper's; weights: a
     weight source (e.g. `SyntheticWeights`, `ArrayWeights`) in place of the model's, to run on
     changed weights; index_scoring: DeepSeek-V3.2's indexer scores exactly (float32) or as
     DeepSeek's inference code does ("fp8": Hadamard-rotated FP8 q and k); cache_len: a lone layer's
-    cache starts with this many synthetic positions (as --cache-len); chunk: the prefill runs this
+    cache starts with this many synthetic positions (with layer= only); chunk: the prefill runs this
     many positions at a time, each tensor still kept once over every position (a LazyTensor: the
     first read replays the chunks once for all of them); 0: the whole prompt at once; "auto", the
-    default: as stepper run chooses (the whole prompt where it fits in memory; run.spec.chunk is
+    default: the whole prompt where it fits in memory, else chunks that fit (run.spec.chunk is
     what ran).
     """
     spec = RunSpec(
-        model=without_credentials(str(_path_or_name("model", model))), layer=_count("layer", layer, none=True), layers=_layers(layers),
+        model=without_credentials(str(_path_or_name("model", model))), layer=_count("layer", layer, none=True),
+        layers=_layers(layers),
         ids=_ids(ids, prompt_len), prompt_len=7 if prompt_len is None else _count("prompt_len", prompt_len, 1),
         start_pos=_count("start_pos", start_pos), decode=_count("decode", decode), seed=_count("seed", seed),
         input=None if input is None else Path(_path_or_name("input", input)),
@@ -107,13 +111,16 @@ def run(model: str | Path = "tiny", *, ids: Sequence[int] | None = None, prompt_
     )
     asked = _chunk(chunk)
     if asked and patch is not None:
-        raise StepperError("chunk= with patch=: a patch changes tensors as the prefill makes them, so the prompt must run whole")
+        raise StepperError("chunk= with patch=: a patch changes tensors as the prefill makes them, "
+                           "so the prompt must run whole")
     kept = _globs("keep", keep)
-    files = [] if use is None else [Path(_path_or_name("use", u)) for u in ([use] if isinstance(use, (str, Path)) else use)]
+    uses = [use] if isinstance(use, (str, Path)) else use
+    files = [] if use is None else [Path(_path_or_name("use", u)) for u in uses]
     if weights is not None and not all(hasattr(weights, a) for a in ("config", "get", "matrix", "has", "check")):
-        raise StepperError(f"weights= expects a weight source (config, get, matrix, has, check), got {type(weights).__name__}")
+        raise StepperError("weights= expects a weight source (config, get, matrix, has, check), "
+                           f"got {type(weights).__name__}")
     patches = [(p, _two_arguments(p, fn)) for p, fn in as_patches(patch)]
-    chosen = 0 if asked is None and patches else asked  # auto with a patch: the whole prompt, as --patch makes it
+    chosen = 0 if asked is None and patches else asked  # auto with a patch: the whole prompt, made as patched
     return Run(record(spec, kept, patches, lambda: overrides.use(files), API_WORDING, weights=weights, chunk=chosen))
 
 
@@ -212,7 +219,8 @@ class Run(Mapping):
 
     def __repr__(self) -> str:
         patched = ", ".join(shown(glob) for glob in self._recorded.patched)
-        return (f"<stepper.Run {self.config.name}{f', patched at {patched}' if patched else ''}: {len(self)} tensors kept of {len(self._recorded.names)}, "
+        at = f", patched at {patched}" if patched else ""
+        return (f"<stepper.Run {self.config.name}{at}: {len(self)} tensors kept of {len(self._recorded.names)}, "
                 f"prompt {list(self.prompt)}, generated {list(self.generated)}>")
 
     def _repr_html_(self) -> str:
@@ -227,7 +235,7 @@ class NotFound(StepperError, KeyError):
         return str(self.args[0])
 
 
-class Diff(compare.Diff):
+class Diff(run_diff.Diff):
     """Two runs compared, tensor by tensor (rows in execution order, `first` where they part)."""
 
     def __repr__(self) -> str:
@@ -238,7 +246,7 @@ class Diff(compare.Diff):
 
     def __rich__(self):
         """The table, the growth per layer and the summary `stepper diff` prints (`rich.print(d)`)."""
-        return notebook.diff_view.render(self)
+        return notebook.diff_table.render(self)
 
     def _repr_html_(self) -> str:
         return notebook.diff_html(self)
@@ -251,21 +259,21 @@ def diff(a: Run | Mapping[str, np.ndarray] | str | Path, b: Run | Mapping[str, n
     cosine and the experts whose choice changed; `.first` is the first tensor that differs beyond
     the tolerance `fixtures verify` uses."""
     (ta, la), (tb, lb) = _side("a", a), _side("b", b)
-    found = compare.diff_tensors(ta, tb, la, lb)
+    found = run_diff.diff_tensors(ta, tb, la, lb)
     return Diff(**vars(found))
 
 
 def load(path: str | Path) -> dict[str, np.ndarray]:
     """The tensors of a `--dump` file, a fixture folder or a repository fixture's name, in execution order."""
-    return compare.read_side(compare.side_path(str(_path_or_name("path", path)), "load"))
+    return run_diff.read_side(run_diff.side_path(str(_path_or_name("path", path)), "load"))
 
 
 def _side(which: str, side: Any) -> tuple[dict[str, np.ndarray], str]:
     if isinstance(side, Run):
         return dict(side.items()), f"{which.upper()} (a run of {side.config.name})"
     if isinstance(side, (str, Path)):
-        path = compare.side_path(str(_path_or_name(which, side)), f"diff {which}", "a stepper.Run")
-        return compare.read_side(path), str(side)
+        path = run_diff.side_path(str(_path_or_name(which, side)), f"diff {which}", "a stepper.Run")
+        return run_diff.read_side(path), str(side)
     if isinstance(side, Mapping) and all(isinstance(k, str) and isinstance(v, np.ndarray) for k, v in side.items()):
         return dict(side), f"{len(side)} tensors"
     raise StepperError(f"diff: {which} must be a stepper.Run, a dict of name -> NumPy array, a --dump file or a "

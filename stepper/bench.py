@@ -26,6 +26,7 @@ runs in turn (`paired_times`); nothing here is asserted in tests.
 from __future__ import annotations
 
 import json
+import math
 import mmap
 import os
 import platform
@@ -38,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stepper import files
+from stepper import cpu_caches, files
 from stepper.config import Config, load_config
 from stepper.families import derive
 from stepper.fp8 import quantize
@@ -60,13 +61,16 @@ from stepper.views import summary
 from stepper.weights.checkpoint import INDEX, Checkpoint
 from stepper.weights.names import layer_shapes
 from stepper.weights.safetensors_reader import advise_checkpoint_map
+from stepper.weights.seeded import SyntheticWeights
 from stepper.weights.stored import Fp8Matrix
-from stepper.weights.synth import requantized, synth_checkpoint
-from stepper.weights.synthetic import SyntheticWeights
+from stepper.weights.synth_checkpoint import requantized, synth_checkpoint
 
 FILL_BYTES = 1 << 26  # what fill_page_cache reads or maps at a time
 WARM_CACHE_MB = 8192  # holds every decoded weight of the 16-expert layer (about 3.4 GB)
 ATTENTION_CACHE_MB = 1024  # holds a full-size attention's decoded weights (about 0.4 GB)
+GEMM_CEILING = "float32 GEMM 2048^3, BLAS on every core"
+FP8_CEILING = "FP8 tile decode + matvec, 2048x7168, one core"
+FP8_EVERY_CORE = "FP8 tile decode + matvec, 2048x7168, every core at once"
 SHOWN_CHUNK = 1024  # a shown prefill runs this many positions at a time (stepper.prefill, as `run --chunk`)
 
 
@@ -77,17 +81,81 @@ class Figure:
     unit: str
     peak_rss_mb: float | None = None
     note: str = ""
+    floor: float | None = None  # in the figure's unit: what this run's ceilings allow, or the anchor a ratio is held to
+    floor_note: str = ""  # how the floor was made
+
+    def ratio(self) -> float | None:
+        """The figure over its floor (None without one)."""
+        return self.value / self.floor if self.floor else None
+
+
+FEATURES = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_bf16", "avx512_fp16", "avx512_vnni", "amx_tile",
+            "amx_bf16", "asimd", "sve")  # the CPU flags the products' speed depends on, where the CPU has them
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
+    """The CPU, its cores, its L2, the features the products use, Python, NumPy and the BLAS."""
+    cpu, flags = platform.processor() or platform.machine(), set()
     try:
-        model = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                     if line.startswith("model name"))
-        cpu = model
-    except (OSError, StopIteration):
+        info = Path("/proc/cpuinfo").read_text().splitlines()
+        cpu = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), cpu)
+        flags = set(next((line.split(":", 1)[1].split() for line in info if line.startswith(("flags", "Features"))),
+                         []))
+    except OSError:
         pass
-    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, NumPy {np.__version__}"
+    features = " ".join(f for f in FEATURES if f in flags) or "not reported"
+    return (f"{cpu}, {os.cpu_count()} cores, L2 {cpu_caches.l2_bytes() >> 10} KiB per core; CPU features: {features}; "
+            f"Python {platform.python_version()}, NumPy {np.__version__}, BLAS: {parallel.blas_description()}")
+
+
+@dataclass(frozen=True)
+class Ceilings:
+    """This run's rates that the floors are made of."""
+
+    fp8: float  # FP8 weights decoded and multiplied per second, every core at once
+    gemm: float  # float32 FLOP/s, BLAS on every core
+    cores: int
+
+    @classmethod
+    def of(cls, figures: list[Figure]) -> Ceilings:
+        rate = {f.name: f.value for f in figures}
+        return cls(rate[FP8_EVERY_CORE] * 1e9, rate[GEMM_CEILING] * 1e9, parallel.cores())
+
+
+def layer_floor(cfg: Config, layer: int, tokens: int, cache: int, ceil: Ceilings) -> tuple[float, str]:
+    """The least time a layer step could take here: every FP8 weight it uses decoded once at the
+    FP8 rate measured with every core at once (two vCPUs need not give twice one's rate), and its
+    products (2 x tokens x the weights each token uses, and the attention core over the cache) at
+    the measured GEMM rate, every core. A prefill uses the
+    experts its tokens choose: n x (1 - (1 - k/n)^T) of n routed experts, k per token, on average.
+    -> (seconds, how it was made)"""
+    shapes = layer_shapes(cfg, layer)
+    matrices = {name: math.prod(shape) for name, shape in shapes.items()
+                if len(shape) == 2 and ".gate.weight" not in name}  # the router stays float32
+    routed = sum(v for name, v in matrices.items() if ".mlp.experts." in name)
+    rest = sum(matrices.values()) - routed
+    if cfg.is_moe_layer(layer) and cfg.n_routed_experts:
+        n, k = cfg.n_routed_experts, cfg.num_experts_per_tok
+        per_expert = routed / n
+        decoded = rest + per_expert * n * (1 - (1 - k / n) ** tokens)
+        per_token = rest + per_expert * k
+    else:
+        decoded = per_token = rest
+    attn = "absorb" if cache else "naive"
+    flops = 2.0 * tokens * per_token + core_flops(cfg, tokens, cache, attn)
+    seconds = decoded / ceil.fp8 + flops / ceil.gemm
+    how = (f"{decoded / 1e6:,.0f} M FP8 weights at {ceil.fp8 / 1e9:.2f} G/s on {ceil.cores} cores at once "
+           f"+ {flops / 1e9:,.0f} GFLOP at {ceil.gemm / 1e9:.0f} GFLOP/s")
+    return seconds, how
+
+
+def with_floor(figures: list[Figure], floor: tuple[float, str]) -> list[Figure]:
+    return [replace(f, floor=floor[0], floor_note=floor[1]) for f in figures]
+
+
+def anchored(figures: list[Figure], why: str) -> list[Figure]:
+    """The ratios among the figures held to 1 (no slower than the other side); the rest as they are."""
+    return [replace(f, floor=1.0, floor_note=why) if f.unit == "x" else f for f in figures]
 
 
 def median_time(fn, repeat: int) -> float:
@@ -144,17 +212,42 @@ def ceilings() -> list[Figure]:
     gemm = median_time(lambda: m @ m, 5)
     parallel.single_threaded_blas()  # from here on, as stepper runs: its own split, BLAS on one thread
     gemm_one = median_time(lambda: m @ m, 5)
+    [one_core] = fp8_rate()
+    together = side_by_side("fp8_rate", parallel.cores())
+    return [
+        Figure("memory bandwidth (float32 copy, read + write)", 2 * a.nbytes / copy / 1e9, "GB/s"),
+        Figure(GEMM_CEILING, 2 * 2048**3 / gemm / 1e9, "GFLOP/s"),
+        Figure("float32 GEMM 2048^3, BLAS on one core", 2 * 2048**3 / gemm_one / 1e9, "GFLOP/s"),
+        one_core,
+        Figure(FP8_EVERY_CORE, sum(f.value for f in together), "G weights/s",
+               note=f"one process per core at once ({len(together)}), each "
+                    f"{', '.join(f'{f.value:.2f}' for f in together)}: "
+                    f"{sum(f.value for f in together) / one_core.value:.2f}x one core alone"),
+    ]
+
+
+def fp8_rate() -> list[Figure]:
+    """FP8 tiles decoded and multiplied by one token, [2048, 7168], in this process alone."""
     codes, scales = quantize(np.random.default_rng(0).standard_normal((2048, 7168), dtype=np.float32))
     w = Fp8Matrix.of(codes, scales)
     x = np.ones((1, 7168), np.float32)
     decode = median_time(lambda: linear_fp8(x, w), 7)
-    return [
-        Figure("memory bandwidth (float32 copy, read + write)", 2 * a.nbytes / copy / 1e9, "GB/s"),
-        Figure("float32 GEMM 2048^3, BLAS on every core", 2 * 2048**3 / gemm / 1e9, "GFLOP/s"),
-        Figure("float32 GEMM 2048^3, BLAS on one core", 2 * 2048**3 / gemm_one / 1e9, "GFLOP/s"),
-        Figure("FP8 tile decode + matvec, 2048x7168, one core", codes.size / decode / 1e9, "G weights/s",
-               note="weights in memory, so no helper process: the rate of one core"),
-    ]
+    return [Figure(FP8_CEILING, codes.size / decode / 1e9, "G weights/s",
+                   note="weights in memory, so no helper process: the rate of one core")]
+
+
+def side_by_side(name: str, copies: int) -> list[Figure]:
+    """A scenario run in `copies` processes at once (each core busy, as when a product is
+    shared): each one's figures."""
+    argv = [sys.executable, "-m", "stepper.bench", name, "{}"]
+    running = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(copies)]
+    figures = []
+    for process in running:
+        out, err = process.communicate()
+        if process.returncode != 0:
+            raise RuntimeError(f"bench scenario {name} failed:\n{err[-2000:]}")
+        figures += [Figure(**f) for f in json.loads(out.splitlines()[-1])]
+    return figures
 
 
 def fill_page_cache(checkpoint: Path) -> float:
@@ -327,11 +420,13 @@ def indexed_prefill(checkpoint: Path, layer: int, tokens: int, repeat: int) -> l
     parts = {
         "its Lightning Indexer": lambda: index_mask(x, w, LayerCache(), options, emit),
         "its attention under the indexer's mask": lambda: mla_attention(x, w, LayerCache(), options, emit, mask),
-        "the whole layer (indexer, attention, FFN)": lambda: model.layer(layer, x, rope, KVCache(cfg.num_hidden_layers), emit),
+        "the whole layer (indexer, attention, FFN)": lambda: model.layer(layer, x, rope, KVCache(cfg.num_hidden_layers),
+                                                                         emit),
     }
     kept = f"{min(cfg.index_topk, tokens)} of up to {tokens} positions kept per query"
     return [Figure(f"{cfg.name} layer {layer}: prefill {tokens} tokens, {what}", median_time(fn, repeat), "s",
-                   peak_rss_mb(), f"median of {repeat}; {kept}; checkpoint read into the page cache first ({filled:.0f} s)")
+                   peak_rss_mb(),
+                   f"median of {repeat}; {kept}; checkpoint read into the page cache first ({filled:.0f} s)")
             for what, fn in parts.items()]
 
 
@@ -358,7 +453,8 @@ def attention_run(model: str, tokens: int, cache: int, attn: str, shown: bool, r
     with core:
         for _ in range(2):  # untimed: a weight is kept from its second use on
             w.rope = transformer.rope(np.arange(1), Emitter())
-            mla_attention(rng.standard_normal((1, 1, cfg.hidden_size), dtype=np.float32), w, LayerCache(), options, Emitter())
+            one = rng.standard_normal((1, 1, cfg.hidden_size), dtype=np.float32)
+            mla_attention(one, w, LayerCache(), options, Emitter())
         for run in range(repeat):
             kv = KVCache(1)
             kv.layers[0] = random_cache(w, cfg, cache, attn, rng)
@@ -375,12 +471,14 @@ def attention_run(model: str, tokens: int, cache: int, attn: str, shown: bool, r
             times.append(time.perf_counter() - start)
     what = f"decode 1 token over {cache} cached positions" if tokens == 1 else f"prefill {tokens} tokens"
     flops, gemm = core_flops(cfg, tokens, cache, attn), gemm_rate()
-    note = f"{'every tensor shown (statistics, histogram, corners)' if shown else 'no tensor shown'}; median of {repeat}"
+    seen = "every tensor shown (statistics, histogram, corners)" if shown else "no tensor shown"
+    note = f"{seen}; median of {repeat}"
     if 0 < chunk < tokens:
         note += f"; in chunks of {chunk} positions{' (each run twice: statistics, then histograms)' if shown else ''}"
     if core.seconds:
         note += (f"; attention core (kernels.attend) {core.seconds:.3g} s, {flops / core.seconds / 1e9:.1f} GFLOP/s = "
-                 f"{flops / core.seconds / gemm:.0%} of the float32 GEMM rate here ({gemm / 1e9:.1f} GFLOP/s, every core)")
+                 f"{flops / core.seconds / gemm:.0%} of the float32 GEMM rate here "
+                 f"({gemm / 1e9:.1f} GFLOP/s, every core)")
     return [Figure(f"{cfg.name} attention ({attn}): {what}", float(np.median(times)), "s", peak_rss_mb(), note)]
 
 
@@ -450,7 +548,8 @@ def long_context(model: str, say, prefills=(4096, 16384, 32768), caches=(8192, 3
     for tokens in prefills:
         for shown in (False, True) if tokens in shown_prefills else (False,):
             say(f"{model} attention: prefill {tokens} tokens, {'every tensor shown' if shown else 'silent'}")
-            figures += in_subprocess("attention", model=model, tokens=tokens, cache=0, attn="naive", shown=shown, repeat=1)
+            figures += in_subprocess("attention", model=model, tokens=tokens, cache=0, attn="naive", shown=shown,
+                                     repeat=1)
     for tokens in shown_chunked:
         say(f"{model} attention: absorbed prefill {tokens} tokens in chunks of {SHOWN_CHUNK}, every tensor shown")
         figures += in_subprocess("attention", model=model, tokens=tokens, cache=0, attn="absorb", shown=True, repeat=1)
@@ -479,7 +578,8 @@ def expert_products(fp8: str, int4: str, tokens: int, pairs: int, layer: int = 1
                    f"{fp8_time * 1e3:.2f} ms")]
 
 
-SCENARIOS = {"ceilings": ceilings, "layer": layer_run, "torch": versus_torch, "indexed": indexed_prefill,
+SCENARIOS = {"ceilings": ceilings, "fp8_rate": fp8_rate, "layer": layer_run, "torch": versus_torch,
+             "indexed": indexed_prefill,
              "attention": attention_run, "experts": expert_products}
 
 
@@ -567,34 +667,42 @@ def run_all(workdir: Path, with_torch: bool, say, with_int4: bool = True, with_i
     """Every figure of docs/performance.md's tables; `say` reports progress lines."""
     say("measuring the machine's ceilings")
     figures = in_subprocess("ceilings")
+    ceil = Ceilings.of(figures)
     kimi = bench_config("kimi-k2", None)
     say("writing (once) the full-size layer 1 checkpoint: about 17 GB, several minutes")
     moe = ensure_checkpoint(workdir, kimi, range(1, 2))
     for folder in bench_checkpoints(workdir):  # the others' too: see bench_checkpoints
         forget_page_cache(folder)
-    fp8 = moe_figures(moe, say, "")  # decode steps vary: a median of 11
+    decode, prefill = moe_figures(moe, say, "")  # decode steps vary: a median of 11
+    fp8 = (with_floor([decode], layer_floor(kimi, 1, 1, 1024, ceil))
+           + with_floor([prefill], layer_floor(kimi, 1, 512, 0, ceil)))
     figures += fp8
     if with_int4:
-        figures += int4_versus_fp8(workdir, "kimi-k2", say, fp8)
+        figures += anchored(int4_versus_fp8(workdir, "kimi-k2", say, fp8), "no slower than FP8")
     dense = ensure_checkpoint(workdir, kimi, range(1))
     forget_page_cache(dense)
     say("dense layer 0: decode and prefill")
-    figures += in_subprocess("layer", checkpoint=dense, layer=0, tokens=1, cache=1024, repeat=8)
-    figures += in_subprocess("layer", checkpoint=dense, layer=0, tokens=512, cache=0, repeat=3)
+    figures += with_floor(in_subprocess("layer", checkpoint=dense, layer=0, tokens=1, cache=1024, repeat=8),
+                          layer_floor(kimi, 0, 1, 1024, ceil))
+    figures += with_floor(in_subprocess("layer", checkpoint=dense, layer=0, tokens=512, cache=0, repeat=3),
+                          layer_floor(kimi, 0, 512, 0, ceil))
     if with_torch:
         small = ensure_checkpoint(workdir, bench_config("kimi-k2", 16), range(1, 2))
         forget_page_cache(small)
         for tokens in (1, 32, 512):
             say(f"16-expert layer against transformers, T={tokens}")
-            figures += in_subprocess("torch", checkpoint=small, tokens=tokens, pairs={1: 9, 32: 7, 512: 5}[tokens])
+            figures += anchored(in_subprocess("torch", checkpoint=small, tokens=tokens,
+                                              pairs={1: 9, 32: 7, 512: 5}[tokens]), "no slower than transformers")
         say("16-expert layer against transformers, T=1, stepper's weight cache warm")
-        figures += in_subprocess("torch", checkpoint=small, tokens=1, pairs=9, cache_mb=WARM_CACHE_MB)
+        figures += anchored(in_subprocess("torch", checkpoint=small, tokens=1, pairs=9, cache_mb=WARM_CACHE_MB),
+                            "no slower than transformers")
     if with_indexer:
         figures += indexer_figures(workdir, say)
     return figures
 
 
-def indexer_figures(workdir: Path, say, model: str = "deepseek-v3.2", tokens: int = 4096, repeat: int = 3) -> list[Figure]:
+def indexer_figures(workdir: Path, say, model: str = "deepseek-v3.2", tokens: int = 4096,
+                    repeat: int = 3) -> list[Figure]:
     """DeepSeek-V3.2's layer 0 (dense, about 0.6 GB), written once: a prefill's indexer apart from its attention."""
     say(f"writing (once) the {model} layer 0 checkpoint")
     folder = ensure_checkpoint(workdir, bench_config(model, None), range(1))

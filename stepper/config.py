@@ -48,7 +48,8 @@ class Fp8:
     weight_block_size: tuple[int, int] = (128, 128)
 
 
-KIMI_INT4_IGNORE = ("lm_head", r"re:.*self_attn.*", r"re:.*shared_experts.*", r"re:.*mlp\.(gate|up|gate_up|down)_proj.*")
+KIMI_INT4_IGNORE = ("lm_head", r"re:.*self_attn.*", r"re:.*shared_experts.*",
+                    r"re:.*mlp\.(gate|up|gate_up|down)_proj.*")
 
 
 @dataclass(frozen=True)
@@ -331,7 +332,8 @@ def _kimi_k25(f: _Fields) -> Config:
     if not isinstance(text, dict):
         raise f.fail("text_config", f"must be an object (the text model's config), got {text!r}")
     if f.raw.get("tie_word_embeddings"):
-        raise f.fail("tie_word_embeddings", "must be false: stepper reads language_model.lm_head.weight as its own matrix")
+        raise f.fail("tie_word_embeddings",
+                     "must be false: stepper reads language_model.lm_head.weight as its own matrix")
     text = {"model_type": "deepseek_v3", **text}  # transformers' default text model
     outer = f.raw.get("quantization_config")
     if outer is not None and text.setdefault("quantization_config", outer) != outer:
@@ -340,7 +342,8 @@ def _kimi_k25(f: _Fields) -> Config:
         raise f.fail("text_config.model_type", f"must be one of {', '.join(MODEL_TYPES)}, got {text['model_type']!r}")
     cfg = _parse(text, f"{f.source}: text_config")
     unused = tuple(k for k in f.raw if k not in WRAPPER_READ + WRAPPER_BOOKKEEPING)
-    return dataclasses.replace(cfg, name=model_name(f.raw, f.source), wrapper=Wrapper(f.str("model_type"), unused_fields=unused))
+    wrapper = Wrapper(f.str("model_type"), unused_fields=unused)
+    return dataclasses.replace(cfg, name=model_name(f.raw, f.source), wrapper=wrapper)
 
 
 def model_name(raw: dict[str, Any], source: str) -> str:
@@ -476,7 +479,8 @@ def _int4_groups(f: _Fields) -> Int4Groups | None:
     _require_value(f, block, where, "quantization_status", "compressed", missing_ok=True)
     for field in ("kv_cache_scheme", "sparsity_config", "transform_config"):
         if block.get(field):
-            raise f.fail(f"{where}.{field}", f"must be null: stepper honours weight quantization only, got {block[field]!r}")
+            raise f.fail(f"{where}.{field}",
+                         f"must be null: stepper honours weight quantization only, got {block[field]!r}")
     groups = block.get("config_groups")
     if not isinstance(groups, dict) or len(groups) != 1 or not isinstance(next(iter(groups.values())), dict):
         raise f.fail(f"{where}.config_groups", f"must hold exactly one config group (an object), got {groups!r}")

@@ -31,7 +31,8 @@ from stepper.tensors.statistics import BINS, CORNER, Gather, bin_counts, chunks,
 from stepper.tensors.tensor import Figures, held, mib
 from stepper.tensors.tiled import Tiled
 
-Step = Callable[[slice, KVCache, Emitter], object]  # run the prompt's positions `span` with a cache -> the step's result
+# run the prompt's positions `span` with a cache -> the step's result
+Step = Callable[[slice, KVCache, Emitter], object]
 
 POSITIONS = ("T", "N")  # the dims along which the chunks follow each other
 WIDTHS = ("S", "Ki")  # the dims a chunk's rows have fewer of than the whole prompt's
@@ -77,7 +78,6 @@ class Replay:
     def __init__(self, step: Step, spans: list[slice], final: list[LayerCache], before: list[list[int]], emit: Emitter):
         self.step, self.spans, self.final, self.before, self.emit = step, spans, final, before, emit
         self.parts: dict[str, Part] = {}  # the chunked tensors, by name (set once the prefill has run)
-        self.kept: tuple[int, dict[str, np.ndarray | Tiled]] | None = None  # the last chunk replayed for its tensors
         self.together: set[str] = set()  # the names made together on the first read, and kept
         self.made: dict[str, np.ndarray] = {}  # those, once made
 
@@ -85,19 +85,6 @@ class Replay:
         cache = KVCache(0)
         cache.layers = [layer.first(n) for layer, n in zip(self.final, self.before[k])]
         self.step(self.spans[k], cache, self.emit.to(sinks))
-
-    def piece(self, name: str, k: int) -> np.ndarray | Tiled:
-        """Chunk k's part of `name` as the whole tensor has it (every tensor of the chunk is kept until another chunk is asked for)."""
-        if self.kept is None or self.kept[0] != k:
-            self.kept = None
-            arrays: dict[str, np.ndarray | Tiled] = {}
-
-            def keep(event: Event) -> None:
-                arrays[event.name] = event.array
-
-            self.run(k, [keep])
-            self.kept = (k, arrays)
-        return self.parts[name].widened(self.kept[1][name])
 
     def keep(self, name: str) -> None:
         self.together.add(name)
@@ -233,9 +220,10 @@ class Part:
         """A chunk's tensor as the whole tensor has it: its rows widened with the masked future."""
         if self.width is None or part.shape[self.width] == self.shape[self.width]:
             return part
-        if not held(part):  # a Tiled [B, H, t, S]: widened a block at a time
+        if not held(part):  # a Tiled [B, H, t, S]: widened a tile at a time
             shape = (*part.shape[:3], self.shape[3])
-            return Tiled(shape, lambda heads, queries: widen(part.block(heads, queries), 3, shape[3], self.pad), part.dtype)
+            return Tiled(shape, lambda heads, queries: widen(part.tile(heads, queries), 3, shape[3], self.pad),
+                         part.dtype)
         return widen(part, self.width, self.shape[self.width], self.pad)
 
 

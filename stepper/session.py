@@ -17,7 +17,7 @@ once over every position.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -38,8 +38,8 @@ from stepper.weights import remote
 from stepper.weights.checkpoint import INDEX, Checkpoint
 from stepper.weights.names import EMBED
 from stepper.weights.safetensors_reader import SafetensorsFile
+from stepper.weights.seeded import SyntheticWeights
 from stepper.weights.source import WeightSource
-from stepper.weights.synthetic import SyntheticWeights
 
 
 @dataclass(frozen=True)
@@ -106,13 +106,26 @@ def load_model(model: str, seed: int) -> WeightSource:
     )
 
 
-def prompt_ids(spec: RunSpec, cfg: Config) -> tuple[int, ...]:
+Spell = Callable[..., str]  # (an option's keyword, a value) -> the option as the caller writes it
+
+
+def command_line(keyword: str, value: object = "") -> str:
+    """An option as `stepper run` takes it: cache_len -> `--cache-len`, layer N -> `--layer N`."""
+    return f"--{keyword.replace('_', '-')} {value}".rstrip()
+
+
+def api_keyword(keyword: str, value: object = "") -> str:
+    """An option as `stepper.run` takes it: cache_len -> `cache_len=`, layer N -> `layer=N`."""
+    return f"{keyword}={value}"
+
+
+def prompt_ids(spec: RunSpec, cfg: Config, spell: Spell = command_line) -> tuple[int, ...]:
     if spec.ids is None:
         if spec.prompt_len < 1:
-            raise StepperError(f"--prompt-len must be at least 1, got {spec.prompt_len}")
+            raise StepperError(f"{spell('prompt_len')} must be at least 1, got {spec.prompt_len}")
         return seeded_tokens(spec.seed, cfg, spec.prompt_len)
     if not spec.ids:
-        raise StepperError("--ids is empty: give at least one token id")
+        raise StepperError(f"{spell('ids')} is empty: give at least one token id")
     bad = [i for i in spec.ids if not 0 <= i < cfg.vocab_size]
     if bad:
         raise StepperError(f"token id {bad[0]} out of range: model {cfg.name} has vocab_size {cfg.vocab_size}")
@@ -160,7 +173,7 @@ def check_layer(layer: int, cfg: Config, what: str = "layer") -> None:
         raise StepperError(f"{what} {layer} out of range: model {cfg.name} has layers 0..{cfg.num_hidden_layers - 1}")
 
 
-def shown_layers(spec: RunSpec, cfg: Config) -> range:
+def layers_shown(spec: RunSpec, cfg: Config) -> range:
     n = cfg.num_hidden_layers
     if spec.layer is not None:
         check_layer(spec.layer, cfg)
@@ -174,21 +187,19 @@ def shown_layers(spec: RunSpec, cfg: Config) -> range:
     return range(first, stop)
 
 
-def check_positions(spec: RunSpec, cfg: Config, prompt_len: int) -> None:
-    if spec.start_pos < 0:
-        raise StepperError(f"--start-pos must be >= 0, got {spec.start_pos}")
-    if spec.decode < 0:
-        raise StepperError(f"--decode must be >= 0, got {spec.decode}")
-    if spec.cache_len < 0:
-        raise StepperError(f"--cache-len must be >= 0, got {spec.cache_len}")
+def check_positions(spec: RunSpec, cfg: Config, prompt_len: int, spell: Spell = command_line) -> None:
+    for keyword in ("start_pos", "decode", "cache_len"):
+        if getattr(spec, keyword) < 0:
+            raise StepperError(f"{spell(keyword)} must be >= 0, got {getattr(spec, keyword)}")
     if spec.chunk < 0:
-        raise StepperError(f"--chunk must be >= 0 (0: the whole prompt at once), got {spec.chunk}")
+        raise StepperError(f"{spell('chunk')} must be >= 0 (0: the whole prompt at once), got {spec.chunk}")
     if spec.cache_len and spec.layer is None:
-        raise StepperError("--cache-len fills one layer's cache: use it with --layer N")
+        raise StepperError(f"{spell('cache_len')} fills one layer's cache: use it with {spell('layer', 'N')}")
     end = spec.start_pos + spec.cache_len + prompt_len + spec.decode
     if end > cfg.max_position_embeddings:
         raise StepperError(
-            f"positions up to {end - 1} exceed max_position_embeddings ({cfg.max_position_embeddings}) of model {cfg.name}"
+            f"positions up to {end - 1} exceed max_position_embeddings ({cfg.max_position_embeddings}) "
+            f"of model {cfg.name}"
         )
 
 
@@ -216,18 +227,18 @@ def check_choice(option: str, value: object, choices: tuple[str, ...]) -> str:
     return value
 
 
-def check_index_scoring(scoring: str, cfg: Config) -> None:
+def check_index_scoring(scoring: str, cfg: Config, spell: Spell = command_line) -> None:
     """FP8 index scoring needs an indexer, and a head the Hadamard rotation and one scale fit."""
-    check_choice("--index-scoring", scoring, INDEX_SCORING_CHOICES)
+    check_choice(spell("index_scoring"), scoring, INDEX_SCORING_CHOICES)
     if scoring == "exact":
         return
     if not cfg.has_indexer:
-        raise StepperError(f"--index-scoring fp8 scores the Lightning Indexer, and model {cfg.name} "
+        raise StepperError(f"{spell('index_scoring', 'fp8')} scores the Lightning Indexer, and model {cfg.name} "
                            f"({cfg.model_type}) has none: use a DeepSeek-V3.2 model (tiny-v32, deepseek-v3.2)")
     dims = cfg.index_head_dim
     if dims & (dims - 1) or dims > 128:
-        raise StepperError(f"--index-scoring fp8 needs index_head_dim a power of two up to 128 (the Hadamard "
-                           f"rotation, one FP8 scale per head), and model {cfg.name} has {dims}")
+        raise StepperError(f"{spell('index_scoring', 'fp8')} needs index_head_dim a power of two up to 128 "
+                           f"(the Hadamard rotation, one FP8 scale per head), and model {cfg.name} has {dims}")
 
 
 @dataclass(frozen=True)
@@ -236,7 +247,7 @@ class Plan:
 
     spec: RunSpec
     weights: WeightSource
-    shown: range
+    layers_shown: range  # the layers whose tensors the run emits
     prompt: tuple[int, ...]
     hidden: np.ndarray | None  # the lone layer's given input
     needs_logits: bool
@@ -253,7 +264,7 @@ class Plan:
     @property
     def whole(self) -> bool:
         """Whether the run shows the whole model: the embedding, rope tables, norm and logits too."""
-        return not self.alone and self.shown == range(self.config.num_hidden_layers)
+        return not self.alone and self.layers_shown == range(self.config.num_hidden_layers)
 
     @property
     def prompt_len(self) -> int:
@@ -271,30 +282,32 @@ class Plan:
         return "seeded random vectors (no embedding table)"
 
 
-def prepare(spec: RunSpec, weights: WeightSource | None = None) -> Plan:
-    """Resolve and check everything the user gave; raise StepperError on the first problem."""
-    check_choice("--attn", spec.attn, ATTN_CHOICES)
+def prepare(spec: RunSpec, weights: WeightSource | None = None, spell: Spell = command_line) -> Plan:
+    """Resolve and check everything the user gave; raise StepperError on the first problem, naming
+    the option as the caller writes it (`spell`: the command line's `--cache-len` or the API's
+    `cache_len=`)."""
+    check_choice(spell("attn"), spec.attn, ATTN_CHOICES)
     weights = weights or load_model(spec.model, spec.seed)
     if spec.weight_cache_mb < 0:
-        raise StepperError(f"--weight-cache-mb must be >= 0, got {spec.weight_cache_mb}")
+        raise StepperError(f"{spell('weight_cache_mb')} must be >= 0, got {spec.weight_cache_mb}")
     if spec.weight_cache_mb:
         weights = CachedWeights(weights, spec.weight_cache_mb * 2**20)
     cfg = weights.config
-    check_index_scoring(spec.index_scoring, cfg)
-    shown = shown_layers(spec, cfg)
+    check_index_scoring(spec.index_scoring, cfg, spell)
+    layers = layers_shown(spec, cfg)
     if spec.input is not None and spec.layer is None:
-        raise StepperError("--input feeds one layer: use it with --layer N")
+        raise StepperError(f"{spell('input')} feeds one layer: use it with {spell('layer', 'N')}")
     if spec.input is not None and spec.prompt is not None:
         raise StepperError("give --input or --prompt, not both: the layer runs on one of them")
-    hidden = read_input(spec.input, shown.start, cfg) if spec.input else None
+    hidden = read_input(spec.input, layers.start, cfg) if spec.input else None
     tokens = prompt_tokens(spec, cfg) if hidden is None else None
     length = hidden.shape[1] if hidden is not None else len(tokens.ids) if tokens else prompt_length(spec)
-    check_positions(spec, cfg, length)  # before drawing ids
-    prompt = tuple(tokens.ids) if tokens else prompt_ids(spec, cfg)
+    check_positions(spec, cfg, length, spell)  # before drawing ids
+    prompt = tuple(tokens.ids) if tokens else prompt_ids(spec, cfg, spell)
     alone = spec.layer is not None
-    needs_logits = not alone and (spec.decode > 0 or shown.stop == cfg.num_hidden_layers)
-    weights.check(shown if alone else range(cfg.num_hidden_layers if needs_logits else shown.stop), needs_logits)
-    return Plan(spec, weights, shown, prompt, hidden, needs_logits, tokens)
+    needs_logits = not alone and (spec.decode > 0 or layers.stop == cfg.num_hidden_layers)
+    weights.check(layers if alone else range(cfg.num_hidden_layers if needs_logits else layers.stop), needs_logits)
+    return Plan(spec, weights, layers, prompt, hidden, needs_logits, tokens)
 
 
 def run(spec: RunSpec, sinks: Iterable[Sink], weights: WeightSource | None = None) -> RunResult:
@@ -368,7 +381,7 @@ def one_step(plan: Plan, model: Transformer, ids: np.ndarray, hidden: np.ndarray
     if plan.alone:
         model.layer(plan.spec.layer, hidden[:, span], model.rope(positions[span], emit), cache, emit, attn)
         return None
-    return model.forward(ids[:, span], positions[span], emit, cache, plan.shown, plan.needs_logits, attn)
+    return model.forward(ids[:, span], positions[span], emit, cache, plan.layers_shown, plan.needs_logits, attn)
 
 
 def fill_cache(plan: Plan, model: Transformer, cache: KVCache, emit: Emitter | None = None) -> None:
@@ -380,8 +393,8 @@ def fill_cache(plan: Plan, model: Transformer, cache: KVCache, emit: Emitter | N
     rope = model.rope(spec.start_pos + np.arange(spec.cache_len), Emitter())
     per_head = any(step_attn(spec, k) == "naive" for k in range(spec.decode + 1))
     w = LayerWeights(model.weights, spec.layer, model.scratch)
-    synthetic_cache.fill(cache.layers[spec.layer], w, plan.config, sample, rope, spec.seed, per_head, spec.index_scoring,
-                         emit)
+    synthetic_cache.fill(cache.layers[spec.layer], w, plan.config, sample, rope, spec.seed, per_head,
+                         spec.index_scoring, emit)
 
 
 def layer_input(model: Transformer, ids: np.ndarray, seed: int, step: int) -> np.ndarray:

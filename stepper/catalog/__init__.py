@@ -110,7 +110,8 @@ class Catalog:
         innermost = max((len(m) for m, _ in held), default=0)
         return [e for m, e in held if len(m) == innermost]
 
-    def layer_sequence(self, cfg: Config, layer: int, attn: str = "naive", index_scoring: str = "exact") -> list[dict[str, Any]]:
+    def layer_sequence(self, cfg: Config, layer: int, attn: str = "naive",
+                       index_scoring: str = "exact") -> list[dict[str, Any]]:
         """The entries one layer emits, in execution order, for this config, attention (naive or
         absorb) and index scoring (exact or fp8): the names the model emits (families.derive),
         each with its entry (a name with none gets a bare one, which the catalogue tests refuse)."""
@@ -125,7 +126,8 @@ class Catalog:
             scope = "" if phase is None else f"{phase}."
             names += [scope + key for key in start]
             for layer in layers:
-                names += [f"{scope}layers.{layer}.{e['name']}" for e in self.layer_sequence(cfg, layer, attn, index_scoring)]
+                sequence = self.layer_sequence(cfg, layer, attn, index_scoring)
+                names += [f"{scope}layers.{layer}.{e['name']}" for e in sequence]
             names += [scope + key for key in end]
         return names
 

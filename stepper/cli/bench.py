@@ -13,14 +13,27 @@ from stepper.cli.common import user_errors
 from stepper.untrusted import shown
 from stepper.views.sinks import line_width
 
+WORKDIR_HELP = ("Where the synthetic full-size checkpoints are written once and reused (about 20 GB) "
+                "[default: ~/.cache/stepper/bench].")
+TORCH_HELP = ("Also compare with transformers' DeepseekV3 on a 16-expert layer (needs the crosscheck extra): the two "
+              "run in turn, and each figure is the median of the paired ratios.")
+INT4_HELP = ("Also the MoE layer with INT4 experts (Kimi-K2-Thinking's storage; about 10 GB more written once), as a "
+             "ratio to the FP8 layer.")
+INDEXER_HELP = ("Also time DeepSeek-V3.2's layer 0 prefilling 4096 tokens: its Lightning Indexer, its attention under "
+                "the indexer's mask, and the whole layer, each alone (writes a 0.6 GB checkpoint once).")
+LONG_HELP = ("Only the long-context figures: the attention of --long-model's layer 0 (synthetic weights) at naive "
+             "prefills of 4096, 16384 and 32768 tokens (time, share of the GEMM rate, peak RSS; 4096 also with every "
+             "tensor shown), an absorbed 32768-token prefill in chunks with every tensor shown (about an hour), and "
+             "absorbed decode steps over 8K, 32K and 128K cached positions, shown.")
+
 
 def bench_command(
-    workdir: Annotated[Path | None, typer.Option(metavar="DIR", help="Where the synthetic full-size checkpoints are written once and reused (about 20 GB) [default: ~/.cache/stepper/bench].")] = None,
-    torch: Annotated[bool, typer.Option("--torch/--no-torch", help="Also compare with transformers' DeepseekV3 on a 16-expert layer (needs the crosscheck extra): the two run in turn, and each figure is the median of the paired ratios.")] = True,
-    int4: Annotated[bool, typer.Option("--int4/--no-int4", help="Also the MoE layer with INT4 experts (Kimi-K2-Thinking's storage; about 10 GB more written once), as a ratio to the FP8 layer.")] = True,
+    workdir: Annotated[Path | None, typer.Option(metavar="DIR", help=WORKDIR_HELP)] = None,
+    torch: Annotated[bool, typer.Option("--torch/--no-torch", help=TORCH_HELP)] = True,
+    int4: Annotated[bool, typer.Option("--int4/--no-int4", help=INT4_HELP)] = True,
     as_json: Annotated[bool, typer.Option("--json", help="The figures as JSON on stdout.")] = False,
-    indexer: Annotated[bool, typer.Option("--indexer", help="Also time DeepSeek-V3.2's layer 0 prefilling 4096 tokens: its Lightning Indexer, its attention under the indexer's mask, and the whole layer, each alone (writes a 0.6 GB checkpoint once).")] = False,
-    long: Annotated[bool, typer.Option("--long", help="Only the long-context figures: the attention of --long-model's layer 0 (synthetic weights) at naive prefills of 4096, 16384 and 32768 tokens (time, share of the GEMM rate, peak RSS; 4096 also with every tensor shown), an absorbed 32768-token prefill in chunks with every tensor shown (about an hour), and absorbed decode steps over 8K, 32K and 128K cached positions, shown.")] = False,
+    indexer: Annotated[bool, typer.Option("--indexer", help=INDEXER_HELP)] = False,
+    long: Annotated[bool, typer.Option("--long", help=LONG_HELP)] = False,
     long_model: Annotated[str, typer.Option(metavar="MODEL", help="A preset or config.json for --long.")] = "kimi-k2",
 ) -> None:
     """Measure full-size Kimi K2 layers (decode, prefill, peak memory) and the machine's ceilings.
@@ -38,15 +51,24 @@ def bench_command(
         whole = line_width(console) is None  # a terminal wraps at words; a pipe or a file keeps each line whole
         workdir = workdir or Path.home() / ".cache" / "stepper" / "bench"
         say = lambda line: console.print(f"· {shown(line)}", style="dim", soft_wrap=whole)
-        figures = bench.long_context(long_model, say) if long else bench.run_all(workdir, torch and has_torch(), say, int4,
-                                                                                   indexer)
+        if long:
+            figures = bench.long_context(long_model, say)
+        else:
+            figures = bench.run_all(workdir, torch and has_torch(), say, int4, indexer)
         if as_json:
             print(json.dumps({"machine": bench.machine(), "figures": [f.__dict__ for f in figures]}, indent=1))
             return
         console.print(f"machine: {shown(bench.machine())}", soft_wrap=whole)
         for f in figures:
             rss = f"  peak RSS {f.peak_rss_mb:,.0f} MB" if f.peak_rss_mb else ""
-            console.print(f"{f.name}: {f.value:.3g} {f.unit}{rss}  {shown(f.note)}", soft_wrap=whole)
+            console.print(f"{f.name}: {f.value:.3g} {f.unit}{rss}{against_floor(f)}  {shown(f.note)}", soft_wrap=whole)
+
+
+def against_floor(f) -> str:
+    """'  = 1.23x its floor (how)' for a figure with a floor measured in the same run; '' without one."""
+    if f.floor is None:
+        return ""
+    return f"  = {f.ratio():.2f}x its floor {f.floor:.3g} {f.unit} ({shown(f.floor_note)})"
 
 
 def has_torch() -> bool:

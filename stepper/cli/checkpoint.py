@@ -16,13 +16,13 @@ from stepper.cli.common import PlainOpt, SeedOpt, parse_layers, url_option, user
 from stepper.config import Config, Wrapper
 from stepper.errors import StepperError
 from stepper.fp8 import BLOCK
-from stepper.session import RunSpec, load_model, shown_layers
+from stepper.session import RunSpec, layers_shown, load_model
 from stepper.untrusted import shown
 from stepper.views import fp8_codes, inspect, inspect_stats, int4_codes
 from stepper.views.sinks import print_fitted
 from stepper.weights.names import shape_of, storage_dtype
-from stepper.weights.synth import QUANTS, no_progress, requantized, synth_checkpoint
-from stepper.weights.synthetic import SyntheticWeights
+from stepper.weights.seeded import SyntheticWeights
+from stepper.weights.synth_checkpoint import QUANTS, no_progress, requantized, synth_checkpoint
 
 
 def synth_command(
@@ -54,7 +54,7 @@ def synth_command(
             source = SyntheticWeights(requantized(source.config, quant), seed)
         chosen = parse_layers(layers)
         if chosen is not None:
-            chosen = shown_layers(RunSpec(layers=chosen), source.config)
+            chosen = layers_shown(RunSpec(layers=chosen), source.config)
         synth_checkpoint(source, out, chosen, force, byte_progress if sys.stderr.isatty() else no_progress)
         files = sorted(p.name for p in out.iterdir())
         size = sum(p.stat().st_size for p in out.iterdir())
@@ -132,7 +132,7 @@ def inspect_layers(layers: str | None, source: inspect.Source) -> range | None:
         return None
     if source.config is None:
         return range(chosen[0], chosen[1] if chosen[1] is not None else 2**63)
-    return shown_layers(RunSpec(layers=chosen), source.config)
+    return layers_shown(RunSpec(layers=chosen), source.config)
 
 
 def fp8_command(

@@ -18,7 +18,7 @@ from rich.console import Console
 from stepper.cli import run as run_cli
 from stepper.cli.common import PlainOpt, user_errors
 from stepper.errors import StepperError
-from stepper.fixtures.diff import Diff, diff_tensors, read_side, side_path
+from stepper.fixtures.run_diff import Diff, diff_tensors, read_side, side_path
 from stepper.fixtures.show import print_table
 from stepper.lessons import overrides
 from stepper.planning.record import record, tensors

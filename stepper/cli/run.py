@@ -29,7 +29,7 @@ from stepper.text import INSTALL, Tokens
 from stepper.views.debugger import CommandSource, Debugger, Quit
 from stepper.views.dump import DUMP_LIMIT_GB, check_dump_sizes, check_writable, write_dump
 from stepper.views.sinks import PICTURES, JsonLines, Pictures, ProgressBars, TensorRows, print_wrapped
-from stepper.weights.synthetic import SyntheticWeights
+from stepper.weights.seeded import SyntheticWeights
 
 # Options of both commands
 LayerOpt = Annotated[int | None, typer.Option(metavar="N", min=0,
@@ -97,7 +97,7 @@ def describe(plan: Plan) -> str:
     weights = (f"synthetic weights, seed {spec.seed}" if isinstance(plan.weights, SyntheticWeights)
                else f"weights from {untrusted.shown(spec.model)}")
     what = (f"layer {spec.layer} alone on {untrusted.shown(plan.input_source)}" if plan.alone
-            else f"layers {plan.shown.start}..{plan.shown.stop - 1}")
+            else f"layers {plan.layers_shown.start}..{plan.layers_shown.stop - 1}")
     steps = f", then {spec.decode} decode step{'s' if spec.decode > 1 else ''}" if spec.decode else ""
     if steps and plan.alone:
         steps += " on tokens drawn from the seed (a layer alone has no logits to choose them)"

@@ -11,8 +11,9 @@ from stepper.config import Config, read_mla_config
 from stepper.families.family import Family
 from stepper.model.layer import decoder_layer
 
+# the catalogue lists (and finds) its parts in this order
 PARTS = ("model", "residual", "mla_attention", "mlp", "router", "router_sigmoid", "router_noaux_tc", "router_groups",
-         "moe", "router_softmax", "router_group_limited", "indexer", "index_fp8")  # the catalogue lists (and finds) in this order
+         "moe", "router_softmax", "router_group_limited", "indexer", "index_fp8")
 
 
 def part_files(names: tuple[str, ...]) -> tuple:
@@ -28,7 +29,8 @@ def miniature(cfg: Config, layer: int) -> Config:
     moe = cfg.is_moe_layer(layer)
     experts = 2 * cfg.n_group if moe else 0  # two per group: noaux_tc sums each group's two best
     return dataclasses.replace(
-        cfg, name=f"miniature of {cfg.name}", vocab_size=16, hidden_size=16, intermediate_size=8, moe_intermediate_size=4,
+        cfg, name=f"miniature of {cfg.name}", vocab_size=16, hidden_size=16, intermediate_size=8,
+        moe_intermediate_size=4,
         num_hidden_layers=1, num_attention_heads=2, q_lora_rank=None if cfg.q_lora_rank is None else 8, kv_lora_rank=8,
         qk_nope_head_dim=4, qk_rope_head_dim=4, v_head_dim=4, n_routed_experts=experts,
         n_shared_experts=min(cfg.n_shared_experts, 1), num_experts_per_tok=min(cfg.num_experts_per_tok, 2),

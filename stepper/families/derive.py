@@ -24,7 +24,7 @@ from stepper.model.cache import KVCache
 from stepper.model.options import Attention, IndexScoring, LayerOptions
 from stepper.model.transformer import Transformer
 from stepper.seams.trace import Emitter, Recorder
-from stepper.weights.synthetic import SyntheticWeights
+from stepper.weights.seeded import SyntheticWeights
 
 DEFAULT = LayerOptions()
 PREFILL = 2  # positions of the miniature's prefill; a decode step of one follows
@@ -45,7 +45,8 @@ def layer_emits(cfg: Any, layer: int, options: LayerOptions = DEFAULT,
     return prefill if step == "prefill" else decode
 
 
-def layer_keys(cfg: Any, layer: int, attention: Attention = "naive", index_scoring: IndexScoring = "exact") -> list[str]:
+def layer_keys(cfg: Any, layer: int, attention: Attention = "naive",
+               index_scoring: IndexScoring = "exact") -> list[str]:
     """The names layer `layer` of cfg emits, in order, on this attention path and index scoring."""
     return [e.key for e in layer_emits(cfg, layer, LayerOptions(attention=attention, index_scoring=index_scoring))]
 
@@ -54,7 +55,8 @@ def masked_future(cfg: Any, layer: int, attention: Attention = "naive",
                   index_scoring: IndexScoring = "exact") -> dict[str, float]:
     """Name -> the value at a masked future position, for each tensor of the layer that has one."""
     family = families.family_for(cfg)
-    return dict(traced(family, family.miniature(cfg, layer), LayerOptions(attention=attention, index_scoring=index_scoring))[2])
+    options = LayerOptions(attention=attention, index_scoring=index_scoring)
+    return dict(traced(family, family.miniature(cfg, layer), options)[2])
 
 
 def recorded(family: Family, mini: Any, options: LayerOptions) -> tuple[tuple[Emitted, ...], tuple[Emitted, ...]]:
@@ -80,8 +82,8 @@ def traced(family: Family, mini: Any, options: LayerOptions) -> tuple[tuple[Emit
     prefill, decode = steps
     futures = tuple((key, future) for key, array in prefill.items()
                     if (future := future_value(array, decode.get(key))) is not None)
-    return (tuple(Emitted(k, a.shape) for k, a in prefill.items()), tuple(Emitted(k, a.shape) for k, a in decode.items()),
-            futures)
+    return (tuple(Emitted(k, a.shape) for k, a in prefill.items()),
+            tuple(Emitted(k, a.shape) for k, a in decode.items()), futures)
 
 
 def future_value(prefill: np.ndarray, decode: np.ndarray | None) -> float | None:

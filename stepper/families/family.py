@@ -14,7 +14,8 @@ from typing import Any
 from stepper.model.layer import DecoderLayer
 
 ReadConfig = Callable[[dict[str, Any], str], Any]  # (config.json's dict, where it came from) -> a frozen config
-Miniature = Callable[[Any, int], Any]  # (config, layer) -> a tiny one-layer config whose layer 0 branches as `layer` does
+# (config, layer) -> a tiny one-layer config whose layer 0 branches as `layer` does
+Miniature = Callable[[Any, int], Any]
 
 
 @dataclass(frozen=True)

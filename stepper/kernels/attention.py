@@ -106,7 +106,8 @@ class Operands:
         total *= np.float32(self.scale)
         _, _, T, S = self.shape
         if keys.stop - 1 > S - T + queries.start:  # the tile crosses the causal edge
-            future = np.arange(keys.start, keys.stop)[None, :] > (S - T) + np.arange(queries.start, queries.stop)[:, None]
+            last_seen = (S - T) + np.arange(queries.start, queries.stop)[:, None]  # [q, 1]
+            future = np.arange(keys.start, keys.stop)[None, :] > last_seen  # [q, k]
             np.copyto(total, np.float32(-np.inf), where=future)
         if self.mask is not None:
             tile = mask_tile(self.mask, heads, queries, keys)

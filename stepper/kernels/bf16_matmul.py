@@ -13,24 +13,27 @@ from __future__ import annotations
 
 import numpy as np
 
+from stepper import cpu_caches
 from stepper.kernels import parallel
 from stepper.kernels.fp8_tiles import TALL_TILE_BYTES, kept_memory
 from stepper.weights.stored import Bf16Matrix, bf16_rows
 
-TILE_BYTES = 1 << 20  # float32 bytes of a tile for one token: it stays in the cache while multiplied
+L2_SHARE = 2  # a tile for one token takes 1/L2_SHARE of the L2 (cpu_caches): it stays there while multiplied
 SHARE_WORK = 1 << 22  # weights x tokens below which a product stays on one thread
 
 
 def tile_rows(w: Bf16Matrix, tokens: int) -> int:
-    """Rows per tile: about TILE_BYTES of float32 for one token (a decode step, where the product
+    """Rows per tile: half the L2 of float32 for one token (a decode step, where the product
     costs no more than the decoding), TALL_TILE_BYTES for several: a BLAS call per tile, and few
     long calls are faster than many short ones there (much faster when BLAS runs threads of its
     own, as it may when stepper is used as a library)."""
-    return max(8, (TILE_BYTES if tokens == 1 else TALL_TILE_BYTES) // (4 * w.shape[1]))
+    tile_bytes = cpu_caches.l2_bytes() // L2_SHARE if tokens == 1 else TALL_TILE_BYTES
+    return max(8, tile_bytes // (4 * w.shape[1]))
 
 
 def bf16_products(x: np.ndarray, ws: list[Bf16Matrix]) -> list[np.ndarray]:
-    """x @ W^T for each of several BF16 weights [out_i, in] of the same input.  [..., in] -> [[..., out_i]]"""
+    """x @ W^T for each of several BF16 weights [out_i, in] of the same input.
+    [..., in] -> [[..., out_i]]"""
     tokens = x.reshape(-1, ws[0].shape[1]).astype(np.float32, copy=False)  # [N, in]
     return [bf16_product(tokens, w).T.reshape(*x.shape[:-1], w.shape[0]) for w in ws]
 

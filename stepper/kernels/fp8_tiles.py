@@ -15,9 +15,13 @@ from collections.abc import Callable
 
 import numpy as np
 
+from stepper import cpu_caches
 from stepper.weights.stored import Fp8Matrix
 
 Decoder = Callable[[np.ndarray, np.ndarray], object]  # (codes [rows, in], out float32 [rows, in]); result unused
+# Up to this many tokens a tile's part is multiplied as soon as it is decoded, in the cache; with
+# more, the whole tile at once (the shorter products of parts ran slower: 1.3x at 64 tokens)
+PART_PRODUCT_TOKENS = 1
 TALL_TILE_BYTES = 1 << 25  # float32 bytes of a tile of several scale blocks, for many tokens
 SIGN_EXPONENT_MANTISSA = np.int32(-0x78100000)  # 0x87F00000 as int32: bit 31 and bits 26..20
 SCALED_INPUT_EXPONENT = 64  # the largest |x * s * 2^k| is near 2^64; products stay near 2^(64 - 111)
@@ -64,7 +68,9 @@ def apply_tiles(tokens: np.ndarray, w: Fp8Matrix, k: int, rows: np.ndarray, deco
     With fewer tokens than a scale block has rows, a tile is one block and its scales go onto the
     inputs. With more, they go onto the tiles (one pass over each), the inputs are scaled once,
     and a tile is several blocks high: BLAS repacks the inputs for every product, so taller tiles
-    run faster (docs/design-notes.md). Such a tile is decoded block by block, so that each block's passes run in the cache.
+    run faster (docs/design-notes.md). A tile is decoded (and, for one token, multiplied) in parts
+    of at most a block whose float32 fit in half the L2 read from the machine (cpu_caches), so
+    that each pass runs in the cache: a block [128, 7168] (3.5 MiB) does not fit a 2 MiB L2.
 
     With `claim`, only the tiles it hands out are done (by index, until it gives None), and with
     `nan_check` the caller puts together and remembers what was found (fp8_workers shares a
@@ -82,19 +88,31 @@ def apply_tiles(tokens: np.ndarray, w: Fp8Matrix, k: int, rows: np.ndarray, deco
         scales = column_scales(w, c)
     else:
         scales, scaled = column_scales(w, k), np.empty(tokens.shape, np.float32)
+    step = min(block_rows, cpu_caches.rows_in_cache(4 * in_dim))  # rows whose float32 fit in the L2
+    by_parts = not many and tokens.shape[0] <= PART_PRODUCT_TOKENS
     for i in range(len(tiles)) if claim is None else iter(claim, None):
         r, start, end = tiles[i]
         tile = buffer[: end - start]
-        for b, b0 in enumerate(range(0, end - start, block_rows)):
-            block = tile[b0 : b0 + block_rows]
-            nan_check.decode(w.codes[start + b0 : start + b0 + block_rows], block)
-            if many:
-                np.multiply(block, scales[r + b], out=block)
         if not many:
             inputs = np.multiply(tokens, scales[r], out=scaled).T  # [in, N]
-        np.matmul(tile, inputs, out=rows[start:end])
+        for b0, b1 in in_steps(end - start, block_rows, step):
+            part = tile[b0:b1]  # [<= step, in]
+            nan_check.decode(w.codes[start + b0 : start + b1], part)
+            if many:
+                np.multiply(part, scales[r + b0 // block_rows], out=part)
+            elif by_parts:  # a matrix-vector product, while the part is in the cache
+                np.matmul(part, inputs, out=rows[start + b0 : start + b1])
+        if not by_parts:
+            np.matmul(tile, inputs, out=rows[start:end])
     if remember:
         nan_check.done()
+
+
+def in_steps(rows: int, block_rows: int, step: int) -> list[tuple[int, int]]:
+    """[start, end) of each part of a tile of `rows` rows: at most `step` rows, never crossing a
+    block of block_rows (a part has one scale row)."""
+    return [(b0, min(b0 + step, block, rows)) for block in range(block_rows, rows + block_rows, block_rows)
+            for b0 in range(block - block_rows, min(block, rows), step)]
 
 
 _buffers = threading.local()

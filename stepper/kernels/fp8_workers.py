@@ -1,11 +1,12 @@
 """Helper processes that take a band of an FP8 (or INT4) product's rows, so every core decodes.
 
 Decoding a tile is a handful of short NumPy calls, and each call hands the GIL over, so threads
-sharing the tiles gain little and processes are used instead. A large FP8 product is cut into bands of whole scale blocks, one for this process and one
-for each helper, and the helpers' rows are copied into the result. Several products of one
-input (a SwiGLU's gate and up) are cut as one, their rows one after another: on two cores, one
-weight each, the inputs sent once. With one helper and few tokens (a decode step), the two
-processes instead take each weight's tiles from the two ends until they meet.
+sharing the tiles gain little and processes are used instead. A large FP8 product is cut into bands
+of whole scale blocks, one for this process and one for each helper, and the helpers' rows are
+copied into the result. Several products of one input (a SwiGLU's gate and up) are cut as one, their
+rows one after another: on two cores, one weight each, the inputs sent once. With one helper and few
+tokens (a decode step), the two processes instead take each weight's tiles from the two ends until
+they meet.
 
 A helper reads the codes from the checkpoint file itself (mapped once per file), so only
 weights read from a file are shared out; the inputs and the helper's rows of the result go
@@ -57,7 +58,8 @@ from stepper.weights.stored import FileBytes, Fp8Matrix, Int4Matrix
 BAND_RESIDENT_BYTES = 3 << 28  # bytes of bands a helper keeps mapped before the oldest are released (768 MiB)
 SHARE_WORK = 1 << 22  # a product of fewer weights x tokens stays in this process: messages would cost more
 SPIN_SECONDS = 0.002  # how long a side watches the pipe before sleeping on it
-# The messages are bytes, not pickles (pickling a band with its scales is slower): a kind byte, then for a band its numbers, the file's path and the band's scale rows.
+# The messages are bytes, not pickles (pickling a band with its scales is slower): a kind byte,
+# then for a band its numbers, the file's path and the band's scale rows.
 BAND = struct.Struct("<13q3i")  # file identity (4), byte offset, start, end, out, in, block rows, block columns,
 # tokens, where its rows go in the scratch (bytes after the inputs); k, path length, how
 MEET, CHECK_NAN = 1, 2  # how: tiles taken from both ends (meet_in_the_middle); look for NaN codes
@@ -157,7 +159,8 @@ class Helper:
             send_handle(self.conn, fd, self.process.pid)
             answer = self.conn.recv_bytes()
             if answer != OK:
-                raise RuntimeError(f"FP8 helper process could not map its scratch memory: {answer.decode(errors='replace')}")
+                raise RuntimeError("FP8 helper process could not map its scratch memory: "
+                                   f"{answer.decode(errors='replace')}")
         finally:
             os.close(fd)  # both processes have it mapped: the memory lives until both let go
         self.scratch = scratch
@@ -206,8 +209,8 @@ def linear_bands(tokens: np.ndarray, ws: list[Fp8Matrix], ks: list[int], rows: l
     """rows[i] [out_i, N] = the rows of the products of the inputs with each weight, shared with
     the helpers: tiles from both ends with one helper and few tokens, else bands of the weights'
     rows one after another, one share for this process and one for each helper (one band each:
-    smaller bands handed out as each side finished were slower). False (nothing done) when the products are small, their codes
-    are not a file's, or there are no helpers."""
+    smaller bands handed out as each side finished were slower). False (nothing done) when the
+    products are small, their codes are not a file's, or there are no helpers."""
     if (_broken or any(w.origin is None for w in ws) or parallel.cores() < 2
             or sum(w.codes.size for w in ws) * tokens.shape[0] < SHARE_WORK):
         return False
@@ -229,7 +232,8 @@ def with_helpers(share: Callable[[list[Helper]], None]) -> bool:
     return True
 
 
-def shared_fp8(tokens: np.ndarray, ws: list[Fp8Matrix], ks: list[int], rows: list[np.ndarray], workers: list[Helper]) -> None:
+def shared_fp8(tokens: np.ndarray, ws: list[Fp8Matrix], ks: list[int], rows: list[np.ndarray],
+               workers: list[Helper]) -> None:
     """Tiles from both ends with one helper and few tokens, else bands of rows."""
     if len(workers) == 1 and not many_tokens(tokens.shape[0], ws[0]):
         workers[0].send_inputs(tokens, max(w.shape[0] for w in ws))

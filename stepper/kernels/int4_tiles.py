@@ -27,12 +27,13 @@ from functools import cache
 
 import numpy as np
 
-from stepper import int4
+from stepper import cpu_caches, int4
 from stepper.kernels.fp8_tiles import TALL_TILE_BYTES, kept_memory
 from stepper.seams.swap import bypasses
 from stepper.weights.stored import Int4Matrix
 
-TILE_VALUES = 1 << 17  # values decoded at once, about: [32, 7168] or [64, 2048] float32 (0.9 or 0.5 MB) stay in the cache
+TILE_SHARE = 16  # a tile's float32 values take 1/16 of the L2 in bytes (a quarter): its words, nibbles and products
+# take room too. A 2 MiB L2: 2^17 values, [32, 7168] or [64, 2048]
 MOST_TILE_ROWS = 128
 MANY_TOKENS = 128  # past this, tiles are taller (BLAS repacks the inputs for every product)
 
@@ -57,9 +58,14 @@ def planes(w: Int4Matrix) -> int:
 
 
 def tile_rows(w: Int4Matrix) -> int:
-    """Rows decoded at once: as many whole 32s as TILE_VALUES hold, 32 to MOST_TILE_ROWS (a
+    """Rows decoded at once: as many whole 32s as tile_values() hold, 32 to MOST_TILE_ROWS (a
     narrow weight in taller tiles: fewer NumPy calls for the same values)."""
-    return min(MOST_TILE_ROWS, 32 * max(1, TILE_VALUES // (32 * w.in_features)))
+    return min(MOST_TILE_ROWS, 32 * max(1, tile_values() // (32 * w.in_features)))
+
+
+def tile_values() -> int:
+    """Values decoded at once, from the L2 the machine reports (cpu_caches)."""
+    return cpu_caches.l2_bytes() // TILE_SHARE
 
 
 @dataclass(frozen=True)
@@ -123,7 +129,8 @@ def scales_per_byte(scales: np.ndarray, memory: TileMemory) -> np.ndarray:
     return memory.scales
 
 
-Decoder = Callable[[Int4Matrix, int, int, np.ndarray], object]  # (w, start, end, out [planes, rows, in/8] as decode_tile's)
+# (w, start, end, out [planes, rows, in/8] as decode_tile's)
+Decoder = Callable[[Int4Matrix, int, int, np.ndarray], object]
 
 
 def row_tiles(w: Int4Matrix, many: bool) -> list[tuple[int, int]]:

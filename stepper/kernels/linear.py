@@ -63,7 +63,8 @@ def linears(x: np.ndarray, weights: tuple) -> list[np.ndarray]:
     return [linear(x, w) for w in weights]
 
 
-def float32_weight(weight: np.ndarray | Fp8Matrix | Int4Matrix | Bf16Matrix, out: np.ndarray | None = None) -> np.ndarray:
+def float32_weight(weight: np.ndarray | Fp8Matrix | Int4Matrix | Bf16Matrix,
+                   out: np.ndarray | None = None) -> np.ndarray:
     """A weight as float32 [out, in]: an FP8 one decoded a block of rows at a time (the same bits
     as fp8.dequantize, a few times faster), an INT4 one a tile of rows at a time, a BF16 one
     whole (both their exact values), into `out` if given; a float32 one as it is."""

@@ -21,6 +21,8 @@ from typing import TypeVar
 Item = TypeVar("Item")
 MAX_WORKERS = 8
 SET_THREADS = ("scipy_openblas_set_num_threads64_", "openblas_set_num_threads64_", "openblas_set_num_threads")
+GET_THREADS = ("scipy_openblas_get_num_threads64_", "openblas_get_num_threads64_", "openblas_get_num_threads")
+GET_CORENAME = ("scipy_openblas_get_corename64_", "openblas_get_corename64_", "openblas_get_corename")
 
 
 def cores() -> int:
@@ -66,6 +68,14 @@ def single_threaded_blas() -> bool:
 
 
 def _blas_thread_setter() -> Callable[[int], None] | None:
+    function = _openblas_function(SET_THREADS)
+    if function is not None:
+        function.argtypes = [ctypes.c_int]  # 64-bit-integer builds still take a C int here
+    return function
+
+
+def _openblas_function(symbols: tuple[str, ...]):
+    """The first of these functions that NumPy's OpenBLAS exports (Linux), else None."""
     import numpy  # noqa: F401  (loads NumPy's BLAS library, so its path is in the process's map)
 
     try:
@@ -75,9 +85,29 @@ def _blas_thread_setter() -> Callable[[int], None] | None:
         return None
     for path in sorted(paths):
         library = ctypes.CDLL(path)
-        for symbol in SET_THREADS:
+        for symbol in symbols:
             if hasattr(library, symbol):
-                function = getattr(library, symbol)
-                function.argtypes = [ctypes.c_int]  # 64-bit-integer builds still take a C int here
-                return function
+                return getattr(library, symbol)
     return None
+
+
+def blas_description() -> str:
+    """NumPy's BLAS as built (name, version) and as it runs here: the kernel OpenBLAS chose for
+    this CPU and its threads, e.g. 'scipy-openblas 0.3.31, kernels SkylakeX, 1 thread'."""
+    import numpy
+
+    try:
+        built = numpy.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        name = f"{built.get('name', 'unknown')} {built.get('version', '')}".strip()
+    except (KeyError, TypeError, ValueError):
+        name = "unknown"
+    core = _openblas_function(GET_CORENAME)
+    threads = _openblas_function(GET_THREADS)
+    if core is not None:
+        core.restype = ctypes.c_char_p
+        name += f", kernels {core().decode(errors='replace')}"
+    if threads is not None:
+        threads.restype = ctypes.c_int
+        count = threads()
+        name += f", {count} thread{'s' if count != 1 else ''}"
+    return name

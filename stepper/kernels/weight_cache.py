@@ -8,10 +8,11 @@ budget; a weight bigger than the budget is never kept.
 Which weights are kept: a weight is kept from its second use on, and room is made for it only by
 letting go of weights used fewer times than it (least recently used first). Routed experts mostly
 change from one step to the next; kept as they come, least recently used out, each step's new
-experts (176 MB each in float32 at full size) pushed the attention and shared-expert weights
-out, and every step decoded whole weights it then used once, slower than no cache at all. Making a fresh 176 MB array costs more than the FP8 product of
-one use. Every AGE_EVERY uses all the counts are halved, so that a weight used often long ago
-does not keep its place against one used often now (a run stepping on to other layers, say).
+experts (176 MB each in float32 at full size) pushed the attention and shared-expert weights out,
+and every step decoded whole weights it then used once, slower than no cache at all. Making a fresh
+176 MB array costs more than the FP8 product of one use. Every AGE_EVERY uses all the counts are
+halved, so that a weight used often long ago does not keep its place against one used often now (a
+run stepping on to other layers, say).
 """
 
 from __future__ import annotations
@@ -90,8 +91,8 @@ class CachedWeights:
     def get_rows(self, name: str, rows: np.ndarray) -> np.ndarray:
         return self.source.get_rows(name, rows)
 
-    def row_blocks(self, name: str, rows: int) -> Iterator[Stored]:
-        return self.source.row_blocks(name, rows)
+    def row_bands(self, name: str, rows: int) -> Iterator[Stored]:
+        return self.source.row_bands(name, rows)
 
     def has(self, name: str) -> bool:
         return self.source.has(name)

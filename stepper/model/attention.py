@@ -104,7 +104,8 @@ def naive(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache: LayerCache, em
 
 
 @exercise
-def absorbed(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache: LayerCache, emit: Emitter, mask=None) -> np.ndarray:
+def absorbed(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache: LayerCache, emit: Emitter,
+             mask=None) -> np.ndarray:
     """Attend over the cached latents: W_UK folded into the query, W_UV applied afterwards.
     -> [B, H, T, v_head], the heads' outputs before merging"""
     w_uk, w_uv = split_kv_b(w.float32("self_attn.kv_b_proj.weight"), cfg)  # [H, nope, kv_lora], [H, v_head, kv_lora]

@@ -85,7 +85,8 @@ class KVCache:
         return self.layers[layer].length
 
 
-def cache_bytes_per_token(cfg: Config, attn: Attention, itemsize: int = 4, index_scoring: IndexScoring = "exact") -> int:
+def cache_bytes_per_token(cfg: Config, attn: Attention, itemsize: int = 4,
+                          index_scoring: IndexScoring = "exact") -> int:
     """Bytes one layer caches per position: per-head keys and values (attn "naive"), or one
     latent and rotary key ("absorb"); plus the indexer's key, if the model has one (scoring in
     FP8, also its e4m3 codes and float32 scale)."""

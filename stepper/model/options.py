@@ -31,5 +31,6 @@ class LayerOptions:
         for field, kind in (("attention", Attention), ("index_scoring", IndexScoring), ("dispatch", Dispatch)):
             if getattr(self, field) not in get_args(kind):
                 raise ValueError(f"{field} must be one of {', '.join(get_args(kind))}, got {getattr(self, field)!r}")
-        if self.chunk is not None and (isinstance(self.chunk, bool) or not isinstance(self.chunk, int) or self.chunk < 1):
+        positive_int = isinstance(self.chunk, int) and not isinstance(self.chunk, bool) and self.chunk >= 1
+        if self.chunk is not None and not positive_int:
             raise ValueError(f"chunk must be a positive number of positions or None, got {self.chunk!r}")

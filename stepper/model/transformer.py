@@ -31,11 +31,12 @@ HEAD_ROWS = 4096  # vocabulary rows multiplied at a time: for Kimi K2, 4096 x 71
 
 
 def lm_head(hidden: np.ndarray, weights: WeightSource, rows: int = HEAD_ROWS) -> np.ndarray:
-    """linear(hidden, lm_head): [B, T, d] -> logits [B, T, V], lm_head read a block of `rows`
+    """linear(hidden, lm_head): [B, T, d] -> logits [B, T, V], lm_head read a band of `rows`
     vocabulary rows at a time, so all of it (for Kimi K2 163840 x 7168, 4.7 GB in float32) never
     exists at once."""
-    blocks = (block.matrix(LM_HEAD) for block in weights.row_blocks(LM_HEAD, rows))  # the next `rows` rows of lm_head [V, d]
-    return linear_in_row_blocks(hidden, blocks, weights.config.vocab_size)
+    # the next `rows` rows of lm_head [V, d], one after another
+    bands = (band.matrix(LM_HEAD) for band in weights.row_bands(LM_HEAD, rows))
+    return linear_in_row_blocks(hidden, bands, weights.config.vocab_size)
 
 
 class Transformer:
@@ -46,7 +47,8 @@ class Transformer:
         self.options = LayerOptions(dispatch=dispatch, index_scoring=index_scoring)
         self.config: Config = weights.config
         self.decoder_layer = layer  # the config's family's (stepper.families), MLA's unless given
-        self.scratch: dict = {}  # float32 memory the layers decode weights into, and what it holds (LayerWeights.float32)
+        # float32 memory the layers decode weights into, and what it holds (LayerWeights.float32)
+        self.scratch: dict = {}
         cfg = self.config
         yarn = cfg.rope_scaling
         self.inv_freq = rope_inv_freq(cfg.qk_rope_head_dim, cfg.rope_theta, yarn)  # [rope/2]
@@ -104,22 +106,22 @@ class Transformer:
         positions: np.ndarray,
         emit: Emitter,
         cache: KVCache | None = None,
-        shown: range | None = None,
+        layers_shown: range | None = None,
         to_logits: bool = True,
         attn: Attention = "naive",
     ) -> np.ndarray | None:
         """ids [B, T] at positions [T] -> logits [B, T, V].
 
-        `shown` limits which layers emit; the layers before them run silently, so every layer
+        `layers_shown` limits which layers emit; the layers before them run silently, so every layer
         sees its true input, and the embedding, rope tables, norm and logits are emitted only
         when every layer is shown. Without `to_logits` the pass stops after the last shown
         layer and returns None.
         """
         n = self.config.num_hidden_layers
-        shown = range(n) if shown is None else shown
-        whole = emit if shown == range(n) else emit.silent()  # what the model emits outside the layers
+        layers = range(n) if layers_shown is None else layers_shown
+        whole = emit if layers == range(n) else emit.silent()  # what the model emits outside the layers
         hidden, rope = self.start(ids, positions, whole)
-        for i in range(n if to_logits else shown.stop):
-            emit.progress("layers", i, n if to_logits else shown.stop)
-            hidden = self.layer(i, hidden, rope, cache, emit if i in shown else emit.silent(), attn)
+        for i in range(n if to_logits else layers.stop):
+            emit.progress("layers", i, n if to_logits else layers.stop)
+            hidden = self.layer(i, hidden, rope, cache, emit if i in layers else emit.silent(), attn)
         return self.head(hidden, whole) if to_logits else None

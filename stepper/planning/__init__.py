@@ -29,6 +29,7 @@ class Wording:
 
     keep: str = "--only"
     patch: str = "--patch"
+    spell: session.Spell = session.command_line  # the session's checks: `--cache-len` or `cache_len=`
     options: dict[str, str] = field(default_factory=dict)  # an option the memory estimate names -> its name here
 
 
@@ -58,12 +59,13 @@ class RunPlan:
     def check_fits(self, kept: list[str], lower: str) -> None:
         """Refuse a run whose estimate (`kept`: the names a view keeps to the end, lowered by the
         option `lower`) is over the memory available, naming the option that lowers it."""
-        needs = [replace(n, lower=self.wording.options.get(n.lower, n.lower)) for n in memory.needs(self.plan, kept, lower)]
+        needs = [replace(n, lower=self.wording.options.get(n.lower, n.lower))
+                 for n in memory.needs(self.plan, kept, lower)]
         memory.check_fits(needs, memory.available_bytes())
 
     def on(self, weights: WeightSource) -> RunPlan:
         """The same run, its choices made, on other weights of the same config (checked as the first were)."""
-        return replace(self, plan=session.prepare(self.plan.spec, weights))
+        return replace(self, plan=session.prepare(self.plan.spec, weights, self.wording.spell))
 
     def execute(self, sinks: Sequence[Sink]) -> RunResult:
         return session.execute(self.plan, sinks)
@@ -79,6 +81,6 @@ def plan_run(spec: RunSpec, kept: Kept = lambda plan, names: [], lower: str = "-
     def estimate(plan: Plan) -> list[memory.Need]:
         return memory.needs(plan, kept(plan, planned_names(plan)), lower)
 
-    plan, why = memory.choose_attn(session.prepare(spec, weights), estimate, memory.available_bytes())
+    plan, why = memory.choose_attn(session.prepare(spec, weights, wording.spell), estimate, memory.available_bytes())
     plan, chunked = memory.choose_chunk(plan, estimate, memory.available_bytes(), chunk)
     return RunPlan(plan, planned_names(plan), tuple(line for line in (why, chunked) if line), wording)

@@ -30,7 +30,8 @@ from stepper.weights.names import layer_shapes
 
 FLOAT32 = 4
 SCORE_ARRAYS = 3  # the products q.k, the scaled and masked scores, the softmax
-STATS_CHUNKS = 6 * 8 * CHUNK  # a view's statistics: float64 chunks of statistics.CHUNK values, their squares, their parts
+# a view's statistics: float64 chunks of statistics.CHUNK values, their squares, their parts
+STATS_CHUNKS = 6 * 8 * CHUNK
 STATS_PER_BYTE = 12  # ... of a smaller tensor: six float64 copies of its float32 values
 TILE_ARRAYS = 4  # a tile of scores, its exponentials, the products with the values, the mask
 
@@ -129,8 +130,10 @@ def layer_bytes(plan: Plan, layers: list[int]) -> int:
     """The most one layer's named tensors take in any step, but for the attention scores and
     weights (counted with the scores)."""
     cat, spec = catalog.load(), plan.spec
-    return max(sum(tensor_bytes(e["name"], t, s, plan) for e in cat.layer_sequence(plan.config, layer, step_attn(spec, k), spec.index_scoring)
-                   if not {"T", "S"} <= set(e["dims"]))
+    def sequence(layer: int, k: int) -> list[dict]:
+        return cat.layer_sequence(plan.config, layer, step_attn(spec, k), spec.index_scoring)
+
+    return max(sum(tensor_bytes(e["name"], t, s, plan) for e in sequence(layer, k) if not {"T", "S"} <= set(e["dims"]))
                for layer in layers for k, (t, s) in enumerate(worked_shapes(plan)))
 
 
@@ -148,7 +151,8 @@ def needs(plan: Plan, kept: list[str], kept_lower: str) -> list[Need]:
     cfg, spec = plan.config, plan.spec
     heads = cfg.num_attention_heads
     t, s = worked_shapes(plan)[0]
-    run = [plan.spec.layer] if plan.alone else range(cfg.num_hidden_layers if plan.needs_logits else plan.shown.stop)
+    last = cfg.num_hidden_layers if plan.needs_logits else plan.layers_shown.stop
+    run = [plan.spec.layer] if plan.alone else range(last)
     cached = max(step_attn(spec, k) for k in range(spec.decode + 1))  # "naive" keeps per-head keys too
     positions = s + spec.decode
     per_position = cache_bytes_per_token(cfg, "absorb", index_scoring=spec.index_scoring) + (
@@ -167,7 +171,8 @@ def needs(plan: Plan, kept: list[str], kept_lower: str) -> list[Need]:
         result.append(Need(f"logits [1, {t}, {cfg.vocab_size}] float32", t * cfg.vocab_size * FLOAT32, "--prompt-len"))
     if spec.weight_cache_mb and spec.decode:  # a weight is kept from its second use on: in a later step
         weights = sum(math.prod(shape) for layer in run for shape in layer_shapes(cfg, layer).values())
-        result.append(Need("the weight cache", min(spec.weight_cache_mb * 2**20, weights * FLOAT32), "--weight-cache-mb"))
+        cached = min(spec.weight_cache_mb * 2**20, weights * FLOAT32)
+        result.append(Need("the weight cache", cached, "--weight-cache-mb"))
     if kept:
         result.append(Need(f"the {len(kept)} tensors kept", kept_bytes(plan, kept), kept_lower))
     return result
@@ -177,10 +182,10 @@ def scores_need(heads: int, t: int, s: int) -> Need:
     """The attention scores of the longest step: whole arrays where small, else one tile per core
     (the scores, their exponentials and the running sums; kernels.attention.held_or_tiled)."""
     if attention.whole_fits(1, heads, t, s):
-        return Need(f"attention scores [1, {heads}, {t}, {s}] float32", SCORE_ARRAYS * heads * t * s * FLOAT32 + 2 * t * s,
-                    "--prompt-len")
-    return Need(f"attention tiles on {parallel.cores()} cores", TILE_ARRAYS * parallel.cores() * attention.TILE_SCORES * FLOAT32,
-                "--prompt-len")
+        whole = SCORE_ARRAYS * heads * t * s * FLOAT32 + 2 * t * s
+        return Need(f"attention scores [1, {heads}, {t}, {s}] float32", whole, "--prompt-len")
+    tiles = TILE_ARRAYS * parallel.cores() * attention.TILE_SCORES * FLOAT32
+    return Need(f"attention tiles on {parallel.cores()} cores", tiles, "--prompt-len")
 
 
 COMFORT = 2  # --attn auto runs the naive prefill only where its estimate is at most 1/COMFORT of what is available
@@ -201,8 +206,9 @@ def choose_attn(plan: Plan, estimate: Callable[[Plan], list[Need]], available: i
     lean = f"absorbed it needs about {gib(sum(n.bytes for n in estimate(absorbed)))}"
     cached, t = plan.spec.cache_len, plan.prompt_len
     if cached > t:
-        return absorbed, (f"--attn auto: absorbed throughout: the prefill's {t:,} position{'s attend' if t > 1 else ' attends'} "
-                          f"over a cache of {cached:,}, as a decode step does; naive it would need about {gib(usual)}, {lean}")
+        attend = "positions attend" if t > 1 else "position attends"
+        return absorbed, (f"--attn auto: absorbed throughout: the prefill's {t:,} {attend} over a cache of "
+                          f"{cached:,}, as a decode step does; naive it would need about {gib(usual)}, {lean}")
     if available is not None and usual * COMFORT > available:
         return absorbed, (f"--attn auto: absorbed throughout: naive the run would need about {gib(usual)}, over half "
                           f"the {gib(available)} available; {lean}")
@@ -276,7 +282,9 @@ def cgroup_room(mount: Path = Path("/sys/fs/cgroup"), own: Path = Path("/proc/se
         for folder in cgroup_folders(mount / sub, own, v2=not sub):
             limit, usage = read_number(folder / limit_file), read_number(folder / usage_file)
             if limit is not None and usage is not None:
-                return None if limit >= UNLIMITED else max(0, limit - usage + stat_value(folder / "memory.stat", reclaimable))
+                if limit >= UNLIMITED:
+                    return None
+                return max(0, limit - usage + stat_value(folder / "memory.stat", reclaimable))
     return None
 
 

@@ -24,7 +24,7 @@ def planned_names(plan: Plan) -> list[str]:
     spec = plan.spec
     steps = [(phase_name(spec, step), step_attn(spec, step)) for step in range(spec.decode + 1)]
     start = START + ROPE if plan.whole else ROPE if plan.alone else ()
-    return catalog.load().run_names(plan.config, steps, plan.shown, start, END if plan.whole else (),
+    return catalog.load().run_names(plan.config, steps, plan.layers_shown, start, END if plan.whole else (),
                                     spec.index_scoring)
 
 

@@ -6,7 +6,7 @@ the attention's operands) and a tensor of a prefill run in chunks of positions
 (`stepper.tensors.chunked.Chunked`, made by replaying the chunks). A lazy tensor tells its shape, dtype
 and sizes as an array does; `cost` says, in one sentence, what reading it makes; `numpy()` (or
 `np.asarray(t)`) reads it; `keep_when_read()` has a holder's tensors made together and kept (a
-chunked run's: one replay for all, never one per read); `blocks()` gives its values a block at a
+chunked run's: one replay for all, never one per read); `tiles()` gives its values a tile at a
 time (for statistics: in no particular order); `figures` are its statistics when they are known
 without reading it (a chunked prefill's, gathered as it ran), else None. `held(t)` tells an
 array from a lazy tensor, so no consumer needs to know which kind it has.
@@ -66,12 +66,12 @@ class LazyTensor:
         """The whole tensor, as `np.asarray(t)` makes it (see `cost`)."""
         return np.asarray(self)
 
-    def blocks(self) -> Iterator[np.ndarray]:
-        """The values a block at a time (for order-free figures)."""
+    def tiles(self) -> Iterator[np.ndarray]:
+        """The values a tile at a time (for order-free figures)."""
         return pieces(np.asarray(self))
 
     def in_order(self) -> Iterator[np.ndarray]:
-        """The values a block at a time, in C order (as a file of the whole tensor holds them)."""
+        """The values a tile at a time, in C order (as a file of the whole tensor holds them)."""
         yield np.ascontiguousarray(self)
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:

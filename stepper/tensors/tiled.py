@@ -1,10 +1,10 @@
 """A tensor too large to hold, shown without being held: the attention scores and weights
 [B, H, T, S] of a long prompt.
 
-A `Tiled` knows its shape and dtype and makes any block of heads and query rows on demand
-(`block(heads, queries)` -> [B, h, t, S]); everything that looks at it works a block at a time:
-the statistics (views.summary), the heat map (pooled block by block), a slice (`tiled[0, 3, 100]`
-computes that head's row only), a dump (written block by block). `np.asarray(tiled)` makes the
+A `Tiled` knows its shape and dtype and makes any tile of heads and query rows on demand
+(`tile(heads, queries)` -> [B, h, t, S]); everything that looks at it works a tile at a time:
+the statistics (views.summary), the heat map (pooled tile by tile), a slice (`tiled[0, 3, 100]`
+computes that head's row only), a dump (written tile by tile). `np.asarray(tiled)` makes the
 whole array, for the small sizes where that is fine.
 """
 
@@ -19,40 +19,40 @@ import numpy as np
 
 from stepper.tensors.tensor import LazyTensor, mib
 
-Block = Callable[[slice, slice], np.ndarray]  # (heads, queries) -> [B, h, t, S]
-BLOCK_VALUES = 1 << 22  # values per block a reader asks for (16 MB of float32)
+Tile = Callable[[slice, slice], np.ndarray]  # (heads, queries) -> [B, h, t, S]
+TILE_VALUES = 1 << 22  # values per tile a reader asks for (16 MB of float32)
 FLOAT32 = np.dtype(np.float32)
-MAKER = "stepper-tiles"  # the thread that makes the next block
+MAKER = "stepper-tiles"  # the thread that makes the next tile
 
 
 class Tiled(LazyTensor):
-    """A [B, H, T, S] tensor made block by block; `block(heads, queries)` -> [B, h, t, S]."""
+    """A [B, H, T, S] tensor made tile by tile; `tile(heads, queries)` -> [B, h, t, S]."""
 
     made, whole = "a tile at a time", "a shorter prompt"
 
-    def __init__(self, shape: tuple[int, int, int, int], block: Block, dtype: np.dtype = FLOAT32):
+    def __init__(self, shape: tuple[int, int, int, int], tile: Tile, dtype: np.dtype = FLOAT32):
         self.shape = tuple(int(n) for n in shape)
         self.dtype = np.dtype(dtype)
-        self.block = block
+        self.tile = tile
 
-    def rows_per_block(self) -> int:
-        """Query rows of one head per block, so a block holds about BLOCK_VALUES values."""
+    def rows_per_tile(self) -> int:
+        """Query rows of one head per tile, so a tile holds about TILE_VALUES values."""
         B, _, T, S = self.shape
-        return max(1, min(T, BLOCK_VALUES // max(1, B * S)))
+        return max(1, min(T, TILE_VALUES // max(1, B * S)))
 
-    def blocks(self) -> Iterator[np.ndarray]:
-        """The whole tensor in C order, a block of one batch row at a time: [t, S] of one head,
+    def tiles(self) -> Iterator[np.ndarray]:
+        """The whole tensor in C order, a tile of one batch row at a time: [t, S] of one head,
         or, where a head's rows are few (a decode step), [h, T, S] of several heads at once, so
-        the keys are read once for many heads. Each block is made while the one before is looked
+        the keys are read once for many heads. Each tile is made while the one before is looked
         at (`ahead`)."""
         B, H, T, S = self.shape
-        rows = self.rows_per_block()
-        heads = max(1, BLOCK_VALUES // max(1, B * T * S)) if rows == T else 1
+        rows = self.rows_per_tile()
+        heads = max(1, TILE_VALUES // max(1, B * T * S)) if rows == T else 1
         spans = [(b, slice(h, min(h + heads, H)), slice(t, min(t + rows, T)))
                  for b in range(B) for h in range(0, H, heads) for t in range(0, T, rows)]
-        return ahead(lambda span: self.block(span[1], span[2])[span[0]], spans)
+        return ahead(lambda span: self.tile(span[1], span[2])[span[0]], spans)
 
-    in_order = blocks
+    in_order = tiles
 
     @property
     def cost(self) -> str:
@@ -62,7 +62,7 @@ class Tiled(LazyTensor):
         """The values at an index of ints and slices, computing only the heads and query rows it touches."""
         index = basic_index(index)
         heads, queries = touched(index[1], self.shape[1]), touched(index[2], self.shape[2])
-        part = self.block(heads, queries)  # [B, h, t, S]
+        part = self.tile(heads, queries)  # [B, h, t, S]
         part = np.take(part, np.arange(self.shape[2])[index[2]] - queries.start, axis=2)
         part = np.take(part, np.arange(self.shape[1])[index[1]] - heads.start, axis=1)
         return part[index[0], ..., index[3]]  # the batch and key axes are still there
@@ -70,17 +70,17 @@ class Tiled(LazyTensor):
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
         whole = np.empty(self.shape, self.dtype)
         _, H, T, _ = self.shape
-        rows = self.rows_per_block()
+        rows = self.rows_per_tile()
         for h in range(H):
             for t in range(0, T, rows):
                 queries = slice(t, min(t + rows, T))
-                whole[:, h:h + 1, queries] = self.block(slice(h, h + 1), queries)
+                whole[:, h:h + 1, queries] = self.tile(slice(h, h + 1), queries)
         return whole if dtype is None else whole.astype(dtype, copy=False)
 
 
 def ahead(make: Callable[[object], np.ndarray], items: list) -> Iterator[np.ndarray]:
     """make(item) for each item in turn, the next one made on another thread while the caller
-    looks at this one: a block's products (which release the GIL) beside the statistics of the
+    looks at this one: a tile's products (which release the GIL) beside the statistics of the
     one before (which mostly hold it), so both cores work. (On that thread itself, in turn.)"""
     if threading.current_thread().name.startswith(MAKER):
         yield from map(make, items)

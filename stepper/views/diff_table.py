@@ -3,7 +3,7 @@ of its relative difference on a log scale, how the difference grows through each
 first tensor where the two runs part.
 
 A diff is read by its fields (`rows`, `first`, `only_a`, `only_b`, `a`, `b`; each row's `name`,
-`status`, `max_abs`, `rel`, `cosine`, `detail`, `phase`, `layer`), as `stepper.fixtures.diff` makes it.
+`status`, `max_abs`, `rel`, `cosine`, `detail`, `phase`, `layer`), as `stepper.fixtures.run_diff` makes it.
 """
 
 from __future__ import annotations

@@ -15,8 +15,7 @@ from rich.text import Text
 
 from stepper.config import Config
 from stepper.seams.trace import Event
-from stepper.views import diff_table as diff_view
-from stepper.views import pictures
+from stepper.views import diff_table, pictures
 from stepper.views.sinks import TensorRows
 
 WIDTH = 160
@@ -74,7 +73,7 @@ def run_html(events: list[Event], cfg: Config, title: str) -> str:
 
 
 def diff_html(diff: Any) -> str:
-    return html([diff_view.render(diff)])
+    return html([diff_table.render(diff)])
 
 
 class Shown:

@@ -27,7 +27,7 @@ from rich.style import Style
 from rich.text import Text
 
 from stepper.tensors.tensor import LazyTensor, Tensor, held
-from stepper.tensors.tiled import BLOCK_VALUES
+from stepper.tensors.tiled import TILE_VALUES
 from stepper.untrusted import shown
 from stepper.views import summary
 from stepper.views.summary import number
@@ -278,7 +278,7 @@ def pool_max_lazy(w: LazyTensor, head: int, rows: int, cols: int) -> tuple[np.nd
     the whole map."""
     b_len, _, t_len, s_len = w.shape
     rb, cb = ceil_div(t_len, max(rows, 1)), ceil_div(s_len, max(cols, 1))
-    step = rb * max(1, min(t_len, BLOCK_VALUES // max(1, b_len * s_len)) // rb)
+    step = rb * max(1, min(t_len, TILE_VALUES // max(1, b_len * s_len)) // rb)
     grids = [pool_blocks(np.asarray(w[0, head, t:t + step], np.float64), rb, cb) for t in range(0, t_len, step)]
     return np.concatenate(grids), rb, cb
 
@@ -696,7 +696,7 @@ def pooled_marks(mask: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, in
     max-pooled to at most rows x cols cells, a block of whole pooling rows at a time.  mask [T, S]"""
     t_len, s_len = mask.shape
     rb, cb = ceil_div(t_len, max(rows, 1)), ceil_div(s_len, max(cols, 1))
-    step = rb * max(1, BLOCK_VALUES // max(1, rb * s_len))
+    step = rb * max(1, TILE_VALUES // max(1, rb * s_len))
     grids = []
     for t in range(0, t_len, step):
         queries = np.arange(t, min(t + step, t_len))

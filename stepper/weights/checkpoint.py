@@ -89,13 +89,13 @@ class Checkpoint:
             return stored.as_float32(name)[rows]
         return np.asarray(stored.data[rows], dtype=np.float32)  # touches only these rows' pages
 
-    def row_blocks(self, name: str, rows: int) -> Iterator[Stored]:
-        """Views of the mapped tensor, block by block; a block's pages are released once the next
-        block is asked for, so reading all of lm_head (2.3 GB in BF16) keeps one block resident."""
+    def row_bands(self, name: str, rows: int) -> Iterator[Stored]:
+        """Views of the mapped tensor, band by band; a band's pages are released once the next
+        band is asked for, so reading all of lm_head (2.3 GB in BF16) keeps one band resident."""
         stored_name = self._stored_name(name)  # an INT4 lm_head: its packed words
         shard = self.shard_of(stored_name)
-        for block in self.stored(name).row_blocks(rows):
-            yield block
+        for band in self.stored(name).row_bands(rows):
+            yield band
             shard.release(stored_name)
 
     def has(self, name: str) -> bool:

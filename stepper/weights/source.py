@@ -1,8 +1,8 @@
 """Where the layer's weights come from, behind one small interface: `source.get(name)`.
 
 Names are those of an HF checkpoint (`model.layers.3.self_attn.kv_a_proj_with_mqa.weight`).
-Every source also gives a tensor in blocks of rows (`row_blocks`), so a product with a matrix
-too large to hold in float32 (Kimi K2's lm_head, 4.7 GB) can run one block at a time.
+Every source also gives a tensor in bands of rows (`row_bands`), so a product with a matrix
+too large to hold in float32 (Kimi K2's lm_head, 4.7 GB) can run one band at a time.
 `ArrayWeights` serves float32 tensors already in memory (tests, the PyTorch cross-check).
 """
 
@@ -34,8 +34,8 @@ class WeightSource(Protocol):
         """A weight to multiply with: float32, or FP8 codes with scales (see ops.linear)."""
         ...
 
-    def row_blocks(self, name: str, rows: int) -> Iterator[Stored]:
-        """The stored tensor in consecutive blocks of `rows` rows (the last may be shorter), each
+    def row_bands(self, name: str, rows: int) -> Iterator[Stored]:
+        """The stored tensor in consecutive bands of `rows` rows (the last may be shorter), each
         made or read only when the previous one is done with (see row_spans)."""
         ...
 
@@ -57,8 +57,8 @@ class ArrayWeights:
     def get_rows(self, name: str, rows: np.ndarray) -> np.ndarray:
         return self.get(name)[rows]
 
-    def row_blocks(self, name: str, rows: int) -> Iterator[Stored]:
-        return Stored("F32", self.get(name)).row_blocks(rows)
+    def row_bands(self, name: str, rows: int) -> Iterator[Stored]:
+        return Stored("F32", self.get(name)).row_bands(rows)
 
     def matrix(self, name: str) -> np.ndarray:
         return self.get(name)

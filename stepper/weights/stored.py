@@ -183,17 +183,17 @@ class Stored:
         origin = None if self.origin is None else self.origin.at(start * self.data.strides[0])
         return Stored(self.dtype, self.data[start:stop], scales, self.block, origin, self.columns)
 
-    def row_blocks(self, rows: int) -> Iterator[Stored]:
+    def row_bands(self, rows: int) -> Iterator[Stored]:
         for start, stop in row_spans(self.data.shape[0], rows, self.height):
             yield self.rows(start, stop)
 
 
 def row_spans(n: int, rows: int, height: int = 1) -> list[tuple[int, int]]:
-    """[start, stop) of consecutive blocks of `rows` rows over n rows, the last possibly shorter.
+    """[start, stop) of consecutive bands of `rows` rows over n rows, the last possibly shorter.
 
-    height: the rows sharing one FP8 scale; `rows` must be a multiple of it, so that each block
+    height: the rows sharing one FP8 scale; `rows` must be a multiple of it, so that each band
     is quantized (or dequantized) exactly as the whole tensor is.
     """
     if rows < height or rows % height:
-        raise ValueError(f"row blocks must be a positive multiple of {height} rows, got {rows}")
+        raise ValueError(f"row bands must be a positive multiple of {height} rows, got {rows}")
     return [(start, min(start + rows, n)) for start in range(0, n, rows)]

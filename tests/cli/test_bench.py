@@ -98,9 +98,9 @@ def test_the_indexer_scenario_times_the_indexer_the_attention_and_the_layer_of_a
 def test_the_expert_scenario_times_one_expert_of_each_checkpoint_in_turn(tmp_path, monkeypatch):
     from stepper.model.ops import swiglu
     from stepper.presets import preset
+    from stepper.weights.seeded import SyntheticWeights
     from stepper.weights.stored import Fp8Matrix, Int4Matrix
-    from stepper.weights.synth import requantized, synth_checkpoint
-    from stepper.weights.synthetic import SyntheticWeights
+    from stepper.weights.synth_checkpoint import requantized, synth_checkpoint
 
     fp8 = synth_checkpoint(SyntheticWeights(preset("tiny")), tmp_path / "fp8", range(1, 2))
     int4 = synth_checkpoint(SyntheticWeights(requantized(preset("tiny"), "int4")), tmp_path / "int4", range(1, 2))
@@ -126,3 +126,38 @@ def test_the_shown_prefill_runs_in_chunks_and_shows_what_the_whole_prompt_would(
     weights = seen["self_attn.attn_weights"]
     assert weights.finite == 4 * 300 * 300 and weights.sum == pytest.approx(4 * 300)  # every row's weights, whole
     assert seen["self_attn.q_nope_absorbed"].finite == 4 * 300 * 128
+
+
+def test_a_layer_floor_counts_the_weights_decoded_and_the_flops_at_the_ceilings_of_the_run():
+    from stepper.presets import preset
+
+    cfg = preset("tiny")
+    ceil = bench.Ceilings(fp8=2e6, gemm=1e9, cores=2)
+    shapes = bench.layer_shapes(cfg, 1)
+    matrices = {n: s[0] * s[1] for n, s in shapes.items() if len(s) == 2 and ".gate.weight" not in n}
+    routed = sum(v for n, v in matrices.items() if ".experts." in n)
+    rest, k, n = sum(matrices.values()) - routed, cfg.num_experts_per_tok, cfg.n_routed_experts
+    seconds, how = bench.layer_floor(cfg, 1, 1, 10, ceil)  # one token uses k experts
+    flops = 2 * (rest + routed / n * k) + bench.core_flops(cfg, 1, 10, "absorb")
+    assert seconds == pytest.approx((rest + routed / n * k) / 2e6 + flops / 1e9)
+    assert "on 2 cores at once" in how
+    seconds, _ = bench.layer_floor(cfg, 1, 10_000, 0, ceil)  # so many tokens choose every expert
+    flops = 2 * 10_000 * (rest + routed / n * k) + bench.core_flops(cfg, 10_000, 0, "naive")
+    assert seconds == pytest.approx((rest + routed) / 2e6 + flops / 1e9)
+
+
+def test_figures_print_their_ratio_to_the_floor_and_the_machine_names_its_blas_and_features():
+    from stepper.cli.bench import against_floor
+
+    figure = bench.Figure("layer", 0.3, "s", floor=0.2, floor_note="decoding")
+    assert figure.ratio() == pytest.approx(1.5)
+    assert against_floor(figure) == "  = 1.50x its floor 0.2 s (decoding)"
+    assert against_floor(bench.Figure("bandwidth", 20.0, "GB/s")) == ""
+    held = bench.anchored([figure, bench.Figure("ratio", 0.9, "x")], "no slower")
+    assert [f.floor for f in held] == [0.2, 1.0]
+    ceilings = [bench.Figure(bench.GEMM_CEILING, 200.0, "GFLOP/s"), bench.Figure(bench.FP8_CEILING, 1.5, "G weights/s"),
+                bench.Figure(bench.FP8_EVERY_CORE, 2.5, "G weights/s")]
+    measured = bench.Ceilings.of(ceilings)
+    assert (measured.fp8, measured.gemm) == (2.5e9, 200e9)  # the floors use every core's rate, measured at once
+    described = bench.machine()
+    assert "BLAS: " in described and "CPU features: " in described and "L2 " in described

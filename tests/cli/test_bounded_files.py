@@ -12,8 +12,8 @@ from helpers.files import linked
 from helpers.malformed import read_shard, write_shard
 
 from stepper.presets import preset
-from stepper.weights.synth import requantized, synth_checkpoint
-from stepper.weights.synthetic import SyntheticWeights
+from stepper.weights.seeded import SyntheticWeights
+from stepper.weights.synth_checkpoint import requantized, synth_checkpoint
 
 EXPERT = "model.layers.1.mlp.experts.3.up_proj.weight"
 

@@ -18,8 +18,8 @@ from helpers.files import linked
 
 from stepper import text
 from stepper.presets import preset
-from stepper.weights.synth import synth_checkpoint
-from stepper.weights.synthetic import SyntheticWeights
+from stepper.weights.seeded import SyntheticWeights
+from stepper.weights.synth_checkpoint import synth_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 WORDS = {

@@ -34,8 +34,8 @@ from typer.testing import CliRunner
 
 from stepper.cli.main import app
 from stepper.config import Config
-from stepper.weights.synth import synth_checkpoint
-from stepper.weights.synthetic import SyntheticWeights
+from stepper.weights.seeded import SyntheticWeights
+from stepper.weights.synth_checkpoint import synth_checkpoint
 
 READ_SLACK = 64 * 1024  # what a command reads besides the files it is given (/proc/meminfo, cgroup limits)
 PYTHON_BYTES = 64 * 2**20  # what one traced command may allocate in Python and NumPy (the files are ~130 KB)

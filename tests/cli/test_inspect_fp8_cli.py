@@ -15,8 +15,8 @@ from stepper.views.summary import stats
 from stepper.weights.checkpoint import Checkpoint
 from stepper.weights.safetensors_reader import SafetensorsFile
 from stepper.weights.safetensors_writer import Entry, write_safetensors
-from stepper.weights.synth import synth_checkpoint
-from stepper.weights.synthetic import SyntheticWeights
+from stepper.weights.seeded import SyntheticWeights
+from stepper.weights.synth_checkpoint import synth_checkpoint
 
 KV = "model.layers.1.self_attn.kv_a_proj_with_mqa.weight"  # [144, 320]: scales [2, 3], partial blocks
 

@@ -14,8 +14,8 @@ if sys.platform == "win32":
 from stepper.model import synthetic_cache
 from stepper.presets import preset
 from stepper.session import STEPS, RunSpec, run
-from stepper.weights.synth import synth_checkpoint
-from stepper.weights.synthetic import SyntheticWeights
+from stepper.weights.seeded import SyntheticWeights
+from stepper.weights.synth_checkpoint import synth_checkpoint
 from tests.helpers.cli import stepper
 from tests.helpers.terminal import on_terminal
 

@@ -18,8 +18,8 @@ from stepper.presets import preset
 from stepper.seams.trace import Recorder
 from stepper.session import RunSpec, execute, prepare, run
 from stepper.text import load_tokenizer
-from stepper.weights.synth import synth_checkpoint
-from stepper.weights.synthetic import SyntheticWeights
+from stepper.weights.seeded import SyntheticWeights
+from stepper.weights.synth_checkpoint import synth_checkpoint
 
 PROMPT = "hello world, the fox"
 

@@ -6,8 +6,8 @@ import pytest
 from helpers.range_server import RangeServer
 
 from stepper.presets import preset
-from stepper.weights.synth import synth_checkpoint
-from stepper.weights.synthetic import SyntheticWeights
+from stepper.weights.seeded import SyntheticWeights
+from stepper.weights.synth_checkpoint import synth_checkpoint
 
 
 @pytest.fixture(scope="module")

@@ -20,8 +20,8 @@ from stepper.seams.trace import Recorder
 from stepper.session import RunSpec, run
 from stepper.weights.checkpoint import Checkpoint
 from stepper.weights.names import is_linear, weight_shapes
-from stepper.weights.synth import synth_checkpoint
-from stepper.weights.synthetic import SyntheticWeights
+from stepper.weights.seeded import SyntheticWeights
+from stepper.weights.synth_checkpoint import synth_checkpoint
 
 
 def tensors_of(spec: RunSpec, weights=None) -> dict[str, np.ndarray]:

@@ -6,7 +6,7 @@ import pytest
 from stepper.model import KVCache, Transformer
 from stepper.presets import preset
 from stepper.seams.trace import Emitter, Recorder
-from stepper.weights.synthetic import SyntheticWeights
+from stepper.weights.seeded import SyntheticWeights
 
 IDS, POSITIONS = np.array([[3, 14, 15, 92, 65]]), np.arange(5)
 

@@ -9,8 +9,8 @@ from stepper.presets import preset
 from stepper.seams.trace import Recorder
 from stepper.session import RunSpec, execute, prepare, run
 from stepper.weights.checkpoint import Checkpoint
-from stepper.weights.synth import synth_checkpoint
-from stepper.weights.synthetic import SyntheticWeights
+from stepper.weights.seeded import SyntheticWeights
+from stepper.weights.synth_checkpoint import synth_checkpoint
 
 
 @pytest.mark.parametrize("spec", [

@@ -13,7 +13,7 @@ from stepper.errors import StepperError
 from stepper.planning.names import planned_names
 from stepper.seams.trace import Recorder
 from stepper.session import RunSpec, execute, prepare, run
-from stepper.weights.synthetic import SyntheticWeights
+from stepper.weights.seeded import SyntheticWeights
 
 LAYER = "layers.1.self_attn.indexer."
 FP8_ONLY = ("q_rotated", "k_rotated", "q_fp8", "q_scale", "k_fp8", "k_scale", "keys_fp8", "key_scales",

@@ -19,9 +19,9 @@ from stepper.presets import preset
 from stepper.seams.trace import Recorder
 from stepper.session import RunSpec, run
 from stepper.weights.checkpoint import Checkpoint
+from stepper.weights.seeded import SyntheticWeights
 from stepper.weights.stored import Int4Matrix
-from stepper.weights.synth import requantized, synth_checkpoint
-from stepper.weights.synthetic import SyntheticWeights
+from stepper.weights.synth_checkpoint import requantized, synth_checkpoint
 
 EXPERT = "model.layers.1.mlp.experts.3.up_proj.weight"
 

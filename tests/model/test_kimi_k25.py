@@ -19,8 +19,8 @@ from stepper.session import RunSpec, run
 from stepper.weights.checkpoint import Checkpoint
 from stepper.weights.safetensors_reader import SafetensorsFile
 from stepper.weights.safetensors_writer import Entry, write_safetensors
-from stepper.weights.synth import synth_checkpoint
-from stepper.weights.synthetic import SyntheticWeights
+from stepper.weights.seeded import SyntheticWeights
+from stepper.weights.synth_checkpoint import synth_checkpoint
 
 K25_EXTRA = {  # the fields of Kimi-K2.5's config.json beside text_config, as published
     "architectures": ["KimiK25ForConditionalGeneration"],

@@ -17,8 +17,8 @@ from stepper import run as stepper_run
 from stepper.errors import StepperError
 from stepper.families import derive, load_config
 from stepper.presets import PRESETS
-from stepper.weights.synth import synth_checkpoint
-from stepper.weights.synthetic import SyntheticWeights
+from stepper.weights.seeded import SyntheticWeights
+from stepper.weights.synth_checkpoint import synth_checkpoint
 
 NEW = "mlp.gate.tempered_scores"
 
@@ -33,7 +33,8 @@ def config_json(tmp_path: Path) -> Path:
 
 
 def test_its_config_is_refused_until_the_family_is_registered_and_read_by_its_own_class(config_json):
-    with pytest.raises(StepperError, match=r"field 'model_type' must be one of deepseek_v3, .*kimi_k25, got 'tempered_moe'"):
+    refused = r"field 'model_type' must be one of deepseek_v3, .*kimi_k25, got 'tempered_moe'"
+    with pytest.raises(StepperError, match=refused):
         load_config(config_json)
     with families.registered(tempered.FAMILY):
         cfg = load_config(config_json)
@@ -64,11 +65,12 @@ def test_it_runs_through_stepper_run_with_every_tensor_named_and_explained(confi
     assert all(entry["description"] != "(not in the catalogue)" and entry["explain"] for entry in explained.values())
     assert explained[f"decode0.layers.1.{NEW}"]["formula"].startswith("tempered_scores = softmax(logits / ")
     for phase in ("prefill", "decode0"):
-        logits, scores = np.asarray(run[f"{phase}.layers.1.mlp.gate.logits"]), np.asarray(run[f"{phase}.layers.1.{NEW}"])
+        gate = f"{phase}.layers.1.mlp.gate"
+        logits, scores = np.asarray(run[f"{gate}.logits"]), np.asarray(run[f"{phase}.layers.1.{NEW}"])
         z = logits.astype(np.float64) / 0.5
         by_hand = np.exp(z - z.max(axis=1, keepdims=True))
         np.testing.assert_allclose(scores, by_hand / by_hand.sum(axis=1, keepdims=True), rtol=2e-6, atol=1e-7)
-        idx, weight = np.asarray(run[f"{phase}.layers.1.mlp.gate.topk_idx"]), np.asarray(run[f"{phase}.layers.1.mlp.gate.topk_weight"])
+        idx, weight = np.asarray(run[f"{gate}.topk_idx"]), np.asarray(run[f"{gate}.topk_weight"])
         chosen = np.take_along_axis(scores, idx, axis=1)
         assert np.all(chosen.min(axis=1) >= np.sort(scores, axis=1)[:, -idx.shape[1]])  # the k best
         np.testing.assert_allclose(weight, chosen / chosen.sum(axis=1, keepdims=True), rtol=1e-6)
@@ -83,7 +85,8 @@ def test_a_checkpoint_of_it_is_read_through_the_registry(config_json, tmp_path):
     assert type(from_disk.config) is tempered.TemperedConfig and from_disk.config.router_temperature == 0.5
     assert json.loads((folder / "config.json").read_text())["router_temperature"] == 0.5
     name = f"layers.1.{NEW}"
-    np.testing.assert_array_equal(np.asarray(from_disk[name]), np.asarray(synthetic[name]))  # the same weights, read back
+    # the same weights, read back
+    np.testing.assert_array_equal(np.asarray(from_disk[name]), np.asarray(synthetic[name]))
 
 
 def test_the_command_line_explains_and_lists_its_tensor(config_json):

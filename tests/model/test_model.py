@@ -8,8 +8,8 @@ from stepper.presets import preset
 from stepper.seams.trace import Emitter, Recorder
 from stepper.session import RunSpec, prompt_ids, run
 from stepper.tensors.tiled import Tiled
+from stepper.weights.seeded import SyntheticWeights
 from stepper.weights.stored import Fp8Matrix
-from stepper.weights.synthetic import SyntheticWeights
 
 
 def rel_err(a: np.ndarray, b: np.ndarray) -> float:

@@ -55,7 +55,7 @@ def test_the_rotary_keys_are_turned_at_their_positions():
     from stepper.model.layer_weights import LayerWeights
     from stepper.presets import preset
     from stepper.seams.trace import Emitter
-    from stepper.weights.synthetic import SyntheticWeights
+    from stepper.weights.seeded import SyntheticWeights
 
     cfg = preset("tiny")
     model = Transformer(SyntheticWeights(cfg, 0))

@@ -152,8 +152,8 @@ def test_entries_follow_the_schema(catalog):
             assert ref.get(key) is None or citation_ok(ref[key]), f"{name}: bad {key} citation {ref[key]!r}"
         assert not re.search(r"\blines? \d", ref["variable"]), f"{name}: line numbers belong in a citation"
     int_tensors = [e["name"] for e in catalog["tensors"] if e["dtype"] == "int64"]
-    assert sorted(int_tensors) == sorted(["mlp.gate.topk_idx", "self_attn.indexer.topk_idx", "self_attn.indexer.exact_topk_idx",
-                                         "self_attn.indexer.kept_of_exact"])
+    assert sorted(int_tensors) == sorted(["mlp.gate.topk_idx", "self_attn.indexer.topk_idx",
+                                          "self_attn.indexer.exact_topk_idx", "self_attn.indexer.kept_of_exact"])
 
 
 @pytest.fixture(scope="module")
@@ -184,7 +184,8 @@ def test_absorbed_entries_cite_deepseek_inference(catalog, branches):
         if e["scope"] == "layer" and name in branches["absorb"] and name not in branches["naive"]:
             assert citation_ok(ref["inference"]), e["name"]
             assert ref["modeling_deepseek.py"] is None and ref["transformers"] is None, e["name"]
-        elif e["scope"] == "layer" and name not in branches["exact"]:  # DeepSeek's FP8 scoring, or the exact scores beside it
+        # DeepSeek's FP8 scoring, or the exact scores beside it
+        elif e["scope"] == "layer" and name not in branches["exact"]:
             assert citation_ok(ref["inference_v32"]) or citation_ok(ref["transformers"]), e["name"]
         elif e["scope"] == "layer" and name not in branches["v3"]:  # another family's tensor: V3's file has none
             assert citation_ok(ref["transformers"]), e["name"]

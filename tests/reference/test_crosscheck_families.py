@@ -29,8 +29,8 @@ from stepper.presets import PRESETS
 from stepper.seams.trace import Recorder, unphased
 from stepper.session import RunSpec, run
 from stepper.weights.names import weight_shapes
+from stepper.weights.seeded import SyntheticWeights
 from stepper.weights.source import ArrayWeights
-from stepper.weights.synthetic import SyntheticWeights
 
 PROMPT = (17, 402, 999, 3, 256, 77, 640)
 

@@ -25,7 +25,7 @@ from stepper.seams.trace import unphased
 from stepper.session import RunSpec, run
 from stepper.weights.checkpoint import SCALE, Checkpoint
 from stepper.weights.safetensors_reader import SafetensorsFile
-from stepper.weights.synthetic import SyntheticWeights
+from stepper.weights.seeded import SyntheticWeights
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = sorted(p.parent.name for p in (ROOT / "fixtures").glob("*/manifest.json"))

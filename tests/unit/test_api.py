@@ -20,7 +20,7 @@ from stepper.seams.trace import Recorder
 from stepper.session import RunSpec
 from stepper.session import run as session_run
 from stepper.tensors.chunked import Chunked
-from stepper.weights.synthetic import SyntheticWeights
+from stepper.weights.seeded import SyntheticWeights
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -125,6 +125,9 @@ def test_keeping_everything_that_would_not_fit_is_refused_naming_keep(monkeypatc
     ({"ids": [5000]}, "token id 5000 out of range"),
     ({"ids": []}, "^ids= is empty: give at least one token id$"),
     ({"ids": [[]]}, "^ids= is empty: give at least one token id$"),
+    # the session's own checks, in the API's words (the command line's are --cache-len, --layer N)
+    ({"cache_len": 3}, "^cache_len= fills one layer's cache: use it with layer=N$"),
+    ({"index_scoring": "fp8"}, r"^index_scoring=fp8 scores the Lightning Indexer, and model tiny \(kimi_k2\) has none"),
 ])
 def test_bad_arguments_are_one_sentence_naming_the_argument(kwargs, message):
     with pytest.raises(StepperError, match=message) as e:

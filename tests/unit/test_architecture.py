@@ -31,7 +31,8 @@ BELOW_EVERYTHING: dict[str, set[str]] = {
     "tensors": set(),  # the room's __init__: its docstring only
     "tensors.tensor": {"tensors.statistics"},  # what a tensor of a run is: an array, or a LazyTensor made when read
     "tensors.tiled": {"tensors.tensor"},
-    "tensors.statistics": set(),
+    "tensors.statistics": {"cpu_caches"},  # the L2 its passes are cut to
+    "cpu_caches": set(),  # the CPU's cache sizes, read from the machine: the kernels' tiles and blocks
     "tensors.chunked": {"tensors.tensor"},
     "config": {"errors", "untrusted.jsonfile", "untrusted", "untrusted.regex_subset"},
     "untrusted.regex_subset": {"errors", "untrusted"},
@@ -57,13 +58,14 @@ MAY_IMPORT: dict[str, set[str]] = {
     "session": {"model", "kernels", "weights", "presets", "prefill", "families"},
     # One plan of a run: its auto choices, names, patterns, patches and memory, for every entry point
     "planning": {"session", "catalog", "model", "kernels", "weights", "presets", "prefill", "seams.patching"},
-    "bench": {"prefill", "views", "families", "model", "kernels", "weights", "fp8", "int4", "presets"},  # views: what a run computes of a shown tensor
+    # views: what a run computes of a shown tensor
+    "bench": {"prefill", "views", "families", "model", "kernels", "weights", "fp8", "int4", "presets"},
     "bench_v4_attention": {"bench", "model", "kernels", "weights"},  # DeepSeek-V4's long-context decode
     "views": {"session", "catalog", "weights", "fp8", "int4", "presets", "seams.patching"},
     "lessons": {"views", "planning", "session", "model", "kernels", "weights", "fp8", "int4", "catalog", "presets"},
     "fixtures": {"views", "planning", "session", "model", "kernels", "weights", "fp8", "int4", "catalog", "presets"},
-    "cli": {"lessons", "fixtures", "views", "bench", "planning", "session", "model", "kernels", "weights", "fp8", "int4",
-            "catalog", "presets", "seams.patching"},
+    "cli": {"lessons", "fixtures", "views", "bench", "planning", "session", "model", "kernels", "weights", "fp8",
+            "int4", "catalog", "presets", "seams.patching"},
     "__main__": {"cli"},
     # The library on top: a run planned as the command line plans one (planning), as functions
     "api": {"lessons", "fixtures", "views", "planning", "session", "model", "kernels", "weights", "fp8", "catalog",

@@ -5,6 +5,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from stepper import cpu_caches
 from stepper.kernels import bf16_matmul
 from stepper.kernels.linear import float32_kept, float32_weight, linear, linears
 from stepper.weights.stored import Bf16Matrix, Stored, bf16_rows
@@ -35,7 +36,7 @@ def test_a_bf16_matrix_is_kept_as_stored_and_other_tensors_are_float32():
 @pytest.mark.parametrize("tokens", [1, 3, 200])
 @pytest.mark.parametrize("shared", [False, True])
 def test_products_equal_the_float32_weights_product(tokens, shared, monkeypatch):
-    monkeypatch.setattr(bf16_matmul, "TILE_BYTES", 4 * 96 * 8)  # 8-row tiles: many, the last one short
+    monkeypatch.setattr(cpu_caches, "l2_bytes", lambda: 2 * 4 * 96 * 8)  # 8-row tiles: many, the last one short
     monkeypatch.setattr(bf16_matmul, "TALL_TILE_BYTES", 4 * 96 * 16)
     if shared:
         monkeypatch.setattr(bf16_matmul, "SHARE_WORK", 1)
@@ -62,3 +63,12 @@ def test_several_weights_of_one_input_and_the_decoded_copies():
     first = float32_kept(m, kept)
     np.testing.assert_array_equal(first, gate.astype(np.float32))
     assert not first.flags.writeable
+
+
+def test_a_one_token_tile_is_half_the_l2_the_machine_reports(monkeypatch):
+    w = Stored("BF16", np.zeros((4096, 7168), ml_dtypes.bfloat16)).matrix()
+    monkeypatch.setattr(cpu_caches, "l2_bytes", lambda: 2 << 20)
+    assert bf16_matmul.tile_rows(w, 1) == (1 << 20) // (4 * 7168)  # 36 rows of 28 KiB
+    monkeypatch.setattr(cpu_caches, "l2_bytes", lambda: 512 << 10)
+    assert bf16_matmul.tile_rows(w, 1) == 9
+    assert bf16_matmul.tile_rows(w, 16) == bf16_matmul.TALL_TILE_BYTES // (4 * 7168)  # several tokens: tall

@@ -5,9 +5,9 @@ import pytest
 
 import stepper
 from stepper.errors import StepperError
-from stepper.fixtures.diff import diff_tensors
+from stepper.fixtures.run_diff import diff_tensors
 from stepper.presets import preset
-from stepper.weights.synthetic import SyntheticWeights
+from stepper.weights.seeded import SyntheticWeights
 
 IDS = [17, 402, 999, 3, 256]
 

@@ -11,9 +11,9 @@ from stepper.model import KVCache, Transformer
 from stepper.presets import preset
 from stepper.seams.trace import Emitter
 from stepper.weights.checkpoint import Checkpoint
+from stepper.weights.seeded import SyntheticWeights
 from stepper.weights.stored import FileBytes, Fp8Matrix
-from stepper.weights.synth import synth_checkpoint
-from stepper.weights.synthetic import SyntheticWeights
+from stepper.weights.synth_checkpoint import synth_checkpoint
 
 EXPERT = "model.layers.1.mlp.experts.3.down_proj.weight"
 

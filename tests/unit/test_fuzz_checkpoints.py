@@ -34,8 +34,8 @@ from stepper.fixtures.export import export
 from stepper.fixtures.fixture import load
 from stepper.fixtures.spec import ExportSpec
 from stepper.views import inspect, inspect_stats
-from stepper.weights.synth import synth_checkpoint
-from stepper.weights.synthetic import SyntheticWeights
+from stepper.weights.seeded import SyntheticWeights
+from stepper.weights.synth_checkpoint import synth_checkpoint
 
 SETTINGS = settings(max_examples=60, derandomize=True, deadline=None, database=None,
                     suppress_health_check=[HealthCheck.too_slow])

@@ -63,11 +63,11 @@ def test_tiled_weights_draw_the_same_picture_a_block_of_rows_at_a_time():
     held = np.where(np.isfinite(mask), rng.random((1, t_len, t_len)), 0).astype(np.float32)[:, None].repeat(2, axis=1)
     asked = []
 
-    def block(heads, queries):
+    def tile(heads, queries):
         asked.append((heads.stop - heads.start, queries.stop - queries.start))
         return held[:, heads, queries]
 
-    tiled = Tiled(held.shape, block)
+    tiled = Tiled(held.shape, tile)
     assert render(pictures.indexer_map(mask, tiled, head=1)) == render(pictures.indexer_map(mask, held, head=1))
     assert asked and all(h == 1 and t < t_len for h, t in asked), asked[:3]
     assert "max-pooled" in render(pictures.indexer_map(mask, held, head=1))

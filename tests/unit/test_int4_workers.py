@@ -10,9 +10,9 @@ from stepper.kernels import fp8_workers, int4_matmul, parallel
 from stepper.kernels.linear import linear
 from stepper.presets import preset
 from stepper.weights.checkpoint import Checkpoint
+from stepper.weights.seeded import SyntheticWeights
 from stepper.weights.stored import Int4Matrix
-from stepper.weights.synth import requantized, synth_checkpoint
-from stepper.weights.synthetic import SyntheticWeights
+from stepper.weights.synth_checkpoint import requantized, synth_checkpoint
 
 EXPERT = "model.layers.1.mlp.experts.3.down_proj.weight"  # [320, 96]: tiles of 128, 128 and 64 rows
 

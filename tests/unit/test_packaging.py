@@ -23,7 +23,8 @@ def test_the_catalogue_part_files_ship():
 
     from stepper.families import FAMILIES
 
-    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]["package-data"]
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]
+    patterns = setuptools["package-data"]
     folder = ROOT / "stepper" / "catalog"
     parts = sorted(p.relative_to(folder).as_posix() for p in (folder / "parts").glob("*.json"))
     assert parts and all(any(fnmatch(p, pattern) for pattern in patterns["stepper.catalog"]) for p in parts)

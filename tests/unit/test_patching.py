@@ -10,7 +10,7 @@ from stepper.model.ops import silu
 from stepper.presets import preset
 from stepper.seams.patching import Patcher, expression, parse_patch
 from stepper.seams.trace import Emitter
-from stepper.weights.synthetic import SyntheticWeights
+from stepper.weights.seeded import SyntheticWeights
 
 IDS = [3, 14, 15, 92]
 WEIGHTS = SyntheticWeights(preset("tiny"), 0)

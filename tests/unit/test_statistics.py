@@ -113,3 +113,22 @@ def test_chunks_are_float32_where_that_is_exact_and_float64_elsewhere():
         array = np.arange(12).reshape(3, 4).astype(dtype)
         (chunk,) = statistics.chunks(array)
         assert chunk.dtype == wide and chunk.tolist() == list(range(12))
+
+
+def test_chunks_summed_in_parts_sized_to_the_cache_stay_exact(monkeypatch):
+    """Buckets.add cuts a chunk into parts of in_cache() values (from the L2); parts of 64 here,
+    so a chunk of 1000 is 16 parts, the last one short, each through the kept scratch memory."""
+    monkeypatch.setattr(statistics, "in_cache", lambda: 64)
+    values = wide_float32(np.random.default_rng(5), 3000)
+    total, squares = gathered(values, 1000).buckets.exact()
+    assert (Fraction(total, 2**EXACT_SHIFT), Fraction(squares, 2**EXACT_SHIFT)) == exact(values)
+
+
+def test_parts_are_a_power_of_two_fitting_the_l2(monkeypatch):
+    from stepper import cpu_caches
+
+    for l2, part in ((2 << 20, 1 << 15), (1 << 20, 1 << 14), (48 << 10, 1 << 12), (1 << 30, statistics.CHUNK)):
+        statistics.in_cache.cache_clear()
+        monkeypatch.setattr(cpu_caches, "l2_bytes", lambda l2=l2: l2)
+        assert statistics.in_cache() == part
+    statistics.in_cache.cache_clear()

@@ -1,4 +1,4 @@
-"""A whole-model pass streams: tensors in blocks of rows, lm_head one block of vocabulary at a time."""
+"""A whole-model pass streams: tensors in bands of rows, lm_head one band of vocabulary at a time."""
 
 import tracemalloc
 from pathlib import Path
@@ -16,8 +16,8 @@ from stepper.presets import preset
 from stepper.seams.trace import Emitter
 from stepper.weights.checkpoint import Checkpoint
 from stepper.weights.names import EMBED
+from stepper.weights.seeded import SyntheticWeights
 from stepper.weights.source import ArrayWeights
-from stepper.weights.synthetic import SyntheticWeights
 
 FIXTURE_WEIGHTS = Path(__file__).resolve().parents[2] / "fixtures" / "weights" / "tiny-seed0"
 FP8_WEIGHT = "model.layers.1.self_attn.kv_a_proj_with_mqa.weight"  # [144, 320]: 2 x 3 blocks, the last rows ragged
@@ -40,7 +40,7 @@ def assert_same_stored(blocks, whole) -> None:
 
 
 @pytest.mark.parametrize("rows", [7, 128, 999, 1000, 4096])
-def test_lm_head_in_row_blocks_equals_the_whole_product(rows):
+def test_lm_head_in_row_bands_equals_the_whole_product(rows):
     weights = SyntheticWeights(preset("tiny"), seed=2)
     hidden = np.random.default_rng(0).standard_normal((2, 3, weights.config.hidden_size), dtype=np.float32)
     whole = linear(hidden, weights.get(LM_HEAD))  # [B, T, vocab]
@@ -64,22 +64,22 @@ def test_linear_in_row_blocks_is_each_blocks_product_side_by_side_bit_for_bit():
 
 
 @pytest.mark.parametrize("name, rows", [(LM_HEAD, 7), (LM_HEAD, 1000), (EMBED, 333), (FP8_WEIGHT, 128), (NORM, 100)])
-def test_synthetic_row_blocks_are_the_whole_tensor_bit_for_bit(name, rows):
+def test_synthetic_row_bands_are_the_whole_tensor_bit_for_bit(name, rows):
     weights = SyntheticWeights(preset("tiny"), seed=0)
-    assert_same_stored(weights.row_blocks(name, rows), weights.stored(name))
+    assert_same_stored(weights.row_bands(name, rows), weights.stored(name))
 
 
-def test_row_blocks_never_split_an_fp8_scale_block():
+def test_row_bands_never_split_an_fp8_scale_block():
     with pytest.raises(ValueError, match="multiple of 128 rows"):
-        next(SyntheticWeights(preset("tiny")).row_blocks(FP8_WEIGHT, 100))
+        next(SyntheticWeights(preset("tiny")).row_bands(FP8_WEIGHT, 100))
 
 
 @pytest.mark.parametrize("name, rows", [(LM_HEAD, 7), (FP8_WEIGHT, 128), (EMBED, 999)])
-def test_checkpoint_row_blocks_are_the_stored_tensor(name, rows):
+def test_checkpoint_row_bands_are_the_stored_tensor(name, rows):
     checkpoint = Checkpoint(FIXTURE_WEIGHTS)
-    assert_same_stored(checkpoint.row_blocks(name, rows), checkpoint.stored(name))
+    assert_same_stored(checkpoint.row_bands(name, rows), checkpoint.stored(name))
     cached = CachedWeights(checkpoint, 2**20)
-    assert_same_stored(cached.row_blocks(name, rows), checkpoint.stored(name))
+    assert_same_stored(cached.row_bands(name, rows), checkpoint.stored(name))
 
 
 def test_lm_head_reads_a_checkpoint_and_arrays_as_the_synthetic_source():
@@ -92,12 +92,12 @@ def test_lm_head_reads_a_checkpoint_and_arrays_as_the_synthetic_source():
 
 
 @pytest.mark.parametrize("name, rows", [(LM_HEAD, 7), (FP8_WEIGHT, 128)])
-def test_read_hashes_of_row_blocks_are_those_of_the_whole_tensor(name, rows):
-    by_blocks, whole = ReadHashes(SyntheticWeights(preset("tiny"))), ReadHashes(SyntheticWeights(preset("tiny")))
-    for _ in by_blocks.row_blocks(name, rows):
+def test_read_hashes_of_row_bands_are_those_of_the_whole_tensor(name, rows):
+    by_bands, whole = ReadHashes(SyntheticWeights(preset("tiny"))), ReadHashes(SyntheticWeights(preset("tiny")))
+    for _ in by_bands.row_bands(name, rows):
         pass
     whole.stored(name)
-    assert by_blocks.read == whole.read
+    assert by_bands.read == whole.read
 
 
 def test_the_logits_never_hold_all_of_lm_head():

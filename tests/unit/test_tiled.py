@@ -1,7 +1,7 @@
 """Tensors too large to hold, shown without being held (stepper.tensors.tiled): their statistics and
-histogram bins are exactly those of the whole array, gathered a block at a time; the heat map is
-pooled block by block into the same cells; a slice computes only that slice; a dump writes them
-block by block; they cannot be replaced."""
+histogram bins are exactly those of the whole array, gathered a tile at a time; the heat map is
+pooled tile by tile into the same cells; a slice computes only that slice; a dump writes them
+tile by tile; they cannot be replaced."""
 
 from fractions import Fraction
 from io import StringIO
@@ -20,13 +20,13 @@ from stepper.weights.safetensors_reader import SafetensorsFile
 
 
 class Counted:
-    """A Tiled over an array, counting the query rows each block computes."""
+    """A Tiled over an array, counting the query rows each tile computes."""
 
     def __init__(self, array):
         self.array, self.rows = array, 0
-        self.tensor = Tiled(array.shape, self.block)
+        self.tensor = Tiled(array.shape, self.tile)
 
-    def block(self, heads, queries):
+    def tile(self, heads, queries):
         self.rows += (heads.stop - heads.start) * (queries.stop - queries.start)
         return self.array[:, heads, queries].copy()
 
@@ -42,9 +42,9 @@ def attention_like(rng, shape=(2, 3, 37, 41)):
 
 
 @pytest.fixture
-def small_blocks(monkeypatch):
-    monkeypatch.setattr(tiled, "BLOCK_VALUES", 100)  # blocks of 2 query rows of 41 keys
-    monkeypatch.setattr(statistics, "CHUNK", 29)  # chunks cut across the blocks' rows
+def small_tiles(monkeypatch):
+    monkeypatch.setattr(tiled, "TILE_VALUES", 100)  # tiles of 2 query rows of 41 keys
+    monkeypatch.setattr(statistics, "CHUNK", 29)  # chunks cut across the tiles' rows
 
 
 def test_indexing_computes_only_the_rows_it_touches_and_equals_the_array():
@@ -61,19 +61,19 @@ def test_indexing_computes_only_the_rows_it_touches_and_equals_the_array():
         counted.tensor[[0, 1]]
 
 
-def test_blocks_are_the_tensor_in_c_order_and_asarray_is_the_whole(small_blocks):
+def test_tiles_are_the_tensor_in_c_order_and_asarray_is_the_whole(small_tiles):
     rng = np.random.default_rng(1)
     for a in (attention_like(rng),
               rng.standard_normal((1, 5, 1, 30)).astype(np.float32)):  # prefill; decode: heads together
         counted = Counted(a)
-        blocks = list(counted.tensor.blocks())
-        assert np.array_equal(np.concatenate([b.ravel() for b in blocks]), a.ravel(), equal_nan=True)
-        assert max(b.size for b in blocks) <= 100 and counted.rows == a.shape[0] * a.shape[1] * a.shape[2]
+        tiles = list(counted.tensor.tiles())
+        assert np.array_equal(np.concatenate([b.ravel() for b in tiles]), a.ravel(), equal_nan=True)
+        assert max(b.size for b in tiles) <= 100 and counted.rows == a.shape[0] * a.shape[1] * a.shape[2]
         assert np.array_equal(np.asarray(counted.tensor), a, equal_nan=True)
-    assert len(blocks) == 2  # 3 heads, then 2
+    assert len(tiles) == 2  # 3 heads, then 2
 
 
-def test_streamed_statistics_and_histogram_equal_the_whole_arrays_exactly(small_blocks):
+def test_streamed_statistics_and_histogram_equal_the_whole_arrays_exactly(small_tiles):
     a = attention_like(np.random.default_rng(2))
     whole, streamed = summary.stats(a), summary.stats(Counted(a).tensor)
     assert streamed == whole  # every figure, to the bit
@@ -109,7 +109,7 @@ def rendered(picture, width):
 
 
 @pytest.mark.parametrize("width", [80, 200])
-def test_the_heat_map_and_histogram_of_a_tiled_tensor_are_those_of_the_array(width, small_blocks):
+def test_the_heat_map_and_histogram_of_a_tiled_tensor_are_those_of_the_array(width, small_tiles):
     rng = np.random.default_rng(5)
     weights = rng.random((1, 3, 103, 77)).astype(np.float32)
     weights[0, 1, 5, 7] = np.nan
@@ -122,7 +122,7 @@ def test_the_heat_map_and_histogram_of_a_tiled_tensor_are_those_of_the_array(wid
     assert rendered(pictures.histogram(Counted(weights).tensor), width) == rendered(pictures.histogram(weights), width)
 
 
-def test_a_dump_writes_a_tiled_tensor_block_by_block(tmp_path, small_blocks):
+def test_a_dump_writes_a_tiled_tensor_tile_by_tile(tmp_path, small_tiles):
     from stepper.seams.trace import Recorder
 
     a = attention_like(np.random.default_rng(6))

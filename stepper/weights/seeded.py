@@ -43,8 +43,8 @@ class SyntheticWeights:
             return self._stored_as(name, self._embedding_rows(np.asarray(rows))).as_float32(name)
         return self.get(name)[rows]
 
-    def row_blocks(self, name: str, rows: int) -> Iterator[Stored]:
-        """stored(name) block by block, equal to it bit for bit: the blocks are drawn one after
+    def row_bands(self, name: str, rows: int) -> Iterator[Stored]:
+        """stored(name) band by band, equal to it bit for bit: the bands are drawn one after
         another from the tensor's one stream of normals, each then scaled and stored alone."""
         shape = shape_of(self.config, name)
         height = self.config.quantization.weight_block_size[0] if storage_dtype(self.config, name) == "F8_E4M3" else 1

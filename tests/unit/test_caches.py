@@ -1,0 +1,71 @@
+"""The cache sizes read from the machine, and the FP8 tiles cut to them still giving the product."""
+
+import numpy as np
+import pytest
+
+from stepper import cpu_caches, fp8
+from stepper.kernels.fp8_matmul import linear_fp8, products_via_dequantize
+from stepper.kernels.fp8_tiles import in_steps
+from stepper.weights.stored import Fp8Matrix
+
+
+def write_cache(folder, index, level, kind, size):
+    (folder / f"index{index}").mkdir(parents=True)
+    for name, text in (("level", level), ("type", kind), ("size", size)):
+        (folder / f"index{index}" / name).write_text(f"{text}\n")
+
+
+def test_the_l2_is_read_from_a_sysfs_cache_folder(tmp_path):
+    write_cache(tmp_path, 0, 1, "Data", "48K")
+    write_cache(tmp_path, 1, 1, "Instruction", "64K")
+    write_cache(tmp_path, 2, 2, "Unified", "2048K")
+    write_cache(tmp_path, 3, 3, "Unified", "491520K")
+    assert cpu_caches.l2_from_sysfs(tmp_path) == 2048 * 1024
+    assert cpu_caches.l2_from_sysfs(tmp_path / "missing") is None
+
+
+@pytest.mark.parametrize("text, size", [("2048K", 2 << 20), ("1M", 1 << 20), ("512", 512), ("", None), ("xK", None),
+                                        ("0K", None)])
+def test_sizes_are_parsed_or_refused(text, size):
+    assert cpu_caches.parse_size(text) == size
+
+
+def test_rows_in_cache_take_half_the_l2_in_multiples_of_eight(monkeypatch):
+    monkeypatch.setattr(cpu_caches, "l2_bytes", lambda: 2 << 20)
+    assert cpu_caches.rows_in_cache(7168 * 4) == 32  # 1 MiB / 28 KiB = 36.6 -> 32
+    assert cpu_caches.rows_in_cache(1536 * 4) == 168
+    assert cpu_caches.rows_in_cache(10 << 20) == 8  # never fewer than one multiple
+
+
+def test_steps_cover_every_row_once_and_never_cross_a_scale_block():
+    for rows, block, step in ((128, 128, 32), (300, 128, 48), (100, 128, 200), (7, 3, 2), (256, 128, 128)):
+        parts = in_steps(rows, block, step)
+        assert [r for a, b in parts for r in range(a, b)] == list(range(rows))
+        assert all(b - a <= step and a // block == (b - 1) // block for a, b in parts)
+
+
+@pytest.mark.parametrize("tokens", [1, 5, 200])  # scales on the inputs; on the tiles (taller than a block)
+def test_products_in_parts_of_a_small_cache_equal_the_readable_and_exact_products(monkeypatch, tokens):
+    monkeypatch.setattr(cpu_caches, "l2_bytes", lambda: 2 * 8 * 4 * 700)  # parts of 8 rows: 16 per scale block
+    rng = np.random.default_rng(tokens)
+    codes, scale_inv = fp8.quantize(rng.standard_normal((300, 700)).astype(np.float32) * 0.05)
+    w = Fp8Matrix.of(codes, scale_inv)
+    x = rng.standard_normal((tokens, 700)).astype(np.float32)
+    y = linear_fp8(x, w)
+    exact = x.astype(np.float64) @ w.dequantize().astype(np.float64).T
+    assert np.abs(y - exact).max() <= 2e-6 * np.abs(exact).max()
+    assert np.array_equal(y, products_via_dequantize(x, [w])[0])  # the same tiles through fp8.dequantize
+
+
+def test_int4_tiles_take_a_quarter_of_the_l2(monkeypatch):
+    from stepper.kernels.int4_tiles import tile_rows
+    from stepper.weights.stored import Int4Matrix
+
+    def weight(in_features):
+        return Int4Matrix(np.zeros((256, in_features // 8), np.int32), np.ones((256, in_features // 32), np.float32),
+                          in_features)
+
+    monkeypatch.setattr(cpu_caches, "l2_bytes", lambda: 2 << 20)  # 2^17 float32 values a tile
+    assert (tile_rows(weight(7168)), tile_rows(weight(2048))) == (32, 64)
+    monkeypatch.setattr(cpu_caches, "l2_bytes", lambda: 8 << 20)
+    assert (tile_rows(weight(7168)), tile_rows(weight(2048))) == (64, 128)  # whole 32s; at most MOST_TILE_ROWS
