@@ -555,3 +555,48 @@ def preset(name: str) -> Config:
     if name not in PRESETS:
         raise StepperError(f"unknown model '{name}': expected one of {', '.join(PRESETS)} or a checkpoint directory")
     return families.read_config(PRESETS[name], f"preset {name}")
+
+
+
+# DeepSeek-V4 (`deepseek_v4`), read by its own config class (stepper.families.deepseek_v4_config):
+# the published config.json of V4-Flash and V4-Pro (FP8 e4m3 with E8M0 `.scale` blocks, FP4
+# experts), and `tiny-v4`, shaped like them: sliding, CSA (ratio 4) and HCA layers (ratio 16 here,
+# 128 published: a prompt of a few dozen positions closes HCA windows), two hash-routed layers,
+# four streams. Sizes keep FP4's groups of 32 whole (hidden 64, expert width 32).
+_V4_FP8 = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "scale_fmt": "ue8m0",
+           "weight_block_size": [128, 128]}
+_V4_SHARED = {
+    "architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4", "attention_bias": False,
+    "bos_token_id": 0, "eos_token_id": 1, "expert_dtype": "fp4", "hc_eps": 1e-06, "hc_mult": 4,
+    "hc_sinkhorn_iters": 20, "head_dim": 512, "hidden_act": "silu", "index_head_dim": 128, "index_n_heads": 64,
+    "max_position_embeddings": 1048576, "n_shared_experts": 1, "norm_topk_prob": True, "num_experts_per_tok": 6,
+    "num_hash_layers": 3, "num_key_value_heads": 1, "num_nextn_predict_layers": 1, "o_lora_rank": 1024,
+    "qk_rope_head_dim": 64, "quantization_config": _V4_FP8, "rms_norm_eps": 1e-06,
+    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 16, "original_max_position_embeddings": 65536,
+                     "type": "yarn"},
+    "rope_theta": 10000, "scoring_func": "sqrtsoftplus", "sliding_window": 128, "swiglu_limit": 10.0,
+    "tie_word_embeddings": False, "topk_method": "noaux_tc", "vocab_size": 129280, "compress_rope_theta": 160000,
+}
+V4_PRESETS: dict[str, dict[str, Any]] = {
+    "deepseek-v4-flash": {
+        **_V4_SHARED, "_name_or_path": "deepseek-v4-flash", "hidden_size": 4096, "num_hidden_layers": 43,
+        "num_attention_heads": 64, "q_lora_rank": 1024, "o_groups": 8, "index_topk": 512, "n_routed_experts": 256,
+        "moe_intermediate_size": 2048, "routed_scaling_factor": 1.5,
+        "compress_ratios": [0, 0] + [4, 128] * 20 + [4, 0],  # 43 layers, then the MTP block's
+    },
+    "deepseek-v4-pro": {
+        **_V4_SHARED, "_name_or_path": "deepseek-v4-pro", "hidden_size": 7168, "num_hidden_layers": 61,
+        "num_attention_heads": 128, "q_lora_rank": 1536, "o_groups": 16, "index_topk": 1024, "n_routed_experts": 384,
+        "moe_intermediate_size": 3072, "routed_scaling_factor": 2.5,
+        "compress_ratios": [128, 128] + [4, 128] * 29 + [4, 0],  # 61 layers, then the MTP block's
+    },
+}
+V4_PRESETS["tiny-v4"] = {
+    **_V4_SHARED, "_name_or_path": "tiny-v4", "vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 4,
+    "num_attention_heads": 4, "head_dim": 32, "qk_rope_head_dim": 8, "q_lora_rank": 32, "o_groups": 2,
+    "o_lora_rank": 16, "sliding_window": 8, "index_n_heads": 2, "index_head_dim": 16, "index_topk": 4,
+    "n_routed_experts": 16, "num_experts_per_tok": 4, "moe_intermediate_size": 32, "routed_scaling_factor": 1.5,
+    "num_hash_layers": 2, "max_position_embeddings": 4096,
+    "rope_scaling": {**_V4_SHARED["rope_scaling"], "factor": 4, "original_max_position_embeddings": 256},
+    "compress_ratios": [0, 4, 16, 4, 0],
+}

@@ -17,6 +17,7 @@ once over every position.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
@@ -28,12 +29,20 @@ from stepper import families, prefill
 from stepper.config import Config
 from stepper.errors import StepperError
 from stepper.families import derive
+from stepper.families.deepseek_v4_checkpoint import V4Checkpoint
+from stepper.families.deepseek_v4_config import V4Config, is_v4, load_v4_config, miniature
+from stepper.families.deepseek_v4_run import V4Result, run_v4
+from stepper.families.deepseek_v4_synth import V4Synthetic, synth_v4_checkpoint
+from stepper.families.deepseek_v4_weights import EMBED as V4_EMBED
+from stepper.families.deepseek_v4_weights import HEAD as V4_HEAD
+from stepper.families.deepseek_v4_weights import weight_shapes
 from stepper.kernels.weight_cache import CachedWeights
 from stepper.model import KVCache, Transformer, synthetic_cache
 from stepper.model.layer_weights import LayerWeights
-from stepper.presets import PRESETS
-from stepper.seams.trace import Emitter, Sink
+from stepper.presets import PRESETS, V4_PRESETS
+from stepper.seams.trace import Emitter, Recorder, Sink
 from stepper.text import Tokens, load_tokenizer
+from stepper.untrusted.jsonfile import read_json
 from stepper.weights import remote
 from stepper.weights.checkpoint import INDEX, Checkpoint
 from stepper.weights.names import EMBED
@@ -424,3 +433,80 @@ def layer_input(model: Transformer, ids: np.ndarray, seed: int, step: int) -> np
         return model.embed(ids)
     rng = np.random.default_rng([seed, 3, step])
     return rng.standard_normal((*ids.shape, model.config.hidden_size), dtype=np.float32)
+
+
+# DeepSeek-V4 (`deepseek_v4`): a family of its own (stepper/families/deepseek_v4*.py), run as a
+# whole model on its hyper-connection streams; the command line reaches it through these.
+
+V4_TABLES = (V4_EMBED, V4_HEAD)  # read a row (or a block of rows) at a time, never whole
+
+
+def is_v4_model(model: str) -> bool:
+    """A V4 preset, or a folder or config.json whose model_type is deepseek_v4."""
+    if model in V4_PRESETS:
+        return True
+    path = Path(model)
+    config = path / "config.json" if path.is_dir() else path
+    if not config.is_file() or config.suffix != ".json":
+        return False
+    try:
+        return is_v4(read_json(config, "a config.json"))
+    except StepperError:
+        return False  # the reader of the family it names says what is wrong
+
+
+def v4_preset(name: str) -> V4Config:
+    """A V4 preset (stepper.presets.V4_PRESETS) as its config."""
+    if name not in V4_PRESETS:
+        raise StepperError(f"unknown model '{name}': expected one of {', '.join(V4_PRESETS)}")
+    return V4Config.from_hf(V4_PRESETS[name], f"preset {name}")
+
+
+def open_v4(model: str, seed: int = 0) -> V4Synthetic | V4Checkpoint:
+    """The weights of a V4 preset (synthetic), config.json (synthetic) or checkpoint folder."""
+    if model in V4_PRESETS:
+        return V4Synthetic(v4_preset(model), seed)
+    path = Path(model)
+    if path.is_file():
+        return V4Synthetic(load_v4_config(path), seed)
+    if not any(path.glob("*.safetensors")):
+        return V4Synthetic(load_v4_config(path / "config.json"), seed)
+    return V4Checkpoint(path)
+
+
+def run_v4_model(weights: V4Synthetic | V4Checkpoint, ids: tuple[int, ...] | None, prompt_len: int, decode: int,
+                 seed: int, sinks: list[Sink], shown: range | None = None) -> V4Result:
+    """The prompt (ids, or prompt_len tokens drawn from the seed as for any model), then `decode`
+    steps (greedy; drawn from the seed when `shown` ends before the last layer); layers before
+    `shown` run silently."""
+    prompt = seeded_tokens(seed, weights.config, prompt_len) if ids is None else ids
+    return run_v4(weights, prompt, decode, sinks, shown, seed)
+
+
+def synth_v4(model: str, out: Path, seed: int, force: bool) -> None:
+    """stepper synth of a V4 preset or config.json, in the published layout."""
+    weights = open_v4(model, seed)
+    if not isinstance(weights, V4Synthetic):
+        raise StepperError(f"--model {model}: synth makes weights for a preset or a config.json, not a checkpoint")
+    synth_v4_checkpoint(weights.config, out, seed, force)
+
+
+def v4_layer_emits(cfg: V4Config, layer: int) -> list[tuple[str, tuple[int, ...], str]]:
+    """What layer `layer` of a V4 config emits, in order: (name, shape, dtype), learned from the
+    model code by running the layer's miniature (same branches, tiny sizes) on two positions."""
+    mini = miniature(cfg, layer)
+    recorder = Recorder()
+    run_v4(V4Synthetic(mini), (1, 2), 0, [recorder])
+    return [(e.key, tuple(e.array.shape), str(e.array.dtype)) for e in recorder.events if e.layer == 0]
+
+
+def v4_run_bytes(cfg: V4Config, positions: int) -> int:
+    """A rough bound on what a V4 run over `positions` positions holds at once: its largest weight
+    three times (values, stored codes, decoded: synthetic weights are made and quantized when read),
+    the attention's scores and weights over the window and the compressed entries, and the
+    residual streams."""
+    largest = max(math.prod(shape) for name, shape in weight_shapes(cfg).items() if name not in V4_TABLES)
+    keys = min(positions, cfg.sliding_window) + positions // 4 + 1  # window, at most every 4th position pooled, sink
+    scores = 4 * cfg.num_attention_heads * positions * keys  # scores, probabilities, the weights, a product's copy
+    streams = 8 * positions * cfg.hc_mult * cfg.hidden_size  # streams in and out, the mixing products
+    return 4 * (3 * largest + scores + streams)

@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from stepper.cli import v4
 from stepper.cli.cache import byte_progress
 from stepper.cli.common import PlainOpt, SeedOpt, parse_layers, url_option, user_errors
 from stepper.config import Config, Wrapper
@@ -47,6 +48,9 @@ def synth_command(
 ) -> None:
     """Write synthetic weights as a real HF-layout checkpoint directory, stored as the config or --quant says."""
     with user_errors():
+        if v4.is_v4_model(model):  # DeepSeek-V4: its published layout (cli/v4.py)
+            v4.refuse({"--layers": layers, "--layout": layout, "--quant": quant})
+            return v4.synth(model, out, seed, force)
         source = load_model(model, seed)
         if not isinstance(source, SyntheticWeights):
             raise StepperError(f"--model {model}: synth makes weights for a preset or a config.json, not a checkpoint")

@@ -8,6 +8,7 @@ import typer
 from rich.console import Console
 
 from stepper import catalog
+from stepper.cli import v4
 from stepper.cli.common import ModelOpt, PlainOpt, user_errors
 from stepper.errors import StepperError
 from stepper.session import check_layer, load_model
@@ -28,6 +29,8 @@ def explain_command(
 ) -> None:
     """The catalogue entry of a tensor: what it is, its formula and shape, the reference lines."""
     with user_errors():
+        if v4.is_v4_model(model):  # DeepSeek-V4: its own catalogue parts (cli/v4.py)
+            return v4.explain(name, model, plain)
         cfg = load_model(model, 0).config
         cat = catalog.load()
         entries = cat.find(name)
@@ -55,6 +58,8 @@ def tree_command(
 ) -> None:
     """The structure of a layer: every named tensor in order, its shape for this model, what it is."""
     with user_errors():
+        if v4.is_v4_model(model):  # DeepSeek-V4: what its layers emit, from the model code (cli/v4.py)
+            return v4.tree(model, layer, plain)
         cfg = load_model(model, 0).config
         if attn not in ("naive", "absorb"):
             raise StepperError(f"--attn must be naive or absorb, got '{attn}'")

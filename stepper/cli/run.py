@@ -14,6 +14,7 @@ import typer
 from rich.console import CONSOLE_HTML_FORMAT, Console
 
 from stepper import untrusted
+from stepper.cli import v4
 from stepper.cli.common import ModelOpt, PlainOpt, SeedOpt, one_prompt, parse_ids, parse_layers, user_errors
 from stepper.cli.names import check_pictures, only_filter
 from stepper.errors import StepperError
@@ -256,6 +257,11 @@ def run_command(
 ) -> None:
     """Run the model on a prompt and print every named tensor in execution order."""
     with user_errors(), ExitStack() as swapped:
+        if v4.is_v4_model(model):  # DeepSeek-V4: a family of its own, with the options it takes (cli/v4.py)
+            v4.refuse({"--layer": layer, "--prompt": prompt, "--start-pos": start_pos, "--input": input_file,
+                       "--cache-len": cache_len, "--chunk": chunk, "--json": as_json, "--dump": dump,
+                       "--use": use, "--patch": patch, "--weight-cache-mb": weight_cache_mb})
+            return v4.run(model, layers, ids, prompt_len, decode, seed, only, plain, show)
         spec = run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, input_file, attn,
                         weight_cache_mb,
                         prompt, cache_len, index_scoring)

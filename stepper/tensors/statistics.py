@@ -280,5 +280,7 @@ def corners(array, n: int = CORNER) -> tuple[list[float], list[float]]:
     """The first n values of the first row and the last n of the last row (rows = last axis)."""
     if array.ndim == 0:
         return [float(np.asarray(array))], [float(np.asarray(array))]
+    if array.size == 0:  # V4's compressor before its first window closes: no entries yet
+        return [], []
     first, last = array[(0,) * (array.ndim - 1)], array[(-1,) * (array.ndim - 1)]
     return np.asarray(first)[:n].tolist(), np.asarray(last)[-n:].tolist()

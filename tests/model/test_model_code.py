@@ -3,8 +3,10 @@ symbols. (One emit site per catalogued name: tests/cli/test_emit_sites.py, throu
 
 import ast
 import io
+import json
 import re
 import tokenize
+from importlib import resources
 from pathlib import Path
 
 import pytest
@@ -25,7 +27,9 @@ def emit_calls(tree: ast.AST) -> list[ast.Call]:
 
 
 # Tensors shown only, that nothing in the layer computes from: their emit may stand alone
-SHOWN_ONLY = {"self_attn.indexer.kept_of_exact",  # FP8 index scoring's count of the exactly chosen positions it kept
+SHOWN_ONLY = {"ffn.experts.clamp_counts", "ffn.shared_experts.clamp_counts",  # DeepSeek-V4: how often the clamp bit
+              "self_attn.indexer.kept_of_exact",  # FP8 index scoring's count of the exactly chosen positions it kept
+              "attn.sink_mass",  # DeepSeek-V4: the probability the sink takes (the weights drop its column)
               # KDA's writes and states along the way (model.kda): the rule has already used them when shown
               "self_attn.delta", "self_attn.state_per_token", "self_attn.state_per_chunk"}
 
@@ -77,7 +81,12 @@ def unknown_symbols(source: str, symbols: set[str]) -> list[str]:
 
 @pytest.fixture(scope="module")
 def symbols() -> set[str]:
-    return set(catalog.load().raw["dims"])
+    """The catalogue's symbols and those the part files (stepper/catalog/parts/*.json, and V4's in
+    stepper/catalog/v4/*.json) add."""
+    folders = [resources.files("stepper.catalog").joinpath(name) for name in ("parts", "v4")]
+    added = [json.loads(f.read_text("utf-8")).get("dims", {}) for parts in folders for f in parts.iterdir()
+             if f.name.endswith(".json")]
+    return set(catalog.load().raw["dims"]).union(*added)
 
 
 @pytest.mark.parametrize("path", SHAPE_FILES, ids=lambda p: f"{p.parent.name}/{p.name}")
@@ -87,7 +96,7 @@ def test_shapes_in_comments_and_docstrings_use_the_catalogue_dims(path, symbols)
 
 def test_the_shape_check_finds_an_unknown_symbol_or_a_non_shape(symbols):
     source = ('"""Module.  [B, T, d]"""\n\n\n'
-              'def f(x):\n    """x [B, T, D] -> [..., H*v_head]"""\n    return x  # [B, C, rope/2]\n')
-    assert unknown_symbols(source, symbols) == ["6: [B, C, rope/2]: unknown symbol C", "5: [B, T, D]: unknown symbol D"]
+              'def f(x):\n    """x [B, T, Q] -> [..., H*v_head]"""\n    return x  # [B, C, rope/2]\n')
+    assert unknown_symbols(source, symbols) == ["6: [B, C, rope/2]: unknown symbol C", "5: [B, T, Q]: unknown symbol Q"]
     assert unknown_symbols("y = 1  # [a | b]\n", symbols) == ["1: [a | b]: 'a | b' is not a shape term"]
     assert unknown_symbols("y = 1  # [nope+rope, one, ..., 64] from kv[..., :n]\n", symbols) == []

@@ -63,6 +63,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "bench": {"prefill", "views", "families", "model", "kernels", "weights", "fp8", "int4", "fp4", "presets",
               "bench_kda"},
     "bench_kda": {"families", "model", "kernels", "weights", "presets"},  # a full-size KDA layer, timed
+    "bench_v4_attention": {"bench", "model", "kernels", "weights"},  # DeepSeek-V4's long-context decode
     "views": {"session", "catalog", "weights", "fp8", "int4", "fp4", "presets", "seams.patching"},
     "lessons": {"views", "planning", "session", "model", "kernels", "weights", "fp8", "int4", "catalog", "presets"},
     "fixtures": {"views", "planning", "session", "model", "kernels", "weights", "fp8", "int4", "catalog", "presets",
@@ -94,12 +95,15 @@ ROOM_LINES = {
     "int4": 300,  # 241
     "kernels": 2200,  # 1,810
     "lessons": 4100,  # 3,397
-    "model": 2200,  # 1,160, then 1,575 with issue 33's MLA families' parts, about 2,000 with Kimi Linear's
+    # 1,160; 1,575 with issue 33's MLA families' parts, about 2,000 with Kimi Linear's, DeepSeek-V4's
+    # attention adding 662, its residual, routers, experts and layer 309
+    "model": 3400,
     "planning": 700,  # 552
     "seams": 700,  # 553
     "tensors": 700,  # 530
     "untrusted": 300,  # 233
-    "views": 4600,  # 3,811
+    # 3,811; DeepSeek-V4 adds its pictures (streams and comb, a query's reach), its catalogue view, FP4 codes
+    "views": 5000,
     "weights": 4400,  # 3,778, of which ~700 read and check DeepSeek-V4's published layout
 }
 

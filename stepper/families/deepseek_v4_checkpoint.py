@@ -1,0 +1,67 @@
+"""A published DeepSeek-V4 checkpoint read by the model's names.
+
+The model asks for transformers' module names (`model.layers.3.self_attn.q_a_proj.weight`); each is
+mapped to DeepSeek's stored name (deepseek_v4_weights.published_name: `layers.3.attn.wq_a.weight`)
+and read by stepper.weights.published.PublishedCheckpoint, which pairs FP8 and FP4 weights with
+their E8M0 scales, finds the 5+5-digit shards and keeps the `mtp.*` block apart as unused. The
+config is V4's own (config.json read field by field). A hash layer's `tid2eid` is checked when read:
+an entry past the experts is one line naming the file, the tensor and the experts there are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import numpy as np
+
+from stepper.errors import StepperError
+from stepper.families.deepseek_v4 import checked_tid2eid
+from stepper.families.deepseek_v4_config import load_v4_config
+from stepper.families.deepseek_v4_weights import published_name
+from stepper.weights.published import PublishedCheckpoint
+from stepper.weights.stored import Stored
+
+
+class V4Checkpoint:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.config = load_v4_config(self.path / "config.json")
+        self.published = PublishedCheckpoint(self.path, self.config)
+
+    def get(self, name: str) -> np.ndarray:
+        stored = published_name(name)
+        array = self.published.get(stored)
+        if stored.endswith("tid2eid"):
+            where = f"{self.path / self.published.weight_map[stored]}: tensor '{stored}'"
+            return checked_tid2eid(array, self.config.n_routed_experts, where)
+        return array
+
+    def get_rows(self, name: str, rows: np.ndarray) -> np.ndarray:
+        if name.endswith("tid2eid"):
+            return self.get(name)[rows]  # the whole table checked: a few MB, read once per layer and step
+        return self.published.get_rows(published_name(name), rows)
+
+    def matrix(self, name: str):
+        return self.published.matrix(published_name(name))
+
+    def row_bands(self, name: str, rows: int) -> Iterator[Stored]:
+        return self.published.row_bands(published_name(name), rows)
+
+    def has(self, name: str) -> bool:
+        return self.published.has(published_name(name))
+
+    def check(self, layers: Iterable[int], with_globals: bool) -> None:
+        """Every tensor these layers (and the globals) need is there, of its dtype, shape and grid
+        (stepper.weights.published), else one line: the first problem, named in the checkpoint's
+        folder (a missing tensor is in no shard), and how many more `stepper inspect` lists."""
+        problems = self.published.problems(layers, with_globals)
+        if problems:
+            first = problems[0]
+            more = f" (and {len(problems) - 1} more: stepper inspect lists them)" if len(problems) > 1 else ""
+            raise StepperError(f"{self.path}{'/' if first.file else ': '}{first.text}{more}")
+
+    @property
+    def unused(self) -> dict[str, str]:
+        """The stored tensors no run reads (the MTP block), by name, with their shards."""
+        return self.published.unused

@@ -1,0 +1,357 @@
+"""DeepSeek-V4's hyper-parameters (V4-Flash, V4-Pro): a frozen config read from the PUBLISHED
+config.json, each field refused on its own line naming the file, the field and what was expected.
+
+The published file names things as DeepSeek's own code does (`compress_ratios`, `num_hash_layers`,
+`qk_rope_head_dim`, `rope_scaling`); transformers folds them into `layer_types`, `mlp_layer_types`,
+`partial_rotary_factor` and a nested `rope_parameters` (configuration_deepseek_v4.py,
+`__post_init__`). This class keeps the published names, so a reader of the file finds every value
+under the name they know, and says what each layer is:
+
+- `compress_ratios` has one entry per layer plus one per multi-token-prediction block
+  (`num_nextn_predict_layers`, the `mtp.*` tensors, which a run does not use): 0 a sliding-window
+  layer, 4 compressed sparse attention (CSA, with the Lightning Indexer), 128 heavily compressed
+  attention (HCA).
+- the first `num_hash_layers` layers choose their experts by `tid2eid[token_id]`; the others by
+  the top-k of sqrt(softplus(logits)) + bias.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from stepper.config import Yarn, model_name
+from stepper.errors import StepperError
+from stepper.model.compressed_attention import AttentionDims
+from stepper.untrusted.jsonfile import read_json
+
+MODEL_TYPE = "deepseek_v4"
+ARCHITECTURE = "DeepseekV4ForCausalLM"
+SLIDING, CSA, HCA = 0, 4, 128  # the published compress ratios: sliding window only, CSA, HCA
+MAX_HC_MULT = 16  # streams: V4 ships 4; more would make the comb matrix's Sinkhorn rounds the cost
+MAX_SINKHORN_ITERS = 1000  # V4 ships 20: a run's every hyper-connection does this many rounds
+
+
+@dataclass(frozen=True)
+class V4Fp8:
+    """The published quantization_config: FP8 e4m3 weights, one E8M0 (power of two) scale per block,
+    stored beside the weight as `<name>.scale`."""
+
+    weight_block_size: tuple[int, int] = (128, 128)
+
+    def to_hf(self) -> dict[str, Any]:
+        return {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3", "scale_fmt": "ue8m0",
+                "weight_block_size": list(self.weight_block_size)}
+
+
+@dataclass(frozen=True)
+class V4Config:
+    name: str
+    vocab_size: int
+    hidden_size: int
+    moe_intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    head_dim: int
+    q_lora_rank: int
+    qk_rope_head_dim: int
+    n_routed_experts: int
+    n_shared_experts: int
+    num_experts_per_tok: int
+    routed_scaling_factor: float
+    rms_norm_eps: float
+    rope_theta: float
+    compress_rope_theta: float
+    rope_scaling: Yarn | None  # YaRN of the compressed layers (sliding layers: plain RoPE)
+    max_position_embeddings: int
+    sliding_window: int
+    o_groups: int
+    o_lora_rank: int
+    index_n_heads: int
+    index_head_dim: int
+    index_topk: int
+    hc_mult: int
+    hc_sinkhorn_iters: int
+    hc_eps: float
+    num_hash_layers: int
+    swiglu_limit: float
+    compress_ratios: tuple[int, ...]  # one per layer, then one per MTP block
+    num_nextn_predict_layers: int
+    quantization: V4Fp8 | None
+    expert_dtype: str | None  # "fp4": routed experts e2m1 (absent in the checkpoint's first revision)
+    model_type: str = MODEL_TYPE
+    scoring_func: str = "sqrtsoftplus"
+    tie_word_embeddings: bool = False  # V4 keeps head.weight apart from embed.weight (a tied config is refused)
+
+    def compress_ratio(self, layer: int) -> int:
+        """0 (sliding window only), 4 (CSA) or 128 (HCA)."""
+        return self.compress_ratios[layer]
+
+    def layer_kind(self, layer: int) -> str:
+        """"sliding", "csa" (ratio 4: overlapping windows and the indexer) or "hca" (any other
+        ratio, as DeepSeek's code takes it; the published checkpoints use 128)."""
+        ratio = self.compress_ratio(layer)
+        return "sliding" if ratio == SLIDING else "csa" if ratio == CSA else "hca"
+
+    def is_hash_layer(self, layer: int) -> bool:
+        """Whether the layer takes its experts from tid2eid[token_id] rather than from its scores."""
+        return layer < self.num_hash_layers
+
+    def dims(self, layer: int) -> AttentionDims:
+        """What layer `layer`'s attention needs (stepper.model.compressed_attention's contract):
+        sliding layers turn by rope_theta, the compressed ones (their compressor and indexer too) by
+        compress_rope_theta with YaRN."""
+        ratio = self.compress_ratio(layer)
+        return AttentionDims(
+            hidden_size=self.hidden_size, num_heads=self.num_attention_heads, head_dim=self.head_dim,
+            rope_dim=self.qk_rope_head_dim, q_lora_rank=self.q_lora_rank, o_groups=self.o_groups,
+            o_lora_rank=self.o_lora_rank, sliding_window=self.sliding_window, compress_ratio=ratio,
+            index_n_heads=self.index_n_heads, index_head_dim=self.index_head_dim, index_topk=self.index_topk,
+            eps=self.rms_norm_eps, rope_theta=self.rope_theta if ratio == SLIDING else self.compress_rope_theta,
+            yarn=None if ratio == SLIDING else self.rope_scaling,
+        )
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return True  # every V4 layer's FFN is a mixture of experts
+
+    @property
+    def hc_mixes(self) -> int:
+        """pre (hc_mult) + post (hc_mult) + comb (hc_mult x hc_mult) mixing weights per position."""
+        return (2 + self.hc_mult) * self.hc_mult
+
+    @property
+    def nope_head_dim(self) -> int:
+        return self.head_dim - self.qk_rope_head_dim
+
+    @classmethod
+    def from_hf(cls, raw: dict[str, Any], source: str = "config.json") -> V4Config:
+        return parse(raw, source)
+
+    def to_hf(self) -> dict[str, Any]:
+        """The config.json a published V4 checkpoint of this model carries."""
+        skip = ("name", "rope_scaling", "quantization", "expert_dtype", "compress_ratios")
+        out: dict[str, Any] = {"architectures": [ARCHITECTURE], "model_type": self.model_type,
+                               "_name_or_path": self.name,
+                               "num_key_value_heads": 1, "hidden_act": "silu", "norm_topk_prob": True,
+                               "topk_method": "noaux_tc", "tie_word_embeddings": False, "attention_bias": False}
+        out.update({f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in skip})
+        out["compress_ratios"] = list(self.compress_ratios)
+        if self.rope_scaling is not None:
+            yarn = self.rope_scaling
+            out["rope_scaling"] = {"type": "yarn", "factor": yarn.factor,
+                                   "original_max_position_embeddings": yarn.original_max_position_embeddings,
+                                   "beta_fast": yarn.beta_fast, "beta_slow": yarn.beta_slow}
+        if self.quantization is not None:
+            out["quantization_config"] = self.quantization.to_hf()
+        if self.expert_dtype is not None:
+            out["expert_dtype"] = self.expert_dtype
+        return out
+
+
+def is_v4(raw: object) -> bool:
+    return isinstance(raw, dict) and raw.get("model_type") == MODEL_TYPE
+
+
+def load_v4_config(path: str | Path) -> V4Config:
+    path = Path(path)
+    raw = read_json(path, "a config.json")
+    if not isinstance(raw, dict):
+        raise StepperError(f"{path}: expected a JSON object, found {type(raw).__name__}")
+    return parse(raw, str(path))
+
+
+# ---------------------------------------------------------------------------------------------
+# Parsing: each field checked alone, then the relations between fields
+
+
+class _Fields:
+    def __init__(self, raw: dict[str, Any], source: str, within: str = ""):
+        self.raw, self.source, self.within = raw, source, within  # within: "rope_scaling." for a nested block
+
+    def fail(self, field: str, why: str) -> StepperError:
+        return StepperError(f"{self.source}: field '{self.within}{field}' {why}")
+
+    def get(self, field: str, default: Any = ...) -> Any:
+        if field in self.raw and self.raw[field] is not None:
+            return self.raw[field]
+        if default is ...:
+            raise self.fail(field, "is missing")
+        return default
+
+    def int(self, field: str, default: Any = ..., minimum: int = 1) -> int:
+        value = self.get(field, default)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.fail(field, f"must be an integer, got {_short(value)}")
+        if value < minimum:
+            raise self.fail(field, f"must be >= {minimum}, got {value}")
+        return value
+
+    def float(self, field: str, default: Any = ...) -> float:
+        value = self.get(field, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise self.fail(field, f"must be a finite number > 0, got {_short(value)}")
+        return float(value)
+
+    def equal(self, field: str, expected: Any, why: str) -> None:
+        """A field stepper honours at one value only (absent counts as that value)."""
+        value = self.raw.get(field, expected)
+        if value != expected or type(value) is not type(expected):
+            raise self.fail(field, f"must be {expected!r} ({why}), got {_short(value)}")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def parse(raw: dict[str, Any], source: str) -> V4Config:
+    f = _Fields(raw, source)
+    f.equal("model_type", MODEL_TYPE, "a DeepSeek-V4 config")
+    f.equal("hidden_act", "silu", "the experts' SwiGLU")
+    f.equal("num_key_value_heads", 1, "V4 has one shared key-value head")
+    f.equal("scoring_func", "sqrtsoftplus", "V4's router scores sqrt(softplus(logits))")
+    f.equal("norm_topk_prob", True, "V4 divides the chosen experts' scores by their sum")
+    f.equal("tie_word_embeddings", False, "V4 keeps head.weight apart from embed.weight")
+    f.equal("attention_bias", False, "V4's projections have no bias")
+    f.equal("topk_method", "noaux_tc", "V4 chooses by scores plus a learned bias")
+    for field in ("n_group", "topk_group"):
+        f.equal(field, 1, "V4 routes over all experts, in one group")
+    layers = f.int("num_hidden_layers")
+    mtp = f.int("num_nextn_predict_layers", default=1, minimum=0)
+    cfg = V4Config(
+        name=model_name(raw, source),
+        vocab_size=f.int("vocab_size"),
+        hidden_size=f.int("hidden_size"),
+        moe_intermediate_size=f.int("moe_intermediate_size"),
+        num_hidden_layers=layers,
+        num_attention_heads=f.int("num_attention_heads"),
+        head_dim=f.int("head_dim"),
+        q_lora_rank=f.int("q_lora_rank"),
+        qk_rope_head_dim=f.int("qk_rope_head_dim"),
+        n_routed_experts=f.int("n_routed_experts"),
+        n_shared_experts=f.int("n_shared_experts", default=1, minimum=0),
+        num_experts_per_tok=f.int("num_experts_per_tok"),
+        routed_scaling_factor=f.float("routed_scaling_factor", default=1.0),
+        rms_norm_eps=f.float("rms_norm_eps", default=1e-6),
+        rope_theta=f.float("rope_theta", default=10000.0),
+        compress_rope_theta=f.float("compress_rope_theta"),
+        rope_scaling=_yarn(f),
+        max_position_embeddings=f.int("max_position_embeddings"),
+        sliding_window=f.int("sliding_window"),
+        o_groups=f.int("o_groups"),
+        o_lora_rank=f.int("o_lora_rank"),
+        index_n_heads=f.int("index_n_heads"),
+        index_head_dim=f.int("index_head_dim"),
+        index_topk=f.int("index_topk"),
+        hc_mult=f.int("hc_mult"),
+        hc_sinkhorn_iters=f.int("hc_sinkhorn_iters"),
+        hc_eps=f.float("hc_eps"),
+        num_hash_layers=f.int("num_hash_layers", default=0, minimum=0),
+        swiglu_limit=f.float("swiglu_limit"),
+        compress_ratios=_compress_ratios(f, layers, mtp),
+        num_nextn_predict_layers=mtp,
+        quantization=_quantization(f),
+        expert_dtype=_expert_dtype(f),
+    )
+    _check_relations(cfg, f)
+    return cfg
+
+
+def _compress_ratios(f: _Fields, layers: int, mtp: int) -> tuple[int, ...]:
+    ratios = f.get("compress_ratios")
+    expected = f"{layers + mtp} entries (num_hidden_layers {layers} + num_nextn_predict_layers {mtp})"
+    if not isinstance(ratios, list):
+        raise f.fail("compress_ratios", f"must be a list of {expected}, got {_short(ratios)}")
+    if len(ratios) != layers + mtp:
+        raise f.fail("compress_ratios", f"must have {expected}, got {len(ratios)}")
+    for i, ratio in enumerate(ratios):
+        if isinstance(ratio, bool) or not isinstance(ratio, int) or ratio < 0 or ratio == 1:
+            raise f.fail(f"compress_ratios[{i}]", f"must be 0 (sliding), 4 (CSA) or another ratio >= 2 (HCA; "
+                         f"published: 128), got {_short(ratio)}")
+    return tuple(ratios)
+
+
+def _yarn(f: _Fields) -> Yarn | None:
+    """The compressed layers' YaRN (`rope_scaling`); its mscale is not used (V4 scales no cos/sin)."""
+    block = f.raw.get("rope_scaling")
+    if block is None:
+        return None
+    if not isinstance(block, dict):
+        raise f.fail("rope_scaling", f"must be an object or null, got {_short(block)}")
+    kind = block.get("type", block.get("rope_type", "default"))
+    if kind == "default":
+        return None
+    if kind != "yarn":
+        raise f.fail("rope_scaling.type", f"must be 'yarn' (or absent), got {_short(kind)}")
+    inner = _Fields(block, f.source, "rope_scaling.")
+    yarn = Yarn(factor=inner.float("factor"),
+                original_max_position_embeddings=inner.int("original_max_position_embeddings"),
+                beta_fast=inner.float("beta_fast", default=32.0), beta_slow=inner.float("beta_slow", default=1.0))
+    if yarn.factor < 1:
+        raise f.fail("rope_scaling.factor", f"must be >= 1, got {yarn.factor}")
+    return yarn
+
+
+def _quantization(f: _Fields) -> V4Fp8 | None:
+    block = f.raw.get("quantization_config")
+    if block is None:
+        return None
+    if not isinstance(block, dict):
+        raise f.fail("quantization_config", f"must be an object, got {_short(block)}")
+    inner = _Fields(block, f.source, "quantization_config.")
+    inner.equal("quant_method", "fp8", "V4's weights are FP8 with E8M0 scales")
+    inner.equal("fmt", "e4m3", "V4's FP8 weights")
+    inner.equal("scale_fmt", "ue8m0", "V4's block scales are powers of two stored as E8M0 `.scale`")
+    size = block.get("weight_block_size", [128, 128])
+    if not (isinstance(size, list) and len(size) == 2
+            and all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in size)):
+        raise f.fail("quantization_config.weight_block_size", f"must be two positive integers, got {_short(size)}")
+    return V4Fp8((size[0], size[1]))
+
+
+def _expert_dtype(f: _Fields) -> str | None:
+    value = f.raw.get("expert_dtype")
+    if value is not None and value not in ("fp4", "fp8"):
+        raise f.fail("expert_dtype", f"must be 'fp4' or 'fp8' (or absent), got {_short(value)}")
+    return value
+
+
+def _check_relations(cfg: V4Config, f: _Fields) -> None:
+    if cfg.qk_rope_head_dim % 2 or cfg.qk_rope_head_dim > cfg.head_dim:
+        raise f.fail("qk_rope_head_dim", f"must be even and at most head_dim ({cfg.head_dim}), "
+                     f"got {cfg.qk_rope_head_dim}")
+    if cfg.qk_rope_head_dim > cfg.index_head_dim:
+        raise f.fail("index_head_dim", f"({cfg.index_head_dim}) must be at least qk_rope_head_dim "
+                     f"({cfg.qk_rope_head_dim}): the indexer rotates its last qk_rope_head_dim dims")
+    if cfg.num_attention_heads % cfg.o_groups:
+        raise f.fail("o_groups", f"({cfg.o_groups}) must divide num_attention_heads ({cfg.num_attention_heads})")
+    if cfg.num_experts_per_tok > cfg.n_routed_experts:
+        raise f.fail("num_experts_per_tok", f"({cfg.num_experts_per_tok}) must not exceed n_routed_experts "
+                     f"({cfg.n_routed_experts})")
+    if cfg.num_hash_layers > cfg.num_hidden_layers:
+        raise f.fail("num_hash_layers", f"({cfg.num_hash_layers}) must not exceed num_hidden_layers "
+                     f"({cfg.num_hidden_layers})")
+    if cfg.hc_mult > MAX_HC_MULT:
+        raise f.fail("hc_mult", f"must be at most {MAX_HC_MULT} streams, got {cfg.hc_mult}")
+    if cfg.hc_sinkhorn_iters > MAX_SINKHORN_ITERS:
+        raise f.fail("hc_sinkhorn_iters", f"must be at most {MAX_SINKHORN_ITERS}, got {cfg.hc_sinkhorn_iters}")
+    if cfg.n_shared_experts > 1:
+        raise f.fail("n_shared_experts", f"must be 0 or 1 (V4 has one shared expert), got {cfg.n_shared_experts}")
+
+
+def miniature(cfg: V4Config, layer: int) -> V4Config:
+    """A one-layer config of tiny sizes whose layer 0 takes every branch layer `layer` of cfg
+    takes: its kind (sliding, CSA with the indexer, HCA at cfg's ratio), hash- or score-routed,
+    a shared expert or none. Unquantized (storage changes no name or order)."""
+    ratio = cfg.compress_ratio(layer)
+    return dataclasses.replace(
+        cfg, name=f"miniature of {cfg.name}", vocab_size=16, hidden_size=32, moe_intermediate_size=32,
+        num_hidden_layers=1, num_attention_heads=2, head_dim=16, q_lora_rank=8, qk_rope_head_dim=4,
+        n_routed_experts=4, num_experts_per_tok=2, sliding_window=4, o_groups=2, o_lora_rank=4, index_n_heads=2,
+        index_head_dim=8, index_topk=2, hc_mult=2, hc_sinkhorn_iters=3, num_hash_layers=int(cfg.is_hash_layer(layer)),
+        compress_ratios=(ratio, 0), num_nextn_predict_layers=1, quantization=None, expert_dtype=None,
+        max_position_embeddings=64,
+    )

@@ -1,0 +1,132 @@
+"""DeepSeek-V4's compressor: every closed window of m tokens pooled into one cache entry.
+
+    a = x @ kv_proj^T,  g = x @ gate_proj^T + ape[pos mod m]          (per token, per channel)
+    entry_w = RMSNorm( sum_slots softmax_slots(g) * a ) turned by RoPE at the window's start w*m
+
+The softmax runs over the window's slots separately for every channel. HCA (m = 128) has m
+slots of Dc channels (the entry dims). CSA (m = 4) projects to 2*Dc channels and its windows overlap:
+the slots of window w are window w-1's tokens' first Dc channels followed by window w's tokens'
+last Dc channels (2m slots); window 0 has no predecessor (kv 0, gate -inf: weight 0).
+Entry w is visible to a query at position p iff w < (p+1) // m.
+
+Tokens of an unfinished window wait in the state (`Pending`) until the window closes; at m = 4 the
+state also keeps the last closed window's first halves for the next window's slots.
+
+Weights (relative to the layer, transformers' names): `<module>.kv_proj.weight` [c, d],
+`<module>.gate_proj.weight` [c, d], `<module>.position_bias` [m, c] (the published `ape`),
+`<module>.kv_norm.weight` [Dc], c = 2*Dc at m = 4 else Dc; <module> is
+`self_attn.compressor` or `self_attn.compressor.indexer`.
+Shapes: B batch, T new positions, W windows closed now, m the ratio, c projected channels, Dc entry
+dims, r pending tokens, Ec entries made.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from stepper.kernels.growing import GrowingArray
+from stepper.kernels.linear import linear
+from stepper.model.layer_weights import LayerWeights
+from stepper.model.ops import rms_norm, softmax
+from stepper.model.tail_rope import rotate_tail
+from stepper.seams.trace import Emitter
+
+OVERLAP_RATIO = 4  # CSA's windows overlap; HCA's (128) do not
+
+
+@dataclass(frozen=True)
+class Pending:
+    """One compressor's state between calls: the unfinished window's projections kv, gate
+    [B, r, c] (r < m; gate without ape), the last closed window's first halves (m = 4 only:
+    kv [B, m, Dc] and gate [B, m, Dc] with ape added; None before the first window), and
+    every entry made so far [B, Ec, Dc] (normalised and turned)."""
+
+    kv: np.ndarray
+    gate: np.ndarray
+    entries: np.ndarray
+    overlap_kv: np.ndarray | None = None
+    overlap_gate: np.ndarray | None = None
+    room: GrowingArray = field(default_factory=lambda: GrowingArray(1), compare=False, repr=False)
+    # the spare room after the entries (kernels.growing), so a closing window rarely copies them all
+
+    @staticmethod
+    def empty(batch: int, channels: int, width: int) -> Pending:
+        none = np.zeros((batch, 0, channels), np.float32)
+        return Pending(none, none, np.zeros((batch, 0, width), np.float32))
+
+    @property
+    def windows_closed(self) -> int:
+        return self.entries.shape[1]
+
+
+@dataclass(frozen=True)
+class Compressor:
+    """One compressor: its weights' prefix, its emitted names' prefix, ratio m, entry dims Dc, norm eps."""
+
+    module: str  # "self_attn.compressor" or "self_attn.compressor.indexer"
+    shown: str  # the emitted names' prefix: "attn.compressor" or "attn.indexer.compressor"
+    ratio: int
+    width: int
+    eps: float
+
+    @property
+    def overlapping(self) -> bool:
+        return self.ratio == OVERLAP_RATIO
+
+    @property
+    def channels(self) -> int:
+        return 2 * self.width if self.overlapping else self.width
+
+
+def compress(x: np.ndarray, w: LayerWeights, comp: Compressor, state: Pending, turn_of, emit: Emitter) -> Pending:
+    """Project x [B, T, d], close every window the new tokens complete, and return the new state;
+    turn_of(positions) -> Turn for the windows' start positions."""
+    kv = emit(f"{comp.shown}.kv", linear(x, w.matrix(f"{comp.module}.kv_proj.weight")))  # [B, T, c]
+    gate = emit(f"{comp.shown}.gate", linear(x, w.matrix(f"{comp.module}.gate_proj.weight")))  # [B, T, c]
+    kv = np.concatenate([state.kv, kv], axis=1)  # [B, r + T, c]
+    gate = np.concatenate([state.gate, gate], axis=1)  # [B, r + T, c]
+    B, n, c = kv.shape
+    W = n // comp.ratio
+    closed = W * comp.ratio
+    chunk_kv = kv[:, :closed].reshape(B, W, comp.ratio, c)  # [B, W, m, c]
+    chunk_gate = gate[:, :closed].reshape(B, W, comp.ratio, c) + w(f"{comp.module}.position_bias")  # [B, W, m, c]
+    slots_kv, slots_gate, state = slots(chunk_kv, chunk_gate, comp, state)  # [B, W, slots, Dc] each
+    slots_gate = emit(f"{comp.shown}.slot_gate", slots_gate)
+    weights = emit(f"{comp.shown}.slot_weights", softmax(slots_gate, axis=2))  # [B, W, slots, Dc]
+    pooled = emit(f"{comp.shown}.pooled", np.sum(slots_kv * weights, axis=2))  # [B, W, Dc]
+    normed = rms_norm(pooled, w(f"{comp.module}.kv_norm.weight"), comp.eps)  # [B, W, Dc]
+    starts = (state.windows_closed + np.arange(W)) * comp.ratio  # [W]
+    entries = emit(f"{comp.shown}.entries", rotate_tail(normed, turn_of(starts)))  # [B, W, Dc]
+    if W:  # the entries so far and the new ones, appended in spare room: at long contexts most of the memory
+        state = replace(state, entries=state.room.concatenate(state.entries, entries))
+    return replace(state, kv=kv[:, closed:], gate=gate[:, closed:])
+
+
+def slots(chunk_kv: np.ndarray, chunk_gate: np.ndarray, comp: Compressor, state: Pending):
+    """The slots each closed window pools over, and the state's overlap after them.
+    [B, W, m, c] each -> [B, W, slots, Dc] each (slots m, or 2m at m = 4), state"""
+    if not comp.overlapping:
+        return chunk_kv, chunk_gate, state
+    B, W, m, _ = chunk_kv.shape
+    if W == 0:
+        empty = np.zeros((B, 0, 2 * m, comp.width), np.float32)
+        return empty, empty, state
+    first_kv, second_kv = chunk_kv[..., : comp.width], chunk_kv[..., comp.width :]  # [B, W, m, Dc]
+    first_gate, second_gate = chunk_gate[..., : comp.width], chunk_gate[..., comp.width :]
+    if state.overlap_kv is None:  # no window before the first: kv 0, gate -inf
+        before_kv = np.zeros((B, 1, m, comp.width), np.float32)
+        before_gate = np.full((B, 1, m, comp.width), -np.inf, np.float32)
+    else:
+        before_kv, before_gate = state.overlap_kv[:, None], state.overlap_gate[:, None]  # [B, 1, m, Dc]
+    prev_kv = np.concatenate([before_kv, first_kv[:, :-1]], axis=1)  # [B, W, m, Dc]
+    prev_gate = np.concatenate([before_gate, first_gate[:, :-1]], axis=1)  # [B, W, m, Dc]
+    slots_kv = np.concatenate([prev_kv, second_kv], axis=2)  # [B, W, 2*m, Dc]
+    slots_gate = np.concatenate([prev_gate, second_gate], axis=2)  # [B, W, 2*m, Dc]
+    return slots_kv, slots_gate, replace(state, overlap_kv=first_kv[:, -1], overlap_gate=first_gate[:, -1])
+
+
+def visible_entries(positions: np.ndarray, ratio: int) -> np.ndarray:
+    """How many entries each query position sees: (p + 1) // m.  [T] -> [T]"""
+    return (np.asarray(positions) + 1) // ratio

@@ -1,0 +1,41 @@
+"""The hyper-connections picture: a hand-written comb matrix read back cell by cell, its sums, the
+pre and post bars and the streams' sizes."""
+
+import io
+
+import numpy as np
+import pytest
+from rich.console import Console
+
+from stepper.views.hyper_connections import hyper_connection_map
+
+
+def render(renderable, width: int = 100) -> str:
+    console = Console(record=True, width=width, no_color=True, file=io.StringIO())
+    console.print(renderable)
+    return console.export_text()
+
+
+def test_the_comb_matrix_at_a_position_with_its_sums_and_the_weights():
+    comb = np.zeros((1, 2, 2, 2), np.float32)
+    comb[0, 1] = [[0.75, 0.25], [0.25, 0.75]]  # position 1: each stream keeps three quarters
+    pre = np.array([[[0.1, 0.2], [0.5, 1.0]]], np.float32)
+    post = np.array([[[1.0, 1.0], [2.0, 0.5]]], np.float32)
+    streams = np.zeros((1, 2, 2, 4), np.float32)
+    streams[0, :, 0] = 1.0  # stream 0 has RMS 1 at both positions, stream 1 is 0 then 2
+    streams[0, 1, 1] = 2.0
+    text = render(hyper_connection_map(comb, pre, post, streams, position=1, title="layers.0.attn_hc.comb"))
+    rows = text.splitlines()
+    assert rows[0] == "layers.0.attn_hc.comb" and "position 1 of 0..1" in rows[1]
+    assert [r for r in rows if r.startswith("from")] == [
+        "from 0    █ 0.750 ▒ 0.250  1.0000", "from 1    ▒ 0.250 █ 0.750  1.0000"]  # 0.25 is a third of the largest: ▒
+    assert next(r for r in rows if r.startswith("col sum")).split() == ["col", "sum", "1.0000", "1.0000"]
+    assert "pre  stream 1  ████████████ 1.000" in text  # pre of 1.0: a full bar of 12
+    assert "post stream 0  ████████████ 2.000" in text  # post of 2.0: full (its scale is 2)
+    assert "post stream 1  ███          0.500" in text  # a quarter of the bar
+    assert [r.split()[-1] for r in rows if r.startswith("stream ")] == ["▄▄", "█"]
+
+
+def test_a_wrong_shape_is_refused():
+    with pytest.raises(ValueError, match="need a comb matrix"):
+        hyper_connection_map(np.zeros((1, 2, 3, 4)))

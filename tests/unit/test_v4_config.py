@@ -1,0 +1,91 @@
+"""DeepSeek-V4's config: the published V4-Flash / V4-Pro files read into their layers' kinds (as
+transformers reads the same files), parameter counts as published, and every refusal one line
+naming the file, the field and what was expected."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from stepper.errors import StepperError
+from stepper.families.deepseek_v4_config import V4Config, load_v4_config
+from stepper.families.deepseek_v4_weights import weight_shapes
+from stepper.presets import V4_PRESETS
+from stepper.session import v4_preset
+
+
+@pytest.mark.parametrize("name", sorted(V4_PRESETS))
+def test_presets_round_trip_through_config_json(name):
+    cfg = v4_preset(name)
+    assert V4Config.from_hf(json.loads(json.dumps(cfg.to_hf())), f"preset {name}") == cfg
+    assert len(cfg.compress_ratios) == cfg.num_hidden_layers + cfg.num_nextn_predict_layers
+
+
+@pytest.mark.parametrize(("name", "billions"), [("deepseek-v4-flash", 284), ("deepseek-v4-pro", 1600)])
+def test_published_sizes_add_up_to_the_published_parameter_counts(name, billions):
+    total = sum(math.prod(shape) for shape in weight_shapes(v4_preset(name)).values())  # without the MTP block
+    assert abs(total / 1e9 - billions) / billions < 0.02
+
+
+@pytest.mark.parametrize("name", ["deepseek-v4-flash", "deepseek-v4-pro"])
+def test_layer_kinds_and_hash_layers_are_those_transformers_reads_from_the_same_file(name):
+    transformers = pytest.importorskip("transformers")
+    cfg = v4_preset(name)
+    hf = transformers.DeepseekV4Config(**V4_PRESETS[name])
+    kinds = {"sliding": "sliding_attention", "csa": "compressed_sparse_attention",
+             "hca": "heavily_compressed_attention"}
+    assert [kinds[cfg.layer_kind(i)] for i in range(cfg.num_hidden_layers)] == hf.layer_types
+    assert ["hash_moe" if cfg.is_hash_layer(i) else "moe" for i in range(cfg.num_hidden_layers)] == hf.mlp_layer_types
+    assert (cfg.qk_rope_head_dim, cfg.rope_scaling.factor, cfg.compress_rope_theta) == (
+        hf.qk_rope_head_dim, hf.rope_parameters["compress"]["factor"], hf.rope_parameters["compress"]["rope_theta"])
+
+
+def test_flash_reads_as_published():
+    cfg = v4_preset("deepseek-v4-flash")
+    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.n_routed_experts, cfg.num_experts_per_tok) == (4096, 43, 256, 6)
+    assert [cfg.layer_kind(i) for i in range(4)] == ["sliding", "sliding", "csa", "hca"]
+    assert cfg.is_hash_layer(2) and not cfg.is_hash_layer(3)
+    assert cfg.quantization.weight_block_size == (128, 128) and cfg.expert_dtype == "fp4"
+    assert cfg.hc_mixes == 24
+
+
+def broken(**changes) -> dict:
+    raw = dict(V4_PRESETS["tiny-v4"])
+    for key, value in changes.items():
+        if value is None:
+            raw.pop(key)
+        else:
+            raw[key] = value
+    return raw
+
+
+@pytest.mark.parametrize(("changes", "expected"), [
+    ({"compress_ratios": [0, 4, 16, 4]}, ("field 'compress_ratios' must have 5 entries (num_hidden_layers 4 + "
+                                          "num_nextn_predict_layers 1), got 4")),
+    ({"compress_ratios": [0, 4, 16, 1, 0]}, "field 'compress_ratios[3]' must be 0 (sliding), 4 (CSA) or another ratio"),
+    ({"compress_ratios": "0,4"}, "field 'compress_ratios' must be a list of 5 entries"),
+    ({"scoring_func": "sigmoid"}, "field 'scoring_func' must be 'sqrtsoftplus'"),
+    ({"num_key_value_heads": 2}, "field 'num_key_value_heads' must be 1"),
+    ({"hc_mult": None}, "field 'hc_mult' is missing"),
+    ({"hc_eps": -1}, "field 'hc_eps' must be a finite number > 0, got -1"),
+    ({"swiglu_limit": "10"}, "field 'swiglu_limit' must be a finite number > 0"),
+    ({"o_groups": 3}, "field 'o_groups' (3) must divide num_attention_heads (4)"),
+    ({"num_hash_layers": 5}, "field 'num_hash_layers' (5) must not exceed num_hidden_layers (4)"),
+    ({"expert_dtype": "int4"}, "field 'expert_dtype' must be 'fp4' or 'fp8'"),
+    ({"quantization_config": {**V4_PRESETS["tiny-v4"]["quantization_config"], "scale_fmt": "fp32"}},
+     "field 'quantization_config.scale_fmt' must be 'ue8m0'"),
+    ({"model_type": "deepseek_v3"}, "field 'model_type' must be 'deepseek_v4'"),
+    ({"n_group": 8}, "field 'n_group' must be 1"),
+    ({"hc_sinkhorn_iters": 10**9}, "field 'hc_sinkhorn_iters' must be at most 1000, got 1000000000"),
+    ({"rope_scaling": {"type": "yarn", "factor": 0.5, "original_max_position_embeddings": 256}},
+     "field 'rope_scaling.factor' must be >= 1, got 0.5"),
+])
+def test_each_refusal_is_one_line_naming_the_file_and_field(changes, expected, tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(broken(**changes)))
+    with pytest.raises(StepperError) as e:
+        load_v4_config(path)
+    message = str(e.value)
+    assert message.startswith(f"{path}: ") and expected in message and "\n" not in message
