@@ -149,8 +149,8 @@ def attention(x: np.ndarray, w: LayerWeights, dims: AttentionDims, cache: V4Atte
     window = emit("attn.window", cache.keys_with(kv, dims.sliding_window))  # [B, S_w, D]
     in_window = window_visible(positions, dims.sliding_window)  # [T, Wk]: slots before position 0 unseen
     own_window = window_keys(window, dims.sliding_window, T)  # [B, T, Wk, D]: a view
-    entries, chosen = compressed_entries(x, q_latent, w, dims, cache, positions, turn, emit)  # [B, Ec, D], [B, T, K]
-    seen_entries = gather(entries, chosen)  # [B, T, K, D]
+    entries, chosen = compressed_entries(x, q_latent, w, dims, cache, positions, turn, emit)  # [B, Ec, D], [B, T, Kq]
+    seen_entries = gather(entries, chosen)  # [B, T, Kq, D]
     if dims.compress_ratio:
         seen_entries = emit("attn.entry_keys", seen_entries)
     seen = keys_seen(in_window, chosen)  # [B, T, S_q]
@@ -196,14 +196,14 @@ def window_keys(window: np.ndarray, sliding_window: int, T: int) -> np.ndarray:
 
 
 def keys_seen(in_window: np.ndarray, chosen: np.ndarray) -> np.ndarray:
-    """Which of a query's keys are real: its window slots, then its entries.  [T, Wk], [B, T, K] -> [B, T, S_q]"""
+    """Which of a query's keys are real: its window slots, then its entries.  [T, Wk], [B, T, Kq] -> [B, T, S_q]"""
     window_part = np.broadcast_to(in_window, (chosen.shape[0], *in_window.shape))  # [B, T, Wk]
     return np.concatenate([window_part, chosen >= 0], axis=-1)
 
 
 def compressed_entries(x, q_latent, w, dims: AttentionDims, cache: V4AttentionCache, positions, turn, emit):
     """Run the layer's compressor (and indexer) over the new tokens: every entry made so far
-    [B, Ec, D] and, per query, the entries it attends [B, T, K] (-1: none; K 0 on sliding layers)."""
+    [B, Ec, D] and, per query, the entries it attends [B, T, Kq] (-1: none; K 0 on sliding layers)."""
     B = x.shape[0]
     if dims.compress_ratio == 0:
         return np.zeros((B, 0, dims.head_dim), np.float32), np.zeros((B, len(positions), 0), np.int64)
@@ -228,20 +228,20 @@ def every_visible(positions: np.ndarray, count: int, ratio: int, batch: int) -> 
 
 
 def gather(entries: np.ndarray, chosen: np.ndarray) -> np.ndarray:
-    """The chosen entries per query (zeros where none).  [B, Ec, D], [B, T, K] -> [B, T, K, D]"""
+    """The chosen entries per query (zeros where none).  [B, Ec, D], [B, T, Kq] -> [B, T, Kq, D]"""
     B = chosen.shape[0]
-    picked = entries[np.arange(B)[:, None, None], np.maximum(chosen, 0)]  # [B, T, K, D]
+    picked = entries[np.arange(B)[:, None, None], np.maximum(chosen, 0)]  # [B, T, Kq, D]
     return np.where((chosen >= 0)[..., None], picked, np.float32(0))
 
 
 def attention_weights(q, own_window, seen_entries, seen, sinks, dims: AttentionDims, emit: Emitter) -> np.ndarray:
     """softmax over each query's window keys, its entries and the sink, per head; the sink's
-    column dropped. q [B, H, T, D], own_window [B, T, Wk, D], seen_entries [B, T, K, D],
+    column dropped. q [B, H, T, D], own_window [B, T, Wk, D], seen_entries [B, T, Kq, D],
     seen [B, T, S_q] (which keys are real) -> [B, H, T, S_q]"""
     B, H, T, _ = q.shape
     per_query = q.transpose(0, 2, 1, 3)  # [B, T, H, D]
     from_window = np.matmul(per_query, own_window.swapaxes(-1, -2))  # [B, T, H, Wk]
-    from_entries = np.matmul(per_query, seen_entries.swapaxes(-1, -2))  # [B, T, H, K]
+    from_entries = np.matmul(per_query, seen_entries.swapaxes(-1, -2))  # [B, T, H, Kq]
     scores = np.concatenate([from_window, from_entries], axis=-1).transpose(0, 2, 1, 3)  # [B, H, T, S_q]
     scores = np.where(seen[:, None], scores * np.float32(dims.softmax_scale), -np.inf)
     sink = np.broadcast_to(sinks.astype(np.float32)[None, :, None, None], (B, H, T, 1))  # [B, H, T, one]
@@ -253,7 +253,7 @@ def attention_weights(q, own_window, seen_entries, seen, sinks, dims: AttentionD
 
 def weighted_values(weights: np.ndarray, own_window: np.ndarray, seen_entries: np.ndarray) -> np.ndarray:
     """The keys serve as values: each query's weights times its window keys, then its entries.
-    [B, H, T, S_q], [B, T, Wk, D], [B, T, K, D] -> [B, H, T, D]"""
+    [B, H, T, S_q], [B, T, Wk, D], [B, T, Kq, D] -> [B, H, T, D]"""
     per_query = weights.transpose(0, 2, 1, 3)  # [B, T, H, S_q]
     Wk = own_window.shape[2]
     out = np.matmul(per_query[..., :Wk], own_window) + np.matmul(per_query[..., Wk:], seen_entries)  # [B, T, H, D]

@@ -90,15 +90,15 @@ def compress(x: np.ndarray, w: LayerWeights, comp: Compressor, state: Pending, t
     B, n, c = kv.shape
     W = n // comp.ratio
     closed = W * comp.ratio
-    chunk_kv = kv[:, :closed].reshape(B, W, comp.ratio, c)  # [B, W, m, c]
-    chunk_gate = gate[:, :closed].reshape(B, W, comp.ratio, c) + w(f"{comp.module}.position_bias")  # [B, W, m, c]
-    slots_kv, slots_gate, state = slots(chunk_kv, chunk_gate, comp, state)  # [B, W, slots, Dc] each
+    chunk_kv = kv[:, :closed].reshape(B, W, comp.ratio, c)  # [B, Wc, m, c]
+    chunk_gate = gate[:, :closed].reshape(B, W, comp.ratio, c) + w(f"{comp.module}.position_bias")  # [B, Wc, m, c]
+    slots_kv, slots_gate, state = slots(chunk_kv, chunk_gate, comp, state)  # [B, Wc, slots, Dc] each
     slots_gate = emit(f"{comp.shown}.slot_gate", slots_gate)
-    weights = emit(f"{comp.shown}.slot_weights", softmax(slots_gate, axis=2))  # [B, W, slots, Dc]
-    pooled = emit(f"{comp.shown}.pooled", np.sum(slots_kv * weights, axis=2))  # [B, W, Dc]
-    normed = rms_norm(pooled, w(f"{comp.module}.kv_norm.weight"), comp.eps)  # [B, W, Dc]
-    starts = (state.windows_closed + np.arange(W)) * comp.ratio  # [W]
-    entries = emit(f"{comp.shown}.entries", rotate_tail(normed, turn_of(starts)))  # [B, W, Dc]
+    weights = emit(f"{comp.shown}.slot_weights", softmax(slots_gate, axis=2))  # [B, Wc, slots, Dc]
+    pooled = emit(f"{comp.shown}.pooled", np.sum(slots_kv * weights, axis=2))  # [B, Wc, Dc]
+    normed = rms_norm(pooled, w(f"{comp.module}.kv_norm.weight"), comp.eps)  # [B, Wc, Dc]
+    starts = (state.windows_closed + np.arange(W)) * comp.ratio  # [Wc]
+    entries = emit(f"{comp.shown}.entries", rotate_tail(normed, turn_of(starts)))  # [B, Wc, Dc]
     if W:  # the entries so far and the new ones, appended in spare room: at long contexts most of the memory
         state = replace(state, entries=state.room.concatenate(state.entries, entries))
     return replace(state, kv=kv[:, closed:], gate=gate[:, closed:])
@@ -106,24 +106,24 @@ def compress(x: np.ndarray, w: LayerWeights, comp: Compressor, state: Pending, t
 
 def slots(chunk_kv: np.ndarray, chunk_gate: np.ndarray, comp: Compressor, state: Pending):
     """The slots each closed window pools over, and the state's overlap after them.
-    [B, W, m, c] each -> [B, W, slots, Dc] each (slots m, or 2m at m = 4), state"""
+    [B, Wc, m, c] each -> [B, Wc, slots, Dc] each (slots m, or 2m at m = 4), state"""
     if not comp.overlapping:
         return chunk_kv, chunk_gate, state
     B, W, m, _ = chunk_kv.shape
     if W == 0:
         empty = np.zeros((B, 0, 2 * m, comp.width), np.float32)
         return empty, empty, state
-    first_kv, second_kv = chunk_kv[..., : comp.width], chunk_kv[..., comp.width :]  # [B, W, m, Dc]
+    first_kv, second_kv = chunk_kv[..., : comp.width], chunk_kv[..., comp.width :]  # [B, Wc, m, Dc]
     first_gate, second_gate = chunk_gate[..., : comp.width], chunk_gate[..., comp.width :]
     if state.overlap_kv is None:  # no window before the first: kv 0, gate -inf
         before_kv = np.zeros((B, 1, m, comp.width), np.float32)
         before_gate = np.full((B, 1, m, comp.width), -np.inf, np.float32)
     else:
         before_kv, before_gate = state.overlap_kv[:, None], state.overlap_gate[:, None]  # [B, 1, m, Dc]
-    prev_kv = np.concatenate([before_kv, first_kv[:, :-1]], axis=1)  # [B, W, m, Dc]
-    prev_gate = np.concatenate([before_gate, first_gate[:, :-1]], axis=1)  # [B, W, m, Dc]
-    slots_kv = np.concatenate([prev_kv, second_kv], axis=2)  # [B, W, 2*m, Dc]
-    slots_gate = np.concatenate([prev_gate, second_gate], axis=2)  # [B, W, 2*m, Dc]
+    prev_kv = np.concatenate([before_kv, first_kv[:, :-1]], axis=1)  # [B, Wc, m, Dc]
+    prev_gate = np.concatenate([before_gate, first_gate[:, :-1]], axis=1)  # [B, Wc, m, Dc]
+    slots_kv = np.concatenate([prev_kv, second_kv], axis=2)  # [B, Wc, 2*m, Dc]
+    slots_gate = np.concatenate([prev_gate, second_gate], axis=2)  # [B, Wc, 2*m, Dc]
     return slots_kv, slots_gate, replace(state, overlap_kv=first_kv[:, -1], overlap_gate=first_gate[:, -1])
 
 

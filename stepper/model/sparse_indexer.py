@@ -32,7 +32,7 @@ MODULE = "self_attn.compressor.indexer"
 
 def index_entries(x: np.ndarray, q_latent: np.ndarray, w: LayerWeights, dims, state: Pending, positions: np.ndarray,
                   turn: Turn, turn_of, emit: Emitter) -> tuple[np.ndarray, Pending]:
-    """x [B, T, d], q_latent [B, T, q_lora] (q_a_norm) -> the picks [B, T, K] (-1: none) and the
+    """x [B, T, d], q_latent [B, T, q_lora] (q_a_norm) -> the picks [B, T, Kq] (-1: none) and the
     indexer compressor's new state. turn: the query positions' angles; turn_of: the windows'."""
     comp = Compressor(MODULE, "attn.indexer.compressor", dims.compress_ratio, dims.index_head_dim, dims.eps)
     state = compress(x, w, comp, state, turn_of, emit)
@@ -67,7 +67,7 @@ def index_scores(q: np.ndarray, keys: np.ndarray, head_weights: np.ndarray, head
 
 def picks(scores: np.ndarray, topk: int, visible: np.ndarray) -> np.ndarray:
     """The min(topk, Ec) best entries per query, best first (equal scores: the lower index first);
-    a pick past what the query sees is -1.  [B, T, Ec] -> [B, T, K] int64"""
+    a pick past what the query sees is -1.  [B, T, Ec] -> [B, T, Kq] int64"""
     k = min(topk, scores.shape[-1])
-    order = np.argsort(-scores, axis=-1, kind="stable")[..., :k]  # [B, T, K]
+    order = np.argsort(-scores, axis=-1, kind="stable")[..., :k]  # [B, T, Kq]
     return np.where(order < visible[:, None], order, -1).astype(np.int64)

@@ -85,7 +85,7 @@ MODEL_FUNCTION_LINES = 40
 # a larger one here on purpose. TOP_LEVEL is the modules directly under stepper/.
 TOP_LEVEL = "(top level)"
 ROOM_LINES = {
-    TOP_LEVEL: 3900,  # 3,193 lines
+    TOP_LEVEL: 4800,  # 3,193 lines; 4,109 with the benches of KDA and V4 attention and cpu_caches
     "catalog": 600,  # 422
     "cli": 2300,  # 1,846
     "families": 4000,  # 252 when set, with every 2026 family about to arrive
