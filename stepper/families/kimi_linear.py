@@ -310,8 +310,13 @@ def memory_line(cfg: KimiLinearConfig, positions: int) -> str:
     return (f"KDA layers keep {kda:,} B each at any length (state {cfg.linear_num_heads}x{cfg.linear_head_dim}"
             f"x{cfg.linear_head_dim} + conv inputs: 0 B per position), "
             f"MLA layers {mla:,} B per position (latent + key) · "
-            f"at {positions:,} positions: {len(cfg.kda_layers)} KDA layers {kda_total:,} B, "
-            f"{len(cfg.full_attn_layers)} MLA layers {mla_total:,} B")
+            f"at {positions:,} positions: {layers(len(cfg.kda_layers), 'KDA')} {kda_total:,} B, "
+            f"{layers(len(cfg.full_attn_layers), 'MLA')} {mla_total:,} B")
+
+
+def layers(n: int, kind: str) -> str:
+    """'1 MLA layer', '3 KDA layers'."""
+    return f"{n} {kind} layer" + ("" if n == 1 else "s")
 
 
 # -- the family ----------------------------------------------------------------------------------

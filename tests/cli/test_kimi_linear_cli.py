@@ -16,7 +16,7 @@ def test_the_header_tells_the_memory_story_and_no_rotary_tables_are_made():
     assert out.returncode == 0, out.stderr
     assert ("KDA layers keep 20,992 B each at any length (state 4x32x32 + conv inputs: 0 B per position), "
             "MLA layers 320 B per position (latent + key)") in out.stdout
-    assert "at 3 positions: 3 KDA layers 62,976 B, 1 MLA layers 960 B" in out.stdout
+    assert "at 3 positions: 3 KDA layers 62,976 B, 1 MLA layer 960 B" in out.stdout
     assert "rope_cos" not in out.stdout and "q_pe_rope" not in out.stdout
     assert "layers.3.self_attn.key_states" in out.stdout and "layers.2.self_attn.state_per_chunk" in out.stdout
 
