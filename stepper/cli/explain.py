@@ -13,7 +13,7 @@ from stepper.cli.common import ModelOpt, PlainOpt, user_errors
 from stepper.errors import StepperError
 from stepper.session import check_layer, load_model
 from stepper.views.compare import compared_layer, comparison
-from stepper.views.explain import also_named, explain_text, not_found
+from stepper.views.explain import also_named, emitted_by, explain_text, not_found
 from stepper.views.sinks import print_fitted
 from stepper.views.tree import layer_tree
 
@@ -36,6 +36,7 @@ def explain_command(
         entries = cat.find(name)
         if not entries:
             raise StepperError(not_found(cat, name))
+        entries = emitted_by(cat, entries, cfg, name)
         console = Console(no_color=plain, highlight=False, markup=False, soft_wrap=True)
         for entry in entries:  # a terminal's lines broken at spaces, a pipe's kept whole
             print_fitted(console, explain_text(cat, entry, cfg))

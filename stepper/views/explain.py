@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,22 @@ def explain_text(cat: catalog.Catalog, entry: dict[str, Any], cfg: Config) -> Te
         text.append("aliases ", style="dim")
         text.append("; ".join(f"{k}: {v}" for k, v in aliases.items()))
     return text
+
+
+def emitted_by(cat: catalog.Catalog, entries: list[dict[str, Any]], cfg: Config,
+               query: str) -> list[dict[str, Any]]:
+    """The entries found for a query that this model's layers emit (the layer the query names, or
+    any), when there are some: a parameter of a Kimi Linear KDA layer (`layers.0.self_attn.q_proj.
+    weight`) is read by KDA's tensors, not by MLA's of the same name. All of them otherwise."""
+    named = re.search(r"\blayers\.(\d+)\.", query)
+    layers = range(cfg.num_hidden_layers)
+    if named and int(named.group(1)) < cfg.num_hidden_layers:
+        layers = [int(named.group(1))]
+    scorings = ("exact", "fp8") if getattr(cfg, "has_indexer", False) else ("exact",)
+    emitted = {e["name"] for layer in layers for attn in ("naive", "absorb") for scoring in scorings
+               for e in cat.layer_sequence(cfg, layer, attn, scoring)}
+    mine = [e for e in entries if e["scope"] != "layer" or e["name"] in emitted]
+    return mine or entries
 
 
 def emit_sites_text(key: str) -> Text:

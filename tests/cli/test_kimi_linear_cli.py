@@ -59,3 +59,15 @@ def test_the_debugger_draws_a_state_and_prints_it_at_a_chosen_token():
     states = recorder.tensors()["layers.0.self_attn.state_per_token"]
     assert np.array2string(states[0, 1, 2, :2, :3], precision=4, floatmode="fixed") in out.stdout
     assert "self_attn.state_per_token[0, 1, 2]" in out.stdout and "negative" in out.stdout  # the heat map's caption
+
+
+def test_explain_of_a_parameter_names_the_tensors_of_the_layer_it_belongs_to():
+    """q_proj.weight feeds KDA's q_proj in a KDA layer (0) and MLA's q in an MLA layer (3): the
+    catalogue has both, the model's layer says which."""
+    def first_entry(parameter: str) -> str:
+        out = stepper("explain", parameter, "--model", "tiny-kimi-linear", "--plain")
+        assert out.returncode == 0, out.stderr
+        return out.stdout.splitlines()[0]
+    assert first_entry("model.layers.0.self_attn.q_proj.weight") == "self_attn.q_proj"
+    assert first_entry("model.layers.3.self_attn.q_proj.weight") == "self_attn.q"
+    assert first_entry("model.layers.0.self_attn.f_a_proj.weight") == "self_attn.forget_gate"

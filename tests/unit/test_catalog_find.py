@@ -10,7 +10,7 @@ import pytest
 
 from stepper import catalog
 from stepper.presets import preset
-from stepper.views.explain import also_named, not_found
+from stepper.views.explain import also_named, emitted_by, not_found
 from stepper.weights.names import is_linear, weight_shapes
 
 CAT = catalog.load()
@@ -66,8 +66,10 @@ def test_every_parameter_of_a_checkpoint_leads_somewhere_inside_the_layer(q_lora
         names = found(parameter)
         assert names, parameter
         assert not LAYER_ENDS & set(names), f"{parameter}: {names}"
-    if q_lora_rank is None:
-        assert found("model.layers.2.self_attn.q_proj.weight") == ["self_attn.q"]
+    if q_lora_rank is None:  # MLA's q and Kimi Linear's KDA q_proj both read a q_proj.weight: the model's layer says
+        query = "model.layers.2.self_attn.q_proj.weight"
+        assert found(query) == ["self_attn.q", "self_attn.q_proj"]
+        assert [e["name"] for e in emitted_by(CAT, CAT.find(query), cfg, query)] == ["self_attn.q"]
 
 
 def test_an_hf_module_name_gives_that_modules_outputs_only():
