@@ -25,7 +25,7 @@ from stepper.session import (
 )
 from stepper.untrusted import shown
 from stepper.views import v4_catalog
-from stepper.views.sinks import TensorRows, print_wrapped
+from stepper.views.sinks import TensorRows, print_fitted, print_wrapped
 from stepper.views.v4_pictures import V4_PICTURES, V4Pictures
 
 
@@ -107,7 +107,7 @@ def explain(name: str, model: str, plain: bool) -> None:
                            f"(stepper tree --model {shown(model)} lists them)")
     console = Console(no_color=plain, highlight=False, markup=False, soft_wrap=True)
     for entry in found:
-        console.print(v4_catalog.explain(entry, cfg))
+        print_fitted(console, v4_catalog.explain(entry, cfg))
         console.print()
 
 
@@ -120,7 +120,7 @@ def tree(model: str, layer: int | None, plain: bool) -> None:
     kinds = {(cfg.layer_kind(i), cfg.is_hash_layer(i)): i for i in reversed(range(n))}
     console = Console(no_color=plain, highlight=False, markup=False, soft_wrap=True)
     for i in [layer] if layer is not None else sorted(kinds.values()):
-        console.print(v4_catalog.tree(cfg, i, v4_layer_emits(cfg, i)))
+        print_fitted(console, v4_catalog.tree(cfg, i, v4_layer_emits(cfg, i)), indent=6)
 
 
 __all__ = ["describe", "explain", "is_v4_model", "refuse", "run", "synth", "tree"]

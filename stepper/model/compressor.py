@@ -16,7 +16,7 @@ Weights (relative to the layer, transformers' names): `<module>.kv_proj.weight` 
 `<module>.gate_proj.weight` [c, d], `<module>.position_bias` [m, c] (the published `ape`),
 `<module>.kv_norm.weight` [Dc], c = 2*Dc at m = 4 else Dc; <module> is
 `self_attn.compressor` or `self_attn.compressor.indexer`.
-Shapes: B batch, T new positions, W windows closed now, m the ratio, c projected channels, Dc entry
+Shapes: B batch, T new positions, Wc windows closed now, m the ratio, c projected channels, Dc entry
 dims, r pending tokens, Ec entries made.
 """
 

@@ -76,10 +76,10 @@ def render_byte(console: Console, byte: int) -> None:
     head.append(" ")
     head.append(f"{low:04b}", style=NIBBLE_STYLE[0])
     print_fitted(console, head)
-    nibbles = ((0, low, "low nibble (bits 3..0), input 2k:"), (1, high, "high nibble (bits 7..4), input 2k+1:"))
+    nibbles = ((0, low, "low nibble, input 2k:"), (1, high, "high nibble, input 2k+1:"))  # bits 3..0, 7..4
     for position, code, which in nibbles:
         f = fp4.fields(code)
-        line = Text(f"  {which:<37}")
+        line = Text(f"  {which:<25}")
         line.append(f"{code:04b}", style=NIBBLE_STYLE[position])
         line.append(" = ")
         line.append_text(colored_bits(f))

@@ -16,6 +16,7 @@ from rich.console import Console
 from stepper.seams.trace import Event
 from stepper.views.compressed_attention_picture import compressed_attention_map
 from stepper.views.hyper_connections import hyper_connection_map
+from stepper.views.sinks import print_picture
 
 V4_PICTURES = ("hc", "reach")
 
@@ -38,14 +39,15 @@ class V4Pictures:
         if key in ("hc_attn.comb", "hc_ffn.comb") and "hc" in self.kinds:
             site = key.removesuffix(".comb")
             streams = self.seen.get("streams" if site == "hc_attn" else "attn_streams")
-            self.console.print(hyper_connection_map(array, self.seen.get(f"{site}.pre"), self.seen.get(f"{site}.post"),
-                                                    streams, title=event.name))
+            print_picture(self.console, hyper_connection_map(array, self.seen.get(f"{site}.pre"),
+                                                             self.seen.get(f"{site}.post"), streams, title=event.name))
         elif key == "attn.chosen" and "reach" in self.kinds and event.layer is not None:
             ratio = self.cfg.compress_ratio(event.layer)
             if ratio:
                 position = self.last_position(event.phase, array.shape[1])
-                self.console.print(compressed_attention_map(position, self.cfg.sliding_window, ratio, array[0, -1],
-                                                            title=f"{event.name}: the query at position {position}"))
+                print_picture(self.console, compressed_attention_map(
+                    position, self.cfg.sliding_window, ratio, array[0, -1],
+                    title=f"{event.name}: the query at position {position}"))
 
     def last_position(self, phase: str | None, new: int) -> int:
         """The position of a step's last query: the prompt's last, or the prompt length plus k for decode k."""
