@@ -653,3 +653,14 @@ def paths_of(tree, prefix=()) -> list[tuple]:
         for i, inner in enumerate(tree[:2]):
             found += paths_of(inner, (*prefix, i))
     return found
+
+
+def config_edit(key: str, value: Any) -> Callable[[Path], None]:
+    """A change to a checkpoint folder: config.json's `key` set to `value`, or removed when `value`
+    is `...` (the fuzzers' config changes)."""
+    def change(folder: Path) -> None:
+        raw = json.loads((folder / "config.json").read_text())
+        raw.pop(key, None) if value is ... else raw.__setitem__(key, value)
+        (folder / "config.json").write_text(json.dumps(raw))
+
+    return change

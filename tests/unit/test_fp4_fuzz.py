@@ -8,14 +8,13 @@ FP8 product with each weight. Nothing may raise but StepperError. Derandomized."
 from __future__ import annotations
 
 import io
-import json
 import shutil
 import tempfile
 from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers.malformed import read_shard, write_shard
+from helpers.malformed import config_edit, read_shard, write_shard
 from helpers.v4_published import CONFIG, write_tiny_v4
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -45,13 +44,7 @@ def sound(tmp_path_factory) -> Path:
 @st.composite
 def config_change(draw):
     key, value = draw(st.sampled_from(sorted(CONFIG))), draw(values | st.just(...))
-
-    def change(folder: Path) -> None:
-        raw = json.loads((folder / "config.json").read_text())
-        raw.pop(key, None) if value is ... else raw.__setitem__(key, value)
-        (folder / "config.json").write_text(json.dumps(raw))
-
-    return change
+    return config_edit(key, value)
 
 
 @st.composite

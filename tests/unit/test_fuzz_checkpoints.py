@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from helpers.files import size_of
-from helpers.malformed import INDEX_FILE, MINI_CONFIG, read_shard, write_shard
+from helpers.malformed import INDEX_FILE, MINI_CONFIG, config_edit, read_shard, write_shard
 from helpers.work import counted
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -68,13 +68,7 @@ def sound(tmp_path_factory) -> tuple[Path, Path]:
 def config_change(draw):
     key = draw(st.sampled_from(sorted(MINI_CONFIG)))
     value = draw(json_value | st.just(...))
-
-    def change(folder: Path) -> None:
-        raw = json.loads((folder / "config.json").read_text())
-        raw.pop(key, None) if value is ... else raw.__setitem__(key, value)
-        (folder / "config.json").write_text(json.dumps(raw))
-
-    return change
+    return config_edit(key, value)
 
 
 @st.composite
