@@ -145,6 +145,7 @@ class MlaVariants:
     zero_experts = 0
     mla_lora_scales = False
     shortcut_moe = False
+    rotary = True  # the model makes rotary tables (Kimi Linear: none, no layer rotates)
 
     @property
     def has_mup_scalings(self) -> bool:

@@ -84,7 +84,7 @@ class Transformer:
         layout [T, rope]; the model goes on with the first half of what is shown, [T, rope/2].
         A config whose class says `rotary = False` (Kimi Linear: no layer rotates) has none."""
         cfg = self.config
-        if not getattr(cfg, "rotary", True):
+        if not cfg.rotary:
             none = np.zeros((len(positions), 0), np.float32)  # [T, 0]
             return Rope(none, none, self.softmax_scale, rotates=False)
         inv_freq = self.inv_freq if cfg.longrope is None else longrope_inv_freq(

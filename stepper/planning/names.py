@@ -23,7 +23,7 @@ def planned_names(plan: Plan) -> list[str]:
     """Every name the run emits, in execution order."""
     spec = plan.spec
     steps = [(phase_name(spec, step), step_attn(spec, step)) for step in range(spec.decode + 1)]
-    rope = ROPE if getattr(plan.config, "rotary", True) else ()  # Kimi Linear rotates nothing
+    rope = ROPE if plan.config.rotary else ()  # Kimi Linear rotates nothing
     start = START + rope if plan.whole else rope if plan.alone else ()
     return catalog.load().run_names(plan.config, steps, plan.layers_shown, start, END if plan.whole else (),
                                     spec.index_scoring)
