@@ -199,6 +199,12 @@ def load() -> Catalog:
     return merged(tuple(dict.fromkeys(part for family in families.registry() for part in family.parts)))
 
 
+def of(cfg: Any) -> Catalog:
+    """The catalogue of cfg's family's parts alone: what a run of it can emit (DeepSeek-V4's
+    `attn.q_a` is not looked for in a run of Kimi K2)."""
+    return merged(families.family_for(cfg).parts)
+
+
 @cache
 def merged(parts: tuple[Traversable, ...]) -> Catalog:
     """One catalogue of part files: their references and dims joined, their tensors in the order of
