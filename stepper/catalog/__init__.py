@@ -199,10 +199,13 @@ def load() -> Catalog:
     return merged(tuple(dict.fromkeys(part for family in families.registry() for part in family.parts)))
 
 
-def of(cfg: Any) -> Catalog:
-    """The catalogue of cfg's family's parts alone: what a run of it can emit (DeepSeek-V4's
-    `attn.q_a` is not looked for in a run of Kimi K2)."""
-    return merged(families.family_for(cfg).parts)
+def around(cfg: Any) -> Catalog:
+    """The catalogue a query about cfg's tensors searches: the parts of every family whose layers
+    run in the same model as cfg's (MLA's Transformer; DeepSeek-V4's own), so that a word or a
+    parameter finds the tensors such a model can emit (DeepSeek-V4's `attn.q_a` is not offered
+    for a run of Kimi K2)."""
+    model = families.family_for(cfg).model
+    return merged(tuple(dict.fromkeys(part for f in families.registry() if f.model == model for part in f.parts)))
 
 
 @cache

@@ -29,7 +29,7 @@ def explain_command(
     """The catalogue entry of a tensor: what it is, its formula and shape, the reference lines."""
     with user_errors():
         cfg = load_model(model, 0).config
-        cat = catalog.load()
+        cat = catalog.around(cfg)
         entries = cat.find(name)
         if not entries:
             raise StepperError(not_found(cat, name))

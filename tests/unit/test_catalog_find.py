@@ -9,13 +9,11 @@ import dataclasses
 import pytest
 
 from stepper import catalog
-from stepper.families import FAMILIES
 from stepper.presets import preset
 from stepper.views.explain import also_named, emitted_by, not_found
 from stepper.weights.names import is_linear, weight_shapes
 
-# the parts of the families around MLA's Transformer (DeepSeek-V4's model, with its own names, is apart)
-CAT = catalog.merged(tuple(dict.fromkeys(part for f in FAMILIES if f.model is None for part in f.parts)))
+CAT = catalog.around(preset("kimi-k2"))  # the families around MLA's Transformer (DeepSeek-V4's names are apart)
 LAYER_ENDS = {"hidden_states", "output"}
 
 
