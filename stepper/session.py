@@ -237,19 +237,21 @@ def check_positions(spec: RunSpec, cfg: Config, prompt_len: int, spell: Spell = 
 
 def read_input(path: Path, layer: int, cfg: Config) -> np.ndarray:
     """The stream a lone layer takes (its family's: MLA's residual [B, T, D], DeepSeek-V4's streams
-    [1, T, n, D]), from a safetensors file: its only tensor, or `layers.{N}.hidden_states` (as
-    `stepper run --dump` writes it, with or without `prefill.`)."""
+    [1, T, n, D]), from a safetensors file: its only tensor, or the layer's input as `stepper run
+    --dump` writes it (`layers.{N}.hidden_states`, V4's `layers.{N}.streams`: the first tensor the
+    layer emits, with or without `prefill.`)."""
     with SafetensorsFile(path) as f:
         names = f.names()
-        wanted = [f"layers.{layer}.hidden_states", f"prefill.layers.{layer}.hidden_states"]
+        first = derive.layer_keys(cfg, layer)[0]  # the layer's input, as it shows it
+        wanted = [f"layers.{layer}.{first}", f"prefill.layers.{layer}.{first}"]
         name = names[0] if len(names) == 1 else next((n for n in wanted if n in names), None)
         if name is None:
             raise StepperError(f"{path}: no tensor named {wanted[0]} (found {len(names)} tensors)")
         array = np.array(f.get(name), dtype=np.float32)
     expected = families.family_for(cfg).stream(cfg)
     if array.ndim != len(expected) or any(e is not None and e != n for e, n in zip(expected, array.shape)):
-        wanted = ", ".join(str(e) if e is not None else "BT"[i] if i < 2 else "N" for i, e in enumerate(expected))
-        raise StepperError(f"{path}: tensor '{name}' has shape {list(array.shape)}, expected [{wanted}]")
+        shape = ", ".join(str(e) if e is not None else "BT"[i] for i, e in enumerate(expected))  # None: B or T
+        raise StepperError(f"{path}: tensor '{name}' has shape {list(array.shape)}, expected [{shape}]")
     return array
 
 
