@@ -133,7 +133,7 @@ def test_the_api_runs_patches_and_diffs_v4():
     found = api.diff(a, b)
     assert found.first.name == "prefill.layers.1.attn_output" and found.first.cosine == 0
     assert np.array_equal(a["prefill.layers.0.ffn_streams"], b["prefill.layers.0.ffn_streams"])
-    with pytest.raises(api.StepperError, match="attn='naive': model tiny-v4 .deepseek_v4. takes no such option"):
+    with pytest.raises(api.StepperError, match=r"attn=naive: model tiny-v4 \(deepseek_v4\) takes no such option"):
         api.run("tiny-v4", attn="naive")
 
 
