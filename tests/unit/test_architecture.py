@@ -58,7 +58,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     "prefill": {"model", "catalog", "families"},  # a prefill in chunks of positions, its tensors shown whole
     "session": {"model", "kernels", "weights", "presets", "prefill", "families"},
     # One plan of a run: its auto choices, names, patterns, patches and memory, for every entry point
-    "planning": {"session", "catalog", "model", "kernels", "weights", "presets", "prefill", "seams.patching"},
+    "planning": {"session", "catalog", "model", "kernels", "weights", "presets", "prefill", "seams.patching",
+                 "families"},  # the names the model around a family's layers emits (families.derive)
     # views: what a run computes of a shown tensor
     # stepper bench: the machine's ceilings, full-size layers of every family, transformers paired
     "bench": {"prefill", "views", "families", "model", "kernels", "weights", "fp8", "int4", "fp4", "presets"},
