@@ -1,0 +1,225 @@
+"""One full-size DeepSeek-V4-Flash layer (synthetic weights in the published layout: FP4 routed
+experts, FP8 attention with E8M0 block scales): decode one token and prefill 512 tokens, each
+with its peak RSS and the time of its parts (hc_pre/hc_post, attention, compressor, indexer,
+experts), and the layer's floor from the rates measured in the same process.
+
+The layer's tensors are written once into the work directory as a checkpoint holding only the
+layers asked for (deepseek_v4_synth's values and storage, V4Synthetic.stored), read back by
+families.deepseek_v4_checkpoint and run through families.deepseek_v4.V4Model with the attention
+of deepseek_v4_run.V4Session: the model's own code, with its caches.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from stepper import files
+from stepper.bench.ceilings import gemm_rate
+from stepper.bench.checkpoints import fill_page_cache, forget_page_cache
+from stepper.bench.figures import Figure, in_subprocess, median_time, peak_rss_mb
+from stepper.families.deepseek_v4_checkpoint import V4Checkpoint
+from stepper.families.deepseek_v4_config import V4Config
+from stepper.families.deepseek_v4_run import V4Session
+from stepper.families.deepseek_v4_synth import V4Synthetic
+from stepper.fp4 import quantize_fp4
+from stepper.fp8 import quantize
+from stepper.kernels import fp4_matmul, parallel
+from stepper.kernels.fp8_matmul import linear_fp8
+from stepper.model.layer_weights import LayerWeights
+from stepper.model.v4_attention_cache import V4AttentionCache
+from stepper.model.v4_synthetic_cache import seeded_cache
+from stepper.presets import V4_PRESETS
+from stepper.seams.trace import Emitter
+from stepper.weights import deepseek_v4_names as names
+from stepper.weights.checkpoint import INDEX
+from stepper.weights.published_store import safetensors_dtype
+from stepper.weights.safetensors_writer import Entry, write_safetensors
+from stepper.weights.stored import Fp4Matrix, Fp8Matrix
+
+MODEL = "deepseek-v4-flash"
+CSA_LAYER, HCA_LAYER = 4, 5  # the first score-routed layers with compress ratio 4 and 128 (0-2 are hash-routed)
+SHARD_BYTES = 1 << 29  # a shard is written once its tensors reach this many bytes (the writer holds one shard)
+CONTEXT = 1024  # positions before the decode step (a prefill of this many, untimed)
+
+
+def flash_config() -> V4Config:
+    return V4Config.from_hf(V4_PRESETS[MODEL], f"preset {MODEL}")
+
+
+def ensure_layers(workdir: Path, cfg: V4Config, layers: tuple[int, ...], seed: int = 0) -> Path:
+    """A checkpoint folder holding only these layers' tensors (with the whole model's config.json),
+    written once into workdir and reused."""
+    folder = workdir / f"{cfg.name}-v4-layers{'-'.join(map(str, layers))}-seed{seed}"
+    if (folder / INDEX).exists():
+        return folder
+    files.make_folder(workdir)
+    partial = files.temp_folder(folder)
+    try:
+        source, weight_map, shard, entries = V4Synthetic(cfg, seed), {}, 0, []
+
+        def flush():
+            nonlocal shard, entries
+            name = f"layers-{shard + 1:05d}.safetensors"
+            write_safetensors(partial / name, entries, {"format": "pt"})
+            weight_map.update(dict.fromkeys((e.name for e in entries), name))
+            shard, entries = shard + 1, []
+
+        for layer in layers:
+            for short, tensor in names.layer_tensors(cfg, layer).items():
+                published = names.layer_prefix(layer) + short
+                entries += [Entry(name, safetensors_dtype(a), a.shape, lambda a=a: a)
+                            for name, a in source.stored(published, tensor).items()]
+                if sum(e.nbytes for e in entries) >= SHARD_BYTES:
+                    flush()
+        if entries:
+            flush()
+        index = {"metadata": {"stepper_synthetic_seed": seed, "stepper_model": cfg.name}, "weight_map": weight_map}
+        files.write_new(partial / INDEX, json.dumps(index, indent=2) + "\n")
+        files.write_new(partial / "config.json", json.dumps(cfg.to_hf(), indent=2) + "\n")
+        files.replace_folder(partial, folder)
+    finally:
+        files.remove_temp_folder(partial)
+    return folder
+
+
+class PartTimer:
+    """Times functions of the model's modules while in a `with` block: {part: (module, name)}; a
+    part's seconds include whatever it calls (the attention includes its compressors and indexer)."""
+
+    def __init__(self, parts: dict[str, tuple[object, str]]):
+        self.parts = parts
+
+    def __enter__(self):
+        self.seconds = dict.fromkeys(self.parts, 0.0)
+        self.originals = {part: getattr(module, name) for part, (module, name) in self.parts.items()}
+        for part, (module, name) in self.parts.items():
+            setattr(module, name, self.timed(part, self.originals[part]))
+        return self
+
+    def timed(self, part: str, fn):
+        def run(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds[part] += time.perf_counter() - start
+        return run
+
+    def __exit__(self, *_):
+        for part, (module, name) in self.parts.items():
+            setattr(module, name, self.originals[part])
+
+
+def layer_parts() -> dict[str, tuple[object, str]]:
+    from stepper.families import deepseek_v4_run
+    from stepper.model import clamped_experts, compressed_attention, v4_layer
+
+    return {"hc_pre": (v4_layer, "hc_pre"), "hc_post": (v4_layer, "hc_post"),
+            "attention": (deepseek_v4_run, "attention"), "compressors": (compressed_attention, "compress"),
+            "indexer (its compressor included)": (compressed_attention, "index_entries"),
+            "MoE": (v4_layer, "v4_moe"), "routed experts": (clamped_experts, "routed_experts")}
+
+
+def rates() -> dict[str, float]:
+    """This process's rates the floors are made of: FP4 and FP8 weights decoded (and multiplied by
+    one token) per second on one core, float32 FLOP/s with stepper's split over every core."""
+    rng = np.random.default_rng(0)
+    fp4 = Fp4Matrix.of(*quantize_fp4(rng.standard_normal((2048, 4096), dtype=np.float32)))
+    fp8 = Fp8Matrix.of(*quantize(rng.standard_normal((2048, 7168), dtype=np.float32)))
+    fp4_time = median_time(lambda: fp4_matmul.fp4_products(np.ones((1, 4096), np.float32), [fp4]), 7)
+    fp8_time = median_time(lambda: linear_fp8(np.ones((1, 7168), np.float32), fp8), 7)
+    return {"fp4": fp4.shape[0] * fp4.shape[1] / fp4_time, "fp8": fp8.codes.size / fp8_time, "gemm": gemm_rate()}
+
+
+def weights_used(cfg: V4Config, layer: int, tokens: int) -> dict[str, float]:
+    """Weights the layer decodes (FP4 experts: those its tokens choose, n (1 - (1 - k/n)^T) of n on
+    average; FP8; BF16 and F32 products) and the products' FLOPs for `tokens` new positions."""
+    n, k = cfg.n_routed_experts, cfg.num_experts_per_tok
+    counts = {names.EXPERT: 0.0, names.LINEAR: 0.0, names.FLOAT: 0.0}
+    per_token = 0.0
+    for short, tensor in names.layer_tensors(cfg, layer).items():
+        if len(tensor.shape) != 2 or short.startswith("hc_"):
+            continue
+        size = float(np.prod(tensor.shape))
+        if tensor.kind == names.EXPERT:
+            counts[tensor.kind] += size * (1 - (1 - k / n) ** tokens)
+            per_token += size * k / n
+        else:
+            counts[tensor.kind] += size
+            per_token += size
+    return {"fp4": counts[names.EXPERT], "fp8": counts[names.LINEAR], "flops": 2.0 * tokens * per_token}
+
+
+def layer_floor(cfg: V4Config, layer: int, tokens: int, measured: dict[str, float]) -> tuple[float, str]:
+    """The least time the layer could take here: its FP4 and FP8 weights decoded once at this
+    process's one-core rates times the cores, its products (and the attention core over the
+    window and the entries each query sees) at the GEMM rate.  -> (seconds, how)"""
+    used, cores = weights_used(cfg, layer, tokens), parallel.cores()
+    dims = cfg.dims(layer)
+    keys = dims.sliding_window + min(dims.index_topk, CONTEXT // max(dims.compress_ratio, 1))
+    flops = used["flops"] + 4.0 * tokens * dims.num_heads * keys * dims.head_dim
+    seconds = (used["fp4"] / (measured["fp4"] * cores) + used["fp8"] / (measured["fp8"] * cores)
+               + flops / measured["gemm"])
+    how = (f"{used['fp4'] / 1e6:,.0f} M FP4 weights at {measured['fp4'] / 1e9:.2f} G/s and {used['fp8'] / 1e6:,.0f} M "
+           f"FP8 at {measured['fp8'] / 1e9:.2f} G/s a core, on {cores} cores, + {flops / 1e9:,.1f} GFLOP at "
+           f"{measured['gemm'] / 1e9:.0f} GFLOP/s")
+    return seconds, how
+
+
+def v4_layer_run(checkpoint: Path, layer: int, tokens: int, repeat: int) -> list[Figure]:
+    """Layer `layer` of the checkpoint on `tokens` new positions: a prefill from position 0, or
+    (tokens 1) decode steps after a CONTEXT-position cache (seeded: model.v4_synthetic_cache).
+    The median time of `repeat` runs after an untimed one, each part's median share, the floor."""
+    filled = fill_page_cache(checkpoint)
+    source = V4Checkpoint(checkpoint)
+    cfg, session, rng = source.config, V4Session(source), np.random.default_rng(7)
+    dims = cfg.dims(layer)
+
+    def fresh_cache() -> V4AttentionCache:
+        if tokens > 1:
+            return V4AttentionCache()
+        sample = rng.standard_normal((1, 16, cfg.hidden_size), dtype=np.float32)
+        return seeded_cache(sample, LayerWeights(source, layer), dims, CONTEXT, seed=0)
+
+    streams = rng.standard_normal((1, tokens, cfg.hc_mult, cfg.hidden_size), dtype=np.float32)  # [B, T, n, d]
+    ids = rng.integers(0, cfg.vocab_size, (1, tokens))  # [B, T]
+    times, shares = [], []
+    for run in range(repeat + 1):
+        session.caches[layer] = fresh_cache()
+        with PartTimer(layer_parts()) as parts:
+            start = time.perf_counter()
+            session.model.layer(layer, streams, ids, Emitter())
+            seconds = time.perf_counter() - start
+        if run:  # the first run maps the weights: untimed
+            times.append(seconds)
+            shares.append({part: s / seconds for part, s in parts.seconds.items()})
+    measured = rates()
+    kind = {4: "CSA", 0: "sliding"}.get(dims.compress_ratio, "HCA")
+    what = f"decode 1 token after {CONTEXT} positions" if tokens == 1 else f"prefill {tokens} tokens"
+    split = ", ".join(f"{part} {np.median([s[part] for s in shares]):.0%}" for part in shares[0])
+    figure = Figure(f"{cfg.name} layer {layer} ({kind}): {what}", float(np.median(times)), "s", peak_rss_mb(),
+                    f"median of {repeat}; {split}; checkpoint read into the page cache first ({filled:.0f} s)")
+    seconds, how = layer_floor(cfg, layer, tokens, measured)
+    return [replace(figure, floor=seconds, floor_note=how)]
+
+
+def v4_figures(workdir: Path, say, hca: bool = True) -> list[Figure]:
+    """DeepSeek-V4-Flash: its CSA layer (and HCA layer) decoding one token and prefilling 512, each
+    in its own process, and a CSA attention's decode step over 1,048,576 positions (v4_attention)."""
+    cfg = flash_config()
+    layers = (CSA_LAYER, HCA_LAYER) if hca else (CSA_LAYER,)
+    say(f"writing (once) {cfg.name} layers {', '.join(map(str, layers))}: about 3.5 GB each, several minutes")
+    folder = ensure_layers(workdir, cfg, layers)
+    forget_page_cache(folder)
+    figures = []
+    for layer in layers:
+        say(f"{cfg.name} layer {layer}: decode 1 token, prefill 512 tokens")
+        figures += in_subprocess("v4_layer", checkpoint=folder, layer=layer, tokens=1, repeat=5)
+        figures += in_subprocess("v4_layer", checkpoint=folder, layer=layer, tokens=512, repeat=1)
+    say(f"{cfg.name} CSA attention: decode over 1,048,576 positions")
+    return figures + in_subprocess("v4_long")
