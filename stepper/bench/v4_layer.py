@@ -208,9 +208,10 @@ def v4_layer_run(checkpoint: Path, layer: int, tokens: int, repeat: int) -> list
     return [replace(figure, floor=seconds, floor_note=how)]
 
 
-def v4_figures(workdir: Path, say, hca: bool = True) -> list[Figure]:
-    """DeepSeek-V4-Flash: its CSA layer (and HCA layer) decoding one token and prefilling 512, each
-    in its own process, and a CSA attention's decode step over 1,048,576 positions (v4_attention)."""
+def v4_figures(workdir: Path, say, hca: bool = False) -> list[Figure]:
+    """DeepSeek-V4-Flash: its CSA layer (with `hca`, its HCA layer too: 3.5 GB more written) decoding
+    one token and prefilling 512, each in its own process, and a CSA attention's decode step over
+    1,048,576 positions (v4_attention)."""
     cfg = flash_config()
     layers = (CSA_LAYER, HCA_LAYER) if hca else (CSA_LAYER,)
     say(f"writing (once) {cfg.name} layers {', '.join(map(str, layers))}: about 3.5 GB each, several minutes")

@@ -23,8 +23,8 @@ INDEXER_HELP = ("Also time DeepSeek-V3.2's layer 0 prefilling 4096 tokens: its L
                 "the indexer's mask, and the whole layer, each alone (writes a 0.6 GB checkpoint once).")
 KDA_HELP = ("Also time one full-size Kimi Linear KDA layer's attention (synthetic weights in memory): decode 1 token, "
             "prefill 4096 tokens (chunked, and once token by token), with the share of the time in the state update.")
-V4_HELP = ("Only DeepSeek-V4-Flash's figures (not part of the default run: they write 7 GB more and take several "
-           "minutes): its CSA layer 4 and HCA layer 5 (synthetic weights in the published layout, FP4 experts, FP8 "
+V4_HELP = ("Only DeepSeek-V4-Flash's figures (not part of the default run: they write 3.5 GB more and take several "
+           "minutes): its CSA layer 4 (synthetic weights in the published layout, FP4 experts, FP8 "
            "attention) decoding 1 token after 1024 positions and prefilling 512, each with the time of its parts and "
            "its floor from the FP4, FP8 and GEMM rates measured in the same process; and a CSA attention's decode "
            "step over 1,048,576 seeded positions (time, peak memory).")
