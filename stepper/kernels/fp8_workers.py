@@ -18,9 +18,6 @@ products run here, as before.
 INT4 products (kernels.int4_matmul) are shared the same way, in whole tiles decoded by
 kernels.int4_tiles on both sides: from both ends with one helper and few tokens, else in bands.
 The inputs (in the tiles' order) and the shared rows' group scales go through the scratch.
-FP4 products (kernels.fp4_matmul, DeepSeek-V4's experts) are shared in bands of the same tiles the
-threads would share (kernels.fp4_tiles on both sides), so the result is theirs bit for bit; the
-inputs [in, N] and the band's group scales go through the scratch.
 """
 
 from __future__ import annotations
@@ -43,7 +40,7 @@ import numpy as np
 
 from stepper import fp8
 from stepper.files import anonymous_file
-from stepper.kernels import fp4_tiles, parallel
+from stepper.kernels import parallel
 from stepper.kernels.fp8_tiles import NanCheck, apply_tiles, many_tokens, result_arrays, row_tiles
 from stepper.kernels.int4_tiles import MANY_TOKENS
 from stepper.kernels.int4_tiles import apply_tiles as apply_int4_tiles
@@ -56,7 +53,7 @@ from stepper.weights.safetensors_reader import (
     file_identity,
     spanned,
 )
-from stepper.weights.stored import FileBytes, Fp4Matrix, Fp8Matrix, Int4Matrix
+from stepper.weights.stored import FileBytes, Fp8Matrix, Int4Matrix
 
 BAND_RESIDENT_BYTES = 3 << 28  # bytes of bands a helper keeps mapped before the oldest are released (768 MiB)
 SHARE_WORK = 1 << 22  # a product of fewer weights x tokens stays in this process: messages would cost more
@@ -68,9 +65,6 @@ BAND = struct.Struct("<13q3i")  # file identity (4), byte offset, start, end, ou
 MEET, CHECK_NAN = 1, 2  # how: tiles taken from both ends (meet_in_the_middle); look for NaN codes
 INT4_BAND = struct.Struct("<11q2i")  # file identity (4), byte offset, start, end, out, in, group, tokens; path
 # length, how. Then the path. In the scratch: the inputs, the band's group scales (float32 [rows, in/group]), its rows.
-FP4_BAND = struct.Struct("<11q1i")  # file identity (4), byte offset, start, end, in, tokens, tile height, where its
-# rows go in the scratch (bytes after the inputs); path length. Then the path. In the scratch: the inputs [in, N],
-# the band's group scales (float32 [rows, in/32]), its rows.
 SCRATCH = struct.Struct("<q")  # size
 CLAIMS_BYTES = 64  # the scratch starts with two int64: the next tile from the front, the last taken from the back
 OK, OK_NAN = b"ok", b"ok, NaN codes found"
@@ -104,13 +98,12 @@ class Helper:
         self.band, self.rows_at = Band(0, 0), 0  # the band answered last
         self.bands_done = 0
 
-    def send_inputs(self, tokens: np.ndarray, most_rows: int, more_bytes: int = 0, columns: int | None = None) -> None:
-        """Put the inputs [N, in] of the products to come in the scratch (FP4's: [in, N], `columns`
-        N), with room after them for more_bytes (a band's group scales) and most_rows of results
-        (every band sent before the next inputs)."""
+    def send_inputs(self, tokens: np.ndarray, most_rows: int, more_bytes: int = 0) -> None:
+        """Put the inputs [N, in] of the products to come in the scratch, with room after them for
+        more_bytes (an INT4 band's group scales) and most_rows of results (every band sent before
+        the next inputs)."""
         assert not self.sent, "inputs sent while bands of the last ones are unanswered"
-        columns = tokens.shape[0] if columns is None else columns
-        self._ensure_scratch(CLAIMS_BYTES + tokens.nbytes + more_bytes + most_rows * columns * 4)
+        self._ensure_scratch(CLAIMS_BYTES + tokens.nbytes + more_bytes + most_rows * tokens.shape[0] * 4)
         np.frombuffer(self.scratch, np.float32, tokens.size, CLAIMS_BYTES).reshape(tokens.shape)[:] = tokens
         self.inputs_bytes = tokens.nbytes
 
@@ -408,44 +401,6 @@ def send_int4_band(helper: Helper, split: np.ndarray, w: Int4Matrix, band: Band,
     helper.sent.append((band, scales.nbytes))  # its rows go after its scales
 
 
-def fp4_bands(tokens_t: np.ndarray, w: Fp4Matrix, tiles: list[tuple[int, int]], rows: np.ndarray, many: bool) -> bool:
-    """rows [out, N] = the FP4 product of the inputs tokens_t [in, N] with w, its tiles (all of one
-    height but the last) cut into contiguous shares as parallel.split cuts them for threads: the
-    first for this process, one for each helper. False (nothing done) when the bytes are not a
-    file's or there are no helpers."""
-    if _broken or w.origin is None or parallel.cores() < 2:
-        return False
-    return with_helpers(lambda workers: shared_fp4(tokens_t, w, tiles, rows, many, workers))
-
-
-def shared_fp4(tokens_t: np.ndarray, w: Fp4Matrix, tiles: list[tuple[int, int]], rows: np.ndarray, many: bool,
-               workers: list[Helper]) -> None:
-    parts = min(len(workers) + 1, len(tiles))
-    bounds = [len(tiles) * p // parts for p in range(parts + 1)]
-    mine, *theirs = [tiles[bounds[p] : bounds[p + 1]] for p in range(parts)]
-    for helper, share in zip(workers, theirs):
-        send_fp4_band(helper, tokens_t, w, Band(share[0][0], share[-1][1]), share[0][1] - share[0][0])
-    fp4_tiles.apply_tiles(tokens_t, w, mine, rows)
-    for helper, share in zip(workers, theirs):
-        helper.answer()
-        helper.copy_into(rows, share[0][0], many)
-
-
-def send_fp4_band(helper: Helper, tokens_t: np.ndarray, w: Fp4Matrix, band: Band, height: int) -> None:
-    """Send a band of an FP4 product, tiles of `height` rows from its start: the inputs [in, N]
-    and the band's group scales into the scratch, then the message."""
-    scales = w.scales[band.start : band.end]  # float32 [rows, in / 32]
-    n = tokens_t.shape[1]
-    helper.send_inputs(tokens_t, band.end - band.start, scales.nbytes, columns=n)
-    at = CLAIMS_BYTES + helper.inputs_bytes
-    np.frombuffer(helper.scratch, np.float32, scales.size, at).reshape(scales.shape)[:] = scales
-    path_bytes = os.fsencode(w.origin.path)
-    numbers = FP4_BAND.pack(*w.origin.identity, w.origin.offset, band.start, band.end, w.shape[1], n, height,
-                            scales.nbytes, len(path_bytes))
-    helper.conn.send_bytes(b"F" + numbers + path_bytes)
-    helper.sent.append((band, scales.nbytes))  # its rows go after its scales
-
-
 # ---------------------------------------------------------------------------------------------
 # The helper's side
 
@@ -467,8 +422,6 @@ def serve(conn: Connection) -> None:
                 os.close(fd)
             elif message[:1] == b"I":
                 read = multiply_int4_band(scratch, files, message)
-            elif message[:1] == b"F":
-                read = multiply_fp4_band(scratch, files, message)
             else:
                 read, found = multiply_band(scratch, files, message)
             conn.send_bytes(OK_NAN if found else OK)
@@ -531,33 +484,6 @@ def multiply_int4_band(scratch, files, message: bytes) -> tuple:
     claim = from_the_back(np.frombuffer(scratch, np.int64, 2)) if how & MEET else None
     apply_int4_tiles(tokens, w, int4_row_tiles(w, many), result_arrays(rows, n, many, flat)[1], claim=claim)
     return view, words_at.offset, rows * row_bytes, fault_bytes
-
-
-def multiply_fp4_band(scratch, files, message: bytes) -> tuple:
-    """An FP4 band message's rows of the product into the scratch, after the inputs [in, N] and the
-    band's group scales there, in tiles of the given height from the band's start.  -> [rows, N].
-    Returns the file map and byte range the bytes were read from."""
-    *identity, offset, start, end, in_dim, n, height, rows_at, path_length = FP4_BAND.unpack_from(message, 1)
-    path_end = 1 + FP4_BAND.size + path_length
-    if len(message) != path_end:
-        raise ValueError(f"FP4 band message of {len(message)} bytes, expected {path_end} (the numbers and the path)")
-    rows, row_bytes = end - start, in_dim // 2
-    where = FileBytes(os.fsdecode(message[1 + FP4_BAND.size : path_end]), offset, tuple(identity))
-    key = (where.path, where.identity)
-    if key not in files:
-        files[key] = mapped(where)
-    view, fault_bytes = files[key]
-    bytes_at = where.at(start * row_bytes)
-    packed = np.frombuffer(view, np.uint8, rows * row_bytes, bytes_at.offset).reshape(rows, row_bytes)
-    inputs_end = CLAIMS_BYTES + in_dim * n * 4
-    scales = np.frombuffer(scratch, np.float32, rows * in_dim // 32, inputs_end).reshape(rows, in_dim // 32)
-    w = Fp4Matrix(packed, scales, origin=bytes_at)
-    tokens_t = np.frombuffer(scratch, np.float32, in_dim * n, CLAIMS_BYTES).reshape(in_dim, n)
-    flat = np.frombuffer(scratch, np.float32, rows * n, inputs_end + rows_at)
-    many = n > fp4_tiles.MANY_TOKENS
-    tiles = [(r, min(r + height, rows)) for r in range(0, rows, height)]
-    fp4_tiles.apply_tiles(tokens_t, w, tiles, result_arrays(rows, n, many, flat)[1])
-    return view, bytes_at.offset, rows * row_bytes, fault_bytes
 
 
 def unpacked_band(message: bytes) -> tuple:

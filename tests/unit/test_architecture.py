@@ -92,7 +92,7 @@ ROOM_LINES = {
     "fp4": 400,  # 332
     "fp8": 400,  # 275
     "int4": 300,  # 241
-    "kernels": 2500,  # 1,810; 2,221 with cpu_caches (moved in) and FP4 products on the helper processes
+    "kernels": 2200,  # 1,810
     "lessons": 4100,  # 3,397
     # 1,160; 1,575 with issue 33's MLA families' parts, about 2,000 with Kimi Linear's, DeepSeek-V4's
     # attention adding 662, its residual, routers, experts and layer 309

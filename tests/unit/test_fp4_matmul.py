@@ -8,7 +8,7 @@ import pytest
 
 from stepper import fp4, fp8
 from stepper.errors import StepperError
-from stepper.kernels import fp4_matmul, fp4_tiles
+from stepper.kernels import fp4_matmul
 from stepper.kernels.linear import float32_weight, linear, linears
 from stepper.weights.stored import Fp4Matrix, Fp8Matrix
 
@@ -28,7 +28,7 @@ def test_dequantize_is_the_formats_own():
 
 @pytest.mark.parametrize("tokens", [1, 3, 8, 130])
 def test_tiled_product_equals_decode_then_matmul(tokens, monkeypatch):
-    monkeypatch.setattr(fp4_tiles, "TILE_VALUES", 64 * 5)  # tiles of 5 rows: several, the last partial
+    monkeypatch.setattr(fp4_matmul, "TILE_VALUES", 64 * 5)  # tiles of 5 rows: several, the last partial
     w = fp4_weight(37, 64, 1)
     x = np.random.default_rng(2).standard_normal((tokens, 64)).astype(np.float32)
     expected = (x.astype(np.float64) @ w.dequantize().astype(np.float64).T)  # exact weights, float64 sums
@@ -41,9 +41,9 @@ def test_tiled_product_equals_decode_then_matmul(tokens, monkeypatch):
 @pytest.mark.parametrize("tokens", [3, 100])  # 2 x 100: many tokens, tall tiles shared between the threads
 def test_several_weights_and_shared_threads(tokens, monkeypatch):
     monkeypatch.setattr(fp4_matmul, "SHARE_WORK", 1)  # every product shared out between threads
-    monkeypatch.setattr(fp4_tiles, "TILE_VALUES", 128 * 8)
+    monkeypatch.setattr(fp4_matmul, "TILE_VALUES", 128 * 8)
     w1, w3 = fp4_weight(64, 128, 3), fp4_weight(48, 128, 4)
-    assert len(fp4_tiles.row_tiles(w1, True, 2)) == 2 and len(fp4_tiles.row_tiles(w1, False)) == 8
+    assert len(fp4_matmul.row_tiles(w1, True, 2)) == 2 and len(fp4_matmul.row_tiles(w1, False)) == 8
     x = np.random.default_rng(5).standard_normal((2, tokens, 128)).astype(np.float32)
     y1, y3 = linears(x, (w1, w3))
     assert y1.shape == (2, tokens, 64) and y3.shape == (2, tokens, 48)
@@ -52,7 +52,7 @@ def test_several_weights_and_shared_threads(tokens, monkeypatch):
 
 
 def test_rows_decoded_for_the_cache_are_the_readable_ones_bit_for_bit(monkeypatch):
-    monkeypatch.setattr(fp4_tiles, "TILE_VALUES", 96 * 7)
+    monkeypatch.setattr(fp4_matmul, "TILE_VALUES", 96 * 7)
     w = fp4_weight(30, 96, 6)
     np.testing.assert_array_equal(float32_weight(w).view(np.uint32), w.dequantize().view(np.uint32))
 
