@@ -39,7 +39,7 @@ def test_a_decode_step_and_a_prefill_of_a_csa_layer_with_parts_and_floor(tiny, t
         assert figure.value > 0 and figure.unit == "s" and figure.peak_rss_mb > 0
         assert "attention" in figure.note and "routed experts" in figure.note and "hc_pre" in figure.note
         assert "indexer (its compressor included)" in figure.note
-        assert figure.floor > 0 and "G/s a core" in figure.floor_note
+        assert figure.floor > 0 and "every core at once" in figure.floor_note
     assert prefill.floor > decode.floor
 
 
@@ -53,3 +53,17 @@ def test_the_floor_counts_the_experts_the_tokens_choose(tiny):
     attention = q * d + H * D * q + D * d + wo_a + wo_b + tiny.index_n_heads * tiny.index_head_dim * q
     shared = 3 * tiny.moe_intermediate_size * d
     assert v4_layer.weights_used(tiny, 3, 1)["fp8"] == attention + shared  # wq_a, wq_b, wkv, wo_a, wo_b, indexer wq_b
+
+
+def test_the_floors_rates_are_every_cores_at_once(monkeypatch):
+    runs = []
+
+    def side_by_side(name, copies):
+        runs.append((name, copies))
+        return [v4_layer.Figure(name, 0.5, "G weights/s")] * copies
+
+    monkeypatch.setattr(v4_layer, "side_by_side", side_by_side)
+    monkeypatch.setattr(v4_layer, "gemm_rate", lambda: 3e10)
+    cores = v4_layer.parallel.cores()
+    assert v4_layer.rates() == {"fp4": 0.5e9 * cores, "fp8": 0.5e9 * cores, "gemm": 3e10}
+    assert runs == [("fp4_rate", cores), ("fp8_rate", cores)]
