@@ -194,22 +194,25 @@ def v4_layer_run(checkpoint: Path, layer: int, tokens: int, repeat: int) -> list
 
     streams = rng.standard_normal((1, tokens, cfg.hc_mult, cfg.hidden_size), dtype=np.float32)  # [B, T, n, d]
     ids = rng.integers(0, cfg.vocab_size, (1, tokens))  # [B, T]
-    times, shares = [], []
+    times, cpu, shares = [], [], []
     for run in range(repeat + 1):
         session.caches[layer] = fresh_cache()
         with PartTimer(layer_parts()) as parts:
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             session.model.layer(layer, streams, ids, Emitter())
-            seconds = time.perf_counter() - start
+            seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - start_cpu
         if run:  # the first run maps the weights: untimed
             times.append(seconds)
+            cpu.append(cpu_seconds)
             shares.append({part: s / seconds for part, s in parts.seconds.items()})
     measured = rates()
     kind = {4: "CSA", 0: "sliding"}.get(dims.compress_ratio, "HCA")
     what = f"decode 1 token after {CONTEXT} positions" if tokens == 1 else f"prefill {tokens} tokens"
     split = ", ".join(f"{part} {np.median([s[part] for s in shares]):.0%}" for part in shares[0])
     figure = Figure(f"{cfg.name} layer {layer} ({kind}): {what}", float(np.median(times)), "s", peak_rss_mb(),
-                    f"median of {repeat}; {split}; checkpoint read into the page cache first ({filled:.0f} s)")
+                    f"median of {repeat}; CPU {np.median(cpu):.3g} s in this process's threads (FP8 helpers' not "
+                    f"counted; under cores x the time when other work shares the machine); {split}; checkpoint "
+                    f"read into the page cache first ({filled:.0f} s)")
     seconds, how = layer_floor(cfg, layer, tokens, measured)
     return [replace(figure, floor=seconds, floor_note=how)]
 
