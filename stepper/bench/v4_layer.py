@@ -40,7 +40,7 @@ from stepper.weights.safetensors_writer import Entry, write_safetensors
 from stepper.weights.stored import Fp4Matrix
 
 MODEL = "deepseek-v4-flash"
-CSA_LAYER, HCA_LAYER = 4, 5  # the first score-routed layers with compress ratio 4 and 128 (0-2 are hash-routed)
+CSA_LAYER = 4  # the first score-routed layer with compress ratio 4 (layers 0-2 are hash-routed, 3 is HCA)
 SHARD_BYTES = 1 << 29  # a shard is written once its tensors reach this many bytes (the writer holds one shard)
 CONTEXT = 1024  # positions in the cache before the decode step (seeded: model.v4_synthetic_cache)
 FP4_CEILING = "FP4 tile decode + matvec, 2048x4096, one core"
@@ -162,14 +162,25 @@ def weights_used(cfg: V4Config, layer: int, tokens: int) -> dict[str, float]:
     return {"fp4": counts[names.EXPERT], "fp8": counts[names.LINEAR], "flops": 2.0 * tokens * per_token}
 
 
+def keys_attended(dims, tokens: int) -> int:
+    """Keys summed over the queries: a prefill's query at p sees min(p + 1, window) window keys and
+    its entries (HCA: every one of the (p + 1) // m closed; CSA: at most index_topk of them); the
+    decode step, at position CONTEXT, the same."""
+    positions = np.arange(tokens) if tokens > 1 else np.array([CONTEXT])  # [T]
+    window = np.minimum(positions + 1, dims.sliding_window)
+    entries = (positions + 1) // dims.compress_ratio if dims.compress_ratio else np.zeros_like(positions)
+    if dims.has_indexer:
+        entries = np.minimum(entries, dims.index_topk)
+    return int((window + entries).sum())
+
+
 def layer_floor(cfg: V4Config, layer: int, tokens: int, measured: dict[str, float]) -> tuple[float, str]:
     """The least time the layer could take here: its FP4 and FP8 weights decoded once at the rates
     of every core at once, its products (and the attention core over the window and the entries
     each query sees) at the GEMM rate.  -> (seconds, how)"""
     used = weights_used(cfg, layer, tokens)
     dims = cfg.dims(layer)
-    keys = dims.sliding_window + min(dims.index_topk, CONTEXT // max(dims.compress_ratio, 1))
-    flops = used["flops"] + 4.0 * tokens * dims.num_heads * keys * dims.head_dim
+    flops = used["flops"] + 4.0 * dims.num_heads * dims.head_dim * keys_attended(dims, tokens)
     seconds = used["fp4"] / measured["fp4"] + used["fp8"] / measured["fp8"] + flops / measured["gemm"]
     how = (f"{used['fp4'] / 1e6:,.0f} M FP4 weights at {measured['fp4'] / 1e9:.2f} G/s and {used['fp8'] / 1e6:,.0f} M "
            f"FP8 at {measured['fp8'] / 1e9:.2f} G/s, every core at once, + {flops / 1e9:,.1f} GFLOP at "
@@ -217,19 +228,15 @@ def v4_layer_run(checkpoint: Path, layer: int, tokens: int, repeat: int) -> list
     return [replace(figure, floor=seconds, floor_note=how)]
 
 
-def v4_figures(workdir: Path, say, hca: bool = False) -> list[Figure]:
-    """DeepSeek-V4-Flash: its CSA layer (with `hca`, its HCA layer too: 3.5 GB more written) decoding
-    one token and prefilling 512, each in its own process, and a CSA attention's decode step over
-    1,048,576 positions (v4_attention)."""
+def v4_figures(workdir: Path, say) -> list[Figure]:
+    """DeepSeek-V4-Flash: its CSA layer decoding one token and prefilling 512, each in its own
+    process, and a CSA attention's decode step over 1,048,576 positions (v4_attention)."""
     cfg = flash_config()
-    layers = (CSA_LAYER, HCA_LAYER) if hca else (CSA_LAYER,)
-    say(f"writing (once) {cfg.name} layers {', '.join(map(str, layers))}: about 3.5 GB each, several minutes")
-    folder = ensure_layers(workdir, cfg, layers)
+    say(f"writing (once) {cfg.name} layer {CSA_LAYER}: about 3.7 GB, several minutes")
+    folder = ensure_layers(workdir, cfg, (CSA_LAYER,))
     forget_page_cache(folder)
-    figures = []
-    for layer in layers:
-        say(f"{cfg.name} layer {layer}: decode 1 token, prefill 512 tokens")
-        figures += in_subprocess("v4_layer", checkpoint=folder, layer=layer, tokens=1, repeat=5)
-        figures += in_subprocess("v4_layer", checkpoint=folder, layer=layer, tokens=512, repeat=1)
+    say(f"{cfg.name} layer {CSA_LAYER}: decode 1 token, prefill 512 tokens")
+    figures = in_subprocess("v4_layer", checkpoint=folder, layer=CSA_LAYER, tokens=1, repeat=5)
+    figures += in_subprocess("v4_layer", checkpoint=folder, layer=CSA_LAYER, tokens=512, repeat=1)
     say(f"{cfg.name} CSA attention: decode over 1,048,576 positions")
     return figures + in_subprocess("v4_long")

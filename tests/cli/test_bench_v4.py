@@ -67,3 +67,13 @@ def test_the_floors_rates_are_every_cores_at_once(monkeypatch):
     cores = v4_layer.parallel.cores()
     assert v4_layer.rates() == {"fp4": 0.5e9 * cores, "fp8": 0.5e9 * cores, "gemm": 3e10}
     assert runs == [("fp4_rate", cores), ("fp8_rate", cores)]
+
+
+def test_the_attention_core_counts_the_keys_each_query_sees(tiny):
+    dims = tiny.dims(3)  # CSA: window 8, every 4 positions an entry, at most 4 of them kept
+    assert (dims.sliding_window, dims.compress_ratio, dims.index_topk) == (8, 4, 4)
+    by_hand = sum(min(p + 1, 8) + min((p + 1) // 4, 4) for p in range(40))
+    assert v4_layer.keys_attended(dims, 40) == by_hand
+    assert v4_layer.keys_attended(dims, 1) == 8 + 4  # the decode step after CONTEXT positions
+    hca = tiny.dims(2)  # ratio 16, every closed entry seen
+    assert v4_layer.keys_attended(hca, 40) == sum(min(p + 1, 8) + (p + 1) // 16 for p in range(40))
