@@ -119,7 +119,7 @@ def layer_parts() -> dict[str, tuple[object, str]]:
     from stepper.model import clamped_experts, compressed_attention, v4_layer
 
     return {"hc_pre": (v4_layer, "hc_pre"), "hc_post": (v4_layer, "hc_post"),
-            "attention": (deepseek_v4_run, "attention"), "compressors": (compressed_attention, "compress"),
+            "attention": (deepseek_v4_run, "attention"), "compressor": (compressed_attention, "compress"),
             "indexer (its compressor included)": (compressed_attention, "index_entries"),
             "MoE": (v4_layer, "v4_moe"), "routed experts": (clamped_experts, "routed_experts")}
 
