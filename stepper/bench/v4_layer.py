@@ -5,8 +5,8 @@ experts), and the layer's floor from the rates measured in the same process.
 
 The layer's tensors are written once into the work directory as a checkpoint holding only the
 layers asked for (deepseek_v4_synth's values and storage, V4Synthetic.stored), read back by
-families.deepseek_v4_checkpoint and run through families.deepseek_v4.V4Model with the attention
-of deepseek_v4_run.V4Session: the model's own code, with its caches.
+families.deepseek_v4_checkpoint and run through families.deepseek_v4.V4Model with its caches
+(V4Caches): the model's own code.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from stepper import files
 from stepper.bench.ceilings import gemm_rate
 from stepper.bench.checkpoints import fill_page_cache, forget_page_cache
 from stepper.bench.figures import Figure, in_subprocess, median_time, peak_rss_mb, side_by_side
+from stepper.families.deepseek_v4 import V4Caches, V4Model, V4Step
 from stepper.families.deepseek_v4_checkpoint import V4Checkpoint
 from stepper.families.deepseek_v4_config import V4Config
-from stepper.families.deepseek_v4_run import V4Session
 from stepper.families.deepseek_v4_synth import V4Synthetic
 from stepper.fp4 import quantize_fp4
 from stepper.kernels import fp4_matmul, parallel
@@ -115,11 +115,11 @@ class PartTimer:
 
 
 def layer_parts() -> dict[str, tuple[object, str]]:
-    from stepper.families import deepseek_v4_run
+    from stepper.families import deepseek_v4
     from stepper.model import clamped_experts, compressed_attention, v4_layer
 
     return {"hc_pre": (v4_layer, "hc_pre"), "hc_post": (v4_layer, "hc_post"),
-            "attention": (deepseek_v4_run, "attention"), "compressor": (compressed_attention, "compress"),
+            "attention": (deepseek_v4, "attention"), "compressor": (compressed_attention, "compress"),
             "indexer (its compressor included)": (compressed_attention, "index_entries"),
             "MoE": (v4_layer, "v4_moe"), "routed experts": (clamped_experts, "routed_experts")}
 
@@ -194,7 +194,8 @@ def v4_layer_run(checkpoint: Path, layer: int, tokens: int, repeat: int) -> list
     The median time of `repeat` runs after an untimed one, each part's median share, the floor."""
     filled = fill_page_cache(checkpoint)
     source = V4Checkpoint(checkpoint)
-    cfg, session, rng = source.config, V4Session(source), np.random.default_rng(7)
+    cfg, model, rng = source.config, V4Model(source), np.random.default_rng(7)
+    caches = V4Caches(cfg)
     dims = cfg.dims(layer)
 
     def fresh_cache() -> V4AttentionCache:
@@ -207,10 +208,10 @@ def v4_layer_run(checkpoint: Path, layer: int, tokens: int, repeat: int) -> list
     ids = rng.integers(0, cfg.vocab_size, (1, tokens))  # [B, T]
     times, cpu, shares = [], [], []
     for run in range(repeat + 1):
-        session.caches[layer] = fresh_cache()
+        caches.layers[layer] = fresh_cache()
         with PartTimer(layer_parts()) as parts:
             start, start_cpu = time.perf_counter(), time.process_time()
-            session.model.layer(layer, streams, ids, Emitter())
+            model.layer(layer, streams, V4Step(ids), caches, Emitter())
             seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - start_cpu
         if run:  # the first run maps the weights: untimed
             times.append(seconds)
