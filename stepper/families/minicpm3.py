@@ -52,6 +52,9 @@ def from_hf(raw: dict[str, Any], source: str) -> MiniCPM3Config:
     if raw.get("rope_parameters") is not None:
         raise f.fail("rope_parameters", "is transformers' in-memory form; a MiniCPM3 config.json gives rope_scaling")
     hidden, heads = f.int("hidden_size"), f.int("num_attention_heads")
+    if raw.get("v_head_dim") is None and hidden < heads:
+        raise f.fail("hidden_size", f"({hidden}) must be at least num_attention_heads ({heads}): without v_head_dim "
+                     "each head's value is hidden_size / num_attention_heads wide")
     shared = {k: raw[k] for k in SHARED if k in raw}
     for field in ("rms_norm_eps", "rope_theta"):
         shared.setdefault(field, DEFAULTS[field])
