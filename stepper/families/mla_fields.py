@@ -6,7 +6,8 @@ A family module (stepper/families/<model_type>.py) holds the family's published 
 transformers configuration's), the fields it renames, `to_mla` / `published`, its config class
 (stepper.config.Config with the family's config.json as `to_hf`) and its `FAMILY`: MLA's decoder
 layer, whose parts read the family's fields of Config (router_bias, moe_output_norm, query_scale,
-tie_word_embeddings, zeroed_pad_row, fused_experts), MLA's catalogue parts and its own.
+tie_word_embeddings, fused_experts), MLA's catalogue parts and its own, and the model around the
+layers where the family changes it (Youtu's, which reads zeroed_pad_row).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 from stepper.config import Config, ConfigFields, read_mla_config
 from stepper.families import deepseek
-from stepper.families.family import Family, ReadConfig
+from stepper.families.family import Family, MakeModel, ReadConfig
 from stepper.model.layer import decoder_layer
 
 Translate = Callable[[ConfigFields], tuple[dict[str, Any], dict[str, Any]]]  # -> DeepseekV3's raw dict, own fields
@@ -53,10 +54,11 @@ def check_router(f, raw: dict[str, Any], router: tuple[tuple[str, ...], tuple[st
 
 
 def family(name: str, model_types: tuple[str, ...], read_config: Callable[[dict[str, Any], str], Config],
-           own_parts: tuple[str, ...] = ()) -> Family:
-    """The family record of an MLA variant: MLA's decoder layer and catalogue parts plus its own."""
+           own_parts: tuple[str, ...] = (), model: MakeModel | None = None) -> Family:
+    """The family record of an MLA variant: MLA's decoder layer and catalogue parts plus its own,
+    and its model around the layers where it has one (None: MLA's Transformer)."""
     return Family(name=name, model_types=model_types, read_config=read_config, decoder_layer=decoder_layer,
-                  parts=deepseek.part_files(deepseek.PARTS + own_parts), miniature=miniature)
+                  parts=deepseek.part_files(deepseek.PARTS + own_parts), miniature=miniature, model=model)
 
 
 def miniature(cfg: Config, layer: int) -> Config:
