@@ -33,7 +33,8 @@ def refusal(raw: dict) -> str:
 
 @pytest.mark.parametrize("name", ["tiny-sarvam", "sarvam-105b", "tiny-youtu", "youtu-llm-2b", "tiny-glm4-flash",
                                   "glm-4.7-flash", "tiny-axk1", "a.x-k1",
-                                  "tiny-mistral4", "mistral-small-4"])
+                                  "tiny-mistral4", "mistral-small-4", "tiny-minicpm3", "minicpm3-4b", "tiny-glm5",
+                                  "glm-5", "tiny-axk2", "a.x-k2", "tiny-longcat", "longcat-flash"])
 def test_the_published_config_reads_back_from_what_synth_writes(name):
     cfg = family_preset(name)
     assert read(cfg.to_hf()) == dataclasses.replace(cfg, name="config.json")
