@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -297,9 +298,10 @@ class Config(MlaVariants):
         return out
 
 
-def read_mla_config(raw: dict[str, Any], source: str) -> Config:
-    """The MLA family's reader (families.deepseek): a config.json of MODEL_TYPES or its wrapper."""
-    return _parse(raw, source)
+def read_mla_config(raw: dict[str, Any], source: str, spelled: dict[str, str] | None = None) -> Config:
+    """The MLA family's reader (families.deepseek): a config.json of MODEL_TYPES or its wrapper
+    (a family's translated config with `spelled`: see _Fields)."""
+    return _parse(raw, source, spelled)
 
 
 FAMILY_FIELDS = (  # the other MLA families' (stepper/families): their config classes write them
@@ -324,13 +326,18 @@ def load_config(path: str | Path, read: Callable[[dict[str, Any], str], Any] = r
 
 
 class _Fields:
-    """Typed access to a raw config dict; every error names the file and the field."""
+    """Typed access to a raw config dict; every error names the file and the field. A family that
+    renames DeepSeek-V3's fields reads its translated dict with `spelled` (DeepSeek-V3's name ->
+    the family's): its errors then name each field, in the field and in the reason, as the
+    family's config.json spells it."""
 
-    def __init__(self, raw: dict[str, Any], source: str):
-        self.raw, self.source = raw, source
+    def __init__(self, raw: dict[str, Any], source: str, spelled: dict[str, str] | None = None):
+        self.raw, self.source, self.spelled = raw, source, spelled or {}
 
     def fail(self, field: str, why: str) -> StepperError:
-        return StepperError(f"{self.source}: field '{field}' {why}")
+        for name, family_name in self.spelled.items():
+            why = re.sub(rf"\b{name}\b", family_name, why)
+        return StepperError(f"{self.source}: field '{self.spelled.get(field, field)}' {why}")
 
     def int(self, field: str, default: Any = ..., minimum: int = 1) -> int:
         value = self._get(field, default)
@@ -374,8 +381,10 @@ class _Fields:
 ConfigFields = _Fields  # the other MLA families' readers (stepper/families) read their fields with it
 
 
-def _parse(raw: dict[str, Any], source: str) -> Config:
-    f = _Fields(raw, source)
+def _parse(raw: dict[str, Any], source: str, spelled: dict[str, str] | None = None, zero_experts: int = 0) -> Config:
+    """The MLA config of a config.json dict in DeepSeek-V3's names; a family's reader gives how its
+    config.json spells the fields it renamed (`spelled`) and the zero experts its router adds."""
+    f = _Fields(raw, source, spelled)
     model_type = f.str("model_type")
     if model_type in WRAPPER_TYPES:
         return _kimi_k25(f)
@@ -427,6 +436,7 @@ def _parse(raw: dict[str, Any], source: str) -> Config:
         rope_scaling=rope_scaling,
         quantization=_quantization(f),
         int4=_int4_groups(f),
+        zero_experts=zero_experts,
         **_family(f, model_type),
     )
     _check_consistency(cfg, f)
@@ -525,7 +535,8 @@ def _rope(f: _Fields) -> tuple[float, Yarn | None]:
     block_name = "rope_parameters" if isinstance(f.raw.get("rope_parameters"), dict) else "rope_scaling"
     block = f.raw.get(block_name)
     theta_source = block if block_name == "rope_parameters" and "rope_theta" in block else f.raw
-    theta = _Fields(theta_source, f.source).float("rope_theta", default=10000.0)
+    theta_at = f"{f.source}: rope_parameters" if theta_source is block else f.source
+    theta = _Fields(theta_source, theta_at).float("rope_theta", default=10000.0)
     if block is None:
         return theta, None
     if not isinstance(block, dict):
@@ -652,10 +663,11 @@ def _check_consistency(cfg: Config, f: _Fields) -> None:
         )
     if cfg.n_routed_experts == 0:
         return
-    if cfg.num_experts_per_tok > cfg.n_routed_experts:
+    zero = f" + zero_expert_num ({cfg.zero_experts})" if cfg.zero_experts else ""  # LongCat's router chooses them too
+    if cfg.num_experts_per_tok > cfg.n_routed_experts + cfg.zero_experts:
         raise f.fail(
             "num_experts_per_tok",
-            f"({cfg.num_experts_per_tok}) must not exceed n_routed_experts ({cfg.n_routed_experts})",
+            f"({cfg.num_experts_per_tok}) must not exceed n_routed_experts ({cfg.n_routed_experts}){zero}",
         )
     if cfg.n_routed_experts % cfg.n_group:
         raise f.fail("n_group", f"({cfg.n_group}) must divide n_routed_experts ({cfg.n_routed_experts})")
@@ -664,9 +676,9 @@ def _check_consistency(cfg: Config, f: _Fields) -> None:
         raise f.fail("n_group", f"leaves {per_group} expert per group; a group scores by its top 2")
     if cfg.topk_group > cfg.n_group:
         raise f.fail("topk_group", f"({cfg.topk_group}) must not exceed n_group ({cfg.n_group})")
-    if cfg.topk_method != "greedy" and cfg.num_experts_per_tok > cfg.topk_group * per_group:
+    if cfg.topk_method != "greedy" and cfg.num_experts_per_tok > cfg.topk_group * per_group + cfg.zero_experts:
         raise f.fail(
             "num_experts_per_tok",
             f"({cfg.num_experts_per_tok}) exceeds the experts in the kept groups "
-            f"(topk_group {cfg.topk_group} x {per_group} per group)",
+            f"(topk_group {cfg.topk_group} x {per_group} per group){zero}",
         )

@@ -486,19 +486,27 @@ PRESETS["tiny-minicpm3"] = {  # long factors unlike the short ones, and an origi
 }
 
 
-# GLM-5 (stepper/families/glm_moe_dsa.py): the sizes of transformers' GlmMoeDsaConfig, whose defaults
-# are zai-org/GLM-5's, stored as GLM-5-FP8 (128x128 e4m3 blocks); and a tiny sibling whose third
-# layer reuses the second's index choice, keeping 4 positions of a 7-token prompt
+# GLM-5 (stepper/families/glm_moe_dsa.py): zai-org/GLM-5's config.json (BF16), field for field, as
+# copies of it in public code give it (huggingface.co/zai-org/GLM-5/blob/main/config.json, which
+# jd-opensource/xllm's models/llm/glm5.h cites for its defaults; two verbatim copies in training and
+# quantisation scripts agree on every field, rope_parameters.rope_theta 1000000 included). Its
+# head_dim (64) and pad_token_id are not read: transformers computes the heads from the MLA fields.
+# GLM-5-FP8's quantization_config was not found (docs/mla-families.md). And a tiny sibling whose
+# third layer reuses the second's index choice, keeping 4 positions of a 7-token prompt.
 PRESETS["glm-5"] = {
-    **{k: v for k, v in PRESETS["deepseek-v3.2"].items() if k not in ("rope_scaling", "index_n_heads")},
-    "_name_or_path": "glm-5", "architectures": ["GlmMoeDsaForCausalLM"], "model_type": "glm_moe_dsa",
-    "vocab_size": 154880, "hidden_size": 6144, "intermediate_size": 12288, "moe_intermediate_size": 2048,
-    "num_hidden_layers": 78, "num_attention_heads": 64, "num_key_value_heads": 64, "n_shared_experts": 1,
-    "n_routed_experts": 256, "routed_scaling_factor": 2.5, "kv_lora_rank": 512, "q_lora_rank": 2048,
-    "qk_rope_head_dim": 64, "v_head_dim": 256, "qk_nope_head_dim": 192, "n_group": 1, "topk_group": 1,
-    "num_experts_per_tok": 8, "first_k_dense_replace": 3, "max_position_embeddings": 202752, "rms_norm_eps": 1e-5,
-    "rope_theta": 1000000.0, "index_topk": 2048, "index_head_dim": 128, "index_n_heads": 32,
-    "num_nextn_predict_layers": 1,
+    "_name_or_path": "glm-5", "architectures": ["GlmMoeDsaForCausalLM"], "attention_bias": False,
+    "attention_dropout": 0.0, "dtype": "bfloat16", "eos_token_id": [154820, 154827, 154829], "ep_size": 1,
+    "first_k_dense_replace": 3, "hidden_act": "silu", "head_dim": 64, "hidden_size": 6144, "index_head_dim": 128,
+    "index_n_heads": 32, "index_topk": 2048, "indexer_rope_interleave": True, "initializer_range": 0.02,
+    "intermediate_size": 12288, "kv_lora_rank": 512, "max_position_embeddings": 202752, "moe_intermediate_size": 2048,
+    "moe_layer_freq": 1, "model_type": "glm_moe_dsa", "n_group": 1, "n_routed_experts": 256, "n_shared_experts": 1,
+    "norm_topk_prob": True, "num_attention_heads": 64, "num_experts_per_tok": 8, "num_hidden_layers": 78,
+    "num_key_value_heads": 64, "num_nextn_predict_layers": 1, "pad_token_id": 154820, "pretraining_tp": 1,
+    "q_lora_rank": 2048, "qk_head_dim": 256, "qk_nope_head_dim": 192, "qk_rope_head_dim": 64, "rms_norm_eps": 1e-05,
+    "rope_interleave": True, "rope_parameters": {"rope_theta": 1000000, "rope_type": "default"},
+    "routed_scaling_factor": 2.5, "scoring_func": "sigmoid", "tie_word_embeddings": False, "topk_group": 1,
+    "topk_method": "noaux_tc", "transformers_version": "5.0.2.dev0", "use_cache": True, "v_head_dim": 256,
+    "vocab_size": 154880,
 }
 PRESETS["tiny-glm5"] = {  # smaller than tiny-v32: its fixture ships its weights
     **PRESETS["tiny-v32"], "_name_or_path": "tiny-glm5", "architectures": ["GlmMoeDsaForCausalLM"],

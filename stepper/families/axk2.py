@@ -49,8 +49,8 @@ def from_hf(raw: dict[str, Any], source: str) -> AXK2Config:
         shared.setdefault(field, value)
     cfg = _parse({**shared, "model_type": "deepseek_v32"}, source)
     given = raw.get("mlp_layer_types")
-    want = ["sparse" if cfg.is_moe_layer(i) else "dense" for i in range(cfg.num_hidden_layers)]
-    if given is not None and given != want:
+    if given is not None and (not isinstance(given, list) or len(given) != cfg.num_hidden_layers
+                              or given != ["sparse" if cfg.is_moe_layer(i) else "dense" for i in range(len(given))]):
         raise f.fail("mlp_layer_types", f"must be 'dense' then 'sparse' as first_k_dense_replace "
                      f"({cfg.first_k_dense_replace}) and moe_layer_freq ({cfg.moe_layer_freq}) say, "
                      f"got {str(given)[:80]}")

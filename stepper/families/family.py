@@ -33,6 +33,16 @@ DEFAULT = LayerOptions()
 CacheBytes = Callable[[Any, Iterable[int], int, str, str], int]
 
 
+def around(model: type[Transformer], layer: DecoderLayer) -> MakeModel:
+    """The builder of MLA's Transformer, or a family's subclass of it (what surrounds the layers:
+    MiniCPM3's scalings, Youtu's zeroed pad row), around `layer`."""
+    def build(weights: Any, options: LayerOptions) -> Transformer:
+        built = model(weights, options.dispatch, options.index_scoring, layer)
+        built.options = options
+        return built
+    return build
+
+
 def mla_cache(cfg: Any) -> KVCache:
     """One LayerCache per layer (model.cache)."""
     return KVCache(cfg.num_hidden_layers)
@@ -68,8 +78,4 @@ class Family:
 
     def build(self, weights: Any, options: LayerOptions = DEFAULT) -> Model:
         """The family's model on these weights."""
-        if self.model is not None:
-            return self.model(weights, options)
-        model = Transformer(weights, options.dispatch, options.index_scoring, self.decoder_layer)
-        model.options = options
-        return model
+        return (self.model or around(Transformer, self.decoder_layer))(weights, options)

@@ -26,6 +26,7 @@ DEFAULTS = {"index_n_heads": 32, "index_head_dim": 128, "index_topk": 2048, "fir
             "rms_norm_eps": 1e-5}
 PATTERN_FIELDS = ("indexer_types", "index_topk_pattern", "index_topk_freq", "index_skip_topk_offset", "mlp_layer_types")
 HONOURED = {"attention_bias": False, "mlp_bias": False}
+MAX_LAYERS = 100_000  # GLM-5 has 78; the per-layer list of indexer kinds stays small
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +67,9 @@ def indexer_types(f: _Fields, layers: int) -> list[str]:
         else:
             given = pattern
     if given is None:
+        if layers > MAX_LAYERS:
+            raise f.fail("num_hidden_layers", f"must be at most {MAX_LAYERS} without indexer_types: stepper lists "
+                         f"each layer's indexer ('full' or 'shared'), got {layers}")
         freq = max(f.int("index_topk_freq", default=1), 1)
         offset = f.int("index_skip_topk_offset", default=2, minimum=0)
         return ["full" if max(i - offset + 1, 0) % freq == 0 else "shared" for i in range(layers)]
@@ -82,8 +86,8 @@ def check_mlp_layer_types(f: _Fields, cfg: Config) -> None:
     given = f.raw.get("mlp_layer_types")
     if given is None:
         return
-    want = ["sparse" if cfg.is_moe_layer(i) else "dense" for i in range(cfg.num_hidden_layers)]
-    if given != want:
+    if (not isinstance(given, list) or len(given) != cfg.num_hidden_layers
+            or given != ["sparse" if cfg.is_moe_layer(i) else "dense" for i in range(len(given))]):
         raise f.fail("mlp_layer_types", f"must be the first {cfg.first_k_dense_replace} layers 'dense' and the rest "
                      f"'sparse' (stepper follows first_k_dense_replace), got {str(given)[:80]}")
 

@@ -26,6 +26,7 @@ MODEL_TYPE = "longcat_flash"
 ARCHITECTURE = "LongcatFlashForCausalLM"
 RENAMED = {"num_layers": "num_hidden_layers", "ffn_hidden_size": "intermediate_size",
            "expert_ffn_hidden_size": "moe_intermediate_size", "moe_topk": "num_experts_per_tok"}
+SPELLED = {new: old for old, new in RENAMED.items()}  # a refusal names the field as LongCat's config.json does
 SHARED = ("vocab_size", "hidden_size", "num_attention_heads", "num_key_value_heads", "q_lora_rank", "kv_lora_rank",
           "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "n_routed_experts", "routed_scaling_factor",
           "rms_norm_eps", "rope_theta", "rope_scaling", "rope_parameters", "max_position_embeddings", "hidden_act",
@@ -56,19 +57,16 @@ def from_hf(raw: dict[str, Any], source: str) -> LongcatFlashConfig:
     if f.int("head_dim", default=64) != f.int("qk_rope_head_dim"):  # transformers' rotary tables are head_dim wide
         raise f.fail("head_dim", f"must equal qk_rope_head_dim ({raw['qk_rope_head_dim']}): the rotary tables are "
                      f"head_dim wide (64 when absent), got {raw.get('head_dim', 64)}")
-    zero, topk = f.int("zero_expert_num", default=0, minimum=0), f.int("moe_topk", default=12)
-    if topk > f.int("n_routed_experts") + zero:
-        raise f.fail("moe_topk", f"({topk}) must not exceed n_routed_experts + zero_expert_num")
+    zero = f.int("zero_expert_num", default=0, minimum=0)  # the router's top-k may choose them: _parse bounds it
     shared = {k: raw[k] for k in SHARED if k in raw}
-    shared.update({new: f.int(old) for old, new in RENAMED.items() if old != "moe_topk"})
-    shared["num_experts_per_tok"] = topk
+    shared.update({new: f.int(old, default=12) if old == "moe_topk" else f.int(old) for old, new in RENAMED.items()})
     for field, value in DEFAULTS.items():
         shared.setdefault(field, value)
     cfg = _parse({**shared, "model_type": "deepseek_v3", "first_k_dense_replace": 0, "n_shared_experts": 0,
-                  "norm_topk_prob": False}, source)
+                  "norm_topk_prob": False}, source, spelled=SPELLED, zero_experts=zero)
     fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
     return LongcatFlashConfig(**{**fields, "name": model_name(raw, source), "model_type": MODEL_TYPE,
-                                 "scoring_func": "softmax", "zero_experts": zero, "mla_lora_scales": True,
+                                 "scoring_func": "softmax", "mla_lora_scales": True,
                                  "shortcut_moe": True})
 
 

@@ -17,10 +17,15 @@ import dataclasses
 import math
 from typing import Any
 
+import numpy as np
+
 from stepper.config import Config, LongRope, _Fields, _parse, model_name
 from stepper.families import deepseek
-from stepper.families.family import Family
+from stepper.families.family import Family, around
 from stepper.model.layer import decoder_layer
+from stepper.model.scalings import scaled_embedding, scaled_for_logits
+from stepper.model.transformer import Transformer
+from stepper.seams.trace import Emitter
 
 MODEL_TYPE = "minicpm3"
 ARCHITECTURE = "MiniCPM3ForCausalLM"
@@ -52,6 +57,9 @@ def from_hf(raw: dict[str, Any], source: str) -> MiniCPM3Config:
     if raw.get("rope_parameters") is not None:
         raise f.fail("rope_parameters", "is transformers' in-memory form; a MiniCPM3 config.json gives rope_scaling")
     hidden, heads = f.int("hidden_size"), f.int("num_attention_heads")
+    if raw.get("v_head_dim") is None and hidden < heads:
+        raise f.fail("hidden_size", f"({hidden}) must be at least num_attention_heads ({heads}): without v_head_dim "
+                     "each head's value is hidden_size / num_attention_heads wide")
     shared = {k: raw[k] for k in SHARED if k in raw}
     for field in ("rms_norm_eps", "rope_theta"):
         shared.setdefault(field, DEFAULTS[field])
@@ -129,5 +137,20 @@ def miniature(cfg: MiniCPM3Config, layer: int) -> MiniCPM3Config:
     return dataclasses.replace(mini, longrope=longrope, dim_model_base=None if cfg.dim_model_base is None else 4)
 
 
+class MiniCPM3Model(Transformer):
+    """MLA's model with MiniCPM3's muP scalings around the layers (stepper.model.scalings): the
+    embedding times scale_emb, the final norm divided by hidden_size / dim_model_base. The
+    residual branches' scaling is inside each layer (model.layer)."""
+
+    def embedded(self, ids: np.ndarray, emit: Emitter) -> np.ndarray:
+        """embed * scale_emb.  ids [B, T] -> [B, T, d]"""
+        return scaled_embedding(super().embedded(ids, emit), self.config, emit)
+
+    def final_norm(self, hidden: np.ndarray, emit: Emitter) -> np.ndarray:
+        """norm / (hidden_size / dim_model_base).  [B, T, d] -> [B, T, d]"""
+        return scaled_for_logits(super().final_norm(hidden, emit), self.config, emit)
+
+
 FAMILY = Family(name="minicpm3", model_types=(MODEL_TYPE,), read_config=from_hf, decoder_layer=decoder_layer,
-                parts=deepseek.part_files(deepseek.PARTS + ("mup_scalings",)), miniature=miniature)
+                parts=deepseek.part_files(deepseek.PARTS + ("mup_scalings",)), miniature=miniature,
+                model=around(MiniCPM3Model, decoder_layer))

@@ -6,7 +6,8 @@ A family module (stepper/families/<model_type>.py) holds the family's published 
 transformers configuration's), the fields it renames, `to_mla` / `published`, its config class
 (stepper.config.Config with the family's config.json as `to_hf`) and its `FAMILY`: MLA's decoder
 layer, whose parts read the family's fields of Config (router_bias, moe_output_norm, query_scale,
-tie_word_embeddings, zeroed_pad_row, fused_experts), MLA's catalogue parts and its own.
+tie_word_embeddings, fused_experts), MLA's catalogue parts and its own, and the model around the
+layers where the family changes it (Youtu's, which reads zeroed_pad_row).
 """
 
 from __future__ import annotations
@@ -17,23 +18,26 @@ from typing import Any
 
 from stepper.config import Config, ConfigFields, read_mla_config
 from stepper.families import deepseek
-from stepper.families.family import Family
+from stepper.families.family import Family, MakeModel, ReadConfig
 from stepper.model.layer import decoder_layer
 
 Translate = Callable[[ConfigFields], tuple[dict[str, Any], dict[str, Any]]]  # -> DeepseekV3's raw dict, own fields
 
 
 def reader(model_type: str, router: tuple[tuple[str, ...], tuple[str, ...]], translate: Translate,
-           config_class: type[Config]) -> Callable[[dict[str, Any], str], Config]:
-    """The family's config.json reader: its fields translated (`translate`), read by the MLA
-    reader as DeepSeek-V3's layer, then the family's class with its model_type, its router's
-    scoring and the fields of its own."""
+           config_class: type[Config], renames: dict[str, str] | None = None) -> ReadConfig:
+    """The family's config.json reader: its fields translated (`translate`, which renames the
+    family's fields to DeepSeek-V3's as `renames` says), read by the MLA reader as DeepSeek-V3's
+    layer, its refusals naming the family's fields; then the family's class with its model_type,
+    its router's scoring and the fields of its own."""
+    spelled = {new: old for old, new in (renames or {}).items()}
+
     def read_config(raw: dict[str, Any], source: str) -> Config:
-        f = ConfigFields(raw, source)
+        f = ConfigFields(raw, source, spelled)
         translated, extra = translate(f)
         scoring = check_router(f, translated, router)
         base = read_mla_config({**translated, "model_type": "deepseek_v3", "scoring_func": "sigmoid",
-                                "topk_method": "noaux_tc"}, source)
+                                "topk_method": "noaux_tc"}, source, spelled)
         fields = {field.name: getattr(base, field.name) for field in dataclasses.fields(base)}
         return config_class(**{**fields, "model_type": model_type, "scoring_func": scoring, **extra})
     return read_config
@@ -50,10 +54,11 @@ def check_router(f, raw: dict[str, Any], router: tuple[tuple[str, ...], tuple[st
 
 
 def family(name: str, model_types: tuple[str, ...], read_config: Callable[[dict[str, Any], str], Config],
-           own_parts: tuple[str, ...] = ()) -> Family:
-    """The family record of an MLA variant: MLA's decoder layer and catalogue parts plus its own."""
+           own_parts: tuple[str, ...] = (), model: MakeModel | None = None) -> Family:
+    """The family record of an MLA variant: MLA's decoder layer and catalogue parts plus its own,
+    and its model around the layers where it has one (None: MLA's Transformer)."""
     return Family(name=name, model_types=model_types, read_config=read_config, decoder_layer=decoder_layer,
-                  parts=deepseek.part_files(deepseek.PARTS + own_parts), miniature=miniature)
+                  parts=deepseek.part_files(deepseek.PARTS + own_parts), miniature=miniature, model=model)
 
 
 def miniature(cfg: Config, layer: int) -> Config:
@@ -81,8 +86,8 @@ def renamed(f, names: dict[str, str]) -> dict[str, Any]:
 
 
 def typed(f, raw: dict[str, Any]):
-    """Typed access to the translated config's fields (errors name the field, as config.py's)."""
-    return type(f)(raw, f.source)
+    """Typed access to the translated config's fields (errors name the field as the family spells it)."""
+    return type(f)(raw, f.source, f.spelled)
 
 
 def rope_block(raw: dict[str, Any]) -> dict[str, Any]:
@@ -92,9 +97,15 @@ def rope_block(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def rope_fields(f, raw: dict[str, Any]):
-    """Typed access to the rope block's fields, errors naming the block (`rope_parameters.factor`)."""
-    name = "rope_parameters" if isinstance(raw.get("rope_parameters"), dict) else "rope_scaling"
-    return type(f)(rope_block(raw), f"{f.source}: {name}")
+    """Typed access to the rope block's fields, errors naming the block (`rope_parameters: field
+    'factor'`): `rope_parameters` unless only the older `rope_scaling` is given; a block that is
+    not an object is refused naming it."""
+    name = "rope_scaling" if raw.get("rope_parameters") is None and raw.get("rope_scaling") is not None \
+        else "rope_parameters"
+    block = raw.get(name)
+    if block is not None and not isinstance(block, dict):
+        raise f.fail(name, f"must be an object or null, got {block!r}")
+    return type(f)(block or {}, f"{f.source}: {name}")
 
 
 def check_interleaved(f, raw: dict[str, Any]) -> None:

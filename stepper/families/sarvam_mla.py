@@ -73,7 +73,7 @@ class SarvamConfig(Config):
         return published(self)
 
 
-read_config = mla_fields.reader(MODEL_TYPE, ROUTER, to_mla, SarvamConfig)
+read_config = mla_fields.reader(MODEL_TYPE, ROUTER, to_mla, SarvamConfig, RENAMED)
 
 
 FAMILY = mla_fields.family("sarvam_mla", (MODEL_TYPE,), read_config)

@@ -3,7 +3,9 @@ every layer and the embedding reused as lm_head.
 
 transformers (models/youtu/modular_youtu.py) takes DeepseekV3Attention, Qwen3's MLP
 (gate_proj, up_proj, down_proj) and Llama's decoder layer; its config removes every MoE field and
-defaults tie_word_embeddings to true, so the checkpoint has no lm_head.weight.
+defaults tie_word_embeddings to true, so the checkpoint has no lm_head.weight. When it loads the
+model, YoutuPreTrainedModel zeroes the pad token's embedding row: YoutuModel reads that row as
+zeros, and with the embedding as lm_head that token's logit is 0.
 """
 
 from __future__ import annotations
@@ -11,8 +13,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import numpy as np
+
 from stepper.config import Config
 from stepper.families import mla_fields
+from stepper.families.family import around
+from stepper.model.layer import decoder_layer
+from stepper.model.transformer import Transformer
 
 MODEL_TYPE = "youtu"
 ROUTER = (("sigmoid",), ("noaux_tc",))  # never used: no layer has experts
@@ -64,4 +71,22 @@ class YoutuConfig(Config):
 read_config = mla_fields.reader(MODEL_TYPE, ROUTER, to_mla, YoutuConfig)
 
 
-FAMILY = mla_fields.family("youtu", (MODEL_TYPE,), read_config)
+class YoutuModel(Transformer):
+    """MLA's model whose embedding has the pad token's row zeroed (config.zeroed_pad_row)."""
+
+    def embed(self, ids: np.ndarray) -> np.ndarray:
+        """ids [B, T] -> [B, T, d], the pad token's row as zeros."""
+        rows = super().embed(ids)  # [B, T, d]
+        pad = self.config.zeroed_pad_row
+        return rows if pad is None else np.where((ids == pad)[..., None], np.float32(0), rows)
+
+    def logits(self, normed: np.ndarray) -> np.ndarray:
+        """lm_head on the final norm, [B, T, d] -> [B, T, V]: with the embedding as lm_head, the
+        zeroed row gives the pad token a logit of 0."""
+        logits = super().logits(normed)  # [B, T, V]
+        if self.config.zeroed_pad_row is not None and self.config.tie_word_embeddings:
+            logits[..., self.config.zeroed_pad_row] = 0
+        return logits
+
+
+FAMILY = mla_fields.family("youtu", (MODEL_TYPE,), read_config, model=around(YoutuModel, decoder_layer))

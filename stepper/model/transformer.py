@@ -25,7 +25,6 @@ from stepper.model.ops import rms_norm
 from stepper.model.options import Attention, Dispatch, IndexScoring, LayerOptions
 from stepper.model.query_scale import llama4_query_scale
 from stepper.model.rope import Rope, longrope_inv_freq, rope_inv_freq, rope_tables, yarn_mscale
-from stepper.model.scalings import scaled_embedding, scaled_for_logits
 from stepper.seams.trace import Emitter
 from stepper.weights.names import EMBED, head_weight
 from stepper.weights.source import WeightSource
@@ -74,11 +73,8 @@ class Transformer:
         return self.options.index_scoring
 
     def embed(self, ids: np.ndarray) -> np.ndarray:
-        """ids [B, T] -> [B, T, d], reading only the rows of these tokens (a row the family zeroes
-        on load, Youtu's pad token's, as zeros)."""
-        rows = np.asarray(self.weights.get_rows(EMBED, ids), dtype=np.float32)  # [B, T, d]
-        pad = self.config.zeroed_pad_row
-        return rows if pad is None else np.where((ids == pad)[..., None], np.float32(0), rows)
+        """ids [B, T] -> [B, T, d], reading only the rows of these tokens."""
+        return np.asarray(self.weights.get_rows(EMBED, ids), dtype=np.float32)  # [B, T, d]
 
     def rope(self, positions: np.ndarray, emit: Emitter) -> Rope:
         """The rotary tables of positions [T]. They are shown in the reference's cat(freqs, freqs)
@@ -133,21 +129,25 @@ class Transformer:
         return self.decoder_layer(hidden, w, layer_cache, options, emit.layer(i))
 
     def start(self, ids: np.ndarray, positions: np.ndarray, emit: Emitter) -> tuple[np.ndarray, Rope]:
-        """The embedding [B, T, d] of ids [B, T] and the rotary tables of positions [T]."""
-        hidden = emit("embed", self.embed(ids))
-        if self.config.has_mup_scalings:
-            hidden = scaled_embedding(hidden, self.config, emit)
-        return hidden, self.rope(positions, emit)
+        """The first layer's input [B, T, d] for ids [B, T] and the rotary tables of positions [T]."""
+        return self.embedded(ids, emit), self.rope(positions, emit)
+
+    def embedded(self, ids: np.ndarray, emit: Emitter) -> np.ndarray:
+        """The embedding of ids [B, T] as the first layer takes it: [B, T, d] (a family's model
+        may scale it: families.minicpm3)."""
+        return emit("embed", self.embed(ids))
 
     def head(self, hidden: np.ndarray, emit: Emitter) -> np.ndarray:
         """Final norm and lm_head: [B, T, d] -> logits [B, T, V]."""
-        hidden = emit("norm", rms_norm(hidden, self.weights.get("model.norm.weight"), self.config.rms_norm_eps))
-        if self.config.has_mup_scalings:
-            hidden = scaled_for_logits(hidden, self.config, emit)
-        logits = lm_head(hidden, self.weights)  # [B, T, V]
-        if self.config.zeroed_pad_row is not None and self.config.tie_word_embeddings:  # lm_head's zeroed row
-            logits[..., self.config.zeroed_pad_row] = 0
-        return emit("logits", logits)
+        return emit("logits", self.logits(self.final_norm(hidden, emit)))
+
+    def final_norm(self, hidden: np.ndarray, emit: Emitter) -> np.ndarray:
+        """The last layer's stream, normalised as lm_head takes it: [B, T, d] -> [B, T, d]."""
+        return emit("norm", rms_norm(hidden, self.weights.get("model.norm.weight"), self.config.rms_norm_eps))
+
+    def logits(self, normed: np.ndarray) -> np.ndarray:
+        """lm_head on the final norm: [B, T, d] -> [B, T, V]."""
+        return lm_head(normed, self.weights)
 
     def forward(
         self,

@@ -33,7 +33,8 @@ def test_the_published_sizes_read_as_glm5():
     cfg = family_preset("glm-5")
     assert (cfg.model_type, cfg.index_n_heads, cfg.index_head_dim, cfg.index_topk) == ("glm_moe_dsa", 32, 128, 2048)
     assert (cfg.qk_head_dim, cfg.v_head_dim, cfg.first_k_dense_replace, cfg.num_hidden_layers) == (256, 256, 3, 78)
-    assert cfg.indexer_rope_interleave and cfg.index_reused_layers == () and cfg.quantization is not None
+    assert cfg.indexer_rope_interleave and cfg.index_reused_layers == () and cfg.quantization is None  # BF16
+    assert (cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings) == (1e6, None, 202752)
 
 
 @pytest.mark.parametrize("fields, reused", [

@@ -53,7 +53,9 @@ def test_the_published_config_reads_as_longcat_flash():
     ({"mla_scale_q_lora": False}, "field 'mla_scale_q_lora' must be True"),
     ({"head_dim": 128}, "field 'head_dim' must equal qk_rope_head_dim"),
     ({"qk_head_dim": 100}, "field 'qk_head_dim' must be qk_nope_head_dim \\+ qk_rope_head_dim"),
-    ({"moe_topk": 800}, "field 'moe_topk' \\(800\\) must not exceed n_routed_experts \\+ zero_expert_num"),
+    ({"moe_topk": 800}, r"field 'moe_topk' \(800\) must not exceed n_routed_experts \(512\) \+ zero_expert_num"),
+    ({"n_routed_experts": 2, "zero_expert_num": 4}, r"field 'moe_topk' \(12\) must not exceed n_routed_experts \(2\)"),
+    ({"expert_ffn_hidden_size": "x"}, "field 'expert_ffn_hidden_size' must be an integer"),
     ({"num_layers": None}, "field 'num_layers' is missing"),
 ])
 def test_a_field_stepper_does_not_honour_is_refused_by_name(fields, message):

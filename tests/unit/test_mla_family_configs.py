@@ -4,9 +4,12 @@ family writes it, and a field stepper does not build refused naming that field."
 
 import copy
 import dataclasses
+import json
 import math
+import re
 
 import pytest
+from helpers.cli import stepper
 from helpers.configs import family_preset
 
 from stepper import families
@@ -30,7 +33,8 @@ def refusal(raw: dict) -> str:
 
 @pytest.mark.parametrize("name", ["tiny-sarvam", "sarvam-105b", "tiny-youtu", "youtu-llm-2b", "tiny-glm4-flash",
                                   "glm-4.7-flash", "tiny-axk1", "a.x-k1",
-                                  "tiny-mistral4", "mistral-small-4"])
+                                  "tiny-mistral4", "mistral-small-4", "tiny-minicpm3", "minicpm3-4b", "tiny-glm5",
+                                  "glm-5", "tiny-axk2", "a.x-k2", "tiny-longcat", "longcat-flash"])
 def test_the_published_config_reads_back_from_what_synth_writes(name):
     cfg = family_preset(name)
     assert read(cfg.to_hf()) == dataclasses.replace(cfg, name="config.json")
@@ -125,6 +129,9 @@ def test_mistral4_scales_queries_routes_by_softmax_and_fuses_its_experts():
     ({**PRESETS["tiny-sarvam"], "q_head_dim": 64}, "q_head_dim"),
     ({**PRESETS["tiny-sarvam"], "n_routed_experts": 8}, "num_experts"),
     ({**PRESETS["tiny-sarvam"], "moe_layer_freq": 2}, "moe_layer_freq"),
+    ({**PRESETS["tiny-sarvam"], "num_experts": 1.5}, "num_experts"),  # read as n_routed_experts, named as given
+    ({**PRESETS["tiny-sarvam"], "num_shared_experts": -1}, "num_shared_experts"),
+    ({**PRESETS["tiny-sarvam"], "num_experts_per_tok": 17}, "num_experts_per_tok' (17) must not exceed num_experts"),
 ])
 def test_a_field_stepper_does_not_build_is_refused_by_name(raw, field):
     assert f"field '{field}" in refusal(raw)
@@ -174,3 +181,48 @@ def test_mistral_small_4_reads_from_its_vision_language_wrapper():
 ])
 def test_the_wrapper_refuses_by_name(raw, field):
     assert f"field '{field}'" in refusal(raw)
+
+
+# One field of each family's config.json that stepper does not build, as that config.json spells it
+# (LongCat's moe_topk and num_layers, Sarvam's num_experts, Youtu's rope_parameters.rope_theta are
+# read under DeepSeek-V3's names, and refused under their own), and the refusal's exact words.
+REFUSED = [
+    ("tiny-sarvam", {"num_experts": "x"}, "field 'num_experts'"),
+    ("tiny-youtu", {"rope_parameters": {"rope_theta": -1.0, "rope_type": "default"}},
+     "rope_parameters: field 'rope_theta'"),
+    ("tiny-glm4-flash", {"partial_rotary_factor": 0.5}, "field 'partial_rotary_factor'"),
+    ("tiny-axk1", {"scoring_func": "softmax"}, "field 'scoring_func'"),
+    ("tiny-mistral4", {"quantization_config": {"quant_method": "fp8"}}, "field 'quantization_config'"),
+    ("tiny-mistral4", {"rope_parameters": "yarn"}, "field 'rope_parameters'"),
+    ("tiny-minicpm3", {"mlp_bias": True}, "field 'mlp_bias'"),
+    ("tiny-minicpm3", {"hidden_size": 2}, "field 'hidden_size'"),  # v_head_dim, absent, would be hidden / heads
+    ("tiny-glm5", {"indexer_types": ["shared", "full", "full"]}, "field 'indexer_types'"),
+    ("tiny-axk2", {"gated_norm_rank": 0}, "field 'gated_norm_rank'"),
+    ("tiny-longcat", {"moe_topk": 13}, "field 'moe_topk'"),  # 8 experts + 4 zero experts
+    ("tiny-longcat", {"num_layers": 0}, "field 'num_layers'"),
+    ("tiny-longcat", {"expert_ffn_hidden_size": "x"}, "field 'expert_ffn_hidden_size'"),
+]
+
+
+@pytest.mark.parametrize("name, fields, named", REFUSED)
+def test_the_cli_refuses_a_field_naming_it_as_the_family_spells_it(tmp_path, name, fields, named):
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({**PRESETS[name], **fields}))
+    result = stepper("run", "--model", folder)
+    assert result.returncode == 2 and result.stdout == "" and result.stderr.strip().count("\n") == 0
+    assert "Traceback" not in result.stderr and f"config.json: {named} " in result.stderr
+    assert len(re.findall("field '", result.stderr)) == 1, result.stderr
+
+
+@pytest.mark.parametrize("name, fields, named", [
+    ("tiny-axk2", {"mlp_layer_types": ["dense", "sparse", "sparse"]}, "mlp_layer_types"),
+    ("tiny-glm5", {"mlp_layer_types": ["dense", "sparse", "sparse"]}, "indexer_types"),  # 3 for 10^12 layers
+    ("glm-5", {}, "num_hidden_layers"),  # no indexer_types: one kind per layer would be listed
+])
+def test_a_huge_layer_count_is_refused_without_listing_its_layers(name, fields, named):
+    """The per-layer lists (mlp_layer_types, indexer_types) are compared by length first: a config
+    of 10^12 layers is refused in a moment, never a list of 10^12 entries built."""
+    raw = {**PRESETS[name], **fields, "num_hidden_layers": 10**12}
+    assert f"field '{named}'" in refusal(raw)
+    assert read({**raw, "mlp_layer_types": None, "num_hidden_layers": 3}).num_hidden_layers == 3
