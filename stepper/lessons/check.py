@@ -128,8 +128,11 @@ def captured(spec: RunSpec, names: tuple[str, ...]) -> dict[str, tuple[Call, ...
 
 def place(name: str, i: int, next_name: str, events: Sequence[Event], after: int, made: dict) -> str:
     """'call 2 of softmax in the run, which makes layers.1.self_attn.attn_weights' when what the
-    call returned is that tensor; else the tensor the run emitted next."""
-    makes = after < len(events) and events[after].array is made.get((name, i))
+    call returned (or the first array of the tuple it returned) is that tensor; else the tensor
+    the run emitted next."""
+    returned = made.get((name, i))
+    first = returned[0] if isinstance(returned, tuple) and returned else returned
+    makes = after < len(events) and events[after].array is first
     what = f"which makes {next_name}" if makes else f"computed before {next_name} is emitted"
     return f"call {i + 1} of {name} in the run, {what}"
 

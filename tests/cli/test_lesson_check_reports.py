@@ -55,6 +55,14 @@ WRONG = [
                           "np.maximum(head_weights[:, :, h, None] * dots * scale, 0)"),  # relu after the weight
      ["index_scores differs on call 1 of index_scores in the run, which makes layers.0.self_attn.indexer.index_scores",
       "inputs: q [1, 8, 8, 32] float32, keys [1, 8, 32] float32, head_weights [1, 8, 8] float32"]),
+    ("compressed-attention", ("weights /= np.sum(weights, axis=2, keepdims=True)",
+                              "weights /= np.sum(weights, axis=3, keepdims=True)"),  # a softmax over the channels
+     ["gated_pool differs on call 1 of gated_pool in the run, which makes layers.1.attn.compressor.slot_weights",
+      "array 1 of the 2 it returns:", "inputs: slots_kv [1, 9, 8, 32] float32, slots_gate [1, 9, 8, 32] float32"]),
+    ("hyper-connections", ("comb = comb / (comb.sum(axis=columns, keepdims=True) + eps)  # [..., n, n]",
+                           "comb = comb / (comb.sum(axis=rows, keepdims=True) + eps)  # [..., n, n]"),  # rows first
+     ["sinkhorn differs on call 1 of sinkhorn in the run, which makes layers.0.hc_attn.comb",
+      "inputs: comb [1, 6, 4, 4] float32, iters 20, hc_eps 1e-06"]),
 ]
 
 
