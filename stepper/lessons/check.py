@@ -75,11 +75,17 @@ class Report:
 # Golden runs
 
 
+def planned(spec: RunSpec):
+    """A lesson's run, planned as `stepper run` plans one: it keeps every tensor (a recorder).
+    Planning runs a miniature of the model to learn what it emits (families.derive): a spy or a
+    learner's function is swapped in after it, so that it sees the lesson's run alone."""
+    plan = plan_run(spec, lambda plan, names: names)
+    plan.check_fits(plan.names, "--prompt-len")
+    return plan
+
+
 def run(spec: RunSpec, sinks: Sequence[Sink]) -> RunResult:
-    """A lesson's run, planned as `stepper run` plans one: it keeps every tensor (a recorder)."""
-    planned = plan_run(spec, lambda plan, names: names)
-    planned.check_fits(planned.names, "--prompt-len")
-    return planned.execute(sinks)
+    return planned(spec).execute(sinks)
 
 
 @lru_cache(maxsize=32)
@@ -108,8 +114,9 @@ def captured(spec: RunSpec, names: tuple[str, ...]) -> dict[str, tuple[Call, ...
         call.__wrapped__ = func  # type: ignore[attr-defined]
         return call
 
+    plan = planned(spec)
     with overrides.patched({name: spy(name, overrides.reference(name)) for name in names}):
-        run(spec, [recorder])
+        plan.execute([recorder])
     events = recorder.events
     result = {}
     for name, found in calls.items():
@@ -513,9 +520,10 @@ def check_function(lesson, name: str, mine: Callable, path: Path) -> Outcome:
 def check_run(spec: RunSpec, functions: dict[str, Callable], rtol: float, path: Path) -> Outcome:
     reference = golden(spec)
     recorder = Recorder()
+    plan = planned(spec)
     try:
         with overrides.patched(functions):
-            run(spec, [recorder])
+            plan.execute([recorder])
     except Exception as e:  # noqa: BLE001 - the learner's code may raise anything
         return Outcome(False, f"the run with your {', '.join(functions)} fails ({describe_run(spec)})",
                        [failure_text(e, path),
