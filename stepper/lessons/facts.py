@@ -23,7 +23,7 @@ from stepper.lessons.context import Context
 from stepper.model.cache import cache_bytes_per_token
 from stepper.model.rope import rope_inv_freq, yarn_correction_range, yarn_mscale
 from stepper.model.router import max_per_group, route
-from stepper.presets import PRESETS
+from stepper.presets import PRESETS, V4_PRESETS
 from stepper.seams.trace import Emitter, Recorder
 from stepper.session import preset_config, run
 
@@ -47,8 +47,8 @@ def compute(name: str, ctx: Context, args: list[str]) -> Any:
 def config_of(ctx: Context, name: str | None) -> Config:
     if not name:
         return ctx.cfg
-    if name not in PRESETS:
-        raise StepperError(f"no preset '{name}' (presets: {', '.join(PRESETS)})")
+    if name not in PRESETS and name not in V4_PRESETS:
+        raise StepperError(f"no preset '{name}' (presets: {', '.join([*PRESETS, *V4_PRESETS])})")
     return preset_config(name)
 
 
