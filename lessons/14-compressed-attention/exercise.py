@@ -4,8 +4,8 @@ Write `gated_pool` below, then:
 
     stepper lesson check compressed-attention   compares it with stepper's on the run's real inputs,
                                                 then every tensor of tiny-v4's runs
-    stepper run --use stepper-lessons/compressed-attention.py --model tiny-v4 --show reach --only '*attn.chosen'
-                                                runs the model with your pooling making every entry
+    stepper run --use stepper-lessons/compressed-attention.py --model tiny-v4 --prompt-len 38 \
+        --show reach --only '*attn.chosen'      runs the model with your pooling making every entry
 
 Keep the name and the signature: the interpreter calls gated_pool(slots_kv, slots_gate).
 """
