@@ -143,3 +143,40 @@ def test_the_hand_made_exercise_cases_are_what_their_labels_say():
         got = reference("sinkhorn")(*call.args)
         assert got.dtype == np.float32
         np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("name, drawn", [
+    ("compressed-attention", ["(stepper) s reach", "layers.1.attn.chosen: the query at position 37",
+                              "12 keys: the window's 8 tokens (positions 30..37) + 4 of the 9 visible entries"]),
+    ("hyper-connections", ["(stepper) s hc", "position 5 of 0..5: row j says where stream j goes", "col sum"]),
+])
+def test_the_walk_draws_v4_pictures_at_its_stops(name, drawn):
+    """The debugger's `s reach` and `s hc`, run by the lessons' commands, draw the run's own
+    pictures (views.v4_pictures) at the stop."""
+    import io
+
+    from rich.console import Console
+
+    from stepper.lessons.walk import right_answers, walk
+    from stepper.views.debugger import CommandSource
+
+    lesson, out = find_lesson(name), io.StringIO()
+    console = Console(file=out, width=200, no_color=True, highlight=False, markup=False, soft_wrap=True)
+    walked = walk(lesson, console, CommandSource(console, io.StringIO("\n".join(right_answers(lesson)) + "\n"), False))
+    assert walked.finished
+    for line in drawn:
+        assert line in out.getvalue(), line
+
+
+def test_the_v4_pictures_refuse_other_tensors_in_one_line(tmp_path):
+    from tests.helpers.cli import stepper
+
+    script = tmp_path / "commands.txt"
+    script.write_text("u layers.0.self_attn.attn_weights\ns reach\ns reach self_attn.attn_weights\n"
+                      "s hc self_attn.attn_weights\nq\n")
+    done = stepper("step", "--model", "tiny", "--plain", "--commands", script, cwd=tmp_path)
+    assert "no tensor 'attn.chosen' seen yet" in done.stdout  # an MLA model has none
+    assert "s reach draws a DeepSeek-V4 layer's attn.chosen, not layers.0.self_attn.attn_weights" in done.stdout
+    assert "s hc draws a DeepSeek-V4 layer's hc_attn.comb or hc_ffn.comb, not layers.0.self_attn.attn_weights" in (
+        done.stdout)
+    assert "Traceback" not in done.stdout + done.stderr
