@@ -4,13 +4,14 @@ The golden tensors are stepper's own: the lesson's runs with the reference funct
 has two parts, and stops at the first mismatch, showing both values and where:
 
 1. For the small pure functions (softmax, rms_norm, decode, dequantize, rope_inv_freq,
-   apply_rope, causal_mask, index_scores), the learner's function is called on the very inputs the reference
-   got in the golden run (captured by a spy, one call per place it is used, each named by the
-   tensor it makes) and on a few hand-made inputs that the run does not reach (all 256 FP8
-   codes, partial blocks, other presets' YaRN settings, a decode step's mask); outputs are
-   compared with the reference's. decode and dequantize are called on the run's FP8 weights,
-   whole, with their own block scales (decode on the 256 codes first), and a difference names
-   the byte there, field by field.
+   apply_rope, causal_mask, index_scores, gated_pool, sinkhorn), the learner's function is
+   called on the very inputs the reference got in the golden run (captured by a spy, one call
+   per place it is used, each named by the tensor it makes) and on a few hand-made inputs that
+   the run does not reach (all 256 FP8 codes, partial blocks, other presets' YaRN settings, a
+   decode step's mask, a window with a -inf gate); outputs (each array of a tuple) are compared
+   with the reference's. decode and dequantize are called on the run's FP8 weights, whole,
+   with their own block scales (decode on the 256 codes first), and a difference names the
+   byte there, field by field.
 2. The lesson's runs are repeated with the learner's functions swapped in
    (`stepper.lessons.overrides`, as `stepper run --use` does) and every emitted tensor is compared, in execution order,
    with the golden run: the first tensor that differs is where the learner's function goes wrong.
@@ -41,7 +42,8 @@ from stepper.presets import PRESETS
 from stepper.seams.trace import Event, Recorder, Sink
 from stepper.session import RunResult, RunSpec, prepare, preset_config
 
-PURE = ("softmax", "rms_norm", "decode", "dequantize", "rope_inv_freq", "apply_rope", "causal_mask", "index_scores")
+PURE = ("softmax", "rms_norm", "decode", "dequantize", "rope_inv_freq", "apply_rope", "causal_mask", "index_scores",
+        "gated_pool", "sinkhorn")
 CALLS_PER_FUNCTION = 6
 
 
@@ -73,11 +75,17 @@ class Report:
 # Golden runs
 
 
+def planned(spec: RunSpec):
+    """A lesson's run, planned as `stepper run` plans one: it keeps every tensor (a recorder).
+    Planning runs a miniature of the model to learn what it emits (families.derive): a spy or a
+    learner's function is swapped in after it, so that it sees the lesson's run alone."""
+    plan = plan_run(spec, lambda plan, names: names)
+    plan.check_fits(plan.names, "--prompt-len")
+    return plan
+
+
 def run(spec: RunSpec, sinks: Sequence[Sink]) -> RunResult:
-    """A lesson's run, planned as `stepper run` plans one: it keeps every tensor (a recorder)."""
-    planned = plan_run(spec, lambda plan, names: names)
-    planned.check_fits(planned.names, "--prompt-len")
-    return planned.execute(sinks)
+    return planned(spec).execute(sinks)
 
 
 @lru_cache(maxsize=32)
@@ -106,8 +114,9 @@ def captured(spec: RunSpec, names: tuple[str, ...]) -> dict[str, tuple[Call, ...
         call.__wrapped__ = func  # type: ignore[attr-defined]
         return call
 
+    plan = planned(spec)
     with overrides.patched({name: spy(name, overrides.reference(name)) for name in names}):
-        run(spec, [recorder])
+        plan.execute([recorder])
     events = recorder.events
     result = {}
     for name, found in calls.items():
@@ -126,8 +135,11 @@ def captured(spec: RunSpec, names: tuple[str, ...]) -> dict[str, tuple[Call, ...
 
 def place(name: str, i: int, next_name: str, events: Sequence[Event], after: int, made: dict) -> str:
     """'call 2 of softmax in the run, which makes layers.1.self_attn.attn_weights' when what the
-    call returned is that tensor; else the tensor the run emitted next."""
-    makes = after < len(events) and events[after].array is made.get((name, i))
+    call returned (or the first array of the tuple it returned) is that tensor; else the tensor
+    the run emitted next."""
+    returned = made.get((name, i))
+    first = returned[0] if isinstance(returned, tuple) and returned else returned
+    makes = after < len(events) and events[after].array is first
     what = f"which makes {next_name}" if makes else f"computed before {next_name} is emitted"
     return f"call {i + 1} of {name} in the run, {what}"
 
@@ -226,6 +238,10 @@ def extra_calls(name: str) -> list[Call]:
                 for t, s in ((1, 1), (4, 4), (1, 8), (3, 8))]
     if name == "index_scores":
         return index_score_calls()
+    if name == "gated_pool":
+        return gated_pool_calls()
+    if name == "sinkhorn":
+        return sinkhorn_calls()
     return []
 
 
@@ -237,6 +253,26 @@ def index_score_calls() -> list[Call]:
     weights = np.array([[[1.0, -0.5], [0.25, 2.0]]], dtype=np.float32)
     return [Call((q, keys, weights), {}, "2 index heads, a negative head weight, 2 new positions after 1 cached one "
                                          "(q [1, 2, 2, 2], keys [1, 3, 2], head_weights [1, 2, 2])")]
+
+
+def gated_pool_calls() -> list[Call]:
+    """One window of 2 slots and 2 channels: channel 0's gates 0 and ln 3 weigh its slots 1/4 and
+    3/4; channel 1's first gate is -inf (a slot before the first window): weight 0. Then a step
+    that closes no window."""
+    kv = np.array([[[[1.0, 10.0], [3.0, -2.0]]]], dtype=np.float32)  # [B=1, Wc=1, slots=2, Dc=2]
+    gate = np.array([[[[0.0, -np.inf], [np.log(3.0), 0.0]]]], dtype=np.float32)
+    none = np.zeros((1, 0, 8, 4), dtype=np.float32)
+    return [Call((kv, gate), {}, "one window of 2 slots and 2 channels, gates [[0, -inf], [ln 3, 0]] "
+                                 "(slots_kv [1, 1, 2, 2], slots_gate [1, 1, 2, 2])"),
+            Call((none, none), {}, "a step that closes no window (slots_kv [1, 0, 8, 4])")]
+
+
+def sinkhorn_calls() -> list[Call]:
+    """comb [[1, 3], [1, 1]]: one iteration normalises the columns only; two then normalise the
+    rows and the columns again; hc_eps 0.5 is added to every sum."""
+    comb = np.array([[1.0, 3.0], [1.0, 1.0]], dtype=np.float32)
+    return [Call((comb, iters, eps), {}, f"comb [[1, 3], [1, 1]], iters {iters}, hc_eps {eps:g}")
+            for iters, eps in ((1, 0.0), (2, 0.0), (1, 0.5))]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -274,6 +310,20 @@ def difference(mine: Any, ref: np.ndarray, *, rtol: float, exact: bool = False, 
     if index is not None and about is not None:
         lines.insert(1, about(index))
     return lines
+
+
+def outputs_difference(mine: Any, ref: Any, **how) -> list[str]:
+    """`difference` of one array, or of each array of a tuple the function returns (naming the
+    first that differs: 'array 2 of the 2 it returns')."""
+    if not isinstance(ref, tuple):
+        return difference(mine, ref, **how)
+    if not isinstance(mine, tuple) or len(mine) != len(ref):
+        return [f"it returned {type(mine).__name__}, expected a tuple of {len(ref)} arrays"]
+    for i, (m, r) in enumerate(zip(mine, ref)):
+        problem = difference(m, r, **how)
+        if problem:
+            return [f"array {i + 1} of the {len(ref)} it returns:", *problem]
+    return []
 
 
 def differing(mine: Any, ref: np.ndarray, *, rtol: float, exact: bool,
@@ -458,8 +508,8 @@ def check_function(lesson, name: str, mine: Callable, path: Path) -> Outcome:
             except Exception as e:  # noqa: BLE001 - the learner's code may raise anything
                 return Outcome(False, f"{name} fails on {call.label}", [failure_text(e, path),
                                                                         f"inputs: {describe_args(ref, call)}"])
-        problem = difference(got, expected, rtol=rtol, exact=exact, elementwise=elementwise,
-                             about=about_byte(name, call))
+        problem = outputs_difference(got, expected, rtol=rtol, exact=exact, elementwise=elementwise,
+                                     about=about_byte(name, call))
         if problem:
             said = [f"NumPy warned: {w.message} ({Path(w.filename).name} line {w.lineno})" for w in caught[:2]]
             return Outcome(False, f"{name} differs on {call.label}",
@@ -470,9 +520,10 @@ def check_function(lesson, name: str, mine: Callable, path: Path) -> Outcome:
 def check_run(spec: RunSpec, functions: dict[str, Callable], rtol: float, path: Path) -> Outcome:
     reference = golden(spec)
     recorder = Recorder()
+    plan = planned(spec)
     try:
         with overrides.patched(functions):
-            run(spec, [recorder])
+            plan.execute([recorder])
     except Exception as e:  # noqa: BLE001 - the learner's code may raise anything
         return Outcome(False, f"the run with your {', '.join(functions)} fails ({describe_run(spec)})",
                        [failure_text(e, path),

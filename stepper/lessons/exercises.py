@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from stepper.fp8 import blocks, e4m3
 from stepper.int4 import groups
-from stepper.model import attention, indexer, kda, ops, rope, router
+from stepper.model import attention, compressor, hyper_connections, indexer, kda, ops, rope, router
 from stepper.seams.swap import exercise_name
 
 FUNCTIONS: tuple[Callable, ...] = (
@@ -24,6 +24,7 @@ FUNCTIONS: tuple[Callable, ...] = (
     indexer.index_scores,
     router.route,
     kda.gated_delta_rule,
+    compressor.gated_pool, hyper_connections.sinkhorn,
 )
 
 REFERENCES: dict[str, Callable] = {exercise_name(f): f.__wrapped__ for f in FUNCTIONS}  # name -> stepper's own

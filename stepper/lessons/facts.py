@@ -23,7 +23,7 @@ from stepper.lessons.context import Context
 from stepper.model.cache import cache_bytes_per_token
 from stepper.model.rope import rope_inv_freq, yarn_correction_range, yarn_mscale
 from stepper.model.router import max_per_group, route
-from stepper.presets import PRESETS
+from stepper.presets import PRESETS, V4_PRESETS
 from stepper.seams.trace import Emitter, Recorder
 from stepper.session import preset_config, run
 
@@ -47,8 +47,8 @@ def compute(name: str, ctx: Context, args: list[str]) -> Any:
 def config_of(ctx: Context, name: str | None) -> Config:
     if not name:
         return ctx.cfg
-    if name not in PRESETS:
-        raise StepperError(f"no preset '{name}' (presets: {', '.join(PRESETS)})")
+    if name not in PRESETS and name not in V4_PRESETS:
+        raise StepperError(f"no preset '{name}' (presets: {', '.join([*PRESETS, *V4_PRESETS])})")
     return preset_config(name)
 
 
@@ -708,3 +708,59 @@ def kept_why(ctx: Context, scope: str = "layers.0", token: str = "-1") -> str:
     if len(answer) != len(kept):
         reasons.append(f"it keeps exactly {len(kept)}")
     return f"{len(answer & kept)} of {len(kept)} right. " + "; ".join(reasons)
+
+
+# ---------------------------------------------------------------------------------------------
+# DeepSeek-V4's compressed attention and hyper-connections (lessons compressed-attention,
+# hyper-connections)
+
+
+@fact
+def keys_seen(ctx: Context, scope: str = "layers.1", token: str = "-1") -> int:
+    """The keys a token of the step attends in a V4 layer, read off the run: its scores that are
+    not -inf (window slots and entries), the sink's column left out."""
+    scores = ctx.tensor(f"{scope}.attn.scores")[0, 0, integer(token, "token"), :-1]  # [S_q]
+    return int(np.isfinite(scores).sum())
+
+
+@fact
+def keys_per_token(ctx: Context, scope: str = "layers.1") -> list[int]:
+    """keys_seen for every token of the step, the first first."""
+    scores = ctx.tensor(f"{scope}.attn.scores")[0, 0, :, :-1]  # [T, S_q]
+    return [int(n) for n in np.isfinite(scores).sum(axis=-1)]
+
+
+@fact
+def entries_seen(ctx: Context, scope: str = "layers.1", token: str = "-1") -> int:
+    """The compressed entries a token of the step attends (its picks that are not -1)."""
+    return int((ctx.tensor(f"{scope}.attn.chosen")[0, integer(token, "token")] >= 0).sum())
+
+
+@fact
+def recent_entries(ctx: Context, scope: str = "layers.1", token: str = "-1") -> list[int]:
+    """The index_topk newest entries a token can see: what a window over the entries would keep."""
+    visible = int(np.isfinite(ctx.tensor(f"{scope}.attn.indexer.scores")[0, integer(token, "token")]).sum())
+    return list(range(max(0, visible - ctx.cfg.index_topk), visible))
+
+
+@fact
+def v4_keys(ctx: Context, model: str, layer: str, position: str) -> int:
+    """The keys a query at `position` attends in a V4 layer, from the config alone: the window
+    (its own position and the sliding_window - 1 before it), then the entries of the windows of m
+    closed by then, (position + 1) // m, of which a CSA layer (m = 4) keeps at most index_topk."""
+    dims = config_of(ctx, model).dims(integer(layer, "layer"))
+    p = integer(position, "position")
+    window = min(p + 1, dims.sliding_window)
+    made = (p + 1) // dims.compress_ratio if dims.compress_ratio else 0
+    return window + (min(made, dims.index_topk) if dims.has_indexer else made)
+
+
+@fact
+def comb_table(ctx: Context, name: str = "layers.0.hc_attn.comb", token: str = "0") -> str:
+    """A token's stream-mixing matrix (comb or comb_softmax) with its row and column sums: row j
+    says how much of stream j goes into each new stream k."""
+    comb = ctx.tensor(name)[0, integer(token, "token")]  # [n, n]
+    n = comb.shape[0]
+    lines = ["        " + "".join(f"{'to ' + str(k):>8}" for k in range(n)) + f"{'sum':>8}"]
+    lines += [f"from {j:<3}" + "".join(f"{v:8.4f}" for v in comb[j]) + f"{comb[j].sum():8.4f}" for j in range(n)]
+    return "\n".join([*lines, "sum     " + "".join(f"{v:8.4f}" for v in comb.sum(axis=0))])

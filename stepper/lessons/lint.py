@@ -27,8 +27,8 @@ from stepper.lessons.templates import (
     split_spec,
     tensor_name_split,
 )
-from stepper.presets import PRESETS, preset
-from stepper.session import prepare
+from stepper.presets import PRESETS, V4_PRESETS
+from stepper.session import prepare, preset_config
 from stepper.weights.names import layer_shapes, shape_of
 
 
@@ -128,7 +128,8 @@ def check_placeholder(body: str, model: str = "tiny") -> None:
         if fact.group(4) and fact.group(4) not in ATTRIBUTES:
             raise StepperError(f"unknown attribute '.{fact.group(4)}'")
     elif body.startswith("config."):
-        config_value(preset(model if model in PRESETS else "tiny"), body[len("config."):])
+        config_value(preset_config(model if model in PRESETS or model in V4_PRESETS else "tiny"),
+                     body[len("config."):])
     elif body.startswith("preset."):
         preset_value(body[len("preset."):])
     elif body.startswith("run."):

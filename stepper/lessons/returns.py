@@ -14,16 +14,16 @@ import numpy as np
 
 from stepper.model.router import Routing
 
+SHAPED_AS = {"decode": "codes", "dequantize": "codes", "rms_norm": "x", "sinkhorn": "comb"}  # float32, shaped as that
+
 
 def expected(name: str, a: dict[str, Any]) -> Any:
     """What stepper's own function returns for these arguments: (shape, dtype) of an array, a list
     of them for a tuple of arrays, a dict of them for a Routing's fields."""
-    if name in ("decode", "dequantize"):
-        return a["codes"].shape, np.float32
+    if name in SHAPED_AS:
+        return a[SHAPED_AS[name]].shape, np.float32
     if name == "dequantize_int4":
         return (a["packed"].shape[0], a["in_features"]), np.float32
-    if name == "rms_norm":
-        return a["x"].shape, np.float32
     if name in ("softmax", "apply_rope"):  # float32 in every run; a float64 x stays float64
         return a["x"].shape, np.result_type(a["x"], np.float32).type
     if name == "causal_mask":
@@ -41,6 +41,9 @@ def expected(name: str, a: dict[str, Any]) -> Any:
         (b, h, t, k), v = a["k"].shape, a["v"].shape[-1]
         every = ((b, h, t, k, v), np.float32) if a.get("keep_states") else None
         return [((b, h, t, v), np.float32), ((b, h, t, v), np.float32), ((b, h, k, v), np.float32), every]
+    if name == "gated_pool":  # the slots' weights, the pooled windows
+        b, w, _, c = a["slots_kv"].shape
+        return [(a["slots_kv"].shape, np.float32), ((b, w, c), np.float32)]
     if name == "route":
         k = (a["x"].shape[0], a["cfg"].num_experts_per_tok)
         return {"topk_idx": (k, np.int64), "topk_weight": (k, np.float32)}

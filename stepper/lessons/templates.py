@@ -21,7 +21,7 @@ from stepper.config import Config
 from stepper.errors import StepperError
 from stepper.lessons import facts
 from stepper.lessons.context import Context
-from stepper.presets import PRESETS
+from stepper.presets import PRESETS, V4_PRESETS
 from stepper.session import preset_config
 from stepper.views.debugger import take
 
@@ -142,9 +142,9 @@ def run_value(ctx: Context, name: str) -> Any:
 def preset_value(path: str) -> Any:
     """'deepseek-v3.2.index_topk' -> that preset's field: the longest preset name before a dot
     (a preset's name may hold one)."""
-    names = [n for n in PRESETS if path.startswith(n + ".")]
+    names = [n for n in (*PRESETS, *V4_PRESETS) if path.startswith(n + ".")]
     if not names:
-        raise StepperError(f"no preset in 'preset.{path}' (presets: {', '.join(PRESETS)})")
+        raise StepperError(f"no preset in 'preset.{path}' (presets: {', '.join([*PRESETS, *V4_PRESETS])})")
     name = max(names, key=len)
     return config_value(preset_config(name), path[len(name) + 1:])
 

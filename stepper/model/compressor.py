@@ -31,6 +31,7 @@ from stepper.kernels.linear import linear
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.ops import rms_norm, softmax
 from stepper.model.tail_rope import rotate_tail
+from stepper.seams.swap import exercise
 from stepper.seams.trace import Emitter
 
 OVERLAP_RATIO = 4  # CSA's windows overlap; HCA's (128) do not
@@ -94,14 +95,23 @@ def compress(x: np.ndarray, w: LayerWeights, comp: Compressor, state: Pending, t
     chunk_gate = gate[:, :closed].reshape(B, W, comp.ratio, c) + w(f"{comp.module}.position_bias")  # [B, Wc, m, c]
     slots_kv, slots_gate, state = slots(chunk_kv, chunk_gate, comp, state)  # [B, Wc, slots, Dc] each
     slots_gate = emit(f"{comp.shown}.slot_gate", slots_gate)
-    weights = emit(f"{comp.shown}.slot_weights", softmax(slots_gate, axis=2))  # [B, Wc, slots, Dc]
-    pooled = emit(f"{comp.shown}.pooled", np.sum(slots_kv * weights, axis=2))  # [B, Wc, Dc]
+    weights, pooled = gated_pool(slots_kv, slots_gate)  # [B, Wc, slots, Dc], [B, Wc, Dc]
+    emit(f"{comp.shown}.slot_weights", weights)
+    pooled = emit(f"{comp.shown}.pooled", pooled)
     normed = rms_norm(pooled, w(f"{comp.module}.kv_norm.weight"), comp.eps)  # [B, Wc, Dc]
     starts = (state.windows_closed + np.arange(W)) * comp.ratio  # [Wc]
     entries = emit(f"{comp.shown}.entries", rotate_tail(normed, turn_of(starts)))  # [B, Wc, Dc]
     if W:  # the entries so far and the new ones, appended in spare room: at long contexts most of the memory
         state = replace(state, entries=state.room.concatenate(state.entries, entries))
     return replace(state, kv=kv[:, closed:], gate=gate[:, closed:])
+
+
+@exercise
+def gated_pool(slots_kv: np.ndarray, slots_gate: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each window's slots pooled by a softmax of their gates over the slots, channel by channel.
+    slots_kv, slots_gate [B, Wc, slots, Dc] -> weights [B, Wc, slots, Dc], pooled [B, Wc, Dc]"""
+    weights = softmax(slots_gate, axis=2)  # [B, Wc, slots, Dc]: each channel's weights sum to 1 over the slots
+    return weights, np.sum(slots_kv * weights, axis=2)
 
 
 def slots(chunk_kv: np.ndarray, chunk_gate: np.ndarray, comp: Compressor, state: Pending):

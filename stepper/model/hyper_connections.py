@@ -30,6 +30,7 @@ import numpy as np
 
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.ops import sigmoid, softmax
+from stepper.seams.swap import exercise
 from stepper.seams.trace import Emitter
 
 
@@ -77,6 +78,7 @@ def rms_scaled_mixes(streams: np.ndarray, fn: np.ndarray, eps: float) -> np.ndar
     return (flat * inv_rms) @ fn.T  # [B, T, M]
 
 
+@exercise
 def sinkhorn(comb: np.ndarray, iters: int, hc_eps: float) -> np.ndarray:
     """Columns normalised, then iters - 1 rounds of rows then columns (each sum + hc_eps).
     [..., n, n] -> [..., n, n], rows and columns summing to about 1."""

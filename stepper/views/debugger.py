@@ -46,6 +46,7 @@ from stepper.views.sinks import (
 )
 from stepper.views.summary import number
 from stepper.views.tree import BLOCKS, layer_kind
+from stepper.views.v4_pictures import V4Pictures
 from stepper.weights.names import layer_prefix
 from stepper.weights.source import WeightSource
 
@@ -54,7 +55,7 @@ PROMPT = "(stepper) "
 HELP = (
     "n next (Enter) · c continue · b break GLOB · d delete [GLOB] · u until NAME · "
     "p print NAME[slice] [digits] · e explain [NAME] · w where · x compare A B · h history · "
-    "s show attention|routing|hist|scales|state [NAME] · q quit · ? help · help CMD one command"
+    "s show attention|routing|hist|scales|state|reach|hc [NAME] · q quit · ? help · help CMD one command"
 )
 
 
@@ -341,10 +342,11 @@ class Debugger:
 
     def cmd_show(self, arg: str) -> None:
         what, _, name = arg.partition(" ")
-        pictures_ = {"attention": self.show_attention, "routing": self.show_routing,
-                     "hist": self.show_histogram, "scales": self.show_scales, "state": self.show_state}
+        pictures_ = {"attention": self.show_attention, "routing": self.show_routing, "hist": self.show_histogram,
+                     "scales": self.show_scales, "state": self.show_state, "reach": self.show_reach, "hc": self.show_hc}
         if what not in pictures_:
-            raise StepperError("show what? s attention | s routing | s hist [NAME] | s scales WEIGHT | s state [NAME]")
+            raise StepperError("show what? s attention | s routing | s hist [NAME] | s scales WEIGHT | s state [NAME] "
+                               "| s reach [NAME] | s hc [NAME]")
         pictures_[what](name.strip())
 
     def cmd_quit(self, _: str) -> None:
@@ -411,6 +413,29 @@ class Debugger:
             raise StepperError(str(e)) from None
         for picture in drawn:
             print_picture(self.console, picture)
+
+    def show_reach(self, name: str) -> None:
+        """What a DeepSeek-V4 layer's last query attends: its window, the entries kept and dropped."""
+        event = self.resolve(name or "attn.chosen")
+        if event.key != "attn.chosen":
+            raise StepperError(f"s reach draws a DeepSeek-V4 layer's attn.chosen, not {event.name}")
+        prefill = self.history.get(event.name.replace(f"{event.phase}.", "prefill.", 1)) if event.phase else event
+        if prefill is None:
+            raise StepperError(f"s reach needs the prefill's {event.key} of this layer, not seen in this run")
+        V4Pictures(self.console, self.cfg, {"reach"}, prefill.array.shape[1])(event)  # its query positions: 0..T-1
+
+    def show_hc(self, name: str) -> None:
+        """A DeepSeek-V4 hyper-connection's comb matrix at the last position, with its pre and post
+        weights and the streams it mixes."""
+        event = self.resolve(name or "hc_attn.comb")
+        if event.key not in ("hc_attn.comb", "hc_ffn.comb"):
+            raise StepperError(f"s hc draws a DeepSeek-V4 layer's hc_attn.comb or hc_ffn.comb, not {event.name}")
+        drawer, scope = V4Pictures(self.console, self.cfg, {"hc"}, 0), event.name.removesuffix(event.key)
+        site = event.key.removesuffix(".comb")
+        for key in ("streams", "attn_streams", f"{site}.pre", f"{site}.post"):  # what the picture draws beside comb
+            if scope + key in self.history:
+                drawer(self.history[scope + key])
+        drawer(event)
 
     def show_scales(self, name: str) -> None:
         if self.weights is None or not hasattr(self.weights, "stored"):
@@ -522,12 +547,14 @@ TABLE = (
             Debugger.cmd_compare),
     Command(("h", "history"), "h [N]", "list the last N tensors seen (20 by default)",
             "Every tensor seen stays printable with p.", ("h", "h 100"), Debugger.cmd_history),
-    Command(("s", "show"), "s PICTURE [NAME]", "draw a picture: attention, routing, hist or scales",
+    Command(("s", "show"), "s PICTURE [NAME]", "draw a picture: attention, routing, hist, scales, state, reach or hc",
             "attention: the attention weights as heat maps per head (with DeepSeek-V3.2's indexer, which positions "
             "it kept beside one head's weights); routing: the router's token x expert map "
             "(at or after topk_weight); hist: a histogram of a tensor; scales: an FP8 weight's block scales; "
             "state: a KDA layer's state per head, one head's heat map, each token's write and the decays "
-            "(a slice such as self_attn.state_per_token[0, 1, 5] draws that head's state after token 5).",
+            "(a slice such as self_attn.state_per_token[0, 1, 5] draws that head's state after token 5); "
+            "reach: what a DeepSeek-V4 layer's last query attends (window, entries kept and dropped); hc: a V4 "
+            "hyper-connection's comb matrix with its pre and post weights.",
             ("s attention", "s routing", "s hist self_attn.kv", "s scales self_attn.kv_a_proj_with_mqa.weight"),
             Debugger.cmd_show),
     Command(("set",), "set NAME[slice] = VALUE", "change the current tensor (or a slice of it) before the run goes on",

@@ -55,6 +55,18 @@ WRONG = [
                           "np.maximum(head_weights[:, :, h, None] * dots * scale, 0)"),  # relu after the weight
      ["index_scores differs on call 1 of index_scores in the run, which makes layers.0.self_attn.indexer.index_scores",
       "inputs: q [1, 8, 8, 32] float32, keys [1, 8, 32] float32, head_weights [1, 8, 8] float32"]),
+    ("compressed-attention", ("weights /= np.sum(weights, axis=2, keepdims=True)",
+                              "weights /= np.sum(weights, axis=3, keepdims=True)"),  # a softmax over the channels
+     ["gated_pool differs on call 1 of gated_pool in the run, which makes layers.1.attn.compressor.slot_weights",
+      "array 1 of the 2 it returns:", "inputs: slots_kv [1, 9, 8, 32] float32, slots_gate [1, 9, 8, 32] float32"]),
+    # After 20 rounds rows first or columns first converge alike, and hc_eps 1e-6 moves little: the
+    # run's matrices pass both mistakes, the hand-made cases catch them
+    ("hyper-connections", ("comb = comb / (comb.sum(axis=columns, keepdims=True) + eps)  # [..., n, n]",
+                           "comb = comb / (comb.sum(axis=rows, keepdims=True) + eps)  # [..., n, n]"),  # rows first
+     ["sinkhorn differs on comb [[1, 3], [1, 1]], iters 1, hc_eps 0",
+      "first difference at [0, 0]: expected 0.5, got 0.25", "inputs: comb [2, 2] float32, iters 1, hc_eps 0.0"]),
+    ("hyper-connections", ("eps = np.float32(hc_eps)", "eps = np.float32(0)"),  # hc_eps left out of the sums
+     ["sinkhorn differs on comb [[1, 3], [1, 1]], iters 1, hc_eps 0.5", "expected 0.40000001, got 0.5"]),
 ]
 
 

@@ -39,9 +39,9 @@ from stepper.views.debugger import CommandSource
 LESSONS = all_lessons()
 IDS = [lesson.name for lesson in LESSONS]
 REQUIRED = {"tour", "rmsnorm", "fp8", "mla-latent", "rope-yarn", "absorption", "moe-routing", "decode-cache",
-            "three-routers", "sparse-attention"}
+            "three-routers", "sparse-attention", "compressed-attention", "hyper-connections"}
 REQUIRED_EXERCISES = {"rms_norm", "decode", "dequantize", "rope_inv_freq", "apply_rope", "absorbed", "route",
-                      "index_scores"}
+                      "index_scores", "gated_pool", "sinkhorn"}
 
 
 
@@ -240,9 +240,11 @@ def test_use_swaps_in_restores_stepper_and_rejects_other_signatures(tmp_path):
 # step; route per MoE layer.
 CALLS = {"rms_norm": 2 * (4 * 3 + 1), "apply_rope": 2 * 2 * 3, "latent": 2 * 3, "absorbed": 3, "route": 2 * 2,
          "index_scores": 2 * 3,  # prefill and one decode step, 3 layers
-         "gated_delta_rule": 2 * 3}  # tiny-kimi-linear: its 3 KDA layers, prefill and decode step
+         "gated_delta_rule": 2 * 3,  # tiny-kimi-linear: its 3 KDA layers, prefill and decode step
+         "gated_pool": 2 * 5,  # tiny-v4: the compressor and the indexer's in 2 CSA layers, 1 HCA layer; 2 steps
+         "sinkhorn": 2 * 2 * 4}  # tiny-v4: before the attention and the MoE of 4 layers, 2 steps
 MODEL = {"dequantize_int4": "tiny-int4", "index_scores": "tiny-v32",  # INT4 weights only there; the indexer in V3.2
-         "gated_delta_rule": "tiny-kimi-linear"}
+         "gated_delta_rule": "tiny-kimi-linear", "gated_pool": "tiny-v4", "sinkhorn": "tiny-v4"}
 
 
 @pytest.mark.parametrize("name", overrides.EXERCISES)
