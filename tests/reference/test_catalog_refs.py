@@ -53,7 +53,9 @@ ALIAS_KEYS = {"hf_module", "inference", "llama.cpp"}
 
 
 def load_catalog() -> dict:
-    return stepper_catalog.load().raw
+    """The catalogue of the families around MLA's Transformer (DeepSeek-V4's parts, with their own
+    references and schema, are checked by tests/model/test_v4_attention_catalog.py and test_v4_parts.py)."""
+    return stepper_catalog.around(family_preset("tiny")).raw
 
 
 def emitted(presets: tuple[str, ...], attn: tuple[str, ...], scoring: tuple[str, ...]) -> set[str]:

@@ -18,7 +18,7 @@ from stepper import catalog
 from stepper.catalog import texts
 from stepper.presets import preset
 
-CAT = catalog.load()
+CAT = catalog.around(preset("tiny"))  # the MLA families' texts, rendered with their presets (V4's: its own tests)
 TEXTS = ("description", "formula", "explain")
 PRESETS = ("tiny", "tiny-v3", "kimi-k2", "deepseek-v3")
 PAIRS = [("tiny", "kimi-k2"), ("kimi-k2", "tiny"), ("tiny-v3", "deepseek-v3"), ("deepseek-v3", "tiny-v3")]
