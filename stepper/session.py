@@ -46,6 +46,7 @@ from stepper.untrusted.jsonfile import read_json
 from stepper.weights import remote
 from stepper.weights.checkpoint import INDEX, Checkpoint
 from stepper.weights.names import EMBED
+from stepper.weights.remote_published import is_remote_published
 from stepper.weights.safetensors_reader import SafetensorsFile
 from stepper.weights.seeded import SyntheticWeights
 from stepper.weights.source import WeightSource
@@ -442,9 +443,11 @@ V4_TABLES = (V4_EMBED, V4_HEAD)  # read a row (or a block of rows) at a time, ne
 
 
 def is_v4_model(model: str) -> bool:
-    """A V4 preset, or a folder or config.json whose model_type is deepseek_v4."""
+    """A V4 preset, or a folder, remote checkpoint or config.json whose model_type is deepseek_v4."""
     if model in V4_PRESETS:
         return True
+    if remote.is_remote(model):
+        return is_remote_published(model)
     path = Path(model)
     config = path / "config.json" if path.is_dir() else path
     if not config.is_file() or config.suffix != ".json":
@@ -463,9 +466,11 @@ def v4_preset(name: str) -> V4Config:
 
 
 def open_v4(model: str, seed: int = 0) -> V4Synthetic | V4Checkpoint:
-    """The weights of a V4 preset (synthetic), config.json (synthetic) or checkpoint folder."""
+    """The weights of a V4 preset (synthetic), config.json (synthetic), checkpoint folder or remote checkpoint."""
     if model in V4_PRESETS:
         return V4Synthetic(v4_preset(model), seed)
+    if remote.is_remote(model):
+        return V4Checkpoint(model)
     path = Path(model)
     if path.is_file():
         return V4Synthetic(load_v4_config(path), seed)

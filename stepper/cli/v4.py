@@ -42,7 +42,7 @@ def describe(cfg: V4Config, weights, layers: range, decode: int, seed: int) -> s
     kinds = [cfg.layer_kind(i) for i in range(cfg.num_hidden_layers)]
     count = ", ".join(f"{kinds.count(k)} {k.upper() if k != 'sliding' else k}" for k in ("sliding", "csa", "hca"))
     synthetic = isinstance(weights, V4Synthetic)
-    source = f"synthetic weights, seed {seed}" if synthetic else f"weights from {shown(weights.path)}"
+    source = f"synthetic weights, seed {seed}" if synthetic else f"weights from {shown(weights.label)}"
     steps = f", then {decode} decode step{'s' if decode != 1 else ''}" if decode else ""
     return (f"model {shown(cfg.name)} (deepseek_v4): {cfg.num_hidden_layers} layers ({count}; the first "
             f"{cfg.num_hash_layers} hash-routed), {cfg.num_attention_heads} heads sharing one key-value head, "
