@@ -119,6 +119,10 @@ def test_the_command_line_inspects_and_runs_a_remote_checkpoint(served, server, 
     body = remote_run.stdout.split("\n", 1)[1]  # after the header, which names where the weights are
     assert f"weights from {server.url}/ck" in remote_run.stdout
     assert body == local_run.stdout.split("\n", 1)[1] and "layers.1.attn.q" in body
+    env["HF_ENDPOINT"] = server.url  # the Hub's paths on the same server
+    hub = stepper(*args, "--model", "hf://org/ck", env=env)
+    assert hub.returncode == 0, hub.stderr
+    assert "weights from hf://org/ck@0123456789ab" in hub.stdout and hub.stdout.split("\n", 1)[1] == body
 
 
 @pytest.mark.parametrize(("folder", "shard", "why"), [
