@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 
-from stepper import dtypes, files
+from stepper import dtypes, files, fp4, fp8
 from stepper.errors import StepperError
 from stepper.families.deepseek_v4_config import V4Config
 from stepper.families.deepseek_v4_weights import published_name
@@ -37,6 +38,10 @@ from stepper.weights.synth_checkpoint import check_replaceable, not_from_synth
 MTP_NORMS = ("enorm.weight", "hnorm.weight", "norm.weight")
 ROW_BY_ROW = ("embed.weight", "head.weight")  # BF16 tables made a row at a time: never whole in memory
 MTP_PROJECTIONS = ("e_proj.weight", "h_proj.weight")
+STORAGE = ("published (DeepSeek-V4's layout): linear weights F8_E4M3 with an F8_E8M0 .scale per 128x128 block; routed "
+           "experts FP4 e2m1 as I8 [out, in/2] (low nibble first) with an F8_E8M0 .scale per 32 inputs; norms, "
+           "embedding, head, router gate and the compressors' and indexer's projections BF16; attn_sink, ape, hc_* "
+           "and gate.bias F32; tid2eid I64; the MTP block mtp.0.* too (no run reads it)")
 
 
 def published_tensors(cfg: V4Config) -> dict[str, names.Tensor]:
@@ -50,10 +55,16 @@ def published_tensors(cfg: V4Config) -> dict[str, names.Tensor]:
 class V4Synthetic:
     """Deterministic V4 weights by the model's names, as a reader of the published checkpoint sees them."""
 
+    storage = STORAGE  # how a written checkpoint stores them (a fixture's manifest says it)
+
     def __init__(self, config: V4Config, seed: int = 0):
         self.config = config
         self.seed = seed
         self.tensors = published_tensors(config)
+
+    def stored_bytes(self) -> int:
+        """About what the written checkpoint holds (the MTP block too; F32 counted for every float tensor)."""
+        return sum(stored_size(t) for tensors in shard_plan(self.config) for t in tensors.values())
 
     # The weight source the model reads (transformers' names)
 
@@ -208,3 +219,13 @@ def synth_v4_checkpoint(cfg: V4Config, out: Path, seed: int = 0, force: bool = F
     finally:
         files.remove_temp_folder(partial)
     return out
+
+
+def stored_size(tensor: names.Tensor) -> int:
+    """Bytes of one tensor as the published checkpoint stores it, with its scales (a float one at most F32)."""
+    n = math.prod(tensor.shape)
+    if tensor.kind == names.EXPERT:  # two e2m1 codes a byte, one E8M0 scale per 32 inputs
+        return n // 2 + n // fp4.GROUP
+    if tensor.kind == names.LINEAR:  # one F8_E4M3 byte each, one E8M0 scale per 128x128 block
+        return n + math.prod(fp8.scale_grid(tensor.shape))
+    return 8 * n if tensor.kind == names.INDEX else 4 * n
