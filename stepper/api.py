@@ -193,7 +193,7 @@ class Run(Mapping):
     def explain(self, name: str) -> dict[str, Any]:
         """The catalogue entry of a tensor (a full name, a catalogue name, a dotted tail or another
         implementation's name), as a dict: description, formula, dims, reference lines, aliases."""
-        entries = catalog.load().find(name)
+        entries = catalog.around(self.config).find(name)
         in_run = [e for e in entries if any(catalog.key_of(n) == e["name"] for n in self.names)]
         entries = in_run if len(in_run) == 1 else entries  # k_pe of this run's family, not another's
         if len(entries) != 1:

@@ -17,9 +17,8 @@ once over every position.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
@@ -29,26 +28,16 @@ from stepper import families, prefill
 from stepper.config import Config
 from stepper.errors import StepperError
 from stepper.families import derive
-from stepper.families.deepseek_v4_checkpoint import V4Checkpoint
-from stepper.families.deepseek_v4_config import V4Config, is_v4, load_v4_config, miniature
-from stepper.families.deepseek_v4_run import V4Result, run_v4
-from stepper.families.deepseek_v4_synth import V4Synthetic, synth_v4_checkpoint
-from stepper.families.deepseek_v4_weights import EMBED as V4_EMBED
-from stepper.families.deepseek_v4_weights import HEAD as V4_HEAD
-from stepper.families.deepseek_v4_weights import weight_shapes
 from stepper.kernels.weight_cache import CachedWeights
-from stepper.model import KVCache, Transformer, synthetic_cache
-from stepper.model.layer_weights import LayerWeights
+from stepper.model.options import LayerOptions
+from stepper.model.stack import Model
 from stepper.presets import PRESETS, V4_PRESETS
-from stepper.seams.trace import Emitter, Recorder, Sink
+from stepper.seams.trace import Emitter, Sink
 from stepper.text import Tokens, load_tokenizer
-from stepper.untrusted.jsonfile import read_json
 from stepper.weights import remote
 from stepper.weights.checkpoint import INDEX, Checkpoint
 from stepper.weights.names import EMBED
-from stepper.weights.remote_published import is_remote_published
 from stepper.weights.safetensors_reader import SafetensorsFile
-from stepper.weights.seeded import SyntheticWeights
 from stepper.weights.source import WeightSource
 
 
@@ -71,6 +60,7 @@ class RunSpec:
     chunk: int = 0  # the prefill runs this many positions at a time (stepper.prefill); 0: the whole prompt at once
 
 
+DEFAULT_SPEC = RunSpec()
 ATTN_CHOICES = ("auto", "naive", "absorb")
 INDEX_SCORING_CHOICES = ("exact", "fp8")
 SAMPLE_TOKENS = 64  # real tokens whose latents give a synthetic cache its statistics
@@ -100,10 +90,10 @@ class RunResult:
 def load_model(model: str, seed: int) -> WeightSource:
     """A preset (synthetic weights), a checkpoint directory, a remote checkpoint (hf://ORG/NAME,
     https://HOST/PATH/), or a bare config.json (synthetic)."""
-    if model in PRESETS:
-        return SyntheticWeights(preset_config(model), seed)
+    if model in PRESETS or model in V4_PRESETS:
+        return synthetic(preset_config(model), seed)
     if remote.is_remote(model):
-        return remote.open_remote(model, read_config=families.load_config)
+        return open_checkpoint(model)
     path = Path(model)
     if path.is_dir():
         if (path / "config.json").exists() and not any(path.glob("*.safetensors")) and not (path / INDEX).exists():
@@ -111,27 +101,39 @@ def load_model(model: str, seed: int) -> WeightSource:
             if pickled:
                 raise StepperError(f"{path}: holds {pickled[0].name} (PyTorch pickle), which stepper does not read "
                                    "(unpickling runs code); convert the weights to safetensors")
-            return SyntheticWeights(families.load_config(path / "config.json"), seed)
+            return synthetic(families.load_config(path / "config.json"), seed)
         return open_checkpoint(path)
     if path.is_file():
-        return SyntheticWeights(families.load_config(path), seed)
+        return synthetic(families.load_config(path), seed)
     raise StepperError(
-        f"unknown model '{model}': expected one of {', '.join(PRESETS)}, a checkpoint directory or a config.json"
+        f"unknown model '{model}': expected one of {', '.join([*PRESETS, *V4_PRESETS])}, a checkpoint directory "
+        "or a config.json"
     )
+
+
+def synthetic(cfg, seed: int) -> WeightSource:
+    """Seeded weights of a config, as its family makes them."""
+    return families.family_for(cfg).synthetic(cfg, seed)
 
 
 def preset_config(name: str) -> Config:
     """A preset's config, read by the reader of the family its model_type names (presets.preset
-    reads the MLA family's alone)."""
-    return families.read_config(PRESETS[name], f"preset {name}")
+    reads the MLA family's alone; DeepSeek-V4's are stepper.presets.V4_PRESETS)."""
+    return families.read_config({**PRESETS, **V4_PRESETS}[name], f"preset {name}")
 
 
 def open_checkpoint(where: str | Path) -> Checkpoint:
     """A checkpoint directory or a remote checkpoint (from its headers alone), its config.json read
     by the reader of the family its model_type names (inspect, fixtures)."""
-    if isinstance(where, str) and remote.is_remote(where):
-        return remote.open_remote(where, read_config=families.load_config)
-    return Checkpoint(Path(where), families.load_config)
+    if isinstance(where, str) and remote.is_remote(where):  # its config.json first (fetched once into the cache)
+        own = families.family_for(families.load_config(remote.config_folder(where)[0] / "config.json")).checkpoint
+        return own(where) if own is not None else remote.open_remote(where, read_config=families.load_config)
+    path = Path(where)
+    if (path / "config.json").is_file():  # a family that reads its checkpoints its own way (DeepSeek-V4's layout)
+        family = families.family_for(families.load_config(path / "config.json"))
+        if family.checkpoint is not None:
+            return family.checkpoint(path)
+    return Checkpoint(path, families.load_config)
 
 
 Spell = Callable[..., str]  # (an option's keyword, a value) -> the option as the caller writes it
@@ -235,18 +237,47 @@ def check_positions(spec: RunSpec, cfg: Config, prompt_len: int, spell: Spell = 
 
 
 def read_input(path: Path, layer: int, cfg: Config) -> np.ndarray:
-    """The residual stream [B, T, D] for a lone layer, from a safetensors file: its only tensor,
-    or `layers.{N}.hidden_states` (as `stepper run --dump` writes it, with or without `prefill.`)."""
+    """The stream a lone layer takes (its family's: MLA's residual [B, T, D], DeepSeek-V4's streams
+    [1, T, n, D]), from a safetensors file: its only tensor, or the layer's input as `stepper run
+    --dump` writes it (`layers.{N}.hidden_states`, V4's `layers.{N}.streams`: the first tensor the
+    layer emits, with or without `prefill.`)."""
     with SafetensorsFile(path) as f:
         names = f.names()
-        wanted = [f"layers.{layer}.hidden_states", f"prefill.layers.{layer}.hidden_states"]
+        first = derive.layer_keys(cfg, layer)[0]  # the layer's input, as it shows it
+        wanted = [f"layers.{layer}.{first}", f"prefill.layers.{layer}.{first}"]
         name = names[0] if len(names) == 1 else next((n for n in wanted if n in names), None)
         if name is None:
             raise StepperError(f"{path}: no tensor named {wanted[0]} (found {len(names)} tensors)")
         array = np.array(f.get(name), dtype=np.float32)
-    if array.ndim != 3 or array.shape[-1] != cfg.hidden_size:
-        raise StepperError(f"{path}: tensor '{name}' has shape {list(array.shape)}, expected [B, T, {cfg.hidden_size}]")
+    expected = families.family_for(cfg).stream(cfg)
+    if array.ndim != len(expected) or any(e is not None and e != n for e, n in zip(expected, array.shape)):
+        shape = ", ".join(str(e) if e is not None else "BT"[i] for i, e in enumerate(expected))  # None: B or T
+        raise StepperError(f"{path}: tensor '{name}' has shape {list(array.shape)}, expected [{shape}]")
     return array
+
+
+def takes(cfg: Config, keyword: str) -> bool:
+    """Whether cfg's family has a path for the RunSpec option `keyword` (families.family.Family.refuses)."""
+    return keyword not in dict(families.family_for(cfg).refuses)
+
+
+def why_not(cfg: Config, keyword: str) -> str:
+    """Why cfg's family has no path for the RunSpec option `keyword`."""
+    return dict(families.family_for(cfg).refuses)[keyword]
+
+
+def cache_bytes(cfg: Config, layers, positions: int, attn: str, index_scoring: str) -> int:
+    """Bytes the caches of these layers hold over `positions`, as cfg's family keeps them."""
+    return families.family_for(cfg).cache_bytes(cfg, layers, positions, attn, index_scoring)
+
+
+def check_refused(spec: RunSpec, cfg: Config, spell: Spell) -> None:
+    """Refuse an option the config's family has no path for (families.family.Family.refuses)."""
+    for keyword, why in families.family_for(cfg).refuses:
+        value = getattr(spec, keyword)
+        if value != getattr(DEFAULT_SPEC, keyword):
+            raise StepperError(f"{spell(keyword, value)}: model {cfg.name} ({cfg.model_type}) takes no such option: "
+                               f"{why}")
 
 
 def check_choice(option: str, value: object, choices: tuple[str, ...]) -> str:
@@ -289,6 +320,11 @@ class Plan:
         return self.weights.config
 
     @property
+    def synthetic(self) -> bool:
+        """Whether the weights are seeded ones, as the config's family makes them."""
+        return isinstance(self.weights, families.family_for(self.config).synthetic)
+
+    @property
     def alone(self) -> bool:
         return self.spec.layer is not None
 
@@ -324,6 +360,7 @@ def prepare(spec: RunSpec, weights: WeightSource | None = None, spell: Spell = c
     if spec.weight_cache_mb:
         weights = CachedWeights(weights, spec.weight_cache_mb * 2**20)
     cfg = weights.config
+    check_refused(spec, cfg, spell)
     check_index_scoring(spec.index_scoring, cfg, spell)
     layers = layers_shown(spec, cfg)
     if spec.input is not None and spec.layer is None:
@@ -331,6 +368,11 @@ def prepare(spec: RunSpec, weights: WeightSource | None = None, spell: Spell = c
     if spec.input is not None and spec.prompt is not None:
         raise StepperError("give --input or --prompt, not both: the layer runs on one of them")
     hidden = read_input(spec.input, layers.start, cfg) if spec.input else None
+    if hidden is not None and spec.ids is not None and len(spec.ids) != hidden.shape[1]:
+        raise StepperError(f"{spell('ids')} gives {len(spec.ids)} tokens and {spell('input')} {spec.input} "
+                           f"{hidden.shape[1]} positions: give as many ids as positions, or none")
+    if hidden is not None:  # the tokens at the input's positions (a hash-routed layer routes by them)
+        spec = replace(spec, prompt_len=hidden.shape[1])
     tokens = prompt_tokens(spec, cfg) if hidden is None else None
     length = hidden.shape[1] if hidden is not None else len(tokens.ids) if tokens else prompt_length(spec)
     check_positions(spec, cfg, length, spell)  # before drawing ids
@@ -349,9 +391,10 @@ def run(spec: RunSpec, sinks: Iterable[Sink], weights: WeightSource | None = Non
 def execute(plan: Plan, sinks: Iterable[Sink]) -> RunResult:
     """Run the prefill and `spec.decode` decode steps, emitting to `sinks`."""
     spec, cfg = plan.spec, plan.config
-    model = Transformer(plan.weights, index_scoring=spec.index_scoring, layer=families.family_for(cfg).decoder_layer)
+    family = families.family_for(cfg)
+    model = family.build(plan.weights, LayerOptions(index_scoring=spec.index_scoring))
     emit = Emitter(sinks)
-    cache = KVCache(cfg.num_hidden_layers)
+    cache = family.cache(cfg)
     ids = np.array([plan.prompt], dtype=np.int64)  # [B=1, T]
     hidden = plan.hidden
     if spec.cache_len:
@@ -366,7 +409,7 @@ def execute(plan: Plan, sinks: Iterable[Sink]) -> RunResult:
         phase = emit.phase(phase_name(spec, step))
         more = step < spec.decode
         if plan.alone and hidden is None:
-            hidden = layer_input(model, ids, spec.seed, step)
+            hidden = model.lone_input(ids, spec.seed, step)
         chunk = spec.chunk if step == 0 and spec.chunk else len(positions)
         runs = chunked_model(plan, model) if chunk < len(positions) else model
         run_step = partial(one_step, plan, runs, ids, hidden, positions, step_attn(spec, step))
@@ -395,123 +438,33 @@ def masked_future(plan: Plan, attn: str) -> dict[str, float]:
             for key, value in derive.masked_future(cfg, layer, attn, plan.spec.index_scoring).items()}
 
 
-def chunked_model(plan: Plan, model: Transformer) -> Transformer:
+def chunked_model(plan: Plan, model: Model) -> Model:
     """The model a chunked prefill runs: its chunks run again for the histograms and must make the
     same values, but past a weight's first use a weight cache multiplies by its decoded float32
     copy, which rounds differently; so the prefill reads the weights as stored, as a whole
     prompt's prefill (every weight's first use) does."""
     if isinstance(plan.weights, CachedWeights):
-        return Transformer(plan.weights.source, model.dispatch, model.index_scoring, model.decoder_layer)
+        return families.family_for(plan.config).build(plan.weights.source, model.options)
     return model
 
 
-def one_step(plan: Plan, model: Transformer, ids: np.ndarray, hidden: np.ndarray | None, positions: np.ndarray,
-             attn: str, span: slice, cache: KVCache, emit: Emitter) -> np.ndarray | None:
+def one_step(plan: Plan, model: Model, ids: np.ndarray, hidden: np.ndarray | None, positions: np.ndarray,
+             attn: str, span: slice, cache, emit: Emitter) -> np.ndarray | None:
     """The step's positions `span` (all of them, or a chunk of the prefill's) through the lone
     layer (-> None) or the model (-> the logits [B, t, V], or None without them)."""
     if plan.alone:
-        model.layer(plan.spec.layer, hidden[:, span], model.rope(positions[span], emit), cache, emit, attn)
+        context = model.context(ids[:, span], positions[span], emit)
+        model.layer(plan.spec.layer, hidden[:, span], context, cache, emit, attn)
         return None
     return model.forward(ids[:, span], positions[span], emit, cache, plan.layers_shown, plan.needs_logits, attn)
 
 
-def fill_cache(plan: Plan, model: Transformer, cache: KVCache, emit: Emitter | None = None) -> None:
+def fill_cache(plan: Plan, model: Model, cache, emit: Emitter | None = None) -> None:
     """The lone layer's cache: spec.cache_len synthetic positions from start_pos on, with the
-    statistics of the layer's latents for a few seeded tokens."""
+    statistics of the layer's input for a few seeded tokens."""
     spec = plan.spec
     ids = np.array([seeded_tokens(spec.seed, plan.config, SAMPLE_TOKENS, stream=4)])
-    sample = layer_input(model, ids, spec.seed, spec.decode + 1)  # a step number no step of the run has
-    rope = model.rope(spec.start_pos + np.arange(spec.cache_len), Emitter())
+    sample = model.lone_input(ids, spec.seed, spec.decode + 1)  # a step number no step of the run has
     per_head = any(step_attn(spec, k) == "naive" for k in range(spec.decode + 1))
-    w = LayerWeights(model.weights, spec.layer, model.scratch)
-    synthetic_cache.fill(cache.layers[spec.layer], w, plan.config, sample, rope, spec.seed, per_head,
-                         spec.index_scoring, emit)
-
-
-def layer_input(model: Transformer, ids: np.ndarray, seed: int, step: int) -> np.ndarray:
-    """A lone layer's synthetic input: the tokens' embeddings, or seeded vectors without a table."""
-    if model.weights.has(EMBED):
-        return model.embed(ids)
-    rng = np.random.default_rng([seed, 3, step])
-    return rng.standard_normal((*ids.shape, model.config.hidden_size), dtype=np.float32)
-
-
-# DeepSeek-V4 (`deepseek_v4`): a family of its own (stepper/families/deepseek_v4*.py), run as a
-# whole model on its hyper-connection streams; the command line reaches it through these.
-
-V4_TABLES = (V4_EMBED, V4_HEAD)  # read a row (or a block of rows) at a time, never whole
-
-
-def is_v4_model(model: str) -> bool:
-    """A V4 preset, or a folder, remote checkpoint or config.json whose model_type is deepseek_v4."""
-    if model in V4_PRESETS:
-        return True
-    if remote.is_remote(model):
-        return is_remote_published(model)
-    path = Path(model)
-    config = path / "config.json" if path.is_dir() else path
-    if not config.is_file() or config.suffix != ".json":
-        return False
-    try:
-        return is_v4(read_json(config, "a config.json"))
-    except StepperError:
-        return False  # the reader of the family it names says what is wrong
-
-
-def v4_preset(name: str) -> V4Config:
-    """A V4 preset (stepper.presets.V4_PRESETS) as its config."""
-    if name not in V4_PRESETS:
-        raise StepperError(f"unknown model '{name}': expected one of {', '.join(V4_PRESETS)}")
-    return V4Config.from_hf(V4_PRESETS[name], f"preset {name}")
-
-
-def open_v4(model: str, seed: int = 0) -> V4Synthetic | V4Checkpoint:
-    """The weights of a V4 preset (synthetic), config.json (synthetic), checkpoint folder or remote checkpoint."""
-    if model in V4_PRESETS:
-        return V4Synthetic(v4_preset(model), seed)
-    if remote.is_remote(model):
-        return V4Checkpoint(model)
-    path = Path(model)
-    if path.is_file():
-        return V4Synthetic(load_v4_config(path), seed)
-    if not any(path.glob("*.safetensors")):
-        return V4Synthetic(load_v4_config(path / "config.json"), seed)
-    return V4Checkpoint(path)
-
-
-def run_v4_model(weights: V4Synthetic | V4Checkpoint, ids: tuple[int, ...] | None, prompt_len: int, decode: int,
-                 seed: int, sinks: list[Sink], shown: range | None = None) -> V4Result:
-    """The prompt (ids, or prompt_len tokens drawn from the seed as for any model), then `decode`
-    steps (greedy; drawn from the seed when `shown` ends before the last layer); layers before
-    `shown` run silently."""
-    prompt = seeded_tokens(seed, weights.config, prompt_len) if ids is None else ids
-    return run_v4(weights, prompt, decode, sinks, shown, seed)
-
-
-def synth_v4(model: str, out: Path, seed: int, force: bool) -> None:
-    """stepper synth of a V4 preset or config.json, in the published layout."""
-    weights = open_v4(model, seed)
-    if not isinstance(weights, V4Synthetic):
-        raise StepperError(f"--model {model}: synth makes weights for a preset or a config.json, not a checkpoint")
-    synth_v4_checkpoint(weights.config, out, seed, force)
-
-
-def v4_layer_emits(cfg: V4Config, layer: int) -> list[tuple[str, tuple[int, ...], str]]:
-    """What layer `layer` of a V4 config emits, in order: (name, shape, dtype), learned from the
-    model code by running the layer's miniature (same branches, tiny sizes) on two positions."""
-    mini = miniature(cfg, layer)
-    recorder = Recorder()
-    run_v4(V4Synthetic(mini), (1, 2), 0, [recorder])
-    return [(e.key, tuple(e.array.shape), str(e.array.dtype)) for e in recorder.events if e.layer == 0]
-
-
-def v4_run_bytes(cfg: V4Config, positions: int) -> int:
-    """A rough bound on what a V4 run over `positions` positions holds at once: its largest weight
-    three times (values, stored codes, decoded: synthetic weights are made and quantized when read),
-    the attention's scores and weights over the window and the compressed entries, and the
-    residual streams."""
-    largest = max(math.prod(shape) for name, shape in weight_shapes(cfg).items() if name not in V4_TABLES)
-    keys = min(positions, cfg.sliding_window) + positions // 4 + 1  # window, at most every 4th position pooled, sink
-    scores = 4 * cfg.num_attention_heads * positions * keys  # scores, probabilities, the weights, a product's copy
-    streams = 8 * positions * cfg.hc_mult * cfg.hidden_size  # streams in and out, the mixing products
-    return 4 * (3 * largest + scores + streams)
+    positions = spec.start_pos + np.arange(spec.cache_len)
+    model.seed_cache(cache, spec.layer, sample, positions, spec.seed, per_head, emit or Emitter())

@@ -199,6 +199,15 @@ def load() -> Catalog:
     return merged(tuple(dict.fromkeys(part for family in families.registry() for part in family.parts)))
 
 
+def around(cfg: Any) -> Catalog:
+    """The catalogue a query about cfg's tensors searches: the parts of every family whose layers
+    run in the same model as cfg's (MLA's Transformer; DeepSeek-V4's own), so that a word or a
+    parameter finds the tensors such a model can emit (DeepSeek-V4's `attn.q_a` is not offered
+    for a run of Kimi K2)."""
+    model = families.family_for(cfg).model
+    return merged(tuple(dict.fromkeys(part for f in families.registry() if f.model == model for part in f.parts)))
+
+
 @cache
 def merged(parts: tuple[Traversable, ...]) -> Catalog:
     """One catalogue of part files: their references and dims joined, their tensors in the order of

@@ -4,6 +4,9 @@ point from a name to the line that made it.
 The sites are found by reading the model's source with `ast`, never by importing or running it:
 model code reports a tensor as `emit("self_attn.k_pe", k_pe)` (or `k_pe = emit(...)`), the callee
 a name `emit` and the first argument a string literal, so every such call is a site of that key.
+A part used at several sites of a layer names its tensors by an f-string (`emit(f"{site}.comb", ...)`:
+DeepSeek-V4's hyper-connections before the attention and the MoE, its two compressors); such a call
+is the site of a key no literal names whose shape it fits (`hc_attn.comb`, `hc_ffn.comb`).
 The files are the package's own (`stepper/model/**/*.py`, found through `importlib.resources`), so
 this works from a source tree and from an installed wheel alike.
 """
@@ -11,6 +14,7 @@ this works from a source tree and from an installed wheel alike.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
@@ -23,6 +27,7 @@ if TYPE_CHECKING:
 PACKAGE = "stepper"
 MODEL = "model"  # the folder of the package whose emit calls are the sites
 CALLEE = "emit"
+FORMATTED = "f:"  # what begins the pattern of an f-string site's keys (no catalogue name begins so)
 SIMPLE = (ast.Expr, ast.Assign, ast.AnnAssign, ast.AugAssign, ast.Return)  # statements shown whole
 
 
@@ -43,8 +48,13 @@ class Site:
 
 
 def sites_of(key: str) -> list[Site]:
-    """Every emit site of a catalogue key, in file and line order (one, when the model is right)."""
-    return list(all_sites().get(key, ()))
+    """Every emit site of a catalogue key, in file and line order (one, when the model is right):
+    its literal emits, else the f-string emits whose shape it fits."""
+    literal = all_sites().get(key, ())
+    if literal:
+        return list(literal)
+    return [site for pattern, found in all_sites().items() if pattern.startswith(FORMATTED)
+            and re.fullmatch(pattern.removeprefix(FORMATTED), key) for site in found]
 
 
 @cache
@@ -93,8 +103,12 @@ def sites_in(source: str, path: str) -> list[Site]:
 
 
 def emitted_key(node: ast.AST) -> str | None:
-    """'self_attn.k_pe' for a call `emit("self_attn.k_pe", ...)`, else None."""
+    """'self_attn.k_pe' for a call `emit("self_attn.k_pe", ...)`; for `emit(f"{site}.comb", ...)`
+    FORMATTED and the pattern of the keys it makes (`[\\w.]+\\.comb`); else None."""
     if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == CALLEE):
         return None
     first = node.args[0] if node.args else None
+    if isinstance(first, ast.JoinedStr):
+        return FORMATTED + "".join(re.escape(part.value) if isinstance(part, ast.Constant) else r"[\w.]+"
+                                   for part in first.values)
     return first.value if isinstance(first, ast.Constant) and isinstance(first.value, str) else None

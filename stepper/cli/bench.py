@@ -23,6 +23,11 @@ INDEXER_HELP = ("Also time DeepSeek-V3.2's layer 0 prefilling 4096 tokens: its L
                 "the indexer's mask, and the whole layer, each alone (writes a 0.6 GB checkpoint once).")
 KDA_HELP = ("Also time one full-size Kimi Linear KDA layer's attention (synthetic weights in memory): decode 1 token, "
             "prefill 4096 tokens (chunked, and once token by token), with the share of the time in the state update.")
+V4_HELP = ("Only DeepSeek-V4-Flash's figures (not part of the default run: they write 3.5 GB more and take several "
+           "minutes): its CSA layer 4 (synthetic weights in the published layout, FP4 experts, FP8 "
+           "attention) decoding 1 token after 1024 positions and prefilling 512, each with the time of its parts and "
+           "its floor from the FP4, FP8 and GEMM rates measured in the same process; and a CSA attention's decode "
+           "step over 1,048,576 seeded positions (time, peak memory).")
 LONG_HELP = ("Only the long-context figures: the attention of --long-model's layer 0 (synthetic weights) at naive "
              "prefills of 4096, 16384 and 32768 tokens (time, share of the GEMM rate, peak RSS; 4096 also with every "
              "tensor shown), an absorbed 32768-token prefill in chunks with every tensor shown (about an hour), and "
@@ -37,6 +42,7 @@ def bench_command(
     indexer: Annotated[bool, typer.Option("--indexer", help=INDEXER_HELP)] = False,
     kda: Annotated[bool, typer.Option("--kda", help=KDA_HELP)] = False,
     long: Annotated[bool, typer.Option("--long", help=LONG_HELP)] = False,
+    v4: Annotated[bool, typer.Option("--v4", help=V4_HELP)] = False,
     long_model: Annotated[str, typer.Option(metavar="MODEL", help="A preset or config.json for --long.")] = "kimi-k2",
 ) -> None:
     """Measure full-size Kimi K2 layers (decode, prefill, peak memory) and the machine's ceilings.
@@ -47,7 +53,7 @@ def bench_command(
     reads it, so that every run finds it cached the same way whatever read it before, and each
     layer scenario reads its checkpoint through before it is timed (24 GB of RAM is enough for
     the 17 GB MoE layer): the figures measure compute, not the disk."""
-    from stepper import bench
+    from stepper.bench import ceilings, long_context, runner, v4_layer
 
     with user_errors():
         console = Console(stderr=as_json, highlight=False, markup=False)
@@ -55,13 +61,15 @@ def bench_command(
         workdir = workdir or Path.home() / ".cache" / "stepper" / "bench"
         say = lambda line: console.print(f"· {shown(line)}", style="dim", soft_wrap=whole)
         if long:
-            figures = bench.long_context(long_model, say)
+            figures = long_context.long_context(long_model, say)
+        elif v4:
+            figures = v4_layer.v4_figures(workdir, say)
         else:
-            figures = bench.run_all(workdir, torch and has_torch(), say, int4, indexer, kda)
+            figures = runner.run_all(workdir, torch and has_torch(), say, int4, indexer, kda)
         if as_json:
-            print(json.dumps({"machine": bench.machine(), "figures": [f.__dict__ for f in figures]}, indent=1))
+            print(json.dumps({"machine": ceilings.machine(), "figures": [f.__dict__ for f in figures]}, indent=1))
             return
-        console.print(f"machine: {shown(bench.machine())}", soft_wrap=whole)
+        console.print(f"machine: {shown(ceilings.machine())}", soft_wrap=whole)
         for f in figures:
             rss = f"  peak RSS {f.peak_rss_mb:,.0f} MB" if f.peak_rss_mb else ""
             console.print(f"{f.name}: {f.value:.3g} {f.unit}{rss}{against_floor(f)}  {shown(f.note)}", soft_wrap=whole)

@@ -11,7 +11,6 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from stepper.cli import v4
 from stepper.cli.cache import byte_progress
 from stepper.cli.common import PlainOpt, SeedOpt, parse_layers, url_option, user_errors
 from stepper.config import Config, Wrapper
@@ -48,10 +47,15 @@ def synth_command(
 ) -> None:
     """Write synthetic weights as a real HF-layout checkpoint directory, stored as the config or --quant says."""
     with user_errors():
-        if v4.is_v4_model(model):  # DeepSeek-V4: its published layout (cli/v4.py)
-            v4.refuse({"--layers": layers, "--layout": layout, "--quant": quant})
-            return v4.synth(model, out, seed, force)
         source = load_model(model, seed)
+        progress = byte_progress if sys.stderr.isatty() else no_progress
+        if hasattr(source, "write_checkpoint"):  # a family's synthetic weights in its published layout (DeepSeek-V4)
+            given = [o for o, value in (("--layers", layers), ("--layout", layout), ("--quant", quant)) if value]
+            if given:
+                raise StepperError(f"{given[0]}: model {shown(source.config.name)} ({source.config.model_type}) is "
+                                   "written in its published layout only, whole")
+            source.write_checkpoint(out, force, progress)
+            return wrote(out)
         if not isinstance(source, SyntheticWeights):
             raise StepperError(f"--model {model}: synth makes weights for a preset or a config.json, not a checkpoint")
         if layout is not None:
@@ -61,12 +65,17 @@ def synth_command(
         chosen = parse_layers(layers)
         if chosen is not None:
             chosen = layers_shown(RunSpec(layers=chosen), source.config)
-        synth_checkpoint(source, out, chosen, force, byte_progress if sys.stderr.isatty() else no_progress)
-        files = sorted(p.name for p in out.iterdir())
-        size = sum(p.stat().st_size for p in out.iterdir())
-        print_fitted(Console(highlight=False, markup=False),
-                     f"wrote {shown(out)}: {len(files)} files, {size / 2**20:.1f} MiB "
-                     f"({', '.join(files[:3])}{', ...' if len(files) > 3 else ''})")
+        synth_checkpoint(source, out, chosen, force, progress)
+        wrote(out)
+
+
+def wrote(out: Path) -> None:
+    """The line saying what synth wrote."""
+    files = sorted(p.name for p in out.iterdir())
+    size = sum(p.stat().st_size for p in out.iterdir())
+    print_fitted(Console(highlight=False, markup=False),
+                 f"wrote {shown(out)}: {len(files)} files, {size / 2**20:.1f} MiB "
+                 f"({', '.join(files[:3])}{', ...' if len(files) > 3 else ''})")
 
 
 LAYOUTS = ("hf", "kimi_k25")

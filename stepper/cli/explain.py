@@ -8,14 +8,13 @@ import typer
 from rich.console import Console
 
 from stepper import catalog
-from stepper.cli import v4
 from stepper.cli.common import ModelOpt, PlainOpt, user_errors
 from stepper.errors import StepperError
 from stepper.session import check_layer, load_model
 from stepper.views.compare import compared_layer, comparison
 from stepper.views.explain import also_named, emitted_by, explain_text, not_found
 from stepper.views.sinks import print_fitted
-from stepper.views.tree import layer_tree
+from stepper.views.tree import layer_kind, layer_tree
 
 
 def explain_command(
@@ -29,10 +28,8 @@ def explain_command(
 ) -> None:
     """The catalogue entry of a tensor: what it is, its formula and shape, the reference lines."""
     with user_errors():
-        if v4.is_v4_model(model):  # DeepSeek-V4: its own catalogue parts (cli/v4.py)
-            return v4.explain(name, model, plain)
         cfg = load_model(model, 0).config
-        cat = catalog.load()
+        cat = catalog.around(cfg)
         entries = cat.find(name)
         if not entries:
             raise StepperError(not_found(cat, name))
@@ -59,8 +56,6 @@ def tree_command(
 ) -> None:
     """The structure of a layer: every named tensor in order, its shape for this model, what it is."""
     with user_errors():
-        if v4.is_v4_model(model):  # DeepSeek-V4: what its layers emit, from the model code (cli/v4.py)
-            return v4.tree(model, layer, plain)
         cfg = load_model(model, 0).config
         if attn not in ("naive", "absorb"):
             raise StepperError(f"--attn must be naive or absorb, got '{attn}'")
@@ -74,7 +69,7 @@ def tree_command(
             layers = (compared_layer(cfg, layer), compared_layer(other, layer))
             console.print(comparison(catalog.load(), cfg, other, layers, attn, everything))
             return
-        kinds = {cfg.is_moe_layer(i): i for i in range(cfg.num_hidden_layers)}
+        kinds = {layer_kind(cfg, i): i for i in range(cfg.num_hidden_layers)}
         layers = [layer] if layer is not None else sorted(kinds.values())
         for i in layers:
             console.print(layer_tree(catalog.load(), cfg, i, attn))

@@ -14,7 +14,6 @@ import typer
 from rich.console import CONSOLE_HTML_FORMAT, Console
 
 from stepper import untrusted
-from stepper.cli import v4
 from stepper.cli.common import ModelOpt, PlainOpt, SeedOpt, one_prompt, parse_ids, parse_layers, user_errors
 from stepper.cli.names import check_pictures, only_filter
 from stepper.errors import StepperError
@@ -29,8 +28,8 @@ from stepper.session import Plan, RunResult, RunSpec, step_attn
 from stepper.text import INSTALL, Tokens
 from stepper.views.debugger import CommandSource, Debugger, Quit
 from stepper.views.dump import DUMP_LIMIT_GB, check_dump_sizes, check_writable, write_dump
-from stepper.views.sinks import PICTURES, JsonLines, Pictures, ProgressBars, TensorRows, print_wrapped
-from stepper.weights.seeded import SyntheticWeights
+from stepper.views.family_pictures import every_picture, picture_sink, pictures_of
+from stepper.views.sinks import JsonLines, ProgressBars, TensorRows, print_wrapped
 
 # Options of both commands
 LayerOpt = Annotated[int | None, typer.Option(metavar="N", min=0,
@@ -91,11 +90,14 @@ def run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, inp
 
 
 def describe(plan: Plan) -> str:
-    """Two lines saying what is about to run, and what attention caches per position."""
+    """Two lines saying what is about to run, and what attention caches per position (a config
+    class with a `summary()` and a `cache_line(layers)` says its own: DeepSeek-V4's)."""
     cfg, spec = plan.config, plan.spec
     dense = sum(not cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers))
     moe = f", {cfg.n_routed_experts} experts top-{cfg.num_experts_per_tok}" if dense < cfg.num_hidden_layers else ""
-    weights = (f"synthetic weights, seed {spec.seed}" if isinstance(plan.weights, SyntheticWeights)
+    layers = (cfg.summary() if hasattr(cfg, "summary")
+              else f"{cfg.num_hidden_layers} layers ({dense} dense), {cfg.num_attention_heads} heads{moe}")
+    weights = (f"synthetic weights, seed {spec.seed}" if plan.synthetic
                else f"weights from {untrusted.shown(spec.model)}")
     what = (f"layer {spec.layer} alone on {untrusted.shown(plan.input_source)}" if plan.alone
             else f"layers {plan.layers_shown.start}..{plan.layers_shown.stop - 1}")
@@ -104,20 +106,22 @@ def describe(plan: Plan) -> str:
         steps += " on tokens drawn from the seed (a layer alone has no logits to choose them)"
     if spec.cache_len:
         steps += f", after a synthetic cache of {spec.cache_len:,} positions (seed {spec.seed})"
+    wrapper = f"\n{untrusted.shown(cfg.wrapper.describe())}" if getattr(cfg, "wrapper", None) is not None else ""
+    wrapper += f"\n{prompt_line(plan.tokens)}" if plan.tokens is not None else ""
+    first = (f"model {untrusted.shown(cfg.name)} ({untrusted.shown(cfg.model_type)}): {layers} · {weights} · "
+             f"{what}{steps}")
+    if hasattr(cfg, "cache_line"):
+        return f"{first}\n{cfg.cache_line(plan.layers_shown)}{wrapper}"
     attns = sorted({step_attn(spec, step) for step in range(spec.decode + 1)}, reverse=True)
     attn = " then ".join(attns)
     if spec.index_scoring == "fp8":
         attn += ", chosen by FP8 index scores (Hadamard-rotated, e4m3, as DeepSeek's inference code)"
     naive, latent = (cache_bytes_per_token(cfg, path, index_scoring=spec.index_scoring) for path in ("naive", "absorb"))
     keys = "" if not cfg.has_indexer else " + index key" + (" and its FP8 codes" if spec.index_scoring == "fp8" else "")
-    wrapper = f"\n{untrusted.shown(cfg.wrapper.describe())}" if cfg.wrapper is not None else ""
-    wrapper += f"\n{prompt_line(plan.tokens)}" if plan.tokens is not None else ""
     if hasattr(cfg, "memory_line"):  # a family whose layers keep something else (Kimi Linear's KDA state)
         wrapper += "\n" + cfg.memory_line(spec.cache_len + len(plan.prompt) + spec.decode)
     return (
-        f"model {untrusted.shown(cfg.name)} ({untrusted.shown(cfg.model_type)}): "
-        f"{cfg.num_hidden_layers} layers ({dense} dense), "
-        f"{cfg.num_attention_heads} heads{moe} · {weights} · {what}{steps}\n"
+        f"{first}\n"
         f"attention {attn} · cache per position per layer (float32): per-head keys and values "
         f"{naive:,} B, latent + rope key{keys} {latent:,} B ({naive / latent:.1f}x smaller){wrapper}"
     )
@@ -176,11 +180,12 @@ def token_ids(ids, shown: int = 16) -> str:
     return f"[{', '.join(map(str, head))}, … {', '.join(map(str, tail))}] ({len(ids)} tokens)"
 
 
-def parse_show(show: str | None) -> set[str]:
+def parse_show(show: str | None, choices: tuple[str, ...] = every_picture()) -> set[str]:
     kinds = {k.strip() for k in (show or "").split(",") if k.strip()}
-    unknown = kinds - set(PICTURES)
+    unknown = kinds - set(choices)
     if unknown:
-        raise StepperError(f"--show {show}: unknown picture {min(unknown)!r}; choose from {', '.join(PICTURES)}")
+        raise StepperError(f"--show {untrusted.shown(show)}: unknown picture {untrusted.shown(min(unknown))!r}; "
+                           f"choose from {', '.join(choices)}")
     return kinds
 
 
@@ -242,8 +247,8 @@ def run_command(
     only: Annotated[list[str] | None, typer.Option(metavar="GLOB",
                                                    help="Show (and dump) only names matching GLOB, e.g. '*k_pe*'; "
                                                         "repeatable.")] = None,
-    show: Annotated[str | None, typer.Option(metavar="PICTURES",
-                                             help=f"Draw pictures after their tensors: {','.join(PICTURES)}.")] = None,
+    show: Annotated[str | None, typer.Option(
+        metavar="PICTURES", help=f"Draw pictures after their tensors: {','.join(every_picture())}.")] = None,
     plain: PlainOpt = False,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per tensor (JSON Lines) on stdout.")] = False,
     dump: Annotated[Path | None, typer.Option(metavar="FILE",
@@ -257,11 +262,6 @@ def run_command(
 ) -> None:
     """Run the model on a prompt and print every named tensor in execution order."""
     with user_errors(), ExitStack() as swapped:
-        if v4.is_v4_model(model):  # DeepSeek-V4: a family of its own, with the options it takes (cli/v4.py)
-            v4.refuse({"--layer": layer, "--prompt": prompt, "--start-pos": start_pos, "--input": input_file,
-                       "--cache-len": cache_len, "--chunk": chunk, "--json": as_json, "--dump": dump,
-                       "--use": use, "--patch": patch, "--weight-cache-mb": weight_cache_mb})
-            return v4.run(model, layers, ids, prompt_len, decode, seed, only, plain, show)
         spec = run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, input_file, attn,
                         weight_cache_mb,
                         prompt, cache_len, index_scoring)
@@ -276,6 +276,7 @@ def run_command(
 
         planned = plan_run(spec, kept_by, "--only", asked)
         plan, names = planned.plan, planned.names
+        parse_show(show, pictures_of(plan.config))  # the pictures of this model's family
         planned.check("--only", only or [])
         patcher = patch_sink(patch, planned)
         keep = only_filter(only or [], names, lambda note: sys.stderr.write(f"stepper: {note}\n"))
@@ -303,7 +304,7 @@ def run_command(
             views.append(recorder)
         sinks: list[Sink] = [Filter(lambda e: keep(e.name), views)] if only else views
         if pictures:  # it sees every tensor: a routing map needs both of the router's choices
-            sinks.append(Pictures(console, plan.config, pictures, plan.weights, plan.tokens, lambda e: keep(e.name)))
+            sinks.append(picture_sink(console, plan, pictures, keep))
         sinks[:0] = patcher
         agreement = IndexAgreement()
         sinks += [agreement, bars]

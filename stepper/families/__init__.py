@@ -21,6 +21,7 @@ from stepper.families import (
     axk1,
     axk2,
     deepseek,
+    deepseek_v4_family,
     glm4_moe_lite,
     glm_moe_dsa,
     kimi_linear,
@@ -34,7 +35,7 @@ from stepper.families.family import Family
 
 FAMILIES: tuple[Family, ...] = (deepseek.FAMILY, sarvam_mla.FAMILY, youtu.FAMILY, glm4_moe_lite.FAMILY, axk1.FAMILY,
                                 mistral4.FAMILY, minicpm3.FAMILY, glm_moe_dsa.FAMILY, axk2.FAMILY, longcat_flash.FAMILY,
-                                kimi_linear.FAMILY)
+                                kimi_linear.FAMILY, deepseek_v4_family.FAMILY)
 _added: tuple[Family, ...] = ()  # families registered for a while (`registered`)
 
 

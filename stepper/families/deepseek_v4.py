@@ -6,15 +6,16 @@ model composed from parts.
           -> hc_head collapse -> final norm -> lm_head
 
 Parts: stepper/model/hyper_connections.py (mHC), v4_router.py and clamped_experts.py (the MoE),
-v4_layer.py (the layer and the two ends); the attention is handed in per layer (`Attention`:
-layer, weights, emitter -> a function of the attention's input), so the composition does not
-depend on which attention runs. The config lives in deepseek_v4_config.py, the names and shapes
-of the tensors in deepseek_v4_weights.py.
+v4_layer.py (the layer and the two ends); the attention is handed in per layer (`Attention`: layer, weights,
+cache, dims, emitter -> a function of the attention's input; model.compressed_attention unless
+given), so the composition does not depend on which attention runs. The config lives in
+deepseek_v4_config.py, the names and shapes of the tensors in deepseek_v4_weights.py.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -22,15 +23,22 @@ from stepper.errors import StepperError
 from stepper.families.deepseek_v4_config import V4Config
 from stepper.families.deepseek_v4_weights import EMBED, HC_HEAD, NORM, weight_shapes
 from stepper.model.clamped_experts import MoeDims
-from stepper.model.hyper_connections import HcDims
+from stepper.model.compressed_attention import AttentionDims, attention
+from stepper.model.hyper_connections import HcDims, expand, hc_pre
 from stepper.model.layer_weights import LayerWeights
+from stepper.model.ops import rms_norm
+from stepper.model.options import LayerOptions
 from stepper.model.transformer import lm_head
+from stepper.model.v4_attention_cache import V4AttentionCache
 from stepper.model.v4_layer import Attend, V4LayerDims, v4_decoder_layer, v4_final, v4_streams
 from stepper.model.v4_router import RouterDims
+from stepper.model.v4_synthetic_cache import seeded_cache
 from stepper.seams.trace import Emitter
 from stepper.weights.stored import Stored
 
-Attention = Callable[[int, LayerWeights, Emitter], Attend]  # layer, its weights, its emitter -> attend
+DEFAULT = LayerOptions()
+# layer, its weights, its cache (None: a fresh one), its dims, its emitter -> attend
+Attention = Callable[[int, LayerWeights, V4AttentionCache | None, AttentionDims, Emitter], Attend]
 
 
 def layer_dims(cfg: V4Config, layer: int) -> V4LayerDims:
@@ -87,27 +95,78 @@ def checked_tid2eid(table: np.ndarray, experts: int, where: str) -> np.ndarray:
     return table.astype(np.int64, copy=False)
 
 
-class V4Model:
-    """The whole V4 model on a weight source, with the attention given per layer."""
+@dataclass(frozen=True)
+class V4Step:
+    """What every layer of a step shares: the tokens' ids [B, T] (a hash-routed layer takes its
+    experts from tid2eid[id]). Positions are the caches' own (each attention counts what it saw)."""
 
-    def __init__(self, weights, attention: Attention):
+    ids: np.ndarray
+
+
+class V4Caches:
+    """One attention cache per layer (model.v4_attention_cache): the window, the compressors'
+    unfinished windows and entries, the indexer's keys."""
+
+    def __init__(self, config: V4Config):
+        self.layers = [V4AttentionCache() for _ in range(config.num_hidden_layers)]
+
+    def length(self, layer: int = 0) -> int:
+        return self.layers[layer].seen
+
+
+def compressed(layer: int, w: LayerWeights, cache: V4AttentionCache | None, dims: AttentionDims,
+               emit: Emitter) -> Attend:
+    """The layer's own attention (model.compressed_attention) on its cache."""
+    return lambda x: attention(x, w, dims, cache, emit)
+
+
+class V4Model:
+    """The whole V4 model on a weight source (stepper.model.stack.Model): the hc_mult streams
+    [B, T, n, d] flow between the layers. `attention` (default: the compressed attention of each
+    layer on its cache) may be given, e.g. a reference's, to check the rest of the layer alone.
+    The new tokens' positions are the caches': a step's positions begin where its caches end."""
+
+    def __init__(self, weights, options: LayerOptions = DEFAULT, attention: Attention = compressed):
         self.weights = weights
         self.config: V4Config = weights.config
+        self.options = options  # one attention path, no dispatch choice: kept for the protocol
         self.attention = attention
 
     def embed(self, ids: np.ndarray) -> np.ndarray:
         """ids [B, T] -> [B, T, d], reading only these tokens' rows."""
         return np.asarray(self.weights.get_rows(EMBED, ids), dtype=np.float32)
 
-    def start(self, ids: np.ndarray, emit: Emitter) -> np.ndarray:
+    def start(self, ids: np.ndarray, positions: np.ndarray, emit: Emitter) -> tuple[np.ndarray, V4Step]:
         """The embedding of ids [B, T] copied into the hc_mult streams [B, T, n, d]."""
-        return v4_streams(self.embed(ids), self.config.hc_mult, emit)
+        return v4_streams(self.embed(ids), self.config.hc_mult, emit), V4Step(ids)
 
-    def layer(self, i: int, streams: np.ndarray, ids: np.ndarray, emit: Emitter) -> np.ndarray:
-        """Layer i on the streams [B, T, n, d]."""
+    def context(self, ids: np.ndarray, positions: np.ndarray, emit: Emitter) -> V4Step:
+        return V4Step(ids)
+
+    def lone_input(self, ids: np.ndarray, seed: int, step: int) -> np.ndarray:
+        """A lone layer's synthetic streams [B, T, n, d]: the tokens' embeddings in every stream,
+        or seeded vectors without an embedding table."""
+        if self.weights.has(EMBED):
+            return expand(self.embed(ids), self.config.hc_mult)
+        rng = np.random.default_rng([seed, 3, step])
+        return rng.standard_normal((*ids.shape, self.config.hc_mult, self.config.hidden_size), dtype=np.float32)
+
+    def layer(self, i: int, streams: np.ndarray, context: V4Step, cache: V4Caches | None, emit: Emitter,
+              attn: str = "naive") -> np.ndarray:
+        """Layer i on the streams [B, T, n, d] (attn: V4 has one attention path)."""
         w = LayerWeights(self.weights, i)  # prefix model.layers.{i}.
         emit = emit.layer(i)
-        return v4_decoder_layer(streams, ids, w, layer_dims(self.config, i), self.attention(i, w, emit), emit)
+        attend = self.attention(i, w, None if cache is None else cache.layers[i], self.config.dims(i), emit)
+        return v4_decoder_layer(streams, context.ids, w, layer_dims(self.config, i), attend, emit)
+
+    def seed_cache(self, cache: V4Caches, layer: int, sample: np.ndarray, positions: np.ndarray, seed: int,
+                   per_head: bool, emit: Emitter) -> None:
+        """Layer `layer`'s cache as if it had seen positions 0..N-1 (model.v4_synthetic_cache), with
+        the statistics of its attention's input for the sample streams [1, t, n, d]."""
+        w = LayerWeights(self.weights, layer)
+        mixing = hc_pre(sample, w, "hc_attn", layer_dims(self.config, layer).hc, Emitter())
+        x = rms_norm(mixing.x, w("input_layernorm.weight"), self.config.rms_norm_eps)  # [1, t, d]
+        cache.layers[layer] = seeded_cache(x, w, self.config.dims(layer), len(positions), seed)
 
     def head(self, streams: np.ndarray, emit: Emitter) -> np.ndarray:
         """The streams collapsed, normed and multiplied by lm_head: [B, T, n, d] -> logits [B, T, V]."""
@@ -116,15 +175,17 @@ class V4Model:
         hidden = v4_final(streams, head, layer_dims(self.config, 0), emit)  # [B, T, d]
         return emit("logits", lm_head(hidden, self.weights))
 
-    def forward(self, ids: np.ndarray, emit: Emitter, shown: range | None = None) -> np.ndarray | None:
-        """ids [B, T] -> logits [B, T, V]. `shown` limits which layers emit: the layers before them
-        run silently, the pass stops after the last one shown, and only a pass over every layer
-        emits the embedding and the head and returns logits (else None)."""
+    def forward(self, ids: np.ndarray, positions: np.ndarray, emit: Emitter, cache: V4Caches | None = None,
+                layers_shown: range | None = None, to_logits: bool = True, attn: str = "naive") -> np.ndarray | None:
+        """ids [B, T] -> logits [B, T, V]. `layers_shown` limits which layers emit: the layers
+        before them run silently, and the embedding and the head emit only when every layer is
+        shown; without `to_logits` the pass stops after the last layer shown (-> None)."""
         n = self.config.num_hidden_layers
-        shown = range(n) if shown is None else shown
-        whole = shown == range(n)
-        streams = self.start(ids, emit if whole else emit.silent())
-        for i in range(shown.stop):
-            emit.progress("layers", i, shown.stop)
-            streams = self.layer(i, streams, ids, emit if i in shown else emit.silent())
-        return self.head(streams, emit) if whole else None
+        layers = range(n) if layers_shown is None else layers_shown
+        whole = emit if layers == range(n) else emit.silent()
+        last = n if to_logits else layers.stop
+        streams, context = self.start(ids, positions, whole)
+        for i in range(last):
+            emit.progress("layers", i, last)
+            streams = self.layer(i, streams, context, cache, emit if i in layers else emit.silent(), attn)
+        return self.head(streams, whole) if to_logits else None

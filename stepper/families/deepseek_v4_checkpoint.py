@@ -30,6 +30,8 @@ class V4Checkpoint:
         self.published = open_published(where, load_v4_config)
         self.config = self.published.config
         self.path = self.published.path  # a remote one's cache folder
+        if hasattr(self.published, "transfer"):  # a remote one: what a run fetched, for the run's footer
+            self.transfer, self.note = self.published.transfer, self.published.note
 
     @property
     def label(self) -> str:

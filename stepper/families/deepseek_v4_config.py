@@ -26,6 +26,7 @@ from typing import Any
 from stepper.config import Yarn, model_name
 from stepper.errors import StepperError
 from stepper.model.compressed_attention import AttentionDims
+from stepper.model.v4_attention_cache import cost_line
 from stepper.untrusted.jsonfile import read_json
 
 MODEL_TYPE = "deepseek_v4"
@@ -113,6 +114,30 @@ class V4Config:
             eps=self.rms_norm_eps, rope_theta=self.rope_theta if ratio == SLIDING else self.compress_rope_theta,
             yarn=None if ratio == SLIDING else self.rope_scaling,
         )
+
+    def summary(self) -> str:
+        """A run header's words for the model: its layer kinds, routing, heads, experts and streams."""
+        kinds = [self.layer_kind(i) for i in range(self.num_hidden_layers)]
+        count = ", ".join(f"{kinds.count(k)} {k.upper() if k != 'sliding' else k}" for k in ("sliding", "csa", "hca"))
+        return (f"{self.num_hidden_layers} layers ({count}; the first {self.num_hash_layers} hash-routed), "
+                f"{self.num_attention_heads} heads sharing one key-value head, {self.n_routed_experts} experts "
+                f"top-{self.num_experts_per_tok}, {self.hc_mult} residual streams")
+
+    def layer_label(self, layer: int) -> str:
+        """The layer's attention kind and routing, which set its tensors apart (stepper tree)."""
+        kind = {"sliding": "sliding window", "csa": "CSA: compressed, indexer", "hca": "HCA: heavily compressed"}
+        return f"{kind[self.layer_kind(layer)]}, {'hash' if self.is_hash_layer(layer) else 'score'}-routed"
+
+    def cache_line(self, layers: range) -> str:
+        """What a position costs the cache of each kind of layer among `layers`, beside V3's MLA."""
+        firsts = {self.compress_ratio(i): i for i in reversed(layers)}  # a layer of each ratio
+        return "\n".join(cost_line(self.dims(i)) for i in sorted(firsts.values()))
+
+    def layer_shapes(self, layer: int) -> dict[str, tuple[int, ...]]:
+        """Every tensor of layer `layer` by its full name (weights.names.layer_shapes asks a config's class)."""
+        from stepper.families.deepseek_v4_weights import layer_prefix, layer_shapes  # it reads this class's fields
+
+        return {layer_prefix(layer) + name: shape for name, shape in layer_shapes(self, layer).items()}
 
     def is_moe_layer(self, layer: int) -> bool:
         return True  # every V4 layer's FFN is a mixture of experts

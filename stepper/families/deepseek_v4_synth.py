@@ -113,6 +113,13 @@ class V4Synthetic:
     def has(self, name: str) -> bool:
         return published_name(name) in self.tensors
 
+    def check(self, layers, with_globals: bool) -> None:
+        """Synthetic weights exist for every tensor of the config."""
+
+    def write_checkpoint(self, out: Path, force: bool, progress: Callable[[int, int], None]) -> Path:
+        """`stepper synth`: these weights written in the published layout (synth_v4_checkpoint)."""
+        return synth_v4_checkpoint(self.config, out, self.seed, force, progress)
+
     # The published form
 
     def stored(self, published: str, tensor: names.Tensor) -> dict[str, np.ndarray]:

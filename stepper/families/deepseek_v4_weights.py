@@ -7,10 +7,11 @@ FP4, BF16, F32, I64) is stepper.weights.deepseek_v4_names' and published_store's
 from __future__ import annotations
 
 import re
+from typing import Any
 
-from stepper.families.deepseek_v4_config import V4Config
 from stepper.model import compressed_attention as attention
 
+V4Config = Any  # a deepseek_v4_config.V4Config, which asks this module for its layers' shapes (layer_shapes)
 EMBED, HEAD, NORM = "model.embed_tokens.weight", "lm_head.weight", "model.norm.weight"
 HC_HEAD = ("model.hc_head.hc_fn", "model.hc_head.hc_base", "model.hc_head.hc_scale")
 EXPERT = re.compile(r"mlp\.experts\.\d+\.(gate|up|down)_proj\.weight$")

@@ -20,11 +20,8 @@ import numpy as np
 
 from stepper import families
 from stepper.families.family import Family
-from stepper.model.cache import KVCache
 from stepper.model.options import Attention, IndexScoring, LayerOptions
-from stepper.model.transformer import Transformer
 from stepper.seams.trace import Emitter, Recorder
-from stepper.weights.seeded import SyntheticWeights
 
 DEFAULT = LayerOptions()
 PREFILL = 2  # positions of the miniature's prefill; a decode step of one follows
@@ -40,7 +37,36 @@ def global_names(cfg: Any, keys) -> list[str]:
     """The model's names outside the layers among `keys` (embed, rope_cos, rope_sin, norm, logits),
     each followed by MiniCPM3's scaled one (embed_scaled, norm_scaled: model.transformer, model.scalings)."""
     scaled = {"embed": "embed_scaled", "norm": "norm_scaled"} if getattr(cfg, "has_mup_scalings", False) else {}
-    return [name for key in keys for name in (key, scaled.get(key)) if name]
+    return list(dict.fromkeys(name for key in keys for name in (key, scaled.get(key)) if name))
+
+
+@dataclass(frozen=True)
+class ModelNames:
+    """What the model around the layers emits: before its first layer, after its last, and for a
+    lone layer (the step's context: MLA's rotary tables; nothing for DeepSeek-V4)."""
+
+    start: tuple[str, ...]
+    end: tuple[str, ...]
+    lone: tuple[str, ...]
+
+
+def model_names(cfg: Any) -> ModelNames:
+    """The names cfg's model emits outside its layers, learned from a whole pass of its layer 0's
+    miniature (the model's code around the layers takes no per-layer branch)."""
+    family = families.family_for(cfg)
+    return around(family, family.miniature(cfg, 0))
+
+
+@lru_cache(maxsize=64)
+def around(family: Family, mini: Any) -> ModelNames:
+    model = family.build(family.synthetic(mini, 0))
+    ids, positions = np.arange(PREFILL)[None] % mini.vocab_size, np.arange(PREFILL)  # [B, T], [T]
+    whole, lone = Recorder(), Recorder()
+    model.forward(ids, positions, Emitter([whole]), family.cache(mini))
+    model.context(ids, positions, Emitter([lone]))
+    inside = [k for k, e in enumerate(whole.events) if e.layer is not None]
+    names = [e.name for e in whole.events]
+    return ModelNames(tuple(names[:inside[0]]), tuple(names[inside[-1] + 1:]), tuple(e.name for e in lone.events))
 
 
 def layer_emits(cfg: Any, layer: int, options: LayerOptions = DEFAULT,
@@ -77,15 +103,17 @@ def traced(family: Family, mini: Any, options: LayerOptions) -> tuple[tuple[Emit
                                                                      tuple[tuple[str, float], ...]]:
     """Run the miniature's layer 0: a prefill of PREFILL positions, then one decode step.
     -> what each step emitted, in order; (name, value at a masked future position) pairs"""
-    model = Transformer(SyntheticWeights(mini, seed=0), options.dispatch, options.index_scoring, family.decoder_layer)
-    model.options = options  # every choice, the delta rule's too (the attention path is each step's)
-    cache = KVCache(1)
-    hidden = np.random.default_rng(0).standard_normal((1, PREFILL + 1, mini.hidden_size), dtype=np.float32)  # [B, T, d]
+    model = family.build(family.synthetic(mini, 0), options)  # every choice, the delta rule's too
+    cache = family.cache(mini)
+    shape = [PREFILL + 1 if size is None else size for size in family.stream(mini)]
+    shape[0] = 1
+    hidden = np.random.default_rng(0).standard_normal(shape, dtype=np.float32)  # [B, T, ...]: the layer's input
+    ids = np.arange(PREFILL + 1)[None] % mini.vocab_size  # [B, T]
     steps = []
     for span in (slice(0, PREFILL), slice(PREFILL, PREFILL + 1)):
         recorder = Recorder()
-        positions = np.arange(span.start, span.stop)
-        model.layer(0, hidden[:, span], model.rope(positions, Emitter()), cache, Emitter([recorder]), options.attention)
+        context = model.context(ids[:, span], np.arange(span.start, span.stop), Emitter())
+        model.layer(0, hidden[:, span], context, cache, Emitter([recorder]), options.attention)
         steps.append({e.key: np.asarray(e.array) for e in recorder.events})
     prefill, decode = steps
     futures = tuple((key, future) for key, array in prefill.items()

@@ -2,20 +2,52 @@
 which function computes one decoder layer, which catalogue part files explain what that layer
 emits, and a miniature of its config that takes the same branches (from which `families.derive`
 learns what a layer emits). The names and shapes of its layers' weights on disk are its config
-class's to say (a `layer_shapes(layer)` method; weights.names, MLA's names without one)."""
+class's to say (a `layer_shapes(layer)` method; weights.names, MLA's names without one).
+
+The model around the layers is the family's too (`model`: stepper.model.stack.Model; MLA's
+Transformer unless given), with its caches (`cache`), its weights (`synthetic`, `checkpoint`),
+the shape of what flows between its layers (`stream`), what its cache costs a position
+(`cache_bytes`) and the run options it has no path for (`refuses`: option -> why)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from importlib.abc import Traversable
+from pathlib import Path
 from typing import Any
 
+from stepper.model.cache import KVCache, cache_bytes_per_token
 from stepper.model.layer import DecoderLayer
+from stepper.model.options import LayerOptions
+from stepper.model.stack import Model
+from stepper.model.transformer import Transformer
+from stepper.weights.seeded import SyntheticWeights
 
 ReadConfig = Callable[[dict[str, Any], str], Any]  # (config.json's dict, where it came from) -> a frozen config
 # (config, layer) -> a tiny one-layer config whose layer 0 branches as `layer` does
 Miniature = Callable[[Any, int], Any]
+MakeModel = Callable[[Any, LayerOptions], Model]  # (weights, options) -> the model on them
+# (config, layers run, positions cached, attention path, index scoring) -> bytes their caches hold
+DEFAULT = LayerOptions()
+CacheBytes = Callable[[Any, Iterable[int], int, str, str], int]
+
+
+def mla_cache(cfg: Any) -> KVCache:
+    """One LayerCache per layer (model.cache)."""
+    return KVCache(cfg.num_hidden_layers)
+
+
+def residual(cfg: Any) -> tuple[int | None, ...]:
+    """What flows between MLA's layers: the residual stream [B, T, d] (None: any size)."""
+    return (None, None, cfg.hidden_size)
+
+
+def mla_cache_bytes(cfg: Any, layers: Iterable[int], positions: int, attn: str, index_scoring: str) -> int:
+    """The latent cache of each layer run (and on the naive path its per-head keys and values too)."""
+    per_position = cache_bytes_per_token(cfg, "absorb", index_scoring=index_scoring) + (
+        cache_bytes_per_token(cfg, "naive") if attn == "naive" else 0)
+    return per_position * positions * len(list(layers))
 
 
 @dataclass(frozen=True)
@@ -26,3 +58,18 @@ class Family:
     decoder_layer: DecoderLayer
     parts: tuple[Traversable, ...]  # catalogue part files (JSON): the entries of every tensor the layer emits
     miniature: Miniature
+    model: MakeModel | None = None  # None: MLA's Transformer around `decoder_layer`
+    cache: Callable[[Any], Any] = mla_cache  # config -> the caches a run keeps, `.layers[i]` layer i's
+    synthetic: Callable[[Any, int], Any] = SyntheticWeights  # (config, seed) -> synthetic weights
+    checkpoint: Callable[[Path], Any] | None = None  # a checkpoint folder's weights; None: weights.checkpoint's
+    stream: Callable[[Any], tuple[int | None, ...]] = residual  # the shape of a layer's input (None: any size)
+    cache_bytes: CacheBytes = mla_cache_bytes
+    refuses: tuple[tuple[str, str], ...] = ()  # (a RunSpec option it has no path for, why)
+
+    def build(self, weights: Any, options: LayerOptions = DEFAULT) -> Model:
+        """The family's model on these weights."""
+        if self.model is not None:
+            return self.model(weights, options)
+        model = Transformer(weights, options.dispatch, options.index_scoring, self.decoder_layer)
+        model.options = options
+        return model

@@ -7,6 +7,7 @@ decoded tile by tile inside the product, never held whole in float32.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 
 import numpy as np
 
@@ -66,6 +67,27 @@ def linears(x: np.ndarray, weights: tuple) -> list[np.ndarray]:
     if all(isinstance(w, Bf16Matrix) for w in weights):
         return bf16_products(x, list(weights))
     return [linear(x, w) for w in weights]
+
+
+def row_block(weight, start: int, stop: int):
+    """Rows start:stop of a weight, kept as stored (an FP8 one with its scale rows, when start and
+    stop fall on its scale blocks' edges; else decoded), so that linear(x, row_block(W, a, b))
+    multiplies by W[a:b] without decoding the rest.  [out, in] -> [stop - start, in]"""
+    if isinstance(weight, np.ndarray):
+        return weight[start:stop]
+    at = (lambda skip: None) if weight.origin is None else weight.origin.at
+    if isinstance(weight, Fp8Matrix):
+        rows = weight.block[0]
+        if start % rows or (stop % rows and stop != weight.shape[0]):
+            return float32_weight(weight)[start:stop]
+        scales = weight.scale_inv[start // rows : -(-stop // rows)]
+        return replace(weight, codes=weight.codes[start:stop], scale_inv=scales, origin=at(start * weight.shape[1]))
+    if isinstance(weight, Bf16Matrix):
+        return replace(weight, bits=weight.bits[start:stop], origin=at(start * weight.bits.strides[0]))
+    if isinstance(weight, (Fp4Matrix, Int4Matrix)):
+        return replace(weight, packed=weight.packed[start:stop], scales=weight.scales[start:stop],
+                       origin=at(start * weight.packed.strides[0]))
+    raise TypeError(f"no rows of a {type(weight).__name__}")
 
 
 def float32_weight(weight: np.ndarray | Fp8Matrix | Int4Matrix | Bf16Matrix,

@@ -50,7 +50,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from stepper.config import Yarn
-from stepper.kernels.linear import linear
+from stepper.kernels.linear import linear, row_block
 from stepper.model.compressor import Compressor, Pending, compress, visible_entries
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.ops import rms_norm, softmax
@@ -264,10 +264,11 @@ def grouped_output(out: np.ndarray, w: LayerWeights, dims: AttentionDims, emit: 
     """Heads in o_groups consecutive groups, each projected by its own block of o_a_proj to
     o_lora, then o_b_proj mixes the groups.  [B, H, T, D] -> [B, T, d]"""
     B, H, T, D = out.shape
-    Go = dims.o_groups
+    Go, o_lora = dims.o_groups, dims.o_lora_rank
     grouped = out.transpose(0, 2, 1, 3).reshape(B, T, Go, H * D // Go)  # [B, T, Go, H*D/Go]
-    blocks = w.float32("self_attn.o_a_proj.weight").reshape(Go, dims.o_lora_rank, H * D // Go)  # [Go, o_lora, H*D/Go]
-    per_group = np.matmul(grouped.transpose(2, 0, 1, 3), blocks[:, None].swapaxes(-1, -2))  # [Go, B, T, o_lora]
-    per_group = emit("attn.o_groups", per_group.transpose(1, 2, 0, 3))  # [B, T, Go, o_lora]
-    merged = per_group.reshape(B, T, Go * dims.o_lora_rank)  # [B, T, Go*o_lora]
+    o_a = w.matrix("self_attn.o_a_proj.weight")  # [Go*o_lora, H*D/Go], as stored: group g's block is rows g*o_lora..
+    per_group = np.stack([linear(grouped[:, :, g], row_block(o_a, g * o_lora, (g + 1) * o_lora))
+                          for g in range(Go)], axis=2)  # [B, T, Go, o_lora]
+    per_group = emit("attn.o_groups", per_group)  # [B, T, Go, o_lora]
+    merged = per_group.reshape(B, T, Go * o_lora)  # [B, T, Go*o_lora]
     return emit("attn.o", linear(merged, w.matrix("self_attn.o_b_proj.weight")))  # [B, T, d]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from stepper.kernels.linear import linear
+from stepper.kernels.topk import best_first
 from stepper.model.compressor import Compressor, Pending, compress, visible_entries
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.tail_rope import Turn, rotate_tail
@@ -69,5 +70,5 @@ def picks(scores: np.ndarray, topk: int, visible: np.ndarray) -> np.ndarray:
     """The min(topk, Ec) best entries per query, best first (equal scores: the lower index first);
     a pick past what the query sees is -1.  [B, T, Ec] -> [B, T, Kq] int64"""
     k = min(topk, scores.shape[-1])
-    order = np.argsort(-scores, axis=-1, kind="stable")[..., :k]  # [B, T, Kq]
+    order = best_first(scores, k)  # [B, T, Kq]: argsort(-scores, stable)[..., :k], without sorting every entry
     return np.where(order < visible[:, None], order, -1).astype(np.int64)

@@ -17,6 +17,7 @@ import numpy as np
 
 from stepper.config import Config
 from stepper.kernels.linear import linear_in_row_blocks
+from stepper.model import synthetic_cache
 from stepper.model.cache import KVCache
 from stepper.model.layer import DecoderLayer, decoder_layer
 from stepper.model.layer_weights import LayerWeights
@@ -96,6 +97,28 @@ class Transformer:
         scale = cfg.query_scale  # Mistral 4: queries scaled by position (model.query_scale)
         return Rope(cos, sin, self.softmax_scale, None if scale is None else llama4_query_scale(positions, scale),
                     cfg.rope_interleave)
+
+    def context(self, ids: np.ndarray, positions: np.ndarray, emit: Emitter) -> Rope:
+        """What every layer of a step shares: the rotary tables of positions [T] (ids unused)."""
+        return self.rope(positions, emit)
+
+    def lone_input(self, ids: np.ndarray, seed: int, step: int) -> np.ndarray:
+        """A lone layer's synthetic input [B, T, d]: the tokens' embeddings, or seeded vectors
+        without an embedding table."""
+        if self.weights.has(EMBED):
+            return self.embed(ids)
+        rng = np.random.default_rng([seed, 3, step])
+        return rng.standard_normal((*ids.shape, self.config.hidden_size), dtype=np.float32)
+
+    def seed_cache(self, cache: KVCache, layer: int, sample: np.ndarray, positions: np.ndarray, seed: int,
+                   per_head: bool, emit: Emitter) -> None:
+        """Layer `layer`'s cache as if it had seen `positions` [N] (model.synthetic_cache), with the
+        statistics of its latents for the sample input [1, T, d]; per_head: also the naive path's
+        per-head keys and values."""
+        rope = self.rope(positions, Emitter())
+        w = LayerWeights(self.weights, layer, self.scratch)
+        synthetic_cache.fill(cache.layers[layer], w, self.config, sample, rope, seed, per_head,
+                             self.index_scoring, emit)
 
     def layer(
         self, i: int, hidden: np.ndarray, rope: Rope, cache: KVCache | None, emit: Emitter, attn: Attention = "naive"

@@ -22,9 +22,8 @@ from pathlib import Path
 from stepper import catalog
 from stepper.errors import StepperError
 from stepper.kernels import attention, parallel
-from stepper.model.cache import cache_bytes_per_token
 from stepper.seams.trace import unphased
-from stepper.session import Plan, step_attn
+from stepper.session import Plan, cache_bytes, step_attn, takes, why_not
 from stepper.tensors.statistics import CHUNK
 from stepper.weights.names import layer_shapes
 
@@ -155,15 +154,14 @@ def needs(plan: Plan, kept: list[str], kept_lower: str) -> list[Need]:
     run = [plan.spec.layer] if plan.alone else range(last)
     cached = max(step_attn(spec, k) for k in range(spec.decode + 1))  # "naive" keeps per-head keys too
     positions = s + spec.decode
-    per_position = cache_bytes_per_token(cfg, "absorb", index_scoring=spec.index_scoring) + (
-        cache_bytes_per_token(cfg, "naive") if cached == "naive" else 0)
+    caches = cache_bytes(cfg, run, positions, cached, spec.index_scoring)
     largest = max(math.prod(shape) for layer in run for shape in layer_shapes(cfg, layer).values())
     result = [
         scores_need(heads, t, s),
         Need("one layer's tensors", layer_bytes(plan, list(run)), "--prompt-len"),
         Need("a view's statistics (float64 chunks)", min(STATS_CHUNKS, STATS_PER_BYTE * largest_held(plan, list(run))),
              "--prompt-len"),
-        Need(f"the cache of {len(run)} layer{'s' if len(run) != 1 else ''}", per_position * positions * len(run),
+        Need(f"the cache of {len(run)} layer{'s' if len(run) != 1 else ''}", caches,
              "--attn absorb" if cached == "naive" else "--prompt-len"),
         Need("the largest weight, decoded", largest * FLOAT32, "--layer N"),
     ]
@@ -199,7 +197,7 @@ def choose_attn(plan: Plan, estimate: Callable[[Plan], list[Need]], available: i
     (the estimate is not exact and other programs grow too). The plan to run, and a line saying
     which and why (None unless auto); the memory available is named only where it decides, so
     that the same run prints the same wherever it fits."""
-    if plan.spec.attn != "auto":
+    if plan.spec.attn != "auto" or not takes(plan.config, "attn"):  # DeepSeek-V4: one attention path
         return plan, None
     usual = sum(n.bytes for n in estimate(plan))
     absorbed = replace(plan, spec=replace(plan.spec, attn="absorb"))
@@ -227,6 +225,10 @@ def choose_chunk(plan: Plan, estimate: Callable[[Plan], list[Need]], available: 
     CHUNKS that fits (the smallest if none does); the plan to run, and a line saying so (None
     when the prompt runs whole)."""
     t = plan.prompt_len
+    if not takes(plan.config, "chunk"):  # DeepSeek-V4: the prompt runs whole
+        if asked:
+            raise StepperError(f"--chunk {asked}: {why_not(plan.config, 'chunk')}")
+        return plan, None
     if asked is not None:
         chunked = replace(plan, spec=replace(plan.spec, chunk=asked if 0 < asked < t else 0))
         return chunked, chunk_line(chunked, f"--chunk {asked}:") if chunked.spec.chunk else None

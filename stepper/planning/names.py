@@ -9,13 +9,15 @@ from collections.abc import Iterable
 
 from stepper import catalog
 from stepper.errors import StepperError
+from stepper.families import derive
 from stepper.seams.trace import did_you_mean, matches
 from stepper.session import Plan, phase_name, step_attn
 
-START, ROPE, END = ("embed",), ("rope_cos", "rope_sin"), ("norm", "logits")
 PICTURE_TENSORS = {  # the tensors a --show picture is drawn from; one of them must be shown
     "attention": ("self_attn.attn_weights",),
     "routing": ("mlp.gate.topk_idx", "mlp.gate.topk_weight"),
+    "hc": ("hc_attn.comb", "hc_ffn.comb"),  # DeepSeek-V4's
+    "reach": ("attn.chosen",),
 }
 
 
@@ -23,9 +25,9 @@ def planned_names(plan: Plan) -> list[str]:
     """Every name the run emits, in execution order."""
     spec = plan.spec
     steps = [(phase_name(spec, step), step_attn(spec, step)) for step in range(spec.decode + 1)]
-    rope = ROPE if plan.config.rotary else ()  # Kimi Linear rotates nothing
-    start = START + rope if plan.whole else rope if plan.alone else ()
-    return catalog.load().run_names(plan.config, steps, plan.layers_shown, start, END if plan.whole else (),
+    around = derive.model_names(plan.config)  # embed, rope_cos, ...: what the model's code emits outside its layers
+    start = around.start if plan.whole else around.lone if plan.alone else ()
+    return catalog.load().run_names(plan.config, steps, plan.layers_shown, start, around.end if plan.whole else (),
                                     spec.index_scoring)
 
 

@@ -45,7 +45,7 @@ from stepper.views.sinks import (
     wrap_fields,
 )
 from stepper.views.summary import number
-from stepper.views.tree import BLOCKS
+from stepper.views.tree import BLOCKS, layer_kind
 from stepper.weights.names import layer_prefix
 from stepper.weights.source import WeightSource
 
@@ -152,7 +152,7 @@ class Debugger:
     tokens: Tokens | None = None  # with a text prompt: the texts that label token-indexed tensors
 
     def __post_init__(self) -> None:
-        self.catalog = catalog.load()
+        self.catalog = catalog.around(self.cfg)  # what a query about this model's tensors finds
         self.rows = TensorRows(self.console, self.cfg, self.tokens)
         self.stepping = not (self.breakpoints or self.until)
 
@@ -199,7 +199,7 @@ class Debugger:
         if event.layer is None:
             parts.append("model")
         else:
-            parts.append(f"layer {event.layer} ({'MoE' if self.cfg.is_moe_layer(event.layer) else 'dense'})")
+            parts.append(f"layer {event.layer} ({layer_kind(self.cfg, event.layer)})")
         entry = self.catalog.entry(event.key)
         block = BLOCKS.get(entry["block"], entry["block"]) if entry else None
         if block and block != parts[-1]:
@@ -464,7 +464,7 @@ class Debugger:
                 tree.add(Text(f"✓ {e.name}", style="dim"))
             return tree
         seen = {e.key for e in self.history.values() if e.layer == event.layer and e.phase == event.phase}
-        kind = "MoE" if self.cfg.is_moe_layer(event.layer) else "dense"
+        kind = layer_kind(self.cfg, event.layer)
         root = Tree(Text(f"{event.phase + ' · ' if event.phase else ''}layer {event.layer} ({kind})", style="bold"))
         branch, current = root, None
         fp8 = any(n.endswith("indexer.q_rotated") for n in self.names or ())  # the run scores its indexer in FP8

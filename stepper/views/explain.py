@@ -23,6 +23,7 @@ from stepper import catalog
 from stepper.catalog import sites, texts
 from stepper.config import Config
 from stepper.seams.trace import did_you_mean
+from stepper.session import takes
 from stepper.untrusted import shown
 
 
@@ -56,7 +57,7 @@ def emitted_by(cat: catalog.Catalog, entries: list[dict[str, Any]], cfg: Config,
     layers = range(cfg.num_hidden_layers)
     if named and int(named.group(1)) < cfg.num_hidden_layers:
         layers = [int(named.group(1))]
-    scorings = ("exact", "fp8") if cfg.has_indexer else ("exact",)
+    scorings = ("exact", "fp8") if takes(cfg, "index_scoring") and cfg.has_indexer else ("exact",)
     emitted = {e["name"] for layer in layers for attn in ("naive", "absorb") for scoring in scorings
                for e in cat.layer_sequence(cfg, layer, attn, scoring)}
     mine = [e for e in entries if e["scope"] != "layer" or e["name"] in emitted]

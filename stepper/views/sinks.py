@@ -27,6 +27,7 @@ from stepper.views import pictures, summary
 from stepper.views.group_map import group_map
 from stepper.views.scale_grids import ScaleGrids
 from stepper.views.summary import finite_or_none, number
+from stepper.views.tree import layer_kind
 
 
 class TensorRows:
@@ -53,7 +54,7 @@ class TensorRows:
         if event.layer is None:
             parts.append("model")
         else:
-            kind = "MoE" if self.cfg.is_moe_layer(event.layer) else "dense"
+            kind = layer_kind(self.cfg, event.layer)
             parts.append(f"layer {event.layer} ({kind})")
         return " · ".join(parts)
 

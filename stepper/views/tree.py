@@ -8,6 +8,7 @@ from rich.tree import Tree
 
 from stepper import catalog
 from stepper.config import Config
+from stepper.session import takes
 from stepper.untrusted import shown
 
 BLOCKS = {
@@ -15,6 +16,7 @@ BLOCKS = {
     "norm": "norm",
     "residual": "residual stream",
     "attention": "latent attention",
+    "compressed_attention": "compressed attention",  # DeepSeek-V4's
     "kda": "delta attention",
     "router": "MoE router",
     "moe": "MoE experts",
@@ -22,11 +24,19 @@ BLOCKS = {
 }
 
 
+def layer_kind(cfg: Config, layer: int) -> str:
+    """What sets a layer's tensors apart: MoE or dense, or what the config's class says (a
+    `layer_label(layer)` method: DeepSeek-V4's attention kind and routing)."""
+    own = getattr(cfg, "layer_label", None)
+    return own(layer) if own is not None else "MoE" if cfg.is_moe_layer(layer) else "dense"
+
+
 def layer_tree(cat: catalog.Catalog, cfg: Config, layer: int, attn: str) -> Tree:
-    kind = "MoE" if cfg.is_moe_layer(layer) else "dense"
-    same = [i for i in range(cfg.num_hidden_layers) if cfg.is_moe_layer(i) == cfg.is_moe_layer(layer)]
+    kind = layer_kind(cfg, layer)
+    same = [i for i in range(cfg.num_hidden_layers) if layer_kind(cfg, i) == kind]
     span = f"layers {same[0]}..{same[-1]}" if len(same) > 1 else f"layer {same[0]}"
-    root = Tree(Text(f"{shown(cfg.name)}: {span} ({kind}), {attn} attention", style="bold"))
+    path = f", {attn} attention" if takes(cfg, "attn") else ""  # DeepSeek-V4 has one attention path
+    root = Tree(Text(f"{shown(cfg.name)}: {span} ({kind}){path}", style="bold"))
     branch, current = root, None
     for entry in cat.layer_sequence(cfg, layer, attn):
         block = BLOCKS.get(entry["block"], entry["block"])

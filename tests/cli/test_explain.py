@@ -24,7 +24,7 @@ def printed(renderables) -> str:
 
 def explained(query: str, model: str = "tiny") -> str:
     """What `stepper explain QUERY --model MODEL` prints for the entries it finds, made in-process."""
-    cat = catalog.load()
+    cat = catalog.around(preset(model))
     return printed(explain_text(cat, entry, preset(model)) for entry in cat.find(query))
 
 

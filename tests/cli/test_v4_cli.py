@@ -127,9 +127,15 @@ def test_compress_ratios_of_the_wrong_length(written, tmp_path):
                     "(num_hidden_layers 4 + num_nextn_predict_layers 1), got 4")
 
 
-def test_an_option_v4_does_not_take_is_one_line(written):
-    line = one_line_error(stepper("run", "--model", "tiny-v4", "--chunk", "4"))
-    assert line.startswith("stepper: error: --chunk: not available for DeepSeek-V4 models yet")
+@pytest.mark.parametrize("option, value, why", [
+    ("--chunk", "4", "DeepSeek-V4's prefill runs the whole prompt at once (chunk 0)"),
+    ("--attn", "naive", "DeepSeek-V4 has one attention path"),
+    ("--start-pos", "3", "DeepSeek-V4's caches count positions from 0"),
+    ("--index-scoring", "fp8", "DeepSeek-V4's indexer scores in float32 only"),
+])
+def test_an_option_v4_has_no_path_for_is_one_line(option, value, why):
+    line = one_line_error(stepper("run", "--model", "tiny-v4", option, value))
+    assert line.startswith(f"stepper: error: {option} {value}: ") and why in line
 
 
 def test_show_draws_the_comb_matrix_and_what_a_query_sees():
@@ -145,40 +151,39 @@ def test_show_draws_the_comb_matrix_and_what_a_query_sees():
 
 
 def test_tree_lists_each_layer_kind_in_the_order_a_run_emits():
+    from stepper.families import derive
     from stepper.seams.trace import Recorder
-    from stepper.session import open_v4, run_v4_model, v4_layer_emits
+    from stepper.session import RunSpec, preset_config, run
 
-    weights = open_v4("tiny-v4")
     recorder = Recorder()
-    run_v4_model(weights, None, 40, 0, 0, [recorder])  # 40 positions: windows of both ratios close
+    run(RunSpec(model="tiny-v4", prompt_len=40), [recorder])  # 40 positions: windows of both ratios close
+    cfg = preset_config("tiny-v4")
     for layer in range(4):
         ran = [e.key for e in recorder.events if e.layer == layer]
-        assert [key for key, _, _ in v4_layer_emits(weights.config, layer)] == ran, layer
+        assert derive.layer_keys(cfg, layer) == ran, layer
     done = stepper("tree", "--model", "tiny-v4", "--plain")
     assert done.returncode == 0, done.stderr
-    headings = [line for line in done.stdout.splitlines() if line.startswith("layer ")]
-    assert headings == ["layer 0 of tiny-v4: sliding window, hash-routed",
-                        "layer 1 of tiny-v4: CSA (compressed, indexer), hash-routed",
-                        "layer 2 of tiny-v4: HCA (heavily compressed), score-routed",
-                        "layer 3 of tiny-v4: CSA (compressed, indexer), score-routed"]
-    assert "(no catalogue entry)" not in done.stdout
-    assert "  hc_attn.comb                         [B, T, 4, 4]" in done.stdout
+    headings = [line for line in done.stdout.splitlines() if line.startswith("tiny-v4: ")]
+    assert headings == ["tiny-v4: layer 0 (sliding window, hash-routed)",
+                        "tiny-v4: layer 1 (CSA: compressed, indexer, hash-routed)",
+                        "tiny-v4: layer 2 (HCA: heavily compressed, score-routed)",
+                        "tiny-v4: layer 3 (CSA: compressed, indexer, score-routed)"]
+    assert "(not in the catalogue)" not in done.stdout
+    assert "hc_attn.comb  [B, T, 4 residual streams, 4 residual streams]" in done.stdout
 
 
 def test_explain_a_v4_tensor_and_an_unknown_name():
     done = stepper("explain", "hc_attn.comb", "--model", "deepseek-v4-flash", "--plain")
     assert done.returncode == 0, done.stderr
     assert "n (residual streams = 4)" in done.stdout and "after the 20 rounds" in done.stdout
-    assert "modeling_deepseek_v4.py lines 988-991" in done.stdout
+    assert "modeling_deepseek_v4.py  lines 988-991" in done.stdout
     line = one_line_error(stepper("explain", "no_such_tensor", "--model", "tiny-v4"))
-    assert line == ("stepper: error: no DeepSeek-V4 tensor matches 'no_such_tensor' "
-                    "(stepper tree --model tiny-v4 lists them)")
+    assert line.startswith("stepper: error: no tensor named 'no_such_tensor' in the catalogue")
 
 
 def test_a_run_that_would_not_fit_is_refused_before_it_starts():
-    line = one_line_error(stepper("run", "--model", "tiny-v4", "--prompt-len", "3000000"))
-    assert line.startswith("stepper: error: model tiny-v4 over 3000000 positions needs about ")
-    assert line.endswith("is available: a shorter prompt, or a smaller model")
+    line = one_line_error(stepper("run", "--model", "deepseek-v4-flash", "--prompt-len", "1000000"))
+    assert line.startswith("stepper: error: this run would need about ") and line.endswith("lower it with --prompt-len")
 
 
 def test_a_runs_rows_name_v4s_dims():

@@ -17,8 +17,8 @@ from helpers.range_server import RangeServer
 from helpers.remote_cache import cache_settings
 
 from stepper.families.deepseek_v4_checkpoint import V4Checkpoint
-from stepper.families.deepseek_v4_run import run_v4
 from stepper.seams.trace import Recorder
+from stepper.session import RunSpec, run
 from stepper.weights import remote
 from stepper.weights.checkpoint import INDEX
 from stepper.weights.published import PublishedCheckpoint, scale_of
@@ -57,11 +57,11 @@ def cache(tmp_path, monkeypatch):
     return tmp_path / "cache"
 
 
-def tensors(weights) -> tuple[dict[str, np.ndarray], tuple[int, ...]]:
-    """Every named tensor of a whole-model run over PROMPT and DECODE steps, and the tokens generated."""
-    weights.check(range(weights.config.num_hidden_layers), True)
+def tensors(weights, layer: int | None = None) -> tuple[dict[str, np.ndarray], tuple[int, ...]]:
+    """Every named tensor of a run over PROMPT and DECODE steps (the whole model, or one layer
+    alone), and the tokens generated."""
     rec = Recorder()
-    result = run_v4(weights, PROMPT, DECODE, [rec])
+    result = run(RunSpec(model="", layer=layer, ids=PROMPT, decode=DECODE), [rec], weights)
     return rec.tensors(), result.generated
 
 
@@ -72,13 +72,14 @@ def headers_bytes(folder: Path) -> int:
     return total + sum(shard.header_size for shard in local.shards.values())
 
 
-def expected_bytes(folder: Path, rows: int) -> int:
-    """What a whole-model run must fetch, from the local checkpoint's own headers: config.json and
-    the index whole, each shard's 8 + header bytes, every tensor outside `mtp.*` with its scales
-    but the embedding, and `rows` rows of the embedding."""
+def expected_bytes(folder: Path, rows: int, layer: int | None = None) -> int:
+    """What a run must fetch, from the local checkpoint's own headers: config.json and the index
+    whole, each shard's 8 + header bytes, every tensor outside `mtp.*` with its scales (of `layer`
+    alone, when given) but the embedding, and `rows` rows of the embedding."""
     local = PublishedCheckpoint(folder)
     total = headers_bytes(folder)
-    for name in local.required(range(local.layers), with_globals=True):
+    layers = range(local.layers) if layer is None else [layer]
+    for name in local.required(layers, with_globals=layer is None):
         for n in (name, scale_of(name)):
             if n != "embed.weight" and n in local.weight_map:
                 start, end = local.shard_of(n).data_range(n)
@@ -100,7 +101,17 @@ def test_a_remote_run_equals_the_local_one_and_reads_only_its_bytes(served, serv
     assert server.requests == [] and server.sent == 0  # a second run reads nothing remote
 
 
-def test_the_command_line_inspects_and_runs_a_remote_checkpoint(served, server, tmp_path):
+def test_a_remote_layer_alone_fetches_that_layer_and_its_embedding_rows_only(served, server, cache):
+    want, generated = tensors(V4Checkpoint(served / "ck"), layer=2)
+    ours, _ = tensors(V4Checkpoint(f"{server.url}/ck/"), layer=2)
+    assert list(ours) == list(want) and any(".layers.2.attn.compressor.entries" in n for n in want)
+    for name in want:
+        np.testing.assert_array_equal(ours[name], want[name], err_msg=name)
+    assert server.sent == expected_bytes(served / "ck", rows=len({*PROMPT, *generated}), layer=2)
+    assert server.sent < expected_bytes(served / "ck", rows=len({*PROMPT, *generated})) / 2  # of the whole model
+
+
+def test_the_command_line_inspects_and_runs_a_remote_checkpoint(served, server, tmp_path, monkeypatch):
     env = {"STEPPER_CACHE_DIR": str(tmp_path / "cache")}
     listed = stepper("inspect", "--plain", f"{server.url}/ck/", env=env)
     assert listed.returncode == 0, listed.stderr
@@ -118,11 +129,18 @@ def test_the_command_line_inspects_and_runs_a_remote_checkpoint(served, server, 
     assert server.sent > headers
     body = remote_run.stdout.split("\n", 1)[1]  # after the header, which names where the weights are
     assert f"weights from {server.url}/ck" in remote_run.stdout
-    assert body == local_run.stdout.split("\n", 1)[1] and "layers.1.attn.q" in body
-    env["HF_ENDPOINT"] = server.url  # the Hub's paths on the same server
+    assert body.rsplit(" · ", 1)[0] == local_run.stdout.split("\n", 1)[1].rstrip("\n") and "layers.1.attn.q" in body
+    from huggingface_hub import constants
+
+    # the Hub's paths on the same server, as HF_ENDPOINT sets them when the Hub's library loads
+    monkeypatch.setattr(constants, "ENDPOINT", server.url)
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
+                        server.url + "/{repo_id}/resolve/{revision}/{filename}")
     hub = stepper(*args, "--model", "hf://org/ck", env=env)
     assert hub.returncode == 0, hub.stderr
-    assert "weights from hf://org/ck@0123456789ab" in hub.stdout and hub.stdout.split("\n", 1)[1] == body
+    assert "weights from hf://org/ck ·" in hub.stdout
+    assert hub.stdout.split("\n", 1)[1].rsplit(" · ", 1)[0] == body.rsplit(" · ", 1)[0]  # but the cache note
+    assert "fetched" in body.rsplit(" · ", 1)[1] and "from the cache" in hub.stdout.rsplit(" · ", 1)[1]
 
 
 @pytest.mark.parametrize(("folder", "shard", "why"), [

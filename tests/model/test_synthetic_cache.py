@@ -20,22 +20,22 @@ def tensors(**spec):
 
 def filled(seed=0, n=3000, start_pos=0, attn="absorb"):
     """The layer cache a run with cache_len n starts from (captured through the session)."""
-    from stepper import session
+    from stepper.model import synthetic_cache
 
     caught = {}
-    original = session.synthetic_cache.fill
+    original = synthetic_cache.fill
 
     def fill(cache: LayerCache, *args):
         original(cache, *args)
         caught["cache"] = cache
         raise KeyboardInterrupt  # stop the run there
 
-    session.synthetic_cache.fill = fill
+    synthetic_cache.fill = fill
     try:
         with pytest.raises(KeyboardInterrupt):
             run(RunSpec(layer=1, prompt_len=2, cache_len=n, seed=seed, start_pos=start_pos, attn=attn), [])
     finally:
-        session.synthetic_cache.fill = original
+        synthetic_cache.fill = original
     return caught["cache"]
 
 

@@ -53,7 +53,8 @@ def test_every_emitted_tensor_has_one_entry():
         entry = by_name[name]
         assert 0 < len(entry["description"]) <= 100 and entry["formula"] and entry["explain"], name
         assert set(entry["reference"]) == {"variable", "modeling_deepseek.py", "transformers", "inference"}, name
-        assert set(entry["aliases"]) == {"hf_module", "inference", "llama.cpp"} and entry["block"] == "attention", name
+        assert set(entry["aliases"]) == {"hf_module", "inference", "llama.cpp"}, name
+        assert entry["block"] == "compressed_attention", name
         assert set(by_name[name]) == {"name", "scope", "block", "dims", "dtype", "description", "formula", "explain",
                                       "reference", "aliases"}, name
 

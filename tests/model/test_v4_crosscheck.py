@@ -15,10 +15,10 @@ import pytest
 
 from stepper.families.deepseek_v4_checkpoint import V4Checkpoint
 from stepper.families.deepseek_v4_config import V4Config
-from stepper.families.deepseek_v4_run import run_v4
 from stepper.families.deepseek_v4_synth import synth_v4_checkpoint
 from stepper.families.deepseek_v4_weights import weight_shapes
 from stepper.seams.trace import Recorder
+from stepper.session import RunSpec, run
 from tests.helpers import hf_v4
 
 torch = pytest.importorskip("torch")
@@ -41,7 +41,7 @@ def both(tmp_path_factory):
 
     prompt = [int(i) for i in np.random.default_rng(2).integers(0, cfg.vocab_size, PROMPT)]
     recorder = Recorder()
-    result = run_v4(checkpoint, prompt, STEPS, [recorder])
+    result = run(RunSpec(model=str(folder), ids=tuple(prompt), decode=STEPS), [recorder], checkpoint)
     mine = recorder.tensors()
 
     ref, cache = {}, DynamicCache(config=model.config)

@@ -27,14 +27,14 @@ def run():
     cfg = V4Config.from_hf(published, "tiny")
     weights = V4Arrays(cfg, hf_v4.stepper_arrays(model, published))
 
-    def attention(i, w, emit):  # transformers' attention output, on the input it was given
+    def attention(i, w, cache, dims, emit):  # transformers' attention output, on the input it was given
         def attend(x):
             np.testing.assert_allclose(x, ref[f"layers.{i}.attn_norm"], rtol=0, atol=1e-5)
             return ref[f"layers.{i}.attn_output"]
         return attend
 
     recorder = Recorder()
-    V4Model(weights, attention).forward(ids, Emitter([recorder]))
+    V4Model(weights, attention=attention).forward(ids, np.arange(ids.shape[1]), Emitter([recorder]))
     return recorder.tensors(), ref, cfg, model
 
 

@@ -13,7 +13,7 @@ from stepper.presets import preset
 from stepper.views.explain import also_named, emitted_by, not_found
 from stepper.weights.names import is_linear, weight_shapes
 
-CAT = catalog.load()
+CAT = catalog.around(preset("kimi-k2"))  # the families around MLA's Transformer (DeepSeek-V4's names are apart)
 LAYER_ENDS = {"hidden_states", "output"}
 
 

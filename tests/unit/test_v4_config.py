@@ -13,7 +13,7 @@ from stepper.errors import StepperError
 from stepper.families.deepseek_v4_config import V4Config, load_v4_config
 from stepper.families.deepseek_v4_weights import weight_shapes
 from stepper.presets import V4_PRESETS
-from stepper.session import v4_preset
+from stepper.session import preset_config as v4_preset
 
 
 @pytest.mark.parametrize("name", sorted(V4_PRESETS))

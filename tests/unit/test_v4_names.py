@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from stepper.families.deepseek_v4_weights import published_name, weight_shapes
-from stepper.session import v4_preset
+from stepper.session import preset_config as v4_preset
 
 pytest.importorskip("transformers")
 

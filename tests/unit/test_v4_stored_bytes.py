@@ -5,7 +5,7 @@ tensors are counted as F32, most are BF16)."""
 from __future__ import annotations
 
 from stepper.families.deepseek_v4_synth import V4Synthetic, synth_v4_checkpoint
-from stepper.session import v4_preset
+from stepper.session import preset_config as v4_preset
 from stepper.weights.safetensors_reader import SafetensorsFile
 
 
