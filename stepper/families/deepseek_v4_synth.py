@@ -17,20 +17,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 
-from stepper import dtypes, files, fp4, fp8
+from stepper import dtypes, files
 from stepper.errors import StepperError
 from stepper.families.deepseek_v4_config import V4Config
 from stepper.families.deepseek_v4_weights import published_name
 from stepper.untrusted import shown
 from stepper.weights import deepseek_v4_names as names
 from stepper.weights.checkpoint import INDEX
-from stepper.weights.published_store import safetensors_dtype, stored_arrays
+from stepper.weights.published_store import safetensors_dtype, stored_arrays, stored_size
 from stepper.weights.safetensors_writer import Entry, write_safetensors
 from stepper.weights.stored import FP4, Stored
 from stepper.weights.synth_checkpoint import check_replaceable, not_from_synth
@@ -226,13 +225,3 @@ def synth_v4_checkpoint(cfg: V4Config, out: Path, seed: int = 0, force: bool = F
     finally:
         files.remove_temp_folder(partial)
     return out
-
-
-def stored_size(tensor: names.Tensor) -> int:
-    """Bytes of one tensor as the published checkpoint stores it, with its scales (a float one at most F32)."""
-    n = math.prod(tensor.shape)
-    if tensor.kind == names.EXPERT:  # two e2m1 codes a byte, one E8M0 scale per 32 inputs
-        return n // 2 + n // fp4.GROUP
-    if tensor.kind == names.LINEAR:  # one F8_E4M3 byte each, one E8M0 scale per 128x128 block
-        return n + math.prod(fp8.scale_grid(tensor.shape))
-    return 8 * n if tensor.kind == names.INDEX else 4 * n
