@@ -153,6 +153,8 @@ def test_an_unreadable_remote_shard_is_one_line(served, server, tmp_path, folder
     assert f"{server.url}/{folder}/{shard} cannot be read ({why}" in line and "first 'layers." in line
     listed = stepper("inspect", "--plain", f"{server.url}/{folder}/", env=env)
     assert f"{shard} cannot be read ({why}" in listed.stdout
+    other = stepper("run", "--plain", "--model", f"{server.url}/{folder}/", "--layer", "0", env=env)
+    assert other.returncode == 0, other.stderr  # a layer whose tensors are all in other shards runs
 
 
 def test_a_remote_folder_without_an_index_or_single_file_is_one_line(served, server, tmp_path):
