@@ -608,3 +608,6 @@ V4_PRESETS["tiny-v4"] = {
     "rope_scaling": {**_V4_SHARED["rope_scaling"], "factor": 4, "original_max_position_embeddings": 256},
     "compress_ratios": [0, 4, 16, 4, 0],
 }
+# tiny-v4 with 8 indexer heads (the fixture tiny-v4-windows): with 2, a query's scores often tie at 0
+# (each head's relu 0 for several entries), and which entries it keeps is then any implementation's choice.
+V4_PRESETS["tiny-v4-indexer"] = {**V4_PRESETS["tiny-v4"], "_name_or_path": "tiny-v4-indexer", "index_n_heads": 8}

@@ -93,7 +93,7 @@ def load_model(model: str, seed: int) -> WeightSource:
     if model in PRESETS or model in V4_PRESETS:
         return synthetic(preset_config(model), seed)
     if remote.is_remote(model):
-        return remote.open_remote(model, read_config=families.load_config)
+        return open_checkpoint(model)
     path = Path(model)
     if path.is_dir():
         if (path / "config.json").exists() and not any(path.glob("*.safetensors")) and not (path / INDEX).exists():
@@ -125,8 +125,9 @@ def preset_config(name: str) -> Config:
 def open_checkpoint(where: str | Path) -> Checkpoint:
     """A checkpoint directory or a remote checkpoint (from its headers alone), its config.json read
     by the reader of the family its model_type names (inspect, fixtures)."""
-    if isinstance(where, str) and remote.is_remote(where):
-        return remote.open_remote(where, read_config=families.load_config)
+    if isinstance(where, str) and remote.is_remote(where):  # its config.json first (fetched once into the cache)
+        own = families.family_for(families.load_config(remote.config_folder(where)[0] / "config.json")).checkpoint
+        return own(where) if own is not None else remote.open_remote(where, read_config=families.load_config)
     path = Path(where)
     if (path / "config.json").is_file():  # a family that reads its checkpoints its own way (DeepSeek-V4's layout)
         family = families.family_for(families.load_config(path / "config.json"))

@@ -29,7 +29,7 @@ from stepper.families.deepseek_v4_weights import published_name
 from stepper.untrusted import shown
 from stepper.weights import deepseek_v4_names as names
 from stepper.weights.checkpoint import INDEX
-from stepper.weights.published_store import safetensors_dtype, stored_arrays
+from stepper.weights.published_store import safetensors_dtype, stored_arrays, stored_size
 from stepper.weights.safetensors_writer import Entry, write_safetensors
 from stepper.weights.stored import FP4, Stored
 from stepper.weights.synth_checkpoint import check_replaceable, not_from_synth
@@ -37,6 +37,10 @@ from stepper.weights.synth_checkpoint import check_replaceable, not_from_synth
 MTP_NORMS = ("enorm.weight", "hnorm.weight", "norm.weight")
 ROW_BY_ROW = ("embed.weight", "head.weight")  # BF16 tables made a row at a time: never whole in memory
 MTP_PROJECTIONS = ("e_proj.weight", "h_proj.weight")
+STORAGE = ("published (DeepSeek-V4's layout): linear weights F8_E4M3 with an F8_E8M0 .scale per 128x128 block; routed "
+           "experts FP4 e2m1 as I8 [out, in/2] (low nibble first) with an F8_E8M0 .scale per 32 inputs; norms, "
+           "embedding, head, router gate and the compressors' and indexer's projections BF16; attn_sink, ape, hc_* "
+           "and gate.bias F32; tid2eid I64; the MTP block mtp.0.* too (no run reads it)")
 
 
 def published_tensors(cfg: V4Config) -> dict[str, names.Tensor]:
@@ -50,10 +54,16 @@ def published_tensors(cfg: V4Config) -> dict[str, names.Tensor]:
 class V4Synthetic:
     """Deterministic V4 weights by the model's names, as a reader of the published checkpoint sees them."""
 
+    storage = STORAGE  # how a written checkpoint stores them (a fixture's manifest says it)
+
     def __init__(self, config: V4Config, seed: int = 0):
         self.config = config
         self.seed = seed
         self.tensors = published_tensors(config)
+
+    def stored_bytes(self) -> int:
+        """About what the written checkpoint holds (the MTP block too; F32 counted for every float tensor)."""
+        return sum(stored_size(t) for tensors in shard_plan(self.config) for t in tensors.values())
 
     # The weight source the model reads (transformers' names)
 

@@ -55,6 +55,7 @@ from stepper.weights.published import scale_of as published_scale_of
 from stepper.weights.published import scale_problem as published_scale_problem
 from stepper.weights.published_audit import audit_published
 from stepper.weights.published_audit import in_scope as published_in_scope
+from stepper.weights.remote_published import is_remote_published, open_published
 from stepper.weights.safetensors_reader import SafetensorsFile
 
 FP8_DTYPE = "F8_E4M3"
@@ -131,6 +132,8 @@ def open_source(where: str | Path) -> Source:
     """A checkpoint directory through `Checkpoint`, a remote one (hf://, https://) from its
     headers alone, anything else as one safetensors file."""
     if isinstance(where, str) and remote.is_remote(where):
+        if is_remote_published(where):
+            return published_source(Path(where), open_published(where))
         return checkpoint_source(Path(where), open_checkpoint(where))
     path = Path(where)
     if path.is_dir() and is_published_v4(path):
@@ -168,7 +171,8 @@ def published_source(path: Path, ckpt: PublishedCheckpoint) -> Source:
     shards = f"{len(ckpt.shards)} shard{'s' if len(ckpt.shards) != 1 else ''}"
     title = (f"checkpoint {ckpt.label} · deepseek_v4 (published layout), {ckpt.layers} layers, "
              f"{v4_field(ckpt.config, 'n_routed_experts')} routed experts · {shards}")
-    return Source(path, title, None, {**ckpt.weight_map, **ckpt.unused}, ckpt.shards, fp8.BLOCK,
+    hint = None if ckpt.reads_values else "listed from the headers alone: scale values are read by a run"
+    return Source(path, title, None, {**ckpt.weight_map, **ckpt.unused}, ckpt.shards, fp8.BLOCK, hint=hint,
                   unused=frozenset(ckpt.unused), published=ckpt, published_names=True)
 
 

@@ -159,6 +159,10 @@ class PublishedCheckpoint(Checkpoint):
     def block(self) -> tuple[int, int]:
         return fp8.BLOCK
 
+    def fetch_for(self, layers: Iterable[int], with_globals: bool) -> None:
+        """Make the bytes of these layers' tensors (and the globals') readable before a run: a
+        folder's are (a remote checkpoint fetches them: stepper.weights.remote_published)."""
+
     # -- checking ----------------------------------------------------------------------------
 
     @property

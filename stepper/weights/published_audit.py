@@ -2,9 +2,10 @@
 
 `PublishedCheckpoint.problems` says what a run of some layers would refuse (missing tensors,
 dtypes, shapes, FP4 byte shapes, scale dtypes and grids); a full read adds scale values that are
-NaN (E8M0's byte 0xFF), shards no known tensor needs that cannot be read, tensors in a layer that
-are no tensor of it as config.json describes it, and layers past num_hidden_layers. The `mtp.*`
-block is not checked: no run reads it.
+NaN (E8M0's byte 0xFF; not for a remote checkpoint, listed from its headers alone), shards no
+known tensor needs that cannot be read, tensors in a layer that are no tensor of it as
+config.json describes it, and layers past num_hidden_layers. The `mtp.*` block is not checked: no
+run reads it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ def audit_published(ckpt: PublishedCheckpoint, layers: range | None) -> list[Pro
     """Every problem of the given layers (all of them, and the tensors outside the layers, when None)."""
     chosen = range(ckpt.layers) if layers is None else range(max(layers.start, 0), min(layers.stop, ckpt.layers))
     problems = ckpt.problems(chosen, with_globals=layers is None)
-    problems += nan_scale_problems(ckpt, chosen, layers is None)
+    if ckpt.reads_values:  # a remote checkpoint is listed from its headers alone
+        problems += nan_scale_problems(ckpt, chosen, layers is None)
     problems += other_unreadable(ckpt, problems)
     problems += unknown_layer_tensors(ckpt, chosen)
     if layers is None:

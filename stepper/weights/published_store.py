@@ -9,9 +9,11 @@ projections). Reading is stepper.weights.published.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-from stepper import dtypes, fp4
+from stepper import dtypes, fp4, fp8
 from stepper.weights import deepseek_v4_names as v4
 
 F32_PARTS = ("attn_sink", ".ape", "hc_", "gate.bias")  # the FLOAT tensors stored F32
@@ -39,3 +41,13 @@ def stored_arrays(name: str, tensor: v4.Tensor, w: np.ndarray) -> dict[str, np.n
 def safetensors_dtype(array: np.ndarray) -> str:
     """The safetensors dtype name an array is written as."""
     return SAFETENSORS_DTYPES[array.dtype.name]
+
+
+def stored_size(tensor: v4.Tensor) -> int:
+    """Bytes of one tensor as the published checkpoint stores it, with its scales (a float one at most F32)."""
+    n = math.prod(tensor.shape)
+    if tensor.kind == v4.EXPERT:  # two e2m1 codes a byte, one E8M0 scale per 32 inputs
+        return n // 2 + n // fp4.GROUP
+    if tensor.kind == v4.LINEAR:  # one F8_E4M3 byte each, one E8M0 scale per 128x128 block
+        return n + math.prod(fp8.scale_grid(tensor.shape))
+    return 8 * n if tensor.kind == v4.INDEX else 4 * n

@@ -211,19 +211,30 @@ def within(seconds: float, call: Callable[[], T]) -> T:
     return done["value"]
 
 
+@dataclass
+class Reached:
+    """A remote checkpoint whose small files and shard headers are in the cache: what a checkpoint
+    class over its cache folder needs to fetch the rest."""
+
+    folder: Path
+    origin: Origin
+    cached: dict[str, CachedFile]
+    failures: dict[str, str]  # shard -> why its header cannot be read
+    transfer: Transfer
+    progress: Callable[[str, int], AbstractContextManager[Callable[[int], None]]] | None
+
+
 def open_remote(model: str, chosen: Settings | None = None,
                 read_config: Callable[[str | Path], Config] = load_config) -> RemoteCheckpoint:
     """The remote checkpoint's config, index and shard headers fetched (or found cached), as a
     checkpoint; read_config reads its config.json (Checkpoint)."""
+    return RemoteCheckpoint(reach(model, chosen), read_config)
+
+
+def reach(model: str, chosen: Settings | None = None) -> Reached:
+    """config.json, the index and every shard's header fetched (or found cached)."""
     chosen = chosen or settings()
-    model = without_credentials(model)
-    origin = resolve(model, chosen.timeout)
-    transfer = Transfer()
-    client = RangeClient(origin.headers, timeout=chosen.timeout, pause=chosen.pause, transfer=transfer,
-                         run_seconds=chosen.run_seconds)
-    folder = chosen.cache_dir / origin.key
-    files.make_folder(folder / LEDGERS, within=chosen.cache_dir)
-    small_files(folder, origin, client)
+    folder, origin, client = config_folder(model, chosen)
     shards = shard_names(folder, origin)
     cached, failures = {}, {}
     for shard in shards:
@@ -233,7 +244,21 @@ def open_remote(model: str, chosen: Settings | None = None,
         except StepperError as e:
             failures[shard] = str(e)
     trim(chosen.cache_dir, chosen.max_bytes, keep={folder / shard for shard in shards})
-    return RemoteCheckpoint(folder, origin, cached, failures, transfer, chosen.progress, read_config)
+    return Reached(folder, origin, cached, failures, client.transfer, chosen.progress)
+
+
+def config_folder(model: str, chosen: Settings | None = None) -> tuple[Path, Origin, RangeClient]:
+    """The cache folder holding the remote checkpoint's config.json and index (fetched once), how
+    to reach its files, and the client that fetched them (counting its bytes)."""
+    chosen = chosen or settings()
+    model = without_credentials(model)
+    origin = resolve(model, chosen.timeout)
+    client = RangeClient(origin.headers, timeout=chosen.timeout, pause=chosen.pause, transfer=Transfer(),
+                         run_seconds=chosen.run_seconds)
+    folder = chosen.cache_dir / origin.key
+    files.make_folder(folder / LEDGERS, within=chosen.cache_dir)
+    small_files(folder, origin, client)
+    return folder, origin, client
 
 
 def small_files(folder: Path, origin: Origin, client: RangeClient) -> None:
@@ -287,24 +312,81 @@ class FetchedFile(SafetensorsFile):
         super().prefetch(name)
 
 
-class RemoteCheckpoint(Checkpoint):
-    """A Checkpoint over the cache folder of a remote one; what a run needs is fetched in merged
-    ranges once its tensors are checked, before any compute."""
+class RemoteReads:
+    """What a checkpoint over a remote one's cache folder does differently: its shards fetch what
+    is read, a run's tensors are fetched in merged ranges once they are checked, before any
+    compute, and an embedding's rows alone. Mixed in before a Checkpoint class."""
 
     reads_values = False  # `inspect` lists from the headers alone, reading no scale values
-
-    def __init__(self, folder: Path, origin: Origin, cached: dict[str, CachedFile], failures: dict[str, str],
-                 transfer: Transfer, progress=None, read_config: Callable[[str | Path], Config] = load_config):
-        self.origin, self.cached, self.transfer, self.progress = origin, cached, transfer, progress
-        super().__init__(folder, read_config)
-        self.unreadable.update({shard: why.removeprefix(f"{origin.url(shard)}: ") for shard, why in failures.items()})
+    remote: Reached
+    weight_map: dict[str, str]
+    shard_of: Callable[[str], SafetensorsFile]
 
     @property
     def label(self) -> str:
-        return self.origin.label
+        return self.remote.origin.label
+
+    @property
+    def transfer(self) -> Transfer:
+        return self.remote.transfer
 
     def open_file(self, path: Path) -> SafetensorsFile:
-        return FetchedFile(path, self.cached[path.name])
+        return FetchedFile(path, self.remote.cached[path.name])
+
+    def note_failures(self, unreadable: dict[str, str]) -> None:
+        """The shards whose headers could not be fetched, said as the server's answer."""
+        origin = self.remote.origin
+        unreadable.update({shard: why.removeprefix(f"{origin.url(shard)}: ")
+                           for shard, why in self.remote.failures.items()})
+
+    def fetch(self, names: list[str]) -> None:
+        """Every byte of these tensors present locally, each shard's ranges in merged requests,
+        with a progress bar in bytes when one is wanted."""
+        per_shard: dict[str, list[tuple[int, int]]] = {}
+        for name in names:
+            per_shard.setdefault(self.weight_map[name], []).append(self.shard_of(name).data_range(name))
+        cached, progress = self.remote.cached, self.remote.progress
+        total = sum(cached[shard].missing_bytes(ranges) for shard, ranges in per_shard.items())
+        if not total or progress is None:
+            return self._fetch(per_shard)
+        with progress(f"fetching {self.label}", total) as advance:
+            self.transfer.on_bytes = advance
+            try:
+                self._fetch(per_shard)
+            finally:
+                self.transfer.on_bytes = None
+
+    def _fetch(self, per_shard: dict[str, list[tuple[int, int]]]) -> None:
+        for shard, ranges in per_shard.items():
+            self.remote.cached[shard].ensure(ranges)
+
+    def note(self) -> str:
+        """What the run read: from the server and from the cache."""
+        t = self.transfer
+        rate = f", {t.fetched / t.seconds / 2**20:.1f} MiB/s" if t.seconds > 0 and t.fetched else ""
+        repaired = f", {t.repaired} corrupted cached range(s) fetched again" if t.repaired else ""
+        return (f"fetched {human(t.fetched)} in {t.requests} request(s){rate}, {human(t.cached)} from the cache "
+                f"({shown(self.remote.folder)}){repaired}")
+
+    def fetched_rows(self, name: str, rows: np.ndarray) -> np.ndarray:
+        """The rows of a tensor stored row by row (not FP8: a block's scale spans 128 rows), only
+        their bytes fetched."""
+        shard = self.shard_of(name)
+        info = shard.info(name)
+        start, _ = shard.data_range(name)
+        row_bytes = info.nbytes // info.shape[0]
+        self.remote.cached[self.weight_map[name]].ensure([(start + int(r) * row_bytes,
+                                                           start + (int(r) + 1) * row_bytes) for r in np.unique(rows)])
+        return np.asarray(SafetensorsFile.get(shard, name)[rows], dtype=np.float32)  # the mapped view, no fetch
+
+
+class RemoteCheckpoint(RemoteReads, Checkpoint):
+    """A Checkpoint over the cache folder of a remote one (RemoteReads)."""
+
+    def __init__(self, reached: Reached, read_config: Callable[[str | Path], Config] = load_config):
+        self.remote = reached
+        super().__init__(reached.folder, read_config)
+        self.note_failures(self.unreadable)
 
     def check(self, layers: Iterable[int], with_globals: bool) -> None:
         layers = list(layers)
@@ -317,45 +399,12 @@ class RemoteCheckpoint(Checkpoint):
         names += [n for n in global_shapes(self.config) if n != EMBED] if with_globals else []
         return [n for name in names for n in (name, name + SCALE) if n in self.weight_map]
 
-    def fetch(self, names: list[str]) -> None:
-        """Every byte of these tensors present locally, each shard's ranges in merged requests,
-        with a progress bar in bytes when one is wanted."""
-        per_shard: dict[str, list[tuple[int, int]]] = {}
-        for name in names:
-            per_shard.setdefault(self.weight_map[name], []).append(self.shard_of(name).data_range(name))
-        total = sum(self.cached[shard].missing_bytes(ranges) for shard, ranges in per_shard.items())
-        if not total or self.progress is None:
-            return self._fetch(per_shard)
-        with self.progress(f"fetching {self.label}", total) as advance:
-            self.transfer.on_bytes = advance
-            try:
-                self._fetch(per_shard)
-            finally:
-                self.transfer.on_bytes = None
-
-    def _fetch(self, per_shard: dict[str, list[tuple[int, int]]]) -> None:
-        for shard, ranges in per_shard.items():
-            self.cached[shard].ensure(ranges)
-
-    def note(self) -> str:
-        """What the run read: from the server and from the cache."""
-        t = self.transfer
-        rate = f", {t.fetched / t.seconds / 2**20:.1f} MiB/s" if t.seconds > 0 and t.fetched else ""
-        repaired = f", {t.repaired} corrupted cached range(s) fetched again" if t.repaired else ""
-        return (f"fetched {human(t.fetched)} in {t.requests} request(s){rate}, {human(t.cached)} from the cache "
-                f"({shown(self.path)}){repaired}")
-
     def get_rows(self, name: str, rows: np.ndarray) -> np.ndarray:
         """Only the rows' bytes fetched (an embedding's prompt rows), unless the tensor is FP8."""
-        shard = self.shard_of(name)
-        info = shard.info(name)
+        info = self.shard_of(name).info(name)
         if info.dtype == "F8_E4M3" or not info.shape:
             return super().get_rows(name, rows)
-        start, _ = shard.data_range(name)
-        row_bytes = info.nbytes // info.shape[0]
-        self.cached[self.weight_map[name]].ensure([(start + int(r) * row_bytes, start + (int(r) + 1) * row_bytes)
-                                                   for r in np.unique(rows)])
-        return np.asarray(SafetensorsFile.get(shard, name)[rows], dtype=np.float32)  # the mapped view, no fetch
+        return self.fetched_rows(name, rows)
 
 
 def human(n: int) -> str:

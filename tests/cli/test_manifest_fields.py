@@ -50,7 +50,7 @@ def test_the_sound_manifest_verifies(tmp_path):
     (("inputs", "steps", 0, "ids"), "17 402", "inputs.steps[0]: 'ids' must be a list"),
     (("inputs", "steps", 0, "ids"), ["17"], "inputs.steps[0]: 'ids' must be a list of token ids (integers >= 0)"),
     (("tensors", 0, "tolerance", "kind"), KeyError,
-     "tensors[0] tolerance: 'kind' must be one of allclose, exact, same-experts, got None"),
+     "tensors[0] tolerance: 'kind' must be one of allclose, exact, same-experts, same-entries, got None"),
     (("tensors", 0, "tolerance", "atol"), KeyError, "tensors[0] tolerance: no 'atol' (a number expected)"),
     (("tensors", 0, "tolerance", "atol"), "1e-3", "tensors[0] tolerance: 'atol' must be a number"),
     (("tensors", 0, "tolerance", "rtol"), -1, "tensors[0] tolerance: 'rtol' must be a finite number >= 0, got -1"),
