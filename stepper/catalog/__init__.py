@@ -201,11 +201,11 @@ def load() -> Catalog:
 
 def around(cfg: Any) -> Catalog:
     """The catalogue a query about cfg's tensors searches: the parts of every family whose layers
-    run in the same model as cfg's (MLA's Transformer; DeepSeek-V4's own), so that a word or a
-    parameter finds the tensors such a model can emit (DeepSeek-V4's `attn.q_a` is not offered
-    for a run of Kimi K2)."""
-    model = families.family_for(cfg).model
-    return merged(tuple(dict.fromkeys(part for f in families.registry() if f.model == model for part in f.parts)))
+    take the same stream as cfg's (MLA's residual [B, T, d]; DeepSeek-V4's hc streams), so that a
+    word or a parameter finds the tensors such a model can emit (DeepSeek-V4's `attn.q_a` is not
+    offered for a run of Kimi K2)."""
+    stream = families.family_for(cfg).stream
+    return merged(tuple(dict.fromkeys(part for f in families.registry() if f.stream is stream for part in f.parts)))
 
 
 @cache

@@ -53,8 +53,9 @@ ALIAS_KEYS = {"hf_module", "inference", "llama.cpp"}
 
 
 def load_catalog() -> dict:
-    """The catalogue of the families around MLA's Transformer (DeepSeek-V4's parts, with their own
-    references and schema, are checked by tests/model/test_v4_attention_catalog.py and test_v4_parts.py)."""
+    """The catalogue of the families whose layers take MLA's residual stream (DeepSeek-V4's parts,
+    with their own references and schema, are checked by tests/model/test_v4_attention_catalog.py
+    and test_v4_parts.py)."""
     return stepper_catalog.around(family_preset("tiny")).raw
 
 
