@@ -47,7 +47,7 @@ def bench_command(
     reads it, so that every run finds it cached the same way whatever read it before, and each
     layer scenario reads its checkpoint through before it is timed (24 GB of RAM is enough for
     the 17 GB MoE layer): the figures measure compute, not the disk."""
-    from stepper import bench
+    from stepper.bench import ceilings, long_context, runner
 
     with user_errors():
         console = Console(stderr=as_json, highlight=False, markup=False)
@@ -55,13 +55,13 @@ def bench_command(
         workdir = workdir or Path.home() / ".cache" / "stepper" / "bench"
         say = lambda line: console.print(f"· {shown(line)}", style="dim", soft_wrap=whole)
         if long:
-            figures = bench.long_context(long_model, say)
+            figures = long_context.long_context(long_model, say)
         else:
-            figures = bench.run_all(workdir, torch and has_torch(), say, int4, indexer, kda)
+            figures = runner.run_all(workdir, torch and has_torch(), say, int4, indexer, kda)
         if as_json:
-            print(json.dumps({"machine": bench.machine(), "figures": [f.__dict__ for f in figures]}, indent=1))
+            print(json.dumps({"machine": ceilings.machine(), "figures": [f.__dict__ for f in figures]}, indent=1))
             return
-        console.print(f"machine: {shown(bench.machine())}", soft_wrap=whole)
+        console.print(f"machine: {shown(ceilings.machine())}", soft_wrap=whole)
         for f in figures:
             rss = f"  peak RSS {f.peak_rss_mb:,.0f} MB" if f.peak_rss_mb else ""
             console.print(f"{f.name}: {f.value:.3g} {f.unit}{rss}{against_floor(f)}  {shown(f.note)}", soft_wrap=whole)

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from stepper import cpu_caches
-from stepper.kernels import parallel
+from stepper.kernels import cpu_caches, parallel
 from stepper.kernels.fp8_tiles import TALL_TILE_BYTES, kept_memory
 from stepper.weights.stored import Bf16Matrix, bf16_rows
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from stepper import cpu_caches
+from stepper.kernels import cpu_caches
 from stepper.weights.stored import Fp8Matrix
 
 Decoder = Callable[[np.ndarray, np.ndarray], object]  # (codes [rows, in], out float32 [rows, in]); result unused

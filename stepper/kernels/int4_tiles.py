@@ -27,7 +27,8 @@ from functools import cache
 
 import numpy as np
 
-from stepper import cpu_caches, int4
+from stepper import int4
+from stepper.kernels import cpu_caches
 from stepper.kernels.fp8_tiles import TALL_TILE_BYTES, kept_memory
 from stepper.seams.swap import bypasses
 from stepper.weights.stored import Int4Matrix

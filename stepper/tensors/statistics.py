@@ -14,7 +14,7 @@ from functools import cache, lru_cache
 
 import numpy as np
 
-from stepper import cpu_caches
+from stepper.kernels import cpu_caches
 
 BINS = 16  # the bins of a sparkline's histogram
 CORNER = 3  # values of each corner

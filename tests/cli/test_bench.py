@@ -3,12 +3,13 @@ that only the timed functions move stands in for the real one)."""
 
 import pytest
 
-from stepper import bench
+from stepper.bench import ceilings, checkpoints, layers, long_context, runner
+from stepper.bench import figures as figs
 
 
 def test_paired_times_run_each_once_untimed_then_in_turn_swapping_the_order(monkeypatch):
     clock, calls = [0.0], []
-    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(figs.time, "perf_counter", lambda: clock[0])
 
     def runs(name, seconds):
         def run():
@@ -18,7 +19,7 @@ def test_paired_times_run_each_once_untimed_then_in_turn_swapping_the_order(monk
 
     first = runs("first", [9.0, 1.0, 2.0, 4.0, 1.0, 2.0])  # the untimed run first
     second = runs("second", [9.0, 3.0, 2.0, 8.0, 2.0, 5.0])
-    ratio, first_median, second_median = bench.paired_times(first, second, 5)
+    ratio, first_median, second_median = figs.paired_times(first, second, 5)
     assert calls == ["first", "second", "first", "second", "second", "first", "first", "second", "second", "first",
                      "first", "second"]
     # pairs (first, second): (1, 3), (2, 2), (4, 8), (1, 2), (2, 5): ratios 3, 1, 2, 2, 2.5
@@ -31,7 +32,7 @@ def test_bench_checkpoints_are_the_checkpoint_folders_of_the_workdir(tmp_path):
         (tmp_path / name / "model.safetensors.index.json").write_text("{}")
     (tmp_path / "half-written").mkdir()  # no index: not a checkpoint (yet)
     (tmp_path / "notes.txt").write_text("")
-    assert bench.bench_checkpoints(tmp_path) == [tmp_path / "a-layers0-0-seed0", tmp_path / "b-layers1-1-seed0"]
+    assert checkpoints.bench_checkpoints(tmp_path) == [tmp_path / "a-layers0-0-seed0", tmp_path / "b-layers1-1-seed0"]
 
 
 def test_the_attention_core_flops_count_the_keys_each_query_attends():
@@ -39,24 +40,24 @@ def test_the_attention_core_flops_count_the_keys_each_query_attends():
 
     cfg = preset("tiny")  # 4 heads, kv_lora 128, rope 16, qk_head 48, v_head 32
     # 3 queries after 2 cached positions attend 3, 4 and 5 keys: 12 (query, key) pairs
-    assert bench.core_flops(cfg, 3, 2, "absorb") == 2 * 4 * 12 * (128 + 16 + 128)
-    assert bench.core_flops(cfg, 3, 2, "naive") == 2 * 4 * 12 * (cfg.qk_head_dim + cfg.v_head_dim)
+    assert ceilings.core_flops(cfg, 3, 2, "absorb") == 2 * 4 * 12 * (128 + 16 + 128)
+    assert ceilings.core_flops(cfg, 3, 2, "naive") == 2 * 4 * 12 * (cfg.qk_head_dim + cfg.v_head_dim)
 
 
 def test_the_long_context_scenario_runs_on_a_small_config(monkeypatch):
     from stepper.kernels import attention
 
     monkeypatch.setattr(attention, "WHOLE_SCORES", 0)  # the tiled path, as at full size
-    monkeypatch.setattr(bench, "gemm_rate", lambda: 1e9)
-    [prefill] = bench.attention_run("tiny", tokens=200, cache=0, attn="absorb", shown=True, repeat=1)
+    monkeypatch.setattr(long_context, "gemm_rate", lambda: 1e9)
+    [prefill] = long_context.attention_run("tiny", tokens=200, cache=0, attn="absorb", shown=True, repeat=1)
     assert prefill.name == "tiny attention (absorb): prefill 200 tokens" and prefill.unit == "s" and prefill.value > 0
     assert prefill.peak_rss_mb > 0 and "every tensor shown" in prefill.note
     assert "of the float32 GEMM rate here (1.0 GFLOP/s, every core)" in prefill.note
-    [decode] = bench.attention_run("tiny", tokens=1, cache=3000, attn="naive", shown=False, repeat=2)
+    [decode] = long_context.attention_run("tiny", tokens=1, cache=3000, attn="naive", shown=False, repeat=2)
     assert decode.name == "tiny attention (naive): decode 1 token over 3000 cached positions"
     names = []
-    monkeypatch.setattr(bench, "in_subprocess", lambda name, **kw: names.append((name, kw)) or [])
-    bench.long_context("kimi-k2", lambda _: None)
+    monkeypatch.setattr(long_context, "in_subprocess", lambda name, **kw: names.append((name, kw)) or [])
+    long_context.long_context("kimi-k2", lambda _: None)
     assert [(kw["tokens"], kw["cache"], kw["attn"], kw["shown"]) for _, kw in names] == [
         (4096, 0, "naive", False), (4096, 0, "naive", True), (16384, 0, "naive", False), (32768, 0, "naive", False),
         (32768, 0, "absorb", True), (1, 8192, "absorb", True), (1, 32768, "absorb", True), (1, 131072, "absorb", True)]
@@ -69,9 +70,9 @@ def test_int4_experts_against_fp8_on_a_small_config(tmp_path):
     from stepper.weights.stored import Int4Matrix
 
     said = []
-    fp8_folder = bench.ensure_checkpoint(tmp_path, bench.bench_config("tiny", None), range(1, 2))
-    fp8 = bench.moe_figures(fp8_folder, said.append, " (FP8)", repeats=(2, 2))
-    figures = bench.int4_versus_fp8(tmp_path, "tiny", said.append, fp8, repeats=(2, 2))
+    fp8_folder = checkpoints.ensure_checkpoint(tmp_path, checkpoints.bench_config("tiny", None), range(1, 2))
+    fp8 = layers.moe_figures(fp8_folder, said.append, " (FP8)", repeats=(2, 2))
+    figures = layers.int4_versus_fp8(tmp_path, "tiny", said.append, fp8, repeats=(2, 2))
     assert [f.unit for f in figures] == ["s", "s", "x", "x", "x", "x", "x"]
     decode, prefill, decode_ratio, prefill_ratio, *experts = figures
     assert [f.name.partition(" layer 1, ")[2] for f in experts] == [
@@ -85,7 +86,7 @@ def test_int4_experts_against_fp8_on_a_small_config(tmp_path):
     assert any("with INT4 experts" in line for line in said)
 def test_the_indexer_scenario_times_the_indexer_the_attention_and_the_layer_of_a_small_v32(tmp_path):
     said = []
-    figures = bench.indexer_figures(tmp_path, said.append, model="tiny-v32", tokens=24, repeat=1)
+    figures = runner.indexer_figures(tmp_path, said.append, model="tiny-v32", tokens=24, repeat=1)
     assert [f.name.partition(" ")[2] for f in figures] == [  # after the checkpoint's name
         "layer 0: prefill 24 tokens, its Lightning Indexer",
         "layer 0: prefill 24 tokens, its attention under the indexer's mask",
@@ -105,8 +106,8 @@ def test_the_expert_scenario_times_one_expert_of_each_checkpoint_in_turn(tmp_pat
     fp8 = synth_checkpoint(SyntheticWeights(preset("tiny")), tmp_path / "fp8", range(1, 2))
     int4 = synth_checkpoint(SyntheticWeights(requantized(preset("tiny"), "int4")), tmp_path / "int4", range(1, 2))
     kinds = []
-    monkeypatch.setattr(bench, "swiglu", lambda x, *ws: kinds.append({type(w) for w in ws}) or swiglu(x, *ws))
-    [figure] = bench.expert_products(str(fp8), str(int4), tokens=3, pairs=2)
+    monkeypatch.setattr(layers, "swiglu", lambda x, *ws: kinds.append({type(w) for w in ws}) or swiglu(x, *ws))
+    [figure] = layers.expert_products(str(fp8), str(int4), tokens=3, pairs=2)
     assert figure.name.endswith(" layer 1, one routed expert, 3 token(s): INT4 / FP8") and figure.unit == "x"
     assert figure.value > 0 and "median of 2 ratios" in figure.note
     fp8_run, int4_run = {Fp8Matrix}, {Int4Matrix}  # one untimed run of each, then two pairs in turn
@@ -114,14 +115,14 @@ def test_the_expert_scenario_times_one_expert_of_each_checkpoint_in_turn(tmp_pat
 def test_the_shown_prefill_runs_in_chunks_and_shows_what_the_whole_prompt_would(monkeypatch):
     from stepper.views import summary
 
-    monkeypatch.setattr(bench, "gemm_rate", lambda: 1e9)
+    monkeypatch.setattr(long_context, "gemm_rate", lambda: 1e9)
     seen = {}
 
     def shown(event) -> None:
         seen[event.name] = summary.stats(event.array)
 
-    monkeypatch.setattr(bench, "shown_like_run", shown)
-    [prefill] = bench.attention_run("tiny", tokens=300, cache=0, attn="absorb", shown=True, repeat=1, chunk=128)
+    monkeypatch.setattr(long_context, "shown_like_run", shown)
+    [prefill] = long_context.attention_run("tiny", tokens=300, cache=0, attn="absorb", shown=True, repeat=1, chunk=128)
     assert "every tensor shown" in prefill.note and "in chunks of 128 positions (each run twice" in prefill.note
     weights = seen["self_attn.attn_weights"]
     assert weights.finite == 4 * 300 * 300 and weights.sum == pytest.approx(4 * 300)  # every row's weights, whole
@@ -132,32 +133,33 @@ def test_a_layer_floor_counts_the_weights_decoded_and_the_flops_at_the_ceilings_
     from stepper.presets import preset
 
     cfg = preset("tiny")
-    ceil = bench.Ceilings(fp8=2e6, gemm=1e9, cores=2)
-    shapes = bench.layer_shapes(cfg, 1)
+    ceil = ceilings.Ceilings(fp8=2e6, gemm=1e9, cores=2)
+    shapes = ceilings.layer_shapes(cfg, 1)
     matrices = {n: s[0] * s[1] for n, s in shapes.items() if len(s) == 2 and ".gate.weight" not in n}
     routed = sum(v for n, v in matrices.items() if ".experts." in n)
     rest, k, n = sum(matrices.values()) - routed, cfg.num_experts_per_tok, cfg.n_routed_experts
-    seconds, how = bench.layer_floor(cfg, 1, 1, 10, ceil)  # one token uses k experts
-    flops = 2 * (rest + routed / n * k) + bench.core_flops(cfg, 1, 10, "absorb")
+    seconds, how = ceilings.layer_floor(cfg, 1, 1, 10, ceil)  # one token uses k experts
+    flops = 2 * (rest + routed / n * k) + ceilings.core_flops(cfg, 1, 10, "absorb")
     assert seconds == pytest.approx((rest + routed / n * k) / 2e6 + flops / 1e9)
     assert "on 2 cores at once" in how
-    seconds, _ = bench.layer_floor(cfg, 1, 10_000, 0, ceil)  # so many tokens choose every expert
-    flops = 2 * 10_000 * (rest + routed / n * k) + bench.core_flops(cfg, 10_000, 0, "naive")
+    seconds, _ = ceilings.layer_floor(cfg, 1, 10_000, 0, ceil)  # so many tokens choose every expert
+    flops = 2 * 10_000 * (rest + routed / n * k) + ceilings.core_flops(cfg, 10_000, 0, "naive")
     assert seconds == pytest.approx((rest + routed) / 2e6 + flops / 1e9)
 
 
 def test_figures_print_their_ratio_to_the_floor_and_the_machine_names_its_blas_and_features():
     from stepper.cli.bench import against_floor
 
-    figure = bench.Figure("layer", 0.3, "s", floor=0.2, floor_note="decoding")
+    figure = figs.Figure("layer", 0.3, "s", floor=0.2, floor_note="decoding")
     assert figure.ratio() == pytest.approx(1.5)
     assert against_floor(figure) == "  = 1.50x its floor 0.2 s (decoding)"
-    assert against_floor(bench.Figure("bandwidth", 20.0, "GB/s")) == ""
-    held = bench.anchored([figure, bench.Figure("ratio", 0.9, "x")], "no slower")
+    assert against_floor(figs.Figure("bandwidth", 20.0, "GB/s")) == ""
+    held = figs.anchored([figure, figs.Figure("ratio", 0.9, "x")], "no slower")
     assert [f.floor for f in held] == [0.2, 1.0]
-    ceilings = [bench.Figure(bench.GEMM_CEILING, 200.0, "GFLOP/s"), bench.Figure(bench.FP8_CEILING, 1.5, "G weights/s"),
-                bench.Figure(bench.FP8_EVERY_CORE, 2.5, "G weights/s")]
-    measured = bench.Ceilings.of(ceilings)
+    rates = [figs.Figure(ceilings.GEMM_CEILING, 200.0, "GFLOP/s"),
+             figs.Figure(ceilings.FP8_CEILING, 1.5, "G weights/s"),
+             figs.Figure(ceilings.FP8_EVERY_CORE, 2.5, "G weights/s")]
+    measured = ceilings.Ceilings.of(rates)
     assert (measured.fp8, measured.gemm) == (2.5e9, 200e9)  # the floors use every core's rate, measured at once
-    described = bench.machine()
+    described = ceilings.machine()
     assert "BLAS: " in described and "CPU features: " in described and "L2 " in described

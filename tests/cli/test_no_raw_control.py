@@ -220,16 +220,16 @@ def test_fixtures_export_names_its_folder_escaped(place):
 
 def test_bench_lines_are_shown_escaped(monkeypatch, capsys):
     """What the bench says (paths of its work folder, the machine's name) reaches the screen escaped."""
-    from stepper import bench
+    from stepper.bench import ceilings, figures, runner
     from stepper.cli.bench import bench_command
 
     def run_all(workdir, with_torch, say, *scenarios):
         say(f"writing {workdir}")
         say("a progress line long enough to pass the 80 columns a pipe is given by default, and kept whole there")
-        return [bench.Figure(name="decode", value=0.25, unit="s", note=f"in {workdir}, " + "noted " * 20)]
+        return [figures.Figure(name="decode", value=0.25, unit="s", note=f"in {workdir}, " + "noted " * 20)]
 
-    monkeypatch.setattr(bench, "run_all", run_all)
-    monkeypatch.setattr(bench, "machine", lambda: f"cpu {TYPED}")
+    monkeypatch.setattr(runner, "run_all", run_all)
+    monkeypatch.setattr(ceilings, "machine", lambda: f"cpu {TYPED}")
     bench_command(workdir=Path(f"w{TYPED}"), torch=False, int4=False, as_json=False)
     out = capsys.readouterr().out
     assert CONTROL.findall(out) == [] and "[red]x" in out

@@ -87,7 +87,7 @@ def test_kv_b_decoded_into_reused_memory_is_decoded_again_only_for_another_weigh
 def test_bench_forgets_then_fills_the_page_cache_without_keeping_pages_mapped(synth_dir):
     from helpers.files import resident_pages
 
-    from stepper.bench import fill_page_cache, forget_page_cache
+    from stepper.bench.checkpoints import fill_page_cache, forget_page_cache
 
     shards = sorted(synth_dir.glob("*.safetensors"))
     forget_page_cache(synth_dir)

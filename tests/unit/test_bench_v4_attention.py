@@ -3,7 +3,7 @@ the bytes the cache holds as the cost formula counts them."""
 
 from dataclasses import replace
 
-from stepper.bench_v4_attention import FLASH_CSA, long_decode
+from stepper.bench.v4_attention import FLASH_CSA, long_decode
 from stepper.model.v4_attention_cache import values_per_position
 
 

@@ -5,8 +5,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from stepper import cpu_caches
-from stepper.kernels import bf16_matmul
+from stepper.kernels import bf16_matmul, cpu_caches
 from stepper.kernels.linear import float32_kept, float32_weight, linear, linears
 from stepper.weights.stored import Bf16Matrix, Stored, bf16_rows
 

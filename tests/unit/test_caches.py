@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from stepper import cpu_caches, fp8
+from stepper import fp8
+from stepper.kernels import cpu_caches
 from stepper.kernels.fp8_matmul import linear_fp8, products_via_dequantize
 from stepper.kernels.fp8_tiles import in_steps
 from stepper.weights.stored import Fp8Matrix

@@ -125,7 +125,7 @@ def test_chunks_summed_in_parts_sized_to_the_cache_stay_exact(monkeypatch):
 
 
 def test_parts_are_a_power_of_two_fitting_the_l2(monkeypatch):
-    from stepper import cpu_caches
+    from stepper.kernels import cpu_caches
 
     for l2, part in ((2 << 20, 1 << 15), (1 << 20, 1 << 14), (48 << 10, 1 << 12), (1 << 30, statistics.CHUNK)):
         statistics.in_cache.cache_clear()

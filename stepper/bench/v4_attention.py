@@ -7,7 +7,7 @@ process's peak resident memory (weights, cache and the step together), the cache
 the float32 GEMM rate measured in the same process (the floor the step's products run at).
 Run alone, in its own process, so that the peak is the scenario's:
 
-    python -m stepper.bench_v4_attention [CONTEXT] [STEPS]   -> one JSON list of figures
+    python -m stepper.bench.v4_attention [CONTEXT] [STEPS]   -> one JSON list of figures
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import time
 
 import numpy as np
 
-from stepper.bench import Figure, gemm_rate, peak_rss_mb
+from stepper.bench.ceilings import gemm_rate
+from stepper.bench.figures import Figure, peak_rss_mb
 from stepper.config import Yarn
 from stepper.kernels import parallel
 from stepper.model.compressed_attention import AttentionDims, attention, weight_shapes

@@ -2,7 +2,7 @@
 layer 0: 32 heads of 128, synthetic float32 weights held in memory, nothing read from disk):
 decode one token after a 4096-token prefill's state, and a 4096-token prefill, each with its peak
 RSS and the share of its time spent in the state update (the delta rule: stepper.model.kda's
-`gated_delta_rule`, or the chunked form in kernels.kda_chunked). Run in a subprocess by stepper.bench."""
+`gated_delta_rule`, or the chunked form in kernels.kda_chunked). Run in a subprocess (scenario `kda`)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 
+from stepper.bench.figures import Figure, peak_rss_mb
 from stepper.families import kimi_linear as kl
 from stepper.kernels import kda_chunked
 from stepper.model import kda
@@ -77,7 +78,13 @@ def kda_layer(tokens: int, repeat: int, form: str = "chunked") -> tuple[str, flo
 
 
 def kda_figures(say, in_subprocess) -> list:
-    """The three figures, each measured in a fresh subprocess (stepper.bench.in_subprocess)."""
+    """The three figures, each measured in a fresh subprocess (stepper.bench.figures.in_subprocess)."""
     say(f"{MODEL} KDA layer 0: decode 1 token, prefill 4096 tokens")
     return (in_subprocess("kda", tokens=1, repeat=11) + in_subprocess("kda", tokens=4096, repeat=3)
             + in_subprocess("kda", tokens=4096, repeat=1, form="recurrent"))
+
+
+def kda_run(tokens: int, repeat: int, form: str = "chunked") -> list[Figure]:
+    """A full-size Kimi Linear KDA layer's attention (kda_layer), with the peak RSS."""
+    name, seconds, note = kda_layer(tokens, repeat, form)
+    return [Figure(name, seconds, "s", peak_rss_mb(), note)]

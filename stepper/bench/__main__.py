@@ -1,0 +1,34 @@
+"""`python -m stepper.bench SCENARIO 'JSON ARGS'`: one scenario in this process, its figures as
+one JSON list on the last line of stdout (stepper.bench.figures.in_subprocess runs it)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from stepper.bench.ceilings import ceilings, fp8_rate
+from stepper.bench.kda import kda_run
+from stepper.bench.layers import expert_products, indexed_prefill, layer_run
+from stepper.bench.long_context import attention_run
+from stepper.bench.transformers_pair import versus_torch
+from stepper.kernels import parallel
+
+SCENARIOS = {"ceilings": ceilings, "fp8_rate": fp8_rate, "layer": layer_run, "torch": versus_torch,
+             "indexed": indexed_prefill,
+             "attention": attention_run, "experts": expert_products, "kda": kda_run}
+
+
+def scenario_main(argv: list[str]) -> None:
+    name, *args = argv
+    if name != "ceilings":
+        parallel.single_threaded_blas()  # as the command line runs
+    kwargs = json.loads(args[0]) if args else {}
+    if "checkpoint" in kwargs:
+        kwargs["checkpoint"] = Path(kwargs["checkpoint"])
+    figures = SCENARIOS[name](**kwargs)
+    print(json.dumps([f.__dict__ for f in figures]))
+
+
+if __name__ == "__main__":
+    scenario_main(sys.argv[1:])
