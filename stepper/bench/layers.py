@@ -128,7 +128,8 @@ def int4_versus_fp8(workdir: Path, model: str, say, fp8: list[Figure] | None = N
                     repeats: tuple[int, int] = (12, 3)) -> list[Figure]:
     """The MoE layer with INT4 experts, decode and prefill, and each as a ratio to the same layer
     with FP8 experts (`fp8`: its two figures, measured here when not given). An INT4 expert is
-    half the bytes of an FP8 one."""
+    half the bytes of an FP8 one; the INT4 layer's two times get the FP8 ones' floors, where
+    they have them (the same products)."""
     cfg = bench_config(model, None)
     fp8_checkpoint = ensure_checkpoint(workdir, cfg, range(1, 2))
     if fp8 is None:
@@ -138,7 +139,9 @@ def int4_versus_fp8(workdir: Path, model: str, say, fp8: list[Figure] | None = N
     int4 = ensure_checkpoint(workdir, replace(requantized(cfg, "int4"), name=f"{cfg.name}-int4-experts"), range(1, 2))
     for folder in bench_checkpoints(workdir):  # the FP8 layer's pages make room (see bench_checkpoints)
         forget_page_cache(folder)
-    figures = moe_figures(int4, say, " with INT4 experts", repeats)
+    figures = [replace(mine, floor=theirs.floor, floor_note=f"the FP8 layer's, INT4 held to FP8: {theirs.floor_note}")
+               if theirs.floor else mine
+               for mine, theirs in zip(moe_figures(int4, say, " with INT4 experts", repeats), fp8)]
     ratios = [Figure(f"{cfg.name} layer 1, {kind}: INT4 experts / FP8 experts", mine.value / theirs.value, "x", None,
                      f"{mine.value:.3g} s against {theirs.value:.3g} s")
               for kind, mine, theirs in zip(("decode 1 token", "prefill 512 tokens"), figures, fp8)]

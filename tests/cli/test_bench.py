@@ -1,6 +1,8 @@
 """`stepper bench`'s way of timing two things against each other (no time is asserted: a clock
 that only the timed functions move stands in for the real one)."""
 
+import dataclasses
+
 import pytest
 
 from stepper.bench import ceilings, checkpoints, layers, long_context, runner
@@ -72,12 +74,15 @@ def test_int4_experts_against_fp8_on_a_small_config(tmp_path):
     said = []
     fp8_folder = checkpoints.ensure_checkpoint(tmp_path, checkpoints.bench_config("tiny", None), range(1, 2))
     fp8 = layers.moe_figures(fp8_folder, said.append, " (FP8)", repeats=(2, 2))
+    fp8 = [dataclasses.replace(f, floor=0.5 + i, floor_note=f"floor {i}") for i, f in enumerate(fp8)]
     figures = layers.int4_versus_fp8(tmp_path, "tiny", said.append, fp8, repeats=(2, 2))
     assert [f.unit for f in figures] == ["s", "s", "x", "x", "x", "x", "x"]
     decode, prefill, decode_ratio, prefill_ratio, *experts = figures
     assert [f.name.partition(" layer 1, ")[2] for f in experts] == [
         f"one routed expert, {n} token(s): INT4 / FP8" for n in (1, 11, 512)]
     assert "decode 1 token" in decode.name and "prefill 512 tokens" in prefill.name
+    assert (decode.floor, prefill.floor) == (0.5, 1.5)  # the INT4 layer's times held to the FP8 layer's floors
+    assert prefill.floor_note == "the FP8 layer's, INT4 held to FP8: floor 1"
     assert decode_ratio.name == "tiny layer 1, decode 1 token: INT4 experts / FP8 experts"
     assert (decode_ratio.value, prefill_ratio.value) == (decode.value / fp8[0].value, prefill.value / fp8[1].value)
     int4_folder = next(p for p in tmp_path.iterdir() if "int4" in p.name)
