@@ -9,14 +9,14 @@ from pathlib import Path
 
 from stepper.bench.ceilings import ceilings, fp8_rate
 from stepper.bench.kda import kda_run
-from stepper.bench.layers import expert_products, indexed_prefill, layer_run
+from stepper.bench.layers import expert_products, indexed_prefill, layer_run, layers_in_turn
 from stepper.bench.long_context import attention_run
 from stepper.bench.transformers_pair import versus_torch
 from stepper.kernels import parallel
 
 SCENARIOS = {"ceilings": ceilings, "fp8_rate": fp8_rate, "layer": layer_run, "torch": versus_torch,
              "indexed": indexed_prefill,
-             "attention": attention_run, "experts": expert_products, "kda": kda_run}
+             "attention": attention_run, "experts": expert_products, "kda": kda_run, "layers_in_turn": layers_in_turn}
 
 
 def scenario_main(argv: list[str]) -> None:
