@@ -9,7 +9,7 @@ from pathlib import Path
 
 from stepper.bench.ceilings import ceilings, fp8_rate
 from stepper.bench.kda import kda_run
-from stepper.bench.layers import expert_products, indexed_prefill, layer_run
+from stepper.bench.layers import expert_products, indexed_prefill, layer_run, layers_in_turn
 from stepper.bench.long_context import attention_run
 from stepper.bench.transformers_pair import versus_torch
 from stepper.bench.v4_attention import long_decode
@@ -18,7 +18,7 @@ from stepper.kernels import parallel
 
 SCENARIOS = {"ceilings": ceilings, "fp8_rate": fp8_rate, "layer": layer_run, "torch": versus_torch,
              "indexed": indexed_prefill,
-             "attention": attention_run, "experts": expert_products, "kda": kda_run,
+             "attention": attention_run, "experts": expert_products, "kda": kda_run, "layers_in_turn": layers_in_turn,
              "v4_layer": v4_layer_run, "fp4_rate": fp4_rate, "v4_long": long_decode}
 
 

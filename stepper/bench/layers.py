@@ -116,6 +116,31 @@ def expert_products(fp8: str, int4: str, tokens: int, pairs: int, layer: int = 1
                    f"{fp8_time * 1e3:.2f} ms")]
 
 
+def layers_in_turn(fp8: str, int4: str, tokens: int, pairs: int, layer: int = 1) -> list[Figure]:
+    """The MoE layer from the FP8 and from the INT4 checkpoint prefilling the same tokens, timed in
+    turn (paired_times): the whole layer's INT4 / FP8 ratio with both sides in the same minutes,
+    which the full-size figures, minutes apart, are not (the two checkpoints, 27 GB at full size,
+    do not fit the page cache at once: this runs on a layer with fewer experts)."""
+    checkpoints = [Path(fp8), Path(int4)]
+    for checkpoint in checkpoints:
+        fill_page_cache(checkpoint)
+    models = [Transformer(Checkpoint(checkpoint)) for checkpoint in checkpoints]
+    cfg = models[0].config
+    hidden = np.random.default_rng(7).standard_normal((1, tokens, cfg.hidden_size), dtype=np.float32)
+    emit = Emitter()
+
+    def prefill(model: Transformer):
+        return lambda: model.layer(layer, hidden, model.rope(np.arange(tokens), emit), KVCache(cfg.num_hidden_layers),
+                                   emit, "naive")
+
+    ratio, fp8_time, int4_time = paired_times(prefill(models[0]), prefill(models[1]), pairs)
+    per_expert = tokens * cfg.num_experts_per_tok / cfg.n_routed_experts
+    return [Figure(f"{cfg.name} layer {layer}, prefill {tokens} tokens ({per_expert:.1f} per expert), in turn: "
+                   "INT4 experts / FP8 experts", ratio, "x", None,
+                   f"median of {pairs} ratios, taken in turn after one of each; medians {int4_time:.3g} s against "
+                   f"{fp8_time:.3g} s")]
+
+
 def moe_figures(checkpoint: Path, say, what: str, repeats: tuple[int, int] = (12, 3)) -> list[Figure]:
     """MoE layer 1 of the checkpoint: decode 1 token over a 1024-position cache, prefill 512 tokens."""
     say(f"MoE layer 1{what}: decode 1 token over a 1024-position cache")
@@ -125,10 +150,13 @@ def moe_figures(checkpoint: Path, say, what: str, repeats: tuple[int, int] = (12
 
 
 def int4_versus_fp8(workdir: Path, model: str, say, fp8: list[Figure] | None = None,
-                    repeats: tuple[int, int] = (12, 3)) -> list[Figure]:
+                    repeats: tuple[int, int] = (12, 3), paired: tuple[int, int] = (512, 5)) -> list[Figure]:
     """The MoE layer with INT4 experts, decode and prefill, and each as a ratio to the same layer
     with FP8 experts (`fp8`: its two figures, measured here when not given). An INT4 expert is
-    half the bytes of an FP8 one."""
+    half the bytes of an FP8 one; the INT4 layer's two times get the FP8 ones' floors, where
+    they have them (the same products). Then the two in turn on a layer with fewer experts
+    (fewer_experts_in_turn; `paired`: the full layer's prompt whose tokens per expert it gets, and
+    the pairs)."""
     cfg = bench_config(model, None)
     fp8_checkpoint = ensure_checkpoint(workdir, cfg, range(1, 2))
     if fp8 is None:
@@ -138,11 +166,34 @@ def int4_versus_fp8(workdir: Path, model: str, say, fp8: list[Figure] | None = N
     int4 = ensure_checkpoint(workdir, replace(requantized(cfg, "int4"), name=f"{cfg.name}-int4-experts"), range(1, 2))
     for folder in bench_checkpoints(workdir):  # the FP8 layer's pages make room (see bench_checkpoints)
         forget_page_cache(folder)
-    figures = moe_figures(int4, say, " with INT4 experts", repeats)
+    figures = [replace(mine, floor=theirs.floor, floor_note=f"the FP8 layer's, INT4 held to FP8: {theirs.floor_note}")
+               if theirs.floor else mine
+               for mine, theirs in zip(moe_figures(int4, say, " with INT4 experts", repeats), fp8)]
     ratios = [Figure(f"{cfg.name} layer 1, {kind}: INT4 experts / FP8 experts", mine.value / theirs.value, "x", None,
                      f"{mine.value:.3g} s against {theirs.value:.3g} s")
               for kind, mine, theirs in zip(("decode 1 token", "prefill 512 tokens"), figures, fp8)]
     say("one routed expert, INT4 against FP8: 1, 11 and 512 tokens")
     experts = [f for tokens, pairs in ((1, 21), (11, 11), (512, 5))
                for f in in_subprocess("experts", fp8=fp8_checkpoint, int4=int4, tokens=tokens, pairs=pairs)]
-    return figures + ratios + experts
+    return figures + ratios + experts + fewer_experts_in_turn(workdir, model, say, *paired)
+
+
+PAIRED_EXPERTS = 32  # the layer whose FP8 and INT4 checkpoints fit the page cache together (2.6 GB for Kimi K2)
+
+
+def fewer_experts_in_turn(workdir: Path, model: str, say, prompt: int, pairs: int) -> list[Figure]:
+    """The model's layer 1 with PAIRED_EXPERTS routed experts (written once, FP8 and INT4),
+    prefilling as many tokens per expert as the full layer's `prompt`-token prefill, INT4 and FP8
+    timed in turn (layers_in_turn)."""
+    full = bench_config(model, None).n_routed_experts
+    experts = min(PAIRED_EXPERTS, full)
+    small = bench_config(model, experts)
+    say(f"writing (once) the layer 1 checkpoints with {experts} experts, FP8 and INT4")
+    fp8 = ensure_checkpoint(workdir, small, range(1, 2))
+    int4 = ensure_checkpoint(workdir, replace(requantized(small, "int4"), name=f"{small.name}-int4-experts"),
+                             range(1, 2))
+    for folder in bench_checkpoints(workdir):
+        forget_page_cache(folder)
+    tokens = max(1, round(prompt * experts / full))
+    say(f"the {experts}-expert layer prefilling {tokens} tokens, INT4 and FP8 in turn")
+    return in_subprocess("layers_in_turn", fp8=fp8, int4=int4, tokens=tokens, pairs=pairs)

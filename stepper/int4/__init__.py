@@ -7,6 +7,7 @@ from stepper.int4.groups import (
     LARGEST_SCALE,
     check_shapes,
     dequantize_int4,
+    float32_scales,
     groups_for,
     quantize_int4,
     scales_as_f32,
@@ -29,6 +30,6 @@ from stepper.int4.packed import (
 
 __all__ = [
     "BITS", "GROUP", "LARGEST_SCALE", "OFFSET", "PAIRS", "PER_WORD", "NibbleFields", "as_words", "check_shapes",
-    "dequantize_int4", "fields", "groups_for", "nibble", "pack", "quantize_int4", "scales_as_f32", "unpack",
-    "unpack_bits", "word_bits", "words_for",
+    "dequantize_int4", "fields", "float32_scales", "groups_for", "nibble", "pack", "quantize_int4", "scales_as_f32",
+    "unpack", "unpack_bits", "word_bits", "words_for",
 ]

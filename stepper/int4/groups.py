@@ -51,13 +51,24 @@ def scales_as_f32(scales: np.ndarray, name: str) -> np.ndarray:
     scales = np.asarray(scales)
     if scales.dtype.name not in SCALE_DTYPES:
         raise StepperError(f"{name}: group scale dtype must be bfloat16, float16 or float32, got {scales.dtype}")
-    scales = scales.astype(np.float32, copy=False)
+    scales = float32_scales(scales)
+    if scales.size == 0 or max(scales.max(), -scales.min()) <= LARGEST_SCALE:  # False for a NaN
+        return scales
     bad = ~(np.abs(scales) <= LARGEST_SCALE)  # NaN too
-    if bad.any():
-        where = [int(i) for i in np.argwhere(bad)[0]]
-        raise StepperError(f"{name}: {int(bad.sum())} group scale(s) are not finite (or too large for float32), "
-                           f"first {scales[tuple(where)]} at {where}")
-    return scales
+    where = [int(i) for i in np.argwhere(bad)[0]]
+    raise StepperError(f"{name}: {int(bad.sum())} group scale(s) are not finite (or too large for float32), "
+                       f"first {scales[tuple(where)]} at {where}")
+
+
+def float32_scales(scales: np.ndarray) -> np.ndarray:
+    """Scales of any float dtype as float32, exactly. A BF16 pattern shifted 16 bits up is its
+    float32: one integer pass, where ml_dtypes' cast from bfloat16 runs about 2x slower (an INT4
+    expert's three weights have 1.4 M scales, converted at every use)."""
+    if scales.dtype.name != "bfloat16":
+        return np.asarray(scales, dtype=np.float32)
+    out = np.empty(scales.shape, np.float32)
+    np.left_shift(scales.view(np.uint16), 16, out=out.view(np.uint32), dtype=np.uint32)
+    return out
 
 
 @exercise

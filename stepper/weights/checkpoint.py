@@ -144,7 +144,7 @@ class Checkpoint:
         _, in_dim = self._weight_shape(name, words.shape[0])
         scales = self.shard_of(name + GROUP_SCALE).get(name + GROUP_SCALE)
         group = self.config.int4.group_size
-        check_int4_scales(self.shard_of(name + GROUP_SCALE).path.name, name + GROUP_SCALE, scales)
+        scales = check_int4_scales(self.shard_of(name + GROUP_SCALE).path.name, name + GROUP_SCALE, scales)
         where = FileBytes(str(shard.path), shard.data_range(packed)[0], shard.identity)
         return Stored(INT4, words, scales, (1, group), where, in_dim)
 
@@ -464,12 +464,15 @@ def scale_problems(weight: TensorInfo, scale: TensorInfo | None, block: tuple[in
     return []
 
 
-def check_int4_scales(shard: str, name: str, scales: np.ndarray) -> None:
+def check_int4_scales(shard: str, name: str, scales: np.ndarray) -> np.ndarray:
     """Group scales multiply every weight of their group: each must be finite (and -8 times it
     too) and above zero, as FP8's block scales. A symmetric quantizer writes max|w| / 7.5 (1 for
     an all-zero group): a scale of zero would make every weight of the group 0 whatever its codes
-    say, a negative one would flip the group's signs (its codes then span -7..8)."""
-    values = np.asarray(scales, dtype=np.float32)
+    say, a negative one would flip the group's signs (its codes then span -7..8). Returns them as
+    float32 (checked once: the two passes of min and max, where they are all good)."""
+    values = int4.float32_scales(np.asarray(scales))
+    if values.size == 0 or (values.min() > 0 and values.max() <= int4.LARGEST_SCALE):  # False for a NaN
+        return values
     bad = ~(np.abs(values) <= int4.LARGEST_SCALE)
     if bad.any():
         where = tuple(int(i) for i in np.argwhere(bad)[0])
@@ -481,6 +484,7 @@ def check_int4_scales(shard: str, name: str, scales: np.ndarray) -> None:
         raise StepperError(f"{shard}: '{name}' holds {int(bad.sum())} group scale(s) of zero or below, first "
                            f"{values[where]} at {list(where)}: a symmetric quantizer writes max|w| / 7.5 > 0; zero "
                            "loses the group's weights, a negative scale flips their signs")
+    return values
 
 
 def check_scale_values(shard: str, name: str, scale: np.ndarray) -> None:

@@ -57,6 +57,30 @@ def test_scales_that_are_not_finite_are_refused(bad):
         int4.scales_as_f32(np.ones((2, 1), np.int32), "x")
 
 
+def test_bf16_scales_become_float32_by_their_bits():
+    # every BF16 pattern: the 16-bit shift gives ml_dtypes' own cast, bit for bit (NaNs stay NaN)
+    patterns = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).reshape(256, 256)
+    mine = int4.float32_scales(patterns.view(ml_dtypes.bfloat16))
+    theirs = patterns.view(ml_dtypes.bfloat16).astype(np.float32)
+    assert mine.dtype == np.float32 and mine.shape == (256, 256)
+    numbers = ~np.isnan(theirs)
+    np.testing.assert_array_equal(mine.view(np.uint32)[numbers], theirs.view(np.uint32)[numbers])
+    assert np.isnan(mine[~numbers]).all() and (~numbers).sum() == 2 * 127  # 2 signs x 127 NaN mantissas
+    assert int4.float32_scales(np.array([[0.5]], np.float16)).tolist() == [[0.5]]
+
+
+def test_checkpoint_scale_check_returns_them_as_float32():
+    from stepper.weights.checkpoint import check_int4_scales
+
+    scales = np.array([[0.5, 2.0], [1e-30, 7.0]], ml_dtypes.bfloat16)
+    values = check_int4_scales("s.safetensors", "x.weight_scale", scales)
+    assert values.dtype == np.float32 and values.tolist() == scales.astype(np.float32).tolist()
+    for bad, said in ((np.nan, "not finite"), (0.0, "zero or below"), (-1.0, "zero or below")):
+        scales[1, 1] = bad
+        with pytest.raises(StepperError, match=rf"s.safetensors: 'x.weight_scale' holds 1 group scale\(s\) .*{said}"):
+            check_int4_scales("s.safetensors", "x.weight_scale", scales)
+
+
 def test_quantize_chooses_largest_over_7_5_and_rounds_to_nearest():
     w = np.array([[7.5, -7.5, 3.2, 0.4] + [0.0] * 28, [0.0] * 32], np.float32)
     packed, scales = int4.quantize_int4(w)
