@@ -1,7 +1,8 @@
-"""One full-size DeepSeek-V4-Flash layer (synthetic weights in the published layout: FP4 routed
-experts, FP8 attention with E8M0 block scales): decode one token and prefill 512 tokens, each
-with its peak RSS and the time of its parts (hc_pre/hc_post, attention, compressor, indexer,
-experts), and the layer's floor from the rates measured in the same process.
+"""Full-size DeepSeek-V4-Flash layers, one of each kind asked for (CSA layer 4; with --v4-hca the
+HCA layer 3, compress ratio 128 and no indexer), synthetic weights in the published layout (FP4
+routed experts, FP8 attention with E8M0 block scales): decode one token and prefill 512 tokens,
+each with its peak RSS and the time of its parts (hc_pre/hc_post, attention, compressor, the
+indexer of a CSA layer, experts), and the layer's floor from the rates measured in the same process.
 
 The layer's tensors are written once into the work directory as a checkpoint holding only the
 layers asked for (deepseek_v4_synth's values and storage, V4Synthetic.stored), read back by

@@ -2,7 +2,8 @@
 `https://HOST/PATH/`), read as stepper.weights.remote reads any remote checkpoint: config.json and
 the index whole, each shard's header in two range reads, and then only the bytes of the tensors a
 run needs (with their `.scale` grids), fetched once they are checked; the embedding only its
-prompt's rows, the `mtp.*` block never. The cache folder is then read by PublishedCheckpoint as a
+prompt's rows, the `mtp.*` block never; for `stepper fp8 --weight`, one weight's scales and the
+rows it shows (stored_rows). The cache folder is then read by PublishedCheckpoint as a
 local folder is, with the same checks.
 
 A remote folder cannot be listed: its shards are found through model.safetensors.index.json, or it
