@@ -24,6 +24,8 @@ peak RSS is its own:
 - with `--indexer`, DeepSeek-V3.2's first layer (dense: its attention and Lightning Indexer are
   those of every layer) prefilling 4096 tokens: the indexer alone, the attention under its mask
   alone, and the whole layer;
+- with `--v4`, DeepSeek-V4-Flash's CSA layer (and with `--v4-hca` its HCA layer too) decoding one
+  token and prefilling 512, each against its floor (v4_layer);
 - with `--long`, one layer's attention at long contexts (long_context); DeepSeek-V4's CSA decode
   over a 1,048,576-position context (v4_attention).
 

@@ -1,7 +1,8 @@
-"""One full-size DeepSeek-V4-Flash layer (synthetic weights in the published layout: FP4 routed
-experts, FP8 attention with E8M0 block scales): decode one token and prefill 512 tokens, each
-with its peak RSS and the time of its parts (hc_pre/hc_post, attention, compressor, indexer,
-experts), and the layer's floor from the rates measured in the same process.
+"""Full-size DeepSeek-V4-Flash layers, one of each kind asked for (CSA layer 4; with --v4-hca the
+HCA layer 3, compress ratio 128 and no indexer), synthetic weights in the published layout (FP4
+routed experts, FP8 attention with E8M0 block scales): decode one token and prefill 512 tokens,
+each with its peak RSS and the time of its parts (hc_pre/hc_post, attention, compressor, the
+indexer of a CSA layer, experts), and the layer's floor from the rates measured in the same process.
 
 The layer's tensors are written once into the work directory as a checkpoint holding only the
 layers asked for (deepseek_v4_synth's values and storage, V4Synthetic.stored), read back by
@@ -41,6 +42,7 @@ from stepper.weights.stored import Fp4Matrix
 
 MODEL = "deepseek-v4-flash"
 CSA_LAYER = 4  # the first score-routed layer with compress ratio 4 (layers 0-2 are hash-routed, 3 is HCA)
+HCA_LAYER = 3  # the first score-routed layer with compress ratio 128 (no indexer: every closed entry is attended)
 SHARD_BYTES = 1 << 29  # a shard is written once its tensors reach this many bytes (the writer holds one shard)
 CONTEXT = 1024  # positions in the cache before the decode step (seeded: model.v4_synthetic_cache)
 FP4_CEILING = "FP4 tile decode + matvec, 2048x4096, one core"
@@ -114,14 +116,15 @@ class PartTimer:
             setattr(module, name, self.originals[part])
 
 
-def layer_parts() -> dict[str, tuple[object, str]]:
+def layer_parts(has_indexer: bool) -> dict[str, tuple[object, str]]:
+    """The parts timed: an HCA layer has no indexer, so none is shown for it."""
     from stepper.families import deepseek_v4
     from stepper.model import clamped_experts, compressed_attention, v4_layer
 
+    indexer = {"indexer (its compressor included)": (compressed_attention, "index_entries")} if has_indexer else {}
     return {"hc_pre": (v4_layer, "hc_pre"), "hc_post": (v4_layer, "hc_post"),
             "attention": (deepseek_v4, "attention"), "compressor": (compressed_attention, "compress"),
-            "indexer (its compressor included)": (compressed_attention, "index_entries"),
-            "MoE": (v4_layer, "v4_moe"), "routed experts": (clamped_experts, "routed_experts")}
+            **indexer, "MoE": (v4_layer, "v4_moe"), "routed experts": (clamped_experts, "routed_experts")}
 
 
 def fp4_rate() -> list[Figure]:
@@ -150,8 +153,8 @@ def weights_used(cfg: V4Config, layer: int, tokens: int) -> dict[str, float]:
     counts = {names.EXPERT: 0.0, names.LINEAR: 0.0, names.FLOAT: 0.0}
     per_token = 0.0
     for short, tensor in names.layer_tensors(cfg, layer).items():
-        if len(tensor.shape) != 2 or short.startswith("hc_"):
-            continue
+        if len(tensor.shape) != 2 or short.startswith("hc_") or not short.endswith(".weight"):
+            continue  # products only: not the hc mixing, a compressor's added positions (ape), a hash table
         size = float(np.prod(tensor.shape))
         if tensor.kind == names.EXPERT:
             counts[tensor.kind] += size * (1 - (1 - k / n) ** tokens)
@@ -209,7 +212,7 @@ def v4_layer_run(checkpoint: Path, layer: int, tokens: int, repeat: int) -> list
     times, cpu, shares = [], [], []
     for run in range(repeat + 1):
         caches.layers[layer] = fresh_cache()
-        with PartTimer(layer_parts()) as parts:
+        with PartTimer(layer_parts(dims.has_indexer)) as parts:
             start, start_cpu = time.perf_counter(), time.process_time()
             model.layer(layer, streams, V4Step(ids), caches, Emitter())
             seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - start_cpu
@@ -229,15 +232,23 @@ def v4_layer_run(checkpoint: Path, layer: int, tokens: int, repeat: int) -> list
     return [replace(figure, floor=seconds, floor_note=how)]
 
 
-def v4_figures(workdir: Path, say) -> list[Figure]:
-    """DeepSeek-V4-Flash: its CSA layer decoding one token and prefilling 512, each in its own
-    process, and a CSA attention's decode step over 1,048,576 positions (v4_attention)."""
+def v4_figures(workdir: Path, say, hca: bool = False) -> list[Figure]:
+    """DeepSeek-V4-Flash: its CSA layer (and with `hca` its HCA layer) decoding one token and
+    prefilling 512, each in its own process, and a CSA attention's decode step over 1,048,576
+    positions (v4_attention)."""
     cfg = flash_config()
-    say(f"writing (once) {cfg.name} layer {CSA_LAYER}: about 3.7 GB, several minutes")
-    folder = ensure_layers(workdir, cfg, (CSA_LAYER,))
-    forget_page_cache(folder)
-    say(f"{cfg.name} layer {CSA_LAYER}: decode 1 token, prefill 512 tokens")
-    figures = in_subprocess("v4_layer", checkpoint=folder, layer=CSA_LAYER, tokens=1, repeat=5)
-    figures += in_subprocess("v4_layer", checkpoint=folder, layer=CSA_LAYER, tokens=512, repeat=1)
+    figures = layer_figures(workdir, cfg, CSA_LAYER, "CSA", "3.7 GB", say)
+    if hca:
+        figures += layer_figures(workdir, cfg, HCA_LAYER, "HCA", "3.6 GB", say)
     say(f"{cfg.name} CSA attention: decode over 1,048,576 positions")
     return figures + in_subprocess("v4_long")
+
+
+def layer_figures(workdir: Path, cfg: V4Config, layer: int, kind: str, size: str, say) -> list[Figure]:
+    """One layer of the kind a V4 layer comes in, written once, decoding one token and prefilling 512."""
+    say(f"writing (once) {cfg.name} layer {layer} ({kind}): about {size}, several minutes")
+    folder = ensure_layers(workdir, cfg, (layer,))
+    forget_page_cache(folder)
+    say(f"{cfg.name} layer {layer} ({kind}): decode 1 token, prefill 512 tokens")
+    figures = in_subprocess("v4_layer", checkpoint=folder, layer=layer, tokens=1, repeat=5)
+    return figures + in_subprocess("v4_layer", checkpoint=folder, layer=layer, tokens=512, repeat=1)

@@ -28,6 +28,9 @@ V4_HELP = ("Only DeepSeek-V4-Flash's figures (not part of the default run: they 
            "attention) decoding 1 token after 1024 positions and prefilling 512, each with the time of its parts and "
            "its floor from the FP4, FP8 and GEMM rates measured in the same process; and a CSA attention's decode "
            "step over 1,048,576 seeded positions (time, peak memory).")
+V4_HCA_HELP = ("With --v4 (and implying it), also V4-Flash's HCA layer 3 (compress ratio 128, no indexer) decoding 1 "
+               "token after 1024 positions and prefilling 512, with its parts and its own floor: about 3.6 GB more "
+               "written once, and several minutes more.")
 LONG_HELP = ("Only the long-context figures: the attention of --long-model's layer 0 (synthetic weights) at naive "
              "prefills of 4096, 16384 and 32768 tokens (time, share of the GEMM rate, peak RSS; 4096 also with every "
              "tensor shown), an absorbed 32768-token prefill in chunks with every tensor shown (about an hour), and "
@@ -43,6 +46,7 @@ def bench_command(
     kda: Annotated[bool, typer.Option("--kda", help=KDA_HELP)] = False,
     long: Annotated[bool, typer.Option("--long", help=LONG_HELP)] = False,
     v4: Annotated[bool, typer.Option("--v4", help=V4_HELP)] = False,
+    v4_hca: Annotated[bool, typer.Option("--v4-hca", help=V4_HCA_HELP)] = False,
     long_model: Annotated[str, typer.Option(metavar="MODEL", help="A preset or config.json for --long.")] = "kimi-k2",
 ) -> None:
     """Measure full-size Kimi K2 layers (decode, prefill, peak memory) and the machine's ceilings.
@@ -62,8 +66,8 @@ def bench_command(
         say = lambda line: console.print(f"· {shown(line)}", style="dim", soft_wrap=whole)
         if long:
             figures = long_context.long_context(long_model, say)
-        elif v4:
-            figures = v4_layer.v4_figures(workdir, say)
+        elif v4 or v4_hca:
+            figures = v4_layer.v4_figures(workdir, say, hca=v4_hca)
         else:
             figures = runner.run_all(workdir, torch and has_torch(), say, int4, indexer, kda)
         if as_json:

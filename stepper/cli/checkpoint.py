@@ -21,7 +21,9 @@ from stepper.untrusted import shown
 from stepper.views import fp4_codes, fp8_codes, inspect, inspect_stats, int4_codes
 from stepper.views.sinks import print_fitted
 from stepper.weights.names import shape_of, storage_dtype
-from stepper.weights.published import PublishedCheckpoint, is_published_v4
+from stepper.weights.published import FP4_DTYPE, PublishedCheckpoint, is_published_v4, unprefixed
+from stepper.weights.remote import is_remote
+from stepper.weights.remote_published import RemotePublishedCheckpoint, is_remote_published, open_published
 from stepper.weights.seeded import SyntheticWeights
 from stepper.weights.stored import FP4
 from stepper.weights.synth_checkpoint import QUANTS, no_progress, requantized, synth_checkpoint
@@ -160,9 +162,11 @@ def fp8_command(
         metavar="NAME",
         help="Show one block of this FP8 weight, e.g. model.layers.1.self_attn.kv_a_proj_with_mqa.weight, or one "
              "group of this INT4 or FP4 weight (DeepSeek-V4: layers.1.ffn.experts.0.w1.weight).")] = None,
-    model: Annotated[str | None, typer.Option(metavar="NAME|DIR",
-                                              help="With --weight: a preset (synthetic weights) or a checkpoint "
-                                                   "directory [default: tiny].")] = None,
+    model: Annotated[str | None, typer.Option(metavar="NAME|DIR|URL",
+                                              help="With --weight: a preset (synthetic weights), a checkpoint "
+                                                   "directory or a remote one (hf://ORG/NAME, https://HOST/PATH/; "
+                                                   "of a DeepSeek-V4 one only the headers, the weight's scales and "
+                                                   "the rows shown are fetched) [default: tiny].")] = None,
     block: Annotated[str | None, typer.Option(metavar="R,C",
         help="With --weight: the block's row and column in the weight's scale grid; for an INT4 or FP4 weight its "
              "row and group [default: 0,0].")] = None,
@@ -232,7 +236,7 @@ def check_fp8_options(code: str | None, weight: str | None, model: str | None, b
 
 def weight_view(console: Console, weight: str, model: str, index: tuple[int, int], seed: int, as_json: bool) -> None:
     """One INT4 or FP4 group or one FP8 block of a weight, whichever format it is stored in."""
-    if Path(model).is_dir() and is_published_v4(Path(model)):
+    if is_remote(model) and is_remote_published(model) or Path(model).is_dir() and is_published_v4(Path(model)):
         published_view(console, weight, model, index, as_json)
         return
     if weight_dtype(weight, model, seed) == "INT4":
@@ -265,13 +269,17 @@ def fp4_view(console: Console, code: str | None, as_json: bool) -> None:
 
 
 def published_view(console: Console, name: str, model: str, index: tuple[int, int], as_json: bool) -> None:
-    """A weight of a DeepSeek-V4 checkpoint: an FP4 expert's group of 32 inputs, or an FP8 weight's
-    128x128 block with its E8M0 scale."""
-    source = PublishedCheckpoint(Path(model))
+    """A weight of a DeepSeek-V4 checkpoint, a folder or a remote one: an FP4 expert's group of 32
+    inputs, or an FP8 weight's 128x128 block with its E8M0 scale. Of a remote one only the headers,
+    the weight's scales and the rows shown are fetched."""
+    source = open_published(model)
+    label = source.label if is_remote(model) else model  # a URL without its credentials
     if not source.has(name):
-        raise StepperError(f"{model}: no tensor named '{shown(name)}' (DeepSeek-V4's names have no model. prefix, "
-                           f"e.g. layers.1.ffn.experts.0.w1.weight)")
-    stored, where = source.stored(name), f"checkpoint {model}"
+        raise StepperError(f"{shown(label)}: no tensor named '{shown(name)}' (DeepSeek-V4's names have no model. "
+                           "prefix, e.g. layers.1.ffn.experts.0.w1.weight)")
+    remote_rows = isinstance(source, RemotePublishedCheckpoint)
+    stored = source.stored_rows(name, shown_rows(source, name, index)) if remote_rows else source.stored(name)
+    where = f"checkpoint {label}"
     if stored.dtype == FP4:
         group = fp4_codes.load_group(stored, name, index, where)
         if as_json:
@@ -284,6 +292,13 @@ def published_view(console: Console, name: str, model: str, index: tuple[int, in
         print(json.dumps(fp8_codes.block_record(block), allow_nan=False))
     else:
         fp8_codes.render_block(console, block)
+
+
+def shown_rows(source: PublishedCheckpoint, name: str, index: tuple[int, int]) -> range:
+    """The rows of the weight that --block R,C shows: row R of an FP4 weight, an FP8 weight's block row R."""
+    stored = unprefixed(name)
+    height = 1 if source.shard_of(stored).info(stored).dtype == FP4_DTYPE else BLOCK[0]
+    return range(index[0] * height, (index[0] + 1) * height)
 
 
 def int4_view(console: Console, code: str | None, as_json: bool) -> None:

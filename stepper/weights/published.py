@@ -138,13 +138,23 @@ class PublishedCheckpoint(Checkpoint):
         """The tensor as stored, an FP8 or FP4 weight with its scales (their dtype, grid and values checked)."""
         name = unprefixed(name)
         self._keep_resident(name)
+        self.check_stored(name)
+        return self.stored_over(name, self.shard_of(name).get(name))
+
+    def check_stored(self, name: str) -> None:
+        """A stored tensor's dtype and shape as the config says (a name it does not know: its scale's
+        dtype), from its shard's header alone; the first problem as one line."""
         shard = self.shard_of(name)
-        info, array = shard.info(name), shard.get(name)
         expected = self.expected(name)  # a tensor the config knows: its dtype and shape checked, as a run's check does
         problems = ([p.text for p in self.tensor_problems(name, expected)] if expected is not None
-                    else [p for p in [self.scale_problem(info, shard.path.name)] if p is not None])
+                    else [p for p in [self.scale_problem(shard.info(name), shard.path.name)] if p is not None])
         if problems:
             raise StepperError(problems[0])
+
+    def stored_over(self, name: str, array: np.ndarray) -> Stored:
+        """Checked tensor `name` over `array`, its bytes, with its scales read (their values checked)."""
+        shard = self.shard_of(name)
+        info = shard.info(name)
         if info.dtype not in (FP8_DTYPE, FP4_DTYPE):
             return Stored(info.dtype, array)
         scale_name = scale_of(name)

@@ -2,7 +2,8 @@
 `https://HOST/PATH/`), read as stepper.weights.remote reads any remote checkpoint: config.json and
 the index whole, each shard's header in two range reads, and then only the bytes of the tensors a
 run needs (with their `.scale` grids), fetched once they are checked; the embedding only its
-prompt's rows, the `mtp.*` block never. The cache folder is then read by PublishedCheckpoint as a
+prompt's rows, the `mtp.*` block never; for `stepper fp8 --weight`, one weight's scales and the
+rows it shows (stored_rows). The cache folder is then read by PublishedCheckpoint as a
 local folder is, with the same checks.
 
 A remote folder cannot be listed: its shards are found through model.safetensors.index.json, or it
@@ -23,6 +24,8 @@ from stepper.weights import remote
 from stepper.weights.checkpoint import INDEX, SINGLE
 from stepper.weights.published import FP8_DTYPE, PublishedCheckpoint, is_published_v4, scale_of, unprefixed
 from stepper.weights.remote import Reached, RemoteReads
+from stepper.weights.safetensors_reader import SafetensorsFile
+from stepper.weights.stored import Stored
 
 EMBED = "embed.weight"  # read a prompt's rows at a time
 
@@ -66,3 +69,21 @@ class RemotePublishedCheckpoint(RemoteReads, PublishedCheckpoint):
         if info.dtype == FP8_DTYPE or not info.shape:
             return super().get_rows(name, rows)
         return self.fetched_rows(stored, rows)
+
+    def stored_rows(self, name: str, rows: range) -> Stored:
+        """Tensor `name` as stored, checked from its header first, with its scales whole but of its
+        bytes only rows `rows` fetched (those inside the tensor): what `stepper fp8 --weight` shows
+        of one FP8 block or FP4 group. Only those rows are to be read: the others are not fetched."""
+        name = unprefixed(name)
+        self._keep_resident(name)
+        self.check_stored(name)
+        shard = self.shard_of(name)
+        info = shard.info(name)
+        if len(info.shape) != 2:  # not a weight matrix: fetched whole
+            return self.stored(name)
+        start, _ = shard.data_range(name)
+        row_bytes = info.nbytes // info.shape[0]
+        first, stop = min(max(rows.start, 0), info.shape[0]), min(max(rows.stop, 0), info.shape[0])
+        if stop > first:
+            self.remote.cached[self.weight_map[name]].ensure([(start + first * row_bytes, start + stop * row_bytes)])
+        return self.stored_over(name, SafetensorsFile.get(shard, name))  # the mapped view, no fetch

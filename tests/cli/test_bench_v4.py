@@ -77,3 +77,65 @@ def test_the_attention_core_counts_the_keys_each_query_sees(tiny):
     assert v4_layer.keys_attended(dims, 1) == 8 + 4  # the decode step after CONTEXT positions
     hca = tiny.dims(2)  # ratio 16, every closed entry seen
     assert v4_layer.keys_attended(hca, 40) == sum(min(p + 1, 8) + (p + 1) // 16 for p in range(40))
+
+
+def test_a_decode_step_and_a_prefill_of_an_hca_layer_with_its_own_floor(tiny, tmp_path, monkeypatch):
+    monkeypatch.setattr(v4_layer, "rates", lambda: {"fp4": 1e9, "fp8": 2e9, "gemm": 1e11})
+    assert tiny.dims(2).compress_ratio == 16 and not tiny.dims(2).has_indexer  # tiny-v4's HCA layer
+    folder = v4_layer.ensure_layers(tmp_path, tiny, (2,))
+    [decode] = v4_layer.v4_layer_run(folder, 2, tokens=1, repeat=1)
+    [prefill] = v4_layer.v4_layer_run(folder, 2, tokens=40, repeat=1)
+    assert decode.name == f"tiny-v4 layer 2 (HCA): decode 1 token after {v4_layer.CONTEXT} positions"
+    assert prefill.name == "tiny-v4 layer 2 (HCA): prefill 40 tokens"
+    for figure in (decode, prefill):
+        assert "compressor" in figure.note and "routed experts" in figure.note and "indexer" not in figure.note
+    assert decode.floor == pytest.approx(v4_layer.layer_floor(tiny, 2, 1, v4_layer.rates())[0])
+    assert prefill.floor == pytest.approx(v4_layer.layer_floor(tiny, 2, 40, v4_layer.rates())[0])
+
+
+def test_the_hca_floor_counts_no_indexer_and_every_closed_entry(tiny):
+    d, q, H, D, o = tiny.hidden_size, tiny.q_lora_rank, tiny.num_attention_heads, tiny.head_dim, tiny.o_lora_rank
+    attention = q * d + H * D * q + D * d + o * H * D + d * tiny.o_groups * o  # wq_a, wq_b, wkv, wo_a, wo_b
+    shared = 3 * tiny.moe_intermediate_size * d
+    expert = 3 * tiny.moe_intermediate_size * d
+    used = v4_layer.weights_used(tiny, 2, 1)
+    assert used["fp8"] == attention + shared  # no indexer's wq_b
+    assert used["fp4"] == pytest.approx(tiny.num_experts_per_tok * expert)
+    compressor, gate = 2 * D * d, tiny.n_routed_experts * d  # wkv, wgate [D, d] (BF16); the router [n, d]
+    k_of_n = tiny.num_experts_per_tok / tiny.n_routed_experts
+    assert used["flops"] == pytest.approx(2 * (attention + shared + compressor + gate + k_of_n * 16 * expert))
+    keys = 8 + (v4_layer.CONTEXT + 1) // 16  # the window and every closed entry of ratio 16
+    assert v4_layer.keys_attended(tiny.dims(2), 1) == keys
+    rates = {"fp4": 1e9, "fp8": 2e9, "gemm": 1e11}
+    seconds, how = v4_layer.layer_floor(tiny, 2, 1, rates)
+    by_hand = used["fp4"] / 1e9 + used["fp8"] / 2e9 + (used["flops"] + 4 * H * D * keys) / 1e11
+    assert seconds == pytest.approx(by_hand) and "FP4 weights" in how
+
+
+def test_bench_v4_hca_adds_the_hca_layer(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(v4_layer, "ensure_layers", lambda workdir, cfg, layers: tmp_path / f"L{layers[0]}")
+    monkeypatch.setattr(v4_layer, "forget_page_cache", lambda folder: None)
+    monkeypatch.setattr(v4_layer, "in_subprocess", lambda name, **kw: calls.append((name, kw)) or [])
+    said = []
+    v4_layer.v4_figures(tmp_path, said.append, hca=True)
+    layers = [(kw["layer"], kw["tokens"]) for name, kw in calls if name == "v4_layer"]
+    assert layers == [(4, 1), (4, 512), (3, 1), (3, 512)] and calls[-1][0] == "v4_long"
+    assert any("layer 3 (HCA)" in line and "3.6 GB" in line for line in said)
+    assert v4_layer.flash_config().dims(3).compress_ratio == 128 and not v4_layer.flash_config().dims(3).has_indexer
+    calls.clear()
+    v4_layer.v4_figures(tmp_path, said.append)
+    assert [kw["layer"] for name, kw in calls if name == "v4_layer"] == [4, 4]
+
+
+def test_the_command_line_takes_v4_hca_and_says_what_it_costs(tmp_path, monkeypatch):
+    from helpers.cli import stepper
+
+    asked = []
+    monkeypatch.setattr(v4_layer, "v4_figures", lambda workdir, say, hca=False: asked.append(hca) or [])
+    for args, hca in ((["--v4"], False), (["--v4", "--v4-hca"], True), (["--v4-hca"], True)):
+        done = stepper("bench", *args, "--workdir", tmp_path / "bench", "--json")
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["figures"] == [] and asked.pop() is hca
+    helped = " ".join(stepper("bench", "--help", env={"COLUMNS": "200"}).stdout.split())
+    assert "--v4-hca" in helped and "HCA layer 3" in helped and "about 3.6 GB more written once" in helped
