@@ -29,8 +29,8 @@ ReadConfig = Callable[[dict[str, Any], str], Any]  # (config.json's dict, where 
 Miniature = Callable[[Any, int], Any]
 MakeModel = Callable[[Any, LayerOptions], Model]  # (weights, options) -> the model on them
 # (config, layers run, positions cached, attention path, index scoring) -> bytes their caches hold
-DEFAULT = LayerOptions()
 CacheBytes = Callable[[Any, Iterable[int], int, str, str], int]
+DEFAULT = LayerOptions()
 
 
 def around(model: type[Transformer], layer: DecoderLayer) -> MakeModel:
