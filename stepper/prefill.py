@@ -167,7 +167,7 @@ class Gathered:
         if not waiting:
             return
         for part, _ in waiting:
-            part.begin()
+            part.begin(self.chunk)
         for blocks in zip(*(chunks(tiled) for _, tiled in waiting)):
             for (part, _), values in zip(waiting, blocks):
                 part.take(values, self.chunk)
@@ -215,6 +215,8 @@ class Part:
         self.span: tuple[float, float] | None = None  # the range of the values gathered so far
         self.since = 0  # the first chunk whose values are all in `counts`: the ones before are replayed
         self.taken = False  # whether a finite value of the current chunk was gathered
+        self.binning = True  # whether the current chunk's blocks are binned as they come (`begin`)
+        self.grew = False  # whether the range grew past the current chunk's first block
 
     def add(self, array: np.ndarray | Tiled, k: int) -> None:
         """Chunk k's tensor: figures, and bins if its range is the one of the chunks before (a held
@@ -223,7 +225,7 @@ class Part:
             self.latest = array
             return
         if isinstance(array, Tiled):
-            self.begin()
+            self.begin(k)
             for values in chunks(array):
                 self.take(values, k)
             self.end(array)
@@ -239,9 +241,13 @@ class Part:
                 self.counts += bin_counts(values, self.span, BINS)
         self.end(array)
 
-    def begin(self) -> None:
-        """Before a chunk's blocks come one at a time (`take`)."""
-        self.taken = False
+    def begin(self, k: int) -> None:
+        """Before chunk k's blocks come one at a time (`take`): they are binned unless the range grew
+        past the first block of the chunk before (the attention's scores, whose range grows to the
+        last chunk: their bins would start again), which makes chunk k one to replay."""
+        self.binning, self.grew, self.taken = not self.grew, False, False
+        if not self.binning:
+            self.counts[:], self.since = 0, k + 1
 
     def take(self, values: np.ndarray, k: int) -> None:
         """One block of chunk k made a tile at a time: gathered, and binned while in the cache unless
@@ -251,10 +257,10 @@ class Part:
             return
         span = self.gather.span()
         if span != self.span:
-            self.span, self.since = span, k + 1 if self.taken else k
-            self.counts[:] = 0
+            self.span, self.since = span, k if self.binning and not self.taken else k + 1
+            self.counts[:], self.grew = 0, self.grew or self.taken
         self.taken = True
-        if k >= self.since:
+        if self.binning and k >= self.since:
             self.counts += bin_known(finite, span, BINS)
 
     def end(self, array: np.ndarray | Tiled) -> None:
