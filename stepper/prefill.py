@@ -5,9 +5,15 @@ equals prefills of consecutive chunks with the cache: tests/model/test_cache.py.
 
 Every named tensor is still shown once, over all T positions, with the figures of the whole
 prompt's tensor (a `stepper.tensors.chunked.Chunked`): each chunk's tensors are gathered exactly as they
-come (statistics and corners), then each chunk runs again against the cache as it was (a replay,
-bit for bit the same) for the histograms, whose bins need the range first. Reading the values of
+come (statistics and corners). A histogram's bins need the whole tensor's range, so each chunk's
+values are binned against the range seen so far, and the counts start again when the range grows;
+a chunk binned before the range was final runs again against the cache as it was (a replay, bit
+for bit the same) for those tensors alone, and stops once it has made them (`Counted`): a tensor
+whose range was reached early (the weights' 0 and 1, in chunk 0) is binned as it comes, and the
+scores, shown before the attention's tiles run, need no tiles run again. Reading the values of
 one (`np.asarray`) replays the chunks once more and makes every chunked tensor at once (`Replay`).
+The scores and weights made a tile at a time are gathered together, tile by tile, so each tile
+of scores is made once for both.
 
 A chunk's rows of a tensor over the attended positions S (the attention scores and weights, the
 indexer's scores, choices and mask) stop at the chunk's last position; the whole prompt's tensor
@@ -27,7 +33,7 @@ from stepper import catalog
 from stepper.model.cache import KVCache, LayerCache
 from stepper.seams.trace import Emitter, Event
 from stepper.tensors.chunked import Chunked
-from stepper.tensors.statistics import BINS, CORNER, Gather, bin_counts, chunks, corners, edges
+from stepper.tensors.statistics import BINS, CORNER, Gather, bin_counts, bin_known, chunks, corners, edges
 from stepper.tensors.tensor import Figures, held, mib
 from stepper.tensors.tiled import Tiled
 
@@ -52,18 +58,21 @@ def in_chunks(step: Step, length: int, chunk: int, cache: KVCache, emit: Emitter
     for k, span in enumerate(spans):
         emit.progress("prefill chunks", k, len(spans))
         before.append([layer.length for layer in cache.layers])
+        gathered.chunk = k
         result = step(span, cache, emit.to([gathered]))
+        gathered.flush()
     emit.progress("prefill chunks", len(spans), len(spans))
     replay = Replay(step, spans, [layer.first(layer.length) for layer in cache.layers], before, emit)
     parts = list(gathered.parts.values())
     replay.parts = {part.name: part for part in parts if part.axis is not None}
     for part in parts:
-        part.close_stats()
-    if any(part.axis is not None for part in parts):  # some histogram to count, its range now known
-        for k in range(len(spans)):
-            emit.progress("prefill chunks again, for the histograms", k, len(spans))
-            replay.run(k, [gathered.count])
-        emit.progress("prefill chunks again, for the histograms", len(spans), len(spans))
+        part.close_stats(len(spans))
+    again = max((part.since for part in parts), default=0)  # the chunks binned before some range was final
+    for k in range(again):
+        emit.progress("prefill chunks again, for the histograms", k, again)
+        replay.run(k, [Counting([part for part in parts if part.since > k])])
+    if again:
+        emit.progress("prefill chunks again, for the histograms", again, again)
     for part in parts:
         emit.deliver(part.event(replay))
     return result
@@ -84,7 +93,10 @@ class Replay:
     def run(self, k: int, sinks: list) -> None:
         cache = KVCache(0)
         cache.layers = [layer.first(n) for layer, n in zip(self.final, self.before[k])]
-        self.step(self.spans[k], cache, self.emit.to(sinks))
+        try:
+            self.step(self.spans[k], cache, self.emit.to(sinks))
+        except Counted:  # the sinks have what they need of this chunk: the rest of its step is not run
+            pass
 
     def keep(self, name: str) -> None:
         self.together.add(name)
@@ -124,27 +136,65 @@ class Replay:
 
 
 class Gathered:
-    """Sink of the chunks' events: each wanted name's `Part`, in the order the names first come."""
+    """Sink of the chunks' events: each wanted name's `Part`, in the order the names first come.
+    Tensors made a tile at a time (`Tiled`) wait for the next event: the attention's scores and
+    weights come one after the other, the same tiles, and are gathered together (`flush`), so
+    each tile's scores, kept a while by the attention, are made once for both."""
 
     def __init__(self, outer: Emitter, masked: Mapping[str, float]):
         self.outer, self.masked = outer, masked
         self.parts: dict[str, Part] = {}
+        self.chunk = 0  # the chunk being run
+        self.waiting: list[tuple[Part, Tiled]] = []  # tiled tensors of one shape, to gather together
 
     def __call__(self, event: Event) -> None:
         if event.name not in self.parts:
             if not self.outer.wants(event):
                 return
             self.parts[event.name] = Part(event, self.masked)
-        self.parts[event.name].add(event.array)
+        part = self.parts[event.name]
+        if isinstance(event.array, Tiled) and part.axis is not None:
+            if self.waiting and self.waiting[0][1].shape != event.array.shape:
+                self.flush()
+            self.waiting.append((part, event.array))
+            return
+        self.flush()
+        part.add(event.array, self.chunk)
 
-    def count(self, event: Event) -> None:
-        """The second pass: histogram counts, the range known."""
-        part = self.parts.get(event.name)
-        if part is not None:
-            part.count(event.array)
+    def flush(self) -> None:
+        """Gather the waiting tiled tensors, a block of each in turn."""
+        waiting, self.waiting = self.waiting, []
+        if not waiting:
+            return
+        for part, _ in waiting:
+            part.begin(self.chunk)
+        for blocks in zip(*(chunks(tiled) for _, tiled in waiting)):
+            for (part, _), values in zip(waiting, blocks):
+                part.take(values, self.chunk)
+        for part, tiled in waiting:
+            part.end(tiled)
 
     def progress(self, task: str, done: int, total: int) -> None:
         self.outer.progress(task, done, total)
+
+
+class Counted(Exception):
+    """Raised by `Counting` once a replayed chunk has made every tensor it was replayed for."""
+
+
+class Counting:
+    """Sink of a replayed chunk: the histogram counts of the parts it is replayed for; once each
+    has been counted, the rest of the step is not needed (`Counted`)."""
+
+    def __init__(self, parts: list[Part]):
+        self.left = {part.name: part for part in parts}
+
+    def __call__(self, event: Event) -> None:
+        part = self.left.pop(event.name, None)
+        if part is not None:
+            part.count(event.array)
+        if not self.left:
+            raise Counted
 
 
 class Part:
@@ -161,14 +211,60 @@ class Part:
         self.pad = masked.get(event.key, 0.0)
         self.dtype, self.shapes, self.latest = event.array.dtype, [], None
         self.gather, self.first, self.last = Gather(), [], []
-        self.counts = np.zeros(BINS, np.int64)
+        self.counts = np.zeros(BINS, np.int64)  # of the chunks from `since` on, binned against `span`
+        self.span: tuple[float, float] | None = None  # the range of the values gathered so far
+        self.since = 0  # the first chunk whose values are all in `counts`: the ones before are replayed
+        self.taken = False  # whether a finite value of the current chunk was gathered
+        self.binning = True  # whether the current chunk's blocks are binned as they come (`begin`)
+        self.grew = False  # whether the range grew past the current chunk's first block
 
-    def add(self, array: np.ndarray | Tiled) -> None:
+    def add(self, array: np.ndarray | Tiled, k: int) -> None:
+        """Chunk k's tensor: figures, and bins if its range is the one of the chunks before (a held
+        array is read twice, its range first: a chunk that widens the range is binned against the new one)."""
         if self.axis is None:
             self.latest = array
             return
+        if isinstance(array, Tiled):
+            self.begin(k)
+            for values in chunks(array):
+                self.take(values, k)
+            self.end(array)
+            return
+        before = self.span
         for values in chunks(array):
             self.gather.add(values)
+        self.span = self.gather.span()
+        if self.span != before:  # the counts so far are against another range: the chunks before are replayed
+            self.counts[:], self.since = 0, k
+        if self.span is not None:
+            for values in chunks(array):
+                self.counts += bin_counts(values, self.span, BINS)
+        self.end(array)
+
+    def begin(self, k: int) -> None:
+        """Before chunk k's blocks come one at a time (`take`): they are binned unless the range grew
+        past the first block of the chunk before (the attention's scores, whose range grows to the
+        last chunk: their bins would start again), which makes chunk k one to replay."""
+        self.binning, self.grew, self.taken = not self.grew, False, False
+        if not self.binning:
+            self.counts[:], self.since = 0, k + 1
+
+    def take(self, values: np.ndarray, k: int) -> None:
+        """One block of chunk k made a tile at a time: gathered, and binned while in the cache unless
+        it widens the range (the counts start again, from the next chunk on if this one's were begun)."""
+        finite = self.gather.add(values)
+        if not finite.size:
+            return
+        span = self.gather.span()
+        if span != self.span:
+            self.span, self.since = span, k if self.binning and not self.taken else k + 1
+            self.counts[:], self.grew = 0, self.grew or self.taken
+        self.taken = True
+        if self.binning and k >= self.since:
+            self.counts += bin_known(finite, span, BINS)
+
+    def end(self, array: np.ndarray | Tiled) -> None:
+        """After chunk k's blocks: its corners and shape."""
         first, last = corners(array, CORNER)
         if self.axis == array.ndim - 1:  # rows along the positions ([B, T]): a corner may span chunks
             self.first, self.last = (self.first + first)[:CORNER], (self.last + last)[-CORNER:]
@@ -191,15 +287,21 @@ class Part:
         """Entries of the whole tensor that no chunk has: the masked future past each chunk's rows."""
         return int(np.prod(self.shape)) - sum(int(np.prod(s)) for s in self.shapes)
 
-    def close_stats(self) -> None:
-        if self.axis is not None:
-            self.gather.add_repeated(float(self.pad), self.padding)
-            self.stats = self.gather.stats()
+    def close_stats(self, chunks: int) -> None:
+        """The figures of every chunk gathered: the statistics; the chunks to replay for the histogram."""
+        if self.axis is None:
+            return
+        self.gather.add_repeated(float(self.pad), self.padding)
+        self.stats = self.gather.stats()
+        if not self.stats.finite:  # no histogram
+            self.since = 0
+        elif edges(self.stats) != self.span:  # the masked future widened the range
+            self.counts[:], self.since = 0, chunks
 
     def count(self, array: np.ndarray | Tiled) -> None:
-        if self.axis is not None and self.stats.finite:
-            for values in chunks(array):
-                self.counts += bin_counts(values, edges(self.stats), BINS)
+        """A replayed chunk's tensor: its histogram counts, the range known."""
+        for values in chunks(array):
+            self.counts += bin_counts(values, edges(self.stats), BINS)
 
     def event(self, replay: Replay) -> Event:
         """The whole tensor, as one event: the last chunk's, or a `Chunked` over every chunk."""

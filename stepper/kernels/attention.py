@@ -184,14 +184,23 @@ def held_or_tiled(ops: Operands, held: Callable[[], np.ndarray], emit: Emitter, 
     """The attention of `ops`: `held()`, the model's lines on whole arrays, while its scores
     [B, H, T, S] are few enough to hold (whole_fits); else over tiles (`attend`), never holding
     them: a listening `emit` gets them and the weights through `show(scores, weights_of, emit)`
-    as `Tiled` tensors, made a tile at a time when a sink looks.
+    as `Tiled` tensors, made a tile at a time when a sink looks. The scores are shown before the
+    tiles run (they need none of their results), so a sink that wants only them can stop the step
+    there (a chunked prefill's replay: stepper.prefill).
     -> [B, H, T, v_head] ([B, H, T, kv_lora] absorbed)"""
     if whole_fits(*ops.shape):
         return held()
-    out, lse = attend(ops)  # the output, and each row's log-sum-exp [B, H, T]
-    if emit.listening:
-        show(Tiled(ops.shape, ops.rows), lambda _: Tiled(ops.shape, partial(ops.weights, lse)), emit)
-    return out
+    if not emit.listening:
+        return attend(ops)[0]
+    made = []
+
+    def weights_of(_) -> Tiled:
+        out, lse = attend(ops)  # the output, and each row's log-sum-exp [B, H, T]
+        made.append(out)
+        return Tiled(ops.shape, partial(ops.weights, lse))
+
+    show(Tiled(ops.shape, ops.rows), weights_of, emit)
+    return made[0]
 
 
 def attend(ops: Operands) -> tuple[np.ndarray, np.ndarray]:

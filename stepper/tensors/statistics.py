@@ -89,8 +89,9 @@ class Gather:
         self.total = self.squares = 0  # exact, in units of 2**-EXACT_SHIFT
         self.buckets = Buckets()  # float32 values' sums not yet in total and squares
 
-    def add(self, values: np.ndarray) -> None:
-        """values: float32 or float64 [n], at most CHUNK of them."""
+    def add(self, values: np.ndarray) -> np.ndarray:
+        """values: float32 or float64 [n], at most CHUNK of them. -> the finite ones, which the
+        figures took (a histogram may bin them: `bin_known`)"""
         lo, hi = values.min(initial=np.inf), values.max(initial=-np.inf)  # NaN if any is
         if values.size and not (np.isfinite(lo) and np.isfinite(hi)):
             values = self.non_finite(values)
@@ -104,6 +105,11 @@ class Gather:
             else:
                 self.total += exact_sum(values)
                 self.squares += exact_sum(np.square(values))
+        return values
+
+    def span(self) -> tuple[float, float] | None:
+        """The range a histogram of the values so far spans (`edges`); None before a finite one."""
+        return span_of(self.lo, self.hi) if self.finite else None
 
     def non_finite(self, values: np.ndarray) -> np.ndarray:
         """Counts the NaN and infinite values. -> the finite ones"""
@@ -246,7 +252,10 @@ def exact_sum(values: np.ndarray) -> int:
 def edges(known: Stats) -> tuple[float, float]:
     """The range a histogram's equal bins span: the finite values' min and max (widened by a half
     each way when they are equal)."""
-    lo, hi = known.min, known.max
+    return span_of(known.min, known.max)
+
+
+def span_of(lo: float, hi: float) -> tuple[float, float]:
     return (lo, hi) if hi > lo else (lo - 0.5, hi + 0.5)
 
 
@@ -257,6 +266,14 @@ def bin_counts(values: np.ndarray, span: tuple[float, float], bins: int) -> np.n
         values = values[np.isfinite(values)]  # NaN and infinities are not counted
     if values.dtype != np.float32 or not within(values, span):
         return np.histogram(values[np.isfinite(values)].astype(np.float64), bins=bins, range=span)[0]
+    return bin_known(values, span, bins)
+
+
+def bin_known(values: np.ndarray, span: tuple[float, float], bins: int) -> np.ndarray:
+    """bin_counts of values known to be finite and within the span (what Gather.add returns,
+    binned against the range it has seen): no pass to check them."""
+    if values.dtype != np.float32:
+        return np.histogram(values.astype(np.float64), bins=bins, range=span)[0]
     below_edge = scratch("below", values.size, np.bool_)
     below = [np.count_nonzero(np.less(values, edge, out=below_edge)) for edge in thresholds(span, bins)]
     return np.diff(np.array([0, *below, values.size], np.int64))
