@@ -96,7 +96,9 @@ def compress(x: np.ndarray, w: LayerWeights, comp: Compressor, state: Pending, t
     slots_kv, slots_gate, state = slots(chunk_kv, chunk_gate, comp, state)  # [B, Wc, slots, Dc] each
     slots_gate = emit(f"{comp.shown}.slot_gate", slots_gate)
     weights, pooled = gated_pool(slots_kv, slots_gate)  # [B, Wc, slots, Dc], [B, Wc, Dc]
-    emit(f"{comp.shown}.slot_weights", weights)
+    shown = emit(f"{comp.shown}.slot_weights", weights)
+    if shown is not weights:  # the weights replaced where they are shown (a patch): the windows pooled by those
+        pooled = np.sum(slots_kv * shown, axis=2)
     pooled = emit(f"{comp.shown}.pooled", pooled)
     normed = rms_norm(pooled, w(f"{comp.module}.kv_norm.weight"), comp.eps)  # [B, Wc, Dc]
     starts = (state.windows_closed + np.arange(W)) * comp.ratio  # [Wc]

@@ -59,6 +59,22 @@ def pooled(ratio: int, kv_proj: np.ndarray, x: np.ndarray, width: int, state=Non
     return rec.tensors(), state
 
 
+def test_replaced_slot_weights_pool_the_window():
+    """A patch of slot_weights (a sink's replacement) is what the window is pooled with."""
+    x = np.arange(1, 25, dtype=np.float32).reshape(1, 12, 2)
+    arrays = {"model.layers.0.c.kv_proj.weight": np.eye(2, dtype=np.float32),
+              "model.layers.0.c.gate_proj.weight": np.zeros((2, 2), np.float32),
+              "model.layers.0.c.position_bias": np.zeros((5, 2), np.float32),
+              "model.layers.0.c.kv_norm.weight": np.ones(2, np.float32)}
+    first_slot = np.zeros((1, 2, 5, 2), np.float32)
+    first_slot[:, :, 0] = 1  # all the weight on each window's first token
+    rec = Recorder()
+    sinks = [lambda e: first_slot if e.key == "shown.slot_weights" else None, rec]
+    compress(x, LayerWeights(Arrays(arrays), 0), Compressor("c", "shown", 5, 2, 1e-6), Pending.empty(1, 2, 2),
+             no_turn, Emitter(sinks))
+    np.testing.assert_array_equal(rec.tensors()["shown.pooled"], [[[1.0, 2.0], [11.0, 12.0]]])  # tokens 0 and 5
+
+
 def test_hca_pools_each_closed_window_and_keeps_the_rest():
     x = np.arange(1, 25, dtype=np.float32).reshape(1, 12, 2)  # tokens (1,2), (3,4), ...; m = 5 (only 4 overlaps)
     shown, state = pooled(5, np.eye(2, dtype=np.float32), x, 2)
