@@ -71,7 +71,8 @@ def attention_run(model: str, tokens: int, cache: int, attn: str, shown: bool, r
     seen = "every tensor shown (statistics, histogram, corners)" if shown else "no tensor shown"
     note = f"{seen}; median of {repeat}"
     if 0 < chunk < tokens:
-        note += f"; in chunks of {chunk} positions{' (each run twice: statistics, then histograms)' if shown else ''}"
+        replay = " (a chunk binned before a range was final runs again for the histograms)" if shown else ""
+        note += f"; in chunks of {chunk} positions{replay}"
     if core.seconds:
         note += (f"; attention core (kernels.attend) {core.seconds:.3g} s, {flops / core.seconds / 1e9:.1f} GFLOP/s = "
                  f"{flops / core.seconds / gemm:.0%} of the float32 GEMM rate here "
@@ -122,8 +123,8 @@ def long_context(model: str, say, prefills=(4096, 16384, 32768), caches=(8192, 3
     """The long-context figures: naive prefills (what --attn auto runs where it fits; time, GEMM
     share and peak RSS), the shorter ones also with every tensor shown; absorbed prefills in
     chunks of SHOWN_CHUNK with every tensor shown (the memory bound of a long shown prefill: the
-    32768-token one gathers 70 G scores and weights, twice, and takes about an hour on two
-    cores); and decode steps over long caches (absorbed), shown."""
+    32768-token one gathers 70 G scores and weights, the chunks binned before their ranges were
+    final a second time, and took about an hour on two cores); and decode steps over long caches (absorbed), shown."""
     figures = []
     for tokens in prefills:
         for shown in (False, True) if tokens in shown_prefills else (False,):
