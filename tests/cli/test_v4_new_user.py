@@ -1,0 +1,24 @@
+"""DeepSeek-V4 as a new user meets it (issue #32): what `stepper run --model tiny-v4` and its neighbours print
+reads right, and bad input gets one line."""
+
+from __future__ import annotations
+
+import re
+
+from helpers.cli import stepper
+
+from stepper.views.sinks import singular
+
+
+def test_a_dim_of_size_one_names_its_noun_in_the_singular():
+    assert singular("positions") == "position"
+    assert singular("compressed entries") == "compressed entry"
+    assert singular("entries a query attends") == "entry a query attends"
+    assert singular("windows closed this step") == "window closed this step"
+    assert singular("window slots (m, 2m at m = 4)") == "window slot (m, 2m at m = 4)"
+    assert singular("mlp hidden") == "mlp hidden"
+    out = stepper("run", "--model", "tiny-v4", "--layer", "1").stdout  # 7 positions: one CSA window (m = 4) closed
+    shapes = set(re.findall(r"\[B=1 batch[^\]]*\]", out))
+    assert "[B=1 batch, T=7 positions, Ec=1 compressed entry]" in shapes
+    assert "[B=1 batch, T=7 positions, Kq=1 entry a query attends]" in shapes
+    assert not [s for s in shapes if "entrie," in s or "entrie]" in s or "=1 entries a query attend]" in s]
