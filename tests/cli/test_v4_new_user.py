@@ -22,3 +22,11 @@ def test_a_dim_of_size_one_names_its_noun_in_the_singular():
     assert "[B=1 batch, T=7 positions, Ec=1 compressed entry]" in shapes
     assert "[B=1 batch, T=7 positions, Kq=1 entry a query attends]" in shapes
     assert not [s for s in shapes if "entrie," in s or "entrie]" in s or "=1 entries a query attend]" in s]
+
+
+def test_the_header_names_each_kind_of_layer_as_its_first_line_does():
+    lines = stepper("run", "--model", "tiny-v4").stdout.splitlines()
+    assert "(1 sliding, 2 CSA, 1 HCA;" in lines[0]
+    costs = [line for line in lines[1:4] if line.startswith("cache per position per layer: ")]
+    assert [c.split(" B (")[1].split(";")[0] for c in costs] == ["sliding", "CSA, m = 4", "HCA, m = 16"]
+    assert costs[2].startswith("cache per position per layer: 8 B (HCA, m = 16; +4,736 B whatever the length)")
