@@ -3,9 +3,10 @@ reads right, and bad input gets one line."""
 
 from __future__ import annotations
 
+import json
 import re
 
-from helpers.cli import stepper
+from helpers.cli import refused, stepper
 
 from stepper.views.sinks import singular
 
@@ -30,3 +31,20 @@ def test_the_header_names_each_kind_of_layer_as_its_first_line_does():
     costs = [line for line in lines[1:4] if line.startswith("cache per position per layer: ")]
     assert [c.split(" B (")[1].split(";")[0] for c in costs] == ["sliding", "CSA, m = 4", "HCA, m = 16"]
     assert costs[2].startswith("cache per position per layer: 8 B (HCA, m = 16; +4,736 B whatever the length)")
+
+
+def test_fp8_weight_of_a_v4_preset_shows_what_its_synth_checkpoint_stores(tmp_path):
+    assert stepper("synth", "--model", "tiny-v4", "--out", tmp_path / "v4").returncode == 0
+    for name in ("layers.1.ffn.experts.0.w1.weight", "layers.1.attn.wq_a.weight"):  # FP4 group, FP8 block
+        preset = stepper("fp8", "--weight", name, "--model", "tiny-v4", "--json")
+        written = stepper("fp8", "--weight", name, "--model", tmp_path / "v4", "--json")
+        assert preset.returncode == written.returncode == 0, preset.stderr
+        shown, stored = json.loads(preset.stdout), json.loads(written.stdout)
+        assert shown.pop("source") == "synthetic weights of tiny-v4, seed 0"
+        assert stored.pop("source").startswith("checkpoint ")
+        assert shown == stored
+    screen = stepper("fp8", "--weight", "layers.1.ffn.experts.0.w1.weight", "--model", "tiny-v4").stdout
+    assert screen.startswith("layers.1.ffn.experts.0.w1.weight  FP4 e2m1 [32, 64]  groups of 32  synthetic weights of "
+                             "tiny-v4, seed 0")
+    missing = refused(stepper("fp8", "--weight", "layers.9.attn.wq_a.weight", "--model", "tiny-v4"))
+    assert missing.startswith("synthetic weights of tiny-v4, seed 0: no tensor named 'layers.9.attn.wq_a.weight'")
