@@ -48,3 +48,17 @@ def test_fp8_weight_of_a_v4_preset_shows_what_its_synth_checkpoint_stores(tmp_pa
                              "tiny-v4, seed 0")
     missing = refused(stepper("fp8", "--weight", "layers.9.attn.wq_a.weight", "--model", "tiny-v4"))
     assert missing.startswith("synthetic weights of tiny-v4, seed 0: no tensor named 'layers.9.attn.wq_a.weight'")
+
+
+def test_a_compress_ratios_list_too_short_is_one_line_naming_its_length(tmp_path):
+    folder = tmp_path / "v4"
+    assert stepper("synth", "--model", "tiny-v4", "--out", folder).returncode == 0
+    config = json.loads((folder / "config.json").read_text())
+    config["compress_ratios"] = config["compress_ratios"][:2]  # 4 layers + 1 MTP block need 5
+    (folder / "config.json").write_text(json.dumps(config))
+    assert refused(stepper("inspect", folder)) == (
+        "config.json: field 'compress_ratios' has 2 entries, none for layer 2 (expected one per layer, then one per "
+        "multi-token-prediction block)")
+    assert refused(stepper("run", "--model", folder)).endswith(
+        "config.json: field 'compress_ratios' must have 5 entries (num_hidden_layers 4 + num_nextn_predict_layers 1), "
+        "got 2")
