@@ -62,3 +62,20 @@ def test_a_compress_ratios_list_too_short_is_one_line_naming_its_length(tmp_path
     assert refused(stepper("run", "--model", folder)).endswith(
         "config.json: field 'compress_ratios' must have 5 entries (num_hidden_layers 4 + num_nextn_predict_layers 1), "
         "got 2")
+
+
+def test_the_hc_picture_heads_and_sums_each_column_under_its_values():
+    out = stepper("run", "--model", "tiny-v4", "--layer", "0", "--show", "hc", "--only", "hc_attn.comb", "--plain")
+    lines = out.stdout.splitlines()
+    top = next(i for i, line in enumerate(lines) if line.lstrip().startswith("to 0"))
+    heads, rows, sums = lines[top], lines[top + 1:top + 5], lines[top + 5]
+    assert [r[:6] for r in rows] == ["from 0", "from 1", "from 2", "from 3"] and sums.startswith("col sum")
+
+    def ends(line: str, pattern: str) -> list[int]:
+        return [m.end() for m in re.finditer(pattern, line)][:4]
+
+    columns = ends(heads, r"to \d")
+    assert len(columns) == 4
+    for row in rows:
+        assert ends(row, r"\d\.\d{3}") == columns, (heads, row)
+    assert ends(sums, r"\d\.\d{4}") == columns, (heads, sums)
