@@ -58,6 +58,10 @@ HELP = (
     "s show attention|routing|hist|scales|state|reach|hc [NAME] · q quit · ? help · help CMD one command"
 )
 
+MLA_PICTURES = {"attention": "MLA's attention weights over positions (self_attn.attn_weights)",
+                "routing": "MLA's router choice (mlp.gate.topk_idx and topk_weight)"}
+V4_MODEL_TYPE = "deepseek_v4"
+
 
 def print_help_line(console: Console, text: str = HELP, style: str = "dim") -> None:
     """A one-line list of commands, wrapped between its items on a terminal."""
@@ -347,6 +351,9 @@ class Debugger:
         if what not in pictures_:
             raise StepperError("show what? s attention | s routing | s hist [NAME] | s scales WEIGHT | s state [NAME] "
                                "| s reach [NAME] | s hc [NAME]")
+        if what in MLA_PICTURES and self.cfg.model_type == V4_MODEL_TYPE:
+            raise StepperError(f"s {what} draws {MLA_PICTURES[what]}, which DeepSeek-V4 has not: its pictures are "
+                               "s reach (what a query attends) and s hc (how the residual streams mix)")
         pictures_[what](name.strip())
 
     def cmd_quit(self, _: str) -> None:

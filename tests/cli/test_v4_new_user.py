@@ -79,3 +79,32 @@ def test_the_hc_picture_heads_and_sums_each_column_under_its_values():
     for row in rows:
         assert ends(row, r"\d\.\d{3}") == columns, (heads, row)
     assert ends(sums, r"\d\.\d{4}") == columns, (heads, sums)
+
+
+def test_the_debugger_points_a_v4_run_at_its_own_pictures():
+    commands = "u layers.3.ffn.gate.weights\ns attention\ns routing layers.3.ffn.gate.topk_idx\ns hc\nq\n"
+    out = stepper("step", "--model", "tiny-v4", "--plain", stdin=commands)
+    assert out.returncode == 0 and "Traceback" not in out.stdout + out.stderr
+    assert "no tensor 'self_attn.attn_weights' seen yet" not in out.stdout
+    assert ("s attention draws MLA's attention weights over positions (self_attn.attn_weights), which DeepSeek-V4 "
+            "has not: its pictures are s reach (what a query attends) and s hc (how the residual streams mix)"
+            ) in out.stdout
+    assert "s routing draws MLA's router choice (mlp.gate.topk_idx and topk_weight), which DeepSeek-V4 has not" in (
+        out.stdout)
+    assert "col sum" in out.stdout  # s hc still draws
+
+
+def test_a_v4_lesson_stop_names_the_pictures_it_has():
+    import io
+
+    from rich.console import Console
+
+    from stepper.lessons.schema import find_lesson
+    from stepper.lessons.walk import walk
+    from stepper.views.debugger import CommandSource
+
+    out = io.StringIO()
+    console = Console(file=out, width=200, no_color=True, highlight=False, markup=False, soft_wrap=True)
+    walk(find_lesson("compressed-attention"), console, CommandSource(console, io.StringIO("\n\n\nq\n"), False))
+    helps = [line for line in out.getvalue().splitlines() if line.startswith("Enter: next stop")]
+    assert helps and all(" · s reach|hc|hist · " in line for line in helps), helps
