@@ -108,3 +108,15 @@ def test_a_v4_lesson_stop_names_the_pictures_it_has():
     walk(find_lesson("compressed-attention"), console, CommandSource(console, io.StringIO("\n\n\nq\n"), False))
     helps = [line for line in out.getvalue().splitlines() if line.startswith("Enter: next stop")]
     assert helps and all(" · s reach|hc|hist · " in line for line in helps), helps
+
+
+def test_explain_of_another_familys_tensor_names_the_model_to_give():
+    assert refused(stepper("explain", "attn.chosen")) == (
+        "no tensor named 'attn.chosen' in this model's catalogue: it is a tensor of tiny-v4's family "
+        "(give --model tiny-v4)")
+    assert refused(stepper("explain", "layers.1.self_attn.k_pe", "--model", "tiny-v4")) == (
+        "no tensor named 'layers.1.self_attn.k_pe' in this model's catalogue: it is a tensor of tiny's family "
+        "(give --model tiny)")
+    assert refused(stepper("explain", "nosuch", "--model", "tiny-v4")) == (
+        "no tensor named 'nosuch' in the catalogue (stepper tree lists them)")
+    assert stepper("explain", "attn.chosen", "--model", "tiny-v4").stdout.startswith("attn.chosen\n")
