@@ -101,6 +101,9 @@ def describe(plan: Plan) -> str:
                else f"weights from {untrusted.shown(spec.model)}")
     what = (f"layer {spec.layer} alone on {untrusted.shown(plan.input_source)}" if plan.alone
             else f"layers {plan.layers_shown.start}..{plan.layers_shown.stop - 1}")
+    if plan.alone and spec.input and not (spec.ids or spec.prompt) and getattr(cfg, "is_hash_layer", None) \
+            and cfg.is_hash_layer(spec.layer):  # DeepSeek-V4: a hash layer's experts follow the token ids
+        what += ", its hash routing on token ids drawn from the seed (--ids gives the tokens of those streams)"
     steps = f", then {spec.decode} decode step{'s' if spec.decode > 1 else ''}" if spec.decode else ""
     if steps and plan.alone:
         steps += " on tokens drawn from the seed (a layer alone has no logits to choose them)"

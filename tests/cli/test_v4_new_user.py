@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 
+import numpy as np
 from helpers.cli import refused, stepper
 
 from stepper.views.sinks import singular
@@ -120,3 +121,23 @@ def test_explain_of_another_familys_tensor_names_the_model_to_give():
     assert refused(stepper("explain", "nosuch", "--model", "tiny-v4")) == (
         "no tensor named 'nosuch' in the catalogue (stepper tree lists them)")
     assert stepper("explain", "attn.chosen", "--model", "tiny-v4").stdout.startswith("attn.chosen\n")
+
+
+def test_a_lone_hash_layer_on_given_streams_says_whose_token_ids_route_it(tmp_path):
+    from pathlib import Path
+
+    from safetensors.numpy import load_file
+
+    fixture = Path(__file__).resolve().parents[2] / "fixtures" / "tiny-v4-windows"
+    golden = load_file(fixture / "tensors.safetensors")  # prefill.layers.1.streams is layer 1's input
+    ids = json.loads((fixture / "manifest.json").read_text())["inputs"]["prompt_ids"]
+    run = ("run", "--model", fixture / "weights", "--layer", "1", "--input", fixture / "tensors.safetensors")
+    guessed = stepper(*run, "--dump", tmp_path / "guessed.safetensors")
+    assert guessed.stdout.splitlines()[0].endswith(
+        "layer 1 alone on " + str(fixture / "tensors.safetensors") + ", its hash routing on token ids drawn from the "
+        "seed (--ids gives the tokens of those streams)")
+    given = stepper(*run, "--ids", ",".join(map(str, ids)), "--dump", tmp_path / "given.safetensors")
+    assert "hash routing" not in given.stdout.splitlines()[0]
+    want = golden["prefill.layers.1.ffn.gate.hash_idx"]
+    assert np.array_equal(load_file(tmp_path / "given.safetensors")["layers.1.ffn.gate.hash_idx"], want)
+    assert not np.array_equal(load_file(tmp_path / "guessed.safetensors")["layers.1.ffn.gate.hash_idx"], want)
