@@ -141,3 +141,15 @@ def test_a_lone_hash_layer_on_given_streams_says_whose_token_ids_route_it(tmp_pa
     want = golden["prefill.layers.1.ffn.gate.hash_idx"]
     assert np.array_equal(load_file(tmp_path / "given.safetensors")["layers.1.ffn.gate.hash_idx"], want)
     assert not np.array_equal(load_file(tmp_path / "guessed.safetensors")["layers.1.ffn.gate.hash_idx"], want)
+
+
+def test_the_reach_caption_counts_one_key_token_and_entry_in_the_singular():
+    def caption(prompt_len: int) -> str:
+        out = stepper("run", "--model", "tiny-v4", "--layer", "3", "--prompt-len", prompt_len, "--show", "reach",
+                      "--only", "attn.chosen", "--plain").stdout
+        return next(line for line in out.splitlines() if " key" in line and "the window's" in line)
+
+    assert caption(1) == ("1 key: the window's 1 token (positions 0..0) + 0 of the 0 visible entries "
+                          "((p+1)//m = (0+1)//4)")
+    assert caption(4) == ("5 keys: the window's 4 tokens (positions 0..3) + 1 of the 1 visible entry "
+                          "((p+1)//m = (3+1)//4)")
