@@ -153,3 +153,8 @@ def test_the_reach_caption_counts_one_key_token_and_entry_in_the_singular():
                           "((p+1)//m = (0+1)//4)")
     assert caption(4) == ("5 keys: the window's 4 tokens (positions 0..3) + 1 of the 1 visible entry "
                           "((p+1)//m = (3+1)//4)")
+
+
+def test_the_clamp_counts_say_how_often_the_clamp_bites():
+    out = stepper("explain", "ffn.experts.clamp_counts", "--model", "tiny-v4", "--plain").stdout
+    assert "How often each routed expert's clamp bites: gate values above L, up values outside [-L, L]" in out
