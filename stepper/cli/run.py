@@ -186,6 +186,9 @@ def token_ids(ids, shown: int = 16) -> str:
 def parse_show(show: str | None, choices: tuple[str, ...] = every_picture()) -> set[str]:
     kinds = {k.strip() for k in (show or "").split(",") if k.strip()}
     unknown = kinds - set(choices)
+    if elsewhere := unknown & set(every_picture()):  # a picture of another family's tensors
+        raise StepperError(f"--show {untrusted.shown(show)}: {min(elsewhere)} is not drawn for this model; its "
+                           f"pictures are {', '.join(choices)}")
     if unknown:
         raise StepperError(f"--show {untrusted.shown(show)}: unknown picture {untrusted.shown(min(unknown))!r}; "
                            f"choose from {', '.join(choices)}")

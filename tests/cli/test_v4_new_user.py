@@ -158,3 +158,12 @@ def test_the_reach_caption_counts_one_key_token_and_entry_in_the_singular():
 def test_the_clamp_counts_say_how_often_the_clamp_bites():
     out = stepper("explain", "ffn.experts.clamp_counts", "--model", "tiny-v4", "--plain").stdout
     assert "How often each routed expert's clamp bites: gate values above L, up values outside [-L, L]" in out
+
+
+def test_show_of_another_familys_picture_says_which_this_model_draws():
+    assert refused(stepper("run", "--model", "tiny-v4", "--show", "attention,hc")) == (
+        "--show attention,hc: attention is not drawn for this model; its pictures are hc, reach")
+    assert refused(stepper("run", "--show", "reach")) == (
+        "--show reach: reach is not drawn for this model; its pictures are attention, routing, hist, scales")
+    assert refused(stepper("run", "--model", "tiny-v4", "--show", "nosuch")) == (
+        "--show nosuch: unknown picture 'nosuch'; choose from attention, routing, hist, scales, hc, reach")
