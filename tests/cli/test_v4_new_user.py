@@ -167,3 +167,16 @@ def test_show_of_another_familys_picture_says_which_this_model_draws():
         "--show reach: reach is not drawn for this model; its pictures are attention, routing, hist, scales")
     assert refused(stepper("run", "--model", "tiny-v4", "--show", "nosuch")) == (
         "--show nosuch: unknown picture 'nosuch'; choose from attention, routing, hist, scales, hc, reach")
+
+
+def test_the_api_draws_v4_pictures_as_the_command_line_does():
+    import stepper as api
+
+    run = api.run(model="tiny-v4", prompt_len=9, layer=1, decode=1)
+    cli = stepper("run", "--model", "tiny-v4", "--prompt-len", "9", "--layer", "1", "--decode", "1",
+                  "--show", "hc,reach", "--only", "attn.chosen", "--only", "hc_attn.comb", "--plain").stdout
+    for kind, name in (("reach", "prefill.layers.1.attn.chosen"), ("reach", "decode0.layers.1.attn.chosen"),
+                       ("hc", "prefill.layers.1.hc_attn.comb")):
+        drawn = repr(run.picture(kind, name)).splitlines()
+        assert drawn[0].startswith(name) and len(drawn) > 5, drawn  # the picture, not a histogram
+        assert all(line in cli.splitlines() for line in drawn[1:] if not line.startswith("RMS")), (kind, name)
