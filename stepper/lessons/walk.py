@@ -25,11 +25,19 @@ from stepper.planning import RunPlan, plan_run
 from stepper.seams.trace import Event, Recorder
 from stepper.session import Plan
 from stepper.untrusted import shown
-from stepper.views.debugger import V4_MODEL_TYPE, CommandSource, Debugger, Quit, passed, print_help_line
+from stepper.views.debugger import (
+    V4_MODEL_TYPE,
+    V4_PICTURE_WORDS,
+    CommandSource,
+    Debugger,
+    Quit,
+    passed,
+    print_help_line,
+)
 
 ANSWER_PROMPT = "your prediction> "
 LESSON_HELP = "Enter: next stop · n: next tensor · p NAME[i] · e explain · s {pictures} · w where · q quit"
-PICTURES_SHOWN = {V4_MODEL_TYPE: "reach|hc|hist"}  # a family's own pictures at a stop (else MLA's)
+PICTURES_SHOWN = {V4_MODEL_TYPE: V4_PICTURE_WORDS}  # a family's own pictures at a stop (else MLA's)
 
 
 @dataclass

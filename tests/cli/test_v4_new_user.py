@@ -93,6 +93,8 @@ def test_the_debugger_points_a_v4_run_at_its_own_pictures():
     assert "s routing draws MLA's router choice (mlp.gate.topk_idx and topk_weight), which DeepSeek-V4 has not" in (
         out.stdout)
     assert "col sum" in out.stdout  # s hc still draws
+    assert any(" · s show reach|hc|hist [NAME] · " in line for line in out.stdout.splitlines())
+    assert "attention|routing" not in out.stdout
 
 
 def test_a_v4_lesson_stop_names_the_pictures_it_has():
