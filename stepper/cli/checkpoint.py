@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
@@ -15,6 +16,8 @@ from stepper.cli.cache import byte_progress
 from stepper.cli.common import PlainOpt, SeedOpt, parse_layers, url_option, user_errors
 from stepper.config import Config, Wrapper
 from stepper.errors import StepperError
+from stepper.families.deepseek_v4_synth import V4Synthetic
+from stepper.families.deepseek_v4_weights import published_name, weight_shapes
 from stepper.fp8 import BLOCK
 from stepper.session import RunSpec, layers_shown, load_model
 from stepper.untrusted import shown
@@ -25,7 +28,7 @@ from stepper.weights.published import FP4_DTYPE, PublishedCheckpoint, is_publish
 from stepper.weights.remote import is_remote
 from stepper.weights.remote_published import RemotePublishedCheckpoint, is_remote_published, open_published
 from stepper.weights.seeded import SyntheticWeights
-from stepper.weights.stored import FP4
+from stepper.weights.stored import FP4, Stored
 from stepper.weights.synth_checkpoint import QUANTS, no_progress, requantized, synth_checkpoint
 
 
@@ -237,7 +240,16 @@ def check_fp8_options(code: str | None, weight: str | None, model: str | None, b
 def weight_view(console: Console, weight: str, model: str, index: tuple[int, int], seed: int, as_json: bool) -> None:
     """One INT4 or FP4 group or one FP8 block of a weight, whichever format it is stored in."""
     if is_remote(model) and is_remote_published(model) or Path(model).is_dir() and is_published_v4(Path(model)):
-        published_view(console, weight, model, index, as_json)
+        source = open_published(model)
+        label = source.label if is_remote(model) else model  # a URL without its credentials
+        published_view(console, weight, source.has, stored_of(source, index), f"checkpoint {label}", index, as_json)
+        return
+    synthetic = None if Path(model).is_dir() else load_model(model, seed)
+    if isinstance(synthetic, V4Synthetic):  # a V4 preset: its weights as they would be stored, by DeepSeek's names
+        transformers_names = {published_name(n): n for n in weight_shapes(synthetic.config)}
+        published_view(console, weight, transformers_names.__contains__,
+                       lambda name: synthetic.as_stored(transformers_names[name]),
+                       f"synthetic weights of {synthetic.config.name}, seed {seed}", index, as_json)
         return
     if weight_dtype(weight, model, seed) == "INT4":
         group = int4_group(weight, model, index, seed)
@@ -268,18 +280,22 @@ def fp4_view(console: Console, code: str | None, as_json: bool) -> None:
         fp4_codes.render_byte(console, byte)
 
 
-def published_view(console: Console, name: str, model: str, index: tuple[int, int], as_json: bool) -> None:
-    """A weight of a DeepSeek-V4 checkpoint, a folder or a remote one: an FP4 expert's group of 32
-    inputs, or an FP8 weight's 128x128 block with its E8M0 scale. Of a remote one only the headers,
-    the weight's scales and the rows shown are fetched."""
-    source = open_published(model)
-    label = source.label if is_remote(model) else model  # a URL without its credentials
-    if not source.has(name):
-        raise StepperError(f"{shown(label)}: no tensor named '{shown(name)}' (DeepSeek-V4's names have no model. "
-                           "prefix, e.g. layers.1.ffn.experts.0.w1.weight)")
-    remote_rows = isinstance(source, RemotePublishedCheckpoint)
-    stored = source.stored_rows(name, shown_rows(source, name, index)) if remote_rows else source.stored(name)
-    where = f"checkpoint {label}"
+def stored_of(source, index: tuple[int, int]) -> Callable[[str], Stored]:
+    """A published checkpoint's weights as stored; of a remote one only the headers, the weight's
+    scales and the rows the block or group `index` shows are fetched."""
+    if isinstance(source, RemotePublishedCheckpoint):
+        return lambda name: source.stored_rows(name, shown_rows(source, name, index))
+    return source.stored
+
+
+def published_view(console: Console, name: str, has: Callable[[str], bool], stored_of: Callable[[str], Stored],
+                   where: str, index: tuple[int, int], as_json: bool) -> None:
+    """A weight of DeepSeek-V4 (a checkpoint's, or a preset's as stored) by its published name: an FP4
+    expert's group of 32 inputs, or an FP8 weight's 128x128 block with its E8M0 scale."""
+    if not has(name):
+        raise StepperError(f"{where}: no tensor named '{shown(name)}' (DeepSeek-V4's names have no model. prefix, "
+                           f"e.g. layers.1.ffn.experts.0.w1.weight)")
+    stored = stored_of(name)
     if stored.dtype == FP4:
         group = fp4_codes.load_group(stored, name, index, where)
         if as_json:

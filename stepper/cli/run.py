@@ -101,6 +101,9 @@ def describe(plan: Plan) -> str:
                else f"weights from {untrusted.shown(spec.model)}")
     what = (f"layer {spec.layer} alone on {untrusted.shown(plan.input_source)}" if plan.alone
             else f"layers {plan.layers_shown.start}..{plan.layers_shown.stop - 1}")
+    if plan.alone and spec.input and not (spec.ids or spec.prompt) and getattr(cfg, "is_hash_layer", None) \
+            and cfg.is_hash_layer(spec.layer):  # DeepSeek-V4: a hash layer's experts follow the token ids
+        what += ", its hash routing on token ids drawn from the seed (--ids gives the tokens of those streams)"
     steps = f", then {spec.decode} decode step{'s' if spec.decode > 1 else ''}" if spec.decode else ""
     if steps and plan.alone:
         steps += " on tokens drawn from the seed (a layer alone has no logits to choose them)"
@@ -183,6 +186,9 @@ def token_ids(ids, shown: int = 16) -> str:
 def parse_show(show: str | None, choices: tuple[str, ...] = every_picture()) -> set[str]:
     kinds = {k.strip() for k in (show or "").split(",") if k.strip()}
     unknown = kinds - set(choices)
+    if elsewhere := unknown & set(every_picture()):  # a picture of another family's tensors
+        raise StepperError(f"--show {untrusted.shown(show)}: {min(elsewhere)} is not drawn for this model; its "
+                           f"pictures are {', '.join(choices)}")
     if unknown:
         raise StepperError(f"--show {untrusted.shown(show)}: unknown picture {untrusted.shown(min(unknown))!r}; "
                            f"choose from {', '.join(choices)}")

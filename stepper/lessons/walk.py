@@ -25,10 +25,19 @@ from stepper.planning import RunPlan, plan_run
 from stepper.seams.trace import Event, Recorder
 from stepper.session import Plan
 from stepper.untrusted import shown
-from stepper.views.debugger import CommandSource, Debugger, Quit, passed, print_help_line
+from stepper.views.debugger import (
+    V4_MODEL_TYPE,
+    V4_PICTURE_WORDS,
+    CommandSource,
+    Debugger,
+    Quit,
+    passed,
+    print_help_line,
+)
 
 ANSWER_PROMPT = "your prediction> "
-LESSON_HELP = "Enter: next stop · n: next tensor · p NAME[i] · e explain · s attention|routing|hist · w where · q quit"
+LESSON_HELP = "Enter: next stop · n: next tensor · p NAME[i] · e explain · s {pictures} · w where · q quit"
+PICTURES_SHOWN = {V4_MODEL_TYPE: V4_PICTURE_WORDS}  # a family's own pictures at a stop (else MLA's)
 
 
 @dataclass
@@ -100,7 +109,8 @@ class LessonDebugger(Debugger):
                 super().execute(command)
             except StepperError as e:
                 self.error(e)
-        print_help_line(self.console, LESSON_HELP)
+        pictures = PICTURES_SHOWN.get(self.cfg.model_type, "attention|routing|hist")
+        print_help_line(self.console, LESSON_HELP.format(pictures=pictures))
 
     def predict(self, pred: Prediction, ctx: Context, stop_key: str) -> None:
         expected = expected_value(pred, ctx)

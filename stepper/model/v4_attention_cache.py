@@ -70,9 +70,10 @@ def mla_values_per_position(kv_lora_rank: int, qk_rope_head_dim: int) -> int:
 def cost_line(dims, kv_lora_rank: int = 512, qk_rope_head_dim: int = 64, bytes_per_value: int = 4) -> str:
     """The header's sentence: bytes a position costs this layer, beside V3's MLA (kv_lora_rank,
     qk_rope_head_dim: V3's), both at bytes_per_value (stepper holds float32: 4)."""
-    kind = {0: "sliding", 4: "CSA", 128: "HCA"}.get(dims.compress_ratio, f"m={dims.compress_ratio}")
+    ratio = dims.compress_ratio
+    kind = "sliding" if ratio == 0 else f"{'CSA' if dims.has_indexer else 'HCA'}, m = {ratio}"
     v4 = values_per_position(dims) * bytes_per_value
     mla = mla_values_per_position(kv_lora_rank, qk_rope_head_dim) * bytes_per_value
     fixed = bounded_values(dims) * bytes_per_value
-    return (f"cache per position per layer: {v4:g} B ({kind}, +{fixed:,} B bounded) "
-            f"vs {mla:g} B for V3's MLA ({bytes_per_value} B a value)")
+    return (f"cache per position per layer: {v4:g} B ({kind}; +{fixed:,} B whatever the length) "
+            f"vs {mla:g} B for V3's MLA (both at {bytes_per_value} B a value)")

@@ -84,6 +84,11 @@ def strip(marks: np.ndarray, budget: int) -> tuple[list[tuple[str, str]], int]:
     return cells, block
 
 
+def counted(n: int, noun: str) -> str:
+    """'1 key', '8 keys'."""
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
 def draw(position: int, sliding_window: int, ratio: int, tokens: np.ndarray, entries: np.ndarray,
          masses: tuple[float, float, float] | None, head: int, width: int) -> list[Text]:
     margin = 10
@@ -103,9 +108,11 @@ def draw(position: int, sliding_window: int, ratio: int, tokens: np.ndarray, ent
             out.append(line(f"{'':{margin}}({entry_block} entries a cell; ░▒▓ the share of them kept: ≤¼ ≤½ ≤¾)"))
     out.append(line((WINDOW, "bold cyan"), " window  ", (KEPT, "bold"), " through a kept entry  ", (DROPPED, "red"),
                     " through an entry the indexer dropped  ", (EMPTY, DIM), " not pooled yet", wrap=True))
-    sees = f"{window + kept:,} keys: the window's {window:,} tokens (positions {position - window + 1:,}..{position:,})"
+    sees = (f"{counted(window + kept, 'key')}: the window's {counted(window, 'token')} "
+            f"(positions {position - window + 1:,}..{position:,})")
     if ratio:
-        sees += f" + {kept:,} of the {entries.size:,} visible entries ((p+1)//m = ({position:,}+1)//{ratio})"
+        visible = "visible entry" if entries.size == 1 else "visible entries"
+        sees += f" + {kept:,} of the {entries.size:,} {visible} ((p+1)//m = ({position:,}+1)//{ratio})"
     out.append(caption(sees))
     if masses is not None:
         w, e, s = masses

@@ -55,11 +55,17 @@ PROMPT = "(stepper) "
 HELP = (
     "n next (Enter) · c continue · b break GLOB · d delete [GLOB] · u until NAME · "
     "p print NAME[slice] [digits] · e explain [NAME] · w where · x compare A B · h history · "
-    "s show attention|routing|hist|scales|state|reach|hc [NAME] · q quit · ? help · help CMD one command"
+    "s show {pictures} [NAME] · q quit · ? help · help CMD one command"
 )
+PICTURE_WORDS = "attention|routing|hist|scales|state|reach|hc"
+V4_PICTURE_WORDS = "reach|hc|hist"  # DeepSeek-V4 has none of MLA's attention or routing tensors
+
+MLA_PICTURES = {"attention": "MLA's attention weights over positions (self_attn.attn_weights)",
+                "routing": "MLA's router choice (mlp.gate.topk_idx and topk_weight)"}
+V4_MODEL_TYPE = "deepseek_v4"
 
 
-def print_help_line(console: Console, text: str = HELP, style: str = "dim") -> None:
+def print_help_line(console: Console, text: str = HELP.format(pictures=PICTURE_WORDS), style: str = "dim") -> None:
     """A one-line list of commands, wrapped between its items on a terminal."""
     items = [Text(item, style=style) for item in text.split(" · ")]
     console.print(wrap_fields(items, line_width(console), "", "", sep=" · "), soft_wrap=True)
@@ -192,7 +198,7 @@ class Debugger:
         if self.on_stop:
             self.on_stop(event)
         if self.stops == 0:
-            print_help_line(self.console)
+            print_help_line(self.console, self.help_line())
         self.stops += 1
 
     def breadcrumb(self, event: Event) -> str:
@@ -233,7 +239,7 @@ class Debugger:
         command = COMMANDS.get(word)
         if command is None:
             print_fitted(self.console, Text(f"unknown command '{shown(word)}'", style="red"))
-            print_help_line(self.console)
+            print_help_line(self.console, self.help_line())
             return False
         return bool(command.run(self, rest))
 
@@ -340,6 +346,10 @@ class Debugger:
         if len(events) > count:
             self.console.print(f"  ({len(events) - count} earlier; h N shows more)", style="dim")
 
+    def help_line(self) -> str:
+        """The commands in one line, with the pictures this model has."""
+        return HELP.format(pictures=V4_PICTURE_WORDS if self.cfg.model_type == V4_MODEL_TYPE else PICTURE_WORDS)
+
     def cmd_show(self, arg: str) -> None:
         what, _, name = arg.partition(" ")
         pictures_ = {"attention": self.show_attention, "routing": self.show_routing, "hist": self.show_histogram,
@@ -347,6 +357,9 @@ class Debugger:
         if what not in pictures_:
             raise StepperError("show what? s attention | s routing | s hist [NAME] | s scales WEIGHT | s state [NAME] "
                                "| s reach [NAME] | s hc [NAME]")
+        if what in MLA_PICTURES and self.cfg.model_type == V4_MODEL_TYPE:
+            raise StepperError(f"s {what} draws {MLA_PICTURES[what]}, which DeepSeek-V4 has not: its pictures are "
+                               "s reach (what a query attends) and s hc (how the residual streams mix)")
         pictures_[what](name.strip())
 
     def cmd_quit(self, _: str) -> None:

@@ -22,8 +22,9 @@ from rich.text import Text
 from stepper import catalog
 from stepper.catalog import sites, texts
 from stepper.config import Config
+from stepper.presets import PRESETS, V4_PRESETS
 from stepper.seams.trace import did_you_mean
-from stepper.session import takes
+from stepper.session import preset_config, takes
 from stepper.untrusted import shown
 
 
@@ -133,8 +134,21 @@ def numbered(code: Sequence[str], first: int) -> Text:
 
 
 def not_found(cat: catalog.Catalog, query: str) -> str:
-    """The one line for a query that names no tensor, with the nearest names."""
+    """The one line for a query that names no tensor, with the nearest names, or the models whose
+    catalogue has it (DeepSeek-V4's `attn.weights` asked of an MLA model)."""
+    if (preset := model_emitting(cat, query)) is not None:
+        return (f"no tensor named '{query}' in this model's catalogue: it is a tensor of {preset}'s family "
+                f"(give --model {preset})")
     return f"no tensor named '{query}' in the catalogue{did_you_mean(query, cat.names())} (stepper tree lists them)"
+
+
+def model_emitting(cat: catalog.Catalog, query: str) -> str | None:
+    """A tiny preset of another family whose catalogue has the name `query`, if any."""
+    key = catalog.key_of(query)
+    if not key.replace(".", "_").isidentifier() or cat.entry(key) is not None:
+        return None
+    tiny = [name for name in (*PRESETS, *V4_PRESETS) if name.startswith("tiny")]
+    return next((name for name in tiny if catalog.around(preset_config(name)).entry(key) is not None), None)
 
 
 def also_named(cat: catalog.Catalog, query: str, shown_entries: Sequence[dict[str, Any]]) -> str:

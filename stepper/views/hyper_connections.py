@@ -15,7 +15,7 @@ from rich.text import Text
 
 from stepper.views.pictures import Picture, bar_right, bar_up, caption, heading, line, shade_cell
 
-CELL = 7  # characters per matrix cell: a shade and a value like 0.412
+CELL = 8  # characters per matrix cell: a shade, a space, a value like 0.412 and a space
 BAR = 12  # characters of a weight's bar
 
 
@@ -44,13 +44,14 @@ def hyper_connection_map(comb: np.ndarray, pre: np.ndarray | None = None, post: 
 def matrix_lines(m: np.ndarray) -> list[Text]:
     """The n x n matrix, shaded, with each row's sum at its end and the column sums below."""
     n, top = m.shape[0], float(np.max(m)) or 1.0
-    rows = [line("          ", *(f"to {k:<{CELL - 3}}" for k in range(n)), " row sum")]
+    right = CELL - 1  # a value ends one character before its cell does: headings and column sums end there too
+    rows = [line("          ", *(f"to {k}".rjust(right).ljust(CELL) for k in range(n)), " row sum")]
     for j in range(n):
         cells = []
         for k in range(n):
-            cells += [shade_cell(float(m[j, k]) / top, 1), f" {m[j, k]:.3f} "[:CELL]]
+            cells += [shade_cell(float(m[j, k]) / top, 1), f" {m[j, k]:.3f}".rjust(right - 1).ljust(CELL - 1)]
         rows.append(line(f"from {j:<5}", *cells, f" {m[j].sum():.4f}"))
-    rows.append(line("col sum   ", *(f"{s:.4f}".ljust(CELL) for s in m.sum(axis=0))))
+    rows.append(line("col sum   ", *(f"{s:.4f}".rjust(right).ljust(CELL) for s in m.sum(axis=0))))
     rows.append(caption(f"shades: a quarter of the largest entry ({top:.3f}) each"))
     return rows
 

@@ -10,12 +10,16 @@ from __future__ import annotations
 import io
 from typing import Any
 
+import numpy as np
 from rich.console import Console, RenderableType
 from rich.text import Text
 
 from stepper.config import Config
+from stepper.errors import StepperError
 from stepper.seams.trace import Event
 from stepper.views import diff_table, pictures
+from stepper.views.compressed_attention_picture import compressed_attention_map
+from stepper.views.hyper_connections import hyper_connection_map
 from stepper.views.sinks import TensorRows
 
 WIDTH = 160
@@ -100,11 +104,45 @@ def tensor_view(event: Event, cfg: Config) -> Shown:
 def picture(kind: str, event: Event, cfg: Config, lookup) -> Shown:
     """`stepper run --show`'s pictures of one tensor: attention (a layer's attention weights as
     heat maps), routing (its router's token x expert map from its topk_idx and topk_weight, either
-    named; `lookup` finds the other), hist (a histogram)."""
+    named; `lookup` finds the other), hist (a histogram); DeepSeek-V4's hc (a comb matrix) and reach
+    (what a layer's last query attends)."""
     if kind == "attention":
         return Shown(pictures.attention_heatmap(event.array, title=event.name))
     if kind == "routing":
         gate = event.name.rpartition(".")[0]
         return Shown(pictures.routing_map(lookup(f"{gate}.topk_idx"), lookup(f"{gate}.topk_weight"),
                                           cfg.router_experts, zero_experts=cfg.zero_experts))
+    if kind == "hc":
+        return Shown(hc_picture(event, lookup))
+    if kind == "reach":
+        return Shown(reach_picture(event, cfg, lookup))
     return Shown(pictures.histogram(event.array, title=event.name))
+
+
+def kept(lookup, name: str) -> np.ndarray | None:
+    """The tensor `name` if the run kept it, else None."""
+    try:
+        return np.asarray(lookup(name))
+    except KeyError:
+        return None
+
+
+def hc_picture(event: Event, lookup) -> pictures.Picture:
+    """DeepSeek-V4's comb matrix at the last position, with the site's pre, post and input streams when kept."""
+    scope, site = event.name.removesuffix(event.key), event.key.removesuffix(".comb")
+    streams = kept(lookup, scope + ("streams" if site == "hc_attn" else "attn_streams"))
+    return hyper_connection_map(np.asarray(event.array), kept(lookup, f"{scope}{site}.pre"),
+                                kept(lookup, f"{scope}{site}.post"), streams, title=event.name)
+
+
+def reach_picture(event: Event, cfg: Config, lookup) -> pictures.Picture:
+    """What a DeepSeek-V4 layer's last query attends (attn.chosen [B, T, K]): window, entries kept and dropped."""
+    chosen = np.asarray(event.array)
+    position = chosen.shape[1] - 1  # the prompt's last query
+    if event.phase and event.phase != "prefill":  # decode k: the query after the prompt's and k - 1 others
+        prefill = kept(lookup, event.name.replace(f"{event.phase}.", "prefill.", 1))
+        if prefill is None:
+            raise StepperError(f"picture: reach of {event.name} needs the prefill's {event.key} of its layer; keep it")
+        position = prefill.shape[1] + int(event.phase.removeprefix("decode"))
+    return compressed_attention_map(position, cfg.sliding_window, cfg.compress_ratio(event.layer), chosen[0, -1],
+                                    title=f"{event.name}: the query at position {position}")

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import IO, Any
 
 import numpy as np
@@ -73,7 +74,7 @@ class TensorRows:
         phase, _, rest = event.name.rpartition(event.key)
         name = Text.assemble((phase, "dim"), (event.key, "bold cyan"), rest)
         dims = self.catalog.dims(event.key, event.array.shape, self.cfg)
-        parts = [singular(str(d)) if d.size == 1 else str(d) for d in dims]
+        parts = [str(replace(d, label=singular(d.label))) if d.size == 1 else str(d) for d in dims]
         shape = [Text(("[" if i == 0 else "") + part + ("]" if i == len(parts) - 1 else ","), style="yellow")
                  for i, part in enumerate(parts)] or [Text("[]", style="yellow")]
         fields = [name, *shape, Text(str(event.array.dtype), style="dim")]
@@ -82,9 +83,10 @@ class TensorRows:
         return wrap_fields(fields, width, "", "    ", seps=["  ", *[" "] * (len(shape) - 1), "  ", "  "])
 
 
-def singular(dim: str) -> str:
-    """'T=1 positions' -> 'T=1 position' (a dim of size 1 is written in the singular)."""
-    return dim.removesuffix("s")
+def singular(label: str) -> str:
+    """A dim label's first plural word in the singular, for a dim of size 1: 'positions' -> 'position',
+    'compressed entries' -> 'compressed entry', 'entries a query attends' -> 'entry a query attends'."""
+    return re.sub(r"\b([a-z]+?)(ies|s)\b", lambda m: m[1] + ("y" if m[2] == "ies" else ""), label, count=1)
 
 
 def stats_line(array: np.ndarray, width: int | None) -> Text:

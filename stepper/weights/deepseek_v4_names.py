@@ -58,7 +58,10 @@ def field(cfg: Any, name: str) -> int:
 def compress_ratio(cfg: Any, layer: int) -> int:
     """The layer's entry of compress_ratios: 0 sliding window, 4 CSA, 128 HCA."""
     ratios = cfg.get("compress_ratios") if isinstance(cfg, Mapping) else getattr(cfg, "compress_ratios", None)
-    if not isinstance(ratios, (list, tuple)) or layer >= len(ratios) or type(ratios[layer]) is not int:
+    if isinstance(ratios, (list, tuple)) and layer >= len(ratios):
+        raise StepperError(f"config.json: field 'compress_ratios' has {len(ratios)} entries, none for layer {layer} "
+                           "(expected one per layer, then one per multi-token-prediction block)")
+    if not isinstance(ratios, (list, tuple)) or type(ratios[layer]) is not int:
         raise StepperError(f"config.json: field 'compress_ratios' is {ratios!r}, expected a whole number for "
                            f"layer {layer}")
     return ratios[layer]

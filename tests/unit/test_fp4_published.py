@@ -198,8 +198,9 @@ def test_hostile_tensors_and_config_fields_are_one_line(tmp_path):
                                            "expected 2-D"):
         source.matrix("layers.1.attn.odd.weight")
     for field, value, expected in [("hidden_size", "64", "field 'hidden_size' is '64', expected a whole number"),
-                                   ("compress_ratios", [0, 4], ("field 'compress_ratios' is [0, 4], expected a whole "
-                                                               "number for layer 2"))]:
+                                   ("compress_ratios", [0, 4], "'compress_ratios' has 2 entries, none for layer 2"),
+                                   ("compress_ratios", [0, 4, "x"],
+                                    "field 'compress_ratios' is [0, 4, 'x'], expected a whole number for layer 2")]:
         (tmp_path / "odd" / "config.json").write_text(json.dumps({**CONFIG, field: value}))
         with pytest.raises(StepperError, match=re.escape(expected)):
             PublishedCheckpoint(tmp_path / "odd").problems(range(3), True)
