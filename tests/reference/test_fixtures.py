@@ -84,7 +84,7 @@ def test_reexport_matches_the_committed_fixture(name, tmp_path):
     fresh = export(spec, tmp_path / name)
     assert [(e["name"], e["shape"], e["dims"], e["dtype"]) for e in fresh["tensors"]] == [
         (e["name"], e["shape"], e["dims"], e["dtype"]) for e in committed.entries]
-    for key in ("config", "inputs", "attention", "run"):
+    for key in ("config", "inputs", "attention", "run", "dtype_policy"):
         assert fresh[key] == committed.manifest[key], key
     if committed.manifest["weights"]["copied"]:  # the same weight files, byte for byte
         assert fresh["weights"]["files"] == committed.manifest["weights"]["files"]
@@ -142,6 +142,22 @@ def test_read_hashes_are_the_bytes_a_synthesized_checkpoint_holds():
         assert sha256_array(data) == source.read[name]["sha256"]
     scale = shards.shard_of(names[0] + SCALE).get(names[0] + SCALE)
     assert sha256_array(scale) == source.read[names[0]]["scale_inv_sha256"]
+
+
+def test_dtype_policy_names_the_run_s_integer_tensors_and_its_weights_own_formats():
+    v4, mla, bf16 = (read_manifest(ROOT / "fixtures" / name) for name in ("tiny-v4-windows", "tiny-v3-grouped",
+                                                                          "tiny-bf16"))
+    integer = list(dict.fromkeys(e["key"] for e in v4["tensors"] if e["dtype"] == "int64"))
+    assert {"ffn.gate.topk_idx", "ffn.gate.hash_idx", "attn.indexer.chosen", "attn.chosen"} <= set(integer)
+    assert v4["dtype_policy"]["tensors"] == "float32; int64 for " + ", ".join(integer)
+    assert v4["dtype_policy"]["weights"] == (
+        "each weight widened to float32 before use: FP8 e4m3 as code x the E8M0 scale of its 128x128 block, "
+        "FP4 e2m1 routed experts as code x the E8M0 scale of its 32 inputs, BF16 exactly")
+    assert mla["dtype_policy"] == {**v4["dtype_policy"], "tensors": "float32; int64 for mlp.gate.topk_idx",
+                                   "weights": "each weight widened to float32 before use: FP8 as code x scale_inv "
+                                              "of its 128x128 block, BF16 exactly"}
+    assert bf16["dtype_policy"]["weights"] == "each weight widened to float32 before use: BF16 exactly"
+    assert bf16["dtype_policy"]["tensors"] == "float32"  # layer 0 is dense: no router, no integer tensor
 
 
 def test_bf16_fixture_records_and_uses_bf16_weights():
