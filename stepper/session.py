@@ -227,7 +227,8 @@ def check_positions(spec: RunSpec, cfg: Config, prompt_len: int, spell: Spell = 
     if spec.chunk < 0:
         raise StepperError(f"{spell('chunk')} must be >= 0 (0: the whole prompt at once), got {spec.chunk}")
     if spec.cache_len and spec.layer is None:
-        raise StepperError(f"{spell('cache_len')} fills one layer's cache: use it with {spell('layer', 'N')}")
+        raise StepperError(f"{spell('cache_len', spec.cache_len)} fills one layer's cache: use it with "
+                           f"{spell('layer', 'N')}")
     end = spec.start_pos + spec.cache_len + prompt_len + spec.decode
     if end > cfg.max_position_embeddings:
         raise StepperError(

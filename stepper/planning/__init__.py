@@ -82,5 +82,5 @@ def plan_run(spec: RunSpec, kept: Kept = lambda plan, names: [], lower: str = "-
         return memory.needs(plan, kept(plan, planned_names(plan)), lower)
 
     plan, why = memory.choose_attn(session.prepare(spec, weights, wording.spell), estimate, memory.available_bytes())
-    plan, chunked = memory.choose_chunk(plan, estimate, memory.available_bytes(), chunk)
+    plan, chunked = memory.choose_chunk(plan, estimate, memory.available_bytes(), chunk, wording.spell)
     return RunPlan(plan, planned_names(plan), tuple(line for line in (why, chunked) if line), wording)

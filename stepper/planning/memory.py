@@ -23,7 +23,7 @@ from stepper import catalog
 from stepper.errors import StepperError
 from stepper.kernels import attention, parallel
 from stepper.seams.trace import unphased
-from stepper.session import Plan, cache_bytes, step_attn, takes, why_not
+from stepper.session import Plan, Spell, cache_bytes, command_line, step_attn, takes, why_not
 from stepper.tensors.statistics import CHUNK
 from stepper.weights.names import layer_shapes
 
@@ -219,19 +219,19 @@ CHUNKS = (4096, 2048, 1024, 512, 256, 128)  # the chunks --chunk auto tries, lar
 
 
 def choose_chunk(plan: Plan, estimate: Callable[[Plan], list[Need]], available: int | None,
-                 asked: int | None) -> tuple[Plan, str | None]:
+                 asked: int | None, spell: Spell = command_line) -> tuple[Plan, str | None]:
     """--chunk: the prefill's positions per chunk as asked, or (asked None, auto) the whole
     prompt where the run's estimate fits in the memory available, else the largest chunk of
     CHUNKS that fits (the smallest if none does); the plan to run, and a line saying so (None
-    when the prompt runs whole)."""
+    when the prompt runs whole). `spell`: the option as the caller writes it (`--chunk 4`, `chunk=4`)."""
     t = plan.prompt_len
     if not takes(plan.config, "chunk"):  # DeepSeek-V4: the prompt runs whole
         if asked:
-            raise StepperError(f"--chunk {asked}: {why_not(plan.config, 'chunk')}")
+            raise StepperError(f"{spell('chunk', asked)}: {why_not(plan.config, 'chunk')}")
         return plan, None
     if asked is not None:
         chunked = replace(plan, spec=replace(plan.spec, chunk=asked if 0 < asked < t else 0))
-        return chunked, chunk_line(chunked, f"--chunk {asked}:") if chunked.spec.chunk else None
+        return chunked, chunk_line(chunked, f"{spell('chunk', asked)}:") if chunked.spec.chunk else None
     usual = sum(n.bytes for n in estimate(plan))
     if available is None or usual <= available or t <= CHUNKS[-1]:
         return plan, None

@@ -90,7 +90,7 @@ def test_both_paths_attend_over_the_same_synthetic_cache_past_4096():
 
 
 def test_cache_len_needs_a_lone_layer_and_fits_the_positions():
-    with pytest.raises(StepperError, match="--cache-len fills one layer's cache: use it with --layer N"):
+    with pytest.raises(StepperError, match="--cache-len 10 fills one layer's cache: use it with --layer N"):
         prepare(RunSpec(cache_len=10))
     with pytest.raises(StepperError, match="positions up to 131073 exceed max_position_embeddings"):
         prepare(RunSpec(layer=0, cache_len=131072, prompt_len=2))

@@ -126,7 +126,7 @@ def test_keeping_everything_that_would_not_fit_is_refused_naming_keep(monkeypatc
     ({"ids": []}, "^ids= is empty: give at least one token id$"),
     ({"ids": [[]]}, "^ids= is empty: give at least one token id$"),
     # the session's own checks, in the API's words (the command line's are --cache-len, --layer N)
-    ({"cache_len": 3}, "^cache_len= fills one layer's cache: use it with layer=N$"),
+    ({"cache_len": 3}, "^cache_len=3 fills one layer's cache: use it with layer=N$"),
     ({"index_scoring": "fp8"}, r"^index_scoring=fp8 scores the Lightning Indexer, and model tiny \(kimi_k2\) has none"),
 ])
 def test_bad_arguments_are_one_sentence_naming_the_argument(kwargs, message):
