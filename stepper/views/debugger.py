@@ -15,7 +15,7 @@ import ast
 import io
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import IO, Any
 
 import numpy as np
@@ -162,6 +162,7 @@ class Debugger:
         self.catalog = catalog.around(self.cfg)  # what a query about this model's tensors finds
         self.rows = TensorRows(self.console, self.cfg, self.tokens)
         self.stepping = not (self.breakpoints or self.until)
+        self.v4 = self.cfg.model_type == V4_MODEL_TYPE  # DeepSeek-V4: other names, other pictures
 
     # -- the sink ----------------------------------------------------------------------------
 
@@ -268,7 +269,7 @@ class Debugger:
 
     def cmd_until(self, arg: str) -> bool:
         if not arg:
-            raise StepperError("until needs a name or glob, e.g. u attn_weights")
+            raise StepperError(f"until needs a name or glob, e.g. {self.told(COMMANDS['u']).examples[0]}")
         if self.names is not None and not any(matches(n, [arg]) for n in self.names if n not in self.history):
             self.check_matches("u", arg)
             raise StepperError(f"u {arg}: every tensor it matches has passed (h lists them)")
@@ -346,9 +347,13 @@ class Debugger:
         if len(events) > count:
             self.console.print(f"  ({len(events) - count} earlier; h N shows more)", style="dim")
 
+    def told(self, command: Command) -> Command:
+        """A command as its help tells it for this model: its examples in the names the model emits."""
+        return replace(command, **V4_HELP.get(command.names[0], {})) if self.v4 else command
+
     def help_line(self) -> str:
         """The commands in one line, with the pictures this model has."""
-        return HELP.format(pictures=V4_PICTURE_WORDS if self.cfg.model_type == V4_MODEL_TYPE else PICTURE_WORDS)
+        return HELP.format(pictures=V4_PICTURE_WORDS if self.v4 else PICTURE_WORDS)
 
     def cmd_show(self, arg: str) -> None:
         what, _, name = arg.partition(" ")
@@ -357,7 +362,7 @@ class Debugger:
         if what not in pictures_:
             raise StepperError("show what? s attention | s routing | s hist [NAME] | s scales WEIGHT | s state [NAME] "
                                "| s reach [NAME] | s hc [NAME]")
-        if what in MLA_PICTURES and self.cfg.model_type == V4_MODEL_TYPE:
+        if what in MLA_PICTURES and self.v4:
             raise StepperError(f"s {what} draws {MLA_PICTURES[what]}, which DeepSeek-V4 has not: its pictures are "
                                "s reach (what a query attends) and s hc (how the residual streams mix)")
         pictures_[what](name.strip())
@@ -371,7 +376,7 @@ class Debugger:
             grid = Table.grid(padding=(0, 2))
             grid.add_column(no_wrap=True)
             grid.add_column()
-            for command in TABLE:
+            for command in map(self.told, TABLE):
                 example = next((e for e in command.examples if e not in command.names), None)
                 grid.add_row(Text("  ") + usage_text(command),
                              Text(command.what) + (Text(f"\ne.g. {example}", style="dim") if example else Text()))
@@ -380,6 +385,7 @@ class Debugger:
         command = COMMANDS.get(arg.strip())
         if command is None:
             raise StepperError(f"no command '{arg.strip()}' (? lists them)")
+        command = self.told(command)
         self.console.print(usage_text(command), soft_wrap=True)
         print_wrapped(self.console, command.what + ". " + command.more, indent=2)
         for example in command.examples:
@@ -451,6 +457,9 @@ class Debugger:
         drawer(event)
 
     def show_scales(self, name: str) -> None:
+        if self.v4:
+            raise StepperError("s scales draws an MLA checkpoint's FP8 block scales; a DeepSeek-V4 weight's FP8 block "
+                               "or FP4 group: stepper fp8 --weight NAME --model MODEL")
         if self.weights is None or not hasattr(self.weights, "stored"):
             raise StepperError("no stored weights to show scales of in this run")
         if not name:
@@ -578,6 +587,22 @@ TABLE = (
             "CMD is the letter or the word.", ("?", "help x"), Debugger.cmd_help),
 )
 COMMANDS: dict[str, Command] = {name: command for command in TABLE for name in command.names}
+V4_HELP = {  # what a command's help says in the names and pictures of a DeepSeek-V4 run (TABLE's are MLA's)
+    "b": {"examples": ("b ffn.gate.topk_idx", "b layers.2.*"),
+          "more": "A glob matches a full name or its dotted tail, so kv_rope stops at every layer's attn.kv_rope."},
+    "d": {"examples": ("d ffn.gate.topk_idx", "d")},
+    "u": {"examples": ("u attn.weights", "u layers.2.ffn_streams")},
+    "p": {"examples": ("p attn.kv[0, :2, :4] 3", "p attn.weights[0, 1, -1]"),
+          "more": "NAME may be short (attn.kv means the current layer's); a trailing number gives the digits after "
+                  "the point. p alone prints the current tensor."},
+    "e": {"examples": ("e", "e attn.kv_rope")},
+    "x": {"examples": ("x attn.kv attn.kv_rope", "x attn_streams streams")},
+    "s": {"what": "draw a picture: reach, hc or hist",
+          "more": "reach: what a layer's last query attends (window, entries kept and dropped); hc: a "
+                  "hyper-connection's comb matrix with its pre and post weights; hist: a histogram of a tensor.",
+          "examples": ("s reach", "s hc", "s hist attn.kv")},
+    "set": {"examples": ("set attn.weights[0, 0, -1] = 0",)},
+}
 
 
 def usage_text(command: Command) -> Text:

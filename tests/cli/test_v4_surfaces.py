@@ -22,3 +22,35 @@ def test_a_v4_refusal_spells_the_option_as_the_caller_wrote_it(kwargs, args, in_
         api.run(model="tiny-v4", **kwargs)
     assert str(e.value) == in_api
     assert refused(stepper("run", "--model", "tiny-v4", *args)) == on_command_line
+
+
+MLA_WORDS = ("mlp.", "self_attn", "attn_weights", "k_pe", "compressed_kv", "kv_a", "attention", "routing")
+
+
+def test_the_debugger_s_help_on_a_v4_run_gives_examples_the_run_emits_and_each_works():
+    help_ = stepper("step", "--plain", "--model", "tiny-v4", stdin="?\nhelp b\nhelp p\nhelp s\nu\nq\n").stdout
+    examples = [line.split("e.g. ", 1)[1].strip() for line in help_.splitlines() if "e.g. " in line]
+    assert {"b ffn.gate.topk_idx", "u attn.weights", "p attn.kv[0, :2, :4] 3", "s reach", "s hc",
+            "set attn.weights[0, 0, -1] = 0"} <= set(examples)
+    told = help_[help_.index("(stepper) ?"):]
+    assert not [word for word in MLA_WORDS if word in told], told
+    assert "until needs a name or glob, e.g. u attn.weights" in told
+    # each example, typed at a point of the run where its tensors have been seen
+    script = ["b ffn.gate.topk_idx", "u attn.weights", "p attn.weights[0, 1, -1]", "p attn.kv[0, :2, :4] 3",
+              "x attn.kv attn.kv_rope", "e attn.kv_rope", "s hc", "s hist attn.kv", "set attn.weights[0, 0, -1] = 0",
+              "c", "s reach", "x attn_streams streams", "d ffn.gate.topk_idx", "u layers.2.ffn_streams", "q"]
+    assert set(examples) - {"b layers.2.*", "d", "e", "h", "h 100", "help x", "?", "n", "c", "w", "q"} <= set(script)
+    out = stepper("step", "--plain", "--model", "tiny-v4", stdin="\n".join(script) + "\n").stdout
+    answers = out.split("(stepper) ")[1:]
+    assert [a.splitlines()[0] for a in answers] == script
+    for command, answer in zip(script, answers):
+        assert not any(s in answer for s in ("no tensor", "seen yet", "show what", "bad slice", "needs a")), answer
+    assert "layers.2.ffn.gate.topk_idx  [N=7 tokens, 4 chosen experts]" in answers[9]
+    assert "set layers.0.attn.weights[0, 0, -1] = 0: the run continues from it" in answers[8]
+
+
+def test_s_scales_on_a_v4_run_is_one_line_naming_the_command_that_shows_its_weights():
+    out = stepper("step", "--plain", "--model", "tiny-v4", stdin="s scales attn.wq_a.weight\nq\n")
+    assert out.returncode == 0 and "Traceback" not in out.stderr
+    assert ("s scales draws an MLA checkpoint's FP8 block scales; a DeepSeek-V4 weight's FP8 block or FP4 group: "
+            "stepper fp8 --weight NAME --model MODEL") in out.stdout
