@@ -114,8 +114,10 @@ def scope_note(rows: list) -> str:
 
 def summary(diff: Any) -> Text:
     counts = {s: sum(r.status == s for r in diff.rows) for s in STYLE}
-    text = Text(f"{shown(diff.a)} vs {shown(diff.b)}: {len(diff.rows)} tensors in both, {counts['same']} the same "
-                f"bit for bit, {counts['close']} within round-off, {counts['differs']} differ\n")
+    both, differ = len(diff.rows), counts["differs"]
+    text = Text(f"{shown(diff.a)} vs {shown(diff.b)}: {both} tensor{'s' if both != 1 else ''} in both, "
+                f"{counts['same']} the same bit for bit, {counts['close']} within round-off, "
+                f"{differ} differ{'s' if differ == 1 else ''}\n")
     for label, names in (("only in A", diff.only_a), ("only in B", diff.only_b)):
         if names:
             text.append(f"{len(names)} {label}: {shown(', '.join(names[:6]))}{' ...' if len(names) > 6 else ''}\n",

@@ -54,3 +54,11 @@ def test_s_scales_on_a_v4_run_is_one_line_naming_the_command_that_shows_its_weig
     assert out.returncode == 0 and "Traceback" not in out.stderr
     assert ("s scales draws an MLA checkpoint's FP8 block scales; a DeepSeek-V4 weight's FP8 block or FP4 group: "
             "stepper fp8 --weight NAME --model MODEL") in out.stdout
+
+
+def test_diff_counts_one_tensor_in_the_singular():
+    one = stepper("diff", "--plain", "run --only layers.0.output", "run --only layers.0.output --seed 1")
+    assert one.returncode == 1, one.stderr
+    assert (": 1 tensor in both, 0 the same bit for bit, 0 within round-off, 1 differs\n") in one.stdout
+    three = stepper("diff", "--plain", "run --only logits", "run --only logits --seed 1").stdout
+    assert ": 3 tensors in both, 0 the same bit for bit, 0 within round-off, 3 differ\n" in three
