@@ -257,8 +257,9 @@ def run_command(
         metavar="PICTURES", help=f"Draw pictures after their tensors: {','.join(every_picture())}.")] = None,
     plain: PlainOpt = False,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per tensor (JSON Lines) on stdout.")] = False,
-    dump: Annotated[Path | None, typer.Option(metavar="FILE",
-                                              help="Write every shown tensor to FILE.safetensors.")] = None,
+    dump: Annotated[Path | None, typer.Option(
+        metavar="FILE.safetensors",
+        help="Write every shown tensor to this file (its name ends in .safetensors).")] = None,
     dump_limit_gb: Annotated[float | None, typer.Option(metavar="GB",
                                                         help="Refuse a --dump with a tensor larger than GB GiB "
                                                              f"[default: {DUMP_LIMIT_GB:g}].")] = None,

@@ -62,3 +62,16 @@ def test_diff_counts_one_tensor_in_the_singular():
     assert (": 1 tensor in both, 0 the same bit for bit, 0 within round-off, 1 differs\n") in one.stdout
     three = stepper("diff", "--plain", "run --only logits", "run --only logits --seed 1").stdout
     assert ": 3 tensors in both, 0 the same bit for bit, 0 within round-off, 3 differ\n" in three
+
+
+def test_dump_s_help_names_the_extension_the_file_must_have_and_a_name_without_it_is_refused(tmp_path):
+    help_ = " ".join(stepper("run", "--help").stdout.split())
+    assert "--dump FILE.safetensors Write every shown tensor to this file (its name ends in .safetensors)." in help_
+    assert refused(stepper("run", "--only", "logits", "--dump", "out", cwd=tmp_path)) == (
+        "--dump out: the file name must end in .safetensors")
+    assert list(tmp_path.iterdir()) == []
+    assert stepper("run", "--only", "logits", "--dump", "out.safetensors", cwd=tmp_path).returncode == 0
+    mine = tmp_path / "mine.safetensors"
+    mine.write_bytes(b"a user's file")
+    again = refused(stepper("run", "--only", "logits", "--dump", mine.name, "--force", cwd=tmp_path))
+    assert again.startswith("--dump mine.safetensors") and mine.read_bytes() == b"a user's file"
