@@ -16,8 +16,6 @@ from stepper.cli.cache import byte_progress
 from stepper.cli.common import PlainOpt, SeedOpt, parse_layers, url_option, user_errors
 from stepper.config import Config, Wrapper
 from stepper.errors import StepperError
-from stepper.families.deepseek_v4_synth import V4Synthetic
-from stepper.families.deepseek_v4_weights import published_name, weight_shapes
 from stepper.fp8 import BLOCK
 from stepper.session import RunSpec, layers_shown, load_model
 from stepper.untrusted import shown
@@ -245,10 +243,8 @@ def weight_view(console: Console, weight: str, model: str, index: tuple[int, int
         published_view(console, weight, source.has, stored_of(source, index), f"checkpoint {label}", index, as_json)
         return
     synthetic = None if Path(model).is_dir() else load_model(model, seed)
-    if isinstance(synthetic, V4Synthetic):  # a V4 preset: its weights as they would be stored, by DeepSeek's names
-        transformers_names = {published_name(n): n for n in weight_shapes(synthetic.config)}
-        published_view(console, weight, transformers_names.__contains__,
-                       lambda name: synthetic.as_stored(transformers_names[name]),
+    if hasattr(synthetic, "published_stored"):  # a V4 preset: its weights as they would be stored, by DeepSeek's names
+        published_view(console, weight, synthetic.has_published, synthetic.published_stored,
                        f"synthetic weights of {synthetic.config.name}, seed {seed}", index, as_json)
         return
     if weight_dtype(weight, model, seed) == "INT4":

@@ -88,8 +88,14 @@ class V4Synthetic:
 
     def as_stored(self, name: str) -> Stored:
         """The tensor as a reader of the published checkpoint holds it (FP4 bytes and E8M0 scales, ...)."""
-        published, tensor = self._tensor(name)
-        data, *scale = self.stored(published, tensor).values()
+        return self.published_stored(self._tensor(name)[0])
+
+    def has_published(self, published: str) -> bool:
+        return published in self.tensors
+
+    def published_stored(self, published: str) -> Stored:
+        """as_stored by the tensor's published name (`stepper fp8 --weight` on a preset)."""
+        data, *scale = self.stored(published, self.tensors[published]).values()
         kind = safetensors_dtype(data)
         return Stored(FP4 if kind == "I8" else kind, data, scale[0] if scale else None)
 

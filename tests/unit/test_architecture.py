@@ -65,8 +65,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     "bench": {"prefill", "views", "families", "model", "kernels", "weights", "fp8", "int4", "fp4", "presets"},
     "views": {"session", "catalog", "weights", "fp8", "int4", "fp4", "presets", "seams.patching"},
     "lessons": {"views", "planning", "session", "model", "kernels", "weights", "fp8", "int4", "catalog", "presets"},
-    "fixtures": {"views", "planning", "session", "model", "kernels", "weights", "fp8", "int4", "catalog", "presets",
-                 "families"},  # a fixture's config, read by its family
+    "fixtures": {"views", "planning", "session", "model", "kernels", "weights", "fp8", "int4", "fp4", "catalog",
+                 "presets", "families"},  # a fixture's config, read by its family; the formats its manifest names
     "cli": {"lessons", "fixtures", "views", "bench", "planning", "session", "model", "kernels", "weights", "fp8",
             "int4", "catalog", "presets", "seams.patching"},
     "__main__": {"cli"},
@@ -85,7 +85,9 @@ MODEL_FUNCTION_LINES = 40
 TOP_LEVEL = "(top level)"
 ROOM_LINES = {
     TOP_LEVEL: 4000,  # 3,193 lines
-    "bench": 1300,  # 1,050: ceilings, checkpoints, layers, transformers paired, long context, KDA, V4
+    # 1,050 when set: ceilings, checkpoints, layers, transformers paired, long context, KDA, V4 attention;
+    # 1,344 with the V4-Flash layer figures (CSA, HCA) and the INT4 and FP8 layers in turn
+    "bench": 1650,
     "catalog": 600,  # 422
     "cli": 2300,  # 1,846
     "families": 4000,  # 252 when set, with every 2026 family about to arrive
