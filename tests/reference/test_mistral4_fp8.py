@@ -1,0 +1,177 @@
+"""Mistral Small 4 in FP8 as published: one scale per tensor (quantization_config weight_block_size
+null), the fused experts with one scale per expert [E, 1, 1] (transformers'
+models/mistral4/convert_mistral4_weight_to_hf.py). `stepper synth --quant fp8` writes that layout
+for tiny-mistral4; stepper's run on it is compared, every named tensor, prefill then cached decode,
+with transformers' Mistral4ForCausalLM on the same weights dequantized exactly (ml_dtypes' e4m3
+decode times the scale, float32: transformers' finegrained FP8 layers need a GPU kernel), and
+stepper's decode of every weight with that ml_dtypes decode bit for bit. A scale of the wrong
+shape, and a block-scaled quantization_config, are refused in one line."""
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+if not os.environ.get("STEPPER_REQUIRE_CROSSCHECK"):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+
+from helpers.cli import refused, stepper
+from helpers.compare import compare
+from helpers.configs import family_preset
+from helpers.hf_families import hf_family_trace
+
+from stepper.errors import StepperError
+from stepper.families import load_config
+from stepper.seams.trace import Recorder
+from stepper.session import RunSpec, run
+from stepper.weights.checkpoint import Checkpoint
+from stepper.weights.safetensors_reader import SafetensorsFile
+from stepper.weights.safetensors_writer import Entry, write_safetensors
+from stepper.weights.seeded import SyntheticWeights
+from stepper.weights.synth_checkpoint import requantized, synth_checkpoint
+
+PROMPT = (17, 402, 999, 3, 256, 77, 640)
+SCALE = "_scale_inv"
+
+
+def tensors(folder: Path) -> dict[str, tuple[str, np.ndarray]]:
+    """Every tensor of a checkpoint folder: its safetensors dtype and its stored array."""
+    out = {}
+    for path in sorted(folder.glob("*.safetensors")):
+        f = SafetensorsFile(path)
+        out.update({name: (f.info(name).dtype, np.asarray(f.get(name))) for name in f.names()})
+    return out
+
+
+def reference_value(codes: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """ml_dtypes' e4m3fn decode times the scale (a scalar, or [E, 1, 1] over a fused [E, rows, cols])."""
+    values = codes.view(np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    return values * np.asarray(scale, np.float32).reshape(scale.shape + (1,) * (codes.ndim - scale.ndim))
+
+
+def dequantized_copy(fp8: Path, out: Path) -> Path:
+    """The checkpoint with every tensor in float32, FP8 ones dequantized by reference_value, and no
+    quantization_config: what transformers' Mistral4ForCausalLM loads on the CPU."""
+    out.mkdir()
+    config = json.loads((fp8 / "config.json").read_text())
+    config.pop("quantization_config")
+    (out / "config.json").write_text(json.dumps(config))
+    stored = tensors(fp8)
+    values = {name: reference_value(array, stored[name + SCALE][1]) if dtype == "F8_E4M3"
+              else np.asarray(array).astype(np.float32)
+              for name, (dtype, array) in stored.items() if not name.endswith(SCALE)}
+    write_safetensors(out / "model.safetensors",
+                      [Entry(n, "F32", v.shape, lambda v=v: v) for n, v in values.items()], {"format": "pt"})
+    return out
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    base = tmp_path_factory.mktemp("mistral4-fp8")
+    cfg = requantized(family_preset("tiny-mistral4"), "fp8")
+    fp8 = synth_checkpoint(SyntheticWeights(cfg, seed=3), base / "fp8")
+    return fp8, dequantized_copy(fp8, base / "f32")
+
+
+def test_synth_writes_the_published_per_tensor_layout(folders):
+    fp8, _ = folders
+    quant = json.loads((fp8 / "config.json").read_text())["quantization_config"]
+    assert quant["quant_method"] == "fp8" and quant["weight_block_size"] is None
+    stored = tensors(fp8)
+    experts = family_preset("tiny-mistral4").n_routed_experts
+    assert stored["model.layers.1.mlp.experts.gate_up_proj"][0] == "F8_E4M3"
+    assert stored["model.layers.1.mlp.experts.gate_up_proj_scale_inv"][1].shape == (experts, 1, 1)
+    assert stored["model.layers.1.mlp.experts.down_proj_scale_inv"][1].shape == (experts, 1, 1)
+    assert stored["model.layers.1.self_attn.q_a_proj.weight_scale_inv"][1].shape == ()
+    assert stored["lm_head.weight"][0] == "BF16" and stored["model.layers.1.mlp.gate.weight"][0] == "BF16"
+    # each scale brings its tensor's (or its expert's) largest value to the e4m3 maximum, 448
+    gate_up = stored["model.layers.1.mlp.experts.gate_up_proj"][1].view(ml_dtypes.float8_e4m3fn)
+    assert np.array_equal(np.abs(gate_up.astype(np.float32)).max(axis=(1, 2)), np.full(experts, 448, np.float32))
+
+
+def test_every_weight_decodes_as_ml_dtypes_does(folders):
+    fp8, f32 = folders
+    source = Checkpoint(fp8, load_config)
+    reference = tensors(f32)
+    cfg = source.config
+    names = [f"model.layers.{layer}.mlp.experts.{e}.{proj}.weight"
+             for layer in range(cfg.first_k_dense_replace, cfg.num_hidden_layers)
+             for e in range(cfg.n_routed_experts) for proj in ("gate_proj", "up_proj", "down_proj")]
+    names += [n for n in reference if n.endswith("_proj.weight") and ".experts." not in n]
+    inter = cfg.moe_intermediate_size
+    for name in names:
+        stored = source.stored(name)
+        assert stored.dtype == "F8_E4M3" and stored.scale_inv.shape == (1, 1), name
+        if ".experts." in name:  # the expert's rows of the fused reference
+            layer, e, proj = name.split(".")[2], int(name.split(".")[5]), name.split(".")[6]
+            fused = f"model.layers.{layer}.mlp.experts.{'down_proj' if proj == 'down_proj' else 'gate_up_proj'}"
+            whole = reference[fused][1][e]
+            want = whole if proj == "down_proj" else whole[:inter] if proj == "gate_proj" else whole[inter:]
+        else:
+            want = reference[name][1]
+        assert np.array_equal(source.get(name).view(np.uint32), want.view(np.uint32)), name
+
+
+@pytest.mark.parametrize("start_pos, decode, attn", [(0, 2, "naive"), (4093, 3, "naive"), (4093, 2, "absorb")])
+def test_every_tensor_matches_transformers_on_the_dequantized_weights(folders, start_pos, decode, attn):
+    fp8, f32 = folders
+    rec = Recorder()
+    result = run(RunSpec(model=str(fp8), ids=PROMPT, start_pos=start_pos, decode=decode, attn=attn), [rec])
+    steps = [np.array([[t]]) for t in result.generated]
+    ref = hf_family_trace(f32, np.array([PROMPT]), start_pos=start_pos, decode_ids=steps)
+    mine = rec.tensors()
+    if attn == "absorb":  # transformers has no absorbed path: its naive tensors are left out of it
+        ref = {n: v for n, v in ref.items() if n in mine}
+        mine = {n: v for n, v in mine.items() if n in ref}
+    assert len(mine) > 50 and set(mine) == set(ref), sorted(set(mine) ^ set(ref))
+    assert sum(n.endswith("mlp.gate.topk_idx") for n in mine)  # the routed experts (FP8, fused) were run
+    failures = {n: why for n in mine if (why := compare(n, mine, ref))}
+    assert not failures, failures
+
+
+def rewritten(fp8: Path, out: Path, name: str, array: np.ndarray) -> Path:
+    """A copy of the checkpoint with one F32 tensor replaced (its shard rewritten)."""
+    shutil.copytree(fp8, out)
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    shard = out / index["weight_map"][name]
+    f = SafetensorsFile(shard)
+    kept = {n: (f.info(n).dtype, np.array(f.get(n))) for n in f.names() if n != name}  # copied: the shard goes
+    entries = [Entry(n, dtype, a.shape, lambda a=a: a) for n, (dtype, a) in kept.items()]
+    shard.unlink()
+    write_safetensors(shard, [*entries, Entry(name, "F32", array.shape, lambda: array)], {"format": "pt"})
+    return out
+
+
+def test_a_fused_scale_of_the_wrong_shape_is_refused_in_one_line(folders, tmp_path):
+    fp8, _ = folders
+    experts = family_preset("tiny-mistral4").n_routed_experts
+    name = "model.layers.1.mlp.experts.gate_up_proj_scale_inv"  # one per gate and up half: not the published layout
+    bad = rewritten(fp8, tmp_path / "bad", name, np.ones((experts, 2, 1), np.float32))
+    line = refused(stepper("run", "--model", bad, "--ids", "1,2,3", "--layers", "1:2"))
+    assert name in line and f"[{experts}, 2, 1]" in line and f"[{experts}, 1, 1]" in line and ".safetensors" in line
+    with pytest.raises(StepperError, match=r"\[16, 2, 1\].*one scale per expert"):
+        Checkpoint(bad, load_config).stored("model.layers.1.mlp.experts.3.up_proj.weight")
+
+
+def test_a_linear_scale_of_more_than_one_value_is_refused(folders, tmp_path):
+    fp8, _ = folders
+    name = "model.layers.1.self_attn.q_a_proj.weight_scale_inv"
+    bad = rewritten(fp8, tmp_path / "bad", name, np.ones((2, 3), np.float32))  # a 128x128 grid
+    line = refused(stepper("run", "--model", bad, "--ids", "1,2,3", "--layers", "1:2"))
+    assert name in line and "[2, 3]" in line and "one scale per tensor" in line
+
+
+def test_block_scaled_mistral4_is_refused(folders, tmp_path):
+    fp8, _ = folders
+    bad = tmp_path / "blocks"
+    shutil.copytree(fp8, bad)
+    config = json.loads((bad / "config.json").read_text())
+    config["quantization_config"]["weight_block_size"] = [128, 128]
+    (bad / "config.json").write_text(json.dumps(config))
+    line = refused(stepper("run", "--model", bad, "--ids", "1,2,3"))
+    assert "quantization_config.weight_block_size" in line and "must be null" in line and "config.json" in line
