@@ -175,3 +175,47 @@ def test_block_scaled_mistral4_is_refused(folders, tmp_path):
     (bad / "config.json").write_text(json.dumps(config))
     line = refused(stepper("run", "--model", bad, "--ids", "1,2,3"))
     assert "quantization_config.weight_block_size" in line and "must be null" in line and "config.json" in line
+
+
+def published_copy(fp8: Path, out: Path) -> Path:
+    """The checkpoint as Mistral Small 4 is published: the mistral3 wrapper's config.json with the
+    quantization_config transformers' conversion writes on it, the text model's tensors under
+    language_model., each FP8 module's static activation scales beside its weight scales, a
+    vision tower's tensor."""
+    out.mkdir()
+    text = json.loads((fp8 / "config.json").read_text())
+    text.pop("quantization_config")
+    quant = {"activation_scheme": "static", "dequantize": False, "quant_method": "fp8", "weight_block_size": None,
+             "modules_to_not_convert": ["model.vision_tower", "model.multi_modal_projector", "lm_head"]}
+    config = {"architectures": ["Mistral3ForConditionalGeneration"], "model_type": "mistral3", "text_config": text,
+              "vision_config": {"model_type": "pixtral"}, "quantization_config": quant, "tie_word_embeddings": False}
+    (out / "config.json").write_text(json.dumps(config))
+    entries = {}
+    for name, (dtype, array) in tensors(fp8).items():
+        entries["language_model." + name] = (dtype, array)
+        if name.endswith(SCALE):  # X.weight_scale_inv: X.activation_scale; experts: one per expert
+            weight = name.removesuffix(SCALE)
+            act = (weight.removesuffix(".weight") + ".activation_scale" if weight.endswith(".weight")
+                   else weight + "_activation_scale")
+            entries["language_model." + act] = ("F32", np.full(array.shape[:1] if array.ndim else (), 0.5, np.float32))
+    entries["vision_tower.transformer.layers.0.attention.q_proj.weight"] = ("BF16", np.zeros((4, 4), np.uint16))
+    write_safetensors(out / "model.safetensors", [Entry(n, dtype, a.shape, lambda a=a: a) for n, (dtype, a)
+                                                  in entries.items()], {"format": "pt"})
+    return out
+
+
+def test_the_published_wrapper_runs_as_its_text_model(folders, tmp_path):
+    fp8, _ = folders
+    published = published_copy(fp8, tmp_path / "published")
+
+    def trace(model):
+        rec = Recorder()
+        run(RunSpec(model=str(model), ids=PROMPT, start_pos=4093, decode=1), [rec])
+        return rec.tensors()
+
+    mine, text_only = trace(published), trace(fp8)  # every named tensor, bit for bit
+    assert "decode0.logits" in mine and set(mine) == set(text_only)
+    assert all(np.array_equal(mine[n], text_only[n]) for n in text_only)
+    source = Checkpoint(published, load_config)
+    assert source.config.wrapper.model_type == "mistral3" and source.per_tensor
+    assert not source.problems(range(source.config.num_hidden_layers), with_globals=True)
