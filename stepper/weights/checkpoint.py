@@ -6,7 +6,8 @@ config, the index and every shard's header, and checks that they agree. Tensor b
 read when a tensor is asked for, through memory maps, so running layer 30 never touches the
 other layers' pages. An FP8 weight `X.weight` finds its block scales `X.weight_scale_inv`
 through the index: they may live in another shard. With one scale per tensor (weight_block_size
-null) `X.weight_scale_inv` holds one value, and a fused experts' tensor one per expert. An INT4
+null) `X.weight_scale_inv` holds one value, and a fused experts' tensor one per expert; each is
+handed out as that value over a 128x128 block grid (fp8.per_tensor_grid). An INT4
 weight (a module a compressed-tensors quantization_config quantizes) is stored as `X.weight_packed`
 (I32 words), `X.weight_scale` (its group scales) and `X.weight_shape` ([out, in]), and is read and
 checked as one weight `X.weight`.
@@ -131,8 +132,9 @@ class Checkpoint:
         _, scale = self._tensor(name + SCALE)
         check_scale_values(self.shard_of(name + SCALE).path.name, name + SCALE, scale)
         where = FileBytes(str(shard.path), shard.data_range(name)[0], shard.identity)
-        if self.per_tensor:  # one block the size of the weight
-            return Stored(info.dtype, array, self._one_scale(name + SCALE, scale, 1), array.shape, where)
+        if self.per_tensor:
+            one = self._one_scale(name + SCALE, scale, 1)[0, 0]
+            return Stored(info.dtype, array, fp8.per_tensor_grid(array.shape, one), fp8.BLOCK, where)
         return Stored(info.dtype, array, scale, self.block, where)
 
     def _expert(self, fused: str, name: str) -> Stored:
@@ -147,10 +149,10 @@ class Checkpoint:
             raise StepperError(f"{self.label}: '{fused}' is {info.dtype}: stepper reads fused experts in "
                                f"{', '.join(FLOAT_DTYPES)}, or F8_E4M3 with one scale per expert")
         _, scales = self._tensor(fused + SCALE)
-        scale = self._one_scale(fused + SCALE, scales, whole.shape[0])[[expert_of(name)]]  # [1, 1]
+        scale = self._one_scale(fused + SCALE, scales, whole.shape[0])[expert_of(name), 0]
         start = FileBytes(str(shard.path), shard.data_range(fused)[0], shard.identity)
         where = start.at(expert_start(whole.shape, name))  # one byte per code
-        return Stored(info.dtype, view, scale, view.shape, where)
+        return Stored(info.dtype, view, fp8.per_tensor_grid(view.shape, scale), fp8.BLOCK, where)
 
     def _one_scale(self, name: str, scale: np.ndarray, count: int) -> np.ndarray:
         """A per-tensor scale (count 1) or a fused experts' scales (count E), as float32 [count, 1],

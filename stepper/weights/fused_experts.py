@@ -70,8 +70,8 @@ def fused_data(fused: str, experts: int, data_of: Callable[[str], np.ndarray]) -
 
 def fused_scales(fused: str, experts: int, scale_of: Callable[[str], np.ndarray]) -> np.ndarray:
     """A fused FP8 tensor's scales, one per expert [E, 1, 1], out of each expert's one scale
-    (`scale_of(per-expert name)`; an expert's gate and up share theirs)."""
+    (`scale_of(per-expert name)`: that scale over a block grid; an expert's gate and up share it)."""
     prefix = fused.removesuffix("gate_up_proj").removesuffix("down_proj")
     proj = "down_proj" if fused.endswith("down_proj") else "gate_proj"
-    return np.stack([np.asarray(scale_of(f"{prefix}{e}.{proj}.weight"), np.float32).reshape(1, 1)
+    return np.stack([np.asarray(scale_of(f"{prefix}{e}.{proj}.weight"), np.float32)[:1, :1]  # the one value
                      for e in range(experts)])

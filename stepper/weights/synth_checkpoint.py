@@ -98,7 +98,7 @@ class _Lazy:
 
     def scale_inv(self):
         scale, self._stored = self._stored.scale_inv, None
-        return scale.reshape(()) if self.source.config.quantization.per_tensor else scale  # [1, 1] -> a scalar
+        return scale[:1, :1].reshape(()) if self.source.config.quantization.per_tensor else scale  # its one value
 
 
 def shard_plan(source: SyntheticWeights, layers: range, with_globals: bool) -> list[dict[str, tuple[int, ...]]]:

@@ -106,7 +106,7 @@ def test_every_weight_decodes_as_ml_dtypes_does(folders):
     inter = cfg.moe_intermediate_size
     for name in names:
         stored = source.stored(name)
-        assert stored.dtype == "F8_E4M3" and stored.scale_inv.shape == (1, 1), name
+        assert stored.dtype == "F8_E4M3" and len(set(stored.scale_inv.ravel().tolist())) == 1, name  # one scale
         if ".experts." in name:  # the expert's rows of the fused reference
             layer, e, proj = name.split(".")[2], int(name.split(".")[5]), name.split(".")[6]
             fused = f"model.layers.{layer}.mlp.experts.{'down_proj' if proj == 'down_proj' else 'gate_up_proj'}"
