@@ -219,3 +219,16 @@ def test_the_published_wrapper_runs_as_its_text_model(folders, tmp_path):
     source = Checkpoint(published, load_config)
     assert source.config.wrapper.model_type == "mistral3" and source.per_tensor
     assert not source.problems(range(source.config.num_hidden_layers), with_globals=True)
+
+
+def test_inspect_stats_are_of_the_values(folders):
+    fp8, f32 = folders
+    out = stepper("inspect", fp8, "--stats", "--layers", "1:2", "--json")
+    assert out.returncode == 0, out.stderr
+    rows = {row["name"]: row for row in map(json.loads, out.stdout.splitlines()) if "name" in row}
+    reference = tensors(f32)
+    for name in ("model.layers.1.mlp.experts.gate_up_proj", "model.layers.1.self_attn.q_a_proj.weight"):
+        want = reference[name][1]
+        stats = rows[name]["stats"]
+        assert stats["absmax"] == float(np.abs(want).max()) and stats["min"] == float(want.min()), name
+        assert stats["sum"] == pytest.approx(float(want.astype(np.float64).sum()), rel=1e-9), name
