@@ -232,3 +232,23 @@ def test_inspect_stats_are_of_the_values(folders):
         stats = rows[name]["stats"]
         assert stats["absmax"] == float(np.abs(want).max()) and stats["min"] == float(want.min()), name
         assert stats["sum"] == pytest.approx(float(want.astype(np.float64).sum()), rel=1e-9), name
+
+
+def test_a_run_reads_only_the_chosen_experts(folders, monkeypatch):
+    fp8, _ = folders
+    asked: set[str] = set()
+    stored = Checkpoint.stored
+
+    def spy(self, name):
+        asked.add(name)
+        return stored(self, name)
+
+    monkeypatch.setattr(Checkpoint, "stored", spy)
+    rec = Recorder()
+    run(RunSpec(model=str(fp8), ids=PROMPT[:2], attn="naive"), [rec])
+    chosen = {f"model.layers.{n.split('.')[1]}.mlp.experts.{e}.{proj}.weight"
+              for n, idx in rec.tensors().items() if n.endswith("mlp.gate.topk_idx")
+              for e in np.unique(idx) for proj in ("gate_proj", "up_proj", "down_proj")}
+    read = {n for n in asked if ".mlp.experts." in n}
+    experts = family_preset("tiny-mistral4").n_routed_experts
+    assert chosen and read == chosen and len(chosen) < 3 * experts * 2  # two MoE layers, not every expert read
