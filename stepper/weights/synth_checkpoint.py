@@ -98,7 +98,8 @@ class _Lazy:
 
     def scale_inv(self):
         scale, self._stored = self._stored.scale_inv, None
-        return scale[:1, :1].reshape(()) if self.source.config.quantization.per_tensor else scale  # its one value
+        quantization = self.source.config.quantization  # None for INT4's group scales
+        return scale[:1, :1].reshape(()) if quantization is not None and quantization.per_tensor else scale
 
 
 def shard_plan(source: SyntheticWeights, layers: range, with_globals: bool) -> list[dict[str, tuple[int, ...]]]:
