@@ -252,3 +252,40 @@ def test_a_run_reads_only_the_chosen_experts(folders, monkeypatch):
     read = {n for n in asked if ".mlp.experts." in n}
     experts = family_preset("tiny-mistral4").n_routed_experts
     assert chosen and read == chosen and len(chosen) < 3 * experts * 2  # two MoE layers, not every expert read
+
+
+@pytest.mark.parametrize("tokens", [1, 300])
+def test_helpers_map_an_experts_bytes_out_of_the_fused_tensor(folders, monkeypatch, tokens):
+    """An expert's FP8 matrix lies inside its fused tensor (origin at the expert's first code): a
+    helper process that maps it there makes the same product."""
+    from stepper.kernels import fp8_workers, parallel
+    from stepper.kernels.fp8_matmul import linear_fp8
+
+    if parallel.cores() < 2:
+        pytest.skip("helpers need two cores")
+    monkeypatch.setattr(fp8_workers, "SHARE_WORK", 0)  # every product with a file behind it is shared
+    fp8_workers.stop_helpers()
+    try:
+        source = Checkpoint(folders[0], load_config)
+        for name in ("model.layers.1.mlp.experts.3.down_proj.weight", "model.layers.2.mlp.experts.7.down_proj.weight"):
+            w = source.matrix(name)
+            assert w.origin is not None and w.shape[0] > 2 * 128, name  # rows in several blocks: bands to share
+            x = np.random.default_rng(tokens).standard_normal((tokens, w.shape[1])).astype(np.float32)
+            exact = x.astype(np.float64) @ w.dequantize().astype(np.float64).T
+            before = fp8_workers.helpers()[0].bands_done if fp8_workers.helpers() else 0
+            assert np.abs(linear_fp8(x, w) - exact).max() <= 2e-6 * np.abs(exact).max(), name
+            assert fp8_workers.helpers()[0].bands_done > before, name  # the helper made some of its rows
+        assert not fp8_workers._broken
+    finally:
+        fp8_workers.stop_helpers()
+
+
+def test_an_experts_origin_is_where_its_codes_lie_in_the_file(folders):
+    source = Checkpoint(folders[0], load_config)
+    for name in ("model.layers.2.mlp.experts.5.up_proj.weight", "model.layers.2.mlp.experts.5.gate_proj.weight",
+                 "model.layers.1.mlp.experts.15.down_proj.weight"):
+        w = source.matrix(name)
+        with open(w.origin.path, "rb") as f:
+            f.seek(w.origin.offset)
+            stored = np.frombuffer(f.read(w.codes.size), np.uint8).reshape(w.shape)
+        assert np.array_equal(stored, w.codes.view(np.uint8)), name
