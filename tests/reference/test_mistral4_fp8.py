@@ -219,6 +219,8 @@ def test_the_published_wrapper_runs_as_its_text_model(folders, tmp_path):
     source = Checkpoint(published, load_config)
     assert source.config.wrapper.model_type == "mistral3" and source.per_tensor
     assert not source.problems(range(source.config.num_hidden_layers), with_globals=True)
+    listed = stepper("inspect", published, "--json")  # its activation scales are listed, and no problem
+    assert listed.returncode == 0 and '"model.layers.1.mlp.experts.down_proj_activation_scale"' in listed.stdout
 
 
 def test_inspect_stats_are_of_the_values(folders):
