@@ -64,10 +64,13 @@ class LongRope:
 
 @dataclass(frozen=True)
 class Fp8:
-    """The checkpoint's weight quantization: e4m3 codes with one float32 scale per block."""
+    """The checkpoint's weight quantization: e4m3 codes with one float32 scale per block, or one per
+    tensor (`per_tensor`: weight_block_size null, as Mistral Small 4 is published; each fused
+    experts' tensor then has one scale per expert)."""
 
     fmt: str = "e4m3"
     weight_block_size: tuple[int, int] = (128, 128)
+    per_tensor: bool = False
 
 
 KIMI_INT4_IGNORE = ("lm_head", r"re:.*self_attn.*", r"re:.*shared_experts.*",
@@ -291,7 +294,8 @@ class Config(MlaVariants):
                 "quant_method": "fp8",
                 "activation_scheme": "dynamic",
                 "fmt": self.quantization.fmt,
-                "weight_block_size": list(self.quantization.weight_block_size),
+                "weight_block_size": (None if self.quantization.per_tensor
+                                      else list(self.quantization.weight_block_size)),
             }
         if self.int4 is not None:
             out["quantization_config"] = self.int4.to_hf()
@@ -576,6 +580,8 @@ def _quantization(f: _Fields) -> Fp8 | None:
     if fmt != "e4m3":
         raise f.fail("quantization_config.fmt", f"must be 'e4m3', got {fmt!r}")
     size = block.get("weight_block_size", [128, 128])
+    if size is None:  # one scale per tensor
+        return Fp8(fmt=fmt, per_tensor=True)
     if (
         not isinstance(size, list)
         or len(size) != 2

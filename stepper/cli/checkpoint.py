@@ -44,7 +44,8 @@ def synth_command(
              "tower beside it) [default: as the config says].")] = None,
     quant: Annotated[str | None, typer.Option(metavar="|".join(QUANTS),
                                               help="How linear weights are stored: fp8 (128x128 "
-                     "blocks, as Kimi K2 / DeepSeek-V3), int4 (experts in compressed-tensors pack-quantized INT4, "
+                     "blocks, as Kimi K2 / DeepSeek-V3; one scale per tensor where experts are fused, as Mistral "
+                     "Small 4), int4 (experts in compressed-tensors pack-quantized INT4, "
                      "groups of 32, the rest BF16, as Kimi-K2-Thinking), bf16. Default: as the model's config "
                      "says.")] = None,
 ) -> None:

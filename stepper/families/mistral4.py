@@ -15,7 +15,14 @@ transformers (models/mistral4/modular_mistral4.py) changes from DeepSeek-V3:
 - the first `first_k_dense_replace` layers (0 published) are dense, every later one MoE;
 - the checkpoint stores each layer's experts fused (`mlp.experts.gate_up_proj`, `down_proj`:
   stepper/weights/fused_experts.py), as transformers saves Mistral4ForCausalLM (it has no
-  conversion for per-expert names).
+  conversion for per-expert names);
+- published in FP8 with one scale per tensor (quantization_config: quant_method fp8,
+  weight_block_size null, activation_scheme static): each linear `X.weight` e4m3 with a scalar
+  `X.weight_scale_inv` (value = code x scale_inv) and an `X.activation_scale`; each fused
+  experts' tensor with one scale per expert, `gate_up_proj_scale_inv` [E, 1, 1] (the gate and up
+  halves brought to one scale) and `down_proj_scale_inv` [E, 1, 1]
+  (models/mistral4/convert_mistral4_weight_to_hf.py). stepper applies the weight scales; the
+  activation scales (vLLM's static FP8 inputs) are read by no run, as transformers' dequantize=True.
 The published config.json is a vision-language wrapper (`mistral3`, Mistral3ForConditionalGeneration)
 around this text model, its tensors under `language_model.` (`unwrapped`); stepper runs the text
 model.
@@ -56,9 +63,12 @@ def to_mla(f) -> tuple[dict[str, Any], dict[str, Any]]:
     scaling = mla_fields.rope_fields(f, raw)
     beta = scaling.float("llama_4_scaling_beta", positive=False)  # transformers reads both, whatever the rope type
     original = scaling.int("original_max_position_embeddings")
-    if isinstance(raw.get("quantization_config"), dict):
-        raise f.fail("quantization_config", "is not built for Mistral 4: stepper reads its fused experts "
-                     "(mlp.experts.gate_up_proj, down_proj) in BF16 or F32 only")
+    quant = raw.get("quantization_config")
+    if isinstance(quant, dict) and quant.get("quant_method", "fp8") == "fp8" and \
+            quant.get("weight_block_size", [128, 128]) is not None:
+        raise f.fail("quantization_config.weight_block_size", "must be null (one scale per tensor, as Mistral Small 4 "
+                     f"is published): stepper reads its fused experts in FP8 with one scale per expert, got "
+                     f"{quant.get('weight_block_size', [128, 128])!r}")
     scale = QueryScale(beta, original) if beta else None
     return raw, {"router_bias": False, "query_scale": scale, "fused_experts": True}
 

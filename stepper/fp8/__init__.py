@@ -6,6 +6,7 @@ from stepper.fp8.blocks import (
     block_starts,
     check_block_shapes,
     dequantize,
+    per_tensor_grid,
     quantize,
     scale_grid,
     scale_rows,
@@ -29,5 +30,5 @@ from stepper.fp8.e4m3 import (
 __all__ = [
     "BLOCK", "E4M3_TABLE", "EXPONENT_BIAS", "FP8_MAX", "KEEP_SIGN_EXPONENT_MANTISSA", "REBIAS", "Fp8Fields",
     "as_codes", "block_starts", "check_block_shapes", "decode", "decode_bits", "decode_table", "dequantize",
-    "encode", "fields", "quantize", "scale_grid", "scale_rows", "scales_as_f32",
+    "encode", "fields", "per_tensor_grid", "quantize", "scale_grid", "scale_rows", "scales_as_f32",
 ]

@@ -43,6 +43,12 @@ def check_block_shapes(codes: np.ndarray, scale_inv: np.ndarray, block: tuple[in
         )
 
 
+def per_tensor_grid(shape: tuple[int, int], scale: float, block: tuple[int, int] = BLOCK) -> np.ndarray:
+    """One scale for a whole weight, as the block grid holding it in every block: the same values
+    (code x scale everywhere), so the block-scaled paths and their fast kernels read it unchanged."""
+    return np.full(scale_grid(shape, block), scale, dtype=np.float32)  # [ceil(out/128), ceil(in/128)]
+
+
 SCALE_DTYPES = ("float32", "bfloat16", "float16", "float8_e8m0fnu")  # by name: ml_dtypes' are imported where met
 
 

@@ -68,16 +68,28 @@ def decoded_row_batches(source: Source, tensor: Tensor) -> Iterator[tuple[np.nda
     block_rows = source.block[0]
     step = max(1, BATCH_VALUES // math.prod(part.shape[1:]))
     scale = source.array(tensor.scale.name) if tensor.dequantized else None
-    if scale is not None:
+    per_tensor = scale is not None and source.config is not None and source.config.quantization.per_tensor
+    if scale is not None and not per_tensor:
         step = max(block_rows, step // block_rows * block_rows)
     with RowReader(source.shards[part.shard], part.name) as reader:
         for r0 in range(0, part.shape[0], step):
             rows = reader.read(r0, min(r0 + step, part.shape[0]))
-            if scale is not None:
+            if per_tensor:
+                yield per_tensor_values(rows, np.asarray(scale, np.float32).reshape(-1), r0, part.name), rows.nbytes
+            elif scale is not None:
                 s = scale[r0 // block_rows: -(-(r0 + len(rows)) // block_rows)]
                 yield fp8.dequantize(rows, s, source.block, name=part.name), rows.nbytes
             else:
                 yield decoded(rows, part.dtype), rows.nbytes
+
+
+def per_tensor_values(rows: np.ndarray, scales: np.ndarray, r0: int, name: str) -> np.ndarray:
+    """Rows of a weight with one scale (scales [1]), or experts [k, rows, cols] from expert r0 of a
+    fused tensor with one scale each (scales [E]): code value x its scale."""
+    if rows.ndim == 2:
+        return fp8.dequantize(rows, fp8.per_tensor_grid(rows.shape, scales[0]), name=name)
+    return np.stack([fp8.dequantize(m, fp8.per_tensor_grid(m.shape, scales[r0 + i]), name=name)
+                     for i, m in enumerate(rows)])
 
 
 def int4_row_batches(source: Source, tensor: Tensor) -> Iterator[tuple[np.ndarray, int]]:

@@ -98,11 +98,21 @@ def unknown_tensors(ckpt: Checkpoint, layers: range) -> list[Problem]:
         known = set(stored_shapes(shapes) if ckpt.config.fused_experts else shapes)  # fused: weights.fused_experts
         known |= {name + suffix for name in known for suffix in (SCALE, PACKED, GROUP_SCALE, WEIGHT_SHAPE)}
         known |= {prefix + name for name in IGNORED}
+        if ckpt.per_tensor:
+            known |= activation_scales(known)
         found = [(name, shard) for name, shard in ckpt.weight_map.items()
                  if name.startswith(prefix) and name not in known and not orphan_scale(ckpt, name)]
         if found:
             problems.append(unknown_problem(layer, found))
     return problems
+
+
+def activation_scales(names: set[str]) -> set[str]:
+    """The static input scales a per-tensor FP8 checkpoint keeps beside its weights (Mistral Small 4
+    as published: `X.activation_scale`, a fused experts' `X_activation_scale`); stepper applies the
+    weight scales only, so no run reads them."""
+    return {name.removesuffix(".weight") + ".activation_scale" if name.endswith(".weight")
+            else name + "_activation_scale" for name in names}
 
 
 def orphan_scale(ckpt: Checkpoint, name: str) -> bool:

@@ -5,9 +5,12 @@ A directory holds `config.json` and either one `model.safetensors` or shards lis
 config, the index and every shard's header, and checks that they agree. Tensor bytes are only
 read when a tensor is asked for, through memory maps, so running layer 30 never touches the
 other layers' pages. An FP8 weight `X.weight` finds its block scales `X.weight_scale_inv`
-through the index: they may live in another shard. An INT4 weight (a module a compressed-tensors
-quantization_config quantizes) is stored as `X.weight_packed` (I32 words), `X.weight_scale`
-(its group scales) and `X.weight_shape` ([out, in]), and is read and checked as one weight `X.weight`.
+through the index: they may live in another shard. With one scale per tensor (weight_block_size
+null) `X.weight_scale_inv` holds one value, and a fused experts' tensor one per expert; each is
+handed out as that value over a 128x128 block grid (fp8.per_tensor_grid). An INT4
+weight (a module a compressed-tensors quantization_config quantizes) is stored as `X.weight_packed`
+(I32 words), `X.weight_scale` (its group scales) and `X.weight_shape` ([out, in]), and is read and
+checked as one weight `X.weight`.
 
 A shard that is missing or cannot be read (people download only the shards of the layers they
 look at) is an error only for a run that needs one of its tensors; `unreadable` says which
@@ -28,7 +31,7 @@ from stepper.config import Config, load_config
 from stepper.errors import StepperError
 from stepper.untrusted import is_safe
 from stepper.untrusted.jsonfile import read_json
-from stepper.weights.fused_experts import expert_view, fused_name, stored_shapes
+from stepper.weights.fused_experts import expert_of, expert_start, expert_view, fused_name, stored_shapes
 from stepper.weights.names import global_shapes, layer_shapes, storage_dtype, text_name
 from stepper.weights.partial import partial_text
 from stepper.weights.safetensors_reader import MappedBudget, SafetensorsFile, TensorInfo
@@ -118,11 +121,7 @@ class Checkpoint:
 
     def stored(self, name: str) -> Stored:
         if self.config.fused_experts and (fused := fused_name(name)) is not None:
-            whole = self.stored(fused)
-            if whole.dtype not in FLOAT_DTYPES:
-                raise StepperError(f"{self.label}: '{fused}' is {whole.dtype}: stepper reads fused experts in "
-                                   f"{', '.join(FLOAT_DTYPES)} only")
-            return Stored(whole.dtype, expert_view(whole.data, name))
+            return self._expert(fused, name)
         if self._stored_name(name) != name:
             return self._int4(name)
         self._keep_resident(name)
@@ -133,7 +132,39 @@ class Checkpoint:
         _, scale = self._tensor(name + SCALE)
         check_scale_values(self.shard_of(name + SCALE).path.name, name + SCALE, scale)
         where = FileBytes(str(shard.path), shard.data_range(name)[0], shard.identity)
+        if self.per_tensor:
+            one = self._one_scale(name + SCALE, scale, 1)[0, 0]
+            return Stored(info.dtype, array, fp8.per_tensor_grid(array.shape, one), fp8.BLOCK, where)
         return Stored(info.dtype, array, scale, self.block, where)
+
+    def _expert(self, fused: str, name: str) -> Stored:
+        """One expert's matrix, a view of its fused tensor; in FP8 with its expert's scale."""
+        self._keep_resident(fused)
+        shard = self.shard_of(fused)
+        info, whole = shard.info(fused), shard.get(fused)
+        view = expert_view(whole, name)  # [rows, cols]
+        if info.dtype in FLOAT_DTYPES:
+            return Stored(info.dtype, view)
+        if info.dtype != "F8_E4M3" or not self.per_tensor:
+            raise StepperError(f"{self.label}: '{fused}' is {info.dtype}: stepper reads fused experts in "
+                               f"{', '.join(FLOAT_DTYPES)}, or F8_E4M3 with one scale per expert")
+        _, scales = self._tensor(fused + SCALE)
+        scale = self._one_scale(fused + SCALE, scales, whole.shape[0])[expert_of(name), 0]
+        start = FileBytes(str(shard.path), shard.data_range(fused)[0], shard.identity)
+        where = start.at(expert_start(whole.shape, name))  # one byte per code
+        return Stored(info.dtype, view, fp8.per_tensor_grid(view.shape, scale), fp8.BLOCK, where)
+
+    def _one_scale(self, name: str, scale: np.ndarray, count: int) -> np.ndarray:
+        """A per-tensor scale (count 1) or a fused experts' scales (count E), as float32 [count, 1],
+        checked: of the shape per_tensor_scale_shapes allows, finite and above zero."""
+        file = self.shard_of(name).path.name
+        scale = np.asarray(scale)
+        if scale.shape not in per_tensor_scale_shapes(count):
+            raise StepperError(f"{file}: '{name}' has shape {list(scale.shape)}, expected "
+                               f"{' or '.join(str(list(s)) for s in per_tensor_scale_shapes(count))}: one scale per "
+                               f"{'tensor' if count == 1 else 'expert'} (weight_block_size null)")
+        check_scale_values(file, name, scale)
+        return fp8.scales_as_f32(scale, name).reshape(count, 1)
 
     def _int4(self, name: str) -> Stored:
         """An INT4 weight: its packed words, where they lie, its group scales (checked finite) and its inputs."""
@@ -165,6 +196,11 @@ class Checkpoint:
     @property
     def block(self) -> tuple[int, int]:
         return self.config.quantization.weight_block_size if self.config.quantization else fp8.BLOCK
+
+    @property
+    def per_tensor(self) -> bool:
+        """Whether each FP8 weight has one scale (each fused experts' tensor one per expert)."""
+        return self.config.quantization is not None and self.config.quantization.per_tensor
 
     def _keep_resident(self, name: str) -> None:
         """Mapped pages count as this process's memory: past RESIDENT_BYTES of large tensors,
@@ -284,7 +320,8 @@ class Checkpoint:
                             f"({self.unreadable[scale_shard]})")]
         scale = self.shard_of(scale_name).info(scale_name) if scale_name in self.weight_map else None
         scale_file = self.weight_map.get(scale_name)
-        return [Problem(scale_file, scale_name, text) for text in scale_problems(info, scale, self.block, scale_file)]
+        return [Problem(scale_file, scale_name, text)
+                for text in scale_problems(info, scale, None if self.per_tensor else self.block, scale_file)]
 
     def _int4_problems(self, name: str, shape: tuple[int, ...]) -> list[Problem]:
         """An INT4 weight's three tensors: present and readable, with dtypes and shapes that agree
@@ -439,10 +476,17 @@ class Problem:
         return self.text
 
 
-def scale_problems(weight: TensorInfo, scale: TensorInfo | None, block: tuple[int, int],
+def per_tensor_scale_shapes(count: int) -> tuple[tuple[int, ...], ...]:
+    """The shapes one scale per tensor may be stored in (count 1), or a fused experts' tensor's one
+    scale per expert (count E: [E, 1, 1] as transformers' Mistral 4 conversion writes it, or [E])."""
+    return ((), (1,), (1, 1)) if count == 1 else ((count, 1, 1), (count,))
+
+
+def scale_problems(weight: TensorInfo, scale: TensorInfo | None, block: tuple[int, int] | None,
                    scale_file: str | None) -> list[str]:
     """What is wrong with a weight's block scales, given the weight's and the scales' headers:
-    an F8_E4M3 weight needs a 2-D weight and scales of a float dtype on its block grid; any
+    an F8_E4M3 weight needs a 2-D weight and scales of a float dtype on its block grid (block
+    None: one scale for a 2-D weight, one per expert for a fused experts' [E, rows, cols]); any
     other weight has no scales."""
     name = weight.name + SCALE
     if weight.dtype != "F8_E4M3":
@@ -454,6 +498,13 @@ def scale_problems(weight: TensorInfo, scale: TensorInfo | None, block: tuple[in
     where = f"{scale_file}: '{name}'"
     if scale.dtype not in SCALE_DTYPES:
         return [f"{where} has dtype {scale.dtype}, expected F32, BF16, F16 or F8_E8M0"]
+    if block is None and len(weight.shape) in (2, 3):
+        allowed = per_tensor_scale_shapes(1 if len(weight.shape) == 2 else weight.shape[0])
+        if scale.shape in allowed:
+            return []
+        per = "tensor" if len(weight.shape) == 2 else "expert"
+        return [(f"{where} has shape {list(scale.shape)}, expected {' or '.join(str(list(s)) for s in allowed)} "
+                 f"for a {list(weight.shape)} weight with one scale per {per}")]
     if len(weight.shape) != 2:
         return [f"'{weight.name}' is an F8_E4M3 weight of shape {list(weight.shape)}, expected 2-D [out, in]"]
     expected = fp8.scale_grid(weight.shape, block)

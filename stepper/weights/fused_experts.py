@@ -1,8 +1,8 @@
 """Routed experts stored fused, as transformers 5 saves an MoE (Mistral 4's checkpoint): per layer
 `mlp.experts.gate_up_proj` [E, 2 * moe_inter, d], each expert's gate rows then its up rows, and
 `mlp.experts.down_proj` [E, d, moe_inter]. The model asks for one expert's matrix by its
-per-expert name (`mlp.experts.5.up_proj.weight`); it is a view of the fused tensor (BF16 or F32:
-one expert's rows lie together, so nothing is copied).
+per-expert name (`mlp.experts.5.up_proj.weight`); it is a view of the fused tensor (BF16, F32, or
+FP8 with one scale per expert: one expert's rows lie together, so nothing is copied).
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp\.experts\.)(\d+)\.(gate_proj|up_
 FUSED = {"gate_proj": "gate_up_proj", "up_proj": "gate_up_proj", "down_proj": "down_proj"}
 
 
-def fused_name(name: str) -> str | None:
-    """The fused tensor holding a per-expert weight, None for any other name."""
+def fused_name(name: str, only: str | None = None) -> str | None:
+    """The fused tensor holding a per-expert weight (`only`: if it is that one), None for any other name."""
     m = EXPERT.match(name)
-    return None if m is None else m[1] + FUSED[m[3]]
+    return None if m is None or only not in (None, FUSED[m[3]]) else m[1] + FUSED[m[3]]
 
 
 def expert_view(fused: np.ndarray, name: str) -> np.ndarray:
@@ -30,6 +30,19 @@ def expert_view(fused: np.ndarray, name: str) -> np.ndarray:
         return fused[e]
     inter = fused.shape[1] // 2
     return fused[e, :inter] if proj == "gate_proj" else fused[e, inter:]
+
+
+def expert_of(name: str) -> int:
+    """The expert a per-expert name stands for."""
+    return int(EXPERT.match(name)[2])
+
+
+def expert_start(shape: tuple[int, ...], name: str) -> int:
+    """Where one expert's matrix starts in its fused tensor of `shape`, in values (row-major)."""
+    m = EXPERT.match(name)
+    e, proj = int(m[2]), m[3]
+    rows, cols = shape[1], shape[2]
+    return (e * rows + (rows // 2 if proj == "up_proj" else 0)) * cols
 
 
 def stored_shapes(shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
@@ -52,4 +65,13 @@ def fused_data(fused: str, experts: int, data_of: Callable[[str], np.ndarray]) -
     if fused.endswith("down_proj"):
         return np.stack([data_of(f"{prefix}{e}.down_proj.weight") for e in range(experts)])
     return np.stack([np.concatenate([data_of(f"{prefix}{e}.gate_proj.weight"), data_of(f"{prefix}{e}.up_proj.weight")])
+                     for e in range(experts)])
+
+
+def fused_scales(fused: str, experts: int, scale_of: Callable[[str], np.ndarray]) -> np.ndarray:
+    """A fused FP8 tensor's scales, one per expert [E, 1, 1], out of each expert's one scale
+    (`scale_of(per-expert name)`: that scale over a block grid; an expert's gate and up share it)."""
+    prefix = fused.removesuffix("gate_up_proj").removesuffix("down_proj")
+    proj = "down_proj" if fused.endswith("down_proj") else "gate_proj"
+    return np.stack([np.asarray(scale_of(f"{prefix}{e}.{proj}.weight"), np.float32)[:1, :1]  # the one value
                      for e in range(experts)])

@@ -56,7 +56,7 @@ def write_safetensors_into(f: BinaryIO, entries: Iterable[Entry], metadata: dict
     for e in entries:
         made = e.make()
         if isinstance(made, np.ndarray):
-            array = np.ascontiguousarray(made)
+            array = np.ascontiguousarray(made).reshape(made.shape)  # a scalar stays one: ascontiguousarray makes it [1]
             if array.shape != e.shape or array.nbytes != e.nbytes:
                 raise ValueError(f"{e.name}: made {array.shape} ({array.nbytes} bytes), header says {e.shape}")
             array.tofile(f)  # raw bytes, no copy

@@ -13,6 +13,7 @@ import numpy as np
 from stepper import dtypes, fp8, int4
 from stepper.config import Config
 from stepper.errors import StepperError
+from stepper.weights.fused_experts import fused_name
 from stepper.weights.names import EMBED, shape_of, storage_dtype
 from stepper.weights.stored import INT4, Fp8Matrix, Int4Matrix, Stored, row_spans
 
@@ -47,7 +48,8 @@ class SyntheticWeights:
         """stored(name) band by band, equal to it bit for bit: the bands are drawn one after
         another from the tensor's one stream of normals, each then scaled and stored alone."""
         shape = shape_of(self.config, name)
-        height = self.config.quantization.weight_block_size[0] if storage_dtype(self.config, name) == "F8_E4M3" else 1
+        height = 1 if storage_dtype(self.config, name) != "F8_E4M3" else shape[0] if self._per_tensor else \
+            self.config.quantization.weight_block_size[0]  # the rows sharing a scale: all of them with one per tensor
         normals = self._rng(name)
         for start, stop in row_spans(shape[0], rows, height):
             if name == EMBED:
@@ -68,10 +70,29 @@ class SyntheticWeights:
         """Synthetic weights exist for every name of the config."""
 
     def stored(self, name: str) -> Stored:
+        if self._per_tensor and self.config.fused_experts and fused_name(name, "gate_up_proj"):
+            return self._gate_or_up(name)
         return self._stored_as(name, self.values(name))
+
+    @property
+    def _per_tensor(self) -> bool:
+        return self.config.quantization is not None and self.config.quantization.per_tensor
+
+    def _gate_or_up(self, name: str) -> Stored:
+        """An expert's gate or up matrix stored fused with one scale per tensor: the expert's gate
+        and up rows quantized together ([2 * inter, d], one scale), then its half taken."""
+        gate = name.replace(".up_proj.", ".gate_proj.")
+        values = np.concatenate([self.values(gate), self.values(gate.replace(".gate_", ".up_"))])  # [2 * inter, d]
+        codes, scale = fp8.quantize(values, values.shape)  # scale [1, 1]
+        inter = codes.shape[0] // 2
+        half = codes[:inter] if name == gate else codes[inter:]
+        return Stored("F8_E4M3", half, fp8.per_tensor_grid(half.shape, scale[0, 0]), fp8.BLOCK)
 
     def _stored_as(self, name: str, values: np.ndarray) -> Stored:
         dtype = storage_dtype(self.config, name)
+        if dtype == "F8_E4M3" and self._per_tensor:  # one scale, read as a block grid of it
+            codes, scale = fp8.quantize(values, values.shape)
+            return Stored(dtype, codes, fp8.per_tensor_grid(values.shape, scale[0, 0]), fp8.BLOCK)
         if dtype == "F8_E4M3":
             block = self.config.quantization.weight_block_size
             codes, scale_inv = fp8.quantize(values, block)

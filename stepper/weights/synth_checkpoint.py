@@ -32,7 +32,7 @@ from stepper.fp8 import scale_grid
 from stepper.untrusted import shown
 from stepper.untrusted.jsonfile import read_json
 from stepper.weights.checkpoint import GROUP_SCALE, INDEX, PACKED, SCALE, WEIGHT_SHAPE
-from stepper.weights.fused_experts import fused_data, stored_shapes
+from stepper.weights.fused_experts import fused_data, fused_scales, stored_shapes
 from stepper.weights.names import EMBED, global_shapes, layer_shapes, storage_dtype, stored_name
 from stepper.weights.safetensors_writer import Entry, write_safetensors
 from stepper.weights.seeded import SyntheticWeights
@@ -42,13 +42,14 @@ QUANTS = ("fp8", "int4", "bf16")
 
 def requantized(cfg: Config, quant: str) -> Config:
     """The config with its linear weights stored as `quant` says: fp8 (the config's FP8 blocks, or
-    128x128), int4 (Kimi-K2-Thinking's compressed-tensors groups) or bf16 (no quantization)."""
+    128x128; one scale per tensor where the experts are stored fused, as Mistral Small 4), int4
+    (Kimi-K2-Thinking's compressed-tensors groups) or bf16 (no quantization)."""
     if quant not in QUANTS:
         raise StepperError(f"--quant {shown(quant)}: expected one of {', '.join(QUANTS)}")
-    if cfg.fused_experts and quant != "bf16":
+    if cfg.fused_experts and quant == "int4":
         raise StepperError(f"--quant {quant}: model {cfg.name} stores its experts fused (mlp.experts.gate_up_proj), "
-                           "which stepper writes and reads in BF16 only: use --quant bf16")
-    fp8_blocks = (cfg.quantization or Fp8()) if quant == "fp8" else None
+                           "which stepper writes and reads in BF16 or FP8 only: use --quant bf16 or fp8")
+    fp8_blocks = (cfg.quantization or Fp8(per_tensor=cfg.fused_experts)) if quant == "fp8" else None
     return dataclasses.replace(cfg, quantization=fp8_blocks, int4=Int4Groups() if quant == "int4" else None)
 
 
@@ -58,7 +59,11 @@ def tensor_entries(source: SyntheticWeights, shapes: dict[str, tuple[int, ...]])
     for name, shape in shapes.items():
         if source.config.fused_experts and name.endswith(("experts.gate_up_proj", "experts.down_proj")):
             data = partial(fused_data, name, shape[0], lambda expert: source.stored(expert).data)
-            entries.append(Entry(name, storage_dtype(source.config, name), shape, data))
+            dtype = storage_dtype(source.config, name + ".weight")  # as its experts' matrices
+            entries.append(Entry(name, dtype, shape, data))
+            if dtype == "F8_E4M3":  # one scale per expert, [E, 1, 1]
+                scales = partial(fused_scales, name, shape[0], lambda expert: source.stored(expert).scale_inv)
+                entries.append(Entry(name + SCALE, "F32", (shape[0], 1, 1), scales))
             continue
         stored = _Lazy(source, name)
         dtype = stored.dtype
@@ -82,8 +87,10 @@ class _Lazy:
         self.dtype = storage_dtype(source.config, name)
         self._stored = None
 
-    def grid(self, shape: tuple[int, int]) -> tuple[int, int]:
-        return scale_grid(shape, self.source.config.quantization.weight_block_size)
+    def grid(self, shape: tuple[int, int]) -> tuple[int, ...]:
+        """The scales' shape: the block grid, or a scalar with one scale per tensor."""
+        quantization = self.source.config.quantization
+        return () if quantization.per_tensor else scale_grid(shape, quantization.weight_block_size)
 
     def data(self):
         self._stored = self.source.stored(self.name)
@@ -91,7 +98,8 @@ class _Lazy:
 
     def scale_inv(self):
         scale, self._stored = self._stored.scale_inv, None
-        return scale
+        quantization = self.source.config.quantization  # None for INT4's group scales
+        return scale[:1, :1].reshape(()) if quantization is not None and quantization.per_tensor else scale
 
 
 def shard_plan(source: SyntheticWeights, layers: range, with_globals: bool) -> list[dict[str, tuple[int, ...]]]:

@@ -78,9 +78,15 @@ def test_a_missing_fused_tensor_is_named(written, tmp_path):
     assert "'model.layers.2.mlp.experts.down_proj'" in one_line(out)
 
 
-def test_fused_experts_are_written_in_bf16_only(tmp_path):
+def test_fused_experts_are_written_in_bf16_or_fp8_with_one_scale_per_expert(tmp_path):
+    out = stepper("synth", "--model", "tiny-mistral4", "--quant", "int4", "--out", tmp_path / "m4")
+    assert "--quant int4" in one_line(out) and "BF16 or FP8 only" in out.stderr and not (tmp_path / "m4").exists()
     out = stepper("synth", "--model", "tiny-mistral4", "--quant", "fp8", "--out", tmp_path / "m4")
-    assert "--quant fp8" in one_line(out) and "BF16 only" in out.stderr and not (tmp_path / "m4").exists()
+    assert out.returncode == 0, out.stderr
+    quant = json.loads((tmp_path / "m4" / "config.json").read_text())["quantization_config"]
+    assert quant["weight_block_size"] is None  # tests/reference/test_mistral4_fp8.py checks its values
+    ran = stepper("run", "--model", tmp_path / "m4", "--decode", "1", "--only", "decode0.logits")
+    assert ran.returncode == 0, ran.stderr
 
 
 @pytest.mark.parametrize("name", ["tiny-youtu", "tiny-mistral4"])

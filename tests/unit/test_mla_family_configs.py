@@ -112,7 +112,8 @@ def test_mistral4_scales_queries_routes_by_softmax_and_fuses_its_experts():
                                                       "partial_rotary_factor": 1.0}},
      "rope_parameters.partial_rotary_factor"),
     ({**PRESETS["tiny-mistral4"], "moe_layer_freq": 2}, "moe_layer_freq"),
-    ({**PRESETS["tiny-mistral4"], "quantization_config": {"quant_method": "fp8"}}, "quantization_config"),
+    ({**PRESETS["tiny-mistral4"], "quantization_config": {"quant_method": "fp8"}},  # 128x128 blocks: not published
+     "quantization_config.weight_block_size"),
     ({**PRESETS["tiny-axk1"], "q_lora_rank": None}, "q_lora_rank"),
     ({**PRESETS["tiny-axk1"], "mlp_layer_types": ["dense", "sparse", "dense"]}, "mlp_layer_types"),
     ({**PRESETS["tiny-axk1"], "scoring_func": "softmax"}, "scoring_func"),
@@ -192,7 +193,8 @@ REFUSED = [
      "rope_parameters: field 'rope_theta'"),
     ("tiny-glm4-flash", {"partial_rotary_factor": 0.5}, "field 'partial_rotary_factor'"),
     ("tiny-axk1", {"scoring_func": "softmax"}, "field 'scoring_func'"),
-    ("tiny-mistral4", {"quantization_config": {"quant_method": "fp8"}}, "field 'quantization_config'"),
+    ("tiny-mistral4", {"quantization_config": {"quant_method": "fp8"}},
+     "field 'quantization_config.weight_block_size'"),
     ("tiny-mistral4", {"rope_parameters": "yarn"}, "field 'rope_parameters'"),
     ("tiny-minicpm3", {"mlp_bias": True}, "field 'mlp_bias'"),
     ("tiny-minicpm3", {"hidden_size": 2}, "field 'hidden_size'"),  # v_head_dim, absent, would be hidden / heads
