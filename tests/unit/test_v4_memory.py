@@ -3,11 +3,15 @@ keys each query sees, windows closed) get their sizes from the layer's kind and 
 (families.deepseek_v4_family.runtime_sizes), so a long prompt is estimated by what its tensors hold
 and one that cannot fit is refused in one line before it starts."""
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
 from stepper import planning
 from stepper.cli.main import app
+from stepper.kernels.linear import linear
+from stepper.model.compressed_attention import gather
+from stepper.model.sparse_indexer import index_scores
 from stepper.planning import memory
 from stepper.session import RunSpec
 
@@ -69,3 +73,21 @@ def test_a_flash_prompt_that_cannot_fit_is_refused_in_one_line_before_it_starts(
     assert result.output.count("\n") == 1
     assert result.output.startswith("stepper: error: this run would need about 38.4 GiB of memory (38.3 GiB for "
                                     "one layer's tensors) and 16.0 GiB is available; lower it with --prompt-len")
+
+
+def test_the_gathered_entries_and_index_scores_made_in_place_are_bit_identical_to_the_formula():
+    rng = np.random.default_rng(3)
+    entries = rng.standard_normal((2, 9, 16)).astype(np.float32)  # [B, Ec, D]
+    chosen = rng.integers(-1, 9, size=(2, 5, 4))  # [B, T, Kq], -1: none
+    picked = entries[np.arange(2)[:, None, None], np.maximum(chosen, 0)]
+    expected = np.where((chosen >= 0)[..., None], picked, np.float32(0))
+    assert np.array_equal(gather(entries, chosen), expected) and (gather(entries, chosen)[chosen < 0] == 0).all()
+
+    q = rng.standard_normal((2, 3, 5, 8)).astype(np.float32)  # [B, Hi, T, Di]
+    keys = rng.standard_normal((2, 7, 8)).astype(np.float32)  # [B, Ec, Di]
+    head_weights = rng.standard_normal((2, 5, 3)).astype(np.float32)  # [B, T, Hi]
+    dots = np.stack([linear(q.reshape(2, 15, 8)[b], keys[b]) for b in range(2)]).reshape(2, 3, 5, 7)
+    per_head = np.maximum(dots, 0) * np.float32(8**-0.5)  # [B, Hi, T, Ec]
+    expected = np.matmul(head_weights[:, :, None, :], per_head.transpose(0, 2, 1, 3))[:, :, 0]  # [B, T, Ec]
+    mine = index_scores(q, keys, head_weights, 8)
+    assert mine.dtype == np.float32 and np.array_equal(mine.view(np.uint32), expected.view(np.uint32))
