@@ -8,7 +8,9 @@ scores and the weights; past that, one tile per core, the scores never held), on
 tensors (the embedding rows, queries, keys, the MoE's activations), the cache of every layer run,
 the logits, the largest weight decoded at once, the weight cache, the float64 chunks a view's
 statistics gather, and the tensors a view keeps until the end (the debugger's history, a dump;
-attention made in tiles keeps only its operands).
+attention made in tiles keeps only its operands). A tensor's size comes from its catalogue dims:
+the config's fields, the step's positions, and the dims a family sizes itself per layer and step
+(Family.runtime_sizes: DeepSeek-V4's window keys, compressed entries and the keys each query sees).
 """
 
 from __future__ import annotations
