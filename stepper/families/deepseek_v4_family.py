@@ -47,6 +47,21 @@ def cache_bytes(cfg: V4Config, layers: Iterable[int], positions: int, attn: str,
     return int(total * FLOAT32)
 
 
+def runtime_sizes(cfg: V4Config, layer: int | None, t: int, s: int) -> dict[str, int]:
+    """The sizes of the catalogue's runtime dims (stepper/catalog/v4) in a step of `t` new positions
+    attending `s` (the new ones included, counted from 0) on `layer` (None: a tensor outside the layers)."""
+    if layer is None:
+        return {}
+    m = cfg.compress_ratio(layer)
+    entries = s // m if m else 0  # Ec: one per closed window
+    chosen = min(cfg.index_topk, entries) if cfg.layer_kind(layer) == "csa" else entries  # Kq
+    slots = 2 * m if cfg.layer_kind(layer) == "csa" else m  # CSA's windows overlap their predecessor's
+    return {"S_w": min(s, cfg.sliding_window - 1 + t), "Ec": entries, "Kq": chosen,
+            "S_q": cfg.sliding_window + chosen, "S_sink": cfg.sliding_window + chosen + 1,
+            "Wc": entries - (s - t) // m if m else 0, "slots": slots, "c": slots // m * cfg.head_dim if m else 0,
+            "m": m, "Dc": cfg.head_dim, "r": s % m if m else 0}
+
+
 def parts() -> tuple:
     folder = resources.files("stepper.catalog").joinpath("v4")
     return (*part_files(("model",)), *(folder.joinpath(f"{name}.json") for name in PARTS))
@@ -74,5 +89,6 @@ FAMILY = Family(
     checkpoint=V4Checkpoint,
     stream=streams,
     cache_bytes=cache_bytes,
+    runtime_sizes=runtime_sizes,
     refuses=REFUSES,
 )

@@ -7,7 +7,8 @@ class's to say (a `layer_shapes(layer)` method; weights.names, MLA's names witho
 The model around the layers is the family's too (`model`: stepper.model.stack.Model; MLA's
 Transformer unless given), with its caches (`cache`), its weights (`synthetic`, `checkpoint`),
 the shape of what flows between its layers (`stream`), what its cache costs a position
-(`cache_bytes`) and the run options it has no path for (`refuses`: option -> why)."""
+(`cache_bytes`), the sizes of its catalogue's runtime dims in a step (`runtime_sizes`) and the run
+options it has no path for (`refuses`: option -> why)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ Miniature = Callable[[Any, int], Any]
 MakeModel = Callable[[Any, LayerOptions], Model]  # (weights, options) -> the model on them
 # (config, layers run, positions cached, attention path, index scoring) -> bytes their caches hold
 CacheBytes = Callable[[Any, Iterable[int], int, str, str], int]
+# (config, layer or None, T new positions, S attended) -> the sizes of the catalogue's runtime dims in that step
+RuntimeSizes = Callable[[Any, int | None, int, int], dict[str, int]]
 DEFAULT = LayerOptions()
 
 
@@ -60,6 +63,11 @@ def mla_cache_bytes(cfg: Any, layers: Iterable[int], positions: int, attn: str, 
     return per_position * positions * len(list(layers))
 
 
+def no_runtime_sizes(cfg: Any, layer: int | None, t: int, s: int) -> dict[str, int]:
+    """MLA's runtime dims are the batch and the positions alone (planning.memory sizes them)."""
+    return {}
+
+
 @dataclass(frozen=True)
 class Family:
     name: str
@@ -74,6 +82,7 @@ class Family:
     checkpoint: Callable[[Path], Any] | None = None  # a checkpoint folder's weights; None: weights.checkpoint's
     stream: Callable[[Any], tuple[int | None, ...]] = residual  # the shape of a layer's input (None: any size)
     cache_bytes: CacheBytes = mla_cache_bytes
+    runtime_sizes: RuntimeSizes = no_runtime_sizes  # the sizes of its own runtime dims (planning.memory)
     refuses: tuple[tuple[str, str], ...] = ()  # (a RunSpec option it has no path for, why)
 
     def build(self, weights: Any, options: LayerOptions = DEFAULT) -> Model:

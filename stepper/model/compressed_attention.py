@@ -230,8 +230,9 @@ def every_visible(positions: np.ndarray, count: int, ratio: int, batch: int) -> 
 def gather(entries: np.ndarray, chosen: np.ndarray) -> np.ndarray:
     """The chosen entries per query (zeros where none).  [B, Ec, D], [B, T, Kq] -> [B, T, Kq, D]"""
     B = chosen.shape[0]
-    picked = entries[np.arange(B)[:, None, None], np.maximum(chosen, 0)]  # [B, T, Kq, D]
-    return np.where((chosen >= 0)[..., None], picked, np.float32(0))
+    picked = entries[np.arange(B)[:, None, None], np.maximum(chosen, 0)]  # [B, T, Kq, D]: a copy
+    picked[chosen < 0] = 0  # in place: the largest tensor of a long CSA prompt is not held twice
+    return picked
 
 
 def attention_weights(q, own_window, seen_entries, seen, sinks, dims: AttentionDims, emit: Emitter) -> np.ndarray:

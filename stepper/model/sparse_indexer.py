@@ -61,7 +61,9 @@ def index_scores(q: np.ndarray, keys: np.ndarray, head_weights: np.ndarray, head
     B, Hi, T, Di = q.shape
     rows = q.reshape(B, Hi * T, Di)  # every head's queries as rows of one product, which reads the keys once
     dots = np.stack([linear(rows[b], keys[b]) for b in range(B)])  # [B, Hi*T, Ec]: the keys as a weight [Ec, Di]
-    per_head = np.maximum(dots.reshape(B, Hi, T, -1), 0) * np.float32(head_dim**-0.5)  # [B, Hi, T, Ec]
+    per_head = dots.reshape(B, Hi, T, -1)  # [B, Hi, T, Ec]: a view
+    np.maximum(per_head, 0, out=per_head)  # relu and scale in place: a long prompt's largest indexer tensor, held once
+    per_head *= np.float32(head_dim**-0.5)
     weighted = np.matmul(head_weights[:, :, None, :], per_head.transpose(0, 2, 1, 3))  # [B, T, one, Ec]: sum over heads
     return weighted[:, :, 0]  # [B, T, Ec]
 

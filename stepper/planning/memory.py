@@ -8,18 +8,21 @@ scores and the weights; past that, one tile per core, the scores never held), on
 tensors (the embedding rows, queries, keys, the MoE's activations), the cache of every layer run,
 the logits, the largest weight decoded at once, the weight cache, the float64 chunks a view's
 statistics gather, and the tensors a view keeps until the end (the debugger's history, a dump;
-attention made in tiles keeps only its operands).
+attention made in tiles keeps only its operands). A tensor's size comes from its catalogue dims:
+the config's fields, the step's positions, and the dims a family sizes itself per layer and step
+(Family.runtime_sizes: DeepSeek-V4's window keys, compressed entries and the keys each query sees).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from stepper import catalog
+from stepper import catalog, families
 from stepper.errors import StepperError
 from stepper.kernels import attention, parallel
 from stepper.seams.trace import unphased
@@ -28,11 +31,13 @@ from stepper.tensors.statistics import CHUNK
 from stepper.weights.names import layer_shapes
 
 FLOAT32 = 4
+VALUE_BYTES = {"float32": 4, "int64": 8}  # a catalogue entry's dtype: the bytes of one value
 SCORE_ARRAYS = 3  # the products q.k, the scaled and masked scores, the softmax
 # a view's statistics: float64 chunks of statistics.CHUNK values, their squares, their parts
 STATS_CHUNKS = 6 * 8 * CHUNK
 STATS_PER_BYTE = 12  # ... of a smaller tensor: six float64 copies of its float32 values
 TILE_ARRAYS = 4  # a tile of scores, its exponentials, the products with the values, the mask
+LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
 @dataclass(frozen=True)
@@ -65,15 +70,29 @@ def worked_shapes(plan: Plan) -> list[tuple[int, int]]:
     return [(min(t, plan.spec.chunk or t), s), *shapes[1:]]
 
 
-def tensor_bytes(key: str, t: int, s: int, plan: Plan, held: bool = False) -> int:
-    """Bytes of one named tensor of a step with T new and S attended positions (from its catalogue
-    dims); held: 0 for the attention scores and weights made in tiles, which are never held."""
-    cat = catalog.load()
-    entry = cat.entry(key)
+def tensor_bytes(key: str, t: int, s: int, plan: Plan, held: bool = False, layer: int | None = None) -> int:
+    """Bytes of one named tensor of `layer` (None: outside the layers) in a step with T new and S
+    attended positions (from its catalogue dims); held: 0 for the attention scores and weights made
+    in tiles, which are never held."""
+    entry = catalog.load().entry(key)
     if entry is None or (held and tiled(entry["dims"], t, s, plan)):
         return 0
-    runtime = {"B": 1, "T": t, "S": s, "N": t}
-    return FLOAT32 * math.prod(runtime.get(d) or cat.expected_size(d, plan.config) or 1 for d in entry["dims"])
+    return VALUE_BYTES.get(entry["dtype"], FLOAT32) * math.prod(dim_sizes(entry["dims"], t, s, plan, layer))
+
+
+def dim_sizes(dims: list[str], t: int, s: int, plan: Plan, layer: int | None) -> list[int]:
+    """The size of each dim in a step: the batch (1) and positions, the family's own runtime dims
+    (families.family.Family.runtime_sizes: DeepSeek-V4's entries, windows, keys a query sees), else
+    what the config gives it (1 where it gives none)."""
+    cat, own = catalog.load(), families.family_for(plan.config).runtime_sizes(plan.config, layer, t, s)
+    runtime = {"B": 1, "T": t, "S": s, "N": t, **own}
+    return [runtime[d] if d in runtime else cat.expected_size(d, plan.config) or 1 for d in dims]
+
+
+def layer_of(name: str) -> int | None:
+    """The layer of an emitted name (`prefill.layers.2.attn.q` -> 2), None outside the layers."""
+    found = LAYER.search(name)
+    return int(found.group(1)) if found else None
 
 
 def tiled(dims: list[str], t: int, s: int, plan: Plan) -> bool:
@@ -90,14 +109,12 @@ def tiled_values(plan: Plan, names: list[str]) -> int:
         t, s = shapes[phases.get(name.partition(".")[0], 0)]
         entry = catalog.load().entry(catalog.key_of(unphased(name)))
         if entry is not None and tiled(entry["dims"], t, s, plan):
-            total += tensor_bytes(entry["name"], t, s, plan) // FLOAT32
+            total += tensor_bytes(entry["name"], t, s, plan, layer=layer_of(name)) // FLOAT32
     return total
 
 
-def shape_text(key: str, t: int, s: int, plan: Plan) -> str:
-    cat = catalog.load()
-    runtime = {"B": 1, "T": t, "S": s, "N": t}
-    return str([runtime.get(d) or cat.expected_size(d, plan.config) or 1 for d in cat.entry(key)["dims"]])
+def shape_text(key: str, t: int, s: int, plan: Plan, layer: int | None = None) -> str:
+    return str(dim_sizes(catalog.load().entry(key)["dims"], t, s, plan, layer))
 
 
 def sizes(plan: Plan, names: list[str]) -> list[tuple[str, str, int]]:
@@ -109,7 +126,8 @@ def sizes(plan: Plan, names: list[str]) -> list[tuple[str, str, int]]:
         t, s = shapes[phases.get(name.partition(".")[0], 0)]
         key = catalog.key_of(unphased(name))
         if catalog.load().entry(key) is not None:
-            result.append((name, shape_text(key, t, s, plan), tensor_bytes(key, t, s, plan)))
+            layer = layer_of(name)
+            result.append((name, shape_text(key, t, s, plan, layer), tensor_bytes(key, t, s, plan, layer=layer)))
     return result
 
 
@@ -121,7 +139,7 @@ def kept_bytes(plan: Plan, names: list[str]) -> int:
     for name in names:
         head = name.partition(".")[0]
         t, s = shapes[phases.get(head, 0)]
-        total += tensor_bytes(catalog.key_of(unphased(name)), t, s, plan, held=True)
+        total += tensor_bytes(catalog.key_of(unphased(name)), t, s, plan, held=True, layer=layer_of(name))
     return total
 
 
@@ -132,17 +150,19 @@ def layer_bytes(plan: Plan, layers: list[int]) -> int:
     def sequence(layer: int, k: int) -> list[dict]:
         return cat.layer_sequence(plan.config, layer, step_attn(spec, k), spec.index_scoring)
 
-    return max(sum(tensor_bytes(e["name"], t, s, plan) for e in sequence(layer, k) if not {"T", "S"} <= set(e["dims"]))
+    return max(sum(tensor_bytes(e["name"], t, s, plan, layer=layer) for e in sequence(layer, k)
+                   if not {"T", "S"} <= set(e["dims"]))
                for layer in layers for k, (t, s) in enumerate(worked_shapes(plan)))
 
 
 def largest_held(plan: Plan, layers: list[int]) -> int:
     """Bytes of the largest named tensor of the run that is held (not made in tiles)."""
     cat, spec = catalog.load(), plan.spec
-    keys = {e["name"] for layer in layers for k in range(spec.decode + 1)
+    keys = {(e["name"], layer) for layer in layers for k in range(spec.decode + 1)
             for e in cat.layer_sequence(plan.config, layer, step_attn(spec, k), spec.index_scoring)}
-    keys |= {"logits"} if plan.needs_logits else set()
-    return max(tensor_bytes(key, t, s, plan, held=True) for key in keys for t, s in worked_shapes(plan))
+    keys |= {("logits", None)} if plan.needs_logits else set()
+    return max(tensor_bytes(key, t, s, plan, held=True, layer=layer) for key, layer in keys
+               for t, s in worked_shapes(plan))
 
 
 def needs(plan: Plan, kept: list[str], kept_lower: str) -> list[Need]:
@@ -157,7 +177,7 @@ def needs(plan: Plan, kept: list[str], kept_lower: str) -> list[Need]:
     caches = cache_bytes(cfg, run, positions, cached, spec.index_scoring)
     largest = max(math.prod(shape) for layer in run for shape in layer_shapes(cfg, layer).values())
     result = [
-        scores_need(heads, t, s),
+        *([scores_need(heads, t, s)] if scores_over_positions(plan, list(run)) else []),
         Need("one layer's tensors", layer_bytes(plan, list(run)), "--prompt-len"),
         Need("a view's statistics (float64 chunks)", min(STATS_CHUNKS, STATS_PER_BYTE * largest_held(plan, list(run))),
              "--prompt-len"),
@@ -174,6 +194,14 @@ def needs(plan: Plan, kept: list[str], kept_lower: str) -> list[Need]:
     if kept:
         result.append(Need(f"the {len(kept)} tensors kept", kept_bytes(plan, kept), kept_lower))
     return result
+
+
+def scores_over_positions(plan: Plan, layers: list[int]) -> bool:
+    """Whether the run's layers make attention scores over every attended position ([B, H, T, S]);
+    DeepSeek-V4's are over the keys each query sees, counted with one layer's tensors."""
+    cat, spec = catalog.load(), plan.spec
+    return any({"T", "S"} <= set(e["dims"]) for layer in layers for k in range(spec.decode + 1)
+               for e in cat.layer_sequence(plan.config, layer, step_attn(spec, k), spec.index_scoring))
 
 
 def scores_need(heads: int, t: int, s: int) -> Need:
