@@ -241,7 +241,7 @@ def weight_view(console: Console, weight: str, model: str, index: tuple[int, int
     if is_remote(model) and is_remote_published(model) or Path(model).is_dir() and is_published_v4(Path(model)):
         source = open_published(model)
         label = source.label if is_remote(model) else model  # a URL without its credentials
-        published_view(console, weight, source.has, stored_of(source, index), f"checkpoint {label}", index, as_json)
+        published_view(console, weight, source.has, reader_of(source, index), f"checkpoint {label}", index, as_json)
         return
     synthetic = None if Path(model).is_dir() else load_model(model, seed)
     if hasattr(synthetic, "published_stored"):  # a V4 preset: its weights as they would be stored, by DeepSeek's names
@@ -277,7 +277,7 @@ def fp4_view(console: Console, code: str | None, as_json: bool) -> None:
         fp4_codes.render_byte(console, byte)
 
 
-def stored_of(source, index: tuple[int, int]) -> Callable[[str], Stored]:
+def reader_of(source, index: tuple[int, int]) -> Callable[[str], Stored]:
     """A published checkpoint's weights as stored; of a remote one only the headers, the weight's
     scales and the rows the block or group `index` shows are fetched."""
     if isinstance(source, RemotePublishedCheckpoint):
