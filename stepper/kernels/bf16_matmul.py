@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from stepper.kernels import cpu_caches, parallel
+from stepper.kernels import cpu_caches, gemm, parallel
 from stepper.kernels.fp8_tiles import TALL_TILE_BYTES, kept_memory
 from stepper.weights.stored import Bf16Matrix, bf16_rows
 
@@ -49,7 +49,7 @@ def bf16_product(tokens: np.ndarray, w: Bf16Matrix) -> np.ndarray:
         tile = kept_memory("bf16 tile", height, in_dim)  # [rows, in], this thread's
         for start, end in share:
             decoded = bf16_rows(w.bits[start:end], tile[: end - start])  # [rows, in]
-            np.matmul(decoded, inputs, out=rows_t[start:end])
+            gemm.matmul(decoded, inputs, rows_t[start:end])
 
     large = w.bits.size * tokens.shape[0] >= SHARE_WORK
     parallel.split(tiles, multiply, None if large else 1)

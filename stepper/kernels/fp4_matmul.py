@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from stepper import fp4
-from stepper.kernels import parallel
+from stepper.kernels import gemm, parallel
 from stepper.kernels.fp8_tiles import TALL_TILE_BYTES, kept_memory, result_arrays
 from stepper.weights.stored import Fp4Matrix
 
@@ -67,7 +67,7 @@ def apply_tiles(tokens_t: np.ndarray, w: Fp4Matrix, tiles: list[tuple[int, int]]
         tile = buffer[: end - start]  # [rows, in]
         for r in range(0, end - start, step):
             decode_rows(w, start + r, min(start + r + step, end), tile[r : r + step])
-        np.matmul(tile, tokens_t, out=rows[start:end])
+        gemm.matmul(tile, tokens_t, rows[start:end])
 
 
 def fp4_products(x: np.ndarray, ws: list[Fp4Matrix]) -> list[np.ndarray]:

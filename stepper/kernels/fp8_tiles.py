@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from stepper.kernels import cpu_caches
+from stepper.kernels import cpu_caches, gemm
 from stepper.weights.stored import Fp8Matrix
 
 Decoder = Callable[[np.ndarray, np.ndarray], object]  # (codes [rows, in], out float32 [rows, in]); result unused
@@ -103,7 +103,7 @@ def apply_tiles(tokens: np.ndarray, w: Fp8Matrix, k: int, rows: np.ndarray, deco
             elif by_parts:  # a matrix-vector product, while the part is in the cache
                 np.matmul(part, inputs, out=rows[start + b0 : start + b1])
         if not by_parts:
-            np.matmul(tile, inputs, out=rows[start:end])
+            gemm.matmul(tile, inputs, rows[start:end])
     if remember:
         nan_check.done()
 

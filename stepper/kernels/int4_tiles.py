@@ -28,7 +28,7 @@ from functools import cache
 import numpy as np
 
 from stepper import int4
-from stepper.kernels import cpu_caches
+from stepper.kernels import cpu_caches, gemm
 from stepper.kernels.fp8_tiles import TALL_TILE_BYTES, kept_memory
 from stepper.seams.swap import bypasses
 from stepper.weights.stored import Int4Matrix
@@ -169,7 +169,7 @@ def apply_tiles(split: np.ndarray, w: Int4Matrix, tiles: list[tuple[int, int]], 
         else:
             decode(w, start, end, places)
         if many:
-            np.matmul(tile.reshape(end - start, -1), inputs, out=rows[start:end])
+            gemm.matmul(tile.reshape(end - start, -1), inputs, rows[start:end])
         else:
             np.matmul(places, inputs, out=products[:, : end - start])
             np.sum(products[:, : end - start], axis=0, out=rows[start:end])

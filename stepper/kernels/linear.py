@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from stepper.kernels import parallel
+from stepper.kernels import gemm, parallel
 from stepper.kernels.bf16_matmul import bf16_products
 from stepper.kernels.fp4_matmul import fp4_products, fp4_rows
 from stepper.kernels.fp8_matmul import dequantize_rows, linear_fp8, products
@@ -137,7 +137,7 @@ def linear_by_rows(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
 
     def rows(share: list[tuple[int, int]]) -> None:
         for start, end in share:
-            np.matmul(weight[start:end], tokens.T, out=y_t[start:end])
+            gemm.matmul(weight[start:end], tokens.T, y_t[start:end])
 
     parallel.split(shares, rows)
     return y_t.T.reshape(*x.shape[:-1], out_dim)

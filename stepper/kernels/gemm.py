@@ -1,0 +1,132 @@
+"""The float32 product of a weight's rows by a few tokens, `out = a @ b`, made by the fastest BLAS
+at hand: NumPy's own (OpenBLAS), or Intel's MKL when the optional `mkl` extra is installed and
+the CPU is Intel's.
+
+On an Intel Xeon with AVX-512, MKL's sgemm multiplies a [2048, 7168] tile by 16 tokens at 1.5x
+OpenBLAS's rate, and by 256 at 1.1-1.2x (docs/performance.md): OpenBLAS packs the whole tile for
+every call, which a product with few columns cannot amortise. On AMD's CPUs NumPy's OpenBLAS is
+kept: that is where stepper's figures were measured with it. MKL is called through ctypes on
+its sequential layer (one thread: stepper shares products out between its cores itself); its
+results equal OpenBLAS's to float32 rounding (about 5e-7 of the largest value, summed in another
+order), and a product of some of a tile's rows equals those rows of the whole product, bit for
+bit, as stepper's sharing of rows between cores needs.
+
+STEPPER_GEMM=numpy (or =mkl) in the environment overrides the choice, for every process stepper
+starts (its helper processes read the same variable): paired runs of the two, and a check of
+MKL on another CPU.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+
+ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
+SEQUENTIAL = 1  # MKL_THREADING_SEQUENTIAL
+CHOICE = "STEPPER_GEMM"
+
+
+def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """out = a @ b for float32 matrices a [M, K], b [K, N], out [M, N] (each row-major or a
+    transposed view of a row-major array, as stepper's tiles, inputs and results are)."""
+    sgemm = _mkl_sgemm() if backend() == "mkl" else None
+    if sgemm is None or not _call(sgemm, a, b, out):
+        np.matmul(a, b, out=out)
+    return out
+
+
+@cache
+def backend() -> str:
+    """'mkl' or 'numpy': the environment's STEPPER_GEMM if set, else MKL on an Intel CPU when its
+    library is installed."""
+    asked = os.environ.get(CHOICE, "").strip().lower()
+    if asked in ("numpy", "mkl"):
+        return asked if asked == "numpy" or _mkl_sgemm() is not None else "numpy"
+    return "mkl" if cpu_vendor() == "GenuineIntel" and _mkl_sgemm() is not None else "numpy"
+
+
+def description() -> str:
+    """Which BLAS makes the weights' products, for the bench's machine line."""
+    if backend() == "mkl":
+        return "MKL sgemm (sequential, the mkl extra)"
+    if cpu_vendor() == "GenuineIntel" and _mkl_library() is None:
+        return 'NumPy\'s (pip install "stepper[mkl]" adds MKL\'s, faster on this CPU)'
+    return "NumPy's"
+
+
+def cpu_vendor() -> str:
+    """The CPU's vendor as Linux reports it ('GenuineIntel', 'AuthenticAMD'), else ''."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+@cache
+def _mkl_library() -> Path | None:
+    """libmkl_rt from the installed `mkl` distribution, if any."""
+    from importlib import metadata
+
+    try:
+        files = metadata.distribution("mkl").files or []
+    except metadata.PackageNotFoundError:
+        return None
+    for file in files:
+        if file.name.startswith("libmkl_rt.so"):
+            return Path(file.locate()).resolve()
+    return None
+
+
+@cache
+def _mkl_sgemm():
+    """MKL's cblas_sgemm on its sequential layer, or None if the library is missing or will not load."""
+    path = _mkl_library()
+    if path is None:
+        return None
+    try:
+        library = ctypes.CDLL(str(path))
+        library.MKL_Set_Threading_Layer(ctypes.c_int(SEQUENTIAL))
+        sgemm = library.cblas_sgemm
+    except (OSError, AttributeError):
+        return None
+    i, p = ctypes.c_int, ctypes.c_void_p
+    sgemm.argtypes = [i, i, i, i, i, i, ctypes.c_float, p, i, p, i, ctypes.c_float, p, i]
+    sgemm.restype = None
+    return sgemm
+
+
+def _layout(x: np.ndarray) -> tuple[int, int] | None:
+    """(transpose flag, leading dimension) of a 2-D float32 array as BLAS sees it in row-major
+    terms, or None if it is neither row-major nor the transpose of a row-major array."""
+    rows, columns = x.shape
+    s0, s1 = x.strides
+    if s1 == 4 and s0 % 4 == 0 and s0 // 4 >= columns:
+        return NO_TRANS, s0 // 4
+    if s0 == 4 and s1 % 4 == 0 and s1 // 4 >= rows:
+        return TRANS, s1 // 4
+    return None
+
+
+def _call(sgemm, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> bool:
+    """out = a @ b through MKL; False (nothing done) for shapes or layouts it is not given."""
+    if not (a.dtype == b.dtype == out.dtype == np.float32 and a.ndim == b.ndim == out.ndim == 2):
+        return False
+    (m, k), n = a.shape, b.shape[1]
+    if min(m, k, n) < 2 or b.shape[0] != k or out.shape != (m, n):
+        return False
+    if out.strides[0] == 4 and out.strides[1] != 4:  # a transposed result: out.T = b.T @ a.T
+        a, b, out, m, n = b.T, a.T, out.T, n, m
+    la, lb, lc = _layout(a), _layout(b), _layout(out)
+    if la is None or lb is None or lc is None or lc[0] != NO_TRANS:
+        return False
+    sgemm(ROW_MAJOR, la[0], lb[0], m, n, k, 1.0, a.ctypes.data, la[1], b.ctypes.data, lb[1], 0.0,
+          out.ctypes.data, lc[1])
+    return True

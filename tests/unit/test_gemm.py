@@ -1,0 +1,121 @@
+"""kernels.gemm: the weights' float32 products through MKL's sgemm (the mkl extra) or NumPy's.
+
+MKL's path is held to a float64 product of the same values, in every layout stepper passes (a
+tile's rows, inputs as a transposed view, results as rows or as a transposed view), and to
+itself on a subset of a tile's rows, bit for bit. Which BLAS is chosen is checked against the
+environment variable and the CPU's vendor."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from stepper.kernels import gemm
+
+mkl = pytest.mark.skipif(gemm._mkl_sgemm() is None, reason="the mkl extra is not installed")
+
+
+def operands(m: int, k: int, n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((n, k), dtype=np.float32)
+
+
+def close_to_exact(got: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+    """got equals the float64 product to float32 rounding of a K-term sum."""
+    exact = a.astype(np.float64) @ b.astype(np.float64)
+    bound = 2 * a.shape[1] * np.finfo(np.float32).eps * (np.abs(a).astype(np.float64) @ np.abs(b).astype(np.float64))
+    assert np.all(np.abs(got - exact) <= bound)
+    assert not np.array_equal(got, np.zeros_like(got))
+
+
+@mkl
+@pytest.mark.parametrize("m, k, n", [(128, 7168, 16), (200, 96, 3), (7, 2048, 64)])
+def test_mkl_rows_times_transposed_inputs(m, k, n):
+    a, x = operands(m, k, n)
+    out = np.empty((m, n), np.float32)
+    assert gemm._call(gemm._mkl_sgemm(), a, x.T, out)  # inputs [in, N] as a view of [N, in], as the tiles pass them
+    close_to_exact(out, a, x.T)
+
+
+@mkl
+def test_mkl_into_a_transposed_result():
+    """Many tokens: a tile's product writes columns of a [N, out] result (rows = result.T)."""
+    a, x = operands(96, 512, 40, seed=1)
+    result = np.full((40, 300), np.nan, np.float32)
+    rows = result.T  # [out, N], strides (4, 1200)
+    assert gemm._call(gemm._mkl_sgemm(), a, x.T, rows[100:196])
+    close_to_exact(rows[100:196], a, x.T)
+    assert np.isnan(rows[:100]).all() and np.isnan(rows[196:]).all()  # nothing written outside its rows
+
+
+@mkl
+def test_mkl_contiguous_inputs_and_strided_rows():
+    a, x = operands(64, 300, 9, seed=2)
+    wide = np.zeros((64, 310), np.float32)
+    wide[:, :300] = a
+    out = np.empty((64, 9), np.float32)
+    assert gemm._call(gemm._mkl_sgemm(), wide[:, :300], np.ascontiguousarray(x.T), out)  # lda 310 > K
+    close_to_exact(out, a, x.T)
+    every_other = np.empty((32, 9), np.float32)
+    assert gemm._call(gemm._mkl_sgemm(), a[::2], x.T, every_other)  # lda 600
+    close_to_exact(every_other, a[::2], x.T)
+
+
+@mkl
+def test_mkl_rows_of_a_tile_equal_the_whole_product_bit_for_bit():
+    """Cores share a product by rows: the rows each makes are those the whole product has."""
+    a, x = operands(256, 7168, 16, seed=3)
+    whole = np.empty((256, 16), np.float32)
+    gemm._call(gemm._mkl_sgemm(), a, x.T, whole)
+    for start, end in [(0, 128), (128, 256), (37, 101)]:
+        part = np.empty((end - start, 16), np.float32)
+        gemm._call(gemm._mkl_sgemm(), a[start:end], x.T, part)
+        assert np.array_equal(part, whole[start:end])
+
+
+@mkl
+def test_mkl_declines_what_it_is_not_given():
+    """A layout BLAS cannot take, another dtype or a vector is left to NumPy (False: nothing written)."""
+    sgemm = gemm._mkl_sgemm()
+    a, x = operands(32, 64, 4)
+    out1 = np.zeros((32, 1), np.float32)
+    assert not gemm._call(sgemm, a, x[:1].T, out1)  # one token: a matrix-vector product
+    assert not gemm._call(sgemm, a.astype(np.float64), x.T.astype(np.float64), np.zeros((32, 4)))
+    assert not gemm._call(sgemm, a[:, ::2], x[:, ::2].T, np.zeros((32, 4), np.float32))  # columns with a gap
+    assert not out1.any()
+
+
+@pytest.mark.parametrize("backend", ["numpy", "mkl"])
+def test_matmul_in_every_layout_whichever_blas(backend, monkeypatch):
+    if backend == "mkl" and gemm._mkl_sgemm() is None:
+        pytest.skip("the mkl extra is not installed")
+    monkeypatch.setattr(gemm, "backend", lambda: backend)
+    a, x = operands(48, 256, 12, seed=5)
+    out = gemm.matmul(a, x.T, np.empty((48, 12), np.float32))
+    close_to_exact(out, a, x.T)
+    gapped = gemm.matmul(a[:, ::2], x[:, ::2].T, np.empty((48, 12), np.float32))  # left to NumPy
+    close_to_exact(gapped, a[:, ::2], x[:, ::2].T)
+
+
+def choose(monkeypatch, asked: str | None, vendor: str, installed: bool) -> str:
+    monkeypatch.setattr(gemm, "cpu_vendor", lambda: vendor)
+    monkeypatch.setattr(gemm, "_mkl_sgemm", lambda: object() if installed else None)
+    if asked is None:
+        monkeypatch.delenv(gemm.CHOICE, raising=False)
+    else:
+        monkeypatch.setenv(gemm.CHOICE, asked)
+    gemm.backend.cache_clear()
+    try:
+        return gemm.backend()
+    finally:
+        gemm.backend.cache_clear()
+
+
+def test_the_choice_of_blas(monkeypatch):
+    assert choose(monkeypatch, None, "GenuineIntel", True) == "mkl"
+    assert choose(monkeypatch, None, "AuthenticAMD", True) == "numpy"  # measured with OpenBLAS there
+    assert choose(monkeypatch, None, "GenuineIntel", False) == "numpy"
+    assert choose(monkeypatch, "numpy", "GenuineIntel", True) == "numpy"
+    assert choose(monkeypatch, "MKL", "AuthenticAMD", True) == "mkl"
+    assert choose(monkeypatch, "mkl", "GenuineIntel", False) == "numpy"  # asked, but not installed
+    assert choose(monkeypatch, "blis", "GenuineIntel", True) == "mkl"  # an unknown name: the usual choice
