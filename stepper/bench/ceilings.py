@@ -16,12 +16,12 @@ from stepper.bench.figures import Figure, median_time, side_by_side
 from stepper.config import Config
 from stepper.fp4 import quantize_fp4
 from stepper.fp8 import quantize
-from stepper.kernels import cpu_caches, fp4_matmul, parallel
+from stepper.kernels import cpu_caches, fp4_matmul, gemm, parallel
 from stepper.kernels.fp8_matmul import linear_fp8
 from stepper.weights.names import layer_shapes
 from stepper.weights.stored import Fp4Matrix, Fp8Matrix
 
-GEMM_CEILING = "float32 GEMM 2048^3, BLAS on every core"
+GEMM_CEILING = "float32 GEMM 2048^3, every core, stepper's split and BLAS"
 
 
 FP8_CEILING = "FP8 tile decode + matvec, 2048x7168, one core"
@@ -46,7 +46,8 @@ def machine() -> str:
         pass
     features = " ".join(f for f in FEATURES if f in flags) or "not reported"
     return (f"{cpu}, {os.cpu_count()} cores, L2 {cpu_caches.l2_bytes() >> 10} KiB per core; CPU features: {features}; "
-            f"Python {platform.python_version()}, NumPy {np.__version__}, BLAS: {parallel.blas_description()}")
+            f"Python {platform.python_version()}, NumPy {np.__version__}, BLAS: {parallel.blas_description()}; "
+            f"the weights' products: {gemm.description()}")
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ class Ceilings:
     """This run's rates that the floors are made of."""
 
     fp8: float  # FP8 weights decoded and multiplied per second, every core at once
-    gemm: float  # float32 FLOP/s, BLAS on every core
+    gemm: float  # float32 FLOP/s, every core, as stepper splits its products and with its BLAS
     cores: int
 
     @classmethod
@@ -66,16 +67,17 @@ class Ceilings:
 def ceilings() -> list[Figure]:
     a, b = np.empty(2**27, np.float32), np.ones(2**27, np.float32)  # 512 MiB each
     copy = median_time(lambda: np.copyto(a, b), 5)
-    m = np.ones((2048, 2048), np.float32)
-    gemm = median_time(lambda: m @ m, 5)
+    m, out = np.ones((2048, 2048), np.float32), np.empty((2048, 2048), np.float32)
+    numpy_threads = median_time(lambda: m @ m, 5)
     parallel.single_threaded_blas()  # from here on, as stepper runs: its own split, BLAS on one thread
-    gemm_one = median_time(lambda: m @ m, 5)
+    one = median_time(lambda: gemm.matmul(m, m, out), 5)
     [one_core] = fp8_rate()
     together = side_by_side("fp8_rate", parallel.cores())
     return [
         Figure("memory bandwidth (float32 copy, read + write)", 2 * a.nbytes / copy / 1e9, "GB/s"),
-        Figure(GEMM_CEILING, 2 * 2048**3 / gemm / 1e9, "GFLOP/s"),
-        Figure("float32 GEMM 2048^3, BLAS on one core", 2 * 2048**3 / gemm_one / 1e9, "GFLOP/s"),
+        Figure("float32 GEMM 2048^3, NumPy's BLAS on its own threads", 2 * 2048**3 / numpy_threads / 1e9, "GFLOP/s"),
+        Figure(GEMM_CEILING, gemm_rate() / 1e9, "GFLOP/s"),
+        Figure("float32 GEMM 2048^3, stepper's BLAS on one core", 2 * 2048**3 / one / 1e9, "GFLOP/s"),
         one_core,
         Figure(FP8_EVERY_CORE, sum(f.value for f in together), "G weights/s",
                note=f"one process per core at once ({len(together)}), each "
@@ -108,10 +110,13 @@ def fp4_decode_rate(out_dim: int = 2048, in_dim: int = 4096) -> Figure:
 
 
 def gemm_rate() -> float:
-    """float32 GEMM FLOP/s with stepper's own split: one 2048^3 product per core, side by side."""
+    """float32 GEMM FLOP/s with stepper's own split and BLAS (kernels.gemm): one 2048^3 product per
+    core, side by side."""
     m = np.ones((2048, 2048), np.float32)
     cores = parallel.cores()
-    once = median_time(lambda: parallel.split(list(range(cores)), lambda share: [m @ m for _ in share]), 3)
+    outs = [np.empty_like(m) for _ in range(cores)]
+    once = median_time(lambda: parallel.split(list(range(cores)), lambda share: [gemm.matmul(m, m, outs[i])
+                                                                                 for i in share]), 3)
     return cores * 2 * 2048**3 / once
 
 

@@ -7,8 +7,10 @@ from pathlib import Path
 
 import numpy as np
 
-from stepper.bench.figures import Figure, paired_times
+from stepper.bench.ceilings import Ceilings, fp8_rate, layer_floor
+from stepper.bench.figures import Figure, median_time, paired_times
 from stepper.config import Config
+from stepper.kernels import gemm, parallel
 from stepper.kernels.weight_cache import CachedWeights
 from stepper.model import Transformer
 from stepper.seams.trace import Emitter
@@ -56,9 +58,30 @@ def versus_torch(checkpoint: Path, tokens: int, pairs: int, cache_mb: int = 0) -
     ratio, torch_time, ours = paired_times(
         lambda: layer(h, attention_mask=mask, position_ids=positions, position_embeddings=cos_sin), ours_once, pairs)
     how = "weight cache warm" if cache_mb else "FP8"
-    return [Figure(f"{cfg.name} layer 1, T={tokens}: stepper ({how}) / transformers (float32)", ratio, "x", None,
-                   f"median of {pairs} ratios, runs taken in turn after one of each; medians: stepper {ours:.3f} s, "
-                   f"transformers {torch_time:.3f} s")]
+    figures = [Figure(f"{cfg.name} layer 1, T={tokens}: stepper ({how}) / transformers (float32)", ratio, "x", None,
+                      f"median of {pairs} ratios, runs taken in turn after one of each; medians: stepper {ours:.3f} s, "
+                      f"transformers {torch_time:.3f} s")]
+    if not cache_mb:
+        floor, made = least_time(cfg, tokens)
+        figures.append(Figure(f"{cfg.name} layer 1, T={tokens}: the least time stepper's work could take", floor, "s",
+                              None, f"{made}; {floor / torch_time:.2f}x transformers' time (above 1, this floor "
+                                    "keeps stepper behind)"))
+    return figures
+
+
+def least_time(cfg: Config, tokens: int) -> tuple[float, str]:
+    """The least time stepper's work on this layer could take here, from rates measured now in
+    this process: its FP8 weights decoded at one core's FP8 rate on every core, and its products at
+    the rate of its own GEMM (kernels.gemm, one core, every core) on an expert's shape with the
+    tokens an expert gets on average.  -> (seconds, how it was made)"""
+    [fp8] = fp8_rate()
+    columns = max(1, round(tokens * cfg.num_experts_per_tok / cfg.n_routed_experts))
+    tile, inputs = np.ones((2048, cfg.hidden_size), np.float32), np.ones((columns, cfg.hidden_size), np.float32)
+    out = np.empty((2048, columns), np.float32)
+    rate = 2 * tile.size * columns / median_time(lambda: gemm.matmul(tile, inputs.T, out), 9)
+    cores = parallel.cores()
+    seconds, how = layer_floor(cfg, 1, tokens, 0, Ceilings(fp8.value * 1e9 * cores, rate * cores, cores))
+    return seconds, f"{how} ({gemm.description()}, {columns} columns: {rate / 1e9:.0f} GFLOP/s a core)"
 
 
 def load_layer(layer, source, shapes: dict[str, tuple[int, ...]], cfg: Config) -> None:

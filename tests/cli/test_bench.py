@@ -202,3 +202,29 @@ def test_figures_print_their_ratio_to_the_floor_and_the_machine_names_its_blas_a
     assert (measured.fp8, measured.gemm) == (2.5e9, 200e9)  # the floors use every core's rate, measured at once
     described = ceilings.machine()
     assert "BLAS: " in described and "CPU features: " in described and "L2 " in described
+
+
+def test_the_least_time_against_transformers_is_made_of_the_rates_measured_in_the_same_process(monkeypatch):
+    """The 16-expert comparison's floor: the FP8 weights decoded at one core's FP8 rate on every
+    core, and the products at stepper's own GEMM rate on an expert's shape (tokens x top-k / experts
+    columns), every core: layer_floor with those rates."""
+    from stepper.bench import transformers_pair
+    from stepper.presets import preset
+
+    cfg = preset("tiny")  # 32 experts, 4 a token
+    timed = []
+    monkeypatch.setattr(transformers_pair, "fp8_rate", lambda: [figs.Figure("fp8", 0.5, "G weights/s")])
+    monkeypatch.setattr(transformers_pair.parallel, "cores", lambda: 2)
+
+    def gemm_time(fn, repeat):
+        fn()
+        timed.append(repeat)
+        return 0.001
+
+    monkeypatch.setattr(transformers_pair, "median_time", gemm_time)
+    seconds, how = transformers_pair.least_time(cfg, 64)
+    columns = 64 * 4 // 32
+    rate = 2 * 2048 * cfg.hidden_size * columns / 0.001  # FLOP/s of one core on the expert's shape
+    expected, _ = ceilings.layer_floor(cfg, 1, 64, 0, ceilings.Ceilings(2 * 0.5e9, 2 * rate, 2))
+    assert seconds == pytest.approx(expected) and timed == [9]
+    assert f"{columns} columns: {rate / 1e9:.0f} GFLOP/s a core" in how and "FP8 weights at 1.00 G/s" in how

@@ -119,3 +119,4 @@ def test_the_choice_of_blas(monkeypatch):
     assert choose(monkeypatch, "MKL", "AuthenticAMD", True) == "mkl"
     assert choose(monkeypatch, "mkl", "GenuineIntel", False) == "numpy"  # asked, but not installed
     assert choose(monkeypatch, "blis", "GenuineIntel", True) == "mkl"  # an unknown name: the usual choice
+
