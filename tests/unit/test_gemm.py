@@ -29,7 +29,7 @@ def close_to_exact(got: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
 
 
 @mkl
-@pytest.mark.parametrize("m, k, n", [(128, 7168, 16), (200, 96, 3), (7, 2048, 64)])
+@pytest.mark.parametrize("m, k, n", [(128, 7168, 16), (200, 1024, 3), (7, 2048, 64)])
 def test_mkl_rows_times_transposed_inputs(m, k, n):
     a, x = operands(m, k, n)
     out = np.empty((m, n), np.float32)
@@ -40,7 +40,7 @@ def test_mkl_rows_times_transposed_inputs(m, k, n):
 @mkl
 def test_mkl_into_a_transposed_result():
     """Many tokens: a tile's product writes columns of a [N, out] result (rows = result.T)."""
-    a, x = operands(96, 512, 40, seed=1)
+    a, x = operands(96, 1536, 40, seed=1)
     result = np.full((40, 300), np.nan, np.float32)
     rows = result.T  # [out, N], strides (4, 1200)
     assert gemm._call(gemm._mkl_sgemm(), a, x.T, rows[100:196])
@@ -50,11 +50,11 @@ def test_mkl_into_a_transposed_result():
 
 @mkl
 def test_mkl_contiguous_inputs_and_strided_rows():
-    a, x = operands(64, 300, 9, seed=2)
-    wide = np.zeros((64, 310), np.float32)
-    wide[:, :300] = a
+    a, x = operands(64, 1100, 9, seed=2)
+    wide = np.zeros((64, 1110), np.float32)
+    wide[:, :1100] = a
     out = np.empty((64, 9), np.float32)
-    assert gemm._call(gemm._mkl_sgemm(), wide[:, :300], np.ascontiguousarray(x.T), out)  # lda 310 > K
+    assert gemm._call(gemm._mkl_sgemm(), wide[:, :1100], np.ascontiguousarray(x.T), out)  # lda 1110 > K
     close_to_exact(out, a, x.T)
     every_other = np.empty((32, 9), np.float32)
     assert gemm._call(gemm._mkl_sgemm(), a[::2], x.T, every_other)  # lda 600
@@ -77,12 +77,14 @@ def test_mkl_rows_of_a_tile_equal_the_whole_product_bit_for_bit():
 def test_mkl_declines_what_it_is_not_given():
     """A layout BLAS cannot take, another dtype or a vector is left to NumPy (False: nothing written)."""
     sgemm = gemm._mkl_sgemm()
-    a, x = operands(32, 64, 4)
+    a, x = operands(32, 1024, 4)
     out1 = np.zeros((32, 1), np.float32)
     assert not gemm._call(sgemm, a, x[:1].T, out1)  # one token: a matrix-vector product
     assert not gemm._call(sgemm, a.astype(np.float64), x.T.astype(np.float64), np.zeros((32, 4)))
     assert not gemm._call(sgemm, a[:, ::2], x[:, ::2].T, np.zeros((32, 4), np.float32))  # columns with a gap
-    assert not out1.any()
+    short = np.zeros((32, 4), np.float32)
+    assert not gemm._call(sgemm, a[:, :1023], x[:, :1023].T, short)  # a tiny model's product: NumPy's, as ever
+    assert not out1.any() and not short.any()
 
 
 @pytest.mark.parametrize("backend", ["numpy", "mkl"])
@@ -90,7 +92,7 @@ def test_matmul_in_every_layout_whichever_blas(backend, monkeypatch):
     if backend == "mkl" and gemm._mkl_sgemm() is None:
         pytest.skip("the mkl extra is not installed")
     monkeypatch.setattr(gemm, "backend", lambda: backend)
-    a, x = operands(48, 256, 12, seed=5)
+    a, x = operands(48, 1024, 12, seed=5)
     out = gemm.matmul(a, x.T, np.empty((48, 12), np.float32))
     close_to_exact(out, a, x.T)
     gapped = gemm.matmul(a[:, ::2], x[:, ::2].T, np.empty((48, 12), np.float32))  # left to NumPy
