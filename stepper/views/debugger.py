@@ -57,8 +57,15 @@ HELP = (
     "p print NAME[slice] [digits] · e explain [NAME] · w where · x compare A B · h history · "
     "s show {pictures} [NAME] · q quit · ? help · help CMD one command"
 )
-PICTURE_WORDS = "attention|routing|hist|scales|state|reach|hc"
+PICTURE_WORDS = "attention|routing|hist|scales"  # an MLA model's
+KDA_PICTURE_WORDS = PICTURE_WORDS + "|state"  # and Kimi Linear's delta-rule state
 V4_PICTURE_WORDS = "reach|hc|hist"  # DeepSeek-V4 has none of MLA's attention or routing tensors
+PICTURE_ARGS = {"hist": " [NAME]", "scales": " WEIGHT", "state": " [NAME]", "reach": " [NAME]", "hc": " [NAME]"}
+OTHER_FAMILIES_PICTURES = {  # what a picture that is not the model's own draws, and whose it is
+    "state": "Kimi Linear's delta-rule state (self_attn.state)",
+    "reach": "what a DeepSeek-V4 query attends (attn.chosen)",
+    "hc": "how DeepSeek-V4's residual streams mix (hc_attn.comb)",
+}
 
 MLA_PICTURES = {"attention": "MLA's attention weights over positions (self_attn.attn_weights)",
                 "routing": "MLA's router choice (mlp.gate.topk_idx and topk_weight)"}
@@ -353,18 +360,28 @@ class Debugger:
 
     def help_line(self) -> str:
         """The commands in one line, with the pictures this model has."""
-        return HELP.format(pictures=V4_PICTURE_WORDS if self.v4 else PICTURE_WORDS)
+        return HELP.format(pictures=self.picture_words())
+
+    def picture_words(self) -> str:
+        """The pictures this model's tensors make, as the help lists them."""
+        if self.v4:
+            return V4_PICTURE_WORDS
+        return KDA_PICTURE_WORDS if getattr(self.cfg, "kda_layers", ()) else PICTURE_WORDS
 
     def cmd_show(self, arg: str) -> None:
         what, _, name = arg.partition(" ")
         pictures_ = {"attention": self.show_attention, "routing": self.show_routing, "hist": self.show_histogram,
                      "scales": self.show_scales, "state": self.show_state, "reach": self.show_reach, "hc": self.show_hc}
         if what not in pictures_:
-            raise StepperError("show what? s attention | s routing | s hist [NAME] | s scales WEIGHT | s state [NAME] "
-                               "| s reach [NAME] | s hc [NAME]")
+            raise StepperError("show what? " + " | ".join(f"s {word}" + PICTURE_ARGS.get(word, "")
+                                                          for word in self.picture_words().split("|")))
         if what in MLA_PICTURES and self.v4:
             raise StepperError(f"s {what} draws {MLA_PICTURES[what]}, which DeepSeek-V4 has not: its pictures are "
                                "s reach (what a query attends) and s hc (how the residual streams mix)")
+        if what in OTHER_FAMILIES_PICTURES and what not in self.picture_words().split("|"):
+            own = ", ".join(f"s {word}" for word in self.picture_words().split("|"))
+            raise StepperError(f"s {what} draws {OTHER_FAMILIES_PICTURES[what]}, which this model has not: "
+                               f"its pictures are {own}")
         pictures_[what](name.strip())
 
     def cmd_quit(self, _: str) -> None:

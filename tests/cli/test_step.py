@@ -195,3 +195,16 @@ def test_s_attention_in_a_v32_decode_step_labels_the_query_by_its_position():
     row = lines[lines.index(next(x for x in lines if x.startswith("indexer kept"))) + 2]
     assert row.split()[0] == "6" and row.split().count("█") == 4, row  # position 6 keeps index_topk = 4 of 7
     assert "(the last, at position 6: 4)" in out
+
+
+def test_the_debugger_lists_only_the_pictures_the_model_makes():
+    """An MLA run's help names MLA's pictures; asked for another family's, it says whose it is."""
+    out = stepper("step", "--model", "tiny", "--plain", stdin="s\ns hc\ns state\nq\n")
+    assert out.returncode == 0 and "Traceback" not in out.stdout + out.stderr
+    assert "s show attention|routing|hist|scales [NAME]" in out.stdout
+    assert "show what? s attention | s routing | s hist [NAME] | s scales WEIGHT\n" in out.stdout
+    assert ("s hc draws how DeepSeek-V4's residual streams mix (hc_attn.comb), which this model has not: its "
+            "pictures are s attention, s routing, s hist, s scales") in out.stdout
+    assert "s state draws Kimi Linear's delta-rule state (self_attn.state), which this model has not" in out.stdout
+    kda = stepper("step", "--model", "tiny-kimi-linear", "--plain", stdin="s\nq\n")
+    assert "show what? s attention | s routing | s hist [NAME] | s scales WEIGHT | s state [NAME]\n" in kda.stdout

@@ -154,7 +154,7 @@ def test_everything_fits_the_terminal_width(columns):
     too_long = [line for line in shown if cells(line) > columns]
     assert not too_long, too_long
     text = "\n".join(shown)
-    for field in ("nan 0", "inf 0", "h history", "s show attention|routing|hist|scales|state|reach|hc [NAME]",
+    for field in ("nan 0", "inf 0", "h history", "s show attention|routing|hist|scales [NAME]",
                   "T=1 position,",
                   "picks listed in rank order" if columns == 160 else "picks"):
         assert field in text, field
