@@ -38,7 +38,7 @@ from multiprocessing.reduction import recv_handle, send_handle
 
 import numpy as np
 
-from stepper import fp8
+from stepper import dtypes, fp8
 from stepper.files import anonymous_file
 from stepper.kernels import parallel
 from stepper.kernels.fp8_tiles import NanCheck, apply_tiles, many_tokens, result_arrays, row_tiles
@@ -63,6 +63,7 @@ SPIN_SECONDS = 0.002  # how long a side watches the pipe before sleeping on it
 BAND = struct.Struct("<13q3i")  # file identity (4), byte offset, start, end, out, in, block rows, block columns,
 # tokens, where its rows go in the scratch (bytes after the inputs); k, path length, how
 MEET, CHECK_NAN = 1, 2  # how: tiles taken from both ends (meet_in_the_middle); look for NaN codes
+BF16_SCALES = 4  # how, of an INT4 band: its group scales are sent as BF16 (as stored), not float32
 INT4_BAND = struct.Struct("<11q2i")  # file identity (4), byte offset, start, end, out, in, group, tokens; path
 # length, how. Then the path. In the scratch: the inputs, the band's group scales (float32 [rows, in/group]), its rows.
 SCRATCH = struct.Struct("<q")  # size
@@ -385,18 +386,20 @@ def int4_band_matrix(w: Int4Matrix, band: Band) -> Int4Matrix:
 
 def send_int4_band(helper: Helper, split: np.ndarray, w: Int4Matrix, band: Band,
                    claims: tuple[int, int] | None = None) -> None:
-    """Send a band of an INT4 product: the inputs [N, in] and the band's group scales into the
-    scratch, then the message. With `claims`, the helper takes the band's tiles from the last back
-    (the two tile indices set to them first: the band is the whole weight)."""
-    scales = w.scales[band.start : band.end]  # float32 [rows, in / group]
+    """Send a band of an INT4 product: the inputs [N, in] and the band's group scales (in the
+    dtype the weight keeps them) into the scratch, then the message. With `claims`, the helper
+    takes the band's tiles from the last back (the two tile indices set to them first: the band
+    is the whole weight)."""
+    scales = w.scales[band.start : band.end]  # float32 or BF16 [rows, in / group]
     helper.send_inputs(split, band.end - band.start, scales.nbytes)
     at = CLAIMS_BYTES + helper.inputs_bytes
-    np.frombuffer(helper.scratch, np.float32, scales.size, at).reshape(scales.shape)[:] = scales
+    np.frombuffer(helper.scratch, scales.dtype, scales.size, at).reshape(scales.shape)[:] = scales
     if claims is not None:
         helper.claims()[:] = claims
     path_bytes = os.fsencode(w.origin.path)
+    how = (0 if claims is None else MEET) | (0 if scales.dtype == np.float32 else BF16_SCALES)
     numbers = INT4_BAND.pack(*w.origin.identity, w.origin.offset, band.start, band.end, *w.shape, w.group,
-                             split.shape[0], len(path_bytes), 0 if claims is None else MEET)
+                             split.shape[0], len(path_bytes), how)
     helper.conn.send_bytes(b"I" + numbers + path_bytes)
     helper.sent.append((band, scales.nbytes))  # its rows go after its scales
 
@@ -476,7 +479,8 @@ def multiply_int4_band(scratch, files, message: bytes) -> tuple:
     words_at = where.at(start * row_bytes)
     packed = np.frombuffer(view, np.int32, rows * in_dim // 8, words_at.offset).reshape(rows, in_dim // 8)
     inputs_end = CLAIMS_BYTES + n * in_dim * 4
-    scales = np.frombuffer(scratch, np.float32, rows * groups, inputs_end).reshape(rows, groups)
+    scale_dtype = dtypes.ml("bfloat16") if how & BF16_SCALES else np.float32
+    scales = np.frombuffer(scratch, scale_dtype, rows * groups, inputs_end).reshape(rows, groups)
     w = Int4Matrix(packed, scales, in_dim, group, origin=words_at)
     tokens = np.frombuffer(scratch, np.float32, n * in_dim, CLAIMS_BYTES).reshape(n, in_dim)
     flat = np.frombuffer(scratch, np.float32, rows * n, inputs_end + scales.nbytes)

@@ -520,8 +520,12 @@ def check_int4_scales(shard: str, name: str, scales: np.ndarray) -> np.ndarray:
     too) and above zero, as FP8's block scales. A symmetric quantizer writes max|w| / 7.5 (1 for
     an all-zero group): a scale of zero would make every weight of the group 0 whatever its codes
     say, a negative one would flip the group's signs (its codes then span -7..8). Returns them as
-    float32 (checked once: the two passes of min and max, where they are all good)."""
-    values = int4.float32_scales(np.asarray(scales))
+    the weight keeps them (int4.kept_scales): BF16 ones as stored, checked on their 16-bit patterns
+    (two passes of min and max, no copy), others as float32."""
+    scales = np.asarray(scales)
+    if scales.dtype.name == "bfloat16" and int4.bf16_within(scales, 1):  # 1: +0 left out
+        return scales
+    values = int4.float32_scales(scales)
     if values.size == 0 or (values.min() > 0 and values.max() <= int4.LARGEST_SCALE):  # False for a NaN
         return values
     bad = ~(np.abs(values) <= int4.LARGEST_SCALE)

@@ -74,7 +74,7 @@ class Int4Matrix:
     value[i, j] = (nibble[i, j] - 8) * scales[i, j // 32], applied lazily."""
 
     packed: np.ndarray  # int32 [out, ceil(in/8)]
-    scales: np.ndarray  # float32 [out, ceil(in/group)]
+    scales: np.ndarray  # float32, or BF16 as stored (int4.kept_scales) [out, ceil(in/group)]
     in_features: int
     group: int = int4.GROUP
     name: str = "weight"
@@ -85,7 +85,7 @@ class Int4Matrix:
            name: str = "weight", origin: FileBytes | None = None):
         packed = int4.as_words(packed, name)
         int4.check_shapes(packed, np.asarray(scales), (packed.shape[0], in_features), name, group)
-        return cls(packed, int4.scales_as_f32(scales, name), in_features, group, name, origin)
+        return cls(packed, int4.kept_scales(scales, name), in_features, group, name, origin)
 
     @property
     def shape(self) -> tuple[int, int]:
