@@ -21,7 +21,7 @@ holds the weight's exact values.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
 
@@ -138,15 +138,21 @@ def scales_per_byte(scales: np.ndarray, memory: TileMemory) -> np.ndarray:
 Decoder = Callable[[Int4Matrix, int, int, np.ndarray], object]
 
 
-def row_tiles(w: Int4Matrix, many: bool) -> list[tuple[int, int]]:
+def row_tiles(w: Int4Matrix, many: bool) -> tuple[tuple[int, int], ...]:
     """[start, end) of each tile: tile_rows(w) rows, or with many tokens as many times that as
     TALL_TILE_BYTES of float32 hold."""
     rows = tile_rows(w)
-    height = rows * (max(1, TALL_TILE_BYTES // (4 * w.in_features * rows)) if many else 1)
-    return [(r, min(r + height, w.shape[0])) for r in range(0, w.shape[0], height)]
+    return spans(w.shape[0], rows * (max(1, TALL_TILE_BYTES // (4 * w.in_features * rows)) if many else 1))
 
 
-def apply_tiles(split: np.ndarray, w: Int4Matrix, tiles: list[tuple[int, int]], rows: np.ndarray,
+@cache
+def spans(out_features: int, height: int) -> tuple[tuple[int, int], ...]:
+    """[start, end) of each run of `height` rows (the last one shorter), made once per shape: an
+    expert's three weights ask for theirs at every product."""
+    return tuple((r, min(r + height, out_features)) for r in range(0, out_features, height))
+
+
+def apply_tiles(split: np.ndarray, w: Int4Matrix, tiles: Sequence[tuple[int, int]], rows: np.ndarray,
                 decode: Decoder | None = None, claim: Callable[[], int | None] | None = None) -> None:
     """Decode and multiply each tile into its rows of `rows` [out, N]; this thread's buffers reused,
     a tall tile decoded tile_rows(w) rows at a time (decode_tile) or whole (a decoder given).
