@@ -92,10 +92,17 @@ def test_tiles_from_both_ends_give_every_row_whichever_side_takes_them(checkpoin
     assert np.abs(y - exact).max() <= 2e-6 * np.abs(exact).max()
 
 
+@pytest.mark.parametrize("held", ["file", "bf16 copy", "float32"])
 @pytest.mark.parametrize("tokens", [1, 6, 300])
-def test_bf16_scales_sent_as_stored_give_the_products_of_float32_ones_here(checkpoint, shared, monkeypatch, tokens):
+def test_scales_read_by_the_helper_from_the_file_or_the_scratch_give_the_products_made_here(
+        checkpoint, shared, monkeypatch, tokens, held):
     w = checkpoint.matrix(EXPERT)
-    assert w.scales.dtype.name == "bfloat16"  # kept as the checkpoint stores them, sent so to the helper
+    assert w.scales.dtype.name == "bfloat16"  # kept as the checkpoint stores them
+    shard = checkpoint.shard_of(EXPERT.replace(".weight", ".weight_scale"))
+    assert fp8_workers.scales_in_file(w) == shard.data_range(EXPERT.replace(".weight", ".weight_scale"))[0]
+    if held != "file":  # the same values held in memory: sent through the scratch
+        w = replace(w, scales=w.scales.copy() if held == "bf16 copy" else w.scales.astype(np.float32))
+        assert fp8_workers.scales_in_file(w) is None
     x = np.random.default_rng(tokens).standard_normal((tokens, w.shape[1])).astype(np.float32)
     monkeypatch.setattr(fp8_workers, "from_the_front", this_process_takes_none)  # few tokens: every tile the helper's
     y = linear(x, w)
