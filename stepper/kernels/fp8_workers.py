@@ -63,9 +63,10 @@ SPIN_SECONDS = 0.002  # how long a side watches the pipe before sleeping on it
 BAND = struct.Struct("<13q3i")  # file identity (4), byte offset, start, end, out, in, block rows, block columns,
 # tokens, where its rows go in the scratch (bytes after the inputs); k, path length, how
 MEET, CHECK_NAN = 1, 2  # how: tiles taken from both ends (meet_in_the_middle); look for NaN codes
-BF16_SCALES = 4  # how, of an INT4 band: its group scales are sent as BF16 (as stored), not float32
-INT4_BAND = struct.Struct("<12q2i")  # file identity (4), byte offset, start, end, out, in, group, tokens, scales; path
-# length, how. Then the path. In the scratch: the inputs, the band's group scales (float32 [rows, in/group]), its rows.
+BF16_SCALES = 4  # how, of an INT4 band: its group scales are BF16 (as stored), not float32
+INT4_BAND = struct.Struct("<12q2i")  # file identity (4), byte offset, start, end, out, in, group, tokens, the scales'
+# byte offset in the file (-1: in the scratch); path length, how. Then the path. In the scratch: the inputs, the band's
+# group scales [rows, in/group] unless read from the file, its rows.
 SCRATCH = struct.Struct("<q")  # size
 CLAIMS_BYTES = 64  # the scratch starts with two int64: the next tile from the front, the last taken from the back
 OK, OK_NAN = b"ok", b"ok, NaN codes found"

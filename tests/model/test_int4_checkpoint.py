@@ -117,6 +117,20 @@ def test_a_nan_group_scale_stops_the_run_in_one_line(int4_dir, tmp_path):
         Checkpoint(folder).matrix(EXPERT)
 
 
+def test_bf16_group_scales_are_checked_once_per_checkpoint(int4_dir, monkeypatch):
+    from stepper.weights import checkpoint as reader
+
+    calls = []
+    check = reader.check_int4_scales
+    monkeypatch.setattr(reader, "check_int4_scales", lambda *a: calls.append(a[1]) or check(*a))
+    opened = Checkpoint(int4_dir)
+    first, again = opened.matrix(EXPERT), opened.matrix(EXPERT)
+    assert calls == [EXPERT + "_scale"] and first.scales.dtype == ml_dtypes.bfloat16
+    np.testing.assert_array_equal(again.dequantize(), first.dequantize())
+    Checkpoint(int4_dir).matrix(EXPERT)  # another reader of the folder checks them itself
+    assert calls == [EXPERT + "_scale"] * 2
+
+
 def test_synth_and_run_on_the_command_line(tmp_path):
     made = stepper("synth", "--out", str(tmp_path / "k"), "--quant", "int4")
     assert made.returncode == 0 and "wrote" in made.stdout, made.stderr
