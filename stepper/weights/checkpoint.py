@@ -169,9 +169,9 @@ class Checkpoint:
 
     def _int4(self, name: str) -> Stored:
         """An INT4 weight: its packed words, where they lie, its group scales (checked finite) and its inputs.
-        BF16 scales found good are not looked at again: they are read from the same memory map each
-        time (as FP8 codes found without NaNs, fp8_tiles.NanCheck), and an expert's weights recur at
-        every step."""
+        BF16 scales found good are not looked at again, here or by Int4Matrix.of: they are read from
+        the same memory map each time (as FP8 codes found without NaNs, fp8_tiles.NanCheck), and an
+        expert's weights recur at every step."""
         packed = name + PACKED
         self._keep_resident(packed)
         shard = self.shard_of(packed)
@@ -185,7 +185,7 @@ class Checkpoint:
             if scales.dtype.name == "bfloat16":  # kept as stored (others are a float32 copy, made each time)
                 self._good_scales.add(scale_name)
         where = FileBytes(str(shard.path), shard.data_range(packed)[0], shard.identity)
-        return Stored(INT4, words, scales, (1, group), where, in_dim)
+        return Stored(INT4, words, scales, (1, group), where, in_dim, checked=True)
 
     def _weight_shape(self, name: str, rows: int) -> tuple[int, int]:
         """X.weight_shape's two values, [out, in] (checked against the packed rows)."""

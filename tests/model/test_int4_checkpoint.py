@@ -13,6 +13,7 @@ from helpers.cli import stepper
 from helpers.files import linked, reference_write
 from safetensors.numpy import load_file
 
+from stepper import int4
 from stepper.errors import StepperError
 from stepper.kernels.weight_cache import CachedWeights
 from stepper.presets import preset
@@ -120,12 +121,14 @@ def test_a_nan_group_scale_stops_the_run_in_one_line(int4_dir, tmp_path):
 def test_bf16_group_scales_are_checked_once_per_checkpoint(int4_dir, monkeypatch):
     from stepper.weights import checkpoint as reader
 
-    calls = []
-    check = reader.check_int4_scales
+    calls, kept = [], []
+    check, keep = reader.check_int4_scales, int4.kept_scales
     monkeypatch.setattr(reader, "check_int4_scales", lambda *a: calls.append(a[1]) or check(*a))
+    monkeypatch.setattr(int4, "kept_scales", lambda *a: kept.append(a[1]) or keep(*a))
     opened = Checkpoint(int4_dir)
     first, again = opened.matrix(EXPERT), opened.matrix(EXPERT)
-    assert calls == [EXPERT + "_scale"] and first.scales.dtype == ml_dtypes.bfloat16
+    assert calls == [EXPERT + "_scale"] and not kept  # Int4Matrix.of does not look at them again
+    assert first.scales.dtype == ml_dtypes.bfloat16 and opened.stored(EXPERT).rows(32, 64).checked
     np.testing.assert_array_equal(again.dequantize(), first.dequantize())
     Checkpoint(int4_dir).matrix(EXPERT)  # another reader of the folder checks them itself
     assert calls == [EXPERT + "_scale"] * 2
