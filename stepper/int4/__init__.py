@@ -4,11 +4,14 @@ group of 32 inputs (`groups`)."""
 
 from stepper.int4.groups import (
     GROUP,
+    LARGEST_BF16,
     LARGEST_SCALE,
+    bf16_within,
     check_shapes,
     dequantize_int4,
     float32_scales,
     groups_for,
+    kept_scales,
     quantize_int4,
     scales_as_f32,
 )
@@ -29,7 +32,7 @@ from stepper.int4.packed import (
 )
 
 __all__ = [
-    "BITS", "GROUP", "LARGEST_SCALE", "OFFSET", "PAIRS", "PER_WORD", "NibbleFields", "as_words", "check_shapes",
-    "dequantize_int4", "fields", "float32_scales", "groups_for", "nibble", "pack", "quantize_int4", "scales_as_f32",
-    "unpack", "unpack_bits", "word_bits", "words_for",
+    "BITS", "GROUP", "LARGEST_BF16", "LARGEST_SCALE", "OFFSET", "PAIRS", "PER_WORD", "NibbleFields", "as_words",
+    "bf16_within", "check_shapes", "dequantize_int4", "fields", "float32_scales", "groups_for", "kept_scales", "nibble",
+    "pack", "quantize_int4", "scales_as_f32", "unpack", "unpack_bits", "word_bits", "words_for",
 ]

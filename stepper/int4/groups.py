@@ -23,6 +23,8 @@ from stepper.seams.swap import exercise
 
 GROUP = 32  # inputs per scale, Kimi-K2-Thinking's group_size
 LARGEST_SCALE = float(np.finfo(np.float32).max) / OFFSET  # |(-8) * scale| stays a finite float32
+# The largest BF16 pattern whose value is at most LARGEST_SCALE (0x7DFF): a BF16 value is the high half of its float32
+LARGEST_BF16 = int(np.array(LARGEST_SCALE, np.float32).view(np.uint32)) >> 16
 SCALE_DTYPES = ("bfloat16", "float16", "float32")  # by name: ml_dtypes' are imported where met
 
 
@@ -58,6 +60,27 @@ def scales_as_f32(scales: np.ndarray, name: str) -> np.ndarray:
     where = [int(i) for i in np.argwhere(bad)[0]]
     raise StepperError(f"{name}: {int(bad.sum())} group scale(s) are not finite (or too large for float32), "
                        f"first {scales[tuple(where)]} at {where}")
+
+
+def kept_scales(scales: np.ndarray, name: str) -> np.ndarray:
+    """The group scales as an INT4 weight keeps them, checked as scales_as_f32 checks them: BF16
+    ones as they are (the tile decoder widens a tile's at a time, int4_tiles), F16 and F32 ones as
+    float32. BF16 scales that are all at least zero are checked on their bits, without a copy."""
+    scales = np.asarray(scales)
+    if scales.dtype.name != "bfloat16":
+        return scales_as_f32(scales, name)
+    if not bf16_within(scales, 0):
+        scales_as_f32(scales, name)  # names the first bad scale; negative ones are allowed here
+    return scales
+
+
+def bf16_within(scales: np.ndarray, lowest: int) -> bool:
+    """Whether every BF16 scale's pattern, read as a signed 16-bit integer, lies in lowest..LARGEST_BF16:
+    from 0 (or 1, leaving out +0) that is each one finite, not negative and at most LARGEST_SCALE
+    (a negative one, -0 included, has its sign bit set: below 0 as an int16; infinity and NaN are
+    above LARGEST_BF16). Two passes over the 16-bit patterns, no float32 copy."""
+    bits = scales.view(np.int16)
+    return bits.size == 0 or (int(bits.min()) >= lowest and int(bits.max()) <= LARGEST_BF16)
 
 
 def float32_scales(scales: np.ndarray) -> np.ndarray:

@@ -38,7 +38,7 @@ from multiprocessing.reduction import recv_handle, send_handle
 
 import numpy as np
 
-from stepper import fp8
+from stepper import dtypes, fp8
 from stepper.files import anonymous_file
 from stepper.kernels import parallel
 from stepper.kernels.fp8_tiles import NanCheck, apply_tiles, many_tokens, result_arrays, row_tiles
@@ -63,8 +63,10 @@ SPIN_SECONDS = 0.002  # how long a side watches the pipe before sleeping on it
 BAND = struct.Struct("<13q3i")  # file identity (4), byte offset, start, end, out, in, block rows, block columns,
 # tokens, where its rows go in the scratch (bytes after the inputs); k, path length, how
 MEET, CHECK_NAN = 1, 2  # how: tiles taken from both ends (meet_in_the_middle); look for NaN codes
-INT4_BAND = struct.Struct("<11q2i")  # file identity (4), byte offset, start, end, out, in, group, tokens; path
-# length, how. Then the path. In the scratch: the inputs, the band's group scales (float32 [rows, in/group]), its rows.
+BF16_SCALES = 4  # how, of an INT4 band: its group scales are BF16 (as stored), not float32
+INT4_BAND = struct.Struct("<12q2i")  # file identity (4), byte offset, start, end, out, in, group, tokens, the scales'
+# byte offset in the file (-1: in the scratch); path length, how. Then the path. In the scratch: the inputs, the band's
+# group scales [rows, in/group] unless read from the file, its rows.
 SCRATCH = struct.Struct("<q")  # size
 CLAIMS_BYTES = 64  # the scratch starts with two int64: the next tile from the front, the last taken from the back
 OK, OK_NAN = b"ok", b"ok, NaN codes found"
@@ -385,20 +387,52 @@ def int4_band_matrix(w: Int4Matrix, band: Band) -> Int4Matrix:
 
 def send_int4_band(helper: Helper, split: np.ndarray, w: Int4Matrix, band: Band,
                    claims: tuple[int, int] | None = None) -> None:
-    """Send a band of an INT4 product: the inputs [N, in] and the band's group scales into the
-    scratch, then the message. With `claims`, the helper takes the band's tiles from the last back
-    (the two tile indices set to them first: the band is the whole weight)."""
-    scales = w.scales[band.start : band.end]  # float32 [rows, in / group]
-    helper.send_inputs(split, band.end - band.start, scales.nbytes)
-    at = CLAIMS_BYTES + helper.inputs_bytes
-    np.frombuffer(helper.scratch, np.float32, scales.size, at).reshape(scales.shape)[:] = scales
+    """Send a band of an INT4 product: the inputs [N, in] into the scratch, then the message. The
+    band's group scales are read by the helper where they lie in the words' file when they are
+    that file's BF16 bytes (scales_in_file), else put in the scratch after the inputs (in the
+    dtype the weight keeps them). With `claims`, the helper takes the band's tiles from the last
+    back (the two tile indices set to them first: the band is the whole weight)."""
+    scales = w.scales[band.start : band.end]  # float32 or BF16 [rows, in / group]
+    scales_at = scales_in_file(w)
+    sent = 0 if scales_at is not None else scales.nbytes  # bytes of scales in the scratch
+    helper.send_inputs(split, band.end - band.start, sent)
+    if sent:
+        at = CLAIMS_BYTES + helper.inputs_bytes
+        np.frombuffer(helper.scratch, scales.dtype, scales.size, at).reshape(scales.shape)[:] = scales
     if claims is not None:
         helper.claims()[:] = claims
     path_bytes = os.fsencode(w.origin.path)
+    how = (0 if claims is None else MEET) | (0 if scales.dtype == np.float32 else BF16_SCALES)
     numbers = INT4_BAND.pack(*w.origin.identity, w.origin.offset, band.start, band.end, *w.shape, w.group,
-                             split.shape[0], len(path_bytes), 0 if claims is None else MEET)
+                             split.shape[0], -1 if scales_at is None else scales_at + band.start * scales.strides[0],
+                             len(path_bytes), how)
     helper.conn.send_bytes(b"I" + numbers + path_bytes)
-    helper.sent.append((band, scales.nbytes))  # its rows go after its scales
+    helper.sent.append((band, sent))  # its rows go after its scales in the scratch, if any
+
+
+def scales_in_file(w: Int4Matrix) -> int | None:
+    """The byte offset of the weight's group scales in the file its words are read from, when they
+    are BF16 bytes of that file as stored (rows one after another, in the same memory map as the
+    words, which lie at w.origin's offset there): the helper reads them from its own map of the
+    file, and nothing is copied. None for scales held anywhere else."""
+    if w.scales.dtype.name != "bfloat16" or not w.scales.flags.c_contiguous:
+        return None
+    mapped = file_map_of(w.packed)
+    if mapped is None or file_map_of(w.scales) is not mapped:
+        return None
+    start = np.frombuffer(mapped, np.uint8, 1).ctypes.data  # the address of the map's first byte
+    if w.packed.ctypes.data - start != w.origin.offset:
+        return None
+    return w.scales.ctypes.data - start
+
+
+def file_map_of(array: np.ndarray) -> mmap.mmap | None:
+    """The memory map an array is a view of (through views and memoryviews), or None."""
+    while isinstance(array, np.ndarray):
+        array = array.base
+    if isinstance(array, memoryview):
+        array = array.obj
+    return array if isinstance(array, mmap.mmap) else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -461,9 +495,10 @@ def multiply_band(scratch, files, message: bytes) -> tuple:
 
 def multiply_int4_band(scratch, files, message: bytes) -> tuple:
     """An INT4 band message's rows of the product into the scratch, after the inputs (in the tiles'
-    order) and the band's group scales there.  [N, in] -> [rows, N]; tiles from the last back when
-    shared from both ends. Returns the file map and byte range the words were read from."""
-    *identity, offset, start, end, _, in_dim, group, n, path_length, how = INT4_BAND.unpack_from(message, 1)
+    order) and the band's group scales there (or, where the message gives their offset, after the
+    inputs, the scales read from the words' file).  [N, in] -> [rows, N]; tiles from the last back
+    when shared from both ends. Returns the file map and byte range the words were read from."""
+    *identity, offset, start, end, _, in_dim, group, n, scales_at, path_length, how = INT4_BAND.unpack_from(message, 1)
     path_end = 1 + INT4_BAND.size + path_length
     if len(message) != path_end:
         raise ValueError(f"INT4 band message of {len(message)} bytes, expected {path_end} (the numbers and the path)")
@@ -476,10 +511,13 @@ def multiply_int4_band(scratch, files, message: bytes) -> tuple:
     words_at = where.at(start * row_bytes)
     packed = np.frombuffer(view, np.int32, rows * in_dim // 8, words_at.offset).reshape(rows, in_dim // 8)
     inputs_end = CLAIMS_BYTES + n * in_dim * 4
-    scales = np.frombuffer(scratch, np.float32, rows * groups, inputs_end).reshape(rows, groups)
+    scale_dtype = dtypes.ml("bfloat16") if how & BF16_SCALES else np.float32
+    in_scratch = scales_at < 0
+    scales = np.frombuffer(scratch if in_scratch else view, scale_dtype, rows * groups,
+                           inputs_end if in_scratch else scales_at).reshape(rows, groups)
     w = Int4Matrix(packed, scales, in_dim, group, origin=words_at)
     tokens = np.frombuffer(scratch, np.float32, n * in_dim, CLAIMS_BYTES).reshape(n, in_dim)
-    flat = np.frombuffer(scratch, np.float32, rows * n, inputs_end + scales.nbytes)
+    flat = np.frombuffer(scratch, np.float32, rows * n, inputs_end + (scales.nbytes if in_scratch else 0))
     many = n > MANY_TOKENS
     claim = from_the_back(np.frombuffer(scratch, np.int64, 2)) if how & MEET else None
     apply_int4_tiles(tokens, w, int4_row_tiles(w, many), result_arrays(rows, n, many, flat)[1], claim=claim)

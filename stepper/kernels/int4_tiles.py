@@ -21,7 +21,7 @@ holds the weight's exact values.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
 
@@ -119,13 +119,17 @@ def decode_tile(w: Int4Matrix, start: int, end: int, out: np.ndarray) -> np.ndar
 
 
 TWO_COPIES = np.uint64(0x1_0000_0001)  # b * (2^32 + 1) = b in both halves of 64 bits, for 32-bit b
+TWO_WIDENED = np.uint64(0x1_0000_0001 << 16)  # h * (2^48 + 2^16) = h << 16 in both halves, for 16-bit h
 
 
 def scales_per_byte(scales: np.ndarray, memory: TileMemory) -> np.ndarray:
     """Each group scale four times, once for each byte of a word: two copies at once as the 64-bit
-    product of its bits and 2^32 + 1, written twice.  float32 [rows, groups] -> [rows, groups * 4]"""
-    bits = np.ascontiguousarray(scales).view(np.uint32)
-    np.multiply(bits, TWO_COPIES, out=memory.pairs[:, :, 0], dtype=np.uint64)
+    product of its bits and 2^32 + 1, written twice. A BF16 scale's 16 bits are the high half of
+    its float32's, so they are widened in the same product (by 2^48 + 2^16): the tile's scales,
+    never the weight's, become float32.  float32 or BF16 [rows, groups] -> float32 [rows, groups * 4]"""
+    wide = scales.dtype == np.float32
+    bits = np.ascontiguousarray(scales).view(np.uint32 if wide else np.uint16)
+    np.multiply(bits, TWO_COPIES if wide else TWO_WIDENED, out=memory.pairs[:, :, 0], dtype=np.uint64)
     np.copyto(memory.pairs[:, :, 1], memory.pairs[:, :, 0])
     return memory.scales
 
@@ -134,15 +138,21 @@ def scales_per_byte(scales: np.ndarray, memory: TileMemory) -> np.ndarray:
 Decoder = Callable[[Int4Matrix, int, int, np.ndarray], object]
 
 
-def row_tiles(w: Int4Matrix, many: bool) -> list[tuple[int, int]]:
+def row_tiles(w: Int4Matrix, many: bool) -> tuple[tuple[int, int], ...]:
     """[start, end) of each tile: tile_rows(w) rows, or with many tokens as many times that as
     TALL_TILE_BYTES of float32 hold."""
     rows = tile_rows(w)
-    height = rows * (max(1, TALL_TILE_BYTES // (4 * w.in_features * rows)) if many else 1)
-    return [(r, min(r + height, w.shape[0])) for r in range(0, w.shape[0], height)]
+    return spans(w.shape[0], rows * (max(1, TALL_TILE_BYTES // (4 * w.in_features * rows)) if many else 1))
 
 
-def apply_tiles(split: np.ndarray, w: Int4Matrix, tiles: list[tuple[int, int]], rows: np.ndarray,
+@cache
+def spans(out_features: int, height: int) -> tuple[tuple[int, int], ...]:
+    """[start, end) of each run of `height` rows (the last one shorter), made once per shape: an
+    expert's three weights ask for theirs at every product."""
+    return tuple((r, min(r + height, out_features)) for r in range(0, out_features, height))
+
+
+def apply_tiles(split: np.ndarray, w: Int4Matrix, tiles: Sequence[tuple[int, int]], rows: np.ndarray,
                 decode: Decoder | None = None, claim: Callable[[], int | None] | None = None) -> None:
     """Decode and multiply each tile into its rows of `rows` [out, N]; this thread's buffers reused,
     a tall tile decoded tile_rows(w) rows at a time (decode_tile) or whole (a decoder given).
@@ -194,5 +204,5 @@ def int4_rows(w: Int4Matrix, out: np.ndarray | None = None) -> np.ndarray:
         tile = out[start:end]
         int4.unpack(w.packed[start:end], tile)
         values = tile.reshape(end - start, -1, w.group)
-        np.multiply(values, w.scales[start:end, :, None], out=values)
+        np.multiply(values, int4.float32_scales(w.scales[start:end])[:, :, None], out=values)
     return out

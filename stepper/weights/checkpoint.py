@@ -72,6 +72,7 @@ class Checkpoint:
         for shard in sorted(set(self.weight_map.values())):
             self._open_shard(shard)
         self._resident = MappedBudget(RESIDENT_BYTES)
+        self._good_scales: set[str] = set()  # INT4 BF16 group scales checked once (_int4): the same map's bytes
         self._check_index_against_headers()
         self.unused: dict[str, str] = {}  # tensor -> shard, of a wrapper's parts no run reads (vision tower)
         if self.config.wrapper is not None:
@@ -167,17 +168,24 @@ class Checkpoint:
         return fp8.scales_as_f32(scale, name).reshape(count, 1)
 
     def _int4(self, name: str) -> Stored:
-        """An INT4 weight: its packed words, where they lie, its group scales (checked finite) and its inputs."""
+        """An INT4 weight: its packed words, where they lie, its group scales (checked finite) and its inputs.
+        BF16 scales found good are not looked at again, here or by Int4Matrix.of: they are read from
+        the same memory map each time (as FP8 codes found without NaNs, fp8_tiles.NanCheck), and an
+        expert's weights recur at every step."""
         packed = name + PACKED
         self._keep_resident(packed)
         shard = self.shard_of(packed)
         words = shard.get(packed)
         _, in_dim = self._weight_shape(name, words.shape[0])
-        scales = self.shard_of(name + GROUP_SCALE).get(name + GROUP_SCALE)
+        scale_name = name + GROUP_SCALE
+        scales = self.shard_of(scale_name).get(scale_name)
         group = self.config.int4.group_size
-        scales = check_int4_scales(self.shard_of(name + GROUP_SCALE).path.name, name + GROUP_SCALE, scales)
+        if scale_name not in self._good_scales:
+            scales = check_int4_scales(self.shard_of(scale_name).path.name, scale_name, scales)
+            if scales.dtype.name == "bfloat16":  # kept as stored (others are a float32 copy, made each time)
+                self._good_scales.add(scale_name)
         where = FileBytes(str(shard.path), shard.data_range(packed)[0], shard.identity)
-        return Stored(INT4, words, scales, (1, group), where, in_dim)
+        return Stored(INT4, words, scales, (1, group), where, in_dim, checked=True)
 
     def _weight_shape(self, name: str, rows: int) -> tuple[int, int]:
         """X.weight_shape's two values, [out, in] (checked against the packed rows)."""
@@ -520,8 +528,12 @@ def check_int4_scales(shard: str, name: str, scales: np.ndarray) -> np.ndarray:
     too) and above zero, as FP8's block scales. A symmetric quantizer writes max|w| / 7.5 (1 for
     an all-zero group): a scale of zero would make every weight of the group 0 whatever its codes
     say, a negative one would flip the group's signs (its codes then span -7..8). Returns them as
-    float32 (checked once: the two passes of min and max, where they are all good)."""
-    values = int4.float32_scales(np.asarray(scales))
+    the weight keeps them (int4.kept_scales): BF16 ones as stored, checked on their 16-bit patterns
+    (two passes of min and max, no copy), others as float32."""
+    scales = np.asarray(scales)
+    if scales.dtype.name == "bfloat16" and int4.bf16_within(scales, 1):  # 1: +0 left out
+        return scales
+    values = int4.float32_scales(scales)
     if values.size == 0 or (values.min() > 0 and values.max() <= int4.LARGEST_SCALE):  # False for a NaN
         return values
     bad = ~(np.abs(values) <= int4.LARGEST_SCALE)

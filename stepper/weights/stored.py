@@ -74,7 +74,7 @@ class Int4Matrix:
     value[i, j] = (nibble[i, j] - 8) * scales[i, j // 32], applied lazily."""
 
     packed: np.ndarray  # int32 [out, ceil(in/8)]
-    scales: np.ndarray  # float32 [out, ceil(in/group)]
+    scales: np.ndarray  # float32, or BF16 as stored (int4.kept_scales) [out, ceil(in/group)]
     in_features: int
     group: int = int4.GROUP
     name: str = "weight"
@@ -82,10 +82,11 @@ class Int4Matrix:
 
     @classmethod
     def of(cls, packed: np.ndarray, scales: np.ndarray, in_features: int, group: int = int4.GROUP,
-           name: str = "weight", origin: FileBytes | None = None):
+           name: str = "weight", origin: FileBytes | None = None, checked: bool = False):
+        """checked: the scales are BF16 or float32 and were found good by the reader (not looked at again)."""
         packed = int4.as_words(packed, name)
         int4.check_shapes(packed, np.asarray(scales), (packed.shape[0], in_features), name, group)
-        return cls(packed, int4.scales_as_f32(scales, name), in_features, group, name, origin)
+        return cls(packed, scales if checked else int4.kept_scales(scales, name), in_features, group, name, origin)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -191,6 +192,7 @@ class Stored:
     block: tuple[int, int] = fp8.BLOCK  # FP8: rows x columns per scale; INT4: (1, group size)
     origin: FileBytes | None = None  # where the data lies in a file, read as it is stored
     columns: int | None = None  # INT4: the weight's inputs (its weight_shape[1])
+    checked: bool = False  # INT4: the reader found the group scales good and kept them as BF16 or float32
 
     def as_float32(self, name: str = "") -> np.ndarray:
         if self.dtype == "F8_E4M3":
@@ -206,7 +208,8 @@ class Stored:
         if self.dtype == "F8_E4M3":
             return Fp8Matrix.of(self.data, self.scale_inv, self.block, name, self.origin)
         if self.dtype == INT4:
-            return Int4Matrix.of(self.data, self.scale_inv, self.columns, self.block[1], name, self.origin)
+            return Int4Matrix.of(self.data, self.scale_inv, self.columns, self.block[1], name, self.origin,
+                                 self.checked)
         if self.dtype == FP4:
             return Fp4Matrix.of(self.data, self.scale_inv, name, self.origin)
         if self.dtype == "BF16" and self.data.ndim == 2:
@@ -224,7 +227,7 @@ class Stored:
             return Stored(self.dtype, self.data[start:stop])
         scales = self.scale_inv[fp8.scale_rows(start, stop, self.height)]  # FP8 [ceil(rows/128), ...]; INT4 [rows, ...]
         origin = None if self.origin is None else self.origin.at(start * self.data.strides[0])
-        return Stored(self.dtype, self.data[start:stop], scales, self.block, origin, self.columns)
+        return Stored(self.dtype, self.data[start:stop], scales, self.block, origin, self.columns, self.checked)
 
     def row_bands(self, rows: int) -> Iterator[Stored]:
         for start, stop in row_spans(self.data.shape[0], rows, self.height):

@@ -13,6 +13,7 @@ from helpers.cli import stepper
 from helpers.files import linked, reference_write
 from safetensors.numpy import load_file
 
+from stepper import int4
 from stepper.errors import StepperError
 from stepper.kernels.weight_cache import CachedWeights
 from stepper.presets import preset
@@ -115,6 +116,22 @@ def test_a_nan_group_scale_stops_the_run_in_one_line(int4_dir, tmp_path):
     with pytest.raises(StepperError, match=rf"'{EXPERT}_scale' holds 1 group scale\(s\) that are not finite, "
                                            r"first nan at \[7, 2\]"):
         Checkpoint(folder).matrix(EXPERT)
+
+
+def test_bf16_group_scales_are_checked_once_per_checkpoint(int4_dir, monkeypatch):
+    from stepper.weights import checkpoint as reader
+
+    calls, kept = [], []
+    check, keep = reader.check_int4_scales, int4.kept_scales
+    monkeypatch.setattr(reader, "check_int4_scales", lambda *a: calls.append(a[1]) or check(*a))
+    monkeypatch.setattr(int4, "kept_scales", lambda *a: kept.append(a[1]) or keep(*a))
+    opened = Checkpoint(int4_dir)
+    first, again = opened.matrix(EXPERT), opened.matrix(EXPERT)
+    assert calls == [EXPERT + "_scale"] and not kept  # Int4Matrix.of does not look at them again
+    assert first.scales.dtype == ml_dtypes.bfloat16 and opened.stored(EXPERT).rows(32, 64).checked
+    np.testing.assert_array_equal(again.dequantize(), first.dequantize())
+    Checkpoint(int4_dir).matrix(EXPERT)  # another reader of the folder checks them itself
+    assert calls == [EXPERT + "_scale"] * 2
 
 
 def test_synth_and_run_on_the_command_line(tmp_path):

@@ -2,6 +2,8 @@
 and the cache against the readable dequantization (against compressed-tensors' own packer and
 unpacker: tests/reference/test_int4_packing.py)."""
 
+from dataclasses import replace
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -9,7 +11,7 @@ import pytest
 from stepper import int4
 from stepper.errors import StepperError
 from stepper.kernels.int4_matmul import int4_products
-from stepper.kernels.int4_tiles import int4_rows
+from stepper.kernels.int4_tiles import decode_tile, int4_rows
 from stepper.kernels.linear import float32_weight, linear, linears
 from stepper.seams.swap import swapped
 from stepper.weights.stored import Int4Matrix
@@ -69,16 +71,43 @@ def test_bf16_scales_become_float32_by_their_bits():
     assert int4.float32_scales(np.array([[0.5]], np.float16)).tolist() == [[0.5]]
 
 
-def test_checkpoint_scale_check_returns_them_as_float32():
+def test_checkpoint_scale_check_keeps_bf16_scales_and_gives_others_as_float32():
     from stepper.weights.checkpoint import check_int4_scales
 
     scales = np.array([[0.5, 2.0], [1e-30, 7.0]], ml_dtypes.bfloat16)
-    values = check_int4_scales("s.safetensors", "x.weight_scale", scales)
-    assert values.dtype == np.float32 and values.tolist() == scales.astype(np.float32).tolist()
-    for bad, said in ((np.nan, "not finite"), (0.0, "zero or below"), (-1.0, "zero or below")):
+    assert check_int4_scales("s.safetensors", "x.weight_scale", scales) is scales  # no copy
+    halves = check_int4_scales("s.safetensors", "x.weight_scale", np.array([[0.5, 2.0], [0.125, 7.0]], np.float16))
+    assert halves.dtype == np.float32 and halves.tolist() == [[0.5, 2.0], [0.125, 7.0]]
+    for bad, said in ((np.nan, "not finite"), (np.inf, "not finite"), (3e38, "not finite"), (0.0, "zero or below"),
+                      (-0.0, "zero or below"), (-1.0, "zero or below")):
         scales[1, 1] = bad
         with pytest.raises(StepperError, match=rf"s.safetensors: 'x.weight_scale' holds 1 group scale\(s\) .*{said}"):
             check_int4_scales("s.safetensors", "x.weight_scale", scales)
+
+
+def test_bf16_scales_checked_on_their_bits_as_on_their_float32_values():
+    # every BF16 pattern, one at a time: the bit check accepts exactly the scales the float32 check does
+    patterns = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    with np.errstate(invalid="ignore"):  # the NaN patterns
+        values = patterns.view(ml_dtypes.bfloat16).astype(np.float64)
+    positive = (values > 0) & (values <= int4.LARGEST_SCALE)  # False for NaN
+    not_negative = (values >= 0) & (values <= int4.LARGEST_SCALE) & (patterns < 0x8000)  # +0, not -0
+    scales = patterns.view(ml_dtypes.bfloat16)
+    assert [int4.bf16_within(scales[i : i + 1], 1) for i in range(1 << 16)] == positive.tolist()
+    assert [int4.bf16_within(scales[i : i + 1], 0) for i in range(1 << 16)] == not_negative.tolist()
+    assert int4.LARGEST_BF16 == 0x7DFF and positive.sum() == 0x7DFF  # 1 .. 0x7DFF
+
+
+def test_int4_matrix_keeps_bf16_scales_and_checks_them_as_before():
+    packed = np.zeros((2, 4), np.int32)
+    scales = np.array([[0.5], [-2.0]], ml_dtypes.bfloat16)  # a negative scale is a value, not an error, here
+    w = Int4Matrix.of(packed, scales, 32, name="x")
+    assert w.scales is scales
+    assert Int4Matrix.of(packed, scales.astype(np.float16), 32).scales.dtype == np.float32
+    for bad in (np.nan, -np.inf, 3e38):
+        scales[1, 0] = bad
+        with pytest.raises(StepperError, match=r"x: 1 group scale\(s\) are not finite .* at \[1, 0\]"):
+            Int4Matrix.of(packed, scales, 32, name="x")
 
 
 def test_quantize_chooses_largest_over_7_5_and_rounds_to_nearest():
@@ -106,8 +135,20 @@ def test_tiled_products_match_the_dense_product(tokens):
 
 def test_rows_decoded_for_the_cache_are_the_readable_dequantization_bit_for_bit():
     w = int4_weight(70, 256, seed=2)
-    np.testing.assert_array_equal(int4_rows(w), w.dequantize())
-    np.testing.assert_array_equal(float32_weight(w), w.dequantize())
+    assert w.scales.dtype == ml_dtypes.bfloat16  # as quantize_int4 (and a checkpoint) gives them
+    for weight in (w, replace(w, scales=w.scales.astype(np.float32))):
+        np.testing.assert_array_equal(int4_rows(weight), w.dequantize())
+        np.testing.assert_array_equal(float32_weight(weight), w.dequantize())
+
+
+@pytest.mark.parametrize("tokens", [1, 7, 300])
+def test_bf16_scales_widened_in_the_tiles_give_the_float32_scales_products_bit_for_bit(tokens):
+    w = int4_weight(200, 320, seed=4)  # 200 rows: whole tiles and a short one
+    widened = replace(w, scales=w.scales.astype(np.float32))  # ml_dtypes' cast, the way the scales were kept before
+    x = np.random.default_rng(5).standard_normal((tokens, 320), dtype=np.float32)
+    np.testing.assert_array_equal(int4_products(x, [w])[0], int4_products(x, [widened])[0])
+    tile = np.empty((8, 32, 40), np.float32)  # [planes, rows, in/8]
+    np.testing.assert_array_equal(decode_tile(w, 64, 96, tile), decode_tile(widened, 64, 96, tile.copy()))
 
 
 def test_a_learners_dequantize_runs_in_every_product():

@@ -2,6 +2,7 @@
 the dense product, the helpers really used, and the bands cut in whole tiles."""
 
 import itertools
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -89,3 +90,22 @@ def test_tiles_from_both_ends_give_every_row_whichever_side_takes_them(checkpoin
     assert not fp8_workers._broken and fp8_workers.helpers()[0].bands_done == 1
     exact = x.astype(np.float64) @ w.dequantize().astype(np.float64).T
     assert np.abs(y - exact).max() <= 2e-6 * np.abs(exact).max()
+
+
+@pytest.mark.parametrize("held", ["file", "bf16 copy", "float32"])
+@pytest.mark.parametrize("tokens", [1, 6, 300])
+def test_scales_read_by_the_helper_from_the_file_or_the_scratch_give_the_products_made_here(
+        checkpoint, shared, monkeypatch, tokens, held):
+    w = checkpoint.matrix(EXPERT)
+    assert w.scales.dtype.name == "bfloat16"  # kept as the checkpoint stores them
+    shard = checkpoint.shard_of(EXPERT.replace(".weight", ".weight_scale"))
+    assert fp8_workers.scales_in_file(w) == shard.data_range(EXPERT.replace(".weight", ".weight_scale"))[0]
+    if held != "file":  # the same values held in memory: sent through the scratch
+        w = replace(w, scales=w.scales.copy() if held == "bf16 copy" else w.scales.astype(np.float32))
+        assert fp8_workers.scales_in_file(w) is None
+    x = np.random.default_rng(tokens).standard_normal((tokens, w.shape[1])).astype(np.float32)
+    monkeypatch.setattr(fp8_workers, "from_the_front", this_process_takes_none)  # few tokens: every tile the helper's
+    y = linear(x, w)
+    assert not fp8_workers._broken and fp8_workers.helpers()[0].bands_done == 1
+    here = replace(w, scales=w.scales.astype(np.float32), origin=None)  # no file: this process's threads
+    np.testing.assert_array_equal(y, linear(x, here))
