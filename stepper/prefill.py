@@ -33,7 +33,18 @@ from stepper import catalog
 from stepper.model.cache import KVCache, LayerCache
 from stepper.seams.trace import Emitter, Event
 from stepper.tensors.chunked import Chunked
-from stepper.tensors.statistics import BINS, CORNER, Gather, bin_counts, bin_known, chunks, corners, edges
+from stepper.tensors.statistics import (
+    BINS,
+    CORNER,
+    Gather,
+    bin_counts,
+    bin_known,
+    chunks,
+    corners,
+    count_held,
+    edges,
+    gather_held,
+)
 from stepper.tensors.tensor import Figures, held, mib
 from stepper.tensors.tiled import Tiled
 
@@ -231,14 +242,12 @@ class Part:
             self.end(array)
             return
         before = self.span
-        for values in chunks(array):
-            self.gather.add(values)
+        self.gather.merge(gather_held(array))
         self.span = self.gather.span()
         if self.span != before:  # the counts so far are against another range: the chunks before are replayed
             self.counts[:], self.since = 0, k
         if self.span is not None:
-            for values in chunks(array):
-                self.counts += bin_counts(values, self.span, BINS)
+            self.counts += count_held(array, self.span, BINS)
         self.end(array)
 
     def begin(self, k: int) -> None:
@@ -300,6 +309,9 @@ class Part:
 
     def count(self, array: np.ndarray | Tiled) -> None:
         """A replayed chunk's tensor: its histogram counts, the range known."""
+        if held(array):
+            self.counts += count_held(array, edges(self.stats), BINS)
+            return
         for values in chunks(array):
             self.counts += bin_counts(values, edges(self.stats), BINS)
 

@@ -39,6 +39,7 @@ KEY_TILE = 512  # keys per tile, before a short query tile widens it
 QUERY_TILE = 256  # queries of one head per tile
 WHOLE_SCORES = 1 << 22  # up to this many scores [B, H, T, S], attention runs on whole arrays
 KEPT_ROW_BYTES = 1 << 26  # rows of scores kept for the next to ask (`Operands.rows`): 64 MB
+SHARED_ROWS = 64  # query rows of each core's share of a tile of rows (`every_core_scores`), at least
 
 
 def shared_matmul(x: np.ndarray, shared: np.ndarray) -> np.ndarray:
@@ -147,7 +148,7 @@ class KeptRows:
             if found is not None and found[0]() is ops:
                 self.kept.move_to_end(key)
                 return found[1]
-        rows = ops.scores(heads, queries, slice(0, ops.shape[3]))
+        rows = every_core_scores(ops, heads, queries)
         rows.flags.writeable = False
         with self.lock:
             for gone in [k for k, (owner, _) in self.kept.items() if owner() is None]:
@@ -159,6 +160,25 @@ class KeptRows:
 
 
 _kept_rows = KeptRows()
+
+
+def every_core_scores(ops: Operands, heads: slice, queries: slice) -> np.ndarray:
+    """ops.scores of some heads and queries over every key, the queries shared out across the
+    cores, a product each (the same values: each score is one row's product either way).
+    -> [B, H, T, S] cut to those heads and queries"""
+    keys = slice(0, ops.shape[3])
+    shares = min(parallel.cores(), (queries.stop - queries.start) // SHARED_ROWS)
+    if shares <= 1:
+        return ops.scores(heads, queries, keys)
+    bounds = [queries.start + (queries.stop - queries.start) * k // shares for k in range(shares + 1)]
+    parts: list[np.ndarray] = [np.empty(0)] * shares
+
+    def run(share: Sequence[int]) -> None:
+        for k in share:
+            parts[k] = ops.scores(heads, slice(bounds[k], bounds[k + 1]), keys)  # [B, h, t_k, S]
+
+    parallel.split(range(shares), run)
+    return np.concatenate(parts, axis=2)  # [B, h, t, S]
 
 
 def mask_tile(mask: np.ndarray, heads: slice, queries: slice, keys: slice) -> np.ndarray:
