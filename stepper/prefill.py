@@ -26,6 +26,8 @@ chunk's: the cache of every position.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from functools import cache
 
 import numpy as np
 
@@ -150,7 +152,9 @@ class Gathered:
     """Sink of the chunks' events: each wanted name's `Part`, in the order the names first come.
     Tensors made a tile at a time (`Tiled`) wait for the next event: the attention's scores and
     weights come one after the other, the same tiles, and are gathered together (`flush`), so
-    each tile's scores, kept a while by the attention, are made once for both."""
+    each tile's scores, kept a while by the attention, are made once for both; the weights'
+    blocks on another thread (`_beside`) while this one gathers the scores' (the passes release
+    the GIL), each tensor's blocks still in order."""
 
     def __init__(self, outer: Emitter, masked: Mapping[str, float]):
         self.outer, self.masked = outer, masked
@@ -179,14 +183,30 @@ class Gathered:
             return
         for part, _ in waiting:
             part.begin(self.chunk)
+        first, others, taking = waiting[0][0], [part for part, _ in waiting[1:]], None
         for blocks in zip(*(chunks(tiled) for _, tiled in waiting)):
-            for (part, _), values in zip(waiting, blocks):
-                part.take(values, self.chunk)
+            if taking is not None:
+                taking.result()  # the others' blocks before, each part's blocks in order
+            taking = _beside().submit(take_each, others, blocks[1:], self.chunk)
+            first.take(blocks[0], self.chunk)
+        if taking is not None:
+            taking.result()
         for part, tiled in waiting:
             part.end(tiled)
 
     def progress(self, task: str, done: int, total: int) -> None:
         self.outer.progress(task, done, total)
+
+
+def take_each(parts: list[Part], blocks: tuple[np.ndarray, ...], k: int) -> None:
+    for part, values in zip(parts, blocks):
+        part.take(values, k)
+
+
+@cache
+def _beside() -> ThreadPoolExecutor:
+    """The thread that gathers the other tiled tensors' blocks while the caller gathers the first's."""
+    return ThreadPoolExecutor(1, thread_name_prefix="stepper-gather")
 
 
 class Counted(Exception):

@@ -237,9 +237,10 @@ class Buckets:
         square, high = scratch("square", n, np.float64), scratch("high", n, np.float64)
         small = scratch("small", n, np.bool_)
         least = np.float32(2.0 ** (unit + FLOAT32_BITS - 1))  # 0 below the subnormals: then none is smaller
-        np.less(np.abs(values, out=scratch("magnitude", n, np.float32)), least, out=small)  # bits below 2**unit
+        magnitude = np.abs(values, out=scratch("magnitude", n, np.float32))
+        np.logical_and(np.less(magnitude, least, out=small), magnitude, out=small)  # bits below 2**unit; zeros are not
         if np.any(small):
-            self.add_tail(values[small])  # zeros among them add nothing
+            self.add_tail(values[small])
             near = scratch("near", n, np.float32)
             np.copyto(near, values)
             np.copyto(near, np.float32(0), where=small)
