@@ -90,15 +90,26 @@ def test_the_window_sums_are_exact_at_their_bounds(monkeypatch, part):
     assert (Fraction(total, 2**EXACT_SHIFT), Fraction(squares, 2**EXACT_SHIFT)) == exact(values)
 
 
-def test_gathers_merged_equal_one_gather_of_every_chunk():
-    """Part of a held array's chunks gathered apart (each core's) and merged: the same figures."""
+def test_gathers_merged_equal_one_gather_of_every_chunk(monkeypatch):
+    """Part of a held array's chunks gathered apart (each core's) and merged: the same figures,
+    and the same histogram counts."""
     values = wide_float32(np.random.default_rng(8), 6000)
     values[17], values[18] = np.nan, -np.inf
     one, first, second = gathered(values, 1000), gathered(values[:2000], 1000), gathered(values[2000:], 1000)
     first.merge(second)
     assert first.stats() == one.stats() and exact_totals(first) == exact_totals(one) == exact(values)
+    from stepper.kernels import parallel
+
+    monkeypatch.setattr(statistics, "CHUNK", 256)  # 24 chunks, shared out across 2 cores
+    monkeypatch.setattr(parallel, "cores", lambda: 2)
+    kept = statistics.every_core(statistics.chunks(values.reshape(3, 2000)), values.size, list, list.append)
+    assert len(kept) == 2  # one accumulator per core, every chunk taken by one of them once
+    assert sorted(c.tobytes() for c in kept[0] + kept[1]) == sorted(c.tobytes() for c in statistics.chunks(values))
     merged = statistics.gather_held(values.reshape(3, 2000))
     assert merged.stats() == one.stats() and exact_totals(merged) == exact(values)
+    span = (-1e30, 1e30)
+    np.testing.assert_array_equal(statistics.count_held(values.reshape(3, 2000), span, 16),
+                                  np.histogram(values[np.isfinite(values)].astype(np.float64), 16, span)[0])
 
 
 def exact_totals(gather: Gather) -> tuple[Fraction, Fraction]:
