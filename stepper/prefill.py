@@ -26,6 +26,8 @@ chunk's: the cache of every position.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from functools import cache
 
 import numpy as np
 
@@ -33,7 +35,18 @@ from stepper import catalog
 from stepper.model.cache import KVCache, LayerCache
 from stepper.seams.trace import Emitter, Event
 from stepper.tensors.chunked import Chunked
-from stepper.tensors.statistics import BINS, CORNER, Gather, bin_counts, bin_known, chunks, corners, edges
+from stepper.tensors.statistics import (
+    BINS,
+    CORNER,
+    Gather,
+    bin_counts,
+    bin_known,
+    chunks,
+    corners,
+    count_held,
+    edges,
+    gather_held,
+)
 from stepper.tensors.tensor import Figures, held, mib
 from stepper.tensors.tiled import Tiled
 
@@ -139,7 +152,9 @@ class Gathered:
     """Sink of the chunks' events: each wanted name's `Part`, in the order the names first come.
     Tensors made a tile at a time (`Tiled`) wait for the next event: the attention's scores and
     weights come one after the other, the same tiles, and are gathered together (`flush`), so
-    each tile's scores, kept a while by the attention, are made once for both."""
+    each tile's scores, kept a while by the attention, are made once for both; the weights'
+    blocks on another thread (`_beside`) while this one gathers the scores' (the passes release
+    the GIL), each tensor's blocks still in order."""
 
     def __init__(self, outer: Emitter, masked: Mapping[str, float]):
         self.outer, self.masked = outer, masked
@@ -168,14 +183,30 @@ class Gathered:
             return
         for part, _ in waiting:
             part.begin(self.chunk)
+        first, others, taking = waiting[0][0], [part for part, _ in waiting[1:]], None
         for blocks in zip(*(chunks(tiled) for _, tiled in waiting)):
-            for (part, _), values in zip(waiting, blocks):
-                part.take(values, self.chunk)
+            if taking is not None:
+                taking.result()  # the others' blocks before, each part's blocks in order
+            taking = _beside().submit(take_each, others, blocks[1:], self.chunk)
+            first.take(blocks[0], self.chunk)
+        if taking is not None:
+            taking.result()
         for part, tiled in waiting:
             part.end(tiled)
 
     def progress(self, task: str, done: int, total: int) -> None:
         self.outer.progress(task, done, total)
+
+
+def take_each(parts: list[Part], blocks: tuple[np.ndarray, ...], k: int) -> None:
+    for part, values in zip(parts, blocks):
+        part.take(values, k)
+
+
+@cache
+def _beside() -> ThreadPoolExecutor:
+    """The thread that gathers the other tiled tensors' blocks while the caller gathers the first's."""
+    return ThreadPoolExecutor(1, thread_name_prefix="stepper-gather")
 
 
 class Counted(Exception):
@@ -231,14 +262,12 @@ class Part:
             self.end(array)
             return
         before = self.span
-        for values in chunks(array):
-            self.gather.add(values)
+        self.gather.merge(gather_held(array))
         self.span = self.gather.span()
         if self.span != before:  # the counts so far are against another range: the chunks before are replayed
             self.counts[:], self.since = 0, k
         if self.span is not None:
-            for values in chunks(array):
-                self.counts += bin_counts(values, self.span, BINS)
+            self.counts += count_held(array, self.span, BINS)
         self.end(array)
 
     def begin(self, k: int) -> None:
@@ -300,6 +329,9 @@ class Part:
 
     def count(self, array: np.ndarray | Tiled) -> None:
         """A replayed chunk's tensor: its histogram counts, the range known."""
+        if held(array):
+            self.counts += count_held(array, edges(self.stats), BINS)
+            return
         for values in chunks(array):
             self.counts += bin_counts(values, edges(self.stats), BINS)
 

@@ -39,6 +39,8 @@ KEY_TILE = 512  # keys per tile, before a short query tile widens it
 QUERY_TILE = 256  # queries of one head per tile
 WHOLE_SCORES = 1 << 22  # up to this many scores [B, H, T, S], attention runs on whole arrays
 KEPT_ROW_BYTES = 1 << 26  # rows of scores kept for the next to ask (`Operands.rows`): 64 MB
+SHARED_ROWS = 256  # query rows of a block of a tile of rows shared out across the cores (`every_core_scores`)
+FEWEST_SHARED_ROWS = 32  # fewer query rows than twice this: one product
 
 
 def shared_matmul(x: np.ndarray, shared: np.ndarray) -> np.ndarray:
@@ -147,7 +149,7 @@ class KeptRows:
             if found is not None and found[0]() is ops:
                 self.kept.move_to_end(key)
                 return found[1]
-        rows = ops.scores(heads, queries, slice(0, ops.shape[3]))
+        rows = every_core_scores(ops, heads, queries)
         rows.flags.writeable = False
         with self.lock:
             for gone in [k for k, (owner, _) in self.kept.items() if owner() is None]:
@@ -159,6 +161,31 @@ class KeptRows:
 
 
 _kept_rows = KeptRows()
+
+
+def every_core_scores(ops: Operands, heads: slice, queries: slice) -> np.ndarray:
+    """ops.scores of some heads and queries over every key, in blocks of at most SHARED_ROWS
+    queries shared out across the cores, each block's product stopping at the last key its queries may
+    attend (past it: -inf, as the causal mask makes it). The same values: each score is one
+    row's product either way. -> [B, H, T, S] cut to those heads and queries"""
+    B, _, _, S = ops.shape
+    t = queries.stop - queries.start
+    if t < 2 * FEWEST_SHARED_ROWS or parallel.cores() == 1:
+        return ops.scores(heads, queries, slice(0, S))
+    size = min(SHARED_ROWS, -(-t // parallel.cores()))  # queries of a block: at least one block per core
+    rows = np.full((B, len(range(*heads.indices(ops.shape[1]))), t, S), -np.inf, np.float32)
+    starts = list(range(queries.start, queries.stop, size))
+    starts = [start for pair in zip(starts, starts[::-1]) for start in pair][:len(starts)]  # short and long in turn
+
+    def run(share: Sequence[int]) -> None:
+        for start in share:
+            block = slice(start, min(start + size, queries.stop))
+            last = ops.last_key(block)
+            rows[:, :, block.start - queries.start:block.stop - queries.start, :last] = ops.scores(
+                heads, block, slice(0, last))  # [B, h, size, last]
+
+    parallel.split(starts, run)
+    return rows
 
 
 def mask_tile(mask: np.ndarray, heads: slice, queries: slice, keys: slice) -> np.ndarray:

@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from fractions import Fraction
 from functools import cache, lru_cache
+from typing import Any
 
 import numpy as np
 
-from stepper.kernels import cpu_caches
+from stepper.kernels import cpu_caches, parallel
 
 BINS = 16  # the bins of a sparkline's histogram
 CORNER = 3  # values of each corner
@@ -22,9 +23,7 @@ CHUNK = 1 << 17  # values gathered at once (1 MB of float64: the passes over a c
 MIN_EXPONENT = -1073  # the smallest exponent np.frexp gives a float64 (subnormals included)
 EXACT_SHIFT = 1 - MIN_EXPONENT  # exact sums count units of 2**-EXACT_SHIFT (the smallest subnormal's)
 WINDOW = 40  # bits of each value summed at once: 2**20 values of 2**40 stay below 2**63
-EXPONENTS = 4096  # a float64's sign and biased exponent: the buckets of `Buckets`
-FLUSH = 1 << 28  # values a bucket takes before its sum is moved to integers: 2**28 of 25 bits stay below 2**53
-HIGH_24 = np.uint64(~((1 << 29) - 1) & (2**64 - 1))  # a float64's sign, exponent and first 24 significant bits
+FLOAT32_BITS = 24  # significant bits of a float32: one of magnitude at least 2**(unit + 23) is a multiple of 2**unit
 
 
 @dataclass(frozen=True)
@@ -62,6 +61,44 @@ def chunks(array) -> Iterator[np.ndarray]:
             yield np.asarray(flat[start:start + CHUNK], dtype=wide)
 
 
+def gather_held(array) -> Gather:
+    """The figures of a held array, its chunks shared out across the cores (`every_core`), each
+    core's gathered apart and merged: the same figures as one Gather in C order."""
+    gathers = every_core(chunks(array), math.prod(array.shape), Gather, Gather.add)
+    for other in gathers[1:]:
+        gathers[0].merge(other)
+    return gathers[0]
+
+
+def count_held(array, span: tuple[float, float], bins: int) -> np.ndarray:
+    """bin_counts of a held array, its chunks shared out across the cores. -> int64 [bins]"""
+    def take(counts: np.ndarray, values: np.ndarray) -> None:
+        counts += bin_counts(values, span, bins)
+
+    return sum(every_core(chunks(array), math.prod(array.shape), lambda: np.zeros(bins, np.int64), take))
+
+
+def every_core(blocks: Iterator[np.ndarray], size: int, start: Callable[[], Any],
+               take: Callable[[Any, np.ndarray], object]) -> list:
+    """An accumulator per core (`start()`), each taking the next of `blocks` (of `size` values in
+    all) while there is one: the passes over a block release the GIL, so the cores work side by
+    side; only the handing out is one at a time. -> the accumulators"""
+    kept = [start() for _ in range(max(1, min(parallel.cores(), size // CHUNK)))]
+    lock = threading.Lock()
+
+    def run(share: Sequence[int]) -> None:
+        for k in share:
+            while True:
+                with lock:
+                    block = next(blocks, None)
+                if block is None:
+                    break
+                take(kept[k], block)
+
+    parallel.split(range(len(kept)), run)
+    return kept
+
+
 def pieces(array: np.ndarray) -> Iterator[np.ndarray]:
     """An array in C order as runs along its first axis of at most CHUNK values (or one
     contiguous run), so a strided view (q_nope of q) is never copied whole."""
@@ -87,7 +124,7 @@ class Gather:
         self.lo, self.hi, self.absmax = math.inf, -math.inf, 0.0
         self.nan = self.inf = self.pos_inf = self.finite = 0
         self.total = self.squares = 0  # exact, in units of 2**-EXACT_SHIFT
-        self.buckets = Buckets()  # float32 values' sums not yet in total and squares
+        self.sums = Float32Sums()  # the float32 values' sums
 
     def add(self, values: np.ndarray) -> np.ndarray:
         """values: float32 or float64 [n], at most CHUNK of them. -> the finite ones, which the
@@ -101,11 +138,19 @@ class Gather:
             self.lo, self.hi = min(self.lo, float(lo)), max(self.hi, float(hi))
             self.absmax = max(self.absmax, -float(lo), float(hi))
             if values.dtype == np.float32:
-                self.buckets.add(values)
+                self.sums.add(values, max(-float(lo), float(hi)))
             else:
                 self.total += exact_sum(values)
                 self.squares += exact_sum(np.square(values))
         return values
+
+    def merge(self, other: Gather) -> None:
+        """The figures of another's values too (as if added here: every figure is order-free)."""
+        self.lo, self.hi, self.absmax = min(self.lo, other.lo), max(self.hi, other.hi), max(self.absmax, other.absmax)
+        self.nan, self.inf, self.pos_inf = self.nan + other.nan, self.inf + other.inf, self.pos_inf + other.pos_inf
+        self.finite += other.finite
+        total, squares = other.sums.exact()
+        self.total, self.squares = self.total + other.total + total, self.squares + other.squares + squares
 
     def span(self) -> tuple[float, float] | None:
         """The range a histogram of the values so far spans (`edges`); None before a finite one."""
@@ -139,7 +184,7 @@ class Gather:
     def stats(self) -> Stats:
         if self.finite == 0:
             return no_finite(self.nan, self.inf)
-        total, squares = self.buckets.exact()
+        total, squares = self.sums.exact()
         n, unit = self.finite, Fraction(1, 2**EXACT_SHIFT)
         total, squares = (self.total + total) * unit, (self.squares + squares) * unit
         variance = max(Fraction(0), (squares - total * total / n) / n)
@@ -147,66 +192,92 @@ class Gather:
                      sum=float(total), nan=self.nan, inf=self.inf, finite=n)
 
 
-class Buckets:
-    """Exact sums of finite float32 values and of their squares, a bucket per float64 sign and exponent.
+class Float32Sums:
+    """Exact sums of finite float32 values and of their squares, in units of 2**-EXACT_SHIFT.
 
-    A float32 value has 24 significant bits, so the values of one exponent are multiples of one
-    unit below 2**25 of it: 2**28 of them sum exactly in float64, in any order (np.bincount sums
-    them). A square, exact in float64, has 48: it is split into its first 24 bits and the rest
-    (each exact, each bucketed by its own exponent). The bucket sums move to exact integers
-    (`exact`) before they could round."""
+    A part of n values below 2**E in magnitude: those of magnitude at least 2**(E - window + 23)
+    (`window_of`: window = 53 - log2(n), 38 bits for parts of 2**15) are multiples of
+    2**(E - window), so their float64 sum is exact in any order, one pass; their squares, exact in
+    float64, span 2 * window bits, so each is cut into a part rounded to multiples of
+    2**(2E - window) and the rest, two exact sums again. The far smaller ones (few, but for the
+    softmax's weights, which span many binades) wait until a part's worth has come, then make a
+    part of their own with their own E: at least 13 binades lower each time, down to the subnormals."""
 
     def __init__(self) -> None:
-        self.sums = np.zeros((3, EXPONENTS))  # the values', the squares' first 24 bits', the rest's
-        self.pending = 0  # values in the sums
-        self.total = self.squares = 0  # what was moved out of the sums, in units of 2**-EXACT_SHIFT
+        self.total = self.squares = 0
+        self.smaller: list[np.ndarray] = []  # far smaller values waiting for a part of their own (`later`)
+        self.waiting = 0  # how many
 
-    def add(self, values: np.ndarray) -> None:
-        """values: finite float32 [n], n <= CHUNK, summed in_cache() values at a time."""
-        if self.pending + values.size > FLUSH:
-            self.exact()
+    def add(self, values: np.ndarray, top: float | None = None) -> None:
+        """values: finite float32 [n], n <= CHUNK, summed in_cache() values at a time; top: their
+        largest magnitude, if known."""
+        top = float(np.max(np.abs(values), initial=0.0)) if top is None else top
+        if top == 0.0:  # zeros add nothing
+            return
         step = in_cache()
         for start in range(0, values.size, step):
-            self.add_part(values[start : start + step])
-        self.pending += values.size
+            self.add_part(values[start : start + step], top)
 
-    def add_part(self, values: np.ndarray) -> None:
-        """Every pass writes into memory kept from one call to the next (`scratch`): fresh arrays
-        of a chunk's size fault their pages in at every call, which cost ten times the arithmetic
-        here. The four arrays of a part fit in the L2 with room to spare."""
+    def add_part(self, values: np.ndarray, top: float) -> None:
+        """The values near the largest (`window_of`) are summed, and so are their squares' two
+        halves, by float64 sums that are exact; the far smaller ones make a part of their own.
+        Every pass writes into memory kept from one call to the next (`scratch`): fresh arrays of
+        a chunk's size fault their pages in at every call, which cost ten times the arithmetic here."""
         n = values.size
-        wide, high, low = (scratch(use, n, np.float64) for use in ("wide", "high", "low"))
-        indices = scratch("indices", n, np.int64)
-        np.copyto(wide, values)  # exact
-        np.multiply(wide, wide, out=low)  # the squares, exact
-        np.bitwise_and(low.view(np.uint64), HIGH_24, out=high.view(np.uint64))  # their first 24 bits
-        np.subtract(low, high, out=low)  # the rest, exact
-        for row, part in zip(self.sums, (wide, high, low)):
-            row += np.bincount(exponents(part, out=indices), weights=part, minlength=EXPONENTS)
+        unit, window = window_of(top, n)
+        wide, square, high = (scratch(use, n, np.float64) for use in ("wide", "square", "high"))
+        small = scratch("small", n, np.bool_)
+        np.copyto(wide, values)  # exact (and normal: no subnormal float64 arithmetic, which is slow)
+        magnitude = np.abs(wide, out=square)
+        np.logical_and(np.less(magnitude, 2.0 ** (unit + FLOAT32_BITS - 1), out=small), magnitude, out=small)
+        where = np.flatnonzero(small)  # the values with bits below 2**unit (zeros have none)
+        smaller = values.take(where) if where.size else None  # a copy: the scratch is the next part's
+        wide.put(where, 0.0)
+        self.total += units(float(wide.sum()))  # multiples of 2**unit below 2**(unit + 53): exact
+        np.multiply(wide, wide, out=square)  # exact: multiples of 2**(2 * unit) below 2**(2 * E)
+        bound = 1.5 * 2.0 ** (2 * unit + window + 52)
+        np.subtract(np.add(square, bound, out=high), bound, out=high)  # rounded to multiples of 2**(2 * unit + window)
+        np.subtract(square, high, out=square)  # the rest, exact: multiples of 2**(2 * unit), at most half that unit
+        self.squares += units(float(high.sum())) + units(float(square.sum()))  # each below 2**53 of its unit: exact
+        if smaller is not None:
+            self.later(smaller)  # last: a part of them uses the same scratch
+
+    def later(self, values: np.ndarray) -> None:
+        """Far smaller values [n], kept until a part's worth has come: then a part of their own."""
+        self.smaller.append(values)
+        self.waiting += values.size
+        if self.waiting >= in_cache():
+            self.add_smaller()
+
+    def add_smaller(self) -> None:
+        while self.smaller:  # a part of small ones may leave smaller ones still
+            values = np.concatenate(self.smaller)
+            self.smaller, self.waiting = [], 0
+            self.add(values)
 
     def exact(self) -> tuple[int, int]:
         """-> the sum of the values and of their squares so far, in units of 2**-EXACT_SHIFT"""
-        values, high, low = (sum(map(units, row[row != 0].tolist())) for row in self.sums)
-        self.total, self.squares = self.total + values, self.squares + high + low
-        self.sums[:], self.pending = 0.0, 0
+        self.add_smaller()
         return self.total, self.squares
 
 
-def exponents(values: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """The sign and biased exponent of each float64 [n] (12 bits), as bincount's indices (int64
-    [n], into `out` if given)."""
-    out = np.empty(values.shape, np.int64) if out is None else out
-    np.right_shift(values.view(np.uint64), np.uint64(52), out=out.view(np.uint64))
-    return out
+def window_of(top: float, n: int) -> tuple[int, int]:
+    """For n float32 values of magnitude at most `top`: the unit 2**unit of which the ones at
+    most 2**(window - 24) times smaller than 2**E (|values| < 2**E) are multiples, and `window`,
+    the bits n float64 multiples of it below 2**E leave for their sum: n * 2**E <= 2**(unit + 53),
+    so their float64 sum is exact in any order. -> (unit, window), window <= 51"""
+    bits = max(2, (n - 1).bit_length())  # n <= 2**bits
+    window = 53 - bits
+    return math.frexp(top)[1] - window, window
 
 
 _kept = threading.local()
-PART_BYTES = 4 * 8 * 2  # bytes per value of Buckets.add_part's arrays (four of 8 bytes), and as much again free
+PART_BYTES = 64  # bytes per value a part may take of the L2 (Float32Sums.add_part's arrays take 25), and room
 
 
 @cache
 def in_cache() -> int:
-    """Values Buckets.add_part takes at once: a power of two whose arrays fit the L2 the machine
+    """Values Float32Sums.add_part takes at once: a power of two whose arrays fit the L2 the machine
     reports (cpu_caches), 2^12 to CHUNK."""
     fit = cpu_caches.l2_bytes() // PART_BYTES
     return max(1 << 12, min(CHUNK, 1 << (fit.bit_length() - 1)))

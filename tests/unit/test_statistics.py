@@ -38,7 +38,7 @@ def gathered(values: np.ndarray, chunk: int) -> Gather:
 def test_float32_sums_and_squares_are_exact_over_the_whole_range(seed):
     values = wide_float32(np.random.default_rng(seed), 3000)
     gather = gathered(values, 1000)
-    total, squares = gather.buckets.exact()
+    total, squares = gather.sums.exact()
     want_total, want_squares = exact(values)
     assert Fraction(total, 2**EXACT_SHIFT) == want_total
     assert Fraction(squares, 2**EXACT_SHIFT) == want_squares
@@ -65,18 +65,56 @@ def test_float32_figures_equal_float64_ones_and_do_not_depend_on_the_split():
     assert whole.std == pytest.approx(float(want_squares / n - (want_total / n) ** 2) ** 0.5, rel=1e-15)
 
 
-def test_the_buckets_move_to_integers_before_a_float64_sum_could_round(monkeypatch):
-    """2**28 values of one exponent fill a bucket's 53 bits: FLUSH small, the same sums."""
-    values = np.full(4096, np.float32(1 - 2.0**-24))  # 24 bits set: the squares' both halves too
-    values[::2] = np.float32(1.5)
-    want = gathered(values, 512).stats()
-    monkeypatch.setattr(statistics, "FLUSH", 600)
-    gather = gathered(values, 512)
-    assert gather.buckets.pending <= 600
-    assert gather.stats() == want
-    total, squares = gather.buckets.exact()
-    want_total, want_squares = exact(values)
-    assert (Fraction(total, 2**EXACT_SHIFT), Fraction(squares, 2**EXACT_SHIFT)) == (want_total, want_squares)
+@pytest.mark.parametrize("part", [4, 64, 4096])
+def test_the_window_sums_are_exact_at_their_bounds(monkeypatch, part):
+    """Parts of n values below 2**E (Float32Sums.add_part): full 24-bit significands just below
+    2**E, whose sums fill the window's 53 bits; the window's lower edge 2**(unit + 23) and its
+    neighbours; squares whose rest is exactly half the rounding unit (a tie); the far smaller
+    values, part after part, down to the subnormals; zeros."""
+    monkeypatch.setattr(statistics, "in_cache", lambda: part)
+    rng = np.random.default_rng(7)
+    top = np.float32(2.0**10) * np.float32(1 - 2.0**-24)  # every bit set: E = 10
+    unit, window = statistics.window_of(float(top), part)
+    edge = np.float32(2.0 ** (unit + 23))
+    cut = 2 * unit + window  # the squares' high part: multiples of 2**cut
+    ties = [np.float32(2.0**e * (1 + 2.0**-b)) for e in range(unit + 23, 10) for b in range(1, 24)
+            if Fraction(2.0**e * (1 + 2.0**-b)) ** 2 % Fraction(2) ** cut == Fraction(2) ** (cut - 1)]
+    assert ties  # such squares exist at this window
+    pool = np.array([top, -top, edge, -edge, np.nextafter(edge, np.float32(0)), np.nextafter(edge, np.float32(np.inf)),
+                     TINY, -TINY, np.float32(2.0**-126), np.float32(3e-30), 0.0, *ties], np.float32)
+    full = (rng.integers(2**23, 2**24, 3 * part) * 2.0 ** (rng.integers(unit, 10 - 23, 3 * part))).astype(np.float32)
+    values = np.concatenate([rng.choice(pool, 3 * part), full * rng.choice([-1, 1], 3 * part)]).astype(np.float32)
+    values[0] = top  # each chunk's largest: top (chunks of 2 * part values, the first of each)
+    values[2 * part::2 * part] = top
+    total, squares = gathered(values, 2 * part).sums.exact()
+    assert (Fraction(total, 2**EXACT_SHIFT), Fraction(squares, 2**EXACT_SHIFT)) == exact(values)
+
+
+def test_gathers_merged_equal_one_gather_of_every_chunk(monkeypatch):
+    """Part of a held array's chunks gathered apart (each core's) and merged: the same figures,
+    and the same histogram counts."""
+    values = wide_float32(np.random.default_rng(8), 6000)
+    values[17], values[18] = np.nan, -np.inf
+    one, first, second = gathered(values, 1000), gathered(values[:2000], 1000), gathered(values[2000:], 1000)
+    first.merge(second)
+    assert first.stats() == one.stats() and exact_totals(first) == exact_totals(one) == exact(values)
+    from stepper.kernels import parallel
+
+    monkeypatch.setattr(statistics, "CHUNK", 256)  # 24 chunks, shared out across 2 cores
+    monkeypatch.setattr(parallel, "cores", lambda: 2)
+    kept = statistics.every_core(statistics.chunks(values.reshape(3, 2000)), values.size, list, list.append)
+    assert len(kept) == 2  # one accumulator per core, every chunk taken by one of them once
+    assert sorted(c.tobytes() for c in kept[0] + kept[1]) == sorted(c.tobytes() for c in statistics.chunks(values))
+    merged = statistics.gather_held(values.reshape(3, 2000))
+    assert merged.stats() == one.stats() and exact_totals(merged) == exact(values)
+    span = (-1e30, 1e30)
+    np.testing.assert_array_equal(statistics.count_held(values.reshape(3, 2000), span, 16),
+                                  np.histogram(values[np.isfinite(values)].astype(np.float64), 16, span)[0])
+
+
+def exact_totals(gather: Gather) -> tuple[Fraction, Fraction]:
+    total, squares = gather.sums.exact()
+    return Fraction(gather.total + total, 2**EXACT_SHIFT), Fraction(gather.squares + squares, 2**EXACT_SHIFT)
 
 
 def edge_values(span: tuple[float, float], bins: int) -> np.ndarray:
@@ -116,11 +154,11 @@ def test_chunks_are_float32_where_that_is_exact_and_float64_elsewhere():
 
 
 def test_chunks_summed_in_parts_sized_to_the_cache_stay_exact(monkeypatch):
-    """Buckets.add cuts a chunk into parts of in_cache() values (from the L2); parts of 64 here,
+    """Float32Sums.add cuts a chunk into parts of in_cache() values (from the L2); parts of 64 here,
     so a chunk of 1000 is 16 parts, the last one short, each through the kept scratch memory."""
     monkeypatch.setattr(statistics, "in_cache", lambda: 64)
     values = wide_float32(np.random.default_rng(5), 3000)
-    total, squares = gathered(values, 1000).buckets.exact()
+    total, squares = gathered(values, 1000).sums.exact()
     assert (Fraction(total, 2**EXACT_SHIFT), Fraction(squares, 2**EXACT_SHIFT)) == exact(values)
 
 
