@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
-# MKL is given the products of weights of at least this many inputs: a full-size layer's (7168, 2048, 1536...).
+# MKL is given products over at least this many inputs: a full-size layer's (7168, 2048, 1536...).
 # The built-in tiny models' are all shorter, so their tensors, the README's examples, the lessons'
 # answers and the fixtures stay the same whichever BLAS the machine has.
 MKL_FROM_INPUTS = 1024
@@ -34,22 +34,13 @@ SEQUENTIAL = 1  # MKL_THREADING_SEQUENTIAL
 CHOICE = "STEPPER_GEMM"
 
 
-def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray, inputs: int | None = None) -> np.ndarray:
+def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
     """out = a @ b for float32 matrices a [M, K], b [K, N], out [M, N] (each row-major or a
-    transposed view of a row-major array, as stepper's tiles, inputs and results are), or for
-    stacks of them [P, M, K] @ [P, K, N] -> [P, M, N], one product each. `inputs`: the weight's
-    inputs when a tile holds a part of each row (INT4's planes), else K."""
-    if takes(a.shape[-1] if inputs is None else inputs):
-        sgemm = _mkl_sgemm()
-        if all(_call(sgemm, *each) for each in (zip(a, b, out) if a.ndim == 3 else [(a, b, out)])):
-            return out
-    np.matmul(a, b, out=out)  # (all of it again if MKL declined a part)
+    transposed view of a row-major array, as stepper's tiles, inputs and results are)."""
+    sgemm = _mkl_sgemm() if backend() == "mkl" else None
+    if sgemm is None or not _call(sgemm, a, b, out):
+        np.matmul(a, b, out=out)
     return out
-
-
-def takes(inputs: int) -> bool:
-    """Whether MKL makes the products of a weight with this many inputs."""
-    return inputs >= MKL_FROM_INPUTS and backend() == "mkl"
 
 
 @cache
@@ -133,7 +124,7 @@ def _call(sgemm, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> bool:
     if not (a.dtype == b.dtype == out.dtype == np.float32 and a.ndim == b.ndim == out.ndim == 2):
         return False
     (m, k), n = a.shape, b.shape[1]
-    if min(m, k, n) < 2 or b.shape[0] != k or out.shape != (m, n):
+    if min(m, n) < 2 or k < MKL_FROM_INPUTS or b.shape[0] != k or out.shape != (m, n):
         return False
     if out.strides[0] == 4 and out.strides[1] != 4:  # a transposed result: out.T = b.T @ a.T
         a, b, out, m, n = b.T, a.T, out.T, n, m

@@ -37,7 +37,6 @@ TILE_SHARE = 16  # a tile's float32 values take 1/16 of the L2 in bytes (a quart
 # take room too. A 2 MiB L2: 2^17 values, [32, 7168] or [64, 2048]
 MOST_TILE_ROWS = 128
 MANY_TOKENS = 128  # past this, tiles are taller (BLAS repacks the inputs for every product)
-MKL_TILE_ROWS = 256  # with fewer, a tile's height when MKL makes the planes' products: 32 rows a call cost more
 
 
 @cache
@@ -140,13 +139,10 @@ Decoder = Callable[[Int4Matrix, int, int, np.ndarray], object]
 
 
 def row_tiles(w: Int4Matrix, many: bool) -> tuple[tuple[int, int], ...]:
-    """[start, end) of each tile: tile_rows(w) rows (decoded at once), or a multiple of them: with
-    many tokens as many as TALL_TILE_BYTES of float32 hold, with few MKL_TILE_ROWS when MKL makes
-    the products (kernels.gemm)."""
+    """[start, end) of each tile: tile_rows(w) rows, or with many tokens as many times that as
+    TALL_TILE_BYTES of float32 hold."""
     rows = tile_rows(w)
-    if many:
-        return spans(w.shape[0], rows * max(1, TALL_TILE_BYTES // (4 * w.in_features * rows)))
-    return spans(w.shape[0], rows * max(1, MKL_TILE_ROWS // rows) if gemm.takes(w.in_features) else rows)
+    return spans(w.shape[0], rows * (max(1, TALL_TILE_BYTES // (4 * w.in_features * rows)) if many else 1))
 
 
 @cache
@@ -185,7 +181,7 @@ def apply_tiles(split: np.ndarray, w: Int4Matrix, tiles: Sequence[tuple[int, int
         if many:
             gemm.matmul(tile.reshape(end - start, -1), inputs, rows[start:end])
         else:
-            gemm.matmul(places, inputs, products[:, : end - start], inputs=w.in_features)
+            np.matmul(places, inputs, out=products[:, : end - start])
             np.sum(products[:, : end - start], axis=0, out=rows[start:end])
 
 
