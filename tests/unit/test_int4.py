@@ -163,3 +163,20 @@ def test_a_learners_dequantize_runs_in_every_product():
     with swapped({"dequantize_int4": mine}):
         doubled = linear(x, w)
     assert calls and np.allclose(doubled, 2 * linear(x, w), rtol=1e-6)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "mkl"])
+@pytest.mark.parametrize("tokens", [2, 11, 129])
+def test_full_width_products_whichever_blas_makes_them(backend, tokens, monkeypatch):
+    """A weight of 2048 inputs, whose tall tiles (past MANY_TOKENS) MKL multiplies when it is
+    installed (kernels.gemm): the products are the exact weights' to float32 rounding either way."""
+    from stepper.kernels import gemm
+
+    if backend == "mkl" and gemm._mkl_sgemm() is None:
+        pytest.skip("the mkl extra is not installed")
+    monkeypatch.setattr(gemm, "backend", lambda: backend)
+    w = int4_weight(300, 2048, seed=4)
+    x = np.random.default_rng(tokens).standard_normal((tokens, 2048)).astype(np.float32)
+    exact = x.astype(np.float64) @ w.dequantize().astype(np.float64).T
+    bound = 1e-6 * (np.abs(x).astype(np.float64) @ np.abs(w.dequantize()).astype(np.float64).T)
+    assert (np.abs(linear(x, w) - exact) <= bound).all()
