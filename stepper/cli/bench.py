@@ -16,7 +16,8 @@ from stepper.views.sinks import line_width
 WORKDIR_HELP = ("Where the synthetic full-size checkpoints are written once and reused (about 20 GB) "
                 "[default: ~/.cache/stepper/bench].")
 TORCH_HELP = ("Also compare with transformers' DeepseekV3 on a 16-expert layer (needs the crosscheck extra): the two "
-              "run in turn, and each figure is the median of the paired ratios.")
+              "run in turn, and each figure is the median of the paired ratios, printed with the least time "
+              "stepper's work could take (its FP8 decoding and products at rates measured beside it).")
 INT4_HELP = ("Also the MoE layer with INT4 experts (Kimi-K2-Thinking's storage; about 10 GB more written once), as a "
              "ratio to the FP8 layer, and a 32-expert layer's INT4 and FP8 (2.6 GB more) timed in turn.")
 INDEXER_HELP = ("Also time DeepSeek-V3.2's layer 0 prefilling 4096 tokens: its Lightning Indexer, its attention under "
