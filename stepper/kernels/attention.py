@@ -182,7 +182,7 @@ def every_core_scores(ops: Operands, heads: slice, queries: slice) -> np.ndarray
             block = slice(start, min(start + size, queries.stop))
             last = ops.last_key(block)
             rows[:, :, block.start - queries.start:block.stop - queries.start, :last] = ops.scores(
-                heads, block, slice(0, last))  # [B, h, size, last]
+                heads, block, slice(0, last))  # [B, H, T, S]: these heads, the block's queries, keys to its last
 
     parallel.split(starts, run)
     return rows

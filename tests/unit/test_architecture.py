@@ -31,8 +31,9 @@ BELOW_EVERYTHING: dict[str, set[str]] = {
     "tensors": set(),  # the room's __init__: its docstring only
     "tensors.tensor": {"tensors.statistics"},  # what a tensor of a run is: an array, or a LazyTensor made when read
     "tensors.tiled": {"tensors.tensor"},
-    "tensors.statistics": {"kernels.cpu_caches"},  # the L2 its passes are cut to
+    "tensors.statistics": {"kernels.cpu_caches", "kernels.parallel"},  # the L2 its passes are cut to; its cores
     "kernels.cpu_caches": set(),  # the CPU's cache sizes, read from the machine: the kernels' tiles and blocks
+    "kernels.parallel": set(),  # the cores, and work split between them
     "tensors.chunked": {"tensors.tensor"},
     "config": {"errors", "untrusted.jsonfile", "untrusted", "untrusted.regex_subset"},
     "untrusted.regex_subset": {"errors", "untrusted"},
@@ -119,7 +120,8 @@ MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 
 
 GROUPED = {"tensors", "seams", "untrusted"}  # rooms whose modules are placed in the layering one by one
-PLACED_ALONE = {"kernels.cpu_caches"}  # a module below everything in a room that is not (the L2 the tiles are cut to)
+# modules below everything in a room that is not: the L2 the tiles are cut to, the cores work is split across
+PLACED_ALONE = {"kernels.cpu_caches", "kernels.parallel"}
 
 
 def room(module: str) -> str:
