@@ -28,13 +28,19 @@ def test_the_layers_only_checkpoint_holds_those_layers_as_published(tiny, tmp_pa
     assert isinstance(source.matrix("model.layers.3.self_attn.q_a_proj.weight"), Fp8Matrix)
 
 
-def test_a_decode_step_and_a_prefill_of_a_csa_layer_with_parts_and_floor(tiny, tmp_path, monkeypatch):
+def decode_and_prefill(tiny, tmp_path, monkeypatch, layer: int, kind: str, repeat: int):
+    """The bench's two figures of one tiny-v4 layer written as a checkpoint, named as it names them."""
     monkeypatch.setattr(v4_layer, "rates", lambda: {"fp4": 1e9, "fp8": 2e9, "gemm": 1e11})
-    folder = v4_layer.ensure_layers(tmp_path, tiny, (3,))
-    [decode] = v4_layer.v4_layer_run(folder, 3, tokens=1, repeat=2)
-    [prefill] = v4_layer.v4_layer_run(folder, 3, tokens=40, repeat=1)
-    assert decode.name == f"tiny-v4 layer 3 (CSA): decode 1 token after {v4_layer.CONTEXT} positions"
-    assert prefill.name == "tiny-v4 layer 3 (CSA): prefill 40 tokens"
+    folder = v4_layer.ensure_layers(tmp_path, tiny, (layer,))
+    [decode] = v4_layer.v4_layer_run(folder, layer, tokens=1, repeat=repeat)
+    [prefill] = v4_layer.v4_layer_run(folder, layer, tokens=40, repeat=1)
+    assert decode.name == f"tiny-v4 layer {layer} ({kind}): decode 1 token after {v4_layer.CONTEXT} positions"
+    assert prefill.name == f"tiny-v4 layer {layer} ({kind}): prefill 40 tokens"
+    return decode, prefill
+
+
+def test_a_decode_step_and_a_prefill_of_a_csa_layer_with_parts_and_floor(tiny, tmp_path, monkeypatch):
+    decode, prefill = decode_and_prefill(tiny, tmp_path, monkeypatch, 3, "CSA", repeat=2)
     for figure in (decode, prefill):
         assert figure.value > 0 and figure.unit == "s" and figure.peak_rss_mb > 0
         assert "attention" in figure.note and "routed experts" in figure.note and "hc_pre" in figure.note
@@ -80,13 +86,8 @@ def test_the_attention_core_counts_the_keys_each_query_sees(tiny):
 
 
 def test_a_decode_step_and_a_prefill_of_an_hca_layer_with_its_own_floor(tiny, tmp_path, monkeypatch):
-    monkeypatch.setattr(v4_layer, "rates", lambda: {"fp4": 1e9, "fp8": 2e9, "gemm": 1e11})
     assert tiny.dims(2).compress_ratio == 16 and not tiny.dims(2).has_indexer  # tiny-v4's HCA layer
-    folder = v4_layer.ensure_layers(tmp_path, tiny, (2,))
-    [decode] = v4_layer.v4_layer_run(folder, 2, tokens=1, repeat=1)
-    [prefill] = v4_layer.v4_layer_run(folder, 2, tokens=40, repeat=1)
-    assert decode.name == f"tiny-v4 layer 2 (HCA): decode 1 token after {v4_layer.CONTEXT} positions"
-    assert prefill.name == "tiny-v4 layer 2 (HCA): prefill 40 tokens"
+    decode, prefill = decode_and_prefill(tiny, tmp_path, monkeypatch, 2, "HCA", repeat=1)
     for figure in (decode, prefill):
         assert "compressor" in figure.note and "routed experts" in figure.note and "indexer" not in figure.note
     assert decode.floor == pytest.approx(v4_layer.layer_floor(tiny, 2, 1, v4_layer.rates())[0])
