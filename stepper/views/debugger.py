@@ -61,14 +61,14 @@ PICTURE_WORDS = "attention|routing|hist|scales"  # an MLA model's
 KDA_PICTURE_WORDS = PICTURE_WORDS + "|state"  # and Kimi Linear's delta-rule state
 V4_PICTURE_WORDS = "reach|hc|hist"  # DeepSeek-V4 has none of MLA's attention or routing tensors
 PICTURE_ARGS = {"hist": " [NAME]", "scales": " WEIGHT", "state": " [NAME]", "reach": " [NAME]", "hc": " [NAME]"}
-OTHER_FAMILIES_PICTURES = {  # what a picture that is not the model's own draws, and whose it is
+FAMILY_PICTURES = {  # what a picture of one family's tensors draws: asked of another model, it is refused
+    "attention": "MLA's attention weights over positions (self_attn.attn_weights)",
+    "routing": "MLA's router choice (mlp.gate.topk_idx and topk_weight)",
     "state": "Kimi Linear's delta-rule state (self_attn.state)",
     "reach": "what a DeepSeek-V4 query attends (attn.chosen)",
     "hc": "how DeepSeek-V4's residual streams mix (hc_attn.comb)",
 }
-
-MLA_PICTURES = {"attention": "MLA's attention weights over positions (self_attn.attn_weights)",
-                "routing": "MLA's router choice (mlp.gate.topk_idx and topk_weight)"}
+PICTURE_HINTS = {"reach": "what a query attends", "hc": "how the residual streams mix"}  # said with V4's own
 V4_MODEL_TYPE = "deepseek_v4"
 
 
@@ -375,13 +375,13 @@ class Debugger:
         if what not in pictures_:
             raise StepperError("show what? " + " | ".join(f"s {word}" + PICTURE_ARGS.get(word, "")
                                                           for word in self.picture_words().split("|")))
-        if what in MLA_PICTURES and self.v4:
-            raise StepperError(f"s {what} draws {MLA_PICTURES[what]}, which DeepSeek-V4 has not: its pictures are "
-                               "s reach (what a query attends) and s hc (how the residual streams mix)")
-        if what in OTHER_FAMILIES_PICTURES and what not in self.picture_words().split("|"):
-            own = ", ".join(f"s {word}" for word in self.picture_words().split("|"))
-            raise StepperError(f"s {what} draws {OTHER_FAMILIES_PICTURES[what]}, which this model has not: "
-                               f"its pictures are {own}")
+        own = self.picture_words().split("|")
+        if what in FAMILY_PICTURES and what not in own:
+            whose = "DeepSeek-V4" if self.v4 else "this model"
+            listed = ", ".join(f"s {word}" + (f" ({PICTURE_HINTS[word]})" if word in PICTURE_HINTS else "")
+                               for word in own)
+            raise StepperError(f"s {what} draws {FAMILY_PICTURES[what]}, which {whose} has not: "
+                               f"its pictures are {listed}")
         pictures_[what](name.strip())
 
     def cmd_quit(self, _: str) -> None:

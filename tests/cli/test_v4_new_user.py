@@ -88,7 +88,7 @@ def test_the_debugger_points_a_v4_run_at_its_own_pictures():
     assert out.returncode == 0 and "Traceback" not in out.stdout + out.stderr
     assert "no tensor 'self_attn.attn_weights' seen yet" not in out.stdout
     assert ("s attention draws MLA's attention weights over positions (self_attn.attn_weights), which DeepSeek-V4 "
-            "has not: its pictures are s reach (what a query attends) and s hc (how the residual streams mix)"
+            "has not: its pictures are s reach (what a query attends), s hc (how the residual streams mix), s hist"
             ) in out.stdout
     assert "s routing draws MLA's router choice (mlp.gate.topk_idx and topk_weight), which DeepSeek-V4 has not" in (
         out.stdout)
