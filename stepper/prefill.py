@@ -35,6 +35,7 @@ from stepper import catalog
 from stepper.model.cache import KVCache, LayerCache
 from stepper.seams.trace import Emitter, Event
 from stepper.tensors.chunked import Chunked
+from stepper.tensors.spill import Spill
 from stepper.tensors.statistics import (
     BINS,
     CORNER,
@@ -43,6 +44,7 @@ from stepper.tensors.statistics import (
     bin_known,
     chunks,
     corners,
+    count_blocks,
     count_held,
     edges,
     gather_held,
@@ -80,7 +82,8 @@ def in_chunks(step: Step, length: int, chunk: int, cache: KVCache, emit: Emitter
     replay.parts = {part.name: part for part in parts if part.axis is not None}
     for part in parts:
         part.close_stats(len(spans))
-    again = max((part.since for part in parts), default=0)  # the chunks binned before some range was final
+        part.recount()  # a held tensor's chunks binned before its range was final, from their spill
+    again = max((part.since for part in parts), default=0)  # the tiled chunks binned before some range was final
     for k in range(again):
         emit.progress("prefill chunks again, for the histograms", k, again)
         replay.run(k, [Counting([part for part in parts if part.since > k])])
@@ -248,6 +251,7 @@ class Part:
         self.taken = False  # whether a finite value of the current chunk was gathered
         self.binning = True  # whether the current chunk's blocks are binned as they come (`begin`)
         self.grew = False  # whether the range grew past the current chunk's first block
+        self.spill: Spill | None = None  # a held tensor's chunks, binned again from there once the range is final
 
     def add(self, array: np.ndarray | Tiled, k: int) -> None:
         """Chunk k's tensor: figures, and bins if its range is the one of the chunks before (a held
@@ -262,6 +266,8 @@ class Part:
             self.end(array)
             return
         before = self.span
+        self.spill = self.spill or Spill()
+        self.spill.write(array)
         self.gather.merge(gather_held(array))
         self.span = self.gather.span()
         if self.span != before:  # the counts so far are against another range: the chunks before are replayed
@@ -326,6 +332,18 @@ class Part:
             self.since = 0
         elif edges(self.stats) != self.span:  # the masked future widened the range
             self.counts[:], self.since = 0, chunks
+
+    def recount(self) -> None:
+        """A held tensor's chunks binned before the range was final: binned again from their spill,
+        so none runs again for this tensor."""
+        if self.spill is None:
+            return
+        if self.since:
+            self.counts += count_blocks(self.spill.values(self.since), self.spill.size(self.since), edges(self.stats),
+                                        BINS)
+            self.since = 0
+        self.spill.close()
+        self.spill = None
 
     def count(self, array: np.ndarray | Tiled) -> None:
         """A replayed chunk's tensor: its histogram counts, the range known."""

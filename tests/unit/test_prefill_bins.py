@@ -1,7 +1,8 @@
-"""A shown chunked prefill bins each chunk's values against the range seen so far and runs again
-only the chunks binned before a tensor's range was final, each replay stopping once it has made
-the tensors it runs for (stepper.prefill): the figures are exactly the whole tensor's, as when every
-chunk ran twice. A synthetic step, its values written out here, so which chunks run again is known."""
+"""A shown chunked prefill bins each chunk's values against the range seen so far; the chunks binned
+before a tensor's range was final are binned again from their values kept on disk (a held tensor)
+or run again (a tiled one), each replay stopping once it has made the tensors it runs for
+(stepper.prefill): the figures are exactly the whole tensor's, as when every chunk ran twice. A
+synthetic step, its values written out here, so which chunks run again is known."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from stepper import prefill
 from stepper.kernels import attention as kernels
 from stepper.model import KVCache
 from stepper.seams.trace import Emitter, Event, Recorder
+from stepper.tensors import spill as spill_module
 from stepper.tensors import tiled as tiled_module
 from stepper.tensors.chunked import Chunked
 from stepper.tensors.tiled import Tiled
@@ -115,8 +117,9 @@ def test_only_the_chunks_binned_before_a_range_was_final_run_again_and_stop_afte
              ("self_attn.q_a", "self_attn.compressed_kv", "self_attn.attn_scores", "self_attn.attn_weights",
               "self_attn.o_proj")]
     assert made[:len(first)] == first
-    # q_a's range grew in chunk 2, the scores' in chunk 1 after its first block, so chunk 2's scores were not
-    # binned as they came either: chunks 0 to 2 run again, each stopped once the scores were binned; the weights,
+    # the scores' range grew in chunk 1 after its first block, so chunk 2's scores were not binned as they came
+    # either: chunks 0 to 2 run again, each stopped once the scores were binned (q_a and compressed_kv are made
+    # on the way); q_a's growth in chunk 2 is binned again from its chunks kept on disk, and the weights,
     # compressed_kv and o_proj were binned as they came
     again = ("self_attn.q_a", "self_attn.compressed_kv", "self_attn.attn_scores")
     assert made[len(first):] == [(start, key) for start in (0, 5, 10) for key in again]
@@ -126,8 +129,8 @@ def test_no_chunk_runs_again_when_every_range_is_reached_in_the_first_blocks():
     shown, made = run(widen=False)
     assert_figures_of(shown["self_attn.attn_scores"], whole("self_attn.attn_scores", widen=False))
     assert_figures_of(shown["self_attn.attn_weights"], whole("self_attn.attn_weights"))
-    assert {start for start, key in made[20:]} == {0, 5}  # q_a's growth in chunk 2 alone: chunks 0 and 1, up to q_a
-    assert made[20:] == [(0, "self_attn.q_a"), (5, "self_attn.q_a")]
+    assert_figures_of(shown["self_attn.q_a"], whole("self_attn.q_a"))
+    assert made[20:] == []  # q_a's growth in chunk 2: chunks 0 and 1 binned again from their values kept on disk
 
 
 def test_a_masked_future_outside_the_chunks_range_makes_every_chunk_run_again():
@@ -167,3 +170,20 @@ def test_the_scores_and_weights_made_in_tiles_are_gathered_together_each_tile_of
         part.close_stats(1)
         assert part.stats == summary.stats(values)
         assert part.since == 1  # the ranges grew after the first row: this chunk would run again for the bins
+
+
+def test_a_held_tensors_chunks_binned_again_from_disk_are_read_a_block_at_a_time(monkeypatch):
+    """q_a's chunks 0 and 1, binned before its range grew in chunk 2, are read back from their spill,
+    at most CHUNK values at a time, once: 2 chunks of 5 positions of WIDTH values in blocks of 3."""
+    monkeypatch.setattr(spill_module, "CHUNK", 3)
+    read = []
+    values = spill_module.Spill.values
+
+    def noted(self, first):
+        for block in values(self, first):
+            read.append(block.size)
+            yield block
+    monkeypatch.setattr(spill_module.Spill, "values", noted)
+    shown, made = run(widen=False)
+    assert_figures_of(shown["self_attn.q_a"], whole("self_attn.q_a"))
+    assert sum(read) == 2 * CHUNK * WIDTH and max(read) == 3 and made[20:] == []
