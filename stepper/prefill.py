@@ -25,6 +25,7 @@ chunk's: the cache of every position.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache
@@ -83,10 +84,10 @@ def in_chunks(step: Step, length: int, chunk: int, cache: KVCache, emit: Emitter
     for part in parts:
         part.close_stats(len(spans))
         part.recount()  # a held tensor's chunks binned before its range was final, from their spill
-    again = max((part.since for part in parts), default=0)  # the tiled chunks binned before some range was final
+    again = max((part.replayed for part in parts), default=0)  # the tiled chunks binned before some range was final
     for k in range(again):
         emit.progress("prefill chunks again, for the histograms", k, again)
-        replay.run(k, [Counting([part for part in parts if part.since > k])])
+        replay.run(k, [Counting([part for part in parts if part.replayed > k], k)])
     if again:
         emit.progress("prefill chunks again, for the histograms", again, again)
     for part in parts:
@@ -217,16 +218,16 @@ class Counted(Exception):
 
 
 class Counting:
-    """Sink of a replayed chunk: the histogram counts of the parts it is replayed for; once each
+    """Sink of replayed chunk k: the histogram counts of the parts it is replayed for; once each
     has been counted, the rest of the step is not needed (`Counted`)."""
 
-    def __init__(self, parts: list[Part]):
-        self.left = {part.name: part for part in parts}
+    def __init__(self, parts: list[Part], k: int):
+        self.left, self.k = {part.name: part for part in parts}, k
 
     def __call__(self, event: Event) -> None:
         part = self.left.pop(event.name, None)
         if part is not None:
-            part.count(event.array)
+            part.count(event.array, self.k)
         if not self.left:
             raise Counted
 
@@ -245,12 +246,11 @@ class Part:
         self.pad = masked.get(event.key, 0.0)
         self.dtype, self.shapes, self.latest = event.array.dtype, [], None
         self.gather, self.first, self.last = Gather(), [], []
-        self.counts = np.zeros(BINS, np.int64)  # of the chunks from `since` on, binned against `span`
+        self.counts = np.zeros(BINS, np.int64)  # of the values from `since` on, binned against `span`
         self.span: tuple[float, float] | None = None  # the range of the values gathered so far
-        self.since = 0  # the first chunk whose values are all in `counts`: the ones before are replayed
-        self.taken = False  # whether a finite value of the current chunk was gathered
-        self.binning = True  # whether the current chunk's blocks are binned as they come (`begin`)
-        self.grew = False  # whether the range grew past the current chunk's first block
+        self.since = 0  # the first chunk whose values are all in `counts`: the ones before are binned again
+        self.upto = 0  # chunk `since`'s first values not in `counts` (binned before the range grew in its tiles)
+        self.taken = 0  # values of the current chunk's tiles gathered so far
         self.spill: Spill | None = None  # a held tensor's chunks, binned again from there once the range is final
 
     def add(self, array: np.ndarray | Tiled, k: int) -> None:
@@ -270,33 +270,34 @@ class Part:
         self.spill.write(array)
         self.gather.merge(gather_held(array))
         self.span = self.gather.span()
-        if self.span != before:  # the counts so far are against another range: the chunks before are replayed
+        if self.span != before:  # the counts so far are against another range: the chunks before are binned again
             self.counts[:], self.since = 0, k
         if self.span is not None:
             self.counts += count_held(array, self.span, BINS)
         self.end(array)
 
     def begin(self, k: int) -> None:
-        """Before chunk k's blocks come one at a time (`take`): they are binned unless the range grew
-        past the first block of the chunk before (the attention's scores, whose range grows to the
-        last chunk: their bins would start again), which makes chunk k one to replay."""
-        self.binning, self.grew, self.taken = not self.grew, False, False
-        if not self.binning:
-            self.counts[:], self.since = 0, k + 1
+        """Before chunk k's blocks come one at a time (`take`)."""
+        self.taken = 0
 
     def take(self, values: np.ndarray, k: int) -> None:
-        """One block of chunk k made a tile at a time: gathered, and binned while in the cache unless
-        it widens the range (the counts start again, from the next chunk on if this one's were begun)."""
+        """One block of chunk k made a tile at a time: gathered, and binned while in the cache; one
+        that widens the range starts the counts again, with itself: a replay of the chunks before
+        bins their values again, and the values of this chunk's tiles before this block."""
         finite = self.gather.add(values)
+        before, self.taken = self.taken, self.taken + values.size
         if not finite.size:
             return
         span = self.gather.span()
         if span != self.span:
-            self.span, self.since = span, k if self.binning and not self.taken else k + 1
-            self.counts[:], self.grew = 0, self.grew or self.taken
-        self.taken = True
-        if self.binning and k >= self.since:
-            self.counts += bin_known(finite, span, BINS)
+            self.span, self.since, self.upto = span, k, before
+            self.counts[:] = 0
+        self.counts += bin_known(finite, span, BINS)
+
+    @property
+    def replayed(self) -> int:
+        """How many chunks run again for this tensor's histogram: those binned before its range was final."""
+        return self.since + (self.upto > 0)
 
     def end(self, array: np.ndarray | Tiled) -> None:
         """After chunk k's blocks: its corners and shape."""
@@ -329,9 +330,9 @@ class Part:
         self.gather.add_repeated(float(self.pad), self.padding)
         self.stats = self.gather.stats()
         if not self.stats.finite:  # no histogram
-            self.since = 0
+            self.since = self.upto = 0
         elif edges(self.stats) != self.span:  # the masked future widened the range
-            self.counts[:], self.since = 0, chunks
+            self.counts[:], self.since, self.upto = 0, chunks, 0
 
     def recount(self) -> None:
         """A held tensor's chunks binned before the range was final: binned again from their spill,
@@ -345,13 +346,18 @@ class Part:
         self.spill.close()
         self.spill = None
 
-    def count(self, array: np.ndarray | Tiled) -> None:
-        """A replayed chunk's tensor: its histogram counts, the range known."""
+    def count(self, array: np.ndarray | Tiled, k: int) -> None:
+        """Replayed chunk k's tensor: its histogram counts, the range known; of chunk `since`, its
+        first `upto` values alone (its tiles past them are not made)."""
         if held(array):
             self.counts += count_held(array, edges(self.stats), BINS)
             return
+        left = self.upto if k == self.since else math.prod(array.shape)
         for values in chunks(array):
-            self.counts += bin_counts(values, edges(self.stats), BINS)
+            self.counts += bin_counts(values[:left], edges(self.stats), BINS)
+            left -= min(left, values.size)
+            if not left:
+                break
 
     def event(self, replay: Replay) -> Event:
         """The whole tensor, as one event: the last chunk's, or a `Chunked` over every chunk."""

@@ -6,6 +6,7 @@ synthetic step, its values written out here, so which chunks run again is known.
 
 from __future__ import annotations
 
+import sys
 from functools import partial
 
 import numpy as np
@@ -110,6 +111,19 @@ def assert_figures_of(shown: Chunked, values: np.ndarray) -> None:
 
 def test_only_the_chunks_binned_before_a_range_was_final_run_again_and_stop_after_what_they_are_for(monkeypatch):
     monkeypatch.setattr(tiled_module, "TILE_VALUES", 60)  # chunk 1's tiles: a head each
+    replaying, tiles, make, replay = [], [], scores, prefill.Replay.run
+
+    def noted(start, stop, heads, queries, widen):
+        if replaying:
+            tiles.append((start, heads.start))
+        return make(start, stop, heads, queries, widen)
+
+    def again(self, k, sinks):
+        replaying.append(k)
+        replay(self, k, sinks)
+        replaying.clear()
+    monkeypatch.setattr(sys.modules[__name__], "scores", noted)
+    monkeypatch.setattr(prefill.Replay, "run", again)
     shown, made = run()
     for key, tensor in shown.items():
         assert_figures_of(tensor, whole(key))
@@ -117,12 +131,15 @@ def test_only_the_chunks_binned_before_a_range_was_final_run_again_and_stop_afte
              ("self_attn.q_a", "self_attn.compressed_kv", "self_attn.attn_scores", "self_attn.attn_weights",
               "self_attn.o_proj")]
     assert made[:len(first)] == first
-    # the scores' range grew in chunk 1 after its first block, so chunk 2's scores were not binned as they came
-    # either: chunks 0 to 2 run again, each stopped once the scores were binned (q_a and compressed_kv are made
-    # on the way); q_a's growth in chunk 2 is binned again from its chunks kept on disk, and the weights,
-    # compressed_kv and o_proj were binned as they came
+    # the scores' range grew in chunk 1's second tile (head 1): chunk 0 runs again, and chunk 1 up to its
+    # first tile, each stopped once the scores were binned (q_a and compressed_kv are made on the way);
+    # q_a's growth in chunk 2 is binned again from its chunks kept on disk; the weights, compressed_kv and
+    # o_proj were binned as they came
     again = ("self_attn.q_a", "self_attn.compressed_kv", "self_attn.attn_scores")
-    assert made[len(first):] == [(start, key) for start in (0, 5, 10) for key in again]
+    assert made[len(first):] == [(start, key) for start in (0, 5) for key in again]
+    # the tiles made again: chunk 0's (heads 0 and 1, head 2), chunk 1's first (head 0) and perhaps its
+    # second, made ahead while the first was binned
+    assert tiles[:3] == [(0, 0), (0, 2), (5, 0)] and tiles[3:] in ([], [(5, 1)])
 
 
 def test_no_chunk_runs_again_when_every_range_is_reached_in_the_first_blocks():
@@ -169,7 +186,8 @@ def test_the_scores_and_weights_made_in_tiles_are_gathered_together_each_tile_of
         part, values = gathered.parts[f"layers.0.{key}"], np.asarray(tensor)
         part.close_stats(1)
         assert part.stats == summary.stats(values)
-        assert part.since == 1  # the ranges grew after the first row: this chunk would run again for the bins
+        # the ranges grew after the first row: this chunk would run again for the bins, up to the last growth
+        assert part.replayed == 1 and part.since == 0 and 0 < part.upto < values.size
 
 
 def test_a_held_tensors_chunks_binned_again_from_disk_are_read_a_block_at_a_time(monkeypatch):
