@@ -6,14 +6,17 @@ equals prefills of consecutive chunks with the cache: tests/model/test_cache.py.
 Every named tensor is still shown once, over all T positions, with the figures of the whole
 prompt's tensor (a `stepper.tensors.chunked.Chunked`): each chunk's tensors are gathered exactly as they
 come (statistics and corners). A histogram's bins need the whole tensor's range, so each chunk's
-values are binned against the range seen so far, and the counts start again when the range grows;
-a chunk binned before the range was final runs again against the cache as it was (a replay, bit
-for bit the same) for those tensors alone, and stops once it has made them (`Counted`): a tensor
-whose range was reached early (the weights' 0 and 1, in chunk 0) is binned as it comes, and the
-scores, shown before the attention's tiles run, need no tiles run again. Reading the values of
-one (`np.asarray`) replays the chunks once more and makes every chunked tensor at once (`Replay`).
-The scores and weights made a tile at a time are gathered together, tile by tile, so each tile
-of scores is made once for both.
+values are binned against the range seen so far, and the counts start again when the range grows.
+The values binned before the range was final are binned again once it is: a held tensor's from
+its chunks, written to a temporary file as they came (`stepper.tensors.spill`: disk, not memory);
+a tensor made a tile at a time (the attention's scores, too large to keep) by running those chunks
+again against the cache as it was (a replay, bit for bit the same) for those tensors alone, each
+stopped once it has made them (`Counted`), the chunk where the range last grew only up to the tile
+that widened it. A tensor whose range was reached early (the weights' 0 and 1, in chunk 0) is
+binned as it comes, and the scores, shown before the attention's tiles run, need no tiles run
+again. Reading the values of one (`np.asarray`) replays the chunks once more and makes every
+chunked tensor at once (`Replay`). The scores and weights made a tile at a time are gathered
+together, tile by tile, so each tile of scores is made once for both.
 
 A chunk's rows of a tensor over the attended positions S (the attention scores and weights, the
 indexer's scores, choices and mask) stop at the chunk's last position; the whole prompt's tensor
@@ -70,7 +73,17 @@ def in_chunks(step: Step, length: int, chunk: int, cache: KVCache, emit: Emitter
         for span in spans:
             result = step(span, cache, emit)
         return result
-    gathered, before = Gathered(emit, masked or {}), []
+    spill = Spill()
+    try:
+        return shown(step, spans, cache, emit, Gathered(emit, masked or {}, spill))
+    finally:
+        spill.close()
+
+
+def shown(step: Step, spans: list[slice], cache: KVCache, emit: Emitter, gathered: Gathered) -> object:
+    """in_chunks of more than one chunk, every tensor gathered chunk by chunk (`gathered`), each
+    shown once after the last."""
+    before = []  # the cache's lengths before each chunk
     for k, span in enumerate(spans):
         emit.progress("prefill chunks", k, len(spans))
         before.append([layer.length for layer in cache.layers])
@@ -160,8 +173,8 @@ class Gathered:
     blocks on another thread (`_beside`) while this one gathers the scores' (the passes release
     the GIL), each tensor's blocks still in order."""
 
-    def __init__(self, outer: Emitter, masked: Mapping[str, float]):
-        self.outer, self.masked = outer, masked
+    def __init__(self, outer: Emitter, masked: Mapping[str, float], spill: Spill):
+        self.outer, self.masked, self.spill = outer, masked, spill
         self.parts: dict[str, Part] = {}
         self.chunk = 0  # the chunk being run
         self.waiting: list[tuple[Part, Tiled]] = []  # tiled tensors of one shape, to gather together
@@ -170,7 +183,7 @@ class Gathered:
         if event.name not in self.parts:
             if not self.outer.wants(event):
                 return
-            self.parts[event.name] = Part(event, self.masked)
+            self.parts[event.name] = Part(event, self.masked, self.spill)
         part = self.parts[event.name]
         if isinstance(event.array, Tiled) and part.axis is not None:
             if self.waiting and self.waiting[0][1].shape != event.array.shape:
@@ -235,7 +248,7 @@ class Counting:
 class Part:
     """One name's tensor over the chunks: figures gathered chunk by chunk, as the whole tensor's."""
 
-    def __init__(self, event: Event, masked: Mapping[str, float]):
+    def __init__(self, event: Event, masked: Mapping[str, float], spill: Spill | None = None):
         self.name, self.key, self.layer, self.phase = event.name, event.key, event.layer, event.phase
         entry = catalog.load().entry(event.key)
         dims = entry["dims"] if entry is not None and len(entry["dims"]) == event.array.ndim else []
@@ -251,7 +264,8 @@ class Part:
         self.since = 0  # the first chunk whose values are all in `counts`: the ones before are binned again
         self.upto = 0  # chunk `since`'s first values not in `counts` (binned before the range grew in its tiles)
         self.taken = 0  # values of the current chunk's tiles gathered so far
-        self.spill: Spill | None = None  # a held tensor's chunks, binned again from there once the range is final
+        self.spill = spill  # where a held tensor's chunks are kept, binned again from there once the range is final
+        self.spilled = spill is not None  # whether every chunk so far was kept there (else they run again)
 
     def add(self, array: np.ndarray | Tiled, k: int) -> None:
         """Chunk k's tensor: figures, and bins if its range is the one of the chunks before (a held
@@ -266,8 +280,7 @@ class Part:
             self.end(array)
             return
         before = self.span
-        self.spill = self.spill or Spill()
-        self.spill.write(array)
+        self.spilled = self.spilled and self.spill.write(self.name, k, array)
         self.gather.merge(gather_held(array))
         self.span = self.gather.span()
         if self.span != before:  # the counts so far are against another range: the chunks before are binned again
@@ -277,8 +290,9 @@ class Part:
         self.end(array)
 
     def begin(self, k: int) -> None:
-        """Before chunk k's blocks come one at a time (`take`)."""
-        self.taken = 0
+        """Before chunk k's blocks come one at a time (`take`): not kept (too many), so binned again
+        by a replay."""
+        self.taken, self.spilled = 0, False
 
     def take(self, values: np.ndarray, k: int) -> None:
         """One block of chunk k made a tile at a time: gathered, and binned while in the cache; one
@@ -337,14 +351,10 @@ class Part:
     def recount(self) -> None:
         """A held tensor's chunks binned before the range was final: binned again from their spill,
         so none runs again for this tensor."""
-        if self.spill is None:
-            return
-        if self.since:
-            self.counts += count_blocks(self.spill.values(self.since), self.spill.size(self.since), edges(self.stats),
-                                        BINS)
+        if self.spilled and self.since:
+            kept = self.spill.values(self.name, self.since)
+            self.counts += count_blocks(kept, self.spill.size(self.name, self.since), edges(self.stats), BINS)
             self.since = 0
-        self.spill.close()
-        self.spill = None
 
     def count(self, array: np.ndarray | Tiled, k: int) -> None:
         """Replayed chunk k's tensor: its histogram counts, the range known; of chunk `since`, its

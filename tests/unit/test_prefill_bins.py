@@ -172,7 +172,7 @@ def test_the_scores_and_weights_made_in_tiles_are_gathered_together_each_tile_of
         made.append((heads.start, queries.start))
         return scores_of(self, heads, queries, keys)
     monkeypatch.setattr(kernels.Operands, "scores", counted)
-    gathered = prefill.Gathered(Emitter([lambda e: None]), PADS)
+    gathered = prefill.Gathered(Emitter([lambda e: None]), PADS, spill_module.Spill())
     for key, tiled in (("self_attn.attn_scores", Tiled(ops.shape, ops.rows)),
                        ("self_attn.attn_weights", Tiled(ops.shape, partial(ops.weights, lse)))):
         gathered(Event(f"layers.0.{key}", key, tiled, 0))
@@ -191,17 +191,27 @@ def test_the_scores_and_weights_made_in_tiles_are_gathered_together_each_tile_of
 
 
 def test_a_held_tensors_chunks_binned_again_from_disk_are_read_a_block_at_a_time(monkeypatch):
-    """q_a's chunks 0 and 1, binned before its range grew in chunk 2, are read back from their spill,
+    """q_a's chunks 0 and 1, binned before its range grew in chunk 2, are read back from the spill,
     at most CHUNK values at a time, once: 2 chunks of 5 positions of WIDTH values in blocks of 3."""
     monkeypatch.setattr(spill_module, "CHUNK", 3)
     read = []
     values = spill_module.Spill.values
 
-    def noted(self, first):
-        for block in values(self, first):
+    def noted(self, name, before):
+        for block in values(self, name, before):
             read.append(block.size)
             yield block
     monkeypatch.setattr(spill_module.Spill, "values", noted)
     shown, made = run(widen=False)
     assert_figures_of(shown["self_attn.q_a"], whole("self_attn.q_a"))
     assert sum(read) == 2 * CHUNK * WIDTH and max(read) == 3 and made[20:] == []
+
+
+def test_a_tensor_past_the_spills_budget_runs_its_chunks_again(monkeypatch):
+    """The spill keeps what fits its budget: here q_a's and compressed_kv's first chunks (2 x 80
+    bytes), not q_a's second, so q_a's chunks 0 and 1 run again once its range grew in chunk 2."""
+    made_spill = spill_module.Spill
+    monkeypatch.setattr(prefill, "Spill", lambda: made_spill(budget=2 * CHUNK * WIDTH * 4))
+    shown, made = run(widen=False)
+    assert_figures_of(shown["self_attn.q_a"], whole("self_attn.q_a"))
+    assert made[20:] == [(0, "self_attn.q_a"), (5, "self_attn.q_a")]
