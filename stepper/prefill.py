@@ -189,6 +189,8 @@ class Gathered:
             if self.waiting and self.waiting[0][1].shape != event.array.shape:
                 self.flush()
             self.waiting.append((part, event.array))
+            if len(self.waiting) > 1:  # the weights after their scores: gathered now, so the attention's
+                self.flush()  # output is made with them (kernels.attention.Softmaxed) before the step goes on
             return
         self.flush()
         part.add(event.array, self.chunk)

@@ -26,11 +26,10 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import partial
 
 import numpy as np
 
-from stepper.kernels import parallel
+from stepper.kernels import activations, parallel
 from stepper.seams.trace import Emitter
 from stepper.tensors.tiled import Tiled
 
@@ -213,21 +212,51 @@ def held_or_tiled(ops: Operands, held: Callable[[], np.ndarray], emit: Emitter, 
     them: a listening `emit` gets them and the weights through `show(scores, weights_of, emit)`
     as `Tiled` tensors, made a tile at a time when a sink looks. The scores are shown before the
     tiles run (they need none of their results), so a sink that wants only them can stop the step
-    there (a chunked prefill's replay: stepper.prefill).
+    there (a chunked prefill's replay: stepper.prefill). The weights are the softmax of whole rows
+    of scores (`Softmaxed`), each tile's output made with it, so a sink that looks at the scores
+    and the weights together, tile by tile, has each row of scores made once for both and for the
+    output; the rows no sink looked at by the time `show` returns are made by `attend`.
     -> [B, H, T, v_head] ([B, H, T, kv_lora] absorbed)"""
     if whole_fits(*ops.shape):
         return held()
     if not emit.listening:
         return attend(ops)[0]
-    made = []
+    softmaxed = Softmaxed(ops)
+    show(Tiled(ops.shape, ops.rows), lambda _: Tiled(ops.shape, softmaxed.weights), emit)
+    return softmaxed.output()
 
-    def weights_of(_) -> Tiled:
-        out, lse = attend(ops)  # the output, and each row's log-sum-exp [B, H, T]
-        made.append(out)
-        return Tiled(ops.shape, partial(ops.weights, lse))
 
-    show(Tiled(ops.shape, ops.rows), weights_of, emit)
-    return made[0]
+class Softmaxed:
+    """The weights of an attention made a tile of whole rows at a time, softmax(scores) over every
+    key (the readable lines' softmax, kernels.activations), and the output of each tile's rows
+    (the weights times the values) made with them, once."""
+
+    def __init__(self, ops: Operands):
+        B, H, T, _ = ops.shape
+        self.ops = ops
+        self.out = np.empty((B, H, T, ops.values.shape[-1]), np.float32)  # [B, H, T, v_head]
+        self.made = np.zeros((H, T), bool)  # the heads' rows whose output is in `out`
+
+    def weights(self, heads: slice, queries: slice) -> np.ndarray:
+        """The weights of some heads and queries over every key -> [B, H, T, S] cut to them"""
+        w = activations.softmax(self.ops.rows(heads, queries))  # [B, h, t, S]: a row with every key masked, NaN
+        if not self.made[heads, queries].all():
+            t = queries.stop - queries.start
+            size = max(FEWEST_SHARED_ROWS, -(-t // parallel.cores()))  # rows of a block: one per core
+
+            def run(starts: Sequence[int]) -> None:
+                for start in starts:
+                    rows = slice(start, min(start + size, t))
+                    self.out[:, heads, queries.start + rows.start:queries.start + rows.stop] = weighted(
+                        w[:, :, rows], self.ops.values, heads)  # [B, h, t, v_head] of the block's rows
+
+            parallel.split(range(0, t, size), run)
+            self.made[heads, queries] = True
+        return w
+
+    def output(self) -> np.ndarray:
+        """The output of every row: made with the weights where a sink looked at them all, else by `attend`."""
+        return self.out if self.made.all() else attend(self.ops)[0]
 
 
 def attend(ops: Operands) -> tuple[np.ndarray, np.ndarray]:

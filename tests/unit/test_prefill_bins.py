@@ -173,11 +173,10 @@ def test_the_scores_and_weights_made_in_tiles_are_gathered_together_each_tile_of
         return scores_of(self, heads, queries, keys)
     monkeypatch.setattr(kernels.Operands, "scores", counted)
     gathered = prefill.Gathered(Emitter([lambda e: None]), PADS, spill_module.Spill())
-    for key, tiled in (("self_attn.attn_scores", Tiled(ops.shape, ops.rows)),
-                       ("self_attn.attn_weights", Tiled(ops.shape, partial(ops.weights, lse)))):
-        gathered(Event(f"layers.0.{key}", key, tiled, 0))
-    assert made == []  # waiting for what follows
-    gathered.flush()
+    gathered(Event("layers.0.self_attn.attn_scores", "self_attn.attn_scores", Tiled(ops.shape, ops.rows), 0))
+    assert made == []  # waiting for the weights
+    weights = Tiled(ops.shape, partial(ops.weights, lse))
+    gathered(Event("layers.0.self_attn.attn_weights", "self_attn.attn_weights", weights, 0))  # gathered at once
     # each row made once for the scores and the weights (one tensor after the other: 64), the first once more
     # for the corners, long let go
     assert len(made) == 33 and len(set(made)) == 32
