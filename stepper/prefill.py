@@ -224,7 +224,8 @@ def take_each(parts: list[Part], blocks: tuple[np.ndarray, ...], k: int) -> None
 
 @cache
 def _beside() -> ThreadPoolExecutor:
-    """The thread that gathers the other tiled tensors' blocks while the caller gathers the first's."""
+    """The thread that gathers the other tiled tensors' blocks while the caller gathers the first's,
+    or writes a held tensor to the spill while the caller gathers it."""
     return ThreadPoolExecutor(1, thread_name_prefix="stepper-gather")
 
 
@@ -271,7 +272,8 @@ class Part:
 
     def add(self, array: np.ndarray | Tiled, k: int) -> None:
         """Chunk k's tensor: figures, and bins if its range is the one of the chunks before (a held
-        array is read twice, its range first: a chunk that widens the range is binned against the new one)."""
+        array is read twice, its range first: a chunk that widens the range is binned against the new
+        one), while another thread writes it to the spill."""
         if self.axis is None:
             self.latest = array
             return
@@ -282,7 +284,7 @@ class Part:
             self.end(array)
             return
         before = self.span
-        self.spilled = self.spilled and self.spill.write(self.name, k, array)
+        writing = _beside().submit(self.spill.write, self.name, k, array) if self.spilled else None
         self.gather.merge(gather_held(array))
         self.span = self.gather.span()
         if self.span != before:  # the counts so far are against another range: the chunks before are binned again
@@ -290,6 +292,7 @@ class Part:
         if self.span is not None:
             self.counts += count_held(array, self.span, BINS)
         self.end(array)
+        self.spilled = writing is not None and writing.result()
 
     def begin(self, k: int) -> None:
         """Before chunk k's blocks come one at a time (`take`): not kept (too many), so binned again

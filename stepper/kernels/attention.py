@@ -15,8 +15,8 @@ the absorbed path two (the latent part and the rotary part) whose keys every hea
 The online softmax (the flash-attention recurrence) visits the key tiles of a query tile in turn,
 keeping per query row the running maximum m, the running sum l of exp(score - m) and the running
 weighted sum of values; when a tile raises m, what was gathered is rescaled by exp(m_old - m_new).
-The result is the weighted sum over l, and m + log(l) the row's log-sum-exp, from which any tile
-of the weights is exp(score - lse) (`Operands.weights`).
+The result is the weighted sum over l. A shown attention, whose weights a sink looks at, makes
+them a tile of whole rows at a time instead, and its output with them (`Softmaxed`).
 """
 
 from __future__ import annotations
@@ -121,15 +121,8 @@ class Operands:
     def rows(self, heads: slice, queries: slice) -> np.ndarray:
         """The scores of some heads and queries over every key (read-only), kept a while: a shown
         tensor is looked at more than once (its statistics, then its histogram) and the weights
-        are made of the same rows, so a decode step's are computed once."""
+        are made of the same rows (`Softmaxed`), so each is computed once."""
         return _kept_rows.get(self, heads, queries)
-
-    def weights(self, lse: np.ndarray, heads: slice, queries: slice) -> np.ndarray:
-        """The softmax weights of some heads and queries, every key: exp(scores - lse).
-        lse [B, H, T] -> [B, H, T, S] cut to those heads and queries"""
-        w = np.subtract(self.rows(heads, queries), lse[:, heads, queries, None])
-        with np.errstate(invalid="ignore"):  # a row with every key masked: -inf - -inf, NaN as in softmax
-            return np.exp(w, out=w)
 
 
 class KeptRows:
@@ -220,7 +213,7 @@ def held_or_tiled(ops: Operands, held: Callable[[], np.ndarray], emit: Emitter, 
     if whole_fits(*ops.shape):
         return held()
     if not emit.listening:
-        return attend(ops)[0]
+        return attend(ops)
     softmaxed = Softmaxed(ops)
     show(Tiled(ops.shape, ops.rows), lambda _: Tiled(ops.shape, softmaxed.weights), emit)
     return softmaxed.output()
@@ -256,36 +249,35 @@ class Softmaxed:
 
     def output(self) -> np.ndarray:
         """The output of every row: made with the weights where a sink looked at them all, else by `attend`."""
-        return self.out if self.made.all() else attend(self.ops)[0]
+        return self.out if self.made.all() else attend(self.ops)
 
 
-def attend(ops: Operands) -> tuple[np.ndarray, np.ndarray]:
+def attend(ops: Operands) -> np.ndarray:
     """softmax(scores) @ values over tiles, shared out across the cores.
-    -> the output [B, H, T, v_head] ([B, H, T, kv_lora] absorbed) and each row's log-sum-exp [B, H, T]"""
+    -> the output [B, H, T, v_head] ([B, H, T, kv_lora] absorbed)"""
     B, H, T, S = ops.shape
     group, rows, key_tile = tiles(B, H, T, S)
     out = np.empty((B, H, T, ops.values.shape[-1]), np.float32)
-    lse = np.empty((B, H, T), np.float32)
     work = [(slice(h, min(h + group, H)), slice(t, min(t + rows, T))) for h in range(0, H, group)
             for t in range(0, T, rows)]
 
     def run(share: Sequence[tuple[slice, slice]]) -> None:
         for heads, queries in share:
-            out[:, heads, queries], lse[:, heads, queries] = attend_tile(ops, heads, queries, key_tile)
+            out[:, heads, queries] = attend_tile(ops, heads, queries, key_tile)
 
     parallel.split(work, run)
-    return out, lse
+    return out
 
 
-def attend_tile(ops: Operands, heads: slice, queries: slice, key_tile: int) -> tuple[np.ndarray, np.ndarray]:
+def attend_tile(ops: Operands, heads: slice, queries: slice, key_tile: int) -> np.ndarray:
     """The online softmax over the key tiles of one tile of heads and queries.
-    -> the output and the log-sum-exp of its rows, [B, H, T, v_head] and [B, H, T] cut to the tile"""
+    -> the output of its rows, [B, H, T, v_head] cut to the tile"""
     B = ops.shape[0]
     shape = (B, heads.stop - heads.start, queries.stop - queries.start)
     m = np.full((*shape, 1), -np.inf, np.float32)  # running maximum of each row
     l = np.zeros((*shape, 1), np.float32)  # running sum of exp(score - m)
     acc = np.zeros((*shape, ops.values.shape[-1]), np.float32)  # running sum of exp(score - m) * value
-    with np.errstate(invalid="ignore", divide="ignore"):
+    with np.errstate(invalid="ignore"):
         for start in range(0, ops.last_key(queries), key_tile):
             keys = slice(start, min(start + key_tile, ops.last_key(queries)))
             p = ops.scores(heads, queries, keys)  # a tile of [B, H, T, S]
@@ -299,4 +291,4 @@ def attend_tile(ops: Operands, heads: slice, queries: slice, key_tile: int) -> t
             acc += weighted(p, ops.values[:, :, keys], heads)
             m = new_m
         acc /= l  # a row with every key masked: 0 / 0, NaN as in softmax
-        return acc, (m + np.log(l))[..., 0]
+        return acc
