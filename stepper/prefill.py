@@ -90,6 +90,8 @@ def shown(step: Step, spans: list[slice], cache: KVCache, emit: Emitter, gathere
         gathered.chunk = k
         result = step(span, cache, emit.to([gathered]))
         gathered.flush()
+        if k == 0:
+            gathered.ride()
     emit.progress("prefill chunks", len(spans), len(spans))
     replay = Replay(step, spans, [layer.first(layer.length) for layer in cache.layers], before, emit)
     parts = list(gathered.parts.values())
@@ -195,6 +197,15 @@ class Gathered:
         self.flush()
         part.add(event.array, self.chunk)
 
+    def ride(self) -> None:
+        """After the first chunk: the held tensors made before the last tiled one (the attention's
+        scores, whose range grows to the last chunk: their chunks run again) are not written to the
+        spill any more; a replay for the scores makes them on its way and bins them again then."""
+        parts = list(self.parts.values())
+        last = max((i for i, part in enumerate(parts) if part.tiled), default=0)
+        for part in parts[:last]:
+            part.spilled = False
+
     def flush(self) -> None:
         """Gather the waiting tiled tensors, a block of each in turn."""
         waiting, self.waiting = self.waiting, []
@@ -269,6 +280,7 @@ class Part:
         self.taken = 0  # values of the current chunk's tiles gathered so far
         self.spill = spill  # where a held tensor's chunks are kept, binned again from there once the range is final
         self.spilled = spill is not None  # whether every chunk so far was kept there (else they run again)
+        self.tiled = False  # whether a chunk's tensor was made a tile at a time
 
     def add(self, array: np.ndarray | Tiled, k: int) -> None:
         """Chunk k's tensor: figures, and bins if its range is the one of the chunks before (a held
@@ -297,7 +309,7 @@ class Part:
     def begin(self, k: int) -> None:
         """Before chunk k's blocks come one at a time (`take`): not kept (too many), so binned again
         by a replay."""
-        self.taken, self.spilled = 0, False
+        self.taken, self.spilled, self.tiled = 0, False, True
 
     def take(self, values: np.ndarray, k: int) -> None:
         """One block of chunk k made a tile at a time: gathered, and binned while in the cache; one

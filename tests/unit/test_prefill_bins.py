@@ -25,10 +25,11 @@ PADS = {"self_attn.attn_scores": -np.inf, "self_attn.attn_weights": 0.0}
 
 
 def rows(key: str, start: int, stop: int) -> np.ndarray:
-    """Per-position values [1, t, WIDTH]: q_a's range grows in chunk 2; the others' is reached in chunk 0."""
+    """Per-position values [1, t, WIDTH]: q_a's and o_proj's range grows in chunk 2; the others' is
+    reached in chunk 0."""
     t = np.arange(start, stop, dtype=np.float32)[None, :, None]
     values = np.sin(t * 0.7 + np.arange(WIDTH, dtype=np.float32))  # [1, t, WIDTH] in (-1, 1)
-    if key == "self_attn.q_a" and start == 2 * CHUNK:
+    if key in ("self_attn.q_a", "self_attn.o_proj") and start == 2 * CHUNK:
         values = values * np.float32(3)
     if key != "self_attn.q_a" and start == 0:
         values[0, 0, :2] = [-1, 1]
@@ -131,9 +132,9 @@ def test_only_the_chunks_binned_before_a_range_was_final_run_again_and_stop_afte
               "self_attn.o_proj")]
     assert made[:len(first)] == first
     # the scores' range grew in chunk 1's second tile (head 1): chunk 0 runs again, and chunk 1 up to its
-    # first tile, each stopped once the scores were binned (q_a and compressed_kv are made on the way);
-    # q_a's growth in chunk 2 is binned again from its chunks kept on disk; the weights, compressed_kv and
-    # o_proj were binned as they came
+    # first tile, each stopped once the scores were binned; q_a's growth in chunk 2 is binned again on the
+    # way (made before the scores, it is not kept on disk), o_proj's from its chunks kept on disk; the
+    # weights and compressed_kv were binned as they came
     again = ("self_attn.q_a", "self_attn.compressed_kv", "self_attn.attn_scores")
     assert made[len(first):] == [(start, key) for start in (0, 5) for key in again]
     # the tiles made again: chunk 0's (heads 0 and 1, head 2), chunk 1's first (head 0) and perhaps its
@@ -146,7 +147,10 @@ def test_no_chunk_runs_again_when_every_range_is_reached_in_the_first_blocks():
     assert_figures_of(shown["self_attn.attn_scores"], whole("self_attn.attn_scores", widen=False))
     assert_figures_of(shown["self_attn.attn_weights"], whole("self_attn.attn_weights"))
     assert_figures_of(shown["self_attn.q_a"], whole("self_attn.q_a"))
-    assert made[20:] == []  # q_a's growth in chunk 2: chunks 0 and 1 binned again from their values kept on disk
+    assert_figures_of(shown["self_attn.o_proj"], whole("self_attn.o_proj"))
+    # q_a's growth in chunk 2 alone runs chunks 0 and 1 again, up to q_a (made before the last tiled tensor,
+    # it is not kept on disk); o_proj's is binned again from its chunks kept there
+    assert made[20:] == [(0, "self_attn.q_a"), (5, "self_attn.q_a")]
 
 
 def test_a_masked_future_outside_the_chunks_range_makes_every_chunk_run_again():
@@ -192,7 +196,7 @@ def test_the_scores_and_weights_made_in_tiles_are_gathered_together_each_tile_of
 
 
 def test_a_held_tensors_chunks_binned_again_from_disk_are_read_a_block_at_a_time(monkeypatch):
-    """q_a's chunks 0 and 1, binned before its range grew in chunk 2, are read back from the spill,
+    """o_proj's chunks 0 and 1, binned before its range grew in chunk 2, are read back from the spill,
     at most CHUNK values at a time, once: 2 chunks of 5 positions of WIDTH values in blocks of 3."""
     monkeypatch.setattr(spill_module, "CHUNK", 3)
     read = []
@@ -204,15 +208,16 @@ def test_a_held_tensors_chunks_binned_again_from_disk_are_read_a_block_at_a_time
             yield block
     monkeypatch.setattr(spill_module.Spill, "values", noted)
     shown, made = run(widen=False)
-    assert_figures_of(shown["self_attn.q_a"], whole("self_attn.q_a"))
-    assert sum(read) == 2 * CHUNK * WIDTH and max(read) == 3 and made[20:] == []
+    assert_figures_of(shown["self_attn.o_proj"], whole("self_attn.o_proj"))
+    assert sum(read) == 2 * CHUNK * WIDTH and max(read) == 3 and {key for _, key in made[20:]} == {"self_attn.q_a"}
 
 
 def test_a_tensor_past_the_spills_budget_runs_its_chunks_again(monkeypatch):
-    """The spill keeps what fits its budget: here q_a's and compressed_kv's first chunks (2 x 80
-    bytes), not q_a's second, so q_a's chunks 0 and 1 run again once its range grew in chunk 2."""
+    """The spill keeps what fits its budget: here the first chunks of q_a, compressed_kv and o_proj
+    (3 x 80 bytes), not o_proj's second, so chunks 0 and 1 run again up to o_proj once its range grew
+    in chunk 2 (q_a's too, made on the way)."""
     made_spill = spill_module.Spill
-    monkeypatch.setattr(prefill, "Spill", lambda: made_spill(budget=2 * CHUNK * WIDTH * 4))
+    monkeypatch.setattr(prefill, "Spill", lambda: made_spill(budget=3 * CHUNK * WIDTH * 4))
     shown, made = run(widen=False)
-    assert_figures_of(shown["self_attn.q_a"], whole("self_attn.q_a"))
-    assert made[20:] == [(0, "self_attn.q_a"), (5, "self_attn.q_a")]
+    assert_figures_of(shown["self_attn.o_proj"], whole("self_attn.o_proj"))
+    assert made[20:] == made[:10]  # chunks 0 and 1 once more, whole
