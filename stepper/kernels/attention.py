@@ -165,7 +165,7 @@ def every_core_scores(ops: Operands, heads: slice, queries: slice) -> np.ndarray
     if t < 2 * FEWEST_SHARED_ROWS or parallel.cores() == 1:
         return ops.scores(heads, queries, slice(0, S))
     size = min(SHARED_ROWS, -(-t // parallel.cores()))  # queries of a block: at least one block per core
-    rows = np.full((B, len(range(*heads.indices(ops.shape[1]))), t, S), -np.inf, np.float32)
+    rows = np.empty((B, len(range(*heads.indices(ops.shape[1]))), t, S), np.float32)
     starts = list(range(queries.start, queries.stop, size))
     starts = [start for pair in zip(starts, starts[::-1]) for start in pair][:len(starts)]  # short and long in turn
 
@@ -173,8 +173,9 @@ def every_core_scores(ops: Operands, heads: slice, queries: slice) -> np.ndarray
         for start in share:
             block = slice(start, min(start + size, queries.stop))
             last = ops.last_key(block)
-            rows[:, :, block.start - queries.start:block.stop - queries.start, :last] = ops.scores(
-                heads, block, slice(0, last))  # [B, H, T, S]: these heads, the block's queries, keys to its last
+            into = rows[:, :, block.start - queries.start:block.stop - queries.start]  # [B, H, T, S]: its queries
+            into[..., :last] = ops.scores(heads, block, slice(0, last))  # these heads, keys to the block's last
+            into[..., last:] = -np.inf  # past it: the causal mask's
 
     parallel.split(starts, run)
     return rows
