@@ -228,13 +228,13 @@ class Softmaxed:
     def __init__(self, ops: Operands):
         B, H, T, _ = ops.shape
         self.ops = ops
-        self.out = np.empty((B, H, T, ops.values.shape[-1]), np.float32)  # [B, H, T, v_head]
+        self.out: np.ndarray | None = np.empty((B, H, T, ops.values.shape[-1]), np.float32)  # [B, H, T, v_head]
         self.made = np.zeros((H, T), bool)  # the heads' rows whose output is in `out`
 
     def weights(self, heads: slice, queries: slice) -> np.ndarray:
         """The weights of some heads and queries over every key -> [B, H, T, S] cut to them"""
         w = activations.softmax(self.ops.rows(heads, queries))  # [B, h, t, S]: a row with every key masked, NaN
-        if not self.made[heads, queries].all():
+        if self.out is not None and not self.made[heads, queries].all():
             t = queries.stop - queries.start
             size = max(FEWEST_SHARED_ROWS, -(-t // parallel.cores()))  # rows of a block: one per core
 
@@ -249,8 +249,12 @@ class Softmaxed:
         return w
 
     def output(self) -> np.ndarray:
-        """The output of every row: made with the weights where a sink looked at them all, else by `attend`."""
-        return self.out if self.made.all() else attend(self.ops)
+        """The output of every row: made with the weights where a sink looked at them all, else by
+        `attend` (and the weights read later make no output)."""
+        if self.made.all():
+            return self.out
+        self.out = None
+        return attend(self.ops)
 
 
 def attend(ops: Operands) -> np.ndarray:

@@ -194,3 +194,29 @@ def test_held_or_tiled_runs_the_whole_lines_while_they_fit_and_tiles_beyond(S, t
             and isinstance(sink.events["self_attn.attn_scores"], Tiled) == tiled)
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=2e-6)
     np.testing.assert_allclose(np.asarray(shown_weights), want_weights, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("looks", [True, False])
+def test_a_sink_that_looks_at_the_weights_has_the_output_made_with_them(looks, small_tiles, monkeypatch):
+    """held_or_tiled, the scores too many to hold: a sink that reads every tile of the weights as
+    they come (a chunked prefill's) has the output made with them, no online softmax run; one that
+    keeps them for later (a recorder) has it made by `attend`, and its later reads make none."""
+    monkeypatch.setattr(attention, "WHOLE_SCORES", 1)
+    rng = np.random.default_rng(10)
+    query, keys, values = random(rng, 1, 3, 7, 8), random(rng, 1, 3, 11, 8), random(rng, 1, 3, 11, 5)
+    ops, attends, kept = attention.Operands([query], [keys], values, SCALE), [], {}
+    attend = attention.attend
+    monkeypatch.setattr(attention, "attend", lambda ops: attends.append(1) or attend(ops))
+    weighted = attention.weighted
+    products = []
+    monkeypatch.setattr(attention, "weighted", lambda *a: products.append(1) or weighted(*a))
+
+    def sink(event):
+        kept[event.name] = np.asarray(event.array) if looks else event.array
+    out = attention.held_or_tiled(ops, lambda: None, Emitter([sink]), shown)
+    want, want_weights = whole_naive(query, keys, values)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=2e-6)
+    assert attends == ([] if looks else [1])
+    made = len(products)
+    np.testing.assert_allclose(np.asarray(kept["self_attn.attn_weights"]), want_weights, rtol=1e-5, atol=1e-7)
+    assert len(products) == made  # reading the weights again (or late) makes no output
