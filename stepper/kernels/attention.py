@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stepper.kernels import parallel
+from stepper.kernels import activations, parallel
 from stepper.seams.trace import Emitter
 from stepper.tensors.tiled import Tiled
 
@@ -181,16 +181,6 @@ def every_core_scores(ops: Operands, heads: slice, queries: slice) -> np.ndarray
     return rows
 
 
-def softmax(x: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """kernels.activations.softmax (the model's) over the last axis, written into `out`: the same
-    passes, so the same bits. x, out [..., S] -> out"""
-    with np.errstate(invalid="ignore"):  # -inf - -inf in a row with every entry masked
-        np.subtract(x, np.max(x, axis=-1, keepdims=True), out=out)
-    np.exp(out, out=out)
-    out /= np.sum(out, axis=-1, keepdims=True)
-    return out
-
-
 def mask_tile(mask: np.ndarray, heads: slice, queries: slice, keys: slice) -> np.ndarray:
     """The part of a mask broadcastable to [B, H, T, S] that a tile of heads, queries and keys sees."""
     m = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
@@ -242,24 +232,19 @@ class Softmaxed:
         self.made = np.zeros((H, T), bool)  # the heads' rows whose output is in `out`
 
     def weights(self, heads: slice, queries: slice) -> np.ndarray:
-        """The weights of some heads and queries over every key, in blocks of rows shared out across
-        the cores, each block's output made with them. -> [B, H, T, S] cut to those heads and queries"""
-        rows = self.ops.rows(heads, queries)  # [B, h, t, S]
-        w = np.empty_like(rows)
-        making = self.out is not None and not self.made[heads, queries].all()
-        t = queries.stop - queries.start
-        size = max(FEWEST_SHARED_ROWS, -(-t // parallel.cores()))  # rows of a block: one block per core
+        """The weights of some heads and queries over every key -> [B, H, T, S] cut to them"""
+        w = activations.softmax(self.ops.rows(heads, queries))  # [B, h, t, S]: a row with every key masked, NaN
+        if self.out is not None and not self.made[heads, queries].all():
+            t = queries.stop - queries.start
+            size = max(FEWEST_SHARED_ROWS, -(-t // parallel.cores()))  # rows of a block: one per core
 
-        def run(starts: Sequence[int]) -> None:
-            for start in starts:
-                block = slice(start, min(start + size, t))
-                softmax(rows[:, :, block], w[:, :, block])  # a row with every key masked: NaN
-                if making:
-                    self.out[:, heads, queries.start + block.start:queries.start + block.stop] = weighted(
-                        w[:, :, block], self.ops.values, heads)  # [B, h, t, v_head] of the block's rows
+            def run(starts: Sequence[int]) -> None:
+                for start in starts:
+                    rows = slice(start, min(start + size, t))
+                    self.out[:, heads, queries.start + rows.start:queries.start + rows.stop] = weighted(
+                        w[:, :, rows], self.ops.values, heads)  # [B, h, t, v_head] of the block's rows
 
-        parallel.split(range(0, t, size), run)
-        if making:
+            parallel.split(range(0, t, size), run)
             self.made[heads, queries] = True
         return w
 
