@@ -6,14 +6,17 @@ equals prefills of consecutive chunks with the cache: tests/model/test_cache.py.
 Every named tensor is still shown once, over all T positions, with the figures of the whole
 prompt's tensor (a `stepper.tensors.chunked.Chunked`): each chunk's tensors are gathered exactly as they
 come (statistics and corners). A histogram's bins need the whole tensor's range, so each chunk's
-values are binned against the range seen so far, and the counts start again when the range grows;
-a chunk binned before the range was final runs again against the cache as it was (a replay, bit
-for bit the same) for those tensors alone, and stops once it has made them (`Counted`): a tensor
-whose range was reached early (the weights' 0 and 1, in chunk 0) is binned as it comes, and the
-scores, shown before the attention's tiles run, need no tiles run again. Reading the values of
-one (`np.asarray`) replays the chunks once more and makes every chunked tensor at once (`Replay`).
-The scores and weights made a tile at a time are gathered together, tile by tile, so each tile
-of scores is made once for both.
+values are binned against the range seen so far, and the counts start again when the range grows.
+The values binned before the range was final are binned again once it is: a held tensor's from
+its chunks, written to a temporary file as they came (`stepper.tensors.spill`: disk, not memory);
+a tensor made a tile at a time (the attention's scores, too large to keep) by running those chunks
+again against the cache as it was (a replay, bit for bit the same) for those tensors alone, each
+stopped once it has made them (`Counted`), the chunk where the range last grew only up to the tile
+that widened it. A tensor whose range was reached early (the weights' 0 and 1, in chunk 0) is
+binned as it comes, and the scores, shown before the attention's tiles run, need no tiles run
+again. Reading the values of one (`np.asarray`) replays the chunks once more and makes every
+chunked tensor at once (`Replay`). The scores and weights made a tile at a time are gathered
+together, tile by tile, so each tile of scores is made once for both.
 
 A chunk's rows of a tensor over the attended positions S (the attention scores and weights, the
 indexer's scores, choices and mask) stop at the chunk's last position; the whole prompt's tensor
@@ -25,6 +28,7 @@ chunk's: the cache of every position.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache
@@ -35,6 +39,7 @@ from stepper import catalog
 from stepper.model.cache import KVCache, LayerCache
 from stepper.seams.trace import Emitter, Event
 from stepper.tensors.chunked import Chunked
+from stepper.tensors.spill import Spill
 from stepper.tensors.statistics import (
     BINS,
     CORNER,
@@ -43,6 +48,7 @@ from stepper.tensors.statistics import (
     bin_known,
     chunks,
     corners,
+    count_blocks,
     count_held,
     edges,
     gather_held,
@@ -67,23 +73,36 @@ def in_chunks(step: Step, length: int, chunk: int, cache: KVCache, emit: Emitter
         for span in spans:
             result = step(span, cache, emit)
         return result
-    gathered, before = Gathered(emit, masked or {}), []
+    spill = Spill()
+    try:
+        return shown(step, spans, cache, emit, Gathered(emit, masked or {}, spill))
+    finally:
+        spill.close()
+
+
+def shown(step: Step, spans: list[slice], cache: KVCache, emit: Emitter, gathered: Gathered) -> object:
+    """in_chunks of more than one chunk, every tensor gathered chunk by chunk (`gathered`), each
+    shown once after the last."""
+    before = []  # the cache's lengths before each chunk
     for k, span in enumerate(spans):
         emit.progress("prefill chunks", k, len(spans))
         before.append([layer.length for layer in cache.layers])
         gathered.chunk = k
         result = step(span, cache, emit.to([gathered]))
         gathered.flush()
+        if k == 0:
+            gathered.ride()
     emit.progress("prefill chunks", len(spans), len(spans))
     replay = Replay(step, spans, [layer.first(layer.length) for layer in cache.layers], before, emit)
     parts = list(gathered.parts.values())
     replay.parts = {part.name: part for part in parts if part.axis is not None}
     for part in parts:
         part.close_stats(len(spans))
-    again = max((part.since for part in parts), default=0)  # the chunks binned before some range was final
+        part.recount()  # a held tensor's chunks binned before its range was final, from their spill
+    again = max((part.replayed for part in parts), default=0)  # the tiled chunks binned before some range was final
     for k in range(again):
         emit.progress("prefill chunks again, for the histograms", k, again)
-        replay.run(k, [Counting([part for part in parts if part.since > k])])
+        replay.run(k, [Counting([part for part in parts if part.replayed > k], k)])
     if again:
         emit.progress("prefill chunks again, for the histograms", again, again)
     for part in parts:
@@ -156,8 +175,8 @@ class Gathered:
     blocks on another thread (`_beside`) while this one gathers the scores' (the passes release
     the GIL), each tensor's blocks still in order."""
 
-    def __init__(self, outer: Emitter, masked: Mapping[str, float]):
-        self.outer, self.masked = outer, masked
+    def __init__(self, outer: Emitter, masked: Mapping[str, float], spill: Spill):
+        self.outer, self.masked, self.spill = outer, masked, spill
         self.parts: dict[str, Part] = {}
         self.chunk = 0  # the chunk being run
         self.waiting: list[tuple[Part, Tiled]] = []  # tiled tensors of one shape, to gather together
@@ -166,15 +185,26 @@ class Gathered:
         if event.name not in self.parts:
             if not self.outer.wants(event):
                 return
-            self.parts[event.name] = Part(event, self.masked)
+            self.parts[event.name] = Part(event, self.masked, self.spill)
         part = self.parts[event.name]
         if isinstance(event.array, Tiled) and part.axis is not None:
             if self.waiting and self.waiting[0][1].shape != event.array.shape:
                 self.flush()
             self.waiting.append((part, event.array))
+            if len(self.waiting) > 1:  # the weights after their scores: gathered now, so the attention's
+                self.flush()  # output is made with them (kernels.attention.Softmaxed) before the step goes on
             return
         self.flush()
         part.add(event.array, self.chunk)
+
+    def ride(self) -> None:
+        """After the first chunk: the held tensors made before the last tiled one (the attention's
+        scores, whose range grows to the last chunk: their chunks run again) are not written to the
+        spill any more; a replay for the scores makes them on its way and bins them again then."""
+        parts = list(self.parts.values())
+        last = max((i for i, part in enumerate(parts) if part.tiled), default=0)
+        for part in parts[:last]:
+            part.spilled = False
 
     def flush(self) -> None:
         """Gather the waiting tiled tensors, a block of each in turn."""
@@ -205,7 +235,8 @@ def take_each(parts: list[Part], blocks: tuple[np.ndarray, ...], k: int) -> None
 
 @cache
 def _beside() -> ThreadPoolExecutor:
-    """The thread that gathers the other tiled tensors' blocks while the caller gathers the first's."""
+    """The thread that gathers the other tiled tensors' blocks while the caller gathers the first's,
+    or writes a held tensor to the spill while the caller gathers it."""
     return ThreadPoolExecutor(1, thread_name_prefix="stepper-gather")
 
 
@@ -214,16 +245,16 @@ class Counted(Exception):
 
 
 class Counting:
-    """Sink of a replayed chunk: the histogram counts of the parts it is replayed for; once each
+    """Sink of replayed chunk k: the histogram counts of the parts it is replayed for; once each
     has been counted, the rest of the step is not needed (`Counted`)."""
 
-    def __init__(self, parts: list[Part]):
-        self.left = {part.name: part for part in parts}
+    def __init__(self, parts: list[Part], k: int):
+        self.left, self.k = {part.name: part for part in parts}, k
 
     def __call__(self, event: Event) -> None:
         part = self.left.pop(event.name, None)
         if part is not None:
-            part.count(event.array)
+            part.count(event.array, self.k)
         if not self.left:
             raise Counted
 
@@ -231,7 +262,7 @@ class Counting:
 class Part:
     """One name's tensor over the chunks: figures gathered chunk by chunk, as the whole tensor's."""
 
-    def __init__(self, event: Event, masked: Mapping[str, float]):
+    def __init__(self, event: Event, masked: Mapping[str, float], spill: Spill | None = None):
         self.name, self.key, self.layer, self.phase = event.name, event.key, event.layer, event.phase
         entry = catalog.load().entry(event.key)
         dims = entry["dims"] if entry is not None and len(entry["dims"]) == event.array.ndim else []
@@ -242,16 +273,19 @@ class Part:
         self.pad = masked.get(event.key, 0.0)
         self.dtype, self.shapes, self.latest = event.array.dtype, [], None
         self.gather, self.first, self.last = Gather(), [], []
-        self.counts = np.zeros(BINS, np.int64)  # of the chunks from `since` on, binned against `span`
+        self.counts = np.zeros(BINS, np.int64)  # of the values from `since` on, binned against `span`
         self.span: tuple[float, float] | None = None  # the range of the values gathered so far
-        self.since = 0  # the first chunk whose values are all in `counts`: the ones before are replayed
-        self.taken = False  # whether a finite value of the current chunk was gathered
-        self.binning = True  # whether the current chunk's blocks are binned as they come (`begin`)
-        self.grew = False  # whether the range grew past the current chunk's first block
+        self.since = 0  # the first chunk whose values are all in `counts`: the ones before are binned again
+        self.upto = 0  # chunk `since`'s first values not in `counts` (binned before the range grew in its tiles)
+        self.taken = 0  # values of the current chunk's tiles gathered so far
+        self.spill = spill  # where a held tensor's chunks are kept, binned again from there once the range is final
+        self.spilled = spill is not None  # whether every chunk so far was kept there (else they run again)
+        self.tiled = False  # whether a chunk's tensor was made a tile at a time
 
     def add(self, array: np.ndarray | Tiled, k: int) -> None:
         """Chunk k's tensor: figures, and bins if its range is the one of the chunks before (a held
-        array is read twice, its range first: a chunk that widens the range is binned against the new one)."""
+        array is read twice, its range first: a chunk that widens the range is binned against the new
+        one), while another thread writes it to the spill."""
         if self.axis is None:
             self.latest = array
             return
@@ -262,35 +296,39 @@ class Part:
             self.end(array)
             return
         before = self.span
+        writing = _beside().submit(self.spill.write, self.name, k, array) if self.spilled else None
         self.gather.merge(gather_held(array))
         self.span = self.gather.span()
-        if self.span != before:  # the counts so far are against another range: the chunks before are replayed
+        if self.span != before:  # the counts so far are against another range: the chunks before are binned again
             self.counts[:], self.since = 0, k
         if self.span is not None:
             self.counts += count_held(array, self.span, BINS)
         self.end(array)
+        self.spilled = writing is not None and writing.result()
 
     def begin(self, k: int) -> None:
-        """Before chunk k's blocks come one at a time (`take`): they are binned unless the range grew
-        past the first block of the chunk before (the attention's scores, whose range grows to the
-        last chunk: their bins would start again), which makes chunk k one to replay."""
-        self.binning, self.grew, self.taken = not self.grew, False, False
-        if not self.binning:
-            self.counts[:], self.since = 0, k + 1
+        """Before chunk k's blocks come one at a time (`take`): not kept (too many), so binned again
+        by a replay."""
+        self.taken, self.spilled, self.tiled = 0, False, True
 
     def take(self, values: np.ndarray, k: int) -> None:
-        """One block of chunk k made a tile at a time: gathered, and binned while in the cache unless
-        it widens the range (the counts start again, from the next chunk on if this one's were begun)."""
+        """One block of chunk k made a tile at a time: gathered, and binned while in the cache; one
+        that widens the range starts the counts again, with itself: a replay of the chunks before
+        bins their values again, and the values of this chunk's tiles before this block."""
         finite = self.gather.add(values)
+        before, self.taken = self.taken, self.taken + values.size
         if not finite.size:
             return
         span = self.gather.span()
         if span != self.span:
-            self.span, self.since = span, k if self.binning and not self.taken else k + 1
-            self.counts[:], self.grew = 0, self.grew or self.taken
-        self.taken = True
-        if self.binning and k >= self.since:
-            self.counts += bin_known(finite, span, BINS)
+            self.span, self.since, self.upto = span, k, before
+            self.counts[:] = 0
+        self.counts += bin_known(finite, span, BINS)
+
+    @property
+    def replayed(self) -> int:
+        """How many chunks run again for this tensor's histogram: those binned before its range was final."""
+        return self.since + (self.upto > 0)
 
     def end(self, array: np.ndarray | Tiled) -> None:
         """After chunk k's blocks: its corners and shape."""
@@ -323,17 +361,30 @@ class Part:
         self.gather.add_repeated(float(self.pad), self.padding)
         self.stats = self.gather.stats()
         if not self.stats.finite:  # no histogram
-            self.since = 0
+            self.since = self.upto = 0
         elif edges(self.stats) != self.span:  # the masked future widened the range
-            self.counts[:], self.since = 0, chunks
+            self.counts[:], self.since, self.upto = 0, chunks, 0
 
-    def count(self, array: np.ndarray | Tiled) -> None:
-        """A replayed chunk's tensor: its histogram counts, the range known."""
+    def recount(self) -> None:
+        """A held tensor's chunks binned before the range was final: binned again from their spill,
+        so none runs again for this tensor."""
+        if self.spilled and self.since:
+            kept = self.spill.values(self.name, self.since)
+            self.counts += count_blocks(kept, self.spill.size(self.name, self.since), edges(self.stats), BINS)
+            self.since = 0
+
+    def count(self, array: np.ndarray | Tiled, k: int) -> None:
+        """Replayed chunk k's tensor: its histogram counts, the range known; of chunk `since`, its
+        first `upto` values alone (its tiles past them are not made)."""
         if held(array):
             self.counts += count_held(array, edges(self.stats), BINS)
             return
+        left = self.upto if k == self.since else math.prod(array.shape)
         for values in chunks(array):
-            self.counts += bin_counts(values, edges(self.stats), BINS)
+            self.counts += bin_counts(values[:left], edges(self.stats), BINS)
+            left -= min(left, values.size)
+            if not left:
+                break
 
     def event(self, replay: Replay) -> Event:
         """The whole tensor, as one event: the last chunk's, or a `Chunked` over every chunk."""

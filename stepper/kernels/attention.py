@@ -15,8 +15,8 @@ the absorbed path two (the latent part and the rotary part) whose keys every hea
 The online softmax (the flash-attention recurrence) visits the key tiles of a query tile in turn,
 keeping per query row the running maximum m, the running sum l of exp(score - m) and the running
 weighted sum of values; when a tile raises m, what was gathered is rescaled by exp(m_old - m_new).
-The result is the weighted sum over l, and m + log(l) the row's log-sum-exp, from which any tile
-of the weights is exp(score - lse) (`Operands.weights`).
+The result is the weighted sum over l. A shown attention, whose weights a sink looks at, makes
+them a tile of whole rows at a time instead, and its output with them (`Softmaxed`).
 """
 
 from __future__ import annotations
@@ -26,11 +26,10 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import partial
 
 import numpy as np
 
-from stepper.kernels import parallel
+from stepper.kernels import activations, parallel
 from stepper.seams.trace import Emitter
 from stepper.tensors.tiled import Tiled
 
@@ -122,15 +121,8 @@ class Operands:
     def rows(self, heads: slice, queries: slice) -> np.ndarray:
         """The scores of some heads and queries over every key (read-only), kept a while: a shown
         tensor is looked at more than once (its statistics, then its histogram) and the weights
-        are made of the same rows, so a decode step's are computed once."""
+        are made of the same rows (`Softmaxed`), so each is computed once."""
         return _kept_rows.get(self, heads, queries)
-
-    def weights(self, lse: np.ndarray, heads: slice, queries: slice) -> np.ndarray:
-        """The softmax weights of some heads and queries, every key: exp(scores - lse).
-        lse [B, H, T] -> [B, H, T, S] cut to those heads and queries"""
-        w = np.subtract(self.rows(heads, queries), lse[:, heads, queries, None])
-        with np.errstate(invalid="ignore"):  # a row with every key masked: -inf - -inf, NaN as in softmax
-            return np.exp(w, out=w)
 
 
 class KeptRows:
@@ -173,7 +165,7 @@ def every_core_scores(ops: Operands, heads: slice, queries: slice) -> np.ndarray
     if t < 2 * FEWEST_SHARED_ROWS or parallel.cores() == 1:
         return ops.scores(heads, queries, slice(0, S))
     size = min(SHARED_ROWS, -(-t // parallel.cores()))  # queries of a block: at least one block per core
-    rows = np.full((B, len(range(*heads.indices(ops.shape[1]))), t, S), -np.inf, np.float32)
+    rows = np.empty((B, len(range(*heads.indices(ops.shape[1]))), t, S), np.float32)
     starts = list(range(queries.start, queries.stop, size))
     starts = [start for pair in zip(starts, starts[::-1]) for start in pair][:len(starts)]  # short and long in turn
 
@@ -181,8 +173,9 @@ def every_core_scores(ops: Operands, heads: slice, queries: slice) -> np.ndarray
         for start in share:
             block = slice(start, min(start + size, queries.stop))
             last = ops.last_key(block)
-            rows[:, :, block.start - queries.start:block.stop - queries.start, :last] = ops.scores(
-                heads, block, slice(0, last))  # [B, H, T, S]: these heads, the block's queries, keys to its last
+            into = rows[:, :, block.start - queries.start:block.stop - queries.start]  # [B, H, T, S]: its queries
+            into[..., :last] = ops.scores(heads, block, slice(0, last))  # these heads, keys to the block's last
+            into[..., last:] = -np.inf  # past it: the causal mask's
 
     parallel.split(starts, run)
     return rows
@@ -213,50 +206,83 @@ def held_or_tiled(ops: Operands, held: Callable[[], np.ndarray], emit: Emitter, 
     them: a listening `emit` gets them and the weights through `show(scores, weights_of, emit)`
     as `Tiled` tensors, made a tile at a time when a sink looks. The scores are shown before the
     tiles run (they need none of their results), so a sink that wants only them can stop the step
-    there (a chunked prefill's replay: stepper.prefill).
+    there (a chunked prefill's replay: stepper.prefill). The weights are the softmax of whole rows
+    of scores (`Softmaxed`), each tile's output made with it, so a sink that looks at the scores
+    and the weights together, tile by tile, has each row of scores made once for both and for the
+    output; the rows no sink looked at by the time `show` returns are made by `attend`.
     -> [B, H, T, v_head] ([B, H, T, kv_lora] absorbed)"""
     if whole_fits(*ops.shape):
         return held()
     if not emit.listening:
-        return attend(ops)[0]
-    made = []
-
-    def weights_of(_) -> Tiled:
-        out, lse = attend(ops)  # the output, and each row's log-sum-exp [B, H, T]
-        made.append(out)
-        return Tiled(ops.shape, partial(ops.weights, lse))
-
-    show(Tiled(ops.shape, ops.rows), weights_of, emit)
-    return made[0]
+        return attend(ops)
+    softmaxed = Softmaxed(ops)
+    show(Tiled(ops.shape, ops.rows), lambda _: Tiled(ops.shape, softmaxed.weights), emit)
+    return softmaxed.output()
 
 
-def attend(ops: Operands) -> tuple[np.ndarray, np.ndarray]:
+class Softmaxed:
+    """The weights of an attention made a tile of whole rows at a time, softmax(scores) over every
+    key (the readable lines' softmax, kernels.activations), and the output of each tile's rows
+    (the weights times the values) made with them, once."""
+
+    def __init__(self, ops: Operands):
+        B, H, T, _ = ops.shape
+        self.ops = ops
+        self.out: np.ndarray | None = np.empty((B, H, T, ops.values.shape[-1]), np.float32)  # [B, H, T, v_head]
+        self.made = np.zeros((H, T), bool)  # the heads' rows whose output is in `out`
+
+    def weights(self, heads: slice, queries: slice) -> np.ndarray:
+        """The weights of some heads and queries over every key -> [B, H, T, S] cut to them"""
+        w = activations.softmax(self.ops.rows(heads, queries))  # [B, h, t, S]: a row with every key masked, NaN
+        if self.out is not None and not self.made[heads, queries].all():
+            t = queries.stop - queries.start
+            size = max(FEWEST_SHARED_ROWS, -(-t // parallel.cores()))  # rows of a block: one per core
+
+            def run(starts: Sequence[int]) -> None:
+                for start in starts:
+                    rows = slice(start, min(start + size, t))
+                    self.out[:, heads, queries.start + rows.start:queries.start + rows.stop] = weighted(
+                        w[:, :, rows], self.ops.values, heads)  # [B, h, t, v_head] of the block's rows
+
+            parallel.split(range(0, t, size), run)
+            self.made[heads, queries] = True
+        return w
+
+    def output(self) -> np.ndarray:
+        """The output of every row: made with the weights where a sink looked at them all, else by
+        `attend` (and the weights read later make no output)."""
+        if self.made.all():
+            return self.out
+        self.out = None
+        return attend(self.ops)
+
+
+def attend(ops: Operands) -> np.ndarray:
     """softmax(scores) @ values over tiles, shared out across the cores.
-    -> the output [B, H, T, v_head] ([B, H, T, kv_lora] absorbed) and each row's log-sum-exp [B, H, T]"""
+    -> the output [B, H, T, v_head] ([B, H, T, kv_lora] absorbed)"""
     B, H, T, S = ops.shape
     group, rows, key_tile = tiles(B, H, T, S)
     out = np.empty((B, H, T, ops.values.shape[-1]), np.float32)
-    lse = np.empty((B, H, T), np.float32)
     work = [(slice(h, min(h + group, H)), slice(t, min(t + rows, T))) for h in range(0, H, group)
             for t in range(0, T, rows)]
 
     def run(share: Sequence[tuple[slice, slice]]) -> None:
         for heads, queries in share:
-            out[:, heads, queries], lse[:, heads, queries] = attend_tile(ops, heads, queries, key_tile)
+            out[:, heads, queries] = attend_tile(ops, heads, queries, key_tile)
 
     parallel.split(work, run)
-    return out, lse
+    return out
 
 
-def attend_tile(ops: Operands, heads: slice, queries: slice, key_tile: int) -> tuple[np.ndarray, np.ndarray]:
+def attend_tile(ops: Operands, heads: slice, queries: slice, key_tile: int) -> np.ndarray:
     """The online softmax over the key tiles of one tile of heads and queries.
-    -> the output and the log-sum-exp of its rows, [B, H, T, v_head] and [B, H, T] cut to the tile"""
+    -> the output of its rows, [B, H, T, v_head] cut to the tile"""
     B = ops.shape[0]
     shape = (B, heads.stop - heads.start, queries.stop - queries.start)
     m = np.full((*shape, 1), -np.inf, np.float32)  # running maximum of each row
     l = np.zeros((*shape, 1), np.float32)  # running sum of exp(score - m)
     acc = np.zeros((*shape, ops.values.shape[-1]), np.float32)  # running sum of exp(score - m) * value
-    with np.errstate(invalid="ignore", divide="ignore"):
+    with np.errstate(invalid="ignore"):
         for start in range(0, ops.last_key(queries), key_tile):
             keys = slice(start, min(start + key_tile, ops.last_key(queries)))
             p = ops.scores(heads, queries, keys)  # a tile of [B, H, T, S]
@@ -270,4 +296,4 @@ def attend_tile(ops: Operands, heads: slice, queries: slice, key_tile: int) -> t
             acc += weighted(p, ops.values[:, :, keys], heads)
             m = new_m
         acc /= l  # a row with every key masked: 0 / 0, NaN as in softmax
-        return acc, (m + np.log(l))[..., 0]
+        return acc

@@ -72,10 +72,16 @@ def gather_held(array) -> Gather:
 
 def count_held(array, span: tuple[float, float], bins: int) -> np.ndarray:
     """bin_counts of a held array, its chunks shared out across the cores. -> int64 [bins]"""
+    return count_blocks(chunks(array), math.prod(array.shape), span, bins)
+
+
+def count_blocks(blocks: Iterator[np.ndarray], size: int, span: tuple[float, float], bins: int) -> np.ndarray:
+    """bin_counts of blocks of `size` values in all (as `chunks` gives them), shared out across the
+    cores. -> int64 [bins]"""
     def take(counts: np.ndarray, values: np.ndarray) -> None:
         counts += bin_counts(values, span, bins)
 
-    return sum(every_core(chunks(array), math.prod(array.shape), lambda: np.zeros(bins, np.int64), take))
+    return sum(every_core(blocks, size, lambda: np.zeros(bins, np.int64), take))
 
 
 def every_core(blocks: Iterator[np.ndarray], size: int, start: Callable[[], Any],

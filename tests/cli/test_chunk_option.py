@@ -65,9 +65,9 @@ def test_only_the_names_shown_are_gathered_chunk_by_chunk(monkeypatch):
     gathered = []
 
     class Part(prefill.Part):
-        def __init__(self, event, masked):
+        def __init__(self, event, *rest):
             gathered.append(event.name)
-            super().__init__(event, masked)
+            super().__init__(event, *rest)
 
     monkeypatch.setattr(prefill, "Part", Part)
     result = invoke("run", "--prompt-len", "9", "--chunk", "4", "--only", "compressed_kv", "--plain")

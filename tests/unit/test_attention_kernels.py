@@ -56,10 +56,12 @@ def test_naive_in_tiles_equals_the_whole_matrix(B, H, T, S, small_tiles):
     query, keys, values = random(rng, B, H, T, 8), random(rng, B, H, S, 8), random(rng, B, H, S, 5)
     want, want_weights = whole_naive(query, keys, values)
     ops = attention.Operands([query], [keys], values, SCALE)
-    out, lse = attention.attend(ops)
+    out = attention.attend(ops)
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=2e-6)
     every_key = slice(0, S)
-    np.testing.assert_allclose(ops.weights(lse, slice(0, H), slice(0, T)), want_weights, rtol=1e-5, atol=1e-7)
+    softmaxed = attention.Softmaxed(ops)
+    np.testing.assert_allclose(softmaxed.weights(slice(0, H), slice(0, T)), want_weights, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(softmaxed.output(), want, rtol=1e-5, atol=2e-6)  # made with the weights
     scores = ops.scores(slice(0, H), slice(0, T), every_key)
     assert np.array_equal(np.isinf(scores), want_weights == 0)  # the causal edge where the reference has it
 
@@ -72,7 +74,7 @@ def test_absorbed_in_tiles_equals_the_whole_matrix(B, H, T, S, small_tiles):
     scores = (attention.shared_matmul(q_latent, latents.swapaxes(-1, -2))
               + attention.shared_matmul(q_pe, k_pe[:, 0].swapaxes(-1, -2)))
     want = attention.shared_matmul(attention_weights(scores, SCALE, Emitter()), latents)  # [B, H, T, kv_lora]
-    out, _ = attention.attend(attention.Operands([q_latent, q_pe], [latents[:, None], k_pe], latents[:, None], SCALE))
+    out = attention.attend(attention.Operands([q_latent, q_pe], [latents[:, None], k_pe], latents[:, None], SCALE))
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=2e-6)
 
 
@@ -88,7 +90,7 @@ def test_an_extra_mask_merges_with_the_causal_one(kind, small_tiles):
     if kind == "per head":
         mask[..., 0] = 0
     want, _ = whole_naive(query, keys, values, mask)
-    out, _ = attention.attend(attention.Operands([query], [keys], values, SCALE, mask))
+    out = attention.attend(attention.Operands([query], [keys], values, SCALE, mask))
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=2e-6)
 
 
@@ -98,8 +100,11 @@ def test_a_row_with_every_key_masked_is_nan_as_in_the_softmax(small_tiles):
     mask = np.ones((6, 6), bool)
     mask[3] = False
     want, _ = whole_naive(query, keys, values, mask)
-    out, lse = attention.attend(attention.Operands([query], [keys], values, SCALE, mask))
-    assert np.isnan(want[:, :, 3]).all() and np.isnan(out[:, :, 3]).all() and np.isneginf(lse[:, :, 3]).all()
+    ops = attention.Operands([query], [keys], values, SCALE, mask)
+    out, softmaxed = attention.attend(ops), attention.Softmaxed(ops)
+    weights = softmaxed.weights(slice(0, 2), slice(0, 6))
+    assert np.isnan(want[:, :, 3]).all() and np.isnan(out[:, :, 3]).all() and np.isnan(weights[:, :, 3]).all()
+    assert np.isnan(softmaxed.output()[:, :, 3]).all()
     np.testing.assert_allclose(np.delete(out, 3, axis=2), np.delete(want, 3, axis=2), rtol=1e-5, atol=2e-6)
 
 
@@ -111,11 +116,9 @@ def test_rows_of_scores_are_made_once_for_the_scores_and_the_weights_and_let_go_
     made = []
     scores = attention.Operands.scores
     monkeypatch.setattr(attention.Operands, "scores", lambda self, *a: made.append(a) or scores(self, *a))
-    _, lse = attention.attend(ops)
-    made.clear()
     heads, queries = slice(0, 2), slice(0, T)
     rows = ops.rows(heads, queries)
-    again, weights = ops.rows(heads, queries), ops.weights(lse, heads, queries)
+    again, weights = ops.rows(heads, queries), attention.Softmaxed(ops).weights(heads, queries)
     assert len(made) == 1 and again is rows and not rows.flags.writeable  # one product; nobody changes it in place
     _, want = whole_naive(query, keys, values)
     np.testing.assert_allclose(weights, want[:, heads], rtol=1e-5, atol=1e-7)
@@ -191,3 +194,29 @@ def test_held_or_tiled_runs_the_whole_lines_while_they_fit_and_tiles_beyond(S, t
             and isinstance(sink.events["self_attn.attn_scores"], Tiled) == tiled)
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=2e-6)
     np.testing.assert_allclose(np.asarray(shown_weights), want_weights, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("looks", [True, False])
+def test_a_sink_that_looks_at_the_weights_has_the_output_made_with_them(looks, small_tiles, monkeypatch):
+    """held_or_tiled, the scores too many to hold: a sink that reads every tile of the weights as
+    they come (a chunked prefill's) has the output made with them, no online softmax run; one that
+    keeps them for later (a recorder) has it made by `attend`, and its later reads make none."""
+    monkeypatch.setattr(attention, "WHOLE_SCORES", 1)
+    rng = np.random.default_rng(10)
+    query, keys, values = random(rng, 1, 3, 7, 8), random(rng, 1, 3, 11, 8), random(rng, 1, 3, 11, 5)
+    ops, attends, kept = attention.Operands([query], [keys], values, SCALE), [], {}
+    attend = attention.attend
+    monkeypatch.setattr(attention, "attend", lambda ops: attends.append(1) or attend(ops))
+    weighted = attention.weighted
+    products = []
+    monkeypatch.setattr(attention, "weighted", lambda *a: products.append(1) or weighted(*a))
+
+    def sink(event):
+        kept[event.name] = np.asarray(event.array) if looks else event.array
+    out = attention.held_or_tiled(ops, lambda: None, Emitter([sink]), shown)
+    want, want_weights = whole_naive(query, keys, values)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=2e-6)
+    assert attends == ([] if looks else [1])
+    made = len(products)
+    np.testing.assert_allclose(np.asarray(kept["self_attn.attn_weights"]), want_weights, rtol=1e-5, atol=1e-7)
+    assert len(products) == made  # reading the weights again (or late) makes no output
