@@ -71,7 +71,8 @@ def attention_run(model: str, tokens: int, cache: int, attn: str, shown: bool, r
     seen = "every tensor shown (statistics, histogram, corners)" if shown else "no tensor shown"
     note = f"{seen}; median of {repeat}"
     if 0 < chunk < tokens:
-        replay = " (the scores' chunks binned before their range was final run again for their histogram)" if shown else ""
+        replay = " (the scores' chunks binned before their range was final run again for their histogram)"
+        replay = replay if shown else ""
         note += f"; in chunks of {chunk} positions{replay}"
     if core.seconds:
         note += (f"; attention core (kernels.attend) {core.seconds:.3g} s, {flops / core.seconds / 1e9:.1f} GFLOP/s = "

@@ -233,7 +233,8 @@ class Softmaxed:
 
     def weights(self, heads: slice, queries: slice) -> np.ndarray:
         """The weights of some heads and queries over every key -> [B, H, T, S] cut to them"""
-        w = activations.softmax(self.ops.rows(heads, queries))  # [B, h, t, S]: a row with every key masked, NaN
+        # [B, H, T, S] of the heads and queries asked; a row with every key masked is NaN
+        w = activations.softmax(self.ops.rows(heads, queries))
         if self.out is not None and not self.made[heads, queries].all():
             t = queries.stop - queries.start
             size = max(FEWEST_SHARED_ROWS, -(-t // parallel.cores()))  # rows of a block: one per core
@@ -242,7 +243,7 @@ class Softmaxed:
                 for start in starts:
                     rows = slice(start, min(start + size, t))
                     self.out[:, heads, queries.start + rows.start:queries.start + rows.stop] = weighted(
-                        w[:, :, rows], self.ops.values, heads)  # [B, h, t, v_head] of the block's rows
+                        w[:, :, rows], self.ops.values, heads)  # [B, H, T, v_head] of the heads and block asked
 
             parallel.split(range(0, t, size), run)
             self.made[heads, queries] = True
