@@ -262,7 +262,7 @@ class Counting:
 class Part:
     """One name's tensor over the chunks: figures gathered chunk by chunk, as the whole tensor's."""
 
-    def __init__(self, event: Event, masked: Mapping[str, float], spill: Spill | None = None):
+    def __init__(self, event: Event, masked: Mapping[str, float], spill: Spill):
         self.name, self.key, self.layer, self.phase = event.name, event.key, event.layer, event.phase
         entry = catalog.load().entry(event.key)
         dims = entry["dims"] if entry is not None and len(entry["dims"]) == event.array.ndim else []
@@ -279,7 +279,7 @@ class Part:
         self.upto = 0  # chunk `since`'s first values not in `counts` (binned before the range grew in its tiles)
         self.taken = 0  # values of the current chunk's tiles gathered so far
         self.spill = spill  # where a held tensor's chunks are kept, binned again from there once the range is final
-        self.spilled = spill is not None  # whether every chunk so far was kept there (else they run again)
+        self.spilled = True  # whether every chunk so far was kept there (else they run again)
         self.tiled = False  # whether a chunk's tensor was made a tile at a time
 
     def add(self, array: np.ndarray | Tiled, k: int) -> None:

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from stepper.tensors.statistics import CHUNK, chunks
+from stepper.tensors.statistics import CHUNK, chunks, exact_dtype
 
 
 class Spill:
@@ -31,7 +31,7 @@ class Spill:
     def write(self, name: str, k: int, array: np.ndarray) -> bool:
         """Chunk k of `name`'s values, as `statistics.chunks` gives them (float32 where that is
         exact). -> whether it was written (False: it would pass the budget; nothing is written)"""
-        wide = np.dtype(np.float32 if np.can_cast(array.dtype, np.float32, "safe") else np.float64)
+        wide = exact_dtype(array.dtype)
         nbytes = int(np.prod(array.shape)) * wide.itemsize
         if self.file is None:
             self.file = tempfile.TemporaryFile(prefix="stepper-chunks-")  # noqa: SIM115 (open until `close`)

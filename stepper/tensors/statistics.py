@@ -56,9 +56,14 @@ def chunks(array) -> Iterator[np.ndarray]:
     blocks = array.tiles() if hasattr(array, "tiles") else pieces(np.asarray(array))
     for block in blocks:
         flat = block.reshape(-1)  # a view, or a copy of at most CHUNK values
-        wide = np.float32 if np.can_cast(flat.dtype, np.float32, "safe") else np.float64
+        wide = exact_dtype(flat.dtype)
         for start in range(0, flat.size, CHUNK):
             yield np.asarray(flat[start:start + CHUNK], dtype=wide)
+
+
+def exact_dtype(dtype) -> np.dtype:
+    """The dtype `chunks` gives a tensor's values in: float32 where that is exact, else float64."""
+    return np.dtype(np.float32 if np.can_cast(dtype, np.float32, "safe") else np.float64)
 
 
 def gather_held(array) -> Gather:
