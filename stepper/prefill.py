@@ -5,18 +5,12 @@ equals prefills of consecutive chunks with the cache: tests/model/test_cache.py.
 
 Every named tensor is still shown once, over all T positions, with the figures of the whole
 prompt's tensor (a `stepper.tensors.chunked.Chunked`): each chunk's tensors are gathered exactly as they
-come (statistics and corners). A histogram's bins need the whole tensor's range, so each chunk's
-values are binned against the range seen so far, and the counts start again when the range grows.
-The values binned before the range was final are binned again once it is: a held tensor's from
-its chunks, written to a temporary file as they came (`stepper.tensors.spill`: disk, not memory);
-a tensor made a tile at a time (the attention's scores, too large to keep) by running those chunks
-again against the cache as it was (a replay, bit for bit the same) for those tensors alone, each
-stopped once it has made them (`Counted`), the chunk where the range last grew only up to the tile
-that widened it. A tensor whose range was reached early (the weights' 0 and 1, in chunk 0) is
-binned as it comes, and the scores, shown before the attention's tiles run, need no tiles run
-again. Reading the values of one (`np.asarray`) replays the chunks once more and makes every
-chunked tensor at once (`Replay`). The scores and weights made a tile at a time are gathered
-together, tile by tile, so each tile of scores is made once for both.
+come (statistics, histogram counts, corners), so no chunk runs twice. A histogram's bins grow with
+the range seen so far and merge exactly when it grows (`stepper.tensors.statistics.Lattice`): a
+tensor whose range grows to the last chunk (the attention's scores, made a tile at a time, too large
+to keep) is binned in the pass that makes it. Reading the values of one (`np.asarray`) replays the
+chunks and makes every chunked tensor at once (`Replay`). The scores and weights made a tile at a
+time are gathered together, tile by tile, so each tile of scores is made once for both.
 
 A chunk's rows of a tensor over the attended positions S (the attention scores and weights, the
 indexer's scores, choices and mask) stop at the chunk's last position; the whole prompt's tensor
@@ -28,7 +22,6 @@ chunk's: the cache of every position.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache
@@ -39,20 +32,7 @@ from stepper import catalog
 from stepper.model.cache import KVCache, LayerCache
 from stepper.seams.trace import Emitter, Event
 from stepper.tensors.chunked import Chunked
-from stepper.tensors.spill import Spill
-from stepper.tensors.statistics import (
-    BINS,
-    CORNER,
-    Gather,
-    bin_counts,
-    bin_known,
-    chunks,
-    corners,
-    count_blocks,
-    count_held,
-    edges,
-    gather_held,
-)
+from stepper.tensors.statistics import CORNER, Gather, chunks, corners, gather_held
 from stepper.tensors.tensor import Figures, held, mib
 from stepper.tensors.tiled import Tiled
 
@@ -73,11 +53,7 @@ def in_chunks(step: Step, length: int, chunk: int, cache: KVCache, emit: Emitter
         for span in spans:
             result = step(span, cache, emit)
         return result
-    spill = Spill()
-    try:
-        return shown(step, spans, cache, emit, Gathered(emit, masked or {}, spill))
-    finally:
-        spill.close()
+    return shown(step, spans, cache, emit, Gathered(emit, masked or {}))
 
 
 def shown(step: Step, spans: list[slice], cache: KVCache, emit: Emitter, gathered: Gathered) -> object:
@@ -87,24 +63,12 @@ def shown(step: Step, spans: list[slice], cache: KVCache, emit: Emitter, gathere
     for k, span in enumerate(spans):
         emit.progress("prefill chunks", k, len(spans))
         before.append([layer.length for layer in cache.layers])
-        gathered.chunk = k
         result = step(span, cache, emit.to([gathered]))
         gathered.flush()
-        if k == 0:
-            gathered.ride()
     emit.progress("prefill chunks", len(spans), len(spans))
     replay = Replay(step, spans, [layer.first(layer.length) for layer in cache.layers], before, emit)
     parts = list(gathered.parts.values())
     replay.parts = {part.name: part for part in parts if part.axis is not None}
-    for part in parts:
-        part.close_stats(len(spans))
-        part.recount()  # a held tensor's chunks binned before its range was final, from their spill
-    again = max((part.replayed for part in parts), default=0)  # the tiled chunks binned before some range was final
-    for k in range(again):
-        emit.progress("prefill chunks again, for the histograms", k, again)
-        replay.run(k, [Counting([part for part in parts if part.replayed > k], k)])
-    if again:
-        emit.progress("prefill chunks again, for the histograms", again, again)
     for part in parts:
         emit.deliver(part.event(replay))
     return result
@@ -125,10 +89,7 @@ class Replay:
     def run(self, k: int, sinks: list) -> None:
         cache = KVCache(0)
         cache.layers = [layer.first(n) for layer, n in zip(self.final, self.before[k])]
-        try:
-            self.step(self.spans[k], cache, self.emit.to(sinks))
-        except Counted:  # the sinks have what they need of this chunk: the rest of its step is not run
-            pass
+        self.step(self.spans[k], cache, self.emit.to(sinks))
 
     def keep(self, name: str) -> None:
         self.together.add(name)
@@ -175,17 +136,16 @@ class Gathered:
     blocks on another thread (`_beside`) while this one gathers the scores' (the passes release
     the GIL), each tensor's blocks still in order."""
 
-    def __init__(self, outer: Emitter, masked: Mapping[str, float], spill: Spill):
-        self.outer, self.masked, self.spill = outer, masked, spill
+    def __init__(self, outer: Emitter, masked: Mapping[str, float]):
+        self.outer, self.masked = outer, masked
         self.parts: dict[str, Part] = {}
-        self.chunk = 0  # the chunk being run
         self.waiting: list[tuple[Part, Tiled]] = []  # tiled tensors of one shape, to gather together
 
     def __call__(self, event: Event) -> None:
         if event.name not in self.parts:
             if not self.outer.wants(event):
                 return
-            self.parts[event.name] = Part(event, self.masked, self.spill)
+            self.parts[event.name] = Part(event, self.masked)
         part = self.parts[event.name]
         if isinstance(event.array, Tiled) and part.axis is not None:
             if self.waiting and self.waiting[0][1].shape != event.array.shape:
@@ -195,30 +155,19 @@ class Gathered:
                 self.flush()  # output is made with them (kernels.attention.Softmaxed) before the step goes on
             return
         self.flush()
-        part.add(event.array, self.chunk)
-
-    def ride(self) -> None:
-        """After the first chunk: the held tensors made before the last tiled one (the attention's
-        scores, whose range grows to the last chunk: their chunks run again) are not written to the
-        spill any more; a replay for the scores makes them on its way and bins them again then."""
-        parts = list(self.parts.values())
-        last = max((i for i, part in enumerate(parts) if part.tiled), default=0)
-        for part in parts[:last]:
-            part.spilled = False
+        part.add(event.array)
 
     def flush(self) -> None:
         """Gather the waiting tiled tensors, a block of each in turn."""
         waiting, self.waiting = self.waiting, []
         if not waiting:
             return
-        for part, _ in waiting:
-            part.begin(self.chunk)
         first, others, taking = waiting[0][0], [part for part, _ in waiting[1:]], None
         for blocks in zip(*(chunks(tiled) for _, tiled in waiting)):
             if taking is not None:
                 taking.result()  # the others' blocks before, each part's blocks in order
-            taking = _beside().submit(take_each, others, blocks[1:], self.chunk)
-            first.take(blocks[0], self.chunk)
+            taking = _beside().submit(take_each, others, blocks[1:])
+            first.gather.add(blocks[0])
         if taking is not None:
             taking.result()
         for part, tiled in waiting:
@@ -228,41 +177,21 @@ class Gathered:
         self.outer.progress(task, done, total)
 
 
-def take_each(parts: list[Part], blocks: tuple[np.ndarray, ...], k: int) -> None:
+def take_each(parts: list[Part], blocks: tuple[np.ndarray, ...]) -> None:
     for part, values in zip(parts, blocks):
-        part.take(values, k)
+        part.gather.add(values)
 
 
 @cache
 def _beside() -> ThreadPoolExecutor:
-    """The thread that gathers the other tiled tensors' blocks while the caller gathers the first's,
-    or writes a held tensor to the spill while the caller gathers it."""
+    """The thread that gathers the other tiled tensors' blocks while the caller gathers the first's."""
     return ThreadPoolExecutor(1, thread_name_prefix="stepper-gather")
-
-
-class Counted(Exception):
-    """Raised by `Counting` once a replayed chunk has made every tensor it was replayed for."""
-
-
-class Counting:
-    """Sink of replayed chunk k: the histogram counts of the parts it is replayed for; once each
-    has been counted, the rest of the step is not needed (`Counted`)."""
-
-    def __init__(self, parts: list[Part], k: int):
-        self.left, self.k = {part.name: part for part in parts}, k
-
-    def __call__(self, event: Event) -> None:
-        part = self.left.pop(event.name, None)
-        if part is not None:
-            part.count(event.array, self.k)
-        if not self.left:
-            raise Counted
 
 
 class Part:
     """One name's tensor over the chunks: figures gathered chunk by chunk, as the whole tensor's."""
 
-    def __init__(self, event: Event, masked: Mapping[str, float], spill: Spill):
+    def __init__(self, event: Event, masked: Mapping[str, float]):
         self.name, self.key, self.layer, self.phase = event.name, event.key, event.layer, event.phase
         entry = catalog.load().entry(event.key)
         dims = entry["dims"] if entry is not None and len(entry["dims"]) == event.array.ndim else []
@@ -273,65 +202,21 @@ class Part:
         self.pad = masked.get(event.key, 0.0)
         self.dtype, self.shapes, self.latest = event.array.dtype, [], None
         self.gather, self.first, self.last = Gather(), [], []
-        self.counts = np.zeros(BINS, np.int64)  # of the values from `since` on, binned against `span`
-        self.span: tuple[float, float] | None = None  # the range of the values gathered so far
-        self.since = 0  # the first chunk whose values are all in `counts`: the ones before are binned again
-        self.upto = 0  # chunk `since`'s first values not in `counts` (binned before the range grew in its tiles)
-        self.taken = 0  # values of the current chunk's tiles gathered so far
-        self.spill = spill  # where a held tensor's chunks are kept, binned again from there once the range is final
-        self.spilled = True  # whether every chunk so far was kept there (else they run again)
-        self.tiled = False  # whether a chunk's tensor was made a tile at a time
 
-    def add(self, array: np.ndarray | Tiled, k: int) -> None:
-        """Chunk k's tensor: figures, and bins if its range is the one of the chunks before (a held
-        array is read twice, its range first: a chunk that widens the range is binned against the new
-        one), while another thread writes it to the spill."""
+    def add(self, array: np.ndarray | Tiled) -> None:
+        """A chunk's tensor: its figures (a held one's blocks shared out across the cores)."""
         if self.axis is None:
             self.latest = array
             return
         if isinstance(array, Tiled):
-            self.begin(k)
             for values in chunks(array):
-                self.take(values, k)
-            self.end(array)
-            return
-        before = self.span
-        writing = _beside().submit(self.spill.write, self.name, k, array) if self.spilled else None
-        self.gather.merge(gather_held(array))
-        self.span = self.gather.span()
-        if self.span != before:  # the counts so far are against another range: the chunks before are binned again
-            self.counts[:], self.since = 0, k
-        if self.span is not None:
-            self.counts += count_held(array, self.span, BINS)
+                self.gather.add(values)
+        else:
+            self.gather.merge(gather_held(array))
         self.end(array)
-        self.spilled = writing is not None and writing.result()
-
-    def begin(self, k: int) -> None:
-        """Before chunk k's blocks come one at a time (`take`): not kept (too many), so binned again
-        by a replay."""
-        self.taken, self.spilled, self.tiled = 0, False, True
-
-    def take(self, values: np.ndarray, k: int) -> None:
-        """One block of chunk k made a tile at a time: gathered, and binned while in the cache; one
-        that widens the range starts the counts again, with itself: a replay of the chunks before
-        bins their values again, and the values of this chunk's tiles before this block."""
-        finite = self.gather.add(values)
-        before, self.taken = self.taken, self.taken + values.size
-        if not finite.size:
-            return
-        span = self.gather.span()
-        if span != self.span:
-            self.span, self.since, self.upto = span, k, before
-            self.counts[:] = 0
-        self.counts += bin_known(finite, span, BINS)
-
-    @property
-    def replayed(self) -> int:
-        """How many chunks run again for this tensor's histogram: those binned before its range was final."""
-        return self.since + (self.upto > 0)
 
     def end(self, array: np.ndarray | Tiled) -> None:
-        """After chunk k's blocks: its corners and shape."""
+        """After a chunk's blocks: its corners and shape."""
         first, last = corners(array, CORNER)
         if self.axis == array.ndim - 1:  # rows along the positions ([B, T]): a corner may span chunks
             self.first, self.last = (self.first + first)[:CORNER], (self.last + last)[-CORNER:]
@@ -354,50 +239,15 @@ class Part:
         """Entries of the whole tensor that no chunk has: the masked future past each chunk's rows."""
         return int(np.prod(self.shape)) - sum(int(np.prod(s)) for s in self.shapes)
 
-    def close_stats(self, chunks: int) -> None:
-        """The figures of every chunk gathered: the statistics; the chunks to replay for the histogram."""
-        if self.axis is None:
-            return
-        self.gather.add_repeated(float(self.pad), self.padding)
-        self.stats = self.gather.stats()
-        if not self.stats.finite:  # no histogram
-            self.since = self.upto = 0
-        elif edges(self.stats) != self.span:  # the masked future widened the range
-            self.counts[:], self.since, self.upto = 0, chunks, 0
-
-    def recount(self) -> None:
-        """A held tensor's chunks binned before the range was final: binned again from their spill,
-        so none runs again for this tensor."""
-        if self.spilled and self.since:
-            kept = self.spill.values(self.name, self.since)
-            self.counts += count_blocks(kept, self.spill.size(self.name, self.since), edges(self.stats), BINS)
-            self.since = 0
-
-    def count(self, array: np.ndarray | Tiled, k: int) -> None:
-        """Replayed chunk k's tensor: its histogram counts, the range known; of chunk `since`, its
-        first `upto` values alone (its tiles past them are not made)."""
-        if held(array):
-            self.counts += count_held(array, edges(self.stats), BINS)
-            return
-        left = self.upto if k == self.since else math.prod(array.shape)
-        for values in chunks(array):
-            self.counts += bin_counts(values[:left], edges(self.stats), BINS)
-            left -= min(left, values.size)
-            if not left:
-                break
-
     def event(self, replay: Replay) -> Event:
         """The whole tensor, as one event: the last chunk's, or a `Chunked` over every chunk."""
         if self.axis is None:
             return Event(self.name, self.key, self.latest, self.layer, self.phase)
-        if self.stats.finite:
-            self.counts += bin_counts(np.array([self.pad], np.float64), edges(self.stats), BINS) * self.padding
-        if int(self.counts.sum()) != self.stats.finite:  # a replay made other values than the first run
-            raise RuntimeError(f"{self.name}: the chunks' replay differs from their first run")
+        self.gather.add_repeated(float(self.pad), self.padding)
         first = self.first
         if self.width == len(self.shape) - 1:  # the first row, past chunk 0's attended positions
             first = first + [float(self.pad)] * (min(CORNER, self.shape[-1]) - len(first))
-        figures = Figures(self.stats, self.counts.tolist(), first, self.last)
+        figures = Figures(self.gather.stats(), self.gather.bins, first, self.last)
         tensor = Chunked(self.name, self.shape, self.dtype, self.axis, len(self.shapes), replay, figures)
         return Event(self.name, self.key, tensor, self.layer, self.phase)
 

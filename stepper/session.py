@@ -440,10 +440,10 @@ def masked_future(plan: Plan, attn: str) -> dict[str, float]:
 
 
 def chunked_model(plan: Plan, model: Model) -> Model:
-    """The model a chunked prefill runs: its chunks run again for the histograms and must make the
-    same values, but past a weight's first use a weight cache multiplies by its decoded float32
-    copy, which rounds differently; so the prefill reads the weights as stored, as a whole
-    prompt's prefill (every weight's first use) does."""
+    """The model a chunked prefill runs: its chunks run again when a chunked tensor's values are
+    read (prefill.Replay) and must make the same values, but past a weight's first use a weight
+    cache multiplies by its decoded float32 copy, which rounds differently; so the prefill reads
+    the weights as stored, as a whole prompt's prefill (every weight's first use) does."""
     if isinstance(plan.weights, CachedWeights):
         return families.family_for(plan.config).build(plan.weights.source, model.options)
     return model

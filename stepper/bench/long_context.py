@@ -71,9 +71,7 @@ def attention_run(model: str, tokens: int, cache: int, attn: str, shown: bool, r
     seen = "every tensor shown (statistics, histogram, corners)" if shown else "no tensor shown"
     note = f"{seen}; median of {repeat}"
     if 0 < chunk < tokens:
-        replay = " (the scores' chunks binned before their range was final run again for their histogram)"
-        replay = replay if shown else ""
-        note += f"; in chunks of {chunk} positions{replay}"
+        note += f"; in chunks of {chunk} positions"
     if core.seconds:
         note += (f"; attention core (kernels.attend) {core.seconds:.3g} s, {flops / core.seconds / 1e9:.1f} GFLOP/s = "
                  f"{flops / core.seconds / gemm:.0%} of the float32 GEMM rate here "
@@ -83,8 +81,7 @@ def attention_run(model: str, tokens: int, cache: int, attn: str, shown: bool, r
 
 def shown_like_run(event) -> None:
     """What `stepper run` computes of every tensor it shows (views.sinks.TensorRows)."""
-    st = summary.stats(event.array)
-    summary.histogram(event.array, known=st)
+    summary.histogram(event.array)  # the statistics too (summary.look)
     summary.corners(event.array)
 
 

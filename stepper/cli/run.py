@@ -62,7 +62,7 @@ IndexScoringOpt = Annotated[str, typer.Option("--index-scoring", metavar="exact|
          "kept).")]
 ChunkOpt = Annotated[str | None, typer.Option(metavar="N|auto",
     help="Run the prefill N positions at a time, the cache carrying the earlier ones (each tensor is still shown once, "
-         "whole, over every position; each chunk runs twice, the second time for the histograms); 0: the whole prompt "
+         "whole, over every position, its figures gathered as each chunk runs); 0: the whole prompt "
          "at once; auto: in chunks only where the whole prompt would not fit in memory (the run says so).  [default: "
          "auto]")]
 CacheOpt = Annotated[int, typer.Option(metavar="MB", min=0,

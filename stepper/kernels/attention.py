@@ -119,9 +119,9 @@ class Operands:
         return total
 
     def rows(self, heads: slice, queries: slice) -> np.ndarray:
-        """The scores of some heads and queries over every key (read-only), kept a while: a shown
-        tensor is looked at more than once (its statistics, then its histogram) and the weights
-        are made of the same rows (`Softmaxed`), so each is computed once."""
+        """The scores of some heads and queries over every key (read-only), kept a while: the weights
+        are made of the same rows (`Softmaxed`), and a shown tensor may be looked at again (its
+        heat map after its figures), so each is computed once."""
         return _kept_rows.get(self, heads, queries)
 
 

@@ -272,7 +272,7 @@ def choose_chunk(plan: Plan, estimate: Callable[[Plan], list[Need]], available: 
 def chunk_line(plan: Plan, why: str) -> str:
     chunk, t = plan.spec.chunk, plan.prompt_len
     return (f"{why} the prefill runs {chunk:,} positions at a time ({-(-t // chunk)} chunks, each tensor still shown "
-            f"whole over the {t:,} positions; the scores' chunks run again for their histogram)")
+            f"whole over the {t:,} positions)")
 
 
 def available_bytes() -> int | None:

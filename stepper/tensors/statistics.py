@@ -1,7 +1,8 @@
 """Statistics of a tensor, gathered a chunk at a time and exactly, so that any split of a tensor
 into chunks (a `Tiled`'s tiles, a chunked prefill's chunks) gives the figures, and the histogram
 bins, of the whole array: range, moments, NaN/Inf counts (non-finite entries are counted and left
-out of the other figures), histogram counts, corners. views.summary shows them."""
+out of the other figures), histogram counts (`Lattice`: in the same pass, the range not needed
+first), corners. views.summary shows them."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from fractions import Fraction
-from functools import cache, lru_cache
+from functools import cache
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,7 @@ import numpy as np
 from stepper.kernels import cpu_caches, parallel
 
 BINS = 16  # the bins of a sparkline's histogram
+FINE = 4096  # the finest bins a histogram keeps (`Lattice`): at most 32 KB of counts
 CORNER = 3  # values of each corner
 CHUNK = 1 << 17  # values gathered at once (1 MB of float64: the passes over a chunk stay in cache)
 MIN_EXPONENT = -1073  # the smallest exponent np.frexp gives a float64 (subnormals included)
@@ -75,20 +77,6 @@ def gather_held(array) -> Gather:
     return gathers[0]
 
 
-def count_held(array, span: tuple[float, float], bins: int) -> np.ndarray:
-    """bin_counts of a held array, its chunks shared out across the cores. -> int64 [bins]"""
-    return count_blocks(chunks(array), math.prod(array.shape), span, bins)
-
-
-def count_blocks(blocks: Iterator[np.ndarray], size: int, span: tuple[float, float], bins: int) -> np.ndarray:
-    """bin_counts of blocks of `size` values in all (as `chunks` gives them), shared out across the
-    cores. -> int64 [bins]"""
-    def take(counts: np.ndarray, values: np.ndarray) -> None:
-        counts += bin_counts(values, span, bins)
-
-    return sum(every_core(blocks, size, lambda: np.zeros(bins, np.int64), take))
-
-
 def every_core(blocks: Iterator[np.ndarray], size: int, start: Callable[[], Any],
                take: Callable[[Any, np.ndarray], object]) -> list:
     """An accumulator per core (`start()`), each taking the next of `blocks` (of `size` values in
@@ -136,10 +124,10 @@ class Gather:
         self.nan = self.inf = self.pos_inf = self.finite = 0
         self.total = self.squares = 0  # exact, in units of 2**-EXACT_SHIFT
         self.sums = Float32Sums()  # the float32 values' sums
+        self.bins = Lattice()  # the histogram
 
-    def add(self, values: np.ndarray) -> np.ndarray:
-        """values: float32 or float64 [n], at most CHUNK of them. -> the finite ones, which the
-        figures took (a histogram may bin them: `bin_known`)"""
+    def add(self, values: np.ndarray) -> None:
+        """values: float32 or float64 [n], at most CHUNK of them."""
         lo, hi = values.min(initial=np.inf), values.max(initial=-np.inf)  # NaN if any is
         if values.size and not (np.isfinite(lo) and np.isfinite(hi)):
             values = self.non_finite(values)
@@ -153,7 +141,7 @@ class Gather:
             else:
                 self.total += exact_sum(values)
                 self.squares += exact_sum(np.square(values))
-        return values
+            self.bins.add(values, float(lo), float(hi))
 
     def merge(self, other: Gather) -> None:
         """The figures of another's values too (as if added here: every figure is order-free)."""
@@ -162,10 +150,7 @@ class Gather:
         self.finite += other.finite
         total, squares = other.sums.exact()
         self.total, self.squares = self.total + other.total + total, self.squares + other.squares + squares
-
-    def span(self) -> tuple[float, float] | None:
-        """The range a histogram of the values so far spans (`edges`); None before a finite one."""
-        return span_of(self.lo, self.hi) if self.finite else None
+        self.bins.merge(other.bins)
 
     def non_finite(self, values: np.ndarray) -> np.ndarray:
         """Counts the NaN and infinite values. -> the finite ones"""
@@ -191,6 +176,7 @@ class Gather:
         self.lo, self.hi, self.absmax = min(self.lo, value), max(self.hi, value), max(self.absmax, abs(value))
         self.total += count * exact_sum(np.array([value]))
         self.squares += count * exact_sum(np.array([value * value]))
+        self.bins.add_repeated(value, count)
 
     def stats(self) -> Stats:
         if self.finite == 0:
@@ -331,48 +317,139 @@ def exact_sum(values: np.ndarray) -> int:
         rest = rest[rest != 0]  # most values are done after the first round
 
 
-def edges(known: Stats) -> tuple[float, float]:
-    """The range a histogram's equal bins span: the finite values' min and max (widened by a half
-    each way when they are equal)."""
-    return span_of(known.min, known.max)
+class Lattice:
+    """Exact histogram counts of finite values, gathered in any order and split: the values' bins of
+    width 2**exponent on the lattice of its multiples, where the exponent is the smallest that fits
+    the values' range [lo, hi] in FINE bins. It grows with the range, and the bins merge in pairs
+    exactly when it does, so the counts never wait for the final range (a chunked prefill's
+    scores, whose range grows to the last chunk, are binned in the pass that makes them) and are
+    the same for every split of the values. `view(bins)` puts runs of them together."""
+
+    def __init__(self) -> None:
+        self.lo, self.hi = math.inf, -math.inf  # the range of the values so far
+        self.exponent: int | None = None  # None while every value so far is lo (or there is none)
+        self.base = 0  # the lattice index of the first bin: floor(lo / 2**exponent)
+        self.counts = np.zeros(0, np.int64)  # [FINE] once there is an exponent
+        self.equal = 0  # the values counted while there is none, each equal to lo
+
+    def add(self, values: np.ndarray, lo: float, hi: float) -> None:
+        """values: finite float32 or float64 [n], lo and hi their min and max."""
+        if not values.size:
+            return
+        self.widen(lo, hi)
+        if self.exponent is None:
+            self.equal += values.size
+        else:
+            self.counts += fine_counts(values, self.exponent, self.base)
+
+    def add_repeated(self, value: float, count: int) -> None:
+        """`count` more values equal to the finite `value`."""
+        self.widen(value, value)
+        if self.exponent is None:
+            self.equal += count
+        else:
+            self.counts[lattice_index(value, self.exponent) - self.base] += count
+
+    def merge(self, other: Lattice) -> None:
+        """The counts of another's values too."""
+        if other.lo > other.hi:  # no values
+            return
+        self.widen(other.lo, other.hi)
+        if other.exponent is None:
+            self.add_repeated(other.lo, other.equal)
+        else:
+            self.counts += other.rebased(self.exponent, self.base)
+
+    def widen(self, lo: float, hi: float) -> None:
+        """The range grown to take [lo, hi]: a larger exponent merges the bins, a lower min shifts them."""
+        lo, hi = min(self.lo, lo), max(self.hi, hi)
+        if (lo, hi) == (self.lo, self.hi):
+            return
+        if lo < hi:
+            exponent = finest(lo, hi)
+            base = lattice_index(lo, exponent)
+            if (exponent, base) != (self.exponent, self.base):
+                self.counts, self.equal = self.rebased(exponent, base), 0
+            self.exponent, self.base = exponent, base
+        self.lo, self.hi = lo, hi
+
+    def rebased(self, exponent: int, base: int) -> np.ndarray:
+        """The counts so far in the bins of a lattice as fine or coarser, from `base`. -> int64 [FINE]"""
+        counts = np.zeros(FINE, np.int64)
+        if self.exponent is None:
+            if self.equal:
+                counts[lattice_index(self.lo, exponent) - base] = self.equal
+            return counts
+        shift = exponent - self.exponent  # each new bin takes 2**shift of the old
+        held = np.flatnonzero(self.counts)
+        if shift <= 32:  # base + i = q * 2**shift + r: it goes to q + (r + i) // 2**shift
+            q, r = divmod(self.base, 1 << shift)
+            np.add.at(counts, (q - base) + ((held + r) >> shift), self.counts[held])
+        else:  # the range grew more than 2**32-fold: the old bins go to one or two new ones
+            for i in held.tolist():
+                counts[((self.base + i) >> shift) - base] += self.counts[i]
+        return counts
+
+    def view(self, bins: int) -> tuple[np.ndarray, np.ndarray]:
+        """`bins` equal bins, each a run of the lattice's, from the lattice point at or below the
+        min; the last ends past the max by less than one of them (values equal to lo: one bin
+        around it, width 1/bins). -> (counts int64 [bins], edges float64 [bins + 1])"""
+        counts = np.zeros(bins, np.int64)
+        if self.lo > self.hi:
+            return counts, np.full(bins + 1, np.nan)
+        if self.exponent is None:
+            counts[bins // 2] = self.equal
+            return counts, np.linspace(self.lo - 0.5, self.hi + 0.5, bins + 1)
+        used = lattice_index(self.hi, self.exponent) - self.base + 1
+        run = -(-used // bins)
+        fine = np.zeros(bins * run, np.int64)
+        fine[:used] = self.counts[:used]
+        edges = [math.ldexp(float(self.base + i * run), self.exponent) for i in range(bins + 1)]
+        return fine.reshape(bins, run).sum(axis=1), np.array(edges)
 
 
-def span_of(lo: float, hi: float) -> tuple[float, float]:
-    return (lo, hi) if hi > lo else (lo - 0.5, hi + 0.5)
+def lattice_index(x: float, exponent: int) -> int:
+    """floor(x / 2**exponent), exactly, for a finite x."""
+    numerator, denominator = x.as_integer_ratio()  # the denominator a power of two
+    if exponent < 0:
+        return (numerator << -exponent) // denominator
+    return numerator // (denominator << exponent)
 
 
-def bin_counts(values: np.ndarray, span: tuple[float, float], bins: int) -> np.ndarray:
-    """Counts of the finite values [n] in `bins` equal bins over `span`, as np.histogram counts
-    them: bin i holds edges[i] <= x < edges[i + 1], the last one its right edge too."""
-    if values.dtype == np.float32 and not within(values, span):
-        values = values[np.isfinite(values)]  # NaN and infinities are not counted
-    if values.dtype != np.float32 or not within(values, span):
-        return np.histogram(values[np.isfinite(values)].astype(np.float64), bins=bins, range=span)[0]
-    return bin_known(values, span, bins)
+def finest(lo: float, hi: float) -> int:
+    """The smallest exponent whose lattice holds [lo, hi] (lo < hi) in at most FINE bins."""
+    def fits(exponent: int) -> bool:
+        return lattice_index(hi, exponent) - lattice_index(lo, exponent) < FINE
+
+    width = hi - lo if math.isfinite(hi - lo) else 2 * (hi / 2 - lo / 2)
+    exponent = math.frexp(width)[1] - FINE.bit_length() + 1  # width < 2**(exponent + 12): fits, or nearly
+    while not fits(exponent):
+        exponent += 1
+    while fits(exponent - 1):
+        exponent -= 1
+    return exponent
 
 
-def bin_known(values: np.ndarray, span: tuple[float, float], bins: int) -> np.ndarray:
-    """bin_counts of values known to be finite and within the span (what Gather.add returns,
-    binned against the range it has seen): no pass to check them."""
-    if values.dtype != np.float32:
-        return np.histogram(values.astype(np.float64), bins=bins, range=span)[0]
-    below_edge = scratch("below", values.size, np.bool_)
-    below = [np.count_nonzero(np.less(values, edge, out=below_edge)) for edge in thresholds(span, bins)]
-    return np.diff(np.array([0, *below, values.size], np.int64))
+FLOAT32_EXACT = 1 << 23  # lattice indices below this are exact in float32, and so is their difference
 
 
-def within(values: np.ndarray, span: tuple[float, float]) -> bool:
-    """Whether every value lies in the span (False where one is NaN)."""
-    return values.size == 0 or bool(span[0] <= values.min() and values.max() <= span[1])
-
-
-@lru_cache(maxsize=64)
-def thresholds(span: tuple[float, float], bins: int) -> tuple[np.float32, ...]:
-    """For each inner edge of np.histogram's bins over `span`, the smallest float32 at or above it:
-    for a float32 x, x < edge exactly when x < its threshold."""
-    near = np.linspace(*span, bins + 1)[1:-1]
-    rounded = near.astype(np.float32)
-    return tuple(np.where(rounded.astype(np.float64) >= near, rounded, np.nextafter(rounded, np.float32(np.inf))))
+def fine_counts(values: np.ndarray, exponent: int, base: int) -> np.ndarray:
+    """How many of the finite values [n] fall in each of the FINE bins of width 2**exponent from
+    base * 2**exponent (every value does). -> int64 [FINE]"""
+    index = scratch("lattice", values.size, np.intp)
+    if values.dtype == np.float32 and -126 <= exponent <= 0 and abs(base) + FINE < FLOAT32_EXACT:
+        scaled = scratch("scaled", values.size, np.float32)  # values * 2**-exponent: exact, below 2**23
+        np.floor(np.multiply(values, np.float32(2.0**-exponent), out=scaled), out=scaled)
+        np.copyto(index, np.subtract(scaled, np.float32(base), out=scaled), casting="unsafe")
+    else:
+        scaled = np.floor(np.ldexp(values.astype(np.float64), -exponent))  # exact but for underflow
+        if exponent > 0:  # a tiny negative value scaled to -0.0: its bin is -1
+            scaled[(scaled == 0) & (values < 0)] = -1
+        np.copyto(index, scaled - float(base), casting="unsafe")  # exact: a difference below FINE
+    counts = np.bincount(index, minlength=FINE)
+    if counts.size != FINE:
+        raise ValueError(f"a value past the histogram's bins: {counts.size} > {FINE}")
+    return counts
 
 
 def corners(array, n: int = CORNER) -> tuple[list[float], list[float]]:

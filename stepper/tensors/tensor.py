@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stepper.tensors.statistics import Stats, pieces
+from stepper.tensors.statistics import Lattice, Stats, pieces
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class Figures:
     """What the views show of a tensor, gathered exactly chunk by chunk."""
 
     stats: Stats
-    counts: list[int]  # the histogram of the finite values in len(counts) equal bins between stats.min and max
+    bins: Lattice  # the histogram of the finite values
     first: list[float]  # corners: the first values of the first row, the last of the last
     last: list[float]
 

@@ -571,16 +571,15 @@ def routing_summary(load: np.ndarray, n_tokens: int, k: int, size: int, zero_exp
 def histogram(array: Tensor, bins: int = 24, width: int = 40, title: str = "") -> RenderableType:
     """A horizontal-bar histogram of the finite values: per bin its range, a bar and the count.
 
-    Bins are those of np.histogram(finite values, bins), gathered a batch of values at a time
-    (views.summary); NaN, +Inf and -Inf are counted in the caption, and the bin holding 0 is
-    marked '← 0'.
+    Bins are the views' (views.summary: equal runs of the exact lattice bins, from a round point at
+    or below the min), gathered a batch of values at a time; NaN, +Inf and -Inf are counted in the
+    caption, and the bin holding 0 is marked '← 0'.
     """
     gathered = summary.gather(array)
     st = gathered.stats()
     bins = max(1, bins)
     if st.finite:
-        counts = np.array(summary.histogram(array, bins, known=st)[0])
-        edges = np.linspace(*((st.min, st.max) if st.max > st.min else (st.min - 0.5, st.max + 0.5)), bins + 1)
+        counts, edges = gathered.bins.view(bins)
     else:
         counts, edges = np.zeros(0, int), np.zeros(1)
     bad = (st.nan, gathered.pos_inf, st.inf - gathered.pos_inf)

@@ -27,7 +27,7 @@ from stepper.text import Tokens
 from stepper.views import pictures, summary
 from stepper.views.group_map import group_map
 from stepper.views.scale_grids import ScaleGrids
-from stepper.views.summary import finite_or_none, number
+from stepper.views.summary import BINS, finite_or_none, number
 from stepper.views.tree import layer_kind
 
 
@@ -90,8 +90,8 @@ def singular(label: str) -> str:
 
 
 def stats_line(array: np.ndarray, width: int | None) -> Text:
-    st = summary.stats(array)
-    counts, _, _ = summary.histogram(array, known=st)
+    st, bins = summary.look(array)
+    counts = bins.view(BINS)[0].tolist()
     fields = [Text.assemble((f"{label} ", "dim"), number(value)) for label, value in (
         ("min", st.min), ("max", st.max), ("mean", st.mean), ("std", st.std), ("absmax", st.absmax), ("sum", st.sum),
     )]
@@ -208,8 +208,8 @@ class JsonLines:
     def record(self, event: Event) -> dict[str, Any]:
         array = event.array
         dims = self.catalog.dims(event.key, array.shape, self.cfg)
-        st = summary.stats(array)
-        counts, lo, hi = summary.histogram(array, known=st)
+        st, bins = summary.look(array)
+        counts, edges = bins.view(BINS)
         first, last = summary.corners(array)
         return {
             "name": event.name,
@@ -221,7 +221,8 @@ class JsonLines:
             "named_shape": catalog.format_shape(dims),
             "dtype": str(array.dtype),
             "stats": {k: finite_or_none(v) for k, v in st.as_dict().items()},
-            "histogram": {"counts": counts, "min": finite_or_none(lo), "max": finite_or_none(hi)},
+            "histogram": {"counts": counts.tolist(), "lo": finite_or_none(float(edges[0])),
+                          "hi": finite_or_none(float(edges[-1]))},  # the bins' outer edges
             "corners": {"first": [finite_or_none(v) for v in first], "last": [finite_or_none(v) for v in last]},
             **({"patched": True} if event.patched else {}),  # a --patch replaced it (unpatched rows as before)
         }

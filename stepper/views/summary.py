@@ -3,19 +3,22 @@ the corner values, and how a number of them is written. Non-finite entries (NaN,
 masked attention scores) are counted and left out of the other statistics, so one masked entry does
 not turn every figure into -inf.
 
-Every figure is gathered a batch of values at a time, exactly (stepper.tensors.statistics): a tensor too large to
-hold (a `Tiled`, made block by block) gets the same figures, and the same histogram bins, as the
-whole array would; a lazy tensor that knows its `figures` (a chunked prefill's, gathered as the
-prefill ran) brings them."""
+Every figure is gathered a batch of values at a time, exactly and in one pass
+(stepper.tensors.statistics): a tensor too large to hold (a `Tiled`, made block by block) gets the
+same figures, and the same histogram bins, as the whole array would; a lazy tensor that knows its
+`figures` (a chunked prefill's, gathered as the prefill ran) brings them.
+
+A histogram's `bins` equal bins are runs of the exact lattice bins the statistics gathered
+(`statistics.Lattice`): they start at a round point at or below the min (a multiple of a power
+of two) and end past the max by less than a bin, so that any split of a tensor, in any order,
+gives the same counts without waiting for its range."""
 
 from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from stepper.tensors import statistics
-from stepper.tensors.statistics import BINS, CORNER, Gather, Stats, bin_counts, chunks, edges, no_finite
+from stepper.tensors.statistics import BINS, CORNER, Gather, Lattice, Stats, chunks, no_finite
 from stepper.tensors.tensor import Figures, Tensor, held
 
 SPARK = "▁▂▃▄▅▆▇█"
@@ -23,10 +26,16 @@ SPARK = "▁▂▃▄▅▆▇█"
 
 def stats(array: Tensor) -> Stats:
     """The statistics of a tensor, gathered a batch of values at a time (a Tiled one a block at a time)."""
+    return look(array)[0]
+
+
+def look(array: Tensor) -> tuple[Stats, Lattice]:
+    """The statistics and histogram of a tensor, in one pass (or known: a lazy tensor's `figures`)."""
     known = figures(array)
     if known is not None:
-        return known.stats
-    return gather(array).stats()
+        return known.stats, known.bins
+    gathered = gather(array)
+    return gathered.stats(), gathered.bins
 
 
 def gather(array: Tensor) -> Gather:
@@ -54,19 +63,11 @@ def combine(parts: list[Stats]) -> Stats:
     )
 
 
-def histogram(array: Tensor, bins: int = BINS,
-              known: Stats | None = None) -> tuple[list[int], float, float]:
-    """Counts of the finite values in `bins` equal bins between their min and max, gathered a
-    batch of values at a time (a second pass once `stats` knows the range; `known` saves the first)."""
-    known = known or stats(array)
-    if known.finite == 0:
-        return [0] * bins, float("nan"), float("nan")
-    if (fig := figures(array)) is not None and bins == len(fig.counts):
-        return list(fig.counts), known.min, known.max
-    span, counts = edges(known), np.zeros(bins, np.int64)
-    for batch in chunks(array):
-        counts += bin_counts(batch, span, bins)
-    return counts.tolist(), known.min, known.max
+def histogram(array: Tensor, bins: int = BINS) -> tuple[list[int], float, float]:
+    """Counts of the finite values in `bins` equal bins (`Lattice.view`). -> (counts, the first
+    bin's left edge, the last one's right edge); nan edges when no value is finite"""
+    counts, edges = look(array)[1].view(bins)
+    return counts.tolist(), float(edges[0]), float(edges[-1])
 
 
 def sparkline(counts: list[int]) -> str:

@@ -8,7 +8,7 @@ import pytest
 from rich.cells import cell_len
 from rich.console import Console
 
-from stepper.views import pictures
+from stepper.views import pictures, summary
 
 
 def render(renderable, width: int = 100) -> str:
@@ -184,8 +184,10 @@ def test_histogram_counts_match_numpy():
     array = np.concatenate([values, [np.nan, np.nan, np.inf, -np.inf]])
     text = render(pictures.histogram(array, bins=10, title="h"))
     rows = histogram_rows(text)
-    counts, _ = np.histogram(values, bins=10)
-    assert [r[2] for r in rows] == counts.tolist()
+    counts, edges = summary.look(array)[1].view(10)  # the views' bins: runs of the exact lattice bins
+    assert [r[2] for r in rows] == counts.tolist() == np.histogram(values, bins=edges)[0].tolist()
+    assert [r[0] for r in rows] == [float(f"{e:.4g}") for e in edges[:-1]] and rows[-1][1] == float(f"{edges[-1]:.4g}")
+    assert rows[0][0] <= values.min() and values.max() < edges[-1]
     assert "500 finite values of 504" in text
     assert "NaN 2" in text and "+Inf 1" in text and "-Inf 1" in text
     marked = [r for r in rows if r[3]]

@@ -1,20 +1,20 @@
-"""A shown chunked prefill bins each chunk's values against the range seen so far; the chunks binned
-before a tensor's range was final are binned again from their values kept on disk (a held tensor)
-or run again (a tiled one), each replay stopping once it has made the tensors it runs for
-(stepper.prefill): the figures are exactly the whole tensor's, as when every chunk ran twice. A
-synthetic step, its values written out here, so which chunks run again is known."""
+"""A shown chunked prefill gathers each chunk's figures as it comes, the histogram's bins growing
+with the range (stepper.prefill, statistics.Lattice): the figures are exactly the whole tensor's
+though ranges grow in later chunks (and in a later tile of a chunk), and no chunk, nor tile, runs
+twice. A synthetic step, its values written out here."""
 
 from __future__ import annotations
 
 import sys
+from collections import Counter
 
 import numpy as np
+import pytest
 
 from stepper import prefill
 from stepper.kernels import attention as kernels
 from stepper.model import KVCache
 from stepper.seams.trace import Emitter, Event, Recorder
-from stepper.tensors import spill as spill_module
 from stepper.tensors import tiled as tiled_module
 from stepper.tensors.chunked import Chunked
 from stepper.tensors.tiled import Tiled
@@ -109,55 +109,32 @@ def assert_figures_of(shown: Chunked, values: np.ndarray) -> None:
     assert summary.corners(shown) == summary.corners(values)
 
 
-def test_only_the_chunks_binned_before_a_range_was_final_run_again_and_stop_after_what_they_are_for(monkeypatch):
+@pytest.mark.parametrize("widen", [True, False])
+def test_every_chunk_and_tile_runs_once_and_the_figures_are_the_whole_tensors(monkeypatch, widen):
+    """The scores' range grows in chunk 1's second tile, q_a's and o_proj's in chunk 2: the figures
+    are still the whole tensors', and each chunk ran once, each tile of scores made once."""
     monkeypatch.setattr(tiled_module, "TILE_VALUES", 60)  # chunk 1's tiles: a head each
-    replaying, tiles, make, replay = [], [], scores, prefill.Replay.run
+    tiles, make = [], scores
 
     def noted(start, stop, heads, queries, widen):
-        if replaying:
-            tiles.append((start, heads.start))
+        tiles.append((start, heads.start, queries.start))
         return make(start, stop, heads, queries, widen)
-
-    def again(self, k, sinks):
-        replaying.append(k)
-        replay(self, k, sinks)
-        replaying.clear()
     monkeypatch.setattr(sys.modules[__name__], "scores", noted)
-    monkeypatch.setattr(prefill.Replay, "run", again)
-    shown, made = run()
+    shown, made = run(widen=widen)
+    during = list(tiles)  # those of the run (the figures' check below makes its own)
     for key, tensor in shown.items():
-        assert_figures_of(tensor, whole(key))
-    first = [(start, key) for start in range(0, LENGTH, CHUNK) for key in
-             ("self_attn.q_a", "self_attn.compressed_kv", "self_attn.attn_scores", "self_attn.attn_weights",
-              "self_attn.o_proj")]
-    assert made[:len(first)] == first
-    # the scores' range grew in chunk 1's second tile (head 1): chunk 0 runs again, and chunk 1 up to its
-    # first tile, each stopped once the scores were binned; q_a's growth in chunk 2 is binned again on the
-    # way (made before the scores, it is not kept on disk), o_proj's from its chunks kept on disk; the
-    # weights and compressed_kv were binned as they came
-    again = ("self_attn.q_a", "self_attn.compressed_kv", "self_attn.attn_scores")
-    assert made[len(first):] == [(start, key) for start in (0, 5) for key in again]
-    # the tiles made again: chunk 0's (heads 0 and 1, head 2), chunk 1's first (head 0) and perhaps its
-    # second, made ahead while the first was binned
-    assert tiles[:3] == [(0, 0), (0, 2), (5, 0)] and tiles[3:] in ([], [(5, 1)])
+        assert_figures_of(tensor, whole(key, widen=widen))
+    assert made == [(start, key) for start in range(0, LENGTH, CHUNK) for key in
+                    ("self_attn.q_a", "self_attn.compressed_kv", "self_attn.attn_scores", "self_attn.attn_weights",
+                     "self_attn.o_proj")]
+    twice = [tile for tile, n in Counter(during).items() if n > 1]  # the corners' (first and last rows) alone
+    assert max(Counter(during).values()) == 2 and all(tile[1:] == (0, 0) or tile[1] == HEADS - 1 for tile in twice)
 
 
-def test_no_chunk_runs_again_when_every_range_is_reached_in_the_first_blocks():
-    shown, made = run(widen=False)
-    assert_figures_of(shown["self_attn.attn_scores"], whole("self_attn.attn_scores", widen=False))
-    assert_figures_of(shown["self_attn.attn_weights"], whole("self_attn.attn_weights"))
-    assert_figures_of(shown["self_attn.q_a"], whole("self_attn.q_a"))
-    assert_figures_of(shown["self_attn.o_proj"], whole("self_attn.o_proj"))
-    # q_a's growth in chunk 2 alone runs chunks 0 and 1 again, up to q_a (made before the last tiled tensor,
-    # it is not kept on disk); o_proj's is binned again from its chunks kept there
-    assert made[20:] == [(0, "self_attn.q_a"), (5, "self_attn.q_a")]
-
-
-def test_a_masked_future_outside_the_chunks_range_makes_every_chunk_run_again():
+def test_a_masked_future_outside_the_chunks_range_widens_the_histogram_without_a_chunk_run_again():
     shown, made = run(floor=0.25)  # the chunks' weights within [0.25, 1], the whole tensor's 0 past each chunk
     assert_figures_of(shown["self_attn.attn_weights"], whole("self_attn.attn_weights", floor=0.25))
-    assert [start for start, key in made[20:] if key == "self_attn.attn_weights"] == [0, 5, 10, 15]
-    assert not any(key == "self_attn.o_proj" for _, key in made[20:])
+    assert len(made) == 20
 
 
 def test_the_scores_and_weights_made_in_tiles_are_gathered_together_each_tile_of_scores_made_once(monkeypatch):
@@ -174,7 +151,7 @@ def test_the_scores_and_weights_made_in_tiles_are_gathered_together_each_tile_of
         made.append((heads.start, queries.start))
         return scores_of(self, heads, queries, keys)
     monkeypatch.setattr(kernels.Operands, "scores", counted)
-    gathered = prefill.Gathered(Emitter([lambda e: None]), PADS, spill_module.Spill())
+    gathered = prefill.Gathered(Emitter([lambda e: None]), PADS)
     gathered(Event("layers.0.self_attn.attn_scores", "self_attn.attn_scores", Tiled(ops.shape, ops.rows), 0))
     assert made == []  # waiting for the weights
     weights = Tiled(ops.shape, kernels.Softmaxed(ops).weights)
@@ -185,39 +162,5 @@ def test_the_scores_and_weights_made_in_tiles_are_gathered_together_each_tile_of
     for key, tensor in (("self_attn.attn_scores", Tiled(ops.shape, ops.rows)),
                         ("self_attn.attn_weights", Tiled(ops.shape, kernels.Softmaxed(ops).weights))):
         part, values = gathered.parts[f"layers.0.{key}"], np.asarray(tensor)
-        part.close_stats(1)
-        assert part.stats == summary.stats(values)
-        # the scores' range grew after the first row: this chunk would run again for the bins, up to the last
-        # growth; the weights' grew in the first row alone (their largest, 1 at query 0)
-        if key == "self_attn.attn_scores":
-            assert part.replayed == 1 and part.since == 0 and 0 < part.upto < values.size
-        else:
-            assert part.replayed == 0 and part.counts.sum() == values.size
-
-
-def test_a_held_tensors_chunks_binned_again_from_disk_are_read_a_block_at_a_time(monkeypatch):
-    """o_proj's chunks 0 and 1, binned before its range grew in chunk 2, are read back from the spill,
-    at most CHUNK values at a time, once: 2 chunks of 5 positions of WIDTH values in blocks of 3."""
-    monkeypatch.setattr(spill_module, "CHUNK", 3)
-    read = []
-    values = spill_module.Spill.values
-
-    def noted(self, name, before):
-        for block in values(self, name, before):
-            read.append(block.size)
-            yield block
-    monkeypatch.setattr(spill_module.Spill, "values", noted)
-    shown, made = run(widen=False)
-    assert_figures_of(shown["self_attn.o_proj"], whole("self_attn.o_proj"))
-    assert sum(read) == 2 * CHUNK * WIDTH and max(read) == 3 and {key for _, key in made[20:]} == {"self_attn.q_a"}
-
-
-def test_a_tensor_past_the_spills_budget_runs_its_chunks_again(monkeypatch):
-    """The spill keeps what fits its budget: here the first chunks of q_a, compressed_kv and o_proj
-    (3 x 80 bytes), not o_proj's second, so chunks 0 and 1 run again up to o_proj once its range grew
-    in chunk 2 (q_a's too, made on the way)."""
-    made_spill = spill_module.Spill
-    monkeypatch.setattr(prefill, "Spill", lambda: made_spill(budget=3 * CHUNK * WIDTH * 4))
-    shown, made = run(widen=False)
-    assert_figures_of(shown["self_attn.o_proj"], whole("self_attn.o_proj"))
-    assert made[20:] == made[:10]  # chunks 0 and 1 once more, whole
+        assert part.gather.stats() == summary.stats(values)
+        assert part.gather.bins.view(16)[0].tolist() == summary.histogram(values)[0]

@@ -1,6 +1,6 @@
 """The exact statistics of float32 chunks (stepper.tensors.statistics): sums and sums of squares equal to
-exact rational arithmetic, any split into chunks giving the same figures, histogram counts equal
-to np.histogram's, at and beside every bin edge."""
+exact rational arithmetic, any split into chunks giving the same figures; histogram counts equal
+to np.histogram's over the lattice's edges, at and beside every edge, for any split and order."""
 
 from fractions import Fraction
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from stepper.tensors import statistics
-from stepper.tensors.statistics import EXACT_SHIFT, Gather, bin_counts
+from stepper.tensors.statistics import EXACT_SHIFT, FINE, Gather, Lattice
 
 TINY = np.float32(2.0**-149)  # the smallest subnormal float32
 BIG = np.finfo(np.float32).max
@@ -107,9 +107,11 @@ def test_gathers_merged_equal_one_gather_of_every_chunk(monkeypatch):
     assert sorted(c.tobytes() for c in kept[0] + kept[1]) == sorted(c.tobytes() for c in statistics.chunks(values))
     merged = statistics.gather_held(values.reshape(3, 2000))
     assert merged.stats() == one.stats() and exact_totals(merged) == exact(values)
-    span = (-1e30, 1e30)
-    np.testing.assert_array_equal(statistics.count_held(values.reshape(3, 2000), span, 16),
-                                  np.histogram(values[np.isfinite(values)].astype(np.float64), 16, span)[0])
+    counts, edges = merged.bins.view(16)
+    np.testing.assert_array_equal(counts, np.histogram(values[np.isfinite(values)].astype(np.float64), edges)[0])
+    for other in (one, first):
+        np.testing.assert_array_equal(other.bins.view(16)[0], counts)
+        np.testing.assert_array_equal(other.bins.view(16)[1], edges)
 
 
 def exact_totals(gather: Gather) -> tuple[Fraction, Fraction]:
@@ -117,30 +119,88 @@ def exact_totals(gather: Gather) -> tuple[Fraction, Fraction]:
     return Fraction(gather.total + total, 2**EXACT_SHIFT), Fraction(gather.squares + squares, 2**EXACT_SHIFT)
 
 
-def edge_values(span: tuple[float, float], bins: int) -> np.ndarray:
-    """Every bin edge as float32 and its neighbours on both sides, inside the span."""
-    edges = np.linspace(*span, bins + 1).astype(np.float32)
-    near = np.concatenate([edges, np.nextafter(edges, np.float32(np.inf)), np.nextafter(edges, np.float32(-np.inf))])
-    return near[(near >= span[0]) & (near <= span[1])]
+def lattice_of(values: np.ndarray, sizes: list[int]) -> Lattice:
+    """The values' histogram, added in pieces of these sizes in turn (each piece's finite values)."""
+    lattice, start = Lattice(), 0
+    for size in sizes:
+        piece = values[start:start + size]
+        piece = piece[np.isfinite(piece)]
+        if piece.size:
+            lattice.add(piece, float(piece.min()), float(piece.max()))
+        start += size
+    return lattice
 
 
-@pytest.mark.parametrize("scale,shift", [(3.0, 0.0), (8.0, -20.0), (1e-3, 5.0)])
-def test_float32_histogram_counts_equal_np_histograms_at_every_edge(scale, shift):
+def beside(edges: np.ndarray, dtype) -> np.ndarray:
+    """Every edge in dtype and its neighbours on both sides."""
+    at = edges.astype(dtype)
+    return np.concatenate([at, np.nextafter(at, dtype(np.inf)), np.nextafter(at, dtype(-np.inf))])
+
+
+@pytest.mark.parametrize("scale,shift", [(3.0, 0.0), (8.0, -20.0), (1e-3, 5.0), (1e-30, 0.0), (1e5, 0.0)])
+def test_histogram_counts_equal_np_histograms_at_every_edge_for_any_split(scale, shift):
+    """The view's counts are np.histogram's over its edges, with values at and beside every one of
+    the lattice's edges; the edges are runs of 2**exponent from the lattice point at or below the
+    min, the last past the max by less than a bin; any split and order gives the same."""
     rng = np.random.default_rng(4)
     values = (rng.standard_normal(20000) * scale + shift).astype(np.float32)
     if shift < 0:
         values = np.exp(values)
-    span = (float(values.min()), float(values.max()))
-    values = np.concatenate([values, edge_values(span, 16), [np.float32(span[0]), np.float32(span[1])]])
-    want = np.histogram(values.astype(np.float64), bins=16, range=span)[0]
-    np.testing.assert_array_equal(bin_counts(values, span, 16), want)
-    masked = np.concatenate([values, [-np.inf, np.nan,
-                                      np.inf]]).astype(np.float32)  # left out, as np.histogram of the finite ones
-    np.testing.assert_array_equal(bin_counts(masked, span, 16), want)
-    inside = (span[0] + (span[1] - span[0]) / 4,
-              span[1] - (span[1] - span[0]) / 4)  # values outside a span are left out
-    kept = values[(values >= inside[0]) & (values <= inside[1])].astype(np.float64)
-    np.testing.assert_array_equal(bin_counts(values, inside, 16), np.histogram(kept, bins=16, range=inside)[0])
+    lattice = lattice_of(values, [values.size])
+    fine = np.ldexp(np.arange(lattice.base, lattice.base + FINE, dtype=np.float64), lattice.exponent)
+    inside = beside(fine, np.float32)
+    values = np.concatenate([values, inside[(inside >= values.min()) & (inside <= values.max())]])
+    rng.shuffle(values)
+    want = lattice_of(values, [values.size]).view(16)
+    counts, edges = want
+    np.testing.assert_array_equal(counts, np.histogram(values.astype(np.float64), bins=edges)[0])
+    step = edges[1] - edges[0]
+    assert edges[0] <= values.min() < edges[0] + 2.0**lattice.exponent and edges[-1] - step <= values.max() < edges[-1]
+    assert np.all(edges == np.ldexp(np.rint(np.ldexp(edges, -lattice.exponent)), lattice.exponent))
+    for sizes in ([1000] * 21, [7, 13, 20000, 100], [1] * 50):  # and the rest at once
+        sizes = [*sizes, values.size]
+        for order in (values, values[::-1]):
+            got = lattice_of(np.concatenate([order, np.float32([np.nan, -np.inf])]), sizes).view(16)
+            np.testing.assert_array_equal(got[0], counts)
+            np.testing.assert_array_equal(got[1], edges)
+
+
+def test_the_exponent_is_the_smallest_that_fits_the_range_in_fine_bins():
+    for lo, hi in ((0.0, 1.0), (-5.0, 3.0), (1.0, 1.0 + 2.0**-20), (-1e-40, 1e-40), (1e6, 3e7)):
+        lattice = lattice_of(np.array([lo, hi]), [2])
+        e = lattice.exponent
+        bins = [np.floor(hi / 2.0**x) - np.floor(lo / 2.0**x) for x in (e, e - 1)]  # lattice bins spanned
+        assert bins[0] < FINE <= bins[1]
+        assert lattice.base == np.floor(lo / 2.0**e)
+
+
+def test_a_range_grown_far_merges_the_bins_exactly():
+    """From values within 2**-30 to values of 2**20 (the bins merge 2**40-fold), float64 values, tiny
+    negative ones in bins far wider than they (bin -1, not 0), and merges of lattices apart."""
+    rng = np.random.default_rng(5)
+    small = rng.uniform(-2.0**-30, 2.0**-30, 5000)
+    large = rng.uniform(-2.0**20, 2.0**20, 5000)
+    tiny = np.array([-5e-324, 5e-324, -1e-300, 0.0, -0.0])
+    values = np.concatenate([small, tiny, large])
+    counts, edges = lattice_of(values, [5000, 5, 5000]).view(16)
+    np.testing.assert_array_equal(counts, np.histogram(values, bins=edges)[0])
+    first, second = lattice_of(values[:5003], [5003]), lattice_of(values[5003:], [5002])
+    first.merge(second)
+    np.testing.assert_array_equal(first.view(16)[0], counts)
+    wide = lattice_of(values, [values.size])
+    assert np.searchsorted(np.ldexp(np.arange(wide.base, wide.base + FINE + 1.0), wide.exponent), -5e-324) - 1 == \
+        -wide.base - 1  # the tiny negative value sits in the bin below 0
+
+
+def test_equal_values_make_one_bin_around_them_until_another_comes():
+    lattice = lattice_of(np.full(7, 2.5, np.float32), [3, 4])
+    counts, edges = lattice.view(16)
+    assert counts.tolist() == [0] * 8 + [7] + [0] * 7 and edges[0] == 2.0 and edges[-1] == 3.0
+    lattice.add_repeated(0.0, 3)
+    lattice.add(np.array([2.5], np.float32), 2.5, 2.5)
+    counts, edges = lattice.view(4)
+    np.testing.assert_array_equal(counts, np.histogram([2.5] * 8 + [0.0] * 3, bins=edges)[0])
+    assert Lattice().view(4)[0].tolist() == [0] * 4 and np.isnan(Lattice().view(4)[1]).all()
 
 
 def test_chunks_are_float32_where_that_is_exact_and_float64_elsewhere():

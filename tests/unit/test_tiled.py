@@ -90,8 +90,11 @@ def test_the_statistics_are_the_exact_figures():
     assert st.std == pytest.approx(float(finite.std()), rel=1e-12)
     assert (st.min, st.max, st.absmax) == (finite.min(), finite.max(), np.abs(finite).max())
     assert (st.nan, st.inf, st.finite) == (1, int(np.isinf(a).sum()), finite.size)
-    counts, lo, hi = summary.histogram(a)
-    assert counts == np.histogram(finite, bins=summary.BINS)[0].tolist() and (lo, hi) == (finite.min(), finite.max())
+    counts, edges = summary.look(a)[1].view(summary.BINS)
+    assert counts.tolist() == np.histogram(finite, bins=edges)[0].tolist()
+    width = edges[1] - edges[0]  # the bins start at or below the min and end past the max, by less than one
+    assert edges[0] <= finite.min() < edges[0] + width and edges[-1] - width <= finite.max() < edges[-1]
+    assert summary.histogram(a) == (counts.tolist(), edges[0], edges[-1])
 
 
 def test_any_chunking_gives_the_same_figures(monkeypatch):
