@@ -33,7 +33,7 @@ def test_auto_runs_the_whole_prompt_where_it_fits_and_the_largest_chunk_that_fit
     assert why == (f"--chunk auto: the whole prompt would need about {memory.gib(total(plan))} and 1.0 GiB is "
                    "available, "
                    "so the prefill runs 4,096 positions at a time (25 chunks, each tensor still shown whole over the "
-                   "100,000 positions; the scores' chunks run again for their histogram)")
+                   "100,000 positions)")
     smaller, _ = memory.choose_chunk(plan, estimate, total(chosen) - 1, None)
     assert smaller.spec.chunk < 4096 and total(smaller) < total(chosen)
 
