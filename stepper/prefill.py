@@ -204,15 +204,12 @@ class Part:
         self.gather, self.first, self.last = Gather(), [], []
 
     def add(self, array: np.ndarray | Tiled) -> None:
-        """A chunk's tensor: its figures (a held one's blocks shared out across the cores)."""
+        """A chunk's tensor: a held one's figures, its blocks shared out across the cores (a tiled
+        one's are gathered by `Gathered.flush`); the last chunk's, kept whole, of one without positions."""
         if self.axis is None:
             self.latest = array
             return
-        if isinstance(array, Tiled):
-            for values in chunks(array):
-                self.gather.add(values)
-        else:
-            self.gather.merge(gather_held(array))
+        self.gather.merge(gather_held(array))
         self.end(array)
 
     def end(self, array: np.ndarray | Tiled) -> None:

@@ -442,7 +442,7 @@ def fine_counts(values: np.ndarray, exponent: int, base: int) -> np.ndarray:
         np.floor(np.multiply(values, np.float32(2.0**-exponent), out=scaled), out=scaled)
         np.copyto(index, np.subtract(scaled, np.float32(base), out=scaled), casting="unsafe")
     else:
-        scaled = np.floor(np.ldexp(values.astype(np.float64), -exponent))  # exact but for underflow
+        scaled = np.floor(np.ldexp(values.astype(np.float64, copy=False), -exponent))  # exact but for underflow
         if exponent > 0:  # a tiny negative value scaled to -0.0: its bin is -1
             scaled[(scaled == 0) & (values < 0)] = -1
         np.copyto(index, scaled - float(base), casting="unsafe")  # exact: a difference below FINE
