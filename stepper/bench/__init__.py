@@ -17,8 +17,9 @@ peak RSS is its own:
   ratio with both sides in the same minutes (the full-size two do not fit the page cache at once);
 - the dense layer 0 at full size, the same two ways;
 - the same MoE layer shape with 16 routed experts, against transformers' DeepseekV3 in float32
-  on the same weights and tokens (transformers_pair; T = 1, 32, 512, and T = 1 again with
-  stepper's weight cache warm), when torch and transformers are installed;
+  on the same weights and tokens (transformers_pair; T = 1, 32, 512, each also with stepper's
+  weight cache warm: float32 weights in memory, transformers' own work, so that what decoding
+  the FP8 weights adds is the difference), when torch and transformers are installed;
 - with `--kda`, one full-size Kimi Linear KDA layer's attention (kda): decode one token and
   prefill 4096, with the share of the time spent in the state update;
 - with `--indexer`, DeepSeek-V3.2's first layer (dense: its attention and Lightning Indexer are
