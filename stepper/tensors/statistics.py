@@ -140,7 +140,7 @@ class Gather:
                 self.sums.add(values, max(-float(lo), float(hi)))
             else:
                 self.total += exact_sum(values)
-                self.squares += exact_sum(np.square(values))
+                self.squares += square_sum(values)
             self.bins.add(values, float(lo), float(hi))
 
     def merge(self, other: Gather) -> None:
@@ -175,7 +175,7 @@ class Gather:
         self.finite += count
         self.lo, self.hi, self.absmax = min(self.lo, value), max(self.hi, value), max(self.absmax, abs(value))
         self.total += count * exact_sum(np.array([value]))
-        self.squares += count * exact_sum(np.array([value * value]))
+        self.squares += count * square_sum(np.array([value]))
         self.bins.add_repeated(value, count)
 
     def stats(self) -> Stats:
@@ -185,8 +185,23 @@ class Gather:
         n, unit = self.finite, Fraction(1, 2**EXACT_SHIFT)
         total, squares = (self.total + total) * unit, (self.squares + squares) * unit
         variance = max(Fraction(0), (squares - total * total / n) / n)
-        return Stats(min=self.lo, max=self.hi, mean=float(total / n), std=math.sqrt(variance), absmax=self.absmax,
-                     sum=float(total), nan=self.nan, inf=self.inf, finite=n)
+        return Stats(min=self.lo, max=self.hi, mean=float(total / n), std=square_root(variance), absmax=self.absmax,
+                     sum=rounded(total), nan=self.nan, inf=self.inf, finite=n)
+
+
+def rounded(value: Fraction) -> float:
+    """The nearest float64; +-inf past its largest (a sum of float64 values near it)."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
+
+
+def square_root(value: Fraction) -> float:
+    """sqrt of a non-negative rational that may lie past float64's range (the variance of values
+    near 1e300), whose root does not: halved in exponent by an exact power of four first."""
+    half = max(0, (value.numerator.bit_length() - value.denominator.bit_length()) // 2 - 500)
+    return math.ldexp(math.sqrt(value / 4**half), half)
 
 
 class Float32Sums:
@@ -295,13 +310,29 @@ def units(value: float) -> int:
     return numerator << (EXACT_SHIFT - denominator.bit_length() + 1)
 
 
+SQUARE_SAFE = 2.0**511  # a float64 of smaller magnitude has a finite square
+SQUARE_SHIFT = 600  # larger ones are squared times 2**-1200 (exact, and neither overflows nor underflows)
+
+
+def square_sum(values: np.ndarray) -> int:
+    """The exact sum of finite float64 values' squares [n], each square rounded once as float64
+    rounds it where it does not overflow (past 2**1024 too: a large value is squared times an exact
+    power of two), in units of 2**-EXACT_SHIFT."""
+    large = np.abs(values) >= SQUARE_SAFE
+    if not large.any():
+        return exact_sum(np.square(values))
+    scaled = np.ldexp(values[large], -SQUARE_SHIFT)
+    return exact_sum(np.square(values[~large])) + (exact_sum(np.square(scaled)) << 2 * SQUARE_SHIFT)
+
+
 def exact_sum(values: np.ndarray) -> int:
     """The exact sum of finite float64 values [n] (n <= CHUNK), as an integer in units of
     2**-EXACT_SHIFT.
 
-    In turn from the largest magnitude down: the values are rounded to multiples of a unit
-    2**WINDOW times smaller than the largest, those multiples (integers below 2**WINDOW, so their
-    sum fits an int64) are summed exactly, and what the rounding left (exactly representable,
+    In turn from the largest magnitude down: the values are cut to multiples of a unit
+    2**WINDOW times smaller than the largest (toward zero: none grows past float64's largest),
+    those multiples (integers below 2**WINDOW, so their
+    sum fits an int64) are summed exactly, and what the cut left (exactly representable,
     2**WINDOW times smaller again) goes round once more, until nothing is left: a step per
     WINDOW bits of the values' range, one or two for most tensors."""
     total, rest = 0, values
@@ -310,7 +341,7 @@ def exact_sum(values: np.ndarray) -> int:
         if top == 0.0:
             return total
         unit = max(math.frexp(top)[1] - WINDOW, MIN_EXPONENT - 1)  # top < 2**(unit + WINDOW)
-        multiples = np.rint(np.ldexp(rest, -unit))  # exact integers, |m| <= 2**WINDOW
+        multiples = np.trunc(np.ldexp(rest, -unit))  # exact integers, |m| < 2**WINDOW, |m * 2**unit| <= |value|
         count = int(multiples.astype(np.int64).sum())
         total += count << (unit + EXACT_SHIFT)
         rest = rest - np.ldexp(multiples, unit)  # exact: the bits below the unit
@@ -404,8 +435,16 @@ class Lattice:
         run = -(-used // bins)
         fine = np.zeros(bins * run, np.int64)
         fine[:used] = self.counts[:used]
-        edges = [math.ldexp(float(self.base + i * run), self.exponent) for i in range(bins + 1)]
+        edges = [ldexp_or_inf(float(self.base + i * run), self.exponent) for i in range(bins + 1)]  # past 1.8e308: inf
         return fine.reshape(bins, run).sum(axis=1), np.array(edges)
+
+
+def ldexp_or_inf(x: float, e: int) -> float:
+    """x * 2**e, +-inf past float64's largest."""
+    try:
+        return math.ldexp(x, e)
+    except OverflowError:
+        return math.copysign(math.inf, x)
 
 
 def lattice_index(x: float, exponent: int) -> int:

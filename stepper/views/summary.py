@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 
 from stepper.tensors import statistics
-from stepper.tensors.statistics import BINS, CORNER, Gather, Lattice, Stats, chunks, no_finite
+from stepper.tensors.statistics import BINS, CORNER, Gather, Lattice, Stats, chunks, ldexp_or_inf, no_finite
 from stepper.tensors.tensor import Figures, Tensor, held
 
 SPARK = "▁▂▃▄▅▆▇█"
@@ -54,12 +54,16 @@ def combine(parts: list[Stats]) -> Stats:
     n = sum(p.finite for p in finite)
     if n == 0:
         return no_finite(nan, inf)
-    total = math.fsum(p.sum for p in finite)
+    # in units of 2**e, every |value| below 1: no square or sum overflows (values near 1e300); the same figures
+    # otherwise (powers of two scale exactly)
+    e = math.frexp(max(p.absmax for p in finite))[1]
+    total = math.fsum(math.ldexp(p.sum, -e) for p in finite)
     mean = total / n
-    m2 = math.fsum(p.finite * (p.std**2 + (p.mean - mean) ** 2) for p in finite)
+    m2 = math.fsum(p.finite * (math.ldexp(p.std, -e) ** 2 + (math.ldexp(p.mean, -e) - mean) ** 2) for p in finite)
     return Stats(
-        min=min(p.min for p in finite), max=max(p.max for p in finite), mean=mean, std=math.sqrt(m2 / n),
-        absmax=max(p.absmax for p in finite), sum=total, nan=nan, inf=inf, finite=n,
+        min=min(p.min for p in finite), max=max(p.max for p in finite), mean=ldexp_or_inf(mean, e),
+        std=ldexp_or_inf(math.sqrt(m2 / n), e), absmax=max(p.absmax for p in finite),
+        sum=ldexp_or_inf(total, e), nan=nan, inf=inf, finite=n,
     )
 
 

@@ -293,3 +293,17 @@ def test_block_out_of_range_names_the_grid():
         f"stepper: error: --block 2,0 is outside '{KV}': F8_E4M3 [144, 320] has a 2x3 grid of 128x128 blocks "
         "(rows 0..1, columns 0..2)"
     )
+
+
+def test_stats_of_float64_values_near_the_largest_are_shown_not_hung(tmp_path):
+    """Squares of F64 values past 2**512 overflow float64: the figures stay exact and finite."""
+    from safetensors.numpy import save_file
+
+    path = tmp_path / "wide.safetensors"
+    save_file({"w": np.array([1e300, -2e300, 3.0]), "top": np.array([1.7976931348623157e308] * 2)}, str(path))
+    lines = ok("inspect", "--stats", "--json", str(path)).splitlines()
+    rows = {row["name"]: row["stats"] for row in map(json.loads, lines) if "name" in row}
+    assert rows["w"]["std"] == pytest.approx(1.2472191289246472e300, rel=1e-15)
+    assert rows["w"]["mean"] == pytest.approx(-1e300 / 3, rel=1e-15)
+    assert rows["top"]["std"] == 0 and rows["top"]["sum"] is None  # past float64's range: no finite sum
+    assert "std 1.247e+300" in ok("inspect", "--stats", "--plain", str(path))

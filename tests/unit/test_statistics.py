@@ -2,6 +2,7 @@
 exact rational arithmetic, any split into chunks giving the same figures; histogram counts equal
 to np.histogram's over the lattice's edges, at and beside every edge, for any split and order."""
 
+import math
 from fractions import Fraction
 
 import numpy as np
@@ -230,3 +231,48 @@ def test_parts_are_a_power_of_two_fitting_the_l2(monkeypatch):
         monkeypatch.setattr(cpu_caches, "l2_bytes", lambda l2=l2: l2)
         assert statistics.in_cache() == part
     statistics.in_cache.cache_clear()
+
+
+LARGEST = float(np.finfo(np.float64).max)
+
+
+def exact_root(value: Fraction) -> float:
+    """sqrt of a non-negative rational, from an integer square root with 200 bits to spare."""
+    bits = 2 * (1200 + 200)
+    return float(Fraction(math.isqrt(value.numerator * 2**bits // value.denominator), 2 ** (bits // 2)))
+
+
+@pytest.mark.parametrize("values", [[1e300, -2e300, 3.0], [-LARGEST, LARGEST, -LARGEST, 2.5],
+                                    [2.0**600, 1e-300, -(2.0**511)], [1e200] * 5 + [-1e154]])
+def test_float64_values_near_the_largest_give_exact_figures(values):
+    """Squares past float64's range (values above 2**512) are summed exactly too: the figures are
+    the exact ones rounded once, the sum inf only where it is past float64's range."""
+    st = Gather()
+    st.add(np.array(values))
+    got = st.stats()
+    exact_values = [Fraction(v) for v in values]
+    n, total = len(values), sum(exact_values)
+    # each square rounded once to float64, as if float64 had no largest value
+    squares = [Fraction(float(np.float64(v) ** 2)) if abs(v) < 2.0**511 else Fraction(v) ** 2 for v in values]
+    assert got.mean == float(total / n)
+    assert got.std == pytest.approx(exact_root(sum(squares) / n - (total / n) ** 2), rel=4e-16)
+    assert got.sum == (float(total) if abs(total) <= Fraction(LARGEST) else math.copysign(math.inf, total))
+    assert (got.min, got.max, got.finite) == (min(values), max(values), n)
+
+
+def test_stats_of_parts_combine_without_overflow_near_the_largest():
+    from stepper.views import summary
+
+    whole = np.array([1e300, -2e300, LARGEST, 3.0])
+    parts = [summary.stats(whole[:2]), summary.stats(whole[2:])]
+    combined, direct = summary.combine(parts), summary.stats(whole)
+    assert combined.mean == pytest.approx(direct.mean, rel=1e-15)
+    assert combined.std == pytest.approx(direct.std, rel=1e-15)
+    assert math.isfinite(combined.std) and combined.finite == 4
+
+
+def test_a_lattice_past_the_largest_float_shows_infinite_edges():
+    lattice = lattice_of(np.array([-LARGEST, 0.0, LARGEST]), [3])
+    counts, edges = lattice.view(4)
+    assert counts.sum() == 3 and edges[0] == -math.inf and edges[-1] == math.inf
+    assert np.all(np.diff(edges) > 0)
