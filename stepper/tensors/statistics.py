@@ -329,12 +329,12 @@ def exact_sum(values: np.ndarray) -> int:
     """The exact sum of finite float64 values [n] (n <= CHUNK), as an integer in units of
     2**-EXACT_SHIFT.
 
-    In turn from the largest magnitude down: the values are cut to multiples of a unit
-    2**WINDOW times smaller than the largest (toward zero: none grows past float64's largest),
-    those multiples (integers below 2**WINDOW, so their
-    sum fits an int64) are summed exactly, and what the cut left (exactly representable,
-    2**WINDOW times smaller again) goes round once more, until nothing is left: a step per
-    WINDOW bits of the values' range, one or two for most tensors."""
+    In turn from the largest magnitude down: the values are cut toward zero to multiples of a
+    unit 2**WINDOW times smaller than the largest (so none grows past float64's largest), those
+    multiples (integers below 2**WINDOW, so their sum fits an int64) are summed exactly, and what
+    the cut left (exactly representable, 2**WINDOW times smaller again) goes round once more,
+    until nothing is left: a step per WINDOW bits of the values' range, one or two for most
+    tensors."""
     total, rest = 0, values
     while True:
         top = max(float(rest.max()), -float(rest.min())) if rest.size else 0.0
