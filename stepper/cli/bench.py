@@ -53,7 +53,7 @@ def bench_command(
     """Measure full-size Kimi K2 layers (decode, prefill, peak memory) and the machine's ceilings.
 
     The first run writes about 20 GB of synthetic checkpoints into the work directory (several
-    minutes); later runs reuse them and take 3-6 minutes, reading them back from disk
+    minutes); later runs reuse them and take 3-7 minutes, reading them back from disk
     included. Each checkpoint is first dropped from the page cache and read back as stepper
     reads it, so that every run finds it cached the same way whatever read it before, and each
     layer scenario reads its checkpoint through before it is timed (24 GB of RAM is enough for
