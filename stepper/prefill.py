@@ -244,7 +244,7 @@ class Part:
         first = self.first
         if self.width == len(self.shape) - 1:  # the first row, past chunk 0's attended positions
             first = first + [float(self.pad)] * (min(CORNER, self.shape[-1]) - len(first))
-        figures = Figures(self.gather.stats(), self.gather.bins, first, self.last)
+        figures = Figures(self.gather.stats(), self.gather.bins.kept(), first, self.last)
         tensor = Chunked(self.name, self.shape, self.dtype, self.axis, len(self.shapes), replay, figures)
         return Event(self.name, self.key, tensor, self.layer, self.phase)
 

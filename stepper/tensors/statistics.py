@@ -19,7 +19,7 @@ import numpy as np
 from stepper.kernels import cpu_caches, parallel
 
 BINS = 16  # the bins of a sparkline's histogram
-FINE = 4096  # the finest bins a histogram keeps (`Lattice`): at most 32 KB of counts
+FINE = 4096  # the finest bins a histogram keeps (`Lattice`): at most 32 KB of counts while gathering, 8-16 KB kept
 CORNER = 3  # values of each corner
 CHUNK = 1 << 17  # values gathered at once (1 MB of float64: the passes over a chunk stay in cache)
 MIN_EXPONENT = -1073  # the smallest exponent np.frexp gives a float64 (subnormals included)
@@ -420,6 +420,17 @@ class Lattice:
             for i in held.tolist():
                 counts[((self.base + i) >> shift) - base] += self.counts[i]
         return counts
+
+    def kept(self) -> Lattice:
+        """A copy holding only the bins up to the max, as uint32 where the counts fit: what a finished
+        tensor's figures keep (a chunked run keeps thousands). `view` reads it, and `merge` takes it
+        as the other; nothing adds to it."""
+        copy = Lattice()
+        copy.lo, copy.hi, copy.exponent, copy.base, copy.equal = self.lo, self.hi, self.exponent, self.base, self.equal
+        if self.exponent is not None:
+            used = self.counts[: lattice_index(self.hi, self.exponent) - self.base + 1]
+            copy.counts = used.astype(np.uint32) if used.max(initial=0) <= np.iinfo(np.uint32).max else used.copy()
+        return copy
 
     def view(self, bins: int) -> tuple[np.ndarray, np.ndarray]:
         """`bins` equal bins, each a run of the lattice's, from the lattice point at or below the

@@ -15,6 +15,7 @@ from stepper import prefill
 from stepper.kernels import attention as kernels
 from stepper.model import KVCache
 from stepper.seams.trace import Emitter, Event, Recorder
+from stepper.tensors import statistics
 from stepper.tensors import tiled as tiled_module
 from stepper.tensors.chunked import Chunked
 from stepper.tensors.tiled import Tiled
@@ -107,6 +108,9 @@ def assert_figures_of(shown: Chunked, values: np.ndarray) -> None:
     assert summary.stats(shown) == summary.stats(values)
     assert summary.histogram(shown) == summary.histogram(values)
     assert summary.corners(shown) == summary.corners(values)
+    bins = shown.figures.bins  # only the bins up to the max, narrow: a chunked run keeps thousands of these
+    used = 0 if bins.exponent is None else statistics.lattice_index(bins.hi, bins.exponent) - bins.base + 1
+    assert bins.counts.dtype == (np.uint32 if used else np.int64) and bins.counts.size == used
 
 
 @pytest.mark.parametrize("widen", [True, False])

@@ -276,3 +276,19 @@ def test_a_lattice_past_the_largest_float_shows_infinite_edges():
     counts, edges = lattice.view(4)
     assert counts.sum() == 3 and edges[0] == -math.inf and edges[-1] == math.inf
     assert np.all(np.diff(edges) > 0)
+
+
+def test_a_kept_lattice_holds_only_the_used_bins_and_views_and_merges_as_the_whole():
+    rng = np.random.default_rng(5)
+    values = np.concatenate([rng.standard_normal(50_000), [40.0]]).astype(np.float32)
+    whole = lattice_of(values, [values.size])
+    kept = whole.kept()
+    used = statistics.lattice_index(whole.hi, whole.exponent) - whole.base + 1
+    assert used < FINE and kept.counts.size == used and kept.counts.dtype == np.uint32
+    for bins in (1, 16, 24, 1000):
+        for got, want in zip(kept.view(bins), whole.view(bins)):
+            assert np.array_equal(got, want)
+    wider, wider_kept = lattice_of(np.float32([-1e3, 1e3]), [2]), lattice_of(np.float32([-1e3, 1e3]), [2])
+    wider.merge(whole)
+    wider_kept.merge(kept)
+    assert np.array_equal(wider.counts, wider_kept.counts) and wider.counts.sum() == values.size + 2
