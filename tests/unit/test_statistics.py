@@ -7,6 +7,8 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from stepper.tensors import statistics
 from stepper.tensors.statistics import EXACT_SHIFT, FINE, Gather, Lattice
@@ -292,3 +294,31 @@ def test_a_kept_lattice_holds_only_the_used_bins_and_views_and_merges_as_the_who
     wider.merge(whole)
     wider_kept.merge(kept)
     assert np.array_equal(wider.counts, wider_kept.counts) and wider.counts.sum() == values.size + 2
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.floats(allow_nan=True, allow_infinity=True, width=64), min_size=0, max_size=40),
+       st.integers(1, 40))
+def test_any_float64_values_give_the_exact_figures_for_any_split(values, chunk):
+    """Over float64's whole range, NaN and inf among them, split anyhow: the sum and the squares
+    are the exact ones (each square rounded once as float64 rounds it, even past its largest), and
+    a histogram counts every finite value."""
+    array = np.array(values, dtype=np.float64)
+    got = gathered(array, chunk)
+    finite = [Fraction(v) for v in values if math.isfinite(v)]
+    squares = [Fraction(float(np.float64(v) ** 2)) if abs(v) < 2.0**511 else to_53_bits(Fraction(v) ** 2)
+               for v in values if math.isfinite(v)]
+    assert exact_totals(got) == (sum(finite, Fraction(0)), sum(squares, Fraction(0)))
+    stats = got.stats()
+    assert stats.finite == len(finite) and stats.nan + stats.inf == len(values) - len(finite)
+    assert sum(got.bins.view(16)[0]) == len(finite)
+
+
+def to_53_bits(value: Fraction) -> Fraction:
+    """A positive rational rounded to 53 significant bits, half to even: float64's rounding, without
+    its largest value."""
+    exponent = value.numerator.bit_length() - value.denominator.bit_length()
+    if Fraction(2) ** exponent > value:
+        exponent -= 1
+    unit = Fraction(2) ** (exponent - 52)
+    return round(value / unit) * unit  # round() of a Fraction: half to even
