@@ -421,6 +421,10 @@ class Lattice:
                 counts[((self.base + i) >> shift) - base] += self.counts[i]
         return counts
 
+    def used(self) -> int:
+        """How many bins, from the first, reach the max (there is an exponent)."""
+        return lattice_index(self.hi, self.exponent) - self.base + 1
+
     def kept(self) -> Lattice:
         """A copy holding only the bins up to the max, as uint32 where the counts fit: what a finished
         tensor's figures keep (a chunked run keeps thousands). `view` reads it, and `merge` takes it
@@ -428,7 +432,7 @@ class Lattice:
         copy = Lattice()
         copy.lo, copy.hi, copy.exponent, copy.base, copy.equal = self.lo, self.hi, self.exponent, self.base, self.equal
         if self.exponent is not None:
-            used = self.counts[: lattice_index(self.hi, self.exponent) - self.base + 1]
+            used = self.counts[: self.used()]
             copy.counts = used.astype(np.uint32) if used.max(initial=0) <= np.iinfo(np.uint32).max else used.copy()
         return copy
 
@@ -442,7 +446,7 @@ class Lattice:
         if self.exponent is None:
             counts[bins // 2] = self.equal
             return counts, np.linspace(self.lo - 0.5, self.hi + 0.5, bins + 1)
-        used = lattice_index(self.hi, self.exponent) - self.base + 1
+        used = self.used()
         run = -(-used // bins)
         fine = np.zeros(bins * run, np.int64)
         fine[:used] = self.counts[:used]
