@@ -6,10 +6,13 @@ A row's packed words hold its groups one after another, four words (32 inputs) a
 q of word k of group g (a little-endian word) holds inputs 32g + 8k + 2q (its low nibble) and
 32g + 8k + 2q + 1 (its high nibble). A tile is decoded in an order where each pass is one long
 run: the tile's words are first put word by word ([rows, groups, 4] -> [4, rows, groups], one
-move for eight inputs), so its bytes lie as [word k][rows, group g, byte q]; taking the nibbles
-apart is then two whole-array operations on bytes (`& 0xF`, `>> 4`), giving eight planes
-[nibble, word k], each [rows, in/8], which the rows' scales (four times each, one per byte)
-multiply as one operand (`tiles_order` says which input each place holds). With few tokens the
+move for eight inputs), so its bytes lie as [word k][rows, group g, byte q]. Taking the nibbles
+apart is then three whole-array operations on bytes, giving eight planes [nibble, word k], each
+[rows, in/8], which the rows' scales (four times each, one per byte) multiply as one operand
+(`tiles_order` says which input each place holds). Flipping each nibble's top bit (`^ 0x88`) makes
+its four bits, read as a signed number, the nibble minus 8; a nibble in a byte's top four bits
+(`& 0xF0` for the high one, `* 16` for the low one) is then, as an int8, 16 (nibble - 8), and the
+scales carry the 1/16 (exact for any BF16 or F16 scale, and a float32 one checked). With few tokens the
 planes lie one after another and the product is theirs summed; with many, side by side in each
 row, for one GEMM (apply_tiles). The inputs are put in the same order once per product; the
 product is the same sum in another order.
@@ -110,12 +113,32 @@ def decode_tile(w: Int4Matrix, start: int, end: int, out: np.ndarray) -> np.ndar
     rows, groups, per_group = end - start, w.in_features // w.group, w.group // int4.PER_WORD
     memory = tile_memory(rows, w)
     np.copyto(memory.words, w.packed[start:end].reshape(rows, groups, per_group).transpose(2, 0, 1))
-    np.bitwise_and(memory.codes, 0xF, out=memory.nibbles[0])  # 0..15
-    np.right_shift(memory.codes, 4, out=memory.nibbles[1])
-    np.subtract(memory.nibbles, int4.OFFSET, out=memory.nibbles)  # mod 256: as int8, -8..7
-    np.copyto(out, memory.values)
-    np.multiply(out, scales_per_byte(w.scales[start:end], memory), out=out)  # the same [rows, in/8] for every plane
+    np.bitwise_xor(memory.codes, FLIP_TOP_BITS, out=memory.codes)
+    np.multiply(memory.codes, SIXTEEN, out=memory.nibbles[0])  # mod 256: the low nibble moved up
+    np.bitwise_and(memory.codes, HIGH_NIBBLE, out=memory.nibbles[1])
+    np.copyto(out, memory.values)  # 16 (nibble - 8)
+    scales = scales_per_byte(w.scales[start:end], memory)
+    np.multiply(scales, SIXTEENTH, out=scales)
+    if not sixteenths_exact(w.scales[start:end], scales):  # a float32 scale below 2^-122
+        np.multiply(out, SIXTEENTH, out=out)
+        scales = scales_per_byte(w.scales[start:end], memory)
+    np.multiply(out, scales, out=out)  # the same [rows, in/8] for every plane
     return out
+
+
+FLIP_TOP_BITS = np.uint8(0x88)
+SIXTEEN = np.uint8(16)
+HIGH_NIBBLE = np.uint8(0xF0)
+SIXTEENTH = np.float32(1 / 16)
+
+
+def sixteenths_exact(scales: np.ndarray, sixteenths: np.ndarray) -> bool:
+    """Whether every scale / 16 is exact. It always is for a BF16 scale (its lowest bit is 2^-133 at
+    the least, 2^-137 once divided: above float32's 2^-149); a float32 one is looked at.
+    [rows, groups], [rows, groups * 4]"""
+    if scales.dtype != np.float32:
+        return True
+    return bool(np.array_equal(sixteenths[:, ::4] * np.float32(16), scales))
 
 
 TWO_COPIES = np.uint64(0x1_0000_0001)  # b * (2^32 + 1) = b in both halves of 64 bits, for 32-bit b
@@ -182,7 +205,7 @@ def apply_tiles(split: np.ndarray, w: Int4Matrix, tiles: Sequence[tuple[int, int
             gemm.matmul(tile.reshape(end - start, -1), inputs, rows[start:end])
         else:
             np.matmul(places, inputs, out=products[:, : end - start])
-            np.sum(products[:, : end - start], axis=0, out=rows[start:end])
+            np.add.reduce(products[:, : end - start], axis=0, out=rows[start:end])
 
 
 def dequantize_via_reference(w: Int4Matrix, out: np.ndarray | None = None) -> np.ndarray:

@@ -11,7 +11,7 @@ import pytest
 from stepper import int4
 from stepper.errors import StepperError
 from stepper.kernels.int4_matmul import int4_products
-from stepper.kernels.int4_tiles import decode_tile, int4_rows
+from stepper.kernels.int4_tiles import decode_tile, int4_rows, tiles_order
 from stepper.kernels.linear import float32_weight, linear, linears
 from stepper.seams.swap import swapped
 from stepper.weights.stored import Int4Matrix
@@ -149,6 +149,21 @@ def test_bf16_scales_widened_in_the_tiles_give_the_float32_scales_products_bit_f
     np.testing.assert_array_equal(int4_products(x, [w])[0], int4_products(x, [widened])[0])
     tile = np.empty((8, 32, 40), np.float32)  # [planes, rows, in/8]
     np.testing.assert_array_equal(decode_tile(w, 64, 96, tile), decode_tile(widened, 64, 96, tile.copy()))
+
+
+@pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, np.float16, np.float32])
+@pytest.mark.parametrize("lowest", [-30, -149])  # -149: scales down to float32's smallest, whose sixteenths round
+def test_decoded_tiles_are_the_dequantized_weight_bit_for_bit(dtype, lowest):
+    """decode_tile's planes (the nibbles as 16 (n - 8), the scales as s / 16) hold exactly the
+    values of the readable dequantization, for every scale dtype and scales of any size, in the
+    tiles' order."""
+    rng = np.random.default_rng(abs(lowest))
+    packed = rng.integers(-2**31, 2**31, (32, 32), dtype=np.int64).astype(np.int32)  # every nibble, 256 inputs
+    scales = np.exp2(rng.uniform(lowest, 10, (32, 8))) * rng.choice([-1, 1], (32, 8))
+    w = Int4Matrix.of(packed, scales.astype(dtype), 256)
+    expected = w.dequantize()[:, tiles_order(256, 32)].reshape(32, 8, 32).transpose(1, 0, 2)
+    tile = decode_tile(w, 0, 32, np.empty((8, 32, 32), np.float32))
+    np.testing.assert_array_equal(tile.view(np.uint32), np.ascontiguousarray(expected).view(np.uint32))
 
 
 def test_a_learners_dequantize_runs_in_every_product():
