@@ -9,8 +9,9 @@ import numpy as np
 
 from stepper.bench.ceilings import Ceilings, fp8_rate, layer_floor
 from stepper.bench.figures import Figure, median_time, paired_times
-from stepper.config import Config
+from stepper.config import Config, Fp8
 from stepper.kernels import gemm, parallel
+from stepper.kernels.fp8_tiles import TALL_TILE_BYTES
 from stepper.kernels.weight_cache import CachedWeights
 from stepper.model import Transformer
 from stepper.seams.trace import Emitter
@@ -72,16 +73,32 @@ def versus_torch(checkpoint: Path, tokens: int, pairs: int, cache_mb: int = 0) -
 def least_time(cfg: Config, tokens: int) -> tuple[float, str]:
     """The least time stepper's work on this layer could take here, from rates measured now in
     this process: its FP8 weights decoded at one core's FP8 rate on every core, and its products at
-    the rate of its own GEMM (kernels.gemm, one core, every core) on an expert's shape with the
-    tokens an expert gets on average.  -> (seconds, how it was made)"""
+    the rate of its own GEMM (kernels.gemm, one core, every core) on the tiles it multiplies, with
+    the tokens an expert gets on average.  -> (seconds, how it was made)
+
+    A tile is what the product reads: with few tokens one scale block of rows, just decoded into
+    the cache; with many, TALL_TILE_BYTES of rows (fp8_tiles.apply_tiles). Its rate is taken with
+    the tile in the cache. (A whole [2048, 7168] weight read from memory at every product, as this
+    took before, multiplies 16 tokens at half that rate on a machine whose memory is slow, and
+    put this floor above what stepper's own warm layer takes.)"""
     [fp8] = fp8_rate()
     columns = max(1, round(tokens * cfg.num_experts_per_tok / cfg.n_routed_experts))
-    tile, inputs = np.ones((2048, cfg.hidden_size), np.float32), np.ones((columns, cfg.hidden_size), np.float32)
-    out = np.empty((2048, columns), np.float32)
+    rows = tile_rows(cfg, columns)
+    tile, inputs = np.ones((rows, cfg.hidden_size), np.float32), np.ones((columns, cfg.hidden_size), np.float32)
+    out = np.empty((rows, columns), np.float32)
     rate = 2 * tile.size * columns / median_time(lambda: gemm.matmul(tile, inputs.T, out), 9)
     cores = parallel.cores()
     seconds, how = layer_floor(cfg, 1, tokens, 0, Ceilings(fp8.value * 1e9 * cores, rate * cores, cores))
-    return seconds, f"{how} ({gemm.description()}, {columns} columns: {rate / 1e9:.0f} GFLOP/s a core)"
+    tiles = f"[{rows}, {cfg.hidden_size}] tiles by {columns} columns"
+    return seconds, f"{how} ({gemm.description()}, {tiles}: {rate / 1e9:.0f} GFLOP/s a core)"
+
+
+def tile_rows(cfg: Config, columns: int) -> int:
+    """The rows of the tiles stepper's FP8 products multiply by `columns` tokens (fp8_tiles)."""
+    block = (cfg.quantization or Fp8()).weight_block_size[0]
+    if columns <= block:
+        return block
+    return block * max(1, TALL_TILE_BYTES // (4 * cfg.hidden_size * block))
 
 
 def load_layer(layer, source, shapes: dict[str, tuple[int, ...]], cfg: Config) -> None:

@@ -226,7 +226,21 @@ def test_the_least_time_against_transformers_is_made_of_the_rates_measured_in_th
     monkeypatch.setattr(transformers_pair, "median_time", gemm_time)
     floor, how = transformers_pair.least_time(cfg, 64)  # made of the rates given, not timed
     columns = 64 * 4 // 32
-    rate = 2 * 2048 * cfg.hidden_size * columns / 0.001  # FLOP/s of one core on the expert's shape
+    rate = 2 * 128 * cfg.hidden_size * columns / 0.001  # FLOP/s of one core on one scale block's tile
     expected, _ = ceilings.layer_floor(cfg, 1, 64, 0, ceilings.Ceilings(2 * 0.5e9, 2 * rate, 2))
     assert floor == pytest.approx(expected) and timed == [9]
-    assert f"{columns} columns: {rate / 1e9:.0f} GFLOP/s a core" in how and "FP8 weights at 1.00 G/s" in how
+    assert f"[128, {cfg.hidden_size}] tiles by {columns} columns: {rate / 1e9:.0f} GFLOP/s a core" in how
+    assert "FP8 weights at 1.00 G/s" in how
+
+
+def test_the_floors_tiles_are_those_stepper_multiplies():
+    """One scale block of rows up to as many tokens as a block has rows; past that, tall tiles of
+    TALL_TILE_BYTES (fp8_tiles.apply_tiles), whole blocks."""
+    from stepper.bench.transformers_pair import tile_rows
+    from stepper.kernels.fp8_tiles import TALL_TILE_BYTES
+    from stepper.presets import preset
+
+    cfg = preset("kimi-k2")
+    assert tile_rows(cfg, 1) == tile_rows(cfg, 128) == 128
+    assert TALL_TILE_BYTES == 1 << 25  # 2^25 // (4 * 7168 * 128) = 9 blocks
+    assert tile_rows(cfg, 129) == tile_rows(cfg, 4096) == 9 * 128
