@@ -3,6 +3,7 @@ one JSON list on the last line of stdout (stepper.bench.figures.in_subprocess ru
 
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 from pathlib import Path
@@ -22,15 +23,33 @@ SCENARIOS = {"ceilings": ceilings, "fp8_rate": fp8_rate, "layer": layer_run, "to
              "v4_layer": v4_layer_run, "fp4_rate": fp4_rate, "v4_long": long_decode}
 
 
+USAGE = "usage: python -m stepper.bench SCENARIO ['JSON ARGS'] (one scenario of `stepper bench`); scenarios: "
+
+
 def scenario_main(argv: list[str]) -> None:
-    name, *args = argv
+    name, *args = argv or ["--help"]
+    if name not in SCENARIOS:
+        sys.exit(usage(f"no scenario {name!r}" if name not in ("-h", "--help") else ""))
+    try:
+        kwargs = json.loads(args[0]) if args else {}
+    except json.JSONDecodeError as error:
+        sys.exit(usage(f"its arguments are not JSON ({error})"))
+    try:
+        inspect.signature(SCENARIOS[name]).bind(**kwargs)
+    except TypeError as error:
+        sys.exit(usage(f"{name}: {error}"))
     if name != "ceilings":
         parallel.single_threaded_blas()  # as the command line runs
-    kwargs = json.loads(args[0]) if args else {}
     if "checkpoint" in kwargs:
         kwargs["checkpoint"] = Path(kwargs["checkpoint"])
     figures = SCENARIOS[name](**kwargs)
     print(json.dumps([f.__dict__ for f in figures]))
+
+
+def usage(problem: str) -> int:
+    """Print the one line of usage (after the problem, if any) to stderr. -> exit code 2"""
+    print(f"{problem}; " * bool(problem) + USAGE + ", ".join(SCENARIOS), file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

@@ -244,3 +244,18 @@ def test_the_floors_tiles_are_those_stepper_multiplies():
     assert tile_rows(cfg, 1) == tile_rows(cfg, 128) == 128
     assert TALL_TILE_BYTES == 1 << 25  # 2^25 // (4 * 7168 * 128) = 9 blocks
     assert tile_rows(cfg, 129) == tile_rows(cfg, 4096) == 9 * 128
+
+
+@pytest.mark.parametrize("args, problem", [(["nosuch"], "no scenario 'nosuch'; "), (["fp8_rate", "{x"], "not JSON"),
+                                           (["fp8_rate", '{"x": 1}'], "unexpected keyword argument 'x'"), ([], "")])
+def test_a_scenario_asked_for_wrongly_gets_one_line_of_usage_and_exit_2(args, problem):
+    """`python -m stepper.bench` is how the bench runs each scenario in its own process; typed by
+    hand with a wrong name or arguments it says so in one line, no traceback."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "stepper.bench", *args], check=False, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2 and done.stdout == ""
+    [line] = done.stderr.splitlines()
+    assert problem in line and "usage: python -m stepper.bench SCENARIO" in line and "layers_in_turn" in line
