@@ -133,9 +133,17 @@ def test_rows_of_scores_are_made_once_for_the_scores_and_the_weights_and_let_go_
     assert kept() is None  # the rows do not keep their operands (and the cache they read) alive
 
 
+def assert_same_scores(got, want):
+    """-inf in the same places; the rest within float32's rounding of a 20-term sum."""
+    assert got.shape == want.shape and np.array_equal(np.isneginf(got), np.isneginf(want))
+    seen = np.isfinite(want)
+    np.testing.assert_allclose(got[seen], want[seen], rtol=0, atol=2e-6 * np.abs(want[seen]).max())
+
+
 def test_rows_of_scores_made_on_every_core_equal_one_product(monkeypatch):
     """every_core_scores: the queries cut into blocks shared out across the cores, each block's
-    product stopping at its last key; the same values to the bit, -inf past the causal edge."""
+    product stopping at its last key; the same values up to the order BLAS sums in (shorter
+    products may take other kernels: OpenBLAS's on an AMD EPYC do), -inf past the causal edge."""
     rng = np.random.default_rng(9)
     queries = [random(rng, 1, 3, 50, 16), random(rng, 1, 3, 50, 4)]
     keys = [random(rng, 1, 1, 70, 16), random(rng, 1, 1, 70, 4)]
@@ -148,10 +156,10 @@ def test_rows_of_scores_made_on_every_core_equal_one_product(monkeypatch):
     monkeypatch.setattr(attention.Operands, "scores", lambda self, *a: made.append(a[1:]) or scores(self, *a))
     shared = attention.every_core_scores(ops, slice(1, 3), slice(5, 45))
     assert sorted((q.start, q.stop, k.stop) for q, k in made) == [(s, s + 8, 20 + s + 8) for s in range(5, 45, 8)]
-    assert np.array_equal(shared, scores(ops, slice(1, 3), slice(5, 45), slice(0, 70)))
+    assert_same_scores(shared, scores(ops, slice(1, 3), slice(5, 45), slice(0, 70)))
     made.clear()
-    assert np.array_equal(attention.every_core_scores(ops, slice(0, 3), slice(40, 46)),
-                          scores(ops, slice(0, 3), slice(40, 46), slice(0, 70)))
+    assert_same_scores(attention.every_core_scores(ops, slice(0, 3), slice(40, 46)),
+                       scores(ops, slice(0, 3), slice(40, 46), slice(0, 70)))
     assert made == [(slice(40, 46), slice(0, 70))]  # six rows: one product over every key
 
 

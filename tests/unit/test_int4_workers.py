@@ -108,4 +108,7 @@ def test_scales_read_by_the_helper_from_the_file_or_the_scratch_give_the_product
     y = linear(x, w)
     assert not fp8_workers._broken and fp8_workers.helpers()[0].bands_done == 1
     here = replace(w, scales=w.scales.astype(np.float32), origin=None)  # no file: this process's threads
-    np.testing.assert_array_equal(y, linear(x, here))
+    made_here = linear(x, here)  # equal up to the order BLAS sums in: bit for bit with some BLAS, not all
+    exact = x.astype(np.float64) @ w.dequantize().astype(np.float64).T
+    for product in (y, made_here):
+        assert np.abs(product - exact).max() <= 2e-6 * np.abs(exact).max()

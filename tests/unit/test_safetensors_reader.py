@@ -518,7 +518,8 @@ def edit_entry(draw, entries: list[list]) -> None:
         elif edit == "extra":
             entry[draw(st.text(max_size=3))] = draw(JSON_VALUES)
         elif edit == "offset" and isinstance(entry.get("data_offsets"), list):
-            entry["data_offsets"] = [o + draw(st.integers(-2, 2)) for o in entry["data_offsets"]]
+            entry["data_offsets"] = [o + draw(st.integers(-2, 2)) if isinstance(o, int) else o  # after a value edit,
+                                     for o in entry["data_offsets"]]  # the list may hold anything
         elif edit == "key":
             entry[key + "x"] = entry.pop(key)
 
