@@ -38,6 +38,8 @@ from stepper.weights.stored import Int4Matrix
 
 TILE_SHARE = 16  # a tile's float32 values take 1/16 of the L2 in bytes (a quarter): its words, nibbles and products
 # take room too. A 2 MiB L2: 2^17 values, [32, 7168] or [64, 2048]
+FEWEST_TILE_VALUES = 1 << 18  # but no fewer: a tile's dozen NumPy calls cost about 20 us whatever its size, and
+# [32, 2048] (2^16) spent a quarter of its decoding there (docs/performance.md, AMD EPYC 2026-12-03)
 MOST_TILE_ROWS = 128
 MANY_TOKENS = 128  # past this, tiles are taller (BLAS repacks the inputs for every product)
 
@@ -68,8 +70,8 @@ def tile_rows(w: Int4Matrix) -> int:
 
 
 def tile_values() -> int:
-    """Values decoded at once, from the L2 the machine reports (cpu_caches)."""
-    return cpu_caches.l2_bytes() // TILE_SHARE
+    """Values decoded at once, from the L2 the machine reports (cpu_caches), at least FEWEST_TILE_VALUES."""
+    return max(cpu_caches.l2_bytes() // TILE_SHARE, FEWEST_TILE_VALUES)
 
 
 @dataclass(frozen=True)

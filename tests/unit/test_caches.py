@@ -58,7 +58,7 @@ def test_products_in_parts_of_a_small_cache_equal_the_readable_and_exact_product
     assert np.array_equal(y, products_via_dequantize(x, [w])[0])  # the same tiles through fp8.dequantize
 
 
-def test_int4_tiles_take_a_quarter_of_the_l2(monkeypatch):
+def test_int4_tiles_take_a_quarter_of_the_l2_and_at_least_2_to_the_18_values(monkeypatch):
     from stepper.kernels.int4_tiles import tile_rows
     from stepper.weights.stored import Int4Matrix
 
@@ -66,7 +66,11 @@ def test_int4_tiles_take_a_quarter_of_the_l2(monkeypatch):
         return Int4Matrix(np.zeros((256, in_features // 8), np.int32), np.ones((256, in_features // 32), np.float32),
                           in_features)
 
-    monkeypatch.setattr(cpu_caches, "l2_bytes", lambda: 2 << 20)  # 2^17 float32 values a tile
-    assert (tile_rows(weight(7168)), tile_rows(weight(2048))) == (32, 64)
-    monkeypatch.setattr(cpu_caches, "l2_bytes", lambda: 8 << 20)
-    assert (tile_rows(weight(7168)), tile_rows(weight(2048))) == (64, 128)  # whole 32s; at most MOST_TILE_ROWS
+    monkeypatch.setattr(cpu_caches, "l2_bytes", lambda: 1 << 20)  # 2^16 float32 values: too few for NumPy's calls
+    assert (tile_rows(weight(7168)), tile_rows(weight(2048))) == (32, 128)  # 2^18: [36, 7168] as whole 32s
+    monkeypatch.setattr(cpu_caches, "l2_bytes", lambda: 2 << 20)  # 2^17
+    assert (tile_rows(weight(7168)), tile_rows(weight(2048))) == (32, 128)
+    monkeypatch.setattr(cpu_caches, "l2_bytes", lambda: 8 << 20)  # 2^19: [73, 7168]
+    assert (tile_rows(weight(7168)), tile_rows(weight(1024))) == (64, 128)
+    monkeypatch.setattr(cpu_caches, "l2_bytes", lambda: 64 << 20)  # 2^22: [585, 7168], at most MOST_TILE_ROWS
+    assert (tile_rows(weight(7168)), tile_rows(weight(2048))) == (128, 128)
