@@ -11,7 +11,7 @@ from stepper.bench.ceilings import Ceilings, fp8_rate, layer_floor
 from stepper.bench.figures import Figure, median_time, paired_times
 from stepper.config import Config, Fp8
 from stepper.kernels import gemm, parallel
-from stepper.kernels.fp8_tiles import TALL_TILE_BYTES
+from stepper.kernels.fp8_tiles import tall_rows
 from stepper.kernels.weight_cache import CachedWeights
 from stepper.model import Transformer
 from stepper.seams.trace import Emitter
@@ -96,9 +96,7 @@ def least_time(cfg: Config, tokens: int) -> tuple[float, str]:
 def tile_rows(cfg: Config, columns: int) -> int:
     """The rows of the tiles stepper's FP8 products multiply by `columns` tokens (fp8_tiles)."""
     block = (cfg.quantization or Fp8()).weight_block_size[0]
-    if columns <= block:
-        return block
-    return block * max(1, TALL_TILE_BYTES // (4 * cfg.hidden_size * block))
+    return tall_rows(block, cfg.hidden_size) if columns > block else block  # fp8_tiles.many_tokens
 
 
 def load_layer(layer, source, shapes: dict[str, tuple[int, ...]], cfg: Config) -> None:

@@ -20,7 +20,7 @@ import numpy as np
 
 from stepper import fp4
 from stepper.kernels import gemm, parallel
-from stepper.kernels.fp8_tiles import TALL_TILE_BYTES, kept_memory, result_arrays
+from stepper.kernels.fp8_tiles import kept_memory, result_arrays, tall_rows
 from stepper.weights.stored import Fp4Matrix
 
 TILE_VALUES = 1 << 17  # values decoded at once, about: [32, 4096] float32 (0.5 MB) stays in the cache
@@ -53,8 +53,7 @@ def row_tiles(w: Fp4Matrix, many: bool = False, shares: int = 1) -> list[tuple[i
     out_dim, rows = w.shape[0], tile_rows(w)
     height = rows
     if many:
-        tall = rows * max(1, TALL_TILE_BYTES // (4 * w.shape[1] * rows))
-        height = min(tall, rows * -(-out_dim // (rows * shares)))
+        height = min(tall_rows(rows, w.shape[1]), rows * -(-out_dim // (rows * shares)))
     return [(r, min(r + height, out_dim)) for r in range(0, out_dim, height)]
 
 

@@ -27,6 +27,12 @@ SIGN_EXPONENT_MANTISSA = np.int32(-0x78100000)  # 0x87F00000 as int32: bit 31 an
 SCALED_INPUT_EXPONENT = 64  # the largest |x * s * 2^k| is near 2^64; products stay near 2^(64 - 111)
 
 
+def tall_rows(rows: int, in_dim: int) -> int:
+    """A tall tile's rows for many tokens: `rows` (a tile of few tokens) as many times as
+    TALL_TILE_BYTES of float32 [rows, in_dim] hold, at least once."""
+    return rows * max(1, TALL_TILE_BYTES // (4 * in_dim * rows))
+
+
 def many_tokens(n: int, w: Fp8Matrix) -> bool:
     """More tokens than a scale block has rows: the scales then go onto the tiles (see apply_tiles)."""
     return n > w.block[0]
@@ -79,7 +85,7 @@ def apply_tiles(tokens: np.ndarray, w: Fp8Matrix, k: int, rows: np.ndarray, deco
     nan_check = nan_check or NanCheck(w, decode)
     block_rows, in_dim = w.block[0], w.shape[1]
     many = many_tokens(tokens.shape[0], w)
-    tiles = row_tiles(w, max(1, TALL_TILE_BYTES // (4 * in_dim * block_rows)) if many else 1)
+    tiles = row_tiles(w, tall_rows(block_rows, in_dim) // block_rows if many else 1)
     buffer = kept_memory("tiles", max((end - start for _, start, end in tiles), default=0), in_dim)
     if many:
         c = SCALED_INPUT_EXPONENT - math.frexp(float(np.abs(w.scale_inv).max(initial=0)))[1]

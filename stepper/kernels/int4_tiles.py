@@ -32,7 +32,7 @@ import numpy as np
 
 from stepper import int4
 from stepper.kernels import cpu_caches, gemm
-from stepper.kernels.fp8_tiles import TALL_TILE_BYTES, kept_memory
+from stepper.kernels.fp8_tiles import kept_memory, tall_rows
 from stepper.seams.swap import bypasses
 from stepper.weights.stored import Int4Matrix
 
@@ -167,7 +167,7 @@ def row_tiles(w: Int4Matrix, many: bool) -> tuple[tuple[int, int], ...]:
     """[start, end) of each tile: tile_rows(w) rows, or with many tokens as many times that as
     TALL_TILE_BYTES of float32 hold."""
     rows = tile_rows(w)
-    return spans(w.shape[0], rows * (max(1, TALL_TILE_BYTES // (4 * w.in_features * rows)) if many else 1))
+    return spans(w.shape[0], tall_rows(rows, w.in_features) if many else rows)
 
 
 @cache
