@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from collections.abc import Callable
+from functools import cache
 
 import numpy as np
 
@@ -94,7 +96,7 @@ def apply_tiles(tokens: np.ndarray, w: Fp8Matrix, k: int, rows: np.ndarray, deco
         scales = column_scales(w, c)
     else:
         scales, scaled = column_scales(w, k), np.empty(tokens.shape, np.float32)
-    step = min(block_rows, cpu_caches.rows_in_cache(4 * in_dim))  # rows whose float32 fit in the L2
+    step = part_rows(block_rows, in_dim)
     by_parts = not many and tokens.shape[0] <= PART_PRODUCT_TOKENS
     for i in range(len(tiles)) if claim is None else iter(claim, None):
         r, start, end = tiles[i]
@@ -112,6 +114,51 @@ def apply_tiles(tokens: np.ndarray, w: Fp8Matrix, k: int, rows: np.ndarray, deco
             gemm.matmul(tile, inputs, rows[start:end])
     if remember:
         nan_check.done()
+
+
+def part_rows(block_rows: int, in_dim: int) -> int:
+    """Rows of a tile decoded (and, for one token, multiplied) at once: those whose float32 fit
+    half the L2 (cpu_caches), where that runs faster on this machine (decode_in_parts); else a
+    whole block of scale rows."""
+    rows = min(block_rows, cpu_caches.rows_in_cache(4 * in_dim))
+    return rows if rows < block_rows and decode_in_parts() else block_rows
+
+
+PROBE_BLOCK = (128, 7168)  # a block of Kimi K2's scale rows [128, hidden]: 3.5 MiB in float32
+PROBE_ROUNDS = 5
+PARTS_GAIN = 0.9  # parts are taken when they take at most this share of a whole block's time
+
+
+@cache
+def decode_in_parts() -> bool:
+    """Whether a block decoded and multiplied by one token in parts that fit half the L2 runs
+    faster than the whole block at once, on this machine: measured once per process on a
+    synthetic PROBE_BLOCK, whole and in parts in turn, the least of PROBE_ROUNDS each (a few
+    milliseconds). Both ways give the same values; their speed is the CPU's: on an Intel Xeon
+    whose L3 is slow, parts ran 1.5-2.2x faster, and on an AMD EPYC (Zen 4) whole blocks ran
+    1.1-1.4x faster (docs/performance.md)."""
+    rows, width = PROBE_BLOCK
+    step = cpu_caches.rows_in_cache(4 * width)
+    if step >= rows:
+        return False
+    codes = np.random.default_rng(0).integers(0, 0x7F, (rows, width), dtype=np.uint8)  # no NaN codes
+    tile, x, y = np.empty((rows, width), np.float32), np.ones((width, 1), np.float32), np.empty((rows, 1), np.float32)
+
+    def seconds(size: int) -> float:
+        start = time.perf_counter()
+        for b0 in range(0, rows, size):
+            decode_nan_free(codes[b0 : b0 + size], tile[b0 : b0 + size])
+            np.matmul(tile[b0 : b0 + size], x, out=y[b0 : b0 + size])
+        return time.perf_counter() - start
+
+    rounds = [(seconds(rows), seconds(step)) for _ in range(PROBE_ROUNDS)]
+    return prefer_parts(min(whole for whole, _ in rounds), min(parts for _, parts in rounds))
+
+
+def prefer_parts(whole: float, parts: float) -> bool:
+    """Parts, when they take at most PARTS_GAIN of the whole block's time (a tie keeps whole blocks:
+    fewer NumPy calls)."""
+    return parts <= PARTS_GAIN * whole
 
 
 def in_steps(rows: int, block_rows: int, step: int) -> list[tuple[int, int]]:

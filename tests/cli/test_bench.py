@@ -188,7 +188,7 @@ def test_a_layer_floor_counts_the_weights_decoded_and_the_flops_at_the_ceilings_
     assert floor == pytest.approx((rest + routed) / 2e6 + flops / 1e9)
 
 
-def test_figures_print_their_ratio_to_the_floor_and_the_machine_names_its_blas_and_features():
+def test_figures_print_their_ratio_to_the_floor_and_the_machine_names_its_blas_and_features(monkeypatch):
     from stepper.cli.bench import against_floor
 
     figure = figs.Figure("layer", 0.3, "s", floor=0.2, floor_note="decoding")
@@ -204,6 +204,11 @@ def test_figures_print_their_ratio_to_the_floor_and_the_machine_names_its_blas_a
     assert (measured.fp8, measured.gemm) == (2.5e9, 200e9)  # the floors use every core's rate, measured at once
     described = ceilings.machine()
     assert "BLAS: " in described and "CPU features: " in described and "L2 " in described
+    monkeypatch.setattr(ceilings.fp8_tiles, "part_rows", lambda rows, width: 32)
+    assert ceilings.machine().endswith("FP8 blocks [128, 7168] decoded in parts of 32 rows, half the L2 (measured "
+                                       "faster here)")
+    monkeypatch.setattr(ceilings.fp8_tiles, "part_rows", lambda rows, width: rows)
+    assert "FP8 blocks [128, 7168] decoded whole" in ceilings.machine()
 
 
 def test_the_least_time_against_transformers_is_made_of_the_rates_measured_in_the_same_process(monkeypatch):

@@ -1,10 +1,12 @@
 """The cache sizes read from the machine, and the FP8 tiles cut to them still giving the product."""
 
+import time
+
 import numpy as np
 import pytest
 
 from stepper import fp8
-from stepper.kernels import cpu_caches
+from stepper.kernels import cpu_caches, fp8_tiles
 from stepper.kernels.fp8_matmul import linear_fp8, products_via_dequantize
 from stepper.kernels.fp8_tiles import in_steps
 from stepper.weights.stored import Fp8Matrix
@@ -45,9 +47,12 @@ def test_steps_cover_every_row_once_and_never_cross_a_scale_block():
         assert all(b - a <= step and a // block == (b - 1) // block for a, b in parts)
 
 
+@pytest.mark.parametrize("parts", [True, False])  # what the machine measured faster (fp8_tiles.decode_in_parts)
 @pytest.mark.parametrize("tokens", [1, 5, 200])  # scales on the inputs; on the tiles (taller than a block)
-def test_products_in_parts_of_a_small_cache_equal_the_readable_and_exact_products(monkeypatch, tokens):
+def test_products_in_parts_of_a_small_cache_equal_the_readable_and_exact_products(monkeypatch, tokens, parts):
     monkeypatch.setattr(cpu_caches, "l2_bytes", lambda: 2 * 8 * 4 * 700)  # parts of 8 rows: 16 per scale block
+    monkeypatch.setattr(fp8_tiles, "decode_in_parts", lambda: parts)
+    assert fp8_tiles.part_rows(128, 700) == (8 if parts else 128)
     rng = np.random.default_rng(tokens)
     codes, scale_inv = fp8.quantize(rng.standard_normal((300, 700)).astype(np.float32) * 0.05)
     w = Fp8Matrix.of(codes, scale_inv)
@@ -56,6 +61,46 @@ def test_products_in_parts_of_a_small_cache_equal_the_readable_and_exact_product
     exact = x.astype(np.float64) @ w.dequantize().astype(np.float64).T
     assert np.abs(y - exact).max() <= 2e-6 * np.abs(exact).max()
     assert np.array_equal(y, products_via_dequantize(x, [w])[0])  # the same tiles through fp8.dequantize
+
+
+def test_blocks_are_cut_into_parts_only_where_parts_measured_faster(monkeypatch):
+    assert fp8_tiles.prefer_parts(whole=1.0, parts=0.5) and fp8_tiles.prefer_parts(1.0, fp8_tiles.PARTS_GAIN)
+    assert not fp8_tiles.prefer_parts(1.0, 0.95) and not fp8_tiles.prefer_parts(1.0, 1.2)
+    monkeypatch.setattr(fp8_tiles, "decode_in_parts", lambda: True)
+    monkeypatch.setattr(cpu_caches, "l2_bytes", lambda: 2 << 20)
+    assert (fp8_tiles.part_rows(128, 7168), fp8_tiles.part_rows(128, 18432), fp8_tiles.part_rows(128, 1024)) == (
+        32, 8, 128)  # half the L2: 1 MiB / 28 KiB = 36.6, / 72 KiB = 14.2, / 4 KiB = 256
+    monkeypatch.setattr(fp8_tiles, "decode_in_parts", lambda: False)
+    assert fp8_tiles.part_rows(128, 7168) == 128
+
+
+def test_the_probe_times_nothing_when_a_whole_block_fits_half_the_l2(monkeypatch):
+    monkeypatch.setattr(cpu_caches, "l2_bytes", lambda: 8 << 20)  # [128, 7168] float32 is 3.5 MiB
+    monkeypatch.setattr(fp8_tiles, "decode_nan_free", None)  # called, it would raise
+    fp8_tiles.decode_in_parts.cache_clear()
+    try:
+        assert fp8_tiles.decode_in_parts() is False
+    finally:
+        fp8_tiles.decode_in_parts.cache_clear()
+
+
+def test_the_probe_takes_parts_when_they_run_faster(monkeypatch):
+    """The probe times the same block whole and in parts; with a decoder that is slow on large
+    arrays (as an L3 out of reach makes it), it takes parts, and whole blocks with one slow on many
+    calls."""
+    real = fp8_tiles.decode_nan_free
+    monkeypatch.setattr(cpu_caches, "l2_bytes", lambda: 2 << 20)
+    for slow_when, parts in ((lambda rows: rows > 64, True), (lambda rows: rows <= 64, False)):
+        def decode(codes, out, slow_when=slow_when):
+            real(codes, out)
+            if slow_when(codes.shape[0]):
+                time.sleep(0.002)
+        monkeypatch.setattr(fp8_tiles, "decode_nan_free", decode)
+        fp8_tiles.decode_in_parts.cache_clear()
+        try:
+            assert fp8_tiles.decode_in_parts() is parts
+        finally:
+            fp8_tiles.decode_in_parts.cache_clear()
 
 
 def test_int4_tiles_take_a_quarter_of_the_l2_and_at_least_2_to_the_18_values(monkeypatch):
