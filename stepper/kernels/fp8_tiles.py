@@ -133,9 +133,10 @@ PARTS_GAIN = 0.9  # parts are taken when they take at most this share of a whole
 def decode_in_parts() -> bool:
     """Whether a block decoded and multiplied by one token in parts that fit half the L2 runs
     faster than the whole block at once, on this machine: measured once per process on a
-    synthetic PROBE_BLOCK, whole and in parts in turn, the least of PROBE_ROUNDS each (a few
-    milliseconds). Both ways give the same values; their speed is the CPU's: on an Intel Xeon
-    whose L3 is slow, parts ran 1.5-2.2x faster, and on an AMD EPYC (Zen 4) whole blocks ran
+    synthetic PROBE_BLOCK, whole and in parts in turn, the least of PROBE_ROUNDS each (about
+    25 ms). Both ways decode the same values (a one-token product may differ in its last bits
+    where kernels.gemm sends a whole block to another BLAS). Their speed is the CPU's: on an Intel
+    Xeon whose L3 is slow, parts ran 1.5-2.2x faster, and on an AMD EPYC (Zen 4) whole blocks ran
     1.1-1.4x faster (docs/performance.md)."""
     rows, width = PROBE_BLOCK
     step = cpu_caches.rows_in_cache(4 * width)
