@@ -74,17 +74,21 @@ def test_blocks_are_cut_into_parts_only_where_parts_measured_faster(monkeypatch)
     assert fp8_tiles.part_rows(128, 7168) == 128
 
 
-def test_the_probe_times_nothing_when_a_whole_block_fits_half_the_l2(monkeypatch):
+@pytest.fixture
+def fresh_probe():
+    """fp8_tiles.decode_in_parts measured afresh, and its answer forgotten again afterwards."""
+    fp8_tiles.decode_in_parts.cache_clear()
+    yield fp8_tiles.decode_in_parts
+    fp8_tiles.decode_in_parts.cache_clear()
+
+
+def test_the_probe_times_nothing_when_a_whole_block_fits_half_the_l2(monkeypatch, fresh_probe):
     monkeypatch.setattr(cpu_caches, "l2_bytes", lambda: 8 << 20)  # [128, 7168] float32 is 3.5 MiB
     monkeypatch.setattr(fp8_tiles, "decode_nan_free", None)  # called, it would raise
-    fp8_tiles.decode_in_parts.cache_clear()
-    try:
-        assert fp8_tiles.decode_in_parts() is False
-    finally:
-        fp8_tiles.decode_in_parts.cache_clear()
+    assert fresh_probe() is False
 
 
-def test_the_probe_takes_parts_when_they_run_faster(monkeypatch):
+def test_the_probe_takes_parts_when_they_run_faster(monkeypatch, fresh_probe):
     """The probe times the same block whole and in parts; with a decoder that is slow on large
     arrays (as an L3 out of reach makes it), it takes parts, and whole blocks with one slow on many
     calls."""
@@ -96,11 +100,8 @@ def test_the_probe_takes_parts_when_they_run_faster(monkeypatch):
             if slow_when(codes.shape[0]):
                 time.sleep(0.002)
         monkeypatch.setattr(fp8_tiles, "decode_nan_free", decode)
-        fp8_tiles.decode_in_parts.cache_clear()
-        try:
-            assert fp8_tiles.decode_in_parts() is parts
-        finally:
-            fp8_tiles.decode_in_parts.cache_clear()
+        fresh_probe.cache_clear()
+        assert fresh_probe() is parts
 
 
 def test_int4_tiles_take_a_quarter_of_the_l2_and_at_least_2_to_the_18_values(monkeypatch):
