@@ -27,18 +27,28 @@ def snapshot(root: Path, skip: frozenset[Path] = frozenset()) -> Snapshot:
     """Every file and link under root (relative path -> kind, inode, size, mtime in ns), links not
     followed, the folders and files in `skip` left out."""
     found: Snapshot = {}
-    for where, folders, names in os.walk(root):
-        folders[:] = [f for f in folders if f not in SKIPPED and not f.endswith(".egg-info")
-                      and Path(where, f) not in skip]
-        names = [n for n in names if Path(where, n) not in skip]
-        for name in names + [f for f in folders if os.path.islink(os.path.join(where, f))]:
-            path = os.path.join(where, name)
+    skipped = {os.fspath(p) for p in skip}
+    folders = [(os.fspath(root), "")]
+    while folders:
+        where, relative = folders.pop()
+        try:
+            entries = list(os.scandir(where))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for entry in entries:
+            if entry.path in skipped:
+                continue
+            name = relative + entry.name
+            if entry.is_dir(follow_symlinks=False):
+                if entry.name not in SKIPPED and not entry.name.endswith(".egg-info"):
+                    folders.append((entry.path, name + os.sep))
+                continue
             try:
-                st = os.lstat(path)
+                st = entry.stat(follow_symlinks=False)
             except FileNotFoundError:
                 continue
             kind = "link" if stat.S_ISLNK(st.st_mode) else "file" if stat.S_ISREG(st.st_mode) else "other"
-            found[os.path.relpath(path, root)] = (kind, st.st_ino, st.st_size, st.st_mtime_ns)
+            found[name] = (kind, st.st_ino, st.st_size, st.st_mtime_ns)
     return found
 
 
