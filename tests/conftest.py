@@ -20,6 +20,12 @@ def pytest_configure(config):
     parallel.single_threaded_blas()
 
 
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` (pyproject's addopts): a worker for each core the run may use, at most four (each
+    worker holds torch and the reference models; the suite's work is spread by then)."""
+    return min(4, parallel.cores())
+
+
 @pytest.fixture
 def make_config():
     return config_with
