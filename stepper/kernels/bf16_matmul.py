@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from stepper.kernels import cpu_caches, gemm, parallel
+from stepper.kernels.fp8_matmul import padded_to_columns
 from stepper.kernels.fp8_tiles import TALL_TILE_BYTES, kept_memory
 from stepper.weights.stored import Bf16Matrix, bf16_rows
 
@@ -31,10 +32,12 @@ def tile_rows(w: Bf16Matrix, tokens: int) -> int:
 
 
 def bf16_products(x: np.ndarray, ws: list[Bf16Matrix]) -> list[np.ndarray]:
-    """x @ W^T for each of several BF16 weights [out_i, in] of the same input.
-    [..., in] -> [[..., out_i]]"""
+    """x @ W^T for each of several BF16 weights [out_i, in] of the same input, padded once to whole
+    columns of BLAS (padded_to_columns: 43 tokens as 48 took 0.85-0.88x the time with OpenBLAS's
+    SkylakeX kernels, the same with its Haswell ones).  [..., in] -> [[..., out_i]]"""
     tokens = x.reshape(-1, ws[0].shape[1]).astype(np.float32, copy=False)  # [N, in]
-    return [bf16_product(tokens, w).T.reshape(*x.shape[:-1], w.shape[0]) for w in ws]
+    padded = padded_to_columns(tokens)  # [N', in]
+    return [bf16_product(padded, w)[:, : tokens.shape[0]].T.reshape(*x.shape[:-1], w.shape[0]) for w in ws]
 
 
 def bf16_product(tokens: np.ndarray, w: Bf16Matrix) -> np.ndarray:

@@ -45,7 +45,8 @@ from stepper.kernels.fp8_tiles import NanCheck, apply_tiles, many_tokens, result
 from stepper.kernels.int4_tiles import MANY_TOKENS
 from stepper.kernels.int4_tiles import apply_tiles as apply_int4_tiles
 from stepper.kernels.int4_tiles import row_tiles as int4_row_tiles
-from stepper.kernels.int4_tiles import tile_rows as int4_tile_rows
+from stepper.kernels.int4_tiles import spans as int4_spans
+from stepper.kernels.int4_tiles import tile_height as int4_tile_height
 from stepper.weights.safetensors_reader import (
     MappedBudget,
     advise_checkpoint_map,
@@ -64,9 +65,9 @@ BAND = struct.Struct("<13q3i")  # file identity (4), byte offset, start, end, ou
 # tokens, where its rows go in the scratch (bytes after the inputs); k, path length, how
 MEET, CHECK_NAN = 1, 2  # how: tiles taken from both ends (meet_in_the_middle); look for NaN codes
 BF16_SCALES = 4  # how, of an INT4 band: its group scales are BF16 (as stored), not float32
-INT4_BAND = struct.Struct("<12q2i")  # file identity (4), byte offset, start, end, out, in, group, tokens, the scales'
-# byte offset in the file (-1: in the scratch); path length, how. Then the path. In the scratch: the inputs, the band's
-# group scales [rows, in/group] unless read from the file, its rows.
+INT4_BAND = struct.Struct("<13q2i")  # file identity (4), byte offset, start, end, out, in, group, tokens, the scales'
+# byte offset in the file (-1: in the scratch), the tiles' height; path length, how. Then the path. In the
+# scratch: the inputs, the band's group scales [rows, in/group] unless read from the file, its rows.
 SCRATCH = struct.Struct("<q")  # size
 CLAIMS_BYTES = 64  # the scratch starts with two int64: the next tile from the front, the last taken from the back
 OK, OK_NAN = b"ok", b"ok, NaN codes found"
@@ -347,12 +348,13 @@ def shared_int4(split: np.ndarray, w: Int4Matrix, rows: np.ndarray, workers: lis
     if len(workers) == 1 and not many:
         int4_meet_in_the_middle(split, w, rows, workers[0])
         return
-    mine, *theirs = int4_shares(w, len(workers) + 1)
+    height = int4_tile_height(w, split.shape[0])  # the whole weight's tiles, whichever process makes them
+    mine, *theirs = int4_shares(w, len(workers) + 1, height)
     sent = [(helper, band) for helper, band in zip(workers, theirs) if band.end > band.start]
     for helper, band in sent:
         send_int4_band(helper, split, w, band)
-    mine_w = int4_band_matrix(w, mine)
-    apply_int4_tiles(split, mine_w, int4_row_tiles(mine_w, many), rows[mine.start : mine.end])
+    apply_int4_tiles(split, int4_band_matrix(w, mine), int4_spans(mine.end - mine.start, height),
+                     rows[mine.start : mine.end])
     for helper, band in sent:
         helper.answer()
         helper.copy_into(rows, band.start, many)
@@ -361,7 +363,7 @@ def shared_int4(split: np.ndarray, w: Int4Matrix, rows: np.ndarray, workers: lis
 def int4_meet_in_the_middle(split: np.ndarray, w: Int4Matrix, rows: np.ndarray, helper: Helper) -> None:
     """rows [out, N], for few tokens with one helper: this process takes tiles from the first on,
     the helper from the last back, until they meet (see meet_in_the_middle)."""
-    tiles = int4_row_tiles(w, False)
+    tiles = int4_row_tiles(w, split.shape[0])
     send_int4_band(helper, split, w, Band(0, w.shape[0]), claims=(0, len(tiles)))
     claims = helper.claims()
     apply_int4_tiles(split, w, tiles, rows, claim=from_the_front(claims))
@@ -370,10 +372,9 @@ def int4_meet_in_the_middle(split: np.ndarray, w: Int4Matrix, rows: np.ndarray, 
     helper.copy_into(rows, tiles[taken][0] if taken < len(tiles) else w.shape[0], False)
 
 
-def int4_shares(w: Int4Matrix, parts: int) -> list[Band]:
-    """The weight's rows cut into `parts` bands of whole tiles, as even as the tiles allow (some
-    empty when there are fewer tiles than parts)."""
-    height = int4_tile_rows(w)
+def int4_shares(w: Int4Matrix, parts: int, height: int) -> list[Band]:
+    """The weight's rows cut into `parts` bands of whole tiles of `height` rows, as even as the
+    tiles allow (some empty when there are fewer tiles than parts)."""
     tiles = -(-w.shape[0] // height)
     cuts = [min(tiles * p // parts * height, w.shape[0]) for p in range(parts + 1)]
     return [Band(cuts[p], cuts[p + 1]) for p in range(parts)]
@@ -405,7 +406,7 @@ def send_int4_band(helper: Helper, split: np.ndarray, w: Int4Matrix, band: Band,
     how = (0 if claims is None else MEET) | (0 if scales.dtype == np.float32 else BF16_SCALES)
     numbers = INT4_BAND.pack(*w.origin.identity, w.origin.offset, band.start, band.end, *w.shape, w.group,
                              split.shape[0], -1 if scales_at is None else scales_at + band.start * scales.strides[0],
-                             len(path_bytes), how)
+                             int4_tile_height(w, split.shape[0]), len(path_bytes), how)
     helper.conn.send_bytes(b"I" + numbers + path_bytes)
     helper.sent.append((band, sent))  # its rows go after its scales in the scratch, if any
 
@@ -498,7 +499,8 @@ def multiply_int4_band(scratch, files, message: bytes) -> tuple:
     order) and the band's group scales there (or, where the message gives their offset, after the
     inputs, the scales read from the words' file).  [N, in] -> [rows, N]; tiles from the last back
     when shared from both ends. Returns the file map and byte range the words were read from."""
-    *identity, offset, start, end, _, in_dim, group, n, scales_at, path_length, how = INT4_BAND.unpack_from(message, 1)
+    *identity, offset, start, end, _, in_dim, group, n, scales_at, height, path_length, how = \
+        INT4_BAND.unpack_from(message, 1)
     path_end = 1 + INT4_BAND.size + path_length
     if len(message) != path_end:
         raise ValueError(f"INT4 band message of {len(message)} bytes, expected {path_end} (the numbers and the path)")
@@ -520,7 +522,7 @@ def multiply_int4_band(scratch, files, message: bytes) -> tuple:
     flat = np.frombuffer(scratch, np.float32, rows * n, inputs_end + (scales.nbytes if in_scratch else 0))
     many = n > MANY_TOKENS
     claim = from_the_back(np.frombuffer(scratch, np.int64, 2)) if how & MEET else None
-    apply_int4_tiles(tokens, w, int4_row_tiles(w, many), result_arrays(rows, n, many, flat)[1], claim=claim)
+    apply_int4_tiles(tokens, w, int4_spans(rows, height), result_arrays(rows, n, many, flat)[1], claim=claim)
     return view, words_at.offset, rows * row_bytes, fault_bytes
 
 

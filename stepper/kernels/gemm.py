@@ -25,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+from stepper.kernels.parallel import openblas_kernels
+
 ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
 # MKL is given products over at least this many inputs: a full-size layer's (7168, 2048, 1536...).
 # The built-in tiny models' are all shorter, so their tensors, the README's examples, the lessons'
@@ -41,6 +43,19 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
     if sgemm is None or not _call(sgemm, a, b, out):
         np.matmul(a, b, out=out)
     return out
+
+
+# OpenBLAS's kernels that multiply a small product straight from its operands, without packing them
+DIRECT_KERNELS = ("skylakex", "cooperlake", "sapphirerapids")
+DIRECT_MULTIPLY_ADDS = 10**6  # the largest such product, M x N x K (measured: N = 11 on [96, 896] 117 GFLOP/s,
+# on [112, 896] 61, one core of an AMD EPYC Zen 5; docs/performance.md)
+
+
+def direct_limit() -> int:
+    """The most multiply-adds (M x N x K) of a product NumPy's OpenBLAS makes without packing its
+    operands, 0 if it packs every product. Its SkylakeX kernels multiply such products directly,
+    twice as fast as packed for a few tokens that are not a multiple of 16 (11, 13)."""
+    return DIRECT_MULTIPLY_ADDS if openblas_kernels().lower() in DIRECT_KERNELS else 0
 
 
 @cache

@@ -14,10 +14,18 @@ import numpy as np
 from stepper import int4
 from stepper.errors import StepperError
 from stepper.kernels import parallel
-from stepper.kernels.fp8_matmul import padded_to_columns
+from stepper.kernels.fp8_matmul import GEMM_COLUMNS, padded_to_columns
 from stepper.kernels.fp8_tiles import result_arrays
 from stepper.kernels.fp8_workers import int4_bands
-from stepper.kernels.int4_tiles import MANY_TOKENS, Decoder, apply_tiles, row_tiles, split_inputs, tiles_order
+from stepper.kernels.int4_tiles import (
+    MANY_TOKENS,
+    Decoder,
+    apply_tiles,
+    direct_rows,
+    row_tiles,
+    split_inputs,
+    tiles_order,
+)
 from stepper.seams.swap import bypasses
 from stepper.weights.stored import Int4Matrix
 
@@ -26,26 +34,33 @@ SHARE_WORK = 1 << 22  # weights x tokens below which a product stays on one thre
 
 def tiled_int4_products(x: np.ndarray, ws: list[Int4Matrix], decode: Decoder | None = None) -> list[np.ndarray]:
     """x @ W^T for each of several INT4 weights [out_i, in] of the same input, which is put in
-    the tiles' order once (and, with many tokens, padded to whole columns of BLAS: padded_to_columns);
-    each tile decoded by decode(w, start, end, out) (by default decode_tile, large products shared
-    with the helper processes, or else between threads).  [..., in] -> [[..., out_i]]
-
-    Few tokens are not padded: the planes' short products take time in proportion to the tokens
-    (on [32, 896] planes, 9 tokens 85 us, 11 118 us, 16 143 us), so padding 11 to 16 would only
-    add work."""
+    the tiles' order once (and padded to whole columns of BLAS where the products are packed:
+    padded_tokens); each tile decoded by decode(w, start, end, out) (by default decode_tile,
+    large products shared with the helper processes, or else between threads).  [..., in] -> [[..., out_i]]"""
     tokens = x.reshape(-1, ws[0].shape[1]).astype(np.float32, copy=False)  # [N, in]
-    split = split_inputs(padded_to_columns(tokens) if tokens.shape[0] > MANY_TOKENS else tokens, ws[0])  # [N', in]
+    split = split_inputs(padded_tokens(tokens, ws[0]), ws[0])  # [N', in]
     many = split.shape[0] > MANY_TOKENS
     outs = []
     for w in ws:
         _, rows = result_arrays(w.shape[0], split.shape[0], many)  # rows: [out, N']
-        tiles = row_tiles(w, many)
+        tiles = row_tiles(w, split.shape[0])
         large = w.packed.size * 8 * split.shape[0] >= SHARE_WORK
         if not (large and decode is None and int4_bands(split, w, rows)):
             sharing = parallel.cores() if large and decode is None else 1
             parallel.split(tiles, lambda share, w=w, rows=rows: apply_tiles(split, w, share, rows, decode), sharing)
         outs.append(rows[:, : tokens.shape[0]].T.reshape(*x.shape[:-1], w.shape[0]))  # [..., out]
     return outs
+
+
+def padded_tokens(tokens: np.ndarray, w: Int4Matrix) -> np.ndarray:
+    """The tokens padded to whole columns of BLAS (padded_to_columns) when there are more than a
+    column's worth and the planes' products are packed (no int4_tiles.direct_rows): 11 tokens as
+    16 took 0.95x the time in packed products, and 1.5x in direct ones, whose time goes with the
+    tokens.  [N, in] -> [N', in]"""
+    n = tokens.shape[0]
+    if n > MANY_TOKENS or (n > GEMM_COLUMNS and not direct_rows(w, n)):
+        return padded_to_columns(tokens)
+    return tokens
 
 
 def decode_via_dequantize(w: Int4Matrix, start: int, end: int, out: np.ndarray) -> None:

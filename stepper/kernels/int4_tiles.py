@@ -32,7 +32,7 @@ import numpy as np
 
 from stepper import int4
 from stepper.kernels import cpu_caches, gemm
-from stepper.kernels.fp8_tiles import kept_memory, tall_rows
+from stepper.kernels.fp8_tiles import decode_in_parts, kept_memory, tall_rows
 from stepper.seams.swap import bypasses
 from stepper.weights.stored import Int4Matrix
 
@@ -42,6 +42,10 @@ FEWEST_TILE_VALUES = 1 << 18  # but no fewer: a tile's dozen NumPy calls cost ab
 # [32, 2048] (2^16) spent a quarter of its decoding there (docs/performance.md, AMD EPYC 2026-12-03)
 MOST_TILE_ROWS = 128
 MANY_TOKENS = 128  # past this, tiles are taller (BLAS repacks the inputs for every product)
+PRODUCT_VALUES = 1 << 21  # a few tokens' tall tile holds at least these float32 values (8 MiB): over [256, 7168]
+# the planes' products ran 1.1-1.8x faster than over [32, 7168] at 24 to 128 tokens (docs/performance.md)
+DECODED_VALUES = 1 << 20  # at most these decoded at once where whole tiles decode faster (decode_rows)
+SHARED_TILES = 16  # a few tokens' tiles of a weight: at least this many, each of at least cached_rows
 
 
 @cache
@@ -63,10 +67,21 @@ def planes(w: Int4Matrix) -> int:
     return 2 * (w.group // int4.PER_WORD)
 
 
-def tile_rows(w: Int4Matrix) -> int:
-    """Rows decoded at once: as many whole 32s as tile_values() hold, 32 to MOST_TILE_ROWS (a
-    narrow weight in taller tiles: fewer NumPy calls for the same values)."""
+def cached_rows(w: Int4Matrix) -> int:
+    """Rows whose float32 fit the L2's share: as many whole 32s as tile_values() hold, 32 to
+    MOST_TILE_ROWS (a narrow weight in taller tiles: fewer NumPy calls for the same values)."""
     return min(MOST_TILE_ROWS, 32 * max(1, tile_values() // (32 * w.in_features)))
+
+
+def decode_rows(w: Int4Matrix, height: int) -> int:
+    """Rows of a few tokens' tile of `height` rows decoded at once: cached_rows(w), or, on a machine
+    where whole FP8 blocks decode faster than parts that fit the L2 (fp8_tiles.decode_in_parts),
+    as many of those as DECODED_VALUES hold (an INT4 [128, 7168] at once ran 1.15x faster than in
+    parts of 32 rows there, on an AMD EPYC Zen 5)."""
+    rows = cached_rows(w)
+    if decode_in_parts():
+        return rows
+    return min(height, rows * max(1, DECODED_VALUES // (rows * w.in_features)))
 
 
 def tile_values() -> int:
@@ -163,11 +178,42 @@ def scales_per_byte(scales: np.ndarray, memory: TileMemory) -> np.ndarray:
 Decoder = Callable[[Int4Matrix, int, int, np.ndarray], object]
 
 
-def row_tiles(w: Int4Matrix, many: bool) -> tuple[tuple[int, int], ...]:
-    """[start, end) of each tile: tile_rows(w) rows, or with many tokens as many times that as
-    TALL_TILE_BYTES of float32 hold."""
-    rows = tile_rows(w)
-    return spans(w.shape[0], tall_rows(rows, w.in_features) if many else rows)
+def row_tiles(w: Int4Matrix, n: int) -> tuple[tuple[int, int], ...]:
+    """[start, end) of each tile for n tokens, tile_height(w, n) rows each."""
+    return spans(w.shape[0], tile_height(w, n))
+
+
+def tile_height(w: Int4Matrix, n: int) -> int:
+    """Rows of a tile for n tokens: few_rows(w, n), or with many tokens cached_rows(w) as many
+    times as TALL_TILE_BYTES of float32 hold. Sent to a helper process that shares the product
+    (its BLAS could choose otherwise, and a row's sum must not depend on who makes it)."""
+    if n > MANY_TOKENS:
+        return tall_rows(cached_rows(w), w.in_features)
+    return few_rows(w, n)
+
+
+def few_rows(w: Int4Matrix, n: int) -> int:
+    """Rows of a tile for n few tokens: direct_rows(w, n) if any, else a tall tile (product_rows),
+    but at most a SHARED_TILES-th of the weight's rows (in whole cached_rows(w)): shared from both
+    ends by two processes, the one that finishes first waits for the other's last tile, and a
+    weight cut in 7 tiles ran its one-token products 1.14x slower than in 64."""
+    rows = cached_rows(w)
+    return min(direct_rows(w, n) or product_rows(w), max(rows, w.shape[0] // SHARED_TILES // rows * rows))
+
+
+def direct_rows(w: Int4Matrix, n: int) -> int:
+    """The most whole cached_rows(w) (at most product_rows(w)) whose planes' products with n tokens
+    the BLAS makes without packing (gemm.direct_limit); 0 if none: at 11 tokens such products of
+    [96, 896] ran at 117 GFLOP/s, packed ones of [256, 896] at 60."""
+    rows = cached_rows(w)
+    direct = gemm.direct_limit() // (n * (w.in_features // planes(w))) // rows * rows
+    return min(direct, product_rows(w))
+
+
+def product_rows(w: Int4Matrix) -> int:
+    """Rows of a few tokens' tall tile: cached_rows(w) as many times as PRODUCT_VALUES hold, at least once."""
+    rows = cached_rows(w)
+    return rows * max(1, PRODUCT_VALUES // (rows * w.in_features))
 
 
 @cache
@@ -180,7 +226,8 @@ def spans(out_features: int, height: int) -> tuple[tuple[int, int], ...]:
 def apply_tiles(split: np.ndarray, w: Int4Matrix, tiles: Sequence[tuple[int, int]], rows: np.ndarray,
                 decode: Decoder | None = None, claim: Callable[[], int | None] | None = None) -> None:
     """Decode and multiply each tile into its rows of `rows` [out, N]; this thread's buffers reused,
-    a tall tile decoded tile_rows(w) rows at a time (decode_tile) or whole (a decoder given).
+    a tile decoded a part at a time (decode_tile: decode_rows, or with many tokens cached_rows) or
+    whole (a decoder given).
 
     With few tokens a tile is held as its planes one after another, each multiplied by its inputs
     and the products summed (every pass over the tile one long run); with many, as rows [rows, in],
@@ -193,7 +240,7 @@ def apply_tiles(split: np.ndarray, w: Int4Matrix, tiles: Sequence[tuple[int, int
     buffer = kept_memory("int4 tile", height, w.in_features).reshape(-1)
     products = None if many else kept_memory("int4 products", count * height, n).reshape(count, height, n)
     inputs = split.T if many else split.reshape(n, count, width).transpose(1, 2, 0)  # [in, N] or [planes, in/8, N]
-    step = tile_rows(w)
+    step = cached_rows(w) if many else decode_rows(w, height)
     for i in range(len(tiles)) if claim is None else iter(claim, None):
         start, end = tiles[i]
         tile = buffer[: (end - start) * w.in_features]
@@ -225,7 +272,7 @@ def int4_rows(w: Int4Matrix, out: np.ndarray | None = None) -> np.ndarray:
     of rows at a time with the byte table (int4.unpack) straight into its rows; into `out` if
     given (C-contiguous).  -> [out, in]"""
     out = np.empty(w.shape, np.float32) if out is None else out
-    for start, end in row_tiles(w, False):
+    for start, end in spans(w.shape[0], cached_rows(w)):
         tile = out[start:end]
         int4.unpack(w.packed[start:end], tile)
         values = tile.reshape(end - start, -1, w.group)

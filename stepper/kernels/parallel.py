@@ -91,6 +91,16 @@ def _openblas_function(symbols: tuple[str, ...]):
     return None
 
 
+@cache
+def openblas_kernels() -> str:
+    """The kernels NumPy's OpenBLAS chose for this CPU ('SkylakeX', 'Haswell'...), '' when unknown."""
+    core = _openblas_function(GET_CORENAME)
+    if core is None:
+        return ""
+    core.restype = ctypes.c_char_p
+    return core().decode(errors="replace")
+
+
 def blas_description() -> str:
     """NumPy's BLAS as built (name, version) and as it runs here: the kernel OpenBLAS chose for
     this CPU and its threads, e.g. 'scipy-openblas 0.3.31, kernels SkylakeX, 1 thread'."""
@@ -101,11 +111,11 @@ def blas_description() -> str:
         name = f"{built.get('name', 'unknown')} {built.get('version', '')}".strip()
     except (KeyError, TypeError, ValueError):
         name = "unknown"
-    core = _openblas_function(GET_CORENAME)
+    core = openblas_kernels()
     threads = _openblas_function(GET_THREADS)
-    if core is not None:
-        core.restype = ctypes.c_char_p
-        name += f", kernels {core().decode(errors='replace')}"
+    if core:
+        forced = os.environ.get("OPENBLAS_CORETYPE", "").strip()
+        name += f", kernels {core}" + (f" (OPENBLAS_CORETYPE={forced} in the environment)" if forced else "")
     if threads is not None:
         threads.restype = ctypes.c_int
         count = threads()

@@ -105,7 +105,7 @@ def test_the_probe_takes_parts_when_they_run_faster(monkeypatch, fresh_probe):
 
 
 def test_int4_tiles_take_a_quarter_of_the_l2_and_at_least_2_to_the_18_values(monkeypatch):
-    from stepper.kernels.int4_tiles import tile_rows
+    from stepper.kernels.int4_tiles import cached_rows as tile_rows
     from stepper.weights.stored import Int4Matrix
 
     def weight(in_features):

@@ -123,9 +123,14 @@ def int4_weight(out_dim: int, in_dim: int, seed: int = 0) -> Int4Matrix:
     return Int4Matrix.of(packed, scales, in_dim, name="w")
 
 
-@pytest.mark.parametrize("tokens", [1, 3, 8, 130, 300])
-def test_tiled_products_match_the_dense_product(tokens):
-    w = int4_weight(100, 192)  # 100 rows: 3 whole tiles of 32 and a short one
+@pytest.mark.parametrize("direct", [0, 32 * 24 * 11, 10**6])  # none; 32-row tiles at 11 tokens; tall ones
+@pytest.mark.parametrize("tokens", [1, 3, 8, 11, 20, 130, 300])
+def test_tiled_products_match_the_dense_product(tokens, direct, monkeypatch):
+    """Whichever tiles and padding the BLAS's direct products call for (int4_tiles.tile_height)."""
+    from stepper.kernels import gemm
+
+    monkeypatch.setattr(gemm, "direct_limit", lambda: direct)
+    w = int4_weight(100, 192)  # 100 rows: whole tiles and a short one
     x = np.random.default_rng(1).standard_normal((1, tokens, 192), dtype=np.float32)
     ref = x.astype(np.float64) @ w.dequantize().T.astype(np.float64)
     for y in (linear(x, w), linears(x, (w, w))[1], int4_products(x, [w])[0]):
@@ -195,3 +200,47 @@ def test_full_width_products_whichever_blas_makes_them(backend, tokens, monkeypa
     exact = x.astype(np.float64) @ w.dequantize().astype(np.float64).T
     bound = 1e-6 * (np.abs(x).astype(np.float64) @ np.abs(w.dequantize()).astype(np.float64).T)
     assert (np.abs(linear(x, w) - exact) <= bound).all()
+
+
+def test_tiles_for_few_tokens_follow_the_blas_and_the_cache(monkeypatch):
+    """A [2048, 7168] expert weight with a 1 MiB L2 (32 rows decoded a part): where OpenBLAS
+    multiplies products of up to 10^6 multiply-adds directly, tiles whose planes' products stay
+    within that; else (or past it) tall tiles, the tokens padded to 8s, of 2^21 values (288 rows)
+    but at most a sixteenth of the weight (128 rows); past MANY_TOKENS the tall tiles of many tokens."""
+    from stepper.kernels import cpu_caches, gemm, int4_tiles
+    from stepper.kernels.int4_matmul import padded_tokens
+
+    monkeypatch.setattr(cpu_caches, "l2_bytes", lambda: 1 << 20)
+    w = Int4Matrix(np.zeros((2048, 896), np.int32), np.ones((2048, 224), np.float32), 7168)
+    monkeypatch.setattr(gemm, "direct_limit", lambda: 10**6)
+    direct = {n: int4_tiles.tile_height(w, n) for n in (1, 11, 16, 32, 64, 200)}
+    assert direct == {1: 128, 11: 96, 16: 64, 32: 32, 64: 128, 200: 1152}  # 96 x 896 x 11 = 946,176
+    x = np.ones((11, 7168), np.float32)
+    assert padded_tokens(x, w) is x and padded_tokens(x[:5], w).shape == (5, 7168)
+    monkeypatch.setattr(gemm, "direct_limit", lambda: 0)
+    assert padded_tokens(x, w).shape == (16, 7168) and padded_tokens(x[:5], w).shape == (5, 7168)
+    assert {n: int4_tiles.tile_height(w, n) for n in (1, 11, 16, 32, 64, 200)} == {
+        1: 128, 11: 128, 16: 128, 32: 128, 64: 128, 200: 1152}
+    assert len(int4_tiles.row_tiles(w, 11)) == 16 and int4_tiles.row_tiles(w, 11)[-1] == (1920, 2048)
+    tall = Int4Matrix(np.zeros((8192, 896), np.int32), np.ones((8192, 224), np.float32), 7168)
+    assert int4_tiles.tile_height(tall, 11) == 288  # a taller weight's sixteenth is more than 2^21 values
+
+
+def test_few_tokens_tiles_decode_whole_where_the_machine_prefers_it(monkeypatch):
+    from stepper.kernels import cpu_caches, int4_tiles
+
+    monkeypatch.setattr(cpu_caches, "l2_bytes", lambda: 1 << 20)
+    w = Int4Matrix(np.zeros((2048, 896), np.int32), np.ones((2048, 224), np.float32), 7168)
+    monkeypatch.setattr(int4_tiles, "decode_in_parts", lambda: True)
+    assert int4_tiles.decode_rows(w, 96) == int4_tiles.decode_rows(w, 288) == 32
+    monkeypatch.setattr(int4_tiles, "decode_in_parts", lambda: False)
+    assert (int4_tiles.decode_rows(w, 96), int4_tiles.decode_rows(w, 288)) == (96, 128)  # at most 2^20 values
+
+
+@pytest.mark.parametrize(("kernels", "limit"),
+                         [("SkylakeX", 10**6), ("SapphireRapids", 10**6), ("Haswell", 0), ("", 0)])
+def test_direct_products_only_with_openblas_kernels_that_make_them(kernels, limit, monkeypatch):
+    from stepper.kernels import gemm
+
+    monkeypatch.setattr(gemm, "openblas_kernels", lambda: kernels)
+    assert gemm.direct_limit() == limit

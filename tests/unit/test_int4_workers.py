@@ -56,12 +56,24 @@ def test_a_helper_that_fails_leaves_the_products_here(checkpoint, shared, monkey
     np.testing.assert_allclose(y, x @ w.dequantize().T, rtol=1e-5, atol=1e-6)
 
 
-def test_bands_are_whole_tiles_covering_the_rows():
+@pytest.mark.parametrize("tokens", [1, 11, 300])
+def test_a_shared_product_is_the_product_made_here_bit_for_bit(checkpoint, shared, tokens):
+    """The helper cuts the tiles this process tells it to (its BLAS might choose others), so no
+    row's sum depends on which process made it."""
+    w = checkpoint.matrix(EXPERT)
+    x = np.random.default_rng(tokens).standard_normal((tokens, w.shape[1])).astype(np.float32)
+    here = linear(x, replace(w, origin=None))  # no file behind it: never sent to a helper
+    np.testing.assert_array_equal(linear(x, w), here)
+    assert fp8_workers.helpers()[0].bands_done >= 1
+
+
+@pytest.mark.parametrize("height", [32, 96])
+def test_bands_are_whole_tiles_covering_the_rows(height):
     w = Int4Matrix.of(np.zeros((1000, 32), np.int32), np.ones((1000, 8), np.float32), 256)
     for parts in (1, 2, 3, 40):
-        bands = fp8_workers.int4_shares(w, parts)
+        bands = fp8_workers.int4_shares(w, parts, height)
         assert len(bands) == parts and bands[0].start == 0 and bands[-1].end == 1000
-        assert all(a.end == b.start and a.end % 32 in (0, 1000 % 32) for a, b in itertools.pairwise(bands))
+        assert all(a.end == b.start and a.end % height in (0, 1000 % height) for a, b in itertools.pairwise(bands))
 
 
 def this_process_takes_none(claims):
