@@ -74,14 +74,11 @@ def cached_rows(w: Int4Matrix) -> int:
 
 
 def decode_rows(w: Int4Matrix, height: int) -> int:
-    """Rows of a few tokens' tile of `height` rows decoded at once: cached_rows(w), or, on a machine
-    where whole FP8 blocks decode faster than parts that fit the L2 (fp8_tiles.decode_in_parts),
-    as many of those as DECODED_VALUES hold (an INT4 [128, 7168] at once ran 1.15x faster than in
-    parts of 32 rows there, on an AMD EPYC Zen 5)."""
+    """Rows of a few tokens' tile decoded at once: cached_rows(w), or where whole FP8 blocks decode
+    faster than parts (fp8_tiles.decode_in_parts) as many of those as DECODED_VALUES hold (an INT4
+    [128, 7168] at once ran 1.15x faster than in 32-row parts there, on an AMD EPYC Zen 5)."""
     rows = cached_rows(w)
-    if decode_in_parts():
-        return rows
-    return min(height, rows * max(1, DECODED_VALUES // (rows * w.in_features)))
+    return rows if decode_in_parts() else min(height, rows * max(1, DECODED_VALUES // (rows * w.in_features)))
 
 
 def tile_values() -> int:
@@ -184,20 +181,14 @@ def row_tiles(w: Int4Matrix, n: int) -> tuple[tuple[int, int], ...]:
 
 
 def tile_height(w: Int4Matrix, n: int) -> int:
-    """Rows of a tile for n tokens: few_rows(w, n), or with many tokens cached_rows(w) as many
-    times as TALL_TILE_BYTES of float32 hold. Sent to a helper process that shares the product
-    (its BLAS could choose otherwise, and a row's sum must not depend on who makes it)."""
-    if n > MANY_TOKENS:
-        return tall_rows(cached_rows(w), w.in_features)
-    return few_rows(w, n)
-
-
-def few_rows(w: Int4Matrix, n: int) -> int:
-    """Rows of a tile for n few tokens: direct_rows(w, n) if any, else a tall tile (product_rows),
-    but at most a SHARED_TILES-th of the weight's rows (in whole cached_rows(w)): shared from both
-    ends by two processes, the one that finishes first waits for the other's last tile, and a
-    weight cut in 7 tiles ran its one-token products 1.14x slower than in 64."""
+    """Rows of a tile for n tokens: direct_rows(w, n) if any, else a tall tile (product_rows), but
+    at most a SHARED_TILES-th of the weight (shared from both ends by two processes, the first done
+    waits for the other's last tile: 7 tiles ran one token's products 1.17x slower than 64); with
+    many tokens, cached_rows(w) as many times as TALL_TILE_BYTES of float32 hold. Sent to a helper
+    that shares the product (its BLAS could choose otherwise; a row's sum must not depend on who makes it)."""
     rows = cached_rows(w)
+    if n > MANY_TOKENS:
+        return tall_rows(rows, w.in_features)
     return min(direct_rows(w, n) or product_rows(w), max(rows, w.shape[0] // SHARED_TILES // rows * rows))
 
 
