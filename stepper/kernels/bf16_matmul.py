@@ -19,15 +19,21 @@ from stepper.kernels.fp8_tiles import TALL_TILE_BYTES, kept_memory
 from stepper.weights.stored import Bf16Matrix, bf16_rows
 
 L2_SHARE = 2  # a tile for one token takes 1/L2_SHARE of the L2 (cpu_caches): it stays there while multiplied
+SEVERAL_TILE_BYTES = 1 << 22  # a tile's float32 for 2 to MANY_TOKENS tokens: [128, 8192] or [682, 1536]
+MANY_TOKENS = 128  # past this, TALL_TILE_BYTES (BLAS repacks the inputs for every product)
 SHARE_WORK = 1 << 22  # weights x tokens below which a product stays on one thread
 
 
 def tile_rows(w: Bf16Matrix, tokens: int) -> int:
     """Rows per tile: half the L2 of float32 for one token (a decode step, where the product
-    costs no more than the decoding), TALL_TILE_BYTES for several: a BLAS call per tile, and few
-    long calls are faster than many short ones there (much faster when BLAS runs threads of its
-    own, as it may when stepper is used as a library)."""
-    tile_bytes = cpu_caches.l2_bytes() // L2_SHARE if tokens == 1 else TALL_TILE_BYTES
+    costs no more than the decoding), SEVERAL_TILE_BYTES for a few, TALL_TILE_BYTES for many: few
+    long calls are faster than many short ones (much faster when BLAS runs threads of its own, as
+    it may when stepper is used as a library), but a tile of 4 MiB, which the L3 holds, ran 16 to
+    48 tokens 1.25-1.8x faster than one of 32 MiB (AMD EPYC Zen 5, docs/performance.md)."""
+    if tokens == 1:
+        tile_bytes = cpu_caches.l2_bytes() // L2_SHARE
+    else:
+        tile_bytes = SEVERAL_TILE_BYTES if tokens <= MANY_TOKENS else TALL_TILE_BYTES
     return max(8, tile_bytes // (4 * w.shape[1]))
 
 

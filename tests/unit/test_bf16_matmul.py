@@ -70,4 +70,5 @@ def test_a_one_token_tile_is_half_the_l2_the_machine_reports(monkeypatch):
     assert bf16_matmul.tile_rows(w, 1) == (1 << 20) // (4 * 7168)  # 36 rows of 28 KiB
     monkeypatch.setattr(cpu_caches, "l2_bytes", lambda: 512 << 10)
     assert bf16_matmul.tile_rows(w, 1) == 9
-    assert bf16_matmul.tile_rows(w, 16) == bf16_matmul.TALL_TILE_BYTES // (4 * 7168)  # several tokens: tall
+    assert bf16_matmul.tile_rows(w, 16) == bf16_matmul.tile_rows(w, 128) == 146  # a few tokens: 4 MiB, [146, 7168]
+    assert bf16_matmul.tile_rows(w, 129) == bf16_matmul.TALL_TILE_BYTES // (4 * 7168)  # many: tall
