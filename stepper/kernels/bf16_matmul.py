@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from stepper.kernels import cpu_caches, gemm, parallel
-from stepper.kernels.fp8_matmul import padded_to_columns
+from stepper.kernels.fp8_matmul import GEMM_COLUMNS, padded_to_columns
 from stepper.kernels.fp8_tiles import TALL_TILE_BYTES, kept_memory
 from stepper.weights.stored import Bf16Matrix, bf16_rows
 
@@ -38,11 +38,12 @@ def tile_rows(w: Bf16Matrix, tokens: int) -> int:
 
 
 def bf16_products(x: np.ndarray, ws: list[Bf16Matrix]) -> list[np.ndarray]:
-    """x @ W^T for each of several BF16 weights [out_i, in] of the same input, padded once to whole
-    columns of BLAS (padded_to_columns: 43 tokens as 48 took 0.85-0.88x the time with OpenBLAS's
-    SkylakeX kernels, the same with its Haswell ones).  [..., in] -> [[..., out_i]]"""
+    """x @ W^T for each of several BF16 weights [out_i, in] of the same input; more tokens than a
+    column of BLAS holds are padded once to whole columns (padded_to_columns: 43 tokens as 48 took
+    0.85-0.88x the time with OpenBLAS's SkylakeX kernels, the same with its Haswell ones), fewer
+    are not (2 as 8 would be 4x the products).  [..., in] -> [[..., out_i]]"""
     tokens = x.reshape(-1, ws[0].shape[1]).astype(np.float32, copy=False)  # [N, in]
-    padded = padded_to_columns(tokens)  # [N', in]
+    padded = padded_to_columns(tokens) if tokens.shape[0] > GEMM_COLUMNS else tokens  # [N', in]
     return [bf16_product(padded, w)[:, : tokens.shape[0]].T.reshape(*x.shape[:-1], w.shape[0]) for w in ws]
 
 

@@ -13,19 +13,11 @@ import numpy as np
 
 from stepper import int4
 from stepper.errors import StepperError
-from stepper.kernels import parallel
+from stepper.kernels import int4_tiles, parallel
 from stepper.kernels.fp8_matmul import GEMM_COLUMNS, padded_to_columns
 from stepper.kernels.fp8_tiles import result_arrays
 from stepper.kernels.fp8_workers import int4_bands
-from stepper.kernels.int4_tiles import (
-    MANY_TOKENS,
-    Decoder,
-    apply_tiles,
-    direct_rows,
-    row_tiles,
-    split_inputs,
-    tiles_order,
-)
+from stepper.kernels.int4_tiles import MANY_TOKENS, Decoder, apply_tiles, row_tiles, split_inputs, tiles_order
 from stepper.seams.swap import bypasses
 from stepper.weights.stored import Int4Matrix
 
@@ -54,11 +46,10 @@ def tiled_int4_products(x: np.ndarray, ws: list[Int4Matrix], decode: Decoder | N
 
 def padded_tokens(tokens: np.ndarray, w: Int4Matrix) -> np.ndarray:
     """The tokens padded to whole columns of BLAS (padded_to_columns) when there are more than a
-    column's worth and the planes' products are packed (no int4_tiles.direct_rows): 11 tokens as
-    16 took 0.95x the time in packed products, and 1.5x in direct ones, whose time goes with the
-    tokens.  [N, in] -> [N', in]"""
+    column's worth and the planes' products are packed (no direct_rows): 11 tokens as 16 took
+    0.73-0.95x the time in packed products, about the same in direct ones.  [N, in] -> [N', in]"""
     n = tokens.shape[0]
-    if n > MANY_TOKENS or (n > GEMM_COLUMNS and not direct_rows(w, n)):
+    if n > MANY_TOKENS or (n > GEMM_COLUMNS and not int4_tiles.direct_rows(w, n)):
         return padded_to_columns(tokens)
     return tokens
 
