@@ -44,6 +44,7 @@ from stepper.kernels import parallel
 from stepper.kernels.fp8_tiles import NanCheck, apply_tiles, many_tokens, result_arrays, row_tiles
 from stepper.kernels.int4_tiles import MANY_TOKENS
 from stepper.kernels.int4_tiles import apply_tiles as apply_int4_tiles
+from stepper.kernels.int4_tiles import cached_rows as int4_cached_rows
 from stepper.kernels.int4_tiles import row_tiles as int4_row_tiles
 from stepper.kernels.int4_tiles import spans as int4_spans
 from stepper.kernels.int4_tiles import tile_height as int4_tile_height
@@ -349,7 +350,9 @@ def shared_int4(split: np.ndarray, w: Int4Matrix, rows: np.ndarray, workers: lis
         int4_meet_in_the_middle(split, w, rows, workers[0])
         return
     height = int4_tile_height(w, split.shape[0])  # the whole weight's tiles, whichever process makes them
-    mine, *theirs = int4_shares(w, len(workers) + 1, height)
+    # bands of whole tiles with few tokens; with many, of whole parts (two tall tiles of 1152 and 896 rows
+    # would leave one process waiting), every tile of many tokens a packed product whatever its height
+    mine, *theirs = int4_shares(w, len(workers) + 1, int4_cached_rows(w) if many else height)
     sent = [(helper, band) for helper, band in zip(workers, theirs) if band.end > band.start]
     for helper, band in sent:
         send_int4_band(helper, split, w, band)
@@ -373,8 +376,8 @@ def int4_meet_in_the_middle(split: np.ndarray, w: Int4Matrix, rows: np.ndarray, 
 
 
 def int4_shares(w: Int4Matrix, parts: int, height: int) -> list[Band]:
-    """The weight's rows cut into `parts` bands of whole tiles of `height` rows, as even as the
-    tiles allow (some empty when there are fewer tiles than parts)."""
+    """The weight's rows cut into `parts` bands of whole runs of `height` rows, as even as they
+    allow (some empty when there are fewer runs than parts)."""
     tiles = -(-w.shape[0] // height)
     cuts = [min(tiles * p // parts * height, w.shape[0]) for p in range(parts + 1)]
     return [Band(cuts[p], cuts[p + 1]) for p in range(parts)]
