@@ -43,7 +43,7 @@ FEWEST_TILE_VALUES = 1 << 18  # but no fewer: a tile's dozen NumPy calls cost ab
 MOST_TILE_ROWS = 128
 MANY_TOKENS = 128  # past this, tiles are taller (BLAS repacks the inputs for every product)
 PRODUCT_VALUES = 1 << 21  # a few tokens' tall tile holds at least these float32 values (8 MiB): over [256, 7168]
-# the planes' products ran 1.1-1.8x faster than over [32, 7168] at 24 to 128 tokens (docs/performance.md)
+# the planes' products ran 1.8x faster than over [32, 7168] at 64 and 128 tokens (1.15x with OpenBLAS's Haswell kernels)
 DECODED_VALUES = 1 << 20  # at most these decoded at once where whole tiles decode faster (decode_rows)
 SHARED_TILES = 16  # a few tokens' tiles of a weight: at least this many, each of at least cached_rows
 
@@ -199,7 +199,7 @@ def tile_height(w: Int4Matrix, n: int) -> int:
 def direct_rows(w: Int4Matrix, n: int) -> int:
     """The most whole cached_rows(w) (at most product_rows(w)) whose planes' products with n tokens
     the BLAS makes without packing (gemm.direct_limit); 0 if none: at 11 tokens such products of
-    [96, 896] ran at 117 GFLOP/s, packed ones of [256, 896] at 60."""
+    [96, 896] ran at 117 GFLOP/s, packed ones of [128, 896] at 59."""
     rows = cached_rows(w)
     direct = gemm.direct_limit() // (n * (w.in_features // planes(w))) // rows * rows
     return min(direct, product_rows(w))
