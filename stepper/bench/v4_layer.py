@@ -132,7 +132,7 @@ def fp4_rate() -> list[Figure]:
     on one thread (the tiles of kernels.fp4_matmul, as a product runs them)."""
     w = Fp4Matrix.of(*quantize_fp4(np.random.default_rng(0).standard_normal((2048, 4096), dtype=np.float32)))
     inputs, rows = np.ones((4096, 1), np.float32), np.empty((2048, 1), np.float32)  # [in, N], [out, N]
-    decode = median_time(lambda: fp4_matmul.apply_tiles(inputs, w, fp4_matmul.row_tiles(w), rows), 7)
+    decode = median_time(lambda: fp4_matmul.apply_tiles(inputs, w, fp4_matmul.row_tiles(w, 1), rows), 7)
     return [Figure(FP4_CEILING, w.shape[0] * w.shape[1] / decode / 1e9, "G weights/s")]
 
 

@@ -58,6 +58,12 @@ def direct_limit() -> int:
     return DIRECT_MULTIPLY_ADDS if openblas_kernels().lower() in DIRECT_KERNELS else 0
 
 
+def direct_rows(step: int, inner: int, tokens: int) -> int:
+    """The most rows, in whole `step`s, of a product [rows, inner] x [inner, tokens] that NumPy's
+    OpenBLAS makes directly (direct_limit); 0 if not even one step."""
+    return direct_limit() // (tokens * inner) // step * step
+
+
 @cache
 def backend() -> str:
     """'mkl' or 'numpy': the environment's STEPPER_GEMM if set, else MKL on an Intel CPU when its

@@ -197,12 +197,10 @@ def tile_height(w: Int4Matrix, n: int) -> int:
 
 
 def direct_rows(w: Int4Matrix, n: int) -> int:
-    """The most whole cached_rows(w) (at most product_rows(w)) whose planes' products with n tokens
-    the BLAS makes without packing (gemm.direct_limit); 0 if none: at 11 tokens such products of
-    [96, 896] ran at 117 GFLOP/s, packed ones of [128, 896] at 59."""
-    rows = cached_rows(w)
-    direct = gemm.direct_limit() // (n * (w.in_features // planes(w))) // rows * rows
-    return min(direct, product_rows(w))
+    """The most rows of a tile whose planes' products with n tokens the BLAS makes directly
+    (gemm.direct_rows), at most product_rows(w); 0 if none. At 11 tokens [96, 896] planes ran at
+    117 GFLOP/s so, packed [128, 896] ones at 59."""
+    return min(gemm.direct_rows(cached_rows(w), w.in_features // planes(w), n), product_rows(w))
 
 
 def product_rows(w: Int4Matrix) -> int:

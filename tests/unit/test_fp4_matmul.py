@@ -26,9 +26,14 @@ def test_dequantize_is_the_formats_own():
     np.testing.assert_array_equal(w.dequantize(), reference)
 
 
-@pytest.mark.parametrize("tokens", [1, 3, 8, 130])
-def test_tiled_product_equals_decode_then_matmul(tokens, monkeypatch):
+@pytest.mark.parametrize("direct", [0, 10**6])  # the BLAS's direct products: none, or OpenBLAS SkylakeX's
+@pytest.mark.parametrize("tokens", [1, 3, 8, 11, 130])
+def test_tiled_product_equals_decode_then_matmul(tokens, direct, monkeypatch):
+    from stepper.kernels import gemm
+
+    monkeypatch.setattr(gemm, "direct_limit", lambda: direct)
     monkeypatch.setattr(fp4_matmul, "TILE_VALUES", 64 * 5)  # tiles of 5 rows: several, the last partial
+    monkeypatch.setattr(fp4_matmul, "FEW_TILE_VALUES", 64 * 15)  # a few tokens' packed tiles: 3 of 5 rows
     w = fp4_weight(37, 64, 1)
     x = np.random.default_rng(2).standard_normal((tokens, 64)).astype(np.float32)
     expected = (x.astype(np.float64) @ w.dequantize().astype(np.float64).T)  # exact weights, float64 sums
@@ -43,7 +48,7 @@ def test_several_weights_and_shared_threads(tokens, monkeypatch):
     monkeypatch.setattr(fp4_matmul, "SHARE_WORK", 1)  # every product shared out between threads
     monkeypatch.setattr(fp4_matmul, "TILE_VALUES", 128 * 8)
     w1, w3 = fp4_weight(64, 128, 3), fp4_weight(48, 128, 4)
-    assert len(fp4_matmul.row_tiles(w1, True, 2)) == 2 and len(fp4_matmul.row_tiles(w1, False)) == 8
+    assert len(fp4_matmul.row_tiles(w1, 200, 2)) == 2 and len(fp4_matmul.row_tiles(w1)) == 8
     x = np.random.default_rng(5).standard_normal((2, tokens, 128)).astype(np.float32)
     y1, y3 = linears(x, (w1, w3))
     assert y1.shape == (2, tokens, 64) and y3.shape == (2, tokens, 48)
@@ -73,3 +78,19 @@ def test_fp8_with_e8m0_scales_through_the_fp8_kernels():
     for tokens in (1, 9, 200):
         x = np.random.default_rng(tokens).standard_normal((tokens, 260)).astype(np.float32)
         np.testing.assert_allclose(linear(x, matrix), x @ reference.T, rtol=1e-5, atol=1e-5 * np.abs(x).max())
+
+
+def test_a_few_tokens_tiles_follow_the_blas(monkeypatch):
+    """A V4-Flash expert's w1 [2048, 4096], decoded 32 rows at a time: with direct products
+    (OpenBLAS's SkylakeX kernels, up to 10^6 multiply-adds) up to 7 tokens take tiles as tall as
+    that allows; more, or no direct products, take tiles of 2^20 values, their tokens padded to 8s;
+    one token's product, 32-row tiles that the cache holds."""
+    from stepper.kernels import gemm
+
+    w = Fp4Matrix(np.zeros((2048, 2048), np.uint8), np.ones((2048, 128), np.float32))
+    monkeypatch.setattr(gemm, "direct_limit", lambda: 10**6)
+    assert [fp4_matmul.tile_height(w, n) for n in (1, 4, 7, 8, 11, 200)] == [224, 32, 32, 256, 256, 2048]
+    assert fp4_matmul.row_tiles(w)[0] == fp4_matmul.row_tiles(w, 1)[0] == (0, 32)  # decoding; one token in the cache
+    assert len(fp4_matmul.row_tiles(w, 11)) == 8
+    monkeypatch.setattr(gemm, "direct_limit", lambda: 0)
+    assert [fp4_matmul.tile_height(w, n) for n in (1, 4, 11)] == [256, 256, 256]
