@@ -60,8 +60,8 @@ def direct_limit() -> int:
 
 def direct_rows(step: int, inner: int, tokens: int) -> int:
     """The most rows, in whole `step`s, of a product [rows, inner] x [inner, tokens] that NumPy's
-    OpenBLAS makes directly (direct_limit); 0 if not even one step."""
-    return direct_limit() // (tokens * inner) // step * step
+    OpenBLAS makes directly (direct_limit); 0 if not even one step. No tokens count as one."""
+    return direct_limit() // (max(tokens, 1) * inner) // step * step
 
 
 @cache

@@ -244,3 +244,15 @@ def test_direct_products_only_with_openblas_kernels_that_make_them(kernels, limi
 
     monkeypatch.setattr(gemm, "openblas_kernels", lambda: kernels)
     assert gemm.direct_limit() == limit
+
+
+@pytest.mark.parametrize("direct", [0, 10**6])
+def test_products_of_no_tokens_are_empty(direct, monkeypatch):
+    """An empty input (no token routed, an empty chunk) gives an empty product, whichever tiles the
+    BLAS calls for."""
+    from stepper.kernels import gemm
+
+    monkeypatch.setattr(gemm, "direct_limit", lambda: direct)
+    w = int4_weight(100, 192)
+    y = linear(np.zeros((0, 192), np.float32), w)
+    assert y.shape == (0, 100) and y.dtype == np.float32
