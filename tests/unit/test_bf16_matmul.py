@@ -1,6 +1,8 @@
 """BF16 weights multiplied tile by tile (kernels.bf16_matmul): the decoded values are ml_dtypes'
 bit for bit, the products those of the float32 weight, one token or many, on one thread or shared."""
 
+import itertools
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -72,3 +74,18 @@ def test_a_one_token_tile_is_half_the_l2_the_machine_reports(monkeypatch):
     assert bf16_matmul.tile_rows(w, 1) == 9
     assert bf16_matmul.tile_rows(w, 16) == bf16_matmul.tile_rows(w, 128) == 146  # a few tokens: 4 MiB, [146, 7168]
     assert bf16_matmul.tile_rows(w, 129) == bf16_matmul.TALL_TILE_BYTES // (4 * 7168)  # many: tall
+
+
+def test_shared_tiles_give_each_core_as_many_rows():
+    def heights(out_dim, height, workers):
+        tiles = bf16_matmul.even_tiles(out_dim, height, workers)
+        assert tiles[0][0] == 0 and tiles[-1][1] == out_dim
+        assert all(end == start for (_, end), (start, _) in itertools.pairwise(tiles))  # one after another
+        return [end - start for start, end in tiles]
+
+    assert heights(576, 1170, 2) == [288, 288]  # kv_a_proj at 512 tokens: one tile was one core's
+    assert heights(1536, 1170, 2) == [768, 768]  # q_a_proj: 1170 and 366 before
+    assert heights(7168, 1024, 2) == [896] * 8  # o_proj: 7 tiles, 4 for one core and 3 for the other
+    assert heights(77, 8, 2) == [7, 8, 8, 7, 8, 8, 7, 8, 8, 8]  # ten tiles, within a row of each other
+    assert heights(77, 8, 1) == heights(77, 8, 2)  # ten tiles divide among two workers already
+    assert heights(9, 8, 1) == [4, 5] and heights(3, 100, 4) == [1, 1, 1]  # no tile empty
