@@ -51,13 +51,15 @@ def seconds(fn) -> float:
     return time.perf_counter() - start
 
 
-def paired_times(first, second, pairs: int) -> tuple[float, float, float]:
-    """After one untimed run of each, `pairs` runs of each in turn, the order swapped every pair:
-    the median of the ratios second / first, and the median time of each. Run this way, both see
-    the same state of the machine (on this one, the same layer's time drifted by 20% between
-    minutes), which times taken one after the other do not.  -> (ratio, first s, second s)"""
+def paired_times(first, second, pairs: int, warmed=lambda: None) -> tuple[float, float, float]:
+    """After one untimed run of each (then `warmed()`), `pairs` runs of each in turn, the order
+    swapped every pair: the median of the ratios second / first, and the median time of each. Run
+    this way, both see the same state of the machine (on this one, the same layer's time drifted
+    by 20% between minutes), which times taken one after the other do not.
+    -> (ratio, first s, second s)"""
     first()
     second()
+    warmed()
     ones, twos = [], []
     for p in range(pairs):
         if p % 2 == 0:

@@ -4,7 +4,6 @@ INT4 experts as a ratio to the FP8 one."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from stepper.bench.checkpoints import (
     fill_page_cache,
     forget_page_cache,
 )
-from stepper.bench.figures import Figure, in_subprocess, median_time, paired_times, peak_rss_mb
+from stepper.bench.figures import Figure, in_subprocess, median_time, paired_times, peak_rss_mb, seconds
 from stepper.kernels import fp8_workers
 from stepper.model import KVCache, Transformer
 from stepper.model.attention import mla_attention
@@ -34,33 +33,48 @@ from stepper.weights.synth_checkpoint import requantized
 def layer_run(checkpoint: Path, layer: int, tokens: int, cache: int, repeat: int) -> list[Figure]:
     """One layer alone from a checkpoint: `tokens` new positions after `cache` cached ones."""
     filled = fill_page_cache(checkpoint)
-    source = Checkpoint(checkpoint)
-    cfg = source.config
-    model = Transformer(source)
+    model = Transformer(Checkpoint(checkpoint))
+    cfg = model.config
     rng = np.random.default_rng(7)
-    emit = Emitter()
     times = []
     for rep in range(repeat):
-        kv = KVCache(cfg.num_hidden_layers)
-        if cache:
-            latent = rng.standard_normal((1, cache, cfg.kv_lora_rank), dtype=np.float32)
-            k_pe = rng.standard_normal((1, 1, cache, cfg.qk_rope_head_dim), dtype=np.float32)
-            kv.layers[layer].extend_latent(latent, k_pe)
-        hidden = rng.standard_normal((1, tokens, cfg.hidden_size), dtype=np.float32)
-        positions = cache + np.arange(tokens)
-        attn = "absorb" if cache else "naive"
+        step = layer_step(model, layer, tokens, cache, rng)
         if rep == 1:
             faults = major_faults()
-        start = time.perf_counter()
-        model.layer(layer, hidden, model.rope(positions, emit), kv, emit, attn)
-        times.append(time.perf_counter() - start)
-    kind = "MoE" if cfg.is_moe_layer(layer) else "dense"
-    what = f"decode 1 token, {cache}-position cache" if cache else f"prefill {tokens} tokens"
+        times.append(seconds(step))
     first, rest = times[0], times[1:] or times
     read = f"; {major_faults() - faults} pages read from disk while timed" if repeat > 1 else ""
-    return [Figure(f"{cfg.name} layer {layer} ({kind}): {what}", float(np.median(rest)), "s", peak_rss_mb(),
+    return [Figure(f"{cfg.name} layer {layer} ({layer_kind(cfg, layer)}): {step_name(tokens, cache)}",
+                   float(np.median(rest)), "s", peak_rss_mb(),
                    f"median of {len(rest)} after a first run of {first:.2f} s; checkpoint read into the page "
                    f"cache first ({filled:.0f} s){read}")]
+
+
+def layer_step(model: Transformer, layer: int, tokens: int, cache: int, rng: np.random.Generator):
+    """The layer's step on random inputs drawn now: `tokens` new positions after `cache` random
+    cached ones (absorbed attention over a cache, naive for a prompt). -> a function making the
+    step, each call with a fresh cache"""
+    cfg, emit = model.config, Emitter()
+    hidden = rng.standard_normal((1, tokens, cfg.hidden_size), dtype=np.float32)
+    latent = rng.standard_normal((1, cache, cfg.kv_lora_rank), dtype=np.float32)
+    k_pe = rng.standard_normal((1, 1, cache, cfg.qk_rope_head_dim), dtype=np.float32)
+    positions = cache + np.arange(tokens)
+
+    def step() -> np.ndarray:
+        kv = KVCache(cfg.num_hidden_layers)
+        if cache:
+            kv.layers[layer].extend_latent(latent, k_pe)
+        return model.layer(layer, hidden, model.rope(positions, emit), kv, emit, "absorb" if cache else "naive")
+
+    return step
+
+
+def layer_kind(cfg, layer: int) -> str:
+    return "MoE" if cfg.is_moe_layer(layer) else "dense"
+
+
+def step_name(tokens: int, cache: int) -> str:
+    return f"decode 1 token, {cache}-position cache" if cache else f"prefill {tokens} tokens"
 
 
 def major_faults() -> int:
@@ -116,29 +130,23 @@ def expert_products(fp8: str, int4: str, tokens: int, pairs: int, layer: int = 1
                    f"{fp8_time * 1e3:.2f} ms")]
 
 
-def layers_in_turn(fp8: str, int4: str, tokens: int, pairs: int, layer: int = 1) -> list[Figure]:
-    """The MoE layer from the FP8 and from the INT4 checkpoint prefilling the same tokens, timed in
-    turn (paired_times): the whole layer's INT4 / FP8 ratio with both sides in the same minutes,
-    which the full-size figures, minutes apart, are not (the two checkpoints, 27 GB at full size,
-    do not fit the page cache at once: this runs on a layer with fewer experts)."""
-    checkpoints = [Path(fp8), Path(int4)]
-    for checkpoint in checkpoints:
-        fill_page_cache(checkpoint)
-    models = [Transformer(Checkpoint(checkpoint)) for checkpoint in checkpoints]
+def layers_in_turn(fp8: str, int4: str, tokens: int, pairs: int, cache: int = 0, layer: int = 1) -> list[Figure]:
+    """The MoE layer from the FP8 and from the INT4 checkpoint making the same step (`tokens` new
+    positions after `cache` cached ones, layer_step), timed in turn (paired_times): the layer's
+    INT4 / FP8 ratio with both sides in the same minutes. The untimed first run of each reads
+    what its step needs into the page cache: a full-size prompt's chosen experts of both
+    checkpoints, about 14 GB of their 26, fit there together where the whole checkpoints do not."""
+    models = [Transformer(Checkpoint(Path(checkpoint))) for checkpoint in (fp8, int4)]
     cfg = models[0].config
-    hidden = np.random.default_rng(7).standard_normal((1, tokens, cfg.hidden_size), dtype=np.float32)
-    emit = Emitter()
-
-    def prefill(model: Transformer):
-        return lambda: model.layer(layer, hidden, model.rope(np.arange(tokens), emit), KVCache(cfg.num_hidden_layers),
-                                   emit, "naive")
-
-    ratio, fp8_time, int4_time = paired_times(prefill(models[0]), prefill(models[1]), pairs)
+    steps = [layer_step(model, layer, tokens, cache, np.random.default_rng(7)) for model in models]
+    faults = []
+    ratio, fp8_time, int4_time = paired_times(*steps, pairs, warmed=lambda: faults.append(major_faults()))
     per_expert = tokens * cfg.num_experts_per_tok / cfg.n_routed_experts
-    return [Figure(f"{cfg.name} layer {layer}, prefill {tokens} tokens ({per_expert:.1f} per expert), in turn: "
-                   "INT4 experts / FP8 experts", ratio, "x", None,
+    experts = "" if cache else f" ({per_expert:.1f} per expert)"
+    name = f"{cfg.name} layer {layer}, {step_name(tokens, cache)}{experts}, in turn: INT4 experts / FP8 experts"
+    return [Figure(name, ratio, "x", peak_rss_mb(),
                    f"median of {pairs} ratios, taken in turn after one of each; medians {int4_time:.3g} s against "
-                   f"{fp8_time:.3g} s")]
+                   f"{fp8_time:.3g} s; {major_faults() - faults[0]} pages read from disk while timed")]
 
 
 def moe_figures(checkpoint: Path, say, what: str, repeats: tuple[int, int] = (12, 3)) -> list[Figure]:
@@ -150,13 +158,12 @@ def moe_figures(checkpoint: Path, say, what: str, repeats: tuple[int, int] = (12
 
 
 def int4_versus_fp8(workdir: Path, model: str, say, fp8: list[Figure] | None = None,
-                    repeats: tuple[int, int] = (12, 3), paired: tuple[int, int] = (512, 5)) -> list[Figure]:
-    """The MoE layer with INT4 experts, decode and prefill, and each as a ratio to the same layer
-    with FP8 experts (`fp8`: its two figures, measured here when not given). An INT4 expert is
+                    repeats: tuple[int, int] = (12, 3), pairs: tuple[int, int] = (21, 5)) -> list[Figure]:
+    """The MoE layer with INT4 experts, decode and prefill, then each as a ratio to the same layer
+    with FP8 experts, the two timed in turn (layers_in_turn; `pairs` of each), then one routed
+    expert's (`fp8`: the FP8 layer's two figures, measured here when not given). An INT4 expert is
     half the bytes of an FP8 one; the INT4 layer's two times get the FP8 ones' floors, where
-    they have them (the same products). Then the two in turn on a layer with fewer experts
-    (fewer_experts_in_turn; `paired`: the full layer's prompt whose tokens per expert it gets, and
-    the pairs)."""
+    they have them (the same products)."""
     cfg = bench_config(model, None)
     fp8_checkpoint = ensure_checkpoint(workdir, cfg, range(1, 2))
     if fp8 is None:
@@ -169,31 +176,11 @@ def int4_versus_fp8(workdir: Path, model: str, say, fp8: list[Figure] | None = N
     figures = [replace(mine, floor=theirs.floor, floor_note=f"the FP8 layer's, INT4 held to FP8: {theirs.floor_note}")
                if theirs.floor else mine
                for mine, theirs in zip(moe_figures(int4, say, " with INT4 experts", repeats), fp8)]
-    ratios = [Figure(f"{cfg.name} layer 1, {kind}: INT4 experts / FP8 experts", mine.value / theirs.value, "x", None,
-                     f"{mine.value:.3g} s against {theirs.value:.3g} s")
-              for kind, mine, theirs in zip(("decode 1 token", "prefill 512 tokens"), figures, fp8)]
+    say("the layer with INT4 experts and with FP8 ones in turn: decode 1 token, prefill 512 tokens")
+    ratios = [f for tokens, cache, n in ((1, 1024, pairs[0]), (512, 0, pairs[1]))
+              for f in in_subprocess("layers_in_turn", fp8=fp8_checkpoint, int4=int4, tokens=tokens, cache=cache,
+                                     pairs=n)]
     say("one routed expert, INT4 against FP8: 1, 11 and 512 tokens")
-    experts = [f for tokens, pairs in ((1, 21), (11, 11), (512, 5))
-               for f in in_subprocess("experts", fp8=fp8_checkpoint, int4=int4, tokens=tokens, pairs=pairs)]
-    return figures + ratios + experts + fewer_experts_in_turn(workdir, model, say, *paired)
-
-
-PAIRED_EXPERTS = 32  # the layer whose FP8 and INT4 checkpoints fit the page cache together (2.6 GB for Kimi K2)
-
-
-def fewer_experts_in_turn(workdir: Path, model: str, say, prompt: int, pairs: int) -> list[Figure]:
-    """The model's layer 1 with PAIRED_EXPERTS routed experts (written once, FP8 and INT4),
-    prefilling as many tokens per expert as the full layer's `prompt`-token prefill, INT4 and FP8
-    timed in turn (layers_in_turn)."""
-    full = bench_config(model, None).n_routed_experts
-    experts = min(PAIRED_EXPERTS, full)
-    small = bench_config(model, experts)
-    say(f"writing (once) the layer 1 checkpoints with {experts} experts, FP8 and INT4")
-    fp8 = ensure_checkpoint(workdir, small, range(1, 2))
-    int4 = ensure_checkpoint(workdir, replace(requantized(small, "int4"), name=f"{small.name}-int4-experts"),
-                             range(1, 2))
-    for folder in bench_checkpoints(workdir):
-        forget_page_cache(folder)
-    tokens = max(1, round(prompt * experts / full))
-    say(f"the {experts}-expert layer prefilling {tokens} tokens, INT4 and FP8 in turn")
-    return in_subprocess("layers_in_turn", fp8=fp8, int4=int4, tokens=tokens, pairs=pairs)
+    experts = [f for tokens, n in ((1, 21), (11, 11), (512, 5))
+               for f in in_subprocess("experts", fp8=fp8_checkpoint, int4=int4, tokens=tokens, pairs=n)]
+    return figures + ratios + experts

@@ -70,7 +70,7 @@ def test_the_long_context_scenario_runs_on_a_small_config(monkeypatch):
 
 def test_int4_experts_against_fp8_on_a_small_config(tmp_path):
     """The INT4 scenario's code on tiny (the coordinator runs it at full size): its checkpoint
-    holds INT4 experts, and each ratio is the INT4 figure over the FP8 one."""
+    holds INT4 experts, and the two layers are timed in turn, decode and prefill."""
     from stepper.weights.checkpoint import Checkpoint
     from stepper.weights.stored import Int4Matrix
 
@@ -78,24 +78,30 @@ def test_int4_experts_against_fp8_on_a_small_config(tmp_path):
     fp8_folder = checkpoints.ensure_checkpoint(tmp_path, checkpoints.bench_config("tiny", None), range(1, 2))
     fp8 = layers.moe_figures(fp8_folder, said.append, " (FP8)", repeats=(2, 2))
     fp8 = [dataclasses.replace(f, floor=0.5 + i, floor_note=f"floor {i}") for i, f in enumerate(fp8)]
-    figures = layers.int4_versus_fp8(tmp_path, "tiny", said.append, fp8, repeats=(2, 2), paired=(16, 2))
-    assert [f.unit for f in figures] == ["s", "s", "x", "x", "x", "x", "x", "x"]
-    decode, prefill, decode_ratio, prefill_ratio, *experts, in_turn = figures
-    assert in_turn.name == ("tiny-32-experts-layers1-1-seed0 layer 1, prefill 16 tokens (2.0 per expert), in turn: "
-                            "INT4 experts / FP8 experts")  # tiny has 32 experts, 4 per token: all of them, 16 tokens
-    assert any("INT4 and FP8 in turn" in line for line in said)
+    figures = layers.int4_versus_fp8(tmp_path, "tiny", said.append, fp8, repeats=(2, 2), pairs=(2, 2))
+    assert [f.unit for f in figures] == ["s", "s", "x", "x", "x", "x", "x"]
+    decode, prefill, decode_ratio, prefill_ratio, *experts = figures
+    assert decode_ratio.name == ("tiny-layers1-1-seed0 layer 1, decode 1 token, 1024-position cache, in turn: "
+                                 "INT4 experts / FP8 experts")
+    assert prefill_ratio.name == ("tiny-layers1-1-seed0 layer 1, prefill 512 tokens (64.0 per expert), in turn: "
+                                  "INT4 experts / FP8 experts")  # tiny: 32 experts, 4 per token
+    assert all(r.note.startswith("median of 2 ratios, taken in turn") for r in (decode_ratio, prefill_ratio))
+    assert any("in turn: decode 1 token, prefill 512 tokens" in line for line in said)
     assert [f.name.partition(" layer 1, ")[2] for f in experts] == [
         f"one routed expert, {n} token(s): INT4 / FP8" for n in (1, 11, 512)]
     assert "decode 1 token" in decode.name and "prefill 512 tokens" in prefill.name
     assert (decode.floor, prefill.floor) == (0.5, 1.5)  # the INT4 layer's times held to the FP8 layer's floors
     assert prefill.floor_note == "the FP8 layer's, INT4 held to FP8: floor 1"
-    assert decode_ratio.name == "tiny layer 1, decode 1 token: INT4 experts / FP8 experts"
-    assert (decode_ratio.value, prefill_ratio.value) == (decode.value / fp8[0].value, prefill.value / fp8[1].value)
     int4_folder = next(p for p in tmp_path.iterdir() if "int4" in p.name)
     assert isinstance(Checkpoint(int4_folder).matrix("model.layers.1.mlp.experts.0.up_proj.weight"), Int4Matrix)
     assert not isinstance(Checkpoint(fp8_folder).matrix("model.layers.1.mlp.experts.0.up_proj.weight"), Int4Matrix)
     assert any("with INT4 experts" in line for line in said)
-def test_the_layers_in_turn_are_the_fp8_and_the_int4_layer_on_the_same_tokens(tmp_path, monkeypatch):
+
+
+@pytest.mark.parametrize(("tokens", "cache", "what"), [(6, 0, "prefill 6 tokens (6.0 per expert)"),
+                                                       (1, 5, "decode 1 token, 5-position cache")])
+def test_the_layers_in_turn_are_the_fp8_and_the_int4_layer_on_the_same_tokens(tmp_path, monkeypatch, tokens, cache,
+                                                                             what):
     from stepper.model import Transformer
 
     small = checkpoints.bench_config("tiny", 4)
@@ -104,23 +110,31 @@ def test_the_layers_in_turn_are_the_fp8_and_the_int4_layer_on_the_same_tokens(tm
         tmp_path, dataclasses.replace(layers.requantized(small, "int4"), name="tiny-4-int4"), range(1, 2))
     outputs = []
 
-    def once_each(first, second, pairs):
-        outputs.extend([first(), second()])
+    def once_each(first, second, pairs, warmed):
+        outputs.extend([first(), second(), first()])
+        warmed()
         return 1.25, 2.0, 2.5
 
     monkeypatch.setattr(layers, "paired_times", once_each)
-    [figure] = layers.layers_in_turn(str(fp8), str(int4), tokens=6, pairs=3)
+    [figure] = layers.layers_in_turn(str(fp8), str(int4), tokens=tokens, cache=cache, pairs=3)
     assert (figure.value, figure.unit) == (1.25, "x")
-    assert figure.name == ("tiny-4-experts-layers1-1-seed0 layer 1, prefill 6 tokens (6.0 per expert), in turn: "
-                           "INT4 experts / FP8 experts")
-    assert figure.note == "median of 3 ratios, taken in turn after one of each; medians 2.5 s against 2 s"
-    # the first is the FP8 layer, the second the INT4 one: each equal to that checkpoint's own layer on the same tokens
-    hidden = np.random.default_rng(7).standard_normal((1, 6, small.hidden_size), dtype=np.float32)
+    assert figure.name == f"tiny-4-experts-layers1-1-seed0 layer 1, {what}, in turn: INT4 experts / FP8 experts"
+    assert figure.note.startswith("median of 3 ratios, taken in turn after one of each; medians 2.5 s against 2 s; ")
+    assert figure.note.endswith(" pages read from disk while timed")
+    # the first is the FP8 layer, the second the INT4 one: each equal to that checkpoint's own layer on the same
+    # inputs, and the same again on a second call (a fresh cache each time)
+    rng = np.random.default_rng(7)
+    hidden = rng.standard_normal((1, tokens, small.hidden_size), dtype=np.float32)
+    latent = rng.standard_normal((1, cache, small.kv_lora_rank), dtype=np.float32)
+    k_pe = rng.standard_normal((1, 1, cache, small.qk_rope_head_dim), dtype=np.float32)
     for checkpoint, out in zip((fp8, int4), outputs):
         model = Transformer(layers.Checkpoint(checkpoint))
-        cache = layers.KVCache(small.num_hidden_layers)
-        expected = model.layer(1, hidden, model.rope(np.arange(6), layers.Emitter()), cache, layers.Emitter(), "naive")
+        kv = layers.KVCache(small.num_hidden_layers)
+        kv.layers[1].extend_latent(latent, k_pe)
+        rope = model.rope(cache + np.arange(tokens), layers.Emitter())
+        expected = model.layer(1, hidden, rope, kv, layers.Emitter(), "absorb" if cache else "naive")
         np.testing.assert_array_equal(out, expected)
+    np.testing.assert_array_equal(outputs[0], outputs[2])
     assert not np.array_equal(outputs[0], outputs[1])  # FP8 and INT4 weights differ
 
 
