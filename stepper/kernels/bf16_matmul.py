@@ -16,36 +16,37 @@ import itertools
 import numpy as np
 
 from stepper.kernels import cpu_caches, gemm, parallel
-from stepper.kernels.fp8_matmul import GEMM_COLUMNS, padded_to_columns
-from stepper.kernels.fp8_tiles import TALL_TILE_BYTES, kept_memory
+from stepper.kernels.fp8_matmul import padded_to_columns
+from stepper.kernels.fp8_tiles import TALL_TILE_BYTES, decode_in_parts, kept_memory
 from stepper.weights.stored import Bf16Matrix, bf16_rows
 
-L2_SHARE = 2  # a tile for one token takes 1/L2_SHARE of the L2 (cpu_caches): it stays there while multiplied
-SEVERAL_TILE_BYTES = 1 << 22  # a tile's float32 for 2 to MANY_TOKENS tokens: [128, 8192] or [682, 1536]
+SEVERAL_TILE_BYTES = 1 << 22  # a tile's float32 for 1 to MANY_TOKENS tokens: [128, 8192] or [682, 1536]
 MANY_TOKENS = 128  # past this, TALL_TILE_BYTES (BLAS repacks the inputs for every product)
 SHARE_WORK = 1 << 22  # weights x tokens below which a product stays on one thread
 
 
 def tile_rows(w: Bf16Matrix, tokens: int) -> int:
-    """Rows per tile: half the L2 of float32 for one token (a decode step, where the product
-    costs no more than the decoding), SEVERAL_TILE_BYTES for a few, TALL_TILE_BYTES for many: few
-    long calls are faster than many short ones (much faster when BLAS runs threads of its own, as
-    it may when stepper is used as a library), but a tile of 4 MiB, which the L3 holds, ran 16 to
-    48 tokens 1.25-1.8x faster than one of 32 MiB (AMD EPYC Zen 5, docs/performance.md)."""
-    if tokens == 1:
-        tile_bytes = cpu_caches.l2_bytes() // L2_SHARE
-    else:
-        tile_bytes = SEVERAL_TILE_BYTES if tokens <= MANY_TOKENS else TALL_TILE_BYTES
+    """Rows per tile: SEVERAL_TILE_BYTES of float32 for up to MANY_TOKENS tokens, TALL_TILE_BYTES
+    for more, but for one token on a CPU where FP8 blocks decode faster in parts that fit half the
+    L2 (fp8_tiles.decode_in_parts: an Intel Xeon whose L3 is slow), such parts. Few long calls are
+    faster than many short ones (much faster when BLAS runs threads of its own, as it may when
+    stepper is used as a library), and on an AMD EPYC Zen 5 (docs/performance.md) a tile of 4 MiB,
+    which the L3 holds, ran 16 to 48 tokens 1.25-1.8x faster than one of 32 MiB and one token 1.4x
+    faster than a tile of half the L2."""
+    if tokens == 1 and decode_in_parts():
+        return cpu_caches.rows_in_cache(4 * w.shape[1])
+    tile_bytes = SEVERAL_TILE_BYTES if tokens <= MANY_TOKENS else TALL_TILE_BYTES
     return max(8, tile_bytes // (4 * w.shape[1]))
 
 
 def bf16_products(x: np.ndarray, ws: list[Bf16Matrix]) -> list[np.ndarray]:
-    """x @ W^T for each of several BF16 weights [out_i, in] of the same input; more tokens than a
-    column of BLAS holds are padded once to whole columns (padded_to_columns: 43 tokens as 48 took
-    0.85-0.88x the time with OpenBLAS's SkylakeX kernels, the same with its Haswell ones), fewer
-    are not (2 as 8 would be 4x the products).  [..., in] -> [[..., out_i]]"""
+    """x @ W^T for each of several BF16 weights [out_i, in] of the same input; several tokens are
+    padded once to whole columns of BLAS, as FP8's are (padded_to_columns: 43 tokens as 48 took
+    0.85-0.88x the time, and 2 to 7 tokens as 8 ran the attention and shared expert of a Kimi K2
+    layer in 24.5 ms where 2, 3 and 7 had taken 29-40, with OpenBLAS's SkylakeX kernels or its
+    Haswell ones).  [..., in] -> [[..., out_i]]"""
     tokens = x.reshape(-1, ws[0].shape[1]).astype(np.float32, copy=False)  # [N, in]
-    padded = padded_to_columns(tokens) if tokens.shape[0] > GEMM_COLUMNS else tokens  # [N', in]
+    padded = padded_to_columns(tokens)  # [N', in]
     return [bf16_product(padded, w)[:, : tokens.shape[0]].T.reshape(*x.shape[:-1], w.shape[0]) for w in ws]
 
 

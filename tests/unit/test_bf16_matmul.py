@@ -37,7 +37,7 @@ def test_a_bf16_matrix_is_kept_as_stored_and_other_tensors_are_float32():
 @pytest.mark.parametrize("tokens", [1, 3, 200])
 @pytest.mark.parametrize("shared", [False, True])
 def test_products_equal_the_float32_weights_product(tokens, shared, monkeypatch):
-    monkeypatch.setattr(cpu_caches, "l2_bytes", lambda: 2 * 4 * 96 * 8)  # 8-row tiles: many, the last one short
+    monkeypatch.setattr(bf16_matmul, "SEVERAL_TILE_BYTES", 4 * 96 * 8)  # 8-row tiles: many, the last one short
     monkeypatch.setattr(bf16_matmul, "TALL_TILE_BYTES", 4 * 96 * 16)
     if shared:
         monkeypatch.setattr(bf16_matmul, "SHARE_WORK", 1)
@@ -66,14 +66,37 @@ def test_several_weights_of_one_input_and_the_decoded_copies():
     assert not first.flags.writeable
 
 
-def test_a_one_token_tile_is_half_the_l2_the_machine_reports(monkeypatch):
+def test_tiles_hold_4_mib_for_up_to_128_tokens_and_32_mib_past_them(monkeypatch):
+    monkeypatch.setattr(bf16_matmul, "decode_in_parts", lambda: False)  # as on an AMD EPYC
     w = Stored("BF16", np.zeros((4096, 7168), ml_dtypes.bfloat16)).matrix()
+    assert bf16_matmul.tile_rows(w, 1) == bf16_matmul.tile_rows(w, 128) == 146  # [146, 7168] float32: 4 MiB
+    assert bf16_matmul.tile_rows(w, 129) == bf16_matmul.TALL_TILE_BYTES // (4 * 7168) == 1170  # many: tall
+    narrow = Stored("BF16", np.zeros((64, 1 << 20), ml_dtypes.bfloat16)).matrix()
+    assert bf16_matmul.tile_rows(narrow, 1) == 8  # at least 8 rows, however wide
+
+
+def test_one_token_takes_half_the_l2_where_fp8_blocks_decode_faster_in_such_parts(monkeypatch):
+    monkeypatch.setattr(bf16_matmul, "decode_in_parts", lambda: True)  # as on an Intel Xeon whose L3 is slow
     monkeypatch.setattr(cpu_caches, "l2_bytes", lambda: 2 << 20)
-    assert bf16_matmul.tile_rows(w, 1) == (1 << 20) // (4 * 7168)  # 36 rows of 28 KiB
+    w = Stored("BF16", np.zeros((4096, 7168), ml_dtypes.bfloat16)).matrix()
+    assert bf16_matmul.tile_rows(w, 1) == 32  # (1 MiB / 28 KiB = 36 rows) in whole 8s
     monkeypatch.setattr(cpu_caches, "l2_bytes", lambda: 512 << 10)
-    assert bf16_matmul.tile_rows(w, 1) == 9
-    assert bf16_matmul.tile_rows(w, 16) == bf16_matmul.tile_rows(w, 128) == 146  # a few tokens: 4 MiB, [146, 7168]
-    assert bf16_matmul.tile_rows(w, 129) == bf16_matmul.TALL_TILE_BYTES // (4 * 7168)  # many: tall
+    assert bf16_matmul.tile_rows(w, 1) == 8
+    assert bf16_matmul.tile_rows(w, 2) == 146  # several tokens: 4 MiB all the same
+
+
+def test_several_tokens_are_multiplied_in_whole_columns_of_8(monkeypatch):
+    seen = []
+    product = bf16_matmul.bf16_product
+    monkeypatch.setattr(bf16_matmul, "bf16_product",
+                        lambda tokens, w: seen.append(tokens.shape[0]) or product(tokens, w))
+    rng = np.random.default_rng(2)
+    w = bf16_weight(rng, 16, 24)
+    for n in (1, 2, 7, 8, 9, 43):
+        x = rng.standard_normal((n, 24), dtype=np.float32)
+        np.testing.assert_allclose(linear(x, Stored("BF16", w).matrix()), x @ w.astype(np.float32).T, rtol=1e-5,
+                                   atol=1e-5)
+    assert seen == [1, 8, 8, 8, 16, 48]  # one token stays a matrix-vector product
 
 
 def test_shared_tiles_give_each_core_as_many_rows():

@@ -88,7 +88,9 @@ def test_lm_head_reads_a_checkpoint_and_arrays_as_the_synthetic_source():
     expected = lm_head(hidden, synthetic, 64)
     arrays = ArrayWeights(synthetic.config, {LM_HEAD: synthetic.get(LM_HEAD)})
     assert np.array_equal(lm_head(hidden, Checkpoint(FIXTURE_WEIGHTS), 64), expected)
-    assert np.array_equal(lm_head(hidden, arrays, 64), expected)
+    # the synthetic source's and the checkpoint's lm_head are BF16, the arrays float32 (the same values): BF16
+    # products pad the tokens to whole columns of BLAS, whose sums may differ in the last bits
+    np.testing.assert_allclose(lm_head(hidden, arrays, 64), expected, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("name, rows", [(LM_HEAD, 7), (FP8_WEIGHT, 128)])
