@@ -10,11 +10,11 @@ peak RSS is its own:
   checkpoint written once by `stepper synth` into the work directory, checkpoints): decode one
   token over a 1024-position latent cache, and a 512-token prefill;
 - the same MoE layer with its routed experts in INT4 (compressed-tensors pack-quantized, as
-  Kimi-K2-Thinking stores them; attention and the shared expert BF16), the same two ways, and
-  each time as a ratio to the FP8 layer's; one routed expert alone, INT4 against FP8, for 1,
-  11 (a 512-token prefill's share of each expert) and 512 tokens; and a 32-expert layer 1, FP8
-  and INT4 in turn, prefilling 43 tokens (11 per expert, as the full layer's 512), the layer's
-  ratio with both sides in the same minutes (the full-size two do not fit the page cache at once);
+  Kimi-K2-Thinking stores them; attention and the shared expert BF16), the same two ways; the
+  two layers in turn (layers_in_turn), decode and prefill, for their ratio with both sides in the
+  same minutes (the whole checkpoints, 26 GB, do not fit the page cache at once, but what a
+  512-token prompt's chosen experts need of both does); one routed expert alone, INT4 against
+  FP8, for 1, 11 (a 512-token prefill's share of each expert) and 512 tokens;
 - the dense layer 0 at full size, the same two ways;
 - the same MoE layer shape with 16 routed experts, against transformers' DeepseekV3 in float32
   on the same weights and tokens (transformers_pair; T = 1, 32, 512, each also with stepper's

@@ -18,8 +18,9 @@ WORKDIR_HELP = ("Where the synthetic full-size checkpoints are written once and 
 TORCH_HELP = ("Also compare with transformers' DeepseekV3 on a 16-expert layer (needs the crosscheck extra): the two "
               "run in turn, and each figure is the median of the paired ratios, printed with the least time "
               "stepper's work could take (its FP8 decoding and products at rates measured beside it).")
-INT4_HELP = ("Also the MoE layer with INT4 experts (Kimi-K2-Thinking's storage; about 10 GB more written once), as a "
-             "ratio to the FP8 layer, and a 32-expert layer's INT4 and FP8 (2.6 GB more) timed in turn.")
+INT4_HELP = ("Also the MoE layer with INT4 experts (Kimi-K2-Thinking's storage; about 10 GB more written once), and "
+             "its ratio to the FP8 layer, the two timed in turn (decode, and a prefill whose chosen experts of both "
+             "fit the page cache together), and one routed expert's.")
 INDEXER_HELP = ("Also time DeepSeek-V3.2's layer 0 prefilling 4096 tokens: its Lightning Indexer, its attention under "
                 "the indexer's mask, and the whole layer, each alone (writes a 0.6 GB checkpoint once).")
 KDA_HELP = ("Also time one full-size Kimi Linear KDA layer's attention (synthetic weights in memory): decode 1 token, "
