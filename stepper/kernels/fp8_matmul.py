@@ -28,6 +28,7 @@ import numpy as np
 
 from stepper import fp8
 from stepper.errors import StepperError
+from stepper.kernels import gemm
 from stepper.kernels.fp8_tiles import (
     SCALED_INPUT_EXPONENT,
     Decoder,
@@ -78,9 +79,10 @@ def dequantizing_decoder(w: Fp8Matrix) -> Decoder:
 
 def tiled_products(x: np.ndarray, ws: list[Fp8Matrix], decode: Decoder | None = None) -> list[np.ndarray]:
     """x @ W^T for each of several weights [out_i, in] of the same input, which is looked over
-    and padded once; shared with helpers, the weights' rows one after another are cut into bands
-    as one weight's would be (a SwiGLU's gate and up on two cores: one weight each, one message
-    and one wait for the two).  [..., in] -> [[..., out_i]]"""
+    and padded once (unless the BLAS is faster without: gemm.unpadded); shared with helpers, the
+    weights' rows one after another are cut into bands as one weight's would be (a SwiGLU's gate
+    and up on two cores: one weight each, one message and one wait for the two).
+    [..., in] -> [[..., out_i]]"""
     tokens = x.reshape(-1, ws[0].shape[1]).astype(np.float32, copy=False)  # [N, in]
     x_max = input_magnitude(tokens)
     ks = [input_rebias(tokens, w, x_max) for w in ws]
@@ -89,7 +91,7 @@ def tiled_products(x: np.ndarray, ws: list[Fp8Matrix], decode: Decoder | None = 
     tiled = [i for i, k in enumerate(ks) if k is not None]
     if not tiled:
         return outs
-    padded = padded_to_columns(tokens)  # [N', in]
+    padded = tokens if gemm.unpadded(*tokens.shape) else padded_to_columns(tokens)  # [N', in]
     arrays = [result_arrays(ws[i].shape[0], padded.shape[0], many_tokens(padded.shape[0], ws[i])) for i in tiled]
     if decode is not None or not linear_bands(padded, [ws[i] for i in tiled], [ks[i] for i in tiled],
                                               [rows for _, rows in arrays]):  # large: shared with helpers

@@ -64,6 +64,23 @@ def direct_rows(step: int, inner: int, tokens: int) -> int:
     return direct_limit() // (max(tokens, 1) * inner) // step * step
 
 
+# OpenBLAS's AVX-512 kernels take the tokens of a product 16 at a time, and 1 to 4 more at
+# little more than their share: one FP8 expert of Kimi K2 (gate, up, down) took 9.5 ms for 2 tokens
+# as they are against 14.7 padded to 8, 11.9 against 17.1 for 4, 20.2 against 25.8 for 17 padded
+# to 24; 5 to 15 past a multiple of 16 ran as fast or faster padded to 8s (AMD EPYC Zen 4,
+# docs/performance.md).
+CHEAP_REMAINDERS = (1, 2, 3, 4)
+
+
+def unpadded(tokens: int, inputs: int) -> bool:
+    """Whether `tokens` columns of a full-size product (MKL_FROM_INPUTS inputs or more) are
+    multiplied faster as they are than padded to 8s: with NumPy's OpenBLAS and its AVX-512
+    kernels, 1 to 4 past a multiple of 16. The built-in tiny models' products are padded alike
+    on every machine."""
+    return (tokens % 16 in CHEAP_REMAINDERS and inputs >= MKL_FROM_INPUTS and backend() == "numpy"
+            and openblas_kernels().lower() in DIRECT_KERNELS)
+
+
 @cache
 def backend() -> str:
     """'mkl' or 'numpy': the environment's STEPPER_GEMM if set, else MKL on an Intel CPU when its

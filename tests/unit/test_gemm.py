@@ -122,3 +122,15 @@ def test_the_choice_of_blas(monkeypatch):
     assert choose(monkeypatch, "mkl", "GenuineIntel", False) == "numpy"  # asked, but not installed
     assert choose(monkeypatch, "blis", "GenuineIntel", True) == "mkl"  # an unknown name: the usual choice
 
+
+
+@pytest.mark.parametrize("kernels, blas, inputs, expected", [
+    ("SkylakeX", "numpy", 7168, [1, 2, 3, 4, 17, 18, 19, 20, 33, 34, 35, 36]),
+    ("SkylakeX", "numpy", 1023, []),  # the built-in tiny models' products: padded on every machine
+    ("Haswell", "numpy", 7168, []),
+    ("SkylakeX", "mkl", 7168, []),
+])
+def test_which_token_counts_go_unpadded(kernels, blas, inputs, expected, monkeypatch):
+    monkeypatch.setattr(gemm, "openblas_kernels", lambda: kernels)
+    monkeypatch.setattr(gemm, "backend", lambda: blas)
+    assert [n for n in range(1, 40) if gemm.unpadded(n, inputs)] == expected
