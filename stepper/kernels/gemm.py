@@ -55,7 +55,13 @@ def direct_limit() -> int:
     """The most multiply-adds (M x N x K) of a product NumPy's OpenBLAS makes without packing its
     operands, 0 if it packs every product. Its SkylakeX kernels multiply such products directly,
     twice as fast as packed for a few tokens that are not a multiple of 16 (11, 13)."""
-    return DIRECT_MULTIPLY_ADDS if openblas_kernels().lower() in DIRECT_KERNELS else 0
+    return DIRECT_MULTIPLY_ADDS if avx512_openblas() else 0
+
+
+def avx512_openblas() -> bool:
+    """Whether NumPy's OpenBLAS runs its AVX-512 kernels (DIRECT_KERNELS): they multiply small
+    products directly and take a product's tokens 16 at a time."""
+    return openblas_kernels().lower() in DIRECT_KERNELS
 
 
 def direct_rows(step: int, inner: int, tokens: int) -> int:
@@ -77,8 +83,7 @@ def unpadded(tokens: int, inputs: int) -> bool:
     multiplied faster as they are than padded to 8s: with NumPy's OpenBLAS and its AVX-512
     kernels, 1 to 4 past a multiple of 16. The built-in tiny models' products are padded alike
     on every machine."""
-    return (tokens % 16 in CHEAP_REMAINDERS and inputs >= MKL_FROM_INPUTS and backend() == "numpy"
-            and openblas_kernels().lower() in DIRECT_KERNELS)
+    return tokens % 16 in CHEAP_REMAINDERS and inputs >= MKL_FROM_INPUTS and backend() == "numpy" and avx512_openblas()
 
 
 @cache

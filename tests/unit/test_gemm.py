@@ -123,7 +123,6 @@ def test_the_choice_of_blas(monkeypatch):
     assert choose(monkeypatch, "blis", "GenuineIntel", True) == "mkl"  # an unknown name: the usual choice
 
 
-
 @pytest.mark.parametrize("kernels, blas, inputs, expected", [
     ("SkylakeX", "numpy", 7168, [1, 2, 3, 4, 17, 18, 19, 20, 33, 34, 35, 36]),
     ("SkylakeX", "numpy", 1023, []),  # the built-in tiny models' products: padded on every machine
