@@ -33,7 +33,8 @@ def moe(x: np.ndarray, w: LayerWeights, options: LayerOptions, emit: Emitter) ->
     tokens = x.reshape(B * T, d)  # [N, d]
     gate, bias_name = router_names(cfg)
     bias = w(bias_name) if cfg.topk_method == "noaux_tc" and cfg.router_bias else None  # [E], V3 and K2
-    routing = route(tokens, w(gate), bias, cfg, emit)
+    # the router's weight as float32 in kept memory: stepping a layer decodes its BF16 once
+    routing = route(tokens, w.float32(gate), bias, cfg, emit)
     routing, zero_weight = without_zero_experts(routing, cfg)  # LongCat: [N] the weight its zero experts got
     if options.dispatch == "grouped":
         routed = grouped_experts(tokens, routing, w, emit)  # [N, d]

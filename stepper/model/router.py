@@ -39,7 +39,8 @@ class Routing:
 @exercise
 def route(x: np.ndarray, gate: np.ndarray, bias: np.ndarray | None, cfg: Config, emit: Emitter) -> Routing:
     """x [N, d], gate [E, d], bias [E] (noaux_tc with a bias, else None) -> the chosen experts and their weights."""
-    logits = emit("mlp.gate.logits", linear(x.astype(np.float32), gate.astype(np.float32)))  # [N, E]
+    x, gate = x.astype(np.float32, copy=False), gate.astype(np.float32, copy=False)  # copied only if not float32
+    logits = emit("mlp.gate.logits", linear(x, gate))  # [N, E]
     scores = SCORING[cfg.scoring_func](logits, emit)  # [N, E]
     choice = SELECTION[cfg.topk_method](scores, bias, cfg, emit)  # [N, E], -inf where not eligible
     topk_idx = emit("mlp.gate.topk_idx", top_k(choice, cfg.num_experts_per_tok))  # [N, k]

@@ -128,11 +128,11 @@ class Checkpoint:
         self._keep_resident(name)
         shard = self.shard_of(name)
         info, array = shard.info(name), shard.get(name)
-        if info.dtype != "F8_E4M3":
-            return Stored(info.dtype, array)
+        where = FileBytes(str(shard.path), shard.data_range(name)[0], shard.identity)
+        if info.dtype != "F8_E4M3":  # where: a BF16 weight decoded into kept memory is known again (float32_kept)
+            return Stored(info.dtype, array, origin=where)
         _, scale = self._tensor(name + SCALE)
         check_scale_values(self.shard_of(name + SCALE).path.name, name + SCALE, scale)
-        where = FileBytes(str(shard.path), shard.data_range(name)[0], shard.identity)
         if self.per_tensor:
             one = self._one_scale(name + SCALE, scale, 1)[0, 0]
             return Stored(info.dtype, array, fp8.per_tensor_grid(array.shape, one), fp8.BLOCK, where)

@@ -83,6 +83,31 @@ def test_kv_b_decoded_into_reused_memory_is_decoded_again_only_for_another_weigh
     assert len(calls) == 5
 
 
+@pytest.mark.parametrize("model", ["tiny", "tiny-int4"])
+def test_a_layer_stepped_again_decodes_its_bf16_router_and_kv_b_once(model, synth_dir, tmp_path, monkeypatch):
+    from stepper.bench.layers import layer_step
+    from stepper.kernels import linear
+    from stepper.model import Transformer
+    from stepper.model import router as router_module
+
+    directory = synth_dir if model == "tiny" else synth_checkpoint(SyntheticWeights(preset(model), seed=0),
+                                                                   tmp_path / model)
+    decoded, gates = [], []
+    real_decode, real_route = linear.float32_weight, router_module.route
+    monkeypatch.setattr(linear, "float32_weight", lambda w, out: decoded.append(w.name) or real_decode(w, out))
+    monkeypatch.setattr("stepper.model.moe.route", lambda x, gate, *rest: gates.append(gate.copy()) or
+                        real_route(x, gate, *rest))
+    gate, kv_b = "model.layers.1.mlp.gate.weight", "model.layers.1.self_attn.kv_b_proj.weight"
+    step = layer_step(Transformer(Checkpoint(directory)), 1, 1, 8, np.random.default_rng(0))
+    outputs = [step() for _ in range(3)]  # three decode steps of layer 1
+    assert sorted(decoded) == [gate, kv_b]  # each decoded at the first step (BF16 in tiny-int4), kept for the next two
+    stored = Checkpoint(directory).stored(gate)
+    assert stored.dtype == "BF16"
+    want = stored.data.astype(np.float32)  # ml_dtypes' cast of the stored BF16
+    assert len(gates) == 3 and all(np.array_equal(g, want) for g in gates)
+    assert all(np.array_equal(out, outputs[0]) for out in outputs)
+
+
 @pytest.mark.skipif(not hasattr(os, "posix_fadvise") or sys.platform != "linux", reason="needs Linux mincore")
 def test_bench_forgets_then_fills_the_page_cache_without_keeping_pages_mapped(synth_dir):
     from helpers.files import resident_pages
