@@ -11,7 +11,7 @@ from stepper.bench.ceilings import Ceilings, fp8_rate, layer_floor
 from stepper.bench.figures import Figure, median_time, paired_times
 from stepper.config import Config, Fp8
 from stepper.kernels import gemm, parallel
-from stepper.kernels.fp8_tiles import tall_rows
+from stepper.kernels.fp8_tiles import multiply_tile, tall_rows
 from stepper.kernels.weight_cache import CachedWeights
 from stepper.model import Transformer
 from stepper.seams.trace import Emitter
@@ -86,10 +86,13 @@ def least_time(cfg: Config, tokens: int) -> tuple[float, str]:
     rows = tile_rows(cfg, columns)
     tile, inputs = np.ones((rows, cfg.hidden_size), np.float32), np.ones((columns, cfg.hidden_size), np.float32)
     out = np.empty((rows, columns), np.float32)
-    rate = 2 * tile.size * columns / median_time(lambda: gemm.matmul(tile, inputs.T, out), 9)
+    block = (cfg.quantization or Fp8()).weight_block_size[0]
+    direct = gemm.direct_parts(cfg.hidden_size, columns) if columns <= block else None  # as fp8_tiles.apply_tiles
+    rate = 2 * tile.size * columns / median_time(lambda: multiply_tile(tile, inputs.T, out, direct), 9)
     cores = parallel.cores()
     seconds, how = layer_floor(cfg, 1, tokens, 0, Ceilings(fp8.value * 1e9 * cores, rate * cores, cores))
-    tiles = f"[{rows}, {cfg.hidden_size}] tiles by {columns} columns"
+    parts = f" in direct parts {list(direct)}" if direct else ""
+    tiles = f"[{rows}, {cfg.hidden_size}] tiles by {columns} columns{parts}"
     return seconds, f"{how} ({gemm.description()}, {tiles}: {rate / 1e9:.0f} GFLOP/s a core)"
 
 

@@ -78,7 +78,9 @@ def apply_tiles(tokens: np.ndarray, w: Fp8Matrix, k: int, rows: np.ndarray, deco
     and a tile is several blocks high: BLAS repacks the inputs for every product, so taller tiles
     run faster (docs/design-notes.md). A tile is decoded (and, for one token, multiplied) in parts
     of at most a block whose float32 fit in half the L2 read from the machine (cpu_caches), so
-    that each pass runs in the cache: a block [128, 7168] (3.5 MiB) does not fit a 2 MiB L2.
+    that each pass runs in the cache: a block [128, 7168] (3.5 MiB) does not fit a 2 MiB L2. Where
+    NumPy's OpenBLAS multiplies small products directly, a few tokens' tile is multiplied in such
+    parts (gemm.direct_parts).
 
     With `claim`, only the tiles it hands out are done (by index, until it gives None), and with
     `nan_check` the caller puts together and remembers what was found (fp8_workers shares a
@@ -98,6 +100,7 @@ def apply_tiles(tokens: np.ndarray, w: Fp8Matrix, k: int, rows: np.ndarray, deco
         scales, scaled = column_scales(w, k), np.empty(tokens.shape, np.float32)
     step = part_rows(block_rows, in_dim)
     by_parts = not many and tokens.shape[0] <= PART_PRODUCT_TOKENS
+    direct = None if many else gemm.direct_parts(in_dim, tokens.shape[0])  # the tile's product in direct parts
     for i in range(len(tiles)) if claim is None else iter(claim, None):
         r, start, end = tiles[i]
         tile = buffer[: end - start]
@@ -111,9 +114,19 @@ def apply_tiles(tokens: np.ndarray, w: Fp8Matrix, k: int, rows: np.ndarray, deco
             elif by_parts:  # a matrix-vector product, while the part is in the cache
                 np.matmul(part, inputs, out=rows[start + b0 : start + b1])
         if not by_parts:
-            gemm.matmul(tile, inputs, rows[start:end])
+            multiply_tile(tile, inputs, rows[start:end], direct)
     if remember:
         nan_check.done()
+
+
+def multiply_tile(tile: np.ndarray, inputs: np.ndarray, out: np.ndarray, direct: tuple[int, int] | None) -> None:
+    """out = tile @ inputs, in the direct parts gemm.direct_parts gave, if any, else as one product.
+    [rows, in] x [in, N] -> [rows, N]"""
+    if direct is None:
+        gemm.matmul(tile, inputs, out)
+    else:
+        scratch = kept_memory("tile parts", tile.shape[0] * inputs.shape[1], tile.shape[1] // direct[1])
+        gemm.parts_matmul(tile, inputs, out, direct, scratch.reshape(-1))
 
 
 def part_rows(block_rows: int, in_dim: int) -> int:

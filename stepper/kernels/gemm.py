@@ -81,9 +81,66 @@ CHEAP_REMAINDERS = (1, 2, 3, 4)
 def unpadded(tokens: int, inputs: int) -> bool:
     """Whether `tokens` columns of a full-size product (MKL_FROM_INPUTS inputs or more) are
     multiplied faster as they are than padded to 8s: with NumPy's OpenBLAS and its AVX-512
-    kernels, 1 to 4 past a multiple of 16. The built-in tiny models' products are padded alike
-    on every machine."""
-    return tokens % 16 in CHEAP_REMAINDERS and inputs >= MKL_FROM_INPUTS and backend() == "numpy" and avx512_openblas()
+    kernels, in direct parts (direct_parts) or 1 to 4 past a multiple of 16. The built-in tiny
+    models' products are padded alike on every machine."""
+    cheap = tokens % 16 in CHEAP_REMAINDERS or direct_parts(inputs, tokens) is not None
+    return cheap and full_size_on_avx512_openblas(inputs)
+
+
+def full_size_on_avx512_openblas(inputs: int) -> bool:
+    """Whether a product of a full-size weight (MKL_FROM_INPUTS inputs or more) is made by NumPy's
+    OpenBLAS with its AVX-512 kernels."""
+    return inputs >= MKL_FROM_INPUTS and backend() == "numpy" and avx512_openblas()
+
+
+# A tile [rows, in] times a few tokens, in parts [part rows, part inputs] that OpenBLAS's AVX-512
+# kernels multiply directly, the parts' products of each row summed: one Kimi K2 [128, 7168] tile
+# just decoded, by 4 / 11 / 16 / 32 tokens, took 80 / 227 / 281 / 600 us against 223 / 496 / 426 /
+# 758 as one packed product (11 padded to 16; AMD EPYC Zen 4, docs/performance.md). With
+# Haswell's kernels, which multiply nothing directly, the parts were slower.
+DIRECT_PART_INPUTS = 1024  # a part's inputs at most: the weight's inputs in equal parts
+FEWEST_PART_INPUTS = 256
+FEWEST_PART_ROWS = 16
+MOST_PART_ROWS = 128  # a tile of few tokens is one block of 128 scale rows; parts' rows are powers of two dividing it
+
+
+def direct_parts(inputs: int, tokens: int) -> tuple[int, int] | None:
+    """(rows, inputs) of the parts in which a tile of a full-size weight times `tokens` columns (2 or
+    more) is multiplied directly (parts_matmul), or None where one product is as fast: another BLAS
+    or kernels, or so many tokens that a part of FEWEST_PART_ROWS would be too large to multiply directly."""
+    if tokens < 2 or not full_size_on_avx512_openblas(inputs):
+        return None
+    count = -(-inputs // DIRECT_PART_INPUTS)
+    while inputs % count:
+        count += 1
+    width = inputs // count
+    if width < FEWEST_PART_INPUTS:  # inputs of no convenient size
+        return None
+    rows = MOST_PART_ROWS
+    while rows >= FEWEST_PART_ROWS and rows * tokens * width > DIRECT_MULTIPLY_ADDS:
+        rows //= 2
+    return (rows, width) if rows >= FEWEST_PART_ROWS else None
+
+
+def parts_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray, parts: tuple[int, int], scratch: np.ndarray) -> None:
+    """out = a @ b for a [M, K], b [K, N] and out [M, N] (C-contiguous) as products of a's parts
+    [rows, width] by b's [width, N] (the last rows' part shorter), each row's parts' products summed
+    in the order of its inputs; scratch: float32 memory of at least M * N * K / width values. The
+    same a, b and parts give the same bits; a row's bits can differ with the rows around it, so a
+    product shared between processes cuts its tiles the same way in each.  (parts: direct_parts)"""
+    if not out.flags.c_contiguous:  # its rows are written through views of them
+        raise ValueError("parts_matmul needs a C-contiguous result")
+    rows, width = parts
+    count, n = a.shape[1] // width, b.shape[1]
+    inputs = b.reshape(count, width, n)  # [count, width, N]
+    whole = a.shape[0] // rows * rows
+    for start, end, height in ((0, whole, rows), (whole, a.shape[0], a.shape[0] - whole)):  # whole parts, the rest
+        if end > start:
+            blocks = (end - start) // height
+            split = a[start:end].reshape(blocks, height, count, width).transpose(0, 2, 1, 3)  # [blocks, count, h, w]
+            products = scratch[: blocks * count * height * n].reshape(blocks, count, height, n)
+            np.matmul(split, inputs, out=products)
+            np.add.reduce(products, axis=1, out=out[start:end].reshape(blocks, height, n))
 
 
 @cache

@@ -165,6 +165,29 @@ def test_tokens_as_they_are_or_padded_give_the_same_product(tokens, monkeypatch)
     assert made[True].shape == made[False].shape == (tokens, 256)
 
 
+@pytest.mark.parametrize("tokens", [2, 11, 17, 61])
+def test_a_few_tokens_product_in_direct_parts_is_the_dequantized_one(tokens, monkeypatch):
+    """Where OpenBLAS's AVX-512 kernels multiply small products directly (forced here, on any
+    machine), each tile's product is made in such parts (gemm.direct_parts), unpadded; the last
+    tile (44 rows) is shorter than a part."""
+    from stepper.kernels import gemm
+
+    monkeypatch.setattr(gemm, "full_size_on_avx512_openblas", lambda inputs: True)
+    calls = []
+    real = gemm.parts_matmul
+    monkeypatch.setattr(gemm, "parts_matmul", lambda a, b, out, parts, scratch: calls.append((a.shape, b.shape, parts))
+                        or real(a, b, out, parts, scratch))
+    rng = np.random.default_rng(tokens)
+    codes, scale_inv = fp8.quantize(rng.standard_normal((300, 2048)).astype(np.float32) * 0.05)
+    w = Fp8Matrix.of(codes, scale_inv)
+    x = rng.standard_normal((tokens, 2048)).astype(np.float32)
+    exact = x.astype(np.float64) @ w.dequantize().astype(np.float64).T
+    made = linear_fp8(x, w)
+    assert made.shape == (tokens, 300) and np.abs(made - exact).max() <= 2e-6 * np.abs(exact).max()
+    parts = gemm.direct_parts(2048, tokens)
+    assert calls == [((128, 2048), (2048, tokens), parts)] * 2 + [((44, 2048), (2048, tokens), parts)]
+
+
 @pytest.mark.parametrize("scale", [1e-3, 2.0**-140, 100.0, 2.0**10, np.inf])  # subnormal; s * 2^120 overflows
 def test_decoded_equals_dequantize_bit_for_bit(scale):
     rng = np.random.default_rng(5)

@@ -124,7 +124,7 @@ def test_the_choice_of_blas(monkeypatch):
 
 
 @pytest.mark.parametrize("kernels, blas, inputs, expected", [
-    ("SkylakeX", "numpy", 7168, [1, 2, 3, 4, 17, 18, 19, 20, 33, 34, 35, 36]),
+    ("SkylakeX", "numpy", 7168, [*range(1, 62), 65, 66, 67, 68]),  # 2-61 in direct parts, then 1-4 past 16s
     ("SkylakeX", "numpy", 1023, []),  # the built-in tiny models' products: padded on every machine
     ("Haswell", "numpy", 7168, []),
     ("SkylakeX", "mkl", 7168, []),
@@ -132,4 +132,44 @@ def test_the_choice_of_blas(monkeypatch):
 def test_which_token_counts_go_unpadded(kernels, blas, inputs, expected, monkeypatch):
     monkeypatch.setattr(gemm, "openblas_kernels", lambda: kernels)
     monkeypatch.setattr(gemm, "backend", lambda: blas)
-    assert [n for n in range(1, 40) if gemm.unpadded(n, inputs)] == expected
+    assert [n for n in range(1, 80) if gemm.unpadded(n, inputs)] == expected
+
+
+def on_avx512_openblas(monkeypatch) -> None:
+    monkeypatch.setattr(gemm, "openblas_kernels", lambda: "SkylakeX")
+    monkeypatch.setattr(gemm, "backend", lambda: "numpy")
+
+
+def test_direct_parts_are_as_tall_as_a_direct_product_allows(monkeypatch):
+    on_avx512_openblas(monkeypatch)
+    # 7168 inputs in 7 parts of 1024; rows halved from 128 until rows x tokens x 1024 <= 10^6
+    assert [gemm.direct_parts(7168, n) for n in (1, 2, 7, 8, 15, 16, 30, 31, 61, 62)] == [
+        None, (128, 1024), (128, 1024), (64, 1024), (64, 1024), (32, 1024), (32, 1024), (16, 1024), (16, 1024), None]
+    assert gemm.direct_parts(2048, 11) == (64, 1024)  # an expert's down_proj: 2 parts
+    assert gemm.direct_parts(1536, 11) == (64, 768)  # q_b_proj: 2 parts of 768
+    assert gemm.direct_parts(7000, 4) == (128, 1000)
+    assert gemm.direct_parts(2053, 4) is None  # 2053 = 2053 x 1: no parts of a convenient size
+    assert gemm.direct_parts(1000, 4) is None  # the tiny models' products: as on every machine
+
+
+@pytest.mark.parametrize("kernels, blas", [("Haswell", "numpy"), ("SkylakeX", "mkl")])
+def test_no_direct_parts_for_other_kernels_or_blas(kernels, blas, monkeypatch):
+    monkeypatch.setattr(gemm, "openblas_kernels", lambda: kernels)
+    monkeypatch.setattr(gemm, "backend", lambda: blas)
+    assert all(gemm.direct_parts(7168, n) is None for n in range(1, 130))
+
+
+@pytest.mark.parametrize("parts", [(64, 1024), (16, 1024), (128, 512), (32, 768)])
+def test_a_product_in_parts_is_the_product(parts):
+    rng = np.random.default_rng(parts[0])
+    a = rng.standard_normal((200, 3 * parts[1]), dtype=np.float32)  # whole parts, then 200 % rows rows
+    x = rng.standard_normal((11, 3 * parts[1]), dtype=np.float32)
+    out = np.full((200, 11), np.nan, np.float32)
+    gemm.parts_matmul(a, x.T, out, parts, np.empty(200 * 11 * 3, np.float32))  # x.T: the inputs as stepper passes them
+    exact = a.astype(np.float64) @ x.T.astype(np.float64)
+    assert np.abs(out - exact).max() <= 1e-6 * np.abs(exact).max()
+    again = np.empty_like(out)
+    gemm.parts_matmul(a, x.T, again, parts, np.empty(200 * 11 * 3, np.float32))
+    assert np.array_equal(again, out)  # the same bits every time
+    with pytest.raises(ValueError, match="C-contiguous"):
+        gemm.parts_matmul(a, x.T, np.empty((11, 200), np.float32).T, parts, np.empty(200 * 11 * 3, np.float32))
