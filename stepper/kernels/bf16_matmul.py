@@ -17,7 +17,7 @@ import numpy as np
 
 from stepper.kernels import cpu_caches, gemm, parallel
 from stepper.kernels.fp8_matmul import padded_to_columns
-from stepper.kernels.fp8_tiles import TALL_TILE_BYTES, decode_in_parts, kept_memory
+from stepper.kernels.fp8_tiles import TALL_TILE_BYTES, decode_in_parts, kept_memory, multiply_tile
 from stepper.weights.stored import Bf16Matrix, bf16_rows
 
 SEVERAL_TILE_BYTES = 1 << 22  # a tile's float32 for 1 to MANY_TOKENS tokens: [128, 8192] or [682, 1536]
@@ -44,9 +44,10 @@ def bf16_products(x: np.ndarray, ws: list[Bf16Matrix]) -> list[np.ndarray]:
     padded once to whole columns of BLAS, as FP8's are (padded_to_columns: 43 tokens as 48 took
     0.85-0.88x the time, and 2 to 7 tokens as 8 ran the attention and shared expert of a Kimi K2
     layer in 24.5 ms where 2, 3 and 7 had taken 29-40, with OpenBLAS's SkylakeX kernels or its
-    Haswell ones).  [..., in] -> [[..., out_i]]"""
+    Haswell ones), unless a tile's product is made in direct parts (gemm.direct_parts), as FP8's
+    are.  [..., in] -> [[..., out_i]]"""
     tokens = x.reshape(-1, ws[0].shape[1]).astype(np.float32, copy=False)  # [N, in]
-    padded = padded_to_columns(tokens)  # [N', in]
+    padded = tokens if gemm.unpadded(*tokens.shape) else padded_to_columns(tokens)  # [N', in]
     return [bf16_product(padded, w)[:, : tokens.shape[0]].T.reshape(*x.shape[:-1], w.shape[0]) for w in ws]
 
 
@@ -59,12 +60,13 @@ def bf16_product(tokens: np.ndarray, w: Bf16Matrix) -> np.ndarray:
     tiles = even_tiles(out_dim, tile_rows(w, tokens.shape[0]), workers)
     height = max((end - start for start, end in tiles), default=0)
     inputs = tokens.T  # [in, N]
+    direct = gemm.direct_parts(in_dim, tokens.shape[0]) if tokens.shape[0] <= MANY_TOKENS else None
 
     def multiply(share: list[tuple[int, int]]) -> None:
         tile = kept_memory("bf16 tile", height, in_dim)  # [rows, in], this thread's
         for start, end in share:
             decoded = bf16_rows(w.bits[start:end], tile[: end - start])  # [rows, in]
-            gemm.matmul(decoded, inputs, rows_t[start:end])
+            multiply_tile(decoded, inputs, rows_t[start:end], direct)
 
     parallel.split(tiles, multiply, workers)
     return rows_t

@@ -51,6 +51,29 @@ def test_products_equal_the_float32_weights_product(tokens, shared, monkeypatch)
     np.testing.assert_allclose(got, np.matmul(x, w.astype(np.float32).T), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("tokens", [2, 11, 61])
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_few_tokens_product_in_direct_parts_is_the_product(tokens, shared, monkeypatch):
+    """Where OpenBLAS's AVX-512 kernels multiply small products directly (forced here, on any
+    machine), each tile is multiplied in such parts (gemm.direct_parts), the tokens unpadded."""
+    from stepper.kernels import gemm
+
+    monkeypatch.setattr(gemm, "full_size_on_avx512_openblas", lambda inputs: True)
+    if shared:
+        monkeypatch.setattr(bf16_matmul, "SHARE_WORK", 1)
+    calls = []
+    real = gemm.parts_matmul
+    monkeypatch.setattr(gemm, "parts_matmul", lambda a, b, out, parts, scratch: calls.append(b.shape)
+                        or real(a, b, out, parts, scratch))
+    rng = np.random.default_rng(tokens)
+    w = bf16_weight(rng, 300, 2048)
+    x = rng.standard_normal((tokens, 2048), dtype=np.float32)
+    exact = x.astype(np.float64) @ w.astype(np.float64).T
+    got = linear(x, Stored("BF16", w).matrix())
+    assert got.shape == (tokens, 300) and np.abs(got - exact).max() <= 2e-6 * np.abs(exact).max()
+    assert calls and set(calls) == {(2048, tokens)}  # every tile in parts, the tokens as they are
+
+
 def test_several_weights_of_one_input_and_the_decoded_copies():
     rng = np.random.default_rng(1)
     gate, up = bf16_weight(rng, 40, 24), bf16_weight(rng, 40, 24)
