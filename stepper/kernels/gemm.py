@@ -159,7 +159,7 @@ def description() -> str:
         return "MKL sgemm (sequential, the mkl extra)"
     if cpu_vendor() == "GenuineIntel" and _mkl_library() is None:
         return 'NumPy\'s (pip install "stepper[mkl]" adds MKL\'s, faster on this CPU)'
-    return "NumPy's"
+    return "NumPy's, a few tokens' tiles in direct parts" if avx512_openblas() else "NumPy's"
 
 
 def cpu_vendor() -> str:
