@@ -86,8 +86,7 @@ def least_time(cfg: Config, tokens: int) -> tuple[float, str]:
     rows = tile_rows(cfg, columns)
     tile, inputs = np.ones((rows, cfg.hidden_size), np.float32), np.ones((columns, cfg.hidden_size), np.float32)
     out = np.empty((rows, columns), np.float32)
-    block = (cfg.quantization or Fp8()).weight_block_size[0]
-    direct = gemm.direct_parts(cfg.hidden_size, columns) if columns <= block else None  # as fp8_tiles.apply_tiles
+    direct = gemm.direct_parts(cfg.hidden_size, columns) if columns <= block_rows(cfg) else None  # as apply_tiles
     rate = 2 * tile.size * columns / median_time(lambda: multiply_tile(tile, inputs.T, out, direct), 9)
     cores = parallel.cores()
     seconds, how = layer_floor(cfg, 1, tokens, 0, Ceilings(fp8.value * 1e9 * cores, rate * cores, cores))
@@ -98,8 +97,13 @@ def least_time(cfg: Config, tokens: int) -> tuple[float, str]:
 
 def tile_rows(cfg: Config, columns: int) -> int:
     """The rows of the tiles stepper's FP8 products multiply by `columns` tokens (fp8_tiles)."""
-    block = (cfg.quantization or Fp8()).weight_block_size[0]
+    block = block_rows(cfg)
     return tall_rows(block, cfg.hidden_size) if columns > block else block  # fp8_tiles.many_tokens
+
+
+def block_rows(cfg: Config) -> int:
+    """The rows of one block of FP8 scales: a few tokens' tile (fp8_tiles.many_tokens)."""
+    return (cfg.quantization or Fp8()).weight_block_size[0]
 
 
 def load_layer(layer, source, shapes: dict[str, tuple[int, ...]], cfg: Config) -> None:

@@ -83,8 +83,8 @@ def unpadded(tokens: int, inputs: int) -> bool:
     multiplied faster as they are than padded to 8s: with NumPy's OpenBLAS and its AVX-512
     kernels, in direct parts (direct_parts) or 1 to 4 past a multiple of 16. The built-in tiny
     models' products are padded alike on every machine."""
-    cheap = tokens % 16 in CHEAP_REMAINDERS or direct_parts(inputs, tokens) is not None
-    return cheap and full_size_on_avx512_openblas(inputs)
+    return full_size_on_avx512_openblas(inputs) and (tokens % 16 in CHEAP_REMAINDERS
+                                                     or direct_parts(inputs, tokens) is not None)
 
 
 def full_size_on_avx512_openblas(inputs: int) -> bool:
