@@ -49,6 +49,11 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
 DIRECT_KERNELS = ("skylakex", "cooperlake", "sapphirerapids")
 DIRECT_MULTIPLY_ADDS = 10**6  # the largest such product, M x N x K (measured: N = 11 on [96, 896] 117 GFLOP/s,
 # on [112, 896] 61, one core of an AMD EPYC Zen 5; docs/performance.md)
+# and, for a tile's rows times inputs given transposed (as stepper gives them), rows x tokens at most this and
+# at least this many inputs (OpenBLAS's sgemm_small_kernel_permit): [128, 256] planes by 11 tokens ran at
+# 35-41 GFLOP/s, [64, 256] at 76 (AMD EPYC Zen 4, docs/performance.md)
+DIRECT_ROWS_BY_TOKENS = 1200
+DIRECT_FEWEST_INPUTS = 32
 
 
 def direct_limit() -> int:
@@ -66,8 +71,18 @@ def avx512_openblas() -> bool:
 
 def direct_rows(step: int, inner: int, tokens: int) -> int:
     """The most rows, in whole `step`s, of a product [rows, inner] x [inner, tokens] that NumPy's
-    OpenBLAS makes directly (direct_limit); 0 if not even one step. No tokens count as one."""
-    return direct_limit() // (max(tokens, 1) * inner) // step * step
+    OpenBLAS makes directly on this machine (direct_limit); 0 if not even one step."""
+    return most_direct_rows(inner, tokens, direct_limit()) // step * step
+
+
+def most_direct_rows(inner: int, tokens: int, limit: int = DIRECT_MULTIPLY_ADDS) -> int:
+    """The most rows of a product [rows, inner] x [inner, tokens] (the inputs given transposed) that
+    OpenBLAS's AVX-512 kernels make directly: at most `limit` multiply-adds and
+    DIRECT_ROWS_BY_TOKENS, over at least DIRECT_FEWEST_INPUTS inputs; 0 if none. No tokens count as one."""
+    tokens = max(tokens, 1)
+    if inner < DIRECT_FEWEST_INPUTS:
+        return 0
+    return min(limit // (tokens * inner), DIRECT_ROWS_BY_TOKENS // tokens)
 
 
 # OpenBLAS's AVX-512 kernels take the tokens of a product 16 at a time, and 1 to 4 more at
@@ -116,31 +131,46 @@ def direct_parts(inputs: int, tokens: int) -> tuple[int, int] | None:
     width = inputs // count
     if width < FEWEST_PART_INPUTS:  # inputs of no convenient size
         return None
-    rows = MOST_PART_ROWS
-    while rows >= FEWEST_PART_ROWS and rows * tokens * width > DIRECT_MULTIPLY_ADDS:
-        rows //= 2
-    return (rows, width) if rows >= FEWEST_PART_ROWS else None
+    rows = direct_part_rows(width, tokens)
+    return (rows, width) if rows else None
+
+
+def direct_part_rows(width: int, tokens: int) -> int:
+    """The most rows of a part [rows, width] by `tokens` columns (2 or more) that OpenBLAS's AVX-512
+    kernels multiply directly (most_direct_rows): a power of two from FEWEST_PART_ROWS to
+    MOST_PART_ROWS, or 0."""
+    rows = min(most_direct_rows(width, tokens), MOST_PART_ROWS) if tokens >= 2 else 0
+    return 1 << (rows.bit_length() - 1) if rows >= FEWEST_PART_ROWS else 0
 
 
 def parts_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray, parts: tuple[int, int], scratch: np.ndarray) -> None:
     """out = a @ b for a [M, K], b [K, N] and out [M, N] (C-contiguous) as products of a's parts
-    [rows, width] by b's [width, N] (the last rows' part shorter), each row's parts' products summed
-    in the order of its inputs; scratch: float32 memory of at least M * N * K / width values. The
-    same a, b and parts give the same bits; a row's bits can differ with the rows around it, so a
-    product shared between processes cuts its tiles the same way in each.  (parts: direct_parts)"""
-    if not out.flags.c_contiguous:  # its rows are written through views of them
-        raise ValueError("parts_matmul needs a C-contiguous result")
+    [rows, width] by b's [width, N] (planes_matmul over a's columns cut in parts of `width`).
+    (parts: direct_parts)"""
     rows, width = parts
-    count, n = a.shape[1] // width, b.shape[1]
-    inputs = b.reshape(count, width, n)  # [count, width, N]
-    whole = a.shape[0] // rows * rows
-    for start, end, height in ((0, whole, rows), (whole, a.shape[0], a.shape[0] - whole)):  # whole parts, the rest
+    count = a.shape[1] // width
+    planes_matmul(a.reshape(a.shape[0], count, width).transpose(1, 0, 2), b.reshape(count, width, -1), out, rows,
+                  scratch)
+
+
+def planes_matmul(planes: np.ndarray, inputs: np.ndarray, out: np.ndarray, rows: int, scratch: np.ndarray) -> None:
+    """out = the sum over p of planes[p] @ inputs[p], for planes [P, M, K] (each plane's rows evenly
+    strided), inputs [P, K, N] and out [M, N] (C-contiguous), made as one batched product of
+    blocks of `rows` rows of each plane (the last block shorter) and the planes' products of each
+    row summed in order; scratch: float32 memory of at least P * M * N values. The same planes,
+    inputs and rows give the same bits; a row's bits can differ with the rows around it, so a
+    product shared between processes cuts its tiles the same way in each."""
+    if not out.flags.c_contiguous:  # its rows are written through views of them
+        raise ValueError("planes_matmul needs a C-contiguous result")
+    count, m, width = planes.shape
+    n = inputs.shape[2]
+    whole = m // rows * rows
+    for start, end, height in ((0, whole, rows), (whole, m, m - whole)):  # whole blocks, the rest
         if end > start:
             blocks = (end - start) // height
-            split = a[start:end].reshape(blocks, height, count, width).transpose(0, 2, 1, 3)  # [blocks, count, h, w]
-            products = scratch[: blocks * count * height * n].reshape(blocks, count, height, n)
-            np.matmul(split, inputs, out=products)
-            np.add.reduce(products, axis=1, out=out[start:end].reshape(blocks, height, n))
+            products = scratch[: count * blocks * height * n].reshape(count, blocks, height, n)
+            np.matmul(planes[:, start:end].reshape(count, blocks, height, width), inputs[:, None], out=products)
+            np.add.reduce(products, axis=0, out=out[start:end].reshape(blocks, height, n))
 
 
 @cache

@@ -46,10 +46,10 @@ def tiled_int4_products(x: np.ndarray, ws: list[Int4Matrix], decode: Decoder | N
 
 def padded_tokens(tokens: np.ndarray, w: Int4Matrix) -> np.ndarray:
     """The tokens padded to whole columns of BLAS (padded_to_columns) when there are more than a
-    column's worth and the planes' products are packed (no direct_rows): 11 tokens as 16 took
-    0.73-0.95x the time in packed products, about the same in direct ones.  [N, in] -> [N', in]"""
+    column's worth and the planes' products are packed (no int4_tiles.block_rows): 11 tokens as 16
+    took 0.73-0.95x the time in packed products, about the same in direct ones.  [N, in] -> [N', in]"""
     n = tokens.shape[0]
-    if n > MANY_TOKENS or (n > GEMM_COLUMNS and not int4_tiles.direct_rows(w, n)):
+    if n > MANY_TOKENS or (n > GEMM_COLUMNS and not int4_tiles.block_rows(w, n)):
         return padded_to_columns(tokens)
     return tokens
 

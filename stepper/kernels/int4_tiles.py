@@ -75,10 +75,16 @@ def cached_rows(w: Int4Matrix) -> int:
 
 def decode_rows(w: Int4Matrix, height: int) -> int:
     """Rows of a few tokens' tile decoded at once: cached_rows(w), or where whole FP8 blocks decode
-    faster than parts (fp8_tiles.decode_in_parts) as many of those as DECODED_VALUES hold (an INT4
-    [128, 7168] at once ran 1.15x faster than in 32-row parts there, on an AMD EPYC Zen 5)."""
+    faster than parts (fp8_tiles.decode_in_parts) at most whole_rows(w)."""
+    return cached_rows(w) if decode_in_parts() else min(height, whole_rows(w))
+
+
+def whole_rows(w: Int4Matrix) -> int:
+    """cached_rows(w) as many times as DECODED_VALUES hold, at least once: rows decoded at once where
+    whole tiles decode faster (an INT4 [128, 7168] at once ran 1.15x faster than in 32-row parts
+    on an AMD EPYC Zen 5)."""
     rows = cached_rows(w)
-    return rows if decode_in_parts() else min(height, rows * max(1, DECODED_VALUES // (rows * w.in_features)))
+    return rows * max(1, DECODED_VALUES // (rows * w.in_features))
 
 
 def tile_values() -> int:
@@ -185,22 +191,26 @@ def row_tiles(w: Int4Matrix, n: int) -> tuple[tuple[int, int], ...]:
 
 
 def tile_height(w: Int4Matrix, n: int) -> int:
-    """Rows of a tile for n tokens: direct_rows(w, n) if any, else a tall tile (product_rows), but
-    at most a SHARED_TILES-th of the weight (shared from both ends by two processes, the first done
-    waits for the other's last tile: 7 tiles ran one token's products 1.17x slower than 64); with
-    many tokens, cached_rows(w) as many times as TALL_TILE_BYTES of float32 hold. Sent to a helper
-    that shares the product (its BLAS could choose otherwise; a row's sum must not depend on who makes it)."""
+    """Rows of a tile for n tokens: where its planes are multiplied in direct blocks (block_rows)
+    as many as are decoded at once where whole tiles decode faster (whole_rows), else a tall tile
+    (product_rows); either at most a SHARED_TILES-th of the weight (shared from both ends by two
+    processes, the first done waits for the other's last tile: 7 tiles ran one token's products
+    1.17x slower than 64). With many tokens, cached_rows(w) as many times as TALL_TILE_BYTES of
+    float32 hold. Sent to a helper that shares the product (a row's sum must not depend on who
+    makes it)."""
     rows = cached_rows(w)
     if n > MANY_TOKENS:
         return tall_rows(rows, w.in_features)
-    return min(direct_rows(w, n) or product_rows(w), max(rows, w.shape[0] // SHARED_TILES // rows * rows))
+    height = whole_rows(w) if block_rows(w, n) else product_rows(w)
+    return min(height, max(rows, w.shape[0] // SHARED_TILES // rows * rows))
 
 
-def direct_rows(w: Int4Matrix, n: int) -> int:
-    """The most rows of a tile whose planes' products with n tokens the BLAS makes directly
-    (gemm.direct_rows), at most product_rows(w); 0 if none. At 11 tokens [96, 896] planes ran at
-    117 GFLOP/s so, packed [128, 896] ones at 59."""
-    return min(gemm.direct_rows(cached_rows(w), w.in_features // planes(w), n), product_rows(w))
+def block_rows(w: Int4Matrix, n: int) -> int:
+    """Rows of the blocks of a tile's planes multiplied by n tokens (2 or more) at once, where NumPy's
+    OpenBLAS multiplies them directly (gemm.direct_part_rows); else 0, and each plane is multiplied
+    whole. At 11 tokens an expert's down_proj ([7168, 2048], planes [rows, 256]) took 9-10 ms in
+    [64, 256] blocks against 13 in whole [256, 256] planes (one core, AMD EPYC Zen 4)."""
+    return gemm.direct_part_rows(w.in_features // planes(w), n) if gemm.avx512_openblas() else 0
 
 
 def product_rows(w: Int4Matrix) -> int:
@@ -223,7 +233,8 @@ def apply_tiles(split: np.ndarray, w: Int4Matrix, tiles: Sequence[tuple[int, int
     whole (a decoder given).
 
     With few tokens a tile is held as its planes one after another, each multiplied by its inputs
-    and the products summed (every pass over the tile one long run); with many, as rows [rows, in],
+    (in direct blocks of rows where block_rows gives them) and the products summed (every pass
+    over the tile one long run); with many, as rows [rows, in],
     the planes side by side, for one GEMM over whole rows (BLAS is slower on short ones). With
     `claim`, only the tiles it hands out are done (by index, until it gives None): a product
     shared from both ends with a helper process (fp8_workers)."""
@@ -231,9 +242,10 @@ def apply_tiles(split: np.ndarray, w: Int4Matrix, tiles: Sequence[tuple[int, int
     width = w.in_features // count
     height = max((end - start for start, end in tiles), default=0)
     buffer = kept_memory("int4 tile", height, w.in_features).reshape(-1)
-    products = None if many else kept_memory("int4 products", count * height, n).reshape(count, height, n)
+    products = None if many else kept_memory("int4 products", count * height, n).reshape(-1)
     inputs = split.T if many else split.reshape(n, count, width).transpose(1, 2, 0)  # [in, N] or [planes, in/8, N]
     step = cached_rows(w) if many else decode_rows(w, height)
+    blocks = 0 if many else block_rows(w, n)
     for i in range(len(tiles)) if claim is None else iter(claim, None):
         start, end = tiles[i]
         tile = buffer[: (end - start) * w.in_features]
@@ -246,8 +258,7 @@ def apply_tiles(split: np.ndarray, w: Int4Matrix, tiles: Sequence[tuple[int, int
         if many:
             gemm.matmul(tile.reshape(end - start, -1), inputs, rows[start:end])
         else:
-            np.matmul(places, inputs, out=products[:, : end - start])
-            np.add.reduce(products[:, : end - start], axis=0, out=rows[start:end])
+            gemm.planes_matmul(places, inputs, rows[start:end], blocks or end - start, products)
 
 
 def dequantize_via_reference(w: Int4Matrix, out: np.ndarray | None = None) -> np.ndarray:

@@ -150,6 +150,17 @@ def test_direct_parts_are_as_tall_as_a_direct_product_allows(monkeypatch):
     assert gemm.direct_parts(7000, 4) == (128, 1000)
     assert gemm.direct_parts(2053, 4) is None  # 2053 = 2053 x 1: no parts of a convenient size
     assert gemm.direct_parts(1000, 4) is None  # the tiny models' products: as on every machine
+    assert gemm.direct_parts(1536, 10) == (64, 768)  # 128 x 10 x 768 <= 10^6, but 128 x 10 > 1200
+
+
+def test_direct_rows_follow_openblas_small_kernel_permit():
+    """At most 10^6 multiply-adds, rows x tokens at most 1200 (the inputs given transposed), at
+    least 32 inputs: [96, 896] by 11 tokens is direct, [128, 256] by 11 is not (1408 > 1200)."""
+    assert gemm.most_direct_rows(896, 11) == 101 and gemm.most_direct_rows(256, 11) == 109
+    assert gemm.most_direct_rows(256, 4) == 300 and gemm.most_direct_rows(24, 4) == 0
+    assert gemm.most_direct_rows(1024, 0) == 976  # no tokens count as one
+    assert [gemm.direct_part_rows(256, n) for n in (1, 2, 9, 10, 11, 18, 19, 37, 38, 75, 76)] == [
+        0, 128, 128, 64, 64, 64, 32, 32, 16, 16, 0]
 
 
 @pytest.mark.parametrize("kernels, blas", [("Haswell", "numpy"), ("SkylakeX", "mkl")])
@@ -173,3 +184,21 @@ def test_a_product_in_parts_is_the_product(parts):
     assert np.array_equal(again, out)  # the same bits every time
     with pytest.raises(ValueError, match="C-contiguous"):
         gemm.parts_matmul(a, x.T, np.empty((11, 200), np.float32).T, parts, np.empty(200 * 11 * 3, np.float32))
+
+
+@pytest.mark.parametrize("rows", [16, 64, 128, 200])
+def test_planes_multiplied_in_blocks_of_rows_are_the_summed_products(rows):
+    """Eight planes one after another (as an INT4 tile) and the same planes as strided views of
+    one matrix's columns; whole blocks of rows and a shorter last one."""
+    rng = np.random.default_rng(rows)
+    planes = rng.standard_normal((8, 200, 64), dtype=np.float32)
+    x = rng.standard_normal((11, 8 * 64), dtype=np.float32)
+    inputs = x.reshape(11, 8, 64).transpose(1, 2, 0)  # [planes, 64, N], as int4_tiles passes them
+    exact = sum(planes[p].astype(np.float64) @ inputs[p].astype(np.float64) for p in range(8))
+    side = np.ascontiguousarray(planes.transpose(1, 0, 2)).reshape(200, 512)  # the planes side by side
+    for view in (planes, side.reshape(200, 8, 64).transpose(1, 0, 2)):
+        out = np.full((200, 11), np.nan, np.float32)
+        gemm.planes_matmul(view, inputs, out, rows, np.empty(8 * 200 * 11, np.float32))
+        assert np.abs(out - exact).max() <= 1e-6 * np.abs(exact).max()
+    with pytest.raises(ValueError, match="C-contiguous"):
+        gemm.planes_matmul(planes, inputs, np.empty((11, 200), np.float32).T, rows, np.empty(8 * 200 * 11, np.float32))

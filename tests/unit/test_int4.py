@@ -11,7 +11,7 @@ import pytest
 from stepper import int4
 from stepper.errors import StepperError
 from stepper.kernels.int4_matmul import int4_products
-from stepper.kernels.int4_tiles import decode_tile, int4_rows, tiles_order
+from stepper.kernels.int4_tiles import MANY_TOKENS, decode_tile, int4_rows, tiles_order
 from stepper.kernels.linear import float32_weight, linear, linears
 from stepper.seams.swap import swapped
 from stepper.weights.stored import Int4Matrix
@@ -123,19 +123,30 @@ def int4_weight(out_dim: int, in_dim: int, seed: int = 0) -> Int4Matrix:
     return Int4Matrix.of(packed, scales, in_dim, name="w")
 
 
-@pytest.mark.parametrize("direct", [0, 32 * 24 * 11, 10**6])  # none; 32-row tiles at 11 tokens; tall ones
+@pytest.mark.parametrize("direct", [False, True])  # each plane whole, or in direct blocks of rows (block_rows)
 @pytest.mark.parametrize("tokens", [1, 3, 8, 11, 20, 130, 300])
 def test_tiled_products_match_the_dense_product(tokens, direct, monkeypatch):
-    """Whichever tiles and padding the BLAS's direct products call for (int4_tiles.tile_height)."""
+    """Whichever tiles, blocks and padding the BLAS's direct products call for (int4_tiles.tile_height,
+    block_rows): 300 rows in tiles of 128 and a short one; at 11 and 20 tokens blocks of 64 and 32
+    rows and a short one, at 3 and 8 one short block of 128."""
     from stepper.kernels import gemm
 
-    monkeypatch.setattr(gemm, "direct_limit", lambda: direct)
-    w = int4_weight(100, 192)  # 100 rows: whole tiles and a short one
-    x = np.random.default_rng(1).standard_normal((1, tokens, 192), dtype=np.float32)
+    monkeypatch.setattr(gemm, "avx512_openblas", lambda: direct)
+    blocks, planes_matmul = [], gemm.planes_matmul
+    monkeypatch.setattr(gemm, "planes_matmul", lambda planes, inputs, out, rows, scratch: (
+        blocks.append((planes.shape[1], rows)), planes_matmul(planes, inputs, out, rows, scratch)))
+    w = int4_weight(300, 512)  # planes [rows, 64]
+    x = np.random.default_rng(1).standard_normal((1, tokens, 512), dtype=np.float32)
     ref = x.astype(np.float64) @ w.dequantize().T.astype(np.float64)
     for y in (linear(x, w), linears(x, (w, w))[1], int4_products(x, [w])[0]):
-        assert y.shape == (1, tokens, 100) and y.dtype == np.float32
+        assert y.shape == (1, tokens, 300) and y.dtype == np.float32
         assert np.abs(y - ref).max() <= 1e-6 * np.abs(ref).max()
+    if tokens > MANY_TOKENS:
+        assert not blocks
+    else:
+        expected = gemm.direct_part_rows(64, tokens) if direct else 0
+        assert set(blocks) == {(height, expected or height) for height in (128, 44)}
+        assert expected == {1: 0, 3: 128, 8: 128, 11: 64, 20: 32}[tokens] * direct
 
 
 def test_rows_decoded_for_the_cache_are_the_readable_dequantization_bit_for_bit():
@@ -203,26 +214,35 @@ def test_full_width_products_whichever_blas_makes_them(backend, tokens, monkeypa
 
 
 def test_tiles_for_few_tokens_follow_the_blas_and_the_cache(monkeypatch):
-    """A [2048, 7168] expert weight with a 1 MiB L2 (32 rows decoded a part): where OpenBLAS
-    multiplies products of up to 10^6 multiply-adds directly, tiles whose planes' products stay
-    within that; else (or past it) tall tiles, the tokens padded to 8s, of 2^21 values (288 rows)
-    but at most a sixteenth of the weight (128 rows); past MANY_TOKENS the tall tiles of many tokens."""
+    """A [2048, 7168] expert weight with a 1 MiB L2 (32 rows decoded a part): where OpenBLAS's AVX-512
+    kernels multiply small products directly, the planes [rows, 896] are multiplied in blocks they
+    make directly (at most 10^6 multiply-adds and 1200 rows x tokens), the tokens unpadded, and a
+    tile is as tall as is decoded at once (2^20 values, 128 rows); else, or past 69 tokens, tall
+    tiles of 2^21 values (288 rows) with the tokens padded to 8s. Either is at most a sixteenth of
+    the weight (128 rows); past MANY_TOKENS the tall tiles of many tokens."""
     from stepper.kernels import cpu_caches, gemm, int4_tiles
     from stepper.kernels.int4_matmul import padded_tokens
 
     monkeypatch.setattr(cpu_caches, "l2_bytes", lambda: 1 << 20)
     w = Int4Matrix(np.zeros((2048, 896), np.int32), np.ones((2048, 224), np.float32), 7168)
-    monkeypatch.setattr(gemm, "direct_limit", lambda: 10**6)
-    direct = {n: int4_tiles.tile_height(w, n) for n in (1, 11, 16, 32, 64, 200)}
-    assert direct == {1: 128, 11: 96, 16: 64, 32: 32, 64: 128, 200: 1152}  # 96 x 896 x 11 = 946,176
-    x = np.ones((11, 7168), np.float32)
-    assert padded_tokens(x, w) is x and padded_tokens(x[:5], w).shape == (5, 7168)
-    monkeypatch.setattr(gemm, "direct_limit", lambda: 0)
-    assert padded_tokens(x, w).shape == (16, 7168) and padded_tokens(x[:5], w).shape == (5, 7168)
+    monkeypatch.setattr(gemm, "avx512_openblas", lambda: True)
+    assert {n: int4_tiles.block_rows(w, n) for n in (1, 2, 8, 11, 16, 32, 64, 69, 70)} == {
+        1: 0, 2: 128, 8: 128, 11: 64, 16: 64, 32: 32, 64: 16, 69: 16, 70: 0}  # 64 x 11 x 896 = 630,784
+    assert {n: int4_tiles.tile_height(w, n) for n in (1, 11, 16, 32, 64, 70, 200)} == {
+        1: 128, 11: 128, 16: 128, 32: 128, 64: 128, 70: 128, 200: 1152}
+    x = np.ones((70, 7168), np.float32)
+    eleven = x[:11]
+    assert padded_tokens(eleven, w) is eleven
+    assert padded_tokens(x, w).shape == (72, 7168) and padded_tokens(x[:5], w).shape == (5, 7168)
+    down = Int4Matrix(np.zeros((7168, 256), np.int32), np.ones((7168, 64), np.float32), 2048)
+    assert (int4_tiles.block_rows(down, 11), int4_tiles.tile_height(down, 11)) == (64, 384)  # a sixteenth: 448
+    tall = Int4Matrix(np.zeros((8192, 896), np.int32), np.ones((8192, 224), np.float32), 7168)
+    assert int4_tiles.tile_height(tall, 11) == 128
+    monkeypatch.setattr(gemm, "avx512_openblas", lambda: False)
+    assert padded_tokens(x[:11], w).shape == (16, 7168) and padded_tokens(x[:5], w).shape == (5, 7168)
     assert {n: int4_tiles.tile_height(w, n) for n in (1, 11, 16, 32, 64, 200)} == {
         1: 128, 11: 128, 16: 128, 32: 128, 64: 128, 200: 1152}
     assert len(int4_tiles.row_tiles(w, 11)) == 16 and int4_tiles.row_tiles(w, 11)[-1] == (1920, 2048)
-    tall = Int4Matrix(np.zeros((8192, 896), np.int32), np.ones((8192, 224), np.float32), 7168)
     assert int4_tiles.tile_height(tall, 11) == 288  # a taller weight's sixteenth is more than 2^21 values
 
 
