@@ -5,7 +5,7 @@ peak RSS is its own:
 
 - the machine's ceilings (ceilings): memory bandwidth (a large float32 copy), float32 GEMM rate,
   the rate at which FP8 tiles are decoded and multiplied (`fp8_matmul`), and the rate at which
-  FP4 tiles are decoded (`fp4_matmul`, DeepSeek-V4's experts);
+  FP4 tiles are decoded (`fp4_tiles`, DeepSeek-V4's experts);
 - one Kimi K2 MoE layer at full size (layers; layer 1 of `kimi-k2`, 384 experts, FP8, read from a
   checkpoint written once by `stepper synth` into the work directory, checkpoints): decode one
   token over a 1024-position latent cache, and a 512-token prefill;

@@ -28,7 +28,7 @@ from stepper.families.deepseek_v4_checkpoint import V4Checkpoint
 from stepper.families.deepseek_v4_config import V4Config
 from stepper.families.deepseek_v4_synth import V4Synthetic
 from stepper.fp4 import quantize_fp4
-from stepper.kernels import fp4_matmul, parallel
+from stepper.kernels import fp4_tiles, parallel
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.v4_attention_cache import V4AttentionCache
 from stepper.model.v4_synthetic_cache import seeded_cache
@@ -129,10 +129,10 @@ def layer_parts(has_indexer: bool) -> dict[str, tuple[object, str]]:
 
 def fp4_rate() -> list[Figure]:
     """FP4 tiles decoded and multiplied by one token, a V4-Flash expert's w1 [2048, 4096] in memory,
-    on one thread (the tiles of kernels.fp4_matmul, as a product runs them)."""
+    on one thread (the tiles of kernels.fp4_tiles, as a product runs them)."""
     w = Fp4Matrix.of(*quantize_fp4(np.random.default_rng(0).standard_normal((2048, 4096), dtype=np.float32)))
     inputs, rows = np.ones((4096, 1), np.float32), np.empty((2048, 1), np.float32)  # [in, N], [out, N]
-    decode = median_time(lambda: fp4_matmul.apply_tiles(inputs, w, fp4_matmul.row_tiles(w, 1), rows), 7)
+    decode = median_time(lambda: fp4_tiles.apply_tiles(inputs, w, fp4_tiles.row_tiles(w, 1), rows), 7)
     return [Figure(FP4_CEILING, w.shape[0] * w.shape[1] / decode / 1e9, "G weights/s")]
 
 

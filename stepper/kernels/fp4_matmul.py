@@ -1,100 +1,44 @@
 """x @ W^T for FP4 weights (DeepSeek-V4's routed experts), decoded a tile of rows at a time inside
-the product, never held whole in float32.
+the product (kernels.fp4_tiles), never held whole in float32; large products are shared out, a few
+tokens' with the helper processes (kernels.fp8_workers) when the bytes are a file's, else with threads.
 
 Reference: `Fp4Matrix.dequantize` (e2m1 values times their group's scale, the whole weight) and a
 plain matmul; tests/unit/test_fp4_matmul.py checks the two agree, and that the decoded rows are
 the reference's bit for bit.
-
-A tile's bytes are looked up in `fp4.PAIRS` (each byte's two values, low nibble first) straight
-into a float32 buffer [rows, in/2, 2], which is the rows' values in input order; each group of 32
-is multiplied by its power-of-two scale (exact), and the tile is multiplied by the inputs. The
-buffer is this thread's and is kept from one tile (and product) to the next. With many tokens a
-tile is taller, decoded a cache-sized block of rows at a time, for fewer, larger GEMMs, and the
-result is laid out [N, out] (fp8_tiles.result_arrays). With a few, a tile is as tall as the BLAS
-multiplies directly (gemm.direct_limit), else taller, its tokens padded to whole columns. Large
-products are shared out by tiles across the cores, with threads.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from stepper import fp4
 from stepper.kernels import gemm, parallel
+from stepper.kernels.fp4_tiles import MANY_TOKENS, apply_tiles, decode_rows, row_tiles, tile_rows
 from stepper.kernels.fp8_matmul import GEMM_COLUMNS, padded_to_columns
-from stepper.kernels.fp8_tiles import kept_memory, result_arrays, tall_rows
+from stepper.kernels.fp8_tiles import result_arrays
+from stepper.kernels.fp8_workers import fp4_bands
 from stepper.weights.stored import Fp4Matrix
 
-TILE_VALUES = 1 << 17  # values decoded at once, about: [32, 4096] float32 (0.5 MB) stays in the cache
-FEW_TILE_VALUES = 1 << 20  # a tile of a few tokens' packed product, about: [256, 4096], decoded TILE_VALUES at a time
 SHARE_WORK = 1 << 22  # weights x tokens below which a product stays on one thread
-MANY_TOKENS = 128  # past this, tiles are taller (row_tiles)
-
-
-def decode_rows(w: Fp4Matrix, start: int, end: int, out: np.ndarray) -> np.ndarray:
-    """Rows [start, end) of the weight as float32 into `out` [rows, in] (C-contiguous): every
-    value e2m1(code) * its group's scale, exactly as w.dequantize() gives it."""
-    rows, in_dim = end - start, w.shape[1]
-    # mode="wrap": a byte indexes 256 rows, so no index is out of range, and NumPy's wrapping take skips
-    # the bounds check that made the default ("raise") take twice as long
-    pairs = out.reshape(rows, in_dim // 2, 2)  # [rows, in/2, 2]: each byte's two values, low nibble first
-    np.take(fp4.PAIRS, w.packed[start:end], axis=0, out=pairs, mode="wrap")
-    groups = out.reshape(rows, -1, fp4.GROUP)  # [rows, in/32, 32]
-    np.multiply(groups, w.scales[start:end, :, None], out=groups)
-    return out
-
-
-def tile_rows(w: Fp4Matrix) -> int:
-    """Rows decoded at once: as many as TILE_VALUES hold (at least one)."""
-    return max(1, TILE_VALUES // w.shape[1])
-
-
-def row_tiles(w: Fp4Matrix, tokens: int = 0, shares: int = 1) -> list[tuple[int, int]]:
-    """[start, end) of each tile of a product with `tokens` tokens (tile_height), or of decoding
-    alone (0) or a matrix-vector product (1, multiplied while the cache holds it): tile_rows(w) rows."""
-    height = tile_height(w, tokens, shares) if tokens > 1 else tile_rows(w)
-    return [(r, min(r + height, w.shape[0])) for r in range(0, w.shape[0], height)]
-
-
-def tile_height(w: Fp4Matrix, tokens: int, shares: int = 1) -> int:
-    """Rows of a tile (decoded tile_rows(w) at a time): with a few tokens as many as the BLAS
-    multiplies directly (gemm.direct_rows), else as FEW_TILE_VALUES hold (at 11 tokens, padded to
-    16, [256, 4096] tiles ran 1.38x faster than [32, 4096] ones); with many, as TALL_TILE_BYTES of
-    float32 hold (BLAS repacks the inputs for every product), but at most a share of the rows
-    among `shares` threads."""
-    rows, (out_dim, in_dim) = tile_rows(w), w.shape
-    if tokens > MANY_TOKENS:
-        return min(tall_rows(rows, in_dim), rows * -(-out_dim // (rows * shares)))
-    few = rows * max(1, FEW_TILE_VALUES // (rows * in_dim))
-    return min(gemm.direct_rows(rows, in_dim, tokens), few) or few
-
-
-def apply_tiles(tokens_t: np.ndarray, w: Fp4Matrix, tiles: list[tuple[int, int]], rows: np.ndarray) -> None:
-    """Decode each tile, tile_rows(w) rows at a time, and multiply it into its rows of `rows`
-    [out, N]; tokens_t: the inputs [in, N]."""
-    height, step = max((end - start for start, end in tiles), default=0), tile_rows(w)
-    buffer = kept_memory("fp4 tile", height, w.shape[1])
-    for start, end in tiles:
-        tile = buffer[: end - start]  # [rows, in]
-        for r in range(0, end - start, step):
-            decode_rows(w, start + r, min(start + r + step, end), tile[r : r + step])
-        gemm.matmul(tile, tokens_t, rows[start:end])
 
 
 def fp4_products(x: np.ndarray, ws: list[Fp4Matrix]) -> list[np.ndarray]:
-    """x @ W^T for each of several FP4 weights [out_i, in] of the same input, large ones shared out
-    by tiles between threads.  [..., in] -> [[..., out_i]]"""
+    """x @ W^T for each of several FP4 weights [out_i, in] of the same input, large ones shared out:
+    a few tokens' with the helper processes (fp8_workers.fp4_bands), else by tiles between threads.
+    [..., in] -> [[..., out_i]]"""
     tokens = x.reshape(-1, ws[0].shape[1]).astype(np.float32, copy=False)  # [N, in]
     n = tokens.shape[0]
     packed = GEMM_COLUMNS < n <= MANY_TOKENS and not gemm.direct_rows(tile_rows(ws[0]), ws[0].shape[1], n)  # padded
-    tokens_t = np.ascontiguousarray((padded_to_columns(tokens) if packed else tokens).T)  # [in, N']
+    padded = padded_to_columns(tokens) if packed else tokens  # [N', in]
+    tokens_t = np.ascontiguousarray(padded.T)  # [in, N']
     many = n > MANY_TOKENS
     outs = []
     for w in ws:
         _, rows = result_arrays(w.shape[0], tokens_t.shape[1], many)  # [out, N'], a view of [N', out] with many
-        sharing = parallel.cores() if w.packed.size * 2 * n >= SHARE_WORK else 1
-        tiles = row_tiles(w, tokens_t.shape[1], sharing)
-        parallel.split(tiles, lambda share, w=w, rows=rows: apply_tiles(tokens_t, w, share, rows), sharing)
+        large = w.packed.size * 2 * n >= SHARE_WORK
+        if not (large and fp4_bands(padded, tokens_t, w, rows)):
+            sharing = parallel.cores() if large else 1
+            tiles = row_tiles(w, tokens_t.shape[1], sharing)
+            parallel.split(tiles, lambda share, w=w, rows=rows: apply_tiles(tokens_t, w, share, rows), sharing)
         outs.append(rows[:, :n].T.reshape(*x.shape[:-1], w.shape[0]))  # [..., out]
     return outs
 

@@ -8,7 +8,7 @@ import pytest
 
 from stepper import fp4, fp8
 from stepper.errors import StepperError
-from stepper.kernels import fp4_matmul
+from stepper.kernels import fp4_matmul, fp4_tiles
 from stepper.kernels.linear import float32_weight, linear, linears
 from stepper.weights.stored import Fp4Matrix, Fp8Matrix
 
@@ -32,8 +32,8 @@ def test_tiled_product_equals_decode_then_matmul(tokens, direct, monkeypatch):
     from stepper.kernels import gemm
 
     monkeypatch.setattr(gemm, "direct_limit", lambda: direct)
-    monkeypatch.setattr(fp4_matmul, "TILE_VALUES", 64 * 5)  # tiles of 5 rows: several, the last partial
-    monkeypatch.setattr(fp4_matmul, "FEW_TILE_VALUES", 64 * 15)  # a few tokens' packed tiles: 3 of 5 rows
+    monkeypatch.setattr(fp4_tiles, "TILE_VALUES", 64 * 5)  # tiles of 5 rows: several, the last partial
+    monkeypatch.setattr(fp4_tiles, "FEW_TILE_VALUES", 64 * 15)  # a few tokens' packed tiles: 3 of 5 rows
     w = fp4_weight(37, 64, 1)
     x = np.random.default_rng(2).standard_normal((tokens, 64)).astype(np.float32)
     expected = (x.astype(np.float64) @ w.dequantize().astype(np.float64).T)  # exact weights, float64 sums
@@ -46,9 +46,9 @@ def test_tiled_product_equals_decode_then_matmul(tokens, direct, monkeypatch):
 @pytest.mark.parametrize("tokens", [3, 100])  # 2 x 100: many tokens, tall tiles shared between the threads
 def test_several_weights_and_shared_threads(tokens, monkeypatch):
     monkeypatch.setattr(fp4_matmul, "SHARE_WORK", 1)  # every product shared out between threads
-    monkeypatch.setattr(fp4_matmul, "TILE_VALUES", 128 * 8)
+    monkeypatch.setattr(fp4_tiles, "TILE_VALUES", 128 * 8)
     w1, w3 = fp4_weight(64, 128, 3), fp4_weight(48, 128, 4)
-    assert len(fp4_matmul.row_tiles(w1, 200, 2)) == 2 and len(fp4_matmul.row_tiles(w1)) == 8
+    assert len(fp4_tiles.row_tiles(w1, 200, 2)) == 2 and len(fp4_tiles.row_tiles(w1)) == 8
     x = np.random.default_rng(5).standard_normal((2, tokens, 128)).astype(np.float32)
     y1, y3 = linears(x, (w1, w3))
     assert y1.shape == (2, tokens, 64) and y3.shape == (2, tokens, 48)
@@ -58,7 +58,7 @@ def test_several_weights_and_shared_threads(tokens, monkeypatch):
 
 
 def test_rows_decoded_for_the_cache_are_the_readable_ones_bit_for_bit(monkeypatch):
-    monkeypatch.setattr(fp4_matmul, "TILE_VALUES", 96 * 7)
+    monkeypatch.setattr(fp4_tiles, "TILE_VALUES", 96 * 7)
     w = fp4_weight(30, 96, 6)
     np.testing.assert_array_equal(float32_weight(w).view(np.uint32), w.dequantize().view(np.uint32))
 
@@ -89,8 +89,8 @@ def test_a_few_tokens_tiles_follow_the_blas(monkeypatch):
 
     w = Fp4Matrix(np.zeros((2048, 2048), np.uint8), np.ones((2048, 128), np.float32))
     monkeypatch.setattr(gemm, "direct_limit", lambda: 10**6)
-    assert [fp4_matmul.tile_height(w, n) for n in (1, 4, 7, 8, 11, 200)] == [224, 32, 32, 256, 256, 2048]
-    assert fp4_matmul.row_tiles(w)[0] == fp4_matmul.row_tiles(w, 1)[0] == (0, 32)  # decoding; one token in the cache
-    assert len(fp4_matmul.row_tiles(w, 11)) == 8
+    assert [fp4_tiles.tile_height(w, n) for n in (1, 4, 7, 8, 11, 200)] == [224, 32, 32, 256, 256, 2048]
+    assert fp4_tiles.row_tiles(w)[0] == fp4_tiles.row_tiles(w, 1)[0] == (0, 32)  # decoding; one token in the cache
+    assert len(fp4_tiles.row_tiles(w, 11)) == 8
     monkeypatch.setattr(gemm, "direct_limit", lambda: 0)
-    assert [fp4_matmul.tile_height(w, n) for n in (1, 4, 11)] == [256, 256, 256]
+    assert [fp4_tiles.tile_height(w, n) for n in (1, 4, 11)] == [256, 256, 256]
