@@ -225,8 +225,8 @@ def v4_layer_run(checkpoint: Path, layer: int, tokens: int, repeat: int) -> list
     what = f"decode 1 token after {CONTEXT} positions" if tokens == 1 else f"prefill {tokens} tokens"
     split = ", ".join(f"{part} {np.median([s[part] for s in shares]):.0%}" for part in shares[0])
     figure = Figure(f"{cfg.name} layer {layer} ({kind}): {what}", float(np.median(times)), "s", peak_rss_mb(),
-                    f"median of {repeat}; CPU {np.median(cpu):.3g} s in this process's threads (FP8 helpers' not "
-                    f"counted; under cores x the time when other work shares the machine); {split}; checkpoint "
+                    f"median of {repeat}; CPU {np.median(cpu):.3g} s in this process's threads (the helper processes' "
+                    f"not counted; under cores x the time when other work shares the machine); {split}; checkpoint "
                     f"read into the page cache first ({filled:.0f} s)")
     seconds, how = layer_floor(cfg, layer, tokens, measured)
     return [replace(figure, floor=seconds, floor_note=how)]
