@@ -49,11 +49,10 @@ from stepper.kernels.fp4_tiles import MANY_TOKENS as FP4_MANY_TOKENS
 from stepper.kernels.fp4_tiles import apply_tiles as apply_fp4_tiles
 from stepper.kernels.fp4_tiles import row_tiles as fp4_row_tiles
 from stepper.kernels.fp8_tiles import NanCheck, apply_tiles, many_tokens, result_arrays, row_tiles
-from stepper.kernels.int4_tiles import MANY_TOKENS
+from stepper.kernels.int4_tiles import MANY_TOKENS, spans
 from stepper.kernels.int4_tiles import apply_tiles as apply_int4_tiles
 from stepper.kernels.int4_tiles import cached_rows as int4_cached_rows
 from stepper.kernels.int4_tiles import row_tiles as int4_row_tiles
-from stepper.kernels.int4_tiles import spans as int4_spans
 from stepper.kernels.int4_tiles import tile_height as int4_tile_height
 from stepper.weights.safetensors_reader import (
     MappedBudget,
@@ -366,7 +365,7 @@ def shared_int4(split: np.ndarray, w: Int4Matrix, rows: np.ndarray, workers: lis
     sent = [(helper, band) for helper, band in zip(workers, theirs) if band.end > band.start]
     for helper, band in sent:
         send_int4_band(helper, split, w, band)
-    apply_int4_tiles(split, int4_band_matrix(w, mine), int4_spans(mine.end - mine.start, height),
+    apply_int4_tiles(split, int4_band_matrix(w, mine), spans(mine.end - mine.start, height),
                      rows[mine.start : mine.end])
     for helper, band in sent:
         helper.answer()
@@ -546,10 +545,7 @@ def multiply_band(scratch, files, message: bytes) -> tuple:
     rows = band.end - band.start
     tokens = np.frombuffer(scratch, np.float32, n * in_dim, CLAIMS_BYTES).reshape(n, in_dim)
     flat = np.frombuffer(scratch, np.float32, rows * n, CLAIMS_BYTES + n * in_dim * 4 + rows_at)
-    key = (where.path, where.identity)  # a map stays on the file it was made from, whatever the path holds now
-    if key not in files:
-        files[key] = mapped(where)
-    view, fault_bytes = files[key]
+    view, fault_bytes = file_map(files, where)
     codes_at = where.at(band.start * in_dim)
     codes = np.frombuffer(view, np.uint8, rows * in_dim, codes_at.offset).reshape(rows, in_dim)
     read = (view, codes_at.offset, rows * in_dim, fault_bytes)
@@ -570,15 +566,9 @@ def multiply_int4_band(scratch, files, message: bytes) -> tuple:
     when shared from both ends. Returns the file map and byte range the words were read from."""
     *identity, offset, start, end, _, in_dim, group, n, scales_at, height, path_length, how = \
         INT4_BAND.unpack_from(message, 1)
-    path_end = 1 + INT4_BAND.size + path_length
-    if len(message) != path_end:
-        raise ValueError(f"INT4 band message of {len(message)} bytes, expected {path_end} (the numbers and the path)")
     rows, groups, row_bytes = end - start, in_dim // group, in_dim // 2
-    where = FileBytes(os.fsdecode(message[1 + INT4_BAND.size : path_end]), offset, tuple(identity))
-    key = (where.path, where.identity)
-    if key not in files:
-        files[key] = mapped(where)
-    view, fault_bytes = files[key]
+    where = FileBytes(message_path(message, INT4_BAND, path_length, "INT4"), offset, tuple(identity))
+    view, fault_bytes = file_map(files, where)
     words_at = where.at(start * row_bytes)
     packed = np.frombuffer(view, np.int32, rows * in_dim // 8, words_at.offset).reshape(rows, in_dim // 8)
     inputs_end = CLAIMS_BYTES + n * in_dim * 4
@@ -591,7 +581,7 @@ def multiply_int4_band(scratch, files, message: bytes) -> tuple:
     flat = np.frombuffer(scratch, np.float32, rows * n, inputs_end + (scales.nbytes if in_scratch else 0))
     many = n > MANY_TOKENS
     claim = from_the_back(np.frombuffer(scratch, np.int64, 2)) if how & MEET else None
-    apply_int4_tiles(tokens, w, int4_spans(rows, height), result_arrays(rows, n, many, flat)[1], claim=claim)
+    apply_int4_tiles(tokens, w, spans(rows, height), result_arrays(rows, n, many, flat)[1], claim=claim)
     return view, words_at.offset, rows * row_bytes, fault_bytes
 
 
@@ -600,15 +590,9 @@ def multiply_fp4_band(scratch, files, message: bytes) -> tuple:
     and the band's float32 scales there.  [N, in] -> [rows, N]; tiles from the last back when shared
     from both ends. Returns the file map and byte range the bytes were read from."""
     *identity, offset, start, end, _, in_dim, n, height, path_length, how = FP4_BAND.unpack_from(message, 1)
-    path_end = 1 + FP4_BAND.size + path_length
-    if len(message) != path_end:
-        raise ValueError(f"FP4 band message of {len(message)} bytes, expected {path_end} (the numbers and the path)")
     rows, row_bytes = end - start, in_dim // 2
-    where = FileBytes(os.fsdecode(message[1 + FP4_BAND.size : path_end]), offset, tuple(identity))
-    key = (where.path, where.identity)
-    if key not in files:
-        files[key] = mapped(where)
-    view, fault_bytes = files[key]
+    where = FileBytes(message_path(message, FP4_BAND, path_length, "FP4"), offset, tuple(identity))
+    view, fault_bytes = file_map(files, where)
     bytes_at = where.at(start * row_bytes)
     packed = np.frombuffer(view, np.uint8, rows * row_bytes, bytes_at.offset).reshape(rows, row_bytes)
     inputs_end = CLAIMS_BYTES + n * in_dim * 4
@@ -616,10 +600,26 @@ def multiply_fp4_band(scratch, files, message: bytes) -> tuple:
     tokens = np.frombuffer(scratch, np.float32, n * in_dim, CLAIMS_BYTES).reshape(n, in_dim)
     flat = np.frombuffer(scratch, np.float32, rows * n, inputs_end + scales.nbytes)
     w = Fp4Matrix(packed, scales, origin=bytes_at)
-    tiles = [(r, min(r + height, rows)) for r in range(0, rows, height)]
     claim = from_the_back(np.frombuffer(scratch, np.int64, 2)) if how & MEET else None
-    apply_fp4_tiles(np.ascontiguousarray(tokens.T), w, tiles, flat.reshape(rows, n), claim=claim)
+    apply_fp4_tiles(np.ascontiguousarray(tokens.T), w, spans(rows, height), flat.reshape(rows, n), claim=claim)
     return view, bytes_at.offset, rows * row_bytes, fault_bytes
+
+
+def message_path(message: bytes, numbers: struct.Struct, path_length: int, kind: str) -> str:
+    """The file path that follows a band message's numbers, the message checked to end there."""
+    path_end = 1 + numbers.size + path_length
+    if len(message) != path_end:
+        raise ValueError(f"{kind} band message of {len(message)} bytes, expected {path_end} (the numbers and the path)")
+    return os.fsdecode(message[1 + numbers.size : path_end])
+
+
+def file_map(files: dict, where: FileBytes) -> tuple[mmap.mmap, int]:
+    """The helper's map of the file the bytes lie in (mapped), made once: a map stays on the file it
+    was made from, whatever the path holds now."""
+    key = (where.path, where.identity)
+    if key not in files:
+        files[key] = mapped(where)
+    return files[key]
 
 
 def unpacked_band(message: bytes) -> tuple:

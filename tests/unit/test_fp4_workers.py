@@ -4,6 +4,7 @@ really used, whichever side takes the tiles."""
 
 import numpy as np
 import pytest
+from helpers.claims import this_process_takes_all, this_process_takes_none
 from helpers.v4_published import write_tiny_v4
 
 from stepper.kernels import fp4_matmul, fp4_tiles, fp8_workers, parallel
@@ -80,23 +81,6 @@ def test_several_weights_of_one_input_each_shared(checkpoint, shared):
         exact = exact_product(x, w)
         assert y.shape == (2, 3, w.shape[0]) and np.abs(y - exact).max() <= 2e-6 * np.abs(exact).max()
     assert fp8_workers.helpers()[0].bands_done == 2
-
-
-def this_process_takes_none(claims):
-    """A claim for this process's side that leaves every tile to the helper."""
-    return lambda: None
-
-
-def this_process_takes_all(claims):
-    """A claim for this process's side that takes every tile, the helper's count set so it stops."""
-    tiles = iter(range(int(claims[1])))
-
-    def take():
-        tile = next(tiles, None)
-        if tile is not None:
-            claims[0] = tile + 1
-        return tile
-    return take
 
 
 @pytest.mark.parametrize("front", [this_process_takes_none, this_process_takes_all])

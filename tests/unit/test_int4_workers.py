@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from helpers.claims import this_process_takes_all, this_process_takes_none
 
 from stepper.kernels import fp8_workers, int4_matmul, parallel
 from stepper.kernels.linear import linear
@@ -75,23 +76,6 @@ def test_bands_are_whole_tiles_covering_the_rows(height):
         bands = fp8_workers.int4_shares(w, parts, height)
         assert len(bands) == parts and bands[0].start == 0 and bands[-1].end == 1000
         assert all(a.end == b.start and a.end % height in (0, 1000 % height) for a, b in itertools.pairwise(bands))
-
-
-def this_process_takes_none(claims):
-    """A claim for this process's side that leaves every tile to the helper."""
-    return lambda: None
-
-
-def this_process_takes_all(claims):
-    """A claim for this process's side that takes every tile, the helper's count set so it stops."""
-    tiles = iter(range(int(claims[1])))
-
-    def take():
-        tile = next(tiles, None)
-        if tile is not None:
-            claims[0] = tile + 1
-        return tile
-    return take
 
 
 @pytest.mark.parametrize("front", [this_process_takes_none, this_process_takes_all])
