@@ -8,7 +8,8 @@ is multiplied by its power-of-two scale (exact), and the tile is multiplied by t
 buffer is this thread's and is kept from one tile (and product) to the next. With many tokens a
 tile is taller, decoded a cache-sized block of rows at a time, for fewer, larger GEMMs, and the
 result is laid out [N, out] (fp8_tiles.result_arrays). With a few, a tile is as tall as the BLAS
-multiplies directly (gemm.direct_limit), else taller, its tokens padded to whole columns.
+multiplies directly (gemm.direct_limit), else taller, multiplied in parts the BLAS makes directly
+(gemm.direct_parts) or, where it has none, its tokens padded to whole columns.
 """
 
 from __future__ import annotations
@@ -19,12 +20,15 @@ import numpy as np
 
 from stepper import fp4
 from stepper.kernels import gemm
-from stepper.kernels.fp8_tiles import kept_memory, tall_rows
+from stepper.kernels.fp8_tiles import kept_memory, multiply_tile, tall_rows
 from stepper.weights.stored import Fp4Matrix
 
 TILE_VALUES = 1 << 17  # values decoded at once, about: [32, 4096] float32 (0.5 MB) stays in the cache
 FEW_TILE_VALUES = 1 << 20  # a tile of a few tokens' packed product, about: [256, 4096], decoded TILE_VALUES at a time
 MANY_TOKENS = 128  # past this, tiles are taller (row_tiles)
+# past this, a tile's parts of 16 rows were as slow as the whole tile packed, or slower: 1.00-1.07x at 56 and 61
+# tokens, 0.91-1.00x at 40 and 48, 0.77-0.92x at 8-32 (V4-Flash's w1 and w2, one core of an AMD EPYC Zen 4)
+PARTS_MOST_TOKENS = 48
 
 
 def decode_rows(w: Fp4Matrix, start: int, end: int, out: np.ndarray) -> np.ndarray:
@@ -65,6 +69,17 @@ def tile_height(w: Fp4Matrix, tokens: int, shares: int = 1) -> int:
     return min(gemm.direct_rows(rows, in_dim, tokens), few) or few
 
 
+def direct_parts(w: Fp4Matrix, tokens: int) -> tuple[int, int] | None:
+    """The parts (gemm.direct_parts) in which a tile by `tokens` columns is multiplied, where a
+    few tokens (up to PARTS_MOST_TOKENS) are too many for the whole tile to be multiplied
+    directly; else None. One V4-Flash w1 [2048, 4096] on one core: 9.0 ms against 10.5 packed
+    (padded to 16) at 11 tokens, 9.9 against 12.2 at 17 (AMD EPYC Zen 4, docs/performance.md)."""
+    in_dim = w.shape[1]
+    if tokens > PARTS_MOST_TOKENS or gemm.direct_rows(tile_rows(w), in_dim, tokens):
+        return None
+    return gemm.direct_parts(in_dim, tokens)
+
+
 def apply_tiles(tokens_t: np.ndarray, w: Fp4Matrix, tiles: Sequence[tuple[int, int]], rows: np.ndarray,
                 claim: Callable[[], int | None] | None = None) -> None:
     """Decode each tile, tile_rows(w) rows at a time, and multiply it into its rows of `rows`
@@ -72,9 +87,10 @@ def apply_tiles(tokens_t: np.ndarray, w: Fp4Matrix, tiles: Sequence[tuple[int, i
     index, until it gives None): a product shared from both ends with a helper process (fp8_workers)."""
     height, step = max((end - start for start, end in tiles), default=0), tile_rows(w)
     buffer = kept_memory("fp4 tile", height, w.shape[1])
+    parts = direct_parts(w, tokens_t.shape[1])
     for i in range(len(tiles)) if claim is None else iter(claim, None):
         start, end = tiles[i]
         tile = buffer[: end - start]  # [rows, in]
         for r in range(0, end - start, step):
             decode_rows(w, start + r, min(start + r + step, end), tile[r : r + step])
-        gemm.matmul(tile, tokens_t, rows[start:end])
+        multiply_tile(tile, tokens_t, rows[start:end], parts)

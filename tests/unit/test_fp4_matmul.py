@@ -94,3 +94,37 @@ def test_a_few_tokens_tiles_follow_the_blas(monkeypatch):
     assert len(fp4_tiles.row_tiles(w, 11)) == 8
     monkeypatch.setattr(gemm, "direct_limit", lambda: 0)
     assert [fp4_tiles.tile_height(w, n) for n in (1, 4, 11)] == [256, 256, 256]
+
+
+@pytest.mark.parametrize("tokens", [4, 11, 17, 48, 49])
+def test_a_few_tokens_product_in_direct_parts_is_the_product(tokens, monkeypatch):
+    """Where OpenBLAS's AVX-512 kernels multiply small products directly (forced here, on any
+    machine), tiles too tall for that are multiplied in direct parts (gemm.direct_parts) from 8
+    to PARTS_MOST_TOKENS tokens, unpadded; fewer tokens take tiles multiplied whole and directly,
+    more are padded to 8s for a packed product. The last tile (44 rows) is shorter than a part;
+    the tiles are shared between the threads, in either order."""
+    from stepper.kernels import gemm
+
+    monkeypatch.setattr(gemm, "direct_limit", lambda: 10**6)
+    monkeypatch.setattr(gemm, "full_size_on_avx512_openblas", lambda inputs: True)
+    monkeypatch.setattr(fp4_tiles, "FEW_TILE_VALUES", 2048 * 128)  # tiles of 128 rows (2 x 64 decoded)
+    parts, whole = [], []
+    real_parts, real_matmul = gemm.parts_matmul, gemm.matmul
+    monkeypatch.setattr(gemm, "parts_matmul", lambda a, b, out, p, scratch: parts.append((a.shape, b.shape, p))
+                        or real_parts(a, b, out, p, scratch))
+    monkeypatch.setattr(gemm, "matmul", lambda a, b, out: whole.append((a.shape, b.shape)) or real_matmul(a, b, out))
+    w = fp4_weight(300, 2048, 8)
+    x = np.random.default_rng(tokens).standard_normal((tokens, 2048)).astype(np.float32)
+    exact = x.astype(np.float64) @ w.dequantize().astype(np.float64).T
+    made = linear(x, w)
+    bound = 1e-6 * (np.abs(x).astype(np.float64) @ np.abs(w.dequantize()).astype(np.float64).T)
+    assert made.shape == (tokens, 300) and (np.abs(made - exact) <= bound).all()
+    if tokens == 4:  # [64, 2048] by 4 tokens is a direct product: tiles of 64 rows, whole
+        assert parts == [] and sorted(whole) == [((44, 2048), (2048, 4))] + [((64, 2048), (2048, 4))] * 4
+    elif tokens <= fp4_tiles.PARTS_MOST_TOKENS:
+        p = gemm.direct_parts(2048, tokens)
+        assert p == ((64 if tokens == 11 else 32 if tokens == 17 else 16), 1024)
+        tiles = [((44, 2048), (2048, tokens), p)] + [((128, 2048), (2048, tokens), p)] * 2
+        assert whole == [] and sorted(parts) == tiles
+    else:  # 49 tokens padded to 56, each tile one packed product
+        assert parts == [] and sorted(whole) == [((44, 2048), (2048, 56))] + [((128, 2048), (2048, 56))] * 2
