@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stepper import fp8, int4
+from stepper import fp4, fp8, int4
 from stepper.config import Config, load_config
 from stepper.errors import StepperError
 from stepper.untrusted import is_safe
@@ -551,8 +551,14 @@ def check_int4_scales(shard: str, name: str, scales: np.ndarray) -> np.ndarray:
 
 
 def check_scale_values(shard: str, name: str, scale: np.ndarray) -> None:
-    """Block scales multiply every weight of their block: each must be finite and above zero."""
-    values = np.asarray(scale, dtype=np.float32)
+    """Block scales multiply every weight of their block: each must be finite and above zero. E8M0
+    scales (DeepSeek-V4's) have no sign, zero or infinity: their bytes are looked at for NaN's
+    alone, about 15x faster than the float32 values (a V4-Flash expert's [2048, 128] scales, each
+    time an expert is used)."""
+    scale = np.asarray(scale)
+    if scale.dtype.name == "float8_e8m0fnu" and scale.view(np.uint8).max(initial=0) != fp4.e8m0.NAN_BYTE:
+        return
+    values = scale.astype(np.float32, copy=False)
     bad = ~(np.isfinite(values) & (values > 0))
     if bad.any():
         where = tuple(int(i) for i in np.argwhere(bad)[0])

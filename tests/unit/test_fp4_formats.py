@@ -32,6 +32,9 @@ def test_every_e8m0_byte_decodes_as_ml_dtypes():
     reference = raw.view(ml_dtypes.float8_e8m0fnu).astype(np.float32)
     same_bits(e8m0.decode(raw), reference)
     same_bits(e8m0.decode(raw.view(ml_dtypes.float8_e8m0fnu)), reference)
+    normal = raw[1:255].reshape(2, 127)  # without 0x00 and 0xFF: the bytes moved into float32's exponent field
+    same_bits(e8m0.decode(normal), reference[1:255].reshape(2, 127))
+    same_bits(e8m0.decode(raw[:0]), reference[:0])
     assert [e8m0.value_of(b) for b in (0, 126, 127, 128, 254)] == [2.0**-127, 0.5, 1.0, 2.0, 2.0**127]
     assert math.isnan(e8m0.value_of(255))
 
