@@ -24,7 +24,7 @@ from stepper.kernels.fp8_tiles import kept_memory, multiply_tile, tall_rows
 from stepper.weights.stored import Fp4Matrix
 
 TILE_VALUES = 1 << 17  # values decoded at once, about: [32, 4096] float32 (0.5 MB) stays in the cache
-FEW_TILE_VALUES = 1 << 20  # a tile of a few tokens' packed product, about: [256, 4096], decoded TILE_VALUES at a time
+FEW_TILE_VALUES = 1 << 20  # a few tokens' tile (packed or in parts), about [256, 4096], decoded TILE_VALUES at a time
 MANY_TOKENS = 128  # past this, tiles are taller (row_tiles)
 # past this, a tile's parts of 16 rows were as slow as the whole tile packed, or slower: 1.00-1.14x at 56 and 61
 # tokens, 0.91-1.01x at 40 and 48, 0.78-0.99x at 8-32 (V4-Flash's w1 and w2, one core of an AMD EPYC Zen 4)
