@@ -240,18 +240,13 @@ def attention_weights(q, own_window, seen_entries, seen, sinks, dims: AttentionD
     column dropped. q [B, H, T, D], own_window [B, T, Wk, D], seen_entries [B, T, Kq, D],
     seen [B, T, S_q] (which keys are real) -> [B, H, T, S_q]"""
     B, H, T, _ = q.shape
-    Wk = own_window.shape[2]
     per_query = q.transpose(0, 2, 1, 3)  # [B, T, H, D]
-    # made in one array [B, T, H, S_sink]: its window keys' columns, its entries', the sink's (each new
-    # array of a long prompt's scores is memory touched afresh)
-    scores = np.empty((B, T, H, seen.shape[-1] + 1), np.float32)
-    np.matmul(per_query, own_window.swapaxes(-1, -2), out=scores[..., :Wk])  # [B, T, H, Wk]
-    np.matmul(per_query, seen_entries.swapaxes(-1, -2), out=scores[..., Wk:-1])  # [B, T, H, Kq]
-    keys = scores[..., :-1]  # [B, T, H, S_q]
-    keys *= np.float32(dims.softmax_scale)
-    np.copyto(keys, np.float32(-np.inf), where=~seen[:, :, None])  # keys not seen
-    scores[..., -1] = sinks.astype(np.float32)  # [H]: each head's sink
-    scores = emit("attn.scores", scores.transpose(0, 2, 1, 3))  # [B, H, T, S_sink]
+    from_window = np.matmul(per_query, own_window.swapaxes(-1, -2))  # [B, T, H, Wk]
+    from_entries = np.matmul(per_query, seen_entries.swapaxes(-1, -2))  # [B, T, H, Kq]
+    scores = np.concatenate([from_window, from_entries], axis=-1).transpose(0, 2, 1, 3)  # [B, H, T, S_q]
+    scores = np.where(seen[:, None], scores * np.float32(dims.softmax_scale), -np.inf)
+    sink = np.broadcast_to(sinks.astype(np.float32)[None, :, None, None], (B, H, T, 1))  # [B, H, T, one]
+    scores = emit("attn.scores", np.concatenate([scores, sink], axis=-1).astype(np.float32))  # [B, H, T, S_sink]
     probs = softmax(scores)  # [B, H, T, S_sink]
     emit("attn.sink_mass", probs[..., -1])  # [B, H, T]
     return emit("attn.weights", probs[..., :-1])
@@ -262,8 +257,7 @@ def weighted_values(weights: np.ndarray, own_window: np.ndarray, seen_entries: n
     [B, H, T, S_q], [B, T, Wk, D], [B, T, Kq, D] -> [B, H, T, D]"""
     per_query = weights.transpose(0, 2, 1, 3)  # [B, T, H, S_q]
     Wk = own_window.shape[2]
-    out = np.matmul(per_query[..., :Wk], own_window)  # [B, T, H, D]
-    out += np.matmul(per_query[..., Wk:], seen_entries)
+    out = np.matmul(per_query[..., :Wk], own_window) + np.matmul(per_query[..., Wk:], seen_entries)  # [B, T, H, D]
     return out.transpose(0, 2, 1, 3)
 
 
