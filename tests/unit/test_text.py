@@ -155,9 +155,10 @@ def test_no_tokenizer_file_says_so(tmp_path):
 
 @pytest.mark.parametrize("module, folder", [("tokenizers", "hf_dir"), ("tiktoken", "kimi_dir")])
 def test_without_the_library_one_line_says_what_to_install(module, folder, request, monkeypatch):
+    tokenizer_folder = request.getfixturevalue(folder)  # written with the library, whichever test asks first
     monkeypatch.setitem(sys.modules, module, None)  # import fails as if it were not installed
     with pytest.raises(StepperError, match=rf"needs the '{module}' library: pip install \"stepper\[text\]\""):
-        load_tokenizer(request.getfixturevalue(folder))
+        load_tokenizer(tokenizer_folder)
 
 
 def test_tokens_label_each_position_escaped(hf_dir):
