@@ -246,7 +246,7 @@ def attention_weights(q, own_window, seen_entries, seen, sinks, dims: AttentionD
     scores = np.concatenate([from_window, from_entries], axis=-1).transpose(0, 2, 1, 3)  # [B, H, T, S_q]
     scores = np.where(seen[:, None], scores * np.float32(dims.softmax_scale), -np.inf)
     sink = np.broadcast_to(sinks.astype(np.float32)[None, :, None, None], (B, H, T, 1))  # [B, H, T, one]
-    scores = emit("attn.scores", np.concatenate([scores, sink], axis=-1).astype(np.float32))  # [B, H, T, S_sink]
+    scores = emit("attn.scores", np.concatenate([scores, sink], axis=-1))  # [B, H, T, S_sink]
     probs = softmax(scores)  # [B, H, T, S_sink]
     emit("attn.sink_mass", probs[..., -1])  # [B, H, T]
     return emit("attn.weights", probs[..., :-1])
