@@ -72,7 +72,7 @@ class Checkpoint:
         for shard in sorted(set(self.weight_map.values())):
             self._open_shard(shard)
         self._resident = MappedBudget(RESIDENT_BYTES)
-        self._good_scales: set[str] = set()  # INT4 BF16 group scales checked once (_int4): the same map's bytes
+        self._good_scales: set[str] = set()  # FP8 block and INT4 BF16 group scales checked once: the same bytes
         self._check_index_against_headers()
         self.unused: dict[str, str] = {}  # tensor -> shard, of a wrapper's parts no run reads (vision tower)
         if self.config.wrapper is not None:
@@ -132,7 +132,9 @@ class Checkpoint:
         if info.dtype != "F8_E4M3":  # where: a BF16 weight decoded into kept memory is known again (float32_kept)
             return Stored(info.dtype, array, origin=where)
         _, scale = self._tensor(name + SCALE)
-        check_scale_values(self.shard_of(name + SCALE).path.name, name + SCALE, scale)
+        if name + SCALE not in self._good_scales:  # a weight is asked for at every step
+            check_scale_values(self.shard_of(name + SCALE).path.name, name + SCALE, scale)
+            self._good_scales.add(name + SCALE)
         if self.per_tensor:
             one = self._one_scale(name + SCALE, scale, 1)[0, 0]
             return Stored(info.dtype, array, fp8.per_tensor_grid(array.shape, one), fp8.BLOCK, where)

@@ -83,6 +83,20 @@ def test_kv_b_decoded_into_reused_memory_is_decoded_again_only_for_another_weigh
     assert len(calls) == 5
 
 
+def test_fp8_block_scales_are_checked_once_per_checkpoint(synth_dir, monkeypatch):
+    from stepper.weights import checkpoint as reader
+
+    calls, check = [], reader.check_scale_values
+    monkeypatch.setattr(reader, "check_scale_values", lambda *a: calls.append(a[1]) or check(*a))
+    name = "model.layers.1.mlp.experts.3.down_proj.weight"
+    opened = Checkpoint(synth_dir)
+    first, again = opened.matrix(name), opened.matrix(name)
+    assert calls == [name + "_scale_inv"]  # asked for at every step, looked at once
+    np.testing.assert_array_equal(again.dequantize(), first.dequantize())
+    Checkpoint(synth_dir).matrix(name)  # another reader of the folder checks them itself
+    assert calls == [name + "_scale_inv"] * 2
+
+
 @pytest.mark.parametrize("model", ["tiny", "tiny-int4"])
 def test_a_layer_stepped_again_decodes_its_bf16_router_and_kv_b_once(model, synth_dir, tmp_path, monkeypatch):
     from stepper.bench.layers import layer_step

@@ -127,6 +127,22 @@ def test_a_nan_scale_is_refused_when_read(tmp_path):
         source.get("layers.1.ffn.experts.0.w2.weight")
 
 
+def test_scales_are_checked_once_per_checkpoint(tiny, monkeypatch):
+    from stepper.weights import published
+
+    calls, check = [], published.check_scale_values
+    monkeypatch.setattr(published, "check_scale_values", lambda *a: calls.append(a[1]) or check(*a))
+    folder, values = tiny
+    source = PublishedCheckpoint(folder)
+    for name in ("layers.1.ffn.experts.0.w2.weight", "layers.1.attn.wq_a.weight"):
+        first, again = source.matrix(name), source.matrix(name)  # an expert's weights: each time it runs
+        np.testing.assert_array_equal(again.dequantize(), values[name])
+        np.testing.assert_array_equal(first.dequantize(), values[name])
+    assert calls == ["layers.1.ffn.experts.0.w2.scale", "layers.1.attn.wq_a.scale"]
+    PublishedCheckpoint(folder).matrix("layers.1.attn.wq_a.weight")  # another reader checks them itself
+    assert calls[-1] == "layers.1.attn.wq_a.scale" and len(calls) == 3
+
+
 def test_missing_tensors_and_scales_all_listed(tmp_path):
     stored, _ = stored_tensors(CONFIG, 0)
     del stored["layers.1.attn.indexer.compressor.wgate.weight"], stored["layers.2.attn.wo_b.scale"]
