@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache
@@ -20,6 +21,7 @@ from typing import TypeVar
 
 Item = TypeVar("Item")
 MAX_WORKERS = 8
+POOL_THREADS = "stepper-share"  # the start of the name of each thread of the pool
 SET_THREADS = ("scipy_openblas_set_num_threads64_", "openblas_set_num_threads64_", "openblas_set_num_threads")
 GET_THREADS = ("scipy_openblas_get_num_threads64_", "openblas_get_num_threads64_", "openblas_get_num_threads")
 GET_CORENAME = ("scipy_openblas_get_corename64_", "openblas_get_corename64_", "openblas_get_corename")
@@ -35,15 +37,17 @@ def cores() -> int:
 
 @cache
 def _pool(workers: int) -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(workers, thread_name_prefix="stepper")
+    return ThreadPoolExecutor(workers, thread_name_prefix=POOL_THREADS)
 
 
 def split(items: Sequence[Item], work: Callable[[Sequence[Item]], None], workers: int | None = None) -> None:
     """Run work(share) on contiguous shares of items, one share per core; the caller runs the first.
 
-    Exceptions from any share are raised here, after every share has finished."""
+    Exceptions from any share are raised here, after every share has finished. Called from a
+    share's own work (a pool thread), it runs there whole: that thread waiting for shares queued
+    behind it would never end."""
     n = min(workers or cores(), len(items))
-    if n <= 1:
+    if n <= 1 or threading.current_thread().name.startswith(POOL_THREADS):
         work(items)
         return
     bounds = [len(items) * k // n for k in range(n + 1)]

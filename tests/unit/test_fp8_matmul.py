@@ -106,6 +106,20 @@ def test_split_runs_every_share_once_on_several_threads():
     assert sorted(seen) == list(range(10))
 
 
+def test_split_inside_a_share_runs_there_whole():
+    seen = []
+
+    def outer(share):
+        for item in share:
+            parallel.split([10 * item, 10 * item + 1], seen.extend, workers=2)
+
+    caller = threading.Thread(target=parallel.split, args=([1, 2], outer), kwargs={"workers": 2}, daemon=True)
+    caller.start()
+    caller.join(timeout=60)  # a pool thread waiting for a share queued behind itself never ends
+    assert not caller.is_alive()
+    assert sorted(seen) == [10, 11, 20, 21]
+
+
 def test_split_raises_a_failing_share_after_all_finished():
     done = []
 
