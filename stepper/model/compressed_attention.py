@@ -51,6 +51,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from stepper.config import Yarn
 from stepper.kernels.linear import linear, row_block
+from stepper.kernels.query_blocks import by_query_blocks
 from stepper.model.compressor import Compressor, Pending, compress, visible_entries
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.ops import rms_norm, softmax
@@ -238,7 +239,24 @@ def gather(entries: np.ndarray, chosen: np.ndarray) -> np.ndarray:
 def attention_weights(q, own_window, seen_entries, seen, sinks, dims: AttentionDims, emit: Emitter) -> np.ndarray:
     """softmax over each query's window keys, its entries and the sink, per head; the sink's
     column dropped. q [B, H, T, D], own_window [B, T, Wk, D], seen_entries [B, T, Kq, D],
-    seen [B, T, S_q] (which keys are real) -> [B, H, T, S_q]"""
+    seen [B, T, S_q] (which keys are real) -> [B, H, T, S_q]. Each array is made a block of
+    queries at a time on every core (kernels.query_blocks: the same bits as made whole)."""
+    B, H, T, _ = q.shape
+    S_sink = own_window.shape[2] + seen_entries.shape[2] + 1
+
+    def block_scores(t: slice) -> np.ndarray:  # [B, H, len(t), S_sink]
+        return scores_with_sink(q[:, :, t], own_window[:, t], seen_entries[:, t], seen[:, t], sinks, dims)
+
+    scores = emit("attn.scores", by_query_blocks((B, H, T, S_sink), block_scores))  # [B, H, T, S_sink]
+    probs = by_query_blocks(scores.shape, lambda t: softmax(scores[:, :, t]))  # [B, H, T, S_sink]
+    emit("attn.sink_mass", probs[..., -1])  # [B, H, T]
+    return emit("attn.weights", probs[..., :-1])
+
+
+def scores_with_sink(q, own_window, seen_entries, seen, sinks, dims: AttentionDims) -> np.ndarray:
+    """Each query's scaled scores against its window keys and its entries, -inf where a key is not
+    real, then the sink's logit per head. q [B, H, T, D], own_window [B, T, Wk, D], seen_entries
+    [B, T, Kq, D], seen [B, T, S_q] -> [B, H, T, S_sink]"""
     B, H, T, _ = q.shape
     per_query = q.transpose(0, 2, 1, 3)  # [B, T, H, D]
     from_window = np.matmul(per_query, own_window.swapaxes(-1, -2))  # [B, T, H, Wk]
@@ -246,15 +264,20 @@ def attention_weights(q, own_window, seen_entries, seen, sinks, dims: AttentionD
     scores = np.concatenate([from_window, from_entries], axis=-1).transpose(0, 2, 1, 3)  # [B, H, T, S_q]
     scores = np.where(seen[:, None], scores * np.float32(dims.softmax_scale), -np.inf)
     sink = np.broadcast_to(sinks.astype(np.float32)[None, :, None, None], (B, H, T, 1))  # [B, H, T, one]
-    scores = emit("attn.scores", np.concatenate([scores, sink], axis=-1))  # [B, H, T, S_sink]
-    probs = softmax(scores)  # [B, H, T, S_sink]
-    emit("attn.sink_mass", probs[..., -1])  # [B, H, T]
-    return emit("attn.weights", probs[..., :-1])
+    return np.concatenate([scores, sink], axis=-1)  # [B, H, T, S_sink]
 
 
 def weighted_values(weights: np.ndarray, own_window: np.ndarray, seen_entries: np.ndarray) -> np.ndarray:
-    """The keys serve as values: each query's weights times its window keys, then its entries.
+    """The keys serve as values: each query's weights times its window keys, then its entries,
+    a block of queries at a time on every core (kernels.query_blocks).
     [B, H, T, S_q], [B, T, Wk, D], [B, T, Kq, D] -> [B, H, T, D]"""
+    B, H, T, _ = weights.shape
+    return by_query_blocks((B, H, T, own_window.shape[-1]),
+                           lambda t: values_of(weights[:, :, t], own_window[:, t], seen_entries[:, t]))
+
+
+def values_of(weights: np.ndarray, own_window: np.ndarray, seen_entries: np.ndarray) -> np.ndarray:
+    """weights @ [window keys; entries] per query.  [B, H, T, S_q], [B, T, Wk, D], [B, T, Kq, D] -> [B, H, T, D]"""
     per_query = weights.transpose(0, 2, 1, 3)  # [B, T, H, S_q]
     Wk = own_window.shape[2]
     out = np.matmul(per_query[..., :Wk], own_window) + np.matmul(per_query[..., Wk:], seen_entries)  # [B, T, H, D]

@@ -207,3 +207,21 @@ def test_a_batch_is_its_rows_run_alone(traced):
             together = attention(rows[:, span], w, dims, both, Emitter())
             for b in range(2):
                 close(together[b:b + 1], attention(rows[b:b + 1, span], w, dims, alone[b], Emitter()), f"row {b}")
+
+
+def test_queries_made_a_row_at_a_time_on_two_cores_give_the_same_bits(traced, monkeypatch):
+    """The scores, weights and output made one query row at a time, the rows shared by two
+    threads (kernels.query_blocks), are the whole arrays' bits: every tensor of the prompt."""
+    from stepper.kernels import parallel, query_blocks
+
+    config, arrays, ref, mine = traced
+    monkeypatch.setattr(query_blocks, "BLOCK_VALUES", 1)  # a block is one query row
+    monkeypatch.setattr(parallel, "cores", lambda: 2)
+    for layer in LAYERS:
+        rec = Recorder()
+        w = LayerWeights(Arrays(arrays), layer)
+        attention(ref[0][layer]["x"], w, dims_of(config, layer), V4AttentionCache(), Emitter([rec]))
+        blocked = rec.tensors()
+        assert blocked.keys() == mine[0][layer].keys() and "attn.scores" in blocked
+        for name, value in blocked.items():
+            np.testing.assert_array_equal(value, mine[0][layer][name], err_msg=f"layer {layer} {name}")
