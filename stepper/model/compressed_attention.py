@@ -157,7 +157,7 @@ def attention(x: np.ndarray, w: LayerWeights, dims: AttentionDims, cache: V4Atte
     seen = keys_seen(in_window, chosen)  # [B, T, S_q]
     weights = attention_weights(q, own_window, seen_entries, seen, w("self_attn.sinks"), dims, emit)  # [B, H, T, S_q]
     out = emit("attn.output", weighted_values(weights, own_window, seen_entries))  # [B, H, T, D]
-    out = emit("attn.output_turned_back", rotate_tail(out, turn.inverse()))  # [B, H, T, D]
+    out = emit("attn.output_turned_back", turned_heads(out, turn.inverse()))  # [B, H, T, D]
     cache.seen += T
     return grouped_output(out, w, dims, emit)
 
@@ -168,9 +168,15 @@ def queries(x: np.ndarray, w: LayerWeights, dims: AttentionDims, turn: Turn, emi
     q_a = emit("attn.q_a", linear(x, w.matrix("self_attn.q_a_proj.weight")))  # [B, T, q_lora]
     q_latent = emit("attn.q_a_norm", rms_norm(q_a, w("self_attn.q_a_norm.weight"), dims.eps))  # [B, T, q_lora]
     q = linear(q_latent, w.matrix("self_attn.q_b_proj.weight"))  # [B, T, H*D]
-    q = emit("attn.q_b", q.reshape(B, T, dims.num_heads, dims.head_dim).transpose(0, 2, 1, 3))  # [B, H, T, D]
-    q = emit("attn.q", rms_norm(q, np.float32(1), dims.eps))  # [B, H, T, D]: each head over its own RMS
-    return q_latent, emit("attn.q_rope", rotate_tail(q, turn))
+    heads = emit("attn.q_b", q.reshape(B, T, dims.num_heads, dims.head_dim).transpose(0, 2, 1, 3))  # [B, H, T, D]
+    unit = np.float32(1)  # each head over its own RMS, no weight
+    q = emit("attn.q", by_query_blocks(heads.shape, lambda t: rms_norm(heads[:, :, t], unit, dims.eps)))  # [B, H, T, D]
+    return q_latent, emit("attn.q_rope", turned_heads(q, turn))  # [B, H, T, D]
+
+
+def turned_heads(x: np.ndarray, turn: Turn) -> np.ndarray:
+    """rotate_tail(x, turn) of heads [B, H, T, D], a block of queries at a time on every core (kernels.query_blocks)."""
+    return by_query_blocks(x.shape, lambda t: rotate_tail(x[:, :, t], turn.at(t)))
 
 
 def shared_kv(x: np.ndarray, w: LayerWeights, dims: AttentionDims, turn: Turn, emit: Emitter) -> np.ndarray:

@@ -27,6 +27,10 @@ class Turn:
         """The turn back (angle -a): used to de-rotate the attention output."""
         return Turn(self.cos, -self.sin)
 
+    def at(self, rows: slice) -> Turn:
+        """The angles of some of the positions."""
+        return Turn(self.cos[rows], self.sin[rows])
+
 
 def turn_at(positions: np.ndarray, rope_dim: int, theta: float, yarn: Yarn | None) -> Turn:
     """cos, sin [T, rope/2] of positions * inv_freq (YaRN's frequencies when given, mscale 1)."""
