@@ -73,7 +73,7 @@ def hc_pre(streams: np.ndarray, w: LayerWeights, site: str, cfg: HcDims, emit: E
 
 def rms_scaled_mixes(streams: np.ndarray, fn: np.ndarray, eps: float) -> np.ndarray:
     """flatten(X) @ fn^T / rms(flatten(X)).  [B, T, n, d] -> [B, T, M] (the head: [B, T, n])"""
-    flat = streams.reshape(*streams.shape[:2], -1).astype(np.float32)  # [B, T, n d]
+    flat = streams.reshape(*streams.shape[:2], -1).astype(np.float32, copy=False)  # [B, T, n d]
     inv_rms = np.float32(1) / np.sqrt(np.mean(np.square(flat), axis=-1, keepdims=True) + np.float32(eps))  # [B, T, 1]
     return (flat * inv_rms) @ fn.T  # [B, T, M]
 
@@ -98,8 +98,8 @@ def collapse(streams: np.ndarray, pre: np.ndarray) -> np.ndarray:
 def hc_post(y: np.ndarray, streams: np.ndarray, mixing: Mixing) -> np.ndarray:
     """X'_k = post_k y + sum_j comb[j, k] X_j.  y [B, T, d], streams [B, T, n, d] -> [B, T, n, d]"""
     written = mixing.post[..., None] * y[:, :, None, :]  # [B, T, n, d]
-    mixed = np.einsum("btjk,btjd->btkd", mixing.comb, streams)  # [B, T, n, d]
-    return written + mixed
+    written += np.einsum("btjk,btjd->btkd", mixing.comb, streams)  # [B, T, n, d]: the streams mixed
+    return written
 
 
 def hc_head(streams: np.ndarray, fn: np.ndarray, base: np.ndarray, scale: np.ndarray, cfg: HcDims,
