@@ -56,7 +56,7 @@ from stepper.model.compressor import Compressor, Pending, compress, visible_entr
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.ops import rms_norm, softmax
 from stepper.model.sparse_indexer import index_entries
-from stepper.model.tail_rope import Turn, rotate_tail, turn_at
+from stepper.model.tail_rope import Turn, rotate_heads, rotate_tail, turn_at
 from stepper.model.v4_attention_cache import V4AttentionCache
 from stepper.seams.trace import Emitter
 
@@ -157,7 +157,7 @@ def attention(x: np.ndarray, w: LayerWeights, dims: AttentionDims, cache: V4Atte
     seen = keys_seen(in_window, chosen)  # [B, T, S_q]
     weights = attention_weights(q, own_window, seen_entries, seen, w("self_attn.sinks"), dims, emit)  # [B, H, T, S_q]
     out = emit("attn.output", weighted_values(weights, own_window, seen_entries))  # [B, H, T, D]
-    out = emit("attn.output_turned_back", turned_heads(out, turn.inverse()))  # [B, H, T, D]
+    out = emit("attn.output_turned_back", rotate_heads(out, turn.inverse()))  # [B, H, T, D]
     cache.seen += T
     return grouped_output(out, w, dims, emit)
 
@@ -171,12 +171,8 @@ def queries(x: np.ndarray, w: LayerWeights, dims: AttentionDims, turn: Turn, emi
     heads = emit("attn.q_b", q.reshape(B, T, dims.num_heads, dims.head_dim).transpose(0, 2, 1, 3))  # [B, H, T, D]
     unit = np.float32(1)  # each head over its own RMS, no weight
     q = emit("attn.q", by_query_blocks(heads.shape, lambda t: rms_norm(heads[:, :, t], unit, dims.eps)))  # [B, H, T, D]
-    return q_latent, emit("attn.q_rope", turned_heads(q, turn))  # [B, H, T, D]
+    return q_latent, emit("attn.q_rope", rotate_heads(q, turn))  # [B, H, T, D]
 
-
-def turned_heads(x: np.ndarray, turn: Turn) -> np.ndarray:
-    """rotate_tail(x, turn) of heads [B, H, T, D], a block of queries at a time on every core (kernels.query_blocks)."""
-    return by_query_blocks(x.shape, lambda t: rotate_tail(x[:, :, t], turn.at(t)))
 
 
 def shared_kv(x: np.ndarray, w: LayerWeights, dims: AttentionDims, turn: Turn, emit: Emitter) -> np.ndarray:
@@ -250,7 +246,7 @@ def attention_weights(q, own_window, seen_entries, seen, sinks, dims: AttentionD
     B, H, T, _ = q.shape
     S_sink = own_window.shape[2] + seen_entries.shape[2] + 1
 
-    def block_scores(t: slice) -> np.ndarray:  # [B, H, len(t), S_sink]
+    def block_scores(t: slice) -> np.ndarray:  # the rows t of the scores
         return scores_with_sink(q[:, :, t], own_window[:, t], seen_entries[:, t], seen[:, t], sinks, dims)
 
     scores = emit("attn.scores", by_query_blocks((B, H, T, S_sink), block_scores))  # [B, H, T, S_sink]
@@ -283,7 +279,7 @@ def weighted_values(weights: np.ndarray, own_window: np.ndarray, seen_entries: n
 
 
 def values_of(weights: np.ndarray, own_window: np.ndarray, seen_entries: np.ndarray) -> np.ndarray:
-    """weights @ [window keys; entries] per query.  [B, H, T, S_q], [B, T, Wk, D], [B, T, Kq, D] -> [B, H, T, D]"""
+    """Each query's weights times its keys.  [B, H, T, S_q], [B, T, Wk, D], [B, T, Kq, D] -> [B, H, T, D]"""
     per_query = weights.transpose(0, 2, 1, 3)  # [B, T, H, S_q]
     Wk = own_window.shape[2]
     out = np.matmul(per_query[..., :Wk], own_window) + np.matmul(per_query[..., Wk:], seen_entries)  # [B, T, H, D]

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from stepper.config import Yarn
+from stepper.kernels.query_blocks import by_query_blocks
 from stepper.model.rope import rope_inv_freq, rope_tables
 
 
@@ -48,3 +49,9 @@ def rotate_tail(x: np.ndarray, turn: Turn) -> np.ndarray:
     turned[..., 0::2] = even * turn.cos - odd * turn.sin
     turned[..., 1::2] = odd * turn.cos + even * turn.sin
     return np.concatenate([head, turned], axis=-1)
+
+
+def rotate_heads(x: np.ndarray, turn: Turn) -> np.ndarray:
+    """rotate_tail of heads, a block of queries at a time on every core (kernels.query_blocks: the
+    same bits).  [B, H, T, D] -> [B, H, T, D]  (cos, sin [T, rope/2])"""
+    return by_query_blocks(x.shape, lambda t: rotate_tail(x[:, :, t], turn.at(t)))
