@@ -13,11 +13,11 @@ from typing import Annotated
 import typer
 
 from stepper.errors import StepperError
-from stepper.presets import PRESETS
+from stepper.presets import PRESETS, V4_PRESETS
 from stepper.untrusted import shown
 from stepper.weights.remote import without_credentials
 
-PRESET_NAMES = ", ".join(PRESETS)
+PRESET_NAMES = ", ".join([*PRESETS, *V4_PRESETS])  # as an unknown name's error lists them
 
 
 def url_option(value: str) -> str:
