@@ -1,6 +1,7 @@
 """The command line as a user meets it: output, JSON Lines, dumps, and bad input (exit 2, one line)."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -169,6 +170,17 @@ def test_every_attn_option_shows_the_paths_it_takes():
     assert metavars == {("run",): "naive|absorb|auto", ("step",): "naive|absorb|auto", ("tree",): "naive|absorb",
                         ("fixtures", "export"): "naive|absorb|auto"}
     assert "--attn naive|absorb " in stepper("tree", "--help", env={"COLUMNS": "200"}).stdout
+
+
+@pytest.mark.parametrize("command", [["run"], ["step"], ["explain"], ["tree"], ["fixtures", "export"]])
+def test_model_help_lists_every_preset_the_commands_take(command):
+    from stepper.presets import PRESETS, V4_PRESETS
+
+    helped = stepper(*command, "--help")
+    assert helped.returncode == 0, helped.stderr
+    joined = " ".join(re.sub(r"-\n\s+", "-", helped.stdout).split())  # names broken at a hyphen joined again
+    listed = re.search(r"Preset \(([^)]*)\)", joined).group(1).split(", ")
+    assert listed == [*PRESETS, *V4_PRESETS] and "tiny-v4" in listed
 
 
 def test_help_imports_no_number_formats_and_no_reference_libraries():
