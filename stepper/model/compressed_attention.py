@@ -174,7 +174,6 @@ def queries(x: np.ndarray, w: LayerWeights, dims: AttentionDims, turn: Turn, emi
     return q_latent, emit("attn.q_rope", rotate_heads(q, turn))  # [B, H, T, D]
 
 
-
 def shared_kv(x: np.ndarray, w: LayerWeights, dims: AttentionDims, turn: Turn, emit: Emitter) -> np.ndarray:
     """The one head that serves as key and value: RMSNorm(kv_proj(x)), turned.  [B, T, d] -> [B, T, D]"""
     kv = emit("attn.kv_proj", linear(x, w.matrix("self_attn.kv_proj.weight")))  # [B, T, D]

@@ -132,9 +132,7 @@ class Checkpoint:
         if info.dtype != "F8_E4M3":  # where: a BF16 weight decoded into kept memory is known again (float32_kept)
             return Stored(info.dtype, array, origin=where)
         _, scale = self._tensor(name + SCALE)
-        if name + SCALE not in self._good_scales:  # a weight is asked for at every step
-            check_scale_values(self.shard_of(name + SCALE).path.name, name + SCALE, scale)
-            self._good_scales.add(name + SCALE)
+        self._check_scales_once(name + SCALE, scale)
         if self.per_tensor:
             one = self._one_scale(name + SCALE, scale, 1)[0, 0]
             return Stored(info.dtype, array, fp8.per_tensor_grid(array.shape, one), fp8.BLOCK, where)
@@ -156,6 +154,13 @@ class Checkpoint:
         start = FileBytes(str(shard.path), shard.data_range(fused)[0], shard.identity)
         where = start.at(expert_start(whole.shape, name))  # one byte per code
         return Stored(info.dtype, view, fp8.per_tensor_grid(view.shape, scale), fp8.BLOCK, where)
+
+    def _check_scales_once(self, name: str, scale: np.ndarray) -> None:
+        """check_scale_values on a weight's block scales the first time they are read: a weight
+        is asked for at every step (an expert's each time it runs), from the same map's bytes."""
+        if name not in self._good_scales:
+            check_scale_values(self.shard_of(name).path.name, name, scale)
+            self._good_scales.add(name)
 
     def _one_scale(self, name: str, scale: np.ndarray, count: int) -> np.ndarray:
         """A per-tensor scale (count 1) or a fused experts' scales (count E), as float32 [count, 1],

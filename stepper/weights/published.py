@@ -33,7 +33,6 @@ from stepper.weights.checkpoint import (
     SINGLE,
     Checkpoint,
     Problem,
-    check_scale_values,
     count,
 )
 from stepper.weights.safetensors_reader import MappedBudget, TensorInfo
@@ -160,9 +159,7 @@ class PublishedCheckpoint(Checkpoint):
             return Stored(info.dtype, array)
         scale_name = scale_of(name)
         scale = self.shard_of(scale_name).get(scale_name)
-        if scale_name not in self._good_scales:  # an expert's weights are asked for each time it runs
-            check_scale_values(self.shard_of(scale_name).path.name, scale_name, scale)
-            self._good_scales.add(scale_name)
+        self._check_scales_once(scale_name, scale)
         where = FileBytes(str(shard.path), shard.data_range(name)[0], shard.identity)
         if info.dtype == FP8_DTYPE:
             return Stored(info.dtype, array, scale, fp8.BLOCK, where)

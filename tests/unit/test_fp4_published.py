@@ -128,10 +128,10 @@ def test_a_nan_scale_is_refused_when_read(tmp_path):
 
 
 def test_scales_are_checked_once_per_checkpoint(tiny, monkeypatch):
-    from stepper.weights import published
+    from stepper.weights import checkpoint as reader
 
-    calls, check = [], published.check_scale_values
-    monkeypatch.setattr(published, "check_scale_values", lambda *a: calls.append(a[1]) or check(*a))
+    calls, check = [], reader.check_scale_values
+    monkeypatch.setattr(reader, "check_scale_values", lambda *a: calls.append(a[1]) or check(*a))
     folder, values = tiny
     source = PublishedCheckpoint(folder)
     for name in ("layers.1.ffn.experts.0.w2.weight", "layers.1.attn.wq_a.weight"):
