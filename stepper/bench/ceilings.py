@@ -16,7 +16,7 @@ from stepper.bench.figures import Figure, median_time, side_by_side
 from stepper.config import Config
 from stepper.fp4 import quantize_fp4
 from stepper.fp8 import quantize
-from stepper.kernels import cpu_caches, fp4_tiles, fp8_tiles, gemm, parallel
+from stepper.kernels import cpu_caches, fp4_tiles, fp8_tiles, gemm, int4_tiles, parallel
 from stepper.kernels.fp8_matmul import linear_fp8
 from stepper.weights.names import layer_shapes
 from stepper.weights.stored import Fp4Matrix, Fp8Matrix
@@ -107,14 +107,15 @@ def fp8_rate() -> list[Figure]:
 
 def fp4_decode_rate(out_dim: int = 2048, in_dim: int = 4096) -> Figure:
     """FP4 weights decoded per second on one core: a V4-Flash expert's w1 [2048, 4096], tile by tile
-    into one reused buffer as the FP4 products decode it (the floor under an FP4 product)."""
+    into one reused buffer as a few tokens' FP4 products decode it (the floor under an FP4 product)."""
     w = Fp4Matrix.of(*quantize_fp4(np.random.default_rng(0).standard_normal((out_dim, in_dim), dtype=np.float32)))
-    tiles = fp4_tiles.row_tiles(w)
-    buffer = np.empty((fp4_tiles.tile_rows(w), in_dim), np.float32)
-    decode = median_time(lambda: [fp4_tiles.decode_rows(w, start, end, buffer[: end - start])
+    tiles = fp4_tiles.row_tiles(w, 1)
+    height = max(end - start for start, end in tiles)
+    places = np.empty((int4_tiles.planes(w), height, in_dim // int4_tiles.planes(w)), np.float32)
+    decode = median_time(lambda: [fp4_tiles.decode_planes(w, start, end, places[:, : end - start])
                                   for start, end in tiles], 7)
     return Figure(f"FP4 tile decode, {out_dim}x{in_dim}, one core", out_dim * in_dim / decode / 1e9, "G weights/s",
-                  note="e2m1 bytes looked up two values at a time, times each group's power-of-two scale")
+                  note="e2m1 nibbles put into float32 bits, in INT4's planes, times each group's power-of-two scale")
 
 
 def gemm_rate() -> float:

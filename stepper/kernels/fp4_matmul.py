@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from stepper.kernels import gemm, parallel
-from stepper.kernels.fp4_tiles import MANY_TOKENS, apply_tiles, decode_rows, direct_parts, row_tiles, tile_rows
-from stepper.kernels.fp8_matmul import GEMM_COLUMNS, padded_to_columns
+from stepper.kernels import parallel
+from stepper.kernels.fp4_tiles import MANY_TOKENS, apply_tiles, decode_rows, row_tiles
 from stepper.kernels.fp8_tiles import result_arrays
 from stepper.kernels.fp8_workers import fp4_bands
+from stepper.kernels.int4_matmul import padded_tokens
 from stepper.weights.stored import Fp4Matrix
 
 SHARE_WORK = 1 << 22  # weights x tokens below which a product stays on one thread
@@ -27,11 +27,9 @@ def fp4_products(x: np.ndarray, ws: list[Fp4Matrix]) -> list[np.ndarray]:
     [..., in] -> [[..., out_i]]"""
     tokens = x.reshape(-1, ws[0].shape[1]).astype(np.float32, copy=False)  # [N, in]
     n = tokens.shape[0]
-    packed = (GEMM_COLUMNS < n <= MANY_TOKENS and not gemm.direct_rows(tile_rows(ws[0]), ws[0].shape[1], n)
-              and direct_parts(ws[0], n) is None)  # the BLAS packs the tiles: tokens padded to whole columns
-    padded = padded_to_columns(tokens) if packed else tokens  # [N', in]
-    tokens_t = np.ascontiguousarray(padded.T)  # [in, N']
     many = n > MANY_TOKENS
+    padded = tokens if many else padded_tokens(tokens, ws[0])  # [N', in]: a few tokens' as INT4's planes take them
+    tokens_t = np.ascontiguousarray(padded.T)  # [in, N']
     outs = []
     for w in ws:
         _, rows = result_arrays(w.shape[0], tokens_t.shape[1], many)  # [out, N'], a view of [N', out] with many

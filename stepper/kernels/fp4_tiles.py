@@ -2,14 +2,19 @@
 the work kernels.fp4_matmul does itself, with threads, or shares out with the helper processes of
 kernels.fp8_workers.
 
-A tile's bytes are looked up in `fp4.PAIRS` (each byte's two values, low nibble first) straight
-into a float32 buffer [rows, in/2, 2], which is the rows' values in input order; each group of 32
-is multiplied by its power-of-two scale (exact), and the tile is multiplied by the inputs. The
-buffer is this thread's and is kept from one tile (and product) to the next. With many tokens a
-tile is taller, decoded a cache-sized block of rows at a time, for fewer, larger GEMMs, and the
-result is laid out [N, out] (fp8_tiles.result_arrays). With a few, a tile is as tall as the BLAS
-multiplies directly (gemm.direct_limit), else taller, multiplied in parts the BLAS makes directly
-(gemm.direct_parts) or, where it has none, its tokens padded to whole columns.
+FP4 bytes lie as INT4 words do: a group's 32 inputs are 16 bytes, four little-endian words, and
+byte q of word k holds inputs 8k + 2q (low nibble) and 8k + 2q + 1 (high). So a few tokens'
+product takes INT4's tiles (kernels.int4_tiles): the words put word by word, the nibbles moved to
+the top of their bytes, eight planes [rows, in/8] each multiplied by its inputs and the products
+summed. Only a nibble's value differs: e2m1 (sign, two exponent bits, one mantissa bit) is put
+into a float32's bits, the sign at the top and the three others at the exponent's foot, which is
+the value times 2^-126 (0.5 a subnormal); the group's power-of-two scale times 2^126 then gives
+the value times the scale, exactly as w.dequantize() makes it.
+
+With many tokens a tile is a block of whole rows in the inputs' own order, decoded by looking up
+each byte's two values in `fp4.PAIRS` (low nibble first) and multiplying each group of 32 by its
+scale, for fewer, larger GEMMs; the result is laid out [N, out] (fp8_tiles.result_arrays).
+`decode_rows` also decodes a whole weight (fp4_matmul.fp4_rows).
 """
 
 from __future__ import annotations
@@ -19,16 +24,18 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from stepper import fp4
-from stepper.kernels import gemm
+from stepper.kernels import int4_tiles
 from stepper.kernels.fp8_tiles import kept_memory, multiply_tile, tall_rows
 from stepper.weights.stored import Fp4Matrix
 
 TILE_VALUES = 1 << 17  # values decoded at once, about: [32, 4096] float32 (0.5 MB) stays in the cache
-FEW_TILE_VALUES = 1 << 20  # a few tokens' tile (packed or in parts), about [256, 4096], decoded TILE_VALUES at a time
-MANY_TOKENS = 128  # past this, tiles are taller (row_tiles)
-# past this, a tile's parts of 16 rows were as slow as the whole tile packed, or slower: 1.00-1.14x at 56 and 61
-# tokens, 0.91-1.01x at 40 and 48, 0.78-0.99x at 8-32 (V4-Flash's w1 and w2, one core of an AMD EPYC Zen 4)
-PARTS_MOST_TOKENS = 48
+MANY_TOKENS = int4_tiles.MANY_TOKENS  # past this, tiles are rows in the inputs' order, taller (row_tiles)
+WORDS = 4  # little-endian 32-bit words in a group of 32 inputs
+SIXTEEN = np.uint8(16)
+HIGH_NIBBLE = np.uint8(0xF0)
+SIGN_AND_CODE = np.uint32(0x81C0_0000).view(np.int32)  # bit 31, and bits 22-24 (exponent's foot, mantissa's top)
+UNBIAS = np.float32(2.0**126)  # a nibble's bits give its value times 2^-126
+LARGEST_FOLDED = np.float32(2.0)  # a scale times UNBIAS is finite up to 2^1 * 2^126
 
 
 def decode_rows(w: Fp4Matrix, start: int, end: int, out: np.ndarray) -> np.ndarray:
@@ -44,53 +51,65 @@ def decode_rows(w: Fp4Matrix, start: int, end: int, out: np.ndarray) -> np.ndarr
     return out
 
 
+def decode_planes(w: Fp4Matrix, start: int, end: int, places: np.ndarray) -> None:
+    """Rows [start, end) as float32 in the planes' order (int4_tiles.tiles_order) into `places`
+    [planes, rows, in/8], int4_tiles.decode_rows(w, rows) rows at a time: the values of w.dequantize()."""
+    step = int4_tiles.decode_rows(w, end - start)
+    for r in range(0, end - start, step):
+        plane_part(w, start + r, min(start + r + step, end), places[:, r : r + step])
+
+
+def plane_part(w: Fp4Matrix, start: int, end: int, out: np.ndarray) -> None:
+    """Rows [start, end) into `out` [planes, rows, in/8] (decode_planes), in six passes."""
+    rows, groups = end - start, w.in_features // fp4.GROUP
+    memory = int4_tiles.tile_memory(rows, w)
+    np.copyto(memory.words, w.packed[start:end].view(np.int32).reshape(rows, groups, WORDS).transpose(2, 0, 1))
+    np.multiply(memory.codes, SIXTEEN, out=memory.nibbles[0])  # mod 256: the low nibble moved up, s e e m 0000
+    np.bitwise_and(memory.codes, HIGH_NIBBLE, out=memory.nibbles[1])
+    bits = out.view(np.int32)
+    np.copyto(bits, memory.values)  # sign-extended: s...s e e m 0000
+    np.left_shift(bits, 18, out=bits)
+    np.bitwise_and(bits, SIGN_AND_CODE, out=bits)  # s 000000 e e m 0...0: the value times 2^-126
+    scales = int4_tiles.scales_per_byte(w.scales[start:end], memory)
+    if scales.max(initial=0) <= LARGEST_FOLDED:
+        np.multiply(scales, UNBIAS, out=scales)
+    else:  # a scale of 2^2 or more: the values unbiased first (exact), then scaled
+        np.multiply(out, UNBIAS, out=out)
+    np.multiply(out, scales, out=out)  # the same [rows, in/8] for every plane
+
+
 def tile_rows(w: Fp4Matrix) -> int:
-    """Rows decoded at once: as many as TILE_VALUES hold (at least one)."""
+    """Rows decoded at once in the inputs' order: as many as TILE_VALUES hold (at least one)."""
     return max(1, TILE_VALUES // w.shape[1])
 
 
 def row_tiles(w: Fp4Matrix, tokens: int = 0, shares: int = 1) -> list[tuple[int, int]]:
-    """[start, end) of each tile of a product with `tokens` tokens (tile_height), or of decoding
-    alone (0) or a matrix-vector product (1, multiplied while the cache holds it): tile_rows(w) rows."""
-    height = tile_height(w, tokens, shares) if tokens > 1 else tile_rows(w)
+    """[start, end) of each tile of a product with `tokens` tokens: a few tokens' are INT4's
+    (int4_tiles.row_tiles); many tokens' as TALL_TILE_BYTES of float32 hold, but at most a share
+    of the rows among `shares` threads; decoding alone (0), tile_rows(w) rows."""
+    if 0 < tokens <= MANY_TOKENS:
+        return list(int4_tiles.row_tiles(w, tokens))
+    rows = tile_rows(w)
+    height = min(tall_rows(rows, w.shape[1]), rows * -(-w.shape[0] // (rows * shares))) if tokens else rows
     return [(r, min(r + height, w.shape[0])) for r in range(0, w.shape[0], height)]
-
-
-def tile_height(w: Fp4Matrix, tokens: int, shares: int = 1) -> int:
-    """Rows of a tile (decoded tile_rows(w) at a time): with a few tokens as many as the BLAS
-    multiplies directly (gemm.direct_rows), else as FEW_TILE_VALUES hold (at 11 tokens, padded to
-    16, [256, 4096] tiles ran 1.38x faster than [32, 4096] ones); with many, as TALL_TILE_BYTES of
-    float32 hold (BLAS repacks the inputs for every product), but at most a share of the rows
-    among `shares` threads."""
-    rows, (out_dim, in_dim) = tile_rows(w), w.shape
-    if tokens > MANY_TOKENS:
-        return min(tall_rows(rows, in_dim), rows * -(-out_dim // (rows * shares)))
-    few = rows * max(1, FEW_TILE_VALUES // (rows * in_dim))
-    return min(gemm.direct_rows(rows, in_dim, tokens), few) or few
-
-
-def direct_parts(w: Fp4Matrix, tokens: int) -> tuple[int, int] | None:
-    """The parts (gemm.direct_parts) in which a tile by `tokens` columns is multiplied, where a
-    few tokens (up to PARTS_MOST_TOKENS) are too many for the whole tile to be multiplied
-    directly; else None. One V4-Flash w1 [2048, 4096] on one core: 9.0 ms against 10.5 packed
-    (padded to 16) at 11 tokens, 9.9 against 12.2 at 17 (AMD EPYC Zen 4, docs/performance.md)."""
-    in_dim = w.shape[1]
-    if tokens > PARTS_MOST_TOKENS or gemm.direct_rows(tile_rows(w), in_dim, tokens):
-        return None
-    return gemm.direct_parts(in_dim, tokens)
 
 
 def apply_tiles(tokens_t: np.ndarray, w: Fp4Matrix, tiles: Sequence[tuple[int, int]], rows: np.ndarray,
                 claim: Callable[[], int | None] | None = None) -> None:
-    """Decode each tile, tile_rows(w) rows at a time, and multiply it into its rows of `rows`
-    [out, N]; tokens_t: the inputs [in, N]. With `claim`, only the tiles it hands out are done (by
-    index, until it gives None): a product shared from both ends with a helper process (fp8_workers)."""
+    """Decode each tile and multiply it into its rows of `rows` [out, N]; tokens_t: the inputs
+    [in, N]. A few tokens' tiles are planes (int4_tiles.apply_tiles, the inputs put in their order
+    here); many tokens', rows decoded tile_rows(w) at a time. With `claim`, only the tiles it hands
+    out are done (by index, until it gives None): a product shared from both ends with a helper
+    process (fp8_workers)."""
+    if tokens_t.shape[1] <= MANY_TOKENS:
+        split = int4_tiles.split_inputs(tokens_t.T, w)  # [N, in] in the planes' order
+        int4_tiles.apply_tiles(split, w, tiles, rows, decode_planes, claim)
+        return
     height, step = max((end - start for start, end in tiles), default=0), tile_rows(w)
     buffer = kept_memory("fp4 tile", height, w.shape[1])
-    parts = direct_parts(w, tokens_t.shape[1])
     for i in range(len(tiles)) if claim is None else iter(claim, None):
         start, end = tiles[i]
         tile = buffer[: end - start]  # [rows, in]
         for r in range(0, end - start, step):
             decode_rows(w, start + r, min(start + r + step, end), tile[r : r + step])
-        multiply_tile(tile, tokens_t, rows[start:end], parts)
+        multiply_tile(tile, tokens_t, rows[start:end], None)

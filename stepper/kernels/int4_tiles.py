@@ -1,6 +1,7 @@
 """One INT4 weight's tiles decoded and multiplied, in one process: the work that
 kernels.int4_matmul does itself, with threads, or shares out with the helper processes of
-kernels.fp8_workers.
+kernels.fp8_workers. An FP4 weight's bytes lie as INT4's words do, and a few tokens' FP4 products
+take these tiles with their own decoder (kernels.fp4_tiles.decode_planes).
 
 A row's packed words hold its groups one after another, four words (32 inputs) a group, and byte
 q of word k of group g (a little-endian word) holds inputs 32g + 8k + 2q (its low nibble) and
@@ -34,7 +35,9 @@ from stepper import int4
 from stepper.kernels import cpu_caches, gemm
 from stepper.kernels.fp8_tiles import decode_in_parts, kept_memory, tall_rows
 from stepper.seams.swap import bypasses
-from stepper.weights.stored import Int4Matrix
+from stepper.weights.stored import Fp4Matrix, Int4Matrix
+
+Nibbles = Int4Matrix | Fp4Matrix  # weights whose bytes lie alike, so they share these tiles (kernels.fp4_tiles)
 
 TILE_SHARE = 16  # a tile's float32 values take 1/16 of the L2 in bytes (a quarter): its words, nibbles and products
 # take room too. A 2 MiB L2: 2^17 values, [32, 7168] or [64, 2048]
@@ -57,29 +60,29 @@ def tiles_order(in_features: int, group: int) -> np.ndarray:
     return order
 
 
-def split_inputs(tokens: np.ndarray, w: Int4Matrix) -> np.ndarray:
+def split_inputs(tokens: np.ndarray, w: Nibbles) -> np.ndarray:
     """The inputs in the tiles' order (tiles_order).  [N, in] -> [N, in]"""
     return np.take(tokens, tiles_order(w.in_features, w.group), axis=1)
 
 
-def planes(w: Int4Matrix) -> int:
+def planes(w: Nibbles) -> int:
     """The planes of a tile: one for each nibble (low, high) of each word of a group (8)."""
     return 2 * (w.group // int4.PER_WORD)
 
 
-def cached_rows(w: Int4Matrix) -> int:
+def cached_rows(w: Nibbles) -> int:
     """Rows whose float32 fit the L2's share: as many whole 32s as tile_values() hold, 32 to
     MOST_TILE_ROWS (a narrow weight in taller tiles: fewer NumPy calls for the same values)."""
     return min(MOST_TILE_ROWS, 32 * max(1, tile_values() // (32 * w.in_features)))
 
 
-def decode_rows(w: Int4Matrix, height: int) -> int:
+def decode_rows(w: Nibbles, height: int) -> int:
     """Rows of a few tokens' tile decoded at once: cached_rows(w), or where whole FP8 blocks decode
     faster than parts (fp8_tiles.decode_in_parts) at most whole_rows(w)."""
     return cached_rows(w) if decode_in_parts() else min(height, whole_rows(w))
 
 
-def whole_rows(w: Int4Matrix) -> int:
+def whole_rows(w: Nibbles) -> int:
     """cached_rows(w) as many times as DECODED_VALUES hold, at least once: rows decoded at once where
     whole tiles decode faster (an INT4 [128, 7168] at once ran 1.15x faster than in 32-row parts
     on an AMD EPYC Zen 5)."""
@@ -110,7 +113,7 @@ KEPT_SHAPES = 64  # tile shapes whose memory a thread keeps (a model has a handf
 _memory = threading.local()
 
 
-def tile_memory(rows: int, w: Int4Matrix) -> TileMemory:
+def tile_memory(rows: int, w: Nibbles) -> TileMemory:
     """This thread's TileMemory for `rows` rows of w, kept from one tile (and product) to the next."""
     kept = getattr(_memory, "kept", None)
     if kept is None or len(kept) >= KEPT_SHAPES:
@@ -182,15 +185,15 @@ def scales_per_byte(scales: np.ndarray, memory: TileMemory) -> np.ndarray:
 
 
 # (w, start, end, out [planes, rows, in/8] as decode_tile's)
-Decoder = Callable[[Int4Matrix, int, int, np.ndarray], object]
+Decoder = Callable[[Nibbles, int, int, np.ndarray], object]
 
 
-def row_tiles(w: Int4Matrix, n: int) -> tuple[tuple[int, int], ...]:
+def row_tiles(w: Nibbles, n: int) -> tuple[tuple[int, int], ...]:
     """[start, end) of each tile for n tokens, tile_height(w, n) rows each."""
     return spans(w.shape[0], tile_height(w, n))
 
 
-def tile_height(w: Int4Matrix, n: int) -> int:
+def tile_height(w: Nibbles, n: int) -> int:
     """Rows of a tile for n tokens: where its planes are multiplied in direct blocks (block_rows)
     as many as are decoded at once where whole tiles decode faster (whole_rows), else a tall tile
     (product_rows); either at most a SHARED_TILES-th of the weight (shared from both ends by two
@@ -205,7 +208,7 @@ def tile_height(w: Int4Matrix, n: int) -> int:
     return min(height, max(rows, w.shape[0] // SHARED_TILES // rows * rows))
 
 
-def block_rows(w: Int4Matrix, n: int) -> int:
+def block_rows(w: Nibbles, n: int) -> int:
     """Rows of the blocks of a tile's planes multiplied by n tokens (2 or more) at once, where NumPy's
     OpenBLAS multiplies them directly (gemm.direct_part_rows); else 0, and each plane is multiplied
     whole. At 11 tokens an expert's down_proj ([7168, 2048], planes [rows, 256]) took 9-10 ms in
@@ -213,7 +216,7 @@ def block_rows(w: Int4Matrix, n: int) -> int:
     return gemm.direct_part_rows(w.in_features // planes(w), n) if gemm.avx512_openblas() else 0
 
 
-def product_rows(w: Int4Matrix) -> int:
+def product_rows(w: Nibbles) -> int:
     """Rows of a few tokens' tall tile: cached_rows(w) as many times as PRODUCT_VALUES hold, at least once."""
     rows = cached_rows(w)
     return rows * max(1, PRODUCT_VALUES // (rows * w.in_features))
@@ -226,7 +229,7 @@ def spans(out_features: int, height: int) -> tuple[tuple[int, int], ...]:
     return tuple((r, min(r + height, out_features)) for r in range(0, out_features, height))
 
 
-def apply_tiles(split: np.ndarray, w: Int4Matrix, tiles: Sequence[tuple[int, int]], rows: np.ndarray,
+def apply_tiles(split: np.ndarray, w: Nibbles, tiles: Sequence[tuple[int, int]], rows: np.ndarray,
                 decode: Decoder | None = None, claim: Callable[[], int | None] | None = None) -> None:
     """Decode and multiply each tile into its rows of `rows` [out, N]; this thread's buffers reused,
     a tile decoded a part at a time (decode_tile: decode_rows, or with many tokens cached_rows) or

@@ -130,6 +130,14 @@ class Fp4Matrix:
         return self.packed.shape[0], 2 * self.packed.shape[1]
 
     @property
+    def in_features(self) -> int:  # with `group`, as an Int4Matrix names them: the two share tiles (int4_tiles)
+        return 2 * self.packed.shape[1]
+
+    @property
+    def group(self) -> int:
+        return fp4.GROUP
+
+    @property
     def file_key(self) -> tuple[FileBytes, tuple[int, int]] | None:
         """Where these bytes lie in which file, and the weight's shape; None for bytes from no file."""
         return None if self.origin is None else (self.origin, self.shape)

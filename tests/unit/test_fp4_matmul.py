@@ -32,8 +32,7 @@ def test_tiled_product_equals_decode_then_matmul(tokens, direct, monkeypatch):
     from stepper.kernels import gemm
 
     monkeypatch.setattr(gemm, "direct_limit", lambda: direct)
-    monkeypatch.setattr(fp4_tiles, "TILE_VALUES", 64 * 5)  # tiles of 5 rows: several, the last partial
-    monkeypatch.setattr(fp4_tiles, "FEW_TILE_VALUES", 64 * 15)  # a few tokens' packed tiles: 3 of 5 rows
+    monkeypatch.setattr(fp4_tiles, "TILE_VALUES", 64 * 5)  # many tokens' tiles of 5 rows: several, the last partial
     w = fp4_weight(37, 64, 1)
     x = np.random.default_rng(2).standard_normal((tokens, 64)).astype(np.float32)
     expected = (x.astype(np.float64) @ w.dequantize().astype(np.float64).T)  # exact weights, float64 sums
@@ -80,51 +79,64 @@ def test_fp8_with_e8m0_scales_through_the_fp8_kernels():
         np.testing.assert_allclose(linear(x, matrix), x @ reference.T, rtol=1e-5, atol=1e-5 * np.abs(x).max())
 
 
-def test_a_few_tokens_tiles_follow_the_blas(monkeypatch):
-    """A V4-Flash expert's w1 [2048, 4096], decoded 32 rows at a time: with direct products
-    (OpenBLAS's SkylakeX kernels, up to 10^6 multiply-adds) up to 7 tokens take tiles as tall as
-    that allows; more, or no direct products, take tiles of 2^20 values, their tokens padded to 8s;
-    one token's product, 32-row tiles that the cache holds."""
-    from stepper.kernels import gemm
+def test_a_few_tokens_tiles_are_int4s_and_many_tokens_tall(monkeypatch):
+    """A V4-Flash expert's w1 [2048, 4096]: a few tokens' tiles are INT4's (its bytes lie as INT4's
+    words), many tokens' as tall as TALL_TILE_BYTES hold or a share of the rows, and decoding alone
+    takes tile_rows(w) at a time."""
+    from stepper.kernels import gemm, int4_tiles
 
     w = Fp4Matrix(np.zeros((2048, 2048), np.uint8), np.ones((2048, 128), np.float32))
-    monkeypatch.setattr(gemm, "direct_limit", lambda: 10**6)
-    assert [fp4_tiles.tile_height(w, n) for n in (1, 4, 7, 8, 11, 200)] == [224, 32, 32, 256, 256, 2048]
-    assert fp4_tiles.row_tiles(w)[0] == fp4_tiles.row_tiles(w, 1)[0] == (0, 32)  # decoding; one token in the cache
-    assert len(fp4_tiles.row_tiles(w, 11)) == 8
-    monkeypatch.setattr(gemm, "direct_limit", lambda: 0)
-    assert [fp4_tiles.tile_height(w, n) for n in (1, 4, 11)] == [256, 256, 256]
+    assert (w.in_features, w.group) == (4096, 32)
+    for direct in (0, 10**6):
+        monkeypatch.setattr(gemm, "direct_limit", lambda direct=direct: direct)
+        for n in (1, 4, 11, 128):
+            assert fp4_tiles.row_tiles(w, n) == list(int4_tiles.row_tiles(w, n))
+    assert fp4_tiles.row_tiles(w)[:2] == [(0, 32), (32, 64)] and len(fp4_tiles.row_tiles(w)) == 64
+    assert fp4_tiles.row_tiles(w, 200, 2) == [(0, 1024), (1024, 2048)] and fp4_tiles.row_tiles(w, 200) == [(0, 2048)]
 
 
-@pytest.mark.parametrize("tokens", [4, 11, 17, 48, 49])
-def test_a_few_tokens_product_in_direct_parts_is_the_product(tokens, monkeypatch):
-    """Where OpenBLAS's AVX-512 kernels multiply small products directly (forced here, on any
-    machine), tiles too tall for that are multiplied in direct parts (gemm.direct_parts) from 8
-    to PARTS_MOST_TOKENS tokens, unpadded; fewer tokens take tiles multiplied whole and directly,
-    more are padded to 8s for a packed product. The last tile (44 rows) is shorter than a part;
-    the tiles are shared between the threads, in either order."""
+def plane_values(w: Fp4Matrix) -> np.ndarray:
+    """The whole weight through decode_planes, put back in the inputs' order.  -> [out, in]"""
+    from stepper.kernels import int4_tiles
+
+    out_dim, in_dim = w.shape
+    places = np.empty((int4_tiles.planes(w), out_dim, in_dim // 8), np.float32)
+    fp4_tiles.decode_planes(w, 0, out_dim, places)
+    values = np.empty(w.shape, np.float32)
+    values[:, int4_tiles.tiles_order(in_dim, w.group)] = places.transpose(1, 0, 2).reshape(out_dim, in_dim)
+    return values
+
+
+@pytest.mark.parametrize("scale_bytes", [(0, 8), (100, 129), (120, 200), (0, 255)])
+def test_planes_hold_the_readable_values_bit_for_bit(scale_bytes):
+    """Every code (both signs of zero, the subnormal 0.5) with E8M0 scales from 2^-127 (itself
+    subnormal in float32) up: a scale of 2^2 or more is not folded with 2^126 (that would be
+    infinite) and takes the other branch; products past float32's range are infinite in both."""
+    rng = np.random.default_rng(scale_bytes[1])
+    packed = rng.integers(0, 256, (70, 128), dtype=np.uint8)
+    packed[0, :128] = np.arange(256, dtype=np.uint8)[::2] + np.arange(128, dtype=np.uint8) % 2  # every byte
+    scales = rng.integers(*scale_bytes, (70, 8), dtype=np.uint8)
+    w = Fp4Matrix.of(packed, scales)
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(plane_values(w).view(np.uint32), w.dequantize().view(np.uint32))
+
+
+@pytest.mark.parametrize("tokens", [1, 4, 11, 17, 48, 128, 129])
+def test_a_few_tokens_product_is_made_from_planes(tokens, monkeypatch):
+    """Up to MANY_TOKENS tokens the tiles are planes summed (gemm.planes_matmul, as INT4's), past
+    them whole rows in one GEMM; either way the product of the exact weights, the tiles shared
+    between the threads in either order."""
     from stepper.kernels import gemm
 
-    monkeypatch.setattr(gemm, "direct_limit", lambda: 10**6)
-    monkeypatch.setattr(gemm, "full_size_on_avx512_openblas", lambda inputs: True)
-    monkeypatch.setattr(fp4_tiles, "FEW_TILE_VALUES", 2048 * 128)  # tiles of 128 rows (2 x 64 decoded)
-    parts, whole = [], []
-    real_parts, real_matmul = gemm.parts_matmul, gemm.matmul
-    monkeypatch.setattr(gemm, "parts_matmul", lambda a, b, out, p, scratch: parts.append((a.shape, b.shape, p))
-                        or real_parts(a, b, out, p, scratch))
-    monkeypatch.setattr(gemm, "matmul", lambda a, b, out: whole.append((a.shape, b.shape)) or real_matmul(a, b, out))
+    made = {"planes": 0, "rows": 0}
+    real_planes, real_matmul = gemm.planes_matmul, gemm.matmul
+    monkeypatch.setattr(gemm, "planes_matmul", lambda *a: made.update(planes=made["planes"] + 1) or real_planes(*a))
+    monkeypatch.setattr(gemm, "matmul", lambda *a: made.update(rows=made["rows"] + 1) or real_matmul(*a))
     w = fp4_weight(300, 2048, 8)
     x = np.random.default_rng(tokens).standard_normal((tokens, 2048)).astype(np.float32)
     exact = x.astype(np.float64) @ w.dequantize().astype(np.float64).T
-    made = linear(x, w)
+    product = linear(x, w)
     bound = 1e-6 * (np.abs(x).astype(np.float64) @ np.abs(w.dequantize()).astype(np.float64).T)
-    assert made.shape == (tokens, 300) and (np.abs(made - exact) <= bound).all()
-    if tokens == 4:  # [64, 2048] by 4 tokens is a direct product: tiles of 64 rows, whole
-        assert parts == [] and sorted(whole) == [((44, 2048), (2048, 4))] + [((64, 2048), (2048, 4))] * 4
-    elif tokens <= fp4_tiles.PARTS_MOST_TOKENS:
-        p = gemm.direct_parts(2048, tokens)
-        assert p == ((64 if tokens == 11 else 32 if tokens == 17 else 16), 1024)
-        tiles = [((44, 2048), (2048, tokens), p)] + [((128, 2048), (2048, tokens), p)] * 2
-        assert whole == [] and sorted(parts) == tiles
-    else:  # 49 tokens padded to 56, each tile one packed product
-        assert parts == [] and sorted(whole) == [((44, 2048), (2048, 56))] + [((128, 2048), (2048, 56))] * 2
+    assert product.shape == (tokens, 300) and (np.abs(product - exact) <= bound).all()
+    few = tokens <= fp4_tiles.MANY_TOKENS
+    assert (made["planes"] > 0, made["rows"] > 0) == (few, not few)

@@ -7,7 +7,7 @@ import pytest
 from helpers.claims import this_process_takes_all, this_process_takes_none
 from helpers.v4_published import write_tiny_v4
 
-from stepper.kernels import fp4_matmul, fp4_tiles, fp8_workers, parallel
+from stepper.kernels import fp4_matmul, fp4_tiles, fp8_workers, int4_tiles, parallel
 from stepper.kernels.linear import linear, linears
 from stepper.weights.published import PublishedCheckpoint
 from stepper.weights.stored import Fp4Matrix
@@ -24,13 +24,14 @@ def checkpoint(tmp_path_factory):
 
 @pytest.fixture
 def shared(monkeypatch):
-    """Every FP4 product with a file behind it goes through the helpers, in tiles of 5 rows (tiny's
-    products are below the size and one tile each)."""
+    """Every FP4 product with a file behind it goes through the helpers, a few tokens' in tiles of
+    10 rows (INT4's tiles, which FP4's take), many tokens' of 5 (tiny's products are below the size
+    and one tile each)."""
     if parallel.cores() < 2:
         pytest.skip("helpers need two cores")
     monkeypatch.setattr(fp4_matmul, "SHARE_WORK", 0)
     monkeypatch.setattr(fp4_tiles, "TILE_VALUES", 5 * 64)
-    monkeypatch.setattr(fp4_tiles, "FEW_TILE_VALUES", 10 * 64)
+    monkeypatch.setattr(int4_tiles, "tile_height", lambda w, n: 10)
     fp8_workers.stop_helpers()
     yield
     fp8_workers.stop_helpers()
