@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from stepper.kernels import parallel
-from stepper.kernels.fp4_tiles import MANY_TOKENS, apply_tiles, decode_rows, row_tiles
+from stepper.kernels.fp4_tiles import MANY_TOKENS, PLANES_MOST_TOKENS, apply_tiles, decode_rows, row_tiles
+from stepper.kernels.fp8_matmul import padded_to_columns
 from stepper.kernels.fp8_tiles import result_arrays
 from stepper.kernels.fp8_workers import fp4_bands
 from stepper.kernels.int4_matmul import padded_tokens
@@ -28,7 +29,7 @@ def fp4_products(x: np.ndarray, ws: list[Fp4Matrix]) -> list[np.ndarray]:
     tokens = x.reshape(-1, ws[0].shape[1]).astype(np.float32, copy=False)  # [N, in]
     n = tokens.shape[0]
     many = n > MANY_TOKENS
-    padded = tokens if many else padded_tokens(tokens, ws[0])  # [N', in]: a few tokens' as INT4's planes take them
+    padded = tokens if many else padded_inputs(tokens, ws[0])  # [N', in]
     tokens_t = np.ascontiguousarray(padded.T)  # [in, N']
     outs = []
     for w in ws:
@@ -40,6 +41,13 @@ def fp4_products(x: np.ndarray, ws: list[Fp4Matrix]) -> list[np.ndarray]:
             parallel.split(tiles, lambda share, w=w, rows=rows: apply_tiles(tokens_t, w, share, rows), sharing)
         outs.append(rows[:, :n].T.reshape(*x.shape[:-1], w.shape[0]))  # [..., out]
     return outs
+
+
+def padded_inputs(tokens: np.ndarray, w: Fp4Matrix) -> np.ndarray:
+    """A few tokens' inputs as their tiles take them: up to PLANES_MOST_TOKENS as INT4's planes do
+    (int4_matmul.padded_tokens), past that padded to whole columns of BLAS for packed products.
+    [N, in] -> [N', in]"""
+    return padded_tokens(tokens, w) if tokens.shape[0] <= PLANES_MOST_TOKENS else padded_to_columns(tokens)
 
 
 def fp4_rows(w: Fp4Matrix, out: np.ndarray | None = None) -> np.ndarray:

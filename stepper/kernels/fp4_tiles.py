@@ -11,9 +11,10 @@ into a float32's bits, the sign at the top and the three others at the exponent'
 the value times 2^-126 (0.5 a subnormal); the group's power-of-two scale times 2^126 then gives
 the value times the scale, exactly as w.dequantize() makes it.
 
-With many tokens a tile is a block of whole rows in the inputs' own order, decoded by looking up
-each byte's two values in `fp4.PAIRS` (low nibble first) and multiplying each group of 32 by its
-scale, for fewer, larger GEMMs; the result is laid out [N, out] (fp8_tiles.result_arrays).
+With more tokens (PLANES_MOST_TOKENS) a tile is a block of whole rows in the inputs' own order,
+decoded by looking up each byte's two values in `fp4.PAIRS` (low nibble first) and multiplying
+each group of 32 by its scale, for fewer, larger GEMMs (with many, the result is laid out [N, out]:
+fp8_tiles.result_arrays).
 `decode_rows` also decodes a whole weight (fp4_matmul.fp4_rows).
 """
 
@@ -29,7 +30,10 @@ from stepper.kernels.fp8_tiles import kept_memory, multiply_tile, tall_rows
 from stepper.weights.stored import Fp4Matrix
 
 TILE_VALUES = 1 << 17  # values decoded at once, about: [32, 4096] float32 (0.5 MB) stays in the cache
-MANY_TOKENS = int4_tiles.MANY_TOKENS  # past this, tiles are rows in the inputs' order, taller (row_tiles)
+PLANES_MOST_TOKENS = 64  # up to this, tiles are planes; past it, rows in the inputs' order (row_tiles). At 96 and 128
+# tokens a V4-Flash w1's planes took about 1.15x the time of [256, 4096] rows (AMD EPYC Zen 4, docs/performance.md)
+FEW_TILE_VALUES = 1 << 20  # a tile past PLANES_MOST_TOKENS, about [256, 4096], decoded TILE_VALUES at a time
+MANY_TOKENS = 128  # past this, tiles are taller (row_tiles)
 WORDS = 4  # little-endian 32-bit words in a group of 32 inputs
 SIXTEEN = np.uint8(16)
 HIGH_NIBBLE = np.uint8(0xF0)
@@ -84,24 +88,28 @@ def tile_rows(w: Fp4Matrix) -> int:
 
 
 def row_tiles(w: Fp4Matrix, tokens: int = 0, shares: int = 1) -> list[tuple[int, int]]:
-    """[start, end) of each tile of a product with `tokens` tokens: a few tokens' are INT4's
-    (int4_tiles.row_tiles); many tokens' as TALL_TILE_BYTES of float32 hold, but at most a share
-    of the rows among `shares` threads; decoding alone (0), tile_rows(w) rows."""
-    if 0 < tokens <= MANY_TOKENS:
+    """[start, end) of each tile of a product with `tokens` tokens: up to PLANES_MOST_TOKENS INT4's
+    (int4_tiles.row_tiles); up to MANY_TOKENS as FEW_TILE_VALUES hold; past that as TALL_TILE_BYTES
+    of float32 hold, but at most a share of the rows among `shares` threads; decoding alone (0),
+    tile_rows(w) rows."""
+    if 0 < tokens <= PLANES_MOST_TOKENS:
         return list(int4_tiles.row_tiles(w, tokens))
-    rows = tile_rows(w)
-    height = min(tall_rows(rows, w.shape[1]), rows * -(-w.shape[0] // (rows * shares))) if tokens else rows
-    return [(r, min(r + height, w.shape[0])) for r in range(0, w.shape[0], height)]
+    rows, (out_dim, in_dim) = tile_rows(w), w.shape
+    if tokens > MANY_TOKENS:
+        height = min(tall_rows(rows, in_dim), rows * -(-out_dim // (rows * shares)))
+    else:
+        height = rows * max(1, FEW_TILE_VALUES // (rows * in_dim)) if tokens else rows
+    return [(r, min(r + height, out_dim)) for r in range(0, out_dim, height)]
 
 
 def apply_tiles(tokens_t: np.ndarray, w: Fp4Matrix, tiles: Sequence[tuple[int, int]], rows: np.ndarray,
                 claim: Callable[[], int | None] | None = None) -> None:
     """Decode each tile and multiply it into its rows of `rows` [out, N]; tokens_t: the inputs
-    [in, N]. A few tokens' tiles are planes (int4_tiles.apply_tiles, the inputs put in their order
-    here); many tokens', rows decoded tile_rows(w) at a time. With `claim`, only the tiles it hands
+    [in, N]. Up to PLANES_MOST_TOKENS the tiles are planes (int4_tiles.apply_tiles, the inputs put
+    in their order here); past them, rows decoded tile_rows(w) at a time. With `claim`, only the tiles it hands
     out are done (by index, until it gives None): a product shared from both ends with a helper
     process (fp8_workers)."""
-    if tokens_t.shape[1] <= MANY_TOKENS:
+    if tokens_t.shape[1] <= PLANES_MOST_TOKENS:
         split = int4_tiles.split_inputs(tokens_t.T, w)  # [N, in] in the planes' order
         int4_tiles.apply_tiles(split, w, tiles, rows, decode_planes, claim)
         return

@@ -79,20 +79,21 @@ def test_fp8_with_e8m0_scales_through_the_fp8_kernels():
         np.testing.assert_allclose(linear(x, matrix), x @ reference.T, rtol=1e-5, atol=1e-5 * np.abs(x).max())
 
 
-def test_a_few_tokens_tiles_are_int4s_and_many_tokens_tall(monkeypatch):
-    """A V4-Flash expert's w1 [2048, 4096]: a few tokens' tiles are INT4's (its bytes lie as INT4's
-    words), many tokens' as tall as TALL_TILE_BYTES hold or a share of the rows, and decoding alone
-    takes tile_rows(w) at a time."""
+def test_tiles_are_int4s_then_rows_then_tall_rows(monkeypatch):
+    """A V4-Flash expert's w1 [2048, 4096]: up to PLANES_MOST_TOKENS the tiles are INT4's (its bytes
+    lie as INT4's words), then rows as FEW_TILE_VALUES hold up to MANY_TOKENS, then as tall as
+    TALL_TILE_BYTES hold or a share of the rows; decoding alone takes tile_rows(w) at a time."""
     from stepper.kernels import gemm, int4_tiles
 
     w = Fp4Matrix(np.zeros((2048, 2048), np.uint8), np.ones((2048, 128), np.float32))
-    assert (w.in_features, w.group) == (4096, 32)
+    assert (w.in_features, w.group) == (4096, 32) and fp4_tiles.PLANES_MOST_TOKENS == 64
     for direct in (0, 10**6):
         monkeypatch.setattr(gemm, "direct_limit", lambda direct=direct: direct)
-        for n in (1, 4, 11, 128):
+        for n in (1, 4, 11, 64):
             assert fp4_tiles.row_tiles(w, n) == list(int4_tiles.row_tiles(w, n))
-    assert fp4_tiles.row_tiles(w)[:2] == [(0, 32), (32, 64)] and len(fp4_tiles.row_tiles(w)) == 64
+    assert fp4_tiles.row_tiles(w, 65)[:2] == fp4_tiles.row_tiles(w, 128)[:2] == [(0, 256), (256, 512)]
     assert fp4_tiles.row_tiles(w, 200, 2) == [(0, 1024), (1024, 2048)] and fp4_tiles.row_tiles(w, 200) == [(0, 2048)]
+    assert fp4_tiles.row_tiles(w)[:2] == [(0, 32), (32, 64)] and len(fp4_tiles.row_tiles(w)) == 64
 
 
 def plane_values(w: Fp4Matrix) -> np.ndarray:
@@ -121,22 +122,26 @@ def test_planes_hold_the_readable_values_bit_for_bit(scale_bytes):
         np.testing.assert_array_equal(plane_values(w).view(np.uint32), w.dequantize().view(np.uint32))
 
 
-@pytest.mark.parametrize("tokens", [1, 4, 11, 17, 48, 128, 129])
+@pytest.mark.parametrize("tokens", [1, 4, 11, 17, 57, 64, 65, 128, 129])
 def test_a_few_tokens_product_is_made_from_planes(tokens, monkeypatch):
-    """Up to MANY_TOKENS tokens the tiles are planes summed (gemm.planes_matmul, as INT4's), past
-    them whole rows in one GEMM; either way the product of the exact weights, the tiles shared
-    between the threads in either order."""
-    from stepper.kernels import gemm
+    """Up to PLANES_MOST_TOKENS tokens (57 padded to 64 among them) the tiles are planes summed
+    (gemm.planes_matmul, as INT4's), past them whole rows (padded to 8s up to MANY_TOKENS) in one
+    GEMM each; either way the product of the exact weights, the tiles shared between the threads
+    in either order."""
+    from stepper.kernels import gemm, int4_tiles
 
-    made = {"planes": 0, "rows": 0}
+    monkeypatch.setattr(int4_tiles, "block_rows", lambda w, n: 0)  # no direct blocks: the planes' tokens padded too
+    made = {"planes": [], "rows": []}
     real_planes, real_matmul = gemm.planes_matmul, gemm.matmul
-    monkeypatch.setattr(gemm, "planes_matmul", lambda *a: made.update(planes=made["planes"] + 1) or real_planes(*a))
-    monkeypatch.setattr(gemm, "matmul", lambda *a: made.update(rows=made["rows"] + 1) or real_matmul(*a))
+    monkeypatch.setattr(gemm, "planes_matmul", lambda *a: made["planes"].append(a[1].shape[2]) or real_planes(*a))
+    monkeypatch.setattr(gemm, "matmul", lambda *a: made["rows"].append(a[1].shape[1]) or real_matmul(*a))
     w = fp4_weight(300, 2048, 8)
     x = np.random.default_rng(tokens).standard_normal((tokens, 2048)).astype(np.float32)
     exact = x.astype(np.float64) @ w.dequantize().astype(np.float64).T
     product = linear(x, w)
     bound = 1e-6 * (np.abs(x).astype(np.float64) @ np.abs(w.dequantize()).astype(np.float64).T)
     assert product.shape == (tokens, 300) and (np.abs(product - exact) <= bound).all()
-    few = tokens <= fp4_tiles.MANY_TOKENS
-    assert (made["planes"] > 0, made["rows"] > 0) == (few, not few)
+    columns = tokens if tokens in (1, 4, 129) else -(-tokens // 8) * 8  # padded to 8s, but one and many tokens
+    planes = tokens <= fp4_tiles.PLANES_MOST_TOKENS
+    expected = ({columns}, set()) if planes else (set(), {columns})
+    assert (set(made["planes"]), set(made["rows"])) == expected

@@ -24,14 +24,15 @@ def checkpoint(tmp_path_factory):
 
 @pytest.fixture
 def shared(monkeypatch):
-    """Every FP4 product with a file behind it goes through the helpers, a few tokens' in tiles of
-    10 rows (INT4's tiles, which FP4's take), many tokens' of 5 (tiny's products are below the size
+    """Every FP4 product with a file behind it goes through the helpers, in tiles of 10 rows (up to
+    64 tokens INT4's tiles, which FP4's take), many tokens' of 5 (tiny's products are below the size
     and one tile each)."""
     if parallel.cores() < 2:
         pytest.skip("helpers need two cores")
     monkeypatch.setattr(fp4_matmul, "SHARE_WORK", 0)
     monkeypatch.setattr(fp4_tiles, "TILE_VALUES", 5 * 64)
     monkeypatch.setattr(int4_tiles, "tile_height", lambda w, n: 10)
+    monkeypatch.setattr(fp4_tiles, "FEW_TILE_VALUES", 10 * 64)
     fp8_workers.stop_helpers()
     yield
     fp8_workers.stop_helpers()
