@@ -234,13 +234,16 @@ class MappedBudget:
     def __init__(self, limit: int):
         self.limit = limit
         self.kept: OrderedDict[Hashable, tuple[int, Callable[[], None]]] = OrderedDict()
+        self.total = 0  # the bytes kept, summed as ranges come and go (a layer uses hundreds)
 
     def use(self, key: Hashable, size: int, let_go: Callable[[], None]) -> None:
         """The range `key` (size bytes mapped) was just used; let_go() unmaps it."""
-        self.kept.pop(key, None)
+        earlier, _ = self.kept.pop(key, (0, None))
         self.kept[key] = (size, let_go)
-        while sum(size for size, _ in self.kept.values()) > self.limit and len(self.kept) > 1:
-            _, (_, oldest_let_go) = self.kept.popitem(last=False)
+        self.total += size - earlier
+        while self.total > self.limit and len(self.kept) > 1:
+            _, (oldest_size, oldest_let_go) = self.kept.popitem(last=False)
+            self.total -= oldest_size
             oldest_let_go()
 
 

@@ -579,3 +579,9 @@ def test_mapped_budget_lets_go_of_the_least_recently_used_past_its_limit():
     assert gone == ["a", "c"] and list(budget.kept) == ["b", "d"]
     budget.use("huge", 50, lambda: gone.append("huge"))  # over the limit alone: kept, the rest go
     assert gone == ["a", "c", "b", "d"] and list(budget.kept) == ["huge"]
+    assert budget.total == 50
+    budget.use("huge", 6, lambda: gone.append("huge"))  # the same range again, smaller: counted once, as it is now
+    budget.use("e", 4, lambda: gone.append("e"))
+    assert budget.total == 10 and list(budget.kept) == ["huge", "e"] and gone == ["a", "c", "b", "d"]
+    budget.use("f", 1, lambda: gone.append("f"))
+    assert budget.total == 5 and list(budget.kept) == ["e", "f"] and gone[-1] == "huge"
