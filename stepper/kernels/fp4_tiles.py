@@ -3,19 +3,18 @@ the work kernels.fp4_matmul does itself, with threads, or shares out with the he
 kernels.fp8_workers.
 
 FP4 bytes lie as INT4 words do: a group's 32 inputs are 16 bytes, four little-endian words, and
-byte q of word k holds inputs 8k + 2q (low nibble) and 8k + 2q + 1 (high). So a few tokens'
-product takes INT4's tiles (kernels.int4_tiles): the words put word by word, the nibbles moved to
-the top of their bytes, eight planes [rows, in/8] each multiplied by its inputs and the products
-summed. Only a nibble's value differs: e2m1 (sign, two exponent bits, one mantissa bit) is put
+byte q of word k holds inputs 8k + 2q (low nibble) and 8k + 2q + 1 (high). So a product of up
+to PLANES_MOST_TOKENS tokens takes INT4's tiles (kernels.int4_tiles): the words put word by word,
+the nibbles moved to the top of their bytes, eight planes [rows, in/8] each multiplied by its
+inputs and the products summed. Only a nibble's value differs: e2m1 (sign, two exponent bits, one mantissa bit) is put
 into a float32's bits, the sign at the top and the three others at the exponent's foot, which is
 the value times 2^-126 (0.5 a subnormal); the group's power-of-two scale times 2^126 then gives
 the value times the scale, exactly as w.dequantize() makes it.
 
-With more tokens (PLANES_MOST_TOKENS) a tile is a block of whole rows in the inputs' own order,
-decoded by looking up each byte's two values in `fp4.PAIRS` (low nibble first) and multiplying
-each group of 32 by its scale, for fewer, larger GEMMs (with many, the result is laid out [N, out]:
-fp8_tiles.result_arrays).
-`decode_rows` also decodes a whole weight (fp4_matmul.fp4_rows).
+With more tokens a tile is a block of whole rows in the inputs' own order, decoded by looking up
+each byte's two values in `fp4.PAIRS` (low nibble first) and multiplying each group of 32 by its
+scale, for one GEMM a tile (past MANY_TOKENS taller, the result laid out [N, out]:
+fp8_tiles.result_arrays). `decode_rows` also decodes a whole weight (fp4_matmul.fp4_rows).
 """
 
 from __future__ import annotations
@@ -106,9 +105,9 @@ def apply_tiles(tokens_t: np.ndarray, w: Fp4Matrix, tiles: Sequence[tuple[int, i
                 claim: Callable[[], int | None] | None = None) -> None:
     """Decode each tile and multiply it into its rows of `rows` [out, N]; tokens_t: the inputs
     [in, N]. Up to PLANES_MOST_TOKENS the tiles are planes (int4_tiles.apply_tiles, the inputs put
-    in their order here); past them, rows decoded tile_rows(w) at a time. With `claim`, only the tiles it hands
-    out are done (by index, until it gives None): a product shared from both ends with a helper
-    process (fp8_workers)."""
+    in their order here); past them, rows decoded tile_rows(w) at a time. With `claim`, only the
+    tiles it hands out are done (by index, until it gives None): a product shared from both ends
+    with a helper process (fp8_workers)."""
     if tokens_t.shape[1] <= PLANES_MOST_TOKENS:
         split = int4_tiles.split_inputs(tokens_t.T, w)  # [N, in] in the planes' order
         int4_tiles.apply_tiles(split, w, tiles, rows, decode_planes, claim)
