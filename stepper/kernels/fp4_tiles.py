@@ -32,7 +32,8 @@ TILE_VALUES = 1 << 17  # values decoded at once, about: [32, 4096] float32 (0.5 
 PLANES_MOST_TOKENS = 64  # up to this, tiles are planes; past it, rows in the inputs' order (row_tiles). At 96 and 128
 # tokens a V4-Flash w1's planes took about 1.15x the time of [256, 4096] rows (AMD EPYC Zen 4, docs/performance.md)
 FEW_TILE_VALUES = 1 << 20  # a tile past PLANES_MOST_TOKENS, about [256, 4096], decoded TILE_VALUES at a time
-MANY_TOKENS = 128  # past this, tiles are taller (row_tiles)
+MANY_TOKENS = 256  # past this, tiles are taller, the result [N, out] (row_tiles). At 129-256 tokens [256, in] rows
+# and [out, N] took 0.8-0.95x the time of tall ones (AMD EPYC Zen 4, docs/performance.md); at 300-512, about the same
 WORDS = 4  # little-endian 32-bit words in a group of 32 inputs
 SIXTEEN = np.uint8(16)
 HIGH_NIBBLE = np.uint8(0xF0)

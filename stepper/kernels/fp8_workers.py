@@ -45,7 +45,6 @@ import numpy as np
 from stepper import dtypes, fp4, fp8
 from stepper.files import anonymous_file
 from stepper.kernels import parallel
-from stepper.kernels.fp4_tiles import MANY_TOKENS as FP4_MANY_TOKENS
 from stepper.kernels.fp4_tiles import apply_tiles as apply_fp4_tiles
 from stepper.kernels.fp4_tiles import row_tiles as fp4_row_tiles
 from stepper.kernels.fp8_tiles import NanCheck, apply_tiles, many_tokens, result_arrays, row_tiles
@@ -63,6 +62,7 @@ from stepper.weights.safetensors_reader import (
 )
 from stepper.weights.stored import FileBytes, Fp4Matrix, Fp8Matrix, Int4Matrix
 
+FP4_SHARED_MOST_TOKENS = 128  # past this, an FP4 product is shared by threads, not with the helpers (fp4_bands)
 BAND_RESIDENT_BYTES = 3 << 28  # bytes of bands a helper keeps mapped before the oldest are released (768 MiB)
 SHARE_WORK = 1 << 22  # a product of fewer weights x tokens stays in this process: messages would cost more
 SPIN_SECONDS = 0.002  # how long a side watches the pipe before sleeping on it
@@ -451,10 +451,11 @@ def file_map_of(array: np.ndarray) -> mmap.mmap | None:
 def fp4_bands(tokens: np.ndarray, tokens_t: np.ndarray, w: Fp4Matrix, rows: np.ndarray) -> bool:
     """rows [out, N] = the FP4 product of a few tokens' inputs [N, in] (tokens_t: the same, [in, N]),
     shared with the helpers: tiles from both ends with one helper, else one band of whole tiles
-    for this process and one for each helper. False (nothing done) for many tokens (threads share
-    those as well: their GEMMs let go of the GIL; a [2048, 4096] product of 512 tokens took 64.7 ms
-    with threads, 67.6 with the helper), when the bytes are not a file's, or with no helpers."""
-    if _broken or w.origin is None or parallel.cores() < 2 or tokens.shape[0] > FP4_MANY_TOKENS:
+    for this process and one for each helper. False (nothing done) past FP4_SHARED_MOST_TOKENS
+    tokens (threads share those as well: their GEMMs let go of the GIL; a [2048, 4096] product of
+    512 tokens took 64.7 ms with threads, 67.6 with the helper), when the bytes are not a file's,
+    or with no helpers."""
+    if _broken or w.origin is None or parallel.cores() < 2 or tokens.shape[0] > FP4_SHARED_MOST_TOKENS:
         return False
     return with_helpers(lambda workers: shared_fp4(tokens, tokens_t, w, rows, workers))
 

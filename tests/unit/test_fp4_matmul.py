@@ -27,7 +27,7 @@ def test_dequantize_is_the_formats_own():
 
 
 @pytest.mark.parametrize("direct", [0, 10**6])  # the BLAS's direct products: none, or OpenBLAS SkylakeX's
-@pytest.mark.parametrize("tokens", [1, 3, 8, 11, 130])
+@pytest.mark.parametrize("tokens", [1, 3, 8, 11, 130, 260])
 def test_tiled_product_equals_decode_then_matmul(tokens, direct, monkeypatch):
     from stepper.kernels import gemm
 
@@ -42,12 +42,12 @@ def test_tiled_product_equals_decode_then_matmul(tokens, direct, monkeypatch):
     assert (np.abs(got - expected) <= bound).all()
 
 
-@pytest.mark.parametrize("tokens", [3, 100])  # 2 x 100: many tokens, tall tiles shared between the threads
+@pytest.mark.parametrize("tokens", [3, 150])  # 2 x 150: many tokens, tall tiles shared between the threads
 def test_several_weights_and_shared_threads(tokens, monkeypatch):
     monkeypatch.setattr(fp4_matmul, "SHARE_WORK", 1)  # every product shared out between threads
     monkeypatch.setattr(fp4_tiles, "TILE_VALUES", 128 * 8)
     w1, w3 = fp4_weight(64, 128, 3), fp4_weight(48, 128, 4)
-    assert len(fp4_tiles.row_tiles(w1, 200, 2)) == 2 and len(fp4_tiles.row_tiles(w1)) == 8
+    assert len(fp4_tiles.row_tiles(w1, 300, 2)) == 2 and len(fp4_tiles.row_tiles(w1)) == 8
     x = np.random.default_rng(5).standard_normal((2, tokens, 128)).astype(np.float32)
     y1, y3 = linears(x, (w1, w3))
     assert y1.shape == (2, tokens, 64) and y3.shape == (2, tokens, 48)
@@ -91,8 +91,8 @@ def test_tiles_are_int4s_then_rows_then_tall_rows(monkeypatch):
         monkeypatch.setattr(gemm, "direct_limit", lambda direct=direct: direct)
         for n in (1, 4, 11, 64):
             assert fp4_tiles.row_tiles(w, n) == list(int4_tiles.row_tiles(w, n))
-    assert fp4_tiles.row_tiles(w, 65)[:2] == fp4_tiles.row_tiles(w, 128)[:2] == [(0, 256), (256, 512)]
-    assert fp4_tiles.row_tiles(w, 200, 2) == [(0, 1024), (1024, 2048)] and fp4_tiles.row_tiles(w, 200) == [(0, 2048)]
+    assert fp4_tiles.row_tiles(w, 65)[:2] == fp4_tiles.row_tiles(w, 256)[:2] == [(0, 256), (256, 512)]
+    assert fp4_tiles.row_tiles(w, 257, 2) == [(0, 1024), (1024, 2048)] and fp4_tiles.row_tiles(w, 257) == [(0, 2048)]
     assert fp4_tiles.row_tiles(w)[:2] == [(0, 32), (32, 64)] and len(fp4_tiles.row_tiles(w)) == 64
 
 
@@ -122,7 +122,7 @@ def test_planes_hold_the_readable_values_bit_for_bit(scale_bytes):
         np.testing.assert_array_equal(plane_values(w).view(np.uint32), w.dequantize().view(np.uint32))
 
 
-@pytest.mark.parametrize("tokens", [1, 4, 11, 17, 57, 64, 65, 128, 129])
+@pytest.mark.parametrize("tokens", [1, 4, 11, 17, 57, 64, 65, 129, 257])
 def test_a_few_tokens_product_is_made_from_planes(tokens, monkeypatch):
     """Up to PLANES_MOST_TOKENS tokens (57 padded to 64 among them) the tiles are planes summed
     (gemm.planes_matmul, as INT4's), past them whole rows (padded to 8s up to MANY_TOKENS) in one
@@ -141,7 +141,7 @@ def test_a_few_tokens_product_is_made_from_planes(tokens, monkeypatch):
     product = linear(x, w)
     bound = 1e-6 * (np.abs(x).astype(np.float64) @ np.abs(w.dequantize()).astype(np.float64).T)
     assert product.shape == (tokens, 300) and (np.abs(product - exact) <= bound).all()
-    columns = tokens if tokens in (1, 4, 129) else -(-tokens // 8) * 8  # padded to 8s, but one and many tokens
+    columns = tokens if tokens in (1, 4, 257) else -(-tokens // 8) * 8  # padded to 8s, but one and many tokens
     planes = tokens <= fp4_tiles.PLANES_MOST_TOKENS
     expected = ({columns}, set()) if planes else (set(), {columns})
     assert (set(made["planes"]), set(made["rows"])) == expected

@@ -58,9 +58,10 @@ def test_shared_product_is_the_product_made_here_bit_for_bit(checkpoint, shared,
     np.testing.assert_array_equal(y, here)
 
 
-def test_many_tokens_stay_with_this_process_threads(checkpoint, shared):
+@pytest.mark.parametrize("tokens", [129, 300])  # rows of a few tokens' height, and tall ones
+def test_many_tokens_stay_with_this_process_threads(checkpoint, shared, tokens):
     w = checkpoint.matrix(EXPERT.format(2))
-    x = np.random.default_rng(3).standard_normal((300, w.shape[1])).astype(np.float32)
+    x = np.random.default_rng(3).standard_normal((tokens, w.shape[1])).astype(np.float32)
     y = linear(x, w)
     assert fp8_workers.helpers.cache_info().currsize == 0  # no helper was even started
     exact = exact_product(x, w)
