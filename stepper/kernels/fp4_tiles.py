@@ -34,9 +34,6 @@ PLANES_MOST_TOKENS = 64  # up to this, tiles are planes; past it, rows in the in
 FEW_TILE_VALUES = 1 << 20  # a tile past PLANES_MOST_TOKENS, about [256, 4096], decoded TILE_VALUES at a time
 MANY_TOKENS = 256  # past this, tiles are taller, the result [N, out] (row_tiles). At 129-256 tokens [256, in] rows
 # and [out, N] took 0.8-0.95x the time of tall ones (AMD EPYC Zen 4, docs/performance.md); at 300-512, about the same
-WORDS = 4  # little-endian 32-bit words in a group of 32 inputs
-SIXTEEN = np.uint8(16)
-HIGH_NIBBLE = np.uint8(0xF0)
 SIGN_AND_CODE = np.uint32(0x81C0_0000).view(np.int32)  # bit 31, and bits 22-24 (exponent's foot, mantissa's top)
 UNBIAS = np.float32(2.0**126)  # a nibble's bits give its value times 2^-126
 LARGEST_FOLDED = np.float32(2.0)  # a scale times UNBIAS is finite up to 2^1 * 2^126
@@ -65,17 +62,16 @@ def decode_planes(w: Fp4Matrix, start: int, end: int, places: np.ndarray) -> Non
 
 def plane_part(w: Fp4Matrix, start: int, end: int, out: np.ndarray) -> None:
     """Rows [start, end) into `out` [planes, rows, in/8] (decode_planes), in six passes."""
-    rows, groups = end - start, w.in_features // fp4.GROUP
-    memory = int4_tiles.tile_memory(rows, w)
-    np.copyto(memory.words, w.packed[start:end].view(np.int32).reshape(rows, groups, WORDS).transpose(2, 0, 1))
-    np.multiply(memory.codes, SIXTEEN, out=memory.nibbles[0])  # mod 256: the low nibble moved up, s e e m 0000
-    np.bitwise_and(memory.codes, HIGH_NIBBLE, out=memory.nibbles[1])
+    memory = int4_tiles.tile_memory(end - start, w)
+    int4_tiles.put_words(w.packed[start:end].view(np.int32), memory)  # four little-endian words a group
+    int4_tiles.nibbles_up(memory)  # s e e m 0000
     bits = out.view(np.int32)
     np.copyto(bits, memory.values)  # sign-extended: s...s e e m 0000
     np.left_shift(bits, 18, out=bits)
     np.bitwise_and(bits, SIGN_AND_CODE, out=bits)  # s 000000 e e m 0...0: the value times 2^-126
+    folded = w.scales[start:end].max(initial=0) <= LARGEST_FOLDED
     scales = int4_tiles.scales_per_byte(w.scales[start:end], memory)
-    if scales.max(initial=0) <= LARGEST_FOLDED:
+    if folded:
         np.multiply(scales, UNBIAS, out=scales)
     else:  # a scale of 2^2 or more: the values unbiased first (exact), then scaled
         np.multiply(out, UNBIAS, out=out)

@@ -134,12 +134,10 @@ def decode_tile(w: Int4Matrix, start: int, end: int, out: np.ndarray) -> np.ndar
     """Rows [start, end) of the weight as float32, in the tiles' order (tiles_order), into `out`
     [planes, rows, in/8] (a view: the planes one after another, or side by side in each row): every
     value (nibble - 8) * its group's scale."""
-    rows, groups, per_group = end - start, w.in_features // w.group, w.group // int4.PER_WORD
-    memory = tile_memory(rows, w)
-    np.copyto(memory.words, w.packed[start:end].reshape(rows, groups, per_group).transpose(2, 0, 1))
+    memory = tile_memory(end - start, w)
+    put_words(w.packed[start:end], memory)
     np.bitwise_xor(memory.codes, FLIP_TOP_BITS, out=memory.codes)
-    np.multiply(memory.codes, SIXTEEN, out=memory.nibbles[0])  # mod 256: the low nibble moved up
-    np.bitwise_and(memory.codes, HIGH_NIBBLE, out=memory.nibbles[1])
+    nibbles_up(memory)
     np.copyto(out, memory.values)  # 16 (nibble - 8)
     scales = scales_per_byte(w.scales[start:end], memory)
     np.multiply(scales, SIXTEENTH, out=scales)
@@ -148,6 +146,20 @@ def decode_tile(w: Int4Matrix, start: int, end: int, out: np.ndarray) -> np.ndar
         scales = scales_per_byte(w.scales[start:end], memory)
     np.multiply(out, scales, out=out)  # the same [rows, in/8] for every plane
     return out
+
+
+def put_words(words: np.ndarray, memory: TileMemory) -> None:
+    """A tile's words [rows, in/8] into memory.words word by word ([rows, groups, words of a group]
+    -> [words of a group, rows, groups]): one move for eight inputs."""
+    per_group, rows, groups = memory.words.shape
+    np.copyto(memory.words, words.reshape(rows, groups, per_group).transpose(2, 0, 1))
+
+
+def nibbles_up(memory: TileMemory) -> None:
+    """Each byte's two nibbles (memory.codes) into bytes of their own, at the top (memory.nibbles):
+    the low nibble times 16 (mod 256), the high one with the low bits cleared."""
+    np.multiply(memory.codes, SIXTEEN, out=memory.nibbles[0])
+    np.bitwise_and(memory.codes, HIGH_NIBBLE, out=memory.nibbles[1])
 
 
 FLIP_TOP_BITS = np.uint8(0x88)

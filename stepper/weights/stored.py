@@ -127,7 +127,7 @@ class Fp4Matrix:
 
     @property
     def shape(self) -> tuple[int, int]:
-        return self.packed.shape[0], 2 * self.packed.shape[1]
+        return self.packed.shape[0], self.in_features
 
     @property
     def in_features(self) -> int:  # with `group`, as an Int4Matrix names them: the two share tiles (int4_tiles)
