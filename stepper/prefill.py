@@ -29,6 +29,7 @@ from functools import cache
 import numpy as np
 
 from stepper import catalog
+from stepper.kernels import parallel
 from stepper.model.cache import KVCache, LayerCache
 from stepper.seams.trace import Emitter, Event
 from stepper.tensors.chunked import Chunked
@@ -102,8 +103,10 @@ class Replay:
         self.made.update(self.make(sorted(self.together - self.made.keys())))
         return self.made[name]
 
+    @parallel.one_blas_thread()
     def make(self, names: list[str]) -> dict[str, np.ndarray]:
-        """These chunked tensors over all positions, each chunk replayed once for all of them."""
+        """These chunked tensors over all positions, each chunk replayed once for all of them
+        (BLAS on one thread meanwhile, as in the run)."""
         made: dict[str, list[np.ndarray]] = {name: [] for name in names}
 
         def keep(event: Event) -> None:

@@ -28,6 +28,7 @@ from stepper import families, prefill
 from stepper.config import Config
 from stepper.errors import StepperError
 from stepper.families import derive
+from stepper.kernels import parallel
 from stepper.kernels.weight_cache import CachedWeights
 from stepper.model.options import LayerOptions
 from stepper.model.stack import Model
@@ -389,8 +390,10 @@ def run(spec: RunSpec, sinks: Iterable[Sink], weights: WeightSource | None = Non
     return execute(prepare(spec, weights), sinks)
 
 
+@parallel.one_blas_thread()
 def execute(plan: Plan, sinks: Iterable[Sink]) -> RunResult:
-    """Run the prefill and `spec.decode` decode steps, emitting to `sinks`."""
+    """Run the prefill and `spec.decode` decode steps, emitting to `sinks` (BLAS on one thread
+    meanwhile, as the command line runs it)."""
     spec, cfg = plan.spec, plan.config
     family = families.family_for(cfg)
     model = family.build(plan.weights, LayerOptions(index_scoring=spec.index_scoring))

@@ -4,9 +4,10 @@ A big float32 product (a weight the weight cache holds decoded) is one long BLAS
 of rows, so threads run the shares side by side (NumPy releases the GIL inside the call). FP8
 products are different: many short NumPy calls per tile, so they are shared with helper
 processes instead (`fp8_workers`). OpenBLAS, left to its own threads, spins a thread on the
-other core after every call, which then fights the work that follows; `single_threaded_blas()`
-is called by the command line (and the benchmarks) so the whole process works with stepper's
-own splits; as a library, stepper leaves BLAS as it finds it unless asked.
+other core after every call, which then fights the work that follows (a Kimi K2 decode step
+2.3x slower). So `single_threaded_blas()` is called by the command line (and the benchmarks): the
+whole process works with stepper's own splits. As a library, stepper runs with BLAS on one
+thread the same way (`one_blas_thread`), and gives it back as it found it.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from functools import cache
 from typing import TypeVar
 
@@ -71,6 +73,31 @@ def single_threaded_blas() -> bool:
     return True
 
 
+def blas_threads() -> int | None:
+    """The threads NumPy's OpenBLAS runs a call on; None when no OpenBLAS can be found."""
+    function = _openblas_function(GET_THREADS)
+    if function is None:
+        return None
+    function.restype = ctypes.c_int
+    return function()
+
+
+@contextmanager
+def one_blas_thread() -> Iterator[None]:
+    """NumPy's OpenBLAS on one thread inside (stepper's own splits use the cores), then on as many
+    as it had: a run through the Python API as fast as the command line's, the caller's BLAS left
+    as found. Also a decorator."""
+    before, setter = blas_threads(), _blas_thread_setter()
+    if before is None or setter is None or before == 1:
+        yield
+        return
+    setter(1)
+    try:
+        yield
+    finally:
+        setter(before)
+
+
 def _blas_thread_setter() -> Callable[[int], None] | None:
     function = _openblas_function(SET_THREADS)
     if function is not None:
@@ -78,6 +105,7 @@ def _blas_thread_setter() -> Callable[[int], None] | None:
     return function
 
 
+@cache
 def _openblas_function(symbols: tuple[str, ...]):
     """The first of these functions that NumPy's OpenBLAS exports (Linux), else None."""
     import numpy  # noqa: F401  (loads NumPy's BLAS library, so its path is in the process's map)
@@ -116,12 +144,10 @@ def blas_description() -> str:
     except (KeyError, TypeError, ValueError):
         name = "unknown"
     core = openblas_kernels()
-    threads = _openblas_function(GET_THREADS)
+    count = blas_threads()
     if core:
         forced = os.environ.get("OPENBLAS_CORETYPE", "").strip()
         name += f", kernels {core}" + (f" (OPENBLAS_CORETYPE={forced} in the environment)" if forced else "")
-    if threads is not None:
-        threads.restype = ctypes.c_int
-        count = threads()
+    if count is not None:
         name += f", {count} thread{'s' if count != 1 else ''}"
     return name

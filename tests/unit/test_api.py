@@ -12,6 +12,7 @@ import pytest
 import stepper
 from stepper import prefill
 from stepper.errors import StepperError
+from stepper.kernels import parallel
 from stepper.model.ops import rms_norm
 from stepper.planning import memory
 from stepper.planning.memory import Need
@@ -314,3 +315,32 @@ def test_the_repository_fixtures_are_found_by_name_from_any_folder(tmp_path, mon
     (tmp_path / "tiny-absorb").mkdir()  # a folder of the user's own, by the same name, comes first
     with pytest.raises(StepperError, match="tiny-absorb"):
         stepper.load("tiny-absorb")
+
+
+@pytest.fixture
+def blas_on_two_threads():
+    """NumPy's OpenBLAS on two threads, as a notebook finds it, then back on one."""
+    if parallel.blas_threads() is None:
+        pytest.skip("NumPy here is not built on OpenBLAS")
+    set_threads = parallel._blas_thread_setter()
+    set_threads(2)
+    yield
+    set_threads(1)
+
+
+def test_a_run_puts_blas_on_one_thread_and_gives_it_back_as_it_was(blas_on_two_threads, monkeypatch):
+    """stepper splits the big products across the cores itself; OpenBLAS's own second thread would
+    fight those splits (a Kimi K2 decode step 2.3x slower). The command line puts BLAS on one
+    thread for good; the Python API only while it runs a model, the prefill's replay included."""
+    seen = []
+    run = stepper.run(model="tiny", prompt_len=3, patch={"*q_a": lambda x, name: seen.append(parallel.blas_threads())})
+    assert seen == [1, 1, 1] and len(run.names) > 0
+    assert parallel.blas_threads() == 2, "the caller's BLAS as it was"
+    replay = prefill.Replay.run
+    monkeypatch.setattr(prefill.Replay, "run",
+                        lambda self, k, sinks: seen.append(parallel.blas_threads()) or replay(self, k, sinks))
+    chunked = stepper.run(model="tiny", prompt_len=21, chunk=8)
+    seen.clear()
+    assert np.asarray(chunked["layers.1.output"]).shape == (1, 21, 320)
+    assert seen == [1, 1, 1], "the replay of the 3 chunks"
+    assert parallel.blas_threads() == 2
