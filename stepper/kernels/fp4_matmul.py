@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from stepper import fp4
 from stepper.kernels import parallel
 from stepper.kernels.fp4_tiles import MANY_TOKENS, PLANES_MOST_TOKENS, apply_tiles, decode_rows, row_tiles
 from stepper.kernels.fp8_matmul import padded_to_columns
@@ -54,7 +55,8 @@ def fp4_rows(w: Fp4Matrix, out: np.ndarray | None = None) -> np.ndarray:
     """The float32 weight, equal bit for bit to `w.dequantize()`, decoded a tile of rows at a time
     into its rows; into `out` if given (C-contiguous).  -> [out, in]"""
     out = np.empty(w.shape, np.float32) if out is None else out
+    scales = fp4.e8m0.decode(w.scales)  # [out, in/32] float32
     for start, end in row_tiles(w):
-        decode_rows(w, start, end, out[start:end])
+        decode_rows(w, start, end, out[start:end], scales[start:end])
     return out
 

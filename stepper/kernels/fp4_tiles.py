@@ -35,20 +35,22 @@ FEW_TILE_VALUES = 1 << 20  # a tile past PLANES_MOST_TOKENS, about [256, 4096], 
 MANY_TOKENS = 256  # past this, tiles are taller, the result [N, out] (row_tiles). At 129-256 tokens [256, in] rows
 # and [out, N] took 0.8-0.95x the time of tall ones (AMD EPYC Zen 4, docs/performance.md); at 300-512, about the same
 SIGN_AND_CODE = np.uint32(0x81C0_0000).view(np.int32)  # bit 31, and bits 22-24 (exponent's foot, mantissa's top)
-UNBIAS = np.float32(2.0**126)  # a nibble's bits give its value times 2^-126
-LARGEST_FOLDED = np.float32(2.0)  # a scale times UNBIAS is finite up to 2^1 * 2^126
+UNBIAS_EXPONENT = 126  # a nibble's bits give its value times 2^-126
+UNBIAS = np.float32(2.0**UNBIAS_EXPONENT)
+LARGEST_FOLDED_BYTE = fp4.e8m0.EXPONENT_BIAS + 1  # a scale times UNBIAS is finite up to 2^1 * 2^126 (byte 128)
 
 
-def decode_rows(w: Fp4Matrix, start: int, end: int, out: np.ndarray) -> np.ndarray:
+def decode_rows(w: Fp4Matrix, start: int, end: int, out: np.ndarray, scales: np.ndarray) -> np.ndarray:
     """Rows [start, end) of the weight as float32 into `out` [rows, in] (C-contiguous): every
-    value e2m1(code) * its group's scale, exactly as w.dequantize() gives it."""
+    value e2m1(code) * its group's scale, exactly as w.dequantize() gives it; `scales`: the rows'
+    scales as float32 [rows, in/32] (e8m0.decode of theirs)."""
     rows, in_dim = end - start, w.shape[1]
     # mode="wrap": a byte indexes 256 rows, so no index is out of range, and NumPy's wrapping take skips
     # the bounds check that made the default ("raise") take twice as long
     pairs = out.reshape(rows, in_dim // 2, 2)  # [rows, in/2, 2]: each byte's two values, low nibble first
     np.take(fp4.PAIRS, w.packed[start:end], axis=0, out=pairs, mode="wrap")
     groups = out.reshape(rows, -1, fp4.GROUP)  # [rows, in/32, 32]
-    np.multiply(groups, w.scales[start:end, :, None], out=groups)
+    np.multiply(groups, scales[:, :, None], out=groups)
     return out
 
 
@@ -61,7 +63,11 @@ def decode_planes(w: Fp4Matrix, start: int, end: int, places: np.ndarray) -> Non
 
 
 def plane_part(w: Fp4Matrix, start: int, end: int, out: np.ndarray) -> None:
-    """Rows [start, end) into `out` [planes, rows, in/8] (decode_planes), in six passes."""
+    """Rows [start, end) into `out` [planes, rows, in/8] (decode_planes), in six passes. The scales'
+    bytes are their float32's exponent fields, 2^126 folded in as 126 more (int4_tiles.scales_per_byte),
+    or, where a byte is past LARGEST_FOLDED_BYTE (2^126 more would leave float32's range), the values
+    times 2^126 first; bytes 0x00 (2^-127, a float32 subnormal) and 0xFF (NaN) are no exponent field,
+    and a tile holding one takes their values from the table (e8m0.decode)."""
     memory = int4_tiles.tile_memory(end - start, w)
     int4_tiles.put_words(w.packed[start:end].view(np.int32), memory)  # four little-endian words a group
     int4_tiles.nibbles_up(memory)  # s e e m 0000
@@ -69,11 +75,16 @@ def plane_part(w: Fp4Matrix, start: int, end: int, out: np.ndarray) -> None:
     np.copyto(bits, memory.values)  # sign-extended: s...s e e m 0000
     np.left_shift(bits, 18, out=bits)
     np.bitwise_and(bits, SIGN_AND_CODE, out=bits)  # s 000000 e e m 0...0: the value times 2^-126
-    folded = w.scales[start:end].max(initial=0) <= LARGEST_FOLDED
-    scales = int4_tiles.scales_per_byte(w.scales[start:end], memory)
-    if folded:
-        np.multiply(scales, UNBIAS, out=scales)
-    else:  # a scale of 2^2 or more: the values unbiased first (exact), then scaled
+    scale_bytes = w.scales[start:end]
+    largest = int(scale_bytes.max(initial=0))
+    folded = largest <= LARGEST_FOLDED_BYTE
+    if largest == fp4.e8m0.NAN_BYTE or scale_bytes.min(initial=1) == 0:
+        scales = int4_tiles.scales_per_byte(fp4.e8m0.decode(scale_bytes), memory)
+        if folded:
+            np.multiply(scales, UNBIAS, out=scales)
+    else:
+        scales = int4_tiles.scales_per_byte(scale_bytes, memory, UNBIAS_EXPONENT if folded else 0)
+    if not folded:  # the values unbiased first (exact), then scaled
         np.multiply(out, UNBIAS, out=out)
     np.multiply(out, scales, out=out)  # the same [rows, in/8] for every plane
 
@@ -111,9 +122,11 @@ def apply_tiles(tokens_t: np.ndarray, w: Fp4Matrix, tiles: Sequence[tuple[int, i
         return
     height, step = max((end - start for start, end in tiles), default=0), tile_rows(w)
     buffer = kept_memory("fp4 tile", height, w.shape[1])
+    scales = fp4.e8m0.decode(w.scales)  # [out, in/32] float32, made once a product (a tile's few would cost more)
     for i in range(len(tiles)) if claim is None else iter(claim, None):
         start, end = tiles[i]
         tile = buffer[: end - start]  # [rows, in]
         for r in range(0, end - start, step):
-            decode_rows(w, start + r, min(start + r + step, end), tile[r : r + step])
+            part = slice(start + r, min(start + r + step, end))
+            decode_rows(w, part.start, part.stop, tile[r : r + step], scales[part])
         multiply_tile(tile, tokens_t, rows[start:end], None)

@@ -113,7 +113,7 @@ class Helper:
 
     def send_inputs(self, tokens: np.ndarray, most_rows: int, more_bytes: int = 0) -> None:
         """Put the inputs [N, in] of the products to come in the scratch, with room after them for
-        more_bytes (an INT4 band's group scales) and most_rows of results (every band sent before
+        more_bytes (an INT4 or FP4 band's group scales) and most_rows of results (every band sent before
         the next inputs)."""
         assert not self.sent, "inputs sent while bands of the last ones are unanswered"
         self._ensure_scratch(CLAIMS_BYTES + tokens.nbytes + more_bytes + most_rows * tokens.shape[0] * 4)
@@ -486,13 +486,14 @@ def shared_fp4(tokens: np.ndarray, tokens_t: np.ndarray, w: Fp4Matrix, rows: np.
 def send_fp4_band(helper: Helper, tokens: np.ndarray, w: Fp4Matrix, band: Band, tiles: list[tuple[int, int]],
                   claims: tuple[int, int] | None = None) -> None:
     """Send a band of an FP4 product, whose tiles are `tiles` (all of one height but the last): the
-    inputs [N, in] and the band's float32 scales into the scratch, then the message. With
+    inputs [N, in] and the band's E8M0 scale bytes into the scratch, then the message. With
     `claims`, the helper takes the band's tiles from the last back (the two tile indices set to
     them first: the band is the whole weight)."""
-    scales = w.scales[band.start : band.end]  # float32 [rows, in / 32]
-    helper.send_inputs(tokens, band.end - band.start, scales.nbytes)
+    scales = w.scales[band.start : band.end]  # E8M0 bytes [rows, in / 32]
+    room = scale_room(scales.size)
+    helper.send_inputs(tokens, band.end - band.start, room)
     at = CLAIMS_BYTES + helper.inputs_bytes
-    np.frombuffer(helper.scratch, np.float32, scales.size, at).reshape(scales.shape)[:] = scales
+    np.frombuffer(helper.scratch, np.uint8, scales.size, at).reshape(scales.shape)[:] = scales
     if claims is not None:
         helper.claims()[:] = claims
     path_bytes = os.fsencode(w.origin.path)
@@ -500,7 +501,13 @@ def send_fp4_band(helper: Helper, tokens: np.ndarray, w: Fp4Matrix, band: Band, 
     numbers = FP4_BAND.pack(*w.origin.identity, w.origin.offset, band.start, band.end, *w.shape, tokens.shape[0],
                             height, len(path_bytes), 0 if claims is None else MEET)
     helper.conn.send_bytes(b"F" + numbers + path_bytes)
-    helper.sent.append((band, scales.nbytes))  # its rows go after its scales in the scratch
+    helper.sent.append((band, room))  # its rows go after its scales in the scratch
+
+
+def scale_room(scale_bytes: int) -> int:
+    """The scratch's bytes for an FP4 band's scale bytes: whole 8s, so the float32 rows after them
+    lie aligned."""
+    return -(-scale_bytes // 8) * 8
 
 
 # ---------------------------------------------------------------------------------------------
@@ -588,8 +595,8 @@ def multiply_int4_band(scratch, files, message: bytes) -> tuple:
 
 def multiply_fp4_band(scratch, files, message: bytes) -> tuple:
     """An FP4 band message's rows of the product of a few tokens into the scratch, after the inputs
-    and the band's float32 scales there.  [N, in] -> [rows, N]; tiles from the last back when shared
-    from both ends. Returns the file map and byte range the bytes were read from."""
+    and the band's E8M0 scale bytes there.  [N, in] -> [rows, N]; tiles from the last back when
+    shared from both ends. Returns the file map and byte range the bytes were read from."""
     *identity, offset, start, end, _, in_dim, n, height, path_length, how = FP4_BAND.unpack_from(message, 1)
     rows, row_bytes = end - start, in_dim // 2
     where = FileBytes(message_path(message, FP4_BAND, path_length, "FP4"), offset, tuple(identity))
@@ -597,9 +604,9 @@ def multiply_fp4_band(scratch, files, message: bytes) -> tuple:
     bytes_at = where.at(start * row_bytes)
     packed = np.frombuffer(view, np.uint8, rows * row_bytes, bytes_at.offset).reshape(rows, row_bytes)
     inputs_end = CLAIMS_BYTES + n * in_dim * 4
-    scales = np.frombuffer(scratch, np.float32, rows * in_dim // fp4.GROUP, inputs_end).reshape(rows, -1)
+    scales = np.frombuffer(scratch, np.uint8, rows * in_dim // fp4.GROUP, inputs_end).reshape(rows, -1)
     tokens = np.frombuffer(scratch, np.float32, n * in_dim, CLAIMS_BYTES).reshape(n, in_dim)
-    flat = np.frombuffer(scratch, np.float32, rows * n, inputs_end + scales.nbytes)
+    flat = np.frombuffer(scratch, np.float32, rows * n, inputs_end + scale_room(scales.size))
     w = Fp4Matrix(packed, scales, origin=bytes_at)
     claim = from_the_back(np.frombuffer(scratch, np.int64, 2)) if how & MEET else None
     apply_fp4_tiles(np.ascontiguousarray(tokens.T), w, spans(rows, height), flat.reshape(rows, n), claim=claim)

@@ -179,18 +179,23 @@ def sixteenths_exact(scales: np.ndarray, sixteenths: np.ndarray) -> bool:
 
 TWO_COPIES = np.uint64(0x1_0000_0001)  # b * (2^32 + 1) = b in both halves of 64 bits, for 32-bit b
 TWO_WIDENED = np.uint64(0x1_0000_0001 << 16)  # h * (2^48 + 2^16) = h << 16 in both halves, for 16-bit h
+TWO_EXPONENTS = np.uint64(0x1_0000_0001 << 23)  # e * (2^55 + 2^23) = e << 23 in both halves, for 8-bit e
+SCALE_BITS = {4: (np.uint32, TWO_COPIES), 2: (np.uint16, TWO_WIDENED), 1: (np.uint8, TWO_EXPONENTS)}
 
 
-def scales_per_byte(scales: np.ndarray, memory: TileMemory) -> np.ndarray:
+def scales_per_byte(scales: np.ndarray, memory: TileMemory, exponent_added: int = 0) -> np.ndarray:
     """Each group scale four times, once for each byte of a word: two copies at once as the 64-bit
     product of its bits and 2^32 + 1, written twice. A BF16 scale's 16 bits are the high half of
-    its float32's, so they are widened in the same product (by 2^48 + 2^16): the tile's scales,
-    never the weight's, become float32. The bits are widened to 64 first and multiplied in place
-    (1.35x faster than a product that casts as it goes).
-    float32 or BF16 [rows, groups] -> float32 [rows, groups * 4]"""
-    wide = scales.dtype == np.float32
-    np.copyto(memory.widened, np.ascontiguousarray(scales).view(np.uint32 if wide else np.uint16))
-    np.multiply(memory.widened, TWO_COPIES if wide else TWO_WIDENED, out=memory.widened)
+    its float32's, so they are widened in the same product (by 2^48 + 2^16); an E8M0 scale's byte
+    (FP4's, 1 to 254) is its float32's exponent field, put there the same way (by 2^55 + 2^23),
+    `exponent_added` to it first: the tile's scales, never the weight's, become float32. The bits
+    are widened to 64 first and multiplied in place (1.35x faster than a product that casts as it
+    goes).  float32, BF16 or E8M0 bytes [rows, groups] -> float32 [rows, groups * 4]"""
+    bits, times = SCALE_BITS[scales.dtype.itemsize]
+    np.copyto(memory.widened, np.ascontiguousarray(scales).view(bits))
+    if exponent_added:
+        np.add(memory.widened, np.uint64(exponent_added), out=memory.widened)
+    np.multiply(memory.widened, times, out=memory.widened)
     np.copyto(memory.pairs[:, :, 0], memory.widened)
     np.copyto(memory.pairs[:, :, 1], memory.widened)
     return memory.scales

@@ -113,7 +113,7 @@ class Fp4Matrix:
     scales[i, j // 32], applied lazily."""
 
     packed: np.ndarray  # uint8 [out, in/2]: input 2k in the low nibble, 2k + 1 in the high
-    scales: np.ndarray  # float32 [out, in/32], each 2^(byte - 127)
+    scales: np.ndarray  # uint8 [out, in/32]: E8M0 bytes as stored, each 2^(byte - 127), made float32 a tile at a time
     name: str = "weight"
     origin: FileBytes | None = None  # when the bytes are a file's, row-major
 
@@ -123,7 +123,7 @@ class Fp4Matrix:
         packed = fp4.as_bytes(packed, name)
         scale_bytes = fp4.e8m0.as_bytes(scales, f"{name} scales")
         fp4.check_shapes(packed, scale_bytes, (packed.shape[0], 2 * packed.shape[1]), name)
-        return cls(packed, fp4.e8m0.decode(scale_bytes), name, origin)
+        return cls(packed, scale_bytes, name, origin)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -144,12 +144,12 @@ class Fp4Matrix:
 
     @property
     def nbytes(self) -> int:
-        return self.packed.nbytes + self.scales.size  # the scales are stored one byte each
+        return self.packed.nbytes + self.scales.nbytes
 
     def dequantize(self) -> np.ndarray:
         """The float32 weight (the readable reference path): e2m1 values times their group's scale."""
         values = fp4.E2M1_TABLE[fp4.unpack(self.packed)]  # [out, in]
-        return values * np.repeat(self.scales, fp4.GROUP, axis=1)
+        return values * np.repeat(fp4.e8m0.decode(self.scales), fp4.GROUP, axis=1)
 
 
 @dataclass(frozen=True)

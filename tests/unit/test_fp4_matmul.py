@@ -22,7 +22,7 @@ def fp4_weight(out_dim: int, in_dim: int, seed: int) -> Fp4Matrix:
 
 def test_dequantize_is_the_formats_own():
     w = fp4_weight(40, 96, 0)
-    reference = fp4.dequantize_fp4(w.packed, w.scales.astype(ml_dtypes.float8_e8m0fnu))
+    reference = fp4.dequantize_fp4(w.packed, w.scales.view(ml_dtypes.float8_e8m0fnu))
     np.testing.assert_array_equal(w.dequantize(), reference)
 
 
@@ -85,7 +85,7 @@ def test_tiles_are_int4s_then_rows_then_tall_rows(monkeypatch):
     TALL_TILE_BYTES hold or a share of the rows; decoding alone takes tile_rows(w) at a time."""
     from stepper.kernels import gemm, int4_tiles
 
-    w = Fp4Matrix(np.zeros((2048, 2048), np.uint8), np.ones((2048, 128), np.float32))
+    w = Fp4Matrix(np.zeros((2048, 2048), np.uint8), np.full((2048, 128), 127, np.uint8))
     assert (w.in_features, w.group) == (4096, 32) and fp4_tiles.PLANES_MOST_TOKENS == 64
     for direct in (0, 10**6):
         monkeypatch.setattr(gemm, "direct_limit", lambda direct=direct: direct)
