@@ -43,9 +43,9 @@ def as_bytes(scales: np.ndarray, name: str = "scales") -> np.ndarray:
 
 def decode(scales: np.ndarray) -> np.ndarray:
     """E8M0 bytes -> float32 powers of two (NaN for 0xFF): bytes 1-254 are the float32 exponent
-    field itself, mantissa 0 (a shift, 4x faster than the table: a V4-Flash expert's scales are
-    decoded each time it is used); arrays holding 0x00 (2^-127, a float32 subnormal) or 0xFF
-    through the 256-entry table."""
+    field itself, mantissa 0 (a shift, 3x faster than the table); arrays holding 0x00 (2^-127, a
+    float32 subnormal) or 0xFF through the 256-entry table. (A few tokens' FP4 tiles put the bytes
+    in place themselves: kernels.int4_tiles.scales_per_byte.)"""
     raw = as_bytes(scales)
     if raw.size and (raw.min() == 0 or raw.max() == NAN_BYTE):
         return np.take(E8M0_TABLE, raw, mode="wrap")  # "wrap": a byte is never out of range, so no bounds check

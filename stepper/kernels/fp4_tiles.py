@@ -122,7 +122,7 @@ def apply_tiles(tokens_t: np.ndarray, w: Fp4Matrix, tiles: Sequence[tuple[int, i
         return
     height, step = max((end - start for start, end in tiles), default=0), tile_rows(w)
     buffer = kept_memory("fp4 tile", height, w.shape[1])
-    scales = fp4.e8m0.decode(w.scales)  # [out, in/32] float32, made once a product (a tile's few would cost more)
+    scales = fp4.e8m0.decode(w.scales)  # [out, in/32] float32, made once a call (a tile's few would cost more)
     for i in range(len(tiles)) if claim is None else iter(claim, None):
         start, end = tiles[i]
         tile = buffer[: end - start]  # [rows, in]

@@ -5,7 +5,7 @@ of rows, so threads run the shares side by side (NumPy releases the GIL inside t
 products are different: many short NumPy calls per tile, so they are shared with helper
 processes instead (`fp8_workers`). OpenBLAS, left to its own threads, spins a thread on the
 other core after every call, which then fights the work that follows (a Kimi K2 decode step
-2.3x slower). So `single_threaded_blas()` is called by the command line (and the benchmarks): the
+2-3x slower). So `single_threaded_blas()` is called by the command line (and the benchmarks): the
 whole process works with stepper's own splits. As a library, stepper runs with BLAS on one
 thread the same way (`one_blas_thread`), and gives it back as it found it.
 """

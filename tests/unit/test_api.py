@@ -330,7 +330,7 @@ def blas_on_two_threads():
 
 def test_a_run_puts_blas_on_one_thread_and_gives_it_back_as_it_was(blas_on_two_threads, monkeypatch):
     """stepper splits the big products across the cores itself; OpenBLAS's own second thread would
-    fight those splits (a Kimi K2 decode step 2.3x slower). The command line puts BLAS on one
+    fight those splits (a Kimi K2 decode step 2-3x slower). The command line puts BLAS on one
     thread for good; the Python API only while it runs a model, the prefill's replay included."""
     seen = []
     run = stepper.run(model="tiny", prompt_len=3, patch={"*q_a": lambda x, name: seen.append(parallel.blas_threads())})
