@@ -46,6 +46,7 @@ from stepper import catalog
 from stepper.config import Config
 from stepper.errors import StepperError
 from stepper.fixtures import run_diff
+from stepper.kernels import parallel
 from stepper.lessons import overrides
 from stepper.planning import Wording
 from stepper.planning.names import PICTURE_TENSORS
@@ -202,6 +203,7 @@ class Run(Mapping):
                                + "; expected one, e.g. self_attn.k_pe")
         return _copy(entries[0])
 
+    @parallel.one_blas_thread()  # a lazy tensor's figures: its tiles made on stepper's own thread beside them
     def show(self, name: str) -> notebook.Shown:
         """One tensor as the terminal shows it (its row): a value that displays itself once in a
         notebook (its repr is the row as text)."""

@@ -21,6 +21,7 @@ from stepper.seams.trace import Recorder
 from stepper.session import RunSpec
 from stepper.session import run as session_run
 from stepper.tensors.chunked import Chunked
+from stepper.tensors.tiled import Tiled
 from stepper.weights.seeded import SyntheticWeights
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -343,4 +344,17 @@ def test_a_run_puts_blas_on_one_thread_and_gives_it_back_as_it_was(blas_on_two_t
     seen.clear()
     assert np.asarray(chunked["layers.1.output"]).shape == (1, 21, 320)
     assert seen == [1, 1, 1], "the replay of the 3 chunks"
+    assert parallel.blas_threads() == 2
+
+
+def test_a_long_prompts_tiles_are_shown_with_blas_on_one_thread(blas_on_two_threads):
+    """Showing a tensor made a tile at a time (a long prompt's attention weights) gathers its
+    figures as its tiles are made on stepper's own thread, BLAS on one thread meanwhile."""
+    name = "layers.1.self_attn.attn_weights"
+    run = stepper.run("tiny", prompt_len=1100, keep=name)
+    weights = run[name]
+    assert isinstance(weights, Tiled)
+    seen, make = [], weights.tile
+    weights.tile = lambda heads, queries: seen.append(parallel.blas_threads()) or make(heads, queries)
+    assert "attn_weights" in repr(run.show(name)) and len(seen) > 1 and set(seen) == {1}
     assert parallel.blas_threads() == 2
