@@ -1,6 +1,7 @@
 """ml_dtypes' number formats (bfloat16, the float8s) as NumPy dtypes, made where first used:
-importing ml_dtypes takes most of a second, which `stepper --help` and every command that never
-meets such a number need not pay."""
+importing ml_dtypes can take most of a second (0.7.0, which pyproject.toml leaves out, took 0.55 s;
+0.6.0 takes 4 ms), which `stepper --help` and every command that never meets such a number need
+not pay."""
 
 from __future__ import annotations
 
