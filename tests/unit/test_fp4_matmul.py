@@ -108,11 +108,12 @@ def plane_values(w: Fp4Matrix) -> np.ndarray:
     return values
 
 
-@pytest.mark.parametrize("scale_bytes", [(0, 8), (100, 129), (120, 200), (0, 255)])
+@pytest.mark.parametrize("scale_bytes", [(0, 8), (100, 129), (120, 200), (0, 255), (250, 256)])
 def test_planes_hold_the_readable_values_bit_for_bit(scale_bytes):
     """Every code (both signs of zero, the subnormal 0.5) with E8M0 scales from 2^-127 (itself
     subnormal in float32) up: a scale of 2^2 or more is not folded with 2^126 (that would be
-    infinite) and takes the other branch; products past float32's range are infinite in both."""
+    infinite) and takes the other branch; products past float32's range are infinite in both. Bytes
+    0x00 and 0xFF (NaN) are no float32 exponent field and come from the table."""
     rng = np.random.default_rng(scale_bytes[1])
     packed = rng.integers(0, 256, (70, 128), dtype=np.uint8)
     packed[:2] = np.arange(256, dtype=np.uint8).reshape(2, 128)  # every byte, so every code as low and as high nibble
