@@ -246,10 +246,6 @@ class Config(MlaVariants):
         return self.index_topk is not None
 
     @property
-    def has_query_scale(self) -> bool:
-        return self.query_scale is not None
-
-    @property
     def qk_head_dim(self) -> int:
         return self.qk_nope_head_dim + self.qk_rope_head_dim
 

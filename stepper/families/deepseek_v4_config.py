@@ -147,10 +147,6 @@ class V4Config:
         """pre (hc_mult) + post (hc_mult) + comb (hc_mult x hc_mult) mixing weights per position."""
         return (2 + self.hc_mult) * self.hc_mult
 
-    @property
-    def nope_head_dim(self) -> int:
-        return self.head_dim - self.qk_rope_head_dim
-
     @classmethod
     def from_hf(cls, raw: dict[str, Any], source: str = "config.json") -> V4Config:
         return parse(raw, source)
@@ -174,10 +170,6 @@ class V4Config:
         if self.expert_dtype is not None:
             out["expert_dtype"] = self.expert_dtype
         return out
-
-
-def is_v4(raw: object) -> bool:
-    return isinstance(raw, dict) and raw.get("model_type") == MODEL_TYPE
 
 
 def load_v4_config(path: str | Path) -> V4Config:

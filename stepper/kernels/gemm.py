@@ -56,33 +56,21 @@ DIRECT_ROWS_BY_TOKENS = 1200
 DIRECT_FEWEST_INPUTS = 32
 
 
-def direct_limit() -> int:
-    """The most multiply-adds (M x N x K) of a product NumPy's OpenBLAS makes without packing its
-    operands, 0 if it packs every product. Its SkylakeX kernels multiply such products directly,
-    twice as fast as packed for a few tokens that are not a multiple of 16 (11, 13)."""
-    return DIRECT_MULTIPLY_ADDS if avx512_openblas() else 0
-
-
 def avx512_openblas() -> bool:
     """Whether NumPy's OpenBLAS runs its AVX-512 kernels (DIRECT_KERNELS): they multiply small
-    products directly and take a product's tokens 16 at a time."""
+    products (most_direct_rows) without packing their operands, twice as fast as packed for a few
+    tokens that are not a multiple of 16 (11, 13), and take a product's tokens 16 at a time."""
     return openblas_kernels().lower() in DIRECT_KERNELS
 
 
-def direct_rows(step: int, inner: int, tokens: int) -> int:
-    """The most rows, in whole `step`s, of a product [rows, inner] x [inner, tokens] that NumPy's
-    OpenBLAS makes directly on this machine (direct_limit); 0 if not even one step."""
-    return most_direct_rows(inner, tokens, direct_limit()) // step * step
-
-
-def most_direct_rows(inner: int, tokens: int, limit: int = DIRECT_MULTIPLY_ADDS) -> int:
+def most_direct_rows(inner: int, tokens: int) -> int:
     """The most rows of a product [rows, inner] x [inner, tokens] (the inputs given transposed) that
-    OpenBLAS's AVX-512 kernels make directly: at most `limit` multiply-adds and
+    OpenBLAS's AVX-512 kernels make directly: at most DIRECT_MULTIPLY_ADDS multiply-adds and
     DIRECT_ROWS_BY_TOKENS, over at least DIRECT_FEWEST_INPUTS inputs; 0 if none. No tokens count as one."""
     tokens = max(tokens, 1)
     if inner < DIRECT_FEWEST_INPUTS:
         return 0
-    return min(limit // (tokens * inner), DIRECT_ROWS_BY_TOKENS // tokens)
+    return min(DIRECT_MULTIPLY_ADDS // (tokens * inner), DIRECT_ROWS_BY_TOKENS // tokens)
 
 
 # OpenBLAS's AVX-512 kernels take the tokens of a product 16 at a time, and 1 to 4 more at

@@ -26,18 +26,19 @@ def test_dequantize_is_the_formats_own():
     np.testing.assert_array_equal(w.dequantize(), reference)
 
 
-@pytest.mark.parametrize("direct", [0, 10**6])  # the BLAS's direct products: none, or OpenBLAS SkylakeX's
+@pytest.mark.parametrize("direct", [False, True])  # the BLAS's direct products: none, or OpenBLAS SkylakeX's
 @pytest.mark.parametrize("tokens", [1, 3, 8, 11, 130, 260])
 def test_tiled_product_equals_decode_then_matmul(tokens, direct, monkeypatch):
-    from stepper.kernels import gemm
+    from stepper.kernels import gemm, int4_tiles
 
-    monkeypatch.setattr(gemm, "direct_limit", lambda: direct)
-    monkeypatch.setattr(fp4_tiles, "TILE_VALUES", 64 * 5)  # many tokens' tiles of 5 rows: several, the last partial
-    w = fp4_weight(37, 64, 1)
-    x = np.random.default_rng(2).standard_normal((tokens, 64)).astype(np.float32)
+    monkeypatch.setattr(gemm, "avx512_openblas", lambda: direct)
+    monkeypatch.setattr(fp4_tiles, "TILE_VALUES", 512 * 5)  # many tokens' tiles of 5 rows: several, the last partial
+    w = fp4_weight(150, 512, 1)  # a few tokens' planes [150, 64]: in direct blocks of 64 or 128 rows, the last partial
+    assert (int4_tiles.block_rows(w, 11) > 0) == direct
+    x = np.random.default_rng(2).standard_normal((tokens, 512)).astype(np.float32)
     expected = (x.astype(np.float64) @ w.dequantize().astype(np.float64).T)  # exact weights, float64 sums
     got = linear(x, w)
-    assert got.shape == (tokens, 37) and got.dtype == np.float32
+    assert got.shape == (tokens, 150) and got.dtype == np.float32
     bound = 1e-6 * (np.abs(x).astype(np.float64) @ np.abs(w.dequantize()).astype(np.float64).T)
     assert (np.abs(got - expected) <= bound).all()
 
@@ -87,8 +88,8 @@ def test_tiles_are_int4s_then_rows_then_tall_rows(monkeypatch):
 
     w = Fp4Matrix(np.zeros((2048, 2048), np.uint8), np.full((2048, 128), 127, np.uint8))
     assert (w.in_features, w.group) == (4096, 32) and fp4_tiles.PLANES_MOST_TOKENS == 64
-    for direct in (0, 10**6):
-        monkeypatch.setattr(gemm, "direct_limit", lambda direct=direct: direct)
+    for direct in (False, True):
+        monkeypatch.setattr(gemm, "avx512_openblas", lambda direct=direct: direct)
         for n in (1, 4, 11, 64):
             assert fp4_tiles.row_tiles(w, n) == list(int4_tiles.row_tiles(w, n))
     assert fp4_tiles.row_tiles(w, 65)[:2] == fp4_tiles.row_tiles(w, 256)[:2] == [(0, 256), (256, 512)]

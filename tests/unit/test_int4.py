@@ -257,22 +257,18 @@ def test_few_tokens_tiles_decode_whole_where_the_machine_prefers_it(monkeypatch)
     assert (int4_tiles.decode_rows(w, 96), int4_tiles.decode_rows(w, 288)) == (96, 128)  # at most 2^20 values
 
 
-@pytest.mark.parametrize(("kernels", "limit"),
-                         [("SkylakeX", 10**6), ("SapphireRapids", 10**6), ("Haswell", 0), ("", 0)])
-def test_direct_products_only_with_openblas_kernels_that_make_them(kernels, limit, monkeypatch):
-    from stepper.kernels import gemm
+@pytest.mark.parametrize(("kernels", "direct"),
+                         [("SkylakeX", True), ("SapphireRapids", True), ("Haswell", False), ("", False)])
+def test_direct_products_only_with_openblas_kernels_that_make_them(kernels, direct, monkeypatch):
+    from stepper.kernels import gemm, int4_tiles
 
     monkeypatch.setattr(gemm, "openblas_kernels", lambda: kernels)
-    assert gemm.direct_limit() == limit
+    assert gemm.avx512_openblas() == direct
+    assert (int4_tiles.block_rows(int4_weight(64, 2048), 11) > 0) == direct
 
 
-@pytest.mark.parametrize("direct", [0, 10**6])
-def test_products_of_no_tokens_are_empty(direct, monkeypatch):
-    """An empty input (no token routed, an empty chunk) gives an empty product, whichever tiles the
-    BLAS calls for."""
-    from stepper.kernels import gemm
-
-    monkeypatch.setattr(gemm, "direct_limit", lambda: direct)
+def test_products_of_no_tokens_are_empty():
+    """An empty input (no token routed, an empty chunk) gives an empty product."""
     w = int4_weight(100, 192)
     y = linear(np.zeros((0, 192), np.float32), w)
     assert y.shape == (0, 100) and y.dtype == np.float32
