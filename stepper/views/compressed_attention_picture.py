@@ -50,18 +50,15 @@ def reach(position: int, sliding_window: int, ratio: int, chosen: np.ndarray) ->
 
 
 def compressed_attention_map(position: int, sliding_window: int, ratio: int, chosen: np.ndarray,
-                             masses: tuple[float, float, float] | None = None, head: int = 0,
                              title: str = "") -> RenderableType:
     """The picture of one query: position p, the layer's window and ratio (0 sliding, 4, 128),
-    chosen [K] the entries it attends (attn.chosen of the query; -1 none), masses the (window,
-    entries, sink) probability of one head, if given."""
+    chosen [K] the entries it attends (attn.chosen of the query; -1 none)."""
     chosen = np.asarray(chosen).reshape(-1).astype(np.int64)
     if position < 0 or sliding_window < 1 or ratio < 0:
         raise ValueError(f"need a position >= 0, a window >= 1 and a ratio >= 0, got {position}, "
                          f"{sliding_window} and {ratio}")
     tokens, entries = reach(position, sliding_window, ratio, chosen)
-    return Picture(lambda width: heading(title) + draw(position, sliding_window, ratio, tokens, entries, masses, head,
-                                                       width))
+    return Picture(lambda width: heading(title) + draw(position, sliding_window, ratio, tokens, entries, width))
 
 
 def strip(marks: np.ndarray, budget: int) -> tuple[list[tuple[str, str]], int]:
@@ -90,7 +87,7 @@ def counted(n: int, noun: str) -> str:
 
 
 def draw(position: int, sliding_window: int, ratio: int, tokens: np.ndarray, entries: np.ndarray,
-         masses: tuple[float, float, float] | None, head: int, width: int) -> list[Text]:
+         width: int) -> list[Text]:
     margin = 10
     budget = max(min(MAX_COLS, width - margin - 1), 8)
     token_cells, token_block = strip(tokens, budget)
@@ -114,12 +111,4 @@ def draw(position: int, sliding_window: int, ratio: int, tokens: np.ndarray, ent
         visible = "visible entry" if entries.size == 1 else "visible entries"
         sees += f" + {kept:,} of the {entries.size:,} {visible} ((p+1)//m = ({position:,}+1)//{ratio})"
     out.append(caption(sees))
-    if masses is not None:
-        w, e, s = masses
-        out.append(caption(f"head {head}'s probability: window {w:.1%}, entries {e:.1%}, sink {s:.1%}"))
     return out
-
-
-def masses_of(weights: np.ndarray, window_keys: int, sink: float) -> tuple[float, float, float]:
-    """(window, entries, sink) probability of one head and query: weights [S_w + K] (attn.weights)."""
-    return float(weights[:window_keys].sum()), float(weights[window_keys:].sum()), float(sink)

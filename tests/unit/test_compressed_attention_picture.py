@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from stepper.views.compressed_attention_picture import compressed_attention_map, masses_of, reach
+from stepper.views.compressed_attention_picture import compressed_attention_map, reach
 
 
 def render(renderable, width: int = 100) -> str:
@@ -22,13 +22,12 @@ def strip_of(text: str, label: str) -> str:
 
 def test_csa_query_by_hand():
     # p = 13, m = 4: (13+1)//4 = 3 entries visible (tokens 0..11); the indexer kept 0 and 2; window 4: 10..13
-    text = render(compressed_attention_map(13, 4, 4, np.array([2, 0, -1]), masses=(0.5, 0.25, 0.25), head=3))
+    text = render(compressed_attention_map(13, 4, 4, np.array([2, 0, -1])))
     assert strip_of(text, "positions") == "████××××██WWWW"
     assert strip_of(text, "entries") == "█×█"
     flat = " ".join(text.split())
     assert ("6 keys: the window's 4 tokens (positions 10..13) + 2 of the 3 visible entries ((p+1)//m = (13+1)//4)"
             in flat)
-    assert "head 3's probability: window 50.0%, entries 25.0%, sink 25.0%" in flat
 
 
 def test_hca_pending_tokens_and_sliding_layers():
@@ -49,11 +48,6 @@ def test_a_long_context_is_pooled_to_the_width():
     assert len(cells) <= 60 and "positions a cell" in text
     assert set(cells[:-1]) == {"░"} and cells[-1] == "W"  # 512 of 262,144 kept: each block's share is small
     assert "640 keys: the window's 128 tokens" in " ".join(text.split())
-
-
-def test_masses_of_a_head():
-    w = np.array([0.1, 0.2, 0.3, 0.05], np.float32)
-    assert masses_of(w, 2, 0.35) == pytest.approx((0.3, 0.35, 0.35))
 
 
 def test_a_bad_position_is_refused():
