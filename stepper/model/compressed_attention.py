@@ -219,7 +219,7 @@ def compressed_entries(x, q_latent, w, dims: AttentionDims, cache: V4AttentionCa
         chosen, cache.indexer = index_entries(x, q_latent, w, dims, state, positions, turn, turn_of, emit)
     else:
         chosen = every_visible(positions, entries.shape[1], dims.compress_ratio, B)
-    return entries, emit("attn.chosen", chosen)
+    return entries, emit.choice("attn.chosen", chosen, entries.shape[1], "entries", none=True)
 
 
 def every_visible(positions: np.ndarray, count: int, ratio: int, batch: int) -> np.ndarray:

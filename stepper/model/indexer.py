@@ -59,7 +59,8 @@ def index_mask(x: np.ndarray, w: LayerWeights, cache: LayerCache, options: Layer
     else:
         scores, exact_idx = index_scores(q, keys, head_weights), None
     scores = emit("self_attn.indexer.index_scores", scores)  # [B, T, S]
-    topk_idx = emit("self_attn.indexer.topk_idx", chosen_positions(scores, cfg.index_topk))  # [B, T, Ki]
+    topk_idx = emit.choice("self_attn.indexer.topk_idx", chosen_positions(scores, cfg.index_topk), keys.shape[1],
+                           "positions", none=True)  # [B, T, Ki]
     cache.index_choice = topk_idx  # what a next layer that reuses it attends (GLM-5)
     mask = mask_of(topk_idx, keys.shape[1])  # [B, T, S]
     if exact_idx is not None:
@@ -118,7 +119,7 @@ def reused_index_mask(cache: LayerCache, T: int, layer: int, emit: Emitter) -> n
     previous = cache.previous.index_choice if cache.previous is not None else None
     if previous is None:  # [B, T, Ki]: every position up to each query's own
         previous = np.where(causal_mask(T, S), np.arange(S), -1)[None].astype(np.int64)
-    topk_idx = emit("self_attn.indexer.reused_topk_idx", previous)  # [B, T, Ki]
+    topk_idx = emit.choice("self_attn.indexer.reused_topk_idx", previous, S, "positions", none=True)  # [B, T, Ki]
     cache.index_choice = topk_idx
     return emit("self_attn.indexer.reused_mask", mask_of(topk_idx, S))  # [B, T, S]
 

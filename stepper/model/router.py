@@ -43,7 +43,8 @@ def route(x: np.ndarray, gate: np.ndarray, bias: np.ndarray | None, cfg: Config,
     logits = emit("mlp.gate.logits", linear(x, gate))  # [N, E]
     scores = SCORING[cfg.scoring_func](logits, emit)  # [N, E]
     choice = SELECTION[cfg.topk_method](scores, bias, cfg, emit)  # [N, E], -inf where not eligible
-    topk_idx = emit("mlp.gate.topk_idx", top_k(choice, cfg.num_experts_per_tok))  # [N, k]
+    topk_idx = emit.choice("mlp.gate.topk_idx", top_k(choice, cfg.num_experts_per_tok), choice.shape[-1],
+                           "experts")  # [N, k]
     weights = np.take_along_axis(scores, topk_idx, axis=1)  # [N, k], unbiased
     return Routing(topk_idx, emit("mlp.gate.topk_weight", normalise(weights, cfg)))
 

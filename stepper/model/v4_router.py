@@ -43,10 +43,12 @@ def v4_route(x: np.ndarray, ids: np.ndarray, w: LayerWeights, dims: RouterDims, 
     logits = emit("ffn.gate.logits", linear(x, w("mlp.gate.weight")))  # [N, E]
     scores = emit("ffn.gate.scores", sqrt_softplus(logits))  # [N, E]
     if dims.hashed:
-        chosen = emit("ffn.gate.hash_idx", w.source.get_rows(w.prefix + "mlp.gate.tid2eid", ids))  # [N, k]
+        chosen = emit.choice("ffn.gate.hash_idx", w.source.get_rows(w.prefix + "mlp.gate.tid2eid", ids),
+                             scores.shape[-1], "experts")  # [N, k]
     else:
         biased = emit("ffn.gate.biased_scores", scores + w("mlp.gate.e_score_correction_bias"))  # [N, E]
-        chosen = emit("ffn.gate.topk_idx", top_k(biased, dims.top_k))  # [N, k], best first
+        chosen = emit.choice("ffn.gate.topk_idx", top_k(biased, dims.top_k), scores.shape[-1],
+                             "experts")  # [N, k], best first
     weights = np.take_along_axis(scores, chosen, axis=1)  # [N, k], unbiased
     weights = weights / (weights.sum(axis=1, keepdims=True) + np.float32(1e-20))  # [N, k], summing to 1
     weights = weights * np.float32(dims.routed_scaling_factor)

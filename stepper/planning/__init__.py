@@ -54,7 +54,7 @@ class RunPlan:
     def patcher(self, patches: Patches) -> list[Sink]:
         """The patches as a sink to go before the views (each must match a name of the run); none without them."""
         self.check(self.wording.patch, [pattern for pattern, _ in patches])
-        return [Patcher(patches, self.plan.config.n_routed_experts)] if patches else []
+        return [Patcher(patches)] if patches else []
 
     def check_fits(self, kept: list[str], lower: str) -> None:
         """Refuse a run whose estimate (`kept`: the names a view keeps to the end, lowered by the

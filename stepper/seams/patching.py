@@ -3,8 +3,10 @@
 A patch is a glob (matched as `--only` matches: a full name, or a dotted tail such as
 `layers.1.mlp.gate.topk_idx` or `*.attn_weights`) and a function `fn(array, name)` returning the
 tensor the model goes on with: an array of the same shape and dtype, or None to leave it as it
-was. The function gets a writable copy, so changing it in place never reaches another tensor that
-shares its memory. `Patcher` is the sink that applies them through the emit seam (a sink's
+was (refused if the function changed its copy: that change would be lost). The function gets a
+writable copy, so changing it in place never reaches another tensor that shares its memory. A
+patched choice of indices is checked where the model makes it (seams.trace.Emitter.choice).
+`Patcher` is the sink that applies them through the emit seam (a sink's
 replacement is what emit returns to the model).
 
 On the command line a patch is written `NAME=EXPR` (`--patch`, the debugger's `set`), EXPR a small
@@ -40,36 +42,37 @@ class Patcher:
     Several patterns may match one tensor: they apply in order, each to the result of the one
     before. `applied` lists, per pattern, the names it replaced or watched."""
 
-    def __init__(self, patches: Patches, experts: int | None = None):
+    def __init__(self, patches: Patches):
         self.patches = list(patches)
-        self.experts = experts  # routed experts: a replaced topk_idx must name distinct ones of them
         self.applied: dict[str, list[str]] = {pattern: [] for pattern, _ in self.patches}
 
     def __call__(self, event: Event) -> np.ndarray | None:
         array, changed = event.array, False
-        for pattern, fn in self.patches:
-            if not matches(event.name, [pattern]):
-                continue
+        matched = [(pattern, fn) for pattern, fn in self.patches if matches(event.name, [pattern])]
+        for pattern, fn in sorted(matched, key=lambda patch: is_watcher(patch[1])):  # watchers see what the model reads
             if not held(array):
                 raise StepperError(f"--patch {pattern}: {event.name} {list(array.shape)} is made a tile at a time (a "
                                    "long attention) and never held, so it cannot be patched")
-            result = fn(np.array(array, copy=True), event.name)
+            given = np.array(array, copy=True)
+            result = fn(given, event.name)
             self.applied[pattern].append(event.name)
+            if result is None and not is_watcher(fn) and not np.array_equal(given, array, equal_nan=True):
+                raise StepperError(f"patch {pattern} on {event.name} changed its copy in place and returned None, "
+                                   "which leaves the tensor as it was: return the array")
             if result is not None:
                 array, changed = checked(pattern, event.name, array, result), True
-        if changed and event.key == "mlp.gate.topk_idx" and self.experts is not None:
-            check_choice(event.name, array, self.experts)
         return array if changed else None
 
 
-def check_choice(name: str, idx: np.ndarray, experts: int) -> None:
-    """A patched choice of experts: each token's experts distinct, each one of the layer's."""
-    if idx.size and not (0 <= idx.min() and idx.max() < experts):
-        raise StepperError(f"patched {name} names expert {int(idx.max() if idx.max() >= experts else idx.min())}; "
-                           f"the layer has experts 0..{experts - 1}")
-    ordered = np.sort(idx, axis=-1)
-    if np.any(ordered[..., 1:] == ordered[..., :-1]):
-        raise StepperError(f"patched {name} chooses an expert twice for one token; each token's experts must differ")
+def watcher(fn: PatchFn) -> PatchFn:
+    """A helper's function that only looks (and returns None): it is called after every patch that
+    replaces the tensor, so it sees the tensor the model goes on with, whatever the patches' order."""
+    fn.watches = True  # type: ignore[attr-defined]
+    return fn
+
+
+def is_watcher(fn: PatchFn) -> bool:
+    return getattr(fn, "watches", False)
 
 
 def checked(pattern: str, name: str, old: np.ndarray, new: object) -> np.ndarray:
@@ -235,11 +238,13 @@ def zero_expert(layer: int, expert: int) -> dict[str, PatchFn]:
     a token chose it (the others keep theirs), so routed_output is the sum of the other experts'."""
     seen: dict[str, np.ndarray] = {}
 
+    @watcher
     def watch_scores(scores: np.ndarray, name: str) -> None:
         if not 0 <= expert < scores.shape[-1]:
             raise StepperError(f"zero_expert: expert {expert} out of range: layer {layer} has experts "
                                f"0..{scores.shape[-1] - 1}")
 
+    @watcher
     def watch(idx: np.ndarray, name: str) -> None:
         seen["topk_idx"] = idx
 
@@ -256,6 +261,7 @@ def zero_head(layer: int, head: int) -> dict[str, PatchFn]:
     o_proj reads) is 0. The number of heads is read from the layer's query [B, H, T, qk_head]."""
     seen: dict[str, int] = {}
 
+    @watcher
     def watch(q: np.ndarray, name: str) -> None:
         seen["heads"] = q.shape[1]
 
@@ -290,6 +296,7 @@ def zero_router_bias(layer: int | str = "*") -> dict[str, PatchFn]:
     e_score_correction_bias were 0: scores_for_choice is replaced by scores."""
     seen: dict[str, np.ndarray] = {}
 
+    @watcher
     def watch(scores: np.ndarray, name: str) -> None:
         seen["scores"] = scores
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from stepper.errors import StepperError
 from stepper.tensors.tensor import Tensor, held
 
 Sink = Callable[["Event"], "np.ndarray | None"]  # None: the tensor goes on as it was
@@ -64,6 +65,15 @@ class Emitter:
                 event = Event(event.name, key, checked_replacement(event, replacement), self._layer,
                               self._phase, patched=True)
         return event.array
+
+    def choice(self, key: str, chosen: np.ndarray, count: int, what: str, none: bool = False) -> np.ndarray:
+        """Show indices into `count` things (`what`: experts, positions, entries; -1 none where
+        `none`) as `key`; a replacement (a patch) is checked before the model reads it: each index
+        one of the things, none twice in one row.  [..., k] int -> same"""
+        result = self(key, chosen)
+        if result is not chosen:
+            check_choice(self._qualify(key), result, count, what, none)
+        return result
 
     @property
     def listening(self) -> bool:
@@ -115,6 +125,21 @@ class Emitter:
     def _qualify(self, key: str) -> str:
         name = key if self._layer is None else f"layers.{self._layer}.{key}"
         return name if self._phase is None else f"{self._phase}.{name}"
+
+
+def check_choice(name: str, chosen: np.ndarray, count: int, what: str, none: bool) -> None:
+    """A replaced choice (Emitter.choice): every index in 0..count-1 (or -1 where `none`), no row
+    naming one twice."""
+    low = -1 if none else 0
+    bad = chosen[(chosen < low) | (chosen >= count)]
+    if bad.size:
+        allowed = f"{what} 0..{count - 1}" if count else f"no {what}"
+        one = "entry" if what == "entries" else what.removesuffix("s")
+        raise StepperError(f"patched {name} names {one} {int(bad[0])}; the layer has {allowed}"
+                           + (" (-1: none)" if none else ""))
+    ordered = np.sort(chosen, axis=-1)
+    if np.any((ordered[..., 1:] == ordered[..., :-1]) & (ordered[..., 1:] >= 0)):
+        raise StepperError(f"patched {name} names one of its {what} twice in one row; each row's must differ")
 
 
 def checked_replacement(event: Event, replacement: object) -> np.ndarray:

@@ -102,8 +102,10 @@ def test_forcing_experts_per_token_and_refusing_a_wrong_choice():
     assert np.array_equal(run["layers.2.mlp.gate.topk_idx"], per_token)
     with pytest.raises(StepperError, match="names expert 32; the layer has experts 0..31"):
         stepper.run("tiny", ids=IDS, patch=stepper.force_experts(1, [1, 2, 3, 32]))
-    with pytest.raises(StepperError, match="chooses an expert twice"):
+    with pytest.raises(StepperError, match="names one of its experts twice in one row"):
         stepper.run("tiny", ids=IDS, patch=stepper.force_experts(1, [1, 2, 2, 3]))
+    with pytest.raises(StepperError, match="names expert -1; the layer has experts 0..31$"):
+        stepper.run("tiny", ids=IDS, patch=stepper.force_experts(1, [1, 2, 3, -1]))
     with pytest.raises(StepperError, match=r"got experts of shape \[3\]"):
         stepper.run("tiny", ids=IDS, patch=stepper.force_experts(1, [1, 2, 3]))
 
@@ -166,11 +168,14 @@ def test_patches_apply_in_order_none_leaves_a_tensor_and_the_copy_is_the_patchs_
     seen = []
 
     def watch(x, name):
-        seen.append(name)
-        x[...] = 99  # a copy: changing it in place reaches nothing
+        seen.append(name)  # None: the tensor goes on as it was
+
+    def plus_one_in_place(x, name):
+        x += np.float32(1)  # a copy: changing it in place reaches no tensor that shares k_pe's memory (kv_a)
+        return x
 
     run = stepper.run("tiny", ids=IDS, patch=[{"layers.1.self_attn.k_pe": watch},
-                                              {"layers.1.*k_pe": lambda x, n: x + np.float32(1)},
+                                              {"layers.1.*k_pe": plus_one_in_place},
                                               {"layers.1.self_attn.k_pe": lambda x, n: x * np.float32(2)}])
     assert seen == ["layers.1.self_attn.k_pe"]
     np.testing.assert_array_equal(run["layers.1.self_attn.k_pe"],
@@ -238,3 +243,57 @@ def test_the_patcher_is_a_sink_of_the_emit_seam():
     patcher = Patcher([("k_pe", expression("x+1"))])
     out = Emitter([patcher]).layer(3)("self_attn.k_pe", np.zeros(2, np.float32))
     assert out.tolist() == [1, 1] and patcher.applied == {"k_pe": ["layers.3.self_attn.k_pe"]}
+
+
+@pytest.mark.parametrize(("model", "name", "expr", "message"), [
+    ("tiny-v4", "layers.2.ffn.gate.topk_idx", "x+100",
+     r"layers.2.ffn.gate.topk_idx names expert 1\d\d; the layer has experts 0..15$"),
+    ("tiny-v4", "layers.2.ffn.gate.topk_idx", "x[..., 0]=-1", "names expert -1; the layer has experts 0..15$"),
+    ("tiny-v4", "layers.2.ffn.gate.topk_idx", "x[..., 1]=x[..., 0]", "names one of its experts twice in one row"),
+    ("tiny-v4", "layers.1.ffn.gate.hash_idx", "x+100", "layers.1.ffn.gate.hash_idx names expert 1"),
+    ("tiny-v4", "layers.1.attn.chosen", "x+1000",
+     r"layers.1.attn.chosen names entry 9\d\d; the layer has entries 0..9 \(-1: none\)$"),
+    ("tiny-v32", "layers.0.self_attn.indexer.topk_idx", "x+1000",
+     r"names position 10\d\d; the layer has positions 0..39 \(-1: none\)$"),
+    ("tiny-glm5", "layers.0.self_attn.indexer.topk_idx", "x[..., 1]=x[..., 0]", "names one of its positions twice"),
+])
+def test_a_patched_choice_of_another_family_is_checked_before_the_model_reads_it(model, name, expr, message):
+    """Every tensor of indices the model reads (experts, positions, compressed entries) is checked
+    where it is made, as MLA's router choice is: one clear error, never NumPy's IndexError."""
+    with pytest.raises(StepperError, match=message):
+        stepper.run(model, prompt_len=40, patch={name: expr}, keep=name)
+
+
+def test_longcat_patches_may_choose_its_zero_experts():
+    """LongCat-Flash's router chooses among its routed experts and its zero (identity) experts: a
+    patch may name any of them, and one the model made itself goes through unchanged."""
+    plain = stepper.run("tiny-longcat", prompt_len=40, keep="layers.1.mlp.*")
+    idx = plain["layers.1.mlp.gate.topk_idx"]
+    assert idx.max() >= 8  # the model chose a zero expert (8..11) itself
+    same = stepper.run("tiny-longcat", prompt_len=40, patch={"layers.1.mlp.gate.topk_idx": lambda a, n: a.copy()},
+                       keep="layers.1.mlp.*")
+    assert stepper.diff(plain, same).first is None
+    with pytest.raises(StepperError, match="names expert 12; the layer has experts 0..11$"):
+        stepper.run("tiny-longcat", prompt_len=40, patch={"layers.1.mlp.gate.topk_idx": "x[..., 0]=12"})
+
+
+def test_the_helpers_combine_in_either_order():
+    """zero_expert watches the choice the model goes on with, so forcing expert 27 first or second
+    gives the same run: its weight 0 in every row."""
+    patches = [stepper.zero_expert(1, 27), stepper.force_experts(1, [27, 0, 1, 2])]
+    runs = [stepper.run("tiny", ids=IDS, patch=order, keep="layers.1.mlp.*") for order in (patches, patches[::-1])]
+    for run in runs:
+        assert (run["layers.1.mlp.gate.topk_idx"] == [27, 0, 1, 2]).all()
+        weights = run["layers.1.mlp.gate.topk_weight"]
+        assert (weights[:, 0] == 0).all() and (weights[:, 1:] > 0).all()
+    assert stepper.diff(*runs).first is None
+
+
+def test_a_function_that_changes_its_copy_and_returns_none_is_refused():
+    def zeroed_in_place(x, name):
+        x[...] = 0
+
+    with pytest.raises(StepperError, match="changed its copy in place and returned None.*return the array"):
+        stepper.run("tiny", ids=IDS, patch={"layers.1.self_attn.k_pe": zeroed_in_place})
+    looked = stepper.run("tiny", ids=IDS, patch={"layers.1.self_attn.k_pe": lambda x, name: None}, keep="k_pe")
+    assert looked["layers.1.self_attn.k_pe"].any()  # a function that only looks leaves the tensor as it was
