@@ -86,3 +86,16 @@ def test_tensor_names_and_paths_from_files_are_shown_escaped(tmp_path):
     assert out.returncode == 1, out.stderr
     assert re.findall("[\x00-\x08\x0b-\x1f\x7f-\x9f]", out.stdout + out.stderr) == []
     assert f"first difference: layers.1.{shown(odd)}" in out.stdout and shown(odd) in out.stdout.splitlines()[1]
+
+
+def test_two_runs_with_no_tensor_in_common_are_refused_not_called_the_same():
+    """A run with decode steps names its tensors prefill... and decode0...; one without, layers...:
+    compared with each other nothing is compared, which must not read as agreement (exit 0)."""
+    out = diff("run --ids 1,2,3", "run --ids 1,2,3 --decode 1")
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr == ("stepper: error: diff: run --ids 1,2,3 and run --ids 1,2,3 --decode 1 have no tensor in "
+                          "common (one run has decode steps, so its names begin prefill. and decode0., and the other "
+                          "has none; give both the same --decode)\n")
+    out = diff("run --ids 1,2,3 --only '*k_pe'", "run --ids 1,2,3 --only '*.q'")
+    assert out.returncode == 2 and "have no tensor in common (A's first is layers.0.self_attn.k_pe, B's " \
+                                   "layers.0.self_attn.q)" in out.stderr

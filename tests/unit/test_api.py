@@ -358,3 +358,18 @@ def test_a_long_prompts_tiles_are_shown_with_blas_on_one_thread(blas_on_two_thre
     weights.tile = lambda heads, queries: seen.append(parallel.blas_threads()) or make(heads, queries)
     assert "attn_weights" in repr(run.show(name)) and len(seen) > 1 and set(seen) == {1}
     assert parallel.blas_threads() == 2
+
+
+def test_diff_reads_a_chunked_run_and_refuses_sides_that_share_nothing():
+    chunked = stepper.run("tiny", prompt_len=21, chunk=8)
+    whole = stepper.run("tiny", prompt_len=21, chunk=0)
+    assert isinstance(chunked["layers.1.self_attn.attn_weights"], stepper.LazyTensor)
+    for d in (stepper.diff(chunked, whole), stepper.diff(whole, chunked)):
+        assert d.first is None and d.count("same") + d.count("close") == len(d.rows) == len(whole.names)
+        assert d.count("close") > 0  # the chunks' sums differ in round-off: compared value by value
+    with pytest.raises(StepperError, match=r"^count: a status is one of same, close, differs, got differ$"):
+        d.count("differ")
+    with pytest.raises(StepperError, match=r"have no tensor in common \(one run has decode steps"):
+        stepper.diff(stepper.run("tiny", ids=[1, 2, 3]), stepper.run("tiny", ids=[1, 2, 3], decode=1))
+    with pytest.raises(StepperError, match=r"have no tensor in common \(B holds no tensor\)"):
+        stepper.diff(whole, {})
