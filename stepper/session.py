@@ -230,6 +230,9 @@ def check_positions(spec: RunSpec, cfg: Config, prompt_len: int, spell: Spell = 
     if spec.cache_len and spec.layer is None:
         raise StepperError(f"{spell('cache_len', spec.cache_len)} fills one layer's cache: use it with "
                            f"{spell('layer', 'N')}")
+    why = families.family_for(cfg).no_seeded_cache(cfg, spec.layer) if spec.cache_len else ""
+    if why:
+        raise StepperError(f"{spell('cache_len', spec.cache_len)}: layer {spec.layer} of {cfg.name} {why}")
     end = spec.start_pos + spec.cache_len + prompt_len + spec.decode
     if end > cfg.max_position_embeddings:
         raise StepperError(

@@ -339,6 +339,15 @@ def miniature(cfg: KimiLinearConfig, layer: int) -> KimiLinearConfig:
 PARTS = ("model", "residual", "kda", "mla_attention", "mlp", "router", "router_sigmoid", "router_noaux_tc",
          "router_groups", "moe")
 
+def no_seeded_state(cfg: KimiLinearConfig, layer: int) -> str:
+    """Why a lone layer's cache_len cannot fill this layer: a KDA layer keeps a state, not positions."""
+    if not cfg.is_kda_layer(layer):
+        return ""
+    mla = ", ".join(map(str, cfg.full_attn_layers))
+    return (f"is a delta-attention (KDA) layer, whose state holds no positions to fill; run it on a prompt "
+            f"(--prompt-len, --decode), or give an MLA layer ({mla}) its cache")
+
+
 FAMILY = Family(
     name="kimi_linear",
     model_types=(MODEL_TYPE,),
@@ -346,4 +355,5 @@ FAMILY = Family(
     decoder_layer=decoder_layer,
     parts=part_files(PARTS),
     miniature=miniature,
+    no_seeded_cache=no_seeded_state,
 )

@@ -150,19 +150,24 @@ def up_project(compressed_kv: np.ndarray, w: LayerWeights, cfg: Config, emit: Em
     return k_nope, kv[..., cfg.qk_nope_head_dim :]  # values [B, H, T, v_head]
 
 
+def turned(x: np.ndarray, rope: Rope) -> np.ndarray:
+    """x's rotary dims turned by the rope's angles: interleaved pairs, or (MiniCPM3) dim i with dim
+    i + rope/2; as they are where the model has no rotary tables (Kimi Linear).  [..., T, rope] -> same"""
+    if not rope.rotates:
+        return x
+    if rope.interleaved:
+        return apply_rope(x, rope.cos, rope.sin)
+    return rotate_halves(x, rope.cos, rope.sin, x.shape[-1])
+
+
 def rotate(q_pe: np.ndarray, k_pe: np.ndarray, rope: Rope, emit: Emitter) -> tuple[np.ndarray, np.ndarray]:
     """Decoupled RoPE on the query's and the shared key's rotary dims: interleaved pairs, or
     (MiniCPM3) dim i with dim i + rope/2; none in a model without rotary tables (Kimi Linear: its
     rope dims enter the scores as projected)."""
     if not rope.rotates:
         return q_pe, k_pe
-
-    def turn(x: np.ndarray) -> np.ndarray:
-        if rope.interleaved:
-            return apply_rope(x, rope.cos, rope.sin)
-        return rotate_halves(x, rope.cos, rope.sin, x.shape[-1])
-    q_pe = emit("self_attn.q_pe_rope", turn(q_pe))  # [B, H, T, rope]
-    k_pe = emit("self_attn.k_pe_rope", turn(k_pe))  # [B, one, T, rope]
+    q_pe = emit("self_attn.q_pe_rope", turned(q_pe, rope))  # [B, H, T, rope]
+    k_pe = emit("self_attn.k_pe_rope", turned(k_pe, rope))  # [B, one, T, rope]
     return q_pe, k_pe
 
 

@@ -4,7 +4,8 @@ step over 131072 positions can be looked at in seconds.
 The synthetic latents have the statistics of real ones: the layer's own latent (compressed_kv
 normalised) and rotary key of a few real inputs give a mean and a standard deviation per
 dimension, and N positions are drawn from the normal distribution with those, deterministic from
-the seed; the rotary keys are then turned by RoPE at their positions, as real ones are. A layer
+the seed; the rotary keys are then turned by RoPE at their positions, as real ones are (none in
+a model without rotary tables, Kimi Linear). A layer
 that attends naively also gets the per-head keys and values kv_b makes of them. DeepSeek-V3.2's
 indexer gets keys drawn the same way from its own (normalised) keys, turned by its RoPE, and,
 scoring in FP8, their rotated FP8 codes and scales.
@@ -17,14 +18,14 @@ from collections.abc import Callable
 import numpy as np
 
 from stepper.config import Config
-from stepper.model.attention import latent, up_project
+from stepper.model.attention import latent, turned, up_project
 from stepper.model.cache import LayerCache
 from stepper.model.index_fp8 import hadamard, quantize
 from stepper.model.indexer import index_key, rotate_halves
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.ops import rms_norm
 from stepper.model.options import IndexScoring
-from stepper.model.rope import Rope, apply_rope
+from stepper.model.rope import Rope
 from stepper.seams.trace import Emitter
 
 ROWS = 8192  # positions drawn (and up-projected) at a time
@@ -50,8 +51,9 @@ def fill(cache: LayerCache, w: LayerWeights, cfg: Config, sample: np.ndarray, ro
         emit.progress(TASK, start, passes * n)
         rows = slice(start, min(start + ROWS, n))
         latents[:, rows] = like(real_kv, rows.stop - rows.start, rng)
-        k_pe[:, :, rows] = apply_rope(like(real_pe[:, 0], rows.stop - rows.start, rng)[:, None], rope.cos[rows],
-                                      rope.sin[rows])
+        turn = Rope(rope.cos[rows], rope.sin[rows], rope.softmax_scale, interleaved=rope.interleaved,
+                    rotates=rope.rotates)
+        k_pe[:, :, rows] = turned(like(real_pe[:, 0], rows.stop - rows.start, rng)[:, None], turn)
     cache.extend_latent(latents, k_pe)
     if per_head:
         cache.extend_heads(*per_head_keys(latents, k_pe, w, cfg, lambda done: emit.progress(TASK, n + done, 2 * n)))

@@ -71,3 +71,17 @@ def test_explain_of_a_parameter_names_the_tensors_of_the_layer_it_belongs_to():
     assert first_entry("model.layers.0.self_attn.q_proj.weight") == "self_attn.q_proj"
     assert first_entry("model.layers.3.self_attn.q_proj.weight") == "self_attn.q"
     assert first_entry("model.layers.0.self_attn.f_a_proj.weight") == "self_attn.forget_gate"
+
+
+def test_a_lone_mla_layer_takes_a_seeded_cache_and_a_kda_layer_says_why_it_cannot():
+    """--cache-len fills an MLA layer's cache with synthetic positions (their rope dims left as
+    drawn: no layer of Kimi Linear rotates); a KDA layer keeps a state, not positions."""
+    out = stepper("run", "--model", "tiny-kimi-linear", "--layer", "3", "--cache-len", "64", "--prompt-len", "1",
+                  "--decode", "1", "--plain", "--only", "*attn_weights")
+    assert out.returncode == 0, out.stderr
+    assert "decode0.layers.3.self_attn.attn_weights  [B=1 batch, 4 heads, T=1 position, S=66 attended " in out.stdout
+    out = stepper("run", "--model", "tiny-kimi-linear", "--layer", "0", "--cache-len", "64", "--plain")
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr == ("stepper: error: --cache-len 64: layer 0 of tiny-kimi-linear is a delta-attention (KDA) "
+                          "layer, whose state holds no positions to fill; run it on a prompt (--prompt-len, --decode), "
+                          "or give an MLA layer (3) its cache\n")
