@@ -42,12 +42,12 @@ def v4_moe(x: np.ndarray, ids: np.ndarray, w: LayerWeights, dims: MoeDims, emit:
     tokens = x.reshape(B * T, d)  # [N, d]
     routing = v4_route(tokens, ids.reshape(-1), w, dims.router, emit)
     routed, counts = routed_experts(tokens, routing, w, dims.swiglu_limit, dims.n_routed_experts)  # [N, d], [E, 2]
-    emit("ffn.experts.clamp_counts", counts)
+    emit.shown("ffn.experts.clamp_counts", counts)
     routed = emit("ffn.routed_output", routed.reshape(B, T, d))  # [B, T, d]
     if not dims.shared:
         return routed
     out, counts = clamped_swiglu(x, expert_matrices(w, "mlp.shared_experts."), dims.swiglu_limit)  # [B, T, d], [2]
-    emit("ffn.shared_experts.clamp_counts", counts)
+    emit.shown("ffn.shared_experts.clamp_counts", counts)
     return routed + emit("ffn.shared_output", out)
 
 

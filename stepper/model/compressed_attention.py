@@ -250,7 +250,7 @@ def attention_weights(q, own_window, seen_entries, seen, sinks, dims: AttentionD
 
     scores = emit("attn.scores", by_query_blocks((B, H, T, S_sink), block_scores))  # [B, H, T, S_sink]
     probs = by_query_blocks(scores.shape, lambda t: softmax(scores[:, :, t]))  # [B, H, T, S_sink]
-    emit("attn.sink_mass", probs[..., -1])  # [B, H, T]
+    emit.shown("attn.sink_mass", probs[..., -1])  # [B, H, T]
     return emit("attn.weights", probs[..., :-1])
 
 

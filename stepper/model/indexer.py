@@ -64,7 +64,7 @@ def index_mask(x: np.ndarray, w: LayerWeights, cache: LayerCache, options: Layer
     cache.index_choice = topk_idx  # what a next layer that reuses it attends (GLM-5)
     mask = mask_of(topk_idx, keys.shape[1])  # [B, T, S]
     if exact_idx is not None:
-        emit("self_attn.indexer.kept_of_exact", kept_of_exact(mask, mask_of(exact_idx, keys.shape[1])))  # [B, T]
+        emit.shown("self_attn.indexer.kept_of_exact", kept_of_exact(mask, mask_of(exact_idx, keys.shape[1])))  # [B, T]
     return emit("self_attn.indexer.mask", mask)
 
 

@@ -130,7 +130,7 @@ def delta_rule(q, k, v, g, beta, cache: KdaCache, emit: Emitter, rule: DeltaRule
     state = np.zeros((B, H, K, v.shape[-1]), np.float32) if cache.state is None else cache.state  # [B, Hk, K, Kv]
     recurrent = rule == "recurrent" or (rule == "auto" and T <= kda_chunked.CHUNK)
     out, delta, last = (token_by_token if recurrent else in_chunks)(q, k, v, g, beta, state, emit)
-    emit("self_attn.delta", delta)  # [B, Hk, T, Kv]
+    emit.shown("self_attn.delta", delta)  # [B, Hk, T, Kv]
     cache.state = emit("self_attn.state", last)  # [B, Hk, K, Kv]
     cache.length += T
     return emit("self_attn.core_out", out)  # [B, Hk, T, Kv]
@@ -179,9 +179,9 @@ def show_states(emit: Emitter, every_token, every_chunk) -> None:
     """The states after every token and after every chunk, each made (by the function given) only
     when a sink looks at it: a long prompt's are too large to make for nothing."""
     if emit.wants_key("self_attn.state_per_token"):
-        emit("self_attn.state_per_token", every_token())  # [B, Hk, T, K, Kv]
+        emit.shown("self_attn.state_per_token", every_token())  # [B, Hk, T, K, Kv]
     if emit.wants_key("self_attn.state_per_chunk"):
-        emit("self_attn.state_per_chunk", every_chunk())  # [B, Hk, chunks, K, Kv]
+        emit.shown("self_attn.state_per_chunk", every_chunk())  # [B, Hk, chunks, K, Kv]
 
 
 def written(k, g, delta, state) -> np.ndarray:

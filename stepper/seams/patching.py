@@ -50,6 +50,9 @@ class Patcher:
         array, changed = event.array, False
         matched = [(pattern, fn) for pattern, fn in self.patches if matches(event.name, [pattern])]
         for pattern, fn in sorted(matched, key=lambda patch: is_watcher(patch[1])):  # watchers see what the model reads
+            if not event.read:
+                raise StepperError(f"patch {pattern}: {event.name} is shown only; the model does not read it back, "
+                                   "so a patch there would change nothing (patch a tensor before it)")
             if not held(array):
                 raise StepperError(f"--patch {pattern}: {event.name} {list(array.shape)} is made a tile at a time (a "
                                    "long attention) and never held, so it cannot be patched")

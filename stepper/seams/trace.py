@@ -41,6 +41,7 @@ class Event:
     layer: int | None = None
     phase: str | None = None
     patched: bool = False  # a sink before (a --patch) replaced the array the model made
+    read: bool = True  # False: shown only (Emitter.shown), the model does not go on with it
 
 
 class Emitter:
@@ -65,6 +66,17 @@ class Emitter:
                 event = Event(event.name, key, checked_replacement(event, replacement), self._layer,
                               self._phase, patched=True)
         return event.array
+
+    def shown(self, key: str, array: np.ndarray) -> None:
+        """Show `array` as `key`, a figure the model does not go on with (how many values were
+        clamped, the sink's share, each token's write): no sink may replace it."""
+        if not self.sinks:
+            return
+        key = key if self._sublayer is None else f"sub{self._sublayer}.{key}"
+        event = Event(self._qualify(key), key, array, self._layer, self._phase, read=False)
+        for sink in self.sinks:
+            if sink(event) is not None:
+                raise ValueError(f"{event.name} is shown only; the model does not read it back")
 
     def choice(self, key: str, chosen: np.ndarray, count: int, what: str, none: bool = False) -> np.ndarray:
         """Show indices into `count` things (`what`: experts, positions, entries; -1 none where

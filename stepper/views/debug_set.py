@@ -30,6 +30,9 @@ def set_tensor(debugger: Any, arg: str) -> None:
     if name.strip() and debugger.resolve(name.strip()) is not event:
         raise StepperError(f"only the tensor the run stopped at ({event.name}) can be set; "
                            f"{name.strip()} is another (n or c runs on to it)")
+    if not event.read:
+        raise StepperError(f"{event.name} is shown only: the model does not read it back, so setting it would "
+                           "change nothing")
     text = f"x[{index}={value}" if bracket else value
     array = expression(text, "set ")(event.array, event.name)
     changed = Event(event.name, event.key, array, event.layer, event.phase)

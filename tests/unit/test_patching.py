@@ -297,3 +297,15 @@ def test_a_function_that_changes_its_copy_and_returns_none_is_refused():
         stepper.run("tiny", ids=IDS, patch={"layers.1.self_attn.k_pe": zeroed_in_place})
     looked = stepper.run("tiny", ids=IDS, patch={"layers.1.self_attn.k_pe": lambda x, name: None}, keep="k_pe")
     assert looked["layers.1.self_attn.k_pe"].any()  # a function that only looks leaves the tensor as it was
+
+
+@pytest.mark.parametrize(("model", "name"), [
+    ("tiny-kimi-linear", "layers.0.self_attn.delta"),
+    ("tiny-kimi-linear", "layers.0.self_attn.state_per_token"),
+    ("tiny-v4", "layers.2.attn.sink_mass"),
+])
+def test_a_tensor_shown_only_is_refused_as_a_patch_not_patched_for_nothing(model, name):
+    """A figure the model shows but does not go on with (each token's write, the sink's share) would
+    change nothing downstream if patched: the patch is refused, naming it."""
+    with pytest.raises(StepperError, match=rf"^patch {name}: {name} is shown only; the model does not read it back"):
+        stepper.run(model, prompt_len=40, patch={name: "x*0"})
