@@ -89,7 +89,7 @@ def test_a_lone_mla_layer_takes_a_seeded_cache_and_a_kda_layer_says_why_it_canno
 
 def test_the_debugger_will_not_set_a_tensor_shown_only():
     out = stepper("step", "--model", "tiny-kimi-linear", "--plain", "--prompt-len", "3", "--break",
-                  "layers.0.self_attn.delta", stdin="c\nset = 0\nq\n")
+                  "layers.0.self_attn.delta", stdin="set = 0\nq\n")
     assert out.returncode == 0, out.stderr
     assert ("layers.0.self_attn.delta is shown only: the model does not read it back, so setting it would change "
             "nothing") in " ".join(out.stdout.split())
