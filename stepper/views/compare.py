@@ -36,9 +36,12 @@ def compared_layer(cfg: Config, layer: int | None) -> int:
 
 
 def differing_fields(a: Config, b: Config) -> dict[str, tuple[object, object]]:
-    """Each config field (but the name) the two set apart: field -> (a's value, b's value)."""
-    return {f.name: (getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(Config)
-            if f.name != "name" and getattr(a, f.name) != getattr(b, f.name)}
+    """Each config field (but the name) the two set apart: field -> (a's value, b's value); a field
+    of one family's config the other's has not (DeepSeek-V4's hc_mult, Kimi Linear's kda_layers) is
+    ONLY on the side without it."""
+    names = dict.fromkeys(f.name for config in (a, b) for f in dataclasses.fields(config))
+    values = {name: (getattr(a, name, ONLY), getattr(b, name, ONLY)) for name in names if name != "name"}
+    return {name: (x, y) for name, (x, y) in values.items() if x != y}
 
 
 def shape(cat: catalog.Catalog, entry: dict, cfg: Config) -> str:
@@ -75,7 +78,7 @@ def comparison(cat: catalog.Catalog, a: Config, b: Config, layers: tuple[int, in
     title = Text(f"{names_a} layer {layers[0]} vs {names_b} layer {layers[1]}, {attn} attention", style="bold")
     config = Table("config field", names_a, names_b, title="fields that differ", title_justify="left")
     for field, (x, y) in fields.items():
-        config.add_row(field, shown(repr(x)), shown(repr(y)))
+        config.add_row(field, *(ONLY if v is ONLY else shown(repr(v)) for v in (x, y)))
     table = Table("tensor", names_a, names_b, "what differs", title="tensors", title_justify="left")
     same = 0
     for name in merged(list(seq_a), list(seq_b)):

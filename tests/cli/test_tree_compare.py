@@ -5,6 +5,7 @@ from helpers.cli import one_line, stepper
 from helpers.configs import family_preset
 
 from stepper import catalog
+from stepper.session import preset_config
 from stepper.views.compare import compared_layer, differing_fields, merged, read_fields
 
 
@@ -52,3 +53,21 @@ def test_the_compared_layers_and_the_merged_order():
 def test_a_bad_other_model_is_one_line():
     out = stepper("tree", "--compare", "no-such-model")
     assert "no-such-model" in one_line(out)
+
+
+def test_families_with_configs_of_their_own_compare_their_fields_side_by_side():
+    """DeepSeek-V4's and Kimi Linear's configs have fields MLA's has not, and lack some of its: a
+    field only one side has is — on the other."""
+    fields = differing_fields(family_preset("tiny-v3"), preset_config("tiny-v4"))
+    assert fields["hc_mult"] == ("—", 4) and fields["kv_lora_rank"] == (128, "—")
+    fields = differing_fields(family_preset("tiny-kimi-linear"), preset_config("tiny-v4"))
+    assert fields["kda_layers"][1] == "—" and fields["sliding_window"][0] == "—"
+    out = stepper("tree", "--model", "tiny-v3", "--compare", "tiny-kimi-linear", "--plain", env={"COLUMNS": "200"})
+    assert out.returncode == 0, out.stderr
+    table = rows(out.stdout)
+    assert table["mlp.gate.scores"].startswith("[N, 32] | [N, 16] |")
+    assert "│ kda_layers " in out.stdout and "│ (0, 1, 2) " in out.stdout
+    out = stepper("tree", "--model", "tiny-v4", "--compare", "tiny-v4-indexer", "--layer", "1", "--plain",
+                  env={"COLUMNS": "200"})
+    assert out.returncode == 0, out.stderr
+    assert rows(out.stdout)["attn.indexer.q"] == "[B, 2, T, 16] | [B, 8, T, 16] | shape; formula reads index_n_heads"
