@@ -40,7 +40,8 @@ from stepper.tensors.tiled import Tiled
 # run the prompt's positions `span` with a cache -> the step's result
 Step = Callable[[slice, KVCache, Emitter], object]
 
-POSITIONS = ("T", "N")  # the dims along which the chunks follow each other
+POSITIONS = ("T", "N", "chunks")  # the dims along which the chunks follow each other (chunks: the delta rule's,
+# each prefill chunk a whole number of them: families.family.Family.chunk_multiple)
 WIDTHS = ("S", "Ki")  # the dims a chunk's rows have fewer of than the whole prompt's
 
 

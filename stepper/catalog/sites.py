@@ -2,8 +2,9 @@
 point from a name to the line that made it.
 
 The sites are found by reading the model's source with `ast`, never by importing or running it:
-model code reports a tensor as `emit("self_attn.k_pe", k_pe)` (or `k_pe = emit(...)`), the callee
-a name `emit` and the first argument a string literal, so every such call is a site of that key.
+model code reports a tensor as `emit("self_attn.k_pe", k_pe)` (or `k_pe = emit(...)`, or through
+`emit.shown` and `emit.choice`), the callee a name `emit` and the first argument a string literal,
+so every such call is a site of that key.
 A part used at several sites of a layer names its tensors by an f-string (`emit(f"{site}.comb", ...)`:
 DeepSeek-V4's hyper-connections before the attention and the MoE, its two compressors); such a call
 is the site of a key no literal names whose shape it fits (`hc_attn.comb`, `hc_ffn.comb`).
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 PACKAGE = "stepper"
 MODEL = "model"  # the folder of the package whose emit calls are the sites
 CALLEE = "emit"
+EMITTING = ("shown", "choice")  # emit.shown("key", ...) and emit.choice("key", ...) emit too (seams.trace.Emitter)
 FORMATTED = "f:"  # what begins the pattern of an f-string site's keys (no catalogue name begins so)
 SIMPLE = (ast.Expr, ast.Assign, ast.AnnAssign, ast.AugAssign, ast.Return)  # statements shown whole
 
@@ -105,7 +107,10 @@ def sites_in(source: str, path: str) -> list[Site]:
 def emitted_key(node: ast.AST) -> str | None:
     """'self_attn.k_pe' for a call `emit("self_attn.k_pe", ...)`; for `emit(f"{site}.comb", ...)`
     FORMATTED and the pattern of the keys it makes (`[\\w.]+\\.comb`); else None."""
-    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == CALLEE):
+    if not (isinstance(node, ast.Call) and (isinstance(node.func, ast.Name) and node.func.id == CALLEE
+                                            or isinstance(node.func, ast.Attribute) and node.func.attr in EMITTING
+                                            and isinstance(node.func.value, ast.Name)
+                                            and node.func.value.id == CALLEE)):
         return None
     first = node.args[0] if node.args else None
     if isinstance(first, ast.JoinedStr):

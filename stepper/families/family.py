@@ -85,6 +85,7 @@ class Family:
     runtime_sizes: RuntimeSizes = no_runtime_sizes  # the sizes of its own runtime dims (planning.memory)
     refuses: tuple[tuple[str, str], ...] = ()  # (a RunSpec option it has no path for, why)
     no_seeded_cache: Callable[[Any, int], str] = lambda cfg, layer: ""  # why layer's cache cannot be seeded (cache_len)
+    chunk_multiple: int = 1  # a chunked prefill's chunks are whole multiples of this many positions
 
     def build(self, weights: Any, options: LayerOptions = DEFAULT) -> Model:
         """The family's model on these weights."""

@@ -26,6 +26,7 @@ from stepper.config import MlaVariants, _Fields, model_name
 from stepper.errors import StepperError
 from stepper.families.deepseek import part_files
 from stepper.families.family import Family
+from stepper.kernels import kda_chunked
 from stepper.model.kimi_linear_layer import decoder_layer
 
 MODEL_TYPE = "kimi_linear"
@@ -356,4 +357,6 @@ FAMILY = Family(
     parts=part_files(PARTS),
     miniature=miniature,
     no_seeded_cache=no_seeded_state,
+    chunk_multiple=kda_chunked.CHUNK,  # each prefill chunk ends where a chunk of the delta rule does: the states
+    # after those (self_attn.state_per_chunk) follow each other as the whole prompt's
 )

@@ -257,6 +257,12 @@ def choose_chunk(plan: Plan, estimate: Callable[[Plan], list[Need]], available: 
         if asked:
             raise StepperError(f"{spell('chunk', asked)}: {why_not(plan.config, 'chunk')}")
         return plan, None
+    multiple = families.family_for(plan.config).chunk_multiple
+    if asked and asked < t and asked % multiple:
+        raise StepperError(f"{spell('chunk', asked)}: model {plan.config.name} runs its prefill in chunks of a whole "
+                           f"number of its delta rule's {multiple}-position chunks (so the state after each lines up "
+                           f"with the whole prompt's); try {max(multiple, asked // multiple * multiple)} or "
+                           f"{-(-asked // multiple) * multiple}")
     if asked is not None:
         chunked = replace(plan, spec=replace(plan.spec, chunk=asked if 0 < asked < t else 0))
         return chunked, chunk_line(chunked, f"{spell('chunk', asked)}:") if chunked.spec.chunk else None

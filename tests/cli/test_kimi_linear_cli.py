@@ -2,6 +2,7 @@
 prompt through a KDA layer in the memory of a 4096 one, the tree and explain of its tensors, and
 the debugger drawing a state and printing a slice of it at a chosen token."""
 
+import json
 import tracemalloc
 
 import numpy as np
@@ -93,3 +94,20 @@ def test_the_debugger_will_not_set_a_tensor_shown_only():
     assert out.returncode == 0, out.stderr
     assert ("layers.0.self_attn.delta is shown only: the model does not read it back, so setting it would change "
             "nothing") in " ".join(out.stdout.split())
+
+
+def test_a_chunked_prefill_shows_every_state_after_a_chunk_of_the_delta_rule():
+    """The prefill's chunks are whole numbers of the delta rule's 64-token chunks, so the states
+    after each of those follow each other across the prefill's chunks as in the whole prompt."""
+    whole = stepper("run", "--model", "tiny-kimi-linear", "--prompt-len", "200", "--json", "--only",
+                    "layers.0.self_attn.state_per_chunk")
+    chunked = stepper("run", "--model", "tiny-kimi-linear", "--prompt-len", "200", "--chunk", "64", "--json",
+                      "--only", "layers.0.self_attn.state_per_chunk")
+    rows = [json.loads(out.stdout.splitlines()[-1]) for out in (whole, chunked)]
+    assert rows[0]["shape"] == rows[1]["shape"] == [1, 4, 4, 32, 32]
+    for figure in ("min", "max", "mean"):
+        assert abs(rows[0]["stats"][figure] - rows[1]["stats"][figure]) <= 1e-5 * abs(rows[0]["stats"]["absmax"])
+    refused = stepper("run", "--model", "tiny-kimi-linear", "--prompt-len", "200", "--chunk", "100")
+    assert refused.returncode == 2 and refused.stderr.endswith("its delta rule's 64-position chunks (so the state "
+                                                               "after each lines up with the whole prompt's); try "
+                                                               "64 or 128\n")
