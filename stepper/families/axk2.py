@@ -73,5 +73,12 @@ def miniature(cfg: AXK2Config, layer: int) -> AXK2Config:
     return dataclasses.replace(deepseek.miniature(cfg, layer), gated_norm_rank=2)
 
 
+def no_seeded_cache(cfg: AXK2Config, layer: int) -> str:
+    """Why cache_len cannot fill a layer: its latents are drawn like those of an RMSNorm'd input."""
+    return ("has a gated input norm, and a synthetic cache is drawn from the latents of an RMSNorm'd one; "
+            "run the layer on a prompt instead (--prompt-len)")
+
+
 FAMILY = Family(name="axk2", model_types=(MODEL_TYPE,), read_config=from_hf, decoder_layer=decoder_layer,
-                parts=deepseek.part_files(deepseek.PARTS + ("axk2_gates",)), miniature=miniature)
+                parts=deepseek.part_files(deepseek.PARTS + ("axk2_gates",)), miniature=miniature,
+                no_seeded_cache=no_seeded_cache)

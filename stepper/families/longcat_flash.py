@@ -84,5 +84,12 @@ def miniature(cfg: LongcatFlashConfig, layer: int) -> LongcatFlashConfig:
     return dataclasses.replace(deepseek.miniature(cfg, layer), zero_experts=min(cfg.zero_experts, 1))
 
 
+def no_seeded_cache(cfg: LongcatFlashConfig, layer: int) -> str:
+    """Why cache_len cannot fill a layer: a synthetic cache is one attention's."""
+    return ("has two attention sublayers, each with a cache of its own, and a synthetic cache is drawn for one; "
+            "run the layer on a prompt instead (--prompt-len)")
+
+
 FAMILY = Family(name="longcat_flash", model_types=(MODEL_TYPE,), read_config=from_hf, decoder_layer=longcat_layer,
-                parts=deepseek.part_files(deepseek.PARTS + ("longcat",)), miniature=miniature)
+                parts=deepseek.part_files(deepseek.PARTS + ("longcat",)), miniature=miniature,
+                no_seeded_cache=no_seeded_cache)

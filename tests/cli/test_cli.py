@@ -233,3 +233,17 @@ def test_tree_lists_every_tensor_of_a_layer_with_its_shape():
     assert "mlp.gate.topk_idx  [N, 8 chosen experts]" in out.stdout and "mlp.gate_proj" not in out.stdout
     absorbed = stepper("tree", "--layer", "0", "--attn", "absorb", "--plain").stdout
     assert "self_attn.q_nope_absorbed" in absorbed and "self_attn.key_states" not in absorbed
+
+
+@pytest.mark.parametrize(("model", "why"), [
+    ("tiny-axk2", "has a gated input norm, and a synthetic cache is drawn from the latents of an RMSNorm'd one"),
+    ("tiny-longcat",
+     "has two attention sublayers, each with a cache of its own, and a synthetic cache is drawn for one"),
+])
+def test_a_layer_whose_cache_cannot_be_seeded_says_why(model, why):
+    """--cache-len draws a synthetic cache for one MLA attention of an RMSNorm'd input; a layer that is
+    not one says so, instead of naming a tensor its checkpoint never had."""
+    out = stepper("run", "--model", model, "--layer", "1", "--cache-len", "50", "--plain")
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr == f"stepper: error: --cache-len 50: layer 1 of {model} {why}; run the layer on a prompt " \
+                         "instead (--prompt-len)\n"
