@@ -6,10 +6,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from stepper import catalog
+from stepper.config import Config
 from stepper.errors import StepperError
 from stepper.planning.names import PICTURE_TENSORS
 from stepper.seams.trace import matches, unphased
+from stepper.untrusted import shown
 from stepper.views.scale_grids import part_of
+from stepper.weights.names import layer_shapes, storage_dtype
 
 GLOB = set("*?[")
 
@@ -32,13 +35,17 @@ def only_filter(patterns: list[str], names: list[str], note: Callable[[str], Non
     return lambda name: not tests or any(test(name) for test in tests)
 
 
-def check_pictures(kinds: set[str], kept: list[str]) -> None:
+def check_pictures(kinds: set[str], kept: list[str], cfg: Config) -> None:
     """Refuse a --show picture that no shown tensor can give, saying why."""
     keys = {catalog.key_of(name) for name in kept}
     for kind, needed in PICTURE_TENSORS.items():
         if kind in kinds and not keys & set(needed):
             raise StepperError(f"--show {kind}: it is drawn from {' or '.join(needed)}, and this run shows "
                                f"none (choose layers or an --only that include {needed[0]})")
+    if "scales" in kinds and not any(storage_dtype(cfg, name) == "F8_E4M3" for layer in range(cfg.num_hidden_layers)
+                                     for name in layer_shapes(cfg, layer)):
+        raise StepperError(f"--show scales: model {shown(cfg.name)} stores no FP8 weights, so there is no block-scale "
+                           "grid to draw")
     if "scales" in kinds and not any(part_of(key) for key in keys):
         raise StepperError("--show scales: a weight's grid is drawn at its layer's attention or MLP tensors, and this "
                            "run shows none (choose layers or an --only that include one, e.g. '*self_attn.q_a')")

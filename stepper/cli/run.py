@@ -287,7 +287,7 @@ def run_command(
         planned.check("--only", only or [])
         patcher = patch_sink(patch, planned)
         keep = only_filter(only or [], names, lambda note: sys.stderr.write(f"stepper: {note}\n"))
-        check_pictures(pictures, [n for n in names if keep(n)])
+        check_pictures(pictures, [n for n in names if keep(n)], plan.config)
         kept = [n for n in names if keep(n)] if dump is not None else []
         check_dump_sizes(sizes(plan, kept), DUMP_LIMIT_GB if dump_limit_gb is None else dump_limit_gb)
         planned.check_fits(kept, "--only")

@@ -77,13 +77,15 @@ class ScaleGrids:
                 and self.fp8(name)]
 
     def experts(self, phase: str | None, layer: int) -> list[str]:
-        """The chosen routed experts' FP8 weights, after a line saying which are drawn."""
+        """The chosen routed experts' FP8 weights, after a line saying which are drawn (if any is FP8)."""
         drawn, chosen = chosen_experts(self.topk[phase, layer], EXPERT_GRIDS)
-        self.draw(Text(f"layer {layer}: {chosen} of {self.cfg.n_routed_experts} routed experts chosen; grids of the "
-                       f"{len(drawn)} chosen most: {', '.join(map(str, drawn))}", style="dim"))
         prefix = f"{layer_prefix(layer)}mlp.experts."
-        return [f"{prefix}{e}.{proj}_proj.weight" for e in drawn for proj in ("gate", "up", "down")
-                if self.fp8(f"{prefix}{e}.{proj}_proj.weight")]
+        names = [f"{prefix}{e}.{proj}_proj.weight" for e in drawn for proj in ("gate", "up", "down")
+                 if self.fp8(f"{prefix}{e}.{proj}_proj.weight")]
+        if names:  # INT4 or BF16 experts have no grid
+            self.draw(Text(f"layer {layer}: {chosen} of {self.cfg.n_routed_experts} routed experts chosen; grids of "
+                           f"the {len(drawn)} chosen most: {', '.join(map(str, drawn))}", style="dim"))
+        return names
 
     def fp8(self, name: str) -> bool:
         return self.weights.has(name) and storage_dtype(self.cfg, name) == "F8_E4M3"

@@ -7,6 +7,7 @@ import re
 from collections import Counter
 
 import numpy as np
+import pytest
 from helpers.cli import stepper
 
 from stepper.seams.trace import Recorder
@@ -88,3 +89,11 @@ def test_scales_with_no_attention_or_mlp_tensor_shown_is_refused():
     assert out.stderr == ("stepper: error: --show scales: a weight's grid is drawn at its layer's attention or MLP "
                           "tensors, and this run shows none (choose layers or an --only that include one, e.g. "
                           "'*self_attn.q_a')\n")
+
+
+@pytest.mark.parametrize("model", ["tiny-kimi-linear", "tiny-minicpm3", "tiny-int4"])
+def test_a_model_without_fp8_weights_has_no_grid_to_draw_and_says_so(model):
+    out = stepper("run", "--model", model, "--plain", "--show", "scales")
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr == f"stepper: error: --show scales: model {model} stores no FP8 weights, so there is no " \
+                         "block-scale grid to draw\n"
