@@ -91,18 +91,25 @@ class Catalog:
         """Entries whose name contains a word: `topk` -> mlp.gate.topk_idx, mlp.gate.topk_weight."""
         return [e for e in self.entries if word and word in e["name"]]
 
-    def consumers(self, parameter: str) -> list[dict[str, Any]]:
+    def consumers(self, parameter: str, known: bool = False) -> list[dict[str, Any]]:
         """The tensors computed from a checkpoint parameter (`model.layers.1.self_attn.q_a_proj.weight`,
         its `weight_scale_inv`, `mlp.gate.e_score_correction_bias`): the entries whose formula names
         it, else the outputs of the nearest HF module that holds it (`mlp.experts.5.up_proj.weight`
         -> the `mlp.experts` output); a wrapper's prefix (`language_model.`) is passed over. Empty
-        for a name that is not a parameter's."""
+        for a name that is not a parameter's, unless the model is `known` to have it (Kimi Linear's
+        `self_attn.A_log`: the entries whose formula names its last part)."""
         name = re.sub(r"^(?:[\w.]*?\blayers\.\d+\.|[\w.]*?\bmodel\.)", "", parameter).removesuffix("_scale_inv")
-        if not PARAMETER.search(name):
+        if not (PARAMETER.search(name) or known):
             return []
+        leaf = name.rsplit(".", 1)[-1]
         named = [e for e in self.entries if any(dotted_suffix(name, p) or dotted_suffix(p, name)
-                                                 for p in PARAMETER.findall(e["formula"]))]
-        return named or self.module_outputs(name.rsplit(".", 1)[0])
+                                                 for p in PARAMETER.findall(e["formula"]))
+                 or known and not PARAMETER.search(name) and re.search(rf"\b{re.escape(leaf)}\b", e["formula"])]
+        fits = {e["name"]: module_fit(name, e["name"]) for e in named}
+        best = max(fits.values(), default=-1)
+        if best < 0:  # no entry's place fits the module: the module's outputs
+            return self.module_outputs(name.rsplit(".", 1)[0])
+        return [e for e in named if fits[e["name"]] == best]
 
     def module_outputs(self, module: str) -> list[dict[str, Any]]:
         """Entries that are an output of the innermost HF module holding `module` (layer-relative)."""
@@ -150,6 +157,19 @@ class Catalog:
     def _by_name(self) -> dict[str, dict[str, Any]]:
         return {e["name"]: e for e in self.entries}
 
+
+
+def module_fit(parameter: str, entry: str) -> int:
+    """How well an entry's place fits a parameter's module, below their block (`self_attn`, `attn`,
+    `mlp`, `ffn`) and leaf: the parts both name, less those only one names (an expert's number
+    aside, and the weight's own module: `gate` of `mlp.gate.weight`). `self_attn.compressor.kv_proj.weight`
+    fits `attn.compressor.kv` (1), not `attn.kv_proj` (0) or `attn.indexer.compressor.kv` (0);
+    `mlp.experts.5.up_proj.weight` fits no `mlp.up` (-1)."""
+    parts = parameter.split(".")
+    own = parts[-2] if parts[-1] == "weight" and len(parts) > 2 else ""  # `gate` of mlp.gate.weight
+    module = {part for part in parts[1 : -2 if own else -1] if not part.isdigit()}
+    place = set(entry.split(".")[1:-1]) - {own}
+    return len(module & place) - len(module ^ place)
 
 
 def uncatalogued(key: str) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from stepper.cli.common import ModelOpt, PlainOpt, user_errors
 from stepper.errors import StepperError
 from stepper.session import check_layer, load_model
 from stepper.views.compare import compared_layer, comparison
-from stepper.views.explain import also_named, emitted_by, explain_text, not_found
+from stepper.views.explain import also_named, emitted_by, explain_text, layer_parameter, not_found
 from stepper.views.sinks import print_fitted
 from stepper.views.tree import layer_kind, layer_tree
 
@@ -30,7 +30,8 @@ def explain_command(
     with user_errors():
         cfg = load_model(model, 0).config
         cat = catalog.around(cfg)
-        entries = cat.find(name)
+        parameter = layer_parameter(cat, cfg, name)
+        entries = cat.consumers(parameter, known=True) if parameter else cat.find(name)
         if not entries:
             raise StepperError(not_found(cat, name))
         entries = emitted_by(cat, entries, cfg, name)

@@ -20,6 +20,7 @@ from stepper.families.deepseek_v4 import V4Caches, V4Model
 from stepper.families.deepseek_v4_checkpoint import V4Checkpoint
 from stepper.families.deepseek_v4_config import MODEL_TYPE, V4Config, miniature
 from stepper.families.deepseek_v4_synth import V4Synthetic
+from stepper.families.deepseek_v4_weights import published_name
 from stepper.families.family import Family
 from stepper.model.v4_attention_cache import bounded_values, values_per_position
 from stepper.model.v4_layer import v4_decoder_layer
@@ -91,4 +92,5 @@ FAMILY = Family(
     cache_bytes=cache_bytes,
     runtime_sizes=runtime_sizes,
     refuses=REFUSES,
+    published_name=published_name,
 )

@@ -86,6 +86,7 @@ class Family:
     refuses: tuple[tuple[str, str], ...] = ()  # (a RunSpec option it has no path for, why)
     no_seeded_cache: Callable[[Any, int], str] = lambda cfg, layer: ""  # why layer's cache cannot be seeded (cache_len)
     chunk_multiple: int = 1  # a chunked prefill's chunks are whole multiples of this many positions
+    published_name: Callable[[str], str] = lambda name: name  # a parameter's name in the family's own checkpoints
 
     def build(self, weights: Any, options: LayerOptions = DEFAULT) -> Model:
         """The family's model on these weights."""

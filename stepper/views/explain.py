@@ -10,6 +10,7 @@ names other implementations use.
 
 from __future__ import annotations
 
+import difflib
 import importlib.metadata
 import importlib.util
 import re
@@ -19,13 +20,15 @@ from typing import Any
 
 from rich.text import Text
 
-from stepper import catalog
+from stepper import catalog, families
 from stepper.catalog import sites, texts
-from stepper.config import Config
+from stepper.config import Config, MlaVariants
+from stepper.errors import StepperError
 from stepper.presets import PRESETS, V4_PRESETS
 from stepper.seams.trace import did_you_mean
 from stepper.session import preset_config, takes
 from stepper.untrusted import shown
+from stepper.weights.names import layer_shapes, storage_dtype
 
 
 def explain_text(cat: catalog.Catalog, entry: dict[str, Any], cfg: Config) -> Text:
@@ -131,6 +134,40 @@ def numbered(code: Sequence[str], first: int) -> Text:
     """Source lines with their line numbers, indented under the line that cites them (escaped: the
     reference lines are read from an installed package's file)."""
     return Text("".join(f"    {first + i:4d}  {shown(line)}\n" for i, line in enumerate(code)), style="green")
+
+
+LAYER_PARAMETER = re.compile(r"(?:model\.)?layers\.(\d+)\.(.+)")
+
+
+def block_scaled(cfg: Config, name: str) -> bool:
+    """Whether an MLA-family checkpoint stores the weight in FP8 with a weight_scale_inv beside it
+    (DeepSeek-V4's own checkpoints name their scales otherwise: `scale`)."""
+    return isinstance(cfg, MlaVariants) and storage_dtype(cfg, name) == "F8_E4M3"
+
+
+def layer_parameter(cat: catalog.Catalog, cfg: Config, query: str) -> str | None:
+    """The model's name of the layer parameter a query names: as transformers names it
+    (`model.layers.1.self_attn.q_a_proj.weight`, its `weight_scale_inv`) or as the family's own
+    checkpoints do (DeepSeek-V4's `layers.1.attn.wq_a.weight`). None for a query that names a
+    tensor, or a layer the model has not; refused for a parameter that layer does not have, rather
+    than answered by the module around it."""
+    found = LAYER_PARAMETER.fullmatch(query)
+    if found is None or int(found[1]) >= cfg.num_hidden_layers or cat.entry(catalog.key_of(query)) is not None:
+        return None
+    layer, published = int(found[1]), families.family_for(cfg).published_name
+    names: dict[str, str] = {}
+    for name in layer_shapes(cfg, layer):
+        scale = [name.removesuffix("weight") + "weight_scale_inv"] if block_scaled(cfg, name) else []
+        for alias in (name, *scale):
+            names[alias] = names[published(alias) if alias == name else alias] = name
+    asked = query if query.startswith("model.") else f"model.{query}"
+    if query in names or asked in names:
+        return names.get(query) or names[asked]
+    if not (catalog.PARAMETER.search(query) or cat.consumers(query)):
+        return None
+    near = difflib.get_close_matches(asked, list(names), n=3, cutoff=0.6)
+    raise StepperError(f"layer {layer} of {cfg.name} has no parameter '{shown(query)}'"
+                       + (f"; did you mean {', '.join(near)}?" if near else " (stepper inspect lists a checkpoint's)"))
 
 
 def not_found(cat: catalog.Catalog, query: str) -> str:

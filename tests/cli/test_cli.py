@@ -247,3 +247,33 @@ def test_a_layer_whose_cache_cannot_be_seeded_says_why(model, why):
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr == f"stepper: error: --cache-len 50: layer 1 of {model} {why}; run the layer on a prompt " \
                          "instead (--prompt-len)\n"
+
+
+@pytest.mark.parametrize(("query", "model", "first"), [
+    ("model.layers.1.self_attn.q_a_proj.weight", "tiny", "self_attn.q_a"),
+    ("model.layers.1.self_attn.q_a_proj.weight_scale_inv", "tiny", "self_attn.q_a"),
+    ("model.layers.1.mlp.gate.weight", "tiny", "mlp.gate.logits"),
+    ("model.layers.1.mlp.experts.5.up_proj.weight", "tiny", "mlp.routed_output"),
+    ("layers.1.attn.wq_a.weight", "tiny-v4", "attn.q_a"),  # DeepSeek-V4's own name
+    ("layers.1.attn.compressor.wkv.weight", "tiny-v4", "attn.compressor.kv"),  # not the attention's own kv_proj
+    ("layers.1.ffn.experts.3.w1.weight", "tiny-v4", "ffn.routed_output"),  # not the compressor's gate_proj
+    ("model.layers.1.self_attn.A_log", "tiny-kimi-linear", "self_attn.forget_gate"),
+])
+def test_explain_a_parameter_gives_the_tensors_computed_from_it(query, model, first):
+    out = stepper("explain", query, "--model", model, "--plain")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[0] == first
+
+
+@pytest.mark.parametrize(("query", "model", "said"), [
+    ("model.layers.1.self_attn.foo.weight", "tiny", ("layer 1 of tiny has no parameter "
+     "'model.layers.1.self_attn.foo.weight'; did you mean model.layers.1.self_attn.o_proj.weight")),
+    ("model.layers.1.self_attn.wq_a.weight", "tiny-v4", ("layer 1 of tiny-v4 has no parameter "
+     "'model.layers.1.self_attn.wq_a.weight'; did you mean model.layers.1.self_attn.q_a_proj.weight")),
+    ("model.layers.1.self_attn.q_a_proj.weight_scale_inv", "tiny-kimi-linear", ("layer 1 of tiny-kimi-linear has "
+     "no parameter 'model.layers.1.self_attn.q_a_proj.weight_scale_inv'")),
+])
+def test_explain_refuses_a_parameter_the_layer_does_not_have(query, model, said):
+    """A made-up parameter is not answered by the module around it."""
+    out = stepper("explain", query, "--model", model, "--plain")
+    assert out.returncode == 2 and out.stdout == "" and out.stderr.startswith(f"stepper: error: {said}")

@@ -66,7 +66,8 @@ def test_explain_points_at_the_line_that_emits_the_name(name):
     path, line, function = printed[0]
     assert path.startswith("stepper/model/")
     source = (ROOT / path).read_text(encoding="utf-8").splitlines()
-    made_by = re.search(r'emit\((f?)"([^"]*)"', source[int(line) - 1])  # emit("name" or a part's emit(f"{site}.name"
+    # emit("name" (or emit.shown, emit.choice), or a part's emit(f"{site}.name"
+    made_by = re.search(r'emit(?:\.shown|\.choice)?\((f?)"([^"]*)"', source[int(line) - 1])
     assert made_by, source[int(line) - 1]
     if made_by[1]:
         assert re.fullmatch(re.sub(r"\\\{[^}]*\\\}", r"[\\w.]+", re.escape(made_by[2])), name), source[int(line) - 1]
