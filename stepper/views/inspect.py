@@ -27,7 +27,7 @@ import numpy as np
 from rich.console import Console
 from rich.text import Text
 
-from stepper import families, fp8
+from stepper import fp8
 from stepper.config import Config
 from stepper.errors import StepperError
 from stepper.session import open_checkpoint
@@ -133,11 +133,11 @@ def open_source(where: str | Path) -> Source:
     headers alone, anything else as one safetensors file."""
     if isinstance(where, str) and remote.is_remote(where):
         if is_remote_published(where):
-            return published_source(Path(where), open_published(where, families.load_config))
+            return published_source(Path(where), open_published(where))
         return checkpoint_source(Path(where), open_checkpoint(where))
     path = Path(where)
     if path.is_dir() and is_published_v4(path):
-        return published_source(path, open_published(path, families.load_config))  # its config read as a run reads it
+        return published_source(path, PublishedCheckpoint(path))
     if path.is_dir():
         if not (path / "config.json").exists():
             raise StepperError(f"{path}: not a checkpoint directory (no config.json); give a .safetensors file to "
