@@ -266,6 +266,11 @@ def takes(cfg: Config, keyword: str) -> bool:
     return keyword not in dict(families.family_for(cfg).refuses)
 
 
+def published_name(cfg: Config, name: str) -> str:
+    """A parameter's name (as transformers names it) in the checkpoints cfg's family publishes."""
+    return families.family_for(cfg).published_name(name)
+
+
 def why_not(cfg: Config, keyword: str) -> str:
     """Why cfg's family has no path for the RunSpec option `keyword`."""
     return dict(families.family_for(cfg).refuses)[keyword]

@@ -20,13 +20,13 @@ from typing import Any
 
 from rich.text import Text
 
-from stepper import catalog, families
+from stepper import catalog
 from stepper.catalog import sites, texts
 from stepper.config import Config, MlaVariants
 from stepper.errors import StepperError
 from stepper.presets import PRESETS, V4_PRESETS
 from stepper.seams.trace import did_you_mean
-from stepper.session import preset_config, takes
+from stepper.session import preset_config, published_name, takes
 from stepper.untrusted import shown
 from stepper.weights.names import layer_shapes, storage_dtype
 
@@ -154,12 +154,12 @@ def layer_parameter(cat: catalog.Catalog, cfg: Config, query: str) -> str | None
     found = LAYER_PARAMETER.fullmatch(query)
     if found is None or int(found[1]) >= cfg.num_hidden_layers or cat.entry(catalog.key_of(query)) is not None:
         return None
-    layer, published = int(found[1]), families.family_for(cfg).published_name
+    layer = int(found[1])
     names: dict[str, str] = {}
     for name in layer_shapes(cfg, layer):
         scale = [name.removesuffix("weight") + "weight_scale_inv"] if block_scaled(cfg, name) else []
         for alias in (name, *scale):
-            names[alias] = names[published(alias) if alias == name else alias] = name
+            names[alias] = names[published_name(cfg, alias) if alias == name else alias] = name
     asked = query if query.startswith("model.") else f"model.{query}"
     if query in names or asked in names:
         return names.get(query) or names[asked]

@@ -27,7 +27,7 @@ BELOW_EVERYTHING: dict[str, set[str]] = {
     "errors": set(),
     "seams": set(),  # the room's __init__: its docstring only
     "seams.swap": set(),
-    "seams.trace": {"tensors.tensor"},
+    "seams.trace": {"tensors.tensor", "errors"},
     "tensors": set(),  # the room's __init__: its docstring only
     "tensors.tensor": {"tensors.statistics"},  # what a tensor of a run is: an array, or a LazyTensor made when read
     "tensors.tiled": {"tensors.tensor"},
