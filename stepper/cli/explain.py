@@ -45,7 +45,8 @@ def explain_command(
 
 def tree_command(
     model: ModelOpt = "tiny",
-    layer: Annotated[int | None, typer.Option(metavar="N", help="Only layer N's kind (dense or MoE).")] = None,
+    layer: Annotated[int | None, typer.Option(
+        metavar="N", help="Only layer N's kind (dense or MoE; a family's own: KDA or MLA, V4's compression).")] = None,
     attn: Annotated[str, typer.Option(metavar="naive|absorb",
                                       help="naive or absorb: which attention tensors to list.")] = "naive",
     plain: PlainOpt = False,

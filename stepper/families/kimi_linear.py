@@ -88,6 +88,10 @@ class KimiLinearConfig(MlaVariants):
         """The published rule (and transformers'): dense before first_k_dense_replace, MoE after."""
         return self.n_routed_experts > 0 and layer >= self.first_k_dense_replace
 
+    def layer_label(self, layer: int) -> str:
+        """The layer's attention and MLP, which set its tensors apart (stepper tree, the run's headings)."""
+        return f"{'KDA' if self.is_kda_layer(layer) else 'MLA'}, {'MoE' if self.is_moe_layer(layer) else 'dense'}"
+
     def memory_line(self, positions: int) -> str:
         """The run header's line on what the layers keep (module function memory_line)."""
         return memory_line(self, positions)

@@ -75,5 +75,5 @@ def cost_line(dims, kv_lora_rank: int = 512, qk_rope_head_dim: int = 64, bytes_p
     v4 = values_per_position(dims) * bytes_per_value
     mla = mla_values_per_position(kv_lora_rank, qk_rope_head_dim) * bytes_per_value
     fixed = bounded_values(dims) * bytes_per_value
-    return (f"cache per position per layer: {v4:g} B ({kind}; +{fixed:,} B whatever the length) "
-            f"vs {mla:g} B for V3's MLA (both at {bytes_per_value} B a value)")
+    return (f"cache per position per layer: {v4:,g} B ({kind}; +{fixed:,} B whatever the length) "
+            f"vs {mla:,g} B for V3's MLA (both at {bytes_per_value} B a value)")

@@ -20,22 +20,24 @@ BAR = 12  # characters of a weight's bar
 
 
 def hyper_connection_map(comb: np.ndarray, pre: np.ndarray | None = None, post: np.ndarray | None = None,
-                         streams: np.ndarray | None = None, position: int = -1, title: str = "") -> Picture:
-    """comb [B, T, n, n] (pre, post [B, T, n], streams [B, T, n, d] optional) at one position of batch row 0."""
+                         streams: np.ndarray | None = None, position: int = -1, title: str = "",
+                         first: int = 0) -> Picture:
+    """comb [B, T, n, n] (pre, post [B, T, n], streams [B, T, n, d] optional) at one position of batch row 0;
+    `first`: the position of the step's first token (a decode step's is the prompt's length and more)."""
     comb = np.asarray(comb)
     if comb.ndim != 4 or comb.shape[-1] != comb.shape[-2]:
         raise ValueError(f"need a comb matrix [B, T, n, n], got shape {list(comb.shape)}")
     t = range(comb.shape[1])[position]
 
     def draw(width: int) -> list[Text]:
-        lines = heading(title) + [caption(f"position {t} of 0..{comb.shape[1] - 1}: row j says where stream j goes "
-                                          "(X'_k = post_k y + sum_j comb[j, k] X_j)")]
+        lines = heading(title) + [caption(f"position {first + t} of {first}..{first + comb.shape[1] - 1}: row j says "
+                                          "where stream j goes (X'_k = post_k y + sum_j comb[j, k] X_j)")]
         lines += matrix_lines(comb[0, t])
         for label, weights in (("pre ", pre), ("post", post)):
             if weights is not None:
                 lines += weight_lines(label, np.asarray(weights)[0, t])
         if streams is not None:
-            lines += stream_lines(np.asarray(streams)[0], width)
+            lines += stream_lines(np.asarray(streams)[0], width, first)
         return lines
 
     return Picture(draw)
@@ -64,14 +66,14 @@ def weight_lines(label: str, weights: np.ndarray) -> list[Text]:
             for k, w in enumerate(weights)]
 
 
-def stream_lines(streams: np.ndarray, width: int) -> list[Text]:
+def stream_lines(streams: np.ndarray, width: int, first: int = 0) -> list[Text]:
     """Each stream's RMS over the hidden size at every position (the last positions when they do
     not fit), as bars up to the largest."""
     rms = np.sqrt(np.mean(np.square(streams.astype(np.float64)), axis=-1))  # [T, n]
     room = max(width - 16, 8)
     shown_rms = rms[-room:]
     top = float(shown_rms.max()) or 1.0
-    lines = [caption(f"RMS of each stream at positions {len(rms) - len(shown_rms)}..{len(rms) - 1} "
+    lines = [caption(f"RMS of each stream at positions {first + len(rms) - len(shown_rms)}..{first + len(rms) - 1} "
                      f"(█ = {top:.3g})")]
     for k in range(rms.shape[1]):
         bars = "".join(bar_up(float(v), top) for v in shown_rms[:, k])

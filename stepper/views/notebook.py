@@ -132,17 +132,24 @@ def hc_picture(event: Event, lookup) -> pictures.Picture:
     scope, site = event.name.removesuffix(event.key), event.key.removesuffix(".comb")
     streams = kept(lookup, scope + ("streams" if site == "hc_attn" else "attn_streams"))
     return hyper_connection_map(np.asarray(event.array), kept(lookup, f"{scope}{site}.pre"),
-                                kept(lookup, f"{scope}{site}.post"), streams, title=event.name)
+                                kept(lookup, f"{scope}{site}.post"), streams, title=event.name,
+                                first=step_start(event, lookup))
+
+
+def step_start(event: Event, lookup) -> int:
+    """The position of the first token of the event's step: 0 for the prefill, the prompt's length
+    plus k for decode step k (the prompt's length read from the same tensor of the prefill)."""
+    if not event.phase or event.phase == "prefill":
+        return 0
+    prefill = kept(lookup, event.name.replace(f"{event.phase}.", "prefill.", 1))
+    if prefill is None:
+        raise StepperError(f"picture: {event.name}'s positions need the prefill's {event.key} of its layer; keep it")
+    return prefill.shape[1] + int(event.phase.removeprefix("decode"))
 
 
 def reach_picture(event: Event, cfg: Config, lookup) -> pictures.Picture:
     """What a DeepSeek-V4 layer's last query attends (attn.chosen [B, T, K]): window, entries kept and dropped."""
     chosen = np.asarray(event.array)
-    position = chosen.shape[1] - 1  # the prompt's last query
-    if event.phase and event.phase != "prefill":  # decode k: the query after the prompt's and k - 1 others
-        prefill = kept(lookup, event.name.replace(f"{event.phase}.", "prefill.", 1))
-        if prefill is None:
-            raise StepperError(f"picture: reach of {event.name} needs the prefill's {event.key} of its layer; keep it")
-        position = prefill.shape[1] + int(event.phase.removeprefix("decode"))
+    position = step_start(event, lookup) + chosen.shape[1] - 1  # the step's last query
     return compressed_attention_map(position, cfg.sliding_window, cfg.compress_ratio(event.layer), chosen[0, -1],
                                     title=f"{event.name}: the query at position {position}")

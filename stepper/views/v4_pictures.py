@@ -39,8 +39,10 @@ class V4Pictures:
         if key in ("hc_attn.comb", "hc_ffn.comb") and "hc" in self.kinds:
             site = key.removesuffix(".comb")
             streams = self.seen.get("streams" if site == "hc_attn" else "attn_streams")
+            first = self.last_position(event.phase, array.shape[1]) - (array.shape[1] - 1)
             print_picture(self.console, hyper_connection_map(array, self.seen.get(f"{site}.pre"),
-                                                             self.seen.get(f"{site}.post"), streams, title=event.name))
+                                                             self.seen.get(f"{site}.post"), streams, title=event.name,
+                                                             first=first))
         elif key == "attn.chosen" and "reach" in self.kinds and event.layer is not None:
             ratio = self.cfg.compress_ratio(event.layer)
             if ratio:

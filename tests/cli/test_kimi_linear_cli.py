@@ -111,3 +111,15 @@ def test_a_chunked_prefill_shows_every_state_after_a_chunk_of_the_delta_rule():
     assert refused.returncode == 2 and refused.stderr.endswith("its delta rule's 64-position chunks (so the state "
                                                                "after each lines up with the whole prompt's); try "
                                                                "64 or 128\n")
+
+
+def test_the_tree_and_the_run_name_each_layers_attention():
+    """Kimi Linear's layers differ by attention (KDA or MLA) as well as by MLP: the tree draws one of
+    each kind, and the run's headings say which a layer is."""
+    tree = stepper("tree", "--model", "tiny-kimi-linear", "--plain").stdout
+    assert [line for line in tree.splitlines() if line.startswith("tiny-kimi-linear:")] == [
+        "tiny-kimi-linear: layer 0 (KDA, dense), naive attention",
+        "tiny-kimi-linear: layers 1..2 (KDA, MoE), naive attention",
+        "tiny-kimi-linear: layer 3 (MLA, MoE), naive attention"]
+    run = stepper("run", "--model", "tiny-kimi-linear", "--plain", "--only", "*output").stdout
+    assert "layer 2 (KDA, MoE) ──" in run and "layer 3 (MLA, MoE) ──" in run

@@ -34,6 +34,8 @@ def test_the_comb_matrix_at_a_position_with_its_sums_and_the_weights():
     assert "post stream 0  ████████████ 2.000" in text  # post of 2.0: full (its scale is 2)
     assert "post stream 1  ███          0.500" in text  # a quarter of the bar
     assert [r.split()[-1] for r in rows if r.startswith("stream ")] == ["▄▄", "█"]
+    later = render(hyper_connection_map(comb, streams=streams, position=1, first=40))  # a step from position 40 on
+    assert "position 41 of 40..41" in later and "RMS of each stream at positions 40..41" in later
 
 
 def test_a_wrong_shape_is_refused():

@@ -111,9 +111,9 @@ def test_cost_per_position_beside_mla():
     assert values_per_position(flash(0)) == 0
     assert mla_values_per_position(512, 64) == 576
     line = cost_line(flash(4))  # float32, as stepper holds them
-    assert "640 B (CSA" in line and "2304 B for V3's MLA" in line
+    assert "640 B (CSA" in line and "2,304 B for V3's MLA" in line
     assert "16 B (HCA" in cost_line(flash(128))
-    assert "320 B (CSA" in cost_line(flash(4), bytes_per_value=2) and "1152 B for V3's MLA" in cost_line(
+    assert "320 B (CSA" in cost_line(flash(4), bytes_per_value=2) and "1,152 B for V3's MLA" in cost_line(
         flash(4), bytes_per_value=2)
 
 
