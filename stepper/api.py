@@ -217,7 +217,8 @@ class Run(Mapping):
             raise StepperError(f"picture: kind expects one of {', '.join(PICTURES)}, got {kind!r}")
         event = self.event(name)
         if PICTURES[kind] and event.key not in PICTURES[kind]:
-            raise StepperError(f"picture: {kind} draws a {' or a '.join(PICTURES[kind])}, and {event.name} is not one")
+            raise StepperError(f"picture: {kind} draws a {' or a '.join(PICTURES[kind])}, and {event.name} is not one "
+                               f"(this run's tensors draw {', '.join(self.pictures())})")
         return notebook.picture(kind, event, self.config, self.__getitem__)
 
     def __repr__(self) -> str:
@@ -228,7 +229,12 @@ class Run(Mapping):
 
     def _repr_html_(self) -> str:
         """A summary (its steps and layers and the names each kept), not every tensor: `show` one."""
-        return notebook.run_html(list(self._events.values()), self.config, repr(self))
+        return notebook.run_html(list(self._events.values()), self.config, repr(self), self.pictures())
+
+    def pictures(self) -> tuple[str, ...]:
+        """The kinds of `picture` this run's kept tensors can draw ("hist": any tensor)."""
+        keys = {event.key for event in self._events.values()}
+        return (*(kind for kind, drawn in PICTURES.items() if drawn and keys & set(drawn)), "hist")
 
 
 class NotFound(StepperError, KeyError):

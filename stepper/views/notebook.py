@@ -24,8 +24,7 @@ from stepper.views.sinks import TensorRows
 
 WIDTH = 160
 SCOPES = 24  # a run's summary lists its first steps and layers; run.names lists every name
-HINT = ('run["NAME"] a tensor · run.show(NAME) its row · run.picture("attention"|"routing"|"hist", NAME) '
-        "· run.names every name")
+HINT = 'run["NAME"] a tensor · run.show(NAME) its row · run.picture({}, NAME) · run.names every name'
 
 
 def console(**options: Any) -> Console:
@@ -49,7 +48,7 @@ def text(renderables: list[RenderableType]) -> str:
     return out.file.getvalue()
 
 
-def run_summary(events: list[Event], cfg: Config, title: str) -> list[RenderableType]:
+def run_summary(events: list[Event], cfg: Config, title: str, pictures: tuple[str, ...]) -> list[RenderableType]:
     """The title, then a line per step and layer: its heading, how many tensors it kept and their
     names (as far as the line goes), then how to see one. Not the tensors themselves: a run of
     every tensor would be pages long."""
@@ -68,12 +67,13 @@ def run_summary(events: list[Event], cfg: Config, title: str) -> list[Renderable
         shown.append(line)
     if len(scopes) > SCOPES:
         shown.append(Text(f"... {len(scopes) - SCOPES} more steps and layers", style="dim"))
-    shown.append(Text(HINT, style="dim"))
+    shown.append(Text(HINT.format("|".join(f'"{kind}"' for kind in pictures)), style="dim"))
     return shown
 
 
-def run_html(events: list[Event], cfg: Config, title: str) -> str:
-    return html(run_summary(events, cfg, title))
+def run_html(events: list[Event], cfg: Config, title: str, pictures: tuple[str, ...]) -> str:
+    """The run's summary, its last line naming the pictures of what it kept (`pictures`)."""
+    return html(run_summary(events, cfg, title, pictures))
 
 
 def diff_html(diff: Any) -> str:

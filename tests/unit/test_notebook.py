@@ -41,8 +41,12 @@ def test_a_run_shows_a_line_per_step_and_layer_not_every_tensor(run):
         "layer 0 (dense)     1 kept  self_attn.k_pe",
         "layer 1 (MoE)       4 kept  self_attn.k_pe, self_attn.attn_weights, mlp.gate.topk_idx, mlp.gate.topk_weight",
         "layer 2 (MoE)       3 kept  self_attn.k_pe, mlp.gate.topk_idx, mlp.gate.topk_weight",
-        notebook.HINT,
+        ('run["NAME"] a tensor · run.show(NAME) its row · run.picture("attention"|"routing"|"hist", NAME) · '
+        "run.names every name"),
     ]
+    v4 = stepper.run("tiny-v4", ids=[1, 2, 3], keep=["*comb", "*chosen"])  # its own pictures, as its run draws them
+    assert visible(v4._repr_html_()).splitlines()[-1].startswith('run["NAME"] a tensor · run.show(NAME) its row · '
+                                                                 'run.picture("hc"|"reach"|"hist", NAME)')
 
 
 def test_a_long_run_shows_its_first_steps_and_layers_within_the_width():
