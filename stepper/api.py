@@ -33,6 +33,7 @@ checked, its memory estimated, its patches applied), so both behave alike.
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import numbers
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -57,6 +58,7 @@ from stepper.session import ATTN_CHOICES, INDEX_SCORING_CHOICES, RunSpec, api_ke
 from stepper.tensors.tensor import LazyTensor, Tensor, held
 from stepper.untrusted import shown
 from stepper.views import notebook
+from stepper.views.summary import token_ids
 from stepper.weights.remote import without_credentials
 from stepper.weights.source import WeightSource
 
@@ -177,7 +179,9 @@ class Run(Mapping):
                                f"{', ...' if len(found) > 3 else ''}): give the full name")
         if any(matches(n, [name]) for n in self._recorded.names):
             raise NotFound(f"'{name}' was emitted but not kept: add it to keep=")
-        raise NotFound(f"no tensor '{name}' in this run{did_you_mean(name, self._recorded.names)}")
+        near = difflib.get_close_matches(name, list(self._events), n=3, cutoff=0.8)  # a full name, mistyped
+        hint = f"; did you mean {', '.join(near)}?" if near else did_you_mean(name, self._recorded.names)
+        raise NotFound(f"no tensor '{name}' in this run{hint}")
 
     def __getitem__(self, name: str) -> Tensor:
         """The kept tensor `name`: a read-only array, or a LazyTensor made when read (see `cost`)."""
@@ -225,7 +229,7 @@ class Run(Mapping):
         patched = ", ".join(shown(glob) for glob in self._recorded.patched)
         at = f", patched at {patched}" if patched else ""
         return (f"<stepper.Run {self.config.name}{at}: {len(self)} tensors kept of {len(self._recorded.names)}, "
-                f"prompt {list(self.prompt)}, generated {list(self.generated)}>")
+                f"prompt {token_ids(self.prompt)}, generated {token_ids(self.generated)}>")
 
     def _repr_html_(self) -> str:
         """A summary (its steps and layers and the names each kept), not every tensor: `show` one."""

@@ -17,6 +17,8 @@ once over every position.
 
 from __future__ import annotations
 
+import difflib
+import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from functools import partial
@@ -106,10 +108,12 @@ def load_model(model: str, seed: int) -> WeightSource:
         return open_checkpoint(path)
     if path.is_file():
         return synthetic(families.load_config(path), seed)
+    if os.sep in model or model.startswith((".", "~")):  # a path that is not there, not a misspelt preset
+        raise StepperError(f"model '{model}': no such checkpoint directory or config.json")
+    near = difflib.get_close_matches(model, [*PRESETS, *V4_PRESETS], n=3, cutoff=0.6)
     raise StepperError(
-        f"unknown model '{model}': expected one of {', '.join([*PRESETS, *V4_PRESETS])}, a checkpoint directory "
-        "or a config.json"
-    )
+        f"unknown model '{model}'" + (f" (did you mean {', '.join(near)}?)" if near else "")
+        + f": expected one of {', '.join([*PRESETS, *V4_PRESETS])}, a checkpoint directory or a config.json")
 
 
 def synthetic(cfg, seed: int) -> WeightSource:
@@ -306,7 +310,8 @@ def check_index_scoring(scoring: str, cfg: Config, spell: Spell = command_line) 
         return
     if not cfg.has_indexer:
         raise StepperError(f"{spell('index_scoring', 'fp8')} scores the Lightning Indexer, and model {cfg.name} "
-                           f"({cfg.model_type}) has none: use a DeepSeek-V3.2 model (tiny-v32, deepseek-v3.2)")
+                           f"({cfg.model_type}) has none: use a model with one (tiny-v32, tiny-glm5, tiny-axk2, "
+                           "deepseek-v3.2, glm-5, a.x-k2)")
     dims = cfg.index_head_dim
     if dims & (dims - 1) or dims > 128:
         raise StepperError(f"{spell('index_scoring', 'fp8')} needs index_head_dim a power of two up to 128 "

@@ -38,6 +38,8 @@ def only_filter(patterns: list[str], names: list[str], note: Callable[[str], Non
 def check_pictures(kinds: set[str], kept: list[str], cfg: Config) -> None:
     """Refuse a --show picture that no shown tensor can give, saying why."""
     keys = {catalog.key_of(name) for name in kept}
+    if "routing" in kinds and not any(cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers)):
+        raise StepperError(f"--show routing: model {shown(cfg.name)} has no router: every layer's MLP is dense")
     for kind, needed in PICTURE_TENSORS.items():
         if kind in kinds and not keys & set(needed):
             raise StepperError(f"--show {kind}: it is drawn from {' or '.join(needed)}, and this run shows "

@@ -30,6 +30,7 @@ from stepper.views.debugger import CommandSource, Debugger, Quit
 from stepper.views.dump import DUMP_LIMIT_GB, check_dump_sizes, check_writable, write_dump
 from stepper.views.family_pictures import every_picture, picture_sink, pictures_of
 from stepper.views.sinks import JsonLines, ProgressBars, TensorRows, print_wrapped
+from stepper.views.summary import token_ids
 
 # Options of both commands
 LayerOpt = Annotated[int | None, typer.Option(metavar="N", min=0,
@@ -171,16 +172,6 @@ def footer(plan: Plan, result: RunResult, shown: int, dump: Path | None,
     if agreement is not None and agreement.queries:
         parts.append(agreement.summary())
     return " · ".join(parts)
-
-
-def token_ids(ids, shown: int = 16) -> str:
-    """Token ids as a list, a long one cut to its first and last few with its length, so that a
-    512-token prompt does not fill the screen."""
-    ids = [int(i) for i in ids]
-    if len(ids) <= shown:
-        return str(ids)
-    head, tail = ids[: shown * 3 // 4], ids[-(shown // 4) :]
-    return f"[{', '.join(map(str, head))}, … {', '.join(map(str, tail))}] ({len(ids)} tokens)"
 
 
 def parse_show(show: str | None, choices: tuple[str, ...] = every_picture()) -> set[str]:

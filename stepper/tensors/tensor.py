@@ -77,6 +77,16 @@ class LazyTensor:
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
         raise NotImplementedError
 
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getattr__(self, name: str):
+        """An array's method or attribute it has not (sum, T, astype): say how to get the array."""
+        if not name.startswith("_") and hasattr(np.ndarray, name):
+            raise AttributeError(f"'{type(self).__name__}' has no '{name}': it is a LazyTensor, made when read; "
+                                 f"its .numpy() is the array ({self.cost})")
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({list(self.shape)}, {self.dtype}: {self.cost})"
 

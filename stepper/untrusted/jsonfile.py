@@ -58,7 +58,7 @@ def parse_json(text: str, where: str) -> Any:
     try:
         return json.loads(text, parse_constant=no_constants, object_pairs_hook=unique_keys)
     except json.JSONDecodeError as e:
-        raise StepperError(f"{where}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+        raise StepperError(f"{where}: not valid JSON ({e.msg}: line {e.lineno} column {e.colno})") from None
     except RecursionError:
         raise StepperError(f"{where}: JSON nested too deeply") from None
 

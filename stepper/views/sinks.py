@@ -23,6 +23,8 @@ from rich.text import Text
 from stepper import catalog
 from stepper.config import Config
 from stepper.seams.trace import Event
+from stepper.tensors.statistics import CORNER
+from stepper.tensors.tensor import held
 from stepper.text import Tokens
 from stepper.views import pictures, summary
 from stepper.views.group_map import group_map
@@ -60,10 +62,14 @@ class TensorRows:
         return " · ".join(parts)
 
     def render(self, event: Event) -> Text:
-        """The tensor's three lines; on a terminal each is wrapped between its fields to fit."""
+        """The tensor's three lines (two for a tensor of no values); on a terminal each is wrapped
+        between its fields to fit."""
         width = line_width(self.console)
         text = self.name_line(event, width)
         text.append("\n")
+        if event.array.size == 0:  # a dim of size 0: V4's entries before the first window closes
+            text.append(Text("    no values: a dimension of size 0", style="dim"))
+            return text
         text.append(stats_line(event.array, width))
         text.append("\n")
         text.append(corners_line(event.array, width))
@@ -102,8 +108,13 @@ def stats_line(array: np.ndarray, width: int | None) -> Text:
 
 
 def corners_line(array: np.ndarray, width: int | None) -> Text:
-    first, last = summary.corners(array)
-    values = [number(v) for v in first] + ["…"] + [number(v) for v in last]
+    """The first values of the first row and the last of the last, or every value of a tensor of
+    no more than that many (a token's four chosen experts)."""
+    if held(array) and 0 < array.size <= 2 * CORNER:
+        values = [number(v) for v in np.asarray(array).reshape(-1).tolist()]
+    else:
+        first, last = summary.corners(array)
+        values = [number(v) for v in first] + ["…"] + [number(v) for v in last]
     fields = [Text.assemble(("corners ", "dim"), values[0]), *map(Text, values[1:])]
     return wrap_fields(fields, width, "    ", "    ", sep=" ")
 

@@ -104,3 +104,13 @@ def number(x: float) -> str:
 def finite_or_none(x: float) -> float | int | None:
     """A value for JSON, which has no NaN or infinities: those become null."""
     return None if isinstance(x, float) and not math.isfinite(x) else x
+
+
+def token_ids(ids, shown: int = 16) -> str:
+    """Token ids as a list, a long one cut to its first and last few with its length, so that a
+    512-token prompt does not fill the screen."""
+    ids = [int(i) for i in ids]
+    if len(ids) <= shown:
+        return str(ids)
+    head, tail = ids[: shown * 3 // 4], ids[-(shown // 4) :]
+    return f"[{', '.join(map(str, head))}, … {', '.join(map(str, tail))}] ({len(ids)} tokens)"

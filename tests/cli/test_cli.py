@@ -277,3 +277,20 @@ def test_explain_refuses_a_parameter_the_layer_does_not_have(query, model, said)
     """A made-up parameter is not answered by the module around it."""
     out = stepper("explain", query, "--model", model, "--plain")
     assert out.returncode == 2 and out.stdout == "" and out.stderr.startswith(f"stepper: error: {said}")
+
+
+def test_a_small_tensor_shows_every_value_and_an_empty_one_says_it_has_none():
+    out = stepper("run", "--ids", "1,2,3", "--decode", "1", "--plain", "--only", "decode0.layers.1.mlp.gate.topk_idx")
+    corners = [line.split()[1:] for line in out.stdout.splitlines() if line.strip().startswith("corners")]
+    assert len(corners) == 1 and len(corners[0]) == 4 and "…" not in corners[0]  # a token's four experts, once each
+    out = stepper("run", "--model", "tiny-v4", "--plain", "--only", "layers.2.attn.chosen")  # HCA: no entry closed yet
+    rows = out.stdout.splitlines()
+    at = next(i for i, line in enumerate(rows) if line.startswith("layers.2.attn.chosen"))
+    assert "Kq=0 entries" in rows[at] and rows[at + 1] == "    no values: a dimension of size 0"
+
+
+@pytest.mark.parametrize("model", ["tiny-minicpm3", "tiny-youtu"])
+def test_routing_of_a_model_without_a_router_says_so(model):
+    out = stepper("run", "--model", model, "--show", "routing")
+    assert out.returncode == 2 and out.stderr == (f"stepper: error: --show routing: model {model} has no router: "
+                                                  "every layer's MLP is dense\n")

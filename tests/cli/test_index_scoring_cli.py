@@ -39,7 +39,7 @@ def test_a_model_without_an_indexer_is_refused_in_one_line():
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.strip().splitlines() == [
         ("stepper: error: --index-scoring fp8 scores the Lightning Indexer, and model tiny (kimi_k2) has none: "
-         "use a DeepSeek-V3.2 model (tiny-v32, deepseek-v3.2)")]
+         "use a model with one (tiny-v32, tiny-glm5, tiny-axk2, deepseek-v3.2, glm-5, a.x-k2)")]
     assert stepper("step", "--model", "tiny-v32", "--index-scoring", "int8").returncode == 2
 
 

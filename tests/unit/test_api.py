@@ -373,3 +373,24 @@ def test_diff_reads_a_chunked_run_and_refuses_sides_that_share_nothing():
         stepper.diff(stepper.run("tiny", ids=[1, 2, 3]), stepper.run("tiny", ids=[1, 2, 3], decode=1))
     with pytest.raises(StepperError, match=r"have no tensor in common \(B holds no tensor\)"):
         stepper.diff(whole, {})
+
+
+def test_what_a_new_user_mistypes_gets_the_name_meant():
+    run = stepper.run("tiny", ids=[1, 2, 3], decode=1, keep="*compressed_kv")
+    with pytest.raises(StepperError, match=r"did you mean prefill.layers.1.self_attn.compressed_kv, "):
+        run["prefill.layers.1.self_attn.compresed_kv"]  # a full name, one letter out: the full names it is near
+    with pytest.raises(StepperError, match=r"unknown model 'tiny_v4' \(did you mean tiny-v4, "):
+        stepper.run("tiny_v4")
+    with pytest.raises(StepperError, match=r"^model '/no/such/checkpoint': no such checkpoint directory or config"):
+        stepper.run("/no/such/checkpoint")
+
+
+def test_a_lazy_tensor_says_how_to_get_its_array_and_a_long_prompt_is_shortened():
+    run = stepper.run("tiny", prompt_len=300, chunk=128, keep="layers.1.self_attn.attn_weights")
+    lazy = run["layers.1.self_attn.attn_weights"]
+    assert len(lazy) == 1 and isinstance(lazy, stepper.LazyTensor)
+    with pytest.raises(AttributeError, match=r"has no 'sum': it is a LazyTensor, made when read; its .numpy\(\) is "):
+        lazy.sum()
+    with pytest.raises(AttributeError, match=r"object has no attribute 'no_such'$"):
+        getattr(lazy, "no_such")  # noqa: B009
+    assert "(300 tokens)" in repr(run) and len(repr(run)) < 300
