@@ -31,6 +31,7 @@ from stepper.lessons.prose import indented, styled
 from stepper.lessons.schema import Lesson, all_lessons, find_lesson
 from stepper.lessons.walk import walk
 from stepper.lessons.workspace import WORKSPACE, Workspace
+from stepper.planning import plan_run
 from stepper.text import INSTALL
 from stepper.untrusted import shown
 from stepper.views.debugger import CommandSource
@@ -142,10 +143,17 @@ def start_command(
 
 
 def on_prompt(lesson: Lesson, model: str | None, prompt: str | None) -> Lesson:
-    """The lesson walked on another model, or on a text prompt instead of its token ids."""
+    """The lesson walked on another model (one that computes every tensor it stops at), or on a
+    text prompt instead of its token ids."""
     run = lesson.run if model is None else replace(lesson.run, model=model)
     if prompt is not None:
         run = replace(run, ids=None, prompt=prompt)
+    if model is not None:
+        names = set(plan_run(run).names)
+        missing = [step.stop for step in lesson.steps if step.stop not in names]
+        if missing:
+            raise StepperError(f"lesson {lesson.name} stops at {missing[0]}, which --model {shown(model)} does not "
+                               f"compute: walk it on {lesson.run.model}'s family, or leave --model out")
     return replace(lesson, run=run)
 
 

@@ -136,6 +136,7 @@ def guarded(path: Path, name: str, func: Callable) -> Callable:
 
     @functools.wraps(func)
     def call(*args, **kwargs):
+        call.called = True  # type: ignore[attr-defined]
         try:
             result = func(*args, **kwargs)
         except PASSING:
@@ -153,6 +154,7 @@ def guarded(path: Path, name: str, func: Callable) -> Callable:
         return result
 
     call.learner_path = path  # type: ignore[attr-defined]
+    call.called = False  # type: ignore[attr-defined]
     return call
 
 
@@ -175,7 +177,8 @@ def use(files: Iterable[Path], announce: IO[str] | None = None) -> Iterator[dict
     """Run the body with the exercise functions the files define in place of stepper's own.
 
     Each file's functions are signature-checked when loaded; a name defined in two files is an
-    error. `announce`, when given, gets one line saying what was swapped in.
+    error. `announce`, when given, gets one line saying what was swapped in, and after a run that
+    never called one of them, one line saying so.
     """
     functions: dict[str, Callable] = {}
     origin: dict[str, Path] = {}
@@ -191,3 +194,8 @@ def use(files: Iterable[Path], announce: IO[str] | None = None) -> Iterator[dict
         announce.flush()
     with patched(functions):
         yield functions
+    never = [name for name, func in functions.items() if not func.called]
+    if announce is not None and never:  # the run's model has no such step (a V4 exercise on an MLA model)
+        announce.write(f"your {', '.join(never)} {'was' if len(never) == 1 else 'were'} never called: this run's "
+                       "model has no step it computes\n")
+        announce.flush()

@@ -427,6 +427,9 @@ def test_run_and_step_use_swap_in_a_file(tmp_path):
     plain = stepper(*base).stdout
     same = stepper(*base, "--use", str(solution))
     assert same.exit_code == 0 and same.stdout == plain and "using your rms_norm" in same.stderr
+    sinkhorn = stepper(*base, "--use", str(find_lesson("hyper-connections").solution))  # DeepSeek-V4's, on an MLA model
+    assert sinkhorn.exit_code == 0 and sinkhorn.stdout == plain
+    assert sinkhorn.stderr.endswith("\nyour sinkhorn was never called: this run's model has no step it computes\n")
     bad = tmp_path / "bad.py"
     bad.write_text("def rms_norm(x):\n    return x\n")
     refused = stepper(*base, "--use", str(bad))
@@ -690,3 +693,12 @@ def test_a_passed_check_names_the_model_the_exercise_runs_on(tmp_path, monkeypat
     done = stepper("lesson", "check", "sparse-attention", "--file", str(lesson.solution), "--plain")
     assert done.exit_code == 0, done.stdout
     assert f"`stepper run --use {lesson.solution} --model tiny-v32` runs the whole model" in flat(done.stdout)
+
+
+def test_a_lesson_on_a_model_that_does_not_compute_its_stops_is_refused_before_the_workspace(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    out = stepper("lesson", "start", "delta-state", "--model", "tiny-glm5", "--workspace", "ws", "--plain", stdin="")
+    assert out.exit_code == 2 and out.stderr == (
+        "stepper: error: lesson delta-state stops at prefill.layers.0.self_attn.k_unit, which --model tiny-glm5 does "
+        "not compute: walk it on tiny-kimi-linear's family, or leave --model out\n")
+    assert not (tmp_path / "ws").exists()
