@@ -245,6 +245,8 @@ class Checkpoint:
 
     # -- checking ----------------------------------------------------------------------------
 
+    LISTED = 10  # problems a run's refusal lists; inspect lists them all
+
     def check(self, layers: Iterable[int], with_globals: bool) -> None:
         """Every tensor the given layers (and the embedding/norm/lm_head) need, with the right
         shape, dtype and scales; all problems reported together, by name, before any compute."""
@@ -252,7 +254,10 @@ class Checkpoint:
         if len(problems) == 1:
             raise StepperError(f"{self.label}: {problems[0]}")
         if problems:
-            listed = "\n".join(f"  - {p}" for p in problems)
+            listed = "\n".join(f"  - {p}" for p in problems[: self.LISTED])
+            if len(problems) > self.LISTED:  # a config.json that does not describe these weights: every layer disagrees
+                listed += (f"\n  ... and {len(problems) - self.LISTED} more (stepper inspect lists every one; this "
+                           "many usually means config.json does not describe these weights)")
             raise StepperError(f"{self.label}: {len(problems)} problem(s) with the weights of this run:\n{listed}")
 
     def problems(self, layers: Iterable[int], with_globals: bool) -> list[Problem]:

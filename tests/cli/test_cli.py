@@ -294,3 +294,15 @@ def test_routing_of_a_model_without_a_router_says_so(model):
     out = stepper("run", "--model", model, "--show", "routing")
     assert out.returncode == 2 and out.stderr == (f"stepper: error: --show routing: model {model} has no router: "
                                                   "every layer's MLP is dense\n")
+
+
+def test_a_run_refusing_many_weights_lists_the_first_ten_and_says_what_so_many_mean(tmp_path):
+    folder = tmp_path / "ck"
+    assert stepper("synth", "--model", "tiny", "--out", folder).returncode == 0
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "n_routed_experts": 64}))  # the weights hold 32
+    out = stepper("run", "--model", folder, "--plain")
+    lines = out.stderr.splitlines()
+    assert out.returncode == 2 and lines[0].endswith("problem(s) with the weights of this run:") and len(lines) == 12
+    assert lines[-1].startswith("  ... and ") and lines[-1].endswith(
+        "more (stepper inspect lists every one; this many usually means config.json does not describe these weights)")
