@@ -19,13 +19,12 @@ from stepper.cli import run as run_cli
 from stepper.cli.common import PlainOpt, user_errors
 from stepper.errors import StepperError
 from stepper.fixtures.run_diff import Diff, diff_tensors, read_side, side_path
-from stepper.fixtures.show import print_table
 from stepper.lessons import overrides
 from stepper.planning.record import record, tensors
 from stepper.seams.patching import parse_patch
 from stepper.untrusted import shown
 from stepper.views import diff_table
-from stepper.views.sinks import line_width, print_fitted
+from stepper.views.sinks import line_width, print_fitted, print_whole
 
 SideArg = Annotated[str, typer.Argument(metavar="A",
     help="A --dump file, a fixture folder, or a run in quotes: 'run --attn naive' ('run': the default run).",
@@ -59,7 +58,7 @@ def show(console: Console, found: Diff, changed: bool) -> None:
     listed = Diff(found.a, found.b, [r for r in found.rows if r.status != "same"] if changed else found.rows,
                   found.only_a, found.only_b)
     if listed.rows:
-        print_table(console, diff_table.table(listed, console.width if console.is_terminal else None))
+        print_whole(console, diff_table.table(listed, console.width if console.is_terminal else None))
         console.print()
     growth = diff_table.growth(found, line_width(console))
     growth.rstrip()

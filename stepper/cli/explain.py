@@ -13,7 +13,7 @@ from stepper.errors import StepperError
 from stepper.session import check_layer, load_model
 from stepper.views.compare import compared_layer, comparison
 from stepper.views.explain import also_named, emitted_by, explain_text, layer_parameter, not_found
-from stepper.views.sinks import print_fitted
+from stepper.views.sinks import print_fitted, print_whole
 from stepper.views.tree import layer_kind, layer_tree
 
 
@@ -69,9 +69,9 @@ def tree_command(
             if layer is not None:
                 check_layer(layer, other)
             layers = (compared_layer(cfg, layer), compared_layer(other, layer))
-            console.print(comparison(catalog.load(), cfg, other, layers, attn, everything))
+            print_whole(console, comparison(catalog.load(), cfg, other, layers, attn, everything))
             return
         kinds = {layer_kind(cfg, i): i for i in range(cfg.num_hidden_layers)}
         layers = [layer] if layer is not None else sorted(kinds.values())
         for i in layers:
-            console.print(layer_tree(catalog.load(), cfg, i, attn))
+            print_whole(console, layer_tree(catalog.load(), cfg, i, attn))

@@ -40,6 +40,7 @@ from stepper.views.sinks import (
     line_width,
     print_fitted,
     print_picture,
+    print_whole,
     print_wrapped,
     token_rows,
     wrap_fields,
@@ -328,7 +329,7 @@ class Debugger:
             print_fitted(self.console, explain_text(self.catalog, entry, self.cfg))
 
     def cmd_where(self, _: str) -> None:
-        self.console.print(self.where_tree(), soft_wrap=line_width(self.console) is None)  # labels wrap at words
+        print_whole(self.console, self.where_tree())  # on a terminal its labels wrap at words
 
     def cmd_compare(self, arg: str) -> None:
         targets = split_args(arg)

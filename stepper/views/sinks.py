@@ -194,6 +194,24 @@ def fitted(line: Text, width: int, indent: int) -> list[Text]:
     return [parts[0], *(Text(" " * indent).append_text(part) for part in parts[1:])]
 
 
+def print_whole(console: Console, renderable: RenderableType) -> None:
+    """On a terminal as Rich draws it; to a pipe or a file (no width) one line per row, never folded
+    or cut, without trailing padding, so it diffs and greps cleanly (a tree, a table)."""
+    if line_width(console) is not None:
+        console.print(renderable, soft_wrap=False)  # a tree's labels wrap at words
+        return
+    width, console.width = console.width, WHOLE_WIDTH
+    try:
+        with console.capture() as captured:
+            console.print(renderable)
+    finally:
+        console.width = width
+    console.out("\n".join(line.rstrip() for line in captured.get().splitlines()), highlight=False)
+
+
+WHOLE_WIDTH = 1000  # the width a pipe's trees and tables are drawn at: wider than any of their lines
+
+
 def print_wrapped(console: Console, text: Text | str, indent: int = 0, style: str = "") -> None:
     """Prose: wrapped at word boundaries on a terminal (continued under its indent), one line elsewhere."""
     body = text if isinstance(text, Text) else Text(text, style=style)

@@ -71,3 +71,14 @@ def test_families_with_configs_of_their_own_compare_their_fields_side_by_side():
                   env={"COLUMNS": "200"})
     assert out.returncode == 0, out.stderr
     assert rows(out.stdout)["attn.indexer.q"] == "[B, 2, T, 16] | [B, 8, T, 16] | shape; formula reads index_n_heads"
+
+
+def test_through_a_pipe_trees_and_tables_keep_every_line_whole():
+    """A pipe has no width: a tree's descriptions and a table's cells are not cut at 80 columns,
+    and no line ends in padding."""
+    tree = stepper("tree", "--model", "tiny-v4", "--layer", "1", "--plain").stdout.splitlines()
+    assert not [line for line in tree if line.endswith(" ")] and max(map(len, tree)) > 80
+    assert any(line.endswith("the indexer's picks (CSA) or every visible one (HCA); -1 none") for line in tree)
+    compared = stepper("tree", "--model", "tiny-v3", "--compare", "tiny-mistral4", "--plain").stdout
+    assert "Yarn(factor=40.0, original_max_position_embeddings=4096, beta_fast=32.0, beta_slow=1.0, mscale=1.0, " \
+           "mscale_all_dim=1.0)" in compared
