@@ -15,10 +15,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from stepper import session
+from stepper.errors import StepperError
 from stepper.planning import memory
 from stepper.planning.names import check_patterns, planned_names
 from stepper.seams.patching import Patcher, Patches
-from stepper.seams.trace import Sink
+from stepper.seams.trace import Sink, matches
 from stepper.session import Plan, RunResult, RunSpec
 from stepper.weights.source import WeightSource
 
@@ -53,6 +54,10 @@ class RunPlan:
 
     def patcher(self, patches: Patches) -> list[Sink]:
         """The patches as a sink to go before the views (each must match a name of the run); none without them."""
+        for pattern, fn in patches:  # a helper's pattern: refused in the helper's words
+            said = getattr(fn, "helper", None)
+            if said and not any(matches(name, [pattern]) for name in self.names):
+                raise StepperError(f"{said}, and this run of {self.plan.config.name} has no {pattern}")
         self.check(self.wording.patch, [pattern for pattern, _ in patches])
         return [Patcher(patches)] if patches else []
 

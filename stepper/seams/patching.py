@@ -236,16 +236,28 @@ def index_of(node: ast.AST) -> Any:
 # The common experiments
 
 
+ROUTER = "an MLA model's MoE router (mlp.gate.logits, topk_idx, topk_weight)"
+HEADS = "an MLA attention's query heads (self_attn.q, self_attn.attn_output)"
+
+
+def helper(patches: dict[str, PatchFn], call: str, needs: str) -> dict[str, PatchFn]:
+    """A helper's patches, each function knowing the call that made it and what the layer must
+    have: a pattern of it that matches no tensor of the run is refused in those words."""
+    for fn in patches.values():
+        fn.helper = f"{call} patches {needs}"  # type: ignore[attr-defined]
+    return patches
+
+
 def zero_expert(layer: int, expert: int) -> dict[str, PatchFn]:
     """Expert `expert` of layer `layer` contributes nothing: its weight in topk_weight is 0 wherever
     a token chose it (the others keep theirs), so routed_output is the sum of the other experts'."""
     seen: dict[str, np.ndarray] = {}
 
     @watcher
-    def watch_scores(scores: np.ndarray, name: str) -> None:
-        if not 0 <= expert < scores.shape[-1]:
+    def watch_logits(logits: np.ndarray, name: str) -> None:
+        if not 0 <= expert < logits.shape[-1]:
             raise StepperError(f"zero_expert: expert {expert} out of range: layer {layer} has experts "
-                               f"0..{scores.shape[-1] - 1}")
+                               f"0..{logits.shape[-1] - 1}")
 
     @watcher
     def watch(idx: np.ndarray, name: str) -> None:
@@ -255,13 +267,14 @@ def zero_expert(layer: int, expert: int) -> dict[str, PatchFn]:
         weight[seen["topk_idx"] == expert] = 0
         return weight
 
-    return {f"layers.{layer}.mlp.gate.scores": watch_scores, f"layers.{layer}.mlp.gate.topk_idx": watch,
-            f"layers.{layer}.mlp.gate.topk_weight": zero}
+    return helper({f"layers.{layer}.mlp.gate.logits": watch_logits, f"layers.{layer}.mlp.gate.topk_idx": watch,
+                   f"layers.{layer}.mlp.gate.topk_weight": zero}, f"zero_expert({layer}, {expert})", ROUTER)
 
 
 def zero_head(layer: int, head: int) -> dict[str, PatchFn]:
     """Head `head` of layer `layer` is silent: its output (its v_head columns of attn_output, which
-    o_proj reads) is 0. The number of heads is read from the layer's query [B, H, T, qk_head]."""
+    o_proj reads) is 0. The number of heads is read from the layer's query [B, H, T, qk_head]
+    (each of LongCat-Flash's two attention sublayers)."""
     seen: dict[str, int] = {}
 
     @watcher
@@ -269,20 +282,27 @@ def zero_head(layer: int, head: int) -> dict[str, PatchFn]:
         seen["heads"] = q.shape[1]
 
     def silence(out: np.ndarray, name: str) -> np.ndarray:
-        heads = seen["heads"]
+        heads = seen.get("heads")
+        if heads is None:
+            raise StepperError(f"zero_head({layer}, {head}) patches {HEADS}, and {name} follows no such query (a "
+                               "delta-attention layer)")
         if not 0 <= head < heads:
             raise StepperError(f"zero_head: head {head} out of range: layer {layer} has heads 0..{heads - 1}")
         v_head = out.shape[-1] // heads
         out[..., head * v_head:(head + 1) * v_head] = 0
         return out
 
-    return {f"layers.{layer}.self_attn.q": watch, f"layers.{layer}.self_attn.attn_output": silence}
+    return helper({f"layers.{layer}.*self_attn.q": watch, f"layers.{layer}.*self_attn.attn_output": silence},
+                  f"zero_head({layer}, {head})", HEADS)
 
 
 def force_experts(layer: int, experts: Sequence[int] | np.ndarray) -> dict[str, PatchFn]:
     """Every token of layer `layer` chooses `experts` (k of them, best first), or per token the rows
     of an [N, k] array; their weights are then computed from the router's scores as usual."""
-    chosen = np.asarray(experts, dtype=np.int64)
+    chosen = np.asarray(experts)
+    if chosen.dtype.kind not in "iu":
+        raise StepperError(f"force_experts: experts are whole numbers (expert indices), got {chosen.dtype} values")
+    chosen = chosen.astype(np.int64)
 
     def force(idx: np.ndarray, name: str) -> np.ndarray:
         forced = np.broadcast_to(chosen, idx.shape) if chosen.shape in (idx.shape, idx.shape[-1:]) else None
@@ -291,19 +311,22 @@ def force_experts(layer: int, experts: Sequence[int] | np.ndarray) -> dict[str, 
                                f"got experts of shape {list(chosen.shape)}")
         return np.array(forced)
 
-    return {f"layers.{layer}.mlp.gate.topk_idx": force}
+    return helper({f"layers.{layer}.mlp.gate.topk_idx": force}, f"force_experts({layer}, ...)", ROUTER)
 
 
 def zero_router_bias(layer: int | str = "*") -> dict[str, PatchFn]:
     """The router of layer `layer` (every layer: "*") chooses by the unbiased scores, as if
-    e_score_correction_bias were 0: scores_for_choice is replaced by scores."""
+    e_score_correction_bias were 0: scores_for_choice is replaced by the scores (a sigmoid's or,
+    Mistral 4's and LongCat's, a softmax's)."""
     seen: dict[str, np.ndarray] = {}
 
     @watcher
     def watch(scores: np.ndarray, name: str) -> None:
-        seen["scores"] = scores
+        if name.endswith(("gate.scores", "gate.softmax_scores")):  # not group_scores
+            seen["scores"] = scores
 
     def unbiased(_: np.ndarray, name: str) -> np.ndarray:
         return np.array(seen["scores"])
 
-    return {f"layers.{layer}.mlp.gate.scores": watch, f"layers.{layer}.mlp.gate.scores_for_choice": unbiased}
+    return helper({f"layers.{layer}.mlp.gate.*scores": watch, f"layers.{layer}.mlp.gate.scores_for_choice": unbiased},
+                  f"zero_router_bias({layer!r})", "an MLA model's router with a bias (mlp.gate.scores_for_choice)")

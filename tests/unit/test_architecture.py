@@ -109,8 +109,9 @@ ROOM_LINES = {
     "seams": 700,  # 553
     "tensors": 800,  # 530; 720 with the spill of a chunked prefill's held tensors
     "untrusted": 300,  # 233
-    # 3,811; DeepSeek-V4 adds its pictures (streams and comb, a query's reach), its catalogue view, FP4 codes
-    "views": 5000,
+    # 3,811; DeepSeek-V4 adds its pictures (streams and comb, a query's reach), its catalogue view, FP4 codes;
+    # 5,010 with explain's checked parameters, a pipe's whole trees and tables, a new user's review mended
+    "views": 5600,
     "weights": 4400,  # 3,778, of which ~700 read and check DeepSeek-V4's published layout
 }
 

@@ -309,3 +309,33 @@ def test_a_tensor_shown_only_is_refused_as_a_patch_not_patched_for_nothing(model
     change nothing downstream if patched: the patch is refused, naming it."""
     with pytest.raises(StepperError, match=rf"^patch {name}: {name} is shown only; the model does not read it back"):
         stepper.run(model, prompt_len=40, patch={name: "x*0"})
+
+
+@pytest.mark.parametrize("model", ["tiny-mistral4", "tiny-longcat", "tiny-kimi-linear", "tiny-glm5"])
+def test_the_helpers_patch_every_mla_familys_router(model):
+    """zero_expert and force_experts read and patch mlp.gate.* as every MLA family's router emits it
+    (Mistral 4's and LongCat's softmax scores, LongCat's zero experts, Kimi Linear's MoE)."""
+    k = {"tiny-longcat": 3, "tiny-glm5": 2}.get(model, 4)
+    forced = list(range(1, k + 1))
+    run = stepper.run(model, ids=IDS, patch=[stepper.force_experts(1, forced), stepper.zero_expert(1, 1)],
+                      keep="layers.1.mlp.gate.*")
+    assert (run["layers.1.mlp.gate.topk_idx"] == forced).all()
+    weights = run["layers.1.mlp.gate.topk_weight"]
+    assert (weights[:, 0] == 0).all() and (weights[:, 1:] != 0).any()
+
+
+@pytest.mark.parametrize(("model", "helper", "said"), [
+    ("tiny-minicpm3", stepper.zero_expert(1, 0), ("zero_expert(1, 0) patches an MLA model's MoE router "
+     "(mlp.gate.logits, topk_idx, topk_weight), and this run of tiny-minicpm3 has no layers.1.mlp.gate.logits")),
+    ("tiny-v4", stepper.zero_head(1, 0), ("zero_head(1, 0) patches an MLA attention's query heads (self_attn.q, "
+     "self_attn.attn_output), and this run of tiny-v4 has no layers.1.*self_attn.q")),
+])
+def test_a_helper_a_model_has_no_tensors_for_says_what_it_patches(model, helper, said):
+    with pytest.raises(StepperError) as refused:
+        stepper.run(model, ids=IDS, patch=helper)
+    assert str(refused.value) == said
+
+
+def test_force_experts_refuses_experts_that_are_not_whole_numbers():
+    with pytest.raises(StepperError, match=r"^force_experts: experts are whole numbers \(expert indices\), got float"):
+        stepper.force_experts(1, [0.9, 1, 2, 3])
