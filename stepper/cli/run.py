@@ -245,7 +245,9 @@ def run_command(
                                                    help="Show (and dump) only names matching GLOB, e.g. '*k_pe*'; "
                                                         "repeatable.")] = None,
     show: Annotated[str | None, typer.Option(
-        metavar="PICTURES", help=f"Draw pictures after their tensors: {','.join(every_picture())}.")] = None,
+        metavar="PICTURES", help=f"Draw pictures after their tensors: {','.join(every_picture())} (each "
+                                 "model draws its family's: MLA's attention,routing,hist,scales; DeepSeek-V4's "
+                                 "hc,reach,hist; Kimi Linear's adds state).")] = None,
     plain: PlainOpt = False,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per tensor (JSON Lines) on stdout.")] = False,
     dump: Annotated[Path | None, typer.Option(

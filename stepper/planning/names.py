@@ -18,6 +18,7 @@ PICTURE_TENSORS = {  # the tensors a --show picture is drawn from; one of them m
     "routing": ("mlp.gate.topk_idx", "mlp.gate.topk_weight"),
     "hc": ("hc_attn.comb", "hc_ffn.comb"),  # DeepSeek-V4's
     "reach": ("attn.chosen",),
+    "state": ("self_attn.state",),  # Kimi Linear's
 }
 
 

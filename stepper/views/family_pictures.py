@@ -6,18 +6,43 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 from rich.console import Console
 
-from stepper.seams.trace import Sink
+from stepper.seams.trace import Event, Sink
 from stepper.session import Plan
-from stepper.views.sinks import PICTURES, Pictures
+from stepper.views import kda_state
+from stepper.views.sinks import PICTURES, Pictures, print_picture
 from stepper.views.v4_pictures import V4_PICTURES, V4Pictures
 
 Keep = Callable[[str], bool]  # whether a name is shown (--only)
 
+class KdaPictures(Pictures):
+    """MLA's pictures, and after a KDA layer's state (`self_attn.state`, shown) the state per head,
+    one head's heat map, the writes and the decays (views.kda_state), as the debugger's `s state`."""
+
+    WITH_STATE = ("self_attn.delta", "self_attn.forget_gate")  # kept from the layer's events before its state
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.before: dict[str, np.ndarray] = {}
+
+    def __call__(self, event: Event) -> None:
+        if event.key in self.WITH_STATE:
+            self.before[event.key] = np.asarray(event.array)
+        if event.key == "self_attn.state" and "state" in self.kinds and self.is_shown(event):
+            super().__call__(event)
+            for picture in kda_state.state_pictures(event.array, event.name, *map(self.before.get, self.WITH_STATE)):
+                print_picture(self.console, picture)
+            return
+        super().__call__(event)
+
+
 OWN = {  # a family's model_type -> its pictures, and the sink drawing them
     "deepseek_v4": (V4_PICTURES, lambda console, plan, kinds, keep: V4Pictures(
         console, plan.config, kinds, plan.prompt_len, lambda e: keep(e.name))),
+    "kimi_linear": ((*PICTURES, "state"), lambda console, plan, kinds, keep: KdaPictures(
+        console, plan.config, kinds, plan.weights, plan.tokens, lambda e: keep(e.name))),
 }
 
 

@@ -11,13 +11,13 @@ import io
 from typing import Any
 
 import numpy as np
-from rich.console import Console, RenderableType
+from rich.console import Console, Group, RenderableType
 from rich.text import Text
 
 from stepper.config import Config
 from stepper.errors import StepperError
 from stepper.seams.trace import Event
-from stepper.views import diff_table, pictures
+from stepper.views import diff_table, kda_state, pictures
 from stepper.views.compressed_attention_picture import compressed_attention_map
 from stepper.views.hyper_connections import hyper_connection_map
 from stepper.views.sinks import TensorRows
@@ -105,7 +105,8 @@ def picture(kind: str, event: Event, cfg: Config, lookup) -> Shown:
     """`stepper run --show`'s pictures of one tensor: attention (a layer's attention weights as
     heat maps), routing (its router's token x expert map from its topk_idx and topk_weight, either
     named; `lookup` finds the other), hist (a histogram); DeepSeek-V4's hc (a comb matrix) and reach
-    (what a layer's last query attends)."""
+    (what a layer's last query attends); Kimi Linear's state (a KDA layer's, with its writes and
+    decays when kept)."""
     if kind == "attention":
         return Shown(pictures.attention_heatmap(event.array, title=event.name))
     if kind == "routing":
@@ -116,6 +117,10 @@ def picture(kind: str, event: Event, cfg: Config, lookup) -> Shown:
         return Shown(hc_picture(event, lookup))
     if kind == "reach":
         return Shown(reach_picture(event, cfg, lookup))
+    if kind == "state":
+        scope = event.name.removesuffix(event.key)
+        return Shown(Group(*kda_state.state_pictures(event.array, event.name, kept(lookup, f"{scope}self_attn.delta"),
+                                                     kept(lookup, f"{scope}self_attn.forget_gate"))))
     return Shown(pictures.histogram(event.array, title=event.name))
 
 

@@ -3,7 +3,8 @@
 - hc: after each hyper-connection's comb matrix (`hc_attn.comb`, `hc_ffn.comb`), the matrix at the
   last position with the pre and post weights and the streams it mixes (views.hyper_connections);
 - reach: after a compressed layer's choice of entries (`attn.chosen`), what the last query sees:
-  the window, the entries kept and dropped (views.compressed_attention_picture).
+  the window, the entries kept and dropped (views.compressed_attention_picture);
+- hist: a histogram of every shown tensor, as MLA's runs draw it.
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ import numpy as np
 from rich.console import Console
 
 from stepper.seams.trace import Event
+from stepper.views import pictures
 from stepper.views.compressed_attention_picture import compressed_attention_map
 from stepper.views.hyper_connections import hyper_connection_map
 from stepper.views.sinks import print_picture
 
-V4_PICTURES = ("hc", "reach")
+V4_PICTURES = ("hc", "reach", "hist")
 
 
 class V4Pictures:
@@ -36,6 +38,8 @@ class V4Pictures:
             self.seen[key] = array
         if not self.shows(event):
             return
+        if "hist" in self.kinds and event.array.size:
+            print_picture(self.console, pictures.histogram(event.array, title=event.name))
         if key in ("hc_attn.comb", "hc_ffn.comb") and "hc" in self.kinds:
             site = key.removesuffix(".comb")
             streams = self.seen.get("streams" if site == "hc_attn" else "attn_streams")

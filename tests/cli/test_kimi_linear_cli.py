@@ -123,3 +123,14 @@ def test_the_tree_and_the_run_name_each_layers_attention():
         "tiny-kimi-linear: layer 3 (MLA, MoE), naive attention"]
     run = stepper("run", "--model", "tiny-kimi-linear", "--plain", "--only", "*output").stdout
     assert "layer 2 (KDA, MoE) ──" in run and "layer 3 (MLA, MoE) ──" in run
+
+
+def test_run_show_state_draws_a_kda_layers_state_as_the_debugger_does():
+    out = stepper("run", "--model", "tiny-kimi-linear", "--plain", "--show", "state", "--only",
+                  "layers.0.self_attn.state")
+    assert out.returncode == 0, out.stderr
+    assert "  head      ‖S‖    max |S|    σ₁² share    rank@1%" in out.stdout
+    assert "layers.0.self_attn.state[0, 0]" in out.stdout
+    refused = stepper("run", "--model", "tiny", "--show", "state")
+    assert refused.returncode == 2 and "state is not drawn for this model; its pictures are attention, routing, " \
+                                      "hist, scales" in refused.stderr

@@ -147,3 +147,9 @@ def test_synth_then_inspect_and_a_lone_layer_of_the_checkpoint(tmp_path):
     assert list(preset) == list(written) and all(np.array_equal(preset[k], written[k]) for k in preset)
     refused = one_line_error(stepper("synth", "--model", "tiny-v4", "--out", tmp_path / "x", "--quant", "bf16"))
     assert refused.startswith("stepper: error: --quant: model tiny-v4 (deepseek_v4) is written in its published")
+
+
+def test_run_show_hist_draws_a_v4_tensors_histogram():
+    out = stepper("run", "--model", "tiny-v4", "--plain", "--show", "hist", "--only", "layers.1.attn.q")
+    assert out.returncode == 0, out.stderr
+    assert "896 finite values of 896" in out.stdout
