@@ -216,7 +216,8 @@ class Run(Mapping):
     def picture(self, kind: str, name: str) -> notebook.Shown:
         """A picture of `stepper run --show`, displayed once in a notebook: "attention" of an
         attn_weights, "routing" of a router's topk_idx or topk_weight (both kept), "hist" of any tensor;
-        DeepSeek-V4's "hc" of an hc_attn.comb or hc_ffn.comb and "reach" of an attn.chosen."""
+        DeepSeek-V4's "hc" of an hc_attn.comb or hc_ffn.comb and "reach" of an attn.chosen; Kimi
+        Linear's "state" of a KDA layer's self_attn.state (`pictures()`: those this run's tensors draw)."""
         if kind not in PICTURES:
             raise StepperError(f"picture: kind expects one of {', '.join(PICTURES)}, got {kind!r}")
         event = self.event(name)

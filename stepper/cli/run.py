@@ -127,7 +127,8 @@ def describe(plan: Plan) -> str:
     return (
         f"{first}\n"
         f"attention {attn} · cache per position per layer (float32): per-head keys and values "
-        f"{naive:,} B, latent + rope key{keys} {latent:,} B ({naive / latent:.1f}x smaller){wrapper}"
+        f"{naive:,} B, latent + {'rope ' if cfg.rotary else ''}key{keys} {latent:,} B ({naive / latent:.1f}x "
+        f"smaller){wrapper}"
     )
 
 

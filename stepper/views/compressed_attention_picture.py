@@ -50,15 +50,17 @@ def reach(position: int, sliding_window: int, ratio: int, chosen: np.ndarray) ->
 
 
 def compressed_attention_map(position: int, sliding_window: int, ratio: int, chosen: np.ndarray,
-                             title: str = "") -> RenderableType:
+                             title: str = "", indexer: bool = False) -> RenderableType:
     """The picture of one query: position p, the layer's window and ratio (0 sliding, 4, 128),
-    chosen [K] the entries it attends (attn.chosen of the query; -1 none)."""
+    chosen [K] the entries it attends (attn.chosen of the query; -1 none), `indexer` whether the
+    layer's indexer chooses them (CSA) or every visible one is kept (HCA)."""
     chosen = np.asarray(chosen).reshape(-1).astype(np.int64)
     if position < 0 or sliding_window < 1 or ratio < 0:
         raise ValueError(f"need a position >= 0, a window >= 1 and a ratio >= 0, got {position}, "
                          f"{sliding_window} and {ratio}")
     tokens, entries = reach(position, sliding_window, ratio, chosen)
-    return Picture(lambda width: heading(title) + draw(position, sliding_window, ratio, tokens, entries, width))
+    return Picture(lambda width: heading(title) + draw(position, sliding_window, ratio, tokens, entries, indexer,
+                                                       width))
 
 
 def strip(marks: np.ndarray, budget: int) -> tuple[list[tuple[str, str]], int]:
@@ -86,14 +88,14 @@ def counted(n: int, noun: str) -> str:
     return f"{n:,} {noun}{'' if n == 1 else 's'}"
 
 
-def draw(position: int, sliding_window: int, ratio: int, tokens: np.ndarray, entries: np.ndarray,
+def draw(position: int, sliding_window: int, ratio: int, tokens: np.ndarray, entries: np.ndarray, indexer: bool,
          width: int) -> list[Text]:
     margin = 10
     budget = max(min(MAX_COLS, width - margin - 1), 8)
     token_cells, token_block = strip(tokens, budget)
     entry_cells, entry_block = strip(entries, budget)
     window = min(sliding_window, position + 1)
-    kind = {0: "sliding window only", 4: "CSA (m = 4, indexer)", 128: "HCA (m = 128)"}.get(ratio, f"m = {ratio}")
+    kind = "sliding window only" if not ratio else f"CSA (m = {ratio}, indexer)" if indexer else f"HCA (m = {ratio})"
     kept = int(np.count_nonzero(entries == 2))
     axis = f"{'':{margin}}0 … {position:,}" + (f"  ({token_block} positions a cell)" if token_block > 1 else "")
     out = [line((f"query at position {position:,} · {kind}", "bold")),
@@ -103,8 +105,9 @@ def draw(position: int, sliding_window: int, ratio: int, tokens: np.ndarray, ent
         out.append(line(("entries".ljust(margin - 1) + " ", DIM), *entry_cells))
         if entry_block > 1:
             out.append(line(f"{'':{margin}}({entry_block} entries a cell; ░▒▓ the share of them kept: ≤¼ ≤½ ≤¾)"))
-    out.append(line((WINDOW, "bold cyan"), " window  ", (KEPT, "bold"), " through a kept entry  ", (DROPPED, "red"),
-                    " through an entry the indexer dropped  ", (EMPTY, DIM), " not pooled yet", wrap=True))
+    dropped = ((DROPPED, "red"), " through an entry the indexer dropped  ") if indexer else ()
+    out.append(line((WINDOW, "bold cyan"), " window  ", (KEPT, "bold"), " through a kept entry  ", *dropped,
+                    (EMPTY, DIM), " not pooled yet", wrap=True))
     sees = (f"{counted(window + kept, 'key')}: the window's {counted(window, 'token')} "
             f"(positions {position - window + 1:,}..{position:,})")
     if ratio:

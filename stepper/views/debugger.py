@@ -456,10 +456,14 @@ class Debugger:
         event = self.resolve(name or "attn.chosen")
         if event.key != "attn.chosen":
             raise StepperError(f"s reach draws a DeepSeek-V4 layer's attn.chosen, not {event.name}")
+        V4Pictures(self.console, self.cfg, {"reach"}, self.prompt_length(event, "reach"))(event)
+
+    def prompt_length(self, event: Event, picture: str) -> int:
+        """The prompt's length, from the prefill's tensor of the event's name (its positions 0..T-1)."""
         prefill = self.history.get(event.name.replace(f"{event.phase}.", "prefill.", 1)) if event.phase else event
         if prefill is None:
-            raise StepperError(f"s reach needs the prefill's {event.key} of this layer, not seen in this run")
-        V4Pictures(self.console, self.cfg, {"reach"}, prefill.array.shape[1])(event)  # its query positions: 0..T-1
+            raise StepperError(f"s {picture} needs the prefill's {event.key} of this layer, not seen in this run")
+        return prefill.array.shape[1]
 
     def show_hc(self, name: str) -> None:
         """A DeepSeek-V4 hyper-connection's comb matrix at the last position, with its pre and post
@@ -467,7 +471,8 @@ class Debugger:
         event = self.resolve(name or "hc_attn.comb")
         if event.key not in ("hc_attn.comb", "hc_ffn.comb"):
             raise StepperError(f"s hc draws a DeepSeek-V4 layer's hc_attn.comb or hc_ffn.comb, not {event.name}")
-        drawer, scope = V4Pictures(self.console, self.cfg, {"hc"}, 0), event.name.removesuffix(event.key)
+        drawer = V4Pictures(self.console, self.cfg, {"hc"}, self.prompt_length(event, "hc"))
+        scope = event.name.removesuffix(event.key)
         site = event.key.removesuffix(".comb")
         for key in ("streams", "attn_streams", f"{site}.pre", f"{site}.post"):  # what the picture draws beside comb
             if scope + key in self.history:

@@ -157,4 +157,5 @@ def reach_picture(event: Event, cfg: Config, lookup) -> pictures.Picture:
     chosen = np.asarray(event.array)
     position = step_start(event, lookup) + chosen.shape[1] - 1  # the step's last query
     return compressed_attention_map(position, cfg.sliding_window, cfg.compress_ratio(event.layer), chosen[0, -1],
-                                    title=f"{event.name}: the query at position {position}")
+                                    title=f"{event.name}: the query at position {position}",
+                                    indexer=cfg.layer_kind(event.layer) == "csa")

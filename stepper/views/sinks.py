@@ -80,13 +80,18 @@ class TensorRows:
         phase, _, rest = event.name.rpartition(event.key)
         name = Text.assemble((phase, "dim"), (event.key, "bold cyan"), rest)
         dims = self.catalog.dims(event.key, event.array.shape, self.cfg)
-        parts = [str(replace(d, label=singular(d.label))) if d.size == 1 else str(d) for d in dims]
+        parts = named_dims(dims)
         shape = [Text(("[" if i == 0 else "") + part + ("]" if i == len(parts) - 1 else ","), style="yellow")
                  for i, part in enumerate(parts)] or [Text("[]", style="yellow")]
         fields = [name, *shape, Text(str(event.array.dtype), style="dim")]
         if event.patched:
             fields.append(Text("patched", style="bold magenta"))
         return wrap_fields(fields, width, "", "    ", seps=["  ", *[" "] * (len(shape) - 1), "  ", "  "])
+
+
+def named_dims(dims: list[catalog.Dim]) -> list[str]:
+    """Each dim as the rows name it: 'T=7 positions', 'T=1 position'."""
+    return [str(replace(d, label=singular(d.label))) if d.size == 1 else str(d) for d in dims]
 
 
 def singular(label: str) -> str:
@@ -247,7 +252,7 @@ class JsonLines:
             "phase": event.phase,
             "shape": list(array.shape),
             "dims": [{"symbol": d.symbol, "label": d.label, "size": d.size} for d in dims],
-            "named_shape": catalog.format_shape(dims),
+            "named_shape": "[" + ", ".join(named_dims(dims)) + "]",
             "dtype": str(array.dtype),
             "stats": {k: finite_or_none(v) for k, v in st.as_dict().items()},
             "histogram": {"counts": counts.tolist(), "lo": finite_or_none(float(edges[0])),

@@ -53,7 +53,8 @@ class V4Pictures:
                 position = self.last_position(event.phase, array.shape[1])
                 print_picture(self.console, compressed_attention_map(
                     position, self.cfg.sliding_window, ratio, array[0, -1],
-                    title=f"{event.name}: the query at position {position}"))
+                    title=f"{event.name}: the query at position {position}",
+                    indexer=self.cfg.layer_kind(event.layer) == "csa"))
 
     def last_position(self, phase: str | None, new: int) -> int:
         """The position of a step's last query: the prompt's last, or the prompt length plus k for decode k."""

@@ -22,7 +22,7 @@ def strip_of(text: str, label: str) -> str:
 
 def test_csa_query_by_hand():
     # p = 13, m = 4: (13+1)//4 = 3 entries visible (tokens 0..11); the indexer kept 0 and 2; window 4: 10..13
-    text = render(compressed_attention_map(13, 4, 4, np.array([2, 0, -1])))
+    text = render(compressed_attention_map(13, 4, 4, np.array([2, 0, -1]), indexer=True))
     assert strip_of(text, "positions") == "████××××██WWWW"
     assert strip_of(text, "entries") == "█×█"
     flat = " ".join(text.split())
@@ -43,7 +43,7 @@ def test_hca_pending_tokens_and_sliding_layers():
 def test_a_long_context_is_pooled_to_the_width():
     p = (1 << 20) - 1
     chosen = np.arange(0, 262144, 512)  # 512 kept entries spread over the context
-    text = render(compressed_attention_map(p, 128, 4, chosen), width=80)
+    text = render(compressed_attention_map(p, 128, 4, chosen, indexer=True), width=80)
     cells = strip_of(text, "positions")
     assert len(cells) <= 60 and "positions a cell" in text
     assert set(cells[:-1]) == {"░"} and cells[-1] == "W"  # 512 of 262,144 kept: each block's share is small
@@ -53,3 +53,10 @@ def test_a_long_context_is_pooled_to_the_width():
 def test_a_bad_position_is_refused():
     with pytest.raises(ValueError, match="need a position"):
         compressed_attention_map(-1, 4, 4, np.zeros(0))
+
+
+def test_a_layer_without_an_indexer_is_named_hca_and_has_no_dropped_entries():
+    text = " ".join(render(compressed_attention_map(40, 8, 16, np.array([0, 1]))).split())
+    assert "query at position 40 · HCA (m = 16)" in text and "dropped" not in text
+    text = " ".join(render(compressed_attention_map(40, 8, 16, np.array([0, -1]), indexer=True)).split())
+    assert "CSA (m = 16, indexer)" in text and "× through an entry the indexer dropped" in text
