@@ -146,7 +146,7 @@ def test_show_draws_the_comb_matrix_and_what_a_query_sees():
     rows = [line for line in out.splitlines() if line.startswith("from ")]
     assert len(rows) == 4 and all(line.endswith(("1.0000", "0.9999")) for line in rows)  # Sinkhorn: rows sum to 1
     assert "position 29 of 0..29" in out and out.count("post stream ") == 4
-    assert "query at position 29 · m = 16" in out  # layer 2 (HCA): (29+1)//16
+    assert "query at position 29 · HCA (m = 16)" in out  # layer 2 (HCA): (29+1)//16
     assert "1 of the 1 visible entry ((p+1)//m" in out
     assert out.count("hc_attn.comb") == 0  # only the tensors --only keeps are drawn
 

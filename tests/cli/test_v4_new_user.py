@@ -164,7 +164,7 @@ def test_the_clamp_counts_say_how_often_the_clamp_bites():
 
 def test_show_of_another_familys_picture_says_which_this_model_draws():
     assert refused(stepper("run", "--model", "tiny-v4", "--show", "attention,hc")) == (
-        "--show attention,hc: attention is not drawn for this model; its pictures are hc, reach")
+        "--show attention,hc: attention is not drawn for this model; its pictures are hc, reach, hist")
     assert refused(stepper("run", "--show", "reach")) == (
         "--show reach: reach is not drawn for this model; its pictures are attention, routing, hist, scales")
     assert refused(stepper("run", "--model", "tiny-v4", "--show", "nosuch")) == (
