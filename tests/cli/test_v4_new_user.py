@@ -168,7 +168,7 @@ def test_show_of_another_familys_picture_says_which_this_model_draws():
     assert refused(stepper("run", "--show", "reach")) == (
         "--show reach: reach is not drawn for this model; its pictures are attention, routing, hist, scales")
     assert refused(stepper("run", "--model", "tiny-v4", "--show", "nosuch")) == (
-        "--show nosuch: unknown picture 'nosuch'; choose from attention, routing, hist, scales, hc, reach")
+        "--show nosuch: unknown picture 'nosuch'; choose from attention, routing, hist, scales, hc, reach, state")
 
 
 def test_the_api_draws_v4_pictures_as_the_command_line_does():
