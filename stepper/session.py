@@ -270,6 +270,15 @@ def takes(cfg: Config, keyword: str) -> bool:
     return keyword not in dict(families.family_for(cfg).refuses)
 
 
+def config_problem(raw: dict, source: str) -> str | None:
+    """What a run would refuse in a config.json's fields (its family's reader), or None."""
+    try:
+        families.read_config(raw, source)
+    except StepperError as e:
+        return str(e)
+    return None
+
+
 def published_name(cfg: Config, name: str) -> str:
     """A parameter's name (as transformers names it) in the checkpoints cfg's family publishes."""
     return families.family_for(cfg).published_name(name)

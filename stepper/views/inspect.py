@@ -30,7 +30,7 @@ from rich.text import Text
 from stepper import fp8
 from stepper.config import Config
 from stepper.errors import StepperError
-from stepper.session import open_checkpoint
+from stepper.session import config_problem, open_checkpoint
 from stepper.untrusted import shown
 from stepper.views import summary
 from stepper.views.sinks import line_width, print_fitted, wrap_fields
@@ -250,7 +250,7 @@ def find_problems(source: Source, layers: range | None) -> list[Problem]:
     and the embedding, norm and lm_head when None), or a file's block scale problems (scales are
     demanded of F8_E4M3 tensors named as weights, X.weight, only)."""
     if source.published is not None:
-        return audit_published(source.published, layers)
+        return config_problems(source.published) + audit_published(source.published, layers)
     if source.checkpoint is not None:
         every = range(source.checkpoint.config.num_hidden_layers)
         return audit(source.checkpoint, every if layers is None else layers, with_globals=layers is None)
@@ -272,6 +272,13 @@ def find_problems(source: Source, layers: range | None) -> list[Problem]:
         texts = scale_problems(source.info(name), scale, source.block, source.weight_map.get(name + SCALE))
         problems += [Problem(source.weight_map[name], name + SCALE, text) for text in texts]
     return problems
+
+
+def config_problems(ckpt: PublishedCheckpoint) -> list[Problem]:
+    """A DeepSeek-V4 checkpoint's config.json as a run reads it (inspect lists the tensors from
+    the fields it has, so a config a run refuses is one problem among the tensors')."""
+    problem = config_problem(dict(ckpt.config), str(ckpt.path / "config.json"))
+    return [] if problem is None else [Problem("config.json", None, f"{problem} (a run refuses it)")]
 
 
 def published_file_problems(source: Source, layers: range | None) -> list[Problem]:

@@ -49,6 +49,8 @@ class Tensor:
 def field(cfg: Any, name: str) -> int:
     """A whole-number field of the config (config.json's dict, or an object with that attribute)."""
     value = cfg.get(name) if isinstance(cfg, Mapping) else getattr(cfg, name, None)
+    if value is None:
+        raise StepperError(f"config.json: field '{name}' is missing (V4's tensor shapes need it)")
     if type(value) is not int or value < 0:
         raise StepperError(f"config.json: field '{name}' is {value!r}, expected a whole number (V4's tensor shapes "
                            "need it)")
@@ -61,6 +63,8 @@ def compress_ratio(cfg: Any, layer: int) -> int:
     if isinstance(ratios, (list, tuple)) and layer >= len(ratios):
         raise StepperError(f"config.json: field 'compress_ratios' has {len(ratios)} entries, none for layer {layer} "
                            "(expected one per layer, then one per multi-token-prediction block)")
+    if ratios is None:
+        raise StepperError("config.json: field 'compress_ratios' is missing (V4's tensor shapes need it)")
     if not isinstance(ratios, (list, tuple)) or type(ratios[layer]) is not int:
         raise StepperError(f"config.json: field 'compress_ratios' is {ratios!r}, expected a whole number for "
                            f"layer {layer}")

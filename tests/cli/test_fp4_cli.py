@@ -153,3 +153,15 @@ def test_inspect_one_v4_shard_alone(tmp_path):
         "for the FP4 (I8) weight 'layers.1.ffn.experts.0.w1.weight' [32, 64] (one scale per row and 32 inputs)")
     rows = {line.split()[0]: line.split()[1:] for line in out.stdout.splitlines() if line.startswith("  ")}
     assert rows["ffn.experts.{0..1}.w2.weight"][:5] == ["FP4", "[64,", "32]", "x2", "groups"]
+
+
+def test_inspect_lists_a_config_a_run_refuses_among_the_problems(tmp_path):
+    """inspect lists the tensors from config.json's fields as they are, and checks the fields as a run
+    reads them: a field a run refuses is a problem (exit 1) in the run's words."""
+    folder = tmp_path / "v4"
+    write_tiny_v4(folder, cfg={k: v for k, v in CONFIG.items() if k != "sliding_window"})
+    out = stepper("inspect", folder, "--plain")
+    assert out.returncode == 1, out.stderr
+    assert f"  ! {folder / 'config.json'}: field 'sliding_window' is missing (a run refuses it)" in out.stdout
+    run = stepper("run", "--model", folder, "--plain")
+    assert run.returncode == 2 and f"{folder / 'config.json'}: field 'sliding_window' is missing" in run.stderr

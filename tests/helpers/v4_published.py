@@ -28,6 +28,15 @@ CONFIG = {
     "num_hash_layers": 1, "index_n_heads": 2, "index_head_dim": 16, "expert_dtype": "fp4",
     "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0",
                             "weight_block_size": [128, 128]},
+    # the rest a run reads (and inspect checks as a run does): tiny-v4's
+    "num_nextn_predict_layers": 1, "qk_rope_head_dim": 8, "sliding_window": 8, "index_topk": 4,
+    "max_position_embeddings": 4096, "rope_theta": 10000, "compress_rope_theta": 160000,
+    "rope_scaling": {"type": "yarn", "factor": 4, "original_max_position_embeddings": 256, "beta_fast": 32,
+                     "beta_slow": 1},
+    "rms_norm_eps": 1e-06, "hc_eps": 1e-06, "hc_sinkhorn_iters": 20, "swiglu_limit": 10.0,
+    "routed_scaling_factor": 1.5, "scoring_func": "sqrtsoftplus", "topk_method": "noaux_tc", "norm_topk_prob": True,
+    "num_key_value_heads": 1, "hidden_act": "silu", "attention_bias": False, "tie_word_embeddings": False,
+    "bos_token_id": 0, "eos_token_id": 1,
 }
 
 

@@ -164,7 +164,7 @@ def test_layer_kinds_decide_the_tensors():
     assert csa["attn.compressor.ape"].shape == (4, 64) and csa["attn.indexer.compressor.ape"].shape == (4, 32)
     assert hca["attn.compressor.ape"].shape == (128, 32) and not any("indexer" in n for n in hca)
     assert "ffn.gate.tid2eid" in sliding and "ffn.gate.bias" in csa and "ffn.gate.tid2eid" not in csa
-    with pytest.raises(StepperError, match="config.json: field 'hc_mult' is None, expected a whole number"):
+    with pytest.raises(StepperError, match="config.json: field 'hc_mult' is missing"):
         v4.layer_tensors({**CONFIG, "hc_mult": None}, 0)
 
 
