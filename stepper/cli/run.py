@@ -95,7 +95,9 @@ def describe(plan: Plan) -> str:
     class with a `summary()` and a `cache_line(layers)` says its own: DeepSeek-V4's)."""
     cfg, spec = plan.config, plan.spec
     dense = sum(not cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers))
-    moe = f", {cfg.n_routed_experts} experts top-{cfg.num_experts_per_tok}" if dense < cfg.num_hidden_layers else ""
+    zero = f" + {cfg.zero_experts} zero" if getattr(cfg, "zero_experts", 0) else ""  # LongCat's identity experts
+    experts = f", {cfg.n_routed_experts}{zero} experts top-{cfg.num_experts_per_tok}"
+    moe = experts if dense < cfg.num_hidden_layers else ""
     layers = (cfg.summary() if hasattr(cfg, "summary")
               else f"{cfg.num_hidden_layers} layers ({dense} dense), {cfg.num_attention_heads} heads{moe}")
     weights = (f"synthetic weights, seed {spec.seed}" if plan.synthetic
