@@ -44,6 +44,8 @@ def choose(cache_dir: Path | None, max_gb: float | None) -> None:
     max_bytes = None if max_gb is None else remote.gib_bytes("--cache-max-gb", max_gb)
     chosen = remote.default_settings()
     if cache_dir is not None:
+        if cache_dir.exists() and not cache_dir.is_dir():
+            raise StepperError(f"--cache-dir {shown(str(cache_dir))}: is a file, not a folder")
         chosen.cache_dir = cache_dir
     if max_bytes is not None:
         chosen.max_bytes = max_bytes

@@ -46,6 +46,14 @@ def requantized(cfg: Config, quant: str) -> Config:
     (Kimi-K2-Thinking's compressed-tensors groups) or bf16 (no quantization)."""
     if quant not in QUANTS:
         raise StepperError(f"--quant {shown(quant)}: expected one of {', '.join(QUANTS)}")
+    if not {"quantization", "int4"} <= {f.name for f in dataclasses.fields(cfg)}:  # Kimi Linear's: BF16 as published
+        if quant == "bf16":
+            return cfg
+        raise StepperError(f"--quant {quant}: model {cfg.name} ({cfg.model_type}) is written in BF16 only, as it is "
+                           "published: use --quant bf16")
+    if quant == "int4" and not any(cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers)):
+        raise StepperError(f"--quant int4: model {cfg.name} has no routed experts, the weights INT4 stores "
+                           "(Kimi-K2-Thinking's layout): use --quant bf16 or fp8")
     if cfg.fused_experts and quant == "int4":
         raise StepperError(f"--quant {quant}: model {cfg.name} stores its experts fused (mlp.experts.gate_up_proj), "
                            "which stepper writes and reads in BF16 or FP8 only: use --quant bf16 or fp8")

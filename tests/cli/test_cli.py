@@ -306,3 +306,25 @@ def test_a_run_refusing_many_weights_lists_the_first_ten_and_says_what_so_many_m
     assert out.returncode == 2 and lines[0].endswith("problem(s) with the weights of this run:") and len(lines) == 12
     assert lines[-1].startswith("  ... and ") and lines[-1].endswith(
         "more (stepper inspect lists every one; this many usually means config.json does not describe these weights)")
+
+
+def test_options_naming_a_file_where_a_folder_belongs_are_one_line(tmp_path):
+    mine = tmp_path / "notes.txt"
+    mine.write_text("precious")
+    out = stepper("--cache-dir", mine, "cache", "ls")
+    assert out.returncode == 2 and out.stderr == f"stepper: error: --cache-dir {mine}: is a file, not a folder\n"
+    out = stepper("fixtures", "export", tmp_path / "fx", "--prompt-len", "4", "--weights-dir", mine)
+    assert out.returncode == 2 and out.stderr.endswith(f"--weights-dir {mine}: is a file, not a folder (the shared "
+                                                       "weights' folder)\n")
+    assert mine.read_text() == "precious" and not (tmp_path / "fx").exists()
+
+
+@pytest.mark.parametrize(("model", "quant", "said"), [
+    ("tiny-kimi-linear", "fp8", ("--quant fp8: model tiny-kimi-linear (kimi_linear) is written in BF16 only, as it is "
+                                "published: use --quant bf16")),
+    ("tiny-minicpm3", "int4", ("--quant int4: model tiny-minicpm3 has no routed experts, the weights INT4 stores "
+                              "(Kimi-K2-Thinking's layout): use --quant bf16 or fp8")),
+])
+def test_synth_refuses_a_format_the_model_has_no_weights_for(model, quant, said, tmp_path):
+    out = stepper("synth", "--model", model, "--quant", quant, "--out", tmp_path / "ck")
+    assert out.returncode == 2 and out.stderr == f"stepper: error: {said}\n" and not (tmp_path / "ck").exists()
