@@ -429,7 +429,7 @@ def test_shared_weights_folder_must_hold_the_same_weights(tmp_path):
     assert stepper("fixtures", "export", tmp_path / "b", "--ids", "3,4", "--weights-dir", shared).returncode == 0
     assert load(tmp_path / "b").weights_path().resolve() == shared.resolve()
     other = stepper("fixtures", "export", tmp_path / "c", "--ids", "3,4", "--seed", "1", "--weights-dir", shared)
-    assert other.returncode == 2 and "holds other weights" in other.stderr
+    assert other.returncode == 2 and "holds other files than this run" in other.stderr
 
 
 # ---------------------------------------------------------------------------------------------
@@ -533,3 +533,22 @@ def test_readme_example_checks_transformers(tmp_path, monkeypatch):
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["counts"]["match"] >= 150, report["counts"]  # every tensor an HF module outputs
     assert report["counts"]["mismatch"] == 0
+
+
+def test_measure_counts_each_entry_a_candidate_gets_wrong_and_where():
+    """A NaN or an infinity where the reference is finite is one entry outside the tolerance, at its
+    place; each masked entry a candidate left unmasked is one more (not all, nor one for all)."""
+    tol = {"atol": 1e-6, "rtol": 1e-5}
+    ref = np.arange(1, 161, dtype=np.float32).reshape(1, 5, 32)
+    cand = ref.copy()
+    cand[0, 0, 3] = np.nan
+    m = measure(cand, ref, tol)
+    assert (m["outside"], m["worst"], m["ok"]) == (1, [0, 0, 3], False)
+    cand = ref.copy()
+    cand[0, 2, 7] = np.inf
+    assert (measure(cand, ref, tol)["outside"], measure(cand, ref, tol)["worst"]) == (1, [0, 2, 7])
+    scores = np.where(np.tril(np.ones((4, 45), bool), 40), 1.0, -np.inf).astype(np.float32)[None]  # 100 masked
+    unmasked = np.where(np.isfinite(scores), scores, 0).astype(np.float32)
+    m = measure(unmasked, scores, tol)
+    assert (m["outside"], m["same_nonfinite"], m["max_abs_err"]) == (int(np.isinf(scores).sum()), False, 0.0)
+    assert measure(scores, scores, tol)["ok"] and measure(scores, scores, tol)["outside"] == 0
