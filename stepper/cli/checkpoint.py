@@ -134,6 +134,7 @@ def inspect_command(
             raise StepperError(f"--only {' '.join(only)} matched no tensor (names look like {example})")
         if stats:
             tensors = inspect_stats.with_stats(source, tensors, progress=sys.stderr.isatty(), plain=plain)
+            problems = problems + inspect.value_problems(source, tensors)
         groups = inspect.group(tensors, source.config, fold_experts=not experts and not as_json, unused=source.unused,
                                published=source.published)
         if as_json:

@@ -274,6 +274,15 @@ def find_problems(source: Source, layers: range | None) -> list[Problem]:
     return problems
 
 
+def value_problems(source: Source, tensors: list[Tensor]) -> list[Problem]:
+    """The tensors whose values (read for --stats) hold a NaN or an infinity: every product with
+    one is NaN or infinite (an FP8 weight's NaN code 0x7F, say)."""
+    return [Problem(source.weight_map.get(t.name), t.name,
+                    f"'{t.name}' holds {t.stats.nan:,} NaN and {t.stats.inf:,} infinite values: every product with "
+                    "them is NaN or infinite")
+            for t in tensors if t.stats is not None and (t.stats.nan or t.stats.inf)]
+
+
 def config_problems(ckpt: PublishedCheckpoint) -> list[Problem]:
     """A DeepSeek-V4 checkpoint's config.json as a run reads it (inspect lists the tensors from
     the fields it has, so a config a run refuses is one problem among the tensors')."""

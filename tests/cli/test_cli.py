@@ -328,3 +328,21 @@ def test_options_naming_a_file_where_a_folder_belongs_are_one_line(tmp_path):
 def test_synth_refuses_a_format_the_model_has_no_weights_for(model, quant, said, tmp_path):
     out = stepper("synth", "--model", model, "--quant", quant, "--out", tmp_path / "ck")
     assert out.returncode == 2 and out.stderr == f"stepper: error: {said}\n" and not (tmp_path / "ck").exists()
+
+
+def test_inspect_stats_lists_weights_holding_nan_as_a_problem(tmp_path):
+    """A weight whose FP8 codes include NaN (0x7F) makes every product with it NaN: with --stats,
+    whose reading finds it, inspect says so (exit 1), as it does for a NaN scale."""
+    folder = tmp_path / "ck"
+    assert stepper("synth", "--model", "tiny-v3", "--out", folder).returncode == 0
+    name = "model.layers.1.self_attn.q_b_proj.weight"
+    shard = folder / json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"][name]
+    raw = bytearray(shard.read_bytes())
+    size = int.from_bytes(raw[:8], "little")
+    start = 8 + size + json.loads(raw[8 : 8 + size])[name]["data_offsets"][0]
+    raw[start : start + 64] = b"\x7f" * 64  # the first 64 codes: e4m3's NaN
+    shard.write_bytes(bytes(raw))
+    assert stepper("inspect", folder).returncode == 0  # from the headers alone: values unread
+    out = stepper("inspect", folder, "--stats", "--plain")
+    assert out.returncode == 1
+    assert f"  ! '{name}' holds 64 NaN and 0 infinite values: every product with them is NaN or infinite" in out.stdout
