@@ -4,6 +4,7 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -346,3 +347,9 @@ def test_inspect_stats_lists_weights_holding_nan_as_a_problem(tmp_path):
     out = stepper("inspect", folder, "--stats", "--plain")
     assert out.returncode == 1
     assert f"  ! '{name}' holds 64 NaN and 0 infinite values: every product with them is NaN or infinite" in out.stdout
+
+
+def test_fixtures_verify_finds_a_repository_fixture_by_name_from_any_folder(tmp_path):
+    candidate = Path(__file__).resolve().parents[2] / "fixtures" / "tiny-prefill-decode" / "tensors.safetensors"
+    out = stepper("fixtures", "verify", "tiny-prefill-decode", candidate, cwd=tmp_path)
+    assert out.returncode == 0 and out.stdout.splitlines()[-1].startswith("match: 312 fixture tensors, 312 match")
