@@ -108,8 +108,9 @@ def verify_command(
                                                   help="Your names -> canonical names, a JSON object.")] = None,
     names: Annotated[str | None, typer.Option(
         "--names", metavar="NAMING",
-        help="The candidate's naming: transformers, inference, llama.cpp or canonical (only its names are read; it "
-             "decides a name two namings share). Default: all of them, a shared name read canonically.")] = None,
+        help="The candidate's naming: transformers, inference, llama.cpp or canonical (its names are read beside "
+             "the canonical ones, and it decides a name both spell). Default: all of them, a shared name read "
+             "canonically.")] = None,
     allow_missing: Annotated[bool, typer.Option("--allow-missing",
                                                 help="Tensors of the fixture missing from CANDIDATE do not fail (exit "
                                                      "0 if the rest match).")] = False,

@@ -353,3 +353,14 @@ def test_fixtures_verify_finds_a_repository_fixture_by_name_from_any_folder(tmp_
     candidate = Path(__file__).resolve().parents[2] / "fixtures" / "tiny-prefill-decode" / "tensors.safetensors"
     out = stepper("fixtures", "verify", "tiny-prefill-decode", candidate, cwd=tmp_path)
     assert out.returncode == 0 and out.stdout.splitlines()[-1].startswith("match: 312 fixture tensors, 312 match")
+
+
+def test_verify_by_a_naming_without_names_of_the_fixtures_family_says_so(tmp_path):
+    from safetensors.numpy import save_file
+
+    candidate = tmp_path / "mine.safetensors"
+    save_file({"blk.0.attn_q_a.weight": np.zeros(3, np.float32)}, candidate)
+    out = stepper("fixtures", "verify", "tiny-v4-windows", candidate, "--names", "llama.cpp")
+    assert out.returncode == 2 and out.stderr == (
+        "stepper: error: --names llama.cpp: that naming has no names of deepseek_v4 tensors (stepper fixtures names "
+        f"lists each naming's); read {candidate} by another --names\n")
