@@ -17,6 +17,7 @@ from stepper.views.v4_pictures import V4_PICTURES, V4Pictures
 
 Keep = Callable[[str], bool]  # whether a name is shown (--only)
 
+
 class KdaPictures(Pictures):
     """MLA's pictures, and after a KDA layer's state (`self_attn.state`, shown) the state per head,
     one head's heat map, the writes and the decays (views.kda_state), as the debugger's `s state`."""
@@ -28,14 +29,14 @@ class KdaPictures(Pictures):
         self.before: dict[str, np.ndarray] = {}
 
     def __call__(self, event: Event) -> None:
+        super().__call__(event)
+        if "state" not in self.kinds:
+            return
         if event.key in self.WITH_STATE:
-            self.before[event.key] = np.asarray(event.array)
-        if event.key == "self_attn.state" and "state" in self.kinds and self.is_shown(event):
-            super().__call__(event)
+            self.before[event.key] = event.array
+        elif event.key == "self_attn.state" and self.is_shown(event):
             for picture in kda_state.state_pictures(event.array, event.name, *map(self.before.get, self.WITH_STATE)):
                 print_picture(self.console, picture)
-            return
-        super().__call__(event)
 
 
 OWN = {  # a family's model_type -> its pictures, and the sink drawing them
