@@ -58,7 +58,7 @@ class Emitter:
         """Show `array` as `key` to every sink; return the array the model continues with."""
         if not self.sinks:
             return array
-        key = key if self._sublayer is None else f"sub{self._sublayer}.{key}"  # LongCat's sublayer: its own key
+        key = self._scoped(key)
         event = Event(self._qualify(key), key, array, self._layer, self._phase)
         for sink in self.sinks:
             replacement = sink(event)
@@ -72,7 +72,7 @@ class Emitter:
         clamped, the sink's share, each token's write): no sink may replace it."""
         if not self.sinks:
             return
-        key = key if self._sublayer is None else f"sub{self._sublayer}.{key}"
+        key = self._scoped(key)
         event = Event(self._qualify(key), key, array, self._layer, self._phase, read=False)
         for sink in self.sinks:
             if sink(event) is not None:
@@ -84,7 +84,7 @@ class Emitter:
         one of the things, none twice in one row.  [..., k] int -> same"""
         result = self(key, chosen)
         if result is not chosen:
-            check_choice(self._qualify(key), result, count, what, none)
+            check_choice(self._qualify(self._scoped(key)), result, count, what, none)
         return result
 
     @property
@@ -133,6 +133,10 @@ class Emitter:
 
     def silent(self) -> Emitter:
         return Emitter((), self._layer, self._phase, self._sublayer)
+
+    def _scoped(self, key: str) -> str:
+        """The key of a tensor of LongCat-Flash's sublayer k: `subk.` and the key (its own)."""
+        return key if self._sublayer is None else f"sub{self._sublayer}.{key}"
 
     def _qualify(self, key: str) -> str:
         name = key if self._layer is None else f"layers.{self._layer}.{key}"
