@@ -24,6 +24,10 @@ class Rope:
     interleaved: bool = True  # MLA's rotary dims: interleaved pairs (DeepSeek) or two halves (MiniCPM3)
     rotates: bool = True
 
+    def at(self, rows: slice) -> Rope:
+        """The angles of some of the positions (query scale left out: it scales queries, not keys)."""
+        return Rope(self.cos[rows], self.sin[rows], self.softmax_scale, None, self.interleaved, self.rotates)
+
 
 def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
     """YaRN's magnitude correction 0.1 * mscale * ln(scale) + 1 (1 when not scaling)."""

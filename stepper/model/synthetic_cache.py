@@ -51,9 +51,7 @@ def fill(cache: LayerCache, w: LayerWeights, cfg: Config, sample: np.ndarray, ro
         emit.progress(TASK, start, passes * n)
         rows = slice(start, min(start + ROWS, n))
         latents[:, rows] = like(real_kv, rows.stop - rows.start, rng)
-        turn = Rope(rope.cos[rows], rope.sin[rows], rope.softmax_scale, interleaved=rope.interleaved,
-                    rotates=rope.rotates)
-        k_pe[:, :, rows] = turned(like(real_pe[:, 0], rows.stop - rows.start, rng)[:, None], turn)
+        k_pe[:, :, rows] = turned(like(real_pe[:, 0], rows.stop - rows.start, rng)[:, None], rope.at(rows))
     cache.extend_latent(latents, k_pe)
     if per_head:
         cache.extend_heads(*per_head_keys(latents, k_pe, w, cfg, lambda done: emit.progress(TASK, n + done, 2 * n)))
@@ -71,8 +69,7 @@ def index_keys(x: np.ndarray, w: LayerWeights, cfg: Config, rope: Rope, rng: np.
     keys = np.empty((1, n, cfg.index_head_dim), np.float32)  # [1, S, Di]
     for start in range(0, n, ROWS):
         rows = slice(start, min(start + ROWS, n))
-        turn = Rope(rope.cos[rows], rope.sin[rows], rope.softmax_scale, interleaved=rope.interleaved)
-        keys[:, rows] = rotate_halves(like(real, rows.stop - rows.start, rng), turn, cfg.qk_rope_head_dim)
+        keys[:, rows] = rotate_halves(like(real, rows.stop - rows.start, rng), rope.at(rows), cfg.qk_rope_head_dim)
     return keys
 
 
