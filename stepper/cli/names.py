@@ -12,7 +12,6 @@ from stepper.planning.names import PICTURE_TENSORS
 from stepper.seams.trace import matches, unphased
 from stepper.untrusted import shown
 from stepper.views.scale_grids import part_of
-from stepper.weights.names import layer_shapes, storage_dtype
 
 GLOB = set("*?[")
 
@@ -44,8 +43,7 @@ def check_pictures(kinds: set[str], kept: list[str], cfg: Config) -> None:
         if kind in kinds and not keys & set(needed):
             raise StepperError(f"--show {kind}: it is drawn from {' or '.join(needed)}, and this run shows "
                                f"none (choose layers or an --only that include {needed[0]})")
-    if "scales" in kinds and not any(storage_dtype(cfg, name) == "F8_E4M3" for layer in range(cfg.num_hidden_layers)
-                                     for name in layer_shapes(cfg, layer)):
+    if "scales" in kinds and getattr(cfg, "quantization", None) is None:  # no FP8 blocks (weights.names.storage_dtype)
         raise StepperError(f"--show scales: model {shown(cfg.name)} stores no FP8 weights, so there is no block-scale "
                            "grid to draw")
     if "scales" in kinds and not any(part_of(key) for key in keys):
