@@ -344,6 +344,7 @@ def miniature(cfg: KimiLinearConfig, layer: int) -> KimiLinearConfig:
 PARTS = ("model", "residual", "kda", "mla_attention", "mlp", "router", "router_sigmoid", "router_noaux_tc",
          "router_groups", "moe")
 
+
 def no_seeded_state(cfg: KimiLinearConfig, layer: int) -> str:
     """Why a lone layer's cache_len cannot fill this layer: a KDA layer keeps a state, not positions."""
     if not cfg.is_kda_layer(layer):
