@@ -7,7 +7,7 @@ import pytest
 
 from stepper.errors import StepperError
 from stepper.model.cache import LayerCache
-from stepper.model.rope import apply_rope
+from stepper.model.rope import apply_rope, rotate_halves
 from stepper.seams.trace import Recorder
 from stepper.session import RunSpec, prepare, run
 
@@ -96,3 +96,33 @@ def test_cache_len_needs_a_lone_layer_and_fits_the_positions():
         prepare(RunSpec(layer=0, cache_len=131072, prompt_len=2))
     with pytest.raises(StepperError, match="--cache-len must be >= 0"):
         prepare(RunSpec(layer=0, cache_len=-1))
+
+
+@pytest.mark.parametrize("name", ["tiny-minicpm3", "tiny-kimi-linear"])
+def test_the_rotary_keys_are_turned_as_the_models_own_layer_turns_them(name):
+    """The synthetic rotary keys are the drawn ones turned at their positions as the layer turns
+    keys: MiniCPM3 dim i with dim i + rope/2 (two halves, not interleaved pairs); Kimi Linear not at
+    all. The draws are those of the same fill with a rope that turns nothing."""
+    import dataclasses
+
+    from stepper import families
+    from stepper.model import synthetic_cache
+    from stepper.model.layer_weights import LayerWeights
+    from stepper.seams.trace import Emitter
+    from stepper.session import preset_config
+
+    cfg = preset_config(name)
+    layer = cfg.full_attn_layers[0] if name == "tiny-kimi-linear" else 1
+    model = families.family_for(cfg).build(families.family_for(cfg).synthetic(cfg, 0))
+    w = LayerWeights(model.weights, layer, {})
+    sample = np.random.default_rng(0).standard_normal((1, 8, cfg.hidden_size), np.float32)
+    rope = model.rope(500 + np.arange(40), Emitter())
+    turned, drawn = LayerCache(), LayerCache()
+    synthetic_cache.fill(turned, w, cfg, sample, rope, 7, False)
+    synthetic_cache.fill(drawn, w, cfg, sample, dataclasses.replace(rope, rotates=False), 7, False)
+    keys, draws = turned.k_pe[0, 0], drawn.k_pe[0, 0]  # [S, rope]
+    if not cfg.rotary:
+        np.testing.assert_array_equal(keys, draws)
+        return
+    np.testing.assert_allclose(keys, rotate_halves(draws, rope.cos, rope.sin, draws.shape[-1]), rtol=1e-5, atol=1e-6)
+    assert not np.allclose(keys, draws, atol=1e-3)
