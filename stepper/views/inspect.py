@@ -64,7 +64,7 @@ FP4_DTYPE = "FP4"  # shown for an I8 row with its scales: the e2m1 weight its by
 
 LAYER = re.compile(r"(?P<prefix>(?:.*?\.)?layers\.(?P<layer>\d+)\.)(?P<rest>.+)")
 HF_LAYER = re.compile(r"model\.layers\.(?P<layer>\d+)\.")
-EXPERT = re.compile(r"(?P<head>(?:.*\.)?experts\.)(?P<expert>\d+)\.(?P<tail>.+)")
+EXPERT = re.compile(r"(?P<head>(?:.*\.)?experts\.)(?P<index>\d+)\.(?P<tail>.+)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -439,7 +439,7 @@ def heading(prefix: str, config: Config | None, published: PublishedCheckpoint |
 
 UNUSED_HEADING = "not used (the wrapper's vision tower, projector)"
 MTP_HEADING = "not used (the multi-token-prediction block, mtp.*)"
-BLOCK = re.compile(r"(?P<head>.*\.blocks\.)(?P<block>\d+)\.(?P<tail>.+)")
+BLOCK = re.compile(r"(?P<head>.*\.blocks\.)(?P<index>\d+)\.(?P<tail>.+)")
 
 
 def group(tensors: list[Tensor], config: Config | None, fold_experts: bool, unused: frozenset[str] = frozenset(),
@@ -458,27 +458,14 @@ def group(tensors: list[Tensor], config: Config | None, fold_experts: bool, unus
     members = sorted((t for t in tensors if t.name in unused), key=lambda t: natural(t.name))
     if members:
         mtp = all(name.startswith("mtp.") for name in unused)
-        groups.append(Group(MTP_HEADING if mtp else UNUSED_HEADING, None, tuple(unused_rows(members, fold_experts))))
+        groups.append(Group(MTP_HEADING if mtp else UNUSED_HEADING, None, tuple(rows(members, 0, fold_experts))))
     return groups
 
 
-def unused_rows(tensors: list[Tensor], fold: bool) -> list[Row]:
-    """One row per tensor, or, folding, one per tensor of all the vision tower's blocks alike."""
-    folds: dict[tuple, list[Tensor]] = {}
-    for t in tensors:
-        m = BLOCK.fullmatch(t.name) if fold else None
-        key = (m["head"], m["tail"], t.part.dtype, t.part.shape) if m else (t.name,)
-        folds.setdefault(key, []).append(t)
-    out = []
-    for key, members in folds.items():
-        blocks = [int(BLOCK.fullmatch(t.name)["block"]) for t in members] if len(key) > 1 else []
-        label = f"{key[0]}{{{ranges(blocks)}}}.{key[1]}" if len(members) > 1 else members[0].name
-        out.append(Row(label, tuple(members)))
-    return out
-
-
 def rows(tensors: list[Tensor], cut: int, fold_experts: bool) -> list[Row]:
-    """One row per tensor, or per projection of the experts when folding (same dtype, shape, scales)."""
+    """One row per tensor, or, folding, one per projection of the experts (a layer's or the
+    multi-token-prediction block's) and per tensor of a vision tower's blocks, where they are alike
+    (same dtype, shape, scales)."""
     keys = [fold_key(t.name[cut:], t) if fold_experts else None for t in tensors]
     folds: dict[tuple, list[Tensor]] = {}
     for key, t in zip(keys, tensors):
@@ -489,13 +476,18 @@ def rows(tensors: list[Tensor], cut: int, fold_experts: bool) -> list[Row]:
         if key is None or len(folds[key]) == 1:
             out.append(Row(t.name[cut:], (t,)))
         elif folds[key][0] is t:  # the folded row stands where its first expert would
-            experts = [int(EXPERT.fullmatch(m.name[cut:])["expert"]) for m in folds[key]]
-            out.append(Row(f"{key[0]}{{{ranges(experts)}}}.{key[1]}", tuple(folds[key])))
+            numbers = [int(numbered(m.name[cut:])["index"]) for m in folds[key]]
+            out.append(Row(f"{key[0]}{{{ranges(numbers)}}}.{key[1]}", tuple(folds[key])))
     return out
 
 
+def numbered(relative: str) -> re.Match | None:
+    """An expert's or a vision block's name, split at its number."""
+    return EXPERT.fullmatch(relative) or BLOCK.fullmatch(relative)
+
+
 def fold_key(relative: str, t: Tensor) -> tuple | None:
-    m = EXPERT.fullmatch(relative)
+    m = numbered(relative)
     if m is None or t.problems:
         return None  # a tensor with problems keeps its own row, so they show
     scale = (t.scale.dtype, t.scale.shape) if t.scale else None
@@ -552,7 +544,7 @@ def columns(row: Row, show_shard: bool) -> list[str]:
         dtype, shape = INT4_DTYPE, first.weight_shape
     if first.fp4 and len(shape) == 2:  # the weight its bytes hold, [out, in]
         dtype, shape = FP4_DTYPE, (shape[0], 2 * shape[1])
-    cells = [row.label, dtype, shape_text(shape) + count, scale_text, human(row.nbytes)]
+    cells = [row.label, dtype, shape_text(shape) + count, human(row.nbytes), scale_text]
     if show_shard:
         cells.append(shard_text({t.part.shard for t in row.tensors}))
         elsewhere = {t.scale.shard for t in row.tensors if t.scale and t.scale.shard != t.part.shard}
@@ -607,13 +599,13 @@ def problem_heading(problems: list[Problem]) -> str:
     return f"{len(problems)} problem{'s' if len(problems) != 1 else ''}{where}:"
 
 
-STYLES = ("bold cyan", "", "yellow", "dim", "", "dim", "dim")  # name, dtype, shape, scales, bytes, shard, scale shard
+STYLES = ("bold cyan", "", "yellow", "", "dim", "dim", "dim")  # name, dtype, shape, bytes, scales, shard, scale shard
 
 
 def row_text(row: Row, cells: list[str], widths: list[int], stats: bool, width: int | None = None) -> Text:
     """The row's columns, aligned; on a terminal `width` wide, the columns that do not fit go on
     under it, and so do the statistics."""
-    fields = [Text(cell.rjust(w) if i == 4 else cell.ljust(w), style=style)
+    fields = [Text(cell.rjust(w) if i == 3 else cell.ljust(w), style=style)
               for i, (cell, w, style) in enumerate(zip(cells, widths, STYLES))]
     text = wrap_fields(fields, width, "  ", "      ")
     text.rstrip()

@@ -4,11 +4,13 @@ by bit, an FP8 block with its E8M0 scale), `stepper inspect` listing a V4 checkp
 problem of its grids, and bad input as one line naming the file, the tensor and what was expected."""
 
 import json
+import re
 
 import ml_dtypes
 import numpy as np
 import pytest
 from helpers.cli import one_line, stepper
+from helpers.terminal import on_terminal
 from helpers.v4_published import CONFIG, stored_tensors, write_shards, write_tiny_v4
 
 EXPERT = "layers.1.ffn.experts.0.w1.weight"
@@ -105,9 +107,42 @@ def test_inspect_lists_a_sound_v4_checkpoint(tiny):
                         "layer 2 (HCA: 128 tokens an entry; score-routed)",
                         "not used (the multi-token-prediction block, mtp.*)"]
     rows = {line.split()[0]: line.split()[1:] for line in out.stdout.splitlines() if line.startswith("  ")}
-    assert rows["ffn.experts.{0..1}.w1.weight"][:5] == ["FP4", "[32,", "64]", "x2", "groups"]
-    assert rows["attn.wq_a.weight"][:5] == ["F8_E4M3", "[32,", "64]", "scales", "[1,"]
+    assert rows["ffn.experts.{0..1}.w1.weight"][:7] == ["FP4", "[32,", "64]", "x2", "2.1", "KiB", "groups"]
+    assert rows["attn.wq_a.weight"][:6] == ["F8_E4M3", "[32,", "64]", "2.0", "KiB", "scales"]
     assert "not used (the multi-token-prediction block, mtp.*)" in out.stdout and "mtp.0.norm.weight" in rows
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory):
+    """`stepper synth --model tiny-v4`: one shard a layer, and a multi-token-prediction block with
+    its own routed experts."""
+    folder = tmp_path_factory.mktemp("v4synth") / "ck"
+    assert stepper("synth", "--model", "tiny-v4", "--out", folder).returncode == 0
+    return folder
+
+
+def test_inspect_folds_the_multi_token_prediction_blocks_experts_as_a_layers(synthetic):
+    out = stepper("inspect", synthetic)
+    assert out.returncode == 0, out.stderr
+    rows = {line.split()[0]: line.split()[1:] for line in out.stdout.splitlines() if line.startswith("  ")}
+    assert rows["mtp.0.ffn.experts.{0..15}.w1.weight"][:7] == ["FP4", "[32,", "64]", "x16", "17.0", "KiB", "groups"]
+    assert rows["ffn.experts.{0..15}.w2.weight"][:4] == ["FP4", "[64,", "32]", "x16"]
+    assert not [name for name in rows if re.search(r"experts\.\d", name)]
+    assert "mtp.0.ffn.shared_experts.w1.weight" in rows
+
+
+def test_inspect_at_80_columns_keeps_each_tensor_on_one_line_and_its_scales_under_it(synthetic):
+    """The bytes come before the scales, so on a terminal 80 columns wide a tensor without scales is
+    one line, and a weight's scales (the longest column) go on under it, never its size."""
+    screen = on_terminal("inspect", synthetic, columns=80)
+    assert screen.code == 0, screen.text
+    lines = screen.lines
+    sink = next(line for line in lines if line.startswith("  attn.attn_sink "))
+    assert sink.split()[1:] == ["F32", "[4]", "16", "B"]
+    i = next(i for i, line in enumerate(lines) if line.startswith("  attn.wq_a.weight "))
+    assert lines[i].split()[1:] == ["F8_E4M3", "[32,", "64]", "2.0", "KiB"]
+    assert lines[i + 1].split() == ["scales", "[1,", "1]", "F8_E8M0"]
+    assert all(len(line) <= 80 for line in lines)
 
 
 def test_inspect_lists_every_grid_problem(bad):
@@ -152,7 +187,7 @@ def test_inspect_one_v4_shard_alone(tmp_path):
         "! model-00001-of-00001.safetensors: 'layers.1.ffn.experts.0.w1.scale' has shape [32, 1], expected [32, 2] "
         "for the FP4 (I8) weight 'layers.1.ffn.experts.0.w1.weight' [32, 64] (one scale per row and 32 inputs)")
     rows = {line.split()[0]: line.split()[1:] for line in out.stdout.splitlines() if line.startswith("  ")}
-    assert rows["ffn.experts.{0..1}.w2.weight"][:5] == ["FP4", "[64,", "32]", "x2", "groups"]
+    assert rows["ffn.experts.{0..1}.w2.weight"][:7] == ["FP4", "[64,", "32]", "x2", "2.1", "KiB", "groups"]
 
 
 def test_inspect_lists_a_config_a_run_refuses_among_the_problems(tmp_path):

@@ -72,10 +72,10 @@ def test_inspect_lists_each_layer_with_fp8_scale_grids_and_folded_experts(ckpt):
     layer1 = groups["layer 1 (MoE) · model-00003-of-00005.safetensors"]
     # 144 x 320 one-byte codes plus 2 x 3 float32 scales = 46104 bytes
     assert row(layer1, "self_attn.kv_a_proj_with_mqa.weight") == ["self_attn.kv_a_proj_with_mqa.weight", "F8_E4M3",
-                                                                  "[144,", "320]", "scales", "[2,", "3]", "45.0", "KiB"]
+                                                                  "[144,", "320]", "45.0", "KiB", "scales", "[2,", "3]"]
     # 32 experts x (96 x 320 codes + 1 x 3 scales) = 983424 bytes = 960.4 KiB, on one row
     assert row(layer1, "mlp.experts.{0..31}.gate_proj.weight") == [
-        "mlp.experts.{0..31}.gate_proj.weight", "F8_E4M3", "[96,", "320]", "x32", "scales", "[1,", "3]", "960.4", "KiB"]
+        "mlp.experts.{0..31}.gate_proj.weight", "F8_E4M3", "[96,", "320]", "x32", "960.4", "KiB", "scales", "[1,", "3]"]
     assert row(layer1, "mlp.gate.weight")[1:4] == ["BF16", "[32,", "320]"]
     assert row(layer1, "mlp.gate.e_score_correction_bias")[1:3] == ["F32", "[32]"]
     assert not any("experts.5." in line or "_scale_inv" in line for lines in groups.values() for line in lines)
@@ -99,8 +99,8 @@ def test_inspect_experts_option_shows_every_expert(ckpt):
     groups = sections(ok("inspect", "--plain", "--experts", "--only", "*layers.2.mlp.experts.*", str(ckpt)))
     (lines,) = groups.values()
     assert len(lines) == 3 * 32
-    assert row(lines, "mlp.experts.31.up_proj.weight")[1:8] == ["F8_E4M3", "[96,", "320]", "scales", "[1,",
-                                                                "3]", "30.0"]
+    assert row(lines, "mlp.experts.31.up_proj.weight")[1:9] == ["F8_E4M3", "[96,", "320]", "30.0", "KiB", "scales",
+                                                                "[1,", "3]"]
 
 
 def test_inspect_json_stats_equal_summary_stats_of_the_decoded_tensor(ckpt):
