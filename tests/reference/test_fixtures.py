@@ -255,12 +255,16 @@ def test_a_malformed_npz_candidate_exits_2_with_one_line(basic, tmp_path, kind):
     (["nowhere.safetensors"], "no such file"),
     (["{fixture}/manifest.json"], "unknown file type"),
     (["{candidate}", "--map", "nomap.json"], "--map nomap.json: no such file"),
+    (["{candidate}", "--map", "{twice}"], ("'a' and 'b' both map to 'prefill.embed'; a fixture tensor is compared "
+                                           "with one of yours, so map only one of them")),
     (["{candidate}", "--rtol", "-1"], "--rtol must be a number >= 0"),
     (["{candidate}", "--names", "vllm"], "--names must be one of transformers, inference, llama.cpp or canonical"),
 ])
 def test_verify_bad_input_exits_2(basic, tmp_path, args, message):
     candidate = write_candidate(tmp_path / "c.safetensors", {"nothing.like.ours": np.zeros(2, np.float32)})
-    args = [a.format(fixture=BASIC, candidate=candidate) for a in args]
+    twice = tmp_path / "twice.json"
+    twice.write_text(json.dumps({"a": "prefill.embed", "b": "prefill.embed"}))
+    args = [a.format(fixture=BASIC, candidate=candidate, twice=twice) for a in args]
     out = stepper("fixtures", "verify", BASIC, *args)
     assert out.returncode == 2 and message in out.stderr and out.stderr.count("\n") == 1, out.stderr
 
