@@ -4,7 +4,9 @@ several command groups take (--model, --seed, --plain), and the parsers of optio
 
 from __future__ import annotations
 
+import difflib
 import os
+import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -57,6 +59,25 @@ def user_errors() -> Iterator[None]:
     except BrokenPipeError:  # the reader (e.g. `head`) went away
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise typer.Exit(0) from None
+
+
+NEGATIVE = re.compile(r"-(\d|\.\d)[\w.+-]*")
+
+
+def usage_message(e: typer.TyperException, args: list[str]) -> str:
+    """click's message, an unknown option's suggestions kept to the options close to what was typed
+    (click offers any it finds remotely alike: --bogus would get --use), and a negative number among
+    the typed `args` told to go after --."""
+    if type(e).__name__ != "NoSuchOption":  # typer carries its own copy of click
+        return e.format_message()
+    number = next((a for a in args if a.startswith(e.option_name) and NEGATIVE.fullmatch(a)), None)
+    if number is not None:  # click reads -0x01 as the option -0 and its value
+        command = e.ctx.command_path if e.ctx is not None else "stepper"
+        return f"{number} was read as an option; a negative number goes after --: {command} ... -- {number}"
+    typed = e.option_name.lstrip("-")
+    near = [o for o in e.possibilities or () if difflib.SequenceMatcher(None, typed, o.lstrip("-")).ratio() >= 0.75]
+    suggestion = f" (did you mean {' or '.join(sorted(near))}?)" if near else ""
+    return f"No such option: {e.option_name}{suggestion}"
 
 
 def one_prompt(prompt: str | None, ids: str | None, prompt_len: int | None) -> None:

@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 
 from stepper.cli import run as run_cli
-from stepper.cli.common import PlainOpt, user_errors
+from stepper.cli.common import PlainOpt, usage_message, user_errors
 from stepper.errors import StepperError
 from stepper.fixtures.run_diff import Diff, diff_tensors, read_side, side_path
 from stepper.lessons import overrides
@@ -99,7 +99,7 @@ def run_options(which: str, text: str) -> dict:
     except ValueError as e:
         raise StepperError(f"diff {which} '{shown(text)}': {e}") from None
     except typer.TyperException as e:  # typer's own click: bad or unknown options
-        raise StepperError(f"diff {which} '{shown(text)}': {e.format_message()}") from None
+        raise StepperError(f"diff {which} '{shown(text)}': {usage_message(e, args)}") from None
     extra = sorted(k for k, v in params.items() if k not in SIDE_OPTIONS and v not in (None, False))
     if extra:
         raise StepperError(f"diff {which} '{shown(text)}': --{extra[0].replace('_', '-')} is not for diff; "

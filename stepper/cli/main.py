@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import difflib
 import sys
 from typing import Annotated
 
 import typer
 
 from stepper.cli import bench, cache, checkpoint, diff, explain, run
-from stepper.cli.common import INTERRUPTED, user_errors
+from stepper.cli.common import INTERRUPTED, usage_message, user_errors
 from stepper.cli.fixtures import fixtures_app
 from stepper.cli.lessons import lesson_app
 from stepper.kernels import parallel
@@ -37,7 +36,7 @@ def main() -> None:
             code = 0
         else:
             command = ctx.command_path if ctx is not None else "stepper"
-            sys.stderr.write(f"stepper: error: {shown(usage_message(e))} (see {shown(command)} --help)\n")
+            sys.stderr.write(f"stepper: error: {shown(usage_message(e, sys.argv[1:]))} (see {shown(command)} --help)\n")
             code = 2
     except typer.Abort:  # end of input at a prompt (typer has written the newline)
         sys.stderr.write("stepper: interrupted\n")
@@ -45,17 +44,6 @@ def main() -> None:
     if code == INTERRUPTED:  # Ctrl-C, in a command or in typer itself (which ends quietly)
         sys.stderr.write("\nstepper: interrupted\n")
     sys.exit(code or 0)
-
-
-def usage_message(e: typer.TyperException) -> str:
-    """click's message, an unknown option's suggestions kept to the options close to what was typed
-    (click offers any it finds remotely alike: --bogus would get --use)."""
-    if type(e).__name__ != "NoSuchOption":  # typer carries its own copy of click
-        return e.format_message()
-    typed = e.option_name.lstrip("-")
-    near = [o for o in e.possibilities or () if difflib.SequenceMatcher(None, typed, o.lstrip("-")).ratio() >= 0.75]
-    suggestion = f" (did you mean {' or '.join(sorted(near))}?)" if near else ""
-    return f"No such option: {e.option_name}{suggestion}"
 
 
 @app.callback(invoke_without_command=True)

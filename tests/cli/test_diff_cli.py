@@ -65,7 +65,8 @@ def test_a_dump_against_the_same_run_and_a_fixture_against_a_run(tmp_path):
 
 @pytest.mark.parametrize("a, message", [
     ("no/such/dump.safetensors", "diff A 'no/such/dump.safetensors': no such file or folder"),
-    ("run --no-such-option", "diff A 'run --no-such-option': No such option: --no-such-option"),
+    ("run --no-such-option", "diff A 'run --no-such-option': No such option: --no-such-option\n"),
+    ("run --dcode 1", "diff A 'run --dcode 1': No such option: --dcode (did you mean --decode?)\n"),
     ("run --dump x.safetensors", "diff A 'run --dump x.safetensors': --dump is not for diff"),
     ("run --attn fast", "--attn must be one of auto, naive, absorb"),
     ("run --ids '1,2", "diff A 'run --ids '1,2': No closing quotation"),

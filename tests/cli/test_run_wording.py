@@ -134,3 +134,13 @@ def test_the_html_export_wraps_long_lines(tmp_path):
     assert "white-space:pre-wrap" in pre and "overflow-wrap:anywhere" in pre
     text = unescape(re.sub(r"<[^>]+>", "", page))
     assert "(stepper) ?" in text and "e.g. x compressed_kv kv_a[..., :128]" in text
+
+
+@pytest.mark.parametrize("typed", ["-1", "-0x01", "-2.5"])
+def test_a_negative_number_read_as_an_option_is_told_to_go_after_the_double_dash(typed, monkeypatch, capsys):
+    monkeypatch.setattr("sys.argv", ["stepper", "fp8", "--fp4", typed])
+    with pytest.raises(SystemExit) as ended:
+        main()
+    assert ended.value.code == 2
+    assert capsys.readouterr().err == (f"stepper: error: {typed} was read as an option; a negative number goes after "
+                                       f"--: stepper fp8 ... -- {typed} (see stepper fp8 --help)\n")
