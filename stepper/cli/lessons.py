@@ -29,9 +29,9 @@ from stepper.lessons import check
 from stepper.lessons.progress import Progress, default_lesson, done, next_lesson
 from stepper.lessons.prose import indented, styled
 from stepper.lessons.schema import Lesson, all_lessons, find_lesson
-from stepper.lessons.walk import walk
+from stepper.lessons.walk import planned_run, walk
 from stepper.lessons.workspace import WORKSPACE, Workspace
-from stepper.planning import plan_run
+from stepper.planning import RunPlan
 from stepper.text import INSTALL
 from stepper.untrusted import shown
 from stepper.views.debugger import CommandSource
@@ -121,7 +121,7 @@ def start_command(
     with user_errors():
         progress = Progress()
         lesson, _ = chosen(name, progress)
-        lesson = on_prompt(lesson, model, prompt)
+        lesson, planned = on_prompt(lesson, model, prompt)
         console = console_for(plain)
         path, created = Workspace(workspace).ensure(lesson)
         console.print(f"your exercise file: {shown(path)}" + (" (a fresh copy of the stub)" if created else
@@ -129,7 +129,7 @@ def start_command(
         progress.current = lesson.name
         progress.save()
         source = CommandSource(console, sys.stdin, sys.stdin.isatty() and console.is_terminal)
-        walked = walk(lesson, console, source)
+        walked = walk(lesson, console, source, planned)
         entry = progress.lesson(lesson.name)
         # the latest walk's counts
         entry["first_try"], entry["retried"], entry["asked"] = walked.first_try, walked.retried, walked.asked
@@ -142,19 +142,21 @@ def start_command(
                              f"every save; `stepper lesson hint {lesson.name}` if you are stuck)"), soft_wrap=False)
 
 
-def on_prompt(lesson: Lesson, model: str | None, prompt: str | None) -> Lesson:
-    """The lesson walked on another model (one that computes every tensor it stops at), or on a
-    text prompt instead of its token ids."""
+def on_prompt(lesson: Lesson, model: str | None, prompt: str | None) -> tuple[Lesson, RunPlan | None]:
+    """The lesson walked on another model (one that computes every tensor it stops at; its run
+    planned once, here), or on a text prompt instead of its token ids."""
     run = lesson.run if model is None else replace(lesson.run, model=model)
     if prompt is not None:
         run = replace(run, ids=None, prompt=prompt)
-    if model is not None:
-        names = set(plan_run(run).names)
-        missing = [step.stop for step in lesson.steps if step.stop not in names]
-        if missing:
-            raise StepperError(f"lesson {lesson.name} stops at {missing[0]}, which --model {shown(model)} does not "
-                               f"compute: walk it on {lesson.run.model}'s family, or leave --model out")
-    return replace(lesson, run=run)
+    walked = replace(lesson, run=run)
+    if model is None:
+        return walked, None
+    planned = planned_run(walked)
+    missing = [step.stop for step in lesson.steps if step.stop not in set(planned.names)]
+    if missing:
+        raise StepperError(f"lesson {lesson.name} stops at {missing[0]}, which --model {shown(model)} does not "
+                           f"compute: walk it on {lesson.run.model}'s family, or leave --model out")
+    return walked, planned
 
 
 @lesson_app.command("check")

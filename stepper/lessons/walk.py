@@ -173,9 +173,10 @@ def walked(debugger: LessonDebugger, finished: bool) -> Walked:
     return Walked(finished, debugger.first_try, debugger.retried, debugger.asked)
 
 
-def walk(lesson: Lesson, console: Console, source: CommandSource) -> Walked:
-    """Run the lesson's interpreter run, stopping at its steps; the outro at the end."""
-    planned = planned_run(lesson)
+def walk(lesson: Lesson, console: Console, source: CommandSource, planned: RunPlan | None = None) -> Walked:
+    """Run the lesson's interpreter run (`planned` already, or planned here), stopping at its steps;
+    the outro at the end."""
+    planned = planned or planned_run(lesson)
     plan = planned.plan
     debugger = LessonDebugger(console, plan.config, source, plan.weights, lesson=lesson, plan=plan, tokens=plan.tokens)
     console.rule(f"lesson {lesson.number} · {shown(lesson.title)}", style="bold", align="left")

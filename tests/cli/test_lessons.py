@@ -18,7 +18,7 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from stepper import catalog
+from stepper import catalog, session
 from stepper.cli.main import app
 from stepper.errors import StepperError
 from stepper.lessons import check, overrides
@@ -702,3 +702,15 @@ def test_a_lesson_on_a_model_that_does_not_compute_its_stops_is_refused_before_t
         "stepper: error: lesson delta-state stops at prefill.layers.0.self_attn.k_unit, which --model tiny-glm5 does "
         "not compute: walk it on tiny-kimi-linear's family, or leave --model out\n")
     assert not (tmp_path / "ws").exists()
+
+
+def test_a_lesson_on_another_model_plans_its_run_once(tmp_path, monkeypatch):
+    """Checking the stops against --model and the walk share one plan: a checkpoint's headers are
+    read once, not twice."""
+    monkeypatch.chdir(tmp_path)
+    plans = []
+    real = session.prepare
+    monkeypatch.setattr(session, "prepare", lambda *a, **k: plans.append(a[0].model) or real(*a, **k))
+    out = stepper("lesson", "start", "rmsnorm", "--model", "tiny-v3", "--workspace", "ws", "--plain", stdin="q\n")
+    assert out.exit_code == 0, out.stdout + out.stderr
+    assert "quit at step" in out.stdout and plans == ["tiny-v3"]
