@@ -38,6 +38,11 @@ class V4Checkpoint:
         """How messages name the checkpoint: its folder, or the remote one as the user wrote it."""
         return self.published.label.rstrip("/")
 
+    @property
+    def shards(self) -> dict:
+        """The shard files, by name (what a fixture's provenance lists)."""
+        return self.published.shards
+
     def get(self, name: str) -> np.ndarray:
         stored = published_name(name)
         array = self.published.get(stored)
@@ -45,6 +50,10 @@ class V4Checkpoint:
             where = f"{self.label}/{self.published.weight_map[stored]}: tensor '{stored}'"
             return checked_tid2eid(array, self.config.n_routed_experts, where)
         return array
+
+    def stored(self, name: str) -> Stored:
+        """The tensor as its shard stores it (FP8 and FP4 with their scales): what a fixture hashes."""
+        return self.published.stored(published_name(name))
 
     def get_rows(self, name: str, rows: np.ndarray) -> np.ndarray:
         if name.endswith("tid2eid"):

@@ -200,3 +200,27 @@ def test_inspect_lists_a_config_a_run_refuses_among_the_problems(tmp_path):
     assert f"  ! {folder / 'config.json'}: field 'sliding_window' is missing (a run refuses it)" in out.stdout
     run = stepper("run", "--model", folder, "--plain")
     assert run.returncode == 2 and f"{folder / 'config.json'}: field 'sliding_window' is missing" in run.stderr
+
+
+def test_a_fixture_of_a_v4_checkpoint_folder_names_its_files_and_the_bytes_it_read(synthetic, tmp_path):
+    """`fixtures export --model DIR` of a V4 checkpoint: the same tensors as the preset the folder
+    was written from, and the checkpoint named (not copied) with the sha256 of each tensor read as
+    its shard stores it (FP4 bytes and their E8M0 scales)."""
+    from stepper.families.deepseek_v4_checkpoint import V4Checkpoint
+    from stepper.fixtures.hashing import sha256_array
+
+    out = stepper("fixtures", "export", tmp_path / "from-folder", "--model", synthetic, "--layer", "1")
+    assert out.returncode == 0, out.stderr
+    assert stepper("fixtures", "export", tmp_path / "from-preset", "--model", "tiny-v4", "--layer", "1").returncode == 0
+    same = stepper("fixtures", "verify", tmp_path / "from-preset", tmp_path / "from-folder" / "tensors.safetensors")
+    assert same.returncode == 0 and same.stdout.splitlines()[-1].startswith("match: 63 fixture tensors, 63 match")
+    weights = json.loads((tmp_path / "from-folder" / "manifest.json").read_text())["weights"]
+    assert weights["kind"] == "checkpoint" and not weights["copied"] and "config.json" in weights["files"]
+    checkpoint = V4Checkpoint(synthetic)
+    for name in ("model.layers.1.mlp.experts.0.gate_proj.weight", "model.layers.1.self_attn.q_a_proj.weight",
+                 "model.layers.1.self_attn.sinks"):
+        stored = checkpoint.stored(name)
+        assert weights["read"][name]["sha256"] == sha256_array(stored.data)
+        if stored.scale_inv is not None:
+            assert weights["read"][name]["scale_inv_sha256"] == sha256_array(stored.scale_inv)
+    assert weights["read"]["model.layers.1.mlp.experts.0.gate_proj.weight"]["dtype"] == "FP4"
