@@ -10,7 +10,9 @@ Python's recursion limit).
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -19,14 +21,17 @@ import numpy as np
 from stepper.errors import StepperError
 
 MAX_DEPTH = 100  # arrays and objects inside one another (a fixture manifest: 5)
+MAX_BYTES = 64 << 20  # a config.json or an index: a few MB at most (DeepSeek-V3's index: 9 MB)
+MANIFEST_BYTES = 1 << 30  # a fixture manifest lists every tensor of every step: larger, still bounded
 STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')  # a JSON string, escapes included
 STEPS = bytes.maketrans(b"[{]}" + bytes(b for b in range(256) if b not in b"[{]}"), b"\x01\x01\xff\xff" + bytes(252))
 
 
-def read_json(path: Path, what: str = "") -> Any:
-    """The JSON value in a file; a missing, unreadable or unsound file is one StepperError."""
+def read_json(path: Path, what: str = "", limit: int = MAX_BYTES) -> Any:
+    """The JSON value in a file of at most `limit` bytes; a missing, unreadable, special (a FIFO, a
+    device) or unsound file is one StepperError."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_regular(path, limit, what).decode("utf-8")
     except FileNotFoundError:
         raise StepperError(f"{path}: no such file") from None
     except IsADirectoryError:
@@ -36,6 +41,25 @@ def read_json(path: Path, what: str = "") -> Any:
     except OSError as e:
         raise StepperError(f"{path}: cannot be read ({e.strerror})") from None
     return parse_json(text, str(path))
+
+
+def read_regular(path: Path, limit: int, what: str) -> bytes:
+    """A regular file's bytes, opened without waiting (a FIFO with no writer would block) and
+    refused before reading when it is something else or larger than `limit`."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError
+        if not stat.S_ISREG(st.st_mode):
+            raise StepperError(f"{path}: is not a regular file, expected {what or 'a JSON file'}")
+        if st.st_size > limit:
+            raise StepperError(f"{path}: {st.st_size:,} bytes, more than {what or 'a JSON file'} holds (at most "
+                               f"{limit >> 20} MiB)")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read(st.st_size + 1)  # (a buffer of the size asked for is made at once)
+    finally:
+        os.close(fd)
 
 
 def parse_json(text: str, where: str) -> Any:
