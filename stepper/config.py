@@ -325,6 +325,25 @@ def load_config(path: str | Path, read: Callable[[dict[str, Any], str], Any] = r
 # Parsing and validation
 
 
+MAX_SIZE = 1 << 24  # a width, a rank or a vocabulary: the largest published are under 2**19
+MAX_COUNT = 1 << 16  # layers, experts, heads, groups: the largest published are in the hundreds
+MAX_POSITIONS = 1 << 40
+LIMITS = {  # what a config.json's integer can be, so an absurd one is refused before it sizes any work
+    **dict.fromkeys(("num_hidden_layers", "num_layers", "num_nextn_predict_layers", "num_hash_layers",
+                     "n_routed_experts", "num_experts", "n_shared_experts", "num_shared_experts", "zero_expert_num",
+                     "num_experts_per_tok", "num_experts_per_token", "moe_topk", "n_group", "num_expert_group",
+                     "topk_group", "num_attention_heads", "num_key_value_heads", "num_heads", "index_n_heads",
+                     "hc_mult", "o_groups", "moe_layer_freq", "first_k_dense_replace"), MAX_COUNT),
+    **dict.fromkeys(("max_position_embeddings", "original_max_position_embeddings", "model_max_length"),
+                    MAX_POSITIONS),
+}
+
+
+def limit_of(field: str) -> int:
+    """The largest value a config.json's integer field can hold."""
+    return LIMITS.get(field, MAX_SIZE)
+
+
 class _Fields:
     """Typed access to a raw config dict; every error names the file and the field. A family that
     renames DeepSeek-V3's fields reads its translated dict with `spelled` (DeepSeek-V3's name ->
@@ -340,11 +359,15 @@ class _Fields:
         return StepperError(f"{self.source}: field '{self.spelled.get(field, field)}' {why}")
 
     def int(self, field: str, default: Any = ..., minimum: int = 1) -> int:
+        """An integer field, at least `minimum` and at most what such a field can be (LIMITS)."""
         value = self._get(field, default)
         if isinstance(value, bool) or not isinstance(value, int):
             raise self.fail(field, f"must be an integer, got {value!r}")
         if value < minimum:
             raise self.fail(field, f"must be >= {minimum}, got {value}")
+        limit = limit_of(field)
+        if value > limit:
+            raise self.fail(field, f"must be <= {limit:,}, got {value:,}")
         return value
 
     def optional_int(self, field: str) -> int | None:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stepper.config import Yarn, model_name
+from stepper.config import Yarn, limit_of, model_name
 from stepper.errors import StepperError
 from stepper.model.compressed_attention import AttentionDims
 from stepper.model.v4_attention_cache import cost_line
@@ -204,6 +204,8 @@ class _Fields:
             raise self.fail(field, f"must be an integer, got {_short(value)}")
         if value < minimum:
             raise self.fail(field, f"must be >= {minimum}, got {value}")
+        if value > limit_of(field):
+            raise self.fail(field, f"must be <= {limit_of(field):,}, got {value:,}")
         return value
 
     def float(self, field: str, default: Any = ...) -> float:
@@ -351,6 +353,9 @@ def _check_relations(cfg: V4Config, f: _Fields) -> None:
     if cfg.num_hash_layers > cfg.num_hidden_layers:
         raise f.fail("num_hash_layers", f"({cfg.num_hash_layers}) must not exceed num_hidden_layers "
                      f"({cfg.num_hidden_layers})")
+    if cfg.sliding_window > cfg.max_position_embeddings:
+        raise f.fail("sliding_window", f"({cfg.sliding_window:,}) must not exceed max_position_embeddings "
+                     f"({cfg.max_position_embeddings:,}): the window's cache is that many positions")
     if cfg.hc_mult > MAX_HC_MULT:
         raise f.fail("hc_mult", f"must be at most {MAX_HC_MULT} streams, got {cfg.hc_mult}")
     if cfg.hc_sinkhorn_iters > MAX_SINKHORN_ITERS:

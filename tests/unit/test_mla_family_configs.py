@@ -13,7 +13,7 @@ from helpers.cli import stepper
 from helpers.configs import family_preset
 
 from stepper import families
-from stepper.config import Config
+from stepper.config import MAX_COUNT, Config
 from stepper.errors import StepperError
 from stepper.model import Transformer
 from stepper.presets import PRESETS
@@ -217,14 +217,16 @@ def test_the_cli_refuses_a_field_naming_it_as_the_family_spells_it(tmp_path, nam
     assert len(re.findall("field '", result.stderr)) == 1, result.stderr
 
 
-@pytest.mark.parametrize("name, fields, named", [
-    ("tiny-axk2", {"mlp_layer_types": ["dense", "sparse", "sparse"]}, "mlp_layer_types"),
-    ("tiny-glm5", {"mlp_layer_types": ["dense", "sparse", "sparse"]}, "indexer_types"),  # 3 for 10^12 layers
-    ("glm-5", {}, "num_hidden_layers"),  # no indexer_types: one kind per layer would be listed
+@pytest.mark.parametrize("name, fields, layers, named", [
+    ("tiny-axk2", {"mlp_layer_types": ["dense", "sparse", "sparse"]}, MAX_COUNT, "mlp_layer_types"),
+    ("tiny-glm5", {"mlp_layer_types": ["dense", "sparse", "sparse"]}, MAX_COUNT, "indexer_types"),  # 3 for 65536
+    ("tiny-axk2", {}, 10**12, "num_hidden_layers"),  # more layers than a config can have
+    ("glm-5", {}, 10**12, "num_hidden_layers"),
 ])
-def test_a_huge_layer_count_is_refused_without_listing_its_layers(name, fields, named):
-    """The per-layer lists (mlp_layer_types, indexer_types) are compared by length first: a config
-    of 10^12 layers is refused in a moment, never a list of 10^12 entries built."""
-    raw = {**PRESETS[name], **fields, "num_hidden_layers": 10**12}
+def test_a_huge_layer_count_is_refused_without_listing_its_layers(name, fields, layers, named):
+    """The per-layer lists (mlp_layer_types, indexer_types) are compared by length first, and the
+    count itself has a bound: a config of 10^12 layers is refused in a moment, never a list of
+    10^12 entries built."""
+    raw = {**PRESETS[name], **fields, "num_hidden_layers": layers}
     assert f"field '{named}'" in refusal(raw)
     assert read({**raw, "mlp_layer_types": None, "num_hidden_layers": 3}).num_hidden_layers == 3

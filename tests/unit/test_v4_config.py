@@ -78,7 +78,10 @@ def broken(**changes) -> dict:
      "field 'quantization_config.scale_fmt' must be 'ue8m0'"),
     ({"model_type": "deepseek_v3"}, "field 'model_type' must be 'deepseek_v4'"),
     ({"n_group": 8}, "field 'n_group' must be 1"),
-    ({"hc_sinkhorn_iters": 10**9}, "field 'hc_sinkhorn_iters' must be at most 1000, got 1000000000"),
+    ({"sliding_window": 10**7}, ("field 'sliding_window' (10,000,000) must not exceed max_position_embeddings "
+                                 "(4,096): the window's cache is that many positions")),
+    ({"hc_sinkhorn_iters": 10**6}, "field 'hc_sinkhorn_iters' must be at most 1000, got 1000000"),
+    ({"hc_sinkhorn_iters": 10**9}, "field 'hc_sinkhorn_iters' must be <= 16,777,216, got 1,000,000,000"),
     ({"rope_scaling": {"type": "yarn", "factor": 0.5, "original_max_position_embeddings": 256}},
      "field 'rope_scaling.factor' must be >= 1, got 0.5"),
 ])

@@ -1,0 +1,38 @@
+"""Every integer of a config.json has a bound, so an absurd one (10^9 experts, layers or vocabulary
+entries) is refused in one line naming the field, before it sizes any work: never a list of 10^9
+expert names built, nor a loop over 10^9 layers (each of these took minutes and gigabytes)."""
+
+import json
+
+import pytest
+from helpers.cli import refused, stepper
+
+from stepper.config import MAX_COUNT, MAX_SIZE
+from stepper.presets import PRESETS, V4_PRESETS
+
+CASES = [
+    ("tiny", "n_routed_experts", MAX_COUNT), ("tiny", "num_hidden_layers", MAX_COUNT),
+    ("tiny", "vocab_size", MAX_SIZE), ("tiny", "hidden_size", MAX_SIZE),
+    ("tiny-kimi-linear", "num_experts", MAX_COUNT), ("tiny-kimi-linear", "num_hidden_layers", MAX_COUNT),
+    ("tiny-longcat", "n_routed_experts", MAX_COUNT), ("tiny-longcat", "num_layers", MAX_COUNT),
+    ("tiny-minicpm3", "vocab_size", MAX_SIZE), ("tiny-mistral4", "num_attention_heads", MAX_COUNT),
+    ("tiny-v4", "n_routed_experts", MAX_COUNT), ("tiny-v4", "num_hidden_layers", MAX_COUNT),
+    ("tiny-v4", "vocab_size", MAX_SIZE),
+]
+
+
+@pytest.mark.parametrize("name, field, limit", CASES)
+def test_a_count_or_size_past_its_bound_is_refused_naming_the_field(tmp_path, name, field, limit):
+    raw = {**PRESETS.get(name, V4_PRESETS.get(name)), field: 10**9}
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    assert refused(stepper("run", "--model", tmp_path / "config.json")) == (
+        f"{tmp_path / 'config.json'}: field '{field}' must be <= {limit:,}, got 1,000,000,000")
+
+
+def test_the_bounds_are_far_above_every_published_model():
+    """The largest counts and sizes of the presets (the published configs) sit well inside the bounds."""
+    every = [*PRESETS.values(), *V4_PRESETS.values()]
+    counts = ("num_hidden_layers", "n_routed_experts", "num_experts", "num_attention_heads")
+    assert max(raw.get(k, 0) for raw in every for k in counts) * 64 < MAX_COUNT
+    sizes = ("vocab_size", "hidden_size", "intermediate_size")
+    assert max(raw.get(k, 0) for raw in every for k in sizes) * 16 < MAX_SIZE
