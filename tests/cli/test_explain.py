@@ -10,7 +10,8 @@ from helpers.cli import stepper
 from rich.console import Console
 
 from stepper import catalog
-from stepper.presets import preset
+from stepper.presets import PRESETS, V4_PRESETS, preset
+from stepper.session import preset_config
 from stepper.views.explain import explain_text
 from stepper.views.tree import layer_tree
 
@@ -102,3 +103,19 @@ def test_tree_describes_q_without_another_models_sizes():
     assert "self_attn.q [B, 4 heads, T, 48 q/k head dims] Per-head queries: q_b_proj output viewed as " \
            "[B, T, H, qk_head]" in out
     assert "64-dim" not in out and "192]" not in out
+
+
+
+def test_every_entry_of_each_familys_catalogue_is_explained_with_its_dims_defined():
+    """`e` at any stop and `stepper explain NAME`: every entry the catalogue of each tiny preset
+    searches renders, each of its dims defined there (DeepSeek-V4's indexer once named dims only the
+    V3.2 indexer's part defined, and `e` ended the session with a KeyError)."""
+    for model in [m for m in [*PRESETS, *V4_PRESETS] if m.startswith("tiny")]:
+        cfg = preset_config(model)
+        cat = catalog.around(cfg)
+        for entry in cat.raw["tensors"]:
+            undefined = [s for s in entry["dims"] if s not in cat.raw["dims"]]
+            assert not undefined, (model, entry["name"], undefined)
+            assert entry["name"] in printed([explain_text(cat, entry, cfg)])
+    out = stepper("explain", "attn.indexer.q", "--model", "tiny-v4-indexer")
+    assert out.returncode == 0 and "Hi (index heads = 8)" in out.stdout, out.stderr
