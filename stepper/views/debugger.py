@@ -301,7 +301,16 @@ class Debugger:
         print_fitted(self.console, f"{event.name}{index or ''}  [{shape}]  {np.asarray(array).dtype}", style="bold")
         text = np.array2string(np.asarray(array), precision=digits, max_line_width=max(40, self.console.width),
                                threshold=256, edgeitems=4, floatmode="fixed" if digits is not None else "maxprec")
+        lines = text.split("\n")
+        if len(lines) > PRINTED_LINES:  # NumPy elides only axes longer than 8: a [1, 4, 7, 32, 32] is 500 lines
+            text = "\n".join(lines[:PRINTED_LINES])
         self.console.print(text, highlight=False, soft_wrap=True)
+        if len(lines) > PRINTED_LINES:
+            leading = ", ".join(["0"] * max(1, np.ndim(array) - 2))
+            print_fitted(self.console, Text(f"... {len(lines) - PRINTED_LINES} more lines: print a slice, e.g. "
+                                            f"p {target}[{leading}]" if index is None else
+                                            f"... {len(lines) - PRINTED_LINES} more lines: print a smaller slice",
+                                            style="dim"))
         if self.tokens is not None:
             self.print_tokens(event, index)
 
@@ -349,7 +358,9 @@ class Debugger:
 
     def cmd_history(self, arg: str) -> None:
         events = list(self.history.values())
-        count = int(arg) if arg.isdigit() else 20
+        if arg and not arg.isdigit():
+            raise StepperError(f"h {arg}: h N lists the latest N tensors (h alone: 20), e.g. h 50")
+        count = int(arg) if arg else 20
         for event in events[-count:]:
             self.console.print(f"  {event.name}  {list(event.array.shape)}", highlight=False)
         if len(events) > count:
@@ -641,11 +652,19 @@ def passed(n: int) -> str:
 # Helpers that read like the commands they serve
 
 
+MAX_DIGITS = 16  # past float64's; a float32 holds about 9
+PRINTED_LINES = 60  # the most of an array `p` prints; a slice shows the rest
+
+
 def split_digits(arg: str) -> tuple[str, int | None]:
-    """'k_pe[0, :4] 6' -> ('k_pe[0, :4]', 6): a trailing integer after the closing bracket is the precision."""
+    """'k_pe[0, :4] 6' -> ('k_pe[0, :4]', 6): a trailing integer after the closing bracket is the
+    number of digits shown, 0 to MAX_DIGITS."""
     head, _, tail = arg.rpartition(" ")
-    if head and tail.isdigit() and (head.rstrip().endswith("]") or "[" not in head):
-        return head.strip(), int(tail)
+    if head and tail.lstrip("-").isdigit() and (head.rstrip().endswith("]") or "[" not in head):
+        digits = int(tail) if len(tail) <= 3 else MAX_DIGITS + 1
+        if not 0 <= digits <= MAX_DIGITS:
+            raise StepperError(f"p NAME DIGITS: digits after the point must be 0 to {MAX_DIGITS}, got {tail}")
+        return head.strip(), digits
     return arg.strip(), None
 
 
@@ -660,15 +679,24 @@ def split_index(text: str) -> tuple[str, str | None]:
 
 
 def take(array: np.ndarray, index: str | None) -> np.ndarray:
-    """array[index] for a NumPy-style index written as text, parsed safely (ints, slices, ...)."""
+    """array[index] for a NumPy-style index written as text, parsed safely (ints, slices, ...);
+    brackets in a row (`[0][1:3]`) each taken in turn, as NumPy takes them."""
     if index is None:
         return array
+    shape = list(array.shape)
     try:
         node = ast.parse("x" + index, mode="eval").body
-        key = _index_value(node.slice)
-        return array[key]
+        keys = []
+        while isinstance(node, ast.Subscript):
+            keys.insert(0, _index_value(node.slice))
+            node = node.value
+        if not (isinstance(node, ast.Name) and keys):
+            raise ValueError("expected NAME[i, a:b, ...]")
+        for key in keys:
+            array = array[key]
+        return array
     except (SyntaxError, ValueError, IndexError, TypeError) as e:
-        raise StepperError(f"bad slice {index} for shape {list(array.shape)}: {e}") from None
+        raise StepperError(f"bad slice {index} for shape {shape}: {e}") from None
 
 
 def _index_value(node: ast.AST) -> Any:

@@ -69,6 +69,37 @@ def test_print_slices_show_the_right_values(tensors):
     np.testing.assert_allclose(printed, expected.ravel(), atol=1e-5)
 
 
+def test_brackets_in_a_row_are_taken_in_turn_as_numpy_takes_them(tensors):
+    """`p embed[0][1][:3]` is embed[0][1][:3], not embed[:3] under that label; an index out of
+    range names the tensor's shape; a slice of a slice works in x too."""
+    out = step("--until", "layers.1.self_attn.k_pe",
+               commands="p embed[0][1][:3] 6\np embed[0][9]\nx k_pe[0][0] kv_a[0][:, 128:]\nq\n").stdout
+    expected = tensors["embed"][0][1][:3]
+    line = out.splitlines()[out.splitlines().index("embed[0][1][:3]  [3]  float32") + 1]
+    assert line == "[" + " ".join(f"{v:.6f}" for v in expected) + "]"
+    assert "bad slice [0][9] for shape [1, 7, 320]: index 9 is out of bounds for axis 0 with size 7" in out
+    assert f"max |a - b| = 0 · max |b| = {np.abs(tensors['layers.1.self_attn.k_pe']).max():.4g}" in out
+
+
+def test_digits_and_history_counts_out_of_range_are_refused_and_the_session_goes_on():
+    out = step(commands="p embed[0,0,:1] 100000\np embed 99999999999999999999\np embed[0, 0, :3] -1\nh -1\n"
+                        "h x\np embed[0, 0, :2] 16\nq\n")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("p NAME DIGITS: digits after the point must be 0 to 16, got ") == 3
+    assert out.stdout.count("h N lists the latest N tensors (h alone: 20), e.g. h 50") == 2
+    assert "embed[0, 0, :2]  [2]  float32" in out.stdout
+
+
+def test_a_large_tensor_prints_its_first_lines_and_how_to_see_the_rest():
+    """NumPy elides only axes longer than 8: Kimi Linear's [1, 4, 7, 32, 32] state per token would
+    be about 500 lines; p prints 60 and names a slice."""
+    out = step("--model", "tiny-kimi-linear", "--until", "state_per_token", commands="p state_per_token\nq\n").stdout
+    block = out[out.index("layers.0.self_attn.state_per_token  [1x4x7x32x32]"):].splitlines()
+    ends = next(i for i, line in enumerate(block) if line.startswith("... "))
+    assert ends == 61 and re.fullmatch(r"\.\.\. \d+ more lines: print a slice, e\.g\. p state_per_token\[0, 0, 0\]",
+                                       block[ends])
+
+
 def test_history_keeps_earlier_tensors_inspectable(tensors):
     out = step("--until", "layers.2.output", commands="p layers.0.self_attn.q_pe[0,1,2,0] 6\nh 3\nq\n").stdout
     assert f"{tensors['layers.0.self_attn.q_pe'][0, 1, 2, 0]:.6f}" in out
