@@ -34,6 +34,7 @@ from stepper.views.debugger import (
     passed,
     print_help_line,
 )
+from stepper.views.sinks import titled_rule
 
 ANSWER_PROMPT = "your prediction> "
 LESSON_HELP = "Enter: next stop · n: next tensor · p NAME[i] · e explain · s {pictures} · w where · q quit"
@@ -93,7 +94,7 @@ class LessonDebugger(Debugger):
             self.skipped = 0
         ctx = self.context()
         n = len(self.lesson.steps)
-        self.console.rule(f"step {self.step_index}/{n} · {self.breadcrumb(event)}", style="magenta", align="left")
+        titled_rule(self.console, f"step {self.step_index}/{n} · {self.breadcrumb(event)}", "magenta")
         self.say(step.text, ctx)
         for pred in step.predict:
             self.predict(pred, ctx, event.key)
@@ -179,7 +180,7 @@ def walk(lesson: Lesson, console: Console, source: CommandSource, planned: RunPl
     planned = planned or planned_run(lesson)
     plan = planned.plan
     debugger = LessonDebugger(console, plan.config, source, plan.weights, lesson=lesson, plan=plan, tokens=plan.tokens)
-    console.rule(f"lesson {lesson.number} · {shown(lesson.title)}", style="bold", align="left")
+    titled_rule(console, f"lesson {lesson.number} · {shown(lesson.title)}", "bold")
     say(console, lesson.intro, Context(plan))
     try:
         result = planned.execute([debugger])
@@ -191,7 +192,7 @@ def walk(lesson: Lesson, console: Console, source: CommandSource, planned: RunPl
         missing = lesson.steps[debugger.step_index].stop
         raise StepperError(f"{lesson.folder / LESSON_FILE}: step {debugger.step_index + 1} stops at '{missing}', "
                            "which the run never emitted (or not in this order)")
-    console.rule("end of the run", style="magenta", align="left")
+    titled_rule(console, "end of the run", "magenta")
     say(console, lesson.outro, Context(plan, debugger.context().tensors, result))
     outcome = walked(debugger, True)
     console.print(f"predictions: {outcome.score}", style="bold")

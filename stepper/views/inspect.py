@@ -33,7 +33,7 @@ from stepper.errors import StepperError
 from stepper.session import config_problem, open_checkpoint
 from stepper.untrusted import shown
 from stepper.views import summary
-from stepper.views.sinks import line_width, print_fitted, wrap_fields
+from stepper.views.sinks import line_width, print_fitted, titled_rule, wrap_fields
 from stepper.views.summary import Stats
 from stepper.weights import remote
 from stepper.weights.audit import audit
@@ -572,7 +572,7 @@ def render(console: Console, source: Source, groups: list[Group], matched: list[
     widths = [max(len(cells[i]) for cells in every if len(cells) > i) for i in range(max(map(len, every), default=0))]
     for g, per_row, group_cells in zip(groups, shard_per_row, table):
         title = f"{g.heading} · {next(iter(g.shards()))}" if several and not per_row else g.heading
-        group_heading(console, shown(title))
+        titled_rule(console, shown(title))
         for r, cells in zip(g.rows, group_cells):
             console.print(row_text(r, cells, widths, stats, line_width(console)), soft_wrap=True)
     print_fitted(console, Text(footer(matched, total, stats, len(problems)), style="dim"))
@@ -582,15 +582,6 @@ def render(console: Console, source: Source, groups: list[Group], matched: list[
         print_fitted(console, Text(problem_heading(problems), style="bold red"))
         for p in problems:
             print_fitted(console, Text(f"  ! {shown(p.text)}", style="red"))
-
-
-def group_heading(console: Console, title: str) -> None:
-    """A group's title in a rule, or on a terminal too narrow for it, on lines of its own."""
-    width = line_width(console)
-    if width is not None and len(title) + 4 > width:
-        print_fitted(console, Text(title, style="bold"))
-    else:
-        console.rule(Text(title), style="dim", align="left")
 
 
 def problem_heading(problems: list[Problem]) -> str:

@@ -179,6 +179,15 @@ def print_fitted(console: Console, text: Text | str, indent: int = 4, style: str
             console.print(part, soft_wrap=True)
 
 
+def titled_rule(console: Console, title: str, style: str = "dim") -> None:
+    """A title in a rule (`style` the rule's); where the rule would cut the title short (a narrow
+    terminal, or 80 columns through a pipe), the title alone, whole, on lines of its own."""
+    if Text(title).cell_len + 4 > console.width:
+        print_fitted(console, Text(title, style="bold"))
+    else:
+        console.rule(Text(title), style=style, align="left")
+
+
 def fitted(line: Text, width: int, indent: int) -> list[Text]:
     """A line broken at spaces into lines of at most `width` cells, all but the first `indent`
     spaces further in than the line's own leading spaces."""

@@ -127,6 +127,9 @@ def test_inspect_folds_the_multi_token_prediction_blocks_experts_as_a_layers(syn
     rows = {line.split()[0]: line.split()[1:] for line in out.stdout.splitlines() if line.startswith("  ")}
     assert rows["mtp.0.ffn.experts.{0..15}.w1.weight"][:7] == ["FP4", "[32,", "64]", "x16", "17.0", "KiB", "groups"]
     assert rows["ffn.experts.{0..15}.w2.weight"][:4] == ["FP4", "[64,", "32]", "x16"]
+    # through a pipe a heading too long for an 80-column rule is printed whole
+    assert "layer 1 (CSA: 4 tokens an entry, indexer; hash-routed) · model-00003-of-00007.safetensors" in (
+        out.stdout.splitlines())
     assert not [name for name in rows if re.search(r"experts\.\d", name)]
     assert "mtp.0.ffn.shared_experts.w1.weight" in rows
 

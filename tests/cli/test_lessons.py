@@ -714,3 +714,18 @@ def test_a_lesson_on_another_model_plans_its_run_once(tmp_path, monkeypatch):
     out = stepper("lesson", "start", "rmsnorm", "--model", "tiny-v3", "--workspace", "ws", "--plain", stdin="q\n")
     assert out.exit_code == 0, out.stdout + out.stderr
     assert "quit at step" in out.stdout and plans == ["tiny-v3"]
+
+
+def test_a_step_heading_too_long_for_80_columns_is_whole_on_a_terminal_and_through_a_pipe(tmp_path):
+    """The step's heading names the tensor about to be predicted: a rule would cut it short
+    (`› compressed attention › sin…`), so a heading too long for one is printed whole instead."""
+    from tests.helpers.terminal import on_terminal
+
+    heading = "step 1/6 · layer 0 (sliding window, hash-routed) › compressed attention › sink_mass"
+    screen = on_terminal("lesson", "start", "compressed-attention", "--workspace", tmp_path / "ws", columns=80,
+                         env={"STEPPER_DATA_DIR": str(tmp_path / "data")})
+    at = next(i for i, line in enumerate(screen.lines) if line.startswith("step 1/6"))
+    assert " ".join(line.strip() for line in screen.lines[at:at + 2]) == heading
+    assert all(len(line) <= 80 for line in screen.lines) and "…" not in screen.lines[at]
+    piped = stepper("lesson", "start", "compressed-attention", "--workspace", str(tmp_path / "ws2"), "--plain")
+    assert heading in piped.stdout.splitlines()
