@@ -392,7 +392,7 @@ class Debugger:
             whose = "DeepSeek-V4" if self.v4 else "this model"
             listed = ", ".join(f"s {word}" + (f" ({PICTURE_HINTS[word]})" if word in PICTURE_HINTS else "")
                                for word in own)
-            raise StepperError(f"s {what} draws {FAMILY_PICTURES[what]}, which {whose} has not: "
+            raise StepperError(f"s {what} draws {FAMILY_PICTURES[what]}, a tensor {whose} does not emit: "
                                f"its pictures are {listed}")
         pictures_[what](name.strip())
 
@@ -428,6 +428,9 @@ class Debugger:
             raise StepperError("s attention draws this layer's attention weights beside the indexer's choice; "
                                "they come after the indexer: u attn_weights, then s attention")
         event = self.resolve(name or "self_attn.attn_weights")
+        if event.key != "self_attn.attn_weights":
+            raise StepperError(f"s attention draws attention weights (self_attn.attn_weights, each row summing to "
+                               f"1), not {event.name}: s hist {name} draws any tensor's values")
         print_picture(self.console, pictures.attention_heatmap(event.array, title=event.name,
                                                                token_labels=key_labels(self.tokens, event.array)))
         mask = self.history.get(event.name.replace("self_attn.attn_weights", "self_attn.indexer.mask"))
@@ -439,6 +442,9 @@ class Debugger:
         if not self._seen(idx.name.replace("topk_idx", "topk_weight")):
             raise StepperError(f"s routing draws {idx.name} with its topk_weight, which comes next: n, then s routing")
         weight = self.resolve(idx.name.replace("topk_idx", "topk_weight"))
+        later = (f" (the latest router seen; {self.current.phase}'s comes later in its step)"
+                 if not name and self.current is not None and self.current.phase != idx.phase else "")
+        print_fitted(self.console, Text(f"{idx.name} · {weight.key}{later}", style="bold"))
         rows = token_rows(self.tokens, idx.phase, len(idx.array))
         print_picture(self.console, pictures.routing_map(idx.array, weight.array, self.cfg.router_experts, rows,
                                                               self.cfg.zero_experts))

@@ -156,6 +156,18 @@ def test_pictures_in_step():
     assert "head 0" in out and "[2, 3]" in out
 
 
+def test_routing_names_the_router_it_draws_and_attention_draws_only_attention_weights():
+    """In a decode step before its router, s routing draws the prefill's and says so; s attention
+    of a tensor that is not attention weights is refused, pointing at s hist."""
+    out = step("--decode", "1", "--layers", "1:2", "--break", "decode0.*attn_weights",
+               commands="s routing\ns attention layers.1.self_attn.q_pe\nq\n").stdout
+    assert ("prefill.layers.1.mlp.gate.topk_idx · mlp.gate.topk_weight (the latest router seen; decode0's comes "
+            "later in its step)") in out.splitlines()
+    assert ("s attention draws attention weights (self_attn.attn_weights, each row summing to 1), not "
+            "decode0.layers.1.self_attn.q_pe: s hist layers.1.self_attn.q_pe draws any tensor's values") in out
+    assert "head 0" not in out
+
+
 def test_commands_file_and_end_of_input(tmp_path):
     script = tmp_path / "cmds.txt"
     script.write_text("b attn_weights\nc\n")
@@ -234,8 +246,9 @@ def test_the_debugger_lists_only_the_pictures_the_model_makes():
     assert out.returncode == 0 and "Traceback" not in out.stdout + out.stderr
     assert "s show attention|routing|hist|scales [NAME]" in out.stdout
     assert "show what? s attention | s routing | s hist [NAME] | s scales WEIGHT\n" in out.stdout
-    assert ("s hc draws how DeepSeek-V4's residual streams mix (hc_attn.comb), which this model has not: its "
+    assert ("s hc draws how DeepSeek-V4's residual streams mix (hc_attn.comb), a tensor this model does not emit: its "
             "pictures are s attention, s routing, s hist, s scales") in out.stdout
-    assert "s state draws Kimi Linear's delta-rule state (self_attn.state), which this model has not" in out.stdout
+    assert "s state draws Kimi Linear's delta-rule state (self_attn.state), a tensor this model does not emit" in (
+        out.stdout)
     kda = stepper("step", "--model", "tiny-kimi-linear", "--plain", stdin="s\nq\n")
     assert "show what? s attention | s routing | s hist [NAME] | s scales WEIGHT | s state [NAME]\n" in kda.stdout
