@@ -46,7 +46,7 @@ from stepper.views.sinks import (
     wrap_fields,
 )
 from stepper.views.summary import number
-from stepper.views.tree import BLOCKS, layer_kind
+from stepper.views.tree import BLOCKS, block_title, layer_kind
 from stepper.views.v4_pictures import V4Pictures
 from stepper.weights.names import layer_prefix
 from stepper.weights.source import WeightSource
@@ -217,7 +217,7 @@ class Debugger:
         else:
             parts.append(f"layer {event.layer} ({layer_kind(self.cfg, event.layer)})")
         entry = self.catalog.entry(event.key)
-        block = BLOCKS.get(entry["block"], entry["block"]) if entry else None
+        block = block_title(self.cfg, event.layer, entry["block"]) if entry else None
         if block and block != parts[-1]:
             parts.append(block)
         parts.append(event.key if block == BLOCKS["router"] else event.key.rpartition(".")[2])
@@ -557,7 +557,7 @@ class Debugger:
         fp8 = any(n.endswith("indexer.q_rotated") for n in self.names or ())  # the run scores its indexer in FP8
         attn = "absorb" if "q_nope_absorbed" in str(seen) else "naive"
         for entry in self.catalog.layer_sequence(self.cfg, event.layer, attn, "fp8" if fp8 else "exact"):
-            block = BLOCKS.get(entry["block"], entry["block"])
+            block = block_title(self.cfg, event.layer, entry["block"])
             if block != current:  # consecutive tensors of one block share a branch, in execution order
                 branch, current = root.add(block), block
             key = entry["name"]

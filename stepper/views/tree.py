@@ -24,6 +24,14 @@ BLOCKS = {
 }
 
 
+def block_title(cfg: Config, layer: int | None, block: str) -> str:
+    """A catalogue block's heading in a layer: the attention's output projection, shared with MLA,
+    is the delta attention's in a Kimi Linear KDA layer."""
+    if block == "attention" and layer is not None and getattr(cfg, "is_kda_layer", lambda i: False)(layer):
+        block = "kda"
+    return BLOCKS.get(block, block)
+
+
 def layer_kind(cfg: Config, layer: int) -> str:
     """What sets a layer's tensors apart: MoE or dense, or what the config's class says (a
     `layer_label(layer)` method: DeepSeek-V4's attention kind and routing)."""
@@ -39,7 +47,7 @@ def layer_tree(cat: catalog.Catalog, cfg: Config, layer: int, attn: str) -> Tree
     root = Tree(Text(f"{shown(cfg.name)}: {span} ({kind}){path}", style="bold"))
     branch, current = root, None
     for entry in cat.layer_sequence(cfg, layer, attn):
-        block = BLOCKS.get(entry["block"], entry["block"])
+        block = block_title(cfg, layer, entry["block"])
         if block != current:  # consecutive tensors of one block share a branch, in execution order
             branch, current = root.add(Text(block, style="magenta")), block
         dims = ", ".join(d if (size := cat.expected_size(d, cfg)) is None else f"{size} {cat.raw['dims'][d]['label']}"

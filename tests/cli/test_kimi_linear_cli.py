@@ -123,6 +123,14 @@ def test_the_tree_and_the_run_name_each_layers_attention():
         "tiny-kimi-linear: layer 3 (MLA, MoE), naive attention"]
     run = stepper("run", "--model", "tiny-kimi-linear", "--plain", "--only", "*output").stdout
     assert "layer 2 (KDA, MoE) ──" in run and "layer 3 (MLA, MoE) ──" in run
+    # a KDA layer's output projection (shared with MLA's catalogue) is under the delta attention
+    trees = tree.split("tiny-kimi-linear: ")
+    assert "latent attention" not in trees[1] and "latent attention" in trees[3]
+    stops = stepper("step", "--model", "tiny-kimi-linear", "--plain", "--break", "self_attn.o_proj",
+                    stdin="c\nc\nc\nq\n").stdout
+    assert [line for line in stops.splitlines() if " › o_proj" in line] == [
+        "layer 0 (KDA, dense) › delta attention › o_proj", "layer 1 (KDA, MoE) › delta attention › o_proj",
+        "layer 2 (KDA, MoE) › delta attention › o_proj", "layer 3 (MLA, MoE) › latent attention › o_proj"]
 
 
 def test_run_show_state_draws_a_kda_layers_state_as_the_debugger_does():
