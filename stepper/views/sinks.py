@@ -105,7 +105,7 @@ def stats_line(array: np.ndarray, width: int | None) -> Text:
     counts = bins.view(BINS)[0].tolist()
     fields = [Text.assemble((f"{label} ", "dim"), number(value)) for label, value in (
         ("min", st.min), ("max", st.max), ("mean", st.mean), ("std", st.std), ("absmax", st.absmax), ("sum", st.sum),
-    )]
+    )] if st.finite else [Text("no finite values", style="bold red")]  # not nan figures beside "nan 0"
     fields += [Text.assemble((f"{label} ", "dim"), (f"{value:,}", "bold red" if value else ""))
                for label, value in (("nan", st.nan), ("inf", st.inf))]
     fields.append(Text(summary.sparkline(counts), style="green"))

@@ -252,3 +252,9 @@ def test_the_debugger_lists_only_the_pictures_the_model_makes():
         out.stdout)
     kda = stepper("step", "--model", "tiny-kimi-linear", "--plain", stdin="s\nq\n")
     assert "show what? s attention | s routing | s hist [NAME] | s scales WEIGHT | s state [NAME]\n" in kda.stdout
+
+
+def test_a_tensor_with_no_finite_value_says_so_beside_its_counts():
+    out = step("--until", "layers.0.self_attn.attn_weights", commands="set attn_weights = 1e400\nq\n").stdout
+    assert "    no finite values  nan 0  inf 196" in [line.rstrip() for line in out.splitlines()]
+    assert "min nan" not in out
