@@ -115,7 +115,7 @@ def start_command(
 
     At a prediction: ? shows how to write the answer (1,280, 1.25 KiB, 0-4, 1x7x512), Enter shows
     the answer. At each stop: Enter or c goes on to the next stop, n to the next tensor, and the debugger's
-    commands work (p NAME[slice], e explain, s attention|routing|hist, w where, h history, q quit).
+    commands work (p NAME[slice], e explain, s PICTURE (the model's own: ? lists them), w where, h history, q quit).
     Predictions and commands are read from the terminal, or line by line from a pipe.
     """
     with user_errors():

@@ -26,8 +26,6 @@ from stepper.seams.trace import Event, Recorder
 from stepper.session import Plan
 from stepper.untrusted import shown
 from stepper.views.debugger import (
-    V4_MODEL_TYPE,
-    V4_PICTURE_WORDS,
     CommandSource,
     Debugger,
     Quit,
@@ -38,7 +36,6 @@ from stepper.views.sinks import titled_rule
 
 ANSWER_PROMPT = "your prediction> "
 LESSON_HELP = "Enter: next stop · n: next tensor · p NAME[i] · e explain · s {pictures} · w where · q quit"
-PICTURES_SHOWN = {V4_MODEL_TYPE: V4_PICTURE_WORDS}  # a family's own pictures at a stop (else MLA's)
 
 
 @dataclass
@@ -110,8 +107,7 @@ class LessonDebugger(Debugger):
                 super().execute(command)
             except StepperError as e:
                 self.error(e)
-        pictures = PICTURES_SHOWN.get(self.cfg.model_type, "attention|routing|hist")
-        print_help_line(self.console, LESSON_HELP.format(pictures=pictures))
+        print_help_line(self.console, LESSON_HELP.format(pictures=self.picture_words()))
 
     def predict(self, pred: Prediction, ctx: Context, stop_key: str) -> None:
         expected = expected_value(pred, ctx)

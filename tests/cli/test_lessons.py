@@ -729,3 +729,10 @@ def test_a_step_heading_too_long_for_80_columns_is_whole_on_a_terminal_and_throu
     assert all(len(line) <= 80 for line in screen.lines) and "…" not in screen.lines[at]
     piped = stepper("lesson", "start", "compressed-attention", "--workspace", str(tmp_path / "ws2"), "--plain")
     assert heading in piped.stdout.splitlines()
+
+
+def test_a_stops_footer_lists_the_pictures_of_the_lessons_model(tmp_path, monkeypatch):
+    """Lesson 12 walks Kimi Linear: its stops offer s state (the delta rule's state), as the debugger's do."""
+    monkeypatch.chdir(tmp_path)
+    out = stepper("lesson", "start", "delta-state", "--workspace", "ws", "--plain", stdin="\n" * 8 + "q\n")
+    assert "s attention|routing|hist|scales|state · w where · q quit" in flat(out.stdout)
