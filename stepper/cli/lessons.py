@@ -173,6 +173,8 @@ def check_command(
         progress = Progress()
         lesson, lessons = chosen(name, progress)
         path = file if file is not None else Workspace(workspace).existing(lesson)
+        if file is not None and not file.is_file():  # a file to fix is one that is there
+            raise StepperError(f"--file {shown(file)}: no such file")
         console = console_for(plain)
         passed = run_check(console, lesson, lessons, path, progress, record=file is None)
     raise typer.Exit(0 if passed else 1)

@@ -458,7 +458,7 @@ def check(lesson, path: Path) -> Report:
     path = Path(path)
     report = Report(path)
     try:
-        found = overrides.load(path)
+        found = overrides.load(path, tuple(lesson.exercise.functions))
     except StepperError as e:
         report.outcomes.append(Outcome(False, "the file does not load", [str(e)]))
         return report

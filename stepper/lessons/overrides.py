@@ -41,8 +41,9 @@ def reference(name: str) -> Callable:
 # Loading a learner's file
 
 
-def load(path: Path) -> dict[str, Callable]:
-    """The exercise functions a file defines (not those it imports), signatures checked."""
+def load(path: Path, wanted: tuple[str, ...] = ()) -> dict[str, Callable]:
+    """The exercise functions a file defines (not those it imports), signatures checked; a file
+    with none is refused naming the `wanted` ones (a lesson's), else every exercise's."""
     path = Path(path)
     if not path.is_file():
         raise StepperError(f"{path}: no such file")
@@ -54,7 +55,7 @@ def load(path: Path) -> dict[str, Callable]:
         if name in REFERENCES and inspect.isfunction(obj) and obj.__module__ == module.__name__
     }
     if not found:
-        raise StepperError(f"{path} defines none of the exercise functions ({', '.join(EXERCISES)})")
+        raise StepperError(f"{path} defines none of the exercise functions ({', '.join(wanted or EXERCISES)})")
     for name, func in found.items():
         check_signature(path, name, func)
     return found

@@ -736,3 +736,13 @@ def test_a_stops_footer_lists_the_pictures_of_the_lessons_model(tmp_path, monkey
     monkeypatch.chdir(tmp_path)
     out = stepper("lesson", "start", "delta-state", "--workspace", "ws", "--plain", stdin="\n" * 8 + "q\n")
     assert "s attention|routing|hist|scales|state · w where · q quit" in flat(out.stdout)
+
+
+def test_check_of_a_missing_file_is_a_usage_error_and_an_empty_one_names_the_lessons_function(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    missing = stepper("lesson", "check", "hyper-connections", "--file", str(tmp_path / "nowhere.py"), "--plain")
+    assert missing.exit_code == 2
+    assert missing.stderr == f"stepper: error: --file {tmp_path / 'nowhere.py'}: no such file\n"
+    (tmp_path / "empty.py").write_text("")
+    empty = stepper("lesson", "check", "hyper-connections", "--file", "empty.py", "--plain")
+    assert empty.exit_code == 1 and "empty.py defines none of the exercise functions (sinkhorn)" in empty.stdout
