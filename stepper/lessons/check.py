@@ -257,13 +257,16 @@ def index_score_calls() -> list[Call]:
 
 def gated_pool_calls() -> list[Call]:
     """One window of 2 slots and 2 channels: channel 0's gates 0 and ln 3 weigh its slots 1/4 and
-    3/4; channel 1's first gate is -inf (a slot before the first window): weight 0. Then a step
-    that closes no window."""
+    3/4; channel 1's first gate is -inf (a slot before the first window): weight 0. Gates of
+    1000 and 1001 (exp overflows unless the largest is taken off first). Then a step that
+    closes no window."""
     kv = np.array([[[[1.0, 10.0], [3.0, -2.0]]]], dtype=np.float32)  # [B=1, Wc=1, slots=2, Dc=2]
     gate = np.array([[[[0.0, -np.inf], [np.log(3.0), 0.0]]]], dtype=np.float32)
+    large = np.array([[[[1000.0, -1000.0], [1001.0, -1001.0]]]], dtype=np.float32)
     none = np.zeros((1, 0, 8, 4), dtype=np.float32)
     return [Call((kv, gate), {}, "one window of 2 slots and 2 channels, gates [[0, -inf], [ln 3, 0]] "
                                  "(slots_kv [1, 1, 2, 2], slots_gate [1, 1, 2, 2])"),
+            Call((kv, large), {}, "large gates [[1000, -1000], [1001, -1001]] (slots_kv [1, 1, 2, 2])"),
             Call((none, none), {}, "a step that closes no window (slots_kv [1, 0, 8, 4])")]
 
 

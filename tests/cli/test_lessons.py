@@ -746,3 +746,14 @@ def test_check_of_a_missing_file_is_a_usage_error_and_an_empty_one_names_the_les
     (tmp_path / "empty.py").write_text("")
     empty = stepper("lesson", "check", "hyper-connections", "--file", "empty.py", "--plain")
     assert empty.exit_code == 1 and "empty.py defines none of the exercise functions (sinkhorn)" in empty.stdout
+
+
+def test_a_gated_pool_that_overflows_on_large_gates_does_not_pass(tmp_path, monkeypatch):
+    """Lesson 14's hint says the max keeps exp from overflowing: its check has gates of 1000."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "naive.py").write_text("import numpy as np\n\n\ndef gated_pool(slots_kv, slots_gate):\n"
+                                       "    w = np.exp(slots_gate)\n    w = w / w.sum(axis=2, keepdims=True)\n"
+                                       "    return w, np.sum(slots_kv * w, axis=2)\n")
+    out = stepper("lesson", "check", "compressed-attention", "--file", "naive.py", "--plain")
+    assert out.exit_code == 1
+    assert "✗ gated_pool differs on large gates [[1000, -1000], [1001, -1001]]" in out.stdout
