@@ -89,6 +89,12 @@ class Checkpoint:
         return self.stored(name).as_float32(name)
 
     def get_rows(self, name: str, rows: np.ndarray) -> np.ndarray:
+        """Rows of a table (the embedding's, a token's each), the table checked as a run checks the
+        globals: a run of one layer reads it without them."""
+        shape = global_shapes(self.config).get(name)
+        problems = self._problems(name, shape) if shape is not None else []
+        if problems:
+            raise StepperError(f"{self.label}: {problems[0]}")
         stored = self.stored(name)
         if stored.dtype == "F8_E4M3":
             return stored.as_float32(name)[rows]

@@ -62,3 +62,4 @@ def test_a_config_larger_than_any_is_refused_from_its_size(checkpoint, tmp_path)
         f.truncate(jsonfile.MAX_BYTES + 1)
     assert refused(stepper("run", "--model", folder, "--layer", "1")) == (
         f"{folder / 'config.json'}: {jsonfile.MAX_BYTES + 1:,} bytes, more than a config.json holds (at most 64 MiB)")
+
