@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from typing import Annotated
 
+import numpy as np
 import typer
 
 from stepper.cli import bench, cache, checkpoint, diff, explain, run
@@ -28,7 +29,8 @@ def main() -> None:
     """Console entry point: usage errors become one line on stderr and exit code 2."""
     parallel.single_threaded_blas()  # stepper splits the big products across the cores itself
     try:
-        code = app(prog_name="stepper", standalone_mode=False)
+        with np.errstate(all="ignore"):  # what NaN or inf a run makes is in its figures (its first NaN named)
+            code = app(prog_name="stepper", standalone_mode=False)
     except typer.TyperException as e:  # typer's usage errors: bad or unknown options
         ctx = getattr(e, "ctx", None)
         if type(e).__name__ == "NoArgsIsHelpError" and ctx is not None:

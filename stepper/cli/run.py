@@ -22,6 +22,7 @@ from stepper.lessons import overrides
 from stepper.model.cache import cache_bytes_per_token
 from stepper.planning import RunPlan, plan_run
 from stepper.planning.memory import sizes, tiled_values
+from stepper.seams.first_nan import FirstNaN
 from stepper.seams.patching import parse_patch
 from stepper.seams.trace import Filter, Recorder, Sink
 from stepper.session import Plan, RunResult, RunSpec, step_attn
@@ -309,12 +310,14 @@ def run_command(
         if pictures:  # it sees every tensor: a routing map needs both of the router's choices
             sinks.append(picture_sink(console, plan, pictures, keep))
         sinks[:0] = patcher
-        agreement = IndexAgreement()
-        sinks += [agreement, bars]
+        agreement, nan = IndexAgreement(), FirstNaN()
+        sinks += [agreement, nan, bars]
         try:
             result = planned.execute(sinks)
         finally:
             bars.hide()
+        if nan.warning():
+            sys.stderr.write(f"stepper: warning: {nan.warning()}\n")
         if dump is not None:
             write_dump(dump, recorder, {"model": plan.config.name, "prompt": json.dumps(result.prompt),
                                         "start_pos": str(spec.start_pos), "generated": json.dumps(result.generated)},
