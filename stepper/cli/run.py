@@ -303,15 +303,16 @@ def run_command(
         bars.beside(console)
         rows = (JsonLines(sys.stdout, plan.config, bars.hide) if as_json
                 else TensorRows(console, plan.config, plan.tokens))
-        views: list[Sink] = [counter, rows]
+        nan = FirstNaN()  # of the tensors shown: looking at others would make them
+        views: list[Sink] = [counter, rows, nan]
         if dump is not None:
             views.append(recorder)
         sinks: list[Sink] = [Filter(lambda e: keep(e.name), views)] if only else views
         if pictures:  # it sees every tensor: a routing map needs both of the router's choices
             sinks.append(picture_sink(console, plan, pictures, keep))
         sinks[:0] = patcher
-        agreement, nan = IndexAgreement(), FirstNaN()
-        sinks += [agreement, nan, bars]
+        agreement = IndexAgreement()
+        sinks += [agreement, bars]
         try:
             result = planned.execute(sinks)
         finally:

@@ -1,8 +1,8 @@
 """The first tensor of a run that holds a NaN: where a port's or a checkpoint's trouble begins.
 
 A NaN is never what a sound run makes (a masked score is -inf, its weight 0), so the first tensor
-holding one names the step to look at.
-Tensors made a tile at a time (a long prompt's attention) are not read for it.
+holding one names the step to look at. It watches the tensors a run shows or keeps (watching
+others would make them), and does not read those made a tile at a time (a long prompt's attention).
 """
 
 from __future__ import annotations
@@ -32,5 +32,5 @@ class FirstNaN:
         """One line naming the first NaN, or None when the run made none."""
         if self.name is None:
             return None
-        return (f"the first NaN of this run is in {self.name} ({self.count:,} of {self.size:,} values): `stepper "
+        return (f"the first tensor shown with a NaN is {self.name} ({self.count:,} of {self.size:,} values): `stepper "
                 f"step` with this run's options and --until {self.name} shows what it was made from")

@@ -13,10 +13,12 @@ def test_the_first_nan_is_named_once_and_numpy_says_nothing():
     out = stepper("run", "--layers", "0:2", "--only", "*output", "--patch", "layers.0.input_layernorm=x*inf",
                   "--plain")
     assert out.returncode == 0
-    assert out.stderr == ("stepper: warning: the first NaN of this run is in layers.0.self_attn.q_a (1,344 of 1,344 "
-                          "values): `stepper step` with this run's options and --until layers.0.self_attn.q_a shows "
-                          "what it was made from\n")
-    assert "nan 2,240" in out.stdout  # layers.0.output: every value of 7 x 320
+    assert out.stderr == ("stepper: warning: the first tensor shown with a NaN is layers.0.self_attn.attn_output "
+                          "(896 of 896 values): `stepper step` with this run's options and --until "
+                          "layers.0.self_attn.attn_output shows what it was made from\n")
+    every = stepper("run", "--layers", "0:2", "--patch", "layers.0.input_layernorm=x*inf", "--plain")
+    assert every.stderr.startswith("stepper: warning: the first tensor shown with a NaN is layers.0.self_attn.q_a "
+                                   "(1,344 of 1,344 values)") and every.stderr.count("\n") == 1
     clean = stepper("run", "--layers", "0:2", "--plain")
     assert clean.returncode == 0 and clean.stderr == ""
 
@@ -31,5 +33,5 @@ def test_a_fixture_of_a_checkpoint_whose_weight_holds_a_nan_code_is_refused(tmp_
     data[8 + length + first] = 0x7F  # an e4m3fn NaN code
     shard.write_bytes(bytes(data))
     line = refused(stepper("fixtures", "export", tmp_path / "fx", "--model", folder, "--layer", "1"))
-    assert line.startswith("no fixture written: the first NaN of this run is in layers.1.self_attn.q_a (")
+    assert line.startswith("no fixture written: the first tensor shown with a NaN is layers.1.self_attn.q_a (")
     assert not (tmp_path / "fx").exists()
