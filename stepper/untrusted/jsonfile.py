@@ -10,7 +10,6 @@ Python's recursion limit).
 from __future__ import annotations
 
 import json
-import os
 import re
 import stat
 from pathlib import Path
@@ -44,22 +43,18 @@ def read_json(path: Path, what: str = "", limit: int = MAX_BYTES) -> Any:
 
 
 def read_regular(path: Path, limit: int, what: str) -> bytes:
-    """A regular file's bytes, opened without waiting (a FIFO with no writer would block) and
-    refused before reading when it is something else or larger than `limit`."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    try:
-        st = os.fstat(fd)
-        if stat.S_ISDIR(st.st_mode):
-            raise IsADirectoryError
-        if not stat.S_ISREG(st.st_mode):
-            raise StepperError(f"{path}: is not a regular file, expected {what or 'a JSON file'}")
-        if st.st_size > limit:
-            raise StepperError(f"{path}: {st.st_size:,} bytes, more than {what or 'a JSON file'} holds (at most "
-                               f"{limit >> 20} MiB)")
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            return f.read(st.st_size + 1)  # (a buffer of the size asked for is made at once)
-    finally:
-        os.close(fd)
+    """A regular file's bytes, refused from its metadata, before it is opened (opening a FIFO with no
+    writer would wait forever), when it is something else or larger than `limit`."""
+    st = path.stat()
+    if stat.S_ISDIR(st.st_mode):
+        raise IsADirectoryError
+    if not stat.S_ISREG(st.st_mode):
+        raise StepperError(f"{path}: is not a regular file, expected {what or 'a JSON file'}")
+    if st.st_size > limit:
+        raise StepperError(f"{path}: {st.st_size:,} bytes, more than {what or 'a JSON file'} holds (at most "
+                           f"{limit >> 20} MiB)")
+    with path.open("rb") as f:
+        return f.read(st.st_size + 1)  # (a buffer of the size asked for is made at once)
 
 
 def parse_json(text: str, where: str) -> Any:

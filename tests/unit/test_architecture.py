@@ -28,6 +28,7 @@ BELOW_EVERYTHING: dict[str, set[str]] = {
     "seams": set(),  # the room's __init__: its docstring only
     "seams.swap": set(),
     "seams.trace": {"tensors.tensor", "errors"},
+    "seams.first_nan": {"seams.trace", "tensors.tensor"},  # a sink: the first tensor shown holding a NaN
     "tensors": set(),  # the room's __init__: its docstring only
     "tensors.tensor": {"tensors.statistics"},  # what a tensor of a run is: an array, or a LazyTensor made when read
     "tensors.tiled": {"tensors.tensor"},
