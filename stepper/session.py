@@ -259,9 +259,12 @@ def read_input(path: Path, layer: int, cfg: Config) -> np.ndarray:
             raise StepperError(f"{path}: no tensor named {wanted[0]} (found {len(names)} tensors)")
         array = np.array(f.get(name), dtype=np.float32)
     expected = families.family_for(cfg).stream(cfg)
+    shape = ", ".join(str(e) if e is not None else "BT"[i] for i, e in enumerate(expected))  # None: B or T
     if array.ndim != len(expected) or any(e is not None and e != n for e, n in zip(expected, array.shape)):
-        shape = ", ".join(str(e) if e is not None else "BT"[i] for i, e in enumerate(expected))  # None: B or T
         raise StepperError(f"{path}: tensor '{name}' has shape {list(array.shape)}, expected [{shape}]")
+    if array.shape[1] == 0:
+        raise StepperError(f"{path}: tensor '{name}' has shape {list(array.shape)}, expected [{shape}] with at "
+                           "least one position (T)")
     return array
 
 

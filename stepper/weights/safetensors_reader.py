@@ -271,6 +271,15 @@ def file_identity(st: os.stat_result) -> tuple[int, int, int, int]:
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
+MAGIC = {b"\x93NUMPY": "a NumPy .npy file", b"PK\x03\x04": "a zip archive (NumPy's .npz or a PyTorch checkpoint)",
+         b"GGUF": "a GGUF file"}
+
+
+def other_format(first: bytes) -> str:
+    """What a file is instead of safetensors, by its first bytes ('' when unknown)."""
+    return next((name for magic, name in MAGIC.items() if first.startswith(magic)), "")
+
+
 def _read_header_bytes(path: Path) -> tuple[tuple[int, ...], int, bytes]:
     """The file's identity, its size and its N header bytes; N is checked before anything is read."""
     with _open(path) as f:
@@ -278,7 +287,10 @@ def _read_header_bytes(path: Path) -> tuple[tuple[int, ...], int, bytes]:
         size = st.st_size
         if size < 8:
             raise StepperError(f"{path}: {size} bytes, too short for a safetensors file (at least 8 expected)")
-        n = int.from_bytes(_read_exactly(f, 8), "little")
+        first = _read_exactly(f, 8)
+        n = int.from_bytes(first, "little")
+        if n > MAX_HEADER_BYTES and (what := other_format(first)):
+            raise StepperError(f"{path}: {what}, not a safetensors file")
         if n > MAX_HEADER_BYTES:
             raise StepperError(f"{path}: header length {n} is over the {MAX_HEADER_BYTES}-byte limit")
         if n > size - 8:

@@ -1,5 +1,5 @@
-"""A run of one layer on the prompt's tokens reads the embedding's rows, which the check of the
-layer's own weights does not cover."""
+"""A run of one layer: on the prompt's tokens it reads the embedding's rows, which the check of the
+layer's own weights does not cover; on an --input file, that file's one tensor."""
 
 import json
 
@@ -19,3 +19,22 @@ def test_a_lone_layer_run_checks_the_embedding_it_reads(tmp_path, model):
     line = refused(stepper("run", "--model", folder, "--layer", "1", "--plain"))
     assert line.startswith(f"{folder}: model-00001-of-") and line.endswith(
         f"'model.embed_tokens.weight' has shape [{rows}, {width}], expected [{5 * rows}, {width}]")
+
+
+def test_an_input_of_another_format_or_no_positions_is_named_as_such(tmp_path):
+    """--input takes a safetensors file (a --dump): a NumPy or zip file is named for what it is, not
+    for the header length its first bytes would be; a tensor of no positions says so."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    np.save(tmp_path / "x.npy", np.zeros((1, 3, 320), np.float32))
+    np.savez(tmp_path / "x.npz", x=np.zeros((1, 3, 320), np.float32))
+    save_file({"x": np.zeros((1, 0, 320), np.float32)}, str(tmp_path / "empty.safetensors"))
+    run = ("run", "--layer", "1", "--plain", "--input")
+    assert refused(stepper(*run, tmp_path / "x.npy")) == (
+        f"{tmp_path / 'x.npy'}: a NumPy .npy file, not a safetensors file")
+    assert refused(stepper(*run, tmp_path / "x.npz")) == (
+        f"{tmp_path / 'x.npz'}: a zip archive (NumPy's .npz or a PyTorch checkpoint), not a safetensors file")
+    assert refused(stepper(*run, tmp_path / "empty.safetensors")) == (
+        f"{tmp_path / 'empty.safetensors'}: tensor 'x' has shape [1, 0, 320], expected [B, T, 320] with at least "
+        "one position (T)")
