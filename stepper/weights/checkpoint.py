@@ -20,6 +20,7 @@ shards were left out and why.
 from __future__ import annotations
 
 import re
+import stat
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -423,7 +424,7 @@ class Checkpoint:
         """Read a shard's header; a shard that is missing or unsound is noted, not yet an error."""
         path = self.path / shard
         if not path.is_file():
-            self.unreadable[shard] = "no such file"
+            self.unreadable[shard] = not_a_file(path)
             return
         try:
             self.shards[shard] = self.open_file(path)
@@ -476,6 +477,17 @@ def is_plain_shard_name(shard: str) -> bool:
     plain = (Path(shard).name == shard and not any(c in shard for c in "\\:") and not shard.startswith(".")
              and is_safe(shard))
     return plain and shard.endswith(SHARD_SUFFIX) and len(shard) > len(SHARD_SUFFIX)
+
+
+def not_a_file(path: Path) -> str:
+    """Why a shard's path is no file to read: absent, a folder, a FIFO or device, a loop of links."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return "no such file"
+    except OSError as e:  # a loop of symbolic links, a denied folder
+        return e.strerror.lower() if e.strerror else "cannot be read"
+    return "a folder, not a file" if stat.S_ISDIR(mode) else "not a regular file: a FIFO or a device"
 
 
 def in_scope(name: str, layers: Iterable[int], with_globals: bool) -> bool:

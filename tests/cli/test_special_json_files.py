@@ -1,6 +1,7 @@
 """A config.json or index that is not a regular file, or far larger than one, is one line (exit 2):
 a FIFO never blocks the command (nothing would ever write to it), a link to /dev/zero is not read
-until memory runs out, and a huge file is refused from its size before a byte is read."""
+until memory runs out, and a huge file is refused from its size before a byte is read. A shard
+that is no file is named for what it is."""
 
 import os
 import subprocess
@@ -63,3 +64,20 @@ def test_a_config_larger_than_any_is_refused_from_its_size(checkpoint, tmp_path)
     assert refused(stepper("run", "--model", folder, "--layer", "1")) == (
         f"{folder / 'config.json'}: {jsonfile.MAX_BYTES + 1:,} bytes, more than a config.json holds (at most 64 MiB)")
 
+
+
+@pytest.mark.parametrize("kind, why", [("folder", "a folder, not a file"),
+                                       ("fifo", "not a regular file: a FIFO or a device"),
+                                       ("loop", "too many levels of symbolic links")])
+def test_a_shard_that_is_no_file_is_named_for_what_it_is(checkpoint, tmp_path, kind, why):
+    shard = "model-00003-of-00005.safetensors"
+    folder = linked_copy(checkpoint, tmp_path / "ck", shard)
+    if kind == "folder":
+        (folder / shard).mkdir()
+    elif kind == "fifo":
+        os.mkfifo(folder / shard)
+    else:
+        (folder / "other").symlink_to(shard)
+        (folder / shard).symlink_to("other")
+    line = refused(in_child("run", "--model", folder, "--layer", "1"))
+    assert line.startswith(f"{folder}: {shard} cannot be read ({why}); it holds ")
