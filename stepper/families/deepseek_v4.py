@@ -34,6 +34,7 @@ from stepper.model.v4_layer import Attend, V4LayerDims, v4_decoder_layer, v4_fin
 from stepper.model.v4_router import RouterDims
 from stepper.model.v4_synthetic_cache import seeded_cache
 from stepper.seams.trace import Emitter
+from stepper.weights.published_audit import checked_tid2eid
 from stepper.weights.stored import Stored
 
 DEFAULT = LayerOptions()
@@ -81,18 +82,6 @@ class V4Arrays:
 
     def has(self, name: str) -> bool:
         return name in self.arrays
-
-
-def checked_tid2eid(table: np.ndarray, experts: int, where: str) -> np.ndarray:
-    """The hash table [V, k] as int64, every entry an expert (0 <= e < experts), else one line."""
-    if not np.issubdtype(table.dtype, np.integer):
-        raise StepperError(f"{where}: expected integer expert ids, found {table.dtype}")
-    bad = np.argwhere((table < 0) | (table >= experts))
-    if len(bad):
-        token, slot = (int(i) for i in bad[0])
-        raise StepperError(f"{where}: entry [{token}, {slot}] is {int(table[token, slot])}, expected an expert id "
-                           f"in 0..{experts - 1} ({len(bad)} entries out of range)")
-    return table.astype(np.int64, copy=False)
 
 
 @dataclass(frozen=True)

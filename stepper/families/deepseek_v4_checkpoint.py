@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 
 from stepper.errors import StepperError
-from stepper.families.deepseek_v4 import checked_tid2eid
 from stepper.families.deepseek_v4_config import load_v4_config
 from stepper.families.deepseek_v4_weights import published_name
+from stepper.weights.published_audit import checked_tid2eid
 from stepper.weights.remote_published import open_published
 from stepper.weights.stored import Stored
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from stepper.errors import StepperError
 from stepper.weights import deepseek_v4_names as v4
 from stepper.weights.audit import other_unreadable, stray_problem, unknown_problem
 from stepper.weights.checkpoint import Problem, count
@@ -24,6 +25,7 @@ def audit_published(ckpt: PublishedCheckpoint, layers: range | None) -> list[Pro
     problems = ckpt.problems(chosen, with_globals=layers is None)
     if ckpt.reads_values:  # a remote checkpoint is listed from its headers alone
         problems += nan_scale_problems(ckpt, chosen, layers is None)
+        problems += hash_table_problems(ckpt, chosen)
     problems += other_unreadable(ckpt, problems)
     problems += unknown_layer_tensors(ckpt, chosen)
     if layers is None:
@@ -53,6 +55,35 @@ def nan_scale_problems(ckpt: PublishedCheckpoint, layers: range, with_globals: b
             first = [int(i) for i in np.argwhere(nan)[0]]
             problems.append(Problem(shard, name, f"{shard}: '{name}' holds {count(int(nan.sum()), 'NaN scale')} (byte "
                                                  f"0xFF), first at {first}: every weight of its block would be NaN"))
+    return problems
+
+
+def checked_tid2eid(table: np.ndarray, experts: int, where: str) -> np.ndarray:
+    """The hash table [V, k] as int64, every entry an expert (0 <= e < experts), else one line."""
+    if not np.issubdtype(table.dtype, np.integer):
+        raise StepperError(f"{where}: expected integer expert ids, found {table.dtype}")
+    bad = np.argwhere((table < 0) | (table >= experts))
+    if len(bad):
+        token, slot = (int(i) for i in bad[0])
+        raise StepperError(f"{where}: entry [{token}, {slot}] is {int(table[token, slot])}, expected an expert id "
+                           f"in 0..{experts - 1} ({len(bad)} {'entry' if len(bad) == 1 else 'entries'} out of range)")
+    return table.astype(np.int64, copy=False)
+
+
+def hash_table_problems(ckpt: PublishedCheckpoint, layers: range) -> list[Problem]:
+    """Each hash-routed layer's tid2eid read whole (a few MB) and checked as a run checks it: every
+    entry an expert."""
+    experts = ckpt.config.get("n_routed_experts")
+    if not isinstance(experts, int) or isinstance(experts, bool):
+        return []  # a config a run refuses is its own problem
+    problems = []
+    for name, shard in ckpt.weight_map.items():
+        if not name.endswith("tid2eid") or v4.layer_of(name) not in layers or shard in ckpt.unreadable:
+            continue
+        try:
+            checked_tid2eid(np.asarray(ckpt.shard_of(name).get(name)), experts, f"{shard}: tensor '{name}'")
+        except StepperError as e:
+            problems.append(Problem(shard, name, str(e)))
     return problems
 
 

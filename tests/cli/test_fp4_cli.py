@@ -227,3 +227,16 @@ def test_a_fixture_of_a_v4_checkpoint_folder_names_its_files_and_the_bytes_it_re
         if stored.scale_inv is not None:
             assert weights["read"][name]["scale_inv_sha256"] == sha256_array(stored.scale_inv)
     assert weights["read"]["model.layers.1.mlp.experts.0.gate_proj.weight"]["dtype"] == "FP4"
+
+
+def test_inspect_lists_a_hash_table_entry_a_run_refuses(tmp_path):
+    """tid2eid holds an expert id per token: one out of range is refused by a run, and inspect,
+    which checks all a run checks, lists it."""
+    stored, _ = stored_tensors(CONFIG, 0)
+    table = stored["layers.0.ffn.gate.tid2eid"].copy()
+    table[5, 1] = CONFIG["n_routed_experts"]
+    write_tiny_v4(tmp_path / "v4", changed={"layers.0.ffn.gate.tid2eid": table})
+    out = stepper("inspect", tmp_path / "v4")
+    assert out.returncode == 1, out.stderr
+    assert (f"tensor 'layers.0.ffn.gate.tid2eid': entry [5, 1] is {CONFIG['n_routed_experts']}, expected an expert id "
+            f"in 0..{CONFIG['n_routed_experts'] - 1} (1 entry out of range)") in out.stdout

@@ -114,7 +114,7 @@ def test_a_tid2eid_entry_past_the_experts(written, tmp_path):
     shard = rewrite(folder, name, table)
     line = one_line_error(stepper("run", "--model", folder))
     assert line == (f"stepper: error: {folder / shard}: tensor '{name}': entry [5, 1] is 16, expected an expert id "
-                    "in 0..15 (1 entries out of range)")
+                    "in 0..15 (1 entry out of range)")
 
 
 def test_compress_ratios_of_the_wrong_length(written, tmp_path):
