@@ -225,6 +225,9 @@ def layers_shown(spec: RunSpec, cfg: Config) -> range:
     return range(first, stop)
 
 
+MAX_POSITIONS = 1 << 24  # a prompt, a cache or a decode: 16 times the longest context published (1,048,576)
+
+
 def check_positions(spec: RunSpec, cfg: Config, prompt_len: int, spell: Spell = command_line) -> None:
     for keyword in ("start_pos", "decode", "cache_len"):
         if getattr(spec, keyword) < 0:
@@ -237,6 +240,9 @@ def check_positions(spec: RunSpec, cfg: Config, prompt_len: int, spell: Spell = 
     why = families.family_for(cfg).no_seeded_cache(cfg, spec.layer) if spec.cache_len else ""
     if why:
         raise StepperError(f"{spell('cache_len', spec.cache_len)}: layer {spec.layer} of {cfg.name} {why}")
+    for keyword, value in (("prompt_len", prompt_len), ("cache_len", spec.cache_len), ("decode", spec.decode)):
+        if value > MAX_POSITIONS:  # drawn as Python ints before the run's memory is estimated
+            raise StepperError(f"{spell(keyword)} must be at most {MAX_POSITIONS:,} positions, got {value:,}")
     end = spec.start_pos + spec.cache_len + prompt_len + spec.decode
     if end > cfg.max_position_embeddings:
         raise StepperError(

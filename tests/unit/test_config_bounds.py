@@ -36,3 +36,13 @@ def test_the_bounds_are_far_above_every_published_model():
     assert max(raw.get(k, 0) for raw in every for k in counts) * 64 < MAX_COUNT
     sizes = ("vocab_size", "hidden_size", "intermediate_size")
     assert max(raw.get(k, 0) for raw in every for k in sizes) * 16 < MAX_SIZE
+
+
+@pytest.mark.parametrize("option, value", [("--prompt-len", 10**9), ("--decode", 10**8), ("--cache-len", 10**8)])
+def test_a_length_past_any_context_is_refused_before_its_tokens_are_drawn(tmp_path, option, value):
+    """With a config whose max_position_embeddings allows it, 10^9 prompt tokens were drawn as
+    Python ints (tens of GB) before the run's memory was estimated."""
+    raw = {**PRESETS["tiny"], "max_position_embeddings": 10**12}
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    args = ["run", "--model", tmp_path / "config.json", "--layer", "1", option, str(value)]
+    assert refused(stepper(*args)) == f"{option} must be at most 16,777,216 positions, got {value:,}"
