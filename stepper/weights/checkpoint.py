@@ -166,7 +166,7 @@ class Checkpoint:
         """check_scale_values on a weight's block scales the first time they are read: a weight
         is asked for at every step (an expert's each time it runs), from the same map's bytes."""
         if name not in self._good_scales:
-            check_scale_values(self.shard_of(name).path.name, name, scale)
+            check_scale_values(f"{self.label}: {self.shard_of(name).path.name}", name, scale)
             self._good_scales.add(name)
 
     def _one_scale(self, name: str, scale: np.ndarray, count: int) -> np.ndarray:
@@ -178,7 +178,7 @@ class Checkpoint:
             raise StepperError(f"{file}: '{name}' has shape {list(scale.shape)}, expected "
                                f"{' or '.join(str(list(s)) for s in per_tensor_scale_shapes(count))}: one scale per "
                                f"{'tensor' if count == 1 else 'expert'} (weight_block_size null)")
-        check_scale_values(file, name, scale)
+        check_scale_values(f"{self.label}: {file}", name, scale)
         return fp8.scales_as_f32(scale, name).reshape(count, 1)
 
     def _int4(self, name: str) -> Stored:

@@ -538,7 +538,7 @@ def _dir_cases() -> list[DirCase]:
         DirCase("shard-missing", removed(LAYER1_SHARD), 1, f"{CANNOT_READ} (no such file)"),
         DirCase("shard-empty", file_bytes(LAYER1_SHARD, b""), 1, f"{CANNOT_READ} (0 bytes, too short"),
         DirCase("shard-truncated", file_bytes(LAYER1_SHARD, lambda b: b[: len(b) // 2]), 1, CANNOT_READ),
-        DirCase("shard-a-folder", made_folder(LAYER1_SHARD), 1, f"{CANNOT_READ} (no such file)"),
+        DirCase("shard-a-folder", made_folder(LAYER1_SHARD), 1, f"{CANNOT_READ} (a folder, not a file)"),
         DirCase("shard-one-byte-more", file_bytes(LAYER1_SHARD, lambda b: b + b"\0"), 1, f"{CANNOT_READ} (extra data"),
         DirCase("shard-zeroed-header", file_bytes(LAYER1_SHARD, lambda b: bytes(64) + b[64:]), 1, CANNOT_READ),
         DirCase("shard-all-but-one-missing", lambda f: [p.unlink() for p in f.glob("model-0000[234]*.safetensors")], 1,
