@@ -240,15 +240,15 @@ def check_positions(spec: RunSpec, cfg: Config, prompt_len: int, spell: Spell = 
     why = families.family_for(cfg).no_seeded_cache(cfg, spec.layer) if spec.cache_len else ""
     if why:
         raise StepperError(f"{spell('cache_len', spec.cache_len)}: layer {spec.layer} of {cfg.name} {why}")
-    for keyword, value in (("prompt_len", prompt_len), ("cache_len", spec.cache_len), ("decode", spec.decode)):
-        if value > MAX_POSITIONS:  # drawn as Python ints before the run's memory is estimated
-            raise StepperError(f"{spell(keyword)} must be at most {MAX_POSITIONS:,} positions, got {value:,}")
     end = spec.start_pos + spec.cache_len + prompt_len + spec.decode
     if end > cfg.max_position_embeddings:
         raise StepperError(
             f"positions up to {end - 1} exceed max_position_embeddings ({cfg.max_position_embeddings}) "
             f"of model {cfg.name}"
         )
+    for keyword, value in (("prompt_len", prompt_len), ("cache_len", spec.cache_len), ("decode", spec.decode)):
+        if value > MAX_POSITIONS:  # drawn as Python ints before the run's memory is estimated
+            raise StepperError(f"{spell(keyword)} must be at most {MAX_POSITIONS:,} positions, got {value:,}")
 
 
 def read_input(path: Path, layer: int, cfg: Config) -> np.ndarray:
