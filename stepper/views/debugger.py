@@ -229,7 +229,8 @@ class Debugger:
         while True:
             line = self.commands.read()
             if line is None:
-                self.console.print("(end of commands: quitting)", style="dim")
+                said = "Ctrl-D" if self.commands.interactive else "end of commands"
+                self.console.print(f"({said}: quitting)", style="dim")
                 raise Quit
             try:
                 if self.execute(line):

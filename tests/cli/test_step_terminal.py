@@ -79,8 +79,12 @@ def test_keystrokes_drive_the_debugger_on_a_terminal():
     screen = term.read_until("layers.0.self_attn.k_pe[0,0,0,:2]")
     term.type("c\r")
     screen = term.read_until("layer 1 (MoE) › latent attention › compressed_kv")
-    term.type("q\r")
+    deadline = time.monotonic() + 30
+    while not ESCAPE.sub("", term.screen).rstrip().endswith("(stepper)") and time.monotonic() < deadline:
+        term.read_until_quiet()  # the prompt of this stop, where the key is read
+    term.type("\x04")  # Ctrl-D at the prompt: said as the key the user pressed, not as a pipe's end
     assert term.wait() == 0
+    assert "(Ctrl-D: quitting)" in ESCAPE.sub("", term.screen)
 
 
 ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
