@@ -137,6 +137,10 @@ def start_command(
         progress.save()
         functions = ", ".join(lesson.exercise.functions)
         where = "" if workspace == WORKSPACE else f" --workspace {workspace}"
+        if entry["passed"]:  # walked again after the exercise passed
+            console.print(styled(f"\nyour {functions} in `{path}` passed already: `stepper lesson solution "
+                                 f"{lesson.name}` shows ours"), soft_wrap=False)
+            return
         console.print(styled(f"\nyour turn: write {functions} in `{path}`, then run `stepper lesson check "
                              f"{lesson.name}{where}` (or `stepper lesson watch {lesson.name}{where}` to re-check on "
                              f"every save; `stepper lesson hint {lesson.name}` if you are stuck)"), soft_wrap=False)

@@ -360,6 +360,9 @@ def test_cli_start_check_hint_solution_reset(tmp_path, data_dir, monkeypatch):
     assert again.exit_code == 0 and mine.read_text() == lesson.solution.read_text(), "start never overwrites"
     passed = stepper("lesson", "check", "tour")
     assert passed.exit_code == 0 and "passed!" in passed.stdout
+    walked = flat(stepper("lesson", "start", "tour", "--plain", stdin=answers).stdout)
+    assert "your softmax in `stepper-lessons/tour.py` passed already: `stepper lesson solution tour` shows ours" in (
+        walked) and "your turn" not in walked
     shown = stepper("lesson", "solution", "tour", "--plain")
     assert shown.exit_code == 0 and "def softmax" in shown.stdout
     listed = stepper("lesson", "list")
