@@ -556,3 +556,20 @@ def test_measure_counts_each_entry_a_candidate_gets_wrong_and_where():
     m = measure(unmasked, scores, tol)
     assert (m["outside"], m["same_nonfinite"], m["max_abs_err"]) == (int(np.isinf(scores).sum()), False, 0.0)
     assert measure(scores, scores, tol)["ok"] and measure(scores, scores, tol)["outside"] == 0
+
+
+def test_each_shipped_fixtures_storage_note_says_what_its_weight_files_hold():
+    """A port reads weights.storage to know whether to look for block scales: an "fp8" note has
+    F8_E4M3 weights beside their scales, a "bf16" one none (BF16 models were once noted as fp8)."""
+    from safetensors import safe_open
+
+    for manifest in sorted(ROOT.glob("fixtures/*/manifest.json")):
+        weights = json.loads(manifest.read_text())["weights"]
+        if not weights.get("copied") or not weights["storage"].startswith(("fp8:", "bf16:")):
+            continue  # named, not copied; or in a family's own published layout (DeepSeek-V4's)
+        folder = (manifest.parent / weights["path"]).resolve()
+        dtypes = set()
+        for shard in folder.glob("*.safetensors"):
+            with safe_open(shard, "np") as f:
+                dtypes |= {f.get_slice(name).get_dtype() for name in f.keys()}  # noqa: SIM118 - not a dict
+        assert ("F8_E4M3" in dtypes) == weights["storage"].startswith("fp8"), (manifest.parent.name, dtypes)
