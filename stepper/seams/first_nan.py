@@ -24,6 +24,8 @@ class FirstNaN:
         array = event.array
         if self.name is not None or not held(array) or not np.issubdtype(array.dtype, np.floating):
             return
+        if np.isfinite(array.sum()):  # a NaN makes the sum NaN: one reduction, with no mask made, clears most
+            return
         count = int(np.count_nonzero(np.isnan(array)))
         if count:
             self.name, self.count, self.size = event.name, count, int(array.size)
