@@ -443,11 +443,9 @@ def execute(plan: Plan, sinks: Iterable[Sink]) -> RunResult:
         emit.progress(STEPS, step, spec.decode + 1)
         phase = emit.phase(phase_name(spec, step))
         more = step < spec.decode
-        if plan.alone and hidden is None:
-            hidden = model.lone_input(ids, spec.seed, step)
         chunk = spec.chunk if step == 0 and spec.chunk else len(positions)
         runs = chunked_model(plan, model) if chunk < len(positions) else model
-        run_step = partial(one_step, plan, runs, ids, hidden, positions, step_attn(spec, step))
+        run_step = partial(one_step, plan, runs, ids, hidden, positions, step, step_attn(spec, step))
         masked = masked_future(plan, step_attn(spec, step)) if chunk < len(positions) else None
         logits = prefill.in_chunks(run_step, len(positions), chunk, cache, phase, masked)
         token = None if not more else decode_tokens[step] if plan.alone else int(np.argmax(logits[0, -1]))
@@ -484,12 +482,16 @@ def chunked_model(plan: Plan, model: Model) -> Model:
 
 
 def one_step(plan: Plan, model: Model, ids: np.ndarray, hidden: np.ndarray | None, positions: np.ndarray,
-             attn: str, span: slice, cache, emit: Emitter) -> np.ndarray | None:
+             step: int, attn: str, span: slice, cache, emit: Emitter) -> np.ndarray | None:
     """The step's positions `span` (all of them, or a chunk of the prefill's) through the lone
-    layer (-> None) or the model (-> the logits [B, t, V], or None without them)."""
+    layer (-> None) or the model (-> the logits [B, t, V], or None without them). The lone
+    layer's input is the given one's rows, or made for the span alone: a chunk never holds the
+    whole prompt's."""
     if plan.alone:
+        start = span.start or 0
+        rows = hidden[:, span] if hidden is not None else model.lone_input(ids[:, span], plan.spec.seed, step, start)
         context = model.context(ids[:, span], positions[span], emit)
-        model.layer(plan.spec.layer, hidden[:, span], context, cache, emit, attn)
+        model.layer(plan.spec.layer, rows, context, cache, emit, attn)
         return None
     return model.forward(ids[:, span], positions[span], emit, cache, plan.layers_shown, plan.needs_logits, attn)
 

@@ -28,6 +28,7 @@ from stepper.model.hyper_connections import HcDims, expand, hc_pre
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.ops import rms_norm
 from stepper.model.options import LayerOptions
+from stepper.model.stack import seeded_input
 from stepper.model.transformer import lm_head
 from stepper.model.v4_attention_cache import V4AttentionCache
 from stepper.model.v4_layer import Attend, V4LayerDims, v4_decoder_layer, v4_final, v4_streams
@@ -132,13 +133,12 @@ class V4Model:
     def context(self, ids: np.ndarray, positions: np.ndarray, emit: Emitter) -> V4Step:
         return V4Step(ids)
 
-    def lone_input(self, ids: np.ndarray, seed: int, step: int) -> np.ndarray:
-        """A lone layer's synthetic streams [B, T, n, d]: the tokens' embeddings in every stream,
-        or seeded vectors without an embedding table."""
+    def lone_input(self, ids: np.ndarray, seed: int, step: int, first: int = 0) -> np.ndarray:
+        """A lone layer's synthetic streams [B, T, n, d] at the step's positions first..: the
+        tokens' embeddings in every stream, or seeded vectors without an embedding table."""
         if self.weights.has(EMBED):
             return expand(self.embed(ids), self.config.hc_mult)
-        rng = np.random.default_rng([seed, 3, step])
-        return rng.standard_normal((*ids.shape, self.config.hc_mult, self.config.hidden_size), dtype=np.float32)
+        return seeded_input(seed, step, first, ids.shape[1], (self.config.hc_mult, self.config.hidden_size))
 
     def layer(self, i: int, streams: np.ndarray, context: V4Step, cache: V4Caches | None, emit: Emitter,
               attn: str = "naive") -> np.ndarray:

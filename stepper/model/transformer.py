@@ -25,6 +25,7 @@ from stepper.model.ops import rms_norm
 from stepper.model.options import Attention, Dispatch, IndexScoring, LayerOptions
 from stepper.model.query_scale import llama4_query_scale
 from stepper.model.rope import Rope, longrope_inv_freq, rope_inv_freq, rope_tables, yarn_mscale
+from stepper.model.stack import seeded_input
 from stepper.seams.trace import Emitter
 from stepper.weights.names import EMBED, head_weight
 from stepper.weights.source import WeightSource
@@ -98,13 +99,12 @@ class Transformer:
         """What every layer of a step shares: the rotary tables of positions [T] (ids unused)."""
         return self.rope(positions, emit)
 
-    def lone_input(self, ids: np.ndarray, seed: int, step: int) -> np.ndarray:
-        """A lone layer's synthetic input [B, T, d]: the tokens' embeddings, or seeded vectors
-        without an embedding table."""
+    def lone_input(self, ids: np.ndarray, seed: int, step: int, first: int = 0) -> np.ndarray:
+        """A lone layer's synthetic input [B, T, d] at the step's positions first..: the tokens'
+        embeddings, or seeded vectors without an embedding table."""
         if self.weights.has(EMBED):
             return self.embed(ids)
-        rng = np.random.default_rng([seed, 3, step])
-        return rng.standard_normal((*ids.shape, self.config.hidden_size), dtype=np.float32)
+        return seeded_input(seed, step, first, ids.shape[1], (self.config.hidden_size,))
 
     def seed_cache(self, cache: KVCache, layer: int, sample: np.ndarray, positions: np.ndarray, seed: int,
                    per_head: bool, emit: Emitter) -> None:

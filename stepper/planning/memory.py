@@ -37,6 +37,8 @@ SCORE_ARRAYS = 3  # the products q.k, the scaled and masked scores, the softmax
 STATS_CHUNKS = 6 * 8 * CHUNK
 STATS_PER_BYTE = 12  # ... of a smaller tensor: six float64 copies of its float32 values
 TILE_ARRAYS = 4  # a tile of scores, its exponentials, the products with the values, the mask
+PROMPT_BYTES = 56  # a prompt position, held whole even in chunks: its id as a Python int in the plan's tuple
+# (about 32 B and an 8 B slot), and as int64 in the ids and positions arrays
 LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
@@ -184,7 +186,10 @@ def needs(plan: Plan, kept: list[str], kept_lower: str) -> list[Need]:
         Need(f"the cache of {len(run)} layer{'s' if len(run) != 1 else ''}", caches,
              "--attn absorb" if cached == "naive" else "--prompt-len"),
         Need("the largest weight, decoded", largest * FLOAT32, "--layer N"),
+        Need("the prompt's token ids and positions", plan.prompt_len * PROMPT_BYTES, "--prompt-len"),
     ]
+    if plan.hidden is not None:
+        result.append(Need("the --input stream", plan.hidden.nbytes, "a shorter --input"))
     if plan.needs_logits:
         result.append(Need(f"logits [1, {t}, {cfg.vocab_size}] float32", t * cfg.vocab_size * FLOAT32, "--prompt-len"))
     if spec.weight_cache_mb and spec.decode:  # a weight is kept from its second use on: in a later step

@@ -88,3 +88,14 @@ def test_a_chunked_runs_dump_holds_the_whole_prompts_tensors(tmp_path):
     assert list(chunked) == list(whole) and chunked["layers.0.self_attn.attn_weights"].shape == (1, 4, 8, 8)
     for name in whole:
         np.testing.assert_allclose(chunked[name], whole[name], rtol=1e-5, atol=1e-6)
+
+
+def test_a_chunked_runs_estimate_counts_what_it_holds_for_every_prompt_position():
+    """In chunks, what grows with the prompt is its cache and its token ids and positions (the lone
+    layer's input is made a chunk at a time: tests/model/test_chunked_prefill.py)."""
+    plan = prepare(RunSpec(layer=0, prompt_len=2**15, attn="absorb", chunk=4096))
+    parts = {n.what: n.bytes for n in estimate(plan)}
+    assert parts["the prompt's token ids and positions"] == 2**15 * (32 + 8 + 8 + 8)
+    assert parts["the cache of 1 layer"] == 2**15 * 576  # tiny's latent 128 and rope key 16, float32
+    longer = {n.what: n.bytes for n in estimate(prepare(RunSpec(layer=0, prompt_len=2**16, attn="absorb", chunk=4096)))}
+    assert longer["one layer's tensors"] == parts["one layer's tensors"]  # a chunk's, whatever the prompt

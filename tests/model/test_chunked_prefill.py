@@ -8,18 +8,22 @@ differently, so the values themselves differ by round-off.)"""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from stepper import catalog, prefill
 from stepper.kernels import attention as kernels
 from stepper.model import KVCache, Transformer
+from stepper.model.stack import seeded_input
 from stepper.seams.trace import Emitter, Filter, Recorder
 from stepper.session import RunSpec, execute, fill_cache, masked_future, prepare, run, step_attn
 from stepper.tensors.chunked import Chunked
 from stepper.tensors.statistics import BINS
 from stepper.tensors.tiled import Tiled
 from stepper.views import summary
+from stepper.weights.names import EMBED
 
 # What the whole prompt's tensor holds past the positions a chunk attends (written out here, not read from prefill)
 MASKED = {"self_attn.attn_scores": -np.inf, "self_attn.attn_weights": 0.0, "self_attn.indexer.index_scores": -np.inf,
@@ -189,3 +193,48 @@ def test_a_chunked_tensor_is_made_alone_when_read_unless_its_holder_keeps_it_the
     kv.keep_when_read()
     assert np.array_equal(np.asarray(kv), alone) and np.asarray(k_pe).shape == k_pe.shape and replayed[6:] == [0, 1, 2]
     assert k_pe.cost == kv.cost == "held since a tensor of its run was read (no cost)"
+
+
+@pytest.mark.parametrize(("first", "length"), [(0, 7), (0, 1024), (0, 2500), (1020, 8), (1024, 1024), (300, 1800)])
+def test_a_lone_layers_seeded_input_at_any_span_is_the_whole_prompts_rows(first, length):
+    whole = seeded_input(5, 0, 0, 4000, (6,))
+    assert np.array_equal(seeded_input(5, 0, first, length, (6,)), whole[:, first:first + length])
+    # the first 1024 positions: one stream of the step's seed, drawn row after row
+    expected = np.random.default_rng([5, 3, 0]).standard_normal((1, 1024, 6), dtype=np.float32)
+    assert np.array_equal(whole[:, :1024], expected)
+    assert not np.array_equal(whole[:, 1024:1030], expected[:, :6])  # the next block its own stream
+
+
+class WithoutEmbedding:
+    """A checkpoint's weights without the embedding table: a lone layer runs on seeded vectors."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def has(self, name: str) -> bool:
+        return name != EMBED and self.inner.has(name)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_a_chunked_lone_layer_makes_its_input_a_chunk_at_a_time(monkeypatch):
+    """Without an embedding table (seeded rows, blocks of 1024 crossed inside the last chunk) and with
+    one, the layer's input equals the whole prompt's, and no call makes more than a chunk of it."""
+    made, make = [], Transformer.lone_input
+    monkeypatch.setattr(Transformer, "lone_input", lambda self, ids, *rest: made.append(ids.shape[1]) or make(self, ids,
+                                                                                                                 *rest))
+    for weights in (lambda plan: plan.weights, lambda plan: WithoutEmbedding(plan.weights)):
+        spec = RunSpec(model="tiny", layer=1, prompt_len=1100, attn="absorb")
+        whole, chunked = Recorder(), Recorder()
+        execute(replace(prepare(spec), weights=weights(prepare(spec))),
+                [Filter(lambda e: e.name.endswith(("hidden_states", "compressed_kv")), [whole])])
+        made.clear()
+        plan = prepare(replace(spec, chunk=300))
+        execute(replace(plan, weights=weights(plan)),
+                [Filter(lambda e: e.name.endswith(("hidden_states", "compressed_kv")), [chunked])])
+        assert made == [300, 300, 300, 200]
+        for name, tensor in whole.tensors().items():
+            assert_round_off(np.asarray(chunked.tensors()[name]), np.asarray(tensor), name)
+        assert np.array_equal(np.asarray(chunked.tensors()["layers.1.hidden_states"]),
+                              np.asarray(whole.tensors()["layers.1.hidden_states"]))
