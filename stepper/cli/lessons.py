@@ -26,7 +26,7 @@ from rich.text import Text
 from stepper.cli.common import user_errors
 from stepper.errors import StepperError
 from stepper.lessons import check
-from stepper.lessons.progress import Progress, default_lesson, done, next_lesson
+from stepper.lessons.progress import Progress, default_lesson, next_lesson
 from stepper.lessons.prose import indented, styled
 from stepper.lessons.schema import Lesson, all_lessons, find_lesson
 from stepper.lessons.walk import planned_run, walk
@@ -93,7 +93,8 @@ def list_command(plain: PlainOpt = False) -> None:
                 console.print(" " * (4 + name_w) + line)
         console.print(LIST_LEGEND, style="dim", soft_wrap=False)
         passed = sum(progress.lesson(l.name)["passed"] for l in lessons)
-        tail = "" if done(progress, marked) else f" · next: stepper lesson start {marked.name}"
+        after = next_lesson(progress, lessons)  # what `lesson check` names after a pass: the first not done
+        tail = f" · next: stepper lesson start {after.name}" if after else ""
         console.print(f"{passed} of {len(lessons)} exercises passed{tail}", style="dim", soft_wrap=False)
         console.print(f"progress file: {shown(progress.path)}", style="dim")
 

@@ -416,6 +416,22 @@ def test_after_a_pass_start_without_name_and_the_list_agree_on_the_next_lesson(t
     assert Progress().current == "rmsnorm"
 
 
+def test_list_names_the_first_lesson_not_done_next_even_while_another_is_current(tmp_path):
+    """Started on rmsnorm with tour not done: `lesson list` marks rmsnorm (the current lesson) but names
+    tour next, as `lesson check rmsnorm` does once it passes (docs/usage.md: the same next lesson)."""
+    from helpers.cli import stepper as command
+
+    assert command("lesson", "start", "rmsnorm", "--plain", stdin="q\n", cwd=tmp_path).returncode == 0
+    listed = command("lesson", "list", "--plain", cwd=tmp_path).stdout.splitlines()
+    assert [line.split()[1] for line in listed if line.endswith(" ◀")] == ["rmsnorm"]
+    assert f"0 of {len(all_lessons())} exercises passed · next: stepper lesson start tour" in listed
+    (tmp_path / "stepper-lessons" / "rmsnorm.py").write_text(find_lesson("rmsnorm").solution.read_text())
+    checked = command("lesson", "check", "rmsnorm", "--plain", cwd=tmp_path)
+    assert checked.returncode == 0 and "next: `stepper lesson start tour`" in flat(checked.stdout), checked.stdout
+    listed = command("lesson", "list", "--plain", cwd=tmp_path).stdout.splitlines()
+    assert f"1 of {len(all_lessons())} exercises passed · next: stepper lesson start tour" in listed
+
+
 def test_cli_errors_are_one_line(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     unknown = stepper("lesson", "start", "nope")

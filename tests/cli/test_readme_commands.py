@@ -3,8 +3,10 @@
 The command lines are read from the code blocks of README and then of docs/ (tests/helpers/docs.py),
 in order, each block in a fresh folder (a block's commands build on each other: synth, then run on
 what it wrote). A transcript (`$ stepper
-...` followed by output) must print every line README shows, in that order (README may leave lines
-out, marked `...`); the debugger's `(stepper) CMD` lines are what is typed. Commands in the text are
+...` followed by output) must print every line README shows, in that order, and nothing between
+two lines shown one under the other, before the first or after the last, unless README marks the
+lines it leaves out there with `...` (blank lines aside); the debugger's `(stepper) CMD` lines are
+what is typed. Commands in the text are
 checked to be commands, and the options README lists for `stepper run` and `stepper step` against
 their --help. "README" below means these documents together.
 """
@@ -64,9 +66,44 @@ def transcripts(block: list[str]) -> list[tuple[str, list[str]]]:
             if EXIT.search(command):
                 EXPECTED_EXIT[runs[-1][0]] = int(EXIT.search(command)[1])
             transcript = line.startswith("$ ")
-        elif runs and transcript and line.strip() not in ("", "..."):
-            runs[-1][1].append(line.rstrip())
+        elif runs and transcript and line.strip():
+            runs[-1][1].append(line.rstrip())  # `...` included: where README leaves lines out
     return runs
+
+
+def unmarked_gap(shown: list[str], printed: list[str]) -> str | None:
+    """Why the printed lines (blank lines left out) are not what README shows, or None: every shown
+    line printed, in order, lines one under the other in README one under the other in the output,
+    the first shown the first printed and the last the last, but where a `...` stands."""
+    runs: list[list[str]] = [[]]
+    for line in shown:
+        if line.strip() == "...":
+            runs.append([])
+        else:
+            runs[-1].append(line)
+    at = 0
+    for k, run in enumerate(runs):
+        if not run:
+            continue
+        starts = [i for i in range(at, len(printed) - len(run) + 1) if printed[i:i + len(run)] == run]
+        if k == 0:  # no `...` before the first shown line
+            starts = [i for i in starts if i == 0]
+        if k == len(runs) - 1:  # nor after the last
+            starts = [i for i in starts if i + len(run) == len(printed)]
+        if not starts:
+            if run[0] not in printed[at:]:
+                return f"README shows a line it does not print:\n{run[0]}"
+            i = printed.index(run[0], at)
+            if k == 0 and i != 0:
+                return f"README leaves out the first lines printed without a `...`:\n{printed[0]}"
+            j = next((j for j in range(1, len(run)) if i + j >= len(printed) or printed[i + j] != run[j]), len(run))
+            if j == len(run):
+                return f"README leaves out the last lines printed without a `...`:\n{printed[i + j]}"
+            told = printed[i + j] if i + j < len(printed) else "(the end of the output)"
+            return (f"README shows\n{run[j - 1]}\nthen\n{run[j]}\n"
+                    f"but stepper prints between them, with no `...`:\n{told}")
+        at = starts[0] + len(run)
+    return None
 
 
 EXPECTED_EXIT: dict[str, int] = {}
@@ -94,9 +131,20 @@ def test_every_command_of_a_block_runs_as_quoted(runs, tmp_path, monkeypatch):
         result = CliRunner().invoke(app, shlex.split(command)[1:], input=typed)
         assert result.exit_code == EXPECTED_EXIT.get(command, 0), \
             f"{command}\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}"
-        printed = iter(line.rstrip() for line in result.stdout.splitlines())
-        for line in shown:  # in order: each shown line is found after the one before it
-            assert any(out == line for out in printed), f"{command}: README shows a line it does not print:\n{line}"
+        if shown:
+            printed = [line.rstrip() for line in result.stdout.splitlines() if line.strip()]
+            wrong = unmarked_gap(shown, printed)
+            assert wrong is None, f"{command}: {wrong}"
+
+
+def test_a_line_left_out_without_a_marker_is_caught():
+    printed = ["header", "a", "b", "c", "footer"]
+    assert unmarked_gap(["...", "a", "b", "c", "..."], printed) is None
+    assert unmarked_gap(["header", "a", "...", "c", "footer"], printed) is None
+    assert "prints between them" in unmarked_gap(["...", "a", "c", "..."], printed)
+    assert "first lines" in unmarked_gap(["a", "b", "..."], printed)
+    assert "last lines" in unmarked_gap(["...", "b", "c"], printed)
+    assert "does not print" in unmarked_gap(["...", "a", "...", "z", "..."], printed)
 
 
 def test_every_command_in_the_text_is_a_command():
