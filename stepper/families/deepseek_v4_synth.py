@@ -28,11 +28,10 @@ from stepper.families.deepseek_v4_config import V4Config
 from stepper.families.deepseek_v4_weights import published_name
 from stepper.untrusted import shown
 from stepper.weights import deepseek_v4_names as names
-from stepper.weights.checkpoint import INDEX
 from stepper.weights.published_store import safetensors_dtype, stored_arrays, stored_size
 from stepper.weights.safetensors_writer import Entry, write_safetensors
 from stepper.weights.stored import FP4, Stored
-from stepper.weights.synth_checkpoint import check_replaceable, not_from_synth
+from stepper.weights.synth_checkpoint import check_replaceable, not_from_synth, write_index
 
 MTP_NORMS = ("enorm.weight", "hnorm.weight", "norm.weight")
 ROW_BY_ROW = ("embed.weight", "head.weight")  # BF16 tables made a row at a time: never whole in memory
@@ -221,10 +220,9 @@ def synth_v4_checkpoint(cfg: V4Config, out: Path, seed: int = 0, force: bool = F
             weight_map |= dict.fromkeys((e.name for e in entries), shard)
             total += sum(e.nbytes for e in entries)
             progress(i, len(plan))
-        index = {"metadata": {"total_size": total, "stepper_synthetic_seed": seed, "stepper_model": cfg.name},
-                 "weight_map": weight_map}
-        files.write_new(partial / INDEX, json.dumps(index, indent=2) + "\n")
         files.write_new(partial / "config.json", json.dumps(cfg.to_hf(), indent=2) + "\n")
+        write_index(partial, {"total_size": total, "stepper_synthetic_seed": seed, "stepper_model": cfg.name},
+                    weight_map)
         files.replace_folder(partial, out)
     except OSError as e:
         raise StepperError(f"{shown(out)}: cannot be written ({e.strerror})") from None

@@ -63,9 +63,10 @@ SEEDED_ROWS = 1024  # a lone layer's seeded input is drawn this many positions a
 
 
 def seeded_input(seed: int, step: int, first: int, length: int, row: tuple[int, ...]) -> np.ndarray:
-    """Standard normal rows, one of shape `row` per position ([B, T, d], V4's [B, T, n, d]; B = 1), for
-    the step's positions first..first+length-1 of a lone layer without an embedding table: each block of SEEDED_ROWS positions is drawn from its
-    own stream (the first from the step's), so a chunk's rows are the whole prompt's, made alone."""
+    """Standard normal rows, one of shape `row` per position ([B, T, d], V4's [B, T, n, d]; B = 1),
+    for the step's positions first..first+length-1 of a lone layer without an embedding table:
+    each block of SEEDED_ROWS positions is drawn from its own stream (the first from the step's),
+    so a chunk's rows are the whole prompt's, made alone."""
     blocks = range(first // SEEDED_ROWS, -(-(first + length) // SEEDED_ROWS))
     parts = []
     for k in blocks:

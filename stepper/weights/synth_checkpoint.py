@@ -7,12 +7,14 @@ BF16 norms, embeddings, lm_head and router gate, an F32 router bias. With a comp
 config (`--quant int4`, laid out as Kimi-K2-Thinking) the modules it quantizes are written as
 I32 `weight_packed`, BF16 `weight_scale` and I64 `weight_shape`, the rest BF16. Shards are written one
 tensor at a time; the directory appears under its name only when complete. `--force` replaces
-only a checkpoint stepper wrote: a folder holding anything else is never removed.
+only a checkpoint stepper wrote: a folder holding anything else, or a file changed since (its
+index notes what each was), is never removed.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import re
@@ -164,19 +166,34 @@ def _write(source: SyntheticWeights, folder: Path, plan: list[dict[str, tuple[in
         write_safetensors(folder / shard, entries, {"format": "pt"})
         weight_map.update(dict.fromkeys((e.name for e in entries), shard))
         total += sum(e.nbytes for e in entries)
-    index = {
-        "metadata": {"total_size": total, "stepper_synthetic_seed": source.seed, "stepper_model": source.config.name},
-        "weight_map": weight_map,
-    }
     if cfg.wrapper is not None:
         shard = f"model-{shards:05d}-of-{shards:05d}.safetensors"
         entries = vision_entries(cfg, source.seed)
         write_safetensors(folder / shard, entries, {"format": "pt"})
         weight_map.update(dict.fromkeys((e.name for e in entries), shard))
         total += sum(e.nbytes for e in entries)
-    files.write_new(folder / INDEX, json.dumps(index, indent=2) + "\n")
     raw = cfg.to_hf() if cfg.wrapper is None else wrapped_hf(cfg, VISION_CONFIG)
     files.write_new(folder / "config.json", json.dumps(raw, indent=2) + "\n")
+    write_index(folder, {"total_size": total, "stepper_synthetic_seed": source.seed, "stepper_model": cfg.name},
+                weight_map)
+
+
+def write_index(folder: Path, metadata: dict, weight_map: dict[str, str]) -> None:
+    """The index, written last: its metadata says stepper wrote the folder, and what each file it
+    wrote was (`stepper_files`: config.json's sha256, each shard's size), so that --force later
+    knows a file changed since (not_from_synth)."""
+    written = {entry.name: fingerprint(entry) for entry in sorted(folder.iterdir())}
+    index = {"metadata": {**metadata, "stepper_files": written}, "weight_map": weight_map}
+    files.write_new(folder / INDEX, json.dumps(index, indent=2) + "\n")
+
+
+def fingerprint(path: Path) -> dict[str, object]:
+    """What a file synth wrote is: its size, and config.json's sha256 (the file a user edits; a
+    shard, gigabytes at full size, is known by its size)."""
+    found: dict[str, object] = {"bytes": path.stat().st_size}
+    if path.name == "config.json":
+        found["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return found
 
 
 def counted(entry: Entry, advance: Callable[[int], None]) -> Callable[[], Any]:
@@ -226,24 +243,37 @@ SYNTH_FILES = re.compile(rf"(config\.json|{re.escape(INDEX)}|model-\d{{5}}-of-\d
 
 
 def not_from_synth(folder: Path) -> list[str]:
-    """What a folder holds that `stepper synth` does not write (nothing: the folder is synth's). Its
-    files are known by their names and by the index, whose metadata says stepper made them."""
+    """What a folder holds that `stepper synth` did not write, or changed since (nothing: the folder
+    is synth's). Its files are known by their names and by the index, whose metadata says stepper
+    made them and (since it says so) what each was."""
     foreign = sorted(entry.name for entry in folder.iterdir()
                      if entry.is_symlink() or not entry.is_file() or not SYNTH_FILES.fullmatch(entry.name))
-    if not foreign and any(folder.iterdir()) and not is_synth_index(folder / INDEX):
+    metadata = synth_metadata(folder / INDEX)
+    if not foreign and any(folder.iterdir()) and metadata is None:
         foreign.append(f"{INDEX} (missing, or not written by stepper)")
+    written = metadata.get("stepper_files") if metadata is not None else None
+    if isinstance(written, dict):
+        foreign += [f"{name} (changed since stepper wrote it)" for name, was in sorted(written.items())
+                    if name not in foreign and (folder / name).is_file() and fingerprint(folder / name) != was]
     return foreign
 
 
-def is_synth_index(path: Path) -> bool:
+def synth_metadata(path: Path) -> dict | None:
+    """The metadata of an index synth wrote, None if it is not one."""
     try:
         if path.is_symlink() or path.stat().st_size > 1 << 30:
-            return False
+            return None
         index = read_json(path)
     except (StepperError, OSError):  # unsound JSON (too deep, not UTF-8, ...): not an index synth wrote
-        return False
+        return None
     metadata = index.get("metadata") if isinstance(index, dict) else None
-    return isinstance(metadata, dict) and "stepper_synthetic_seed" in metadata
+    return metadata if isinstance(metadata, dict) and "stepper_synthetic_seed" in metadata else None
+
+
+def quoted(found: str) -> str:
+    """A name in the way, quoted, and what is said of it after: "'config.json' (changed since ...)"."""
+    name, said, why = found.partition(" (")
+    return f"'{shown(name)}'{' (' + why if said else ''}"
 
 
 def check_replaceable(out: Path, force: bool, foreign: Callable[[Path], list[str]], what: str) -> None:
@@ -265,6 +295,6 @@ def check_replaceable(out: Path, force: bool, foreign: Callable[[Path], list[str
         raise StepperError(f"{out}: already exists; pass --force to replace it")
     others = foreign(out)
     if others:
-        listed = (", ".join(f"'{shown(n)}'" for n in others[:3])
+        listed = (", ".join(quoted(n) for n in others[:3])
                   + (f" and {len(others) - 3} more" if len(others) > 3 else ""))
         raise StepperError(f"{out}: holds {listed}; --force replaces only {what}, so nothing there was touched")

@@ -57,7 +57,7 @@ def test_force_keeps_a_manifest_of_another_format_and_a_plain_folder(written, tm
     (written / "manifest.json").write_text('{"format": "mine"}')
     before = snapshot(written)
     done = export(written, "--force")
-    assert done.exit_code == 2 and "holds 'manifest.json (not a stepper-fixture manifest)'" in done.stderr
+    assert done.exit_code == 2 and "holds 'manifest.json' (not a stepper-fixture manifest)" in done.stderr
     assert snapshot(written) == before
     mine = tmp_path / "mine"
     (mine / "data").mkdir(parents=True)
@@ -104,5 +104,5 @@ def test_synth_force_keeps_a_folder_whose_index_is_nested_too_deep_in_one_line(t
     index = out / "model.safetensors.index.json"
     index.write_text("[" * 100_000 + "]" * 100_000)
     said = one_line(stepper("synth", "--model", "tiny", "--out", out, "--force"))
-    assert "model.safetensors.index.json (missing, or not written by stepper)" in said
+    assert "'model.safetensors.index.json' (missing, or not written by stepper)" in said
     assert index.read_text() == "[" * 100_000 + "]" * 100_000

@@ -111,3 +111,28 @@ def test_synth_force_does_not_replace_a_folder_holding_a_users_config(tmp_path):
     assert (out / "config.json").read_text() == '{"model_type": "kimi_k2"}\n'
     assert stepper("synth", "--out", tmp_path / "ours").returncode == 0
     assert stepper("synth", "--out", tmp_path / "ours", "--force", "--seed", "1").returncode == 0
+
+
+@pytest.mark.parametrize("model", ["tiny", "tiny-v4"])
+def test_synth_force_does_not_replace_a_config_edited_since_synth_wrote_it(tmp_path, model):
+    """A user raising max_position_embeddings in a synth folder's config.json: the folder is still
+    stepper's by its names and index, but --force does not replace the edit; a shard grown since
+    is refused too. Left as written, the folder is replaced."""
+    out = tmp_path / "synth"
+    assert stepper("synth", "--model", model, "--out", out).returncode == 0
+    config = json.loads((out / "config.json").read_text())
+    edited = json.dumps({**config, "max_position_embeddings": 2**25}, indent=2) + "\n"
+    (out / "config.json").write_text(edited)
+    done = stepper("synth", "--model", model, "--out", out, "--force")
+    assert refused(done) == (f"{out}: holds 'config.json' (changed since stepper wrote it); --force "
+                             "replaces only a checkpoint stepper synth wrote, so nothing there was touched")
+    assert (out / "config.json").read_text() == edited
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")  # put back as synth wrote it
+    shard = min(out.glob("model-*.safetensors"))
+    with open(shard, "ab") as f:
+        f.write(b" ")
+    assert "changed since stepper wrote it" in refused(stepper("synth", "--model", model, "--out", out, "--force"))
+    shard.write_bytes(shard.read_bytes()[:-1])
+    assert stepper("synth", "--model", model, "--out", out, "--force", "--seed", "1").returncode == 0
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert index["metadata"]["stepper_synthetic_seed"] == 1
