@@ -21,6 +21,9 @@ from stepper.planning.names import check_patterns, planned_names
 from stepper.seams.patching import Patcher, Patches
 from stepper.seams.trace import Sink, matches
 from stepper.session import Plan, RunResult, RunSpec
+from stepper.weights import audit, published_audit
+from stepper.weights.checkpoint import Checkpoint
+from stepper.weights.published import PublishedCheckpoint
 from stepper.weights.source import WeightSource
 
 
@@ -88,4 +91,27 @@ def plan_run(spec: RunSpec, kept: Kept = lambda plan, names: [], lower: str = "-
 
     plan, why = memory.choose_attn(session.prepare(spec, weights, wording.spell), estimate, memory.available_bytes())
     plan, chunked = memory.choose_chunk(plan, estimate, memory.available_bytes(), chunk, wording.spell)
-    return RunPlan(plan, planned_names(plan), tuple(line for line in (why, chunked) if line), wording)
+    return RunPlan(plan, planned_names(plan), tuple(line for line in (why, chunked, unread_line(plan)) if line),
+                   wording)
+
+
+def unread_line(plan: Plan) -> str | None:
+    """A note naming the tensors of the run's layers that the config gives no use (a shared expert's
+    where it says `n_shared_experts` 0, a misspelt name): the run goes on as the config says, without
+    them, but says so. None for seeded weights, or when every tensor is read."""
+    cfg, weights = plan.config, plan.weights
+    run = range(plan.spec.layer, plan.spec.layer + 1) if plan.alone else \
+        range(cfg.num_hidden_layers if plan.needs_logits else plan.layers_shown.stop)
+    published = getattr(weights, "published", None)
+    if isinstance(weights, Checkpoint):
+        problems = audit.unknown_tensors(weights, run)
+    elif isinstance(published, PublishedCheckpoint):
+        problems = published_audit.unknown_layer_tensors(published, run)
+    else:
+        return None
+    if not problems:
+        return None
+    said, _, _ = problems[0].text.rpartition("; no run reads")
+    more = f", and in {len(problems) - 1} more layer(s)" if len(problems) > 1 else ""
+    them = "it" if "' is in layer" in said and not more else "them"
+    return f"note: {said}{more}: this run goes on without {them}, as config.json says (stepper inspect lists {them})"

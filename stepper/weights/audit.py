@@ -91,7 +91,7 @@ def unknown_tensors(ckpt: Checkpoint, layers: range) -> list[Problem]:
     """Tensors of a layer the config has that are no tensor of that layer as the config describes
     it (a dense layer's tensors where it says MoE, a misspelt name), one problem per layer: no run
     reads them. A block scale without its weight is left to the run's own check."""
-    problems = []
+    problems, of_layer = [], tensors_by_layer(ckpt)
     for layer in (n for n in layers if n < ckpt.config.num_hidden_layers):
         prefix = f"model.layers.{layer}."
         shapes = layer_shapes(ckpt.config, layer)
@@ -100,11 +100,21 @@ def unknown_tensors(ckpt: Checkpoint, layers: range) -> list[Problem]:
         known |= {prefix + name for name in IGNORED}
         if ckpt.per_tensor:
             known |= activation_scales(known)
-        found = [(name, shard) for name, shard in ckpt.weight_map.items()
-                 if name.startswith(prefix) and name not in known and not orphan_scale(ckpt, name)]
+        found = [(name, shard) for name, shard in of_layer.get(layer, [])
+                 if name not in known and not orphan_scale(ckpt, name)]
         if found:
             problems.append(unknown_problem(layer, found))
     return problems
+
+
+def tensors_by_layer(ckpt: Checkpoint) -> dict[int, list[tuple[str, str]]]:
+    """(name, shard) of each tensor of a layer (`model.layers.N.`), by layer, in the index's order."""
+    of_layer: dict[int, list[tuple[str, str]]] = {}
+    for name, shard in ckpt.weight_map.items():
+        m = LAYER_NAME.match(name)
+        if m:
+            of_layer.setdefault(int(m[1]), []).append((name, shard))
+    return of_layer
 
 
 def activation_scales(names: set[str]) -> set[str]:
@@ -134,11 +144,7 @@ def stray_tensors(ckpt: Checkpoint) -> list[Problem]:
     after the last layer) are part of the checkpoint, not strays."""
     layers = ckpt.config.num_hidden_layers
     known = layers + nextn_layers(ckpt)
-    strays: dict[int, list[tuple[str, str]]] = {}
-    for name, shard in ckpt.weight_map.items():
-        m = LAYER_NAME.match(name)
-        if m and int(m[1]) >= known:
-            strays.setdefault(int(m[1]), []).append((name, shard))
+    strays = {layer: found for layer, found in tensors_by_layer(ckpt).items() if layer >= known}
     return [stray_problem(layer, found, layers) for layer, found in sorted(strays.items())]
 
 
