@@ -26,6 +26,7 @@ from stepper.seams.trace import Event, Recorder
 from stepper.session import Plan
 from stepper.untrusted import shown
 from stepper.views.debugger import (
+    COMMANDS,
     CommandSource,
     Debugger,
     Quit,
@@ -128,6 +129,10 @@ class LessonDebugger(Debugger):
             if line is None or line.strip() in ("", "skip"):
                 break
             verdict = judge(pred, line, ctx, stop_key)
+            if typed_command(line, pred, verdict.readable):  # not an answer, and not counted as a try
+                self.console.print(Text("that is a debugger command: a stop's commands come after its predictions; "
+                                        "answer, or press Enter to see the answer", style="yellow"), soft_wrap=False)
+                continue
             if verdict.right:
                 if tries == 0:
                     self.first_try += 1
@@ -143,6 +148,13 @@ class LessonDebugger(Debugger):
             self.console.print("try again, or press Enter to see the answer", style="dim")
         self.console.print(f"→ the answer: {shown(show_answer(pred, expected))}", style="bold")
 
+
+
+def typed_command(line: str, pred: Prediction, readable: bool) -> bool:
+    """Whether an answer is a debugger command (`p k_pe`, `s hist kv_a`): a command's word that is
+    no answer, or is followed by a name where the answer is numbers (`x kv_a[0]` reads as [0])."""
+    word, *rest = line.split()
+    return word in COMMANDS and (not readable or (pred.kind != "choice" and bool(rest) and rest[0][:1].isalpha()))
 
 
 @dataclass(frozen=True)

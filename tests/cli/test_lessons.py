@@ -166,6 +166,21 @@ def test_unreadable_answers_are_no_try_and_a_shown_answer_is_not_right():
     assert "write the sizes in order, like [1, 7, 512], 1x7x512 or 1 7 512; Enter shows the answer" in text  # ?
 
 
+
+def test_a_debugger_command_typed_at_a_prediction_is_told_and_is_no_try():
+    """`p k_pe` at a prediction prompt is not graded as an answer: the walk says the commands come
+    after the predictions, asks again, and the right answer after it is a first try."""
+    lesson = find_lesson("mla-latent")
+    right = right_answers(lesson)
+    answers = ["p compressed_kv", "s hist compressed_kv", "x compressed_kv[0]", "p compressed_kv", *right]
+    out = io.StringIO()
+    console = Console(file=out, width=200, no_color=True, soft_wrap=True)
+    walked = walk(lesson, console, CommandSource(console, io.StringIO("\n".join(answers) + "\n"), False))
+    text = out.getvalue()
+    assert walked.finished and walked.first_try == walked.asked, text[-2000:]
+    assert text.count("that is a debugger command: a stop's commands come after its predictions") == 4
+    assert "I could not read that" not in text
+
 # ---------------------------------------------------------------------------------------------
 # Exercises
 
