@@ -236,7 +236,8 @@ def size_of(piece: str) -> int | None:
 
 
 def parse_choice(text: str, options: Sequence[str]) -> int:
-    """The index of the option meant: its number (1..), its letter (a..), its text or a unique start of it."""
+    """The index of the option meant: its number (1..), its letter (a..), its text, a unique start of
+    it, or words only one option holds ("same" for "about the same")."""
     answer = text.strip().lower().rstrip(").")
     if not answer:
         raise Unreadable("there is no answer in it")
@@ -250,6 +251,10 @@ def parse_choice(text: str, options: Sequence[str]) -> int:
     starts = [i for i, o in enumerate(lowered) if o.startswith(answer)]
     if len(starts) == 1:
         return starts[0]
+    holding = [i for i, o in enumerate(lowered) if re.search(rf"(?<!\w){re.escape(answer)}(?!\w)", o)]
+    if not starts and len(holding) == 1:
+        return holding[0]
+    starts = starts or holding
     raise Unreadable("that starts more than one option" if starts else "that is none of the options")
 
 

@@ -27,7 +27,7 @@ from stepper.lessons.judge import judge
 from stepper.lessons.lint import mentioned_names, subject_errors, template_errors, unknown_names
 from stepper.lessons.progress import Progress
 from stepper.lessons.prose import join_lines, say
-from stepper.lessons.reading import parse_choice, parse_number, parse_set, parse_shape
+from stepper.lessons.reading import Unreadable, parse_choice, parse_number, parse_set, parse_shape
 from stepper.lessons.schema import Prediction, Wrong, all_lessons, find_lesson
 from stepper.lessons.templates import render, value_of
 from stepper.lessons.walk import right_answers, walk
@@ -314,6 +314,11 @@ def test_number_set_and_choice_forms(ctx):
     assert judge(Prediction("?", "set", [0, 29, 24, 30]), "24 30 0 29", ctx, None).right
     options = ("larger", "smaller", "about the same")
     assert parse_choice("b", options) == 1 and parse_choice("2", options) == 1 and parse_choice("about", options) == 2
+    assert parse_choice("same", options) == 2 and parse_choice("the same", options) == 2  # words only one option holds
+    with pytest.raises(Unreadable, match="more than one option"):
+        parse_choice("same", ("the same sign", "the same size"))
+    with pytest.raises(Unreadable, match="none of the options"):
+        parse_choice("sam", options)  # a word's start inside an option is not read as the option
     assert judge(Prediction("?", "choice", "smaller", options=options), "Smaller", ctx, None).right
 
 
