@@ -32,10 +32,23 @@ def written(tmp_path) -> Path:
 
 
 def test_force_replaces_a_fixture_folder_stepper_wrote(written):
-    (written / "tensors.safetensors").write_bytes(b"stale")
-    done = export(written, "--force")
-    assert done.exit_code == 0 and (written / "tensors.safetensors").read_bytes() != b"stale"
+    manifest = json.loads((written / "manifest.json").read_text())
+    done = export(written, "--force", "--seed", "1")
+    assert done.exit_code == 0 and json.loads((written / "manifest.json").read_text()) != manifest
     assert sorted(p.name for p in written.parent.iterdir()) == ["fixture", "mini.json"]  # no .old-* or .partial-*
+
+
+def test_force_keeps_a_tensors_file_changed_since_stepper_wrote_it(written):
+    """Its manifest notes the tensors file's bytes and sha256: an edit of one value (same size) is seen."""
+    tensors = written / "tensors.safetensors"
+    data = bytearray(tensors.read_bytes())
+    data[-1] ^= 1
+    tensors.write_bytes(bytes(data))
+    before = snapshot(written)
+    done = export(written, "--force")
+    assert done.exit_code == 2 and snapshot(written) == before
+    assert done.stderr == (f"stepper: error: {written}: holds 'tensors.safetensors' (changed since stepper wrote it); "
+                           "--force replaces only a fixture folder stepper wrote, so nothing there was touched\n")
 
 
 @pytest.mark.parametrize("intruder, named", [
