@@ -104,14 +104,15 @@ def unread_line(plan: Plan) -> str | None:
         range(cfg.num_hidden_layers if plan.needs_logits else plan.layers_shown.stop)
     published = getattr(weights, "published", None)
     if isinstance(weights, Checkpoint):
-        problems = audit.unknown_tensors(weights, run)
+        unknown = audit.unknown_by_layer(weights, run)
     elif isinstance(published, PublishedCheckpoint):
-        problems = published_audit.unknown_layer_tensors(published, run)
+        unknown = published_audit.unknown_by_layer(published, run)
     else:
         return None
-    if not problems:
+    if not unknown:
         return None
-    said, _, _ = problems[0].text.rpartition("; no run reads")
-    more = f", and in {len(problems) - 1} more layer(s)" if len(problems) > 1 else ""
-    them = "it" if "' is in layer" in said and not more else "them"
-    return f"note: {said}{more}: this run goes on without {them}, as config.json says (stepper inspect lists {them})"
+    layer, found = next(iter(unknown.items()))
+    more = f", and in {len(unknown) - 1} more layer(s)" if len(unknown) > 1 else ""
+    them = "it" if len(unknown) == 1 and len(found) == 1 else "them"
+    return (f"note: {audit.unknown_words(layer, found)}{more}: this run goes on without {them}, as config.json says "
+            f"(stepper inspect lists {them})")

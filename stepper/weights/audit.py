@@ -91,7 +91,12 @@ def unknown_tensors(ckpt: Checkpoint, layers: range) -> list[Problem]:
     """Tensors of a layer the config has that are no tensor of that layer as the config describes
     it (a dense layer's tensors where it says MoE, a misspelt name), one problem per layer: no run
     reads them. A block scale without its weight is left to the run's own check."""
-    problems, of_layer = [], tensors_by_layer(ckpt)
+    return [unknown_problem(layer, found) for layer, found in unknown_by_layer(ckpt, layers).items()]
+
+
+def unknown_by_layer(ckpt: Checkpoint, layers: range) -> dict[int, list[tuple[str, str]]]:
+    """(name, shard) of each of `unknown_tensors`, by layer (the layers holding any)."""
+    unknown, of_layer = {}, tensors_by_layer(ckpt)
     for layer in (n for n in layers if n < ckpt.config.num_hidden_layers):
         prefix = f"model.layers.{layer}."
         shapes = layer_shapes(ckpt.config, layer)
@@ -103,8 +108,8 @@ def unknown_tensors(ckpt: Checkpoint, layers: range) -> list[Problem]:
         found = [(name, shard) for name, shard in of_layer.get(layer, [])
                  if name not in known and not orphan_scale(ckpt, name)]
         if found:
-            problems.append(unknown_problem(layer, found))
-    return problems
+            unknown[layer] = found
+    return unknown
 
 
 def tensors_by_layer(ckpt: Checkpoint) -> dict[int, list[tuple[str, str]]]:
@@ -133,9 +138,15 @@ def orphan_scale(ckpt: Checkpoint, name: str) -> bool:
 def unknown_problem(layer: int, found: list[tuple[str, str]]) -> Problem:
     """One line for all of a layer's unknown tensors, naming the first."""
     name, shard = found[0]
+    return Problem(shard, name, f"{unknown_words(layer, found)}; no run reads {'it' if len(found) == 1 else 'them'}")
+
+
+def unknown_words(layer: int, found: list[tuple[str, str]]) -> str:
+    """What a layer's unknown tensors are, naming the first ("SHARD: 'NAME' and 5 more tensor(s) are
+    in layer 1 but ...")."""
+    name, shard = found[0]
     what = f"'{name}' is" if len(found) == 1 else f"'{name}' and {len(found) - 1} more tensor(s) are"
-    return Problem(shard, name, f"{shard}: {what} in layer {layer} but no tensor of that layer as config.json "
-                                f"describes it; no run reads {'it' if len(found) == 1 else 'them'}")
+    return f"{shard}: {what} in layer {layer} but no tensor of that layer as config.json describes it"
 
 
 def stray_tensors(ckpt: Checkpoint) -> list[Problem]:

@@ -89,7 +89,12 @@ def hash_table_problems(ckpt: PublishedCheckpoint, layers: range) -> list[Proble
 
 def unknown_layer_tensors(ckpt: PublishedCheckpoint, layers: range) -> list[Problem]:
     """Tensors of a layer that are no tensor of it as config.json describes it, one problem per layer."""
-    problems = []
+    return [unknown_problem(layer, found) for layer, found in unknown_by_layer(ckpt, layers).items()]
+
+
+def unknown_by_layer(ckpt: PublishedCheckpoint, layers: range) -> dict[int, list[tuple[str, str]]]:
+    """(name, shard) of each of `unknown_layer_tensors`, by layer (the layers holding any)."""
+    unknown = {}
     for layer in layers:
         prefix = v4.layer_prefix(layer)
         known = {prefix + name for name in v4.layer_tensors(ckpt.config, layer)}
@@ -97,8 +102,8 @@ def unknown_layer_tensors(ckpt: PublishedCheckpoint, layers: range) -> list[Prob
         found = [(name, shard) for name, shard in ckpt.weight_map.items()
                  if name.startswith(prefix) and name not in known]
         if found:
-            problems.append(unknown_problem(layer, found))
-    return problems
+            unknown[layer] = found
+    return unknown
 
 
 def stray_layers(ckpt: PublishedCheckpoint) -> list[Problem]:
