@@ -136,14 +136,9 @@ def layer_floor(cfg: Config, layer: int, tokens: int, cache: int, ceil: Ceilings
     the measured GEMM rate, every core. A prefill uses the
     experts its tokens choose: n x (1 - (1 - k/n)^T) of n routed experts, k per token, on average.
     -> (seconds, how it was made)"""
-    shapes = layer_shapes(cfg, layer)
-    matrices = {name: math.prod(shape) for name, shape in shapes.items()
-                if len(shape) == 2 and ".gate.weight" not in name}  # the router stays float32
-    routed = sum(v for name, v in matrices.items() if ".mlp.experts." in name)
-    rest = sum(matrices.values()) - routed
-    if cfg.is_moe_layer(layer) and cfg.n_routed_experts:
+    rest, per_expert = layer_weights(cfg, layer)
+    if per_expert:
         n, k = cfg.n_routed_experts, cfg.num_experts_per_tok
-        per_expert = routed / n
         decoded = rest + per_expert * n * (1 - (1 - k / n) ** tokens)
         per_token = rest + per_expert * k
     else:
@@ -154,6 +149,16 @@ def layer_floor(cfg: Config, layer: int, tokens: int, cache: int, ceil: Ceilings
     how = (f"{decoded / 1e6:,.0f} M FP8 weights at {ceil.fp8 / 1e9:.2f} G/s on {ceil.cores} cores at once "
            f"+ {flops / 1e9:,.0f} GFLOP at {ceil.gemm / 1e9:.0f} GFLOP/s")
     return seconds, how
+
+
+def layer_weights(cfg: Config, layer: int) -> tuple[int, float]:
+    """The FP8 weights of a layer's matrices: (those every token uses, those of one routed expert;
+    0 in a dense layer). The router's weight stays float32 and is not counted."""
+    matrices = {name: math.prod(shape) for name, shape in layer_shapes(cfg, layer).items()
+                if len(shape) == 2 and ".gate.weight" not in name}
+    routed = sum(v for name, v in matrices.items() if ".mlp.experts." in name)
+    moe = cfg.is_moe_layer(layer) and cfg.n_routed_experts
+    return sum(matrices.values()) - routed, routed / cfg.n_routed_experts if moe else 0
 
 
 def core_flops(cfg: Config, tokens: int, cache: int, attn: str) -> float:

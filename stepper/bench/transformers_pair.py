@@ -7,10 +7,11 @@ from pathlib import Path
 
 import numpy as np
 
-from stepper.bench.ceilings import Ceilings, fp8_rate, layer_floor
+from stepper.bench.ceilings import core_flops, fp8_rate, layer_weights
 from stepper.bench.figures import Figure, median_time, paired_times
 from stepper.config import Config, Fp8
 from stepper.kernels import gemm, parallel
+from stepper.kernels.fp8_matmul import GEMM_COLUMNS
 from stepper.kernels.fp8_tiles import multiply_tile, tall_rows
 from stepper.kernels.weight_cache import CachedWeights
 from stepper.model import Transformer
@@ -63,36 +64,77 @@ def versus_torch(checkpoint: Path, tokens: int, pairs: int, cache_mb: int = 0) -
                       f"median of {pairs} ratios, runs taken in turn after one of each; medians: stepper {ours:.3f} s, "
                       f"transformers {torch_time:.3f} s")]
     if not cache_mb:
-        floor, made = least_time(cfg, tokens)
+        floor, made = least_time(cfg, tokens, expert_tokens(model, hidden))
         figures.append(Figure(f"{cfg.name} layer 1, T={tokens}: the least time stepper's work could take", floor, "s",
                               None, f"{made}; {floor / torch_time:.2f}x transformers' time (above 1, this floor "
                                     "keeps stepper behind)"))
     return figures
 
 
-def least_time(cfg: Config, tokens: int) -> tuple[float, str]:
+def least_time(cfg: Config, tokens: int, counts: list[int]) -> tuple[float, str]:
     """The least time stepper's work on this layer could take here, from rates measured now in
-    this process: its FP8 weights decoded at one core's FP8 rate on every core, and its products at
-    the rate of its own GEMM (kernels.gemm, one core, every core) on the tiles it multiplies, with
-    the tokens an expert gets on average.  -> (seconds, how it was made)
+    this process: its FP8 weights (the chosen experts' and the rest) decoded at one core's FP8
+    rate on every core, and each product at the rate of its own GEMM (kernels.gemm, one core, every
+    core) on the tiles it multiplies by the columns it gets: a routed expert the tokens the run's
+    router gave it (`counts`, one per chosen expert), the rest of the layer every token.
+    -> (seconds, how it was made)
 
-    A tile is what the product reads: with few tokens one scale block of rows, just decoded into
-    the cache; with many, TALL_TILE_BYTES of rows (fp8_tiles.apply_tiles). Its rate is taken with
-    the tile in the cache. (A whole [2048, 7168] weight read from memory at every product, as this
-    took before, multiplies 16 tokens at half that rate on a machine whose memory is slow, and
-    put this floor above what stepper's own warm layer takes.)"""
+    The columns are padded as stepper pads them, each expert's own: a BLAS may take them 16 at a
+    time (MKL's sgemm takes one [128, 7168] tile by 4 to 16 tokens in the same time, 1.65x that by
+    17 to 32), so the experts' average would understate the products. A tile is what the product
+    reads: with few tokens one scale block of rows, just decoded into the cache; with many,
+    TALL_TILE_BYTES of rows (fp8_tiles.apply_tiles). Its rate is taken with the tile in the cache.
+    (A whole [2048, 7168] weight read from memory at every product, as this took before,
+    multiplies 16 tokens at half that rate on a machine whose memory is slow, and put this floor
+    above what stepper's own warm layer takes.)"""
     [fp8] = fp8_rate()
-    columns = max(1, round(tokens * cfg.num_experts_per_tok / cfg.n_routed_experts))
+    cores = parallel.cores()
+    rest, per_expert = layer_weights(cfg, 1)
+    rates: dict[int, float] = {}  # padded columns -> FLOP/s of one core
+
+    def seconds(flops: float, columns: int) -> float:
+        columns = padded(columns, cfg.hidden_size)
+        if columns not in rates:
+            rates[columns] = tile_rate(cfg, columns)
+        return flops / rates[columns]
+
+    flops = [2.0 * count * per_expert for count in counts] + [2.0 * tokens * rest + core_flops(cfg, tokens, 0, "naive")]
+    products = sum(seconds(f, c) for f, c in zip(flops, [*counts, tokens])) / cores
+    decoded = rest + per_expert * len(counts)
+    every_core = fp8.value * 1e9 * cores
+    by_columns = ", ".join(f"{c}: {r / 1e9:.0f}" for c, r in sorted(rates.items()))
+    how = (f"{decoded / 1e6:,.0f} M FP8 weights at {every_core / 1e9:.2f} G/s on {cores} cores at once + "
+           f"{sum(flops) / 1e9:,.0f} GFLOP at {sum(flops) / products / 1e9:.0f} GFLOP/s ({gemm.description()}; "
+           f"{len(counts)} experts' tokens {min(counts, default=0)}-{max(counts, default=0)}; GFLOP/s a core "
+           f"on its tiles by each count of columns, padded: {by_columns})")
+    return decoded / every_core + products, how
+
+
+def expert_tokens(model: Transformer, hidden: np.ndarray) -> list[int]:
+    """How many tokens each routed expert the layer's router chooses for `hidden` [1, T, d] gets
+    (one run of layer 1, its router's top-k kept)."""
+    chosen = []
+    emit = Emitter([lambda event: chosen.append(np.asarray(event.array)) if event.key == "mlp.gate.topk_idx" else None])
+    model.layer(1, hidden, model.rope(np.arange(hidden.shape[1]), emit), None, emit, "naive")
+    picked = np.concatenate([c.ravel() for c in chosen])
+    return [int(count) for count in np.bincount(picked[picked >= 0]) if count]
+
+
+def padded(columns: int, inputs: int) -> int:
+    """The columns stepper's FP8 product multiplies for `columns` tokens (fp8_matmul.padded_to_columns)."""
+    if columns <= 1 or gemm.unpadded(columns, inputs):
+        return columns
+    return -(-columns // GEMM_COLUMNS) * GEMM_COLUMNS
+
+
+def tile_rate(cfg: Config, columns: int) -> float:
+    """FLOP/s of one core multiplying the tile stepper's FP8 products multiply by `columns` tokens
+    (tile_rows), held in the cache, as apply_tiles multiplies it (median of 9)."""
     rows = tile_rows(cfg, columns)
     tile, inputs = np.ones((rows, cfg.hidden_size), np.float32), np.ones((columns, cfg.hidden_size), np.float32)
     out = np.empty((rows, columns), np.float32)
     direct = gemm.direct_parts(cfg.hidden_size, columns) if columns <= block_rows(cfg) else None  # as apply_tiles
-    rate = 2 * tile.size * columns / median_time(lambda: multiply_tile(tile, inputs.T, out, direct), 9)
-    cores = parallel.cores()
-    seconds, how = layer_floor(cfg, 1, tokens, 0, Ceilings(fp8.value * 1e9 * cores, rate * cores, cores))
-    parts = f" in direct parts {list(direct)}" if direct else ""
-    tiles = f"[{rows}, {cfg.hidden_size}] tiles by {columns} columns{parts}"
-    return seconds, f"{how} ({gemm.description()}, {tiles}: {rate / 1e9:.0f} GFLOP/s a core)"
+    return 2 * tile.size * columns / median_time(lambda: multiply_tile(tile, inputs.T, out, direct), 9)
 
 
 def tile_rows(cfg: Config, columns: int) -> int:

@@ -226,9 +226,10 @@ def test_figures_print_their_ratio_to_the_floor_and_the_machine_names_its_blas_a
 
 
 def test_the_least_time_against_transformers_is_made_of_the_rates_measured_in_the_same_process(monkeypatch):
-    """The 16-expert comparison's floor: the FP8 weights decoded at one core's FP8 rate on every
-    core, and the products at stepper's own GEMM rate on an expert's shape (tokens x top-k / experts
-    columns), every core: layer_floor with those rates."""
+    """The 16-expert comparison's floor: the FP8 weights of the experts chosen and the rest decoded
+    at one core's FP8 rate on every core, and each product at stepper's own GEMM rate on its tiles
+    by the columns it gets, padded as stepper pads them: each expert its own tokens, the rest every
+    token (one rate timed per count of columns), every core."""
     from stepper.bench import transformers_pair
     from stepper.presets import preset
 
@@ -240,16 +241,43 @@ def test_the_least_time_against_transformers_is_made_of_the_rates_measured_in_th
     def gemm_time(fn, repeat):
         fn()
         timed.append(repeat)
-        return 0.001
+        return 0.001 * len(timed)  # each count of columns its own rate
 
     monkeypatch.setattr(transformers_pair, "median_time", gemm_time)
-    floor, how = transformers_pair.least_time(cfg, 64)  # made of the rates given, not timed
-    columns = 64 * 4 // 32
-    rate = 2 * 128 * cfg.hidden_size * columns / 0.001  # FLOP/s of one core on one scale block's tile
-    expected, _ = ceilings.layer_floor(cfg, 1, 64, 0, ceilings.Ceilings(2 * 0.5e9, 2 * rate, 2))
-    assert floor == pytest.approx(expected) and timed == [9]
-    assert f"[128, {cfg.hidden_size}] tiles by {columns} columns: {rate / 1e9:.0f} GFLOP/s a core" in how
-    assert "FP8 weights at 1.00 G/s" in how
+    floor, how = transformers_pair.least_time(cfg, 16, [3, 8, 9, 20, 24])  # made of the rates given, not timed
+    assert timed == [9, 9, 9]  # 8 (3 and 8, padded), 16 (9 and the 16 tokens), 24 (20, 24): one rate each
+    rest, per_expert = ceilings.layer_weights(cfg, 1)
+    rate = {c: 2 * 128 * cfg.hidden_size * c / (0.001 * (i + 1)) for i, c in enumerate([8, 16, 24])}
+    products = (2 * per_expert * (3 / rate[8] + 8 / rate[8] + 9 / rate[16] + 20 / rate[24] + 24 / rate[24])
+                + (2 * 16 * rest + ceilings.core_flops(cfg, 16, 0, "naive")) / rate[16])
+    assert floor == pytest.approx((rest + 5 * per_expert) / (2 * 0.5e9) + products / 2)
+    assert f"{(rest + 5 * per_expert) / 1e6:,.0f} M FP8 weights at 1.00 G/s on 2 cores at once" in how
+    assert "5 experts' tokens 3-24" in how and f"8: {rate[8] / 1e9:.0f}, 16: {rate[16] / 1e9:.0f}, 24:" in how
+
+
+def test_an_expert_s_tokens_are_those_its_router_gave_it():
+    """The floor's counts come from the layer's own router: one per expert it chose, none for the
+    others, summing to tokens x top-k."""
+    from stepper.bench.transformers_pair import expert_tokens
+    from stepper.model import Transformer
+    from stepper.presets import preset
+    from stepper.seams.trace import Emitter
+    from stepper.weights.seeded import SyntheticWeights
+
+    cfg = preset("tiny")  # 32 experts, 4 a token
+    model = Transformer(SyntheticWeights(cfg, 0))
+    hidden = np.random.default_rng(3).standard_normal((1, 6, cfg.hidden_size), dtype=np.float32)
+    seen = {}
+
+    def keep(event):
+        seen[event.key] = np.array(event.array)
+
+    emit = Emitter([keep])
+    model.layer(1, hidden, model.rope(np.arange(6), emit), None, emit, "naive")
+    chosen = seen["mlp.gate.topk_idx"].reshape(6, cfg.num_experts_per_tok)
+    expected = [sum(int(e in row) for row in chosen) for e in sorted(set(chosen.ravel().tolist()))]
+    counts = expert_tokens(model, hidden)
+    assert counts == expected and sum(counts) == 6 * 4 and len(counts) < 24  # some experts chosen twice or more
 
 
 def test_the_floors_tiles_are_those_stepper_multiplies():
