@@ -19,7 +19,9 @@ fp8_tiles.result_arrays). `decode_rows` also decodes a whole weight (fp4_matmul.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
+from functools import cache
 
 import numpy as np
 
@@ -35,9 +37,10 @@ FEW_TILE_VALUES = 1 << 20  # a tile past PLANES_MOST_TOKENS, about [256, 4096], 
 MANY_TOKENS = 256  # past this, tiles are taller, the result [N, out] (row_tiles). At 129-256 tokens [256, in] rows
 # and [out, N] took 0.8-0.95x the time of tall ones (AMD EPYC Zen 4, docs/performance.md); at 300-512, about the same
 SIGN_AND_CODE = np.uint32(0x81C0_0000).view(np.int32)  # bit 31, and bits 22-24 (exponent's foot, mantissa's top)
-UNBIAS_EXPONENT = 126  # a nibble's bits give its value times 2^-126
-UNBIAS = np.float32(2.0**UNBIAS_EXPONENT)
-LARGEST_FOLDED_BYTE = fp4.e8m0.EXPONENT_BIAS + 1  # a scale times UNBIAS is finite up to 2^1 * 2^126 (byte 128)
+CODE_BITS = np.int32(0x01C0_0000)  # bits 22-24: a nibble's two exponent bits and its mantissa bit, c << 22
+TWO_CODES = np.int32(0x0080_0000)  # 2 << 22: one more in the exponent field
+UNBIAS_EXPONENT = 126  # a nibble's bits give its value times 2^-126 (normalized: 2^-125)
+SUBNORMAL_PENALTY = 3.0  # subnormals multiplied this many times slower than normal values: slow (an Intel Xeon's 9-12x)
 
 
 def decode_rows(w: Fp4Matrix, start: int, end: int, out: np.ndarray, scales: np.ndarray) -> np.ndarray:
@@ -63,11 +66,12 @@ def decode_planes(w: Fp4Matrix, start: int, end: int, places: np.ndarray) -> Non
 
 
 def plane_part(w: Fp4Matrix, start: int, end: int, out: np.ndarray) -> None:
-    """Rows [start, end) into `out` [planes, rows, in/8] (decode_planes), in six passes. The scales'
-    bytes are their float32's exponent fields, 2^126 folded in as 126 more (int4_tiles.scales_per_byte),
-    or, where a byte is past LARGEST_FOLDED_BYTE (2^126 more would leave float32's range), the values
-    times 2^126 first; bytes 0x00 (2^-127, a float32 subnormal) and 0xFF (NaN) are no exponent field,
-    and a tile holding one takes their values from the table (e8m0.decode)."""
+    """Rows [start, end) into `out` [planes, rows, in/8] (decode_planes), in six passes (nine where
+    subnormals are slow: normalized). The scales' bytes are their float32's exponent fields, 2^126
+    (2^125) folded in as 126 (125) more (int4_tiles.scales_per_byte), or, where a byte is too large
+    for that to stay in float32's range, the values unbiased first; bytes 0x00 (2^-127, a float32
+    subnormal) and 0xFF (NaN) are no exponent field, and a tile holding one takes their values from
+    the table (e8m0.decode)."""
     memory = int4_tiles.tile_memory(end - start, w)
     int4_tiles.put_words(w.packed[start:end].view(np.int32), memory)  # four little-endian words a group
     int4_tiles.nibbles_up(memory)  # s e e m 0000
@@ -75,18 +79,65 @@ def plane_part(w: Fp4Matrix, start: int, end: int, out: np.ndarray) -> None:
     np.copyto(bits, memory.values)  # sign-extended: s...s e e m 0000
     np.left_shift(bits, 18, out=bits)
     np.bitwise_and(bits, SIGN_AND_CODE, out=bits)  # s 000000 e e m 0...0: the value times 2^-126
+    exponent = UNBIAS_EXPONENT
+    if subnormals_slow():
+        normalized(bits, kept_memory("fp4 codes", 1, bits.size).view(np.int32).reshape(bits.shape))
+        exponent -= 1
+    unbias = np.float32(2.0**exponent)
     scale_bytes = w.scales[start:end]
     largest = int(scale_bytes.max(initial=0))
-    folded = largest <= LARGEST_FOLDED_BYTE
+    folded = largest <= fp4.e8m0.EXPONENT_BIAS + 127 - exponent  # a scale times 2^exponent stays finite
     if largest == fp4.e8m0.NAN_BYTE or scale_bytes.min(initial=1) == 0:
         scales = int4_tiles.scales_per_byte(fp4.e8m0.decode(scale_bytes), memory)
         if folded:
-            np.multiply(scales, UNBIAS, out=scales)
+            np.multiply(scales, unbias, out=scales)
     else:
-        scales = int4_tiles.scales_per_byte(scale_bytes, memory, UNBIAS_EXPONENT if folded else 0)
+        scales = int4_tiles.scales_per_byte(scale_bytes, memory, exponent if folded else 0)
     if not folded:  # the values unbiased first (exact), then scaled
-        np.multiply(out, UNBIAS, out=out)
+        np.multiply(out, unbias, out=out)
     np.multiply(out, scales, out=out)  # the same [rows, in/8] for every plane
+
+
+def normalized(bits: np.ndarray, scratch: np.ndarray) -> None:
+    """A nibble's bits (plane_part: s, then its code c = e e m at bits 22-24, the value times 2^-126,
+    0.5 a float32 subnormal) made its value times 2^-125, every one normal or zero, in three
+    integer passes: min(c, 2) << 22 added. c >= 2 (an exponent e >= 1) gains one in the exponent
+    field; c = 1 (0.5, bits 1 << 22: 2^-127) becomes 1 << 23 (2^-126); c = 0 stays zero.
+    bits, scratch: int32 of the same shape"""
+    np.bitwise_and(bits, CODE_BITS, out=scratch)
+    codes = scratch.view(np.float32)  # c << 22 >= 0 orders as its float32 does; NumPy's int32 minimum ran 1.5x slower
+    np.minimum(codes, TWO_CODES.view(np.float32), out=codes)
+    np.add(bits, scratch, out=bits)
+
+
+PROBE_VALUES = 1 << 14
+PROBE_ROUNDS = 5
+
+
+@cache
+def subnormals_slow() -> bool:
+    """Whether this CPU multiplies float32 subnormals SUBNORMAL_PENALTY times slower than normal
+    values or more, measured once per process (the least of PROBE_ROUNDS of each, about 1 ms):
+    FP4's 0.5 decoded by the bit trick is one. An Intel Xeon took FP4 tiles at 0.19-0.22 G values/s
+    with them and 1.6 without (docs/performance.md); there the decoding takes three passes more to
+    avoid them. Either way the values come out the same, bit for bit."""
+    return slow_subnormals(multiply_seconds(2.0**-127), multiply_seconds(2.0**-125))
+
+
+def multiply_seconds(value: float) -> float:
+    """The least time of PROBE_ROUNDS multiplications of PROBE_VALUES float32 copies of `value`."""
+    a, out = np.full(PROBE_VALUES, value, np.float32), np.empty(PROBE_VALUES, np.float32)
+    rounds = []
+    for _ in range(PROBE_ROUNDS):
+        start = time.perf_counter()
+        np.multiply(a, np.float32(3.0), out=out)
+        rounds.append(time.perf_counter() - start)
+    return min(rounds)
+
+
+def slow_subnormals(subnormal: float, normal: float) -> bool:
+    """Slow: the subnormals' multiplication took SUBNORMAL_PENALTY times the normal values' or more."""
+    return subnormal >= SUBNORMAL_PENALTY * normal
 
 
 def tile_rows(w: Fp4Matrix) -> int:

@@ -109,12 +109,15 @@ def plane_values(w: Fp4Matrix) -> np.ndarray:
     return values
 
 
+@pytest.mark.parametrize("normalized", [False, True])  # where this CPU multiplies subnormals slowly (Intel's)
 @pytest.mark.parametrize("scale_bytes", [(0, 8), (100, 129), (120, 200), (0, 255), (250, 256)])
-def test_planes_hold_the_readable_values_bit_for_bit(scale_bytes):
+def test_planes_hold_the_readable_values_bit_for_bit(scale_bytes, normalized, monkeypatch):
     """Every code (both signs of zero, the subnormal 0.5) with E8M0 scales from 2^-127 (itself
-    subnormal in float32) up: a scale of 2^2 or more is not folded with 2^126 (that would be
-    infinite) and takes the other branch; products past float32's range are infinite in both. Bytes
-    0x00 and 0xFF (NaN) are no float32 exponent field and come from the table."""
+    subnormal in float32) up: a scale of 2^2 (2^3 normalized) or more is not folded with 2^126
+    (2^125) (that would be infinite) and takes the other branch; products past float32's range are
+    infinite in both. Bytes 0x00 and 0xFF (NaN) are no float32 exponent field and come from the
+    table."""
+    monkeypatch.setattr(fp4_tiles, "subnormals_slow", lambda: normalized)
     rng = np.random.default_rng(scale_bytes[1])
     packed = rng.integers(0, 256, (70, 128), dtype=np.uint8)
     packed[:2] = np.arange(256, dtype=np.uint8).reshape(2, 128)  # every byte, so every code as low and as high nibble
@@ -122,6 +125,34 @@ def test_planes_hold_the_readable_values_bit_for_bit(scale_bytes):
     w = Fp4Matrix.of(packed, scales)
     with np.errstate(over="ignore"):
         np.testing.assert_array_equal(plane_values(w).view(np.uint32), w.dequantize().view(np.uint32))
+
+
+def test_normalized_nibbles_are_their_values_times_2_to_the_minus_125_none_subnormal():
+    """Each e2m1 code of both signs, as plane_part's bits hold it (the value times 2^-126, 0.5 a
+    float32 subnormal), made the value times 2^-125: every value normal or zero."""
+    codes = np.arange(16, dtype=np.int32)  # s e e m
+    bits = ((codes & 8) << 28) | ((codes & 7) << 22)
+    assert np.array_equal(bits.view(np.float32), fp4.e2m1.E2M1_TABLE[codes] * np.float32(2.0**-126))  # (0.5: subnormal)
+    fp4_tiles.normalized(bits, np.empty_like(bits))
+    values = bits.view(np.float32)
+    assert np.array_equal(values, fp4.e2m1.E2M1_TABLE[codes] * np.float32(2.0**-125))
+    assert np.array_equal(np.signbit(values), codes >= 8)  # -0 stays -0
+    assert (np.abs(values[values != 0]) >= np.finfo(np.float32).tiny).all()
+
+
+def test_the_subnormal_probe_compares_the_same_multiplication_of_subnormal_and_normal_values(monkeypatch):
+    """Slow where subnormals took SUBNORMAL_PENALTY times the normal values' time or more; the probe
+    times the same multiplication of each (2^-127, FP4's 0.5 decoded, and 2^-125)."""
+    assert fp4_tiles.slow_subnormals(fp4_tiles.SUBNORMAL_PENALTY, 1.0)
+    assert not fp4_tiles.slow_subnormals(0.97 * fp4_tiles.SUBNORMAL_PENALTY, 1.0)
+    timed = {}
+    monkeypatch.setattr(fp4_tiles, "multiply_seconds", lambda value: timed.setdefault(value, 1.0 + (value < 2.0**-126)))
+    fp4_tiles.subnormals_slow.cache_clear()
+    try:
+        assert fp4_tiles.subnormals_slow() is False and set(timed) == {2.0**-127, 2.0**-125}  # 2x: not slow
+    finally:
+        fp4_tiles.subnormals_slow.cache_clear()
+    assert fp4_tiles.multiply_seconds(1.0) > 0
 
 
 @pytest.mark.parametrize("tokens", [1, 4, 11, 17, 57, 64, 65, 129, 257])
