@@ -9,7 +9,9 @@ the nibbles moved to the top of their bytes, eight planes [rows, in/8] each mult
 inputs and the products summed. Only a nibble's value differs: e2m1 (sign, two exponent bits, one mantissa bit) is put
 into a float32's bits, the sign at the top and the three others at the exponent's foot, which is
 the value times 2^-126 (0.5 a subnormal); the group's power-of-two scale times 2^126 then gives
-the value times the scale, exactly as w.dequantize() makes it.
+the value times the scale, exactly as w.dequantize() makes it. Where this CPU multiplies
+subnormals slowly (an Intel Xeon's 10x: subnormals_slow), three integer passes first make every
+value its e2m1 times 2^-125, none subnormal, and the scales take 2^125 (normalized).
 
 With more tokens a tile is a block of whole rows in the inputs' own order, decoded by looking up
 each byte's two values in `fp4.PAIRS` (low nibble first) and multiplying each group of 32 by its
