@@ -47,7 +47,14 @@ def machine() -> str:
     features = " ".join(f for f in FEATURES if f in flags) or "not reported"
     return (f"{cpu}, {os.cpu_count()} cores, L2 {cpu_caches.l2_bytes() >> 10} KiB per core; CPU features: {features}; "
             f"Python {platform.python_version()}, NumPy {np.__version__}, BLAS: {parallel.blas_description()}; "
-            f"the weights' products: {gemm.description()}; {fp8_parts()}")
+            f"the weights' products: {gemm.description()}; {fp4_subnormals()}; {fp8_parts()}")
+
+
+def fp4_subnormals() -> str:
+    """Whether FP4 tiles are normalized here (fp4_tiles.subnormals_slow): their 0.5s kept out of subnormals."""
+    if fp4_tiles.subnormals_slow():
+        return "FP4 tiles normalized (float32 subnormals measured slow here)"
+    return "FP4 tiles by the bit trick alone (float32 subnormals measured fast enough here)"
 
 
 def fp8_parts() -> str:

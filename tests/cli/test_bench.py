@@ -223,6 +223,10 @@ def test_figures_print_their_ratio_to_the_floor_and_the_machine_names_its_blas_a
                                        "faster here)")
     monkeypatch.setattr(ceilings.fp8_tiles, "part_rows", lambda rows, width: rows)
     assert "FP8 blocks [128, 7168] decoded whole" in ceilings.machine()
+    monkeypatch.setattr(ceilings.fp4_tiles, "subnormals_slow", lambda: True)
+    assert "; FP4 tiles normalized (float32 subnormals measured slow here); FP8 blocks" in ceilings.machine()
+    monkeypatch.setattr(ceilings.fp4_tiles, "subnormals_slow", lambda: False)
+    assert "; FP4 tiles by the bit trick alone (float32 subnormals measured fast enough here)" in ceilings.machine()
 
 
 def test_the_least_time_against_transformers_is_made_of_the_rates_measured_in_the_same_process(monkeypatch):
