@@ -11,7 +11,7 @@ from stepper.bench.ceilings import core_flops, fp8_rate, layer_weights
 from stepper.bench.figures import Figure, median_time, paired_times
 from stepper.config import Config, Fp8
 from stepper.kernels import gemm, parallel
-from stepper.kernels.fp8_matmul import GEMM_COLUMNS
+from stepper.kernels.fp8_matmul import padded_columns
 from stepper.kernels.fp8_tiles import multiply_tile, tall_rows
 from stepper.kernels.weight_cache import CachedWeights
 from stepper.model import Transformer
@@ -93,7 +93,7 @@ def least_time(cfg: Config, tokens: int, counts: list[int]) -> tuple[float, str]
     rates: dict[int, float] = {}  # padded columns -> FLOP/s of one core
 
     def seconds(flops: float, columns: int) -> float:
-        columns = padded(columns, cfg.hidden_size)
+        columns = padded_columns(columns, cfg.hidden_size)
         if columns not in rates:
             rates[columns] = tile_rate(cfg, columns)
         return flops / rates[columns]
@@ -118,13 +118,6 @@ def expert_tokens(model: Transformer, hidden: np.ndarray) -> list[int]:
     model.layer(1, hidden, model.rope(np.arange(hidden.shape[1]), emit), None, emit, "naive")
     picked = np.concatenate([c.ravel() for c in chosen])
     return [int(count) for count in np.bincount(picked[picked >= 0]) if count]
-
-
-def padded(columns: int, inputs: int) -> int:
-    """The columns stepper's FP8 product multiplies for `columns` tokens (fp8_matmul.padded_to_columns)."""
-    if columns <= 1 or gemm.unpadded(columns, inputs):
-        return columns
-    return -(-columns // GEMM_COLUMNS) * GEMM_COLUMNS
 
 
 def tile_rate(cfg: Config, columns: int) -> float:

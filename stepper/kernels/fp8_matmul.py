@@ -91,7 +91,7 @@ def tiled_products(x: np.ndarray, ws: list[Fp8Matrix], decode: Decoder | None = 
     tiled = [i for i, k in enumerate(ks) if k is not None]
     if not tiled:
         return outs
-    padded = tokens if gemm.unpadded(*tokens.shape) else padded_to_columns(tokens)  # [N', in]
+    padded = tokens if gemm.unpadded(*tokens.shape) else padded_to_columns(tokens)  # [N', in] (padded_columns)
     arrays = [result_arrays(ws[i].shape[0], padded.shape[0], many_tokens(padded.shape[0], ws[i])) for i in tiled]
     if decode is not None or not linear_bands(padded, [ws[i] for i in tiled], [ks[i] for i in tiled],
                                               [rows for _, rows in arrays]):  # large: shared with helpers
@@ -147,11 +147,22 @@ def padded_to_columns(tokens: np.ndarray) -> np.ndarray:
     OpenBLAS multiplies 8 columns at a time, so 8 tokens take less time than 5 (times in
     docs/design-notes.md). One token stays one (a matrix-vector product)."""
     n = tokens.shape[0]
-    if n <= 1 or n % GEMM_COLUMNS == 0:
+    if whole_columns(n) == n:
         return tokens
-    padded = np.zeros((n + GEMM_COLUMNS - n % GEMM_COLUMNS, tokens.shape[1]), dtype=np.float32)
+    padded = np.zeros((whole_columns(n), tokens.shape[1]), dtype=np.float32)
     padded[:n] = tokens
     return padded
+
+
+def whole_columns(n: int) -> int:
+    """n tokens as padded_to_columns pads them: one stays one, more to a multiple of GEMM_COLUMNS."""
+    return n if n <= 1 else -(-n // GEMM_COLUMNS) * GEMM_COLUMNS
+
+
+def padded_columns(n: int, inputs: int) -> int:
+    """The columns tiled_products multiplies for n tokens of `inputs` inputs: as they are where the
+    BLAS is faster so (gemm.unpadded), else whole_columns(n)."""
+    return n if gemm.unpadded(n, inputs) else whole_columns(n)
 
 
 def input_magnitude(tokens: np.ndarray) -> float:

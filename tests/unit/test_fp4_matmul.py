@@ -145,14 +145,23 @@ def test_the_subnormal_probe_compares_the_same_multiplication_of_subnormal_and_n
     times the same multiplication of each (2^-127, FP4's 0.5 decoded, and 2^-125)."""
     assert fp4_tiles.slow_subnormals(fp4_tiles.SUBNORMAL_PENALTY, 1.0)
     assert not fp4_tiles.slow_subnormals(0.97 * fp4_tiles.SUBNORMAL_PENALTY, 1.0)
-    timed = {}
+    real_seconds, timed = fp4_tiles.multiply_seconds, {}
     monkeypatch.setattr(fp4_tiles, "multiply_seconds", lambda value: timed.setdefault(value, 1.0 + (value < 2.0**-126)))
     fp4_tiles.subnormals_slow.cache_clear()
     try:
         assert fp4_tiles.subnormals_slow() is False and set(timed) == {2.0**-127, 2.0**-125}  # 2x: not slow
     finally:
         fp4_tiles.subnormals_slow.cache_clear()
-    assert fp4_tiles.multiply_seconds(1.0) > 0
+
+    class Clock:  # each multiplication "takes" the next of these seconds: the probe keeps the least
+        ticks = iter([0.0, 3.0, 3.0, 4.0, 4.0, 6.0, 6.0, 6.5, 6.5, 8.5])
+
+        @staticmethod
+        def perf_counter():
+            return next(Clock.ticks)
+
+    monkeypatch.setattr(fp4_tiles, "time", Clock)
+    assert fp4_tiles.PROBE_ROUNDS == 5 and real_seconds(2.0**-127) == 0.5
 
 
 @pytest.mark.parametrize("tokens", [1, 4, 11, 17, 57, 64, 65, 129, 257])
