@@ -30,11 +30,13 @@ def cells(tmp_path_factory) -> dict[str, list[dict]]:
     folder, importing this checkout's stepper."""
     nb = nbformat.read(NOTEBOOK, as_version=4)
     assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), "the notebook is kept without outputs"
-    nb.cells.append(nbformat.v4.new_code_cell("import os\nprint(os.getcwd(), stepper.__file__, sep='\\n')"))
+    nb.cells.append(nbformat.v4.new_code_cell(  # in two chunks, as a busy kernel may send one
+        "import os\nprint(os.getcwd(), flush=True)\nprint(stepper.__file__)"))
     nb.cells[-1].id = "where"
     folder = tmp_path_factory.mktemp("elsewhere")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    client = nbclient.NotebookClient(nb, timeout=300, startup_timeout=120, kernel_name="python3",
+    # A stream the kernel sends in chunks is one block of text on the page: merged, as a notebook shows it.
+    client = nbclient.NotebookClient(nb, timeout=300, startup_timeout=120, kernel_name="python3", coalesce_streams=True,
                                      resources={"metadata": {"path": str(folder)}})
     client.execute(env=env)
     outputs = {c.id: c.outputs for c in nb.cells if c.cell_type == "code"}
