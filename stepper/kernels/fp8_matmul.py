@@ -91,7 +91,7 @@ def tiled_products(x: np.ndarray, ws: list[Fp8Matrix], decode: Decoder | None = 
     tiled = [i for i, k in enumerate(ks) if k is not None]
     if not tiled:
         return outs
-    padded = tokens if gemm.unpadded(*tokens.shape) else padded_to_columns(tokens)  # [N', in] (padded_columns)
+    padded = ready_columns(tokens)  # [N', in]
     arrays = [result_arrays(ws[i].shape[0], padded.shape[0], many_tokens(padded.shape[0], ws[i])) for i in tiled]
     if decode is not None or not linear_bands(padded, [ws[i] for i in tiled], [ks[i] for i in tiled],
                                               [rows for _, rows in arrays]):  # large: shared with helpers
@@ -139,6 +139,12 @@ def dequantize_rows(w: Fp8Matrix, out: np.ndarray | None = None) -> np.ndarray:
         np.multiply(block, scales[r], out=block)
     nan_check.done()
     return out
+
+
+def ready_columns(tokens: np.ndarray) -> np.ndarray:
+    """The tokens as tiled_products multiplies them: as they are where the BLAS is faster so
+    (gemm.unpadded), else padded_to_columns.  [N, in] -> [N', in] (padded_columns)"""
+    return tokens if gemm.unpadded(*tokens.shape) else padded_to_columns(tokens)
 
 
 def padded_to_columns(tokens: np.ndarray) -> np.ndarray:

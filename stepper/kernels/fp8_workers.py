@@ -34,7 +34,8 @@ import subprocess
 import sys
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from functools import cache
 from multiprocessing.connection import Connection, Pipe
@@ -201,7 +202,24 @@ def helper_pids() -> list[int]:
     return [helper.process.pid for helper in helpers()] if helpers.cache_info().currsize else []
 
 
-_broken = False
+_broken = False  # a helper died or could not start: every product runs here from now on
+_here = False  # this process's products run here: it is a helper, or its helper is busy (here())
+
+
+def sharing() -> bool:
+    """Whether products may be shared with helpers now."""
+    return not (_broken or _here) and parallel.cores() >= 2
+
+
+@contextmanager
+def here() -> Iterator[None]:
+    """Inside the block, every product runs in this process (its helper is busy with work of its own)."""
+    global _here
+    before, _here = _here, True
+    try:
+        yield
+    finally:
+        _here = before
 
 
 def stop_helpers() -> None:
@@ -224,7 +242,7 @@ def linear_bands(tokens: np.ndarray, ws: list[Fp8Matrix], ks: list[int], rows: l
     rows one after another, one share for this process and one for each helper (one band each:
     smaller bands handed out as each side finished were slower). False (nothing done) when the
     products are small, their codes are not a file's, or there are no helpers."""
-    if (_broken or any(w.origin is None for w in ws) or parallel.cores() < 2
+    if (not sharing() or any(w.origin is None for w in ws)
             or sum(w.codes.size for w in ws) * tokens.shape[0] < SHARE_WORK):
         return False
     return with_helpers(lambda workers: shared_fp8(tokens, ws, ks, rows, workers))
@@ -346,7 +364,7 @@ def int4_bands(split: np.ndarray, w: Int4Matrix, rows: np.ndarray) -> bool:
     shared with the helpers: tiles from both ends with one helper and few tokens, else one band of
     whole tiles for this process and one for each helper. False (nothing done) when the words are
     not a file's or there are no helpers."""
-    if _broken or w.origin is None or parallel.cores() < 2:
+    if not sharing() or w.origin is None:
         return False
     return with_helpers(lambda workers: shared_int4(split, w, rows, workers))
 
@@ -455,7 +473,7 @@ def fp4_bands(tokens: np.ndarray, tokens_t: np.ndarray, w: Fp4Matrix, rows: np.n
     tokens (threads share those as well: their GEMMs let go of the GIL; a [2048, 4096] product of
     512 tokens took 64.7 ms with threads, 67.6 with the helper), when the bytes are not a file's,
     or with no helpers."""
-    if _broken or w.origin is None or parallel.cores() < 2 or tokens.shape[0] > FP4_SHARED_MOST_TOKENS:
+    if not sharing() or w.origin is None or tokens.shape[0] > FP4_SHARED_MOST_TOKENS:
         return False
     return with_helpers(lambda workers: shared_fp4(tokens, tokens_t, w, rows, workers))
 
@@ -514,8 +532,16 @@ def scale_room(scale_bytes: int) -> int:
 # The helper's side
 
 
-def serve(conn: Connection) -> None:
-    """The helper process's loop: map scratch, multiply bands, until the pipe closes."""
+# Work of a kind more messages may ask for (kernels.experts): (the pipe, scratch, the mapped files, the
+# message) -> the file ranges read (as multiply_band returns one), and whether NaN codes were found
+Work = Callable[[Connection, mmap.mmap, dict, bytes], tuple[list[tuple], bool]]
+
+
+def serve(conn: Connection, more: dict[bytes, Work] | None = None) -> None:
+    """The helper process's loop: map scratch, multiply bands (or do the work of the kinds in
+    `more`, by the message's first byte), until the pipe closes."""
+    global _here
+    _here = True  # a helper has no helpers
     parallel.single_threaded_blas()
     scratch, files, resident = None, {}, MappedBudget(BAND_RESIDENT_BYTES)
     while True:
@@ -523,26 +549,32 @@ def serve(conn: Connection) -> None:
             message = receive(conn)
         except (EOFError, OSError):
             return
-        read, found = None, False
+        reads, found = [], False
         try:
             if message[:1] == b"S":
                 fd = recv_handle(conn)
                 scratch = mmap.mmap(fd, SCRATCH.unpack_from(message, 1)[0])
                 os.close(fd)
             elif message[:1] == b"I":
-                read = multiply_int4_band(scratch, files, message)
+                reads = [multiply_int4_band(scratch, files, message)]
             elif message[:1] == b"F":
-                read = multiply_fp4_band(scratch, files, message)
+                reads = [multiply_fp4_band(scratch, files, message)]
+            elif more and message[:1] in more:
+                reads, found = more[message[:1]](conn, scratch, files, message)
             else:
                 read, found = multiply_band(scratch, files, message)
+                reads = [read]
             conn.send_bytes(OK_NAN if found else OK)
         except Exception as e:  # noqa: BLE001 (any failure is reported back; the other side stops using helpers)
-            conn.send_bytes(f"{type(e).__name__}: {e}".encode(errors="backslashreplace"))
-        if read is not None:  # after the answer: the other side does not wait for old pages to be let go
             try:
+                conn.send_bytes(f"{type(e).__name__}: {e}".encode(errors="backslashreplace"))
+            except OSError:  # the other side is gone
+                return
+        try:  # after the answer: the other side does not wait for old pages to be let go
+            for read in reads:
                 keep_resident(resident, *read)
-            except OSError:  # the pages stay mapped: more memory, the same results
-                pass
+        except OSError:  # the pages stay mapped: more memory, the same results
+            pass
 
 
 def multiply_band(scratch, files, message: bytes) -> tuple:

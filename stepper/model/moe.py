@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from stepper.config import Config
-from stepper.kernels import activations
+from stepper.kernels import experts
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.ops import swiglu
 from stepper.model.options import LayerOptions
@@ -36,17 +36,19 @@ def moe(x: np.ndarray, w: LayerWeights, options: LayerOptions, emit: Emitter) ->
     # the router's weight as float32 in kept memory: stepping a layer decodes its BF16 once
     routing = route(tokens, w.float32(gate), bias, cfg, emit)
     routing, zero_weight = without_zero_experts(routing, cfg)  # LongCat: [N] the weight its zero experts got
-    if options.dispatch == "grouped":
-        routed = grouped_experts(tokens, routing, w, emit)  # [N, d]
+    if options.dispatch == "grouped":  # [N, d], and the shared expert's [N, d] made beside them
+        routed, shared = grouped_with_shared(tokens, routing, w, emit, cfg.n_shared_experts > 0)
     else:
-        routed = per_token_experts(tokens, routing, w)  # [N, d]
+        routed, shared = per_token_experts(tokens, routing, w), None  # [N, d]
     if cfg.zero_experts:
         identity = emit("mlp.zero_expert_output", (tokens * zero_weight[:, None]).reshape(B, T, d))  # [B, T, d]
         routed = routed + identity.reshape(B * T, d)
     routed = emit("mlp.routed_output", routed.reshape(B, T, d))  # [B, T, d]
     if cfg.n_shared_experts == 0:
         return routed
-    shared = emit("mlp.shared_output", swiglu(x, *expert_matrices(w, "mlp.shared_experts.")))  # [B, T, d]
+    if shared is None:
+        shared = swiglu(x, *expert_matrices(w, "mlp.shared_experts."))
+    shared = emit("mlp.shared_output", shared.reshape(B, T, d))  # [B, T, d]
     return routed + shared
 
 
@@ -72,16 +74,33 @@ def per_token_experts(tokens: np.ndarray, routing: Routing, w: LayerWeights) -> 
 
 def grouped_experts(tokens: np.ndarray, routing: Routing, w: LayerWeights, emit: Emitter) -> np.ndarray:
     """Each chosen expert once on its tokens, scattered back with the weights.  [N, d] -> [N, d]"""
+    return grouped_with_shared(tokens, routing, w, emit, False)[0]
+
+
+def grouped_with_shared(tokens: np.ndarray, routing: Routing, w: LayerWeights, emit: Emitter,
+                        with_shared: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    """grouped_experts, and with_shared the shared expert on every token made beside them
+    (kernels.experts lets two cores share the lot).  [N, d] -> [N, d], and the shared expert's
+    [N, d] (None without)"""
     out = np.zeros_like(tokens)
     chosen = np.unique(routing.topk_idx[routing.topk_idx >= 0])  # -1: a zero expert (without_zero_experts)
-    for done, e in enumerate(chosen):
-        emit.progress(f"layer {w.layer} experts", done, len(chosen))
-        rows, ranks = np.nonzero(routing.topk_idx == e)  # the tokens that chose e (each at most once)
-        weights = routing.topk_weight[rows, ranks]  # the expert's weight for each of its tokens
-        # swiglu(tokens[rows], ...) * weights[:, None], each row weighed before down instead
-        out[rows] += activations.swiglu(tokens[rows], *expert_matrices(w, f"mlp.experts.{e}."), weights)
-    emit.progress(f"layer {w.layer} experts", len(chosen), len(chosen))
-    return out
+    picked = [np.nonzero(routing.topk_idx == e) for e in chosen]  # (rows, ranks): the tokens that chose e, once each
+    # swiglu(tokens[rows], ...) * weights[:, None], each row weighed before down instead
+    groups = [(rows, routing.topk_weight[rows, ranks]) for rows, ranks in picked]
+    prefixes = [f"mlp.experts.{e}." for e in chosen]
+    if with_shared:
+        groups.append((np.arange(len(tokens)), None))  # every token, unweighted
+        prefixes.append("mlp.shared_experts.")
+
+    def progress(done: int) -> None:
+        emit.progress(f"layer {w.layer} experts", min(done, len(chosen)), len(chosen))
+
+    ys = experts.swiglus(tokens, groups, lambda i: expert_matrices(w, prefixes[i]), progress)
+    for (rows, _), y in zip(groups[: len(chosen)], ys):
+        out[rows] += y
+    shared = next(ys) if with_shared else None
+    progress(len(chosen))
+    return out, shared
 
 
 def expert_arrays(w: LayerWeights, prefix: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -50,6 +50,11 @@ def bypasses(*exercises: Callable, readable: Callable) -> Callable[[Callable], C
     return mark
 
 
+def swapped_in(*exercises: Callable) -> bool:
+    """Whether a learner's function runs now in place of any of these exercises."""
+    return any(exercise_name(f) in _in_use for f in exercises)
+
+
 def exercise_name(func: Callable) -> str:
     """The name under which `func`, a function marked @exercise, is swapped."""
     name = getattr(func, "exercise_name", None)

@@ -101,10 +101,10 @@ def test_a_layer_with_helpers_equals_the_layer_without(checkpoint, shared, monke
         return model.layer(1, hidden, model.rope(np.arange(6), emit), KVCache(cfg.num_hidden_layers), emit, "naive")
 
     with_helpers = layer_output()
-    assert fp8_workers.helpers()[0].bands_done > 10
+    assert fp8_workers.helpers()[0].bands_done > 5  # the attention's products, and the experts (kernels.experts)
     monkeypatch.setattr(fp8_workers, "SHARE_WORK", 1 << 40)
     alone = layer_output()
-    assert np.abs(with_helpers - alone).max() <= 1e-5 * np.abs(alone).max()
+    np.testing.assert_array_equal(with_helpers, alone)  # the same tiles, whichever process makes each
 
 
 def test_a_helper_that_dies_leaves_the_products_here(checkpoint, shared):
