@@ -22,6 +22,9 @@ products of a few tokens (kernels.fp4_matmul) too, their tiles decoded by kernel
 inputs and the shared rows' float32 scales through the scratch (threads sharing those tiles ran no
 faster than one: a [2048, 4096] product of one token took 7.27 ms on two cores' threads, 6.65 on
 one, 5.0 with the helper).
+
+A few tokens' routed experts go to the helper whole (kernels.experts adds that kind of message):
+meanwhile every product of this process runs here (`here`), as every product of a helper does.
 """
 
 from __future__ import annotations
