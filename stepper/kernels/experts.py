@@ -192,7 +192,7 @@ class Layout:
         return out
 
 
-def tiled_swiglu(x: np.ndarray, weights: np.ndarray | None, triple: tuple, rows: list[np.ndarray],
+def tiled_swiglu(x: np.ndarray, weights: np.ndarray, triple: tuple, rows: list[np.ndarray],
                  claims: np.ndarray, front: bool, exchange: Callable[[list[bool]], list[bool]],
                  end: Callable[[bool], bool]) -> tuple[np.ndarray | None, bool]:
     """activations.swiglu(x, gate, up, down, weights), the same bits, made by this process and the
@@ -217,8 +217,7 @@ def tiled_swiglu(x: np.ndarray, weights: np.ndarray | None, triple: tuple, rows:
         check.done()
     act = activations.silu(unscaled(gate_rows, k_gate, n))  # [n, inter]
     act *= unscaled(up_rows, k_up, n)
-    if weights is not None:
-        act *= weights[:, None]
+    act *= weights[:, None]  # ones for the shared expert: the same bits as none
     k_down, check = input_rebias(act, down), NanCheck(down)
     if k_down is not None:
         claim = taken(claims[DOWN_CLAIMS], front, 0, len(row_tiles(down)))
@@ -259,7 +258,7 @@ def meet(conn: Connection, found: list[bool]) -> list[bool]:
     conn.send_bytes(MEETING + bytes(found))
     answer = receive(conn)
     if answer[:1] != MEETING or len(answer) != 1 + len(found):
-        raise RuntimeError(f"FP8 helper process failed: {answer.decode(errors='replace')}")
+        raise RuntimeError(f"the finale's meeting was not kept: {answer.decode(errors='replace')}")
     return [bool(b) for b in answer[1:]]
 
 
