@@ -257,6 +257,8 @@ def test_a_malformed_npz_candidate_exits_2_with_one_line(basic, tmp_path, kind):
     (["{candidate}", "--map", "nomap.json"], "--map nomap.json: no such file"),
     (["{candidate}", "--map", "{twice}"], ("'a' and 'b' both map to 'prefill.embed'; a fixture tensor is compared "
                                            "with one of yours, so map only one of them")),
+    (["{candidate}", "--map", "{typo}"], ("--map: 'prefill.layers.0.self_attn.qa_typo' is no tensor name of fixture "
+                                          "tiny-prefill-decode nor of stepper's catalogue")),
     (["{candidate}", "--rtol", "-1"], "--rtol must be a number >= 0"),
     (["{candidate}", "--names", "vllm"], "--names must be one of transformers, inference, llama.cpp or canonical"),
 ])
@@ -264,7 +266,9 @@ def test_verify_bad_input_exits_2(basic, tmp_path, args, message):
     candidate = write_candidate(tmp_path / "c.safetensors", {"nothing.like.ours": np.zeros(2, np.float32)})
     twice = tmp_path / "twice.json"
     twice.write_text(json.dumps({"a": "prefill.embed", "b": "prefill.embed"}))
-    args = [a.format(fixture=BASIC, candidate=candidate, twice=twice) for a in args]
+    typo = tmp_path / "typo.json"  # one good target, one misspelt: exit 2 even with --allow-missing
+    typo.write_text(json.dumps({"a": "prefill.embed", "nothing.like.ours": "prefill.layers.0.self_attn.qa_typo"}))
+    args = [a.format(fixture=BASIC, candidate=candidate, twice=twice, typo=typo) for a in args]
     out = stepper("fixtures", "verify", BASIC, *args)
     assert out.returncode == 2 and message in out.stderr and out.stderr.count("\n") == 1, out.stderr
 
