@@ -22,6 +22,7 @@ from stepper import files
 from stepper.cli.common import PlainOpt, user_errors
 from stepper.errors import StepperError
 from stepper.untrusted import shown
+from stepper.views.sinks import styles
 from stepper.weights import fetch_cache, remote
 
 cache_app = typer.Typer(
@@ -70,7 +71,7 @@ def ls_command(plain: PlainOpt = False) -> None:
     with user_errors():
         root = remote.settings().cache_dir
         entries = fetch_cache.cache_entries(root)
-        console = Console(no_color=plain, highlight=False, markup=False, soft_wrap=True)
+        console = Console(**styles(plain), highlight=False, markup=False, soft_wrap=True)
         per_folder: dict[Path, list[fetch_cache.CacheEntry]] = {}
         for h in entries:
             per_folder.setdefault(h.path.parent, []).append(h)

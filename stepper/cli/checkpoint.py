@@ -20,7 +20,7 @@ from stepper.fp8 import BLOCK
 from stepper.session import RunSpec, layers_shown, load_model
 from stepper.untrusted import shown
 from stepper.views import fp4_codes, fp8_codes, inspect, inspect_stats, int4_codes
-from stepper.views.sinks import print_fitted
+from stepper.views.sinks import print_fitted, styles
 from stepper.weights.names import shape_of, storage_dtype
 from stepper.weights.published import FP4_DTYPE, PublishedCheckpoint, is_published_v4, unprefixed
 from stepper.weights.remote import is_remote
@@ -140,7 +140,7 @@ def inspect_command(
         if as_json:
             inspect.write_json(sys.stdout, groups, problems)
         else:
-            console = Console(no_color=plain, highlight=False, soft_wrap=True)
+            console = Console(**styles(plain), highlight=False, soft_wrap=True)
             inspect.render(console, source, groups, tensors, inspect.total_tensors(source), stats, problems)
     if problems:
         raise typer.Exit(1)
@@ -202,7 +202,7 @@ def fp8_command(
     """
     with user_errors():
         check_fp8_options(code, weight, model, block, seed, int4, fp4)
-        console = Console(no_color=plain, highlight=False, soft_wrap=True)
+        console = Console(**styles(plain), highlight=False, soft_wrap=True)
         if int4:
             int4_view(console, code, as_json)
         elif fp4:

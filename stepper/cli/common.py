@@ -35,7 +35,8 @@ ModelOpt = Annotated[str, typer.Option(
     help=f"Preset ({PRESET_NAMES}), a checkpoint directory, a remote checkpoint (hf://ORG/NAME[@REVISION], "
          "https://HOST/PATH/) or a config.json.")]
 SeedOpt = Annotated[int, typer.Option(metavar="S", min=0, help="Seed of the synthetic weights and prompt.")]
-PlainOpt = Annotated[bool, typer.Option("--plain", help="No colour.")]
+PlainOpt = Annotated[bool, typer.Option(
+    "--plain", help="Plain text: no colour, bold or other escape codes (as NO_COLOR).")]
 
 
 INTERRUPTED = 130  # the exit code of a run ended by Ctrl-C (128 + SIGINT)

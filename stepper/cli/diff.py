@@ -24,7 +24,7 @@ from stepper.planning.record import record, tensors
 from stepper.seams.patching import parse_patch
 from stepper.untrusted import shown
 from stepper.views import diff_table
-from stepper.views.sinks import line_width, print_fitted, print_whole
+from stepper.views.sinks import line_width, print_fitted, print_whole, styles
 
 SideArg = Annotated[str, typer.Argument(metavar="A",
     help="A --dump file, a fixture folder, or a run in quotes: 'run --attn naive' ('run': the default run).",
@@ -49,7 +49,7 @@ def diff_command(
     with user_errors():
         (ta, la), (tb, lb) = side("A", a), side("B", b)
         found = diff_tensors(ta, tb, la, lb)
-        console = Console(no_color=plain, highlight=False, markup=False, soft_wrap=True)
+        console = Console(**styles(plain), highlight=False, markup=False, soft_wrap=True)
         show(console, found, changed)
     raise typer.Exit(1 if found.first is not None else 0)
 

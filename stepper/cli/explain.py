@@ -13,7 +13,7 @@ from stepper.errors import StepperError
 from stepper.session import check_layer, load_model
 from stepper.views.compare import compared_layer, comparison
 from stepper.views.explain import also_named, emitted_by, explain_text, layer_parameter, not_found
-from stepper.views.sinks import print_fitted, print_whole
+from stepper.views.sinks import print_fitted, print_whole, styles
 from stepper.views.tree import layer_kind, layer_tree
 
 
@@ -35,7 +35,7 @@ def explain_command(
         if not entries:
             raise StepperError(not_found(cat, name))
         entries = emitted_by(cat, entries, cfg, name)
-        console = Console(no_color=plain, highlight=False, markup=False, soft_wrap=True)
+        console = Console(**styles(plain), highlight=False, markup=False, soft_wrap=True)
         for entry in entries:  # a terminal's lines broken at spaces, a pipe's kept whole
             print_fitted(console, explain_text(cat, entry, cfg))
             console.print()
@@ -63,7 +63,7 @@ def tree_command(
             raise StepperError(f"--attn must be naive or absorb, got '{attn}'")
         if layer is not None:
             check_layer(layer, cfg)
-        console = Console(no_color=plain, highlight=False, markup=False)
+        console = Console(**styles(plain), highlight=False, markup=False)
         if compare is not None:  # two models side by side (views.compare)
             other = load_model(compare, 0).config
             if layer is not None:

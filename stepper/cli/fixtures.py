@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from stepper.cli.common import PRESET_NAMES, one_prompt, parse_ids, parse_layers, url_option, user_errors
+from stepper.cli.common import PRESET_NAMES, PlainOpt, one_prompt, parse_ids, parse_layers, url_option, user_errors
 from stepper.errors import StepperError
 from stepper.fixtures import aliases, show, verify
 from stepper.fixtures.export import export
@@ -22,7 +22,7 @@ from stepper.fixtures.spec import ExportSpec
 from stepper.session import text_prompt_ids
 from stepper.text import INSTALL
 from stepper.untrusted import shown
-from stepper.views.sinks import line_width
+from stepper.views.sinks import line_width, styles
 
 fixtures_app = typer.Typer(
     no_args_is_help=True,
@@ -34,12 +34,11 @@ fixtures_app = typer.Typer(
 
 def console_for(plain: bool, stderr: bool = False) -> Console:
     """A console whose lines a terminal gets wrapped at words, and a pipe or a file whole."""
-    console = Console(no_color=plain, highlight=False, markup=False, stderr=stderr)
+    console = Console(**styles(plain), highlight=False, markup=False, stderr=stderr)
     console.soft_wrap = line_width(console) is None
     return console
 
 
-PlainOpt = Annotated[bool, typer.Option("--plain", help="No colour.")]
 
 
 @fixtures_app.command("export")

@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.syntax import Syntax
 from rich.text import Text
 
-from stepper.cli.common import user_errors
+from stepper.cli.common import PlainOpt, user_errors
 from stepper.errors import StepperError
 from stepper.lessons import check
 from stepper.lessons.progress import Progress, default_lesson, next_lesson
@@ -35,7 +35,7 @@ from stepper.planning import RunPlan
 from stepper.text import INSTALL
 from stepper.untrusted import shown
 from stepper.views.debugger import CommandSource
-from stepper.views.sinks import WholeLinesOffTerminal, line_width
+from stepper.views.sinks import WholeLinesOffTerminal, line_width, styles
 
 lesson_app = typer.Typer(
     add_completion=False,
@@ -49,11 +49,10 @@ NameArg = Annotated[str | None, typer.Argument(metavar="NAME", help="Lesson name
                                                                     "lesson; once it is done, the next one not "
                                                                     "done].", show_default=False)]
 WorkspaceOpt = Annotated[Path, typer.Option("--workspace", metavar="DIR", help="Where your exercise files live.")]
-PlainOpt = Annotated[bool, typer.Option("--plain", help="No colour.")]
 
 
 def console_for(plain: bool) -> Console:
-    return WholeLinesOffTerminal(no_color=plain, highlight=False, markup=False)
+    return WholeLinesOffTerminal(**styles(plain), highlight=False, markup=False)
 
 
 def chosen(name: str | None, progress: Progress) -> tuple[Lesson, list[Lesson]]:

@@ -30,7 +30,7 @@ from stepper.text import INSTALL, Tokens
 from stepper.views.debugger import CommandSource, Debugger, Quit
 from stepper.views.dump import DUMP_LIMIT_GB, check_dump_sizes, check_writable, write_dump
 from stepper.views.family_pictures import every_picture, picture_sink, pictures_of
-from stepper.views.sinks import JsonLines, ProgressBars, TensorRows, print_wrapped
+from stepper.views.sinks import JsonLines, ProgressBars, TensorRows, print_wrapped, styles
 from stepper.views.summary import token_ids
 
 # Options of both commands
@@ -289,7 +289,7 @@ def run_command(
         check_dump_sizes(sizes(plan, kept), DUMP_LIMIT_GB if dump_limit_gb is None else dump_limit_gb)
         planned.check_fits(kept, "--only")
         swapped.enter_context(overrides.use(use or [], announce=sys.stderr))  # a file that fails to load stops it here
-        console = Console(no_color=plain, highlight=False, markup=False, soft_wrap=True)
+        console = Console(**styles(plain), highlight=False, markup=False, soft_wrap=True)
         if not as_json:
             print_lines(console, describe(plan), "bold")
             for line in (patched_line(patch), *planned.said):
@@ -393,7 +393,7 @@ def step_command(
         patcher = patch_sink(patch, planned)
         planned.check_fits(names, "--prompt-len")
         swapped.enter_context(overrides.use(use or [], announce=sys.stderr))  # a file that fails to load stops it here
-        console = Console(no_color=plain, highlight=False, markup=False, soft_wrap=True, record=export is not None,
+        console = Console(**styles(plain), highlight=False, markup=False, soft_wrap=True, record=export is not None,
                           stderr=as_json)
         print_lines(console, describe(plan), "bold")
         for line in (patched_line(patch), *planned.said):

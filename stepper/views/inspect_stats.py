@@ -21,6 +21,7 @@ from stepper import fp4, fp8, int4
 from stepper.errors import StepperError
 from stepper.views import summary
 from stepper.views.inspect import FP8_DTYPE, Source, Tensor
+from stepper.views.sinks import styles
 from stepper.views.summary import Stats
 from stepper.weights.safetensors_reader import SafetensorsFile, dtype_of
 
@@ -35,7 +36,7 @@ def with_stats(source: Source, tensors: list[Tensor], progress: bool, plain: boo
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn  # only for --stats
 
     columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(binary_units=True), TimeRemainingColumn())
-    with Progress(*columns, console=Console(stderr=True, no_color=plain), transient=True) as bar:
+    with Progress(*columns, console=Console(stderr=True, **styles(plain)), transient=True) as bar:
         task = bar.add_task("statistics", total=sum(t.part.nbytes for t in tensors))
         done = []
         for t in tensors:

@@ -148,6 +148,12 @@ def wrap_fields(fields: list[Text], width: int | None, first: str, indent: str, 
     return out
 
 
+def styles(plain: bool) -> dict[str, Any]:
+    """A console's options for `--plain`, or NO_COLOR set: no escape codes at all (Rich's no_color
+    alone drops the colours but still writes bold, dim and italic)."""
+    return {"no_color": True, "color_system": None} if plain or os.environ.get("NO_COLOR") else {}
+
+
 class WholeLinesOffTerminal(Console):
     """A console whose prints wrap (at words) only on a terminal, unless they ask not to: to a pipe
     or a file each keeps its lines whole, whatever it asks (so piped prose is never cut at 80

@@ -30,7 +30,10 @@ SGR = re.compile("\x1b\\[[0-9;]*m")  # a colour or style: stepper's own, when co
 def stepper(*args: str, cwd: Path, stdin: str = "", colour: bool = False,
             env: dict | None = None) -> tuple[int, str, str]:
     """Exit code, stdout and stderr of a command, the output checked byte by byte: valid UTF-8 (a
-    byte that is not UTF-8 would be a raw one), no control character, and with colour only SGR."""
+    byte that is not UTF-8 would be a raw one), no control character, and with colour only SGR.
+    With colour, a --plain among the arguments is dropped (it turns every style off)."""
+    if colour:
+        args = tuple(a for a in args if a != "--plain")
     environ = {"FORCE_COLOR": None, "NO_COLOR": None, "TERM": None, "COLUMNS": "80"}
     environ.update(**({"FORCE_COLOR": "1", "TERM": "xterm-256color"} if colour else {}), **(env or {}))
     p = command_line.stepper(*args, cwd=cwd, env=environ, stdin=stdin)  # decoded strictly: a raw non-UTF-8 byte fails
