@@ -3,7 +3,7 @@ of its relative difference on a log scale, how the difference grows through each
 first tensor where the two runs part.
 
 A diff is read by its fields (`rows`, `first`, `only_a`, `only_b`, `a`, `b`; each row's `name`,
-`status`, `max_abs`, `rel`, `cosine`, `detail`, `phase`, `layer`), as `stepper.fixtures.run_diff` makes it.
+`status`, `max_abs`, `rel`, `cosine`, `detail`, `nonfinite`, `phase`, `layer`), as `stepper.fixtures.run_diff` makes it.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def level(row: Any) -> float:
     """The row's relative difference on a log scale from FLOOR (0) to 1 (1); a changed choice of experts is 1."""
     if row.rel is None:
         return 1.0 if row.status == "differs" else 0.0
-    if not math.isfinite(row.rel):
+    if row.nonfinite or not math.isfinite(row.rel):
         return 1.0
     if row.rel <= FLOOR:
         return 0.0
@@ -106,9 +106,12 @@ def scope_note(rows: list) -> str:
     if all(r.status == "same" for r in rows):
         return "the same"
     first = next((r for r in rows if r.status == "differs"), None)
-    measured = [r for r in rows if r.rel is not None]
-    worst = max(measured, key=lambda r: r.rel) if measured else None
     note = f"differs from {shown(first.key)}" if first else "within round-off"
+    broken = next((r for r in rows if r.nonfinite), None)
+    if broken:
+        return note + (" (NaN or inf)" if broken is first else f", NaN or inf from {shown(broken.key)}")
+    measured = [r for r in rows if r.rel]
+    worst = max(measured, key=lambda r: r.rel) if measured else None
     return note + (f", at most {figure(worst.rel)} ({shown(worst.key)})" if worst else "")
 
 

@@ -7,6 +7,7 @@ import stepper
 from stepper.errors import StepperError
 from stepper.fixtures.run_diff import diff_tensors
 from stepper.presets import preset
+from stepper.views.diff_table import level, scope_note
 from stepper.weights.seeded import SyntheticWeights
 
 IDS = [17, 402, 999, 3, 256]
@@ -88,7 +89,24 @@ def test_figures_of_one_tensor_by_hand():
     (same,) = diff_tensors(a, {"x": a["x"].copy()}).rows
     assert same.status == "same" and same.max_abs == 0
     (shape,) = diff_tensors(a, {"x": a["x"][:2]}).rows
-    assert shape.status == "differs" and "cannot be arranged" in shape.detail
+    assert shape.status == "differs" and shape.detail == "shapes differ: A [3], B [2]"
+
+
+def test_a_nan_is_named_with_its_index_and_the_figures_are_the_finite_entries():
+    """A NaN in B is not an error of inf and a cosine of 0: it is named, counted and placed, and the
+    figures are those of the entries finite on both sides (here the same)."""
+    a = {"h": np.arange(1, 13, dtype=np.float32).reshape(3, 4), "y": np.ones(2, np.float32)}
+    b = {"h": a["h"].copy(), "y": np.ones(2, np.float32)}
+    b["h"][1, 2], b["h"][2, 0] = np.nan, -np.inf
+    d = diff_tensors(a, b)
+    row = d.rows[0]
+    assert (row.status, row.max_abs, row.cosine) == ("differs", 0.0, 1.0)
+    assert row.detail == row.nonfinite == "1 NaN and 1 inf where the reference is finite (first at [1, 2])"
+    b["h"][2, 0], b["h"][0, 1] = 9.0, 2.5
+    (row, _) = diff_tensors(a, b).rows
+    assert row.max_abs == 0.5 and row.detail == ("1 NaN where the reference is finite (first at [1, 2]); "
+                                                 "1 more of 12 entries outside tolerance (worst at [0, 1])")
+    assert level(row) == 1.0 and scope_note(d.rows) == "differs from h (NaN or inf)"
 
 
 def test_diff_of_files_and_bad_sides(tmp_path, naive):
