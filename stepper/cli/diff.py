@@ -58,7 +58,7 @@ def show(console: Console, found: Diff, changed: bool) -> None:
     listed = Diff(found.a, found.b, [r for r in found.rows if r.status != "same"] if changed else found.rows,
                   found.only_a, found.only_b)
     if listed.rows:
-        print_whole(console, diff_table.table(listed, console.width if console.is_terminal else None))
+        print_whole(console, diff_table.table(listed, line_width(console)))
         console.print()
     growth = diff_table.growth(found, line_width(console))
     growth.rstrip()

@@ -12,11 +12,11 @@ import math
 from itertools import groupby
 from typing import Any
 
-from rich.console import Group
-from rich.table import Table
+from rich.console import Group, RenderableType
 from rich.text import Text
 
 from stepper.untrusted import shown
+from stepper.views.fitted_table import fitted
 from stepper.views.summary import SPARK
 
 FLOOR = 1e-9  # a relative difference at or below this draws as nothing
@@ -50,30 +50,18 @@ def figure(x: float | None, digits: int = 2) -> str:
     return f"{x:.{digits}e}" if x else "0"
 
 
-WIDE = 140  # narrower than this (a terminal), a row's max|b-a|, cosine and what changed go under its name
+COLUMNS = (("#", "right"), ("tensor", "left"), ("status", "left"), ("max|b-a|", "right"), ("relative", "right"),
+           ("cosine", "right"), ("1e-9 .. 1", "left"), ("what changed", "left"))
 
 
-def table(diff: Any, width: int | None = None) -> Table:
-    """The rows; `width`: the terminal's, None (a pipe, a notebook) for every column on one line."""
-    narrow = width is not None and width < WIDE
-    t = Table(show_edge=False, pad_edge=False, header_style="bold", box=None)
-    columns = [("#", "right"), ("tensor", "left"), ("status", "left"), ("max|b-a|", "right"), ("relative", "right"),
-               ("cosine", "right"), ("1e-9 .. 1", "left"), ("what changed", "left")]
-    under = ("max|b-a|", "cosine", "what changed") if narrow else ()
-    for column, justify in columns:
-        if column not in under:
-            t.add_column("tensor\n  " + "  ".join(under) if under and column == "tensor" else column, justify=justify,
-                         no_wrap=column not in ("what changed", "tensor"))
-    for r in diff.rows:
-        cells = {"#": str(r.index), "tensor": shown(r.name), "status": Text(r.status, style=STYLE[r.status]),
-                 "max|b-a|": figure(r.max_abs), "relative": figure(r.rel),
-                 "cosine": "" if r.cosine is None else f"{r.cosine:.8f}", "1e-9 .. 1": bar(r, 8 if narrow else BAR),
-                 "what changed": shown(r.detail)}
-        if under:
-            more = "  ".join(str(cells[c]) for c in under if cells[c])
-            cells["tensor"] = Text(cells["tensor"]).append(f"\n  {more}" if more else "", style="dim")
-        t.add_row(*(cells[c] for c, _ in columns if c not in under))
-    return t
+def table(diff: Any, width: int | None = None) -> RenderableType:
+    """The rows; `width`: the terminal's (narrower than the whole table, what changed goes under
+    each row: `views.fitted_table`), None (a pipe, a notebook) for every column on one line."""
+    rows = [{"#": str(r.index), "tensor": shown(r.name), "status": Text(r.status, style=STYLE[r.status]),
+             "max|b-a|": figure(r.max_abs), "relative": figure(r.rel),
+             "cosine": "" if r.cosine is None else f"{r.cosine:.8f}", "1e-9 .. 1": bar(r),
+             "what changed": shown(r.detail)} for r in diff.rows]
+    return fitted("", COLUMNS, rows, "tensor", ("what changed",), width)
 
 
 def scope_label(phase: str | None, layer: int | None) -> str:
