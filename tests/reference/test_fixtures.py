@@ -232,8 +232,15 @@ def test_a_malformed_safetensors_candidate_exits_2_with_one_line(basic, tmp_path
     assert out.stderr.count("\n") == 1 and out.stderr.startswith("stepper: error: ") and str(path) in out.stderr
 
 
-@pytest.mark.parametrize("kind", ["truncated", "pickled", "not-zip", "npy"])
-def test_a_malformed_npz_candidate_exits_2_with_one_line(basic, tmp_path, kind):
+@pytest.mark.parametrize("kind, says", [
+    ("truncated", "not a readable .npz file"), ("pickled", "not a readable .npz file"),
+    ("not-zip", "not an .npz file (an .npz is a zip archive of .npy arrays; this one begins b'\\x00\\x00\\x00\\x00')"),
+    ("text", "not an .npz file (an .npz is a zip archive of .npy arrays; this one begins b'laye')"),
+    ("zero bytes", "not an .npz file (an .npz is a zip archive of .npy arrays; this one is empty)"),
+    ("npy", "a single array (.npy), not an .npz archive of named tensors"),
+    ("no arrays", "holds no tensor; expected the tensors of a run")])
+def test_a_malformed_npz_candidate_exits_2_with_one_line(basic, tmp_path, kind, says):
+    """A text file named .npz is not told about NumPy's pickles, nor an empty one about its 0 names."""
     path = tmp_path / "port.npz"
     if kind == "pickled":
         np.savez(path, a=np.array([{"x": 1}], dtype=object))
@@ -243,12 +250,30 @@ def test_a_malformed_npz_candidate_exits_2_with_one_line(basic, tmp_path, kind):
             path.write_bytes(path.read_bytes()[:-100])
         elif kind == "not-zip":
             path.write_bytes(b"\x00" * 64)
+        elif kind == "text":
+            path.write_text("layers.0.self_attn.q_a 0.1 0.2\n")
+        elif kind == "zero bytes":
+            path.write_bytes(b"")
+        elif kind == "no arrays":
+            np.savez(path)
         else:
             np.save(tmp_path / "x.npy", np.zeros(3))
             path.write_bytes((tmp_path / "x.npy").read_bytes())
     out = stepper("fixtures", "verify", BASIC, path)
     assert out.returncode == 2, out.stdout
-    assert out.stderr.count("\n") == 1 and str(path) in out.stderr
+    assert out.stderr.count("\n") == 1 and out.stderr.startswith(f"stepper: error: {path}: {says}"), out.stderr
+    assert "pickle" not in out.stderr or kind == "pickled"
+
+
+def test_one_unknown_extra_tensor_leaves_a_dump_read_by_stepper_names(basic, tmp_path):
+    """An extra tensor no naming knows says nothing of the candidate's naming: the dump is read as
+    stepper's own, with no note about other namings that spell a canonical name alike."""
+    tensors = {**basic.tensors, "my_debug_probe": np.zeros(3, np.float32)}
+    out = stepper("fixtures", "verify", BASIC, write_candidate(tmp_path / "c.safetensors", tensors), "--plain")
+    assert out.returncode == 0, out.stdout + out.stderr
+    n = len(basic.tensors)
+    assert out.stdout.splitlines()[-2:] == [f"match: {n} fixture tensors, {n} match, 0 differ, 0 missing",
+                                            "1 candidate names not recognised: my_debug_probe"]
 
 
 @pytest.mark.parametrize("args, message", [
