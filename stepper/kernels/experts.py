@@ -42,6 +42,7 @@ from stepper.kernels.fp8_workers import (
     CLAIMS_BYTES,
     Band,
     Helper,
+    aligned,
     file_map,
     from_the_back,
     from_the_front,
@@ -161,7 +162,7 @@ class Layout:
         a = int(self.starts[-1])
         self.a, self.d = a, d
         self.rows_at = CLAIMS_BYTES + n * d * 4
-        self.results_at = self.rows_at + 8 * a + padded(4 * a)
+        self.results_at = self.rows_at + 8 * a + aligned(4 * a)
         self.finale_at = self.results_at + 4 * a * d
         self.shapes, self.gate_up_tiles, self.down_tiles = [], 0, 0
         if finale is not None:
@@ -237,19 +238,7 @@ def unscaled(rows: np.ndarray, k: int, n: int) -> np.ndarray:
 
 def taken(claims: np.ndarray, front: bool, first: int, stop: int) -> Callable[[], int | None]:
     """Tiles [first, stop) of a run shared from both ends, from the front or the back, counted from first."""
-    def take() -> int | None:
-        if front:
-            tile = int(claims[0])
-            if tile >= claims[1] or tile >= stop:
-                return None
-            claims[0] = tile + 1
-        else:
-            tile = int(claims[1]) - 1
-            if tile < claims[0] or tile < first:
-                return None
-            claims[1] = tile
-        return tile - first
-    return take
+    return fp8_workers.from_the_front(claims, first, stop) if front else fp8_workers.from_the_back(claims, first)
 
 
 def meet(conn: Connection, found: list[bool]) -> list[bool]:
@@ -260,11 +249,6 @@ def meet(conn: Connection, found: list[bool]) -> list[bool]:
     if answer[:1] != MEETING or len(answer) != 1 + len(found):
         raise RuntimeError(f"the finale's meeting was not kept: {answer.decode(errors='replace')}")
     return [bool(b) for b in answer[1:]]
-
-
-def padded(nbytes: int) -> int:
-    """Bytes rounded up to whole 8s, so what follows in the scratch lies aligned."""
-    return -(-nbytes // 8) * 8
 
 
 def described(w: Fp8Matrix) -> bytes:

@@ -315,25 +315,27 @@ def meet_in_the_middle(tokens: np.ndarray, w: Fp8Matrix, k: int, rows: np.ndarra
     helper.copy_into(rows, first, many_tokens(tokens.shape[0], w))
 
 
-def from_the_front(claims: np.ndarray):
-    """Tile indices from the first on, until the helper's last taken one (claims[1])."""
+def from_the_front(claims: np.ndarray, first: int = 0, stop: int | None = None):
+    """Tile indices from the first on, until the helper's last taken one (claims[1]) or `stop`;
+    counted from `first` (the first tile of a run of several products' tiles)."""
     def take() -> int | None:
         tile = int(claims[0])
-        if tile >= claims[1]:
+        if tile >= claims[1] or (stop is not None and tile >= stop):
             return None
         claims[0] = tile + 1
-        return tile
+        return tile - first
     return take
 
 
-def from_the_back(claims: np.ndarray):
-    """Tile indices from the last back, until this process's next one (claims[0])."""
+def from_the_back(claims: np.ndarray, first: int = 0):
+    """Tile indices from the last back, until this process's next one (claims[0]) or `first`,
+    counted from `first`."""
     def take() -> int | None:
         tile = int(claims[1]) - 1
-        if tile < claims[0]:
+        if tile < claims[0] or tile < first:
             return None
         claims[1] = tile
-        return tile
+        return tile - first
     return take
 
 
@@ -511,7 +513,7 @@ def send_fp4_band(helper: Helper, tokens: np.ndarray, w: Fp4Matrix, band: Band, 
     `claims`, the helper takes the band's tiles from the last back (the two tile indices set to
     them first: the band is the whole weight)."""
     scales = w.scales[band.start : band.end]  # E8M0 bytes [rows, in / 32]
-    room = scale_room(scales.size)
+    room = aligned(scales.size)
     helper.send_inputs(tokens, band.end - band.start, room)
     at = CLAIMS_BYTES + helper.inputs_bytes
     np.frombuffer(helper.scratch, np.uint8, scales.size, at).reshape(scales.shape)[:] = scales
@@ -525,10 +527,10 @@ def send_fp4_band(helper: Helper, tokens: np.ndarray, w: Fp4Matrix, band: Band, 
     helper.sent.append((band, room))  # its rows go after its scales in the scratch
 
 
-def scale_room(scale_bytes: int) -> int:
-    """The scratch's bytes for an FP4 band's scale bytes: whole 8s, so the float32 rows after them
-    lie aligned."""
-    return -(-scale_bytes // 8) * 8
+def aligned(nbytes: int) -> int:
+    """Bytes rounded up to whole 8s, so what follows them in the scratch lies aligned (an FP4
+    band's scale bytes, then its float32 rows)."""
+    return -(-nbytes // 8) * 8
 
 
 # ---------------------------------------------------------------------------------------------
@@ -641,7 +643,7 @@ def multiply_fp4_band(scratch, files, message: bytes) -> tuple:
     inputs_end = CLAIMS_BYTES + n * in_dim * 4
     scales = np.frombuffer(scratch, np.uint8, rows * in_dim // fp4.GROUP, inputs_end).reshape(rows, -1)
     tokens = np.frombuffer(scratch, np.float32, n * in_dim, CLAIMS_BYTES).reshape(n, in_dim)
-    flat = np.frombuffer(scratch, np.float32, rows * n, inputs_end + scale_room(scales.size))
+    flat = np.frombuffer(scratch, np.float32, rows * n, inputs_end + aligned(scales.size))
     w = Fp4Matrix(packed, scales, origin=bytes_at)
     claim = from_the_back(np.frombuffer(scratch, np.int64, 2)) if how & MEET else None
     apply_fp4_tiles(np.ascontiguousarray(tokens.T), w, spans(rows, height), flat.reshape(rows, n), claim=claim)
