@@ -604,3 +604,24 @@ def test_each_shipped_fixtures_storage_note_says_what_its_weight_files_hold():
             with safe_open(shard, "np") as f:
                 dtypes |= {f.get_slice(name).get_dtype() for name in f.keys()}  # noqa: SIM118 - not a dict
         assert ("F8_E4M3" in dtypes) == weights["storage"].startswith("fp8"), (manifest.parent.name, dtypes)
+
+
+def test_every_name_a_dump_has_for_one_tensor_is_compared(basic, tmp_path):
+    """A dump that holds a tensor twice (a module's output and the next module's input hook) is
+    checked under both names: one that differs is a mismatch, named, whichever comes first."""
+    tensors = {k: v for k, v in basic.tensors.items() if k.startswith("prefill.")}
+    norm = tensors.pop("prefill.norm")
+    tensors["prefill.model.norm"] = norm
+    tensors["prefill.lm_head:input"] = -norm  # sorts first; the module's own output is read first anyway
+    path = write_candidate(tmp_path / "c.safetensors", tensors)
+    out = stepper("fixtures", "verify", BASIC, path, "--allow-missing", "--problems", "--plain",
+                  "--report", tmp_path / "r.json")
+    assert out.returncode == 1, out.stdout + out.stderr
+    row = next(t for t in json.loads((tmp_path / "r.json").read_text())["tensors"] if t["name"] == "prefill.norm")
+    assert (row["status"], row["candidate"]) == ("mismatch", "prefill.lm_head:input")
+    assert row["detail"].endswith("; its other name prefill.model.norm matches")
+    note = "1 candidate tensors are another name of a tensor read, and compared too: prefill.lm_head:input"
+    assert note in out.stdout
+    tensors["prefill.lm_head:input"] = norm
+    out = stepper("fixtures", "verify", BASIC, write_candidate(tmp_path / "d.safetensors", tensors), "--allow-missing")
+    assert out.returncode == 0, out.stdout + out.stderr
