@@ -93,18 +93,18 @@ def test_figures_of_one_tensor_by_hand():
 
 
 def test_a_nan_is_named_with_its_index_and_the_figures_are_the_finite_entries():
-    """A NaN in B is not an error of inf and a cosine of 0: it is named, counted and placed, and the
-    figures are those of the entries finite on both sides (here the same)."""
+    """A NaN in B is not an error of inf and a cosine of 0 (nor of 0 and 1 over the finite entries):
+    it is named, counted and placed, and the figures are left blank."""
     a = {"h": np.arange(1, 13, dtype=np.float32).reshape(3, 4), "y": np.ones(2, np.float32)}
     b = {"h": a["h"].copy(), "y": np.ones(2, np.float32)}
     b["h"][1, 2], b["h"][2, 0] = np.nan, -np.inf
     d = diff_tensors(a, b)
     row = d.rows[0]
-    assert (row.status, row.max_abs, row.cosine) == ("differs", 0.0, 1.0)
+    assert (row.status, row.max_abs, row.rel, row.cosine) == ("differs", None, None, None)
     assert row.detail == row.nonfinite == "1 NaN and 1 inf where the reference is finite (first at [1, 2])"
     b["h"][2, 0], b["h"][0, 1] = 9.0, 2.5
     (row, _) = diff_tensors(a, b).rows
-    assert row.max_abs == 0.5 and row.detail == ("1 NaN where the reference is finite (first at [1, 2]); "
+    assert row.max_abs is None and row.detail == ("1 NaN where the reference is finite (first at [1, 2]); "
                                                  "1 more of 12 entries outside tolerance (worst at [0, 1])")
     assert level(row) == 1.0 and scope_note(d.rows) == "differs from h (NaN or inf)"
 
