@@ -115,7 +115,8 @@ def summary(diff: Any) -> Text:
                         style="dim")
     first = diff.first
     if first is None:
-        text.append("no tensor differs beyond round-off (the tolerance of fixtures verify)", style="bold green")
+        both = " in both" if diff.only_a or diff.only_b else ""
+        text.append(f"no tensor{both} differs beyond round-off (the tolerance of fixtures verify)", style="bold green")
     else:
         text.append(f"first difference: {shown(first.name)}", style="bold red")
         text.append(f" ({shown(first.detail)})" if first.detail else "")

@@ -25,7 +25,7 @@ def test_naive_against_absorb_names_no_divergence():
     assert out.returncode == 0, out.stderr
     rows = table_rows(out.stdout)
     assert len(rows) > 150 and {r[2] for r in rows} <= {"same", "close"}
-    assert "no tensor differs beyond round-off" in out.stdout and "0 differ" in out.stdout
+    assert "no tensor in both differs beyond round-off" in out.stdout and "0 differ" in out.stdout
     assert "only in A: prefill.layers.0.self_attn.kv," in out.stdout
 
 
@@ -95,8 +95,8 @@ def test_two_runs_with_no_tensor_in_common_are_refused_not_called_the_same():
     out = diff("run --ids 1,2,3", "run --ids 1,2,3 --decode 1")
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr == ("stepper: error: diff: run --ids 1,2,3 and run --ids 1,2,3 --decode 1 have no tensor in "
-                          "common (one run has decode steps, so its names begin prefill. and decode0., and the other "
-                          "has none; give both the same --decode)\n")
+                          "common (one side has decode steps, so its names begin prefill. and decode0., and the other "
+                          "has none; compare runs or fixtures made with the same --decode)\n")
     out = diff("run --ids 1,2,3 --only '*k_pe'", "run --ids 1,2,3 --only '*.q'")
-    assert out.returncode == 2 and "have no tensor in common (A's first is layers.0.self_attn.k_pe, B's " \
-                                   "layers.0.self_attn.q)" in out.stderr
+    assert out.returncode == 2 and "have no tensor in common (A's first name is layers.0.self_attn.k_pe, B's " \
+                                   "layers.0.self_attn.q; diff reads stepper's own names" in out.stderr
