@@ -625,3 +625,16 @@ def test_every_name_a_dump_has_for_one_tensor_is_compared(basic, tmp_path):
     tensors["prefill.lm_head:input"] = norm
     out = stepper("fixtures", "verify", BASIC, write_candidate(tmp_path / "d.safetensors", tensors), "--allow-missing")
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_a_map_name_that_no_candidate_tensor_has_is_named(basic, tmp_path):
+    """A typo in a --map key leaves its tensor unread: the verdict lists the key, not only the
+    fixture tensor as missing."""
+    tensors = {k: v for k, v in basic.tensors.items() if k != "prefill.layers.0.output"}
+    tensors["my_out0"] = basic.tensors["prefill.layers.0.output"]
+    (tmp_path / "m.json").write_text(json.dumps({"my_outO": "prefill.layers.0.output"}))
+    out = stepper("fixtures", "verify", BASIC, write_candidate(tmp_path / "c.safetensors", tensors), "--map",
+                  tmp_path / "m.json", "--problems", "--plain", "--report", tmp_path / "r.json")
+    assert out.returncode == 1
+    assert "1 --map names that no candidate tensor has: my_outO" in out.stdout.splitlines()
+    assert json.loads((tmp_path / "r.json").read_text())["map_names_not_in_candidate"] == ["my_outO"]
