@@ -68,6 +68,8 @@ def stacked(columns: Columns, rows: list[dict[str, Cell]], lines: list[Columns],
     out: list[RenderableType] = []
     for cells in [headers, *rows]:
         for i, line in enumerate(lines):
+            if i and not any(str(cells[c]) for c, _ in line):  # a line of empty cells: a dash, not a blank line
+                cells = {**cells, line[0][0]: Text("-", style="dim")}
             out.append(Text(" " * (indent if i else 0)) + side_by_side(line, cells, widths))
         for column in under:
             if str(cells[column]):

@@ -52,6 +52,14 @@ def test_narrower_the_name_takes_a_line_of_its_own():
     assert all(len(line) <= 30 for line in lines)
 
 
+def test_a_second_line_of_empty_cells_is_a_dash_not_a_blank_line():
+    rows = [{"#": "5", "tensor": "layers.0.self_attn:input", "status": "", "max|err|": "", "note": "no hook"}]
+    console = Console(file=io.StringIO(), width=30, color_system=None)
+    console.print(fitted("", COLUMNS, rows, "tensor", ("note",), 30))
+    lines = [line.rstrip() for line in console.file.getvalue().splitlines()]
+    assert lines[3:6] == ["5  layers.0.self_attn:input", "   -", "   no hook"]
+
+
 def test_too_narrow_for_that_each_cell_is_labelled():
     lines = shown(18)
     assert lines[1:4] == ["tensor and then", "its #, status,", "max|err|, note"]
