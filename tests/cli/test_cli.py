@@ -318,6 +318,13 @@ def test_options_naming_a_file_where_a_folder_belongs_are_one_line(tmp_path):
     assert out.returncode == 2 and out.stderr.endswith(f"--weights-dir {mine}: is a file, not a folder (the shared "
                                                        "weights' folder)\n")
     assert mine.read_text() == "precious" and not (tmp_path / "fx").exists()
+    folder = tmp_path / "photos"  # a folder of the user's, not a run's weights: refused before anything is written
+    folder.mkdir()
+    out = stepper("fixtures", "export", tmp_path / "fx", "--prompt-len", "4", "--weights-dir", folder)
+    assert out.returncode == 2 and out.stdout == "" and out.stderr == (
+        f"stepper: error: --weights-dir {folder}: holds other files than a run's weights (it has no config.json); "
+        "choose another folder or remove it\n")
+    assert not (tmp_path / "fx").exists()
 
 
 @pytest.mark.parametrize(("model", "quant", "said"), [
