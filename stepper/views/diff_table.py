@@ -28,7 +28,7 @@ def level(row: Any) -> float:
     """The row's relative difference on a log scale from FLOOR (0) to 1 (1); a changed choice of experts is 1."""
     if row.rel is None:
         return 1.0 if row.status == "differs" else 0.0
-    if row.nonfinite or not math.isfinite(row.rel):
+    if not math.isfinite(row.rel):
         return 1.0
     if row.rel <= FLOOR:
         return 0.0

@@ -28,13 +28,13 @@ def fitted(title: str, columns: Columns, rows: list[dict[str, Cell]], key: str, 
     if width is None or natural_width(columns, rows) <= width:
         return whole_table(title, columns, rows)
     short = tuple(c for c in columns if c[0] not in under)
-    first = columns[0][0]
-    indent = GAP if first == key else column_width(first, rows) + GAP  # where the key's column starts
     split = [c for c, _ in short].index(key) + 1
+    head, rest = short[:split], short[split:]
+    indent = natural_width(head[:-1], rows) + GAP if split > 1 else GAP  # where the key's column starts
     if natural_width(short, rows) <= width:
         lines = [short]
-    elif indent + natural_width(short[split:], rows) <= width:
-        lines = [line for line in (short[:split], short[split:]) if line]
+    elif rest and max(natural_width(head, rows), indent + natural_width(rest, rows)) <= width:
+        lines = [head, rest]
     else:
         return labelled(title, columns, rows, key)
     return Group(*([Text(title, style="bold")] if title else []), *stacked(columns, rows, lines, under, indent))

@@ -322,8 +322,8 @@ def test_options_naming_a_file_where_a_folder_belongs_are_one_line(tmp_path):
     folder.mkdir()
     out = stepper("fixtures", "export", tmp_path / "fx", "--prompt-len", "4", "--weights-dir", folder)
     assert out.returncode == 2 and out.stdout == "" and out.stderr == (
-        f"stepper: error: --weights-dir {folder}: holds other files than a run's weights (it has no config.json); "
-        "choose another folder or remove it\n")
+        f"stepper: error: --weights-dir {folder}: is not a folder of a run's weights (it has no config.json); "
+        "give a new folder's name or one an export wrote\n")
     assert not (tmp_path / "fx").exists()
 
 

@@ -587,6 +587,8 @@ def test_measure_counts_each_entry_a_candidate_gets_wrong_and_where():
     m = measure(unmasked, scores, tol)
     assert (m["outside"], m["same_nonfinite"], m["max_abs_err"]) == (int(np.isinf(scores).sum()), False, 0.0)
     assert measure(scores, scores, tol)["ok"] and measure(scores, scores, tol)["outside"] == 0
+    both = measure(np.array([np.nan, 5.0, 3.0]), np.array([1.0, -np.inf, 3.0]), tol)  # a NaN, and a mask left off
+    assert (both["outside"], both["worst"]) == (2, [1])  # the worst of the rest is the unmasked entry, not the NaN
 
 
 def test_each_shipped_fixtures_storage_note_says_what_its_weight_files_hold():

@@ -60,6 +60,14 @@ def test_a_second_line_of_empty_cells_is_a_dash_not_a_blank_line():
     assert lines[3:6] == ["5  layers.0.self_attn:input", "   -", "   no hook"]
 
 
+def test_a_name_wider_than_the_terminal_with_its_number_goes_labelled_not_cut_from_its_number():
+    rows = [{**ROWS[1], "tensor": "layers.10.self_attn.kv_b_proj"}]
+    console = Console(file=io.StringIO(), width=32, color_system=None)
+    console.print(fitted("", COLUMNS, rows, "tensor", ("note",), 32))
+    lines = [line.rstrip() for line in console.file.getvalue().splitlines()]
+    assert lines[0].startswith("tensor and then its") and lines[2] == "layers.10.self_attn.kv_b_proj"
+
+
 def test_too_narrow_for_that_each_cell_is_labelled():
     lines = shown(18)
     assert lines[1:4] == ["tensor and then", "its #, status,", "max|err|, note"]
