@@ -26,7 +26,7 @@ def fitted(title: str, columns: Columns, rows: list[dict[str, Cell]], key: str, 
     """The rows (cells by header) for a terminal `width` wide (None: a pipe or a notebook, every
     row on one line), titled `title` (empty: none)."""
     if width is None or natural_width(columns, rows) <= width:
-        return whole_table(title, columns, rows)
+        return whole_table(title, columns, rows, under)
     short = tuple(c for c in columns if c[0] not in under)
     split = [c for c, _ in short].index(key) + 1
     head, rest = short[:split], short[split:]
@@ -49,11 +49,13 @@ def column_width(column: str, rows: list[dict[str, Cell]]) -> int:
     return max(cell_len(line) for text in [column, *(str(r[column]) for r in rows)] for line in text.split("\n"))
 
 
-def whole_table(title: str, columns: Columns, rows: list[dict[str, Cell]]) -> Table:
+def whole_table(title: str, columns: Columns, rows: list[dict[str, Cell]], under: tuple[str, ...]) -> Table:
+    """One Rich table; where it is drawn narrower than it would be (a notebook's fixed width), the
+    `under` columns wrap at words and the rest keep their lines whole."""
     table = Table(title=title or None, title_justify="left", show_edge=False, pad_edge=False, header_style="bold",
                   box=None)
     for column, justify in columns:
-        table.add_column(column, justify=justify, no_wrap=True)
+        table.add_column(column, justify=justify, no_wrap=column not in under)
     for cells in rows:
         table.add_row(*(cells[c] for c, _ in columns))
     return table
