@@ -11,7 +11,7 @@ from rich.console import Console
 
 from stepper.cli.common import user_errors
 from stepper.untrusted import shown
-from stepper.views.sinks import line_width
+from stepper.views.sinks import line_width, styles
 
 WORKDIR_HELP = ("Where the synthetic full-size checkpoints are written once and reused (about 20 GB) "
                 "[default: ~/.cache/stepper/bench].")
@@ -62,7 +62,7 @@ def bench_command(
     from stepper.bench import ceilings, long_context, runner, v4_layer
 
     with user_errors():
-        console = Console(stderr=as_json, highlight=False, markup=False)
+        console = Console(stderr=as_json, highlight=False, markup=False, **styles(False))
         whole = line_width(console) is None  # a terminal wraps at words; a pipe or a file keeps each line whole
         workdir = workdir or Path.home() / ".cache" / "stepper" / "bench"
         say = lambda line: console.print(f"· {shown(line)}", style="dim", soft_wrap=whole)

@@ -60,7 +60,7 @@ def byte_progress(what: str, total: int) -> Iterator[Callable[[int], None]]:
     """A bar in bytes with the rate, on stderr, gone when done."""
     columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                TimeRemainingColumn())
-    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+    with Progress(*columns, console=Console(stderr=True, **styles(False)), transient=True) as bar:
         task = bar.add_task(shown(what), total=total)
         yield lambda n: bar.advance(task, n)
 

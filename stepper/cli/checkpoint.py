@@ -77,7 +77,7 @@ def wrote(out: Path) -> None:
     """The line saying what synth wrote."""
     files = sorted(p.name for p in out.iterdir())
     size = sum(p.stat().st_size for p in out.iterdir())
-    print_fitted(Console(highlight=False, markup=False),
+    print_fitted(Console(highlight=False, markup=False, **styles(False)),
                  f"wrote {shown(out)}: {len(files)} files, {size / 2**20:.1f} MiB "
                  f"({', '.join(files[:3])}{', ...' if len(files) > 3 else ''})")
 

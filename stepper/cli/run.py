@@ -299,7 +299,7 @@ def run_command(
             if long > LONG_VALUES:
                 print_lines(console, f"note: the attention scores and weights shown hold {long:.2g} values, summarised "
                             "a tile at a time: their exact statistics take a while (--only can leave them out)", "dim")
-        counter, recorder, bars = TensorCount(), Recorder(), ProgressBars(Console(stderr=True))
+        counter, recorder, bars = TensorCount(), Recorder(), ProgressBars(Console(stderr=True, **styles(plain)))
         bars.beside(console)
         rows = (JsonLines(sys.stdout, plan.config, bars.hide) if as_json
                 else TensorRows(console, plan.config, plan.tokens))
@@ -400,7 +400,7 @@ def step_command(
             if line:
                 print_lines(console, line, "dim")
         interactive = sys.stdin.isatty() and console.is_terminal
-        bars = ProgressBars(Console(stderr=True))
+        bars = ProgressBars(Console(stderr=True, **styles(plain)))
         bars.beside(console)
         source = CommandSource(console, sys.stdin, interactive, script, before_input=bars.hide)
         on_stop = JsonLines(sys.stdout, plan.config) if as_json else None
