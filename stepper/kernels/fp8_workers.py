@@ -104,10 +104,12 @@ class Helper:
 
     def __init__(self):
         # A fresh interpreter (not fork: this process has threads; not multiprocessing's spawn,
-        # which would import the user's __main__ again). It exits when the pipe closes.
+        # which would import the user's __main__ again). It exits when the pipe closes. In a session of
+        # its own, so a Ctrl-C at the terminal reaches this process alone (which says "interrupted"), not
+        # the helper too (which would print its traceback).
         self.conn, child = Pipe()
         self.process = subprocess.Popen([sys.executable, "-m", "stepper.kernels.fp8_helper", str(child.fileno())],
-                                        pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL)
+                                        pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL, start_new_session=True)
         child.close()
         self.scratch: mmap.mmap | None = None
         self.inputs_bytes = 0

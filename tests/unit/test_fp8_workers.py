@@ -1,6 +1,7 @@
 """FP8 products shared with helper processes (fp8_workers): same values, and a safe fallback."""
 
 import itertools
+import os
 
 import numpy as np
 import pytest
@@ -47,6 +48,14 @@ def test_shared_product_equals_the_dense_product(checkpoint, shared, tokens):
     helper = fp8_workers.helpers()[0]
     assert not fp8_workers._broken and helper.bands_done >= 1 and helper.process.poll() is None
     assert np.abs(y - exact(x, w)).max() <= 2e-6 * np.abs(exact(x, w)).max()
+
+
+def test_a_helper_is_in_a_session_of_its_own_so_ctrl_c_reaches_this_process_alone(shared):
+    """A terminal's Ctrl-C goes to its foreground process group: a helper in it printed its own
+    KeyboardInterrupt traceback under stepper's "interrupted"."""
+    helper = fp8_workers.helpers()[0]
+    assert os.getsid(helper.process.pid) == helper.process.pid != os.getsid(0)
+    assert os.getpgid(helper.process.pid) != os.getpgid(0)
 
 
 def test_shares_cover_the_rows_in_whole_scale_blocks():
