@@ -253,7 +253,8 @@ def run_command(
                                  "model draws its family's: MLA's attention,routing,hist,scales; DeepSeek-V4's "
                                  "hc,reach,hist; Kimi Linear's adds state).")] = None,
     plain: PlainOpt = False,
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per tensor (JSON Lines) on stdout.")] = False,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="One JSON object per tensor (JSON Lines) on stdout; --show's pictures on stderr.")] = False,
     dump: Annotated[Path | None, typer.Option(
         metavar="FILE.safetensors",
         help="Write every shown tensor to this file (its name ends in .safetensors).")] = None,
@@ -289,7 +290,8 @@ def run_command(
         check_dump_sizes(sizes(plan, kept), DUMP_LIMIT_GB if dump_limit_gb is None else dump_limit_gb)
         planned.check_fits(kept, "--only")
         swapped.enter_context(overrides.use(use or [], announce=sys.stderr))  # a file that fails to load stops it here
-        console = Console(**styles(plain), highlight=False, markup=False, soft_wrap=True)
+        # with --json, stdout holds JSON Lines alone: the pictures (--show) go to stderr
+        console = Console(stderr=as_json, **styles(plain), highlight=False, markup=False, soft_wrap=True)
         if not as_json:
             print_lines(console, describe(plan), "bold")
             for line in (patched_line(patch), *planned.said):

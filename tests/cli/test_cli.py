@@ -65,6 +65,15 @@ def test_json_lines_hold_every_catalogued_name_and_true_statistics():
     assert weights["stats"]["sum"] == pytest.approx(4 * 4, rel=1e-5)  # every softmax row sums to 1
 
 
+def test_json_lines_with_pictures_keep_stdout_json():
+    """--show's pictures go to stderr with --json: stdout stays one JSON object a line."""
+    out = stepper("run", "--json", "--ids", "5,6,7,8", "--show", "routing,hist", "--only", "*mlp.gate.*")
+    assert out.returncode == 0, out.stderr
+    names = [json.loads(line)["name"] for line in out.stdout.splitlines()]
+    assert "layers.1.mlp.gate.topk_idx" in names
+    assert "layers.1.mlp.gate.topk_idx" in out.stderr  # a picture's title
+
+
 def test_dump_holds_every_tensor_in_order(tmp_path):
     path = tmp_path / "run.safetensors"
     out = stepper("run", "--plain", "--decode", "2", "--start-pos", "4094", "--dump", str(path))
