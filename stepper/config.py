@@ -315,6 +315,10 @@ def load_config(path: str | Path, read: Callable[[dict[str, Any], str], Any] = r
     """Read and validate a config.json file with a family's reader (the MLA family's unless given:
     stepper.families.load_config reads any registered family's)."""
     path = Path(path)
+    if path.is_file() and (path.suffix == ".safetensors" or path.name.endswith(".index.json")):  # its other files
+        what = "a .safetensors file" if path.suffix == ".safetensors" else "a checkpoint's index"
+        raise StepperError(f"{path}: {what}, not a config.json; give the checkpoint's directory (config.json, its "
+                           "index and shards)")
     raw = read_json(path, "a config.json")  # a key given twice, or NaN, is refused naming it
     if not isinstance(raw, dict):
         raise StepperError(f"{path}: expected a JSON object, found {type(raw).__name__}")

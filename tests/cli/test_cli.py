@@ -215,6 +215,17 @@ def test_malformed_config_json_exits_2(tmp_path):
     assert len(out.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("name, what", [("model-00001-of-00002.safetensors", "a .safetensors file"),
+                                        ("model.safetensors.index.json", "a checkpoint's index")])
+def test_a_checkpoints_shard_or_index_given_as_the_model_names_the_directory(tmp_path, name, what):
+    (tmp_path / name).write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")
+    for command in ("run", "tree"):
+        out = stepper(command, "--model", tmp_path / name)
+        assert out.returncode == 2 and out.stderr == (
+            f"stepper: error: {tmp_path / name}: {what}, not a config.json; give the checkpoint's directory "
+            "(config.json, its index and shards)\n")
+
+
 def test_config_json_model_runs_with_synthetic_weights(tmp_path):
     from stepper.presets import preset
 
