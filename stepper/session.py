@@ -412,7 +412,8 @@ def prepare(spec: RunSpec, weights: WeightSource | None = None, spell: Spell = c
     prompt = tuple(tokens.ids) if tokens else prompt_ids(spec, cfg, spell)
     alone = spec.layer is not None
     needs_logits = not alone and (spec.decode > 0 or layers.stop == cfg.num_hidden_layers)
-    weights.check(layers if alone else range(cfg.num_hidden_layers if needs_logits else layers.stop), needs_logits)
+    # a run from the prompt reads the embedding: it is checked with the norm and lm_head, before any compute
+    weights.check(layers if alone else range(cfg.num_hidden_layers if needs_logits else layers.stop), not alone)
     return Plan(spec, weights, layers, prompt, hidden, needs_logits, tokens)
 
 

@@ -63,3 +63,14 @@ def test_layers_from_the_start_with_the_globals_run_as_a_model():
     assert partial_text([], 3, has_globals=False) == (
         "holds no tensor of layers 0..2 nor the embedding, norm or lm_head "
         "(names look like 'model.layers.0.input_layernorm.weight')")
+
+
+def test_layers_from_the_start_without_the_embedding_are_refused_before_anything_is_shown(tmp_path):
+    """--layers 0:1 of a checkpoint holding layer 0 alone reads the embedding it lacks: one line, no
+    header first (it was refused only once the run began, naming model.embed_tokens.weight)."""
+    out = tmp_path / "t0"
+    assert stepper("synth", "--model", "tiny", "--layers", "0:1", "--out", out).returncode == 0
+    done = stepper("run", "--plain", "--model", out, "--layers", "0:1")
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == (f"stepper: error: {out}: holds only layer 0 of 0..2, no embedding, norm or lm_head: "
+                           "inspect with --layers 0:1, run with --layer 0\n")
