@@ -23,6 +23,7 @@ from stepper.seams.trace import Sink, matches
 from stepper.session import Plan, RunResult, RunSpec
 from stepper.weights import audit, published_audit
 from stepper.weights.checkpoint import Checkpoint
+from stepper.weights.names import EMBED
 from stepper.weights.published import PublishedCheckpoint
 from stepper.weights.source import WeightSource
 
@@ -91,8 +92,19 @@ def plan_run(spec: RunSpec, kept: Kept = lambda plan, names: [], lower: str = "-
 
     plan, why = memory.choose_attn(session.prepare(spec, weights, wording.spell), estimate, memory.available_bytes())
     plan, chunked = memory.choose_chunk(plan, estimate, memory.available_bytes(), chunk, wording.spell)
-    return RunPlan(plan, planned_names(plan), tuple(line for line in (why, chunked, unread_line(plan)) if line),
-                   wording)
+    notes = (why, chunked, unread_line(plan), unembedded_line(plan, wording))
+    return RunPlan(plan, planned_names(plan), tuple(line for line in notes if line), wording)
+
+
+def unembedded_line(plan: Plan, wording: Wording) -> str | None:
+    """A note when a lone layer's prompt ids were given but it runs on seeded random vectors (the
+    checkpoint has no embedding table): the ids then only count the positions (and route a hash-routed
+    layer), which the header alone did not make plain."""
+    if not plan.alone or plan.hidden is not None or plan.spec.ids is None or plan.weights.has(EMBED):
+        return None
+    return (f"note: this checkpoint has no embedding table, so layer {plan.spec.layer} runs on seeded random vectors "
+            f"and {wording.spell('ids')} only sets their number; give {wording.spell('input', 'FILE')} (the hidden "
+            "states of the layer before, dumped from a run) for real ones")
 
 
 def unread_line(plan: Plan) -> str | None:

@@ -74,3 +74,13 @@ def test_layers_from_the_start_without_the_embedding_are_refused_before_anything
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr == (f"stepper: error: {out}: holds only layer 0 of 0..2, no embedding, norm or lm_head: "
                            "inspect with --layers 0:1, run with --layer 0\n")
+
+
+def test_ids_for_a_layer_without_the_embedding_are_said_to_count_positions_only(layer_1):
+    done = stepper("run", "--plain", "--model", layer_1, "--layer", "1", "--ids", "5,6", "--only", "layers.1.output")
+    assert done.returncode == 0, done.stderr
+    assert ("note: this checkpoint has no embedding table, so layer 1 runs on seeded random vectors and --ids only "
+            "sets their number; give --input FILE (the hidden states of the layer before, dumped from a run) for real "
+            "ones") in done.stdout.splitlines()
+    seeded = stepper("run", "--plain", "--model", layer_1, "--layer", "1", "--only", "layers.1.output")
+    assert "no embedding table, so" not in seeded.stdout  # no ids given: nothing to warn of
