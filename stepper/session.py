@@ -255,11 +255,13 @@ def read_input(path: Path, layer: int, cfg: Config) -> np.ndarray:
     """The stream a lone layer takes (its family's: MLA's residual [B, T, D], DeepSeek-V4's streams
     [1, T, n, D]), from a safetensors file: its only tensor, or the layer's input as `stepper run
     --dump` writes it (`layers.{N}.hidden_states`, V4's `layers.{N}.streams`: the first tensor the
-    layer emits, with or without `prefill.`)."""
+    layer emits, with or without `prefill.`; for the residual stream, else `layers.{N-1}.output`)."""
     with SafetensorsFile(path) as f:
         names = f.names()
         first = derive.layer_keys(cfg, layer)[0]  # the layer's input, as it shows it
         wanted = [f"layers.{layer}.{first}", f"prefill.layers.{layer}.{first}"]
+        if first == "hidden_states" and layer > 0:  # the residual stream: the layer before's output is the same
+            wanted += [f"layers.{layer - 1}.output", f"prefill.layers.{layer - 1}.output"]
         name = names[0] if len(names) == 1 else next((n for n in wanted if n in names), None)
         if name is None:
             raise StepperError(f"{path}: no tensor named {wanted[0]} (found {len(names)} tensors)")

@@ -38,3 +38,14 @@ def test_an_input_of_another_format_or_no_positions_is_named_as_such(tmp_path):
     assert refused(stepper(*run, tmp_path / "empty.safetensors")) == (
         f"{tmp_path / 'empty.safetensors'}: tensor 'x' has shape [1, 0, 320], expected [B, T, 320] with at least "
         "one position (T)")
+
+
+def test_a_dump_of_the_layers_before_feeds_the_next_layer(tmp_path):
+    """A dump of layers 0..0 holds layers.0.output, which is layer 1's input (the residual stream):
+    --layer 1 --input takes it, and its output is the whole run's, bit for bit."""
+    dump = tmp_path / "d0.safetensors"
+    assert stepper("run", "--layers", "0:1", "--dump", dump, "--only", "layers.0.*").returncode == 0  # many tensors
+    alone = stepper("run", "--layer", "1", "--input", dump, "--json", "--only", "layers.1.output")
+    whole = stepper("run", "--layers", "0:2", "--json", "--only", "layers.1.output")
+    assert alone.returncode == whole.returncode == 0, alone.stderr + whole.stderr
+    assert json.loads(alone.stdout)["stats"] == json.loads(whole.stdout)["stats"]
