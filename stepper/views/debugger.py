@@ -528,6 +528,8 @@ class Debugger:
         for event in reversed(self.history.values()):
             if matches(event.name, [name]):
                 return event
+        if self.names is not None and not any(matches(n, [name]) or n.endswith("." + name) for n in self.names):
+            raise StepperError(f"no tensor '{name}' in this run{did_you_mean(name, self.names)} (h lists those seen)")
         raise StepperError(f"no tensor '{name}' seen yet (h lists them)")
 
     def _seen(self, name: str) -> bool:

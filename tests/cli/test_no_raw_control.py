@@ -160,7 +160,7 @@ def test_the_debugger_echoes_and_answers_escaped(place, colour):
     t = shown(TYPED)
     for answer in (f"bad slice '{t}': expected NAME[i, a:b, ...]", f"b {t}: matches no tensor of this run",
                    f"no tensor named '{t}' in the catalogue (stepper tree lists them)",
-                   f"no tensor '{t}' seen yet (h lists them)", f"unknown command '{t}'"):
+                   f"no tensor '{t}' in this run (h lists those seen)", f"unknown command '{t}'"):
         assert f"\n{answer}\n" in out
 
 

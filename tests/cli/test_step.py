@@ -146,7 +146,7 @@ def test_bad_commands_and_bad_slices_print_help_and_go_on():
     assert "unknown command 'frobnicate'" in text and text.count("n next (Enter)") >= 2
     assert "bad slice [0,99,0] for shape [1, 7, 320]" in text
     assert "bad slice [0,:x]" in text
-    assert "no tensor 'nosuch' seen yet" in text
+    assert "no tensor 'nosuch' in this run (h lists those seen)" in text
     assert stops(text)[-1] == "model › latent attention › rope_cos"  # the n after the errors still worked
 
 
