@@ -43,6 +43,17 @@ class Dim:
         return f"{self.symbol}={self.size} {self.label}" if self.runtime else f"{self.size} {self.label}"
 
 
+def singular(label: str) -> str:
+    """A dim label's first plural word in the singular, for a dim of size 1: 'positions' -> 'position',
+    'compressed entries' -> 'compressed entry', 'entries a query attends' -> 'entry a query attends'."""
+    return re.sub(r"\b([a-z]+?)(ies|s)\b", lambda m: m[1] + ("y" if m[2] == "ies" else ""), label, count=1)
+
+
+def counted(label: str, size: int) -> str:
+    """A dim's label for its size: singular for one ('1 expert group'), as it is for more."""
+    return singular(label) if size == 1 else label
+
+
 @dataclass(frozen=True)
 class Catalog:
     raw: dict[str, Any]

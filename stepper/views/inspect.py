@@ -641,18 +641,18 @@ def footer(matched: list[Tensor], total: int, stats: bool, problems: int) -> str
     int4_weights = sum(t.int4 for t in matched)
     out = [f"{count}, {human(sum(nbytes.values()))}", f"dtypes: {dtypes}"]
     if fp8_weights:
-        out.append(f"{fp8_weights} scale tensors shown in their F8_E4M3 weight's row")
+        out.append(f"{fp8_weights} scale tensor{'s' * (fp8_weights != 1)} shown in their F8_E4M3 weight's row")
         if stats:
             out.append("FP8 statistics are of the dequantized values, code value x scale_inv")
     if int4_weights:
-        out.append(f"{int4_weights} INT4 weights: weight_packed (I32, 8 codes a word) shown as the [out, in] it packs, "
-                   f"with its weight_scale (one per 32 inputs) and weight_shape")
+        out.append(f"{int4_weights} INT4 weight{'s' * (int4_weights != 1)}: weight_packed (I32, 8 codes a word) "
+                   "shown as the [out, in] it packs, with its weight_scale (one per 32 inputs) and weight_shape")
         if stats:
             out.append("INT4 statistics are of the values, (nibble - 8) x group scale")
     fp4_weights = sum(t.fp4 for t in matched)
     if fp4_weights:
-        out.append(f"{fp4_weights} FP4 weights: I8 bytes (two e2m1 codes each, low nibble first) shown as the "
-                   f"[out, in] they hold, with their F8_E8M0 scales (one per 32 inputs)")
+        out.append(f"{fp4_weights} FP4 weight{'s' * (fp4_weights != 1)}: I8 bytes (two e2m1 codes each, low nibble "
+                   "first) shown as the [out, in] they hold, with their F8_E8M0 scales (one per 32 inputs)")
     if problems:
         out.append(f"{problems} problem{'s' if problems != 1 else ''} (listed below)")
     return " · ".join(out)

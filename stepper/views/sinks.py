@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -91,13 +90,7 @@ class TensorRows:
 
 def named_dims(dims: list[catalog.Dim]) -> list[str]:
     """Each dim as the rows name it: 'T=7 positions', 'T=1 position'."""
-    return [str(replace(d, label=singular(d.label))) if d.size == 1 else str(d) for d in dims]
-
-
-def singular(label: str) -> str:
-    """A dim label's first plural word in the singular, for a dim of size 1: 'positions' -> 'position',
-    'compressed entries' -> 'compressed entry', 'entries a query attends' -> 'entry a query attends'."""
-    return re.sub(r"\b([a-z]+?)(ies|s)\b", lambda m: m[1] + ("y" if m[2] == "ies" else ""), label, count=1)
+    return [str(replace(d, label=catalog.counted(d.label, d.size))) for d in dims]
 
 
 def stats_line(array: np.ndarray, width: int | None) -> Text:

@@ -9,7 +9,7 @@ import re
 import numpy as np
 from helpers.cli import refused, stepper
 
-from stepper.views.sinks import singular
+from stepper.catalog import singular
 
 
 def test_a_dim_of_size_one_names_its_noun_in_the_singular():
