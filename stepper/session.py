@@ -414,8 +414,10 @@ def prepare(spec: RunSpec, weights: WeightSource | None = None, spell: Spell = c
     prompt = tuple(tokens.ids) if tokens else prompt_ids(spec, cfg, spell)
     alone = spec.layer is not None
     needs_logits = not alone and (spec.decode > 0 or layers.stop == cfg.num_hidden_layers)
-    # a run from the prompt reads the embedding: it is checked with the norm and lm_head, before any compute
-    weights.check(layers if alone else range(cfg.num_hidden_layers if needs_logits else layers.stop), not alone)
+    # a run from the prompt reads the embedding: without it, checked with the norm and lm_head, it is refused saying
+    # what the checkpoint holds, before any compute
+    globals_checked = needs_logits or (not alone and not weights.has(EMBED))
+    weights.check(layers if alone else range(cfg.num_hidden_layers if needs_logits else layers.stop), globals_checked)
     return Plan(spec, weights, layers, prompt, hidden, needs_logits, tokens)
 
 
