@@ -110,11 +110,13 @@ class CommandSource:
             self.before_input()
         if self.script:
             return self._echo(self.script.pop(0), prompt)
-        if self.interactive:
+        while self.interactive:
             try:
                 return self._typed(prompt)
             except EOFError:
                 return None
+            except KeyboardInterrupt:  # at the prompt, as other debuggers: the line is dropped, the prompt comes again
+                self.console.print(Text("(line dropped: q or Ctrl-D quits)", style="dim"))
         line = self.stdin.readline()
         return None if not line else self._echo(line.rstrip("\n"), prompt)
 

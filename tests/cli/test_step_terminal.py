@@ -140,6 +140,21 @@ def test_line_editing_and_history_at_the_prompt():
     assert term.wait() == 0
 
 
+def test_ctrl_c_at_the_prompt_drops_the_line_and_asks_again():
+    """As other debuggers: Ctrl-C at the prompt drops what was typed, the session goes on (it ended
+    the whole run, with the helpers' tracebacks)."""
+    term = Terminal("step", "--break", "compressed_kv")
+    term.read_until("(stepper) ")
+    term.type("p emb")
+    term.type("\x03")
+    term.read_until("(line dropped: q or Ctrl-D quits)")
+    term.type("p embed[0,0,:2]\r")
+    term.read_until("embed[0,0,:2]  [2]")
+    term.type("q\r")
+    assert term.wait() == 0
+    assert "Traceback" not in term.screen and "interrupted" not in term.screen
+
+
 @pytest.mark.parametrize("columns", [80, 160])
 def test_everything_fits_the_terminal_width(columns):
     """No line is longer than the terminal, so the terminal never breaks a word: the name line
