@@ -229,16 +229,14 @@ def test_ctrl_c_while_writing_leaves_nothing(args, tmp_path, ctrl_c_as_at_a_term
 
 
 def in_pty(args, cwd: Path, prompt: bytes) -> tuple[int, bytes]:
-    """Run stepper on a terminal, press Ctrl-C (SIGINT to its process group) at `prompt`."""
+    """Run stepper on a terminal, press Ctrl-C (SIGINT to its process group) at `prompt`, then Ctrl-D
+    once the prompt comes again. -> the exit code and everything written"""
     pid, fd = pty.fork()
     if pid == 0:  # the child: stepper on the terminal
         os.chdir(cwd)
         os.execve(sys.executable, [*COMMAND, *map(str, args)], {**ENV, "COLUMNS": "80", "TERM": "xterm"})
-    out = b""
     deadline = time.monotonic() + 60
-    while prompt not in out and time.monotonic() < deadline:
-        if select.select([fd], [], [], 0.2)[0]:
-            out += os.read(fd, 65536)
+    out = read_until(fd, b"", prompt, deadline)
     assert prompt in out, out[-500:]
     # Pressed again while nothing answers: a SIGINT that lands between readline printing the prompt
     # and starting to wait for a key is only noticed at the next key (CPython's readline loop), a
@@ -247,25 +245,52 @@ def in_pty(args, cwd: Path, prompt: bytes) -> tuple[int, bytes]:
         os.killpg(pid, signal.SIGINT)
         if select.select([fd], [], [], 2)[0]:
             break
-    while True:
+    out = read_until(fd, out, DROPPED + prompt, deadline)  # the line dropped, the prompt again
+    for _ in range(10):  # then Ctrl-D, at each prompt that comes (a lesson's prediction, then its debugger)
+        os.write(fd, b"\x04")
         try:
-            chunk = os.read(fd, 65536) if select.select([fd], [], [], 10)[0] else b""
+            chunk = os.read(fd, 65536) if select.select([fd], [], [], 5)[0] else b""
         except OSError:  # the terminal closed
             break
         if not chunk:
             break
         out += chunk
-    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), out
+        while select.select([fd], [], [], 0.5)[0]:
+            try:
+                out += os.read(fd, 65536)
+            except OSError:
+                break
+    while time.monotonic() < deadline + 30:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status), out
+        time.sleep(0.1)
+    os.kill(pid, signal.SIGKILL)
+    raise AssertionError(f"it did not end at Ctrl-D: {out[-500:]!r}")
+
+
+DROPPED = b"(line dropped: q or Ctrl-D quits)\r\n"
+SGR = re.compile(rb"\x1b\[[0-9;]*m")  # colours and styles
+
+
+def read_until(fd: int, out: bytes, wanted: bytes, deadline: float) -> bytes:
+    """What the terminal shows, read until `wanted` is in it (or the deadline passes)."""
+    while wanted not in SGR.sub(b"", out) and time.monotonic() < deadline:
+        if select.select([fd], [], [], 0.2)[0]:
+            out += os.read(fd, 65536)
+    return out
 
 
 @pytest.mark.parametrize("args, prompt", [
     (["step", "--prompt-len", "3"], b"(stepper) "),
     (["lesson", "start", "tour", "--workspace", "ws"], b"your prediction> "),
 ])
-def test_ctrl_c_at_a_prompt_says_interrupted(args, prompt, tmp_path, ctrl_c_as_at_a_terminal):
+def test_ctrl_c_at_a_prompt_drops_the_line_and_asks_again(args, prompt, tmp_path, ctrl_c_as_at_a_terminal):
+    """As other debuggers: Ctrl-C at the prompt drops what was typed and asks again; Ctrl-D ends."""
     code, out = in_pty(args, tmp_path, prompt)
-    assert code == 130
-    assert out.endswith(prompt + b"\r\nstepper: interrupted\r\n"), out[-200:]
+    plain = SGR.sub(b"", out)
+    assert DROPPED + prompt in plain and b"Traceback" not in out and b"interrupted" not in out, out[-500:]
+    assert code == 0, out[-500:]
 
 
 # -- output files -------------------------------------------------------------------------------
