@@ -148,11 +148,8 @@ def test_ctrl_c_at_the_prompt_drops_the_line_and_asks_again():
     term.type("p emb")
     for _ in range(5):  # again while nothing answers: a SIGINT before readline waits is noticed at the next key
         term.type("\x03")
-        try:
-            term.read_until("(line dropped: q or Ctrl-D quits)", timeout=2)
+        if select.select([term.fd], [], [], 2)[0]:
             break
-        except AssertionError:
-            continue
     term.read_until("(line dropped: q or Ctrl-D quits)")
     term.type("p embed[0,0,:2]\r")
     term.read_until("embed[0,0,:2]  [2]")
