@@ -101,15 +101,11 @@ def apply_tiles(tokens: np.ndarray, w: Fp8Matrix, k: int, rows: np.ndarray, deco
     step = part_rows(block_rows, in_dim)
     by_parts = not many and tokens.shape[0] <= PART_PRODUCT_TOKENS
     direct = None if many else gemm.direct_parts(in_dim, tokens.shape[0])  # the tile's product in direct parts
-    width = None if many or by_parts or direct else slab_columns(block_rows, in_dim)
     for i in range(len(tiles)) if claim is None else iter(claim, None):
         r, start, end = tiles[i]
         tile = buffer[: end - start]
         if not many:
             inputs = np.multiply(tokens, scales[r], out=scaled).T  # [in, N]
-        if width:
-            apply_slabs(w.codes[start:end], inputs, rows[start:end], width, nan_check)
-            continue
         for b0, b1 in in_steps(end - start, block_rows, step):
             part = tile[b0:b1]  # [<= step, in]
             nan_check.decode(w.codes[start + b0 : start + b1], part)
@@ -121,33 +117,6 @@ def apply_tiles(tokens: np.ndarray, w: Fp8Matrix, k: int, rows: np.ndarray, deco
             multiply_tile(tile, inputs, rows[start:end], direct)
     if remember:
         nan_check.done()
-
-
-def slab_columns(rows: int, in_dim: int) -> int | None:
-    """The columns of a few tokens' tile decoded and multiplied at once, in slabs of whole scale
-    blocks whose float32 fit half the L2 (but no fewer than gemm.MKL_FROM_INPUTS), where MKL makes
-    the products and cache-sized parts run faster on this machine (decode_in_parts); None where a
-    tile [rows, in_dim] is one slab or the products are another BLAS's. On an Intel Xeon with a
-    2 MiB L2 a Kimi K2 block [128, 7168] in four slabs of 1792 columns took 0.81-0.92x the time
-    of the whole tile, from 2 to 32 tokens: MKL reads the whole tile from L3 (docs/performance.md)."""
-    if gemm.backend() != "mkl" or 4 * rows * in_dim <= cpu_caches.l2_bytes() // cpu_caches.IN_CACHE_SHARE:
-        return None
-    if not decode_in_parts():
-        return None
-    count = -(-4 * rows * in_dim // (cpu_caches.l2_bytes() // cpu_caches.IN_CACHE_SHARE))
-    width = max(gemm.MKL_FROM_INPUTS, -(-in_dim // count))
-    return width if width < in_dim else None
-
-
-def apply_slabs(codes: np.ndarray, inputs: np.ndarray, out: np.ndarray, width: int, nan_check: NanCheck) -> None:
-    """out = the tile of `codes` [rows, in] @ inputs [in, N], one slab of `width` columns at a time:
-    each decoded into a buffer the L2 holds and its product added to out's (MKL's beta = 1)."""
-    slab = kept_memory("slab", out.shape[0], width)
-    for c0 in range(0, codes.shape[1], width):
-        c1 = min(c0 + width, codes.shape[1])
-        part = slab[:, : c1 - c0]
-        nan_check.decode(codes[:, c0:c1], part)
-        gemm.matmul(part, inputs[c0:c1], out, accumulate=c0 > 0)
 
 
 def multiply_tile(tile: np.ndarray, inputs: np.ndarray, out: np.ndarray, direct: tuple[int, int] | None) -> None:

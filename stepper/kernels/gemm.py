@@ -36,16 +36,11 @@ SEQUENTIAL = 1  # MKL_THREADING_SEQUENTIAL
 CHOICE = "STEPPER_GEMM"
 
 
-def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray, accumulate: bool = False) -> np.ndarray:
-    """out = a @ b (out += a @ b if `accumulate`) for float32 matrices a [M, K], b [K, N], out [M, N]
-    (each row-major or a transposed view of a row-major array, as stepper's tiles, inputs and
-    results are)."""
+def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """out = a @ b for float32 matrices a [M, K], b [K, N], out [M, N] (each row-major or a
+    transposed view of a row-major array, as stepper's tiles, inputs and results are)."""
     sgemm = _mkl_sgemm() if backend() == "mkl" else None
-    if sgemm is not None and _call(sgemm, a, b, out, accumulate):
-        return out
-    if accumulate:
-        out += a @ b
-    else:
+    if sgemm is None or not _call(sgemm, a, b, out):
         np.matmul(a, b, out=out)
     return out
 
@@ -242,8 +237,8 @@ def _layout(x: np.ndarray) -> tuple[int, int] | None:
     return None
 
 
-def _call(sgemm, a: np.ndarray, b: np.ndarray, out: np.ndarray, accumulate: bool = False) -> bool:
-    """out = a @ b (or out += a @ b) through MKL; False (nothing done) for shapes or layouts it is not given."""
+def _call(sgemm, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> bool:
+    """out = a @ b through MKL; False (nothing done) for shapes or layouts it is not given."""
     if not (a.dtype == b.dtype == out.dtype == np.float32 and a.ndim == b.ndim == out.ndim == 2):
         return False
     (m, k), n = a.shape, b.shape[1]
@@ -254,6 +249,6 @@ def _call(sgemm, a: np.ndarray, b: np.ndarray, out: np.ndarray, accumulate: bool
     la, lb, lc = _layout(a), _layout(b), _layout(out)
     if la is None or lb is None or lc is None or lc[0] != NO_TRANS:
         return False
-    sgemm(ROW_MAJOR, la[0], lb[0], m, n, k, 1.0, a.ctypes.data, la[1], b.ctypes.data, lb[1], float(accumulate),
+    sgemm(ROW_MAJOR, la[0], lb[0], m, n, k, 1.0, a.ctypes.data, la[1], b.ctypes.data, lb[1], 0.0,
           out.ctypes.data, lc[1])
     return True

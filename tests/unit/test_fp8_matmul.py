@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from stepper import fp8
-from stepper.kernels import cpu_caches, fp8_tiles, gemm, parallel
 from stepper.kernels import linear as linear_module
+from stepper.kernels import parallel
 from stepper.kernels.fp8_matmul import dequantize_rows, input_rebias, linear_fp8
 from stepper.kernels.fp8_tiles import decode_unbiased, row_tiles, times_power_of_two
 from stepper.weights.stored import FileBytes, Fp8Matrix
@@ -36,47 +36,6 @@ def test_product_equals_float64_dequantized_product(shape, tokens):
     y = linear_fp8(x, w)
     assert y.dtype == np.float32 and y.shape == (tokens, shape[0])
     assert np.abs(y - exact).max() <= 2e-6 * np.abs(exact).max()
-
-
-@pytest.mark.parametrize("l2, in_dim, width", [
-    (2 << 20, 7168, 1792),  # a Kimi K2 block [128, 7168] (3.5 MiB) in four slabs of half a 2 MiB L2
-    (1 << 20, 7168, 1024),  # no narrower than MKL is given
-    (4 << 20, 7168, 3584),
-    (2 << 20, 2048, None),  # [128, 2048] fits half the L2: one slab
-    (16 << 20, 7168, None),
-])
-def test_slab_columns_fit_half_the_l2(l2, in_dim, width, monkeypatch):
-    monkeypatch.setattr(cpu_caches, "l2_bytes", lambda: l2)
-    monkeypatch.setattr(gemm, "backend", lambda: "mkl")
-    monkeypatch.setattr(fp8_tiles, "decode_in_parts", lambda: True)
-    assert fp8_tiles.slab_columns(128, in_dim) == width
-    monkeypatch.setattr(fp8_tiles, "decode_in_parts", lambda: False)  # a CPU where whole blocks run faster
-    assert fp8_tiles.slab_columns(128, in_dim) is None
-    monkeypatch.setattr(fp8_tiles, "decode_in_parts", lambda: True)
-    monkeypatch.setattr(gemm, "backend", lambda: "numpy")  # NumPy's BLAS does not add into a result
-    assert fp8_tiles.slab_columns(128, in_dim) is None
-
-
-@pytest.mark.skipif(gemm._mkl_sgemm() is None, reason="the mkl extra is not installed")
-@pytest.mark.parametrize("tokens", [2, 9, 24, 128])
-def test_a_tile_in_slabs_is_the_product_and_keeps_its_nan_rows(tokens, monkeypatch):
-    monkeypatch.setattr(cpu_caches, "l2_bytes", lambda: 1 << 20)  # [128, 3000] in float32 fills 3 halves of it
-    monkeypatch.setattr(gemm, "backend", lambda: "mkl")
-    monkeypatch.setattr(fp8_tiles, "decode_in_parts", lambda: True)
-    slabs, real_slabs = [], fp8_tiles.apply_slabs
-    monkeypatch.setattr(fp8_tiles, "apply_slabs",
-                        lambda codes, *rest: slabs.append(codes.shape) or real_slabs(codes, *rest))
-    rng = np.random.default_rng(tokens)
-    codes, scale_inv = fp8.quantize(rng.standard_normal((300, 3000)).astype(np.float32) * 0.05)
-    codes.view(np.uint8)[130, 2500] = 0x7F  # a NaN code in the last slab of the second tile
-    w = Fp8Matrix.of(codes, scale_inv)
-    x = rng.standard_normal((tokens, 3000)).astype(np.float32)
-    exact = x.astype(np.float64) @ w.dequantize().astype(np.float64).T
-    y = linear_fp8(x, w)
-    assert slabs == [(128, 3000), (128, 3000), (44, 3000)]  # each tile, in slabs of 1024 columns
-    assert np.isnan(y[:, 130]).all() and not np.isnan(np.delete(y, 130, axis=1)).any()
-    finite = np.delete(np.arange(300), 130)
-    assert np.abs(y[:, finite] - exact[:, finite]).max() <= 2e-6 * np.abs(exact[:, finite]).max()
 
 
 def test_scales_far_from_one_and_large_inputs_keep_full_precision():

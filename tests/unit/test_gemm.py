@@ -99,20 +99,6 @@ def test_matmul_in_every_layout_whichever_blas(backend, monkeypatch):
     close_to_exact(gapped, a[:, ::2], x[:, ::2].T)
 
 
-@pytest.mark.parametrize("backend", ["numpy", "mkl"])
-def test_matmul_accumulates_when_asked_whichever_blas(backend, monkeypatch):
-    if backend == "mkl" and gemm._mkl_sgemm() is None:
-        pytest.skip("the mkl extra is not installed")
-    monkeypatch.setattr(gemm, "backend", lambda: backend)
-    a, x = operands(48, 2048, 12, seed=6)
-    out = np.full((48, 12), 3.0, np.float32)
-    gemm.matmul(a[:, :1024], x[:, :1024].T, out, accumulate=True)
-    gemm.matmul(a[:, 1024:], x[:, 1024:].T, out, accumulate=True)
-    close_to_exact(out - 3.0, a, x.T)  # both halves added to what was there
-    gemm.matmul(a, x.T, out)  # and without, replaced
-    close_to_exact(out, a, x.T)
-
-
 def choose(monkeypatch, asked: str | None, vendor: str, installed: bool) -> str:
     monkeypatch.setattr(gemm, "cpu_vendor", lambda: vendor)
     monkeypatch.setattr(gemm, "_mkl_sgemm", lambda: object() if installed else None)
