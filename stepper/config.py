@@ -343,6 +343,18 @@ LIMITS = {  # what a config.json's integer can be, so an absurd one is refused b
 }
 
 
+# Fields whose null in a config.json reads as their absence: those transformers' configs of these
+# families take as null (a published config.json may hold them so). Any other field's null is
+# refused: rope_theta null running with 10000 would be a silent wrong answer. (A null tie_word_embeddings
+# reads as untied, which these models are: a tied one is refused.)
+NULL_IS_ABSENT = frozenset((
+    "head_dim", "v_head_dim", "num_key_value_heads", "q_lora_rank", "n_group", "topk_group", "num_expert_group",
+    "num_experts_per_tok", "num_experts_per_token", "num_experts", "num_shared_experts", "moe_intermediate_size",
+    "first_k_dense_replace", "num_nextn_predict_layers", "norm_topk_prob", "moe_renormalize", "topk_method",
+    "model_max_length", "dim_model_base", "scale_depth", "tie_word_embeddings",
+))
+
+
 def limit_of(field: str) -> int:
     """The largest value a config.json's integer field can hold."""
     return LIMITS.get(field, MAX_SIZE)
@@ -398,10 +410,14 @@ class _Fields:
         return value
 
     def _get(self, field: str, default: Any) -> Any:
-        if field in self.raw and self.raw[field] is not None:
-            return self.raw[field]
+        """The field's value; its default where it is absent, or null where null means absent (NULL_IS_ABSENT)."""
+        value = self.raw.get(field)
+        if value is not None:
+            return value
         if default is ...:
-            raise self.fail(field, "is missing")
+            raise self.fail(field, "is null" if field in self.raw else "is missing")
+        if field in self.raw and field not in NULL_IS_ABSENT:
+            raise self.fail(field, f"is null: leave it out for its default ({default!r}), or give a value")
         return default
 
 

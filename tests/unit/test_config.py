@@ -93,6 +93,27 @@ def test_load_config_reports_malformed_files(tmp_path):
         load_config(tmp_path / "missing.json")
 
 
+@pytest.mark.parametrize("field", ["rope_theta", "rms_norm_eps", "routed_scaling_factor", "n_shared_experts"])
+def test_a_null_where_null_means_nothing_is_refused_naming_the_field(tmp_path, field):
+    """rope_theta: null once ran with 10000, a silent wrong answer; transformers refuses these nulls too."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**PRESETS["tiny"], field: None}))
+    with pytest.raises(StepperError) as raised:
+        load_config(path)
+    assert str(raised.value).startswith(f"{path}: field '{field}' is null: leave it out for its default (")
+
+
+def test_a_null_that_published_configs_hold_reads_as_absent(tmp_path):
+    path = tmp_path / "config.json"
+    tiny = {key: value for key, value in PRESETS["tiny"].items() if key not in ("n_group", "topk_group")}
+    path.write_text(json.dumps({**tiny, "n_group": None, "topk_group": None, "num_key_value_heads": None}))
+    cfg = load_config(path)
+    assert (cfg.n_group, cfg.topk_group, cfg.to_hf()["num_key_value_heads"]) == (1, 1, cfg.num_attention_heads)
+    path.write_text(json.dumps({**PRESETS["tiny"], "hidden_size": None}))
+    with pytest.raises(StepperError, match="field 'hidden_size' is null$"):
+        load_config(path)
+
+
 def test_tied_embeddings_are_refused_in_one_line_naming_file_and_field(tmp_path):
     """Kimi K2 and DeepSeek-V3 never tie lm_head to the embedding; a config that does would
     otherwise run with a separate lm_head. Untied (false, or absent) is read, and written back."""
