@@ -32,6 +32,8 @@ def audit(ckpt: Checkpoint, layers: range, with_globals: bool) -> list[Problem]:
     """Every problem of the given layers (and of the embedding, norm and lm_head with_globals),
     in the order: what a run refuses, scale values, unreadable shards, stray tensors."""
     problems = ckpt.problems(layers, with_globals)
+    hint = ckpt.config_hint(layers, with_globals) if problems else None
+    problems += [Problem("config.json", None, hint)] if hint else []
     if ckpt.reads_values:
         problems += scale_value_problems(ckpt, layers, with_globals)
         problems += group_scale_problems(ckpt, layers, with_globals)

@@ -32,8 +32,9 @@ from stepper.config import Config, load_config
 from stepper.errors import StepperError
 from stepper.untrusted import is_safe
 from stepper.untrusted.jsonfile import read_json
+from stepper.weights.config_hint import contradicted_field
 from stepper.weights.fused_experts import expert_of, expert_start, expert_view, fused_name, stored_shapes
-from stepper.weights.names import global_shapes, layer_shapes, storage_dtype, text_name
+from stepper.weights.names import global_shapes, layer_prefix, layer_shapes, storage_dtype, text_name
 from stepper.weights.partial import partial_text
 from stepper.weights.safetensors_reader import MappedBudget, SafetensorsFile, TensorInfo
 from stepper.weights.stored import INT4, FileBytes, Stored
@@ -259,13 +260,43 @@ class Checkpoint:
         shape, dtype and scales; all problems reported together, by name, before any compute."""
         problems = self.problems(layers, with_globals)
         if len(problems) == 1:
-            raise StepperError(f"{self.label}: {problems[0]}")
+            raise StepperError(f"{self.label}: {problems[0]}{hinted(self.config_hint(layers, with_globals))}")
         if problems:
             listed = "\n".join(f"  - {p}" for p in problems[: self.LISTED])
             if len(problems) > self.LISTED:  # a config.json that does not describe these weights: every layer disagrees
                 listed += (f"\n  ... and {len(problems) - self.LISTED} more (stepper inspect lists every one; this "
                            "many usually means config.json does not describe these weights)")
-            raise StepperError(f"{self.label}: {len(problems)} problem(s) with the weights of this run:\n{listed}")
+            raise StepperError(f"{self.label}: {len(problems)} problem(s) with the weights of this run:\n{listed}"
+                               + hinted(self.config_hint(layers, with_globals)))
+
+    def config_hint(self, layers: Iterable[int], with_globals: bool) -> str | None:
+        """The config.json field these weights contradict, judged on the first of the layers the
+        checkpoint holds with a tensor of another shape (config_hint), or None."""
+        for layer in (layer for layer in layers if layer in self.present_layers()):
+            def shapes_of(cfg: Config, layer: int = layer) -> dict[str, tuple[int, ...]]:
+                shapes = layer_shapes(cfg, layer)
+                if with_globals:
+                    shapes.update({name: shape for name, shape in global_shapes(cfg).items()
+                                   if name in self.weight_map})
+                return stored_shapes(shapes) if cfg.fused_experts else shapes
+
+            if all(self._stored_shape(name) == shape for name, shape in shapes_of(self.config).items()):
+                continue
+            prefix = layer_prefix(layer)
+            sizes = [size for name in self.weight_map if name.startswith(prefix)
+                     for size in self._stored_shape(name) or ()]
+            return contradicted_field(self.config, shapes_of, self._stored_shape, sizes, layer)
+        return None
+
+    def _stored_shape(self, name: str) -> tuple[int, ...] | None:
+        """A tensor's shape as stored (an INT4 weight's [out, in] from its weight_shape), None if
+        it is absent or cannot be read."""
+        try:
+            if self._stored_name(name) != name and name + PACKED in self.weight_map:
+                return self._weight_shape(name, self.shard_of(name + PACKED).info(name + PACKED).shape[0])
+            return tuple(self.shard_of(name).info(name).shape) if name in self.weight_map else None
+        except StepperError:
+            return None
 
     def problems(self, layers: Iterable[int], with_globals: bool) -> list[Problem]:
         """What `check` refuses, as data: each problem with its file, its tensor and what is wrong."""
@@ -499,6 +530,11 @@ def in_scope(name: str, layers: Iterable[int], with_globals: bool) -> bool:
 def count(n: int, noun: str) -> str:
     """'1 tensor', '3 tensors'."""
     return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def hinted(hint: str | None) -> str:
+    """A refusal's last line: the config field the weights contradict, if one is found."""
+    return f"\n{hint}" if hint else ""
 
 
 @dataclass(frozen=True)

@@ -283,6 +283,42 @@ def test_problems_are_reported_together_by_name(tmp_path):
     assert "2 problem(s)" in stepper("run", "--model", str(tmp_path / "bad"), "--layer", "0").stderr
 
 
+@pytest.mark.parametrize("field, edit, fits", [
+    ("q_lora_rank", None, "q_lora_rank = 192 (config.json gives none)"),  # a porter deleted it: q_proj expected
+    ("hidden_size", 640, "hidden_size = 320 (config.json gives 640)"),
+    ("kv_lora_rank", 192, "kv_lora_rank = 128 (config.json gives 192)"),
+    ("qk_rope_head_dim", 32, "qk_rope_head_dim = 16 (config.json gives 32)"),  # only in a sum: kv_lora_rank + rope
+    ("moe_intermediate_size", 192, "moe_intermediate_size = 96 (config.json gives 192)"),  # layer 0 is dense: layer 1
+    ("n_shared_experts", 2, "n_shared_experts = 1 (config.json gives 2)"),
+])
+def test_a_refusal_names_the_config_field_the_weights_contradict(synth_dir, tmp_path, field, edit, fits):
+    folder = tmp_path / "ck"
+    shutil.copytree(synth_dir, folder)
+    config = json.loads((folder / "config.json").read_text())
+    if edit is None:
+        del config[field]
+    else:
+        config[field] = edit
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(StepperError) as err:
+        Checkpoint(folder).check(range(3), with_globals=True)
+    layer = 1 if field in ("moe_intermediate_size", "n_shared_experts") else 0
+    assert str(err.value).splitlines()[-1] == (f"the weights fit {fits}: every tensor of layer {layer} then has its "
+                                               "stored shape")
+    inspected = stepper("inspect", folder, "--plain")
+    assert inspected.returncode == 1 and f"the weights fit {fits}" in inspected.stdout
+
+
+def test_no_field_is_named_where_no_one_field_explains_the_weights(synth_dir, tmp_path):
+    folder = tmp_path / "ck"
+    shutil.copytree(synth_dir, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "kv_lora_rank": 192, "hidden_size": 640}))
+    with pytest.raises(StepperError) as err:
+        Checkpoint(folder).check(range(3), with_globals=True)
+    assert "the weights fit" not in str(err.value)
+
+
 def test_a_missing_or_misshaped_scale_is_named(tmp_path):
     name = "model.layers.1.self_attn.q_b_proj.weight"
     independent_checkpoint(tmp_path / "noscale", drop=(name + "_scale_inv",))
