@@ -577,7 +577,7 @@ def test_measure_counts_each_entry_a_candidate_gets_wrong_and_where():
     cand[0, 0, 3] = np.nan
     m = measure(cand, ref, tol)
     assert (m["outside"], m["worst"], m["ok"]) == (1, [0, 0, 3], False)
-    assert m["nonfinite"] == "1 NaN where the reference is finite (first at [0, 0, 3])"
+    assert m["nonfinite"] == "1 NaN where the reference is finite (first at [0,0,3])"
     assert (m["max_abs_err"], round(m["cosine"], 12)) == (0.0, 1.0)  # the figures of the finite entries, not inf and 0
     cand = ref.copy()
     cand[0, 2, 7] = np.inf

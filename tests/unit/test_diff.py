@@ -101,11 +101,11 @@ def test_a_nan_is_named_with_its_index_and_the_figures_are_the_finite_entries():
     d = diff_tensors(a, b)
     row = d.rows[0]
     assert (row.status, row.max_abs, row.rel, row.cosine) == ("differs", None, None, None)
-    assert row.detail == row.nonfinite == "1 NaN and 1 inf where the reference is finite (first at [1, 2])"
+    assert row.detail == row.nonfinite == "1 NaN and 1 inf where the reference is finite (first at [1,2])"
     b["h"][2, 0], b["h"][0, 1] = 9.0, 2.5
     (row, _) = diff_tensors(a, b).rows
-    assert row.max_abs is None and row.detail == ("1 NaN where the reference is finite (first at [1, 2]); "
-                                                 "1 more of 12 entries outside tolerance (worst at [0, 1])")
+    assert row.max_abs is None and row.detail == ("1 NaN where the reference is finite (first at [1,2]); "
+                                                 "1 more of 12 entries outside tolerance (worst at [0,1])")
     assert level(row) == 1.0 and scope_note(d.rows) == "differs from h (NaN or inf)"
 
 

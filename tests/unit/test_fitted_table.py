@@ -14,7 +14,7 @@ COLUMNS = (("#", "right"), ("tensor", "left"), ("status", "left"), ("max|err|", 
 ROWS = [
     {"#": "0", "tensor": "embed", "status": Text("match", style="green"), "max|err|": "0.00e+00", "note": ""},
     {"#": "27", "tensor": "layers.0.mlp.gate_proj", "status": Text("mismatch", style="red"), "max|err|": "2.56e-02",
-     "note": "3808 of 3808 entries outside tolerance (worst at [0, 1, 531])"},
+     "note": "3808 of 3808 entries outside tolerance (worst at [0,1,531])"},
 ]
 
 
@@ -32,7 +32,7 @@ def test_wide_one_line_a_row():
     lines = shown(120)
     assert lines[0] == "a vs b"
     assert lines[3].split() == ["27", "layers.0.mlp.gate_proj", "mismatch", "2.56e-02", "3808", "of", "3808", "entries",
-                                "outside", "tolerance", "(worst", "at", "[0,", "1,", "531])"]
+                                "outside", "tolerance", "(worst", "at", "[0,1,531])"]
 
 
 def test_the_note_goes_under_its_row_and_the_figures_stay_under_their_headers():
@@ -41,7 +41,7 @@ def test_the_note_goes_under_its_row_and_the_figures_stay_under_their_headers():
     assert lines[3] == " 0  embed                   match     0.00e+00"
     assert ends(lines[1], "max|err|") == ends(lines[3], "0.00e+00") == ends(lines[4], "2.56e-02")
     assert lines[1].index("status") == lines[4].index("mismatch")
-    assert lines[5:7] == ["    3808 of 3808 entries outside tolerance (worst at [0, 1,", "    531])"]
+    assert lines[5:7] == ["    3808 of 3808 entries outside tolerance (worst at", "    [0,1,531])"]  # an index, whole
 
 
 def test_narrower_the_name_takes_a_line_of_its_own():
@@ -74,7 +74,7 @@ def test_too_narrow_for_that_each_cell_is_labelled():
     assert lines[4:8] == ["embed", "  # 0  status", "  match  max|err|", "  0.00e+00"]
     assert " ".join(lines[8:]).split() == ["layers.0.mlp.gate_", "proj", "#", "27", "status", "mismatch", "max|err|",
                                            "2.56e-02", "note", "3808", "of", "3808", "entries", "outside",
-                                           "tolerance", "(worst", "at", "[0,", "1,", "531])"]
+                                           "tolerance", "(worst", "at", "[0,1,531])"]
 
 
 @pytest.mark.parametrize("command", ["verify", "diff"])
