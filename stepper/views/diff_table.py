@@ -16,7 +16,7 @@ from rich.console import Group, RenderableType
 from rich.text import Text
 
 from stepper.untrusted import shown
-from stepper.views.fitted_table import fitted
+from stepper.views.fitted_table import figure, fitted
 from stepper.views.summary import SPARK
 
 FLOOR = 1e-9  # a relative difference at or below this draws as nothing
@@ -40,14 +40,6 @@ def bar(row: Any, width: int = BAR) -> Text:
     full, part = divmod(eighths, 8)
     text = "█" * full + (" ▏▎▍▌▋▊▉"[part] if part else "")
     return Text(text.ljust(width), style=STYLE[row.status])
-
-
-def figure(x: float | None, digits: int = 2) -> str:
-    if x is None:
-        return ""
-    if not math.isfinite(x):
-        return str(x)
-    return f"{x:.{digits}e}" if x else "0"
 
 
 COLUMNS = (("#", "right"), ("tensor", "left"), ("status", "left"), ("max|b-a|", "right"), ("relative", "right"),

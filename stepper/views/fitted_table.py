@@ -10,6 +10,8 @@ even for that, each row is its key and then its cells, each labelled.
 
 from __future__ import annotations
 
+import math
+
 from rich.cells import cell_len
 from rich.console import Group, RenderableType
 from rich.padding import Padding
@@ -101,3 +103,12 @@ def labelled(title: str, columns: Columns, rows: list[dict[str, Cell]], key: str
                 if column != key and str(cells[column])]
         out.append(Padding(Text("  ").join(rest), (0, 0, 0, 2)))
     return Group(*out)
+
+
+def figure(x: float | None) -> str:
+    """An error figure for a cell: exponent form with two decimals, 0 for zero, blank when absent."""
+    if x is None:
+        return ""
+    if not math.isfinite(x):
+        return str(x)
+    return f"{x:.2e}" if x else "0"
