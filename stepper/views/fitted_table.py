@@ -77,9 +77,15 @@ def stacked(columns: Columns, rows: list[dict[str, Cell]], lines: list[Columns],
             out.append(Text(" " * (indent if i else 0)) + side_by_side(line, cells, widths))
         for column in under:
             if str(cells[column]):
-                style = "bold" if cells is headers else "dim"
-                out.append(Padding(Text(str(cells[column]), style=style), (0, 0, 0, indent)))
+                out.append(Padding(under_cell(cells[column], cells is headers), (0, 0, 0, indent)))
     return out
+
+
+def under_cell(cell: Cell, header: bool) -> Text:
+    """An `under` column's cell on its own line: a header bold, a plain value dim, a styled one as it is."""
+    if isinstance(cell, Text) and (cell.style or cell.spans):
+        return cell
+    return Text(str(cell), style="bold" if header else "dim")
 
 
 def side_by_side(line: Columns, cells: dict[str, Cell], widths: dict[str, int]) -> Text:

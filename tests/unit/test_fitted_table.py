@@ -44,6 +44,14 @@ def test_the_note_goes_under_its_row_and_the_figures_stay_under_their_headers():
     assert lines[5:7] == ["    3808 of 3808 entries outside tolerance (worst at", "    [0,1,531])"]  # an index, whole
 
 
+def test_a_styled_note_under_its_row_keeps_its_style_and_a_plain_one_is_dim():
+    rows = [{**ROWS[1], "note": Text("read as q_proj", style="yellow")}, {**ROWS[0], "note": "plain"}]
+    console = Console(file=io.StringIO(), width=60, force_terminal=True, color_system="standard")
+    console.print(fitted("", COLUMNS, rows, "tensor", ("note",), 60))
+    out = console.file.getvalue()
+    assert "\x1b[33mread as q_proj" in out and "\x1b[2mplain" in out  # yellow as given; dim
+
+
 def test_narrower_the_name_takes_a_line_of_its_own():
     lines = shown(30)
     assert lines[1:4] == [" #  tensor", "    status    max|err|", "    note"]
