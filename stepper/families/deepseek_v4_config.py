@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stepper.config import Yarn, limit_of, model_name
+from stepper.config import NULL_IS_ABSENT, Yarn, limit_of, model_name
 from stepper.errors import StepperError
 from stepper.model.compressed_attention import AttentionDims
 from stepper.model.v4_attention_cache import cost_line
@@ -192,10 +192,15 @@ class _Fields:
         return StepperError(f"{self.source}: field '{self.within}{field}' {why}")
 
     def get(self, field: str, default: Any = ...) -> Any:
-        if field in self.raw and self.raw[field] is not None:
-            return self.raw[field]
+        """The field's value; its default where it is absent, or null where null means absent
+        (config.NULL_IS_ABSENT, as for the MLA families)."""
+        value = self.raw.get(field)
+        if value is not None:
+            return value
         if default is ...:
-            raise self.fail(field, "is missing")
+            raise self.fail(field, "is null" if field in self.raw else "is missing")
+        if field in self.raw and field not in NULL_IS_ABSENT:
+            raise self.fail(field, f"is null: leave it out for its default ({default!r}), or give a value")
         return default
 
     def int(self, field: str, default: Any = ..., minimum: int = 1) -> int:

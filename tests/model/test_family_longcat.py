@@ -56,7 +56,7 @@ def test_the_published_config_reads_as_longcat_flash():
     ({"moe_topk": 800}, r"field 'moe_topk' \(800\) must not exceed n_routed_experts \(512\) \+ zero_expert_num"),
     ({"n_routed_experts": 2, "zero_expert_num": 4}, r"field 'moe_topk' \(12\) must not exceed n_routed_experts \(2\)"),
     ({"expert_ffn_hidden_size": "x"}, "field 'expert_ffn_hidden_size' must be an integer"),
-    ({"num_layers": None}, "field 'num_layers' is missing"),
+    ({"num_layers": None}, "field 'num_layers' is null"),
 ])
 def test_a_field_stepper_does_not_honour_is_refused_by_name(fields, message):
     with pytest.raises(StepperError, match=message) as refused:
