@@ -81,7 +81,7 @@ def test_a_bad_wrapper_is_refused_naming_the_field(change, message):
 
 
 def test_a_bad_text_config_is_refused_naming_where():
-    with pytest.raises(StepperError, match=r"k25/config.json: text_config: field 'hidden_size' is missing"):
+    with pytest.raises(StepperError, match=r"k25/config.json: text_config: field 'hidden_size' is null"):
         Config.from_hf(k25_raw(hidden_size=None), "k25/config.json")
     with pytest.raises(StepperError, match="text_config.model_type' must be one of"):
         Config.from_hf(k25_raw(model_type="kimi_k25"), "k25/config.json")
