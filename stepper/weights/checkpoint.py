@@ -258,6 +258,7 @@ class Checkpoint:
     def check(self, layers: Iterable[int], with_globals: bool) -> None:
         """Every tensor the given layers (and the embedding/norm/lm_head) need, with the right
         shape, dtype and scales; all problems reported together, by name, before any compute."""
+        layers = list(layers)
         problems = self.problems(layers, with_globals)
         if len(problems) == 1:
             raise StepperError(f"{self.label}: {problems[0]}{hinted(self.config_hint(layers, with_globals))}")
@@ -272,7 +273,8 @@ class Checkpoint:
     def config_hint(self, layers: Iterable[int], with_globals: bool) -> str | None:
         """The config.json field these weights contradict, judged on the first of the layers the
         checkpoint holds with a tensor of another shape (config_hint), or None."""
-        for layer in (layer for layer in layers if layer in self.present_layers()):
+        present = set(self.present_layers())
+        for layer in (layer for layer in layers if layer in present):
             def shapes_of(cfg: Config, layer: int = layer) -> dict[str, tuple[int, ...]]:
                 shapes = layer_shapes(cfg, layer)
                 if with_globals:
