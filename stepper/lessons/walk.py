@@ -120,6 +120,9 @@ class LessonDebugger(Debugger):
         tries = unreadable = 0
         while True:
             line = self.commands.ask(ANSWER_PROMPT)
+            if line is None and self.commands.interactive:  # Ctrl-D quits here too, as at the stop's prompt
+                self.console.print("(Ctrl-D: quitting)", style="dim")
+                raise Quit
             if line is not None and line.strip().lower() in ("q", "quit"):
                 raise Quit
             if line is not None and line.strip() in ("?", "help"):

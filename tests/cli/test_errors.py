@@ -286,10 +286,13 @@ def read_until(fd: int, out: bytes, wanted: bytes, deadline: float) -> bytes:
     (["lesson", "start", "tour", "--workspace", "ws"], b"your prediction> "),
 ])
 def test_ctrl_c_at_a_prompt_drops_the_line_and_asks_again(args, prompt, tmp_path, ctrl_c_as_at_a_terminal):
-    """As other debuggers: Ctrl-C at the prompt drops what was typed and asks again; Ctrl-D ends."""
+    """As other debuggers: Ctrl-C at the prompt drops what was typed and asks again; Ctrl-D ends,
+    at a lesson's prediction too (as the dropped line's hint says: it showed the answer and went on)."""
     code, out = in_pty(args, tmp_path, prompt)
     plain = SGR.sub(b"", out)
     assert DROPPED + prompt in plain and b"Traceback" not in out and b"interrupted" not in out, out[-500:]
+    after = plain.split(DROPPED + prompt, 1)[1]
+    assert b"(Ctrl-D: quitting)" in after and b"the answer:" not in after, out[-500:]
     assert code == 0, out[-500:]
 
 
