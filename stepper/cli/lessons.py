@@ -202,9 +202,11 @@ def run_check(console: Console, lesson: Lesson, lessons: list[Lesson], path: Pat
     if report.passed:
         after = next_lesson(progress, lessons, just_passed=lesson)
         model = "" if lesson.run.model == "tiny" else f" --model {lesson.run.model}"  # where the exercise runs
+        ours = (f"`stepper lesson solution {lesson.name}` shows ours" if progress.lesson(lesson.name)["passed"] else
+                f"not recorded: another file than your exercise's (`stepper lesson check {lesson.name}` records a "
+                "pass, and opens our solution)")
         console.print(styled(f"passed! `stepper run --use {path}{model}` runs the whole model with your "
-                             f"{', '.join(lesson.exercise.functions)}; `stepper lesson solution {lesson.name}` shows "
-                             "ours"
+                             f"{', '.join(lesson.exercise.functions)}; {ours}"
                              + (f"; next: `stepper lesson start {after.name}`" if after else "; every lesson is done")),
                       style="bold green", soft_wrap=False)
     else:

@@ -415,6 +415,8 @@ def test_next_is_one_rule_for_check_and_list_and_the_markers_have_a_legend(tmp_p
     assert rows["rmsnorm"].endswith("· ◀") and "passed" in rows["mla-latent"] and rows["fp8"].endswith("passed")
     other = stepper("lesson", "check", "rmsnorm", "--file", str(find_lesson("rmsnorm").solution))  # not recorded
     assert "next: `stepper lesson start rope-yarn`" in flat(other.stdout), other.stdout
+    assert "not recorded: another file than your exercise's" in flat(other.stdout)  # no solution it cannot open
+    assert "lesson solution rmsnorm" not in flat(other.stdout)
     assert not Progress().lesson("rmsnorm")["passed"]
 
 
