@@ -15,7 +15,7 @@ from rich.console import CONSOLE_HTML_FORMAT, Console
 
 from stepper import untrusted
 from stepper.cli.common import ModelOpt, PlainOpt, SeedOpt, one_prompt, parse_ids, parse_layers, user_errors
-from stepper.cli.names import check_pictures, only_filter
+from stepper.cli.names import check_pictures, drawable, only_filter
 from stepper.errors import StepperError
 from stepper.files import check_output, write_output
 from stepper.lessons import overrides
@@ -178,12 +178,15 @@ def footer(plan: Plan, result: RunResult, shown: int, dump: Path | None,
     return " · ".join(parts)
 
 
-def parse_show(show: str | None, choices: tuple[str, ...] = every_picture()) -> set[str]:
+def parse_show(show: str | None, choices: tuple[str, ...] = every_picture(), cfg=None) -> set[str]:
+    """The pictures asked, each one of `choices` (a model's family's, with its config `cfg`: the
+    refusal then names only those this model can draw)."""
     kinds = {k.strip() for k in (show or "").split(",") if k.strip()}
     unknown = kinds - set(choices)
     if elsewhere := unknown & set(every_picture()):  # a picture of another family's tensors
+        drawn = [kind for kind in choices if cfg is None or drawable(kind, cfg)]
         raise StepperError(f"--show {untrusted.shown(show)}: {min(elsewhere)} is not drawn for this model; its "
-                           f"pictures are {', '.join(choices)}")
+                           f"pictures are {', '.join(drawn)}")
     if unknown:
         raise StepperError(f"--show {untrusted.shown(show)}: unknown picture {untrusted.shown(min(unknown))!r}; "
                            f"choose from {', '.join(choices)}")
@@ -251,7 +254,8 @@ def run_command(
     show: Annotated[str | None, typer.Option(
         metavar="PICTURES", help=f"Draw pictures after their tensors: {','.join(every_picture())} (each "
                                  "model draws its family's: MLA's attention,routing,hist,scales; DeepSeek-V4's "
-                                 "hc,reach,hist; Kimi Linear's adds state).")] = None,
+                                 "hc,reach,hist; Kimi Linear's adds state; routing where it has a router, "
+                                 "scales where its weights are FP8).")] = None,
     plain: PlainOpt = False,
     as_json: Annotated[bool, typer.Option(
         "--json", help="One JSON object per tensor (JSON Lines) on stdout; --show's pictures on stderr.")] = False,
@@ -281,7 +285,7 @@ def run_command(
 
         planned = plan_run(spec, kept_by, "--only", asked)
         plan, names = planned.plan, planned.names
-        parse_show(show, pictures_of(plan.config))  # the pictures of this model's family
+        parse_show(show, pictures_of(plan.config), plan.config)  # the pictures of this model's family
         planned.check("--only", only or [])
         patcher = patch_sink(patch, planned)
         keep = only_filter(only or [], names, lambda note: sys.stderr.write(f"stepper: {note}\n"))

@@ -142,3 +142,7 @@ def test_run_show_state_draws_a_kda_layers_state_as_the_debugger_does():
     refused = stepper("run", "--model", "tiny", "--show", "state")
     assert refused.returncode == 2 and "state is not drawn for this model; its pictures are attention, routing, " \
                                       "hist, scales" in refused.stderr
+    own = stepper("run", "--model", "tiny-kimi-linear", "--show", "hc")  # only what this model can draw: no FP8 scales
+    assert own.returncode == 2 and own.stderr.endswith("its pictures are attention, routing, hist, state\n")
+    dense = stepper("run", "--model", "tiny-minicpm3", "--show", "hc")  # no router either
+    assert dense.returncode == 2 and dense.stderr.endswith("its pictures are attention, hist\n")
