@@ -34,6 +34,10 @@ from stepper.views.pictures import (
 from stepper.views.summary import number
 
 ENERGY_RANK = 0.01  # a singular value counts toward the rank when at least this fraction of the largest
+STATISTICS_NOTE = ("σ₁² share: how much of S's energy (the sum of its squared singular values) its first singular "
+                   "direction holds; rank@1%: how many singular values reach 1% of the largest. Each token writes a "
+                   "rank-one change (a key times its delta) into a decayed S, so the rank is at most the tokens "
+                   "written, and at most min(K, V).")
 
 
 def per_head(state: np.ndarray) -> np.ndarray:
@@ -46,7 +50,8 @@ def state_statistics(state: np.ndarray, title: str = "") -> RenderableType:
     """A table, one row per head: ||S||_F, max |S|, the first singular direction's share of the
     energy (sigma_1^2 / sum sigma^2) and the rank at 1% of sigma_1."""
     heads = per_head(state)
-    table = Table(title=title or None, title_justify="left", box=None, padding=(0, 2))
+    table = Table(title=title or None, title_justify="left", box=None, padding=(0, 2), caption=STATISTICS_NOTE,
+                  caption_justify="left", caption_style="dim")
     for column in ("head", "‖S‖", "max |S|", "σ₁² share", "rank@1%"):
         table.add_column(column, justify="right")
     for h, S in enumerate(heads):

@@ -139,6 +139,8 @@ def test_run_show_state_draws_a_kda_layers_state_as_the_debugger_does():
     assert out.returncode == 0, out.stderr
     assert "  head      ‖S‖    max |S|    σ₁² share    rank@1%" in out.stdout
     assert "layers.0.self_attn.state[0, 0]" in out.stdout
+    said = " ".join(out.stdout.split())  # the columns explained under the table, and why the rank is the tokens'
+    assert "rank@1%: how many singular values reach 1% of the largest" in said and "at most the tokens written" in said
     refused = stepper("run", "--model", "tiny", "--show", "state")
     assert refused.returncode == 2 and "state is not drawn for this model; its pictures are attention, routing, " \
                                       "hist, scales" in refused.stderr
