@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated
 
 import typer
@@ -16,6 +17,8 @@ from stepper.views.explain import also_named, emitted_by, explain_text, layer_pa
 from stepper.views.sinks import print_fitted, print_whole, styles
 from stepper.views.tree import layer_kind, layer_tree
 
+LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")  # a name's layer: layers.1.x, prefill.layers.1.x, model.layers.1.x
+
 
 def explain_command(
     name: Annotated[str, typer.Argument(metavar="NAME",
@@ -29,6 +32,8 @@ def explain_command(
     """The catalogue entry of a tensor: what it is, its formula and shape, the reference lines."""
     with user_errors():
         cfg = load_model(model, 0).config
+        if (layer := LAYER.search(name)) is not None:  # a layer the model has, as a run asks
+            check_layer(int(layer[1]), cfg, f"{name}: layer")
         cat = catalog.around(cfg)
         parameter = layer_parameter(cat, cfg, name)
         entries = cat.consumers(parameter, known=True) if parameter else cat.find(name)

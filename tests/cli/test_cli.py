@@ -293,6 +293,10 @@ def test_explain_a_parameter_gives_the_tensors_computed_from_it(query, model, fi
      "'model.layers.1.self_attn.wq_a.weight'; did you mean model.layers.1.self_attn.q_a_proj.weight")),
     ("model.layers.1.self_attn.q_a_proj.weight_scale_inv", "tiny-kimi-linear", ("layer 1 of tiny-kimi-linear has "
      "no parameter 'model.layers.1.self_attn.q_a_proj.weight_scale_inv'")),
+    ("model.layers.9.self_attn.q_a_proj.weight", "tiny", ("model.layers.9.self_attn.q_a_proj.weight: layer 9 out of "
+     "range: model tiny has layers 0..2")),
+    ("prefill.layers.9.self_attn.k_pe", "tiny", ("prefill.layers.9.self_attn.k_pe: layer 9 out of range: model tiny "
+     "has layers 0..2")),  # as `run --layer 9` says; it answered with k_pe's entry
 ])
 def test_explain_refuses_a_parameter_the_layer_does_not_have(query, model, said):
     """A made-up parameter is not answered by the module around it."""
