@@ -180,12 +180,18 @@ def not_found(cat: catalog.Catalog, query: str) -> str:
 
 
 def model_emitting(cat: catalog.Catalog, query: str) -> str | None:
-    """A tiny preset of another family whose catalogue has the name `query`, if any."""
+    """A tiny preset of another family whose catalogue has the name `query` (whole, or its last
+    parts: `q_pe`), if any."""
     key = catalog.key_of(query)
-    if not key.replace(".", "_").isidentifier() or cat.entry(key) is not None:
+    if not key.replace(".", "_").isidentifier() or names(cat, key):
         return None
     tiny = [name for name in (*PRESETS, *V4_PRESETS) if name.startswith("tiny")]
-    return next((name for name in tiny if catalog.around(preset_config(name)).entry(key) is not None), None)
+    return next((name for name in tiny if names(catalog.around(preset_config(name)), key)), None)
+
+
+def names(cat: catalog.Catalog, key: str) -> bool:
+    """Whether a catalogue has a tensor of this name, or ending in it (`q_pe`: self_attn.q_pe)."""
+    return cat.entry(key) is not None or any(e["name"].endswith("." + key) for e in cat.entries)
 
 
 def also_named(cat: catalog.Catalog, query: str, shown_entries: Sequence[dict[str, Any]]) -> str:

@@ -120,6 +120,8 @@ def test_explain_of_another_familys_tensor_names_the_model_to_give():
     assert refused(stepper("explain", "layers.1.self_attn.k_pe", "--model", "tiny-v4")) == (
         "no tensor named 'layers.1.self_attn.k_pe' in this model's catalogue: it is a tensor of tiny's family "
         "(give --model tiny)")
+    assert refused(stepper("explain", "q_pe", "--model", "tiny-v4")) == (  # a short name too: it said none had it
+        "no tensor named 'q_pe' in this model's catalogue: it is a tensor of tiny's family (give --model tiny)")
     assert refused(stepper("explain", "nosuch", "--model", "tiny-v4")) == (
         "no tensor named 'nosuch' in the catalogue (stepper tree lists them)")
     assert stepper("explain", "attn.chosen", "--model", "tiny-v4").stdout.startswith("attn.chosen\n")
