@@ -116,14 +116,19 @@ def run(model: str | Path = "tiny", *, ids: Sequence[int] | None = None, prompt_
     if asked and patch is not None:
         raise StepperError("chunk= with patch=: a patch changes tensors as the prefill makes them, "
                            "so the prompt must run whole")
+    if asked and use is not None:  # a chunked tensor is made again when read, after run() returned
+        raise StepperError("chunk= with use=: a chunked run's tensors are made again when read, without your "
+                           "functions, so the prompt must run whole (chunk=0)")
     kept = _globs("keep", keep)
     uses = [use] if isinstance(use, (str, Path)) else use
+    if uses is not None and not isinstance(uses, (list, tuple)):
+        raise StepperError(f"use= expects a file path or a list of them, got {type(use).__name__}")
     files = [] if use is None else [Path(_path_or_name("use", u)) for u in uses]
     if weights is not None and not all(hasattr(weights, a) for a in ("config", "get", "matrix", "has", "check")):
         raise StepperError("weights= expects a weight source (config, get, matrix, has, check), "
                            f"got {type(weights).__name__}")
     patches = [(p, _two_arguments(p, fn)) for p, fn in as_patches(patch)]
-    chosen = 0 if asked is None and patches else asked  # auto with a patch: the whole prompt, made as patched
+    chosen = 0 if asked is None and (patches or files) else asked  # auto with a patch or use: the whole prompt
     return Run(record(spec, kept, patches, lambda: overrides.use(files), API_WORDING, weights=weights, chunk=chosen))
 
 

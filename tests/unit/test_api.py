@@ -179,6 +179,25 @@ def test_a_chunked_prefill_keeps_every_tensor_once_equal_to_the_whole_prompts():
         stepper.run(model="tiny", chunk=4, patch={"*q_a": "x*2"})
 
 
+def test_a_run_with_use_runs_the_prompt_whole_as_a_chunked_read_would_replay_it_without_the_functions(tmp_path):
+    """A chunked tensor is made when read, after run() returned: its replay once ran stepper's own
+    rms_norm on a cache the learner's had made (104 tensors, 92 differing from the whole run's)."""
+    (tmp_path / "rms2.py").write_text("import numpy as np\n\ndef rms_norm(x, weight, eps):\n"
+                                      "    return (2 * x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * weight)"
+                                      ".astype(np.float32)\n")
+    mine = tmp_path / "rms2.py"
+    whole = stepper.run("tiny", prompt_len=21, chunk=0, use=mine)
+    auto = stepper.run("tiny", prompt_len=21, use=mine)  # auto: whole, as with a patch
+    assert not any(isinstance(auto[name], stepper.LazyTensor) for name in auto.names)
+    assert stepper.diff(whole, auto).count("differs") == 0
+    plain = stepper.run("tiny", prompt_len=21)
+    assert not np.allclose(whole["layers.0.input_layernorm"], plain["layers.0.input_layernorm"])  # the file's, used
+    with pytest.raises(StepperError, match="chunk= with use=: .* made again when read, without your functions"):
+        stepper.run("tiny", prompt_len=21, chunk=8, use=mine)
+    with pytest.raises(StepperError, match="use= expects a file path or a list of them, got int"):
+        stepper.run("tiny", use=3)
+
+
 def test_run_name_is_a_read_only_array_when_held_and_a_lazy_tensor_of_a_chunked_run_read_in_one_replay(monkeypatch):
     """As docs/python.md says: a held tensor is a read-only NumPy array; a chunked prefill's tensor
     over the positions is a LazyTensor, and reading all of them (twice) replays each chunk once."""
