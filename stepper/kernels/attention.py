@@ -86,6 +86,9 @@ class Operands:
     values: np.ndarray
     scale: float
     mask: np.ndarray | None = None
+    # a learner's softmax of whole rows of scaled, masked scores, swapped in for the lesson's
+    # exercise: the tiles then make every row's weights with it (`Softmaxed`), never the online softmax
+    softmax: Callable[[np.ndarray], np.ndarray] | None = None
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -213,7 +216,7 @@ def held_or_tiled(ops: Operands, held: Callable[[], np.ndarray], emit: Emitter, 
     -> [B, H, T, v_head] ([B, H, T, kv_lora] absorbed)"""
     if whole_fits(*ops.shape):
         return held()
-    if not emit.listening:
+    if not emit.listening and ops.softmax is None:
         return attend(ops)
     softmaxed = Softmaxed(ops)
     show(Tiled(ops.shape, ops.rows), lambda _: Tiled(ops.shape, softmaxed.weights), emit)
@@ -234,7 +237,9 @@ class Softmaxed:
     def weights(self, heads: slice, queries: slice) -> np.ndarray:
         """The weights of some heads and queries over every key -> [B, H, T, S] cut to them"""
         # [B, H, T, S] of the heads and queries asked; a row with every key masked is NaN
-        w = activations.softmax(self.ops.rows(heads, queries))
+        rows = self.ops.rows(heads, queries)
+        w = activations.softmax(rows) if self.ops.softmax is None else np.asarray(self.ops.softmax(rows.copy()),
+                                                                                    np.float32)
         if self.out is not None and not self.made[heads, queries].all():
             t = queries.stop - queries.start
             size = max(FEWEST_SHARED_ROWS, -(-t // parallel.cores()))  # rows of a block: one per core
@@ -251,7 +256,14 @@ class Softmaxed:
 
     def output(self) -> np.ndarray:
         """The output of every row: made with the weights where a sink looked at them all, else by
-        `attend` (and the weights read later make no output)."""
+        `attend` (and the weights read later make no output); with a learner's softmax, the rows
+        no sink looked at are made with it, a block of queries at a time."""
+        if self.ops.softmax is not None:
+            B, H, T, S = self.ops.shape
+            block = max(1, WHOLE_SCORES // (B * H * S))
+            for start in range(0, T, block):
+                if not self.made[:, start : start + block].all():
+                    self.weights(slice(0, H), slice(start, min(start + block, T)))
         if self.made.all():
             return self.out
         self.out = None

@@ -35,7 +35,7 @@ from stepper.model.options import LayerOptions
 from stepper.model.output_gate import gated, q_b_input, split_gate
 from stepper.model.query_scale import position_scaled, shown_query_scale
 from stepper.model.rope import Rope, apply_rope, rotate_halves
-from stepper.seams.swap import exercise
+from stepper.seams.swap import exercise, in_place_of
 from stepper.seams.trace import Emitter
 
 # q_a_layernorm and kv_a_layernorm: the references build these two norms with the norm's default
@@ -111,7 +111,8 @@ def naive(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache: LayerCache, em
     value_states = emit("self_attn.value_states", value_states)
 
     # softmax(scale * query_states @ key_states^T, masked) @ value_states: each head its own keys
-    return attend(kernels.Operands([query_states], [key_states], value_states, rope.softmax_scale, mask), emit)
+    return attend(kernels.Operands([query_states], [key_states], value_states, rope.softmax_scale, mask,
+                                   learners(softmax)), emit)
 
 
 @exercise
@@ -128,7 +129,8 @@ def absorbed(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache: LayerCache,
     # and its weights average the latents themselves.
     shared = latents[:, None]  # [B, one, S, kv_lora]: keys and values alike
     queries = [position_scaled(q_latent, rope), position_scaled(q_pe, rope)]  # Mistral 4 scales both parts
-    out_latent = attend(kernels.Operands(queries, [shared, k_pes], shared, rope.softmax_scale, mask), emit)
+    out_latent = attend(kernels.Operands(queries, [shared, k_pes], shared, rope.softmax_scale, mask,
+                                         learners(softmax)), emit)
     out_latent = emit("self_attn.attn_output_latent", out_latent)
     return np.matmul(out_latent, w_uv.swapaxes(-1, -2))  # [B, H, T, v_head]
 
@@ -169,6 +171,13 @@ def rotate(q_pe: np.ndarray, k_pe: np.ndarray, rope: Rope, emit: Emitter) -> tup
     q_pe = emit("self_attn.q_pe_rope", turned(q_pe, rope))  # [B, H, T, rope]
     k_pe = emit("self_attn.k_pe_rope", turned(k_pe, rope))  # [B, one, T, rope]
     return q_pe, k_pe
+
+
+def learners(function):
+    """The learner's function in place of `function` (an exercise), if one is: the tiled attention
+    then calls it on each block of rows, during the run and when a tensor is read after it; else
+    None, the kernels' own."""
+    return in_place_of(function)
 
 
 def attend(ops: kernels.Operands, emit: Emitter) -> np.ndarray:

@@ -198,6 +198,24 @@ def test_a_run_with_use_runs_the_prompt_whole_as_a_chunked_read_would_replay_it_
         stepper.run("tiny", use=3)
 
 
+def test_a_learners_softmax_makes_a_long_prompts_tiled_attention_too(tmp_path):
+    """Past whole_fits the attention runs over tiles with an online softmax that called no
+    exercise: a learner's softmax was silently not used (its run equal to a plain one)."""
+    (tmp_path / "soft2.py").write_text("import numpy as np\n\ndef softmax(x, axis=-1):\n    x = x * 0.5\n"
+                                       "    e = np.exp(x - np.max(x, axis=axis, keepdims=True))\n"
+                                       "    return (e / e.sum(axis=axis, keepdims=True)).astype(np.float32)\n")
+    keep = ["layers.0.self_attn.attn_*", "layers.0.self_attn.value_states"]
+    mine = stepper.run("tiny", prompt_len=1100, use=tmp_path / "soft2.py", keep=keep)  # 4 x 1100 x 1100 scores
+    assert isinstance(mine["layers.0.self_attn.attn_weights"], stepper.LazyTensor)  # tiled: read after the run
+    scores, weights = (np.asarray(mine[f"layers.0.self_attn.attn_{n}"], np.float64) for n in ("scores", "weights"))
+    halved = np.exp(0.5 * (scores - scores.max(-1, keepdims=True)))
+    np.testing.assert_allclose(weights, halved / halved.sum(-1, keepdims=True), atol=1e-6)
+    values = np.asarray(mine["layers.0.self_attn.value_states"], np.float64)
+    out = np.asarray(mine["layers.0.self_attn.attn_output"])
+    made = np.einsum("bhts,bhsv->bthv", weights, values).reshape(out.shape)
+    np.testing.assert_allclose(out, made, atol=1e-5)  # made with the learner's weights, not the online softmax's
+
+
 def test_run_name_is_a_read_only_array_when_held_and_a_lazy_tensor_of_a_chunked_run_read_in_one_replay(monkeypatch):
     """As docs/python.md says: a held tensor is a read-only NumPy array; a chunked prefill's tensor
     over the positions is a LazyTensor, and reading all of them (twice) replays each chunk once."""
