@@ -44,7 +44,9 @@ def index_entries(x: np.ndarray, q_latent: np.ndarray, w: LayerWeights, dims, st
     scores = index_scores(q, keys, head_weights, dims.index_head_dim)  # [B, T, Ec]
     visible = visible_entries(positions, dims.compress_ratio)  # [T]
     scores = emit("attn.indexer.scores", np.where(np.arange(keys.shape[1]) < visible[:, None], scores, -np.inf))
-    return emit("attn.indexer.chosen", picks(scores, dims.index_topk, visible)), state
+    chosen = emit.choice("attn.indexer.chosen", picks(scores, dims.index_topk, visible), keys.shape[1], "entries",
+                         none=True)  # a patched choice checked before it is read, as attn.chosen is
+    return chosen, state
 
 
 def index_queries(q_latent: np.ndarray, w: LayerWeights, dims, turn: Turn, emit: Emitter) -> np.ndarray:

@@ -253,6 +253,9 @@ def test_the_patcher_is_a_sink_of_the_emit_seam():
     ("tiny-v4", "layers.1.ffn.gate.hash_idx", "x+100", "layers.1.ffn.gate.hash_idx names expert 1"),
     ("tiny-v4", "layers.1.attn.chosen", "x+1000",
      r"layers.1.attn.chosen names entry 9\d\d; the layer has entries 0..9 \(-1: none\)$"),
+    ("tiny-v4", "layers.1.attn.indexer.chosen", "x+1000",  # upstream of attn.chosen: it crashed in a gather
+     r"layers.1.attn.indexer.chosen names entry 9\d\d; the layer has entries 0..9 \(-1: none\)$"),
+    ("tiny-v4", "layers.1.attn.indexer.chosen", "x*0-5", r"names entry -5; the layer has entries 0..9"),
     ("tiny-v32", "layers.0.self_attn.indexer.topk_idx", "x+1000",
      r"names position 10\d\d; the layer has positions 0..39 \(-1: none\)$"),
     ("tiny-glm5", "layers.0.self_attn.indexer.topk_idx", "x[..., 1]=x[..., 0]", "names one of its positions twice"),
