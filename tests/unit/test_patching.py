@@ -110,6 +110,19 @@ def test_forcing_experts_per_token_and_refusing_a_wrong_choice():
         stepper.run("tiny", ids=IDS, patch=stepper.force_experts(1, [1, 2, 3]))
 
 
+@pytest.mark.parametrize("made, said", [
+    (lambda: stepper.zero_expert(1, 2.5), "zero_expert: expert must be a whole number >= 0, got 2.5"),  # zeroed none
+    (lambda: stepper.zero_head(1, "2"), "zero_head: head must be a whole number >= 0, got '2'"),  # failed in the run
+    (lambda: stepper.zero_expert(1.0, 2), "zero_expert: layer must be a whole number >= 0, got 1.0"),
+    (lambda: stepper.zero_head(True, 1), "zero_head: layer must be a whole number >= 0, got True"),
+    (lambda: stepper.force_experts(-1, [1, 2, 3, 4]), "force_experts: layer must be a whole number >= 0, got -1"),
+])
+def test_a_helpers_layer_expert_or_head_is_a_whole_number(made, said):
+    with pytest.raises(StepperError) as refused:
+        made()
+    assert str(refused.value) == said
+
+
 def test_zeroing_a_head_gives_the_output_of_o_proj_without_that_heads_columns(plain):
     cfg = plain.config
     run = stepper.run("tiny", ids=IDS, patch=stepper.zero_head(1, 2))
