@@ -102,6 +102,8 @@ def run(model: str | Path = "tiny", *, ids: Sequence[int] | None = None, prompt_
     default: the whole prompt where it fits in memory, else chunks that fit (run.spec.chunk is
     what ran).
     """
+    if layer is not None and layers is not None:  # the command line refuses both; layers= was dropped
+        raise StepperError("give layer= or layers=, not both")
     spec = RunSpec(
         model=without_credentials(str(_path_or_name("model", model))), layer=_count("layer", layer, none=True),
         layers=_layers(layers),
@@ -359,15 +361,22 @@ def _is_list(value: Any) -> bool:
 def _layers(layers: Any) -> tuple[int, int | None] | None:
     if layers is None:
         return None
+    chosen = None
     if isinstance(layers, str):
         first, sep, stop = layers.partition(":")
         if sep and (first or "0").isdigit() and (stop == "" or stop.isdigit()):
-            return int(first or 0), int(stop) if stop else None
+            chosen = int(first or 0), int(stop) if stop else None
     elif isinstance(layers, (tuple, list)) and len(layers) == 2 and all(
             isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in layers[:1]) and (
             layers[1] is None or isinstance(layers[1], numbers.Integral)):
-        return int(layers[0]), None if layers[1] is None else int(layers[1])
-    raise StepperError(f"layers= expects (A, B) or 'A:B' (layers A to B-1), got {layers!r}")
+        chosen = int(layers[0]), None if layers[1] is None else int(layers[1])
+    if chosen is None:
+        raise StepperError(f"layers= expects (A, B) or 'A:B' (layers A to B-1), got {layers!r}")
+    start, end = chosen
+    if end is not None and end <= start:  # as the command line says it
+        raise StepperError(f"layers={layers!r} is {'reversed' if end < start else 'empty'}: (A, B) runs layers A to "
+                           f"B-1, so A comes first and B past it (layers=({start}, {start + 1}) for layer {start})")
+    return chosen
 
 
 def _chunk(chunk: Any) -> int | None:

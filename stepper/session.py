@@ -218,10 +218,11 @@ def layers_shown(spec: RunSpec, cfg: Config) -> range:
         return range(spec.layer, spec.layer + 1)
     if spec.layers is None:
         return range(n)
-    first, stop = spec.layers
-    stop = n if stop is None else stop
+    first, given = spec.layers
+    stop = n if given is None else given
     if not (0 <= first < stop <= n):
-        raise StepperError(f"layers {first}:{stop} out of range: model {cfg.name} has layers 0..{n - 1}")
+        asked = f"{first}:{'' if given is None else given}"  # as given: 3: is not 3:3
+        raise StepperError(f"layers {asked} out of range: model {cfg.name} has layers 0..{n - 1}")
     return range(first, stop)
 
 

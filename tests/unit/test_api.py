@@ -118,6 +118,10 @@ def test_keeping_everything_that_would_not_fit_is_refused_naming_keep(monkeypatc
     ({"prompt_len": 0}, "prompt_len= expects an integer >= 1"),
     ({"attn": "fast"}, "attn= expects one of auto, naive, absorb"),
     ({"layers": "1-2"}, "layers= expects"),
+    ({"layer": 1, "layers": "0:2"}, "^give layer= or layers=, not both$"),  # layers= was dropped
+    ({"layers": "2:1"}, r"^layers='2:1' is reversed: \(A, B\) runs layers A to B-1"),
+    ({"layers": (1, 1)}, r"^layers=\(1, 1\) is empty"),
+    ({"layers": "3:"}, "^layers 3: out of range: model tiny has layers 0..2$"),  # not 3:3
     ({"layer": "1"}, "layer= expects an integer >= 0 or None"),
     ({"keep": 3}, "keep= expects a glob, a list of globs or a function of the name"),
     ({"patch": 5}, "patch= expects a dict"),
