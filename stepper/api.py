@@ -58,6 +58,7 @@ from stepper.session import ATTN_CHOICES, INDEX_SCORING_CHOICES, RunSpec, api_ke
 from stepper.tensors.tensor import LazyTensor, Tensor, held
 from stepper.untrusted import shown
 from stepper.views import notebook
+from stepper.views.explain import not_found
 from stepper.views.summary import token_ids
 from stepper.weights.remote import without_credentials
 from stepper.weights.source import WeightSource
@@ -205,13 +206,17 @@ class Run(Mapping):
     def explain(self, name: str) -> dict[str, Any]:
         """The catalogue entry of a tensor (a full name, a catalogue name, a dotted tail or another
         implementation's name), as a dict: description, formula, dims, reference lines, aliases."""
-        entries = catalog.around(self.config).find(name)
+        if not isinstance(name, str):
+            raise StepperError(f"explain expects a tensor name (a str), got {type(name).__name__}")
+        cat = catalog.around(self.config)
+        entries = cat.find(name)
         in_run = [e for e in entries if any(catalog.key_of(n) == e["name"] for n in self.names)]
         entries = in_run if len(in_run) == 1 else entries  # k_pe of this run's family, not another's
-        if len(entries) != 1:
+        if not entries:  # as `stepper explain` says it: the nearest names, or the family that has it
+            raise NotFound(not_found(cat, name, "a run of model='{}' has it"))
+        if len(entries) > 1:
             found = ", ".join(e["name"] for e in entries[:4])
-            raise NotFound(f"'{name}' names {len(entries)} catalogue entries" + (f" ({found})" if found else "")
-                               + "; expected one, e.g. self_attn.k_pe")
+            raise NotFound(f"'{name}' names {len(entries)} catalogue entries ({found}); give one of them")
         return _copy(entries[0])
 
     @parallel.one_blas_thread()  # a lazy tensor's figures: its tiles made on stepper's own thread beside them

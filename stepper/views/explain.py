@@ -170,12 +170,13 @@ def layer_parameter(cat: catalog.Catalog, cfg: Config, query: str) -> str | None
                        + (f"; did you mean {', '.join(near)}?" if near else " (stepper inspect lists a checkpoint's)"))
 
 
-def not_found(cat: catalog.Catalog, query: str) -> str:
+def not_found(cat: catalog.Catalog, query: str, give: str = "give --model {}") -> str:
     """The one line for a query that names no tensor, with the nearest names, or the models whose
-    catalogue has it (DeepSeek-V4's `attn.weights` asked of an MLA model)."""
+    catalogue has it (DeepSeek-V4's `attn.weights` asked of an MLA model; `give`: how the caller
+    is told to ask for that model)."""
     if (preset := model_emitting(cat, query)) is not None:
         return (f"no tensor named '{query}' in this model's catalogue: it is a tensor of {preset}'s family "
-                f"(give --model {preset})")
+                f"({give.format(preset)})")
     return f"no tensor named '{query}' in the catalogue{did_you_mean(query, cat.names())} (stepper tree lists them)"
 
 

@@ -82,8 +82,14 @@ def test_explain_gives_the_catalogue_entry_as_data_and_refuses_an_unknown_name(r
     assert entry["dims"] == ["N", "k"] and "formula" in entry and "aliases" in entry
     entry["dims"].append("x")
     assert run.explain("mlp.gate.topk_idx")["dims"] == ["N", "k"]  # a copy
-    with pytest.raises(KeyError, match="names 0 catalogue entries"):
+    with pytest.raises(KeyError, match="no tensor named 'no_such_tensor' in the catalogue"):
         run.explain("no_such_tensor")
+    with pytest.raises(KeyError, match="did you mean compressed_kv"):  # as `stepper explain` answers a typo
+        run.explain("compresed_kv")
+    with pytest.raises(KeyError, match=r"it is a tensor of tiny's family \(a run of model='tiny' has it\)$"):
+        stepper.run("tiny-v4", prompt_len=3).explain("self_attn.k_pe")  # it suggested the very name it refused
+    with pytest.raises(StepperError, match="^explain expects a tensor name \\(a str\\), got int$"):
+        run.explain(3)
 
 
 def test_keep_keeps_only_the_matching_tensors():
@@ -162,7 +168,7 @@ def test_import_stepper_is_light():
 def test_explain_prefers_the_entry_this_run_emits():
     """topk_idx is the router's and DeepSeek-V3.2's indexer's: a run without an indexer means its router's."""
     assert stepper.run("tiny", prompt_len=2, keep=["*topk_idx"]).explain("topk_idx")["name"] == "mlp.gate.topk_idx"
-    with pytest.raises(stepper.api.NotFound, match="names 2 catalogue entries"):
+    with pytest.raises(stepper.api.NotFound, match="names 2 catalogue entries .*; give one of them"):
         stepper.run("tiny-v32", prompt_len=2, keep=["*topk_idx"]).explain("topk_idx")
 
 
