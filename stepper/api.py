@@ -300,8 +300,13 @@ def _side(which: str, side: Any) -> tuple[dict[str, np.ndarray], str]:
     if isinstance(side, (str, Path)):
         path = run_diff.side_path(str(_path_or_name(which, side)), f"diff {which}", "a stepper.Run")
         return run_diff.read_side(path), str(side)
-    if isinstance(side, Mapping) and all(isinstance(k, str) and isinstance(v, np.ndarray) for k, v in side.items()):
-        return dict(side), f"{len(side)} tensors"
+    if isinstance(side, Mapping):  # a run's dict holds LazyTensors too: they are read as a Run's are
+        bad = next(((k, v) for k, v in side.items()
+                    if not (isinstance(k, str) and isinstance(v, (np.ndarray, LazyTensor)))), None)
+        if bad is None:
+            return dict(side), f"{len(side)} tensors"
+        raise StepperError(f"diff: {which} is a dict of name -> array, but its {bad[0]!r} is "
+                           f"{type(bad[1]).__name__}, not a NumPy array")
     raise StepperError(f"diff: {which} must be a stepper.Run, a dict of name -> NumPy array, a --dump file or a "
                        f"fixture folder, got {type(side).__name__}")
 

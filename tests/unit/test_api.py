@@ -420,6 +420,9 @@ def test_diff_reads_a_chunked_run_and_refuses_sides_that_share_nothing():
         stepper.diff(stepper.run("tiny", ids=[1, 2, 3]), stepper.run("tiny", ids=[1, 2, 3], decode=1))
     with pytest.raises(StepperError, match=r"have no tensor in common \(B holds no tensor\)"):
         stepper.diff(whole, {})
+    assert stepper.diff(dict(chunked), whole).first is None  # a run's dict, its LazyTensors read as the run's
+    with pytest.raises(StepperError, match=r"^diff: a is a dict of name -> array, but its 'embed' is list, not a "):
+        stepper.diff({"embed": [1, 2]}, whole)  # it said "must be ... a dict of name -> NumPy array, got dict"
 
 
 def test_what_a_new_user_mistypes_gets_the_name_meant():
