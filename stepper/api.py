@@ -52,6 +52,7 @@ from stepper.lessons import overrides
 from stepper.planning import Wording
 from stepper.planning.names import PICTURE_TENSORS
 from stepper.planning.record import Recorded, record
+from stepper.presets import PRESETS
 from stepper.seams.patching import PatchFn, as_patches, force_experts, zero_expert, zero_head, zero_router_bias
 from stepper.seams.trace import Event, did_you_mean, matches
 from stepper.session import ATTN_CHOICES, INDEX_SCORING_CHOICES, RunSpec, api_keyword, check_choice
@@ -73,7 +74,7 @@ API_WORDING = Wording(keep="keep=", patch="patch=", spell=api_keyword, options={
 })
 
 
-def run(model: str | Path = "tiny", *, ids: Sequence[int] | None = None, prompt_len: int | None = None,
+def run(model: str | Path | None = None, *, ids: Sequence[int] | None = None, prompt_len: int | None = None,
         layer: int | None = None, layers: tuple[int, int | None] | str | None = None, start_pos: int = 0,
         decode: int = 0, seed: int = 0, input: str | Path | None = None, attn: str = "auto",
         weight_cache_mb: int = 0, keep: str | Sequence[str] | Callable[[str], bool] | None = None,
@@ -83,7 +84,7 @@ def run(model: str | Path = "tiny", *, ids: Sequence[int] | None = None, prompt_
     """Run a model as `stepper run` does and keep its tensors.
 
     model: a preset (a name of stepper.presets.PRESETS: tiny, kimi-k2, deepseek-v3.2, ...), a
-    checkpoint directory or a config.json.
+    checkpoint directory or a config.json (default: tiny, or the model of `weights`).
     ids or prompt_len: the prompt (default 7 ids drawn from the seed); start_pos: its first position;
     decode: greedy decode steps (names then start with prefill. / decode{k}.); layer: run that
     layer alone (on `input`, a safetensors file, or the prompt's embeddings); layers: (A, B) or
@@ -103,6 +104,7 @@ def run(model: str | Path = "tiny", *, ids: Sequence[int] | None = None, prompt_
     default: the whole prompt where it fits in memory, else chunks that fit (run.spec.chunk is
     what ran).
     """
+    model = _model_of(model, weights)
     if layer is not None and layers is not None:  # the command line refuses both; layers= was dropped
         raise StepperError("give layer= or layers=, not both")
     spec = RunSpec(
@@ -366,6 +368,18 @@ def _is_list(value: Any) -> bool:
     if isinstance(value, np.ndarray):
         return value.ndim > 0
     return isinstance(value, Sequence) and not isinstance(value, (str, bytes))
+
+
+def _model_of(model: Any, weights: Any) -> Any:
+    """The model a run names: `model`, else the model of `weights` (its config's), else tiny. A
+    preset named beside weights of another model is refused: the weights' config is what runs."""
+    name = getattr(getattr(weights, "config", None), "name", None)
+    if model is None:
+        return name or "tiny"
+    if name is not None and isinstance(model, str) and model in PRESETS and model != name:
+        raise StepperError(f"model={model!r} with weights= of {name}: the weights' model is what runs; "
+                           f"give model={name!r} or leave model= out")
+    return model
 
 
 def _layers(layers: Any) -> tuple[int, int | None] | None:

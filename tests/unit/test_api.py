@@ -147,6 +147,20 @@ def test_bad_arguments_are_one_sentence_naming_the_argument(kwargs, message):
     assert "\n" not in str(e.value)
 
 
+def test_weights_of_another_model_than_the_one_named_are_refused_and_name_the_run_without_one():
+    """weights= of tiny-glm5 beside model "tiny" ran tiny-glm5 while run.spec.model said tiny."""
+    from stepper.presets import preset
+    from stepper.weights.seeded import SyntheticWeights
+
+    glm = SyntheticWeights(preset("tiny-glm5"), seed=3)
+    with pytest.raises(StepperError, match=r"^model='tiny' with weights= of tiny-glm5: the weights' model is what "):
+        stepper.run("tiny", weights=glm)
+    run = stepper.run(weights=glm, prompt_len=3)
+    assert run.spec.model == run.config.name == "tiny-glm5"
+    assert stepper.run("tiny-glm5", weights=glm, prompt_len=3).spec.model == "tiny-glm5"
+    assert stepper.run(prompt_len=3).spec.model == "tiny"
+
+
 def test_layers_as_a_tuple_or_text_and_a_lone_layer():
     a = stepper.run("tiny", prompt_len=2, layers=(1, 2), keep="*output")
     b = stepper.run("tiny", prompt_len=2, layers="1:2", keep="*output")
