@@ -266,8 +266,7 @@ def choose_chunk(plan: Plan, estimate: Callable[[Plan], list[Need]], available: 
     if asked and asked < t and asked % multiple:
         raise StepperError(f"{spell('chunk', asked)}: model {plan.config.name} runs its prefill in chunks of a whole "
                            f"number of its delta rule's {multiple}-position chunks (so the state after each lines up "
-                           f"with the whole prompt's); try {max(multiple, asked // multiple * multiple)} or "
-                           f"{-(-asked // multiple) * multiple}")
+                           f"with the whole prompt's); try {' or '.join(map(str, nearest_multiples(asked, multiple)))}")
     if asked is not None:
         chunked = replace(plan, spec=replace(plan.spec, chunk=asked if 0 < asked < t else 0))
         return chunked, chunk_line(chunked, f"{spell('chunk', asked)}:") if chunked.spec.chunk else None
@@ -386,3 +385,8 @@ def check_fits(items: list[Need], available: int | None) -> None:
         f"this run would need about {gib(total)} of memory ({gib(worst.bytes)} for {worst.what}) and "
         f"{gib(available)} is available; lower it with {worst.lower}"
     )
+
+
+def nearest_multiples(asked: int, multiple: int) -> list[int]:
+    """The multiples of `multiple` either side of `asked` (one when they are the same: 8 of 64 -> 64)."""
+    return sorted({max(multiple, asked // multiple * multiple), -(-asked // multiple) * multiple})

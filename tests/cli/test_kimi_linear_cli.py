@@ -111,6 +111,8 @@ def test_a_chunked_prefill_shows_every_state_after_a_chunk_of_the_delta_rule():
     assert refused.returncode == 2 and refused.stderr.endswith("its delta rule's 64-position chunks (so the state "
                                                                "after each lines up with the whole prompt's); try "
                                                                "64 or 128\n")
+    under = stepper("run", "--model", "tiny-kimi-linear", "--prompt-len", "200", "--chunk", "8")
+    assert under.returncode == 2 and under.stderr.endswith("whole prompt's); try 64\n")  # not "64 or 64"
 
 
 def test_the_tree_and_the_run_name_each_layers_attention():
