@@ -351,7 +351,7 @@ def no_seeded_state(cfg: KimiLinearConfig, layer: int) -> str:
         return ""
     mla = ", ".join(map(str, cfg.full_attn_layers))
     return (f"is a delta-attention (KDA) layer, whose state holds no positions to fill; run it on a prompt "
-            f"(--prompt-len, --decode), or give an MLA layer ({mla}) its cache")
+            f"and its decode steps, or give an MLA layer ({mla}) its cache")
 
 
 FAMILY = Family(

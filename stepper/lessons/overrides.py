@@ -187,7 +187,7 @@ def use(files: Iterable[Path], announce: IO[str] | None = None) -> Iterator[dict
         path = Path(path)
         for name, func in load(path).items():
             if name in functions:
-                raise StepperError(f"{name} is defined in both {origin[name]} and {path}: --use only one of them")
+                raise StepperError(f"{name} is defined in both {origin[name]} and {path}: use only one of them")
             functions[name], origin[name] = guarded(path, name, func), path
     if announce is not None and functions:
         listed = ", ".join(f"{name} from {origin[name]}" for name in functions)

@@ -54,7 +54,7 @@ class Patcher:
                 raise StepperError(f"patch {pattern}: {event.name} is shown only; the model does not read it back, "
                                    "so a patch there would change nothing (patch a tensor before it)")
             if not held(array):
-                raise StepperError(f"--patch {pattern}: {event.name} {list(array.shape)} is made a tile at a time (a "
+                raise StepperError(f"patch {pattern}: {event.name} {list(array.shape)} is made a tile at a time (a "
                                    "long attention) and never held, so it cannot be patched")
             given = np.array(array, copy=True)
             result = fn(given, event.name)

@@ -96,7 +96,7 @@ def test_two_runs_with_no_tensor_in_common_are_refused_not_called_the_same():
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr == ("stepper: error: diff: run --ids 1,2,3 and run --ids 1,2,3 --decode 1 have no tensor in "
                           "common (one side has decode steps, so its names begin prefill. and decode0., and the other "
-                          "has none; compare runs or fixtures made with the same --decode)\n")
+                          "has none; compare runs or fixtures made with as many decode steps)\n")
     out = diff("run --ids 1,2,3 --only '*k_pe'", "run --ids 1,2,3 --only '*.q'")
     assert out.returncode == 2 and "have no tensor in common (A's first name is layers.0.self_attn.k_pe, B's " \
                                    "layers.0.self_attn.q; diff reads stepper's own names" in out.stderr

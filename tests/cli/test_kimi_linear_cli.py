@@ -84,7 +84,7 @@ def test_a_lone_mla_layer_takes_a_seeded_cache_and_a_kda_layer_says_why_it_canno
     out = stepper("run", "--model", "tiny-kimi-linear", "--layer", "0", "--cache-len", "64", "--plain")
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr == ("stepper: error: --cache-len 64: layer 0 of tiny-kimi-linear is a delta-attention (KDA) "
-                          "layer, whose state holds no positions to fill; run it on a prompt (--prompt-len, --decode), "
+                          "layer, whose state holds no positions to fill; run it on a prompt and its decode steps, "
                           "or give an MLA layer (3) its cache\n")
 
 

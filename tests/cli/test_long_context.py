@@ -119,7 +119,7 @@ def test_a_patch_of_attention_made_in_tiles_is_one_line():
     result = invoke("run", "--layer", "0", "--prompt-len", "1100", "--patch", "attn_scores=x*0.5", "--plain")
     assert result.exit_code == 2
     assert result.output.strip().splitlines()[-1] == (
-        "stepper: error: --patch attn_scores: layers.0.self_attn.attn_scores [1, 4, 1100, 1100] is made a tile at a "
+        "stepper: error: patch attn_scores: layers.0.self_attn.attn_scores [1, 4, 1100, 1100] is made a tile at a "
         "time (a long attention) and never held, so it cannot be patched")
 
 
