@@ -272,9 +272,11 @@ class Diff(run_diff.Diff):
         return f"<stepper.Diff {len(self.rows)} tensors: {self.count('same')} same, {self.count('close')} close, " \
                f"{self.count('differs')} differ; {where}>"
 
-    def __rich__(self):
-        """The table, the growth per layer and the summary `stepper diff` prints (`rich.print(d)`)."""
-        return notebook.diff_table.render(self)
+    def __rich_console__(self, console, options):
+        """The table, the growth per layer and the summary `stepper diff` prints (`rich.print(d)`),
+        fitted to the console's width as the command's are on a terminal (a notebook shows the
+        whole table through _repr_html_)."""
+        yield notebook.diff_table.render(self, options.max_width)
 
     def _repr_html_(self) -> str:
         return notebook.diff_html(self)

@@ -115,5 +115,6 @@ def summary(diff: Any) -> Text:
     return text
 
 
-def render(diff: Any) -> Group:
-    return Group(table(diff), Text(""), growth(diff), summary(diff))
+def render(diff: Any, width: int | None = None) -> Group:
+    """The table (fitted to `width`, a terminal's), the growth per layer and the summary."""
+    return Group(table(diff, width), Text(""), growth(diff), summary(diff))

@@ -421,6 +421,23 @@ def test_a_long_prompts_tiles_are_shown_with_blas_on_one_thread(blas_on_two_thre
     assert parallel.blas_threads() == 2
 
 
+@pytest.mark.parametrize("terminal", [True, False])
+def test_a_diff_printed_by_rich_fits_80_columns_as_stepper_diff_does(terminal):
+    """rich.print(d) squeezed every column to a letter or two and a dot at 80 columns."""
+    import io
+
+    from rich.console import Console
+
+    base = stepper.run("tiny", ids=[1, 2, 3])
+    d = stepper.diff(base, stepper.run("tiny", ids=[1, 2, 3], patch={"*q_a": "x*1.5"}))
+    console = Console(file=io.StringIO(), width=80, force_terminal=terminal, color_system=None)
+    console.print(d)
+    lines = console.file.getvalue().splitlines()
+    assert "…" not in "\n".join(lines) and max(len(line) for line in lines) <= 80
+    assert [line.split() for line in lines[:2]] == [["#", "tensor"], ["status", "max|b-a|", "relative", "cosine",
+                                                                      "1e-9", "..", "1"]]
+
+
 def test_diff_reads_a_chunked_run_and_refuses_sides_that_share_nothing():
     chunked = stepper.run("tiny", prompt_len=21, chunk=8)
     whole = stepper.run("tiny", prompt_len=21, chunk=0)
