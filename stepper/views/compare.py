@@ -97,4 +97,6 @@ def comparison(cat: catalog.Catalog, a: Config, b: Config, layers: tuple[int, in
             same += 1
     footer = Text(f"{same} tensor(s) alike in both (same shape, no differing field in their formula)"
                   + ("" if everything else "; --all lists them"))
+    for column in (*config.columns, *table.columns):  # a narrow terminal folds a long name, never cuts it
+        column.overflow = "fold"
     return Group(title, config, table, footer)

@@ -3,6 +3,7 @@ the two configs."""
 
 from helpers.cli import one_line, stepper
 from helpers.configs import family_preset
+from helpers.terminal import on_terminal
 
 from stepper import catalog
 from stepper.session import preset_config
@@ -29,6 +30,15 @@ def test_the_tensors_one_family_has_and_the_other_lacks_and_the_formulas_that_ch
     assert "formula reads router_bias" in table["mlp.gate.scores_for_choice"]
     assert "self_attn.kv_a" not in table  # alike in both: not listed
     assert "scoring_func" in out.stdout and "'sigmoid'" in out.stdout and "'softmax'" in out.stdout
+
+
+def test_at_80_columns_a_long_name_is_folded_never_cut():
+    """docs/usage.md: a wide table's cells wrap, none is dropped (self_attn.q_positio… was cut)."""
+    screen = on_terminal("tree", "--model", "tiny-v3", "--compare", "tiny-mistral4", "--layer", "1", "--plain",
+                         columns=80)
+    assert screen.code == 0 and "…" not in screen.text
+    names = "".join(line.split("│")[1].strip() for line in screen.lines if line.count("│") == 5)
+    assert "self_attn.q_position_scale" in names and "mlp.gate.softmax_scores" in names
 
 
 def test_a_dense_family_against_a_moe_one_and_every_tensor_with_all():
