@@ -63,7 +63,10 @@ def weight_lines(label: str, weights: np.ndarray) -> list[Text]:
     (0, 2) how strongly the block's output is written back into it."""
     top = 2.0 if label.strip() == "post" else 1.0
     return [line(f"{label} stream {k}  ", bar_right(float(w), top, BAR).ljust(BAR), f" {w:.3f}")
-            for k, w in enumerate(weights)]
+            for k, w in enumerate(weights)] + [caption(f"{label.strip()}: a full bar is {top:g} ("
+                                                       + ("how much of the stream the block reads: 0 to 1)" if top == 1
+                                                          else "how strongly the block's output is written back: "
+                                                               "0 to 2)"))]
 
 
 def stream_lines(streams: np.ndarray, width: int, first: int = 0) -> list[Text]:

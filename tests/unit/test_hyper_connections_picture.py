@@ -33,6 +33,8 @@ def test_the_comb_matrix_at_a_position_with_its_sums_and_the_weights():
     assert "pre  stream 1  ████████████ 1.000" in text  # pre of 1.0: a full bar of 12
     assert "post stream 0  ████████████ 2.000" in text  # post of 2.0: full (its scale is 2)
     assert "post stream 1  ███          0.500" in text  # a quarter of the bar
+    # the two scales said on screen: a shorter post bar is not a smaller weight than a longer pre one
+    assert "pre: a full bar is 1 (" in text and "post: a full bar is 2 (" in text
     assert [r.split()[-1] for r in rows if r.startswith("stream ")] == ["▄▄", "█"]
     later = render(hyper_connection_map(comb, streams=streams, position=1, first=40))  # a step from position 40 on
     assert "position 41 of 40..41" in later and "RMS of each stream at positions 40..41" in later
