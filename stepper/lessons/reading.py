@@ -57,7 +57,7 @@ BYTE_UNITS = {"b": 1, "byte": 1, "bytes": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "t
 APPROXIMATELY = re.compile(r"^(?:≈|~|=|about|approx\.?|approximately|roughly|around)\s*", re.IGNORECASE)
 TIMES = re.compile(r"\s*(?:x|×|times)$", re.IGNORECASE)
 UNIT = re.compile(r"\s*([a-z]+)$", re.IGNORECASE)
-THOUSANDS = re.compile(r"(?<![\d.])\d{1,3}(?:[,_\u202f]\d{3})+(?![\d,_\u202f])")
+THOUSANDS = re.compile(r"(?<![\d.,])\d{1,3}(?:[,_\u202f]\d{3})+(?![\d,_\u202f])")  # 1,280 (not 7,128 of 1,7,128)
 LITERAL = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?", re.IGNORECASE)
 OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
              ast.Pow: operator.pow}
@@ -197,6 +197,8 @@ def parse_shape(text: str) -> tuple[int, ...]:
     """The sizes in order; axes separated by commas, or (without commas) by x or spaces."""
     if len(text) > LONGEST:
         raise Unreadable("that is too long to read")
+    if APPROXIMATELY.match(text.strip()):  # "about 1" read as the shape [1], "about" as an axis's label
+        raise Unreadable("a shape is exact: give its sizes ([1, 7, 512] or 1x7x512)")
     body = re.sub(r"[\[\]()]", " ", text.replace("×", "x"))
     if re.search(r"\d\.\d", body):
         raise Unreadable("sizes are whole numbers")

@@ -120,9 +120,18 @@ def test_shapes_in_every_form(sizes):
 def test_shape_forms_refused_and_products():
     assert parse_shape("[B=1 batch, 4 heads, T=7 positions, 64 k_nope + v dims]") == (1, 4, 7, 64)
     assert parse_shape("[1, 7, 4*48]") == (1, 7, 192)
-    for text in ("[1, 7.5]", "[1, -7]", "no idea", "1 7 ?", "[1, 7 128]"):
+    for text in ("[1, 7.5]", "[1, -7]", "no idea", "1 7 ?", "[1, 7 128]", "about 1", "~1x7"):
         value, why = read("shape", text)
         assert value is None and FORMS["shape"] in why, text
+    assert "a shape is exact" in read("shape", "about 1")[1]  # it was read as [1], "about" an axis's label
+
+
+def test_a_shape_given_for_a_number_is_counted_whole():
+    """(1,7,128) once read as 2 numbers: 7,128 taken for seven thousand one hundred and twenty-eight."""
+    for text in ("(1,7,128)", "1,7,128", "[1, 7, 128]"):
+        value, why = read("number", text)
+        assert value is None and "3 numbers" in why, text
+    assert parse_number("12,345,678") == 12345678 and parse_number("7,128") == 7128
 
 
 @SETTINGS
