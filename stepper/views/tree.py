@@ -43,7 +43,8 @@ def layer_tree(cat: catalog.Catalog, cfg: Config, layer: int, attn: str) -> Tree
     kind = layer_kind(cfg, layer)
     same = [i for i in range(cfg.num_hidden_layers) if layer_kind(cfg, i) == kind]
     span = f"layers {same[0]}..{same[-1]}" if len(same) > 1 else f"layer {same[0]}"
-    path = f", {attn} attention" if takes(cfg, "attn") else ""  # DeepSeek-V4 has one attention path
+    kda = getattr(cfg, "is_kda_layer", lambda i: False)(layer)  # Kimi Linear's delta attention takes no --attn path
+    path = f", {attn} attention" if takes(cfg, "attn") and not kda else ""  # DeepSeek-V4 has one attention path
     root = Tree(Text(f"{shown(cfg.name)}: {span} ({kind}){path}", style="bold"))
     branch, current = root, None
     for entry in cat.layer_sequence(cfg, layer, attn):

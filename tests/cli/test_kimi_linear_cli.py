@@ -120,8 +120,8 @@ def test_the_tree_and_the_run_name_each_layers_attention():
     each kind, and the run's headings say which a layer is."""
     tree = stepper("tree", "--model", "tiny-kimi-linear", "--plain").stdout
     assert [line for line in tree.splitlines() if line.startswith("tiny-kimi-linear:")] == [
-        "tiny-kimi-linear: layer 0 (KDA, dense), naive attention",
-        "tiny-kimi-linear: layers 1..2 (KDA, MoE), naive attention",
+        "tiny-kimi-linear: layer 0 (KDA, dense)",  # a delta attention takes no --attn path
+        "tiny-kimi-linear: layers 1..2 (KDA, MoE)",
         "tiny-kimi-linear: layer 3 (MLA, MoE), naive attention"]
     run = stepper("run", "--model", "tiny-kimi-linear", "--plain", "--only", "*output").stdout
     assert "layer 2 (KDA, MoE) ──" in run and "layer 3 (MLA, MoE) ──" in run
