@@ -42,6 +42,9 @@ def explain_text(cat: catalog.Catalog, entry: dict[str, Any], cfg: Config) -> Te
     text.append(f"[{dims}]\n")
     text.append("formula ", style="dim")
     text.append(f"{entry['formula']}\n")
+    if note := getattr(cfg, "explain_note", lambda name: None)(entry["name"]):  # the family reads it otherwise
+        text.append("note    ", style="dim")
+        text.append(f"{note}\n", style="yellow")
     text.append(f"\n{texts.render(entry['explain'], cfg)}\n\n")
     text.append(emit_sites_text(entry["name"]))
     text.append(citations_text(cat, entry["reference"]))

@@ -150,3 +150,11 @@ def test_run_show_state_draws_a_kda_layers_state_as_the_debugger_does():
     assert own.returncode == 2 and own.stderr.endswith("its pictures are attention, routing, hist, state\n")
     dense = stepper("run", "--model", "tiny-minicpm3", "--show", "hc")  # no router either
     assert dense.returncode == 2 and dense.stderr.endswith("its pictures are attention, hist\n")
+
+
+def test_explain_says_the_mla_layers_turn_nothing_where_the_entry_reads_as_rope():
+    """The shared entries speak of q_pe_rope and rotated dims; Kimi Linear's MLA layers have no RoPE."""
+    out = stepper("explain", "layers.3.self_attn.query_states", "--model", "tiny-kimi-linear", "--plain")
+    said = " ".join(out.stdout.split())
+    assert out.returncode == 0 and "note Kimi Linear's MLA layers use no position encoding (mla_use_nope)" in said
+    assert "note " not in stepper("explain", "layers.1.self_attn.query_states", "--plain").stdout  # Kimi K2: turned
