@@ -110,9 +110,10 @@ def naive(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache: LayerCache, em
     key_states = emit("self_attn.key_states", key_states)
     value_states = emit("self_attn.value_states", value_states)
 
-    # softmax(scale * query_states @ key_states^T, masked) @ value_states: each head its own keys
+    # softmax(scale * query_states @ key_states^T, masked) @ value_states: each head its own keys (a learner's
+    # softmax, if one is swapped in, is handed to the tiles: in_place_of)
     return attend(kernels.Operands([query_states], [key_states], value_states, rope.softmax_scale, mask,
-                                   learners(softmax)), emit)
+                                   in_place_of(softmax)), emit)
 
 
 @exercise
@@ -130,7 +131,7 @@ def absorbed(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache: LayerCache,
     shared = latents[:, None]  # [B, one, S, kv_lora]: keys and values alike
     queries = [position_scaled(q_latent, rope), position_scaled(q_pe, rope)]  # Mistral 4 scales both parts
     out_latent = attend(kernels.Operands(queries, [shared, k_pes], shared, rope.softmax_scale, mask,
-                                         learners(softmax)), emit)
+                                         in_place_of(softmax)), emit)
     out_latent = emit("self_attn.attn_output_latent", out_latent)
     return np.matmul(out_latent, w_uv.swapaxes(-1, -2))  # [B, H, T, v_head]
 
@@ -171,13 +172,6 @@ def rotate(q_pe: np.ndarray, k_pe: np.ndarray, rope: Rope, emit: Emitter) -> tup
     q_pe = emit("self_attn.q_pe_rope", turned(q_pe, rope))  # [B, H, T, rope]
     k_pe = emit("self_attn.k_pe_rope", turned(k_pe, rope))  # [B, one, T, rope]
     return q_pe, k_pe
-
-
-def learners(function):
-    """The learner's function in place of `function` (an exercise), if one is: the tiled attention
-    then calls it on each block of rows, during the run and when a tensor is read after it; else
-    None, the kernels' own."""
-    return in_place_of(function)
 
 
 def attend(ops: kernels.Operands, emit: Emitter) -> np.ndarray:

@@ -248,7 +248,7 @@ def helper(patches: dict[str, PatchFn], call: str, needs: str) -> dict[str, Patc
     return patches
 
 
-def counted(call: str, **arguments: object) -> None:
+def whole_numbers(call: str, **arguments: object) -> None:
     """Refuse a helper's layer, expert or head that is not a whole number >= 0, naming it (2.5 once
     zeroed nothing, and "2" failed inside the run)."""
     for name, value in arguments.items():
@@ -259,7 +259,7 @@ def counted(call: str, **arguments: object) -> None:
 def zero_expert(layer: int, expert: int) -> dict[str, PatchFn]:
     """Expert `expert` of layer `layer` contributes nothing: its weight in topk_weight is 0 wherever
     a token chose it (the others keep theirs), so routed_output is the sum of the other experts'."""
-    counted("zero_expert", layer=layer, expert=expert)
+    whole_numbers("zero_expert", layer=layer, expert=expert)
     seen: dict[str, np.ndarray] = {}
 
     @watcher
@@ -284,7 +284,7 @@ def zero_head(layer: int, head: int) -> dict[str, PatchFn]:
     """Head `head` of layer `layer` is silent: its output (its v_head columns of attn_output, which
     o_proj reads) is 0. The number of heads is read from the layer's query [B, H, T, qk_head]
     (each of LongCat-Flash's two attention sublayers)."""
-    counted("zero_head", layer=layer, head=head)
+    whole_numbers("zero_head", layer=layer, head=head)
     seen: dict[str, int] = {}
 
     @watcher
@@ -309,7 +309,7 @@ def zero_head(layer: int, head: int) -> dict[str, PatchFn]:
 def force_experts(layer: int, experts: Sequence[int] | np.ndarray) -> dict[str, PatchFn]:
     """Every token of layer `layer` chooses `experts` (k of them, best first), or per token the rows
     of an [N, k] array; their weights are then computed from the router's scores as usual."""
-    counted("force_experts", layer=layer)
+    whole_numbers("force_experts", layer=layer)
     chosen = np.asarray(experts)
     if chosen.dtype.kind not in "iu":
         raise StepperError(f"force_experts: experts are whole numbers (expert indices), got {chosen.dtype} values")
