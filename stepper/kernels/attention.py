@@ -89,6 +89,7 @@ class Operands:
     # a learner's softmax of whole rows of scaled, masked scores, swapped in for the lesson's
     # exercise: the tiles then make every row's weights with it (`Softmaxed`), never the online softmax
     softmax: Callable[[np.ndarray], np.ndarray] | None = None
+    causal: bool = True  # False: `mask` is the whole rule of which keys a query sees (a learner's causal_mask)
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -99,7 +100,7 @@ class Operands:
     def last_key(self, queries: slice) -> int:
         """One past the last key the queries may attend (causal: the T new are the last T of S)."""
         _, _, T, S = self.shape
-        return S - T + queries.stop
+        return S - T + queries.stop if self.causal else S
 
     def scores(self, heads: slice, queries: slice, keys: slice) -> np.ndarray:
         """The scaled, masked scores of a tile: [B, H, T, S] cut to its heads, queries and keys."""
@@ -109,7 +110,7 @@ class Operands:
             total = part if total is None else np.add(total, part, out=total)
         total *= np.float32(self.scale)
         _, _, T, S = self.shape
-        if keys.stop - 1 > S - T + queries.start:  # the tile crosses the causal edge
+        if self.causal and keys.stop - 1 > S - T + queries.start:  # the tile crosses the causal edge
             last_seen = (S - T) + np.arange(queries.start, queries.stop)[:, None]  # [T, one] of the tile's queries
             future = np.arange(keys.start, keys.stop)[None, :] > last_seen  # [T, S] of the tile
             np.copyto(total, np.float32(-np.inf), where=future)

@@ -240,6 +240,21 @@ def test_a_learners_softmax_makes_a_long_prompts_tiled_attention_too(tmp_path):
     np.testing.assert_allclose(out, made, atol=1e-5)  # made with the learner's weights, not the online softmax's
 
 
+def test_a_learners_causal_mask_rules_a_long_prompts_tiled_attention_too(tmp_path):
+    """The tiles built their own causal mask: a learner's (here its rule inverted: a query sees
+    itself and the keys after it) was used on short prompts only."""
+    (tmp_path / "mask2.py").write_text("import numpy as np\n\ndef causal_mask(t, s):\n"
+                                       "    return np.arange(s)[None, :] >= np.arange(t)[:, None] + (s - t)\n")
+    keep = ["layers.0.self_attn.attn_weights", "layers.0.self_attn.attn_output", "layers.0.self_attn.value_states"]
+    mine = stepper.run("tiny", prompt_len=1100, use=tmp_path / "mask2.py", keep=keep)
+    weights = np.asarray(mine["layers.0.self_attn.attn_weights"], np.float64)  # [1, 4, T, S], made a tile at a time
+    seen = np.arange(1100)[None, :] >= np.arange(1100)[:, None]
+    assert not weights[..., ~seen].any() and np.allclose(weights.sum(-1), 1)
+    values = np.asarray(mine["layers.0.self_attn.value_states"], np.float64)
+    out = np.asarray(mine["layers.0.self_attn.attn_output"])
+    np.testing.assert_allclose(out, np.einsum("bhts,bhsv->bthv", weights, values).reshape(out.shape), atol=1e-5)
+
+
 def test_run_name_is_a_read_only_array_when_held_and_a_lazy_tensor_of_a_chunked_run_read_in_one_replay(monkeypatch):
     """As docs/python.md says: a held tensor is a read-only NumPy array; a chunked prefill's tensor
     over the positions is a LazyTensor, and reading all of them (twice) replays each chunk once."""
