@@ -111,7 +111,7 @@ def naive(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache: LayerCache, em
     value_states = emit("self_attn.value_states", value_states)
 
     # softmax(scale * query_states @ key_states^T, masked) @ value_states: each head its own keys
-    mask, causal = seen_keys(mask, query_states.shape[2], key_states.shape[2])
+    mask, causal = seen_keys(mask, (*query_states.shape[:3], key_states.shape[2]))
     return attend(kernels.Operands([query_states], [key_states], value_states, rope.softmax_scale, mask,
                                    in_place_of(softmax), causal), emit)
 
@@ -130,7 +130,7 @@ def absorbed(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache: LayerCache,
     # and its weights average the latents themselves.
     shared = latents[:, None]  # [B, one, S, kv_lora]: keys and values alike
     queries = [position_scaled(q_latent, rope), position_scaled(q_pe, rope)]  # Mistral 4 scales both parts
-    mask, causal = seen_keys(mask, q_latent.shape[2], shared.shape[2])
+    mask, causal = seen_keys(mask, (*q_latent.shape[:3], shared.shape[2]))
     out_latent = attend(kernels.Operands(queries, [shared, k_pes], shared, rope.softmax_scale, mask,
                                          in_place_of(softmax), causal), emit)
     out_latent = emit("self_attn.attn_output_latent", out_latent)
@@ -175,14 +175,15 @@ def rotate(q_pe: np.ndarray, k_pe: np.ndarray, rope: Rope, emit: Emitter) -> tup
     return q_pe, k_pe
 
 
-def seen_keys(mask: np.ndarray | None, t: int, s: int) -> tuple[np.ndarray | None, bool]:
-    """The keys each query sees, as the tiles take them: (the extra mask, True) with stepper's own
-    causal mask, or, while a learner's causal_mask is swapped in, (its [T, S] joined to the extra
-    mask, False): the tiled attention then keeps what the learner's mask keeps, as the lines on
-    whole arrays do (a learner's softmax is handed to the tiles likewise: in_place_of)."""
-    if in_place_of(causal_mask) is None:
+def seen_keys(mask: np.ndarray | None, shape: tuple[int, int, int, int]) -> tuple[np.ndarray | None, bool]:
+    """The keys each query sees, as the tiles take them (scores of `shape`, [B, H, T, S]): (the extra
+    mask, True) with stepper's own causal mask, or, where the scores run over tiles while a
+    learner's causal_mask is swapped in, (its [T, S] joined to the extra mask, False): the tiles
+    then keep what the learner's mask keeps, as the lines on whole arrays do, which call it
+    themselves (a learner's softmax is handed to the tiles likewise: in_place_of)."""
+    if in_place_of(causal_mask) is None or kernels.whole_fits(*shape):
         return mask, True
-    rule = np.asarray(causal_mask(t, s), dtype=bool)  # [T, S]
+    rule = np.asarray(causal_mask(shape[2], shape[3]), dtype=bool)  # [T, S]
     if mask is None:
         return rule, False
     return (mask & rule if mask.dtype == np.bool_ else np.where(rule, mask, np.float32(-np.inf))), False
