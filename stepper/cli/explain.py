@@ -13,7 +13,7 @@ from stepper.cli.common import ModelOpt, PlainOpt, user_errors
 from stepper.errors import StepperError
 from stepper.session import check_layer, load_model
 from stepper.views.compare import compared_layer, comparison
-from stepper.views.explain import also_named, emitted_by, explain_text, layer_parameter, not_found
+from stepper.views.explain import also_named, elsewhere_note, emitted_by, explain_text, layer_parameter, not_found
 from stepper.views.sinks import print_fitted, print_whole, styles
 from stepper.views.tree import layer_kind, layer_tree
 
@@ -46,6 +46,8 @@ def explain_command(
             console.print()
         if also := also_named(cat, name, entries):
             print_fitted(console, also)
+        if elsewhere := elsewhere_note(cat, entries, cfg):
+            print_fitted(console, elsewhere)
 
 
 def tree_command(

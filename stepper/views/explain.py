@@ -71,6 +71,27 @@ def emitted_by(cat: catalog.Catalog, entries: list[dict[str, Any]], cfg: Config,
     return mine or entries
 
 
+def emits(cat: catalog.Catalog, cfg: Any, name: str) -> bool:
+    """Whether some layer of this model emits the tensor `name` (a catalogue name), on either attention path."""
+    scorings = ("exact", "fp8") if takes(cfg, "index_scoring") and getattr(cfg, "has_indexer", False) else ("exact",)
+    return any(e["name"] == name for layer in range(cfg.num_hidden_layers) for attn in ("naive", "absorb")
+               for scoring in scorings for e in cat.layer_sequence(cfg, layer, attn, scoring))
+
+
+def elsewhere_note(cat: catalog.Catalog, entries: list[dict[str, Any]], cfg: Config) -> str:
+    """A line under entries of layer tensors this model never emits (Kimi Linear's `state` asked of
+    Kimi K2, whose catalogue shares the residual stream): a tiny preset that does, whose sizes
+    `explain --model` gives; '' when the model emits one of them."""
+    layered = [e["name"] for e in entries if e["scope"] == "layer"]
+    if not layered or len(layered) < len(entries) or any(emits(cat, cfg, name) for name in layered):
+        return ""
+    tiny = [name for name in (*PRESETS, *V4_PRESETS) if name.startswith("tiny")]
+    other = next((name for name in tiny if emits(catalog.around(preset_config(name)), preset_config(name),
+                                                  layered[0])), None)
+    where = f"; a tensor of {other}'s (stepper explain {layered[0]} --model {other} gives its sizes)" if other else ""
+    return f"model {shown(cfg.name)} does not emit {'it' if len(layered) == 1 else 'these'}{where}"
+
+
 def emit_sites_text(key: str) -> Text:
     """'stepper emits it  stepper/model/attention.py:188  in latent()' and that line, for each emit site."""
     text = Text()

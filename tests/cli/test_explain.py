@@ -119,3 +119,14 @@ def test_every_entry_of_each_familys_catalogue_is_explained_with_its_dims_define
             assert entry["name"] in printed([explain_text(cat, entry, cfg)])
     out = stepper("explain", "attn.indexer.q", "--model", "tiny-v4-indexer")
     assert out.returncode == 0 and "Hi (index heads = 8)" in out.stdout, out.stderr
+
+
+def test_an_entry_the_model_never_emits_says_which_model_does():
+    """Kimi K2's catalogue shares the residual stream with Kimi Linear's: `state` found KDA's entry,
+    shown without sizes and without a word that tiny has no such tensor."""
+    out = stepper("explain", "state", "--plain")
+    assert out.returncode == 0 and out.stdout.rstrip().splitlines()[-1] == (
+        "model tiny does not emit it; a tensor of tiny-kimi-linear's (stepper explain self_attn.state --model "
+        "tiny-kimi-linear gives its sizes)")
+    assert "does not emit" not in stepper("explain", "state", "--model", "tiny-kimi-linear", "--plain").stdout
+    assert "does not emit" not in stepper("explain", "k_pe", "--plain").stdout
