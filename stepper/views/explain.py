@@ -64,18 +64,21 @@ def emitted_by(cat: catalog.Catalog, entries: list[dict[str, Any]], cfg: Config,
     layers = range(cfg.num_hidden_layers)
     if named and int(named.group(1)) < cfg.num_hidden_layers:
         layers = [int(named.group(1))]
-    scorings = ("exact", "fp8") if takes(cfg, "index_scoring") and cfg.has_indexer else ("exact",)
-    emitted = {e["name"] for layer in layers for attn in ("naive", "absorb") for scoring in scorings
-               for e in cat.layer_sequence(cfg, layer, attn, scoring)}
+    emitted = emitted_names(cat, cfg, layers)
     mine = [e for e in entries if e["scope"] != "layer" or e["name"] in emitted]
     return mine or entries
 
 
-def emits(cat: catalog.Catalog, cfg: Any, name: str) -> bool:
-    """Whether some layer of this model emits the tensor `name` (a catalogue name), on either attention path."""
+def emitted_names(cat: catalog.Catalog, cfg: Any, layers: Sequence[int] | range) -> set[str]:
+    """The catalogue names these layers of the model emit, on either attention path and index scoring."""
     scorings = ("exact", "fp8") if takes(cfg, "index_scoring") and getattr(cfg, "has_indexer", False) else ("exact",)
-    return any(e["name"] == name for layer in range(cfg.num_hidden_layers) for attn in ("naive", "absorb")
-               for scoring in scorings for e in cat.layer_sequence(cfg, layer, attn, scoring))
+    return {e["name"] for layer in layers for attn in ("naive", "absorb") for scoring in scorings
+            for e in cat.layer_sequence(cfg, layer, attn, scoring)}
+
+
+def emits(cat: catalog.Catalog, cfg: Any, name: str) -> bool:
+    """Whether some layer of this model emits the tensor `name` (a catalogue name)."""
+    return name in emitted_names(cat, cfg, range(cfg.num_hidden_layers))
 
 
 def elsewhere_note(cat: catalog.Catalog, entries: list[dict[str, Any]], cfg: Config) -> str:
@@ -83,7 +86,8 @@ def elsewhere_note(cat: catalog.Catalog, entries: list[dict[str, Any]], cfg: Con
     Kimi K2, whose catalogue shares the residual stream): a tiny preset that does, whose sizes
     `explain --model` gives; '' when the model emits one of them."""
     layered = [e["name"] for e in entries if e["scope"] == "layer"]
-    if not layered or len(layered) < len(entries) or any(emits(cat, cfg, name) for name in layered):
+    if not layered or len(layered) < len(entries) or set(layered) & emitted_names(cat, cfg,
+                                                                                  range(cfg.num_hidden_layers)):
         return ""
     tiny = [name for name in (*PRESETS, *V4_PRESETS) if name.startswith("tiny")]
     other = next((name for name in tiny if emits(catalog.around(preset_config(name)), preset_config(name),
