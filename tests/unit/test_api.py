@@ -203,7 +203,8 @@ def test_a_chunked_prefill_keeps_every_tensor_once_equal_to_the_whole_prompts():
         stepper.run(model="tiny", chunk=4, patch={"*q_a": "x*2"})
 
 
-def test_a_run_with_use_runs_the_prompt_whole_as_a_chunked_read_would_replay_it_without_the_functions(tmp_path):
+def test_a_run_with_use_runs_the_prompt_whole_as_a_chunked_read_would_replay_it_without_the_functions(tmp_path,
+                                                                                                        monkeypatch):
     """A chunked tensor is made when read, after run() returned: its replay once ran stepper's own
     rms_norm on a cache the learner's had made (104 tensors, 92 differing from the whole run's)."""
     (tmp_path / "rms2.py").write_text("import numpy as np\n\ndef rms_norm(x, weight, eps):\n"
@@ -220,6 +221,10 @@ def test_a_run_with_use_runs_the_prompt_whole_as_a_chunked_read_would_replay_it_
         stepper.run("tiny", prompt_len=21, chunk=8, use=mine)
     with pytest.raises(StepperError, match="use= expects a file path or a list of them, got int"):
         stepper.run("tiny", use=3)
+    monkeypatch.setattr(memory, "available_bytes", lambda: 16 * 2**20)  # where auto chunks a 300-token prompt
+    assert stepper.run("tiny", prompt_len=300, keep="logits").spec.chunk == 128
+    with pytest.raises(StepperError, match="would need about"):  # with use=, whole or not at all: never chunked
+        stepper.run("tiny", prompt_len=300, keep="logits", use=mine)
 
 
 def test_a_learners_softmax_makes_a_long_prompts_tiled_attention_too(tmp_path):
