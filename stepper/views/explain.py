@@ -90,8 +90,8 @@ def elsewhere_note(cat: catalog.Catalog, entries: list[dict[str, Any]], cfg: Con
                                                                                   range(cfg.num_hidden_layers)):
         return ""
     tiny = [name for name in (*PRESETS, *V4_PRESETS) if name.startswith("tiny")]
-    other = next((name for name in tiny if emits(catalog.around(preset_config(name)), preset_config(name),
-                                                  layered[0])), None)
+    other = next((name for name, other_cfg in ((name, preset_config(name)) for name in tiny)
+                  if emits(catalog.around(other_cfg), other_cfg, layered[0])), None)
     where = f"; a tensor of {other}'s (stepper explain {layered[0]} --model {other} gives its sizes)" if other else ""
     return f"model {shown(cfg.name)} does not emit {'it' if len(layered) == 1 else 'these'}{where}"
 
