@@ -23,6 +23,7 @@ import re
 import stat
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -274,6 +275,7 @@ class Checkpoint:
         """The config.json field these weights contradict, judged on the first of the layers the
         checkpoint holds with a tensor of another shape (config_hint), or None."""
         present = set(self.present_layers())
+        stored = cache(self._stored_shape)  # each tried value looks at every tensor again (an INT4 one's values)
         for layer in (layer for layer in layers if layer in present):
             def shapes_of(cfg: Config, layer: int = layer) -> dict[str, tuple[int, ...]]:
                 shapes = layer_shapes(cfg, layer)
@@ -282,12 +284,12 @@ class Checkpoint:
                                    if name in self.weight_map})
                 return stored_shapes(shapes) if cfg.fused_experts else shapes
 
-            if all(self._stored_shape(name) == shape for name, shape in shapes_of(self.config).items()):
+            if all(stored(name) == shape for name, shape in shapes_of(self.config).items()):
                 continue
             prefix = layer_prefix(layer)
             sizes = [size for name in self.weight_map if name.startswith(prefix)
-                     for size in self._stored_shape(name) or ()]
-            return contradicted_field(self.config, shapes_of, self._stored_shape, sizes, layer)
+                     for size in stored(name) or ()]
+            return contradicted_field(self.config, shapes_of, stored, sizes, layer)
         return None
 
     def _stored_shape(self, name: str) -> tuple[int, ...] | None:
