@@ -145,7 +145,10 @@ def test_ctrl_c_at_the_prompt_drops_the_line_and_asks_again():
     the whole run, with the helpers' tracebacks)."""
     term = Terminal("step", "--break", "compressed_kv")
     term.read_until("(stepper) ")
+    while select.select([term.fd], [], [], 1)[0]:  # the stop fully drawn and the prompt waiting, then keys
+        term.read_until_quiet()
     term.type("p emb")
+    term.read_until("p emb")  # read by the line editor before the Ctrl-C that drops it
     dropped = "(line dropped: q or Ctrl-D quits)"
     for _ in range(10):  # again once all is quiet: a SIGINT before readline waits is noticed only at the next key
         term.type("\x03")
