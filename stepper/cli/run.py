@@ -382,7 +382,8 @@ def step_command(
 
     At each stop: Enter or n next, c continue, b GLOB break, d delete, u NAME until,
     p NAME[slice] print, e explain, w where, x A B compare (tensors or slices), h history,
-    s show PICTURE, q quit, ? help (help CMD: one command, with examples).
+    s show PICTURE, set NAME[slice] = VALUE (the run goes on from the changed tensor), q quit,
+    ? help (help CMD: one command, with examples).
     Commands are read from the terminal (with line editing and history), or line by line from a pipe.
     """
     with user_errors(), ExitStack() as swapped:

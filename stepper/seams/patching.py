@@ -118,37 +118,39 @@ def parse_patch(text: str, option: str = "--patch") -> tuple[str, PatchFn]:
     return pattern, expression(expr, f"{option} {pattern}=")
 
 
-def expression(expr: str, where: str = "--patch ") -> PatchFn:
+def expression(expr: str, where: str = "--patch ", said: str | None = None) -> PatchFn:
     """The function of an EXPR: checked for its form now, evaluated on each tensor it patches.
-    `where` begins its error messages (the option and the name, as the user wrote them)."""
+    `where` begins its error messages (the option and the name, as the user wrote them), and
+    `said` is the expression as they wrote it (EXPR itself, cut short where long, unless given)."""
+    said = cut(expr, 40) if said is None else said
     if len(expr) > MAX_EXPR:
-        raise StepperError(f"{where}{cut(expr, 40)}: {len(expr)} characters; an expression is at most {MAX_EXPR}")
+        raise StepperError(f"{where}{said}: {len(expr)} characters; an expression is at most {MAX_EXPR}")
     try:
         tree = ast.parse(expr, mode="exec")
     except (SyntaxError, RecursionError, MemoryError):  # MemoryError: the parser's own stack, not the machine's
         tree = None
     if tree is not None and nesting(tree) > MAX_NESTING:
-        raise StepperError(f"{where}{cut(expr, 40)}: nested more than {MAX_NESTING} deep (brackets, operators, signs)")
+        raise StepperError(f"{where}{said}: nested more than {MAX_NESTING} deep (brackets, operators, signs)")
     stmt = tree.body[0] if tree is not None and len(tree.body) == 1 else None
     if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and is_x_slice(stmt.targets[0]):
         target, value = stmt.targets[0], stmt.value
     elif isinstance(stmt, ast.Expr):
         target, value = None, stmt.value
     else:
-        raise StepperError(f"{where}{expr}: expected a number, arithmetic of x with numbers (x*0.5, x+1e-3) "
+        raise StepperError(f"{where}{said}: expected a number, arithmetic of x with numbers (x*0.5, x+1e-3) "
                            "or one slice assignment (x[..., 7]=0)")
     try:
         check_form(value)
         if target is not None:
             index_of(target.slice)
     except ValueError as e:
-        raise StepperError(f"{where}{expr}: {e}") from None
+        raise StepperError(f"{where}{said}: {e}") from None
 
     def apply(x: np.ndarray, name: str) -> np.ndarray:
         try:
             return evaluate_patch(x, target, value)
         except (ValueError, IndexError, TypeError, OverflowError, ZeroDivisionError) as e:
-            raise StepperError(f"{where}{expr} on {name} {x.dtype}{list(x.shape)}: {e}") from None
+            raise StepperError(f"{where}{said} on {name} {x.dtype}{list(x.shape)}: {e}") from None
 
     return apply
 

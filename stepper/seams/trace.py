@@ -27,6 +27,29 @@ Sink = Callable[["Event"], "np.ndarray | None"]  # None: the tensor goes on as i
 
 
 @dataclass(frozen=True)
+class Choice:
+    """What a tensor of indices chooses among (Emitter.choice): `count` things (`what`: experts,
+    positions, entries), -1 for none where `none`."""
+
+    count: int
+    what: str
+    none: bool = False
+
+    def problem(self, chosen: np.ndarray) -> str | None:
+        """What is wrong with a replaced choice, said after its name (None: every index in
+        0..count-1, or -1 where `none`, and no row naming one twice)."""
+        bad = chosen[(chosen < (-1 if self.none else 0)) | (chosen >= self.count)]
+        if bad.size:
+            allowed = f"{self.what} 0..{self.count - 1}" if self.count else f"no {self.what}"
+            one = "entry" if self.what == "entries" else self.what.removesuffix("s")
+            return f"names {one} {int(bad[0])}; the layer has {allowed}" + (" (-1: none)" if self.none else "")
+        ordered = np.sort(chosen, axis=-1)
+        if np.any((ordered[..., 1:] == ordered[..., :-1]) & (ordered[..., 1:] >= 0)):
+            return f"names one of its {self.what} twice in one row; each row's must differ"
+        return None
+
+
+@dataclass(frozen=True)
 class Event:
     """One named tensor as the model produced it.
 
@@ -42,6 +65,7 @@ class Event:
     phase: str | None = None
     patched: bool = False  # a sink before (a --patch) replaced the array the model made
     read: bool = True  # False: shown only (Emitter.shown), the model does not go on with it
+    choice: Choice | None = None  # indices into other things (Emitter.choice): what a replacement must name
 
 
 class Emitter:
@@ -54,17 +78,17 @@ class Emitter:
         self._phase = phase
         self._sublayer = sublayer  # LongCat-Flash's sublayer: keys `sub1.self_attn.q` (catalogue: `self_attn.q`)
 
-    def __call__(self, key: str, array: np.ndarray) -> np.ndarray:
+    def __call__(self, key: str, array: np.ndarray, choice: Choice | None = None) -> np.ndarray:
         """Show `array` as `key` to every sink; return the array the model continues with."""
         if not self.sinks:
             return array
         key = self._scoped(key)
-        event = Event(self._qualify(key), key, array, self._layer, self._phase)
+        event = Event(self._qualify(key), key, array, self._layer, self._phase, choice=choice)
         for sink in self.sinks:
             replacement = sink(event)
             if replacement is not None:
                 event = Event(event.name, key, checked_replacement(event, replacement), self._layer,
-                              self._phase, patched=True)
+                              self._phase, patched=True, choice=choice)
         return event.array
 
     def shown(self, key: str, array: np.ndarray) -> None:
@@ -82,9 +106,11 @@ class Emitter:
         """Show indices into `count` things (`what`: experts, positions, entries; -1 none where
         `none`) as `key`; a replacement (a patch) is checked before the model reads it: each index
         one of the things, none twice in one row.  [..., k] int -> same"""
-        result = self(key, chosen)
-        if result is not chosen:
-            check_choice(self._qualify(self._scoped(key)), result, count, what, none)
+        choice = Choice(count, what, none)
+        result = self(key, chosen, choice)
+        problem = None if result is chosen else choice.problem(result)
+        if problem:
+            raise StepperError(f"patched {self._qualify(self._scoped(key))} {problem}")
         return result
 
     @property
@@ -141,21 +167,6 @@ class Emitter:
     def _qualify(self, key: str) -> str:
         name = key if self._layer is None else f"layers.{self._layer}.{key}"
         return name if self._phase is None else f"{self._phase}.{name}"
-
-
-def check_choice(name: str, chosen: np.ndarray, count: int, what: str, none: bool) -> None:
-    """A replaced choice (Emitter.choice): every index in 0..count-1 (or -1 where `none`), no row
-    naming one twice."""
-    low = -1 if none else 0
-    bad = chosen[(chosen < low) | (chosen >= count)]
-    if bad.size:
-        allowed = f"{what} 0..{count - 1}" if count else f"no {what}"
-        one = "entry" if what == "entries" else what.removesuffix("s")
-        raise StepperError(f"patched {name} names {one} {int(bad[0])}; the layer has {allowed}"
-                           + (" (-1: none)" if none else ""))
-    ordered = np.sort(chosen, axis=-1)
-    if np.any((ordered[..., 1:] == ordered[..., :-1]) & (ordered[..., 1:] >= 0)):
-        raise StepperError(f"patched {name} names one of its {what} twice in one row; each row's must differ")
 
 
 def checked_replacement(event: Event, replacement: object) -> np.ndarray:

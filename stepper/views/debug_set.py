@@ -8,11 +8,13 @@ copy back through the emit seam, so everything after it is computed from it.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from stepper.errors import StepperError
 from stepper.seams.patching import expression
 from stepper.seams.trace import Event
+from stepper.untrusted import cut
 
 USAGE = "set takes NAME[slice] = value, e.g. set attn_weights[0, 1] = 0 or set [..., 3] = x*2"
 
@@ -27,17 +29,34 @@ def set_tensor(debugger: Any, arg: str) -> None:
     event = debugger.current
     if event is None:
         raise StepperError("no tensor yet")
-    if name.strip() and debugger.resolve(name.strip()) is not event:
-        raise StepperError(f"only the tensor the run stopped at ({event.name}) can be set; "
-                           f"{name.strip()} is another (n or c runs on to it)")
+    if name.strip():
+        check_current(debugger, event, name.strip())
     if not event.read:
         raise StepperError(f"{event.name} is shown only: the model does not read it back, so setting it would "
                            "change nothing")
     text = f"x[{index}={value}" if bracket else value
-    array = expression(text, "set ")(event.array, event.name)
-    changed = Event(event.name, event.key, array, event.layer, event.phase)
+    said = f"set {event.name}{'[' + index if bracket else ''} = {cut(value, 40)}"
+    array = expression(text, "", said)(event.array, event.name)
+    problem = event.choice and event.choice.problem(array)
+    if problem:
+        raise StepperError(f"{said} {problem}: the tensor is as it was")
+    changed = replace(event, array=array)
     debugger.current = debugger.history[event.name] = changed
     debugger.replaced = array
-    debugger.console.print(f"set {event.name}{'[' + index if bracket else ''} = {value}: the run continues from it",
-                           style="bold", highlight=False, markup=False)
+    debugger.console.print(f"{said}: the run continues from it", style="bold", highlight=False, markup=False)
     debugger.console.print(debugger.rows.render(changed), soft_wrap=True)
+
+
+def check_current(debugger: Any, event: Event, name: str) -> None:
+    """Only the tensor the run stopped at can be set: another is refused, saying where the run
+    would have to stop to set it."""
+    only = f"only the tensor the run stopped at ({event.name}) can be set"
+    try:
+        other = debugger.resolve(name)
+    except StepperError:
+        if debugger.names is None or not debugger.emits(name):
+            raise
+        raise StepperError(f"{only}; {name} comes later: stop at it (u {name}), then set it") from None
+    if other is not event:
+        raise StepperError(f"{only}; {other.name} was made before it: a run stopped there can set it "
+                           f"(stepper step --until {other.name})")

@@ -56,7 +56,7 @@ PROMPT = "(stepper) "
 HELP = (
     "n next (Enter) · c continue · b break GLOB · d delete [GLOB] · u until NAME · "
     "p print NAME[slice] [digits] · e explain [NAME] · w where · x compare A B · h history · "
-    "s show {pictures} [NAME] · q quit · ? help · help CMD one command"
+    "s show {pictures} [NAME] · set NAME[slice] = VALUE · q quit · ? help · help CMD one command"
 )
 PICTURE_WORDS = "attention|routing|hist|scales"  # an MLA model's
 KDA_PICTURE_WORDS = PICTURE_WORDS + "|state"  # and Kimi Linear's delta-rule state
@@ -371,7 +371,8 @@ class Debugger:
 
     def told(self, command: Command) -> Command:
         """A command as its help tells it for this model: its examples in the names the model emits."""
-        return replace(command, **V4_HELP.get(command.names[0], {})) if self.v4 else command
+        told = V4_HELP if self.v4 else KDA_HELP if getattr(self.cfg, "kda_layers", ()) else {}
+        return replace(command, **told.get(command.names[0], {}))
 
     def help_line(self) -> str:
         """The commands in one line, with the pictures this model has."""
@@ -530,9 +531,13 @@ class Debugger:
         for event in reversed(self.history.values()):
             if matches(event.name, [name]):
                 return event
-        if self.names is not None and not any(matches(n, [name]) or n.endswith("." + name) for n in self.names):
+        if self.names is not None and not self.emits(name):
             raise StepperError(f"no tensor '{name}' in this run{did_you_mean(name, self.names)} (h lists those seen)")
         raise StepperError(f"no tensor '{name}' seen yet (h lists them)")
+
+    def emits(self, name: str) -> bool:
+        """Whether the run emits a tensor of this name (or glob), as far as is known (True if not)."""
+        return self.names is None or any(matches(n, [name]) or n.endswith("." + name) for n in self.names)
 
     def _seen(self, name: str) -> bool:
         try:
@@ -614,19 +619,16 @@ TABLE = (
             Debugger.cmd_compare),
     Command(("h", "history"), "h [N]", "list the last N tensors seen (20 by default)",
             "Every tensor seen stays printable with p.", ("h", "h 100"), Debugger.cmd_history),
-    Command(("s", "show"), "s PICTURE [NAME]", "draw a picture: attention, routing, hist, scales, state, reach or hc",
+    Command(("s", "show"), "s PICTURE [NAME]", "draw a picture: attention, routing, hist or scales",
             "attention: the attention weights as heat maps per head (with DeepSeek-V3.2's indexer, which positions "
             "it kept beside one head's weights); routing: the router's token x expert map "
-            "(at or after topk_weight); hist: a histogram of a tensor; scales: an FP8 weight's block scales; "
-            "state: a KDA layer's state per head, one head's heat map, each token's write and the decays "
-            "(a slice such as self_attn.state_per_token[0, 1, 5] draws that head's state after token 5); "
-            "reach: what a DeepSeek-V4 layer's last query attends (window, entries kept and dropped); hc: a V4 "
-            "hyper-connection's comb matrix with its pre and post weights.",
+            "(at or after topk_weight); hist: a histogram of a tensor; scales: an FP8 weight's block scales.",
             ("s attention", "s routing", "s hist self_attn.kv", "s scales self_attn.kv_a_proj_with_mqa.weight"),
             Debugger.cmd_show),
     Command(("set",), "set NAME[slice] = VALUE", "change the current tensor (or a slice of it) before the run goes on",
-            "NAME is the current tensor's name, short or full; VALUE a number. Everything computed after this stop "
-            "is computed from the changed tensor.", ("set attn_weights[0, 0, -1] = 0",), set_tensor),
+            "NAME is the current tensor's name, short or full, or left out; VALUE a number, or arithmetic of x, the "
+            "tensor as it was, with numbers (x*0.5, x[0, 1] + 1e-3). Everything computed after this stop is "
+            "computed from the changed tensor.", ("set attn_weights[0, 0, -1] = 0", "set [..., 3] = x*2"), set_tensor),
     Command(("q", "quit"), "q", "end the run", "Nothing is written but an --export.", ("q",), Debugger.cmd_quit),
     Command(("?", "help"), "?, help [CMD]", "list the commands, or tell more of one",
             "CMD is the letter or the word.", ("?", "help x"), Debugger.cmd_help),
@@ -646,7 +648,14 @@ V4_HELP = {  # what a command's help says in the names and pictures of a DeepSee
           "more": "reach: what a layer's last query attends (window, entries kept and dropped); hc: a "
                   "hyper-connection's comb matrix with its pre and post weights; hist: a histogram of a tensor.",
           "examples": ("s reach", "s hc", "s hist attn.kv")},
-    "set": {"examples": ("set attn.weights[0, 0, -1] = 0",)},
+    "set": {"examples": ("set attn.weights[0, 0, -1] = 0", "set [..., 3] = x*2")},
+}
+KDA_HELP = {  # and of a Kimi Linear run: its delta-rule state is a picture too
+    "s": {"what": "draw a picture: attention, routing, hist, scales or state",
+          "more": COMMANDS["s"].more.removesuffix(".") + "; state: a KDA layer's state per head, one head's heat map, "
+                  "each token's write and the decays (a slice such as self_attn.state_per_token[0, 1, 5] draws "
+                  "that head's state after token 5).",
+          "examples": ("s state", "s attention", "s routing", "s hist self_attn.kv")},
 }
 
 

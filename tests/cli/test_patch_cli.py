@@ -89,6 +89,22 @@ def test_set_refuses_another_tensor_and_a_bad_value_and_goes_on():
     np.testing.assert_array_equal(tensors["logits"], plain["logits"])  # nothing was set
 
 
+def test_set_refuses_a_choice_of_no_such_expert_at_once_and_the_session_goes_on():
+    """A choice is checked when set, as a --patch of it is: an expert past the layer's, -1 or one
+    named twice in a row is refused on the spot, and the run goes on from what it was."""
+    tensors, shown = debugged(["set [0, 0] = 99", "set [0, 0] = -1", "set [0, 0] = x[0, 1]", "set [1, 0] = 31", "c"],
+                              ["layers.1.mlp.gate.topk_idx"])
+    said = "set layers.1.mlp.gate.topk_idx[0, 0] = "
+    assert said + "99 names expert 99; the layer has experts 0..31" in shown
+    assert said + "-1 names expert -1; the layer has experts 0..31" in shown
+    assert said + "x[0, 1] names one of its experts twice in one row" in shown
+    plain = stepper.run("tiny", ids=[3, 14, 15], keep="layers.1.mlp.gate.topk_idx")["layers.1.mlp.gate.topk_idx"]
+    assert tensors["layers.1.mlp.gate.topk_idx"][0].tolist() == plain[0].tolist()  # none of the three was set
+    assert 31 not in plain[1]  # so 31 is a choice row 1 may take
+    assert "set layers.1.mlp.gate.topk_idx[1, 0] = 31: the run continues from it" in shown
+    assert tensors["layers.1.mlp.gate.topk_idx"][1].tolist() == [31, *plain[1, 1:]]
+
+
 def test_a_patched_run_says_so_in_its_header_and_on_the_patched_rows():
     out = cli("run", "--plain", "--patch", "layers.1.mlp.gate.topk_idx=x[..., 0]=5", "--only", "*gate.topk_idx")
     assert out.returncode == 0, out.stderr
