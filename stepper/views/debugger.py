@@ -361,7 +361,7 @@ class Debugger:
 
     def cmd_history(self, arg: str) -> None:
         events = list(self.history.values())
-        if arg and not arg.isdigit():
+        if arg and not (arg.isdigit() and int(arg) > 0):
             raise StepperError(f"h {arg}: h N lists the latest N tensors (h alone: 20), e.g. h 50")
         count = int(arg) if arg else 20
         for event in events[-count:]:

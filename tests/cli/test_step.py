@@ -83,10 +83,10 @@ def test_brackets_in_a_row_are_taken_in_turn_as_numpy_takes_them(tensors):
 
 def test_digits_and_history_counts_out_of_range_are_refused_and_the_session_goes_on():
     out = step(commands="p embed[0,0,:1] 100000\np embed 99999999999999999999\np embed[0, 0, :3] -1\nh -1\n"
-                        "h x\np embed[0, 0, :2] 16\nq\n")
+                        "h x\nh 0\np embed[0, 0, :2] 16\nq\n")
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("p NAME DIGITS: digits after the point must be 0 to 16, got ") == 3
-    assert out.stdout.count("h N lists the latest N tensors (h alone: 20), e.g. h 50") == 2
+    assert out.stdout.count("h N lists the latest N tensors (h alone: 20), e.g. h 50") == 3  # h 0 listed them all
     assert "embed[0, 0, :2]  [2]  float32" in out.stdout
 
 
