@@ -116,6 +116,7 @@ class CommandSource:
             except EOFError:
                 return None
             except KeyboardInterrupt:  # at the prompt, as other debuggers: the line is dropped, the prompt comes again
+                self.console.print("^C", highlight=False)  # the cursor is after what was typed: the message below it
                 self.console.print(Text("(line dropped: q or Ctrl-D quits)", style="dim"))
         line = self.stdin.readline()
         return None if not line else self._echo(line.rstrip("\n"), prompt)
