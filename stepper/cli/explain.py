@@ -14,7 +14,7 @@ from stepper.errors import StepperError
 from stepper.session import check_layer, load_model
 from stepper.views.compare import compared_layer, comparison
 from stepper.views.explain import also_named, elsewhere_note, emitted_by, explain_text, layer_parameter, not_found
-from stepper.views.sinks import print_fitted, print_whole, styles
+from stepper.views.sinks import line_width, print_fitted, print_whole, styles
 from stepper.views.tree import layer_kind, layer_tree
 
 LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")  # a name's layer: layers.1.x, prefill.layers.1.x, model.layers.1.x
@@ -76,7 +76,7 @@ def tree_command(
             if layer is not None:
                 check_layer(layer, other)
             layers = (compared_layer(cfg, layer), compared_layer(other, layer))
-            print_whole(console, comparison(catalog.load(), cfg, other, layers, attn, everything))
+            print_whole(console, comparison(catalog.load(), cfg, other, layers, attn, everything, line_width(console)))
             return
         kinds = {layer_kind(cfg, i): i for i in range(cfg.num_hidden_layers)}
         layers = [layer] if layer is not None else sorted(kinds.values())

@@ -13,12 +13,12 @@ import dataclasses
 import re
 
 from rich.console import Group
-from rich.table import Table
 from rich.text import Text
 
 from stepper import catalog
 from stepper.config import Config
 from stepper.untrusted import shown
+from stepper.views.fitted_table import fitted
 
 ONLY = "—"
 FIELD = re.compile(r"[a-z][a-z0-9_]+")
@@ -36,12 +36,35 @@ def compared_layer(cfg: Config, layer: int | None) -> int:
 
 
 def differing_fields(a: Config, b: Config) -> dict[str, tuple[object, object]]:
-    """Each config field (but the name) the two set apart: field -> (a's value, b's value); a field
+    """Each config field (but the name) the two set apart: field -> (a's value, b's value). A field
     of one family's config the other's has not (DeepSeek-V4's hc_mult, Kimi Linear's kda_layers) is
-    ONLY on the side without it."""
-    names = dict.fromkeys(f.name for config in (a, b) for f in dataclasses.fields(config))
-    values = {name: (getattr(a, name, ONLY), getattr(b, name, ONLY)) for name in names if name != "name"}
+    ONLY on the side without it. A field holding settings of its own (rope_scaling's YaRN, the
+    quantization) is compared setting by setting, `rope_scaling.factor`, under its kind."""
+    flat_a, flat_b = flattened(a), flattened(b)
+    values = {name: (flat_a.get(name, ONLY), flat_b.get(name, ONLY)) for name in merged(list(flat_a), list(flat_b))
+              if name != "name"}
     return {name: (x, y) for name, (x, y) in values.items() if x != y}
+
+
+def flattened(settings: object, prefix: str = "") -> dict[str, object]:
+    """A dataclass's fields by dotted name, those holding a dataclass as its kind (the class's
+    name) and each of its own fields."""
+    out: dict[str, object] = {}
+    for f in dataclasses.fields(settings):
+        value = getattr(settings, f.name)
+        if dataclasses.is_dataclass(value):
+            out[prefix + f.name] = Kind(type(value).__name__)
+            out.update(flattened(value, f"{prefix}{f.name}."))
+        else:
+            out[prefix + f.name] = value
+    return out
+
+
+class Kind(str):
+    """The kind of a field holding settings of its own (Yarn, Fp8), shown as its name."""
+
+    def __repr__(self) -> str:
+        return str(self)
 
 
 def shape(cat: catalog.Catalog, entry: dict, cfg: Config) -> str:
@@ -53,7 +76,8 @@ def read_fields(entry: dict, fields: dict[str, tuple[object, object]]) -> list[s
     """The differing fields the tensor's formula or explanation names."""
     text = entry["formula"] + " " + entry.get("explain", "")
     words = set(FIELD.findall(text))
-    return [f for f in fields if f in words or any(word in text for word in SAID_AS.get(f, ()))]
+    tops = dict.fromkeys(f.split(".")[0] for f in fields)  # rope_scaling for rope_scaling.factor
+    return [f for f in tops if f in words or any(word in text for word in SAID_AS.get(f, ()))]
 
 
 def merged(first: list[str], second: list[str]) -> list[str]:
@@ -68,19 +92,17 @@ def merged(first: list[str], second: list[str]) -> list[str]:
 
 
 def comparison(cat: catalog.Catalog, a: Config, b: Config, layers: tuple[int, int], attn: str,
-               everything: bool = False) -> Group:
+               everything: bool = False, width: int | None = None) -> Group:
     """The two layers' differences as a table (every tensor with `everything`), the differing
-    config fields above it."""
+    config fields above it, fitted to a terminal `width` wide (None: a pipe, every row on one line)."""
     fields = differing_fields(a, b)
     seq_a = {e["name"]: e for e in cat.layer_sequence(a, layers[0], attn)}
     seq_b = {e["name"]: e for e in cat.layer_sequence(b, layers[1], attn)}
     names_a, names_b = shown(a.name), shown(b.name)
     title = Text(f"{names_a} layer {layers[0]} vs {names_b} layer {layers[1]}, {attn} attention", style="bold")
-    config = Table("config field", names_a, names_b, title="fields that differ", title_justify="left")
-    for field, (x, y) in fields.items():
-        config.add_row(field, *(ONLY if v is ONLY else shown(repr(v)) for v in (x, y)))
-    table = Table("tensor", names_a, names_b, "what differs", title="tensors", title_justify="left")
-    same = 0
+    col_a, col_b = (names_a, names_b) if names_a != names_b else (f"{names_a} (A)", f"{names_b} (B)")
+    config = [{"config field": field, col_a: value(x), col_b: value(y)} for field, (x, y) in fields.items()]
+    rows, same = [], 0
     for name in merged(list(seq_a), list(seq_b)):
         entry = seq_a.get(name) or seq_b[name]
         left = shape(cat, entry, a) if name in seq_a else ONLY
@@ -92,11 +114,19 @@ def comparison(cat: catalog.Catalog, a: Config, b: Config, layers: tuple[int, in
             why = "; ".join(filter(None, ["shape" if left != right else "",
                                           f"formula reads {', '.join(reads)}" if reads else ""]))
         if why or everything:
-            table.add_row(Text(name, style="bold cyan"), left, right, why)
+            rows.append({"tensor": Text(name, style="bold cyan"), col_a: left, col_b: right, "what differs": why})
         else:
             same += 1
     footer = Text(f"{same} tensor(s) alike in both (same shape, no differing field in their formula)"
                   + ("" if everything else "; --all lists them"))
-    for column in (*config.columns, *table.columns):  # a narrow terminal folds a long name, never cuts it
-        column.overflow = "fold"
-    return Group(title, config, table, footer)
+    sides = ((col_a, "left"), (col_b, "left"))
+    return Group(title, fitted("fields that differ", (("config field", "left"), *sides), config, "config field", (),
+                               width),
+                 fitted("tensors", (("tensor", "left"), *sides, ("what differs", "left")), rows, "tensor",
+                        ("what differs",), width),
+                 footer)
+
+
+def value(v: object) -> str:
+    """A config value as the table shows it: ONLY as it is, anything else as Python writes it."""
+    return ONLY if v is ONLY else shown(repr(v))

@@ -86,8 +86,8 @@ def test_the_debuggers_set_nested_100000_deep_is_one_line_and_the_session_goes_o
     out = stepper("step", "--plain", "--break", "logits", stdin=f"c\nset = {DEEP_EXPRESSIONS['signs']}\nq\n")
     assert out.returncode == 0, out.stderr
     said = [line for line in out.stdout.splitlines() if "an expression is at most" in line]
-    assert said == [f"set layers.2.mlp.gate.logits = {'-' * 40}...: 100001 characters; an expression is at most {MAX_EXPR}"], \
-        out.stdout[-3000:]
+    expected = f"set layers.2.mlp.gate.logits = {'-' * 40}...: 100001 characters; an expression is at most {MAX_EXPR}"
+    assert said == [expected], out.stdout[-3000:]
 
 
 def test_nesting_within_the_bound_still_patches():

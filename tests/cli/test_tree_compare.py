@@ -1,6 +1,9 @@
 """`stepper tree --model A --compare B`: where two families' layers differ, from the catalogue and
 the two configs."""
 
+import re
+
+import pytest
 from helpers.cli import one_line, stepper
 from helpers.configs import family_preset
 from helpers.terminal import on_terminal
@@ -11,13 +14,19 @@ from stepper.views.compare import compared_layer, differing_fields, merged, read
 
 
 def rows(out: str) -> dict[str, str]:
-    """The tensors table's rows: name -> the rest of its line."""
+    """The tensors table's rows, as a pipe has them (a row a line, cells two spaces or more apart):
+    name -> the rest of its line."""
     found = {}
     for line in out.splitlines():
-        cells = [c.strip() for c in line.split("│")[1:-1]]
-        if len(cells) == 4 and cells[0] and ("." in cells[0] or cells[0].endswith("output")):
-            found[cells[0]] = " | ".join(cells[1:]).strip()
+        cells = re.split(r" {2,}", line.strip())
+        if len(cells) >= 3 and ("." in cells[0] or cells[0].endswith("output")) and cells[1][0] in "[—":
+            found[cells[0]] = " | ".join(cells[1:])
     return found
+
+
+def config_rows(out: str) -> dict[str, list[str]]:
+    """The config fields' rows: field -> its two values."""
+    return {cells[0]: cells[1:] for line in out.splitlines() if len(cells := re.split(r" {2,}", line.strip())) == 3}
 
 
 def test_the_tensors_one_family_has_and_the_other_lacks_and_the_formulas_that_change():
@@ -29,16 +38,25 @@ def test_the_tensors_one_family_has_and_the_other_lacks_and_the_formulas_that_ch
     assert table["mlp.gate.softmax_scores"].startswith("— | [N, 16] | only in tiny-mistral4")
     assert "formula reads router_bias" in table["mlp.gate.scores_for_choice"]
     assert "self_attn.kv_a" not in table  # alike in both: not listed
-    assert "scoring_func" in out.stdout and "'sigmoid'" in out.stdout and "'softmax'" in out.stdout
+    fields = config_rows(out.stdout)
+    assert fields["scoring_func"] == ["'sigmoid'", "'softmax'"]
+    assert fields["rope_scaling.factor"] == ["40.0", "8.0"] and "rope_scaling.beta_fast" not in fields  # alike
+    assert fields["query_scale"] == ["None", "QueryScale"] and fields["query_scale.beta"] == ["—", "0.1"]
+    listed = list(fields)
+    assert listed.index("query_scale") + 1 == listed.index("query_scale.beta")  # a setting under its field
 
 
-def test_at_80_columns_a_long_name_is_folded_never_cut():
-    """docs/usage.md: a wide table's cells wrap, none is dropped (self_attn.q_positio… was cut)."""
-    screen = on_terminal("tree", "--model", "tiny-v3", "--compare", "tiny-mistral4", "--layer", "1", "--plain",
-                         columns=80)
+@pytest.mark.parametrize("other", ["tiny-mistral4", "tiny-v4", "tiny-kimi-linear", "tiny-glm5"])
+def test_at_80_columns_no_word_is_cut_or_broken(other):
+    """docs/usage.md: on a terminal, lines break between words, none is dropped: each word on the
+    screen is a word of the piped output (tensor names, config fields and models were folded)."""
+    screen = on_terminal("tree", "--model", "tiny-v3", "--compare", other, "--plain", columns=80)
     assert screen.code == 0 and "…" not in screen.text
-    names = "".join(line.split("│")[1].strip() for line in screen.lines if line.count("│") == 5)
-    assert "self_attn.q_position_scale" in names and "mlp.gate.softmax_scores" in names
+    assert max(map(len, screen.lines)) <= 80
+    words = set(stepper("tree", "--model", "tiny-v3", "--compare", other, "--plain").stdout.split())
+    broken = [w for line in screen.lines for w in line.split() if w not in words]
+    assert not broken, broken
+    assert any(line.startswith("mlp.gate.scores_for_choice ") for line in screen.lines)
 
 
 def test_a_dense_family_against_a_moe_one_and_every_tensor_with_all():
@@ -47,7 +65,7 @@ def test_a_dense_family_against_a_moe_one_and_every_tensor_with_all():
     table = rows(out.stdout)
     assert table["mlp.gate_proj"].startswith("[B, T, 544] | — | only in tiny-youtu")
     assert table["mlp.post_mlp_layernorm"].startswith("— | [B, T, 320] | only in tiny-axk1")
-    assert table["self_attn.kv_a"] == "[B, T, 144] | [B, T, 144] |"  # alike: listed with --all
+    assert table["self_attn.kv_a"] == "[B, T, 144] | [B, T, 144]"  # alike: listed with --all
 
 
 def test_the_compared_layers_and_the_merged_order():
@@ -76,7 +94,7 @@ def test_families_with_configs_of_their_own_compare_their_fields_side_by_side():
     assert out.returncode == 0, out.stderr
     table = rows(out.stdout)
     assert table["mlp.gate.scores"].startswith("[N, 32] | [N, 16] |")
-    assert "│ kda_layers " in out.stdout and "│ (0, 1, 2) " in out.stdout
+    assert config_rows(out.stdout)["kda_layers"] == ["—", "(0, 1, 2)"]
     out = stepper("tree", "--model", "tiny-v4", "--compare", "tiny-v4-indexer", "--layer", "1", "--plain",
                   env={"COLUMNS": "200"})
     assert out.returncode == 0, out.stderr
@@ -90,5 +108,4 @@ def test_through_a_pipe_trees_and_tables_keep_every_line_whole():
     assert not [line for line in tree if line.endswith(" ")] and max(map(len, tree)) > 80
     assert any(line.endswith("the indexer's picks (CSA) or every visible one (HCA); -1 none") for line in tree)
     compared = stepper("tree", "--model", "tiny-v3", "--compare", "tiny-mistral4", "--plain").stdout
-    assert "Yarn(factor=40.0, original_max_position_embeddings=4096, beta_fast=32.0, beta_slow=1.0, mscale=1.0, " \
-           "mscale_all_dim=1.0)" in compared
+    assert "\nrope_scaling.factor                           40.0           8.0\n" in compared
