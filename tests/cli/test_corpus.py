@@ -34,6 +34,7 @@ from typer.testing import CliRunner
 
 from stepper.cli.main import app
 from stepper.config import Config
+from stepper.fixtures import aliases
 from stepper.weights.seeded import SyntheticWeights
 from stepper.weights.synth_checkpoint import synth_checkpoint
 
@@ -81,8 +82,10 @@ def measured(*args: str, traced: bool = False):
     (traced) the most it allocated, NumPy's arrays included; the test process's peak memory after
     it. A command reads each file it is given about once (fixtures verify: and hashes it), and
     hands out at most the tensors' bytes those files hold: a command that read or decoded them
-    over and over would fail."""
+    over and over would fail. stepper's own naming tables, read once a process whichever test reads
+    them first, are read before."""
     files = sum(size_of(Path(a)) for a in args if a.startswith("/"))
+    aliases.tables()
     with counted(traced=traced) as work:
         done = invoke(*args)
     assert done.exception is None or isinstance(done.exception, SystemExit), (args, done.exception)

@@ -2,7 +2,9 @@
 busier machine, a bound on work does not (and still fails on the bug it guards against).
 
 `counted()` measures, over its body: the bytes read with read() calls (/proc/self/io's rchar, the
-data of a memory-mapped file not included), the safetensors tensors handed out and their bytes
+data of a memory-mapped file not included, nor the modules Python imported meanwhile: a command run
+first in a process reads its modules' source or bytecode, however many other tests ran before it
+in the same worker), the safetensors tensors handed out and their bytes
 (SafetensorsFile.get), and, when asked, the Python lines run (sys.settrace) and the most
 allocated at once (tracemalloc, NumPy's arrays included).
 """
@@ -41,6 +43,21 @@ def bytes_read() -> tuple[int, int]:
     return int(fields[b"rchar"]), len(text)
 
 
+def imported_bytes(names: set[str]) -> int:
+    """The bytes Python read to import these modules: each one's cached bytecode where it is there
+    and no older than its source, else its source (an extension module is mapped, not read)."""
+    total = 0
+    for name in names:
+        spec = getattr(sys.modules.get(name), "__spec__", None)
+        origin = Path(spec.origin) if spec is not None and spec.origin and spec.origin.endswith(".py") else None
+        if origin is None or not origin.is_file():
+            continue
+        cached = Path(spec.cached) if spec.cached else None
+        fresh = cached is not None and cached.is_file() and cached.stat().st_mtime >= origin.stat().st_mtime
+        total += (cached if fresh else origin).stat().st_size
+    return total
+
+
 @contextmanager
 def counted(lines: bool = False, traced: bool = False) -> Iterator[Work]:
     work, get = Work(), SafetensorsFile.get
@@ -62,10 +79,11 @@ def counted(lines: bool = False, traced: bool = False) -> Iterator[Work]:
     if lines:
         sys.settrace(lambda frame, event, arg: line_tracer)
     start, own = bytes_read()
+    modules = set(sys.modules)
     try:
         yield work
     finally:
-        work.read = bytes_read()[0] - start - own
+        work.read = bytes_read()[0] - start - own - imported_bytes(set(sys.modules) - modules)
         if lines:
             sys.settrace(before_trace)
         SafetensorsFile.get = get
