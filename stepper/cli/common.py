@@ -5,7 +5,7 @@ several command groups take (--model, --seed, --plain), and the parsers of optio
 from __future__ import annotations
 
 import difflib
-import os
+import errno
 import re
 import sys
 from collections.abc import Iterator
@@ -14,6 +14,7 @@ from typing import Annotated
 
 import typer
 
+from stepper.cli import output
 from stepper.errors import StepperError
 from stepper.presets import PRESETS, V4_PRESETS
 from stepper.untrusted import shown
@@ -46,7 +47,8 @@ INTERRUPTED = 130  # the exit code of a run ended by Ctrl-C (128 + SIGINT)
 def user_errors() -> Iterator[None]:
     """A StepperError or running out of memory becomes one line on stderr and exit code 2, its
     control characters escaped (a list of problems keeps its lines); Ctrl-C exit code 130 (main
-    says "interrupted"); a closed pipe ends quietly."""
+    says "interrupted"); a closed pipe ends quietly, and output that cannot be written is one line
+    (cli.output)."""
     try:
         yield
     except StepperError as e:
@@ -58,8 +60,17 @@ def user_errors() -> Iterator[None]:
     except KeyboardInterrupt:
         raise typer.Exit(INTERRUPTED) from None
     except BrokenPipeError:  # the reader (e.g. `head`) went away
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        output.silence_stdout()
         raise typer.Exit(0) from None
+    except OSError as e:
+        if e.errno not in UNWRITABLE:
+            raise
+        output.silence_stdout()
+        sys.stderr.write(f"stepper: error: the output cannot be written: {e.strerror}\n")
+        raise typer.Exit(2) from None
+
+
+UNWRITABLE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO)  # a full disk or a device that takes no more
 
 
 NEGATIVE = re.compile(r"-(\d|\.\d)[\w.+-]*")

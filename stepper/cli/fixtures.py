@@ -13,6 +13,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from stepper.cli import output
 from stepper.cli.common import PRESET_NAMES, PlainOpt, one_prompt, parse_ids, parse_layers, url_option, user_errors
 from stepper.errors import StepperError
 from stepper.fixtures import aliases, show, verify
@@ -93,6 +94,7 @@ def export_command(
         spec = ExportSpec(model=model, layer=layer, layers=parse_layers(layers), ids=chosen,
                           prompt_len=7 if prompt_len is None else prompt_len, start_pos=start_pos,
                           decode=decode, attn=attn, seed=seed, weights_dtype=weights_dtype, index_scoring=index_scoring)
+        output.finish_files_when_the_reader_goes()
         export(spec, out, force=force, weights_dir=weights_dir, console=console_for(plain))
 
 

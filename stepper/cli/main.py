@@ -8,7 +8,7 @@ from typing import Annotated
 import numpy as np
 import typer
 
-from stepper.cli import bench, cache, checkpoint, diff, explain, run
+from stepper.cli import bench, cache, checkpoint, diff, explain, output, run
 from stepper.cli.common import INTERRUPTED, usage_message, user_errors
 from stepper.cli.fixtures import fixtures_app
 from stepper.cli.lessons import lesson_app
@@ -28,6 +28,7 @@ app = typer.Typer(
 def main() -> None:
     """Console entry point: usage errors become one line on stderr and exit code 2."""
     parallel.single_threaded_blas()  # stepper splits the big products across the cores itself
+    output.install()  # a closed pipe ends the printing, not the files a command writes
     try:
         with np.errstate(all="ignore"):  # what NaN or inf a run makes is in its figures (its first NaN named)
             code = app(prog_name="stepper", standalone_mode=False)

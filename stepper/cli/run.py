@@ -14,6 +14,7 @@ import typer
 from rich.console import CONSOLE_HTML_FORMAT, Console
 
 from stepper import untrusted
+from stepper.cli import output
 from stepper.cli.common import ModelOpt, PlainOpt, SeedOpt, one_prompt, parse_ids, parse_layers, user_errors
 from stepper.cli.names import check_pictures, drawable, only_filter
 from stepper.errors import StepperError
@@ -278,6 +279,7 @@ def run_command(
         asked = parse_chunk(chunk, bool(patch), bool(pictures))
         if dump is not None:
             check_writable(dump, force)
+            output.finish_files_when_the_reader_goes()
 
         def kept_by(plan: Plan, names: list[str]) -> list[str]:
             keep = only_filter(only or [], names, lambda _: None)
