@@ -1,8 +1,8 @@
 """DeepSeek-V4's attention for one query, as a picture: what of the context it sees.
 
 A query at position p sees the last `sliding_window` tokens (its own included) and compressed
-entries: entry w pools the tokens of window w (positions w*m .. w*m + m - 1; at m = 4 also the
-first halves of window w - 1's) and is visible iff w < (p+1)//m. An HCA layer (m = 128) attends
+entries: entry w pools the tokens of window w (positions w*m .. w*m + m - 1; a CSA entry also
+those of window w - 1, in the first half of its channels) and is visible iff w < (p+1)//m. An HCA layer (m = 128) attends
 every visible entry; a CSA layer (m = 4) only those its indexer kept. The picture draws the
 positions 0..p left to right, each cell marked by the best way the query reaches it (in the
 window, through a kept entry, through an entry the indexer dropped, not yet pooled), the entries
@@ -35,16 +35,20 @@ MARKS = (EMPTY, DROPPED, KEPT, WINDOW)  # 0 not pooled yet, 1 dropped entry, 2 k
 STYLES = (DIM, "red", "bold", "bold cyan")
 
 
-def reach(position: int, sliding_window: int, ratio: int, chosen: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def reach(position: int, sliding_window: int, ratio: int, chosen: np.ndarray,
+          overlap: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """How the query at `position` reaches each position 0..p (MARKS' index) and each entry made
-    so far (2 kept, 1 visible but dropped).  chosen [K] (-1: none) -> [p + 1], [(p+1)//m]"""
+    so far (2 kept, 1 visible but dropped). With `overlap` (CSA), entry w also reads window w - 1,
+    so a window is reached through its own entry or the next one, the better of the two.
+    chosen [K] (-1: none) -> [p + 1], [(p+1)//m]"""
     visible = (position + 1) // ratio if ratio else 0
     entries = np.ones(visible, np.int64)  # every visible entry: dropped unless chosen
     kept = chosen[(chosen >= 0) & (chosen < visible)]
     entries[kept] = 2
     tokens = np.zeros(position + 1, np.int64)
     if ratio:
-        tokens[: visible * ratio] = np.repeat(entries, ratio)
+        windows = np.maximum(entries, np.append(entries[1:], 0)) if overlap else entries
+        tokens[: visible * ratio] = np.repeat(windows, ratio)
     tokens[max(position - sliding_window + 1, 0):] = 3
     return tokens, entries
 
@@ -58,7 +62,7 @@ def compressed_attention_map(position: int, sliding_window: int, ratio: int, cho
     if position < 0 or sliding_window < 1 or ratio < 0:
         raise ValueError(f"need a position >= 0, a window >= 1 and a ratio >= 0, got {position}, "
                          f"{sliding_window} and {ratio}")
-    tokens, entries = reach(position, sliding_window, ratio, chosen)
+    tokens, entries = reach(position, sliding_window, ratio, chosen, overlap=indexer)
     return Picture(lambda width: heading(title) + draw(position, sliding_window, ratio, tokens, entries, indexer,
                                                        width))
 
@@ -105,8 +109,10 @@ def draw(position: int, sliding_window: int, ratio: int, tokens: np.ndarray, ent
         out.append(line(("entries".ljust(margin - 1) + " ", DIM), *entry_cells))
         if entry_block > 1:
             out.append(line(f"{'':{margin}}({entry_block} entries a cell; ░▒▓ the share of them kept: ≤¼ ≤½ ≤¾)"))
-    dropped = ((DROPPED, "red"), " through an entry the indexer dropped  ") if indexer else ()
-    out.append(line((WINDOW, "bold cyan"), " window  ", (KEPT, "bold"), " through a kept entry  ", *dropped,
+    dropped = ((DROPPED, "red"), " read only by entries the indexer dropped  ") if indexer else ()
+    through = " read by a kept entry (a CSA entry reads its window and the one before)  " if indexer else (
+        " through a kept entry  ")
+    out.append(line((WINDOW, "bold cyan"), " window  ", (KEPT, "bold"), through, *dropped,
                     (EMPTY, DIM), " not pooled yet", wrap=True))
     sees = (f"{counted(window + kept, 'key')}: the window's {counted(window, 'token')} "
             f"(positions {position - window + 1:,}..{position:,})")

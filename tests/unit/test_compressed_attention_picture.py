@@ -21,13 +21,19 @@ def strip_of(text: str, label: str) -> str:
 
 
 def test_csa_query_by_hand():
-    # p = 13, m = 4: (13+1)//4 = 3 entries visible (tokens 0..11); the indexer kept 0 and 2; window 4: 10..13
+    # p = 13, m = 4: (13+1)//4 = 3 entries visible (tokens 0..11); the indexer kept 0 and 2; window 4: 10..13.
+    # A CSA entry w reads windows w - 1 and w: dropped entry 1's tokens 4..7 are read by kept entry 2
     text = render(compressed_attention_map(13, 4, 4, np.array([2, 0, -1]), indexer=True))
-    assert strip_of(text, "positions") == "████××××██WWWW"
+    assert strip_of(text, "positions") == "██████████WWWW"
     assert strip_of(text, "entries") == "█×█"
+    assert "read by a kept entry (a CSA entry reads its window and the one before)" in " ".join(text.split())
     flat = " ".join(text.split())
     assert ("6 keys: the window's 4 tokens (positions 10..13) + 2 of the 3 visible entries ((p+1)//m = (13+1)//4)"
             in flat)
+    text = render(compressed_attention_map(13, 4, 4, np.array([1, -1]), indexer=True))  # kept 1: reads 0..7
+    assert strip_of(text, "positions") == "████████××WWWW" and strip_of(text, "entries") == "×█×"
+    tokens, _ = reach(13, 4, 4, np.array([1, -1]))  # without overlap (HCA's way) only entry 1's own window
+    assert "".join(map(str, tokens[:10])) == "1111222211"
 
 
 def test_hca_pending_tokens_and_sliding_layers():
@@ -59,4 +65,4 @@ def test_a_layer_without_an_indexer_is_named_hca_and_has_no_dropped_entries():
     text = " ".join(render(compressed_attention_map(40, 8, 16, np.array([0, 1]))).split())
     assert "query at position 40 · HCA (m = 16)" in text and "dropped" not in text
     text = " ".join(render(compressed_attention_map(40, 8, 16, np.array([0, -1]), indexer=True)).split())
-    assert "CSA (m = 16, indexer)" in text and "× through an entry the indexer dropped" in text
+    assert "CSA (m = 16, indexer)" in text and "× read only by entries the indexer dropped" in text
