@@ -2,8 +2,8 @@
 
 A query at position p sees the last `sliding_window` tokens (its own included) and compressed
 entries: entry w pools the tokens of window w (positions w*m .. w*m + m - 1; a CSA entry also
-those of window w - 1, in the first half of its channels) and is visible iff w < (p+1)//m. An HCA layer (m = 128) attends
-every visible entry; a CSA layer (m = 4) only those its indexer kept. The picture draws the
+those of window w - 1, in the first half of its channels) and is visible iff w < (p+1)//m. An HCA
+layer (m = 128) attends every visible entry; a CSA layer (m = 4) only those its indexer kept. The picture draws the
 positions 0..p left to right, each cell marked by the best way the query reaches it (in the
 window, through a kept entry, through an entry the indexer dropped, not yet pooled), the entries
 strip below it, and, given a head's weights, how its probability splits between the window, the

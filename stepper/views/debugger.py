@@ -79,6 +79,15 @@ def print_help_line(console: Console, text: str = HELP.format(pictures=PICTURE_W
     console.print(wrap_fields(items, line_width(console), "", "", sep=" · "), soft_wrap=True)
 
 
+def crumb(key: str) -> str:
+    """A tensor's last breadcrumb, its name inside its block: `k_pe` for self_attn.k_pe, and
+    `indexer.chosen` for attn.indexer.chosen, apart from attn.chosen (LongCat's subN. left out)."""
+    parts = key.split(".")
+    if parts[0].startswith("sub") and parts[0][3:].isdigit():
+        parts = parts[1:]
+    return ".".join(parts[1:]) or parts[0]
+
+
 class Quit(Exception):
     """Raised through the model run to end it early."""
 
@@ -223,7 +232,7 @@ class Debugger:
         block = block_title(self.cfg, event.layer, entry["block"]) if entry else None
         if block and block != parts[-1]:
             parts.append(block)
-        parts.append(event.key if block == BLOCKS["router"] else event.key.rpartition(".")[2])
+        parts.append(event.key if block == BLOCKS["router"] else crumb(event.key))
         return " › ".join(parts)
 
     # -- commands ----------------------------------------------------------------------------
@@ -556,10 +565,13 @@ class Debugger:
 
     def where_tree(self) -> Tree:
         event = self.current
-        if event is None or event.layer is None:
+        if event is None or event.layer is None:  # the model's own tensors (embed, rope, norm, logits) seen so far
             tree = Tree("model")
             for e in self.history.values():
-                tree.add(Text(f"✓ {e.name}", style="dim"))
+                if e is event:
+                    tree.add(Text(f"▶ {e.name}", style="bold yellow"))
+                elif e.layer is None and (event is None or e.phase == event.phase):
+                    tree.add(Text(f"✓ {e.name}", style="green"))
             return tree
         seen = {e.key for e in self.history.values() if e.layer == event.layer and e.phase == event.phase}
         kind = layer_kind(self.cfg, event.layer)

@@ -258,3 +258,17 @@ def test_a_tensor_with_no_finite_value_says_so_beside_its_counts():
     out = step("--until", "layers.0.self_attn.attn_weights", commands="set attn_weights = 1e400\nq\n").stdout
     assert "    no finite values  nan 0  inf 196" in [line.rstrip() for line in out.splitlines()]
     assert "min nan" not in out
+
+
+def test_breadcrumbs_keep_the_module_that_tells_two_tensors_apart():
+    from stepper.views.debugger import crumb
+
+    assert [crumb(k) for k in ("self_attn.k_pe", "attn.indexer.chosen", "attn.chosen", "attn.indexer.compressor.kv",
+                               "ffn.shared_experts.clamp_counts", "sub1.self_attn.q", "embed")] == \
+        ["k_pe", "indexer.chosen", "chosen", "indexer.compressor.kv", "shared_experts.clamp_counts", "q", "embed"]
+
+
+def test_where_at_a_model_tensor_marks_it_current_and_lists_only_the_models_own():
+    out = step(commands="w\nn\nw\nq\n")
+    assert out.returncode == 0, out.stderr
+    assert "└── ▶ embed" in out.stdout and "├── ✓ embed\n└── ▶ rope_cos" in out.stdout
