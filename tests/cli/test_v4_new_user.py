@@ -121,7 +121,11 @@ def test_explain_of_another_familys_tensor_names_the_model_to_give():
         "no tensor named 'layers.1.self_attn.k_pe' in this model's catalogue: it is a tensor of tiny's family "
         "(give --model tiny)")
     assert refused(stepper("explain", "q_pe", "--model", "tiny-v4")) == (  # a short name too: it said none had it
-        "no tensor named 'q_pe' in this model's catalogue: it is a tensor of tiny's family (give --model tiny)")
+        "no tensor named 'q_pe' in this model's catalogue: it is a tensor of tiny's family (give --model tiny); "
+        "this model's nearest: q_rope")
+    assert refused(stepper("explain", "attn_scores", "--model", "tiny-v4")).endswith(  # V4's own near name
+        "it is a tensor of tiny's family (give --model tiny); this model's nearest: attn.scores, attn_streams, "
+        "gate.scores")
     assert refused(stepper("explain", "nosuch", "--model", "tiny-v4")) == (
         "no tensor named 'nosuch' in the catalogue (stepper tree lists them)")
     assert stepper("explain", "attn.chosen", "--model", "tiny-v4").stdout.startswith("attn.chosen\n")
