@@ -157,9 +157,12 @@ class Catalog:
         it for this config (MiniCPM3's embed_scaled after embed: model.transformer.global_names)."""
         return derive.global_names(cfg, keys)
 
-    def expected_size(self, symbol: str, cfg: Config) -> int | None:
-        """The size a config gives a dimension symbol, or None for runtime dims and unset fields."""
+    def expected_size(self, symbol: str, cfg: Config, layer: int | None = None) -> int | None:
+        """The size a config gives a dimension symbol (or, given a layer, one the layer's own
+        settings give: DeepSeek-V4's window of m tokens), or None for runtime dims and unset fields."""
         expr = self.raw["dims"][symbol]["size"]
+        if expr == RUNTIME and layer is not None and hasattr(cfg, "layer_sizes"):
+            return cfg.layer_sizes(layer).get(symbol)
         if expr == RUNTIME or any(getattr(cfg, f, None) is None for f in re.findall(r"[a-z_]+", expr)):
             return None  # runtime, or a size of another family (the indexer's, or KDA's, for a config without one)
         return evaluate_size(expr, cfg)

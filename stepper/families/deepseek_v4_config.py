@@ -97,6 +97,15 @@ class V4Config:
         ratio = self.compress_ratio(layer)
         return "sliding" if ratio == SLIDING else "csa" if ratio == CSA else "hca"
 
+    def layer_sizes(self, layer: int) -> dict[str, int]:
+        """The catalogue's dims whose size the layer's compress ratio sets (runtime for the model as
+        a whole): m, a window's slots and the compressor's channels, CSA's doubled by its overlap."""
+        ratio = self.compress_ratio(layer)
+        if ratio == SLIDING:
+            return {}
+        doubled = 2 if self.layer_kind(layer) == "csa" else 1
+        return {"m": ratio, "slots": doubled * ratio, "c": doubled * self.head_dim}
+
     def is_hash_layer(self, layer: int) -> bool:
         """Whether the layer takes its experts from tid2eid[token_id] rather than from its scores."""
         return layer < self.num_hash_layers

@@ -67,8 +67,8 @@ class Kind(str):
         return str(self)
 
 
-def shape(cat: catalog.Catalog, entry: dict, cfg: Config) -> str:
-    sizes = [d if (size := cat.expected_size(d, cfg)) is None else str(size) for d in entry["dims"]]
+def shape(cat: catalog.Catalog, entry: dict, cfg: Config, layer: int) -> str:
+    sizes = [d if (size := cat.expected_size(d, cfg, layer)) is None else str(size) for d in entry["dims"]]
     return "[" + ", ".join(sizes) + "]"
 
 
@@ -105,8 +105,8 @@ def comparison(cat: catalog.Catalog, a: Config, b: Config, layers: tuple[int, in
     rows, same = [], 0
     for name in merged(list(seq_a), list(seq_b)):
         entry = seq_a.get(name) or seq_b[name]
-        left = shape(cat, entry, a) if name in seq_a else ONLY
-        right = shape(cat, entry, b) if name in seq_b else ONLY
+        left = shape(cat, entry, a, layers[0]) if name in seq_a else ONLY
+        right = shape(cat, entry, b, layers[1]) if name in seq_b else ONLY
         if ONLY in (left, right):
             why = f"only in {names_a if name in seq_a else names_b}: {entry['description'].split(':')[0]}"
         else:

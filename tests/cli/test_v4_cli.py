@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from helpers.cli import stepper
 
+from stepper import catalog
 from stepper.weights.checkpoint import INDEX
 from stepper.weights.published_store import safetensors_dtype
 from stepper.weights.safetensors_reader import SafetensorsFile
@@ -171,6 +172,15 @@ def test_tree_lists_each_layer_kind_in_the_order_a_run_emits():
                         "tiny-v4: layer 3 (CSA: compressed, indexer, score-routed)"]
     assert "(not in the catalogue)" not in done.stdout
     assert "hc_attn.comb  [B, T, 4 residual streams, 4 residual streams]" in done.stdout
+    # the sizes a layer's ratio sets, CSA's doubled by its overlap, are those its tensors had in the run
+    assert "attn.compressor.kv  [B, T, 64 compressor channels" in done.stdout  # layer 1, CSA
+    assert "attn.compressor.kv  [B, T, 32 compressor channels" in done.stdout  # layer 2, HCA
+    cat = catalog.load()
+    for event in (e for e in recorder.events if e.layer is not None):
+        for dim, size in zip(cat.entry(event.key)["dims"], event.array.shape, strict=True):
+            assert cat.expected_size(dim, cfg, event.layer) in (None, size), (event.name, dim)
+    assert {cat.expected_size(d, cfg, 1) for d in ("m", "slots", "c")} == {4, 8, 64}
+    assert [cat.expected_size(d, cfg, 2) for d in ("m", "slots", "c")] == [16, 16, 32]
 
 
 def test_explain_a_v4_tensor_and_an_unknown_name():
