@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import importlib
 import sys
 from typing import Annotated
 
@@ -16,6 +18,19 @@ from stepper.kernels import parallel
 from stepper.untrusted import shown
 from stepper.version import __version__
 
+def whole_names_in_help() -> None:
+    """click wraps --help text after any hyphen (`tiny-kimi-` / `linear`, `--allow-` / `missing`):
+    a name copied off the screen must be whole, so its wrapper breaks lines at spaces only. (click
+    is typer's own copy from typer 0.20, a package of its own before.)"""
+    for module in ("typer._click._textwrap", "click._textwrap"):
+        try:
+            wrapper = importlib.import_module(module).TextWrapper
+        except ImportError:
+            continue
+        wrapper.__init__ = functools.partialmethod(wrapper.__init__, break_on_hyphens=False)
+
+
+whole_names_in_help()
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,

@@ -186,11 +186,20 @@ def test_every_attn_option_shows_the_paths_it_takes():
 def test_model_help_lists_every_preset_the_commands_take(command):
     from stepper.presets import PRESETS, V4_PRESETS
 
-    helped = stepper(*command, "--help")
+    helped = stepper(*command, "--help", env={"COLUMNS": "80"})
     assert helped.returncode == 0, helped.stderr
-    joined = " ".join(re.sub(r"-\n\s+", "-", helped.stdout).split())  # names broken at a hyphen joined again
+    joined = " ".join(helped.stdout.split())
     listed = re.search(r"Preset \(([^)]*)\)", joined).group(1).split(", ")
     assert listed == [*PRESETS, *V4_PRESETS] and "tiny-v4" in listed
+
+
+@pytest.mark.parametrize("command", [["run"], ["step"], ["explain"], ["tree"], ["fixtures", "export"], ["fixtures",
+                                     "verify"], ["lesson", "watch"], ["lesson", "start"], ["diff"], ["inspect"]])
+def test_help_breaks_no_name_after_a_hyphen(command):
+    """click broke lines after any hyphen: `tiny-kimi-` / `linear`, `--allow-` / `missing`."""
+    helped = stepper(*command, "--help", env={"COLUMNS": "80"})
+    assert helped.returncode == 0 and max(map(len, helped.stdout.splitlines())) <= 80
+    assert not re.search(r"\w-\n", helped.stdout), helped.stdout
 
 
 def test_help_imports_no_number_formats_and_no_reference_libraries():
