@@ -184,7 +184,7 @@ def test_everything_fits_the_terminal_width(columns):
     text = "\n".join(shown)
     for field in ("nan 0", "inf 0", "h history", "s show attention|routing|hist|scales [NAME]",
                   "T=1 position,",
-                  "picks listed in rank order" if columns == 160 else "picks"):
+                  "picks in the router's order" if columns == 160 else "picks"):
         assert field in text, field
     name = next(i for i,
                 line in enumerate(shown) if line.startswith("decode0.layers.1.self_attn.q_pe_rope  [B=1 batch,"))
