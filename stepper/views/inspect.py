@@ -655,6 +655,8 @@ def footer(matched: list[Tensor], total: int, stats: bool, problems: int) -> str
                    "first) shown as the [out, in] they hold, with their F8_E8M0 scales (one per 32 inputs)")
     if problems:
         out.append(f"{problems} problem{'s' if problems != 1 else ''} (listed below)")
+    if not stats:
+        out.append("the weights' values not read: --stats reads them and names any NaN or infinity")
     return " · ".join(out)
 
 

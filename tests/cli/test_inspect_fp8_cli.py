@@ -93,6 +93,7 @@ def test_inspect_lists_each_layer_with_fp8_scale_grids_and_folded_experts(ckpt):
             and f"{fp8_weights} scale tensors shown in their F8_E4M3 weight's row" in footer)
     assert f"BF16 {sum(d == 'BF16' for d, _ in infos.values())} (" in footer
     assert f"F32 {sum(d == 'F32' for d, _ in infos.values())} (" in footer
+    assert footer.endswith("the weights' values not read: --stats reads them and names any NaN or infinity")
 
 
 def test_inspect_experts_option_shows_every_expert(ckpt):
