@@ -7,13 +7,23 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from stepper import catalog
 from stepper.cli.common import ModelOpt, PlainOpt, user_errors
 from stepper.errors import StepperError
 from stepper.session import check_layer, load_model
 from stepper.views.compare import compared_layer, comparison
-from stepper.views.explain import also_named, elsewhere_note, emitted_by, explain_text, layer_parameter, not_found
+from stepper.views.explain import (
+    also_named,
+    elsewhere_note,
+    emitted_by,
+    explain_text,
+    layer_parameter,
+    names,
+    not_found,
+)
+from stepper.views.implementation_names import Named, implementation_names
 from stepper.views.sinks import line_width, print_fitted, print_whole, styles
 from stepper.views.tree import layer_kind, layer_tree
 
@@ -36,11 +46,17 @@ def explain_command(
             check_layer(int(layer[1]), cfg, f"{name}: layer")
         cat = catalog.around(cfg)
         parameter = layer_parameter(cat, cfg, name)
-        entries = cat.consumers(parameter, known=True) if parameter else cat.find(name)
-        if not entries:
+        named = [] if parameter or names(cat, catalog.key_of(name)) else implementation_names(name, cfg.model_type)
+        entries = (cat.consumers(parameter, known=True) if parameter else named_entries(cat, named) if named
+                   else cat.find(name))
+        if not entries and not named:
             raise StepperError(not_found(cat, name))
         entries = emitted_by(cat, entries, cfg, name)
         console = Console(**styles(plain), highlight=False, markup=False, soft_wrap=True)
+        for one in named:  # another implementation's name: which of stepper's tensors it holds
+            print_fitted(console, Text(one.note(), style="bold"))
+        if named:
+            console.print()
         for entry in entries:  # a terminal's lines broken at spaces, a pipe's kept whole
             print_fitted(console, explain_text(cat, entry, cfg))
             console.print()
@@ -48,6 +64,12 @@ def explain_command(
             print_fitted(console, also)
         if elsewhere := elsewhere_note(cat, entries, cfg):
             print_fitted(console, elsewhere)
+
+
+def named_entries(cat: catalog.Catalog, named: list[Named]) -> list[dict]:
+    """The catalogue entries of the tensors other implementations' names hold, each once."""
+    tensors = dict.fromkeys(n.alias.tensor for n in named if n.alias.tensor)
+    return [entry for tensor in tensors if (entry := cat.entry(tensor)) is not None]
 
 
 def tree_command(

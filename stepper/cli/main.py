@@ -18,6 +18,7 @@ from stepper.kernels import parallel
 from stepper.untrusted import shown
 from stepper.version import __version__
 
+
 def whole_names_in_help() -> None:
     """click wraps --help text after any hyphen (`tiny-kimi-` / `linear`, `--allow-` / `missing`):
     a name copied off the screen must be whole, so its wrapper breaks lines at spaces only. (click

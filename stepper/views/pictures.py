@@ -541,8 +541,8 @@ def load_rows(load: np.ndarray, size: int, margin: int) -> list[Text]:
 def routing_legend(top: float, size: int, k: int) -> Text:
     if size == 1:
         return line((EMPTY, DIM), (" not chosen  ", ""), *legend_shades(),
-                    (f" of the largest weight ({number(top)}); picks in the router's order, by choice score "
-                     "(a bias in it can put a smaller weight first)", ""), wrap=True)
+                    ((f" of the largest weight ({number(top)}); picks in the router's order, by choice score "
+                      "(a bias in it can put a smaller weight first)"), ""), wrap=True)
     return line((EMPTY, DIM), (f" none of the token's {k} experts in the bin  ", ""),
                 (f"1..{k}", heat(1.0)), (" how many are", ""), wrap=True)
 

@@ -130,3 +130,23 @@ def test_an_entry_the_model_never_emits_says_which_model_does():
         "tiny-kimi-linear gives its sizes)")
     assert "does not emit" not in stepper("explain", "state", "--model", "tiny-kimi-linear", "--plain").stdout
     assert "does not emit" not in stepper("explain", "k_pe", "--plain").stdout
+
+
+def test_the_names_fixtures_verify_prints_are_explained_as_the_tensors_they_hold():
+    """Another implementation's name as verify prints it (#n a variable's n-th value, {i} the layer,
+    a step's prefix): which of stepper's tensors it holds, from the naming tables; one without its
+    #n stands for each of its values."""
+    cases = {"layers.1.attn.kv#2": ["self_attn.compressed_kv"], "prefill.layers.1.attn.kv#3": ["self_attn.kv"],
+             "q_pe#2": ["self_attn.q_pe_rope"], "kv_cmpr-1": ["self_attn.compressed_kv", "self_attn.compressed_kv_norm"],
+             "model.layers.1.mlp.gate[0]": ["mlp.gate.logits"],
+             "attn.kv": ["self_attn.kv_a", "self_attn.compressed_kv", "self_attn.kv"]}
+    for query, tensors in cases.items():
+        out = stepper("explain", query, "--plain")
+        assert out.returncode == 0, (query, out.stderr)
+        notes = [line for line in out.stdout.splitlines() if line.startswith(query + " is ")]
+        assert [note.rsplit(": ", 1)[1] for note in notes] == tensors if query != "attn.kv" else \
+            sorted({note.rsplit(": ", 1)[1] for note in notes}) == sorted(tensors), (query, notes)
+        headings = [line for line in out.stdout.splitlines() if line in tensors]
+        assert headings == list(dict.fromkeys(tensors)), (query, headings)
+    assert "is inference's layers.{i}.attn.kv#2 (inference/model.py:" in stepper("explain", "attn.kv#2").stdout
+    assert " is " not in stepper("explain", "kv", "--plain").stdout.splitlines()[0]  # stepper's own name first
