@@ -284,7 +284,8 @@ def test_one_unknown_extra_tensor_leaves_a_dump_read_by_stepper_names(basic, tmp
                                            "with one of yours, so map only one of them")),
     (["{candidate}", "--map", "{typo}"], ("--map: 'prefill.layers.0.self_attn.qa_typo' is no tensor name of fixture "
                                           "tiny-prefill-decode nor of stepper's catalogue")),
-    (["{candidate}", "--rtol", "-1"], "--rtol must be a number >= 0"),
+    (["{candidate}", "--rtol", "-1"], "--rtol must be a finite number >= 0, got -1.0"),
+    (["{candidate}", "--atol", "inf"], "--atol must be a finite number >= 0, got inf"),  # it passed every tensor
     (["{candidate}", "--names", "vllm"], "--names must be one of transformers, inference, llama.cpp or canonical"),
 ])
 def test_verify_bad_input_exits_2(basic, tmp_path, args, message):
