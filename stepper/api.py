@@ -36,7 +36,7 @@ from __future__ import annotations
 import difflib
 import inspect
 import numbers
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence, Sized
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -112,7 +112,7 @@ def run(model: str | Path | None = None, *, ids: Sequence[int] | None = None, pr
         layers=_layers(layers),
         ids=_ids(ids, prompt_len), prompt_len=7 if prompt_len is None else _count("prompt_len", prompt_len, 1),
         start_pos=_count("start_pos", start_pos), decode=_count("decode", decode), seed=_count("seed", seed),
-        input=None if input is None else Path(_path_or_name("input", input)),
+        input=None if input is None else Path(_path_or_name("input", input, INPUT_EXPECTED)),
         attn=check_choice("attn=", attn, ATTN_CHOICES), weight_cache_mb=_count("weight_cache_mb", weight_cache_mb),
         index_scoring=check_choice("index_scoring=", index_scoring, INDEX_SCORING_CHOICES),
         cache_len=_count("cache_len", cache_len),
@@ -233,7 +233,7 @@ class Run(Mapping):
         DeepSeek-V4's "hc" of an hc_attn.comb or hc_ffn.comb and "reach" of an attn.chosen; Kimi
         Linear's "state" of a KDA layer's self_attn.state (`pictures()`: those this run's tensors draw)."""
         if kind not in PICTURES:
-            raise StepperError(f"picture: kind expects one of {', '.join(PICTURES)}, got {kind!r}")
+            raise StepperError(f"picture: kind expects one of {', '.join(PICTURES)}, got {_given(kind)}")
         event = self.event(name)
         if PICTURES[kind] and event.key not in PICTURES[kind]:
             raise StepperError(f"picture: {kind} draws a {' or a '.join(PICTURES[kind])}, and {event.name} is not one "
@@ -309,7 +309,7 @@ def _side(which: str, side: Any) -> tuple[dict[str, np.ndarray], str]:
                     if not (isinstance(k, str) and isinstance(v, (np.ndarray, LazyTensor)))), None)
         if bad is None:
             return dict(side), f"{len(side)} tensors"
-        raise StepperError(f"diff: {which} is a dict of name -> array, but its {bad[0]!r} is "
+        raise StepperError(f"diff: {which} is a dict of name -> array, but its {_given(bad[0])} is "
                            f"{type(bad[1]).__name__}, not a NumPy array")
     raise StepperError(f"diff: {which} must be a stepper.Run, a dict of name -> NumPy array, a --dump file or a "
                        f"fixture folder, got {type(side).__name__}")
@@ -342,7 +342,7 @@ def _count(name: str, value: Any, minimum: int = 0, none: bool = False) -> Any:
     if value is None and none:
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise StepperError(f"{name}= expects an integer >= {minimum}{' or None' if none else ''}, got {value!r}")
+        raise StepperError(f"{name}= expects an integer >= {minimum}{' or None' if none else ''}, got {_given(value)}")
     return int(value)
 
 
@@ -379,7 +379,7 @@ def _model_of(model: Any, weights: Any) -> Any:
     if model is None:
         return name or "tiny"
     if name is not None and isinstance(model, str) and model in PRESETS and model != name:
-        raise StepperError(f"model={model!r} with weights= of {name}: the weights' model is what runs; "
+        raise StepperError(f"model={_given(model)} with weights= of {name}: the weights' model is what runs; "
                            f"give model={name!r} or leave model= out")
     return model
 
@@ -397,11 +397,12 @@ def _layers(layers: Any) -> tuple[int, int | None] | None:
             layers[1] is None or isinstance(layers[1], numbers.Integral)):
         chosen = int(layers[0]), None if layers[1] is None else int(layers[1])
     if chosen is None:
-        raise StepperError(f"layers= expects (A, B) or 'A:B' (layers A to B-1), got {layers!r}")
+        raise StepperError(f"layers= expects (A, B) or 'A:B' (layers A to B-1), got {_given(layers)}")
     start, end = chosen
     if end is not None and end <= start:  # as the command line says it
-        raise StepperError(f"layers={layers!r} is {'reversed' if end < start else 'empty'}: (A, B) runs layers A to "
-                           f"B-1, so A comes first and B past it (layers=({start}, {start + 1}) for layer {start})")
+        raise StepperError(f"layers={_given(layers)} is {'reversed' if end < start else 'empty'}: (A, B) runs "
+                           f"layers A to B-1, so A comes first and B past it (layers=({start}, {start + 1}) for "
+                           f"layer {start})")
     return chosen
 
 
@@ -410,7 +411,8 @@ def _chunk(chunk: Any) -> int | None:
     if isinstance(chunk, str) and chunk == "auto":
         return None
     if isinstance(chunk, bool) or not isinstance(chunk, numbers.Integral) or chunk < 0:
-        raise StepperError(f"chunk= expects an integer >= 0 (0: the whole prompt at once) or 'auto', got {chunk!r}")
+        raise StepperError("chunk= expects an integer >= 0 (0: the whole prompt at once) or 'auto', "
+                           f"got {_given(chunk)}")
     return int(chunk)
 
 
@@ -420,7 +422,7 @@ def _globs(name: str, value: Any) -> list[str] | Callable[[str], bool] | None:
     globs = [value] if isinstance(value, str) else value
     if not isinstance(globs, (list, tuple)) or not globs or not all(isinstance(g, str) and g for g in globs):
         raise StepperError(f"{name}= expects a glob, a list of globs or a function of the name, e.g. '*compressed_kv' "
-                           f"or lambda name: 'attn' in name, got {value!r}")
+                           f"or lambda name: 'attn' in name, got {_given(value)}")
     return list(globs)
 
 
@@ -442,7 +444,24 @@ def _short(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def _path_or_name(name: str, value: Any) -> str | Path:
+INPUT_EXPECTED = "the path of a safetensors file holding the layer's input (a --dump, say)"
+
+
+def _given(value: Any, limit: int = 60) -> str:
+    """What was given to an argument, for its error: its repr when short, else its type (an array's
+    shape and dtype, another object's shape or length), never a whole array."""
+    if isinstance(value, np.ndarray):
+        return f"a numpy.ndarray of shape {value.shape} ({value.dtype})"
+    text = repr(value)
+    if len(text) <= limit and "array(" not in text:
+        return text
+    shape = getattr(value, "shape", None)
+    size = (f" of shape {tuple(shape)}" if isinstance(shape, Sequence) else
+            f" of length {len(value)}" if isinstance(value, Sized) else "")
+    return f"a {type(value).__name__}{size}"
+
+
+def _path_or_name(name: str, value: Any, expected: str = "a name or a path") -> str | Path:
     if not isinstance(value, (str, Path)) or not str(value):
-        raise StepperError(f"{name}= expects a name or a path, got {value!r}")
+        raise StepperError(f"{name}= expects {expected}, got {_given(value)}")
     return value

@@ -88,8 +88,9 @@ def side(which: str, text: str) -> tuple[dict[str, np.ndarray], str]:
 
 
 def run_options(which: str, text: str) -> dict:
-    """The options of `stepper run`, parsed as that command parses them."""
-    app = typer.Typer(add_completion=False)
+    """The options of `stepper run`, parsed as that command parses them (but for --help, which is
+    not for diff: it would print run's help and exit 0, read as "no tensor differs")."""
+    app = typer.Typer(add_completion=False, context_settings={"help_option_names": []})
     app.command()(run_cli.run_command)
     command = typer.main.get_command(app)
     try:
@@ -99,9 +100,19 @@ def run_options(which: str, text: str) -> dict:
     except ValueError as e:
         raise StepperError(f"diff {which} '{shown(text)}': {e}") from None
     except typer.TyperException as e:  # typer's own click: bad or unknown options
+        if getattr(e, "option_name", None) == "--help":
+            raise StepperError(f"diff {which} '{shown(text)}': --help is not for diff; give the options of the run "
+                               "itself (stepper run --help lists them)") from None
         raise StepperError(f"diff {which} '{shown(text)}': {usage_message(e, args)}") from None
     extra = sorted(k for k, v in params.items() if k not in SIDE_OPTIONS and v not in (None, False))
     if extra:
-        raise StepperError(f"diff {which} '{shown(text)}': --{extra[0].replace('_', '-')} is not for diff; "
-                           "give the options of the run itself")
+        raise StepperError(f"diff {which} '{shown(text)}': {typed_option(command, extra[0], args)} is not for "
+                           "diff; give the options of the run itself")
     return params
+
+
+def typed_option(command: typer.core.TyperCommand, name: str, args: list[str]) -> str:
+    """The option of parameter `name` as it was typed among `args` (run's --json, whose parameter
+    is as_json), or its first spelling."""
+    spellings = next(p.opts + p.secondary_opts for p in command.params if p.name == name)
+    return next((o for a in args for o in spellings if a == o or a.startswith(o + "=")), spellings[0])

@@ -6,6 +6,7 @@ Bad input exits with code 2 and one line on stderr; `verify` exits 1 when a tens
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -139,8 +140,8 @@ def verify_command(
     """
     with user_errors():
         for value, option in ((rtol, "--rtol"), (atol, "--atol")):
-            if value is not None and not (value >= 0):
-                raise StepperError(f"{option} must be a number >= 0, got {value}")
+            if value is not None and not (0 <= value < math.inf):  # inf would pass every tensor
+                raise StepperError(f"{option} must be a finite number >= 0, got {value}")
         if names is not None and names not in (*aliases.NAMINGS, "canonical"):
             raise StepperError(f"--names must be one of {', '.join(aliases.NAMINGS)} or canonical, got "
                                f"'{shown(names)}'")

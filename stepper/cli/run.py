@@ -29,7 +29,7 @@ from stepper.seams.trace import Filter, Recorder, Sink
 from stepper.session import Plan, RunResult, RunSpec, step_attn
 from stepper.text import INSTALL, Tokens
 from stepper.views.debugger import CommandSource, Debugger, Quit
-from stepper.views.dump import DUMP_LIMIT_GB, check_dump_sizes, check_writable, write_dump
+from stepper.views.dump import DUMP_LIMIT_GB, check_dump_sizes, check_writable, dump_limit, write_dump
 from stepper.views.family_pictures import every_picture, picture_sink, pictures_of
 from stepper.views.sinks import JsonLines, ProgressBars, TensorRows, print_wrapped, styles
 from stepper.views.summary import token_ids
@@ -277,6 +277,7 @@ def run_command(
                         prompt, cache_len, index_scoring)
         pictures = parse_show(show)
         asked = parse_chunk(chunk, bool(patch), bool(pictures))
+        limit_gb = dump_limit(dump_limit_gb)
         if dump is not None:
             check_writable(dump, force)
             output.finish_files_when_the_reader_goes()
@@ -293,7 +294,7 @@ def run_command(
         keep = only_filter(only or [], names, lambda note: sys.stderr.write(f"stepper: {note}\n"))
         check_pictures(pictures, [n for n in names if keep(n)], plan.config)
         kept = [n for n in names if keep(n)] if dump is not None else []
-        check_dump_sizes(sizes(plan, kept), DUMP_LIMIT_GB if dump_limit_gb is None else dump_limit_gb)
+        check_dump_sizes(sizes(plan, kept), limit_gb)
         planned.check_fits(kept, "--only")
         swapped.enter_context(overrides.use(use or [], announce=sys.stderr))  # a file that fails to load stops it here
         # with --json, stdout holds JSON Lines alone: the pictures (--show) go to stderr

@@ -14,6 +14,7 @@ link, a folder or a device; written beside its place and renamed).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -60,6 +61,16 @@ def maker(array: Tensor) -> Callable[[], np.ndarray | Iterator[np.ndarray]]:
     if not held(array):
         return array.in_order
     return lambda: np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
+
+
+def dump_limit(limit_gb: float | None) -> float:
+    """The limit --dump-limit-gb gives (DUMP_LIMIT_GB when not given): a finite number of GiB above
+    0 (a NaN limit would let any tensor through, a negative one none)."""
+    if limit_gb is None:
+        return DUMP_LIMIT_GB
+    if not (0 < limit_gb < math.inf):
+        raise StepperError(f"--dump-limit-gb must be a finite number > 0 (GiB), got {limit_gb:g}")
+    return limit_gb
 
 
 def check_dump_sizes(sizes: list[tuple[str, str, int]], limit_gb: float) -> None:

@@ -187,13 +187,24 @@ def write_index(folder: Path, metadata: dict, weight_map: dict[str, str]) -> Non
     files.write_new(folder / INDEX, json.dumps(index, indent=2) + "\n")
 
 
+HASHED_UP_TO = 64 * 2**20  # shards up to this size (a fixture's weights) are noted by their sha256 too
+
+
 def fingerprint(path: Path) -> dict[str, object]:
-    """What a file synth wrote is: its size, and config.json's sha256 (the file a user edits; a
-    shard, gigabytes at full size, is known by its size)."""
-    found: dict[str, object] = {"bytes": path.stat().st_size}
-    if path.name == "config.json":
+    """What a file synth wrote is: its size, and its sha256 if it is config.json (the file a user
+    edits) or a shard of at most 64 MiB (a shard of gigabytes, at full size, is known by its size)."""
+    size = path.stat().st_size
+    found: dict[str, object] = {"bytes": size}
+    if path.name == "config.json" or size <= HASHED_UP_TO:
         found["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
     return found
+
+
+def unlike(path: Path, was: object) -> bool:
+    """Whether the file is not what the index noted (only what it noted: an index written before
+    small shards were hashed notes their size alone)."""
+    now = fingerprint(path)
+    return not isinstance(was, dict) or not was or any(now.get(key) != value for key, value in was.items())
 
 
 def counted(entry: Entry, advance: Callable[[int], None]) -> Callable[[], Any]:
@@ -254,7 +265,7 @@ def not_from_synth(folder: Path) -> list[str]:
     written = metadata.get("stepper_files") if metadata is not None else None
     if isinstance(written, dict):
         foreign += [f"{name} (changed since stepper wrote it)" for name, was in sorted(written.items())
-                    if name not in foreign and (folder / name).is_file() and fingerprint(folder / name) != was]
+                    if name not in foreign and (folder / name).is_file() and unlike(folder / name, was)]
     return foreign
 
 

@@ -70,6 +70,11 @@ def test_a_dump_against_the_same_run_and_a_fixture_against_a_run(tmp_path):
     ("run --dump x.safetensors", "diff A 'run --dump x.safetensors': --dump is not for diff"),
     ("run --attn fast", "--attn must be one of auto, naive, absorb"),
     ("run --ids '1,2", "diff A 'run --ids '1,2': No closing quotation"),
+    ("run --help", ("diff A 'run --help': --help is not for diff; give the options of the run itself (stepper run "
+                    "--help lists them)\n")),  # not run's help and exit 0, read as "no tensor differs"
+    ("run --ids 1,2 --help", "diff A 'run --ids 1,2 --help': --help is not for diff"),
+    ("run --json", "diff A 'run --json': --json is not for diff; give the options of the run itself\n"),  # as typed
+    ("run --dump-limit-gb=3", "diff A 'run --dump-limit-gb=3': --dump-limit-gb is not for diff"),
 ])
 def test_bad_sides_are_one_line_and_exit_2(a, message):
     out = diff(a, "run")

@@ -75,6 +75,14 @@ def test_negative_or_absurd_numbers_are_one_line(args, line):
     assert one_line(stepper("run", *args, process="exceed" in line)) == line
 
 
+@pytest.mark.parametrize("limit", ["-1", "0", "nan", "inf"])
+def test_a_dump_limit_is_a_finite_size_above_0(limit, tmp_path):
+    """-1 was "over the dump limit of -1 GiB"; nan wrote the dump with no limit."""
+    out = stepper("run", "--dump", "d.safetensors", f"--dump-limit-gb={limit}", cwd=tmp_path)
+    assert one_line(out) == f"stepper: error: --dump-limit-gb must be a finite number > 0 (GiB), got {float(limit):g}"
+    assert snapshot(tmp_path) == {}
+
+
 def test_a_huge_seed_runs():
     out = stepper("run", "--plain", "--only", "logits", "--seed", str(10**30))
     assert out.returncode == 0 and "synthetic weights, seed 1000000000000000000000000000000" in out.stdout

@@ -119,3 +119,32 @@ def test_synth_force_keeps_a_folder_whose_index_is_nested_too_deep_in_one_line(t
     said = one_line(stepper("synth", "--model", "tiny", "--out", out, "--force"))
     assert "'model.safetensors.index.json' (missing, or not written by stepper)" in said
     assert index.read_text() == "[" * 100_000 + "]" * 100_000
+
+
+def note_in_config(folder: Path) -> None:
+    config = folder / "weights" / "config.json"
+    config.write_text(config.read_text() + "// mine\n")
+
+
+def flip_a_shard_byte(folder: Path) -> None:
+    shard = max((folder / "weights").glob("model-*.safetensors"))
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 1
+    shard.write_bytes(bytes(data))
+
+
+def note_in_manifest(folder: Path) -> None:
+    manifest = folder / "manifest.json"
+    manifest.write_text(manifest.read_text().replace('"description": "', '"description": "MY NOTES ', 1))
+
+
+@pytest.mark.parametrize("edit, named", [(note_in_config, "weights/config.json"),
+                                         (flip_a_shard_byte, "weights/model-00004-of-00004.safetensors"),
+                                         (note_in_manifest, "manifest.json")])
+def test_force_keeps_weights_or_a_manifest_changed_since_stepper_wrote_them(written, edit, named):
+    edit(written)
+    before = snapshot(written)
+    done = export(written, "--force")
+    assert done.exit_code == 2 and snapshot(written) == before
+    assert done.stderr == (f"stepper: error: {written}: holds '{named}' (changed since stepper wrote it); --force "
+                           "replaces only a fixture folder stepper wrote, so nothing there was touched\n")

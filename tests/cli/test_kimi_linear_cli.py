@@ -158,3 +158,15 @@ def test_explain_says_the_mla_layers_turn_nothing_where_the_entry_reads_as_rope(
     said = " ".join(out.stdout.split())
     assert out.returncode == 0 and "note Kimi Linear's MLA layers use no position encoding (mla_use_nope)" in said
     assert "note " not in stepper("explain", "layers.1.self_attn.query_states", "--plain").stdout  # Kimi K2: turned
+
+
+def test_a_bf16_fixture_export_copies_the_weights_as_published(tmp_path):
+    """Kimi Linear is published in BF16: --weights-dtype bf16 writes the same shards as the default."""
+    for out, more in (("bf16", ["--weights-dtype", "bf16"]), ("default", [])):
+        done = stepper("fixtures", "export", tmp_path / out, "--model", "tiny-kimi-linear", "--layer", "0",
+                       "--prompt-len", "2", *more)
+        assert done.returncode == 0 and done.stderr == "", done.stderr
+    shards = sorted((tmp_path / "bf16" / "weights").glob("*.safetensors"))
+    assert shards and all(s.read_bytes() == (tmp_path / "default" / "weights" / s.name).read_bytes() for s in shards)
+    manifest = json.loads((tmp_path / "bf16" / "manifest.json").read_text())
+    assert manifest["export"]["weights_dtype"] == "bf16" and manifest["weights"]["storage"].startswith("bf16")

@@ -61,11 +61,25 @@ def test_a_report_onto_a_fifo_or_a_link_is_refused_and_neither_is_touched(candid
 def test_force_replaces_a_report_stepper_wrote(candidate, tmp_path):
     report = tmp_path / "report.json"
     assert verify(candidate, report).returncode == 0
-    first = json.loads(report.read_text())
-    report.write_text(json.dumps({**first, "result": "edited"}))
+    first = report.read_bytes()
     assert verify(candidate, report, "--force").returncode == 0
-    assert json.loads(report.read_text()) == first  # the whole report written again
+    assert report.read_bytes() == first  # the whole report written again
     assert sorted(tmp_path.iterdir()) == [report]  # no temporary file left
+
+
+@pytest.mark.parametrize("edit", [
+    lambda text: json.dumps({**json.loads(text), "my_triage": "the rope is off"}),  # a note added
+    lambda text: text.replace('"result": "match"', '"result": "checked by hand"'),  # a value changed in place
+])
+def test_force_keeps_a_report_changed_since_stepper_wrote_it(candidate, tmp_path, edit):
+    report = tmp_path / "report.json"
+    assert verify(candidate, report).returncode == 0
+    report.write_text(edit(report.read_text()))
+    mine = report.read_bytes()
+    assert refused(verify(candidate, report, "--force")) == (
+        f"--report {report}: changed since stepper wrote it; --force replaces only a report as stepper wrote it, "
+        "so it was not touched")
+    assert report.read_bytes() == mine and sorted(tmp_path.iterdir()) == [report]
 
 
 def test_two_lesson_resets_keep_every_backup(tmp_path):

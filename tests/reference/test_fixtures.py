@@ -4,6 +4,7 @@ each shipped tiny fixture's weights and inputs, passes `verify`."""
 
 import json
 import os
+import shlex
 from pathlib import Path
 
 import numpy as np
@@ -284,7 +285,8 @@ def test_one_unknown_extra_tensor_leaves_a_dump_read_by_stepper_names(basic, tmp
                                            "with one of yours, so map only one of them")),
     (["{candidate}", "--map", "{typo}"], ("--map: 'prefill.layers.0.self_attn.qa_typo' is no tensor name of fixture "
                                           "tiny-prefill-decode nor of stepper's catalogue")),
-    (["{candidate}", "--rtol", "-1"], "--rtol must be a number >= 0"),
+    (["{candidate}", "--rtol", "-1"], "--rtol must be a finite number >= 0, got -1.0"),
+    (["{candidate}", "--atol", "inf"], "--atol must be a finite number >= 0, got inf"),  # it passed every tensor
     (["{candidate}", "--names", "vllm"], "--names must be one of transformers, inference, llama.cpp or canonical"),
 ])
 def test_verify_bad_input_exits_2(basic, tmp_path, args, message):
@@ -454,6 +456,23 @@ def test_export_refuses_to_overwrite_and_reports_bad_input(tmp_path):
         assert bad.returncode == 2 and message in bad.stderr and bad.stderr.count("\n") == 1, (args, bad.stderr)
         assert not (tmp_path / "other").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no partial folders left
+
+
+def test_a_checkpoint_fixture_s_paths_resolve_from_the_fixture_and_its_command_replays(tmp_path):
+    """The checkpoint's path was recorded as typed (relative to the shell), and the command mixed the
+    fixture's bare name with a --model relative to another folder: neither resolved."""
+    assert stepper("synth", "--out", "ck", cwd=tmp_path).returncode == 0
+    (tmp_path / "deep" / "a").mkdir(parents=True)
+    assert stepper("fixtures", "export", "deep/a/fx", "--model", "ck", "--ids", "1,2", cwd=tmp_path).returncode == 0
+    fixture = load(tmp_path / "deep" / "a" / "fx")
+    assert fixture.manifest["weights"]["path"] == str(tmp_path / "ck")
+    assert fixture.weights_path() == tmp_path / "ck"
+    command = shlex.split(fixture.manifest["command"])
+    assert command == ["stepper", "fixtures", "export", "fx", "--model", "../../ck", "--ids", "1,2"]
+    assert fixture.manifest["export"]["model"] == "../../ck"
+    again = stepper(*command[1:3], "fx2", *command[4:], cwd=tmp_path / "deep" / "a")  # from the folder holding it
+    assert again.returncode == 0, again.stderr
+    assert load(tmp_path / "deep" / "a" / "fx2").manifest["files"] == fixture.manifest["files"]
 
 
 def test_shared_weights_folder_must_hold_the_same_weights(tmp_path):
