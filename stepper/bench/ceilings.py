@@ -8,7 +8,6 @@ import math
 import os
 import platform
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -36,14 +35,8 @@ FEATURES = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_bf16", "avx512
 
 def machine() -> str:
     """The CPU, its cores, its L2, the features the products use, Python, NumPy and the BLAS."""
-    cpu, flags = platform.processor() or platform.machine(), set()
-    try:
-        info = Path("/proc/cpuinfo").read_text().splitlines()
-        cpu = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), cpu)
-        flags = set(next((line.split(":", 1)[1].split() for line in info if line.startswith(("flags", "Features"))),
-                         []))
-    except OSError:
-        pass
+    cpu = gemm.cpu_info("model name") or platform.processor() or platform.machine()
+    flags = set((gemm.cpu_info("flags") or gemm.cpu_info("Features")).split())
     features = " ".join(f for f in FEATURES if f in flags) or "not reported"
     return (f"{cpu}, {os.cpu_count()} cores, L2 {cpu_caches.l2_bytes() >> 10} KiB per core; CPU features: {features}; "
             f"Python {platform.python_version()}, NumPy {np.__version__}, BLAS: {parallel.blas_description()}; "

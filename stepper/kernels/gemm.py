@@ -182,10 +182,15 @@ def description() -> str:
 
 def cpu_vendor() -> str:
     """The CPU's vendor as Linux reports it ('GenuineIntel', 'AuthenticAMD'), else ''."""
+    return cpu_info("vendor_id")
+
+
+def cpu_info(field: str) -> str:
+    """A field of the first CPU in /proc/cpuinfo ('vendor_id', 'model name'), else ''."""
     try:
         with open("/proc/cpuinfo") as info:
             for line in info:
-                if line.startswith("vendor_id"):
+                if line.startswith(field):
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass

@@ -203,7 +203,8 @@ def not_found(cat: catalog.Catalog, query: str, give: str = "give --model {}") -
     catalogue has it (DeepSeek-V4's `attn.weights` asked of an MLA model; `give`: how the caller
     is told to ask for that model)."""
     if (preset := model_emitting(cat, query)) is not None:
-        near = did_you_mean(query, cat.names()).removeprefix("; did you mean ").removesuffix("?")
+        word = catalog.key_of(query).rpartition(".")[2]  # self_attn.k_pe: its k_pe, not its self_attn
+        near = did_you_mean(word, cat.names()).removeprefix("; did you mean ").removesuffix("?")
         own = f"; this model's nearest: {near}" if near else ""
         return (f"no tensor named '{query}' in this model's catalogue: it is a tensor of {preset}'s family "
                 f"({give.format(preset)}){own}")

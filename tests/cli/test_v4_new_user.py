@@ -119,7 +119,7 @@ def test_explain_of_another_familys_tensor_names_the_model_to_give():
         "(give --model tiny-v4)")
     assert refused(stepper("explain", "layers.1.self_attn.k_pe", "--model", "tiny-v4")) == (
         "no tensor named 'layers.1.self_attn.k_pe' in this model's catalogue: it is a tensor of tiny's family "
-        "(give --model tiny)")
+        "(give --model tiny); this model's nearest: kv_rope, q_rope")
     assert refused(stepper("explain", "q_pe", "--model", "tiny-v4")) == (  # a short name too: it said none had it
         "no tensor named 'q_pe' in this model's catalogue: it is a tensor of tiny's family (give --model tiny); "
         "this model's nearest: q_rope")

@@ -86,7 +86,8 @@ def test_explain_gives_the_catalogue_entry_as_data_and_refuses_an_unknown_name(r
         run.explain("no_such_tensor")
     with pytest.raises(KeyError, match="did you mean compressed_kv"):  # as `stepper explain` answers a typo
         run.explain("compresed_kv")
-    with pytest.raises(KeyError, match=r"it is a tensor of tiny's family \(a run of model='tiny' has it\)$"):
+    with pytest.raises(KeyError, match=r"it is a tensor of tiny's family \(a run of model='tiny' has it\); "
+                                       r"this model's nearest: kv_rope, q_rope$"):
         stepper.run("tiny-v4", prompt_len=3).explain("self_attn.k_pe")  # it suggested the very name it refused
     with pytest.raises(StepperError, match="^explain expects a tensor name \\(a str\\), got int$"):
         run.explain(3)
