@@ -74,7 +74,8 @@ def export_command(
              "DeepSeek's inference code).")] = "exact",
     weights_dtype: Annotated[str, typer.Option(metavar="fp8|bf16",
         help="How the fixture's weights are stored: fp8 (as Kimi K2 / DeepSeek-V3 ship) or bf16 (dequantized as "
-             "fp8_cast_bf16.py does).")] = "fp8",
+             "fp8_cast_bf16.py does). A model published in BF16 (DeepSeek-V2, Kimi Linear) is stored as published "
+             "either way.")] = "fp8",
     weights_dir: Annotated[Path | None, typer.Option(metavar="DIR",
         help="Write the weights to DIR (shared by several fixtures; if DIR exists it must hold the same files) instead "
              "of OUT_DIR/weights.")] = None,

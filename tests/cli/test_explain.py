@@ -137,7 +137,8 @@ def test_the_names_fixtures_verify_prints_are_explained_as_the_tensors_they_hold
     a step's prefix): which of stepper's tensors it holds, from the naming tables; one without its
     #n stands for each of its values."""
     cases = {"layers.1.attn.kv#2": ["self_attn.compressed_kv"], "prefill.layers.1.attn.kv#3": ["self_attn.kv"],
-             "q_pe#2": ["self_attn.q_pe_rope"], "kv_cmpr-1": ["self_attn.compressed_kv", "self_attn.compressed_kv_norm"],
+             "q_pe#2": ["self_attn.q_pe_rope"],
+             "kv_cmpr-1": ["self_attn.compressed_kv", "self_attn.compressed_kv_norm"],
              "model.layers.1.mlp.gate[0]": ["mlp.gate.logits"],
              "attn.kv": ["self_attn.kv_a", "self_attn.compressed_kv", "self_attn.kv"]}
     for query, tensors in cases.items():

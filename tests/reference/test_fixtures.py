@@ -619,6 +619,8 @@ def test_each_shipped_fixtures_storage_note_says_what_its_weight_files_hold():
         weights = json.loads(manifest.read_text())["weights"]
         if not weights.get("copied") or not weights["storage"].startswith(("fp8:", "bf16:")):
             continue  # named, not copied; or in a family's own published layout (DeepSeek-V4's)
+        said = json.loads(manifest.read_text())["description"].rsplit("; ", 1)[1].split()[0]
+        assert weights["storage"].startswith(said + ":"), (manifest.parent.name, said)  # its description says so
         folder = (manifest.parent / weights["path"]).resolve()
         dtypes = set()
         for shard in folder.glob("*.safetensors"):
