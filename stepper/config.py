@@ -421,6 +421,16 @@ class _Fields:
         return default
 
 
+def rope_base(f: Any, field: str, default: Any = 10000.0) -> float:
+    """A rotary base (rope_theta): a finite number > 1. The frequencies are base^(-2i/rope); at 1 every
+    pair turns alike and YaRN's correction range divides by log(base) (zero), below 1 they grow past any
+    table (1e-300: NaN). transformers takes any number; no published model is under 10,000."""
+    value = f.float(field, default)
+    if value <= 1:
+        raise f.fail(field, f"must be > 1 (the rotary base: frequencies are base^(-2i/dim)), got {value!r}")
+    return value
+
+
 ConfigFields = _Fields  # the other MLA families' readers (stepper/families) read their fields with it
 
 
@@ -579,7 +589,7 @@ def _rope(f: _Fields) -> tuple[float, Yarn | None]:
     block = f.raw.get(block_name)
     theta_source = block if block_name == "rope_parameters" and "rope_theta" in block else f.raw
     theta_at = f"{f.source}: rope_parameters" if theta_source is block else f.source
-    theta = _Fields(theta_source, theta_at).float("rope_theta", default=10000.0)
+    theta = rope_base(_Fields(theta_source, theta_at), "rope_theta")
     if block is None:
         return theta, None
     if not isinstance(block, dict):

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stepper.config import NULL_IS_ABSENT, Yarn, limit_of, model_name
+from stepper.config import NULL_IS_ABSENT, Yarn, limit_of, model_name, rope_base
 from stepper.errors import StepperError
 from stepper.model.compressed_attention import AttentionDims
 from stepper.model.v4_attention_cache import cost_line
@@ -260,8 +260,8 @@ def parse(raw: dict[str, Any], source: str) -> V4Config:
         num_experts_per_tok=f.int("num_experts_per_tok"),
         routed_scaling_factor=f.float("routed_scaling_factor", default=1.0),
         rms_norm_eps=f.float("rms_norm_eps", default=1e-6),
-        rope_theta=f.float("rope_theta", default=10000.0),
-        compress_rope_theta=f.float("compress_rope_theta"),
+        rope_theta=rope_base(f, "rope_theta"),
+        compress_rope_theta=rope_base(f, "compress_rope_theta", default=...),
         rope_scaling=_yarn(f),
         max_position_embeddings=f.int("max_position_embeddings"),
         sliding_window=f.int("sliding_window"),

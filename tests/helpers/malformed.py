@@ -411,6 +411,7 @@ def _dir_cases() -> list[DirCase]:
         DirCase("config-duplicate-key", text_replaced(cfg, '"hidden_size": 64', '"hidden_size": 64, "hidden_size": 96'),
                 2, "key 'hidden_size' appears twice"),
         DirCase("config-nan", text_replaced(cfg, '"rope_theta": 50000.0', '"rope_theta": NaN'), 2, "NaN is not JSON"),
+        DirCase("config-rope-theta-one", config_fields(rope_theta=1.0), 2, "field 'rope_theta' must be > 1"),
         DirCase("config-array", file_bytes(cfg, b"[]"), 2, "config.json: expected a JSON object"),
         DirCase("config-missing", removed(cfg), 2, "not a checkpoint directory"),
         DirCase("config-a-folder", made_folder(cfg), 2, "config.json: is a directory"),
