@@ -431,6 +431,17 @@ def rope_base(f: Any, field: str, default: Any = 10000.0) -> float:
     return value
 
 
+def rope_kind(f: Any, block: dict[str, Any], block_name: str) -> Any:
+    """A rope block's kind: `rope_type`, else the older `type`, else "default" (transformers 5.24's
+    order: modeling_rope_utils' standardize_rope_params). Both given and different is refused: which
+    one a tool reads would change the answer."""
+    kind, older = block.get("rope_type"), block.get("type")
+    if kind is not None and older is not None and kind != older:
+        raise f.fail(f"{block_name}.rope_type",
+                     f"is {kind!r} but {block_name}.type is {older!r}: give one, or both alike")
+    return kind if kind is not None else "default" if older is None else older
+
+
 ConfigFields = _Fields  # the other MLA families' readers (stepper/families) read their fields with it
 
 
@@ -595,7 +606,7 @@ def _rope(f: _Fields) -> tuple[float, Yarn | None]:
     if not isinstance(block, dict):
         raise f.fail(block_name, f"must be an object or null, got {block!r}")
     inner = _Fields(block, f"{f.source}: {block_name}")
-    kind = block.get("type", block.get("rope_type", "default"))
+    kind = rope_kind(f, block, block_name)
     if kind == "default":
         return theta, None
     if kind != "yarn":

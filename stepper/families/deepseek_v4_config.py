@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stepper.config import NULL_IS_ABSENT, Yarn, limit_of, model_name, rope_base
+from stepper.config import NULL_IS_ABSENT, Yarn, limit_of, model_name, rope_base, rope_kind
 from stepper.errors import StepperError
 from stepper.model.compressed_attention import AttentionDims
 from stepper.model.v4_attention_cache import cost_line
@@ -305,7 +305,7 @@ def _yarn(f: _Fields) -> Yarn | None:
         return None
     if not isinstance(block, dict):
         raise f.fail("rope_scaling", f"must be an object or null, got {_short(block)}")
-    kind = block.get("type", block.get("rope_type", "default"))
+    kind = rope_kind(f, block, "rope_scaling")
     if kind == "default":
         return None
     if kind != "yarn":
