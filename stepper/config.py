@@ -22,6 +22,7 @@ from stepper.errors import StepperError
 from stepper.untrusted import cut, shown
 from stepper.untrusted import regex_subset as patterns
 from stepper.untrusted.jsonfile import read_json
+from stepper.untrusted.paths import found
 
 MODEL_TYPES = ("deepseek_v3", "kimi_k2", "deepseek_v2", "deepseek_v32")
 WRAPPER_TYPES = ("kimi_k25",)
@@ -315,7 +316,7 @@ def load_config(path: str | Path, read: Callable[[dict[str, Any], str], Any] = r
     """Read and validate a config.json file with a family's reader (the MLA family's unless given:
     stepper.families.load_config reads any registered family's)."""
     path = Path(path)
-    if path.is_file() and (path.suffix == ".safetensors" or path.name.endswith(".index.json")):  # its other files
+    if found(path) == "file" and (path.suffix == ".safetensors" or path.name.endswith(".index.json")):
         what = "a .safetensors file" if path.suffix == ".safetensors" else "a checkpoint's index"
         raise StepperError(f"{path}: {what}, not a config.json; give the checkpoint's directory (config.json, its "
                            "index and shards)")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -366,6 +367,19 @@ def made_folder(relative: str) -> Callable[[Path], None]:
     return edit
 
 
+def looped(relative: str) -> Callable[[Path], None]:
+    """The file (or, with ".", the folder itself) replaced by a symbolic link to itself."""
+    def edit(folder: Path) -> None:
+        place = folder / relative  # (folder / "." is the folder)
+        if relative == ".":
+            shutil.rmtree(folder)
+        else:
+            place.unlink()
+        place.symlink_to(place)
+
+    return edit
+
+
 def point(name: str, shard: str) -> Callable[[Path], None]:
     return weight_map_edit(lambda m: m.__setitem__(name, shard))
 
@@ -415,6 +429,8 @@ def _dir_cases() -> list[DirCase]:
         DirCase("config-array", file_bytes(cfg, b"[]"), 2, "config.json: expected a JSON object"),
         DirCase("config-missing", removed(cfg), 2, "not a checkpoint directory"),
         DirCase("config-a-folder", made_folder(cfg), 2, "config.json: is a directory"),
+        DirCase("config-a-symlink-loop", looped(cfg), 2, f"{cfg}: cannot be read (a symlink loop"),
+        DirCase("folder-a-symlink-loop", looped("."), 2, "ck: cannot be read (a symlink loop"),
         DirCase("config-missing-field", config_fields(hidden_size=...), 2, "'hidden_size'"),
         DirCase("config-string-size", config_fields(hidden_size="64"), 2, "'hidden_size' must be an integer"),
         DirCase("config-bool-size", config_fields(num_hidden_layers=True), 2, "'num_hidden_layers' must be an integer"),
@@ -462,6 +478,7 @@ def _dir_cases() -> list[DirCase]:
                 f"'{NORM}' is in this shard but not in {idx}"),
         DirCase("index-tensor-in-the-wrong-shard", point(NORM, "model-00002-of-00004.safetensors"), 1,
                 "is listed in model.safetensors.index.json but not in this shard"),
+        DirCase("index-a-symlink-loop", looped(idx), 2, f"{idx}: cannot be read (a symlink loop"),
         DirCase("index-missing-no-single-file", removed(idx), 2, f"neither {idx} nor model.safetensors found"),
     ]
     bad_tensors = [
