@@ -413,6 +413,7 @@ def both(*edits: Callable[[Path], None]) -> Callable[[Path], None]:
 
 
 CANNOT_READ = f"{LAYER1_SHARD} cannot be read"
+GHOST_PAST = "model.layers.5.input_layernorm.weight"  # a layer past the config's 2
 PROBLEMS = "problem(s) with the weights of this run"
 
 
@@ -474,6 +475,8 @@ def _dir_cases() -> list[DirCase]:
                 "points at shard '\\x1b[2J.safetensors', expected a file name"),
         DirCase("index-tensor-not-in-shard", point("model.layers.0.ghost.weight", LAYER1_SHARD), 1,
                 "'model.layers.0.ghost.weight' is listed in model.safetensors.index.json but not in this shard"),
+        DirCase("index-tensor-not-in-shard-past-the-layers", point(GHOST_PAST, LAYER1_SHARD), 1,
+                f"'{GHOST_PAST}' is listed in model.safetensors.index.json but not in this shard", run=0),
         DirCase("index-tensor-left-out", weight_map_edit(lambda m: m.pop(NORM)), 1,
                 f"'{NORM}' is in this shard but not in {idx}"),
         DirCase("index-tensor-in-the-wrong-shard", point(NORM, "model-00002-of-00004.safetensors"), 1,
