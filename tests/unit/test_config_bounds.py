@@ -71,3 +71,11 @@ def test_a_rotary_base_that_makes_no_table_is_refused_naming_the_field(tmp_path,
     at = f"{tmp_path / 'config.json'}: {where + ': ' if where else ''}"
     assert refused(stepper("run", "--model", tmp_path / "config.json", "--layer", "1")) == (
         f"{at}field '{short}' must be > 1 (the rotary base: frequencies are base^(-2i/dim)), got {value!r}")
+
+
+def test_a_v4_compress_ratio_past_any_window_is_refused_before_its_ape_is_made(tmp_path):
+    """2**40 was taken: the run of a config.json made a 64 TiB ape (NumPy's out-of-memory line)."""
+    raw = {**V4_PRESETS["tiny-v4"], "max_position_embeddings": 1 << 40, "compress_ratios": [0, 4, 1 << 40, 4, 0]}
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    assert refused(stepper("run", "--model", tmp_path / "config.json", "--layer", "2")) == (
+        f"{tmp_path / 'config.json'}: field 'compress_ratios[2]' must be <= {MAX_SIZE:,}, got {1 << 40:,}")
