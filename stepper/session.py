@@ -253,6 +253,9 @@ def check_positions(spec: RunSpec, cfg: Config, prompt_len: int, spell: Spell = 
             raise StepperError(f"{spell(keyword)} must be at most {MAX_POSITIONS:,} positions, got {value:,}")
 
 
+INPUT_DTYPES = ("F32", "BF16", "F16", "F64", "F8_E4M3", "F8_E5M2")  # floats: what --input's stream may be
+
+
 def read_input(path: Path, layer: int, cfg: Config) -> np.ndarray:
     """The stream a lone layer takes (its family's: MLA's residual [B, T, D], DeepSeek-V4's streams
     [1, T, n, D]), from a safetensors file: its only tensor, or the layer's input as `stepper run
@@ -267,6 +270,9 @@ def read_input(path: Path, layer: int, cfg: Config) -> np.ndarray:
         name = names[0] if len(names) == 1 else next((n for n in wanted if n in names), None)
         if name is None:
             raise StepperError(f"{path}: no tensor named {wanted[0]} (found {len(names)} tensors)")
+        dtype = f.info(name).dtype
+        if dtype not in INPUT_DTYPES:  # integers or booleans would be taken as a stream of their values
+            raise StepperError(f"{path}: tensor '{name}' is {dtype}, expected {', '.join(INPUT_DTYPES)}")
         array = np.array(f.get(name), dtype=np.float32)
     expected = families.family_for(cfg).stream(cfg)
     shape = ", ".join(str(e) if e is not None else "BT"[i] for i, e in enumerate(expected))  # None: B or T
