@@ -22,6 +22,7 @@ from stepper.errors import StepperError
 from stepper.untrusted import cut, shown
 from stepper.untrusted import regex_subset as patterns
 from stepper.untrusted.jsonfile import read_json
+from stepper.untrusted.paths import found
 
 MODEL_TYPES = ("deepseek_v3", "kimi_k2", "deepseek_v2", "deepseek_v32")
 WRAPPER_TYPES = ("kimi_k25",)
@@ -315,7 +316,7 @@ def load_config(path: str | Path, read: Callable[[dict[str, Any], str], Any] = r
     """Read and validate a config.json file with a family's reader (the MLA family's unless given:
     stepper.families.load_config reads any registered family's)."""
     path = Path(path)
-    if path.is_file() and (path.suffix == ".safetensors" or path.name.endswith(".index.json")):  # its other files
+    if found(path) == "file" and (path.suffix == ".safetensors" or path.name.endswith(".index.json")):
         what = "a .safetensors file" if path.suffix == ".safetensors" else "a checkpoint's index"
         raise StepperError(f"{path}: {what}, not a config.json; give the checkpoint's directory (config.json, its "
                            "index and shards)")
@@ -419,6 +420,27 @@ class _Fields:
         if field in self.raw and field not in NULL_IS_ABSENT:
             raise self.fail(field, f"is null: leave it out for its default ({default!r}), or give a value")
         return default
+
+
+def rope_base(f: Any, field: str, default: Any = 10000.0) -> float:
+    """A rotary base (rope_theta): a finite number > 1. The frequencies are base^(-2i/rope); at 1 every
+    pair turns alike and YaRN's correction range divides by log(base) (zero), below 1 they grow past any
+    table (1e-300: NaN). transformers takes any number; no published model is under 10,000."""
+    value = f.float(field, default)
+    if value <= 1:
+        raise f.fail(field, f"must be > 1 (the rotary base: frequencies are base^(-2i/dim)), got {value!r}")
+    return value
+
+
+def rope_kind(f: Any, block: dict[str, Any], block_name: str) -> Any:
+    """A rope block's kind: `rope_type`, else the older `type`, else "default" (transformers 5.24's
+    order: modeling_rope_utils' standardize_rope_params). Both given and different is refused: which
+    one a tool reads would change the answer."""
+    kind, older = block.get("rope_type"), block.get("type")
+    if kind is not None and older is not None and kind != older:
+        raise f.fail(f"{block_name}.rope_type",
+                     f"is {kind!r} but {block_name}.type is {older!r}: give one, or both alike")
+    return kind if kind is not None else "default" if older is None else older
 
 
 ConfigFields = _Fields  # the other MLA families' readers (stepper/families) read their fields with it
@@ -579,13 +601,13 @@ def _rope(f: _Fields) -> tuple[float, Yarn | None]:
     block = f.raw.get(block_name)
     theta_source = block if block_name == "rope_parameters" and "rope_theta" in block else f.raw
     theta_at = f"{f.source}: rope_parameters" if theta_source is block else f.source
-    theta = _Fields(theta_source, theta_at).float("rope_theta", default=10000.0)
+    theta = rope_base(_Fields(theta_source, theta_at), "rope_theta")
     if block is None:
         return theta, None
     if not isinstance(block, dict):
         raise f.fail(block_name, f"must be an object or null, got {block!r}")
     inner = _Fields(block, f"{f.source}: {block_name}")
-    kind = block.get("type", block.get("rope_type", "default"))
+    kind = rope_kind(f, block, block_name)
     if kind == "default":
         return theta, None
     if kind != "yarn":

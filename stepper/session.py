@@ -37,6 +37,7 @@ from stepper.model.stack import Model
 from stepper.presets import PRESETS, V4_PRESETS
 from stepper.seams.trace import Emitter, Sink
 from stepper.text import Tokens, load_tokenizer
+from stepper.untrusted.paths import found
 from stepper.weights import remote
 from stepper.weights.checkpoint import INDEX, Checkpoint
 from stepper.weights.names import EMBED
@@ -98,15 +99,15 @@ def load_model(model: str, seed: int) -> WeightSource:
     if remote.is_remote(model):
         return open_checkpoint(model)
     path = Path(model)
-    if path.is_dir():
-        if (path / "config.json").exists() and not any(path.glob("*.safetensors")) and not (path / INDEX).exists():
+    if found(path) == "folder":
+        if found(path / "config.json") and not any(path.glob("*.safetensors")) and not found(path / INDEX):
             pickled = sorted(path.glob("pytorch_model*.bin"))  # older releases (MiniCPM3's era)
             if pickled:
                 raise StepperError(f"{path}: holds {pickled[0].name} (PyTorch pickle), which stepper does not read "
                                    "(unpickling runs code); convert the weights to safetensors")
             return synthetic(families.load_config(path / "config.json"), seed)
         return open_checkpoint(path)
-    if path.is_file():
+    if found(path) is not None:
         return synthetic(families.load_config(path), seed)
     if os.sep in model or model.startswith((".", "~")):  # a path that is not there, not a misspelt preset
         raise StepperError(f"model '{model}': no such checkpoint directory or config.json")
@@ -134,7 +135,7 @@ def open_checkpoint(where: str | Path) -> Checkpoint:
         own = families.family_for(families.load_config(remote.config_folder(where)[0] / "config.json")).checkpoint
         return own(where) if own is not None else remote.open_remote(where, read_config=families.load_config)
     path = Path(where)
-    if (path / "config.json").is_file():  # a family that reads its checkpoints its own way (DeepSeek-V4's layout)
+    if found(path / "config.json") == "file":  # a family that reads its checkpoints its own way (DeepSeek-V4's layout)
         family = families.family_for(families.load_config(path / "config.json"))
         if family.checkpoint is not None:
             return family.checkpoint(path)
@@ -252,6 +253,9 @@ def check_positions(spec: RunSpec, cfg: Config, prompt_len: int, spell: Spell = 
             raise StepperError(f"{spell(keyword)} must be at most {MAX_POSITIONS:,} positions, got {value:,}")
 
 
+INPUT_DTYPES = ("F32", "BF16", "F16", "F64", "F8_E4M3", "F8_E5M2")  # floats: what --input's stream may be
+
+
 def read_input(path: Path, layer: int, cfg: Config) -> np.ndarray:
     """The stream a lone layer takes (its family's: MLA's residual [B, T, D], DeepSeek-V4's streams
     [1, T, n, D]), from a safetensors file: its only tensor, or the layer's input as `stepper run
@@ -266,6 +270,9 @@ def read_input(path: Path, layer: int, cfg: Config) -> np.ndarray:
         name = names[0] if len(names) == 1 else next((n for n in wanted if n in names), None)
         if name is None:
             raise StepperError(f"{path}: no tensor named {wanted[0]} (found {len(names)} tensors)")
+        dtype = f.info(name).dtype
+        if dtype not in INPUT_DTYPES:  # integers or booleans would be taken as a stream of their values
+            raise StepperError(f"{path}: tensor '{name}' is {dtype}, expected {', '.join(INPUT_DTYPES)}")
         array = np.array(f.get(name), dtype=np.float32)
     expected = families.family_for(cfg).stream(cfg)
     shape = ", ".join(str(e) if e is not None else "BT"[i] for i, e in enumerate(expected))  # None: B or T

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stepper.config import NULL_IS_ABSENT, Yarn, limit_of, model_name
+from stepper.config import MAX_SIZE, NULL_IS_ABSENT, Yarn, limit_of, model_name, rope_base, rope_kind
 from stepper.errors import StepperError
 from stepper.model.compressed_attention import AttentionDims
 from stepper.model.v4_attention_cache import cost_line
@@ -269,8 +269,8 @@ def parse(raw: dict[str, Any], source: str) -> V4Config:
         num_experts_per_tok=f.int("num_experts_per_tok"),
         routed_scaling_factor=f.float("routed_scaling_factor", default=1.0),
         rms_norm_eps=f.float("rms_norm_eps", default=1e-6),
-        rope_theta=f.float("rope_theta", default=10000.0),
-        compress_rope_theta=f.float("compress_rope_theta"),
+        rope_theta=rope_base(f, "rope_theta"),
+        compress_rope_theta=rope_base(f, "compress_rope_theta", default=...),
         rope_scaling=_yarn(f),
         max_position_embeddings=f.int("max_position_embeddings"),
         sliding_window=f.int("sliding_window"),
@@ -304,6 +304,8 @@ def _compress_ratios(f: _Fields, layers: int, mtp: int) -> tuple[int, ...]:
         if isinstance(ratio, bool) or not isinstance(ratio, int) or ratio < 0 or ratio == 1:
             raise f.fail(f"compress_ratios[{i}]", f"must be 0 (sliding), 4 (CSA) or another ratio >= 2 (HCA; "
                          f"published: 128), got {_short(ratio)}")
+        if ratio > MAX_SIZE:  # a window's positions: its ape has a row each
+            raise f.fail(f"compress_ratios[{i}]", f"must be <= {MAX_SIZE:,}, got {ratio:,}")
     return tuple(ratios)
 
 
@@ -314,7 +316,7 @@ def _yarn(f: _Fields) -> Yarn | None:
         return None
     if not isinstance(block, dict):
         raise f.fail("rope_scaling", f"must be an object or null, got {_short(block)}")
-    kind = block.get("type", block.get("rope_type", "default"))
+    kind = rope_kind(f, block, "rope_scaling")
     if kind == "default":
         return None
     if kind != "yarn":
@@ -370,6 +372,11 @@ def _check_relations(cfg: V4Config, f: _Fields) -> None:
     if cfg.sliding_window > cfg.max_position_embeddings:
         raise f.fail("sliding_window", f"({cfg.sliding_window:,}) must not exceed max_position_embeddings "
                      f"({cfg.max_position_embeddings:,}): the window's cache is that many positions")
+    for i, ratio in enumerate(cfg.compress_ratios):
+        if ratio > cfg.max_position_embeddings:
+            raise f.fail(f"compress_ratios[{i}]", f"({ratio:,}) must not exceed max_position_embeddings "
+                         f"({cfg.max_position_embeddings:,}): a window that long never closes, and its ape has a row "
+                         "per position")
     if cfg.hc_mult > MAX_HC_MULT:
         raise f.fail("hc_mult", f"must be at most {MAX_HC_MULT} streams, got {cfg.hc_mult}")
     if cfg.hc_sinkhorn_iters > MAX_SINKHORN_ITERS:

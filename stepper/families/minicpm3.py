@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from stepper.config import Config, LongRope, _Fields, _parse, model_name
+from stepper.config import Config, LongRope, _Fields, _parse, model_name, rope_kind
 from stepper.families import deepseek
 from stepper.families.family import Family, around
 from stepper.model.layer import decoder_layer
@@ -84,7 +84,7 @@ def longrope(f: _Fields, cfg: Config) -> LongRope | None:
         return None
     if not isinstance(block, dict):
         raise f.fail("rope_scaling", f"must be an object or null, got {block!r}")
-    kind = block.get("type", block.get("rope_type", "default"))
+    kind = rope_kind(f, block, "rope_scaling")
     if kind == "default":
         return None
     if kind != "longrope":

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from stepper.config import Config
+from stepper.config import Config, rope_kind
 from stepper.families import mla_fields
 
 MODEL_TYPE = "sarvam_mla"
@@ -48,7 +48,7 @@ def to_mla(f) -> tuple[dict[str, Any], dict[str, Any]]:
     if q_head_dim is not None and q_head_dim != head:
         raise f.fail("q_head_dim", f"must be qk_nope_head_dim + qk_rope_head_dim ({head}), got {q_head_dim!r}")
     rope = raw.get("rope_scaling")
-    if isinstance(rope, dict) and "deepseek_yarn" in (rope.get("type"), rope.get("rope_type")):
+    if isinstance(rope, dict) and rope_kind(f, rope, "rope_scaling") == "deepseek_yarn":
         raw["rope_scaling"] = {**{k: v for k, v in rope.items() if k not in ("type", "rope_type")}, "type": "yarn"}
     return raw, {}
 

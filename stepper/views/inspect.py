@@ -32,6 +32,7 @@ from stepper.config import Config
 from stepper.errors import StepperError
 from stepper.session import config_problem, open_checkpoint
 from stepper.untrusted import shown
+from stepper.untrusted.paths import found
 from stepper.views import summary
 from stepper.views.sinks import line_width, print_fitted, titled_rule, wrap_fields
 from stepper.views.summary import Stats
@@ -136,14 +137,15 @@ def open_source(where: str | Path) -> Source:
             return published_source(Path(where), open_published(where))
         return checkpoint_source(Path(where), open_checkpoint(where))
     path = Path(where)
-    if path.is_dir() and is_published_v4(path):
+    at = found(path)
+    if at == "folder" and is_published_v4(path):
         return published_source(path, PublishedCheckpoint(path))
-    if path.is_dir():
-        if not (path / "config.json").exists():
+    if at == "folder":
+        if not found(path / "config.json"):
             raise StepperError(f"{path}: not a checkpoint directory (no config.json); give a .safetensors file to "
                                "inspect one file")
         return checkpoint_source(path, open_checkpoint(path))  # any registered family's
-    if not path.exists():
+    if at is None:
         raise StepperError(f"{path}: no such file or directory (expected a .safetensors file or a checkpoint "
                            "directory)")
     if path.suffix == ".json":
@@ -151,7 +153,7 @@ def open_source(where: str | Path) -> Source:
                            f"({path.parent})")
     file = SafetensorsFile(path)
     hint = None
-    if (path.parent / INDEX).exists():
+    if found(path.parent / INDEX):
         hint = f"{path.name} is one shard of {path.parent}: inspect the directory to see scales kept in other shards"
     return Source(path, file_title(file), None, dict.fromkeys(file.names(), path.name), {path.name: file},
                   fp8.BLOCK, hint, published_names=uses_published_names(file.names()))

@@ -40,7 +40,7 @@ def audit(ckpt: Checkpoint, layers: range, with_globals: bool) -> list[Problem]:
     problems += other_unreadable(ckpt, problems)
     problems += unknown_tensors(ckpt, layers)
     if with_globals:
-        problems += stray_tensors(ckpt)
+        problems += stray_disagreements(ckpt) + stray_tensors(ckpt)
     return problems
 
 
@@ -159,6 +159,15 @@ def stray_tensors(ckpt: Checkpoint) -> list[Problem]:
     known = layers + nextn_layers(ckpt)
     strays = {layer: found for layer, found in tensors_by_layer(ckpt).items() if layer >= known}
     return [stray_problem(layer, found, layers) for layer, found in sorted(strays.items())]
+
+
+def stray_disagreements(ckpt: Checkpoint) -> list[Problem]:
+    """Where the index and a shard's header disagree on a tensor of a layer past the config's
+    num_hidden_layers (a multi-token-prediction layer's too): ckpt.problems looks at the config's
+    layers only, and stray_tensors at the tensors both list."""
+    layers = ckpt.config.num_hidden_layers
+    return [problem for name, problem in ckpt.disagreements.items()
+            if (m := LAYER_NAME.match(name)) and int(m[1]) >= layers]
 
 
 def stray_problem(layer: int, found: list[tuple[str, str]], layers: int) -> Problem:

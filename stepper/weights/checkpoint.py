@@ -33,6 +33,7 @@ from stepper.config import Config, load_config
 from stepper.errors import StepperError
 from stepper.untrusted import is_safe
 from stepper.untrusted.jsonfile import read_json
+from stepper.untrusted.paths import found, why
 from stepper.weights.config_hint import contradicted_field
 from stepper.weights.fused_experts import expert_of, expert_start, expert_view, fused_name, stored_shapes
 from stepper.weights.names import global_shapes, layer_prefix, layer_shapes, storage_dtype, text_name
@@ -63,9 +64,9 @@ class Checkpoint:
         """read_config: of the folder's config.json (MLA's reader unless given; a run passes
         stepper.families.load_config, which reads any registered family's)."""
         self.path = Path(path)
-        if not self.path.is_dir():
+        if found(self.path) != "folder":
             raise StepperError(f"{self.path}: not a checkpoint directory")
-        if not (self.path / "config.json").exists():
+        if not found(self.path / "config.json"):
             raise StepperError(f"{self.path}: not a checkpoint directory (no config.json)")
         self.config: Config = read_config(self.path / "config.json")
         self.weight_map = self._read_weight_map()
@@ -434,8 +435,8 @@ class Checkpoint:
 
     def _read_weight_map(self) -> dict[str, str]:
         index = self.path / INDEX
-        if not index.exists():
-            if (self.path / SINGLE).exists():
+        if not found(index):
+            if found(self.path / SINGLE):
                 return dict.fromkeys(SafetensorsFile(self.path / SINGLE).names(), SINGLE)
             raise StepperError(f"{self.path}: neither {INDEX} nor {SINGLE} found")
         raw = read_json(index, "the checkpoint index")
@@ -521,7 +522,7 @@ def not_a_file(path: Path) -> str:
     except FileNotFoundError:
         return "no such file"
     except OSError as e:  # a loop of symbolic links, a denied folder
-        return e.strerror.lower() if e.strerror else "cannot be read"
+        return why(e)
     return "a folder, not a file" if stat.S_ISDIR(mode) else "not a regular file: a FIFO or a device"
 
 

@@ -23,13 +23,15 @@ def contradicted_field(cfg: Config, shapes_of: Callable[[Config], Shapes],
     `layer`'s) stored with its shape (stored(name): its shape, None if absent), or None if no one
     field does. sizes: the dimensions of the layer's stored tensors, which the values tried come
     from. The field is named as DeepSeek-V3's config.json spells it."""
-    if not wrong(shapes_of(cfg), stored):
+    expected = shapes_of(cfg)
+    if not wrong(expected, stored):
         return None
+    absent = any(stored(name) is None for name in expected)
     sizes = set(sizes)
     for field in DIMENSIONS:
         if not hasattr(cfg, field):
             continue
-        for value in candidates(cfg, field, sizes):
+        for value in candidates(cfg, field, sizes, absent):
             try:
                 other = dataclasses.replace(cfg, **{field: value})
                 fits = not wrong(shapes_of(other), stored)
@@ -47,16 +49,22 @@ def wrong(shapes: Shapes, stored: Callable[[str], tuple[int, ...] | None]) -> li
     return [name for name, shape in shapes.items() if stored(name) != shape]
 
 
-def candidates(cfg: Config, field: str, sizes: set[int]) -> list:
+def candidates(cfg: Config, field: str, sizes: set[int], absent: bool = False) -> list:
     """Values to try for a field: the stored sizes, those divided by the config's dimensions (a
     size of heads times a head's) or less one of them (kv_lora_rank plus qk_rope_head_dim), and
-    null for an optional field."""
+    null for an optional field. A size changes the shapes of the tensors the config names, not
+    which ones: only an optional field's change between null and a size does (q_proj, or q_a_proj
+    and q_b_proj). So with a tensor `absent` only such a change is tried: 65,536 experts where 32
+    are stored tried hundreds of sizes, each naming every expert (a minute and a half)."""
+    current = getattr(cfg, field)
+    nulled = [None] if field in OPTIONAL and current is not None else []
+    if absent and (field not in OPTIONAL or current is not None):
+        return nulled
     dimensions = {getattr(cfg, other) for other in DIMENSIONS if isinstance(getattr(cfg, other, None), int)}
     tried = (sizes | {size // d for size in sizes for d in dimensions if d and size % d == 0}
              | {size - d for size in sizes for d in dimensions})
-    current = getattr(cfg, field)
     values: list = sorted(size for size in tried if size != current and size > 0)
-    return values + ([None] if field in OPTIONAL and current is not None else [])
+    return values + nulled
 
 
 def described(value: object) -> str:

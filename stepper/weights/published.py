@@ -25,6 +25,7 @@ import numpy as np
 from stepper import fp4, fp8
 from stepper.errors import StepperError
 from stepper.untrusted.jsonfile import read_json
+from stepper.untrusted.paths import found
 from stepper.weights import deepseek_v4_names as v4
 from stepper.weights.checkpoint import (
     FLOAT_DTYPES,
@@ -47,7 +48,7 @@ MODEL_TYPE = "deepseek_v4"
 def is_published_v4(folder: Path) -> bool:
     """Whether a folder's config.json says DeepSeek-V4 (whose checkpoints use the published layout)."""
     config = folder / "config.json"
-    if not config.is_file():
+    if found(config) != "file":
         return False
     raw = read_json(config, "the checkpoint's config.json")
     return isinstance(raw, dict) and raw.get("model_type") == MODEL_TYPE
@@ -61,7 +62,7 @@ class PublishedCheckpoint(Checkpoint):
 
     def __init__(self, path: str | Path, config: Any = None):
         self.path = Path(path)
-        if not self.path.is_dir():
+        if found(self.path) != "folder":
             raise StepperError(f"{self.path}: not a checkpoint directory")
         raw = read_json(self.path / "config.json", "the checkpoint's config.json")
         if not isinstance(raw, dict):
@@ -84,25 +85,25 @@ class PublishedCheckpoint(Checkpoint):
 
     def _read_weight_map(self) -> dict[str, str]:
         """The index's map, one file's names, or (with neither) the names in every numbered shard."""
-        if (self.path / INDEX).exists() or (self.path / SINGLE).exists():
+        if found(self.path / INDEX) or found(self.path / SINGLE):
             return super()._read_weight_map()
-        found = sorted(p.name for p in self.path.iterdir() if v4.SHARD.fullmatch(p.name))
-        if not found:
+        numbered = sorted(p.name for p in self.path.iterdir() if v4.SHARD.fullmatch(p.name))
+        if not numbered:
             raise StepperError(f"{self.path}: neither {INDEX}, {SINGLE} nor shards "
-                               "model-NNNNN-of-MMMMM.safetensors found")
-        counts = {v4.SHARD.fullmatch(name)[2] for name in found}
+                               "model-NNNNN-of-MMMMM.safetensors numbered")
+        counts = {v4.SHARD.fullmatch(name)[2] for name in numbered}
         if len(counts) > 1:
             raise StepperError(f"{self.path}: shards of different counts ({', '.join(sorted(counts))}): expected "
                                f"model-NNNNN-of-MMMMM.safetensors with one MMMMM, and no {INDEX} to say which to read")
         total = int(counts.pop())
         expected = [f"model-{n:05d}-of-{total:05d}.safetensors" for n in range(1, total + 1)]
-        self.unreadable.update({shard: "no such file" for shard in expected if shard not in found})
-        stray = sorted(set(found) - set(expected))
+        self.unreadable.update({shard: "no such file" for shard in expected if shard not in numbered})
+        stray = sorted(set(numbered) - set(expected))
         if stray:
             raise StepperError(f"{self.path}: {stray[0]} is not numbered 00001 to {total:05d}, the count its name "
                                "gives")
         weight_map = {}
-        for shard in found:
+        for shard in numbered:
             self._open_shard(shard)
             if shard in self.shards:
                 weight_map.update(dict.fromkeys(self.shards[shard].names(), shard))
@@ -196,8 +197,8 @@ class PublishedCheckpoint(Checkpoint):
         return self._layer_tensors[layer]
 
     def present_layers(self) -> list[int]:
-        found = {v4.layer_of(name) for name in self.weight_map} - {None}
-        return sorted(layer for layer in found if layer < self.layers)
+        held = {v4.layer_of(name) for name in self.weight_map} - {None}
+        return sorted(layer for layer in held if layer < self.layers)
 
     def required(self, layers: Iterable[int], with_globals: bool) -> dict[str, v4.Tensor]:
         """Every tensor these layers (and the globals) need, by stored name."""

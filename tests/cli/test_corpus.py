@@ -11,6 +11,7 @@ subprocesses.
 
 from __future__ import annotations
 
+import os
 import resource
 import shutil
 import subprocess
@@ -207,3 +208,30 @@ def limit_memory() -> None:
     number read from a file fails there (a peak RSS measured from here would count this test
     process too, which the child is forked from)."""
     resource.setrlimit(resource.RLIMIT_AS, (CHILD_BYTES, CHILD_BYTES))
+
+
+def permissions_apply() -> list[str]:
+    """A command prefix under which file permissions apply to the child: as root, setpriv dropping the
+    capabilities that override them (the test is skipped without it)."""
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("setpriv") is None:
+        pytest.skip("root, and no setpriv to drop CAP_DAC_OVERRIDE")
+    caps = "-dac_override,-dac_read_search"
+    return ["setpriv", f"--bounding-set={caps}", f"--inh-caps={caps}"]
+
+
+@pytest.mark.parametrize("mode", [0o600, 0o300], ids=["not-searchable", "not-listable"])
+def test_a_folder_that_cannot_be_searched_or_listed_is_one_line(mini, tmp_path, mode):
+    """Without search permission Path.exists() raised PermissionError (a traceback); without read
+    permission a glob found the folder empty."""
+    folder = broken(mini, tmp_path, DirCase("as-is", lambda f: None, 0, ""))
+    folder.chmod(mode)
+    try:
+        for args in (["inspect", "--plain", str(folder)], ["run", "--model", str(folder), "--prompt-len", "2"]):
+            done = subprocess.run([*permissions_apply(), sys.executable, "-m", "stepper", *args], capture_output=True,
+                                  text=True, timeout=60, check=False)
+            expected = f"stepper: error: {folder}: cannot be read (permission denied)\n"
+            assert (done.returncode, done.stderr) == (2, expected), done.stderr[-2000:]
+    finally:
+        folder.chmod(0o755)

@@ -3,6 +3,7 @@ layer's own weights does not cover; on an --input file, that file's one tensor."
 
 import json
 
+import numpy as np
 import pytest
 from helpers.cli import refused, stepper
 
@@ -38,6 +39,17 @@ def test_an_input_of_another_format_or_no_positions_is_named_as_such(tmp_path):
     assert refused(stepper(*run, tmp_path / "empty.safetensors")) == (
         f"{tmp_path / 'empty.safetensors'}: tensor 'x' has shape [1, 0, 320], expected [B, T, 320] with at least "
         "one position (T)")
+
+
+@pytest.mark.parametrize("dtype, stored", [(np.int64, "I64"), (np.bool_, "BOOL"), (np.int32, "I32")])
+def test_an_input_that_is_no_float_stream_is_refused_naming_its_dtype(tmp_path, dtype, stored):
+    """An I64 or BOOL residual stream was taken as the numbers its values are, exit 0."""
+    from safetensors.numpy import save_file
+
+    path = tmp_path / "in.safetensors"
+    save_file({"layers.1.hidden_states": np.ones((1, 3, 320), dtype)}, str(path))
+    assert refused(stepper("run", "--layer", "1", "--plain", "--input", path)) == (
+        f"{path}: tensor 'layers.1.hidden_states' is {stored}, expected F32, BF16, F16, F64, F8_E4M3, F8_E5M2")
 
 
 def test_a_dump_of_the_layers_before_feeds_the_next_layer(tmp_path):

@@ -68,7 +68,7 @@ def test_a_config_larger_than_any_is_refused_from_its_size(checkpoint, tmp_path)
 
 @pytest.mark.parametrize("kind, why", [("folder", "a folder, not a file"),
                                        ("fifo", "not a regular file: a FIFO or a device"),
-                                       ("loop", "too many levels of symbolic links")])
+                                       ("loop", "a symlink loop: too many levels of symbolic links")])
 def test_a_shard_that_is_no_file_is_named_for_what_it_is(checkpoint, tmp_path, kind, why):
     shard = "model-00003-of-00005.safetensors"
     folder = linked_copy(checkpoint, tmp_path / "ck", shard)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -366,6 +367,19 @@ def made_folder(relative: str) -> Callable[[Path], None]:
     return edit
 
 
+def looped(relative: str) -> Callable[[Path], None]:
+    """The file (or, with ".", the folder itself) replaced by a symbolic link to itself."""
+    def edit(folder: Path) -> None:
+        place = folder / relative  # (folder / "." is the folder)
+        if relative == ".":
+            shutil.rmtree(folder)
+        else:
+            place.unlink()
+        place.symlink_to(place)
+
+    return edit
+
+
 def point(name: str, shard: str) -> Callable[[Path], None]:
     return weight_map_edit(lambda m: m.__setitem__(name, shard))
 
@@ -399,6 +413,7 @@ def both(*edits: Callable[[Path], None]) -> Callable[[Path], None]:
 
 
 CANNOT_READ = f"{LAYER1_SHARD} cannot be read"
+GHOST_PAST = "model.layers.5.input_layernorm.weight"  # a layer past the config's 2
 PROBLEMS = "problem(s) with the weights of this run"
 
 
@@ -411,9 +426,12 @@ def _dir_cases() -> list[DirCase]:
         DirCase("config-duplicate-key", text_replaced(cfg, '"hidden_size": 64', '"hidden_size": 64, "hidden_size": 96'),
                 2, "key 'hidden_size' appears twice"),
         DirCase("config-nan", text_replaced(cfg, '"rope_theta": 50000.0', '"rope_theta": NaN'), 2, "NaN is not JSON"),
+        DirCase("config-rope-theta-one", config_fields(rope_theta=1.0), 2, "field 'rope_theta' must be > 1"),
         DirCase("config-array", file_bytes(cfg, b"[]"), 2, "config.json: expected a JSON object"),
         DirCase("config-missing", removed(cfg), 2, "not a checkpoint directory"),
         DirCase("config-a-folder", made_folder(cfg), 2, "config.json: is a directory"),
+        DirCase("config-a-symlink-loop", looped(cfg), 2, f"{cfg}: cannot be read (a symlink loop"),
+        DirCase("folder-a-symlink-loop", looped("."), 2, "ck: cannot be read (a symlink loop"),
         DirCase("config-missing-field", config_fields(hidden_size=...), 2, "'hidden_size'"),
         DirCase("config-string-size", config_fields(hidden_size="64"), 2, "'hidden_size' must be an integer"),
         DirCase("config-bool-size", config_fields(num_hidden_layers=True), 2, "'num_hidden_layers' must be an integer"),
@@ -457,10 +475,13 @@ def _dir_cases() -> list[DirCase]:
                 "points at shard '\\x1b[2J.safetensors', expected a file name"),
         DirCase("index-tensor-not-in-shard", point("model.layers.0.ghost.weight", LAYER1_SHARD), 1,
                 "'model.layers.0.ghost.weight' is listed in model.safetensors.index.json but not in this shard"),
+        DirCase("index-tensor-not-in-shard-past-the-layers", point(GHOST_PAST, LAYER1_SHARD), 1,
+                f"'{GHOST_PAST}' is listed in model.safetensors.index.json but not in this shard", run=0),
         DirCase("index-tensor-left-out", weight_map_edit(lambda m: m.pop(NORM)), 1,
                 f"'{NORM}' is in this shard but not in {idx}"),
         DirCase("index-tensor-in-the-wrong-shard", point(NORM, "model-00002-of-00004.safetensors"), 1,
                 "is listed in model.safetensors.index.json but not in this shard"),
+        DirCase("index-a-symlink-loop", looped(idx), 2, f"{idx}: cannot be read (a symlink loop"),
         DirCase("index-missing-no-single-file", removed(idx), 2, f"neither {idx} nor model.safetensors found"),
     ]
     bad_tensors = [

@@ -18,6 +18,7 @@ from stepper.errors import StepperError
 from stepper.presets import preset
 from stepper.seams.trace import Recorder
 from stepper.session import RunSpec, run
+from stepper.weights import checkpoint as checkpoint_module
 from stepper.weights.checkpoint import Checkpoint
 from stepper.weights.names import is_linear, weight_shapes
 from stepper.weights.seeded import SyntheticWeights
@@ -317,6 +318,22 @@ def test_no_field_is_named_where_no_one_field_explains_the_weights(synth_dir, tm
     with pytest.raises(StepperError) as err:
         Checkpoint(folder).check(range(3), with_globals=True)
     assert "the weights fit" not in str(err.value)
+
+
+def test_a_count_far_past_the_stored_experts_is_refused_without_trying_every_size(synth_dir, tmp_path, monkeypatch):
+    """n_routed_experts 65,536 where 32 are stored: the hint tried hundreds of sizes of every field,
+    each naming all 65,536 experts (a minute and a half). With experts absent no size can fit: the
+    layers' names are made a few times, not once per size."""
+    folder = tmp_path / "ck"
+    shutil.copytree(synth_dir, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "n_routed_experts": 1 << 16}))
+    made = []
+    shapes = checkpoint_module.layer_shapes
+    monkeypatch.setattr(checkpoint_module, "layer_shapes", lambda cfg, layer: made.append(layer) or shapes(cfg, layer))
+    with pytest.raises(StepperError, match="problem"):
+        Checkpoint(folder).check(range(3), with_globals=True)
+    assert len(made) <= 8, len(made)
 
 
 def test_a_missing_or_misshaped_scale_is_named(tmp_path):

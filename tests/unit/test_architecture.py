@@ -37,10 +37,11 @@ BELOW_EVERYTHING: dict[str, set[str]] = {
     "kernels.parallel": set(),  # the cores, and work split between them
     "tensors.chunked": {"tensors.tensor"},
     "tensors.spill": {"tensors.statistics"},  # a chunked prefill's held tensors on disk while their ranges grow
-    "config": {"errors", "untrusted.jsonfile", "untrusted", "untrusted.regex_subset"},
+    "config": {"errors", "untrusted.jsonfile", "untrusted", "untrusted.regex_subset", "untrusted.paths"},
     "untrusted.regex_subset": {"errors", "untrusted"},
     "dtypes": set(),
     "untrusted.jsonfile": {"errors"},
+    "untrusted.paths": {"errors", "untrusted"},  # what is at a path given: a folder that cannot be read, a link loop
     "files": {"errors", "untrusted"},  # every file stepper writes or removes goes through it
     "untrusted": set(),  # the room's __init__: text from a file or a user made safe to show (shown, cut)
     "text": {"errors", "untrusted.jsonfile", "untrusted"},
@@ -110,7 +111,7 @@ ROOM_LINES = {
     "planning": 700,  # 552
     "seams": 700,  # 553
     "tensors": 800,  # 530; 720 with the spill of a chunked prefill's held tensors
-    "untrusted": 300,  # 233
+    "untrusted": 380,  # 233; 308 with the paths a user gives (untrusted.paths)
     # 3,811; DeepSeek-V4 adds its pictures (streams and comb, a query's reach), its catalogue view, FP4 codes;
     # 5,010 with explain's checked parameters, a pipe's whole trees and tables, a new user's review mended
     "views": 5600,

@@ -3,12 +3,13 @@
 import json
 
 import pytest
+from helpers.cli import refused, stepper
 from helpers.configs import family_preset
 
 from stepper import families
 from stepper.config import load_config
 from stepper.errors import StepperError
-from stepper.presets import PRESETS, preset
+from stepper.presets import PRESETS, V4_PRESETS, preset
 
 
 def test_presets_parse_and_round_trip_through_config_json():
@@ -50,6 +51,32 @@ def test_rope_parameters_block_is_read_too(make_config):
     cfg = make_config(rope_scaling=None, rope_theta=None,
                       rope_parameters={"rope_type": "yarn", "rope_theta": 777.0, **yarn})
     assert cfg.rope_theta == 777.0 and cfg.rope_scaling.factor == 32.0
+
+
+def _rope_block(name: str) -> tuple[dict, str, str]:
+    """The preset's config, the name of its rope block and that block's kind."""
+    raw = dict(PRESETS.get(name) or V4_PRESETS[name])
+    block = "rope_parameters" if "rope_parameters" in raw else "rope_scaling"
+    return raw, block, raw[block].get("rope_type", raw[block].get("type"))
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny-mistral4", "tiny-v4", "tiny-minicpm3", "tiny-sarvam"])
+@pytest.mark.parametrize("newer_is_default", [True, False])
+def test_a_rope_block_whose_type_and_rope_type_disagree_is_refused(tmp_path, name, newer_is_default):
+    """`type` won where transformers reads `rope_type` first: a YaRN checkpoint ran without YaRN (or
+    the reverse), exit 0. Which one a tool reads changes the answer, so neither is guessed."""
+    raw, block, kind = _rope_block(name)
+    kinds = {"rope_type": "default", "type": kind} if newer_is_default else {"rope_type": kind, "type": "default"}
+    (tmp_path / "config.json").write_text(json.dumps({**raw, block: {**raw[block], **kinds}}))
+    assert refused(stepper("run", "--model", tmp_path / "config.json", "--layer", "1")) == (
+        f"{tmp_path / 'config.json'}: field '{block}.rope_type' is {kinds['rope_type']!r} but {block}.type is "
+        f"{kinds['type']!r}: give one, or both alike")
+
+
+@pytest.mark.parametrize("kinds", [{"rope_type": "yarn"}, {"type": "yarn"}, {"rope_type": "yarn", "type": "yarn"}])
+def test_a_rope_block_gives_its_kind_by_either_name_or_both_alike(make_config, kinds):
+    yarn = {k: v for k, v in PRESETS["tiny"]["rope_scaling"].items() if k not in ("type", "rope_type")}
+    assert make_config(rope_scaling={**yarn, **kinds}).rope_scaling.factor == 32.0
 
 
 @pytest.mark.parametrize(

@@ -46,3 +46,36 @@ def test_a_length_past_any_context_is_refused_before_its_tokens_are_drawn(tmp_pa
     (tmp_path / "config.json").write_text(json.dumps(raw))
     args = ["run", "--model", tmp_path / "config.json", "--layer", "1", option, str(value)]
     assert refused(stepper(*args)) == f"{option} must be at most 16,777,216 positions, got {value:,}"
+
+
+def _theta(name: str, field: str, value: float) -> dict:
+    """The preset with a rotary base set where its config.json keeps it (Mistral 4: in rope_parameters)."""
+    raw = {**PRESETS.get(name, V4_PRESETS.get(name))}
+    if field == "rope_parameters.rope_theta":
+        raw["rope_parameters"] = {**raw["rope_parameters"], "rope_theta": value}
+    else:
+        raw[field] = value
+    return raw
+
+
+@pytest.mark.parametrize("name, field, value", [
+    ("tiny", "rope_theta", 1.0), ("tiny", "rope_theta", 1e-300), ("tiny-glm4-flash", "rope_theta", 0.5),
+    ("tiny-minicpm3", "rope_theta", 1.0), ("tiny-mistral4", "rope_parameters.rope_theta", 1.0),
+    ("tiny-v4", "rope_theta", 1.0), ("tiny-v4", "compress_rope_theta", 1.0), ("tiny-v4", "compress_rope_theta", 1e-300),
+])
+def test_a_rotary_base_that_makes_no_table_is_refused_naming_the_field(tmp_path, name, field, value):
+    """rope_theta 1 divided by log(1) in YaRN's correction range (a ZeroDivisionError traceback);
+    1e-300 made NaN tables."""
+    (tmp_path / "config.json").write_text(json.dumps(_theta(name, field, value)))
+    where, _, short = field.rpartition(".")
+    at = f"{tmp_path / 'config.json'}: {where + ': ' if where else ''}"
+    assert refused(stepper("run", "--model", tmp_path / "config.json", "--layer", "1")) == (
+        f"{at}field '{short}' must be > 1 (the rotary base: frequencies are base^(-2i/dim)), got {value!r}")
+
+
+def test_a_v4_compress_ratio_past_any_window_is_refused_before_its_ape_is_made(tmp_path):
+    """2**40 was taken: the run of a config.json made a 64 TiB ape (NumPy's out-of-memory line)."""
+    raw = {**V4_PRESETS["tiny-v4"], "max_position_embeddings": 1 << 40, "compress_ratios": [0, 4, 1 << 40, 4, 0]}
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    assert refused(stepper("run", "--model", tmp_path / "config.json", "--layer", "2")) == (
+        f"{tmp_path / 'config.json'}: field 'compress_ratios[2]' must be <= {MAX_SIZE:,}, got {1 << 40:,}")

@@ -66,6 +66,8 @@ def broken(**changes) -> dict:
                                           "num_nextn_predict_layers 1), got 4")),
     ({"compress_ratios": [0, 4, 16, 1, 0]}, "field 'compress_ratios[3]' must be 0 (sliding), 4 (CSA) or another ratio"),
     ({"compress_ratios": "0,4"}, "field 'compress_ratios' must be a list of 5 entries"),
+    ({"compress_ratios": [0, 4, 8192, 4, 0]}, ("field 'compress_ratios[2]' (8,192) must not exceed "
+                                               "max_position_embeddings (4,096): a window that long never closes")),
     ({"scoring_func": "sigmoid"}, "field 'scoring_func' must be 'sqrtsoftplus'"),
     ({"num_key_value_heads": 2}, "field 'num_key_value_heads' must be 1"),
     ({"hc_mult": None}, "field 'hc_mult' is missing"),
