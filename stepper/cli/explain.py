@@ -12,6 +12,7 @@ from rich.text import Text
 from stepper import catalog
 from stepper.cli.common import ModelOpt, PlainOpt, user_errors
 from stepper.errors import StepperError
+from stepper.fixtures.implementation_names import Named, implementation_names
 from stepper.session import check_layer, load_model
 from stepper.views.compare import compared_layer, comparison
 from stepper.views.explain import (
@@ -23,7 +24,6 @@ from stepper.views.explain import (
     names,
     not_found,
 )
-from stepper.views.implementation_names import Named, implementation_names
 from stepper.views.sinks import line_width, print_fitted, print_whole, styles
 from stepper.views.tree import layer_kind, layer_tree
 

@@ -109,7 +109,7 @@ ROOM_LINES = {
     # attention adding 662, its residual, routers, experts and layer 309
     "model": 3400,
     "planning": 700,  # 552
-    "seams": 700,  # 553
+    "seams": 760,  # 553; 711 with the choice a set or a patch of indices is checked against (trace.Choice)
     "tensors": 800,  # 530; 720 with the spill of a chunked prefill's held tensors
     "untrusted": 380,  # 233; 308 with the paths a user gives (untrusted.paths)
     # 3,811; DeepSeek-V4 adds its pictures (streams and comb, a query's reach), its catalogue view, FP4 codes;
