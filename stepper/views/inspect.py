@@ -582,8 +582,14 @@ def render(console: Console, source: Source, groups: list[Group], matched: list[
         print_fitted(console, Text(shown(source.hint), style="dim"))
     if problems:
         print_fitted(console, Text(problem_heading(problems), style="bold red"))
-        for p in problems:
+        for p in problems[:LISTED_PROBLEMS]:
             print_fitted(console, Text(f"  ! {shown(p.text)}", style="red"))
+        if len(problems) > LISTED_PROBLEMS:
+            print_fitted(console, Text(f"  ... and {len(problems) - LISTED_PROBLEMS:,} more (--json lists every one)",
+                                       style="red"))
+
+
+LISTED_PROBLEMS = 100  # problems listed on screen: a header of a million wrong tensors is not printed a line each
 
 
 def problem_heading(problems: list[Problem]) -> str:
@@ -655,10 +661,10 @@ def footer(matched: list[Tensor], total: int, stats: bool, problems: int) -> str
     if fp4_weights:
         out.append(f"{fp4_weights} FP4 weight{'s' * (fp4_weights != 1)}: I8 bytes (two e2m1 codes each, low nibble "
                    "first) shown as the [out, in] they hold, with their F8_E8M0 scales (one per 32 inputs)")
-    if problems:
-        out.append(f"{problems} problem{'s' if problems != 1 else ''} (listed below)")
     if not stats:
         out.append("the weights' values not read: --stats reads them and names any NaN or infinity")
+    if problems:
+        out.append(f"{problems} problem{'s' if problems != 1 else ''} (listed below)")
     return " · ".join(out)
 
 

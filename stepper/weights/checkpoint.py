@@ -323,7 +323,7 @@ class Checkpoint:
                      for p in self._problems(name, shape)]
         problems += [p for name, p in self.disagreements.items()
                      if name not in required and in_scope(name, layers, with_globals)]
-        return problems + self._orphan_scales(layers, with_globals, required)
+        return said_once(problems + self._orphan_scales(layers, with_globals, required))
 
     def present_layers(self) -> list[int]:
         """The config's layers holding at least one tensor, in order."""
@@ -540,6 +540,15 @@ def count(n: int, noun: str) -> str:
 def hinted(hint: str | None) -> str:
     """A refusal's last line: the config field the weights contradict, if one is found."""
     return f"\n{hint}" if hint else ""
+
+
+def said_once(problems: list[Problem]) -> list[Problem]:
+    """The problems, each sentence of a file once: the three parts of an INT4 weight stored
+    unquantized are one problem, not three identical lines."""
+    kept: dict[tuple[str | None, str], Problem] = {}
+    for p in problems:
+        kept.setdefault((p.file, p.text), p)
+    return list(kept.values())
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,9 @@ subprocesses.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import resource
 import shutil
 import subprocess
@@ -36,6 +38,7 @@ from typer.testing import CliRunner
 from stepper.cli.main import app
 from stepper.config import Config
 from stepper.fixtures import aliases
+from stepper.views import inspect as inspect_view
 from stepper.weights.seeded import SyntheticWeights
 from stepper.weights.synth_checkpoint import synth_checkpoint
 
@@ -131,6 +134,23 @@ def test_the_sound_mini_checkpoint_passes_inspect_and_runs(mini):
     checked = measured("inspect", "--plain", str(mini), traced=True)
     assert checked.exit_code == 0 and checked.stderr == "" and "problem" not in checked.stdout
     assert measured("run", "--model", str(mini), "--prompt-len", "2", "--plain", traced=False).exit_code == 0
+
+
+def test_a_config_at_odds_with_every_tensor_lists_some_problems_and_counts_the_rest(mini, tmp_path, monkeypatch):
+    """A config.json that does not describe its weights makes a problem of every tensor (a million,
+    in a header of zero-size tensors): the screen lists LISTED_PROBLEMS (here 10) of them and says
+    how many more, --json every one."""
+    folder = tmp_path / "ck"
+    shutil.copytree(mini, folder)
+    config_fields(hidden_size=MINI_CONFIG["hidden_size"] * 2)(folder)
+    monkeypatch.setattr(inspect_view, "LISTED_PROBLEMS", 10)
+    done = measured("inspect", "--plain", str(folder))
+    listed = [line for line in done.stdout.splitlines() if line.startswith("  ! ")]
+    problems = int(re.search(r"^(\d+) problems", done.stdout, re.MULTILINE)[1])
+    assert done.exit_code == 1 and problems > 10 and len(listed) == 10
+    assert done.stdout.rstrip().endswith(f"  ... and {problems - 10:,} more (--json lists every one)")
+    every = measured("inspect", "--json", str(folder)).stdout.splitlines()[-1]
+    assert len(json.loads(every)["problems"]) == problems
 
 
 def test_a_multi_token_prediction_layer_is_no_stray(mini, tmp_path):

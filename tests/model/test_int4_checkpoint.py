@@ -100,6 +100,9 @@ def replaced(name, value):
      f"'{EXPERT}_shape' holds [96, 321], expected [96, 320]"),
     (lambda t: {**without(EXPERT + "_packed")(t), EXPERT: np.ones((96, 320), ml_dtypes.bfloat16)},
      f"'{EXPERT}' is stored unquantized, but config.json's quantization_config quantizes this module"),
+    (lambda t: {**{k: v for k, v in t.items() if not k.startswith(EXPERT + "_")},  # none of its three parts:
+                EXPERT: np.ones((96, 320), ml_dtypes.bfloat16)},                    # one line, not three alike
+     f"'{EXPERT}' is stored unquantized, but config.json's quantization_config quantizes this module"),
 ])
 def test_a_wrong_int4_weight_is_one_line_naming_the_file_and_tensor(int4_dir, tmp_path, change, says):
     folder = rewritten(int4_dir, tmp_path / "bad", change)
