@@ -30,10 +30,11 @@ from stepper.weights.names import layer_shapes
 
 def audit(ckpt: Checkpoint, layers: range, with_globals: bool) -> list[Problem]:
     """Every problem of the given layers (and of the embedding, norm and lm_head with_globals),
-    in the order: what a run refuses, scale values, unreadable shards, stray tensors."""
+    in the order: the config field the weights contradict (it explains the rest), what a run refuses,
+    scale values, unreadable shards, stray tensors."""
     problems = ckpt.problems(layers, with_globals)
     hint = ckpt.config_hint(layers, with_globals) if problems else None
-    problems += [Problem("config.json", None, hint)] if hint else []
+    problems = ([Problem("config.json", None, hint)] if hint else []) + problems
     if ckpt.reads_values:
         problems += scale_value_problems(ckpt, layers, with_globals)
         problems += group_scale_problems(ckpt, layers, with_globals)

@@ -90,7 +90,7 @@ class PublishedCheckpoint(Checkpoint):
         numbered = sorted(p.name for p in self.path.iterdir() if v4.SHARD.fullmatch(p.name))
         if not numbered:
             raise StepperError(f"{self.path}: neither {INDEX}, {SINGLE} nor shards "
-                               "model-NNNNN-of-MMMMM.safetensors numbered")
+                               "model-NNNNN-of-MMMMM.safetensors found")
         counts = {v4.SHARD.fullmatch(name)[2] for name in numbered}
         if len(counts) > 1:
             raise StepperError(f"{self.path}: shards of different counts ({', '.join(sorted(counts))}): expected "

@@ -73,20 +73,21 @@ def counted(lines: bool = False, traced: bool = False) -> Iterator[Work]:
         return line_tracer
 
     before_trace = sys.gettrace()
+    modules = set(sys.modules)  # (before the tracing: the set is the counting's, not the body's)
     if traced:
         tracemalloc.start()
     SafetensorsFile.get = counting_get
     if lines:
         sys.settrace(lambda frame, event, arg: line_tracer)
     start, own = bytes_read()
-    modules = set(sys.modules)
     try:
         yield work
     finally:
-        work.read = bytes_read()[0] - start - own - imported_bytes(set(sys.modules) - modules)
+        read = bytes_read()[0] - start - own
         if lines:
             sys.settrace(before_trace)
         SafetensorsFile.get = get
         if traced:
             work.peak = tracemalloc.get_traced_memory()[1]
             tracemalloc.stop()
+        work.read = read - imported_bytes(set(sys.modules) - modules)
