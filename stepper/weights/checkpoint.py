@@ -445,6 +445,10 @@ class Checkpoint:
             raise StepperError(f"{index}: expected an object with a 'weight_map' of tensor name -> shard file")
         for name, shard in weight_map.items():
             self._check_shard_name(index, name, shard)
+        if found(self.path / SINGLE) and set(weight_map.values()) - {SINGLE}:
+            raise StepperError(f"{self.path}: holds both {SINGLE} and {INDEX}, whose shards are other files: "
+                               f"transformers reads {SINGLE} alone, stepper would read the shards; keep the one "
+                               "that holds this model's weights")
         return weight_map
 
     def _check_shard_name(self, index: Path, tensor: str, shard: str) -> None:

@@ -460,6 +460,10 @@ def _dir_cases() -> list[DirCase]:
                 2, "key 'weight_map' appears twice"),
         DirCase("index-nan-size", index_replaced('"total_size": ', '"total_size": NaN, "x": '), 2, "NaN is not JSON"),
         DirCase("index-array", index_value([]), 2, "expected an object with a 'weight_map'"),
+        DirCase("index-and-a-single-file", lambda folder: shutil.copy(next(folder.glob("model-0*.safetensors")),
+                                                                      folder / "model.safetensors"), 2,
+                "holds both model.safetensors and model.safetensors.index.json, whose shards are other files: "
+                "transformers reads model.safetensors alone"),
         DirCase("index-no-weight-map", index_value({"metadata": {}}), 2, "expected an object with a 'weight_map'"),
         DirCase("index-weight-map-list", index_value({"weight_map": []}), 2, "expected an object with a 'weight_map'"),
         DirCase("index-shard-a-number", point(NORM, 3), 2, "expected an object with a 'weight_map'"),
