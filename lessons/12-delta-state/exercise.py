@@ -15,7 +15,7 @@ import numpy as np
 def gated_delta_rule(q, k, v, g, beta, state, keep_states=False):
     """The gated delta rule, one token after the other, for every batch row and head at once.
 
-    q, k: float32 [B, H, T, K] (unit length per head; q already times K^-0.5)
+    q, k: float32 [B, H, T, K] (k unit length per head; q unit length times K^-0.5)
     v: float32 [B, H, T, V]; g: float32 [B, H, T, K] (the decay's log, <= 0); beta: float32 [B, H, T]
     state: float32 [B, H, K, V], the state before the first of the T tokens
 

@@ -18,7 +18,7 @@ def gated_pool(slots_kv: np.ndarray, slots_gate: np.ndarray) -> tuple[np.ndarray
 
     slots_kv [B, Wc, slots, Dc]: the projections of each closed window's slots (Wc windows; slots is
         m, or 2m on a CSA layer, whose slots include the window before's tokens), Dc channels
-    slots_gate [B, Wc, slots, Dc]: their gates, the slot's learned bias added (-inf for a slot before
+    slots_gate [B, Wc, slots, Dc]: their gates, the learned bias of the slot's position and channel added (-inf for a slot before
         the first window: it must get weight 0)
     -> weights [B, Wc, slots, Dc]: for each window and channel, a softmax of the gates over the slots
        pooled [B, Wc, Dc]: for each window and channel, the sum over the slots of weights * slots_kv

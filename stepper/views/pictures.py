@@ -683,7 +683,7 @@ def scale_notes(s: np.ndarray, logs: np.ndarray, lo: float, hi: float, block: tu
     if n_bad:
         notes.append(Text(f"{n_bad} scales are not positive finite numbers ({BAD})", style=ALARM))
     rows, cols = s.shape
-    notes.append(caption(f"scale_inv [{rows}, {cols}]: one FP8 scale per 128×128 block of the weight, "
+    notes.append(caption(f"scale_inv [{rows}, {cols}]: one float32 scale per 128×128 block of the FP8 weight, "
                          f"out/128 blocks r down, in/128 blocks c across"))
     if block != (1, 1):
         notes.append(caption(pooled_note("scale", block, (rows, cols), pooled_shape[:2], ("rows", "cols"))))
