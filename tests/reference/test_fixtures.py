@@ -661,3 +661,21 @@ def test_a_map_name_that_no_candidate_tensor_has_is_named(basic, tmp_path):
     assert out.returncode == 1
     assert "1 --map names that no candidate tensor has: my_outO" in out.stdout.splitlines()
     assert json.loads((tmp_path / "r.json").read_text())["map_names_not_in_candidate"] == ["my_outO"]
+
+
+def test_a_candidate_of_unknown_names_is_told_the_namings_its_family_has(tmp_path):
+    """None of a candidate's names known: the message offers only the namings whose tables name the
+    fixture's family, and with --names another naming that reads them is named."""
+    hf = tmp_path / "hf.safetensors"
+    save_file({"prefill.model.layers.1.mlp.gate[0]": np.zeros((8, 32), np.float32)}, hf)
+    told = stepper("fixtures", "verify", str(ROOT / "fixtures" / "tiny-v3-grouped"), str(hf), "--names", "inference")
+    assert told.returncode == 2 and told.stderr.rstrip().endswith(
+        "they are transformers names, not inference ones: give --names transformers"), told.stderr
+    told = stepper("fixtures", "verify", str(ROOT / "fixtures" / "tiny-kimi-linear-kda"), str(hf))
+    assert told.returncode == 2 and told.stderr.rstrip().endswith(
+        "expected canonical names like layers.1.self_attn.k_pe (no other implementation's names of kimi_linear "
+        "tensors are known), or pass --map FILE.json"), told.stderr
+    save_file({"nothing.known": np.zeros(1, np.float32)}, hf.with_name("x.safetensors"))
+    told = stepper("fixtures", "verify", str(ROOT / "fixtures" / "tiny-v3-grouped"), str(hf.with_name("x.safetensors")))
+    assert told.stderr.rstrip().endswith("transformers module names, inference/model.py names, llama.cpp names "
+                                         "(stepper fixtures names), or pass --map FILE.json"), told.stderr
