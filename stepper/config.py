@@ -24,6 +24,7 @@ from stepper.untrusted import regex_subset as patterns
 from stepper.untrusted.jsonfile import read_json
 from stepper.untrusted.paths import found
 
+EPS_BELOW = 1.0  # rms_norm_eps: added to a mean square, it must be small beside one (published: 1e-6, 1e-5)
 MODEL_TYPES = ("deepseek_v3", "kimi_k2", "deepseek_v2", "deepseek_v32")
 WRAPPER_TYPES = ("kimi_k25",)
 ARCHITECTURES = {"deepseek_v3": "DeepseekV3ForCausalLM", "kimi_k2": "DeepseekV3ForCausalLM",
@@ -390,12 +391,15 @@ class _Fields:
     def optional_int(self, field: str) -> int | None:
         return None if self.raw.get(field) is None else self.int(field)
 
-    def float(self, field: str, default: Any = ..., positive: bool = True) -> float:
+    def float(self, field: str, default: Any = ..., positive: bool = True, below: float | None = None) -> float:
+        """A finite number field, > 0 where `positive`, < `below` where given."""
         value = self._get(field, default)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise self.fail(field, f"must be a finite number, got {value!r}")
         if positive and value <= 0:
             raise self.fail(field, f"must be > 0, got {value}")
+        if below is not None and value >= below:
+            raise self.fail(field, f"must be < {below:g}, got {value:g}")
         return float(value)
 
     def bool(self, field: str, default: Any = ...) -> bool:
@@ -495,7 +499,7 @@ def _parse(raw: dict[str, Any], source: str, spelled: dict[str, str] | None = No
         norm_topk_prob=f.bool("norm_topk_prob", default=model_type != "deepseek_v2"),
         first_k_dense_replace=f.int("first_k_dense_replace", default=0, minimum=0),
         moe_layer_freq=f.int("moe_layer_freq", default=1),
-        rms_norm_eps=f.float("rms_norm_eps", default=1e-6),
+        rms_norm_eps=f.float("rms_norm_eps", default=1e-6, below=EPS_BELOW),
         rope_theta=rope_theta,
         max_position_embeddings=f.int("max_position_embeddings"),
         rope_scaling=rope_scaling,
@@ -620,9 +624,18 @@ def _rope(f: _Fields) -> tuple[float, Yarn | None]:
         mscale=inner.float("mscale", default=1.0, positive=False),
         mscale_all_dim=inner.float("mscale_all_dim", default=0.0, positive=False),
     )
+    return theta, checked_yarn(f, yarn, block_name)
+
+
+def checked_yarn(f: Any, yarn: Yarn, block_name: str) -> Yarn:
+    """A YaRN block's fields against each other: a factor of at least 1, and beta_fast at least
+    beta_slow (else the pairs it keeps and those it interpolates would swap sides)."""
     if yarn.factor < 1:
         raise f.fail(f"{block_name}.factor", f"must be >= 1, got {yarn.factor}")
-    return theta, yarn
+    if yarn.beta_fast < yarn.beta_slow:
+        raise f.fail(f"{block_name}.beta_fast", f"must be >= beta_slow ({yarn.beta_slow:g}): YaRN keeps the pairs "
+                     f"turning more than beta_fast times in the original context, got {yarn.beta_fast:g}")
+    return yarn
 
 
 def _quantization(f: _Fields) -> Fp8 | None:

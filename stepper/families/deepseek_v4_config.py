@@ -23,7 +23,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stepper.config import MAX_SIZE, NULL_IS_ABSENT, Yarn, limit_of, model_name, rope_base, rope_kind
+from stepper.config import (
+    EPS_BELOW,
+    MAX_SIZE,
+    NULL_IS_ABSENT,
+    Yarn,
+    checked_yarn,
+    limit_of,
+    model_name,
+    rope_base,
+    rope_kind,
+)
 from stepper.errors import StepperError
 from stepper.model.compressed_attention import AttentionDims
 from stepper.model.v4_attention_cache import cost_line
@@ -222,10 +232,13 @@ class _Fields:
             raise self.fail(field, f"must be <= {limit_of(field):,}, got {value:,}")
         return value
 
-    def float(self, field: str, default: Any = ...) -> float:
+    def float(self, field: str, default: Any = ..., below: float | None = None) -> float:
+        """A finite number > 0 (and < `below`, where given)."""
         value = self.get(field, default)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
             raise self.fail(field, f"must be a finite number > 0, got {_short(value)}")
+        if below is not None and value >= below:
+            raise self.fail(field, f"must be < {below:g}, got {value:g}")
         return float(value)
 
     def equal(self, field: str, expected: Any, why: str) -> None:
@@ -268,7 +281,7 @@ def parse(raw: dict[str, Any], source: str) -> V4Config:
         n_shared_experts=f.int("n_shared_experts", default=1, minimum=0),
         num_experts_per_tok=f.int("num_experts_per_tok"),
         routed_scaling_factor=f.float("routed_scaling_factor", default=1.0),
-        rms_norm_eps=f.float("rms_norm_eps", default=1e-6),
+        rms_norm_eps=f.float("rms_norm_eps", default=1e-6, below=EPS_BELOW),
         rope_theta=rope_base(f, "rope_theta"),
         compress_rope_theta=rope_base(f, "compress_rope_theta", default=...),
         rope_scaling=_yarn(f),
@@ -325,9 +338,7 @@ def _yarn(f: _Fields) -> Yarn | None:
     yarn = Yarn(factor=inner.float("factor"),
                 original_max_position_embeddings=inner.int("original_max_position_embeddings"),
                 beta_fast=inner.float("beta_fast", default=32.0), beta_slow=inner.float("beta_slow", default=1.0))
-    if yarn.factor < 1:
-        raise f.fail("rope_scaling.factor", f"must be >= 1, got {yarn.factor}")
-    return yarn
+    return checked_yarn(f, yarn, "rope_scaling")
 
 
 def _quantization(f: _Fields) -> V4Fp8 | None:

@@ -22,7 +22,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from stepper.config import MlaVariants, _Fields, model_name
+from stepper.config import EPS_BELOW, MlaVariants, _Fields, model_name
 from stepper.errors import StepperError
 from stepper.families.deepseek import part_files
 from stepper.families.family import Family
@@ -187,7 +187,7 @@ def parse(raw: dict[str, Any], source: str) -> KimiLinearConfig:
         routed_scaling_factor=f.float("routed_scaling_factor", default=1.0),
         norm_topk_prob=f.bool("moe_renormalize", default=True),
         first_k_dense_replace=f.int("first_k_dense_replace", default=1, minimum=0),
-        rms_norm_eps=f.float("rms_norm_eps", default=1e-5),
+        rms_norm_eps=f.float("rms_norm_eps", default=1e-5, below=EPS_BELOW),
         max_position_embeddings=f.int("model_max_length", default=1048576),
         linear_num_heads=inner.int("num_heads"),
         linear_head_dim=inner.int("head_dim"),

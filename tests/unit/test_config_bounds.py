@@ -79,3 +79,22 @@ def test_a_v4_compress_ratio_past_any_window_is_refused_before_its_ape_is_made(t
     (tmp_path / "config.json").write_text(json.dumps(raw))
     assert refused(stepper("run", "--model", tmp_path / "config.json", "--layer", "2")) == (
         f"{tmp_path / 'config.json'}: field 'compress_ratios[2]' must be <= {MAX_SIZE:,}, got {1 << 40:,}")
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny-kimi-linear", "tiny-v4"])
+@pytest.mark.parametrize("eps", [1.0, 1e300])
+def test_an_rms_norm_eps_as_large_as_a_mean_square_is_refused(tmp_path, name, eps):
+    """rms_norm_eps 1e300 made every norm's output about 0, exit 0."""
+    (tmp_path / "config.json").write_text(json.dumps({**PRESETS.get(name, V4_PRESETS.get(name)), "rms_norm_eps": eps}))
+    assert refused(stepper("run", "--model", tmp_path / "config.json")) == (
+        f"{tmp_path / 'config.json'}: field 'rms_norm_eps' must be < 1, got {eps:g}")
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny-v4"])
+def test_a_yarn_beta_fast_below_beta_slow_is_refused(tmp_path, name):
+    raw = {**PRESETS.get(name, V4_PRESETS.get(name))}
+    raw["rope_scaling"] = {**raw["rope_scaling"], "beta_fast": 0.5, "beta_slow": 2.0}
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    assert refused(stepper("run", "--model", tmp_path / "config.json")) == (
+        f"{tmp_path / 'config.json'}: field 'rope_scaling.beta_fast' must be >= beta_slow (2): YaRN keeps the pairs "
+        "turning more than beta_fast times in the original context, got 0.5")
