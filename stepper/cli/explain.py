@@ -12,7 +12,7 @@ from rich.text import Text
 from stepper import catalog
 from stepper.cli.common import ModelOpt, PlainOpt, user_errors
 from stepper.errors import StepperError
-from stepper.fixtures.implementation_names import Named, implementation_names
+from stepper.fixtures.implementation_names import Named, read_back
 from stepper.session import check_layer, load_model
 from stepper.views.compare import compared_layer, comparison
 from stepper.views.explain import (
@@ -21,7 +21,6 @@ from stepper.views.explain import (
     emitted_by,
     explain_text,
     layer_parameter,
-    names,
     not_found,
 )
 from stepper.views.sinks import line_width, print_fitted, print_whole, styles
@@ -45,10 +44,7 @@ def explain_command(
         if (layer := LAYER.search(name)) is not None:  # a layer the model has, as a run asks
             check_layer(int(layer[1]), cfg, f"{name}: layer")
         cat = catalog.around(cfg)
-        parameter = layer_parameter(cat, cfg, name)
-        named = [] if parameter or names(cat, catalog.key_of(name)) else implementation_names(name, cfg.model_type)
-        entries = (cat.consumers(parameter, known=True) if parameter else named_entries(cat, named) if named
-                   else cat.find(name))
+        named, entries = explained(cat, cfg, name)
         if not entries and not named:
             raise StepperError(not_found(cat, name))
         entries = emitted_by(cat, entries, cfg, name)
@@ -66,10 +62,13 @@ def explain_command(
             print_fitted(console, elsewhere)
 
 
-def named_entries(cat: catalog.Catalog, named: list[Named]) -> list[dict]:
-    """The catalogue entries of the tensors other implementations' names hold, each once."""
-    tensors = dict.fromkeys(n.alias.tensor for n in named if n.alias.tensor)
-    return [entry for tensor in tensors if (entry := cat.entry(tensor)) is not None]
+def explained(cat: catalog.Catalog, cfg, name: str) -> tuple[list[Named], list[dict]]:
+    """What a query explains: a checkpoint parameter's consumers, another implementation's name
+    read back (with the names it is), else what the catalogue finds."""
+    if parameter := layer_parameter(cat, cfg, name):
+        return [], cat.consumers(parameter, known=True)
+    named, entries = read_back(cat, cfg.model_type, name)
+    return (named, entries) if named else ([], cat.find(name))
 
 
 def tree_command(
