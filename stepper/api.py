@@ -47,6 +47,7 @@ from stepper import catalog
 from stepper.config import Config
 from stepper.errors import StepperError
 from stepper.fixtures import run_diff
+from stepper.fixtures.implementation_names import explained
 from stepper.kernels import parallel
 from stepper.lessons import overrides
 from stepper.planning import Wording
@@ -211,7 +212,10 @@ class Run(Mapping):
         if not isinstance(name, str):
             raise StepperError(f"explain expects a tensor name (a str), got {type(name).__name__}")
         cat = catalog.around(self.config)
-        entries = cat.find(name)
+        try:
+            _, entries = explained(cat, self.config, name)  # as `stepper explain` reads it
+        except StepperError as error:  # a parameter the layer has not
+            raise NotFound(str(error)) from None
         in_run = [e for e in entries if any(catalog.key_of(n) == e["name"] for n in self.names)]
         entries = in_run if len(in_run) == 1 else entries  # k_pe of this run's family, not another's
         if not entries:  # as `stepper explain` says it: the nearest names, or the family that has it

@@ -12,7 +12,7 @@ from rich.text import Text
 from stepper import catalog
 from stepper.cli.common import ModelOpt, PlainOpt, user_errors
 from stepper.errors import StepperError
-from stepper.fixtures.implementation_names import Named, read_back
+from stepper.fixtures.implementation_names import explained
 from stepper.session import check_layer, load_model
 from stepper.views.compare import compared_layer, comparison
 from stepper.views.explain import (
@@ -20,7 +20,6 @@ from stepper.views.explain import (
     elsewhere_note,
     emitted_by,
     explain_text,
-    layer_parameter,
     not_found,
 )
 from stepper.views.sinks import line_width, print_fitted, print_whole, styles
@@ -60,15 +59,6 @@ def explain_command(
             print_fitted(console, also)
         if elsewhere := elsewhere_note(cat, entries, cfg):
             print_fitted(console, elsewhere)
-
-
-def explained(cat: catalog.Catalog, cfg, name: str) -> tuple[list[Named], list[dict]]:
-    """What a query explains: a checkpoint parameter's consumers, another implementation's name
-    read back (with the names it is), else what the catalogue finds."""
-    if parameter := layer_parameter(cat, cfg, name):
-        return [], cat.consumers(parameter, known=True)
-    named, entries = read_back(cat, cfg.model_type, name)
-    return (named, entries) if named else ([], cat.find(name))
 
 
 def tree_command(

@@ -93,6 +93,19 @@ def test_explain_gives_the_catalogue_entry_as_data_and_refuses_an_unknown_name(r
         run.explain(3)
 
 
+def test_explain_reads_other_implementations_names_back_as_stepper_explain_does(run):
+    """The names `fixtures verify` prints (transformers', DeepSeek's inference code's, llama.cpp's)
+    and a checkpoint's parameters, read through the naming tables as the command reads them."""
+    assert run.explain("model.layers.1.self_attn.kv_a_proj_with_mqa")["name"] == "self_attn.kv_a"  # transformers'
+    assert run.explain("model.layers.1.self_attn.q_a_proj.weight")["name"] == "self_attn.q_a"  # its parameter
+    with pytest.raises(KeyError, match=r"^'kv_cmpr-1' names 2 catalogue entries \(self_attn.compressed_kv, "
+                                       r"self_attn.compressed_kv_norm\); give one of them$"):  # llama.cpp's, two values
+        run.explain("kv_cmpr-1")
+    with pytest.raises(KeyError, match="layer 1 of tiny has no parameter 'model.layers.1.self_attn.qq.weight'"):
+        run.explain("model.layers.1.self_attn.qq.weight")
+    assert stepper.run("tiny-v4", prompt_len=3).explain("attn.kv#2")["name"] == "attn.kv"  # inference's second kv
+
+
 def test_keep_keeps_only_the_matching_tensors():
     run = stepper.run("tiny", prompt_len=2, keep=["*compressed_kv", "norm"])
     assert run.names == ["layers.0.self_attn.compressed_kv", "layers.1.self_attn.compressed_kv",
