@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from stepper.errors import StepperError
-from stepper.untrusted import cut, shown
+from stepper.untrusted import cut, said, shown
 from stepper.untrusted import regex_subset as patterns
 from stepper.untrusted.jsonfile import read_json
 from stepper.untrusted.paths import found
@@ -302,7 +302,7 @@ class Config(MlaVariants):
 
 def read_mla_config(raw: dict[str, Any], source: str, spelled: dict[str, str] | None = None) -> Config:
     """The MLA family's reader (families.deepseek): a config.json of MODEL_TYPES or its wrapper
-    (a family's translated config with `spelled`: see _Fields)."""
+    (a family's translated config with `spelled`: see Fields)."""
     return _parse(raw, source, spelled)
 
 
@@ -362,30 +362,32 @@ def limit_of(field: str) -> int:
     return LIMITS.get(field, MAX_SIZE)
 
 
-class _Fields:
-    """Typed access to a raw config dict; every error names the file and the field. A family that
+class Fields:
+    """Typed access to a raw config dict; every error names the file and the field, and shows the
+    value as `untrusted.said` does (a list of 100,000 numbers is not written out). A family that
     renames DeepSeek-V3's fields reads its translated dict with `spelled` (DeepSeek-V3's name ->
     the family's): its errors then name each field, in the field and in the reason, as the
-    family's config.json spells it."""
+    family's config.json spells it. A nested block's fields are named with `within` before them
+    (`rope_scaling.`)."""
 
-    def __init__(self, raw: dict[str, Any], source: str, spelled: dict[str, str] | None = None):
-        self.raw, self.source, self.spelled = raw, source, spelled or {}
+    def __init__(self, raw: dict[str, Any], source: str, spelled: dict[str, str] | None = None, within: str = ""):
+        self.raw, self.source, self.spelled, self.within = raw, source, spelled or {}, within
 
     def fail(self, field: str, why: str) -> StepperError:
         for name, family_name in self.spelled.items():
             why = re.sub(rf"\b{name}\b", family_name, why)
-        return StepperError(f"{self.source}: field '{self.spelled.get(field, field)}' {why}")
+        return StepperError(f"{self.source}: field '{self.within}{self.spelled.get(field, field)}' {why}")
 
     def int(self, field: str, default: Any = ..., minimum: int = 1) -> int:
         """An integer field, at least `minimum` and at most what such a field can be (LIMITS)."""
-        value = self._get(field, default)
+        value = self.get(field, default)
         if isinstance(value, bool) or not isinstance(value, int):
-            raise self.fail(field, f"must be an integer, got {value!r}")
+            raise self.fail(field, f"must be an integer, got {said(value)}")
         if value < minimum:
             raise self.fail(field, f"must be >= {minimum}, got {value}")
         limit = limit_of(field)
         if value > limit:
-            raise self.fail(field, f"must be <= {limit:,}, got {value:,}")
+            raise self.fail(field, f"must be <= {limit:,}, got {f'{value:,}' if value < 10**24 else said(value)}")
         return value
 
     def optional_int(self, field: str) -> int | None:
@@ -393,28 +395,33 @@ class _Fields:
 
     def float(self, field: str, default: Any = ..., positive: bool = True, below: float | None = None) -> float:
         """A finite number field, > 0 where `positive`, < `below` where given."""
-        value = self._get(field, default)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise self.fail(field, f"must be a finite number, got {value!r}")
-        if positive and value <= 0:
-            raise self.fail(field, f"must be > 0, got {value}")
+        value = self.get(field, default)
+        if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+                or (positive and value <= 0)):
+            raise self.fail(field, f"must be a finite number{' > 0' * positive}, got {said(value)}")
         if below is not None and value >= below:
             raise self.fail(field, f"must be < {below:g}, got {value:g}")
         return float(value)
 
     def bool(self, field: str, default: Any = ...) -> bool:
-        value = self._get(field, default)
+        value = self.get(field, default)
         if not isinstance(value, bool):
-            raise self.fail(field, f"must be true or false, got {value!r}")
+            raise self.fail(field, f"must be true or false, got {said(value)}")
         return value
 
     def str(self, field: str, default: Any = ...) -> str:
-        value = self._get(field, default)
+        value = self.get(field, default)
         if not isinstance(value, str):
-            raise self.fail(field, f"must be a string, got {value!r}")
+            raise self.fail(field, f"must be a string, got {said(value)}")
         return value
 
-    def _get(self, field: str, default: Any) -> Any:
+    def equal(self, field: str, expected: Any, why: str) -> None:
+        """A field stepper honours at one value only (absent counts as that value)."""
+        value = self.raw.get(field, expected)
+        if value != expected or type(value) is not type(expected):
+            raise self.fail(field, f"must be {expected!r} ({why}), got {said(value)}")
+
+    def get(self, field: str, default: Any = ...) -> Any:
         """The field's value; its default where it is absent, or null where null means absent (NULL_IS_ABSENT)."""
         value = self.raw.get(field)
         if value is not None:
@@ -432,7 +439,7 @@ def rope_base(f: Any, field: str, default: Any = 10000.0) -> float:
     table (1e-300: NaN). transformers takes any number; no published model is under 10,000."""
     value = f.float(field, default)
     if value <= 1:
-        raise f.fail(field, f"must be > 1 (the rotary base: frequencies are base^(-2i/dim)), got {value!r}")
+        raise f.fail(field, f"must be > 1 (the rotary base: frequencies are base^(-2i/dim)), got {said(value)}")
     return value
 
 
@@ -443,22 +450,19 @@ def rope_kind(f: Any, block: dict[str, Any], block_name: str) -> Any:
     kind, older = block.get("rope_type"), block.get("type")
     if kind is not None and older is not None and kind != older:
         raise f.fail(f"{block_name}.rope_type",
-                     f"is {kind!r} but {block_name}.type is {older!r}: give one, or both alike")
+                     f"is {said(kind)} but {block_name}.type is {said(older)}: give one, or both alike")
     return kind if kind is not None else "default" if older is None else older
-
-
-ConfigFields = _Fields  # the other MLA families' readers (stepper/families) read their fields with it
 
 
 def _parse(raw: dict[str, Any], source: str, spelled: dict[str, str] | None = None, zero_experts: int = 0) -> Config:
     """The MLA config of a config.json dict in DeepSeek-V3's names; a family's reader gives how its
     config.json spells the fields it renamed (`spelled`) and the zero experts its router adds."""
-    f = _Fields(raw, source, spelled)
+    f = Fields(raw, source, spelled)
     model_type = f.str("model_type")
     if model_type in WRAPPER_TYPES:
         return _kimi_k25(f)
     if model_type not in MODEL_TYPES:
-        raise f.fail("model_type", f"must be one of {', '.join(MODEL_TYPES)}, got {model_type!r}")
+        raise f.fail("model_type", f"must be one of {', '.join(MODEL_TYPES)}, got {said(model_type)}")
     _require_equal(f, "hidden_act", "silu")
     if raw.get("attention_bias"):
         raise f.fail("attention_bias", "must be false: MLA projections have no bias")
@@ -517,13 +521,13 @@ WRAPPER_READ = ("model_type", "text_config", "quantization_config", "tie_word_em
 WRAPPER_BOOKKEEPING = ("architectures", "auto_map", "transformers_version", "dtype", "torch_dtype")
 
 
-def _kimi_k25(f: _Fields) -> Config:
+def _kimi_k25(f: Fields) -> Config:
     """Kimi K2.5's vision-language wrapper: the model is its `text_config` (a kimi_k2 or
     deepseek_v3 config), with the wrapper's quantization_config when the text config has none;
     every other wrapper field is listed as not used."""
     text = f.raw.get("text_config")
     if not isinstance(text, dict):
-        raise f.fail("text_config", f"must be an object (the text model's config), got {text!r}")
+        raise f.fail("text_config", f"must be an object (the text model's config), got {said(text)}")
     if f.raw.get("tie_word_embeddings"):
         raise f.fail("tie_word_embeddings",
                      "must be false: stepper reads language_model.lm_head.weight as its own matrix")
@@ -532,7 +536,8 @@ def _kimi_k25(f: _Fields) -> Config:
     if outer is not None and text.setdefault("quantization_config", outer) != outer:
         raise f.fail("quantization_config", "differs from text_config.quantization_config; give one of them")
     if text["model_type"] in WRAPPER_TYPES:
-        raise f.fail("text_config.model_type", f"must be one of {', '.join(MODEL_TYPES)}, got {text['model_type']!r}")
+        raise f.fail("text_config.model_type",
+                     f"must be one of {', '.join(MODEL_TYPES)}, got {said(text['model_type'])}")
     cfg = _parse(text, f"{f.source}: text_config")
     unused = tuple(k for k in f.raw if k not in WRAPPER_READ + WRAPPER_BOOKKEEPING)
     wrapper = Wrapper(f.str("model_type"), unused_fields=unused)
@@ -564,10 +569,10 @@ def display_name(source: str) -> str:
     return path.parent.name if path.name == "config.json" and path.parent.name else source
 
 
-def _require_equal(f: _Fields, field: str, expected: str) -> None:
+def _require_equal(f: Fields, field: str, expected: str) -> None:
     value = f.raw.get(field, expected)
     if value != expected:
-        raise f.fail(field, f"must be {expected!r} (the only kind stepper runs), got {value!r}")
+        raise f.fail(field, f"must be {expected!r} (the only kind stepper runs), got {said(value)}")
 
 
 ROUTERS = {  # model_type -> the router's scoring functions and selection rules, the default first
@@ -578,7 +583,7 @@ ROUTERS = {  # model_type -> the router's scoring functions and selection rules,
 }
 
 
-def _family(f: _Fields, model_type: str) -> dict[str, Any]:
+def _family(f: Fields, model_type: str) -> dict[str, Any]:
     """The fields that tell the families apart: the router's scoring and selection, V3.2's indexer."""
     scorings, methods = ROUTERS[model_type]
     chosen = {}
@@ -586,7 +591,7 @@ def _family(f: _Fields, model_type: str) -> dict[str, Any]:
         chosen[field] = f.str(field, default=allowed[0])
         if chosen[field] not in allowed:
             raise f.fail(field, f"must be {' or '.join(map(repr, allowed))} for model_type {model_type}, "
-                         f"got {chosen[field]!r}")
+                         f"got {said(chosen[field])}")
     if model_type == "deepseek_v2" and f.raw.get("norm_topk_prob"):
         raise f.fail("norm_topk_prob", "must be false for deepseek_v2: its references disagree on true "
                      "(DeepSeek's code normalises and drops routed_scaling_factor, transformers' ignores it)")
@@ -599,23 +604,23 @@ def _family(f: _Fields, model_type: str) -> dict[str, Any]:
     return chosen
 
 
-def _rope(f: _Fields) -> tuple[float, Yarn | None]:
+def _rope(f: Fields) -> tuple[float, Yarn | None]:
     """rope_theta and the YaRN block, from `rope_scaling` (config.json) or `rope_parameters`."""
     block_name = "rope_parameters" if isinstance(f.raw.get("rope_parameters"), dict) else "rope_scaling"
     block = f.raw.get(block_name)
     theta_source = block if block_name == "rope_parameters" and "rope_theta" in block else f.raw
     theta_at = f"{f.source}: rope_parameters" if theta_source is block else f.source
-    theta = rope_base(_Fields(theta_source, theta_at), "rope_theta")
+    theta = rope_base(Fields(theta_source, theta_at), "rope_theta")
     if block is None:
         return theta, None
     if not isinstance(block, dict):
-        raise f.fail(block_name, f"must be an object or null, got {block!r}")
-    inner = _Fields(block, f"{f.source}: {block_name}")
+        raise f.fail(block_name, f"must be an object or null, got {said(block)}")
+    inner = Fields(block, f"{f.source}: {block_name}")
     kind = rope_kind(f, block, block_name)
     if kind == "default":
         return theta, None
     if kind != "yarn":
-        raise f.fail(f"{block_name}.type", f"must be 'yarn' (or absent), got {kind!r}")
+        raise f.fail(f"{block_name}.type", f"must be 'yarn' (or absent), got {said(kind)}")
     yarn = Yarn(
         factor=inner.float("factor"),
         original_max_position_embeddings=inner.int("original_max_position_embeddings"),
@@ -638,21 +643,21 @@ def checked_yarn(f: Any, yarn: Yarn, block_name: str) -> Yarn:
     return yarn
 
 
-def _quantization(f: _Fields) -> Fp8 | None:
+def _quantization(f: Fields) -> Fp8 | None:
     block = f.raw.get("quantization_config")
     if block is None:
         return None
     if not isinstance(block, dict):
-        raise f.fail("quantization_config", f"must be an object, got {block!r}")
-    inner = _Fields(block, f"{f.source}: quantization_config")
+        raise f.fail("quantization_config", f"must be an object, got {said(block)}")
+    inner = Fields(block, f"{f.source}: quantization_config")
     method = inner.str("quant_method", default="fp8")
     if method == COMPRESSED_TENSORS:
         return None  # _int4_groups reads it
     if method != "fp8":
-        raise f.fail("quantization_config.quant_method", f"must be 'fp8' or '{COMPRESSED_TENSORS}', got {method!r}")
+        raise f.fail("quantization_config.quant_method", f"must be 'fp8' or '{COMPRESSED_TENSORS}', got {said(method)}")
     fmt = inner.str("fmt", default="e4m3")
     if fmt != "e4m3":
-        raise f.fail("quantization_config.fmt", f"must be 'e4m3', got {fmt!r}")
+        raise f.fail("quantization_config.fmt", f"must be 'e4m3', got {said(fmt)}")
     size = block.get("weight_block_size", [128, 128])
     if size is None:  # one scale per tensor
         return Fp8(fmt=fmt, per_tensor=True)
@@ -661,7 +666,7 @@ def _quantization(f: _Fields) -> Fp8 | None:
         or len(size) != 2
         or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in size)
     ):
-        raise f.fail("quantization_config.weight_block_size", f"must be two positive integers, got {size!r}")
+        raise f.fail("quantization_config.weight_block_size", f"must be two positive integers, got {said(size)}")
     return Fp8(fmt=fmt, weight_block_size=(size[0], size[1]))
 
 
@@ -672,7 +677,7 @@ INT4_WEIGHTS = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "gr
 NOTHING_ELSE = ("input_activations", "output_activations")  # activation quantization: not honoured
 
 
-def _int4_groups(f: _Fields) -> Int4Groups | None:
+def _int4_groups(f: Fields) -> Int4Groups | None:
     """A compressed-tensors quantization_config stepper can honour: one config group of symmetric
     INT4 weights in groups of 32, packed (pack-quantized), no activation quantization; anything
     else is refused naming the field."""
@@ -685,26 +690,26 @@ def _int4_groups(f: _Fields) -> Int4Groups | None:
     for field in ("kv_cache_scheme", "sparsity_config", "transform_config"):
         if block.get(field):
             raise f.fail(f"{where}.{field}",
-                         f"must be null: stepper honours weight quantization only, got {block[field]!r}")
+                         f"must be null: stepper honours weight quantization only, got {said(block[field])}")
     groups = block.get("config_groups")
     if not isinstance(groups, dict) or len(groups) != 1 or not isinstance(next(iter(groups.values())), dict):
-        raise f.fail(f"{where}.config_groups", f"must hold exactly one config group (an object), got {groups!r}")
+        raise f.fail(f"{where}.config_groups", f"must hold exactly one config group (an object), got {said(groups)}")
     name, group = next(iter(groups.items()))
     at = f"{where}.config_groups.{name}"
     for field in NOTHING_ELSE:
         if group.get(field) is not None:
-            raise f.fail(f"{at}.{field}", f"must be null: stepper quantizes weights only, got {group[field]!r}")
+            raise f.fail(f"{at}.{field}", f"must be null: stepper quantizes weights only, got {said(group[field])}")
     _require_value(f, group, at, "format", "pack-quantized", missing_ok=True)
     weights = group.get("weights")
     if not isinstance(weights, dict):
-        raise f.fail(f"{at}.weights", f"must be an object, got {weights!r}")
+        raise f.fail(f"{at}.weights", f"must be an object, got {said(weights)}")
     for field, honoured in INT4_WEIGHTS.items():
         _require_value(f, weights, f"{at}.weights", field, honoured, missing_ok=honoured is None or field == "dynamic")
     return Int4Groups(INT4_WEIGHTS["group_size"], _entries(f, group, f"{at}.targets", "targets"),
                       _entries(f, block, f"{where}.ignore", "ignore", allow_empty=True))
 
 
-def _require_value(f: _Fields, block: dict, at: str, field: str, honoured: Any, missing_ok: bool = False) -> None:
+def _require_value(f: Fields, block: dict, at: str, field: str, honoured: Any, missing_ok: bool = False) -> None:
     """block[field] is `honoured` (missing: allowed when missing_ok); else one line naming the field."""
     if field not in block:
         if missing_ok:
@@ -716,12 +721,12 @@ def _require_value(f: _Fields, block: dict, at: str, field: str, honoured: Any, 
                      f"got {json.dumps(value)}")
 
 
-def _entries(f: _Fields, block: dict, at: str, field: str, allow_empty: bool = False) -> tuple[str, ...]:
+def _entries(f: Fields, block: dict, at: str, field: str, allow_empty: bool = False) -> tuple[str, ...]:
     """A list of module names and "re:" patterns, each pattern in the subset whose work is bounded
     (stepper.untrusted.regex_subset)."""
     entries = block.get(field, [] if allow_empty else None)
     if not isinstance(entries, list) or not all(isinstance(e, str) for e in entries) or not (entries or allow_empty):
-        raise f.fail(at, f"must be a list of module names or 're:' patterns, got {entries!r}")
+        raise f.fail(at, f"must be a list of module names or 're:' patterns, got {said(entries)}")
     for entry in entries:
         why = patterns.refusal(entry[3:]) if entry.startswith("re:") else None
         if why is not None:
@@ -729,7 +734,7 @@ def _entries(f: _Fields, block: dict, at: str, field: str, allow_empty: bool = F
     return tuple(entries)
 
 
-def _check_consistency(cfg: Config, f: _Fields) -> None:
+def _check_consistency(cfg: Config, f: Fields) -> None:
     """Relations between fields that a single field's check cannot see."""
     if cfg.qk_rope_head_dim % 2:
         raise f.fail("qk_rope_head_dim", f"must be even (rotary dims come in pairs), got {cfg.qk_rope_head_dim}")

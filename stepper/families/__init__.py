@@ -32,6 +32,7 @@ from stepper.families import (
     youtu,
 )
 from stepper.families.family import Family
+from stepper.untrusted import said
 
 FAMILIES: tuple[Family, ...] = (deepseek.FAMILY, sarvam_mla.FAMILY, youtu.FAMILY, glm4_moe_lite.FAMILY, axk1.FAMILY,
                                 mistral4.FAMILY, minicpm3.FAMILY, glm_moe_dsa.FAMILY, axk2.FAMILY, longcat_flash.FAMILY,
@@ -66,7 +67,7 @@ def read_config(raw: dict[str, Any], source: str) -> Any:
     model_type = raw.get("model_type")
     family = family_of(model_type) if isinstance(model_type, str) else None
     if family is None:
-        got = "is missing" if model_type is None else f"got {model_type!r}"
+        got = "is missing" if model_type is None else f"got {said(model_type)}"
         raise StepperError(f"{source}: field 'model_type' must be one of {', '.join(model_types())}, {got}")
     return family.read_config(raw, source)
 

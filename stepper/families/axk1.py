@@ -17,6 +17,7 @@ from typing import Any
 
 from stepper.config import Config
 from stepper.families import mla_fields
+from stepper.untrusted import said
 
 MODEL_TYPE = "axk1"
 ROUTER = (("sigmoid",), ("noaux_tc",))  # DeepseekV3TopkRouter, its bias zero
@@ -40,7 +41,7 @@ def to_mla(f) -> tuple[dict[str, Any], dict[str, Any]]:
         first, freq = mla_fields.dense_prefix(f, raw)
         for field, value in (("first_k_dense_replace", first), ("moe_layer_freq", freq)):
             if field in f.raw and f.raw[field] not in (None, value):
-                raise f.fail(field, f"({f.raw[field]!r}) disagrees with mlp_layer_types ({field} {value})")
+                raise f.fail(field, f"({said(f.raw[field])}) disagrees with mlp_layer_types ({field} {value})")
         raw.update(first_k_dense_replace=first, moe_layer_freq=freq)
     raw.pop("mlp_layer_types", None)
     return raw, {"router_bias": False, "moe_output_norm": True}

@@ -16,10 +16,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from stepper.config import Config, _Fields, _parse
+from stepper.config import Config, Fields, _parse
 from stepper.families import deepseek
 from stepper.families.family import Family
 from stepper.model.layer import decoder_layer
+from stepper.untrusted import said
 
 MODEL_TYPE = "axk2"
 ARCHITECTURE = "AXK2ForCausalLM"
@@ -38,10 +39,10 @@ class AXK2Config(Config):
 
 def from_hf(raw: dict[str, Any], source: str) -> AXK2Config:
     """Read an A.X-K2 config.json; each field stepper does not honour refused by name."""
-    f = _Fields(raw, source)
+    f = Fields(raw, source)
     for field, honoured in HONOURED.items():
         if raw.get(field, honoured) not in (honoured, None):
-            raise f.fail(field, f"must be {honoured!r}: stepper builds A.X-K2 as published, got {raw[field]!r}")
+            raise f.fail(field, f"must be {honoured!r}: stepper builds A.X-K2 as published, got {said(raw[field])}")
     if (raw.get("n_group") is None) != (raw.get("topk_group") is None):
         raise f.fail("topk_group", "must be given with n_group (both absent: no expert groups)")
     shared = {k: v for k, v in raw.items() if k not in ("mlp_layer_types", "gated_norm_rank")}

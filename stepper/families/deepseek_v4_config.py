@@ -18,7 +18,6 @@ under the name they know, and says what each layer is:
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,10 +25,9 @@ from typing import Any
 from stepper.config import (
     EPS_BELOW,
     MAX_SIZE,
-    NULL_IS_ABSENT,
+    Fields,
     Yarn,
     checked_yarn,
-    limit_of,
     model_name,
     rope_base,
     rope_kind,
@@ -37,6 +35,7 @@ from stepper.config import (
 from stepper.errors import StepperError
 from stepper.model.compressed_attention import AttentionDims
 from stepper.model.v4_attention_cache import cost_line
+from stepper.untrusted import said
 from stepper.untrusted.jsonfile import read_json
 
 MODEL_TYPE = "deepseek_v4"
@@ -203,58 +202,8 @@ def load_v4_config(path: str | Path) -> V4Config:
 # Parsing: each field checked alone, then the relations between fields
 
 
-class _Fields:
-    def __init__(self, raw: dict[str, Any], source: str, within: str = ""):
-        self.raw, self.source, self.within = raw, source, within  # within: "rope_scaling." for a nested block
-
-    def fail(self, field: str, why: str) -> StepperError:
-        return StepperError(f"{self.source}: field '{self.within}{field}' {why}")
-
-    def get(self, field: str, default: Any = ...) -> Any:
-        """The field's value; its default where it is absent, or null where null means absent
-        (config.NULL_IS_ABSENT, as for the MLA families)."""
-        value = self.raw.get(field)
-        if value is not None:
-            return value
-        if default is ...:
-            raise self.fail(field, "is null" if field in self.raw else "is missing")
-        if field in self.raw and field not in NULL_IS_ABSENT:
-            raise self.fail(field, f"is null: leave it out for its default ({default!r}), or give a value")
-        return default
-
-    def int(self, field: str, default: Any = ..., minimum: int = 1) -> int:
-        value = self.get(field, default)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise self.fail(field, f"must be an integer, got {_short(value)}")
-        if value < minimum:
-            raise self.fail(field, f"must be >= {minimum}, got {value}")
-        if value > limit_of(field):
-            raise self.fail(field, f"must be <= {limit_of(field):,}, got {value:,}")
-        return value
-
-    def float(self, field: str, default: Any = ..., below: float | None = None) -> float:
-        """A finite number > 0 (and < `below`, where given)."""
-        value = self.get(field, default)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-            raise self.fail(field, f"must be a finite number > 0, got {_short(value)}")
-        if below is not None and value >= below:
-            raise self.fail(field, f"must be < {below:g}, got {value:g}")
-        return float(value)
-
-    def equal(self, field: str, expected: Any, why: str) -> None:
-        """A field stepper honours at one value only (absent counts as that value)."""
-        value = self.raw.get(field, expected)
-        if value != expected or type(value) is not type(expected):
-            raise self.fail(field, f"must be {expected!r} ({why}), got {_short(value)}")
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 def parse(raw: dict[str, Any], source: str) -> V4Config:
-    f = _Fields(raw, source)
+    f = Fields(raw, source)
     f.equal("model_type", MODEL_TYPE, "a DeepSeek-V4 config")
     f.equal("hidden_act", "silu", "the experts' SwiGLU")
     f.equal("num_key_value_heads", 1, "V4 has one shared key-value head")
@@ -306,66 +255,66 @@ def parse(raw: dict[str, Any], source: str) -> V4Config:
     return cfg
 
 
-def _compress_ratios(f: _Fields, layers: int, mtp: int) -> tuple[int, ...]:
+def _compress_ratios(f: Fields, layers: int, mtp: int) -> tuple[int, ...]:
     ratios = f.get("compress_ratios")
     expected = f"{layers + mtp} entries (num_hidden_layers {layers} + num_nextn_predict_layers {mtp})"
     if not isinstance(ratios, list):
-        raise f.fail("compress_ratios", f"must be a list of {expected}, got {_short(ratios)}")
+        raise f.fail("compress_ratios", f"must be a list of {expected}, got {said(ratios)}")
     if len(ratios) != layers + mtp:
         raise f.fail("compress_ratios", f"must have {expected}, got {len(ratios)}")
     for i, ratio in enumerate(ratios):
         if isinstance(ratio, bool) or not isinstance(ratio, int) or ratio < 0 or ratio == 1:
             raise f.fail(f"compress_ratios[{i}]", f"must be 0 (sliding), 4 (CSA) or another ratio >= 2 (HCA; "
-                         f"published: 128), got {_short(ratio)}")
+                         f"published: 128), got {said(ratio)}")
         if ratio > MAX_SIZE:  # a window's positions: its ape has a row each
             raise f.fail(f"compress_ratios[{i}]", f"must be <= {MAX_SIZE:,}, got {ratio:,}")
     return tuple(ratios)
 
 
-def _yarn(f: _Fields) -> Yarn | None:
+def _yarn(f: Fields) -> Yarn | None:
     """The compressed layers' YaRN (`rope_scaling`); its mscale is not used (V4 scales no cos/sin)."""
     block = f.raw.get("rope_scaling")
     if block is None:
         return None
     if not isinstance(block, dict):
-        raise f.fail("rope_scaling", f"must be an object or null, got {_short(block)}")
+        raise f.fail("rope_scaling", f"must be an object or null, got {said(block)}")
     kind = rope_kind(f, block, "rope_scaling")
     if kind == "default":
         return None
     if kind != "yarn":
-        raise f.fail("rope_scaling.type", f"must be 'yarn' (or absent), got {_short(kind)}")
-    inner = _Fields(block, f.source, "rope_scaling.")
+        raise f.fail("rope_scaling.type", f"must be 'yarn' (or absent), got {said(kind)}")
+    inner = Fields(block, f.source, within="rope_scaling.")
     yarn = Yarn(factor=inner.float("factor"),
                 original_max_position_embeddings=inner.int("original_max_position_embeddings"),
                 beta_fast=inner.float("beta_fast", default=32.0), beta_slow=inner.float("beta_slow", default=1.0))
     return checked_yarn(f, yarn, "rope_scaling")
 
 
-def _quantization(f: _Fields) -> V4Fp8 | None:
+def _quantization(f: Fields) -> V4Fp8 | None:
     block = f.raw.get("quantization_config")
     if block is None:
         return None
     if not isinstance(block, dict):
-        raise f.fail("quantization_config", f"must be an object, got {_short(block)}")
-    inner = _Fields(block, f.source, "quantization_config.")
+        raise f.fail("quantization_config", f"must be an object, got {said(block)}")
+    inner = Fields(block, f.source, within="quantization_config.")
     inner.equal("quant_method", "fp8", "V4's weights are FP8 with E8M0 scales")
     inner.equal("fmt", "e4m3", "V4's FP8 weights")
     inner.equal("scale_fmt", "ue8m0", "V4's block scales are powers of two stored as E8M0 `.scale`")
     size = block.get("weight_block_size", [128, 128])
     if not (isinstance(size, list) and len(size) == 2
             and all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in size)):
-        raise f.fail("quantization_config.weight_block_size", f"must be two positive integers, got {_short(size)}")
+        raise f.fail("quantization_config.weight_block_size", f"must be two positive integers, got {said(size)}")
     return V4Fp8((size[0], size[1]))
 
 
-def _expert_dtype(f: _Fields) -> str | None:
+def _expert_dtype(f: Fields) -> str | None:
     value = f.raw.get("expert_dtype")
     if value is not None and value not in ("fp4", "fp8"):
-        raise f.fail("expert_dtype", f"must be 'fp4' or 'fp8' (or absent), got {_short(value)}")
+        raise f.fail("expert_dtype", f"must be 'fp4' or 'fp8' (or absent), got {said(value)}")
     return value
 
 
-def _check_relations(cfg: V4Config, f: _Fields) -> None:
+def _check_relations(cfg: V4Config, f: Fields) -> None:
     if cfg.qk_rope_head_dim % 2 or cfg.qk_rope_head_dim > cfg.head_dim:
         raise f.fail("qk_rope_head_dim", f"must be even and at most head_dim ({cfg.head_dim}), "
                      f"got {cfg.qk_rope_head_dim}")

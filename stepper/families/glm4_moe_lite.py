@@ -18,6 +18,7 @@ from typing import Any
 
 from stepper.config import Config
 from stepper.families import mla_fields
+from stepper.untrusted import said
 
 MODEL_TYPE = "glm4_moe_lite"
 ROUTER = (("sigmoid",), ("noaux_tc",))  # Glm4MoeTopkRouter
@@ -42,7 +43,7 @@ def to_mla(f) -> tuple[dict[str, Any], dict[str, Any]]:
         first, freq = 1, 1
     for field, value in (("first_k_dense_replace", first), ("moe_layer_freq", freq)):
         if raw.get(field) not in (None, value):
-            raise f.fail(field, f"({raw[field]!r}) must agree with the dense layers transformers builds "
+            raise f.fail(field, f"({said(raw[field])}) must agree with the dense layers transformers builds "
                          f"(mlp_layer_types, else the first layer only: {field} {value}); give mlp_layer_types")
     raw.pop("mlp_layer_types", None)
     return {**raw, "first_k_dense_replace": first, "moe_layer_freq": freq}, {}

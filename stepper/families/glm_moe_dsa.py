@@ -15,10 +15,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from stepper.config import Config, _Fields, _parse
+from stepper.config import Config, Fields, _parse
 from stepper.families import deepseek
 from stepper.families.family import Family
 from stepper.model.layer import decoder_layer
+from stepper.untrusted import said
 
 MODEL_TYPE = "glm_moe_dsa"
 ARCHITECTURE = "GlmMoeDsaForCausalLM"
@@ -39,10 +40,10 @@ class GlmMoeDsaConfig(Config):
 
 def from_hf(raw: dict[str, Any], source: str) -> GlmMoeDsaConfig:
     """Read a GLM-5 config.json; each field stepper does not honour refused by name."""
-    f = _Fields(raw, source)
+    f = Fields(raw, source)
     for field, honoured in HONOURED.items():
         if raw.get(field, honoured) not in (honoured, None):
-            raise f.fail(field, f"must be {honoured!r}: stepper builds GLM-5 as published, got {raw[field]!r}")
+            raise f.fail(field, f"must be {honoured!r}: stepper builds GLM-5 as published, got {said(raw[field])}")
     shared = {k: v for k, v in raw.items() if k not in PATTERN_FIELDS}
     for field, value in DEFAULTS.items():
         shared.setdefault(field, value)
@@ -55,7 +56,7 @@ def from_hf(raw: dict[str, Any], source: str) -> GlmMoeDsaConfig:
                               "index_reused_layers": reused})
 
 
-def indexer_types(f: _Fields, layers: int) -> list[str]:
+def indexer_types(f: Fields, layers: int) -> list[str]:
     """Per layer "full" (its own indexer) or "shared" (the previous layer's choice), as transformers
     derives it; the first layer must be "full"."""
     given = f.raw.get("indexer_types")
@@ -81,7 +82,7 @@ def indexer_types(f: _Fields, layers: int) -> list[str]:
     return list(given)
 
 
-def check_mlp_layer_types(f: _Fields, cfg: Config) -> None:
+def check_mlp_layer_types(f: Fields, cfg: Config) -> None:
     """`mlp_layer_types`, when given, must say what first_k_dense_replace says: dense, then sparse."""
     given = f.raw.get("mlp_layer_types")
     if given is None:

@@ -22,12 +22,13 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from stepper.config import EPS_BELOW, MlaVariants, _Fields, model_name
+from stepper.config import EPS_BELOW, Fields, MlaVariants, model_name
 from stepper.errors import StepperError
 from stepper.families.deepseek import part_files
 from stepper.families.family import Family
 from stepper.kernels import kda_chunked
 from stepper.model.kimi_linear_layer import decoder_layer
+from stepper.untrusted import said
 
 MODEL_TYPE = "kimi_linear"
 ARCHITECTURE = "KimiLinearForCausalLM"
@@ -141,30 +142,30 @@ class KimiLinearConfig(MlaVariants):
 def parse(raw: dict[str, Any], source: str) -> KimiLinearConfig:
     """The published config.json -> KimiLinearConfig; anything stepper cannot run is one line
     naming the file and the field."""
-    f = _Fields(raw, source)
+    f = Fields(raw, source)
     if f.str("model_type") != MODEL_TYPE:
-        raise f.fail("model_type", f"must be {MODEL_TYPE!r} here, got {raw['model_type']!r}")
+        raise f.fail("model_type", f"must be {MODEL_TYPE!r} here, got {said(raw['model_type'])}")
     for field, only in (("hidden_act", "silu"), ("moe_router_activation_func", "sigmoid")):
         if raw.get(field, only) != only:
-            raise f.fail(field, f"must be {only!r} (the only kind stepper runs), got {raw[field]!r}")
+            raise f.fail(field, f"must be {only!r} (the only kind stepper runs), got {said(raw[field])}")
     if raw.get("mla_use_nope") is False:
         raise f.fail("mla_use_nope", "must be true: Kimi Linear's MLA layers have no RoPE")
     if f.bool("tie_word_embeddings", default=False):
         raise f.fail("tie_word_embeddings", "must be false: stepper reads lm_head.weight as its own matrix")
     if f.int("moe_layer_freq", default=1) != 1:
         raise f.fail("moe_layer_freq", f"must be 1 (every layer from first_k_dense_replace on is MoE), "
-                     f"got {raw['moe_layer_freq']}")
+                     f"got {said(raw['moe_layer_freq'])}")
     heads = f.int("num_attention_heads")
     if f.int("num_key_value_heads", default=heads) != heads:
         raise f.fail("num_key_value_heads", f"must equal num_attention_heads ({heads}) in MLA, got "
-                     f"{raw['num_key_value_heads']}")
+                     f"{said(raw['num_key_value_heads'])}")
     if raw.get("q_lora_rank") is not None:
-        raise f.fail("q_lora_rank", f"must be null: Kimi Linear's MLA has one q_proj, got {raw['q_lora_rank']!r}")
+        raise f.fail("q_lora_rank", f"must be null: Kimi Linear's MLA has one q_proj, got {said(raw['q_lora_rank'])}")
     layers = f.int("num_hidden_layers")
     linear = raw.get("linear_attn_config")
     if not isinstance(linear, dict):
         raise f.fail("linear_attn_config", f"must be an object (kda_layers, full_attn_layers, num_heads, head_dim, "
-                     f"short_conv_kernel_size), got {linear!r}")
+                     f"short_conv_kernel_size), got {said(linear)}")
     inner = LinearAttnFields(linear, source)
     kda, full = layer_kinds(linear, layers, f)
     cfg = KimiLinearConfig(
@@ -199,21 +200,21 @@ def parse(raw: dict[str, Any], source: str) -> KimiLinearConfig:
     return cfg
 
 
-class LinearAttnFields(_Fields):
+class LinearAttnFields(Fields):
     """linear_attn_config's own fields, named with it in messages."""
 
     def fail(self, field: str, why: str) -> StepperError:
         return super().fail(f"linear_attn_config.{field}", why)
 
 
-def layer_kinds(linear: dict[str, Any], layers: int, f: _Fields) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def layer_kinds(linear: dict[str, Any], layers: int, f: Fields) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """linear_attn_config's kda_layers and full_attn_layers (1-based) -> 0-based tuples: every
     layer 1..num_hidden_layers in exactly one of them."""
     lists = {}
     for field in ("kda_layers", "full_attn_layers"):
         value = linear.get(field)
         if not isinstance(value, list) or not all(isinstance(n, int) and not isinstance(n, bool) for n in value):
-            raise f.fail(f"linear_attn_config.{field}", f"must be a list of 1-based layer numbers, got {value!r}")
+            raise f.fail(f"linear_attn_config.{field}", f"must be a list of 1-based layer numbers, got {said(value)}")
         outside = [n for n in value if not 1 <= n <= layers]
         if outside:
             raise f.fail(f"linear_attn_config.{field}", f"lists layer {outside[0]}, outside 1..{layers} "
@@ -231,7 +232,7 @@ def layer_kinds(linear: dict[str, Any], layers: int, f: _Fields) -> tuple[tuple[
     return tuple(sorted(n - 1 for n in kda)), tuple(sorted(n - 1 for n in full))
 
 
-def check_experts(cfg: KimiLinearConfig, f: _Fields) -> None:
+def check_experts(cfg: KimiLinearConfig, f: Fields) -> None:
     if cfg.n_routed_experts == 0:
         return
     if cfg.num_experts_per_tok > cfg.n_routed_experts:

@@ -17,10 +17,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from stepper.config import Config, _Fields, _parse, model_name
+from stepper.config import Config, Fields, _parse, model_name
 from stepper.families import deepseek
 from stepper.families.family import Family
 from stepper.model.longcat import longcat_layer
+from stepper.untrusted import said
 
 MODEL_TYPE = "longcat_flash"
 ARCHITECTURE = "LongcatFlashForCausalLM"
@@ -47,11 +48,11 @@ class LongcatFlashConfig(Config):
 
 def from_hf(raw: dict[str, Any], source: str) -> LongcatFlashConfig:
     """Read a LongCat-Flash config.json; each field stepper does not honour refused by name."""
-    f = _Fields(raw, source)
+    f = Fields(raw, source)
     for field, honoured in HONOURED.items():
         if raw.get(field, honoured) not in (honoured, None):
             raise f.fail(field, f"must be {honoured!r}: stepper builds LongCat-Flash as transformers does, "
-                         f"got {raw[field]!r}")
+                         f"got {said(raw[field])}")
     if raw.get("qk_head_dim") not in (None, f.int("qk_nope_head_dim") + f.int("qk_rope_head_dim")):
         raise f.fail("qk_head_dim", "must be qk_nope_head_dim + qk_rope_head_dim (or absent)")
     if f.int("head_dim", default=64) != f.int("qk_rope_head_dim"):  # transformers' rotary tables are head_dim wide

@@ -19,13 +19,14 @@ from typing import Any
 
 import numpy as np
 
-from stepper.config import Config, LongRope, _Fields, _parse, model_name, rope_kind
+from stepper.config import Config, Fields, LongRope, _parse, model_name, rope_kind
 from stepper.families import deepseek
 from stepper.families.family import Family, around
 from stepper.model.layer import decoder_layer
 from stepper.model.scalings import scaled_embedding, scaled_for_logits
 from stepper.model.transformer import Transformer
 from stepper.seams.trace import Emitter
+from stepper.untrusted import said
 
 MODEL_TYPE = "minicpm3"
 ARCHITECTURE = "MiniCPM3ForCausalLM"
@@ -50,10 +51,10 @@ class MiniCPM3Config(Config):
 
 def from_hf(raw: dict[str, Any], source: str) -> MiniCPM3Config:
     """Read a MiniCPM3 config.json; each field stepper does not honour refused by name."""
-    f = _Fields(raw, source)
+    f = Fields(raw, source)
     for field, honoured in HONOURED.items():
         if raw.get(field, honoured) not in (honoured, None):
-            raise f.fail(field, f"must be {honoured!r}: stepper builds MiniCPM3 as published, got {raw[field]!r}")
+            raise f.fail(field, f"must be {honoured!r}: stepper builds MiniCPM3 as published, got {said(raw[field])}")
     if raw.get("rope_parameters") is not None:
         raise f.fail("rope_parameters", "is transformers' in-memory form; a MiniCPM3 config.json gives rope_scaling")
     hidden, heads = f.int("hidden_size"), f.int("num_attention_heads")
@@ -76,20 +77,20 @@ def from_hf(raw: dict[str, Any], source: str) -> MiniCPM3Config:
     )
 
 
-def longrope(f: _Fields, cfg: Config) -> LongRope | None:
+def longrope(f: Fields, cfg: Config) -> LongRope | None:
     """`rope_scaling` {type: longrope, short_factor, long_factor, original_max_position_embeddings}:
     one factor per rotary frequency (rope/2 of each); absent or "default": plain RoPE."""
     block = f.raw.get("rope_scaling")
     if block is None:
         return None
     if not isinstance(block, dict):
-        raise f.fail("rope_scaling", f"must be an object or null, got {block!r}")
+        raise f.fail("rope_scaling", f"must be an object or null, got {said(block)}")
     kind = rope_kind(f, block, "rope_scaling")
     if kind == "default":
         return None
     if kind != "longrope":
-        raise f.fail("rope_scaling.type", f"must be 'longrope' (or absent) for minicpm3, got {kind!r}")
-    inner = _Fields(block, f"{f.source}: rope_scaling")
+        raise f.fail("rope_scaling.type", f"must be 'longrope' (or absent) for minicpm3, got {said(kind)}")
+    inner = Fields(block, f"{f.source}: rope_scaling")
     pairs = cfg.qk_rope_head_dim // 2
     factors = {}
     for field in ("short_factor", "long_factor"):

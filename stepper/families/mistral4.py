@@ -33,8 +33,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from stepper.config import Config, ConfigFields, QueryScale, Wrapper, model_name
+from stepper.config import Config, Fields, QueryScale, Wrapper, model_name
 from stepper.families import mla_fields
+from stepper.untrusted import said
 
 MODEL_TYPE = "mistral4"
 ROUTER = (("softmax",), ("noaux_tc",))  # softmax scores, groups judged by their best two, no bias
@@ -59,7 +60,7 @@ def to_mla(f) -> tuple[dict[str, Any], dict[str, Any]]:
     mla_fields.check_rotary_fraction(f, raw, rope / (fields.int("qk_nope_head_dim") + rope))
     if raw.get("moe_layer_freq", 1) != 1:
         raise f.fail("moe_layer_freq", f"must be 1: every Mistral 4 layer from first_k_dense_replace on is MoE, "
-                     f"got {raw['moe_layer_freq']!r}")
+                     f"got {said(raw['moe_layer_freq'])}")
     scaling = mla_fields.rope_fields(f, raw)
     beta = scaling.float("llama_4_scaling_beta", positive=False)  # transformers reads both, whatever the rope type
     original = scaling.int("original_max_position_embeddings")
@@ -68,7 +69,7 @@ def to_mla(f) -> tuple[dict[str, Any], dict[str, Any]]:
             quant.get("weight_block_size", [128, 128]) is not None:
         raise f.fail("quantization_config.weight_block_size", "must be null (one scale per tensor, as Mistral Small 4 "
                      f"is published): stepper reads its fused experts in FP8 with one scale per expert, got "
-                     f"{quant.get('weight_block_size', [128, 128])!r}")
+                     f"{said(quant.get('weight_block_size', [128, 128]))}")
     scale = QueryScale(beta, original) if beta else None
     return raw, {"router_bias": False, "query_scale": scale, "fused_experts": True}
 
@@ -86,7 +87,7 @@ def unwrapped(f) -> tuple[dict[str, Any], Wrapper]:
     if not isinstance(text, dict) or text.get("model_type") != MODEL_TYPE:
         found = text.get("model_type") if isinstance(text, dict) else text
         raise f.fail("text_config.model_type", f"must be '{MODEL_TYPE}' (the MLA text model stepper runs), "
-                     f"got {found!r}")
+                     f"got {said(found)}")
     if f.raw.get("tie_word_embeddings"):
         raise f.fail("tie_word_embeddings", "must be false: stepper reads language_model.lm_head.weight as its own "
                      "matrix")
@@ -123,7 +124,7 @@ def read_config(raw: dict[str, Any], source: str) -> Config:
     """Mistral 4's text config.json, or the published vision-language wrapper around it."""
     if raw.get("model_type") != WRAPPER:
         return read_text_config(raw, source)
-    text, wrapper = unwrapped(ConfigFields(raw, source))
+    text, wrapper = unwrapped(Fields(raw, source))
     cfg = read_text_config(text, f"{source}: text_config")
     return dataclasses.replace(cfg, name=model_name(raw, source), wrapper=wrapper)
 

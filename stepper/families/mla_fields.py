@@ -16,12 +16,13 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from stepper.config import Config, ConfigFields, read_mla_config
+from stepper.config import Config, Fields, read_mla_config
 from stepper.families import deepseek
 from stepper.families.family import Family, MakeModel, ReadConfig
 from stepper.model.layer import decoder_layer
+from stepper.untrusted import said
 
-Translate = Callable[[ConfigFields], tuple[dict[str, Any], dict[str, Any]]]  # -> DeepseekV3's raw dict, own fields
+Translate = Callable[[Fields], tuple[dict[str, Any], dict[str, Any]]]  # -> DeepseekV3's raw dict, own fields
 
 
 def reader(model_type: str, router: tuple[tuple[str, ...], tuple[str, ...]], translate: Translate,
@@ -33,7 +34,7 @@ def reader(model_type: str, router: tuple[tuple[str, ...], tuple[str, ...]], tra
     spelled = {new: old for old, new in (renames or {}).items()}
 
     def read_config(raw: dict[str, Any], source: str) -> Config:
-        f = ConfigFields(raw, source, spelled)
+        f = Fields(raw, source, spelled)
         translated, extra = translate(f)
         scoring = check_router(f, translated, router)
         base = read_mla_config({**translated, "model_type": "deepseek_v3", "scoring_func": "sigmoid",
@@ -49,7 +50,7 @@ def check_router(f, raw: dict[str, Any], router: tuple[tuple[str, ...], tuple[st
     for field, allowed in zip(("scoring_func", "topk_method"), router):
         if raw.get(field) not in (None, *allowed):
             raise f.fail(field, f"must be {' or '.join(map(repr, allowed))} for model_type {f.raw.get('model_type')}, "
-                         f"got {raw[field]!r}")
+                         f"got {said(raw[field])}")
     return router[0][0]
 
 
@@ -80,7 +81,7 @@ def renamed(f, names: dict[str, str]) -> dict[str, Any]:
             continue
         value = raw.pop(old)
         if new in raw and raw[new] != value:
-            raise f.fail(old, f"({value!r}) disagrees with {new} ({raw[new]!r}); give one of them")
+            raise f.fail(old, f"({said(value)}) disagrees with {new} ({said(raw[new])}); give one of them")
         raw[new] = value
     return raw
 
@@ -104,7 +105,7 @@ def rope_fields(f, raw: dict[str, Any]):
         else "rope_parameters"
     block = raw.get(name)
     if block is not None and not isinstance(block, dict):
-        raise f.fail(name, f"must be an object or null, got {block!r}")
+        raise f.fail(name, f"must be an object or null, got {said(block)}")
     return type(f)(block or {}, f"{f.source}: {name}")
 
 
@@ -113,7 +114,7 @@ def check_interleaved(f, raw: dict[str, Any]) -> None:
     family's default); the half-split layout is not built."""
     if raw.get("rope_interleave", True) is not True:
         raise f.fail("rope_interleave", f"must be true: stepper rotates interleaved pairs, "
-                     f"got {raw['rope_interleave']!r}")
+                     f"got {said(raw['rope_interleave'])}")
 
 
 def check_rotary_fraction(f, raw: dict[str, Any], expected: float) -> None:
@@ -122,7 +123,7 @@ def check_rotary_fraction(f, raw: dict[str, Any], expected: float) -> None:
     for where, block in (("partial_rotary_factor", raw), ("rope_parameters.partial_rotary_factor", rope_block(raw))):
         value = block.get("partial_rotary_factor")
         if value is not None and value != expected:
-            raise f.fail(where, f"must be {expected}: stepper rotates exactly qk_rope_head_dim dims, got {value!r}")
+            raise f.fail(where, f"must be {expected}: stepper rotates exactly qk_rope_head_dim dims, got {said(value)}")
 
 
 def dense_prefix(f, raw: dict[str, Any]) -> tuple[int, int]:
@@ -131,7 +132,7 @@ def dense_prefix(f, raw: dict[str, Any]) -> tuple[int, int]:
     types = raw.get("mlp_layer_types")
     n = typed(f, raw).int("num_hidden_layers")
     if not isinstance(types, list) or len(types) != n or not set(types) <= {"dense", "sparse"}:
-        raise f.fail("mlp_layer_types", f"must list 'dense' or 'sparse' for each of the {n} layers, got {types!r}")
+        raise f.fail("mlp_layer_types", f"must list 'dense' or 'sparse' for each of the {n} layers, got {said(types)}")
     first = types.index("sparse") if "sparse" in types else n
     sparse = [i for i, t in enumerate(types) if t == "sparse"]
     freq = sparse[1] - sparse[0] if len(sparse) > 1 else 1
@@ -145,7 +146,7 @@ def refuse_present(f, raw: dict[str, Any], fields: tuple[str, ...], why: str) ->
     """Refuse, naming it, the first of `fields` the config gives a value other than null, 0 or false."""
     for field in fields:
         if raw.get(field):
-            raise f.fail(field, f"is not built: {why}, got {raw[field]!r}")
+            raise f.fail(field, f"is not built: {why}, got {said(raw[field])}")
 
 
 def published_fields(cfg, model_type: str, architecture: str, drop: tuple[str, ...] = ()) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from typing import Any
 
 from stepper.config import Config, rope_kind
 from stepper.families import mla_fields
+from stepper.untrusted import said
 
 MODEL_TYPE = "sarvam_mla"
 ROUTER = (("sigmoid",), ("noaux_tc",))  # DeepseekV3TopkRouter
@@ -40,13 +41,13 @@ def to_mla(f) -> tuple[dict[str, Any], dict[str, Any]]:
     mla_fields.check_interleaved(f, raw)
     if raw.get("moe_layer_freq") not in (None, 1):  # DeepseekV3Config has no such field
         raise f.fail("moe_layer_freq", "must be 1: transformers runs every layer from first_k_dense_replace on as MoE, "
-                     f"got {raw['moe_layer_freq']!r}")
+                     f"got {said(raw['moe_layer_freq'])}")
     raw.pop("head_dim", None)  # kv_lora_rank + qk_rope_head_dim for vLLM: not the attention's
     q_head_dim = raw.pop("q_head_dim", None)
     fields = mla_fields.typed(f, raw)
     head = fields.int("qk_nope_head_dim") + fields.int("qk_rope_head_dim")
     if q_head_dim is not None and q_head_dim != head:
-        raise f.fail("q_head_dim", f"must be qk_nope_head_dim + qk_rope_head_dim ({head}), got {q_head_dim!r}")
+        raise f.fail("q_head_dim", f"must be qk_nope_head_dim + qk_rope_head_dim ({head}), got {said(q_head_dim)}")
     rope = raw.get("rope_scaling")
     if isinstance(rope, dict) and rope_kind(f, rope, "rope_scaling") == "deepseek_yarn":
         raw["rope_scaling"] = {**{k: v for k, v in rope.items() if k not in ("type", "rope_type")}, "type": "yarn"}

@@ -20,6 +20,7 @@ from stepper.families import mla_fields
 from stepper.families.family import around
 from stepper.model.layer import decoder_layer
 from stepper.model.transformer import Transformer
+from stepper.untrusted import said
 
 MODEL_TYPE = "youtu"
 ROUTER = (("sigmoid",), ("noaux_tc",))  # never used: no layer has experts
@@ -40,15 +41,16 @@ def to_mla(f) -> tuple[dict[str, Any], dict[str, Any]]:
     mla_fields.refuse_present(f, raw, MOE_FIELDS, "every Youtu layer has a dense MLP (YoutuMLP), no experts")
     tied = raw.pop("tie_word_embeddings")
     if not isinstance(tied, bool):
-        raise f.fail("tie_word_embeddings", f"must be true or false, got {tied!r}")
+        raise f.fail("tie_word_embeddings", f"must be true or false, got {said(tied)}")
     fields = mla_fields.typed(f, raw)
     head = fields.int("qk_nope_head_dim") + fields.int("qk_rope_head_dim")
     if raw.get("qk_head_dim") not in (None, head):  # Youtu-LLM's config.json writes it out
-        raise f.fail("qk_head_dim", f"must be qk_nope_head_dim + qk_rope_head_dim ({head}), got {raw['qk_head_dim']!r}")
+        raise f.fail("qk_head_dim",
+                     f"must be qk_nope_head_dim + qk_rope_head_dim ({head}), got {said(raw['qk_head_dim'])}")
     pad = raw.pop("pad_token_id", None)  # YoutuPreTrainedModel zeroes its embedding row when loading
     vocab = fields.int("vocab_size")
     if pad is not None and (isinstance(pad, bool) or not isinstance(pad, int) or not 0 <= pad < vocab):
-        raise f.fail("pad_token_id", f"must be a token id below vocab_size ({vocab}), got {pad!r}")
+        raise f.fail("pad_token_id", f"must be a token id below vocab_size ({vocab}), got {said(pad)}")
     return raw, {"tie_word_embeddings": tied, "zeroed_pad_row": pad}
 
 

@@ -15,6 +15,7 @@ are shown as `https://***@HOST`.
 from __future__ import annotations
 
 import re
+import reprlib
 
 CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 CONTROL_BUT_LINES = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")  # keeps \t and \n
@@ -45,6 +46,18 @@ def cut(text: object, limit: int = 60) -> str:
     in a one-line message (a pattern, an expression of 100,000 characters)."""
     text = str(text)
     return shown(text) if len(text) <= limit else shown(text[:limit]) + "..."
+
+
+BOUNDED = reprlib.Repr()  # (its limits as attributes: Python 3.11's takes no arguments)
+BOUNDED.maxlist = BOUNDED.maxtuple = BOUNDED.maxset = 6
+BOUNDED.maxdict, BOUNDED.maxlevel, BOUNDED.maxstring, BOUNDED.maxlong = 4, 3, 60, 40
+
+
+def said(value: object, limit: int = 60) -> str:
+    """A value read from a file (a config field's), as a one-line message shows it: its repr, made
+    from at most a few items of a list or object and the ends of a long string (a list of 100,000
+    numbers is not written out whole), then cut(..., limit)."""
+    return cut(BOUNDED.repr(value), limit)
 
 
 def is_safe(text: str) -> bool:

@@ -29,6 +29,30 @@ def test_a_count_or_size_past_its_bound_is_refused_naming_the_field(tmp_path, na
         f"{tmp_path / 'config.json'}: field '{field}' must be <= {limit:,}, got 1,000,000,000")
 
 
+HUGE_VALUES = [  # a value no field could be, of every JSON kind, each far longer than a line
+    ("tiny", "hidden_size", list(range(100_000)), "got [0, 1, 2, 3, 4, 5, ...]"),
+    ("tiny", "model_type", "x" * 100_000, "got 'xxxxxxxxxxxx"),
+    ("tiny", "rope_scaling", [[list(range(1000))] * 100], "got [[[0, 1, 2, 3, 4, 5, ...], "),
+    ("tiny-kimi-linear", "num_key_value_heads", {str(i): i for i in range(100_000)}, "got {'0': 0, '1': 1, "),
+    ("tiny-longcat", "zero_expert_num", "1" * 100_000, "got '111111111111"),
+    ("tiny-mistral4", "moe_layer_freq", list(range(100_000)), "got [0, 1, 2, 3, 4, 5, ...]"),
+    ("tiny-v4", "compress_ratios", [list(range(100_000))] * 5, "[0]' must be 0 (sliding), 4 (CSA) or another "
+     "ratio >= 2 (HCA; published: 128), got [0, 1, 2, 3, 4, 5, ...]"),
+    ("tiny-v4", "hc_eps", "e" * 100_000, "got 'eeeeeeeeeeee"),
+]
+
+
+@pytest.mark.parametrize("name, field, value, shown", HUGE_VALUES)
+def test_a_huge_value_is_shown_cut_in_its_one_line(tmp_path, name, field, value, shown):
+    """A config value is shown in its refusal as a few of its items or the ends of its text: a list
+    of 100,000 numbers in hidden_size made a line of 690,000 characters."""
+    raw = {**PRESETS.get(name, V4_PRESETS.get(name)), field: value}
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    line = refused(stepper("run", "--model", tmp_path / "config.json"))
+    assert line.startswith(f"{tmp_path / 'config.json'}: field '{field}") and shown in line
+    assert len(line) < len(str(tmp_path)) + 400
+
+
 def test_the_bounds_are_far_above_every_published_model():
     """The largest counts and sizes of the presets (the published configs) sit well inside the bounds."""
     every = [*PRESETS.values(), *V4_PRESETS.values()]
