@@ -37,6 +37,7 @@ from stepper.model.stack import Model
 from stepper.presets import PRESETS, V4_PRESETS
 from stepper.seams.trace import Emitter, Sink
 from stepper.text import Tokens, load_tokenizer
+from stepper.untrusted import said
 from stepper.untrusted.paths import found
 from stepper.weights import remote
 from stepper.weights.checkpoint import INDEX, Checkpoint
@@ -327,7 +328,7 @@ def check_choice(option: str, value: object, choices: tuple[str, ...]) -> str:
     writes it: `--attn` (the command line) or `attn=` (the API)."""
     if value not in choices:
         verb = "expects" if option.endswith("=") else "must be"
-        raise StepperError(f"{option} {verb} one of {', '.join(choices)}, got {value!r}")
+        raise StepperError(f"{option} {verb} one of {', '.join(choices)}, got {said(value)}")
     return value
 
 

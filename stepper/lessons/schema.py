@@ -18,6 +18,7 @@ from typing import Any
 from stepper.errors import StepperError
 from stepper.lessons import answers
 from stepper.session import RunSpec
+from stepper.untrusted import said
 
 try:  # Python 3.11+
     import tomllib
@@ -131,7 +132,7 @@ class Reader:
     def __init__(self, path: Path, where: str, table: Any, allowed: set[str]):
         self.path, self.where = path, where
         if not isinstance(table, dict):
-            raise self.fail(f"must be a table, got {table!r}")
+            raise self.fail(f"must be a table, got {said(table)}")
         unknown = sorted(set(table) - allowed)
         if unknown:
             raise self.fail(f"unknown key '{unknown[0]}' (allowed: {', '.join(sorted(allowed))})")

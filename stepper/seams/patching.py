@@ -30,7 +30,7 @@ import numpy as np
 from stepper.errors import StepperError
 from stepper.seams.trace import Event, matches
 from stepper.tensors.tensor import held
-from stepper.untrusted import cut
+from stepper.untrusted import cut, said
 
 PatchFn = Callable[[np.ndarray, str], "np.ndarray | None"]
 Patches = Sequence[tuple[str, PatchFn]]  # in the order they apply
@@ -101,7 +101,7 @@ def as_patches(patch: Mapping[str, PatchFn] | Iterable[Mapping[str, PatchFn]] | 
     for pattern, fn in found:
         if not isinstance(pattern, str) or not pattern or not (callable(fn) or isinstance(fn, str)):
             raise StepperError(f"patch= expects name patterns (strings) mapped to functions fn(array, name) "
-                               f"or expressions like 'x*0.5', got {pattern!r}: {type(fn).__name__}")
+                               f"or expressions like 'x*0.5', got {said(pattern)}: {type(fn).__name__}")
     return [(pattern, expression(fn, f"patch= {pattern}=") if isinstance(fn, str) else fn) for pattern, fn in found]
 
 
@@ -255,7 +255,7 @@ def whole_numbers(call: str, **arguments: object) -> None:
     zeroed nothing, and "2" failed inside the run)."""
     for name, value in arguments.items():
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-            raise StepperError(f"{call}: {name} must be a whole number >= 0, got {value!r}")
+            raise StepperError(f"{call}: {name} must be a whole number >= 0, got {said(value)}")
 
 
 def zero_expert(layer: int, expert: int) -> dict[str, PatchFn]:
