@@ -40,7 +40,7 @@ from stepper.untrusted.jsonfile import read_json
 
 MODEL_TYPE = "deepseek_v4"
 ARCHITECTURE = "DeepseekV4ForCausalLM"
-SLIDING, CSA, HCA = 0, 4, 128  # the published compress ratios: sliding window only, CSA, HCA
+SLIDING, CSA = 0, 4  # compress ratios: sliding window only, CSA; any other is HCA (128 published)
 MAX_HC_MULT = 16  # streams: V4 ships 4; more would make the comb matrix's Sinkhorn rounds the cost
 MAX_SINKHORN_ITERS = 1000  # V4 ships 20: a run's every hyper-connection does this many rounds
 
