@@ -34,11 +34,11 @@ The layer, step by step:
   heads in o_groups consecutive groups, each group by its block of o_a_proj to o_lora, then o_b_proj.
 Each query's scores and weights are laid out as the keys it sees: its Wk window slots (positions
 p - Wk + 1 .. p; a slot before position 0 is not seen), then its K entries, then the sink. So a
-prompt costs T * (Wk + K) scores a head, not T^2; a longer prompt fed through the cache in pieces
+prompt costs T * (Wk + Kq) scores a head, not T^2; a longer prompt fed through the cache in pieces
 gives what one run gives (tests/model/test_v4_attention.py), which bounds it further.
 Shapes: B batch, T new positions, d hidden, H heads, D head dim, S_w the window's keys (kept and new),
-Wk a query's window slots (sliding_window), K entries a query can see (chosen or all), S_q = Wk + K,
-Ec entries made, Go o_groups, q_lora, o_lora.
+Wk a query's window slots (sliding_window), Kq entries a query can see (chosen or all), S_q = Wk + Kq,
+S_sink = S_q + 1 (the sink's logit), Ec entries made, Go o_groups, q_lora, o_lora.
 """
 
 from __future__ import annotations
@@ -205,7 +205,7 @@ def keys_seen(in_window: np.ndarray, chosen: np.ndarray) -> np.ndarray:
 
 def compressed_entries(x, q_latent, w, dims: AttentionDims, cache: V4AttentionCache, positions, turn, emit):
     """Run the layer's compressor (and indexer) over the new tokens: every entry made so far
-    [B, Ec, D] and, per query, the entries it attends [B, T, Kq] (-1: none; K 0 on sliding layers)."""
+    [B, Ec, D] and, per query, the entries it attends [B, T, Kq] (-1: none; Kq 0 on sliding layers)."""
     B = x.shape[0]
     if dims.compress_ratio == 0:
         return np.zeros((B, 0, dims.head_dim), np.float32), np.zeros((B, len(positions), 0), np.int64)

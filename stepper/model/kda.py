@@ -1,8 +1,8 @@
 """Kimi Delta Attention (KDA): Kimi Linear's attention, whose memory is one fixed-size state per
 head instead of a cache that grows with every position.
 
-For each token (shapes: B batch, T new positions, H heads, K key dims, V value dims, d hidden,
-W conv taps; Kimi Linear has K = V = `linear_head_dim`):
+For each token (shapes: B batch, T new positions, Hk heads, K key dims, Kv value dims, HK = Hk * K,
+d hidden, W conv taps; Kimi Linear has K = Kv = `linear_head_dim`):
 
 1. q, k, v = q_proj(x), k_proj(x), v_proj(x), each through its own causal depthwise convolution
    of W taps (the last tap on the token itself; the W - 1 inputs before it are the conv's own
@@ -61,7 +61,7 @@ def kda_attention(x: np.ndarray, w: LayerWeights, cache: KdaCache | None, option
 
 def convolved_heads(x: np.ndarray, w: LayerWeights, cfg, cache: KdaCache, emit: Emitter) -> list[np.ndarray]:
     """q, k, v: projected, each through its causal short conv and SiLU, split per head.
-    -> [B, Hk, T, K] each (V = K)"""
+    -> [B, Hk, T, K] each (Kv = K)"""
     q = emit("self_attn.q_proj", linear(x, w.matrix("self_attn.q_proj.weight")))  # [B, T, HK]
     q = emit("self_attn.q_conv", silu(conv("q", q, w, cache)))  # [B, T, HK]
     k = emit("self_attn.k_proj", linear(x, w.matrix("self_attn.k_proj.weight")))  # [B, T, HK]
@@ -204,7 +204,7 @@ def gated_output(out: np.ndarray, x: np.ndarray, w: LayerWeights, cfg, emit: Emi
     out [B, Hk, T, Kv], x [B, T, d] -> [B, T, d]"""
     B, H, T, V = out.shape
     normed = emit("self_attn.o_norm", rms_norm(out, w("self_attn.o_norm.weight"), cfg.rms_norm_eps))  # [B, Hk, T, Kv]
-    low = linear(x, w.matrix("self_attn.g_a_proj.weight"))  # [B, T, Kv]: a rank-V bottleneck
+    low = linear(x, w.matrix("self_attn.g_a_proj.weight"))  # [B, T, Kv]: a rank-Kv bottleneck
     gate = linear(low, w.matrix("self_attn.g_b_proj.weight"))  # [B, T, HK]
     gate = emit("self_attn.output_gate", gate.reshape(B, T, H, V).transpose(0, 2, 1, 3))  # [B, Hk, T, Kv]
     gated = emit("self_attn.gated_output", normed * sigmoid(gate))  # [B, Hk, T, Kv]

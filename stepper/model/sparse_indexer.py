@@ -14,7 +14,7 @@ entries made) are kept, best first; a pick the query cannot see (fewer visible t
 Weights (relative to the layer, transformers' names): `self_attn.compressor.indexer.{kv_proj,
 gate_proj}.weight` [2*Di, d], `.position_bias` [4, 2*Di], `.kv_norm.weight` [Di],
 `.q_b_proj.weight` [Hi*Di, q_lora], `.scorer.weights_proj.weight` [Hi, d].
-Shapes: B batch, T new positions, Ec entries made, Hi index heads, Di index head dims, K picks.
+Shapes: B batch, T new positions, Ec entries made, Hi index heads, Di index head dims, Kq picks.
 """
 
 from __future__ import annotations
