@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Annotated
@@ -150,6 +151,14 @@ def prompt_line(tokens: Tokens) -> str:
     shown = pairs if len(pairs) <= 16 else [*pairs[:12], "…", *pairs[-4:]]
     tokenizer = untrusted.shown(tokens.tokenizer.file.name)
     return f"prompt: {len(pairs)} token{'s' if len(pairs) != 1 else ''} from {tokenizer}: {' · '.join(shown)}"
+
+
+def print_header(console: Console, plan: Plan, patch: list[str] | None, said: Sequence[str]) -> None:
+    """The run described (bold), then the --patch line and what planning the run said (dim)."""
+    print_lines(console, describe(plan), "bold")
+    for line in (patched_line(patch), *said):
+        if line:
+            print_lines(console, line, "dim")
 
 
 def print_lines(console: Console, text: str, style: str) -> None:
@@ -300,10 +309,7 @@ def run_command(
         # with --json, stdout holds JSON Lines alone: the pictures (--show) go to stderr
         console = Console(stderr=as_json, **styles(plain), highlight=False, markup=False, soft_wrap=True)
         if not as_json:
-            print_lines(console, describe(plan), "bold")
-            for line in (patched_line(patch), *planned.said):
-                if line:
-                    print_lines(console, line, "dim")
+            print_header(console, plan, patch, planned.said)
             long = tiled_values(plan, [n for n in names if keep(n)])
             if long > LONG_VALUES:
                 print_lines(console, f"note: the attention scores and weights shown hold {long:.2g} values, summarised "
@@ -405,10 +411,7 @@ def step_command(
         swapped.enter_context(overrides.use(use or [], announce=sys.stderr))  # a file that fails to load stops it here
         console = Console(**styles(plain), highlight=False, markup=False, soft_wrap=True, record=export is not None,
                           stderr=as_json)
-        print_lines(console, describe(plan), "bold")
-        for line in (patched_line(patch), *planned.said):
-            if line:
-                print_lines(console, line, "dim")
+        print_header(console, plan, patch, planned.said)
         interactive = sys.stdin.isatty() and console.is_terminal
         bars = ProgressBars(Console(stderr=True, **styles(plain)))
         bars.beside(console)
