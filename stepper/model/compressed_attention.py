@@ -52,7 +52,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from stepper.config import Yarn
 from stepper.kernels.linear import linear, row_block
 from stepper.kernels.query_blocks import by_query_blocks
-from stepper.model.compressor import Compressor, Pending, compress, visible_entries
+from stepper.model.compressor import OVERLAP_RATIO, Compressor, Pending, compress, visible_entries
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.ops import rms_norm, softmax
 from stepper.model.sparse_indexer import index_entries
@@ -85,7 +85,7 @@ class AttentionDims:
 
     @property
     def has_indexer(self) -> bool:
-        return self.compress_ratio == 4
+        return self.compress_ratio == OVERLAP_RATIO
 
     @property
     def softmax_scale(self) -> float:
@@ -133,7 +133,7 @@ def weight_shapes(dims: AttentionDims) -> dict[str, tuple[int, ...]]:
 
 
 def compressor_shapes(module: str, ratio: int, width: int, d: int) -> dict[str, tuple[int, ...]]:
-    c = 2 * width if ratio == 4 else width
+    c = 2 * width if ratio == OVERLAP_RATIO else width
     return {f"{module}.kv_proj.weight": (c, d), f"{module}.gate_proj.weight": (c, d),
             f"{module}.position_bias": (ratio, c), f"{module}.kv_norm.weight": (width,)}
 

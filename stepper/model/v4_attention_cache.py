@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stepper.model.compressor import Pending
+from stepper.model.compressor import OVERLAP_RATIO, Pending
 
 
 @dataclass
@@ -57,8 +57,9 @@ def bounded_values(dims) -> int:
     total = (dims.sliding_window - 1) * dims.head_dim
     for width, present in ((dims.head_dim, dims.compress_ratio > 0), (dims.index_head_dim, dims.has_indexer)):
         if present:
-            channels = 2 * width if dims.compress_ratio == 4 else width
-            total += 2 * (dims.compress_ratio - 1) * channels + (2 * 4 * width if dims.compress_ratio == 4 else 0)
+            overlap = dims.compress_ratio == OVERLAP_RATIO
+            channels = 2 * width if overlap else width
+            total += 2 * (dims.compress_ratio - 1) * channels + (2 * OVERLAP_RATIO * width if overlap else 0)
     return total
 
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from stepper.kernels.linear import linear
 from stepper.model.compressed_attention import COMPRESSOR, AttentionDims
-from stepper.model.compressor import Pending
+from stepper.model.compressor import OVERLAP_RATIO, Pending
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.ops import rms_norm
 from stepper.model.synthetic_cache import ROWS, like
@@ -59,7 +59,7 @@ def seeded_state(x: np.ndarray, w: LayerWeights, dims: AttentionDims, module: st
         entries[:, rows] = rotate_tail(normed, dims.turn(np.arange(rows.start, rows.stop) * m))
     pending = n - count * m
     state = Pending(like(kv, pending, rng), like(gate, pending, rng), entries)
-    if m != 4 or count == 0:
+    if m != OVERLAP_RATIO or count == 0:
         return state
     ape = w(f"{module}.position_bias")[:, :width]  # [m, Dc]
     return Pending(state.kv, state.gate, entries, like(kv[..., :width], m, rng), like(gate[..., :width], m, rng) + ape)
