@@ -1,4 +1,4 @@
-"""Pictures of a KDA layer's memory: the state S [K, V] of each head, what each token wrote into it
+"""Pictures of a KDA layer's memory: the state S [K, Kv] of each head, what each token wrote into it
 and how fast each key channel forgets. Draws arrays it is given (stepper.model.kda emits them);
 no model math beyond summaries.
 
@@ -37,11 +37,11 @@ ENERGY_RANK = 0.01  # a singular value counts toward the rank when at least this
 STATISTICS_NOTE = ("σ₁² share: how much of S's energy (the sum of its squared singular values) its first singular "
                    "direction holds; rank@1%: how many singular values reach 1% of the largest. Each token writes a "
                    "rank-one change (a key times its delta) into a decayed S, so the rank is at most the tokens "
-                   "written, and at most min(K, V).")
+                   "written, and at most min(K, Kv).")
 
 
 def per_head(state: np.ndarray) -> np.ndarray:
-    """[B, H, K, V] or [H, K, V] -> [H, K, V] (batch 0)."""
+    """[B, Hk, K, Kv] or [Hk, K, Kv] -> [Hk, K, Kv] (batch 0)."""
     state = np.asarray(state, dtype=np.float64)
     return state[0] if state.ndim == 4 else state
 
@@ -55,7 +55,7 @@ def state_statistics(state: np.ndarray, title: str = "") -> RenderableType:
     for column in ("head", "‖S‖", "max |S|", "σ₁² share", "rank@1%"):
         table.add_column(column, justify="right")
     for h, S in enumerate(heads):
-        sigma = np.linalg.svd(S, compute_uv=False)  # [min(K, V)]
+        sigma = np.linalg.svd(S, compute_uv=False)  # [min(K, Kv)]
         energy = float(np.sum(sigma**2))
         share = float(sigma[0] ** 2 / energy) if energy > 0 else 0.0
         rank = int(np.sum(sigma >= ENERGY_RANK * sigma[0])) if sigma[0] > 0 else 0
@@ -64,11 +64,11 @@ def state_statistics(state: np.ndarray, title: str = "") -> RenderableType:
 
 
 def state_heatmap(S: np.ndarray, title: str = "", rows: int = 24, cols: int = 48) -> RenderableType:
-    """One head's state [K, V] as a heat map of |S|: key channels down, value channels across, each
+    """One head's state [K, Kv] as a heat map of |S|: key channels down, value channels across, each
     cell's shade its |value| as a fraction of the largest (max-pooled when S is larger than the grid)."""
     S = np.asarray(S, dtype=np.float64)
     if S.ndim != 2 or min(S.shape) == 0:
-        raise ValueError(f"a state heat map needs one head's [K, V] state, got shape {list(S.shape)}")
+        raise ValueError(f"a state heat map needs one head's [K, Kv] state, got shape {list(S.shape)}")
     pooled, rb, cb = pool_max(np.abs(S), rows, cols)
     top = float(pooled.max())
     negative = int(np.sum(S < 0))
@@ -115,8 +115,8 @@ def decay_per_channel(forget_gate: np.ndarray, title: str = "") -> RenderableTyp
     """The mean decay factor exp(g) per head and key channel over the tokens [B, H, T, K], drawn as
     bars (a tall bar: the channel keeps what it holds), with each head's fastest and slowest half-life."""
     g = np.asarray(forget_gate, dtype=np.float64)[0]  # [H, T, K]
-    mean_g = g.mean(axis=1)  # [H, K]
-    factor = np.exp(mean_g)  # [H, K] in (0, 1]
+    mean_g = g.mean(axis=1)  # [Hk, K]
+    factor = np.exp(mean_g)  # [Hk, K] in (0, 1]
 
     def draw(width: int) -> list[Text]:
         out = heading(title)
@@ -138,13 +138,13 @@ def half_life(mean_g: float) -> str:
 
 def state_pictures(state: np.ndarray, title: str, delta: np.ndarray | None = None,
                    forget_gate: np.ndarray | None = None, head: int = 0) -> list[RenderableType]:
-    """What `s state` draws: one head's [K, V] state alone; a whole state [B, H, K, V] as the heads'
+    """What `s state` draws: one head's [K, Kv] state alone; a whole state [B, Hk, K, Kv] as the heads'
     statistics and one head's heat map, then the writes (delta) and decays (forget_gate) given."""
     state = np.asarray(state)
     if state.ndim == 2:
         return [state_heatmap(state, title)]
     if state.ndim != 4:
-        raise ValueError(f"{title}: a state is [B, H, K, V] or one head's [K, V], got shape {list(state.shape)}")
+        raise ValueError(f"{title}: a state is [B, Hk, K, Kv] or one head's [K, Kv], got shape {list(state.shape)}")
     drawn = [state_statistics(state, title), state_heatmap(state[0, head], f"{title}[0, {head}]")]
     if delta is not None:
         drawn.append(write_norms(delta, "what each token wrote: ‖delta‖"))

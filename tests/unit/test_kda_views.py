@@ -74,7 +74,7 @@ def debug(model, script: list[str]) -> tuple[str, Debugger]:
 def test_debugger_prints_and_draws_a_slice_of_the_state_at_a_chosen_token(model):
     out, debugger = debug(model, ["u layers.0.self_attn.state", "p self_attn.state_per_token[0, 1, 5, :2, :3] 4",
                                   "s state self_attn.state_per_token[0, 1, 5]", "s state", "q"])
-    states = debugger.history["layers.0.self_attn.state_per_token"].array  # [B, H, T, K, V]
+    states = debugger.history["layers.0.self_attn.state_per_token"].array  # [B, Hk, T, K, Kv]
     expected = np.array2string(states[0, 1, 5, :2, :3], precision=4, floatmode="fixed")
     assert "layers.0.self_attn.state_per_token[0, 1, 5, :2, :3]  [2x3]  float32" in out
     assert expected in out
@@ -88,4 +88,4 @@ def test_debugger_prints_and_draws_a_slice_of_the_state_at_a_chosen_token(model)
 
 def test_s_state_on_something_that_is_not_a_state_is_one_line(model):
     out, _ = debug(model, ["u layers.0.self_attn.state", "s state self_attn.beta", "q"])
-    assert "a state is [B, H, K, V] or one head's [K, V], got shape [1, 2, 8]" in out
+    assert "a state is [B, Hk, K, Kv] or one head's [K, Kv], got shape [1, 2, 8]" in out
