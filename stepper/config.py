@@ -463,7 +463,7 @@ def _parse(raw: dict[str, Any], source: str, spelled: dict[str, str] | None = No
         return _kimi_k25(f)
     if model_type not in MODEL_TYPES:
         raise f.fail("model_type", f"must be one of {', '.join(MODEL_TYPES)}, got {said(model_type)}")
-    _require_equal(f, "hidden_act", "silu")
+    f.equal("hidden_act", "silu", "the only kind stepper runs")
     if raw.get("attention_bias"):
         raise f.fail("attention_bias", "must be false: MLA projections have no bias")
     if f.bool("tie_word_embeddings", default=False):
@@ -567,12 +567,6 @@ def display_name(source: str) -> str:
     """A model's name from where its config came from: a checkpoint directory's name."""
     path = Path(source)
     return path.parent.name if path.name == "config.json" and path.parent.name else source
-
-
-def _require_equal(f: Fields, field: str, expected: str) -> None:
-    value = f.raw.get(field, expected)
-    if value != expected:
-        raise f.fail(field, f"must be {expected!r} (the only kind stepper runs), got {said(value)}")
 
 
 ROUTERS = {  # model_type -> the router's scoring functions and selection rules, the default first
