@@ -398,6 +398,8 @@ def prepare(spec: RunSpec, weights: WeightSource | None = None, spell: Spell = c
     the option as the caller writes it (`spell`: the command line's `--cache-len` or the API's
     `cache_len=`)."""
     check_choice(spell("attn"), spec.attn, ATTN_CHOICES)
+    if spec.seed < 0:  # (a lesson file's; NumPy's generators take no negative seed)
+        raise StepperError(f"{spell('seed')} must be >= 0, got {spec.seed}")
     weights = weights or load_model(spec.model, spec.seed)
     if spec.weight_cache_mb < 0:
         raise StepperError(f"{spell('weight_cache_mb')} must be >= 0, got {spec.weight_cache_mb}")
