@@ -58,7 +58,7 @@ from stepper.seams.patching import PatchFn, as_patches, force_experts, zero_expe
 from stepper.seams.trace import Event, did_you_mean, matches
 from stepper.session import ATTN_CHOICES, INDEX_SCORING_CHOICES, RunSpec, api_keyword, check_choice
 from stepper.tensors.tensor import LazyTensor, Tensor, held
-from stepper.untrusted import shown
+from stepper.untrusted import said, shown
 from stepper.views import notebook
 from stepper.views.explain import not_found
 from stepper.views.summary import token_ids
@@ -444,8 +444,11 @@ def _two_arguments(pattern: str, fn: PatchFn) -> PatchFn:
 
 
 def _short(value: Any, limit: int = 60) -> str:
-    text = repr(value if not isinstance(value, np.ndarray) else value.tolist())
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    """Token ids as an error shows them: a few of them (never the repr of a whole list, nor of an
+    array of millions: a large array by its shape and dtype)."""
+    if isinstance(value, np.ndarray):
+        return said(value.tolist(), limit) if value.size <= limit else _given(value)
+    return said(value, limit)
 
 
 INPUT_EXPECTED = "the path of a safetensors file holding the layer's input (a --dump, say)"

@@ -325,8 +325,9 @@ def check_refused(spec: RunSpec, cfg: Config, spell: Spell) -> None:
 
 def check_choice(option: str, value: object, choices: tuple[str, ...]) -> str:
     """Refuse a value not among an option's choices, the option spelled as the caller's user
-    writes it: `--attn` (the command line) or `attn=` (the API)."""
-    if value not in choices:
+    writes it: `--attn` (the command line) or `attn=` (the API); a value that is no string (an
+    array, whose `in` would compare it element by element) is refused alike."""
+    if not isinstance(value, str) or value not in choices:
         verb = "expects" if option.endswith("=") else "must be"
         raise StepperError(f"{option} {verb} one of {', '.join(choices)}, got {said(value)}")
     return value

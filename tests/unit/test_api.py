@@ -396,6 +396,21 @@ def test_a_batch_of_prompts_is_refused_and_a_batch_of_one_is_that_prompt():
         assert stepper.run("tiny", ids=one, keep="logits").prompt == (1, 2, 3)
 
 
+def test_a_choice_or_ids_given_as_a_large_array_is_one_short_line():
+    """An array as attn= or index_scoring= was a ValueError ("The truth value of an array ... is
+    ambiguous"); an array of floats as ids= was written out through its list, 20 s for 30 million."""
+    for keyword, choices in (("attn", "auto, naive, absorb"), ("index_scoring", "exact, fp8")):
+        with pytest.raises(StepperError) as e:
+            stepper.run("tiny", **{keyword: np.arange(2_000_000)})
+        assert str(e.value) == f"{keyword}= expects one of {choices}, got an array of shape (2000000,) (int64)"
+    with pytest.raises(StepperError) as e:
+        stepper.run("tiny", ids=np.full(1000, 1.5))
+    assert str(e.value) == "ids= expects a list of token ids (integers), got a numpy.ndarray of shape (1000,) (float64)"
+    with pytest.raises(StepperError) as e:
+        stepper.run("tiny", ids=[1.5] * 100_000)
+    assert str(e.value) == "ids= expects a list of token ids (integers), got [1.5, 1.5, 1.5, 1.5, 1.5, 1.5, ...]"
+
+
 def test_a_missing_side_says_what_stepper_diff_says(run):
     with pytest.raises(StepperError) as api:
         stepper.diff("nonexistent", run)
