@@ -36,8 +36,9 @@ HUGE_VALUES = [  # a value no field could be, of every JSON kind, each far longe
     ("tiny-kimi-linear", "num_key_value_heads", {str(i): i for i in range(100_000)}, "got {'0': 0, '1': 1, "),
     ("tiny-longcat", "zero_expert_num", "1" * 100_000, "got '111111111111"),
     ("tiny-mistral4", "moe_layer_freq", list(range(100_000)), "got [0, 1, 2, 3, 4, 5, ...]"),
-    ("tiny-v4", "compress_ratios", [list(range(100_000))] * 5, "[0]' must be 0 (sliding), 4 (CSA) or another "
-     "ratio >= 2 (HCA; published: 128), got [0, 1, 2, 3, 4, 5, ...]"),
+    ("tiny-v4", "compress_ratios", [list(range(100_000))] * 5, ("[0]' must be 0 (sliding), 4 (CSA) or another "
+                                                                "ratio >= 2 (HCA; published: 128), got [0, 1, 2, 3, "
+                                                                "4, 5, ...]")),
     ("tiny-v4", "hc_eps", "e" * 100_000, "got 'eeeeeeeeeeee"),
 ]
 
