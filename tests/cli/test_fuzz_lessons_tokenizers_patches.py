@@ -112,24 +112,24 @@ HOSTILE_FILES = {  # a lesson file changed one way -> the end of its one line (`
                                               "title = [" + "1, " * 100_000 + "]"),
                           "top level: 'title' has the wrong type: [1, 1, 1, 1, 1, 1, ...]"),
     "key-long": (lambda t: '"' + "k" * 100_000 + '" = 1\n' + t,
-                 f"top level: unknown key '{'k' * 60}...' (allowed: exercise, intro, outro, run, steps, summary, "
-                 "title)"),
+                 (f"top level: unknown key '{'k' * 60}...' (allowed: exercise, intro, outro, run, steps, summary, "
+                  "title)")),
     "kind-long": (lambda t: t.replace('kind = "number"', 'kind = "' + "n" * 100_000 + '"', 1),
-                  "steps[0].predict[0]: kind must be one of shape, number, set, choice, got "
-                  f"'{'n' * 27}...{'n' * 28}'"),
+                  ("steps[0].predict[0]: kind must be one of shape, number, set, choice, got "
+                   f"'{'n' * 27}...{'n' * 28}'")),
     "command-long": (lambda t: t.replace("[[steps.predict]]", 'commands = ["' + "x" * 100_000 + '"]\n[[steps.predict]]',
                                          1),
-                     "steps[0]: command 'xxxxxxxxxxxxxxxxxxxxxxxxxxx...xxxxxxxxxxxxxxxxxxxxxxxxxxxx': only compare, e, "
-                     "explain, h, history, p, print, s, show, w, where, x may run at a stop"),
+                     (f"steps[0]: command '{'x' * 27}...{'x' * 28}': only compare, e, explain, h, history, p, "
+                      "print, s, show, w, where, x may run at a stop")),
     "integer-of-5000-digits": (lambda t: t.replace("prompt_len = 7", "prompt_len = " + "9" * 5000),  # a ValueError
-                               "not valid TOML (a value cannot be read: Exceeds the limit (4300 digits) for integer "
-                               "string conversion: value has 5000 digits)"),
+                               ("not valid TOML (a value cannot be read: Exceeds the limit (4300 digits) for integer "
+                                "string conversion: value has 5000 digits)")),
     "layers-a-string": (lambda t: t.replace("prompt_len = 7", 'layers = [1, "x"]'),  # a TypeError at the run
                         "[run]: 'layers' must be [first, stop]"),
     "seed-negative": (lambda t: t.replace("prompt_len = 7", "seed = -1"),  # NumPy's ValueError at the run
                       "[run]: 'seed' must be >= 0, got -1"),
-    "prompt-len-zero": (lambda t: t.replace("prompt_len = 7", "prompt_len = 0"), "[run]: 'prompt_len' must be >= 1, "
-                                                                                 "got 0"),
+    "prompt-len-zero": (lambda t: t.replace("prompt_len = 7", "prompt_len = 0"), ("[run]: 'prompt_len' must be >= 1, "
+                                                                                  "got 0")),
     "20-MB": (lambda t: t.replace('intro = """', 'intro = """' + ("x" * 999 + "\n") * 20_000, 1),
               "20,000,000 bytes, more than a lesson file holds (at most 16 MiB)"),
 }

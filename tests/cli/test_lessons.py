@@ -463,8 +463,8 @@ def test_cli_errors_are_one_line(tmp_path, monkeypatch):
 
 
 PROGRESS_FILES = {  # progress.json edited by hand -> what follows its path in the one line (all were tracebacks)
-    "nested-deeply": ("[" * 100_000 + "]" * 100_000,
-                      ": JSON nested too deeply (more than 100 arrays or objects inside one another): fix or delete it"),
+    "nested-deeply": ("[" * 100_000 + "]" * 100_000, (": JSON nested too deeply (more than 100 arrays or objects "
+                                                      "inside one another): fix or delete it")),
     "nan": ('{"current": null, "lessons": {"rmsnorm": {"hints": NaN}}}', ": NaN is not JSON: fix or delete it"),
     "lesson-a-number": ('{"current": null, "lessons": {"rmsnorm": 5}}',
                         ": lessons['rmsnorm'] must be an object, got 5: fix or delete it"),
@@ -486,7 +486,8 @@ def test_a_progress_file_edited_by_hand_is_one_line_naming_the_field(data_dir, c
     (data_dir / "progress.json").write_text(text)
     for args in (("lesson", "list", "--plain"), ("lesson", "hint", "rmsnorm")):
         out = stepper(*args)
-        assert out.exit_code == 2 and out.stderr == f"stepper: error: progress file {data_dir / 'progress.json'}{says}\n"
+        assert out.exit_code == 2, out.stderr
+        assert out.stderr == f"stepper: error: progress file {data_dir / 'progress.json'}{says}\n"
     assert (data_dir / "progress.json").read_text() == text  # not replaced
 
 

@@ -76,21 +76,21 @@ def test_an_infinite_tolerance_is_refused(tmp_path):
 LONG = "\x1b" + "k" * 100_000  # a value of 100,000 characters, an escape sequence first
 BOUNDED_CASES = {  # (the path changed, the value, the line's end): a value is shown cut, its refusal one short line
     "version-a-long-list": (("version",), list(range(100_000)),
-                            "manifest.json: fixture format version [0, 1, 2, 3, 4, 5, ...]; this stepper reads "
-                            "version 1"),
-    "run-kind-long": (("run", "kind"), LONG, "manifest.json: 'run.kind' must be one of model, layer, got "
-                                             "'\\x1bkkkkkkkkkkkkkkkkkkkkkkk...kkkkkkkkkkkkkkkkkkkkkkkkkkkk'"),
+                            ("manifest.json: fixture format version [0, 1, 2, 3, 4, 5, ...]; this stepper reads "
+                             "version 1")),
+    "run-kind-long": (("run", "kind"), LONG, ("manifest.json: 'run.kind' must be one of model, layer, got "
+                                              "'\\x1bkkkkkkkkkkkkkkkkkkkkkkk...kkkkkkkkkkkkkkkkkkkkkkkkkkkk'")),
     "tolerance-kind-a-long-list": (("tensors", 0, "tolerance", "kind"), list(range(100_000)),
-                                   "manifest.json: tensors[0] tolerance: 'kind' must be one of allclose, exact, "
-                                   "same-experts, same-entries, got [0, 1, 2, 3, 4, 5, ...]"),
+                                   ("manifest.json: tensors[0] tolerance: 'kind' must be one of allclose, exact, "
+                                    "same-experts, same-entries, got [0, 1, 2, 3, 4, 5, ...]")),
     "atol-past-any-float": (("tensors", 0, "tolerance", "atol"), 10**400,  # it made an OverflowError's traceback
-                            "manifest.json: tensors[0] tolerance: 'atol' must be a finite number >= 0, got "
-                            "100000000000000000...0000000000000000000"),
+                            ("manifest.json: tensors[0] tolerance: 'atol' must be a finite number >= 0, got "
+                             "100000000000000000...0000000000000000000")),
     "shape-a-long-list": (("tensors", 0, "shape"), list(range(100_000)),
-                          "tensors.safetensors: tensor 'prefill.embed' has shape [1, 7, 320], the manifest says "
-                          "[0, 1, 2, 3, 4, 5, ...]"),
-    "name-long": (("tensors", 0, "name"), "a" * 100_000, f"tensors.safetensors: tensor '{'a' * 60}...' of the manifest "
-                                                          "is missing"),
+                          ("tensors.safetensors: tensor 'prefill.embed' has shape [1, 7, 320], the manifest says "
+                           "[0, 1, 2, 3, 4, 5, ...]")),
+    "name-long": (("tensors", 0, "name"), "a" * 100_000,
+                  f"tensors.safetensors: tensor '{'a' * 60}...' of the manifest is missing"),
 }
 
 
