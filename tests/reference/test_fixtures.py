@@ -334,6 +334,8 @@ def test_a_candidate_of_100_000_extra_names_is_verified_in_seconds(basic, tmp_pa
     (["{candidate}", "--map", "nomap.json"], "--map nomap.json: no such file"),
     (["{candidate}", "--map", "{twice}"], ("'a' and 'b' both map to 'prefill.embed'; a fixture tensor is compared "
                                            "with one of yours, so map only one of them")),
+    (["{candidate}", "--map", "{long}"], (f"'a' and '{'b' * 60}...' both map to 'prefill.embed'; a fixture tensor is "
+                                          "compared with one of yours")),  # a line of 100,000 characters
     (["{candidate}", "--map", "{typo}"], ("--map: 'prefill.layers.0.self_attn.qa_typo' is no tensor name of fixture "
                                           "tiny-prefill-decode nor of stepper's catalogue")),
     (["{candidate}", "--rtol", "-1"], "--rtol must be a finite number >= 0, got -1.0"),
@@ -344,9 +346,11 @@ def test_verify_bad_input_exits_2(basic, tmp_path, args, message):
     candidate = write_candidate(tmp_path / "c.safetensors", {"nothing.like.ours": np.zeros(2, np.float32)})
     twice = tmp_path / "twice.json"
     twice.write_text(json.dumps({"a": "prefill.embed", "b": "prefill.embed"}))
+    long = tmp_path / "long.json"
+    long.write_text(json.dumps({"a": "prefill.embed", "b" * 100_000: "prefill.embed"}))
     typo = tmp_path / "typo.json"  # one good target, one misspelt: exit 2 even with --allow-missing
     typo.write_text(json.dumps({"a": "prefill.embed", "nothing.like.ours": "prefill.layers.0.self_attn.qa_typo"}))
-    args = [a.format(fixture=BASIC, candidate=candidate, twice=twice, typo=typo) for a in args]
+    args = [a.format(fixture=BASIC, candidate=candidate, twice=twice, long=long, typo=typo) for a in args]
     out = stepper("fixtures", "verify", BASIC, *args)
     assert out.returncode == 2 and message in out.stderr and out.stderr.count("\n") == 1, out.stderr
 
