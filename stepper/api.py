@@ -58,7 +58,7 @@ from stepper.seams.patching import PatchFn, as_patches, force_experts, zero_expe
 from stepper.seams.trace import Event, did_you_mean, matches
 from stepper.session import ATTN_CHOICES, INDEX_SCORING_CHOICES, RunSpec, api_keyword, check_choice
 from stepper.tensors.tensor import LazyTensor, Tensor, held
-from stepper.untrusted import said, shown
+from stepper.untrusted import cut, said, shown
 from stepper.views import notebook
 from stepper.views.explain import not_found
 from stepper.views.summary import token_ids
@@ -186,13 +186,13 @@ class Run(Mapping):
         if len(found) == 1:
             return self._events[found[0]]
         if found:
-            raise NotFound(f"'{name}' matches {len(found)} kept tensors ({', '.join(found[:3])}"
+            raise NotFound(f"'{cut(name)}' matches {len(found)} kept tensors ({', '.join(found[:3])}"
                                f"{', ...' if len(found) > 3 else ''}): give the full name")
         if any(matches(n, [name]) for n in self._recorded.names):
-            raise NotFound(f"'{name}' was emitted but not kept: add it to keep=")
+            raise NotFound(f"'{cut(name)}' was emitted but not kept: add it to keep=")
         near = difflib.get_close_matches(name, list(self._events), n=3, cutoff=0.8)  # a full name, mistyped
         hint = f"; did you mean {', '.join(near)}?" if near else did_you_mean(name, self._recorded.names)
-        raise NotFound(f"no tensor '{name}' in this run{hint}")
+        raise NotFound(f"no tensor '{cut(name)}' in this run{hint}")
 
     def __getitem__(self, name: str) -> Tensor:
         """The kept tensor `name`: a read-only array, or a LazyTensor made when read (see `cost`)."""

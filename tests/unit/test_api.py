@@ -411,6 +411,25 @@ def test_a_choice_or_ids_given_as_a_large_array_is_one_short_line():
     assert str(e.value) == "ids= expects a list of token ids (integers), got [1.5, 1.5, 1.5, 1.5, 1.5, 1.5, ...]"
 
 
+def test_a_name_of_100_000_characters_is_shown_cut(run):
+    """A name looked up, explained or kept is shown by its first 60 characters: each refusal was a
+    line of 100,000 (and explain searched it as a parameter's name for 20 s)."""
+    import time
+
+    start = time.monotonic()
+    long = "q" * 100_000
+    for lookup, line in ((lambda: run[long], f"no tensor '{'q' * 60}...' in this run"),
+                         (lambda: run.show(long), f"no tensor '{'q' * 60}...' in this run"),
+                         (lambda: run.explain(long),
+                          f"no tensor named '{'q' * 60}...' in the catalogue (stepper tree lists them)"),
+                         (lambda: stepper.run("tiny", prompt_len=2, keep=long),
+                          f"keep= {'q' * 60}...: matches no tensor of this run")):
+        with pytest.raises(StepperError) as e:
+            lookup()
+        assert str(e.value) == line
+    assert time.monotonic() - start < 10
+
+
 def test_a_missing_side_says_what_stepper_diff_says(run):
     with pytest.raises(StepperError) as api:
         stepper.diff("nonexistent", run)
