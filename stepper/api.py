@@ -311,12 +311,22 @@ def _side(which: str, side: Any) -> tuple[dict[str, np.ndarray], str]:
     if isinstance(side, Mapping):  # a run's dict holds LazyTensors too: they are read as a Run's are
         bad = next(((k, v) for k, v in side.items()
                     if not (isinstance(k, str) and isinstance(v, (np.ndarray, LazyTensor)))), None)
-        if bad is None:
-            return dict(side), f"{len(side)} tensors"
-        raise StepperError(f"diff: {which} is a dict of name -> array, but its {_given(bad[0])} is "
-                           f"{type(bad[1]).__name__}, not a NumPy array")
+        if bad is not None:
+            raise StepperError(f"diff: {which} is a dict of name -> array, but its {_given(bad[0])} is "
+                               f"{type(bad[1]).__name__}, not a NumPy array")
+        odd = next(((k, v) for k, v in side.items() if isinstance(v, np.ndarray) and not _numbers(v)), None)
+        if odd is not None:  # (complex ones were compared by their real parts, objects a TypeError)
+            raise StepperError(f"diff: {which} is a dict of name -> array, but its {_given(odd[0])} has dtype "
+                               f"{odd[1].dtype}; expected integers or floats")
+        return dict(side), f"{len(side)} tensors"
     raise StepperError(f"diff: {which} must be a stepper.Run, a dict of name -> NumPy array, a --dump file or a "
                        f"fixture folder, got {type(side).__name__}")
+
+
+def _numbers(array: np.ndarray) -> bool:
+    """Whether an array holds numbers a diff compares: integers or floats (BF16 and FP8 too), as a
+    dump's tensors are (fixtures.candidate.widen)."""
+    return array.dtype.kind in "biuf" or array.dtype.name in ("bfloat16", "float8_e4m3fn", "float8_e5m2")
 
 
 def read_only(array: Tensor) -> Tensor:

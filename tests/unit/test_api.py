@@ -430,6 +430,18 @@ def test_a_name_of_100_000_characters_is_shown_cut(run):
     assert time.monotonic() - start < 10
 
 
+def test_a_dict_side_of_other_numbers_than_integers_or_floats_is_refused(run):
+    """Complex arrays were compared by their real parts (exit as the same, a ComplexWarning), an
+    object array was float()'s TypeError."""
+    embed = run["prefill.embed"]
+    for array, dtype in ((embed.astype(np.complex64), "complex64"), (np.array([object()]), "object"),
+                         (np.array(["a"]), "<U1")):
+        with pytest.raises(StepperError) as e:
+            stepper.diff({"prefill.embed": array}, run)
+        assert str(e.value) == (f"diff: a is a dict of name -> array, but its 'prefill.embed' has dtype {dtype}; "
+                                "expected integers or floats")
+
+
 def test_a_missing_side_says_what_stepper_diff_says(run):
     with pytest.raises(StepperError) as api:
         stepper.diff("nonexistent", run)
