@@ -709,7 +709,7 @@ def split_index(text: str) -> tuple[str, str | None]:
         return text, None
     name, _, rest = text.partition("[")
     if not rest.endswith("]"):
-        raise StepperError(f"bad slice '{text}': expected NAME[i, a:b, ...]")
+        raise StepperError(f"bad slice '{cut(text)}': expected NAME[i, a:b, ...]")
     return name.strip(), "[" + rest
 
 
@@ -731,7 +731,7 @@ def take(array: np.ndarray, index: str | None) -> np.ndarray:
             array = array[key]
         return array
     except (SyntaxError, ValueError, IndexError, TypeError) as e:
-        raise StepperError(f"bad slice {index} for shape {shape}: {e}") from None
+        raise StepperError(f"bad slice {cut(index)} for shape {shape}: {e}") from None
 
 
 def _index_value(node: ast.AST) -> Any:
