@@ -58,7 +58,7 @@ from stepper.seams.patching import PatchFn, as_patches, force_experts, zero_expe
 from stepper.seams.trace import Event, did_you_mean, matches
 from stepper.session import ATTN_CHOICES, INDEX_SCORING_CHOICES, RunSpec, api_keyword, check_choice
 from stepper.tensors.tensor import LazyTensor, Tensor, held
-from stepper.untrusted import shown
+from stepper.untrusted import cut, said, shown
 from stepper.views import notebook
 from stepper.views.explain import not_found
 from stepper.views.summary import token_ids
@@ -186,13 +186,13 @@ class Run(Mapping):
         if len(found) == 1:
             return self._events[found[0]]
         if found:
-            raise NotFound(f"'{name}' matches {len(found)} kept tensors ({', '.join(found[:3])}"
+            raise NotFound(f"'{cut(name)}' matches {len(found)} kept tensors ({', '.join(found[:3])}"
                                f"{', ...' if len(found) > 3 else ''}): give the full name")
         if any(matches(n, [name]) for n in self._recorded.names):
-            raise NotFound(f"'{name}' was emitted but not kept: add it to keep=")
+            raise NotFound(f"'{cut(name)}' was emitted but not kept: add it to keep=")
         near = difflib.get_close_matches(name, list(self._events), n=3, cutoff=0.8)  # a full name, mistyped
         hint = f"; did you mean {', '.join(near)}?" if near else did_you_mean(name, self._recorded.names)
-        raise NotFound(f"no tensor '{name}' in this run{hint}")
+        raise NotFound(f"no tensor '{cut(name)}' in this run{hint}")
 
     def __getitem__(self, name: str) -> Tensor:
         """The kept tensor `name`: a read-only array, or a LazyTensor made when read (see `cost`)."""
@@ -311,12 +311,22 @@ def _side(which: str, side: Any) -> tuple[dict[str, np.ndarray], str]:
     if isinstance(side, Mapping):  # a run's dict holds LazyTensors too: they are read as a Run's are
         bad = next(((k, v) for k, v in side.items()
                     if not (isinstance(k, str) and isinstance(v, (np.ndarray, LazyTensor)))), None)
-        if bad is None:
-            return dict(side), f"{len(side)} tensors"
-        raise StepperError(f"diff: {which} is a dict of name -> array, but its {_given(bad[0])} is "
-                           f"{type(bad[1]).__name__}, not a NumPy array")
+        if bad is not None:
+            raise StepperError(f"diff: {which} is a dict of name -> array, but its {_given(bad[0])} is "
+                               f"{type(bad[1]).__name__}, not a NumPy array")
+        odd = next(((k, v) for k, v in side.items() if isinstance(v, np.ndarray) and not _numbers(v)), None)
+        if odd is not None:  # (complex ones were compared by their real parts, objects a TypeError)
+            raise StepperError(f"diff: {which} is a dict of name -> array, but its {_given(odd[0])} has dtype "
+                               f"{odd[1].dtype}; expected integers or floats")
+        return dict(side), f"{len(side)} tensors"
     raise StepperError(f"diff: {which} must be a stepper.Run, a dict of name -> NumPy array, a --dump file or a "
                        f"fixture folder, got {type(side).__name__}")
+
+
+def _numbers(array: np.ndarray) -> bool:
+    """Whether an array holds numbers a diff compares: integers or floats (BF16 and FP8 too), as a
+    dump's tensors are (fixtures.candidate.widen)."""
+    return array.dtype.kind in "biuf" or array.dtype.name in ("bfloat16", "float8_e4m3fn", "float8_e5m2")
 
 
 def read_only(array: Tensor) -> Tensor:
@@ -444,8 +454,11 @@ def _two_arguments(pattern: str, fn: PatchFn) -> PatchFn:
 
 
 def _short(value: Any, limit: int = 60) -> str:
-    text = repr(value if not isinstance(value, np.ndarray) else value.tolist())
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    """Token ids as an error shows them: a few of them (never the repr of a whole list, nor of an
+    array of millions: a large array by its shape and dtype)."""
+    if isinstance(value, np.ndarray):
+        return said(value.tolist(), limit) if value.size <= limit else _given(value)
+    return said(value, limit)
 
 
 INPUT_EXPECTED = "the path of a safetensors file holding the layer's input (a --dump, say)"

@@ -37,7 +37,7 @@ from stepper.model.stack import Model
 from stepper.presets import PRESETS, V4_PRESETS
 from stepper.seams.trace import Emitter, Sink
 from stepper.text import Tokens, load_tokenizer
-from stepper.untrusted import said
+from stepper.untrusted import cut, said
 from stepper.untrusted.paths import found
 from stepper.weights import remote
 from stepper.weights.checkpoint import INDEX, Checkpoint
@@ -273,14 +273,14 @@ def read_input(path: Path, layer: int, cfg: Config) -> np.ndarray:
             raise StepperError(f"{path}: no tensor named {wanted[0]} (found {len(names)} tensors)")
         dtype = f.info(name).dtype
         if dtype not in INPUT_DTYPES:  # integers or booleans would be taken as a stream of their values
-            raise StepperError(f"{path}: tensor '{name}' is {dtype}, expected {', '.join(INPUT_DTYPES)}")
+            raise StepperError(f"{path}: tensor '{cut(name)}' is {dtype}, expected {', '.join(INPUT_DTYPES)}")
         array = np.array(f.get(name), dtype=np.float32)
     expected = families.family_for(cfg).stream(cfg)
     shape = ", ".join(str(e) if e is not None else "BT"[i] for i, e in enumerate(expected))  # None: B or T
     if array.ndim != len(expected) or any(e is not None and e != n for e, n in zip(expected, array.shape)):
-        raise StepperError(f"{path}: tensor '{name}' has shape {list(array.shape)}, expected [{shape}]")
+        raise StepperError(f"{path}: tensor '{cut(name)}' has shape {list(array.shape)}, expected [{shape}]")
     if array.shape[1] == 0:
-        raise StepperError(f"{path}: tensor '{name}' has shape {list(array.shape)}, expected [{shape}] with at "
+        raise StepperError(f"{path}: tensor '{cut(name)}' has shape {list(array.shape)}, expected [{shape}] with at "
                            "least one position (T)")
     return array
 
@@ -325,8 +325,9 @@ def check_refused(spec: RunSpec, cfg: Config, spell: Spell) -> None:
 
 def check_choice(option: str, value: object, choices: tuple[str, ...]) -> str:
     """Refuse a value not among an option's choices, the option spelled as the caller's user
-    writes it: `--attn` (the command line) or `attn=` (the API)."""
-    if value not in choices:
+    writes it: `--attn` (the command line) or `attn=` (the API); a value that is no string (an
+    array, whose `in` would compare it element by element) is refused alike."""
+    if not isinstance(value, str) or value not in choices:
         verb = "expects" if option.endswith("=") else "must be"
         raise StepperError(f"{option} {verb} one of {', '.join(choices)}, got {said(value)}")
     return value
@@ -398,6 +399,8 @@ def prepare(spec: RunSpec, weights: WeightSource | None = None, spell: Spell = c
     the option as the caller writes it (`spell`: the command line's `--cache-len` or the API's
     `cache_len=`)."""
     check_choice(spell("attn"), spec.attn, ATTN_CHOICES)
+    if spec.seed < 0:  # (a lesson file's; NumPy's generators take no negative seed)
+        raise StepperError(f"{spell('seed')} must be >= 0, got {spec.seed}")
     weights = weights or load_model(spec.model, spec.seed)
     if spec.weight_cache_mb < 0:
         raise StepperError(f"{spell('weight_cache_mb')} must be >= 0, got {spec.weight_cache_mb}")

@@ -109,6 +109,8 @@ class Catalog:
         -> the `mlp.experts` output); a wrapper's prefix (`language_model.`) is passed over. Empty
         for a name that is not a parameter's, unless the model is `known` to have it (Kimi Linear's
         `self_attn.A_log`: the entries whose formula names its last part)."""
+        if len(parameter) > LONGEST_PARAMETER:  # (a query of 100,000 characters took 20 s)
+            return []
         name = re.sub(r"^(?:[\w.]*?\blayers\.\d+\.|[\w.]*?\bmodel\.)", "", parameter).removesuffix("_scale_inv")
         if not (PARAMETER.search(name) or known):
             return []
@@ -193,6 +195,7 @@ def uncatalogued(key: str) -> dict[str, Any]:
 
 
 PARAMETER = re.compile(r"[A-Za-z_][\w.]*\.weight(?!\w)|\b\w+_bias\b")  # q_a_proj.weight, e_score_correction_bias
+LONGEST_PARAMETER = 1000  # characters: a longer query is no parameter's name (PARAMETER's search of it is quadratic)
 OUTPUT = re.compile(r"^(\S+) \(output\b")  # 'model.layers.{i}.mlp.experts (output, [N, d])'
 
 

@@ -34,6 +34,7 @@ from stepper.lessons.workspace import WORKSPACE, Workspace
 from stepper.planning import RunPlan
 from stepper.text import INSTALL
 from stepper.untrusted import shown
+from stepper.untrusted.paths import found
 from stepper.views.debugger import CommandSource
 from stepper.views.sinks import WholeLinesOffTerminal, line_width, styles
 
@@ -177,7 +178,7 @@ def check_command(
         progress = Progress()
         lesson, lessons = chosen(name, progress)
         path = file if file is not None else Workspace(workspace).existing(lesson)
-        if file is not None and not file.is_file():  # a file to fix is one that is there
+        if file is not None and found(file) != "file":  # a file to fix is one that is there
             raise StepperError(f"--file {shown(file)}: no such file")
         console = console_for(plain)
         passed = run_check(console, lesson, lessons, path, progress, record=file is None)

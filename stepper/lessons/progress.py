@@ -14,6 +14,11 @@ from typing import Any
 from stepper import files
 from stepper.errors import StepperError
 from stepper.lessons.schema import Lesson, find_lesson
+from stepper.untrusted import cut, said
+from stepper.untrusted.jsonfile import read_json
+
+FLAGS = ("walked", "passed", "gave_up")  # a lesson's entry: true or false
+COUNTS = ("hints", "first_try", "retried", "asked")  # a lesson's entry: whole numbers >= 0
 
 
 def data_dir() -> Path:
@@ -32,12 +37,13 @@ class Progress:
         self.data: dict[str, Any] = {"version": 1, "current": None, "lessons": {}}
         if self.path.exists():
             try:
-                loaded = json.loads(self.path.read_text(encoding="utf-8"))
-            except (OSError, ValueError) as e:
-                raise StepperError(f"progress file {self.path} is unreadable ({e}): fix or delete it") from None
+                loaded = read_json(self.path, "a progress file")  # nested too deeply, NaN or a key twice: refused
+            except StepperError as e:
+                raise StepperError(f"progress file {e}: fix or delete it") from None
             if not isinstance(loaded, dict) or not isinstance(loaded.get("lessons"), dict):
                 raise StepperError(f"progress file {self.path} is not stepper's progress: fix or delete it")
             self.data.update(loaded)
+            check(self.data, self.path)
 
     def lesson(self, name: str) -> dict[str, Any]:
         entry = self.data["lessons"].setdefault(name, {})
@@ -60,6 +66,25 @@ class Progress:
             files.write_bytes_atomically(self.path, json.dumps(self.data, indent=2, sort_keys=True) + "\n")
         except OSError as e:
             raise StepperError(f"cannot write progress file {self.path} ({e})") from None
+
+
+def check(data: dict[str, Any], path: Path) -> None:
+    """The fields of a progress file the commands read, with their JSON types (a file edited by hand
+    could hold anything: a count as a string, a lesson as a number)."""
+    def fail(field: str, expected: str, value: Any) -> StepperError:
+        return StepperError(f"progress file {path}: {field} must be {expected}, got {said(value)}: fix or delete it")
+
+    if not isinstance(data["current"], (str, type(None))):
+        raise fail("'current'", "a lesson name or null", data["current"])
+    for name, entry in data["lessons"].items():
+        if not isinstance(entry, dict):
+            raise fail(f"lessons['{cut(name)}']", "an object", entry)
+        for key in FLAGS:
+            if not isinstance(entry.get(key, False), bool):
+                raise fail(f"lessons['{cut(name)}'].{key}", "true or false", entry[key])
+        for key in COUNTS:
+            if type(entry.get(key, 0)) is not int or entry.get(key, 0) < 0:
+                raise fail(f"lessons['{cut(name)}'].{key}", "a whole number >= 0", entry[key])
 
 
 def default_lesson(progress: Progress, lessons: Sequence[Lesson]) -> Lesson:

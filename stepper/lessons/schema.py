@@ -18,7 +18,8 @@ from typing import Any
 from stepper.errors import StepperError
 from stepper.lessons import answers
 from stepper.session import RunSpec
-from stepper.untrusted import said
+from stepper.untrusted import cut, said
+from stepper.untrusted.jsonfile import read_regular
 
 try:  # Python 3.11+
     import tomllib
@@ -32,6 +33,7 @@ FOLDER = re.compile(r"^(\d{2})-([a-z0-9][a-z0-9-]*)$")
 LESSON_FILE = "lesson.toml"
 STUB_FILE = "exercise.py"
 SOLUTION_FILE = "solution.py"
+LESSON_BYTES = 16 << 20  # a lesson file: the shipped ones are under 20 KB; TOML is read in pure Python
 
 
 # ---------------------------------------------------------------------------------------------
@@ -135,7 +137,7 @@ class Reader:
             raise self.fail(f"must be a table, got {said(table)}")
         unknown = sorted(set(table) - allowed)
         if unknown:
-            raise self.fail(f"unknown key '{unknown[0]}' (allowed: {', '.join(sorted(allowed))})")
+            raise self.fail(f"unknown key '{cut(unknown[0])}' (allowed: {', '.join(sorted(allowed))})")
         self.table = table
 
     def fail(self, why: str) -> StepperError:
@@ -148,7 +150,7 @@ class Reader:
             return default
         value = self.table[key]
         if not isinstance(value, kind) or (isinstance(value, bool) and kind in (int, float, (int, float))):
-            raise self.fail(f"'{key}' has the wrong type: {value!r}")
+            raise self.fail(f"'{key}' has the wrong type: {said(value)}")
         return value
 
 
@@ -160,13 +162,16 @@ def load_lesson(folder: Path) -> Lesson:
     if tomllib is None:  # pragma: no cover - Python 3.10 without tomli
         raise StepperError(f"{path}: lessons are TOML; they need Python 3.11+, or `pip install tomli` on 3.10")
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        raw = tomllib.loads(read_regular(path, LESSON_BYTES, "a lesson file").decode("utf-8"))
     except OSError as e:
         raise StepperError(f"{path}: cannot read it ({e})") from None
     except UnicodeDecodeError as e:
         raise StepperError(f"{path}: not UTF-8 text (byte {e.start})") from None
     except tomllib.TOMLDecodeError as e:
         raise StepperError(f"{path}: not valid TOML ({e})") from None
+    except ValueError as e:  # a value tomllib reads with Python's own: an integer of 5,000 digits
+        why = cut(str(e).split(";")[0], 100)  # (Python's advice on sys.set_int_max_str_digits left out)
+        raise StepperError(f"{path}: not valid TOML (a value cannot be read: {why})") from None
     except RecursionError:  # tomllib recurses once per nested array or table (it is pure Python: a clean error)
         raise StepperError(f"{path}: arrays or tables nested too deeply") from None
     top = Reader(path, "top level", raw, TOP_KEYS)
@@ -203,6 +208,9 @@ def run_spec(r: Reader, base: RunSpec) -> RunSpec:
     for key in ("layer", "prompt_len", "start_pos", "decode", "seed"):
         if key in r.table:
             fields[key] = r.get(key, int)
+            least = 1 if key == "prompt_len" else 0  # (named here: the run would name the command line's option)
+            if fields[key] < least:
+                raise r.fail(f"'{key}' must be >= {least}, got {fields[key]}")
     if "ids" in r.table:
         ids = r.get("ids", list)
         if not all(isinstance(i, int) for i in ids):
@@ -210,7 +218,7 @@ def run_spec(r: Reader, base: RunSpec) -> RunSpec:
         fields["ids"] = tuple(ids)
     if "layers" in r.table:
         layers = r.get("layers", list)
-        if len(layers) != 2 or not isinstance(layers[0], int):
+        if len(layers) != 2 or not all(type(n) is int for n in layers):
             raise r.fail("'layers' must be [first, stop]")
         fields["layers"] = (layers[0], layers[1])
     return dataclasses.replace(base, **fields)
@@ -223,7 +231,7 @@ def read_step(path: Path, i: int, raw: Any) -> Step:
     commands = r.get("commands", list, [])
     for command in commands:
         if not isinstance(command, str) or command.split(" ")[0] not in STOP_COMMANDS:
-            raise r.fail(f"command {command!r}: only {', '.join(sorted(STOP_COMMANDS))} may run at a stop")
+            raise r.fail(f"command {said(command)}: only {', '.join(sorted(STOP_COMMANDS))} may run at a stop")
     return Step(
         stop=r.get("stop", str), text=r.get("text", str, ""), explain=r.get("explain", str, ""),
         predict=tuple(read_prediction(path, f"steps[{i}].predict[{j}]", p) for j, p in enumerate(predicts)),
@@ -235,7 +243,7 @@ def read_prediction(path: Path, where: str, raw: Any) -> Prediction:
     r = Reader(path, where, raw, PREDICT_KEYS)
     kind = r.get("kind", str)
     if kind not in answers.KINDS:
-        raise r.fail(f"kind must be one of {', '.join(answers.KINDS)}, got '{kind}'")
+        raise r.fail(f"kind must be one of {', '.join(answers.KINDS)}, got {said(kind)}")
     options, option_why = (), ()
     if kind == "choice":
         items = [Reader(path, f"{where}.options[{k}]", o, OPTION_KEYS) for k, o in enumerate(r.get("options", list))]

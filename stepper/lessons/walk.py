@@ -24,7 +24,7 @@ from stepper.lessons.templates import render
 from stepper.planning import RunPlan, plan_run
 from stepper.seams.trace import Event, Recorder
 from stepper.session import Plan
-from stepper.untrusted import shown
+from stepper.untrusted import cut, shown
 from stepper.views.debugger import (
     COMMANDS,
     CommandSource,
@@ -201,7 +201,7 @@ def walk(lesson: Lesson, console: Console, source: CommandSource, planned: RunPl
         return walked(debugger, False)
     if debugger.step_index < len(lesson.steps):
         missing = lesson.steps[debugger.step_index].stop
-        raise StepperError(f"{lesson.folder / LESSON_FILE}: step {debugger.step_index + 1} stops at '{missing}', "
+        raise StepperError(f"{lesson.folder / LESSON_FILE}: step {debugger.step_index + 1} stops at '{cut(missing)}', "
                            "which the run never emitted (or not in this order)")
     titled_rule(console, "end of the run", "magenta")
     say(console, lesson.outro, Context(plan, debugger.context().tensors, result))

@@ -12,6 +12,7 @@ from stepper.errors import StepperError
 from stepper.families import derive
 from stepper.seams.trace import did_you_mean, matches
 from stepper.session import Plan, phase_name, step_attn
+from stepper.untrusted import cut
 
 PICTURE_TENSORS = {  # the tensors a --show picture is drawn from; one of them must be shown
     "attention": ("self_attn.attn_weights",),
@@ -36,4 +37,4 @@ def check_patterns(option: str, patterns: Iterable[str], names: list[str]) -> No
     """Refuse a pattern that matches no name of the run, with the nearest names."""
     for pattern in patterns:
         if not any(matches(name, [pattern]) for name in names):
-            raise StepperError(f"{option} {pattern}: matches no tensor of this run{did_you_mean(pattern, names)}")
+            raise StepperError(f"{option} {cut(pattern)}: matches no tensor of this run{did_you_mean(pattern, names)}")

@@ -56,7 +56,11 @@ BOUNDED.maxdict, BOUNDED.maxlevel, BOUNDED.maxstring, BOUNDED.maxlong = 4, 3, 60
 def said(value: object, limit: int = 60) -> str:
     """A value read from a file (a config field's), as a one-line message shows it: its repr, made
     from at most a few items of a list or object and the ends of a long string (a list of 100,000
-    numbers is not written out whole), then cut(..., limit)."""
+    numbers is not written out whole), then cut(..., limit). An array (an object with a shape and a
+    dtype: NumPy's) is its shape and dtype: the repr of a NumPy array spans lines."""
+    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+    if isinstance(shape, tuple) and shape and dtype is not None:  # (not a NumPy scalar: shape ())
+        return cut(f"an array of shape {shape} ({dtype})", limit)
     return cut(BOUNDED.repr(value), limit)
 
 

@@ -15,7 +15,9 @@ import stat
 from pathlib import Path
 
 from stepper.errors import StepperError
-from stepper.untrusted import shown
+from stepper.untrusted import cut
+
+PATH_MAX = 4096  # Linux's longest path: a longer one names nothing (and is shown cut to it)
 
 
 def found(path: Path) -> str | None:
@@ -36,7 +38,7 @@ def found(path: Path) -> str | None:
 
 def unreadable(path: Path, e: OSError) -> StepperError:
     """The one line for a path the system would not let stepper look at or read."""
-    return StepperError(f"{shown(path)}: cannot be read ({why(e)})")
+    return StepperError(f"{cut(path, PATH_MAX)}: cannot be read ({why(e)})")
 
 
 def why(e: OSError) -> str:

@@ -30,7 +30,7 @@ from stepper.errors import StepperError
 from stepper.seams.trace import Event, did_you_mean, matches
 from stepper.tensors.tensor import held
 from stepper.text import Tokens
-from stepper.untrusted import shown
+from stepper.untrusted import cut, shown
 from stepper.views import kda_state, pictures
 from stepper.views.debug_set import set_tensor
 from stepper.views.explain import explain_text, not_found
@@ -300,7 +300,8 @@ class Debugger:
     def check_matches(self, command: str, pattern: str) -> None:
         """A pattern must match a name of the run (when the run's names are known), or it would do nothing."""
         if self.names is not None and not any(matches(name, [pattern]) for name in self.names):
-            raise StepperError(f"{command} {pattern}: matches no tensor of this run{did_you_mean(pattern, self.names)}")
+            near = did_you_mean(pattern, self.names)
+            raise StepperError(f"{command} {cut(pattern)}: matches no tensor of this run{near}")
 
     def cmd_print(self, arg: str) -> None:
         target, digits = split_digits(arg)
@@ -542,8 +543,9 @@ class Debugger:
             if matches(event.name, [name]):
                 return event
         if self.names is not None and not self.emits(name):
-            raise StepperError(f"no tensor '{name}' in this run{did_you_mean(name, self.names)} (h lists those seen)")
-        raise StepperError(f"no tensor '{name}' seen yet (h lists them)")
+            raise StepperError(f"no tensor '{cut(name)}' in this run{did_you_mean(name, self.names)} (h lists those "
+                               "seen)")
+        raise StepperError(f"no tensor '{cut(name)}' seen yet (h lists them)")
 
     def emits(self, name: str) -> bool:
         """Whether the run emits a tensor of this name (or glob), as far as is known (True if not)."""
@@ -707,7 +709,7 @@ def split_index(text: str) -> tuple[str, str | None]:
         return text, None
     name, _, rest = text.partition("[")
     if not rest.endswith("]"):
-        raise StepperError(f"bad slice '{text}': expected NAME[i, a:b, ...]")
+        raise StepperError(f"bad slice '{cut(text)}': expected NAME[i, a:b, ...]")
     return name.strip(), "[" + rest
 
 
@@ -729,7 +731,7 @@ def take(array: np.ndarray, index: str | None) -> np.ndarray:
             array = array[key]
         return array
     except (SyntaxError, ValueError, IndexError, TypeError) as e:
-        raise StepperError(f"bad slice {index} for shape {shape}: {e}") from None
+        raise StepperError(f"bad slice {cut(index)} for shape {shape}: {e}") from None
 
 
 def _index_value(node: ast.AST) -> Any:

@@ -15,7 +15,7 @@ from typing import Any
 from rich.console import Group, RenderableType
 from rich.text import Text
 
-from stepper.untrusted import shown
+from stepper.untrusted import cut, shown
 from stepper.views.fitted_table import figure, fitted
 from stepper.views.summary import SPARK
 
@@ -103,8 +103,8 @@ def summary(diff: Any) -> Text:
                 f"{differ} differ{'s' if differ == 1 else ''}\n")
     for label, names in (("only in A", diff.only_a), ("only in B", diff.only_b)):
         if names:
-            text.append(f"{len(names)} {label}: {shown(', '.join(names[:6]))}{' ...' if len(names) > 6 else ''}\n",
-                        style="dim")
+            listed = ", ".join(cut(n) for n in names[:6])  # (a name of 100,000 characters: its first 60)
+            text.append(f"{len(names)} {label}: {listed}{' ...' if len(names) > 6 else ''}\n", style="dim")
     first = diff.first
     if first is None:
         both = " in both" if diff.only_a or diff.only_b else ""

@@ -27,7 +27,7 @@ from stepper.errors import StepperError
 from stepper.presets import PRESETS, V4_PRESETS
 from stepper.seams.trace import did_you_mean
 from stepper.session import preset_config, published_name, takes
-from stepper.untrusted import shown
+from stepper.untrusted import cut, shown
 from stepper.weights.names import layer_shapes, storage_dtype
 
 
@@ -206,9 +206,10 @@ def not_found(cat: catalog.Catalog, query: str, give: str = "give --model {}") -
         word = catalog.key_of(query).rpartition(".")[2]  # self_attn.k_pe: its k_pe, not its self_attn
         near = did_you_mean(word, cat.names()).removeprefix("; did you mean ").removesuffix("?")
         own = f"; this model's nearest: {near}" if near else ""
-        return (f"no tensor named '{query}' in this model's catalogue: it is a tensor of {preset}'s family "
+        return (f"no tensor named '{cut(query)}' in this model's catalogue: it is a tensor of {preset}'s family "
                 f"({give.format(preset)}){own}")
-    return f"no tensor named '{query}' in the catalogue{did_you_mean(query, cat.names())} (stepper tree lists them)"
+    near = did_you_mean(query, cat.names())
+    return f"no tensor named '{cut(query)}' in the catalogue{near} (stepper tree lists them)"
 
 
 def model_emitting(cat: catalog.Catalog, query: str) -> str | None:

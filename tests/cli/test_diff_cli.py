@@ -105,3 +105,21 @@ def test_two_runs_with_no_tensor_in_common_are_refused_not_called_the_same():
     out = diff("run --ids 1,2,3 --only '*k_pe'", "run --ids 1,2,3 --only '*.q'")
     assert out.returncode == 2 and "have no tensor in common (A's first name is layers.0.self_attn.k_pe, B's " \
                                    "layers.0.self_attn.q; diff reads stepper's own names" in out.stderr
+
+
+def test_a_name_of_100_000_characters_is_shown_cut(tmp_path):
+    """The names only one side has, and the first names of two sides with none in common, are shown
+    by their first 60 characters: a dump's name of 100,000 made a line of 100,000."""
+    a, b, c = tmp_path / "a.npz", tmp_path / "b.npz", tmp_path / "c.npz"
+    x, long = np.arange(4, dtype=np.float32), "layers.1." + "x" * 60_000  # (an .npz name: under 64 KiB)
+    np.savez(a, **{"layers.1.same": x})
+    np.savez(b, **{"layers.1.same": x, long: x})
+    np.savez(c, **{long: x})
+    out = diff(str(a), str(b))
+    assert out.returncode == 0 and max(map(len, out.stdout.splitlines())) < 500, out.stderr
+    assert f"1 only in B: {long[:60]}...\n" in out.stdout
+    out = diff(str(a), str(c))
+    assert out.returncode == 2 and out.stderr == (
+        f"stepper: error: diff: {a} and {c} have no tensor in common (A's first name is layers.1.same, B's "
+        f"{long[:60]}...; diff reads stepper's own names (a run, a --dump, a fixture): a dump in another "
+        "implementation's names goes to stepper fixtures verify)\n")

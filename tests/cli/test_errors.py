@@ -103,6 +103,26 @@ def test_numbers_of_other_commands_are_one_line(args, line, tmp_path):
     assert snapshot(tmp_path) == {}
 
 
+TOO_LONG = "a" * 300  # longer than any file name may be (255 bytes): Path.exists() raises ENAMETOOLONG
+
+
+@pytest.mark.parametrize("args, line", [
+    (["diff", TOO_LONG, "run"], f"stepper: error: {TOO_LONG}: cannot be read (file name too long)"),
+    (["fixtures", "verify", TOO_LONG, "c.safetensors"],
+     f"stepper: error: {TOO_LONG}: cannot be read (file name too long)"),
+    (["fixtures", "verify", "tiny-prefill-decode", f"{TOO_LONG}.npz"],
+     f"stepper: error: {TOO_LONG}.npz: cannot be read (file name too long)"),
+    (["lesson", "check", "rmsnorm", "--file", f"{TOO_LONG}.py"],
+     f"stepper: error: {TOO_LONG}.py: cannot be read (file name too long)"),
+    (["diff", "b" * 100_000, "run"], f"stepper: error: {'b' * 4096}...: cannot be read (file name too long)"),
+], ids=["diff", "verify-fixture", "verify-candidate", "lesson-check-file", "past-PATH_MAX"])
+def test_a_path_too_long_for_a_file_is_one_line(args, line, tmp_path):
+    """Each was Path.exists(), is_file() or is_dir()'s OSError, a traceback; a path past the
+    longest there can be (4096) is shown cut to it."""
+    assert one_line(stepper(*args, cwd=tmp_path)) == line
+    assert snapshot(tmp_path) == {}
+
+
 # -- memory -------------------------------------------------------------------------------------
 
 

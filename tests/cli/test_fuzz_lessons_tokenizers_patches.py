@@ -107,6 +107,57 @@ def test_a_format_width_past_the_bound_is_one_line(lesson_place):
         "past 100\n")
 
 
+HOSTILE_FILES = {  # a lesson file changed one way -> the end of its one line (`lesson list`); exit 2, never a traceback
+    "title-a-long-list": (lambda t: t.replace('title = "RMSNorm and the residual stream"',
+                                              "title = [" + "1, " * 100_000 + "]"),
+                          "top level: 'title' has the wrong type: [1, 1, 1, 1, 1, 1, ...]"),
+    "key-long": (lambda t: '"' + "k" * 100_000 + '" = 1\n' + t,
+                 (f"top level: unknown key '{'k' * 60}...' (allowed: exercise, intro, outro, run, steps, summary, "
+                  "title)")),
+    "kind-long": (lambda t: t.replace('kind = "number"', 'kind = "' + "n" * 100_000 + '"', 1),
+                  ("steps[0].predict[0]: kind must be one of shape, number, set, choice, got "
+                   f"'{'n' * 27}...{'n' * 28}'")),
+    "command-long": (lambda t: t.replace("[[steps.predict]]", 'commands = ["' + "x" * 100_000 + '"]\n[[steps.predict]]',
+                                         1),
+                     (f"steps[0]: command '{'x' * 27}...{'x' * 28}': only compare, e, explain, h, history, p, "
+                      "print, s, show, w, where, x may run at a stop")),
+    "integer-of-5000-digits": (lambda t: t.replace("prompt_len = 7", "prompt_len = " + "9" * 5000),  # a ValueError
+                               ("not valid TOML (a value cannot be read: Exceeds the limit (4300 digits) for integer "
+                                "string conversion: value has 5000 digits)")),
+    "layers-a-string": (lambda t: t.replace("prompt_len = 7", 'layers = [1, "x"]'),  # a TypeError at the run
+                        "[run]: 'layers' must be [first, stop]"),
+    "seed-negative": (lambda t: t.replace("prompt_len = 7", "seed = -1"),  # NumPy's ValueError at the run
+                      "[run]: 'seed' must be >= 0, got -1"),
+    "prompt-len-zero": (lambda t: t.replace("prompt_len = 7", "prompt_len = 0"), ("[run]: 'prompt_len' must be >= 1, "
+                                                                                  "got 0")),
+    "20-MB": (lambda t: t.replace('intro = """', 'intro = """' + ("x" * 999 + "\n") * 20_000, 1),
+              "20,000,000 bytes, more than a lesson file holds (at most 16 MiB)"),
+}
+
+
+@pytest.mark.parametrize("case", HOSTILE_FILES)
+def test_a_hostile_lesson_file_is_one_short_line_naming_it(lesson_place, case):
+    edit, says = HOSTILE_FILES[case]
+    path = lesson_place / "lessons" / "01-fuzz" / "lesson.toml"
+    text = edit((LESSON / "lesson.toml").read_text())
+    path.write_text(text)
+    env = {"STEPPER_LESSONS_DIR": str(lesson_place / "lessons"), "STEPPER_DATA_DIR": str(lesson_place / "data")}
+    out = stepper("lesson", "list", "--plain", cwd=lesson_place, env=env)
+    size = f"{len(text.encode()):,} bytes" if case == "20-MB" else ""
+    assert out.returncode == 2 and out.stderr == f"stepper: error: {path}: {says.replace('20,000,000 bytes', size)}\n"
+
+
+def test_a_stop_of_100_000_characters_is_shown_cut(lesson_place):
+    path = lesson_place / "lessons" / "01-fuzz" / "lesson.toml"
+    path.write_text((LESSON / "lesson.toml").read_text().replace('stop = "layers.0.hidden_states"',
+                                                                 'stop = "' + "s" * 100_000 + '"', 1))
+    env = {"STEPPER_LESSONS_DIR": str(lesson_place / "lessons"), "STEPPER_DATA_DIR": str(lesson_place / "data")}
+    out = stepper("lesson", "start", "fuzz", "--plain", "--workspace", str(lesson_place / "ws"), cwd=lesson_place,
+                  env=env, stdin="q\n")
+    assert out.returncode == 2 and out.stderr == (f"stepper: error: {path}: step 1 stops at '{'s' * 60}...', which the "
+                                                  "run never emitted (or not in this order)\n")
+
+
 # -- tokenizer files ----------------------------------------------------------------------------
 
 

@@ -462,6 +462,35 @@ def test_cli_errors_are_one_line(tmp_path, monkeypatch):
     assert missing.exit_code == 2 and "stepper lesson start fp8" in missing.stderr
 
 
+PROGRESS_FILES = {  # progress.json edited by hand -> what follows its path in the one line (all were tracebacks)
+    "nested-deeply": ("[" * 100_000 + "]" * 100_000, (": JSON nested too deeply (more than 100 arrays or objects "
+                                                      "inside one another): fix or delete it")),
+    "nan": ('{"current": null, "lessons": {"rmsnorm": {"hints": NaN}}}', ": NaN is not JSON: fix or delete it"),
+    "lesson-a-number": ('{"current": null, "lessons": {"rmsnorm": 5}}',
+                        ": lessons['rmsnorm'] must be an object, got 5: fix or delete it"),
+    "current-a-list": ('{"current": [1], "lessons": {}}',
+                       ": 'current' must be a lesson name or null, got [1]: fix or delete it"),
+    "hints-a-string": ('{"current": null, "lessons": {"rmsnorm": {"hints": "2"}}}',
+                       ": lessons['rmsnorm'].hints must be a whole number >= 0, got '2': fix or delete it"),
+    "hints-a-float": ('{"current": null, "lessons": {"rmsnorm": {"hints": 1.0}}}',
+                      ": lessons['rmsnorm'].hints must be a whole number >= 0, got 1.0: fix or delete it"),
+    "passed-a-list": ('{"current": null, "lessons": {"rmsnorm": {"passed": [1]}}}',
+                      ": lessons['rmsnorm'].passed must be true or false, got [1]: fix or delete it"),
+}
+
+
+@pytest.mark.parametrize("case", PROGRESS_FILES)
+def test_a_progress_file_edited_by_hand_is_one_line_naming_the_field(data_dir, case):
+    text, says = PROGRESS_FILES[case]
+    data_dir.mkdir()
+    (data_dir / "progress.json").write_text(text)
+    for args in (("lesson", "list", "--plain"), ("lesson", "hint", "rmsnorm")):
+        out = stepper(*args)
+        assert out.exit_code == 2, out.stderr
+        assert out.stderr == f"stepper: error: progress file {data_dir / 'progress.json'}{says}\n"
+    assert (data_dir / "progress.json").read_text() == text  # not replaced
+
+
 def test_run_and_step_use_swap_in_a_file(tmp_path):
     solution = find_lesson("rmsnorm").solution
     base = ["run", "--json", "--only", "logits"]

@@ -52,6 +52,20 @@ def test_an_input_that_is_no_float_stream_is_refused_naming_its_dtype(tmp_path, 
         f"{path}: tensor 'layers.1.hidden_states' is {stored}, expected F32, BF16, F16, F64, F8_E4M3, F8_E5M2")
 
 
+def test_an_input_tensor_s_name_of_100_000_characters_is_shown_cut(tmp_path):
+    """The one tensor of an --input file is named in a refusal by its first 60 characters: a name of
+    100,000 made a line of 100,000."""
+    from safetensors.numpy import save_file
+
+    long, path = "x" * 100_000, tmp_path / "in.safetensors"
+    save_file({long: np.ones((1, 3, 33), np.float32)}, str(path))
+    assert refused(stepper("run", "--layer", "1", "--plain", "--input", path)) == (
+        f"{path}: tensor '{'x' * 60}...' has shape [1, 3, 33], expected [B, T, 320]")
+    save_file({long: np.ones((1, 3, 320), np.int32)}, str(path))
+    assert refused(stepper("run", "--layer", "1", "--plain", "--input", path)) == (
+        f"{path}: tensor '{'x' * 60}...' is I32, expected F32, BF16, F16, F64, F8_E4M3, F8_E5M2")
+
+
 def test_a_dump_of_the_layers_before_feeds_the_next_layer(tmp_path):
     """A dump of layers 0..0 holds layers.0.output, which is layer 1's input (the residual stream):
     --layer 1 --input takes it, and its output is the whole run's, bit for bit."""

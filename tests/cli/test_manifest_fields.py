@@ -73,6 +73,47 @@ def test_an_infinite_tolerance_is_refused(tmp_path):
     assert out.stderr.strip().endswith("tensors[0] tolerance: 'atol' must be a finite number >= 0, got inf")
 
 
+LONG = "\x1b" + "k" * 100_000  # a value of 100,000 characters, an escape sequence first
+BOUNDED_CASES = {  # (the path changed, the value, the line's end): a value is shown cut, its refusal one short line
+    "version-a-long-list": (("version",), list(range(100_000)),
+                            ("manifest.json: fixture format version [0, 1, 2, 3, 4, 5, ...]; this stepper reads "
+                             "version 1")),
+    "run-kind-long": (("run", "kind"), LONG, ("manifest.json: 'run.kind' must be one of model, layer, got "
+                                              "'\\x1bkkkkkkkkkkkkkkkkkkkkkkk...kkkkkkkkkkkkkkkkkkkkkkkkkkkk'")),
+    "tolerance-kind-a-long-list": (("tensors", 0, "tolerance", "kind"), list(range(100_000)),
+                                   ("manifest.json: tensors[0] tolerance: 'kind' must be one of allclose, exact, "
+                                    "same-experts, same-entries, got [0, 1, 2, 3, 4, 5, ...]")),
+    "atol-past-any-float": (("tensors", 0, "tolerance", "atol"), 10**400,  # it made an OverflowError's traceback
+                            ("manifest.json: tensors[0] tolerance: 'atol' must be a finite number >= 0, got "
+                             "100000000000000000...0000000000000000000")),
+    "shape-a-long-list": (("tensors", 0, "shape"), list(range(100_000)),
+                          ("tensors.safetensors: tensor 'prefill.embed' has shape [1, 7, 320], the manifest says "
+                           "[0, 1, 2, 3, 4, 5, ...]")),
+    "name-long": (("tensors", 0, "name"), "a" * 100_000,
+                  f"tensors.safetensors: tensor '{'a' * 60}...' of the manifest is missing"),
+}
+
+
+@pytest.mark.parametrize("case", BOUNDED_CASES)
+def test_a_long_value_is_shown_cut_in_its_one_line(tmp_path, case):
+    path, value, says = BOUNDED_CASES[case]
+    folder = fixture_with(tmp_path / "f", changed(path, value))
+    out = verify(folder)
+    assert out.returncode == 2 and len(out.stderr.splitlines()) == 1, out.stderr[:2000]
+    assert out.stderr.strip() == f"stepper: error: {folder}/{says}"
+
+
+def test_a_tensor_listed_twice_is_refused_not_compared_twice(tmp_path):
+    """It was compared and counted twice ("624 fixture tensors, 624 match"), and a manifest of the
+    same entries many times over took minutes."""
+    manifest = changed(("tensors",), SOUND["tensors"] + SOUND["tensors"][:1])
+    folder = fixture_with(tmp_path / "f", manifest)
+    out = verify(folder)
+    assert out.returncode == 2 and out.stderr == (
+        f"stepper: error: {folder}/manifest.json: tensors[{len(SOUND['tensors'])}] 'name' 'prefill.embed' is "
+        "tensors[0]'s too; each tensor is listed once\n")
+
+
 # -- fuzzing ------------------------------------------------------------------------------------
 
 json_leaf = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=False),

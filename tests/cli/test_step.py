@@ -150,6 +150,14 @@ def test_bad_commands_and_bad_slices_print_help_and_go_on():
     assert stops(text)[-1] == "model › latent attention › rope_cos"  # the n after the errors still worked
 
 
+def test_a_bad_slice_of_thousands_of_characters_is_told_cut():
+    """The refusal repeated the slice whole: 5,000 indices made a line of 10,000 characters."""
+    zeros, ones = ",".join(["0"] * 5000), "1" * 5000
+    out = step(commands=f"p embed[{zeros}]\np embed[{ones}\nq\n").stdout
+    assert f"bad slice [{zeros[:59]}... for shape [1, 7, 320]: too many indices for array\n" in out
+    assert f"bad slice 'embed[{ones[:54]}...': expected NAME[i, a:b, ...]\n" in out
+
+
 def test_pictures_in_step():
     out = step("--until", "layers.1.mlp.gate.topk_weight",
                commands="s attention\ns routing\ns hist\ns scales self_attn.kv_a_proj_with_mqa.weight\nq\n").stdout

@@ -277,12 +277,65 @@ def test_one_unknown_extra_tensor_leaves_a_dump_read_by_stepper_names(basic, tmp
                                             "1 candidate names not recognised: my_debug_probe"]
 
 
+def test_a_candidate_name_of_100_000_characters_is_shown_cut(basic, tmp_path):
+    """The notes under the verdict and a refusal show a name's first 60 characters: they printed a
+    line of 100,000."""
+    long = "x" * 100_000
+    extra = write_candidate(tmp_path / "c.safetensors", {**basic.tensors, long: np.zeros(3, np.float32)})
+    out = stepper("fixtures", "verify", BASIC, extra, "--plain")
+    assert out.returncode == 0 and max(map(len, out.stdout.splitlines())) < 200, out.stderr
+    assert out.stdout.splitlines()[-1] == f"1 candidate names not recognised: {'x' * 60}..."
+    alone = write_candidate(tmp_path / "alone.safetensors", {long: np.zeros(3, np.float32)})
+    out = stepper("fixtures", "verify", BASIC, alone, "--plain")
+    assert out.returncode == 2 and out.stderr.startswith(
+        f"stepper: error: {alone}: none of its 1 tensor names is a name of fixture tiny-prefill-decode "
+        f"(e.g. '{'x' * 60}...'); expected canonical names") and len(out.stderr) < 1000
+    npz = write_candidate(tmp_path / "c.npz", {"\x1b[2J" + long[:60_000]: np.zeros(3, np.complex64)})  # (zip: < 64 KiB)
+    out = stepper("fixtures", "verify", BASIC, npz, "--plain")
+    assert out.returncode == 2 and out.stderr == (f"stepper: error: {npz}: tensor '\\x1b[2J{'x' * 56}...' has dtype "
+                                                  "complex64; expected integers or floats (float32, float16, "
+                                                  "bfloat16)\n")
+
+
+def test_an_npz_member_whose_header_asks_for_terabytes_is_named(basic, tmp_path):
+    """NumPy allocates an .npz array whole before reading it: a header of a few bytes asking for
+    128 TiB was "out of memory" with no file or tensor named."""
+    import io
+    import zipfile
+
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False, "shape": (2**45,)})
+    path = tmp_path / "c.npz"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("prefill.embed.npy", header.getvalue() + bytes(16))
+    out = stepper("fixtures", "verify", BASIC, path)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert out.stderr.startswith(f"stepper: error: {path}: tensor 'prefill.embed' cannot be held in memory "
+                                 "(Unable to allocate 128. TiB"), out.stderr
+
+
+def test_a_candidate_of_100_000_extra_names_is_verified_in_seconds(basic, tmp_path):
+    """Each name was looked up in a list of the others and the catalogue rebuilt per name: 60,000
+    extra names took a minute, 200,000 more than two."""
+    import time
+
+    extra = {f"probe{i}": np.zeros(1, np.float32) for i in range(100_000)}
+    candidate = write_candidate(tmp_path / "c.safetensors", {**basic.tensors, **extra})
+    start = time.monotonic()
+    out = stepper("fixtures", "verify", BASIC, candidate, "--plain")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-1].startswith("100000 candidate names not recognised: probe0, probe1, ")
+    assert time.monotonic() - start < 40
+
+
 @pytest.mark.parametrize("args, message", [
     (["nowhere.safetensors"], "no such file"),
     (["{fixture}/manifest.json"], "unknown file type"),
     (["{candidate}", "--map", "nomap.json"], "--map nomap.json: no such file"),
     (["{candidate}", "--map", "{twice}"], ("'a' and 'b' both map to 'prefill.embed'; a fixture tensor is compared "
                                            "with one of yours, so map only one of them")),
+    (["{candidate}", "--map", "{long}"], (f"'a' and '{'b' * 60}...' both map to 'prefill.embed'; a fixture tensor is "
+                                          "compared with one of yours")),  # a line of 100,000 characters
     (["{candidate}", "--map", "{typo}"], ("--map: 'prefill.layers.0.self_attn.qa_typo' is no tensor name of fixture "
                                           "tiny-prefill-decode nor of stepper's catalogue")),
     (["{candidate}", "--rtol", "-1"], "--rtol must be a finite number >= 0, got -1.0"),
@@ -293,9 +346,11 @@ def test_verify_bad_input_exits_2(basic, tmp_path, args, message):
     candidate = write_candidate(tmp_path / "c.safetensors", {"nothing.like.ours": np.zeros(2, np.float32)})
     twice = tmp_path / "twice.json"
     twice.write_text(json.dumps({"a": "prefill.embed", "b": "prefill.embed"}))
+    long = tmp_path / "long.json"
+    long.write_text(json.dumps({"a": "prefill.embed", "b" * 100_000: "prefill.embed"}))
     typo = tmp_path / "typo.json"  # one good target, one misspelt: exit 2 even with --allow-missing
     typo.write_text(json.dumps({"a": "prefill.embed", "nothing.like.ours": "prefill.layers.0.self_attn.qa_typo"}))
-    args = [a.format(fixture=BASIC, candidate=candidate, twice=twice, typo=typo) for a in args]
+    args = [a.format(fixture=BASIC, candidate=candidate, twice=twice, long=long, typo=typo) for a in args]
     out = stepper("fixtures", "verify", BASIC, *args)
     assert out.returncode == 2 and message in out.stderr and out.stderr.count("\n") == 1, out.stderr
 

@@ -396,6 +396,52 @@ def test_a_batch_of_prompts_is_refused_and_a_batch_of_one_is_that_prompt():
         assert stepper.run("tiny", ids=one, keep="logits").prompt == (1, 2, 3)
 
 
+def test_a_choice_or_ids_given_as_a_large_array_is_one_short_line():
+    """An array as attn= or index_scoring= was a ValueError ("The truth value of an array ... is
+    ambiguous"); an array of floats as ids= was written out through its list, 20 s for 30 million."""
+    for keyword, choices in (("attn", "auto, naive, absorb"), ("index_scoring", "exact, fp8")):
+        with pytest.raises(StepperError) as e:
+            stepper.run("tiny", **{keyword: np.arange(2_000_000)})
+        assert str(e.value) == f"{keyword}= expects one of {choices}, got an array of shape (2000000,) (int64)"
+    with pytest.raises(StepperError) as e:
+        stepper.run("tiny", ids=np.full(1000, 1.5))
+    assert str(e.value) == "ids= expects a list of token ids (integers), got a numpy.ndarray of shape (1000,) (float64)"
+    with pytest.raises(StepperError) as e:
+        stepper.run("tiny", ids=[1.5] * 100_000)
+    assert str(e.value) == "ids= expects a list of token ids (integers), got [1.5, 1.5, 1.5, 1.5, 1.5, 1.5, ...]"
+
+
+def test_a_name_of_100_000_characters_is_shown_cut(run):
+    """A name looked up, explained or kept is shown by its first 60 characters: each refusal was a
+    line of 100,000 (and explain searched it as a parameter's name for 20 s)."""
+    import time
+
+    start = time.monotonic()
+    long = "q" * 100_000
+    for lookup, line in ((lambda: run[long], f"no tensor '{'q' * 60}...' in this run"),
+                         (lambda: run.show(long), f"no tensor '{'q' * 60}...' in this run"),
+                         (lambda: run.explain(long),
+                          f"no tensor named '{'q' * 60}...' in the catalogue (stepper tree lists them)"),
+                         (lambda: stepper.run("tiny", prompt_len=2, keep=long),
+                          f"keep= {'q' * 60}...: matches no tensor of this run")):
+        with pytest.raises(StepperError) as e:
+            lookup()
+        assert str(e.value) == line
+    assert time.monotonic() - start < 10
+
+
+def test_a_dict_side_of_other_numbers_than_integers_or_floats_is_refused(run):
+    """Complex arrays were compared by their real parts (exit as the same, a ComplexWarning), an
+    object array was float()'s TypeError."""
+    embed = run["prefill.embed"]
+    for array, dtype in ((embed.astype(np.complex64), "complex64"), (np.array([object()]), "object"),
+                         (np.array(["a"]), "<U1")):
+        with pytest.raises(StepperError) as e:
+            stepper.diff({"prefill.embed": array}, run)
+        assert str(e.value) == (f"diff: a is a dict of name -> array, but its 'prefill.embed' has dtype {dtype}; "
+                                "expected integers or floats")
+
+
 def test_a_missing_side_says_what_stepper_diff_says(run):
     with pytest.raises(StepperError) as api:
         stepper.diff("nonexistent", run)

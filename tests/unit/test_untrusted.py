@@ -37,3 +37,14 @@ def test_cut_escapes_and_shortens_a_value_for_one_line():
     assert cut("x*2") == "x*2"
     assert cut("\x1b[2J" + "-" * 100, 10) == "\\x1b[2J------..."
     assert cut("a\nb" * 3, 4) == "a\\nba..."
+
+
+def test_said_shows_an_array_by_its_shape_and_a_number_by_its_repr():
+    """The repr of a NumPy array spans lines ("array([[1, 2],\\n       [3, 4]])"), cut mid-way."""
+    import numpy as np
+
+    from stepper.untrusted import said
+
+    assert said(np.arange(2_000_000)) == "an array of shape (2000000,) (int64)"
+    assert said(np.zeros((2, 3), np.float32)) == "an array of shape (2, 3) (float32)"
+    assert said(np.int64(-1)) == "np.int64(-1)" and said([1.5] * 100_000) == "[1.5, 1.5, 1.5, 1.5, 1.5, 1.5, ...]"
