@@ -112,12 +112,12 @@ class Catalog:
         if len(parameter) > LONGEST_PARAMETER:  # (a query of 100,000 characters took 20 s)
             return []
         name = re.sub(r"^(?:[\w.]*?\blayers\.\d+\.|[\w.]*?\bmodel\.)", "", parameter).removesuffix("_scale_inv")
-        if not (PARAMETER.search(name) or known):
+        if not (names_parameter(name) or known):
             return []
         leaf = name.rsplit(".", 1)[-1]
         named = [e for e in self.entries if any(dotted_suffix(name, p) or dotted_suffix(p, name)
                                                  for p in PARAMETER.findall(e["formula"]))
-                 or known and not PARAMETER.search(name) and re.search(rf"\b{re.escape(leaf)}\b", e["formula"])]
+                 or known and not names_parameter(name) and re.search(rf"\b{re.escape(leaf)}\b", e["formula"])]
         fits = {e["name"]: module_fit(name, e["name"]) for e in named}
         best = max(fits.values(), default=-1)
         if best < 0:  # no entry's place fits the module: the module's outputs
@@ -196,6 +196,12 @@ def uncatalogued(key: str) -> dict[str, Any]:
 
 PARAMETER = re.compile(r"[A-Za-z_][\w.]*\.weight(?!\w)|\b\w+_bias\b")  # q_a_proj.weight, e_score_correction_bias
 LONGEST_PARAMETER = 1000  # characters: a longer query is no parameter's name (PARAMETER's search of it is quadratic)
+
+
+def names_parameter(text: str) -> bool:
+    """Whether a text holds a parameter's name (`q_a_proj.weight`, `e_score_correction_bias`); one longer
+    than LONGEST_PARAMETER does not (PARAMETER's search of 100,000 characters took 14-20 s)."""
+    return len(text) <= LONGEST_PARAMETER and PARAMETER.search(text) is not None
 OUTPUT = re.compile(r"^(\S+) \(output\b")  # 'model.layers.{i}.mlp.experts (output, [N, d])'
 
 

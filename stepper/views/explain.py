@@ -191,7 +191,7 @@ def layer_parameter(cat: catalog.Catalog, cfg: Config, query: str) -> str | None
     asked = query if query.startswith("model.") else f"model.{query}"
     if query in names or asked in names:
         return names.get(query) or names[asked]
-    if not (catalog.PARAMETER.search(query) or cat.consumers(query)):
+    if not (catalog.names_parameter(query) or cat.consumers(query)):
         return None
     near = difflib.get_close_matches(asked, list(names), n=3, cutoff=0.6)
     raise StepperError(f"layer {layer} of {cfg.name} has no parameter '{shown(query)}'"
