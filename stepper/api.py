@@ -367,6 +367,8 @@ def _ids(ids: Any, prompt_len: Any) -> tuple[int, ...] | None:
         return None
     if prompt_len is not None:
         raise StepperError("give ids= or prompt_len=, not both")
+    if isinstance(ids, np.ndarray) and ids.dtype.kind not in "iu":  # (millions of floats were listed first: 9 s)
+        raise StepperError(f"ids= expects a list of token ids (integers), got {_short(ids)}")
     prompt = list(ids) if _is_list(ids) else None
     if prompt is not None and len(prompt) == 1 and _is_list(prompt[0]):
         prompt = list(prompt[0])

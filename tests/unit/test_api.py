@@ -410,6 +410,14 @@ def test_a_choice_or_ids_given_as_a_large_array_is_one_short_line():
         stepper.run("tiny", ids=[1.5] * 100_000)
     assert str(e.value) == "ids= expects a list of token ids (integers), got [1.5, 1.5, 1.5, 1.5, 1.5, 1.5, ...]"
 
+    class Unlisted(np.ndarray):  # an array of floats is refused by its dtype, never gone through (9 s for 30 million)
+        def __iter__(self):
+            raise AssertionError("the ids were gone through one by one")
+
+    with pytest.raises(StepperError, match=r"^ids= expects a list of token ids \(integers\), got an? [\w.]+ of shape "
+                                           r"\(1000,\) \(float64\)$"):
+        stepper.run("tiny", ids=np.full(1000, 1.5).view(Unlisted))
+
 
 def test_a_name_of_100_000_characters_is_shown_cut(run, monkeypatch):
     """A name looked up, explained or kept is shown by its first 60 characters: each refusal was a
