@@ -7,16 +7,20 @@ attention scores, made in tiles) is written block by block; a tensor over the du
 (DUMP_LIMIT_GB, raised with --dump-limit-gb) is refused in one line before the run starts.
 
 The dump's place is checked before the run and the file written after it through
-`stepper.files` (an existing file replaced only with --force and only if it is a dump; never a
-link, a folder or a device; written beside its place and renamed).
+`stepper.files` (an existing file replaced only with --force and only if it is a dump stepper wrote,
+unchanged since: a dump notes the sha256 of its bytes, `written_sha256`; never a link, a folder
+or a device; written beside its place and renamed).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -33,14 +37,52 @@ DUMP_LIMIT_GB = 2.0  # a dumped tensor may be this large unless --dump-limit-gb 
 SAFETENSORS_DTYPE = {np.dtype(t): name for t, name in (("float64", "F64"), ("float32", "F32"), ("float16", "F16"),
                                                         ("int64", "I64"), ("int32", "I32"), ("uint8", "U8"))}
 
+SEAL = "written_sha256"  # the sha256 of the dump's bytes with this value as 64 zeros (as a verify report notes its own)
+BLANK = b"0" * 64
+CHUNK = 1 << 20
+
 
 def is_dump(path: Path) -> bool:
-    """Whether a file is a dump stepper wrote (a safetensors file of format stepper-dump)."""
+    """Whether a file is a dump stepper wrote (a safetensors file of format stepper-dump), unchanged
+    since: its bytes still hash to the SEAL it notes (a dump noting none, written before stepper
+    noted it, is not known to have changed)."""
     try:
         with SafetensorsFile(path) as f:
-            return f.metadata.get("format") == DUMP_FORMAT
+            meta, header = f.metadata, f.header_size
+        if meta.get("format") != DUMP_FORMAT:
+            return False
+        noted = meta.get(SEAL)
+        return noted is None or digest(path, header, noted.encode()) == noted
     except (StepperError, OSError):
         return False
+
+
+def digest(path: Path, header: int, noted: bytes) -> str | None:
+    """The sha256 of a dump's bytes with its noted seal (in its first `header` bytes) read as BLANK,
+    in chunks (a dump may be gigabytes); None when the header does not hold it once."""
+    with open(path, "rb") as f:
+        head = f.read(header)
+        at = head.find(member(noted))
+        if at < 0 or head.find(member(noted), at + 1) >= 0:
+            return None
+        sha = hashlib.sha256(head.replace(member(noted), member(BLANK)))
+        while chunk := f.read(CHUNK):
+            sha.update(chunk)
+    return sha.hexdigest()
+
+
+def member(value: bytes) -> bytes:
+    return f'"{SEAL}":"'.encode() + value + b'"'
+
+
+def write_sealed(f: BinaryIO, entries: list[Entry], meta: dict[str, str]) -> None:
+    """The dump, then its seal written into its header: the sha256 of every byte as written (BLANK
+    for the seal)."""
+    seen = hashlib.sha256()
+    header = write_safetensors_into(f, entries, {**meta, SEAL: BLANK.decode()}, seen)
+    f.seek(8 + header.index(member(BLANK)) + len(member(b"")) - 1)
+    f.write(seen.hexdigest().encode())
+    f.seek(0, os.SEEK_END)
 
 
 def check_writable(path: Path, force: bool) -> None:
@@ -54,7 +96,7 @@ def write_dump(path: Path, recorder: Recorder, metadata: dict[str, str], force: 
     entries = [Entry(e.name, SAFETENSORS_DTYPE[np.dtype(e.array.dtype)], tuple(e.array.shape), maker(e.array))
                for e in recorder.events]
     meta = {"format": DUMP_FORMAT, "order": json.dumps([e.name for e in recorder.events]), **metadata}
-    files.write_output("--dump", path, lambda f: write_safetensors_into(f, entries, meta), force, is_dump, DUMP_KIND)
+    files.write_output("--dump", path, lambda f: write_sealed(f, entries, meta), force, is_dump, DUMP_KIND)
 
 
 def maker(array: Tensor) -> Callable[[], np.ndarray | Iterator[np.ndarray]]:

@@ -11,7 +11,7 @@ import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -48,25 +48,33 @@ def write_safetensors(path: Path, entries: Iterable[Entry], metadata: dict[str, 
         write_safetensors_into(f, entries, metadata)
 
 
-def write_safetensors_into(f: BinaryIO, entries: Iterable[Entry], metadata: dict[str, str] | None = None) -> None:
+def write_safetensors_into(f: BinaryIO, entries: Iterable[Entry], metadata: dict[str, str] | None = None,
+                           seen: Any = None) -> bytes:
+    """The file's bytes written into f; each also given to `seen` (a hashlib object: its update) as
+    it is written. -> the header (after its 8 bytes of length)"""
     entries = list(entries)
     header = header_bytes(entries, metadata)
-    f.write(len(header).to_bytes(8, "little"))
-    f.write(header)
+    for part in (len(header).to_bytes(8, "little"), header):
+        f.write(part)
+        if seen is not None:
+            seen.update(part)
     for e in entries:
         made = e.make()
         if isinstance(made, np.ndarray):
             array = np.ascontiguousarray(made).reshape(made.shape)  # a scalar stays one: ascontiguousarray makes it [1]
             if array.shape != e.shape or array.nbytes != e.nbytes:
                 raise ValueError(f"{e.name}: made {array.shape} ({array.nbytes} bytes), header says {e.shape}")
-            array.tofile(f)  # raw bytes, no copy
+            write_block(f, array, seen)  # raw bytes, no copy
         else:  # the tensor's blocks in C order, one at a time
-            written = sum(write_block(f, block) for block in made)
+            written = sum(write_block(f, block, seen) for block in made)
             if written != e.nbytes:
                 raise ValueError(f"{e.name}: made {written} bytes in blocks, header says {e.nbytes}")
+    return header
 
 
-def write_block(f, block: np.ndarray) -> int:
+def write_block(f, block: np.ndarray, seen: Any = None) -> int:
     block = np.ascontiguousarray(block)
     block.tofile(f)
+    if seen is not None:
+        seen.update(block.reshape(-1).view(np.uint8))
     return block.nbytes

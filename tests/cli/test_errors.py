@@ -2,6 +2,7 @@
 keep the umask and are replaced only when stepper wrote them, and nothing the user asks for is
 silently ignored: a pattern that matches no tensor of the run is an error before it starts."""
 
+import hashlib
 import os
 import pty
 import re
@@ -347,6 +348,27 @@ def test_force_replaces_a_dump_and_a_recorded_session(tmp_path):
     new = snapshot(tmp_path)
     assert new.keys() == old.keys() and all(new[k] != old[k] for k in new)
     assert b"prefill" not in new["run.safetensors"] and b'"embed"' in new["run.safetensors"]
+
+
+def test_a_dump_notes_its_sha256_and_force_keeps_one_changed_since(tmp_path):
+    """A dump notes the sha256 of its bytes (that value read as 64 zeros), so that --force can tell
+    a dump edited since from one stepper wrote: it replaced any file that said it was a dump."""
+    dump = tmp_path / "run.safetensors"
+    assert stepper("run", "--plain", "--only", "logits", "--dump", dump).returncode == 0
+    data = dump.read_bytes()
+    with safe_open(str(dump), "np") as f:
+        noted = f.metadata()["written_sha256"]
+    assert hashlib.sha256(data.replace(noted.encode(), b"0" * 64, 1)).hexdigest() == noted
+    edited = bytearray(data)
+    edited[-1] ^= 1  # the last logit's last byte
+    dump.write_bytes(edited)
+    out = stepper("run", "--plain", "--only", "embed", "--dump", dump, "--force")
+    refusal = (f"stepper: error: --dump {dump}: is not a dump stepper wrote; --force replaces only a dump stepper "
+               "wrote, so it was not touched")
+    assert (out.returncode, out.stderr.strip()) == (2, refusal)
+    assert dump.read_bytes() == edited
+    save_file({"logits": np.zeros(3, np.float32)}, str(dump), metadata={"format": "stepper-dump"})  # noting none:
+    assert stepper("run", "--plain", "--only", "embed", "--dump", dump, "--force").returncode == 0  # an older dump
 
 
 def user_files(folder: Path) -> None:
