@@ -33,6 +33,9 @@ from stepper.untrusted import shown
 
 NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 UPDATE = os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+# A file stepper wrote notes its sha256 under SEAL: that of its bytes with the noted value as SEAL_BLANK
+# (fixtures.sealed: a manifest, a verify report; views.dump: a dump), so that --force can tell one changed since.
+SEAL, SEAL_BLANK = "written_sha256", "0" * 64
 
 
 # -- what is at a place ------------------------------------------------------------------------------

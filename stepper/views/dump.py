@@ -37,21 +37,20 @@ DUMP_LIMIT_GB = 2.0  # a dumped tensor may be this large unless --dump-limit-gb 
 SAFETENSORS_DTYPE = {np.dtype(t): name for t, name in (("float64", "F64"), ("float32", "F32"), ("float16", "F16"),
                                                         ("int64", "I64"), ("int32", "I32"), ("uint8", "U8"))}
 
-SEAL = "written_sha256"  # the sha256 of the dump's bytes with this value as 64 zeros (as a verify report notes its own)
-BLANK = b"0" * 64
+BLANK = files.SEAL_BLANK.encode()  # the dump's own seal, as hashed (files.SEAL)
 CHUNK = 1 << 20
 
 
 def is_dump(path: Path) -> bool:
     """Whether a file is a dump stepper wrote (a safetensors file of format stepper-dump), unchanged
-    since: its bytes still hash to the SEAL it notes (a dump noting none, written before stepper
-    noted it, is not known to have changed)."""
+    since: its bytes still hash to the seal it notes, files.SEAL (a dump noting none, written before
+    stepper noted it, is not known to have changed)."""
     try:
         with SafetensorsFile(path) as f:
             meta, header = f.metadata, f.header_size
         if meta.get("format") != DUMP_FORMAT:
             return False
-        noted = meta.get(SEAL)
+        noted = meta.get(files.SEAL)
         return noted is None or digest(path, header, noted.encode()) == noted
     except (StepperError, OSError):
         return False
@@ -71,16 +70,19 @@ def digest(path: Path, header: int, noted: bytes) -> str | None:
     return sha.hexdigest()
 
 
+SEALED_AS = f'"{files.SEAL}":"'.encode()  # the seal's member in the header, its value next
+
+
 def member(value: bytes) -> bytes:
-    return f'"{SEAL}":"'.encode() + value + b'"'
+    return SEALED_AS + value + b'"'
 
 
 def write_sealed(f: BinaryIO, entries: list[Entry], meta: dict[str, str]) -> None:
     """The dump, then its seal written into its header: the sha256 of every byte as written (BLANK
     for the seal)."""
     seen = hashlib.sha256()
-    header = write_safetensors_into(f, entries, {**meta, SEAL: BLANK.decode()}, seen)
-    f.seek(8 + header.index(member(BLANK)) + len(member(b"")) - 1)
+    header = write_safetensors_into(f, entries, {**meta, files.SEAL: files.SEAL_BLANK}, seen)
+    f.seek(8 + header.index(member(BLANK)) + len(SEALED_AS))
     f.write(seen.hexdigest().encode())
     f.seek(0, os.SEEK_END)
 
