@@ -46,7 +46,7 @@ import numpy as np
 from stepper import catalog
 from stepper.config import Config
 from stepper.errors import StepperError
-from stepper.fixtures import run_diff
+from stepper.fixtures import candidate, run_diff
 from stepper.fixtures.implementation_names import explained
 from stepper.kernels import parallel
 from stepper.lessons import overrides
@@ -299,10 +299,11 @@ def diff(a: Run | Mapping[str, np.ndarray] | str | Path, b: Run | Mapping[str, n
 
 def load(path: str | Path) -> dict[str, np.ndarray]:
     """The tensors of a `--dump` file, a fixture folder or a repository fixture's name, in execution order."""
-    return run_diff.read_side(run_diff.side_path(str(_path_or_name("path", path)), "load"))
+    return dict(run_diff.read_side(run_diff.side_path(str(_path_or_name("path", path)), "load")))
 
 
-def _side(which: str, side: Any) -> tuple[dict[str, np.ndarray], str]:
+def _side(which: str, side: Any) -> tuple[Mapping[str, np.ndarray], str]:
+    """One side of a diff: a run's tensors, a file's or fixture's (a file's each read when compared)."""
     if isinstance(side, Run):
         return dict(side.items()), f"{which.upper()} (a run of {side.config.name})"
     if isinstance(side, (str, Path)):
@@ -326,7 +327,7 @@ def _side(which: str, side: Any) -> tuple[dict[str, np.ndarray], str]:
 def _numbers(array: np.ndarray) -> bool:
     """Whether an array holds numbers a diff compares: integers or floats (BF16 and FP8 too), as a
     dump's tensors are (fixtures.candidate.widen)."""
-    return array.dtype.kind in "biuf" or array.dtype.name in ("bfloat16", "float8_e4m3fn", "float8_e5m2")
+    return array.dtype.kind in "biuf" or array.dtype.name in candidate.WIDENED
 
 
 def read_only(array: Tensor) -> Tensor:
