@@ -21,10 +21,10 @@ import numpy as np
 from stepper.bench.ceilings import gemm_rate
 from stepper.bench.figures import Figure, peak_rss_mb
 from stepper.config import Yarn
+from stepper.families.deepseek_v4_config import cost_line
 from stepper.kernels import parallel
 from stepper.model.compressed_attention import AttentionDims, attention, weight_shapes
 from stepper.model.layer_weights import LayerWeights
-from stepper.model.v4_attention_cache import cost_line
 from stepper.model.v4_synthetic_cache import seeded_cache
 from stepper.seams.trace import Emitter
 from stepper.weights.stored import Bf16Matrix

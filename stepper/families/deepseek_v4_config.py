@@ -34,7 +34,7 @@ from stepper.config import (
 )
 from stepper.errors import StepperError
 from stepper.model.compressed_attention import AttentionDims
-from stepper.model.v4_attention_cache import cost_line
+from stepper.model.v4_attention_cache import bounded_values, mla_values_per_position, values_per_position
 from stepper.untrusted import said
 from stepper.untrusted.jsonfile import read_json
 
@@ -358,3 +358,17 @@ def miniature(cfg: V4Config, layer: int) -> V4Config:
         compress_ratios=(ratio, 0), num_nextn_predict_layers=1, quantization=None, expert_dtype=None,
         max_position_embeddings=64,
     )
+
+
+def cost_line(dims, bytes_per_value: int = 4) -> str:
+    """The header's sentence: bytes a position costs this layer, beside V3's MLA at this model's
+    widths (a latent as wide as its head, and its rotary dims: V3's 512 + 64 at full size), both at
+    bytes_per_value (stepper holds float32: 4). A tiny model is compared with an MLA as small."""
+    ratio = dims.compress_ratio
+    kind = "sliding" if ratio == 0 else f"{'CSA' if dims.has_indexer else 'HCA'}, m = {ratio}"
+    v4 = values_per_position(dims) * bytes_per_value
+    mla = mla_values_per_position(dims.head_dim, dims.rope_dim) * bytes_per_value
+    fixed = bounded_values(dims) * bytes_per_value
+    return (f"cache per position per layer: {v4:,g} B ({kind}; +{fixed:,} B whatever the length) "
+            f"vs {mla:,g} B for V3's MLA at these widths (a latent of {dims.head_dim} + {dims.rope_dim} rotary; "
+            f"both at {bytes_per_value} B a value)")

@@ -66,17 +66,3 @@ def bounded_values(dims) -> int:
 def mla_values_per_position(kv_lora_rank: int, qk_rope_head_dim: int) -> int:
     """DeepSeek-V3's MLA (absorbed) cache: one latent and one rotary key per position."""
     return kv_lora_rank + qk_rope_head_dim
-
-
-def cost_line(dims, bytes_per_value: int = 4) -> str:
-    """The header's sentence: bytes a position costs this layer, beside V3's MLA at this model's
-    widths (a latent as wide as its head, and its rotary dims: V3's 512 + 64 at full size), both at
-    bytes_per_value (stepper holds float32: 4). A tiny model is compared with an MLA as small."""
-    ratio = dims.compress_ratio
-    kind = "sliding" if ratio == 0 else f"{'CSA' if dims.has_indexer else 'HCA'}, m = {ratio}"
-    v4 = values_per_position(dims) * bytes_per_value
-    mla = mla_values_per_position(dims.head_dim, dims.rope_dim) * bytes_per_value
-    fixed = bounded_values(dims) * bytes_per_value
-    return (f"cache per position per layer: {v4:,g} B ({kind}; +{fixed:,} B whatever the length) "
-            f"vs {mla:,g} B for V3's MLA at these widths (a latent of {dims.head_dim} + {dims.rope_dim} rotary; "
-            f"both at {bytes_per_value} B a value)")

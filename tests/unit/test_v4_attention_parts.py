@@ -8,12 +8,13 @@ import numpy as np
 import pytest
 
 from stepper.config import Yarn
+from stepper.families.deepseek_v4_config import cost_line
 from stepper.model.compressed_attention import AttentionDims
 from stepper.model.compressor import Compressor, Pending, compress, visible_entries
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.sparse_indexer import picks
 from stepper.model.tail_rope import Turn, rotate_tail
-from stepper.model.v4_attention_cache import cost_line, mla_values_per_position, values_per_position
+from stepper.model.v4_attention_cache import mla_values_per_position, values_per_position
 from stepper.seams.trace import Emitter, Recorder
 
 
