@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Annotated
@@ -282,64 +282,87 @@ def run_command(
     """Run the model on a prompt and print every named tensor in execution order."""
     with user_errors(), ExitStack() as swapped:
         spec = run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, input_file, attn,
-                        weight_cache_mb,
-                        prompt, cache_len, index_scoring)
+                        weight_cache_mb, prompt, cache_len, index_scoring)
         pictures = parse_show(show)
         asked = parse_chunk(chunk, bool(patch), bool(pictures))
         limit_gb = dump_limit(dump_limit_gb)
         if dump is not None:
             check_writable(dump, force)
             output.finish_files_when_the_reader_goes()
-
-        def kept_by(plan: Plan, names: list[str]) -> list[str]:
-            keep = only_filter(only or [], names, lambda _: None)
-            return [n for n in names if keep(n)] if dump is not None else []
-
-        planned = plan_run(spec, kept_by, "--only", asked)
-        plan, names = planned.plan, planned.names
-        parse_show(show, pictures_of(plan.config), plan.config)  # the pictures of this model's family
-        planned.check("--only", only or [])
-        patcher = patch_sink(patch, planned)
-        keep = only_filter(only or [], names, lambda note: sys.stderr.write(f"stepper: {note}\n"))
-        check_pictures(pictures, [n for n in names if keep(n)], plan.config)
-        kept = [n for n in names if keep(n)] if dump is not None else []
-        check_dump_sizes(sizes(plan, kept), limit_gb)
-        planned.check_fits(kept, "--only")
+        planned, patcher, keep = checked_plan(spec, only or [], show, pictures, dump is not None, limit_gb, asked,
+                                              patch)
+        plan = planned.plan
         swapped.enter_context(overrides.use(use or [], announce=sys.stderr))  # a file that fails to load stops it here
         # with --json, stdout holds JSON Lines alone: the pictures (--show) go to stderr
         console = Console(stderr=as_json, **styles(plain), highlight=False, markup=False, soft_wrap=True)
         if not as_json:
             print_header(console, plan, patch, planned.said)
-            long = tiled_values(plan, [n for n in names if keep(n)])
+            long = tiled_values(plan, [n for n in planned.names if keep(n)])
             if long > LONG_VALUES:
                 print_lines(console, f"note: the attention scores and weights shown hold {long:.2g} values, summarised "
                             "a tile at a time: their exact statistics take a while (--only can leave them out)", "dim")
-        counter, recorder, bars = TensorCount(), Recorder(), ProgressBars(Console(stderr=True, **styles(plain)))
-        bars.beside(console)
-        rows = (JsonLines(sys.stdout, plan.config, bars.hide) if as_json
-                else TensorRows(console, plan.config, plan.tokens))
-        nan = FirstNaN()  # of the tensors shown: looking at others would make them
-        views: list[Sink] = [counter, rows, nan]
-        if dump is not None:
-            views.append(recorder)
-        sinks: list[Sink] = [Filter(lambda e: keep(e.name), views)] if only else views
-        if pictures:  # it sees every tensor: a routing map needs both of the router's choices
-            sinks.append(picture_sink(console, plan, pictures, keep))
-        sinks[:0] = patcher
-        agreement = IndexAgreement()
-        sinks += [agreement, bars]
+        shown = Shown(console, plan, keep, bool(only), as_json, plain)
         try:
-            result = planned.execute(sinks)
+            result = planned.execute(patcher + shown.sinks(pictures, dump is not None))
         finally:
-            bars.hide()
-        if nan.warning():
-            sys.stderr.write(f"stepper: warning: {nan.warning()}\n")
+            shown.bars.hide()
+        if shown.nan.warning():
+            sys.stderr.write(f"stepper: warning: {shown.nan.warning()}\n")
         if dump is not None:
-            write_dump(dump, recorder, {"model": plan.config.name, "prompt": json.dumps(result.prompt),
-                                        "start_pos": str(spec.start_pos), "generated": json.dumps(result.generated)},
-                       force)
+            write_dump(dump, shown.recorder, {"model": plan.config.name, "prompt": json.dumps(result.prompt),
+                                              "start_pos": str(spec.start_pos),
+                                              "generated": json.dumps(result.generated)}, force)
         if not as_json:
-            print_lines(console, footer(plan, result, counter.count, dump, agreement), "dim")
+            print_lines(console, footer(plan, result, shown.counter.count, dump, shown.agreement), "dim")
+
+
+Shows = Callable[[str], bool]  # whether a tensor of this name is shown (--only)
+
+
+def checked_plan(spec: RunSpec, only: list[str], show: str | None, pictures: set[str], dumping: bool,
+                 limit_gb: float, asked: int | None, patch: list[str] | None) -> tuple[RunPlan, list[Sink], Shows]:
+    """The run planned with everything the user asked for checked before any work: --only's
+    patterns, --show's pictures for this model's family, --patch, and a --dump's sizes. Returns the
+    plan, the patching sinks and which names are shown."""
+
+    def kept_by(plan: Plan, names: list[str]) -> list[str]:
+        keep = only_filter(only, names, lambda _: None)
+        return [n for n in names if keep(n)] if dumping else []
+
+    planned = plan_run(spec, kept_by, "--only", asked)
+    plan, names = planned.plan, planned.names
+    parse_show(show, pictures_of(plan.config), plan.config)  # the pictures of this model's family
+    planned.check("--only", only)
+    patcher = patch_sink(patch, planned)
+    keep = only_filter(only, names, lambda note: sys.stderr.write(f"stepper: {note}\n"))
+    check_pictures(pictures, [n for n in names if keep(n)], plan.config)
+    kept = [n for n in names if keep(n)] if dumping else []
+    check_dump_sizes(sizes(plan, kept), limit_gb)
+    planned.check_fits(kept, "--only")
+    return planned, patcher, keep
+
+
+class Shown:
+    """What a run shows, counts and records of its tensors: the rows (or JSON Lines), the pictures,
+    the progress bars, the first NaN, the indexer's agreement and a --dump's recorder."""
+
+    def __init__(self, console: Console, plan: Plan, keep: Shows, filtered: bool, as_json: bool, plain: bool):
+        self.console, self.plan, self.keep, self.filtered = console, plan, keep, filtered
+        self.counter, self.recorder, self.nan, self.agreement = TensorCount(), Recorder(), FirstNaN(), IndexAgreement()
+        self.bars = ProgressBars(Console(stderr=True, **styles(plain)))
+        self.bars.beside(console)
+        self.rows: Sink = (JsonLines(sys.stdout, plan.config, self.bars.hide) if as_json
+                           else TensorRows(console, plan.config, plan.tokens))
+
+    def sinks(self, pictures: set[str], dumping: bool) -> list[Sink]:
+        """The sinks a run executes with: those of the shown tensors (behind --only's filter; the
+        first NaN only of those: looking at others would make them), the pictures (which see every
+        tensor: a routing map needs both of the router's choices), the agreement and the bars."""
+        views: list[Sink] = [self.counter, self.rows, self.nan] + ([self.recorder] if dumping else [])
+        sinks: list[Sink] = [Filter(lambda e: self.keep(e.name), views)] if self.filtered else views
+        if pictures:
+            sinks.append(picture_sink(self.console, self.plan, pictures, self.keep))
+        return sinks + [self.agreement, self.bars]
 
 
 EXPORT_KIND = "a session stepper recorded"
@@ -397,8 +420,7 @@ def step_command(
     """
     with user_errors(), ExitStack() as swapped:
         spec = run_spec(model, layer, layers, ids, prompt_len, start_pos, decode, seed, input_file, attn,
-                        weight_cache_mb,
-                        prompt, cache_len, index_scoring)
+                        weight_cache_mb, prompt, cache_len, index_scoring)
         if export is not None:
             check_export(export, force)
         script = read_commands(commands) if commands is not None else None
