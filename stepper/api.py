@@ -470,8 +470,8 @@ INPUT_EXPECTED = "the path of a safetensors file holding the layer's input (a --
 def _given(value: Any, limit: int = 60) -> str:
     """What was given to an argument, for its error: its repr when short, else its type (an array's
     shape and dtype, another object's shape or length), never a whole array."""
-    if isinstance(value, np.ndarray):
-        return f"a numpy.ndarray of shape {value.shape} ({value.dtype})"
+    if isinstance(value, np.ndarray) and value.shape:
+        return said(value)  # its shape and dtype, as a file's values are shown
     text = repr(value)
     if len(text) <= limit and "array(" not in text:
         return text

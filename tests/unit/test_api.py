@@ -150,13 +150,13 @@ def test_keeping_everything_that_would_not_fit_is_refused_naming_keep(monkeypatc
     ({"model": "no-such-model"}, "unknown model 'no-such-model'"),
     # an array is named by its type and shape, never printed (the residual stream as input= was a 17 KB message)
     ({"layer": 1, "input": np.zeros((1, 3, 320), np.float32)},
-     (r"^input= expects the path of a safetensors file holding the layer's input \(a --dump, say\), got a "
-     r"numpy.ndarray of shape \(1, 3, 320\) \(float32\)$")),
+     (r"^input= expects the path of a safetensors file holding the layer's input \(a --dump, say\), got "
+     r"an array of shape \(1, 3, 320\) \(float32\)$")),
     ({"layer": 1, "input": {"x": np.zeros((1, 3, 320), np.float32)}}, r"input= expects .*, got a dict of length 1$"),
     ({"model": np.zeros((1, 3, 320), np.float32)},
-     r"^model= expects a name or a path, got a numpy.ndarray of shape \(1, 3, 320\) \(float32\)$"),
+     r"^model= expects a name or a path, got an array of shape \(1, 3, 320\) \(float32\)$"),
     ({"layers": np.zeros((64, 64), np.float32)},
-     r"^layers= expects \(A, B\) or 'A:B' \(layers A to B-1\), got a numpy.ndarray of shape \(64, 64\) \(float32\)$"),
+     r"^layers= expects \(A, B\) or 'A:B' \(layers A to B-1\), got an array of shape \(64, 64\) \(float32\)$"),
     ({"ids": [5000]}, "token id 5000 out of range"),
     ({"ids": []}, "^ids= is empty: give at least one token id$"),
     ({"ids": [[]]}, "^ids= is empty: give at least one token id$"),
@@ -405,7 +405,7 @@ def test_a_choice_or_ids_given_as_a_large_array_is_one_short_line():
         assert str(e.value) == f"{keyword}= expects one of {choices}, got an array of shape (2000000,) (int64)"
     with pytest.raises(StepperError) as e:
         stepper.run("tiny", ids=np.full(1000, 1.5))
-    assert str(e.value) == "ids= expects a list of token ids (integers), got a numpy.ndarray of shape (1000,) (float64)"
+    assert str(e.value) == "ids= expects a list of token ids (integers), got an array of shape (1000,) (float64)"
     with pytest.raises(StepperError) as e:
         stepper.run("tiny", ids=[1.5] * 100_000)
     assert str(e.value) == "ids= expects a list of token ids (integers), got [1.5, 1.5, 1.5, 1.5, 1.5, 1.5, ...]"
