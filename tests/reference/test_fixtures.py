@@ -239,9 +239,12 @@ def test_a_malformed_safetensors_candidate_exits_2_with_one_line(basic, tmp_path
     ("text", "not an .npz file (an .npz is a zip archive of .npy arrays; this one begins b'laye')"),
     ("zero bytes", "not an .npz file (an .npz is a zip archive of .npy arrays; this one is empty)"),
     ("npy", "a single array (.npy), not an .npz archive of named tensors"),
-    ("no arrays", "holds no tensor; expected the tensors of a run")])
+    ("no arrays", "holds no tensor; expected the tensors of a run"),
+    ("encrypted", "tensor 'prefill.embed' is encrypted; expected an archive as np.savez writes it, with no password"),
+    ("compressed by AES", "tensor 'prefill.embed' is compressed by zip method 99; expected stored or deflated")])
 def test_a_malformed_npz_candidate_exits_2_with_one_line(basic, tmp_path, kind, says):
-    """A text file named .npz is not told about NumPy's pickles, nor an empty one about its 0 names."""
+    """A text file named .npz is not told about NumPy's pickles, nor an empty one about its 0 names; a
+    member encrypted or compressed in a way Python's zipfile does not read was a traceback."""
     path = tmp_path / "port.npz"
     if kind == "pickled":
         np.savez(path, a=np.array([{"x": 1}], dtype=object))
@@ -257,6 +260,12 @@ def test_a_malformed_npz_candidate_exits_2_with_one_line(basic, tmp_path, kind, 
             path.write_bytes(b"")
         elif kind == "no arrays":
             np.savez(path)
+        elif kind in ("encrypted", "compressed by AES"):  # the first member's flags (bit 0: encrypted) or method
+            data = bytearray(path.read_bytes())
+            central = data.find(b"PK\x01\x02")
+            for at in (6, central + 8) if kind == "encrypted" else (8, central + 10):
+                data[at] = data[at] | 1 if kind == "encrypted" else 99
+            path.write_bytes(bytes(data))
         else:
             np.save(tmp_path / "x.npy", np.zeros(3))
             path.write_bytes((tmp_path / "x.npy").read_bytes())
