@@ -293,13 +293,20 @@ def diff(a: Run | Mapping[str, np.ndarray] | str | Path, b: Run | Mapping[str, n
     cosine and the experts whose choice changed; `.first` is the first tensor that differs beyond
     the tolerance `fixtures verify` uses."""
     (ta, la), (tb, lb) = _side("a", a), _side("b", b)
-    found = run_diff.diff_tensors(ta, tb, la, lb)
+    try:
+        found = run_diff.diff_tensors(ta, tb, la, lb)
+    finally:
+        run_diff.release(ta, tb)
     return Diff(**vars(found))
 
 
 def load(path: str | Path) -> dict[str, np.ndarray]:
     """The tensors of a `--dump` file, a fixture folder or a repository fixture's name, in execution order."""
-    return dict(run_diff.read_side(run_diff.side_path(str(_path_or_name("path", path)), "load")))
+    side = run_diff.read_side(run_diff.side_path(str(_path_or_name("path", path)), "load"))
+    try:  # arrays of their own, writable (a fixture's and a safetensors file's are read-only views of the file)
+        return {name: array if array.flags.writeable else array.copy() for name, array in side.items()}
+    finally:
+        run_diff.release(side)
 
 
 def _side(which: str, side: Any) -> tuple[Mapping[str, np.ndarray], str]:
@@ -470,8 +477,8 @@ INPUT_EXPECTED = "the path of a safetensors file holding the layer's input (a --
 def _given(value: Any, limit: int = 60) -> str:
     """What was given to an argument, for its error: its repr when short, else its type (an array's
     shape and dtype, another object's shape or length), never a whole array."""
-    if isinstance(value, np.ndarray) and value.shape:
-        return said(value)  # its shape and dtype, as a file's values are shown
+    if isinstance(value, np.ndarray):  # its shape and dtype, as untrusted.said shows a file's arrays
+        return f"an array of shape {value.shape} ({value.dtype})"
     text = repr(value)
     if len(text) <= limit and "array(" not in text:
         return text

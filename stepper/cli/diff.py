@@ -9,6 +9,7 @@ round-off, 1 when one does, 2 on bad input.
 from __future__ import annotations
 
 import shlex
+from collections.abc import Mapping
 from typing import Annotated
 
 import numpy as np
@@ -18,7 +19,7 @@ from rich.console import Console
 from stepper.cli import run as run_cli
 from stepper.cli.common import PlainOpt, usage_message, user_errors
 from stepper.errors import StepperError
-from stepper.fixtures.run_diff import Diff, diff_tensors, read_side, side_path
+from stepper.fixtures.run_diff import Diff, diff_tensors, read_side, release, side_path
 from stepper.lessons import overrides
 from stepper.planning.record import record, tensors
 from stepper.seams.patching import parse_patch
@@ -48,7 +49,10 @@ def diff_command(
     """
     with user_errors():
         (ta, la), (tb, lb) = side("A", a), side("B", b)
-        found = diff_tensors(ta, tb, la, lb)
+        try:
+            found = diff_tensors(ta, tb, la, lb)
+        finally:
+            release(ta, tb)
         console = Console(**styles(plain), highlight=False, markup=False, soft_wrap=True)
         show(console, found, changed)
     raise typer.Exit(1 if found.first is not None else 0)
@@ -66,7 +70,7 @@ def show(console: Console, found: Diff, changed: bool) -> None:
     print_fitted(console, diff_table.summary(found), indent=2)
 
 
-def side(which: str, text: str) -> tuple[dict[str, np.ndarray], str]:
+def side(which: str, text: str) -> tuple[Mapping[str, np.ndarray], str]:
     """One side's tensors in execution order, and how it is named in the summary."""
     words = text.split()
     is_run = not words or words[0] == "run" or words[0].startswith("-")

@@ -316,11 +316,11 @@ def run_command(
             print_lines(console, footer(plan, result, shown.counter.count, dump, shown.agreement), "dim")
 
 
-Shows = Callable[[str], bool]  # whether a tensor of this name is shown (--only)
+IsShown = Callable[[str], bool]  # whether a tensor of this name is shown (--only)
 
 
 def checked_plan(spec: RunSpec, only: list[str], show: str | None, pictures: set[str], dumping: bool,
-                 limit_gb: float, asked: int | None, patch: list[str] | None) -> tuple[RunPlan, list[Sink], Shows]:
+                 limit_gb: float, asked: int | None, patch: list[str] | None) -> tuple[RunPlan, list[Sink], IsShown]:
     """The run planned with everything the user asked for checked before any work: --only's
     patterns, --show's pictures for this model's family, --patch, and a --dump's sizes. Returns the
     plan, the patching sinks and which names are shown."""
@@ -346,7 +346,7 @@ class Shown:
     """What a run shows, counts and records of its tensors: the rows (or JSON Lines), the pictures,
     the progress bars, the first NaN, the indexer's agreement and a --dump's recorder."""
 
-    def __init__(self, console: Console, plan: Plan, keep: Shows, filtered: bool, as_json: bool, plain: bool):
+    def __init__(self, console: Console, plan: Plan, keep: IsShown, filtered: bool, as_json: bool, plain: bool):
         self.console, self.plan, self.keep, self.filtered = console, plan, keep, filtered
         self.counter, self.recorder, self.nan, self.agreement = TensorCount(), Recorder(), FirstNaN(), IndexAgreement()
         self.bars = ProgressBars(Console(stderr=True, **styles(plain)))

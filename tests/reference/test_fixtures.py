@@ -240,11 +240,13 @@ def test_a_malformed_safetensors_candidate_exits_2_with_one_line(basic, tmp_path
     ("zero bytes", "not an .npz file (an .npz is a zip archive of .npy arrays; this one is empty)"),
     ("npy", "a single array (.npy), not an .npz archive of named tensors"),
     ("no arrays", "holds no tensor; expected the tensors of a run"),
-    ("encrypted", "tensor 'prefill.embed' is encrypted; expected an archive as np.savez writes it, with no password"),
+    ("encrypted", ("tensor 'prefill.embed' is encrypted or stored as patched data (zip flags 0x1); expected an "
+                   "archive as np.savez writes it, with no password")),
+    ("patched", "tensor 'prefill.embed' is encrypted or stored as patched data (zip flags 0x20)"),
     ("compressed by AES", "tensor 'prefill.embed' is compressed by zip method 99; expected stored or deflated")])
 def test_a_malformed_npz_candidate_exits_2_with_one_line(basic, tmp_path, kind, says):
     """A text file named .npz is not told about NumPy's pickles, nor an empty one about its 0 names; a
-    member encrypted or compressed in a way Python's zipfile does not read was a traceback."""
+    member encrypted, patched or compressed in a way Python's zipfile does not read was a traceback."""
     path = tmp_path / "port.npz"
     if kind == "pickled":
         np.savez(path, a=np.array([{"x": 1}], dtype=object))
@@ -260,11 +262,12 @@ def test_a_malformed_npz_candidate_exits_2_with_one_line(basic, tmp_path, kind, 
             path.write_bytes(b"")
         elif kind == "no arrays":
             np.savez(path)
-        elif kind in ("encrypted", "compressed by AES"):  # the first member's flags (bit 0: encrypted) or method
+        elif kind in ("encrypted", "patched", "compressed by AES"):  # the first member's flags or method
             data = bytearray(path.read_bytes())
             central = data.find(b"PK\x01\x02")
-            for at in (6, central + 8) if kind == "encrypted" else (8, central + 10):
-                data[at] = data[at] | 1 if kind == "encrypted" else 99
+            flag = {"encrypted": 0x1, "patched": 0x20}.get(kind)
+            for at in (6, central + 8) if flag else (8, central + 10):
+                data[at] = data[at] | flag if flag else 99
             path.write_bytes(bytes(data))
         else:
             np.save(tmp_path / "x.npy", np.zeros(3))
@@ -322,6 +325,28 @@ def test_an_npz_member_whose_header_asks_for_terabytes_is_named(basic, tmp_path)
     assert out.returncode == 2 and out.stderr == (f"stepper: error: {path}: tensor 'prefill.embed' has shape "
                                                   "[35184372088832] of float32, 140,737,488,355,328 bytes, but its "
                                                   "member holds 16\n"), out.stderr
+
+
+def test_an_npz_member_claiming_more_bytes_than_it_stores_is_held_to_what_it_stores(basic, tmp_path):
+    """The archive's own size of a member (here a zip64 field claiming 128 TiB) is believed only as far as
+    the bytes it stores can give: 16 bytes deflated could not make the 128 TiB its .npy header asks for,
+    which NumPy would have tried to allocate ("out of memory", naming no file)."""
+    import io
+    import zipfile
+
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False, "shape": (2**45,)})
+    path = tmp_path / "c.npz"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("prefill.embed.npy", header.getvalue() + bytes(16))
+        z.infolist()[0].file_size = 2**47 + 256  # written into the central directory as it closes
+    stored = zipfile.ZipFile(path).infolist()[0]
+    assert stored.file_size == 2**47 + 256 and stored.compress_size < 100
+    out = stepper("fixtures", "verify", BASIC, path)
+    assert out.returncode == 2 and out.stderr.startswith(
+        f"stepper: error: {path}: tensor 'prefill.embed' has shape [35184372088832] of float32, 140,737,488,355,328 "
+        "bytes, but its member holds "), out.stderr
+    assert int(out.stderr.rsplit(" ", 1)[1].replace(",", "")) < 1032 * stored.compress_size
 
 
 @pytest.mark.parametrize("suffix", [".npz", ".safetensors"])

@@ -8,6 +8,7 @@ from pathlib import Path
 import helpers.cli
 import numpy as np
 import pytest
+import safetensors.numpy
 
 import stepper
 from stepper import catalog, prefill
@@ -487,6 +488,24 @@ def test_the_repository_fixtures_are_found_by_name_from_any_folder(tmp_path, mon
     (tmp_path / "tiny-absorb").mkdir()  # a folder of the user's own, by the same name, comes first
     with pytest.raises(StepperError, match="tiny-absorb"):
         stepper.load("tiny-absorb")
+
+
+@pytest.mark.parametrize("suffix", ["", ".safetensors", ".npz"])
+def test_load_gives_arrays_of_their_own_from_a_fixture_or_a_file(tmp_path, suffix):
+    """A fixture's and a safetensors file's tensors are read as read-only views of the file; load()
+    gives writable arrays of their own from either, as from an .npz."""
+    fixture = stepper.load("tiny-absorb")
+    path = "tiny-absorb"
+    if suffix:
+        path = tmp_path / f"dump{suffix}"
+        if suffix == ".npz":
+            np.savez(path, **fixture)
+        else:
+            safetensors.numpy.save_file(fixture, str(path))
+    loaded = stepper.load(path)
+    assert sorted(loaded) == sorted(fixture) and all(np.array_equal(loaded[n], fixture[n]) for n in fixture)
+    assert all(a.flags.writeable for a in loaded.values())
+    loaded["prefill.embed"] += 1  # was "output array is read-only"
 
 
 @pytest.fixture
