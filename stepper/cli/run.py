@@ -323,7 +323,7 @@ def checked_plan(spec: RunSpec, only: list[str], show: str | None, pictures: set
                  limit_gb: float, asked: int | None, patch: list[str] | None) -> tuple[RunPlan, list[Sink], IsShown]:
     """The run planned with everything the user asked for checked before any work: --only's
     patterns, --show's pictures for this model's family, --patch, and a --dump's sizes. Returns the
-    plan, the patching sinks and which names are shown."""
+    planned run, the patching sinks and which names are shown."""
 
     def kept_by(plan: Plan, names: list[str]) -> list[str]:
         keep = only_filter(only, names, lambda _: None)
