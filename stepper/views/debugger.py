@@ -31,7 +31,7 @@ from stepper.seams.trace import Event, did_you_mean, matches
 from stepper.tensors.tensor import held
 from stepper.text import Tokens
 from stepper.untrusted import cut, shown
-from stepper.views import kda_state, pictures
+from stepper.views import attention_map, histogram_picture, kda_state, routing_map, scale_grids
 from stepper.views.debug_set import set_tensor
 from stepper.views.explain import explain_text, not_found
 from stepper.views.sinks import (
@@ -446,11 +446,12 @@ class Debugger:
         if event.key != "self_attn.attn_weights":
             raise StepperError(f"s attention draws attention weights (self_attn.attn_weights, each row summing to "
                                f"1), not {event.name}: s hist {name} draws any tensor's values")
-        print_picture(self.console, pictures.attention_heatmap(event.array, title=event.name,
+        print_picture(self.console, attention_map.attention_heatmap(event.array, title=event.name,
                                                                token_labels=key_labels(self.tokens, event.array)))
         mask = self.history.get(event.name.replace("self_attn.attn_weights", "self_attn.indexer.mask"))
         if event.key == "self_attn.attn_weights" and mask is not None and mask.array.shape[1:] == event.array.shape[2:]:
-            print_picture(self.console, pictures.indexer_map(mask.array, event.array, title=event.name + " · indexer"))
+            picture = attention_map.indexer_map(mask.array, event.array, title=event.name + " · indexer")
+            print_picture(self.console, picture)
 
     def show_routing(self, name: str) -> None:
         idx = self.resolve(name or "mlp.gate.topk_idx")
@@ -461,12 +462,12 @@ class Debugger:
                  if not name and self.current is not None and self.current.phase != idx.phase else "")
         print_fitted(self.console, Text(f"{idx.name} · {weight.key}{later}", style="bold"))
         rows = token_rows(self.tokens, idx.phase, len(idx.array))
-        print_picture(self.console, pictures.routing_map(idx.array, weight.array, self.cfg.router_experts, rows,
+        print_picture(self.console, routing_map.routing_map(idx.array, weight.array, self.cfg.router_experts, rows,
                                                               self.cfg.zero_experts))
 
     def show_histogram(self, name: str) -> None:
         event = self.resolve(name)
-        print_picture(self.console, pictures.histogram(event.array, title=event.name))
+        print_picture(self.console, histogram_picture.histogram(event.array, title=event.name))
 
     def show_state(self, name: str) -> None:
         """A KDA layer's state (self_attn.state, or a slice of state_per_token / state_per_chunk),
@@ -524,7 +525,7 @@ class Debugger:
         stored = self.weights.stored(full)
         if stored.scale_inv is None:
             raise StepperError(f"'{full}' is stored as {stored.dtype}: only F8_E4M3 weights have block scales")
-        print_picture(self.console, pictures.scale_grid(np.asarray(stored.scale_inv, dtype=np.float32), title=full))
+        print_picture(self.console, scale_grids.scale_grid(np.asarray(stored.scale_inv, dtype=np.float32), title=full))
 
     # -- names -------------------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ from rich.text import Text
 from stepper.config import Config
 from stepper.errors import StepperError
 from stepper.seams.trace import Event
-from stepper.views import diff_table, kda_state, pictures
+from stepper.views import attention_map, diff_table, histogram_picture, kda_state, pictures, routing_map
 from stepper.views.compressed_attention_picture import compressed_attention_map
 from stepper.views.hyper_connections import hyper_connection_map
 from stepper.views.sinks import TensorRows
@@ -108,10 +108,10 @@ def picture(kind: str, event: Event, cfg: Config, lookup) -> Shown:
     (what a layer's last query attends); Kimi Linear's state (a KDA layer's, with its writes and
     decays when kept)."""
     if kind == "attention":
-        return Shown(pictures.attention_heatmap(event.array, title=event.name))
+        return Shown(attention_map.attention_heatmap(event.array, title=event.name))
     if kind == "routing":
         gate = event.name.rpartition(".")[0]
-        return Shown(pictures.routing_map(lookup(f"{gate}.topk_idx"), lookup(f"{gate}.topk_weight"),
+        return Shown(routing_map.routing_map(lookup(f"{gate}.topk_idx"), lookup(f"{gate}.topk_weight"),
                                           cfg.router_experts, zero_experts=cfg.zero_experts))
     if kind == "hc":
         return Shown(hc_picture(event, lookup))
@@ -121,7 +121,7 @@ def picture(kind: str, event: Event, cfg: Config, lookup) -> Shown:
         scope = event.name.removesuffix(event.key)
         return Shown(Group(*kda_state.state_pictures(event.array, event.name, kept(lookup, f"{scope}self_attn.delta"),
                                                      kept(lookup, f"{scope}self_attn.forget_gate"))))
-    return Shown(pictures.histogram(event.array, title=event.name))
+    return Shown(histogram_picture.histogram(event.array, title=event.name))
 
 
 def kept(lookup, name: str) -> np.ndarray | None:

@@ -1,4 +1,5 @@
-"""`--show scales`: each FP8 weight's block-scale grid, drawn where the layer uses the weight.
+"""`--show scales`: each FP8 weight's block-scale grid (`scale_grid`: log2 of each 128 x 128 block's
+scale as a heat map), drawn where the layer uses the weight.
 
 A layer's attention weights (q_a_proj .. o_proj, the indexer's) are drawn at its first shown
 attention tensor (`self_attn.*`); its MLP's at its first shown MLP tensor (`mlp.*`, `mlp_output`):
@@ -12,6 +13,7 @@ are the same at every step), the chosen experts' once per layer and step (each s
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -20,7 +22,26 @@ from rich.text import Text
 
 from stepper.config import Config
 from stepper.seams.trace import Event
-from stepper.views import pictures
+from stepper.views.pictures import (
+    ALARM,
+    BAD,
+    DIM,
+    MAX_COLS,
+    MAX_ROWS,
+    SHADES,
+    Picture,
+    caption,
+    heading,
+    heat,
+    labelled_rows,
+    legend_shades,
+    line,
+    pool_max,
+    pooled_note,
+    sci,
+    shade_cell,
+    ticks,
+)
 from stepper.weights.names import layer_prefix, layer_shapes, storage_dtype
 
 EXPERT_GRIDS = 2  # routed experts whose grids are drawn per layer and step
@@ -93,4 +114,61 @@ class ScaleGrids:
     def grid(self, name: str) -> None:
         stored = self.weights.stored(name)
         if stored.scale_inv is not None:
-            self.draw(pictures.scale_grid(np.asarray(stored.scale_inv, dtype=np.float32), title=name))
+            self.draw(scale_grid(np.asarray(stored.scale_inv, dtype=np.float32), title=name))
+
+
+def scale_grid(scale_inv: np.ndarray, title: str = "") -> RenderableType:
+    """The FP8 block scales of one weight, scale_inv [ceil(out/128), ceil(in/128)], as a heat map.
+
+    Shades follow log2 of the scale between its min and max; a scale that is not a positive
+    finite number is drawn '!'. Grids bigger than the budget are max-pooled.
+    """
+    s = np.asarray(scale_inv).astype(np.float64)
+    if s.ndim != 2 or s.size == 0:
+        raise ValueError(f"scale_inv must be a non-empty 2-D array, got shape {list(s.shape)}")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        logs = np.where(np.isfinite(s) & (s > 0), np.log2(np.where(s > 0, s, 1.0)), np.nan)
+    return Picture(lambda width: heading(title) + draw_scales(s, logs, width))
+
+
+def draw_scales(s: np.ndarray, logs: np.ndarray, width: int) -> list[Text]:
+    n_rows, n_cols = s.shape
+    margin = max(len(str(n_rows - 1)), 3) + 1
+    budget = max(1, min(MAX_COLS, width - margin))
+    pooled, rb, cb = pool_max(logs, MAX_ROWS, budget)
+    cell_width = 2 if cb == 1 and 2 * n_cols <= budget else 1
+    valid = logs[~np.isnan(logs)]
+    lo, hi = (float(valid.min()), float(valid.max())) if valid.size else (0.0, 0.0)
+    out = [line("r\\c".rjust(margin - 1) + " ", (ticks(pooled.shape[1], cell_width, lambda c: c * cb), DIM))]
+    labelled = labelled_rows(pooled.shape[0])
+    for r, row in enumerate(pooled):
+        cells = [(BAD.ljust(cell_width), ALARM) if math.isnan(v) else
+                 shade_cell((v - lo) / (hi - lo) if hi > lo else 1.0, cell_width) for v in row]
+        out.append(line(((str(r * rb) if r in labelled else "").rjust(margin - 1) + " ", DIM), *cells))
+    out += scale_notes(s, logs, lo, hi, (rb, cb), pooled.shape)
+    return out
+
+
+def scale_notes(s: np.ndarray, logs: np.ndarray, lo: float, hi: float, block: tuple[int, int],
+                pooled_shape: tuple[int, ...]) -> list[Text]:
+    """Legend (the scale each shade reaches, log spaced), min and max with their blocks, caption."""
+    notes = []
+    if hi > lo:
+        bounds = [sci(2 ** (lo + (hi - lo) * (i + 1) / 4)) for i in range(4)]
+        notes.append(line(("log scale: ", ""), *legend_shades(bounds), wrap=True))
+    elif not np.isnan(logs).all():
+        notes.append(line((SHADES[-1], heat(1.0)), (f" every scale is {sci(2 ** hi)}", ""), wrap=True))
+    if not np.isnan(logs).all():
+        at_min = np.unravel_index(np.nanargmin(logs), logs.shape)
+        at_max = np.unravel_index(np.nanargmax(logs), logs.shape)
+        notes.append(caption(f"min {sci(2 ** lo)} at block [{at_min[0]}, {at_min[1]}] · "
+                             f"max {sci(2 ** hi)} at block [{at_max[0]}, {at_max[1]}]"))
+    n_bad = int(np.isnan(logs).sum())
+    if n_bad:
+        notes.append(Text(f"{n_bad} scales are not positive finite numbers ({BAD})", style=ALARM))
+    rows, cols = s.shape
+    notes.append(caption(f"scale_inv [{rows}, {cols}]: one float32 scale per 128×128 block of the FP8 weight, "
+                         f"out/128 blocks r down, in/128 blocks c across"))
+    if block != (1, 1):
+        notes.append(caption(pooled_note("scale", block, (rows, cols), pooled_shape[:2], ("rows", "cols"))))
+    return notes

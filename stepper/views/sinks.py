@@ -25,7 +25,7 @@ from stepper.seams.trace import Event
 from stepper.tensors.statistics import CORNER
 from stepper.tensors.tensor import held
 from stepper.text import Tokens
-from stepper.views import pictures, summary
+from stepper.views import attention_map, histogram_picture, routing_map, summary
 from stepper.views.group_map import group_map
 from stepper.views.scale_grids import ScaleGrids
 from stepper.views.summary import BINS, finite_or_none, number
@@ -311,13 +311,13 @@ class Pictures:
         if not shown:
             return
         if "hist" in self.kinds:
-            print_picture(self.console, pictures.histogram(event.array, title=event.name))
+            print_picture(self.console, histogram_picture.histogram(event.array, title=event.name))
         if "attention" in self.kinds and event.key == "self_attn.attn_weights":
-            print_picture(self.console, pictures.attention_heatmap(event.array, title=event.name,
+            print_picture(self.console, attention_map.attention_heatmap(event.array, title=event.name,
                                                                    token_labels=key_labels(self.tokens, event.array)))
             if self.index_mask is not None and self.index_mask.shape[1:] == event.array.shape[2:]:
                 print_picture(self.console,
-                              pictures.indexer_map(self.index_mask, event.array, title=event.name + " · indexer"))
+                              attention_map.indexer_map(self.index_mask, event.array, title=event.name + " · indexer"))
         if self.scales is not None:
             self.scales.draw_for(event)
 
@@ -329,7 +329,7 @@ class Pictures:
         if not (shown or idx_shown):
             return
         rows = token_rows(self.tokens, weights.phase, len(idx))
-        print_picture(self.console, pictures.routing_map(idx, weights.array, self.cfg.router_experts, rows,
+        print_picture(self.console, routing_map.routing_map(idx, weights.array, self.cfg.router_experts, rows,
                                                            self.cfg.zero_experts))
         if self.group_mask is not None and self.cfg.n_group > 1 and len(self.group_mask) == len(idx):
             print_picture(self.console, group_map(self.group_mask, idx, self.cfg))

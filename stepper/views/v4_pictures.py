@@ -15,7 +15,7 @@ import numpy as np
 from rich.console import Console
 
 from stepper.seams.trace import Event
-from stepper.views import pictures
+from stepper.views import histogram_picture
 from stepper.views.compressed_attention_picture import compressed_attention_map
 from stepper.views.hyper_connections import hyper_connection_map
 from stepper.views.sinks import print_picture
@@ -39,7 +39,7 @@ class V4Pictures:
         if not self.shows(event):
             return
         if "hist" in self.kinds and event.array.size:
-            print_picture(self.console, pictures.histogram(event.array, title=event.name))
+            print_picture(self.console, histogram_picture.histogram(event.array, title=event.name))
         if key in ("hc_attn.comb", "hc_ffn.comb") and "hc" in self.kinds:
             site = key.removesuffix(".comb")
             streams = self.seen.get("streams" if site == "hc_attn" else "attn_streams")

@@ -19,7 +19,7 @@ from stepper.families import read_config
 from stepper.presets import PRESETS
 from stepper.seams.trace import Recorder
 from stepper.session import RunSpec, run
-from stepper.views import pictures
+from stepper.views import routing_map
 from stepper.weights.names import weight_shapes
 from stepper.weights.seeded import SyntheticWeights
 from stepper.weights.synth_checkpoint import synth_checkpoint
@@ -83,7 +83,7 @@ def test_the_routing_map_shows_zero_experts_as_such():
     idx = np.array([[0, 9, 3], [10, 11, 8]])  # 8 real experts, zero experts 8..11
     weight = np.full((2, 3), 0.3, dtype=np.float32)
     console = Console(width=100, record=True, file=io.StringIO(), no_color=True)
-    console.print(pictures.routing_map(idx, weight, 12, zero_experts=4))
+    console.print(routing_map.routing_map(idx, weight, 12, zero_experts=4))
     text = console.export_text()
     assert "e0 0.30  z1 0.30  e3 0.30" in text and "z2 0.30  z3 0.30  z0 0.30" in text
     assert "zero experts z0-z3 (columns 8-11, identity: no compute) took 4 of the 6 choices" in text

@@ -7,7 +7,7 @@ import pytest
 from rich.console import Console
 
 from stepper.tensors.tiled import Tiled
-from stepper.views import pictures
+from stepper.views import attention_map
 
 
 def render(renderable, width: int = 100) -> str:
@@ -24,7 +24,7 @@ def test_kept_dropped_and_future_positions_beside_the_weights():
     weights[0, :, 1, :2] = 0.5
     weights[0, 1, 2, [0, 2]] = [0.1, 0.9]
     weights[0, 0, 2, [0, 2]] = [0.9, 0.1]
-    text = render(pictures.indexer_map(mask, weights, head=1, title="t"))
+    text = render(attention_map.indexer_map(mask, weights, head=1, title="t"))
     rows = [line for line in text.splitlines() if line.startswith(("  0 ", "  1 ", "  2 "))]
     kept = [line[4:9] for line in rows]  # the indexer's map: cells two characters wide
     assert kept == ["█ · ·", "█ █ ·", "█ × █"]
@@ -37,7 +37,7 @@ def test_kept_dropped_and_future_positions_beside_the_weights():
 
 def test_a_wrong_shape_is_refused():
     with pytest.raises(ValueError, match="need a mask"):
-        pictures.indexer_map(np.zeros((1, 2, 3)), np.zeros((1, 4, 2, 4)))
+        attention_map.indexer_map(np.zeros((1, 2, 3)), np.zeros((1, 4, 2, 4)))
 
 
 def test_a_decode_steps_query_is_labelled_by_its_position():
@@ -45,10 +45,10 @@ def test_a_decode_steps_query_is_labelled_by_its_position():
     mask = np.array([[[0, -np.inf, 0, 0, 0]]], np.float32)  # [1, T=1, S=5]: position 1 dropped
     weights = np.zeros((1, 1, 1, 5), np.float32)
     weights[0, 0, 0, [0, 2, 3, 4]] = 0.25
-    rows = [line for line in render(pictures.indexer_map(mask, weights)).splitlines() if line.startswith("  4 ")]
+    rows = [line for line in render(attention_map.indexer_map(mask, weights)).splitlines() if line.startswith("  4 ")]
     assert len(rows) == 1 and rows[0].split()[:6] == ["4", "█", "×", "█", "█", "█"], rows
     assert rows[0].count(" 4 ") == 2, "the head's map labels the row by its position too"
-    drawn = " ".join(render(pictures.indexer_map(mask, weights)).split())
+    drawn = " ".join(render(attention_map.indexer_map(mask, weights)).split())
     assert "(the last, at position 4: 4), 4 of the 5 in the queries' past" in drawn
 
 
@@ -68,6 +68,7 @@ def test_tiled_weights_draw_the_same_picture_a_block_of_rows_at_a_time():
         return held[:, heads, queries]
 
     tiled = Tiled(held.shape, tile)
-    assert render(pictures.indexer_map(mask, tiled, head=1)) == render(pictures.indexer_map(mask, held, head=1))
+    drawn = render(attention_map.indexer_map(mask, tiled, head=1))
+    assert drawn == render(attention_map.indexer_map(mask, held, head=1))
     assert asked and all(h == 1 and t < t_len for h, t in asked), asked[:3]
-    assert "max-pooled" in render(pictures.indexer_map(mask, held, head=1))
+    assert "max-pooled" in render(attention_map.indexer_map(mask, held, head=1))

@@ -12,7 +12,7 @@ from rich.console import Console
 
 import stepper
 from stepper.errors import StepperError
-from stepper.views import diff_table, notebook, pictures
+from stepper.views import diff_table, notebook, routing_map
 from stepper.views.sinks import TensorRows
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,7 +64,8 @@ def test_a_tensor_and_a_picture_show_as_in_the_terminal(run):
     expected = terminal(rows.render(run.event("layers.1.self_attn.k_pe")))
     assert repr(view) == expected.rstrip("\n") and visible(view._repr_html_()).strip() == expected.strip()
     routing = run.picture("routing", "layers.1.mlp.gate.topk_idx")
-    drawn = terminal(pictures.routing_map(run["layers.1.mlp.gate.topk_idx"], run["layers.1.mlp.gate.topk_weight"], 32))
+    drawn = terminal(routing_map.routing_map(run["layers.1.mlp.gate.topk_idx"], run["layers.1.mlp.gate.topk_weight"],
+                                             32))
     assert visible(routing._repr_html_()).strip() == drawn.strip()
     assert repr(run.picture("routing", "layers.1.mlp.gate.topk_weight")) == repr(routing)  # either, as --show takes
     with pytest.raises(StepperError, match="picture: routing draws a mlp.gate.topk_idx or a mlp.gate.topk_weight, "

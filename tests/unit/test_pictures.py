@@ -8,7 +8,7 @@ import pytest
 from rich.cells import cell_len
 from rich.console import Console
 
-from stepper.views import pictures, summary
+from stepper.views import attention_map, histogram_picture, pictures, routing_map, scale_grids, summary
 
 
 def render(renderable, width: int = 100) -> str:
@@ -50,7 +50,7 @@ def assert_fits(text: str, width: int) -> None:
 
 def test_causal_3x3_shades_and_masked_cells():
     w = np.array([[[[1.0, 0.0, 0.0], [0.6, 0.4, 0.0], [0.2, 0.3, 0.5]]]], np.float32)  # [1, 1, 3, 3]
-    text = render(pictures.attention_heatmap(w))
+    text = render(attention_map.attention_heatmap(w))
     cols = axis_columns(text, "t\\s", ["0", "1", "2"])
     expected = {"0": "█··", "1": "▓▒·", "2": "░▒▒"}  # ░ ≤¼ < ▒ ≤½ < ▓ ≤¾ < █, · exactly 0
     for t, cells in expected.items():
@@ -65,7 +65,7 @@ def test_causal_3x3_shades_and_masked_cells():
 
 def test_small_weight_is_not_drawn_like_a_masked_one():
     w = np.array([[[[1.0, 0.0], [0.999, 0.001]]]], np.float32)
-    text = render(pictures.attention_heatmap(w))
+    text = render(attention_map.attention_heatmap(w))
     cols = axis_columns(text, "t\\s", ["0", "1"])
     row = row_line(text, "1")
     assert (row[cols[0]], row[cols[1]]) == ("█", "░")
@@ -74,18 +74,18 @@ def test_small_weight_is_not_drawn_like_a_masked_one():
 
 def test_heads_side_by_side_and_chosen_heads():
     w = np.broadcast_to(causal_uniform(5), (1, 8, 5, 5))
-    text = render(pictures.attention_heatmap(w))
+    text = render(attention_map.attention_heatmap(w))
     first = next(line for line in text.splitlines() if "head 0" in line)
     assert all(f"head {h}" in first for h in range(4))  # four small maps fit on one line
     assert "head 4" not in text
     assert "max_heads=4" in text
-    text = render(pictures.attention_heatmap(w, heads=[6, 2]))
+    text = render(attention_map.attention_heatmap(w, heads=[6, 2]))
     assert "head 6" in text and "head 2" in text and "head 0" not in text
 
 
 def test_big_attention_is_max_pooled_within_the_width():
     w = np.broadcast_to(causal_uniform(600), (1, 64, 600, 600))
-    text = render(pictures.attention_heatmap(w))
+    text = render(attention_map.attention_heatmap(w))
     assert_fits(text, 100)
     assert "max-pooled" in text and "600×600" in text
     assert all(f"head {h}" in text for h in range(4))
@@ -99,7 +99,7 @@ def test_big_attention_is_max_pooled_within_the_width():
 
 def test_decode_step_is_a_bar_per_head():
     w = np.array([[[[0.1, 0.6, 0.3, 0.0]], [[0.25, 0.25, 0.25, 0.25]]]], np.float32)  # [1, 2, 1, 4]
-    text = render(pictures.attention_heatmap(w))
+    text = render(attention_map.attention_heatmap(w))
     cols = axis_columns(text, "", ["0", "1", "2", "3"])
     head0, head1 = row_line(text, "head 0"), row_line(text, "head 1")
     assert "".join(head0[c] for c in cols) == "░▓▒·"
@@ -110,9 +110,9 @@ def test_decode_step_is_a_bar_per_head():
 
 def test_bad_heads_are_refused():
     with pytest.raises(ValueError):
-        pictures.attention_heatmap(np.ones((1, 2, 3, 3)), heads=[2])
+        attention_map.attention_heatmap(np.ones((1, 2, 3, 3)), heads=[2])
     with pytest.raises(ValueError):
-        pictures.attention_heatmap(np.ones((3, 3)))
+        attention_map.attention_heatmap(np.ones((3, 3)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -123,7 +123,7 @@ WEIGHT = np.array([[0.7, 0.3], [0.6, 0.4], [0.9, 0.1]], np.float32)
 
 
 def test_routing_cells_load_and_summary():
-    text = render(pictures.routing_map(IDX, WEIGHT, 8))
+    text = render(routing_map.routing_map(IDX, WEIGHT, 8))
     cols = axis_columns(text, "tok\\e", ["0"])
     first = cols[0]
     cells = {t: row_line(text, str(t))[first:first + 8] for t in range(3)}
@@ -138,7 +138,7 @@ def test_routing_cells_load_and_summary():
 
 
 def test_routing_labels():
-    text = render(pictures.routing_map(IDX, WEIGHT, 8, token_labels=["The", "cat", "sat"]))
+    text = render(routing_map.routing_map(IDX, WEIGHT, 8, token_labels=["The", "cat", "sat"]))
     assert row_line(text, "cat")
 
 
@@ -147,7 +147,7 @@ def test_many_experts_are_binned_and_many_tokens_cut():
     n_tokens = 50
     idx = np.stack([rng.choice(384, 8, replace=False) for _ in range(n_tokens)])
     weight = rng.random((n_tokens, 8)).astype(np.float32)
-    text = render(pictures.routing_map(idx, weight, 384))
+    text = render(routing_map.routing_map(idx, weight, 384))
     assert_fits(text, 100)
     assert "48 bins of 8" in text
     assert f"{n_tokens - pictures.TOKEN_ROWS} more tokens not shown" in text
@@ -160,9 +160,9 @@ def test_many_experts_are_binned_and_many_tokens_cut():
 
 def test_bad_routing_is_refused():
     with pytest.raises(ValueError):
-        pictures.routing_map(np.array([[8]]), np.array([[1.0]]), 8)
+        routing_map.routing_map(np.array([[8]]), np.array([[1.0]]), 8)
     with pytest.raises(ValueError):
-        pictures.routing_map(IDX, WEIGHT[:, :1], 8)
+        routing_map.routing_map(IDX, WEIGHT[:, :1], 8)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -182,7 +182,7 @@ def test_histogram_counts_match_numpy():
     rng = np.random.default_rng(1)
     values = rng.normal(size=500)
     array = np.concatenate([values, [np.nan, np.nan, np.inf, -np.inf]])
-    text = render(pictures.histogram(array, bins=10, title="h"))
+    text = render(histogram_picture.histogram(array, bins=10, title="h"))
     rows = histogram_rows(text)
     counts, edges = summary.look(array)[1].view(10)  # the views' bins: runs of the exact lattice bins
     assert [r[2] for r in rows] == counts.tolist() == np.histogram(values, bins=edges)[0].tolist()
@@ -195,10 +195,10 @@ def test_histogram_counts_match_numpy():
 
 
 def test_histogram_without_zero_or_finite_values():
-    text = render(pictures.histogram(np.arange(1.0, 11.0), bins=5))
+    text = render(histogram_picture.histogram(np.arange(1.0, 11.0), bins=5))
     assert [r[2] for r in histogram_rows(text)] == [2, 2, 2, 2, 2]
     assert "← 0" not in text
-    assert "no finite values among 2" in render(pictures.histogram(np.array([np.nan, np.inf])))
+    assert "no finite values among 2" in render(histogram_picture.histogram(np.array([np.nan, np.inf])))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -208,7 +208,7 @@ def test_histogram_without_zero_or_finite_values():
 def test_scale_grid_shades_and_caption():
     scales = np.full((5, 56), 1e-4, np.float32)
     scales[2, 10] = 1e-3
-    text = render(pictures.scale_grid(scales, title="q_a_proj"))
+    text = render(scale_grids.scale_grid(scales, title="q_a_proj"))
     assert "scale_inv [5, 56]" in text
     assert "max 1.00e-03 at block [2, 10]" in text
     first = axis_columns(text, "r\\c", ["0"])[0]
@@ -220,7 +220,7 @@ def test_scale_grid_shades_and_caption():
 
 def test_big_scale_grid_is_pooled():
     scales = np.exp(np.random.default_rng(2).normal(size=(96, 12))) * 1e-4
-    text = render(pictures.scale_grid(scales))
+    text = render(scale_grids.scale_grid(scales))
     assert_fits(text, 100)
     assert "scale_inv [96, 12]" in text
     assert "block of 4 rows × 1 cols" in text
@@ -229,7 +229,7 @@ def test_big_scale_grid_is_pooled():
 
 
 def test_scale_grid_marks_bad_scales():
-    text = render(pictures.scale_grid(np.array([[1.0, 0.0], [2.0, np.nan]])))
+    text = render(scale_grids.scale_grid(np.array([[1.0, 0.0], [2.0, np.nan]])))
     assert "2 scales are not positive finite numbers" in text
     assert "!" in row_line(text, "0")
 
@@ -242,12 +242,12 @@ def every_picture():
     rng = np.random.default_rng(3)
     idx = np.stack([rng.choice(384, 8, replace=False) for _ in range(30)])
     return [
-        pictures.attention_heatmap(np.broadcast_to(causal_uniform(300), (1, 4, 300, 300)), title="attn"),
-        pictures.attention_heatmap(np.full((1, 4, 1, 200), 1 / 200, np.float32)),
-        pictures.routing_map(IDX, WEIGHT, 8, token_labels=["a-very-long-token-label", "b", "c"]),
-        pictures.routing_map(idx, rng.random((30, 8)), 384),
-        pictures.histogram(rng.normal(size=1000), width=80),
-        pictures.scale_grid(np.exp(rng.normal(size=(16, 56))) * 1e-4),
+        attention_map.attention_heatmap(np.broadcast_to(causal_uniform(300), (1, 4, 300, 300)), title="attn"),
+        attention_map.attention_heatmap(np.full((1, 4, 1, 200), 1 / 200, np.float32)),
+        routing_map.routing_map(IDX, WEIGHT, 8, token_labels=["a-very-long-token-label", "b", "c"]),
+        routing_map.routing_map(idx, rng.random((30, 8)), 384),
+        histogram_picture.histogram(rng.normal(size=1000), width=80),
+        scale_grids.scale_grid(np.exp(rng.normal(size=(16, 56))) * 1e-4),
     ]
 
 

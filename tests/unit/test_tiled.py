@@ -13,7 +13,7 @@ from rich.console import Console
 from stepper.seams.trace import Emitter
 from stepper.tensors import statistics, tiled
 from stepper.tensors.tiled import Tiled
-from stepper.views import pictures, summary
+from stepper.views import attention_map, histogram_picture, summary
 from stepper.views.debugger import take
 from stepper.views.dump import write_dump
 from stepper.weights.safetensors_reader import SafetensorsFile
@@ -119,10 +119,11 @@ def test_the_heat_map_and_histogram_of_a_tiled_tensor_are_those_of_the_array(wid
     weights[0, 0, :, 60:] = 0
     for a in (weights, weights[:, :, :1]):  # a prefill, pooled; a decode step, as bars
         counted = Counted(a)
-        drawn = rendered(pictures.attention_heatmap(counted.tensor), width)
-        assert drawn == rendered(pictures.attention_heatmap(a), width)
+        drawn = rendered(attention_map.attention_heatmap(counted.tensor), width)
+        assert drawn == rendered(attention_map.attention_heatmap(a), width)
         assert counted.rows <= 4 * a.shape[2]  # the drawn heads' rows only, each once
-    assert rendered(pictures.histogram(Counted(weights).tensor), width) == rendered(pictures.histogram(weights), width)
+    histogram = histogram_picture.histogram
+    assert rendered(histogram(Counted(weights).tensor), width) == rendered(histogram(weights), width)
 
 
 def test_a_dump_writes_a_tiled_tensor_tile_by_tile(tmp_path, small_tiles):
