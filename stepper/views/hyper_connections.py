@@ -13,7 +13,17 @@ from __future__ import annotations
 import numpy as np
 from rich.text import Text
 
-from stepper.views.pictures import Picture, bar_right, bar_up, caption, heading, line, shade_cell
+from stepper.views.pictures import (
+    Picture,
+    bad_legend,
+    bar_right,
+    bar_up,
+    caption,
+    finite_top,
+    heading,
+    line,
+    shade_cell,
+)
 
 CELL = 8  # characters per matrix cell: a shade, a space, a value like 0.412 and a space
 BAR = 12  # characters of a weight's bar
@@ -33,19 +43,22 @@ def hyper_connection_map(comb: np.ndarray, pre: np.ndarray | None = None, post: 
         lines = heading(title) + [caption(f"position {first + t} of {first}..{first + comb.shape[1] - 1}: row j says "
                                           "where stream j goes (X'_k = post_k y + sum_j comb[j, k] X_j)")]
         lines += matrix_lines(comb[0, t])
+        drawn = [comb[0, t].ravel()]
         for label, weights in (("pre ", pre), ("post", post)):
             if weights is not None:
                 lines += weight_lines(label, np.asarray(weights)[0, t])
+                drawn.append(np.asarray(weights)[0, t])
         if streams is not None:
             lines += stream_lines(np.asarray(streams)[0], width, first)
-        return lines
+            drawn.append(np.asarray(streams)[0].ravel())
+        return lines + bad_legend(np.concatenate(drawn))
 
     return Picture(draw)
 
 
 def matrix_lines(m: np.ndarray) -> list[Text]:
     """The n x n matrix, shaded, with each row's sum at its end and the column sums below."""
-    n, top = m.shape[0], float(np.max(m)) or 1.0
+    n, top = m.shape[0], finite_top(m)
     right = CELL - 1  # a value ends one character before its cell does: headings and column sums end there too
     rows = [line("          ", *(f"to {k}".rjust(right).ljust(CELL) for k in range(n)), " row sum")]
     for j in range(n):
@@ -75,7 +88,7 @@ def stream_lines(streams: np.ndarray, width: int, first: int = 0) -> list[Text]:
     rms = np.sqrt(np.mean(np.square(streams.astype(np.float64)), axis=-1))  # [T, n]
     room = max(width - 16, 8)
     shown_rms = rms[-room:]
-    top = float(shown_rms.max()) or 1.0
+    top = finite_top(shown_rms)
     lines = [caption(f"RMS of each stream at positions {first + len(rms) - len(shown_rms)}..{first + len(rms) - 1} "
                      f"(█ = {top:.3g})")]
     for k in range(rms.shape[1]):

@@ -22,8 +22,10 @@ from rich.text import Text
 
 from stepper.views.pictures import (
     Picture,
+    bad_legend,
     bar_up,
     caption,
+    finite_top,
     heading,
     legend_shades,
     line,
@@ -55,12 +57,21 @@ def state_statistics(state: np.ndarray, title: str = "") -> RenderableType:
     for column in ("head", "‖S‖", "max |S|", "σ₁² share", "rank@1%"):
         table.add_column(column, justify="right")
     for h, S in enumerate(heads):
-        sigma = np.linalg.svd(S, compute_uv=False)  # [min(K, Kv)]
-        energy = float(np.sum(sigma**2))
-        share = float(sigma[0] ** 2 / energy) if energy > 0 else 0.0
-        rank = int(np.sum(sigma >= ENERGY_RANK * sigma[0])) if sigma[0] > 0 else 0
-        table.add_row(str(h), number(float(np.sqrt(energy))), number(float(np.abs(S).max())), f"{share:.2f}", str(rank))
+        table.add_row(str(h), *head_figures(S))
     return table
+
+
+def head_figures(S: np.ndarray) -> tuple[str, str, str, str]:
+    """One head's ||S||_F, max |S|, sigma_1^2 share and rank@1%; a state holding NaN or infinities
+    has no singular values: its count of them instead."""
+    bad = int(np.size(S) - np.count_nonzero(np.isfinite(S)))
+    if bad:
+        return number(float(np.sqrt(np.sum(S**2)))), number(float(np.abs(S).max())), f"{bad} NaN/Inf", "—"
+    sigma = np.linalg.svd(S, compute_uv=False)  # [min(K, Kv)]
+    energy = float(np.sum(sigma**2))
+    share = float(sigma[0] ** 2 / energy) if energy > 0 else 0.0
+    rank = int(np.sum(sigma >= ENERGY_RANK * sigma[0])) if sigma[0] > 0 else 0
+    return number(float(np.sqrt(energy))), number(float(np.abs(S).max())), f"{share:.2f}", str(rank)
 
 
 def state_heatmap(S: np.ndarray, title: str = "", rows: int = 24, cols: int = 48) -> RenderableType:
@@ -70,17 +81,18 @@ def state_heatmap(S: np.ndarray, title: str = "", rows: int = 24, cols: int = 48
     if S.ndim != 2 or min(S.shape) == 0:
         raise ValueError(f"a state heat map needs one head's [K, Kv] state, got shape {list(S.shape)}")
     pooled, rb, cb = pool_max(np.abs(S), rows, cols)
-    top = float(pooled.max())
+    top = finite_top(pooled)
     negative = int(np.sum(S < 0))
 
     def draw(width: int) -> list[Text]:
         cell = 2 if pooled.shape[1] * 2 + 6 <= width else 1
         out = heading(title)
         for r, row in enumerate(pooled):
-            parts = [f"{r * rb:>4}  "] + [shade_cell(v / top if top > 0 else 0.0, cell) for v in row]
+            parts = [f"{r * rb:>4}  "] + [shade_cell(v / top, cell) for v in row]
             out.append(line(*parts))
         out.append(line("      ", *legend_shades(), wrap=True))
-        note = (f"|S| by key channel (down) × value channel (across); max |S| {number(top)}; "
+        out += bad_legend(pooled)
+        note = (f"|S| by key channel (down) × value channel (across); max |S| {number(float(pooled.max()))}; "
                 f"{negative} of {S.size} negative")
         if (rb, cb) != (1, 1):
             note += "; " + pooled_note("|S|", (rb, cb), S.shape, pooled.shape, ("rows", "cols"))
@@ -97,16 +109,17 @@ def write_norms(delta: np.ndarray, title: str = "", max_tokens: int = 60) -> Ren
     T = norms.shape[1]
     first = max(0, T - max_tokens)
     shown_norms = norms[:, first:]
-    top = float(shown_norms.max()) if shown_norms.size else 0.0
+    top = finite_top(shown_norms)
 
     def draw(width: int) -> list[Text]:
         out = heading(title)
         for h, row in enumerate(shown_norms):
             bars = "".join(bar_up(float(v), top) for v in row)
             out.append(line(f"head {h:>2}  ", bars, f"  max {number(float(norms[h].max()))}"))
-        note = f"‖delta_t‖ per token (tallest bar {number(top)}), tokens {first}..{T - 1}"
+        tallest = number(float(shown_norms.max(initial=0.0)))  # NaN where a write is: said, not scaled to
+        note = f"‖delta_t‖ per token (tallest bar {tallest}), tokens {first}..{T - 1}"
         out.append(caption(note + (f"; {first} earlier tokens not shown" if first else "")))
-        return out
+        return out + bad_legend(shown_norms)
 
     return Picture(draw)
 

@@ -128,7 +128,22 @@ def shade(f: float) -> str:
 
 
 def shade_cell(f: float, width: int) -> tuple[str, Style]:
+    """A cell shaded by the fraction f of the scale; BAD in ALARM where f is NaN or infinite."""
+    if not math.isfinite(f):
+        return BAD * width, ALARM
     return shade(f) * width, heat(f)
+
+
+def finite_top(values: np.ndarray) -> float:
+    """The largest finite value, the scale of a picture's shades and bars; 1.0 when there is none
+    above 0 (NaN and infinities are drawn BAD, apart from the scale)."""
+    finite = np.asarray(values, dtype=np.float64)[np.isfinite(values)]
+    return float(finite.max(initial=0.0)) or 1.0
+
+
+def bad_legend(values: np.ndarray) -> list[Text]:
+    """The line that says what BAD stands for, where any value is NaN or infinite."""
+    return [] if np.isfinite(values).all() else [line((BAD, ALARM), " NaN or infinite")]
 
 
 def legend_shades(bounds: Sequence[str] = SHADE_BOUNDS, prefix: str = "≤") -> list[tuple[str, Style | str]]:
@@ -141,14 +156,20 @@ def legend_shades(bounds: Sequence[str] = SHADE_BOUNDS, prefix: str = "≤") -> 
 
 
 def bar_up(value: float, top: float) -> str:
-    """A cell whose height is value / top in eighths; a non-zero value is at least one eighth."""
+    """A cell whose height is value / top in eighths; a non-zero value is at least one eighth, a
+    NaN or infinite one BAD."""
+    if not math.isfinite(value):
+        return BAD
     if value <= 0 or top <= 0:
         return " "
     return BARS_UP[min(8, max(1, round(value / top * 8)))]
 
 
 def bar_right(value: float, top: float, width: int) -> str:
-    """A horizontal bar of value / top times width cells, in eighths; non-zero shows at least ▏."""
+    """A horizontal bar of value / top times width cells, in eighths; non-zero shows at least ▏, a
+    NaN or infinite value BAD."""
+    if not math.isfinite(value):
+        return BAD
     if value <= 0 or top <= 0:
         return ""
     eighths = max(1, round(value / top * width * 8))

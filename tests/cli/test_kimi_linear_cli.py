@@ -3,6 +3,7 @@ prompt through a KDA layer in the memory of a 4096 one, the tree and explain of 
 the debugger drawing a state and printing a slice of it at a chosen token."""
 
 import json
+import re
 import tracemalloc
 
 import numpy as np
@@ -170,3 +171,13 @@ def test_a_bf16_fixture_export_copies_the_weights_as_published(tmp_path):
     assert shards and all(s.read_bytes() == (tmp_path / "default" / "weights" / s.name).read_bytes() for s in shards)
     manifest = json.loads((tmp_path / "bf16" / "manifest.json").read_text())
     assert manifest["export"]["weights_dtype"] == "bf16" and manifest["weights"]["storage"].startswith("bf16")
+
+
+def test_a_state_made_infinite_is_counted_in_its_table_not_a_traceback():
+    out = stepper("run", "--model", "tiny-kimi-linear", "--prompt-len", "6", "--plain", "--patch",
+                  "layers.0.self_attn.v_proj=x[0,0]=x[0,0]*1e39", "--only", "layers.0.self_attn.state", "--show",
+                  "state")
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    heads = [line.split() for line in out.stdout.splitlines() if re.match(r"\s+\d\s+nan", line)]
+    assert heads == [[str(h), "nan", "nan", "1024", "NaN/Inf", "—"] for h in range(4)]
+    assert "! NaN or infinite" in out.stdout.splitlines()

@@ -188,3 +188,17 @@ def test_the_api_draws_v4_pictures_as_the_command_line_does():
         drawn = repr(run.picture(kind, name)).splitlines()
         assert drawn[0].startswith(name) and len(drawn) > 5, drawn  # the picture, not a histogram
         assert all(line in cli.splitlines() for line in drawn[1:] if not line.startswith("RMS")), (kind, name)
+
+
+def test_a_stream_made_nan_or_infinite_is_drawn_not_a_traceback():
+    """A patch that overflows the streams (or `set` to NaN in the debugger) reaches the hc picture:
+    its cells and bars are '!' with a legend, the run ends well, the debugger's prompt comes back."""
+    out = stepper("run", "--model", "tiny-v4", "--prompt-len", "8", "--plain", "--patch",
+                  "embed_streams=x[0,0]=x[0,0]*1e39", "--only", "layers.1.hc_ffn.comb", "--show", "hc")
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    lines = out.stdout.splitlines()
+    assert "from 0    !   nan !   nan !   nan !   nan  nan" in lines and "! NaN or infinite" in lines
+    session = stepper("step", "--model", "tiny-v4", "--prompt-len", "20", "--plain",
+                      stdin="set [0,0,0] = nan\nb attn.chosen\nc\ns hc\nq\n")
+    assert session.returncode == 0 and "Traceback" not in session.stderr, session.stderr
+    assert "! NaN or infinite" in session.stdout and "quit after" in session.stdout.splitlines()[-1]

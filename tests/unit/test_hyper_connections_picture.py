@@ -43,3 +43,23 @@ def test_the_comb_matrix_at_a_position_with_its_sums_and_the_weights():
 def test_a_wrong_shape_is_refused():
     with pytest.raises(ValueError, match="need a comb matrix"):
         hyper_connection_map(np.zeros((1, 2, 3, 4)))
+
+
+def test_nan_and_infinities_are_drawn_apart_from_the_scale():
+    """A stream a patch or `set` made NaN or infinite: its cells and bars are '!', said once under
+    the picture, and the finite ones keep the largest finite value as their scale."""
+    comb = np.zeros((1, 1, 2, 2), np.float32)
+    comb[0, 0] = [[0.5, np.nan], [np.inf, 0.25]]
+    pre = np.array([[[np.nan, 0.5]]], np.float32)
+    streams = np.ones((1, 2, 2, 4), np.float32)
+    streams[0, 0, 1] = np.inf  # stream 1's RMS is infinite at position 0, 1 at position 1
+    text = render(hyper_connection_map(comb, pre, streams=streams, position=0))
+    rows = text.splitlines()
+    assert [r for r in rows if r.startswith("from")] == ["from 0    █ 0.500 !   nan  nan",
+                                                         "from 1    !   inf ▒ 0.250  inf"]
+    assert "shades: a quarter of the largest entry (0.500) each" in text
+    assert "pre  stream 0  !            nan" in text and "pre  stream 1  ██████       0.500" in text
+    assert [r.split()[-1] for r in rows if r.startswith("stream ")] == ["██", "!█"]
+    assert rows.count("! NaN or infinite") == 1 and rows[-1] == "! NaN or infinite"
+    finite = render(hyper_connection_map(np.abs(comb[..., :1, :1]), position=0))
+    assert "NaN" not in finite

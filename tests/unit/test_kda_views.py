@@ -89,3 +89,22 @@ def test_debugger_prints_and_draws_a_slice_of_the_state_at_a_chosen_token(model)
 def test_s_state_on_something_that_is_not_a_state_is_one_line(model):
     out, _ = debug(model, ["u layers.0.self_attn.state", "s state self_attn.beta", "q"])
     assert "a state is [B, Hk, K, Kv] or one head's [K, Kv], got shape [1, 2, 8]" in out
+
+
+def test_a_state_holding_nan_or_infinities_is_drawn_with_them_counted():
+    """No singular values for a head holding NaN or Inf (an overflowing patch): the table counts them,
+    the heat map marks them '!', the other heads keep their figures."""
+    state = np.zeros((1, 2, 2, 2))
+    state[0, 0] = [[3, 0], [4, 0]]
+    state[0, 1] = [[np.inf, 0], [np.nan, -1]]
+    rows = [line.split() for line in drawn(kda_state.state_statistics(state)).splitlines()[1:] if line.strip()]
+    assert rows[0] == ["0", "5", "4", "1.00", "1"]
+    assert rows[1] == ["1", "nan", "nan", "2", "NaN/Inf", "—"]  # a NaN makes the norm and max NaN
+    text = drawn(kda_state.state_heatmap(state[0, 1], "one head"))
+    grid = [line for line in text.splitlines() if line.startswith(("   0", "   1"))]
+    assert grid[0].split()[1] == "!!░░" and grid[1].split()[1] == "!!██"  # |-1| the largest finite: full
+    assert "! NaN or infinite" in text
+    delta = np.ones((1, 1, 2, 3))
+    delta[0, 0, 1, 0] = np.nan
+    bars = drawn(kda_state.write_norms(delta))
+    assert bars.splitlines()[0].split()[:3] == ["head", "0", "█!"] and "! NaN or infinite" in bars
