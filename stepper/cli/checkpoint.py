@@ -54,10 +54,13 @@ def synth_command(
         source = load_model(model, seed)
         progress = byte_progress if sys.stderr.isatty() else no_progress
         if hasattr(source, "write_checkpoint"):  # a family's synthetic weights in its published layout (DeepSeek-V4)
-            given = [o for o, value in (("--layers", layers), ("--layout", layout), ("--quant", quant)) if value]
+            given = [(o, value) for o, value in (("--layers", layers), ("--layout", layout), ("--quant", quant))
+                     if value]
             if given:
-                raise StepperError(f"{given[0]}: model {shown(source.config.name)} ({source.config.model_type}) is "
-                                   "written in its published layout only, whole")
+                option, value = given[0]
+                raise StepperError(f"{option} {shown(value)}: model {shown(source.config.name)} "
+                                   f"({source.config.model_type}) is written whole and as published "
+                                   f"({source.written_as}); leave {option} out")
             source.write_checkpoint(out, force, progress)
             return wrote(out)
         if not isinstance(source, SyntheticWeights):

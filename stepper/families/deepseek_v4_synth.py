@@ -54,6 +54,7 @@ class V4Synthetic:
     """Deterministic V4 weights by the model's names, as a reader of the published checkpoint sees them."""
 
     storage = STORAGE  # how a written checkpoint stores them (a fixture's manifest says it)
+    written_as = "FP8 with E8M0 block scales, FP4 routed experts"  # the same, in a few words (synth's refusals)
 
     def __init__(self, config: V4Config, seed: int = 0):
         self.config = config

@@ -202,3 +202,11 @@ def test_a_stream_made_nan_or_infinite_is_drawn_not_a_traceback():
                       stdin="set [0,0,0] = nan\nb attn.chosen\nc\ns hc\nq\n")
     assert session.returncode == 0 and "Traceback" not in session.stderr, session.stderr
     assert "! NaN or infinite" in session.stdout and "quit after" in session.stdout.splitlines()[-1]
+
+
+def test_synth_of_v4_refuses_a_storage_option_saying_what_it_writes(tmp_path):
+    for option, value in (("--quant", "int4"), ("--layout", "kimi_k25"), ("--layers", "1")):
+        assert refused(stepper("synth", "--model", "tiny-v4", option, value, "--out", tmp_path / "ck")) == (
+            f"{option} {value}: model tiny-v4 (deepseek_v4) is written whole and as published (FP8 with E8M0 block "
+            f"scales, FP4 routed experts); leave {option} out")
+    assert not (tmp_path / "ck").exists()
