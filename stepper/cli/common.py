@@ -13,14 +13,23 @@ from contextlib import contextmanager
 from typing import Annotated
 
 import typer
+from rich.console import Console
 
 from stepper.cli import output
 from stepper.errors import StepperError
 from stepper.presets import PRESETS, V4_PRESETS
 from stepper.untrusted import shown
+from stepper.views.sinks import print_wrapped
 from stepper.weights.remote import without_credentials
 
 PRESET_NAMES = ", ".join([*PRESETS, *V4_PRESETS])  # as an unknown name's error lists them
+
+
+def note(text: str) -> None:
+    """A line for the user on stderr, "stepper: " and `text` (already escaped): broken between words
+    on a terminal, as every line stepper prints there, kept whole through a pipe or to a file."""
+    print_wrapped(Console(stderr=True, highlight=False, markup=False, soft_wrap=True, no_color=True),
+                  f"stepper: {text}")
 
 
 def url_option(value: str) -> str:

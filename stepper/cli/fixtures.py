@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -15,7 +14,16 @@ import typer
 from rich.console import Console
 
 from stepper.cli import output
-from stepper.cli.common import PRESET_NAMES, PlainOpt, one_prompt, parse_ids, parse_layers, url_option, user_errors
+from stepper.cli.common import (
+    PRESET_NAMES,
+    PlainOpt,
+    note,
+    one_prompt,
+    parse_ids,
+    parse_layers,
+    url_option,
+    user_errors,
+)
 from stepper.errors import StepperError
 from stepper.fixtures import aliases, show, verify
 from stepper.fixtures.export import export
@@ -156,8 +164,8 @@ def verify_command(
         show.verdict(console_for(plain), loaded, verdict, problems_only=problems)
         missing = verdict.count("missing")
         if missing and not allow_missing:
-            sys.stderr.write(f"stepper: {missing} of the fixture's {len(verdict.checks)} tensors are missing from "
-                             f"{shown(candidate)}; pass --allow-missing to accept that\n")
+            note(f"{missing} of the fixture's {len(verdict.checks)} tensors are missing from {shown(candidate)}; "
+                 "pass --allow-missing to accept that")
     raise typer.Exit(verdict.exit_code)
 
 

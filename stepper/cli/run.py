@@ -16,7 +16,7 @@ from rich.console import CONSOLE_HTML_FORMAT, Console
 
 from stepper import untrusted
 from stepper.cli import output
-from stepper.cli.common import ModelOpt, PlainOpt, SeedOpt, one_prompt, parse_ids, parse_layers, user_errors
+from stepper.cli.common import ModelOpt, PlainOpt, SeedOpt, note, one_prompt, parse_ids, parse_layers, user_errors
 from stepper.cli.names import check_pictures, drawable, only_filter
 from stepper.errors import StepperError
 from stepper.files import check_output, write_output
@@ -307,7 +307,7 @@ def run_command(
         finally:
             shown.bars.hide()
         if shown.nan.warning():
-            sys.stderr.write(f"stepper: warning: {shown.nan.warning()}\n")
+            note(f"warning: {shown.nan.warning()}")
         if dump is not None:
             write_dump(dump, shown.recorder, {"model": plan.config.name, "prompt": json.dumps(result.prompt),
                                               "start_pos": str(spec.start_pos),
@@ -334,7 +334,7 @@ def checked_plan(spec: RunSpec, only: list[str], show: str | None, pictures: set
     parse_show(show, pictures_of(plan.config), plan.config)  # the pictures of this model's family
     planned.check("--only", only)
     patcher = patch_sink(patch, planned)
-    keep = only_filter(only, names, lambda note: sys.stderr.write(f"stepper: {note}\n"))
+    keep = only_filter(only, names, note)
     check_pictures(pictures, [n for n in names if keep(n)], plan.config)
     kept = [n for n in names if keep(n)] if dumping else []
     check_dump_sizes(sizes(plan, kept), limit_gb)

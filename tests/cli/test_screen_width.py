@@ -82,3 +82,19 @@ def test_every_command_fits_80_columns_and_breaks_lines_between_words(block, tmp
         broken = words(wide[command][1]) - words(screen)
         assert not broken, f"{command}: words broken across lines at {NARROW} columns: {sorted(broken)[:10]}"
         assert sum(words(wide[command][1]).values()) > 3, f"{command} printed almost nothing"
+
+
+def test_notes_on_stderr_break_between_words_too(tmp_path):
+    """stepper's notes and warnings on stderr (a fixture's tensors missing from a dump, the first NaN)
+    follow the same rule as its output on a terminal."""
+    fixtures = Path(__file__).resolve().parents[2] / "fixtures"
+    (tmp_path / "dump.safetensors").write_bytes((fixtures / "tiny-prefill-decode" / "tensors.safetensors").read_bytes())
+    screen = on_terminal("fixtures", "verify", fixtures / "tiny-kimi-linear-kda", "dump.safetensors", "--problems",
+                         columns=NARROW, cwd=tmp_path)
+    note = [line for line in written_lines(screen.raw) if "tensors are missing" in line or "accept that" in line]
+    assert screen.code == 1 and len(note) == 2 and all(cells(line) <= NARROW for line in note), note
+    assert "--allow-missing" in " ".join(note).split()  # whole, as every word
+    nan = on_terminal("run", "--model", "tiny-v4", "--prompt-len", "8", "--patch", "embed_streams=x[0,0]=x[0,0]*nan",
+                      "--only", "layers.1.hc_ffn.comb", columns=NARROW, cwd=tmp_path)
+    warning = [line for line in written_lines(nan.raw) if "warning" in line or "made from" in line]
+    assert nan.code == 0 and warning and all(cells(line) <= NARROW for line in written_lines(nan.raw)), warning
