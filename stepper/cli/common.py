@@ -61,7 +61,7 @@ def user_errors() -> Iterator[None]:
     try:
         yield
     except StepperError as e:
-        sys.stderr.write(f"stepper: error: {shown(e, lines=True)}\n")
+        note(f"error: {shown(e, lines=True)}")
         raise typer.Exit(2) from None
     except MemoryError as e:
         sys.stderr.write(f"stepper: error: out of memory: {str(e) or 'an allocation failed'}\n")

@@ -11,7 +11,7 @@ import numpy as np
 import typer
 
 from stepper.cli import bench, cache, checkpoint, diff, explain, output, run
-from stepper.cli.common import INTERRUPTED, usage_message, user_errors
+from stepper.cli.common import INTERRUPTED, note, usage_message, user_errors
 from stepper.cli.fixtures import fixtures_app
 from stepper.cli.lessons import lesson_app
 from stepper.kernels import parallel
@@ -55,7 +55,7 @@ def main() -> None:
             code = 0
         else:
             command = ctx.command_path if ctx is not None else "stepper"
-            sys.stderr.write(f"stepper: error: {shown(usage_message(e, sys.argv[1:]))} (see {shown(command)} --help)\n")
+            note(f"error: {shown(usage_message(e, sys.argv[1:]))} (see {shown(command)} --help)")
             code = 2
     except typer.Abort:  # end of input at a prompt (typer has written the newline)
         sys.stderr.write("stepper: interrupted\n")

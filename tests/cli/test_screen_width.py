@@ -98,3 +98,6 @@ def test_notes_on_stderr_break_between_words_too(tmp_path):
                       "--only", "layers.1.hc_ffn.comb", columns=NARROW, cwd=tmp_path)
     warning = [line for line in written_lines(nan.raw) if "warning" in line or "made from" in line]
     assert nan.code == 0 and warning and all(cells(line) <= NARROW for line in written_lines(nan.raw)), warning
+    error = on_terminal("run", "--model", "tiny", "--layer", "99", columns=40, cwd=tmp_path)
+    assert error.code == 2 and len(error.lines) == 2 and all(cells(line) <= 40 for line in error.lines), error.lines
+    assert " ".join(error.lines) == "stepper: error: layer 99 out of range: model tiny has layers 0..2"
