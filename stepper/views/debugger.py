@@ -438,18 +438,19 @@ class Debugger:
     # -- pictures ----------------------------------------------------------------------------
 
     def show_attention(self, name: str) -> None:
-        at_indexer = not name and self.current is not None and self.current.key.startswith("self_attn.indexer.")
-        if at_indexer and not self._seen(self.current.name.replace(self.current.key, "self_attn.attn_weights")):
+        key = catalog.key_of(self.current.key) if self.current is not None else ""  # LongCat's sub0. left out
+        at_indexer = not name and key.startswith("self_attn.indexer.")
+        if at_indexer and not self._seen(self.current.name.replace(key, "self_attn.attn_weights")):
             raise StepperError("s attention draws this layer's attention weights beside the indexer's choice; "
                                "they come after the indexer: u attn_weights, then s attention")
         event = self.resolve(name or "self_attn.attn_weights")
-        if event.key != "self_attn.attn_weights":
+        if catalog.key_of(event.key) != "self_attn.attn_weights":  # LongCat's sub0./sub1. left out
             raise StepperError(f"s attention draws attention weights (self_attn.attn_weights, each row summing to "
                                f"1), not {event.name}: s hist {name} draws any tensor's values")
         print_picture(self.console, attention_map.attention_heatmap(event.array, title=event.name,
                                                                token_labels=key_labels(self.tokens, event.array)))
         mask = self.history.get(event.name.replace("self_attn.attn_weights", "self_attn.indexer.mask"))
-        if event.key == "self_attn.attn_weights" and mask is not None and mask.array.shape[1:] == event.array.shape[2:]:
+        if mask is not None and mask.array.shape[1:] == event.array.shape[2:]:
             picture = attention_map.indexer_map(mask.array, event.array, title=event.name + " · indexer")
             print_picture(self.console, picture)
 
