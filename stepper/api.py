@@ -239,7 +239,7 @@ class Run(Mapping):
         if kind not in PICTURES:
             raise StepperError(f"picture: kind expects one of {', '.join(PICTURES)}, got {_given(kind)}")
         event = self.event(name)
-        if PICTURES[kind] and event.key not in PICTURES[kind]:
+        if PICTURES[kind] and catalog.key_of(event.key) not in PICTURES[kind]:  # LongCat's sub0. left out
             raise StepperError(f"picture: {kind} draws a {' or a '.join(PICTURES[kind])}, and {event.name} is not one "
                                f"(this run's tensors draw {', '.join(self.pictures())})")
         return notebook.picture(kind, event, self.config, self.__getitem__)
@@ -256,7 +256,7 @@ class Run(Mapping):
 
     def pictures(self) -> tuple[str, ...]:
         """The kinds of `picture` this run's kept tensors can draw ("hist": any tensor)."""
-        keys = {event.key for event in self._events.values()}
+        keys = {catalog.key_of(event.key) for event in self._events.values()}
         return (*(kind for kind, drawn in PICTURES.items() if drawn and keys & set(drawn)), "hist")
 
 

@@ -10,7 +10,7 @@ from stepper.config import Config
 from stepper.errors import StepperError
 from stepper.planning.names import PICTURE_TENSORS
 from stepper.seams.trace import matches, unphased
-from stepper.untrusted import shown
+from stepper.views.family_pictures import undrawable
 from stepper.views.scale_grids import part_of
 
 GLOB = set("*?[")
@@ -34,26 +34,17 @@ def only_filter(patterns: list[str], names: list[str], note: Callable[[str], Non
     return lambda name: not tests or any(test(name) for test in tests)
 
 
-def drawable(kind: str, cfg: Config) -> bool:
-    """Whether this model has what a picture of its family draws: a router for routing, FP8 block
-    scales for scales."""
-    if kind == "routing":
-        return any(cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers))
-    return kind != "scales" or getattr(cfg, "quantization", None) is not None  # FP8 blocks (names.storage_dtype)
-
-
 def check_pictures(kinds: set[str], kept: list[str], cfg: Config) -> None:
     """Refuse a --show picture that no shown tensor can give, saying why."""
     keys = {catalog.key_of(name) for name in kept}
-    if "routing" in kinds and not drawable("routing", cfg):
-        raise StepperError(f"--show routing: model {shown(cfg.name)} has no router: every layer's MLP is dense")
+    if "routing" in kinds and undrawable("routing", cfg):
+        raise StepperError(f"--show routing: {undrawable('routing', cfg)}")
     for kind, needed in PICTURE_TENSORS.items():
         if kind in kinds and not keys & set(needed):
             raise StepperError(f"--show {kind}: it is drawn from {' or '.join(needed)}, and this run shows "
                                f"none (choose layers or an --only that include {needed[0]})")
-    if "scales" in kinds and not drawable("scales", cfg):
-        raise StepperError(f"--show scales: model {shown(cfg.name)} stores no FP8 weights, so there is no block-scale "
-                           "grid to draw")
+    if "scales" in kinds and undrawable("scales", cfg):
+        raise StepperError(f"--show scales: {undrawable('scales', cfg)}")
     if "scales" in kinds and not any(part_of(key) for key in keys):
         raise StepperError("--show scales: a weight's grid is drawn at its layer's attention or MLP tensors, and this "
                            "run shows none (choose layers or an --only that include one, e.g. '*self_attn.q_a')")

@@ -17,7 +17,7 @@ from rich.console import CONSOLE_HTML_FORMAT, Console
 from stepper import untrusted
 from stepper.cli import output
 from stepper.cli.common import ModelOpt, PlainOpt, SeedOpt, note, one_prompt, parse_ids, parse_layers, user_errors
-from stepper.cli.names import check_pictures, drawable, only_filter
+from stepper.cli.names import check_pictures, only_filter
 from stepper.errors import StepperError
 from stepper.files import check_output, write_output
 from stepper.lessons import overrides
@@ -31,7 +31,7 @@ from stepper.session import Plan, RunResult, RunSpec, step_attn
 from stepper.text import INSTALL, Tokens
 from stepper.views.debugger import CommandSource, Debugger, Quit
 from stepper.views.dump import DUMP_LIMIT_GB, check_dump_sizes, check_writable, dump_limit, write_dump
-from stepper.views.family_pictures import every_picture, picture_sink, pictures_of
+from stepper.views.family_pictures import drawn_pictures, every_picture, picture_sink, pictures_of
 from stepper.views.sinks import JsonLines, ProgressBars, TensorRows, print_wrapped, styles
 from stepper.views.summary import token_ids
 
@@ -194,7 +194,7 @@ def parse_show(show: str | None, choices: tuple[str, ...] = every_picture(), cfg
     kinds = {k.strip() for k in (show or "").split(",") if k.strip()}
     unknown = kinds - set(choices)
     if elsewhere := unknown & set(every_picture()):  # a picture of another family's tensors
-        drawn = [kind for kind in choices if cfg is None or drawable(kind, cfg)]
+        drawn = choices if cfg is None else drawn_pictures(cfg)
         raise StepperError(f"--show {untrusted.shown(show)}: {min(elsewhere)} is not drawn for this model; its "
                            f"pictures are {', '.join(drawn)}")
     if unknown:

@@ -16,15 +16,13 @@ from stepper.seams.patching import expression
 from stepper.seams.trace import Event
 from stepper.untrusted import cut
 
-USAGE = "set takes NAME[slice] = value, e.g. set attn_weights[0, 1] = 0 or set [..., 3] = x*2"
-
 
 def set_tensor(debugger: Any, arg: str) -> None:
     """`set [NAME][slice] = value` on the current tensor (NAME may be left out)."""
     target, sep, value = arg.partition("=")
     target, value = target.strip(), value.strip()
-    if not sep or not value:
-        raise StepperError(USAGE)
+    if not sep or not value:  # the example in the names of the model stepped (DeepSeek-V4's attn.weights)
+        raise StepperError(f"set takes NAME[slice] = value, e.g. {debugger.example('set')} or set [..., 3] = x*2")
     name, bracket, index = target.partition("[")
     event = debugger.current
     if event is None:

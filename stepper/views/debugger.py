@@ -34,6 +34,7 @@ from stepper.untrusted import cut, shown
 from stepper.views import attention_map, histogram_picture, kda_state, routing_map, scale_grids
 from stepper.views.debug_set import set_tensor
 from stepper.views.explain import explain_text, not_found
+from stepper.views.family_pictures import drawn_pictures, pictures_of, undrawable
 from stepper.views.sinks import (
     TensorRows,
     key_labels,
@@ -48,7 +49,7 @@ from stepper.views.sinks import (
 from stepper.views.summary import number
 from stepper.views.tree import BLOCKS, block_title, layer_kind
 from stepper.views.v4_pictures import V4Pictures
-from stepper.weights.names import layer_prefix
+from stepper.weights.names import layer_prefix, layer_shapes, storage_dtype
 from stepper.weights.source import WeightSource
 
 PROMPT = "(stepper) "
@@ -58,8 +59,15 @@ HELP = (
     "p print NAME[slice] [digits] · e explain [NAME] · w where · x compare A B · h history · "
     "s show {pictures} [NAME] · set NAME[slice] = VALUE · q quit · ? help · help CMD one command"
 )
-PICTURE_WORDS = "attention|routing|hist|scales"  # an MLA model's
-KDA_PICTURE_WORDS = PICTURE_WORDS + "|state"  # and Kimi Linear's delta-rule state
+PICTURE_WORDS = "attention|routing|hist|scales"  # an MLA model's, when it has a router and FP8 weights
+PICTURE_MORE = {  # what each picture of `s` draws, as help s tells it (an MLA or Kimi Linear model's)
+    "attention": "the attention weights as heat maps per head (with DeepSeek-V3.2's indexer, which positions it "
+                 "kept beside one head's weights)",
+    "routing": "the router's token x expert map (at or after topk_weight)", "hist": "a histogram of a tensor",
+    "scales": "an FP8 weight's block scales",
+    "state": "a KDA layer's state per head, one head's heat map, each token's write and the decays (a slice such as "
+             "self_attn.state_per_token[0, 1, 5] draws that head's state after token 5)",
+}
 V4_PICTURE_WORDS = "reach|hc|hist"  # DeepSeek-V4 has none of MLA's attention or routing tensors
 PICTURE_ARGS = {"hist": " [NAME]", "scales": " WEIGHT", "state": " [NAME]", "reach": " [NAME]", "hc": " [NAME]"}
 FAMILY_PICTURES = {  # what a picture of one family's tensors draws: asked of another model, it is refused
@@ -290,7 +298,7 @@ class Debugger:
 
     def cmd_until(self, arg: str) -> bool:
         if not arg:
-            raise StepperError(f"until needs a name or glob, e.g. {self.told(COMMANDS['u']).examples[0]}")
+            raise StepperError(f"until needs a name or glob, e.g. {self.example('u')}")
         if self.names is not None and not any(matches(n, [arg]) for n in self.names if n not in self.history):
             self.check_matches("u", arg)
             raise StepperError(f"u {arg}: every tensor it matches has passed (h lists them)")
@@ -357,7 +365,7 @@ class Debugger:
     def cmd_compare(self, arg: str) -> None:
         targets = split_args(arg)
         if len(targets) != 2:
-            raise StepperError("compare takes two tensors or slices: x A B, e.g. x compressed_kv kv_a[..., :128]")
+            raise StepperError(f"compare takes two tensors or slices: x A B, e.g. {self.example('x')}")
         (label_a, a), (label_b, b) = (self.sliced(target) for target in targets)
         self.console.print(compare_text(label_a, a, label_b, b, line_width(self.console)), soft_wrap=True)
 
@@ -381,9 +389,30 @@ class Debugger:
             self.console.print(f"  ({len(events) - count} earlier; h N shows more)", style="dim")
 
     def told(self, command: Command) -> Command:
-        """A command as its help tells it for this model: its examples in the names the model emits."""
-        told = V4_HELP if self.v4 else KDA_HELP if getattr(self.cfg, "kda_layers", ()) else {}
-        return replace(command, **told.get(command.names[0], {}))
+        """A command as its help tells it for this model: its examples in the names the model emits,
+        s with the pictures the model draws."""
+        if self.v4:
+            return replace(command, **V4_HELP.get(command.names[0], {}))
+        if command.names[0] == "x":  # the latent is kv_a's first kv_lora_rank columns
+            return replace(command, examples=(f"x compressed_kv kv_a[..., :{self.cfg.kv_lora_rank}]",
+                                              *command.examples[1:]))
+        if command.names[0] != "s":
+            return command
+        own, weight = self.picture_words().split("|"), self.fp8_weight()
+        named = {"hist": " self_attn.kv", "scales": f" {weight}"}  # an example's tensor or weight
+        return replace(command, what="draw a picture: " + " or ".join([", ".join(own[:-1]), own[-1]]),
+                       more="; ".join(f"{word}: {PICTURE_MORE[word]}" for word in own) + ".",
+                       examples=tuple(f"s {word}" + named.get(word, "") for word in own if word != "scales" or weight))
+
+    def example(self, word: str) -> str:
+        """The first example of a command, in this model's names: what a refusal points at."""
+        return self.told(COMMANDS[word]).examples[0]
+
+    def fp8_weight(self) -> str | None:
+        """The first weight of the current layer (or layer 0) stored in FP8, named within its layer."""
+        layer = self.current.layer if self.current and self.current.layer is not None else 0
+        names = [name for name in layer_shapes(self.cfg, layer) if storage_dtype(self.cfg, name) == "F8_E4M3"]
+        return names[0].removeprefix(layer_prefix(layer)) if names else None
 
     def help_line(self) -> str:
         """The commands in one line, with the pictures this model has."""
@@ -391,9 +420,7 @@ class Debugger:
 
     def picture_words(self) -> str:
         """The pictures this model's tensors make, as the help lists them."""
-        if self.v4:
-            return V4_PICTURE_WORDS
-        return KDA_PICTURE_WORDS if getattr(self.cfg, "kda_layers", ()) else PICTURE_WORDS
+        return V4_PICTURE_WORDS if self.v4 else "|".join(drawn_pictures(self.cfg))  # as run --show takes them
 
     def cmd_show(self, arg: str) -> None:
         what, _, name = arg.partition(" ")
@@ -403,6 +430,8 @@ class Debugger:
             raise StepperError("show what? " + " | ".join(f"s {word}" + PICTURE_ARGS.get(word, "")
                                                           for word in self.picture_words().split("|")))
         own = self.picture_words().split("|")
+        if what not in own and what in pictures_of(self.cfg):  # its family's, but the model has nothing it draws
+            raise StepperError(f"s {what}: {undrawable(what, self.cfg)}")
         if what in FAMILY_PICTURES and what not in own:
             whose = "DeepSeek-V4" if self.v4 else "this model"
             listed = ", ".join(f"s {word}" + (f" ({PICTURE_HINTS[word]})" if word in PICTURE_HINTS else "")
@@ -438,18 +467,19 @@ class Debugger:
     # -- pictures ----------------------------------------------------------------------------
 
     def show_attention(self, name: str) -> None:
-        at_indexer = not name and self.current is not None and self.current.key.startswith("self_attn.indexer.")
-        if at_indexer and not self._seen(self.current.name.replace(self.current.key, "self_attn.attn_weights")):
+        key = catalog.key_of(self.current.key) if self.current is not None else ""  # LongCat's sub0. left out
+        at_indexer = not name and key.startswith("self_attn.indexer.")
+        if at_indexer and not self._seen(self.current.name.replace(key, "self_attn.attn_weights")):
             raise StepperError("s attention draws this layer's attention weights beside the indexer's choice; "
                                "they come after the indexer: u attn_weights, then s attention")
         event = self.resolve(name or "self_attn.attn_weights")
-        if event.key != "self_attn.attn_weights":
+        if catalog.key_of(event.key) != "self_attn.attn_weights":  # LongCat's sub0./sub1. left out
             raise StepperError(f"s attention draws attention weights (self_attn.attn_weights, each row summing to "
                                f"1), not {event.name}: s hist {name} draws any tensor's values")
         print_picture(self.console, attention_map.attention_heatmap(event.array, title=event.name,
                                                                token_labels=key_labels(self.tokens, event.array)))
         mask = self.history.get(event.name.replace("self_attn.attn_weights", "self_attn.indexer.mask"))
-        if event.key == "self_attn.attn_weights" and mask is not None and mask.array.shape[1:] == event.array.shape[2:]:
+        if mask is not None and mask.array.shape[1:] == event.array.shape[2:]:
             picture = attention_map.indexer_map(mask.array, event.array, title=event.name + " · indexer")
             print_picture(self.console, picture)
 
@@ -519,7 +549,9 @@ class Debugger:
         if self.weights is None or not hasattr(self.weights, "stored"):
             raise StepperError("no stored weights to show scales of in this run")
         if not name:
-            raise StepperError("s scales needs a weight, e.g. s scales self_attn.kv_a_proj_with_mqa.weight")
+            weight = self.fp8_weight()
+            raise StepperError("s scales needs a weight" + (f", e.g. s scales {weight}" if weight else
+                                                            " stored in FP8 (none in this layer)"))
         layer = self.current.layer if self.current and self.current.layer is not None else 0
         full = name if name.startswith(("model.", "lm_head")) else layer_prefix(layer) + name
         stored = self.weights.stored(full)
@@ -636,9 +668,7 @@ TABLE = (
     Command(("h", "history"), "h [N]", "list the last N tensors seen (20 by default)",
             "Every tensor seen stays printable with p.", ("h", "h 100"), Debugger.cmd_history),
     Command(("s", "show"), "s PICTURE [NAME]", "draw a picture: attention, routing, hist or scales",
-            "attention: the attention weights as heat maps per head (with DeepSeek-V3.2's indexer, which positions "
-            "it kept beside one head's weights); routing: the router's token x expert map "
-            "(at or after topk_weight); hist: a histogram of a tensor; scales: an FP8 weight's block scales.",
+            "; ".join(f"{word}: {PICTURE_MORE[word]}" for word in PICTURE_WORDS.split("|")) + ".",
             ("s attention", "s routing", "s hist self_attn.kv", "s scales self_attn.kv_a_proj_with_mqa.weight"),
             Debugger.cmd_show),
     Command(("set",), "set NAME[slice] = VALUE", "change the current tensor (or a slice of it) before the run goes on",
@@ -665,13 +695,6 @@ V4_HELP = {  # what a command's help says in the names and pictures of a DeepSee
                   "hyper-connection's comb matrix with its pre and post weights; hist: a histogram of a tensor.",
           "examples": ("s reach", "s hc", "s hist attn.kv")},
     "set": {"examples": ("set attn.weights[0, 0, -1] = 0", "set [..., 3] = x*2")},
-}
-KDA_HELP = {  # and of a Kimi Linear run: its delta-rule state is a picture too
-    "s": {"what": "draw a picture: attention, routing, hist, scales or state",
-          "more": COMMANDS["s"].more.removesuffix(".") + "; state: a KDA layer's state per head, one head's heat map, "
-                  "each token's write and the decays (a slice such as self_attn.state_per_token[0, 1, 5] draws "
-                  "that head's state after token 5).",
-          "examples": ("s state", "s attention", "s routing", "s hist self_attn.kv")},
 }
 
 

@@ -11,6 +11,7 @@ from rich.console import Console
 
 from stepper.seams.trace import Event, Sink
 from stepper.session import Plan
+from stepper.untrusted import shown
 from stepper.views import kda_state
 from stepper.views.sinks import PICTURES, Pictures, print_picture
 from stepper.views.v4_pictures import V4_PICTURES, V4Pictures
@@ -55,6 +56,21 @@ def every_picture() -> tuple[str, ...]:
 def pictures_of(cfg) -> tuple[str, ...]:
     own = OWN.get(cfg.model_type)
     return PICTURES if own is None else own[0]
+
+
+def undrawable(kind: str, cfg) -> str | None:
+    """Why this model has nothing a picture of its family draws (None when it has): no router for
+    routing, no FP8 block scales for scales."""
+    if kind == "routing" and not any(cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers)):
+        return f"model {shown(cfg.name)} has no router: every layer's MLP is dense"
+    if kind == "scales" and getattr(cfg, "quantization", None) is None:  # FP8 blocks (names.storage_dtype)
+        return f"model {shown(cfg.name)} stores no FP8 weights, so there is no block-scale grid to draw"
+    return None
+
+
+def drawn_pictures(cfg) -> tuple[str, ...]:
+    """The pictures this model draws: its family's, but those it has nothing for (`--show` takes these)."""
+    return tuple(kind for kind in pictures_of(cfg) if undrawable(kind, cfg) is None)
 
 
 def picture_sink(console: Console, plan: Plan, kinds: set[str], keep: Keep) -> Sink:

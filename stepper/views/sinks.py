@@ -297,22 +297,22 @@ class Pictures:
         self.group_mask: np.ndarray | None = None  # a grouped router's kept groups: drawn under the routing map
 
     def __call__(self, event: Event) -> None:
-        shown = self.is_shown(event)
-        if event.key == "mlp.gate.topk_idx":
+        shown, key = self.is_shown(event), catalog.key_of(event.key)  # key: LongCat's sub0./sub1. left out
+        if key == "mlp.gate.topk_idx":
             self.topk_idx = (event.array, shown)
-        if event.key == "self_attn.indexer.mask":  # shown or not, it belongs beside the attention weights
+        if key == "self_attn.indexer.mask":  # shown or not, it belongs beside the attention weights
             self.index_mask = event.array
-        if event.key == "mlp.gate.group_mask":
+        if key == "mlp.gate.group_mask":
             self.group_mask = event.array
         if self.scales is not None:
             self.scales.seen(event)
-        if "routing" in self.kinds and event.key == "mlp.gate.topk_weight" and self.topk_idx is not None:
+        if "routing" in self.kinds and key == "mlp.gate.topk_weight" and self.topk_idx is not None:
             self.draw_routing(event, shown)
         if not shown:
             return
         if "hist" in self.kinds:
             print_picture(self.console, histogram_picture.histogram(event.array, title=event.name))
-        if "attention" in self.kinds and event.key == "self_attn.attn_weights":
+        if "attention" in self.kinds and key == "self_attn.attn_weights":
             print_picture(self.console, attention_map.attention_heatmap(event.array, title=event.name,
                                                                    token_labels=key_labels(self.tokens, event.array)))
             if self.index_mask is not None and self.index_mask.shape[1:] == event.array.shape[2:]:

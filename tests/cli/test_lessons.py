@@ -802,10 +802,11 @@ def test_a_step_heading_too_long_for_80_columns_is_whole_on_a_terminal_and_throu
 
 
 def test_a_stops_footer_lists_the_pictures_of_the_lessons_model(tmp_path, monkeypatch):
-    """Lesson 12 walks Kimi Linear: its stops offer s state (the delta rule's state), as the debugger's do."""
+    """Lesson 12 walks Kimi Linear: its stops offer s state (the delta rule's state), as the debugger's do,
+    and not s scales (its weights are BF16: no FP8 block scales to draw)."""
     monkeypatch.chdir(tmp_path)
     out = stepper("lesson", "start", "delta-state", "--workspace", "ws", "--plain", stdin="\n" * 8 + "q\n")
-    assert "s attention|routing|hist|scales|state · w where · q quit" in flat(out.stdout)
+    assert "s attention|routing|hist|state · w where · q quit" in flat(out.stdout)
 
 
 def test_check_of_a_missing_file_is_a_usage_error_and_an_empty_one_names_the_lessons_function(tmp_path, monkeypatch):

@@ -258,8 +258,42 @@ def test_the_debugger_lists_only_the_pictures_the_model_makes():
             "pictures are s attention, s routing, s hist, s scales") in out.stdout
     assert "s state draws Kimi Linear's delta-rule state (self_attn.state), a tensor this model does not emit" in (
         out.stdout)
-    kda = stepper("step", "--model", "tiny-kimi-linear", "--plain", stdin="s\nq\n")
-    assert "show what? s attention | s routing | s hist [NAME] | s scales WEIGHT | s state [NAME]\n" in kda.stdout
+    kda = stepper("step", "--model", "tiny-kimi-linear", "--plain", stdin="s\nq\n")  # no FP8 weights: no scales
+    assert "show what? s attention | s routing | s hist [NAME] | s state [NAME]\n" in kda.stdout
+
+
+def test_a_stops_pictures_are_those_run_show_takes_for_the_model():
+    """Kimi Linear's stops offered s scales, which its BF16 weights cannot draw (run --show scales is
+    refused); s scales named a weight its KDA layer does not have."""
+    out = stepper("step", "--model", "tiny-kimi-linear", "--plain", "--break", "self_attn.state",
+                  stdin="s scales\ns scales self_attn.q_proj.weight\nhelp s\nq\n").stdout
+    assert " · s show attention|routing|hist|state [NAME] · " in out and "scales|" not in out
+    why = "model tiny-kimi-linear stores no FP8 weights, so there is no block-scale grid to draw"
+    assert out.count(f"s scales: {why}\n") == 2 and "kv_a_proj_with_mqa" not in out
+    assert "draw a picture: attention, routing, hist or state. " in out and "e.g. s scales" not in out
+    run_said = stepper("run", "--model", "tiny-kimi-linear", "--show", "scales").stderr
+    assert run_said == f"stepper: error: --show scales: {why}\n"  # as run --show says it
+    dense = stepper("step", "--model", "tiny-minicpm3", "--plain", stdin="s routing\nq\n").stdout  # no router
+    assert " · s show attention|hist [NAME] · " in dense
+    assert "s routing: model tiny-minicpm3 has no router: every layer's MLP is dense\n" in dense
+
+
+def test_s_scales_without_a_weight_names_one_of_the_layer_it_stopped_at():
+    out = step("--until", "layers.1.self_attn.q", commands="s scales\nq\n").stdout
+    assert "s scales needs a weight, e.g. s scales self_attn.q_a_proj.weight\n" in out
+
+
+def test_the_hints_of_a_refused_command_name_the_models_own_tensors():
+    """A DeepSeek-V4 run's x and set hints named MLA's compressed_kv, kv_a and attn_weights; they give
+    the examples its help gives. An MLA model's latent is sliced at its own kv_lora_rank."""
+    v4 = stepper("step", "--model", "tiny-v4", "--plain", stdin="x streams\nset = \nhelp x\nq\n").stdout
+    assert "compare takes two tensors or slices: x A B, e.g. x attn.kv attn.kv_rope\n" in v4
+    assert "set takes NAME[slice] = value, e.g. set attn.weights[0, 0, -1] = 0 or set [..., 3] = x*2\n" in v4
+    assert "compressed_kv" not in v4 and "attn_weights" not in v4
+    kda = stepper("step", "--model", "tiny-kimi-linear", "--plain", "--until", "layers.3.self_attn.kv",
+                  stdin="x kv\nx compressed_kv kv_a[..., :64]\nq\n").stdout
+    assert "compare takes two tensors or slices: x A B, e.g. x compressed_kv kv_a[..., :64]\n" in kda
+    assert "a = layers.3.self_attn.compressed_kv  [1, 7, 64]" in kda and "cannot compare" not in kda
 
 
 def test_a_tensor_with_no_finite_value_says_so_beside_its_counts():
