@@ -13,13 +13,14 @@ from stepper import catalog
 from stepper.cli.common import ModelOpt, PlainOpt, user_errors
 from stepper.errors import StepperError
 from stepper.fixtures.implementation_names import explained
-from stepper.session import check_layer, load_model
+from stepper.session import check_layer, load_model, preset_config
 from stepper.views.compare import compared_layer, comparison
 from stepper.views.explain import (
     also_named,
-    elsewhere_note,
     emitted_by,
+    emitting_model,
     explain_text,
+    model_emitting,
     not_found,
 )
 from stepper.views.sinks import line_width, print_fitted, print_whole, styles
@@ -44,21 +45,26 @@ def explain_command(
             check_layer(int(layer[1]), cfg, f"{name}: layer")
         cat = catalog.around(cfg)
         named, entries = explained(cat, cfg, name)
-        if not entries and not named:
-            raise StepperError(not_found(cat, name))
+        if not entries and not named:  # a tensor of a family of other streams (DeepSeek-V4's, asked of tiny)
+            if (preset := model_emitting(cat, name)) is None:
+                raise StepperError(not_found(cat, name))
+            cat = catalog.around(preset_config(preset))
+            named, entries = explained(cat, preset_config(preset), name)
         entries = emitted_by(cat, entries, cfg, name)
+        sizes, elsewhere = emitting_model(cat, entries, cfg)
         console = Console(**styles(plain), highlight=False, markup=False, soft_wrap=True)
+        if elsewhere:  # above the entry, whose sizes are another model's
+            print_fitted(console, Text(elsewhere, style="bold"))
+            console.print()
         for one in named:  # another implementation's name: which of stepper's tensors it holds
             print_fitted(console, Text(one.note(), style="bold"))
         if named:
             console.print()
         for entry in entries:  # a terminal's lines broken at spaces, a pipe's kept whole
-            print_fitted(console, explain_text(cat, entry, cfg))
+            print_fitted(console, explain_text(cat, entry, sizes))
             console.print()
         if also := also_named(cat, name, entries):
             print_fitted(console, also)
-        if elsewhere := elsewhere_note(cat, entries, cfg):
-            print_fitted(console, elsewhere)
 
 
 def tree_command(
