@@ -39,6 +39,11 @@ def render(template: str, cfg: Config) -> str:
     return FIELD.sub(lambda m: formatted(value(m.group(1), cfg)), template)
 
 
+def unrendered(template: str) -> str:
+    """The template with every field written as its expression (no config: `n_routed_experts`)."""
+    return FIELD.sub(lambda m: m.group(1), template)
+
+
 def fields(template: str) -> list[str]:
     """The expressions of a template's fields, in order."""
     return FIELD.findall(template)

@@ -11,15 +11,17 @@ from rich.text import Text
 
 from stepper import catalog
 from stepper.cli.common import ModelOpt, PlainOpt, user_errors
+from stepper.config import Config
 from stepper.errors import StepperError
 from stepper.fixtures.implementation_names import explained
-from stepper.session import check_layer, load_model
+from stepper.session import RunSpec, check_layer, check_refused, command_line, load_model, preset_config
 from stepper.views.compare import compared_layer, comparison
 from stepper.views.explain import (
     also_named,
-    elsewhere_note,
     emitted_by,
+    emitting_model,
     explain_text,
+    model_emitting,
     not_found,
 )
 from stepper.views.sinks import line_width, print_fitted, print_whole, styles
@@ -44,29 +46,36 @@ def explain_command(
             check_layer(int(layer[1]), cfg, f"{name}: layer")
         cat = catalog.around(cfg)
         named, entries = explained(cat, cfg, name)
-        if not entries and not named:
-            raise StepperError(not_found(cat, name))
+        if not entries and not named:  # a tensor of a family of other streams (DeepSeek-V4's, asked of tiny)
+            if (preset := model_emitting(cat, name)) is None:
+                raise StepperError(not_found(cat, name))
+            cat = catalog.around(preset_config(preset))
+            named, entries = explained(cat, preset_config(preset), name)
         entries = emitted_by(cat, entries, cfg, name)
+        sizes, elsewhere = emitting_model(cat, entries, cfg)
         console = Console(**styles(plain), highlight=False, markup=False, soft_wrap=True)
+        if elsewhere:  # above the entry, whose sizes are another model's
+            print_fitted(console, Text(elsewhere, style="bold"))
+            console.print()
         for one in named:  # another implementation's name: which of stepper's tensors it holds
             print_fitted(console, Text(one.note(), style="bold"))
         if named:
             console.print()
         for entry in entries:  # a terminal's lines broken at spaces, a pipe's kept whole
-            print_fitted(console, explain_text(cat, entry, cfg))
+            print_fitted(console, explain_text(cat, entry, sizes))
             console.print()
         if also := also_named(cat, name, entries):
             print_fitted(console, also)
-        if elsewhere := elsewhere_note(cat, entries, cfg):
-            print_fitted(console, elsewhere)
 
 
 def tree_command(
     model: ModelOpt = "tiny",
     layer: Annotated[int | None, typer.Option(
         metavar="N", help="Only layer N's kind (dense or MoE; a family's own: KDA or MLA, V4's compression).")] = None,
-    attn: Annotated[str, typer.Option(metavar="naive|absorb",
-                                      help="naive or absorb: which attention tensors to list.")] = "naive",
+    attn: Annotated[str | None, typer.Option(
+        metavar="naive|absorb", help="naive or absorb: which attention tensors to list (default naive; a family "
+        "with one attention path, DeepSeek-V4's, takes no such option, as run refuses it).",
+        show_default=False)] = None,
     plain: PlainOpt = False,
     compare: Annotated[str | None, typer.Option(
         metavar="NAME|PATH", help="Another model: show where its layer differs from --model's (tensors one has and "
@@ -77,13 +86,16 @@ def tree_command(
     """The structure of a layer: every named tensor in order, its shape for this model, what it is."""
     with user_errors():
         cfg = load_model(model, 0).config
+        asked, attn = attn, attn or "naive"  # asked: --attn as given, None when it is not
         if attn not in ("naive", "absorb"):
             raise StepperError(f"--attn must be naive or absorb, got '{attn}'")
+        refuse_attn(asked, cfg)
         if layer is not None:
             check_layer(layer, cfg)
         console = Console(**styles(plain), highlight=False, markup=False)
         if compare is not None:  # two models side by side (views.compare)
             other = load_model(compare, 0).config
+            refuse_attn(asked, other)
             if layer is not None:
                 check_layer(layer, other)
             layers = (compared_layer(cfg, layer), compared_layer(other, layer))
@@ -93,3 +105,10 @@ def tree_command(
         layers = [layer] if layer is not None else sorted(kinds.values())
         for i in layers:
             print_whole(console, layer_tree(catalog.load(), cfg, i, attn))
+
+
+def refuse_attn(attn: str | None, cfg: Config) -> None:
+    """--attn given (None: not) for a model whose family has one attention path (DeepSeek-V4's):
+    refused in the one line `stepper run` and `step` give (session.check_refused)."""
+    if attn is not None:
+        check_refused(RunSpec(attn=attn), cfg, command_line)

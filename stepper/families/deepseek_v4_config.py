@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from stepper.config import (
     EPS_BELOW,
@@ -51,9 +51,11 @@ class V4Fp8:
     stored beside the weight as `<name>.scale`."""
 
     weight_block_size: tuple[int, int] = (128, 128)
+    fmt: ClassVar[str] = "e4m3"  # what parse accepts alone, stated as MLA's Fp8 holds it
+    per_tensor: ClassVar[bool] = False  # a scale per block
 
     def to_hf(self) -> dict[str, Any]:
-        return {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3", "scale_fmt": "ue8m0",
+        return {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": self.fmt, "scale_fmt": "ue8m0",
                 "weight_block_size": list(self.weight_block_size)}
 
 
@@ -95,6 +97,12 @@ class V4Config:
     model_type: str = MODEL_TYPE
     scoring_func: str = "sqrtsoftplus"
     tie_word_embeddings: bool = False  # V4 keeps head.weight apart from embed.weight (a tied config is refused)
+    # the router's settings V4 fixes (parse refuses other values), stated as the MLA configs hold them
+    topk_method: ClassVar[str] = "noaux_tc"  # the top k of scores plus a learned bias
+    router_bias: ClassVar[bool] = True
+    norm_topk_prob: ClassVar[bool] = True
+    n_group: ClassVar[int] = 1
+    topk_group: ClassVar[int] = 1
 
     def compress_ratio(self, layer: int) -> int:
         """0 (sliding window only), 4 (CSA) or 128 (HCA)."""

@@ -70,6 +70,7 @@ class KimiLinearConfig(MlaVariants):
     q_lora_rank: ClassVar[None] = None  # Kimi Linear's MLA projects its queries directly (q_proj)
     scoring_func: ClassVar[str] = "sigmoid"
     topk_method: ClassVar[str] = "noaux_tc"
+    moe_layer_freq: ClassVar[int] = 1  # every layer from first_k_dense_replace on is MoE (from_hf refuses another)
     has_indexer: ClassVar[bool] = False
     quantization: ClassVar[None] = None
     int4: ClassVar[None] = None

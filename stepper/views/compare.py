@@ -10,6 +10,7 @@ catalogue and the two configs: nothing is kept here per family.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import re
 
 from rich.console import Group
@@ -36,27 +37,55 @@ def compared_layer(cfg: Config, layer: int | None) -> int:
 
 
 def differing_fields(a: Config, b: Config) -> dict[str, tuple[object, object]]:
-    """Each config field (but the name) the two set apart: field -> (a's value, b's value). A field
-    of one family's config the other's has not (DeepSeek-V4's hc_mult, Kimi Linear's kda_layers) is
-    ONLY on the side without it. A field holding settings of its own (rope_scaling's YaRN, the
-    quantization) is compared setting by setting, `rope_scaling.factor`, under its kind."""
+    """Each config field (but the name) the two set apart: field -> (a's value, b's value). Each
+    family's value is its own, set or stated (Kimi Linear's sigmoid router with a bias, which its
+    config class states rather than reads): a name either config has is compared with the value
+    the other reads under it. A name only one config has is ONLY on the side without it when the
+    other's file sets it (DeepSeek-V4's hc_mult, Kimi Linear's kda_layers); a value its class fixes
+    (a default, a class variable: MiniCPM3's scale_emb 1.0, the INT4 of none) is how that family's
+    code reads the name, no difference. A field holding settings of its own (rope_scaling's YaRN,
+    the quantization) is compared setting by setting, `rope_scaling.factor`, under its kind."""
     flat_a, flat_b = flattened(a), flattened(b)
-    values = {name: (flat_a.get(name, ONLY), flat_b.get(name, ONLY)) for name in merged(list(flat_a), list(flat_b))
+    given = set_fields(a) | set_fields(b)
+    values = {name: (read(a, flat_a, name), read(b, flat_b, name)) for name in merged(list(flat_a), list(flat_b))
               if name != "name"}
-    return {name: (x, y) for name, (x, y) in values.items() if x != y}
+    return {name: (x, y) for name, (x, y) in values.items()
+            if x != y and (ONLY not in (x, y) or "." in name or name in given)}
+
+
+def stated(settings: object) -> list[str]:
+    """A config's names for what configures it: its dataclass fields, then the values its class
+    states as class variables (Kimi Linear's model_type, scoring_func: `ClassVar`)."""
+    fields = [f.name for f in dataclasses.fields(settings)]
+    return fields + [name for name in inspect.get_annotations(type(settings)) if name not in fields]
+
+
+def read(cfg: object, flat: dict[str, object], name: str) -> object:
+    """The config's value of a compared field: its own, else the one it reads under that name
+    (Kimi Linear's router_bias, MlaVariants'), else ONLY."""
+    if name in flat:
+        return flat[name]
+    found = ONLY if "." in name else getattr(cfg, name, ONLY)
+    return ONLY if callable(found) else found
+
+
+def set_fields(cfg: object) -> set[str]:
+    """The fields a config's file sets: those of its class with no default, or away from it."""
+    return {f.name for f in dataclasses.fields(cfg)
+            if f.default is dataclasses.MISSING or getattr(cfg, f.name) != f.default}
 
 
 def flattened(settings: object, prefix: str = "") -> dict[str, object]:
-    """A dataclass's fields by dotted name, those holding a dataclass as its kind (the class's
-    name) and each of its own fields."""
+    """A dataclass's stated fields by dotted name, those holding a dataclass as its kind (the
+    class's name) and each of its own fields."""
     out: dict[str, object] = {}
-    for f in dataclasses.fields(settings):
-        value = getattr(settings, f.name)
+    for name in stated(settings):
+        value = getattr(settings, name)
         if dataclasses.is_dataclass(value):
-            out[prefix + f.name] = Kind(type(value).__name__)
-            out.update(flattened(value, f"{prefix}{f.name}."))
+            out[prefix + name] = Kind(type(value).__name__)
+            out.update(flattened(value, f"{prefix}{name}."))
         else:
-            out[prefix + f.name] = value
+            out[prefix + name] = value
     return out
 
 

@@ -31,13 +31,14 @@ from stepper.untrusted import cut, shown
 from stepper.weights.names import layer_shapes, storage_dtype
 
 
-def explain_text(cat: catalog.Catalog, entry: dict[str, Any], cfg: Config) -> Text:
+def explain_text(cat: catalog.Catalog, entry: dict[str, Any], cfg: Config | None) -> Text:
+    """The entry with cfg's sizes (None: its dims and template fields by name)."""
     text = Text()
     text.append(f"{entry['name']}\n", style="bold cyan")
     text.append(f"{entry['description']}\n")
     dims = ", ".join(f"{s} ({cat.raw['dims'][s]['label']}"
-                     + (f" = {cat.expected_size(s, cfg)}" if cat.expected_size(s, cfg) is not None else "") + ")"
-                     for s in entry["dims"])
+                     + (f" = {size}" if cfg is not None and (size := cat.expected_size(s, cfg)) is not None else "")
+                     + ")" for s in entry["dims"])
     text.append("shape   ", style="dim")
     text.append(f"[{dims}]\n")
     text.append("formula ", style="dim")
@@ -45,7 +46,8 @@ def explain_text(cat: catalog.Catalog, entry: dict[str, Any], cfg: Config) -> Te
     if note := getattr(cfg, "explain_note", lambda name: None)(entry["name"]):  # the family reads it otherwise
         text.append("note    ", style="dim")
         text.append(f"{note}\n", style="yellow")
-    text.append(f"\n{texts.render(entry['explain'], cfg)}\n\n")
+    explanation = texts.unrendered(entry["explain"]) if cfg is None else texts.render(entry["explain"], cfg)
+    text.append(f"\n{explanation}\n\n")
     text.append(emit_sites_text(entry["name"]))
     text.append(citations_text(cat, entry["reference"]))
     aliases = {k: v for k, v in entry.get("aliases", {}).items() if v}
@@ -70,9 +72,10 @@ def emitted_by(cat: catalog.Catalog, entries: list[dict[str, Any]], cfg: Config,
 
 
 def emitted_names(cat: catalog.Catalog, cfg: Any, layers: Sequence[int] | range) -> set[str]:
-    """The catalogue names these layers of the model emit, on either attention path and index scoring."""
+    """The catalogue names these layers of the model emit, on either attention path and index scoring
+    (LongCat's `sub0.self_attn.q_nope_scaled` as its entry's name, `self_attn.q_nope_scaled`)."""
     scorings = ("exact", "fp8") if takes(cfg, "index_scoring") and getattr(cfg, "has_indexer", False) else ("exact",)
-    return {e["name"] for layer in layers for attn in ("naive", "absorb") for scoring in scorings
+    return {catalog.key_of(e["name"]) for layer in layers for attn in ("naive", "absorb") for scoring in scorings
             for e in cat.layer_sequence(cfg, layer, attn, scoring)}
 
 
@@ -81,19 +84,24 @@ def emits(cat: catalog.Catalog, cfg: Any, name: str) -> bool:
     return name in emitted_names(cat, cfg, range(cfg.num_hidden_layers))
 
 
-def elsewhere_note(cat: catalog.Catalog, entries: list[dict[str, Any]], cfg: Config) -> str:
-    """A line under entries of layer tensors this model never emits (Kimi Linear's `state` asked of
-    Kimi K2, whose catalogue shares the residual stream): a tiny preset that does, whose sizes
-    `explain --model` gives; '' when the model emits one of them."""
+def emitting_model(cat: catalog.Catalog, entries: list[dict[str, Any]], cfg: Config) -> tuple[Config | None, str]:
+    """The config the entries are shown with, and a line saying so when it is not cfg: entries of
+    layer tensors this model never emits (Kimi Linear's `state` asked of Kimi K2, whose catalogue
+    shares the residual stream; DeepSeek-V4's `hc_attn.comb`, found in tiny-v4's catalogue) take
+    the sizes of a preset that emits them (a tiny one first), named on the line; None (no sizes)
+    when none does. (cfg, '') when the model emits one of them, or they are not layer tensors."""
     layered = [e["name"] for e in entries if e["scope"] == "layer"]
     if not layered or len(layered) < len(entries) or set(layered) & emitted_names(cat, cfg,
                                                                                   range(cfg.num_hidden_layers)):
-        return ""
-    tiny = [name for name in (*PRESETS, *V4_PRESETS) if name.startswith("tiny")]
-    other = next((name for name, other_cfg in ((name, preset_config(name)) for name in tiny)
+        return cfg, ""
+    presets = sorted((*PRESETS, *V4_PRESETS), key=lambda name: not name.startswith("tiny"))  # tiny ones first
+    other = next(((name, other_cfg) for name, other_cfg in ((name, preset_config(name)) for name in presets)
                   if emits(catalog.around(other_cfg), other_cfg, layered[0])), None)
-    where = f"; a tensor of {other}'s (stepper explain {layered[0]} --model {other} gives its sizes)" if other else ""
-    return f"model {shown(cfg.name)} does not emit {'it' if len(layered) == 1 else 'these'}{where}"
+    them = f"model {shown(cfg.name)} does not emit {'it' if len(layered) == 1 else 'these'}"
+    if other is None:
+        return None, f"{them}, nor does any preset: shown without sizes"
+    return other[1], (f"{them}: a tensor of {other[0]}'s, shown with its sizes "
+                      f"(stepper explain {layered[0]} --model {other[0]})")
 
 
 def emit_sites_text(key: str) -> Text:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import re
 
+import pytest
 from helpers.cli import stepper
 from rich.console import Console
 
@@ -122,14 +123,40 @@ def test_every_entry_of_each_familys_catalogue_is_explained_with_its_dims_define
 
 
 def test_an_entry_the_model_never_emits_says_which_model_does():
-    """Kimi K2's catalogue shares the residual stream with Kimi Linear's: `state` found KDA's entry,
-    shown without sizes and without a word that tiny has no such tensor."""
+    """Kimi K2's catalogue shares the residual stream with Kimi Linear's: `state` finds KDA's entry,
+    shown with tiny-kimi-linear's sizes under a line saying tiny does not emit it."""
     out = stepper("explain", "state", "--plain")
-    assert out.returncode == 0 and out.stdout.rstrip().splitlines()[-1] == (
-        "model tiny does not emit it; a tensor of tiny-kimi-linear's (stepper explain self_attn.state --model "
-        "tiny-kimi-linear gives its sizes)")
+    assert out.returncode == 0 and out.stdout.splitlines()[0] == (
+        "model tiny does not emit it: a tensor of tiny-kimi-linear's, shown with its sizes (stepper explain "
+        "self_attn.state --model tiny-kimi-linear)")
     assert "does not emit" not in stepper("explain", "state", "--model", "tiny-kimi-linear", "--plain").stdout
     assert "does not emit" not in stepper("explain", "k_pe", "--plain").stdout
+
+
+@pytest.mark.parametrize(("name", "emitter", "sizes"), [
+    ("hc_attn.comb", "tiny-v4", "n (residual streams = 4), n (residual streams = 4)"),  # another stream's family
+    ("self_attn.state", "tiny-kimi-linear", "Hk (KDA heads = 4), K (KDA key dims = 32)"),  # the same stream's
+    ("mlp.zero_expert_output", "tiny-longcat", "d (hidden = 256)"),  # an MLA variant's: not tiny's hidden 320
+])
+def test_another_familys_tensor_is_shown_alike_with_the_sizes_of_a_model_that_emits_it(name, emitter, sizes):
+    """One behaviour for every tensor of another family (docs/usage.md): exit 0, a first line naming
+    the model that emits it, and its entry with that model's sizes."""
+    out = stepper("explain", name, "--model", "tiny", "--plain")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == (f"model tiny does not emit it: a tensor of {emitter}'s, shown with its sizes "
+                        f"(stepper explain {name} --model {emitter})")
+    assert lines[2] == name
+    shape = next(line for line in lines if line.startswith("shape "))
+    assert sizes in shape and "hidden = 320" not in out.stdout
+    own = stepper("explain", name, "--model", emitter, "--plain").stdout
+    assert "does not emit" not in own and shape in own.splitlines()  # the sizes its own model gives
+
+
+def test_an_entry_without_a_model_names_its_dims_and_fields():
+    entry = catalog.load().entry("mlp.zero_expert_output")
+    text = printed([explain_text(catalog.load(), entry, None)])
+    assert "d (hidden)" in text and "{" not in text.split("stepper emits it")[0]
 
 
 def test_the_names_fixtures_verify_prints_are_explained_as_the_tensors_they_hold():

@@ -109,3 +109,29 @@ def test_through_a_pipe_trees_and_tables_keep_every_line_whole():
     assert any(line.endswith("the indexer's picks (CSA) or every visible one (HCA); -1 none") for line in tree)
     compared = stepper("tree", "--model", "tiny-v3", "--compare", "tiny-mistral4", "--plain").stdout
     assert "\nrope_scaling.factor                           40.0           8.0\n" in compared
+
+
+def test_a_family_stating_its_own_values_shows_them_not_a_dash():
+    """Kimi Linear's config class states its model_type and its router (sigmoid scores, a bias) and
+    inherits MLA's switches: compared with tiny-v3, those are its values, not — (absent)."""
+    out = stepper("tree", "--model", "tiny-kimi-linear", "--compare", "tiny-v3", "--plain", env={"COLUMNS": "200"})
+    assert out.returncode == 0, out.stderr
+    fields = config_rows(out.stdout)
+    assert fields["model_type"] == ["'kimi_linear'", "'deepseek_v3'"]
+    for same in ("scoring_func", "router_bias", "topk_method", "rope_theta", "moe_layer_freq", "wrapper", "int4"):
+        assert same not in fields, (same, fields.get(same))  # alike in both
+    assert fields["kda_layers"] == ["(0, 1, 2)", "—"]  # a field only Kimi Linear's file sets
+
+
+def test_a_class_default_of_one_family_is_no_difference_from_another():
+    """tiny-v4 against tiny: MLA's switches at their defaults (a wrapper, INT4, MiniCPM3's scalings,
+    LongCat's zero experts) are not fields V4 lacks; what V4's file sets and MLA's has not is."""
+    out = stepper("tree", "--model", "tiny-v4", "--compare", "tiny", "--plain", env={"COLUMNS": "200"})
+    assert out.returncode == 0, out.stderr
+    fields = config_rows(out.stdout)
+    for idle in ("wrapper", "int4", "zeroed_pad_row", "scale_emb", "q_gate", "zero_experts", "shortcut_moe",
+                 "topk_method", "router_bias", "norm_topk_prob", "n_group", "quantization.fmt"):
+        assert idle not in fields, (idle, fields.get(idle))
+    assert fields["hc_mult"] == ["4", "—"] and fields["kv_lora_rank"] == ["—", "128"]
+    assert fields["scoring_func"] == ["'sqrtsoftplus'", "'sigmoid'"]
+    assert fields["model_type"] == ["'deepseek_v4'", "'kimi_k2'"]

@@ -139,6 +139,17 @@ def test_an_option_v4_has_no_path_for_is_one_line(option, value, why):
     assert line.startswith(f"stepper: error: {option} {value}: ") and why in line
 
 
+@pytest.mark.parametrize("value", ["naive", "absorb"])
+def test_tree_refuses_attn_for_v4_in_the_line_run_gives(value):
+    """tree's --attn is refused for a family with one attention path by run's own check: the same line,
+    exit 2, for --model and for --compare's model; without --attn the tree is drawn."""
+    line = one_line_error(stepper("run", "--model", "tiny-v4", "--attn", value))
+    assert one_line_error(stepper("tree", "--model", "tiny-v4", "--attn", value)) == line
+    assert one_line_error(stepper("tree", "--model", "tiny", "--compare", "tiny-v4", "--attn", value)) == line
+    assert stepper("tree", "--model", "tiny-v4", "--layer", "1").returncode == 0
+    assert stepper("tree", "--model", "tiny", "--compare", "tiny-v4").returncode == 0
+
+
 def test_show_draws_the_comb_matrix_and_what_a_query_sees():
     done = stepper("run", "--model", "tiny-v4", "--prompt-len", "30", "--only", "layers.3.hc_ffn.comb",
                    "--only", "layers.2.attn.chosen", "--show", "hc,reach", "--plain")

@@ -113,22 +113,24 @@ def test_a_v4_lesson_stop_names_the_pictures_it_has():
     assert helps and all(" · s reach|hc|hist · " in line for line in helps), helps
 
 
-def test_explain_of_another_familys_tensor_names_the_model_to_give():
-    assert refused(stepper("explain", "attn.chosen")) == (
-        "no tensor named 'attn.chosen' in this model's catalogue: it is a tensor of tiny-v4's family "
-        "(give --model tiny-v4)")
-    assert refused(stepper("explain", "layers.1.self_attn.k_pe", "--model", "tiny-v4")) == (
-        "no tensor named 'layers.1.self_attn.k_pe' in this model's catalogue: it is a tensor of tiny's family "
-        "(give --model tiny); this model's nearest: kv_rope, q_rope")
-    assert refused(stepper("explain", "q_pe", "--model", "tiny-v4")) == (  # a short name too: it said none had it
-        "no tensor named 'q_pe' in this model's catalogue: it is a tensor of tiny's family (give --model tiny); "
-        "this model's nearest: q_rope")
-    assert refused(stepper("explain", "attn_scores", "--model", "tiny-v4")).endswith(  # V4's own near name
-        "it is a tensor of tiny's family (give --model tiny); this model's nearest: attn.scores, attn_streams, "
-        "gate.scores")
+def test_explain_of_another_familys_tensor_shows_it_and_names_the_model_that_emits_it():
+    """A tensor of a family of other streams is shown as one of the same streams is
+    (tests/cli/test_explain.py): its entry with that family's tiny sizes, under a line naming it."""
+    out = stepper("explain", "attn.chosen", "--plain")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("model tiny does not emit it: a tensor of tiny-v4's, shown with its sizes "
+                                 "(stepper explain attn.chosen --model tiny-v4)\n\nattn.chosen\n")
+    out = stepper("explain", "layers.1.self_attn.k_pe", "--model", "tiny-v4", "--plain")
+    assert out.returncode == 0 and out.stdout.startswith(
+        "model tiny-v4 does not emit it: a tensor of tiny's, shown with its sizes (stepper explain self_attn.k_pe "
+        "--model tiny)\n\nself_attn.k_pe\n")
+    assert "rope (rope dims = 16)" in out.stdout  # tiny's rope dims, not V4's 8
+    q_pe = stepper("explain", "q_pe", "--model", "tiny-v4", "--plain")  # a short name too
+    assert q_pe.returncode == 0 and q_pe.stdout.startswith("model tiny-v4 does not emit it: a tensor of tiny's")
     assert refused(stepper("explain", "nosuch", "--model", "tiny-v4")) == (
         "no tensor named 'nosuch' in the catalogue (stepper tree lists them)")
-    assert stepper("explain", "attn.chosen", "--model", "tiny-v4").stdout.startswith("attn.chosen\n")
+    own = stepper("explain", "attn.chosen", "--model", "tiny-v4").stdout
+    assert own.startswith("attn.chosen\n") and "does not emit" not in own
 
 
 def test_a_lone_hash_layer_on_given_streams_says_whose_token_ids_route_it(tmp_path):
