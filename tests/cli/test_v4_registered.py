@@ -148,7 +148,8 @@ def test_synth_then_inspect_and_a_lone_layer_of_the_checkpoint(tmp_path):
     written = recorded(RunSpec(model=str(folder), layer=3, ids=IDS))
     assert list(preset) == list(written) and all(np.array_equal(preset[k], written[k]) for k in preset)
     refused = one_line_error(stepper("synth", "--model", "tiny-v4", "--out", tmp_path / "x", "--quant", "bf16"))
-    assert refused.startswith("stepper: error: --quant: model tiny-v4 (deepseek_v4) is written in its published")
+    assert refused == ("stepper: error: --quant bf16: model tiny-v4 (deepseek_v4) is written whole and as published "
+                       "(FP8 with E8M0 block scales, FP4 routed experts); leave --quant out")
 
 
 def test_run_show_hist_draws_a_v4_tensors_histogram():

@@ -113,8 +113,9 @@ ROOM_LINES = {
     "tensors": 800,  # 530; 720 with the spill of a chunked prefill's held tensors
     "untrusted": 380,  # 233; 308 with the paths a user gives (untrusted.paths)
     # 3,811; DeepSeek-V4 adds its pictures (streams and comb, a query's reach), its catalogue view, FP4 codes;
-    # 5,010 with explain's checked parameters, a pipe's whole trees and tables, a new user's review mended
-    "views": 5600,
+    # 5,010 with explain's checked parameters, a pipe's whole trees and tables, a new user's review mended;
+    # 5,634 with pictures of NaN and infinities, hints and pictures each model's own, explain across families
+    "views": 5800,
     "weights": 4600,  # 3,778, of which ~700 read and check DeepSeek-V4's published layout; 4,476 with the config
     # field the weights contradict
 }
