@@ -391,8 +391,9 @@ class Debugger:
     def told(self, command: Command) -> Command:
         """A command as its help tells it for this model: its examples in the names the model emits,
         s with the pictures the model draws."""
+        command = self.at_its_layers(command)
         if self.v4:
-            return replace(command, **V4_HELP.get(command.names[0], {}))
+            return self.at_its_layers(replace(command, **V4_HELP.get(command.names[0], {})))
         if command.names[0] == "x":  # the latent is kv_a's first kv_lora_rank columns
             return replace(command, examples=(f"x compressed_kv kv_a[..., :{self.cfg.kv_lora_rank}]",
                                               *command.examples[1:]))
@@ -403,6 +404,17 @@ class Debugger:
         return replace(command, what="draw a picture: " + " or ".join([", ".join(own[:-1]), own[-1]]),
                        more="; ".join(f"{word}: {PICTURE_MORE[word]}" for word in own) + ".",
                        examples=tuple(f"s {word}" + named.get(word, "") for word in own if word != "scales" or weight))
+
+    def at_its_layers(self, command: Command) -> Command:
+        """A command whose examples name layer 2 and the router's choice, at a layer this model has
+        (its last, with fewer than three) and, where it has no router, at its attention's latent."""
+        layer, routed = min(2, self.cfg.num_hidden_layers - 1), "routing" in drawn_pictures(self.cfg)
+
+        def fitted(example: str) -> str:
+            example = example.replace("layers.2.", f"layers.{layer}.")
+            return example if routed else example.replace("mlp.gate.topk_idx", "self_attn.compressed_kv")
+
+        return replace(command, examples=tuple(fitted(example) for example in command.examples))
 
     def example(self, word: str) -> str:
         """The first example of a command, in this model's names: what a refusal points at."""

@@ -314,3 +314,16 @@ def test_where_at_a_model_tensor_marks_it_current_and_lists_only_the_models_own(
     out = step(commands="w\nn\nw\nq\n")
     assert out.returncode == 0, out.stderr
     assert "└── ▶ embed" in out.stdout and "├── ✓ embed\n└── ▶ rope_cos" in out.stdout
+
+
+def test_break_and_until_examples_name_a_layer_and_a_tensor_the_model_has():
+    """b, d and u's examples at layer 2 and the router's choice, where the model has them: a 2-layer
+    model's at its last layer, a model with no router's at the latent; each example breaks where it says."""
+    for model, layer_example, tensor_example in (("tiny-longcat", "b layers.1.*", "b mlp.gate.topk_idx"),
+                                                  ("tiny-minicpm3", "b layers.2.*", "b self_attn.compressed_kv"),
+                                                  ("tiny", "b layers.2.*", "b mlp.gate.topk_idx")):
+        told = step("--model", model, commands="help b\nhelp u\nq\n").stdout
+        examples = [line.split("e.g. ", 1)[1].strip() for line in told.splitlines() if "e.g. " in line]
+        assert examples[:2] == [tensor_example, layer_example], (model, examples)
+        out = step("--model", model, commands=f"{tensor_example}\n{layer_example}\nc\nc\nq\n").stdout
+        assert "matches no tensor" not in out and out.count("breakpoints: ") == 2, (model, out[-600:])
