@@ -37,14 +37,14 @@ def only_filter(patterns: list[str], names: list[str], note: Callable[[str], Non
 def check_pictures(kinds: set[str], kept: list[str], cfg: Config) -> None:
     """Refuse a --show picture that no shown tensor can give, saying why."""
     keys = {catalog.key_of(name) for name in kept}
-    if "routing" in kinds and undrawable("routing", cfg):
-        raise StepperError(f"--show routing: {undrawable('routing', cfg)}")
+    if "routing" in kinds and (why := undrawable("routing", cfg)):
+        raise StepperError(f"--show routing: {why}")
     for kind, needed in PICTURE_TENSORS.items():
         if kind in kinds and not keys & set(needed):
             raise StepperError(f"--show {kind}: it is drawn from {' or '.join(needed)}, and this run shows "
                                f"none (choose layers or an --only that include {needed[0]})")
-    if "scales" in kinds and undrawable("scales", cfg):
-        raise StepperError(f"--show scales: {undrawable('scales', cfg)}")
+    if "scales" in kinds and (why := undrawable("scales", cfg)):
+        raise StepperError(f"--show scales: {why}")
     if "scales" in kinds and not any(part_of(key) for key in keys):
         raise StepperError("--show scales: a weight's grid is drawn at its layer's attention or MLP tensors, and this "
                            "run shows none (choose layers or an --only that include one, e.g. '*self_attn.q_a')")

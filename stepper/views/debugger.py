@@ -389,11 +389,14 @@ class Debugger:
             self.console.print(f"  ({len(events) - count} earlier; h N shows more)", style="dim")
 
     def told(self, command: Command) -> Command:
-        """A command as its help tells it for this model: its examples in the names the model emits,
-        s with the pictures the model draws."""
-        command = self.at_its_layers(command)
+        """A command as its help tells it for this model: its examples in the names the model emits
+        (at_its_layers), s with the pictures the model draws."""
+        return self.at_its_layers(self.in_its_names(command))
+
+    def in_its_names(self, command: Command) -> Command:
+        """A command's examples in the names of this model's family, s with the pictures it draws."""
         if self.v4:
-            return self.at_its_layers(replace(command, **V4_HELP.get(command.names[0], {})))
+            return replace(command, **V4_HELP.get(command.names[0], {}))
         if command.names[0] == "x":  # the latent is kv_a's first kv_lora_rank columns
             return replace(command, examples=(f"x compressed_kv kv_a[..., :{self.cfg.kv_lora_rank}]",
                                               *command.examples[1:]))
