@@ -60,7 +60,7 @@ from stepper.session import ATTN_CHOICES, INDEX_SCORING_CHOICES, RunSpec, api_ke
 from stepper.tensors.tensor import LazyTensor, Tensor, held
 from stepper.untrusted import cut, said, shown
 from stepper.views import notebook
-from stepper.views.explain import not_found
+from stepper.views.explain import looked_up
 from stepper.views.summary import token_ids
 from stepper.weights.remote import without_credentials
 from stepper.weights.source import WeightSource
@@ -208,21 +208,24 @@ class Run(Mapping):
 
     def explain(self, name: str) -> dict[str, Any]:
         """The catalogue entry of a tensor (a full name, a catalogue name, a dotted tail or another
-        implementation's name), as a dict: description, formula, dims, reference lines, aliases."""
+        implementation's name), as a dict: description, formula, dims, reference lines, aliases; and
+        for a tensor this run's model never emits (DeepSeek-V4's hc_attn.comb asked of tiny),
+        emitted_by: a preset whose layers do, as `stepper explain` names it."""
         if not isinstance(name, str):
             raise StepperError(f"explain expects a tensor name (a str), got {type(name).__name__}")
-        cat = catalog.around(self.config)
-        try:
-            _, entries = explained(cat, self.config, name)  # as `stepper explain` reads it
-        except StepperError as error:  # a parameter the layer has not
+        try:  # as `stepper explain` reads it
+            found = looked_up(self.config, name, explained, "a run of model='{}' has it")
+        except StepperError as error:  # no catalogue's name, or a parameter the layer has not
             raise NotFound(str(error)) from None
-        in_run = [e for e in entries if any(catalog.key_of(n) == e["name"] for n in self.names)]
-        entries = in_run if len(in_run) == 1 else entries  # k_pe of this run's family, not another's
-        if not entries:  # as `stepper explain` says it: the nearest names, or the family that has it
-            raise NotFound(not_found(cat, name, "a run of model='{}' has it"))
+        entries = [e for e in found.entries if any(catalog.key_of(n) == e["name"] for n in self.names)]
+        entries = entries if len(entries) == 1 else found.entries  # k_pe of this run's family, not another's
+        if not entries:  # another implementation's name for what stepper does not name
+            raise NotFound("; ".join(one.note() for one in found.named))
         if len(entries) > 1:
-            found = ", ".join(e["name"] for e in entries[:4])
-            raise NotFound(f"'{name}' names {len(entries)} catalogue entries ({found}); give one of them")
+            listed = ", ".join(e["name"] for e in entries[:4])
+            raise NotFound(f"'{name}' names {len(entries)} catalogue entries ({listed}); give one of them")
+        if found.elsewhere:  # a tensor this run's model never emits: the preset that does
+            return {**_copy(entries[0]), "emitted_by": found.sizes.name if found.sizes else None}
         return _copy(entries[0])
 
     @parallel.one_blas_thread()  # a lazy tensor's figures: its tiles made on stepper's own thread beside them

@@ -7,23 +7,15 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.text import Text
 
 from stepper import catalog
 from stepper.cli.common import ModelOpt, PlainOpt, user_errors
 from stepper.config import Config
 from stepper.errors import StepperError
 from stepper.fixtures.implementation_names import explained
-from stepper.session import RunSpec, check_layer, check_refused, command_line, load_model, preset_config
+from stepper.session import RunSpec, check_layer, check_refused, command_line, load_model
 from stepper.views.compare import compared_layer, comparison
-from stepper.views.explain import (
-    also_named,
-    emitted_by,
-    emitting_model,
-    explain_text,
-    model_emitting,
-    not_found,
-)
+from stepper.views.explain import also_named, found_texts, looked_up
 from stepper.views.sinks import line_width, print_fitted, print_whole, styles
 from stepper.views.tree import layer_kind, layer_tree
 
@@ -44,27 +36,12 @@ def explain_command(
         cfg = load_model(model, 0).config
         if (layer := LAYER.search(name)) is not None:  # a layer the model has, as a run asks
             check_layer(int(layer[1]), cfg, f"{name}: layer")
-        cat = catalog.around(cfg)
-        named, entries = explained(cat, cfg, name)
-        if not entries and not named:  # a tensor of a family of other streams (DeepSeek-V4's, asked of tiny)
-            if (preset := model_emitting(cat, name)) is None:
-                raise StepperError(not_found(cat, name))
-            cat = catalog.around(preset_config(preset))
-            named, entries = explained(cat, preset_config(preset), name)
-        entries = emitted_by(cat, entries, cfg, name)
-        sizes, elsewhere = emitting_model(cat, entries, cfg)
+        found = looked_up(cfg, name, explained)
         console = Console(**styles(plain), highlight=False, markup=False, soft_wrap=True)
-        if elsewhere:  # above the entry, whose sizes are another model's
-            print_fitted(console, Text(elsewhere, style="bold"))
+        for text in found_texts(found):  # a terminal's lines broken at spaces, a pipe's kept whole
+            print_fitted(console, text)
             console.print()
-        for one in named:  # another implementation's name: which of stepper's tensors it holds
-            print_fitted(console, Text(one.note(), style="bold"))
-        if named:
-            console.print()
-        for entry in entries:  # a terminal's lines broken at spaces, a pipe's kept whole
-            print_fitted(console, explain_text(cat, entry, sizes))
-            console.print()
-        if also := also_named(cat, name, entries):
+        if also := also_named(found.cat, name, found.entries):
             print_fitted(console, also)
 
 

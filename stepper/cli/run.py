@@ -20,6 +20,7 @@ from stepper.cli.common import ModelOpt, PlainOpt, SeedOpt, note, one_prompt, pa
 from stepper.cli.names import check_pictures, only_filter
 from stepper.errors import StepperError
 from stepper.files import check_output, write_output
+from stepper.fixtures.implementation_names import explained
 from stepper.lessons import overrides
 from stepper.model.cache import cache_bytes_per_token
 from stepper.planning import RunPlan, plan_run
@@ -440,7 +441,7 @@ def step_command(
         source = CommandSource(console, sys.stdin, interactive, script, before_input=bars.hide)
         on_stop = JsonLines(sys.stdout, plan.config) if as_json else None
         debugger = Debugger(console, plan.config, source, plan.weights, list(breaks or []), until, on_stop, names,
-                            tokens=plan.tokens)
+                            tokens=plan.tokens, read=explained)  # e reads other implementations' names too
         try:
             agreement = IndexAgreement()
             result = planned.execute([*patcher, debugger, agreement, bars])

@@ -33,7 +33,7 @@ from stepper.text import Tokens
 from stepper.untrusted import cut, shown
 from stepper.views import attention_map, histogram_picture, kda_state, routing_map, scale_grids
 from stepper.views.debug_set import set_tensor
-from stepper.views.explain import explain_text, not_found
+from stepper.views.explain import Reading, found_texts, looked_up
 from stepper.views.family_pictures import drawn_pictures, pictures_of, undrawable
 from stepper.views.sinks import (
     TensorRows,
@@ -185,6 +185,7 @@ class Debugger:
     stops: int = 0
     replaced: np.ndarray | None = None  # what `set` made of the current tensor: the run continues from it
     tokens: Tokens | None = None  # with a text prompt: the texts that label token-indexed tensors
+    read: Reading | None = None  # how e reads a query (views.explain.looked_up; None: the catalogue's names)
 
     def __post_init__(self) -> None:
         self.catalog = catalog.around(self.cfg)  # what a query about this model's tensors finds
@@ -353,11 +354,8 @@ class Debugger:
 
     def cmd_explain(self, arg: str) -> None:
         key = catalog.key_of(self.resolve(arg).name) if not arg or self._seen(arg) else arg
-        entries = self.catalog.find(key)
-        if not entries:
-            raise StepperError(not_found(self.catalog, key))
-        for entry in entries:
-            print_fitted(self.console, explain_text(self.catalog, entry, self.cfg))
+        for text in found_texts(looked_up(self.cfg, key, self.read)):  # as `stepper explain` shows it
+            print_fitted(self.console, text)
 
     def cmd_where(self, _: str) -> None:
         print_whole(self.console, self.where_tree())  # on a terminal its labels wrap at words

@@ -14,7 +14,8 @@ import difflib
 import importlib.metadata
 import importlib.util
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,48 @@ from stepper.seams.trace import did_you_mean
 from stepper.session import preset_config, published_name, takes
 from stepper.untrusted import cut, shown
 from stepper.weights.names import layer_shapes, storage_dtype
+
+# What a query to explain finds, the one reading of `stepper explain`, the debugger's `e` and the
+# API's Run.explain: a query this model's catalogue does not have (DeepSeek-V4's `hc_attn.comb` asked
+# of tiny) is read in the catalogue of a tiny preset that has it; entries of tensors the model never
+# emits (Kimi Linear's `state` asked of Kimi K2) take the sizes of a preset that emits them.
+Reading = Callable[[catalog.Catalog, Config, str], tuple[list[Any], list[dict[str, Any]]]]
+
+
+@dataclass(frozen=True)
+class Found:
+    cat: catalog.Catalog  # the catalogue the entries come from (another family's for its tensors)
+    named: list[Any]  # another implementation's names the query is (fixtures' Named: its note())
+    entries: list[dict[str, Any]]
+    sizes: Config | None  # the model whose sizes they are shown with (None: no preset emits them)
+    elsewhere: str  # the line naming that model when it is not the one asked of; "" when it is
+
+
+def looked_up(cfg: Config, query: str, read: Reading | None = None, give: str = "give --model {}") -> Found:
+    """What `query` explains for a model of config cfg, as `read` reads a query in a catalogue
+    (fixtures.implementation_names.explained: other implementations' names too; None: the catalogue's
+    own names); refused in not_found's line (`give`: how the caller is told to ask for another
+    model) when no catalogue has it."""
+    read = read or (lambda cat, cfg, query: ([], cat.find(query)))
+    cat = catalog.around(cfg)
+    named, entries = read(cat, cfg, query)
+    if not entries and not named:  # a tensor of a family of other streams (DeepSeek-V4's, asked of tiny)
+        if (preset := model_emitting(cat, query)) is None:
+            raise StepperError(not_found(cat, query, give))
+        cat = catalog.around(preset_config(preset))
+        named, entries = read(cat, preset_config(preset), query)
+    entries = emitted_by(cat, entries, cfg, query)
+    sizes, elsewhere = emitting_model(cat, entries, cfg)
+    return Found(cat, named, entries, sizes, elsewhere)
+
+
+def found_texts(found: Found) -> list[Text]:
+    """What is shown of it, block by block: the line naming the model whose sizes they are, the
+    other implementations' names the query is, each entry with those sizes."""
+    notes = [Text(found.elsewhere, style="bold")] if found.elsewhere else []
+    if found.named:
+        notes.append(Text("\n".join(one.note() for one in found.named), style="bold"))
+    return [*notes, *(explain_text(found.cat, entry, found.sizes) for entry in found.entries)]
 
 
 def explain_text(cat: catalog.Catalog, entry: dict[str, Any], cfg: Config | None) -> Text:

@@ -131,6 +131,10 @@ def test_explain_of_another_familys_tensor_shows_it_and_names_the_model_that_emi
         "no tensor named 'nosuch' in the catalogue (stepper tree lists them)")
     own = stepper("explain", "attn.chosen", "--model", "tiny-v4").stdout
     assert own.startswith("attn.chosen\n") and "does not emit" not in own
+    debugger = stepper("step", "--plain", "--model", "tiny-v4", stdin="e self_attn.k_pe\ne attn.kv#2\nq\n").stdout
+    assert ("(stepper) e self_attn.k_pe\nmodel tiny-v4 does not emit it: a tensor of tiny's, shown with its sizes "
+            "(stepper explain self_attn.k_pe --model tiny)\nself_attn.k_pe\n") in debugger  # the debugger's e, alike
+    assert "rope (rope dims = 16)" in debugger and "attn.kv#2 is inference's layers.{i}.attn.kv#2" in debugger
 
 
 def test_a_lone_hash_layer_on_given_streams_says_whose_token_ids_route_it(tmp_path):

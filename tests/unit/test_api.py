@@ -87,11 +87,21 @@ def test_explain_gives_the_catalogue_entry_as_data_and_refuses_an_unknown_name(r
         run.explain("no_such_tensor")
     with pytest.raises(KeyError, match="did you mean compressed_kv"):  # as `stepper explain` answers a typo
         run.explain("compresed_kv")
-    with pytest.raises(KeyError, match=r"it is a tensor of tiny's family \(a run of model='tiny' has it\); "
-                                       r"this model's nearest: kv_rope, q_rope$"):
-        stepper.run("tiny-v4", prompt_len=3).explain("self_attn.k_pe")  # it suggested the very name it refused
     with pytest.raises(StepperError, match="^explain expects a tensor name \\(a str\\), got int$"):
         run.explain(3)
+
+
+def test_explain_of_a_tensor_the_run_never_emits_gives_its_entry_and_the_preset_that_emits_it(run):
+    """As `stepper explain` shows it (tests/cli/test_v4_new_user.py), not refused as before."""
+    v4 = stepper.run("tiny-v4", prompt_len=3)
+    entry = v4.explain("self_attn.k_pe")
+    assert entry["name"] == "self_attn.k_pe" and entry["emitted_by"] == "tiny"
+    assert entry["dims"] == ["B", "one", "T", "rope"]
+    assert run.explain("hc_attn.comb")["emitted_by"] == "tiny-v4"  # a family of other streams
+    assert run.explain("self_attn.state")["emitted_by"] == "tiny-kimi-linear"  # the same streams
+    assert "emitted_by" not in v4.explain("hc_attn.comb") and "emitted_by" not in run.explain("k_pe")
+    with pytest.raises(KeyError, match=r"^no tensor named 'nosuch' in the catalogue \(stepper tree lists them\)$"):
+        v4.explain("nosuch")
 
 
 def test_explain_reads_other_implementations_names_back_as_stepper_explain_does(run):
