@@ -13,7 +13,7 @@ from stepper.cli.common import ModelOpt, PlainOpt, user_errors
 from stepper.config import Config
 from stepper.errors import StepperError
 from stepper.fixtures.implementation_names import explained
-from stepper.session import RunSpec, check_layer, check_refused, command_line, load_model
+from stepper.session import RunSpec, check_layer, check_refused, command_line, load_model, takes
 from stepper.views.compare import compared_layer, comparison
 from stepper.views.explain import also_named, found_texts, looked_up
 from stepper.views.sinks import line_width, print_fitted, print_whole, styles
@@ -51,7 +51,8 @@ def tree_command(
         metavar="N", help="Only layer N's kind (dense or MoE; a family's own: KDA or MLA, V4's compression).")] = None,
     attn: Annotated[str | None, typer.Option(
         metavar="naive|absorb", help="naive or absorb: which attention tensors to list (default naive; a family "
-        "with one attention path, DeepSeek-V4's, takes no such option, as run refuses it).",
+        "with one attention path, DeepSeek-V4's, takes no such option, as run refuses it; with --compare, the model "
+        "that has the choice takes it).",
         show_default=False)] = None,
     plain: PlainOpt = False,
     compare: Annotated[str | None, typer.Option(
@@ -66,13 +67,12 @@ def tree_command(
         asked, attn = attn, attn or "naive"  # asked: --attn as given, None when it is not
         if attn not in ("naive", "absorb"):
             raise StepperError(f"--attn must be naive or absorb, got '{attn}'")
-        refuse_attn(asked, cfg)
+        other = load_model(compare, 0).config if compare is not None else None
+        refuse_attn(asked, cfg, *([other] if other else []))
         if layer is not None:
             check_layer(layer, cfg)
         console = Console(**styles(plain), highlight=False, markup=False)
-        if compare is not None:  # two models side by side (views.compare)
-            other = load_model(compare, 0).config
-            refuse_attn(asked, other)
+        if other is not None:  # two models side by side (views.compare)
             if layer is not None:
                 check_layer(layer, other)
             layers = (compared_layer(cfg, layer), compared_layer(other, layer))
@@ -84,8 +84,11 @@ def tree_command(
             print_whole(console, layer_tree(catalog.load(), cfg, i, attn))
 
 
-def refuse_attn(attn: str | None, cfg: Config) -> None:
-    """--attn given (None: not) for a model whose family has one attention path (DeepSeek-V4's):
-    refused in the one line `stepper run` and `step` give (session.check_refused)."""
-    if attn is not None:
-        check_refused(RunSpec(attn=attn), cfg, command_line)
+def refuse_attn(attn: str | None, *cfgs: Config) -> None:
+    """--attn given (None: not) where no model of those listed has a choice of attention path (DeepSeek-V4
+    has one): refused in the one line `stepper run` and `step` give (session.check_refused). A
+    comparison of a model with a choice and one without takes it for the first."""
+    if attn is None:
+        return
+    if not any(takes(cfg, "attn") for cfg in cfgs):
+        check_refused(RunSpec(attn=attn), cfgs[0], command_line)

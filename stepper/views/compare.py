@@ -18,6 +18,7 @@ from rich.text import Text
 
 from stepper import catalog
 from stepper.config import Config
+from stepper.session import takes
 from stepper.untrusted import shown
 from stepper.views.fitted_table import fitted
 
@@ -120,6 +121,11 @@ def merged(first: list[str], second: list[str]) -> list[str]:
     return order
 
 
+def path(cfg: Config, attn: str) -> str:
+    """' (naive attention)' for a model with a choice of attention path, '' for one with one."""
+    return f" ({attn} attention)" if takes(cfg, "attn") else ""
+
+
 def comparison(cat: catalog.Catalog, a: Config, b: Config, layers: tuple[int, int], attn: str,
                everything: bool = False, width: int | None = None) -> Group:
     """The two layers' differences as a table (every tensor with `everything`), the differing
@@ -128,7 +134,10 @@ def comparison(cat: catalog.Catalog, a: Config, b: Config, layers: tuple[int, in
     seq_a = {e["name"]: e for e in cat.layer_sequence(a, layers[0], attn)}
     seq_b = {e["name"]: e for e in cat.layer_sequence(b, layers[1], attn)}
     names_a, names_b = shown(a.name), shown(b.name)
-    title = Text(f"{names_a} layer {layers[0]} vs {names_b} layer {layers[1]}, {attn} attention", style="bold")
+    heading = (f"{names_a} layer {layers[0]} vs {names_b} layer {layers[1]}, {attn} attention"
+               if takes(a, "attn") and takes(b, "attn")  # else the path named on the side that has two: V4 has one
+               else f"{names_a} layer {layers[0]}{path(a, attn)} vs {names_b} layer {layers[1]}{path(b, attn)}")
+    title = Text(heading, style="bold")
     col_a, col_b = (names_a, names_b) if names_a != names_b else (f"{names_a} (A)", f"{names_b} (B)")
     config = [{"config field": field, col_a: value(x), col_b: value(y)} for field, (x, y) in fields.items()]
     rows, same = [], 0

@@ -142,12 +142,20 @@ def test_an_option_v4_has_no_path_for_is_one_line(option, value, why):
 @pytest.mark.parametrize("value", ["naive", "absorb"])
 def test_tree_refuses_attn_for_v4_in_the_line_run_gives(value):
     """tree's --attn is refused for a family with one attention path by run's own check: the same line,
-    exit 2, for --model and for --compare's model; without --attn the tree is drawn."""
+    exit 2, for --model and when both compared models are of it; without --attn the tree is drawn. A
+    comparison with a model that has the choice takes it for that model, named on its side."""
     line = one_line_error(stepper("run", "--model", "tiny-v4", "--attn", value))
     assert one_line_error(stepper("tree", "--model", "tiny-v4", "--attn", value)) == line
-    assert one_line_error(stepper("tree", "--model", "tiny", "--compare", "tiny-v4", "--attn", value)) == line
+    assert one_line_error(stepper("tree", "--model", "tiny-v4", "--compare", "tiny-v4", "--attn", value)) == line
     assert stepper("tree", "--model", "tiny-v4", "--layer", "1").returncode == 0
-    assert stepper("tree", "--model", "tiny", "--compare", "tiny-v4").returncode == 0
+    for args, title in ((["--model", "tiny", "--compare", "tiny-v4"],
+                         "tiny layer 1 (naive attention) vs tiny-v4 layer 0"),
+                        (["--model", "tiny-v4", "--compare", "tiny", "--attn", value],
+                         f"tiny-v4 layer 0 vs tiny layer 1 ({value} attention)")):
+        out = stepper("tree", *args, "--plain")
+        assert out.returncode == 0 and out.stdout.splitlines()[0] == title, out.stderr
+    absorbed = stepper("tree", "--model", "tiny", "--compare", "tiny-v4", "--attn", value, "--plain").stdout
+    assert ("self_attn.q_nope_absorbed" in absorbed) == (value == "absorb")  # tiny's tensors on that path
 
 
 def test_show_draws_the_comb_matrix_and_what_a_query_sees():
