@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from typing import Annotated
 
 import typer
@@ -19,8 +18,6 @@ from stepper.views.explain import also_named, found_texts, looked_up
 from stepper.views.sinks import line_width, print_fitted, print_whole, styles
 from stepper.views.tree import layer_kind, layer_tree
 
-LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")  # a name's layer: layers.1.x, prefill.layers.1.x, model.layers.1.x
-
 
 def explain_command(
     name: Annotated[str, typer.Argument(metavar="NAME",
@@ -34,8 +31,6 @@ def explain_command(
     """The catalogue entry of a tensor: what it is, its formula and shape, the reference lines."""
     with user_errors():
         cfg = load_model(model, 0).config
-        if (layer := LAYER.search(name)) is not None:  # a layer the model has, as a run asks
-            check_layer(int(layer[1]), cfg, f"{name}: layer")
         found = looked_up(cfg, name, explained)
         console = Console(**styles(plain), highlight=False, markup=False, soft_wrap=True)
         for text in found_texts(found):  # a terminal's lines broken at spaces, a pipe's kept whole

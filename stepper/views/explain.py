@@ -27,7 +27,7 @@ from stepper.config import Config, MlaVariants
 from stepper.errors import StepperError
 from stepper.presets import PRESETS, V4_PRESETS
 from stepper.seams.trace import did_you_mean
-from stepper.session import preset_config, published_name, takes
+from stepper.session import check_layer, preset_config, published_name, takes
 from stepper.untrusted import cut, shown
 from stepper.weights.names import layer_shapes, storage_dtype
 
@@ -35,6 +35,7 @@ from stepper.weights.names import layer_shapes, storage_dtype
 # API's Run.explain: a query this model's catalogue does not have (DeepSeek-V4's `hc_attn.comb` asked
 # of tiny) is read in the catalogue of a tiny preset that has it; entries of tensors the model never
 # emits (Kimi Linear's `state` asked of Kimi K2) take the sizes of a preset that emits them.
+LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")  # a name's layer: layers.1.x, prefill.layers.1.x, model.layers.1.x
 Reading = Callable[[catalog.Catalog, Config, str], tuple[list[Any], list[dict[str, Any]]]]
 
 
@@ -52,6 +53,8 @@ def looked_up(cfg: Config, query: str, read: Reading | None = None, give: str = 
     (fixtures.implementation_names.explained: other implementations' names too; None: the catalogue's
     own names); refused in not_found's line (`give`: how the caller is told to ask for another
     model) when no catalogue has it."""
+    if (layer := LAYER.search(query)) is not None:  # a layer the model has, as a run asks
+        check_layer(int(layer[1]), cfg, f"{cut(query)}: layer")
     read = read or (lambda cat, cfg, query: ([], cat.find(query)))
     cat = catalog.around(cfg)
     named, entries = read(cat, cfg, query)

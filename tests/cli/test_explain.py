@@ -58,8 +58,10 @@ def test_a_typo_gets_the_nearest_names_and_the_debugger_explains_with_the_runs_s
     assert bad.returncode == 2 and bad.stdout == ""
     assert bad.stderr.strip().startswith("stepper: error: no tensor named 'compresed_kv' in the catalogue; did you "
                                          "mean compressed_kv"), bad.stderr
-    out = stepper("step", "--plain", "--break", "layers.0.self_attn.k_pe", stdin="e compresed_kv\ne q_pe_rope\nq\n")
+    out = stepper("step", "--plain", "--break", "layers.0.self_attn.k_pe",
+                  stdin="e compresed_kv\ne q_pe_rope\ne layers.9.x\nq\n")
     assert out.returncode == 0, out.stderr
+    assert "(stepper) e layers.9.x\nlayers.9.x: layer 9 out of range: model tiny has layers 0..2\n" in out.stdout
     assert "no tensor named 'compresed_kv' in the catalogue; did you mean compressed_kv" in out.stdout
     assert "dims i and i + 8 form the pair" in out.stdout  # the tiny run's 16 rope dims, not Kimi K2's 64
 

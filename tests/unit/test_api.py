@@ -102,6 +102,8 @@ def test_explain_of_a_tensor_the_run_never_emits_gives_its_entry_and_the_preset_
     assert "emitted_by" not in v4.explain("hc_attn.comb") and "emitted_by" not in run.explain("k_pe")
     with pytest.raises(KeyError, match=r"^no tensor named 'nosuch' in the catalogue \(stepper tree lists them\)$"):
         v4.explain("nosuch")
+    with pytest.raises(KeyError, match=r"^layers.9.self_attn.k_pe: layer 9 out of range: model tiny has layers 0..2$"):
+        run.explain("layers.9.self_attn.k_pe")  # as `stepper explain` refuses it (it answered k_pe's entry)
 
 
 def test_explain_reads_other_implementations_names_back_as_stepper_explain_does(run):
