@@ -154,7 +154,6 @@ def guarded(path: Path, name: str, func: Callable) -> Callable:
             raise StepperError(f"{path}: {name} returned {wrong}")
         return result
 
-    call.learner_path = path  # type: ignore[attr-defined]
     call.called = False  # type: ignore[attr-defined]
     return call
 
