@@ -793,6 +793,9 @@ def test_a_candidate_of_unknown_names_is_told_the_namings_its_family_has(tmp_pat
     told = stepper("fixtures", "verify", str(ROOT / "fixtures" / "tiny-v3-grouped"), str(hf), "--names", "inference")
     assert told.returncode == 2 and told.stderr.rstrip().endswith(
         "they are transformers names, not inference ones: give --names transformers"), told.stderr
+    told = stepper("fixtures", "verify", str(ROOT / "fixtures" / "tiny-v3-grouped"), str(hf), "--names", "canonical")
+    assert told.returncode == 2 and told.stderr.rstrip().endswith(  # not "expected ... transformers module names"
+        "they are transformers names, not canonical ones: give --names transformers"), told.stderr
     told = stepper("fixtures", "verify", str(ROOT / "fixtures" / "tiny-kimi-linear-kda"), str(hf))
     assert told.returncode == 2 and told.stderr.rstrip().endswith(
         "expected canonical names like layers.1.self_attn.k_pe (no other implementation's names of kimi_linear "
