@@ -60,7 +60,7 @@ def diff_command(
 
 def show(console: Console, found: Diff, changed: bool) -> None:
     listed = Diff(found.a, found.b, [r for r in found.rows if r.status != "same"] if changed else found.rows,
-                  found.only_a, found.only_b)
+                  found.only_a, found.only_b, found.file_order)
     if listed.rows:
         print_whole(console, diff_table.table(listed, line_width(console)))
         console.print()

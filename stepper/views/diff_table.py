@@ -112,6 +112,9 @@ def summary(diff: Any) -> Text:
     else:
         text.append(f"first difference: {shown(first.name)}", style="bold red")
         text.append(f" ({shown(first.detail)})" if first.detail else "")
+        if getattr(diff, "file_order", False):
+            text.append("\nfirst in A's file order: neither side records the order the run made its tensors in "
+                        "(a --dump, a fixture, a run or an .npz does)", style="dim")
     return text
 
 

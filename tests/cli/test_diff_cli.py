@@ -123,3 +123,29 @@ def test_a_name_of_100_000_characters_is_shown_cut(tmp_path):
         f"stepper: error: diff: {a} and {c} have no tensor in common (A's first name is layers.1.same, B's "
         f"{long[:60]}...; diff reads stepper's own names (a run, a --dump, a fixture): a dump in another "
         "implementation's names goes to stepper fixtures verify)\n")
+
+
+def test_a_port_dump_written_by_safetensors_as_a_is_compared_in_the_run_order_of_b(tmp_path):
+    """safetensors' save_file lists a file's tensors by dtype and name, not in the order the port made
+    them: as A, its order (layers.1.attn_residual, layers.1.mlp... before layers.1.self_attn...) named a
+    tensor downstream of the first difference as the first."""
+    from safetensors.numpy import save_file
+
+    from stepper.fixtures.candidate import Candidate
+
+    run, port = tmp_path / "run.safetensors", tmp_path / "port.safetensors"
+    made = stepper("run", "--plain", "--ids", "5,6,7", "--dump", run, "--patch", "layers.1.self_attn.o_proj=x*1.01")
+    assert made.returncode == 0, made.stderr
+    with Candidate(run) as dumped:
+        save_file({name: np.array(dumped[name]) for name in dumped}, str(port))
+    for a, b in ((str(port), "run --ids 5,6,7"), ("run --ids 5,6,7", str(port))):
+        out = diff(a, b)
+        assert out.returncode == 1, out.stderr
+        assert "first difference: layers.1.self_attn.o_proj " in out.stdout, out.stdout[-600:]
+        assert "file order" not in out.stdout
+    one, two = tmp_path / "one.safetensors", tmp_path / "two.safetensors"  # neither records an order: A's, said so
+    save_file({"layers.1.b": np.zeros(2, np.float32), "layers.1.a": np.zeros(2, np.float32)}, str(one))
+    save_file({"layers.1.b": np.ones(2, np.float32), "layers.1.a": np.ones(2, np.float32)}, str(two))
+    out = diff(str(one), str(two))
+    assert out.returncode == 1 and "first difference: layers.1.a " in out.stdout
+    assert "first in A's file order: neither side records the order the run made its tensors in" in out.stdout

@@ -148,3 +148,24 @@ def test_force_keeps_weights_or_a_manifest_changed_since_stepper_wrote_them(writ
     assert done.exit_code == 2 and snapshot(written) == before
     assert done.stderr == (f"stepper: error: {written}: holds '{named}' (changed since stepper wrote it); --force "
                            "replaces only a fixture folder stepper wrote, so nothing there was touched\n")
+
+
+@pytest.mark.parametrize("new", [False, True])
+def test_a_file_put_in_the_folder_while_the_run_ran_is_kept(written, monkeypatch, new):
+    """The folder is checked again before it is replaced: a dump copied into the old fixture during a
+    long run (Kimi K2's layer takes minutes), or a folder made at a new name meanwhile, was deleted."""
+    from stepper.fixtures import export as export_module
+
+    out = written.parent / "new" if new else written
+    write = export_module.write_tensors
+
+    def meanwhile(path, events):
+        out.mkdir(exist_ok=True)
+        (out / "port.safetensors").write_bytes(b"mine")
+        write(path, events)
+
+    monkeypatch.setattr(export_module, "write_tensors", meanwhile)
+    done = export(out, *([] if new else ["--force"]))
+    assert done.exit_code == 2 and (out / "port.safetensors").read_bytes() == b"mine", done.output
+    assert done.stderr.startswith(f"stepper: error: {out}: ")
+    assert sorted(p.name for p in written.parent.iterdir()) == sorted(["fixture", "mini.json"] + ["new"] * new)

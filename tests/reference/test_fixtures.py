@@ -205,6 +205,24 @@ def test_first_divergence_names_what_the_tensor_is_computed_from(basic):
     assert [basic.entries[j]["name"] for j in verify.formula_inputs(basic, index)] == ["prefill.layers.1.output"]
 
 
+def test_a_first_divergence_whose_formula_names_no_tensor_is_not_said_to_start_there_when_its_layer_misses_some(
+        tmp_path):
+    """KDA's delta is computed from beta, v, k and the state, which its formula writes beta_t, v_t, k_t,
+    S: no fixture tensor is named, so the tensor before it (state_per_chunk) stood for its inputs, and
+    with beta missing the verdict put the difference in delta's own step."""
+    kda = load(ROOT / "fixtures" / "tiny-kimi-linear-kda")
+    tensors = {k: v for k, v in kda.tensors.items() if k != "prefill.layers.0.self_attn.beta"}
+    tensors["prefill.layers.0.self_attn.delta"] = tensors["prefill.layers.0.self_attn.delta"] * 1.05  # as a wrong beta
+    out = stepper("fixtures", "verify", kda.path, write_candidate(tmp_path / "c.npz", tensors), "--allow-missing",
+                  "--plain", "--problems")
+    assert out.returncode == 1 and "first divergence: prefill.layers.0.self_attn.delta:" in out.stdout, out.stderr
+    assert "so the difference starts in this step" not in out.stdout
+    assert "prefill.layers.0.self_attn.beta is not in the candidate" in out.stdout
+    tensors["prefill.layers.0.self_attn.beta"] = kda.tensors["prefill.layers.0.self_attn.beta"]
+    out = stepper("fixtures", "verify", kda.path, write_candidate(tmp_path / "c.npz", tensors), "--plain", "--problems")
+    assert "its inputs match, so the difference starts in this step" in out.stdout  # every earlier tensor is there
+
+
 def test_a_candidate_missing_half_the_tensors_is_reported_tensor_by_tensor(basic, tmp_path):
     kept = dict(list(basic.tensors.items())[::2])
     candidate = write_candidate(tmp_path / "half.npz", kept)
@@ -793,6 +811,9 @@ def test_a_candidate_of_unknown_names_is_told_the_namings_its_family_has(tmp_pat
     told = stepper("fixtures", "verify", str(ROOT / "fixtures" / "tiny-v3-grouped"), str(hf), "--names", "inference")
     assert told.returncode == 2 and told.stderr.rstrip().endswith(
         "they are transformers names, not inference ones: give --names transformers"), told.stderr
+    told = stepper("fixtures", "verify", str(ROOT / "fixtures" / "tiny-v3-grouped"), str(hf), "--names", "canonical")
+    assert told.returncode == 2 and told.stderr.rstrip().endswith(  # not "expected ... transformers module names"
+        "they are transformers names, not canonical ones: give --names transformers"), told.stderr
     told = stepper("fixtures", "verify", str(ROOT / "fixtures" / "tiny-kimi-linear-kda"), str(hf))
     assert told.returncode == 2 and told.stderr.rstrip().endswith(
         "expected canonical names like layers.1.self_attn.k_pe (no other implementation's names of kimi_linear "
