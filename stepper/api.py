@@ -135,7 +135,9 @@ def run(model: str | Path | None = None, *, ids: Sequence[int] | None = None, pr
                            f"got {type(weights).__name__}")
     patches = [(p, _two_arguments(p, fn)) for p, fn in as_patches(patch)]
     chosen = 0 if asked is None and (patches or files) else asked  # auto with a patch or use: the whole prompt
-    return Run(record(spec, kept, patches, lambda: overrides.use(files), API_WORDING, weights=weights, chunk=chosen))
+    with np.errstate(all="ignore"):  # as `stepper run`: the NaN or inf a run makes is in its figures, not in warnings
+        return Run(record(spec, kept, patches, lambda: overrides.use(files), API_WORDING, weights=weights,
+                          chunk=chosen))
 
 
 class Run(Mapping):
@@ -180,6 +182,8 @@ class Run(Mapping):
 
     def event(self, name: str) -> Event:
         """The kept tensor `name` (a full name, or a glob or dotted tail matching one kept name) with its scope."""
+        if not isinstance(name, str):  # (run.show(3) was a TypeError from inside fnmatch)
+            raise NotFound(f"tensors are looked up by name (a string), got {type(name).__name__}")
         if name in self._events:
             return self._events[name]
         found = [n for n in self._events if matches(n, [name])]
@@ -196,8 +200,6 @@ class Run(Mapping):
 
     def __getitem__(self, name: str) -> Tensor:
         """The kept tensor `name`: a read-only array, or a LazyTensor made when read (see `cost`)."""
-        if not isinstance(name, str):
-            raise NotFound(f"tensors are looked up by name (a string), got {type(name).__name__}")
         return self.event(name).array
 
     def __iter__(self) -> Iterator[str]:
@@ -205,6 +207,15 @@ class Run(Mapping):
 
     def __len__(self) -> int:
         return len(self._events)
+
+    def __eq__(self, other: object) -> bool:
+        """Not defined between two runs: a Mapping's == compared the arrays' truth (a NumPy ValueError)."""
+        if other is self or not isinstance(other, Mapping):
+            return other is self
+        raise StepperError("runs are compared tensor by tensor with stepper.diff(a, b), not with == "
+                           "(diff(a, b).first is None when no tensor differs beyond round-off)")
+
+    __hash__ = None  # a Mapping, as before
 
     def explain(self, name: str) -> dict[str, Any]:
         """The catalogue entry of a tensor (a full name, a catalogue name, a dotted tail or another

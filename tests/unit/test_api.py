@@ -614,3 +614,25 @@ def test_a_lazy_tensor_says_how_to_get_its_array_and_a_long_prompt_is_shortened(
     with pytest.raises(AttributeError, match=r"object has no attribute 'no_such'$"):
         getattr(lazy, "no_such")  # noqa: B009
     assert "(300 tokens)" in repr(run) and len(repr(run)) < 300
+
+
+def test_a_name_that_is_not_a_string_is_one_sentence_in_show_and_picture_too(run):
+    for look in (run.__getitem__, run.show, lambda name: run.picture("hist", name)):
+        with pytest.raises(StepperError, match=r"^tensors are looked up by name \(a string\), got int$"):
+            look(3)  # show and picture: a TypeError from inside fnmatch
+
+
+def test_two_runs_compared_with_eq_point_to_diff(run):
+    again = stepper.run("tiny", ids=[1, 2, 3], decode=1)
+    for compare in (lambda: run == again, lambda: run != dict(again)):
+        with pytest.raises(StepperError, match=r"^runs are compared tensor by tensor with stepper.diff\(a, b\)"):
+            compare()  # a Mapping's == asked the truth of an array: NumPy's ValueError
+    assert run in [run] and run != 3 and run != "tiny"  # itself, and what is no mapping: as any object
+    assert stepper.diff(run, again).first is None
+
+
+def test_a_patch_that_makes_inf_and_nan_warns_nothing_as_the_command_line_runs(recwarn):
+    run = stepper.run("tiny", ids=[1, 2, 3], patch={"layers.1.self_attn.q": "x*inf"})
+    assert [str(w.message) for w in recwarn] == []  # 6 RuntimeWarnings from rope and the attention kernels
+    assert np.isinf(run["layers.1.self_attn.q"]).all() and np.isnan(run["layers.2.output"]).all()
+    assert np.isfinite(run["layers.1.self_attn.compressed_kv"]).all()  # before the patch: untouched
