@@ -6,6 +6,7 @@
     run.names                                             # the kept names, in execution order
     run.explain("k_pe")                                   # the catalogue entry, as a dict
     run.generated, run.config                             # the decoded tokens, the model's Config
+    run.notes                                             # what `stepper run` says before the run
 
     patched = stepper.run("tiny", ids=[1, 2, 3], patch=stepper.zero_expert(1, 5))
     stepper.diff(run, patched).first                      # where the two runs part
@@ -176,6 +177,13 @@ class Run(Mapping):
         return self._recorded.result.generated
 
     @property
+    def notes(self) -> tuple[str, ...]:
+        """What the command line says of the same run before it: its auto choices (attn=, chunk=) and
+        its notes (a lone layer of a checkpoint without an embedding table runs on seeded vectors, its
+        ids= only counting positions; tensors the config gives no use), in the API's words."""
+        return self._recorded.said
+
+    @property
     def patched(self) -> dict[str, list[str]]:
         """Each patch glob -> the names it was applied to."""
         return {k: list(v) for k, v in self._recorded.patched.items()}
@@ -261,12 +269,15 @@ class Run(Mapping):
     def __repr__(self) -> str:
         patched = ", ".join(shown(glob) for glob in self._recorded.patched)
         at = f", patched at {patched}" if patched else ""
+        noted = sum(line.startswith("note:") for line in self.notes)
+        told = f"; {noted} note{'s' if noted > 1 else ''} in run.notes" if noted else ""
         return (f"<stepper.Run {self.config.name}{at}: {len(self)} tensors kept of {len(self._recorded.names)}, "
-                f"prompt {token_ids(self.prompt)}, generated {token_ids(self.generated)}>")
+                f"prompt {token_ids(self.prompt)}, generated {token_ids(self.generated)}{told}>")
 
     def _repr_html_(self) -> str:
         """A summary (its steps and layers and the names each kept), not every tensor: `show` one."""
-        return notebook.run_html(list(self._events.values()), self.config, repr(self), self.pictures())
+        notes = [line for line in self.notes if line.startswith("note:")]
+        return notebook.run_html(list(self._events.values()), self.config, repr(self), self.pictures(), notes)
 
     def pictures(self) -> tuple[str, ...]:
         """The kinds of `picture` this run's kept tensors can draw ("hist": any tensor)."""

@@ -636,3 +636,18 @@ def test_a_patch_that_makes_inf_and_nan_warns_nothing_as_the_command_line_runs(r
     assert [str(w.message) for w in recwarn] == []  # 6 RuntimeWarnings from rope and the attention kernels
     assert np.isinf(run["layers.1.self_attn.q"]).all() and np.isnan(run["layers.2.output"]).all()
     assert np.isfinite(run["layers.1.self_attn.compressed_kv"]).all()  # before the patch: untouched
+
+
+def test_a_lone_layer_without_an_embedding_table_says_its_ids_only_count_positions_as_stepper_run_does(tmp_path):
+    """ids= of a checkpoint holding layer 1 alone: seeded vectors, the same whatever the ids (the
+    command line says so before the run; the API said nothing)."""
+    out = tmp_path / "t12"
+    assert helpers.cli.stepper("synth", "--model", "tiny", "--layers", "1:2", "--out", out).returncode == 0
+    one, other = (stepper.run(out, layer=1, ids=ids, keep="layers.1.output") for ids in ([5, 6], [7, 8]))
+    np.testing.assert_array_equal(one["layers.1.output"], other["layers.1.output"])  # the ids count positions only
+    note = ("note: this checkpoint has no embedding table, so layer 1 runs on seeded random vectors and ids= only sets "
+            "their number; give input=FILE (the hidden states of the layer before, dumped from a run) for real ones")
+    assert one.notes[-1] == note and one.notes[0].startswith("attn=auto: naive prefill (the run needs about ")
+    assert repr(one).endswith("generated []; 1 note in run.notes>") and note in one._repr_html_()
+    plain = stepper.run("tiny", ids=[5, 6], keep="layers.1.output")
+    assert [line.split(":")[0] for line in plain.notes] == ["attn=auto"] and "note" not in repr(plain)
