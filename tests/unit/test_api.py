@@ -651,3 +651,13 @@ def test_a_lone_layer_without_an_embedding_table_says_its_ids_only_count_positio
     assert repr(one).endswith("generated []; 1 note in run.notes>") and note in one._repr_html_()
     plain = stepper.run("tiny", ids=[5, 6], keep="layers.1.output")
     assert [line.split(":")[0] for line in plain.notes] == ["attn=auto"] and "note" not in repr(plain)
+
+
+def test_a_routing_picture_of_nan_weights_draws_them_as_nan_not_as_the_largest():
+    """A NaN patch spreads to layer 2's router: its weights were all drawn █, "≤1 of the largest weight (0)"."""
+    run = stepper.run("tiny", ids=[1, 2, 3], patch={"layers.1.self_attn.attn_weights": lambda a, name: a * np.nan})
+    assert np.isnan(run["layers.2.mlp.gate.topk_weight"]).all()
+    rows = repr(run.picture("routing", "layers.2.mlp.gate.topk_idx")).splitlines()
+    grid = [row.split()[1] for row in rows[1:4]]
+    assert grid == ["!!!!" + "·" * 28] * 3 and "! NaN or infinite" in rows
+    assert not any("█" in cells for cells in grid)
