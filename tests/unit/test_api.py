@@ -661,3 +661,14 @@ def test_a_routing_picture_of_nan_weights_draws_them_as_nan_not_as_the_largest()
     grid = [row.split()[1] for row in rows[1:4]]
     assert grid == ["!!!!" + "·" * 28] * 3 and "! NaN or infinite" in rows
     assert not any("█" in cells for cells in grid)
+
+
+def test_a_patch_returning_a_masked_array_is_refused_naming_what_to_return():
+    masked = {"layers.1.self_attn.q": lambda a, name: np.ma.masked_less(a, 0)}
+    with pytest.raises(StepperError, match=r"^patch layers.1.self_attn.q on layers.1.self_attn.q returned a "
+                                           r"MaskedArray; expected a plain np.ndarray of the tensor's shape and dtype, "
+                                           r"float32\[1, 4, 3, 48\] \(a masked array's .filled\(value\) is one\)$"):
+        stepper.run("tiny", ids=[1, 2, 3], patch=masked)  # NumPy's broadcast error from inside numpy.ma's matmul
+    filled = stepper.run("tiny", ids=[1, 2, 3], patch={"layers.1.self_attn.q": lambda a, name: np.ma.masked_less(
+        a, 0).filled(0)})
+    assert filled["layers.1.self_attn.q"].min() == 0 and filled["layers.1.self_attn.q"].max() > 0
