@@ -6,6 +6,7 @@
     run.names                                             # the kept names, in execution order
     run.explain("k_pe")                                   # the catalogue entry, as a dict
     run.generated, run.config                             # the decoded tokens, the model's Config
+    run.notes                                             # what `stepper run` says before the run
 
     patched = stepper.run("tiny", ids=[1, 2, 3], patch=stepper.zero_expert(1, 5))
     stepper.diff(run, patched).first                      # where the two runs part
@@ -135,7 +136,9 @@ def run(model: str | Path | None = None, *, ids: Sequence[int] | None = None, pr
                            f"got {type(weights).__name__}")
     patches = [(p, _two_arguments(p, fn)) for p, fn in as_patches(patch)]
     chosen = 0 if asked is None and (patches or files) else asked  # auto with a patch or use: the whole prompt
-    return Run(record(spec, kept, patches, lambda: overrides.use(files), API_WORDING, weights=weights, chunk=chosen))
+    with np.errstate(all="ignore"):  # as `stepper run`: the NaN or inf a run makes is in its figures, not in warnings
+        return Run(record(spec, kept, patches, lambda: overrides.use(files), API_WORDING, weights=weights,
+                          chunk=chosen))
 
 
 class Run(Mapping):
@@ -174,12 +177,21 @@ class Run(Mapping):
         return self._recorded.result.generated
 
     @property
+    def notes(self) -> tuple[str, ...]:
+        """What the command line says of the same run before it: its auto choices (attn=, chunk=) and
+        its notes (a lone layer of a checkpoint without an embedding table runs on seeded vectors, its
+        ids= only counting positions; tensors the config gives no use), in the API's words."""
+        return self._recorded.said
+
+    @property
     def patched(self) -> dict[str, list[str]]:
         """Each patch glob -> the names it was applied to."""
         return {k: list(v) for k, v in self._recorded.patched.items()}
 
     def event(self, name: str) -> Event:
         """The kept tensor `name` (a full name, or a glob or dotted tail matching one kept name) with its scope."""
+        if not isinstance(name, str):  # (run.show(3) was a TypeError from inside fnmatch)
+            raise NotFound(f"tensors are looked up by name (a string), got {type(name).__name__}")
         if name in self._events:
             return self._events[name]
         found = [n for n in self._events if matches(n, [name])]
@@ -196,8 +208,6 @@ class Run(Mapping):
 
     def __getitem__(self, name: str) -> Tensor:
         """The kept tensor `name`: a read-only array, or a LazyTensor made when read (see `cost`)."""
-        if not isinstance(name, str):
-            raise NotFound(f"tensors are looked up by name (a string), got {type(name).__name__}")
         return self.event(name).array
 
     def __iter__(self) -> Iterator[str]:
@@ -205,6 +215,15 @@ class Run(Mapping):
 
     def __len__(self) -> int:
         return len(self._events)
+
+    def __eq__(self, other: object) -> bool:
+        """Not defined between two runs: a Mapping's == compared the arrays' truth (a NumPy ValueError)."""
+        if other is self or not isinstance(other, Mapping):
+            return other is self
+        raise StepperError("runs are compared tensor by tensor with stepper.diff(a, b), not with == "
+                           "(diff(a, b).first is None when no tensor differs beyond round-off)")
+
+    __hash__ = None  # a Mapping, as before
 
     def explain(self, name: str) -> dict[str, Any]:
         """The catalogue entry of a tensor (a full name, a catalogue name, a dotted tail or another
@@ -250,12 +269,15 @@ class Run(Mapping):
     def __repr__(self) -> str:
         patched = ", ".join(shown(glob) for glob in self._recorded.patched)
         at = f", patched at {patched}" if patched else ""
+        noted = sum(line.startswith("note:") for line in self.notes)
+        told = f"; {noted} note{'s' if noted > 1 else ''} in run.notes" if noted else ""
         return (f"<stepper.Run {self.config.name}{at}: {len(self)} tensors kept of {len(self._recorded.names)}, "
-                f"prompt {token_ids(self.prompt)}, generated {token_ids(self.generated)}>")
+                f"prompt {token_ids(self.prompt)}, generated {token_ids(self.generated)}{told}>")
 
     def _repr_html_(self) -> str:
         """A summary (its steps and layers and the names each kept), not every tensor: `show` one."""
-        return notebook.run_html(list(self._events.values()), self.config, repr(self), self.pictures())
+        notes = [line for line in self.notes if line.startswith("note:")]
+        return notebook.run_html(list(self._events.values()), self.config, repr(self), self.pictures(), notes)
 
     def pictures(self) -> tuple[str, ...]:
         """The kinds of `picture` this run's kept tensors can draw ("hist": any tensor)."""

@@ -90,7 +90,8 @@ def plan_run(spec: RunSpec, kept: Kept = lambda plan, names: [], lower: str = "-
     def estimate(plan: Plan) -> list[memory.Need]:
         return memory.needs(plan, kept(plan, planned_names(plan)), lower)
 
-    plan, why = memory.choose_attn(session.prepare(spec, weights, wording.spell), estimate, memory.available_bytes())
+    plan, why = memory.choose_attn(session.prepare(spec, weights, wording.spell), estimate, memory.available_bytes(),
+                                   wording.spell)
     plan, chunked = memory.choose_chunk(plan, estimate, memory.available_bytes(), chunk, wording.spell)
     notes = (why, chunked, unread_line(plan), unembedded_line(plan, wording))
     return RunPlan(plan, planned_names(plan), tuple(line for line in notes if line), wording)

@@ -222,14 +222,16 @@ def scores_need(heads: int, t: int, s: int) -> Need:
 COMFORT = 2  # --attn auto runs the naive prefill only where its estimate is at most 1/COMFORT of what is available
 
 
-def choose_attn(plan: Plan, estimate: Callable[[Plan], list[Need]], available: int | None) -> tuple[Plan, str | None]:
+def choose_attn(plan: Plan, estimate: Callable[[Plan], list[Need]], available: int | None,
+                spell: Spell = command_line) -> tuple[Plan, str | None]:
     """--attn auto: naive for the prefill and absorbed for decode steps, or absorbed throughout (its
     cache is one latent per position) where the prefill attends over a synthetic cache longer than
     its prompt (as a decode step does: the naive path would expand every cached position to
     per-head keys and values) or where the naive run's estimate is over half the memory available
     (the estimate is not exact and other programs grow too). The plan to run, and a line saying
     which and why (None unless auto); the memory available is named only where it decides, so
-    that the same run prints the same wherever it fits."""
+    that the same run prints the same wherever it fits. `spell`: the option as the caller writes it."""
+    auto = spell("attn", "auto")
     if plan.spec.attn != "auto" or not takes(plan.config, "attn"):  # DeepSeek-V4: one attention path
         return plan, None
     usual = sum(n.bytes for n in estimate(plan))
@@ -238,14 +240,14 @@ def choose_attn(plan: Plan, estimate: Callable[[Plan], list[Need]], available: i
     cached, t = plan.spec.cache_len, plan.prompt_len
     if cached > t:
         attend = "positions attend" if t > 1 else "position attends"
-        return absorbed, (f"--attn auto: absorbed throughout: the prefill's {t:,} {attend} over a cache of "
+        return absorbed, (f"{auto}: absorbed throughout: the prefill's {t:,} {attend} over a cache of "
                           f"{cached:,}, as a decode step does; naive it would need about {gib(usual)}, {lean}")
     if available is not None and usual * COMFORT > available:
-        return absorbed, (f"--attn auto: absorbed throughout: naive the run would need about {gib(usual)}, over half "
+        return absorbed, (f"{auto}: absorbed throughout: naive the run would need about {gib(usual)}, over half "
                           f"the {gib(available)} available; {lean}")
     paths = "naive prefill, absorbed decode" if plan.spec.decode else "naive prefill"
     room = "the memory available is not known" if available is None else "under half the memory available"
-    return plan, f"--attn auto: {paths} (the run needs about {gib(usual)}, {room})"
+    return plan, f"{auto}: {paths} (the run needs about {gib(usual)}, {room})"
 
 
 CHUNKS = (4096, 2048, 1024, 512, 256, 128)  # the chunks --chunk auto tries, largest first

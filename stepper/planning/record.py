@@ -28,6 +28,7 @@ class Recorded:
     events: dict[str, Event]  # the kept tensors, in execution order
     names: list[str]  # every name the run emitted, in execution order
     patched: dict[str, list[str]]  # each patch pattern -> the names it applied to
+    said: tuple[str, ...] = ()  # the plan's lines: its auto choices and notes, as `stepper run` prints them
 
 
 class Names:
@@ -70,7 +71,8 @@ def record(spec: RunSpec, keep: Sequence[str] | Callable[[str], bool] | None = N
     for event in keeper.events.values():
         if not held(event.array):
             event.array.keep_when_read()  # a chunked run's: one replay makes them all, never one per read
-    return Recorded(planned.plan, result, keeper.events, listed.names, patcher[0].applied if patcher else {})
+    return Recorded(planned.plan, result, keeper.events, listed.names, patcher[0].applied if patcher else {},
+                    planned.said)
 
 
 def wanted(keep: Sequence[str] | Callable[[str], bool] | None, name: str) -> bool:

@@ -80,6 +80,10 @@ def is_watcher(fn: PatchFn) -> bool:
 
 def checked(pattern: str, name: str, old: np.ndarray, new: object) -> np.ndarray:
     """A patch's result, if it is an array of the tensor's shape and dtype; else one clear error."""
+    if type(new) is not np.ndarray and isinstance(new, np.ndarray):  # a masked array broke a matmul deep inside
+        raise StepperError(f"patch {pattern} on {name} returned a {type(new).__name__}; expected a plain np.ndarray "
+                           f"of the tensor's shape and dtype, {old.dtype}{list(old.shape)} (a masked array's "
+                           ".filled(value) is one)")
     if isinstance(new, np.ndarray) and new.shape == old.shape and new.dtype == old.dtype:
         return new
     got = f"{new.dtype}{list(new.shape)}" if isinstance(new, np.ndarray) else type(new).__name__

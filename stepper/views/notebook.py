@@ -8,6 +8,7 @@ when they find themselves in Jupyter, so every console here is told it is not in
 from __future__ import annotations
 
 import io
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -48,17 +49,18 @@ def text(renderables: list[RenderableType]) -> str:
     return out.file.getvalue()
 
 
-def run_summary(events: list[Event], cfg: Config, title: str, pictures: tuple[str, ...]) -> list[RenderableType]:
-    """The title, then a line per step and layer: its heading, how many tensors it kept and their
-    names (as far as the line goes), then how to see one. Not the tensors themselves: a run of
-    every tensor would be pages long."""
+def run_summary(events: list[Event], cfg: Config, title: str, pictures: tuple[str, ...],
+                notes: Sequence[str] = ()) -> list[RenderableType]:
+    """The title and the run's notes, then a line per step and layer: its heading, how many tensors
+    it kept and their names (as far as the line goes), then how to see one. Not the tensors
+    themselves: a run of every tensor would be pages long."""
     rows = TensorRows(console(), cfg)
     scopes: dict[tuple[str | None, int | None], list[Event]] = {}
     for e in events:
         scopes.setdefault((e.phase, e.layer), []).append(e)
     headings = {scope: rows.heading(kept[0]) for scope, kept in scopes.items()}
     column = max(map(len, headings.values()), default=0) + 2
-    shown: list[RenderableType] = [Text(title, style="bold")]
+    shown: list[RenderableType] = [Text(title, style="bold"), *(Text(note, style="yellow") for note in notes)]
     for scope, kept in list(scopes.items())[:SCOPES]:
         line = Text(headings[scope].ljust(column), style="dim")
         line.append(f"{len(kept):>4} kept  ")
@@ -71,9 +73,9 @@ def run_summary(events: list[Event], cfg: Config, title: str, pictures: tuple[st
     return shown
 
 
-def run_html(events: list[Event], cfg: Config, title: str, pictures: tuple[str, ...]) -> str:
+def run_html(events: list[Event], cfg: Config, title: str, pictures: tuple[str, ...], notes: Sequence[str] = ()) -> str:
     """The run's summary, its last line naming the pictures of what it kept (`pictures`)."""
-    return html(run_summary(events, cfg, title, pictures))
+    return html(run_summary(events, cfg, title, pictures, notes))
 
 
 def diff_html(diff: Any) -> str:

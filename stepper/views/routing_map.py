@@ -16,6 +16,7 @@ from stepper.views.pictures import (
     MAX_COLS,
     TOKEN_ROWS,
     Picture,
+    bad_legend,
     bar_up,
     caption,
     ceil_div,
@@ -76,7 +77,7 @@ def draw_routing(idx: np.ndarray, weight: np.ndarray, load: np.ndarray, labels: 
     margin = max([len("load #"), *(cell_len(short(x)) for x in labels[:shown])]) + 1
     size = expert_bin(n_experts, max(1, min(MAX_COLS, width - margin)))
     n_cols = ceil_div(n_experts, size)
-    top = float(np.nanmax(weight)) if weight.size and not np.isnan(weight).all() else 0.0
+    top = float(weight[np.isfinite(weight)].max(initial=0.0))  # the scale: NaN and inf are drawn apart
     out = [line("tok\\e".rjust(margin - 1) + " ", (ticks(n_cols, 1, lambda c: c * size), DIM))]
     for t in range(shown):
         cells = token_cells(idx[t], weight[t], top, n_cols, size, k)
@@ -88,6 +89,7 @@ def draw_routing(idx: np.ndarray, weight: np.ndarray, load: np.ndarray, labels: 
         out.append(caption(f"… {n_tokens - shown} more tokens not shown (N={n_tokens}); the load counts all of them"))
     out += load_rows(load, size, margin)
     out.append(routing_legend(top, size, k))
+    out += bad_legend(weight) if size == 1 else []
     out += routing_summary(load, n_tokens, k, size, zero_experts)
     if zero_experts:
         out.append(zero_expert_summary(load, n_tokens, k, zero_experts))
@@ -113,10 +115,18 @@ def token_cells(experts: np.ndarray, weights: np.ndarray, top: float, n_cols: in
     """One token's row: its chosen experts shaded by weight, or with bins, how many fall in each."""
     if size == 1:
         weight_of = {int(e): float(w) for e, w in zip(experts, weights)}
-        return [shade_cell(weight_of[c] / top if top > 0 else 1.0, 1) if c in weight_of else (EMPTY, DIM)
+        return [shade_cell(scaled(weight_of[c], top), 1) if c in weight_of else (EMPTY, DIM)
                 for c in range(n_cols)]
     counts = np.bincount(experts // size, minlength=n_cols)
     return [(EMPTY, DIM) if n == 0 else (str(n) if n < 10 else "+", heat(n / k)) for n in counts]
+
+
+def scaled(w: float, top: float) -> float:
+    """A chosen expert's weight as a fraction of the largest finite one (1 when none is above 0);
+    NaN or inf stays so, drawn as such (a NaN weight was a full cell when every weight was NaN)."""
+    if not np.isfinite(w):
+        return w
+    return w / top if top > 0 else 1.0
 
 
 def fitting(picks: list[str], room: int) -> list[tuple[str, Style | str]]:

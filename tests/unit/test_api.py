@@ -616,3 +616,61 @@ def test_a_lazy_tensor_says_how_to_get_its_array_and_a_long_prompt_is_shortened(
     with pytest.raises(AttributeError, match=r"object has no attribute 'no_such'$"):
         getattr(lazy, "no_such")  # noqa: B009
     assert "(300 tokens)" in repr(run) and len(repr(run)) < 300
+
+
+def test_a_name_that_is_not_a_string_is_one_sentence_in_show_and_picture_too(run):
+    for look in (run.__getitem__, run.show, lambda name: run.picture("hist", name)):
+        with pytest.raises(StepperError, match=r"^tensors are looked up by name \(a string\), got int$"):
+            look(3)  # show and picture: a TypeError from inside fnmatch
+
+
+def test_two_runs_compared_with_eq_point_to_diff(run):
+    again = stepper.run("tiny", ids=[1, 2, 3], decode=1)
+    for compare in (lambda: run == again, lambda: run != dict(again)):
+        with pytest.raises(StepperError, match=r"^runs are compared tensor by tensor with stepper.diff\(a, b\)"):
+            compare()  # a Mapping's == asked the truth of an array: NumPy's ValueError
+    assert run in [run] and run != 3 and run != "tiny"  # itself, and what is no mapping: as any object
+    assert stepper.diff(run, again).first is None
+
+
+def test_a_patch_that_makes_inf_and_nan_warns_nothing_as_the_command_line_runs(recwarn):
+    run = stepper.run("tiny", ids=[1, 2, 3], patch={"layers.1.self_attn.q": "x*inf"})
+    assert [str(w.message) for w in recwarn] == []  # 6 RuntimeWarnings from rope and the attention kernels
+    assert np.isinf(run["layers.1.self_attn.q"]).all() and np.isnan(run["layers.2.output"]).all()
+    assert np.isfinite(run["layers.1.self_attn.compressed_kv"]).all()  # before the patch: untouched
+
+
+def test_a_lone_layer_without_an_embedding_table_says_its_ids_only_count_positions_as_stepper_run_does(tmp_path):
+    """ids= of a checkpoint holding layer 1 alone: seeded vectors, the same whatever the ids (the
+    command line says so before the run; the API said nothing)."""
+    out = tmp_path / "t12"
+    assert helpers.cli.stepper("synth", "--model", "tiny", "--layers", "1:2", "--out", out).returncode == 0
+    one, other = (stepper.run(out, layer=1, ids=ids, keep="layers.1.output") for ids in ([5, 6], [7, 8]))
+    np.testing.assert_array_equal(one["layers.1.output"], other["layers.1.output"])  # the ids count positions only
+    note = ("note: this checkpoint has no embedding table, so layer 1 runs on seeded random vectors and ids= only sets "
+            "their number; give input=FILE (the hidden states of the layer before, dumped from a run) for real ones")
+    assert one.notes[-1] == note and one.notes[0].startswith("attn=auto: naive prefill (the run needs about ")
+    assert repr(one).endswith("generated []; 1 note in run.notes>") and note in one._repr_html_()
+    plain = stepper.run("tiny", ids=[5, 6], keep="layers.1.output")
+    assert [line.split(":")[0] for line in plain.notes] == ["attn=auto"] and "note" not in repr(plain)
+
+
+def test_a_routing_picture_of_nan_weights_draws_them_as_nan_not_as_the_largest():
+    """A NaN patch spreads to layer 2's router: its weights were all drawn █, "≤1 of the largest weight (0)"."""
+    run = stepper.run("tiny", ids=[1, 2, 3], patch={"layers.1.self_attn.attn_weights": lambda a, name: a * np.nan})
+    assert np.isnan(run["layers.2.mlp.gate.topk_weight"]).all()
+    rows = repr(run.picture("routing", "layers.2.mlp.gate.topk_idx")).splitlines()
+    grid = [row.split()[1] for row in rows[1:4]]
+    assert grid == ["!!!!" + "·" * 28] * 3 and "! NaN or infinite" in rows
+    assert not any("█" in cells for cells in grid)
+
+
+def test_a_patch_returning_a_masked_array_is_refused_naming_what_to_return():
+    masked = {"layers.1.self_attn.q": lambda a, name: np.ma.masked_less(a, 0)}
+    with pytest.raises(StepperError, match=r"^patch layers.1.self_attn.q on layers.1.self_attn.q returned a "
+                                           r"MaskedArray; expected a plain np.ndarray of the tensor's shape and dtype, "
+                                           r"float32\[1, 4, 3, 48\] \(a masked array's .filled\(value\) is one\)$"):
+        stepper.run("tiny", ids=[1, 2, 3], patch=masked)  # NumPy's broadcast error from inside numpy.ma's matmul
+    filled = stepper.run("tiny", ids=[1, 2, 3], patch={"layers.1.self_attn.q": lambda a, name: np.ma.masked_less(
+        a, 0).filled(0)})
+    assert filled["layers.1.self_attn.q"].min() == 0 and filled["layers.1.self_attn.q"].max() > 0
