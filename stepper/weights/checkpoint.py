@@ -212,7 +212,7 @@ class Checkpoint:
             raise StepperError(f"{self.shard_of(shape_name).path.name}: '{shape_name}' is {info.dtype} "
                                f"{list(info.shape)}, expected {' or '.join(SHAPE_DTYPES)} [2]: the INT4 weight's "
                                "[out, in]")
-        values = [int(v) for v in np.asarray(self.shard_of(shape_name).get(shape_name)).reshape(-1)]
+        values = [int(v) for v in self.shard_of(shape_name).values(shape_name).reshape(-1)]
         if len(values) != 2 or values[0] != rows or values[1] < 1:
             raise StepperError(f"{self.shard_of(shape_name).path.name}: '{shape_name}' holds {values}, expected "
                                f"[{rows}, in] for {rows} rows of packed words")
@@ -426,7 +426,7 @@ class Checkpoint:
 
     def _shape_values(self, name: str, shape: tuple[int, ...]) -> list[Problem]:
         tensor = name + WEIGHT_SHAPE
-        values = [int(v) for v in self.shard_of(tensor).get(tensor)]
+        values = [int(v) for v in self.shard_of(tensor).values(tensor)]
         if values == list(shape):
             return []
         shard = self.weight_map[tensor]

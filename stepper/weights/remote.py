@@ -319,6 +319,10 @@ class FetchedFile(SafetensorsFile):
         self.cached.ensure([self.data_range(name)])
         return super().get(name)
 
+    def values(self, name: str) -> np.ndarray:
+        self.cached.ensure([self.data_range(name)])
+        return super().values(name)
+
     def prefetch(self, name: str) -> None:
         self.cached.ensure([self.data_range(name)])
         super().prefetch(name)
