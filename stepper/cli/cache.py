@@ -16,13 +16,14 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
-from rich.table import Table
+from rich.text import Text
 
 from stepper import files
 from stepper.cli.common import PlainOpt, user_errors
 from stepper.errors import StepperError
 from stepper.untrusted import shown
-from stepper.views.sinks import styles
+from stepper.views.fitted_table import fitted
+from stepper.views.sinks import line_width, print_whole, styles
 from stepper.weights import fetch_cache, remote
 
 cache_app = typer.Typer(
@@ -65,6 +66,9 @@ def byte_progress(what: str, total: int) -> Iterator[Callable[[int], None]]:
         yield lambda n: bar.advance(task, n)
 
 
+COLUMNS = (("checkpoint", "left"), ("files", "right"), ("kept", "right"), ("last used", "left"))
+
+
 @cache_app.command("ls")
 def ls_command(plain: PlainOpt = False) -> None:
     """Each cached remote checkpoint: its files, the bytes kept, when last used."""
@@ -75,16 +79,14 @@ def ls_command(plain: PlainOpt = False) -> None:
         per_folder: dict[Path, list[fetch_cache.CacheEntry]] = {}
         for h in entries:
             per_folder.setdefault(h.path.parent, []).append(h)
-        table = Table(show_edge=False, pad_edge=False, header_style="bold", box=None)
-        for column in ("checkpoint", "files", "kept", "last used"):
-            table.add_column(column, no_wrap=column != "checkpoint")
-        for folder, files in sorted(per_folder.items()):
+        rows: list[dict[str, str | Text]] = []
+        for folder, files in sorted(per_folder.items()):  # each name whole: `stepper cache clear` takes it
             used = datetime.fromtimestamp(max(h.used for h in files)).strftime("%Y-%m-%d %H:%M")
-            table.add_row(shown(folder.relative_to(root)), str(len(files)),
-                          remote.human(sum(h.bytes for h in files)), used)
+            rows.append({"checkpoint": shown(folder.relative_to(root)), "files": str(len(files)),
+                         "kept": remote.human(sum(h.bytes for h in files)), "last used": used})
         total = sum(h.bytes for h in entries)
         if per_folder:
-            console.print(table)
+            print_whole(console, fitted("", COLUMNS, rows, "checkpoint", (), line_width(console)))
         console.print(f"{remote.human(total)} kept in {shown(root)} (at most "
                       f"{remote.human(remote.settings().max_bytes)})")
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import difflib
 import errno
+import os
 import re
 import sys
 from collections.abc import Iterator
@@ -40,10 +41,22 @@ def url_option(value: str) -> str:
         raise typer.BadParameter(str(e)) from None
 
 
+def model_option(ctx: typer.Context, param: typer.CallbackParam, value: str) -> str:
+    """url_option, and a note where a preset's name given is also a file or folder here: the preset
+    runs (a folder downloaded as kimi-k2 would otherwise be passed over with no word)."""
+    source = ctx.get_parameter_source(param.name) if param.name else None
+    given = source is None or source.name != "DEFAULT"  # (typer's own copy of click's ParameterSource)
+    if given and (value in PRESETS or value in V4_PRESETS) and os.path.lexists(value):
+        kind = "folder" if os.path.isdir(value) else "file"
+        note(f"note: '{value}' is the preset (synthetic weights), not the {kind} of that name here: write ./{value} "
+             "for that")
+    return url_option(value)
+
+
 ModelOpt = Annotated[str, typer.Option(
-    metavar="NAME|PATH", callback=url_option,
+    metavar="NAME|PATH", callback=model_option,
     help=f"Preset ({PRESET_NAMES}), a checkpoint directory, a remote checkpoint (hf://ORG/NAME[@REVISION], "
-         "https://HOST/PATH/) or a config.json.")]
+         "https://HOST/PATH/) or a config.json (./NAME for one named as a preset).")]
 SeedOpt = Annotated[int, typer.Option(metavar="S", min=0, help="Seed of the synthetic weights and prompt.")]
 PlainOpt = Annotated[bool, typer.Option(
     "--plain", help="Plain text: no colour, bold or other escape codes (as NO_COLOR).")]

@@ -17,11 +17,11 @@ from stepper.cli import output
 from stepper.cli.common import (
     PRESET_NAMES,
     PlainOpt,
+    model_option,
     note,
     one_prompt,
     parse_ids,
     parse_layers,
-    url_option,
     user_errors,
 )
 from stepper.errors import StepperError
@@ -55,8 +55,9 @@ def console_for(plain: bool, stderr: bool = False) -> Console:
 def export_command(
     out: Annotated[Path, typer.Argument(metavar="OUT_DIR", help="Fixture folder to create.", show_default=False)],
     model: Annotated[str, typer.Option(
-        metavar="NAME|PATH", callback=url_option,
-        help=f"Preset ({PRESET_NAMES}), a checkpoint directory or a config.json.")] = "tiny",
+        metavar="NAME|PATH", callback=model_option,
+        help=f"Preset ({PRESET_NAMES}), a checkpoint directory or a config.json (./NAME for one named as a "
+             "preset).")] = "tiny",
     layer: Annotated[int | None, typer.Option(
         metavar="N", min=0, help="Run layer N alone, on the prompt's token embeddings.")] = None,
     layers: Annotated[str | None, typer.Option(

@@ -66,7 +66,7 @@ def value_problems(ckpt: Checkpoint, names: list[str], check) -> list[Problem]:
     for name in names:
         shard = ckpt.weight_map[name]
         try:
-            check(shard, name, ckpt.shard_of(name).get(name))
+            check(shard, name, ckpt.shard_of(name).values(name))
         except StepperError as e:
             problems.append(Problem(shard, name, str(e)))
     return problems

@@ -212,7 +212,7 @@ class Checkpoint:
             raise StepperError(f"{self.shard_of(shape_name).path.name}: '{shape_name}' is {info.dtype} "
                                f"{list(info.shape)}, expected {' or '.join(SHAPE_DTYPES)} [2]: the INT4 weight's "
                                "[out, in]")
-        values = [int(v) for v in np.asarray(self.shard_of(shape_name).get(shape_name)).reshape(-1)]
+        values = [int(v) for v in self.shard_of(shape_name).values(shape_name).reshape(-1)]
         if len(values) != 2 or values[0] != rows or values[1] < 1:
             raise StepperError(f"{self.shard_of(shape_name).path.name}: '{shape_name}' holds {values}, expected "
                                f"[{rows}, in] for {rows} rows of packed words")
@@ -319,7 +319,8 @@ class Checkpoint:
             required = stored_shapes(required)
         problems = self._partial_problems(present, absent, globals_absent)
         problems += self._unreadable_problems(required)
-        problems += [p for name, shape in required.items() if self.weight_map.get(name) not in self.unreadable
+        problems += [p for name, shape in required.items()
+                     if self.weight_map.get(self._stored_name(name)) not in self.unreadable
                      for p in self._problems(name, shape)]
         problems += [p for name, p in self.disagreements.items()
                      if name not in required and in_scope(name, layers, with_globals)]
@@ -339,10 +340,11 @@ class Checkpoint:
         return [Problem(None, None, partial_text(present, self.config.num_hidden_layers, has_globals))]
 
     def _unreadable_problems(self, required: dict[str, tuple[int, ...]]) -> list[Problem]:
-        """One line per shard the run needs and cannot read, however many of its tensors it needs."""
+        """One line per shard the run needs and cannot read, however many of its tensors it needs
+        (an INT4 weight counted by the shard of its packed codes)."""
         needed: dict[str, list[str]] = {}
         for name in required:
-            shard = self.weight_map.get(name)
+            shard = self.weight_map.get(self._stored_name(name))
             if shard in self.unreadable:
                 needed.setdefault(shard, []).append(name)
         return [Problem(shard, names[0], f"{shard} cannot be read ({self.unreadable[shard]}); it holds "
@@ -424,7 +426,7 @@ class Checkpoint:
 
     def _shape_values(self, name: str, shape: tuple[int, ...]) -> list[Problem]:
         tensor = name + WEIGHT_SHAPE
-        values = [int(v) for v in self.shard_of(tensor).get(tensor)]
+        values = [int(v) for v in self.shard_of(tensor).values(tensor)]
         if values == list(shape):
             return []
         shard = self.weight_map[tensor]

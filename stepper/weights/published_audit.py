@@ -50,7 +50,7 @@ def nan_scale_problems(ckpt: PublishedCheckpoint, layers: range, with_globals: b
         if ckpt.shard_of(name).info(name).dtype != SCALE_DTYPE or ckpt.shard_of(weight).info(weight).dtype not in (
                 FP8_DTYPE, FP4_DTYPE):
             continue
-        nan = np.asarray(ckpt.shard_of(name).get(name)).view(np.uint8) == 0xFF
+        nan = ckpt.shard_of(name).values(name).view(np.uint8) == 0xFF
         if nan.any():
             first = [int(i) for i in np.argwhere(nan)[0]]
             problems.append(Problem(shard, name, f"{shard}: '{name}' holds {count(int(nan.sum()), 'NaN scale')} (byte "
@@ -81,7 +81,7 @@ def hash_table_problems(ckpt: PublishedCheckpoint, layers: range) -> list[Proble
         if not name.endswith("tid2eid") or v4.layer_of(name) not in layers or shard in ckpt.unreadable:
             continue
         try:
-            checked_tid2eid(np.asarray(ckpt.shard_of(name).get(name)), experts, f"{shard}: tensor '{name}'")
+            checked_tid2eid(ckpt.shard_of(name).values(name), experts, f"{shard}: tensor '{name}'")
         except StepperError as e:
             problems.append(Problem(shard, name, str(e)))
     return problems

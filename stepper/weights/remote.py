@@ -33,7 +33,7 @@ from stepper.errors import StepperError
 from stepper.untrusted import shown
 from stepper.untrusted.jsonfile import read_json
 from stepper.weights.checkpoint import INDEX, SCALE, SINGLE, Checkpoint, is_plain_shard_name
-from stepper.weights.fetch_cache import LEDGERS, CachedFile, note_written, refuse_foreign, trim
+from stepper.weights.fetch_cache import LEDGERS, CachedFile, cache_entries, note_written, refuse_foreign, trim
 from stepper.weights.http_ranges import RangeClient, Transfer, missing_extra
 from stepper.weights.names import EMBED, global_shapes, layer_shapes
 from stepper.weights.safetensors_reader import SafetensorsFile
@@ -142,11 +142,11 @@ def without_credentials(model: str) -> str:
     return clean
 
 
-def resolve(model: str, timeout: float) -> Origin:
+def resolve(model: str, timeout: float, cache_dir: Path | None = None) -> Origin:
     """hf://ORG/NAME[@REVISION] through the Hub, or a base URL (credentials taken out: see
     without_credentials) whose files are BASE/config.json, ..."""
     if model.startswith(HF):
-        return hub_origin(model, timeout)
+        return hub_origin(model, timeout, cache_dir or settings().cache_dir)
     base = model if model.endswith("/") else model + "/"
     digest = hashlib.sha256(base.encode()).hexdigest()[:16]
     plain = re.sub(r"[^A-Za-z0-9._-]+", "_", base.split("://", 1)[1]).strip("_")[:80]
@@ -154,7 +154,7 @@ def resolve(model: str, timeout: float) -> Origin:
     return Origin(base, f"url/{plain}-{digest}", lambda name: base + name, headers)
 
 
-def hub_origin(model: str, timeout: float) -> Origin:
+def hub_origin(model: str, timeout: float, cache_dir: Path) -> Origin:
     repo, _, revision = model.removeprefix(HF).partition("@")
     if not REPO.fullmatch(repo) or ".." in repo:
         raise StepperError(f"{shown(model)}: expected hf://ORG/NAME or hf://ORG/NAME@REVISION")
@@ -164,14 +164,16 @@ def hub_origin(model: str, timeout: float) -> Origin:
     except ImportError:
         raise missing_extra() from None
     revision = revision or "main"
-    commit = revision if COMMIT.fullmatch(revision) else resolve_revision(HfApi(), repo, revision, timeout, model)
+    commit = revision if COMMIT.fullmatch(revision) else \
+        resolve_revision(HfApi(), repo, revision, timeout, model, cache_dir)
     endpoint = constants.ENDPOINT
     return Origin(f"{HF}{repo}@{commit[:12]}", f"hf/{repo}/{commit}",
                   lambda name: hf_hub_url(repo, name, revision=commit, endpoint=endpoint), build_hf_headers())
 
 
-def resolve_revision(api, repo: str, revision: str, timeout: float, model: str) -> str:
-    """A branch or tag name as the commit it points at now."""
+def resolve_revision(api, repo: str, revision: str, timeout: float, model: str, cache_dir: Path) -> str:
+    """A branch or tag name as the commit it points at now (failing, the commit of the repository
+    the cache last used, to name instead)."""
     import httpx2
     from huggingface_hub.errors import HfHubHTTPError
 
@@ -179,14 +181,24 @@ def resolve_revision(api, repo: str, revision: str, timeout: float, model: str) 
     try:
         sha = within(2 * timeout, lambda: api.model_info(repo, revision=revision, timeout=timeout).sha)
     except TimeoutError:
-        raise StepperError(f"{failed} (no answer within {2 * timeout:g} s; given up)") from None
+        raise StepperError(f"{failed} (no answer within {2 * timeout:g} s; given up)"
+                           f"{cached_hint(repo, cache_dir)}") from None
     # not found, gated, network: one line, no token
     except (HfHubHTTPError, httpx2.HTTPError, OSError, ValueError) as e:
         first = str(e).splitlines()[0] if str(e) else ""
-        raise StepperError(f"{failed} ({type(e).__name__}: {shown(first)})") from None
+        raise StepperError(f"{failed} ({type(e).__name__}: {shown(first)}){cached_hint(repo, cache_dir)}") from None
     if not isinstance(sha, str) or not COMMIT.fullmatch(sha):
         raise StepperError(f"{shown(model)}: the Hub gave no commit for revision {shown(revision)!r}")
     return sha
+
+
+def cached_hint(repo: str, cache_dir: Path) -> str:
+    """Where the Hub cannot be asked (offline): the commit of `repo` the cache last used, to run from."""
+    folder = cache_dir / "hf" / repo
+    used = {e.path.relative_to(folder).parts[0]: e.used for e in sorted(cache_entries(folder), key=lambda e: e.used)}
+    commits = [c for c in used if COMMIT.fullmatch(c)]
+    return f"; the cache holds what runs fetched of {HF}{repo}@{commits[-1]}: name that commit to run from it" \
+        if commits else ""
 
 
 def within(seconds: float, call: Callable[[], T]) -> T:
@@ -252,7 +264,7 @@ def config_folder(model: str, chosen: Settings | None = None) -> tuple[Path, Ori
     to reach its files, and the client that fetched them (counting its bytes)."""
     chosen = chosen or settings()
     model = without_credentials(model)
-    origin = resolve(model, chosen.timeout)
+    origin = resolve(model, chosen.timeout, chosen.cache_dir)
     client = RangeClient(origin.headers, timeout=chosen.timeout, pause=chosen.pause, transfer=Transfer(),
                          run_seconds=chosen.run_seconds)
     folder = chosen.cache_dir / origin.key
@@ -306,6 +318,10 @@ class FetchedFile(SafetensorsFile):
     def get(self, name: str) -> np.ndarray:
         self.cached.ensure([self.data_range(name)])
         return super().get(name)
+
+    def values(self, name: str) -> np.ndarray:
+        self.cached.ensure([self.data_range(name)])
+        return super().values(name)
 
     def prefetch(self, name: str) -> None:
         self.cached.ensure([self.data_range(name)])

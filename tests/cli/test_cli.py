@@ -246,6 +246,20 @@ def test_config_json_model_runs_with_synthetic_weights(tmp_path):
     assert json.loads(out.stdout.splitlines()[-1])["name"] == "logits"
 
 
+def test_a_folder_named_as_a_preset_is_named_when_the_preset_runs_instead(tmp_path):
+    """`--local-dir kimi-k2` then `--model kimi-k2`: the preset runs, and a note says so."""
+    (tmp_path / "tiny").mkdir()
+    (tmp_path / "tiny" / "config.json").write_text(json.dumps(preset("tiny").to_hf()))
+    note = "stepper: note: 'tiny' is the preset (synthetic weights), not the folder of that name here: write ./tiny " \
+           "for that\n"
+    for args in (("run", "--layer", "1", "--prompt-len", "2"), ("tree",)):
+        said = stepper(*args, "--model", "tiny", cwd=tmp_path)
+        assert said.returncode == 0 and said.stderr == note, said.stderr
+    for quiet in (("--layer", "1"), ("--model", "./tiny", "--layer", "1")):  # the default, and the folder
+        said = stepper("run", *quiet, "--prompt-len", "2", cwd=tmp_path)
+        assert said.returncode == 0 and said.stderr == "", said.stderr
+
+
 def test_explain_accepts_names_globs_and_aliases():
     out = stepper("explain", "kv_cmpr", "--plain")  # llama.cpp's name
     assert out.returncode == 0 and "self_attn.compressed_kv\n" in out.stdout

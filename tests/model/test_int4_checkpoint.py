@@ -112,6 +112,22 @@ def test_a_wrong_int4_weight_is_one_line_naming_the_file_and_tensor(int4_dir, tm
     assert len(lines) == 1 and lines[0].startswith(f"{folder}: ") and says in lines[0], lines
 
 
+@pytest.mark.parametrize("damage, why", [
+    (lambda path: path.unlink(), "no such file"),
+    (lambda path: path.write_bytes(path.read_bytes()[:5000]), "past the end of the file"),
+])
+def test_an_unreadable_int4_shard_is_one_line_as_any_shard_is(int4_dir, tmp_path, damage, why):
+    shard = json.loads((int4_dir / "model.safetensors.index.json").read_text())["weight_map"][EXPERT + "_packed"]
+    folder = tmp_path / "ck"
+    linked(int4_dir, folder, but={shard}, copied=True)
+    damage(folder / shard)
+    with pytest.raises(StepperError) as refused:  # not one line per INT4 part it holds (289 of them)
+        Checkpoint(folder).check([1], with_globals=False)
+    lines = str(refused.value).splitlines()
+    assert len(lines) == 1 and f"{shard} cannot be read (" in lines[0] and why in lines[0], lines
+    assert "it holds 110 tensors of the layers checked, first 'model.layers.1.input_layernorm.weight'" in lines[0]
+
+
 def test_a_nan_group_scale_stops_the_run_in_one_line(int4_dir, tmp_path):
     scales = np.ones((96, 10), ml_dtypes.bfloat16)
     scales[7, 2] = np.nan

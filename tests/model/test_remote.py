@@ -4,6 +4,7 @@ server sends only the headers and the bytes of the tensors read; a second run as
 faults are recovered or reported in one line, and nothing wrong is computed from."""
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -99,6 +100,32 @@ def test_the_hub_revision_is_resolved_once_to_a_commit(folder, server, tmp_path,
     server.reset_counts()
     opened(f"hf://org/ck@{COMMIT}", tmp_path)  # a commit: no resolving, nothing fetched
     assert [path for path, _ in server.requests if not path.startswith("/api/agent")] == []
+
+
+def test_offline_a_branch_that_cannot_be_resolved_names_the_cached_commit(folder, server, tmp_path, monkeypatch):
+    """A second run of hf://ORG/NAME asks the Hub for its branch's commit: offline, that fails, and
+    the one line says which commit the cache holds, which runs from the cache alone."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "ENDPOINT", server.url)
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
+                        server.url + "/{repo_id}/resolve/{revision}/{filename}")
+    tensors(SPEC, opened("hf://org/ck", tmp_path))
+    with socket.socket() as closed:  # a port nothing listens on: the Hub unreachable
+        closed.bind(("127.0.0.1", 0))
+        monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{closed.getsockname()[1]}")
+        with pytest.raises(StepperError) as offline:
+            opened("hf://org/ck", tmp_path)
+    said = str(offline.value)
+    assert said.startswith("hf://org/ck: cannot resolve revision 'main' on the Hub (") and "\n" not in said
+    assert said.endswith(f"; the cache holds what runs fetched of hf://org/ck@{COMMIT}: name that commit to run "
+                         "from it")
+    server.reset_counts()
+    tensors(SPEC, opened(f"hf://org/ck@{COMMIT}", tmp_path))
+    assert server.requests == []
+    with pytest.raises(StepperError) as never_fetched:
+        opened("hf://org/other", tmp_path)
+    assert "the cache holds" not in str(never_fetched.value)
 
 
 @pytest.mark.parametrize("fault", ["500", "503", "429", "drop", "short", "bad-range", "stall"])

@@ -202,6 +202,20 @@ def test_opening_maps_nothing_and_the_first_get_maps_the_file_once(tmp_path):
     del a, b
 
 
+def test_values_reads_a_small_tensor_into_a_read_only_copy_and_maps_nothing(tmp_path):
+    path = tmp_path / "small.safetensors"
+    save_file(numpy_arrays(), str(path))
+    f = SafetensorsFile(path)
+    for name, want in numpy_arrays().items():
+        got = f.values(name)
+        np.testing.assert_array_equal(got, want)
+        assert got.dtype == want.dtype and not got.flags.writeable and mapping_of(got) is None
+    assert str(path) not in mapped_paths()
+    os.replace(write(tmp_path / "other.safetensors", VALID), path)
+    with pytest.raises(StepperError, match="small.safetensors: the file changed"):
+        f.values("f32")
+
+
 def test_a_sparse_gigabyte_opens_and_reads_one_tensor_without_touching_the_rest(tmp_path):
     header = json.dumps({
         "small": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
