@@ -31,7 +31,7 @@ from stepper.weights import deepseek_v4_names as names
 from stepper.weights.published_store import safetensors_dtype, stored_arrays, stored_size
 from stepper.weights.safetensors_writer import Entry, write_safetensors
 from stepper.weights.stored import FP4, Stored
-from stepper.weights.synth_checkpoint import check_replaceable, not_from_synth, write_index
+from stepper.weights.synth_checkpoint import check_replaceable, not_from_synth, publish_folder, write_index
 
 MTP_NORMS = ("enorm.weight", "hnorm.weight", "norm.weight")
 ROW_BY_ROW = ("embed.weight", "head.weight")  # BF16 tables made a row at a time: never whole in memory
@@ -224,7 +224,7 @@ def synth_v4_checkpoint(cfg: V4Config, out: Path, seed: int = 0, force: bool = F
         files.write_new(partial / "config.json", json.dumps(cfg.to_hf(), indent=2) + "\n")
         write_index(partial, {"total_size": total, "stepper_synthetic_seed": seed, "stepper_model": cfg.name},
                     weight_map)
-        files.replace_folder(partial, out)
+        publish_folder(partial, out, force)
     except OSError as e:
         raise StepperError(f"{shown(out)}: cannot be written ({e.strerror})") from None
     finally:

@@ -145,7 +145,7 @@ def synth_checkpoint(source: SyntheticWeights, out: Path, layers: range | None =
         total = sum(e.nbytes for shapes in plan for e in tensor_entries(source, shapes))
         with progress(f"writing {shown(out.name)}", total) as advance:
             _write(source, partial, plan, advance)
-        files.replace_folder(partial, out)
+        publish_folder(partial, out, force)
     except OSError as e:
         raise StepperError(f"{out}: cannot be written ({e.strerror})") from None
     finally:
@@ -285,6 +285,13 @@ def quoted(found: str) -> str:
     """A name in the way, quoted, and what is said of it after: "'config.json' (changed since ...)"."""
     name, said, why = found.partition(" (")
     return f"'{shown(name)}'{' (' + why if said else ''}"
+
+
+def publish_folder(partial: Path, out: Path, force: bool) -> None:
+    """Put the checkpoint written at `partial` in `out`'s place, `out` checked again first: the
+    writing takes minutes for a full-size layer, and a file put in `out` meanwhile is named and kept."""
+    check_replaceable(out, force, not_from_synth, "a checkpoint stepper synth wrote")
+    files.replace_folder(partial, out)
 
 
 def check_replaceable(out: Path, force: bool, foreign: Callable[[Path], list[str]], what: str) -> None:

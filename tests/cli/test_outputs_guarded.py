@@ -4,6 +4,7 @@ a refusal is one line, exit 2; --force replaces only what stepper wrote."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 from pathlib import Path
@@ -12,7 +13,9 @@ import pytest
 from helpers.cli import refused, stepper
 from safetensors import safe_open
 from safetensors.numpy import save_file
+from typer.testing import CliRunner
 
+from stepper.cli.main import app
 from stepper.lessons.schema import find_lesson
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -150,3 +153,28 @@ def test_synth_force_does_not_replace_a_config_edited_since_synth_wrote_it(tmp_p
     assert stepper("synth", "--model", model, "--out", out, "--force", "--seed", "1").returncode == 0
     index = json.loads((out / "model.safetensors.index.json").read_text())
     assert index["metadata"]["stepper_synthetic_seed"] == 1
+
+
+@pytest.mark.parametrize("model, writer", [("tiny", "stepper.weights.synth_checkpoint._write"),
+                                           ("tiny-v4", "stepper.families.deepseek_v4_synth.write_safetensors")])
+@pytest.mark.parametrize("new", [False, True])
+def test_synth_keeps_a_file_put_in_its_folder_while_it_wrote(tmp_path, monkeypatch, model, writer, new):
+    """The folder is checked again before it is replaced, as fixtures export's is: a file put in it
+    during a long write (a full-size layer takes minutes), or a folder made at a new name meanwhile,
+    was deleted with it."""
+    out = tmp_path / "synth"
+    if not new:
+        assert CliRunner().invoke(app, ["synth", "--model", model, "--out", str(out)]).exit_code == 0
+    module, _, name = writer.rpartition(".")
+    write = getattr(importlib.import_module(module), name)
+
+    def meanwhile(*args, **kwargs):
+        out.mkdir(exist_ok=True)
+        (out / "port.safetensors").write_bytes(b"mine")
+        return write(*args, **kwargs)
+
+    monkeypatch.setattr(writer, meanwhile)
+    done = CliRunner().invoke(app, ["synth", "--model", model, "--out", str(out), *([] if new else ["--force"])])
+    assert done.exit_code == 2 and (out / "port.safetensors").read_bytes() == b"mine", done.output
+    assert done.stderr.startswith(f"stepper: error: {out}: ")
+    assert [p.name for p in tmp_path.iterdir()] == ["synth"]  # no partial folder left beside it
