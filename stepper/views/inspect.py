@@ -252,7 +252,13 @@ def find_problems(source: Source, layers: range | None) -> list[Problem]:
     and the embedding, norm and lm_head when None), or a file's block scale problems (scales are
     demanded of F8_E4M3 tensors named as weights, X.weight, only)."""
     if source.published is not None:
-        return config_problems(source.published) + audit_published(source.published, layers)
+        problems = config_problems(source.published)
+        try:
+            return problems + audit_published(source.published, layers)
+        except StepperError:  # tensors the config cannot describe: its own problem says why, with its path
+            if not problems:
+                raise
+            return problems
     if source.checkpoint is not None:
         every = range(source.checkpoint.config.num_hidden_layers)
         return audit(source.checkpoint, every if layers is None else layers, with_globals=layers is None)

@@ -203,6 +203,12 @@ def test_inspect_lists_a_config_a_run_refuses_among_the_problems(tmp_path):
     assert f"  ! {folder / 'config.json'}: field 'sliding_window' is missing (a run refuses it)" in out.stdout
     run = stepper("run", "--model", folder, "--plain")
     assert run.returncode == 2 and f"{folder / 'config.json'}: field 'sliding_window' is missing" in run.stderr
+    shapes = tmp_path / "shapes"  # a field the tensors' shapes need: the config's problem alone, with its path
+    write_tiny_v4(shapes)
+    (shapes / "config.json").write_text(json.dumps({k: v for k, v in CONFIG.items() if k != "head_dim"}))
+    out = stepper("inspect", shapes, "--plain")
+    assert out.returncode == 1 and out.stdout.split("1 problem in 1 file:")[1].strip() == (
+        f"! {shapes / 'config.json'}: field 'head_dim' is missing (a run refuses it)"), out.stderr  # was config.json:
 
 
 def test_a_fixture_of_a_v4_checkpoint_folder_names_its_files_and_the_bytes_it_read(synthetic, tmp_path):
