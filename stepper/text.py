@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from stepper.errors import StepperError
+from stepper.errors import StepperError, Terminated
 from stepper.untrusted import shown
 from stepper.untrusted.jsonfile import read_json
 
@@ -235,7 +235,7 @@ def library_call(path: Path, what: str) -> Iterator[None]:
     with stderr_silenced():
         try:
             yield
-        except (StepperError, KeyboardInterrupt, SystemExit, GeneratorExit, MemoryError):
+        except (StepperError, Terminated, KeyboardInterrupt, SystemExit, GeneratorExit, MemoryError):
             raise
         except BaseException as e:  # noqa: BLE001 - a panic is a BaseException; the libraries raise bare Exceptions
             raise StepperError(f"{path}: {what} ({type(e).__name__}: {first_line(e)})") from None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 import importlib
+import os
+import signal
 import sys
 from typing import Annotated
 
@@ -14,6 +16,7 @@ from stepper.cli import bench, cache, checkpoint, diff, explain, output, run
 from stepper.cli.common import INTERRUPTED, note, usage_message, user_errors
 from stepper.cli.fixtures import fixtures_app
 from stepper.cli.lessons import lesson_app
+from stepper.errors import Terminated
 from stepper.kernels import parallel
 from stepper.untrusted import shown
 from stepper.version import __version__
@@ -41,10 +44,15 @@ app = typer.Typer(
 )
 
 
+def terminated(signum: int, frame: object) -> None:
+    raise Terminated
+
+
 def main() -> None:
     """Console entry point: usage errors become one line on stderr and exit code 2."""
     parallel.single_threaded_blas()  # stepper splits the big products across the cores itself
     output.install()  # a closed pipe ends the printing, not the files a command writes
+    signal.signal(signal.SIGTERM, terminated)
     try:
         with np.errstate(all="ignore"):  # what NaN or inf a run makes is in its figures (its first NaN named)
             code = app(prog_name="stepper", standalone_mode=False)
@@ -57,6 +65,10 @@ def main() -> None:
             command = ctx.command_path if ctx is not None else "stepper"
             note(f"error: {shown(usage_message(e, sys.argv[1:]))} (see {shown(command)} --help)")
             code = 2
+    except Terminated:  # cleaned up on the way here: now ended as the signal ends a process
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        sys.exit(128 + signal.SIGTERM)  # not reached
     except typer.Abort:  # end of input at a prompt (typer has written the newline)
         sys.stderr.write("stepper: interrupted\n")
         sys.exit(INTERRUPTED)
