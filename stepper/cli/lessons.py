@@ -58,7 +58,7 @@ def console_for(plain: bool) -> Console:
 
 def chosen(name: str | None, progress: Progress) -> tuple[Lesson, list[Lesson]]:
     lessons = all_lessons()
-    return (find_lesson(name, lessons) if name else default_lesson(progress, lessons)), lessons
+    return (find_lesson(name, lessons) if name is not None else default_lesson(progress, lessons)), lessons
 
 
 # ---------------------------------------------------------------------------------------------
@@ -122,11 +122,15 @@ def start_command(
     with user_errors():
         progress = Progress()
         lesson, _ = chosen(name, progress)
+        own = lesson.run.model
         lesson, planned = on_prompt(lesson, model, prompt)
         console = console_for(plain)
         path, created = Workspace(workspace).ensure(lesson)
         console.print(f"your exercise file: {shown(path)}" + (" (a fresh copy of the stub)" if created else
                                                        " (yours, left as it is)"), style="dim")
+        if model is not None:  # the prose is written for the lesson's own model; the numbers are the other one's
+            console.print(f"walking it on {shown(model)} instead of {own}, the model its text is written for: the "
+                          f"numbers and sizes shown are {shown(model)}'s", style="dim")
         progress.current = lesson.name
         progress.save()
         source = CommandSource(console, sys.stdin, sys.stdin.isatty() and console.is_terminal)
@@ -150,6 +154,9 @@ def start_command(
 def on_prompt(lesson: Lesson, model: str | None, prompt: str | None) -> tuple[Lesson, RunPlan | None]:
     """The lesson walked on another model (one that computes every tensor it stops at; its run
     planned once, here), or on a text prompt instead of its token ids."""
+    if prompt is not None and model is None:  # a lesson's own model is synthetic: it has no tokenizer
+        raise StepperError(f"--prompt needs --model DIR, a checkpoint with its tokenizer: lesson {lesson.name}'s "
+                           f"model {lesson.run.model} has synthetic weights and no tokenizer")
     run = lesson.run if model is None else replace(lesson.run, model=model)
     if prompt is not None:
         run = replace(run, ids=None, prompt=prompt)
