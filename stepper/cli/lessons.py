@@ -10,6 +10,7 @@ line on stderr and exit code 2; a check that fails exits with 1, like a failing 
 from __future__ import annotations
 
 import queue
+import shlex
 import sys
 import textwrap
 import threading
@@ -141,7 +142,7 @@ def start_command(
         entry["walked"] = entry["walked"] or walked.finished
         progress.save()
         functions = ", ".join(lesson.exercise.functions)
-        where = "" if workspace == WORKSPACE else f" --workspace {workspace}"
+        where = workspace_option(workspace)
         if entry["passed"]:  # walked again after the exercise passed
             console.print(styled(f"\nyour {functions} in `{path}` passed already: `stepper lesson solution "
                                  f"{lesson.name}` shows ours"), soft_wrap=False)
@@ -188,14 +189,19 @@ def check_command(
         if file is not None and found(file) != "file":  # a file to fix is one that is there
             raise StepperError(f"--file {shown(file)}: no such file")
         console = console_for(plain)
-        passed = run_check(console, lesson, lessons, path, progress, record=file is None)
+        passed = run_check(console, lesson, lessons, path, progress, record=file is None, workspace=workspace)
     raise typer.Exit(0 if passed else 1)
 
 
+def workspace_option(workspace: Path) -> str:
+    """' --workspace DIR' for the commands a message suggests, quoted for a shell; '' for the default."""
+    return "" if workspace == WORKSPACE else f" --workspace {shlex.quote(str(workspace))}"
+
+
 def run_check(console: Console, lesson: Lesson, lessons: list[Lesson], path: Path, progress: Progress,
-              record: bool = True) -> bool:
+              record: bool = True, workspace: Path = WORKSPACE) -> bool:
     """Check, show the outcome, and record a pass in `progress` (unless `record` is False: another
-    file than the learner's)."""
+    file than the learner's). The commands it suggests name `workspace` unless it is the default."""
     console.print(f"checking {shown(path)} · lesson {lesson.number}, {lesson.name}: {shown(lesson.title)}",
                   style="bold")
     report = check.check(lesson, path)
@@ -213,9 +219,10 @@ def run_check(console: Console, lesson: Lesson, lessons: list[Lesson], path: Pat
         ours = (f"`stepper lesson solution {lesson.name}` shows ours" if progress.lesson(lesson.name)["passed"] else
                 f"not recorded: another file than your exercise's (`stepper lesson check {lesson.name}` records a "
                 "pass, and opens our solution)")
-        console.print(styled(f"passed! `stepper run --use {path}{model}` runs the whole model with your "
-                             f"{', '.join(lesson.exercise.functions)}; {ours}"
-                             + (f"; next: `stepper lesson start {after.name}`" if after else "; every lesson is done")),
+        console.print(styled(f"passed! `stepper run --use {shlex.quote(str(path))}{model}` runs the whole model with "
+                             f"your {', '.join(lesson.exercise.functions)}; {ours}"
+                             + (f"; next: `stepper lesson start {after.name}{workspace_option(workspace)}`" if after
+                                else "; every lesson is done")),
                       style="bold green", soft_wrap=False)
     else:
         console.print(styled(f"not yet: fix it and check again (`stepper lesson hint {lesson.name}` for a hint)"),
@@ -242,7 +249,7 @@ def watch_command(
         banner = f"watching {shown(path)}: it is re-checked when you save it · press Enter to re-check, q to quit"
         console.print(banner, style="bold")
         stamp = modified(path)
-        passed = run_check(console, lesson, lessons, path, progress)
+        passed = run_check(console, lesson, lessons, path, progress, workspace=workspace)
         try:
             while not passed:
                 try:
@@ -259,7 +266,7 @@ def watch_command(
                         break
                     stamp = modified(path)
                 console.rule(style="dim")
-                passed = run_check(console, lesson, lessons, path, progress)
+                passed = run_check(console, lesson, lessons, path, progress, workspace=workspace)
                 if not passed:
                     console.print("press Enter to re-check, q to quit (or just save the file)", style="dim")
         except KeyboardInterrupt:
