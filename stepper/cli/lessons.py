@@ -333,8 +333,9 @@ def solution_command(
         console = console_for(plain)
         console.print(shown(lesson.solution), style="bold")
         fancy = not plain and console.is_terminal
-        console.print(Syntax(code, "python", word_wrap=True, background_color="default") if fancy else code,
-                      highlight=False)
+        wraps = any(len(line) > console.width for line in code.splitlines())  # numbered, a wrapped line shows as one
+        console.print(Syntax(code, "python", word_wrap=True, background_color="default", line_numbers=wraps)
+                      if fancy else code, highlight=False)
 
 
 @lesson_app.command("reset")
