@@ -10,6 +10,7 @@ line on stderr and exit code 2; a check that fails exits with 1, like a failing 
 from __future__ import annotations
 
 import queue
+import shlex
 import sys
 import textwrap
 import threading
@@ -58,7 +59,7 @@ def console_for(plain: bool) -> Console:
 
 def chosen(name: str | None, progress: Progress) -> tuple[Lesson, list[Lesson]]:
     lessons = all_lessons()
-    return (find_lesson(name, lessons) if name else default_lesson(progress, lessons)), lessons
+    return (find_lesson(name, lessons) if name is not None else default_lesson(progress, lessons)), lessons
 
 
 # ---------------------------------------------------------------------------------------------
@@ -122,11 +123,15 @@ def start_command(
     with user_errors():
         progress = Progress()
         lesson, _ = chosen(name, progress)
+        own = lesson.run.model
         lesson, planned = on_prompt(lesson, model, prompt)
         console = console_for(plain)
         path, created = Workspace(workspace).ensure(lesson)
         console.print(f"your exercise file: {shown(path)}" + (" (a fresh copy of the stub)" if created else
                                                        " (yours, left as it is)"), style="dim")
+        if model is not None:  # the prose is written for the lesson's own model; the numbers are the other one's
+            console.print(f"walking it on {shown(model)} instead of {own}, the model its text is written for: the "
+                          f"numbers and sizes shown are {shown(model)}'s", style="dim")
         progress.current = lesson.name
         progress.save()
         source = CommandSource(console, sys.stdin, sys.stdin.isatty() and console.is_terminal)
@@ -137,7 +142,7 @@ def start_command(
         entry["walked"] = entry["walked"] or walked.finished
         progress.save()
         functions = ", ".join(lesson.exercise.functions)
-        where = "" if workspace == WORKSPACE else f" --workspace {workspace}"
+        where = workspace_option(workspace)
         if entry["passed"]:  # walked again after the exercise passed
             console.print(styled(f"\nyour {functions} in `{path}` passed already: `stepper lesson solution "
                                  f"{lesson.name}` shows ours"), soft_wrap=False)
@@ -150,6 +155,9 @@ def start_command(
 def on_prompt(lesson: Lesson, model: str | None, prompt: str | None) -> tuple[Lesson, RunPlan | None]:
     """The lesson walked on another model (one that computes every tensor it stops at; its run
     planned once, here), or on a text prompt instead of its token ids."""
+    if prompt is not None and model is None:  # a lesson's own model is synthetic: it has no tokenizer
+        raise StepperError(f"--prompt needs --model DIR, a checkpoint with its tokenizer: lesson {lesson.name}'s "
+                           f"model {lesson.run.model} has synthetic weights and no tokenizer")
     run = lesson.run if model is None else replace(lesson.run, model=model)
     if prompt is not None:
         run = replace(run, ids=None, prompt=prompt)
@@ -181,14 +189,19 @@ def check_command(
         if file is not None and found(file) != "file":  # a file to fix is one that is there
             raise StepperError(f"--file {shown(file)}: no such file")
         console = console_for(plain)
-        passed = run_check(console, lesson, lessons, path, progress, record=file is None)
+        passed = run_check(console, lesson, lessons, path, progress, record=file is None, workspace=workspace)
     raise typer.Exit(0 if passed else 1)
 
 
+def workspace_option(workspace: Path) -> str:
+    """' --workspace DIR' for the commands a message suggests, quoted for a shell; '' for the default."""
+    return "" if workspace == WORKSPACE else f" --workspace {shlex.quote(str(workspace))}"
+
+
 def run_check(console: Console, lesson: Lesson, lessons: list[Lesson], path: Path, progress: Progress,
-              record: bool = True) -> bool:
+              record: bool = True, workspace: Path = WORKSPACE) -> bool:
     """Check, show the outcome, and record a pass in `progress` (unless `record` is False: another
-    file than the learner's)."""
+    file than the learner's). The commands it suggests name `workspace` unless it is the default."""
     console.print(f"checking {shown(path)} · lesson {lesson.number}, {lesson.name}: {shown(lesson.title)}",
                   style="bold")
     report = check.check(lesson, path)
@@ -206,9 +219,10 @@ def run_check(console: Console, lesson: Lesson, lessons: list[Lesson], path: Pat
         ours = (f"`stepper lesson solution {lesson.name}` shows ours" if progress.lesson(lesson.name)["passed"] else
                 f"not recorded: another file than your exercise's (`stepper lesson check {lesson.name}` records a "
                 "pass, and opens our solution)")
-        console.print(styled(f"passed! `stepper run --use {path}{model}` runs the whole model with your "
-                             f"{', '.join(lesson.exercise.functions)}; {ours}"
-                             + (f"; next: `stepper lesson start {after.name}`" if after else "; every lesson is done")),
+        console.print(styled(f"passed! `stepper run --use {shlex.quote(str(path))}{model}` runs the whole model with "
+                             f"your {', '.join(lesson.exercise.functions)}; {ours}"
+                             + (f"; next: `stepper lesson start {after.name}{workspace_option(workspace)}`" if after
+                                else "; every lesson is done")),
                       style="bold green", soft_wrap=False)
     else:
         console.print(styled(f"not yet: fix it and check again (`stepper lesson hint {lesson.name}` for a hint)"),
@@ -235,7 +249,7 @@ def watch_command(
         banner = f"watching {shown(path)}: it is re-checked when you save it · press Enter to re-check, q to quit"
         console.print(banner, style="bold")
         stamp = modified(path)
-        passed = run_check(console, lesson, lessons, path, progress)
+        passed = run_check(console, lesson, lessons, path, progress, workspace=workspace)
         try:
             while not passed:
                 try:
@@ -252,7 +266,7 @@ def watch_command(
                         break
                     stamp = modified(path)
                 console.rule(style="dim")
-                passed = run_check(console, lesson, lessons, path, progress)
+                passed = run_check(console, lesson, lessons, path, progress, workspace=workspace)
                 if not passed:
                     console.print("press Enter to re-check, q to quit (or just save the file)", style="dim")
         except KeyboardInterrupt:
@@ -319,8 +333,9 @@ def solution_command(
         console = console_for(plain)
         console.print(shown(lesson.solution), style="bold")
         fancy = not plain and console.is_terminal
-        console.print(Syntax(code, "python", word_wrap=True, background_color="default") if fancy else code,
-                      highlight=False)
+        wraps = any(len(line) > console.width for line in code.splitlines())  # numbered, a wrapped line shows as one
+        console.print(Syntax(code, "python", word_wrap=True, background_color="default", line_numbers=wraps)
+                      if fancy else code, highlight=False)
 
 
 @lesson_app.command("reset")

@@ -45,6 +45,7 @@ from stepper.session import RunResult, RunSpec, prepare, preset_config
 PURE = ("softmax", "rms_norm", "decode", "dequantize", "rope_inv_freq", "apply_rope", "causal_mask", "index_scores",
         "gated_pool", "sinkhorn")
 CALLS_PER_FUNCTION = 6
+TIME_LIMIT = 30.0  # seconds for one call of a learner's function, or loading the file: a loop is stopped
 
 
 @dataclass(frozen=True)
@@ -461,7 +462,12 @@ def check(lesson, path: Path) -> Report:
     path = Path(path)
     report = Report(path)
     try:
-        found = overrides.load(path, tuple(lesson.exercise.functions))
+        with overrides.time_limit(TIME_LIMIT):
+            found = overrides.load(path, tuple(lesson.exercise.functions))
+    except overrides.Overtime as e:
+        report.outcomes.append(Outcome(False, "the file does not load",
+                                       [str(overrides.overtime(e, path, "loading it", TIME_LIMIT))]))
+        return report
     except StepperError as e:
         report.outcomes.append(Outcome(False, "the file does not load", [str(e)]))
         return report
@@ -471,7 +477,7 @@ def check(lesson, path: Path) -> Report:
         report.outcomes.append(Outcome(False, f"{path} does not define {', '.join(missing)}",
                                        ["keep the function(s) of the exercise stub, with their signatures"]))
         return report
-    functions = {name: overrides.guarded(path, name, found[name]) for name in wanted}
+    functions = overrides.guarded_all(path, {name: found[name] for name in wanted}, TIME_LIMIT)
     for name in wanted:
         if name in PURE:
             report.outcomes.append(check_function(lesson, name, functions[name], path))

@@ -14,7 +14,9 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
+import signal
 import sys
+import threading
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -128,18 +130,60 @@ def learner_line(error: BaseException, path: Path) -> int | None:
 PASSING = (KeyboardInterrupt, SystemExit, GeneratorExit, MemoryError)  # not the function's failure: they go on up
 
 
-def guarded(path: Path, name: str, func: Callable) -> Callable:
+class Overtime(BaseException):  # not an Exception: a learner's `except Exception` does not swallow it
+    """Raised where a learner's code is when it has run longer than its time limit."""
+
+
+@contextmanager
+def time_limit(seconds: float | None) -> Iterator[None]:
+    """Raise Overtime wherever the block is once it has run `seconds`: a loop that never ends is
+    stopped, at its line. No limit with None, inside another limit, or where a timer signal cannot
+    do it (off the main thread, or without SIGALRM)."""
+    if (not seconds or not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread()
+            or signal.getitimer(signal.ITIMER_REAL)[0]):
+        yield
+        return
+
+    def stop(signum, frame):
+        raise Overtime
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def overtime(error: Overtime, path: Path, what: str, seconds: float) -> StepperError:
+    line = learner_line(error, path)
+    where = f" line {line}" if line else ""
+    return StepperError(f"{path}{where}, {what}: still running after {seconds:g} s, stopped there (a loop that never "
+                        "ends?)")
+
+
+def guarded(path: Path, name: str, func: Callable, limit: float | None = None) -> Callable:
     """func, with whatever its call raises, a library's panic too, turned into a one-line
     StepperError naming the file, the line and the function, and a result of the wrong type or
-    shape refused in one line. stepper's own exceptions (its errors, a debugger quitting the run)
+    shape refused in one line; a call that runs longer than `limit` seconds is stopped and
+    reported the same way. stepper's own exceptions (its errors, a debugger quitting the run)
     pass through unchanged."""
     signature = inspect.signature(reference(name))
+    inside: set[int] = set()  # the threads in a call of it
 
     @functools.wraps(func)
     def call(*args, **kwargs):
         call.called = True  # type: ignore[attr-defined]
+        thread = threading.get_ident()
+        if thread in inside:  # the function calling itself: its outermost call is the one guarded
+            return func(*args, **kwargs)
         try:
-            result = func(*args, **kwargs)
+            inside.add(thread)
+            with time_limit(limit):
+                result = func(*args, **kwargs)
+        except Overtime as e:
+            raise overtime(e, path, f"in {name}", limit or 0) from None
         except PASSING:
             raise
         except BaseException as e:  # a Rust library's panic is a BaseException
@@ -149,6 +193,8 @@ def guarded(path: Path, name: str, func: Callable) -> Callable:
             what = "is not written yet" if isinstance(e, NotImplementedError) else "raised"
             where = f" line {line}" if line else ""
             raise StepperError(f"{path}{where}, in {name}: {what} ({type(e).__name__}: {shown(e)})") from e
+        finally:
+            inside.discard(thread)
         wrong = returns.wrong_result(name, signature.bind(*args, **kwargs).arguments, result)
         if wrong:
             raise StepperError(f"{path}: {name} returned {wrong}")
@@ -156,6 +202,18 @@ def guarded(path: Path, name: str, func: Callable) -> Callable:
 
     call.called = False  # type: ignore[attr-defined]
     return call
+
+
+def guarded_all(path: Path, found: Mapping[str, Callable], limit: float | None = None) -> dict[str, Callable]:
+    """`guarded` for each of a file's functions. The file's own calls of one another (its
+    dequantize calling its decode) go through the guards too: they count as calls of that function
+    (a run that decodes only through the learner's dequantize does call the learner's decode),
+    and a failure there is named after it."""
+    wrapped = {name: guarded(path, name, func, limit) for name, func in found.items()}
+    for name, func in found.items():
+        if getattr(func, "__globals__", {}).get(name) is func:  # the name the file's code calls it by
+            func.__globals__[name] = wrapped[name]
+    return wrapped
 
 
 # ---------------------------------------------------------------------------------------------
@@ -184,10 +242,10 @@ def use(files: Iterable[Path], announce: IO[str] | None = None) -> Iterator[dict
     origin: dict[str, Path] = {}
     for path in files:
         path = Path(path)
-        for name, func in load(path).items():
+        for name, func in guarded_all(path, load(path)).items():
             if name in functions:
                 raise StepperError(f"{name} is defined in both {origin[name]} and {path}: use only one of them")
-            functions[name], origin[name] = guarded(path, name, func), path
+            functions[name], origin[name] = func, path
     if announce is not None and functions:
         listed = ", ".join(f"{name} from {origin[name]}" for name in functions)
         announce.write(f"using your {shown(listed)}\n")

@@ -7,6 +7,7 @@ written through a link.
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,8 +45,8 @@ class Workspace:
     def existing(self, lesson: Lesson) -> Path:
         path = self.file(lesson)
         if not path.is_file():
-            raise StepperError(f"no exercise file {path}: `stepper lesson start {lesson.name}` creates it"
-                               + (f" (workspace {self.root})" if self.root != WORKSPACE else ""))
+            option = f" --workspace {shlex.quote(str(self.root))}" if self.root != WORKSPACE else ""
+            raise StepperError(f"no exercise file {path}: `stepper lesson start {lesson.name}{option}` creates it")
         return path
 
     def reset(self, lesson: Lesson) -> tuple[Path, Path | None]:

@@ -10,6 +10,7 @@ import pytest
 from helpers.cli import stepper
 
 from stepper.lessons import check, overrides
+from stepper.lessons.schema import find_lesson
 from stepper.seams.trace import Recorder
 from stepper.session import RunSpec, run
 
@@ -75,7 +76,8 @@ def test_what_a_function_raises_is_one_line_with_its_line(tmp_path, body, raised
     line = used(path)
     what = "is not written yet" if "NotImplemented" in raised else "raised"
     assert line.startswith(f"stepper: error: {path} line "), line
-    assert line.endswith(f", in rms_norm: {what} ({raised})"), line
+    said = line.rpartition(f", in rms_norm: {what} (")[2]  # Python words a recursion's end in more than one way
+    assert said == f"{raised})" or raised.startswith("RecursionError") and said.startswith(raised), line
     assert "\x1b" not in line
 
 
@@ -116,3 +118,15 @@ def test_stepper_own_functions_pass_the_checks_in_every_model(tmp_path, model):
         run(spec, [recorder])
     for event in check.golden(spec):
         assert np.array_equal(recorder.tensors()[event.name], event.array, equal_nan=True), event.name
+
+
+def test_a_function_the_learners_own_code_calls_counts_as_called(tmp_path):
+    """The fp8 solution's dequantize decodes through its own decode: the run uses that decode (no
+    note that it was never called), and what goes wrong in it is named after it."""
+    solution = find_lesson("fp8").solution
+    out = stepper("run", "--plain", "--only", "logits", "--prompt-len", "3", "--use", solution)
+    assert out.returncode == 0 and "never called" not in out.stderr, out.stderr
+    broken = tmp_path / "fp8.py"
+    one_short = "codes = as_codes(codes)[..., 1:]\n"  # decode's first line: a value short in every row
+    broken.write_text(solution.read_text().replace("codes = as_codes(codes)\n", one_short, 1))
+    assert "fp8.py: decode returned float32[" in used(broken)
