@@ -169,7 +169,9 @@ def test_a_lesson_walks_on_a_text_prompt(ckpt, tmp_path):
     assert "The layer's input is [1, 6, 320]" in out.stdout  # the prompt's 6 tokens
     out = command_line.stepper("lesson", "start", "moe-routing", "--plain", "--prompt", PROMPT, stdin="\n" * 200,
                                cwd=tmp_path, env=env)
-    assert out.returncode == 2 and "--prompt needs a tokenizer" in out.stderr
+    assert out.returncode == 2 and out.stderr == (
+        "stepper: error: --prompt needs --model DIR, a checkpoint with its tokenizer: lesson moe-routing's model "
+        "tiny-v3 has synthetic weights and no tokenizer\n")
 
 
 def test_a_plan_runs_twice_with_the_same_tokens(ckpt):
