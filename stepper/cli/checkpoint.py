@@ -13,10 +13,11 @@ import typer
 from rich.console import Console
 
 from stepper.cli.cache import byte_progress
-from stepper.cli.common import PlainOpt, SeedOpt, parse_layers, url_option, user_errors
+from stepper.cli.common import PlainOpt, SeedOpt, model_option, parse_layers, url_option, user_errors
 from stepper.config import Config, Wrapper
 from stepper.errors import StepperError
 from stepper.fp8 import BLOCK
+from stepper.presets import PRESETS, V4_PRESETS
 from stepper.session import RunSpec, layers_shown, load_model
 from stepper.untrusted import shown
 from stepper.views import fp4_codes, fp8_codes, inspect, inspect_stats, int4_codes
@@ -168,7 +169,7 @@ def fp8_command(
         metavar="NAME",
         help="Show one block of this FP8 weight, e.g. model.layers.1.self_attn.kv_a_proj_with_mqa.weight, or one "
              "group of this INT4 or FP4 weight (DeepSeek-V4: layers.1.ffn.experts.0.w1.weight).")] = None,
-    model: Annotated[str | None, typer.Option(metavar="NAME|DIR|URL",
+    model: Annotated[str | None, typer.Option(metavar="NAME|DIR|URL", callback=model_option,
                                               help="With --weight: a preset (synthetic weights), a checkpoint "
                                                    "directory or a remote one (hf://ORG/NAME, https://HOST/PATH/; "
                                                    "of a DeepSeek-V4 one only the headers, the weight's scales and "
@@ -242,12 +243,13 @@ def check_fp8_options(code: str | None, weight: str | None, model: str | None, b
 
 def weight_view(console: Console, weight: str, model: str, index: tuple[int, int], seed: int, as_json: bool) -> None:
     """One INT4 or FP4 group or one FP8 block of a weight, whichever format it is stored in."""
-    if is_remote(model) and is_remote_published(model) or Path(model).is_dir() and is_published_v4(Path(model)):
+    folder = model not in PRESETS and model not in V4_PRESETS and Path(model).is_dir()  # a preset's name: the preset
+    if is_remote(model) and is_remote_published(model) or folder and is_published_v4(Path(model)):
         source = open_published(model)
         label = source.label if is_remote(model) else model  # a URL without its credentials
         published_view(console, weight, source.has, reader_of(source, index), f"checkpoint {label}", index, as_json)
         return
-    synthetic = None if Path(model).is_dir() else load_model(model, seed)
+    synthetic = None if folder else load_model(model, seed)
     if hasattr(synthetic, "published_stored"):  # a V4 preset: its weights as they would be stored, by DeepSeek's names
         published_view(console, weight, synthetic.has_published, synthetic.published_stored,
                        f"synthetic weights of {synthetic.config.name}, seed {seed}", index, as_json)

@@ -41,9 +41,11 @@ def url_option(value: str) -> str:
         raise typer.BadParameter(str(e)) from None
 
 
-def model_option(ctx: typer.Context, param: typer.CallbackParam, value: str) -> str:
+def model_option(ctx: typer.Context, param: typer.CallbackParam, value: str | None) -> str | None:
     """url_option, and a note where a preset's name given is also a file or folder here: the preset
-    runs (a folder downloaded as kimi-k2 would otherwise be passed over with no word)."""
+    runs (a folder downloaded as kimi-k2 would otherwise be passed over with no word). None: not given."""
+    if value is None:
+        return None
     source = ctx.get_parameter_source(param.name) if param.name else None
     given = source is None or source.name != "DEFAULT"  # (typer's own copy of click's ParameterSource)
     if given and (value in PRESETS or value in V4_PRESETS) and os.path.lexists(value):

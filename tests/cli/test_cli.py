@@ -260,6 +260,19 @@ def test_a_folder_named_as_a_preset_is_named_when_the_preset_runs_instead(tmp_pa
         assert said.returncode == 0 and said.stderr == "", said.stderr
 
 
+def test_fp8_reads_a_preset_as_run_does_where_a_folder_has_its_name(tmp_path):
+    """`stepper fp8 --weight W --model kimi-k2` read a folder ./kimi-k2 where run reads the preset:
+    it now shows the preset's synthetic weight with run's note; ./kimi-k2 reads the folder."""
+    assert stepper("synth", "--model", "tiny-v4", "--out", tmp_path / "kimi-k2").returncode == 0
+    weight = "model.layers.1.self_attn.kv_a_proj_with_mqa.weight"
+    preset = stepper("fp8", "--weight", weight, "--model", "kimi-k2", "--plain", cwd=tmp_path)
+    assert preset.returncode == 0 and preset.stderr.startswith("stepper: note: 'kimi-k2' is the preset"), preset.stderr
+    assert "synthetic weights of kimi-k2, seed 0" in preset.stdout.splitlines()[0]
+    folder = stepper("fp8", "--weight", "layers.1.ffn.experts.0.w1.weight", "--model", "./kimi-k2", "--plain",
+                     cwd=tmp_path)
+    assert folder.returncode == 0 and folder.stdout.splitlines()[0].endswith("checkpoint ./kimi-k2"), folder.stderr
+
+
 def test_explain_accepts_names_globs_and_aliases():
     out = stepper("explain", "kv_cmpr", "--plain")  # llama.cpp's name
     assert out.returncode == 0 and "self_attn.compressed_kv\n" in out.stdout
