@@ -431,3 +431,28 @@ def test_verify_by_a_naming_without_names_of_the_fixtures_family_says_so(tmp_pat
     assert out.returncode == 2 and out.stderr == (
         "stepper: error: --names llama.cpp: that naming has no names of deepseek_v4 tensors (stepper fixtures names "
         f"lists each naming's); read {candidate} by another --names\n")
+
+
+@pytest.mark.parametrize("half, suffix", [("bfloat16", ".safetensors"), ("float16", ".npz")])
+def test_verify_of_a_half_precision_port_names_the_tolerances_to_start_with(tmp_path, half, suffix):
+    """A port computing in BF16 or FP16 fails from its first tensor at the float32 tolerances: the
+    line after the first divergence says so and names the looser ones, unless --rtol or --atol is given."""
+    import ml_dtypes
+    from safetensors.numpy import save_file
+
+    fixture = Path(__file__).resolve().parents[2] / "fixtures" / "tiny-prefill-decode"
+    tensors = load_file(fixture / "tensors.safetensors")
+    kind = ml_dtypes.bfloat16 if half == "bfloat16" else np.float16
+    halved = {name: (a.astype(kind) if a.dtype == np.float32 else a) for name, a in tensors.items()}
+    candidate = tmp_path / f"port{suffix}"
+    save_file(halved, candidate) if suffix == ".safetensors" else np.savez(candidate, **halved)
+    out = stepper("fixtures", "verify", fixture, candidate, "--plain")
+    first = re.search(r"^first divergence: (\S+):", out.stdout, re.MULTILINE)[1]
+    assert out.returncode == 1 and out.stdout.splitlines()[-1] == (
+        f"{first} is {half} in the candidate, and the tolerances are float32's: a port computing in BF16 or FP16 "
+        "needs looser ones, --rtol 2e-2 --atol 1e-2 to start with (fixtures/README.md, Tolerances)")
+    looser = stepper("fixtures", "verify", fixture, candidate, "--plain", "--rtol", "2e-2", "--atol", "1e-2")
+    assert looser.returncode == 0 and "tolerances are float32's" not in looser.stdout
+    halved[first] = tensors[first] + 1  # float32, and wrong: no hint
+    save_file(halved, candidate) if suffix == ".safetensors" else np.savez(candidate, **halved)
+    assert "tolerances are float32's" not in stepper("fixtures", "verify", fixture, candidate, "--plain").stdout
