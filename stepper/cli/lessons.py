@@ -186,8 +186,9 @@ def check_command(
         progress = Progress()
         lesson, lessons = chosen(name, progress)
         path = file if file is not None else Workspace(workspace).existing(lesson)
-        if file is not None and found(file) != "file":  # a file to fix is one that is there
-            raise StepperError(f"--file {shown(file)}: no such file")
+        if file is not None and (there := found(file)) != "file":  # a file to fix is one that is there
+            what = {None: "no such file", "folder": "is a folder; give the exercise's .py file in it"}
+            raise StepperError(f"--file {shown(file)}: {what.get(there, 'is not a regular file')}")
         console = console_for(plain)
         passed = run_check(console, lesson, lessons, path, progress, record=file is None, workspace=workspace)
     raise typer.Exit(0 if passed else 1)
