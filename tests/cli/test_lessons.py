@@ -816,8 +816,8 @@ def test_check_of_a_missing_file_is_a_usage_error_and_an_empty_one_names_the_les
     assert missing.stderr == f"stepper: error: --file {tmp_path / 'nowhere.py'}: no such file\n"
     (tmp_path / "ws").mkdir()
     folder = stepper("lesson", "check", "hyper-connections", "--file", "ws", "--plain")  # (it said: no such file)
-    assert (folder.exit_code, folder.stderr) == (2, "stepper: error: --file ws: is a folder; give the exercise's .py "
-                                                    "file in it\n")
+    assert folder.exit_code == 2
+    assert folder.stderr == "stepper: error: --file ws: is a folder; give the exercise's .py file in it\n"
     (tmp_path / "empty.py").write_text("")
     empty = stepper("lesson", "check", "hyper-connections", "--file", "empty.py", "--plain")
     assert empty.exit_code == 1 and "empty.py defines none of the exercise functions (sinkhorn)" in empty.stdout
