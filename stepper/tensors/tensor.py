@@ -90,6 +90,15 @@ class LazyTensor:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({list(self.shape)}, {self.dtype}: {self.cost})"
 
+    def _no_arithmetic(self, *_: object) -> None:
+        """lazy * 2, lazy + x, -lazy: say how to get the array, as a missing method does."""
+        raise TypeError(f"'{type(self).__name__}' takes no arithmetic: it is a LazyTensor, made when read; "
+                        f"its .numpy() is the array ({self.cost})")
+
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __rtruediv__ = _no_arithmetic
+    __floordiv__ = __rfloordiv__ = __mod__ = __rmod__ = __pow__ = __rpow__ = __matmul__ = __rmatmul__ = _no_arithmetic
+    __neg__ = __pos__ = __abs__ = __lt__ = __le__ = __gt__ = __ge__ = _no_arithmetic
+
 
 Tensor = np.ndarray | LazyTensor
 
