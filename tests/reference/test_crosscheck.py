@@ -2,7 +2,9 @@
 
 Two configs: `tiny` (Kimi-style, one expert group, YaRN factor 32 / theta 50000) and `tiny-v3`
 (4 groups keep 2, DeepSeek-V3's rope: factor 40, beta 32/1, theta 10000); prefill then cached
-decode steps, at position 0, past 0, and past original_max_position_embeddings (4096).
+decode steps, at position 0, past 0, and past original_max_position_embeddings (4096), on the
+naive MLA path and on the absorbed one (transformers has the naive one only: its tensors that the
+absorbed path does not make are left out of that comparison, the rest must match as on the naive path).
 Relative error = max |stepper - reference| / max |reference| per tensor, at most 1e-5.
 """
 
@@ -32,12 +34,12 @@ from stepper.weights.source import ArrayWeights
 PROMPT = (17, 402, 999, 3, 256, 77, 640)
 
 
-def traces(model: str, start_pos: int, decode: int, seed: int = 0):
+def traces(model: str, start_pos: int, decode: int, seed: int = 0, attn: str = "naive"):
     cfg = preset(model)
     synthetic = SyntheticWeights(cfg, seed)
     arrays = {n: synthetic.get(n) for n in weight_shapes(cfg)}
     rec = Recorder()
-    spec = RunSpec(model=model, ids=PROMPT, start_pos=start_pos, decode=decode, attn="naive")
+    spec = RunSpec(model=model, ids=PROMPT, start_pos=start_pos, decode=decode, attn=attn)
     result = run(spec, [rec], ArrayWeights(cfg, arrays))
     steps = [np.array([[t]]) for t in result.generated] or None
     ref = hf_trace(cfg.to_hf(), arrays, np.array([PROMPT]), start_pos=start_pos, decode_ids=steps)
@@ -50,6 +52,22 @@ def test_every_named_tensor_matches_transformers(model, start_pos, decode):
     mine, ref = traces(model, start_pos, decode)
     assert list(mine) and set(mine) == set(ref), sorted(set(mine) ^ set(ref))
     failures = {name: why for name in mine if (why := compare(name, mine, ref))}
+    assert not failures, failures
+
+
+@pytest.mark.parametrize("model", ["tiny", "tiny-v3"])
+@pytest.mark.parametrize("start_pos, decode", [(0, 2), (4093, 3)])
+def test_the_absorbed_path_matches_transformers(model, start_pos, decode):
+    mine, ref = traces(model, start_pos, decode, attn="absorb")
+    only_mine = {n for n in mine if n not in ref}  # the absorbed path's own intermediates
+    assert {unphased(n).split(".", 2)[-1] for n in only_mine} == {"self_attn.q_nope_absorbed",
+                                                                     "self_attn.attn_output_latent"}
+    shared = [n for n in mine if n in ref]
+    # what both make: the attention's scores, weights and output, every layer after it, the logits
+    for key in ("self_attn.attn_scores", "self_attn.attn_weights", "self_attn.o_proj", "mlp_output"):
+        assert sum(n.endswith(f"layers.2.{key}") for n in shared) == decode + 1, key
+    assert sum(n.endswith("logits") and ".layers." not in n for n in shared) == decode + 1
+    failures = {name: why for name in shared if (why := compare(name, mine, ref))}
     assert not failures, failures
 
 

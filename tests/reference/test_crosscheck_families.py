@@ -4,8 +4,8 @@ DeepseekV32ForCausalLM on the same float32 weights.
 Configs: `tiny-v2` (V2-Lite-like: greedy softmax routing, one q_proj, two shared experts, YaRN
 mscale 0.707), a V2-like sibling (group_limited_greedy over 4 groups keep 2, a q bottleneck,
 routed_scaling_factor 16) and `tiny-v32` (V3 plus the indexer keeping 4 positions, fewer than
-the prompt; its chosen positions identical, on data whose scores have no tie at the cut; both
-MLA paths, transformers' naive tensors left out of the absorbed comparison). Prefill then cached decode steps, at
+the prompt; its chosen positions identical, on data whose scores have no tie at the cut); both
+MLA paths, transformers' naive tensors left out of the absorbed comparison. Prefill then cached decode steps, at
 position 0 and past 4096; relative error <= 1e-5 per tensor (helpers.compare).
 """
 
@@ -74,6 +74,18 @@ def test_every_v2_tensor_matches_transformers(config, start_pos, decode):
         scores, mask = mine["prefill.layers.1.mlp.gate.softmax_scores"], mine["prefill.layers.1.mlp.gate.group_mask"]
         groups_of_best = np.argsort(-scores, axis=1)[:, :4] // (scores.shape[1] // mask.shape[1])  # [N, k]
         assert (np.take_along_axis(mask, groups_of_best, axis=1) == 0).any()
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_every_v2_tensor_on_the_absorbed_path_matches_transformers(config):
+    mine, ref = traces(CONFIGS[config], 4093, 3, attn="absorb")  # positions 4093..4102: past 4096, decode too
+    only_mine = {unphased(n).split(".", 2)[-1] for n in mine if n not in ref}  # the absorbed path's own
+    assert only_mine == {"self_attn.q_nope_absorbed", "self_attn.attn_output_latent"}, only_mine
+    shared = [n for n in mine if n in ref]
+    for key in ("layers.1.self_attn.attn_weights", "layers.1.self_attn.o_proj", "logits"):
+        assert sum(unphased(n) == key for n in shared) == 4, key  # the prefill and the 3 decode steps
+    failures = {name: why for name in shared if (why := compare(name, mine, ref))}
+    assert not failures, failures
 
 
 @pytest.mark.parametrize("config", list(CONFIGS))
