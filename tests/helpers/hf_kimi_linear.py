@@ -41,10 +41,12 @@ def heads_first(t: torch.Tensor) -> np.ndarray:
     return t.transpose(1, 2).detach().numpy().copy()
 
 
-def trace(model: KimiLinearForCausalLM, ids: np.ndarray, decode_ids: np.ndarray) -> dict[str, np.ndarray]:
-    """Prefill `ids` [B, T], then one decode step per column of `decode_ids` [B, n]: every tensor
-    by its stepper name (`prefill.layers.0.self_attn.q_conv`, `decode0.logits`)."""
-    return Tracer(model).run(ids, decode_ids)
+def trace(model: KimiLinearForCausalLM, ids: np.ndarray, decode_ids: np.ndarray,
+          start: int = 0) -> dict[str, np.ndarray]:
+    """Prefill `ids` [B, T] at positions start .. start+T-1 (an empty cache), then one decode step
+    per column of `decode_ids` [B, n]: every tensor by its stepper name
+    (`prefill.layers.0.self_attn.q_conv`, `decode0.logits`)."""
+    return Tracer(model).run(ids, decode_ids, start)
 
 
 FUNCTIONS = ("causal_conv1d_fn", "causal_conv1d_update", "chunk_kimi_delta_attention", "recurrent_kimi_delta_attention",
@@ -77,7 +79,7 @@ class Tracer:
         """The module's first input under `key`."""
         self.hooks.append(module.register_forward_pre_hook(lambda m, a: self.put(key, a[0])))
 
-    def run(self, ids: np.ndarray, decode_ids: np.ndarray) -> dict[str, np.ndarray]:
+    def run(self, ids: np.ndarray, decode_ids: np.ndarray, start: int = 0) -> dict[str, np.ndarray]:
         self.wrap_functions()
         try:
             for i, layer in enumerate(self.model.model.layers):
@@ -86,10 +88,14 @@ class Tracer:
             self.outer(self.model.model.norm, "norm")
             cache = DynamicCache(config=self.cfg)
             steps = [("prefill", ids)] + [(f"decode{j}", decode_ids[:, j : j + 1]) for j in range(decode_ids.shape[1])]
+            position = start
             with torch.no_grad():
                 for phase, step_ids in steps:
                     self.phase, self.layer = phase, None
-                    logits = self.model(torch.tensor(step_ids), cache=cache, use_cache=True).logits
+                    positions = torch.arange(position, position + step_ids.shape[1])[None]
+                    position += step_ids.shape[1]
+                    logits = self.model(torch.tensor(step_ids), position_ids=positions, cache=cache,
+                                        use_cache=True).logits
                     self.layer = None
                     self.put("logits", logits)
         finally:

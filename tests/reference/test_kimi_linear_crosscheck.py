@@ -1,8 +1,9 @@
 """Every tensor stepper's Kimi Linear emits against transformers' KimiLinearForCausalLM on the same
 weights: the tiny checkpoint `stepper synth` writes in the published layout (BF16, A_log, dt_bias
 and the router's bias F32), which both load (transformers stacks the convs and the experts itself),
-float32, a 70-token prompt (longer than one 64-token chunk) then two decode steps, both forms of the
-delta rule; relative error <= 1e-5.
+float32, a 70-token prompt (longer than one 64-token chunk) then two decode steps, at position 0
+and from 4093 (past 4096: the family has no rotary tables, only the masks and the caches see the
+positions), both forms of the delta rule, both MLA paths; relative error <= 1e-5.
 
 Float32 round-off is about 1e-6 in the first layer's delta rule, on either side (both are within
 1e-6 of a float64 recurrence on the same inputs, asserted below), and grows through the layers and
@@ -41,15 +42,17 @@ def reference(checkpoint):
     return ids, hf_kimi_linear.trace(hf_kimi_linear.load(checkpoint), ids[:, :PROMPT], ids[:, PROMPT:])
 
 
-def stepper_trace(checkpoint, ids, delta_rule: str = "chunked", attn: str = "naive") -> dict[str, np.ndarray]:
-    """stepper's model on the checkpoint, the family's decoder layer, prefill then decode steps."""
+def stepper_trace(checkpoint, ids, delta_rule: str = "chunked", attn: str = "naive",
+                  start: int = 0) -> dict[str, np.ndarray]:
+    """stepper's model on the checkpoint, the family's decoder layer, prefill (at positions
+    start .. start+PROMPT-1, an empty cache) then decode steps."""
     model = Transformer(Checkpoint(checkpoint, families.load_config), layer=FAMILY.decoder_layer)
     model.options = dataclasses.replace(model.options, delta_rule=delta_rule)
     cache, recorder = KVCache(model.config.num_hidden_layers), Recorder()
     steps = [("prefill", slice(0, PROMPT))] + [(f"decode{j}", slice(PROMPT + j, PROMPT + j + 1)) for j in range(DECODE)]
     for phase, span in steps:
         emit = Emitter([recorder]).phase(phase)
-        model.forward(ids[:, span], np.arange(span.start, span.stop), emit, cache, attn=attn)
+        model.forward(ids[:, span], np.arange(span.start, span.stop) + start, emit, cache, attn=attn)
     return recorder.tensors()
 
 
@@ -69,6 +72,25 @@ def test_every_tensor_matches_transformers(checkpoint, reference, form):
     assert mine["prefill.layers.0.self_attn.q_unit"].shape == (1, 2, PROMPT, 8)
     assert mine["prefill.layers.0.self_attn.state_per_chunk"].shape == (1, 2, 2, 8, 8)  # 64 + 6 tokens
     assert mine["prefill.layers.0.self_attn.state_per_token"].shape == (1, 2, PROMPT, 8, 8)
+
+
+def test_past_position_4096_every_tensor_matches_transformers_on_both_mla_paths(checkpoint, reference):
+    """The prompt at positions 4093..4162, the decode steps at 4163 and 4164: the model has no
+    rotary tables, so every tensor is the one at position 0 on both sides; the masks and the caches
+    must still count from the start."""
+    ids, at_zero = reference
+    ref = hf_kimi_linear.trace(hf_kimi_linear.load(checkpoint), ids[:, :PROMPT], ids[:, PROMPT:], start=4093)
+    naive = stepper_trace(checkpoint, ids, start=4093)
+    absorbed = stepper_trace(checkpoint, ids, attn="absorb", start=4093)
+    assert [n for n in naive if n not in ref] == [] and len(naive) > 100
+    problems = {n: why for n in sorted(naive) if (why := compare(n, naive, ref))}
+    assert problems == {}
+    shared = [n for n in absorbed if n in ref]
+    assert {"decode1.logits", "decode1.layers.1.self_attn.attn_weights", "decode1.layers.2.mlp_output"} <= set(shared)
+    problems = {n: why for n in shared if (why := compare(n, absorbed, ref))}
+    assert problems == {}
+    for phase in ("prefill", "decode0", "decode1"):  # no positional encoding: the same as at position 0
+        assert compare(f"{phase}.logits", ref, at_zero) is None
 
 
 def test_the_absorbed_mla_path_gives_the_same_logits(checkpoint, reference):
