@@ -8,6 +8,7 @@ absorbed path does not make are left out of that comparison, the rest must match
 Relative error = max |stepper - reference| / max |reference| per tensor, at most 1e-5.
 """
 
+import copy
 import os
 
 import numpy as np
@@ -91,3 +92,34 @@ def test_rope_tables_and_scales_match_transformers(model):
     model_ = Transformer(SyntheticWeights(cfg))
     assert model_.softmax_scale == pytest.approx(hf_softmax_scale(cfg.to_hf()), rel=1e-12)
     assert model_.rope_mscale == pytest.approx(hf_attention_scaling(cfg.to_hf()), rel=1e-12)
+
+
+def test_kimi_k25_as_published_gets_transformers_rope_and_scales():
+    """Kimi K2.5's config.json (a wrapper whose text_config gives its YaRN as rope_parameters, with
+    mscale_all_dim 1, factor 64, theta 50000): stepper's tables and scales against those of
+    transformers' own Kimi_K25Config, whose text model is DeepseekV3's."""
+    import torch
+    from transformers import Kimi_K25Config
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3Attention, DeepseekV3RotaryEmbedding
+
+    from stepper.config import Config
+    from tests.model.test_kimi_k25 import k25_raw
+
+    raw = k25_raw()
+    text = Kimi_K25Config(**copy.deepcopy(raw)).text_config
+    assert type(text).__name__ == "DeepseekV3Config"
+    rotary = DeepseekV3RotaryEmbedding(text)
+    with torch.device("meta"):
+        softmax_scale = DeepseekV3Attention(text, layer_idx=0).scaling
+
+    cfg = Config.from_hf(copy.deepcopy(raw), "k25/config.json")
+    model = Transformer(SyntheticWeights(cfg))
+    mine, theirs = model.inv_freq, rotary.inv_freq.numpy().astype(np.float32)
+    assert mine.shape == theirs.shape == (32,)
+    ulps = np.abs(mine.view(np.int32).astype(np.int64) - theirs.view(np.int32).astype(np.int64))
+    assert ulps.max() <= 1, ulps
+    assert not np.allclose(theirs, 50000.0 ** -(np.arange(0, 64, 2) / 64), rtol=1e-3)  # YaRN changed them
+    assert model.rope_mscale == pytest.approx(float(rotary.attention_scaling), rel=1e-12)
+    # mscale_all_dim 1: 1/sqrt(192) * (0.1 ln 64 + 1)^2, not 1/sqrt(192)
+    assert model.softmax_scale == pytest.approx(softmax_scale, rel=1e-12)
+    assert softmax_scale == pytest.approx(192**-0.5 * (0.1 * np.log(64) + 1) ** 2, rel=1e-12)
