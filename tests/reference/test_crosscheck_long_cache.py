@@ -1,4 +1,5 @@
-"""A lone MLA layer attending over 4200 cached positions, against transformers' DeepseekV3DecoderLayer.
+"""A lone MLA layer attending over 4200 cached positions, against transformers' DeepseekV3DecoderLayer
+(the naive path of tiny and tiny-v3, the absorbed one of tiny).
 
 The other cross-checks start past 4096 with an empty cache, so their queries meet at most a dozen
 keys, all a few positions away. Here stepper's lone layer (`--layer 1 --cache-len 4200`, tiny and
@@ -30,7 +31,7 @@ from stepper.weights.seeded import SyntheticWeights
 CACHED, PROMPT, SEED = 4200, 3, 3
 
 
-def stepper_run(model: str, monkeypatch):
+def stepper_run(model: str, attn: str, monkeypatch):
     """stepper's tensors, and the latents and rotary keys its synthetic cache started with."""
     start = {}
     original = synthetic_cache.fill
@@ -41,13 +42,13 @@ def stepper_run(model: str, monkeypatch):
 
     monkeypatch.setattr(synthetic_cache, "fill", fill)
     rec = Recorder()
-    run(RunSpec(model=model, layer=1, prompt_len=PROMPT, cache_len=CACHED, decode=1, seed=SEED, attn="naive"), [rec])
+    run(RunSpec(model=model, layer=1, prompt_len=PROMPT, cache_len=CACHED, decode=1, seed=SEED, attn=attn), [rec])
     return rec.tensors(), start
 
 
-@pytest.mark.parametrize("model", ["tiny", "tiny-v3"])
-def test_a_layer_over_4200_cached_positions_matches_transformers(model, monkeypatch):
-    mine, start = stepper_run(model, monkeypatch)
+@pytest.mark.parametrize("model, attn", [("tiny", "naive"), ("tiny-v3", "naive"), ("tiny", "absorb")])
+def test_a_layer_over_4200_cached_positions_matches_transformers(model, attn, monkeypatch):
+    mine, start = stepper_run(model, attn, monkeypatch)
     assert start["latent"].shape[1] == CACHED
     assert mine["decode0.layers.1.self_attn.attn_weights"].shape[-1] == CACHED + PROMPT + 1
 
