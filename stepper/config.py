@@ -153,6 +153,23 @@ class MlaVariants:
     shortcut_moe = False
     rotary = True  # the model makes rotary tables (Kimi Linear: none, no layer rotates)
 
+    def explain_note(self, name: str) -> str | None:
+        """A line `stepper explain` adds to a catalogue entry (written for DeepSeek's layer) that this
+        config's family computes otherwise, as the flags above say."""
+        if self.indexer_rope_interleave and name in ("self_attn.indexer.q_rope", "self_attn.indexer.k_rope"):
+            return ("this model's indexer (GLM-5's) turns interleaved pairs (2i, 2i+1) of its first rope dims, "
+                    "laid out [rotated evens | rotated odds] as self_attn.q_pe_rope is; not the two halves below")
+        if not self.rope_interleave and name in ("self_attn.q_pe_rope", "self_attn.k_pe_rope", "rope_cos", "rope_sin"):
+            return ("this model (MiniCPM3) turns dim i with dim i + rope/2 as stored (Llama's rotate_half), with "
+                    "no gather of evens and odds: x_rope = x * rope_cos + rotate_half(x) * rope_sin"
+                    + ("; its angles are LongRoPE's, position / (factor_i x theta^(2i/rope)) with the short factors "
+                       "(the long ones past original_max_position_embeddings), cos and sin times attention_factor, "
+                       "no YaRN" if self.longrope is not None and name.startswith("rope_") else ""))
+        if self.tie_word_embeddings and name == "logits":
+            return ("lm_head is the embedding matrix here (tie_word_embeddings true; no lm_head.weight on disk): "
+                    "logits = " + ("norm_scaled" if self.has_mup_scalings else "norm") + " @ embed_tokens.weight^T")
+        return None
+
     @property
     def has_mup_scalings(self) -> bool:
         """MiniCPM3's embedding, residual and logit scalings (model.scalings)."""

@@ -180,3 +180,21 @@ def test_the_names_fixtures_verify_prints_are_explained_as_the_tensors_they_hold
         assert headings == list(dict.fromkeys(tensors)), (query, headings)
     assert "is inference's layers.{i}.attn.kv#2 (inference/model.py:" in stepper("explain", "attn.kv#2").stdout
     assert " is " not in stepper("explain", "kv", "--plain").stdout.splitlines()[0]  # stepper's own name first
+
+
+@pytest.mark.parametrize("name, model, said", [
+    ("layers.0.self_attn.indexer.q_rope", "tiny-glm5", "turns interleaved pairs (2i, 2i+1)"),
+    ("layers.0.self_attn.indexer.k_rope", "tiny-glm5", "turns interleaved pairs (2i, 2i+1)"),
+    ("layers.0.self_attn.q_pe_rope", "tiny-minicpm3", "no gather of evens and odds"),
+    ("rope_cos", "tiny-minicpm3", "its angles are LongRoPE's"),
+    ("logits", "tiny-minicpm3", "logits = norm_scaled @ embed_tokens.weight^T"),
+    ("logits", "tiny-youtu", "logits = norm @ embed_tokens.weight^T"),
+])
+def test_explain_notes_where_a_family_computes_a_tensor_otherwise(name, model, said):
+    """The catalogue's texts are DeepSeek's: GLM-5's indexer rope (pairs, not halves), MiniCPM3's
+    rotate_half and LongRoPE, a tied lm_head were explained as DeepSeek computes them."""
+    out = stepper("explain", name, "--model", model, "--plain")
+    assert out.returncode == 0, out.stderr
+    assert said in " ".join(out.stdout.split()), out.stdout
+    deepseek = stepper("explain", name, "--model", "tiny-v32", "--plain").stdout
+    assert "\nnote " not in deepseek
