@@ -165,6 +165,12 @@ class MlaVariants:
                     + ("; its angles are LongRoPE's, position / (factor_i x theta^(2i/rope)) with the short factors "
                        "(the long ones past original_max_position_embeddings), cos and sin times attention_factor, "
                        "no YaRN" if self.longrope is not None and name.startswith("rope_") else ""))
+        if not self.router_bias and name in ("mlp.gate.scores_for_choice", "mlp.gate.topk_idx"):
+            return ("this model's router has no e_score_correction_bias: scores_for_choice is the scores themselves, "
+                    "so the scores alone choose the groups and the experts")
+        if self.masked_groups_zero and name == "mlp.gate.topk_idx":
+            return ("this model (A.X-K2) fills the dropped groups' experts with 0.0, not -inf: "
+                    "topk_idx = topk(where(expert's group kept, scores_for_choice, 0.0), num_experts_per_tok).indices")
         if self.tie_word_embeddings and name == "logits":
             return ("lm_head is the embedding matrix here (tie_word_embeddings true; no lm_head.weight on disk): "
                     "logits = " + ("norm_scaled" if self.has_mup_scalings else "norm") + " @ embed_tokens.weight^T")

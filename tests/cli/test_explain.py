@@ -189,6 +189,9 @@ def test_the_names_fixtures_verify_prints_are_explained_as_the_tensors_they_hold
     ("rope_cos", "tiny-minicpm3", "its angles are LongRoPE's"),
     ("logits", "tiny-minicpm3", "logits = norm_scaled @ embed_tokens.weight^T"),
     ("logits", "tiny-youtu", "logits = norm @ embed_tokens.weight^T"),
+    ("mlp.gate.scores_for_choice", "tiny-axk1", "router has no e_score_correction_bias"),
+    ("mlp.gate.topk_idx", "tiny-mistral4", "router has no e_score_correction_bias"),
+    ("mlp.gate.topk_idx", "tiny-axk2", "scores_for_choice, 0.0), num_experts_per_tok"),
 ])
 def test_explain_notes_where_a_family_computes_a_tensor_otherwise(name, model, said):
     """The catalogue's texts are DeepSeek's: GLM-5's indexer rope (pairs, not halves), MiniCPM3's
