@@ -29,6 +29,7 @@ from stepper.presets import PRESETS, V4_PRESETS
 from stepper.seams.trace import did_you_mean
 from stepper.session import check_layer, preset_config, published_name, takes
 from stepper.untrusted import cut, shown
+from stepper.weights.fused_experts import fused_name
 from stepper.weights.names import layer_shapes, storage_dtype
 
 # What a query to explain finds, the one reading of `stepper explain`, the debugger's `e` and the
@@ -242,6 +243,10 @@ def layer_parameter(cat: catalog.Catalog, cfg: Config, query: str) -> str | None
         scale = [name.removesuffix("weight") + "weight_scale_inv"] if block_scaled(cfg, name) else []
         for alias in (name, *scale):
             names[alias] = names[published_name(cfg, alias) if alias == name else alias] = name
+        if getattr(cfg, "fused_experts", False) and (fused := fused_name(name)):  # Mistral 4's gate_up_proj
+            names.setdefault(fused, name)
+            if scale:
+                names.setdefault(fused + "_scale_inv", name)
     asked = query if query.startswith("model.") else f"model.{query}"
     if query in names or asked in names:
         return names.get(query) or names[asked]

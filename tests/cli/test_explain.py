@@ -201,3 +201,12 @@ def test_explain_notes_where_a_family_computes_a_tensor_otherwise(name, model, s
     assert said in " ".join(out.stdout.split()), out.stdout
     deepseek = stepper("explain", name, "--model", "tiny-v32", "--plain").stdout
     assert "\nnote " not in deepseek
+
+
+@pytest.mark.parametrize("parameter", ["model.layers.1.mlp.experts.gate_up_proj",
+                                       "model.layers.1.mlp.experts.down_proj", "mlp.experts.gate_up_proj"])
+def test_mistral4s_fused_experts_lead_to_the_routed_output(parameter):
+    """The names `stepper inspect` lists for Mistral 4's experts were refused as no parameter of the layer."""
+    out = stepper("explain", parameter, "--model", "tiny-mistral4", "--plain")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("mlp.routed_output\n")
