@@ -171,6 +171,11 @@ class MlaVariants:
         if self.masked_groups_zero and name == "mlp.gate.topk_idx":
             return ("this model (A.X-K2) fills the dropped groups' experts with 0.0, not -inf: "
                     "topk_idx = topk(where(expert's group kept, scores_for_choice, 0.0), num_experts_per_tok).indices")
+        if name == "mlp.gate.topk_weight" and (self.scoring_func == "softmax" or not self.norm_topk_prob):
+            scores = "softmax_scores" if self.scoring_func == "softmax" else "scores"
+            return (f"this model's weights are the {scores} of the chosen experts"
+                    + ("" if self.norm_topk_prob else ", not renormalised (norm_topk_prob false): a row sums to "
+                       "routed_scaling_factor times the chosen experts' share, less than routed_scaling_factor"))
         if self.tie_word_embeddings and name == "logits":
             return ("lm_head is the embedding matrix here (tie_word_embeddings true; no lm_head.weight on disk): "
                     "logits = " + ("norm_scaled" if self.has_mup_scalings else "norm") + " @ embed_tokens.weight^T")
