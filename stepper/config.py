@@ -176,6 +176,11 @@ class MlaVariants:
             return (f"this model's weights are the {scores} of the chosen experts"
                     + ("" if self.norm_topk_prob else ", not renormalised (norm_topk_prob false): a row sums to "
                        "routed_scaling_factor times the chosen experts' share, less than routed_scaling_factor"))
+        if getattr(self, "rope_scaling", None) is None and name in ("rope_cos", "rope_sin", "self_attn.attn_scores"):
+            return ("this model has no YaRN (rope_scaling unset): " + (
+                "softmax_scale = qk_head_dim^-0.5, no mscale" if name == "self_attn.attn_scores" else
+                "the angles are position x rope_theta^(-2i/rope), none divided by a factor, and cos and sin are "
+                "multiplied by 1"))
         if self.tie_word_embeddings and name == "logits":
             return ("lm_head is the embedding matrix here (tie_word_embeddings true; no lm_head.weight on disk): "
                     "logits = " + ("norm_scaled" if self.has_mup_scalings else "norm") + " @ embed_tokens.weight^T")

@@ -193,6 +193,8 @@ def test_the_names_fixtures_verify_prints_are_explained_as_the_tensors_they_hold
     ("mlp.gate.topk_idx", "tiny-mistral4", "router has no e_score_correction_bias"),
     ("mlp.gate.topk_idx", "tiny-axk2", "scores_for_choice, 0.0), num_experts_per_tok"),
     ("mlp.gate.topk_weight", "tiny-longcat", "not renormalised (norm_topk_prob false)"),  # said: rows sum to it
+    ("rope_cos", "tiny-youtu", "no YaRN (rope_scaling unset)"),  # said: factor = (not set) ...
+    ("layers.1.self_attn.attn_scores", "tiny-glm4-flash", "softmax_scale = qk_head_dim^-0.5, no mscale"),
 ])
 def test_explain_notes_where_a_family_computes_a_tensor_otherwise(name, model, said):
     """The catalogue's texts are DeepSeek's: GLM-5's indexer rope (pairs, not halves), MiniCPM3's
