@@ -181,6 +181,9 @@ class MlaVariants:
                 "softmax_scale = qk_head_dim^-0.5, no mscale" if name == "self_attn.attn_scores" else
                 "the angles are position x rope_theta^(-2i/rope), none divided by a factor, and cos and sin are "
                 "multiplied by 1"))
+        if self.zeroed_pad_row is not None and name == "embed":
+            return (f"this model (Youtu) zeroes the pad token's row (id {self.zeroed_pad_row}), as transformers does "
+                    "when it loads the model: that token embeds to zeros")
         if self.tie_word_embeddings and name == "logits":
             return ("lm_head is the embedding matrix here (tie_word_embeddings true; no lm_head.weight on disk): "
                     "logits = " + ("norm_scaled" if self.has_mup_scalings else "norm") + " @ embed_tokens.weight^T")

@@ -194,6 +194,7 @@ def test_the_names_fixtures_verify_prints_are_explained_as_the_tensors_they_hold
     ("mlp.gate.topk_idx", "tiny-axk2", "scores_for_choice, 0.0), num_experts_per_tok"),
     ("mlp.gate.topk_weight", "tiny-longcat", "not renormalised (norm_topk_prob false)"),  # said: rows sum to it
     ("rope_cos", "tiny-youtu", "no YaRN (rope_scaling unset)"),  # said: factor = (not set) ...
+    ("embed", "tiny-youtu", "zeroes the pad token's row (id 999)"),
     ("layers.1.self_attn.attn_scores", "tiny-glm4-flash", "softmax_scale = qk_head_dim^-0.5, no mscale"),
 ])
 def test_explain_notes_where_a_family_computes_a_tensor_otherwise(name, model, said):
