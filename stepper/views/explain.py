@@ -37,6 +37,7 @@ from stepper.weights.names import layer_shapes, storage_dtype
 # of tiny) is read in the catalogue of a tiny preset that has it; entries of tensors the model never
 # emits (Kimi Linear's `state` asked of Kimi K2) take the sizes of a preset that emits them.
 LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")  # a name's layer: layers.1.x, prefill.layers.1.x, model.layers.1.x
+SUBLAYER = re.compile(r"(?:^|\.)sub(\d+)\.")  # LongCat's: layers.1.sub0.x, sub1.x
 Reading = Callable[[catalog.Catalog, Config, str], tuple[list[Any], list[dict[str, Any]]]]
 
 
@@ -56,6 +57,9 @@ def looked_up(cfg: Config, query: str, read: Reading | None = None, give: str = 
     model) when no catalogue has it."""
     if (layer := LAYER.search(query)) is not None:  # a layer the model has, as a run asks
         check_layer(int(layer[1]), cfg, f"{cut(query)}: layer")
+    if (sub := SUBLAYER.search(query)) is not None and not (getattr(cfg, "shortcut_moe", False) and int(sub[1]) < 2):
+        has = "sub0 and sub1" if getattr(cfg, "shortcut_moe", False) else "none (only LongCat-Flash's layers have two)"
+        raise StepperError(f"{cut(query)}: model {cfg.name} has no sublayer sub{sub[1]}; its layers' sublayers: {has}")
     read = read or (lambda cat, cfg, query: ([], cat.find(query)))
     cat = catalog.around(cfg)
     named, entries = read(cat, cfg, query)

@@ -214,3 +214,17 @@ def test_mistral4s_fused_experts_lead_to_the_routed_output(parameter):
     out = stepper("explain", parameter, "--model", "tiny-mistral4", "--plain")
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("mlp.routed_output\n")
+
+
+@pytest.mark.parametrize("query, model, sub, sublayers", [
+    ("layers.0.sub2.self_attn.q", "tiny-longcat", "sub2", "sub0 and sub1"),
+    ("layers.0.sub0.self_attn.q", "tiny-v3", "sub0", "none (only LongCat-Flash's layers have two)"),
+    ("sub1.self_attn.q", "tiny-glm5", "sub1", "none (only LongCat-Flash's layers have two)"),
+])
+def test_a_sublayer_the_model_has_not_is_refused_in_one_line(query, model, sub, sublayers):
+    """These were answered with self_attn.q's entry, as if the model had that sublayer."""
+    out = stepper("explain", query, "--model", model, "--plain")
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.strip().splitlines() == [
+        f"stepper: error: {query}: model {model} has no sublayer {sub}; its layers' sublayers: {sublayers}"]
+    assert stepper("explain", "layers.1.sub1.self_attn.q", "--model", "tiny-longcat").returncode == 0
