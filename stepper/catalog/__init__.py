@@ -24,6 +24,9 @@ from stepper.config import Config
 from stepper.families import derive
 
 RUNTIME = "runtime"
+FAMILY_PARAMETERS = ((r"^(self_attn|input_layernorm|post_attention_layernorm)\.\d\.", r"\1."),  # LongCat's
+                     (r"^mlps\.\d\.", "mlp."), (r"^mlp\.router\.(?:classifier\.)?", "mlp.gate."),
+                     (r"^mlp\.experts\.(gate_up|down)_proj$", r"mlp.experts.\1_proj.weight"))  # Mistral 4's fused
 SCOPE = re.compile(r"^(?:prefill\.|decode\d+\.)?(?:layers\.\d+\.)?(?:sub\d\.)?")  # sub: LongCat's sublayers
 
 
@@ -112,6 +115,8 @@ class Catalog:
         if len(parameter) > LONGEST_PARAMETER:  # (a query of 100,000 characters took 20 s)
             return []
         name = re.sub(r"^(?:[\w.]*?\blayers\.\d+\.|[\w.]*?\bmodel\.)", "", parameter).removesuffix("_scale_inv")
+        for published, canonical in FAMILY_PARAMETERS:  # LongCat's `mlps.1.up_proj.weight` is a `mlp.up_proj.weight`
+            name = re.sub(published, canonical, name)
         if not (names_parameter(name) or known):
             return []
         leaf = name.rsplit(".", 1)[-1]

@@ -53,7 +53,7 @@ def fields(template: str) -> list[str]:
 def known_names() -> frozenset[str]:
     """Every name a field may use: the config's numeric fields, qk_head_dim, rope_scaling.*."""
     own = {f.name for f in dataclasses.fields(Config) if f.type in NUMERIC}
-    derived = {name for name, member in vars(Config).items() if isinstance(member, property)}
+    derived = {name for cls in Config.__mro__ for name, member in vars(cls).items() if isinstance(member, property)}
     yarn = {f"rope_scaling.{f.name}" for f in dataclasses.fields(Yarn) if f.type in NUMERIC}
     return frozenset(own | derived | yarn)
 

@@ -169,6 +169,11 @@ class V4Config:
         return True  # every V4 layer's FFN is a mixture of experts
 
     @property
+    def router_experts(self) -> int:
+        """The experts the router scores (the catalogue's E): the routed ones, V4 having no zero experts."""
+        return self.n_routed_experts
+
+    @property
     def hc_mixes(self) -> int:
         """pre (hc_mult) + post (hc_mult) + comb (hc_mult x hc_mult) mixing weights per position."""
         return (2 + self.hc_mult) * self.hc_mult

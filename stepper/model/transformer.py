@@ -101,9 +101,10 @@ class Transformer:
 
     def lone_input(self, ids: np.ndarray, seed: int, step: int, first: int = 0) -> np.ndarray:
         """A lone layer's synthetic input [B, T, d] at the step's positions first..: the tokens'
-        embeddings, or seeded vectors without an embedding table."""
+        embeddings as the first layer takes them (MiniCPM3's times scale_emb; nothing emitted), or
+        seeded vectors without an embedding table."""
         if self.weights.has(EMBED):
-            return self.embed(ids)
+            return self.embedded(ids, Emitter())
         return seeded_input(seed, step, first, ids.shape[1], (self.config.hidden_size,))
 
     def seed_cache(self, cache: KVCache, layer: int, sample: np.ndarray, positions: np.ndarray, seed: int,

@@ -27,7 +27,8 @@ FIELD = re.compile(r"[a-z][a-z0-9_]+")
 # the config fields of the MLA families whose effect a formula names by another word
 SAID_AS = {"router_bias": ("e_score_correction_bias",), "moe_output_norm": ("post_mlp_layernorm",),
            "query_scale": ("q_position_scale",), "tie_word_embeddings": ("lm_head",),
-           "rope_scaling": ("mscale", "yarn", "YaRN")}
+           "rope_scaling": ("mscale", "yarn", "YaRN"), "rope_interleave": ("0::2",), "longrope": ("rope_cos",),
+           "indexer_rope_interleave": ("rotate_half_rope",), "masked_groups_zero": ("expert's group kept",)}
 
 
 def compared_layer(cfg: Config, layer: int | None) -> int:

@@ -29,6 +29,7 @@ from stepper.presets import PRESETS, V4_PRESETS
 from stepper.seams.trace import did_you_mean
 from stepper.session import check_layer, preset_config, published_name, takes
 from stepper.untrusted import cut, shown
+from stepper.weights.fused_experts import fused_name
 from stepper.weights.names import layer_shapes, storage_dtype
 
 # What a query to explain finds, the one reading of `stepper explain`, the debugger's `e` and the
@@ -36,6 +37,7 @@ from stepper.weights.names import layer_shapes, storage_dtype
 # of tiny) is read in the catalogue of a tiny preset that has it; entries of tensors the model never
 # emits (Kimi Linear's `state` asked of Kimi K2) take the sizes of a preset that emits them.
 LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")  # a name's layer: layers.1.x, prefill.layers.1.x, model.layers.1.x
+SUBLAYER = re.compile(r"(?:^|\.)sub(\d+)\.")  # LongCat's: layers.1.sub0.x, sub1.x
 Reading = Callable[[catalog.Catalog, Config, str], tuple[list[Any], list[dict[str, Any]]]]
 
 
@@ -55,6 +57,9 @@ def looked_up(cfg: Config, query: str, read: Reading | None = None, give: str = 
     model) when no catalogue has it."""
     if (layer := LAYER.search(query)) is not None:  # a layer the model has, as a run asks
         check_layer(int(layer[1]), cfg, f"{cut(query)}: layer")
+    if (sub := SUBLAYER.search(query)) is not None and not (getattr(cfg, "shortcut_moe", False) and int(sub[1]) < 2):
+        has = "sub0 and sub1" if getattr(cfg, "shortcut_moe", False) else "none (only LongCat-Flash's layers have two)"
+        raise StepperError(f"{cut(query)}: model {cfg.name} has no sublayer sub{sub[1]}; its layers' sublayers: {has}")
     read = read or (lambda cat, cfg, query: ([], cat.find(query)))
     cat = catalog.around(cfg)
     named, entries = read(cat, cfg, query)
@@ -242,6 +247,10 @@ def layer_parameter(cat: catalog.Catalog, cfg: Config, query: str) -> str | None
         scale = [name.removesuffix("weight") + "weight_scale_inv"] if block_scaled(cfg, name) else []
         for alias in (name, *scale):
             names[alias] = names[published_name(cfg, alias) if alias == name else alias] = name
+        if getattr(cfg, "fused_experts", False) and (fused := fused_name(name)):  # Mistral 4's gate_up_proj
+            names.setdefault(fused, name)
+            if scale:
+                names.setdefault(fused + "_scale_inv", name)
     asked = query if query.startswith("model.") else f"model.{query}"
     if query in names or asked in names:
         return names.get(query) or names[asked]

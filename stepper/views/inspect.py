@@ -181,7 +181,8 @@ def published_source(path: Path, ckpt: PublishedCheckpoint) -> Source:
 def checkpoint_title(ckpt: Checkpoint) -> str:
     cfg = ckpt.config
     dense = sum(not cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers))
-    experts = f", {cfg.n_routed_experts} routed experts" if dense < cfg.num_hidden_layers else ""
+    zero = f" + {cfg.zero_experts} zero" if getattr(cfg, "zero_experts", 0) else ""  # LongCat's identity experts
+    experts = f", {cfg.n_routed_experts} routed{zero} experts" if dense < cfg.num_hidden_layers else ""
     shards = f"{len(ckpt.shards)} shard{'s' if len(ckpt.shards) != 1 else ''}"
     kind = cfg.model_type if cfg.name.endswith("config.json") else f"model {cfg.name} ({cfg.model_type})"
     return f"checkpoint {ckpt.label} · {kind}, {cfg.num_hidden_layers} layers ({dense} dense){experts} · {shards}"

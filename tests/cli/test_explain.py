@@ -180,3 +180,51 @@ def test_the_names_fixtures_verify_prints_are_explained_as_the_tensors_they_hold
         assert headings == list(dict.fromkeys(tensors)), (query, headings)
     assert "is inference's layers.{i}.attn.kv#2 (inference/model.py:" in stepper("explain", "attn.kv#2").stdout
     assert " is " not in stepper("explain", "kv", "--plain").stdout.splitlines()[0]  # stepper's own name first
+
+
+@pytest.mark.parametrize("name, model, said", [
+    ("layers.0.self_attn.indexer.q_rope", "tiny-glm5", "turns interleaved pairs (2i, 2i+1)"),
+    ("layers.0.self_attn.indexer.k_rope", "tiny-glm5", "turns interleaved pairs (2i, 2i+1)"),
+    ("layers.0.self_attn.q_pe_rope", "tiny-minicpm3", "no gather of evens and odds"),
+    ("rope_cos", "tiny-minicpm3", "its angles are LongRoPE's"),
+    ("logits", "tiny-minicpm3", "logits = norm_scaled @ embed_tokens.weight^T"),
+    ("logits", "tiny-youtu", "logits = norm @ embed_tokens.weight^T"),
+    ("mlp.gate.scores_for_choice", "tiny-axk1", "router has no e_score_correction_bias"),
+    ("mlp.gate.topk_idx", "tiny-mistral4", "router has no e_score_correction_bias"),
+    ("mlp.gate.topk_idx", "tiny-axk2", "scores_for_choice, 0.0), num_experts_per_tok"),
+    ("mlp.gate.topk_weight", "tiny-longcat", "not renormalised (norm_topk_prob false)"),  # said: rows sum to it
+    ("rope_cos", "tiny-youtu", "no YaRN (rope_scaling unset)"),  # said: factor = (not set) ...
+    ("embed", "tiny-youtu", "zeroes the pad token's row (id 999)"),
+    ("layers.1.self_attn.attn_scores", "tiny-glm4-flash", "softmax_scale = qk_head_dim^-0.5, no mscale"),
+])
+def test_explain_notes_where_a_family_computes_a_tensor_otherwise(name, model, said):
+    """The catalogue's texts are DeepSeek's: GLM-5's indexer rope (pairs, not halves), MiniCPM3's
+    rotate_half and LongRoPE, a tied lm_head were explained as DeepSeek computes them."""
+    out = stepper("explain", name, "--model", model, "--plain")
+    assert out.returncode == 0, out.stderr
+    assert said in " ".join(out.stdout.split()), out.stdout
+    deepseek = stepper("explain", name, "--model", "tiny-v32", "--plain").stdout
+    assert "\nnote " not in deepseek
+
+
+@pytest.mark.parametrize("parameter", ["model.layers.1.mlp.experts.gate_up_proj",
+                                       "model.layers.1.mlp.experts.down_proj", "mlp.experts.gate_up_proj"])
+def test_mistral4s_fused_experts_lead_to_the_routed_output(parameter):
+    """The names `stepper inspect` lists for Mistral 4's experts were refused as no parameter of the layer."""
+    out = stepper("explain", parameter, "--model", "tiny-mistral4", "--plain")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("mlp.routed_output\n")
+
+
+@pytest.mark.parametrize("query, model, sub, sublayers", [
+    ("layers.0.sub2.self_attn.q", "tiny-longcat", "sub2", "sub0 and sub1"),
+    ("layers.0.sub0.self_attn.q", "tiny-v3", "sub0", "none (only LongCat-Flash's layers have two)"),
+    ("sub1.self_attn.q", "tiny-glm5", "sub1", "none (only LongCat-Flash's layers have two)"),
+])
+def test_a_sublayer_the_model_has_not_is_refused_in_one_line(query, model, sub, sublayers):
+    """These were answered with self_attn.q's entry, as if the model had that sublayer."""
+    out = stepper("explain", query, "--model", model, "--plain")
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.strip().splitlines() == [
+        f"stepper: error: {query}: model {model} has no sublayer {sub}; its layers' sublayers: {sublayers}"]
+    assert stepper("explain", "layers.1.sub1.self_attn.q", "--model", "tiny-longcat").returncode == 0

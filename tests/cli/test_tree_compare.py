@@ -135,3 +135,16 @@ def test_a_class_default_of_one_family_is_no_difference_from_another():
     assert fields["hc_mult"] == ["4", "—"] and fields["kv_lora_rank"] == ["—", "128"]
     assert fields["scoring_func"] == ["'sqrtsoftplus'", "'sigmoid'"]
     assert fields["model_type"] == ["'deepseek_v4'", "'kimi_k2'"]
+
+
+@pytest.mark.parametrize("model, other, tensor, field", [
+    ("tiny-minicpm3", "tiny-youtu", "self_attn.q_pe_rope", "rope_interleave"),  # rotate_half, no gather
+    ("tiny-minicpm3", "tiny-youtu", "self_attn.k_pe_rope", "longrope"),  # LongRoPE's angles
+    ("tiny-glm5", "tiny-v32", "self_attn.indexer.k_rope", "indexer_rope_interleave"),  # pairs, not halves
+    ("tiny-axk2", "tiny-v32", "mlp.gate.topk_idx", "masked_groups_zero"),  # dropped groups 0.0, not -inf
+])
+def test_a_tensor_a_family_computes_otherwise_is_not_alike(model, other, tensor, field):
+    """These differ in how the tensor is computed, not in its shape: they were counted 'alike in both'."""
+    out = stepper("tree", "--model", model, "--compare", other, "--plain", env={"COLUMNS": "200"})
+    assert out.returncode == 0, out.stderr
+    assert field in rows(out.stdout)[tensor].split("formula reads ")[1]

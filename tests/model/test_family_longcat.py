@@ -94,3 +94,13 @@ def test_the_cache_per_position_counts_both_attention_sublayers():
     cfg = family_preset("tiny-longcat")  # kv_lora 64, rope 16, 4 heads of 48 + 32
     assert cache_bytes_per_token(cfg, "absorb") == 2 * (64 + 16) * 4
     assert cache_bytes_per_token(cfg, "naive") == 2 * 4 * (48 + 32) * 4
+
+
+def test_inspect_counts_the_zero_experts_beside_the_routed_ones(tmp_path):
+    """The run's header says "8 + 4 zero experts"; inspect said "8 routed experts" beside a router of 12 rows."""
+    from helpers.cli import stepper
+
+    folder = synth_checkpoint(SyntheticWeights(family_preset("tiny-longcat"), seed=0), tmp_path / "tiny-longcat")
+    out = stepper("inspect", folder, "--plain")
+    assert out.returncode == 0, out.stderr
+    assert "2 layers (0 dense), 8 routed + 4 zero experts · 4 shards" in out.stdout.splitlines()[0]

@@ -94,3 +94,14 @@ def test_a_pickled_checkpoint_is_refused_in_one_line_not_run_synthetic(tmp_path)
     result = stepper("run", "--model", folder)
     assert result.returncode == 2 and result.stderr.strip().count("\n") == 0
     assert "holds pytorch_model.bin (PyTorch pickle), which stepper does not read" in result.stderr
+
+
+def test_a_lone_layer_reads_the_embedding_as_the_first_layer_takes_it():
+    """`stepper run --layer 0` on MiniCPM3: the layer's input is embed * scale_emb, as in the whole
+    model (it was the unscaled embedding, so every layers.0 tensor differed from the full run's)."""
+    whole, alone = Recorder(), Recorder()
+    run(RunSpec(model="tiny-minicpm3"), [whole])
+    run(RunSpec(model="tiny-minicpm3", layer=0), [alone])
+    full = {e.name: e.array for e in whole.events if e.layer == 0}
+    for event in (e for e in alone.events if e.layer == 0):
+        np.testing.assert_array_equal(event.array, full[event.name], err_msg=event.name)

@@ -816,9 +816,18 @@ def test_a_candidate_of_unknown_names_is_told_the_namings_its_family_has(tmp_pat
         "they are transformers names, not canonical ones: give --names transformers"), told.stderr
     told = stepper("fixtures", "verify", str(ROOT / "fixtures" / "tiny-kimi-linear-kda"), str(hf))
     assert told.returncode == 2 and told.stderr.rstrip().endswith(
-        "expected canonical names like layers.1.self_attn.k_pe (no other implementation's names of kimi_linear "
-        "tensors are known), or pass --map FILE.json"), told.stderr
+        "expected canonical names like prefill.layers.0.self_attn.q_proj (no other implementation's names of "
+        "kimi_linear tensors are known), or pass --map FILE.json"), told.stderr  # a name of that fixture's own
     save_file({"nothing.known": np.zeros(1, np.float32)}, hf.with_name("x.safetensors"))
     told = stepper("fixtures", "verify", str(ROOT / "fixtures" / "tiny-v3-grouped"), str(hf.with_name("x.safetensors")))
     assert told.stderr.rstrip().endswith("transformers module names, inference/model.py names, llama.cpp names "
                                          "(stepper fixtures names), or pass --map FILE.json"), told.stderr
+
+
+def test_a_candidate_of_unknown_names_is_shown_a_name_of_the_fixtures_own(tmp_path):
+    """LongCat's tensors are layers.N.sub0.* / sub1.*: the hint named layers.1.self_attn.k_pe, which it has not."""
+    fixture = tmp_path / "fx"
+    assert stepper("fixtures", "export", str(fixture), "--model", "tiny-longcat").returncode == 0
+    save_file({"model.layers.0.self_attn.0.q_a_proj": np.zeros((1, 7, 96), np.float32)}, tmp_path / "c.safetensors")
+    told = stepper("fixtures", "verify", str(fixture), str(tmp_path / "c.safetensors"))
+    assert told.returncode == 2 and "expected canonical names like layers.0.sub0.self_attn.k_pe (" in told.stderr

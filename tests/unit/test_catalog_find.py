@@ -109,3 +109,20 @@ def test_a_typo_gets_the_nearest_names():
     assert message.startswith("no tensor named 'compresed_kv' in the catalogue; did you mean compressed_kv")
     assert "did you mean" in not_found(CAT, "layers.1.self_attn.q_pe_rop")
     assert "did you mean" not in not_found(CAT, "nothing_like_this")
+
+
+LONGCAT_PRODUCES = {  # LongCat-Flash's published names: two sublayers (.0. / .1., mlps), the router's classifier
+    "model.layers.0.self_attn.1.q_b_proj.weight": ["self_attn.q"],
+    "model.layers.0.input_layernorm.1.weight": ["input_layernorm"],
+    "model.layers.0.mlps.1.up_proj.weight": ["mlp.up_proj"],
+    "model.layers.0.mlps.0.down_proj.weight": ["mlp_output"],
+    "model.layers.0.mlp.router.classifier.weight": ["mlp.gate.logits"],
+    "model.layers.0.mlp.router.e_score_correction_bias": ["mlp.gate.scores_for_choice"],
+}
+
+
+@pytest.mark.parametrize("parameter", sorted(LONGCAT_PRODUCES))
+def test_a_longcat_parameter_leads_to_the_tensors_computed_from_it(parameter):
+    """`stepper explain model.layers.0.mlps.1.up_proj.weight --model tiny-longcat` found nothing, and the
+    router's classifier led to mlp_output; the names are those `stepper inspect` lists."""
+    assert found(parameter) == LONGCAT_PRODUCES[parameter]
