@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -90,8 +91,11 @@ class LazyTensor:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({list(self.shape)}, {self.dtype}: {self.cost})"
 
-    def _no_arithmetic(self, *_: object) -> None:
-        """lazy * 2, lazy + x, -lazy: say how to get the array, as a missing method does."""
+    def _no_arithmetic(self, *other: object) -> Any:
+        """lazy * 2, lazy - lazy, -lazy: say how to get the array, as a missing method does. With an
+        array, NumPy's own operator reads it whole (lazy - array, as array - lazy)."""
+        if other and isinstance(other[0], np.ndarray):
+            return NotImplemented
         raise TypeError(f"'{type(self).__name__}' takes no arithmetic: it is a LazyTensor, made when read; "
                         f"its .numpy() is the array ({self.cost})")
 

@@ -618,7 +618,9 @@ def test_a_lazy_tensor_says_how_to_get_its_array_and_a_long_prompt_is_shortened(
     for arithmetic in (lambda: lazy * 2, lambda: 2 * lazy, lambda: lazy - lazy, lambda: -lazy, lambda: lazy > 0):
         with pytest.raises(TypeError, match=r"takes no arithmetic: it is a LazyTensor, made when read; its .numpy\(\)"):
             arithmetic()  # (it was Python's "unsupported operand type(s) for *: 'Chunked' and 'int'")
+    whole = lazy.numpy()
     assert np.exp(lazy).shape == lazy.shape  # a NumPy function reads it whole, as before
+    assert np.array_equal(lazy - whole, whole - lazy) and not (lazy - whole).any()  # so does an array's operator
     assert "(300 tokens)" in repr(run) and len(repr(run)) < 300
 
 
