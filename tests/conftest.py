@@ -11,6 +11,7 @@ from helpers.untouched import Guard
 
 from stepper.kernels import parallel
 from stepper.planning import memory
+from stepper.weights import remote
 
 
 def pytest_configure(config):
@@ -59,6 +60,16 @@ def fixed_room(monkeypatch):
     work on the machine moves: a lesson's 2 MiB run was once refused with "0 B available"). A test
     about the memory check sets its own figure over this one."""
     monkeypatch.setattr(memory, "available_bytes", lambda: ROOM)
+
+
+@pytest.fixture(autouse=True)
+def no_cache_chosen_before():
+    """Each test starts with no remote cache chosen: a command run in this process (typer's
+    CliRunner) chooses one for the process (cli.cache.choose), which a later test's
+    STEPPER_CACHE_DIR would not move."""
+    remote.configure(None)
+    yield
+    remote.configure(None)
 
 
 @pytest.fixture(autouse=True)
