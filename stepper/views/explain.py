@@ -113,7 +113,7 @@ def emitted_by(cat: catalog.Catalog, entries: list[dict[str, Any]], cfg: Config,
     """The entries found for a query that this model's layers emit (the layer the query names, or
     any), when there are some: a parameter of a Kimi Linear KDA layer (`layers.0.self_attn.q_proj.
     weight`) is read by KDA's tensors, not by MLA's of the same name. All of them otherwise."""
-    named = re.search(r"\blayers\.(\d+)\.", query)
+    named = LAYER.search(query)
     layers = range(cfg.num_hidden_layers)
     if named and int(named.group(1)) < cfg.num_hidden_layers:
         layers = [int(named.group(1))]
