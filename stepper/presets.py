@@ -491,8 +491,7 @@ PRESETS["tiny-minicpm3"] = {  # long factors unlike the short ones, and an origi
 # jd-opensource/xllm's models/llm/glm5.h cites for its defaults; two verbatim copies in training and
 # quantisation scripts agree on every field, rope_parameters.rope_theta 1000000 included). Its
 # head_dim (64) and pad_token_id are not read: transformers computes the heads from the MLA fields.
-# GLM-5-FP8's quantization_config was not found (docs/mla-families.md). And a tiny sibling whose
-# third layer reuses the second's index choice, keeping 4 positions of a 7-token prompt.
+# GLM-5-FP8's quantization_config was not found (docs/mla-families.md).
 PRESETS["glm-5"] = {
     "_name_or_path": "glm-5", "architectures": ["GlmMoeDsaForCausalLM"], "attention_bias": False,
     "attention_dropout": 0.0, "dtype": "bfloat16", "eos_token_id": [154820, 154827, 154829], "ep_size": 1,
@@ -508,11 +507,18 @@ PRESETS["glm-5"] = {
     "topk_method": "noaux_tc", "transformers_version": "5.0.2.dev0", "use_cache": True, "v_head_dim": 256,
     "vocab_size": 154880,
 }
+# tiny-glm5 is GLM-5's config.json with smaller sizes: BF16, plain RoPE of theta 1e6 on interleaved
+# pairs in the attention and the indexer, one expert group, rms_norm_eps 1e-5 (none of tiny-v32's
+# YaRN or FP8). Two choices are not GLM-5's, for coverage: one dense layer of three (GLM-5: 3 of
+# 78) so that two layers route; and `indexer_types` full, full, shared (GLM-5 derives all full), so
+# that layer 2 reuses layer 1's choice of 4 positions of a 7-token prompt. It has no special tokens.
 PRESETS["tiny-glm5"] = {  # smaller than tiny-v32: its fixture ships its weights
-    **PRESETS["tiny-v32"], "_name_or_path": "tiny-glm5", "architectures": ["GlmMoeDsaForCausalLM"],
-    "model_type": "glm_moe_dsa", "indexer_types": ["full", "full", "shared"], "hidden_size": 128,
-    "intermediate_size": 256, "moe_intermediate_size": 64, "n_routed_experts": 8, "num_experts_per_tok": 2,
-    "n_group": 2, "topk_group": 1, "q_lora_rank": 96, "kv_lora_rank": 64, "v_head_dim": 48, "index_n_heads": 4,
+    **{k: v for k, v in PRESETS["glm-5"].items() if k not in ("eos_token_id", "pad_token_id")},
+    "_name_or_path": "tiny-glm5", "vocab_size": 1000, "hidden_size": 128, "intermediate_size": 256,
+    "moe_intermediate_size": 64, "num_hidden_layers": 3, "first_k_dense_replace": 1, "num_attention_heads": 4,
+    "num_key_value_heads": 4, "q_lora_rank": 96, "kv_lora_rank": 64, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16,
+    "qk_head_dim": 48, "head_dim": 16, "v_head_dim": 48, "n_routed_experts": 8, "num_experts_per_tok": 2,
+    "index_n_heads": 4, "index_head_dim": 32, "index_topk": 4, "indexer_types": ["full", "full", "shared"],
 }
 
 

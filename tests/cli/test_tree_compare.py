@@ -148,3 +148,16 @@ def test_a_tensor_a_family_computes_otherwise_is_not_alike(model, other, tensor,
     out = stepper("tree", "--model", model, "--compare", other, "--plain", env={"COLUMNS": "200"})
     assert out.returncode == 0, out.stderr
     assert field in rows(out.stdout)[tensor].split("formula reads ")[1]
+
+
+def test_tiny_glm5_is_glm5_at_a_small_size():
+    """Against the published GLM-5 only sizes differ, and the two choices its preset's comment
+    gives (one dense layer, layer 2 shared): none of tiny-v32's YaRN, FP8, groups or eps."""
+    out = stepper("tree", "--model", "glm-5", "--compare", "tiny-glm5", "--plain", env={"COLUMNS": "200"})
+    assert out.returncode == 0, out.stderr
+    sizes = {"vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size", "num_hidden_layers",
+             "num_attention_heads", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+             "v_head_dim", "n_routed_experts", "num_experts_per_tok", "index_n_heads", "index_head_dim", "index_topk"}
+    fields = config_rows(out.stdout)
+    assert set(fields) - {"config field", "tensor"} == sizes | {"first_k_dense_replace", "index_reused_layers"}
+    assert fields["index_reused_layers"] == ["()", "(2,)"]
