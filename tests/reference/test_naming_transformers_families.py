@@ -1,0 +1,139 @@
+"""A port's workflow for each MLA family transformers 5.24 runs: `stepper fixtures export` a tiny
+model of the family, load the fixture's weights folder with transformers' `from_pretrained` (the
+published layout), dump every module's output and input with hooks (no stepper naming involved),
+and `stepper fixtures verify --names transformers` reads that dump through the family's naming
+table: every tensor a module gives matches, at the family's own modeling file and line, and a
+perturbed module output is named as the first divergence.
+
+Sarvam has no modeling file of its own (transformers runs DeepseekV3ForCausalLM, so its names are
+transformers.json's, q_proj included: its q_lora_rank is null); GLM-4.7-Flash, Mistral Small 4,
+Youtu and A.X-K1 name their modules as DeepSeek-V3 does, each in its own file (derived tables:
+transformers.json's names at the family's lines, A.X-K1 adding its post_mlp_layernorm).
+"""
+
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers.cli import stepper
+from safetensors.numpy import save_file
+from test_naming import perturbed
+
+from stepper.errors import StepperError
+from stepper.fixtures.aliases import TABLES, read_table, tables
+
+
+@pytest.fixture(autouse=True)
+def families():
+    if not os.environ.get("STEPPER_REQUIRE_CROSSCHECK"):
+        pytest.importorskip("torch")
+        pytest.importorskip("transformers")
+
+
+def hooked_dump(folder: Path, path: Path) -> dict[str, np.ndarray]:
+    """Every module's output (and first positional input) of transformers' own model of the
+    fixture's weights, over the fixture's steps with one cache, saved to `path`."""
+    import torch
+    from helpers.hf_families import load
+    from transformers.cache_utils import DynamicCache
+
+    model = load(folder / "weights")
+    dump, phase = {}, [""]
+
+    def save(name, value):
+        values = value if isinstance(value, tuple) else (value,)
+        for k, v in enumerate(values):
+            if torch.is_tensor(v):
+                dump[phase[0] + name + (f"[{k}]" if len(values) > 1 else "")] = v.detach().float().numpy().copy()
+
+    for name, module in model.named_modules():
+        module.register_forward_hook(lambda m, args, out, name=name: save(name, out))
+        module.register_forward_pre_hook(lambda m, args, name=name: save(name + ":input", args[0]) if args else None)
+    cache = DynamicCache(config=model.config)
+    for step in json.loads((folder / "manifest.json").read_text())["inputs"]["steps"]:
+        phase[0] = f"{step['phase']}."
+        with torch.no_grad():
+            model(input_ids=torch.tensor([step["ids"]]), position_ids=torch.tensor([step["positions"]]),
+                  cache=cache, use_cache=True)
+    save_file(dump, str(path))
+    return dump
+
+
+def verified(fixture: Path, dump: Path, tmp_path: Path, name: str) -> tuple[int, dict]:
+    report = tmp_path / f"{name}.json"
+    result = stepper("fixtures", "verify", fixture, dump, "--names", "transformers", "--allow-missing",
+                     "--report", report, "--plain")
+    assert result.stderr == "", result.stderr
+    return result.returncode, json.loads(report.read_text())
+
+
+@pytest.mark.parametrize("preset, model_type, source", [
+    ("tiny-glm4-flash", "glm4_moe_lite", "models/glm4_moe_lite/modeling_glm4_moe_lite.py"),
+    ("tiny-mistral4", "mistral4", "models/mistral4/modeling_mistral4.py"),
+    ("tiny-youtu", "youtu", "models/youtu/modeling_youtu.py"),
+    ("tiny-axk1", "axk1", "models/axk1/modeling_axk1.py"),
+    ("tiny-sarvam", "sarvam_mla", "models/deepseek_v3/modeling_deepseek_v3.py"),
+])
+def test_a_hooked_transformers_dump_of_the_family_verifies_through_the_cli(preset, model_type, source, tmp_path):
+    fixture = tmp_path / preset
+    exported = stepper("fixtures", "export", fixture, "--model", preset, "--decode", "1", "--plain")
+    assert exported.returncode == 0, exported.stderr
+    assert json.loads((fixture / "weights" / "config.json").read_text())["model_type"] == model_type
+    dump = hooked_dump(fixture, tmp_path / "hf.safetensors")
+
+    code, report = verified(fixture, tmp_path / "hf.safetensors", tmp_path, "good")
+    assert code == 0, [c for c in report["tensors"] if c["status"] == "mismatch"][:3]
+    assert report["unrecognised"] == [] and not report["ambiguous"], report["unrecognised"][:5]
+    matched = {c["name"]: c for c in report["tensors"] if c["status"] == "match"}
+    every = {"embed", "rope_cos", "layers.1.self_attn.compressed_kv_norm", "layers.1.self_attn.attn_output",
+             "layers.1.attn_residual", "layers.2.output", "norm", "logits"}
+    assert {f"prefill.{n}" for n in every} | {f"decode0.{n}" for n in every} <= set(matched)
+    assert "prefill.layers.1.self_attn.kv" in matched  # kv_b_proj; the absorbed decode step has none:
+    assert "absorb attention path" in report["not_placed"]["decode0.model.layers.1.self_attn.kv_b_proj"]
+    assert {c["read_as"]["source"].split(":")[0] for c in matched.values()} == {source}
+    if model_type != "youtu":  # dense only
+        assert {"prefill.layers.1.mlp.gate.topk_idx", "decode0.layers.1.mlp.routed_output"} <= set(matched)
+    if model_type == "axk1":
+        assert matched["prefill.layers.1.mlp.post_mlp_layernorm"]["candidate"] == \
+            "prefill.model.layers.1.mlp.post_mlp_layernorm"
+    q = "q_proj" if model_type == "sarvam_mla" else "q_b_proj"
+    assert matched["prefill.layers.1.self_attn.q"]["candidate"] == f"prefill.model.layers.1.self_attn.{q}"
+
+    perturbed(dump, "decode0.model.layers.1.self_attn.kv_a_layernorm", tmp_path / "bad.safetensors")
+    code, report = verified(fixture, tmp_path / "bad.safetensors", tmp_path, "bad")
+    assert code == 1 and report["first_divergence"]["name"] == "decode0.layers.1.self_attn.compressed_kv_norm"
+
+
+def test_every_transformers_table_line_calls_the_module_it_names():
+    """Each transformers name's line, in the installed modeling file its table was read from (the
+    same file: its sha256 as the table gives it), calls the module the name ends with (a decoder
+    layer's by the loop's variable): a derived table's line map is checked, not only its names."""
+    import transformers
+
+    root = Path(transformers.__file__).parent
+    for path in sorted(TABLES.glob("transformers*.json")):
+        for file, seal in json.loads(path.read_text())["source"]["files"].items():
+            assert hashlib.sha256((root / file).read_bytes()).hexdigest()[:16] == seal["sha256"], (path.name, file)
+    for alias in tables()["transformers"]:
+        module = re.sub(r"(:input|\[\d+\])$", "", alias.name).split(".")[-1]
+        call = "layer(" if module == "{i}" else f"self.{module}("
+        line = (root / alias.file).read_text().splitlines()[alias.line - 1]
+        assert call in line, (alias.model_types, alias.name, alias.where, line.strip())
+
+
+def test_a_derived_table_must_give_a_line_for_each_line_it_derives(tmp_path):
+    table = json.loads((TABLES / "transformers-youtu.json").read_text())
+    del table["derives"]["lines"]["447"]
+    (tmp_path / "t.json").write_text(json.dumps(table))
+    with pytest.raises(StepperError, match=r"t.json: derives from transformers.json: expected a transformers table "
+                                           r"of its own and this file's line for each line it cites \(116, 193"):
+        read_table(tmp_path / "t.json", "transformers")
+    table["derives"]["lines"]["447"] = 357
+    (tmp_path / "t.json").write_text(json.dumps(table))
+    names = {a.name: a for a in read_table(tmp_path / "t.json", "transformers")}
+    assert names["model.layers.{i}.self_attn.kv_a_layernorm"].where == "models/youtu/modeling_youtu.py:357"
+    assert "model.layers.{i}.mlp.gate[0]" not in names  # its line is null: Youtu has no MoE
