@@ -93,7 +93,7 @@ def plan_run(spec: RunSpec, kept: Kept = lambda plan, names: [], lower: str = "-
     plan, why = memory.choose_attn(session.prepare(spec, weights, wording.spell), estimate, memory.available_bytes(),
                                    wording.spell)
     plan, chunked = memory.choose_chunk(plan, estimate, memory.available_bytes(), chunk, wording.spell)
-    notes = (why, chunked, unread_line(plan), unembedded_line(plan, wording))
+    notes = (why, chunked, unread_line(plan), stray_line(plan), unembedded_line(plan, wording))
     return RunPlan(plan, planned_names(plan), tuple(line for line in notes if line), wording)
 
 
@@ -106,6 +106,12 @@ def unembedded_line(plan: Plan, wording: Wording) -> str | None:
     return (f"note: this checkpoint has no embedding table, so layer {plan.spec.layer} runs on seeded random vectors "
             f"and {wording.spell('ids')} only sets their number; give {wording.spell('input', 'FILE')} (the hidden "
             "states of the layer before, dumped from a run) for real ones")
+
+
+def stray_line(plan: Plan) -> str | None:
+    """A note naming the .safetensors files beside a checkpoint's shards that no run reads (a
+    consolidated copy, say), as `stepper inspect` names them."""
+    return plan.weights.stray_note() if isinstance(plan.weights, Checkpoint) else None
 
 
 def unread_line(plan: Plan) -> str | None:

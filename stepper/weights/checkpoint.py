@@ -14,11 +14,15 @@ checked as one weight `X.weight`.
 
 A shard that is missing or cannot be read (people download only the shards of the layers they
 look at) is an error only for a run that needs one of its tensors; `unreadable` says which
-shards were left out and why.
+shards were left out and why. A .safetensors file beside them that the index does not name (a
+consolidated copy of the shards, as some repositories keep) is never read, as transformers never
+reads it: `strays` names them, for a note, and a tensor a run needs that only such a file holds is
+reported missing with where it is.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import stat
 from collections.abc import Callable, Iterable, Iterator
@@ -36,7 +40,7 @@ from stepper.untrusted.jsonfile import read_json
 from stepper.untrusted.paths import found, why
 from stepper.weights.config_hint import contradicted_field
 from stepper.weights.fused_experts import expert_of, expert_start, expert_view, fused_name, stored_shapes
-from stepper.weights.names import global_shapes, layer_prefix, layer_shapes, storage_dtype, text_name
+from stepper.weights.names import global_shapes, layer_prefix, layer_shapes, storage_dtype, stored_name, text_name
 from stepper.weights.partial import partial_text
 from stepper.weights.safetensors_reader import MappedBudget, SafetensorsFile, TensorInfo
 from stepper.weights.stored import INT4, FileBytes, Stored
@@ -70,6 +74,7 @@ class Checkpoint:
             raise StepperError(f"{self.path}: not a checkpoint directory (no config.json)")
         self.config: Config = read_config(self.path / "config.json")
         self.weight_map = self._read_weight_map()
+        self.strays = stray_files(self.path, set(self.weight_map.values()))
         self.shards: dict[str, SafetensorsFile] = {}
         self.unreadable: dict[str, str] = {}  # shard -> why it cannot be read
         self.disagreements: dict[str, Problem] = {}  # tensor -> where the index and a header disagree on it
@@ -369,7 +374,8 @@ class Checkpoint:
         if name not in self.weight_map:
             packed = f" (the checkpoint holds '{name + PACKED}', but config.json's quantization_config does not " \
                      f"quantize this module)" if name + PACKED in self.weight_map else ""
-            return [Problem(None, name, f"'{name}' is missing (expected shape {list(shape)}){packed}")]
+            return [Problem(None, name, f"'{name}' is missing (expected shape {list(shape)}){packed}"
+                                        f"{self._stray_holding(name)}")]
         shard = self.shard_of(name)
         info = shard.info(name)
         where = f"{shard.path.name}: '{name}'"
@@ -434,6 +440,26 @@ class Checkpoint:
                         f"{shard}: '{tensor}' holds {values}, expected {list(shape)} (config.json's shape)")]
 
     # -- the index ---------------------------------------------------------------------------
+
+    def stray_note(self) -> str | None:
+        """A note naming the .safetensors files no run reads (`strays`), None when there are none."""
+        if not self.strays:
+            return None
+        listed = ", ".join(self.strays[:STRAYS_NAMED]) + (f" and {len(self.strays) - STRAYS_NAMED} more"
+                                                          if len(self.strays) > STRAYS_NAMED else "")
+        are, them = ("is", "it") if len(self.strays) == 1 else ("are", "them")
+        return f"note: {listed} {are} in {self.label} but {self._unnamed()}: no run reads {them}"
+
+    def _unnamed(self) -> str:
+        """Why a stray file is not read: the index does not name it, or model.safetensors is read alone."""
+        return f"not in {INDEX}" if found(self.path / INDEX) else f"beside {SINGLE}, which is read alone"
+
+    def _stray_holding(self, name: str) -> str:
+        """Where a tensor missing from the checkpoint is after all: '; it is in X, ...' naming a stray file that
+        holds it, or ''."""
+        stored = stored_name(self.config, name)
+        holding = [stray for stray in self.strays if stored in stray_names(self.path / stray)]
+        return f"; it is in {holding[0]}, which is {self._unnamed()}" if holding else ""
 
     def _read_weight_map(self) -> dict[str, str]:
         index = self.path / INDEX
@@ -508,9 +534,36 @@ class Checkpoint:
         for shard, names in listed_in.items():
             for extra in sorted(set(self.shards[shard].names()) - names):
                 listed = self.disagreements.get(extra)
-                text = (f"{listed}; it is in {shard}" if listed
-                        else f"{shard}: '{extra}' is in this shard but not in {INDEX}")
+                if listed:
+                    text = f"{listed}; it is in {shard}"
+                elif extra in self.weight_map:  # a second copy: the index names the other
+                    named = self.weight_map[extra]
+                    text = (f"'{extra}' is in {named}, as {INDEX} says, and in {shard} too: two copies, of which "
+                            f"transformers reads the one in {max(named, shard)} (it loads the shards in order)")
+                else:
+                    text = f"{shard}: '{extra}' is in this shard but not in {INDEX}"
                 self.disagreements[extra] = Problem(listed.file if listed else shard, extra, text)
+
+
+STRAYS_NAMED = 3  # stray files a note names before it counts the rest
+
+
+def stray_files(folder: Path, named: set[str]) -> list[str]:
+    """The .safetensors files in the folder that are not among the shards `named` (and not hidden), sorted;
+    whatever they are, no run opens them."""
+    try:
+        entries = os.listdir(folder)
+    except OSError:
+        return []
+    return sorted(e for e in entries if e not in named and is_plain_shard_name(e))
+
+
+def stray_names(path: Path) -> frozenset[str]:
+    """The tensor names in a stray file's header; none when it cannot be read (or is no file)."""
+    try:
+        return frozenset(SafetensorsFile(path).names())
+    except (StepperError, OSError):
+        return frozenset()
 
 
 def is_plain_shard_name(shard: str) -> bool:
