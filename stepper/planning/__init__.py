@@ -23,7 +23,7 @@ from stepper.seams.trace import Sink, matches
 from stepper.session import Plan, RunResult, RunSpec
 from stepper.weights import audit, published_audit
 from stepper.weights.checkpoint import Checkpoint
-from stepper.weights.names import EMBED
+from stepper.weights.names import EMBED, named_on_disk
 from stepper.weights.published import PublishedCheckpoint
 from stepper.weights.source import WeightSource
 
@@ -133,5 +133,6 @@ def unread_line(plan: Plan) -> str | None:
     layer, found = next(iter(unknown.items()))
     more = f", and in {len(unknown) - 1} more layer(s)" if len(unknown) > 1 else ""
     them = "it" if len(unknown) == 1 and len(found) == 1 else "them"
-    return (f"note: {audit.unknown_words(layer, found)}{more}: this run goes on without {them}, as config.json says "
+    line = (f"note: {audit.unknown_words(layer, found)}{more}: this run goes on without {them}, as config.json says "
             f"(stepper inspect lists {them})")
+    return named_on_disk(cfg, line) if isinstance(weights, Checkpoint) else line

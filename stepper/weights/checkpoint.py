@@ -26,6 +26,7 @@ import os
 import re
 import stat
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
@@ -40,7 +41,15 @@ from stepper.untrusted.jsonfile import read_json
 from stepper.untrusted.paths import found, why
 from stepper.weights.config_hint import contradicted_field
 from stepper.weights.fused_experts import expert_of, expert_start, expert_view, fused_name, stored_shapes
-from stepper.weights.names import global_shapes, layer_prefix, layer_shapes, storage_dtype, stored_name, text_name
+from stepper.weights.names import (
+    global_shapes,
+    layer_prefix,
+    layer_shapes,
+    named_on_disk,
+    storage_dtype,
+    stored_name,
+    text_name,
+)
 from stepper.weights.partial import partial_text
 from stepper.weights.safetensors_reader import MappedBudget, SafetensorsFile, TensorInfo
 from stepper.weights.stored import INT4, FileBytes, Stored
@@ -95,18 +104,20 @@ class Checkpoint:
     # -- reading -----------------------------------------------------------------------------
 
     def get(self, name: str) -> np.ndarray:
-        return self.stored(name).as_float32(name)
+        with self._named_on_disk():
+            return self.stored(name).as_float32(name)
 
     def get_rows(self, name: str, rows: np.ndarray) -> np.ndarray:
         """Rows of a table (the embedding's, a token's each), the table checked as a run checks the
         globals: a run of one layer reads it without them."""
         shape = global_shapes(self.config).get(name)
-        problems = self._problems(name, shape) if shape is not None else []
-        if problems:
-            raise StepperError(f"{self.label}: {problems[0]}")
-        stored = self.stored(name)
-        if stored.dtype == "F8_E4M3":
-            return stored.as_float32(name)[rows]
+        with self._named_on_disk():
+            problems = self._problems(name, shape) if shape is not None else []
+            if problems:
+                raise StepperError(f"{self.label}: {problems[0]}")
+            stored = self.stored(name)
+            if stored.dtype == "F8_E4M3":
+                return stored.as_float32(name)[rows]
         return np.asarray(stored.data[rows], dtype=np.float32)  # touches only these rows' pages
 
     def row_bands(self, name: str, rows: int) -> Iterator[Stored]:
@@ -114,7 +125,9 @@ class Checkpoint:
         band is asked for, so reading all of lm_head (2.3 GB in BF16) keeps one band resident."""
         stored_name = self._stored_name(name)  # an INT4 lm_head: its packed words
         shard = self.shard_of(stored_name)
-        for band in self.stored(name).row_bands(rows):
+        with self._named_on_disk():
+            bands = self.stored(name).row_bands(rows)
+        for band in bands:
             yield band
             shard.release(stored_name)
 
@@ -133,9 +146,23 @@ class Checkpoint:
         stored_name = self._stored_name(name)
         if self.has(name) and self.shard_of(stored_name).info(stored_name).nbytes >= LARGE:
             self.shard_of(stored_name).prefetch(stored_name)
-        return self.stored(name).matrix(name)
+        with self._named_on_disk():
+            return self.stored(name).matrix(name)
 
     def stored(self, name: str) -> Stored:
+        with self._named_on_disk():
+            return self._stored(name)
+
+    @contextmanager
+    def _named_on_disk(self) -> Iterator[None]:
+        """A refusal raised inside names each tensor as the files do (a wrapped checkpoint's text
+        tensors with their prefix): stepper reads them by the text model's names."""
+        try:
+            yield
+        except StepperError as e:
+            raise StepperError(named_on_disk(self.config, str(e))) from None
+
+    def _stored(self, name: str) -> Stored:
         if self.config.fused_experts and (fused := fused_name(name)) is not None:
             return self._expert(fused, name)
         if self._stored_name(name) != name:
@@ -245,6 +272,10 @@ class Checkpoint:
             self._resident.use(name, shard.mapped_bytes(name), lambda: shard.release(name))
 
     def shard_of(self, name: str) -> SafetensorsFile:
+        with self._named_on_disk():
+            return self._shard_of(name)
+
+    def _shard_of(self, name: str) -> SafetensorsFile:
         if name in self.disagreements:
             raise StepperError(f"{self.label}: {self.disagreements[name].text}")
         if name not in self.weight_map:
@@ -329,7 +360,12 @@ class Checkpoint:
                      for p in self._problems(name, shape)]
         problems += [p for name, p in self.disagreements.items()
                      if name not in required and in_scope(name, layers, with_globals)]
-        return said_once(problems + self._orphan_scales(layers, with_globals, required))
+        return self.named_on_disk(said_once(problems + self._orphan_scales(layers, with_globals, required)))
+
+    def named_on_disk(self, problems: list[Problem]) -> list[Problem]:
+        """The problems' sentences naming each tensor as the files do (stdout's rows list a wrapped
+        checkpoint's text tensors without their prefix, by `tensor`)."""
+        return [replace(p, text=named_on_disk(self.config, p.text)) for p in problems]
 
     def present_layers(self) -> list[int]:
         """The config's layers holding at least one tensor, in order."""
@@ -514,6 +550,8 @@ class Checkpoint:
             text[name], stored_as[name] = shard, stored
         self.weight_map = text
         renamed = {stored: name for name, stored in stored_as.items() if stored != name}
+        by_text = {n: text_name(self.config, n) or n for n in self.disagreements}  # their texts name it on disk
+        self.disagreements = {by_text[n]: replace(p, tensor=by_text[n]) for n, p in self.disagreements.items()}
         for file in self.shards.values():
             file.tensors = {renamed.get(n, n): replace(info, name=renamed.get(n, n)) for n,
                             info in file.tensors.items()}
