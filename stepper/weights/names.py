@@ -37,10 +37,11 @@ def stored_name(cfg: Config, name: str) -> str:
 QUOTED_TEXT_NAME = re.compile(r"'((?:model|lm_head)\.[^'\s]*)'")  # a text model's tensor, as messages quote it
 
 
-def named_on_disk(cfg: Config, message: str) -> str:
+def named_on_disk(cfg: Config | dict, message: str) -> str:
     """A message naming each tensor as the checkpoint's files do: in a wrapped checkpoint, the text
-    model's tensors it quotes ('model.norm.weight') with their prefix ('language_model.model.norm.weight')."""
-    if cfg.wrapper is None:
+    model's tensors it quotes ('model.norm.weight') with their prefix ('language_model.model.norm.weight').
+    A DeepSeek-V4 checkpoint's config (a dict: stepper.weights.published) has no wrapper."""
+    if getattr(cfg, "wrapper", None) is None:
         return message
     return QUOTED_TEXT_NAME.sub(lambda m: f"'{stored_name(cfg, m[1])}'", message)
 
