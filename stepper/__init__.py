@@ -12,9 +12,8 @@ As a library (`stepper.api`, loaded on first use, so `import stepper` stays ligh
 
 from stepper.version import __version__
 
-__all__ = ["Diff", "LazyTensor", "Run", "StepperError", "__version__", "diff", "force_experts", "load", "run",
-           "zero_expert",
-           "zero_head", "zero_router_bias"]
+__all__ = ["Diff", "LazyTensor", "LongRunWarning", "Run", "StepperError", "__version__", "diff", "force_experts",
+           "load", "run", "zero_expert", "zero_head", "zero_router_bias"]
 
 
 def __getattr__(name: str):

@@ -37,6 +37,7 @@ from __future__ import annotations
 import difflib
 import inspect
 import numbers
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence, Sized
 from dataclasses import replace
 from pathlib import Path
@@ -66,8 +67,8 @@ from stepper.views.summary import token_ids
 from stepper.weights.remote import without_credentials
 from stepper.weights.source import WeightSource
 
-__all__ = ["Diff", "LazyTensor", "Run", "StepperError", "diff", "force_experts", "load", "run", "zero_expert",
-           "zero_head", "zero_router_bias"]
+__all__ = ["Diff", "LazyTensor", "LongRunWarning", "Run", "StepperError", "diff", "force_experts", "load", "run",
+           "zero_expert", "zero_head", "zero_router_bias"]
 
 PICTURES = {**PICTURE_TENSORS, "hist": ()}  # a picture and the tensors it draws (as `--show` takes them; hist: any)
 API_WORDING = Wording(keep="keep=", patch="patch=", spell=api_keyword, options={
@@ -138,7 +139,16 @@ def run(model: str | Path | None = None, *, ids: Sequence[int] | None = None, pr
     chosen = 0 if asked is None and (patches or files) else asked  # auto with a patch or use: the whole prompt
     with np.errstate(all="ignore"):  # as `stepper run`: the NaN or inf a run makes is in its figures, not in warnings
         return Run(record(spec, kept, patches, lambda: overrides.use(files), API_WORDING, weights=weights,
-                          chunk=chosen))
+                          chunk=chosen, forewarn=long_run_warning))
+
+
+class LongRunWarning(UserWarning):
+    """A run that makes many named tensors, warned of before it starts (its note is in run.notes too)."""
+
+
+def long_run_warning(line: str) -> None:
+    """The plan's note that the run is long, as a warning: said when the call starts, not when it returns."""
+    warnings.warn(line.removeprefix("note: "), LongRunWarning, stacklevel=4)
 
 
 class Run(Mapping):

@@ -242,9 +242,18 @@ def format_shape(dims: list[Dim]) -> str:
     return "[" + ", ".join(str(d) for d in dims) + "]"
 
 
+_loaded: tuple[tuple, Catalog] | None = None  # the families last loaded (held, so never another's id) and theirs
+
+
 def load() -> Catalog:
-    """The catalogue of every registered family's parts (stepper.families)."""
-    return merged(tuple(dict.fromkeys(part for family in families.registry() for part in family.parts)))
+    """The catalogue of every registered family's parts (stepper.families). Kept while the same
+    families are registered: a run's memory estimate asks for it for each tensor of each step, and
+    gathering the parts took 0.4 ms a time (a plan of 1,000 decode steps spent most of a minute on it)."""
+    global _loaded
+    registry = families.registry()
+    if _loaded is None or len(_loaded[0]) != len(registry) or any(a is not b for a, b in zip(_loaded[0], registry)):
+        _loaded = registry, merged(tuple(dict.fromkeys(part for family in registry for part in family.parts)))
+    return _loaded[1]
 
 
 def around(cfg: Any) -> Catalog:

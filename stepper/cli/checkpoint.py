@@ -142,7 +142,7 @@ def inspect_command(
         groups = inspect.group(tensors, source.config, fold_experts=not experts and not as_json, unused=source.unused,
                                published=source.published)
         if as_json:
-            inspect.write_json(sys.stdout, groups, problems)
+            inspect.write_json(sys.stdout, groups, problems, source.notes)
         else:
             console = Console(**styles(plain), highlight=False, soft_wrap=True)
             inspect.render(console, source, groups, tensors, inspect.total_tensors(source), stats, problems)

@@ -23,7 +23,7 @@ from stepper.seams.trace import Sink, matches
 from stepper.session import Plan, RunResult, RunSpec
 from stepper.weights import audit, published_audit
 from stepper.weights.checkpoint import Checkpoint
-from stepper.weights.names import EMBED
+from stepper.weights.names import EMBED, named_on_disk
 from stepper.weights.published import PublishedCheckpoint
 from stepper.weights.source import WeightSource
 
@@ -51,6 +51,7 @@ class RunPlan:
     names: list[str]
     said: tuple[str, ...] = ()
     wording: Wording = COMMAND_LINE
+    long: str | None = None  # the line of `said` saying the run is long (long_line), to be said before it starts
 
     def check(self, option: str, patterns: Sequence[str]) -> None:
         """Refuse a pattern of `option` that matches no name of the run."""
@@ -93,8 +94,25 @@ def plan_run(spec: RunSpec, kept: Kept = lambda plan, names: [], lower: str = "-
     plan, why = memory.choose_attn(session.prepare(spec, weights, wording.spell), estimate, memory.available_bytes(),
                                    wording.spell)
     plan, chunked = memory.choose_chunk(plan, estimate, memory.available_bytes(), chunk, wording.spell)
-    notes = (why, chunked, unread_line(plan), unembedded_line(plan, wording))
-    return RunPlan(plan, planned_names(plan), tuple(line for line in notes if line), wording)
+    names = planned_names(plan)
+    long = long_line(plan, names, wording)
+    notes = (why, chunked, long, unread_line(plan), stray_line(plan), unembedded_line(plan, wording))
+    return RunPlan(plan, names, tuple(line for line in notes if line), wording, long)
+
+
+LONG_RUN = 20_000  # named tensors from which a run is said to be long: tiny's 200 decode steps make 19,104, in 52 s
+
+
+def long_line(plan: Plan, names: list[str], wording: Wording) -> str | None:
+    """A note when the run makes LONG_RUN named tensors or more, counted, not timed: each is made
+    (and looked at by the views) whatever the caller keeps, so the count bounds the run's work."""
+    if len(names) < LONG_RUN:
+        return None
+    steps = plan.spec.decode + 1
+    layers = 1 if plan.alone else plan.config.num_hidden_layers if plan.needs_logits else plan.layers_shown.stop
+    return (f"note: a long run: it makes {len(names):,} named tensors ({steps:,} step{'s' if steps > 1 else ''} "
+            f"through {layers} layer{'s' if layers > 1 else ''}), each of them whatever {wording.keep} keeps; "
+            f"fewer {wording.spell('decode')} steps or layers make fewer")
 
 
 def unembedded_line(plan: Plan, wording: Wording) -> str | None:
@@ -106,6 +124,12 @@ def unembedded_line(plan: Plan, wording: Wording) -> str | None:
     return (f"note: this checkpoint has no embedding table, so layer {plan.spec.layer} runs on seeded random vectors "
             f"and {wording.spell('ids')} only sets their number; give {wording.spell('input', 'FILE')} (the hidden "
             "states of the layer before, dumped from a run) for real ones")
+
+
+def stray_line(plan: Plan) -> str | None:
+    """A note naming the .safetensors files beside a checkpoint's shards that no run reads (a
+    consolidated copy, say), as `stepper inspect` names them."""
+    return plan.weights.stray_note() if isinstance(plan.weights, Checkpoint) else None
 
 
 def unread_line(plan: Plan) -> str | None:
@@ -127,5 +151,6 @@ def unread_line(plan: Plan) -> str | None:
     layer, found = next(iter(unknown.items()))
     more = f", and in {len(unknown) - 1} more layer(s)" if len(unknown) > 1 else ""
     them = "it" if len(unknown) == 1 and len(found) == 1 else "them"
-    return (f"note: {audit.unknown_words(layer, found)}{more}: this run goes on without {them}, as config.json says "
+    line = (f"note: {audit.unknown_words(layer, found)}{more}: this run goes on without {them}, as config.json says "
             f"(stepper inspect lists {them})")
+    return named_on_disk(cfg, line) if isinstance(weights, Checkpoint) else line

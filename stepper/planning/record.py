@@ -53,17 +53,21 @@ class Keeper:
 
 def record(spec: RunSpec, keep: Sequence[str] | Callable[[str], bool] | None = None, patches: Patches = (),
            swapped: Callable[[], AbstractContextManager] = nullcontext, wording: Wording = COMMAND_LINE,
-           extra: Sequence[Sink] = (), weights: WeightSource | None = None, chunk: int | None = 0) -> Recorded:
+           extra: Sequence[Sink] = (), weights: WeightSource | None = None, chunk: int | None = 0,
+           forewarn: Callable[[str], None] = lambda line: None) -> Recorded:
     """Run `spec` keeping the tensors matching `keep` (globs, or a function of the name; None:
     every one), with `patches` applied (each must match a name of the run), inside `swapped()`
     (entered once the run is planned: e.g. lesson files' exercises swapped in); `weights`: in
     place of the spec's model (the same config, e.g. some tensors changed); `chunk`: the
-    prefill's positions per chunk, None auto (stepper.planning.plan_run)."""
+    prefill's positions per chunk, None auto (stepper.planning.plan_run); `forewarn`: given the
+    plan's line saying the run is long, if it is, before the run starts."""
     lower = f"{wording.keep} (fewer tensors)"
     planned = plan_run(spec, lambda plan, names: [n for n in names if wanted(keep, n)], lower, chunk, weights, wording)
     keeps = kept_by(wording.keep, keep, planned.names)
     patcher = planned.patcher(patches)
     planned.check_fits([n for n in planned.names if keeps(n)], lower)
+    if planned.long:
+        forewarn(planned.long)
     listed, keeper = Names(), Keeper()
     sinks: list[Sink] = [*patcher, listed, keeper if keep is None else Filter(lambda e: keeps(e.name), [keeper])]
     with swapped():

@@ -98,6 +98,7 @@ class Source:
     unused: frozenset[str] = frozenset()  # a wrapper's tensors no run reads (vision tower, projector)
     published: PublishedCheckpoint | None = None  # DeepSeek-V4's (X.weight with X.scale), checked by audit_published
     published_names: bool = False  # a file named as V4 publishes (X.weight with X.scale), its checkpoint or not
+    notes: tuple[str, ...] = ()  # what a run of it says too: files beside the shards that no run reads
 
     def scale_of(self, name: str) -> str:
         """The name of a weight's scales: X.weight_scale_inv, or in V4's published layout X.scale."""
@@ -165,7 +166,7 @@ def checkpoint_source(path: Path, ckpt: Checkpoint) -> Source:
     hint = (None if ckpt.reads_values
             else "listed from the headers alone: block scale values are read by a run, or with --stats")
     return Source(path, checkpoint_title(ckpt), cfg, {**ckpt.weight_map, **ckpt.unused}, ckpt.shards, block, hint=hint,
-                  checkpoint=ckpt, unused=frozenset(ckpt.unused))
+                  checkpoint=ckpt, unused=frozenset(ckpt.unused), notes=tuple(filter(None, [ckpt.stray_note()])))
 
 
 def published_source(path: Path, ckpt: PublishedCheckpoint) -> Source:
@@ -587,6 +588,8 @@ def render(console: Console, source: Source, groups: list[Group], matched: list[
     print_fitted(console, Text(footer(matched, total, stats, len(problems)), style="dim"))
     if source.hint:
         print_fitted(console, Text(shown(source.hint), style="dim"))
+    for note in source.notes:
+        print_fitted(console, Text(shown(note), style="yellow"))
     if problems:
         print_fitted(console, Text(problem_heading(problems), style="bold red"))
         for p in problems[:LISTED_PROBLEMS]:
@@ -683,15 +686,16 @@ def total_tensors(source: Source) -> int:
 # JSON Lines
 
 
-def write_json(stream: IO[str], groups: list[Group], problems: list[Problem]) -> None:
+def write_json(stream: IO[str], groups: list[Group], problems: list[Problem], notes: tuple[str, ...] = ()) -> None:
     """One object per tensor (experts unfolded), in the order of the listing, then one object
-    with every problem: {"problems": [{"file", "tensor", "problem"}, ...]}."""
+    with every problem: {"problems": [{"file", "tensor", "problem"}, ...]}, and its notes when it
+    has any ("notes": [...], e.g. files no run reads)."""
     for g in groups:
         for row in g.rows:
             for t in row.tensors:
                 stream.write(json.dumps(record(t, g), allow_nan=False) + "\n")
     listed = [{"file": p.file, "tensor": p.tensor, "problem": p.text} for p in problems]
-    stream.write(json.dumps({"problems": listed}) + "\n")
+    stream.write(json.dumps({"problems": listed, **({"notes": list(notes)} if notes else {})}) + "\n")
 
 
 def record(t: Tensor, g: Group) -> dict[str, Any]:

@@ -42,7 +42,7 @@ def audit(ckpt: Checkpoint, layers: range, with_globals: bool) -> list[Problem]:
     problems += unknown_tensors(ckpt, layers)
     if with_globals:
         problems += stray_disagreements(ckpt) + stray_tensors(ckpt)
-    return problems
+    return ckpt.named_on_disk(problems)
 
 
 def scale_value_problems(ckpt: Checkpoint, layers: range, with_globals: bool) -> list[Problem]:

@@ -14,14 +14,19 @@ checked as one weight `X.weight`.
 
 A shard that is missing or cannot be read (people download only the shards of the layers they
 look at) is an error only for a run that needs one of its tensors; `unreadable` says which
-shards were left out and why.
+shards were left out and why. A .safetensors file beside them that the index does not name (a
+consolidated copy of the shards, as some repositories keep) is never read, as transformers never
+reads it: `strays` names them, for a note, and a tensor a run needs that only such a file holds is
+reported missing with where it is.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import stat
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
@@ -36,7 +41,15 @@ from stepper.untrusted.jsonfile import read_json
 from stepper.untrusted.paths import found, why
 from stepper.weights.config_hint import contradicted_field
 from stepper.weights.fused_experts import expert_of, expert_start, expert_view, fused_name, stored_shapes
-from stepper.weights.names import global_shapes, layer_prefix, layer_shapes, storage_dtype, text_name
+from stepper.weights.names import (
+    global_shapes,
+    layer_prefix,
+    layer_shapes,
+    named_on_disk,
+    storage_dtype,
+    stored_name,
+    text_name,
+)
 from stepper.weights.partial import partial_text
 from stepper.weights.safetensors_reader import MappedBudget, SafetensorsFile, TensorInfo
 from stepper.weights.stored import INT4, FileBytes, Stored
@@ -70,6 +83,7 @@ class Checkpoint:
             raise StepperError(f"{self.path}: not a checkpoint directory (no config.json)")
         self.config: Config = read_config(self.path / "config.json")
         self.weight_map = self._read_weight_map()
+        self.strays = stray_files(self.path, set(self.weight_map.values()))
         self.shards: dict[str, SafetensorsFile] = {}
         self.unreadable: dict[str, str] = {}  # shard -> why it cannot be read
         self.disagreements: dict[str, Problem] = {}  # tensor -> where the index and a header disagree on it
@@ -90,18 +104,20 @@ class Checkpoint:
     # -- reading -----------------------------------------------------------------------------
 
     def get(self, name: str) -> np.ndarray:
-        return self.stored(name).as_float32(name)
+        with self._named_on_disk():
+            return self.stored(name).as_float32(name)
 
     def get_rows(self, name: str, rows: np.ndarray) -> np.ndarray:
         """Rows of a table (the embedding's, a token's each), the table checked as a run checks the
         globals: a run of one layer reads it without them."""
         shape = global_shapes(self.config).get(name)
-        problems = self._problems(name, shape) if shape is not None else []
-        if problems:
-            raise StepperError(f"{self.label}: {problems[0]}")
-        stored = self.stored(name)
-        if stored.dtype == "F8_E4M3":
-            return stored.as_float32(name)[rows]
+        with self._named_on_disk():
+            problems = self._problems(name, shape) if shape is not None else []
+            if problems:
+                raise StepperError(f"{self.label}: {problems[0]}")
+            stored = self.stored(name)
+            if stored.dtype == "F8_E4M3":
+                return stored.as_float32(name)[rows]
         return np.asarray(stored.data[rows], dtype=np.float32)  # touches only these rows' pages
 
     def row_bands(self, name: str, rows: int) -> Iterator[Stored]:
@@ -109,7 +125,9 @@ class Checkpoint:
         band is asked for, so reading all of lm_head (2.3 GB in BF16) keeps one band resident."""
         stored_name = self._stored_name(name)  # an INT4 lm_head: its packed words
         shard = self.shard_of(stored_name)
-        for band in self.stored(name).row_bands(rows):
+        with self._named_on_disk():
+            bands = self.stored(name).row_bands(rows)
+        for band in bands:
             yield band
             shard.release(stored_name)
 
@@ -128,9 +146,23 @@ class Checkpoint:
         stored_name = self._stored_name(name)
         if self.has(name) and self.shard_of(stored_name).info(stored_name).nbytes >= LARGE:
             self.shard_of(stored_name).prefetch(stored_name)
-        return self.stored(name).matrix(name)
+        with self._named_on_disk():
+            return self.stored(name).matrix(name)
 
     def stored(self, name: str) -> Stored:
+        with self._named_on_disk():
+            return self._stored(name)
+
+    @contextmanager
+    def _named_on_disk(self) -> Iterator[None]:
+        """A refusal raised inside names each tensor as the files do (a wrapped checkpoint's text
+        tensors with their prefix): stepper reads them by the text model's names."""
+        try:
+            yield
+        except StepperError as e:
+            raise StepperError(named_on_disk(self.config, str(e))) from None
+
+    def _stored(self, name: str) -> Stored:
         if self.config.fused_experts and (fused := fused_name(name)) is not None:
             return self._expert(fused, name)
         if self._stored_name(name) != name:
@@ -240,6 +272,10 @@ class Checkpoint:
             self._resident.use(name, shard.mapped_bytes(name), lambda: shard.release(name))
 
     def shard_of(self, name: str) -> SafetensorsFile:
+        with self._named_on_disk():
+            return self._shard_of(name)
+
+    def _shard_of(self, name: str) -> SafetensorsFile:
         if name in self.disagreements:
             raise StepperError(f"{self.label}: {self.disagreements[name].text}")
         if name not in self.weight_map:
@@ -324,7 +360,12 @@ class Checkpoint:
                      for p in self._problems(name, shape)]
         problems += [p for name, p in self.disagreements.items()
                      if name not in required and in_scope(name, layers, with_globals)]
-        return said_once(problems + self._orphan_scales(layers, with_globals, required))
+        return self.named_on_disk(said_once(problems + self._orphan_scales(layers, with_globals, required)))
+
+    def named_on_disk(self, problems: list[Problem]) -> list[Problem]:
+        """The problems' sentences naming each tensor as the files do (stdout's rows list a wrapped
+        checkpoint's text tensors without their prefix, by `tensor`)."""
+        return [replace(p, text=named_on_disk(self.config, p.text)) for p in problems]
 
     def present_layers(self) -> list[int]:
         """The config's layers holding at least one tensor, in order."""
@@ -369,7 +410,8 @@ class Checkpoint:
         if name not in self.weight_map:
             packed = f" (the checkpoint holds '{name + PACKED}', but config.json's quantization_config does not " \
                      f"quantize this module)" if name + PACKED in self.weight_map else ""
-            return [Problem(None, name, f"'{name}' is missing (expected shape {list(shape)}){packed}")]
+            return [Problem(None, name, f"'{name}' is missing (expected shape {list(shape)}){packed}"
+                                        f"{self._stray_holding(name)}")]
         shard = self.shard_of(name)
         info = shard.info(name)
         where = f"{shard.path.name}: '{name}'"
@@ -435,6 +477,26 @@ class Checkpoint:
 
     # -- the index ---------------------------------------------------------------------------
 
+    def stray_note(self) -> str | None:
+        """A note naming the .safetensors files no run reads (`strays`), None when there are none."""
+        if not self.strays:
+            return None
+        listed = ", ".join(self.strays[:STRAYS_NAMED]) + (f" and {len(self.strays) - STRAYS_NAMED} more"
+                                                          if len(self.strays) > STRAYS_NAMED else "")
+        are, them = ("is", "it") if len(self.strays) == 1 else ("are", "them")
+        return f"note: {listed} {are} in {self.label} but {self._unnamed()}: no run reads {them}"
+
+    def _unnamed(self) -> str:
+        """Why a stray file is not read: the index does not name it, or model.safetensors is read alone."""
+        return f"not in {INDEX}" if found(self.path / INDEX) else f"beside {SINGLE}, which is read alone"
+
+    def _stray_holding(self, name: str) -> str:
+        """Where a tensor missing from the checkpoint is after all: '; it is in X, ...' naming a stray file that
+        holds it, or ''."""
+        stored = stored_name(self.config, name)
+        holding = [stray for stray in self.strays if stored in stray_names(self.path / stray)]
+        return f"; it is in {holding[0]}, which is {self._unnamed()}" if holding else ""
+
     def _read_weight_map(self) -> dict[str, str]:
         index = self.path / INDEX
         if not found(index):
@@ -488,6 +550,8 @@ class Checkpoint:
             text[name], stored_as[name] = shard, stored
         self.weight_map = text
         renamed = {stored: name for name, stored in stored_as.items() if stored != name}
+        by_text = {n: text_name(self.config, n) or n for n in self.disagreements}  # their texts name it on disk
+        self.disagreements = {by_text[n]: replace(p, tensor=by_text[n]) for n, p in self.disagreements.items()}
         for file in self.shards.values():
             file.tensors = {renamed.get(n, n): replace(info, name=renamed.get(n, n)) for n,
                             info in file.tensors.items()}
@@ -508,9 +572,36 @@ class Checkpoint:
         for shard, names in listed_in.items():
             for extra in sorted(set(self.shards[shard].names()) - names):
                 listed = self.disagreements.get(extra)
-                text = (f"{listed}; it is in {shard}" if listed
-                        else f"{shard}: '{extra}' is in this shard but not in {INDEX}")
+                if listed:
+                    text = f"{listed}; it is in {shard}"
+                elif extra in self.weight_map:  # a second copy: the index names the other
+                    named = self.weight_map[extra]
+                    text = (f"'{extra}' is in {named}, as {INDEX} says, and in {shard} too: two copies, of which "
+                            f"transformers reads the one in {max(named, shard)} (it loads the shards in order)")
+                else:
+                    text = f"{shard}: '{extra}' is in this shard but not in {INDEX}"
                 self.disagreements[extra] = Problem(listed.file if listed else shard, extra, text)
+
+
+STRAYS_NAMED = 3  # stray files a note names before it counts the rest
+
+
+def stray_files(folder: Path, named: set[str]) -> list[str]:
+    """The .safetensors files in the folder that are not among the shards `named` (and not hidden), sorted;
+    whatever they are, no run opens them."""
+    try:
+        entries = os.listdir(folder)
+    except OSError:
+        return []
+    return sorted(e for e in entries if e not in named and is_plain_shard_name(e))
+
+
+def stray_names(path: Path) -> frozenset[str]:
+    """The tensor names in a stray file's header; none when it cannot be read (or is no file)."""
+    try:
+        return frozenset(SafetensorsFile(path).names())
+    except (StepperError, OSError):
+        return frozenset()
 
 
 def is_plain_shard_name(shard: str) -> bool:

@@ -8,6 +8,8 @@ bias in float32.
 
 from __future__ import annotations
 
+import re
+
 from stepper.config import Config
 from stepper.errors import StepperError
 
@@ -30,6 +32,18 @@ def text_name(cfg: Config, stored: str) -> str | None:
 def stored_name(cfg: Config, name: str) -> str:
     """The name a checkpoint of this config stores a tensor under (text_name's inverse)."""
     return name if cfg.wrapper is None else cfg.wrapper.text_prefix + name
+
+
+QUOTED_TEXT_NAME = re.compile(r"'((?:model|lm_head)\.[^'\s]*)'")  # a text model's tensor, as messages quote it
+
+
+def named_on_disk(cfg: Config | dict, message: str) -> str:
+    """A message naming each tensor as the checkpoint's files do: in a wrapped checkpoint, the text
+    model's tensors it quotes ('model.norm.weight') with their prefix ('language_model.model.norm.weight').
+    A DeepSeek-V4 checkpoint's config (a dict: stepper.weights.published) has no wrapper."""
+    if getattr(cfg, "wrapper", None) is None:
+        return message
+    return QUOTED_TEXT_NAME.sub(lambda m: f"'{stored_name(cfg, m[1])}'", message)
 
 
 def is_linear(name: str) -> bool:

@@ -4,6 +4,8 @@ inspect but never read by a run."""
 
 import copy
 import json
+import re
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -190,3 +192,67 @@ def test_the_run_header_shows_the_wrapper_once(dirs):
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("kimi_k25 wrapper: the text model of its text_config") == 1
     assert "not used: vision_config, media_placeholder_token_id" in out.stdout
+
+
+def broken_copy(k25: Path, tmp_path: Path, break_it) -> Path:
+    folder = tmp_path / "broken"
+    shutil.copytree(k25, folder)
+    break_it(folder)
+    return folder
+
+
+def index_edit(change):
+    def edit(folder: Path) -> None:
+        index = json.loads((folder / "model.safetensors.index.json").read_text())
+        change(index["weight_map"])
+        (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    return edit
+
+
+LAYER1_SHARD, LAST_SHARD = "model-00003-of-00006.safetensors", "model-00005-of-00006.safetensors"
+NORM_ON_DISK = "language_model.model.norm.weight"
+
+
+def truncated(folder: Path) -> None:
+    (folder / LAYER1_SHARD).write_bytes((folder / LAYER1_SHARD).read_bytes()[:1000])
+
+
+def last_shard_gone(folder: Path) -> None:
+    (folder / LAST_SHARD).unlink()
+    index_edit(lambda m: [m.pop(n) for n in [n for n, shard in m.items() if shard == LAST_SHARD]])(folder)
+
+
+UNREADABLE = (f"{LAYER1_SHARD} cannot be read (header length 28608 runs past the end of the file (1000 bytes)); it "
+              "holds 110 tensors of the layers checked, first 'language_model.model.layers.1.input_layernorm.weight'")
+WRONG_SHARD = (f"{LAYER1_SHARD}: '{NORM_ON_DISK}' is listed in model.safetensors.index.json but not in this shard; it "
+               f"is in {LAST_SHARD}")
+
+
+@pytest.mark.parametrize("break_it, line", [
+    (truncated, UNREADABLE),
+    (index_edit(lambda m: m.__setitem__(NORM_ON_DISK, LAYER1_SHARD)), WRONG_SHARD),
+    (last_shard_gone, f"'{NORM_ON_DISK}' is missing (expected shape [320])"),
+], ids=["unreadable-shard", "wrong-shard", "missing"])
+def test_every_refusal_names_the_tensor_as_it_is_on_disk(dirs, tmp_path, break_it, line):
+    """The text tensors are read by the text model's names (`language_model.` dropped), but a refusal names them
+    as the files do, a name found in the index and the shards (it named 'model.layers.1.input_layernorm.weight',
+    which no file holds)."""
+    folder = broken_copy(dirs[1], tmp_path, break_it)
+    ran = stepper("run", "--plain", "--model", folder, "--prompt-len", "2")
+    assert ran.returncode == 2 and ran.stdout == ""
+    refused = [one.removeprefix("  - ") for one in ran.stderr.removeprefix(f"stepper: error: {folder}: ").splitlines()]
+    assert line in refused
+    assert not re.search(r"'(model|lm_head)\.", ran.stderr)  # nor a tensor by its name in stepper alone
+    inspected = stepper("inspect", "--plain", folder)
+    assert inspected.returncode == 1 and f"  ! {line}" in inspected.stdout.splitlines()
+    assert not re.search(r"'(model|lm_head)\.", inspected.stdout)
+    problems = json.loads(stepper("inspect", "--json", folder).stdout.splitlines()[-1])["problems"]
+    assert line in [p["problem"] for p in problems]
+
+
+def test_a_read_refused_names_the_tensor_as_it_is_on_disk(dirs, tmp_path):
+    folder = broken_copy(dirs[1], tmp_path, truncated)
+    with pytest.raises(StepperError, match=r"; it holds 'language_model\.model\.layers\.1\.input_layernorm\.weight'$"):
+        Checkpoint(folder).get("model.layers.1.input_layernorm.weight")
+    with pytest.raises(StepperError, match="no tensor named 'language_model.model.layers.7.input_layernorm.weight'"):
+        Checkpoint(folder).stored("model.layers.7.input_layernorm.weight")

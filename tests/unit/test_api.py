@@ -358,9 +358,8 @@ def test_dir_lists_the_api_for_completion_without_loading_it():
     code = ("import sys, stepper; "
             "print(*(n for n in dir(stepper) if not n.startswith('_')), 'stepper.api' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    assert out == ["Diff", "LazyTensor", "Run", "StepperError", "diff", "force_experts", "load", "run", "version",
-                   "zero_expert",
-                   "zero_head", "zero_router_bias", "False"]
+    assert out == ["Diff", "LazyTensor", "LongRunWarning", "Run", "StepperError", "diff", "force_experts", "load",
+                   "run", "version", "zero_expert", "zero_head", "zero_router_bias", "False"]
     assert stepper.StepperError is StepperError and stepper.diff is stepper.api.diff
 
 
