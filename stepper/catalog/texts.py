@@ -115,6 +115,7 @@ def dotted(node: ast.expr) -> str:
     raise ValueError(f"template field holds '{ast.unparse(node)}', not a config name")
 
 
+@cache  # a run's memory estimate asks for the same few sizes for each tensor of each step
 def parse(expression: str) -> ast.Expression:
     try:
         return ast.parse(expression.strip(), mode="eval")

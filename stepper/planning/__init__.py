@@ -91,8 +91,9 @@ def plan_run(spec: RunSpec, kept: Kept = lambda plan, names: [], lower: str = "-
     def estimate(plan: Plan) -> list[memory.Need]:
         return memory.needs(plan, kept(plan, planned_names(plan)), lower)
 
-    plan, why = memory.choose_attn(session.prepare(spec, weights, wording.spell), estimate, memory.available_bytes(),
-                                   wording.spell)
+    prepared = session.prepare(spec, weights, wording.spell)
+    memory.limit_seeded(prepared, memory.available_bytes())
+    plan, why = memory.choose_attn(prepared, estimate, memory.available_bytes(), wording.spell)
     plan, chunked = memory.choose_chunk(plan, estimate, memory.available_bytes(), chunk, wording.spell)
     names = planned_names(plan)
     long = long_line(plan, names, wording)

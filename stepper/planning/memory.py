@@ -25,10 +25,12 @@ from pathlib import Path
 from stepper import catalog, families
 from stepper.errors import StepperError
 from stepper.kernels import attention, parallel
+from stepper.kernels.weight_cache import CachedWeights
 from stepper.seams.trace import unphased
 from stepper.session import Plan, Spell, cache_bytes, command_line, step_attn, takes, why_not
 from stepper.tensors.statistics import CHUNK
 from stepper.weights.names import layer_shapes
+from stepper.weights.seeded import KEPT_BYTES, SyntheticWeights
 
 FLOAT32 = 4
 VALUE_BYTES = {"float32": 4, "int64": 8}  # a catalogue entry's dtype: the bytes of one value
@@ -196,9 +198,27 @@ def needs(plan: Plan, kept: list[str], kept_lower: str) -> list[Need]:
         weights = sum(math.prod(shape) for layer in run for shape in layer_shapes(cfg, layer).values())
         cached = min(spec.weight_cache_mb * 2**20, weights * FLOAT32)
         result.append(Need("the weight cache", cached, "--weight-cache-mb"))
+    if seeded := seeded_weights(plan):
+        result.append(Need("the seeded weights, kept once made", seeded.kept_bound(run), "--layer N"))
     if kept:
         result.append(Need(f"the {len(kept)} tensors kept", kept_bytes(plan, kept), kept_lower))
     return result
+
+
+SEEDED_SHARE = 16  # seeded weights are kept made in at most this share of the memory available
+
+
+def seeded_weights(plan: Plan) -> SyntheticWeights | None:
+    """The run's seeded weights (under a --weight-cache-mb cache too), None for a checkpoint's."""
+    seeded = plan.weights.source if isinstance(plan.weights, CachedWeights) else plan.weights
+    return seeded if isinstance(seeded, SyntheticWeights) else None
+
+
+def limit_seeded(plan: Plan, available: int | None) -> None:
+    """Keep the run's seeded weights made (SyntheticWeights.stored) in a share of the memory
+    available: a cache, it gives way where memory is short rather than refuse the run."""
+    if seeded := seeded_weights(plan):
+        seeded.kept_limit = min(seeded.kept_limit, KEPT_BYTES if available is None else available // SEEDED_SHARE)
 
 
 def scores_over_positions(plan: Plan, layers: list[int]) -> bool:

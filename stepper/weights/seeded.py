@@ -6,6 +6,9 @@ chooses it.
 from __future__ import annotations
 
 import hashlib
+import math
+import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 
 import numpy as np
@@ -14,8 +17,15 @@ from stepper import dtypes, fp8, int4
 from stepper.config import Config
 from stepper.errors import StepperError
 from stepper.weights.fused_experts import fused_name
-from stepper.weights.names import EMBED, shape_of, storage_dtype
+from stepper.weights.names import EMBED, layer_shapes, shape_of, storage_dtype
 from stepper.weights.stored import INT4, Fp8Matrix, Int4Matrix, Stored, row_spans
+
+KEPT_BYTES = 64 << 20  # stored tensors kept once made, at most: a tiny model's every weight, a full-size layer's few
+STORED_BYTES = {"F8_E4M3": 1, "BF16": 2, INT4: 0.5}  # a value's bytes as stored (F32 and the rest: 4), scales aside
+
+
+def stored_size(stored: Stored) -> int:
+    return sum(a.nbytes for a in (stored.data, stored.scale_inv) if a is not None)
 
 
 class SyntheticWeights:
@@ -32,6 +42,10 @@ class SyntheticWeights:
     def __init__(self, config: Config, seed: int = 0):
         self.config = config
         self.seed = seed
+        self.kept: OrderedDict[str, Stored] = OrderedDict()  # made and kept, least recently used first
+        self.kept_bytes = 0
+        self.kept_limit = KEPT_BYTES  # a run's plan may give less (stepper.planning.memory.limit_seeded)
+        self.lock = threading.Lock()  # experts are made on both cores
 
     def get(self, name: str) -> np.ndarray:
         return self.stored(name).as_float32(name)
@@ -70,6 +84,33 @@ class SyntheticWeights:
         """Synthetic weights exist for every name of the config."""
 
     def stored(self, name: str) -> Stored:
+        """The tensor as stored, made once and kept (up to kept_limit, least recently used let go):
+        a decode step reads the same weights as the step before, and making one (normals, then
+        FP8 or INT4 rounding) costs more than the step's product with it. Kept read-only."""
+        with self.lock:
+            if name in self.kept:
+                self.kept.move_to_end(name)
+                return self.kept[name]
+        made = self._made(name)
+        size = stored_size(made)
+        with self.lock:
+            if name not in self.kept and size <= self.kept_limit // 4:
+                for array in (made.data, made.scale_inv):
+                    if array is not None:
+                        array.flags.writeable = False
+                self.kept[name], self.kept_bytes = made, self.kept_bytes + size
+                while self.kept_bytes > self.kept_limit:
+                    _, going = self.kept.popitem(last=False)
+                    self.kept_bytes -= stored_size(going)
+        return made
+
+    def kept_bound(self, layers: Iterable[int]) -> int:
+        """At most what `stored` keeps in a run of these layers: their weights as stored, up to kept_limit."""
+        shapes = [(name, shape) for layer in layers for name, shape in layer_shapes(self.config, layer).items()]
+        return min(self.kept_limit, int(sum(math.prod(shape) * STORED_BYTES.get(storage_dtype(self.config, name), 4)
+                                       for name, shape in shapes)))
+
+    def _made(self, name: str) -> Stored:
         if self._per_tensor and self.config.fused_experts and fused_name(name, "gate_up_proj"):
             return self._gate_or_up(name)
         return self._stored_as(name, self.values(name))

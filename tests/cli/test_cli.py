@@ -156,7 +156,7 @@ def test_two_runs_print_the_same():
     """What the machine has left free changes from run to run; a run that fits well does not name it."""
     first, second = in_a_process("run", "--plain", "--decode", "1"), in_a_process("run", "--plain", "--decode", "1")
     assert first.returncode == 0 and (first.stdout, first.stderr) == (second.stdout, second.stderr)
-    assert ("--attn auto: naive prefill, absorbed decode (the run needs about 1 MiB, under half the memory "
+    assert ("--attn auto: naive prefill, absorbed decode (the run needs about 8 MiB, under half the memory "
             "available)") in first.stdout
     assert " available" not in first.stdout.replace("under half the memory available", "")
 

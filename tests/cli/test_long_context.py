@@ -54,7 +54,7 @@ def test_auto_runs_naive_only_with_half_the_memory_available_to_spare():
 
 def test_a_prefill_over_a_longer_synthetic_cache_runs_absorbed_whatever_the_memory():
     """As a decode step: the naive path would expand all 131K cached positions to per-head keys
-    and values (20.5 GiB for Kimi K2; absorbed 0.5 GiB)."""
+    and values (20.6 GiB for Kimi K2, 64 MiB of it the seeded weights kept made; absorbed 0.6 GiB)."""
     spec = RunSpec(model="kimi-k2", layer=1, prompt_len=1, cache_len=131000, decode=1)
     naive, absorbed = total(prepare(spec)), total(prepare(RunSpec(**{**spec.__dict__, "attn": "absorb"})))
     assert naive > 20 * 2**30 and absorbed < 2**30
@@ -78,7 +78,7 @@ def test_the_readme_long_context_command_says_it_runs_absorbed_and_why(monkeypat
     lines = result.output.splitlines()
     assert lines[1].startswith("attention absorb ·")
     assert lines[2].startswith("--attn auto: absorbed throughout: the prefill's 1 position attends over a cache of "
-                               "131,000, as a decode step does; naive it would need about 20.5 GiB, absorbed it needs "
+                               "131,000, as a decode step does; naive it would need about 20.6 GiB, absorbed it needs "
                                "about ")
     assert lines[-1] == "stepper: error: stopped before running, attn absorb"
 
