@@ -34,3 +34,21 @@ def compare(name: str, mine: dict, ref: dict) -> str | None:
         return "non-finite entries differ"
     err = rel_err(a[finite], b[finite]) if finite.any() else 0.0
     return None if err <= RTOL else f"relative error {err:.2e}"
+
+
+ABSORBED_ONLY = {"self_attn.q_nope_absorbed", "self_attn.attn_output_latent"}  # what the absorbed path makes alone
+
+
+def absorbed_against_naive(mine: dict, ref: dict) -> tuple[dict, dict]:
+    """stepper's absorbed-path tensors and transformers' (naive-path) ones, each cut to the names
+    both make: transformers has no absorbed path. The tensors stepper makes alone must be the
+    absorbed path's own intermediates, and what both make must reach past the attention (its
+    scores, weights, output, every layer after it, the logits), so the cut leaves the comparison whole."""
+    only_mine = {n for n in mine if n not in ref}
+    assert {unphased(n).split(".", 2)[-1] for n in only_mine} == ABSORBED_ONLY, only_mine
+    shared = {n for n in mine if n in ref}
+    layers = {unphased(n).split(".", 2)[1] for n in shared if unphased(n).startswith("layers.")}
+    for key in ("self_attn.attn_scores", "self_attn.attn_weights", "self_attn.o_proj", "mlp_output"):
+        assert {unphased(n).split(".", 2)[1] for n in shared if n.endswith(key)} == layers, key
+    assert any(unphased(n) == "logits" for n in shared)
+    return {n: mine[n] for n in shared}, {n: ref[n] for n in shared}

@@ -257,6 +257,86 @@ def trace(model, ids: np.ndarray, cache=None, positions: np.ndarray | None = Non
     return t.tensors
 
 
+def both_runs(published: dict[str, Any], folder, prompt_len: int, steps: int, settle_ties: bool = False):
+    """stepper and transformers on the same weights: a checkpoint of `published` written by stepper
+    synth to `folder` (seed 7), read back by stepper, exactly dequantized into transformers' model
+    (seed 1 for the rest), a seeded prompt of `prompt_len` ids, then `steps` greedy decode steps
+    fed to both. -> stepper's tensors, transformers' (trace_steps), stepper's run result, and the
+    rows whose tied picks transformers took from stepper (with `settle_ties`)."""
+    from stepper.families.deepseek_v4_checkpoint import V4Checkpoint
+    from stepper.families.deepseek_v4_config import V4Config
+    from stepper.families.deepseek_v4_synth import synth_v4_checkpoint
+    from stepper.families.deepseek_v4_weights import weight_shapes
+    from stepper.seams.trace import Recorder
+    from stepper.session import RunSpec, run
+
+    cfg = V4Config.from_hf(published, "tiny")
+    checkpoint = V4Checkpoint(synth_v4_checkpoint(cfg, folder, seed=7))
+    model = random_model(published, seed=1)
+    load_arrays(model, {name: np.array(checkpoint.get(name)) for name in weight_shapes(cfg)}, published)
+    prompt = [int(i) for i in np.random.default_rng(2).integers(0, cfg.vocab_size, prompt_len)]
+    recorder = Recorder()
+    result = run(RunSpec(model=str(folder), ids=tuple(prompt), decode=steps), [recorder], checkpoint)
+    mine = recorder.tensors()
+    ref, settled = trace_steps(model, prompt, result.generated, mine if settle_ties else None)
+    return mine, ref, result, settled
+
+
+def trace_steps(model, prompt: list[int], generated: list[int],
+                mine: dict | None = None) -> tuple[dict[str, np.ndarray], list[tuple[int, int]]]:
+    """transformers' named tensors of a prefill of `prompt` then one decode step per generated
+    token, with one cache, each name prefixed by its phase (prefill., decode0., ...); given
+    stepper's tensors `mine`, its indexer takes stepper's picks where the two tie (`Ties`), and
+    the (layer, position) of each such row is returned with the tensors."""
+    from transformers import DynamicCache
+
+    ref, cache, position = {}, DynamicCache(config=model.config), 0
+    feed = [np.array([prompt])] + [np.array([[token]]) for token in generated]
+    ties = Ties(model, mine or {})
+    for step, ids in enumerate(feed):
+        ties.phase = "prefill" if step == 0 else f"decode{step - 1}"
+        positions = np.arange(position, position + ids.shape[1])
+        ref |= {f"{ties.phase}.{k}": v for k, v in trace(model, ids, cache, positions).items()}
+        position += ids.shape[1]
+    ties.remove()
+    return ref, ties.settled
+
+
+class Ties:
+    """transformers' indexers keeping stepper's picks (`mine`, by phase) in a row where the two
+    pick different entries of equal score: a top-k over tied scores (a long prompt's rows where few
+    entries score above 0, the rest relu's exact 0) is any implementation's choice, and the layers
+    after it are compared on the same entries. A row whose picks differ otherwise is left as
+    transformers made it, so the comparison of the choices fails on it. `settled`: (layer,
+    position) of each row taken."""
+
+    def __init__(self, model, mine: dict[str, np.ndarray]):
+        self.mine, self.phase, self.scores, self.handles = mine, "", None, []
+        self.settled: list[tuple[int, int]] = []
+        for i, layer in enumerate(model.model.layers):
+            indexer = getattr(layer.self_attn.compressor, "indexer", None)
+            if indexer is not None and mine:
+                self.handles += [indexer.scorer.register_forward_hook(lambda m, a, o: setattr(self, "scores", o)),
+                                 indexer.register_forward_hook(lambda m, a, o, i=i: self.settle(m, i, a[2], o))]
+
+    def settle(self, indexer, layer: int, positions: torch.Tensor, picks: torch.Tensor) -> torch.Tensor:
+        theirs, scores = picks.numpy(), self.scores.numpy()  # [B, S, k]; [B, S, E] before the causal mask
+        mine = self.mine[f"{self.phase}.layers.{layer}.attn.indexer.chosen"]
+        ready = ((positions + 1) // indexer.compress_rate).numpy()  # [B, S]: the entries each query may pick
+        out = theirs.copy()
+        for b, t in zip(*np.nonzero((np.sort(mine, -1) != np.sort(theirs, -1)).any(-1))):
+            a, c = mine[b, t][mine[b, t] >= 0], theirs[b, t][theirs[b, t] >= 0]
+            if len(a) == len(c) and (a < ready[b, t]).all() and \
+                    np.array_equal(np.sort(scores[b, t, a]), np.sort(scores[b, t, c])):
+                out[b, t] = mine[b, t]
+                self.settled.append((layer, int(positions[b, t])))
+        return torch.from_numpy(out)
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
 def v4_compare(name: str, mine: dict, ref: dict) -> str | None:
     """None if stepper's tensor `name` matches transformers', else what differs: choices (experts,
     the indexer's entries) as sets per row (transformers' top-k is unsorted), the experts' weights

@@ -14,11 +14,6 @@ import numpy as np
 import pytest
 
 from stepper.families.deepseek_v4_checkpoint import V4Checkpoint
-from stepper.families.deepseek_v4_config import V4Config
-from stepper.families.deepseek_v4_synth import synth_v4_checkpoint
-from stepper.families.deepseek_v4_weights import weight_shapes
-from stepper.seams.trace import Recorder
-from stepper.session import RunSpec, run
 from tests.helpers import hf_v4
 
 torch = pytest.importorskip("torch")
@@ -30,28 +25,8 @@ STEPS = 2
 
 @pytest.fixture(scope="module")
 def both(tmp_path_factory):
-    from transformers import DynamicCache
-
-    published = hf_v4.TINY_V4
-    cfg = V4Config.from_hf(published, "tiny")
-    folder = synth_v4_checkpoint(cfg, tmp_path_factory.mktemp("v4") / "checkpoint", seed=7)
-    checkpoint = V4Checkpoint(folder)
-    model = hf_v4.random_model(published, seed=1)
-    hf_v4.load_arrays(model, {name: np.array(checkpoint.get(name)) for name in weight_shapes(cfg)}, published)
-
-    prompt = [int(i) for i in np.random.default_rng(2).integers(0, cfg.vocab_size, PROMPT)]
-    recorder = Recorder()
-    result = run(RunSpec(model=str(folder), ids=tuple(prompt), decode=STEPS), [recorder], checkpoint)
-    mine = recorder.tensors()
-
-    ref, cache = {}, DynamicCache(config=model.config)
-    feed = [np.array([prompt])] + [np.array([[token]]) for token in result.generated]
-    position = 0
-    for step, ids in enumerate(feed):
-        phase = "prefill" if step == 0 else f"decode{step - 1}"
-        positions = np.arange(position, position + ids.shape[1])
-        ref |= {f"{phase}.{k}": v for k, v in hf_v4.trace(model, ids, cache, positions).items()}
-        position += ids.shape[1]
+    folder = tmp_path_factory.mktemp("v4") / "checkpoint"
+    mine, ref, result, _ = hf_v4.both_runs(hf_v4.TINY_V4, folder, PROMPT, STEPS)
     return mine, ref, result, folder
 
 

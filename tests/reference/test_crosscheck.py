@@ -18,7 +18,7 @@ if not os.environ.get("STEPPER_REQUIRE_CROSSCHECK"):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
 
-from helpers.compare import compare
+from helpers.compare import absorbed_against_naive, compare
 from helpers.hf_reference import hf_attention_scaling, hf_inv_freq, hf_softmax_scale, hf_trace
 
 from stepper import catalog
@@ -59,16 +59,12 @@ def test_every_named_tensor_matches_transformers(model, start_pos, decode):
 @pytest.mark.parametrize("model", ["tiny", "tiny-v3"])
 @pytest.mark.parametrize("start_pos, decode", [(0, 2), (4093, 3)])
 def test_the_absorbed_path_matches_transformers(model, start_pos, decode):
-    mine, ref = traces(model, start_pos, decode, attn="absorb")
-    only_mine = {n for n in mine if n not in ref}  # the absorbed path's own intermediates
-    assert {unphased(n).split(".", 2)[-1] for n in only_mine} == {"self_attn.q_nope_absorbed",
-                                                                     "self_attn.attn_output_latent"}
-    shared = [n for n in mine if n in ref]
+    mine, ref = absorbed_against_naive(*traces(model, start_pos, decode, attn="absorb"))
     # what both make: the attention's scores, weights and output, every layer after it, the logits
     for key in ("self_attn.attn_scores", "self_attn.attn_weights", "self_attn.o_proj", "mlp_output"):
-        assert sum(n.endswith(f"layers.2.{key}") for n in shared) == decode + 1, key
-    assert sum(n.endswith("logits") and ".layers." not in n for n in shared) == decode + 1
-    failures = {name: why for name in shared if (why := compare(name, mine, ref))}
+        assert sum(n.endswith(f"layers.2.{key}") for n in mine) == decode + 1, key
+    assert sum(n.endswith("logits") and ".layers." not in n for n in mine) == decode + 1
+    failures = {name: why for name in mine if (why := compare(name, mine, ref))}
     assert not failures, failures
 
 

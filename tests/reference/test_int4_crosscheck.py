@@ -1,7 +1,8 @@
 """An INT4 checkpoint laid out as Kimi-K2-Thinking, written by an independent writer
 (compressed-tensors' packer, safetensors' torch writer), run by stepper from the directory, against
 transformers' DeepseekV3ForCausalLM on the exactly dequantized weights: every named tensor within
-1e-5 relative, prefill and cached decode, at position 0 and past 4096.
+1e-5 relative, prefill and cached decode, at position 0 and past 4096, on the naive MLA path and the
+absorbed one (whose kv_b_proj, BF16 as stored, is split into its per-head key and value halves).
 
 The config's rms_norm_eps is 1e-5, as Kimi-K2-Thinking's is: transformers builds q_a_layernorm and
 kv_a_layernorm with eps 1e-6 whatever the config says, and stepper must do the same.
@@ -20,7 +21,7 @@ if not os.environ.get("STEPPER_REQUIRE_CROSSCHECK"):
     pytest.importorskip("transformers")
     pytest.importorskip("compressed_tensors")
 
-from helpers.compare import compare, rel_err
+from helpers.compare import absorbed_against_naive, compare, rel_err
 from helpers.files import linked
 from helpers.hf_reference import hf_trace
 from helpers.kimi_int4 import write_kimi_int4
@@ -65,14 +66,17 @@ def test_experts_are_read_as_int4_and_the_rest_as_bf16(checkpoint):
         np.testing.assert_array_equal(weight.dequantize(), exact[bf16])
 
 
+@pytest.mark.parametrize("attn", ["naive", "absorb"])
 @pytest.mark.parametrize("start_pos, decode", [(0, 2), (4093, 3)])
-def test_every_named_tensor_matches_transformers(checkpoint, start_pos, decode):
+def test_every_named_tensor_matches_transformers(checkpoint, start_pos, decode, attn):
     folder, config, exact = checkpoint
     rec = Recorder()
-    result = run(RunSpec(model=str(folder), ids=PROMPT, start_pos=start_pos, decode=decode, attn="naive"), [rec])
+    result = run(RunSpec(model=str(folder), ids=PROMPT, start_pos=start_pos, decode=decode, attn=attn), [rec])
     mine = rec.tensors()
     steps = [np.array([[t]]) for t in result.generated]
     ref = hf_trace(config, exact, np.array([PROMPT]), start_pos=start_pos, decode_ids=steps)
+    if attn == "absorb":  # transformers has the naive path only: the names both make
+        mine, ref = absorbed_against_naive(mine, ref)
     assert list(mine) and set(mine) == set(ref), sorted(set(mine) ^ set(ref))
     failures = {name: why for name in mine if (why := compare(name, mine, ref))}
     assert not failures, failures
