@@ -228,3 +228,39 @@ def test_a_sublayer_the_model_has_not_is_refused_in_one_line(query, model, sub, 
     assert out.stderr.strip().splitlines() == [
         f"stepper: error: {query}: model {model} has no sublayer {sub}; its layers' sublayers: {sublayers}"]
     assert stepper("explain", "layers.1.sub1.self_attn.q", "--model", "tiny-longcat").returncode == 0
+
+
+def test_a_glob_lists_what_it_matches_of_the_models_tensors_a_sublayers_too():
+    """`sub1.*` listed the whole catalogue (its scope was dropped, leaving `*`); a glob matching
+    no tensor of the model was answered with another family's entries or 'no tensor named'."""
+    def listed(query: str, model: str) -> list[str]:
+        out = stepper("explain", query, "--model", model, "--plain")
+        assert out.returncode == 0, out.stderr
+        return titles(out.stdout)
+
+    sublayer = listed("sub1.*", "tiny-longcat")
+    assert sublayer[:3] == ["input_layernorm", "self_attn.q_a", "self_attn.q_a_norm"]
+    assert sublayer[-4:] == ["mlp.gate_proj", "mlp.up_proj", "mlp.act", "mlp_output"]
+    assert not {"embed", "hidden_states", "mlp.gate.logits", "output"} & set(sublayer)
+    assert listed("sub0.*", "tiny-longcat") == [*sublayer, "output"]  # sub0.output; sub1's is the layer's
+    assert listed("layers.1.sub1.self_attn.q_*", "tiny-longcat") == [
+        "self_attn.q_a", "self_attn.q_a_norm", "self_attn.q_nope", "self_attn.q_pe", "self_attn.q_nope_scaled",
+        "self_attn.q_pe_scaled", "self_attn.q_nope_absorbed", "self_attn.q_pe_rope"]
+    assert listed("layers.0.*_conv", "tiny-kimi-linear") == ["self_attn.q_conv", "self_attn.k_conv",
+                                                             "self_attn.v_conv"]
+    kv = stepper("explain", "*.kv#2", "--model", "tiny-v4", "--plain").stdout
+    assert "*.kv#2 matches inference's layers.{i}.attn.kv#2 (inference/model.py:508): attn.kv" in kv
+    assert titles(kv) == ["attn.kv", "attn.compressor.pooled", "attn.indexer.compressor.pooled"]
+
+
+@pytest.mark.parametrize("query, model, said", [
+    ("sub1.mlp.gate.*", "tiny-longcat", ("no tensor of model tiny-longcat matches 'sub1.mlp.gate.*' (stepper tree"
+                                        " lists them)")),
+    ("hc_*", "tiny", "no tensor of model tiny matches 'hc_*'; tiny-v4's do (give --model tiny-v4)"),
+    ("*.state", "tiny-glm5", ("no tensor of model tiny-glm5 matches '*.state'; tiny-kimi-linear's do (give --model"
+                             " tiny-kimi-linear)")),
+])
+def test_a_glob_matching_no_tensor_of_the_model_is_refused_in_one_line(query, model, said):
+    out = stepper("explain", query, "--model", model, "--plain")
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.strip().splitlines() == [f"stepper: error: {said}"]
