@@ -19,7 +19,7 @@ from importlib.abc import Traversable
 from typing import Any
 
 from stepper import families
-from stepper.catalog import texts
+from stepper.catalog import family_notes, texts
 from stepper.config import Config
 from stepper.families import derive
 
@@ -80,6 +80,14 @@ class Catalog:
     def entry(self, key: str) -> dict[str, Any] | None:
         """The entry of a catalogue name, or of a LongCat sublayer's (`sub1.self_attn.q`)."""
         return self._by_name.get(key) or self._by_name.get(key_of(key))
+
+    def description(self, name: str, cfg: Any) -> str:
+        """The one-line description of a tensor (its name as emitted: `layers.1.sub0.output`) for cfg's
+        model: a family's own where it computes the tensor otherwise (catalog.family_notes), else the
+        entry's; cfg None: the entry's."""
+        name = PLACE.sub("", name, count=1)
+        entry = self.entry(name) or uncatalogued(name)
+        return family_notes.description(cfg, name, key_of(name), entry["description"])
 
     def names(self) -> list[str]:
         return [e["name"] for e in self.entries]

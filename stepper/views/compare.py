@@ -149,7 +149,8 @@ def comparison(cat: catalog.Catalog, a: Config, b: Config, layers: tuple[int, in
         left = shape(cat, entry, a, layers[0]) if name in seq_a else ONLY
         right = shape(cat, entry, b, layers[1]) if name in seq_b else ONLY
         if ONLY in (left, right):
-            why = f"only in {names_a if name in seq_a else names_b}: {entry['description'].split(':')[0]}"
+            side = a if name in seq_a else b
+            why = f"only in {shown(side.name)}: {cat.description(entry['name'], side).split(':')[0]}"
         else:
             reads = read_fields(entry, fields)
             why = "; ".join(filter(None, ["shape" if left != right else "",

@@ -22,7 +22,7 @@ from typing import Any
 from rich.text import Text
 
 from stepper import catalog
-from stepper.catalog import sites, texts
+from stepper.catalog import family_notes, sites, texts
 from stepper.config import Config, MlaVariants
 from stepper.errors import StepperError
 from stepper.presets import PRESETS, V4_PRESETS
@@ -89,7 +89,7 @@ def explain_text(cat: catalog.Catalog, entry: dict[str, Any], cfg: Config | None
     """The entry with cfg's sizes (None: its dims and template fields by name)."""
     text = Text()
     text.append(f"{entry['name']}\n", style="bold cyan")
-    text.append(f"{entry['description']}\n")
+    text.append(f"{cat.description(entry['name'], cfg)}\n")
     dims = ", ".join(f"{s} ({cat.raw['dims'][s]['label']}"
                      + (f" = {size}" if cfg is not None and (size := cat.expected_size(s, cfg)) is not None else "")
                      + ")" for s in entry["dims"])
@@ -97,9 +97,9 @@ def explain_text(cat: catalog.Catalog, entry: dict[str, Any], cfg: Config | None
     text.append(f"[{dims}]\n")
     text.append("formula ", style="dim")
     text.append(f"{entry['formula']}\n")
-    if note := getattr(cfg, "explain_note", lambda name: None)(entry["name"]):  # the family reads it otherwise
+    for note in family_notes.notes(cfg, entry["name"], entry["name"]):  # the family computes it otherwise
         text.append("note    ", style="dim")
-        text.append(f"{note}\n", style="yellow")
+        text.append(f"{texts.render(note, cfg)}\n", style="yellow")
     explanation = texts.unrendered(entry["explain"]) if cfg is None else texts.render(entry["explain"], cfg)
     text.append(f"\n{explanation}\n\n")
     text.append(emit_sites_text(entry["name"]))
