@@ -153,42 +153,6 @@ class MlaVariants:
     shortcut_moe = False
     rotary = True  # the model makes rotary tables (Kimi Linear: none, no layer rotates)
 
-    def explain_note(self, name: str) -> str | None:
-        """A line `stepper explain` adds to a catalogue entry (written for DeepSeek's layer) that this
-        config's family computes otherwise, as the flags above say."""
-        if self.indexer_rope_interleave and name in ("self_attn.indexer.q_rope", "self_attn.indexer.k_rope"):
-            return ("this model's indexer (GLM-5's) turns interleaved pairs (2i, 2i+1) of its first rope dims, "
-                    "laid out [rotated evens | rotated odds] as self_attn.q_pe_rope is; not the two halves below")
-        if not self.rope_interleave and name in ("self_attn.q_pe_rope", "self_attn.k_pe_rope", "rope_cos", "rope_sin"):
-            return ("this model (MiniCPM3) turns dim i with dim i + rope/2 as stored (Llama's rotate_half), with "
-                    "no gather of evens and odds: x_rope = x * rope_cos + rotate_half(x) * rope_sin"
-                    + ("; its angles are LongRoPE's, position / (factor_i x theta^(2i/rope)) with the short factors "
-                       "(the long ones past original_max_position_embeddings), cos and sin times attention_factor, "
-                       "no YaRN" if self.longrope is not None and name.startswith("rope_") else ""))
-        if not self.router_bias and name in ("mlp.gate.scores_for_choice", "mlp.gate.topk_idx"):
-            return ("this model's router has no e_score_correction_bias: scores_for_choice is the scores themselves, "
-                    "so the scores alone choose the groups and the experts")
-        if self.masked_groups_zero and name == "mlp.gate.topk_idx":
-            return ("this model (A.X-K2) fills the dropped groups' experts with 0.0, not -inf: "
-                    "topk_idx = topk(where(expert's group kept, scores_for_choice, 0.0), num_experts_per_tok).indices")
-        if name == "mlp.gate.topk_weight" and (self.scoring_func == "softmax" or not self.norm_topk_prob):
-            scores = "softmax_scores" if self.scoring_func == "softmax" else "scores"
-            return (f"this model's weights are the {scores} of the chosen experts"
-                    + ("" if self.norm_topk_prob else ", not renormalised (norm_topk_prob false): a row sums to "
-                       "routed_scaling_factor times the chosen experts' share, less than routed_scaling_factor"))
-        if getattr(self, "rope_scaling", None) is None and name in ("rope_cos", "rope_sin", "self_attn.attn_scores"):
-            return ("this model has no YaRN (rope_scaling unset): " + (
-                "softmax_scale = qk_head_dim^-0.5, no mscale" if name == "self_attn.attn_scores" else
-                "the angles are position x rope_theta^(-2i/rope), none divided by a factor, and cos and sin are "
-                "multiplied by 1"))
-        if self.zeroed_pad_row is not None and name == "embed":
-            return (f"this model (Youtu) zeroes the pad token's row (id {self.zeroed_pad_row}), as transformers does "
-                    "when it loads the model: that token embeds to zeros")
-        if self.tie_word_embeddings and name == "logits":
-            return ("lm_head is the embedding matrix here (tie_word_embeddings true; no lm_head.weight on disk): "
-                    "logits = " + ("norm_scaled" if self.has_mup_scalings else "norm") + " @ embed_tokens.weight^T")
-        return None
-
     @property
     def has_mup_scalings(self) -> bool:
         """MiniCPM3's embedding, residual and logit scalings (model.scalings)."""

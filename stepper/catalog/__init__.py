@@ -19,7 +19,7 @@ from importlib.abc import Traversable
 from typing import Any
 
 from stepper import families
-from stepper.catalog import texts
+from stepper.catalog import family_notes, texts
 from stepper.config import Config
 from stepper.families import derive
 
@@ -27,7 +27,19 @@ RUNTIME = "runtime"
 FAMILY_PARAMETERS = ((r"^(self_attn|input_layernorm|post_attention_layernorm)\.\d\.", r"\1."),  # LongCat's
                      (r"^mlps\.\d\.", "mlp."), (r"^mlp\.router\.(?:classifier\.)?", "mlp.gate."),
                      (r"^mlp\.experts\.(gate_up|down)_proj$", r"mlp.experts.\1_proj.weight"))  # Mistral 4's fused
-SCOPE = re.compile(r"^(?:prefill\.|decode\d+\.)?(?:layers\.\d+\.)?(?:sub\d\.)?")  # sub: LongCat's sublayers
+PLACE = re.compile(r"^(?:prefill\.|decode\d+\.)?(?:layers\.\d+\.)?")  # a name's step and layer
+SCOPE = re.compile(PLACE.pattern + r"(?:sub\d\.)?")  # and LongCat's sublayer
+GLOB = "*?["
+
+
+def is_glob(query: str) -> bool:
+    return any(c in query for c in GLOB)
+
+
+def glob_matches(name: str, pattern: str) -> bool:
+    """Whether a name is matched by a glob, whole or from one of its dots on: `*.kv` and `kv*`
+    match `self_attn.kv`; `sub1.*` matches `sub1.self_attn.q`, not `self_attn.q`."""
+    return fnmatchcase(name, pattern) or fnmatchcase(name, "*." + pattern)
 
 
 def key_of(name: str) -> str:
@@ -69,6 +81,14 @@ class Catalog:
         """The entry of a catalogue name, or of a LongCat sublayer's (`sub1.self_attn.q`)."""
         return self._by_name.get(key) or self._by_name.get(key_of(key))
 
+    def description(self, name: str, cfg: Any) -> str:
+        """The one-line description of a tensor (its name as emitted: `layers.1.sub0.output`) for cfg's
+        model: a family's own where it computes the tensor otherwise (catalog.family_notes), else the
+        entry's; cfg None: the entry's."""
+        name = PLACE.sub("", name, count=1)
+        entry = self.entry(name) or uncatalogued(name)
+        return family_notes.description(cfg, name, key_of(name), entry["description"])
+
     def names(self) -> list[str]:
         return [e["name"] for e in self.entries]
 
@@ -83,14 +103,16 @@ class Catalog:
 
     def find(self, query: str) -> list[dict[str, Any]]:
         """Entries for a query, the first kind that matches: a name (with or without its phase and
-        layer, or its last parts: `k_pe`), a glob, a checkpoint parameter (the tensors computed from
-        it), a word of names (`topk`), another implementation's name for a tensor (HF module,
-        DeepSeek inference/model.py, llama.cpp). Empty when nothing matches."""
+        layer, or its last parts: `k_pe`), a glob (past its step and layer: `sub1.*`, a sublayer's,
+        names no entry; views.explain reads it in the names a model emits), a checkpoint parameter
+        (the tensors computed from it), a word of names (`topk`), another implementation's name for
+        a tensor (HF module, DeepSeek inference/model.py, llama.cpp). Empty when nothing matches."""
         key = key_of(query)
         if key in self._by_name:
             return [self._by_name[key]]
-        if any(c in key for c in "*?["):
-            return [e for e in self.entries if fnmatchcase(e["name"], key) or fnmatchcase(e["name"], "*." + key)]
+        if is_glob(key):  # matched as written past its step and layer: a sublayer's `sub1.*` names no entry
+            pattern = PLACE.sub("", query, count=1)
+            return [e for e in self.entries if glob_matches(e["name"], pattern)]
         for found in (
             [e for e in self.entries if e["name"].endswith("." + key)],
             self.consumers(query),
@@ -158,6 +180,11 @@ class Catalog:
                 names += [f"{scope}layers.{layer}.{e['name']}" for e in sequence]
             names += [scope + key for key in end]
         return names
+
+    def outside_layers(self, cfg: Config) -> tuple[list[str], list[str]]:
+        """The names the model emits before its first layer and after its last (derive.model_names)."""
+        around = derive.model_names(cfg)
+        return list(around.start), list(around.end)
 
     def with_globals_after(self, keys: Sequence[str], cfg: Config) -> list[str]:
         """The global names `keys`, each followed by what the model around the layers emits after

@@ -94,15 +94,6 @@ class KimiLinearConfig(MlaVariants):
         """The layer's attention and MLP, which set its tensors apart (stepper tree, the run's headings)."""
         return f"{'KDA' if self.is_kda_layer(layer) else 'MLA'}, {'MoE' if self.is_moe_layer(layer) else 'dense'}"
 
-    def explain_note(self, name: str) -> str | None:
-        """A line `stepper explain` adds to a catalogue entry this family reads otherwise: its MLA
-        layers turn nothing (mla_use_nope), so the rotary parts are the projections as they are."""
-        if any(part in name for part in ("q_pe", "k_pe", "query_states", "key_states", "rope")):
-            return ("Kimi Linear's MLA layers use no position encoding (mla_use_nope): q_pe and k_pe are never "
-                    "turned, so query_states and key_states join the nope part with the unturned pe part, and no "
-                    "*_rope tensor is emitted")
-        return None
-
     def memory_line(self, positions: int) -> str:
         """The run header's line on what the layers keep (module function memory_line)."""
         return memory_line(self, positions)

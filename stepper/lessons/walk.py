@@ -98,9 +98,8 @@ class LessonDebugger(Debugger):
             self.predict(pred, ctx, event.key)
         self.console.print(self.breadcrumb(event), style="bold magenta")
         self.console.print(self.rows.render(event), soft_wrap=True)
-        entry = self.catalog.entry(event.key)
-        if entry:
-            indented(self.console, entry["description"], "italic")
+        if self.catalog.entry(event.key):
+            indented(self.console, self.catalog.description(event.name, self.cfg), "italic")
         self.say(step.explain, ctx)
         for command in step.commands:
             self.console.print(Text("(stepper) ", style="dim") + Text(shown(command), style="dim"))

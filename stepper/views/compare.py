@@ -24,6 +24,7 @@ from stepper.views.fitted_table import fitted
 
 ONLY = "—"
 FIELD = re.compile(r"[a-z][a-z0-9_]+")
+SUBLAYER = re.compile(r"^sub\d+\.")  # LongCat's layers: two sublayers, their tensors under sub0. and sub1.
 # the config fields of the MLA families whose effect a formula names by another word
 SAID_AS = {"router_bias": ("e_score_correction_bias",), "moe_output_norm": ("post_mlp_layernorm",),
            "query_scale": ("q_position_scale",), "tie_word_embeddings": ("lm_head",),
@@ -132,8 +133,9 @@ def comparison(cat: catalog.Catalog, a: Config, b: Config, layers: tuple[int, in
     """The two layers' differences as a table (every tensor with `everything`), the differing
     config fields above it, fitted to a terminal `width` wide (None: a pipe, every row on one line)."""
     fields = differing_fields(a, b)
-    seq_a = {e["name"]: e for e in cat.layer_sequence(a, layers[0], attn)}
-    seq_b = {e["name"]: e for e in cat.layer_sequence(b, layers[1], attn)}
+    subs = [sublayers(cat.layer_sequence(cfg, i, attn)) for cfg, i in zip((a, b), layers)]
+    seq_a, seq_b = (rows_of(cat.layer_sequence(cfg, i, attn), fold=bool(own) and not other)
+                    for cfg, i, own, other in ((a, layers[0], *subs), (b, layers[1], *subs[::-1])))
     names_a, names_b = shown(a.name), shown(b.name)
     heading = (f"{names_a} layer {layers[0]} vs {names_b} layer {layers[1]}, {attn} attention"
                if takes(a, "attn") and takes(b, "attn")  # else the path named on the side that has two: V4 has one
@@ -143,27 +145,57 @@ def comparison(cat: catalog.Catalog, a: Config, b: Config, layers: tuple[int, in
     config = [{"config field": field, col_a: value(x), col_b: value(y)} for field, (x, y) in fields.items()]
     rows, same = [], 0
     for name in merged(list(seq_a), list(seq_b)):
-        entry = seq_a.get(name) or seq_b[name]
+        entry = (seq_a.get(name) or seq_b[name])[0]
         left = shape(cat, entry, a, layers[0]) if name in seq_a else ONLY
         right = shape(cat, entry, b, layers[1]) if name in seq_b else ONLY
         if ONLY in (left, right):
-            why = f"only in {names_a if name in seq_a else names_b}: {entry['description'].split(':')[0]}"
+            side = a if name in seq_a else b
+            why = f"only in {shown(side.name)}: {cat.description(entry['name'], side).split(':')[0]}"
         else:
             reads = read_fields(entry, fields)
             why = "; ".join(filter(None, ["shape" if left != right else "",
                                           f"formula reads {', '.join(reads)}" if reads else ""]))
         if why or everything:
-            rows.append({"tensor": Text(name, style="bold cyan"), col_a: left, col_b: right, "what differs": why})
+            rows.append({"tensor": Text(name, style="bold cyan"), col_a: times(left, seq_a.get(name)),
+                         col_b: times(right, seq_b.get(name)), "what differs": why})
         else:
             same += 1
     footer = Text(f"{same} tensor(s) alike in both (same shape, no differing field in their formula)"
                   + ("" if everything else "; --all lists them"))
     sides = ((col_a, "left"), (col_b, "left"))
-    return Group(title, fitted("fields that differ", (("config field", "left"), *sides), config, "config field", (),
-                               width),
+    folded = [Text(sublayers_line(mine, own, theirs)) for mine, own, theirs, others in
+              ((names_a, subs[0], names_b, subs[1]), (names_b, subs[1], names_a, subs[0])) if own and not others]
+    return Group(title, *folded,
+                 fitted("fields that differ", (("config field", "left"), *sides), config, "config field", (), width),
                  fitted("tensors", (("tensor", "left"), *sides, ("what differs", "left")), rows, "tensor",
                         ("what differs",), width),
                  footer)
+
+
+def sublayers(sequence: list[dict]) -> list[str]:
+    """The sublayers a layer's names are under (LongCat's `sub0.`, `sub1.`), in order; [] for a layer of none."""
+    return list(dict.fromkeys(found[0] for e in sequence if (found := SUBLAYER.match(e["name"]))))
+
+
+def rows_of(sequence: list[dict], fold: bool) -> dict[str, list[dict]]:
+    """A layer's tensors by the name their row shows, each with its entries as the layer emits them:
+    their own names, or (fold) a sublayer's tensors under their catalogue name, the other family's
+    (LongCat's sub0.self_attn.q and sub1.self_attn.q on the row of self_attn.q)."""
+    rows: dict[str, list[dict]] = {}
+    for entry in sequence:
+        rows.setdefault(catalog.key_of(entry["name"]) if fold else entry["name"], []).append(entry)
+    return rows
+
+
+def times(shape: str, emitted: list[dict] | None) -> str:
+    """A row's shape, '×2' after it when the layer emits the tensor twice (once in each sublayer)."""
+    return shape if emitted is None or len(emitted) == 1 else f"{shape} ×{len(emitted)}"
+
+
+def sublayers_line(name: str, own: list[str], other: str) -> str:
+    """The line saying how a layer of sublayers is lined up with one without."""
+    return (f"{name}'s layer runs {len(own)} sublayers ({', '.join(own)}): a sublayer's tensor is on the row of "
+            f"{other}'s of the same name, ×{len(own)} after its shape when each sublayer emits it")
 
 
 def value(v: object) -> str:

@@ -222,9 +222,9 @@ class Debugger:
             self.skipped = 0
         print_wrapped(self.console, self.breadcrumb(event), style="bold magenta")
         self.console.print(self.rows.render(event), soft_wrap=True)
-        entry = self.catalog.entry(event.key)
-        if entry:
-            print_wrapped(self.console, Text(entry["description"], style="italic"), indent=4)
+        if self.catalog.entry(event.key):
+            print_wrapped(self.console, Text(self.catalog.description(event.name, self.cfg), style="italic"),
+                          indent=4)
         if self.on_stop:
             self.on_stop(event)
         if self.stops == 0:
@@ -633,7 +633,7 @@ class Debugger:
                 branch, current = root.add(block), block
             key = entry["name"]
             if key == event.key:
-                branch.add(Text(f"▶ {key}  {entry['description']}", style="bold yellow"))
+                branch.add(Text(f"▶ {key}  {self.catalog.description(key, self.cfg)}", style="bold yellow"))
             elif key in seen:
                 branch.add(Text(f"✓ {key}", style="green"))
             else:

@@ -22,13 +22,14 @@ from typing import Any
 from rich.text import Text
 
 from stepper import catalog
-from stepper.catalog import sites, texts
+from stepper.catalog import family_notes, sites, texts
 from stepper.config import Config, MlaVariants
 from stepper.errors import StepperError
 from stepper.presets import PRESETS, V4_PRESETS
 from stepper.seams.trace import did_you_mean
 from stepper.session import check_layer, preset_config, published_name, takes
 from stepper.untrusted import cut, shown
+from stepper.views.compare import merged
 from stepper.weights.fused_experts import fused_name
 from stepper.weights.names import layer_shapes, storage_dtype
 
@@ -63,6 +64,8 @@ def looked_up(cfg: Config, query: str, read: Reading | None = None, give: str = 
     read = read or (lambda cat, cfg, query: ([], cat.find(query)))
     cat = catalog.around(cfg)
     named, entries = read(cat, cfg, query)
+    if catalog.is_glob(query) and not named and not (entries := matching(cat, cfg, query)):
+        raise StepperError(unmatched(cfg, query, give))  # a glob: what it matches of what this model emits
     if not entries and not named:  # a tensor of a family of other streams (DeepSeek-V4's, asked of tiny)
         if (preset := model_emitting(cat, query)) is None:
             raise StepperError(not_found(cat, query, give))
@@ -86,7 +89,7 @@ def explain_text(cat: catalog.Catalog, entry: dict[str, Any], cfg: Config | None
     """The entry with cfg's sizes (None: its dims and template fields by name)."""
     text = Text()
     text.append(f"{entry['name']}\n", style="bold cyan")
-    text.append(f"{entry['description']}\n")
+    text.append(f"{cat.description(entry['name'], cfg)}\n")
     dims = ", ".join(f"{s} ({cat.raw['dims'][s]['label']}"
                      + (f" = {size}" if cfg is not None and (size := cat.expected_size(s, cfg)) is not None else "")
                      + ")" for s in entry["dims"])
@@ -94,9 +97,9 @@ def explain_text(cat: catalog.Catalog, entry: dict[str, Any], cfg: Config | None
     text.append(f"[{dims}]\n")
     text.append("formula ", style="dim")
     text.append(f"{entry['formula']}\n")
-    if note := getattr(cfg, "explain_note", lambda name: None)(entry["name"]):  # the family reads it otherwise
+    for note in family_notes.notes(cfg, entry["name"], entry["name"]):  # the family computes it otherwise
         text.append("note    ", style="dim")
-        text.append(f"{note}\n", style="yellow")
+        text.append(f"{texts.render(note, cfg)}\n", style="yellow")
     explanation = texts.unrendered(entry["explain"]) if cfg is None else texts.render(entry["explain"], cfg)
     text.append(f"\n{explanation}\n\n")
     text.append(emit_sites_text(entry["name"]))
@@ -125,9 +128,45 @@ def emitted_by(cat: catalog.Catalog, entries: list[dict[str, Any]], cfg: Config,
 def emitted_names(cat: catalog.Catalog, cfg: Any, layers: Sequence[int] | range) -> set[str]:
     """The catalogue names these layers of the model emit, on either attention path and index scoring
     (LongCat's `sub0.self_attn.q_nope_scaled` as its entry's name, `self_attn.q_nope_scaled`)."""
+    return {catalog.key_of(name) for name in layer_names(cat, cfg, layers)}
+
+
+def layer_names(cat: catalog.Catalog, cfg: Any, layers: Sequence[int] | range) -> list[str]:
+    """The names these layers of the model emit as a layer names them (LongCat's under their sublayer:
+    `sub0.self_attn.q`), on either attention path and index scoring, each once, in execution order."""
     scorings = ("exact", "fp8") if takes(cfg, "index_scoring") and getattr(cfg, "has_indexer", False) else ("exact",)
-    return {catalog.key_of(e["name"]) for layer in layers for attn in ("naive", "absorb") for scoring in scorings
-            for e in cat.layer_sequence(cfg, layer, attn, scoring)}
+    names: list[str] = []
+    for layer in layers:
+        for attn in ("naive", "absorb"):
+            for scoring in scorings:
+                names = merged(names, [e["name"] for e in cat.layer_sequence(cfg, layer, attn, scoring)])
+    return names
+
+
+def matching(cat: catalog.Catalog, cfg: Any, query: str) -> list[dict[str, Any]]:
+    """The entries of the tensors this model emits whose names a glob matches, in execution order:
+    the model's own (embed, logits) and its layers' (only the layer the glob names, if it names one),
+    those of a LongCat sublayer with it (`sub1.*`, `layers.1.sub0.self_attn.*`)."""
+    pattern = catalog.PLACE.sub("", query, count=1)
+    named = LAYER.search(query)
+    if named and int(named[1]) >= cfg.num_hidden_layers:
+        return []
+    names = layer_names(cat, cfg, [int(named[1])] if named else range(cfg.num_hidden_layers))
+    if not named:
+        start, end = cat.outside_layers(cfg)
+        names = [*start, *names, *end]
+    keys = dict.fromkeys(catalog.key_of(name) for name in names if catalog.glob_matches(name, pattern))
+    return [entry for key in keys if (entry := cat.entry(key)) is not None]
+
+
+def unmatched(cfg: Config, query: str, give: str) -> str:
+    """The one line for a glob that matches no tensor the model emits, naming a tiny preset whose
+    tensors it matches (`attn.*`, DeepSeek-V4's, asked of tiny), if one does."""
+    tiny = (name for name in (*PRESETS, *V4_PRESETS) if name.startswith("tiny"))
+    other = next((name for name in tiny if matching(catalog.around(preset_config(name)), preset_config(name), query)),
+                 None)
+    elsewhere = f"; {other}'s do ({give.format(other)})" if other else " (stepper tree lists them)"
+    return f"no tensor of model {shown(cfg.name)} matches '{cut(query)}'{elsewhere}"
 
 
 def emits(cat: catalog.Catalog, cfg: Any, name: str) -> bool:
@@ -286,7 +325,10 @@ def model_emitting(cat: catalog.Catalog, query: str) -> str | None:
 
 
 def names(cat: catalog.Catalog, key: str) -> bool:
-    """Whether a catalogue has a tensor of this name, or ending in it (`q_pe`: self_attn.q_pe)."""
+    """Whether a catalogue has a tensor of this name, or ending in it (`q_pe`: self_attn.q_pe), or
+    one a glob matches."""
+    if catalog.is_glob(key):
+        return any(catalog.glob_matches(e["name"], key) for e in cat.entries)
     return cat.entry(key) is not None or any(e["name"].endswith("." + key) for e in cat.entries)
 
 

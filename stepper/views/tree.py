@@ -55,6 +55,6 @@ def layer_tree(cat: catalog.Catalog, cfg: Config, layer: int, attn: str) -> Tree
                          f"{size} {catalog.counted(cat.raw['dims'][d]['label'], size)}" for d in entry["dims"])
         row = Text(entry["name"], style="bold cyan")
         row.append(f"  [{dims}]", style="yellow")
-        row.append(f"  {entry['description']}")
+        row.append(f"  {cat.description(entry['name'], cfg)}")
         branch.add(row)
     return root

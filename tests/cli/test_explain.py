@@ -186,9 +186,11 @@ def test_the_names_fixtures_verify_prints_are_explained_as_the_tensors_they_hold
     ("layers.0.self_attn.indexer.q_rope", "tiny-glm5", "turns interleaved pairs (2i, 2i+1)"),
     ("layers.0.self_attn.indexer.k_rope", "tiny-glm5", "turns interleaved pairs (2i, 2i+1)"),
     ("layers.0.self_attn.q_pe_rope", "tiny-minicpm3", "no gather of evens and odds"),
-    ("rope_cos", "tiny-minicpm3", "its angles are LongRoPE's"),
-    ("logits", "tiny-minicpm3", "logits = norm_scaled @ embed_tokens.weight^T"),
-    ("logits", "tiny-youtu", "logits = norm @ embed_tokens.weight^T"),
+    ("rope_cos", "tiny-minicpm3", "rotary angles are LongRoPE's"),
+    ("logits", "tiny-minicpm3", "logits = norm_scaled @ lm_head^T"),
+    ("logits", "tiny-minicpm3", "lm_head is the embedding matrix here"),
+    ("logits", "tiny-youtu", "lm_head is the embedding matrix here"),
+    ("layers.3.self_attn.q_pe", "tiny-kimi-linear", "use no position encoding (mla_use_nope)"),
     ("mlp.gate.scores_for_choice", "tiny-axk1", "router has no e_score_correction_bias"),
     ("mlp.gate.topk_idx", "tiny-mistral4", "router has no e_score_correction_bias"),
     ("mlp.gate.topk_idx", "tiny-axk2", "scores_for_choice, 0.0), num_experts_per_tok"),
@@ -228,3 +230,70 @@ def test_a_sublayer_the_model_has_not_is_refused_in_one_line(query, model, sub, 
     assert out.stderr.strip().splitlines() == [
         f"stepper: error: {query}: model {model} has no sublayer {sub}; its layers' sublayers: {sublayers}"]
     assert stepper("explain", "layers.1.sub1.self_attn.q", "--model", "tiny-longcat").returncode == 0
+
+
+def test_a_glob_lists_what_it_matches_of_the_models_tensors_a_sublayers_too():
+    """`sub1.*` listed the whole catalogue (its scope was dropped, leaving `*`); a glob matching
+    no tensor of the model was answered with another family's entries or 'no tensor named'."""
+    def listed(query: str, model: str) -> list[str]:
+        out = stepper("explain", query, "--model", model, "--plain")
+        assert out.returncode == 0, out.stderr
+        return titles(out.stdout)
+
+    sublayer = listed("sub1.*", "tiny-longcat")
+    assert sublayer[:3] == ["input_layernorm", "self_attn.q_a", "self_attn.q_a_norm"]
+    assert sublayer[-4:] == ["mlp.gate_proj", "mlp.up_proj", "mlp.act", "mlp_output"]
+    assert not {"embed", "hidden_states", "mlp.gate.logits", "output"} & set(sublayer)
+    assert listed("sub0.*", "tiny-longcat") == [*sublayer, "output"]  # sub0.output; sub1's is the layer's
+    assert listed("layers.1.sub1.self_attn.q_*", "tiny-longcat") == [
+        "self_attn.q_a", "self_attn.q_a_norm", "self_attn.q_nope", "self_attn.q_pe", "self_attn.q_nope_scaled",
+        "self_attn.q_pe_scaled", "self_attn.q_nope_absorbed", "self_attn.q_pe_rope"]
+    assert listed("layers.0.*_conv", "tiny-kimi-linear") == ["self_attn.q_conv", "self_attn.k_conv",
+                                                             "self_attn.v_conv"]
+    kv = stepper("explain", "*.kv#2", "--model", "tiny-v4", "--plain").stdout
+    assert "*.kv#2 matches inference's layers.{i}.attn.kv#2 (inference/model.py:508): attn.kv" in kv
+    assert titles(kv) == ["attn.kv", "attn.compressor.pooled", "attn.indexer.compressor.pooled"]
+
+
+@pytest.mark.parametrize("query, model, said", [
+    ("sub1.mlp.gate.*", "tiny-longcat", ("no tensor of model tiny-longcat matches 'sub1.mlp.gate.*' (stepper tree"
+                                        " lists them)")),
+    ("hc_*", "tiny", "no tensor of model tiny matches 'hc_*'; tiny-v4's do (give --model tiny-v4)"),
+    ("*.state", "tiny-glm5", ("no tensor of model tiny-glm5 matches '*.state'; tiny-kimi-linear's do (give --model"
+                             " tiny-kimi-linear)")),
+])
+def test_a_glob_matching_no_tensor_of_the_model_is_refused_in_one_line(query, model, said):
+    out = stepper("explain", query, "--model", model, "--plain")
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.strip().splitlines() == [f"stepper: error: {said}"]
+
+
+def test_tree_and_the_debugger_describe_a_tensor_as_the_family_computes_it():
+    """tree and the debugger's stop line and `w` said DeepSeek's words for every family: YaRN
+    cosines for a model without YaRN, pairs for a model that turns halves, renormalised weights
+    for a router that does not renormalise (catalog/notes: the families' own words)."""
+    def row(out: str, name: str) -> str:
+        return next(line for line in out.splitlines() if f"── {name}  " in line)
+
+    minicpm3 = stepper("tree", "--model", "tiny-minicpm3", "--plain").stdout
+    assert row(minicpm3, "self_attn.q_pe").endswith("Rotary part of each query head before RoPE, as stored: dim i "
+                                                    "turns with dim i + rope/2")
+    assert row(minicpm3, "hidden_states").endswith("(embed_scaled for layer 0)")
+    longcat = stepper("tree", "--model", "tiny-longcat", "--plain").stdout
+    assert row(longcat, "mlp.gate.topk_weight").endswith("softmax scores of the chosen, not renormalised, times "
+                                                         "routed_scaling_factor")
+    assert row(longcat, "sub0.output").endswith("The first sublayer's output: attn_residual + mlp_output, the "
+                                                "second sublayer's input")
+    assert "the MoE's output beside them" in row(longcat, "output")
+    kda = stepper("tree", "--model", "tiny-kimi-linear", "--layer", "3", "--plain").stdout
+    assert "turns it by no RoPE" in row(kda, "self_attn.q_pe") and "k_pe_rope" not in row(kda, "self_attn.key_states")
+    deepseek = stepper("tree", "--model", "tiny", "--plain").stdout
+    assert "interleaved pair layout" in row(deepseek, "self_attn.q_pe")
+
+    stop = stepper("step", "--model", "tiny-youtu", "--plain", "--break", "rope_cos", stdin="q\n").stdout
+    assert "Cosines for this step's positions, cat(freqs, freqs) layout: no YaRN, no mscale" in stop
+    assert "YaRN cosines" in stepper("step", "--plain", "--break", "rope_cos", stdin="q\n").stdout
+    where = stepper("step", "--model", "tiny-longcat", "--plain", "--break", "layers.0.mlp.gate.topk_weight",
+                    stdin="w\nq\n").stdout
+    assert where.count("softmax scores of the chosen, not renormalised") == 2  # the stop line, and w's ▶ row
+    assert "normalised to sum 1" not in where

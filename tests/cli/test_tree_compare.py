@@ -161,3 +161,24 @@ def test_tiny_glm5_is_glm5_at_a_small_size():
     fields = config_rows(out.stdout)
     assert set(fields) - {"config field", "tensor"} == sizes | {"first_k_dense_replace", "index_reused_layers"}
     assert fields["index_reused_layers"] == ["()", "(2,)"]
+
+
+def test_a_layer_of_sublayers_is_lined_up_with_a_layer_of_none_row_by_row():
+    """LongCat's sub0./sub1. tensors were listed as 'only in' it, beside the other family's same
+    tensors listed as 'only in' that one: its attention, norms and MLP never lined up."""
+    out = stepper("tree", "--model", "tiny-longcat", "--compare", "tiny", "--plain")
+    assert out.returncode == 0, out.stderr
+    table = rows(out.stdout)
+    assert not [name for name in table if name.startswith("sub")]
+    assert table["self_attn.q_a"] == "[B, T, 96] ×2 | [B, T, 192] | shape; formula reads hidden_size, q_lora_rank"
+    assert table["self_attn.q"] == "[B, 4, T, 48] ×2 | [B, 4, T, 48] | formula reads q_lora_rank"
+    assert "self_attn.q_nope" not in table  # alike but for the ×2, which the line above says once
+    assert table["mlp.gate.logits"].startswith("[N, 12] | [N, 32] | shape")  # the MoE beside them: once
+    assert table["mlp.gate_proj"].startswith("[B, T, 352] ×2 | — | only in tiny-longcat")
+    said = ("tiny-longcat's layer runs 2 sublayers (sub0., sub1.): a sublayer's tensor is on the row of tiny's of "
+            "the same name, ×2 after its shape when each sublayer emits it")
+    assert out.stdout.splitlines()[1] == said and out.stdout.count("sublayers") == 1
+    reverse = rows(stepper("tree", "--model", "tiny-glm5", "--compare", "tiny-longcat", "--all", "--plain").stdout)
+    assert reverse["self_attn.q_nope"] == "[B, 4, T, 32] | [B, 4, T, 32] ×2"
+    same = stepper("tree", "--model", "tiny-longcat", "--compare", "tiny-longcat", "--all", "--plain").stdout
+    assert "×" not in same and "sublayers" not in same and "sub1.self_attn.q" in rows(same)

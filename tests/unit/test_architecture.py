@@ -92,7 +92,7 @@ ROOM_LINES = {
     # 1,050 when set: ceilings, checkpoints, layers, transformers paired, long context, KDA, V4 attention;
     # 1,344 with the V4-Flash layer figures (CSA, HCA) and the INT4 and FP8 layers in turn
     "bench": 1650,
-    "catalog": 600,  # 422
+    "catalog": 700,  # 422; 625 with the families' own words (family_notes, moved out of config.py's MlaVariants)
     "cli": 2300,  # 1,846
     "families": 4000,  # 252 when set, with every 2026 family about to arrive
     "fixtures": 3100,  # 2,388; 2,936 with candidates read tensor by tensor (.npz headers measured)
@@ -114,8 +114,9 @@ ROOM_LINES = {
     "untrusted": 380,  # 233; 308 with the paths a user gives (untrusted.paths)
     # 3,811; DeepSeek-V4 adds its pictures (streams and comb, a query's reach), its catalogue view, FP4 codes;
     # 5,010 with explain's checked parameters, a pipe's whole trees and tables, a new user's review mended;
-    # 5,634 with pictures of NaN and infinities, hints and pictures each model's own, explain across families
-    "views": 5800,
+    # 5,634 with pictures of NaN and infinities, hints and pictures each model's own, explain across families;
+    # 5,808 with globs read in what a model emits and LongCat's sublayers lined up in a comparison
+    "views": 5900,
     "weights": 4700,  # 3,778, of which ~700 read and check DeepSeek-V4's published layout; 4,476 with the config
     # field the weights contradict; 4,628 with the files an index does not name
 }
