@@ -29,7 +29,7 @@ from stepper.fixtures import aliases, show, verify
 from stepper.fixtures.export import export
 from stepper.fixtures.fixture import load
 from stepper.fixtures.spec import ExportSpec
-from stepper.session import text_prompt_ids
+from stepper.session import load_model, text_prompt_ids
 from stepper.text import INSTALL
 from stepper.untrusted import shown
 from stepper.views.sinks import line_width, styles
@@ -174,6 +174,10 @@ def verify_command(
 def names_command(
     system: Annotated[str | None, typer.Option(metavar="NAMING",
                                                help="Only the names of transformers, inference or llama.cpp.")] = None,
+    model: Annotated[str | None, typer.Option(
+        metavar="NAME|PATH", callback=model_option,
+        help="Only the tables read for this model's family (a preset, a checkpoint or a config.json, as run "
+             "takes it).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per name (JSON Lines).")] = False,
     plain: PlainOpt = False,
 ) -> None:
@@ -188,7 +192,11 @@ def names_command(
     with user_errors():
         if system is not None and system not in aliases.NAMINGS:
             raise StepperError(f"--system must be one of {', '.join(aliases.NAMINGS)}, got '{shown(system)}'")
-        rows = aliases.names_table(system)
+        model_type = None if model is None else load_model(model, 0).config.model_type
+        rows = aliases.names_table(system, model_type)
+        if not rows:
+            raise StepperError(f"no {system or 'naming'} table names the tensors of {model_type} models "
+                               "(stepper fixtures names lists each table's families; --map gives your own names)")
         if as_json:
             for row in rows:
                 print(json.dumps(row))

@@ -574,6 +574,24 @@ def test_names_command_lists_the_aliases():
     assert stepper("fixtures", "names", "--system", "vllm").returncode == 2
 
 
+def test_names_of_one_model_are_the_tables_its_fixtures_are_read_through():
+    """Every table, at 80 columns, is 3,600 lines: --model keeps those a fixture of that model is
+    read through (GLM-4.7-Flash's own transformers table, with its file's lines)."""
+    rows = [json.loads(line) for line in stepper("fixtures", "names", "--model", "tiny-glm4-flash", "--json").stdout
+            .splitlines()]
+    assert {(row["naming"], row["models"]) for row in rows} == {("transformers", "glm4_moe_lite")}
+    assert {"name": "model.layers.{i}.self_attn.kv_a_layernorm", "canonical": "self_attn.compressed_kv_norm",
+            "source": "models/glm4_moe_lite/modeling_glm4_moe_lite.py:320"}.items() <= next(
+        row for row in rows if row["name"] == "model.layers.{i}.self_attn.kv_a_layernorm").items()
+    v3 = [json.loads(line) for line in stepper("fixtures", "names", "--model", "tiny", "--json").stdout.splitlines()]
+    assert {row["naming"] for row in v3} == {"transformers", "inference", "llama.cpp"}
+    assert all("kimi_k2" in row["models"].split(", ") for row in v3)
+    refused = stepper("fixtures", "names", "--model", "tiny-longcat", "--system", "transformers")
+    assert refused.returncode == 2 and refused.stderr == (
+        "stepper: error: no transformers table names the tensors of longcat_flash models (stepper fixtures names "
+        "lists each table's families; --map gives your own names)\n")
+
+
 # ---------------------------------------------------------------------------------------------
 # export: the command as a user meets it
 
