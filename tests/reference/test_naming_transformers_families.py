@@ -8,7 +8,9 @@ perturbed module output is named as the first divergence.
 Sarvam has no modeling file of its own (transformers runs DeepseekV3ForCausalLM, so its names are
 transformers.json's, q_proj included: its q_lora_rank is null); GLM-4.7-Flash, Mistral Small 4,
 Youtu and A.X-K1 name their modules as DeepSeek-V3 does, each in its own file (derived tables:
-transformers.json's names at the family's lines, A.X-K1 adding its post_mlp_layernorm).
+transformers.json's names at the family's lines, A.X-K1 adding its post_mlp_layernorm). A.X-K2 has
+a table of its own: its gated norms, fused query and gate projection and indexer change what most
+of V3.2's names hold.
 """
 
 import hashlib
@@ -77,6 +79,7 @@ def verified(fixture: Path, dump: Path, tmp_path: Path, name: str) -> tuple[int,
     ("tiny-youtu", "youtu", "models/youtu/modeling_youtu.py"),
     ("tiny-axk1", "axk1", "models/axk1/modeling_axk1.py"),
     ("tiny-sarvam", "sarvam_mla", "models/deepseek_v3/modeling_deepseek_v3.py"),
+    ("tiny-axk2", "axk2", "models/axk2/modeling_axk2.py"),
 ])
 def test_a_hooked_transformers_dump_of_the_family_verifies_through_the_cli(preset, model_type, source, tmp_path):
     fixture = tmp_path / preset
@@ -89,7 +92,8 @@ def test_a_hooked_transformers_dump_of_the_family_verifies_through_the_cli(prese
     assert code == 0, [c for c in report["tensors"] if c["status"] == "mismatch"][:3]
     assert report["unrecognised"] == [] and not report["ambiguous"], report["unrecognised"][:5]
     matched = {c["name"]: c for c in report["tensors"] if c["status"] == "match"}
-    every = {"embed", "rope_cos", "layers.1.self_attn.compressed_kv_norm", "layers.1.self_attn.attn_output",
+    o_proj_reads = "attn_output_gated" if model_type == "axk2" else "attn_output"
+    every = {"embed", "rope_cos", "layers.1.self_attn.compressed_kv_norm", f"layers.1.self_attn.{o_proj_reads}",
              "layers.1.attn_residual", "layers.2.output", "norm", "logits"}
     assert {f"prefill.{n}" for n in every} | {f"decode0.{n}" for n in every} <= set(matched)
     assert "prefill.layers.1.self_attn.kv" in matched  # kv_b_proj; the absorbed decode step has none:
@@ -100,12 +104,30 @@ def test_a_hooked_transformers_dump_of_the_family_verifies_through_the_cli(prese
     if model_type == "axk1":
         assert matched["prefill.layers.1.mlp.post_mlp_layernorm"]["candidate"] == \
             "prefill.model.layers.1.mlp.post_mlp_layernorm"
-    q = "q_proj" if model_type == "sarvam_mla" else "q_b_proj"
-    assert matched["prefill.layers.1.self_attn.q"]["candidate"] == f"prefill.model.layers.1.self_attn.{q}"
+    if model_type == "axk2":
+        gated_norms(matched, report["not_placed"])
+    else:
+        q = "q_proj" if model_type == "sarvam_mla" else "q_b_proj"
+        assert matched["prefill.layers.1.self_attn.q"]["candidate"] == f"prefill.model.layers.1.self_attn.{q}"
 
     perturbed(dump, "decode0.model.layers.1.self_attn.kv_a_layernorm", tmp_path / "bad.safetensors")
     code, report = verified(fixture, tmp_path / "bad.safetensors", tmp_path, "bad")
     assert code == 1 and report["first_divergence"]["name"] == "decode0.layers.1.self_attn.compressed_kv_norm"
+
+
+def gated_norms(matched: dict, not_placed: dict) -> None:
+    """A.X-K2's gated norm modules give the gated output, their .norm the RMSNorm's (a dense layer's
+    post_attention_layernorm is plain); its fused query and gate projection is listed with its reason."""
+    candidate = {name: c["candidate"].removeprefix("prefill.model.layers.") for name, c in matched.items()}
+    assert candidate["prefill.layers.1.input_layernorm_gated"] == "1.input_layernorm"
+    assert candidate["prefill.layers.1.input_layernorm"] == "1.input_layernorm.norm"
+    assert candidate["prefill.layers.1.post_attention_layernorm_gated"] == "1.post_attention_layernorm"
+    assert candidate["prefill.layers.1.post_attention_layernorm"] == "1.post_attention_layernorm.norm"
+    assert candidate["prefill.layers.0.post_attention_layernorm"] == "0.post_attention_layernorm"
+    assert candidate["prefill.layers.1.mlp.gate.topk_idx"] == "1.mlp.gate[2]"
+    assert candidate["prefill.layers.1.self_attn.indexer.topk_idx"] == "1.self_attn.indexer"
+    assert "self_attn.q_gate" in not_placed["prefill.model.layers.1.self_attn.q_gate_proj"]
+    assert "input_layernorm_gate" in not_placed["prefill.model.layers.1.input_layernorm.mlp"]
 
 
 def test_every_transformers_table_line_calls_the_module_it_names():
