@@ -11,8 +11,8 @@ config, as the catalogue's explanations are: catalog.texts), a `description` sho
 DeepSeek's by `tree`, the debugger and `explain`, and a `formula` and an `explain` (a template) that
 `explain` shows in place of DeepSeek's where those are wrong for the model. Where several files
 replace one text of a tensor, the one whose `when` holds the most values is shown
-(tests/unit/test_family_notes.py checks every preset has one such). The texts speak of "this model", never of the family first written for, so a
-later family with the same flag reads right.
+(tests/unit/test_family_notes.py checks every preset has one such). The texts speak of "this
+model", never of the family first written for, so a later family with the same flag reads right.
 """
 
 from __future__ import annotations
