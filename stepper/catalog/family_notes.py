@@ -7,11 +7,12 @@ flag adds a file and edits none.
 A file's `when` holds the config values it is true for (null: the field unset or absent; "(set)":
 any value); its `tensors`, by catalogue name (or by the name a sublayer gives it: LongCat's
 `sub0.output`), a `note` that `stepper explain` adds under the formula (a template filled with the
-config, as the catalogue's explanations are: catalog.texts) and a `description` shown in place of
-DeepSeek's by `tree`, the debugger and `explain`. Where several files give a tensor a description,
-the one whose `when` holds the most values is shown (tests/unit/test_family_notes.py checks every
-preset has one such). The texts speak of "this model", never of the family first written for, so a
-later family with the same flag reads right.
+config, as the catalogue's explanations are: catalog.texts), a `description` shown in place of
+DeepSeek's by `tree`, the debugger and `explain`, and a `formula` and an `explain` (a template) that
+`explain` shows in place of DeepSeek's where those are wrong for the model. Where several files
+replace one text of a tensor, the one whose `when` holds the most values is shown
+(tests/unit/test_family_notes.py checks every preset has one such). The texts speak of "this
+model", never of the family first written for, so a later family with the same flag reads right.
 """
 
 from __future__ import annotations
@@ -60,12 +61,21 @@ def texts_for(cfg: Any, name: str, key: str) -> list[tuple[Notes, dict[str, str]
             for texts in [notes.tensors.get(name) or notes.tensors.get(key)] if texts]
 
 
-def description(cfg: Any, name: str, key: str, deepseek: str) -> str:
-    """The tensor's description for cfg's model: the one of the true note file of most values, or
-    the catalogue's (`deepseek`) when none gives one. No config (None): the catalogue's."""
-    given = [(len(notes.when), texts["description"]) for notes, texts in texts_for(cfg, name, key)
-             if "description" in texts] if cfg is not None else []
+REPLACING = ("description", "formula", "explain")
+
+
+def replaced(cfg: Any, name: str, key: str, which: str, deepseek: str) -> str:
+    """The tensor's `which` text (one of REPLACING) for cfg's model: the one of the true note file
+    of most values, or the catalogue's (`deepseek`) when none gives one. No config (None): the
+    catalogue's."""
+    given = [(len(notes.when), texts[which]) for notes, texts in texts_for(cfg, name, key)
+             if which in texts] if cfg is not None else []
     return max(given)[1] if given else deepseek
+
+
+def description(cfg: Any, name: str, key: str, deepseek: str) -> str:
+    """The tensor's description for cfg's model (`replaced`)."""
+    return replaced(cfg, name, key, "description", deepseek)
 
 
 def notes(cfg: Any, name: str, key: str) -> list[str]:

@@ -96,11 +96,12 @@ def explain_text(cat: catalog.Catalog, entry: dict[str, Any], cfg: Config | None
     text.append("shape   ", style="dim")
     text.append(f"[{dims}]\n")
     text.append("formula ", style="dim")
-    text.append(f"{entry['formula']}\n")
+    text.append(f"{family_notes.replaced(cfg, entry['name'], entry['name'], 'formula', entry['formula'])}\n")
     for note in family_notes.notes(cfg, entry["name"], entry["name"]):  # the family computes it otherwise
         text.append("note    ", style="dim")
         text.append(f"{texts.render(note, cfg)}\n", style="yellow")
-    explanation = texts.unrendered(entry["explain"]) if cfg is None else texts.render(entry["explain"], cfg)
+    own = family_notes.replaced(cfg, entry["name"], entry["name"], "explain", entry["explain"])  # the family's
+    explanation = texts.unrendered(own) if cfg is None else texts.render(own, cfg)
     text.append(f"\n{explanation}\n\n")
     text.append(emit_sites_text(entry["name"]))
     text.append(citations_text(cat, entry["reference"]))

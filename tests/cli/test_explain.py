@@ -209,6 +209,34 @@ def test_explain_notes_where_a_family_computes_a_tensor_otherwise(name, model, s
     assert "\nnote " not in deepseek
 
 
+@pytest.mark.parametrize("name, model, own, deepseeks", [
+    ("rope_cos", "tiny-glm4-flash", "rope_cos = cat(cos(freqs), cos(freqs)) note", "factor = (not set)"),
+    ("rope_cos", "tiny-youtu", "rope_theta = 1600000, no frequency is divided", "inv_freq_yarn"),
+    ("rope_cos", "tiny-glm5", "pair i turns by rope_theta^(-2i/16) radians", "mscale(factor, mscale)"),
+    ("rope_sin", "tiny-axk1", "rope_sin = cat(sin(freqs), sin(freqs)) note", "mscale(factor, mscale)"),
+    ("rope_cos", "tiny-minicpm3", "long_factor[i] once it is past", "factor = (not set)"),
+    ("rope_sin", "tiny-minicpm3", "rope_sin = cat(sin(freqs), sin(freqs)) * attention_factor", "[evens | odds]"),
+    ("layers.0.self_attn.q_pe_rope", "tiny-minicpm3", "out[i] = x[i] cos - x[i + 8] sin", "q_pe[..., 0::2]"),
+    ("layers.0.self_attn.k_pe_rope", "tiny-minicpm3", "rotate_half(k_pe) * rope_sin", "k_pe[..., 0::2]"),
+    ("mlp.gate.scores_for_choice", "tiny-axk1", "scores_for_choice = scores (no", "+ e_score_correction_bias"),
+    ("mlp.gate.scores_for_choice", "tiny-mistral4", "best 4 of the kept groups", "load balancer"),
+    ("mlp.gate.topk_weight", "tiny-mistral4", "gather(softmax_scores, topk_idx)", "sigmoid"),
+    ("mlp.gate.topk_weight", "tiny-longcat", "share of the softmax the 3 chosen", "norm_topk_prob;"),
+    ("logits", "tiny-youtu", "logits = norm @ embed_tokens.weight^T", "separate matrix"),
+    ("logits", "tiny-minicpm3", "logits = norm_scaled @ embed_tokens.weight^T", "separate matrix"),
+    ("layers.1.self_attn.attn_scores", "tiny-glm4-flash", "softmax_scale = qk_head_dim^-0.5 note", "1.8133"),
+])
+def test_explain_gives_a_familys_own_formula_and_explanation(name, model, own, deepseeks):
+    """The formula and the explanation were DeepSeek's for every model: YaRN's cosines with
+    "factor = (not set)" for a model without YaRN, the gather of evens and odds for MiniCPM3's
+    halves, a bias that the router has not, a separate lm_head for a tied one."""
+    out = stepper("explain", name, "--model", model, "--plain", env={"COLUMNS": "80"})
+    assert out.returncode == 0, out.stderr
+    said = " ".join(out.stdout.split())
+    assert own in said, said
+    assert deepseeks not in said, said
+
+
 @pytest.mark.parametrize("parameter", ["model.layers.1.mlp.experts.gate_up_proj",
                                        "model.layers.1.mlp.experts.down_proj", "mlp.experts.gate_up_proj"])
 def test_mistral4s_fused_experts_lead_to_the_routed_output(parameter):

@@ -25,22 +25,25 @@ def test_a_note_file_names_catalogue_tensors_and_config_fields_in_no_familys_nam
     assert set(notes.when) <= FIELDS, notes.when
     for name, words in notes.tensors.items():
         assert catalog.key_of(name) in names, name
-        assert set(words) <= {"description", "note"} and words, words
+        assert set(words) <= {*family_notes.REPLACING, "note"} and words, words
         assert len(words.get("description", "")) <= 100
         assert not FAMILIES.search(" ".join(words.values())), words  # true of a later family with the flag too
         assert not texts.fields(words.get("description", ""))  # descriptions are shown without a config
+        assert not texts.fields(words.get("formula", ""))  # formulas too, as the catalogue's
 
 
 @pytest.mark.parametrize("model", [*PRESETS, *V4_PRESETS])
-def test_each_model_has_one_description_of_each_tensor(model):
+@pytest.mark.parametrize("which", family_notes.REPLACING)
+def test_each_model_has_one_description_formula_and_explanation_of_each_tensor(model, which):
     cfg = preset_config(model)
     for name in {name for notes in family_notes.note_files() for name in notes.tensors}:
-        given = [(len(notes.when), words["description"]) for notes, words in
-                 family_notes.texts_for(cfg, name, catalog.key_of(name)) if "description" in words]
+        given = [(len(notes.when), words[which]) for notes, words in
+                 family_notes.texts_for(cfg, name, catalog.key_of(name)) if which in words]
         best = [text for count, text in given if count == max(given)[0]] if given else []
         assert len(set(best)) <= 1, (model, name, best)
         for notes, words in family_notes.texts_for(cfg, name, catalog.key_of(name)):
-            texts.render(words.get("note", ""), cfg)  # its fields are the config's
+            for template in (words.get("note", ""), words.get("explain", "")):
+                assert texts.UNSET not in texts.render(template, cfg), (model, name, template)  # the config's fields
 
 
 def test_a_when_reads_unset_set_and_typed_values():
