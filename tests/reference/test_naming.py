@@ -480,13 +480,20 @@ def hooked_run(fixture):
     if not os.environ.get("STEPPER_REQUIRE_CROSSCHECK"):  # where it is required, a missing torch fails
         pytest.importorskip("torch")
         pytest.importorskip("transformers")
-    import torch
     from helpers.hf_reference import build_hf_model
-    from transformers.cache_utils import DynamicCache
 
     ck = Checkpoint(fixture.weights_path())
     model = build_hf_model(json.loads((fixture.weights_path() / "config.json").read_text()),
                            {n: np.array(ck.get(n)) for n in ck.weight_map if not n.endswith(SCALE)})
+    return every_module(model, fixture.manifest["inputs"]["steps"])
+
+
+def every_module(model, steps) -> dict[str, np.ndarray]:
+    """Each module's output (and first positional input) of a transformers model over a fixture's
+    steps with one cache, by `{phase}.{module path}`."""
+    import torch
+    from transformers.cache_utils import DynamicCache
+
     dump, phase = {}, [""]
 
     def save(name, value):
@@ -499,7 +506,7 @@ def hooked_run(fixture):
         module.register_forward_hook(lambda m, args, out, name=name: save(name, out))
         module.register_forward_pre_hook(lambda m, args, name=name: save(name + ":input", args[0]) if args else None)
     cache = DynamicCache(config=model.config)
-    for step in fixture.manifest["inputs"]["steps"]:
+    for step in steps:
         phase[0] = f"{step['phase']}."
         with torch.no_grad():
             model(input_ids=torch.tensor([step["ids"]]), position_ids=torch.tensor([step["positions"]]),

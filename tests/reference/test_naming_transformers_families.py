@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from helpers.cli import stepper
 from safetensors.numpy import save_file
-from test_naming import perturbed
+from test_naming import every_module, perturbed
 
 from stepper.errors import StepperError
 from stepper.fixtures.aliases import TABLES, read_table, tables
@@ -39,28 +39,10 @@ def families():
 def hooked_dump(folder: Path, path: Path) -> dict[str, np.ndarray]:
     """Every module's output (and first positional input) of transformers' own model of the
     fixture's weights, over the fixture's steps with one cache, saved to `path`."""
-    import torch
     from helpers.hf_families import load
-    from transformers.cache_utils import DynamicCache
 
     model = load(folder / "weights")
-    dump, phase = {}, [""]
-
-    def save(name, value):
-        values = value if isinstance(value, tuple) else (value,)
-        for k, v in enumerate(values):
-            if torch.is_tensor(v):
-                dump[phase[0] + name + (f"[{k}]" if len(values) > 1 else "")] = v.detach().float().numpy().copy()
-
-    for name, module in model.named_modules():
-        module.register_forward_hook(lambda m, args, out, name=name: save(name, out))
-        module.register_forward_pre_hook(lambda m, args, name=name: save(name + ":input", args[0]) if args else None)
-    cache = DynamicCache(config=model.config)
-    for step in json.loads((folder / "manifest.json").read_text())["inputs"]["steps"]:
-        phase[0] = f"{step['phase']}."
-        with torch.no_grad():
-            model(input_ids=torch.tensor([step["ids"]]), position_ids=torch.tensor([step["positions"]]),
-                  cache=cache, use_cache=True)
+    dump = every_module(model, json.loads((folder / "manifest.json").read_text())["inputs"]["steps"])
     save_file(dump, str(path))
     return dump
 
