@@ -1,16 +1,18 @@
-"""The suite's own rules, read from its source: no test bounds wall time under 30 seconds (a
-slower or busier machine fails it: bound work instead, tests/helpers/work.py), and none depends on
-the memory the machine has free (fake the figure: monkeypatch available_bytes, or limit the
-address space of a child process).
+"""The suite's own rules, read from its source: no test asserts a wall time or bounds one under 30
+seconds (a slower or busier machine fails it: bound work instead, tests/helpers/work.py), and
+none depends on the memory the machine has free (fake the figure: monkeypatch available_bytes,
+or limit the address space of a child process).
 
 What counts as a bound on wall time: a comparison of a clock reading (time.perf_counter(),
-monotonic(), time(), ..., or a name assigned from one) with a number of seconds between 0 and 30;
-a deadline made of a clock reading plus under 30 s; a `timeout=` under 30 s given to what waits
-(subprocess.run, communicate, wait, a barrier, a join, the pty helpers' read_until) or as the
-default of such a helper's parameter (a network client's timeout, retried, is not a bound); a hypothesis `deadline`
-under 30 s. What counts as reading the free memory:
-/proc/meminfo, MemAvailable, SC_AVPHYS_PAGES, psutil's virtual_memory(), and calling stepper's
-own available_bytes() or machine_room() (a test replaces them instead).
+monotonic(), time(), ..., or a name assigned from one) with a number of seconds between 0 and
+30, or an assertion of one against any number of seconds (a wait's deadline of 30 s or more
+guards a hang, an assertion asserts a speed); a deadline made of a clock reading plus under 30 s;
+a `timeout=` under 30 s given to what waits (subprocess.run, communicate, wait, a barrier, a
+join, the pty helpers' read_until) or as the default of such a helper's parameter (a network
+client's timeout, retried, is not a bound); a hypothesis `deadline` under 30 s. What counts as
+reading the free memory: /proc/meminfo, MemAvailable, SC_AVPHYS_PAGES, psutil's
+virtual_memory(), and calling stepper's own available_bytes() or machine_room() (a test replaces
+them instead).
 """
 
 from __future__ import annotations
@@ -83,6 +85,14 @@ class Checker(ast.NodeVisitor):
             self.found.append((node.lineno, "a wall time compared with under 30 s"))
         self.generic_visit(node)
 
+    def visit_Assert(self, node: ast.Assert) -> None:
+        """An assertion on a clock reading is a speed asserted, whatever its bound (a hang guard waits)."""
+        if any(isinstance(n, ast.Compare) and any(self.timed(s) for s in (n.left, *n.comparators))
+               and any((self.seconds(s) or 0) >= HANG_GUARD for s in (n.left, *n.comparators))
+               for n in ast.walk(node.test)):
+            self.found.append((node.lineno, "a wall time asserted"))
+        self.generic_visit(node)
+
     def visit_Call(self, node: ast.Call) -> None:
         name = called(node)
         for keyword in node.keywords:
@@ -144,6 +154,7 @@ BROKEN = {  # each breaks a rule, as the suite once did
     "SECONDS = 1.0\nt = time.perf_counter()\nseconds = time.perf_counter() - t\nassert seconds < SECONDS":
         [(4, "a wall time compared with under 30 s")],
     "from time import monotonic\ndeadline = monotonic() + 10": [(2, "a deadline under 30 s")],
+    "start = time.monotonic()\nf()\nassert time.monotonic() - start < 40": [(3, "a wall time asserted")],
     "subprocess.run(['stepper'], timeout=10)": [(1, "run(timeout=) under 30 s")],
     "def read_until(text, timeout=10.0):\n    pass": [(1, "read_until(timeout=) defaults to under 30 s")],
     "S = settings(deadline=timedelta(seconds=3))": [(1, "a hypothesis deadline under 30 s")],
