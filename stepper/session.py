@@ -304,9 +304,11 @@ def published_name(cfg: Config, name: str) -> str:
     return families.family_for(cfg).published_name(name)
 
 
-def why_not(cfg: Config, keyword: str) -> str:
-    """Why cfg's family has no path for the RunSpec option `keyword`."""
-    return dict(families.family_for(cfg).refuses)[keyword]
+def why_not(cfg: Config, keyword: str, spell: Spell = command_line) -> str:
+    """Why cfg's family has no path for the RunSpec option `keyword`, the options it names
+    (`{cache_len}`) spelled as the caller writes them."""
+    why = dict(families.family_for(cfg).refuses)[keyword]
+    return why.format_map({"layer": spell("layer", "L"), "cache_len": spell("cache_len", "N")})
 
 
 def cache_bytes(cfg: Config, layers, positions: int, attn: str, index_scoring: str) -> int:
@@ -316,11 +318,11 @@ def cache_bytes(cfg: Config, layers, positions: int, attn: str, index_scoring: s
 
 def check_refused(spec: RunSpec, cfg: Config, spell: Spell) -> None:
     """Refuse an option the config's family has no path for (families.family.Family.refuses)."""
-    for keyword, why in families.family_for(cfg).refuses:
+    for keyword, _ in families.family_for(cfg).refuses:
         value = getattr(spec, keyword)
         if value != getattr(DEFAULT_SPEC, keyword):
             raise StepperError(f"{spell(keyword, value)}: model {cfg.name} ({cfg.model_type}) takes no such option: "
-                               f"{why}")
+                               f"{why_not(cfg, keyword, spell)}")
 
 
 def check_choice(option: str, value: object, choices: tuple[str, ...]) -> str:

@@ -72,8 +72,8 @@ REFUSES = (
     ("attn", "DeepSeek-V4 has one attention path (one shared key-value head over the window and the compressed "
              + "entries), no naive or absorbed one to choose"),
     ("chunk", "DeepSeek-V4's prefill runs the whole prompt at once (chunk 0)"),
-    ("start_pos", "DeepSeek-V4's caches count positions from 0 (a compressor's windows start there); a cache "
-                  + "seeded with N positions (cache length N, one layer) gives a long context"),
+    ("start_pos", "DeepSeek-V4's caches count positions from 0 (a compressor's windows start there); for a long "
+                  + "context, run one layer over a cache seeded with N positions ({layer} {cache_len})"),
     ("index_scoring", "DeepSeek-V4's indexer scores in float32 only (exact)"),
 )
 

@@ -83,7 +83,7 @@ class Family:
     stream: Callable[[Any], tuple[int | None, ...]] = residual  # the shape of a layer's input (None: any size)
     cache_bytes: CacheBytes = mla_cache_bytes
     runtime_sizes: RuntimeSizes = no_runtime_sizes  # the sizes of its own runtime dims (planning.memory)
-    refuses: tuple[tuple[str, str], ...] = ()  # (a RunSpec option it has no path for, why)
+    refuses: tuple[tuple[str, str], ...] = ()  # (a RunSpec option it has no path for, why; {option}: spelled)
     no_seeded_cache: Callable[[Any, int], str] = lambda cfg, layer: ""  # why layer's cache cannot be seeded (cache_len)
     chunk_multiple: int = 1  # a chunked prefill's chunks are whole multiples of this many positions
     published_name: Callable[[str], str] = lambda name: name  # a parameter's name in the family's own checkpoints

@@ -282,7 +282,7 @@ def choose_chunk(plan: Plan, estimate: Callable[[Plan], list[Need]], available: 
     t = plan.prompt_len
     if not takes(plan.config, "chunk"):  # DeepSeek-V4: the prompt runs whole
         if asked:
-            raise StepperError(f"{spell('chunk', asked)}: {why_not(plan.config, 'chunk')}")
+            raise StepperError(f"{spell('chunk', asked)}: {why_not(plan.config, 'chunk', spell)}")
         return plan, None
     multiple = families.family_for(plan.config).chunk_multiple
     if asked and asked < t and asked % multiple:

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from helpers.cli import stepper
 
+import stepper as stepper_api
 from stepper import catalog
 from stepper.weights.checkpoint import INDEX
 from stepper.weights.published_store import safetensors_dtype
@@ -137,6 +138,19 @@ def test_compress_ratios_of_the_wrong_length(written, tmp_path):
 def test_an_option_v4_has_no_path_for_is_one_line(option, value, why):
     line = one_line_error(stepper("run", "--model", "tiny-v4", option, value))
     assert line.startswith(f"stepper: error: {option} {value}: ") and why in line
+
+
+def test_the_start_pos_refusal_names_the_options_that_give_a_long_context_as_the_caller_writes_them():
+    """The refusal of --start-pos points at one layer over a seeded cache: those options, spelled for
+    the command line or for stepper.run, and followed as spelled they run past position 4000."""
+    line = one_line_error(stepper("run", "--model", "tiny-v4", "--start-pos", "4000"))
+    assert line.endswith("a cache seeded with N positions (--layer L --cache-len N)"), line
+    with pytest.raises(stepper_api.StepperError, match=r"\(layer=L cache_len=N\)$"):
+        stepper_api.run("tiny-v4", start_pos=4000)
+    out = stepper("run", "--model", "tiny-v4", "--layer", "1", "--cache-len", "4000", "--only", "*.output", "--plain")
+    assert out.returncode == 0, out.stderr
+    attended = np.asarray(stepper_api.run("tiny-v4", layer=1, cache_len=4000, keep="*.output")["layers.1.attn.output"])
+    assert attended.shape == (1, 4, 7, 32) and np.isfinite(attended).all() and attended.std() > 0
 
 
 @pytest.mark.parametrize("value", ["naive", "absorb"])
