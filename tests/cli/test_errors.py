@@ -124,6 +124,15 @@ def test_a_path_too_long_for_a_file_is_one_line(args, line, tmp_path):
     assert snapshot(tmp_path) == {}
 
 
+def test_a_config_without_model_type_says_it_is_missing_then_what_it_may_be(tmp_path):
+    """It read "field 'model_type' must be one of deepseek_v3, ..., deepseek_v4, is missing"."""
+    (tmp_path / "config.json").write_text("{}")
+    from stepper.families import model_types
+
+    assert one_line(stepper("run", "--model", "config.json", cwd=tmp_path)) == (
+        f"stepper: error: config.json: field 'model_type' is missing; it must be one of {', '.join(model_types())}")
+
+
 # -- memory -------------------------------------------------------------------------------------
 
 
