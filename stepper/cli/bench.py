@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
 
+from stepper import files
 from stepper.cli.common import user_errors
+from stepper.errors import StepperError
 from stepper.untrusted import shown
 from stepper.views.sinks import line_width, styles
 
@@ -65,6 +68,8 @@ def bench_command(
         console = Console(stderr=as_json, highlight=False, markup=False, **styles(False))
         whole = line_width(console) is None  # a terminal wraps at words; a pipe or a file keeps each line whole
         workdir = workdir or Path.home() / ".cache" / "stepper" / "bench"
+        if not long:  # the checkpoints are written there: a folder that cannot be is refused before any measuring
+            usable_workdir(workdir)
         say = lambda line: console.print(f"· {shown(line)}", style="dim", soft_wrap=whole)
         if long:
             figures = long_context.long_context(long_model, say)
@@ -79,6 +84,14 @@ def bench_command(
         for f in figures:
             rss = f"  peak RSS {f.peak_rss_mb:,.0f} MB" if f.peak_rss_mb else ""
             console.print(f"{f.name}: {f.value:.3g} {f.unit}{rss}{against_floor(f)}  {shown(f.note)}", soft_wrap=whole)
+
+
+def usable_workdir(workdir: Path) -> None:
+    """The work folder made if it is missing, and refused in one line where nothing can be written in
+    it: the default run measures the machine's ceilings (seconds) before it writes its first checkpoint."""
+    files.make_folder(workdir)
+    if not os.access(workdir, os.W_OK):
+        raise StepperError(f"--workdir {shown(workdir)}: the folder is not writable")
 
 
 def against_floor(f) -> str:

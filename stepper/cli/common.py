@@ -105,7 +105,7 @@ def usage_message(e: typer.TyperException, args: list[str]) -> str:
     (click offers any it finds remotely alike: --bogus would get --use), and a negative number among
     the typed `args` told to go after --."""
     if type(e).__name__ != "NoSuchOption":  # typer carries its own copy of click
-        return e.format_message()
+        return bad_number(e) or e.format_message()
     number = next((a for a in args if a.startswith(e.option_name) and NEGATIVE.fullmatch(a)), None)
     if number is not None:  # click reads -0x01 as the option -0 and its value
         command = e.ctx.command_path if e.ctx is not None else "stepper"
@@ -114,6 +114,28 @@ def usage_message(e: typer.TyperException, args: list[str]) -> str:
     near = [o for o in e.possibilities or () if difflib.SequenceMatcher(None, typed, o.lstrip("-")).ratio() >= 0.75]
     suggestion = f" (did you mean {' or '.join(sorted(near))}?)" if near else ""
     return f"No such option: {e.option_name}{suggestion}"
+
+
+BOUNDS = {"greater_than_equal": ("ge", ">="), "greater_than": ("gt", ">"), "less_than_equal": ("le", "<="),
+          "less_than": ("lt", "<")}
+NUMBERS = {"int_parsing": "an integer", "float_parsing": "a number"}
+
+
+def bad_number(e: typer.TyperException) -> str | None:
+    """A number option typer refused, in the words of stepper's own refusals ('--seed must be >= 0,
+    got -1'; typer gives its validator's, 'Invalid value for '--seed': Input should be greater than
+    or equal to 0'). None for any other refusal."""
+    param, errors = getattr(e, "param", None), getattr(e.__cause__, "errors", None)
+    if param is None or not getattr(param, "opts", None) or not callable(errors) or not errors():
+        return None
+    error, option = errors()[0], param.opts[0]
+    kind, typed = error.get("type"), str(error.get("input"))
+    if kind in NUMBERS:
+        return f"{option} must be {NUMBERS[kind]}, got '{shown(typed)}'"
+    if kind in BOUNDS:
+        key, sign = BOUNDS[kind]
+        return f"{option} must be {sign} {error.get('ctx', {}).get(key)}, got {shown(typed)}"
+    return None
 
 
 def one_prompt(prompt: str | None, ids: str | None, prompt_len: int | None) -> None:

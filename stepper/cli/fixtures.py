@@ -196,7 +196,8 @@ def names_command(
         rows = aliases.names_table(system, model_type)
         if not rows:
             raise StepperError(f"no {system or 'naming'} table names the tensors of {model_type} models "
-                               "(stepper fixtures names lists each table's families; --map gives your own names)")
+                               "(stepper fixtures names lists each table's families; "
+                               "stepper fixtures verify --map FILE.json reads a dump under your own names)")
         if as_json:
             for row in rows:
                 print(json.dumps(row))

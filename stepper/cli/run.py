@@ -269,7 +269,8 @@ def run_command(
                                  "scales where its weights are FP8).")] = None,
     plain: PlainOpt = False,
     as_json: Annotated[bool, typer.Option(
-        "--json", help="One JSON object per tensor (JSON Lines) on stdout; --show's pictures on stderr.")] = False,
+        "--json", help="One JSON object per tensor (JSON Lines) on stdout; --show's pictures and the run's notes "
+                  "(a long run, say) on stderr.")] = False,
     dump: Annotated[Path | None, typer.Option(
         metavar="FILE.safetensors",
         help="Write every shown tensor to this file (its name ends in .safetensors).")] = None,
@@ -302,6 +303,10 @@ def run_command(
             if long > LONG_VALUES:
                 print_lines(console, f"note: the attention scores and weights shown hold {long:.2g} values, summarised "
                             "a tile at a time: their exact statistics take a while (--only can leave them out)", "dim")
+        else:  # stdout holds the JSON Lines alone: the plan's notes (a long run, tensors no layer reads) go to stderr
+            for line in planned.said:
+                if line.startswith("note: "):
+                    note(line)  # escaped as the header prints it
         shown = Shown(console, plan, keep, bool(only), as_json, plain)
         try:
             result = planned.execute(patcher + shown.sinks(pictures, dump is not None))

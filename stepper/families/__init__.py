@@ -67,8 +67,9 @@ def read_config(raw: dict[str, Any], source: str) -> Any:
     model_type = raw.get("model_type")
     family = family_of(model_type) if isinstance(model_type, str) else None
     if family is None:
-        got = "is missing" if model_type is None else f"got {said(model_type)}"
-        raise StepperError(f"{source}: field 'model_type' must be one of {', '.join(model_types())}, {got}")
+        known = ", ".join(model_types())
+        raise StepperError(f"{source}: field 'model_type' is missing; it must be one of {known}" if model_type is None
+                           else f"{source}: field 'model_type' must be one of {known}, got {said(model_type)}")
     return family.read_config(raw, source)
 
 

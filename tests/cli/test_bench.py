@@ -310,3 +310,20 @@ def test_a_scenario_asked_for_wrongly_gets_one_line_of_usage_and_exit_2(args, pr
     assert done.returncode == 2 and done.stdout == ""
     [line] = done.stderr.splitlines()
     assert problem in line and "usage: python -m stepper.bench SCENARIO" in line and "layers_in_turn" in line
+
+
+@pytest.mark.parametrize("v4", [False, True], ids=["default", "v4"])
+def test_a_work_folder_that_cannot_be_written_is_refused_before_anything_is_measured(tmp_path, monkeypatch, v4):
+    """A file where the folder should be was refused only after the ceilings' measuring (seconds),
+    when the first checkpoint was written; now before any scenario runs."""
+    from helpers.cli import one_line, stepper
+
+    def measured(*args, **kwargs):
+        raise AssertionError("measured before the work folder was checked")
+
+    monkeypatch.setattr(figs, "in_subprocess", measured)
+    monkeypatch.setattr(runner, "in_subprocess", measured)
+    (tmp_path / "taken").write_text("a file of the user's\n")
+    out = stepper("bench", "--workdir", "taken", *(["--v4"] if v4 else []), cwd=tmp_path)
+    assert one_line(out) == "stepper: error: taken: is not a folder; stepper does not write through it"
+    assert (tmp_path / "taken").read_text() == "a file of the user's\n"

@@ -123,11 +123,11 @@ def test_only_and_layer_select_tensors():
         (["--ids", "1,2,1000"], "token id 1000 out of range: model tiny has vocab_size 1000"),
         (["--ids", "1,x"], "--ids expects comma-separated integers"),
         (["--ids", "1", "--prompt-len", "3"], "give --ids or --prompt-len, not both"),
-        (["--start-pos", "-1"], "Invalid value for '--start-pos': Input should be greater than or equal to 0"),
+        (["--start-pos", "-1"], "--start-pos must be >= 0, got -1"),
         (["--start-pos", "131070"], "exceed max_position_embeddings"),
         (["--only", "nothing*"], "--only nothing*: matches no tensor of this run"),
         (["--dump", "out.npz"], "must end in .safetensors"),
-        (["--layer", "abc"], "Invalid value for '--layer'"),
+        (["--layer", "abc"], "--layer must be an integer, got 'abc'"),
         (["--bogus"], "No such option: --bogus"),
     ],
 )

@@ -54,16 +54,18 @@ def snapshot(folder: Path) -> dict[str, bytes | None]:
 
 
 def invalid(option: str, bound: str) -> str:
-    return f"stepper: error: Invalid value for '{option}': Input should be {bound} (see stepper run --help)"
+    """A number out of its option's range, in stepper's words (it was typer's validator's: "Invalid
+    value for '--seed': Input should be greater than or equal to 0")."""
+    return f"stepper: error: {option} must be {bound} (see stepper run --help)"
 
 
 @pytest.mark.parametrize("args, line", [
-    (["--seed", "-1"], invalid("--seed", "greater than or equal to 0")),
-    (["--prompt-len", "-3"], invalid("--prompt-len", "greater than or equal to 1")),
-    (["--decode", "-1"], invalid("--decode", "greater than or equal to 0")),
-    (["--start-pos", "-1"], invalid("--start-pos", "greater than or equal to 0")),
-    (["--layer", "-1"], invalid("--layer", "greater than or equal to 0")),
-    (["--weight-cache-mb", "-1"], invalid("--weight-cache-mb", "greater than or equal to 0")),
+    (["--seed", "-1"], invalid("--seed", ">= 0, got -1")),
+    (["--prompt-len", "-3"], invalid("--prompt-len", ">= 1, got -3")),
+    (["--decode", "-1"], invalid("--decode", ">= 0, got -1")),
+    (["--start-pos", "-1"], invalid("--start-pos", ">= 0, got -1")),
+    (["--layer", "-1"], invalid("--layer", ">= 0, got -1")),
+    (["--weight-cache-mb", "-1"], invalid("--weight-cache-mb", ">= 0, got -1")),
     (["--prompt-len", "100000000000"],
      "stepper: error: positions up to 99999999999 exceed max_position_embeddings (131072) of model tiny"),
     (["--decode", "10000000000"],
@@ -91,13 +93,14 @@ def test_a_huge_seed_runs():
 
 @pytest.mark.parametrize("args, line", [
     (["fixtures", "export", "fx", "--seed", "-1"],
-     ("stepper: error: Invalid value for '--seed': Input should be greater than or equal to 0 "
-     "(see stepper fixtures export --help)")),
+     "stepper: error: --seed must be >= 0, got -1 (see stepper fixtures export --help)"),
     (["fp8", "--weight", "model.layers.0.self_attn.o_proj.weight", "--seed", "-2"],
-     "stepper: error: Invalid value for '--seed': Input should be greater than or equal to 0 (see stepper fp8 --help)"),
+     "stepper: error: --seed must be >= 0, got -2 (see stepper fp8 --help)"),
     (["lesson", "watch", "tour", "--interval", "-1"],
-     ("stepper: error: Invalid value for '--interval': Input should be greater than or equal to 0.01 "
-     "(see stepper lesson watch --help)")),
+     "stepper: error: --interval must be >= 0.01, got -1 (see stepper lesson watch --help)"),
+    (["run", "--decode", "1.5"], "stepper: error: --decode must be an integer, got '1.5' (see stepper run --help)"),
+    (["run", "--dump-limit-gb", "x"],
+     "stepper: error: --dump-limit-gb must be a number, got 'x' (see stepper run --help)"),
 ])
 def test_numbers_of_other_commands_are_one_line(args, line, tmp_path):
     assert one_line(stepper(*args, cwd=tmp_path)) == line
@@ -122,6 +125,15 @@ def test_a_path_too_long_for_a_file_is_one_line(args, line, tmp_path):
     longest there can be (4096) is shown cut to it."""
     assert one_line(stepper(*args, cwd=tmp_path)) == line
     assert snapshot(tmp_path) == {}
+
+
+def test_a_config_without_model_type_says_it_is_missing_then_what_it_may_be(tmp_path):
+    """It read "field 'model_type' must be one of deepseek_v3, ..., deepseek_v4, is missing"."""
+    (tmp_path / "config.json").write_text("{}")
+    from stepper.families import model_types
+
+    assert one_line(stepper("run", "--model", "config.json", cwd=tmp_path)) == (
+        f"stepper: error: config.json: field 'model_type' is missing; it must be one of {', '.join(model_types())}")
 
 
 # -- memory -------------------------------------------------------------------------------------

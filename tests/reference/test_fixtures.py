@@ -606,10 +606,11 @@ def test_names_of_one_model_are_the_tables_its_fixtures_are_read_through():
     v3 = [json.loads(line) for line in stepper("fixtures", "names", "--model", "tiny", "--json").stdout.splitlines()]
     assert {row["naming"] for row in v3} == {"transformers", "inference", "llama.cpp"}
     assert all("kimi_k2" in row["models"].split(", ") for row in v3)
-    refused = stepper("fixtures", "names", "--model", "tiny-longcat", "--system", "transformers")
+    # the refusal names the command that takes a map (`fixtures names` has no --map: it said "--map gives ...")
+    refused = stepper("fixtures", "names", "--model", "tiny-glm5", "--system", "llama.cpp")
     assert refused.returncode == 2 and refused.stderr == (
-        "stepper: error: no transformers table names the tensors of longcat_flash models (stepper fixtures names "
-        "lists each table's families; --map gives your own names)\n")
+        "stepper: error: no llama.cpp table names the tensors of glm_moe_dsa models (stepper fixtures names "
+        "lists each table's families; stepper fixtures verify --map FILE.json reads a dump under your own names)\n")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -44,3 +44,20 @@ def test_a_run_under_the_count_says_nothing():
         run = api.run("tiny", prompt_len=2, decode=1, keep="*logits")
     assert not [line for line in run.notes if "long run" in line]
     assert planning.LONG_RUN == 20_000
+
+
+def test_with_json_the_note_goes_to_stderr_and_stdout_holds_json_alone(long_from_100):
+    """--json printed no header, and so nothing of a long run: the note goes to stderr, as the API's warning."""
+    import json
+
+    done = stepper("run", "--json", "--prompt-len", "2", "--decode", "1", "--only", "*logits")
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ("stepper: note: a long run: it makes 199 named tensors (2 steps through 3 layers), each of "
+                           "them whatever --only keeps; fewer --decode steps or layers make fewer\n")
+    names = [json.loads(line)["name"] for line in done.stdout.splitlines()]
+    assert "prefill.logits" in names and "decode0.logits" in names and all(n.endswith("logits") for n in names)
+
+
+def test_with_json_a_run_under_the_count_writes_nothing_on_stderr():
+    done = stepper("run", "--json", "--prompt-len", "2", "--only", "*logits")
+    assert done.returncode == 0 and done.stderr == "" and done.stdout.count("\n") == 3  # the two routers', the model's
