@@ -132,6 +132,8 @@ def without_credentials(model: str) -> str:
         parts.port  # noqa: B018 (a port that is no number raises here, not at the first request)
     except ValueError as e:
         raise StepperError(f"{shown(model)}: not a URL ({e})") from None
+    if not parts.hostname:  # (no request could reach it: refused now, not after the retries)
+        raise StepperError(f"{shown(model)}: not a URL (it names no host); expected https://HOST/PATH/")
     if "@" not in parts.netloc:
         return model
     userinfo, _, host = parts.netloc.rpartition("@")

@@ -278,6 +278,22 @@ def test_a_malformed_url_is_one_line_without_its_password(url, why, tmp_path):
     assert str(e.value) == f"{shown}: not a URL ({why})"
 
 
+@pytest.mark.parametrize("url", ["https://", "http://", "https:///ck/", "https://reader:s3cret-pw@/ck/", "http://:8080/"])
+def test_a_url_naming_no_host_is_refused_before_any_request(url, tmp_path, monkeypatch):
+    """No request can reach a URL without a host: it was tried and retried (15-18 s) before the
+    refusal "could not connect"; now it is refused before any request is made."""
+    import stepper as api
+    from stepper.weights import remote
+
+    monkeypatch.setattr(remote, "resolve", lambda *a, **k: pytest.fail(f"{url} was resolved"))
+    shown = url.replace("reader:s3cret-pw@", "***@")
+    said = one_line(stepper("run", "--model", url, env={"STEPPER_CACHE_DIR": str(tmp_path / "cache")}))
+    assert said == (f"stepper: error: Invalid value for '--model': {shown}: not a URL (it names no host); "
+                    "expected https://HOST/PATH/ (see stepper run --help)")
+    with pytest.raises(StepperError, match="it names no host"):
+        api.run(url)
+
+
 def test_a_hub_that_trickles_its_answer_on_a_revision_is_cut_off_in_one_line(server, tmp_path, monkeypatch):
     from huggingface_hub import constants
 
