@@ -488,6 +488,29 @@ def test_a_missing_side_says_what_stepper_diff_says(run):
         stepper.load("no/such.safetensors")
 
 
+def test_a_fixture_name_given_to_an_install_without_the_repository_says_where_the_fixtures_are(tmp_path, monkeypatch):
+    """A wheel (`pip install .`) holds no fixtures/: the docs' `stepper diff tiny-prefill-decode tiny-absorb`
+    was refused as no such file, with no word of where the named fixtures are."""
+    from stepper.fixtures import fixture, run_diff
+
+    for module in (fixture, run_diff):
+        monkeypatch.setattr(module, "REPOSITORY_FIXTURES", tmp_path / "installed" / "fixtures")
+    monkeypatch.chdir(tmp_path)
+    clone = "; the repository's fixtures (tiny-prefill-decode, ...) are read by name from a clone of it, not an install"
+    cli = helpers.cli.stepper("diff", "tiny-prefill-decode", "tiny-absorb")
+    assert cli.returncode == 2 and cli.stderr == ("stepper: error: diff A 'tiny-prefill-decode': no such file or "
+                                                  "folder; give a --dump file, a fixture folder or a run such as "
+                                                  f"'run --attn naive'{clone}\n")
+    with pytest.raises(StepperError) as api:
+        stepper.load("tiny-absorb")
+    assert str(api.value).endswith(clone)
+    verify = helpers.cli.stepper("fixtures", "verify", "tiny-absorb", "dump.safetensors")
+    assert verify.returncode == 2 and verify.stderr.rstrip().endswith(clone), verify.stderr
+    with pytest.raises(StepperError) as own:
+        stepper.diff("no/such.safetensors", "elsewhere")
+    assert "clone" not in str(own.value)  # a path, not a fixture's name
+
+
 def test_the_repository_fixtures_are_found_by_name_from_any_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     d = stepper.diff("tiny-prefill-decode", "tiny-absorb")
