@@ -24,7 +24,7 @@ from stepper.fixtures.implementation_names import explained
 from stepper.lessons import overrides
 from stepper.model.cache import cache_bytes_per_token
 from stepper.planning import RunPlan, plan_run
-from stepper.planning.memory import sizes, tiled_values
+from stepper.planning.memory import sizes, tiled_values, two_paths
 from stepper.seams.first_nan import FirstNaN
 from stepper.seams.patching import parse_patch
 from stepper.seams.trace import Filter, Recorder, Sink
@@ -130,6 +130,8 @@ def describe(plan: Plan) -> str:
     keys = "" if not cfg.has_indexer else " + index key" + (" and its FP8 codes" if spec.index_scoring == "fp8" else "")
     if hasattr(cfg, "memory_line"):  # a family whose layers keep something else (Kimi Linear's KDA state)
         wrapper += "\n" + cfg.memory_line(spec.cache_len + len(plan.prompt) + spec.decode)
+    if not two_paths(plan):  # a Kimi Linear KDA layer alone: no attention path, no per-head keys to cache
+        return f"{first}{wrapper}"
     return (
         f"{first}\n"
         f"attention {attn} · cache per position per layer (float32): per-head keys and values "

@@ -28,6 +28,7 @@ from stepper.families.deepseek import part_files
 from stepper.families.family import Family
 from stepper.kernels import kda_chunked
 from stepper.model.kimi_linear_layer import decoder_layer
+from stepper.sizes import gib
 from stepper.untrusted import said
 
 MODEL_TYPE = "kimi_linear"
@@ -317,8 +318,8 @@ def memory_line(cfg: KimiLinearConfig, positions: int) -> str:
     return (f"KDA layers keep {kda:,} B each at any length (state {cfg.linear_num_heads}x{cfg.linear_head_dim}"
             f"x{cfg.linear_head_dim} + conv inputs: 0 B per position), "
             f"MLA layers {mla:,} B per position (latent + key) · "
-            f"at {positions:,} positions: {layers(len(cfg.kda_layers), 'KDA')} {kda_total:,} B, "
-            f"{layers(len(cfg.full_attn_layers), 'MLA')} {mla_total:,} B")
+            f"at {positions:,} positions: {layers(len(cfg.kda_layers), 'KDA')} {gib(kda_total)}, "
+            f"{layers(len(cfg.full_attn_layers), 'MLA')} {gib(mla_total)}")
 
 
 def layers(n: int, kind: str) -> str:

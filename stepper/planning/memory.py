@@ -28,6 +28,7 @@ from stepper.kernels import attention, parallel
 from stepper.kernels.weight_cache import CachedWeights
 from stepper.seams.trace import unphased
 from stepper.session import Plan, Spell, cache_bytes, command_line, step_attn, takes, why_not
+from stepper.sizes import gib
 from stepper.tensors.statistics import CHUNK
 from stepper.weights.names import layer_shapes
 from stepper.weights.seeded import KEPT_BYTES, SyntheticWeights
@@ -49,14 +50,6 @@ class Need:
     what: str
     bytes: int
     lower: str  # the option that lowers it
-
-
-def gib(n: float) -> str:
-    """A size in the largest binary unit it reaches: "20.5 GiB", "21 MiB", "300 KiB", "12 B"."""
-    for unit, scale, digits in (("GiB", 2**30, 1), ("MiB", 2**20, 0), ("KiB", 2**10, 0)):
-        if n >= scale:
-            return f"{n / scale:.{digits}f} {unit}"
-    return f"{n:.0f} B"
 
 
 def step_shapes(plan: Plan) -> list[tuple[int, int]]:
@@ -252,7 +245,7 @@ def choose_attn(plan: Plan, estimate: Callable[[Plan], list[Need]], available: i
     which and why (None unless auto); the memory available is named only where it decides, so
     that the same run prints the same wherever it fits. `spell`: the option as the caller writes it."""
     auto = spell("attn", "auto")
-    if plan.spec.attn != "auto" or not takes(plan.config, "attn"):  # DeepSeek-V4: one attention path
+    if plan.spec.attn != "auto" or not takes(plan.config, "attn") or not two_paths(plan):  # DeepSeek-V4: one path
         return plan, None
     usual = sum(n.bytes for n in estimate(plan))
     absorbed = replace(plan, spec=replace(plan.spec, attn="absorb"))
@@ -268,6 +261,16 @@ def choose_attn(plan: Plan, estimate: Callable[[Plan], list[Need]], available: i
     paths = "naive prefill, absorbed decode" if plan.spec.decode else "naive prefill"
     room = "the memory available is not known" if available is None else "under half the memory available"
     return plan, f"{auto}: {paths} (the run needs about {gib(usual)}, {room})"
+
+
+def two_paths(plan: Plan) -> bool:
+    """Whether a layer the run computes has a naive and an absorbed attention (a Kimi Linear KDA layer
+    run alone has neither: its delta rule is the same either way)."""
+    cat, cfg, spec = catalog.load(), plan.config, plan.spec
+    computed = [spec.layer] if plan.alone else range(cfg.num_hidden_layers if plan.needs_logits
+                                                     else plan.layers_shown.stop)
+    return any(cat.layer_sequence(cfg, layer, "naive", spec.index_scoring)
+               != cat.layer_sequence(cfg, layer, "absorb", spec.index_scoring) for layer in computed)
 
 
 CHUNKS = (4096, 2048, 1024, 512, 256, 128)  # the chunks --chunk auto tries, largest first

@@ -18,9 +18,20 @@ def test_the_header_tells_the_memory_story_and_no_rotary_tables_are_made():
     assert out.returncode == 0, out.stderr
     assert ("KDA layers keep 20,992 B each at any length (state 4x32x32 + conv inputs: 0 B per position), "
             "MLA layers 320 B per position (latent + key)") in out.stdout
-    assert "at 3 positions: 3 KDA layers 62,976 B, 1 MLA layer 960 B" in out.stdout
+    assert "at 3 positions: 3 KDA layers 62 KiB, 1 MLA layer 960 B" in out.stdout
     assert "rope_cos" not in out.stdout and "q_pe_rope" not in out.stdout
     assert "layers.3.self_attn.key_states" in out.stdout and "layers.2.self_attn.state_per_chunk" in out.stdout
+
+
+def test_a_kda_layer_alone_is_told_no_attention_path_it_has_not():
+    """A KDA layer run alone has no naive or absorbed attention: its header said which attention ran
+    and what per-head keys would cache, and --attn auto chose between paths it does not have."""
+    kda = stepper("run", "--model", "tiny-kimi-linear", "--layer", "0", "--prompt-len", "5", "--plain").stdout
+    mla = stepper("run", "--model", "tiny-kimi-linear", "--layer", "3", "--prompt-len", "5", "--plain").stdout
+    header = lambda out: out.split("\nlayer ")[0].splitlines()  # noqa: E731
+    assert [line.split(" ")[0] for line in header(kda)] == ["model", "KDA"]
+    assert [line.split(" ")[0] for line in header(mla)] == ["model", "attention", "KDA", "--attn"]
+    assert header(mla)[3].startswith("--attn auto: naive prefill (the run needs about ")
 
 
 def peak_traced(length: int) -> int:

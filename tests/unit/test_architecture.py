@@ -40,6 +40,7 @@ BELOW_EVERYTHING: dict[str, set[str]] = {
     "config": {"errors", "untrusted.jsonfile", "untrusted", "untrusted.regex_subset", "untrusted.paths"},
     "untrusted.regex_subset": {"errors", "untrusted"},
     "dtypes": set(),
+    "sizes": set(),  # a size in bytes said in the largest binary unit it reaches
     "untrusted.jsonfile": {"errors"},
     "untrusted.paths": {"errors", "untrusted"},  # what is at a path given: a folder that cannot be read, a link loop
     "files": {"errors", "untrusted"},  # every file stepper writes or removes goes through it

@@ -39,7 +39,7 @@ def test_memory_per_layer_in_numbers():
     assert kl.mla_bytes_per_position(cfg, "naive") == 32 * (192 + 128) * 4
     line = cfg.memory_line(32768)
     assert "KDA layers keep 2,244,608 B each at any length" in line and "MLA layers 2,304 B per position" in line
-    assert "20 KDA layers 44,892,160 B, 7 MLA layers 528,482,304 B" in line  # 7 x 2304 x 32768: 504 MiB, growing
+    assert "20 KDA layers 43 MiB, 7 MLA layers 504 MiB" in line  # 20 x 2,244,608 B; 7 x 2304 x 32768 B, growing
 
 
 def linear(**changes) -> dict:
