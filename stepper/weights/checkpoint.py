@@ -353,7 +353,7 @@ class Checkpoint:
             required.update(global_shapes(self.config))
         if self.config.fused_experts:
             required = stored_shapes(required)
-        problems = self._partial_problems(present, absent, globals_absent)
+        problems = self._partial_problems(present, absent, globals_absent) + self._fused_problems(required)
         problems += self._unreadable_problems(required)
         problems += [p for name, shape in required.items()
                      if self.weight_map.get(self._stored_name(name)) not in self.unreadable
@@ -379,6 +379,25 @@ class Checkpoint:
             return []
         has_globals = any(name in self.weight_map for name in global_shapes(self.config))
         return [Problem(None, None, partial_text(present, self.config.num_hidden_layers, has_globals))]
+
+    def _fused_problems(self, required: dict[str, tuple[int, ...]]) -> list[Problem]:
+        """One problem for routed experts stored fused where config.json's family stores them one by
+        one (transformers' model as state_dict() gives it), taken out of `required`: not one per expert."""
+        held = [n for n in required if n not in self.weight_map and fused_name(n, "gate_up_proj") in self.weight_map]
+        if self.config.fused_experts or not held:
+            return []
+        cfg, first, expected = self.config, held[0], list(required[held[0]])
+        for name in [n for n in required if fused_name(n) in self.weight_map]:
+            del required[name]
+        fused = fused_name(first)
+        shard, shape = self.weight_map[fused], list(self.shard_of(fused).info(fused).shape)
+        layers = len({fused_name(n) for n in held})
+        slots = f" (its {shape[0]} slots: {cfg.n_routed_experts} routed experts and {cfg.zero_experts} zero experts, " \
+                "which have no weights)" if cfg.zero_experts else ""
+        also = f" ({count(layers - 1, 'more layer')} likewise)" if layers > 1 else ""
+        return [Problem(shard, fused, f"{shard}: '{fused}' {shape}{also} holds the experts fused, as transformers' "
+                        f"model holds them in memory{slots}; a {cfg.model_type} checkpoint stores each routed expert "
+                        f"by itself ('{first}' {expected}, ...): transformers' save_pretrained writes them so")]
 
     def _unreadable_problems(self, required: dict[str, tuple[int, ...]]) -> list[Problem]:
         """One line per shard the run needs and cannot read, however many of its tensors it needs

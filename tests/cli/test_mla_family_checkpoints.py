@@ -123,3 +123,49 @@ def test_a_chunked_prefill_across_the_query_scale_boundary_equals_the_whole(name
     for key in ("prefill.logits", "decode0.logits", "prefill.layers.1.self_attn.query_states"):
         got, want = np.asarray(chunked[key]), np.asarray(whole[key])  # a chunked prefill's tensor is lazy
         assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max(), key
+
+
+def as_transformers_holds_it(published, folder, fused: bool):
+    """tiny-longcat's published checkpoint (8 routed experts one by one, 4 zero experts with no
+    weights) as transformers' LongcatFlashExperts holds it: `fused`, state_dict()'s gate_up_proj
+    [8 + 4, 2 x 96, 256] (the zero experts' slots zero: it never reads them) and down_proj
+    [8, 256, 96]; else as its save_pretrained writes that, one by one again, with gate and up
+    tensors for experts 8 to 11."""
+    import ml_dtypes  # noqa: F401  (safetensors.numpy reads BF16 through it)
+    from safetensors.numpy import load_file, save_file
+
+    tensors = {name: a for shard in sorted(published.glob("*.safetensors")) for name, a in load_file(shard).items()}
+    for layer in range(2):
+        p = f"model.layers.{layer}.mlp.experts."
+        gate_up = [np.concatenate([tensors.pop(f"{p}{e}.gate_proj.weight"), tensors.pop(f"{p}{e}.up_proj.weight")])
+                   for e in range(8)] + [np.zeros((192, 256), tensors[f"{p}0.down_proj.weight"].dtype)] * 4
+        if fused:
+            tensors[p + "gate_up_proj"] = np.stack(gate_up)
+            tensors[p + "down_proj"] = np.stack([tensors.pop(f"{p}{e}.down_proj.weight") for e in range(8)])
+        else:
+            tensors.update({f"{p}{e}.{proj}.weight": half for e, pair in enumerate(gate_up)
+                            for proj, half in zip(("gate_proj", "up_proj"), np.split(pair, 2))})
+    folder.mkdir()
+    (folder / "config.json").write_bytes((published / "config.json").read_bytes())
+    save_file(tensors, str(folder / "model.safetensors"))
+    return folder
+
+
+def test_a_longcat_checkpoint_of_transformers_fused_experts_is_refused_in_one_line(tmp_path):
+    """transformers' own layout of LongCat's experts, 12 gate_up slots for 8 routed experts and 4
+    zero ones, is not the published checkpoint's: one line names the tensor, its shape and what a
+    checkpoint holds instead, not 48 missing experts. What save_pretrained writes runs, as the
+    published layout does (its zero experts' gate and up tensors are read by no run)."""
+    published = tmp_path / "published"
+    assert stepper("synth", "--model", "tiny-longcat", "--out", published, "--seed", 5).returncode == 0
+    fused = as_transformers_holds_it(published, tmp_path / "fused", fused=True)
+    assert one_line(stepper("run", "--model", fused)) == (
+        f"stepper: error: {fused}: model.safetensors: 'model.layers.0.mlp.experts.gate_up_proj' [12, 192, 256] "
+        "(1 more layer likewise) holds the experts fused, as transformers' model holds them in memory (its 12 slots: "
+        "8 routed experts and 4 zero experts, which have no weights); a longcat_flash checkpoint stores each routed "
+        "expert by itself ('model.layers.0.mlp.experts.0.gate_proj.weight' [96, 256], ...): transformers' "
+        "save_pretrained writes them so")
+    saved = as_transformers_holds_it(published, tmp_path / "saved", fused=False)
+    for attn in ("naive", "absorb"):
+        from_saved, from_published = logits(str(saved), attn), logits(str(published), attn)
+        assert len(from_saved) == 2 and all(np.array_equal(a, b) for a, b in zip(from_saved, from_published))

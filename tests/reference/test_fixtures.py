@@ -606,6 +606,11 @@ def test_names_of_one_model_are_the_tables_its_fixtures_are_read_through():
     v3 = [json.loads(line) for line in stepper("fixtures", "names", "--model", "tiny", "--json").stdout.splitlines()]
     assert {row["naming"] for row in v3} == {"transformers", "inference", "llama.cpp"}
     assert all("kimi_k2" in row["models"].split(", ") for row in v3)
+    longcat = [json.loads(line) for line in stepper("fixtures", "names", "--model", "tiny-longcat", "--json").stdout
+               .splitlines()]
+    assert {"name": "model.layers.{i}.self_attn.1.kv_a_layernorm", "canonical": "sub1.self_attn.compressed_kv_norm",
+            "source": "models/longcat_flash/modeling_longcat_flash.py:403"}.items() <= next(
+        row for row in longcat if row["name"] == "model.layers.{i}.self_attn.1.kv_a_layernorm").items()
     # the refusal names the command that takes a map (`fixtures names` has no --map: it said "--map gives ...")
     refused = stepper("fixtures", "names", "--model", "tiny-glm5", "--system", "llama.cpp")
     assert refused.returncode == 2 and refused.stderr == (
@@ -864,9 +869,11 @@ def test_a_candidate_of_unknown_names_is_told_the_namings_its_family_has(tmp_pat
 
 
 def test_a_candidate_of_unknown_names_is_shown_a_name_of_the_fixtures_own(tmp_path):
-    """LongCat's tensors are layers.N.sub0.* / sub1.*: the hint named layers.1.self_attn.k_pe, which it has not."""
+    """LongCat's tensors are layers.N.sub0.* / sub1.*: the hint named layers.1.self_attn.k_pe, which it has not.
+    (The candidate names its attention as DeepSeek-V3's transformers model does: LongCat's has two.)"""
     fixture = tmp_path / "fx"
     assert stepper("fixtures", "export", str(fixture), "--model", "tiny-longcat").returncode == 0
-    save_file({"model.layers.0.self_attn.0.q_a_proj": np.zeros((1, 7, 96), np.float32)}, tmp_path / "c.safetensors")
+    save_file({"model.layers.0.self_attn.q_a_proj": np.zeros((1, 7, 96), np.float32)}, tmp_path / "c.safetensors")
     told = stepper("fixtures", "verify", str(fixture), str(tmp_path / "c.safetensors"))
-    assert told.returncode == 2 and "expected canonical names like layers.0.sub0.self_attn.k_pe (" in told.stderr
+    assert told.returncode == 2 and ("expected canonical names like layers.0.sub0.self_attn.k_pe, transformers module "
+                                     "names (stepper fixtures names)") in told.stderr  # LongCat's table

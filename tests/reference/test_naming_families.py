@@ -283,7 +283,10 @@ def test_every_transformers_entry_is_at_a_line_that_calls_its_module():
     assert transformers.__version__ == "5.24.0"
     for alias in tables()["transformers"]:
         line = (folder / alias.file).read_text(encoding="utf-8").split("\n")[alias.line - 1]
-        module = alias.name.removesuffix(":input").split("[")[0].rsplit(".", 1)[-1]
-        # a decoder layer is called by its loop variable: `decoder_layer(` (MLA's), `layer(` (V4's)
+        parent, _, module = alias.name.removesuffix(":input").split("[")[0].rpartition(".")
+        # a decoder layer is called by its loop variable: `decoder_layer(` (MLA's), `layer(` (V4's); a
+        # ModuleList's item by its index (LongCat's `self.self_attn[0](`)
         called = {"{i}": "layer(", "rotary_emb": "self.rotary_emb("}.get(module, f"{module}(")
+        if module.isdigit():
+            called = f"{parent.rsplit('.', 1)[-1]}[{module}]("
         assert called in line, (alias.file, alias.name, alias.line, line.strip())

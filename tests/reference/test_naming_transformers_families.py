@@ -10,7 +10,9 @@ transformers.json's, q_proj included: its q_lora_rank is null); GLM-4.7-Flash, M
 Youtu and A.X-K1 name their modules as DeepSeek-V3 does, each in its own file (derived tables:
 transformers.json's names at the family's lines, A.X-K1 adding its post_mlp_layernorm). A.X-K2 has
 a table of its own: its gated norms, fused query and gate projection and indexer change what most
-of V3.2's names hold.
+of V3.2's names hold. So has LongCat-Flash (two sublayers a layer, self_attn.0 / mlps.1 for stepper's
+sub0. / sub1., a shortcut MoE with zero experts), whose published checkpoint from_pretrained refuses:
+its model is built from the config and given the experts fused, zeros in the zero experts' slots.
 """
 
 import hashlib
@@ -112,10 +114,73 @@ def gated_norms(matched: dict, not_placed: dict) -> None:
     assert "input_layernorm_gate" in not_placed["prefill.model.layers.1.input_layernorm.mlp"]
 
 
+def longcat_from_published(folder: Path):
+    """transformers' LongCat-Flash model of a checkpoint in the published layout (the routed experts one
+    by one). from_pretrained refuses it: its conversion stacks the 8 routed experts' gate and up weights,
+    [8, 2 x 96, 256], where the model allocates a slot for each zero expert too, [12, 2 x 96, 256]. So
+    the model is built from the config and given a state dict whose gate_up_proj holds zeros in the zero
+    experts' slots (it never reads them: they are identities), down_proj the 8 routed experts."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager")
+    stored = {n: t.float() for shard in sorted(folder.glob("*.safetensors")) for n, t in load_file(shard).items()}
+    state = {n: t for n, t in stored.items() if ".mlp.experts." not in n}
+    for i in range(config.num_layers):
+        p = f"model.layers.{i}.mlp.experts."
+        routed = range(config.n_routed_experts)
+        gate_up = [torch.cat([stored[f"{p}{e}.gate_proj.weight"], stored[f"{p}{e}.up_proj.weight"]]) for e in routed]
+        state[p + "gate_up_proj"] = torch.stack(gate_up + [torch.zeros_like(gate_up[0])] * config.zero_expert_num)
+        state[p + "down_proj"] = torch.stack([stored[f"{p}{e}.down_proj.weight"] for e in routed])
+    model.load_state_dict(state, strict=True)
+    return model.eval()
+
+
+def test_a_hooked_transformers_dump_of_longcat_verifies_through_the_cli(tmp_path):
+    """LongCat-Flash's two sublayers (transformers' self_attn.0 / mlps.1, stepper's sub0. / sub1.) and its
+    shortcut MoE with zero experts, read through its own table; its model loaded as longcat_from_published
+    says, since from_pretrained refuses the published layout."""
+    from transformers import LongcatFlashForCausalLM
+
+    fixture = tmp_path / "tiny-longcat"
+    exported = stepper("fixtures", "export", fixture, "--model", "tiny-longcat", "--decode", "1", "--plain")
+    assert exported.returncode == 0, exported.stderr
+    with pytest.raises(RuntimeError, match="ignore_mismatched_sizes"):  # gate_up_proj [8, ...] stored, [12, ...] made
+        LongcatFlashForCausalLM.from_pretrained(fixture / "weights")
+    model = longcat_from_published(fixture / "weights")
+    dump = every_module(model, json.loads((fixture / "manifest.json").read_text())["inputs"]["steps"])
+    save_file(dump, str(tmp_path / "hf.safetensors"))
+    assert (dump["prefill.model.layers.1.mlp.router[2]"] >= 8).any()  # zero experts were chosen
+
+    code, report = verified(fixture, tmp_path / "hf.safetensors", tmp_path, "good")
+    assert code == 0, [c for c in report["tensors"] if c["status"] == "mismatch"][:3]
+    assert report["unrecognised"] == [] and not report["ambiguous"], report["unrecognised"][:5]
+    matched = {c["name"]: c for c in report["tensors"] if c["status"] == "match"}
+    every = {"embed", "layers.1.mlp.gate.topk_idx", "layers.1.mlp.routed_output", "layers.1.output", "logits"}
+    every |= {f"layers.1.sub{j}.{n}" for j in (0, 1) for n in ("input_layernorm", "self_attn.compressed_kv_norm",
+              "self_attn.attn_output", "attn_residual", "post_attention_layernorm", "mlp.act", "mlp_output")}
+    assert {f"prefill.{n}" for n in every} | {f"decode0.{n}" for n in every} <= set(matched)
+    candidate = {name: c["candidate"].removeprefix("prefill.model.layers.") for name, c in matched.items()}
+    assert candidate["prefill.layers.1.sub1.self_attn.q"] == "1.self_attn.1.q_b_proj"
+    assert candidate["prefill.layers.1.sub0.self_attn.kv"] == "1.self_attn.0.kv_b_proj"
+    assert candidate["prefill.layers.1.sub1.input_layernorm"] == "1.input_layernorm.1"
+    assert candidate["prefill.layers.1.mlp.gate.topk_idx"] == "1.mlp.router[2]"
+    assert "mlp.zero_expert_output" in report["not_placed"]["prefill.model.layers.1.mlp.experts.identity_expert"]
+    assert {c["read_as"]["source"].split(":")[0] for c in matched.values()} == {
+        "models/longcat_flash/modeling_longcat_flash.py"}
+
+    perturbed(dump, "decode0.model.layers.1.self_attn.1.kv_a_layernorm", tmp_path / "bad.safetensors")
+    code, report = verified(fixture, tmp_path / "bad.safetensors", tmp_path, "bad")
+    assert code == 1 and report["first_divergence"]["name"] == "decode0.layers.1.sub1.self_attn.compressed_kv_norm"
+
+
 def test_every_transformers_table_line_calls_the_module_it_names():
     """Each transformers name's line, in the installed modeling file its table was read from (the
     same file: its sha256 as the table gives it), calls the module the name ends with (a decoder
-    layer's by the loop's variable): a derived table's line map is checked, not only its names."""
+    layer's by the loop's variable, a ModuleList's item by its index, as LongCat's self_attn[0]): a
+    derived table's line map is checked, not only its names."""
     import transformers
 
     root = Path(transformers.__file__).parent
@@ -123,8 +188,9 @@ def test_every_transformers_table_line_calls_the_module_it_names():
         for file, seal in json.loads(path.read_text())["source"]["files"].items():
             assert hashlib.sha256((root / file).read_bytes()).hexdigest()[:16] == seal["sha256"], (path.name, file)
     for alias in tables()["transformers"]:
-        module = re.sub(r"(:input|\[\d+\])$", "", alias.name).split(".")[-1]
-        call = "layer(" if module == "{i}" else f"self.{module}("
+        path = re.sub(r"(:input|\[\d+\])$", "", alias.name).split(".")
+        module = path[-1]
+        call = "layer(" if module == "{i}" else f"self.{path[-2]}[{module}](" if module.isdigit() else f"self.{module}("
         line = (root / alias.file).read_text().splitlines()[alias.line - 1]
         assert call in line, (alias.model_types, alias.name, alias.where, line.strip())
 
