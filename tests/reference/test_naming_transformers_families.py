@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -112,6 +113,49 @@ def gated_norms(matched: dict, not_placed: dict) -> None:
     assert "input_layernorm_gate" in not_placed["prefill.model.layers.1.input_layernorm.mlp"]
 
 
+def test_a_hooked_transformers_dump_of_kimi_linear_verifies_through_the_cli(tmp_path):
+    """tiny-kimi-linear: KDA layers 0-2 (layer 0 dense, then MoE) and MLA layer 3, each module's
+    name read as the kind of layer it is in (a KDA layer's o_proj:input at line 714, the MLA
+    layer's at 314). The fixture's config.json gives no token ids (stepper reads none), so
+    transformers' KimiLinearConfig takes the published model's (pad 163839), outside the tiny
+    vocabulary of 1000, and nn.Embedding refuses that padding_idx: the model is not built. A user
+    loading a tiny fixture in transformers gives ids inside its vocabulary, as here (on a copy: the
+    fixture records its weights' sha256)."""
+    from helpers.hf_families import load
+
+    fixture = tmp_path / "tiny-kimi-linear"
+    exported = stepper("fixtures", "export", fixture, "--model", "tiny-kimi-linear", "--decode", "1", "--plain")
+    assert exported.returncode == 0, exported.stderr
+    weights = shutil.copytree(fixture / "weights", tmp_path / "hf-weights")
+    raw = json.loads((weights / "config.json").read_text())
+    assert "pad_token_id" not in raw and raw["linear_attn_config"]["full_attn_layers"] == [4]
+    (weights / "config.json").write_text(json.dumps({**raw, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}))
+    dump = every_module(load(weights), json.loads((fixture / "manifest.json").read_text())["inputs"]["steps"])
+    save_file(dump, str(tmp_path / "hf.safetensors"))
+
+    code, report = verified(fixture, tmp_path / "hf.safetensors", tmp_path, "good")
+    assert code == 0, [c for c in report["tensors"] if c["status"] == "mismatch"][:3]
+    assert report["unrecognised"] == [] and not report["ambiguous"], report["unrecognised"][:5]
+    matched = {c["name"]: c for c in report["tensors"] if c["status"] == "match"}
+    kda = {f"layers.0.self_attn.{n}" for n in ("q_proj", "v_proj", "forget_gate", "output_gate", "core_out",
+                                                "gated_output", "attn_output", "o_proj")}
+    mla = {f"layers.3.self_attn.{n}" for n in ("q", "kv_a", "compressed_kv_norm", "attn_weights", "attn_output")}
+    every = {"embed", "layers.0.mlp.act", "layers.1.mlp.gate.topk_idx", "layers.2.mlp.routed_output", "norm", "logits"}
+    assert {f"{p}.{n}" for p in ("prefill", "decode0") for n in kda | mla | every} <= set(matched)
+    assert "prefill.layers.3.self_attn.kv" in matched and "absorb attention path" in \
+        report["not_placed"]["decode0.model.layers.3.self_attn.kv_b_proj"]
+    source = "models/kimi_linear/modeling_kimi_linear.py"
+    assert {c["read_as"]["source"].split(" @")[0] for c in matched.values()} >= {f"{source}:714", f"{source}:314"}
+    assert matched["prefill.layers.0.self_attn.attn_output"]["read_as"]["source"].startswith(f"{source}:714 ")
+    assert matched["prefill.layers.3.self_attn.attn_output"]["read_as"]["source"].startswith(f"{source}:314 ")
+    assert matched["prefill.layers.3.self_attn.q"]["candidate"] == "prefill.model.layers.3.self_attn.q_proj"
+    assert "before the sigmoid" in report["not_placed"]["prefill.model.layers.0.self_attn.b_proj"]
+
+    perturbed(dump, "decode0.model.layers.2.self_attn.forget_gate", tmp_path / "bad.safetensors")
+    code, report = verified(fixture, tmp_path / "bad.safetensors", tmp_path, "bad")
+    assert code == 1 and report["first_divergence"]["name"] == "decode0.layers.2.self_attn.forget_gate"
+
+
 def test_every_transformers_table_line_calls_the_module_it_names():
     """Each transformers name's line, in the installed modeling file its table was read from (the
     same file: its sha256 as the table gives it), calls the module the name ends with (a decoder
@@ -124,9 +168,10 @@ def test_every_transformers_table_line_calls_the_module_it_names():
             assert hashlib.sha256((root / file).read_bytes()).hexdigest()[:16] == seal["sha256"], (path.name, file)
     for alias in tables()["transformers"]:
         module = re.sub(r"(:input|\[\d+\])$", "", alias.name).split(".")[-1]
-        call = "layer(" if module == "{i}" else f"self.{module}("
+        calls = {"{i}": ["layer("]}
         line = (root / alias.file).read_text().splitlines()[alias.line - 1]
-        assert call in line, (alias.model_types, alias.name, alias.where, line.strip())
+        assert any(call in line for call in calls.get(module, [f"self.{module}("])), \
+            (alias.model_types, alias.name, alias.where, line.strip())
 
 
 def test_a_derived_table_must_give_a_line_for_each_line_it_derives(tmp_path):
