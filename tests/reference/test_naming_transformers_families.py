@@ -156,10 +156,58 @@ def test_a_hooked_transformers_dump_of_kimi_linear_verifies_through_the_cli(tmp_
     assert code == 1 and report["first_divergence"]["name"] == "decode0.layers.2.self_attn.forget_gate"
 
 
+def test_a_hooked_transformers_dump_of_kimi_k25_verifies_through_the_cli(tmp_path):
+    """A Kimi K2.5 checkpoint (`stepper synth --layout kimi_k25`, BF16) loaded as transformers'
+    Kimi_K25ForConditionalGeneration: the text model's modules are named under
+    model.language_model., the embedding is called by Kimi_K25Model and lm_head by the wrapper.
+    Every text weight loads; the vision tower's do not: stepper writes the tower's sizes as vt_*
+    fields, which transformers' Kimi_K25VisionConfig does not read, so it builds its default tower
+    (1152 wide) and the tiny tower's tensors do not fit it. A text prompt never runs the tower."""
+    import torch
+    from transformers import Kimi_K25ForConditionalGeneration
+
+    checkpoint, fixture = tmp_path / "k25", tmp_path / "fixture"
+    synth = stepper("synth", "--model", "tiny", "--layout", "kimi_k25", "--quant", "bf16", "--out", checkpoint)
+    assert synth.returncode == 0, synth.stderr
+    exported = stepper("fixtures", "export", fixture, "--model", checkpoint, "--decode", "1", "--plain")
+    assert exported.returncode == 0, exported.stderr
+    model, info = Kimi_K25ForConditionalGeneration.from_pretrained(
+        checkpoint, dtype=torch.float32, attn_implementation="eager", experts_implementation="eager",
+        ignore_mismatched_sizes=True, output_loading_info=True)
+    unread = [k if isinstance(k, str) else k[0] for kind in ("missing_keys", "mismatched_keys") for k in info[kind]]
+    assert not info["unexpected_keys"] and unread
+    assert all(k.startswith(("model.vision_tower.", "model.mm_projector.")) for k in unread), unread
+    dump = every_module(model.eval(), json.loads((fixture / "manifest.json").read_text())["inputs"]["steps"])
+    save_file(dump, str(tmp_path / "hf.safetensors"))
+
+    code, report = verified(fixture, tmp_path / "hf.safetensors", tmp_path, "good")
+    assert code == 0, [c for c in report["tensors"] if c["status"] == "mismatch"][:3]
+    assert report["unrecognised"] == [] and not report["ambiguous"], report["unrecognised"][:5]
+    matched = {c["name"]: c for c in report["tensors"] if c["status"] == "match"}
+    every = {"embed", "rope_cos", "layers.1.self_attn.q", "layers.1.self_attn.compressed_kv_norm",
+             "layers.1.mlp.gate.topk_idx", "layers.2.output", "norm", "logits"}
+    assert {f"{p}.{n}" for p in ("prefill", "decode0") for n in every} <= set(matched)
+    assert matched["prefill.layers.1.self_attn.q"]["candidate"] == \
+        "prefill.model.language_model.layers.1.self_attn.q_b_proj"
+    assert matched["prefill.embed"]["read_as"]["source"].startswith("models/kimi_k25/modeling_kimi_k25.py:678 ")
+    assert {c["read_as"]["source"].split(":")[0] for c in matched.values()} == {
+        "models/kimi_k25/modeling_kimi_k25.py", "models/deepseek_v3/modeling_deepseek_v3.py"}
+    listed = [json.loads(line) for line in stepper("fixtures", "names", "--model", checkpoint, "--json").stdout
+              .splitlines()]
+    assert {"name": "model.language_model.embed_tokens", "canonical": "embed",
+            "source": "models/kimi_k25/modeling_kimi_k25.py:678"}.items() <= next(
+        row for row in listed if row["name"] == "model.language_model.embed_tokens").items()
+
+    perturbed(dump, "decode0.model.language_model.layers.1.self_attn.kv_a_layernorm", tmp_path / "bad.safetensors")
+    code, report = verified(fixture, tmp_path / "bad.safetensors", tmp_path, "bad")
+    assert code == 1 and report["first_divergence"]["name"] == "decode0.layers.1.self_attn.compressed_kv_norm"
+
+
 def test_every_transformers_table_line_calls_the_module_it_names():
     """Each transformers name's line, in the installed modeling file its table was read from (the
     same file: its sha256 as the table gives it), calls the module the name ends with (a decoder
-    layer's by the loop's variable): a derived table's line map is checked, not only its names."""
+    layer's by the loop's variable, Kimi K2.5's embed_tokens by the accessor that returns it): a
+    derived table's line map is checked, not only its names."""
     import transformers
 
     root = Path(transformers.__file__).parent
@@ -168,7 +216,7 @@ def test_every_transformers_table_line_calls_the_module_it_names():
             assert hashlib.sha256((root / file).read_bytes()).hexdigest()[:16] == seal["sha256"], (path.name, file)
     for alias in tables()["transformers"]:
         module = re.sub(r"(:input|\[\d+\])$", "", alias.name).split(".")[-1]
-        calls = {"{i}": ["layer("]}
+        calls = {"{i}": ["layer("], "embed_tokens": ["self.embed_tokens(", "self.get_input_embeddings()("]}
         line = (root / alias.file).read_text().splitlines()[alias.line - 1]
         assert any(call in line for call in calls.get(module, [f"self.{module}("])), \
             (alias.model_types, alias.name, alias.where, line.strip())
@@ -186,3 +234,16 @@ def test_a_derived_table_must_give_a_line_for_each_line_it_derives(tmp_path):
     names = {a.name: a for a in read_table(tmp_path / "t.json", "transformers")}
     assert names["model.layers.{i}.self_attn.kv_a_layernorm"].where == "models/youtu/modeling_youtu.py:357"
     assert "model.layers.{i}.mlp.gate[0]" not in names  # its line is null: Youtu has no MoE
+
+
+def test_a_derived_table_may_put_the_names_under_another_module_path():
+    """Kimi K2.5's table is V3's names under model.language_model., at V3's own lines, but for the
+    two calls Kimi K2.5's files make (the embedding, lm_head)."""
+    names = {a.name: a for a in read_table(TABLES / "transformers-kimi_k25.json", "transformers")}
+    assert not any(name.startswith("model.layers.") for name in names)
+    assert names["model.language_model.layers.{i}.self_attn.kv_b_proj"].where == \
+        "models/deepseek_v3/modeling_deepseek_v3.py:416"
+    assert names["model.language_model.embed_tokens"].where == "models/kimi_k25/modeling_kimi_k25.py:678"
+    assert names["lm_head"].where == "models/kimi_k25/modeling_kimi_k25.py:838"
+    assert len(names) == len(read_table(TABLES / "transformers.json", "transformers"))
+
