@@ -247,3 +247,15 @@ def test_a_derived_table_may_put_the_names_under_another_module_path():
     assert names["lm_head"].where == "models/kimi_k25/modeling_kimi_k25.py:838"
     assert len(names) == len(read_table(TABLES / "transformers.json", "transformers"))
 
+
+def test_kimi_linear_names_read_at_80_columns():
+    """`stepper fixtures names --model tiny-kimi-linear` in an 80-column terminal: each name on
+    its line, and one spelt alike in both kinds of layer given for each, with its line."""
+    from helpers.terminal import on_terminal
+
+    screen = on_terminal("fixtures", "names", "--model", "tiny-kimi-linear", columns=80)
+    assert screen.code == 0 and screen.lines[0] == "transformers, kimi_linear (read at 5.24.0)"
+    rows = [i for i, line in enumerate(screen.lines) if line == "model.layers.{i}.self_attn.o_proj:input"]
+    assert [(screen.lines[i + 1].split(), screen.lines[i + 2].strip()) for i in rows] == [
+        (["self_attn.attn_output", "kda"], "models/kimi_linear/modeling_kimi_linear.py:714"),
+        (["self_attn.attn_output", "mla"], "models/kimi_linear/modeling_kimi_linear.py:314")]
