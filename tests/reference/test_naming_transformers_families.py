@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -176,10 +177,101 @@ def test_a_hooked_transformers_dump_of_longcat_verifies_through_the_cli(tmp_path
     assert code == 1 and report["first_divergence"]["name"] == "decode0.layers.1.sub1.self_attn.compressed_kv_norm"
 
 
+def test_a_hooked_transformers_dump_of_kimi_linear_verifies_through_the_cli(tmp_path):
+    """tiny-kimi-linear: KDA layers 0-2 (layer 0 dense, then MoE) and MLA layer 3, each module's
+    name read as the kind of layer it is in (a KDA layer's o_proj:input at line 714, the MLA
+    layer's at 314). The fixture's config.json gives no token ids (stepper reads none), so
+    transformers' KimiLinearConfig takes the published model's (pad 163839), outside the tiny
+    vocabulary of 1000, and nn.Embedding refuses that padding_idx: the model is not built. A user
+    loading a tiny fixture in transformers gives ids inside its vocabulary, as here (on a copy: the
+    fixture records its weights' sha256)."""
+    from helpers.hf_families import load
+
+    fixture = tmp_path / "tiny-kimi-linear"
+    exported = stepper("fixtures", "export", fixture, "--model", "tiny-kimi-linear", "--decode", "1", "--plain")
+    assert exported.returncode == 0, exported.stderr
+    weights = shutil.copytree(fixture / "weights", tmp_path / "hf-weights")
+    raw = json.loads((weights / "config.json").read_text())
+    assert "pad_token_id" not in raw and raw["linear_attn_config"]["full_attn_layers"] == [4]
+    (weights / "config.json").write_text(json.dumps({**raw, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}))
+    dump = every_module(load(weights), json.loads((fixture / "manifest.json").read_text())["inputs"]["steps"])
+    save_file(dump, str(tmp_path / "hf.safetensors"))
+
+    code, report = verified(fixture, tmp_path / "hf.safetensors", tmp_path, "good")
+    assert code == 0, [c for c in report["tensors"] if c["status"] == "mismatch"][:3]
+    assert report["unrecognised"] == [] and not report["ambiguous"], report["unrecognised"][:5]
+    matched = {c["name"]: c for c in report["tensors"] if c["status"] == "match"}
+    kda = {f"layers.0.self_attn.{n}" for n in ("q_proj", "v_proj", "forget_gate", "output_gate", "core_out",
+                                                "gated_output", "attn_output", "o_proj")}
+    mla = {f"layers.3.self_attn.{n}" for n in ("q", "kv_a", "compressed_kv_norm", "attn_weights", "attn_output")}
+    every = {"embed", "layers.0.mlp.act", "layers.1.mlp.gate.topk_idx", "layers.2.mlp.routed_output", "norm", "logits"}
+    assert {f"{p}.{n}" for p in ("prefill", "decode0") for n in kda | mla | every} <= set(matched)
+    assert "prefill.layers.3.self_attn.kv" in matched and "absorb attention path" in \
+        report["not_placed"]["decode0.model.layers.3.self_attn.kv_b_proj"]
+    source = "models/kimi_linear/modeling_kimi_linear.py"
+    assert {c["read_as"]["source"].split(" @")[0] for c in matched.values()} >= {f"{source}:714", f"{source}:314"}
+    assert matched["prefill.layers.0.self_attn.attn_output"]["read_as"]["source"].startswith(f"{source}:714 ")
+    assert matched["prefill.layers.3.self_attn.attn_output"]["read_as"]["source"].startswith(f"{source}:314 ")
+    assert matched["prefill.layers.3.self_attn.q"]["candidate"] == "prefill.model.layers.3.self_attn.q_proj"
+    assert "before the sigmoid" in report["not_placed"]["prefill.model.layers.0.self_attn.b_proj"]
+
+    perturbed(dump, "decode0.model.layers.2.self_attn.forget_gate", tmp_path / "bad.safetensors")
+    code, report = verified(fixture, tmp_path / "bad.safetensors", tmp_path, "bad")
+    assert code == 1 and report["first_divergence"]["name"] == "decode0.layers.2.self_attn.forget_gate"
+
+
+def test_a_hooked_transformers_dump_of_kimi_k25_verifies_through_the_cli(tmp_path):
+    """A Kimi K2.5 checkpoint (`stepper synth --layout kimi_k25`, BF16) loaded as transformers'
+    Kimi_K25ForConditionalGeneration: the text model's modules are named under
+    model.language_model., the embedding is called by Kimi_K25Model and lm_head by the wrapper.
+    Every text weight loads; the vision tower's do not: stepper writes the tower's sizes as vt_*
+    fields, which transformers' Kimi_K25VisionConfig does not read, so it builds its default tower
+    (1152 wide) and the tiny tower's tensors do not fit it. A text prompt never runs the tower."""
+    import torch
+    from transformers import Kimi_K25ForConditionalGeneration
+
+    checkpoint, fixture = tmp_path / "k25", tmp_path / "fixture"
+    synth = stepper("synth", "--model", "tiny", "--layout", "kimi_k25", "--quant", "bf16", "--out", checkpoint)
+    assert synth.returncode == 0, synth.stderr
+    exported = stepper("fixtures", "export", fixture, "--model", checkpoint, "--decode", "1", "--plain")
+    assert exported.returncode == 0, exported.stderr
+    model, info = Kimi_K25ForConditionalGeneration.from_pretrained(
+        checkpoint, dtype=torch.float32, attn_implementation="eager", experts_implementation="eager",
+        ignore_mismatched_sizes=True, output_loading_info=True)
+    unread = [k if isinstance(k, str) else k[0] for kind in ("missing_keys", "mismatched_keys") for k in info[kind]]
+    assert not info["unexpected_keys"] and unread
+    assert all(k.startswith(("model.vision_tower.", "model.mm_projector.")) for k in unread), unread
+    dump = every_module(model.eval(), json.loads((fixture / "manifest.json").read_text())["inputs"]["steps"])
+    save_file(dump, str(tmp_path / "hf.safetensors"))
+
+    code, report = verified(fixture, tmp_path / "hf.safetensors", tmp_path, "good")
+    assert code == 0, [c for c in report["tensors"] if c["status"] == "mismatch"][:3]
+    assert report["unrecognised"] == [] and not report["ambiguous"], report["unrecognised"][:5]
+    matched = {c["name"]: c for c in report["tensors"] if c["status"] == "match"}
+    every = {"embed", "rope_cos", "layers.1.self_attn.q", "layers.1.self_attn.compressed_kv_norm",
+             "layers.1.mlp.gate.topk_idx", "layers.2.output", "norm", "logits"}
+    assert {f"{p}.{n}" for p in ("prefill", "decode0") for n in every} <= set(matched)
+    assert matched["prefill.layers.1.self_attn.q"]["candidate"] == \
+        "prefill.model.language_model.layers.1.self_attn.q_b_proj"
+    assert matched["prefill.embed"]["read_as"]["source"].startswith("models/kimi_k25/modeling_kimi_k25.py:678 ")
+    assert {c["read_as"]["source"].split(":")[0] for c in matched.values()} == {
+        "models/kimi_k25/modeling_kimi_k25.py", "models/deepseek_v3/modeling_deepseek_v3.py"}
+    listed = [json.loads(line) for line in stepper("fixtures", "names", "--model", checkpoint, "--json").stdout
+              .splitlines()]
+    assert {"name": "model.language_model.embed_tokens", "canonical": "embed",
+            "source": "models/kimi_k25/modeling_kimi_k25.py:678"}.items() <= next(
+        row for row in listed if row["name"] == "model.language_model.embed_tokens").items()
+
+    perturbed(dump, "decode0.model.language_model.layers.1.self_attn.kv_a_layernorm", tmp_path / "bad.safetensors")
+    code, report = verified(fixture, tmp_path / "bad.safetensors", tmp_path, "bad")
+    assert code == 1 and report["first_divergence"]["name"] == "decode0.layers.1.self_attn.compressed_kv_norm"
+
+
 def test_every_transformers_table_line_calls_the_module_it_names():
     """Each transformers name's line, in the installed modeling file its table was read from (the
     same file: its sha256 as the table gives it), calls the module the name ends with (a decoder
-    layer's by the loop's variable, a ModuleList's item by its index, as LongCat's self_attn[0]): a
+    layer's by the loop's variable, a ModuleList's item by its index, as LongCat's self_attn[0], Kimi K2.5's
+    embed_tokens by the accessor that returns it): a
     derived table's line map is checked, not only its names."""
     import transformers
 
@@ -190,9 +282,12 @@ def test_every_transformers_table_line_calls_the_module_it_names():
     for alias in tables()["transformers"]:
         path = re.sub(r"(:input|\[\d+\])$", "", alias.name).split(".")
         module = path[-1]
-        call = "layer(" if module == "{i}" else f"self.{path[-2]}[{module}](" if module.isdigit() else f"self.{module}("
+        calls = {"{i}": ["layer("], "embed_tokens": ["self.embed_tokens(", "self.get_input_embeddings()("]}
+        if module.isdigit():
+            calls[module] = [f"self.{path[-2]}[{module}]("]
         line = (root / alias.file).read_text().splitlines()[alias.line - 1]
-        assert call in line, (alias.model_types, alias.name, alias.where, line.strip())
+        assert any(call in line for call in calls.get(module, [f"self.{module}("])), \
+            (alias.model_types, alias.name, alias.where, line.strip())
 
 
 def test_a_derived_table_must_give_a_line_for_each_line_it_derives(tmp_path):
@@ -207,3 +302,28 @@ def test_a_derived_table_must_give_a_line_for_each_line_it_derives(tmp_path):
     names = {a.name: a for a in read_table(tmp_path / "t.json", "transformers")}
     assert names["model.layers.{i}.self_attn.kv_a_layernorm"].where == "models/youtu/modeling_youtu.py:357"
     assert "model.layers.{i}.mlp.gate[0]" not in names  # its line is null: Youtu has no MoE
+
+
+def test_a_derived_table_may_put_the_names_under_another_module_path():
+    """Kimi K2.5's table is V3's names under model.language_model., at V3's own lines, but for the
+    two calls Kimi K2.5's files make (the embedding, lm_head)."""
+    names = {a.name: a for a in read_table(TABLES / "transformers-kimi_k25.json", "transformers")}
+    assert not any(name.startswith("model.layers.") for name in names)
+    assert names["model.language_model.layers.{i}.self_attn.kv_b_proj"].where == \
+        "models/deepseek_v3/modeling_deepseek_v3.py:416"
+    assert names["model.language_model.embed_tokens"].where == "models/kimi_k25/modeling_kimi_k25.py:678"
+    assert names["lm_head"].where == "models/kimi_k25/modeling_kimi_k25.py:838"
+    assert len(names) == len(read_table(TABLES / "transformers.json", "transformers"))
+
+
+def test_kimi_linear_names_read_at_80_columns():
+    """`stepper fixtures names --model tiny-kimi-linear` in an 80-column terminal: each name on
+    its line, and one spelt alike in both kinds of layer given for each, with its line."""
+    from helpers.terminal import on_terminal
+
+    screen = on_terminal("fixtures", "names", "--model", "tiny-kimi-linear", columns=80)
+    assert screen.code == 0 and screen.lines[0] == "transformers, kimi_linear (read at 5.24.0)"
+    rows = [i for i, line in enumerate(screen.lines) if line == "model.layers.{i}.self_attn.o_proj:input"]
+    assert [(screen.lines[i + 1].split(), screen.lines[i + 2].strip()) for i in rows] == [
+        (["self_attn.attn_output", "kda"], "models/kimi_linear/modeling_kimi_linear.py:714"),
+        (["self_attn.attn_output", "mla"], "models/kimi_linear/modeling_kimi_linear.py:314")]
