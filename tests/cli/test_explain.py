@@ -183,21 +183,20 @@ def test_the_names_fixtures_verify_prints_are_explained_as_the_tensors_they_hold
 
 
 @pytest.mark.parametrize("name, model, said", [
-    ("layers.0.self_attn.indexer.q_rope", "tiny-glm5", "turns interleaved pairs (2i, 2i+1)"),
-    ("layers.0.self_attn.indexer.k_rope", "tiny-glm5", "turns interleaved pairs (2i, 2i+1)"),
+    ("layers.0.self_attn.indexer.q_rope", "tiny-glm5", "turns its first 16 dims in interleaved pairs (2i, 2i+1)"),
+    ("layers.0.self_attn.indexer.k_rope", "tiny-glm5", "k_norm[..., :rope][..., 0::2]"),
     ("layers.0.self_attn.q_pe_rope", "tiny-minicpm3", "no gather of evens and odds"),
-    ("rope_cos", "tiny-minicpm3", "rotary angles are LongRoPE's"),
-    ("logits", "tiny-minicpm3", "logits = norm_scaled @ lm_head^T"),
-    ("logits", "tiny-minicpm3", "lm_head is the embedding matrix here"),
-    ("logits", "tiny-youtu", "lm_head is the embedding matrix here"),
+    ("rope_cos", "tiny-minicpm3", "LongRoPE divides each pair's frequency"),
+    ("logits", "tiny-minicpm3", "lm_head is the embedding matrix itself"),
+    ("logits", "tiny-youtu", "lm_head is the embedding matrix itself"),
     ("layers.3.self_attn.q_pe", "tiny-kimi-linear", "use no position encoding (mla_use_nope)"),
-    ("mlp.gate.scores_for_choice", "tiny-axk1", "router has no e_score_correction_bias"),
-    ("mlp.gate.topk_idx", "tiny-mistral4", "router has no e_score_correction_bias"),
+    ("mlp.gate.scores_for_choice", "tiny-axk1", "router has no load-balancing bias"),
+    ("mlp.gate.topk_idx", "tiny-mistral4", "this router has no e_score_correction_bias"),
     ("mlp.gate.topk_idx", "tiny-axk2", "scores_for_choice, 0.0), num_experts_per_tok"),
-    ("mlp.gate.topk_weight", "tiny-longcat", "not renormalised (norm_topk_prob false)"),  # said: rows sum to it
+    ("mlp.gate.topk_weight", "tiny-longcat", "not divided by their sum (norm_topk_prob false)"),
     ("rope_cos", "tiny-youtu", "no YaRN (rope_scaling unset)"),  # said: factor = (not set) ...
     ("embed", "tiny-youtu", "zeroes the pad token's row (id 999)"),
-    ("layers.1.self_attn.attn_scores", "tiny-glm4-flash", "softmax_scale = qk_head_dim^-0.5, no mscale"),
+    ("layers.1.self_attn.attn_scores", "tiny-glm4-flash", "no YaRN, so no mscale multiplies it"),
 ])
 def test_explain_notes_where_a_family_computes_a_tensor_otherwise(name, model, said):
     """The catalogue's texts are DeepSeek's: GLM-5's indexer rope (pairs, not halves), MiniCPM3's
@@ -210,10 +209,10 @@ def test_explain_notes_where_a_family_computes_a_tensor_otherwise(name, model, s
 
 
 @pytest.mark.parametrize("name, model, own, deepseeks", [
-    ("rope_cos", "tiny-glm4-flash", "rope_cos = cat(cos(freqs), cos(freqs)) note", "factor = (not set)"),
+    ("rope_cos", "tiny-glm4-flash", "rope_cos = cat(cos(freqs), cos(freqs)) Only the", "factor = (not set)"),
     ("rope_cos", "tiny-youtu", "rope_theta = 1600000, no frequency is divided", "inv_freq_yarn"),
     ("rope_cos", "tiny-glm5", "pair i turns by rope_theta^(-2i/16) radians", "mscale(factor, mscale)"),
-    ("rope_sin", "tiny-axk1", "rope_sin = cat(sin(freqs), sin(freqs)) note", "mscale(factor, mscale)"),
+    ("rope_sin", "tiny-axk1", "rope_sin = cat(sin(freqs), sin(freqs)) Same angles", "mscale(factor, mscale)"),
     ("rope_cos", "tiny-minicpm3", "long_factor[i] once it is past", "factor = (not set)"),
     ("rope_sin", "tiny-minicpm3", "rope_sin = cat(sin(freqs), sin(freqs)) * attention_factor", "[evens | odds]"),
     ("layers.0.self_attn.q_pe_rope", "tiny-minicpm3", "out[i] = x[i] cos - x[i + 8] sin", "q_pe[..., 0::2]"),
@@ -224,7 +223,30 @@ def test_explain_notes_where_a_family_computes_a_tensor_otherwise(name, model, s
     ("mlp.gate.topk_weight", "tiny-longcat", "share of the softmax the 3 chosen", "norm_topk_prob;"),
     ("logits", "tiny-youtu", "logits = norm @ embed_tokens.weight^T", "separate matrix"),
     ("logits", "tiny-minicpm3", "logits = norm_scaled @ embed_tokens.weight^T", "separate matrix"),
-    ("layers.1.self_attn.attn_scores", "tiny-glm4-flash", "softmax_scale = qk_head_dim^-0.5 note", "1.8133"),
+    ("layers.1.self_attn.attn_scores", "tiny-glm4-flash", "softmax_scale = qk_head_dim^-0.5 The scale", "1.8133"),
+    ("layers.1.self_attn.query_states", "tiny-mistral4", "cat(q_nope, q_pe_rope, dim=-1) * q_position_scale[t]",
+     "dim=-1) [B, H, T, qk_head_dim]"),
+    ("self_attn.q_position_scale", "tiny-mistral4", ("1 for positions 0 to 4095 and 1 + beta ln(n + 1) in the "
+                                                     "n-th block of 4096 positions after them (beta = 0.1)"),
+     "mistral4's"),
+    ("layers.1.self_attn.q_nope_absorbed", "tiny-mistral4", "the scores read this tensor times q_position_scale",
+     "nothing"),
+    ("layers.3.self_attn.query_states", "tiny-kimi-linear", "query_states = cat(q_nope, q_pe, dim=-1)", "q_pe_rope"),
+    ("layers.3.self_attn.key_states", "tiny-kimi-linear", "cat(k_nope, k_pe.expand(B, H, T, rope)", "k_pe_rope"),
+    ("layers.3.self_attn.attn_scores", "tiny-kimi-linear", "softmax_scale = qk_head_dim^-0.5 The scale", "1.8133"),
+    ("layers.3.self_attn.k_pe", "tiny-kimi-linear", "so it holds no position", "interleaved pair layout"),
+    ("layers.3.self_attn.q_pe", "tiny-kimi-linear", "(never rotated: no q_pe_rope)", "interleaved pairs"),
+    ("layers.3.self_attn.q", "tiny-kimi-linear", "q = (input_layernorm @ q_proj.weight^T)", "get rotated"),
+    ("layers.3.self_attn.kv_a", "tiny-kimi-linear", "one 16-dim key part shared by all heads", "rotary key"),
+    ("layers.0.self_attn.attn_output", "tiny-kimi-linear", "attn_output = gated_output.transpose(1, 2)", "Kimi K2"),
+    ("layers.0.input_layernorm", "tiny-kimi-linear", "In a KDA layer it feeds q_proj, k_proj, v_proj", "q_a_proj"),
+    ("embed", "tiny-kimi-linear", "No layer of this model rotates anything", "through RoPE"),
+    ("layers.0.self_attn.indexer.q_rope", "tiny-glm5", "cat(x * rope_cos + rotate_half(x) * rope_sin, q[..., rope:])",
+     "rotates dims (i, i + rope/2)"),
+    ("layers.0.self_attn.q_pe", "tiny-minicpm3", "dim i with dim i + 8", "interleaved pairs"),
+    ("layers.0.self_attn.k_pe", "tiny-minicpm3", "turns in two halves as stored", "interleaved pair layout"),
+    ("layers.1.mlp_output", "tiny-axk1", "rms_norm(routed_output + shared_output)", "mlp_output = routed_output +"),
+    ("layers.1.output", "tiny-minicpm3", "output = attn_residual + mlp_scaled", "attn_residual + mlp_output"),
 ])
 def test_explain_gives_a_familys_own_formula_and_explanation(name, model, own, deepseeks):
     """The formula and the explanation were DeepSeek's for every model: YaRN's cosines with
