@@ -22,7 +22,7 @@ from typing import Any
 from rich.text import Text
 
 from stepper import catalog
-from stepper.catalog import family_notes, sites, texts
+from stepper.catalog import family_cites, family_notes, sites, texts
 from stepper.config import Config, MlaVariants
 from stepper.errors import StepperError
 from stepper.presets import PRESETS, V4_PRESETS
@@ -104,7 +104,7 @@ def explain_text(cat: catalog.Catalog, entry: dict[str, Any], cfg: Config | None
     explanation = texts.unrendered(own) if cfg is None else texts.render(own, cfg)
     text.append(f"\n{explanation}\n\n")
     text.append(emit_sites_text(entry["name"]))
-    text.append(citations_text(cat, entry["reference"]))
+    text.append(citations_text(cat, family_cites.reference(cfg, catalog.key_of(entry["name"]), entry["reference"])))
     aliases = {k: v for k, v in entry.get("aliases", {}).items() if v}
     if aliases:
         text.append("aliases ", style="dim")

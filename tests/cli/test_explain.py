@@ -259,6 +259,32 @@ def test_explain_gives_a_familys_own_formula_and_explanation(name, model, own, d
     assert deepseeks not in said, said
 
 
+@pytest.mark.parametrize("name, model, cited, line", [
+    ("layers.1.self_attn.query_states", "tiny-mistral4", "transformers modeling_mistral4.py lines 476-482",
+     "query_states = query_states * get_llama_4_attn_scale("),
+    ("layers.3.self_attn.kv_a", "tiny-kimi-linear", "transformers modeling_kimi_linear.py line 285",
+     "compressed_kv = self.kv_a_proj_with_mqa(hidden_states)"),
+    ("layers.1.mlp.gate.topk_idx", "tiny-glm4-flash", "transformers modeling_glm4_moe_lite.py", "topk_indices"),
+    ("layers.1.self_attn.kv_a", "tiny-v2", "transformers modeling_deepseek_v2.py", "self.kv_a_proj_with_mqa("),
+])
+def test_a_family_cites_its_own_transformers_file(name, model, cited, line):
+    """Every family's explain cited DeepSeek-V3's lines (modeling_deepseek.py, modeling_deepseek_v3.py)."""
+    out = stepper("explain", name, "--model", model, "--plain", env={"COLUMNS": "80"})
+    assert out.returncode == 0, out.stderr
+    said = " ".join(out.stdout.split())
+    assert f"{cited} " in said and line in said, said
+    assert "modeling_deepseek.py" not in said and "modeling_deepseek_v3.py" not in said, said
+    kimi_k2 = stepper("explain", catalog.key_of(name), "--plain").stdout
+    assert "modeling_deepseek_v3.py" in kimi_k2 and "modeling_deepseek.py" in kimi_k2
+
+
+def test_a_tensor_no_family_file_computes_keeps_deepseeks_citation():
+    """The absorbed path is DeepSeek's inference code alone: Mistral 4 cites it as Kimi K2 does."""
+    said = " ".join(stepper("explain", "self_attn.attn_output_latent", "--model", "tiny-mistral4", "--plain")
+                    .stdout.split())
+    assert "DeepSeek inference/model.py line 491" in said and "modeling_mistral4.py" not in said
+
+
 @pytest.mark.parametrize("parameter", ["model.layers.1.mlp.experts.gate_up_proj",
                                        "model.layers.1.mlp.experts.down_proj", "mlp.experts.gate_up_proj"])
 def test_mistral4s_fused_experts_lead_to_the_routed_output(parameter):
