@@ -31,9 +31,11 @@ def explained(query: str, model: str = "tiny") -> str:
 
 
 def titles(out: str) -> list[str]:
-    """The entries an explain printed: each starts with its catalogue name alone on a line."""
+    """The entries an explain printed: each starts with its catalogue name (or a sublayer's name of
+    it: `sub1.self_attn.q`) alone on a line."""
     names = set(catalog.load().names())
-    return [line for line in out.splitlines() if line in names]
+    return [line for line in out.splitlines() if line in names or re.fullmatch(r"sub\d\.[\w.]+", line)
+            and catalog.key_of(line) in names]
 
 
 def test_a_weight_name_explains_the_tensors_computed_from_it():
@@ -316,19 +318,25 @@ def test_a_glob_lists_what_it_matches_of_the_models_tensors_a_sublayers_too():
         assert out.returncode == 0, out.stderr
         return titles(out.stdout)
 
-    sublayer = listed("sub1.*", "tiny-longcat")
-    assert sublayer[:3] == ["input_layernorm", "self_attn.q_a", "self_attn.q_a_norm"]
-    assert sublayer[-4:] == ["mlp.gate_proj", "mlp.up_proj", "mlp.act", "mlp_output"]
-    assert not {"embed", "hidden_states", "mlp.gate.logits", "output"} & set(sublayer)
-    assert listed("sub0.*", "tiny-longcat") == [*sublayer, "output"]  # sub0.output; sub1's is the layer's
+    sublayer = listed("sub1.*", "tiny-longcat")  # headed by the names the glob matched, as the user wrote them
+    assert sublayer[:3] == ["sub1.input_layernorm", "sub1.self_attn.q_a", "sub1.self_attn.q_a_norm"]
+    assert sublayer[-4:] == ["sub1.mlp.gate_proj", "sub1.mlp.up_proj", "sub1.mlp.act", "sub1.mlp_output"]
+    assert not {"embed", "hidden_states", "mlp.gate.logits", "output"} & {catalog.key_of(n) for n in sublayer}
+    assert listed("sub0.*", "tiny-longcat") == [n.replace("sub1.", "sub0.") for n in sublayer] + ["sub0.output"]
     assert listed("layers.1.sub1.self_attn.q_*", "tiny-longcat") == [
-        "self_attn.q_a", "self_attn.q_a_norm", "self_attn.q_nope", "self_attn.q_pe", "self_attn.q_nope_scaled",
-        "self_attn.q_pe_scaled", "self_attn.q_nope_absorbed", "self_attn.q_pe_rope"]
+        "sub1.self_attn.q_a", "sub1.self_attn.q_a_norm", "sub1.self_attn.q_nope", "sub1.self_attn.q_pe",
+        "sub1.self_attn.q_nope_scaled", "sub1.self_attn.q_pe_scaled", "sub1.self_attn.q_nope_absorbed",
+        "sub1.self_attn.q_pe_rope"]
+    assert listed("*.q_a_norm", "tiny-longcat") == ["self_attn.q_a_norm"]  # both sublayers': the catalogue's name
+    said = " ".join(stepper("explain", "sub1.self_attn.q_a*", "--model", "tiny-longcat", "--plain").stdout.split())
+    assert "sub1.self_attn.q_a Query down-projection" in said and "stepper emits it stepper/model/" in said
     assert listed("layers.0.*_conv", "tiny-kimi-linear") == ["self_attn.q_conv", "self_attn.k_conv",
                                                              "self_attn.v_conv"]
     kv = stepper("explain", "*.kv#2", "--model", "tiny-v4", "--plain").stdout
     assert "*.kv#2 matches inference's layers.{i}.attn.kv#2 (inference/model.py:508): attn.kv" in kv
     assert titles(kv) == ["attn.kv", "attn.compressor.pooled", "attn.indexer.compressor.pooled"]
+    window = stepper("explain", "layers.0.*.kv#2", "--model", "tiny-v4", "--plain").stdout  # no compressor
+    assert titles(window) == ["attn.kv"] and "compressor" not in window, window  # the table's names too
 
 
 @pytest.mark.parametrize("query, model, said", [
@@ -342,6 +350,18 @@ def test_a_glob_matching_no_tensor_of_the_model_is_refused_in_one_line(query, mo
     out = stepper("explain", query, "--model", model, "--plain")
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.strip().splitlines() == [f"stepper: error: {said}"]
+
+
+def test_a_refused_glob_runs_only_the_presets_whose_catalogue_it_matches(monkeypatch):
+    """A glob no tensor matches traced the layers of every tiny preset (17) before it was refused."""
+    from stepper.views import explain as view
+
+    asked = []
+    monkeypatch.setattr(view, "matching", lambda cat, cfg, query: asked.append(cfg.name) or [])
+    assert view.unmatched(preset("tiny"), "zz*", "give --model {}").endswith("(stepper tree lists them)")
+    assert asked == []
+    view.unmatched(preset("tiny"), "hc_*", "give --model {}")
+    assert asked and all(name.startswith("tiny-v4") for name in asked)
 
 
 def test_tree_and_the_debugger_describe_a_tensor_as_the_family_computes_it():
