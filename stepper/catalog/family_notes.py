@@ -9,7 +9,8 @@ any value); its `tensors`, by catalogue name (or by the name a sublayer gives it
 `sub0.output`), a `note` that `stepper explain` adds under the formula (a template filled with the
 config, as the catalogue's explanations are: catalog.texts), a `description` shown in place of
 DeepSeek's by `tree`, the debugger and `explain`, and a `formula` and an `explain` (a template) that
-`explain` shows in place of DeepSeek's where those are wrong for the model. Where several files
+`explain` shows in place of DeepSeek's where those are wrong for the model (a tensor whose formula or
+explanation a file replaces gets no note from it: the note would say the new formula again). Where several files
 replace one text of a tensor, the one whose `when` holds the most values is shown
 (tests/unit/test_family_notes.py checks every preset has one such). The texts speak of "this
 model", never of the family first written for, so a later family with the same flag reads right.

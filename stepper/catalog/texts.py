@@ -3,8 +3,9 @@ its own sizes and a full-size run the published ones.
 
 A template field is `{expression}`: integers, `+ - * / **` and parentheses over the config's
 numeric fields as config.json spells them (`qk_rope_head_dim`, `num_experts_per_tok`,
-`rms_norm_eps`), its derived `qk_head_dim`, and the YaRN block's `rope_scaling.factor`,
-`rope_scaling.beta_fast`, ... E.g. "dims i and i + {qk_rope_head_dim / 2} form the pair". Values
+`rms_norm_eps`), its derived `qk_head_dim`, the YaRN block's `rope_scaling.factor`,
+`rope_scaling.beta_fast`, ... and Mistral 4's query scale's `query_scale.beta`, ... E.g. "dims
+i and i + {qk_rope_head_dim / 2} form the pair". Values
 print as integers when whole, else with 4 significant digits; a field the config leaves unset
 (`q_lora_rank` of a model without a query latent) prints as "(not set)".
 
@@ -25,7 +26,7 @@ import operator
 import re
 from functools import cache
 
-from stepper.config import Config, Yarn
+from stepper.config import Config, QueryScale, Yarn
 
 FIELD = re.compile(r"\{([^{}]*)\}")
 NUMERIC = ("int", "float", "int | None", "float | None")
@@ -51,11 +52,12 @@ def fields(template: str) -> list[str]:
 
 @cache
 def known_names() -> frozenset[str]:
-    """Every name a field may use: the config's numeric fields, qk_head_dim, rope_scaling.*."""
+    """Every name a field may use: the config's numeric fields, qk_head_dim, rope_scaling.*, query_scale.*."""
     own = {f.name for f in dataclasses.fields(Config) if f.type in NUMERIC}
     derived = {name for cls in Config.__mro__ for name, member in vars(cls).items() if isinstance(member, property)}
-    yarn = {f"rope_scaling.{f.name}" for f in dataclasses.fields(Yarn) if f.type in NUMERIC}
-    return frozenset(own | derived | yarn)
+    blocks = {f"{block}.{f.name}" for block, kind in (("rope_scaling", Yarn), ("query_scale", QueryScale))
+              for f in dataclasses.fields(kind) if f.type in NUMERIC}
+    return frozenset(own | derived | blocks)
 
 
 @cache

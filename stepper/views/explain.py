@@ -22,7 +22,7 @@ from typing import Any
 from rich.text import Text
 
 from stepper import catalog
-from stepper.catalog import family_notes, sites, texts
+from stepper.catalog import family_cites, family_notes, sites, texts
 from stepper.config import Config, MlaVariants
 from stepper.errors import StepperError
 from stepper.presets import PRESETS, V4_PRESETS
@@ -72,6 +72,7 @@ def looked_up(cfg: Config, query: str, read: Reading | None = None, give: str = 
         cat = catalog.around(preset_config(preset))
         named, entries = read(cat, preset_config(preset), query)
     entries = emitted_by(cat, entries, cfg, query)
+    named = of_layers(named, cat, cfg, query)
     sizes, elsewhere = emitting_model(cat, entries, cfg)
     return Found(cat, named, entries, sizes, elsewhere)
 
@@ -96,15 +97,16 @@ def explain_text(cat: catalog.Catalog, entry: dict[str, Any], cfg: Config | None
     text.append("shape   ", style="dim")
     text.append(f"[{dims}]\n")
     text.append("formula ", style="dim")
-    text.append(f"{family_notes.replaced(cfg, entry['name'], entry['name'], 'formula', entry['formula'])}\n")
-    for note in family_notes.notes(cfg, entry["name"], entry["name"]):  # the family computes it otherwise
+    key = catalog.key_of(entry["name"])  # a sublayer's `sub1.self_attn.q` is the entry self_attn.q
+    text.append(f"{family_notes.replaced(cfg, entry['name'], key, 'formula', entry['formula'])}\n")
+    for note in family_notes.notes(cfg, entry["name"], key):  # the family computes it otherwise
         text.append("note    ", style="dim")
         text.append(f"{texts.render(note, cfg)}\n", style="yellow")
-    own = family_notes.replaced(cfg, entry["name"], entry["name"], "explain", entry["explain"])  # the family's
+    own = family_notes.replaced(cfg, entry["name"], key, "explain", entry["explain"])  # the family's
     explanation = texts.unrendered(own) if cfg is None else texts.render(own, cfg)
     text.append(f"\n{explanation}\n\n")
-    text.append(emit_sites_text(entry["name"]))
-    text.append(citations_text(cat, entry["reference"]))
+    text.append(emit_sites_text(key))
+    text.append(citations_text(cat, family_cites.reference(cfg, key, entry["reference"])))
     aliases = {k: v for k, v in entry.get("aliases", {}).items() if v}
     if aliases:
         text.append("aliases ", style="dim")
@@ -124,6 +126,24 @@ def emitted_by(cat: catalog.Catalog, entries: list[dict[str, Any]], cfg: Config,
     emitted = emitted_names(cat, cfg, layers)
     mine = [e for e in entries if e["scope"] != "layer" or e["name"] in emitted]
     return mine or entries
+
+
+def of_layers(named: list[Any], cat: catalog.Catalog, cfg: Config, query: str) -> list[Any]:
+    """The other implementations' names a glob matched that the layer it names (or any) has: the tensor
+    a name holds is emitted there, or, a name holding none of stepper's, its module is (DeepSeek-V4's
+    `layers.0.*.kv#2` matched the compressors' kv#2 of a layer without compressors). All of them when
+    none is, and every name a query is outright."""
+    named_layer = LAYER.search(query)
+    emitted = emitted_names(cat, cfg, [int(named_layer[1])] if named_layer else range(cfg.num_hidden_layers))
+
+    def has(one: Any) -> bool:
+        if one.alias.tensor:
+            return one.alias.tensor in emitted
+        module = re.sub(r"^layers\.\{i\}\.", "", one.alias.name).rsplit(".", 1)[0]
+        return any(name.startswith(module + ".") for name in emitted)
+
+    kept = [one for one in named if not one.globbed or has(one)]
+    return kept or named
 
 
 def emitted_names(cat: catalog.Catalog, cfg: Any, layers: Sequence[int] | range) -> set[str]:
@@ -147,7 +167,7 @@ def layer_names(cat: catalog.Catalog, cfg: Any, layers: Sequence[int] | range) -
 def matching(cat: catalog.Catalog, cfg: Any, query: str) -> list[dict[str, Any]]:
     """The entries of the tensors this model emits whose names a glob matches, in execution order:
     the model's own (embed, logits) and its layers' (only the layer the glob names, if it names one),
-    those of a LongCat sublayer with it (`sub1.*`, `layers.1.sub0.self_attn.*`)."""
+    those of a LongCat sublayer with it (`sub1.*`, `layers.1.sub0.self_attn.*`), named so (`heading`)."""
     pattern = catalog.PLACE.sub("", query, count=1)
     named = LAYER.search(query)
     if named and int(named[1]) >= cfg.num_hidden_layers:
@@ -156,16 +176,26 @@ def matching(cat: catalog.Catalog, cfg: Any, query: str) -> list[dict[str, Any]]
     if not named:
         start, end = cat.outside_layers(cfg)
         names = [*start, *names, *end]
-    keys = dict.fromkeys(catalog.key_of(name) for name in names if catalog.glob_matches(name, pattern))
-    return [entry for key in keys if (entry := cat.entry(key)) is not None]
+    shown = dict.fromkeys(heading(name, pattern) for name in names if catalog.glob_matches(name, pattern))
+    return [{**entry, "name": name} for name in shown if (entry := cat.entry(catalog.key_of(name))) is not None]
+
+
+def heading(name: str, pattern: str) -> str:
+    """The name an entry a glob matched is shown by: its catalogue name, or the sublayer's name the
+    glob was written in (`sub1.*` matches `sub1.self_attn.q`, not `self_attn.q`)."""
+    key = catalog.key_of(name)
+    return key if catalog.glob_matches(key, pattern) else name
 
 
 def unmatched(cfg: Config, query: str, give: str) -> str:
     """The one line for a glob that matches no tensor the model emits, naming a tiny preset whose
-    tensors it matches (`attn.*`, DeepSeek-V4's, asked of tiny), if one does."""
+    tensors it matches (`attn.*`, DeepSeek-V4's, asked of tiny), if one does. Only a preset whose
+    catalogue has a name the glob matches is asked what it emits (tracing its layers took 0.04 s a
+    preset, most of a second for a glob no preset matches)."""
+    key = catalog.key_of(catalog.PLACE.sub("", query, count=1))  # what a catalogue must match first
     tiny = (name for name in (*PRESETS, *V4_PRESETS) if name.startswith("tiny"))
-    other = next((name for name in tiny if matching(catalog.around(preset_config(name)), preset_config(name), query)),
-                 None)
+    other = next((name for name in tiny if names(catalog.around(preset_config(name)), key)  # no model to run
+                  and matching(catalog.around(preset_config(name)), preset_config(name), query)), None)
     elsewhere = f"; {other}'s do ({give.format(other)})" if other else " (stepper tree lists them)"
     return f"no tensor of model {shown(cfg.name)} matches '{cut(query)}'{elsewhere}"
 

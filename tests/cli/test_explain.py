@@ -31,9 +31,11 @@ def explained(query: str, model: str = "tiny") -> str:
 
 
 def titles(out: str) -> list[str]:
-    """The entries an explain printed: each starts with its catalogue name alone on a line."""
+    """The entries an explain printed: each starts with its catalogue name (or a sublayer's name of
+    it: `sub1.self_attn.q`) alone on a line."""
     names = set(catalog.load().names())
-    return [line for line in out.splitlines() if line in names]
+    return [line for line in out.splitlines() if line in names or re.fullmatch(r"sub\d\.[\w.]+", line)
+            and catalog.key_of(line) in names]
 
 
 def test_a_weight_name_explains_the_tensors_computed_from_it():
@@ -183,21 +185,20 @@ def test_the_names_fixtures_verify_prints_are_explained_as_the_tensors_they_hold
 
 
 @pytest.mark.parametrize("name, model, said", [
-    ("layers.0.self_attn.indexer.q_rope", "tiny-glm5", "turns interleaved pairs (2i, 2i+1)"),
-    ("layers.0.self_attn.indexer.k_rope", "tiny-glm5", "turns interleaved pairs (2i, 2i+1)"),
+    ("layers.0.self_attn.indexer.q_rope", "tiny-glm5", "turns its first 16 dims in interleaved pairs (2i, 2i+1)"),
+    ("layers.0.self_attn.indexer.k_rope", "tiny-glm5", "k_norm[..., :rope][..., 0::2]"),
     ("layers.0.self_attn.q_pe_rope", "tiny-minicpm3", "no gather of evens and odds"),
-    ("rope_cos", "tiny-minicpm3", "rotary angles are LongRoPE's"),
-    ("logits", "tiny-minicpm3", "logits = norm_scaled @ lm_head^T"),
-    ("logits", "tiny-minicpm3", "lm_head is the embedding matrix here"),
-    ("logits", "tiny-youtu", "lm_head is the embedding matrix here"),
+    ("rope_cos", "tiny-minicpm3", "LongRoPE divides each pair's frequency"),
+    ("logits", "tiny-minicpm3", "lm_head is the embedding matrix itself"),
+    ("logits", "tiny-youtu", "lm_head is the embedding matrix itself"),
     ("layers.3.self_attn.q_pe", "tiny-kimi-linear", "use no position encoding (mla_use_nope)"),
-    ("mlp.gate.scores_for_choice", "tiny-axk1", "router has no e_score_correction_bias"),
-    ("mlp.gate.topk_idx", "tiny-mistral4", "router has no e_score_correction_bias"),
+    ("mlp.gate.scores_for_choice", "tiny-axk1", "router has no load-balancing bias"),
+    ("mlp.gate.topk_idx", "tiny-mistral4", "this router has no e_score_correction_bias"),
     ("mlp.gate.topk_idx", "tiny-axk2", "scores_for_choice, 0.0), num_experts_per_tok"),
-    ("mlp.gate.topk_weight", "tiny-longcat", "not renormalised (norm_topk_prob false)"),  # said: rows sum to it
+    ("mlp.gate.topk_weight", "tiny-longcat", "not divided by their sum (norm_topk_prob false)"),
     ("rope_cos", "tiny-youtu", "no YaRN (rope_scaling unset)"),  # said: factor = (not set) ...
     ("embed", "tiny-youtu", "zeroes the pad token's row (id 999)"),
-    ("layers.1.self_attn.attn_scores", "tiny-glm4-flash", "softmax_scale = qk_head_dim^-0.5, no mscale"),
+    ("layers.1.self_attn.attn_scores", "tiny-glm4-flash", "no YaRN, so no mscale multiplies it"),
 ])
 def test_explain_notes_where_a_family_computes_a_tensor_otherwise(name, model, said):
     """The catalogue's texts are DeepSeek's: GLM-5's indexer rope (pairs, not halves), MiniCPM3's
@@ -210,10 +211,10 @@ def test_explain_notes_where_a_family_computes_a_tensor_otherwise(name, model, s
 
 
 @pytest.mark.parametrize("name, model, own, deepseeks", [
-    ("rope_cos", "tiny-glm4-flash", "rope_cos = cat(cos(freqs), cos(freqs)) note", "factor = (not set)"),
+    ("rope_cos", "tiny-glm4-flash", "rope_cos = cat(cos(freqs), cos(freqs)) Only the", "factor = (not set)"),
     ("rope_cos", "tiny-youtu", "rope_theta = 1600000, no frequency is divided", "inv_freq_yarn"),
     ("rope_cos", "tiny-glm5", "pair i turns by rope_theta^(-2i/16) radians", "mscale(factor, mscale)"),
-    ("rope_sin", "tiny-axk1", "rope_sin = cat(sin(freqs), sin(freqs)) note", "mscale(factor, mscale)"),
+    ("rope_sin", "tiny-axk1", "rope_sin = cat(sin(freqs), sin(freqs)) Same angles", "mscale(factor, mscale)"),
     ("rope_cos", "tiny-minicpm3", "long_factor[i] once it is past", "factor = (not set)"),
     ("rope_sin", "tiny-minicpm3", "rope_sin = cat(sin(freqs), sin(freqs)) * attention_factor", "[evens | odds]"),
     ("layers.0.self_attn.q_pe_rope", "tiny-minicpm3", "out[i] = x[i] cos - x[i + 8] sin", "q_pe[..., 0::2]"),
@@ -224,7 +225,30 @@ def test_explain_notes_where_a_family_computes_a_tensor_otherwise(name, model, s
     ("mlp.gate.topk_weight", "tiny-longcat", "share of the softmax the 3 chosen", "norm_topk_prob;"),
     ("logits", "tiny-youtu", "logits = norm @ embed_tokens.weight^T", "separate matrix"),
     ("logits", "tiny-minicpm3", "logits = norm_scaled @ embed_tokens.weight^T", "separate matrix"),
-    ("layers.1.self_attn.attn_scores", "tiny-glm4-flash", "softmax_scale = qk_head_dim^-0.5 note", "1.8133"),
+    ("layers.1.self_attn.attn_scores", "tiny-glm4-flash", "softmax_scale = qk_head_dim^-0.5 The scale", "1.8133"),
+    ("layers.1.self_attn.query_states", "tiny-mistral4", "cat(q_nope, q_pe_rope, dim=-1) * q_position_scale[t]",
+     "dim=-1) [B, H, T, qk_head_dim]"),
+    ("self_attn.q_position_scale", "tiny-mistral4", ("1 for positions 0 to 4095 and 1 + beta ln(n + 1) in the "
+                                                     "n-th block of 4096 positions after them (beta = 0.1)"),
+     "mistral4's"),
+    ("layers.1.self_attn.q_nope_absorbed", "tiny-mistral4", "the scores read this tensor times q_position_scale",
+     "nothing"),
+    ("layers.3.self_attn.query_states", "tiny-kimi-linear", "query_states = cat(q_nope, q_pe, dim=-1)", "q_pe_rope"),
+    ("layers.3.self_attn.key_states", "tiny-kimi-linear", "cat(k_nope, k_pe.expand(B, H, T, rope)", "k_pe_rope"),
+    ("layers.3.self_attn.attn_scores", "tiny-kimi-linear", "softmax_scale = qk_head_dim^-0.5 The scale", "1.8133"),
+    ("layers.3.self_attn.k_pe", "tiny-kimi-linear", "so it holds no position", "interleaved pair layout"),
+    ("layers.3.self_attn.q_pe", "tiny-kimi-linear", "(never rotated: no q_pe_rope)", "interleaved pairs"),
+    ("layers.3.self_attn.q", "tiny-kimi-linear", "q = (input_layernorm @ q_proj.weight^T)", "get rotated"),
+    ("layers.3.self_attn.kv_a", "tiny-kimi-linear", "one 16-dim key part shared by all heads", "rotary key"),
+    ("layers.0.self_attn.attn_output", "tiny-kimi-linear", "attn_output = gated_output.transpose(1, 2)", "Kimi K2"),
+    ("layers.0.input_layernorm", "tiny-kimi-linear", "In a KDA layer it feeds q_proj, k_proj, v_proj", "q_a_proj"),
+    ("embed", "tiny-kimi-linear", "No layer of this model rotates anything", "through RoPE"),
+    ("layers.0.self_attn.indexer.q_rope", "tiny-glm5", "cat(x * rope_cos + rotate_half(x) * rope_sin, q[..., rope:])",
+     "rotates dims (i, i + rope/2)"),
+    ("layers.0.self_attn.q_pe", "tiny-minicpm3", "dim i with dim i + 8", "interleaved pairs"),
+    ("layers.0.self_attn.k_pe", "tiny-minicpm3", "turns in two halves as stored", "interleaved pair layout"),
+    ("layers.1.mlp_output", "tiny-axk1", "rms_norm(routed_output + shared_output)", "mlp_output = routed_output +"),
+    ("layers.1.output", "tiny-minicpm3", "output = attn_residual + mlp_scaled", "attn_residual + mlp_output"),
 ])
 def test_explain_gives_a_familys_own_formula_and_explanation(name, model, own, deepseeks):
     """The formula and the explanation were DeepSeek's for every model: YaRN's cosines with
@@ -235,6 +259,32 @@ def test_explain_gives_a_familys_own_formula_and_explanation(name, model, own, d
     said = " ".join(out.stdout.split())
     assert own in said, said
     assert deepseeks not in said, said
+
+
+@pytest.mark.parametrize("name, model, cited, line", [
+    ("layers.1.self_attn.query_states", "tiny-mistral4", "transformers modeling_mistral4.py lines 476-482",
+     "query_states = query_states * get_llama_4_attn_scale("),
+    ("layers.3.self_attn.kv_a", "tiny-kimi-linear", "transformers modeling_kimi_linear.py line 285",
+     "compressed_kv = self.kv_a_proj_with_mqa(hidden_states)"),
+    ("layers.1.mlp.gate.topk_idx", "tiny-glm4-flash", "transformers modeling_glm4_moe_lite.py", "topk_indices"),
+    ("layers.1.self_attn.kv_a", "tiny-v2", "transformers modeling_deepseek_v2.py", "self.kv_a_proj_with_mqa("),
+])
+def test_a_family_cites_its_own_transformers_file(name, model, cited, line):
+    """Every family's explain cited DeepSeek-V3's lines (modeling_deepseek.py, modeling_deepseek_v3.py)."""
+    out = stepper("explain", name, "--model", model, "--plain", env={"COLUMNS": "80"})
+    assert out.returncode == 0, out.stderr
+    said = " ".join(out.stdout.split())
+    assert f"{cited} " in said and line in said, said
+    assert "modeling_deepseek.py" not in said and "modeling_deepseek_v3.py" not in said, said
+    kimi_k2 = stepper("explain", catalog.key_of(name), "--plain").stdout
+    assert "modeling_deepseek_v3.py" in kimi_k2 and "modeling_deepseek.py" in kimi_k2
+
+
+def test_a_tensor_no_family_file_computes_keeps_deepseeks_citation():
+    """The absorbed path is DeepSeek's inference code alone: Mistral 4 cites it as Kimi K2 does."""
+    said = " ".join(stepper("explain", "self_attn.attn_output_latent", "--model", "tiny-mistral4", "--plain")
+                    .stdout.split())
+    assert "DeepSeek inference/model.py line 491" in said and "modeling_mistral4.py" not in said
 
 
 @pytest.mark.parametrize("parameter", ["model.layers.1.mlp.experts.gate_up_proj",
@@ -268,19 +318,25 @@ def test_a_glob_lists_what_it_matches_of_the_models_tensors_a_sublayers_too():
         assert out.returncode == 0, out.stderr
         return titles(out.stdout)
 
-    sublayer = listed("sub1.*", "tiny-longcat")
-    assert sublayer[:3] == ["input_layernorm", "self_attn.q_a", "self_attn.q_a_norm"]
-    assert sublayer[-4:] == ["mlp.gate_proj", "mlp.up_proj", "mlp.act", "mlp_output"]
-    assert not {"embed", "hidden_states", "mlp.gate.logits", "output"} & set(sublayer)
-    assert listed("sub0.*", "tiny-longcat") == [*sublayer, "output"]  # sub0.output; sub1's is the layer's
+    sublayer = listed("sub1.*", "tiny-longcat")  # headed by the names the glob matched, as the user wrote them
+    assert sublayer[:3] == ["sub1.input_layernorm", "sub1.self_attn.q_a", "sub1.self_attn.q_a_norm"]
+    assert sublayer[-4:] == ["sub1.mlp.gate_proj", "sub1.mlp.up_proj", "sub1.mlp.act", "sub1.mlp_output"]
+    assert not {"embed", "hidden_states", "mlp.gate.logits", "output"} & {catalog.key_of(n) for n in sublayer}
+    assert listed("sub0.*", "tiny-longcat") == [n.replace("sub1.", "sub0.") for n in sublayer] + ["sub0.output"]
     assert listed("layers.1.sub1.self_attn.q_*", "tiny-longcat") == [
-        "self_attn.q_a", "self_attn.q_a_norm", "self_attn.q_nope", "self_attn.q_pe", "self_attn.q_nope_scaled",
-        "self_attn.q_pe_scaled", "self_attn.q_nope_absorbed", "self_attn.q_pe_rope"]
+        "sub1.self_attn.q_a", "sub1.self_attn.q_a_norm", "sub1.self_attn.q_nope", "sub1.self_attn.q_pe",
+        "sub1.self_attn.q_nope_scaled", "sub1.self_attn.q_pe_scaled", "sub1.self_attn.q_nope_absorbed",
+        "sub1.self_attn.q_pe_rope"]
+    assert listed("*.q_a_norm", "tiny-longcat") == ["self_attn.q_a_norm"]  # both sublayers': the catalogue's name
+    said = " ".join(stepper("explain", "sub1.self_attn.q_a*", "--model", "tiny-longcat", "--plain").stdout.split())
+    assert "sub1.self_attn.q_a Query down-projection" in said and "stepper emits it stepper/model/" in said
     assert listed("layers.0.*_conv", "tiny-kimi-linear") == ["self_attn.q_conv", "self_attn.k_conv",
                                                              "self_attn.v_conv"]
     kv = stepper("explain", "*.kv#2", "--model", "tiny-v4", "--plain").stdout
     assert "*.kv#2 matches inference's layers.{i}.attn.kv#2 (inference/model.py:508): attn.kv" in kv
     assert titles(kv) == ["attn.kv", "attn.compressor.pooled", "attn.indexer.compressor.pooled"]
+    window = stepper("explain", "layers.0.*.kv#2", "--model", "tiny-v4", "--plain").stdout  # no compressor
+    assert titles(window) == ["attn.kv"] and "compressor" not in window, window  # the table's names too
 
 
 @pytest.mark.parametrize("query, model, said", [
@@ -294,6 +350,18 @@ def test_a_glob_matching_no_tensor_of_the_model_is_refused_in_one_line(query, mo
     out = stepper("explain", query, "--model", model, "--plain")
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.strip().splitlines() == [f"stepper: error: {said}"]
+
+
+def test_a_refused_glob_runs_only_the_presets_whose_catalogue_it_matches(monkeypatch):
+    """A glob no tensor matches traced the layers of every tiny preset (17) before it was refused."""
+    from stepper.views import explain as view
+
+    asked = []
+    monkeypatch.setattr(view, "matching", lambda cat, cfg, query: asked.append(cfg.name) or [])
+    assert view.unmatched(preset("tiny"), "zz*", "give --model {}").endswith("(stepper tree lists them)")
+    assert asked == []
+    view.unmatched(preset("tiny"), "hc_*", "give --model {}")
+    assert asked and all(name.startswith("tiny-v4") for name in asked)
 
 
 def test_tree_and_the_debugger_describe_a_tensor_as_the_family_computes_it():

@@ -168,7 +168,8 @@ def test_explain_says_the_mla_layers_turn_nothing_where_the_entry_reads_as_rope(
     """The shared entries speak of q_pe_rope and rotated dims; Kimi Linear's MLA layers have no RoPE."""
     out = stepper("explain", "layers.3.self_attn.query_states", "--model", "tiny-kimi-linear", "--plain")
     said = " ".join(out.stdout.split())
-    assert out.returncode == 0 and "note this model's MLA layers use no position encoding (mla_use_nope)" in said
+    assert out.returncode == 0 and "formula query_states = cat(q_nope, q_pe, dim=-1)" in said
+    assert "Neither part depends on the position" in said and "q_pe_rope" not in said
     assert "Assembled queries: [q_nope | q_pe] for every head, the pe part unturned" in said
     assert "note " not in stepper("explain", "layers.1.self_attn.query_states", "--plain").stdout  # Kimi K2: turned
 

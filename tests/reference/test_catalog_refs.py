@@ -31,6 +31,7 @@ import pytest
 from helpers.configs import family_preset
 
 from stepper import catalog as stepper_catalog
+from stepper.catalog import family_cites
 from stepper.families import derive
 from stepper.model.options import LayerOptions
 from stepper.presets import PRESETS
@@ -278,6 +279,21 @@ def test_transformers_citations_match_the_installed_files(catalog):
     for name, citation in cited(catalog, "transformers"):
         lines = (package / citation.get("path", about["path"])).read_text(encoding="utf-8").splitlines()
         problems += citation_problems(name, citation, lines)
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("model_type", sorted(family_cites.cite_files()))
+def test_a_familys_citations_name_its_own_files_lines(catalog, model_type):
+    """A family's own lines (stepper/catalog/cites), checked as the catalogue's: in its own folder
+    of the installed transformers, for tensors the catalogue has, each citation's text its first line."""
+    family = family_cites.cite_files()[model_type]
+    assert family["path"].startswith(f"models/{model_type}/modeling_") and family["tensors"], model_type
+    names = {e["name"] for e in catalog["tensors"]}
+    assert set(family["tensors"]) <= names, sorted(set(family["tensors"]) - names)
+    assert all(citation_ok(citation) for citation in family["tensors"].values())
+    package = installed_transformers(catalog["references"]["transformers"]["version"])
+    lines = (package / family["path"]).read_text(encoding="utf-8").splitlines()
+    problems = [p for name, citation in family["tensors"].items() for p in citation_problems(name, citation, lines)]
     assert not problems, "\n".join(problems)
 
 

@@ -16,7 +16,8 @@ from stepper.presets import PRESETS, V4_PRESETS
 from stepper.session import preset_config
 
 FAMILIES = re.compile(r"DeepSeek|Kimi|GLM|MiniCPM|A\.X|Mistral|LongCat|Youtu|Sarvam")
-FIELDS = {f.name for f in dataclasses.fields(Config)} | set(dir(MlaVariants))
+FIELDS = ({f.name for f in dataclasses.fields(Config)} | set(dir(MlaVariants))
+          | {f.name for name in PRESETS for f in dataclasses.fields(preset_config(name))})  # Kimi Linear's kda_layers
 
 
 @pytest.mark.parametrize("notes", family_notes.note_files(), ids=lambda n: n.file)
@@ -30,6 +31,14 @@ def test_a_note_file_names_catalogue_tensors_and_config_fields_in_no_familys_nam
         assert not FAMILIES.search(" ".join(words.values())), words  # true of a later family with the flag too
         assert not texts.fields(words.get("description", ""))  # descriptions are shown without a config
         assert not texts.fields(words.get("formula", ""))  # formulas too, as the catalogue's
+
+
+@pytest.mark.parametrize("notes", family_notes.note_files(), ids=lambda n: n.file)
+def test_a_tensor_given_its_own_formula_or_explanation_gets_no_note_repeating_it(notes):
+    """Notes under a replaced formula said the formula again in prose (`logits = norm_scaled @ ...`
+    three times for MiniCPM3): what a note file has to say of a tensor it says in its own texts."""
+    for name, words in notes.tensors.items():
+        assert not ("note" in words and {"formula", "explain"} & set(words)), (notes.file, name)
 
 
 @pytest.mark.parametrize("model", [*PRESETS, *V4_PRESETS])

@@ -26,8 +26,8 @@ def test_the_catalogue_part_files_ship():
     setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]
     patterns = setuptools["package-data"]
     folder = ROOT / "stepper" / "catalog"
-    files = sorted(p.relative_to(folder).as_posix() for p in folder.glob("*/*.json"))  # parts/, v4/, notes/
+    files = sorted(p.relative_to(folder).as_posix() for p in folder.glob("*/*.json"))  # parts/, v4/, notes/, cites/
     assert files and all(any(fnmatch(p, pattern) for pattern in patterns["stepper.catalog"]) for p in files)
-    parts = [p for p in files if not p.startswith("notes/")]  # notes: the families' words, keyed on config flags
+    parts = [p for p in files if not p.startswith(("notes/", "cites/"))]  # the families' words and lines
     listed = {part.name for family in FAMILIES for part in family.parts}
     assert listed == {Path(p).name for p in parts}  # every shipped part is some family's, and each one exists
