@@ -28,7 +28,7 @@ def test_a_kda_layer_alone_is_told_no_attention_path_it_has_not():
     and what per-head keys would cache, and --attn auto chose between paths it does not have."""
     kda = stepper("run", "--model", "tiny-kimi-linear", "--layer", "0", "--prompt-len", "5", "--plain").stdout
     mla = stepper("run", "--model", "tiny-kimi-linear", "--layer", "3", "--prompt-len", "5", "--plain").stdout
-    header = lambda out: out.split("\nlayer ")[0].splitlines()  # noqa: E731
+    header = lambda out: out.split("\nlayer ")[0].splitlines()
     assert [line.split(" ")[0] for line in header(kda)] == ["model", "KDA"]
     assert [line.split(" ")[0] for line in header(mla)] == ["model", "attention", "KDA", "--attn"]
     assert header(mla)[3].startswith("--attn auto: naive prefill (the run needs about ")
