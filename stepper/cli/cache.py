@@ -69,7 +69,7 @@ def byte_progress(what: str, total: int) -> Iterator[Callable[[int], None]]:
 COLUMNS = (("checkpoint", "left"), ("files", "right"), ("kept", "right"), ("last used", "left"))
 
 
-@cache_app.command("ls")
+@cache_app.command("ls", short_help="Each cached remote checkpoint: files, bytes, last use.")
 def ls_command(plain: PlainOpt = False) -> None:
     """Each cached remote checkpoint: its files, the bytes kept, when last used."""
     with user_errors():

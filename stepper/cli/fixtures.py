@@ -109,7 +109,7 @@ def export_command(
         export(spec, out, force=force, weights_dir=weights_dir, console=console_for(plain))
 
 
-@fixtures_app.command("verify")
+@fixtures_app.command("verify", short_help="Compare a candidate's tensors with a fixture's, in order.")
 def verify_command(
     fixture: Annotated[Path, typer.Argument(metavar="FIXTURE", help="A fixture folder (or its manifest.json).",
                                             show_default=False)],
@@ -170,10 +170,11 @@ def verify_command(
     raise typer.Exit(verdict.exit_code)
 
 
-@fixtures_app.command("names")
+@fixtures_app.command("names", short_help="The other implementations' names that verify reads.")
 def names_command(
-    system: Annotated[str | None, typer.Option(metavar="NAMING",
-                                               help="Only the names of transformers, inference or llama.cpp.")] = None,
+    system: Annotated[str | None, typer.Option(
+        "--names", "--system", metavar="NAMING",
+        help="Only the names of transformers, inference or llama.cpp (as verify's --names).")] = None,
     model: Annotated[str | None, typer.Option(
         metavar="NAME|PATH", callback=model_option,
         help="Only the tables read for this model's family (a preset, a checkpoint or a config.json, as run "
@@ -191,7 +192,7 @@ def names_command(
     """
     with user_errors():
         if system is not None and system not in aliases.NAMINGS:
-            raise StepperError(f"--system must be one of {', '.join(aliases.NAMINGS)}, got '{shown(system)}'")
+            raise StepperError(f"--names must be one of {', '.join(aliases.NAMINGS)}, got '{shown(system)}'")
         model_type = None if model is None else load_model(model, 0).config.model_type
         rows = aliases.names_table(system, model_type)
         if not rows:

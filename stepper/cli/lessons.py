@@ -100,7 +100,7 @@ def list_command(plain: PlainOpt = False) -> None:
         console.print(f"progress file: {shown(progress.path)}", style="dim")
 
 
-@lesson_app.command("start")
+@lesson_app.command("start", short_help="Step through a lesson, predicting each tensor.")
 def start_command(
     name: NameArg = None,
     workspace: WorkspaceOpt = WORKSPACE,
@@ -172,7 +172,7 @@ def on_prompt(lesson: Lesson, model: str | None, prompt: str | None) -> tuple[Le
     return walked, planned
 
 
-@lesson_app.command("check")
+@lesson_app.command("check", short_help="Check your exercise against the golden tensors.")
 def check_command(
     name: NameArg = None,
     workspace: WorkspaceOpt = WORKSPACE,
@@ -312,7 +312,7 @@ def hint_command(name: NameArg = None, plain: PlainOpt = False) -> None:
         progress.save()
 
 
-@lesson_app.command("solution")
+@lesson_app.command("solution", short_help="Show the lesson's solution (after your exercise passes).")
 def solution_command(
     name: NameArg = None,
     give_up: Annotated[bool, typer.Option("--give-up",
@@ -339,7 +339,7 @@ def solution_command(
                       if fancy else code, highlight=False)
 
 
-@lesson_app.command("reset")
+@lesson_app.command("reset", short_help="Put the exercise stub back (your file is kept).")
 def reset_command(name: NameArg = None, workspace: WorkspaceOpt = WORKSPACE, plain: PlainOpt = False) -> None:
     """Put the exercise stub back (your file is kept as a new backup, NAME.py.bak, NAME.py.bak2, ...) and forget the
     lesson's progress."""

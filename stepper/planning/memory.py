@@ -242,12 +242,15 @@ def choose_attn(plan: Plan, estimate: Callable[[Plan], list[Need]], available: i
     its prompt (as a decode step does: the naive path would expand every cached position to
     per-head keys and values) or where the naive run's estimate is over half the memory available
     (the estimate is not exact and other programs grow too). The plan to run, and a line saying
-    which and why (None unless auto); the memory available is named only where it decides, so
-    that the same run prints the same wherever it fits. `spell`: the option as the caller writes it."""
+    which and why (None unless auto; with one path, what the run needs); the memory available is
+    named only where it decides, so that the same run prints the same wherever it fits. `spell`: the
+    option as the caller writes it."""
     auto = spell("attn", "auto")
-    if plan.spec.attn != "auto" or not takes(plan.config, "attn") or not two_paths(plan):  # DeepSeek-V4: one path
+    if plan.spec.attn != "auto":
         return plan, None
     usual = sum(n.bytes for n in estimate(plan))
+    if not takes(plan.config, "attn") or not two_paths(plan):  # DeepSeek-V4, a KDA layer alone: one path
+        return plan, f"memory: the run needs about {gib(usual)} (one attention path: nothing for {auto} to choose)"
     absorbed = replace(plan, spec=replace(plan.spec, attn="absorb"))
     lean = f"absorbed it needs about {gib(sum(n.bytes for n in estimate(absorbed)))}"
     cached, t = plan.spec.cache_len, plan.prompt_len

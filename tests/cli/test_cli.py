@@ -202,6 +202,16 @@ def test_help_breaks_no_name_after_a_hyphen(command):
     assert not re.search(r"\w-\n", helped.stdout), helped.stdout
 
 
+@pytest.mark.parametrize("group", [[], ["fixtures"], ["lesson"], ["cache"]])
+def test_each_command_s_line_in_the_help_is_whole_at_80_columns(group):
+    """click cuts a command's summary to the width left and ends it with "...": 'Run the model on a
+    prompt and print every named tensor in...'. Each line of the commands' list is a whole sentence."""
+    helped = stepper(*group, "--help", env={"COLUMNS": "80"})
+    rows = helped.stdout.split("Commands:\n")[1].splitlines()
+    assert helped.returncode == 0 and len(rows) >= 2
+    assert all(len(row) <= 80 and row.endswith((".", ")")) and not row.endswith("...") for row in rows), rows
+
+
 def test_help_imports_no_number_formats_and_no_reference_libraries():
     """`stepper --help` (and a command's) imports what it shows: not ml_dtypes (most of a second),
     torch or transformers, which the commands import where they use them."""

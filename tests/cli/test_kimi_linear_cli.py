@@ -25,11 +25,13 @@ def test_the_header_tells_the_memory_story_and_no_rotary_tables_are_made():
 
 def test_a_kda_layer_alone_is_told_no_attention_path_it_has_not():
     """A KDA layer run alone has no naive or absorbed attention: its header said which attention ran
-    and what per-head keys would cache, and --attn auto chose between paths it does not have."""
+    and what per-head keys would cache, and --attn auto chose between paths it does not have. What
+    the run needs is said as for any run."""
     kda = stepper("run", "--model", "tiny-kimi-linear", "--layer", "0", "--prompt-len", "5", "--plain").stdout
     mla = stepper("run", "--model", "tiny-kimi-linear", "--layer", "3", "--prompt-len", "5", "--plain").stdout
     header = lambda out: out.split("\nlayer ")[0].splitlines()
-    assert [line.split(" ")[0] for line in header(kda)] == ["model", "KDA"]
+    assert [line.split(" ")[0] for line in header(kda)] == ["model", "KDA", "memory:"]
+    assert header(kda)[2].endswith(" (one attention path: nothing for --attn auto to choose)")
     assert [line.split(" ")[0] for line in header(mla)] == ["model", "attention", "KDA", "--attn"]
     assert header(mla)[3].startswith("--attn auto: naive prefill (the run needs about ")
 

@@ -6,6 +6,7 @@ or indexer tensor, a tid2eid entry past the experts, a compress_ratios list of t
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -138,6 +139,18 @@ def test_compress_ratios_of_the_wrong_length(written, tmp_path):
 def test_an_option_v4_has_no_path_for_is_one_line(option, value, why):
     line = one_line_error(stepper("run", "--model", "tiny-v4", option, value))
     assert line.startswith(f"stepper: error: {option} {value}: ") and why in line
+
+
+def test_a_v4_run_says_what_it_needs_as_every_run_does():
+    """An MLA run's --attn auto line says what the run needs; DeepSeek-V4, with one attention path,
+    said nothing of its memory. Its line says the need, and that there is nothing to choose."""
+    out = stepper("run", "--model", "tiny-v4", "--only", "*.output", "--plain")
+    said = [line for line in out.stdout.splitlines() if line.startswith("memory: ")]
+    assert out.returncode == 0 and len(said) == 1, out.stdout[:2000]
+    assert re.fullmatch(r"memory: the run needs about \d+ (KiB|MiB) \(one attention path: nothing for --attn auto to "
+                        r"choose\)", said[0]), said
+    noted = [n for n in stepper_api.run("tiny-v4", keep="*.output").notes if n.startswith("memory: ")]
+    assert len(noted) == 1 and noted[0].endswith("(one attention path: nothing for attn=auto to choose)"), noted
 
 
 def test_the_start_pos_refusal_names_the_options_that_give_a_long_context_as_the_caller_writes_them():

@@ -591,7 +591,11 @@ def test_names_command_lists_the_aliases():
             "models": "deepseek_v3, kimi_k2", "note": ""} in rows
     assert {row["naming"] for row in rows} == {"llama.cpp"}
     assert [row["name"] for row in rows].index("q-{i}#1") < [row["name"] for row in rows].index("q-{i}#3")
-    assert stepper("fixtures", "names", "--system", "vllm").returncode == 2
+    refused = stepper("fixtures", "names", "--names", "vllm")
+    assert refused.returncode == 2 and refused.stderr == \
+        "stepper: error: --names must be one of transformers, inference, llama.cpp, got 'vllm'\n"
+    # verify's option name, and the same option by its first name
+    assert stepper("fixtures", "names", "--names", "llama.cpp", "--json").stdout == out.stdout
 
 
 def test_names_of_one_model_are_the_tables_its_fixtures_are_read_through():
