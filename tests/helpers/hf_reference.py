@@ -319,7 +319,7 @@ def build_hf_model(config: dict[str, Any], weights: dict[str, np.ndarray],
 
     with torch.no_grad():
         for name, arr in weights.items():
-            src = torch.from_numpy(np.ascontiguousarray(np.asarray(arr, dtype=np.float32)))
+            src = torch.from_numpy(np.array(arr, dtype=np.float32))  # a copy: a kept seeded weight is read-only
             m = _EXPERT_RE.match(name)
             if m:
                 prefix, e, proj = f"model.layers.{m.group(1)}.mlp.experts.", int(m.group(2)), m.group(3)
