@@ -166,7 +166,8 @@ class Run(Mapping):
 
     @property
     def emitted(self) -> list[str]:
-        """Every name the run emitted, kept or not, in execution order."""
+        """Every name the run emits, kept or not, in execution order (one made only when kept, as a
+        delta rule's state after every token, is named here all the same)."""
         return list(self._recorded.names)
 
     @property

@@ -26,19 +26,10 @@ class Recorded:
     plan: Plan
     result: RunResult
     events: dict[str, Event]  # the kept tensors, in execution order
-    names: list[str]  # every name the run emitted, in execution order
+    names: list[str]  # every name the run emits, in execution order (the plan's: a tensor made only when a sink
+    # looks, every state of a delta rule, is not made unless kept, and is named all the same)
     patched: dict[str, list[str]]  # each patch pattern -> the names it applied to
     said: tuple[str, ...] = ()  # the plan's lines: its auto choices and notes, as `stepper run` prints them
-
-
-class Names:
-    """Sink listing the names, in order."""
-
-    def __init__(self) -> None:
-        self.names: list[str] = []
-
-    def __call__(self, event: Event) -> None:
-        self.names.append(event.name)
 
 
 class Keeper:
@@ -68,14 +59,14 @@ def record(spec: RunSpec, keep: Sequence[str] | Callable[[str], bool] | None = N
     planned.check_fits([n for n in planned.names if keeps(n)], lower)
     if planned.long:
         forewarn(planned.long)
-    listed, keeper = Names(), Keeper()
-    sinks: list[Sink] = [*patcher, listed, keeper if keep is None else Filter(lambda e: keeps(e.name), [keeper])]
+    keeper = Keeper()
+    sinks: list[Sink] = [*patcher, keeper if keep is None else Filter(lambda e: keeps(e.name), [keeper])]
     with swapped():
         result = planned.execute([*sinks, *extra])
     for event in keeper.events.values():
         if not held(event.array):
             event.array.keep_when_read()  # a chunked run's: one replay makes them all, never one per read
-    return Recorded(planned.plan, result, keeper.events, listed.names, patcher[0].applied if patcher else {},
+    return Recorded(planned.plan, result, keeper.events, list(planned.names), patcher[0].applied if patcher else {},
                     planned.said)
 
 

@@ -185,6 +185,27 @@ def test_states_of_every_token_are_made_only_for_a_sink_that_looks():
     assert "self_attn.state_per_token" not in [e.key for e in picky.events]
 
 
+def test_a_python_run_makes_the_states_of_every_token_only_when_it_keeps_them(monkeypatch):
+    """stepper.run listed every name with a sink that looked at all of them, so a KDA layer's states
+    after every token were made whatever keep= kept (at 2,048 positions of Kimi-Linear-48B, 4 GiB a
+    layer). They are made when kept, equal to a run that keeps everything, and named in either."""
+    import stepper
+
+    made, write = [], kda.written
+    monkeypatch.setattr(kda, "written", lambda *args: made.append(1) or write(*args))
+    name = "layers.0.self_attn.state_per_token"
+    lean = stepper.run("tiny-kimi-linear", layer=0, prompt_len=70, keep="layers.0.output")
+    assert made == [] and name in lean.emitted
+    with pytest.raises(KeyError, match="was emitted but not kept"):
+        lean[name]
+    kept = stepper.run("tiny-kimi-linear", layer=0, prompt_len=70, keep="*state_per_token")
+    every = stepper.run("tiny-kimi-linear", layer=0, prompt_len=70)
+    assert made == [1, 1] and kept.emitted == every.emitted == lean.emitted
+    assert np.asarray(kept[name]).shape == (1, 4, 70, 32, 32)
+    assert np.array_equal(np.asarray(kept[name]), np.asarray(every[name]))
+    assert np.array_equal(np.asarray(lean["layers.0.output"]), np.asarray(every["layers.0.output"]))
+
+
 def test_a_32768_position_prompt_runs_in_the_memory_of_a_4096_one():
     """Chunks of 1024 positions carry the conv inputs and S: the memory allocated at the peak
     (tracemalloc: NumPy's allocations) does not grow with the prompt, the state stays its size."""
