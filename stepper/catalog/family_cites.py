@@ -30,6 +30,11 @@ def cite_files() -> dict[str, dict[str, Any]]:
             for f in sorted(folder.iterdir(), key=lambda f: f.name) if f.name.endswith(".json")}
 
 
+def has_own_file(cfg: Any) -> bool:
+    """Whether transformers writes cfg's family in a modeling file of its own (cites/ has it)."""
+    return (getattr(cfg, "model_type", None) or "") in cite_files()
+
+
 def reference(cfg: Any, name: str, deepseek: dict[str, Any]) -> dict[str, Any]:
     """A tensor's reference for cfg's model: its family's transformers line in place of DeepSeek-V3's
     two where the family's file has one; the catalogue's (`deepseek`) otherwise, or with no config."""

@@ -110,8 +110,18 @@ def explain_text(cat: catalog.Catalog, entry: dict[str, Any], cfg: Config | None
     aliases = {k: v for k, v in entry.get("aliases", {}).items() if v}
     if aliases:
         text.append("aliases ", style="dim")
-        text.append("; ".join(f"{k}: {v}" for k, v in aliases.items()))
+        text.append(own_names_pointer(cfg) or "; ".join(f"{k}: {v}" for k, v in aliases.items()))
     return text
+
+
+def own_names_pointer(cfg: Config | None) -> str | None:
+    """Where a model of a family transformers writes in a file of its own finds its names in other
+    implementations (the catalogue's aliases are DeepSeek-V3's modules: LongCat's q is
+    `self_attn.1.q_b_proj`, not `self_attn.q_b_proj`); None for DeepSeek-V3's own."""
+    if cfg is None or not family_cites.has_own_file(cfg):
+        return None
+    model = cfg.name if cfg.name in (*PRESETS, *V4_PRESETS) else "MODEL"
+    return f"this model's names in other implementations: stepper fixtures names --model {model}"
 
 
 def emitted_by(cat: catalog.Catalog, entries: list[dict[str, Any]], cfg: Config,

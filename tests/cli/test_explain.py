@@ -393,3 +393,23 @@ def test_tree_and_the_debugger_describe_a_tensor_as_the_family_computes_it():
                     stdin="w\nq\n").stdout
     assert where.count("softmax scores of the chosen, not renormalised") == 2  # the stop line, and w's ▶ row
     assert "normalised to sum 1" not in where
+
+
+@pytest.mark.parametrize("name, model, own", [
+    ("layers.1.sub1.self_attn.q", "tiny-longcat", "model.layers.{i}.self_attn.1.q_b_proj"),
+    ("layers.0.self_attn.q_proj", "tiny-kimi-linear", "model.layers.{i}.self_attn.q_proj"),
+    ("layers.1.self_attn.q", "tiny-glm5", "model.layers.{i}.self_attn.q_b_proj"),
+])
+def test_a_family_of_its_own_file_is_pointed_to_its_names_not_given_deepseeks(name, model, own):
+    """The aliases line gave DeepSeek-V3's module names for every family (LongCat's sub1 query is
+    transformers' `self_attn.1.q_b_proj`, not `self_attn.q_b_proj`); a family transformers writes in a
+    file of its own is pointed to the command listing its names, and that command lists the name."""
+    said = stepper("explain", name, "--model", model, "--plain", env={"COLUMNS": "200"})
+    aliases = [line for line in said.stdout.splitlines() if line.startswith("aliases ")]
+    assert said.returncode == 0 and aliases == [
+        f"aliases this model's names in other implementations: stepper fixtures names --model {model}"], aliases
+    listed = stepper("fixtures", "names", "--model", model, "--names", "transformers", "--plain",
+                     env={"COLUMNS": "200"}).stdout
+    assert own in listed
+    deepseek = stepper("explain", "layers.1.self_attn.q", "--model", "tiny", "--plain", env={"COLUMNS": "200"}).stdout
+    assert "aliases hf_module: model.layers.{i}.self_attn.q_b_proj (output" in deepseek
