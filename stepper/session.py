@@ -376,6 +376,14 @@ class Plan:
         return self.spec.layer is not None
 
     @property
+    def computed(self) -> range:
+        """The layers the run computes: the lone layer, or every layer up to the last shown (all of
+        them where the logits are needed)."""
+        if self.alone:
+            return self.layers_shown
+        return range(self.config.num_hidden_layers if self.needs_logits else self.layers_shown.stop)
+
+    @property
     def whole(self) -> bool:
         """Whether the run shows the whole model: the embedding, rope tables, norm and logits too."""
         return not self.alone and self.layers_shown == range(self.config.num_hidden_layers)

@@ -138,8 +138,7 @@ def unread_line(plan: Plan) -> str | None:
     where it says `n_shared_experts` 0, a misspelt name): the run goes on as the config says, without
     them, but says so. None for seeded weights, or when every tensor is read."""
     cfg, weights = plan.config, plan.weights
-    run = range(plan.spec.layer, plan.spec.layer + 1) if plan.alone else \
-        range(cfg.num_hidden_layers if plan.needs_logits else plan.layers_shown.stop)
+    run = plan.computed
     published = getattr(weights, "published", None)
     if isinstance(weights, Checkpoint):
         unknown = audit.unknown_by_layer(weights, run)

@@ -167,8 +167,7 @@ def needs(plan: Plan, kept: list[str], kept_lower: str) -> list[Need]:
     cfg, spec = plan.config, plan.spec
     heads = cfg.num_attention_heads
     t, s = worked_shapes(plan)[0]
-    last = cfg.num_hidden_layers if plan.needs_logits else plan.layers_shown.stop
-    run = [plan.spec.layer] if plan.alone else range(last)
+    run = plan.computed
     cached = max(step_attn(spec, k) for k in range(spec.decode + 1))  # "naive" keeps per-head keys too
     positions = s + spec.decode
     caches = cache_bytes(cfg, run, positions, cached, spec.index_scoring)
@@ -270,10 +269,8 @@ def two_paths(plan: Plan) -> bool:
     """Whether a layer the run computes has a naive and an absorbed attention (a Kimi Linear KDA layer
     run alone has neither: its delta rule is the same either way)."""
     cat, cfg, spec = catalog.load(), plan.config, plan.spec
-    computed = [spec.layer] if plan.alone else range(cfg.num_hidden_layers if plan.needs_logits
-                                                     else plan.layers_shown.stop)
     return any(cat.layer_sequence(cfg, layer, "naive", spec.index_scoring)
-               != cat.layer_sequence(cfg, layer, "absorb", spec.index_scoring) for layer in computed)
+               != cat.layer_sequence(cfg, layer, "absorb", spec.index_scoring) for layer in plan.computed)
 
 
 CHUNKS = (4096, 2048, 1024, 512, 256, 128)  # the chunks --chunk auto tries, largest first
