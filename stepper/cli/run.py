@@ -333,11 +333,15 @@ def checked_plan(spec: RunSpec, only: list[str], show: str | None, pictures: set
     patterns, --show's pictures for this model's family, --patch, and a --dump's sizes. Returns the
     planned run, the patching sinks and which names are shown."""
 
-    def kept_by(plan: Plan, names: list[str]) -> list[str]:
+    def shown_of(plan: Plan, names: list[str]) -> list[str]:
         keep = only_filter(only, names, lambda _: None)
-        return [n for n in names if keep(n)] if dumping else []
+        return [n for n in names if keep(n)]
 
-    planned = plan_run(spec, kept_by, "--only", asked)
+    def kept_by(plan: Plan, names: list[str]) -> list[str]:
+        return shown_of(plan, names) if dumping else []
+
+    # the rows look at what --only shows; the pictures at every tensor
+    planned = plan_run(spec, kept_by, "--only", asked, looked=None if pictures else shown_of)
     plan, names = planned.plan, planned.names
     parse_show(show, pictures_of(plan.config), plan.config)  # the pictures of this model's family
     planned.check("--only", only)

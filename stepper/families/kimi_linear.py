@@ -357,6 +357,11 @@ def no_seeded_state(cfg: KimiLinearConfig, layer: int) -> str:
             f"and its decode steps, or give an MLA layer ({mla}) its cache")
 
 
+def runtime_sizes(cfg: Any, layer: int | None, t: int, s: int) -> dict[str, int]:
+    """The delta rule's chunks in a step of t positions (the last may be shorter: model.kda.chunk_ends)."""
+    return {"chunks": -(-t // kda_chunked.CHUNK)}
+
+
 FAMILY = Family(
     name="kimi_linear",
     model_types=(MODEL_TYPE,),
@@ -365,6 +370,7 @@ FAMILY = Family(
     parts=part_files(PARTS),
     miniature=miniature,
     no_seeded_cache=no_seeded_state,
+    runtime_sizes=runtime_sizes,
     chunk_multiple=kda_chunked.CHUNK,  # each prefill chunk ends where a chunk of the delta rule does: the states
     # after those (self_attn.state_per_chunk) follow each other as the whole prompt's
 )

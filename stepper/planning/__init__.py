@@ -39,7 +39,7 @@ class Wording:
 
 
 COMMAND_LINE = Wording()
-Kept = Callable[[Plan, list[str]], list[str]]  # of a plan and its names, those a view keeps to the end
+Kept = Callable[[Plan, list[str]], list[str]]  # of a plan and its names, those a view keeps to the end (or looks at)
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,7 @@ class RunPlan:
     said: tuple[str, ...] = ()
     wording: Wording = COMMAND_LINE
     long: str | None = None  # the line of `said` saying the run is long (long_line), to be said before it starts
+    looked: list[str] | None = None  # the names a view looks at (None: every one), for the memory estimate
 
     def check(self, option: str, patterns: Sequence[str]) -> None:
         """Refuse a pattern of `option` that matches no name of the run."""
@@ -70,7 +71,7 @@ class RunPlan:
         """Refuse a run whose estimate (`kept`: the names a view keeps to the end, lowered by the
         option `lower`) is over the memory available, naming the option that lowers it."""
         needs = [replace(n, lower=self.wording.options.get(n.lower, n.lower))
-                 for n in memory.needs(self.plan, kept, lower)]
+                 for n in memory.needs(self.plan, kept, lower, self.looked)]
         memory.check_fits(needs, memory.available_bytes())
 
     def on(self, weights: WeightSource) -> RunPlan:
@@ -82,14 +83,20 @@ class RunPlan:
 
 
 def plan_run(spec: RunSpec, kept: Kept = lambda plan, names: [], lower: str = "--prompt-len", chunk: int | None = 0,
-             weights: WeightSource | None = None, wording: Wording = COMMAND_LINE) -> RunPlan:
+             weights: WeightSource | None = None, wording: Wording = COMMAND_LINE,
+             looked: Kept | None = None) -> RunPlan:
     """Resolve `spec` (raising StepperError on the first problem) and make its auto choices: the
     attention path (spec.attn "auto") and the prefill's chunks (`chunk`: positions per chunk as
     asked, 0 the whole prompt, None auto), by the run's estimate with the tensors `kept` keeps
-    (`lower`: the option that lowers them) against the memory available; `weights`: in place of
-    the spec's model."""
+    (`lower`: the option that lowers them) and those `looked` looks at (None: every one; a tensor
+    made only when looked at counts only then) against the memory available; `weights`: in place
+    of the spec's model."""
+    def looked_at(plan: Plan, names: list[str]) -> list[str] | None:
+        return None if looked is None else looked(plan, names)
+
     def estimate(plan: Plan) -> list[memory.Need]:
-        return memory.needs(plan, kept(plan, planned_names(plan)), lower)
+        names = planned_names(plan)
+        return memory.needs(plan, kept(plan, names), lower, looked_at(plan, names))
 
     prepared = session.prepare(spec, weights, wording.spell)
     memory.limit_seeded(prepared, memory.available_bytes())
@@ -98,7 +105,7 @@ def plan_run(spec: RunSpec, kept: Kept = lambda plan, names: [], lower: str = "-
     names = planned_names(plan)
     long = long_line(plan, names, wording)
     notes = (why, chunked, long, unread_line(plan), stray_line(plan), unembedded_line(plan, wording))
-    return RunPlan(plan, names, tuple(line for line in notes if line), wording, long)
+    return RunPlan(plan, names, tuple(line for line in notes if line), wording, long, looked_at(plan, names))
 
 
 LONG_RUN = 20_000  # named tensors from which a run is said to be long: tiny's 200 decode steps make 19,104, in 52 s

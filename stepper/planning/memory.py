@@ -8,9 +8,11 @@ scores and the weights; past that, one tile per core, the scores never held), on
 tensors (the embedding rows, queries, keys, the MoE's activations), the cache of every layer run,
 the logits, the largest weight decoded at once, the weight cache, the float64 chunks a view's
 statistics gather, and the tensors a view keeps until the end (the debugger's history, a dump;
-attention made in tiles keeps only its operands). A tensor's size comes from its catalogue dims:
-the config's fields, the step's positions, and the dims a family sizes itself per layer and step
-(Family.runtime_sizes: DeepSeek-V4's window keys, compressed entries and the keys each query sees).
+attention made in tiles keeps only its operands). A tensor the model makes only when a view looks
+at it (catalogue `made`: a delta rule's state after every token) counts only where one does. A
+tensor's size comes from its catalogue dims: the config's fields, the step's positions, and the
+dims a family sizes itself per layer and step (Family.runtime_sizes: DeepSeek-V4's window keys,
+compressed entries and the keys each query sees).
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ TILE_ARRAYS = 4  # a tile of scores, its exponentials, the products with the val
 PROMPT_BYTES = 56  # a prompt position, held whole even in chunks: its id as a Python int in the plan's tuple
 # (about 32 B and an 8 B slot), and as int64 in the ids and positions arrays
 LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+ON_DEMAND = "when looked at"  # a catalogue entry's `made`: the model makes it only when a sink asks (emit.wants_key)
+Looked = frozenset[tuple[int | None, str]] | None  # (layer, catalogue key) of the tensors a view looks at; None: all
 
 
 @dataclass(frozen=True)
@@ -78,11 +82,13 @@ def tensor_bytes(key: str, t: int, s: int, plan: Plan, held: bool = False, layer
 
 
 def dim_sizes(dims: list[str], t: int, s: int, plan: Plan, layer: int | None) -> list[int]:
-    """The size of each dim in a step: the batch (1) and positions, the family's own runtime dims
-    (families.family.Family.runtime_sizes: DeepSeek-V4's entries, windows, keys a query sees), else
-    what the config gives it (1 where it gives none)."""
+    """The size of each dim in a step: the batch (1) and positions, the positions a sparse indexer
+    keeps (min(index_topk, S)), the family's own runtime dims (families.family.Family.runtime_sizes:
+    DeepSeek-V4's entries, windows, keys a query sees; Kimi Linear's chunks), else what the config
+    gives it (1 where it gives none)."""
     cat, own = catalog.load(), families.family_for(plan.config).runtime_sizes(plan.config, layer, t, s)
-    runtime = {"B": 1, "T": t, "S": s, "N": t, **own}
+    kept = {"Ki": min(plan.config.index_topk, s)} if getattr(plan.config, "index_topk", None) else {}
+    runtime = {"B": 1, "T": t, "S": s, "N": t, **kept, **own}  # Ki: the positions a sparse indexer keeps
     return [runtime[d] if d in runtime else cat.expected_size(d, plan.config) or 1 for d in dims]
 
 
@@ -140,43 +146,58 @@ def kept_bytes(plan: Plan, names: list[str]) -> int:
     return total
 
 
-def layer_bytes(plan: Plan, layers: list[int]) -> int:
+def looked_at(names: list[str] | None) -> Looked:
+    """The (layer, catalogue key) of each name a view looks at (names as `planned_names` gives
+    them); None for a view that looks at every one."""
+    return None if names is None else frozenset((layer_of(n), catalog.key_of(unphased(n))) for n in names)
+
+
+def made(entry: dict, layer: int, looked: Looked) -> bool:
+    """Whether the run makes a tensor of `layer`: every one, but one the model makes only when a
+    view looks at it (catalogue `made`) only where one does."""
+    return looked is None or entry.get("made") != ON_DEMAND or (layer, catalog.key_of(entry["name"])) in looked
+
+
+def layer_bytes(plan: Plan, layers: list[int], looked: Looked = None) -> int:
     """The most one layer's named tensors take in any step, but for the attention scores and
-    weights (counted with the scores)."""
+    weights (counted with the scores) and those made only when looked at that no view looks at."""
     cat, spec = catalog.load(), plan.spec
     def sequence(layer: int, k: int) -> list[dict]:
         return cat.layer_sequence(plan.config, layer, step_attn(spec, k), spec.index_scoring)
 
     return max(sum(tensor_bytes(e["name"], t, s, plan, layer=layer) for e in sequence(layer, k)
-                   if not {"T", "S"} <= set(e["dims"]))
+                   if not {"T", "S"} <= set(e["dims"]) and made(e, layer, looked))
                for layer in layers for k, (t, s) in enumerate(worked_shapes(plan)))
 
 
-def largest_held(plan: Plan, layers: list[int]) -> int:
-    """Bytes of the largest named tensor of the run that is held (not made in tiles)."""
+def largest_held(plan: Plan, layers: list[int], looked: Looked = None) -> int:
+    """Bytes of the largest named tensor of the run that is held (not made in tiles) and made."""
     cat, spec = catalog.load(), plan.spec
     keys = {(e["name"], layer) for layer in layers for k in range(spec.decode + 1)
-            for e in cat.layer_sequence(plan.config, layer, step_attn(spec, k), spec.index_scoring)}
+            for e in cat.layer_sequence(plan.config, layer, step_attn(spec, k), spec.index_scoring)
+            if made(e, layer, looked)}
     keys |= {("logits", None)} if plan.needs_logits else set()
     return max(tensor_bytes(key, t, s, plan, held=True, layer=layer) for key, layer in keys
                for t, s in worked_shapes(plan))
 
 
-def needs(plan: Plan, kept: list[str], kept_lower: str) -> list[Need]:
-    """What the run holds at its worst moment; `kept`: the names a view keeps to the end."""
+def needs(plan: Plan, kept: list[str], kept_lower: str, looked: list[str] | None = None) -> list[Need]:
+    """What the run holds at its worst moment; `kept`: the names a view keeps to the end, `looked`:
+    those a view looks at (None: every one)."""
     cfg, spec = plan.config, plan.spec
     heads = cfg.num_attention_heads
     t, s = worked_shapes(plan)[0]
     run = plan.computed
     cached = max(step_attn(spec, k) for k in range(spec.decode + 1))  # "naive" keeps per-head keys too
     positions = s + spec.decode
+    seen = looked_at(looked)
     caches = cache_bytes(cfg, run, positions, cached, spec.index_scoring)
     largest = max(math.prod(shape) for layer in run for shape in layer_shapes(cfg, layer).values())
     result = [
         *([scores_need(heads, t, s)] if scores_over_positions(plan, list(run)) else []),
-        Need("one layer's tensors", layer_bytes(plan, list(run)), "--prompt-len"),
-        Need("a view's statistics (float64 chunks)", min(STATS_CHUNKS, STATS_PER_BYTE * largest_held(plan, list(run))),
-             "--prompt-len"),
+        Need("one layer's tensors", layer_bytes(plan, list(run), seen), "--prompt-len"),
+        Need("a view's statistics (float64 chunks)",
+             min(STATS_CHUNKS, STATS_PER_BYTE * largest_held(plan, list(run), seen)), "--prompt-len"),
         Need(f"the cache of {len(run)} layer{'s' if len(run) != 1 else ''}", caches,
              "--attn absorb" if cached == "naive" else "--prompt-len"),
         Need("the largest weight, decoded", largest * FLOAT32, "--layer N"),

@@ -44,7 +44,7 @@ class Keeper:
 
 def record(spec: RunSpec, keep: Sequence[str] | Callable[[str], bool] | None = None, patches: Patches = (),
            swapped: Callable[[], AbstractContextManager] = nullcontext, wording: Wording = COMMAND_LINE,
-           extra: Sequence[Sink] = (), weights: WeightSource | None = None, chunk: int | None = 0,
+           weights: WeightSource | None = None, chunk: int | None = 0,
            forewarn: Callable[[str], None] = lambda line: None) -> Recorded:
     """Run `spec` keeping the tensors matching `keep` (globs, or a function of the name; None:
     every one), with `patches` applied (each must match a name of the run), inside `swapped()`
@@ -53,7 +53,11 @@ def record(spec: RunSpec, keep: Sequence[str] | Callable[[str], bool] | None = N
     prefill's positions per chunk, None auto (stepper.planning.plan_run); `forewarn`: given the
     plan's line saying the run is long, if it is, before the run starts."""
     lower = f"{wording.keep} (fewer tensors)"
-    planned = plan_run(spec, lambda plan, names: [n for n in names if wanted(keep, n)], lower, chunk, weights, wording)
+
+    def kept_of(plan: Plan, names: list[str]) -> list[str]:
+        return [n for n in names if wanted(keep, n)]
+
+    planned = plan_run(spec, kept_of, lower, chunk, weights, wording, looked=kept_of)  # looks at what it keeps
     keeps = kept_by(wording.keep, keep, planned.names)
     patcher = planned.patcher(patches)
     planned.check_fits([n for n in planned.names if keeps(n)], lower)
@@ -62,7 +66,7 @@ def record(spec: RunSpec, keep: Sequence[str] | Callable[[str], bool] | None = N
     keeper = Keeper()
     sinks: list[Sink] = [*patcher, keeper if keep is None else Filter(lambda e: keeps(e.name), [keeper])]
     with swapped():
-        result = planned.execute([*sinks, *extra])
+        result = planned.execute(sinks)
     for event in keeper.events.values():
         if not held(event.array):
             event.array.keep_when_read()  # a chunked run's: one replay makes them all, never one per read

@@ -138,7 +138,7 @@ def test_keeping_everything_that_would_not_fit_is_refused_naming_keep(monkeypatc
     with pytest.raises(StepperError, match=r"would need about .* lower it with keep="):
         stepper.run("tiny", prompt_len=64)
     with pytest.raises(StepperError, match=r"lower it with prompt_len="):
-        monkeypatch.setattr(memory, "needs", lambda plan, kept, lower: [Need("scores", 2**30, "--prompt-len")])
+        monkeypatch.setattr(memory, "needs", lambda plan, kept, lower, looked: [Need("scores", 2**30, "--prompt-len")])
         stepper.run("tiny", prompt_len=2, keep="logits")
 
 
