@@ -117,7 +117,7 @@ def long_line(plan: Plan, names: list[str], wording: Wording) -> str | None:
     if len(names) < LONG_RUN:
         return None
     steps = plan.spec.decode + 1
-    layers = 1 if plan.alone else plan.config.num_hidden_layers if plan.needs_logits else plan.layers_shown.stop
+    layers = len(plan.computed)
     return (f"note: a long run: it makes {len(names):,} named tensors ({steps:,} step{'s' if steps > 1 else ''} "
             f"through {layers} layer{'s' if layers > 1 else ''}), each of them whatever {wording.keep} keeps; "
             f"fewer {wording.spell('decode')} steps or layers make fewer")
