@@ -172,12 +172,14 @@ class Catalog:
         and its attention path), the global tensors `start`, each layer's sequence, then `end`."""
         names = []
         start, end = self.with_globals_after(start, cfg), self.with_globals_after(end, cfg)
+        keys = {}  # (layer, attn) -> the layer's keys: the same in every decode step
         for phase, attn in steps:
             scope = "" if phase is None else f"{phase}."
             names += [scope + key for key in start]
             for layer in layers:
-                sequence = self.layer_sequence(cfg, layer, attn, index_scoring)
-                names += [f"{scope}layers.{layer}.{e['name']}" for e in sequence]
+                if (layer, attn) not in keys:
+                    keys[layer, attn] = [e["name"] for e in self.layer_sequence(cfg, layer, attn, index_scoring)]
+                names += [f"{scope}layers.{layer}.{key}" for key in keys[layer, attn]]
             names += [scope + key for key in end]
         return names
 

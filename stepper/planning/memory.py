@@ -71,6 +71,16 @@ def worked_shapes(plan: Plan) -> list[tuple[int, int]]:
     return [(min(t, plan.spec.chunk or t), s), *shapes[1:]]
 
 
+def widest_steps(plan: Plan) -> list[tuple[int, tuple[int, int]]]:
+    """(step, (T, S)) of the steps whose tensors are the largest: the prefill as the layers work on
+    it and the last decode step. Every decode step makes one position's tensors, sized by what it
+    attends (positions, compressed entries, the positions an indexer keeps), which only grows from
+    one step to the next, so the last step's are at least every earlier one's: the estimate need
+    not go through a thousand decode steps one by one."""
+    shapes = worked_shapes(plan)
+    return [(0, shapes[0])] + ([(len(shapes) - 1, shapes[-1])] if len(shapes) > 1 else [])
+
+
 def tensor_bytes(key: str, t: int, s: int, plan: Plan, held: bool = False, layer: int | None = None) -> int:
     """Bytes of one named tensor of `layer` (None: outside the layers) in a step with T new and S
     attended positions (from its catalogue dims); held: 0 for the attention scores and weights made
@@ -167,18 +177,18 @@ def layer_bytes(plan: Plan, layers: list[int], looked: Looked = None) -> int:
 
     return max(sum(tensor_bytes(e["name"], t, s, plan, layer=layer) for e in sequence(layer, k)
                    if not {"T", "S"} <= set(e["dims"]) and made(e, layer, looked))
-               for layer in layers for k, (t, s) in enumerate(worked_shapes(plan)))
+               for layer in layers for k, (t, s) in widest_steps(plan))
 
 
 def largest_held(plan: Plan, layers: list[int], looked: Looked = None) -> int:
     """Bytes of the largest named tensor of the run that is held (not made in tiles) and made."""
     cat, spec = catalog.load(), plan.spec
-    keys = {(e["name"], layer) for layer in layers for k in range(spec.decode + 1)
-            for e in cat.layer_sequence(plan.config, layer, step_attn(spec, k), spec.index_scoring)
-            if made(e, layer, looked)}
-    keys |= {("logits", None)} if plan.needs_logits else set()
-    return max(tensor_bytes(key, t, s, plan, held=True, layer=layer) for key, layer in keys
-               for t, s in worked_shapes(plan))
+    layer_keys = [(e["name"], layer, k) for layer in layers for k, _ in widest_steps(plan)
+                  for e in cat.layer_sequence(plan.config, layer, step_attn(spec, k), spec.index_scoring)
+                  if made(e, layer, looked)]
+    logits = [("logits", None, k) for k, _ in widest_steps(plan)] if plan.needs_logits else []
+    shapes = dict(widest_steps(plan))
+    return max(tensor_bytes(key, *shapes[k], plan, held=True, layer=layer) for key, layer, k in layer_keys + logits)
 
 
 def needs(plan: Plan, kept: list[str], kept_lower: str, looked: list[str] | None = None) -> list[Need]:
@@ -238,7 +248,7 @@ def scores_over_positions(plan: Plan, layers: list[int]) -> bool:
     """Whether the run's layers make attention scores over every attended position ([B, H, T, S]);
     DeepSeek-V4's are over the keys each query sees, counted with one layer's tensors."""
     cat, spec = catalog.load(), plan.spec
-    return any({"T", "S"} <= set(e["dims"]) for layer in layers for k in range(spec.decode + 1)
+    return any({"T", "S"} <= set(e["dims"]) for layer in layers for k, _ in widest_steps(plan)
                for e in cat.layer_sequence(plan.config, layer, step_attn(spec, k), spec.index_scoring))
 
 
