@@ -145,7 +145,7 @@ def test_the_subnormal_probe_compares_the_same_multiplication_of_subnormal_and_n
     times the same multiplication of each (2^-127, FP4's 0.5 decoded, and 2^-125)."""
     assert fp4_tiles.slow_subnormals(fp4_tiles.SUBNORMAL_PENALTY, 1.0)
     assert not fp4_tiles.slow_subnormals(0.97 * fp4_tiles.SUBNORMAL_PENALTY, 1.0)
-    real_seconds, timed = fp4_tiles.multiply_seconds, {}
+    probe_of_clock, timed = fp4_tiles.multiply_seconds, {}
     monkeypatch.setattr(fp4_tiles, "multiply_seconds", lambda value: timed.setdefault(value, 1.0 + (value < 2.0**-126)))
     fp4_tiles.subnormals_slow.cache_clear()
     try:
@@ -161,7 +161,7 @@ def test_the_subnormal_probe_compares_the_same_multiplication_of_subnormal_and_n
             return next(Clock.ticks)
 
     monkeypatch.setattr(fp4_tiles, "time", Clock)
-    assert fp4_tiles.PROBE_ROUNDS == 5 and real_seconds(2.0**-127) == 0.5
+    assert fp4_tiles.PROBE_ROUNDS == 5 and probe_of_clock(2.0**-127) == 0.5
 
 
 @pytest.mark.parametrize("tokens", [1, 4, 11, 17, 57, 64, 65, 129, 257])
