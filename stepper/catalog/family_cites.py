@@ -8,11 +8,21 @@ them against the installed transformers, as the catalogue's own.
 
 A tensor the family's file has no line for (the absorbed path's, which only DeepSeek's inference
 code computes) keeps the catalogue's citations, each naming its own file.
+
+"The references call it" (the catalogue's `variable`) is modeling_deepseek.py's name, and a family's
+file may name the tensor otherwise (transformers' `q_pass` for DeepSeek's `q_nope`). The family's name
+is read from its cited line, never kept a second time: the catalogue's name where the family's line
+assigns that name too (with the catalogue's words about it where the two lines are alike); else,
+where the two first lines are one statement (as many names assigned, by the same call:
+`q_nope, q_pe = torch.split(` and `q_pass, q_rot = torch.split(`), the name the family's line
+assigns in its place; else none, and explain shows no name rather than DeepSeek's.
 """
 
 from __future__ import annotations
 
+import ast
 import json
+import re
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -42,4 +52,32 @@ def reference(cfg: Any, name: str, deepseek: dict[str, Any]) -> dict[str, Any]:
     cited = family["tensors"].get(name) if family else None
     if cited is None:
         return deepseek
-    return {**deepseek, **dict.fromkeys(REPLACED), SOURCE: {**cited, "path": family["path"]}}
+    own = own_variable(deepseek.get("variable"), (deepseek.get(REPLACED[0]) or {}).get("text"), cited["text"])
+    return {**deepseek, **dict.fromkeys(REPLACED), "variable": own, SOURCE: {**cited, "path": family["path"]}}
+
+
+def own_variable(variable: str | None, deepseeks: str | None, families: str) -> str | None:
+    """The family's name for what modeling_deepseek.py's first line `deepseeks` calls `variable` (a
+    name and words about it: 'q (inner self.q_a_proj(...), unnamed)'), read from the family's first line."""
+    name = re.match(r"[\w.]+", variable or "")
+    theirs, ours = assigned(deepseeks or ""), assigned(families)
+    if name is None or name[0] in ours[0]:  # the same name; the words are about DeepSeek's line
+        return name and (variable if (deepseeks or "").strip() == families.strip() else name[0])
+    if name[0] in theirs[0] and len(theirs[0]) == len(ours[0]) and theirs[1] == ours[1] is not None:
+        return ours[0][theirs[0].index(name[0])] + variable[name.end():]
+    return None
+
+
+def assigned(line: str) -> tuple[list[str], str | None]:
+    """The names a line assigns and its outermost call, indexing dropped ('q_pass, q_rot = torch.split('
+    -> (['q_pass', 'q_rot'], 'torch.split')); ([], None) for a line that assigns nothing alone."""
+    try:
+        statement = ast.parse(line.strip() + (")" if line.rstrip().endswith("(") else "")).body[0]
+    except (SyntaxError, IndexError):
+        return [], None
+    target = getattr(statement, "target", None) or (getattr(statement, "targets", None) or [None])[0]
+    if not isinstance(statement, ast.Assign | ast.AnnAssign) or target is None:
+        return [], None
+    names = [ast.unparse(t) for t in (target.elts if isinstance(target, ast.Tuple) else [target])]
+    call = statement.value.func if isinstance(statement.value, ast.Call) else None
+    return names, re.sub(r"\[[^]]*\]", "", ast.unparse(call)) if call is not None else None

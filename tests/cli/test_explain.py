@@ -249,6 +249,25 @@ def test_explain_notes_where_a_family_computes_a_tensor_otherwise(name, model, s
     ("layers.0.self_attn.k_pe", "tiny-minicpm3", "turns in two halves as stored", "interleaved pair layout"),
     ("layers.1.mlp_output", "tiny-axk1", "rms_norm(routed_output + shared_output)", "mlp_output = routed_output +"),
     ("layers.1.output", "tiny-minicpm3", "output = attn_residual + mlp_scaled", "attn_residual + mlp_output"),
+    ("layers.1.output", "tiny-longcat", ("output = sub1.attn_residual + sub1.mlp_output + mlp.routed_output The "
+                                         "layer's last addition takes three terms"), "The second residual addition"),
+    ("layers.1.sub1.mlp_output", "tiny-longcat", "(each sublayer's own dense MLP)", "routed_output + shared_output"),
+    ("layers.1.sub0.post_attention_layernorm", "tiny-longcat", "the second sublayer's feeds only",
+     "every chosen expert and the shared expert"),
+    ("layers.1.mlp.gate.topk_idx", "tiny-axk2", "an expert of a dropped group outranks a kept one", "(in Kimi K2"),
+    ("layers.1.mlp.gate.scores_for_choice", "tiny-axk2", "this router sets the experts of the dropped groups to 0.0",
+     "give the experts of dropped groups -inf"),
+    ("layers.1.mlp.gate.group_mask", "tiny-axk2", "get a score of 0.0 in the choice (topk_idx), not -inf",
+     "give the experts of dropped groups -inf"),
+    ("layers.3.self_attn.compressed_kv", "tiny-kimi-linear", "the 16-dim key part k_pe, which no RoPE turns",
+     "rotary key"),
+    ("input_layernorm", "tiny-v2", "feeds both q_proj (this model has no query latent", "q_a_proj"),
+    ("input_layernorm", "deepseek-v2-lite", "the tensor q_proj and kv_a_proj_with_mqa read", "down-projections"),
+    ("input_layernorm", "tiny-sarvam", "feeds both q_proj (this model has no query latent", "q_a_proj"),
+    ("mlp.gate.topk_idx", "tiny-v2", "topk(softmax_scores, num_experts_per_tok).indices", "biased scores"),
+    ("mlp.gate.topk_idx", "deepseek-v2", "a group judged by its single best score (group_max)", "biased scores"),
+    ("mlp.gate.group_mask", "deepseek-v2", "as every softmax score is above 0", "biased score is negative"),
+    ("mlp.shared_output", "tiny-v2", "n_shared_experts = 2 (in Kimi K2 and DeepSeek-V3: 1)", "as do Kimi K2"),
 ])
 def test_explain_gives_a_familys_own_formula_and_explanation(name, model, own, deepseeks):
     """The formula and the explanation were DeepSeek's for every model: YaRN's cosines with
@@ -278,6 +297,49 @@ def test_a_family_cites_its_own_transformers_file(name, model, cited, line):
     assert "modeling_deepseek.py" not in said and "modeling_deepseek_v3.py" not in said, said
     kimi_k2 = stepper("explain", catalog.key_of(name), "--plain").stdout
     assert "modeling_deepseek_v3.py" in kimi_k2 and "modeling_deepseek.py" in kimi_k2
+
+
+@pytest.mark.parametrize("name, model, called, line", [
+    ("layers.1.self_attn.q_nope", "tiny-glm4-flash", "q_pass", "q_pass, q_rot = torch.split("),
+    ("layers.1.self_attn.k_pe", "tiny-mistral4", "k_rot", "kv_pass, k_rot = torch.split("),
+    ("layers.1.self_attn.compressed_kv", "tiny-axk2", "kv_pass", "kv_pass, k_rot = torch.split("),
+    ("layers.1.mlp.gate.logits", "tiny-longcat", "router_logits", "router_logits = F.linear("),
+    ("layers.1.mlp.gate.topk_weight", "tiny-glm5", "topk_weights", "topk_weights = scores.gather("),
+    ("layers.1.self_attn.q_a", "tiny-youtu", "q_states (inner self.q_a_proj(hidden_states), unnamed)",
+     "q_states = self.q_b_proj("),
+    ("layers.1.self_attn.q_nope", "tiny-v2", "q_nope", "q_nope, q_pe = torch.split("),  # its file's name is DeepSeek's
+    ("layers.1.self_attn.kv_a", "tiny-axk1", "compressed_kv (the whole kv_a_proj_with_mqa output, before the split)",
+     "compressed_kv = self.kv_a_proj_with_mqa("),
+])
+def test_the_references_name_is_the_familys_own_files(name, model, called, line):
+    """"The references call it" gave modeling_deepseek.py's name (q_nope) over a cited line of the
+    family's own file that names it otherwise (q_pass)."""
+    out = stepper("explain", name, "--model", model, "--plain", env={"COLUMNS": "200"})
+    assert out.returncode == 0, out.stderr
+    said = [line for line in out.stdout.splitlines() if line.startswith("the references call it")]
+    assert said == [f"the references call it  {called}"], said
+    assert line in out.stdout
+
+
+@pytest.mark.parametrize("name, model", [
+    ("layers.1.mlp.gate.topk_idx", "tiny-axk2"), ("layers.1.self_attn.key_states", "tiny-glm5"),
+    ("rope_cos", "tiny-mistral4"), ("layers.1.self_attn.kv", "tiny-longcat"),
+])
+def test_a_name_the_familys_cited_line_does_not_give_is_not_given(name, model):
+    """Where the family's first cited line does not assign the tensor (axk2's topk_idx cites the group
+    mask's lines; its variable is topk_indices), DeepSeek's name (topk_idx) was shown over it: no name is."""
+    out = stepper("explain", name, "--model", model, "--plain", env={"COLUMNS": "200"})
+    assert out.returncode == 0, out.stderr
+    assert "the references call it" not in out.stdout and "transformers modeling_" in out.stdout
+    kimi_k2 = stepper("explain", catalog.key_of(name), "--plain", env={"COLUMNS": "200"}).stdout
+    assert "the references call it" in kimi_k2
+
+
+def test_axk2s_router_cites_its_fill_of_the_dropped_groups():
+    said = stepper("explain", "layers.1.mlp.gate.topk_idx", "--model", "tiny-axk2", "--plain",
+                   env={"COLUMNS": "200"}).stdout
+    assert "transformers modeling_axk2.py  lines 322-328" in said
+    assert "scores_for_choice = scores_for_choice.masked_fill(~score_mask.bool(), 0.0)" in said
 
 
 def test_a_tensor_no_family_file_computes_keeps_deepseeks_citation():
