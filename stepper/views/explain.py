@@ -71,10 +71,21 @@ def looked_up(cfg: Config, query: str, read: Reading | None = None, give: str = 
             raise StepperError(not_found(cat, query, give))
         cat = catalog.around(preset_config(preset))
         named, entries = read(cat, preset_config(preset), query)
-    entries = emitted_by(cat, entries, cfg, query)
+    entries = in_sublayer(cat, cfg, query, emitted_by(cat, entries, cfg, query))
     named = of_layers(named, cat, cfg, query)
     sizes, elsewhere = emitting_model(cat, entries, cfg)
     return Found(cat, named, entries, sizes, elsewhere)
+
+
+def in_sublayer(cat: catalog.Catalog, cfg: Config, query: str, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The entries a name of a LongCat sublayer found (`layers.1.sub0.output`), each shown by the
+    sublayer's name where the layers emit it so, with that sublayer's texts (sub0's output is not
+    the layer's); a glob's are named so already (`heading`)."""
+    sub = SUBLAYER.search(query)
+    if sub is None or catalog.is_glob(query):
+        return entries
+    emitted = set(layer_names(cat, cfg, range(cfg.num_hidden_layers)))
+    return [{**e, "name": f"sub{sub[1]}.{e['name']}"} if f"sub{sub[1]}.{e['name']}" in emitted else e for e in entries]
 
 
 def found_texts(found: Found) -> list[Text]:
@@ -221,7 +232,7 @@ def emitting_model(cat: catalog.Catalog, entries: list[dict[str, Any]], cfg: Con
     shares the residual stream; DeepSeek-V4's `hc_attn.comb`, found in tiny-v4's catalogue) take
     the sizes of a preset that emits them (a tiny one first), named on the line; None (no sizes)
     when none does. (cfg, '') when the model emits one of them, or they are not layer tensors."""
-    layered = [e["name"] for e in entries if e["scope"] == "layer"]
+    layered = [catalog.key_of(e["name"]) for e in entries if e["scope"] == "layer"]  # sub0.output: output
     if not layered or len(layered) < len(entries) or set(layered) & emitted_names(cat, cfg,
                                                                                   range(cfg.num_hidden_layers)):
         return cfg, ""

@@ -372,6 +372,19 @@ def test_a_sublayer_the_model_has_not_is_refused_in_one_line(query, model, sub, 
     assert stepper("explain", "layers.1.sub1.self_attn.q", "--model", "tiny-longcat").returncode == 0
 
 
+@pytest.mark.parametrize("query", ["layers.1.sub0.output", "sub0.output", "sub0.outp*"])
+def test_a_sublayers_output_is_explained_as_that_sublayers(query):
+    """LongCat's first sublayer ends in sub0.output (its residual sum, the second sublayer's input):
+    asked by name it was given the layer's output (sub1's sum plus the MoE's), and a glob said no
+    preset emits it."""
+    out = stepper("explain", query, "--model", "tiny-longcat", "--plain")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("sub0.output\nThe first sublayer's output: attn_residual + mlp_output")
+    assert "formula sub0.output = sub0.attn_residual + sub0.mlp_output\n" in out.stdout
+    assert "d (hidden = 256)" in out.stdout and "does not emit" not in out.stdout
+    assert "mlp.routed_output" not in out.stdout.split("\n\n")[0]  # the head: not the layer's output
+
+
 def test_a_glob_lists_what_it_matches_of_the_models_tensors_a_sublayers_too():
     """`sub1.*` listed the whole catalogue (its scope was dropped, leaving `*`); a glob matching
     no tensor of the model was answered with another family's entries or 'no tensor named'."""
