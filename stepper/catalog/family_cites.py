@@ -45,11 +45,13 @@ def has_own_file(cfg: Any) -> bool:
     return (getattr(cfg, "model_type", None) or "") in cite_files()
 
 
-def reference(cfg: Any, name: str, deepseek: dict[str, Any]) -> dict[str, Any]:
+def reference(cfg: Any, names: tuple[str, ...], deepseek: dict[str, Any]) -> dict[str, Any]:
     """A tensor's reference for cfg's model: its family's transformers line in place of DeepSeek-V3's
-    two where the family's file has one; the catalogue's (`deepseek`) otherwise, or with no config."""
+    two where the family's file has one for the first of its `names` it cites (a LongCat sublayer's
+    `sub0.output`, then its catalogue name `output`); the catalogue's (`deepseek`) otherwise, or with
+    no config."""
     family = cite_files().get(getattr(cfg, "model_type", None) or "")
-    cited = family["tensors"].get(name) if family else None
+    cited = next((family["tensors"][n] for n in names if n in family["tensors"]), None) if family else None
     if cited is None:
         return deepseek
     own = own_variable(deepseek.get("variable"), (deepseek.get(REPLACED[0]) or {}).get("text"), cited["text"])

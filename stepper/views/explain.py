@@ -117,7 +117,7 @@ def explain_text(cat: catalog.Catalog, entry: dict[str, Any], cfg: Config | None
     explanation = texts.unrendered(own) if cfg is None else texts.render(own, cfg)
     text.append(f"\n{explanation}\n\n")
     text.append(emit_sites_text(key))
-    text.append(citations_text(cat, family_cites.reference(cfg, key, entry["reference"])))
+    text.append(citations_text(cat, family_cites.reference(cfg, (entry["name"], key), entry["reference"])))
     aliases = {k: v for k, v in entry.get("aliases", {}).items() if v}
     if aliases:
         text.append("aliases ", style="dim")

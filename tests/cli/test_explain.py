@@ -321,6 +321,23 @@ def test_the_references_name_is_the_familys_own_files(name, model, called, line)
     assert line in out.stdout
 
 
+@pytest.mark.parametrize("name, line", [
+    ("layers.1.output", "522          hidden_states = residual + hidden_states + shortcut_mlp_output"),
+    ("layers.1.sub0.output", "501          hidden_states = residual + hidden_states"),
+    ("layers.1.sub0.attn_residual", "494          hidden_states = residual + hidden_states"),
+    ("layers.1.sub1.attn_residual", "516          hidden_states = residual + hidden_states"),
+    ("layers.1.sub0.mlp_output", "500          hidden_states = self.mlps[0](hidden_states)"),
+    ("layers.1.sub1.mlp_output", "521          hidden_states = self.mlps[1](hidden_states)"),
+])
+def test_a_longcat_sublayers_tensor_cites_that_sublayers_line(name, line):
+    """LongCat's layer writes each sublayer's residual sums on lines of their own; the layer's output,
+    sub0's and both residuals cited DeepSeek-V3's lines, and sub0's mlp_output sub1's line."""
+    out = stepper("explain", name, "--model", "tiny-longcat", "--plain", env={"COLUMNS": "200"})
+    assert out.returncode == 0, out.stderr
+    assert "transformers modeling_longcat_flash.py" in out.stdout and line in out.stdout
+    assert "modeling_deepseek" not in out.stdout
+
+
 @pytest.mark.parametrize("name, model", [
     ("layers.1.mlp.gate.topk_idx", "tiny-axk2"), ("layers.1.self_attn.key_states", "tiny-glm5"),
     ("rope_cos", "tiny-mistral4"), ("layers.1.self_attn.kv", "tiny-longcat"),
