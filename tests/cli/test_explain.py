@@ -222,6 +222,8 @@ def test_explain_notes_where_a_family_computes_a_tensor_otherwise(name, model, s
     ("mlp.gate.scores_for_choice", "tiny-axk1", "scores_for_choice = scores (no", "+ e_score_correction_bias"),
     ("mlp.gate.scores_for_choice", "tiny-mistral4", "best 4 of the kept groups", "load balancer"),
     ("mlp.gate.topk_weight", "tiny-mistral4", "gather(softmax_scores, topk_idx)", "sigmoid"),
+    ("layers.1.mlp.gate.group_mask", "tiny-mistral4", "a score of 0.0 before top-k (transformers' file for this model)",
+     "This project follows transformers 5.x"),  # its file fills 0.0; the text said transformers' gave -inf
     ("mlp.gate.topk_weight", "tiny-longcat", "share of the softmax the 3 chosen", "norm_topk_prob;"),
     ("logits", "tiny-youtu", "logits = norm @ embed_tokens.weight^T", "separate matrix"),
     ("logits", "tiny-minicpm3", "logits = norm_scaled @ embed_tokens.weight^T", "separate matrix"),
