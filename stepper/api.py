@@ -138,8 +138,12 @@ def run(model: str | Path | None = None, *, ids: Sequence[int] | None = None, pr
     patches = [(p, _two_arguments(p, fn)) for p, fn in as_patches(patch)]
     chosen = 0 if asked is None and (patches or files) else asked  # auto with a patch or use: the whole prompt
     with np.errstate(all="ignore"):  # as `stepper run`: the NaN or inf a run makes is in its figures, not in warnings
-        return Run(record(spec, kept, patches, lambda: overrides.use(files), API_WORDING, weights=weights,
-                          chunk=chosen, forewarn=long_run_warning))
+        try:
+            recorded = record(spec, kept, patches, lambda: overrides.use(files), API_WORDING, weights=weights,
+                              chunk=chosen, forewarn=long_run_warning)
+        except StepperError as error:  # said from this call, as the command line says it in one line: not from
+            raise error.with_traceback(None) from None  # the model's depths, where a patch's result was refused
+    return Run(recorded)
 
 
 class LongRunWarning(UserWarning):

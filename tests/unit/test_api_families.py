@@ -1,0 +1,36 @@
+"""The Python API on the newer families (DeepSeek-V4, Kimi Linear, LongCat-Flash, GLM-5), as a
+notebook user meets it: a mistake is one StepperError said from the call, naming what was wrong
+and what was expected."""
+
+import traceback
+
+import numpy as np
+import pytest
+
+import stepper
+from stepper.errors import StepperError
+
+IDS = [17, 42, 99, 3, 55, 66]
+
+
+def frames_below_the_call(error: BaseException) -> list[str]:
+    """The files of the traceback's frames after this test's own: what a notebook prints above the message."""
+    return [frame.filename for frame in traceback.extract_tb(error.__traceback__)[1:]]
+
+
+@pytest.mark.parametrize("model, patch, message", [
+    ("tiny-v4", {"layers.1.hc_attn.comb": lambda a, name: a[..., :2]},
+     (r"^patch layers\.1\.hc_attn\.comb on layers\.1\.hc_attn\.comb returned float32\[1, 6, 4, 2\]; expected an "
+      r"array of the tensor's shape and dtype, float32\[1, 6, 4, 4\]$")),
+    ("tiny-kimi-linear", {"layers.1.self_attn.state": lambda a, name: a.astype(np.float16)},
+     r"returned float16\[1, 4, 32, 32\]; expected an array of the tensor's shape and dtype, float32\[1, 4, 32, 32\]$"),
+    ("tiny-kimi-linear", {"layers.0.self_attn.delta": "x*0"}, r"is shown only; the model does not read it back"),
+    ("tiny-longcat", stepper.zero_head(1, 9), r"^zero_head: head 9 out of range: layer 1 has heads 0\.\.3$"),
+])
+def test_a_patch_refused_inside_the_run_is_raised_from_the_call_not_from_the_model(model, patch, message):
+    """A patch's result is checked where the model reads it, 16-19 frames deep (seams.patching under
+    the model's layers): a notebook printed all of them above the one line that says what was wrong."""
+    with pytest.raises(StepperError, match=message) as caught:
+        stepper.run(model, ids=IDS, patch=patch)
+    assert [f.rsplit("/", 2)[-2:] for f in frames_below_the_call(caught.value)] == [["stepper", "api.py"]]
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__
