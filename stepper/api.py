@@ -313,8 +313,10 @@ class Diff(run_diff.Diff):
     def __repr__(self) -> str:
         first = self.first
         where = f"first difference {shown(first.name)}" if first else "no tensor differs beyond round-off"
+        apart = ", ".join(f"{len(names)} only in {side}" for side, names in (("A", self.only_a), ("B", self.only_b))
+                          if names)  # (two models' runs share few names: their logits, say)
         return f"<stepper.Diff {len(self.rows)} tensors: {self.count('same')} same, {self.count('close')} close, " \
-               f"{self.count('differs')} differ; {where}>"
+               f"{self.count('differs')} differ{'; ' + apart if apart else ''}; {where}>"
 
     def __rich_console__(self, console, options):
         """The table, the growth per layer and the summary `stepper diff` prints (`rich.print(d)`),

@@ -34,3 +34,16 @@ def test_a_patch_refused_inside_the_run_is_raised_from_the_call_not_from_the_mod
         stepper.run(model, ids=IDS, patch=patch)
     assert [f.rsplit("/", 2)[-2:] for f in frames_below_the_call(caught.value)] == [["stepper", "api.py"]]
     assert caught.value.__cause__ is None and caught.value.__suppress_context__
+
+
+def test_a_diff_of_two_models_runs_says_in_its_repr_how_many_tensors_only_one_side_has():
+    """tiny-v4 and tiny-kimi-linear share one name, logits: the repr said '1 tensors: ... 1 differ;
+    first difference logits', as if the runs had been compared, and not the 228 and 132 left out."""
+    d = stepper.diff(stepper.run("tiny-v4", ids=[1, 2, 3]), stepper.run("tiny-kimi-linear", ids=[1, 2, 3]))
+    assert [row.name for row in d.rows] == ["logits"] and len(d.only_a) > 200 and len(d.only_b) > 100
+    assert repr(d) == (f"<stepper.Diff 1 tensors: 0 same, 0 close, 1 differ; {len(d.only_a)} only in A, "
+                       f"{len(d.only_b)} only in B; first difference logits>")
+    same = stepper.run("tiny-longcat", ids=[1, 2, 3])
+    n = len(same)
+    assert repr(stepper.diff(same, same)) == f"<stepper.Diff {n} tensors: {n} same, 0 close, 0 differ; no tensor " \
+                                             "differs beyond round-off>"
