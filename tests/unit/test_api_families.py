@@ -47,3 +47,15 @@ def test_a_diff_of_two_models_runs_says_in_its_repr_how_many_tensors_only_one_si
     n = len(same)
     assert repr(stepper.diff(same, same)) == f"<stepper.Diff {n} tensors: {n} same, 0 close, 0 differ; no tensor " \
                                              "differs beyond round-off>"
+
+
+def test_a_patch_of_a_long_attention_made_in_tiles_says_what_to_patch_instead():
+    """LongCat's second sublayer at 1,100 positions: its weights [1, 4, 1100, 1100] are never held;
+    the refusal said so, and not what could be patched."""
+    with pytest.raises(StepperError) as caught:
+        stepper.run("tiny-longcat", prompt_len=1100, keep="layers.0.sub1.*",
+                    patch={"layers.0.sub1.self_attn.attn_weights": "x*0.5"})
+    assert str(caught.value) == (
+        "patch layers.0.sub1.self_attn.attn_weights: layers.0.sub1.self_attn.attn_weights [1, 4, 1100, 1100] is made "
+        "a tile at a time (a long attention) and never held, so it cannot be patched: patch the queries or keys it is "
+        "made from, or run a shorter prompt, whose attention is held whole")
