@@ -138,8 +138,12 @@ def run(model: str | Path | None = None, *, ids: Sequence[int] | None = None, pr
     patches = [(p, _two_arguments(p, fn)) for p, fn in as_patches(patch)]
     chosen = 0 if asked is None and (patches or files) else asked  # auto with a patch or use: the whole prompt
     with np.errstate(all="ignore"):  # as `stepper run`: the NaN or inf a run makes is in its figures, not in warnings
-        return Run(record(spec, kept, patches, lambda: overrides.use(files), API_WORDING, weights=weights,
-                          chunk=chosen, forewarn=long_run_warning))
+        try:
+            recorded = record(spec, kept, patches, lambda: overrides.use(files), API_WORDING, weights=weights,
+                              chunk=chosen, forewarn=long_run_warning)
+        except StepperError as error:  # said from this call, as the command line says it in one line: not from
+            raise error.with_traceback(None) from None  # the model's depths, where a patch's result was refused
+    return Run(recorded)
 
 
 class LongRunWarning(UserWarning):
@@ -309,8 +313,10 @@ class Diff(run_diff.Diff):
     def __repr__(self) -> str:
         first = self.first
         where = f"first difference {shown(first.name)}" if first else "no tensor differs beyond round-off"
+        apart = ", ".join(f"{len(names)} only in {side}" for side, names in (("A", self.only_a), ("B", self.only_b))
+                          if names)  # (two models' runs share few names: their logits, say)
         return f"<stepper.Diff {len(self.rows)} tensors: {self.count('same')} same, {self.count('close')} close, " \
-               f"{self.count('differs')} differ; {where}>"
+               f"{self.count('differs')} differ{'; ' + apart if apart else ''}; {where}>"
 
     def __rich_console__(self, console, options):
         """The table, the growth per layer and the summary `stepper diff` prints (`rich.print(d)`),

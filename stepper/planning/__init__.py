@@ -11,6 +11,7 @@ messages name the options as the caller spells them (`Wording`: `--only` or `kee
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -63,7 +64,8 @@ class RunPlan:
         for pattern, fn in patches:  # a helper's pattern: refused in the helper's words
             said = getattr(fn, "helper", None)
             if said and not any(matches(name, [pattern]) for name in self.names):
-                raise StepperError(f"{said}, and this run of {self.plan.config.name} has no {pattern}")
+                raise StepperError(f"{said}, and this run of {self.plan.config.name} has no {pattern}"
+                                   f"{layers_with(pattern, self.names)}")
         self.check(self.wording.patch, [pattern for pattern, _ in patches])
         return [Patcher(patches)] if patches else []
 
@@ -80,6 +82,15 @@ class RunPlan:
 
     def execute(self, sinks: Sequence[Sink]) -> RunResult:
         return session.execute(self.plan, sinks)
+
+
+def layers_with(pattern: str, names: Sequence[str]) -> str:
+    """"; layers with one: 1, 2": the layers where a helper's pattern of one layer (`layers.1.*self_attn.q`)
+    finds its tensor (a Kimi Linear MLA layer among delta-attention ones, MoE layers after a dense one); "" if none."""
+    tail = pattern.removeprefix("layers.").partition(".")[2]
+    found = sorted({int(m.group(1)) for name in names if matches(name, [f"layers.*.{tail}"])
+                    for m in [re.search(r"(?:^|\.)layers\.(\d+)\.", name)] if m})
+    return f"; layers with one: {', '.join(map(str, found))}" if found else ""
 
 
 def plan_run(spec: RunSpec, kept: Kept = lambda plan, names: [], lower: str = "--prompt-len", chunk: int | None = 0,

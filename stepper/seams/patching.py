@@ -55,7 +55,8 @@ class Patcher:
                                    "so a patch there would change nothing (patch a tensor before it)")
             if not held(array):
                 raise StepperError(f"patch {pattern}: {event.name} {list(array.shape)} is made a tile at a time (a "
-                                   "long attention) and never held, so it cannot be patched")
+                                   "long attention) and never held, so it cannot be patched: patch the queries or "
+                                   "keys it is made from, or run a shorter prompt, whose attention is held whole")
             given = np.array(array, copy=True)
             result = fn(given, event.name)
             self.applied[pattern].append(event.name)

@@ -120,7 +120,8 @@ def test_a_patch_of_attention_made_in_tiles_is_one_line():
     assert result.exit_code == 2
     assert result.output.strip().splitlines()[-1] == (
         "stepper: error: patch attn_scores: layers.0.self_attn.attn_scores [1, 4, 1100, 1100] is made a tile at a "
-        "time (a long attention) and never held, so it cannot be patched")
+        "time (a long attention) and never held, so it cannot be patched: patch the queries or keys it is made from, "
+        "or run a shorter prompt, whose attention is held whole")
 
 
 def test_sizes_are_written_in_the_largest_unit_they_reach_never_as_zero():

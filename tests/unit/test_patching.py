@@ -345,8 +345,20 @@ def test_the_helpers_patch_every_mla_familys_router(model):
      "(mlp.gate.logits, topk_idx, topk_weight), and this run of tiny-minicpm3 has no layers.1.mlp.gate.logits")),
     ("tiny-v4", stepper.zero_head(1, 0), ("zero_head(1, 0) patches an MLA attention's query heads (self_attn.q, "
      "self_attn.attn_output), and this run of tiny-v4 has no layers.1.*self_attn.q")),
+    # a layer of another kind than the model's others: the layers that have what the helper patches
+    ("tiny-kimi-linear", stepper.zero_head(1, 0), ("zero_head(1, 0) patches an MLA attention's query heads "
+     "(self_attn.q, self_attn.attn_output), and this run of tiny-kimi-linear has no layers.1.*self_attn.q; "
+     "layers with one: 3")),
+    ("tiny-kimi-linear", stepper.zero_expert(0, 0), ("zero_expert(0, 0) patches an MLA model's MoE router "
+     "(mlp.gate.logits, topk_idx, topk_weight), and this run of tiny-kimi-linear has no layers.0.mlp.gate.logits; "
+     "layers with one: 1, 2, 3")),
+    ("tiny-longcat", stepper.zero_head(5, 0), ("zero_head(5, 0) patches an MLA attention's query heads "
+     "(self_attn.q, self_attn.attn_output), and this run of tiny-longcat has no layers.5.*self_attn.q; "
+     "layers with one: 0, 1")),
 ])
 def test_a_helper_a_model_has_no_tensors_for_says_what_it_patches(model, helper, said):
+    """And where it would find them: a Kimi Linear run said only 'no layers.1.*self_attn.q' of a
+    delta-attention layer, leaving the user to find which of its layers is MLA."""
     with pytest.raises(StepperError) as refused:
         stepper.run(model, ids=IDS, patch=helper)
     assert str(refused.value) == said
