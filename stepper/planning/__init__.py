@@ -11,7 +11,6 @@ messages name the options as the caller spells them (`Wording`: `--only` or `kee
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -88,8 +87,7 @@ def layers_with(pattern: str, names: Sequence[str]) -> str:
     """"; layers with one: 1, 2": the layers where a helper's pattern of one layer (`layers.1.*self_attn.q`)
     finds its tensor (a Kimi Linear MLA layer among delta-attention ones, MoE layers after a dense one); "" if none."""
     tail = pattern.removeprefix("layers.").partition(".")[2]
-    found = sorted({int(m.group(1)) for name in names if matches(name, [f"layers.*.{tail}"])
-                    for m in [re.search(r"(?:^|\.)layers\.(\d+)\.", name)] if m})
+    found = sorted({memory.layer_of(name) for name in names if matches(name, [f"layers.*.{tail}"])} - {None})
     return f"; layers with one: {', '.join(map(str, found))}" if found else ""
 
 
