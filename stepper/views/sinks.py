@@ -94,8 +94,7 @@ def named_dims(dims: list[catalog.Dim]) -> list[str]:
 
 
 def stats_line(array: np.ndarray, width: int | None) -> Text:
-    """The statistics and the sparkline: an integer tensor's min, max, absmax and sum as integers,
-    a character per value where its range has at most BINS values."""
+    """The statistics and the sparkline (an integer tensor's: min, max, absmax and sum as integers)."""
     st, bins = summary.look(array)
     counts = bins.view(BINS)[0].tolist()
     integers = integral(array.dtype)

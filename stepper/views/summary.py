@@ -23,17 +23,7 @@ from __future__ import annotations
 import math
 
 from stepper.tensors import statistics
-from stepper.tensors.statistics import (
-    BINS,
-    CORNER,
-    Gather,
-    Lattice,
-    Stats,
-    chunks,
-    integral,
-    ldexp_or_inf,
-    no_finite,
-)
+from stepper.tensors.statistics import BINS, CORNER, Gather, Lattice, Stats, chunks, integral, ldexp_or_inf, no_finite
 from stepper.tensors.tensor import Figures, Tensor, held
 
 SPARK = "▁▂▃▄▅▆▇█"
@@ -118,8 +108,7 @@ def number(x: float) -> str:
 
 
 def value(x: float, integers: bool) -> str:
-    """A value of a tensor as the views write it: an integer tensor's exactly, as an integer;
-    another's as `number` writes it."""
+    """A value of a tensor as the views write it: an integer tensor's as an integer, else `number`."""
     return str(int(x)) if integers and math.isfinite(x) else number(x)
 
 
