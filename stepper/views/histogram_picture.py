@@ -64,7 +64,7 @@ def bin_width(edges: np.ndarray) -> str:
     """The bins' width, as the caption says it: an integer tensor's in values."""
     if edges.dtype.kind == "i":
         values = int(edges[1] - edges[0])
-        return f"{values} value{'s' if values > 1 else ''} each"
+        return f"{values} value{'s' if values > 1 else ''}{' each' if len(edges) > 2 else ''}"
     return f"width {number(float(edges[1] - edges[0]))}"
 
 
