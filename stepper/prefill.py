@@ -33,7 +33,7 @@ from stepper.kernels import parallel
 from stepper.model.cache import KVCache, LayerCache
 from stepper.seams.trace import Emitter, Event
 from stepper.tensors.chunked import Chunked
-from stepper.tensors.statistics import CORNER, Gather, chunks, corners, gather_held
+from stepper.tensors.statistics import CORNER, Gather, chunks, corners, gather_held, integral
 from stepper.tensors.tensor import Figures, held, mib
 from stepper.tensors.tiled import Tiled
 
@@ -205,7 +205,7 @@ class Part:
             raise ValueError(f"{event.key}: no value for the positions past a chunk (families.derive.masked_future)")
         self.pad = masked.get(event.key, 0.0)
         self.dtype, self.shapes, self.latest = event.array.dtype, [], None
-        self.gather, self.first, self.last = Gather(), [], []
+        self.gather, self.first, self.last = Gather(integral(self.dtype)), [], []
 
     def add(self, array: np.ndarray | Tiled) -> None:
         """A chunk's tensor: a held one's figures, its blocks shared out across the cores (a tiled

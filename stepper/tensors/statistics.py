@@ -2,7 +2,8 @@
 into chunks (a `Tiled`'s tiles, a chunked prefill's chunks) gives the figures, and the histogram
 bins, of the whole array: range, moments, NaN/Inf counts (non-finite entries are counted and left
 out of the other figures), histogram counts (`Lattice`: in the same pass, the range not needed
-first), corners. views.summary shows them."""
+first; an integer tensor's in bins of whole integers, `IntegerLattice`), corners. views.summary
+shows them."""
 
 from __future__ import annotations
 
@@ -68,10 +69,15 @@ def exact_dtype(dtype) -> np.dtype:
     return np.dtype(np.float32 if np.can_cast(dtype, np.float32, "safe") else np.float64)
 
 
+def integral(dtype) -> bool:
+    """Whether a dtype holds integers (booleans too): its histogram's bins are whole integers."""
+    return np.dtype(dtype).kind in "iub"
+
+
 def gather_held(array) -> Gather:
     """The figures of a held array, its chunks shared out across the cores (`every_core`), each
     core's gathered apart and merged: the same figures as one Gather in C order."""
-    gathers = every_core(chunks(array), math.prod(array.shape), Gather, Gather.add)
+    gathers = every_core(chunks(array), math.prod(array.shape), lambda: Gather(integral(array.dtype)), Gather.add)
     for other in gathers[1:]:
         gathers[0].merge(other)
     return gathers[0]
@@ -117,14 +123,15 @@ class Gather:
     """Statistics gathered chunk by chunk, exactly: the sum and the sum of squares as exact
     rationals (Python integers over 2**EXACT_SHIFT), the mean and std rounded once from them, so
     any split of a tensor into chunks gives the same figures to the bit. (The squares of float32
-    values are exact in float64; of float64 ones, rounded once.)"""
+    values are exact in float64; of float64 ones, rounded once.) `integers`: the values are an
+    integer tensor's, binned in whole integers (`IntegerLattice`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, integers: bool = False) -> None:
         self.lo, self.hi, self.absmax = math.inf, -math.inf, 0.0
         self.nan = self.inf = self.pos_inf = self.finite = 0
         self.total = self.squares = 0  # exact, in units of 2**-EXACT_SHIFT
         self.sums = Float32Sums()  # the float32 values' sums
-        self.bins = Lattice()  # the histogram
+        self.bins = IntegerLattice() if integers else Lattice()  # the histogram
 
     def add(self, values: np.ndarray) -> None:
         """values: float32 or float64 [n], at most CHUNK of them."""
@@ -397,12 +404,16 @@ class Lattice:
         if (lo, hi) == (self.lo, self.hi):
             return
         if lo < hi:
-            exponent = finest(lo, hi)
+            exponent = self.finest(lo, hi)
             base = lattice_index(lo, exponent)
             if (exponent, base) != (self.exponent, self.base):
                 self.counts, self.equal = self.rebased(exponent, base), 0
             self.exponent, self.base = exponent, base
         self.lo, self.hi = lo, hi
+
+    def finest(self, lo: float, hi: float) -> int:
+        """The exponent of the bins for the range [lo, hi] (lo < hi)."""
+        return finest(lo, hi)
 
     def rebased(self, exponent: int, base: int) -> np.ndarray:
         """The counts so far in the bins of a lattice as fine or coarser, from `base`. -> int64 [FINE]"""
@@ -429,7 +440,7 @@ class Lattice:
         """A copy holding only the bins up to the max, as uint32 where the counts fit: what a finished
         tensor's figures keep (a chunked run keeps thousands). `view` reads it, and `merge` takes it
         as the other; nothing adds to it."""
-        copy = Lattice()
+        copy = type(self)()
         copy.lo, copy.hi, copy.exponent, copy.base, copy.equal = self.lo, self.hi, self.exponent, self.base, self.equal
         if self.exponent is not None:
             used = self.counts[: self.used()]
@@ -452,6 +463,33 @@ class Lattice:
         fine[:used] = self.counts[:used]
         edges = [ldexp_or_inf(float(self.base + i * run), self.exponent) for i in range(bins + 1)]  # past 1.8e308: inf
         return fine.reshape(bins, run).sum(axis=1), np.array(edges)
+
+
+class IntegerLattice(Lattice):
+    """A Lattice of an integer tensor's values: its bins at least one integer wide (exponent >= 0),
+    so each holds whole integers; the exponent still follows the range alone, so the counts are
+    the same for every split. `view` gives a bin per value where the range fits, else equal runs
+    of whole integers, no bin wholly past the max."""
+
+    def finest(self, lo: float, hi: float) -> int:
+        return max(0, finest(lo, hi))
+
+    def view(self, bins: int) -> tuple[np.ndarray, np.ndarray]:
+        """At most `bins` bins of equal runs of whole integers (one each where the range has at
+        most `bins` values), from the min (or the multiple of the lattice's width at or below
+        it); the last is the first that holds the max. -> (counts int64 [n], edges int64 [n + 1]:
+        bin i holds the integers from edges[i] to edges[i + 1] - 1)"""
+        if self.lo > self.hi:
+            return super().view(bins)
+        if self.exponent is None:  # every value is lo
+            return np.array([self.equal], np.int64), np.array([self.lo, self.lo + 1], np.int64)
+        used = self.used()
+        run = -(-used // bins)
+        n = -(-used // run)
+        fine = np.zeros(n * run, np.int64)
+        fine[:used] = self.counts[:used]
+        edges = (np.arange(n + 1, dtype=np.int64) * run + self.base) << self.exponent
+        return fine.reshape(n, run).sum(axis=1), edges
 
 
 def ldexp_or_inf(x: float, e: int) -> float:

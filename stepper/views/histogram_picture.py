@@ -23,7 +23,8 @@ def histogram(array: Tensor, bins: int = 24, width: int = 40, title: str = "") -
     """A horizontal-bar histogram of the finite values: per bin its range, a bar and the count.
 
     Bins are the views' (views.summary: equal runs of the exact lattice bins, from a round point at
-    or below the min), gathered a batch of values at a time; NaN, +Inf and -Inf are counted in the
+    or below the min; an integer tensor's a value each where they fit, else runs of whole
+    integers), gathered a batch of values at a time; NaN, +Inf and -Inf are counted in the
     caption, and the bin holding 0 is marked '← 0'.
     """
     gathered = summary.gather(array)
@@ -39,11 +40,32 @@ def histogram(array: Tensor, bins: int = 24, width: int = 40, title: str = "") -
 
 
 def bin_labels(edges: np.ndarray) -> list[str]:
-    """'[lo, hi)' for every bin, '[lo, hi]' for the last, the numbers aligned in columns."""
+    """'[lo, hi)' for every bin, '[lo, hi]' for the last, the numbers aligned in columns; an integer
+    tensor's bins (integer edges) by their values (`integer_labels`)."""
+    if edges.dtype.kind == "i":
+        return integer_labels(edges)
     lo = [number(float(x)) for x in edges[:-1]]
     hi = [number(float(x)) for x in edges[1:]]
     lw, hw = max(map(len, lo)), max(map(len, hi))
     return [f"[{a.rjust(lw)}, {b.rjust(hw)}{']' if i == len(lo) - 1 else ')'}" for i, (a, b) in enumerate(zip(lo, hi))]
+
+
+def integer_labels(edges: np.ndarray) -> list[str]:
+    """Each bin of whole integers by its value ('7'), or by its first and last ('[0, 3]'), aligned."""
+    if edges[1] - edges[0] == 1:
+        labels = [str(int(x)) for x in edges[:-1]]
+        return [label.rjust(max(map(len, labels))) for label in labels]
+    lo, hi = [str(int(x)) for x in edges[:-1]], [str(int(x) - 1) for x in edges[1:]]
+    lw, hw = max(map(len, lo)), max(map(len, hi))
+    return [f"[{a.rjust(lw)}, {b.rjust(hw)}]" for a, b in zip(lo, hi)]
+
+
+def bin_width(edges: np.ndarray) -> str:
+    """The bins' width, as the caption says it: an integer tensor's in values."""
+    if edges.dtype.kind == "i":
+        values = int(edges[1] - edges[0])
+        return f"{values} value{'s' if values > 1 else ''}{' each' if len(edges) > 2 else ''}"
+    return f"width {number(float(edges[1] - edges[0]))}"
 
 
 def zero_bin(edges: np.ndarray) -> int | None:
@@ -74,6 +96,6 @@ def draw_histogram(counts: np.ndarray, edges: np.ndarray, bad: tuple[int, int, i
         text.append(f"{name} {n}", style=ALARM if n else DIM)
     if counts.size:
         plural = "s" if counts.size > 1 else ""
-        text.append(f" · {counts.size} bin{plural} of width {number(float(edges[1] - edges[0]))}", style="dim")
+        text.append(f" · {counts.size} bin{plural} of {bin_width(edges)}", style="dim")
     out.append(text)
     return out

@@ -22,13 +22,13 @@ from rich.text import Text
 from stepper import catalog
 from stepper.config import Config
 from stepper.seams.trace import Event
-from stepper.tensors.statistics import CORNER
+from stepper.tensors.statistics import CORNER, integral
 from stepper.tensors.tensor import held
 from stepper.text import Tokens
 from stepper.views import attention_map, histogram_picture, routing_map, summary
 from stepper.views.group_map import group_map
 from stepper.views.scale_grids import ScaleGrids
-from stepper.views.summary import BINS, finite_or_none, number
+from stepper.views.summary import BINS, exact, finite_or_none, number, value
 from stepper.views.tree import layer_kind
 
 
@@ -94,10 +94,13 @@ def named_dims(dims: list[catalog.Dim]) -> list[str]:
 
 
 def stats_line(array: np.ndarray, width: int | None) -> Text:
+    """The statistics and the sparkline (an integer tensor's: min, max, absmax and sum as integers)."""
     st, bins = summary.look(array)
     counts = bins.view(BINS)[0].tolist()
-    fields = [Text.assemble((f"{label} ", "dim"), number(value)) for label, value in (
-        ("min", st.min), ("max", st.max), ("mean", st.mean), ("std", st.std), ("absmax", st.absmax), ("sum", st.sum),
+    integers = integral(array.dtype)
+    fields = [Text.assemble((f"{label} ", "dim"), text) for label, text in (
+        ("min", value(st.min, integers)), ("max", value(st.max, integers)), ("mean", number(st.mean)),
+        ("std", number(st.std)), ("absmax", value(st.absmax, integers)), ("sum", value(st.sum, integers)),
     )] if st.finite else [Text("no finite values", style="bold red")]  # not nan figures beside "nan 0"
     fields += [Text.assemble((f"{label} ", "dim"), (f"{value:,}", "bold red" if value else ""))
                for label, value in (("nan", st.nan), ("inf", st.inf))]
@@ -107,12 +110,13 @@ def stats_line(array: np.ndarray, width: int | None) -> Text:
 
 def corners_line(array: np.ndarray, width: int | None) -> Text:
     """The first values of the first row and the last of the last, or every value of a tensor of
-    no more than that many (a token's four chosen experts)."""
+    no more than that many (a token's four chosen experts); an integer tensor's as integers."""
+    integers = integral(array.dtype)
     if held(array) and 0 < array.size <= 2 * CORNER:
-        values = [number(v) for v in np.asarray(array).reshape(-1).tolist()]
+        values = [value(v, integers) for v in np.asarray(array).reshape(-1).tolist()]
     else:
         first, last = summary.corners(array)
-        values = [number(v) for v in first] + ["…"] + [number(v) for v in last]
+        values = [value(v, integers) for v in first] + ["…"] + [value(v, integers) for v in last]
     fields = [Text.assemble(("corners ", "dim"), values[0]), *map(Text, values[1:])]
     return wrap_fields(fields, width, "    ", "    ", sep=" ")
 
@@ -233,6 +237,9 @@ def print_wrapped(console: Console, text: Text | str, indent: int = 0, style: st
         console.print(Text(" " * indent) + line, soft_wrap=True)
 
 
+EXACT_FIGURES = {"min", "max", "absmax", "sum"}  # an integer tensor's are integers (its mean and std are not)
+
+
 class JsonLines:
     """Sink writing one JSON object per tensor, one per line (non-finite numbers become null)."""
 
@@ -253,6 +260,8 @@ class JsonLines:
         st, bins = summary.look(array)
         counts, edges = bins.view(BINS)
         first, last = summary.corners(array)
+        integers = integral(array.dtype)  # its values, edges and integer figures as JSON integers
+        figures = {k: exact(v, integers) if k in EXACT_FIGURES else finite_or_none(v) for k, v in st.as_dict().items()}
         return {
             "name": event.name,
             "key": event.key,
@@ -262,10 +271,10 @@ class JsonLines:
             "dims": [{"symbol": d.symbol, "label": d.label, "size": d.size} for d in dims],
             "named_shape": "[" + ", ".join(named_dims(dims)) + "]",
             "dtype": str(array.dtype),
-            "stats": {k: finite_or_none(v) for k, v in st.as_dict().items()},
-            "histogram": {"counts": counts.tolist(), "lo": finite_or_none(float(edges[0])),
-                          "hi": finite_or_none(float(edges[-1]))},  # the bins' outer edges
-            "corners": {"first": [finite_or_none(v) for v in first], "last": [finite_or_none(v) for v in last]},
+            "stats": figures,
+            "histogram": {"counts": counts.tolist(), "lo": exact(edges[0].item(), integers),
+                          "hi": exact(edges[-1].item(), integers)},  # the bins' outer edges
+            "corners": {"first": [exact(v, integers) for v in first], "last": [exact(v, integers) for v in last]},
             **({"patched": True} if event.patched else {}),  # a --patch replaced it (unpatched rows as before)
         }
 

@@ -11,14 +11,19 @@ same figures, and the same histogram bins, as the whole array would; a lazy tens
 A histogram's `bins` equal bins are runs of the exact lattice bins the statistics gathered
 (`statistics.Lattice`): they start at a round point at or below the min (a multiple of a power
 of two) and end past the max by less than a bin, so that any split of a tensor, in any order,
-gives the same counts without waiting for its range."""
+gives the same counts without waiting for its range.
+
+An integer tensor (the router's chosen experts, the indexer's chosen positions) is shown as
+integers: its bins are whole integers (`statistics.IntegerLattice`: a bin per value where the
+range fits, else equal runs of them), and its min, max, absmax, sum, corners and bin edges are
+written exactly (`value`); its mean and std as any tensor's."""
 
 from __future__ import annotations
 
 import math
 
 from stepper.tensors import statistics
-from stepper.tensors.statistics import BINS, CORNER, Gather, Lattice, Stats, chunks, ldexp_or_inf, no_finite
+from stepper.tensors.statistics import BINS, CORNER, Gather, Lattice, Stats, chunks, integral, ldexp_or_inf, no_finite
 from stepper.tensors.tensor import Figures, Tensor, held
 
 SPARK = "▁▂▃▄▅▆▇█"
@@ -39,7 +44,7 @@ def look(array: Tensor) -> tuple[Stats, Lattice]:
 
 
 def gather(array: Tensor) -> Gather:
-    gathered = Gather()
+    gathered = Gather(integral(array.dtype))
     for batch in chunks(array):
         gathered.add(batch)
     return gathered
@@ -67,11 +72,12 @@ def combine(parts: list[Stats]) -> Stats:
     )
 
 
-def histogram(array: Tensor, bins: int = BINS) -> tuple[list[int], float, float]:
-    """Counts of the finite values in `bins` equal bins (`Lattice.view`). -> (counts, the first
-    bin's left edge, the last one's right edge); nan edges when no value is finite"""
+def histogram(array: Tensor, bins: int = BINS) -> tuple[list[int], float | int, float | int]:
+    """Counts of the finite values in `bins` equal bins (`Lattice.view`; an integer tensor's: at
+    most `bins`, of whole integers). -> (counts, the first bin's left edge, the last one's right
+    edge: integers for an integer tensor); nan edges when no value is finite"""
     counts, edges = look(array)[1].view(bins)
-    return counts.tolist(), float(edges[0]), float(edges[-1])
+    return counts.tolist(), edges[0].item(), edges[-1].item()
 
 
 def sparkline(counts: list[int]) -> str:
@@ -99,6 +105,16 @@ def number(x: float) -> str:
     if not math.isfinite(x):
         return str(x)
     return f"{x:.4g}"
+
+
+def value(x: float, integers: bool) -> str:
+    """A value of a tensor as the views write it: an integer tensor's as an integer, else `number`."""
+    return str(int(x)) if integers and math.isfinite(x) else number(x)
+
+
+def exact(x: float, integers: bool) -> float | int | None:
+    """A value of a tensor for JSON (`finite_or_none`): an integer tensor's as an integer."""
+    return int(x) if integers and math.isfinite(x) else finite_or_none(x)
 
 
 def finite_or_none(x: float) -> float | int | None:

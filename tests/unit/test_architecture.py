@@ -113,7 +113,9 @@ ROOM_LINES = {
     "model": 3400,
     "planning": 760,  # 552; 711 with the long-run note, the files an index does not name, the seeded weights' share
     "seams": 760,  # 553; 711 with the choice a set or a patch of indices is checked against (trace.Choice)
-    "tensors": 820,  # 530; 720 with the spill of a chunked prefill's held tensors; 809 with arithmetic refused in words
+    # 530; 720 with the spill of a chunked prefill's held tensors; 809 with arithmetic refused in words; 851 with
+    # integer tensors' own lattice (bins of whole integers)
+    "tensors": 870,
     "untrusted": 380,  # 233; 308 with the paths a user gives (untrusted.paths)
     # 3,811; DeepSeek-V4 adds its pictures (streams and comb, a query's reach), its catalogue view, FP4 codes;
     # 5,010 with explain's checked parameters, a pipe's whole trees and tables, a new user's review mended;

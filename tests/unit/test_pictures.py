@@ -201,6 +201,21 @@ def test_histogram_without_zero_or_finite_values():
     assert "no finite values among 2" in render(histogram_picture.histogram(np.array([np.nan, np.inf])))
 
 
+def test_an_integer_tensors_histogram_names_its_bins_by_their_integers():
+    """A bin per value where the range fits (labelled by the value), else runs of whole integers
+    labelled by their first and last value; the caption counts values, not a width."""
+    text = render(histogram_picture.histogram(np.array([[7, 5], [5, 7], [7, 9]], np.int64), bins=24))
+    lines = text.splitlines()
+    assert [line.split()[0] for line in lines[:5]] == ["5", "6", "7", "8", "9"]
+    assert [int(line.split()[-1]) for line in lines[:5]] == [2, 0, 3, 0, 1]
+    assert lines[5].endswith("5 bins of 1 value each")
+    text = render(histogram_picture.histogram(np.arange(-2, 48, dtype=np.int32), bins=24))  # 50 values: runs of 3
+    labels = [line[: line.index("]") + 1] for line in text.splitlines()[:-1]]
+    assert labels == [f"[{a:2}, {a + 2:2}]" for a in range(-2, 48, 3)]
+    assert text.splitlines()[-1].endswith("17 bins of 3 values each")
+    assert render(histogram_picture.histogram(np.zeros(4, np.int8))).splitlines()[-1].endswith("1 bin of 1 value")
+
+
 # ---------------------------------------------------------------------------------------------
 # scale_grid
 
