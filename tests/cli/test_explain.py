@@ -507,3 +507,11 @@ def test_a_family_of_its_own_file_is_pointed_to_its_names_not_given_deepseeks(na
     assert own in listed
     deepseek = stepper("explain", "layers.1.self_attn.q", "--model", "tiny", "--plain", env={"COLUMNS": "200"}).stdout
     assert "aliases hf_module: model.layers.{i}.self_attn.q_b_proj (output" in deepseek
+
+
+def test_deepseek_v2s_choice_of_experts_cites_both_of_its_routers():
+    """V2-Lite's router is greedy, V2's group-limited: the citation showed the group-limited branch alone."""
+    out = stepper("explain", "layers.1.mlp.gate.topk_idx", "--model", "tiny-v2", "--plain", env={"COLUMNS": "200"})
+    assert out.returncode == 0, out.stderr
+    assert "modeling_deepseek_v2.py  lines 102-115" in out.stdout
+    assert 'if self.topk_method == "greedy":' in out.stdout and "topk_indices = torch.topk(scores" in out.stdout
