@@ -515,3 +515,12 @@ def test_deepseek_v2s_choice_of_experts_cites_both_of_its_routers():
     assert out.returncode == 0, out.stderr
     assert "modeling_deepseek_v2.py  lines 102-115" in out.stdout
     assert 'if self.topk_method == "greedy":' in out.stdout and "topk_indices = torch.topk(scores" in out.stdout
+
+
+def test_longcats_moe_output_counts_its_zero_experts():
+    """LongCat's routed_output said 'only the chosen 3 of 8 run for a token', as if it had no zero experts."""
+    out = stepper("explain", "layers.1.mlp.routed_output", "--model", "tiny-longcat", "--plain")
+    assert out.returncode == 0, out.stderr
+    assert "chooses 3 of the 12 experts its router scores: 8 real ones" in out.stdout
+    assert "a zero expert (topk_idx >= n_routed_experts): expert(x) = x" in out.stdout
+    assert "3 of 8 run" not in out.stdout
