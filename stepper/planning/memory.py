@@ -272,12 +272,14 @@ def choose_attn(plan: Plan, estimate: Callable[[Plan], list[Need]], available: i
     its prompt (as a decode step does: the naive path would expand every cached position to
     per-head keys and values) or where the naive run's estimate is over half the memory available
     (the estimate is not exact and other programs grow too). The plan to run, and a line saying
-    which and why (None unless auto; with one path, what the run needs); the memory available is
-    named only where it decides, so that the same run prints the same wherever it fits. `spell`: the
-    option as the caller writes it."""
+    which and why (None unless auto, but a note where the path asked changes nothing; with one
+    path, what the run needs); the memory available is named only where it decides, so that the
+    same run prints the same wherever it fits. `spell`: the option as the caller writes it."""
     auto = spell("attn", "auto")
     if plan.spec.attn != "auto":
-        return plan, None
+        lone_kda = takes(plan.config, "attn") and not two_paths(plan)
+        return plan, (f"note: {spell('attn', plan.spec.attn)} changes nothing here: the layers this run computes "
+                      "have one path (a delta rule), no naive or absorbed attention") if lone_kda else None
     usual = sum(n.bytes for n in estimate(plan))
     if not takes(plan.config, "attn") or not two_paths(plan):  # DeepSeek-V4, a KDA layer alone: one path
         return plan, f"memory: the run needs about {gib(usual)} (one attention path: nothing for {auto} to choose)"

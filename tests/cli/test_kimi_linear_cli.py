@@ -196,3 +196,13 @@ def test_a_state_made_infinite_is_counted_in_its_table_not_a_traceback():
     heads = [line.split() for line in out.stdout.splitlines() if re.match(r"\s+\d\s+nan", line)]
     assert heads == [[str(h), "nan", "nan", "1024", "NaN/Inf", "—"] for h in range(4)]
     assert "! NaN or infinite" in out.stdout.splitlines()
+
+
+def test_an_attention_path_asked_of_a_kda_layer_alone_is_said_to_change_nothing():
+    """--attn absorb on a KDA layer alone ran without a word (its delta rule has one path); an MLA layer takes it."""
+    line = ("note: --attn absorb changes nothing here: the layers this run computes have one path (a delta rule), "
+            "no naive or absorbed attention")
+    args = ("run", "--model", "tiny-kimi-linear", "--prompt-len", "3", "--only", "*.output", "--attn", "absorb")
+    kda, mla = stepper(*args, "--layer", "0"), stepper(*args, "--layer", "3")
+    assert kda.returncode == mla.returncode == 0, kda.stderr + mla.stderr
+    assert line in kda.stdout.splitlines() and "changes nothing" not in mla.stdout
