@@ -346,6 +346,17 @@ def test_a_longcat_sublayers_tensor_cites_that_sublayers_line(name, line):
     assert "modeling_deepseek" not in out.stdout
 
 
+def test_the_debugger_explains_a_longcat_sublayers_tensor_as_that_sublayers():
+    """The debugger's `e` looked up the stop's catalogue key (output), not its name: sub0's output
+    was explained as the layer's, and sub0's norm cited sub1's line."""
+    out = stepper("step", "--plain", "--model", "tiny-longcat", "--break", "layers.0.sub0.output",
+                  stdin="e\ne layers.0.sub0.input_layernorm\nq\n", env={"COLUMNS": "200"})
+    assert out.returncode == 0, out.stderr
+    stop, norm = out.stdout.split("(stepper) e")[1:3]
+    assert stop.startswith("\nsub0.output\nThe first sublayer's output") and "line 501" in stop
+    assert norm.split("\n")[1] == "sub0.input_layernorm" and "self.input_layernorm[0](hidden_states)" in norm
+
+
 @pytest.mark.parametrize("name, model", [
     ("layers.1.mlp.gate.topk_idx", "tiny-axk2"), ("layers.1.self_attn.key_states", "tiny-glm5"),
     ("rope_cos", "tiny-mistral4"), ("layers.1.self_attn.kv", "tiny-longcat"),
