@@ -62,7 +62,7 @@ from stepper.session import ATTN_CHOICES, INDEX_SCORING_CHOICES, RunSpec, api_ke
 from stepper.tensors.tensor import LazyTensor, Tensor, held
 from stepper.untrusted import cut, said, shown
 from stepper.views import notebook
-from stepper.views.explain import looked_up
+from stepper.views.explain import looked_up, own_words
 from stepper.views.summary import token_ids
 from stepper.weights.remote import without_credentials
 from stepper.weights.source import WeightSource
@@ -258,9 +258,11 @@ class Run(Mapping):
         if len(entries) > 1:
             listed = ", ".join(e["name"] for e in entries[:4])
             raise NotFound(f"'{name}' names {len(entries)} catalogue entries ({listed}); give one of them")
+        entry = own_words(found.cat, entries[0], found.sizes)  # as `stepper explain` words it
+        entry["reference"] = {source: cited for source, cited in entry["reference"].items() if cited is not None}
         if found.elsewhere:  # a tensor this run's model never emits: the preset that does
-            return {**_copy(entries[0]), "emitted_by": found.sizes.name if found.sizes else None}
-        return _copy(entries[0])
+            return {**_copy(entry), "emitted_by": found.sizes.name if found.sizes else None}
+        return _copy(entry)
 
     @parallel.one_blas_thread()  # a lazy tensor's figures: its tiles made on stepper's own thread beside them
     def show(self, name: str) -> notebook.Shown:

@@ -63,6 +63,14 @@ def runtime_sizes(cfg: V4Config, layer: int | None, t: int, s: int) -> dict[str,
             "m": m, "Dc": cfg.head_dim, "r": s % m if m else 0}
 
 
+def decode_peaks(cfg: V4Config, layer: int | None, first: int, last: int) -> tuple[int, ...]:
+    """The last decode step (of those attending `first` to `last` positions) that closes one of the
+    layer's compressor windows: its compressors' tensors hold one window (Wc 1), a later step's none."""
+    m = cfg.compress_ratio(layer) if layer is not None else 0
+    closing = last // m * m if m else 0
+    return (closing,) if m and closing >= first else ()
+
+
 def parts() -> tuple:
     folder = resources.files("stepper.catalog").joinpath("v4")
     return (*part_files(("model",)), *(folder.joinpath(f"{name}.json") for name in PARTS))
@@ -91,6 +99,7 @@ FAMILY = Family(
     stream=streams,
     cache_bytes=cache_bytes,
     runtime_sizes=runtime_sizes,
+    decode_peaks=decode_peaks,
     refuses=REFUSES,
     published_name=published_name,
 )

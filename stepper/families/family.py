@@ -7,8 +7,9 @@ class's to say (a `layer_shapes(layer)` method; weights.names, MLA's names witho
 The model around the layers is the family's too (`model`: stepper.model.stack.Model; MLA's
 Transformer unless given), with its caches (`cache`), its weights (`synthetic`, `checkpoint`),
 the shape of what flows between its layers (`stream`), what its cache costs a position
-(`cache_bytes`), the sizes of its catalogue's runtime dims in a step (`runtime_sizes`) and the run
-options it has no path for (`refuses`: option -> why)."""
+(`cache_bytes`), the sizes of its catalogue's runtime dims in a step (`runtime_sizes`), the decode
+steps where those are widest (`decode_peaks`) and the run options it has no path for (`refuses`:
+option -> why)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,9 @@ MakeModel = Callable[[Any, LayerOptions], Model]  # (weights, options) -> the mo
 CacheBytes = Callable[[Any, Iterable[int], int, str, str], int]
 # (config, layer or None, T new positions, S attended) -> the sizes of the catalogue's runtime dims in that step
 RuntimeSizes = Callable[[Any, int | None, int, int], dict[str, int]]
+# (config, layer or None, the first and the last decode step's S) -> the S of the decode steps whose runtime dims
+# are wider somewhere than the last step's
+DecodePeaks = Callable[[Any, int | None, int, int], tuple[int, ...]]
 DEFAULT = LayerOptions()
 
 
@@ -83,6 +87,7 @@ class Family:
     stream: Callable[[Any], tuple[int | None, ...]] = residual  # the shape of a layer's input (None: any size)
     cache_bytes: CacheBytes = mla_cache_bytes
     runtime_sizes: RuntimeSizes = no_runtime_sizes  # the sizes of its own runtime dims (planning.memory)
+    decode_peaks: DecodePeaks = lambda cfg, layer, first, last: ()  # none: its runtime dims grow with S
     refuses: tuple[tuple[str, str], ...] = ()  # (a RunSpec option it has no path for, why; {option}: spelled)
     no_seeded_cache: Callable[[Any, int], str] = lambda cfg, layer: ""  # why layer's cache cannot be seeded (cache_len)
     chunk_multiple: int = 1  # a chunked prefill's chunks are whole multiples of this many positions

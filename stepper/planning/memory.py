@@ -71,14 +71,19 @@ def worked_shapes(plan: Plan) -> list[tuple[int, int]]:
     return [(min(t, plan.spec.chunk or t), s), *shapes[1:]]
 
 
-def widest_steps(plan: Plan) -> list[tuple[int, tuple[int, int]]]:
-    """(step, (T, S)) of the steps whose tensors are the largest: the prefill as the layers work on
-    it and the last decode step. Every decode step makes one position's tensors, sized by what it
-    attends (positions, compressed entries, the positions an indexer keeps), which only grows from
-    one step to the next, so the last step's are at least every earlier one's: the estimate need
-    not go through a thousand decode steps one by one."""
+def widest_steps(plan: Plan, layer: int | None = None) -> list[tuple[int, tuple[int, int]]]:
+    """(step, (T, S)) of the steps whose tensors of `layer` are the largest: the prefill as the layers
+    work on it, the last decode step and those where a family's own dims peak. A decode step's tensors
+    are sized by what it attends (positions, compressed entries, an indexer's kept positions), which only
+    grows, but for what a family makes at some steps alone (Family.decode_peaks: DeepSeek-V4's compressors
+    close a window every m positions): no need to go through a thousand decode steps one by one."""
     shapes = worked_shapes(plan)
-    return [(0, shapes[0])] + ([(len(shapes) - 1, shapes[-1])] if len(shapes) > 1 else [])
+    if len(shapes) == 1:
+        return [(0, shapes[0])]
+    first, last = shapes[1][1], shapes[-1][1]
+    peaks = families.family_for(plan.config).decode_peaks(plan.config, layer, first, last)
+    steps = sorted({len(shapes) - 1, *(len(shapes) - 1 - (last - s) for s in peaks)})
+    return [(0, shapes[0])] + [(k, shapes[k]) for k in steps]
 
 
 def tensor_bytes(key: str, t: int, s: int, plan: Plan, held: bool = False, layer: int | None = None) -> int:
@@ -177,18 +182,18 @@ def layer_bytes(plan: Plan, layers: list[int], looked: Looked = None) -> int:
 
     return max(sum(tensor_bytes(e["name"], t, s, plan, layer=layer) for e in sequence(layer, k)
                    if not {"T", "S"} <= set(e["dims"]) and made(e, layer, looked))
-               for layer in layers for k, (t, s) in widest_steps(plan))
+               for layer in layers for k, (t, s) in widest_steps(plan, layer))
 
 
 def largest_held(plan: Plan, layers: list[int], looked: Looked = None) -> int:
     """Bytes of the largest named tensor of the run that is held (not made in tiles) and made."""
     cat, spec = catalog.load(), plan.spec
-    layer_keys = [(e["name"], layer, k) for layer in layers for k, _ in widest_steps(plan)
-                  for e in cat.layer_sequence(plan.config, layer, step_attn(spec, k), spec.index_scoring)
-                  if made(e, layer, looked)]
-    logits = [("logits", None, k) for k, _ in widest_steps(plan)] if plan.needs_logits else []
-    shapes = dict(widest_steps(plan))
-    return max(tensor_bytes(key, *shapes[k], plan, held=True, layer=layer) for key, layer, k in layer_keys + logits)
+    held = [tensor_bytes(e["name"], t, s, plan, held=True, layer=layer)
+            for layer in layers for k, (t, s) in widest_steps(plan, layer)
+            for e in cat.layer_sequence(plan.config, layer, step_attn(spec, k), spec.index_scoring)
+            if made(e, layer, looked)]
+    logits = [tensor_bytes("logits", t, s, plan, held=True) for _, (t, s) in widest_steps(plan)]
+    return max(held + (logits if plan.needs_logits else []))
 
 
 def needs(plan: Plan, kept: list[str], kept_lower: str, looked: list[str] | None = None) -> list[Need]:

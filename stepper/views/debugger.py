@@ -353,8 +353,8 @@ class Debugger:
             print_fitted(self.console, Text(f"{dim.symbol} ({dim.label}): " + " · ".join(labels), style="dim"))
 
     def cmd_explain(self, arg: str) -> None:
-        key = catalog.key_of(self.resolve(arg).name) if not arg or self._seen(arg) else arg
-        for text in found_texts(looked_up(self.cfg, key, self.read)):  # as `stepper explain` shows it
+        name = self.resolve(arg).name if not arg or self._seen(arg) else arg  # whole: a LongCat sublayer's sub0.
+        for text in found_texts(looked_up(self.cfg, name, self.read)):  # as `stepper explain` shows it
             print_fitted(self.console, text)
 
     def cmd_where(self, _: str) -> None:

@@ -97,27 +97,36 @@ def found_texts(found: Found) -> list[Text]:
     return [*notes, *(explain_text(found.cat, entry, found.sizes) for entry in found.entries)]
 
 
+def own_words(cat: catalog.Catalog, entry: dict[str, Any], cfg: Config | None) -> dict[str, Any]:
+    """The entry as cfg's model has it (None: the catalogue's): its family's description, formula and
+    explanation where the family computes it otherwise (templates), and its family's own file's lines."""
+    key = catalog.key_of(entry["name"])  # a sublayer's `sub1.self_attn.q` is the entry self_attn.q
+    return {**entry, "description": cat.description(entry["name"], cfg),
+            **{which: family_notes.replaced(cfg, entry["name"], key, which, entry[which]) for which in ("formula",
+                                                                                                        "explain")},
+            "reference": family_cites.reference(cfg, (entry["name"], key), entry["reference"])}
+
+
 def explain_text(cat: catalog.Catalog, entry: dict[str, Any], cfg: Config | None) -> Text:
     """The entry with cfg's sizes (None: its dims and template fields by name)."""
+    own, key = own_words(cat, entry, cfg), catalog.key_of(entry["name"])
     text = Text()
     text.append(f"{entry['name']}\n", style="bold cyan")
-    text.append(f"{cat.description(entry['name'], cfg)}\n")
+    text.append(f"{own['description']}\n")
     dims = ", ".join(f"{s} ({cat.raw['dims'][s]['label']}"
                      + (f" = {size}" if cfg is not None and (size := cat.expected_size(s, cfg)) is not None else "")
                      + ")" for s in entry["dims"])
     text.append("shape   ", style="dim")
     text.append(f"[{dims}]\n")
     text.append("formula ", style="dim")
-    key = catalog.key_of(entry["name"])  # a sublayer's `sub1.self_attn.q` is the entry self_attn.q
-    text.append(f"{family_notes.replaced(cfg, entry['name'], key, 'formula', entry['formula'])}\n")
+    text.append(f"{own['formula']}\n")
     for note in family_notes.notes(cfg, entry["name"], key):  # the family computes it otherwise
         text.append("note    ", style="dim")
         text.append(f"{texts.render(note, cfg)}\n", style="yellow")
-    own = family_notes.replaced(cfg, entry["name"], key, "explain", entry["explain"])  # the family's
-    explanation = texts.unrendered(own) if cfg is None else texts.render(own, cfg)
+    explanation = texts.unrendered(own["explain"]) if cfg is None else texts.render(own["explain"], cfg)
     text.append(f"\n{explanation}\n\n")
     text.append(emit_sites_text(key))
-    text.append(citations_text(cat, family_cites.reference(cfg, (entry["name"], key), entry["reference"])))
+    text.append(citations_text(cat, own["reference"]))
     aliases = {k: v for k, v in entry.get("aliases", {}).items() if v}
     if aliases:
         text.append("aliases ", style="dim")

@@ -69,7 +69,9 @@ def bin_width(edges: np.ndarray) -> str:
 
 
 def zero_bin(edges: np.ndarray) -> int | None:
-    if not edges[0] <= 0 <= edges[-1]:
+    """The bin holding 0, if one does: the last bin holds its right edge, but an integer tensor's (its
+    edges integers) ends one short of it."""
+    if not edges[0] <= 0 <= edges[-1] or (edges.dtype.kind == "i" and edges[-1] == 0):
         return None
     return min(int(np.searchsorted(edges, 0.0, side="right")) - 1, len(edges) - 2)
 

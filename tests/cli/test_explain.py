@@ -330,14 +330,31 @@ def test_the_references_name_is_the_familys_own_files(name, model, called, line)
     ("layers.1.sub1.attn_residual", "516          hidden_states = residual + hidden_states"),
     ("layers.1.sub0.mlp_output", "500          hidden_states = self.mlps[0](hidden_states)"),
     ("layers.1.sub1.mlp_output", "521          hidden_states = self.mlps[1](hidden_states)"),
+    ("layers.0.sub0.input_layernorm", "483          hidden_states = self.input_layernorm[0](hidden_states)"),
+    ("layers.0.sub1.input_layernorm", "505          hidden_states = self.input_layernorm[1](hidden_states)"),
+    ("layers.1.sub0.post_attention_layernorm",
+     "497          hidden_states = self.post_attention_layernorm[0](hidden_states)"),
+    ("layers.1.sub1.post_attention_layernorm",
+     "519          hidden_states = self.post_attention_layernorm[1](hidden_states)"),
 ])
 def test_a_longcat_sublayers_tensor_cites_that_sublayers_line(name, line):
     """LongCat's layer writes each sublayer's residual sums on lines of their own; the layer's output,
-    sub0's and both residuals cited DeepSeek-V3's lines, and sub0's mlp_output sub1's line."""
+    sub0's and both residuals cited DeepSeek-V3's lines, and sub0's mlp_output and norms sub1's lines."""
     out = stepper("explain", name, "--model", "tiny-longcat", "--plain", env={"COLUMNS": "200"})
     assert out.returncode == 0, out.stderr
     assert "transformers modeling_longcat_flash.py" in out.stdout and line in out.stdout
     assert "modeling_deepseek" not in out.stdout
+
+
+def test_the_debugger_explains_a_longcat_sublayers_tensor_as_that_sublayers():
+    """The debugger's `e` looked up the stop's catalogue key (output), not its name: sub0's output
+    was explained as the layer's, and sub0's norm cited sub1's line."""
+    out = stepper("step", "--plain", "--model", "tiny-longcat", "--break", "layers.0.sub0.output",
+                  stdin="e\ne layers.0.sub0.input_layernorm\nq\n", env={"COLUMNS": "200"})
+    assert out.returncode == 0, out.stderr
+    stop, norm = out.stdout.split("(stepper) e")[1:3]
+    assert stop.startswith("\nsub0.output\nThe first sublayer's output") and "line 501" in stop
+    assert norm.split("\n")[1] == "sub0.input_layernorm" and "self.input_layernorm[0](hidden_states)" in norm
 
 
 @pytest.mark.parametrize("name, model", [

@@ -59,3 +59,21 @@ def test_a_patch_of_a_long_attention_made_in_tiles_says_what_to_patch_instead():
         "patch layers.0.sub1.self_attn.attn_weights: layers.0.sub1.self_attn.attn_weights [1, 4, 1100, 1100] is made "
         "a tile at a time (a long attention) and never held, so it cannot be patched: patch the queries or keys it is "
         "made from, or run a shorter prompt, whose attention is held whole")
+
+
+def test_run_explain_gives_the_entry_in_the_familys_own_words_as_stepper_explain_does():
+    """run.explain gave the catalogue's DeepSeek texts: LongCat's layer output as attn_residual +
+    mlp_output (it adds the MoE's output beside the sublayers) and DeepSeek-V3's transformers line,
+    while `stepper explain` gives LongCat's formula and its own file's line."""
+    longcat = stepper.run("tiny-longcat", ids=[1, 2, 3], keep="logits")
+    output = longcat.explain("layers.1.output")
+    assert output["formula"] == "output = sub1.attn_residual + sub1.mlp_output + mlp.routed_output"
+    assert output["description"].startswith("Layer output: the last sublayer's attn_residual + mlp_output")
+    assert output["reference"]["transformers"]["path"] == "models/longcat_flash/modeling_longcat_flash.py"
+    assert output["reference"]["transformers"]["lines"] == [522, 522] and "modeling_deepseek.py" not in \
+        output["reference"]
+    sub0 = longcat.explain("layers.1.sub0.output")
+    assert sub0["name"] == "sub0.output" and sub0["reference"]["transformers"]["lines"] == [501, 501]
+    assert sub0["formula"] == "sub0.output = sub0.attn_residual + sub0.mlp_output"
+    kimi = stepper.run("tiny", ids=[1, 2, 3], keep="logits").explain("layers.1.output")  # DeepSeek's own: as catalogued
+    assert kimi["formula"] == "output = attn_residual + mlp_output" and "modeling_deepseek.py" in kimi["reference"]

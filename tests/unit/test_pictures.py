@@ -216,6 +216,15 @@ def test_an_integer_tensors_histogram_names_its_bins_by_their_integers():
     assert render(histogram_picture.histogram(np.zeros(4, np.int8))).splitlines()[-1].endswith("1 bin of 1 value")
 
 
+def test_an_integer_tensor_below_zero_marks_no_bin_as_zeros():
+    """An integer tensor's last edge is past its last bin (values -3..-1: edges up to 0): the bin
+    of -1 was marked as holding 0 (V4's attn.chosen of a short prompt is -1 throughout)."""
+    for values in ([-3, -2, -1, -1], [-1, -1]):
+        assert "← 0" not in render(histogram_picture.histogram(np.array(values, np.int64)))
+    marked = [line for line in render(histogram_picture.histogram(np.array([-1, 0, 2]))).splitlines() if "← 0" in line]
+    assert [line.split()[0] for line in marked] == ["0"]
+
+
 # ---------------------------------------------------------------------------------------------
 # scale_grid
 

@@ -1,5 +1,6 @@
 """Planning a run with many decode steps: the memory estimate looks at the prefill and the last
-decode step (memory.widest_steps), whose tensors are at least every other step's, and the names of
+decode step, and the steps where a family's own dims peak (memory.widest_steps: DeepSeek-V4's last
+step closing a compressor window), whose tensors are at least every other step's, and the names of
 a layer's step are derived once, not once per step. Counted, not timed: the estimate sizes as many
 tensors for 1,000 decode steps as for 10 (it sized 365,000 for tiny's 1,000: 10 s before the run)."""
 
@@ -27,11 +28,14 @@ def every_step(plan, layers):
     return max(sums), max(largest)
 
 
+@pytest.mark.parametrize("prompt_len", [1, 6])
 @pytest.mark.parametrize("model", TINY)
-def test_the_prefill_and_the_last_decode_step_bound_every_step(model):
+def test_the_widest_steps_bound_every_step(model, prompt_len):
     """Over 40 decode steps (past DeepSeek-V4's tiny windows and compression ratios, and an
-    indexer's top-k), the estimate from the widest steps is the most of every step's."""
-    plan = plan_run(RunSpec(model=model, prompt_len=6, decode=40)).plan
+    indexer's top-k), the estimate from the widest steps is the most of every step's. After one
+    prompt position, tiny-v4's largest tensors are a decode step's that closes a compressor window
+    (its pooled windows [1, 1, D]), not the last step's (S 41 closes none: [1, 0, D])."""
+    plan = plan_run(RunSpec(model=model, prompt_len=prompt_len, decode=40)).plan
     layers = list(plan.computed)
     assert (memory.layer_bytes(plan, layers), memory.largest_held(plan, layers)) == every_step(plan, layers)
 
