@@ -118,13 +118,19 @@ def tiled(dims: list[str], t: int, s: int, plan: Plan) -> bool:
     return {"T", "S"} <= set(dims) and not attention.whole_fits(1, plan.config.num_attention_heads, t, s)
 
 
+def shape_of_step(plan: Plan) -> Callable[[str], tuple[int, int]]:
+    """(T, S) of the step a name is made in (names as `planned_names` gives them: `decode3.` the
+    fourth decode step's, any other the prefill's)."""
+    shapes = step_shapes(plan)
+    phases = {f"decode{k}": k + 1 for k in range(plan.spec.decode)}
+    return lambda name: shapes[phases.get(name.partition(".")[0], 0)]
+
+
 def tiled_values(plan: Plan, names: list[str]) -> int:
     """How many values the named tensors made in tiles hold (the long attention scores and weights)."""
-    shapes = step_shapes(plan)
-    phases = {None: 0, "prefill": 0, **{f"decode{k}": k + 1 for k in range(plan.spec.decode)}}
-    total = 0
+    step, total = shape_of_step(plan), 0
     for name in names:
-        t, s = shapes[phases.get(name.partition(".")[0], 0)]
+        t, s = step(name)
         entry = catalog.load().entry(catalog.key_of(unphased(name)))
         if entry is not None and tiled(entry["dims"], t, s, plan):
             total += tensor_bytes(entry["name"], t, s, plan, layer=layer_of(name)) // FLOAT32
@@ -137,11 +143,9 @@ def shape_text(key: str, t: int, s: int, plan: Plan, layer: int | None = None) -
 
 def sizes(plan: Plan, names: list[str]) -> list[tuple[str, str, int]]:
     """(name, shape, bytes) of each named tensor (names as `planned_names` gives them)."""
-    shapes = step_shapes(plan)
-    phases = {None: 0, "prefill": 0, **{f"decode{k}": k + 1 for k in range(plan.spec.decode)}}
-    result = []
+    step, result = shape_of_step(plan), []
     for name in names:
-        t, s = shapes[phases.get(name.partition(".")[0], 0)]
+        t, s = step(name)
         key = catalog.key_of(unphased(name))
         if catalog.load().entry(key) is not None:
             layer = layer_of(name)
@@ -151,14 +155,9 @@ def sizes(plan: Plan, names: list[str]) -> list[tuple[str, str, int]]:
 
 def kept_bytes(plan: Plan, names: list[str]) -> int:
     """Bytes of the named tensors a view keeps to the end (names as `planned_names` gives them)."""
-    shapes = step_shapes(plan)
-    phases = {None: 0, "prefill": 0, **{f"decode{k}": k + 1 for k in range(plan.spec.decode)}}
-    total = 0
-    for name in names:
-        head = name.partition(".")[0]
-        t, s = shapes[phases.get(head, 0)]
-        total += tensor_bytes(catalog.key_of(unphased(name)), t, s, plan, held=True, layer=layer_of(name))
-    return total
+    step = shape_of_step(plan)
+    return sum(tensor_bytes(catalog.key_of(unphased(name)), *step(name), plan, held=True, layer=layer_of(name))
+               for name in names)
 
 
 def looked_at(names: list[str] | None) -> Looked:
