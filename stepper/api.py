@@ -53,7 +53,7 @@ from stepper.fixtures.implementation_names import explained
 from stepper.kernels import parallel
 from stepper.lessons import overrides
 from stepper.planning import Wording
-from stepper.planning.names import PICTURE_TENSORS
+from stepper.planning.names import picture_tensors
 from stepper.planning.record import Recorded, record
 from stepper.presets import PRESETS
 from stepper.seams.patching import PatchFn, as_patches, force_experts, zero_expert, zero_head, zero_router_bias
@@ -70,7 +70,6 @@ from stepper.weights.source import WeightSource
 __all__ = ["Diff", "LazyTensor", "LongRunWarning", "Run", "StepperError", "diff", "force_experts", "load", "run",
            "zero_expert", "zero_head", "zero_router_bias"]
 
-PICTURES = {**PICTURE_TENSORS, "hist": ()}  # a picture and the tensors it draws (as `--show` takes them; hist: any)
 API_WORDING = Wording(keep="keep=", patch="patch=", spell=api_keyword, options={
     "--prompt-len": "prompt_len= (a shorter prompt)", "--attn absorb": "attn='absorb'", "--layer N": "layer=N",
     "--weight-cache-mb": "weight_cache_mb=",
@@ -272,15 +271,17 @@ class Run(Mapping):
 
     def picture(self, kind: str, name: str) -> notebook.Shown:
         """A picture of `stepper run --show`, displayed once in a notebook: "attention" of an
-        attn_weights, "routing" of a router's topk_idx or topk_weight (both kept), "hist" of any tensor;
-        DeepSeek-V4's "hc" of an hc_attn.comb or hc_ffn.comb and "reach" of an attn.chosen; Kimi
-        Linear's "state" of a KDA layer's self_attn.state (`pictures()`: those this run's tensors draw)."""
-        if kind not in PICTURES:
-            raise StepperError(f"picture: kind expects one of {', '.join(PICTURES)}, got {_given(kind)}")
+        attn_weights, "routing" of a router's topk_idx or topk_weight (both kept; DeepSeek-V4's
+        ffn.gate.weights and its hash_idx or topk_idx), "hist" of any tensor; DeepSeek-V4's "hc" of an
+        hc_attn.comb or hc_ffn.comb and "reach" of an attn.chosen; Kimi Linear's "state" of a KDA
+        layer's self_attn.state (`pictures()`: those this run's tensors draw)."""
+        drawn_from = self._drawn_from()
+        if kind not in drawn_from:
+            raise StepperError(f"picture: kind expects one of {', '.join(drawn_from)}, got {_given(kind)}")
         event = self.event(name)
-        if PICTURES[kind] and catalog.key_of(event.key) not in PICTURES[kind]:  # LongCat's sub0. left out
-            raise StepperError(f"picture: {kind} draws a {' or a '.join(PICTURES[kind])}, and {event.name} is not one "
-                               f"(this run's tensors draw {', '.join(self.pictures())})")
+        if drawn_from[kind] and catalog.key_of(event.key) not in drawn_from[kind]:  # LongCat's sub0. left out
+            raise StepperError(f"picture: {kind} draws a {' or a '.join(drawn_from[kind])}, and {event.name} is not "
+                               f"one (this run's tensors draw {', '.join(self.pictures())})")
         return notebook.picture(kind, event, self.config, self.__getitem__)
 
     def __repr__(self) -> str:
@@ -299,7 +300,11 @@ class Run(Mapping):
     def pictures(self) -> tuple[str, ...]:
         """The kinds of `picture` this run's kept tensors can draw ("hist": any tensor)."""
         keys = {catalog.key_of(event.key) for event in self._events.values()}
-        return (*(kind for kind, drawn in PICTURES.items() if drawn and keys & set(drawn)), "hist")
+        return (*(kind for kind, drawn in self._drawn_from().items() if drawn and keys & set(drawn)), "hist")
+
+    def _drawn_from(self) -> dict[str, tuple[str, ...]]:
+        """Each picture and the tensors it draws, in this run's names (as `--show` takes them; hist: any)."""
+        return {**picture_tensors(self.config), "hist": ()}
 
 
 class NotFound(StepperError, KeyError):

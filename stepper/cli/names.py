@@ -8,7 +8,7 @@ from collections.abc import Callable
 from stepper import catalog
 from stepper.config import Config
 from stepper.errors import StepperError
-from stepper.planning.names import PICTURE_TENSORS
+from stepper.planning.names import picture_tensors
 from stepper.seams.trace import matches, unphased
 from stepper.views.family_pictures import undrawable
 from stepper.views.scale_grids import part_of
@@ -39,7 +39,7 @@ def check_pictures(kinds: set[str], kept: list[str], cfg: Config) -> None:
     keys = {catalog.key_of(name) for name in kept}
     if "routing" in kinds and (why := undrawable("routing", cfg)):
         raise StepperError(f"--show routing: {why}")
-    for kind, needed in PICTURE_TENSORS.items():
+    for kind, needed in picture_tensors(cfg).items():
         if kind in kinds and not keys & set(needed):
             raise StepperError(f"--show {kind}: it is drawn from {' or '.join(needed)}, and this run shows "
                                f"none (choose layers or an --only that include {needed[0]})")

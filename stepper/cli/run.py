@@ -267,7 +267,7 @@ def run_command(
     show: Annotated[str | None, typer.Option(
         metavar="PICTURES", help=f"Draw pictures after their tensors: {','.join(every_picture())} (each "
                                  "model draws its family's: MLA's attention,routing,hist,scales; DeepSeek-V4's "
-                                 "hc,reach,hist; Kimi Linear's adds state; routing where it has a router, "
+                                 "hc,reach,routing,hist; Kimi Linear's adds state; routing where it has a router, "
                                  "scales where its weights are FP8).")] = None,
     plain: PlainOpt = False,
     as_json: Annotated[bool, typer.Option(

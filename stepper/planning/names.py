@@ -21,6 +21,12 @@ PICTURE_TENSORS = {  # the tensors a --show picture is drawn from; one of them m
     "reach": ("attn.chosen",),
     "state": ("self_attn.state",),  # Kimi Linear's
 }
+V4_ROUTING = ("ffn.gate.weights", "ffn.gate.hash_idx", "ffn.gate.topk_idx")  # DeepSeek-V4's, by hash or by score
+
+
+def picture_tensors(cfg) -> dict[str, tuple[str, ...]]:
+    """The tensors each --show picture is drawn from, in this model's names (V4's router is `ffn.gate`)."""
+    return {**PICTURE_TENSORS, "routing": V4_ROUTING} if cfg.model_type == "deepseek_v4" else PICTURE_TENSORS
 
 
 def planned_names(plan: Plan) -> list[str]:

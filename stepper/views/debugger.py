@@ -48,7 +48,7 @@ from stepper.views.sinks import (
 )
 from stepper.views.summary import number
 from stepper.views.tree import BLOCKS, block_title, layer_kind
-from stepper.views.v4_pictures import V4Pictures
+from stepper.views.v4_pictures import V4Pictures, choice_of, routing_picture
 from stepper.weights.names import layer_prefix, layer_shapes, storage_dtype
 from stepper.weights.source import WeightSource
 
@@ -68,11 +68,10 @@ PICTURE_MORE = {  # what each picture of `s` draws, as help s tells it (an MLA o
     "state": "a KDA layer's state per head, one head's heat map, each token's write and the decays (a slice such as "
              "self_attn.state_per_token[0, 1, 5] draws that head's state after token 5)",
 }
-V4_PICTURE_WORDS = "reach|hc|hist"  # DeepSeek-V4 has none of MLA's attention or routing tensors
+V4_PICTURE_WORDS = "reach|hc|routing|hist"  # DeepSeek-V4 has none of MLA's attention tensors
 PICTURE_ARGS = {"hist": " [NAME]", "scales": " WEIGHT", "state": " [NAME]", "reach": " [NAME]", "hc": " [NAME]"}
 FAMILY_PICTURES = {  # what a picture of one family's tensors draws: asked of another model, it is refused
     "attention": "MLA's attention weights over positions (self_attn.attn_weights)",
-    "routing": "MLA's router choice (mlp.gate.topk_idx and topk_weight)",
     "state": "Kimi Linear's delta-rule state (self_attn.state)",
     "reach": "what a DeepSeek-V4 query attends (attn.chosen)",
     "hc": "how DeepSeek-V4's residual streams mix (hc_attn.comb)",
@@ -497,6 +496,8 @@ class Debugger:
             print_picture(self.console, picture)
 
     def show_routing(self, name: str) -> None:
+        if self.v4:
+            return self.show_v4_routing(name)
         idx = self.resolve(name or "mlp.gate.topk_idx")
         if not self._seen(idx.name.replace("topk_idx", "topk_weight")):
             raise StepperError(f"s routing draws {idx.name} with its topk_weight, which comes next: n, then s routing")
@@ -507,6 +508,24 @@ class Debugger:
         rows = token_rows(self.tokens, idx.phase, len(idx.array))
         print_picture(self.console, routing_map.routing_map(idx.array, weight.array, self.cfg.router_experts, rows,
                                                               self.cfg.zero_experts))
+
+    def show_v4_routing(self, name: str) -> None:
+        """A DeepSeek-V4 layer's router choice (hash_idx or topk_idx) with its weights: at a router
+        tensor, its layer's; else the one NAME names, or the latest seen."""
+        at_router = not name and self.current is not None and self.current.key.startswith("ffn.gate.")
+        event = self.current if at_router else self.resolve(name or "ffn.gate.weights")
+        if not event.key.startswith("ffn.gate.") or event.layer is None:
+            raise StepperError(f"s routing draws a DeepSeek-V4 layer's router choice (ffn.gate.hash_idx or topk_idx "
+                               f"with ffn.gate.weights), not {event.name}")
+        scope = event.name.removesuffix(event.key)
+        keys = (choice_of(self.cfg, event.layer), "ffn.gate.weights")
+        chosen, weights = (self.history.get(scope + key) for key in keys)
+        if chosen is None or weights is None:
+            raise StepperError(f"s routing draws {scope}ffn.gate.weights with the experts they weigh, not seen yet: "
+                               "u ffn.gate.weights, then s routing")
+        rows = token_rows(self.tokens, weights.phase, len(weights.array))
+        print_picture(self.console, routing_picture(chosen.name, chosen.array, weights.array,
+                                                    self.cfg.router_experts, rows))
 
     def show_histogram(self, name: str) -> None:
         event = self.resolve(name)
@@ -703,10 +722,12 @@ V4_HELP = {  # what a command's help says in the names and pictures of a DeepSee
                   "the point. p alone prints the current tensor."},
     "e": {"examples": ("e", "e attn.kv_rope")},
     "x": {"examples": ("x attn.kv attn.kv_rope", "x attn_streams streams")},
-    "s": {"what": "draw a picture: reach, hc or hist",
+    "s": {"what": "draw a picture: reach, hc, routing or hist",
           "more": "reach: what a layer's last query attends (window, entries kept and dropped); hc: a "
-                  "hyper-connection's comb matrix with its pre and post weights; hist: a histogram of a tensor.",
-          "examples": ("s reach", "s hc", "s hist attn.kv")},
+                  "hyper-connection's comb matrix with its pre and post weights; routing: a layer's router choice "
+                  "as a token x expert map, by a hash of the token or by score (at or after ffn.gate.weights); "
+                  "hist: a histogram of a tensor.",
+          "examples": ("s reach", "s hc", "s routing", "s hist attn.kv")},
     "set": {"examples": ("set attn.weights[0, 0, -1] = 0", "set [..., 3] = x*2")},
 }
 

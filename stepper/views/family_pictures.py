@@ -1,6 +1,6 @@
 """The pictures `stepper run --show` draws for a model: those of its family's tensors. MLA's
 (views.sinks.Pictures: attention heat maps, routing, histograms, scale grids) unless the family
-draws its own (DeepSeek-V4's hyper-connection and reach pictures: views.v4_pictures)."""
+draws its own (DeepSeek-V4's hyper-connection, reach and routing pictures: views.v4_pictures)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ class KdaPictures(Pictures):
 
 OWN = {  # a family's model_type -> its pictures, and the sink drawing them
     "deepseek_v4": (V4_PICTURES, lambda console, plan, kinds, keep: V4Pictures(
-        console, plan.config, kinds, plan.prompt_len, lambda e: keep(e.name))),
+        console, plan.config, kinds, plan.prompt_len, lambda e: keep(e.name), plan.tokens)),
     "kimi_linear": ((*PICTURES, "state"), lambda console, plan, kinds, keep: KdaPictures(
         console, plan.config, kinds, plan.weights, plan.tokens, lambda e: keep(e.name))),
 }

@@ -22,6 +22,7 @@ from stepper.views import attention_map, diff_table, histogram_picture, kda_stat
 from stepper.views.compressed_attention_picture import compressed_attention_map
 from stepper.views.hyper_connections import hyper_connection_map
 from stepper.views.sinks import TensorRows
+from stepper.views.v4_pictures import choice_of, routing_picture
 
 WIDTH = 160
 SCOPES = 24  # a run's summary lists its first steps and layers; run.names lists every name
@@ -106,11 +107,15 @@ def tensor_view(event: Event, cfg: Config) -> Shown:
 def picture(kind: str, event: Event, cfg: Config, lookup) -> Shown:
     """`stepper run --show`'s pictures of one tensor: attention (a layer's attention weights as
     heat maps), routing (its router's token x expert map from its topk_idx and topk_weight, either
-    named; `lookup` finds the other), hist (a histogram); DeepSeek-V4's hc (a comb matrix) and reach
-    (what a layer's last query attends); Kimi Linear's state (a KDA layer's, with its writes and
-    decays when kept)."""
+    named, `lookup` finding the other; DeepSeek-V4's from its hash_idx or topk_idx and weights), hist
+    (a histogram); DeepSeek-V4's hc (a comb matrix) and reach (what a layer's last query attends);
+    Kimi Linear's state (a KDA layer's, with its writes and decays when kept)."""
     if kind == "attention":
         return Shown(attention_map.attention_heatmap(event.array, title=event.name))
+    if kind == "routing" and event.key.startswith("ffn.gate."):  # DeepSeek-V4's, by a hash or by score
+        scope = event.name.removesuffix(event.key)
+        chosen = scope + choice_of(cfg, event.layer)
+        return Shown(routing_picture(chosen, lookup(chosen), lookup(scope + "ffn.gate.weights"), cfg.router_experts))
     if kind == "routing":
         gate = event.name.rpartition(".")[0]
         return Shown(routing_map.routing_map(lookup(f"{gate}.topk_idx"), lookup(f"{gate}.topk_weight"),

@@ -30,9 +30,11 @@ from stepper.views.pictures import (
 )
 from stepper.views.summary import number
 
+BY_SCORE = "by choice score (a bias in it can put a smaller weight first)"  # how a top-k router orders its picks
+
 
 def routing_map(topk_idx: np.ndarray, topk_weight: np.ndarray, n_experts: int,
-                token_labels: list[str] | None = None, zero_experts: int = 0) -> RenderableType:
+                token_labels: list[str] | None = None, zero_experts: int = 0, order: str = BY_SCORE) -> RenderableType:
     """The router's choices, topk_idx / topk_weight [N tokens, k], as a token x expert grid.
 
     A chosen expert's cell is shaded by its weight (relative to the largest weight), others are
@@ -40,7 +42,8 @@ def routing_map(topk_idx: np.ndarray, topk_weight: np.ndarray, n_experts: int,
     order. Below: the load of each expert (how many tokens chose it) and a summary line. More
     experts than fit are grouped in bins (a cell then counts the token's experts in the bin); more
     tokens than TOKEN_ROWS are cut, and the load still counts them all. The last `zero_experts` of
-    the n_experts (LongCat's identity experts) are listed as z0, z1, ... and counted apart.
+    the n_experts (LongCat's identity experts) are listed as z0, z1, ... and counted apart. The
+    legend says the picks' `order` (a hash-routed layer's are its table's).
     """
     idx = np.asarray(topk_idx)
     weight = np.asarray(topk_weight, dtype=np.float64)
@@ -55,7 +58,7 @@ def routing_map(topk_idx: np.ndarray, topk_weight: np.ndarray, n_experts: int,
         raise ValueError(f"{len(token_labels)} token labels for {idx.shape[0]} tokens")
     labels = [str(i) for i in range(idx.shape[0])] if token_labels is None else [shown(str(x)) for x in token_labels]
     load = np.bincount(idx.ravel().astype(np.int64), minlength=n_experts)
-    return Picture(lambda width: draw_routing(idx.astype(np.int64), weight, load, labels, width, zero_experts),
+    return Picture(lambda width: draw_routing(idx.astype(np.int64), weight, load, labels, width, zero_experts, order),
                    whole_off_screen=True)
 
 
@@ -67,10 +70,8 @@ def expert_bin(n_experts: int, budget: int) -> int:
     return size
 
 
-
-
 def draw_routing(idx: np.ndarray, weight: np.ndarray, load: np.ndarray, labels: list[str], width: int,
-                 zero_experts: int = 0) -> list[Text]:
+                 zero_experts: int = 0, order: str = BY_SCORE) -> list[Text]:
     n_tokens, k = idx.shape
     n_experts = load.size
     shown = min(n_tokens, TOKEN_ROWS)
@@ -88,7 +89,7 @@ def draw_routing(idx: np.ndarray, weight: np.ndarray, load: np.ndarray, labels: 
     if shown < n_tokens:
         out.append(caption(f"… {n_tokens - shown} more tokens not shown (N={n_tokens}); the load counts all of them"))
     out += load_rows(load, size, margin)
-    out.append(routing_legend(top, size, k))
+    out.append(routing_legend(top, size, k, order))
     out += bad_legend(weight) if size == 1 else []
     out += routing_summary(load, n_tokens, k, size, zero_experts)
     if zero_experts:
@@ -152,11 +153,10 @@ def load_rows(load: np.ndarray, size: int, margin: int) -> list[Text]:
     return rows
 
 
-def routing_legend(top: float, size: int, k: int) -> Text:
+def routing_legend(top: float, size: int, k: int, order: str = BY_SCORE) -> Text:
     if size == 1:
         return line((EMPTY, DIM), (" not chosen  ", ""), *legend_shades(),
-                    ((f" of the largest weight ({number(top)}); picks in the router's order, by choice score "
-                      "(a bias in it can put a smaller weight first)"), ""), wrap=True)
+                    (f" of the largest weight ({number(top)}); picks in the router's order, {order}", ""), wrap=True)
     return line((EMPTY, DIM), (f" none of the token's {k} experts in the bin  ", ""),
                 (f"1..{k}", heat(1.0)), (" how many are", ""), wrap=True)
 

@@ -83,17 +83,16 @@ def test_the_hc_picture_heads_and_sums_each_column_under_its_values():
 
 
 def test_the_debugger_points_a_v4_run_at_its_own_pictures():
-    commands = "u layers.3.ffn.gate.weights\ns attention\ns routing layers.3.ffn.gate.topk_idx\ns hc\nq\n"
+    commands = "u layers.3.ffn.gate.weights\ns attention\ns routing layers.3.ffn.gate.topk_idx\ns hc\ns routing\nq\n"
     out = stepper("step", "--model", "tiny-v4", "--plain", stdin=commands)
     assert out.returncode == 0 and "Traceback" not in out.stdout + out.stderr
     assert "no tensor 'self_attn.attn_weights' seen yet" not in out.stdout
     assert ("s attention draws MLA's attention weights over positions (self_attn.attn_weights), a tensor "
             "DeepSeek-V4 does not emit: its pictures are s reach (what a query attends), s hc (how the residual "
-            "streams mix), s hist") in out.stdout
-    assert ("s routing draws MLA's router choice (mlp.gate.topk_idx and topk_weight), a tensor DeepSeek-V4 does not "
-            "emit") in out.stdout
+            "streams mix), s routing, s hist") in out.stdout
+    assert out.stdout.count("layers.3.ffn.gate.topk_idx · weights: score-routed") == 2  # named, and at the router
     assert "col sum" in out.stdout  # s hc still draws
-    assert any(" · s show reach|hc|hist [NAME] · " in line for line in out.stdout.splitlines())
+    assert any(" · s show reach|hc|routing|hist [NAME] · " in line for line in out.stdout.splitlines())
     assert "attention|routing" not in out.stdout
 
 
@@ -110,7 +109,7 @@ def test_a_v4_lesson_stop_names_the_pictures_it_has():
     console = Console(file=out, width=200, no_color=True, highlight=False, markup=False, soft_wrap=True)
     walk(find_lesson("compressed-attention"), console, CommandSource(console, io.StringIO("\n\n\nq\n"), False))
     helps = [line for line in out.getvalue().splitlines() if line.startswith("Enter: next stop")]
-    assert helps and all(" · s reach|hc|hist · " in line for line in helps), helps
+    assert helps and all(" · s reach|hc|routing|hist · " in line for line in helps), helps
 
 
 def test_explain_of_another_familys_tensor_shows_it_and_names_the_model_that_emits_it():
@@ -176,7 +175,7 @@ def test_the_clamp_counts_say_how_often_the_clamp_bites():
 
 def test_show_of_another_familys_picture_says_which_this_model_draws():
     assert refused(stepper("run", "--model", "tiny-v4", "--show", "attention,hc")) == (
-        "--show attention,hc: attention is not drawn for this model; its pictures are hc, reach, hist")
+        "--show attention,hc: attention is not drawn for this model; its pictures are hc, reach, routing, hist")
     assert refused(stepper("run", "--show", "reach")) == (
         "--show reach: reach is not drawn for this model; its pictures are attention, routing, hist, scales")
     assert refused(stepper("run", "--model", "tiny-v4", "--show", "nosuch")) == (

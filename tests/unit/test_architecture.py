@@ -111,7 +111,9 @@ ROOM_LINES = {
     # 1,160; 1,575 with issue 33's MLA families' parts, about 2,000 with Kimi Linear's, DeepSeek-V4's
     # attention adding 662, its residual, routers, experts and layer 309
     "model": 3400,
-    "planning": 760,  # 552; 711 with the long-run note, the files an index does not name, the seeded weights' share
+    # 552; 711 with the long-run note, the files an index does not name, the seeded weights' share; 761 with the
+    # tensors DeepSeek-V4's routing picture is drawn from (picture_tensors)
+    "planning": 780,
     "seams": 760,  # 553; 711 with the choice a set or a patch of indices is checked against (trace.Choice)
     # 530; 720 with the spill of a chunked prefill's held tensors; 809 with arithmetic refused in words; 851 with
     # integer tensors' own lattice (bins of whole integers)
