@@ -38,7 +38,8 @@ def test_the_debugger_s_help_on_a_v4_run_gives_examples_the_run_emits_and_each_w
     # each example, typed at a point of the run where its tensors have been seen
     script = ["b ffn.gate.topk_idx", "u attn.weights", "p attn.weights[0, 1, -1]", "p attn.kv[0, :2, :4] 3",
               "x attn.kv attn.kv_rope", "e attn.kv_rope", "s hc", "s hist attn.kv", "set attn.weights[0, 0, -1] = 0",
-              "c", "s reach", "x attn_streams streams", "d ffn.gate.topk_idx", "u layers.2.ffn_streams", "s routing", "q"]
+              "c", "s reach", "x attn_streams streams", "d ffn.gate.topk_idx", "u layers.2.ffn_streams", "s routing",
+              "q"]
     assert set(examples) - {"b layers.2.*", "d", "e", "h", "h 100", "help x", "?", "n", "c", "w", "q"} <= set(script)
     out = stepper("step", "--plain", "--model", "tiny-v4", stdin="\n".join(script) + "\n").stdout
     answers = out.split("(stepper) ")[1:]
