@@ -146,6 +146,17 @@ def test_a_bad_tensor_is_one_line_naming_it(synthesized, tmp_path, edit, message
     assert expected in line
 
 
+def test_a_token_id_outside_the_vocabulary_is_one_line_from_the_command(tmp_path):
+    """A tiny config.json with the published model's padding row (163839): transformers cannot build it,
+    and a checkpoint synth wrote of it would carry the id on."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({**PRESETS["tiny-kimi-linear"], "pad_token_id": 163839}))
+    for command in (("run", "--model", config, "--plain"), ("synth", "--model", config, "--out", tmp_path / "ck")):
+        assert refused(stepper(*command)) == (f"{config}: field 'pad_token_id' must be a token id in 0..999 "
+                                              f"(vocab_size 1000), got 163839")
+    assert not (tmp_path / "ck").exists()
+
+
 def test_every_preset_reads_through_its_family():
     kinds = {name: type(preset(name)).__name__ for name in PRESETS}
     assert kinds["tiny-kimi-linear"] == kinds["kimi-linear-48b-a3b"] == "KimiLinearConfig"
