@@ -296,7 +296,7 @@ PRESETS.update({
     },
 })
 
-KIMI_LINEAR_48B = {  # moonshotai/Kimi-Linear-48B-A3B-Instruct's config.json (the fields stepper reads)
+KIMI_LINEAR_48B = {  # moonshotai/Kimi-Linear-48B-A3B-Instruct's config.json (the fields stepper reads or writes)
     "_name_or_path": "kimi-linear-48b-a3b",
     "architectures": ["KimiLinearForCausalLM"],
     "model_type": "kimi_linear",
@@ -329,6 +329,9 @@ KIMI_LINEAR_48B = {  # moonshotai/Kimi-Linear-48B-A3B-Instruct's config.json (th
     "model_max_length": 1048576,
     "rope_theta": 10000.0,
     "tie_word_embeddings": False,
+    "bos_token_id": 163584,
+    "eos_token_id": 163586,
+    "pad_token_id": 163839,
     "linear_attn_config": {
         "full_attn_layers": [4, 8, 12, 16, 20, 24, 27],
         "kda_layers": [1, 2, 3, 5, 6, 7, 9, 10, 11, 13, 14, 15, 17, 18, 19, 21, 22, 23, 25, 26],
@@ -357,6 +360,8 @@ PRESETS.update({
         "num_experts": 16,
         "num_experts_per_token": 4,
         "model_max_length": 131072,
+        # the special tokens where the published model has them, counted from the end of the vocabulary
+        "bos_token_id": 744, "eos_token_id": 746, "pad_token_id": 999,
         "linear_attn_config": {"full_attn_layers": [4], "kda_layers": [1, 2, 3], "num_heads": 4, "head_dim": 32,
                                "short_conv_kernel_size": 4},
     },

@@ -66,6 +66,11 @@ class KimiLinearConfig(MlaVariants):
     short_conv_kernel_size: int  # the short convs' taps W
     kda_layers: tuple[int, ...]  # 0-based (config.json lists them 1-based)
     full_attn_layers: tuple[int, ...]  # 0-based: MLA without RoPE
+    # the special tokens' ids, read to be written back (a checkpoint synth writes): the model uses none, but
+    # transformers' embedding takes pad_token_id as its padding row, and its defaults are the published model's
+    bos_token_id: int | None = None
+    eos_token_id: int | tuple[int, ...] | None = None
+    pad_token_id: int | None = None
 
     model_type: ClassVar[str] = MODEL_TYPE
     q_lora_rank: ClassVar[None] = None  # Kimi Linear's MLA projects its queries directly (q_proj)
@@ -129,6 +134,8 @@ class KimiLinearConfig(MlaVariants):
                 "num_heads": self.linear_num_heads, "head_dim": self.linear_head_dim,
                 "short_conv_kernel_size": self.short_conv_kernel_size,
             },
+            **{field: list(v) if isinstance(v, tuple) else v
+               for field in TOKEN_ID_FIELDS if (v := getattr(self, field)) is not None},
         }
 
 
@@ -154,7 +161,7 @@ def parse(raw: dict[str, Any], source: str) -> KimiLinearConfig:
                      f"{said(raw['num_key_value_heads'])}")
     if raw.get("q_lora_rank") is not None:
         raise f.fail("q_lora_rank", f"must be null: Kimi Linear's MLA has one q_proj, got {said(raw['q_lora_rank'])}")
-    layers = f.int("num_hidden_layers")
+    layers, vocab = f.int("num_hidden_layers"), f.int("vocab_size")
     linear = raw.get("linear_attn_config")
     if not isinstance(linear, dict):
         raise f.fail("linear_attn_config", f"must be an object (kda_layers, full_attn_layers, num_heads, head_dim, "
@@ -163,7 +170,7 @@ def parse(raw: dict[str, Any], source: str) -> KimiLinearConfig:
     kda, full = layer_kinds(linear, layers, f)
     cfg = KimiLinearConfig(
         name=model_name(raw, source),
-        vocab_size=f.int("vocab_size"),
+        vocab_size=vocab,
         hidden_size=f.int("hidden_size"),
         intermediate_size=f.int("intermediate_size"),
         moe_intermediate_size=f.int("moe_intermediate_size"),
@@ -188,6 +195,7 @@ def parse(raw: dict[str, Any], source: str) -> KimiLinearConfig:
         short_conv_kernel_size=inner.int("short_conv_kernel_size"),
         kda_layers=kda,
         full_attn_layers=full,
+        **{field: token_ids(f, field, vocab) for field in TOKEN_ID_FIELDS},
     )
     check_experts(cfg, f)
     return cfg
@@ -223,6 +231,20 @@ def layer_kinds(linear: dict[str, Any], layers: int, f: Fields) -> tuple[tuple[i
         raise f.fail("linear_attn_config", f"leaves layer {missing[0]} out of kda_layers and full_attn_layers; "
                      f"each layer 1..{layers} must be in exactly one")
     return tuple(sorted(n - 1 for n in kda)), tuple(sorted(n - 1 for n in full))
+
+
+TOKEN_ID_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def token_ids(f: Fields, field: str, vocab: int) -> int | tuple[int, ...] | None:
+    """A special token's id (eos_token_id: one or a list, as transformers takes it), each inside the
+    vocabulary; None where absent or null."""
+    value = f.raw.get(field)
+    ids = value if field == "eos_token_id" and isinstance(value, list) and value else [value]
+    if value is not None and not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab for i in ids):
+        shape = "a token id or a list of them" if field == "eos_token_id" else "a token id"
+        raise f.fail(field, f"must be {shape} in 0..{vocab - 1} (vocab_size {vocab}), got {said(value)}")
+    return tuple(value) if isinstance(value, list) else value
 
 
 def check_experts(cfg: KimiLinearConfig, f: Fields) -> None:
@@ -341,6 +363,7 @@ def miniature(cfg: KimiLinearConfig, layer: int) -> KimiLinearConfig:
         n_shared_experts=min(cfg.n_shared_experts, 1), num_experts_per_tok=min(cfg.num_experts_per_tok, 2),
         first_k_dense_replace=0, linear_num_heads=2, linear_head_dim=4,
         kda_layers=(0,) if kda else (), full_attn_layers=() if kda else (0,),
+        **dict.fromkeys(TOKEN_ID_FIELDS),  # the model's ids may lie outside the miniature's vocabulary
     )
 
 

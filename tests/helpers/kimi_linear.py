@@ -3,7 +3,6 @@ safetensors), its config, its weights in memory, and the checkpoint `stepper syn
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from stepper import families
@@ -23,9 +22,8 @@ def tiny_config(**changes) -> dict:
         v_head_dim=8, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, n_group=1, topk_group=1,
         routed_scaling_factor=2.446, norm_topk_prob=True, first_k_dense_replace=1, rms_norm_eps=1e-5,
         max_position_embeddings=4096, linear_num_heads=2, linear_head_dim=8, short_conv_kernel_size=4,
-        kda_layers=(0, 2), full_attn_layers=(1,),
+        kda_layers=(0, 2), full_attn_layers=(1,), bos_token_id=1, eos_token_id=2, pad_token_id=63,
     ).to_hf()
-    raw.update(pad_token_id=63, bos_token_id=1, eos_token_id=2)  # inside the tiny vocabulary (transformers checks)
     raw.update(changes)
     return raw
 
@@ -43,7 +41,6 @@ def layer_weights(cfg: KimiLinearConfig, layer: int = 0, seed: int = 3) -> Publi
 
 def write_checkpoint(folder: Path, raw: dict, seed: int = 0) -> Path:
     """`stepper synth`'s checkpoint of the config (BF16 weights, A_log, dt_bias and the router's bias
-    F32), with config.json as given (token ids transformers accepts)."""
+    F32; config.json as the family writes it, token ids included)."""
     synth_checkpoint(SyntheticWeights(config(raw), seed), folder, force=True)
-    (folder / "config.json").write_text(json.dumps(raw), encoding="utf-8")
     return folder

@@ -12,9 +12,12 @@ every RMSNorm of a small vector: over seeds 0-5 of these weights the worst tenso
 """
 
 import dataclasses
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
+from safetensors.numpy import load_file
 
 from stepper import families
 from stepper.families.kimi_linear import FAMILY
@@ -115,3 +118,28 @@ def test_both_sides_are_within_round_off_of_a_float64_recurrence(reference):
     out, _, state, _ = chunked(*(a.astype(np.float32) for a in (q, k, v, g, beta)), np.zeros((B, H, K, K), np.float32))
     assert rel_err(ref[at + "core_out"], exact) <= 1e-6 and rel_err(out, exact) <= 1e-6
     assert rel_err(ref[at + "state"], exact_state) <= 1e-6 and rel_err(state, exact_state) <= 1e-6
+
+
+
+@pytest.mark.parametrize("name", ["tiny-kimi-linear-kda", "tiny-kimi-linear-mla"])
+def test_a_shipped_fixtures_weights_load_in_transformers_as_written(name):
+    """The fixture's weights folder, untouched (the embedding and its layer's tensors): its config.json's
+    token ids lie inside the vocabulary of 1000; without them transformers takes the published model's
+    (pad 163839), and nn.Embedding refuses that padding row. The model is built and holds the folder's
+    tensors; KDA layer 0 on the fixture's prompt gives the fixture's layer output."""
+    import torch
+    from safetensors.torch import load_file as load_torch
+
+    fixture = Path(__file__).resolve().parents[2] / "fixtures" / name
+    model = hf_kimi_linear.load(fixture / "weights")
+    assert model.model.embed_tokens.padding_idx == 999
+    stored = {}
+    for shard in (fixture / "weights").glob("*.safetensors"):
+        stored.update(load_torch(str(shard)))
+    assert torch.equal(model.model.embed_tokens.weight, stored["model.embed_tokens.weight"].float())
+    if name.endswith("kda"):  # layer 0's input is the embedding, the model's own
+        prompt = json.loads((fixture / "manifest.json").read_text())["inputs"]["prompt_ids"]
+        with torch.no_grad():
+            hidden = model(torch.tensor([prompt]), output_hidden_states=True).hidden_states[1]
+        expected = load_file(str(fixture / "tensors.safetensors"))["prefill.layers.0.output"]
+        assert rel_err(hidden.numpy(), expected) <= 1e-5

@@ -19,7 +19,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -180,21 +179,17 @@ def test_a_hooked_transformers_dump_of_longcat_verifies_through_the_cli(tmp_path
 def test_a_hooked_transformers_dump_of_kimi_linear_verifies_through_the_cli(tmp_path):
     """tiny-kimi-linear: KDA layers 0-2 (layer 0 dense, then MoE) and MLA layer 3, each module's
     name read as the kind of layer it is in (a KDA layer's o_proj:input at line 714, the MLA
-    layer's at 314). The fixture's config.json gives no token ids (stepper reads none), so
-    transformers' KimiLinearConfig takes the published model's (pad 163839), outside the tiny
-    vocabulary of 1000, and nn.Embedding refuses that padding_idx: the model is not built. A user
-    loading a tiny fixture in transformers gives ids inside its vocabulary, as here (on a copy: the
-    fixture records its weights' sha256)."""
+    layer's at 314). The fixture's weights folder loads as written: its config.json gives token ids
+    inside the tiny vocabulary of 1000 (without them transformers' KimiLinearConfig takes the
+    published model's, pad 163839, and nn.Embedding refuses that padding_idx)."""
     from helpers.hf_families import load
 
     fixture = tmp_path / "tiny-kimi-linear"
     exported = stepper("fixtures", "export", fixture, "--model", "tiny-kimi-linear", "--decode", "1", "--plain")
     assert exported.returncode == 0, exported.stderr
-    weights = shutil.copytree(fixture / "weights", tmp_path / "hf-weights")
-    raw = json.loads((weights / "config.json").read_text())
-    assert "pad_token_id" not in raw and raw["linear_attn_config"]["full_attn_layers"] == [4]
-    (weights / "config.json").write_text(json.dumps({**raw, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}))
-    dump = every_module(load(weights), json.loads((fixture / "manifest.json").read_text())["inputs"]["steps"])
+    model = load(fixture / "weights")
+    assert model.model.embed_tokens.padding_idx == model.config.pad_token_id == 999
+    dump = every_module(model, json.loads((fixture / "manifest.json").read_text())["inputs"]["steps"])
     save_file(dump, str(tmp_path / "hf.safetensors"))
 
     code, report = verified(fixture, tmp_path / "hf.safetensors", tmp_path, "good")

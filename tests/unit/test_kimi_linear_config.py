@@ -32,6 +32,23 @@ def test_the_published_config_reads_as_published():
     assert preset("tiny-kimi-linear").kda_layers == (0, 1, 2)
 
 
+def test_the_special_token_ids_are_read_and_written_back_as_published():
+    """The published ids (transformers' KimiLinearConfig defaults to them), and the tiny model's inside
+    its vocabulary of 1000 (where the published model has them, counted from the end): the model reads
+    none, but a checkpoint synth writes carries them, and transformers' embedding refuses a padding row
+    outside its table."""
+    full, tiny = preset("kimi-linear-48b-a3b"), preset("tiny-kimi-linear")
+    assert (full.bos_token_id, full.eos_token_id, full.pad_token_id) == (163584, 163586, 163839)
+    assert {k: full.to_hf()[k] for k in kl.TOKEN_ID_FIELDS} == {k: KIMI_LINEAR_48B[k] for k in kl.TOKEN_ID_FIELDS}
+    assert (tiny.bos_token_id, tiny.eos_token_id, tiny.pad_token_id) == (744, 746, 999)
+    assert tiny.vocab_size - tiny.pad_token_id == full.vocab_size - full.pad_token_id == 1
+    assert tiny.vocab_size - tiny.bos_token_id == full.vocab_size - full.bos_token_id == 256
+    listed = kl.parse({**KIMI_LINEAR_48B, "eos_token_id": [163586, 163585], "pad_token_id": None}, "cfg.json")
+    assert listed.eos_token_id == (163586, 163585) and listed.pad_token_id is None
+    assert listed.to_hf()["eos_token_id"] == [163586, 163585] and "pad_token_id" not in listed.to_hf()
+    assert kl.miniature(full, 3).pad_token_id is None  # a vocabulary of 16
+
+
 def test_memory_per_layer_in_numbers():
     cfg = preset("kimi-linear-48b-a3b")
     assert kl.kda_layer_bytes(cfg) == (32 * 128 * 128 + 3 * 3 * 32 * 128) * 4  # 2,244,608 B at any length
@@ -68,6 +85,17 @@ ALL_BUT_4 = [1, 2, 3, 5, 6, 7, 9, 10, 11, 13, 14, 15, 17, 18, 19, 21, 22, 23, 25
      "cfg.json: field 'linear_attn_config.short_conv_kernel_size' must be >= 1, got 0"),
     ({**KIMI_LINEAR_48B, "q_lora_rank": 1536}, "cfg.json: field 'q_lora_rank' must be null"),
     ({**KIMI_LINEAR_48B, "mla_use_nope": False}, "cfg.json: field 'mla_use_nope' must be true"),
+    ({**PRESETS["tiny-kimi-linear"], "pad_token_id": 163839},
+     "cfg.json: field 'pad_token_id' must be a token id in 0..999 (vocab_size 1000), got 163839"),
+    ({**KIMI_LINEAR_48B, "bos_token_id": "163584"},
+     "cfg.json: field 'bos_token_id' must be a token id in 0..163839 (vocab_size 163840), got '163584'"),
+    ({**KIMI_LINEAR_48B, "eos_token_id": [163586, -1]},
+     ("cfg.json: field 'eos_token_id' must be a token id or a list of them in 0..163839 (vocab_size 163840), "
+      "got [163586, -1]")),
+    ({**KIMI_LINEAR_48B, "eos_token_id": []},
+     "cfg.json: field 'eos_token_id' must be a token id or a list of them in 0..163839 (vocab_size 163840), got []"),
+    ({**KIMI_LINEAR_48B, "pad_token_id": True},
+     "cfg.json: field 'pad_token_id' must be a token id in 0..163839 (vocab_size 163840), got True"),
 ])
 def test_bad_configs_are_one_line_naming_the_field(raw, message):
     with pytest.raises(StepperError) as e:
@@ -94,7 +122,9 @@ def test_synth_writes_the_published_layout_and_it_runs(synthesized):
     assert stored["model.layers.3.self_attn.kv_a_proj_with_mqa.weight"].shape == (64 + 16, 160)
     assert stored["model.layers.1.self_attn.A_log"].dtype == np.float32  # as published: the decay in F32
     assert str(stored["model.layers.1.self_attn.q_proj.weight"].dtype) == "bfloat16"
-    assert json.loads((synthesized / "config.json").read_text())["linear_attn_config"]["kda_layers"] == [1, 2, 3]
+    written = json.loads((synthesized / "config.json").read_text())
+    assert written["linear_attn_config"]["kda_layers"] == [1, 2, 3]
+    assert (written["bos_token_id"], written["eos_token_id"], written["pad_token_id"]) == (744, 746, 999)
     out = stepper("run", "--model", synthesized, "--plain", "--prompt-len", "3", "--only", "logits")
     assert out.returncode == 0, out.stderr
     assert "KDA layers keep 20,992 B each at any length" in out.stdout
@@ -114,6 +144,17 @@ def test_a_bad_tensor_is_one_line_naming_it(synthesized, tmp_path, edit, message
     assert message in line and str(folder.name) in line
     expected = "[128, 1, 4]" if "conv1d" in message else "[1, 1, 4, 1]"
     assert expected in line
+
+
+def test_a_token_id_outside_the_vocabulary_is_one_line_from_the_command(tmp_path):
+    """A tiny config.json with the published model's padding row (163839): transformers cannot build it,
+    and a checkpoint synth wrote of it would carry the id on."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({**PRESETS["tiny-kimi-linear"], "pad_token_id": 163839}))
+    for command in (("run", "--model", config, "--plain"), ("synth", "--model", config, "--out", tmp_path / "ck")):
+        assert refused(stepper(*command)) == (f"{config}: field 'pad_token_id' must be a token id in 0..999 "
+                                              f"(vocab_size 1000), got 163839")
+    assert not (tmp_path / "ck").exists()
 
 
 def test_every_preset_reads_through_its_family():
