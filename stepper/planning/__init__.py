@@ -18,7 +18,7 @@ from stepper import session
 from stepper.errors import StepperError
 from stepper.planning import memory
 from stepper.planning.names import check_patterns, planned_names
-from stepper.seams.patching import Patcher, Patches
+from stepper.seams.patching import Patcher, Patches, shown_only
 from stepper.seams.trace import Sink, matches
 from stepper.session import Plan, RunResult, RunSpec
 from stepper.weights import audit, published_audit
@@ -66,6 +66,9 @@ class RunPlan:
                 raise StepperError(f"{said}, and this run of {self.plan.config.name} has no {pattern}"
                                    f"{layers_with(pattern, self.names)}")
         self.check(self.wording.patch, [pattern for pattern, _ in patches])
+        for pattern, _ in patches:  # refused before it is made (4 GiB a KDA layer at 2,048 positions), not after
+            if made_for_it := next((n for n in self.names if matches(n, [pattern]) and memory.on_demand(n)), None):
+                raise StepperError(shown_only(pattern, made_for_it))
         return [Patcher(patches)] if patches else []
 
     def check_fits(self, kept: list[str], lower: str) -> None:

@@ -166,6 +166,12 @@ def looked_at(names: list[str] | None) -> Looked:
     return None if names is None else frozenset((layer_of(n), catalog.key_of(unphased(n))) for n in names)
 
 
+def on_demand(name: str) -> bool:
+    """Whether the model makes a named tensor only when a sink looks at it (catalogue `made`)."""
+    entry = catalog.load().entry(catalog.key_of(unphased(name)))
+    return entry is not None and entry.get("made") == ON_DEMAND
+
+
 def made(entry: dict, layer: int, looked: Looked) -> bool:
     """Whether the run makes a tensor of `layer`: every one, but one the model makes only when a
     view looks at it (catalogue `made`) only where one does."""

@@ -36,6 +36,12 @@ PatchFn = Callable[[np.ndarray, str], "np.ndarray | None"]
 Patches = Sequence[tuple[str, PatchFn]]  # in the order they apply
 
 
+def shown_only(pattern: str, name: str) -> str:
+    """Why a patch of a tensor the model only shows is refused."""
+    return (f"patch {pattern}: {name} is shown only; the model does not read it back, so a patch there would "
+            "change nothing (patch a tensor before it)")
+
+
 class Patcher:
     """Sink replacing every tensor a pattern matches with its function's result (shape and dtype checked).
 
@@ -46,13 +52,17 @@ class Patcher:
         self.patches = list(patches)
         self.applied: dict[str, list[str]] = {pattern: [] for pattern, _ in self.patches}
 
+    def wants(self, event: Event) -> bool:
+        """Whether a pattern matches the event: a tensor made only when a sink looks (a delta rule's
+        state after every token) is not made for a patch of other tensors."""
+        return any(matches(event.name, [pattern]) for pattern, _ in self.patches)
+
     def __call__(self, event: Event) -> np.ndarray | None:
         array, changed = event.array, False
         matched = [(pattern, fn) for pattern, fn in self.patches if matches(event.name, [pattern])]
         for pattern, fn in sorted(matched, key=lambda patch: is_watcher(patch[1])):  # watchers see what the model reads
             if not event.read:
-                raise StepperError(f"patch {pattern}: {event.name} is shown only; the model does not read it back, "
-                                   "so a patch there would change nothing (patch a tensor before it)")
+                raise StepperError(shown_only(pattern, event.name))
             if not held(array):
                 raise StepperError(f"patch {pattern}: {event.name} {list(array.shape)} is made a tile at a time (a "
                                    "long attention) and never held, so it cannot be patched: patch the queries or "

@@ -257,3 +257,22 @@ def test_each_batch_row_has_its_own_state():
     assert rel(both, np.concatenate(alone)) <= 1e-6
     kda_attention(x, w, cfg, cache, Emitter())
     assert cache.state.shape == (2, 2, 8, 8) and not np.allclose(cache.state[0], cache.state[1])
+
+
+def test_a_patch_of_other_tensors_makes_no_state_per_token_and_one_of_it_is_refused_before_the_run(monkeypatch):
+    """A patch's sink looked at every tensor, so any patch made a KDA layer's states after every token
+    (4 GiB a layer of Kimi-Linear-48B at 2,048 positions) whatever it patched; a patch of them was
+    refused only once they were made."""
+    import stepper
+    from stepper.errors import StepperError
+
+    made, write = [], kda.written
+    monkeypatch.setattr(kda, "written", lambda *args: made.append(1) or write(*args))
+    halved = stepper.run("tiny-kimi-linear", layer=0, prompt_len=70, keep="layers.0.output",
+                         patch={"layers.0.self_attn.v_conv": lambda a, name: a / 2})
+    plain = stepper.run("tiny-kimi-linear", layer=0, prompt_len=70, keep="layers.0.output")
+    assert made == [] and not np.allclose(np.asarray(halved["layers.0.output"]), np.asarray(plain["layers.0.output"]))
+    with pytest.raises(StepperError, match=r"patch \*state_per_token: layers.0.self_attn.state_per_token is shown "
+                                           r"only; the model does not read it back"):
+        stepper.run("tiny-kimi-linear", layer=0, prompt_len=70, patch={"*state_per_token": lambda a, name: a})
+    assert made == []

@@ -37,8 +37,7 @@ def test_the_catalogue_marks_exactly_the_tensors_made_only_when_looked_at(model)
     sink = LooksAtNothing()
     planned.execute([sink])
     unmade = [n for n in planned.names if n not in set(sink.names)]
-    marked = [n for n in planned.names if catalog.load().entry(catalog.key_of(unphased(n))).get("made")
-              == memory.ON_DEMAND]
+    marked = [n for n in planned.names if memory.on_demand(n)]
     assert unmade == marked
     if model == "tiny-kimi-linear":  # its KDA layers' states after every token and chunk, each step
         assert {catalog.key_of(unphased(n)) for n in marked} == {"self_attn.state_per_token",
