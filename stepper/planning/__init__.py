@@ -103,12 +103,12 @@ def plan_run(spec: RunSpec, kept: Kept = lambda plan, names: [], lower: str = "-
     (`lower`: the option that lowers them) and those `looked` looks at (None: every one; a tensor
     made only when looked at counts only then) against the memory available; `weights`: in place
     of the spec's model."""
-    def looked_at(plan: Plan, names: list[str]) -> list[str] | None:
+    def looked_names(plan: Plan, names: list[str]) -> list[str] | None:
         return None if looked is None else looked(plan, names)
 
     def estimate(plan: Plan) -> list[memory.Need]:
         names = planned_names(plan)
-        return memory.needs(plan, kept(plan, names), lower, looked_at(plan, names))
+        return memory.needs(plan, kept(plan, names), lower, looked_names(plan, names))
 
     prepared = session.prepare(spec, weights, wording.spell)
     memory.limit_seeded(prepared, memory.available_bytes())
@@ -117,7 +117,7 @@ def plan_run(spec: RunSpec, kept: Kept = lambda plan, names: [], lower: str = "-
     names = planned_names(plan)
     long = long_line(plan, names, wording)
     notes = (why, chunked, long, unread_line(plan), stray_line(plan), unembedded_line(plan, wording))
-    return RunPlan(plan, names, tuple(line for line in notes if line), wording, long, looked_at(plan, names))
+    return RunPlan(plan, names, tuple(line for line in notes if line), wording, long, looked_names(plan, names))
 
 
 LONG_RUN = 20_000  # named tensors from which a run is said to be long: tiny's 200 decode steps make 19,104, in 52 s

@@ -3,7 +3,9 @@
 import copy
 
 from stepper.config import Config
-from stepper.presets import PRESETS
+from stepper.presets import PRESETS, V4_PRESETS
+
+TINY = sorted(name for name in [*PRESETS, *V4_PRESETS] if name.startswith("tiny"))  # every family's tiny preset
 
 
 def config_with(base: str = "tiny", **fields) -> Config:

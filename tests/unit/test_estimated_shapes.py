@@ -4,12 +4,10 @@ delta rule's first chunk and in a decode step, has the shape the run then makes.
 
 import numpy as np
 import pytest
+from helpers.configs import TINY
 
 from stepper.planning import memory, plan_run
-from stepper.presets import PRESETS, V4_PRESETS
 from stepper.session import RunSpec
-
-TINY = sorted(p for p in [*PRESETS, *V4_PRESETS] if p.startswith("tiny"))
 
 
 @pytest.mark.parametrize("model", TINY)

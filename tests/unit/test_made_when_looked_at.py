@@ -6,16 +6,14 @@ run shows or keeps it, so a run that leaves it out is not chunked or refused for
 import numpy as np
 import pytest
 from helpers.cli import stepper as cli
+from helpers.configs import TINY
 
 import stepper
 from stepper import catalog, session
 from stepper.cli.run import checked_plan, run_spec
 from stepper.planning import memory, plan_run
-from stepper.presets import PRESETS, V4_PRESETS
 from stepper.seams.trace import unphased
 from stepper.session import RunSpec
-
-TINY = sorted(p for p in [*PRESETS, *V4_PRESETS] if p.startswith("tiny"))
 
 
 class LooksAtNothing:

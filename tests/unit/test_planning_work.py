@@ -5,13 +5,11 @@ a layer's step are derived once, not once per step. Counted, not timed: the esti
 tensors for 1,000 decode steps as for 10 (it sized 365,000 for tiny's 1,000: 10 s before the run)."""
 
 import pytest
+from helpers.configs import TINY
 
 from stepper import catalog
 from stepper.planning import memory, plan_run
-from stepper.presets import PRESETS, V4_PRESETS
 from stepper.session import RunSpec, step_attn
-
-TINY = sorted(p for p in [*PRESETS, *V4_PRESETS] if p.startswith("tiny"))
 
 
 def every_step(plan, layers):
