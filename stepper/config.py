@@ -242,6 +242,12 @@ class Config(MlaVariants):
     zero_experts: int = 0  # the router's extra identity experts, after the routed ones (LongCat-Flash)
     mla_lora_scales: bool = False  # q times sqrt(d / q_lora_rank), the kv latent times sqrt(d / kv_lora_rank) (LongCat)
     shortcut_moe: bool = False  # two attention + dense-MLP sublayers per layer, the MoE beside them (LongCat)
+    # the special tokens' ids, read to be written back (synth's config.json): the model uses none but
+    # Youtu's pad row, and transformers warns of an id outside the vocabulary (its defaults, the published
+    # model's, lie outside a tiny one's)
+    bos_token_id: int | None = None
+    eos_token_id: int | tuple[int, ...] | None = None
+    pad_token_id: int | None = None
 
     @property
     def has_indexer(self) -> bool:
@@ -279,12 +285,13 @@ class Config(MlaVariants):
         }
         for f in dataclasses.fields(self):
             if f.name in ("name", "model_type", "rope_scaling", "quantization", "wrapper", "int4", "scoring_func",
-                          "topk_method", *FAMILY_FIELDS):
+                          "topk_method", *FAMILY_FIELDS, *TOKEN_ID_FIELDS):
                 continue
             if f.name.startswith("index_") and not self.has_indexer:
                 continue
             out[f.name] = getattr(self, f.name)
         out["tie_word_embeddings"] = False  # lm_head is its own matrix (_parse refuses true)
+        out.update(written_token_ids(self))
         if self.rope_scaling is not None:
             out["rope_scaling"] = {"type": "yarn", **dataclasses.asdict(self.rope_scaling)}
         if self.quantization is not None:
@@ -311,6 +318,15 @@ FAMILY_FIELDS = (  # the other MLA families' (stepper/families): their config cl
     "rope_interleave", "longrope", "scale_emb", "scale_depth", "dim_model_base", "indexer_rope_interleave",
     "index_reused_layers", "q_gate", "gated_norm_rank", "masked_groups_zero", "zero_experts", "mla_lora_scales",
     "shortcut_moe")
+
+
+TOKEN_ID_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def written_token_ids(cfg: Any) -> dict[str, Any]:
+    """The special tokens' ids a config.json gives, as it gives them (eos_token_id: one or a list)."""
+    return {field: list(v) if isinstance(v, tuple) else v
+            for field in TOKEN_ID_FIELDS if (v := getattr(cfg, field)) is not None}
 
 
 def load_config(path: str | Path, read: Callable[[dict[str, Any], str], Any] = read_mla_config) -> Any:
@@ -433,6 +449,17 @@ class Fields:
         return default
 
 
+def token_ids(f: Fields, field: str, vocab: int) -> int | tuple[int, ...] | None:
+    """A special token's id (eos_token_id: one or a list, as transformers takes it), each inside the
+    vocabulary; None where absent or null."""
+    value = f.raw.get(field)
+    ids = value if field == "eos_token_id" and isinstance(value, list) and value else [value]
+    if value is not None and not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab for i in ids):
+        shape = "a token id or a list of them" if field == "eos_token_id" else "a token id"
+        raise f.fail(field, f"must be {shape} in 0..{vocab - 1} (vocab_size {vocab}), got {said(value)}")
+    return tuple(value) if isinstance(value, list) else value
+
+
 def rope_base(f: Any, field: str, default: Any = 10000.0) -> float:
     """A rotary base (rope_theta): a finite number > 1. The frequencies are base^(-2i/rope); at 1 every
     pair turns alike and YaRN's correction range divides by log(base) (zero), below 1 they grow past any
@@ -480,10 +507,11 @@ def _parse(raw: dict[str, Any], source: str, spelled: dict[str, str] | None = No
         )
     rope_theta, rope_scaling = _rope(f)
     no_experts = {} if raw.get("n_routed_experts") else {"default": 0, "minimum": 0}  # dense only: no expert size
+    vocab = f.int("vocab_size")
     cfg = Config(
         name=model_name(raw, source),
         model_type=model_type,
-        vocab_size=f.int("vocab_size"),
+        vocab_size=vocab,
         hidden_size=f.int("hidden_size"),
         intermediate_size=f.int("intermediate_size"),
         moe_intermediate_size=f.int("moe_intermediate_size", **no_experts),
@@ -511,6 +539,7 @@ def _parse(raw: dict[str, Any], source: str, spelled: dict[str, str] | None = No
         int4=_int4_groups(f),
         zero_experts=zero_experts,
         **_family(f, model_type),
+        **{field: token_ids(f, field, vocab) for field in TOKEN_ID_FIELDS},
     )
     _check_consistency(cfg, f)
     return cfg

@@ -373,6 +373,11 @@ PRESETS.update({
 # full size. Sarvam-105B's gives no n_group (families/sarvam_mla.py); Youtu's lm_head is its embedding,
 # its pad row zeroed; GLM-4.7-Flash's values are wider than its keys' nope part; A.X-K1 routes without a
 # bias and normalises its MoE's output; Mistral 4 routes by softmax and scales its queries past 4096.
+# The special tokens' ids of a full-size preset are its published config's (here and below: the defaults of
+# the family's transformers configuration, which it documents as the published checkpoint's, where the
+# preset does not copy the config.json itself; GLM-4.7-Flash's documents GLM-4.5, so it gives none); a tiny
+# preset's sit as many places from the end of its 1,000-token vocabulary as the published ones do, or
+# where they are (ids below 1,000), so that transformers finds them inside it.
 PRESETS.update({
     "sarvam-105b": {"architectures": ["SarvamMLAForCausalLM"], "model_type": "sarvam_mla", "hidden_act": "silu",
         "attention_bias": False, "tie_word_embeddings": False, "rope_theta": 10000.0, "_name_or_path": "sarvam-105b",
@@ -381,7 +386,7 @@ PRESETS.update({
         "q_lora_rank": None, "qk_rope_head_dim": 64, "v_head_dim": 128, "qk_nope_head_dim": 128,
         "num_experts_per_tok": 8, "first_k_dense_replace": 1, "norm_topk_prob": True,
         "max_position_embeddings": 131072, "rms_norm_eps": 1e-06, "num_experts": 128, "num_shared_experts": 1,
-        "num_key_value_heads": 64, "head_dim": 576, "q_head_dim": 192,
+        "num_key_value_heads": 64, "head_dim": 576, "q_head_dim": 192, "bos_token_id": 0, "eos_token_id": 1,
         "rope_scaling": {"type": "deepseek_yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
             "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}},
     "tiny-sarvam": {"architectures": ["SarvamMLAForCausalLM"], "model_type": "sarvam_mla", "hidden_act": "silu",
@@ -391,7 +396,7 @@ PRESETS.update({
         "kv_lora_rank": 128, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32, "head_dim": 144,
         "q_head_dim": 48, "num_experts": 16, "num_shared_experts": 1, "num_experts_per_tok": 4, "n_group": 1,
         "topk_group": 1, "routed_scaling_factor": 2.5, "norm_topk_prob": True, "first_k_dense_replace": 1,
-        "rms_norm_eps": 1e-06, "max_position_embeddings": 16384,
+        "rms_norm_eps": 1e-06, "max_position_embeddings": 16384, "bos_token_id": 0, "eos_token_id": 1,
         "rope_scaling": {"type": "deepseek_yarn", "factor": 4.0, "original_max_position_embeddings": 4096,
             "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}},
     "youtu-llm-2b": {"architectures": ["YoutuForCausalLM"], "model_type": "youtu", "hidden_act": "silu",
@@ -399,14 +404,14 @@ PRESETS.update({
         "hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 32, "num_attention_heads": 16,
         "num_key_value_heads": 16, "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64,
         "v_head_dim": 128, "qk_nope_head_dim": 128, "max_position_embeddings": 131072, "rms_norm_eps": 1e-06,
-        "tie_word_embeddings": True, "qk_head_dim": 192,
+        "tie_word_embeddings": True, "qk_head_dim": 192, "bos_token_id": 128000, "eos_token_id": 128001,
         "rope_parameters": {"rope_theta": 1600000, "rope_type": "default"}},
     "tiny-youtu": {"architectures": ["YoutuForCausalLM"], "model_type": "youtu", "hidden_act": "silu",
         "attention_bias": False, "rope_interleave": True, "_name_or_path": "tiny-youtu", "vocab_size": 1000,
         "hidden_size": 320, "intermediate_size": 544, "num_hidden_layers": 3, "num_attention_heads": 4,
         "num_key_value_heads": 4, "q_lora_rank": 192, "kv_lora_rank": 128, "qk_nope_head_dim": 32,
         "qk_rope_head_dim": 16, "v_head_dim": 32, "max_position_embeddings": 131072, "rms_norm_eps": 1e-06,
-        "tie_word_embeddings": True, "pad_token_id": 999,
+        "tie_word_embeddings": True, "bos_token_id": 744, "eos_token_id": 745, "pad_token_id": 999,
         "rope_parameters": {"rope_theta": 1600000.0, "rope_type": "default"}},
     "glm-4.7-flash": {"architectures": ["Glm4MoeLiteForCausalLM"], "model_type": "glm4_moe_lite",
         "hidden_act": "silu", "attention_bias": False, "attention_dropout": 0.0, "tie_word_embeddings": False,
@@ -433,7 +438,7 @@ PRESETS.update({
         "n_routed_experts": 192, "routed_scaling_factor": 2.5, "kv_lora_rank": 512, "q_lora_rank": 1536,
         "qk_rope_head_dim": 64, "v_head_dim": 128, "qk_nope_head_dim": 128, "n_group": 8, "topk_group": 4,
         "num_experts_per_tok": 8, "max_position_embeddings": 32768, "rms_norm_eps": 1e-06, "norm_topk_prob": True,
-        "first_k_dense_replace": 1, "moe_layer_freq": 1},
+        "first_k_dense_replace": 1, "moe_layer_freq": 1, "bos_token_id": 163691, "eos_token_id": 163691},
     "tiny-axk1": {"architectures": ["AXK1ForCausalLM"], "model_type": "axk1", "hidden_act": "silu",
         "attention_bias": False, "tie_word_embeddings": False, "rope_theta": 10000.0, "_name_or_path": "tiny-axk1",
         "vocab_size": 1000, "hidden_size": 320, "intermediate_size": 544, "moe_intermediate_size": 96,
@@ -441,7 +446,7 @@ PRESETS.update({
         "kv_lora_rank": 128, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32, "n_routed_experts": 32,
         "n_shared_experts": 1, "num_experts_per_tok": 4, "n_group": 4, "topk_group": 2, "routed_scaling_factor": 2.5,
         "norm_topk_prob": True, "first_k_dense_replace": 1, "moe_layer_freq": 1, "rms_norm_eps": 1e-06,
-        "max_position_embeddings": 32768},
+        "max_position_embeddings": 32768, "bos_token_id": 851, "eos_token_id": 851},
     "mistral-small-4": {"architectures": ["Mistral4ForCausalLM"], "model_type": "mistral4", "hidden_act": "silu",
         "attention_bias": False, "tie_word_embeddings": False, "rope_interleave": True,
         "_name_or_path": "mistral-small-4", "vocab_size": 131072, "hidden_size": 4096, "intermediate_size": 12288,
@@ -449,7 +454,8 @@ PRESETS.update({
         "n_shared_experts": 1, "n_routed_experts": 128, "routed_scaling_factor": 1.0, "kv_lora_rank": 256,
         "q_lora_rank": 1024, "qk_rope_head_dim": 64, "v_head_dim": 128, "qk_nope_head_dim": 64, "n_group": 1,
         "topk_group": 1, "num_experts_per_tok": 4, "first_k_dense_replace": 0, "norm_topk_prob": True,
-        "max_position_embeddings": 1048576, "rms_norm_eps": 1e-06,
+        "max_position_embeddings": 1048576, "rms_norm_eps": 1e-06, "bos_token_id": 1, "eos_token_id": 2,
+        "pad_token_id": 11,
         "rope_parameters": {"type": "yarn", "rope_theta": 10000.0, "factor": 128.0,
             "original_max_position_embeddings": 8192, "beta_fast": 32.0, "beta_slow": 1.0, "mscale_all_dim": 1.0,
             "mscale": 1.0, "llama_4_scaling_beta": 0.1}},
@@ -460,7 +466,7 @@ PRESETS.update({
         "q_lora_rank": 192, "kv_lora_rank": 128, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32,
         "n_routed_experts": 16, "n_shared_experts": 1, "num_experts_per_tok": 4, "n_group": 4, "topk_group": 2,
         "routed_scaling_factor": 1.0, "norm_topk_prob": True, "first_k_dense_replace": 1, "rms_norm_eps": 1e-06,
-        "max_position_embeddings": 32768,
+        "max_position_embeddings": 32768, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 11,
         "rope_parameters": {"type": "yarn", "rope_theta": 10000.0, "factor": 8.0,
             "original_max_position_embeddings": 4096, "beta_fast": 32.0, "beta_slow": 1.0, "mscale_all_dim": 1.0,
             "mscale": 1.0, "llama_4_scaling_beta": 0.1}},
@@ -485,7 +491,7 @@ PRESETS["tiny-minicpm3"] = {  # long factors unlike the short ones, and an origi
     **PRESETS["minicpm3-4b"], "_name_or_path": "tiny-minicpm3", "vocab_size": 1000, "hidden_size": 128,
     "intermediate_size": 192, "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 4,
     "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "q_lora_rank": 64, "kv_lora_rank": 48, "dim_model_base": 32,
-    "max_position_embeddings": 8192,
+    "max_position_embeddings": 8192, "eos_token_id": [2, 992],
     "rope_scaling": {"type": "longrope", "short_factor": _MINICPM3_FACTORS[::2], "long_factor": _MINICPM3_FACTORS[1::2],
                      "original_max_position_embeddings": 4096},
 }
@@ -495,7 +501,7 @@ PRESETS["tiny-minicpm3"] = {  # long factors unlike the short ones, and an origi
 # copies of it in public code give it (huggingface.co/zai-org/GLM-5/blob/main/config.json, which
 # jd-opensource/xllm's models/llm/glm5.h cites for its defaults; two verbatim copies in training and
 # quantisation scripts agree on every field, rope_parameters.rope_theta 1000000 included). Its
-# head_dim (64) and pad_token_id are not read: transformers computes the heads from the MLA fields.
+# head_dim (64) is not read: transformers computes the heads from the MLA fields.
 # GLM-5-FP8's quantization_config was not found (docs/mla-families.md).
 PRESETS["glm-5"] = {
     "_name_or_path": "glm-5", "architectures": ["GlmMoeDsaForCausalLM"], "attention_bias": False,
@@ -516,9 +522,9 @@ PRESETS["glm-5"] = {
 # pairs in the attention and the indexer, one expert group, rms_norm_eps 1e-5 (none of tiny-v32's
 # YaRN or FP8). Two choices are not GLM-5's, for coverage: one dense layer of three (GLM-5: 3 of
 # 78) so that two layers route; and `indexer_types` full, full, shared (GLM-5 derives all full), so
-# that layer 2 reuses layer 1's choice of 4 positions of a 7-token prompt. It has no special tokens.
+# that layer 2 reuses layer 1's choice of 4 positions of a 7-token prompt.
 PRESETS["tiny-glm5"] = {  # smaller than tiny-v32: its fixture ships its weights
-    **{k: v for k, v in PRESETS["glm-5"].items() if k not in ("eos_token_id", "pad_token_id")},
+    **PRESETS["glm-5"], "eos_token_id": [940, 947, 949], "pad_token_id": 940,
     "_name_or_path": "tiny-glm5", "vocab_size": 1000, "hidden_size": 128, "intermediate_size": 256,
     "moe_intermediate_size": 64, "num_hidden_layers": 3, "first_k_dense_replace": 1, "num_attention_heads": 4,
     "num_key_value_heads": 4, "q_lora_rank": 96, "kv_lora_rank": 64, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16,
@@ -540,10 +546,12 @@ PRESETS["a.x-k2"] = {
     "qk_rope_head_dim": 32, "v_head_dim": 64, "qk_nope_head_dim": 64, "num_experts_per_tok": 8,
     "max_position_embeddings": 131072, "rms_norm_eps": 1e-6, "first_k_dense_replace": 1, "index_topk": 2048,
     "index_head_dim": 128, "index_n_heads": 16, "gated_norm_rank": 16, "rope_theta": 10000.0,
+    "bos_token_id": 163691, "eos_token_id": 163691,
 }
 PRESETS["tiny-axk2"] = {
     **{k: v for k, v in PRESETS["tiny-v32"].items() if k != "quantization_config"}, "_name_or_path": "tiny-axk2",
     "architectures": ["AXK2ForCausalLM"], "model_type": "axk2", "v_head_dim": 48, "gated_norm_rank": 8,
+    "bos_token_id": 851, "eos_token_id": 851,
 }
 
 
@@ -558,6 +566,7 @@ PRESETS["longcat-flash"] = {
     "n_routed_experts": 512, "zero_expert_num": 256, "expert_ffn_hidden_size": 2048, "routed_scaling_factor": 6.0,
     "rope_theta": 10000000.0, "zero_expert_type": "identity", "mla_scale_q_lora": True, "mla_scale_kv_lora": True,
     "router_bias": False, "attention_method": "MLA", "tie_word_embeddings": False, "head_dim": 64,
+    "bos_token_id": 1, "eos_token_id": 2,
 }
 PRESETS["tiny-longcat"] = {
     **PRESETS["longcat-flash"], "_name_or_path": "tiny-longcat", "vocab_size": 1000, "hidden_size": 256,

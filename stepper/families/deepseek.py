@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from importlib import resources
 
-from stepper.config import Config, read_mla_config
+from stepper.config import TOKEN_ID_FIELDS, Config, read_mla_config
 from stepper.families.family import Family
 from stepper.model.layer import decoder_layer
 
@@ -37,6 +37,7 @@ def miniature(cfg: Config, layer: int) -> Config:
         first_k_dense_replace=0, moe_layer_freq=1, rope_scaling=None, quantization=None, int4=None, wrapper=None,
         index_n_heads=None if not cfg.has_indexer else 2, index_head_dim=None if not cfg.has_indexer else 8,
         index_topk=None if not cfg.has_indexer else 4,  # more than the positions: its kept positions grow with them
+        **dict.fromkeys(TOKEN_ID_FIELDS),  # the model's ids may lie outside the miniature's vocabulary
     )
 
 

@@ -22,7 +22,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from stepper.config import EPS_BELOW, Fields, MlaVariants, model_name
+from stepper.config import EPS_BELOW, TOKEN_ID_FIELDS, Fields, MlaVariants, model_name, token_ids, written_token_ids
 from stepper.errors import StepperError
 from stepper.families.deepseek import part_files
 from stepper.families.family import Family
@@ -134,8 +134,7 @@ class KimiLinearConfig(MlaVariants):
                 "num_heads": self.linear_num_heads, "head_dim": self.linear_head_dim,
                 "short_conv_kernel_size": self.short_conv_kernel_size,
             },
-            **{field: list(v) if isinstance(v, tuple) else v
-               for field in TOKEN_ID_FIELDS if (v := getattr(self, field)) is not None},
+            **written_token_ids(self),
         }
 
 
@@ -231,20 +230,6 @@ def layer_kinds(linear: dict[str, Any], layers: int, f: Fields) -> tuple[tuple[i
         raise f.fail("linear_attn_config", f"leaves layer {missing[0]} out of kda_layers and full_attn_layers; "
                      f"each layer 1..{layers} must be in exactly one")
     return tuple(sorted(n - 1 for n in kda)), tuple(sorted(n - 1 for n in full))
-
-
-TOKEN_ID_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id")
-
-
-def token_ids(f: Fields, field: str, vocab: int) -> int | tuple[int, ...] | None:
-    """A special token's id (eos_token_id: one or a list, as transformers takes it), each inside the
-    vocabulary; None where absent or null."""
-    value = f.raw.get(field)
-    ids = value if field == "eos_token_id" and isinstance(value, list) and value else [value]
-    if value is not None and not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab for i in ids):
-        shape = "a token id or a list of them" if field == "eos_token_id" else "a token id"
-        raise f.fail(field, f"must be {shape} in 0..{vocab - 1} (vocab_size {vocab}), got {said(value)}")
-    return tuple(value) if isinstance(value, list) else value
 
 
 def check_experts(cfg: KimiLinearConfig, f: Fields) -> None:

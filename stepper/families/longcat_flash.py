@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from stepper.config import Config, Fields, _parse, model_name
+from stepper.config import TOKEN_ID_FIELDS, Config, Fields, _parse, model_name
 from stepper.families import deepseek
 from stepper.families.family import Family
 from stepper.model.longcat import longcat_layer
@@ -31,7 +31,7 @@ SPELLED = {new: old for old, new in RENAMED.items()}  # a refusal names the fiel
 SHARED = ("vocab_size", "hidden_size", "num_attention_heads", "num_key_value_heads", "q_lora_rank", "kv_lora_rank",
           "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "n_routed_experts", "routed_scaling_factor",
           "rms_norm_eps", "rope_theta", "rope_scaling", "rope_parameters", "max_position_embeddings", "hidden_act",
-          "quantization_config", "tie_word_embeddings", "attention_bias", "_name_or_path")
+          "quantization_config", "tie_word_embeddings", "attention_bias", "_name_or_path", *TOKEN_ID_FIELDS)
 # Fields whose other values stepper does not build: the value it honours (transformers' behaviour)
 HONOURED = {"zero_expert_type": "identity", "router_bias": False, "mla_scale_q_lora": True, "mla_scale_kv_lora": True,
             "attention_method": "MLA"}

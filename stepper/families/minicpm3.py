@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from stepper.config import Config, Fields, LongRope, _parse, model_name, rope_kind
+from stepper.config import TOKEN_ID_FIELDS, Config, Fields, LongRope, _parse, model_name, rope_kind, written_token_ids
 from stepper.families import deepseek
 from stepper.families.family import Family, around
 from stepper.model.layer import decoder_layer
@@ -61,7 +61,7 @@ def from_hf(raw: dict[str, Any], source: str) -> MiniCPM3Config:
     if raw.get("v_head_dim") is None and hidden < heads:
         raise f.fail("hidden_size", f"({hidden}) must be at least num_attention_heads ({heads}): without v_head_dim "
                      "each head's value is hidden_size / num_attention_heads wide")
-    shared = {k: raw[k] for k in SHARED if k in raw}
+    shared = {k: raw[k] for k in (*SHARED, *TOKEN_ID_FIELDS) if k in raw}
     for field in ("rms_norm_eps", "rope_theta"):
         shared.setdefault(field, DEFAULTS[field])
     cfg = _parse({**shared, "model_type": "deepseek_v3", "moe_intermediate_size": f.int("intermediate_size"),
@@ -116,7 +116,7 @@ def to_hf(cfg: Config) -> dict[str, Any]:
     }
     out.update({k: getattr(cfg, k) for k in SHARED if hasattr(cfg, k)})
     out.update(v_head_dim=cfg.v_head_dim, scale_emb=cfg.scale_emb, scale_depth=cfg.scale_depth,
-               dim_model_base=cfg.dim_model_base, tie_word_embeddings=cfg.tie_word_embeddings)
+               dim_model_base=cfg.dim_model_base, tie_word_embeddings=cfg.tie_word_embeddings, **written_token_ids(cfg))
     quantized = Config.to_hf(dataclasses.replace(cfg, model_type="deepseek_v3")).get("quantization_config")
     if quantized is not None:
         out["quantization_config"] = quantized

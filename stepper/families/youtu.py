@@ -47,19 +47,15 @@ def to_mla(f) -> tuple[dict[str, Any], dict[str, Any]]:
     if raw.get("qk_head_dim") not in (None, head):  # Youtu-LLM's config.json writes it out
         raise f.fail("qk_head_dim",
                      f"must be qk_nope_head_dim + qk_rope_head_dim ({head}), got {said(raw['qk_head_dim'])}")
-    pad = raw.pop("pad_token_id", None)  # YoutuPreTrainedModel zeroes its embedding row when loading
-    vocab = fields.int("vocab_size")
-    if pad is not None and (isinstance(pad, bool) or not isinstance(pad, int) or not 0 <= pad < vocab):
-        raise f.fail("pad_token_id", f"must be a token id below vocab_size ({vocab}), got {said(pad)}")
-    return raw, {"tie_word_embeddings": tied, "zeroed_pad_row": pad}
+    # YoutuPreTrainedModel zeroes the pad token's embedding row when loading (the MLA reader checks the id)
+    return raw, {"tie_word_embeddings": tied, "zeroed_pad_row": raw.get("pad_token_id")}
 
 
 def published(cfg) -> dict[str, Any]:
     """The config.json of a Youtu checkpoint: no MoE field, tie_word_embeddings as the model has it."""
     out = mla_fields.published_fields(cfg, MODEL_TYPE, "YoutuForCausalLM",
                                       drop=(*MOE_FIELDS, "norm_topk_prob", "moe_layer_freq"))
-    pad = {} if cfg.zeroed_pad_row is None else {"pad_token_id": cfg.zeroed_pad_row}
-    return {**out, "tie_word_embeddings": cfg.tie_word_embeddings, **pad}
+    return {**out, "tie_word_embeddings": cfg.tie_word_embeddings}
 
 
 @dataclasses.dataclass(frozen=True)

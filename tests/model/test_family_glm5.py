@@ -46,10 +46,13 @@ SIZES = {"name", "vocab_size", "hidden_size", "intermediate_size", "moe_intermed
 
 def test_the_tiny_preset_is_glm5_with_smaller_sizes():
     """tiny-glm5 computes what GLM-5 computes: beside the sizes, only its one dense layer and its
-    shared third layer (the coverage its preset's comment gives) are not GLM-5's."""
+    shared third layer (the coverage its preset's comment gives) are not GLM-5's; its special tokens
+    sit as far from the end of its vocabulary as GLM-5's do."""
     tiny, full = family_preset("tiny-glm5"), family_preset("glm-5")
     differ = {f.name for f in dataclasses.fields(tiny) if getattr(tiny, f.name) != getattr(full, f.name)}
-    assert differ == SIZES | {"first_k_dense_replace", "index_reused_layers"}
+    assert differ == SIZES | {"first_k_dense_replace", "index_reused_layers", "eos_token_id", "pad_token_id"}
+    assert [full.vocab_size - i for i in full.eos_token_id] == [tiny.vocab_size - i for i in tiny.eos_token_id]
+    assert (tiny.bos_token_id, tiny.pad_token_id) == (None, tiny.eos_token_id[0])
     assert (tiny.rope_theta, tiny.rope_scaling, tiny.quantization) == (1e6, None, None)  # plain RoPE, BF16
     assert (tiny.n_group, tiny.topk_group) == (1, 1)
     assert (tiny.rms_norm_eps, tiny.rope_interleave, tiny.indexer_rope_interleave) == (1e-5, True, True)

@@ -9,7 +9,7 @@ import math
 import re
 
 import pytest
-from helpers.cli import stepper
+from helpers.cli import refused, stepper
 from helpers.configs import family_preset
 
 from stepper import families
@@ -230,3 +230,56 @@ def test_a_huge_layer_count_is_refused_without_listing_its_layers(name, fields, 
     raw = {**PRESETS[name], **fields, "num_hidden_layers": layers}
     assert f"field '{named}'" in refusal(raw)
     assert read({**raw, "mlp_layer_types": None, "num_hidden_layers": 3}).num_hidden_layers == 3
+
+
+TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def token_ids(cfg) -> list[int]:
+    """Every special token id the config gives (eos_token_id may be a list)."""
+    values = [getattr(cfg, k) for k in TOKEN_IDS]
+    return [i for v in values if v is not None for i in (v if isinstance(v, tuple) else (v,))]
+
+
+@pytest.mark.parametrize("tiny, full, from_end", [
+    ("tiny-youtu", "youtu-llm-2b", (256, 255)), ("tiny-axk1", "a.x-k1", (149, 149)),
+    ("tiny-axk2", "a.x-k2", (149, 149)),
+    ("tiny-sarvam", "sarvam-105b", None), ("tiny-mistral4", "mistral-small-4", None),
+    ("tiny-minicpm3", "minicpm3-4b", None), ("tiny-glm5", "glm-5", None), ("tiny-longcat", "longcat-flash", None)])
+def test_the_special_token_ids_are_read_and_written_back(tiny, full, from_end):
+    """Each preset's ids as its config.json gives them, written back by the family's writer; the
+    tiny one's inside its vocabulary: bos and eos as far from its end as the published ones
+    (from_end) where those lie past 1,000."""
+    for name in (tiny, full):
+        written = {k: v for k, v in family_preset(name).to_hf().items() if k in TOKEN_IDS}
+        assert written and written == {k: PRESETS[name][k] for k in TOKEN_IDS if k in PRESETS[name]}
+    small, big = family_preset(tiny), family_preset(full)
+    assert token_ids(small) and all(0 <= i < small.vocab_size for i in token_ids(small))
+    if from_end:
+        assert (small.vocab_size - small.bos_token_id, small.vocab_size - small.eos_token_id) == from_end
+        assert (big.vocab_size - big.bos_token_id, big.vocab_size - big.eos_token_id) == from_end
+
+
+@pytest.mark.parametrize("name, field, value, shown", [
+    ("tiny-youtu", "bos_token_id", 128000, "128000"), ("tiny-axk1", "eos_token_id", 163691, "163691"),
+    ("tiny-minicpm3", "eos_token_id", [2, 73440], "[2, 73440]"), ("tiny-glm5", "pad_token_id", 154820, "154820"),
+    ("tiny-longcat", "bos_token_id", -1, "-1"), ("tiny-mistral4", "pad_token_id", True, "True"),
+    ("tiny", "eos_token_id", 1000, "1000")])
+def test_a_token_id_outside_the_vocabulary_is_refused_naming_the_field(name, field, value, shown):
+    kind = "a token id or a list of them" if field == "eos_token_id" else "a token id"
+    assert refusal({**PRESETS[name], field: value}) == (f"config.json: field '{field}' must be {kind} in 0..999 "
+                                                        f"(vocab_size 1000), got {shown}")
+
+
+def test_a_token_id_outside_the_vocabulary_is_one_line_from_synth_and_run(tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({**PRESETS["tiny-axk1"], "bos_token_id": 163691}))
+    for command in (("run", "--model", config, "--plain"), ("synth", "--model", config, "--out", tmp_path / "ck")):
+        assert refused(stepper(*command)) == (f"{config}: field 'bos_token_id' must be a token id in 0..999 "
+                                              "(vocab_size 1000), got 163691")
+    assert not (tmp_path / "ck").exists()
+
+
+def test_youtus_zeroed_pad_row_is_its_pad_token_id():
+    assert family_preset("tiny-youtu").zeroed_pad_row == family_preset("tiny-youtu").pad_token_id == 999
+    assert read({**PRESETS["tiny-youtu"], "pad_token_id": None}).zeroed_pad_row is None
