@@ -92,12 +92,14 @@ def helper(call: str, needs: str, layer: int | str, forms: list[dict[str, PatchF
 
 
 def fitted(patches: Patches, names: Sequence[str], model: str) -> list[tuple[str, PatchFn]]:
-    """The patches a run applies: a helper's patterns of the forms the run has (the rest dropped,
-    so a V4 hash layer's patch waits for no topk_idx); refused for a helper it has no form of."""
+    """The patches a run applies: of a helper's patterns, those of the forms the run has (the others
+    dropped, so a V4 hash layer's patch waits for no topk_idx; a helper's function a user set under
+    a pattern of their own is kept); refused for a helper the run has no form of."""
     helpers = {id(made): made for _, fn in patches if (made := getattr(fn, "helper", None))}
-    usable = {key: made.patterns_in(names, model) for key, made in helpers.items()}
+    unused = {key: {p for form in made.forms for p in form} - made.patterns_in(names, model)
+              for key, made in helpers.items()}
     return [(pattern, fn) for pattern, fn in patches
-            if (made := getattr(fn, "helper", None)) is None or pattern in usable[id(made)]]
+            if (made := getattr(fn, "helper", None)) is None or pattern not in unused[id(made)]]
 
 
 def whole_numbers(call: str, **arguments: object) -> None:
@@ -197,8 +199,8 @@ def force_experts(layer: int, experts: Sequence[int] | np.ndarray) -> dict[str, 
 def zero_router_bias(layer: int | str = "*") -> dict[str, PatchFn]:
     """The router of layer `layer` (every layer with a bias: "*") chooses by the unbiased scores, as if
     e_score_correction_bias were 0: scores_for_choice (V4: biased_scores) is replaced by the scores
-    (a sigmoid's or, Mistral 4's and LongCat's, a softmax's; V4's sqrt-softplus). A V4 hash layer
-    has no bias to take away: it is refused."""
+    (a sigmoid's or, LongCat's, a softmax's; V4's sqrt-softplus). A V4 hash layer has no bias to
+    take away, nor has a router that chooses by its scores alone (Mistral 4, A.X-K1): each is refused."""
     seen: dict[str, np.ndarray] = {}
 
     @watcher
@@ -206,7 +208,10 @@ def zero_router_bias(layer: int | str = "*") -> dict[str, PatchFn]:
         if name.endswith(("gate.scores", "gate.softmax_scores")):  # not group_scores
             seen["scores"] = scores
 
-    def unbiased(_: np.ndarray, name: str) -> np.ndarray:
+    def unbiased(biased: np.ndarray, name: str) -> np.ndarray:
+        if np.array_equal(biased, seen["scores"]):  # else a silent no-op
+            raise StepperError(f"zero_router_bias({layer!r}): {name} is the scores themselves: this router has no "
+                               "bias to take away, or its bias is 0 (Mistral 4 and A.X-K1 have none)")
         return np.array(seen["scores"])
 
     at = f"layers.{layer}."

@@ -191,3 +191,24 @@ def test_the_helpers_combine_on_a_v4_hash_layer_in_either_order():
         assert (run["layers.0.ffn.gate.hash_idx"] == [7, 0, 1, 2]).all()
         assert (weights[:, 0] == 0).all() and (weights[:, 1:] > 0).all()
     assert stepper.diff(*runs).first is None
+
+
+@pytest.mark.parametrize("model", ["tiny-mistral4", "tiny-axk1"])
+def test_zero_router_bias_on_a_router_without_a_bias_is_refused_not_a_silent_no_op(model):
+    """Mistral 4's and A.X-K1's routers choose by their scores alone: scores_for_choice is the scores,
+    so the helper once ran the model unchanged and called it unbiased."""
+    with pytest.raises(StepperError) as refused:
+        stepper.run(model, ids=IDS, patch=stepper.zero_router_bias())
+    assert str(refused.value) == ("zero_router_bias('*'): layers.1.mlp.gate.scores_for_choice is the scores "
+                                  "themselves: this router has no bias to take away, or its bias is 0 (Mistral 4 "
+                                  "and A.X-K1 have none)")
+
+
+def test_a_helpers_function_under_a_pattern_of_ones_own_is_applied_not_dropped():
+    """Only the patterns of the forms a run lacks are dropped: V4's head-silencing function, set by
+    the user at another layer's attn.output, patches there too (it was once dropped silently)."""
+    silence = stepper.zero_head(1, 2)["layers.1.attn.output"]
+    run = stepper.run("tiny-v4", ids=IDS, patch={**stepper.zero_head(1, 2), "layers.2.attn.output": silence})
+    assert run.patched == {"layers.1.attn.output": ["layers.1.attn.output"],
+                           "layers.2.attn.output": ["layers.2.attn.output"]}
+    assert np.all(run["layers.2.attn.output"][:, 2] == 0)
