@@ -56,7 +56,8 @@ from stepper.planning import Wording
 from stepper.planning.names import picture_tensors
 from stepper.planning.record import Recorded, record
 from stepper.presets import PRESETS
-from stepper.seams.patching import PatchFn, as_patches, force_experts, zero_expert, zero_head, zero_router_bias
+from stepper.seams.experiments import force_experts, zero_expert, zero_head, zero_router_bias
+from stepper.seams.patching import PatchFn, as_patches
 from stepper.seams.trace import Event, did_you_mean, matches
 from stepper.session import ATTN_CHOICES, INDEX_SCORING_CHOICES, RunSpec, api_keyword, check_choice
 from stepper.tensors.tensor import LazyTensor, Tensor, held

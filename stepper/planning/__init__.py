@@ -18,6 +18,7 @@ from stepper import session
 from stepper.errors import StepperError
 from stepper.planning import memory
 from stepper.planning.names import check_patterns, planned_names
+from stepper.seams.experiments import fitted
 from stepper.seams.patching import Patcher, Patches, shown_only
 from stepper.seams.trace import Sink, matches
 from stepper.session import Plan, RunResult, RunSpec
@@ -60,11 +61,7 @@ class RunPlan:
 
     def patcher(self, patches: Patches) -> list[Sink]:
         """The patches as a sink to go before the views (each must match a name of the run); none without them."""
-        for pattern, fn in patches:  # a helper's pattern: refused in the helper's words
-            said = getattr(fn, "helper", None)
-            if said and not any(matches(name, [pattern]) for name in self.names):
-                raise StepperError(f"{said}, and this run of {self.plan.config.name} has no {pattern}"
-                                   f"{layers_with(pattern, self.names)}")
+        patches = fitted(patches, self.names, self.plan.config.name)  # a helper's forms this run has
         self.check(self.wording.patch, [pattern for pattern, _ in patches])
         for pattern, _ in patches:  # refused before it is made (4 GiB a KDA layer at 2,048 positions), not after
             if made_for_it := next((n for n in self.names if matches(n, [pattern]) and memory.on_demand(n)), None):
@@ -84,14 +81,6 @@ class RunPlan:
 
     def execute(self, sinks: Sequence[Sink]) -> RunResult:
         return session.execute(self.plan, sinks)
-
-
-def layers_with(pattern: str, names: Sequence[str]) -> str:
-    """"; layers with one: 1, 2": the layers where a helper's pattern of one layer (`layers.1.*self_attn.q`)
-    finds its tensor (a Kimi Linear MLA layer among delta-attention ones, MoE layers after a dense one); "" if none."""
-    tail = pattern.removeprefix("layers.").partition(".")[2]
-    found = sorted({memory.layer_of(name) for name in names if matches(name, [f"layers.*.{tail}"])} - {None})
-    return f"; layers with one: {', '.join(map(str, found))}" if found else ""
 
 
 def plan_run(spec: RunSpec, kept: Kept = lambda plan, names: [], lower: str = "--prompt-len", chunk: int | None = 0,

@@ -14,8 +14,9 @@ expression of the tensor `x` read with `ast` and evaluated by hand, never by `ev
 (`0`: every entry), arithmetic with numbers (`x*0.5`, `x+1e-3`, `-x`, `x/2`), or one assignment to a
 slice (`x[..., 7]=0`, `x[2]=1.5`, `x[0, :, 3]=x[0, :, 3]*2`).
 
-The helpers make the patches of common experiments, each a dict of pattern -> function: zero an
-expert's contribution, silence a head, force the chosen experts, take the router's bias away.
+The helpers of common experiments (zero an expert, silence a head, force the chosen experts, take
+the router's bias away) are seams.experiments: each a dict of pattern -> function, its watches
+made with `watcher`.
 """
 
 from __future__ import annotations
@@ -248,113 +249,3 @@ def index_of(node: ast.AST) -> Any:
         return -index_of(node.operand)
     raise ValueError(f"index '{ast.unparse(node)}' is not allowed: use integers, slices a:b:c and ...")
 
-
-# ---------------------------------------------------------------------------------------------
-# The common experiments
-
-
-ROUTER = "an MLA model's MoE router (mlp.gate.logits, topk_idx, topk_weight)"
-HEADS = "an MLA attention's query heads (self_attn.q, self_attn.attn_output)"
-
-
-def helper(patches: dict[str, PatchFn], call: str, needs: str) -> dict[str, PatchFn]:
-    """A helper's patches, each function knowing the call that made it and what the layer must
-    have: a pattern of it that matches no tensor of the run is refused in those words."""
-    for fn in patches.values():
-        fn.helper = f"{call} patches {needs}"  # type: ignore[attr-defined]
-    return patches
-
-
-def whole_numbers(call: str, **arguments: object) -> None:
-    """Refuse a helper's layer, expert or head that is not a whole number >= 0, naming it (2.5 once
-    zeroed nothing, and "2" failed inside the run)."""
-    for name, value in arguments.items():
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-            raise StepperError(f"{call}: {name} must be a whole number >= 0, got {said(value)}")
-
-
-def zero_expert(layer: int, expert: int) -> dict[str, PatchFn]:
-    """Expert `expert` of layer `layer` contributes nothing: its weight in topk_weight is 0 wherever
-    a token chose it (the others keep theirs), so routed_output is the sum of the other experts'."""
-    whole_numbers("zero_expert", layer=layer, expert=expert)
-    seen: dict[str, np.ndarray] = {}
-
-    @watcher
-    def watch_logits(logits: np.ndarray, name: str) -> None:
-        if not 0 <= expert < logits.shape[-1]:
-            raise StepperError(f"zero_expert: expert {expert} out of range: layer {layer} has experts "
-                               f"0..{logits.shape[-1] - 1}")
-
-    @watcher
-    def watch(idx: np.ndarray, name: str) -> None:
-        seen["topk_idx"] = idx
-
-    def zero(weight: np.ndarray, name: str) -> np.ndarray:
-        weight[seen["topk_idx"] == expert] = 0
-        return weight
-
-    return helper({f"layers.{layer}.mlp.gate.logits": watch_logits, f"layers.{layer}.mlp.gate.topk_idx": watch,
-                   f"layers.{layer}.mlp.gate.topk_weight": zero}, f"zero_expert({layer}, {expert})", ROUTER)
-
-
-def zero_head(layer: int, head: int) -> dict[str, PatchFn]:
-    """Head `head` of layer `layer` is silent: its output (its v_head columns of attn_output, which
-    o_proj reads) is 0. The number of heads is read from the layer's query [B, H, T, qk_head]
-    (each of LongCat-Flash's two attention sublayers)."""
-    whole_numbers("zero_head", layer=layer, head=head)
-    seen: dict[str, int] = {}
-
-    @watcher
-    def watch(q: np.ndarray, name: str) -> None:
-        seen["heads"] = q.shape[1]
-
-    def silence(out: np.ndarray, name: str) -> np.ndarray:
-        heads = seen.get("heads")
-        if heads is None:
-            raise StepperError(f"zero_head({layer}, {head}) patches {HEADS}, and {name} follows no such query (a "
-                               "delta-attention layer)")
-        if not 0 <= head < heads:
-            raise StepperError(f"zero_head: head {head} out of range: layer {layer} has heads 0..{heads - 1}")
-        v_head = out.shape[-1] // heads
-        out[..., head * v_head:(head + 1) * v_head] = 0
-        return out
-
-    return helper({f"layers.{layer}.*self_attn.q": watch, f"layers.{layer}.*self_attn.attn_output": silence},
-                  f"zero_head({layer}, {head})", HEADS)
-
-
-def force_experts(layer: int, experts: Sequence[int] | np.ndarray) -> dict[str, PatchFn]:
-    """Every token of layer `layer` chooses `experts` (k of them, best first), or per token the rows
-    of an [N, k] array; their weights are then computed from the router's scores as usual."""
-    whole_numbers("force_experts", layer=layer)
-    chosen = np.asarray(experts)
-    if chosen.dtype.kind not in "iu":
-        raise StepperError(f"force_experts: experts are whole numbers (expert indices), got {chosen.dtype} values")
-    chosen = chosen.astype(np.int64)
-
-    def force(idx: np.ndarray, name: str) -> np.ndarray:
-        forced = np.broadcast_to(chosen, idx.shape) if chosen.shape in (idx.shape, idx.shape[-1:]) else None
-        if forced is None:
-            raise StepperError(f"force_experts: {name} has shape {list(idx.shape)} (tokens x chosen experts); "
-                               f"got experts of shape {list(chosen.shape)}")
-        return np.array(forced)
-
-    return helper({f"layers.{layer}.mlp.gate.topk_idx": force}, f"force_experts({layer}, ...)", ROUTER)
-
-
-def zero_router_bias(layer: int | str = "*") -> dict[str, PatchFn]:
-    """The router of layer `layer` (every layer: "*") chooses by the unbiased scores, as if
-    e_score_correction_bias were 0: scores_for_choice is replaced by the scores (a sigmoid's or,
-    Mistral 4's and LongCat's, a softmax's)."""
-    seen: dict[str, np.ndarray] = {}
-
-    @watcher
-    def watch(scores: np.ndarray, name: str) -> None:
-        if name.endswith(("gate.scores", "gate.softmax_scores")):  # not group_scores
-            seen["scores"] = scores
-
-    def unbiased(_: np.ndarray, name: str) -> np.ndarray:
-        return np.array(seen["scores"])
-
-    return helper({f"layers.{layer}.mlp.gate.*scores": watch, f"layers.{layer}.mlp.gate.scores_for_choice": unbiased},
-                  f"zero_router_bias({layer!r})", "an MLA model's router with a bias (mlp.gate.scores_for_choice)")

@@ -54,6 +54,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "fp8": set(),
     "fp4": {"fp8"},  # FP8 weights with E8M0 block scales are written with fp8's e4m3
     "seams.patching": set(),
+    "seams.experiments": {"seams.patching"},  # the helpers of common experiments, made of patches
     "int4": set(),
     "weights": {"fp8", "int4", "fp4"},
     "kernels": {"weights", "fp8", "int4", "fp4"},
@@ -62,9 +63,10 @@ MAY_IMPORT: dict[str, set[str]] = {
     "families": {"model", "kernels", "weights", "fp8", "int4"},
     "prefill": {"model", "catalog", "families"},  # a prefill in chunks of positions, its tensors shown whole
     "session": {"model", "kernels", "weights", "presets", "prefill", "families"},
-    # One plan of a run: its auto choices, names, patterns, patches and memory, for every entry point
+    # One plan of a run: its auto choices, names, patterns, patches (the helpers' forms: seams.experiments) and
+    # memory, for every entry point; the names the model around a family's layers emits (families.derive)
     "planning": {"session", "catalog", "model", "kernels", "weights", "presets", "prefill", "seams.patching",
-                 "families"},  # the names the model around a family's layers emits (families.derive)
+                 "seams.experiments", "families"},
     # views: what a run computes of a shown tensor
     # stepper bench: the machine's ceilings, full-size layers of every family, transformers paired
     "bench": {"prefill", "views", "families", "model", "kernels", "weights", "fp8", "int4", "fp4", "presets"},
@@ -77,7 +79,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "__main__": {"cli"},
     # The library on top: a run planned as the command line plans one (planning), as functions
     "api": {"lessons", "fixtures", "views", "planning", "session", "model", "kernels", "weights", "fp8", "catalog",
-            "presets", "seams.patching"},
+            "presets", "seams.patching", "seams.experiments"},
     "stepper": {"api"},  # the package's __init__: its version, and the API loaded on first use
 }
 NEVER_IMPORT_FROM = {"model", "weights", "fp8", "int4", "fp4", "kernels"}  # ... the rooms that present things
@@ -114,7 +116,9 @@ ROOM_LINES = {
     # 552; 711 with the long-run note, the files an index does not name, the seeded weights' share; 761 with the
     # tensors DeepSeek-V4's routing picture is drawn from (picture_tensors)
     "planning": 780,
-    "seams": 760,  # 553; 711 with the choice a set or a patch of indices is checked against (trace.Choice)
+    # 553; 711 with the choice a set or a patch of indices is checked against (trace.Choice); 833 with the
+    # experiment helpers on DeepSeek-V4's and KDA's layers too (seams.experiments, their forms for each kind of layer)
+    "seams": 900,
     # 530; 720 with the spill of a chunked prefill's held tensors; 809 with arithmetic refused in words; 851 with
     # integer tensors' own lattice (bins of whole integers)
     "tensors": 870,

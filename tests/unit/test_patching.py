@@ -340,25 +340,29 @@ def test_the_helpers_patch_every_mla_familys_router(model):
     assert (weights[:, 0] == 0).all() and (weights[:, 1:] != 0).any()
 
 
+ROUTER = ("a MoE router (mlp.gate.topk_idx and topk_weight; DeepSeek-V4's ffn.gate.hash_idx or topk_idx, "
+          "and weights)")
+HEADS = ("an attention's heads (MLA's self_attn.attn_output, DeepSeek-V4's attn.output, "
+         "a KDA layer's self_attn.gated_output)")
+
+
 @pytest.mark.parametrize(("model", "helper", "said"), [
-    ("tiny-minicpm3", stepper.zero_expert(1, 0), ("zero_expert(1, 0) patches an MLA model's MoE router "
-     "(mlp.gate.logits, topk_idx, topk_weight), and this run of tiny-minicpm3 has no layers.1.mlp.gate.logits")),
-    ("tiny-v4", stepper.zero_head(1, 0), ("zero_head(1, 0) patches an MLA attention's query heads (self_attn.q, "
-     "self_attn.attn_output), and this run of tiny-v4 has no layers.1.*self_attn.q")),
+    ("tiny-minicpm3", stepper.zero_expert(1, 0), (f"zero_expert(1, 0) patches {ROUTER}, and layer 1 of this run of "
+     "tiny-minicpm3 has none")),
     # a layer of another kind than the model's others: the layers that have what the helper patches
-    ("tiny-kimi-linear", stepper.zero_head(1, 0), ("zero_head(1, 0) patches an MLA attention's query heads "
-     "(self_attn.q, self_attn.attn_output), and this run of tiny-kimi-linear has no layers.1.*self_attn.q; "
-     "layers with one: 3")),
-    ("tiny-kimi-linear", stepper.zero_expert(0, 0), ("zero_expert(0, 0) patches an MLA model's MoE router "
-     "(mlp.gate.logits, topk_idx, topk_weight), and this run of tiny-kimi-linear has no layers.0.mlp.gate.logits; "
-     "layers with one: 1, 2, 3")),
-    ("tiny-longcat", stepper.zero_head(5, 0), ("zero_head(5, 0) patches an MLA attention's query heads "
-     "(self_attn.q, self_attn.attn_output), and this run of tiny-longcat has no layers.5.*self_attn.q; "
-     "layers with one: 0, 1")),
+    ("tiny-kimi-linear", stepper.zero_expert(0, 0), (f"zero_expert(0, 0) patches {ROUTER}, and layer 0 of this run "
+     "of tiny-kimi-linear has none; layers with one: 1, 2, 3")),
+    ("tiny-v4", stepper.force_experts(4, [0, 1, 2, 3]), (f"force_experts(4, ...) patches {ROUTER}, and layer 4 of "
+     "this run of tiny-v4 has none; layers with one: 0, 1, 2, 3")),
+    ("tiny-longcat", stepper.zero_head(5, 0), (f"zero_head(5, 0) patches {HEADS}, and layer 5 of this run of "
+     "tiny-longcat has none; layers with one: 0, 1")),
+    ("tiny-minicpm3", stepper.zero_router_bias(), ("zero_router_bias('*') patches a router's bias "
+     "(mlp.gate.scores_for_choice; DeepSeek-V4's score layers' ffn.gate.biased_scores), and this run of "
+     "tiny-minicpm3 has none")),
 ])
 def test_a_helper_a_model_has_no_tensors_for_says_what_it_patches(model, helper, said):
-    """And where it would find them: a Kimi Linear run said only 'no layers.1.*self_attn.q' of a
-    delta-attention layer, leaving the user to find which of its layers is MLA."""
+    """And where it would find them: a Kimi Linear run once said only 'no layers.0.mlp.gate.logits' of
+    its dense layer, leaving the user to find which of its layers have a router."""
     with pytest.raises(StepperError) as refused:
         stepper.run(model, ids=IDS, patch=helper)
     assert str(refused.value) == said
