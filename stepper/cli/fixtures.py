@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from stepper.cli import output
+from stepper.cli import output, usage
 from stepper.cli.common import (
     PRESET_NAMES,
     PlainOpt,
@@ -34,7 +34,7 @@ from stepper.text import INSTALL
 from stepper.untrusted import shown
 from stepper.views.sinks import line_width, styles
 
-fixtures_app = typer.Typer(
+fixtures_app = usage.Typer(
     no_args_is_help=True,
     rich_markup_mode=None,
     pretty_exceptions_enable=False,

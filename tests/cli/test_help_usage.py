@@ -1,0 +1,103 @@
+"""Every command's --help as a user reads it: the usage line and the Arguments list name each
+argument as command lines are written by hand, `stepper diff [OPTIONS] A B` and `A  A --dump
+file...` (typer writes `{A} {B}` and `A <str>`), through a pipe and on a terminal of any width.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from typing import Annotated
+
+import pytest
+import typer
+import typer.main
+from helpers.cli import stepper
+from typer.testing import CliRunner
+
+from stepper.cli import usage
+from stepper.cli.main import app
+
+USAGE = {  # each command's usage line, and its arguments as the Arguments list names them
+    (): ("stepper [OPTIONS] COMMAND [ARGS]...", []),
+    ("run",): ("stepper run [OPTIONS]", []),
+    ("step",): ("stepper step [OPTIONS]", []),
+    ("diff",): ("stepper diff [OPTIONS] A B", ["A", "B"]),
+    ("explain",): ("stepper explain [OPTIONS] NAME", ["NAME"]),
+    ("tree",): ("stepper tree [OPTIONS]", []),
+    ("bench",): ("stepper bench [OPTIONS]", []),
+    ("synth",): ("stepper synth [OPTIONS]", []),
+    ("inspect",): ("stepper inspect [OPTIONS] PATH", ["PATH"]),
+    ("fp8",): ("stepper fp8 [OPTIONS] [CODE]", ["CODE"]),
+    ("fixtures",): ("stepper fixtures [OPTIONS] COMMAND [ARGS]...", []),
+    ("fixtures", "export"): ("stepper fixtures export [OPTIONS] OUT_DIR", ["OUT_DIR"]),
+    ("fixtures", "verify"): ("stepper fixtures verify [OPTIONS] FIXTURE CANDIDATE", ["FIXTURE", "CANDIDATE"]),
+    ("fixtures", "names"): ("stepper fixtures names [OPTIONS]", []),
+    ("lesson",): ("stepper lesson [OPTIONS] COMMAND [ARGS]...", []),
+    **{("lesson", name): (f"stepper lesson {name} [OPTIONS] [NAME]", ["NAME"])
+       for name in ("start", "check", "watch", "hint", "solution", "reset")},
+    ("lesson", "list"): ("stepper lesson list [OPTIONS]", []),
+    ("cache",): ("stepper cache [OPTIONS] COMMAND [ARGS]...", []),
+    ("cache", "ls"): ("stepper cache ls [OPTIONS]", []),
+    ("cache", "clear"): ("stepper cache clear [OPTIONS] [CHECKPOINT]", ["CHECKPOINT"]),
+}
+
+
+def command_paths(group, path=()):
+    yield path
+    for name, sub in getattr(group, "commands", {}).items():
+        yield from command_paths(sub, (*path, name))
+
+
+def listed_arguments(helped: str) -> list[str]:
+    """The names the Arguments section lists (its rows' first column), each checked to stand alone."""
+    section = re.search(r"^Arguments:\n(.*?)(?:\n\n|\Z)", helped, re.DOTALL | re.MULTILINE)
+    rows = [line for line in (section[1] if section else "").splitlines() if re.match(r"  \S", line)]
+    assert all(re.match(r"  [A-Z_]+  +\S", row) for row in rows), rows
+    return [row.split()[0] for row in rows]
+
+
+def test_the_table_has_every_command():
+    assert sorted(command_paths(typer.main.get_command(app))) == sorted(USAGE)
+
+
+@pytest.mark.parametrize("path", list(USAGE), ids=lambda path: " ".join(path) or "stepper")
+def test_usage_names_arguments_as_written_by_hand(path):
+    helped = stepper(*path, "--help")
+    assert helped.returncode == 0, helped.stderr
+    line, arguments = USAGE[path]
+    assert helped.stdout.splitlines()[0] == f"Usage: {line}"
+    assert listed_arguments(helped.stdout) == arguments
+    assert not re.search(r"[{}]|<(str|path|int|float)>", helped.stdout.split("\n\n")[0]), helped.stdout
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs a POSIX pseudo-terminal")
+@pytest.mark.parametrize("columns", [80, 160])
+def test_a_terminal_shows_the_same_usage(columns):
+    from helpers.terminal import on_terminal
+
+    screen = on_terminal("fixtures", "verify", "--help", columns=columns)
+    assert screen.code == 0 and screen.lines[0] == "Usage: stepper fixtures verify [OPTIONS] FIXTURE CANDIDATE"
+    assert listed_arguments(screen.text) == ["FIXTURE", "CANDIDATE"]
+
+
+def test_repeatable_and_named_arguments():
+    """An argument given a metavar is named by it; one that repeats ends in `...`, its brackets
+    (when it may be left out) around the name alone, as click writes one."""
+    tool = usage.Typer(add_completion=False, rich_markup_mode=None)
+
+    @tool.command()
+    def copy(sources: Annotated[list[str], typer.Argument(help="Files.")],
+             target: Annotated[str, typer.Argument(metavar="DEST", help="Where.")]) -> None:
+        pass
+
+    @tool.command()
+    def show(names: Annotated[list[str] | None, typer.Argument(help="Names.")] = None) -> None:
+        pass
+
+    def helped(command: str) -> str:
+        return CliRunner().invoke(tool, [command, "--help"], prog_name="tool", terminal_width=80).stdout
+
+    assert helped("copy").splitlines()[0] == "Usage: tool copy [OPTIONS] SOURCES... DEST"
+    assert listed_arguments(helped("copy")) == ["SOURCES", "DEST"]
+    assert helped("show").splitlines()[0] == "Usage: tool show [OPTIONS] [NAMES]..."
