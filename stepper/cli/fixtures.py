@@ -88,7 +88,8 @@ def export_command(
     weights_dir: Annotated[Path | None, typer.Option(metavar="DIR",
         help="Write the weights to DIR (shared by several fixtures; if DIR exists it must hold the same files) instead "
              "of OUT_DIR/weights.")] = None,
-    force: Annotated[bool, typer.Option("--force", help="Replace OUT_DIR if it exists.")] = False,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Replace OUT_DIR if it is a fixture folder stepper wrote.")] = False,
     plain: PlainOpt = False,
 ) -> None:
     """Run the model and write every named tensor as a fixture folder.

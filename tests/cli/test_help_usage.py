@@ -101,3 +101,33 @@ def test_repeatable_and_named_arguments():
     assert helped("copy").splitlines()[0] == "Usage: tool copy [OPTIONS] SOURCES... DEST"
     assert listed_arguments(helped("copy")) == ["SOURCES", "DEST"]
     assert helped("show").splitlines()[0] == "Usage: tool show [OPTIONS] [NAMES]..."
+
+
+FORCE = {  # each command's --force, in its help: it replaces only what stepper wrote, as it does
+    ("run",): "Replace an existing output file if stepper wrote it.",
+    ("step",): "Replace an existing output file if stepper wrote it.",
+    ("synth",): "Replace DIR if it is a checkpoint stepper synth wrote.",
+    ("fixtures", "export"): "Replace OUT_DIR if it is a fixture folder stepper wrote.",
+    ("fixtures", "verify"): "Replace the --report file if it is a report stepper wrote.",
+}
+
+
+def test_every_force_option_says_what_it_replaces():
+    """--force never replaces a file or folder stepper did not write (the commands refuse, exit 2):
+    the help said 'Overwrite an existing output file' and 'Replace DIR if it exists'."""
+    forced = {path for path in USAGE if any("--force" in getattr(p, "opts", ()) for p in command_of(path).params)}
+    assert forced == set(FORCE)
+    for path, said in FORCE.items():
+        assert f"--force {said}" in " ".join(stepper(*path, "--help").stdout.split()), path
+
+
+def test_synth_draws_no_prompt():
+    helped = " ".join(stepper("synth", "--help").stdout.split())
+    assert "--seed S Seed of the synthetic weights. [default: 0; x>=0]" in helped
+
+
+def command_of(path: tuple[str, ...]):
+    command = typer.main.get_command(app)
+    for name in path:
+        command = command.commands[name]
+    return command
