@@ -131,3 +131,11 @@ def command_of(path: tuple[str, ...]):
     for name in path:
         command = command.commands[name]
     return command
+
+
+def test_diff_names_its_sides():
+    """`A  A --dump file` read as a stutter once the name stood alone."""
+    arguments = stepper("diff", "--help").stdout.split("Arguments:\n", 1)[1].split("\n\n")[0]
+    assert " ".join(arguments.split()) == ("A One side: a --dump file, a fixture folder, or a run in quotes: 'run "
+                                           "--attn naive' ('run': the default run). [required] B The other side, "
+                                           "in the same forms. [required]")
