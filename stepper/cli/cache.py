@@ -19,6 +19,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 from rich.text import Text
 
 from stepper import files
+from stepper.cli import usage
 from stepper.cli.common import PlainOpt, user_errors
 from stepper.errors import StepperError
 from stepper.untrusted import shown
@@ -26,7 +27,7 @@ from stepper.views.fitted_table import fitted
 from stepper.views.sinks import line_width, print_whole, styles
 from stepper.weights import fetch_cache, remote
 
-cache_app = typer.Typer(
+cache_app = usage.Typer(
     no_args_is_help=True,
     rich_markup_mode=None,
     pretty_exceptions_enable=False,

@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 
 from stepper.cli.cache import byte_progress
-from stepper.cli.common import PlainOpt, SeedOpt, model_option, parse_layers, url_option, user_errors
+from stepper.cli.common import PlainOpt, model_option, parse_layers, url_option, user_errors
 from stepper.config import Config, Wrapper
 from stepper.errors import StepperError
 from stepper.fp8 import BLOCK
@@ -38,8 +38,9 @@ def synth_command(
     layers: Annotated[str | None, typer.Option(metavar="A:B",
                                                help="Write only layers A to B-1 (no embedding, norm or "
                                                     "lm_head).")] = None,
-    seed: SeedOpt = 0,
-    force: Annotated[bool, typer.Option("--force", help="Replace DIR if it exists.")] = False,
+    seed: Annotated[int, typer.Option(metavar="S", min=0, help="Seed of the synthetic weights.")] = 0,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Replace DIR if it is a checkpoint stepper synth wrote.")] = False,
     layout: Annotated[str | None, typer.Option(metavar="LAYOUT",
         help="hf (Kimi K2, DeepSeek-V3) or kimi_k25 (Kimi K2.5: the text model under language_model., a small vision "
              "tower beside it) [default: as the config says].")] = None,

@@ -28,7 +28,8 @@ from stepper.views import diff_table
 from stepper.views.sinks import line_width, print_fitted, print_whole, styles
 
 SideArg = Annotated[str, typer.Argument(metavar="A",
-    help="A --dump file, a fixture folder, or a run in quotes: 'run --attn naive' ('run': the default run).",
+    help="One side: a --dump file, a fixture folder, or a run in quotes: 'run --attn naive' ('run': the default "
+         "run).",
                                                           show_default=False)]
 # The run options a side may give; the others (what a run shows, or where it writes) have no meaning here
 SIDE_OPTIONS = {"model", "layer", "layers", "ids", "prompt_len", "start_pos", "decode", "seed", "input_file", "attn",

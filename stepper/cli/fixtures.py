@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from stepper.cli import output
+from stepper.cli import output, usage
 from stepper.cli.common import (
     PRESET_NAMES,
     PlainOpt,
@@ -34,7 +34,7 @@ from stepper.text import INSTALL
 from stepper.untrusted import shown
 from stepper.views.sinks import line_width, styles
 
-fixtures_app = typer.Typer(
+fixtures_app = usage.Typer(
     no_args_is_help=True,
     rich_markup_mode=None,
     pretty_exceptions_enable=False,
@@ -88,7 +88,8 @@ def export_command(
     weights_dir: Annotated[Path | None, typer.Option(metavar="DIR",
         help="Write the weights to DIR (shared by several fixtures; if DIR exists it must hold the same files) instead "
              "of OUT_DIR/weights.")] = None,
-    force: Annotated[bool, typer.Option("--force", help="Replace OUT_DIR if it exists.")] = False,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Replace OUT_DIR if it is a fixture folder stepper wrote.")] = False,
     plain: PlainOpt = False,
 ) -> None:
     """Run the model and write every named tensor as a fixture folder.

@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.syntax import Syntax
 from rich.text import Text
 
+from stepper.cli import usage
 from stepper.cli.common import PlainOpt, user_errors
 from stepper.errors import StepperError
 from stepper.lessons import check
@@ -39,7 +40,7 @@ from stepper.untrusted.paths import found
 from stepper.views.debugger import CommandSource
 from stepper.views.sinks import WholeLinesOffTerminal, line_width, styles
 
-lesson_app = typer.Typer(
+lesson_app = usage.Typer(
     add_completion=False,
     no_args_is_help=True,
     rich_markup_mode=None,

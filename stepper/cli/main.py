@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-import importlib
 import os
 import signal
 import sys
@@ -12,7 +10,7 @@ from typing import Annotated
 import numpy as np
 import typer
 
-from stepper.cli import bench, cache, checkpoint, diff, explain, output, run
+from stepper.cli import bench, cache, checkpoint, diff, explain, output, run, usage
 from stepper.cli.common import INTERRUPTED, note, usage_message, user_errors
 from stepper.cli.fixtures import fixtures_app
 from stepper.cli.lessons import lesson_app
@@ -21,21 +19,8 @@ from stepper.kernels import parallel
 from stepper.untrusted import shown
 from stepper.version import __version__
 
-
-def whole_names_in_help() -> None:
-    """click wraps --help text after any hyphen (`tiny-kimi-` / `linear`, `--allow-` / `missing`):
-    a name copied off the screen must be whole, so its wrapper breaks lines at spaces only. (click
-    is typer's own copy from typer 0.20, a package of its own before.)"""
-    for module in ("typer._click._textwrap", "click._textwrap"):
-        try:
-            wrapper = importlib.import_module(module).TextWrapper
-        except ImportError:
-            continue
-        wrapper.__init__ = functools.partialmethod(wrapper.__init__, break_on_hyphens=False)
-
-
-whole_names_in_help()
-app = typer.Typer(
+usage.whole_names_in_help()
+app = usage.Typer(
     add_completion=False,
     no_args_is_help=True,
     rich_markup_mode=None,

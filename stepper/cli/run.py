@@ -72,7 +72,7 @@ ChunkOpt = Annotated[str | None, typer.Option(metavar="N|auto",
          "auto]")]
 CacheOpt = Annotated[int, typer.Option(metavar="MB", min=0,
                                        help="Keep up to MB megabytes of decoded weights between decode steps.")]
-ForceOpt = Annotated[bool, typer.Option("--force", help="Overwrite an existing output file.")]
+ForceOpt = Annotated[bool, typer.Option("--force", help="Replace an existing output file if stepper wrote it.")]
 UseOpt = Annotated[list[Path] | None, typer.Option("--use", metavar="FILE.py",
                                                    help="Run with your own exercise functions (e.g. a lesson file) in "
                                                         "place of stepper's; repeatable.")]

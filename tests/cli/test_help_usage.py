@@ -1,0 +1,141 @@
+"""Every command's --help as a user reads it: the usage line and the Arguments list name each
+argument as command lines are written by hand, `stepper diff [OPTIONS] A B` and `A  A --dump
+file...` (typer writes `{A} {B}` and `A <str>`), through a pipe and on a terminal of any width.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from typing import Annotated
+
+import pytest
+import typer
+import typer.main
+from helpers.cli import stepper
+from typer.testing import CliRunner
+
+from stepper.cli import usage
+from stepper.cli.main import app
+
+USAGE = {  # each command's usage line, and its arguments as the Arguments list names them
+    (): ("stepper [OPTIONS] COMMAND [ARGS]...", []),
+    ("run",): ("stepper run [OPTIONS]", []),
+    ("step",): ("stepper step [OPTIONS]", []),
+    ("diff",): ("stepper diff [OPTIONS] A B", ["A", "B"]),
+    ("explain",): ("stepper explain [OPTIONS] NAME", ["NAME"]),
+    ("tree",): ("stepper tree [OPTIONS]", []),
+    ("bench",): ("stepper bench [OPTIONS]", []),
+    ("synth",): ("stepper synth [OPTIONS]", []),
+    ("inspect",): ("stepper inspect [OPTIONS] PATH", ["PATH"]),
+    ("fp8",): ("stepper fp8 [OPTIONS] [CODE]", ["CODE"]),
+    ("fixtures",): ("stepper fixtures [OPTIONS] COMMAND [ARGS]...", []),
+    ("fixtures", "export"): ("stepper fixtures export [OPTIONS] OUT_DIR", ["OUT_DIR"]),
+    ("fixtures", "verify"): ("stepper fixtures verify [OPTIONS] FIXTURE CANDIDATE", ["FIXTURE", "CANDIDATE"]),
+    ("fixtures", "names"): ("stepper fixtures names [OPTIONS]", []),
+    ("lesson",): ("stepper lesson [OPTIONS] COMMAND [ARGS]...", []),
+    **{("lesson", name): (f"stepper lesson {name} [OPTIONS] [NAME]", ["NAME"])
+       for name in ("start", "check", "watch", "hint", "solution", "reset")},
+    ("lesson", "list"): ("stepper lesson list [OPTIONS]", []),
+    ("cache",): ("stepper cache [OPTIONS] COMMAND [ARGS]...", []),
+    ("cache", "ls"): ("stepper cache ls [OPTIONS]", []),
+    ("cache", "clear"): ("stepper cache clear [OPTIONS] [CHECKPOINT]", ["CHECKPOINT"]),
+}
+
+
+def command_paths(group, path=()):
+    yield path
+    for name, sub in getattr(group, "commands", {}).items():
+        yield from command_paths(sub, (*path, name))
+
+
+def listed_arguments(helped: str) -> list[str]:
+    """The names the Arguments section lists (its rows' first column), each checked to stand alone."""
+    section = re.search(r"^Arguments:\n(.*?)(?:\n\n|\Z)", helped, re.DOTALL | re.MULTILINE)
+    rows = [line for line in (section[1] if section else "").splitlines() if re.match(r"  \S", line)]
+    assert all(re.match(r"  [A-Z_]+  +\S", row) for row in rows), rows
+    return [row.split()[0] for row in rows]
+
+
+def test_the_table_has_every_command():
+    assert sorted(command_paths(typer.main.get_command(app))) == sorted(USAGE)
+
+
+@pytest.mark.parametrize("path", list(USAGE), ids=lambda path: " ".join(path) or "stepper")
+def test_usage_names_arguments_as_written_by_hand(path):
+    helped = stepper(*path, "--help")
+    assert helped.returncode == 0, helped.stderr
+    line, arguments = USAGE[path]
+    assert helped.stdout.splitlines()[0] == f"Usage: {line}"
+    assert listed_arguments(helped.stdout) == arguments
+    assert not re.search(r"[{}]|<(str|path|int|float)>", helped.stdout.split("\n\n")[0]), helped.stdout
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs a POSIX pseudo-terminal")
+@pytest.mark.parametrize("columns", [80, 160])
+def test_a_terminal_shows_the_same_usage(columns):
+    from helpers.terminal import on_terminal
+
+    screen = on_terminal("fixtures", "verify", "--help", columns=columns)
+    assert screen.code == 0 and screen.lines[0] == "Usage: stepper fixtures verify [OPTIONS] FIXTURE CANDIDATE"
+    assert listed_arguments(screen.text) == ["FIXTURE", "CANDIDATE"]
+
+
+def test_repeatable_and_named_arguments():
+    """An argument given a metavar is named by it; one that repeats ends in `...`, its brackets
+    (when it may be left out) around the name alone, as click writes one."""
+    tool = usage.Typer(add_completion=False, rich_markup_mode=None)
+
+    @tool.command()
+    def copy(sources: Annotated[list[str], typer.Argument(help="Files.")],
+             target: Annotated[str, typer.Argument(metavar="DEST", help="Where.")]) -> None:
+        pass
+
+    @tool.command()
+    def show(names: Annotated[list[str] | None, typer.Argument(help="Names.")] = None) -> None:
+        pass
+
+    def helped(command: str) -> str:
+        return CliRunner().invoke(tool, [command, "--help"], prog_name="tool", terminal_width=80).stdout
+
+    assert helped("copy").splitlines()[0] == "Usage: tool copy [OPTIONS] SOURCES... DEST"
+    assert listed_arguments(helped("copy")) == ["SOURCES", "DEST"]
+    assert helped("show").splitlines()[0] == "Usage: tool show [OPTIONS] [NAMES]..."
+
+
+FORCE = {  # each command's --force, in its help: it replaces only what stepper wrote, as it does
+    ("run",): "Replace an existing output file if stepper wrote it.",
+    ("step",): "Replace an existing output file if stepper wrote it.",
+    ("synth",): "Replace DIR if it is a checkpoint stepper synth wrote.",
+    ("fixtures", "export"): "Replace OUT_DIR if it is a fixture folder stepper wrote.",
+    ("fixtures", "verify"): "Replace the --report file if it is a report stepper wrote.",
+}
+
+
+def test_every_force_option_says_what_it_replaces():
+    """--force never replaces a file or folder stepper did not write (the commands refuse, exit 2):
+    the help said 'Overwrite an existing output file' and 'Replace DIR if it exists'."""
+    forced = {path for path in USAGE if any("--force" in getattr(p, "opts", ()) for p in command_of(path).params)}
+    assert forced == set(FORCE)
+    for path, said in FORCE.items():
+        assert f"--force {said}" in " ".join(stepper(*path, "--help").stdout.split()), path
+
+
+def test_synth_draws_no_prompt():
+    helped = " ".join(stepper("synth", "--help").stdout.split())
+    assert "--seed S Seed of the synthetic weights. [default: 0; x>=0]" in helped
+
+
+def command_of(path: tuple[str, ...]):
+    command = typer.main.get_command(app)
+    for name in path:
+        command = command.commands[name]
+    return command
+
+
+def test_diff_names_its_sides():
+    """`A  A --dump file` read as a stutter once the name stood alone."""
+    arguments = stepper("diff", "--help").stdout.split("Arguments:\n", 1)[1].split("\n\n")[0]
+    assert " ".join(arguments.split()) == ("A One side: a --dump file, a fixture folder, or a run in quotes: 'run "
+                                           "--attn naive' ('run': the default run). [required] B The other side, "
+                                           "in the same forms. [required]")
