@@ -49,6 +49,7 @@ class Found:
     entries: list[dict[str, Any]]
     sizes: Config | None  # the model whose sizes they are shown with (None: no preset emits them)
     elsewhere: str  # the line naming that model when it is not the one asked of; "" when it is
+    layer: int | None = None  # the layer the query names, whose sizes they are (None: any layer's)
 
 
 def looked_up(cfg: Config, query: str, read: Reading | None = None, give: str = "give --model {}") -> Found:
@@ -74,7 +75,7 @@ def looked_up(cfg: Config, query: str, read: Reading | None = None, give: str = 
     entries = in_sublayer(cat, cfg, query, emitted_by(cat, entries, cfg, query))
     named = of_layers(named, cat, cfg, query)
     sizes, elsewhere = emitting_model(cat, entries, cfg)
-    return Found(cat, named, entries, sizes, elsewhere)
+    return Found(cat, named, entries, sizes, elsewhere, int(layer[1]) if layer and not elsewhere else None)
 
 
 def in_sublayer(cat: catalog.Catalog, cfg: Config, query: str, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -94,7 +95,7 @@ def found_texts(found: Found) -> list[Text]:
     notes = [Text(found.elsewhere, style="bold")] if found.elsewhere else []
     if found.named:
         notes.append(Text("\n".join(one.note() for one in found.named), style="bold"))
-    return [*notes, *(explain_text(found.cat, entry, found.sizes) for entry in found.entries)]
+    return [*notes, *(explain_text(found.cat, entry, found.sizes, found.layer) for entry in found.entries)]
 
 
 def own_words(cat: catalog.Catalog, entry: dict[str, Any], cfg: Config | None) -> dict[str, Any]:
@@ -107,15 +108,14 @@ def own_words(cat: catalog.Catalog, entry: dict[str, Any], cfg: Config | None) -
             "reference": family_cites.reference(cfg, (entry["name"], key), entry["reference"])}
 
 
-def explain_text(cat: catalog.Catalog, entry: dict[str, Any], cfg: Config | None) -> Text:
-    """The entry with cfg's sizes (None: its dims and template fields by name)."""
+def explain_text(cat: catalog.Catalog, entry: dict[str, Any], cfg: Config | None, layer: int | None = None) -> Text:
+    """The entry with cfg's sizes (None: its dims and template fields by name), those of `layer` if
+    it is given (a DeepSeek-V4 layer's window slots)."""
     own, key = own_words(cat, entry, cfg), catalog.key_of(entry["name"])
     text = Text()
     text.append(f"{entry['name']}\n", style="bold cyan")
     text.append(f"{own['description']}\n")
-    dims = ", ".join(f"{s} ({cat.raw['dims'][s]['label']}"
-                     + (f" = {size}" if cfg is not None and (size := cat.expected_size(s, cfg)) is not None else "")
-                     + ")" for s in entry["dims"])
+    dims = ", ".join(dim_text(cat, symbol, cfg, layer) for symbol in entry["dims"])
     text.append("shape   ", style="dim")
     text.append(f"[{dims}]\n")
     text.append("formula ", style="dim")
@@ -132,6 +132,14 @@ def explain_text(cat: catalog.Catalog, entry: dict[str, Any], cfg: Config | None
         text.append("aliases ", style="dim")
         text.append(own_names_pointer(cfg) or "; ".join(f"{k}: {v}" for k, v in aliases.items()))
     return text
+
+
+def dim_text(cat: catalog.Catalog, symbol: str, cfg: Config | None, layer: int | None) -> str:
+    """'D (head dims = 32)', 'slots (window slots = 16: m = 16)': a dim's label, size and what sets it."""
+    size = None if cfg is None else cat.expected_size(symbol, cfg, layer)
+    note = cat.note(symbol, cfg, layer)
+    return (f"{symbol} ({cat.raw['dims'][symbol]['label']}" + (f" = {size}" if size is not None else "")
+            + (f": {note}" if note else "") + ")")
 
 
 def own_names_pointer(cfg: Config | None) -> str | None:
