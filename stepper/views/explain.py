@@ -74,19 +74,22 @@ def looked_up(cfg: Config, query: str, read: Reading | None = None, give: str = 
         named, entries = read(cat, preset_config(preset), query)
     entries = in_sublayer(cat, cfg, query, emitted_by(cat, entries, cfg, query))
     named = of_layers(named, cat, cfg, query)
+    if not entries and not named:  # a sublayer's name no layer makes: LongCat's `sub1.output` (the layer's is `output`)
+        near = did_you_mean(query, layer_names(cat, cfg, range(cfg.num_hidden_layers)))
+        raise StepperError(f"no tensor named '{cut(query)}' in the catalogue{near} (stepper tree lists them)")
     sizes, elsewhere = emitting_model(cat, entries, cfg)
     return Found(cat, named, entries, sizes, elsewhere, int(layer[1]) if layer and not elsewhere else None)
 
 
 def in_sublayer(cat: catalog.Catalog, cfg: Config, query: str, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The entries a name of a LongCat sublayer found (`layers.1.sub0.output`), each shown by the
-    sublayer's name where the layers emit it so, with that sublayer's texts (sub0's output is not
-    the layer's); a glob's are named so already (`heading`)."""
+    """The entries a name of a LongCat sublayer found (`layers.1.sub0.output`) that the layers emit
+    in that sublayer, each shown by the sublayer's name, with its texts (sub0's output is not the
+    layer's; no layer makes a `sub1.output`); a glob's are named so already (`heading`)."""
     sub = SUBLAYER.search(query)
     if sub is None or catalog.is_glob(query):
         return entries
     emitted = set(layer_names(cat, cfg, range(cfg.num_hidden_layers)))
-    return [{**e, "name": f"sub{sub[1]}.{e['name']}"} if f"sub{sub[1]}.{e['name']}" in emitted else e for e in entries]
+    return [{**e, "name": f"sub{sub[1]}.{e['name']}"} for e in entries if f"sub{sub[1]}.{e['name']}" in emitted]
 
 
 def found_texts(found: Found) -> list[Text]:
@@ -136,8 +139,7 @@ def explain_text(cat: catalog.Catalog, entry: dict[str, Any], cfg: Config | None
 
 def dim_text(cat: catalog.Catalog, symbol: str, cfg: Config | None, layer: int | None) -> str:
     """'D (head dims = 32)', 'slots (window slots = 16: m = 16)': a dim's label, size and what sets it."""
-    size = None if cfg is None else cat.expected_size(symbol, cfg, layer)
-    note = cat.note(symbol, cfg, layer)
+    size, note = None if cfg is None else cat.expected_size(symbol, cfg, layer), cat.note(symbol, cfg, layer)
     return (f"{symbol} ({cat.raw['dims'][symbol]['label']}" + (f" = {size}" if size is not None else "")
             + (f": {note}" if note else "") + ")")
 
