@@ -92,14 +92,25 @@ class Catalog:
     def names(self) -> list[str]:
         return [e["name"] for e in self.entries]
 
-    def dims(self, key: str, shape: tuple[int, ...], cfg: Config) -> list[Dim]:
-        """Named dimensions of a tensor of this shape; unknown tensors get anonymous dims."""
+    def dims(self, key: str, shape: tuple[int, ...], cfg: Config, layer: int | None = None) -> list[Dim]:
+        """Named dimensions of a tensor of this shape (on `layer`: labelled with its own facts);
+        unknown tensors get anonymous dims."""
         entry = self.entry(key)
         symbols = entry["dims"] if entry and len(entry["dims"]) == len(shape) else None
         if symbols is None:
             return [Dim(f"dim{i}", "", n, True) for i, n in enumerate(shape)]
         table = self.raw["dims"]
-        return [Dim(s, table[s]["label"], n, table[s]["size"] == RUNTIME) for s, n in zip(symbols, shape)]
+        return [Dim(s, self.label(s, cfg, layer), n, table[s]["size"] == RUNTIME) for s, n in zip(symbols, shape)]
+
+    def label(self, symbol: str, cfg: Any, layer: int | None = None) -> str:
+        """A dim's label with what sets its size on `layer` (None: on each kind of layer), where the
+        config says (DeepSeek-V4's `axis_notes`): 'window slots (2m, m = 4)' on a CSA layer."""
+        note = self.note(symbol, cfg, layer)
+        return self.raw["dims"][symbol]["label"] + (f" ({note})" if note else "")
+
+    def note(self, symbol: str, cfg: Any, layer: int | None = None) -> str:
+        """What sets a dim's size on `layer` (or on each kind of layer), or ''."""
+        return getattr(cfg, "axis_notes", lambda layer: {})(layer).get(symbol, "")
 
     def find(self, query: str) -> list[dict[str, Any]]:
         """Entries for a query, the first kind that matches: a name (with or without its phase and

@@ -123,6 +123,24 @@ class V4Config:
         doubled = 2 if self.layer_kind(layer) == "csa" else 1
         return {"m": ratio, "slots": doubled * ratio, "c": doubled * self.head_dim}
 
+    def axis_notes(self, layer: int | None) -> dict[str, str]:
+        """What sets those sizes, for their axes' labels: CSA's 8 window slots are 2m at m = 4, an
+        HCA layer's m; None: every compressed layer's, each kind's named (`stepper explain` of no layer)."""
+        if layer is None:
+            firsts = {self.compress_ratio(i): i for i in reversed(range(self.num_hidden_layers))}  # one of each ratio
+            notes = [(self.axis_notes(i), self.layer_kind(i).upper()) for ratio, i in sorted(firsts.items())
+                     if ratio != SLIDING]
+            if len(notes) <= 1:
+                return notes[0][0] if notes else {}
+            return {symbol: "; ".join(f"{own[symbol]} in {kind} layers" for own, kind in notes)
+                    for symbol in notes[0][0]}
+        ratio = self.compress_ratio(layer)
+        if ratio == SLIDING:
+            return {}
+        if self.layer_kind(layer) == "csa":  # its windows overlap: the previous window's slots too
+            return {"slots": f"2m, m = {ratio}", "c": f"2 x {self.head_dim} entry dims, m = {ratio}"}
+        return {"slots": f"m = {ratio}", "c": f"{self.head_dim} entry dims, m = {ratio}"}
+
     def is_hash_layer(self, layer: int) -> bool:
         """Whether the layer takes its experts from tid2eid[token_id] rather than from its scores."""
         return layer < self.num_hash_layers

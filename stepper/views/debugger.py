@@ -339,7 +339,7 @@ class Debugger:
     def print_tokens(self, event: Event, index: str | None) -> None:
         """Which tokens a printed tensor's (or slice's) token axes hold: its positions T or tokens N
         (the step's own) or its attended positions S (every token so far)."""
-        dims = self.catalog.dims(event.key, event.array.shape, self.cfg)
+        dims = self.catalog.dims(event.key, event.array.shape, self.cfg, event.layer)
         for axis, dim in enumerate(dims):
             if dim.symbol not in ("T", "N", "S"):
                 continue

@@ -49,6 +49,7 @@ class Found:
     entries: list[dict[str, Any]]
     sizes: Config | None  # the model whose sizes they are shown with (None: no preset emits them)
     elsewhere: str  # the line naming that model when it is not the one asked of; "" when it is
+    layer: int | None = None  # the layer the query names, whose sizes they are (None: any layer's)
 
 
 def looked_up(cfg: Config, query: str, read: Reading | None = None, give: str = "give --model {}") -> Found:
@@ -73,19 +74,22 @@ def looked_up(cfg: Config, query: str, read: Reading | None = None, give: str = 
         named, entries = read(cat, preset_config(preset), query)
     entries = in_sublayer(cat, cfg, query, emitted_by(cat, entries, cfg, query))
     named = of_layers(named, cat, cfg, query)
+    if not entries and not named:  # a sublayer's name no layer makes: LongCat's `sub1.output` (the layer's is `output`)
+        near = did_you_mean(query, layer_names(cat, cfg, range(cfg.num_hidden_layers)))
+        raise StepperError(f"no tensor named '{cut(query)}' in the catalogue{near} (stepper tree lists them)")
     sizes, elsewhere = emitting_model(cat, entries, cfg)
-    return Found(cat, named, entries, sizes, elsewhere)
+    return Found(cat, named, entries, sizes, elsewhere, int(layer[1]) if layer and not elsewhere else None)
 
 
 def in_sublayer(cat: catalog.Catalog, cfg: Config, query: str, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The entries a name of a LongCat sublayer found (`layers.1.sub0.output`), each shown by the
-    sublayer's name where the layers emit it so, with that sublayer's texts (sub0's output is not
-    the layer's); a glob's are named so already (`heading`)."""
+    """The entries a name of a LongCat sublayer found (`layers.1.sub0.output`) that the layers emit
+    in that sublayer, each shown by the sublayer's name, with its texts (sub0's output is not the
+    layer's; no layer makes a `sub1.output`); a glob's are named so already (`heading`)."""
     sub = SUBLAYER.search(query)
     if sub is None or catalog.is_glob(query):
         return entries
     emitted = set(layer_names(cat, cfg, range(cfg.num_hidden_layers)))
-    return [{**e, "name": f"sub{sub[1]}.{e['name']}"} if f"sub{sub[1]}.{e['name']}" in emitted else e for e in entries]
+    return [{**e, "name": f"sub{sub[1]}.{e['name']}"} for e in entries if f"sub{sub[1]}.{e['name']}" in emitted]
 
 
 def found_texts(found: Found) -> list[Text]:
@@ -94,7 +98,7 @@ def found_texts(found: Found) -> list[Text]:
     notes = [Text(found.elsewhere, style="bold")] if found.elsewhere else []
     if found.named:
         notes.append(Text("\n".join(one.note() for one in found.named), style="bold"))
-    return [*notes, *(explain_text(found.cat, entry, found.sizes) for entry in found.entries)]
+    return [*notes, *(explain_text(found.cat, entry, found.sizes, found.layer) for entry in found.entries)]
 
 
 def own_words(cat: catalog.Catalog, entry: dict[str, Any], cfg: Config | None) -> dict[str, Any]:
@@ -107,15 +111,14 @@ def own_words(cat: catalog.Catalog, entry: dict[str, Any], cfg: Config | None) -
             "reference": family_cites.reference(cfg, (entry["name"], key), entry["reference"])}
 
 
-def explain_text(cat: catalog.Catalog, entry: dict[str, Any], cfg: Config | None) -> Text:
-    """The entry with cfg's sizes (None: its dims and template fields by name)."""
+def explain_text(cat: catalog.Catalog, entry: dict[str, Any], cfg: Config | None, layer: int | None = None) -> Text:
+    """The entry with cfg's sizes (None: its dims and template fields by name), those of `layer` if
+    it is given (a DeepSeek-V4 layer's window slots)."""
     own, key = own_words(cat, entry, cfg), catalog.key_of(entry["name"])
     text = Text()
     text.append(f"{entry['name']}\n", style="bold cyan")
     text.append(f"{own['description']}\n")
-    dims = ", ".join(f"{s} ({cat.raw['dims'][s]['label']}"
-                     + (f" = {size}" if cfg is not None and (size := cat.expected_size(s, cfg)) is not None else "")
-                     + ")" for s in entry["dims"])
+    dims = ", ".join(dim_text(cat, symbol, cfg, layer) for symbol in entry["dims"])
     text.append("shape   ", style="dim")
     text.append(f"[{dims}]\n")
     text.append("formula ", style="dim")
@@ -132,6 +135,13 @@ def explain_text(cat: catalog.Catalog, entry: dict[str, Any], cfg: Config | None
         text.append("aliases ", style="dim")
         text.append(own_names_pointer(cfg) or "; ".join(f"{k}: {v}" for k, v in aliases.items()))
     return text
+
+
+def dim_text(cat: catalog.Catalog, symbol: str, cfg: Config | None, layer: int | None) -> str:
+    """'D (head dims = 32)', 'slots (window slots = 16: m = 16)': a dim's label, size and what sets it."""
+    size, note = None if cfg is None else cat.expected_size(symbol, cfg, layer), cat.note(symbol, cfg, layer)
+    return (f"{symbol} ({cat.raw['dims'][symbol]['label']}" + (f" = {size}" if size is not None else "")
+            + (f": {note}" if note else "") + ")")
 
 
 def own_names_pointer(cfg: Config | None) -> str | None:

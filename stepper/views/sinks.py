@@ -78,7 +78,7 @@ class TensorRows:
         """The name, the named shape (broken only between its dims) and the dtype."""
         phase, _, rest = event.name.rpartition(event.key)
         name = Text.assemble((phase, "dim"), (event.key, "bold cyan"), rest)
-        dims = self.catalog.dims(event.key, event.array.shape, self.cfg)
+        dims = self.catalog.dims(event.key, event.array.shape, self.cfg, event.layer)
         parts = named_dims(dims)
         shape = [Text(("[" if i == 0 else "") + part + ("]" if i == len(parts) - 1 else ","), style="yellow")
                  for i, part in enumerate(parts)] or [Text("[]", style="yellow")]
@@ -256,7 +256,7 @@ class JsonLines:
 
     def record(self, event: Event) -> dict[str, Any]:
         array = event.array
-        dims = self.catalog.dims(event.key, array.shape, self.cfg)
+        dims = self.catalog.dims(event.key, array.shape, self.cfg, event.layer)
         st, bins = summary.look(array)
         counts, edges = bins.view(BINS)
         first, last = summary.corners(array)

@@ -52,7 +52,7 @@ def layer_tree(cat: catalog.Catalog, cfg: Config, layer: int, attn: str) -> Tree
         if block != current:  # consecutive tensors of one block share a branch, in execution order
             branch, current = root.add(Text(block, style="magenta")), block
         dims = ", ".join(d if (size := cat.expected_size(d, cfg, layer)) is None else
-                         f"{size} {catalog.counted(cat.raw['dims'][d]['label'], size)}" for d in entry["dims"])
+                         f"{size} {catalog.counted(cat.label(d, cfg, layer), size)}" for d in entry["dims"])
         row = Text(entry["name"], style="bold cyan")
         row.append(f"  [{dims}]", style="yellow")
         row.append(f"  {cat.description(entry['name'], cfg)}")

@@ -59,7 +59,10 @@ def nan_scale_problems(ckpt: PublishedCheckpoint, layers: range, with_globals: b
 
 
 def checked_tid2eid(table: np.ndarray, experts: int, where: str) -> np.ndarray:
-    """The hash table [V, k] as int64, every entry an expert (0 <= e < experts), else one line."""
+    """The hash table [V, k] as int64, every entry an expert (0 <= e < experts) and each row k
+    distinct experts, else one line. A row naming an expert twice gives its token k - 1 experts,
+    one of them weighted by two slots' weights (transformers runs it so); a run's picture and load
+    counts, and a patch's check, take a row as k experts."""
     if not np.issubdtype(table.dtype, np.integer):
         raise StepperError(f"{where}: expected integer expert ids, found {table.dtype}")
     bad = np.argwhere((table < 0) | (table >= experts))
@@ -67,6 +70,14 @@ def checked_tid2eid(table: np.ndarray, experts: int, where: str) -> np.ndarray:
         token, slot = (int(i) for i in bad[0])
         raise StepperError(f"{where}: entry [{token}, {slot}] is {int(table[token, slot])}, expected an expert id "
                            f"in 0..{experts - 1} ({len(bad)} {'entry' if len(bad) == 1 else 'entries'} out of range)")
+    ordered = np.sort(table, axis=1)
+    repeated = np.unique(np.argwhere(ordered[:, 1:] == ordered[:, :-1])[:, 0])  # the rows naming an expert twice
+    if len(repeated):
+        token, row = int(repeated[0]), ordered[repeated[0]]
+        expert = int(row[1:][row[1:] == row[:-1]][0])
+        raise StepperError(f"{where}: row {token} names expert {expert} more than once, expected "
+                           f"{table.shape[1]} distinct experts a token ({len(repeated)} "
+                           f"{'row' if len(repeated) == 1 else 'rows'} repeat one)")
     return table.astype(np.int64, copy=False)
 
 

@@ -10,6 +10,7 @@ import pytest
 from helpers.cli import stepper
 from rich.console import Console
 
+import stepper as api
 from stepper import catalog
 from stepper.presets import PRESETS, V4_PRESETS, preset
 from stepper.session import preset_config
@@ -423,6 +424,25 @@ def test_a_sublayers_output_is_explained_as_that_sublayers(query):
     assert "formula sub0.output = sub0.attn_residual + sub0.mlp_output\n" in out.stdout
     assert "d (hidden = 256)" in out.stdout and "does not emit" not in out.stdout
     assert "mlp.routed_output" not in out.stdout.split("\n\n")[0]  # the head: not the layer's output
+
+
+@pytest.mark.parametrize("query, near", [
+    ("layers.1.sub1.output", "sub0.output, sub1.mlp_output"),
+    ("sub1.output", "sub0.output, sub1.mlp_output, sub0.mlp_output"),
+    ("layers.1.sub0.mlp.routed_output", "mlp.routed_output, sub0.mlp_output, sub1.mlp_output"),  # beside the sublayers
+])
+def test_a_sublayers_name_no_layer_makes_is_no_tensor(query, near):
+    """LongCat's second sublayer ends in no sub1.output (the layer's output adds the MoE's to its sum):
+    `layers.1.sub1.output` was answered with the layer's output, as a name of a tensor no run makes."""
+    out = stepper("explain", query, "--model", "tiny-longcat", "--plain")
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.strip().splitlines() == [
+        f"stepper: error: no tensor named '{query}' in the catalogue; did you mean {near}? (stepper tree lists them)"]
+    debugged = stepper("step", "--plain", "--model", "tiny-longcat", "--break", "layers.1.output",
+                       stdin=f"e {query}\nq\n")
+    assert f"(stepper) e {query}\nno tensor named '{query}' in the catalogue; did you mean {near}?" in debugged.stdout
+    with pytest.raises(KeyError, match="no tensor named"):
+        api.run(model="tiny-longcat", layer=1, prompt_len=2).explain(query)
 
 
 def test_a_glob_lists_what_it_matches_of_the_models_tensors_a_sublayers_too():

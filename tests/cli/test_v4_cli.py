@@ -120,6 +120,25 @@ def test_a_tid2eid_entry_past_the_experts(written, tmp_path):
                     "in 0..15 (1 entry out of range)")
 
 
+def test_a_tid2eid_row_naming_an_expert_twice(written, tmp_path):
+    """A hand-made table's row naming expert e twice gives its token 3 experts, e weighted by two
+    slots (transformers adds e's output once per slot); stepper's model ran e once with one slot's
+    weight, and its routing picture drew one cell while counting e twice: refused as the table is read."""
+    folder = copy_of(written, tmp_path)
+    name = "layers.0.ffn.gate.tid2eid"
+    table = np.array(SafetensorsFile(folder / "model-00002-of-00007.safetensors").get(name))
+    table[7, 2] = table[7, 0]
+    table[9, 3] = table[9, 1]
+    shard = rewrite(folder, name, table)
+    for command in (("run", "--model", folder), ("run", "--model", folder, "--layer", "0", "--ids", "1,2")):
+        line = one_line_error(stepper(*command))
+        assert line == (f"stepper: error: {folder / shard}: tensor '{name}': row 7 names expert {table[7, 0]} more "
+                        "than once, expected 4 distinct experts a token (2 rows repeat one)")
+    inspected = stepper("inspect", folder)
+    assert inspected.returncode == 1 and f"tensor '{name}': row 7 names expert {table[7, 0]} more than once" \
+        in inspected.stdout
+
+
 def test_compress_ratios_of_the_wrong_length(written, tmp_path):
     folder = copy_of(written, tmp_path)
     config = json.loads((folder / "config.json").read_text())

@@ -17,7 +17,7 @@ def test_a_dim_of_size_one_names_its_noun_in_the_singular():
     assert singular("compressed entries") == "compressed entry"
     assert singular("entries a query attends") == "entry a query attends"
     assert singular("windows closed this step") == "window closed this step"
-    assert singular("window slots (m, 2m at m = 4)") == "window slot (m, 2m at m = 4)"
+    assert singular("window slots (2m, m = 4)") == "window slot (2m, m = 4)"
     assert singular("mlp hidden") == "mlp hidden"
     out = stepper("run", "--model", "tiny-v4", "--layer", "1").stdout  # 7 positions: one CSA window (m = 4) closed
     shapes = set(re.findall(r"\[B=1 batch[^\]]*\]", out))

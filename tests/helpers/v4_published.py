@@ -64,7 +64,8 @@ def stored_tensors(cfg: dict, seed: int) -> tuple[dict[str, np.ndarray], dict[st
     stored, values = {}, {}
     for name, tensor in wanted.items():
         if tensor.kind == v4.INDEX:
-            w = rng.integers(0, cfg["n_routed_experts"], tensor.shape)
+            first = rng.integers(0, cfg["n_routed_experts"], tensor.shape)[:, :1]  # drawn as before: the rest alike
+            w = (first + np.arange(tensor.shape[1])) % cfg["n_routed_experts"]  # k distinct experts a token
         else:
             w = (rng.standard_normal(tensor.shape) * 0.1).astype(np.float32)
         arrays = stored_arrays(name, tensor, w)

@@ -96,8 +96,9 @@ ROOM_LINES = {
     # 1,344 with the V4-Flash layer figures (CSA, HCA) and the INT4 and FP8 layers in turn
     "bench": 1650,
     # 422; 625 with the families' own words (family_notes, moved out of config.py's MlaVariants); 731 with their
-    # own names for a tensor, read from their cited lines (family_cites)
-    "catalog": 740,
+    # own names for a tensor, read from their cited lines (family_cites); 746 with a layer's own facts in its axes'
+    # labels (DeepSeek-V4's window slots: 2m on a CSA layer, m on an HCA one)
+    "catalog": 780,
     "cli": 2800,  # 1,846; 2,350 with usage (help naming arguments as written by hand, whatever typer writes)
     "families": 4000,  # 252 when set, with every 2026 family about to arrive
     "fixtures": 3100,  # 2,388; 2,936 with candidates read tensor by tensor (.npz headers measured)
