@@ -58,6 +58,12 @@ def nan_scale_problems(ckpt: PublishedCheckpoint, layers: range, with_globals: b
     return problems
 
 
+def zeros_hint(table: np.ndarray) -> str:
+    """Why a table may repeat experts: transformers initialises tid2eid to zeros (its real values
+    come from a checkpoint), so a model it made and saved names expert 0 k times in every row."""
+    return "; all zeros, as transformers initialises it before a checkpoint's values are loaded" if not table.any() else ""
+
+
 def checked_tid2eid(table: np.ndarray, experts: int, where: str) -> np.ndarray:
     """The hash table [V, k] as int64, every entry an expert (0 <= e < experts) and each row k
     distinct experts, else one line. A row naming an expert twice gives its token k - 1 experts,
@@ -77,7 +83,7 @@ def checked_tid2eid(table: np.ndarray, experts: int, where: str) -> np.ndarray:
         expert = int(row[1:][row[1:] == row[:-1]][0])
         raise StepperError(f"{where}: row {token} names expert {expert} more than once, expected "
                            f"{table.shape[1]} distinct experts a token ({len(repeated)} "
-                           f"{'row' if len(repeated) == 1 else 'rows'} repeat one)")
+                           f"{'row' if len(repeated) == 1 else 'rows'} repeat one{zeros_hint(table)})")
     return table.astype(np.int64, copy=False)
 
 

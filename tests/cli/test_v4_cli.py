@@ -139,6 +139,19 @@ def test_a_tid2eid_row_naming_an_expert_twice(written, tmp_path):
         in inspected.stdout
 
 
+def test_a_tid2eid_of_zeros_says_where_such_a_table_comes_from(written, tmp_path):
+    """transformers initialises tid2eid to zeros (a model it made and saved before loading a
+    checkpoint's values): the refusal says so, the likeliest cause of every row repeating expert 0."""
+    folder = copy_of(written, tmp_path)
+    name = "layers.0.ffn.gate.tid2eid"
+    table = np.zeros_like(SafetensorsFile(folder / "model-00002-of-00007.safetensors").get(name))
+    shard = rewrite(folder, name, table)
+    line = one_line_error(stepper("run", "--model", folder))
+    assert line == (f"stepper: error: {folder / shard}: tensor '{name}': row 0 names expert 0 more than once, "
+                    f"expected 4 distinct experts a token ({len(table)} rows repeat one; all zeros, as transformers "
+                    "initialises it before a checkpoint's values are loaded)")
+
+
 def test_compress_ratios_of_the_wrong_length(written, tmp_path):
     folder = copy_of(written, tmp_path)
     config = json.loads((folder / "config.json").read_text())
