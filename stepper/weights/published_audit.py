@@ -61,7 +61,9 @@ def nan_scale_problems(ckpt: PublishedCheckpoint, layers: range, with_globals: b
 def zeros_hint(table: np.ndarray) -> str:
     """Why a table may repeat experts: transformers initialises tid2eid to zeros (its real values
     come from a checkpoint), so a model it made and saved names expert 0 k times in every row."""
-    return "; all zeros, as transformers initialises it before a checkpoint's values are loaded" if not table.any() else ""
+    if table.any():
+        return ""
+    return "; all zeros, as transformers initialises it before a checkpoint's values are loaded"
 
 
 def checked_tid2eid(table: np.ndarray, experts: int, where: str) -> np.ndarray:
