@@ -172,6 +172,11 @@ class MlaVariants:
         """The experts the router scores: the routed ones and (LongCat) the zero experts after them."""
         return self.n_routed_experts + self.zero_experts
 
+    def axis_notes(self, layer: int | None) -> dict[str, str]:
+        """What sets an axis's size, for its label (catalog.label): LongCat's router scores its zero
+        experts beside the routed ones, so its 12 'routed experts' are 8 + 4 zero experts."""
+        return {"E": f"{self.n_routed_experts} + {self.zero_experts} zero experts"} if self.zero_experts else {}
+
     @property
     def residual_scale(self) -> float:
         return 1.0 if self.scale_depth is None else self.scale_depth / math.sqrt(self.num_hidden_layers)

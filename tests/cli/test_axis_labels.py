@@ -1,8 +1,9 @@
 """An axis label states its own layer's facts: a DeepSeek-V4 compressor's window slots and channels
 are 2m and 2 x entry dims on a CSA layer (m = 4, overlapping windows) and m and the entry dims on
 an HCA layer (m = 16 in tiny-v4), in `stepper tree`, `run`'s tables and --json, `explain` and the
-debugger. Every preset's every layer is walked: each number a label's parentheses state is checked
-against the size it labels and the layer's compress ratio."""
+debugger; LongCat-Flash's router's 12 experts are 8 + 4 zero experts. Every preset's every layer
+is walked: each number a label's parentheses state is checked against the size it labels and the
+layer's compress ratio."""
 
 from __future__ import annotations
 
@@ -36,12 +37,18 @@ def stated_problems(label: str, size: int, facts: dict[str, int]) -> list[str]:
                      for name, value in bound.items() if facts.get(name) != value]
         terms = [part for part in BINDING.sub("", fact).split(",") if part.strip()]
         for term in terms or [f"{name}" for name in bound]:
-            product = 1
-            for factor in re.findall(r"\d+|[a-z]\w*", term):
-                product *= int(factor) if factor.isdigit() else bound.get(factor, facts.get(factor, 1))
-            if product != size:
-                problems.append(f"{label}: '{term.strip()}' is {product}, the axis {size}")
+            total = sum(product(part, bound, facts) for part in term.split("+"))
+            if total != size:
+                problems.append(f"{label}: '{term.strip()}' is {total}, the axis {size}")
     return problems
+
+
+def product(term: str, bound: dict[str, int], facts: dict[str, int]) -> int:
+    """A term's numbers and named values multiplied: '2 x 32 entry dims' is 64, '2m' at m = 4 is 8."""
+    value = 1
+    for factor in re.findall(r"\d+|[a-z]\w*", term):
+        value *= int(factor) if factor.isdigit() else bound.get(factor, facts.get(factor, 1))
+    return value
 
 
 def test_the_check_finds_a_label_of_another_layer():
@@ -52,6 +59,8 @@ def test_the_check_finds_a_label_of_another_layer():
     assert stated_problems("compressor channels (32 entry dims, m = 16)", 32, {"m": 16}) == []
     assert stated_problems("compressor channels (2 x 32 entry dims, m = 4)", 64, {"m": 4}) == []
     assert stated_problems("compressor channels (2 x 32 entry dims, m = 4)", 32, {"m": 4}) != []
+    assert stated_problems("routed experts (8 + 4 zero experts)", 12, {}) == []  # LongCat's router
+    assert stated_problems("routed experts (8 + 4 zero experts)", 8, {}) != []
 
 
 @pytest.mark.parametrize("preset", (*PRESETS, *V4_PRESETS))
@@ -70,7 +79,8 @@ def test_every_label_of_every_layer_states_that_layers_own_numbers(preset):
                         problems += [f"{preset} layer {layer} {entry['name']}: {p}"
                                      for p in stated_problems(label, size, layer_facts(cfg, layer))]
     assert problems == []
-    assert (stated > 0) == (preset in V4_PRESETS)  # V4's compressors' axes say what sets them
+    # V4's compressors' axes say what sets them, and LongCat's router's its zero experts
+    assert (stated > 0) == (preset in V4_PRESETS or "longcat" in preset)
 
 
 def test_tree_labels_an_hca_layers_compressor_by_its_own_ratio():
@@ -129,3 +139,12 @@ def test_the_debugger_labels_a_tensor_of_an_hca_layer_by_its_ratio():
     assert screen.code == 0, screen.text
     shown = [line for line in screen.lines if line.startswith(f"layers.{HCA}.attn.compressor.slot_gate  [")]
     assert shown and "slots=16 window slots (m = 16), 32 head dims]" in shown[-1], screen.text
+
+
+def test_longcat_s_router_says_which_of_its_experts_are_zero_experts():
+    """tiny-longcat's config has 8 routed experts and 4 zero experts, and its router scores all 12:
+    an axis of '12 routed experts' alone contradicts the config a learner reads."""
+    tree = stepper("tree", "--model", "tiny-longcat", "--layer", "1", "--plain")
+    assert "mlp.gate.logits  [N, 12 routed experts (8 + 4 zero experts)]" in tree.stdout
+    plain = stepper("tree", "--model", "tiny-v3", "--layer", "1", "--plain")
+    assert "mlp.gate.logits  [N, 32 routed experts]" in plain.stdout
