@@ -17,7 +17,7 @@ from rich.console import Group
 from rich.text import Text
 
 from stepper import catalog
-from stepper.config import Config
+from stepper.config import TOKEN_ID_FIELDS, Config
 from stepper.session import takes
 from stepper.untrusted import shown
 from stepper.views.fitted_table import fitted
@@ -51,7 +51,7 @@ def differing_fields(a: Config, b: Config) -> dict[str, tuple[object, object]]:
     flat_a, flat_b = flattened(a), flattened(b)
     given = set_fields(a) | set_fields(b)
     values = {name: (read(a, flat_a, name), read(b, flat_b, name)) for name in merged(list(flat_a), list(flat_b))
-              if name != "name"}
+              if name != "name" and name not in TOKEN_ID_FIELDS}  # the layer reads no special token's id
     return {name: (x, y) for name, (x, y) in values.items()
             if x != y and (ONLY not in (x, y) or "." in name or name in given)}
 
