@@ -455,13 +455,19 @@ class Fields:
 
 
 def token_ids(f: Fields, field: str, vocab: int) -> int | tuple[int, ...] | None:
-    """A special token's id (eos_token_id: one or a list, as transformers takes it), each inside the
-    vocabulary; None where absent or null."""
+    """A special token's id (eos_token_id: one or a list, as transformers takes it); None where absent
+    or null. bos and eos may lie outside the vocabulary, as transformers takes them (with a warning: a
+    tiny model its configuration classes save keeps the published model's ids), since the model reads
+    neither; pad_token_id is the row transformers' embedding pads, which torch counts from the end
+    when negative (configs on the Hub write -1) and refuses past either end."""
     value = f.raw.get(field)
     ids = value if field == "eos_token_id" and isinstance(value, list) and value else [value]
-    if value is not None and not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab for i in ids):
+    if value is not None and not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
         shape = "a token id or a list of them" if field == "eos_token_id" else "a token id"
-        raise f.fail(field, f"must be {shape} in 0..{vocab - 1} (vocab_size {vocab}), got {said(value)}")
+        raise f.fail(field, f"must be {shape} (a whole number), got {said(value)}")
+    if field == "pad_token_id" and value is not None and not -vocab <= value < vocab:
+        raise f.fail(field, f"must be a token id in -{vocab}..{vocab - 1} (vocab_size {vocab}; transformers' "
+                     f"embedding takes it as its padding row), got {said(value)}")
     return tuple(value) if isinstance(value, list) else value
 
 

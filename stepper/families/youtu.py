@@ -47,8 +47,11 @@ def to_mla(f) -> tuple[dict[str, Any], dict[str, Any]]:
     if raw.get("qk_head_dim") not in (None, head):  # Youtu-LLM's config.json writes it out
         raise f.fail("qk_head_dim",
                      f"must be qk_nope_head_dim + qk_rope_head_dim ({head}), got {said(raw['qk_head_dim'])}")
-    # YoutuPreTrainedModel zeroes the pad token's embedding row when loading (the MLA reader checks the id)
-    return raw, {"tie_word_embeddings": tied, "zeroed_pad_row": raw.get("pad_token_id")}
+    # YoutuPreTrainedModel zeroes the pad token's embedding row when loading (the MLA reader checks the id;
+    # torch's embedding counts a negative one from the end)
+    pad = raw.get("pad_token_id")
+    pad_row = pad % fields.int("vocab_size") if isinstance(pad, int) and not isinstance(pad, bool) else pad
+    return raw, {"tie_word_embeddings": tied, "zeroed_pad_row": pad_row}
 
 
 def published(cfg) -> dict[str, Any]:

@@ -86,16 +86,16 @@ ALL_BUT_4 = [1, 2, 3, 5, 6, 7, 9, 10, 11, 13, 14, 15, 17, 18, 19, 21, 22, 23, 25
     ({**KIMI_LINEAR_48B, "q_lora_rank": 1536}, "cfg.json: field 'q_lora_rank' must be null"),
     ({**KIMI_LINEAR_48B, "mla_use_nope": False}, "cfg.json: field 'mla_use_nope' must be true"),
     ({**PRESETS["tiny-kimi-linear"], "pad_token_id": 163839},
-     "cfg.json: field 'pad_token_id' must be a token id in 0..999 (vocab_size 1000), got 163839"),
+     ("cfg.json: field 'pad_token_id' must be a token id in -1000..999 (vocab_size 1000; transformers' embedding "
+      "takes it as its padding row), got 163839")),
     ({**KIMI_LINEAR_48B, "bos_token_id": "163584"},
-     "cfg.json: field 'bos_token_id' must be a token id in 0..163839 (vocab_size 163840), got '163584'"),
-    ({**KIMI_LINEAR_48B, "eos_token_id": [163586, -1]},
-     ("cfg.json: field 'eos_token_id' must be a token id or a list of them in 0..163839 (vocab_size 163840), "
-      "got [163586, -1]")),
+     "cfg.json: field 'bos_token_id' must be a token id (a whole number), got '163584'"),
+    ({**KIMI_LINEAR_48B, "eos_token_id": [163586, 1.5]},
+     "cfg.json: field 'eos_token_id' must be a token id or a list of them (a whole number), got [163586, 1.5]"),
     ({**KIMI_LINEAR_48B, "eos_token_id": []},
-     "cfg.json: field 'eos_token_id' must be a token id or a list of them in 0..163839 (vocab_size 163840), got []"),
+     "cfg.json: field 'eos_token_id' must be a token id or a list of them (a whole number), got []"),
     ({**KIMI_LINEAR_48B, "pad_token_id": True},
-     "cfg.json: field 'pad_token_id' must be a token id in 0..163839 (vocab_size 163840), got True"),
+     "cfg.json: field 'pad_token_id' must be a token id (a whole number), got True"),
 ])
 def test_bad_configs_are_one_line_naming_the_field(raw, message):
     with pytest.raises(StepperError) as e:
@@ -146,14 +146,15 @@ def test_a_bad_tensor_is_one_line_naming_it(synthesized, tmp_path, edit, message
     assert expected in line
 
 
-def test_a_token_id_outside_the_vocabulary_is_one_line_from_the_command(tmp_path):
+def test_a_pad_token_id_outside_the_vocabulary_is_one_line_from_the_command(tmp_path):
     """A tiny config.json with the published model's padding row (163839): transformers cannot build it,
     and a checkpoint synth wrote of it would carry the id on."""
     config = tmp_path / "config.json"
     config.write_text(json.dumps({**PRESETS["tiny-kimi-linear"], "pad_token_id": 163839}))
     for command in (("run", "--model", config, "--plain"), ("synth", "--model", config, "--out", tmp_path / "ck")):
-        assert refused(stepper(*command)) == (f"{config}: field 'pad_token_id' must be a token id in 0..999 "
-                                              f"(vocab_size 1000), got 163839")
+        assert refused(stepper(*command)) == (f"{config}: field 'pad_token_id' must be a token id in -1000..999 "
+                                              "(vocab_size 1000; transformers' embedding takes it as its padding "
+                                              "row), got 163839")
     assert not (tmp_path / "ck").exists()
 
 

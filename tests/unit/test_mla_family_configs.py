@@ -8,6 +8,7 @@ import json
 import math
 import re
 
+import numpy as np
 import pytest
 from helpers.cli import refused, stepper
 from helpers.configs import family_preset
@@ -15,6 +16,7 @@ from helpers.configs import family_preset
 from stepper import families
 from stepper.config import MAX_COUNT, Config
 from stepper.errors import StepperError
+from stepper.families.youtu import YoutuModel
 from stepper.model import Transformer
 from stepper.presets import PRESETS
 from stepper.weights.names import weight_shapes
@@ -260,26 +262,58 @@ def test_the_special_token_ids_are_read_and_written_back(tiny, full, from_end):
         assert (big.vocab_size - big.bos_token_id, big.vocab_size - big.eos_token_id) == from_end
 
 
+@pytest.mark.parametrize("name, field, value", [
+    ("tiny-youtu", "bos_token_id", 128000), ("tiny-axk1", "eos_token_id", 163691),
+    ("tiny-minicpm3", "eos_token_id", [2, 73440]), ("tiny-longcat", "bos_token_id", -1), ("tiny", "eos_token_id", 1000),
+    ("tiny-glm5", "pad_token_id", -1), ("tiny-mistral4", "pad_token_id", -1000)])
+def test_a_token_id_outside_the_vocabulary_is_read_and_written_back_as_transformers_takes_it(name, field, value):
+    """transformers' configuration classes keep the published model's ids for a tiny vocabulary
+    (YoutuConfig's bos 128000) and configs on the Hub write pad_token_id -1: transformers loads them
+    with a warning, the model reads none, so stepper reads them too, and writes them back as given."""
+    cfg = read({**PRESETS[name], field: value})
+    assert getattr(cfg, field) == (tuple(value) if isinstance(value, list) else value)
+    assert cfg.to_hf()[field] == value
+
+
 @pytest.mark.parametrize("name, field, value, shown", [
-    ("tiny-youtu", "bos_token_id", 128000, "128000"), ("tiny-axk1", "eos_token_id", 163691, "163691"),
-    ("tiny-minicpm3", "eos_token_id", [2, 73440], "[2, 73440]"), ("tiny-glm5", "pad_token_id", 154820, "154820"),
-    ("tiny-longcat", "bos_token_id", -1, "-1"), ("tiny-mistral4", "pad_token_id", True, "True"),
-    ("tiny", "eos_token_id", 1000, "1000")])
-def test_a_token_id_outside_the_vocabulary_is_refused_naming_the_field(name, field, value, shown):
+    ("tiny-glm5", "pad_token_id", 154820, "154820"), ("tiny-youtu", "pad_token_id", 1000, "1000"),
+    ("tiny-longcat", "pad_token_id", -1001, "-1001")])
+def test_a_pad_token_id_no_embedding_row_has_is_refused_naming_the_field(name, field, value, shown):
+    """transformers' embedding takes pad_token_id as its padding row: torch counts a negative one from the
+    end, and refuses one past either end."""
+    assert refusal({**PRESETS[name], field: value}) == (
+        f"config.json: field '{field}' must be a token id in -1000..999 (vocab_size 1000; transformers' embedding "
+        f"takes it as its padding row), got {shown}")
+
+
+@pytest.mark.parametrize("field, value, shown", [
+    ("bos_token_id", "1", "'1'"), ("bos_token_id", True, "True"), ("eos_token_id", [2, 2.5], "[2, 2.5]"),
+    ("eos_token_id", [], "[]"), ("pad_token_id", True, "True")])
+def test_a_token_id_that_is_no_whole_number_is_refused_naming_the_field(field, value, shown):
     kind = "a token id or a list of them" if field == "eos_token_id" else "a token id"
-    assert refusal({**PRESETS[name], field: value}) == (f"config.json: field '{field}' must be {kind} in 0..999 "
-                                                        f"(vocab_size 1000), got {shown}")
+    assert refusal({**PRESETS["tiny-axk1"], field: value}) == (
+        f"config.json: field '{field}' must be {kind} (a whole number), got {shown}")
 
 
-def test_a_token_id_outside_the_vocabulary_is_one_line_from_synth_and_run(tmp_path):
+def test_a_pad_token_id_past_the_vocabulary_is_one_line_from_synth_and_run(tmp_path):
     config = tmp_path / "config.json"
-    config.write_text(json.dumps({**PRESETS["tiny-axk1"], "bos_token_id": 163691}))
+    config.write_text(json.dumps({**PRESETS["tiny-axk1"], "pad_token_id": 163691}))
     for command in (("run", "--model", config, "--plain"), ("synth", "--model", config, "--out", tmp_path / "ck")):
-        assert refused(stepper(*command)) == (f"{config}: field 'bos_token_id' must be a token id in 0..999 "
-                                              "(vocab_size 1000), got 163691")
+        assert refused(stepper(*command)) == (f"{config}: field 'pad_token_id' must be a token id in -1000..999 "
+                                              "(vocab_size 1000; transformers' embedding takes it as its padding "
+                                              "row), got 163691")
     assert not (tmp_path / "ck").exists()
 
 
 def test_youtus_zeroed_pad_row_is_its_pad_token_id():
     assert family_preset("tiny-youtu").zeroed_pad_row == family_preset("tiny-youtu").pad_token_id == 999
     assert read({**PRESETS["tiny-youtu"], "pad_token_id": None}).zeroed_pad_row is None
+
+
+def test_youtus_pad_token_id_of_minus_one_zeroes_the_last_row_as_torchs_embedding_does():
+    """nn.Embedding(padding_idx=-1) takes row vocab_size - 1 as its padding row, which Youtu zeroes:
+    token 999 embeds to zeros and, the embedding tied as lm_head, has the logit 0."""
+    cfg = read({**PRESETS["tiny-youtu"], "pad_token_id": -1})
+    assert cfg.zeroed_pad_row == 999 and cfg.pad_token_id == -1 and cfg.to_hf()["pad_token_id"] == -1
+    rows = YoutuModel(SyntheticWeights(cfg, 0)).embed(np.array([[998, 999]]))
+    assert rows[0, 0].any() and not rows[0, 1].any()
