@@ -273,10 +273,11 @@ def gated_pool_calls() -> list[Call]:
 
 def sinkhorn_calls() -> list[Call]:
     """comb [[1, 3], [1, 1]]: one iteration normalises the columns only; two then normalise the
-    rows and the columns again; hc_eps 0.5 is added to every sum."""
+    rows and the columns again; hc_eps 0.5 is added to every sum, the first columns' and the rounds'
+    (the run's 1e-6 is too small to tell them apart)."""
     comb = np.array([[1.0, 3.0], [1.0, 1.0]], dtype=np.float32)
     return [Call((comb, iters, eps), {}, f"comb [[1, 3], [1, 1]], iters {iters}, hc_eps {eps:g}")
-            for iters, eps in ((1, 0.0), (2, 0.0), (1, 0.5))]
+            for iters, eps in ((1, 0.0), (2, 0.0), (1, 0.5), (2, 0.5))]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -67,6 +67,10 @@ WRONG = [
       "first difference at [0, 0]: expected 0.5, got 0.25", "inputs: comb [2, 2] float32, iters 1, hc_eps 0.0"]),
     ("hyper-connections", ("eps = np.float32(hc_eps)", "eps = np.float32(0)"),  # hc_eps left out of the sums
      ["sinkhorn differs on comb [[1, 3], [1, 1]], iters 1, hc_eps 0.5", "expected 0.40000001, got 0.5"]),
+    # hc_eps kept in the first columns' sums but left out of the rounds': 1e-6 in the run moves nothing
+    ("hyper-connections", ("comb = comb / (comb.sum(axis=rows, keepdims=True) + eps)",
+                           "comb = comb / comb.sum(axis=rows, keepdims=True)"),
+     ["sinkhorn differs on comb [[1, 3], [1, 1]], iters 2, hc_eps 0.5"]),
 ]
 
 
