@@ -140,3 +140,19 @@ def test_the_hand_made_index_scores_case_is_what_its_label_says():
     r = 2 ** -0.5
     expected = np.array([[[1 * r, -1.25 * r, -np.inf], [4.5 * r, 0.25 * r, 0.0]]], np.float32)
     np.testing.assert_allclose(got, expected, rtol=1e-6)
+
+
+def test_an_exercise_that_changes_its_arguments_in_place_passes_and_leaves_the_run_alone(tmp_path):
+    """A right sinkhorn written with `/=` on its argument divides the run's own comb_softmax, which
+    the run has already shown: the run check blamed that tensor (a tensor the learner never made)
+    while the function check, on copies, passed. Each call gets its arrays as copies."""
+    lesson = find_lesson("hyper-connections")
+    solution = lesson.solution.read_text()
+    change = ("comb = comb / (comb.sum(axis=columns, keepdims=True) + eps)",
+              "comb /= comb.sum(axis=columns, keepdims=True) + eps")
+    assert change[0] in solution, "the change must apply to the solution as it is"
+    mine = tmp_path / "in_place.py"
+    mine.write_text(solution.replace(*change))
+    report = check.check(lesson, mine)
+    text = "\n".join(f"{'✓' if o.ok else '✗'} {o.title}\n" + "\n".join(o.detail) for o in report.outcomes)
+    assert report.passed, text
