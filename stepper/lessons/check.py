@@ -420,7 +420,7 @@ def compare_runs(reference: Sequence[Event], mine: Sequence[Event], rtol: float)
             return [f"your run stopped emitting after {i} tensors; the reference goes on with {ref.name}"]
         if mine[i].name != ref.name:
             return [f"tensor {i + 1}: your run emitted {mine[i].name} where the reference emits {ref.name}",
-                    "(keep the emit(...) calls of the stub, in its order)"]
+                    "(emit the tensors the stub names, in its order)"]
         problem = difference(my_arrays[i], ref_arrays[i], rtol=rtol)
         if problem:
             kept = f"the first {i} tensors match; " if i else ""

@@ -67,6 +67,10 @@ WRONG = [
       "first difference at [0, 0]: expected 0.5, got 0.25", "inputs: comb [2, 2] float32, iters 1, hc_eps 0.0"]),
     ("hyper-connections", ("eps = np.float32(hc_eps)", "eps = np.float32(0)"),  # hc_eps left out of the sums
      ["sinkhorn differs on comb [[1, 3], [1, 1]], iters 1, hc_eps 0.5", "expected 0.40000001, got 0.5"]),
+    # a tensor the stub's docstring names, not emitted: the stub has no emit(...) calls to keep
+    ("many-models", ('    emit("mlp.gate.group_mask", group_mask)\n', ""),
+     ["tensor 61: your run emitted layers.1.mlp.gate.topk_idx where the reference emits layers.1.mlp.gate.group_mask",
+      "(emit the tensors the stub names, in its order)"]),
     # hc_eps kept in the first columns' sums but left out of the rounds': 1e-6 in the run moves nothing
     ("hyper-connections", ("comb = comb / (comb.sum(axis=rows, keepdims=True) + eps)",
                            "comb = comb / comb.sum(axis=rows, keepdims=True)"),
