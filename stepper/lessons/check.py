@@ -273,10 +273,11 @@ def gated_pool_calls() -> list[Call]:
 
 def sinkhorn_calls() -> list[Call]:
     """comb [[1, 3], [1, 1]]: one iteration normalises the columns only; two then normalise the
-    rows and the columns again; hc_eps 0.5 is added to every sum."""
+    rows and the columns again; hc_eps 0.5 is added to every sum, the first columns' and the rounds'
+    (the run's 1e-6 is too small to tell them apart)."""
     comb = np.array([[1.0, 3.0], [1.0, 1.0]], dtype=np.float32)
     return [Call((comb, iters, eps), {}, f"comb [[1, 3], [1, 1]], iters {iters}, hc_eps {eps:g}")
-            for iters, eps in ((1, 0.0), (2, 0.0), (1, 0.5))]
+            for iters, eps in ((1, 0.0), (2, 0.0), (1, 0.5), (2, 0.5))]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -419,7 +420,7 @@ def compare_runs(reference: Sequence[Event], mine: Sequence[Event], rtol: float)
             return [f"your run stopped emitting after {i} tensors; the reference goes on with {ref.name}"]
         if mine[i].name != ref.name:
             return [f"tensor {i + 1}: your run emitted {mine[i].name} where the reference emits {ref.name}",
-                    "(keep the emit(...) calls of the stub, in its order)"]
+                    "(emit the tensors the stub names, in its order)"]
         problem = difference(my_arrays[i], ref_arrays[i], rtol=rtol)
         if problem:
             kept = f"the first {i} tensors match; " if i else ""

@@ -23,6 +23,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
+import numpy as np
+
 from stepper.errors import StepperError
 from stepper.lessons import returns
 from stepper.lessons.exercises import REFERENCES
@@ -168,7 +170,7 @@ def guarded(path: Path, name: str, func: Callable, limit: float | None = None) -
     StepperError naming the file, the line and the function, and a result of the wrong type or
     shape refused in one line; a call that runs longer than `limit` seconds is stopped and
     reported the same way. stepper's own exceptions (its errors, a debugger quitting the run)
-    pass through unchanged."""
+    pass through unchanged. Its array arguments are its own copies (`own`)."""
     signature = inspect.signature(reference(name))
     inside: set[int] = set()  # the threads in a call of it
 
@@ -180,6 +182,7 @@ def guarded(path: Path, name: str, func: Callable, limit: float | None = None) -
             return func(*args, **kwargs)
         try:
             inside.add(thread)
+            args, kwargs = [own(a) for a in args], {k: own(v) for k, v in kwargs.items()}
             with time_limit(limit):
                 result = func(*args, **kwargs)
         except Overtime as e:
@@ -202,6 +205,12 @@ def guarded(path: Path, name: str, func: Callable, limit: float | None = None) -
 
     call.called = False  # type: ignore[attr-defined]
     return call
+
+
+def own(value: object) -> object:
+    """An array argument as a copy of its own, so that a learner's function may change it in place
+    (`x /= s`) without changing the tensor the run already emitted; anything else as it is."""
+    return value.copy(order="K") if isinstance(value, np.ndarray) else value
 
 
 def guarded_all(path: Path, found: Mapping[str, Callable], limit: float | None = None) -> dict[str, Callable]:

@@ -67,6 +67,14 @@ WRONG = [
       "first difference at [0, 0]: expected 0.5, got 0.25", "inputs: comb [2, 2] float32, iters 1, hc_eps 0.0"]),
     ("hyper-connections", ("eps = np.float32(hc_eps)", "eps = np.float32(0)"),  # hc_eps left out of the sums
      ["sinkhorn differs on comb [[1, 3], [1, 1]], iters 1, hc_eps 0.5", "expected 0.40000001, got 0.5"]),
+    # a tensor the stub's docstring names, not emitted: the stub has no emit(...) calls to keep
+    ("many-models", ('    emit("mlp.gate.group_mask", group_mask)\n', ""),
+     ["tensor 61: your run emitted layers.1.mlp.gate.topk_idx where the reference emits layers.1.mlp.gate.group_mask",
+      "(emit the tensors the stub names, in its order)"]),
+    # hc_eps kept in the first columns' sums but left out of the rounds': 1e-6 in the run moves nothing
+    ("hyper-connections", ("comb = comb / (comb.sum(axis=rows, keepdims=True) + eps)",
+                           "comb = comb / comb.sum(axis=rows, keepdims=True)"),
+     ["sinkhorn differs on comb [[1, 3], [1, 1]], iters 2, hc_eps 0.5"]),
 ]
 
 
@@ -136,3 +144,19 @@ def test_the_hand_made_index_scores_case_is_what_its_label_says():
     r = 2 ** -0.5
     expected = np.array([[[1 * r, -1.25 * r, -np.inf], [4.5 * r, 0.25 * r, 0.0]]], np.float32)
     np.testing.assert_allclose(got, expected, rtol=1e-6)
+
+
+def test_an_exercise_that_changes_its_arguments_in_place_passes_and_leaves_the_run_alone(tmp_path):
+    """A right sinkhorn written with `/=` on its argument divides the run's own comb_softmax, which
+    the run has already shown: the run check blamed that tensor (a tensor the learner never made)
+    while the function check, on copies, passed. Each call gets its arrays as copies."""
+    lesson = find_lesson("hyper-connections")
+    solution = lesson.solution.read_text()
+    change = ("comb = comb / (comb.sum(axis=columns, keepdims=True) + eps)",
+              "comb /= comb.sum(axis=columns, keepdims=True) + eps")
+    assert change[0] in solution, "the change must apply to the solution as it is"
+    mine = tmp_path / "in_place.py"
+    mine.write_text(solution.replace(*change))
+    report = check.check(lesson, mine)
+    text = "\n".join(f"{'✓' if o.ok else '✗'} {o.title}\n" + "\n".join(o.detail) for o in report.outcomes)
+    assert report.passed, text

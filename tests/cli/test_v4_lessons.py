@@ -131,7 +131,8 @@ def test_the_hand_made_exercise_cases_are_what_their_labels_say():
     1/4 x 1 + 3/4 x 3 = 2.5; channel 1's -inf slot gets 0, so the pool is the other slot's -2.
     sinkhorn of [[1, 3], [1, 1]]: the columns (sums 2, 4) give [[1/2, 3/4], [1/2, 1/4]]; a second
     round's rows (sums 5/4, 3/4) give [[2/5, 3/5], [2/3, 1/3]], its columns (16/15, 14/15)
-    [[3/8, 9/14], [5/8, 5/14]]; with hc_eps 1/2 the first columns are over 5/2 and 9/2. Gates
+    [[3/8, 9/14], [5/8, 5/14]]; with hc_eps 1/2 the first columns are over 5/2 and 9/2, [[2/5, 2/3],
+    [2/5, 2/9]], a second round's rows over 47/30 and 101/90, its columns over 10555/9494 and 10667/9494. Gates
     1000, 1001 weigh like 0, 1: 1 / (1 + e) and e / (1 + e); -1000, -1001 the other way round."""
     one, large, none = check.gated_pool_calls()
     weights, pooled = reference("gated_pool")(*one.args)
@@ -143,7 +144,8 @@ def test_the_hand_made_exercise_cases_are_what_their_labels_say():
     np.testing.assert_allclose(pooled[0, 0], [(1 + 3 * e) / (1 + e), (10 * e - 2) / (1 + e)], rtol=1e-6)
     weights, pooled = reference("gated_pool")(*none.args)
     assert weights.shape == (1, 0, 8, 4) and pooled.shape == (1, 0, 4)
-    expected = [[[0.5, 0.75], [0.5, 0.25]], [[3 / 8, 9 / 14], [5 / 8, 5 / 14]], [[0.4, 3 / 4.5], [0.4, 1 / 4.5]]]
+    expected = [[[0.5, 0.75], [0.5, 0.25]], [[3 / 8, 9 / 14], [5 / 8, 5 / 14]], [[0.4, 3 / 4.5], [0.4, 1 / 4.5]],
+                [[2424 / 10555, 4040 / 10667], [3384 / 10555, 1880 / 10667]]]
     for call, want in zip(check.sinkhorn_calls(), expected, strict=True):
         got = reference("sinkhorn")(*call.args)
         assert got.dtype == np.float32
