@@ -5,6 +5,7 @@ tensor's part would be, computed by hand from the run's kept tensors and the wei
 
 import numpy as np
 import pytest
+from helpers.changed_weights import Changed
 
 import stepper
 from stepper.errors import StepperError
@@ -18,22 +19,6 @@ IDS = [17, 40, 99, 3, 5, 6]  # tiny-v4's vocabulary is 256 tokens
 N = len(IDS)
 V4 = V4Synthetic(preset_config("tiny-v4"), seed=0)  # the weights a tiny-v4 run reads
 KIMI = SyntheticWeights(preset("tiny-kimi-linear"), 0)
-
-
-class Changed:
-    """Weights with some tensors replaced (float32 arrays)."""
-
-    def __init__(self, base, changes: dict[str, np.ndarray]):
-        self.base, self.changes, self.config = base, changes, base.config
-
-    def __getattr__(self, name):
-        return getattr(self.base, name)
-
-    def get(self, name):
-        return self.changes[name] if name in self.changes else self.base.get(name)
-
-    def matrix(self, name):
-        return self.changes[name] if name in self.changes else self.base.matrix(name)
 
 
 @pytest.fixture(scope="module")

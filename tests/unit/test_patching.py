@@ -3,6 +3,7 @@ computed from it; the helpers do what changed weights would do."""
 
 import numpy as np
 import pytest
+from helpers.changed_weights import Changed
 
 import stepper
 from stepper.errors import StepperError
@@ -14,22 +15,6 @@ from stepper.weights.seeded import SyntheticWeights
 
 IDS = [3, 14, 15, 92]
 WEIGHTS = SyntheticWeights(preset("tiny"), 0)
-
-
-class Changed:
-    """The tiny model's weights with some tensors replaced (float32 arrays)."""
-
-    def __init__(self, changes: dict[str, np.ndarray]):
-        self.base, self.changes, self.config = WEIGHTS, changes, WEIGHTS.config
-
-    def __getattr__(self, name):
-        return getattr(self.base, name)
-
-    def get(self, name):
-        return self.changes[name] if name in self.changes else self.base.get(name)
-
-    def matrix(self, name):
-        return self.changes[name] if name in self.changes else self.base.matrix(name)
 
 
 def w(name: str) -> np.ndarray:
@@ -75,7 +60,7 @@ def test_zeroing_an_expert_gives_the_output_of_weights_without_that_expert(plain
     e = int(plain["layers.1.mlp.gate.topk_idx"][0, 0])  # an expert token 0 chose
     patched = stepper.run("tiny", ids=IDS, patch=stepper.zero_expert(1, e))
     down = f"model.layers.1.mlp.experts.{e}.down_proj.weight"
-    removed = stepper.run("tiny", ids=IDS, weights=Changed({down: np.zeros_like(WEIGHTS.get(down))}))
+    removed = stepper.run("tiny", ids=IDS, weights=Changed(WEIGHTS, {down: np.zeros_like(WEIGHTS.get(down))}))
     for name in ("layers.1.mlp.routed_output", "layers.1.output", "logits"):
         np.testing.assert_allclose(patched[name], removed[name], rtol=1e-6, atol=1e-6)
     assert not np.allclose(patched["layers.1.output"], plain["layers.1.output"])
@@ -134,7 +119,7 @@ def test_zeroing_a_head_gives_the_output_of_o_proj_without_that_heads_columns(pl
     o = "model.layers.1.self_attn.o_proj.weight"
     without = WEIGHTS.get(o).copy()
     without[:, 2 * v:3 * v] = 0
-    removed = stepper.run("tiny", ids=IDS, weights=Changed({o: without}))
+    removed = stepper.run("tiny", ids=IDS, weights=Changed(WEIGHTS, {o: without}))
     np.testing.assert_allclose(run["layers.1.self_attn.o_proj"], removed["layers.1.self_attn.o_proj"],
                                rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(run["logits"], removed["logits"], rtol=1e-5, atol=1e-5)
@@ -145,7 +130,7 @@ def test_zeroing_a_head_gives_the_output_of_o_proj_without_that_heads_columns(pl
 def test_zeroing_the_router_bias_equals_weights_whose_bias_is_zero(plain):
     bias = "model.layers.1.mlp.gate.e_score_correction_bias"
     patched = stepper.run("tiny", ids=IDS, decode=1, patch=stepper.zero_router_bias(1))
-    zeroed = stepper.run("tiny", ids=IDS, decode=1, weights=Changed({bias: np.zeros_like(WEIGHTS.get(bias))}))
+    zeroed = stepper.run("tiny", ids=IDS, decode=1, weights=Changed(WEIGHTS, {bias: np.zeros_like(WEIGHTS.get(bias))}))
     assert patched.names == zeroed.names
     for name in patched.names:
         np.testing.assert_array_equal(patched[name], zeroed[name], err_msg=name)
