@@ -8,6 +8,8 @@ import numpy as np
 from helpers.cli import stepper
 from safetensors.numpy import save_file
 
+from stepper import catalog
+from stepper.fixtures import verify as verifying
 from stepper.fixtures.fixture import load
 
 ROOT = Path(__file__).resolve().parents[2] / "fixtures"
@@ -82,3 +84,52 @@ def test_a_rotary_difference_within_float32_s_angle_rounding_is_said_to_be_that(
     out = verify(basic.path, candidate(tmp_path / "early.safetensors",
                                        {name: basic.tensors[name] * np.float32(1.0002)}))
     assert "first divergence: " + name in out and ANGLE_NOTE not in out
+
+
+def inputs_of(fixture, name: str) -> list[str]:
+    index = next(i for i, e in enumerate(fixture.entries) if e["name"] == name)
+    return [fixture.entries[j]["name"] for j in verifying.formula_inputs(fixture, index)]
+
+
+def test_deepseek_v4_s_tensors_are_computed_from_their_own_inputs():
+    """Read from the formulas' words, the compressor's slot gates came from `attn.window` (the word
+    "window" in its prose), the router's weights and the routed experts from `attn.chosen` (the
+    attention's entries, for the experts chosen), the attention's scores from the indexer's keys, and
+    the head from the first layer's embedding: the verdict under a first divergence named inputs the
+    tensor never reads. The catalogue lists these inputs."""
+    v4 = load(ROOT / "tiny-v4-windows")
+    layer = "prefill.layers.1."
+    assert inputs_of(v4, layer + "attn.compressor.slot_gate") == [layer + "attn.compressor.gate"]
+    assert inputs_of(v4, layer + "attn.compressor.pooled") == [layer + "attn.compressor.kv",
+                                                               layer + "attn.compressor.slot_weights"]
+    assert inputs_of(v4, layer + "attn.indexer.compressor.kv") == [layer + "attn_norm"]
+    assert inputs_of(v4, layer + "attn.entry_keys") == [layer + "attn.entries", layer + "attn.chosen"]
+    assert inputs_of(v4, layer + "attn.scores") == [layer + f"attn.{n}" for n in ("q_rope", "window", "entry_keys")]
+    assert inputs_of(v4, layer + "ffn.gate.weights") == [layer + "ffn.gate.scores", layer + "ffn.gate.hash_idx"]
+    assert inputs_of(v4, "prefill.layers.2.ffn.gate.weights") == ["prefill.layers.2.ffn.gate.scores",
+                                                                  "prefill.layers.2.ffn.gate.topk_idx"]
+    assert inputs_of(v4, layer + "hc_attn.collapsed") == [layer + "streams", layer + "hc_attn.pre"]
+    last = max(e["layer"] for e in v4.entries if e["layer"] is not None)
+    assert inputs_of(v4, "prefill.hc_head.mixes") == [f"prefill.layers.{last}.ffn_streams"]
+
+
+def test_every_listed_input_is_a_catalogue_name():
+    cat = catalog.load()
+    listed = {e["name"]: e["inputs"] for e in cat.entries if "inputs" in e}
+    assert len(listed) >= 20
+    assert {name: [k for k in keys if cat.entry(k) is None] for name, keys in listed.items()} == {
+        name: [] for name in listed}
+
+
+def test_a_compressor_window_off_by_one_is_put_in_its_own_step(tmp_path):
+    """A port's compressor whose windows start one token late: its gates are right, its slot gates
+    not. The verdict named `attn.window` (missing) as the slot gates' input and said the difference
+    may start earlier; it is the gates, which match, so it starts in this step."""
+    v4 = load(ROOT / "tiny-v4-windows")
+    p = "prefill.layers.1.attn.compressor."
+    late = np.roll(v4.tensors[p + "slot_gate"], -1, axis=1)  # window w given window w + 1's slots
+    out = verify(v4.path, candidate(tmp_path / "port.safetensors", {p + "gate": v4.tensors[p + "gate"],
+                                                                     p + "slot_gate": late}))
+    assert f"first divergence: {p}slot_gate: " in out
+    assert f"  input {p}gate: match\n  its inputs match, so the difference starts in this step" in out
+    assert "attn.window" not in out.split("first divergence:")[1]
