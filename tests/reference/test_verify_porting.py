@@ -11,6 +11,7 @@ from safetensors.numpy import save_file
 from stepper import catalog
 from stepper.fixtures import verify as verifying
 from stepper.fixtures.fixture import load
+from stepper.fixtures.layouts import softmax_scale
 
 ROOT = Path(__file__).resolve().parents[2] / "fixtures"
 
@@ -133,3 +134,17 @@ def test_a_compressor_window_off_by_one_is_put_in_its_own_step(tmp_path):
     assert f"first divergence: {p}slot_gate: " in out
     assert f"  input {p}gate: match\n  its inputs match, so the difference starts in this step" in out
     assert "attn.window" not in out.split("first divergence:")[1]
+
+
+def test_llama_cpp_s_raw_kq_is_placed_in_its_own_cells(tmp_path):
+    """llama.cpp's kq-{i}: [H, T, n_kv] cells, K·Q before the scale, padded past the positions. Its
+    compared values are scaled, so the layout's label differs once values are left alone: the index
+    was left out. Head 2, query 5, cell 1 wrong."""
+    basic = load(ROOT / "tiny-prefill-decode")
+    scores = basic.tensors["prefill.layers.1.self_attn.attn_scores"][0]  # [4 heads, 7, 7], -inf in the future
+    raw = np.zeros(scores.shape[:-1] + (scores.shape[-1] + 3,), np.float32)  # three padding cells
+    raw[..., :scores.shape[-1]] = np.where(np.isinf(scores), 0, scores) / np.float32(softmax_scale(basic.config))
+    raw[2, 5, 1] += 1.0
+    out = verify(basic.path, candidate(tmp_path / "port.safetensors", {"prefill.kq-1": raw}), "--names", "llama.cpp")
+    assert "first divergence: prefill.layers.1.self_attn.attn_scores (the candidate's prefill.kq-1): 1 of 196 " \
+           "entries outside tolerance (worst at [0,2,5,1], the candidate's [2,5,1])" in out
