@@ -148,3 +148,42 @@ def test_llama_cpp_s_raw_kq_is_placed_in_its_own_cells(tmp_path):
     out = verify(basic.path, candidate(tmp_path / "port.safetensors", {"prefill.kq-1": raw}), "--names", "llama.cpp")
     assert "first divergence: prefill.layers.1.self_attn.attn_scores (the candidate's prefill.kq-1): 1 of 196 " \
            "entries outside tolerance (worst at [0,2,5,1], the candidate's [2,5,1])" in out
+
+
+def test_kda_tensors_with_positions_before_heads_are_read_as_the_reference_s(tmp_path):
+    """transformers' KDA holds its per-head tensors [B, T, H, K] and beta [B, T, H]; under their
+    canonical names (or --map) verify arranged only MLA's heads (H), so a port dumping KDA's
+    (Hk) or the indexer's (Hi) that way was 'cannot be arranged' though every value was right."""
+    kda = load(ROOT / "tiny-kimi-linear-kda")
+    names = [f"prefill.layers.0.self_attn.{k}" for k in ("q_unit", "forget_gate", "beta", "delta", "core_out")]
+    theirs = {n: np.swapaxes(kda.tensors[n], 1, 2).copy() for n in names}
+    out = stepper("fixtures", "verify", kda.path, candidate(tmp_path / "port.safetensors", theirs), "--allow-missing",
+                  "--plain")
+    assert out.returncode == 0 and "match: 58 fixture tensors, 5 match, 0 differ, 53 missing" in out.stdout, out.stdout
+    theirs[names[2]][0, 40, 3] += 0.5  # beta of position 40, head 3
+    out = verify(kda.path, candidate(tmp_path / "port.safetensors", theirs))
+    assert (f"first divergence: {names[2]}: 1 of {theirs[names[2]].size} entries outside tolerance "
+            "(worst at [0,3,40], the candidate's [0,40,3])") in out
+
+
+def pairs_side_by_side(array: np.ndarray, rope: int) -> np.ndarray:
+    """The first `rope` dims from the reference's [evens | odds] into pairs (x0' x1' x2' ...)."""
+    out = array.copy()
+    out[..., 0:rope:2], out[..., 1:rope:2] = array[..., :rope // 2], array[..., rope // 2:rope]
+    return np.ascontiguousarray(out)
+
+
+def test_glm5_s_indexer_rope_pairs_side_by_side_are_read_as_the_reference_s(tmp_path):
+    """GLM-5's indexer turns interleaved pairs of its first qk_rope_head_dim dims; the fixture lays
+    them out as MLA's q_pe_rope ([evens | odds]), and a port turning the pairs in place (the same
+    index scores) differed at cosine 0.53. V3.2's indexer turns two halves, so there the same
+    permutation is a different layout, and still differs."""
+    glm5, v32 = load(ROOT / "tiny-glm5-shared"), load(ROOT / "tiny-v32-indexer")
+    for fixture, layer, agrees in ((glm5, 1, True), (v32, 1, False)):
+        rope = int(fixture.manifest["config"]["qk_rope_head_dim"])
+        names = [f"prefill.layers.{layer}.self_attn.indexer.{k}" for k in ("q_rope", "k_rope", "keys")]
+        theirs = {n: pairs_side_by_side(fixture.tensors[n], rope) for n in names}
+        out = stepper("fixtures", "verify", fixture.path, candidate(tmp_path / "port.safetensors", theirs),
+                      "--allow-missing", "--plain")
+        assert (out.returncode == 0) is agrees, out.stdout
+        assert ("3 match, 0 differ" in out.stdout) is agrees
