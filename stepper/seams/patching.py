@@ -30,7 +30,7 @@ import numpy as np
 
 from stepper.errors import StepperError
 from stepper.seams.trace import Event, matches
-from stepper.tensors.tensor import held
+from stepper.tensors.tensor import held, same_values
 from stepper.untrusted import cut, said
 
 PatchFn = Callable[[np.ndarray, str], "np.ndarray | None"]
@@ -71,7 +71,7 @@ class Patcher:
             given = np.array(array, copy=True)
             result = fn(given, event.name)
             self.applied[pattern].append(event.name)
-            if result is None and not is_watcher(fn) and not np.array_equal(given, array, equal_nan=True):
+            if result is None and not is_watcher(fn) and not same_values(given, array):
                 raise StepperError(f"patch {pattern} on {event.name} changed its copy in place and returned None, "
                                    "which leaves the tensor as it was: return the array")
             if result is not None:
