@@ -1,5 +1,5 @@
 """A run, a tensor, a picture and a diff in a notebook: the rows the terminal shows, exported by Rich as HTML
-(`_repr_html_`), and as text in a plain console.
+(`_repr_html_`: its lines kept whole, a narrow page scrolls them; captions wrap at WIDTH), and as text.
 
 One call, one display: each object here displays itself when it is a cell's value (or is passed to
 `display`), and nothing is displayed while it is drawn. Rich's consoles display what they print
@@ -26,6 +26,7 @@ from stepper.views.v4_pictures import choice_of, routing_picture
 
 WIDTH = 160
 SCOPES = 24  # a run's summary lists its first steps and layers; run.names lists every name
+PRE = '<pre style="font-family:monospace;white-space:pre;overflow-x:auto">{code}</pre>'  # not JupyterLab's pre-wrap
 HINT = 'run["NAME"] a tensor · run.show(NAME) its row · run.picture({}, NAME) · run.names every name'
 
 
@@ -33,14 +34,14 @@ def console(**options: Any) -> Console:
     """A console writing into a string, never displaying in a notebook itself, and plain text
     unless told otherwise (a Jupyter kernel sets FORCE_COLOR, which Rich would follow)."""
     options = {"force_terminal": False, **options}
-    return Console(file=io.StringIO(), force_jupyter=False, highlight=False, markup=False, soft_wrap=True, **options)
+    return Console(file=io.StringIO(), force_jupyter=False, highlight=False, markup=False, **options)
 
 
 def html(renderables: list[RenderableType]) -> str:
     out = console(record=True, width=WIDTH, force_terminal=True, color_system="truecolor")
     for r in renderables:
         out.print(r)
-    return out.export_html(inline_styles=True, code_format="<pre style=\"font-family:monospace\">{code}</pre>")
+    return out.export_html(inline_styles=True, code_format=PRE)
 
 
 def text(renderables: list[RenderableType]) -> str:

@@ -1,6 +1,8 @@
 """The Python API: `stepper.run` keeps a run's tensors, names, config and tokens; bad arguments are
 one sentence naming the argument."""
 
+import html
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -678,7 +680,8 @@ def test_a_lone_layer_without_an_embedding_table_says_its_ids_only_count_positio
     note = ("note: this checkpoint has no embedding table, so layer 1 runs on seeded random vectors and ids= only sets "
             "their number; give input=FILE (the hidden states of the layer before, dumped from a run) for real ones")
     assert one.notes[-1] == note and one.notes[0].startswith("attn=auto: naive prefill (the run needs about ")
-    assert repr(one).endswith("generated []; 1 note in run.notes>") and note in one._repr_html_()
+    page = " ".join(html.unescape(re.sub(r"<[^>]+>", "", one._repr_html_())).split())  # wrapped at its width
+    assert repr(one).endswith("generated []; 1 note in run.notes>") and note in page
     plain = stepper.run("tiny", ids=[5, 6], keep="layers.1.output")
     assert [line.split(":")[0] for line in plain.notes] == ["attn=auto"] and "note" not in repr(plain)
 
