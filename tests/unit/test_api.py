@@ -705,3 +705,26 @@ def test_a_patch_returning_a_masked_array_is_refused_naming_what_to_return():
     filled = stepper.run("tiny", ids=[1, 2, 3], patch={"layers.1.self_attn.q": lambda a, name: np.ma.masked_less(
         a, 0).filled(0)})
     assert filled["layers.1.self_attn.q"].min() == 0 and filled["layers.1.self_attn.q"].max() > 0
+
+
+def test_a_chunked_runs_tensor_read_after_its_checkpoint_was_cut_short_is_one_line_not_a_bus_error(tmp_path):
+    """A chunked run's tensor is made when read, from the checkpoint's mapped weights: a shard
+    written over in place since (cp, or a writer that opens it "wb") killed the process with
+    SIGBUS (a notebook's kernel died). In a child process, as the old code crashed."""
+    out = tmp_path / "ck"
+    assert helpers.cli.stepper("synth", "--model", "tiny", "--out", out).returncode == 0
+    script = (
+        "import os, sys, numpy as np, stepper\n"
+        "run = stepper.run(sys.argv[1], prompt_len=21, chunk=8, keep='layers.1.self_attn.attn_weights')\n"
+        "for shard in sorted(p for p in os.listdir(sys.argv[1]) if p.endswith('.safetensors')):\n"
+        "    os.truncate(os.path.join(sys.argv[1], shard), 1000)\n"
+        "try:\n"
+        "    np.asarray(run['layers.1.self_attn.attn_weights'])\n"
+        "except stepper.StepperError as error:\n"
+        "    print(error)\n")
+    done = subprocess.run([sys.executable, "-c", script, str(out)], capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert (done.returncode, done.stderr) == (0, ""), done.returncode
+    assert done.stdout == (f"{out}/model-00001-of-00005.safetensors: the file was cut short after it was read "
+                           "(written over in place), so its weights can no longer be read; run again on the file "
+                           "as it is now\n")
