@@ -8,6 +8,8 @@ when they find themselves in Jupyter, so every console here is told it is not in
 from __future__ import annotations
 
 import io
+import shutil
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -45,7 +47,8 @@ def html(renderables: list[RenderableType]) -> str:
 
 
 def text(renderables: list[RenderableType]) -> str:
-    out = console(width=WIDTH, no_color=True)
+    """As text: fitted to the terminal in a Python prompt, as `stepper run` fits it; else WIDTH wide."""
+    out = console(width=shutil.get_terminal_size((WIDTH, 0)).columns if sys.stdout.isatty() else WIDTH, no_color=True)
     for r in renderables:
         out.print(r)
     return out.file.getvalue()

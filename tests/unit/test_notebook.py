@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.terminal import on_terminal
 from rich.console import Console
 
 import stepper
@@ -119,3 +120,20 @@ def test_a_display_keeps_its_lines_whole_on_a_narrow_page_and_wraps_a_long_capti
     lines = visible(state._repr_html_()).splitlines()
     assert max(map(len, lines)) <= notebook.WIDTH and max(map(len, repr(state).splitlines())) <= notebook.WIDTH
     assert " ".join(kda_state.STATISTICS_NOTE.split()) in " ".join(" ".join(lines).split())  # every word, in order
+
+
+def test_a_display_printed_at_a_python_prompt_fits_its_terminal_as_stepper_run_fits_it():
+    """repr(run.picture(...)) or print(run.show(...)) in a Python prompt on an 80-column terminal:
+    laid out for 80 columns, its caption wrapped between words (it was laid out for 160, and the
+    terminal broke its lines mid-word); to a pipe, 160 columns as before."""
+    script = ("import stepper\n"
+              "run = stepper.run('tiny', ids=[17, 402, 999, 3], keep='layers.1.mlp.gate.*')\n"
+              "print(repr(run.picture('routing', 'layers.1.mlp.gate.topk_idx')))\n")
+    screen = on_terminal(columns=80, python=script)
+    run = stepper.run("tiny", ids=[17, 402, 999, 3], keep="layers.1.mlp.gate.*")
+    drawn = routing_map.routing_map(run["layers.1.mlp.gate.topk_idx"], run["layers.1.mlp.gate.topk_weight"], 32)
+    fitted = Console(file=io.StringIO(), width=80, no_color=True, highlight=False, markup=False)
+    fitted.print(drawn)
+    assert screen.code == 0 and screen.lines == [line.rstrip() for line in fitted.file.getvalue().splitlines()]
+    assert any(line.startswith("the router's order") for line in screen.lines)  # the caption's second line
+    assert repr(run.picture("routing", "layers.1.mlp.gate.topk_idx")) == notebook.text([drawn]).rstrip("\n")  # a pipe
