@@ -72,6 +72,8 @@ class Patcher:
             given = np.array(array, copy=True)
             try:
                 result = fn(given, event.name)
+            except StepperError:  # a helper's refusal, one line of its own
+                raise
             except Exception as error:  # the function's own: its traceback from its frame (api.run), and where
                 error.add_note(f"in patch {pattern} on {event.name} {array.dtype}{list(array.shape)}")
                 raise
