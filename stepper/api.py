@@ -282,7 +282,8 @@ class Run(Mapping):
         layer's self_attn.state (`pictures()`: those this run's tensors draw)."""
         drawn_from = self._drawn_from()
         if kind not in drawn_from:
-            raise StepperError(f"picture: kind expects one of {', '.join(drawn_from)}, got {_given(kind)}")
+            raise StepperError(f"picture: kind expects one of {', '.join(self.pictures())} (what this run's kept "
+                               f"tensors draw), got {_given(kind)}")
         event = self.event(name)
         if drawn_from[kind] and catalog.key_of(event.key) not in drawn_from[kind]:  # LongCat's sub0. left out
             raise StepperError(f"picture: {kind} draws a {' or a '.join(drawn_from[kind])}, and {event.name} is not "

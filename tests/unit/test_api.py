@@ -728,3 +728,14 @@ def test_a_chunked_runs_tensor_read_after_its_checkpoint_was_cut_short_is_one_li
     assert done.stdout == (f"{out}/model-00001-of-00005.safetensors: the file was cut short after it was read "
                            "(written over in place), so its weights can no longer be read; run again on the file "
                            "as it is now\n")
+
+
+def test_an_unknown_picture_kind_lists_the_kinds_this_runs_tensors_draw_not_every_familys(run):
+    """tiny was offered DeepSeek-V4's hc and reach and Kimi Linear's state, which its tensors never draw."""
+    with pytest.raises(StepperError) as caught:
+        run.picture("heat", "layers.1.self_attn.attn_weights")
+    assert str(caught.value) == ("picture: kind expects one of attention, routing, hist (what this run's kept tensors "
+                                 "draw), got 'heat'")
+    kimi = stepper.run("tiny-kimi-linear", ids=[1, 2, 3], keep="layers.0.self_attn.*")
+    with pytest.raises(StepperError, match=r"^picture: kind expects one of state, hist \(what this run's kept"):
+        kimi.picture("heat", "layers.0.self_attn.state")
