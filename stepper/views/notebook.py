@@ -48,7 +48,8 @@ def html(renderables: list[RenderableType]) -> str:
 
 def text(renderables: list[RenderableType]) -> str:
     """As text: fitted to the terminal in a Python prompt, as `stepper run` fits it; else WIDTH wide."""
-    out = console(width=shutil.get_terminal_size((WIDTH, 0)).columns if sys.stdout.isatty() else WIDTH, no_color=True)
+    prompt = getattr(sys.stdout, "isatty", bool)()  # (no stdout at all under pythonw: None has no isatty)
+    out = console(width=shutil.get_terminal_size((WIDTH, 0)).columns if prompt else WIDTH, no_color=True)
     for r in renderables:
         out.print(r)
     return out.file.getvalue()
