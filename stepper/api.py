@@ -57,7 +57,7 @@ from stepper.planning.names import picture_tensors
 from stepper.planning.record import Recorded, record
 from stepper.presets import PRESETS
 from stepper.seams.experiments import force_experts, zero_expert, zero_head, zero_router_bias
-from stepper.seams.patching import PatchFn, as_patches
+from stepper.seams.patching import PatchFn, as_patches, raised_in_patch
 from stepper.seams.trace import Event, did_you_mean, matches
 from stepper.session import ATTN_CHOICES, INDEX_SCORING_CHOICES, RunSpec, api_keyword, check_choice
 from stepper.tensors.tensor import LazyTensor, Tensor, held
@@ -143,6 +143,10 @@ def run(model: str | Path | None = None, *, ids: Sequence[int] | None = None, pr
                               chunk=chosen, forewarn=long_run_warning)
         except StepperError as error:  # said from this call, as the command line says it in one line: not from
             raise error.with_traceback(None) from None  # the model's depths, where a patch's result was refused
+        except Exception as error:  # a patch function's own error: from its frames, not the model's around them
+            if (frames := raised_in_patch(error)) is None:
+                raise
+            raise error.with_traceback(frames)
     return Run(recorded)
 
 
@@ -278,7 +282,8 @@ class Run(Mapping):
         layer's self_attn.state (`pictures()`: those this run's tensors draw)."""
         drawn_from = self._drawn_from()
         if kind not in drawn_from:
-            raise StepperError(f"picture: kind expects one of {', '.join(drawn_from)}, got {_given(kind)}")
+            raise StepperError(f"picture: kind expects one of {', '.join(self.pictures())} (what this run's kept "
+                               f"tensors draw), got {_given(kind)}")
         event = self.event(name)
         if drawn_from[kind] and catalog.key_of(event.key) not in drawn_from[kind]:  # LongCat's sub0. left out
             raise StepperError(f"picture: {kind} draws a {' or a '.join(drawn_from[kind])}, and {event.name} is not "

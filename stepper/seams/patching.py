@@ -24,13 +24,14 @@ from __future__ import annotations
 import ast
 import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import TracebackType
 from typing import Any
 
 import numpy as np
 
 from stepper.errors import StepperError
 from stepper.seams.trace import Event, matches
-from stepper.tensors.tensor import held
+from stepper.tensors.tensor import held, same_values
 from stepper.untrusted import cut, said
 
 PatchFn = Callable[[np.ndarray, str], "np.ndarray | None"]
@@ -69,14 +70,28 @@ class Patcher:
                                    "long attention) and never held, so it cannot be patched: patch the queries or "
                                    "keys it is made from, or run a shorter prompt, whose attention is held whole")
             given = np.array(array, copy=True)
-            result = fn(given, event.name)
+            try:
+                result = fn(given, event.name)
+            except StepperError:  # a helper's refusal, one line of its own
+                raise
+            except Exception as error:  # the function's own: its traceback from its frame (api.run), and where
+                error.add_note(f"in patch {pattern} on {event.name} {array.dtype}{list(array.shape)}")
+                raise
             self.applied[pattern].append(event.name)
-            if result is None and not is_watcher(fn) and not np.array_equal(given, array, equal_nan=True):
+            if result is None and not is_watcher(fn) and not same_values(given, array):
                 raise StepperError(f"patch {pattern} on {event.name} changed its copy in place and returned None, "
                                    "which leaves the tensor as it was: return the array")
             if result is not None:
                 array, changed = checked(pattern, event.name, array, result), True
         return array if changed else None
+
+
+def raised_in_patch(error: BaseException) -> TracebackType | None:
+    """The frames of a patch function that raised `error`, from its own (the model's around it left out)."""
+    tb = error.__traceback__
+    while tb is not None and tb.tb_frame.f_code is not Patcher.__call__.__code__:
+        tb = tb.tb_next
+    return None if tb is None else tb.tb_next
 
 
 def watcher(fn: PatchFn) -> PatchFn:

@@ -1,5 +1,5 @@
 """A run, a tensor, a picture and a diff in a notebook: the rows the terminal shows, exported by Rich as HTML
-(`_repr_html_`), and as text in a plain console.
+(`_repr_html_`: its lines kept whole, a narrow page scrolls them; captions wrap at WIDTH), and as text.
 
 One call, one display: each object here displays itself when it is a cell's value (or is passed to
 `display`), and nothing is displayed while it is drawn. Rich's consoles display what they print
@@ -8,6 +8,8 @@ when they find themselves in Jupyter, so every console here is told it is not in
 from __future__ import annotations
 
 import io
+import shutil
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,6 +28,7 @@ from stepper.views.v4_pictures import choice_of, routing_picture
 
 WIDTH = 160
 SCOPES = 24  # a run's summary lists its first steps and layers; run.names lists every name
+PRE = '<pre style="font-family:monospace;white-space:pre;overflow-x:auto">{code}</pre>'  # not JupyterLab's pre-wrap
 HINT = 'run["NAME"] a tensor · run.show(NAME) its row · run.picture({}, NAME) · run.names every name'
 
 
@@ -33,18 +36,20 @@ def console(**options: Any) -> Console:
     """A console writing into a string, never displaying in a notebook itself, and plain text
     unless told otherwise (a Jupyter kernel sets FORCE_COLOR, which Rich would follow)."""
     options = {"force_terminal": False, **options}
-    return Console(file=io.StringIO(), force_jupyter=False, highlight=False, markup=False, soft_wrap=True, **options)
+    return Console(file=io.StringIO(), force_jupyter=False, highlight=False, markup=False, **options)
 
 
 def html(renderables: list[RenderableType]) -> str:
     out = console(record=True, width=WIDTH, force_terminal=True, color_system="truecolor")
     for r in renderables:
         out.print(r)
-    return out.export_html(inline_styles=True, code_format="<pre style=\"font-family:monospace\">{code}</pre>")
+    return out.export_html(inline_styles=True, code_format=PRE)
 
 
 def text(renderables: list[RenderableType]) -> str:
-    out = console(width=WIDTH, no_color=True)
+    """As text: fitted to the terminal in a Python prompt, as `stepper run` fits it; else WIDTH wide."""
+    prompt = getattr(sys.stdout, "isatty", bool)()  # (no stdout at all under pythonw: None has no isatty)
+    out = console(width=shutil.get_terminal_size((WIDTH, 0)).columns if prompt else WIDTH, no_color=True)
     for r in renderables:
         out.print(r)
     return out.file.getvalue()

@@ -191,6 +191,9 @@ class SafetensorsFile:
         """The whole file mapped read-only, made once, after checking it is the file we validated."""
         if self._closed:
             raise StepperError(f"{self.path}: file was closed")
+        if self._map is not None and self._map.size() < len(self._map):  # its pages past the end: SIGBUS, no error
+            raise StepperError(f"{self.path}: the file was cut short after it was read (written over in place), so its "
+                               "weights can no longer be read; run again on the file as it is now")
         if self._map is None:
             with _open(self.path) as f:
                 if file_identity(os.fstat(f.fileno())) != self.identity:

@@ -40,10 +40,11 @@ PROMPTS = (b"(stepper) ", b"your prediction> ")  # where the debugger and the le
 
 
 def on_terminal(*args: object, columns: int = 80, env: Mapping[str, str] | None = None, timeout: float = 120.0,
-                typed: Sequence[str] = (), cwd: str | Path | None = None) -> Screen:
+                typed: Sequence[str] = (), cwd: str | Path | None = None, python: str | None = None) -> Screen:
     """`stepper ARGS` on a pseudo-terminal `columns` wide: the screen afterwards. At each prompt
-    the next of the `typed` lines is typed, and once they are used up, Ctrl-D (end of input)."""
-    argv = [sys.executable, "-m", "stepper", *map(str, args)]
+    the next of the `typed` lines is typed, and once they are used up, Ctrl-D (end of input).
+    `python`: a script run in its place (`python -c SCRIPT ARGS`), a user's own use of the API."""
+    argv = [sys.executable, *(["-c", python] if python is not None else ["-m", "stepper"]), *map(str, args)]
     pid, fd = pty.fork()
     if pid == 0:  # the child: the terminal's size set, then stepper in its place
         try:

@@ -1,6 +1,8 @@
 """The Python API: `stepper.run` keeps a run's tensors, names, config and tokens; bad arguments are
 one sentence naming the argument."""
 
+import html
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -678,7 +680,8 @@ def test_a_lone_layer_without_an_embedding_table_says_its_ids_only_count_positio
     note = ("note: this checkpoint has no embedding table, so layer 1 runs on seeded random vectors and ids= only sets "
             "their number; give input=FILE (the hidden states of the layer before, dumped from a run) for real ones")
     assert one.notes[-1] == note and one.notes[0].startswith("attn=auto: naive prefill (the run needs about ")
-    assert repr(one).endswith("generated []; 1 note in run.notes>") and note in one._repr_html_()
+    page = " ".join(html.unescape(re.sub(r"<[^>]+>", "", one._repr_html_())).split())  # wrapped at its width
+    assert repr(one).endswith("generated []; 1 note in run.notes>") and note in page
     plain = stepper.run("tiny", ids=[5, 6], keep="layers.1.output")
     assert [line.split(":")[0] for line in plain.notes] == ["attn=auto"] and "note" not in repr(plain)
 
@@ -702,3 +705,37 @@ def test_a_patch_returning_a_masked_array_is_refused_naming_what_to_return():
     filled = stepper.run("tiny", ids=[1, 2, 3], patch={"layers.1.self_attn.q": lambda a, name: np.ma.masked_less(
         a, 0).filled(0)})
     assert filled["layers.1.self_attn.q"].min() == 0 and filled["layers.1.self_attn.q"].max() > 0
+
+
+def test_a_chunked_runs_tensor_read_after_its_checkpoint_was_cut_short_is_one_line_not_a_bus_error(tmp_path):
+    """A chunked run's tensor is made when read, from the checkpoint's mapped weights: a shard
+    written over in place since (cp, or a writer that opens it "wb") killed the process with
+    SIGBUS (a notebook's kernel died). In a child process, as the old code crashed."""
+    out = tmp_path / "ck"
+    assert helpers.cli.stepper("synth", "--model", "tiny", "--out", out).returncode == 0
+    script = (
+        "import os, sys, numpy as np, stepper\n"
+        "run = stepper.run(sys.argv[1], prompt_len=21, chunk=8, keep='layers.1.self_attn.attn_weights')\n"
+        "for shard in sorted(p for p in os.listdir(sys.argv[1]) if p.endswith('.safetensors')):\n"
+        "    os.truncate(os.path.join(sys.argv[1], shard), 1000)\n"
+        "try:\n"
+        "    np.asarray(run['layers.1.self_attn.attn_weights'])\n"
+        "except stepper.StepperError as error:\n"
+        "    print(error)\n")
+    done = subprocess.run([sys.executable, "-c", script, str(out)], capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert (done.returncode, done.stderr) == (0, ""), done.returncode
+    assert done.stdout == (f"{out}/model-00001-of-00005.safetensors: the file was cut short after it was read "
+                           "(written over in place), so its weights can no longer be read; run again on the file "
+                           "as it is now\n")
+
+
+def test_an_unknown_picture_kind_lists_the_kinds_this_runs_tensors_draw_not_every_familys(run):
+    """tiny was offered DeepSeek-V4's hc and reach and Kimi Linear's state, which its tensors never draw."""
+    with pytest.raises(StepperError) as caught:
+        run.picture("heat", "layers.1.self_attn.attn_weights")
+    assert str(caught.value) == ("picture: kind expects one of attention, routing, hist (what this run's kept tensors "
+                                 "draw), got 'heat'")
+    kimi = stepper.run("tiny-kimi-linear", ids=[1, 2, 3], keep="layers.0.self_attn.*")
+    with pytest.raises(StepperError, match=r"^picture: kind expects one of state, hist \(what this run's kept"):
+        kimi.picture("heat", "layers.0.self_attn.state")

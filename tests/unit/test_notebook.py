@@ -8,11 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.terminal import on_terminal
 from rich.console import Console
 
 import stepper
 from stepper.errors import StepperError
-from stepper.views import diff_table, notebook, routing_map
+from stepper.views import diff_table, kda_state, notebook, routing_map
 from stepper.views.sinks import TensorRows
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -102,3 +103,37 @@ def test_the_example_in_docs_runs(tmp_path):
     assert "prefill.layers.1.self_attn.compressed_kv  [B=1 batch, T=4 positions, 128 kv latent]" in text
     assert ("experts used" in text and "head 0" in text
             and "first difference: prefill.layers.1.mlp.gate.topk_weight" in text)
+
+
+def test_a_display_keeps_its_lines_whole_on_a_narrow_page_and_wraps_a_long_caption_at_the_width(run):
+    """JupyterLab's output area wraps a <pre>'s lines (white-space: pre-wrap; word-break: break-all),
+    which broke a routing grid or a diff's table mid-row on a page narrower than its 160 columns:
+    each display's <pre> keeps its lines whole and scrolls sideways. A caption (Kimi Linear's state
+    picture's, 314 characters) wraps between words, as on a terminal (under its table, at the table's width)."""
+    kimi = stepper.run("tiny-kimi-linear", ids=[17, 40, 99, 3], keep="layers.0.self_attn.*")
+    state = kimi.picture("state", "layers.0.self_attn.state")
+    shown = [run, run.show("layers.1.self_attn.k_pe"), run.picture("routing", "layers.1.mlp.gate.topk_idx"), state,
+             stepper.diff(run, run)]
+    for page in (s._repr_html_() for s in shown):
+        style = dict(rule.split(":") for rule in re.findall(r'<pre style="([^"]*)"', page)[0].split(";"))
+        assert (style["white-space"], style["overflow-x"]) == ("pre", "auto"), style
+    lines = visible(state._repr_html_()).splitlines()
+    assert max(map(len, lines)) <= notebook.WIDTH and max(map(len, repr(state).splitlines())) <= notebook.WIDTH
+    assert " ".join(kda_state.STATISTICS_NOTE.split()) in " ".join(" ".join(lines).split())  # every word, in order
+
+
+def test_a_display_printed_at_a_python_prompt_fits_its_terminal_as_stepper_run_fits_it():
+    """repr(run.picture(...)) or print(run.show(...)) in a Python prompt on an 80-column terminal:
+    laid out for 80 columns, its caption wrapped between words (it was laid out for 160, and the
+    terminal broke its lines mid-word); to a pipe, 160 columns as before."""
+    script = ("import stepper\n"
+              "run = stepper.run('tiny', ids=[17, 402, 999, 3], keep='layers.1.mlp.gate.*')\n"
+              "print(repr(run.picture('routing', 'layers.1.mlp.gate.topk_idx')))\n")
+    screen = on_terminal(columns=80, python=script)
+    run = stepper.run("tiny", ids=[17, 402, 999, 3], keep="layers.1.mlp.gate.*")
+    drawn = routing_map.routing_map(run["layers.1.mlp.gate.topk_idx"], run["layers.1.mlp.gate.topk_weight"], 32)
+    fitted = Console(file=io.StringIO(), width=80, no_color=True, highlight=False, markup=False)
+    fitted.print(drawn)
+    assert screen.code == 0 and screen.lines == [line.rstrip() for line in fitted.file.getvalue().splitlines()]
+    assert any(line.startswith("the router's order") for line in screen.lines)  # the caption's second line
+    assert repr(run.picture("routing", "layers.1.mlp.gate.topk_idx")) == notebook.text([drawn]).rstrip("\n")  # a pipe

@@ -1,6 +1,9 @@
 """Patching: at a named tensor the model continues with a patch's result, and what follows is
 computed from it; the helpers do what changed weights would do."""
 
+import traceback
+from pathlib import Path
+
 import numpy as np
 import pytest
 from helpers.changed_weights import Changed
@@ -298,6 +301,19 @@ def test_a_function_that_changes_its_copy_and_returns_none_is_refused():
         stepper.run("tiny", ids=IDS, patch={"layers.1.self_attn.k_pe": zeroed_in_place})
     looked = stepper.run("tiny", ids=IDS, patch={"layers.1.self_attn.k_pe": lambda x, name: None}, keep="k_pe")
     assert looked["layers.1.self_attn.k_pe"].any()  # a function that only looks leaves the tensor as it was
+
+
+def test_an_error_of_a_patch_function_is_raised_from_its_own_frames_naming_the_tensor_it_was_given():
+    """A notebook shows the user's mistake under the stepper.run line, at their function's line,
+    with the tensor it was called on: not under twenty frames of the model around it."""
+    def scaled(x, name):
+        return x / x.shape[9]  # a mistake: k_pe has 4 axes
+
+    with pytest.raises(IndexError) as raised:
+        stepper.run("tiny", ids=IDS, patch={"*k_pe": scaled})
+    assert raised.value.__notes__ == ["in patch *k_pe on layers.0.self_attn.k_pe float32[1, 1, 4, 16]"]
+    frames = [(Path(frame.filename).name, frame.name) for frame in traceback.extract_tb(raised.value.__traceback__)]
+    assert frames[1:] == [("api.py", "run"), (Path(__file__).name, "scaled")]  # after the test's own line
 
 
 @pytest.mark.parametrize(("model", "name"), [
