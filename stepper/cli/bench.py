@@ -16,8 +16,7 @@ from stepper.errors import StepperError
 from stepper.untrusted import shown
 from stepper.views.sinks import line_width, styles
 
-WORKDIR_HELP = ("Where the synthetic full-size checkpoints are written once and reused (about 20 GB) "
-                "[default: ~/.cache/stepper/bench].")
+WORKDIR_HELP = "Where the synthetic full-size checkpoints are written once and reused (about 20 GB)."
 TORCH_HELP = ("Also compare with transformers' DeepseekV3 on a 16-expert layer (needs the crosscheck extra): the two "
               "run in turn, and each figure is the median of the paired ratios, printed with the least time "
               "stepper's work could take (its FP8 decoding and products at rates measured beside it).")
@@ -43,7 +42,8 @@ LONG_HELP = ("Only the long-context figures: the attention of --long-model's lay
 
 
 def bench_command(
-    workdir: Annotated[Path | None, typer.Option(metavar="DIR", help=WORKDIR_HELP)] = None,
+    workdir: Annotated[Path | None, typer.Option(metavar="DIR", show_default="~/.cache/stepper/bench",
+                                                 help=WORKDIR_HELP)] = None,
     torch: Annotated[bool, typer.Option("--torch/--no-torch", help=TORCH_HELP)] = True,
     int4: Annotated[bool, typer.Option("--int4/--no-int4", help=INT4_HELP)] = True,
     as_json: Annotated[bool, typer.Option("--json", help="The figures as JSON on stdout.")] = False,

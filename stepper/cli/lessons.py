@@ -48,9 +48,9 @@ lesson_app = usage.Typer(
     help="Guided lessons: step through the layer, predict each tensor, write the pieces yourself.",
 )
 
-NameArg = Annotated[str | None, typer.Argument(metavar="NAME", help="Lesson name or number [default: the current "
-                                                                    "lesson; once it is done, the next one not "
-                                                                    "done].", show_default=False)]
+NameArg = Annotated[str | None, typer.Argument(
+    metavar="NAME", help="Lesson name or number.",
+    show_default="the current lesson; once it is done, the next one not done")]
 WorkspaceOpt = Annotated[Path, typer.Option("--workspace", metavar="DIR", help="Where your exercise files live.")]
 
 

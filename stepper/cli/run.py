@@ -45,8 +45,8 @@ IdsOpt = Annotated[str | None, typer.Option(metavar="1,2,3", help="Prompt token 
 PromptOpt = Annotated[str | None, typer.Option("--prompt", metavar="TEXT",
                                                help="The prompt as text, tokenized by the checkpoint's "
                                                     f"tokenizer.json or tiktoken.model (needs: {INSTALL}).")]
-PromptLenOpt = Annotated[int | None, typer.Option(metavar="T", min=1,
-                                                  help="Number of prompt tokens drawn from the seed [default: 7].")]
+PromptLenOpt = Annotated[int | None, typer.Option(metavar="T", min=1, show_default="7",
+                                                  help="Number of prompt tokens drawn from the seed.")]
 StartPosOpt = Annotated[int, typer.Option(metavar="P", min=0, help="Position of the first prompt token (empty cache).")]
 DecodeOpt = Annotated[int, typer.Option(metavar="N", min=0,
                                         help="Decode steps after the prefill, with the cache (greedy tokens; with "
@@ -276,9 +276,9 @@ def run_command(
     dump: Annotated[Path | None, typer.Option(
         metavar="FILE.safetensors",
         help="Write every shown tensor to this file (its name ends in .safetensors).")] = None,
-    dump_limit_gb: Annotated[float | None, typer.Option(metavar="GB",
-                                                        help="Refuse a --dump with a tensor larger than GB GiB "
-                                                             f"[default: {DUMP_LIMIT_GB:g}].")] = None,
+    dump_limit_gb: Annotated[float | None, typer.Option(
+        metavar="GB", show_default=f"{DUMP_LIMIT_GB:g}",
+        help="Refuse a --dump with a tensor larger than GB GiB.")] = None,
     force: ForceOpt = False,
     use: UseOpt = None,
     patch: PatchOpt = None,
