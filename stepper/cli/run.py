@@ -30,6 +30,7 @@ from stepper.seams.patching import parse_patch
 from stepper.seams.trace import Filter, Recorder, Sink
 from stepper.session import Plan, RunResult, RunSpec, step_attn
 from stepper.text import INSTALL, Tokens
+from stepper.untrusted.paths import regular_file, why
 from stepper.views.debugger import CommandSource, Debugger, Quit
 from stepper.views.dump import DUMP_LIMIT_GB, check_dump_sizes, check_writable, dump_limit, write_dump
 from stepper.views.family_pictures import drawn_pictures, every_picture, picture_sink, pictures_of
@@ -485,10 +486,14 @@ def patch_sink(patch: list[str] | None, planned: RunPlan) -> list[Sink]:
 
 
 def read_commands(path: Path) -> list[str]:
+    regular_file(path, "a text file of debugger commands, one per line", "--commands")
     try:
         return path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise StepperError(f"--commands {path}: cannot read it ({e})") from None
+    except OSError as e:
+        raise StepperError(f"--commands {untrusted.shown(path)}: cannot be read ({why(e)})") from None
+    except UnicodeDecodeError:
+        raise StepperError(f"--commands {untrusted.shown(path)}: not UTF-8 text; expected debugger commands, "
+                           "one per line") from None
 
 
 def check_export(path: Path, force: bool) -> None:

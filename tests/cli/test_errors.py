@@ -546,3 +546,24 @@ def test_a_run_past_the_address_space_limit_is_refused_before_it_starts():
     assert p.stderr.startswith("stepper: error: this run would need about ") and p.stderr.count("\n") == 1
     available = float(p.stderr.split(" and ")[1].split()[0])
     assert available < 3.0  # the limit, not the machine's 20-odd GiB
+
+
+# -- a file given where something else is -------------------------------------------------------
+
+COMMANDS_FILE = "a text file of debugger commands, one per line"
+
+@pytest.mark.parametrize("args, line", [
+    (["step", "--commands", "missing.txt"], "--commands missing.txt: no such file"),
+    (["step", "--commands", "folder"], f"--commands folder: is a folder; expected {COMMANDS_FILE}"),
+    (["step", "--commands", "fifo"], f"--commands fifo: is not a regular file; expected {COMMANDS_FILE}"),
+    (["step", "--commands", "latin1.txt"], "--commands latin1.txt: not UTF-8 text; expected debugger commands"),
+    (["run", "--use", "folder"], "folder: is a folder; expected a Python file ending in .py"),
+    (["step", "--use", "fifo"], "fifo: is not a regular file; expected a Python file ending in .py"),
+])
+def test_a_folder_or_a_fifo_where_a_file_is_expected_is_one_line(args, line, tmp_path):
+    """--commands said `cannot read it ([Errno 21] Is a directory: 'folder')` and waited forever on a
+    FIFO no one writes to; --use said `folder: no such file` of a folder that is there."""
+    (tmp_path / "folder").mkdir()
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "latin1.txt").write_bytes("p caf\xe9\n".encode("latin-1"))
+    assert one_line(stepper(*args, "--plain", cwd=tmp_path, process=True)).startswith(f"stepper: error: {line}")
