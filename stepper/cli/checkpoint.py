@@ -169,7 +169,7 @@ def fp8_command(
         metavar="NAME",
         help="Show one block of this FP8 weight, e.g. model.layers.1.self_attn.kv_a_proj_with_mqa.weight, or one "
              "group of this INT4 or FP4 weight (DeepSeek-V4: layers.1.ffn.experts.0.w1.weight).")] = None,
-    model: Annotated[str | None, typer.Option(metavar="NAME|DIR|URL", callback=model_option, show_default="tiny",
+    model: Annotated[str | None, typer.Option(metavar="NAME|PATH", callback=model_option, show_default="tiny",
                                               help="With --weight: a preset (synthetic weights), a checkpoint "
                                                    "directory or a remote one (hf://ORG/NAME, https://HOST/PATH/; "
                                                    "of a DeepSeek-V4 one only the headers, the weight's scales and "

@@ -278,8 +278,8 @@ def run_command(
         metavar="FILE.safetensors",
         help="Write every shown tensor to this file (its name ends in .safetensors).")] = None,
     dump_limit_gb: Annotated[float | None, typer.Option(
-        metavar="GB", show_default=f"{DUMP_LIMIT_GB:g}",
-        help="Refuse a --dump with a tensor larger than GB GiB.")] = None,
+        metavar="GiB", show_default=f"{DUMP_LIMIT_GB:g}",
+        help="Refuse a --dump with a tensor larger than this many GiB (2**30 bytes).")] = None,
     force: ForceOpt = False,
     use: UseOpt = None,
     patch: PatchOpt = None,

@@ -157,7 +157,8 @@ def test_each_default_reads_once_with_its_range(columns):
         assert not re.search(r"\]\.? \[(default|required|[\d.]*<?=?x)", helped), (path, helped)
     helped = every_help(columns)
     assert "--prompt-len T Number of prompt tokens drawn from the seed. [default: 7; x>=1]" in helped[("run",)]
-    assert "--dump-limit-gb GB Refuse a --dump with a tensor larger than GB GiB. [default: 2]" in helped[("run",)]
+    assert ("--dump-limit-gb GiB Refuse a --dump with a tensor larger than this many GiB (2**30 bytes). [default: 2]"
+            in helped[("run",)])
     assert "--seed S With --weight and a preset: seed of the synthetic weights. [default: 0; x>=0]" in helped[("fp8",)]
     assert "bf16. [default: as the config says] --help" in helped[("synth",)]
     assert "a shared name read canonically] --allow-missing" in helped[("fixtures", "verify")]
@@ -208,3 +209,16 @@ def test_the_oldest_typer_allowed_runs_stepper():
     pyproject = Path(__file__).parents[2] / "pyproject.toml"
     floor = re.search(r'"typer>=([\d.]+)"', pyproject.read_text(encoding="utf-8"))[1]
     assert tuple(int(part) for part in floor.split(".")) >= (0, 29)
+
+
+def test_the_same_thing_has_the_same_metavar_in_every_command():
+    """fp8 named its --model NAME|DIR|URL where the other commands, taking the same forms, say
+    NAME|PATH; --dump-limit-gb's GB counted GiB, as --cache-max-gb GiB says."""
+    metavars = {}
+    for path in USAGE:
+        for param in command_of(path).params:
+            for option in getattr(param, "opts", ()):
+                metavars.setdefault(option, {})[" ".join(path)] = param.metavar
+    assert set(metavars["--model"].values()) - {"DIR"} == {"NAME|PATH"}, metavars["--model"]
+    assert [name for name, metavar in metavars["--model"].items() if metavar == "DIR"] == ["lesson start"]
+    assert metavars["--dump-limit-gb"] == {"run": "GiB"} and metavars["--cache-max-gb"] == {"": "GiB"}
