@@ -110,9 +110,9 @@ def start_command(
                                                                                 "tokenized by the --model "
                                                                                 "checkpoint's tokenizer (needs: "
                                                                                 f"{INSTALL}).")] = None,
-    model: Annotated[str | None, typer.Option(metavar="DIR",
-                                              help="Walk the lesson on this checkpoint instead of the lesson's "
-                                                   "model.")] = None,
+    model: Annotated[str | None, typer.Option(metavar="NAME|PATH",
+                                              help="Walk the lesson on this model instead of the lesson's own: a "
+                                                   "preset, a checkpoint directory or a config.json.")] = None,
 ) -> None:
     """Step through a lesson: predict each tensor before it is shown, then explore it.
 
