@@ -57,6 +57,8 @@ def tree_command(
 ) -> None:
     """The structure of a layer: every named tensor in order, its shape for this model, what it is."""
     with user_errors():
+        if everything and compare is None:  # the tensors alike in both: there is no second model to be alike to
+            raise StepperError("--all lists the tensors alike in both models of --compare: add --compare NAME|PATH")
         cfg = load_model(model, 0).config
         asked, attn = attn, attn or "naive"  # asked: --attn as given, None when it is not
         if attn not in ("naive", "absorb"):
