@@ -280,13 +280,13 @@ def check_output(option: str, path: Path, force: bool, ours: Callable[[Path], bo
                            "name")
     if found == "other":
         raise StepperError(f"{option} {shown(path)}: is not a regular file; give a new file name")
-    if found == "file":
+    if found == "file":  # whether it is ours looked at first: --force is offered only where it would be taken
+        if not ours(path):
+            advice = "so it was not touched" if force else "so give another name"
+            raise StepperError(f"{option} {shown(path)}: is not {what}; --force replaces only {what}, {advice}")
         if not force:
             raise StepperError(f"{option} {shown(path)}: file exists; pass --force to overwrite it, or give another "
                                "name")
-        if not ours(path):
-            raise StepperError(f"{option} {shown(path)}: is not {what}; --force replaces only {what}, so it was not "
-                               "touched")
     if not path.parent.is_dir():
         raise StepperError(f"{option} {shown(path)}: folder {shown(path.parent)} does not exist")
     probe = _temp_beside(path)

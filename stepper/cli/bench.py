@@ -16,8 +16,8 @@ from stepper.errors import StepperError
 from stepper.untrusted import shown
 from stepper.views.sinks import line_width, styles
 
-WORKDIR_HELP = ("Where the synthetic full-size checkpoints are written once and reused (about 20 GB) "
-                "[default: ~/.cache/stepper/bench].")
+LONG_MODEL = "kimi-k2"  # --long's model unless --long-model names another
+WORKDIR_HELP = "Where the synthetic full-size checkpoints are written once and reused (about 20 GB)."
 TORCH_HELP = ("Also compare with transformers' DeepseekV3 on a 16-expert layer (needs the crosscheck extra): the two "
               "run in turn, and each figure is the median of the paired ratios, printed with the least time "
               "stepper's work could take (its FP8 decoding and products at rates measured beside it).")
@@ -43,7 +43,8 @@ LONG_HELP = ("Only the long-context figures: the attention of --long-model's lay
 
 
 def bench_command(
-    workdir: Annotated[Path | None, typer.Option(metavar="DIR", help=WORKDIR_HELP)] = None,
+    workdir: Annotated[Path | None, typer.Option(metavar="DIR", show_default="~/.cache/stepper/bench",
+                                                 help=WORKDIR_HELP)] = None,
     torch: Annotated[bool, typer.Option("--torch/--no-torch", help=TORCH_HELP)] = True,
     int4: Annotated[bool, typer.Option("--int4/--no-int4", help=INT4_HELP)] = True,
     as_json: Annotated[bool, typer.Option("--json", help="The figures as JSON on stdout.")] = False,
@@ -52,7 +53,8 @@ def bench_command(
     long: Annotated[bool, typer.Option("--long", help=LONG_HELP)] = False,
     v4: Annotated[bool, typer.Option("--v4", help=V4_HELP)] = False,
     v4_hca: Annotated[bool, typer.Option("--v4-hca", help=V4_HCA_HELP)] = False,
-    long_model: Annotated[str, typer.Option(metavar="MODEL", help="A preset or config.json for --long.")] = "kimi-k2",
+    long_model: Annotated[str | None, typer.Option(metavar="MODEL", show_default=LONG_MODEL,
+                                                   help="A preset or config.json for --long.")] = None,
 ) -> None:
     """Measure full-size Kimi K2 layers (decode, prefill, peak memory) and the machine's ceilings.
 
@@ -65,6 +67,7 @@ def bench_command(
     from stepper.bench import ceilings, long_context, runner, v4_layer
 
     with user_errors():
+        check_together(long, "--v4-hca" if v4_hca else "--v4" if v4 else None, indexer, kda, long_model, workdir)
         console = Console(stderr=as_json, highlight=False, markup=False, **styles(False))
         whole = line_width(console) is None  # a terminal wraps at words; a pipe or a file keeps each line whole
         workdir = workdir or Path.home() / ".cache" / "stepper" / "bench"
@@ -72,7 +75,7 @@ def bench_command(
             usable_workdir(workdir)
         say = lambda line: console.print(f"· {shown(line)}", style="dim", soft_wrap=whole)
         if long:
-            figures = long_context.long_context(long_model, say)
+            figures = long_context.long_context(long_model or LONG_MODEL, say)
         elif v4 or v4_hca:
             figures = v4_layer.v4_figures(workdir, say, hca=v4_hca)
         else:
@@ -84,6 +87,19 @@ def bench_command(
         for f in figures:
             rss = f"  peak RSS {f.peak_rss_mb:,.0f} MB" if f.peak_rss_mb else ""
             console.print(f"{f.name}: {f.value:.3g} {f.unit}{rss}{against_floor(f)}  {shown(f.note)}", soft_wrap=whole)
+
+
+def check_together(long: bool, v4: str | None, indexer: bool, kda: bool, long_model: str | None,
+                   workdir: Path | None) -> None:
+    """Options the chosen run would not read, refused before it starts (a bench runs for minutes and writes
+    gigabytes): --long and --v4 are runs of their own, --indexer and --kda add to the default one,
+    --long-model is --long's, and --long writes no checkpoint in a --workdir."""
+    own = [name for name, on in (("--long", long), (v4, v4 is not None)) if on]
+    added = [name for name, on in (("--indexer", indexer), ("--kda", kda), ("--workdir", long and workdir)) if on]
+    if own and (own[1:] or added):
+        raise StepperError(f"{own[0]} is a run of its own: leave out {' and '.join(own[1:] + added)}")
+    if long_model is not None and not long:
+        raise StepperError(f"--long-model {shown(long_model)} is the model --long measures: add --long")
 
 
 def usable_workdir(workdir: Path) -> None:

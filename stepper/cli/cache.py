@@ -35,11 +35,11 @@ cache_app = usage.Typer(
 )
 
 CacheDirOpt = Annotated[Path | None, typer.Option("--cache-dir", metavar="DIR",
-    help="Where the bytes fetched of remote checkpoints are kept [default: $STEPPER_CACHE_DIR or "
-         "~/.cache/stepper/remote].")]
+    show_default="$STEPPER_CACHE_DIR or ~/.cache/stepper/remote",
+    help="Where the bytes fetched of remote checkpoints are kept.")]
 CacheMaxOpt = Annotated[float | None, typer.Option("--cache-max-gb", metavar="GiB",
-    help="The most the cache keeps, in GiB (2**30 bytes); least recently used files go first [default: "
-         "$STEPPER_CACHE_MAX_GB or 100].")]
+    show_default="$STEPPER_CACHE_MAX_GB or 100",
+    help="The most the cache keeps, in GiB (2**30 bytes); least recently used files go first.")]
 
 
 def choose(cache_dir: Path | None, max_gb: float | None) -> None:
@@ -94,9 +94,9 @@ def ls_command(plain: PlainOpt = False) -> None:
 
 @cache_app.command("clear")
 def clear_command(
-    checkpoint: Annotated[str | None, typer.Argument(metavar="CHECKPOINT",
-                                                     help="One cached checkpoint, as `stepper cache ls` names it "
-                                                          "[default: all].", show_default=False)] = None,
+    checkpoint: Annotated[str | None, typer.Argument(
+        metavar="CHECKPOINT", show_default="all",
+        help="One cached checkpoint, as `stepper cache ls` names it.")] = None,
 ) -> None:
     """Remove what was fetched: every remote checkpoint, or one. Only stepper's files go; a folder
     holding anything else stays, and is named."""

@@ -41,15 +41,14 @@ def synth_command(
     seed: Annotated[int, typer.Option(metavar="S", min=0, help="Seed of the synthetic weights.")] = 0,
     force: Annotated[bool, typer.Option(
         "--force", help="Replace DIR if it is a checkpoint stepper synth wrote.")] = False,
-    layout: Annotated[str | None, typer.Option(metavar="LAYOUT",
+    layout: Annotated[str | None, typer.Option(metavar="LAYOUT", show_default="as the config says",
         help="hf (Kimi K2, DeepSeek-V3) or kimi_k25 (Kimi K2.5: the text model under language_model., a small vision "
-             "tower beside it) [default: as the config says].")] = None,
-    quant: Annotated[str | None, typer.Option(metavar="|".join(QUANTS),
+             "tower beside it).")] = None,
+    quant: Annotated[str | None, typer.Option(metavar="|".join(QUANTS), show_default="as the config says",
                                               help="How linear weights are stored: fp8 (128x128 "
                      "blocks, as Kimi K2 / DeepSeek-V3; one scale per tensor where experts are fused, as Mistral "
                      "Small 4), int4 (experts in compressed-tensors pack-quantized INT4, "
-                     "groups of 32, the rest BF16, as Kimi-K2-Thinking), bf16. Default: as the model's config "
-                     "says.")] = None,
+                     "groups of 32, the rest BF16, as Kimi-K2-Thinking), bf16.")] = None,
 ) -> None:
     """Write synthetic weights as a real HF-layout checkpoint directory, stored as the config or --quant says."""
     with user_errors():
@@ -170,23 +169,23 @@ def fp8_command(
         metavar="NAME",
         help="Show one block of this FP8 weight, e.g. model.layers.1.self_attn.kv_a_proj_with_mqa.weight, or one "
              "group of this INT4 or FP4 weight (DeepSeek-V4: layers.1.ffn.experts.0.w1.weight).")] = None,
-    model: Annotated[str | None, typer.Option(metavar="NAME|DIR|URL", callback=model_option,
+    model: Annotated[str | None, typer.Option(metavar="NAME|PATH", callback=model_option, show_default="tiny",
                                               help="With --weight: a preset (synthetic weights), a checkpoint "
                                                    "directory or a remote one (hf://ORG/NAME, https://HOST/PATH/; "
                                                    "of a DeepSeek-V4 one only the headers, the weight's scales and "
-                                                   "the rows shown are fetched) [default: tiny].")] = None,
-    block: Annotated[str | None, typer.Option(metavar="R,C",
+                                                   "the rows shown are fetched).")] = None,
+    block: Annotated[str | None, typer.Option(metavar="R,C", show_default="0,0",
         help="With --weight: the block's row and column in the weight's scale grid; for an INT4 or FP4 weight its "
-             "row and group [default: 0,0].")] = None,
+             "row and group.")] = None,
     int4: Annotated[bool, typer.Option("--int4",
                                        help="INT4 (compressed-tensors pack-quantized) instead of e4m3fn: the 16 "
                                             "codes, or CODE as one word.")] = False,
     fp4: Annotated[bool, typer.Option("--fp4",
                                       help="FP4 e2m1 (DeepSeek-V4's experts) instead of e4m3fn: the 16 codes, or "
                                            "CODE as one packed byte.")] = False,
-    seed: Annotated[int | None, typer.Option(metavar="S", min=0,
-                                             help="With --weight and a preset: seed of the synthetic weights "
-                                                  "[default: 0].")] = None,
+    seed: Annotated[int | None, typer.Option(
+        metavar="S", min=0, show_default="0",
+        help="With --weight and a preset: seed of the synthetic weights.")] = None,
     as_json: Annotated[bool, typer.Option("--json",
                                           help="JSON on stdout: the 256 codes, the byte, or the block.")] = False,
     plain: PlainOpt = False,

@@ -33,12 +33,21 @@ def note(text: str) -> None:
                   f"stepper: {text}")
 
 
+class Refused(typer.BadParameter):
+    """A value a parameter's callback refused, worded as stepper's other refusals: `--model VALUE: why`
+    (an argument: `VALUE: why`), not typer's `Invalid value for '--model': VALUE: why`."""
+
+    def format_message(self) -> str:
+        option = self.param.opts[0] if self.param is not None and self.param.param_type_name == "option" else ""
+        return f"{option} {self.message}".lstrip()
+
+
 def url_option(value: str) -> str:
     """without_credentials as an option's callback: a malformed URL is a usage error (one line)."""
     try:
         return without_credentials(value)
     except StepperError as e:
-        raise typer.BadParameter(str(e)) from None
+        raise Refused(str(e)) from None
 
 
 def model_option(ctx: typer.Context, param: typer.CallbackParam, value: str | None) -> str | None:

@@ -45,10 +45,9 @@ def tree_command(
     layer: Annotated[int | None, typer.Option(
         metavar="N", help="Only layer N's kind (dense or MoE; a family's own: KDA or MLA, V4's compression).")] = None,
     attn: Annotated[str | None, typer.Option(
-        metavar="naive|absorb", help="naive or absorb: which attention tensors to list (default naive; a family "
-        "with one attention path, DeepSeek-V4's, takes no such option, as run refuses it; with --compare, the model "
-        "that has the choice takes it).",
-        show_default=False)] = None,
+        metavar="naive|absorb", show_default="naive", help="Which attention tensors to list (a family with one "
+        "attention path, DeepSeek-V4's, takes no such option, as run refuses it; with --compare, the model that has "
+        "the choice takes it).")] = None,
     plain: PlainOpt = False,
     compare: Annotated[str | None, typer.Option(
         metavar="NAME|PATH", help="Another model: show where its layer differs from --model's (tensors one has and "
@@ -58,6 +57,8 @@ def tree_command(
 ) -> None:
     """The structure of a layer: every named tensor in order, its shape for this model, what it is."""
     with user_errors():
+        if everything and compare is None:  # the tensors alike in both: there is no second model to be alike to
+            raise StepperError("--all lists the tensors alike in both models of --compare: add --compare NAME|PATH")
         cfg = load_model(model, 0).config
         asked, attn = attn, attn or "naive"  # asked: --attn as given, None when it is not
         if attn not in ("naive", "absorb"):

@@ -68,7 +68,7 @@ def export_command(
         help="The prompt as text, tokenized by the checkpoint's tokenizer; the fixture records its ids (needs: "
              f"{INSTALL}).")] = None,
     prompt_len: Annotated[int | None, typer.Option(
-        metavar="T", min=1, help="Number of prompt tokens drawn from the seed [default: 7].")] = None,
+        metavar="T", min=1, show_default="7", help="Number of prompt tokens drawn from the seed.")] = None,
     start_pos: Annotated[int, typer.Option(metavar="P", min=0,
                                            help="Position of the first prompt token (empty cache).")] = 0,
     decode: Annotated[int, typer.Option(metavar="N", min=0,
@@ -120,10 +120,9 @@ def verify_command(
     map_file: Annotated[Path | None, typer.Option("--map", metavar="FILE.json",
                                                   help="Your names -> canonical names, a JSON object.")] = None,
     names: Annotated[str | None, typer.Option(
-        "--names", metavar="NAMING",
+        "--names", metavar="NAMING", show_default="all of them, a shared name read canonically",
         help="The candidate's naming: transformers, inference, llama.cpp or canonical (its names are read beside "
-             "the canonical ones, and it decides a name both spell). Default: all of them, a shared name read "
-             "canonically.")] = None,
+             "the canonical ones, and it decides a name both spell).")] = None,
     allow_missing: Annotated[bool, typer.Option("--allow-missing",
                                                 help="Tensors of the fixture missing from CANDIDATE do not fail (exit "
                                                      "0 if the rest match).")] = False,

@@ -48,9 +48,9 @@ lesson_app = usage.Typer(
     help="Guided lessons: step through the layer, predict each tensor, write the pieces yourself.",
 )
 
-NameArg = Annotated[str | None, typer.Argument(metavar="NAME", help="Lesson name or number [default: the current "
-                                                                    "lesson; once it is done, the next one not "
-                                                                    "done].", show_default=False)]
+NameArg = Annotated[str | None, typer.Argument(
+    metavar="NAME", help="Lesson name or number.",
+    show_default="the current lesson; once it is done, the next one not done")]
 WorkspaceOpt = Annotated[Path, typer.Option("--workspace", metavar="DIR", help="Where your exercise files live.")]
 
 
@@ -110,9 +110,9 @@ def start_command(
                                                                                 "tokenized by the --model "
                                                                                 "checkpoint's tokenizer (needs: "
                                                                                 f"{INSTALL}).")] = None,
-    model: Annotated[str | None, typer.Option(metavar="DIR",
-                                              help="Walk the lesson on this checkpoint instead of the lesson's "
-                                                   "model.")] = None,
+    model: Annotated[str | None, typer.Option(metavar="NAME|PATH",
+                                              help="Walk the lesson on this model instead of the lesson's own: a "
+                                                   "preset, a checkpoint directory or a config.json.")] = None,
 ) -> None:
     """Step through a lesson: predict each tensor before it is shown, then explore it.
 

@@ -30,6 +30,7 @@ from stepper.seams.patching import parse_patch
 from stepper.seams.trace import Filter, Recorder, Sink
 from stepper.session import Plan, RunResult, RunSpec, step_attn
 from stepper.text import INSTALL, Tokens
+from stepper.untrusted.paths import regular_file, why
 from stepper.views.debugger import CommandSource, Debugger, Quit
 from stepper.views.dump import DUMP_LIMIT_GB, check_dump_sizes, check_writable, dump_limit, write_dump
 from stepper.views.family_pictures import drawn_pictures, every_picture, picture_sink, pictures_of
@@ -45,8 +46,8 @@ IdsOpt = Annotated[str | None, typer.Option(metavar="1,2,3", help="Prompt token 
 PromptOpt = Annotated[str | None, typer.Option("--prompt", metavar="TEXT",
                                                help="The prompt as text, tokenized by the checkpoint's "
                                                     f"tokenizer.json or tiktoken.model (needs: {INSTALL}).")]
-PromptLenOpt = Annotated[int | None, typer.Option(metavar="T", min=1,
-                                                  help="Number of prompt tokens drawn from the seed [default: 7].")]
+PromptLenOpt = Annotated[int | None, typer.Option(metavar="T", min=1, show_default="7",
+                                                  help="Number of prompt tokens drawn from the seed.")]
 StartPosOpt = Annotated[int, typer.Option(metavar="P", min=0, help="Position of the first prompt token (empty cache).")]
 DecodeOpt = Annotated[int, typer.Option(metavar="N", min=0,
                                         help="Decode steps after the prefill, with the cache (greedy tokens; with "
@@ -276,9 +277,9 @@ def run_command(
     dump: Annotated[Path | None, typer.Option(
         metavar="FILE.safetensors",
         help="Write every shown tensor to this file (its name ends in .safetensors).")] = None,
-    dump_limit_gb: Annotated[float | None, typer.Option(metavar="GB",
-                                                        help="Refuse a --dump with a tensor larger than GB GiB "
-                                                             f"[default: {DUMP_LIMIT_GB:g}].")] = None,
+    dump_limit_gb: Annotated[float | None, typer.Option(
+        metavar="GiB", show_default=f"{DUMP_LIMIT_GB:g}",
+        help="Refuse a --dump with a tensor larger than this many GiB (2**30 bytes).")] = None,
     force: ForceOpt = False,
     use: UseOpt = None,
     patch: PatchOpt = None,
@@ -485,10 +486,14 @@ def patch_sink(patch: list[str] | None, planned: RunPlan) -> list[Sink]:
 
 
 def read_commands(path: Path) -> list[str]:
+    regular_file(path, "a text file of debugger commands, one per line", "--commands")
     try:
         return path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise StepperError(f"--commands {path}: cannot read it ({e})") from None
+    except OSError as e:
+        raise StepperError(f"--commands {untrusted.shown(path)}: cannot be read ({why(e)})") from None
+    except UnicodeDecodeError:
+        raise StepperError(f"--commands {untrusted.shown(path)}: not UTF-8 text; expected debugger commands, "
+                           "one per line") from None
 
 
 def check_export(path: Path, force: bool) -> None:

@@ -30,6 +30,7 @@ from stepper.lessons import returns
 from stepper.lessons.exercises import REFERENCES
 from stepper.seams import swap
 from stepper.untrusted import shown
+from stepper.untrusted.paths import regular_file
 
 EXERCISES: tuple[str, ...] = tuple(REFERENCES)
 
@@ -49,8 +50,7 @@ def load(path: Path, wanted: tuple[str, ...] = ()) -> dict[str, Callable]:
     """The exercise functions a file defines (not those it imports), signatures checked; a file
     with none is refused naming the `wanted` ones (a lesson's), else every exercise's."""
     path = Path(path)
-    if not path.is_file():
-        raise StepperError(f"{path}: no such file")
+    regular_file(path, "a Python file ending in .py")
     if path.suffix != ".py":
         raise StepperError(f"{path}: expected a Python file ending in .py")
     module = import_file(path)

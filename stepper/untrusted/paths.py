@@ -36,6 +36,16 @@ def found(path: Path) -> str | None:
     return "file" if stat.S_ISREG(mode) else "other"
 
 
+def regular_file(path: Path, expected: str, option: str = "") -> None:
+    """`path` is a regular file (links followed), else one line naming it (after the `option` it was given to):
+    no such file, or what is there instead of the `expected` file (a folder, a FIFO that would block the read)."""
+    there = found(path)
+    if there != "file":
+        said = {None: "no such file", "folder": f"is a folder; expected {expected}"}
+        named = f"{option} {cut(path, PATH_MAX)}" if option else cut(path, PATH_MAX)
+        raise StepperError(f"{named}: {said.get(there, f'is not a regular file; expected {expected}')}")
+
+
 def unreadable(path: Path, e: OSError) -> StepperError:
     """The one line for a path the system would not let stepper look at or read."""
     return StepperError(f"{cut(path, PATH_MAX)}: cannot be read ({why(e)})")

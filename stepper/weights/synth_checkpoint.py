@@ -309,10 +309,11 @@ def check_replaceable(out: Path, force: bool, foreign: Callable[[Path], list[str
         thing = {"other": "special file"}.get(found, found)  # a link is not followed, even to a folder
         raise StepperError(f"{shown(out)}: is a {thing}, not a folder; stepper writes a new folder there "
                            f"(remove the {thing} first)")
-    if not force:
-        raise StepperError(f"{out}: already exists; pass --force to replace it")
-    others = foreign(out)
+    others = foreign(out)  # looked at first: --force is offered only where it would be taken
+    if not others and not force:
+        raise StepperError(f"{shown(out)}: already exists; pass --force to replace it")
     if others:
         listed = (", ".join(quoted(n) for n in others[:3])
                   + (f" and {len(others) - 3} more" if len(others) > 3 else ""))
-        raise StepperError(f"{out}: holds {listed}; --force replaces only {what}, so nothing there was touched")
+        advice = "so nothing there was touched" if force else "so give a new folder"
+        raise StepperError(f"{shown(out)}: holds {listed}; --force replaces only {what}, {advice}")

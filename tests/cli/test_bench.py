@@ -6,7 +6,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from stepper.bench import ceilings, checkpoints, layers, long_context, runner
+from stepper.bench import ceilings, checkpoints, layers, long_context, runner, v4_layer
 from stepper.bench import figures as figs
 
 
@@ -327,3 +327,24 @@ def test_a_work_folder_that_cannot_be_written_is_refused_before_anything_is_meas
     out = stepper("bench", "--workdir", "taken", *(["--v4"] if v4 else []), cwd=tmp_path)
     assert one_line(out) == "stepper: error: taken: is not a folder; stepper does not write through it"
     assert (tmp_path / "taken").read_text() == "a file of the user's\n"
+
+
+@pytest.mark.parametrize("args, line", [
+    (["--long-model", "deepseek-v3"], "--long-model deepseek-v3 is the model --long measures: add --long"),
+    (["--v4", "--long-model", "kimi-k2"], "--long-model kimi-k2 is the model --long measures: add --long"),
+    (["--long", "--v4"], "--long is a run of its own: leave out --v4"),
+    (["--long", "--kda", "--workdir", "w"], "--long is a run of its own: leave out --kda and --workdir"),
+    (["--v4-hca", "--indexer"], "--v4-hca is a run of its own: leave out --indexer"),
+])
+def test_options_the_chosen_run_would_not_read_are_refused_before_it_starts(tmp_path, monkeypatch, args, line):
+    """`bench --long-model deepseek-v3` ran the default bench (minutes, 20 GB written) and measured no
+    DeepSeek-V3; --long beside --v4 ran --long alone, --v4 beside --kda no KDA layer."""
+    from helpers.cli import one_line, stepper
+
+    def ran(*args, **kwargs):
+        raise AssertionError("a run started")
+
+    for module, name in ((runner, "run_all"), (long_context, "long_context"), (v4_layer, "v4_figures")):
+        monkeypatch.setattr(module, name, ran)
+    assert one_line(stepper("bench", *args, cwd=tmp_path)) == f"stepper: error: {line}"
+    assert list(tmp_path.iterdir()) == []

@@ -397,9 +397,9 @@ def user_files(folder: Path) -> None:
     (["run", "--dump", "weights.safetensors", "--force"],
      ("--dump weights.safetensors: is not a dump stepper wrote; --force replaces only a dump stepper wrote, "
      "so it was not touched")),
-    (["run", "--dump", "weights.safetensors"],
-     ("--dump weights.safetensors: file exists; pass --force to overwrite it, "
-                                                "or give another name")),
+    (["run", "--dump", "weights.safetensors"],  # --force is not offered: it would not replace the user's file
+     ("--dump weights.safetensors: is not a dump stepper wrote; --force replaces only a dump stepper wrote, "
+      "so give another name")),
     (["run", "--dump", "dir.safetensors", "--force"],
      "--dump dir.safetensors: is a folder; give a file name inside it"),
     (["run", "--dump", "missing/run.safetensors"], "--dump missing/run.safetensors: folder missing does not exist"),
@@ -546,3 +546,36 @@ def test_a_run_past_the_address_space_limit_is_refused_before_it_starts():
     assert p.stderr.startswith("stepper: error: this run would need about ") and p.stderr.count("\n") == 1
     available = float(p.stderr.split(" and ")[1].split()[0])
     assert available < 3.0  # the limit, not the machine's 20-odd GiB
+
+
+# -- a file given where something else is -------------------------------------------------------
+
+COMMANDS_FILE = "a text file of debugger commands, one per line"
+
+@pytest.mark.parametrize("args, line", [
+    (["step", "--commands", "missing.txt"], "--commands missing.txt: no such file"),
+    (["step", "--commands", "folder"], f"--commands folder: is a folder; expected {COMMANDS_FILE}"),
+    (["step", "--commands", "fifo"], f"--commands fifo: is not a regular file; expected {COMMANDS_FILE}"),
+    (["step", "--commands", "latin1.txt"], "--commands latin1.txt: not UTF-8 text; expected debugger commands"),
+    (["run", "--use", "folder"], "folder: is a folder; expected a Python file ending in .py"),
+    (["step", "--use", "fifo"], "fifo: is not a regular file; expected a Python file ending in .py"),
+])
+def test_a_folder_or_a_fifo_where_a_file_is_expected_is_one_line(args, line, tmp_path):
+    """--commands said `cannot read it ([Errno 21] Is a directory: 'folder')` and waited forever on a
+    FIFO no one writes to; --use said `folder: no such file` of a folder that is there."""
+    (tmp_path / "folder").mkdir()
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "latin1.txt").write_bytes("p caf\xe9\n".encode("latin-1"))
+    assert one_line(stepper(*args, "--plain", cwd=tmp_path, process=True)).startswith(f"stepper: error: {line}")
+
+
+@pytest.mark.parametrize("command", [["synth", "--out"], ["fixtures", "export"]])
+def test_force_is_offered_only_where_it_would_be_taken(command, tmp_path):
+    """A folder of the user's was refused with 'pass --force to replace it', and --force then refused
+    it as not stepper's: the first refusal now says so."""
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("the user's\n")
+    what = "a checkpoint stepper synth wrote" if command[0] == "synth" else "a fixture folder stepper wrote"
+    assert one_line(stepper(*command, "mine", cwd=tmp_path)) == (
+        f"stepper: error: mine: holds 'notes.txt'; --force replaces only {what}, so give a new folder")
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "the user's\n"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import pytest
@@ -139,3 +140,85 @@ def test_diff_names_its_sides():
     assert " ".join(arguments.split()) == ("A One side: a --dump file, a fixture folder, or a run in quotes: 'run "
                                            "--attn naive' ('run': the default run). [required] B The other side, "
                                            "in the same forms. [required]")
+
+
+def every_help(columns: int) -> dict[tuple[str, ...], str]:
+    """Each command's --help as a pipe gets it at this width, its lines joined as a reader joins them."""
+    return {path: " ".join(stepper(*path, "--help", env={"COLUMNS": str(columns)}).stdout.split()) for path in USAGE}
+
+
+@pytest.mark.parametrize("columns", [80, 160])
+def test_each_default_reads_once_with_its_range(columns):
+    """A default the function cannot hold read `[default: 7].  [x>=1]` (written into the help, typer's
+    range after it) or `Default: as the model's config says.` mid-text; given to typer as text it read
+    `[default: (7)]`. Now one bracket per option: its default as written, then its range."""
+    for path, helped in every_help(columns).items():
+        assert "default: (" not in helped and "Default:" not in helped, (path, helped)
+        assert not re.search(r"\]\.? \[(default|required|[\d.]*<?=?x)", helped), (path, helped)
+    helped = every_help(columns)
+    assert "--prompt-len T Number of prompt tokens drawn from the seed. [default: 7; x>=1]" in helped[("run",)]
+    assert ("--dump-limit-gb GiB Refuse a --dump with a tensor larger than this many GiB (2**30 bytes). [default: 2]"
+            in helped[("run",)])
+    assert "--seed S With --weight and a preset: seed of the synthetic weights. [default: 0; x>=0]" in helped[("fp8",)]
+    assert "bf16. [default: as the config says] --help" in helped[("synth",)]
+    assert "a shared name read canonically] --allow-missing" in helped[("fixtures", "verify")]
+    assert ("--cache-dir DIR Where the bytes fetched of remote checkpoints are kept. "
+            "[default: $STEPPER_CACHE_DIR or ~/.cache/stepper/remote]") in helped[()]
+    assert ("NAME Lesson name or number. [default: the current lesson; once it is done, the next one not done]"
+            in helped[("lesson", "check")])
+
+
+def test_a_default_given_as_text_reads_as_written():
+    """typer's hook for a default the function does not hold is show_default="TEXT", which it writes
+    in parentheses; a stepper command writes the text as given, beside the range, for options and arguments."""
+    tool = usage.Typer(add_completion=False, rich_markup_mode=None)
+
+    @tool.command()
+    def count(name: Annotated[str | None, typer.Argument(help="Who.", show_default="everyone")] = None,
+              times: Annotated[int | None, typer.Option(metavar="N", min=1, show_default="7",
+                                                                    help="How often.")] = None) -> None:
+        pass
+
+    @tool.callback()
+    def everything(level: Annotated[int | None, typer.Option(metavar="L", show_default="as set",
+                                                                                 help="Level.")] = None) -> None:
+        pass
+
+    def helped(*args: str) -> str:
+        return " ".join(CliRunner().invoke(tool, [*args, "--help"], prog_name="tool", terminal_width=80).stdout.split())
+
+    assert "NAME Who. [default: everyone]" in helped("count")
+    assert "--times N How often. [default: 7; x>=1]" in helped("count")
+    assert "--level L Level. [default: as set]" in helped()
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs a POSIX pseudo-terminal")
+def test_a_terminal_shows_a_default_once():
+    from helpers.terminal import on_terminal
+
+    screen = on_terminal("run", "--help", columns=80)
+    row = screen.lines.index(next(line for line in screen.lines if line.lstrip().startswith("--prompt-len")))
+    assert [line.strip() for line in screen.lines[row:row + 2]] == [
+        "--prompt-len T             Number of prompt tokens drawn from the seed.", "[default: 7; x>=1]"]
+
+
+def test_the_oldest_typer_allowed_runs_stepper():
+    """pyproject allowed typer 0.12, under which no command starts (an `int | None` option is 'not
+    yet supported', and typer.TyperException, which main catches, is 0.28's). Measured: 0.29.0 runs
+    this file and test_errors as 0.29.2 does; 0.28.0 words the number refusals as typer does."""
+    pyproject = Path(__file__).parents[2] / "pyproject.toml"
+    floor = re.search(r'"typer>=([\d.]+)"', pyproject.read_text(encoding="utf-8"))[1]
+    assert tuple(int(part) for part in floor.split(".")) >= (0, 29)
+
+
+def test_the_same_thing_has_the_same_metavar_in_every_command():
+    """fp8 named its --model NAME|DIR|URL and lesson start its --model DIR (it takes presets too)
+    where the other commands, taking the same forms, say NAME|PATH; --dump-limit-gb's GB counted GiB,
+    as --cache-max-gb GiB says."""
+    metavars = {}
+    for path in USAGE:
+        for param in command_of(path).params:
+            for option in getattr(param, "opts", ()):
+                metavars.setdefault(option, {})[" ".join(path)] = param.metavar
+    assert set(metavars["--model"].values()) == {"NAME|PATH"}, metavars["--model"]
+    assert metavars["--dump-limit-gb"] == {"run": "GiB"} and metavars["--cache-max-gb"] == {"": "GiB"}

@@ -40,8 +40,8 @@ def verify(candidate: Path, report: Path, *more: str):
 def test_a_report_onto_a_users_file_is_refused_with_or_without_force(candidate, tmp_path):
     report = tmp_path / "report.json"
     report.write_text(MINE)
-    assert refused(verify(candidate, report)) == (f"--report {report}: file exists; pass --force to overwrite it, "
-                                                  "or give another name")
+    assert refused(verify(candidate, report)) == (f"--report {report}: is not a report stepper wrote; --force "
+                                                  "replaces only a report stepper wrote, so give another name")
     assert refused(verify(candidate, report, "--force")) == (
         f"--report {report}: is not a report stepper wrote; --force replaces only a report stepper wrote, so it was "
         "not touched")

@@ -182,3 +182,9 @@ def test_a_layer_of_sublayers_is_lined_up_with_a_layer_of_none_row_by_row():
     assert reverse["self_attn.q_nope"] == "[B, 4, T, 32] | [B, 4, T, 32] ×2"
     same = stepper("tree", "--model", "tiny-longcat", "--compare", "tiny-longcat", "--all", "--plain").stdout
     assert "×" not in same and "sublayers" not in same and "sub1.self_attn.q" in rows(same)
+
+
+def test_all_without_compare_is_refused():
+    """`tree --all` printed the layer as plain `tree` does, the option read by nothing."""
+    assert one_line(stepper("tree", "--all", "--plain")) == (
+        "stepper: error: --all lists the tensors alike in both models of --compare: add --compare NAME|PATH")

@@ -110,7 +110,8 @@ def test_an_output_is_refused_over_a_users_file_a_link_a_fifo_or_a_folder(tmp_pa
     (tmp_path / "link").symlink_to(mine)
     os.mkfifo(tmp_path / "fifo")
     (tmp_path / "folder").mkdir()
-    expected = {"mine.txt": "file exists; pass --force" if not force else "is not a report stepper wrote",
+    expected = {"mine.txt": "is not a report stepper wrote; --force replaces only a report stepper wrote, so "
+                            + ("it was not touched" if force else "give another name"),
                 "link": "is a link", "fifo": "is not a regular file", "folder": "is a folder"}
     for name, why in expected.items():
         with pytest.raises(StepperError, match=why):
@@ -123,7 +124,7 @@ def test_an_output_checked_before_the_run_is_not_written_over_a_file_that_appear
     path = tmp_path / "report.json"
     files.check_output("--report", path, False, lambda p: False, "a report stepper wrote")
     path.write_bytes(MINE)  # the user's, made while the run ran
-    with pytest.raises(StepperError, match="file exists; pass --force"):
+    with pytest.raises(StepperError, match="is not a report; --force replaces only a report, so give another name"):
         files.write_output("--report", path, lambda f: f.write(b"report"), False, lambda p: False, "a report")
     with pytest.raises(StepperError, match="is not a report"):
         files.write_output("--report", path, lambda f: f.write(b"report"), True, lambda p: False, "a report")
