@@ -3,11 +3,13 @@ without a learned bias.
 
 transformers (models/axk1/modular_axk1.py) inherits DeepSeek-V3 and changes: AXK1MoE ends in
 `post_mlp_layernorm` (stepper/model/moe_output_norm.py), stored in the checkpoint at the decoder
-layer (`model.layers.N.post_mlp_layernorm.weight`, in dense layers too, unused there); the router
-has no `e_score_correction_bias` in the checkpoint (transformers leaves it zero), so it chooses by
-the sigmoid scores themselves within DeepSeek-V3's groups; the query always has its bottleneck
-(q_lora_rank); which layers are dense is `mlp_layer_types`, else DeepSeek's first_k_dense_replace /
-moe_layer_freq.
+layer (`model.layers.N.post_mlp_layernorm.weight`; the published checkpoints store it in the dense
+layers too, unused there, transformers' save_pretrained only in the MoE layers); the router has no
+`e_score_correction_bias` in the published checkpoint (transformers keeps one of zeros and saves
+it), so it chooses by the sigmoid scores themselves within DeepSeek-V3's groups; the query always
+has its bottleneck (q_lora_rank); which layers are dense is `mlp_layer_types`, else DeepSeek's
+first_k_dense_replace / moe_layer_freq. AXK1Config says which tensors a checkpoint may hold that no
+run reads (weights.names: unread_layer_shapes, zero_layer_shapes), so both layouts are read.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 from stepper.config import Config
 from stepper.families import mla_fields
 from stepper.untrusted import said
+from stepper.weights.names import layer_prefix
 
 MODEL_TYPE = "axk1"
 ROUTER = (("sigmoid",), ("noaux_tc",))  # DeepseekV3TopkRouter, its bias zero
@@ -58,6 +61,20 @@ class AXK1Config(Config):
 
     def to_hf(self) -> dict[str, Any]:
         return published(self)
+
+    def unread_layer_shapes(self, layer: int) -> dict[str, tuple[int, ...]]:
+        """A dense layer's post_mlp_layernorm, which the published checkpoints store in every layer
+        and no run reads (transformers' save_pretrained writes it only where its MoE has the norm)."""
+        if self.is_moe_layer(layer):
+            return {}
+        return {layer_prefix(layer) + "post_mlp_layernorm.weight": (self.hidden_size,)}
+
+    def zero_layer_shapes(self, layer: int) -> dict[str, tuple[int, ...]]:
+        """A MoE layer's router bias: the published checkpoints have none, transformers' router keeps
+        one of zeros and save_pretrained writes it."""
+        if not self.is_moe_layer(layer):
+            return {}
+        return {layer_prefix(layer) + "mlp.gate.e_score_correction_bias": (self.n_routed_experts,)}
 
 
 read_config = mla_fields.reader(MODEL_TYPE, ROUTER, to_mla, AXK1Config)

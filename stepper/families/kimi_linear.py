@@ -13,19 +13,22 @@ On disk (published): `model.layers.N.self_attn.{q,k,v}_proj`, `{q,k,v}_conv1d.we
 `A_log` [1, 1, H, 1], `dt_bias` [H*K], `f_a_proj`, `f_b_proj`, `b_proj`, `g_a_proj`, `g_b_proj`,
 `o_norm`, `o_proj` in KDA layers; MLA's `q_proj` (no q_lora), `kv_a_proj_with_mqa`,
 `kv_a_layernorm`, `kv_b_proj`, `o_proj`; `block_sparse_moe.{gate, experts.E.w1/w2/w3,
-shared_experts}` (w1 gate, w3 up, w2 down); the dense layers' `mlp.{gate,up,down}_proj`.
+shared_experts}` (w1 gate, w3 up, w2 down); the dense layers' `mlp.{gate,up,down}_proj` (in a
+checkpoint transformers' save_pretrained writes, `block_sparse_moe.{gate,up,down}_proj`: dense_mlp).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, ClassVar
 
 from stepper.config import EPS_BELOW, TOKEN_ID_FIELDS, Fields, MlaVariants, model_name, token_ids, written_token_ids
 from stepper.errors import StepperError
 from stepper.families.deepseek import part_files
 from stepper.families.family import Family
+from stepper.families.kimi_linear_checkpoint import open_checkpoint
 from stepper.kernels import kda_chunked
 from stepper.model.kimi_linear_layer import decoder_layer
 from stepper.sizes import gib
@@ -71,6 +74,10 @@ class KimiLinearConfig(MlaVariants):
     bos_token_id: int | None = None
     eos_token_id: int | tuple[int, ...] | None = None
     pad_token_id: int | None = None
+    # where the dense layers' MLP is stored: `mlp.` as published, `block_sparse_moe.` as transformers'
+    # save_pretrained writes it (its conversion renames every block_sparse_moe. to mlp. on load, and back
+    # on save); said by the checkpoint's own names (kimi_linear_checkpoint), never by config.json
+    dense_mlp: str = "mlp."
 
     model_type: ClassVar[str] = MODEL_TYPE
     q_lora_rank: ClassVar[None] = None  # Kimi Linear's MLA projects its queries directly (q_proj)
@@ -281,7 +288,7 @@ def ffn_shapes(cfg: KimiLinearConfig, layer: int) -> dict[str, tuple[int, ...]]:
                 f"{prefix}{down}.weight": (d, inter)}
 
     if not cfg.is_moe_layer(layer):
-        return swiglu("mlp.", cfg.intermediate_size)
+        return swiglu(cfg.dense_mlp, cfg.intermediate_size)
     shapes = {"block_sparse_moe.gate.weight": (cfg.n_routed_experts, d),
               "block_sparse_moe.gate.e_score_correction_bias": (cfg.n_routed_experts,)}
     for e in range(cfg.n_routed_experts):
@@ -379,6 +386,7 @@ FAMILY = Family(
     miniature=miniature,
     no_seeded_cache=no_seeded_state,
     runtime_sizes=runtime_sizes,
+    checkpoint=partial(open_checkpoint, read=parse),
     chunk_multiple=kda_chunked.CHUNK,  # each prefill chunk ends where a chunk of the delta rule does: the states
     # after those (self_attn.state_per_chunk) follow each other as the whole prompt's
 )

@@ -3,7 +3,8 @@
 What its config.json says, in stepper's MLA config (transformers' models/minicpm3):
 - every layer a dense SwiGLU MLP (no experts), lm_head tied to the embedding;
 - RoPE turns dim i with dim i + rope/2 (Llama's rotate_half, not DeepSeek's interleaved pairs),
-  with LongRoPE's per-frequency factors (`rope_scaling.type` "longrope");
+  with LongRoPE's per-frequency factors (`rope_scaling.type` "longrope"; transformers' save_pretrained
+  writes the block as `rope_parameters`, rope_theta inside, and either is read);
 - the muP scalings: the embedding times `scale_emb`, each residual branch times
   `scale_depth / sqrt(num_hidden_layers)`, the final norm divided by `hidden_size / dim_model_base`;
 - `v_head_dim` absent means hidden_size / num_attention_heads.
@@ -19,7 +20,17 @@ from typing import Any
 
 import numpy as np
 
-from stepper.config import TOKEN_ID_FIELDS, Config, Fields, LongRope, _parse, model_name, rope_kind, written_token_ids
+from stepper.config import (
+    TOKEN_ID_FIELDS,
+    Config,
+    Fields,
+    LongRope,
+    _parse,
+    model_name,
+    rope_base,
+    rope_kind,
+    written_token_ids,
+)
 from stepper.families import deepseek
 from stepper.families.family import Family, around
 from stepper.model.layer import decoder_layer
@@ -55,8 +66,6 @@ def from_hf(raw: dict[str, Any], source: str) -> MiniCPM3Config:
     for field, honoured in HONOURED.items():
         if raw.get(field, honoured) not in (honoured, None):
             raise f.fail(field, f"must be {honoured!r}: stepper builds MiniCPM3 as published, got {said(raw[field])}")
-    if raw.get("rope_parameters") is not None:
-        raise f.fail("rope_parameters", "is transformers' in-memory form; a MiniCPM3 config.json gives rope_scaling")
     hidden, heads = f.int("hidden_size"), f.int("num_attention_heads")
     if raw.get("v_head_dim") is None and hidden < heads:
         raise f.fail("hidden_size", f"({hidden}) must be at least num_attention_heads ({heads}): without v_head_dim "
@@ -64,12 +73,15 @@ def from_hf(raw: dict[str, Any], source: str) -> MiniCPM3Config:
     shared = {k: raw[k] for k in (*SHARED, *TOKEN_ID_FIELDS) if k in raw}
     for field in ("rms_norm_eps", "rope_theta"):
         shared.setdefault(field, DEFAULTS[field])
+    block_name = rope_block_name(raw)
+    if block_name == "rope_parameters" and "rope_theta" in raw[block_name]:  # as transformers reads it: inside
+        shared["rope_theta"] = rope_base(Fields(raw[block_name], f"{source}: {block_name}"), "rope_theta")
     cfg = _parse({**shared, "model_type": "deepseek_v3", "moe_intermediate_size": f.int("intermediate_size"),
                   "v_head_dim": f.int("v_head_dim", default=hidden // heads)}, source)
     fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
     return dataclasses.replace(
         MiniCPM3Config(**fields), name=model_name(raw, source), model_type=MODEL_TYPE, rope_interleave=False,
-        longrope=longrope(f, cfg),
+        longrope=longrope(f, cfg, block_name),
         scale_emb=f.float("scale_emb", default=DEFAULTS["scale_emb"]),
         scale_depth=f.float("scale_depth", default=DEFAULTS["scale_depth"]),
         dim_model_base=f.int("dim_model_base", default=DEFAULTS["dim_model_base"]),
@@ -77,20 +89,26 @@ def from_hf(raw: dict[str, Any], source: str) -> MiniCPM3Config:
     )
 
 
-def longrope(f: Fields, cfg: Config) -> LongRope | None:
-    """`rope_scaling` {type: longrope, short_factor, long_factor, original_max_position_embeddings}:
+def rope_block_name(raw: dict[str, Any]) -> str:
+    """Where the rope settings are: `rope_scaling` (the published config.json) or `rope_parameters`
+    (what transformers' save_pretrained writes), which transformers reads first."""
+    return "rope_parameters" if isinstance(raw.get("rope_parameters"), dict) else "rope_scaling"
+
+
+def longrope(f: Fields, cfg: Config, block_name: str) -> LongRope | None:
+    """The rope block {type: longrope, short_factor, long_factor, original_max_position_embeddings}:
     one factor per rotary frequency (rope/2 of each); absent or "default": plain RoPE."""
-    block = f.raw.get("rope_scaling")
+    block = f.raw.get(block_name)
     if block is None:
         return None
     if not isinstance(block, dict):
-        raise f.fail("rope_scaling", f"must be an object or null, got {said(block)}")
-    kind = rope_kind(f, block, "rope_scaling")
+        raise f.fail(block_name, f"must be an object or null, got {said(block)}")
+    kind = rope_kind(f, block, block_name)
     if kind == "default":
         return None
     if kind != "longrope":
-        raise f.fail("rope_scaling.type", f"must be 'longrope' (or absent) for minicpm3, got {said(kind)}")
-    inner = Fields(block, f"{f.source}: rope_scaling")
+        raise f.fail(f"{block_name}.type", f"must be 'longrope' (or absent) for minicpm3, got {said(kind)}")
+    inner = Fields(block, f"{f.source}: {block_name}")
     pairs = cfg.qk_rope_head_dim // 2
     factors = {}
     for field in ("short_factor", "long_factor"):
@@ -98,7 +116,7 @@ def longrope(f: Fields, cfg: Config) -> LongRope | None:
         if (not isinstance(value, list) or len(value) != pairs
                 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
                            for v in value)):
-            raise f.fail(f"rope_scaling.{field}", f"must be {pairs} positive numbers (qk_rope_head_dim / 2), "
+            raise f.fail(f"{block_name}.{field}", f"must be {pairs} positive numbers (qk_rope_head_dim / 2), "
                          f"got {str(value)[:80]}")
         factors[field] = tuple(float(v) for v in value)
     original = inner.int("original_max_position_embeddings")

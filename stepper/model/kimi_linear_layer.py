@@ -43,11 +43,12 @@ def decoder_layer(hidden: np.ndarray, w: LayerWeights, cache: LayerCache | None,
     return pre_norm_block(hidden, w, emit, attention, ffn)
 
 
-def on_disk(name: str) -> str:
+def on_disk(name: str, dense_mlp: str = "mlp.") -> str:
     """The published name of a layer-relative name the parts ask for: the MoE's `mlp.gate.*`,
-    `mlp.experts.E.gate_proj.weight`, `mlp.shared_experts.*` live under `block_sparse_moe`."""
+    `mlp.experts.E.gate_proj.weight`, `mlp.shared_experts.*` live under `block_sparse_moe`, the dense
+    MLP's `mlp.*_proj` under the config's dense_mlp (`block_sparse_moe.` as transformers saves it)."""
     if not name.startswith(("mlp.gate.", "mlp.experts.", "mlp.shared_experts.")):
-        return name
+        return dense_mlp + name.removeprefix("mlp.") if name.startswith("mlp.") else name
     name = "block_sparse_moe." + name.removeprefix("mlp.")
     if name.startswith("block_sparse_moe.experts."):
         head, projection, tail = name.rsplit(".", 2)
@@ -59,10 +60,10 @@ class PublishedLayerWeights(LayerWeights):
     """A layer's weights asked for by the parts' names, read under the published ones (on_disk)."""
 
     def __call__(self, name: str) -> np.ndarray:
-        return super().__call__(on_disk(name))
+        return super().__call__(on_disk(name, self.cfg.dense_mlp))
 
     def matrix(self, name: str):
-        return super().matrix(on_disk(name))
+        return super().matrix(on_disk(name, self.cfg.dense_mlp))
 
 
 def published(w: LayerWeights) -> PublishedLayerWeights:

@@ -1,6 +1,7 @@
 """A.X-K1's one change to DeepSeek-V3's layer: an RMSNorm on the MoE's output (routed experts plus
 the shared expert) before it joins the residual stream. Dense layers do not use it, although the
-checkpoint stores its weight in every layer (`model.layers.N.post_mlp_layernorm.weight`)."""
+published checkpoints store its weight in every layer (`model.layers.N.post_mlp_layernorm.weight`;
+transformers' save_pretrained writes it in the MoE layers alone: families/axk1.py)."""
 
 from __future__ import annotations
 

@@ -46,9 +46,11 @@ from stepper.weights.names import (
     layer_prefix,
     layer_shapes,
     named_on_disk,
+    optional_layer_shapes,
     storage_dtype,
     stored_name,
     text_name,
+    zero_layer_shapes,
 )
 from stepper.weights.partial import partial_text
 from stepper.weights.safetensors_reader import MappedBudget, SafetensorsFile, TensorInfo
@@ -349,6 +351,8 @@ class Checkpoint:
         for layer in layers:
             if layer in present:
                 required.update(layer_shapes(self.config, layer))
+                required.update({name: shape for name, shape in optional_layer_shapes(self.config, layer).items()
+                                 if name in self.weight_map or name in self.disagreements})  # held: checked
         if with_globals and not globals_absent:
             required.update(global_shapes(self.config))
         if self.config.fused_experts:
@@ -360,7 +364,22 @@ class Checkpoint:
                      for p in self._problems(name, shape)]
         problems += [p for name, p in self.disagreements.items()
                      if name not in required and in_scope(name, layers, with_globals)]
+        problems += self._nonzero_problems([layer for layer in layers if layer in present], problems)
         return self.named_on_disk(said_once(problems + self._orphan_scales(layers, with_globals, required)))
+
+    def _nonzero_problems(self, layers: list[int], found: list[Problem]) -> list[Problem]:
+        """Each tensor of zero_layer_shapes held, readable, not `found` wrong, with a value other than zero."""
+        problems, named = [], {p.tensor for p in found}
+        for name in (n for layer in layers for n in zero_layer_shapes(self.config, layer)
+                     if n in self.weight_map and n not in named and self.weight_map[n] not in self.unreadable):
+            values = self.get(name)
+            if np.any(values != 0):
+                shard = self.weight_map[name]
+                problems.append(Problem(shard, name, (
+                    f"{shard}: '{name}' holds {int(np.count_nonzero(values))} value(s) other than zero: stepper's "
+                    f"{self.config.model_type} layer reads no such tensor, so it must hold zeros (as transformers "
+                    "saves it) or be left out (as published)")))
+        return problems
 
     def named_on_disk(self, problems: list[Problem]) -> list[Problem]:
         """The problems' sentences naming each tensor as the files do (stdout's rows list a wrapped

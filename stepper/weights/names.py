@@ -167,9 +167,28 @@ def mla_layer_shapes(cfg: Config, layer: int) -> dict[str, tuple[int, ...]]:
             shapes.update(swiglu_shapes("mlp.shared_experts.", d, shared))
     else:
         shapes.update(swiglu_shapes("mlp.", d, cfg.intermediate_size))
-    if cfg.moe_output_norm:  # A.X-K1 stores it in every layer; only the MoE layers use it
+    if cfg.moe_output_norm and cfg.is_moe_layer(layer):  # A.X-K1's norm on the MoE's output
         shapes["post_mlp_layernorm.weight"] = (d,)
     return {layer_prefix(layer) + k: v for k, v in shapes.items()}
+
+
+def unread_layer_shapes(cfg: Config, layer: int) -> dict[str, tuple[int, ...]]:
+    """Tensors a published checkpoint of this config stores in a layer beyond layer_shapes', which
+    no run reads, by full name: what the config's class says (`unread_layer_shapes(layer)`: A.X-K1's)."""
+    return own(layer) if (own := getattr(cfg, "unread_layer_shapes", None)) else {}
+
+
+def zero_layer_shapes(cfg: Config, layer: int) -> dict[str, tuple[int, ...]]:
+    """Tensors a checkpoint of this config may hold in a layer, no run reading them, if they hold
+    zeros (the config class's `zero_layer_shapes(layer)`: A.X-K1's router bias, which transformers
+    keeps at zero and saves): a nonzero one would change what the layer computes."""
+    return own(layer) if (own := getattr(cfg, "zero_layer_shapes", None)) else {}
+
+
+def optional_layer_shapes(cfg: Config, layer: int) -> dict[str, tuple[int, ...]]:
+    """What a checkpoint may hold in a layer that no run reads: a checkpoint without them is whole,
+    one with them has them checked as the layer's own."""
+    return {**unread_layer_shapes(cfg, layer), **zero_layer_shapes(cfg, layer)}
 
 
 def weight_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
@@ -186,7 +205,7 @@ def shape_of(cfg: Config, name: str) -> tuple[int, ...]:
     if name.startswith("model.layers."):
         layer = int(name.split(".")[2])
         if 0 <= layer < cfg.num_hidden_layers:
-            shapes = layer_shapes(cfg, layer)
+            shapes = {**layer_shapes(cfg, layer), **optional_layer_shapes(cfg, layer)}
             if name in shapes:
                 return shapes[name]
     elif name in (globals_ := global_shapes(cfg)):

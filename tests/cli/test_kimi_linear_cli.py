@@ -7,7 +7,7 @@ import re
 import tracemalloc
 
 import numpy as np
-from helpers.cli import stepper
+from helpers.cli import one_line, stepper
 
 from stepper.seams.trace import Recorder
 from stepper.session import RunSpec, run
@@ -206,3 +206,41 @@ def test_an_attention_path_asked_of_a_kda_layer_alone_is_said_to_change_nothing(
     kda, mla = stepper(*args, "--layer", "0"), stepper(*args, "--layer", "3")
     assert kda.returncode == mla.returncode == 0, kda.stderr + mla.stderr
     assert line in kda.stdout.splitlines() and "changes nothing" not in mla.stdout
+
+
+def as_transformers_saves_it(published, folder, drop: str | None = None):
+    """tiny-kimi-linear's published checkpoint with its dense layer 0's MLP where transformers'
+    save_pretrained writes it, `block_sparse_moe.{gate,up,down}_proj` (its conversion renames every
+    block_sparse_moe. to mlp. on load and back on save), one model.safetensors; `drop` left out."""
+    import ml_dtypes  # noqa: F401  (safetensors.numpy reads BF16 through it)
+    from safetensors.numpy import load_file, save_file
+
+    tensors = {name.replace("layers.0.mlp.", "layers.0.block_sparse_moe."): a
+               for shard in sorted(published.glob("*.safetensors")) for name, a in load_file(shard).items()}
+    folder.mkdir()
+    (folder / "config.json").write_bytes((published / "config.json").read_bytes())
+    save_file({name: a for name, a in tensors.items() if name != drop}, str(folder / "model.safetensors"))
+    return folder
+
+
+def test_a_checkpoint_as_transformers_saves_it_runs_as_the_published_one(tmp_path):
+    """The same logits; inspect lists the dense MLP by the names the file holds, nothing wrong; a
+    missing projection is named as stored (tests/reference/test_transformers_saved_checkpoints.py
+    runs what transformers itself saves)."""
+    published = tmp_path / "published"
+    assert stepper("synth", "--model", "tiny-kimi-linear", "--out", published, "--seed", 5).returncode == 0
+    saved = as_transformers_saves_it(published, tmp_path / "saved")
+
+    def logits(folder) -> np.ndarray:
+        rec = Recorder()
+        run(RunSpec(model=str(folder), prompt_len=5, decode=1, seed=5), [rec])
+        return np.concatenate([v[0] for n, v in rec.tensors().items() if n.endswith(".logits") and ".layers." not in n])
+
+    assert np.array_equal(logits(saved), logits(published))
+    inspected = stepper("inspect", saved, "--plain")
+    assert inspected.returncode == 0 and "problem" not in inspected.stdout and "!" not in inspected.stdout
+    assert "  block_sparse_moe.down_proj.weight " in inspected.stdout.split("layer 1")[0]
+    broken = as_transformers_saves_it(published, tmp_path / "broken", "model.layers.0.block_sparse_moe.up_proj.weight")
+    assert one_line(stepper("run", "--model", broken)) == (
+        f"stepper: error: {broken}: 'model.layers.0.block_sparse_moe.up_proj.weight' is missing (expected shape "
+        "[272, 160])")

@@ -169,3 +169,59 @@ def test_a_longcat_checkpoint_of_transformers_fused_experts_is_refused_in_one_li
     for attn in ("naive", "absorb"):
         from_saved, from_published = logits(str(saved), attn), logits(str(published), attn)
         assert len(from_saved) == 2 and all(np.array_equal(a, b) for a, b in zip(from_saved, from_published))
+
+
+def as_transformers_saves_axk1(published, folder, bias: float = 0.0, drop: tuple[str, ...] = (), **changed):
+    """tiny-axk1's published checkpoint (a post_mlp_layernorm in every layer, no router bias) as
+    transformers' save_pretrained writes A.X-K1: no post_mlp_layernorm in the dense layer 0, each MoE
+    layer's router bias (its buffer, zeros; `bias` in layer 1's first value), one model.safetensors; the
+    tensors `drop` left out, `changed` ones (name with __ for .) replaced."""
+    import ml_dtypes  # noqa: F401  (safetensors.numpy reads BF16 through it)
+    from safetensors.numpy import load_file, save_file
+
+    tensors = {name: a for shard in sorted(published.glob("*.safetensors")) for name, a in load_file(shard).items()}
+    del tensors["model.layers.0.post_mlp_layernorm.weight"]
+    for layer in (1, 2):
+        tensors[f"model.layers.{layer}.mlp.gate.e_score_correction_bias"] = np.eye(1, 32, dtype=np.float32)[0] * (
+            bias if layer == 1 else 0)
+    tensors = {name: a for name, a in tensors.items() if name not in drop}
+    tensors.update({name.replace("__", "."): a for name, a in changed.items()})
+    folder.mkdir()
+    (folder / "config.json").write_bytes((published / "config.json").read_bytes())
+    save_file(tensors, str(folder / "model.safetensors"))
+    return folder
+
+
+def test_an_axk1_checkpoint_as_transformers_saves_it_runs_as_the_published_one(written, tmp_path):
+    """The dense layer without the post_mlp_layernorm no run reads, the MoE layers with transformers'
+    zero router bias: the published checkpoint's logits, bit for bit, with nothing to note; `inspect`
+    finds nothing wrong in either layout (tests/reference/test_transformers_saved_checkpoints.py runs
+    what transformers itself saves)."""
+    saved = as_transformers_saves_axk1(written / "tiny-axk1", tmp_path / "saved")
+    for attn in ("naive", "absorb"):
+        from_saved, from_published = logits(str(saved), attn), logits(str(written / "tiny-axk1"), attn)
+        assert len(from_saved) == 2 and all(np.array_equal(a, b) for a, b in zip(from_saved, from_published))
+    out = stepper("run", "--model", saved, "--only", "logits", "--plain")
+    assert out.returncode == 0 and "note" not in out.stdout + out.stderr, out.stdout[-500:] + out.stderr
+    for folder, dense_norm in ((saved, False), (written / "tiny-axk1", True)):  # each tensor in its layer, unflagged
+        inspected = stepper("inspect", folder, "--plain")
+        assert inspected.returncode == 0 and "problem" not in inspected.stdout and "!" not in inspected.stdout
+        layer0 = inspected.stdout.split("layer 0 (dense)")[1].split("layer 1 (MoE)")[0]
+        assert ("post_mlp_layernorm.weight" in layer0) == dense_norm
+        assert ("mlp.gate.e_score_correction_bias" in inspected.stdout) != dense_norm
+
+
+@pytest.mark.parametrize("change, refusal", [
+    ({"drop": ("model.layers.1.post_mlp_layernorm.weight",)},
+     "'model.layers.1.post_mlp_layernorm.weight' is missing (expected shape [320])"),
+    ({"bias": 0.5}, ("model.safetensors: 'model.layers.1.mlp.gate.e_score_correction_bias' holds 1 value(s) other "
+                     "than zero: stepper's axk1 layer reads no such tensor, so it must hold zeros (as transformers "
+                     "saves it) or be left out (as published)")),
+    ({"model__layers__0__post_mlp_layernorm__weight": np.ones(32, np.float32)},
+     "model.safetensors: 'model.layers.0.post_mlp_layernorm.weight' has shape [32], expected [320]"),
+])
+def test_an_axk1_checkpoint_stays_strict_in_either_layout(written, tmp_path, change, refusal):
+    """A MoE layer without its norm, a router bias stepper would leave out of a sum transformers
+    makes, a dense layer's unread norm of another shape: each refused in one line."""
+    saved = as_transformers_saves_axk1(written / "tiny-axk1", tmp_path / "saved", **change)
+    assert one_line(stepper("run", "--model", saved)) == f"stepper: error: {saved}: {refusal}"

@@ -57,6 +57,26 @@ def test_a_field_stepper_does_not_honour_is_refused_by_name(field, value, messag
     assert str(refused.value).startswith("MiniCPM3-4B/config.json")
 
 
+def as_transformers_saves_it(raw: dict, theta: float) -> dict:
+    """The config.json transformers' save_pretrained writes for MiniCPM3: the rope block as
+    rope_parameters, with rope_theta inside and none outside (the values those it read)."""
+    saved = {k: v for k, v in raw.items() if k not in ("rope_scaling", "rope_theta")}
+    return {**saved, "rope_parameters": {**raw["rope_scaling"], "rope_type": "longrope", "rope_theta": theta}}
+
+
+def test_the_config_transformers_saves_reads_as_the_published_one():
+    """tests/reference/test_transformers_saved_checkpoints.py runs what transformers saves."""
+    published = family_preset("tiny-minicpm3")
+    saved = read_config(as_transformers_saves_it(PRESETS["tiny-minicpm3"], published.rope_theta), "saved/config.json")
+    assert saved == published
+    other = read_config(as_transformers_saves_it(PRESETS["tiny-minicpm3"], 5e5), "saved/config.json")
+    assert other.rope_theta == 5e5 and other.longrope == published.longrope  # rope_parameters' own theta, read
+    bad = as_transformers_saves_it(PRESETS["tiny-minicpm3"], 1e4)
+    bad["rope_parameters"]["long_factor"] = [1.0]
+    with pytest.raises(StepperError, match=r"field 'rope_parameters.long_factor' must be 8 positive numbers"):
+        read_config(bad, "saved/config.json")
+
+
 def test_synth_writes_the_published_layout_and_runs_it_as_the_preset(tmp_path):
     cfg = family_preset("tiny-minicpm3")
     folder = synth_checkpoint(SyntheticWeights(cfg, seed=0), tmp_path / "tiny-minicpm3")

@@ -19,7 +19,7 @@ from stepper.errors import StepperError
 from stepper.families.youtu import YoutuModel
 from stepper.model import Transformer
 from stepper.presets import PRESETS
-from stepper.weights.names import weight_shapes
+from stepper.weights.names import unread_layer_shapes, weight_shapes, zero_layer_shapes
 from stepper.weights.seeded import SyntheticWeights
 
 
@@ -90,7 +90,11 @@ def test_axk1_has_its_moe_output_norm_and_no_router_bias():
     assert cfg.moe_output_norm and not cfg.router_bias
     shapes = weight_shapes(cfg)
     assert not any(n.endswith("e_score_correction_bias") for n in shapes)
-    assert all(f"model.layers.{i}.post_mlp_layernorm.weight" in shapes for i in range(cfg.num_hidden_layers))
+    norms = [f"model.layers.{i}.post_mlp_layernorm.weight" for i in range(cfg.num_hidden_layers)]
+    assert [name in shapes for name in norms] == [False, True, True]  # read in the MoE layers alone
+    assert unread_layer_shapes(cfg, 0) == {norms[0]: (320,)} and unread_layer_shapes(cfg, 1) == {}  # published
+    assert zero_layer_shapes(cfg, 1) == {"model.layers.1.mlp.gate.e_score_correction_bias": (32,)}  # transformers'
+    assert zero_layer_shapes(cfg, 0) == {}
     full = family_preset("a.x-k1")
     assert (full.n_routed_experts, full.n_group, full.topk_group, full.num_hidden_layers) == (192, 8, 4, 61)
 
