@@ -435,7 +435,8 @@ def describe_run(spec: RunSpec) -> str:
     count = len(spec.ids) if spec.ids else spec.prompt_len
     prompt = f"ids {list(spec.ids)}" if spec.ids else f"{count} token{'s' if count != 1 else ''}"
     where = f"position {spec.start_pos}" if count == 1 else f"positions {spec.start_pos}..{spec.start_pos + count - 1}"
-    parts = [f"model {spec.model}", f"{prompt} at {where}"]
+    model = Path(spec.model).name if spec.model.endswith(".json") else spec.model  # a lesson's own config file
+    parts = [f"model {model}", f"{prompt} at {where}"]
     if spec.decode:
         parts.append(f"{spec.decode} decode step{'s' if spec.decode > 1 else ''}")
     if spec.attn != "auto":
