@@ -128,8 +128,9 @@ ROOM_LINES = {
     # 5,010 with explain's checked parameters, a pipe's whole trees and tables, a new user's review mended;
     # 5,634 with pictures of NaN and infinities, hints and pictures each model's own, explain across families;
     # 5,808 with globs read in what a model emits and LongCat's sublayers lined up in a comparison; 5,911 with
-    # integer tensors shown as integers and a LongCat sublayer's name explained as that sublayer's
-    "views": 6000,
+    # integer tensors shown as integers and a LongCat sublayer's name explained as that sublayer's; 6,007 with
+    # legends that keep each item whole at 80 columns (pictures.legend) and s state's note at the console's width
+    "views": 6050,
     "weights": 4800,  # 3,778, of which ~700 read and check DeepSeek-V4's published layout; 4,476 with the config
     # field the weights contradict; 4,628 with the files an index does not name; 4,721 with seeded weights kept
 }
