@@ -84,6 +84,9 @@ WRONG = [
                        ("        two = np.sort(choice.reshape(choice.shape[0], cfg.n_group, -1), axis=-1)[..., -2:]\n"
                        "        choice = keep_groups(choice, two.sum(axis=-1), cfg, emit)\n")),
      ["the run with your route differs (model tiny-v2-groups.json", "mlp.gate.group_mask differs (the first"]),
+    # a tensor emitted in float64: the report says it was emitted so, not "returned"
+    ("three-routers", ('emit("mlp.gate.logits", logits)', 'emit("mlp.gate.logits", logits.astype(np.float64))'),
+     ["layers.1.mlp.gate.logits differs", "your run emitted it with dtype float64, expected float32"]),
     # hc_eps kept in the first columns' sums but left out of the rounds': 1e-6 in the run moves nothing
     ("hyper-connections", ("comb = comb / (comb.sum(axis=rows, keepdims=True) + eps)",
                            "comb = comb / comb.sum(axis=rows, keepdims=True)"),
