@@ -308,10 +308,10 @@ def describe_args(func: Callable, call: Call) -> str:
 
 
 def difference(mine: Any, ref: np.ndarray, *, rtol: float, exact: bool = False, elementwise: bool = False,
-               about: Callable[[tuple[int, ...]], str] | None = None) -> list[str]:
+               about: Callable[[tuple[int, ...]], str] | None = None, made: str = "it returned") -> list[str]:
     """[] when mine matches ref, else lines saying where and how it differs (and `about(index)`,
     what the input holds at the first entry that differs)."""
-    lines, index = differing(mine, ref, rtol=rtol, exact=exact, elementwise=elementwise)
+    lines, index = differing(mine, ref, rtol=rtol, exact=exact, elementwise=elementwise, made=made)
     if index is not None and about is not None:
         lines.insert(1, about(index))
     return lines
@@ -331,22 +331,22 @@ def outputs_difference(mine: Any, ref: Any, **how) -> list[str]:
     return []
 
 
-def differing(mine: Any, ref: np.ndarray, *, rtol: float, exact: bool,
-              elementwise: bool) -> tuple[list[str], tuple[int, ...] | None]:
+def differing(mine: Any, ref: np.ndarray, *, rtol: float, exact: bool, elementwise: bool,
+              made: str = "it returned") -> tuple[list[str], tuple[int, ...] | None]:
     """The lines of `difference`, and the index of the first entry that differs (None when the
     whole array is amiss: None returned, another shape or dtype)."""
     if not isinstance(mine, np.ndarray):
         if mine is None:
-            return ["it returned None: return the array"], None
+            return [f"{made} None: return the array"], None
         if isinstance(ref, np.ndarray) and np.isscalar(mine):
-            return [f"it returned the scalar {fmt(mine)}, expected an array of shape {list(ref.shape)}"], None
+            return [f"{made} the scalar {fmt(mine)}, expected an array of shape {list(ref.shape)}"], None
         mine = np.asarray(mine)
     if mine.shape != ref.shape:
-        return [f"it returned shape {list(mine.shape)}, expected {list(ref.shape)}"], None
+        return [f"{made} shape {list(mine.shape)}, expected {list(ref.shape)}"], None
     if ref.dtype == np.bool_:
         return first_unequal(mine.astype(bool), ref)
     if mine.dtype != ref.dtype:
-        return [(f"it returned dtype {mine.dtype}, expected {ref.dtype}: the interpreter computes in "
+        return [(f"{made} dtype {mine.dtype}, expected {ref.dtype}: the interpreter computes in "
                  f"{ref.dtype} (cast with .astype(np.{ref.dtype}) or use np.{ref.dtype} constants)")], None
     if np.issubdtype(ref.dtype, np.integer):
         return first_unequal(mine, ref)
@@ -421,7 +421,7 @@ def compare_runs(reference: Sequence[Event], mine: Sequence[Event], rtol: float)
         if mine[i].name != ref.name:
             return [f"tensor {i + 1}: your run emitted {mine[i].name} where the reference emits {ref.name}",
                     "(emit the tensors the stub names, in its order)"]
-        problem = difference(my_arrays[i], ref_arrays[i], rtol=rtol)
+        problem = difference(my_arrays[i], ref_arrays[i], rtol=rtol, made="your run emitted it with")
         if problem:
             kept = f"the first {i} tensors match; " if i else ""
             return [f"{ref.name} differs ({kept}this is the first that does not):", *problem]
@@ -435,7 +435,8 @@ def describe_run(spec: RunSpec) -> str:
     count = len(spec.ids) if spec.ids else spec.prompt_len
     prompt = f"ids {list(spec.ids)}" if spec.ids else f"{count} token{'s' if count != 1 else ''}"
     where = f"position {spec.start_pos}" if count == 1 else f"positions {spec.start_pos}..{spec.start_pos + count - 1}"
-    parts = [f"model {spec.model}", f"{prompt} at {where}"]
+    model = Path(spec.model).name if spec.model.endswith(".json") else spec.model  # a lesson's own config file
+    parts = [f"model {model}", f"{prompt} at {where}"]
     if spec.decode:
         parts.append(f"{spec.decode} decode step{'s' if spec.decode > 1 else ''}")
     if spec.attn != "auto":

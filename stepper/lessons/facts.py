@@ -559,6 +559,14 @@ def v3_kept_groups(ctx: Context, scope: str = "layers.1", token: str = "0") -> l
 
 
 @fact
+def v3_experts_v2_may_pick(ctx: Context, scope: str = "layers.1", token: str = "0") -> list[int]:
+    """V3's experts for a token that lie in the groups V2's rule keeps: the only ones of them V2 could pick."""
+    size = ctx.cfg.router_experts // ctx.cfg.n_group
+    kept = v2_kept_groups(ctx, scope, token)
+    return [e for e in experts_by(ctx, scope, token, "v3") if e // size in kept]
+
+
+@fact
 def v3_group_scores(ctx: Context, scope: str = "layers.1", token: str = "0") -> list[float]:
     """A token's group scores under V3's rule (the two best biased scores of each group, summed)."""
     return [round(float(v), 4) for v in ctx.tensor(f"{scope}.mlp.gate.group_scores")[router_token(ctx, scope, token)]]

@@ -1,5 +1,5 @@
-"""Printing lesson text: prose paragraphs wrapped to the console, `code` spans in cyan, control
-characters (a lesson file may hold any) escaped."""
+"""Printing lesson text: prose paragraphs wrapped to the console, never inside a formula that fits
+on a line, `code` spans in cyan, control characters (a lesson file may hold any) escaped."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from rich.text import Text
 from stepper.lessons.context import Context
 from stepper.lessons.templates import render
 from stepper.untrusted import shown
-from stepper.views.sinks import line_width
+from stepper.views.sinks import WholeLinesOffTerminal, line_width
 
 
 def say(console: Console, text: str, ctx: Context, style: str | None = None) -> None:
@@ -23,7 +23,44 @@ def say(console: Console, text: str, ctx: Context, style: str | None = None) -> 
         if i:
             console.print()
         verbatim = "\n" in rendered or paragraph.startswith(" ")
-        console.print(styled(rendered, style), soft_wrap=verbatim)
+        console.print(styled(rendered if verbatim else fitted(console, rendered), style), soft_wrap=True)
+
+
+def fitted(console: Console, text: str) -> str:
+    """text wrapped to the console's width (`wrapped`); its lines whole where the console keeps them
+    whole (WholeLinesOffTerminal to a pipe or a file)."""
+    if isinstance(console, WholeLinesOffTerminal) and line_width(console) is None:
+        return text
+    return "\n".join(wrapped(shown(text, lines=True), console.width))
+
+
+def wrapped(text: str, width: int) -> list[str]:
+    """Each line of text wrapped at spaces to `width`, never inside a formula that fits on a line
+    (relu(q . k) stays whole); a word or formula longer than the line is left whole."""
+    out = []
+    for line in text.split("\n"):
+        glued = list(line)
+        for start, end in formula_spans(line):
+            if end - start <= width:
+                glued[start:end] = ["\0" if c == " " else c for c in glued[start:end]]  # kept: shown() escaped any NUL
+        out += [part.replace("\0", " ") for part in textwrap.wrap("".join(glued), width, break_long_words=False,
+                                                                   break_on_hyphens=False, expand_tabs=False)] or [""]
+    return out
+
+
+def formula_spans(text: str) -> list[tuple[int, int]]:
+    """[start, end) of each formula in a line: a bracket group attached to the character before it
+    (relu(q . k), x[i], f(g(x))) or any [...] (a list, a shape). A "(" after a space opens prose
+    (a remark in parentheses), which may wrap."""
+    spans, open_at = [], []
+    for i, c in enumerate(text):
+        if c in "([":
+            open_at.append(i)
+        elif c in ")]" and open_at and text[open_at[-1]] + c in ("()", "[]"):
+            start = open_at.pop()
+            if text[start] == "[" or (start and not text[start - 1].isspace()):
+                spans.append((start, i + 1))
+    return spans
 
 
 def join_lines(text: str) -> str:
@@ -53,10 +90,8 @@ def styled(text: str, style: str | None = None) -> Text:
 
 
 def indented(console: Console, text: str, style: str | None = None, indent: int = 4) -> None:
-    """Print text indented, wrapped at spaces to a terminal's width (continuation lines indented
-    too; to a pipe each line whole), its own line breaks kept."""
-    width = line_width(console) or 2**31 - 1
-    lines = [textwrap.fill(line, max(20, width), initial_indent=" " * indent, subsequent_indent=" " * indent,
-                           break_long_words=False, break_on_hyphens=False)
-             for line in text.split("\n")]
-    console.print(Text("\n".join(lines), style=style or ""), soft_wrap=True)
+    """Print text indented, wrapped at spaces to a terminal's width as `wrapped` wraps (continuation
+    lines indented too; to a pipe each line whole), its own line breaks kept."""
+    width = line_width(console)
+    lines = text.split("\n") if width is None else wrapped(text, max(20, width) - indent)
+    console.print(Text("\n".join(" " * indent + line for line in lines), style=style or ""), soft_wrap=True)

@@ -175,9 +175,9 @@ def load_lesson(folder: Path) -> Lesson:
     except RecursionError:  # tomllib recurses once per nested array or table (it is pure Python: a clean error)
         raise StepperError(f"{path}: arrays or tables nested too deeply") from None
     top = Reader(path, "top level", raw, TOP_KEYS)
-    run = run_spec(Reader(path, "[run]", top.get("run", dict), RUN_KEYS), RunSpec())
+    run = run_spec(Reader(path, "[run]", top.get("run", dict), RUN_KEYS), RunSpec(), folder)
     ex = Reader(path, "[exercise]", top.get("exercise", dict), EXERCISE_KEYS)
-    runs = tuple(run_spec(Reader(path, f"[exercise] runs[{i}]", r, RUN_KEYS), run)
+    runs = tuple(run_spec(Reader(path, f"[exercise] runs[{i}]", r, RUN_KEYS), run, folder)
                  for i, r in enumerate(ex.get("runs", list, [{}])))
     exercise = Exercise(
         functions=tuple(strings(ex, "functions")),
@@ -200,11 +200,16 @@ def strings(reader: Reader, key: str) -> list[str]:
     return values
 
 
-def run_spec(r: Reader, base: RunSpec) -> RunSpec:
+def run_spec(r: Reader, base: RunSpec, folder: Path) -> RunSpec:
     fields: dict[str, Any] = {}
     for key in ("model", "attn"):
         if key in r.table:
             fields[key] = r.get(key, str)
+    if fields.get("model", "").endswith(".json"):  # a config of the lesson's own (synthetic weights), in its folder
+        config = folder / fields["model"]
+        if Path(fields["model"]).name != fields["model"] or not config.is_file():
+            raise r.fail(f"'model' {said(fields['model'])}: a config file must be in the lesson's folder")
+        fields["model"] = str(config)
     for key in ("layer", "prompt_len", "start_pos", "decode", "seed"):
         if key in r.table:
             fields[key] = r.get(key, int)

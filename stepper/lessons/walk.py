@@ -17,7 +17,7 @@ from rich.text import Text
 from stepper.errors import StepperError
 from stepper.lessons.context import Context
 from stepper.lessons.judge import expected_value, judge, show_answer
-from stepper.lessons.prose import indented, join_lines, say, styled
+from stepper.lessons.prose import fitted, indented, join_lines, say, styled
 from stepper.lessons.reading import FORMS
 from stepper.lessons.schema import LESSON_FILE, Lesson, Prediction, Step
 from stepper.lessons.templates import render
@@ -114,7 +114,7 @@ class LessonDebugger(Debugger):
         question = render(join_lines(pred.question), ctx)
         if pred.kind == "choice":
             question += "\n" + "   ".join(f"{chr(ord('a') + i)}) {o}" for i, o in enumerate(pred.options))
-        self.console.print(styled("predict: " + question, "bold yellow"), soft_wrap=False)
+        self.console.print(styled(fitted(self.console, "predict: " + question), "bold yellow"), soft_wrap=True)
         self.asked += 1
         tries = unreadable = 0
         while True:
@@ -142,7 +142,7 @@ class LessonDebugger(Debugger):
                     self.retried += 1
                 self.console.print(f"✓ right: {shown(show_answer(pred, expected))}", style="bold green")
                 return
-            self.console.print(styled(f"✗ {verdict.why}", "red"), soft_wrap=False)
+            self.console.print(styled(fitted(self.console, f"✗ {verdict.why}"), "red"), soft_wrap=True)
             tries += verdict.readable
             unreadable += not verdict.readable
             if tries >= 2 or unreadable >= 3:

@@ -26,6 +26,7 @@ from stepper.views.pictures import (
     caption,
     ceil_div,
     heading,
+    legend,
     line,
     shade,
 )
@@ -64,7 +65,7 @@ def compressed_attention_map(position: int, sliding_window: int, ratio: int, cho
                          f"{sliding_window} and {ratio}")
     tokens, entries = reach(position, sliding_window, ratio, chosen, overlap=indexer)
     return Picture(lambda width: heading(title) + draw(position, sliding_window, ratio, tokens, entries, indexer,
-                                                       width))
+                                                       width), whole_off_screen=True)  # a pipe: the legend on one line
 
 
 def strip(marks: np.ndarray, budget: int) -> tuple[list[tuple[str, str]], int]:
@@ -109,11 +110,12 @@ def draw(position: int, sliding_window: int, ratio: int, tokens: np.ndarray, ent
         out.append(line(("entries".ljust(margin - 1) + " ", DIM), *entry_cells))
         if entry_block > 1:
             out.append(line(f"{'':{margin}}({entry_block} entries a cell; ░▒▓ the share of them kept: ≤¼ ≤½ ≤¾)"))
-    dropped = ((DROPPED, "red"), " read only by entries the indexer dropped  ") if indexer else ()
-    through = " read by a kept entry (a CSA entry reads its window and the one before)  " if indexer else (
-        " through a kept entry  ")
-    out.append(line((WINDOW, "bold cyan"), " window  ", (KEPT, "bold"), through, *dropped,
-                    (EMPTY, DIM), " not pooled yet", wrap=True))
+    items = [((WINDOW, "bold cyan"), " window"),
+             ((KEPT, "bold"), " read by a kept entry (a CSA entry reads its window and the one before)" if indexer
+              else " through a kept entry"),
+             *([((DROPPED, "red"), " read only by entries the indexer dropped")] if indexer else []),
+             ((EMPTY, DIM), " not pooled yet")]
+    out += legend([line(*item, wrap=True) for item in items], width)
     sees = (f"{counted(window + kept, 'key')}: the window's {counted(window, 'token')} "
             f"(positions {position - window + 1:,}..{position:,})")
     if ratio:

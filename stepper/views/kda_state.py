@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from rich.console import RenderableType
+from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
@@ -52,13 +52,12 @@ def state_statistics(state: np.ndarray, title: str = "") -> RenderableType:
     """A table, one row per head: ||S||_F, max |S|, the first singular direction's share of the
     energy (sigma_1^2 / sum sigma^2) and the rank at 1% of sigma_1."""
     heads = per_head(state)
-    table = Table(title=title or None, title_justify="left", box=None, padding=(0, 2), caption=STATISTICS_NOTE,
-                  caption_justify="left", caption_style="dim")
+    table = Table(title=title or None, title_justify="left", box=None, padding=(0, 2))
     for column in ("head", "‖S‖", "max |S|", "σ₁² share", "rank@1%"):
         table.add_column(column, justify="right")
     for h, S in enumerate(heads):
         table.add_row(str(h), *head_figures(S))
-    return table
+    return Group(table, Text(STATISTICS_NOTE, style="dim"))  # the note wraps at the console's width, not the table's
 
 
 def head_figures(S: np.ndarray) -> tuple[str, str, str, str]:

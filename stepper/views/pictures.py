@@ -93,6 +93,13 @@ def line(*parts: str | tuple[str, Style | str], wrap: bool = False) -> Text:
     return text
 
 
+def legend(items: list[Text], width: int) -> list[Text]:
+    """A legend's items on one line where they fit in `width`, else one item a line: never an item
+    split between two lines with the next one run on after it."""
+    joined = Text("  ").join(items)
+    return [joined] if joined.cell_len <= width else items
+
+
 def caption(text: str) -> Text:
     return Text(text, style="dim")
 

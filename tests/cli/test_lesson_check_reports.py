@@ -71,6 +71,22 @@ WRONG = [
     ("many-models", ('    emit("mlp.gate.group_mask", group_mask)\n', ""),
      ["tensor 61: your run emitted layers.1.mlp.gate.topk_idx where the reference emits layers.1.mlp.gate.group_mask",
       "(emit the tensors the stub names, in its order)"]),
+    # V2's group-limited router (tiny-v2-groups.json, the lesson's own config): the top-k over all experts,
+    # groups ranked by their worst expert, or by V3's top-2 sums
+    ("three-routers", ("        choice = keep_groups(choice, group_max, cfg, emit)\n",
+                       "        keep_groups(choice, group_max, cfg, emit)\n"),
+     ["the run with your route differs (model tiny-v2-groups.json, 7 tokens at positions 0..6)",
+      "layers.1.mlp.gate.topk_idx differs (the first"]),
+    ("three-routers", ("group_max = choice.reshape(choice.shape[0], cfg.n_group, -1).max(axis=-1)",
+                       "group_max = choice.reshape(choice.shape[0], cfg.n_group, -1).min(axis=-1)"),
+     ["the run with your route differs (model tiny-v2-groups.json", "layers.1.mlp.gate.group_max differs"]),
+    ("three-routers", ("        choice = keep_groups(choice, group_max, cfg, emit)\n",
+                       ("        two = np.sort(choice.reshape(choice.shape[0], cfg.n_group, -1), axis=-1)[..., -2:]\n"
+                       "        choice = keep_groups(choice, two.sum(axis=-1), cfg, emit)\n")),
+     ["the run with your route differs (model tiny-v2-groups.json", "mlp.gate.group_mask differs (the first"]),
+    # a tensor emitted in float64: the report says it was emitted so, not "returned"
+    ("three-routers", ('emit("mlp.gate.logits", logits)', 'emit("mlp.gate.logits", logits.astype(np.float64))'),
+     ["layers.1.mlp.gate.logits differs", "your run emitted it with dtype float64, expected float32"]),
     # hc_eps kept in the first columns' sums but left out of the rounds': 1e-6 in the run moves nothing
     ("hyper-connections", ("comb = comb / (comb.sum(axis=rows, keepdims=True) + eps)",
                            "comb = comb / comb.sum(axis=rows, keepdims=True)"),
@@ -160,3 +176,43 @@ def test_an_exercise_that_changes_its_arguments_in_place_passes_and_leaves_the_r
     report = check.check(lesson, mine)
     text = "\n".join(f"{'✓' if o.ok else '✗'} {o.title}\n" + "\n".join(o.detail) for o in report.outcomes)
     assert report.passed, text
+
+
+def test_a_right_v2_router_in_float64_with_its_own_group_mask_passes(tmp_path):
+    """Lesson 10's check runs V2's group-limited router (its tiny-v2-groups.json): a right router
+    computed in float64 and cast back, with the group mask made by another formula (argpartition,
+    ties aside), passes."""
+    lesson = find_lesson("three-routers")
+    solution = lesson.solution.read_text()
+    changes = [
+        ("logits = linear(x.astype(np.float32), gate.astype(np.float32))  # [N, E]",
+         "logits = (x.astype(np.float64) @ gate.astype(np.float64).T).astype(np.float32)"),
+        (("    group_mask = np.zeros_like(group_scores)\n"
+         "    np.put_along_axis(group_mask, top_k(group_scores, cfg.topk_group), np.float32(1), axis=1)  # [N, G]\n"),
+         ("    cut = -np.sort(-group_scores, axis=1)[:, cfg.topk_group - 1:cfg.topk_group]\n"
+         "    group_mask = (group_scores >= cut).astype(np.float32)\n")),
+    ]
+    for old, new in changes:
+        assert old in solution, "the change must apply to the solution as it is"
+        solution = solution.replace(old, new)
+    mine = tmp_path / "f64.py"
+    mine.write_text(solution)
+    report = check.check(lesson, mine)
+    text = "\n".join(f"{'✓' if o.ok else '✗'} {o.title}\n" + "\n".join(o.detail) for o in report.outcomes)
+    assert report.passed, text
+    assert "tiny-v2-groups.json" in text
+
+
+def test_a_lesson_config_file_must_be_in_the_lessons_folder(tmp_path):
+    import shutil
+
+    from stepper.errors import StepperError
+    from stepper.lessons.schema import load_lesson
+
+    folder = tmp_path / "10-routers"
+    shutil.copytree(find_lesson("three-routers").folder, folder)
+    toml = folder / "lesson.toml"
+    toml.write_text(toml.read_text().replace('model = "tiny-v2-groups.json"', 'model = "../tiny-v2-groups.json"'))
+    with pytest.raises(StepperError, match=r"lesson.toml: \[exercise\] runs\[1\]: 'model' '../tiny-v2-groups.json': "
+                                           r"a config file must be in the lesson's folder"):
+        load_lesson(folder)

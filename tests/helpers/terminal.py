@@ -40,10 +40,12 @@ PROMPTS = (b"(stepper) ", b"your prediction> ")  # where the debugger and the le
 
 
 def on_terminal(*args: object, columns: int = 80, env: Mapping[str, str] | None = None, timeout: float = 120.0,
-                typed: Sequence[str] = (), cwd: str | Path | None = None, python: str | None = None) -> Screen:
+                typed: Sequence[str] = (), cwd: str | Path | None = None, python: str | None = None,
+                settle: float = 1.0) -> Screen:
     """`stepper ARGS` on a pseudo-terminal `columns` wide: the screen afterwards. At each prompt
-    the next of the `typed` lines is typed, and once they are used up, Ctrl-D (end of input).
-    `python`: a script run in its place (`python -c SCRIPT ARGS`), a user's own use of the API."""
+    the next of the `typed` lines is typed, and once they are used up, Ctrl-D (end of input), once
+    the command has written nothing for `settle` seconds. `python`: a script run in its place
+    (`python -c SCRIPT ARGS`), a user's own use of the API."""
     argv = [sys.executable, *(["-c", python] if python is not None else ["-m", "stepper"]), *map(str, args)]
     pid, fd = pty.fork()
     if pid == 0:  # the child: the terminal's size set, then stepper in its place
@@ -57,7 +59,7 @@ def on_terminal(*args: object, columns: int = 80, env: Mapping[str, str] | None 
             os.execvp(argv[0], argv)
         finally:
             os._exit(127)
-    raw = read_all(fd, pid, timeout, list(typed))
+    raw = read_all(fd, pid, timeout, list(typed), settle)
     _, status = os.waitpid(pid, 0)
     os.close(fd)
     screen = pyte.Screen(columns, ROWS)
@@ -68,7 +70,7 @@ def on_terminal(*args: object, columns: int = 80, env: Mapping[str, str] | None 
     return Screen(raw, lines, os.waitstatus_to_exitcode(status))
 
 
-def read_all(fd: int, pid: int, timeout: float, typed: list[str]) -> bytes:
+def read_all(fd: int, pid: int, timeout: float, typed: list[str], settle: float = 1.0) -> bytes:
     """Everything the child writes until it closes the terminal (killed after `timeout` seconds),
     a line of `typed` (or Ctrl-D) typed at each prompt."""
     out, deadline, answered = bytearray(), time.monotonic() + timeout, 0
@@ -78,7 +80,7 @@ def read_all(fd: int, pid: int, timeout: float, typed: list[str]) -> bytes:
             os.kill(pid, 9)
             raise AssertionError(f"the command did not finish in {timeout} s; it "
                                  f"wrote:\n{out[-2000:].decode(errors='replace')}")
-        ready, _, _ = select.select([fd], [], [], min(left, 1.0))
+        ready, _, _ = select.select([fd], [], [], min(left, settle))
         if ready:
             try:
                 chunk = os.read(fd, 65536)

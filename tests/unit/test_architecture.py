@@ -131,10 +131,12 @@ ROOM_LINES = {
     # 5,634 with pictures of NaN and infinities, hints and pictures each model's own, explain across families;
     # 5,808 with globs read in what a model emits and LongCat's sublayers lined up in a comparison; 5,911 with
     # integer tensors shown as integers and a LongCat sublayer's name explained as that sublayer's; 6,004 with a
-    # display's text fitted to the terminal of a Python prompt
+    # display's text fitted to the terminal of a Python prompt; then legends that keep each item whole at 80
+    # columns (pictures.legend) and s state's note at the console's width
     "views": 6050,
-    "weights": 4800,  # 3,778, of which ~700 read and check DeepSeek-V4's published layout; 4,476 with the config
-    # field the weights contradict; 4,628 with the files an index does not name; 4,721 with seeded weights kept
+    "weights": 4850,  # 3,778, of which ~700 read and check DeepSeek-V4's published layout; 4,476 with the config
+    # field the weights contradict; 4,628 with the files an index does not name; 4,721 with seeded weights kept;
+    # 4,804 with the layouts transformers' save_pretrained writes and a shard cut short refused before its read
 }
 
 
