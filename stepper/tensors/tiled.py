@@ -44,6 +44,11 @@ class Tiled(LazyTensor):
         """Values in one row of one head (S keys; K x V of a state)."""
         return math.prod(self.shape[3:])
 
+    @property
+    def small(self) -> bool:
+        """Whether it is no larger than a tile (a short prompt's states after every token)."""
+        return self.size <= TILE_VALUES
+
     def rows_per_tile(self) -> int:
         """Rows of one head per tile, so a tile holds about TILE_VALUES values."""
         B, _, T = self.shape[:3]
