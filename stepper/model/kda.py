@@ -157,8 +157,8 @@ def gated_delta_rule(q, k, v, g, beta, state, keep_states: bool = False):
 
 
 def token_by_token(q, k, v, g, beta, state, emit: Emitter):
-    """The recurrence, with the states after every chunk and every token shown when a sink looks
-    (the latter made when read, as in_chunks's: the rule's every state is let go once its chunks' are taken).
+    """The recurrence, with the same states shown when a sink looks as in_chunks shows: the rule's
+    after every chunk, and after every token made when read from those (the rule's own are let go).
     -> o, delta [B, Hk, T, Kv], the last state [B, Hk, K, Kv]"""
     keep = emit.wants_key("self_attn.state_per_token") or emit.wants_key("self_attn.state_per_chunk")
     out, delta, last, states = gated_delta_rule(q, k, v, g, beta, state, keep)
@@ -189,7 +189,7 @@ def show_states(emit: Emitter, every_token, every_chunk) -> None:
 
 def replayed(k, g, delta, first, after_chunks) -> Tiled:
     """The state after every token, made when read a tile of heads and tokens at a time: each
-    token's from the state before its chunk (`first`, then the kernel's state after each chunk),
+    token's from the state before its chunk (`first`, then the state after each chunk),
     replaying the writes S_t = diag(exp(g_t)) S_(t-1) + k_t delta_t^T up to it, at most a chunk of
     them, so what it holds is one state per chunk, never one per token.
     k, g [B, Hk, T, K], delta [B, Hk, T, Kv], first [B, Hk, K, Kv], after_chunks [B, Hk, chunks, K, Kv]
