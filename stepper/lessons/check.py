@@ -399,7 +399,7 @@ def setwise(events: Sequence[Event]) -> list[np.ndarray]:
     and the indexer's kept positions sorted per query."""
     out, order = [], {}
     for e in events:
-        array = e.array
+        array = np.asarray(e.array)  # one made when read (a KDA layer's states per token) read: a lesson's run is short
         scope = e.name.rpartition("mlp.gate.")[0]
         if e.key == "self_attn.indexer.topk_idx":  # the positions kept, in any order
             array = np.sort(array, axis=-1)

@@ -37,6 +37,7 @@ from stepper.model.ops import rms_norm, sigmoid, silu
 from stepper.model.options import DeltaRule, LayerOptions
 from stepper.seams.swap import bypasses, exercise
 from stepper.seams.trace import Emitter
+from stepper.tensors.tiled import Tiled
 
 L2_EPS = 1e-6  # inside the root of q's and k's L2 norm (the reference's l2norm)
 
@@ -156,22 +157,24 @@ def gated_delta_rule(q, k, v, g, beta, state, keep_states: bool = False):
 
 
 def token_by_token(q, k, v, g, beta, state, emit: Emitter):
-    """The recurrence, with the states after every token and chunk shown when a sink looks.
+    """The recurrence, with the same states shown when a sink looks as in_chunks shows: the rule's
+    after every chunk, and after every token made when read from those (the rule's own are let go).
     -> o, delta [B, Hk, T, Kv], the last state [B, Hk, K, Kv]"""
     keep = emit.wants_key("self_attn.state_per_token") or emit.wants_key("self_attn.state_per_chunk")
     out, delta, last, states = gated_delta_rule(q, k, v, g, beta, state, keep)
-    show_states(emit, lambda: states, lambda: states[:, :, chunk_ends(q.shape[2])])
+    per_chunk = states[:, :, chunk_ends(q.shape[2])] if keep else None  # [B, Hk, chunks, K, Kv], a copy
+    show_states(emit, lambda: replayed(k, g, delta, state, per_chunk), lambda: per_chunk)
     return out, delta, last
 
 
 @bypasses(gated_delta_rule, readable=token_by_token)  # a learner's rule runs token by token
 def in_chunks(q, k, v, g, beta, state, emit: Emitter):
     """The chunked form (kernels.kda_chunked), with the same states shown when a sink looks: after
-    every chunk from the kernel, after every token by replaying the writes the kernel found.
+    every chunk from the kernel, after every token made when read from the state before its chunk.
     -> o, delta [B, Hk, T, Kv], the last state [B, Hk, K, Kv]"""
-    keep = emit.wants_key("self_attn.state_per_chunk")
+    keep = emit.wants_key("self_attn.state_per_chunk") or emit.wants_key("self_attn.state_per_token")
     out, delta, last, per_chunk = kda_chunked.chunked(q, k, v, g, beta, state, keep_states=keep)
-    show_states(emit, lambda: written(k, g, delta, state), lambda: per_chunk)
+    show_states(emit, lambda: replayed(k, g, delta, state, per_chunk), lambda: per_chunk)
     return out, delta, last
 
 
@@ -184,14 +187,29 @@ def show_states(emit: Emitter, every_token, every_chunk) -> None:
         emit.shown("self_attn.state_per_chunk", every_chunk())  # [B, Hk, chunks, K, Kv]
 
 
-def written(k, g, delta, state) -> np.ndarray:
-    """The state after every token from the one before the first and the writes:
-    S_t = diag(exp(g_t)) S_(t-1) + k_t delta_t^T.  -> [B, Hk, T, K, Kv]"""
-    states = []
-    for t in range(k.shape[2]):
-        state = np.exp(g[:, :, t])[..., None] * state + k[:, :, t, :, None] * delta[:, :, t, None, :]
-        states.append(state)
-    return np.stack(states, axis=2)
+def replayed(k, g, delta, first, after_chunks) -> Tiled:
+    """The state after every token, made when read a tile of heads and tokens at a time: each
+    token's from the state before its chunk (`first`, then the state after each chunk),
+    replaying the writes S_t = diag(exp(g_t)) S_(t-1) + k_t delta_t^T up to it, at most a chunk of
+    them, so what it holds is one state per chunk, never one per token.
+    k, g [B, Hk, T, K], delta [B, Hk, T, Kv], first [B, Hk, K, Kv], after_chunks [B, Hk, chunks, K, Kv]
+    -> [B, Hk, T, K, Kv]"""
+    B, H, T, K = k.shape
+    V = delta.shape[-1]
+
+    def tile(heads: slice, tokens: slice) -> np.ndarray:  # -> [B, Hk, T, K, Kv] at those heads and tokens
+        out = np.empty((B, len(range(H)[heads]), len(range(T)[tokens]), K, V), np.float32)
+        for t in range(tokens.start // kda_chunked.CHUNK * kda_chunked.CHUNK, tokens.stop):
+            chunk, at = divmod(t, kda_chunked.CHUNK)
+            if at == 0:
+                S = (first if chunk == 0 else after_chunks[:, :, chunk - 1])[:, heads]  # [B, Hk, K, Kv] at those heads
+            S = np.exp(g[:, heads, t])[..., None] * S + k[:, heads, t, :, None] * delta[:, heads, t, None, :]
+            if t >= tokens.start:
+                out[:, :, t - tokens.start] = S
+        return out
+
+    return Tiled((B, H, T, K, V), tile, source=f"the state before each chunk, replaying at most "
+                                               f"{kda_chunked.CHUNK} writes a token")
 
 
 def chunk_ends(T: int) -> list[int]:

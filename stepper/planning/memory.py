@@ -9,10 +9,11 @@ tensors (the embedding rows, queries, keys, the MoE's activations), the cache of
 the logits, the largest weight decoded at once, the weight cache, the float64 chunks a view's
 statistics gather, and the tensors a view keeps until the end (the debugger's history, a dump;
 attention made in tiles keeps only its operands). A tensor the model makes only when a view looks
-at it (catalogue `made`: a delta rule's state after every token) counts only where one does. A
-tensor's size comes from its catalogue dims: the config's fields, the step's positions, and the
-dims a family sizes itself per layer and step (Family.runtime_sizes: DeepSeek-V4's window keys,
-compressed entries and the keys each query sees).
+at it (catalogue `made`: a delta rule's state after every token) counts only where one does, and
+one made when read from less than itself as what it holds (catalogue `holds`: that state, one
+per chunk). A tensor's size comes from its catalogue dims: the config's fields, the step's
+positions, and the dims a family sizes itself per layer and step (Family.runtime_sizes:
+DeepSeek-V4's window keys, compressed entries and the keys each query sees).
 """
 
 from __future__ import annotations
@@ -88,12 +89,14 @@ def widest_steps(plan: Plan, layer: int | None = None) -> list[tuple[int, tuple[
 
 def tensor_bytes(key: str, t: int, s: int, plan: Plan, held: bool = False, layer: int | None = None) -> int:
     """Bytes of one named tensor of `layer` (None: outside the layers) in a step with T new and S
-    attended positions (from its catalogue dims); held: 0 for the attention scores and weights made
-    in tiles, which are never held."""
+    attended positions (from its catalogue dims); held: what the run holds of it, 0 for the
+    attention scores and weights made in tiles, the catalogue's `holds` dims for one made when read
+    from less than itself (a delta rule's states after every token: one state per chunk)."""
     entry = catalog.load().entry(key)
     if entry is None or (held and tiled(entry["dims"], t, s, plan)):
         return 0
-    return VALUE_BYTES.get(entry["dtype"], FLOAT32) * math.prod(dim_sizes(entry["dims"], t, s, plan, layer))
+    dims = entry.get("holds", entry["dims"]) if held else entry["dims"]
+    return VALUE_BYTES.get(entry["dtype"], FLOAT32) * math.prod(dim_sizes(dims, t, s, plan, layer))
 
 
 def dim_sizes(dims: list[str], t: int, s: int, plan: Plan, layer: int | None) -> list[int]:
@@ -179,13 +182,14 @@ def made(entry: dict, layer: int, looked: Looked) -> bool:
 
 
 def layer_bytes(plan: Plan, layers: list[int], looked: Looked = None) -> int:
-    """The most one layer's named tensors take in any step, but for the attention scores and
-    weights (counted with the scores) and those made only when looked at that no view looks at."""
+    """The most one layer's named tensors take in any step (what the run holds of each), but for the
+    attention scores and weights (counted with the scores) and those made only when looked at that
+    no view looks at."""
     cat, spec = catalog.load(), plan.spec
     def sequence(layer: int, k: int) -> list[dict]:
         return cat.layer_sequence(plan.config, layer, step_attn(spec, k), spec.index_scoring)
 
-    return max(sum(tensor_bytes(e["name"], t, s, plan, layer=layer) for e in sequence(layer, k)
+    return max(sum(tensor_bytes(e["name"], t, s, plan, held=True, layer=layer) for e in sequence(layer, k)
                    if not {"T", "S"} <= set(e["dims"]) and made(e, layer, looked))
                for layer in layers for k, (t, s) in widest_steps(plan, layer))
 

@@ -41,6 +41,7 @@ class LazyTensor:
     figures: Figures | None = None  # its statistics, known without reading it (None: read to know them)
     made = "when read"  # how it is made, and what holds it whole (said when a patch would replace it)
     whole = "a held run"
+    small = False  # whether it is no larger than what is made at once, so a reader may as well make it whole
 
     @property
     def ndim(self) -> int:

@@ -315,13 +315,13 @@ class Debugger:
         target, digits = split_digits(arg)
         name, index = split_index(target)
         event = self.resolve(name)
-        if index is None and not held(event.array):
+        if index is None and not (held(event.array) or event.array.small):
             raise StepperError(f"{event.name} {list(event.array.shape)} is made a tile at a time, never held: "
                                f"print a slice of it, e.g. p {name or event.key}[0, 0, 0, :8]")
-        array = take(event.array, index)
+        array = np.asarray(take(event.array, index))
         shape = "x".join(map(str, np.shape(array))) or "scalar"
-        print_fitted(self.console, f"{event.name}{index or ''}  [{shape}]  {np.asarray(array).dtype}", style="bold")
-        text = np.array2string(np.asarray(array), precision=digits, max_line_width=max(40, self.console.width),
+        print_fitted(self.console, f"{event.name}{index or ''}  [{shape}]  {array.dtype}", style="bold")
+        text = np.array2string(array, precision=digits, max_line_width=max(40, self.console.width),
                                threshold=256, edgeitems=4, floatmode="fixed" if digits is not None else "maxprec")
         lines = text.split("\n")
         if len(lines) > PRINTED_LINES:  # NumPy elides only axes longer than 8: a [1, 4, 7, 32, 32] is 500 lines
@@ -370,7 +370,7 @@ class Debugger:
         """'kv_a[..., :128]' -> ('layers.0.self_attn.kv_a[..., :128]', that slice of the tensor)."""
         name, index = split_index(target)
         event = self.resolve(name)
-        if index is None and not held(event.array):
+        if index is None and not (held(event.array) or event.array.small):
             raise StepperError(f"{event.name} {list(event.array.shape)} is made a tile at a time, never held: "
                                f"compare a slice of it, e.g. {name or event.key}[0, 0, 0, :8]")
         return event.name + (index or ""), np.asarray(take(event.array, index))

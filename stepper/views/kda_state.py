@@ -147,16 +147,15 @@ def half_life(mean_g: float) -> str:
     return "∞" if mean_g >= 0 else number(-math.log(2) / mean_g)
 
 
-
 def state_pictures(state: np.ndarray, title: str, delta: np.ndarray | None = None,
                    forget_gate: np.ndarray | None = None, head: int = 0) -> list[RenderableType]:
     """What `s state` draws: one head's [K, Kv] state alone; a whole state [B, Hk, K, Kv] as the heads'
     statistics and one head's heat map, then the writes (delta) and decays (forget_gate) given."""
+    if np.ndim(state) not in (2, 4):  # asked before reading it: every token's states may be made only when read
+        raise ValueError(f"{title}: a state is [B, Hk, K, Kv] or one head's [K, Kv], got shape {list(state.shape)}")
     state = np.asarray(state)
     if state.ndim == 2:
         return [state_heatmap(state, title)]
-    if state.ndim != 4:
-        raise ValueError(f"{title}: a state is [B, Hk, K, Kv] or one head's [K, Kv], got shape {list(state.shape)}")
     drawn = [state_statistics(state, title), state_heatmap(state[0, head], f"{title}[0, {head}]")]
     if delta is not None:
         drawn.append(write_norms(delta, "what each token wrote: ‖delta‖"))

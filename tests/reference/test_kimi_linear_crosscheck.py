@@ -56,7 +56,7 @@ def stepper_trace(checkpoint, ids, delta_rule: str = "chunked", attn: str = "nai
     for phase, span in steps:
         emit = Emitter([recorder]).phase(phase)
         model.forward(ids[:, span], np.arange(span.start, span.stop) + start, emit, cache, attn=attn)
-    return recorder.tensors()
+    return {name: np.asarray(array) for name, array in recorder.tensors().items()}  # the states per token read
 
 
 @pytest.mark.parametrize("form", ["chunked", "recurrent"])

@@ -13,14 +13,15 @@ from stepper.session import RunSpec, step_attn
 
 
 def every_step(plan, layers):
-    """A layer's tensors in each step, one by one: (their sum, the largest held or the logits), at most."""
+    """A layer's tensors in each step, one by one: (the sum of what the run holds of each, the largest
+    held or the logits), at most."""
     sums, largest = [], []
     for layer in layers:
         for k, (t, s) in enumerate(memory.worked_shapes(plan)):
             sizes = [(memory.tensor_bytes(e["name"], t, s, plan, layer=layer),
                       memory.tensor_bytes(e["name"], t, s, plan, held=True, layer=layer), e["dims"])
                      for e in catalog.load().layer_sequence(plan.config, layer, step_attn(plan.spec, k))]
-            sums.append(sum(n for n, _, dims in sizes if not {"T", "S"} <= set(dims)))
+            sums.append(sum(held for _, held, dims in sizes if not {"T", "S"} <= set(dims)))
             logits = [memory.tensor_bytes("logits", t, s, plan, held=True)] if plan.needs_logits else []
             largest.append(max([held for _, held, _ in sizes] + logits))
     return max(sums), max(largest)

@@ -73,6 +73,21 @@ def test_tiles_are_the_tensor_in_c_order_and_asarray_is_the_whole(small_tiles):
     assert len(tiles) == 2  # 3 heads, then 2
 
 
+def test_a_tiled_tensor_may_have_more_trailing_dims(small_tiles):
+    """[B, H, T, K, V] (a KDA layer's states after every token): indexed, tiled and read whole as the array."""
+    a = np.random.default_rng(7).standard_normal((2, 3, 9, 4, 5)).astype(np.float32)
+    counted = Counted(a)
+    for index in [(0, 1, 2), (1, slice(None), -1, 3), (..., 2), (0, 2, slice(3, 8, 2), slice(None), 4), (..., 1, 2)]:
+        assert np.array_equal(counted.tensor[index], a[index])
+    counted.rows = 0
+    assert np.array_equal(counted.tensor[1, 2, 4:6], a[1, 2, 4:6]) and counted.rows == 2
+    tiles = list(counted.tensor.tiles())
+    assert max(b.size for b in tiles) <= 100 and np.array_equal(np.concatenate([b.ravel() for b in tiles]), a.ravel())
+    assert np.array_equal(np.asarray(counted.tensor), a)
+    with pytest.raises(IndexError, match="too many indices for a tensor of 5 dimensions"):
+        counted.tensor[0, 0, 0, 0, 0, 0]
+
+
 def test_streamed_statistics_and_histogram_equal_the_whole_arrays_exactly(small_tiles):
     a = attention_like(np.random.default_rng(2))
     whole, streamed = summary.stats(a), summary.stats(Counted(a).tensor)
