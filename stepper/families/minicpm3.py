@@ -73,15 +73,15 @@ def from_hf(raw: dict[str, Any], source: str) -> MiniCPM3Config:
     shared = {k: raw[k] for k in (*SHARED, *TOKEN_ID_FIELDS) if k in raw}
     for field in ("rms_norm_eps", "rope_theta"):
         shared.setdefault(field, DEFAULTS[field])
-    block_name = rope_block_name(raw)
-    if block_name == "rope_parameters" and "rope_theta" in raw[block_name]:  # as transformers reads it: inside
-        shared["rope_theta"] = rope_base(Fields(raw[block_name], f"{source}: {block_name}"), "rope_theta")
+    block_name, block = rope_block(f)
+    if block_name == "rope_parameters" and "rope_theta" in block:  # as transformers reads it: inside
+        shared["rope_theta"] = rope_base(Fields(block, f"{source}: {block_name}"), "rope_theta")
     cfg = _parse({**shared, "model_type": "deepseek_v3", "moe_intermediate_size": f.int("intermediate_size"),
                   "v_head_dim": f.int("v_head_dim", default=hidden // heads)}, source)
     fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
     return dataclasses.replace(
         MiniCPM3Config(**fields), name=model_name(raw, source), model_type=MODEL_TYPE, rope_interleave=False,
-        longrope=longrope(f, cfg, block_name),
+        longrope=longrope(f, cfg, block_name, block),
         scale_emb=f.float("scale_emb", default=DEFAULTS["scale_emb"]),
         scale_depth=f.float("scale_depth", default=DEFAULTS["scale_depth"]),
         dim_model_base=f.int("dim_model_base", default=DEFAULTS["dim_model_base"]),
@@ -89,25 +89,28 @@ def from_hf(raw: dict[str, Any], source: str) -> MiniCPM3Config:
     )
 
 
-def rope_block_name(raw: dict[str, Any]) -> str:
-    """Where the rope settings are: `rope_scaling` (the published config.json) or `rope_parameters`
-    (what transformers' save_pretrained writes), which transformers reads first."""
-    return "rope_parameters" if isinstance(raw.get("rope_parameters"), dict) else "rope_scaling"
+def rope_block(f: Fields) -> tuple[str, dict[str, Any] | None]:
+    """Where the rope settings are, and what they are: `rope_parameters` (what transformers'
+    save_pretrained writes), which transformers reads first, else `rope_scaling` (the published
+    config.json); an object, or null for none."""
+    block_name = "rope_parameters" if f.raw.get("rope_parameters") is not None else "rope_scaling"
+    block = f.raw.get(block_name)
+    if block is not None and not isinstance(block, dict):
+        raise f.fail(block_name, f"must be an object or null, got {said(block)}")
+    return block_name, block
 
 
-def longrope(f: Fields, cfg: Config, block_name: str) -> LongRope | None:
+def longrope(f: Fields, cfg: Config, block_name: str, block: dict[str, Any] | None) -> LongRope | None:
     """The rope block {type: longrope, short_factor, long_factor, original_max_position_embeddings}:
     one factor per rotary frequency (rope/2 of each); absent or "default": plain RoPE."""
-    block = f.raw.get(block_name)
     if block is None:
         return None
-    if not isinstance(block, dict):
-        raise f.fail(block_name, f"must be an object or null, got {said(block)}")
     kind = rope_kind(f, block, block_name)
     if kind == "default":
         return None
     if kind != "longrope":
-        raise f.fail(f"{block_name}.type", f"must be 'longrope' (or absent) for minicpm3, got {said(kind)}")
+        given = "rope_type" if block.get("rope_type") is not None else "type"
+        raise f.fail(f"{block_name}.{given}", f"must be 'longrope' (or absent) for minicpm3, got {said(kind)}")
     inner = Fields(block, f"{f.source}: {block_name}")
     pairs = cfg.qk_rope_head_dim // 2
     factors = {}

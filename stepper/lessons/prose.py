@@ -48,11 +48,17 @@ def wrapped(text: str, width: int) -> list[str]:
     return out
 
 
+ARITHMETIC = re.compile(r"\(*\d[\d.]*\)*(?: [-+*/=×] \(*\d[\d.]*\)*)+")  # numbers and operators
+
+
 def formula_spans(text: str) -> list[tuple[int, int]]:
     """[start, end) of each formula in a line: a bracket group attached to the character before it
-    (relu(q . k), x[i], f(g(x))) or any [...] (a list, a shape). A "(" after a space opens prose
-    (a remark in parentheses), which may wrap."""
-    spans, open_at = [], []
+    (relu(q . k), x[i], f(g(x))), any [...] (a list, a shape), or arithmetic on numbers in brackets
+    or with its result ((128 + 64), (128 + 16) * 4 = 576; not a table's "28 * 1" or a "*" marker
+    before the next row's numbers). Any other "(" after a space opens prose (a remark in
+    parentheses), which may wrap."""
+    spans = [match.span() for match in ARITHMETIC.finditer(text) if "(" in match[0] or " = " in match[0]]
+    open_at = []
     for i, c in enumerate(text):
         if c in "([":
             open_at.append(i)

@@ -31,8 +31,9 @@ from stepper.weights.names import layer_shapes, optional_layer_shapes
 def audit(ckpt: Checkpoint, layers: range, with_globals: bool) -> list[Problem]:
     """Every problem of the given layers (and of the embedding, norm and lm_head with_globals),
     in the order: the config field the weights contradict (it explains the rest), what a run refuses,
-    scale values, unreadable shards, stray tensors."""
-    problems = ckpt.problems(layers, with_globals)
+    scale values, unreadable shards, stray tensors. A remote checkpoint's are found from its headers
+    alone: what only values show (scales, a tensor that must hold zeros) is left to a run."""
+    problems = ckpt.problems(layers, with_globals, values=ckpt.reads_values)
     hint = ckpt.config_hint(layers, with_globals) if problems else None
     problems = ([Problem("config.json", None, hint)] if hint else []) + problems
     if ckpt.reads_values:

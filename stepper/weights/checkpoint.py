@@ -341,8 +341,9 @@ class Checkpoint:
         except StepperError:
             return None
 
-    def problems(self, layers: Iterable[int], with_globals: bool) -> list[Problem]:
-        """What `check` refuses, as data: each problem with its file, its tensor and what is wrong."""
+    def problems(self, layers: Iterable[int], with_globals: bool, values: bool = True) -> list[Problem]:
+        """What `check` refuses, as data: each problem with its file, its tensor and what is wrong;
+        `values`: with those only a tensor's values show (a remote checkpoint's inspect reads headers alone)."""
         layers = list(layers)
         present = self.present_layers()
         absent = [layer for layer in layers if layer not in present]
@@ -364,7 +365,8 @@ class Checkpoint:
                      for p in self._problems(name, shape)]
         problems += [p for name, p in self.disagreements.items()
                      if name not in required and in_scope(name, layers, with_globals)]
-        problems += self._nonzero_problems([layer for layer in layers if layer in present], problems)
+        if values:
+            problems += self._nonzero_problems([layer for layer in layers if layer in present], problems)
         return self.named_on_disk(said_once(problems + self._orphan_scales(layers, with_globals, required)))
 
     def _nonzero_problems(self, layers: list[int], found: list[Problem]) -> list[Problem]:

@@ -3,11 +3,11 @@ prompts and its stops' commands run: no line break falls inside a formula that f
 and the pictures' legends keep each item whole.
 
 The rule (`broken_formulas`): a formula is a bracket group attached to the character before it
-(relu(q . k), x[i], f(g(x))) or any [...] (a list, a shape); a "(" after a space opens a remark in
-prose, which may wrap. A screen line that ends with a formula still open, followed by a line that
-goes on at the same indent or less (plain wrapping, not an indented layout such as a shape label's
-named dims), breaks that formula, unless the formula is longer than the line (nothing could keep it
-whole).
+(relu(q . k), x[i], f(g(x))), any [...] (a list, a shape), or arithmetic on numbers in brackets or
+with its result ((128 + 16) * 4 = 576); any other "(" after a space opens a remark in prose, which
+may wrap. A screen line that ends inside a formula, followed by a line that goes on at the same
+indent or less (plain wrapping, not an indented layout such as a shape label's named dims), breaks
+that formula, unless the formula is longer than the line (nothing could keep it whole).
 """
 
 from __future__ import annotations
@@ -35,28 +35,15 @@ def indent(line: str) -> int:
     return len(line) - len(line.lstrip(" "))
 
 
-def open_formula(line: str) -> int | None:
-    """Where the outermost formula still open at the end of a line starts, or None."""
-    opened: list[tuple[int, bool]] = []
-    for i, c in enumerate(line):
-        if c in "([":
-            opened.append((i, c == "[" or (i > 0 and not line[i - 1].isspace())))
-        elif c in ")]" and opened and line[opened[-1][0]] + c in ("()", "[]"):
-            opened.pop()
-    return next((i for i, formula in opened if formula), None)
-
-
 def broken_formulas(lines: list[str], width: int = COLUMNS) -> list[str]:
     """The lines that break a formula which would fit on one line (the module's rule)."""
     broken = []
     for n, line in enumerate(lines[:-1]):
-        start = open_formula(line)
         following = lines[n + 1]
-        if start is None or not following.strip() or indent(following) > indent(line):
+        if not following.strip() or indent(following) > indent(line):
             continue
-        joined = line + " " + following.strip()  # the formula, as it would read whole
-        spans = [end - s for s, end in formula_spans(joined) if s == start]
-        if spans and spans[0] <= width - indent(line):
+        joined = line + " " + following.strip()  # the two lines as they would read whole
+        if any(start < len(line) < end and end - start <= width - indent(line) for start, end in formula_spans(joined)):
             broken.append(f"{line!r} / {following!r}")
     return broken
 
@@ -64,9 +51,12 @@ def broken_formulas(lines: list[str], width: int = COLUMNS) -> list[str]:
 def test_the_rule_finds_the_breaks_it_names():
     assert broken_formulas(["the head-weighted sum of relu(q", ". k), as in V3.2"])
     assert broken_formulas(["Position 9 keeps [0,", "1, -1, -1]: -1 where it has fewer"])
+    assert broken_formulas(["which now holds 7 + 1 positions: (128 +", "16) * 4 = 576 bytes each in float32."])
+    assert broken_formulas(["which now holds 7 + 1 positions: (128 + 16) *", "4 = 576 bytes each in float32."])
     assert not broken_formulas(["a remark (which may wrap", "like prose) goes on"])
     assert not broken_formulas(["a shape label [B=1 batch,", "    T=7 positions]"]), "an indented layout"
     assert not broken_formulas(["[" + ", ".join(["10"] * 30), "10]"]), "too long for any line"
+    assert not broken_formulas(["    0   9 10 27 28     1  9 21 28 *", "    1   9 10 16 23     9 12 16 23"]), "a table"
 
 
 def test_lesson_prose_wraps_around_formulas():
@@ -75,6 +65,8 @@ def test_lesson_prose_wraps_around_formulas():
                                  "relu(q . k), as in DeepSeek-V3.2"]
     assert wrapped("a remark (which may wrap like prose) here", 20) == ["a remark (which may", "wrap like prose)",
                                                                          "here"]
+    assert wrapped("it holds 7 + 1 positions: (128 + 16) * 4 = 576 bytes each", 40) == [
+        "it holds 7 + 1 positions:", "(128 + 16) * 4 = 576 bytes each"], "arithmetic is a formula"
     assert wrapped("keys [1, 2, 3, 4, 5, 6]", 10) == ["keys [1,", "2, 3, 4,", "5, 6]"], "longer than the line: split"
 
 

@@ -225,3 +225,24 @@ def test_an_axk1_checkpoint_stays_strict_in_either_layout(written, tmp_path, cha
     makes, a dense layer's unread norm of another shape: each refused in one line."""
     saved = as_transformers_saves_axk1(written / "tiny-axk1", tmp_path / "saved", **change)
     assert one_line(stepper("run", "--model", saved)) == f"stepper: error: {saved}: {refusal}"
+
+
+def test_a_remote_axk1_checkpoint_is_listed_from_its_headers_and_a_run_refuses_its_nonzero_router_bias(written,
+                                                                                                        tmp_path):
+    """inspect of a remote checkpoint reads headers alone: a router bias that must hold zeros is read by
+    a run (one range), which refuses it in one line, not by inspect (a request per MoE layer)."""
+    from helpers.range_server import RangeServer
+
+    (tmp_path / "served").mkdir()
+    saved = as_transformers_saves_axk1(written / "tiny-axk1", tmp_path / "served" / "ck", bias=0.5)
+    header = 8 + int.from_bytes((saved / "model.safetensors").read_bytes()[:8], "little")
+    env = {"STEPPER_CACHE_DIR": str(tmp_path / "cache")}
+    with RangeServer(tmp_path / "served") as server:
+        listed = stepper("inspect", "--plain", f"{server.url}/ck/", env=env)
+        assert listed.returncode == 0 and "listed from the headers alone" in listed.stdout, listed.stdout[-800:]
+        assert "problem" not in listed.stdout
+        assert server.sent == (saved / "config.json").stat().st_size + header  # no tensor's bytes
+        refused = one_line(stepper("run", "--model", f"{server.url}/ck/", env=env))
+    assert refused.endswith("model.safetensors: 'model.layers.1.mlp.gate.e_score_correction_bias' holds 1 value(s) "
+                            "other than zero: stepper's axk1 layer reads no such tensor, so it must hold zeros (as "
+                            "transformers saves it) or be left out (as published)")

@@ -4,6 +4,7 @@ layout, and the full-size preset's sizes (MiniCPM3-4B's)."""
 
 import copy
 import json
+import re
 
 import numpy as np
 import pytest
@@ -75,6 +76,22 @@ def test_the_config_transformers_saves_reads_as_the_published_one():
     bad["rope_parameters"]["long_factor"] = [1.0]
     with pytest.raises(StepperError, match=r"field 'rope_parameters.long_factor' must be 8 positive numbers"):
         read_config(bad, "saved/config.json")
+
+
+@pytest.mark.parametrize("block, message", [
+    ("longrope", "field 'rope_parameters' must be an object or null, got 'longrope'"),
+    (3, "field 'rope_parameters' must be an object or null, got 3"),
+    ({"rope_type": "yarn", "factor": 2.0, "rope_theta": 1e4},
+     "field 'rope_parameters.rope_type' must be 'longrope' (or absent) for minicpm3, got 'yarn'"),
+])
+def test_a_rope_parameters_block_stepper_cannot_read_is_refused_not_passed_over(block, message):
+    """Not an object, it was passed over for the published rope_scaling beside it (a run with LongRoPE
+    that transformers would refuse); a kind other than longrope is named by the key that gives it."""
+    with pytest.raises(StepperError, match=re.escape(message)):
+        read_config({**PRESETS["tiny-minicpm3"], "rope_parameters": block}, "saved/config.json")
+    default = read_config({**PRESETS["tiny-minicpm3"], "rope_parameters": {"rope_type": "default", "rope_theta": 5e5}},
+                          "saved/config.json")
+    assert default.longrope is None and default.rope_theta == 5e5  # plain RoPE at its own theta, rope_scaling unread
 
 
 def test_synth_writes_the_published_layout_and_runs_it_as_the_preset(tmp_path):
