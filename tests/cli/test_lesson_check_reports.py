@@ -139,7 +139,7 @@ def test_the_report_wraps_at_80_columns_between_words_on_a_terminal_and_not_thro
     assert screen.code == 1
     lines = screen.text.replace(str(wrong), "fp8.py").splitlines()
     assert all(len(line) <= 80 for line in lines), [line for line in lines if len(line) > 80]
-    assert "    0.001953125" in lines, "a wrapped detail line stays indented"
+    assert "    2^(1-7) * (1/8) = 0.001953125" in lines, "a wrapped detail line stays indented, its arithmetic whole"
     assert "(1/8) = 0.001953125" in " ".join(screen.text.split()), "wrapped between words, not inside one"
     piped = CliRunner().invoke(app, ["lesson", "check", "fp8", "--file", str(wrong), "--plain"], env={"COLUMNS": "80"})
     assert piped.exit_code == 1
