@@ -561,8 +561,7 @@ def v3_kept_groups(ctx: Context, scope: str = "layers.1", token: str = "0") -> l
 @fact
 def v3_experts_v2_may_pick(ctx: Context, scope: str = "layers.1", token: str = "0") -> list[int]:
     """V3's experts for a token that lie in the groups V2's rule keeps: the only ones of them V2 could pick."""
-    size = ctx.cfg.router_experts // ctx.cfg.n_group
-    kept = v2_kept_groups(ctx, scope, token)
+    size, kept = group_size(ctx), v2_kept_groups(ctx, scope, token)
     return [e for e in experts_by(ctx, scope, token, "v3") if e // size in kept]
 
 

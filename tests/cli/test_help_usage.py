@@ -152,10 +152,10 @@ def test_each_default_reads_once_with_its_range(columns):
     """A default the function cannot hold read `[default: 7].  [x>=1]` (written into the help, typer's
     range after it) or `Default: as the model's config says.` mid-text; given to typer as text it read
     `[default: (7)]`. Now one bracket per option: its default as written, then its range."""
-    for path, helped in every_help(columns).items():
-        assert "default: (" not in helped and "Default:" not in helped, (path, helped)
-        assert not re.search(r"\]\.? \[(default|required|[\d.]*<?=?x)", helped), (path, helped)
     helped = every_help(columns)
+    for path, text in helped.items():
+        assert "default: (" not in text and "Default:" not in text, (path, text)
+        assert not re.search(r"\]\.? \[(default|required|[\d.]*<?=?x)", text), (path, text)
     assert "--prompt-len T Number of prompt tokens drawn from the seed. [default: 7; x>=1]" in helped[("run",)]
     assert ("--dump-limit-gb GiB Refuse a --dump with a tensor larger than this many GiB (2**30 bytes). [default: 2]"
             in helped[("run",)])
