@@ -33,6 +33,7 @@ from stepper.config import (
 )
 from stepper.families import deepseek
 from stepper.families.family import Family, around
+from stepper.families.mla_fields import named_rope_block
 from stepper.model.layer import decoder_layer
 from stepper.model.scalings import scaled_embedding, scaled_for_logits
 from stepper.model.transformer import Transformer
@@ -73,7 +74,7 @@ def from_hf(raw: dict[str, Any], source: str) -> MiniCPM3Config:
     shared = {k: raw[k] for k in (*SHARED, *TOKEN_ID_FIELDS) if k in raw}
     for field in ("rms_norm_eps", "rope_theta"):
         shared.setdefault(field, DEFAULTS[field])
-    block_name, block = rope_block(f)
+    block_name, block = named_rope_block(f, f.raw)
     if block_name == "rope_parameters" and "rope_theta" in block:  # as transformers reads it: inside
         shared["rope_theta"] = rope_base(Fields(block, f"{source}: {block_name}"), "rope_theta")
     cfg = _parse({**shared, "model_type": "deepseek_v3", "moe_intermediate_size": f.int("intermediate_size"),
@@ -87,17 +88,6 @@ def from_hf(raw: dict[str, Any], source: str) -> MiniCPM3Config:
         dim_model_base=f.int("dim_model_base", default=DEFAULTS["dim_model_base"]),
         tie_word_embeddings=f.bool("tie_word_embeddings", default=DEFAULTS["tie_word_embeddings"]),
     )
-
-
-def rope_block(f: Fields) -> tuple[str, dict[str, Any] | None]:
-    """Where the rope settings are, and what they are: `rope_parameters` (what transformers'
-    save_pretrained writes), which transformers reads first, else `rope_scaling` (the published
-    config.json); an object, or null for none."""
-    block_name = "rope_parameters" if f.raw.get("rope_parameters") is not None else "rope_scaling"
-    block = f.raw.get(block_name)
-    if block is not None and not isinstance(block, dict):
-        raise f.fail(block_name, f"must be an object or null, got {said(block)}")
-    return block_name, block
 
 
 def longrope(f: Fields, cfg: Config, block_name: str, block: dict[str, Any] | None) -> LongRope | None:

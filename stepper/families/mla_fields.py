@@ -97,15 +97,22 @@ def rope_block(raw: dict[str, Any]) -> dict[str, Any]:
     return block if isinstance(block, dict) else {}
 
 
-def rope_fields(f, raw: dict[str, Any]):
-    """Typed access to the rope block's fields, errors naming the block (`rope_parameters: field
-    'factor'`): `rope_parameters` unless only the older `rope_scaling` is given; a block that is
-    not an object is refused naming it."""
+def named_rope_block(f, raw: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
+    """Where the rope settings are, and what they are: `rope_parameters` (what transformers'
+    save_pretrained writes, and reads first) unless only the older `rope_scaling` is given; an
+    object, or None for none. A block that is not an object is refused naming it."""
     name = "rope_scaling" if raw.get("rope_parameters") is None and raw.get("rope_scaling") is not None \
         else "rope_parameters"
     block = raw.get(name)
     if block is not None and not isinstance(block, dict):
         raise f.fail(name, f"must be an object or null, got {said(block)}")
+    return name, block
+
+
+def rope_fields(f, raw: dict[str, Any]):
+    """Typed access to the rope block's fields (named_rope_block), errors naming the block
+    (`rope_parameters: field 'factor'`)."""
+    name, block = named_rope_block(f, raw)
     return type(f)(block or {}, f"{f.source}: {name}")
 
 

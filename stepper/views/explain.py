@@ -31,7 +31,7 @@ from stepper.session import check_layer, preset_config, published_name, takes
 from stepper.untrusted import cut, shown
 from stepper.views.compare import merged
 from stepper.weights.fused_experts import fused_name
-from stepper.weights.names import layer_shapes, optional_layer_shapes, storage_dtype
+from stepper.weights.names import held_layer_shapes, storage_dtype
 
 # What a query to explain finds, the one reading of `stepper explain`, the debugger's `e` and the
 # API's Run.explain: a query this model's catalogue does not have (DeepSeek-V4's `hc_attn.comb` asked
@@ -353,7 +353,7 @@ def layer_parameter(cat: catalog.Catalog, cfg: Config, query: str) -> str | None
         return None
     layer = int(found[1])
     names: dict[str, str] = {}
-    for name in {**layer_shapes(cfg, layer), **optional_layer_shapes(cfg, layer)}:  # what a checkpoint may hold
+    for name in held_layer_shapes(cfg, layer):  # what a checkpoint may hold
         scale = [name.removesuffix("weight") + "weight_scale_inv"] if block_scaled(cfg, name) else []
         for alias in (name, *scale):
             names[alias] = names[published_name(cfg, alias) if alias == name else alias] = name

@@ -25,7 +25,7 @@ from stepper.weights.checkpoint import (
     in_scope,
 )
 from stepper.weights.fused_experts import stored_shapes
-from stepper.weights.names import layer_shapes, optional_layer_shapes
+from stepper.weights.names import held_layer_shapes
 
 
 def audit(ckpt: Checkpoint, layers: range, with_globals: bool) -> list[Problem]:
@@ -103,7 +103,7 @@ def unknown_by_layer(ckpt: Checkpoint, layers: range) -> dict[int, list[tuple[st
     unknown, of_layer = {}, tensors_by_layer(ckpt)
     for layer in (n for n in layers if n < ckpt.config.num_hidden_layers):
         prefix = f"model.layers.{layer}."
-        shapes = {**layer_shapes(ckpt.config, layer), **optional_layer_shapes(ckpt.config, layer)}
+        shapes = held_layer_shapes(ckpt.config, layer)
         known = set(stored_shapes(shapes) if ckpt.config.fused_experts else shapes)  # fused: weights.fused_experts
         known |= {name + suffix for name in known for suffix in (SCALE, PACKED, GROUP_SCALE, WEIGHT_SHAPE)}
         known |= {prefix + name for name in IGNORED}

@@ -191,6 +191,11 @@ def optional_layer_shapes(cfg: Config, layer: int) -> dict[str, tuple[int, ...]]
     return {**unread_layer_shapes(cfg, layer), **zero_layer_shapes(cfg, layer)}
 
 
+def held_layer_shapes(cfg: Config, layer: int) -> dict[str, tuple[int, ...]]:
+    """Every tensor a checkpoint may hold in a layer: what a run reads, and optional_layer_shapes."""
+    return {**layer_shapes(cfg, layer), **optional_layer_shapes(cfg, layer)}
+
+
 def weight_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
     """Every tensor of the whole model, by full HF name, with its shape."""
     outer = global_shapes(cfg)
@@ -205,7 +210,7 @@ def shape_of(cfg: Config, name: str) -> tuple[int, ...]:
     if name.startswith("model.layers."):
         layer = int(name.split(".")[2])
         if 0 <= layer < cfg.num_hidden_layers:
-            shapes = {**layer_shapes(cfg, layer), **optional_layer_shapes(cfg, layer)}
+            shapes = held_layer_shapes(cfg, layer)
             if name in shapes:
                 return shapes[name]
     elif name in (globals_ := global_shapes(cfg)):

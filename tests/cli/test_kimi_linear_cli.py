@@ -8,6 +8,7 @@ import tracemalloc
 
 import numpy as np
 from helpers.cli import one_line, stepper
+from helpers.resaved import saved_as_one_file, stored_tensors
 
 from stepper.seams.trace import Recorder
 from stepper.session import RunSpec, run
@@ -212,15 +213,9 @@ def as_transformers_saves_it(published, folder, drop: str | None = None):
     """tiny-kimi-linear's published checkpoint with its dense layer 0's MLP where transformers'
     save_pretrained writes it, `block_sparse_moe.{gate,up,down}_proj` (its conversion renames every
     block_sparse_moe. to mlp. on load and back on save), one model.safetensors; `drop` left out."""
-    import ml_dtypes  # noqa: F401  (safetensors.numpy reads BF16 through it)
-    from safetensors.numpy import load_file, save_file
-
     tensors = {name.replace("layers.0.mlp.", "layers.0.block_sparse_moe."): a
-               for shard in sorted(published.glob("*.safetensors")) for name, a in load_file(shard).items()}
-    folder.mkdir()
-    (folder / "config.json").write_bytes((published / "config.json").read_bytes())
-    save_file({name: a for name, a in tensors.items() if name != drop}, str(folder / "model.safetensors"))
-    return folder
+               for name, a in stored_tensors(published).items()}
+    return saved_as_one_file(published, folder, {name: a for name, a in tensors.items() if name != drop})
 
 
 def test_a_checkpoint_as_transformers_saves_it_runs_as_the_published_one(tmp_path):

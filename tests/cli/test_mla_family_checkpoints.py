@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from helpers.cli import one_line, stepper
 from helpers.configs import family_preset
+from helpers.resaved import saved_as_one_file, stored_tensors
 
 from stepper.seams.trace import Recorder
 from stepper.session import RunSpec, run
@@ -131,10 +132,7 @@ def as_transformers_holds_it(published, folder, fused: bool):
     [8 + 4, 2 x 96, 256] (the zero experts' slots zero: it never reads them) and down_proj
     [8, 256, 96]; else as its save_pretrained writes that, one by one again, with gate and up
     tensors for experts 8 to 11."""
-    import ml_dtypes  # noqa: F401  (safetensors.numpy reads BF16 through it)
-    from safetensors.numpy import load_file, save_file
-
-    tensors = {name: a for shard in sorted(published.glob("*.safetensors")) for name, a in load_file(shard).items()}
+    tensors = stored_tensors(published)
     for layer in range(2):
         p = f"model.layers.{layer}.mlp.experts."
         gate_up = [np.concatenate([tensors.pop(f"{p}{e}.gate_proj.weight"), tensors.pop(f"{p}{e}.up_proj.weight")])
@@ -145,10 +143,7 @@ def as_transformers_holds_it(published, folder, fused: bool):
         else:
             tensors.update({f"{p}{e}.{proj}.weight": half for e, pair in enumerate(gate_up)
                             for proj, half in zip(("gate_proj", "up_proj"), np.split(pair, 2))})
-    folder.mkdir()
-    (folder / "config.json").write_bytes((published / "config.json").read_bytes())
-    save_file(tensors, str(folder / "model.safetensors"))
-    return folder
+    return saved_as_one_file(published, folder, tensors)
 
 
 def test_a_longcat_checkpoint_of_transformers_fused_experts_is_refused_in_one_line(tmp_path):
@@ -176,20 +171,14 @@ def as_transformers_saves_axk1(published, folder, bias: float = 0.0, drop: tuple
     transformers' save_pretrained writes A.X-K1: no post_mlp_layernorm in the dense layer 0, each MoE
     layer's router bias (its buffer, zeros; `bias` in layer 1's first value), one model.safetensors; the
     tensors `drop` left out, `changed` ones (name with __ for .) replaced."""
-    import ml_dtypes  # noqa: F401  (safetensors.numpy reads BF16 through it)
-    from safetensors.numpy import load_file, save_file
-
-    tensors = {name: a for shard in sorted(published.glob("*.safetensors")) for name, a in load_file(shard).items()}
+    tensors = stored_tensors(published)
     del tensors["model.layers.0.post_mlp_layernorm.weight"]
     for layer in (1, 2):
         tensors[f"model.layers.{layer}.mlp.gate.e_score_correction_bias"] = np.eye(1, 32, dtype=np.float32)[0] * (
             bias if layer == 1 else 0)
     tensors = {name: a for name, a in tensors.items() if name not in drop}
     tensors.update({name.replace("__", "."): a for name, a in changed.items()})
-    folder.mkdir()
-    (folder / "config.json").write_bytes((published / "config.json").read_bytes())
-    save_file(tensors, str(folder / "model.safetensors"))
-    return folder
+    return saved_as_one_file(published, folder, tensors)
 
 
 def test_an_axk1_checkpoint_as_transformers_saves_it_runs_as_the_published_one(written, tmp_path):

@@ -18,12 +18,11 @@ def every_step(plan, layers):
     sums, largest = [], []
     for layer in layers:
         for k, (t, s) in enumerate(memory.worked_shapes(plan)):
-            sizes = [(memory.tensor_bytes(e["name"], t, s, plan, layer=layer),
-                      memory.tensor_bytes(e["name"], t, s, plan, held=True, layer=layer), e["dims"])
+            sizes = [(memory.tensor_bytes(e["name"], t, s, plan, held=True, layer=layer), e["dims"])
                      for e in catalog.load().layer_sequence(plan.config, layer, step_attn(plan.spec, k))]
-            sums.append(sum(held for _, held, dims in sizes if not {"T", "S"} <= set(dims)))
+            sums.append(sum(held for held, dims in sizes if not {"T", "S"} <= set(dims)))
             logits = [memory.tensor_bytes("logits", t, s, plan, held=True)] if plan.needs_logits else []
-            largest.append(max([held for _, held, _ in sizes] + logits))
+            largest.append(max([held for held, _ in sizes] + logits))
     return max(sums), max(largest)
 
 
