@@ -23,13 +23,12 @@ chunk's: the cache of every position.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
-from functools import cache
+from functools import partial
 
 import numpy as np
 
 from stepper import catalog
-from stepper.kernels import parallel
+from stepper.kernels import gather_workers, parallel
 from stepper.model.cache import KVCache, LayerCache
 from stepper.seams.trace import Emitter, Event
 from stepper.tensors.chunked import Chunked
@@ -137,8 +136,7 @@ class Gathered:
     Tensors made a tile at a time (`Tiled`) wait for the next event: the attention's scores and
     weights come one after the other, the same tiles, and are gathered together (`flush`), so
     each tile's scores, kept a while by the attention, are made once for both; the weights'
-    blocks on another thread (`_beside`) while this one gathers the scores' (the passes release
-    the GIL), each tensor's blocks still in order."""
+    blocks in the helper process (kernels.gather_workers) while this one gathers the scores'."""
 
     def __init__(self, outer: Emitter, masked: Mapping[str, float]):
         self.outer, self.masked = outer, masked
@@ -162,34 +160,22 @@ class Gathered:
         part.add(event.array)
 
     def flush(self) -> None:
-        """Gather the waiting tiled tensors, a block of each in turn."""
+        """Gather the waiting tiled tensors: the first's blocks here, the others' in the helper
+        process beside (kernels.gather_workers), merged into their parts once all are in."""
         waiting, self.waiting = self.waiting, []
         if not waiting:
             return
-        first, others, taking = waiting[0][0], [part for part, _ in waiting[1:]], None
-        for blocks in zip(*(chunks(tiled) for _, tiled in waiting)):
-            if taking is not None:
-                taking.result()  # the others' blocks before, each part's blocks in order
-            taking = _beside().submit(take_each, others, blocks[1:])
-            first.gather.add(blocks[0])
-        if taking is not None:
-            taking.result()
+        (first, tiled), others = waiting[0], waiting[1:]
+        gathers = gather_workers.gathered_beside(
+            chunks(tiled), first.gather.add, [partial(chunks, tensor) for _, tensor in others],
+            [integral(part.dtype) for part, _ in others], sum(tensor.size for _, tensor in others))
+        for (part, _), gather in zip(others, gathers):
+            part.gather.merge(gather)
         for part, tiled in waiting:
             part.end(tiled)
 
     def progress(self, task: str, done: int, total: int) -> None:
         self.outer.progress(task, done, total)
-
-
-def take_each(parts: list[Part], blocks: tuple[np.ndarray, ...]) -> None:
-    for part, values in zip(parts, blocks):
-        part.gather.add(values)
-
-
-@cache
-def _beside() -> ThreadPoolExecutor:
-    """The thread that gathers the other tiled tensors' blocks while the caller gathers the first's."""
-    return ThreadPoolExecutor(1, thread_name_prefix="stepper-gather")
 
 
 class Part:

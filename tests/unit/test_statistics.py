@@ -94,20 +94,15 @@ def test_the_window_sums_are_exact_at_their_bounds(monkeypatch, part):
 
 
 def test_gathers_merged_equal_one_gather_of_every_chunk(monkeypatch):
-    """Part of a held array's chunks gathered apart (each core's) and merged: the same figures,
-    and the same histogram counts."""
+    """Part of a held array's chunks gathered apart (as the helper process gathers a shown
+    attention's weights: kernels.gather_workers) and merged: the same figures, and the same
+    histogram counts."""
     values = wide_float32(np.random.default_rng(8), 6000)
     values[17], values[18] = np.nan, -np.inf
     one, first, second = gathered(values, 1000), gathered(values[:2000], 1000), gathered(values[2000:], 1000)
     first.merge(second)
     assert first.stats() == one.stats() and exact_totals(first) == exact_totals(one) == exact(values)
-    from stepper.kernels import parallel
-
-    monkeypatch.setattr(statistics, "CHUNK", 256)  # 24 chunks, shared out across 2 cores
-    monkeypatch.setattr(parallel, "cores", lambda: 2)
-    kept = statistics.every_core(statistics.chunks(values.reshape(3, 2000)), values.size, list, list.append)
-    assert len(kept) == 2  # one accumulator per core, every chunk taken by one of them once
-    assert sorted(c.tobytes() for c in kept[0] + kept[1]) == sorted(c.tobytes() for c in statistics.chunks(values))
+    monkeypatch.setattr(statistics, "CHUNK", 256)  # 24 chunks
     merged = statistics.gather_held(values.reshape(3, 2000))
     assert merged.stats() == one.stats() and exact_totals(merged) == exact(values)
     counts, edges = merged.bins.view(16)
@@ -312,6 +307,7 @@ def test_any_float64_values_give_the_exact_figures_for_any_split(values, chunk):
     assert exact_totals(got) == (sum(finite, Fraction(0)), sum(squares, Fraction(0)))
     stats = got.stats()
     assert stats.finite == len(finite) and stats.nan + stats.inf == len(values) - len(finite)
+    assert (stats.nan, got.pos_inf) == (sum(map(math.isnan, values)), values.count(math.inf))
     assert sum(got.bins.view(16)[0]) == len(finite)
 
 
