@@ -23,12 +23,11 @@ chunk's: the cache of every position.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from functools import partial
 
 import numpy as np
 
 from stepper import catalog
-from stepper.kernels import gather_workers, parallel
+from stepper.kernels import parallel
 from stepper.model.cache import KVCache, LayerCache
 from stepper.seams.trace import Emitter, Event
 from stepper.tensors.chunked import Chunked
@@ -135,8 +134,8 @@ class Gathered:
     """Sink of the chunks' events: each wanted name's `Part`, in the order the names first come.
     Tensors made a tile at a time (`Tiled`) wait for the next event: the attention's scores and
     weights come one after the other, the same tiles, and are gathered together (`flush`), so
-    each tile's scores, kept a while by the attention, are made once for both; the weights'
-    blocks in the helper process (kernels.gather_workers) while this one gathers the scores'."""
+    each tile's scores, kept a while by the attention, are made once for both, a block of each
+    in turn."""
 
     def __init__(self, outer: Emitter, masked: Mapping[str, float]):
         self.outer, self.masked = outer, masked
@@ -160,17 +159,12 @@ class Gathered:
         part.add(event.array)
 
     def flush(self) -> None:
-        """Gather the waiting tiled tensors: the first's blocks here, the others' in the helper
-        process beside (kernels.gather_workers), merged into their parts once all are in."""
+        """Gather the waiting tiled tensors, a block of each in turn, on this thread (threads
+        sharing them, or processes, ran no faster: docs/performance.md, 12-07)."""
         waiting, self.waiting = self.waiting, []
-        if not waiting:
-            return
-        (first, tiled), others = waiting[0], waiting[1:]
-        gathers = gather_workers.gathered_beside(
-            chunks(tiled), first.gather.add, [partial(chunks, tensor) for _, tensor in others],
-            [integral(part.dtype) for part, _ in others], sum(tensor.size for _, tensor in others))
-        for (part, _), gather in zip(others, gathers):
-            part.gather.merge(gather)
+        for blocks in zip(*(chunks(tiled) for _, tiled in waiting)):
+            for (part, _), block in zip(waiting, blocks):
+                part.gather.add(block)
         for part, tiled in waiting:
             part.end(tiled)
 

@@ -122,7 +122,7 @@ class Helper:
         more_bytes (an INT4 or FP4 band's group scales) and most_rows of results (every band sent before
         the next inputs)."""
         assert not self.sent, "inputs sent while bands of the last ones are unanswered"
-        self.ensure_scratch(CLAIMS_BYTES + tokens.nbytes + more_bytes + most_rows * tokens.shape[0] * 4)
+        self._ensure_scratch(CLAIMS_BYTES + tokens.nbytes + more_bytes + most_rows * tokens.shape[0] * 4)
         np.frombuffer(self.scratch, np.float32, tokens.size, CLAIMS_BYTES).reshape(tokens.shape)[:] = tokens
         self.inputs_bytes = tokens.nbytes
 
@@ -163,7 +163,7 @@ class Helper:
         flat = np.frombuffer(self.scratch, np.float32, height * n, CLAIMS_BYTES + self.inputs_bytes + self.rows_at)
         rows[first_row : band.end] = result_arrays(height, n, many, flat)[1][first_row - band.start :]
 
-    def ensure_scratch(self, need: int) -> None:
+    def _ensure_scratch(self, need: int) -> None:
         """Scratch memory of at least `need` bytes, shared with the helper by passing its file
         descriptor over the pipe: an anonymous memory file (memfd), so nothing is left behind
         and no size limit of /dev/shm applies (a write past that limit would kill the process)."""

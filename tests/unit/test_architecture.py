@@ -61,9 +61,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "model": {"kernels", "weights", "fp8", "int4"},
     # The registry: each family's config reader, decoder layer, catalogue parts, miniature; what a layer emits
     "families": {"model", "kernels", "weights", "fp8", "int4"},
-    # a prefill in chunks of positions, its tensors shown whole (a tiled tensor's figures gathered beside in the
-    # helper process: kernels.gather_workers)
-    "prefill": {"model", "catalog", "families", "kernels"},
+    "prefill": {"model", "catalog", "families"},  # a prefill in chunks of positions, its tensors shown whole
     "session": {"model", "kernels", "weights", "presets", "prefill", "families"},
     # One plan of a run: its auto choices, names, patterns, patches (the helpers' forms: seams.experiments) and
     # memory, for every entry point; the names the model around a family's layers emits (families.derive)
@@ -112,9 +110,8 @@ ROOM_LINES = {
     # 2,322 with the choice of BLAS for the weights' products (gemm); 2,510 with FP8 parts' probe; 2,616 with
     # INT4, FP4 and BF16 tiles that follow the BLAS (OpenBLAS's direct small products, padding, tile heights);
     # 2,885 with few tokens' tiles in direct parts and blocks, and FP4 products shared with the helper processes
-    # 3,461 with whole experts shared with the helper (kernels.experts); 3,598 with a shown attention's weights
-    # gathered in the helper (kernels.gather_workers)
-    "kernels": 3750,
+    # 3,461 with whole experts shared with the helper (kernels.experts)
+    "kernels": 3600,
     "lessons": 4100,  # 3,397
     # 1,160; 1,575 with issue 33's MLA families' parts, about 2,000 with Kimi Linear's, DeepSeek-V4's
     # attention adding 662, its residual, routers, experts and layer 309

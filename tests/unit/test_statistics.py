@@ -94,8 +94,7 @@ def test_the_window_sums_are_exact_at_their_bounds(monkeypatch, part):
 
 
 def test_gathers_merged_equal_one_gather_of_every_chunk(monkeypatch):
-    """Part of a held array's chunks gathered apart (as the helper process gathers a shown
-    attention's weights: kernels.gather_workers) and merged: the same figures, and the same
+    """Part of a held array's chunks gathered apart and merged: the same figures, and the same
     histogram counts."""
     values = wide_float32(np.random.default_rng(8), 6000)
     values[17], values[18] = np.nan, -np.inf
