@@ -188,8 +188,8 @@ class Part:
         self.gather, self.first, self.last = Gather(integral(self.dtype)), [], []
 
     def add(self, array: np.ndarray | Tiled) -> None:
-        """A chunk's tensor: a held one's figures, its blocks shared out across the cores (a tiled
-        one's are gathered by `Gathered.flush`); the last chunk's, kept whole, of one without positions."""
+        """A chunk's tensor: a held one's figures, merged into the whole tensor's (a tiled one's are
+        gathered by `Gathered.flush`); the last chunk's, kept whole, of one without positions."""
         if self.axis is None:
             self.latest = array
             return

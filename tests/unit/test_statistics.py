@@ -94,17 +94,17 @@ def test_the_window_sums_are_exact_at_their_bounds(monkeypatch, part):
 
 
 def test_gathers_merged_equal_one_gather_of_every_chunk(monkeypatch):
-    """Part of a held array's chunks gathered apart and merged: the same figures, and the same
-    histogram counts."""
+    """Part of a held array's chunks gathered apart and merged, and the held array gathered chunk
+    by chunk (`gather_held`): the same figures, and the same histogram counts."""
     values = wide_float32(np.random.default_rng(8), 6000)
     values[17], values[18] = np.nan, -np.inf
     one, first, second = gathered(values, 1000), gathered(values[:2000], 1000), gathered(values[2000:], 1000)
     first.merge(second)
     assert first.stats() == one.stats() and exact_totals(first) == exact_totals(one) == exact(values)
     monkeypatch.setattr(statistics, "CHUNK", 256)  # 24 chunks
-    merged = statistics.gather_held(values.reshape(3, 2000))
-    assert merged.stats() == one.stats() and exact_totals(merged) == exact(values)
-    counts, edges = merged.bins.view(16)
+    held = statistics.gather_held(values.reshape(3, 2000))
+    assert held.stats() == one.stats() and exact_totals(held) == exact(values)
+    counts, edges = held.bins.view(16)
     np.testing.assert_array_equal(counts, np.histogram(values[np.isfinite(values)].astype(np.float64), edges)[0])
     for other in (one, first):
         np.testing.assert_array_equal(other.bins.view(16)[0], counts)
