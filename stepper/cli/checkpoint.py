@@ -23,7 +23,7 @@ from stepper.untrusted import shown
 from stepper.views import fp4_codes, fp8_codes, inspect, inspect_stats, int4_codes
 from stepper.views.sinks import print_fitted, styles
 from stepper.weights.names import shape_of, storage_dtype
-from stepper.weights.published import FP4_DTYPE, PublishedCheckpoint, is_published_v4, unprefixed
+from stepper.weights.published import FP4_DTYPE, PublishedCheckpoint, is_published_v4
 from stepper.weights.remote import is_remote
 from stepper.weights.remote_published import RemotePublishedCheckpoint, is_remote_published, open_published
 from stepper.weights.seeded import SyntheticWeights
@@ -315,7 +315,7 @@ def published_view(console: Console, name: str, has: Callable[[str], bool], stor
 
 def shown_rows(source: PublishedCheckpoint, name: str, index: tuple[int, int]) -> range:
     """The rows of the weight that --block R,C shows: row R of an FP4 weight, an FP8 weight's block row R."""
-    stored = unprefixed(name)
+    stored = source.local(name)
     height = 1 if source.shard_of(stored).info(stored).dtype == FP4_DTYPE else BLOCK[0]
     return range(index[0] * height, (index[0] + 1) * height)
 

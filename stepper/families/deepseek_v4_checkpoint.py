@@ -47,7 +47,7 @@ class V4Checkpoint:
         stored = published_name(name)
         array = self.published.get(stored)
         if stored.endswith("tid2eid"):
-            where = f"{self.label}/{self.published.weight_map[stored]}: tensor '{stored}'"
+            where = self.published.on_disk(f"{self.label}/{self.published.weight_map[stored]}: tensor '{stored}'")
             return checked_tid2eid(array, self.config.n_routed_experts, where)
         return array
 

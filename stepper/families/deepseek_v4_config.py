@@ -4,8 +4,10 @@ config.json, each field refused on its own line naming the file, the field and w
 The published file names things as DeepSeek's own code does (`compress_ratios`, `num_hash_layers`,
 `qk_rope_head_dim`, `rope_scaling`); transformers folds them into `layer_types`, `mlp_layer_types`,
 `partial_rotary_factor` and a nested `rope_parameters` (configuration_deepseek_v4.py,
-`__post_init__`). This class keeps the published names, so a reader of the file finds every value
-under the name they know, and says what each layer is:
+`__post_init__`), and a config.json transformers saved has only those: it is read as the published one
+(stepper.weights.deepseek_v4_saved.published_fields), each message naming the field as the file
+spells it. This class keeps the published names, so a reader of the file finds every value under
+the name they know, and says what each layer is:
 
 - `compress_ratios` has one entry per layer plus one per multi-token-prediction block
   (`num_nextn_predict_layers`, the `mtp.*` tensors, which a run does not use): 0 a sliding-window
@@ -37,6 +39,7 @@ from stepper.model.compressed_attention import AttentionDims
 from stepper.model.v4_attention_cache import bounded_values, mla_values_per_position, values_per_position
 from stepper.untrusted import said
 from stepper.untrusted.jsonfile import read_json
+from stepper.weights.deepseek_v4_saved import published_fields
 
 MODEL_TYPE = "deepseek_v4"
 ARCHITECTURE = "DeepseekV4ForCausalLM"
@@ -234,7 +237,8 @@ def load_v4_config(path: str | Path) -> V4Config:
 
 
 def parse(raw: dict[str, Any], source: str) -> V4Config:
-    f = Fields(raw, source)
+    raw, spelled = published_fields(raw, source)  # transformers' form (a config it saved) as the published one
+    f = Fields(raw, source, spelled)
     f.equal("model_type", MODEL_TYPE, "a DeepSeek-V4 config")
     f.equal("hidden_act", "silu", "the experts' SwiGLU")
     f.equal("num_key_value_heads", 1, "V4 has one shared key-value head")
@@ -242,6 +246,7 @@ def parse(raw: dict[str, Any], source: str) -> V4Config:
     f.equal("norm_topk_prob", True, "V4 divides the chosen experts' scores by their sum")
     f.equal("tie_word_embeddings", False, "V4 keeps head.weight apart from embed.weight")
     f.equal("attention_bias", False, "V4's projections have no bias")
+    f.equal("mlp_bias", False, "V4's experts have no bias")
     f.equal("topk_method", "noaux_tc", "V4 chooses by scores plus a learned bias")
     for field in ("n_group", "topk_group"):
         f.equal(field, 1, "V4 routes over all experts, in one group")
@@ -309,16 +314,18 @@ def _yarn(f: Fields) -> Yarn | None:
         return None
     if not isinstance(block, dict):
         raise f.fail("rope_scaling", f"must be an object or null, got {said(block)}")
-    kind = rope_kind(f, block, "rope_scaling")
+    name = f.spelled.get("rope_scaling", "rope_scaling")  # transformers' form: rope_parameters.compress
+    kind = rope_kind(f, block, name)
     if kind == "default":
         return None
     if kind != "yarn":
-        raise f.fail("rope_scaling.type", f"must be 'yarn' (or absent), got {said(kind)}")
-    inner = Fields(block, f.source, within="rope_scaling.")
+        raise f.fail(f"{name}.{'rope_type' if 'rope_type' in block else 'type'}",
+                     f"must be 'yarn' (or absent), got {said(kind)}")
+    inner = Fields(block, f.source, within=f"{name}.")
     yarn = Yarn(factor=inner.float("factor"),
                 original_max_position_embeddings=inner.int("original_max_position_embeddings"),
                 beta_fast=inner.float("beta_fast", default=32.0), beta_slow=inner.float("beta_slow", default=1.0))
-    return checked_yarn(f, yarn, "rope_scaling")
+    return checked_yarn(f, yarn, name)
 
 
 def _quantization(f: Fields) -> V4Fp8 | None:

@@ -172,7 +172,8 @@ def checkpoint_source(path: Path, ckpt: Checkpoint) -> Source:
 def published_source(path: Path, ckpt: PublishedCheckpoint) -> Source:
     """A DeepSeek-V4 checkpoint: headed by layer number, its `mtp.*` block listed as not used."""
     shards = f"{len(ckpt.shards)} shard{'s' if len(ckpt.shards) != 1 else ''}"
-    title = (f"checkpoint {ckpt.label} · deepseek_v4 (published layout), {ckpt.layers} layers, "
+    layout = "as transformers saves it, listed by the published names" if ckpt.saved_layout else "published layout"
+    title = (f"checkpoint {ckpt.label} · deepseek_v4 ({layout}), {ckpt.layers} layers, "
              f"{v4_field(ckpt.config, 'n_routed_experts')} routed experts · {shards}")
     hint = None if ckpt.reads_values else "listed from the headers alone: scale values are read by a run"
     return Source(path, title, None, {**ckpt.weight_map, **ckpt.unused}, ckpt.shards, fp8.BLOCK, hint=hint,
@@ -296,7 +297,7 @@ def value_problems(source: Source, tensors: list[Tensor]) -> list[Problem]:
 def config_problems(ckpt: PublishedCheckpoint) -> list[Problem]:
     """A DeepSeek-V4 checkpoint's config.json as a run reads it (inspect lists the tensors from
     the fields it has, so a config a run refuses is one problem among the tensors')."""
-    problem = config_problem(dict(ckpt.config), str(ckpt.path / "config.json"))
+    problem = config_problem(dict(ckpt.raw), str(ckpt.path / "config.json"))
     return [] if problem is None else [Problem("config.json", None, f"{problem} (a run refuses it)")]
 
 

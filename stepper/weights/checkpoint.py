@@ -162,7 +162,11 @@ class Checkpoint:
         try:
             yield
         except StepperError as e:
-            raise StepperError(named_on_disk(self.config, str(e))) from None
+            raise StepperError(self.on_disk(str(e))) from None
+
+    def on_disk(self, message: str) -> str:
+        """A message naming each tensor it quotes as the files do."""
+        return named_on_disk(self.config, message)
 
     def _stored(self, name: str) -> Stored:
         if self.config.fused_experts and (fused := fused_name(name)) is not None:
@@ -386,7 +390,7 @@ class Checkpoint:
     def named_on_disk(self, problems: list[Problem]) -> list[Problem]:
         """The problems' sentences naming each tensor as the files do (stdout's rows list a wrapped
         checkpoint's text tensors without their prefix, by `tensor`)."""
-        return [replace(p, text=named_on_disk(self.config, p.text)) for p in problems]
+        return [replace(p, text=self.on_disk(p.text)) for p in problems]
 
     def present_layers(self) -> list[int]:
         """The config's layers holding at least one tensor, in order."""

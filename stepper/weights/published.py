@@ -5,7 +5,10 @@ stored F8_E4M3 is paired with its F8_E8M0 block scales `X.scale` [ceil(out/128),
 one stored I8 is FP4 e2m1, two codes a byte [out, in/2], paired with its F8_E8M0 scales `X.scale`
 [out, in/32]; `matrix` hands the model either one to multiply, decoded tile by tile inside the
 product, `get` a float32 array (a hash layer's `tid2eid` as its integers). A name asked for with
-`model.` in front (as LayerWeights asks) is read without it.
+`model.` in front (as LayerWeights asks) is read without it. A checkpoint transformers' save_pretrained
+wrote (`model.layers.3.attn.wq_a.weight`, `model.embed_tokens.weight`: stepper.weights.deepseek_v4_saved)
+is read by the published names, its config.json's fields as the published ones; its messages name
+each tensor as its files do.
 
 The shards are listed by `model.safetensors.index.json`, or are one `model.safetensors`, or,
 with neither, every `model-NNNNN-of-MMMMM.safetensors` in the folder (all of one count MMMMM; a
@@ -17,6 +20,7 @@ stepper.weights.checkpoint.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +31,7 @@ from stepper.errors import StepperError
 from stepper.untrusted.jsonfile import read_json
 from stepper.untrusted.paths import found
 from stepper.weights import deepseek_v4_names as v4
+from stepper.weights import deepseek_v4_saved as saved
 from stepper.weights.checkpoint import (
     FLOAT_DTYPES,
     INDEX,
@@ -41,7 +46,6 @@ from stepper.weights.stored import FP4, FileBytes, Stored
 
 FP8_DTYPE, FP4_DTYPE, SCALE_DTYPE = "F8_E4M3", "I8", "F8_E8M0"
 INDEX_DTYPES = ("I64", "I32")
-MODEL_PREFIX = "model."
 MODEL_TYPE = "deepseek_v4"
 
 
@@ -67,7 +71,8 @@ class PublishedCheckpoint(Checkpoint):
         raw = read_json(self.path / "config.json", "the checkpoint's config.json")
         if not isinstance(raw, dict):
             raise StepperError(f"{self.path / 'config.json'}: expected a JSON object of config fields")
-        self.config = raw if config is None else config
+        self.raw = raw  # config.json as written (transformers' form, if it saved the checkpoint)
+        self.config = published_form(raw) if config is None else config
         self._layer_tensors: dict[int, dict[str, v4.Tensor]] = {}
         self.shards = {}
         self.unreadable: dict[str, str] = {}
@@ -78,6 +83,9 @@ class PublishedCheckpoint(Checkpoint):
         self._resident = MappedBudget(RESIDENT_BYTES)
         self._good_scales: set[str] = set()  # block and group scales checked once: the same map's bytes
         self._check_index_against_headers()
+        self.saved_layout = saved.is_saved_layout(self.weight_map)
+        if self.saved_layout:
+            self._published_names()
         self.unused = {name: shard for name, shard in self.weight_map.items() if v4.is_unused(name)}
         self.weight_map = {name: shard for name, shard in self.weight_map.items() if name not in self.unused}
 
@@ -109,38 +117,65 @@ class PublishedCheckpoint(Checkpoint):
                 weight_map.update(dict.fromkeys(self.shards[shard].names(), shard))
         return weight_map
 
+    def _published_names(self) -> None:
+        """The tensors transformers saved, by their published names: in the map, the shards'
+        headers and the disagreements (whose texts keep the names on disk)."""
+        stored_as: dict[str, str] = {}
+        for stored in self.weight_map:
+            name = saved.published_name(stored)
+            if name in stored_as:
+                raise StepperError(f"{self.path}: tensors '{stored_as[name]}' and '{stored}' both stand for '{name}' "
+                                   "(expected the names transformers saves V4 by, or the published ones, not both)")
+            stored_as[name] = stored
+        self.weight_map = {name: self.weight_map[stored] for name, stored in stored_as.items()}
+        self.disagreements = {saved.published_name(n): replace(p, tensor=saved.published_name(n))
+                              for n, p in self.disagreements.items()}
+        for file in self.shards.values():
+            file.tensors = {saved.published_name(n): replace(info, name=saved.published_name(n))
+                            for n, info in file.tensors.items()}
+
+    def on_disk(self, message: str) -> str:
+        """A message naming each tensor as the files do (transformers' names, if it saved them)."""
+        return saved.named_as_saved(message) if self.saved_layout else message
+
     # -- reading -----------------------------------------------------------------------------
 
+    def local(self, name: str) -> str:
+        """The name the map holds a tensor by: the published one, asked for with `model.` in front (as
+        LayerWeights asks) or, where transformers saved the checkpoint, by the name it saved."""
+        return saved.published_name(name) if self.saved_layout else name.removeprefix(saved.PREFIX)
+
     def has(self, name: str) -> bool:
-        return unprefixed(name) in self.weight_map
+        return self.local(name) in self.weight_map
 
     def _stored_name(self, name: str) -> str:
-        return unprefixed(name)
+        return self.local(name)
 
     def get(self, name: str) -> np.ndarray:
         """A float32 tensor (FP8 and FP4 decoded); an I64 / I32 one (tid2eid) as its integers."""
         stored = self.stored(name)
         if stored.dtype in INDEX_DTYPES:
             return np.asarray(stored.data, dtype=np.int64)
-        return stored.as_float32(unprefixed(name))
+        return stored.as_float32(self.local(name))
 
     def get_rows(self, name: str, rows: np.ndarray) -> np.ndarray:
         stored = self.stored(name)
         if stored.scale_inv is not None:
-            return stored.as_float32(unprefixed(name))[rows]
+            return stored.as_float32(self.local(name))[rows]
         return np.asarray(stored.data[rows], dtype=np.float32)  # touches only these rows' pages
 
     def matrix(self, name: str):
         """A weight about to be multiplied: FP8 with its E8M0 block scales, FP4 with its group
         scales, BF16 kept as stored (kernels.linear), or float32."""
-        return super().matrix(unprefixed(name))
+        return super().matrix(self.local(name))
 
     def stored(self, name: str) -> Stored:
         """The tensor as stored, an FP8 or FP4 weight with its scales (their dtype, grid and values checked)."""
-        name = unprefixed(name)
-        self._keep_resident(name)
-        self.check_stored(name)
-        return self.stored_over(name, self.shard_of(name).get(name))
+        name = self.local(name)
+        with self._named_on_disk():
+            self._keep_resident(name)
+            self.check_stored(name)
+            return self.stored_over(name, self.shard_of(name).get(name))
 
     def check_stored(self, name: str) -> None:
         """A stored tensor's dtype and shape as the config says (a name it does not know: its scale's
@@ -213,6 +248,9 @@ class PublishedCheckpoint(Checkpoint):
         shape the config gives, and a quantized one with scales of the right dtype and grid; and
         scales whose weight is not there."""
         layers = list(layers)
+        return self.named_on_disk(self._problems(layers, with_globals))
+
+    def _problems(self, layers: list[int], with_globals: bool) -> list[Problem]:
         required = self.required(layers, with_globals)
         unknown = self._unknown_shard_problems(required)  # they stand for the missing tensors
         problems = self._unreadable_problems(required) + unknown
@@ -315,9 +353,13 @@ def uses_published_names(names: Iterable[str]) -> bool:
     return any(name.endswith(v4.SCALE) or v4.layer_of(name) is not None for name in names)
 
 
-def unprefixed(name: str) -> str:
-    """A name as the checkpoint stores it: without `model.`."""
-    return name.removeprefix(MODEL_PREFIX)
+def published_form(raw: dict[str, Any]) -> dict[str, Any]:
+    """config.json's fields as the published file names them, for the tensors' shapes; a config in
+    transformers' form that cannot be read so is kept as written (a run's reader names the field)."""
+    try:
+        return saved.published_fields(raw, "config.json")[0]
+    except StepperError:
+        return raw
 
 
 def scale_of(name: str) -> str:

@@ -30,7 +30,7 @@ def audit_published(ckpt: PublishedCheckpoint, layers: range | None) -> list[Pro
     problems += unknown_layer_tensors(ckpt, chosen)
     if layers is None:
         problems += stray_layers(ckpt)
-    return problems
+    return ckpt.named_on_disk(problems)
 
 
 def in_scope(name: str, layers: range, with_globals: bool) -> bool:

@@ -22,7 +22,7 @@ from stepper.errors import StepperError
 from stepper.untrusted import shown
 from stepper.weights import remote
 from stepper.weights.checkpoint import INDEX, SINGLE
-from stepper.weights.published import FP8_DTYPE, PublishedCheckpoint, is_published_v4, scale_of, unprefixed
+from stepper.weights.published import FP8_DTYPE, PublishedCheckpoint, is_published_v4, scale_of
 from stepper.weights.remote import Reached, RemoteReads
 from stepper.weights.safetensors_reader import SafetensorsFile
 from stepper.weights.stored import Stored
@@ -64,7 +64,7 @@ class RemotePublishedCheckpoint(RemoteReads, PublishedCheckpoint):
 
     def get_rows(self, name: str, rows: np.ndarray) -> np.ndarray:
         """Only the rows' bytes fetched (the embedding's prompt rows), unless the tensor is FP8."""
-        stored = unprefixed(name)
+        stored = self.local(name)
         info = self.shard_of(stored).info(stored)
         if info.dtype == FP8_DTYPE or not info.shape:
             return super().get_rows(name, rows)
@@ -74,7 +74,7 @@ class RemotePublishedCheckpoint(RemoteReads, PublishedCheckpoint):
         """Tensor `name` as stored, checked from its header first, with its scales whole but of its
         bytes only rows `rows` fetched (those inside the tensor): what `stepper fp8 --weight` shows
         of one FP8 block or FP4 group. Only those rows are to be read: the others are not fetched."""
-        name = unprefixed(name)
+        name = self.local(name)
         self._keep_resident(name)
         self.check_stored(name)
         shard = self.shard_of(name)

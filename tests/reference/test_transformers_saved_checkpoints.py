@@ -35,7 +35,7 @@ START = 5  # past position 0: the rotary tables of positions 5 to 9
 TOLERANCE = 1e-5
 KIMI_K2 = "model_type kimi_k2 (Kimi K2's config.json) names no transformers model (the crosscheck runs it as V3)"
 V4 = ("compress_ratios has 16 (so that a short prompt closes HCA windows), and transformers 5.24 reads only 0, 4 "
-      "and 128 (a KeyError)")
+      "and 128 (a KeyError); a V4 model transformers makes and saves: tests/model/test_v4_saved_by_transformers.py")
 NOT_BUILT = {"tiny": KIMI_K2, "tiny-int4": KIMI_K2, "tiny-v4": V4, "tiny-v4-indexer": V4}
 # transformers saves a gate_proj and an up_proj for each zero expert (their slots in its fused gate_up_proj,
 # which it never reads): no run reads them either, and the run says so (docs/mla-families.md, LongCat)

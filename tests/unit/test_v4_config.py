@@ -4,6 +4,7 @@ naming the file, the field and what was expected."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -94,3 +95,62 @@ def test_each_refusal_is_one_line_naming_the_file_and_field(changes, expected, t
         load_v4_config(path)
     message = str(e.value)
     assert message.startswith(f"{path}: ") and expected in message and "\n" not in message
+
+
+def saved_by_transformers(name: str, folder) -> dict:
+    """The config.json transformers' save_pretrained writes for a published one (its own form)."""
+    transformers = pytest.importorskip("transformers")
+    transformers.DeepseekV4Config(**V4_PRESETS[name]).save_pretrained(folder)
+    return json.loads((folder / "config.json").read_text())
+
+
+@pytest.mark.parametrize("name", ["deepseek-v4-flash", "deepseek-v4-pro"])
+def test_a_config_transformers_saved_reads_as_the_published_one_without_its_mtp_block(name, tmp_path):
+    raw = saved_by_transformers(name, tmp_path)
+    assert "compress_ratios" not in raw and "num_hash_layers" not in raw and "rope_scaling" not in raw
+    read = load_v4_config(tmp_path / "config.json")
+    published = v4_preset(name)
+    assert read == dataclasses.replace(published, name=read.name, num_nextn_predict_layers=0,
+                                       compress_ratios=published.compress_ratios[:published.num_hidden_layers])
+
+
+def changed(raw: dict, path: str, value) -> dict:
+    """raw with the field at a dotted path ("rope_parameters.compress.factor", "layer_types.3") set."""
+    raw = json.loads(json.dumps(raw))
+    *outer, last = path.split(".")
+    block = raw
+    for key in outer:
+        block = block[int(key)] if isinstance(block, list) else block[key]
+    block[int(last) if isinstance(block, list) else last] = value
+    return raw
+
+
+@pytest.mark.parametrize(("path", "value", "expected"), [
+    ("layer_types.3", "global_attention", ("field 'layer_types[3]' must be one of sliding_attention, "
+     "compressed_sparse_attention, heavily_compressed_attention, got 'global_attention'")),
+    ("layer_types", ["sliding_attention"] * 42, ("field 'layer_types' must have one entry per layer "
+     "(num_hidden_layers 43), got 42")),
+    ("compress_rates.compressed_sparse_attention", 8, ("field 'compress_rates.compressed_sparse_attention' must be 4 "
+     "(stepper tells a CSA layer by its ratio 4")),
+    ("compress_rates.heavily_compressed_attention", 4, ("field 'compress_rates.heavily_compressed_attention' must be "
+     "a whole number >= 2 other than 4")),
+    ("mlp_layer_types.5", "hash_moe", ("field 'mlp_layer_types[5]' is 'hash_moe' after a 'moe' layer: the "
+     "hash-routed layers must come first")),
+    ("mlp_layer_types.5", "dense", "field 'mlp_layer_types[5]' must be 'hash_moe' or 'moe', got 'dense'"),
+    ("rope_parameters.main.rope_type", "yarn", "field 'rope_parameters.main.rope_type' must be 'default'"),
+    ("rope_parameters.compress.attention_factor", 1.2, ("field 'rope_parameters.compress.attention_factor' must be "
+     "1.0 (V4 scales no cos and sin")),
+    ("rope_parameters.compress.factor", 0.5, "field 'rope_parameters.compress.factor' must be >= 1, got 0.5"),
+    ("rope_parameters.compress.rope_theta", 1000.0, ("field 'rope_parameters.compress.rope_theta' is 1000.0 but "
+     "compress_rope_theta is 160000: give one, or both alike")),
+    ("partial_rotary_factor", 0.25, ("field 'qk_rope_head_dim' is 64 but head_dim x partial_rotary_factor is 128 "
+     "(512 x 0.25)")),
+    ("mlp_bias", True, "field 'mlp_bias' must be False (V4's experts have no bias)"),
+])
+def test_each_refusal_of_transformers_form_names_the_field_as_the_file_spells_it(path, value, expected, tmp_path):
+    raw = changed(saved_by_transformers("deepseek-v4-flash", tmp_path), path, value)
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(StepperError) as e:
+        load_v4_config(tmp_path / "config.json")
+    message = str(e.value)
+    assert message.startswith(f"{tmp_path / 'config.json'}: ") and expected in message and "\n" not in message
