@@ -45,9 +45,16 @@ DEFAULT_ROTARY_FRACTION = 64 / 512  # transformers' partial_rotary_factor when n
 SAVED_ONLY = ("layer_types", "compress_rates", "mlp_layer_types", "rope_parameters", "partial_rotary_factor")
 
 
-def is_saved_layout(names: Iterable[str]) -> bool:
-    """Whether a checkpoint's tensors are named as transformers saves V4 (`model.` before them)."""
-    return any(name.startswith(PREFIX) for name in names)
+def is_saved_layout(names: Iterable[str], where: str) -> bool:
+    """Whether a checkpoint's layers are named as transformers saves V4 (`model.layers.N.`); layers
+    named both ways are refused (`where`: the folder, for the message)."""
+    names = list(names)
+    saved = next((name for name in names if name.startswith(PREFIX) and LAYER.match(name, len(PREFIX))), None)
+    published = next((name for name in names if LAYER.match(name)), None)
+    if saved is not None and published is not None:
+        raise StepperError(f"{where}: tensors named as transformers saves DeepSeek-V4 ('{saved}') and as DeepSeek "
+                           f"publishes it ('{published}'): expected one naming")
+    return saved is not None
 
 
 def published_name(name: str) -> str:

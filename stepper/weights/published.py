@@ -83,7 +83,7 @@ class PublishedCheckpoint(Checkpoint):
         self._resident = MappedBudget(RESIDENT_BYTES)
         self._good_scales: set[str] = set()  # block and group scales checked once: the same map's bytes
         self._check_index_against_headers()
-        self.saved_layout = saved.is_saved_layout(self.weight_map)
+        self.saved_layout = saved.is_saved_layout(self.weight_map, str(self.path))
         if self.saved_layout:
             self._published_names()
         self.unused = {name: shard for name, shard in self.weight_map.items() if v4.is_unused(name)}
@@ -124,8 +124,7 @@ class PublishedCheckpoint(Checkpoint):
         for stored in self.weight_map:
             name = saved.published_name(stored)
             if name in stored_as:
-                raise StepperError(f"{self.path}: tensors '{stored_as[name]}' and '{stored}' both stand for '{name}' "
-                                   "(expected the names transformers saves V4 by, or the published ones, not both)")
+                raise StepperError(f"{self.path}: tensors '{stored_as[name]}' and '{stored}' both stand for '{name}'")
             stored_as[name] = stored
         self.weight_map = {name: self.weight_map[stored] for name, stored in stored_as.items()}
         self.disagreements = {saved.published_name(n): replace(p, tensor=saved.published_name(n))

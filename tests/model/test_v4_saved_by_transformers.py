@@ -90,17 +90,36 @@ def test_inspect_lists_it_by_the_published_names_and_finds_nothing_wrong(saved):
     assert "problem" not in out.stdout and "layers.0" not in first
 
 
-def test_a_missing_tensor_is_named_as_transformers_saves_it(saved, tmp_path):
+def resaved(saved, folder, change) -> object:
+    """The saved checkpoint written again to `folder` after change(tensors by name)."""
     from safetensors.numpy import load_file, save_file
 
-    broken = tmp_path / "broken"
-    broken.mkdir()
-    (broken / "config.json").write_text((saved / "config.json").read_text())
+    folder.mkdir()
+    (folder / "config.json").write_text((saved / "config.json").read_text())
     tensors = load_file(str(saved / "model.safetensors"))
-    del tensors["model.layers.1.attn.norm.weight"]
-    save_file(tensors, str(broken / "model.safetensors"))
+    change(tensors)
+    save_file(tensors, str(folder / "model.safetensors"))
+    return folder
+
+
+def test_a_missing_tensor_is_named_as_transformers_saves_it(saved, tmp_path):
+    broken = resaved(saved, tmp_path / "broken", lambda t: t.pop("model.layers.1.attn.norm.weight"))
     out = stepper("run", "--model", broken, "--layer", "1", "--plain")
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.strip().splitlines() == [
         (f"stepper: error: {broken}: 'model.layers.1.attn.norm.weight' is missing (expected BF16, F16 or F32, "
         "shape [32])")], out.stderr
+
+
+def test_a_folder_naming_its_tensors_both_ways_is_refused(saved, tmp_path):
+    def one_published_name(tensors):
+        tensors["layers.3.attn.wq_a.weight"] = tensors.pop("model.layers.3.attn.wq_a.weight")
+
+    mixed = resaved(saved, tmp_path / "mixed", one_published_name)
+    for command in (("run", "--model", mixed, "--plain"), ("inspect", mixed)):
+        out = stepper(*command)
+        assert out.returncode == 2 and out.stdout == ""
+        lines = out.stderr.strip().splitlines()
+        assert len(lines) == 1, out.stderr
+        assert lines[0].startswith(f"stepper: error: {mixed}: tensors named as transformers saves DeepSeek-V4 ('model.")
+        assert lines[0].endswith("publishes it ('layers.3.attn.wq_a.weight'): expected one naming"), lines[0]
