@@ -296,8 +296,8 @@ def published_view(console: Console, name: str, has: Callable[[str], bool], stor
     """A weight of DeepSeek-V4 (a checkpoint's, or a preset's as stored) by its published name: an FP4
     expert's group of 32 inputs, or an FP8 weight's 128x128 block with its E8M0 scale."""
     if not has(name):
-        raise StepperError(f"{where}: no tensor named '{shown(name)}' (DeepSeek-V4's names have no model. prefix, "
-                           f"e.g. layers.1.ffn.experts.0.w1.weight)")
+        raise StepperError(f"{where}: no tensor named '{shown(name)}' (DeepSeek-V4's published names, e.g. "
+                           "layers.1.ffn.experts.0.w1.weight)")
     stored = stored_of(name)
     if stored.dtype == FP4:
         group = fp4_codes.load_group(stored, name, index, where)

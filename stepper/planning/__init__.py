@@ -161,4 +161,4 @@ def unread_line(plan: Plan) -> str | None:
     them = "it" if len(unknown) == 1 and len(found) == 1 else "them"
     line = (f"note: {audit.unknown_words(layer, found)}{more}: this run goes on without {them}, as config.json says "
             f"(stepper inspect lists {them})")
-    return named_on_disk(cfg, line) if isinstance(weights, Checkpoint) else line
+    return named_on_disk(cfg, line) if isinstance(weights, Checkpoint) else published.on_disk(line)

@@ -50,7 +50,7 @@ MODEL_TYPE = "deepseek_v4"
 
 
 def is_published_v4(folder: Path) -> bool:
-    """Whether a folder's config.json says DeepSeek-V4 (whose checkpoints use the published layout)."""
+    """Whether a folder's config.json says DeepSeek-V4 (read in the published layout, or as transformers saves it)."""
     config = folder / "config.json"
     if found(config) != "file":
         return False
@@ -59,10 +59,11 @@ def is_published_v4(folder: Path) -> bool:
 
 
 class PublishedCheckpoint(Checkpoint):
-    """A WeightSource over a DeepSeek-V4 checkpoint folder in the published layout.
+    """A WeightSource over a DeepSeek-V4 checkpoint folder in the published layout, or as
+    transformers saves it (read by the published names).
 
-    config: the family's config object, or None for config.json's fields as they are (enough for
-    the tensors' shapes: stepper.weights.deepseek_v4_names.field)."""
+    config: the family's config object, or None for config.json's fields in the published form
+    (`published_form`: enough for the tensors' shapes, stepper.weights.deepseek_v4_names.field)."""
 
     def __init__(self, path: str | Path, config: Any = None):
         self.path = Path(path)
@@ -84,6 +85,7 @@ class PublishedCheckpoint(Checkpoint):
         self._good_scales: set[str] = set()  # block and group scales checked once: the same map's bytes
         self._check_index_against_headers()
         self.saved_layout = saved.is_saved_layout(self.weight_map, str(self.path))
+        self.stored_as: dict[str, str] = {}  # transformers' saved layout: published name -> the name on disk
         if self.saved_layout:
             self._published_names()
         self.unused = {name: shard for name, shard in self.weight_map.items() if v4.is_unused(name)}
@@ -122,27 +124,28 @@ class PublishedCheckpoint(Checkpoint):
         headers and the disagreements (whose texts keep the names on disk)."""
         stored_as: dict[str, str] = {}
         for stored in self.weight_map:
-            name = saved.published_name(stored)
+            name = saved.from_saved(stored)
             if name in stored_as:
                 raise StepperError(f"{self.path}: tensors '{stored_as[name]}' and '{stored}' both stand for '{name}'")
             stored_as[name] = stored
         self.weight_map = {name: self.weight_map[stored] for name, stored in stored_as.items()}
-        self.disagreements = {saved.published_name(n): replace(p, tensor=saved.published_name(n))
+        self.stored_as = stored_as
+        self.disagreements = {saved.from_saved(n): replace(p, tensor=saved.from_saved(n))
                               for n, p in self.disagreements.items()}
         for file in self.shards.values():
-            file.tensors = {saved.published_name(n): replace(info, name=saved.published_name(n))
+            file.tensors = {saved.from_saved(n): replace(info, name=saved.from_saved(n))
                             for n, info in file.tensors.items()}
 
     def on_disk(self, message: str) -> str:
         """A message naming each tensor as the files do (transformers' names, if it saved them)."""
-        return saved.named_as_saved(message) if self.saved_layout else message
+        return saved.named_as_saved(message, self.stored_as) if self.saved_layout else message
 
     # -- reading -----------------------------------------------------------------------------
 
     def local(self, name: str) -> str:
         """The name the map holds a tensor by: the published one, asked for with `model.` in front (as
         LayerWeights asks) or, where transformers saved the checkpoint, by the name it saved."""
-        return saved.published_name(name) if self.saved_layout else name.removeprefix(saved.PREFIX)
+        return saved.from_saved(name) if self.saved_layout else name.removeprefix(saved.PREFIX)
 
     def has(self, name: str) -> bool:
         return self.local(name) in self.weight_map
@@ -247,9 +250,9 @@ class PublishedCheckpoint(Checkpoint):
         shape the config gives, and a quantized one with scales of the right dtype and grid; and
         scales whose weight is not there."""
         layers = list(layers)
-        return self.named_on_disk(self._problems(layers, with_globals))
+        return self.named_on_disk(self._layer_problems(layers, with_globals))
 
-    def _problems(self, layers: list[int], with_globals: bool) -> list[Problem]:
+    def _layer_problems(self, layers: list[int], with_globals: bool) -> list[Problem]:
         required = self.required(layers, with_globals)
         unknown = self._unknown_shard_problems(required)  # they stand for the missing tensors
         problems = self._unreadable_problems(required) + unknown

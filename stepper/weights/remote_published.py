@@ -1,4 +1,4 @@
-"""A DeepSeek-V4 checkpoint in the published layout that is not on this machine (`hf://ORG/NAME`,
+"""A DeepSeek-V4 checkpoint (published, or as transformers saves it) not on this machine (`hf://ORG/NAME`,
 `https://HOST/PATH/`), read as stepper.weights.remote reads any remote checkpoint: config.json and
 the index whole, each shard's header in two range reads, and then only the bytes of the tensors a
 run needs (with their `.scale` grids), fetched once they are checked; the embedding only its

@@ -101,7 +101,7 @@ def test_bad_input_on_a_remote_checkpoint_is_one_line(served, server, tmp_path):
     url = f"{server.url}/ck/"
     line = one_line(stepper("fp8", "--weight", "layers.1.ffn.experts.0.w9.weight", "--model", url, env=env))
     assert line == (f"stepper: error: checkpoint {url}: no tensor named 'layers.1.ffn.experts.0.w9.weight' "
-                    "(DeepSeek-V4's names have no model. prefix, e.g. layers.1.ffn.experts.0.w1.weight)")
+                    "(DeepSeek-V4's published names, e.g. layers.1.ffn.experts.0.w1.weight)")
     assert server.sent == headers_bytes(served / "ck")  # nothing but the headers
     line = one_line(stepper("fp8", "--weight", WQ_B, "--model", url, "--block", "2,0", env=env))
     assert line.endswith(f"--block 2,0 is outside '{WQ_B}': F8_E4M3 [256, 32] has a 2x1 grid of 128x128 blocks "

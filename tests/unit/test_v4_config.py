@@ -114,14 +114,21 @@ def test_a_config_transformers_saved_reads_as_the_published_one_without_its_mtp_
                                        compress_ratios=published.compress_ratios[:published.num_hidden_layers])
 
 
+GONE = object()  # a field taken out
+
+
 def changed(raw: dict, path: str, value) -> dict:
-    """raw with the field at a dotted path ("rope_parameters.compress.factor", "layer_types.3") set."""
+    """raw with the field at a dotted path ("rope_parameters.compress.factor", "layer_types.3") set,
+    or taken out (GONE)."""
     raw = json.loads(json.dumps(raw))
     *outer, last = path.split(".")
     block = raw
     for key in outer:
         block = block[int(key)] if isinstance(block, list) else block[key]
-    block[int(last) if isinstance(block, list) else last] = value
+    if value is GONE:
+        del block[last]
+    else:
+        block[int(last) if isinstance(block, list) else last] = value
     return raw
 
 
@@ -143,8 +150,19 @@ def changed(raw: dict, path: str, value) -> dict:
     ("rope_parameters.compress.factor", 0.5, "field 'rope_parameters.compress.factor' must be >= 1, got 0.5"),
     ("rope_parameters.compress.rope_theta", 1000.0, ("field 'rope_parameters.compress.rope_theta' is 1000.0 but "
      "compress_rope_theta is 160000: give one, or both alike")),
-    ("partial_rotary_factor", 0.25, ("field 'qk_rope_head_dim' is 64 but head_dim x partial_rotary_factor is 128 "
-     "(512 x 0.25)")),
+    ("partial_rotary_factor", 0.25, ("field 'partial_rotary_factor' is 0.25 but "
+     "rope_parameters.main.partial_rotary_factor, which transformers rotates by, is 0.125")),
+    ("rope_parameters.compress.partial_rotary_factor", 0.25, ("field 'rope_parameters.compress.partial_rotary_factor' "
+     "is 0.25 but rope_parameters.main.partial_rotary_factor is 0.125: stepper rotates as many dims in every layer")),
+    ("qk_rope_head_dim", 32, ("field 'qk_rope_head_dim' is 32 but head_dim x "
+     "rope_parameters.main.partial_rotary_factor is 64 (512 x 0.125), the dims transformers rotates")),
+    ("rope_parameters.compress.attention_factor", GONE, ("field 'rope_parameters.compress.attention_factor' must be "
+     "1.0 (V4 scales no cos and sin; transformers multiplies them by it), absent, transformers takes")),
+    ("rope_parameters.main.rope_theta", GONE, "field 'rope_parameters.main.rope_theta' is missing"),
+    ("compress_rates.heavily_compressed_attention", 2**21, ("field 'compress_rates.heavily_compressed_attention' "
+     "(2,097,152) must not exceed max_position_embeddings (1,048,576)")),
+    ("compress_rates", {"compressed_sparse_attention": 4}, ("field 'compress_rates' has no rate for "
+     "heavily_compressed_attention, which layer 3 is")),
     ("mlp_bias", True, "field 'mlp_bias' must be False (V4's experts have no bias)"),
 ])
 def test_each_refusal_of_transformers_form_names_the_field_as_the_file_spells_it(path, value, expected, tmp_path):
@@ -154,3 +172,24 @@ def test_each_refusal_of_transformers_form_names_the_field_as_the_file_spells_it
         load_v4_config(tmp_path / "config.json")
     message = str(e.value)
     assert message.startswith(f"{tmp_path / 'config.json'}: ") and expected in message and "\n" not in message
+
+
+def test_what_transformers_form_leaves_out_is_read_as_transformers_reads_it(tmp_path):
+    """No compress_rates, mlp_layer_types, rope_parameters or partial_rotary_factor: transformers'
+    defaults (HCA 128, three hash layers), the rotary dims from qk_rope_head_dim."""
+    transformers = pytest.importorskip("transformers")
+    raw = saved_by_transformers("deepseek-v4-flash", tmp_path)
+    for field in ("compress_rates", "mlp_layer_types", "rope_parameters", "partial_rotary_factor", "num_hash_layers"):
+        raw.pop(field, None)
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    read, theirs = load_v4_config(tmp_path / "config.json"), transformers.DeepseekV4Config(**raw)
+    kinds = {"sliding": "sliding_attention", "csa": "compressed_sparse_attention",
+             "hca": "heavily_compressed_attention"}
+    assert [kinds[read.layer_kind(i)] for i in range(read.num_hidden_layers)] == theirs.layer_types
+    assert [read.compress_ratio(i) for i in range(4)] == [0, 0, 4, 128]
+    assert ["hash_moe" if read.is_hash_layer(i) else "moe" for i in range(read.num_hidden_layers)] == (
+        theirs.mlp_layer_types)
+    assert read.num_hash_layers == 3 and read.qk_rope_head_dim == theirs.qk_rope_head_dim == 64
+    assert (read.rope_theta, read.compress_rope_theta, read.rope_scaling) == (
+        theirs.rope_parameters["main"]["rope_theta"], theirs.rope_parameters["compress"]["rope_theta"], None)
+    assert theirs.rope_parameters["compress"]["rope_type"] == "default"
