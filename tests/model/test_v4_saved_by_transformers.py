@@ -112,6 +112,9 @@ def test_a_missing_tensor_is_named_as_transformers_saves_it(saved, tmp_path):
     assert out.stderr.strip().splitlines() == [
         (f"stepper: error: {broken}: 'model.layers.1.attn.norm.weight' is missing (expected BF16, F16 or F32, "
         "shape [32])")], out.stderr
+    listed = stepper("inspect", broken, "--plain")
+    assert listed.returncode == 1 and not listed.stderr  # inspect's code when it lists a problem
+    assert "  ! 'model.layers.1.attn.norm.weight' is missing (expected BF16, F16 or F32, shape [32])" in listed.stdout
 
 
 def test_a_folder_naming_its_tensors_both_ways_is_refused(saved, tmp_path):
