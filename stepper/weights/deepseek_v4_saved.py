@@ -106,9 +106,7 @@ def published_fields(raw: dict[str, Any], source: str) -> tuple[dict[str, Any], 
     are otherwise translated as they are, and the published reader checks them."""
     if not is_saved_config(raw):
         return raw, {}
-    fail = Fields(raw, source).fail
-    layers = raw.get("num_hidden_layers")
-    layers = layers if type(layers) is int and layers >= 0 else None
+    fail, layers = Fields(raw, source).fail, layer_count(raw)
     fields = {name: value for name, value in raw.items() if name not in SAVED_ONLY}
     fields["num_nextn_predict_layers"] = 0  # transformers neither builds nor saves the MTP block
     fields["compress_ratios"] = compress_ratios(raw, layers, fail)
@@ -121,6 +119,24 @@ def published_fields(raw: dict[str, Any], source: str) -> tuple[dict[str, Any], 
     if isinstance(raw.get("quantization_config"), dict) and "expert_dtype" not in raw:
         fields["expert_dtype"] = raw["quantization_config"].get("expert_dtype")  # where transformers moves it
     return fields, {**spelled, **rope_spelled}
+
+
+def shape_fields(raw: dict[str, Any], source: str) -> dict[str, Any]:
+    """What the tensors' shapes need of transformers' form, compress_ratios and num_hash_layers,
+    each where its own fields give it: a config refused for another field still lists its tensors."""
+    fields: dict[str, Any] = {}
+    fail, layers = Fields(raw, source).fail, layer_count(raw)
+    for name, read in (("compress_ratios", compress_ratios), ("num_hash_layers", hash_layers)):
+        try:
+            fields[name] = read(raw, layers, fail)
+        except StepperError:
+            continue
+    return fields
+
+
+def layer_count(raw: dict[str, Any]) -> int | None:
+    layers = raw.get("num_hidden_layers")
+    return layers if type(layers) is int and layers >= 0 else None
 
 
 def compress_ratios(raw: dict[str, Any], layers: int | None, fail: Fail) -> list[Any]:

@@ -356,12 +356,12 @@ def uses_published_names(names: Iterable[str]) -> bool:
 
 
 def published_form(raw: dict[str, Any]) -> dict[str, Any]:
-    """config.json's fields as the published file names them, for the tensors' shapes; a config in
-    transformers' form that cannot be read so is kept as written (a run's reader names the field)."""
+    """config.json's fields as the published file names them, for the tensors' shapes; of a config
+    in transformers' form refused for a field, those the shapes need (a run's reader names the field)."""
     try:
         return saved.published_fields(raw, "config.json")[0]
     except StepperError:
-        return raw
+        return {**raw, **saved.shape_fields(raw, "config.json")}
 
 
 def scale_of(name: str) -> str:

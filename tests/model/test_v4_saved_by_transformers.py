@@ -145,3 +145,16 @@ def test_a_remote_one_runs_as_the_local_one_and_fetches_only_what_the_run_reads(
     whole = (saved / "model.safetensors").stat().st_size
     embedding = hf_v4.TINY_V4["vocab_size"] * hf_v4.TINY_V4["hidden_size"] * 4
     assert whole - embedding < server.sent < whole  # all but the embedding's rows no token of the run has
+
+
+def test_inspect_of_a_config_a_run_refuses_still_lists_the_tensors_and_names_the_field(saved, tmp_path):
+    bad = resaved(saved, tmp_path / "bad", lambda tensors: None)
+    raw = json.loads((bad / "config.json").read_text())
+    raw["rope_parameters"]["compress"]["attention_factor"] = 1.3
+    (bad / "config.json").write_text(json.dumps(raw))
+    out = stepper("inspect", bad, "--plain")
+    assert out.returncode == 1 and not out.stderr, out.stderr
+    assert "  attn.kv_norm.weight " in out.stdout and "layer 2 (HCA: 8 tokens an entry; score-routed)" in out.stdout
+    assert out.stdout.rstrip().endswith(
+        f"! {bad}/config.json: field 'rope_parameters.compress.attention_factor' must be 1.0 (V4 scales no cos and "
+        "sin; transformers multiplies them by it), got 1.3 (a run refuses it)")
