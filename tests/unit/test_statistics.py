@@ -219,10 +219,11 @@ def test_chunks_summed_in_parts_sized_to_the_cache_stay_exact(monkeypatch):
     assert (Fraction(total, 2**EXACT_SHIFT), Fraction(squares, 2**EXACT_SHIFT)) == exact(values)
 
 
-def test_parts_are_a_power_of_two_fitting_the_l2(monkeypatch):
+def test_parts_are_a_power_of_two_fitting_the_l2_and_never_fewer_than_2_15_values(monkeypatch):
     from stepper.kernels import cpu_caches
 
-    for l2, part in ((2 << 20, 1 << 15), (1 << 20, 1 << 14), (48 << 10, 1 << 12), (1 << 30, statistics.CHUNK)):
+    for l2, part in ((4 << 20, 1 << 16), (2 << 20, 1 << 15), (1 << 20, 1 << 15), (48 << 10, 1 << 15),
+                     (1 << 30, statistics.CHUNK)):
         statistics.in_cache.cache_clear()
         monkeypatch.setattr(cpu_caches, "l2_bytes", lambda l2=l2: l2)
         assert statistics.in_cache() == part
