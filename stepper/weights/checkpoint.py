@@ -582,23 +582,31 @@ class Checkpoint:
     def _resolve_names(self) -> None:
         """A wrapped checkpoint's tensors by the names stepper knows (`language_model.` dropped);
         the vision tower's and projector's go to `unused`, out of reach of any run."""
+        self._renamed(lambda stored: text_name(self.config, stored))
+
+    def _renamed(self, name_of: Callable[[str], str | None]) -> dict[str, str]:
+        """The tensors by the names stepper reads them by (`name_of` a stored name; None: a tensor
+        no run reads, put in `unused`), in the map, the shards' headers and the disagreements (whose
+        texts keep the names on disk); two stored tensors standing for one name refused.
+        -> the name read by -> the name stored under"""
         stored_as: dict[str, str] = {}
-        text: dict[str, str] = {}
+        named: dict[str, str] = {}
         for stored, shard in self.weight_map.items():
-            name = text_name(self.config, stored)
+            name = name_of(stored)
             if name is None:
                 self.unused[stored] = shard
                 continue
-            if name in text:
+            if name in named:
                 raise StepperError(f"{self.path}: tensors '{stored_as[name]}' and '{stored}' both stand for '{name}'")
-            text[name], stored_as[name] = shard, stored
-        self.weight_map = text
+            named[name], stored_as[name] = shard, stored
+        self.weight_map = named
         renamed = {stored: name for name, stored in stored_as.items() if stored != name}
-        by_text = {n: text_name(self.config, n) or n for n in self.disagreements}  # their texts name it on disk
-        self.disagreements = {by_text[n]: replace(p, tensor=by_text[n]) for n, p in self.disagreements.items()}
+        read_as = {n: name_of(n) or n for n in self.disagreements}
+        self.disagreements = {read_as[n]: replace(p, tensor=read_as[n]) for n, p in self.disagreements.items()}
         for file in self.shards.values():
             file.tensors = {renamed.get(n, n): replace(info, name=renamed.get(n, n)) for n,
                             info in file.tensors.items()}
+        return stored_as
 
     def _check_index_against_headers(self) -> None:
         """The index and the shards' headers must name the same tensors. A tensor listed but not in

@@ -6,11 +6,10 @@ norm under `model.` (`model.layers.3.attn.wq_a.weight`, `model.norm.weight`), th
 `model.embed_tokens.weight` and the head's stream collapse as `model.hc_head.hc_fn` (`hc_base`,
 `hc_scale`), and an attention's `kv_norm` as `norm` (the renames' `.norm.` -> `.kv_norm.` undone
 where it was never done: `model.layers.3.attn.norm.weight`); `head.weight` comes back as published.
-Its config.json folds DeepSeek's fields into its
-own (configuration_deepseek_v4.py): `layer_types` and `compress_rates` for `compress_ratios`,
-`mlp_layer_types` for `num_hash_layers`, a nested `rope_parameters` for `rope_theta`,
-`compress_rope_theta` and `rope_scaling`, `partial_rotary_factor` beside `qk_rope_head_dim`; the
-multi-token-prediction block is neither built nor saved.
+Its config.json folds DeepSeek's fields into its own (configuration_deepseek_v4.py): `layer_types` and
+`compress_rates` for `compress_ratios`, `mlp_layer_types` for `num_hash_layers`, a nested
+`rope_parameters` for `rope_theta`, `compress_rope_theta` and `rope_scaling`, `partial_rotary_factor`
+beside `qk_rope_head_dim`; the multi-token-prediction block is neither built nor saved.
 
 `from_saved` and `to_saved` translate a tensor's name each way; `published_fields` gives a
 config.json's fields in the published form, with how the file spells each one it translated (for
@@ -26,6 +25,7 @@ from typing import Any
 from stepper.config import Fields
 from stepper.errors import StepperError
 from stepper.untrusted import said
+from stepper.weights.deepseek_v4_names import CSA as CSA_RATIO  # stepper, as DeepSeek's code, tells CSA by ratio 4
 
 Fail = Callable[[str, str], StepperError]  # (field, why) -> the one line naming the file and the field
 
@@ -41,7 +41,6 @@ QUOTED = re.compile(r"'([^'\s]+)'")  # a tensor's name, as messages quote it
 PUBLISHED_TENSOR = re.compile(r"layers\.\d+\..+|(embed|norm|head)\.weight|hc_head_(fn|base|scale)")
 
 SLIDING, CSA_TYPE, HCA_TYPE = "sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"
-CSA_RATIO = 4  # stepper, as DeepSeek's code, tells a CSA layer by its ratio 4
 DEFAULT_RATES = {CSA_TYPE: CSA_RATIO, HCA_TYPE: 128}  # transformers' when compress_rates is absent
 HASH, SCORED = "hash_moe", "moe"
 DEFAULT_HASH_LAYERS = 3  # transformers' when neither mlp_layer_types nor num_hash_layers is given

@@ -20,7 +20,6 @@ stepper.weights.checkpoint.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -85,9 +84,8 @@ class PublishedCheckpoint(Checkpoint):
         self._good_scales: set[str] = set()  # block and group scales checked once: the same map's bytes
         self._check_index_against_headers()
         self.saved_layout = saved.is_saved_layout(self.weight_map, str(self.path))
-        self.stored_as: dict[str, str] = {}  # transformers' saved layout: published name -> the name on disk
-        if self.saved_layout:
-            self._published_names()
+        # transformers' saved layout: read by the published names; published name -> the name on disk
+        self.stored_as = self._renamed(saved.from_saved) if self.saved_layout else {}
         self.unused = {name: shard for name, shard in self.weight_map.items() if v4.is_unused(name)}
         self.weight_map = {name: shard for name, shard in self.weight_map.items() if name not in self.unused}
 
@@ -118,23 +116,6 @@ class PublishedCheckpoint(Checkpoint):
             if shard in self.shards:
                 weight_map.update(dict.fromkeys(self.shards[shard].names(), shard))
         return weight_map
-
-    def _published_names(self) -> None:
-        """The tensors transformers saved, by their published names: in the map, the shards'
-        headers and the disagreements (whose texts keep the names on disk)."""
-        stored_as: dict[str, str] = {}
-        for stored in self.weight_map:
-            name = saved.from_saved(stored)
-            if name in stored_as:
-                raise StepperError(f"{self.path}: tensors '{stored_as[name]}' and '{stored}' both stand for '{name}'")
-            stored_as[name] = stored
-        self.weight_map = {name: self.weight_map[stored] for name, stored in stored_as.items()}
-        self.stored_as = stored_as
-        self.disagreements = {saved.from_saved(n): replace(p, tensor=saved.from_saved(n))
-                              for n, p in self.disagreements.items()}
-        for file in self.shards.values():
-            file.tensors = {saved.from_saved(n): replace(info, name=saved.from_saved(n))
-                            for n, info in file.tensors.items()}
 
     def on_disk(self, message: str) -> str:
         """A message naming each tensor as the files do (transformers' names, if it saved them)."""
