@@ -10,13 +10,16 @@ An attention is a set of `Operands`: scores = scale * sum_i queries[i] @ keys[i]
 mask (the T new positions are the last T of S), an optional extra mask, softmax over the keys, and
 the weights times `values`. The naive path has one per-head query and key ([B, H, S, qk_head]);
 the absorbed path two (the latent part and the rotary part) whose keys every head shares
-([B, one, S, d]), as are its values, the latents.
+([B, one, S, d]), as are its values, the latents. A model with attention sinks (gpt-oss, Hy4) has
+one more logit per head, `sinks`, in every row's softmax as a key of value zero: its weight is
+dropped, so a row's weights sum to less than 1 (activations.softmax_with_sinks).
 
 The online softmax (the flash-attention recurrence) visits the key tiles of a query tile in turn,
 keeping per query row the running maximum m, the running sum l of exp(score - m) and the running
 weighted sum of values; when a tile raises m, what was gathered is rescaled by exp(m_old - m_new).
-The result is the weighted sum over l. A shown attention, whose weights a sink looks at, makes
-them a tile of whole rows at a time instead, and its output with them (`Softmaxed`).
+The result is the weighted sum over l. A sink logit is the first key visited: m = sinks[h], l = 1,
+the weighted sum 0. A shown attention, whose weights a sink (a listener of emitted tensors) looks
+at, makes them a tile of whole rows at a time instead, and its output with them (`Softmaxed`).
 """
 
 from __future__ import annotations
@@ -79,7 +82,8 @@ class Operands:
     path), or [B, H, T, kv_lora] with [B, one, S, kv_lora] and [B, H, T, rope] with
     [B, one, S, rope] (the absorbed path: one key for all heads); values [B, H, S, v_head] or
     [B, one, S, kv_lora]; the softmax scale; and an optional extra mask broadcastable to
-    [B, H, T, S]: True where kept (bool), or added to the scaled scores (float, -inf drops)."""
+    [B, H, T, S]: True where kept (bool), or added to the scaled scores (float, -inf drops);
+    and the heads' attention sink logits, if the model has them."""
 
     queries: Sequence[np.ndarray]
     keys: Sequence[np.ndarray]
@@ -90,6 +94,7 @@ class Operands:
     # exercise: the tiles then make every row's weights with it (`Softmaxed`), never the online softmax
     softmax: Callable[[np.ndarray], np.ndarray] | None = None
     causal: bool = True  # False: `mask` is the whole rule of which keys a query sees (a learner's causal_mask)
+    sinks: np.ndarray | None = None  # [H] float32, each head's sink logit (None: no sink)
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -121,6 +126,22 @@ class Operands:
             else:
                 total += tile.astype(np.float32, copy=False)
         return total
+
+    def sink_logits(self, heads: slice) -> np.ndarray:
+        """The sink logits of some heads, as they broadcast over their scores: [one, H, one, one]"""
+        return np.asarray(self.sinks, np.float32)[heads].reshape(1, -1, 1, 1)
+
+    def weights_of(self, rows: np.ndarray, heads: slice = slice(None)) -> np.ndarray:
+        """The weights of whole rows of scaled, masked scores of some heads (every head: the lines
+        on whole arrays, model.attention.held): their softmax over every key (a learner's, if swapped
+        in), with each head's sink logit if the model has them.  [B, H, T, S] cut to the heads -> same"""
+        if self.sinks is None:
+            if self.softmax is None:
+                return activations.softmax(rows)
+            return np.asarray(self.softmax(rows.copy()), np.float32)  # the rows may be read-only (`rows`)
+        if self.softmax is None:
+            return activations.softmax_with_sinks(rows, self.sink_logits(heads))
+        return activations.with_sink_column(self.softmax, rows, self.sink_logits(heads))
 
     def rows(self, heads: slice, queries: slice) -> np.ndarray:
         """The scores of some heads and queries over every key (read-only), kept a while: the weights
@@ -226,8 +247,8 @@ def held_or_tiled(ops: Operands, held: Callable[[], np.ndarray], emit: Emitter, 
 
 class Softmaxed:
     """The weights of an attention made a tile of whole rows at a time, softmax(scores) over every
-    key (the readable lines' softmax, kernels.activations), and the output of each tile's rows
-    (the weights times the values) made with them, once."""
+    key (the readable lines' softmax, with the sinks if any: Operands.weights_of), and the output
+    of each tile's rows (the weights times the values) made with them, once."""
 
     def __init__(self, ops: Operands):
         B, H, T, _ = ops.shape
@@ -237,10 +258,8 @@ class Softmaxed:
 
     def weights(self, heads: slice, queries: slice) -> np.ndarray:
         """The weights of some heads and queries over every key -> [B, H, T, S] cut to them"""
-        # [B, H, T, S] of the heads and queries asked; a row with every key masked is NaN
-        rows = self.ops.rows(heads, queries)
-        w = activations.softmax(rows) if self.ops.softmax is None else np.asarray(self.ops.softmax(rows.copy()),
-                                                                                    np.float32)
+        # [B, H, T, S] of the heads and queries asked; a row with every key masked is NaN (0 with sinks)
+        w = self.ops.weights_of(self.ops.rows(heads, queries), heads)
         if self.out is not None and not self.made[heads, queries].all():
             t = queries.stop - queries.start
             size = max(FEWEST_SHARED_ROWS, -(-t // parallel.cores()))  # rows of a block: one per core
@@ -272,7 +291,7 @@ class Softmaxed:
 
 
 def attend(ops: Operands) -> np.ndarray:
-    """softmax(scores) @ values over tiles, shared out across the cores.
+    """softmax(scores) @ values over tiles (with the sinks, if any), shared out across the cores.
     -> the output [B, H, T, v_head] ([B, H, T, kv_lora] absorbed)"""
     B, H, T, S = ops.shape
     group, rows, key_tile = tiles(B, H, T, S)
@@ -293,8 +312,12 @@ def attend_tile(ops: Operands, heads: slice, queries: slice, key_tile: int) -> n
     -> the output of its rows, [B, H, T, v_head] cut to the tile"""
     B = ops.shape[0]
     shape = (B, heads.stop - heads.start, queries.stop - queries.start)
-    m = np.full((*shape, 1), -np.inf, np.float32)  # running maximum of each row
-    l = np.zeros((*shape, 1), np.float32)  # running sum of exp(score - m)
+    if ops.sinks is None:
+        m = np.full((*shape, 1), -np.inf, np.float32)  # running maximum of each row
+        l = np.zeros((*shape, 1), np.float32)  # running sum of exp(score - m)
+    else:  # the sink visited first: a key of score sinks[h] and value zero
+        m = np.full((*shape, 1), ops.sink_logits(heads), np.float32)
+        l = np.ones((*shape, 1), np.float32)  # exp(sink - m)
     acc = np.zeros((*shape, ops.values.shape[-1]), np.float32)  # running sum of exp(score - m) * value
     with np.errstate(invalid="ignore"):
         for start in range(0, ops.last_key(queries), key_tile):
@@ -309,5 +332,5 @@ def attend_tile(ops: Operands, heads: slice, queries: slice, key_tile: int) -> n
             acc *= rescale
             acc += weighted(p, ops.values[:, :, keys], heads)
             m = new_m
-        acc /= l  # a row with every key masked: 0 / 0, NaN as in softmax
+        acc /= l  # a row with every key masked: 0 / 0, NaN as in softmax (with a sink: 0 / 1, 0)
         return acc

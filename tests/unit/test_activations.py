@@ -50,6 +50,54 @@ def test_softmax_is_exp_of_x_minus_max_over_its_sum_bit_for_bit(axis):
         assert np.isnan(fast[3]).all() and (fast[1, :4] == 0).all()
 
 
+def concatenated_softmax_dropped(x, sinks):
+    """transformers' gpt-oss lines in float64: the sink column appended, the softmax, the column dropped."""
+    combined = np.concatenate([x, np.broadcast_to(sinks, (*x.shape[:-1], 1))], axis=-1).astype(np.float64)
+    combined -= combined.max(axis=-1, keepdims=True)
+    return (np.exp(combined) / np.exp(combined).sum(axis=-1, keepdims=True))[..., :-1]
+
+
+def rows_with_sinks():
+    """[2, 3, 4, 9] rows (heads of a batch of queries) with masked entries, a row of them all, and
+    the extremes; one sink logit a head [one, H, one, one]."""
+    x = values((2, 3, 4, 9), seed=8)
+    x[0, 1, 2, :4] = -np.inf  # masked entries
+    x[1, 0, 3] = -np.inf  # a row with every entry masked
+    x[1, 2, :, 5] = [1000.0, -1000.0, 88.0, -88.0]
+    return x, values((1, 3, 1, 1), seed=9)
+
+
+def test_softmax_with_sinks_is_the_softmax_of_the_rows_and_the_sink_column_dropped():
+    x, sinks = rows_with_sinks()
+    weighed = activations.softmax_with_sinks(x, sinks)
+    assert weighed.dtype == np.float32 and weighed.shape == x.shape
+    np.testing.assert_allclose(weighed, concatenated_softmax_dropped(x, sinks), rtol=1e-5, atol=1e-7)
+    assert (weighed[0, 1, 2, :4] == 0).all() and (weighed[1, 0, 3] == 0).all()  # masked: 0; all masked: 0, not NaN
+    assert (weighed.sum(axis=-1) <= 1).all()  # the sink's share dropped (to float32's 1 where it is tiny)
+    per_row = np.broadcast_to(sinks, (*x.shape[:-1], 1))  # [B, H, T, one]: the same
+    np.testing.assert_array_equal(activations.softmax_with_sinks(x, per_row), weighed)
+
+
+def test_softmax_with_a_sink_of_minus_inf_is_the_softmax_bit_for_bit():
+    x, _ = rows_with_sinks()
+    sinks = np.full((1, 3, 1, 1), -np.inf, np.float32)
+    np.testing.assert_array_equal(activations.softmax_with_sinks(x, sinks).view(np.uint32),
+                                  activations.softmax(x).view(np.uint32))  # NaN where softmax has it
+
+
+def test_any_softmax_with_the_sink_column_appended_and_dropped():
+    x, sinks = rows_with_sinks()
+    calls = []
+
+    def learners(rows):
+        calls.append(rows.shape)
+        return activations.softmax(rows)
+    weighed = activations.with_sink_column(learners, x, sinks)
+    assert calls == [(2, 3, 4, 10)] and weighed.dtype == np.float32
+    np.testing.assert_allclose(weighed, concatenated_softmax_dropped(x, sinks), rtol=1e-5, atol=1e-7)
+    assert (weighed[1, 0, 3] == 0).all()
+
+
 def expert(seed, d=24, inter=40):
     rng = np.random.default_rng(seed)
     return (rng.standard_normal((inter, d), dtype=np.float32), rng.standard_normal((inter, d), dtype=np.float32),

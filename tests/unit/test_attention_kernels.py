@@ -1,7 +1,8 @@
 """The attention kernels against the readable lines they stand for (model.attention): attention
 over tiles with the online softmax equals the whole-matrix softmax to float32 round-off, for
 both paths' operands, prefill and decode, the causal edge inside and across tiles, T and S not
-multiples of the tiles, a cache of more than 4096 positions, and an extra mask."""
+multiples of the tiles, a cache of more than 4096 positions, and an extra mask; with attention
+sink logits too, against transformers' gpt-oss lines."""
 
 import gc
 import weakref
@@ -9,7 +10,7 @@ import weakref
 import numpy as np
 import pytest
 
-from stepper.kernels import attention, parallel
+from stepper.kernels import activations, attention, parallel
 from stepper.model.attention import attention_weights, held, shown
 from stepper.seams.trace import Emitter
 from stepper.tensors.tiled import Tiled
@@ -228,3 +229,153 @@ def test_a_sink_that_looks_at_the_weights_has_the_output_made_with_them(looks, s
     made = len(products)
     np.testing.assert_allclose(np.asarray(kept["self_attn.attn_weights"]), want_weights, rtol=1e-5, atol=1e-7)
     assert len(products) == made  # reading the weights again (or late) makes no output
+
+
+# Attention sink logits (gpt-oss, Hy4): one more logit per head in every row's softmax, its
+# column dropped. Not the sinks above, which listen to emitted tensors.
+
+def causal_scores(scores, mask=None):
+    """The whole scores scaled, the future and what `mask` drops (False, or -inf added) masked."""
+    T, S = scores.shape[-2:]
+    future = np.arange(S)[None, :] > (S - T) + np.arange(T)[:, None]  # [T, S]
+    scores = np.where(future, -np.inf, scores * np.float32(SCALE))
+    if mask is not None:
+        scores = np.where(mask, scores, -np.inf) if mask.dtype == np.bool_ else scores + mask
+    return scores
+
+
+def weights_with_sink_logits(scores, sinks):
+    """transformers' gpt_oss eager_attention_forward, in float64: the sink column appended to the
+    scaled, masked scores [B, H, T, S], less the row's maximum, the softmax, the column dropped."""
+    sink_column = np.broadcast_to(sinks.reshape(1, -1, 1, 1), (*scores.shape[:-1], 1))
+    combined = np.concatenate([scores, sink_column], axis=-1).astype(np.float64)
+    combined -= combined.max(axis=-1, keepdims=True)
+    probs = np.exp(combined) / np.exp(combined).sum(axis=-1, keepdims=True)
+    return probs[..., :-1]
+
+
+def naive_with_sink_logits(query, keys, values, sinks, mask=None):
+    """The reference output and weights of a naive attention with sink logits."""
+    weights = weights_with_sink_logits(causal_scores(np.matmul(query, keys.swapaxes(-1, -2)), mask), sinks)
+    return np.matmul(weights, values), weights
+
+
+def naive_operands(rng, B, H, T, S, sinks_scale=3.0):
+    """Random naive operands and sink logits."""
+    query, keys, values = random(rng, B, H, T, 8), random(rng, B, H, S, 8), random(rng, B, H, S, 5)
+    return query, keys, values, random(rng, H) * np.float32(sinks_scale)
+
+
+@pytest.mark.parametrize("B, H, T, S", [(1, 2, 13, 13), (2, 3, 9, 9), (1, 4, 1, 23), (1, 2, 5, 4100)])
+def test_attention_sink_logits_in_tiles_equal_the_whole_matrix_naive(B, H, T, S, small_tiles):
+    query, keys, values, sinks = naive_operands(np.random.default_rng(11), B, H, T, S)
+    want, want_weights = naive_with_sink_logits(query, keys, values, sinks)
+    ops = attention.Operands([query], [keys], values, SCALE, sinks=sinks)
+    np.testing.assert_allclose(attention.attend(ops), want, rtol=1e-5, atol=2e-6)
+    softmaxed = attention.Softmaxed(ops)
+    weights = softmaxed.weights(slice(0, H), slice(0, T))
+    np.testing.assert_allclose(weights, want_weights, rtol=1e-5, atol=1e-7)
+    assert (weights.sum(axis=-1) < 1).all()  # the sink's share dropped
+    np.testing.assert_allclose(softmaxed.output(), want, rtol=1e-5, atol=2e-6)  # made with the weights
+    whole = causal_scores(np.matmul(query, keys.swapaxes(-1, -2))).astype(np.float32)  # model.attention.held's
+    np.testing.assert_allclose(ops.weights_of(whole), want_weights, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("B, H, T, S", [(1, 6, 10, 10), (2, 5, 1, 33), (1, 4, 6, 4101)])
+def test_attention_sink_logits_in_tiles_equal_the_whole_matrix_absorbed(B, H, T, S, small_tiles):
+    rng = np.random.default_rng(12)
+    q_latent, q_pe = random(rng, B, H, T, 16), random(rng, B, H, T, 4)
+    latents, k_pe = random(rng, B, 1, S, 16), random(rng, B, 1, S, 4)
+    sinks = random(rng, H) * np.float32(3)
+    scores = np.matmul(q_latent, latents.swapaxes(-1, -2)) + np.matmul(q_pe, k_pe.swapaxes(-1, -2))
+    want_weights = weights_with_sink_logits(causal_scores(scores), sinks)
+    want = np.matmul(want_weights, latents)  # [B, H, T, kv_lora]
+    ops = attention.Operands([q_latent, q_pe], [latents, k_pe], latents, SCALE, sinks=sinks)
+    np.testing.assert_allclose(attention.attend(ops), want, rtol=1e-5, atol=2e-6)
+    np.testing.assert_allclose(attention.Softmaxed(ops).weights(slice(0, H), slice(0, T)), want_weights,
+                               rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("kind", ["bool", "additive"])
+def test_attention_sink_logits_with_an_extra_mask(kind, small_tiles):
+    rng = np.random.default_rng(13)
+    B, H, T, S = 1, 3, 9, 20
+    query, keys, values, sinks = naive_operands(rng, B, H, T, S)
+    kept = rng.random((T, S)) < 0.6
+    kept[:, 0] = True
+    mask = kept if kind == "bool" else np.where(kept, random(rng, T, S), -np.inf).astype(np.float32)
+    want, want_weights = naive_with_sink_logits(query, keys, values, sinks, mask)
+    ops = attention.Operands([query], [keys], values, SCALE, mask, sinks=sinks)
+    np.testing.assert_allclose(attention.attend(ops), want, rtol=1e-5, atol=2e-6)
+    np.testing.assert_allclose(attention.Softmaxed(ops).weights(slice(0, H), slice(0, T)), want_weights,
+                               rtol=1e-5, atol=1e-7)
+
+
+def test_attention_sink_logits_take_a_row_with_every_key_masked_whole(small_tiles):
+    """The sink is the one logit left: the row's weights are all 0 and its output 0, not NaN."""
+    query, keys, values, sinks = naive_operands(np.random.default_rng(14), 1, 2, 6, 6)
+    mask = np.ones((6, 6), bool)
+    mask[3] = False
+    want, _ = naive_with_sink_logits(query, keys, values, sinks, mask)
+    ops = attention.Operands([query], [keys], values, SCALE, mask, sinks=sinks)
+    out, softmaxed = attention.attend(ops), attention.Softmaxed(ops)
+    weights = softmaxed.weights(slice(0, 2), slice(0, 6))
+    assert (want[:, :, 3] == 0).all() and (out[:, :, 3] == 0).all() and (weights[:, :, 3] == 0).all()
+    assert (softmaxed.output()[:, :, 3] == 0).all()
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=2e-6)
+
+
+def test_an_attention_sink_logit_as_large_as_two_equal_scores_takes_a_third():
+    """One query, two keys of score 0 and a sink of 0: exp(0) / (exp(0) + exp(0) + exp(0)) each."""
+    query, keys = np.zeros((1, 1, 1, 8), np.float32), random(np.random.default_rng(15), 1, 1, 2, 8)
+    values = np.array([[[[3.0, 0.0], [0.0, 6.0]]]], np.float32)  # [B, H, S, v_head]
+    ops = attention.Operands([query], [keys], values, SCALE, sinks=np.zeros(1, np.float32))
+    third = np.float32(1) / np.float32(3)
+    np.testing.assert_array_equal(attention.Softmaxed(ops).weights(slice(0, 1), slice(0, 1)), [[[[third, third]]]])
+    np.testing.assert_allclose(attention.attend(ops), [[[[1.0, 2.0]]]], rtol=1e-6)
+
+
+def test_attention_sink_logits_far_above_the_scores_take_everything_and_far_below_nothing(small_tiles):
+    query, keys, values, _ = naive_operands(np.random.default_rng(16), 1, 2, 5, 30)
+    ops = attention.Operands([query], [keys], values, SCALE)
+    sunk = attention.Operands([query], [keys], values, SCALE, sinks=np.full(2, 80, np.float32))
+    assert np.abs(attention.attend(sunk)).max() < 1e-25
+    without = attention.attend(ops), attention.Softmaxed(ops).weights(slice(0, 2), slice(0, 5))
+    for far_below in (-np.inf, -1e4):
+        ops = attention.Operands([query], [keys], values, SCALE, sinks=np.full(2, far_below, np.float32))
+        np.testing.assert_array_equal(attention.attend(ops), without[0])
+        np.testing.assert_array_equal(attention.Softmaxed(ops).weights(slice(0, 2), slice(0, 5)), without[1])
+
+
+def test_without_attention_sink_logits_the_weights_are_the_softmax_bit_for_bit():
+    """Operands.weights_of, sinks None: the readable lines' softmax, or the learner's, as before."""
+    query, keys, values, _ = naive_operands(np.random.default_rng(17), 1, 2, 4, 9)
+    ops = attention.Operands([query], [keys], values, SCALE)
+    rows = ops.rows(slice(0, 2), slice(0, 4))
+    np.testing.assert_array_equal(ops.weights_of(rows), activations.softmax(rows))
+    learners = attention.Operands([query], [keys], values, SCALE, softmax=lambda x: x * 2)
+    np.testing.assert_array_equal(learners.weights_of(rows), rows * 2)
+
+
+def readable_softmax(x):
+    """A learner's softmax of whole rows, as model.ops' docstring writes it."""
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+@pytest.mark.parametrize("learners", [False, True])
+def test_attention_sink_logits_in_weights_a_listener_looks_at(learners, small_tiles, monkeypatch):
+    """held_or_tiled, the scores too many to hold, a listening emitter reading every tile of the
+    weights: they and the output made with them have the sinks, with stepper's softmax or a
+    learner's (the sink column appended to its rows, then dropped)."""
+    monkeypatch.setattr(attention, "WHOLE_SCORES", 1)
+    query, keys, values, sinks = naive_operands(np.random.default_rng(18), 1, 3, 7, 11)
+    softmax = readable_softmax if learners else None
+    ops, seen = attention.Operands([query], [keys], values, SCALE, softmax=softmax, sinks=sinks), {}
+
+    def listener(event):
+        seen[event.name] = np.asarray(event.array)
+    out = attention.held_or_tiled(ops, lambda: None, Emitter([listener]), shown)
+    want, want_weights = naive_with_sink_logits(query, keys, values, sinks)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=2e-6)
+    np.testing.assert_allclose(seen["self_attn.attn_weights"], want_weights, rtol=1e-5, atol=1e-7)
