@@ -31,7 +31,7 @@ from stepper.model.options import LayerOptions
 from stepper.model.stack import seeded_input
 from stepper.model.transformer import lm_head
 from stepper.model.v4_attention_cache import V4AttentionCache
-from stepper.model.v4_layer import Attend, V4LayerDims, v4_decoder_layer, v4_final, v4_streams
+from stepper.model.v4_layer import Block, V4LayerDims, v4_decoder_layer, v4_final, v4_moe_block, v4_streams
 from stepper.model.v4_router import RouterDims
 from stepper.model.v4_synthetic_cache import seeded_cache
 from stepper.seams.trace import Emitter
@@ -40,7 +40,7 @@ from stepper.weights.stored import Stored
 
 DEFAULT = LayerOptions()
 # layer, its weights, its cache (None: a fresh one), its dims, its emitter -> attend
-Attention = Callable[[int, LayerWeights, V4AttentionCache | None, AttentionDims, Emitter], Attend]
+Attention = Callable[[int, LayerWeights, V4AttentionCache | None, AttentionDims, Emitter], Block]
 
 
 def layer_dims(cfg: V4Config, layer: int) -> V4LayerDims:
@@ -105,7 +105,7 @@ class V4Caches:
 
 
 def compressed(layer: int, w: LayerWeights, cache: V4AttentionCache | None, dims: AttentionDims,
-               emit: Emitter) -> Attend:
+               emit: Emitter) -> Block:
     """The layer's own attention (model.compressed_attention) on its cache."""
     return lambda x: attention(x, w, dims, cache, emit)
 
@@ -146,7 +146,8 @@ class V4Model:
         w = LayerWeights(self.weights, i)  # prefix model.layers.{i}.
         emit = emit.layer(i)
         attend = self.attention(i, w, None if cache is None else cache.layers[i], self.config.dims(i), emit)
-        return v4_decoder_layer(streams, context.ids, w, layer_dims(self.config, i), attend, emit)
+        dims = layer_dims(self.config, i)
+        return v4_decoder_layer(streams, w, dims, attend, v4_moe_block(context.ids, w, dims, emit), emit)
 
     def seed_cache(self, cache: V4Caches, layer: int, sample: np.ndarray, positions: np.ndarray, seed: int,
                    per_head: bool, emit: Emitter) -> None:

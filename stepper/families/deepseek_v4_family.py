@@ -25,7 +25,7 @@ from stepper.families.family import Family
 from stepper.model.v4_attention_cache import bounded_values, values_per_position
 from stepper.model.v4_layer import v4_decoder_layer
 
-PARTS = ("v4_residual", "v4_router", "v4_attention")  # and MLA's `model` part: logits are the same tensor
+PARTS = ("v4_residual", "hc_streams", "v4_router", "v4_attention")  # and MLA's `model` part: logits are the same tensor
 FLOAT32 = 4
 
 

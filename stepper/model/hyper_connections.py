@@ -16,6 +16,10 @@ block runs on x = sum_j pre_j X_j, and `hc_post` writes its output y back into e
     X'_k = post_k y + sum_j comb[j, k] X_j          (comb read transposed: row j says where X_j goes)
 
 The model's head collapses the streams once more with its own pre weights (`hc_head`).
+
+Hy4 (`hy_v4`) keeps the streams apart ("independent" hyper-connections): its projection makes only
+pre and post ([B, T, 2n]), post is `hc_magnitude` sigmoid(...) + hc_eps, and there is no comb:
+X'_k = post_k y + X_k (HcDims.comb False).
 Tensors are emitted under DeepSeek's names of the two sites, `hc_attn.*` and `hc_ffn.*`. Weights
 (transformers' names, relative to the layer; published `hc_attn_fn`, ...): `attn_hc.fn` and
 `ffn_hc.fn` [(2 + n) n, n d], `.base` [(2 + n) n], `.scale` [3]; the head's `hc_head.hc_fn` [n, n d],
@@ -40,8 +44,15 @@ class HcDims:
 
     hc_mult: int  # n streams
     sinkhorn_iters: int  # hc_sinkhorn_iters
-    hc_eps: float  # added to pre, to comb and to each Sinkhorn sum
+    hc_eps: float  # added to pre, to comb and to each Sinkhorn sum (Hy4: to post too)
     norm_eps: float  # rms_norm_eps, inside the RMS of the flattened streams
+    comb: bool = True  # the streams mixed by a Sinkhorn'd comb (V4); False: each kept as it is (Hy4)
+    magnitude: float = 2.0  # post's sigmoid times this (Hy4: hc_magnitude)
+
+    @property
+    def post_eps(self) -> float:
+        """What post adds to its scaled sigmoid: nothing in V4, hc_eps in Hy4."""
+        return 0.0 if self.comb else self.hc_eps
 
 
 @dataclass(frozen=True)
@@ -50,23 +61,29 @@ class Mixing:
 
     x: np.ndarray  # [B, T, d] the block's input, sum_j pre_j X_j
     post: np.ndarray  # [B, T, n]
-    comb: np.ndarray  # [B, T, n, n] after Sinkhorn
+    comb: np.ndarray | None  # [B, T, n, n] after Sinkhorn; None: no mixing of the streams (Hy4)
 
 
-WEIGHTS = {"hc_attn": "attn_hc", "hc_ffn": "ffn_hc"}  # a site's emitted names -> its weights' module (transformers')
+# a site's emitted names -> its weights' module (transformers'): DeepSeek's names of the sites (V4), or
+# the modules' own (Hy4, whose hyper-connections are not V4's: catalog/parts/hy_v4.json)
+WEIGHTS = {"hc_attn": "attn_hc", "hc_ffn": "ffn_hc", "attn_hc": "attn_hc", "ffn_hc": "ffn_hc"}
 
 
 def hc_pre(streams: np.ndarray, w: LayerWeights, site: str, cfg: HcDims, emit: Emitter) -> Mixing:
     """streams [B, T, n, d] -> the block's input and the weights to write its output back with;
-    site "hc_attn" (before the attention) or "hc_ffn" (before the MoE), as DeepSeek names them."""
+    site "hc_attn" (before the attention) or "hc_ffn" (before the MoE), as DeepSeek names them
+    (Hy4: "attn_hc", "ffn_hc")."""
     n, hc_eps, module = cfg.hc_mult, cfg.hc_eps, WEIGHTS[site]
-    base, scale = w(f"{module}.base"), w(f"{module}.scale")  # [(2 + n) n], [3]
-    mixes = emit(f"{site}.mixes", rms_scaled_mixes(streams, w(f"{module}.fn"), cfg.norm_eps))  # [B, T, (2 + n) n]
+    base, scale = w(f"{module}.base"), w(f"{module}.scale")  # [(2 + n) n] or [2n], [3] or [2]
+    mixes = emit(f"{site}.mixes", rms_scaled_mixes(streams, w(f"{module}.fn"), cfg.norm_eps))  # [B, T, M]
     pre = emit(f"{site}.pre", sigmoid(mixes[..., :n] * scale[0] + base[:n]) + np.float32(hc_eps))  # [B, T, n]
-    post = emit(f"{site}.post", np.float32(2) * sigmoid(mixes[..., n:2 * n] * scale[1] + base[n:2 * n]))  # [B, T, n]
-    comb_logits = mixes[..., 2 * n:].reshape(*mixes.shape[:-1], n, n) * scale[2] + base[2 * n:].reshape(n, n)
-    comb = emit(f"{site}.comb_softmax", softmax(comb_logits, axis=-1) + np.float32(hc_eps))  # [B, T, n, n]
-    comb = emit(f"{site}.comb", sinkhorn(comb, cfg.sinkhorn_iters, hc_eps))  # [B, T, n, n]
+    post = np.float32(cfg.magnitude) * sigmoid(mixes[..., n:2 * n] * scale[1] + base[n:2 * n])
+    post = emit(f"{site}.post", post + np.float32(cfg.post_eps))  # [B, T, n]
+    comb = None
+    if cfg.comb:
+        comb_logits = mixes[..., 2 * n:].reshape(*mixes.shape[:-1], n, n) * scale[2] + base[2 * n:].reshape(n, n)
+        comb = emit(f"{site}.comb_softmax", softmax(comb_logits, axis=-1) + np.float32(hc_eps))  # [B, T, n, n]
+        comb = emit(f"{site}.comb", sinkhorn(comb, cfg.sinkhorn_iters, hc_eps))  # [B, T, n, n]
     x = emit(f"{site}.collapsed", collapse(streams, pre))  # [B, T, d]
     return Mixing(x, post, comb)
 
@@ -96,9 +113,13 @@ def collapse(streams: np.ndarray, pre: np.ndarray) -> np.ndarray:
 
 
 def hc_post(y: np.ndarray, streams: np.ndarray, mixing: Mixing) -> np.ndarray:
-    """X'_k = post_k y + sum_j comb[j, k] X_j.  y [B, T, d], streams [B, T, n, d] -> [B, T, n, d]"""
+    """X'_k = post_k y + sum_j comb[j, k] X_j (Hy4, no comb: + X_k).
+    y [B, T, d], streams [B, T, n, d] -> [B, T, n, d]"""
     written = mixing.post[..., None] * y[:, :, None, :]  # [B, T, n, d]
-    written += np.einsum("btjk,btjd->btkd", mixing.comb, streams)  # [B, T, n, d]: the streams mixed
+    if mixing.comb is None:
+        written += streams  # [B, T, n, d]: each stream as it was
+    else:
+        written += np.einsum("btjk,btjd->btkd", mixing.comb, streams)  # [B, T, n, d]: the streams mixed
     return written
 
 

@@ -4,9 +4,11 @@
     attn_streams --hc_pre--> x --ffn_norm--> MoE --hc_post--> ffn_streams (the next layer's streams)
 
 The model starts from the embedding copied into the n streams and ends with the head's collapse
-of the streams (hc_head), the final norm and lm_head. The attention is handed in as a function
-of its input (the family binds it to its weights, dims and cache), so this file composes the
-residual, the norms and the MoE whichever attention a layer has. Names are DeepSeek's (attn_norm,
+of the streams (hc_head), the final norm and lm_head. The attention and the FFN are handed in as
+functions of their input (the family binds them to its weights, dims and cache), so this file
+composes the residual and the norms whichever attention and FFN a layer has: V4's compressed
+attention and hash- or score-routed MoE, or Hy4's MLA and DeepSeek-V3's MoE on independent
+hyper-connections (model.hyper_connections). Names are DeepSeek's (attn_norm,
 ffn_norm, hc_attn, hc_ffn, ffn), so that none is taken for one of the MLA family's tensors
 (hidden_states, input_layernorm, mlp.*), whose shapes and formulas differ.
 """
@@ -24,28 +26,34 @@ from stepper.model.layer_weights import LayerWeights
 from stepper.model.ops import rms_norm
 from stepper.seams.trace import Emitter
 
-Attend = Callable[[np.ndarray], np.ndarray]  # [B, T, d] after attn_norm -> [B, T, d]
+Block = Callable[[np.ndarray], np.ndarray]  # [B, T, d] after attn_norm (ffn_norm) -> [B, T, d]
 
 
 @dataclass(frozen=True)
 class V4LayerDims:
     hc: HcDims
-    moe: MoeDims
+    moe: MoeDims | None  # V4's MoE (None: the family's FFN is its own)
     norm_eps: float  # rms_norm_eps
+    sites: tuple[str, str] = ("hc_attn", "hc_ffn")  # the hyper-connections' names (model.hyper_connections.WEIGHTS)
 
 
-def v4_decoder_layer(streams: np.ndarray, ids: np.ndarray, w: LayerWeights, dims: V4LayerDims, attend: Attend,
+def v4_moe_block(ids: np.ndarray, w: LayerWeights, dims: V4LayerDims, emit: Emitter) -> Block:
+    """V4's MoE on ffn_norm's output, routed by the scores or (hash layers) by the token ids [B, T]."""
+    return lambda x: v4_moe(x, ids, w, dims.moe, emit)
+
+
+def v4_decoder_layer(streams: np.ndarray, w: LayerWeights, dims: V4LayerDims, attend: Block, ffn: Block,
                      emit: Emitter) -> np.ndarray:
-    """streams [B, T, n, d] and token ids [B, T] -> streams [B, T, n, d]."""
+    """streams [B, T, n, d] -> streams [B, T, n, d]."""
     streams = emit("streams", streams)
-    mixing = hc_pre(streams, w, "hc_attn", dims.hc, emit)
+    mixing = hc_pre(streams, w, dims.sites[0], dims.hc, emit)
     x = emit("attn_norm", rms_norm(mixing.x, w("input_layernorm.weight"), dims.norm_eps))  # [B, T, d]
     y = emit("attn_output", attend(x))  # [B, T, d]
     streams = emit("attn_streams", hc_post(y, streams, mixing))  # [B, T, n, d]
 
-    mixing = hc_pre(streams, w, "hc_ffn", dims.hc, emit)
+    mixing = hc_pre(streams, w, dims.sites[1], dims.hc, emit)
     x = emit("ffn_norm", rms_norm(mixing.x, w("post_attention_layernorm.weight"), dims.norm_eps))  # [B, T, d]
-    y = emit("ffn_output", v4_moe(x, ids, w, dims.moe, emit))  # [B, T, d]
+    y = emit("ffn_output", ffn(x))  # [B, T, d]
     return emit("ffn_streams", hc_post(y, streams, mixing))  # [B, T, n, d]
 
 

@@ -90,7 +90,7 @@ def test_every_tensor_emitted_has_a_catalogue_entry_whose_cited_line_is_transfor
     from stepper import catalog
 
     entries = {}
-    for part in ("v4_residual", "v4_router"):
+    for part in ("v4_residual", "hc_streams", "v4_router"):
         raw = json.loads(resources.files("stepper.catalog").joinpath(f"v4/{part}.json").read_text(encoding="utf-8"))
         entries |= {e["name"]: e for e in raw["tensors"]}
     shared = {"logits": catalog.load().entry("logits")}  # the MLA family's, the same tensor
