@@ -151,6 +151,11 @@ class MlaVariants:
     zero_experts = 0
     mla_lora_scales = False
     shortcut_moe = False
+    gate_proj = False
+    attention_sinks = False
+    indexer_rope_last = False
+    indexer_norm_eps = 1e-6
+    swiglu_limit = None
     rotary = True  # the model makes rotary tables (Kimi Linear: none, no layer rotates)
 
     @property
@@ -247,6 +252,11 @@ class Config(MlaVariants):
     zero_experts: int = 0  # the router's extra identity experts, after the routed ones (LongCat-Flash)
     mla_lora_scales: bool = False  # q times sqrt(d / q_lora_rank), the kv latent times sqrt(d / kv_lora_rank) (LongCat)
     shortcut_moe: bool = False  # two attention + dense-MLP sublayers per layer, the MoE beside them (LongCat)
+    gate_proj: bool = False  # a projection of its own (gate_proj) makes the per-head output gate (Hy4)
+    attention_sinks: bool = False  # one more logit per head in each attention softmax, its weight dropped (Hy4)
+    indexer_rope_last: bool = False  # the indexer's RoPE on the last qk_rope_head_dim dims of a head (Hy4)
+    indexer_norm_eps: float = 1e-6  # the indexer's k_norm eps (DeepSeek's LayerNorm default; Hy4: rms_norm_eps)
+    swiglu_limit: float | None = None  # the routed experts clamp gate (above) and up (both sides) at this (Hy4)
     # the special tokens' ids, read to be written back (synth's config.json): the model uses none but
     # Youtu's pad row, and transformers warns of an id outside the vocabulary (its defaults, the published
     # model's, lie outside a tiny one's)
@@ -322,7 +332,7 @@ FAMILY_FIELDS = (  # the other MLA families' (stepper/families): their config cl
     "tie_word_embeddings", "zeroed_pad_row", "router_bias", "moe_output_norm", "query_scale", "fused_experts",
     "rope_interleave", "longrope", "scale_emb", "scale_depth", "dim_model_base", "indexer_rope_interleave",
     "index_reused_layers", "q_gate", "gated_norm_rank", "masked_groups_zero", "zero_experts", "mla_lora_scales",
-    "shortcut_moe")
+    "shortcut_moe", "gate_proj", "attention_sinks", "indexer_rope_last", "indexer_norm_eps", "swiglu_limit")
 
 
 TOKEN_ID_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id")

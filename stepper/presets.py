@@ -577,6 +577,24 @@ PRESETS["tiny-longcat"] = {
 }
 
 
+# Hy4 (stepper/families/hy_v4.py), in transformers' HYV4Config fields: `tiny-hy4`, a dense layer and two
+# MoE layers (the last reusing the index choice of the one before, transformers' pattern for three
+# layers), four streams, a sink per head, 8 index heads keeping 4 positions of a 7-token prompt, the
+# routed experts' clamp at 10 as published, rope_theta 1e7, BF16
+PRESETS["tiny-hy4"] = {
+    "_name_or_path": "tiny-hy4", "architectures": ["HYV4ForCausalLM"], "model_type": "hy_v4", "vocab_size": 1000,
+    "hidden_size": 128, "intermediate_size": 256, "moe_intermediate_size": 64, "num_hidden_layers": 3,
+    "num_attention_heads": 4, "q_lora_rank": 96, "kv_lora_rank": 64, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16,
+    "v_head_dim": 48, "n_routed_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": 1,
+    "routed_scaling_factor": 2.827, "index_n_heads": 8, "index_head_dim": 32, "index_topk": 4, "hc_mult": 4,
+    "hc_magnitude": 2.0, "hc_eps": 1e-6, "swiglu_limit": 10.0, "rms_norm_eps": 1e-5, "max_position_embeddings": 262144,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 1e7}, "mlp_layer_types": ["dense", "sparse", "sparse"],
+    "indexer_types": ["full", "full", "shared"], "layer_types": ["indexed_attention"] * 3, "hidden_act": "silu",
+    "attention_bias": False, "tie_word_embeddings": False, "bos_token_id": 990, "eos_token_id": 991,
+    "pad_token_id": 992,
+}
+
+
 def preset(name: str) -> Config:
     """The named preset's config, read by its family (stepper.families); an unknown name is a
     StepperError listing the known ones."""

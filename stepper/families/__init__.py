@@ -24,6 +24,7 @@ from stepper.families import (
     deepseek_v4_family,
     glm4_moe_lite,
     glm_moe_dsa,
+    hy_v4,
     kimi_linear,
     longcat_flash,
     minicpm3,
@@ -36,7 +37,7 @@ from stepper.untrusted import said
 
 FAMILIES: tuple[Family, ...] = (deepseek.FAMILY, sarvam_mla.FAMILY, youtu.FAMILY, glm4_moe_lite.FAMILY, axk1.FAMILY,
                                 mistral4.FAMILY, minicpm3.FAMILY, glm_moe_dsa.FAMILY, axk2.FAMILY, longcat_flash.FAMILY,
-                                kimi_linear.FAMILY, deepseek_v4_family.FAMILY)
+                                kimi_linear.FAMILY, deepseek_v4_family.FAMILY, hy_v4.FAMILY)
 _added: tuple[Family, ...] = ()  # families registered for a while (`registered`)
 
 

@@ -81,5 +81,5 @@ def no_seeded_cache(cfg: AXK2Config, layer: int) -> str:
 
 
 FAMILY = Family(name="axk2", model_types=(MODEL_TYPE,), read_config=from_hf, decoder_layer=decoder_layer,
-                parts=deepseek.part_files(deepseek.PARTS + ("axk2_gates",)), miniature=miniature,
+                parts=deepseek.part_files(deepseek.PARTS + ("axk2_gates", "output_gate")), miniature=miniature,
                 no_seeded_cache=no_seeded_cache)

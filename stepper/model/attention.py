@@ -55,6 +55,8 @@ def mla_attention(x: np.ndarray, w: LayerWeights, cache: LayerCache | None, opti
     rope = shown_query_scale(rope, emit)  # Mistral 4's query scale per position, if any
     if cfg.mla_lora_scales:  # LongCat-Flash
         q_nope, q_pe, compressed_kv = lora_scaled(q_nope, q_pe, compressed_kv, cfg, emit)
+    if cfg.gate_proj:  # Hy4: the output gate has a projection of its own
+        gate = emit("self_attn.gate", linear(x, w.matrix("self_attn.gate_proj.weight")))  # [B, T, Hv]
     attend = absorbed if options.attention == "absorb" else naive
     out = attend(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache, emit, per_head(mask))  # [B, H, T, v_head]
     return output_projection(out, w, emit, gate)
@@ -113,7 +115,7 @@ def naive(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache: LayerCache, em
     # softmax(scale * query_states @ key_states^T, masked) @ value_states: each head its own keys
     mask, causal = seen_keys(mask, (*query_states.shape[:3], key_states.shape[2]))
     return attend(kernels.Operands([query_states], [key_states], value_states, rope.softmax_scale, mask,
-                                   in_place_of(softmax), causal), emit)
+                                   in_place_of(softmax), causal, sinks_of(w, cfg)), emit)
 
 
 @exercise
@@ -132,9 +134,14 @@ def absorbed(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache: LayerCache,
     queries = [position_scaled(q_latent, rope), position_scaled(q_pe, rope)]  # Mistral 4 scales both parts
     mask, causal = seen_keys(mask, (*q_latent.shape[:3], shared.shape[2]))
     out_latent = attend(kernels.Operands(queries, [shared, k_pes], shared, rope.softmax_scale, mask,
-                                         in_place_of(softmax), causal), emit)
+                                         in_place_of(softmax), causal, sinks_of(w, cfg)), emit)
     out_latent = emit("self_attn.attn_output_latent", out_latent)
     return np.matmul(out_latent, w_uv.swapaxes(-1, -2))  # [B, H, T, v_head]
+
+
+def sinks_of(w: LayerWeights, cfg: Config) -> np.ndarray | None:
+    """Hy4's sink logit per head [H]: one more logit in each softmax, its weight dropped (None: none)."""
+    return w("self_attn.sinks") if cfg.attention_sinks else None
 
 
 def split_kv_b(kv_b: np.ndarray, cfg: Config) -> tuple[np.ndarray, np.ndarray]:
@@ -203,19 +210,21 @@ def held(ops: kernels.Operands, emit: Emitter) -> np.ndarray:
     scores = kernels.times(ops.queries[0], ops.keys[0], every)  # [B, H, T, S]
     for q, k in zip(ops.queries[1:], ops.keys[1:]):  # the absorbed path's rotary part
         scores = scores + kernels.times(q, k, every)
-    weights = attention_weights(scores, ops.scale, emit, ops.mask)  # [B, H, T, S]
-    return kernels.weighted(weights, ops.values, every)
+    weights = attention_weights(scores, ops.scale, emit, ops.mask, None if ops.sinks is None else ops.weights_of)
+    return kernels.weighted(weights, ops.values, every)  # weights [B, H, T, S]
 
 
-def attention_weights(scores: np.ndarray, scale: float, emit: Emitter, mask: np.ndarray | None = None) -> np.ndarray:
+def attention_weights(scores: np.ndarray, scale: float, emit: Emitter, mask: np.ndarray | None = None,
+                      weights_of=None) -> np.ndarray:
     """Scale, mask the future (and what `mask`, broadcast to [B, H, T, S], drops: False, or -inf
-    added), softmax over the attended positions.  [B, H, T, S] -> same"""
+    added), softmax over the attended positions (weights_of: the softmax with each head's sink,
+    kernels.attention.Operands.weights_of).  [B, H, T, S] -> same"""
     T, S = scores.shape[-2:]
     scores = scores * np.float32(scale)
     np.copyto(scores, np.float32(-np.inf), where=~causal_mask(T, S))
     if mask is not None:
         scores = np.where(mask, scores, np.float32(-np.inf)) if mask.dtype == np.bool_ else scores + mask
-    return shown(scores, softmax, emit)
+    return shown(scores, weights_of or softmax, emit)
 
 
 def per_head(mask: np.ndarray | None) -> np.ndarray | None:

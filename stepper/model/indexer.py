@@ -39,8 +39,6 @@ from stepper.model.rope import rotate_halves as rope_halves
 from stepper.seams.swap import exercise
 from stepper.seams.trace import Emitter
 
-LAYER_NORM_EPS = 1e-6  # the indexer's k_norm (DeepSeek's LayerNorm default; not in config.json)
-
 
 def index_mask(x: np.ndarray, w: LayerWeights, cache: LayerCache, options: LayerOptions, emit: Emitter) -> np.ndarray:
     """x [B, T, d] (after input_layernorm) -> the additive mask [B, T, S] of the positions each
@@ -90,7 +88,8 @@ def index_queries(x: np.ndarray, w: LayerWeights, cfg: Config, emit: Emitter) ->
 def index_key(x: np.ndarray, w: LayerWeights, emit: Emitter) -> np.ndarray:
     """One key per token, shared by the index heads: LayerNorm(wk(x)).  [B, T, d] -> [B, T, Di]"""
     k = emit("self_attn.indexer.k", linear(x, w.matrix("self_attn.indexer.wk.weight")))  # [B, T, Di]
-    k = layer_norm(k, w("self_attn.indexer.k_norm.weight"), w("self_attn.indexer.k_norm.bias"), LAYER_NORM_EPS)
+    eps = w.cfg.indexer_norm_eps  # DeepSeek's LayerNorm default (not in config.json); Hy4's rms_norm_eps
+    k = layer_norm(k, w("self_attn.indexer.k_norm.weight"), w("self_attn.indexer.k_norm.bias"), eps)
     return emit("self_attn.indexer.k_norm", k)
 
 
@@ -103,10 +102,14 @@ def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) 
 
 def rotate_index(x: np.ndarray, rope: Rope, cfg: Config) -> np.ndarray:
     """RoPE on the first qk_rope_head_dim dims of each index head: two halves (V3.2) or, GLM-5's
-    indexer, interleaved pairs, laid out (rotated evens, then rotated odds) as MLA lays them.  [..., T, Di] -> same"""
-    if not cfg.indexer_rope_interleave:
-        return rotate_halves(x, rope, cfg.qk_rope_head_dim)
+    indexer, interleaved pairs, laid out (rotated evens, then rotated odds) as MLA lays them; Hy4's
+    on the last qk_rope_head_dim dims, two halves.  [..., T, Di] -> same"""
     dims = cfg.qk_rope_head_dim
+    if cfg.indexer_rope_last:
+        rest = x.shape[-1] - dims
+        return np.concatenate([x[..., :rest], rotate_halves(x[..., rest:], rope, dims)], axis=-1)
+    if not cfg.indexer_rope_interleave:
+        return rotate_halves(x, rope, dims)
     return np.concatenate([apply_rope(x[..., :dims], rope.cos, rope.sin), x[..., dims:]], axis=-1)
 
 

@@ -8,7 +8,9 @@ Two ways to run the routed experts, equal to float32 round-off:
   tile by tile inside the products and dropped afterwards, so memory holds one expert at a time
   whatever the prompt length.
 
-Only the experts some token chose are ever read from the weight source.
+Only the experts some token chose are ever read from the weight source. Where the config sets a
+`swiglu_limit` (Hy4) the routed experts clamp their gate and up projections first (DeepSeek-V4's
+experts: model.clamped_experts), each chosen expert run once on its tokens.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import numpy as np
 
 from stepper.config import Config
 from stepper.kernels import experts
+from stepper.model import clamped_experts
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.ops import swiglu
 from stepper.model.options import LayerOptions
@@ -36,7 +39,11 @@ def moe(x: np.ndarray, w: LayerWeights, options: LayerOptions, emit: Emitter) ->
     # the router's weight as float32 in kept memory: stepping a layer decodes its BF16 once
     routing = route(tokens, w.float32(gate), bias, cfg, emit)
     routing, zero_weight = without_zero_experts(routing, cfg)  # LongCat: [N] the weight its zero experts got
-    if options.dispatch == "grouped":  # [N, d], and the shared expert's [N, d] made beside them
+    if cfg.swiglu_limit is not None:  # Hy4: each chosen expert clamped, once on its tokens; [N, d], [E, 2]
+        routed, counts = clamped_experts.routed_experts(tokens, routing, w, cfg.swiglu_limit, cfg.n_routed_experts)
+        emit.shown("mlp.experts.clamp_counts", counts)  # [E, 2]: gate values above the limit, up values outside it
+        shared = None  # the shared expert, unclamped, made below
+    elif options.dispatch == "grouped":  # [N, d], and the shared expert's [N, d] made beside them
         routed, shared = grouped_with_shared(tokens, routing, w, emit, cfg.n_shared_experts > 0)
     else:
         routed, shared = per_token_experts(tokens, routing, w), None  # [N, d]

@@ -42,6 +42,7 @@ from stepper.untrusted.paths import found, why
 from stepper.weights.config_hint import contradicted_field
 from stepper.weights.fused_experts import expert_of, expert_start, expert_view, fused_name, stored_shapes
 from stepper.weights.names import (
+    QUOTED_TEXT_NAME,
     global_shapes,
     layer_prefix,
     layer_shapes,
@@ -95,7 +96,8 @@ class Checkpoint:
         self._good_scales: set[str] = set()  # FP8 block and INT4 BF16 group scales checked once: the same bytes
         self._check_index_against_headers()
         self.unused: dict[str, str] = {}  # tensor -> shard, of a wrapper's parts no run reads (vision tower)
-        if self.config.wrapper is not None:
+        self.stored_as: dict[str, str] = {}  # a tensor's name -> the name its file stores it by, where they differ
+        if self.config.wrapper is not None or getattr(self.config, "read_name", None) is not None:
             self._resolve_names()
 
     @property
@@ -166,6 +168,8 @@ class Checkpoint:
 
     def on_disk(self, message: str) -> str:
         """A message naming each tensor it quotes as the files do."""
+        if self.stored_as and self.config.wrapper is None:  # Hy4's files: its modules' names renamed back
+            return QUOTED_TEXT_NAME.sub(lambda m: f"'{self.stored_as.get(m[1], m[1])}'", message)
         return named_on_disk(self.config, message)
 
     def _stored(self, name: str) -> Stored:
@@ -581,8 +585,10 @@ class Checkpoint:
 
     def _resolve_names(self) -> None:
         """A wrapped checkpoint's tensors by the names stepper knows (`language_model.` dropped);
-        the vision tower's and projector's go to `unused`, out of reach of any run."""
-        self._renamed(lambda stored: text_name(self.config, stored))
+        the vision tower's and projector's go to `unused`, out of reach of any run. Hy4's by its
+        transformers modules' names (names.text_name)."""
+        self.stored_as = {name: stored for name, stored in self._renamed(lambda s: text_name(self.config, s)).items()
+                          if name != stored}
 
     def _renamed(self, name_of: Callable[[str], str | None]) -> dict[str, str]:
         """The tensors by the names stepper reads them by (`name_of` a stored name; None: a tensor

@@ -20,10 +20,13 @@ INDEXER_BF16 = "self_attn.indexer.weights_proj.weight"  # stored BF16 in DeepSee
 def text_name(cfg: Config, stored: str) -> str | None:
     """The name stepper knows a stored tensor by: in a wrapped checkpoint (kimi_k25) the text
     model's tensor without its prefix (`language_model.model.norm.weight` is `model.norm.weight`),
-    None for a tensor of the wrapper's other parts (vision tower, projector), which no run reads."""
+    None for a tensor of the wrapper's other parts (vision tower, projector), which no run reads;
+    in a family whose files name its tensors otherwise than its transformers modules (Hy4), the
+    module's name (the config class's `read_name`)."""
     wrapper = cfg.wrapper
     if wrapper is None:
-        return stored
+        own = getattr(cfg, "read_name", None)
+        return stored if own is None else own(stored)
     if stored.startswith(wrapper.unused_prefixes):
         return None
     return stored.removeprefix(wrapper.text_prefix)
@@ -220,7 +223,9 @@ def shape_of(cfg: Config, name: str) -> tuple[int, ...]:
 
 def global_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
     """The tensors outside the layers: embedding, final norm, lm_head (none when tied to the
-    embedding: Youtu, MiniCPM3)."""
+    embedding: Youtu, MiniCPM3), or what the config's own class says (`global_shapes()`: Hy4's)."""
+    if (own := getattr(cfg, "global_shapes", None)) is not None:
+        return own()
     shapes = {EMBED: (cfg.vocab_size, cfg.hidden_size), "model.norm.weight": (cfg.hidden_size,)}
     if not cfg.tie_word_embeddings:
         shapes[LM_HEAD] = (cfg.vocab_size, cfg.hidden_size)

@@ -26,13 +26,13 @@ ROOT = Path(stepper.__file__).resolve().parent.parent  # the folder the printed 
 SITE_LINE = re.compile(r"^stepper emits it  (?P<path>\S+):(?P<line>\d+)  in (?P<function>\S+)\(\)$", re.MULTILINE)
 
 
-V4_NAMES = set(catalog.around(preset_config("tiny-v4")).names()) - set(catalog.around(preset("tiny")).names())
+FAMILIES = (preset("tiny"), preset_config("tiny-v4"), preset("tiny-hy4"))  # MLA's stream, V4's, Hy4's
 
 
 def explained(name: str) -> str:
     """explain's text of a name, for a model whose family emits it (its sizes are that config's)."""
     console = Console(width=200, no_color=True, record=True, file=io.StringIO())
-    cfg = preset_config("tiny-v4") if name in V4_NAMES else preset("tiny")
+    cfg = next(cfg for cfg in FAMILIES if name in catalog.around(cfg).names())
     console.print(explain_text(catalog.load(), catalog.load().entry(name), cfg))
     return console.export_text()
 

@@ -492,7 +492,9 @@ def test_a_glob_lists_what_it_matches_of_the_models_tensors_a_sublayers_too():
 @pytest.mark.parametrize("query, model, said", [
     ("sub1.mlp.gate.*", "tiny-longcat", ("no tensor of model tiny-longcat matches 'sub1.mlp.gate.*' (stepper tree"
                                         " lists them)")),
-    ("hc_*", "tiny", "no tensor of model tiny matches 'hc_*'; tiny-v4's do (give --model tiny-v4)"),
+    ("hc_attn.*", "tiny", "no tensor of model tiny matches 'hc_attn.*'; tiny-v4's do (give --model tiny-v4)"),
+    ("attn_hc.mix*", "tiny-v4", ("no tensor of model tiny-v4 matches 'attn_hc.mix*'; tiny-hy4's do (give --model"
+                                 " tiny-hy4)")),
     ("*.state", "tiny-glm5", ("no tensor of model tiny-glm5 matches '*.state'; tiny-kimi-linear's do (give --model"
                              " tiny-kimi-linear)")),
 ])
@@ -510,7 +512,7 @@ def test_a_refused_glob_runs_only_the_presets_whose_catalogue_it_matches(monkeyp
     monkeypatch.setattr(view, "matching", lambda cat, cfg, query: asked.append(cfg.name) or [])
     assert view.unmatched(preset("tiny"), "zz*", "give --model {}").endswith("(stepper tree lists them)")
     assert asked == []
-    view.unmatched(preset("tiny"), "hc_*", "give --model {}")
+    view.unmatched(preset("tiny"), "hc_attn.*", "give --model {}")
     assert asked and all(name.startswith("tiny-v4") for name in asked)
 
 

@@ -37,6 +37,7 @@ KIMI_K2 = "model_type kimi_k2 (Kimi K2's config.json) names no transformers mode
 V4 = ("compress_ratios has 16 (so that a short prompt closes HCA windows), and transformers 5.24 reads only 0, 4 "
       "and 128 (a KeyError); a V4 model transformers makes and saves: tests/model/test_v4_saved_by_transformers.py")
 NOT_BUILT = {"tiny": KIMI_K2, "tiny-int4": KIMI_K2, "tiny-v4": V4, "tiny-v4-indexer": V4}
+LAYER_OUTPUT = {"tiny-hy4": "ffn_streams"}  # a layer's output where it is not the one residual stream `output`
 # transformers saves a gate_proj and an up_proj for each zero expert (their slots in its fused gate_up_proj,
 # which it never reads): no run reads them either, and the run says so (docs/mla-families.md, LongCat)
 LONGCAT_NOTE = ("note: model.safetensors: 'model.layers.0.mlp.experts.10.gate_proj.weight' and 7 more tensor(s) are "
@@ -86,8 +87,9 @@ def saved_by_transformers(name: str, folder):
 def test_a_model_transformers_saves_runs_in_stepper_as_in_transformers(name, tmp_path):
     model = saved_by_transformers(name, tmp_path / name)
     dump = tmp_path / "stepper.safetensors"
+    output = LAYER_OUTPUT.get(name, "output")
     out = stepper("run", "--model", tmp_path / name / "saved", "--ids", ",".join(map(str, IDS)), "--start-pos", START,
-                  "--attn", "naive", "--dump", dump, "--only", "layers.*.output", "--only", "logits", "--plain")
+                  "--attn", "naive", "--dump", dump, "--only", f"layers.*.{output}", "--only", "logits", "--plain")
     assert out.returncode == 0 and not out.stderr, out.stderr
     notes = [line for line in out.stdout.splitlines() if line.startswith("note:")]
     assert notes == ([LONGCAT_NOTE] if name == "tiny-longcat" else []), notes
@@ -95,8 +97,8 @@ def test_a_model_transformers_saves_runs_in_stepper_as_in_transformers(name, tmp
     with torch.no_grad():
         ref = model(torch.tensor([IDS]), position_ids=torch.arange(START, START + len(IDS))[None],
                     output_hidden_states=True)
-    layers = sum(re.fullmatch(r"layers\.\d+\.output", n) is not None for n in mine)  # LongCat's sublayers' too
-    compared = {f"layers.{i}.output": ref.hidden_states[i + 1] for i in range(layers - 1)}  # the last: normed
+    layers = sum(re.fullmatch(rf"layers\.\d+\.{output}", n) is not None for n in mine)  # LongCat's sublayers' too
+    compared = {f"layers.{i}.{output}": ref.hidden_states[i + 1] for i in range(layers - 1)}  # the last: normed
     compared["logits"] = ref.logits
     errors = {n: rel_err(mine[n].reshape(want.shape), want.numpy()) for n, want in compared.items()}
     assert max(errors.values()) <= TOLERANCE, errors
