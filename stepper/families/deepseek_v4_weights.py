@@ -21,6 +21,12 @@ def layer_prefix(layer: int) -> str:
     return f"model.layers.{layer}."
 
 
+def hc_shapes(n: int, d: int, mixes: int, scales: int) -> dict[str, tuple[int, ...]]:
+    """The two hyper-connections' weights of a layer (V4's: (2 + n) n mixes, 3 scales; Hy4's: 2n, 2)."""
+    return {f"{site}.{name}": shape for site in ("attn_hc", "ffn_hc")
+            for name, shape in (("fn", (mixes, n * d)), ("base", (mixes,)), ("scale", (scales,)))}
+
+
 def global_shapes(cfg: V4Config) -> dict[str, tuple[int, ...]]:
     n, d = cfg.hc_mult, cfg.hidden_size
     return {EMBED: (cfg.vocab_size, d), HEAD: (cfg.vocab_size, d), NORM: (d,),
@@ -31,8 +37,7 @@ def layer_shapes(cfg: V4Config, layer: int) -> dict[str, tuple[int, ...]]:
     """Every tensor of layer `layer`, by its name relative to the layer."""
     n, d = cfg.hc_mult, cfg.hidden_size
     shapes: dict[str, tuple[int, ...]] = {"input_layernorm.weight": (d,), "post_attention_layernorm.weight": (d,)}
-    for site in ("attn_hc", "ffn_hc"):
-        shapes.update({f"{site}.fn": (cfg.hc_mixes, n * d), f"{site}.base": (cfg.hc_mixes,), f"{site}.scale": (3,)})
+    shapes.update(hc_shapes(n, d, cfg.hc_mixes, 3))
     shapes.update(attention.weight_shapes(cfg.dims(layer)))  # the attention's own list
     shapes.update(moe_shapes(cfg, layer))
     return shapes

@@ -27,6 +27,8 @@ import numpy as np
 
 from stepper.config import Config
 from stepper.families import deepseek, glm_moe_dsa, mla_fields
+from stepper.families.deepseek_v4_weights import global_shapes as v4_global_shapes
+from stepper.families.deepseek_v4_weights import hc_shapes
 from stepper.families.family import Family, around
 from stepper.model.cache import LayerCache
 from stepper.model.hyper_connections import HcDims, expand
@@ -88,18 +90,16 @@ class HyV4Config(Config):
 
     def layer_shapes(self, layer: int) -> dict[str, tuple[int, ...]]:
         """A layer's tensors: MLA's (fused experts listed per expert), the output gate's projection,
-        the sinks, and the two hyper-connections' weights."""
+        the sinks, and the two hyper-connections' weights (2n mixes, 2 scales)."""
         n, d, heads = self.hc_mult, self.hidden_size, self.num_attention_heads
-        own = {"self_attn.gate_proj.weight": (heads * self.v_head_dim, d), "self_attn.sinks": (heads,)}
-        for module in ("attn_hc", "ffn_hc"):
-            own.update({f"{module}.fn": (2 * n, n * d), f"{module}.base": (2 * n,), f"{module}.scale": (2,)})
+        own = {"self_attn.gate_proj.weight": (heads * self.v_head_dim, d), "self_attn.sinks": (heads,),
+               **hc_shapes(n, d, 2 * n, 2)}
         return {**mla_layer_shapes(self, layer), **{layer_prefix(layer) + k: v for k, v in own.items()}}
 
     def global_shapes(self) -> dict[str, tuple[int, ...]]:
-        """Hy4's tensors outside the layers: MLA's and the head's collapse of the streams."""
-        n, d = self.hc_mult, self.hidden_size
-        return {EMBED: (self.vocab_size, d), "model.norm.weight": (d,), "lm_head.weight": (self.vocab_size, d),
-                "model.hc_head.hc_fn": (n, n * d), "model.hc_head.hc_base": (n,), "model.hc_head.hc_scale": (1,)}
+        """Hy4's tensors outside the layers, DeepSeek-V4's: the embedding, the head's collapse of the
+        streams, the final norm, lm_head."""
+        return v4_global_shapes(self)
 
 
 def to_mla(f) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -107,6 +107,9 @@ def to_mla(f) -> tuple[dict[str, Any], dict[str, Any]]:
     raw = mla_fields.with_defaults(dict(f.raw), DEFAULTS)
     own = {field: raw.pop(field) for field in OWN if field in raw}
     mla_fields.check_rotary_fraction(f, raw, 1.0)
+    if raw.get("q_lora_rank") is None:
+        raise f.fail("q_lora_rank", "is missing: Hy4's indexer reads its query from q_a_norm")
+    check_yarn(f, raw)
     mla_fields.refuse_present(f, raw, ("quantization_config",), "stepper reads Hy4 in BF16 or float32 (not "
                               "Hy4-preview-FP8's E4M3 with an E8M0 scale per 32 columns)")
     fields = mla_fields.typed(f, raw)
@@ -128,6 +131,23 @@ def to_mla(f) -> tuple[dict[str, Any], dict[str, Any]]:
     return {**raw, "first_k_dense_replace": first, "moe_layer_freq": freq}, extra
 
 
+def check_yarn(f, raw: dict[str, Any]) -> None:
+    """A YaRN block as transformers' YaRN reads it and stepper's does alike: no attention_factor of
+    its own, truncated frequencies, and mscale only beside mscale_all_dim (transformers' rotary takes
+    0.1 ln(factor) + 1 without it, whatever mscale says)."""
+    name, block = mla_fields.named_rope_block(f, raw)
+    if not block or block.get("rope_type", block.get("type")) != "yarn":
+        return
+    if block.get("attention_factor") is not None:
+        raise f.fail(f"{name}.attention_factor", "is not built: stepper scales cos and sin by mscale / "
+                     f"mscale_all_dim, got {said(block['attention_factor'])}")
+    if block.get("truncate", True) is not True:
+        raise f.fail(f"{name}.truncate", f"must be true (stepper's YaRN truncates), got {said(block['truncate'])}")
+    if block.get("mscale", 1) != 1 and not block.get("mscale_all_dim"):
+        raise f.fail(f"{name}.mscale", f"must come with mscale_all_dim: transformers' YaRN reads it only beside "
+                     f"that, got {said(block['mscale'])} alone")
+
+
 def indexer_types(f, given: Any, layers: int) -> list[str]:
     """Per layer "full" (its own indexer) or "shared" (the last full layer's choice): as given, or
     transformers' default, layer 0 and every fourth from layer 1 full."""
@@ -139,9 +159,8 @@ def indexer_types(f, given: Any, layers: int) -> list[str]:
 def published(cfg: HyV4Config) -> dict[str, Any]:
     """The config.json of a Hy4 checkpoint of this config (transformers' HYV4Config fields)."""
     out = mla_fields.published_fields(cfg, MODEL_TYPE, ARCHITECTURE, drop=("moe_layer_freq", "first_k_dense_replace"))
-    out["rope_parameters"] = {"rope_type": "default", "rope_theta": out.pop("rope_theta")}
-    if cfg.rope_scaling is not None:
-        out["rope_parameters"].update(rope_type="yarn", **dataclasses.asdict(out.pop("rope_scaling")))
+    yarn = {k: v for k, v in out.pop("rope_scaling", {}).items() if k != "type"}  # Config.to_hf's YaRN block
+    out["rope_parameters"] = {"rope_type": "yarn" if yarn else "default", "rope_theta": out.pop("rope_theta"), **yarn}
     layers = range(cfg.num_hidden_layers)
     return {**out, "mlp_layer_types": ["sparse" if cfg.is_moe_layer(i) else "dense" for i in layers],
             "indexer_types": ["shared" if cfg.index_reused(i) else "full" for i in layers],
@@ -154,7 +173,8 @@ read_config = mla_fields.reader(MODEL_TYPE, ROUTER, to_mla, HyV4Config)
 
 def layer_dims(cfg: HyV4Config) -> V4LayerDims:
     """What the streams' layer needs of the config: independent hyper-connections, the norms' eps."""
-    hc = HcDims(cfg.hc_mult, 0, cfg.hc_eps, cfg.rms_norm_eps, comb=False, magnitude=cfg.hc_magnitude)
+    hc = HcDims(cfg.hc_mult, 0, cfg.hc_eps, cfg.rms_norm_eps, comb=False, magnitude=cfg.hc_magnitude,
+                post_eps=cfg.hc_eps)
     return V4LayerDims(hc, None, cfg.rms_norm_eps, ("attn_hc", "ffn_hc"))
 
 

@@ -52,12 +52,12 @@ def softmax_with_sinks(x: np.ndarray, sinks: np.ndarray) -> np.ndarray:
     return e
 
 
-def with_sink_column(softmax: Callable[[np.ndarray], np.ndarray], x: np.ndarray, sinks: np.ndarray) -> np.ndarray:
+def with_sink_column(softmax_of: Callable[[np.ndarray], np.ndarray], x: np.ndarray, sinks: np.ndarray) -> np.ndarray:
     """Any softmax of whole rows (a learner's) made with a sink logit per row: softmax over x with
     the sinks appended as one more column, that column dropped (transformers' gpt-oss lines).
     x [..., S], sinks broadcastable to x[..., :1] -> [..., S] float32"""
     sink_column = np.broadcast_to(np.asarray(sinks, x.dtype), (*x.shape[:-1], 1))  # [..., one]
-    return np.asarray(softmax(np.concatenate([x, sink_column], axis=-1)), np.float32)[..., :-1]
+    return np.asarray(softmax_of(np.concatenate([x, sink_column], axis=-1)), np.float32)[..., :-1]
 
 
 def swiglu(x: np.ndarray, gate, up, down, row_weights: np.ndarray | None = None) -> np.ndarray:

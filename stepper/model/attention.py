@@ -20,6 +20,7 @@ lines), and its scores and weights are shown as tensors made a tile at a time (s
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 
 import numpy as np
@@ -215,7 +216,7 @@ def held(ops: kernels.Operands, emit: Emitter) -> np.ndarray:
 
 
 def attention_weights(scores: np.ndarray, scale: float, emit: Emitter, mask: np.ndarray | None = None,
-                      weights_of=None) -> np.ndarray:
+                      weights_of: Callable[[np.ndarray], np.ndarray] | None = None) -> np.ndarray:
     """Scale, mask the future (and what `mask`, broadcast to [B, H, T, S], drops: False, or -inf
     added), softmax over the attended positions (weights_of: the softmax with each head's sink,
     kernels.attention.Operands.weights_of).  [B, H, T, S] -> same"""

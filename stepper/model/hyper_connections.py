@@ -20,10 +20,11 @@ The model's head collapses the streams once more with its own pre weights (`hc_h
 Hy4 (`hy_v4`) keeps the streams apart ("independent" hyper-connections): its projection makes only
 pre and post ([B, T, 2n]), post is `hc_magnitude` sigmoid(...) + hc_eps, and there is no comb:
 X'_k = post_k y + X_k (HcDims.comb False).
-Tensors are emitted under DeepSeek's names of the two sites, `hc_attn.*` and `hc_ffn.*`. Weights
-(transformers' names, relative to the layer; published `hc_attn_fn`, ...): `attn_hc.fn` and
-`ffn_hc.fn` [(2 + n) n, n d], `.base` [(2 + n) n], `.scale` [3]; the head's `hc_head.hc_fn` [n, n d],
-`hc_head.hc_base` [n], `hc_head.hc_scale` [1].
+Tensors are emitted under DeepSeek's names of the two sites, `hc_attn.*` and `hc_ffn.*` (Hy4's under
+its modules' names, `attn_hc.*` and `ffn_hc.*`: their formulas are not V4's). Weights (transformers'
+names, relative to the layer; V4's published `hc_attn_fn`, ...): `attn_hc.fn` and `ffn_hc.fn`
+[(2 + n) n, n d], `.base` [(2 + n) n], `.scale` [3] (Hy4: [2n, n d], [2n], [2]); the head's
+`hc_head.hc_fn` [n, n d], `hc_head.hc_base` [n], `hc_head.hc_scale` [1].
 """
 
 from __future__ import annotations
@@ -48,11 +49,7 @@ class HcDims:
     norm_eps: float  # rms_norm_eps, inside the RMS of the flattened streams
     comb: bool = True  # the streams mixed by a Sinkhorn'd comb (V4); False: each kept as it is (Hy4)
     magnitude: float = 2.0  # post's sigmoid times this (Hy4: hc_magnitude)
-
-    @property
-    def post_eps(self) -> float:
-        """What post adds to its scaled sigmoid: nothing in V4, hc_eps in Hy4."""
-        return 0.0 if self.comb else self.hc_eps
+    post_eps: float = 0.0  # added to post (Hy4: hc_eps)
 
 
 @dataclass(frozen=True)

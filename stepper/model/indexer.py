@@ -5,8 +5,9 @@ the index_topk best (DeepSeek Sparse Attention). The indexer has its own project
 from MLA's query latent q_a_norm (wq_b, index_n_heads heads of index_head_dim), one key per
 token (wk, then a LayerNorm with a bias), and a per-token weight for each head (weights_proj).
 RoPE rotates the first qk_rope_head_dim dims of each, as two halves (not MLA's interleaved
-pairs), with MLA's angles. The score of key s for query t is the sum over heads of
-w_h * relu(q_h . k_s) * index_head_dim^-0.5; the future is masked; the best index_topk are kept.
+pairs), with MLA's angles (GLM-5: interleaved pairs; Hy4: the last qk_rope_head_dim dims). The
+score of key s for query t is the sum over heads of w_h * relu(q_h . k_s) * index_head_dim^-0.5;
+the future is masked; the best index_topk are kept.
 The result is an additive mask, 0 where attention may look, -inf elsewhere, and the indexer's
 keys have their own cache.
 

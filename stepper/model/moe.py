@@ -10,7 +10,7 @@ Two ways to run the routed experts, equal to float32 round-off:
 
 Only the experts some token chose are ever read from the weight source. Where the config sets a
 `swiglu_limit` (Hy4) the routed experts clamp their gate and up projections first (DeepSeek-V4's
-experts: model.clamped_experts), each chosen expert run once on its tokens.
+experts: model.clamped_experts), each chosen expert run once on its tokens whatever the dispatch.
 """
 
 from __future__ import annotations

@@ -169,8 +169,17 @@ class Checkpoint:
     def on_disk(self, message: str) -> str:
         """A message naming each tensor it quotes as the files do."""
         if self.stored_as and self.config.wrapper is None:  # Hy4's files: its modules' names renamed back
-            return QUOTED_TEXT_NAME.sub(lambda m: f"'{self.stored_as.get(m[1], m[1])}'", message)
+            return QUOTED_TEXT_NAME.sub(lambda m: f"'{self._as_stored(m[1])}'", message)
         return named_on_disk(self.config, message)
+
+    def _as_stored(self, name: str) -> str:
+        """A tensor's name as the files store it, or (one they lack) as they store it in another layer."""
+        if name in self.stored_as or not (found := LAYER_NAME.match(name)):
+            return self.stored_as.get(name, name)
+        rest = name[found.end():]
+        sibling = next((stored for read, stored in self.stored_as.items()
+                        if (other := LAYER_NAME.match(read)) and read[other.end():] == rest), None)
+        return name if sibling is None else LAYER_NAME.sub(found[0], sibling, count=1)
 
     def _stored(self, name: str) -> Stored:
         if self.config.fused_experts and (fused := fused_name(name)) is not None:

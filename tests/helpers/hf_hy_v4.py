@@ -8,22 +8,22 @@ import numpy as np
 import torch
 import transformers
 
-# three layers: a dense one with its own indexer, a MoE one with its own, a MoE one reusing it ("shared");
-# three streams; four positions kept of each query's past, scored by eight index heads (a score ties at 0, making
-# the top-k ambiguous, only where all eight relu's are 0); a clamp that bites on these weights
+# four layers: a dense one with its own indexer, a MoE one with its own, two MoE ones reusing it in turn ("shared",
+# transformers' pattern); three streams; four positions kept of each query's past, scored by eight index heads (a
+# score ties at 0, making the top-k ambiguous, only where all eight relu's are 0); a clamp that bites on these
+# weights; an eps large enough that each norm's own (rms_norm_eps, or the latents' 1e-6) shows in the tensors
 TINY_HY = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "moe_intermediate_size": 16,
-           "num_hidden_layers": 3, "num_attention_heads": 4, "q_lora_rank": 16, "kv_lora_rank": 16,
+           "num_hidden_layers": 4, "num_attention_heads": 4, "q_lora_rank": 16, "kv_lora_rank": 16,
            "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 12, "n_routed_experts": 8,
            "num_experts_per_tok": 2, "routed_scaling_factor": 2.5, "index_topk": 4, "index_head_dim": 16,
            "index_n_heads": 8, "hc_mult": 3, "hc_magnitude": 1.5, "hc_eps": 1e-3, "swiglu_limit": 0.6,
-           "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "pad_token_id": 0, "bos_token_id": 1,
+           "max_position_embeddings": 8192, "rms_norm_eps": 0.05, "pad_token_id": 0, "bos_token_id": 1,
            "eos_token_id": 2, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
 
 
 def random_model(fields: dict, seed: int) -> transformers.HYV4ForCausalLM:
     """HYV4ForCausalLM of these fields, every parameter drawn: norms about 1, the router's bias and the
-    hyper-connections' scales and bases large enough to matter, the sinks about 0, the index heads'
-    weights positive (an index score ties at 0 only where every head's relu is 0, so the top-k is one set)."""
+    hyper-connections' scales and bases large enough to matter, the sinks about 0."""
     torch.manual_seed(seed)
     model = transformers.HYV4ForCausalLM(transformers.HYV4Config(**fields)).eval().to(torch.float32)
     with torch.no_grad():

@@ -1,13 +1,14 @@
 """Hy4 (`hy_v4`) as transformers makes and saves it, run by stepper as transformers runs it.
 
-transformers' HYV4ForCausalLM at a tiny size (tests.helpers.hf_hy_v4: a dense layer and two MoE
-layers, the last reusing the index choice of the one before, three streams, sinks, a clamp that
-bites), every parameter drawn, written by save_pretrained (its files name the tensors back as
+transformers' HYV4ForCausalLM at a tiny size (tests.helpers.hf_hy_v4: a dense layer and three MoE
+layers, the last two reusing the index choice of the one before them, three streams, sinks, a clamp
+that bites), every parameter drawn, written by save_pretrained (its files name the tensors back as
 Hy4's: `self_attn.learnable_sink_param`, `hc_pre.hc_attn_layer.hc_fn`, fused experts). stepper reads
 that folder; the model transformers' from_pretrained builds from it is the reference: every
 tensor both show over a prompt and two decode steps, on both attention paths, at positions from
-0 and past 4096, whole and tiled, and every expert and index choice. Then the same tensors under
-the names Hy4's published checkpoint gives them, config.json's refusals, and the CLI on the folder."""
+0 and from 4100 (rotary angles past 4096 on an empty cache; with YaRN too), whole and over small
+tiles, and every expert and index choice. Then the same tensors under the names Hy4's published
+checkpoint gives them, config.json's refusals, and the CLI on the folder."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import pytest
 
 from stepper.errors import StepperError
 from stepper.families import read_config
-from stepper.kernels import attention
+from stepper.kernels import attention, parallel
 from stepper.seams.trace import Recorder
 from stepper.session import RunSpec, run
 from tests.helpers import hf_hy_v4
@@ -33,6 +34,10 @@ PER_LAYER = ("attn_hc.post", "attn_hc.collapsed", "attn_norm", "attn_output", "f
              "ffn_norm", "ffn_output", "ffn_streams")
 GLOBAL = ("hc_head.collapsed", "final_norm", "logits")
 STEP_NAMES = ("prefill", "decode0", "decode1")
+LAYERS = hf_hy_v4.TINY_HY["num_hidden_layers"]
+YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 1024,
+        "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}
+CHOOSING = ((0, "topk_idx"), (1, "topk_idx"), (2, "reused_topk_idx"), (3, "reused_topk_idx"))  # full, full, shared
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +66,7 @@ def both(folder, reference, **spec) -> tuple[dict, dict, list[int]]:
 
 def shown_alike(mine: dict, ref: dict) -> list[str]:
     """The tensors both show that differ by more than float32 round-off (each compared whole)."""
-    names = [f"{s}.layers.{i}.{n}" for s in STEP_NAMES for i in range(3) for n in PER_LAYER]
+    names = [f"{s}.layers.{i}.{n}" for s in STEP_NAMES for i in range(LAYERS) for n in PER_LAYER]
     names += [f"{s}.{n}" for s in STEP_NAMES for n in GLOBAL]
     assert set(names) <= set(ref) and set(names) <= set(mine)
     return [n for n in names if not np.allclose(array(mine[n]).reshape(ref[n].shape), ref[n], rtol=1e-4, atol=2e-5)]
@@ -80,10 +85,29 @@ def test_every_tensor_both_show_matches_in_prefill_and_decode(saved, reference, 
         assert int(np.argmax(ref[f"{STEP_NAMES[step]}.logits"][0, -1])) == token
 
 
+def test_a_model_with_yarn_matches_past_its_original_length(tmp_path):
+    """YaRN (factor 4 from 1024 positions, mscale_all_dim 1: the softmax scale times mscale^2) at
+    positions from 4100, both paths; the config written back reads the same."""
+    folder = tmp_path / "yarn"
+    hf_hy_v4.random_model({**hf_hy_v4.TINY_HY, "rope_parameters": YARN}, seed=4).save_pretrained(folder)
+    model = transformers.HYV4ForCausalLM.from_pretrained(folder, dtype=torch.float32,
+                                                         attn_implementation="eager").eval()
+    for attn in ("naive", "absorb"):
+        mine, ref, _ = both(folder, model, attn=attn, start_pos=4100)
+        assert shown_alike(mine, ref) == [], attn
+    cfg = read_config(json.loads((folder / "config.json").read_text()), "Hy4/config.json")
+    assert cfg.rope_scaling.factor == 4.0 and read_config(cfg.to_hf(), "Hy4/config.json") == cfg
+
+
 def test_tiled_attention_and_a_chunked_prefill_match_too(saved, reference, monkeypatch):
-    """Scores too many to hold (WHOLE_SCORES cut to 64): the online softmax starts from each head's
-    sink; a prefill run 16 positions at a time gives the same tensors."""
+    """Scores too many to hold (WHOLE_SCORES cut to 64) and tiles of 2 heads x 4 queries x 7 keys
+    on two threads: the online softmax starts from each head's sink and rescales across key tiles;
+    a prefill run 16 positions at a time gives the same tensors."""
     monkeypatch.setattr(attention, "WHOLE_SCORES", 64)
+    monkeypatch.setattr(parallel, "cores", lambda: 2)
+    monkeypatch.setattr(attention, "TILE_SCORES", 2 * 4 * 7)
+    monkeypatch.setattr(attention, "KEY_TILE", 7)
+    monkeypatch.setattr(attention, "QUERY_TILE", 4)
     for spec in ({"attn": "naive"}, {"attn": "absorb", "chunk": 16}):
         mine, ref, _ = both(saved, reference, **spec)
         assert shown_alike(mine, ref) == [], spec
@@ -92,20 +116,25 @@ def test_tiled_attention_and_a_chunked_prefill_match_too(saved, reference, monke
 def test_every_expert_and_index_choice_is_the_same(saved, reference):
     mine, ref, _ = both(saved, reference)
     for n, step in enumerate(STEP_NAMES):
-        for layer in (1, 2):  # the MoE layers: the same experts, the same weights
+        for layer in range(1, LAYERS):  # the MoE layers: the same experts, the same weights
             key = f"{step}.layers.{layer}.mlp.gate."
             order, want = np.argsort(mine[key + "topk_idx"]), np.argsort(ref[key + "topk_idx"])
             assert np.array_equal(np.take_along_axis(mine[key + "topk_idx"], order, 1),
                                   np.take_along_axis(ref[key + "topk_idx"], want, 1)), key
             assert np.allclose(np.take_along_axis(mine[key + "topk_weight"], order, 1),
                                np.take_along_axis(ref[key + "topk_weight"], want, 1), atol=1e-6), key
-        for layer, name in ((0, "topk_idx"), (1, "topk_idx"), (2, "reused_topk_idx")):
+        for layer, name in CHOOSING:
             chosen = mine[f"{step}.layers.{layer}.self_attn.indexer.{name}"][0]  # [T, Ki], -1: none
             theirs = ref[f"{step}.layers.{layer}.topk_indices"][0]  # [T, Ki], past the query's own: masked
             last = np.arange(PROMPT) if n == 0 else np.array([PROMPT + n - 1])  # each row's own position
             for t in range(chosen.shape[0]):
                 assert {int(p) for p in chosen[t] if p >= 0} == {int(p) for p in theirs[t] if p <= last[t]}, (step, t)
     assert all(len(set(row.tolist())) == 4 for row in mine["prefill.layers.1.self_attn.indexer.topk_idx"][0, 4:])
+    for step in STEP_NAMES:  # one top-k: no row's 4th and 5th best scores tie, so the choice is no seed's luck
+        for layer in (0, 1):
+            scores = np.sort(mine[f"{step}.layers.{layer}.self_attn.indexer.index_scores"][0], axis=-1)[:, ::-1]
+            kept = scores[np.isfinite(scores[:, 4])]  # [T, S] of the rows with more than 4 positions
+            assert np.all(kept[:, 3] > kept[:, 4]), (step, layer)
 
 
 def test_the_clamp_bites_and_the_sinks_take_weight(saved, reference):
@@ -161,14 +190,14 @@ def test_a_missing_tensor_is_named_as_the_files_name_it(saved, tmp_path):
     out = stepper("run", "--model", folder, "--layer", "1", "--plain")
     assert out.returncode == 2 and out.stdout == ""
     lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and "'model.layers.1.attn_hc.scale' is missing" in lines[0], out.stderr
+    assert len(lines) == 1 and "'model.layers.1.hc_attn_layer.hc_pre.hc_scale' is missing" in lines[0], out.stderr
 
 
 def test_inspect_and_run_on_the_folder(saved):
     listed = stepper("inspect", saved, "--plain")
     assert listed.returncode == 0 and not listed.stderr, listed.stderr
     assert "hy_v4" in listed.stdout.splitlines()[0] and "problem" not in listed.stdout
-    ran = stepper("run", "--model", saved, "--layers", "0:3", "--plain")
+    ran = stepper("run", "--model", saved, "--layers", "0:4", "--plain")
     assert ran.returncode == 0 and not ran.stderr, ran.stderr
     assert "attn_hc.post" in ran.stdout and "self_attn.indexer.reused_topk_idx" in ran.stdout
 
@@ -182,8 +211,8 @@ def hy_config(**fields) -> dict:
 def test_the_config_reads_as_transformers_builds_it():
     cfg = read_config(hy_config(), "Hy4/config.json")
     assert (cfg.model_type, cfg.hc_mult, cfg.hc_magnitude, cfg.hc_eps, cfg.swiglu_limit) == ("hy_v4", 3, 1.5, 1e-3, 0.6)
-    assert (cfg.first_k_dense_replace, cfg.index_reused_layers, cfg.index_n_heads, cfg.index_topk) == (1, (2,), 8, 4)
-    assert (cfg.rope_interleave, cfg.indexer_rope_last, cfg.indexer_norm_eps) == (False, True, 1e-5)
+    assert (cfg.first_k_dense_replace, cfg.index_reused_layers, cfg.index_n_heads, cfg.index_topk) == (1, (2, 3), 8, 4)
+    assert (cfg.rope_interleave, cfg.indexer_rope_last, cfg.indexer_norm_eps) == (False, True, 0.05)
     assert cfg.attention_sinks and cfg.gate_proj and cfg.fused_experts and cfg.rope_theta == 10000.0
     again = read_config(json.loads(json.dumps(cfg.to_hf())), "Hy4/config.json")
     assert again == cfg
@@ -193,9 +222,14 @@ def test_the_config_reads_as_transformers_builds_it():
 
 @pytest.mark.parametrize("fields, message", [
     ({"attention_bias": True}, "field 'attention_bias' must be false"),
-    ({"layer_types": ["sliding_attention"] * 3}, "field 'layer_types' must be 'indexed_attention' for each"),
-    ({"indexer_types": ["shared", "full", "full"]}, "field 'indexer_types' must start with a 'full' layer"),
-    ({"mlp_layer_types": ["dense", "sparse", "dense"]}, "field 'mlp_layer_types' must be dense layers then MoE"),
+    ({"layer_types": ["sliding_attention"] * 4}, "field 'layer_types' must be 'indexed_attention' for each"),
+    ({"q_lora_rank": None}, "field 'q_lora_rank' is missing"),
+    ({"quantization_config": {"quant_method": "fp8"}}, "field 'quantization_config' is not built"),
+    ({"rope_parameters": {**YARN, "attention_factor": 1.2}}, "field 'rope_parameters.attention_factor' is not built"),
+    ({"rope_parameters": {**YARN, "truncate": False}}, "field 'rope_parameters.truncate' must be true"),
+    ({"rope_parameters": {**YARN, "mscale": 0.7, "mscale_all_dim": 0}}, "field 'rope_parameters.mscale' must come"),
+    ({"indexer_types": ["shared", "full", "full", "full"]}, "field 'indexer_types' must start with a 'full' layer"),
+    ({"mlp_layer_types": ["dense", "sparse", "dense", "dense"]}, "field 'mlp_layer_types' must be dense layers then"),
     ({"swiglu_limit": 0}, "field 'swiglu_limit' must be"),
     ({"hc_mult": 0}, "field 'hc_mult' must be >= 1"),
     ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
