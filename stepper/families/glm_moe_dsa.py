@@ -75,8 +75,8 @@ def indexer_types(f: Fields, layers: int) -> list[str]:
         offset = f.int("index_skip_topk_offset", default=2, minimum=0)
         return ["full" if max(i - offset + 1, 0) % freq == 0 else "shared" for i in range(layers)]
     if not isinstance(given, list) or len(given) != layers or not set(given) <= {"full", "shared"}:
-        raise f.fail(field, f"must give 'full' or 'shared' (F or S) for each of the {layers} layers, "
-                     f"got {str(given)[:80]}")
+        kinds = "'F' or 'S'" if field == "index_topk_pattern" else "'full' or 'shared'"
+        raise f.fail(field, f"must give {kinds} for each of the {layers} layers, got {str(given)[:80]}")
     if given[0] != "full":
         raise f.fail(field, "must start with a 'full' layer: a 'shared' layer reuses the choice of the layer before it")
     return list(given)

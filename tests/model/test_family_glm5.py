@@ -73,7 +73,7 @@ def test_the_shared_layers_follow_transformers_rule(fields, reused):
     ({"attention_bias": True}, "field 'attention_bias' must be False"),
     ({"indexer_types": ["shared"] + ["full"] * 77}, "field 'indexer_types' must start with a 'full' layer"),
     ({"indexer_types": ["full"] * 3}, "field 'indexer_types' must give 'full' or 'shared'"),
-    ({"index_topk_pattern": "FX" * 39}, "field 'index_topk_pattern' must give 'full' or 'shared'"),
+    ({"index_topk_pattern": "FX" * 39}, "field 'index_topk_pattern' must give 'F' or 'S'"),
     ({"mlp_layer_types": ["dense"] * 78}, "field 'mlp_layer_types' must be the first 3 layers 'dense'"),
     ({"scoring_func": "softmax"}, "field 'scoring_func' must be 'sigmoid'"),
     ({"q_lora_rank": None}, "field 'q_lora_rank' is missing"),

@@ -239,3 +239,22 @@ def test_a_field_stepper_does_not_honour_is_refused_by_name(fields, message):
     with pytest.raises(StepperError, match=message) as refused:
         read_config(hy_config(**fields), "Hy4/config.json")
     assert str(refused.value).startswith("Hy4/config.json")
+
+
+def test_a_remote_folder_runs_as_the_local_one(saved, monkeypatch, tmp_path):
+    """The folder served over HTTP range requests: the same tensors, its files' names renamed alike,
+    less fetched than the whole file (the embedding's rows of other tokens stay on the server)."""
+    pytest.importorskip("huggingface_hub")
+    from stepper.weights import remote
+    from tests.helpers.range_server import RangeServer
+    from tests.helpers.remote_cache import cache_settings
+
+    monkeypatch.setattr(remote, "_chosen", cache_settings(tmp_path))
+    want, ours = Recorder(), Recorder()
+    run(RunSpec(model=str(saved), ids=prompt_ids()[:9], decode=1), [want])
+    with RangeServer(saved.parent) as server:
+        run(RunSpec(model=f"{server.url}/{saved.name}/", ids=prompt_ids()[:9], decode=1), [ours])
+    assert list(ours.tensors()) == list(want.tensors())
+    for name, value in want.tensors().items():
+        np.testing.assert_array_equal(array(ours.tensors()[name]), array(value), err_msg=name)
+    assert server.sent < (saved / "model.safetensors").stat().st_size
