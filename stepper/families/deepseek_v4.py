@@ -21,7 +21,7 @@ import numpy as np
 
 from stepper.errors import StepperError
 from stepper.families.deepseek_v4_config import V4Config
-from stepper.families.deepseek_v4_weights import EMBED, HC_HEAD, NORM, weight_shapes
+from stepper.families.deepseek_v4_weights import EMBED, head_weights, weight_shapes
 from stepper.model.clamped_experts import MoeDims
 from stepper.model.compressed_attention import AttentionDims, attention
 from stepper.model.hyper_connections import HcDims, expand, hc_pre
@@ -110,6 +110,15 @@ def compressed(layer: int, w: LayerWeights, cache: V4AttentionCache | None, dims
     return lambda x: attention(x, w, dims, cache, emit)
 
 
+def lone_streams(model, ids: np.ndarray, seed: int, step: int, first: int = 0) -> np.ndarray:
+    """A lone layer's synthetic streams [B, T, n, d] at the step's positions first..: the tokens'
+    embeddings in every stream, or seeded vectors without an embedding table (V4's model, Hy4's)."""
+    cfg = model.config
+    if model.weights.has(EMBED):
+        return expand(model.embed(ids), cfg.hc_mult)
+    return seeded_input(seed, step, first, ids.shape[1], (cfg.hc_mult, cfg.hidden_size))
+
+
 class V4Model:
     """The whole V4 model on a weight source (stepper.model.stack.Model): the hc_mult streams
     [B, T, n, d] flow between the layers. `attention` (default: the compressed attention of each
@@ -134,11 +143,8 @@ class V4Model:
         return V4Step(ids)
 
     def lone_input(self, ids: np.ndarray, seed: int, step: int, first: int = 0) -> np.ndarray:
-        """A lone layer's synthetic streams [B, T, n, d] at the step's positions first..: the
-        tokens' embeddings in every stream, or seeded vectors without an embedding table."""
-        if self.weights.has(EMBED):
-            return expand(self.embed(ids), self.config.hc_mult)
-        return seeded_input(seed, step, first, ids.shape[1], (self.config.hc_mult, self.config.hidden_size))
+        """A lone layer's synthetic streams [B, T, n, d] (lone_streams)."""
+        return lone_streams(self, ids, seed, step, first)
 
     def layer(self, i: int, streams: np.ndarray, context: V4Step, cache: V4Caches | None, emit: Emitter,
               attn: str = "naive") -> np.ndarray:
@@ -160,9 +166,7 @@ class V4Model:
 
     def head(self, streams: np.ndarray, emit: Emitter) -> np.ndarray:
         """The streams collapsed, normed and multiplied by lm_head: [B, T, n, d] -> logits [B, T, V]."""
-        get = self.weights.get
-        head = {"hc_fn": get(HC_HEAD[0]), "hc_base": get(HC_HEAD[1]), "hc_scale": get(HC_HEAD[2]), "norm": get(NORM)}
-        hidden = v4_final(streams, head, layer_dims(self.config, 0), emit)  # [B, T, d]
+        hidden = v4_final(streams, head_weights(self.weights.get), layer_dims(self.config, 0), emit)  # [B, T, d]
         return emit("logits", lm_head(hidden, self.weights))
 
     def forward(self, ids: np.ndarray, positions: np.ndarray, emit: Emitter, cache: V4Caches | None = None,

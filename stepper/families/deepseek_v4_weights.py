@@ -17,6 +17,12 @@ HC_HEAD = ("model.hc_head.hc_fn", "model.hc_head.hc_base", "model.hc_head.hc_sca
 EXPERT = re.compile(r"mlp\.experts\.\d+\.(gate|up|down)_proj\.weight$")
 
 
+def head_weights(get) -> dict[str, Any]:
+    """The head's weights as v4_layer.v4_final takes them (hc_fn, hc_base, hc_scale, the final norm's),
+    by `get` of a weight source."""
+    return {"hc_fn": get(HC_HEAD[0]), "hc_base": get(HC_HEAD[1]), "hc_scale": get(HC_HEAD[2]), "norm": get(NORM)}
+
+
 def layer_prefix(layer: int) -> str:
     return f"model.layers.{layer}."
 

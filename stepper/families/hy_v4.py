@@ -27,22 +27,22 @@ import numpy as np
 
 from stepper.config import Config
 from stepper.families import deepseek, glm_moe_dsa, mla_fields
+from stepper.families.deepseek_v4 import lone_streams
 from stepper.families.deepseek_v4_weights import global_shapes as v4_global_shapes
-from stepper.families.deepseek_v4_weights import hc_shapes
+from stepper.families.deepseek_v4_weights import hc_shapes, head_weights
 from stepper.families.family import Family, around
 from stepper.model.cache import LayerCache
-from stepper.model.hyper_connections import HcDims, expand
+from stepper.model.hyper_connections import HcDims
 from stepper.model.layer import mla_step
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.mlp import dense_mlp
 from stepper.model.moe import moe
 from stepper.model.options import LayerOptions
-from stepper.model.stack import seeded_input
 from stepper.model.transformer import Transformer
 from stepper.model.v4_layer import V4LayerDims, v4_decoder_layer, v4_final, v4_streams
 from stepper.seams.trace import Emitter
 from stepper.untrusted import said
-from stepper.weights.names import EMBED, layer_prefix, mla_layer_shapes
+from stepper.weights.names import layer_prefix, mla_layer_shapes
 
 MODEL_TYPE = "hy_v4"
 ARCHITECTURE = "HYV4ForCausalLM"
@@ -201,16 +201,11 @@ class HyV4Model(Transformer):
 
     def final_norm(self, streams: np.ndarray, emit: Emitter) -> np.ndarray:
         """The streams collapsed (hc_head) and normalised.  [B, T, n, d] -> [B, T, d]"""
-        head = {name: self.weights.get(f"model.hc_head.{name}") for name in ("hc_fn", "hc_base", "hc_scale")}
-        head["norm"] = self.weights.get("model.norm.weight")
-        return v4_final(streams, head, layer_dims(self.config), emit)
+        return v4_final(streams, head_weights(self.weights.get), layer_dims(self.config), emit)
 
     def lone_input(self, ids: np.ndarray, seed: int, step: int, first: int = 0) -> np.ndarray:
         """A lone layer's streams [B, T, n, d]: the tokens' embedding in each, or seeded ones."""
-        cfg = self.config
-        if self.weights.has(EMBED):
-            return expand(self.embed(ids), cfg.hc_mult)
-        return seeded_input(seed, step, first, ids.shape[1], (cfg.hc_mult, cfg.hidden_size))
+        return lone_streams(self, ids, seed, step, first)
 
 
 def miniature(cfg: HyV4Config, layer: int) -> HyV4Config:

@@ -52,6 +52,12 @@ def reference(saved):
     return transformers.HYV4ForCausalLM.from_pretrained(saved, dtype=torch.float32, attn_implementation="eager").eval()
 
 
+@pytest.fixture(scope="module")
+def default_run(saved, reference) -> tuple[dict, dict, list[int]]:
+    """The run both the choices' and the parts' tests read (attn auto: naive prefill, absorbed decode)."""
+    return both(saved, reference)
+
+
 def prompt_ids() -> tuple[int, ...]:
     return tuple(int(i) for i in np.random.default_rng(2).integers(3, hf_hy_v4.TINY_HY["vocab_size"], PROMPT))
 
@@ -113,8 +119,8 @@ def test_tiled_attention_and_a_chunked_prefill_match_too(saved, reference, monke
         assert shown_alike(mine, ref) == [], spec
 
 
-def test_every_expert_and_index_choice_is_the_same(saved, reference):
-    mine, ref, _ = both(saved, reference)
+def test_every_expert_and_index_choice_is_the_same(default_run):
+    mine, ref, _ = default_run
     for n, step in enumerate(STEP_NAMES):
         for layer in range(1, LAYERS):  # the MoE layers: the same experts, the same weights
             key = f"{step}.layers.{layer}.mlp.gate."
@@ -137,10 +143,10 @@ def test_every_expert_and_index_choice_is_the_same(saved, reference):
             assert np.all(kept[:, 3] > kept[:, 4]), (step, layer)
 
 
-def test_the_clamp_bites_and_the_sinks_take_weight(saved, reference):
+def test_the_clamp_bites_and_the_sinks_take_weight(default_run):
     """What makes the run above a test of Hy4's parts: some routed expert values are clamped, and
     each head's weights sum to less than 1 (the sink's share)."""
-    mine, _, _ = both(saved, reference)
+    mine, _, _ = default_run
     assert mine["prefill.layers.1.mlp.experts.clamp_counts"].sum() > 0
     sums = mine["prefill.layers.1.self_attn.attn_weights"].sum(axis=-1)  # [B, H, T]
     assert np.all(sums < 1 - 1e-3) and np.all(sums > 0)
