@@ -156,6 +156,9 @@ class MlaVariants:
     indexer_rope_last = False
     indexer_norm_eps = 1e-6
     swiglu_limit = None
+    head_gate = False  # Ling 3's MLA: sigmoid(g_proj(x)), one gate per head
+    kda_full_gates = False  # Ling 3's KDA: f_proj and g_proj, not Kimi's rank-K f_a/f_b, g_a/g_b
+    kda_lower_bound = None  # Ling 3's safe forget gate: lower_bound * sigmoid(...)
     rotary = True  # the model makes rotary tables (Kimi Linear: none, no layer rotates)
 
     @property
@@ -526,7 +529,7 @@ def _parse(raw: dict[str, Any], source: str, spelled: dict[str, str] | None = No
             f"must equal num_attention_heads ({heads}) in MLA, where every head has its own "
             f"up-projected key and value; got {kv_heads}",
         )
-    rope_theta, rope_scaling = _rope(f)
+    rope_theta, rope_scaling = rope_settings(f)
     no_experts = {} if raw.get("n_routed_experts") else {"default": 0, "minimum": 0}  # dense only: no expert size
     vocab = f.int("vocab_size")
     cfg = Config(
@@ -648,7 +651,7 @@ def _family(f: Fields, model_type: str) -> dict[str, Any]:
     return chosen
 
 
-def _rope(f: Fields) -> tuple[float, Yarn | None]:
+def rope_settings(f: Fields) -> tuple[float, Yarn | None]:
     """rope_theta and the YaRN block, from `rope_scaling` (config.json) or `rope_parameters`."""
     block_name = "rope_parameters" if isinstance(f.raw.get("rope_parameters"), dict) else "rope_scaling"
     block = f.raw.get(block_name)

@@ -595,6 +595,23 @@ PRESETS["tiny-hy4"] = {
 }
 
 
+# Ling 3 (stepper/families/bailing_hybrid.py), in transformers' BailingHybridConfig fields: `tiny-ling3`,
+# Ling's pattern in four layers (KDA, MLA, KDA, MLA: layer_group_size 2 where Ling-3.0-Flash has 6), a
+# dense first layer then MoE layers of 16 experts in 4 groups, the safe forget gate at -5 and rope_theta
+# 6e6 as transformers' defaults have them
+PRESETS["tiny-ling3"] = {
+    "_name_or_path": "tiny-ling3", "architectures": ["BailingHybridForCausalLM"], "model_type": "bailing_hybrid",
+    "vocab_size": 1000, "hidden_size": 160, "intermediate_size": 272, "moe_intermediate_size": 48,
+    "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 4, "q_lora_rank": None,
+    "kv_lora_rank": 64, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32, "head_dim": 32,
+    "num_experts": 16, "num_shared_experts": 1, "num_experts_per_token": 4, "num_expert_group": 4, "topk_group": 2,
+    "routed_scaling_factor": 2.5, "moe_renormalize": True, "first_k_dense_replace": 1, "layer_group_size": 2,
+    "short_conv_kernel_size": 4, "kda_safe_gate": True, "kda_lower_bound": -5.0, "rms_norm_eps": 1e-6,
+    "model_max_length": 262144, "rope_parameters": {"rope_type": "default", "rope_theta": 6000000.0},
+    "hidden_act": "silu", "attention_bias": False, "tie_word_embeddings": False, "eos_token_id": 991,
+    "pad_token_id": 992,
+}
+
 def preset(name: str) -> Config:
     """The named preset's config, read by its family (stepper.families); an unknown name is a
     StepperError listing the known ones."""

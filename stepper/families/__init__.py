@@ -20,6 +20,7 @@ from stepper.errors import StepperError
 from stepper.families import (
     axk1,
     axk2,
+    bailing_hybrid,
     deepseek,
     deepseek_v4_family,
     glm4_moe_lite,
@@ -37,7 +38,8 @@ from stepper.untrusted import said
 
 FAMILIES: tuple[Family, ...] = (deepseek.FAMILY, sarvam_mla.FAMILY, youtu.FAMILY, glm4_moe_lite.FAMILY, axk1.FAMILY,
                                 mistral4.FAMILY, minicpm3.FAMILY, glm_moe_dsa.FAMILY, axk2.FAMILY, longcat_flash.FAMILY,
-                                kimi_linear.FAMILY, deepseek_v4_family.FAMILY, hy_v4.FAMILY)
+                                kimi_linear.FAMILY, deepseek_v4_family.FAMILY, hy_v4.FAMILY,
+                                bailing_hybrid.FAMILY)
 _added: tuple[Family, ...] = ()  # families registered for a while (`registered`)
 
 

@@ -109,7 +109,7 @@ def to_mla(f) -> tuple[dict[str, Any], dict[str, Any]]:
     mla_fields.check_rotary_fraction(f, raw, 1.0)
     if raw.get("q_lora_rank") is None:
         raise f.fail("q_lora_rank", "is missing: Hy4's indexer reads its query from q_a_norm")
-    check_yarn(f, raw)
+    mla_fields.check_yarn(f, raw)
     mla_fields.refuse_present(f, raw, ("quantization_config",), "stepper reads Hy4 in BF16 or float32 (not "
                               "Hy4-preview-FP8's E4M3 with an E8M0 scale per 32 columns)")
     fields = mla_fields.typed(f, raw)
@@ -129,23 +129,6 @@ def to_mla(f) -> tuple[dict[str, Any], dict[str, Any]]:
              "indexer_norm_eps": fields.float("rms_norm_eps"), "fused_experts": True,
              **{field: fields.int(field) for field in ("index_n_heads", "index_head_dim", "index_topk")}}
     return {**raw, "first_k_dense_replace": first, "moe_layer_freq": freq}, extra
-
-
-def check_yarn(f, raw: dict[str, Any]) -> None:
-    """A YaRN block as transformers' YaRN reads it and stepper's does alike: no attention_factor of
-    its own, truncated frequencies, and mscale only beside mscale_all_dim (transformers' rotary takes
-    0.1 ln(factor) + 1 without it, whatever mscale says)."""
-    name, block = mla_fields.named_rope_block(f, raw)
-    if not block or block.get("rope_type", block.get("type")) != "yarn":
-        return
-    if block.get("attention_factor") is not None:
-        raise f.fail(f"{name}.attention_factor", "is not built: stepper scales cos and sin by mscale / "
-                     f"mscale_all_dim, got {said(block['attention_factor'])}")
-    if block.get("truncate", True) is not True:
-        raise f.fail(f"{name}.truncate", f"must be true (stepper's YaRN truncates), got {said(block['truncate'])}")
-    if block.get("mscale", 1) != 1 and not block.get("mscale_all_dim"):
-        raise f.fail(f"{name}.mscale", f"must come with mscale_all_dim: transformers' YaRN reads it only beside "
-                     f"that, got {said(block['mscale'])} alone")
 
 
 def indexer_types(f, given: Any, layers: int) -> list[str]:

@@ -116,6 +116,23 @@ def rope_fields(f, raw: dict[str, Any]):
     return type(f)(block or {}, f"{f.source}: {name}")
 
 
+def check_yarn(f, raw: dict[str, Any]) -> None:
+    """A YaRN block as transformers' YaRN reads it and stepper's does alike: no attention_factor of
+    its own, truncated frequencies, and mscale only beside mscale_all_dim (transformers' rotary takes
+    0.1 ln(factor) + 1 without it, whatever mscale says)."""
+    name, block = named_rope_block(f, raw)
+    if not block or block.get("rope_type", block.get("type")) != "yarn":
+        return
+    if block.get("attention_factor") is not None:
+        raise f.fail(f"{name}.attention_factor", "is not built: stepper scales cos and sin by mscale / "
+                     f"mscale_all_dim, got {said(block['attention_factor'])}")
+    if block.get("truncate", True) is not True:
+        raise f.fail(f"{name}.truncate", f"must be true (stepper's YaRN truncates), got {said(block['truncate'])}")
+    if block.get("mscale", 1) != 1 and not block.get("mscale_all_dim"):
+        raise f.fail(f"{name}.mscale", f"must come with mscale_all_dim: transformers' YaRN reads it only beside "
+                     f"that, got {said(block['mscale'])} alone")
+
+
 def check_interleaved(f, raw: dict[str, Any]) -> None:
     """stepper rotates the rope dims in interleaved pairs (`rope_interleave: true`, every MLA
     family's default); the half-split layout is not built."""

@@ -58,6 +58,8 @@ def mla_attention(x: np.ndarray, w: LayerWeights, cache: LayerCache | None, opti
         q_nope, q_pe, compressed_kv = lora_scaled(q_nope, q_pe, compressed_kv, cfg, emit)
     if cfg.gate_proj:  # Hy4: the output gate has a projection of its own
         gate = emit("self_attn.gate", linear(x, w.matrix("self_attn.gate_proj.weight")))  # [B, T, Hv]
+    if cfg.head_gate:  # Ling 3: one gate per head, each of its output dims alike
+        gate = per_head_gate(x, w, cfg, emit)  # [B, T, Hv]
     attend = absorbed if options.attention == "absorb" else naive
     out = attend(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache, emit, per_head(mask))  # [B, H, T, v_head]
     return output_projection(out, w, emit, gate)
@@ -82,6 +84,13 @@ def query_heads(x: np.ndarray, w: LayerWeights, cfg: Config,
     q_nope = emit("self_attn.q_nope", q[..., : cfg.qk_nope_head_dim])  # [B, H, T, nope]
     q_pe = emit("self_attn.q_pe", q[..., cfg.qk_nope_head_dim :])  # [B, H, T, rope]
     return q_nope, q_pe, gate
+
+
+def per_head_gate(x: np.ndarray, w: LayerWeights, cfg: Config, emit: Emitter) -> np.ndarray:
+    """Ling 3's output gate: one logit per head from g_proj, repeated over the head's output dims
+    (what output_projection multiplies the merged heads by the sigmoid of).  [B, T, d] -> [B, T, Hv]"""
+    gate = emit("self_attn.head_gate", linear(x, w.matrix("self_attn.g_proj.weight")))  # [B, T, H]
+    return np.repeat(gate, cfg.v_head_dim, axis=-1)  # [B, T, Hv]
 
 
 @exercise
@@ -241,7 +250,7 @@ def shown(scores, weights_of, emit: Emitter):
 
 
 def output_projection(out: np.ndarray, w: LayerWeights, emit: Emitter, gate: np.ndarray | None = None) -> np.ndarray:
-    """Merge the heads (A.X-K2: times sigmoid(gate)) and project back to the hidden size.
+    """Merge the heads (A.X-K2, Hy4, Ling 3: times sigmoid(gate)) and project back to the hidden size.
     [B, H, T, v_head] -> [B, T, d]"""
     B, H, T, v_head = out.shape
     merged = emit("self_attn.attn_output", out.transpose(0, 2, 1, 3).reshape(B, T, H * v_head))  # [B, T, Hv]

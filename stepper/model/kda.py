@@ -9,14 +9,17 @@ d hidden, W conv taps; Kimi Linear has K = Kv = `linear_head_dim`):
    small state across calls), then SiLU.
 2. q and k are L2-normalised per head, eps inside the root: x / sqrt(sum x^2 + 1e-6); q * K^-0.5.
 3. The forget gate, per head and key channel, in log space:
-   g = -exp(A_log) * softplus(f_b(f_a(x)) + dt_bias)  (<= 0: a decay factor exp(g) in (0, 1]).
+   g = -exp(A_log) * softplus(f_b(f_a(x)) + dt_bias)  (<= 0: a decay factor exp(g) in (0, 1]);
+   Ling 3 (bailing_hybrid) projects with one f_proj and bounds it ("safe gate"):
+   g = lower_bound * sigmoid(exp(A_log) * (f_proj(x) + dt_bias))  (in (lower_bound, 0)).
    The write strength, per head: beta = sigmoid(b_proj(x)).
 4. Per head a state S [K, Kv] (zero before the first token), token by token (the gated delta rule):
      S     <- diag(exp(g_t)) S                      decay each key channel's row
      delta  = beta_t (v_t - S^T k_t)                 what the state should recall at k_t, minus what it does
      S     <- S + k_t delta^T                        write the correction at k_t
      o_t    = S^T q_t                                read with the query
-5. o is RMS-normalised per head (o_norm), times sigmoid(g_b(g_a(x))), merged and o_proj'ed.
+5. o is RMS-normalised per head (o_norm), times sigmoid(g_b(g_a(x))) (Ling 3: sigmoid(g_proj(x))),
+   merged and o_proj'ed.
 
 Step 4 runs token by token here (`gated_delta_rule`, the reference); `stepper.kernels.kda_chunked` does
 the same a chunk of tokens at a time with matrix products (the form long prompts use), tested
@@ -101,15 +104,26 @@ def l2_normalise(x: np.ndarray) -> np.ndarray:
 
 
 def forget_gate(x: np.ndarray, w: LayerWeights, cfg) -> np.ndarray:
-    """g = -exp(A_log) * softplus(f_b(f_a(x)) + dt_bias), per head and key channel, <= 0.
+    """g = -exp(A_log) * softplus(f(x) + dt_bias), per head and key channel, <= 0; with a lower
+    bound (Ling 3's safe gate), g = lower_bound * sigmoid(exp(A_log) * (f(x) + dt_bias)).
     [B, T, d] -> [B, Hk, T, K]"""
     B, T, _ = x.shape
     H, K = cfg.linear_num_heads, cfg.linear_head_dim
-    low = linear(x, w.matrix("self_attn.f_a_proj.weight"))  # [B, T, K]: a rank-K bottleneck
-    raw = linear(low, w.matrix("self_attn.f_b_proj.weight")) + w("self_attn.dt_bias")  # [B, T, HK]
-    rate = np.exp(w("self_attn.A_log").reshape(H))  # [Hk], one decay rate per head
-    g = -rate[:, None] * softplus(raw.reshape(B, T, H, K))  # [B, T, Hk, K]
+    raw = gate_projection(x, w, cfg, "f") + w("self_attn.dt_bias")  # [B, T, HK]
+    raw = raw.reshape(B, T, H, K)  # [B, T, Hk, K]
+    rate = np.exp(w("self_attn.A_log").reshape(H))[:, None]  # [Hk, 1], one decay rate per head
+    bound = cfg.kda_lower_bound
+    g = -rate * softplus(raw) if bound is None else np.float32(bound) * sigmoid(rate * raw)  # [B, T, Hk, K]
     return g.transpose(0, 2, 1, 3)  # [B, Hk, T, K]
+
+
+def gate_projection(x: np.ndarray, w: LayerWeights, cfg, gate: str) -> np.ndarray:
+    """The forget gate's ("f") or output gate's ("g") projection: Kimi's rank-K bottleneck
+    {gate}_b({gate}_a(x)), or Ling 3's one {gate}_proj(x).  [B, T, d] -> [B, T, HK]"""
+    if cfg.kda_full_gates:
+        return linear(x, w.matrix(f"self_attn.{gate}_proj.weight"))
+    low = linear(x, w.matrix(f"self_attn.{gate}_a_proj.weight"))  # [B, T, K]: a rank-K bottleneck
+    return linear(low, w.matrix(f"self_attn.{gate}_b_proj.weight"))
 
 
 def softplus(x: np.ndarray) -> np.ndarray:
@@ -218,12 +232,11 @@ def chunk_ends(T: int) -> list[int]:
 
 
 def gated_output(out: np.ndarray, x: np.ndarray, w: LayerWeights, cfg, emit: Emitter) -> np.ndarray:
-    """RMSNorm(o) per head times sigmoid(g_b(g_a(x))), heads merged (self_attn.attn_output), then o_proj.
-    out [B, Hk, T, Kv], x [B, T, d] -> [B, T, d]"""
+    """RMSNorm(o) per head times sigmoid of the output gate's projection (gate_projection), heads
+    merged (self_attn.attn_output), then o_proj.  out [B, Hk, T, Kv], x [B, T, d] -> [B, T, d]"""
     B, H, T, V = out.shape
     normed = emit("self_attn.o_norm", rms_norm(out, w("self_attn.o_norm.weight"), cfg.rms_norm_eps))  # [B, Hk, T, Kv]
-    low = linear(x, w.matrix("self_attn.g_a_proj.weight"))  # [B, T, Kv]: a rank-Kv bottleneck
-    gate = linear(low, w.matrix("self_attn.g_b_proj.weight"))  # [B, T, HK]
+    gate = gate_projection(x, w, cfg, "g")  # [B, T, HK]
     gate = emit("self_attn.output_gate", gate.reshape(B, T, H, V).transpose(0, 2, 1, 3))  # [B, Hk, T, Kv]
     gated = emit("self_attn.gated_output", normed * sigmoid(gate))  # [B, Hk, T, Kv]
     return output_projection(gated, w, emit)  # heads merged (attn_output), then o_proj: [B, T, d]

@@ -1,11 +1,12 @@
-"""Kimi Linear's decoder block: pre-norm attention (KDA in the layers `kda_layers` names, MLA in the
-others, which rotates nothing: the model makes no rotary tables for this config) and pre-norm FFN
-(the dense SwiGLU before `first_k_dense_replace`, Kimi's MoE after), each added to the stream.
+"""The hybrid decoder block of Kimi Linear and Ling 3 (stepper.families.bailing_hybrid): pre-norm
+attention (KDA in the layers the config calls delta-attention layers, MLA in the others: without
+RoPE in Kimi Linear, whose model makes no rotary tables, with it in Ling 3) and pre-norm FFN (the
+dense SwiGLU in the config's dense layers, the MoE in the others), each added to the stream.
 
-The published checkpoint keeps the MoE under `block_sparse_moe` with its experts' projections as
-w1 (gate), w3 (up), w2 (down); the MoE part asks for them by the names every family's MoE uses
-(`mlp.gate.weight`, `mlp.experts.E.gate_proj.weight`), and `published` reads those under the
-published names. The tensors are emitted under `mlp.*`, as transformers names the module.
+Kimi Linear's published checkpoint keeps the MoE under `block_sparse_moe` with its experts'
+projections as w1 (gate), w3 (up), w2 (down); the MoE part asks for them by the names every
+family's MoE uses (`mlp.gate.weight`, `mlp.experts.E.gate_proj.weight`), and `published` reads
+those under the published names. The tensors are emitted under `mlp.*`, as transformers names the module.
 """
 
 from __future__ import annotations
@@ -27,13 +28,22 @@ EXPERT_WEIGHTS = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}  # the 
 
 def decoder_layer(hidden: np.ndarray, w: LayerWeights, cache: LayerCache | None, options: LayerOptions,
                   emit: Emitter) -> np.ndarray:
-    """[B, T, d] residual stream in -> [B, T, d] out; w carries the config."""
-    cfg, w = w.cfg, published(w)
+    """[B, T, d] residual stream in -> [B, T, d] out; w carries the config. Kimi Linear's layer:
+    the hybrid layer on its weights under the published names."""
+    return hybrid_layer(hidden, published(w), cache, options, emit)
+
+
+def hybrid_layer(hidden: np.ndarray, w: LayerWeights, cache: LayerCache | None, options: LayerOptions,
+                 emit: Emitter) -> np.ndarray:
+    """KDA or MLA (as the config says of the layer), then the dense MLP or the MoE; weights asked
+    for by the parts' names (Ling 3's layer as it is: stepper.families.bailing_hybrid).
+    [B, T, d] -> [B, T, d]"""
+    cfg = w.cfg
     cache = LayerCache() if cache is None else cache
 
     def attention(x: np.ndarray) -> np.ndarray:  # [B, T, d] -> [B, T, d]
         if not cfg.is_kda_layer(w.layer):
-            return mla_attention(x, w, cache, options, emit)  # no RoPE: w.rope rotates nothing
+            return mla_attention(x, w, cache, options, emit)  # Kimi Linear: no RoPE, w.rope rotates nothing
         cache.recurrent = KdaCache() if cache.recurrent is None else cache.recurrent
         return kda_attention(x, w, cache.recurrent, options, emit)
 

@@ -57,12 +57,17 @@ class Tracer:
     """Hooks on transformers' modules and wrappers of its module-level functions, each writing what
     it sees under stepper's name into `out`, scoped by the phase and layer running."""
 
+    hf = hf  # the modeling module whose functions are wrapped, and its classes that tell the layers apart
+    delta_attention, moe = "KimiLinearDeltaAttention", "KimiLinearMoE"
+    functions = FUNCTIONS
+    merged = "self_attn.attn_output"  # what o_proj reads in an MLA layer
+
     def __init__(self, model: KimiLinearForCausalLM):
         self.model, self.cfg = model, model.config
         self.out: dict[str, np.ndarray] = {}
         self.phase, self.layer = "prefill", None
         self.hooks: list = []
-        self.originals = {name: getattr(hf, name) for name in FUNCTIONS}
+        self.originals = {name: getattr(self.hf, name) for name in self.functions}
 
     def put(self, key: str, array) -> None:
         scope = self.phase + ("" if self.layer is None else f".layers.{self.layer}")
@@ -100,7 +105,7 @@ class Tracer:
                     self.put("logits", logits)
         finally:
             for name, fn in self.originals.items():
-                setattr(hf, name, fn)
+                setattr(self.hf, name, fn)
             for h in self.hooks:
                 h.remove()
         return self.out
@@ -124,11 +129,11 @@ class Tracer:
         self.output(layer.post_attention_layernorm, "post_attention_layernorm")
         self.output(layer.mlp, "mlp_output")
         self.output(layer, "output")
-        if isinstance(layer.self_attn, hf.KimiLinearDeltaAttention):
+        if isinstance(layer.self_attn, getattr(self.hf, self.delta_attention)):
             self.kda_hooks(layer.self_attn)
         else:
             self.mla_hooks(layer.self_attn)
-        if isinstance(layer.mlp, hf.KimiLinearMoE):
+        if isinstance(layer.mlp, getattr(self.hf, self.moe)):
             self.moe_hooks(layer.mlp)
         else:
             self.output(layer.mlp.gate_proj, "mlp.gate_proj")
@@ -139,7 +144,7 @@ class Tracer:
         for name in ("q", "k", "v"):
             self.output(getattr(attn, f"{name}_proj"), f"self_attn.{name}_proj")
         self.output(attn.forget_gate, "self_attn.forget_gate", heads_first)
-        self.output(attn.g_b_proj, "self_attn.output_gate",
+        self.output(self.output_gate(attn), "self_attn.output_gate",
                     lambda o: heads_first(o.view(*o.shape[:2], -1, attn.head_dim)))
 
         def norm_out(m, a, o):
@@ -150,6 +155,11 @@ class Tracer:
         self.hook(attn.o_norm, norm_out)
         self.input(attn.o_proj, "self_attn.attn_output")
         self.output(attn.o_proj, "self_attn.o_proj")
+
+    @staticmethod
+    def output_gate(attn):
+        """The module whose output is the KDA output gate's logits."""
+        return attn.g_b_proj
 
     def mla_hooks(self, attn) -> None:
         H, qk, nope = self.cfg.num_attention_heads, attn.qk_head_dim, attn.qk_nope_head_dim
@@ -177,7 +187,7 @@ class Tracer:
         self.hook(attn.kv_a_proj_with_mqa, kv_a_out)
         self.output(attn.kv_a_layernorm, "self_attn.compressed_kv_norm")
         self.hook(attn.kv_b_proj, kv_b_out)
-        self.input(attn.o_proj, "self_attn.attn_output")
+        self.input(attn.o_proj, self.merged)
         self.output(attn.o_proj, "self_attn.o_proj")
 
     def moe_hooks(self, mlp) -> None:
@@ -199,11 +209,11 @@ class Tracer:
         self.output(mlp.shared_experts, "mlp.shared_output")
 
     def wrap_functions(self) -> None:
-        hf.causal_conv1d_fn = self.conv(self.originals["causal_conv1d_fn"])
-        hf.causal_conv1d_update = self.conv(self.originals["causal_conv1d_update"])
-        hf.chunk_kimi_delta_attention = self.delta_rule(self.originals["chunk_kimi_delta_attention"])
-        hf.recurrent_kimi_delta_attention = self.delta_rule(self.originals["recurrent_kimi_delta_attention"])
-        hf.eager_attention_forward = self.eager(self.originals["eager_attention_forward"])
+        self.hf.causal_conv1d_fn = self.conv(self.originals["causal_conv1d_fn"])
+        self.hf.causal_conv1d_update = self.conv(self.originals["causal_conv1d_update"])
+        self.hf.chunk_kimi_delta_attention = self.delta_rule(self.originals["chunk_kimi_delta_attention"])
+        self.hf.recurrent_kimi_delta_attention = self.delta_rule(self.originals["recurrent_kimi_delta_attention"])
+        self.hf.eager_attention_forward = self.eager(self.originals["eager_attention_forward"])
 
     def conv(self, fn):
         def traced(*args, **kwargs):
@@ -221,7 +231,7 @@ class Tracer:
         return traced
 
     def delta_rule_tensors(self, query, key, value, g, beta, initial_state, core, final) -> None:
-        q, k = hf.l2norm(query.float(), eps=1e-6), hf.l2norm(key.float(), eps=1e-6)
+        q, k = self.hf.l2norm(query.float(), eps=1e-6), self.hf.l2norm(key.float(), eps=1e-6)
         for name, array in (("q_unit", heads_first(q)), ("k_unit", heads_first(k)), ("beta", beta.transpose(1, 2)),
                             ("core_out", heads_first(core)), ("state", final)):
             self.put(f"self_attn.{name}", array)

@@ -1,0 +1,185 @@
+"""Ling 3 (`bailing_hybrid`) as transformers makes and saves it, run by stepper as transformers runs it.
+
+transformers' BailingHybridForCausalLM at a tiny size (tests.helpers.hf_bailing_hybrid: KDA, MLA, KDA,
+MLA; a dense first layer, then MoE layers of 8 experts in 4 groups), every parameter drawn, written by
+save_pretrained in Ling's published names (`model.word_embeddings`, `attention.*`, `attention.dense`,
+`mlp.gate.expert_bias`, each expert apart). stepper reads that folder; the model transformers'
+from_pretrained builds from it is the reference: every tensor stepper shows over a 70-token prompt
+(longer than one 64-token chunk of the delta rule) and two decode steps, both forms of the delta
+rule, both MLA paths, at positions from 0 and from 4100 (rotary angles past 4096), with YaRN, and
+with the unbounded (softplus) forget gate; relative error <= 1e-5. Then what the files hold, a
+missing tensor named as they name it, config.json's refusals, and the CLI on the folder."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from stepper import families
+from stepper.errors import StepperError
+from stepper.families import read_config
+from stepper.model.cache import KVCache
+from stepper.seams.trace import Emitter, Recorder
+from stepper.weights.checkpoint import Checkpoint
+from tests.helpers import hf_bailing_hybrid
+from tests.helpers.cli import stepper
+from tests.helpers.compare import compare
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+PROMPT, DECODE = 70, 2
+TINY = hf_bailing_hybrid.TINY_LING
+YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 1024,
+        "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}
+# what the comparison must have covered, each not all zero: both kinds of layer, Ling's own tensors, both phases
+COVERED = ("prefill.rope_cos", "prefill.layers.0.self_attn.forget_gate", "prefill.layers.0.self_attn.output_gate",
+           "prefill.layers.0.self_attn.state_per_chunk", "decode1.layers.2.self_attn.state",
+           "prefill.layers.1.self_attn.head_gate", "prefill.layers.1.self_attn.q_pe_rope",
+           "decode0.layers.3.self_attn.k_pe_rope", "decode1.layers.3.self_attn.attn_output_gated",
+           "decode0.layers.1.self_attn.attn_weights", "prefill.layers.2.mlp.routed_output", "decode1.logits")
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    return hf_bailing_hybrid.saved(tmp_path_factory.mktemp("ling") / "saved", TINY, seed=1)
+
+
+@pytest.fixture(scope="module")
+def ids() -> np.ndarray:
+    return np.random.default_rng(3).integers(2, TINY["vocab_size"], (1, PROMPT + DECODE))
+
+
+@pytest.fixture(scope="module")
+def reference(saved, ids):
+    return hf_bailing_hybrid.trace(hf_bailing_hybrid.load(saved), ids[:, :PROMPT], ids[:, PROMPT:])
+
+
+def stepper_trace(folder, ids, delta_rule: str = "auto", attn: str = "naive", start: int = 0) -> dict[str, np.ndarray]:
+    """stepper's model of the folder (its family's), prefill at positions start .. start+PROMPT-1 on an
+    empty cache, then a decode step per remaining id."""
+    ckpt = Checkpoint(folder, families.load_config)
+    model = families.family_for(ckpt.config).build(ckpt)
+    model.options = dataclasses.replace(model.options, delta_rule=delta_rule)
+    cache, recorder = KVCache(model.config.num_hidden_layers), Recorder()
+    steps = [("prefill", slice(0, PROMPT))] + [(f"decode{j}", slice(PROMPT + j, PROMPT + j + 1)) for j in range(DECODE)]
+    for phase, span in steps:
+        model.forward(ids[:, span], np.arange(span.start, span.stop) + start, Emitter([recorder]).phase(phase), cache,
+                      attn=attn)
+    return {name: np.asarray(array) for name, array in recorder.tensors().items()}
+
+
+def mismatches(mine: dict, ref: dict) -> dict[str, str]:
+    """Every tensor stepper shows that transformers' trace lacks or that differs from it."""
+    assert len(mine) > 300
+    lacking = {n: "not in transformers' trace" for n in mine if n not in ref}
+    return {**lacking, **{n: why for n in sorted(mine) if n in ref and (why := compare(n, mine, ref))}}
+
+
+@pytest.mark.parametrize("form", ["chunked", "recurrent"])
+def test_every_tensor_matches_transformers(saved, ids, reference, form):
+    mine = stepper_trace(saved, ids, form)
+    assert mismatches(mine, reference) == {}
+    for name in COVERED:
+        assert np.abs(reference[name]).max() > 0, name
+    assert mine["prefill.layers.0.self_attn.state_per_chunk"].shape == (1, 4, 2, 8, 8)  # 64 + 6 tokens
+    assert mine["prefill.layers.1.self_attn.head_gate"].shape == (1, PROMPT, 4)  # one logit per head
+
+
+@pytest.mark.parametrize("attn", ["naive", "absorb"])
+def test_past_position_4096_on_both_mla_paths(saved, ids, attn):
+    """The prompt at positions 4100..4169, the decode steps after: the MLA layers' rotary angles
+    past 4096 (the absorbed path's own tensors, q_nope_absorbed and attn_output_latent, transformers
+    does not make: everything else it does)."""
+    ref = hf_bailing_hybrid.trace(hf_bailing_hybrid.load(saved), ids[:, :PROMPT], ids[:, PROMPT:], start=4100)
+    mine = stepper_trace(saved, ids, attn=attn, start=4100)
+    if attn == "absorb":
+        mine = {n: a for n, a in mine.items() if not n.endswith(("q_nope_absorbed", "attn_output_latent"))}
+    assert mismatches(mine, ref) == {}
+
+
+def test_yarn_and_the_unbounded_forget_gate(tmp_path, ids):
+    """YaRN (factor 4 from 1024 positions, mscale_all_dim 1: the softmax scale times mscale^2) from
+    position 4100; and kda_safe_gate false: g = -exp(A_log) softplus(f_proj(x) + dt_bias), with no
+    bound. Each config written back reads the same."""
+    for name, fields in (("yarn", {"rope_parameters": YARN}), ("softplus", {"kda_safe_gate": False})):
+        folder = hf_bailing_hybrid.saved(tmp_path / name, {**TINY, **fields}, seed=4)
+        ref = hf_bailing_hybrid.trace(hf_bailing_hybrid.load(folder), ids[:, :PROMPT], ids[:, PROMPT:], start=4100)
+        assert mismatches(stepper_trace(folder, ids, start=4100), ref) == {}, name
+        cfg = read_config(json.loads((folder / "config.json").read_text()), "Ling/config.json")
+        assert read_config(cfg.to_hf(), "Ling/config.json") == cfg
+        if name == "yarn":
+            assert cfg.rope_scaling.factor == 4.0
+        else:
+            assert cfg.kda_lower_bound is None and ref["prefill.layers.0.self_attn.forget_gate"].min() < -5
+
+
+def test_the_forget_gate_keeps_within_its_bound(reference):
+    """The safe gate's values lie in (kda_lower_bound, 0) = (-5, 0), and vary: the run above tests
+    the bound's formula, not a gate stuck at one end."""
+    g = reference["prefill.layers.0.self_attn.forget_gate"]
+    assert g.max() < 0 and g.min() > -5 and g.std() > 0.1
+
+
+def test_the_files_hold_lings_names_and_stepper_reads_them(saved):
+    from safetensors import safe_open
+
+    with safe_open(saved / "model.safetensors", "np") as f:
+        held = set(f.keys())
+    assert {"model.word_embeddings.weight", "model.layers.1.attention.dense.weight", "model.layers.0.attention.f_proj.weight",
+            "model.layers.1.mlp.gate.expert_bias", "model.layers.0.attention.q_conv1d.weight",
+            "model.layers.1.mlp.experts.7.down_proj.weight"} <= held
+    assert not any(".self_attn." in n or "embed_tokens" in n for n in held)
+    ckpt = Checkpoint(saved, families.load_config)
+    assert ckpt.has("model.embed_tokens.weight") and ckpt.has("model.layers.1.mlp.gate.e_score_correction_bias")
+
+
+def test_a_missing_tensor_is_named_as_the_files_name_it(saved, tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    folder = tmp_path / "broken"
+    folder.mkdir()
+    (folder / "config.json").write_text((saved / "config.json").read_text())
+    tensors = load_file(str(saved / "model.safetensors"))
+    del tensors["model.layers.1.attention.g_proj.weight"]
+    save_file(tensors, str(folder / "model.safetensors"))
+    out = stepper("run", "--model", folder, "--layer", "1", "--plain")
+    assert out.returncode == 2 and out.stdout == ""
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "'model.layers.1.attention.g_proj.weight' is missing" in lines[0], out.stderr
+
+
+REFUSED = [
+    ({"q_lora_rank": 16}, "q_lora_rank"),
+    ({"num_key_value_heads": 2}, "num_key_value_heads"),
+    ({"hidden_act": "gelu"}, "hidden_act"),
+    ({"tie_word_embeddings": True}, "tie_word_embeddings"),
+    ({"attention_bias": True}, "attention_bias"),
+    ({"layer_types": ["linear_attention"] * 3}, "layer_types"),
+    ({"layer_types": ["linear_attention", "sliding_attention", "full_attention", "full_attention"]}, "layer_types"),
+    ({"mlp_layer_types": ["dense", "sparse", "dense", "sparse"]}, "mlp_layer_types"),
+    ({"rope_parameters": {**YARN, "attention_factor": 0.5}}, "rope_parameters.attention_factor"),
+    ({"rope_parameters": {**YARN, "truncate": False}}, "rope_parameters.truncate"),
+    ({"num_experts": 6}, "num_expert_group"),
+    ({"kda_lower_bound": "low"}, "kda_lower_bound"),
+]
+
+
+@pytest.mark.parametrize("changes, field", REFUSED, ids=[field for _, field in REFUSED])
+def test_a_config_stepper_cannot_run_as_transformers_does_is_refused_naming_the_field(saved, changes, field):
+    raw = {**json.loads((saved / "config.json").read_text()), **changes}
+    with pytest.raises(StepperError) as e:
+        read_config(raw, "Ling/config.json")
+    assert str(e.value).startswith(f"Ling/config.json: field '{field}'"), str(e.value)
+
+
+def test_inspect_and_run_on_the_folder(saved):
+    listed = stepper("inspect", saved, "--plain")
+    assert listed.returncode == 0 and not listed.stderr, listed.stderr
+    assert "bailing_hybrid" in listed.stdout.splitlines()[0] and "problem" not in listed.stdout
+    ran = stepper("run", "--model", saved, "--decode", "2", "--plain")
+    assert ran.returncode == 0 and not ran.stderr, ran.stderr
+    assert "decode1.layers.3.self_attn.head_gate" in ran.stdout
