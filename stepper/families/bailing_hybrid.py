@@ -26,8 +26,16 @@ import re
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from stepper.config import EPS_BELOW, TOKEN_ID_FIELDS, Fields, Yarn, model_name, rope_settings, token_ids
-from stepper.config import written_token_ids
+from stepper.config import (
+    EPS_BELOW,
+    TOKEN_ID_FIELDS,
+    Fields,
+    Yarn,
+    model_name,
+    rope_settings,
+    token_ids,
+    written_token_ids,
+)
 from stepper.families import kimi_linear, mla_fields
 from stepper.families.deepseek import part_files
 from stepper.families.family import Family
@@ -42,7 +50,8 @@ FULL, LINEAR = "full_attention", "linear_attention"  # layer_types' two kinds: M
 # transformers' renames of Ling's files to its modules (conversion_mapping.py), in its order; the experts'
 # fusing and the short convs' stacking it also does are not needed: stepper reads them as stored
 RENAMES = ((r"^model\.word_embeddings\.", "model.embed_tokens."), (r"\.attention\.", ".self_attn."),
-           (r"\.self_attn\.dense\.", ".self_attn.o_proj."), (r"\.mlp\.gate\.expert_bias$", ".mlp.gate.e_score_correction_bias"))
+           (r"\.self_attn\.dense\.", ".self_attn.o_proj."),
+           (r"\.mlp\.gate\.expert_bias$", ".mlp.gate.e_score_correction_bias"))
 
 
 @dataclass(frozen=True)
@@ -99,6 +108,7 @@ def parse(raw: dict[str, Any], source: str) -> BailingHybridConfig:
         raise f.fail("num_key_value_heads", f"must equal num_attention_heads ({heads}) in MLA, got "
                      f"{said(raw['num_key_value_heads'])}")
     mla_fields.check_yarn(f, raw)
+    mla_fields.refuse_present(f, raw, ("quantization_config",), "stepper reads Ling's weights in BF16 or float32")
     theta, yarn = rope_settings(Fields({"rope_theta": 6_000_000.0, **raw}, source))
     first = dense_prefix(f, raw, layers)
     kda, full = layer_kinds(f, raw, layers)
@@ -137,7 +147,8 @@ def dense_prefix(f: Fields, raw: dict[str, Any], layers: int) -> int:
         return f.int("first_k_dense_replace", default=2, minimum=0)
     first, freq = mla_fields.dense_prefix(f, {**raw, "num_hidden_layers": layers})
     if freq != 1:
-        raise f.fail("mlp_layer_types", f"must be dense layers then sparse ones only, got {said(raw['mlp_layer_types'])}")
+        raise f.fail("mlp_layer_types", f"must be dense layers then sparse ones only, got "
+                     f"{said(raw['mlp_layer_types'])}")
     return first
 
 

@@ -40,11 +40,13 @@ class KdaPictures(Pictures):
                 print_picture(self.console, picture)
 
 
+KDA = ((*PICTURES, "state"), lambda console, plan, kinds, keep: KdaPictures(
+    console, plan.config, kinds, plan.weights, plan.tokens, lambda e: keep(e.name)))
 OWN = {  # a family's model_type -> its pictures, and the sink drawing them
     "deepseek_v4": (V4_PICTURES, lambda console, plan, kinds, keep: V4Pictures(
         console, plan.config, kinds, plan.prompt_len, lambda e: keep(e.name), plan.tokens)),
-    "kimi_linear": ((*PICTURES, "state"), lambda console, plan, kinds, keep: KdaPictures(
-        console, plan.config, kinds, plan.weights, plan.tokens, lambda e: keep(e.name))),
+    "kimi_linear": KDA,
+    "bailing_hybrid": KDA,  # Ling 3's KDA layers
 }
 
 

@@ -551,6 +551,7 @@ def test_tree_and_the_debugger_describe_a_tensor_as_the_family_computes_it():
     ("layers.1.sub1.self_attn.q", "tiny-longcat", "model.layers.{i}.self_attn.1.q_b_proj"),
     ("layers.0.self_attn.q_proj", "tiny-kimi-linear", "model.layers.{i}.self_attn.q_proj"),
     ("layers.1.self_attn.q", "tiny-glm5", "model.layers.{i}.self_attn.q_b_proj"),
+    ("layers.1.self_attn.head_gate", "tiny-ling3", "model.layers.{i}.self_attn.g_proj"),
 ])
 def test_a_family_of_its_own_file_is_pointed_to_its_names_not_given_deepseeks(name, model, own):
     """The aliases line gave DeepSeek-V3's module names for every family (LongCat's sub1 query is

@@ -129,9 +129,9 @@ def test_the_files_hold_lings_names_and_stepper_reads_them(saved):
 
     with safe_open(saved / "model.safetensors", "np") as f:
         held = set(f.keys())
-    assert {"model.word_embeddings.weight", "model.layers.1.attention.dense.weight", "model.layers.0.attention.f_proj.weight",
-            "model.layers.1.mlp.gate.expert_bias", "model.layers.0.attention.q_conv1d.weight",
-            "model.layers.1.mlp.experts.7.down_proj.weight"} <= held
+    assert {"model.word_embeddings.weight", "model.layers.1.attention.dense.weight",
+            "model.layers.0.attention.f_proj.weight", "model.layers.1.mlp.gate.expert_bias",
+            "model.layers.0.attention.q_conv1d.weight", "model.layers.1.mlp.experts.7.down_proj.weight"} <= held
     assert not any(".self_attn." in n or "embed_tokens" in n for n in held)
     ckpt = Checkpoint(saved, families.load_config)
     assert ckpt.has("model.embed_tokens.weight") and ckpt.has("model.layers.1.mlp.gate.e_score_correction_bias")
@@ -165,6 +165,7 @@ REFUSED = [
     ({"rope_parameters": {**YARN, "truncate": False}}, "rope_parameters.truncate"),
     ({"num_experts": 6}, "num_expert_group"),
     ({"kda_lower_bound": "low"}, "kda_lower_bound"),
+    ({"quantization_config": {"quant_method": "fp8"}}, "quantization_config"),
 ]
 
 
@@ -183,3 +184,5 @@ def test_inspect_and_run_on_the_folder(saved):
     ran = stepper("run", "--model", saved, "--decode", "2", "--plain")
     assert ran.returncode == 0 and not ran.stderr, ran.stderr
     assert "decode1.layers.3.self_attn.head_gate" in ran.stdout
+    drawn = stepper("run", "--model", saved, "--layers", "0:1", "--show", "state", "--only", "*.state", "--plain")
+    assert drawn.returncode == 0 and "how fast each key channel forgets" in drawn.stdout + drawn.stderr, drawn.stderr

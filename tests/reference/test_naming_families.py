@@ -182,7 +182,7 @@ def test_a_v3_table_is_not_read_for_another_family(tmp_path):
     """transformers' V3 router hook name means other tensors in V2: the V2 fixture reads V2's table."""
     fixture = load(ROOT / "fixtures" / "tiny-v2-lite")
     sources = {a.source for a in tables()["transformers"] if a.name == "model.layers.{i}.mlp.gate[0]"}
-    assert len(sources) == 10  # V3, V2, V3.2, GLM-5, V4, GLM-4.7-Flash, Mistral 4, A.X-K1, A.X-K2, Kimi Linear
+    assert len(sources) == 11  # V3, V2, V3.2, GLM-5, V4, GLM-4.7-Flash, Mistral 4, A.X-K1, A.X-K2, Kimi Linear, Ling 3
     path = tmp_path / "c.safetensors"
     save_file({"prefill.model.layers.1.mlp.gate[0]": fixture.tensors["prefill.layers.1.mlp.gate.logits"]}, str(path))
     verdict = verify.verify(fixture, path, names="transformers")

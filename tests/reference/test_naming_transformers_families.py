@@ -13,6 +13,8 @@ a table of its own: its gated norms, fused query and gate projection and indexer
 of V3.2's names hold. So has LongCat-Flash (two sublayers a layer, self_attn.0 / mlps.1 for stepper's
 sub0. / sub1., a shortcut MoE with zero experts), whose published checkpoint from_pretrained refuses:
 its model is built from the config and given the experts fused, zeros in the zero experts' slots.
+Kimi Linear and Ling 3 (bailing_hybrid) mix KDA and MLA layers: a name spelt alike in both (q_proj,
+o_proj, Ling's g_proj) is read as the kind of layer it is in.
 """
 
 import hashlib
@@ -215,6 +217,61 @@ def test_a_hooked_transformers_dump_of_kimi_linear_verifies_through_the_cli(tmp_
     assert code == 1 and report["first_divergence"]["name"] == "decode0.layers.2.self_attn.forget_gate"
 
 
+def test_a_hooked_transformers_dump_of_ling3_verifies_through_the_cli(tmp_path):
+    """tiny-ling3 (bailing_hybrid): Kimi Linear's layers as Ling 3 has them, KDA layers 0 and 2
+    (layer 0 dense), MLA layers 1 and 3, every module's name read as the kind of layer it is in:
+    g_proj is KDA's output gate at line 784 and the MLA heads' gate (head_gate) at 417, o_proj reads
+    attn_output in a KDA layer and attn_output_gated in an MLA one. The fixture's weights folder (Ling's
+    published names) loads with from_pretrained as written, and the table names exactly the modules
+    the hooks see, but a self_attn's input (called with keyword arguments only)."""
+    from helpers.hf_families import load
+
+    fixture = tmp_path / "tiny-ling3"
+    exported = stepper("fixtures", "export", fixture, "--model", "tiny-ling3", "--decode", "1", "--plain")
+    assert exported.returncode == 0, exported.stderr
+    model = load(fixture / "weights")
+    assert model.model.embed_tokens.padding_idx == model.config.pad_token_id == 992
+    dump = every_module(model, json.loads((fixture / "manifest.json").read_text())["inputs"]["steps"])
+    save_file(dump, str(tmp_path / "hf.safetensors"))
+    table = {entry["name"] for entry in json.loads((TABLES / "transformers-bailing_hybrid.json").read_text())["names"]}
+    seen = {re.sub(r"\.layers\.\d+(?=$|[.:\[])", ".layers.{i}", name.split(".", 1)[1]) for name in dump}
+    assert table - seen == {"model.layers.{i}.self_attn:input"} and seen <= table, seen - table
+
+    code, report = verified(fixture, tmp_path / "hf.safetensors", tmp_path, "good")
+    assert code == 0, [c for c in report["tensors"] if c["status"] == "mismatch"][:3]
+    assert report["unrecognised"] == [] and not report["ambiguous"], report["unrecognised"][:5]
+    matched = {c["name"]: c for c in report["tensors"] if c["status"] == "match"}
+    kda = {f"layers.0.self_attn.{n}" for n in ("q_proj", "k_proj", "v_proj", "forget_gate", "output_gate", "core_out",
+                                                "gated_output", "attn_output", "o_proj")}
+    mla = {f"layers.1.self_attn.{n}" for n in ("q", "kv_a", "compressed_kv_norm", "head_gate", "attn_weights",
+                                                "attn_output_gated", "o_proj")}
+    every = {"embed", "rope_cos", "rope_sin", "layers.0.mlp.act", "layers.1.mlp.gate.topk_idx",
+             "layers.2.mlp.routed_output", "layers.3.output", "norm", "logits"}
+    assert {f"{p}.{n}" for p in ("prefill", "decode0") for n in kda | mla | every} <= set(matched)
+    assert "prefill.layers.1.self_attn.attn_output" not in matched  # before the heads' gate: no module's
+    assert "prefill.layers.3.self_attn.kv" in matched and "absorb attention path" in \
+        report["not_placed"]["decode0.model.layers.3.self_attn.kv_b_proj"]
+    source = "models/bailing_hybrid/modeling_bailing_hybrid.py"
+    assert {c["read_as"]["source"].split(":")[0] for c in matched.values()} == {source}
+    read_as = {name: (c["candidate"], c["read_as"]["source"].split(" @")[0]) for name, c in matched.items()}
+    assert read_as["prefill.layers.0.self_attn.output_gate"] == ("prefill.model.layers.0.self_attn.g_proj",
+                                                                 f"{source}:784")
+    assert read_as["prefill.layers.1.self_attn.head_gate"] == ("prefill.model.layers.1.self_attn.g_proj",
+                                                               f"{source}:417")
+    assert read_as["prefill.layers.0.self_attn.attn_output"] == ("prefill.model.layers.0.self_attn.o_proj:input",
+                                                                 f"{source}:786")
+    assert read_as["prefill.layers.1.self_attn.attn_output_gated"] == (
+        "prefill.model.layers.1.self_attn.o_proj:input", f"{source}:421")
+    assert read_as["prefill.layers.1.self_attn.q"] == ("prefill.model.layers.1.self_attn.q_proj", f"{source}:383")
+    assert "bounded sigmoid" in report["not_placed"]["prefill.model.layers.0.self_attn.forget_gate.f_proj"]
+
+    for module, first in (("layers.2.self_attn.forget_gate", "layers.2.self_attn.forget_gate"),
+                          ("layers.3.self_attn.g_proj", "layers.3.self_attn.head_gate")):
+        bad = perturbed(dump, f"decode0.model.{module}", tmp_path / f"bad-{first}.safetensors")
+        code, report = verified(fixture, bad, tmp_path, f"bad-{first}")
+        assert code == 1 and report["first_divergence"]["name"] == f"decode0.{first}"
+
+
 def test_a_hooked_transformers_dump_of_kimi_k25_verifies_through_the_cli(tmp_path):
     """A Kimi K2.5 checkpoint (`stepper synth --layout kimi_k25`, BF16) loaded as transformers'
     Kimi_K25ForConditionalGeneration: the text model's modules are named under
@@ -311,14 +368,20 @@ def test_a_derived_table_may_put_the_names_under_another_module_path():
     assert len(names) == len(read_table(TABLES / "transformers.json", "transformers"))
 
 
-def test_kimi_linear_names_read_at_80_columns():
-    """`stepper fixtures names --model tiny-kimi-linear` in an 80-column terminal: each name on
-    its line, and one spelt alike in both kinds of layer given for each, with its line."""
+@pytest.mark.parametrize("preset, model_type, name, rows", [
+    ("tiny-kimi-linear", "kimi_linear", "model.layers.{i}.self_attn.o_proj:input", [
+        (["self_attn.attn_output", "kda"], "models/kimi_linear/modeling_kimi_linear.py:714"),
+        (["self_attn.attn_output", "mla"], "models/kimi_linear/modeling_kimi_linear.py:314")]),
+    ("tiny-ling3", "bailing_hybrid", "model.layers.{i}.self_attn.g_proj", [
+        (["self_attn.output_gate", "kda"], "models/bailing_hybrid/modeling_bailing_hybrid.py:784"),
+        (["self_attn.head_gate", "mla"], "models/bailing_hybrid/modeling_bailing_hybrid.py:417")]),
+])
+def test_hybrid_names_read_at_80_columns(preset, model_type, name, rows):
+    """`stepper fixtures names --model tiny-kimi-linear` (tiny-ling3) in an 80-column terminal: each
+    name on its line, and one spelt alike in both kinds of layer given for each, with its line."""
     from helpers.terminal import on_terminal
 
-    screen = on_terminal("fixtures", "names", "--model", "tiny-kimi-linear", columns=80)
-    assert screen.code == 0 and screen.lines[0] == "transformers, kimi_linear (read at 5.24.0)"
-    rows = [i for i, line in enumerate(screen.lines) if line == "model.layers.{i}.self_attn.o_proj:input"]
-    assert [(screen.lines[i + 1].split(), screen.lines[i + 2].strip()) for i in rows] == [
-        (["self_attn.attn_output", "kda"], "models/kimi_linear/modeling_kimi_linear.py:714"),
-        (["self_attn.attn_output", "mla"], "models/kimi_linear/modeling_kimi_linear.py:314")]
+    screen = on_terminal("fixtures", "names", "--model", preset, columns=80)
+    assert screen.code == 0 and screen.lines[0] == f"transformers, {model_type} (read at 5.24.0)"
+    found = [i for i, line in enumerate(screen.lines) if line == name]
+    assert [(screen.lines[i + 1].split(), screen.lines[i + 2].strip()) for i in found] == rows
