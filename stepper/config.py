@@ -667,7 +667,8 @@ def rope_settings(f: Fields) -> tuple[float, Yarn | None]:
     if kind == "default":
         return theta, None
     if kind != "yarn":
-        raise f.fail(f"{block_name}.type", f"must be 'yarn' (or absent), got {said(kind)}")
+        key = "rope_type" if block.get("rope_type") is not None else "type"
+        raise f.fail(f"{block_name}.{key}", f"must be 'yarn' or 'default' (or absent), got {said(kind)}")
     yarn = Yarn(
         factor=inner.float("factor"),
         original_max_position_embeddings=inner.int("original_max_position_embeddings"),
@@ -793,6 +794,13 @@ def _check_consistency(cfg: Config, f: Fields) -> None:
             "first_k_dense_replace",
             f"({cfg.first_k_dense_replace}) must not exceed num_hidden_layers ({cfg.num_hidden_layers})",
         )
+    check_router(cfg, f)
+
+
+def check_router(cfg: Any, f: Fields) -> None:
+    """The router's sizes against each other: the experts chosen fit in the kept groups, each group
+    two experts or more (it scores by its top 2). A family spelling the fields otherwise (Kimi
+    Linear's num_experts) reads its file with `Fields(..., spelled)`, so each message names its field."""
     if cfg.n_routed_experts == 0:
         return
     zero = f" + zero_expert_num ({cfg.zero_experts})" if cfg.zero_experts else ""  # LongCat's router chooses them too

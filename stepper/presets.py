@@ -612,6 +612,7 @@ PRESETS["tiny-ling3"] = {
     "pad_token_id": 992,
 }
 
+
 def preset(name: str) -> Config:
     """The named preset's config, read by its family (stepper.families); an unknown name is a
     StepperError listing the known ones."""

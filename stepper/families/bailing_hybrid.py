@@ -11,12 +11,15 @@ Kimi Linear's hybrid layer (stepper.model.kimi_linear_layer) with these differen
   `mlp_layer_types` marks sparse (after `first_k_dense_replace` dense ones).
 A field stepper does not honour is refused by name.
 
-On disk (the published layout, and what transformers' save_pretrained writes): `model.word_embeddings`,
-`model.layers.N.attention.*` (o_proj is `attention.dense`; the three short convs `{q,k,v}_conv1d`),
-the router's bias `mlp.gate.expert_bias`, each expert's `mlp.experts.E.{gate,up,down}_proj`.
-stepper reads them by transformers' module names (`read_name`, conversion_mapping.py's renames):
-`model.embed_tokens`, `self_attn.*`, `self_attn.o_proj`, `mlp.gate.e_score_correction_bias`.
-The layers after num_hidden_layers (num_nextn_predict_layers of multi-token prediction) are not read.
+On disk (the names transformers' conversion_mapping.py renames from, and its save_pretrained writes
+back): `model.word_embeddings`, `model.layers.N.attention.*` (o_proj is `attention.dense`; the three
+short convs `{q,k,v}_conv1d`, the forget gate's `f_proj`, `A_log`, `dt_bias`), the router's bias
+`mlp.gate.expert_bias`, each expert's `mlp.experts.E.{gate,up,down}_proj`. stepper reads them with
+four of that mapping's renames (`read_name`): `model.embed_tokens`, `self_attn.*`, `self_attn.o_proj`,
+`mlp.gate.e_score_correction_bias`; the forget gate's tensors keep their names (transformers moves them
+under `self_attn.forget_gate.`), and so do the three convs (transformers stacks them into one `conv1d`),
+as in Kimi Linear's files. The layers after num_hidden_layers (num_nextn_predict_layers of multi-token
+prediction) are not read.
 """
 
 from __future__ import annotations
@@ -47,8 +50,14 @@ from stepper.untrusted import said
 MODEL_TYPE = "bailing_hybrid"
 ARCHITECTURE = "BailingHybridForCausalLM"
 FULL, LINEAR = "full_attention", "linear_attention"  # layer_types' two kinds: MLA, KDA
-# transformers' renames of Ling's files to its modules (conversion_mapping.py), in its order; the experts'
-# fusing and the short convs' stacking it also does are not needed: stepper reads them as stored
+ROPE_THETA = 6_000_000.0  # BailingHybridConfig's default
+ALIASES = {  # BailingHybridConfig's attribute_map: another name transformers reads a field under -> the field
+    "num_local_experts": "num_experts", "num_experts_per_tok": "num_experts_per_token", "n_group": "num_expert_group",
+    "norm_topk_prob": "moe_renormalize", "n_shared_experts": "num_shared_experts",
+    "max_position_embeddings": "model_max_length", "num_mtp_layers": "num_nextn_predict_layers"}
+# four of transformers' renames of Ling's files to its modules (conversion_mapping.py), in its order; the
+# forget gate's move under forget_gate., the short convs' stacking and the experts' fusing it also does are
+# not made: stepper reads those as stored, by the names Kimi Linear's files give them too
 RENAMES = ((r"^model\.word_embeddings\.", "model.embed_tokens."), (r"\.attention\.", ".self_attn."),
            (r"\.self_attn\.dense\.", ".self_attn.o_proj."),
            (r"\.mlp\.gate\.expert_bias$", ".mlp.gate.e_score_correction_bias"))
@@ -58,7 +67,7 @@ RENAMES = ((r"^model\.word_embeddings\.", "model.embed_tokens."), (r"\.attention
 class BailingHybridConfig(KimiLinearConfig):
     """Kimi Linear's config with Ling 3's rotary MLA and gates; written back as Ling's config.json."""
 
-    rope_theta: float = 6_000_000.0
+    rope_theta: float = ROPE_THETA
     rope_scaling: Yarn | None = None
     kda_lower_bound: float | None = -5.0  # the safe forget gate's bound; None: Kimi's softplus gate
 
@@ -66,6 +75,8 @@ class BailingHybridConfig(KimiLinearConfig):
     rotary: ClassVar[bool] = True  # the MLA layers rotate (interleaved pairs, MlaVariants.rope_interleave)
     head_gate: ClassVar[bool] = True
     kda_full_gates: ClassVar[bool] = True
+    moe_prefix: ClassVar[str] = "mlp."
+    expert_names: ClassVar[tuple[str, str, str]] = ("gate_proj", "up_proj", "down_proj")
 
     @staticmethod
     def read_name(stored: str) -> str:
@@ -74,10 +85,6 @@ class BailingHybridConfig(KimiLinearConfig):
         for pattern, name in RENAMES:
             stored = re.sub(pattern, name, stored)
         return stored
-
-    def layer_shapes(self, layer: int) -> dict[str, tuple[int, ...]]:
-        """Every tensor of one decoder layer, by its transformers module's name, with its shape."""
-        return layer_shapes(self, layer)
 
     @classmethod
     def from_hf(cls, raw: dict[str, Any], source: str = "config.json") -> BailingHybridConfig:
@@ -88,28 +95,18 @@ class BailingHybridConfig(KimiLinearConfig):
 
 
 def parse(raw: dict[str, Any], source: str) -> BailingHybridConfig:
-    """Ling's config.json (BailingHybridConfig's fields) -> BailingHybridConfig; anything stepper
-    cannot run is one line naming the file and the field."""
-    f = Fields(raw, source)
-    if f.str("model_type") != MODEL_TYPE:
-        raise f.fail("model_type", f"must be {MODEL_TYPE!r} here, got {said(raw['model_type'])}")
-    if raw.get("hidden_act", "silu") != "silu":
-        raise f.fail("hidden_act", f"must be 'silu' (the only kind stepper runs), got {said(raw['hidden_act'])}")
-    for field, why in (("tie_word_embeddings", "stepper reads lm_head.weight as its own matrix"),
-                       ("attention_bias", "Ling's projections have no bias")):
-        if f.bool(field, default=False):
-            raise f.fail(field, f"must be false: {why}")
-    if raw.get("q_lora_rank") is not None:
-        raise f.fail("q_lora_rank", f"must be null: stepper builds Ling's MLA with one q_proj, got "
-                     f"{said(raw['q_lora_rank'])}")
-    heads, layers, vocab = f.int("num_attention_heads", default=32), f.int("num_hidden_layers", default=42), \
-        f.int("vocab_size", default=157184)
+    """Ling's config.json (BailingHybridConfig's fields, or the other names transformers takes for
+    them) -> BailingHybridConfig; anything stepper cannot run is one line naming the file and the field."""
+    raw, spelled = canonical_names(raw, source)
+    f = Fields(raw, source, spelled)
+    refuse_unbuilt(f, raw)
+    heads, layers, vocab = (f.int("num_attention_heads", default=32), f.int("num_hidden_layers", default=42),
+                            f.int("vocab_size", default=157184))
     if f.int("num_key_value_heads", default=heads) != heads:
         raise f.fail("num_key_value_heads", f"must equal num_attention_heads ({heads}) in MLA, got "
                      f"{said(raw['num_key_value_heads'])}")
-    mla_fields.check_yarn(f, raw)
-    mla_fields.refuse_present(f, raw, ("quantization_config",), "stepper reads Ling's weights in BF16 or float32")
-    theta, yarn = rope_settings(Fields({"rope_theta": 6_000_000.0, **raw}, source))
+    given = raw.get("rope_theta")
+    theta, yarn = rope_settings(Fields({**raw, "rope_theta": ROPE_THETA if given is None else given}, source))
     first = dense_prefix(f, raw, layers)
     kda, full = layer_kinds(f, raw, layers)
     cfg = BailingHybridConfig(
@@ -119,7 +116,7 @@ def parse(raw: dict[str, Any], source: str) -> BailingHybridConfig:
         num_attention_heads=heads, kv_lora_rank=f.int("kv_lora_rank", default=512),
         qk_nope_head_dim=f.int("qk_nope_head_dim", default=128),
         qk_rope_head_dim=f.int("qk_rope_head_dim", default=64), v_head_dim=f.int("v_head_dim", default=128),
-        n_routed_experts=f.int("num_experts", default=512, minimum=0),
+        n_routed_experts=f.int("num_experts", default=512),
         n_shared_experts=f.int("num_shared_experts", default=1, minimum=0),
         num_experts_per_tok=f.int("num_experts_per_token", default=8), n_group=f.int("num_expert_group", default=8),
         topk_group=f.int("topk_group", default=4), routed_scaling_factor=f.float("routed_scaling_factor", default=2.5),
@@ -132,12 +129,54 @@ def parse(raw: dict[str, Any], source: str) -> BailingHybridConfig:
         linear_head_dim=f.int("linear_head_dim", default=f.int("head_dim", default=128)),
         short_conv_kernel_size=f.int("linear_conv_kernel_dim", default=f.int("short_conv_kernel_size", default=4)),
         kda_layers=kda, full_attn_layers=full, rope_theta=theta, rope_scaling=yarn,
-        kda_lower_bound=f.float("kda_lower_bound", default=-5.0, positive=False)
-        if f.bool("kda_safe_gate", default=True) else None,
+        kda_lower_bound=lower_bound(f) if f.bool("kda_safe_gate", default=True) else None,
         **{field: token_ids(f, field, vocab) for field in TOKEN_ID_FIELDS},
     )
     check_experts(cfg, f)
     return cfg
+
+
+def refuse_unbuilt(f: Fields, raw: dict[str, Any]) -> None:
+    """One line naming the field for what stepper does not run as transformers does."""
+    if f.str("model_type") != MODEL_TYPE:
+        raise f.fail("model_type", f"must be {MODEL_TYPE!r} here, got {said(raw['model_type'])}")
+    f.equal("hidden_act", "silu", "the only kind stepper runs")
+    f.bool("tie_word_embeddings", default=False)  # either way lm_head is a matrix of its own (transformers ties none)
+    if f.bool("attention_bias", default=False):
+        raise f.fail("attention_bias", "must be false: stepper builds Ling's projections without a bias")
+    if raw.get("q_lora_rank") is not None:
+        raise f.fail("q_lora_rank", f"must be null: stepper builds Ling's MLA with one q_proj, got "
+                     f"{said(raw['q_lora_rank'])}")
+    if f.int("qk_rope_head_dim", default=64) % 2:
+        raise f.fail("qk_rope_head_dim", f"must be even (rotary dims come in pairs), got {raw['qk_rope_head_dim']}")
+    mla_fields.check_yarn(f, raw)
+    mla_fields.refuse_present(f, raw, ("quantization_config",), "stepper reads Ling's weights in BF16 or float32")
+
+
+def canonical_names(raw: dict[str, Any], source: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """The config.json with each field given under another name transformers takes (its
+    attribute_map: `num_experts_per_tok` for `num_experts_per_token`) under its own, and those
+    names, for messages (Fields' `spelled`). Both names given, with different values, is refused:
+    which one transformers keeps depends on their order in the file."""
+    raw, spelled = dict(raw), {}
+    for alias, field in ALIASES.items():
+        if alias not in raw:
+            continue
+        if field in raw and raw[field] != raw[alias]:
+            raise Fields(raw, source).fail(alias, f"({said(raw[alias])}) and '{field}' ({said(raw[field])}) are one "
+                                                  f"field of transformers' under two names; give one")
+        raw[field], spelled[field] = raw.pop(alias), alias
+    return raw, spelled
+
+
+def lower_bound(f: Fields) -> float:
+    """The safe forget gate's bound: at most 0, since g = bound * sigmoid(...) is the log of what each
+    step keeps of the state (a bound above 0 would make the state grow at every token)."""
+    bound = f.float("kda_lower_bound", default=-5.0, positive=False)
+    if bound > 0:
+        raise f.fail("kda_lower_bound", f"must be <= 0 (the forget gate's log decay lies between it and 0), "
+                     f"got {bound:g}")
+    return bound
 
 
 def dense_prefix(f: Fields, raw: dict[str, Any], layers: int) -> int:
@@ -145,10 +184,11 @@ def dense_prefix(f: Fields, raw: dict[str, Any], layers: int) -> int:
     only) or `first_k_dense_replace` (2 by default)."""
     if raw.get("mlp_layer_types") is None:
         return f.int("first_k_dense_replace", default=2, minimum=0)
-    first, freq = mla_fields.dense_prefix(f, {**raw, "num_hidden_layers": layers})
-    if freq != 1:
-        raise f.fail("mlp_layer_types", f"must be dense layers then sparse ones only, got "
-                     f"{said(raw['mlp_layer_types'])}")
+    types = raw["mlp_layer_types"]
+    first = types.index("sparse") if isinstance(types, list) and "sparse" in types else layers
+    if not isinstance(types, list) or types != ["dense"] * first + ["sparse"] * (layers - first):
+        raise f.fail("mlp_layer_types", f"must be 'dense' for some first layers, then 'sparse' for the rest of the "
+                     f"{layers}, got {said(types)}")
     return first
 
 
@@ -178,7 +218,10 @@ def published(cfg: BailingHybridConfig) -> dict[str, Any]:
         "moe_intermediate_size": cfg.moe_intermediate_size, "num_hidden_layers": cfg.num_hidden_layers,
         "num_attention_heads": cfg.num_attention_heads, "num_key_value_heads": cfg.num_attention_heads,
         "q_lora_rank": None, "kv_lora_rank": cfg.kv_lora_rank, "qk_nope_head_dim": cfg.qk_nope_head_dim,
-        "qk_rope_head_dim": cfg.qk_rope_head_dim, "v_head_dim": cfg.v_head_dim, "head_dim": cfg.linear_head_dim,
+        "qk_rope_head_dim": cfg.qk_rope_head_dim, "v_head_dim": cfg.v_head_dim,
+        # as transformers' save_pretrained writes them: head_dim is qk_rope_head_dim once its config is made
+        "head_dim": cfg.qk_rope_head_dim, "linear_head_dim": cfg.linear_head_dim,
+        "linear_num_heads": cfg.linear_num_heads, "linear_conv_kernel_dim": cfg.short_conv_kernel_size,
         "num_experts": cfg.n_routed_experts, "num_shared_experts": cfg.n_shared_experts,
         "num_experts_per_token": cfg.num_experts_per_tok, "num_expert_group": cfg.n_group,
         "topk_group": cfg.topk_group, "routed_scaling_factor": cfg.routed_scaling_factor,
@@ -193,55 +236,7 @@ def published(cfg: BailingHybridConfig) -> dict[str, Any]:
     }
 
 
-# -- the tensors -----------------------------------------------------------------------------------
-
-
-def kda_shapes(cfg: BailingHybridConfig) -> dict[str, tuple[int, ...]]:
-    d, H, K, W = cfg.hidden_size, cfg.linear_num_heads, cfg.linear_head_dim, cfg.short_conv_kernel_size
-    shapes: dict[str, tuple[int, ...]] = {}
-    for name in ("q", "k", "v"):
-        shapes[f"self_attn.{name}_proj.weight"] = (H * K, d)
-        shapes[f"self_attn.{name}_conv1d.weight"] = (H * K, 1, W)
-    return {**shapes, "self_attn.A_log": (H,), "self_attn.dt_bias": (H * K,), "self_attn.f_proj.weight": (H * K, d),
-            "self_attn.b_proj.weight": (H, d), "self_attn.g_proj.weight": (H * K, d), "self_attn.o_norm.weight": (K,),
-            "self_attn.o_proj.weight": (d, H * K)}
-
-
-def mla_shapes(cfg: BailingHybridConfig) -> dict[str, tuple[int, ...]]:
-    return {**kimi_linear.mla_shapes(cfg), "self_attn.g_proj.weight": (cfg.num_attention_heads, cfg.hidden_size)}
-
-
-def ffn_shapes(cfg: BailingHybridConfig, layer: int) -> dict[str, tuple[int, ...]]:
-    d = cfg.hidden_size
-
-    def swiglu(prefix: str, inter: int) -> dict[str, tuple[int, ...]]:
-        return {f"{prefix}gate_proj.weight": (inter, d), f"{prefix}up_proj.weight": (inter, d),
-                f"{prefix}down_proj.weight": (d, inter)}
-
-    if not cfg.is_moe_layer(layer):
-        return swiglu("mlp.", cfg.intermediate_size)
-    shapes = {"mlp.gate.weight": (cfg.n_routed_experts, d), "mlp.gate.e_score_correction_bias": (cfg.n_routed_experts,)}
-    for e in range(cfg.n_routed_experts):
-        shapes.update(swiglu(f"mlp.experts.{e}.", cfg.moe_intermediate_size))
-    if cfg.n_shared_experts:
-        shapes.update(swiglu("mlp.shared_experts.", cfg.moe_intermediate_size * cfg.n_shared_experts))
-    return shapes
-
-
-def layer_shapes(cfg: BailingHybridConfig, layer: int) -> dict[str, tuple[int, ...]]:
-    d = cfg.hidden_size
-    attention = kda_shapes(cfg) if cfg.is_kda_layer(layer) else mla_shapes(cfg)
-    shapes = {"input_layernorm.weight": (d,), "post_attention_layernorm.weight": (d,), **attention,
-              **ffn_shapes(cfg, layer)}
-    return {f"model.layers.{layer}.{k}": v for k, v in shapes.items()}
-
-
 # -- the family ------------------------------------------------------------------------------------
-
-
-def miniature(cfg: BailingHybridConfig, layer: int) -> BailingHybridConfig:
-    """Kimi Linear's miniature of the layer (KDA or MLA, MoE or dense), with Ling's gates and rotation."""
-    return kimi_linear.miniature(cfg, layer)
 
 
 PARTS = ("model", "residual", "kda", "mla_attention", "mlp", "router", "router_sigmoid", "router_noaux_tc",
@@ -253,7 +248,7 @@ FAMILY = Family(
     read_config=parse,
     decoder_layer=hybrid_layer,
     parts=part_files(PARTS),
-    miniature=miniature,
+    miniature=kimi_linear.miniature,  # its layer's branches, with Ling's gates and rotation
     no_seeded_cache=kimi_linear.no_seeded_state,
     runtime_sizes=kimi_linear.runtime_sizes,
     chunk_multiple=kda_chunked.CHUNK,  # as Kimi Linear's: the states after each chunk follow on across prefill chunks

@@ -24,7 +24,16 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, ClassVar
 
-from stepper.config import EPS_BELOW, TOKEN_ID_FIELDS, Fields, MlaVariants, model_name, token_ids, written_token_ids
+from stepper.config import (
+    EPS_BELOW,
+    TOKEN_ID_FIELDS,
+    Fields,
+    MlaVariants,
+    check_router,
+    model_name,
+    token_ids,
+    written_token_ids,
+)
 from stepper.errors import StepperError
 from stepper.families.deepseek import part_files
 from stepper.families.family import Family
@@ -91,6 +100,8 @@ class KimiLinearConfig(MlaVariants):
     rotary: ClassVar[bool] = False  # no layer rotates: the model makes no rotary tables (model.transformer)
     rope_theta: ClassVar[float] = 10000.0  # the published value, unused
     rope_scaling: ClassVar[None] = None
+    moe_prefix: ClassVar[str] = "block_sparse_moe."  # the published MoE's tensors (kimi_linear_layer.on_disk)
+    expert_names: ClassVar[tuple[str, str, str]] = ("w1", "w3", "w2")  # an expert's gate, up and down projections
 
     @property
     def qk_head_dim(self) -> int:
@@ -239,15 +250,14 @@ def layer_kinds(linear: dict[str, Any], layers: int, f: Fields) -> tuple[tuple[i
     return tuple(sorted(n - 1 for n in kda)), tuple(sorted(n - 1 for n in full))
 
 
+ROUTER_FIELDS = {"n_routed_experts": "num_experts", "n_group": "num_expert_group",
+                 "num_experts_per_tok": "num_experts_per_token"}  # DeepSeek-V3's names -> this config.json's
+
+
 def check_experts(cfg: KimiLinearConfig, f: Fields) -> None:
-    if cfg.n_routed_experts == 0:
-        return
-    if cfg.num_experts_per_tok > cfg.n_routed_experts:
-        raise f.fail("num_experts_per_token", f"({cfg.num_experts_per_tok}) must not exceed num_experts "
-                     f"({cfg.n_routed_experts})")
-    if cfg.n_routed_experts % cfg.n_group or cfg.topk_group > cfg.n_group:
-        raise f.fail("num_expert_group", f"({cfg.n_group}) must divide num_experts ({cfg.n_routed_experts}) and "
-                     f"be at least topk_group ({cfg.topk_group})")
+    """The router's sizes against each other (config.check_router), named as this config.json names them."""
+    spelled = {field: f.spelled.get(name, name) for field, name in ROUTER_FIELDS.items()}  # Ling's aliases too
+    check_router(cfg, Fields(f.raw, f.source, {**spelled, **f.spelled}))
 
 
 # -- the published checkpoint's tensors --------------------------------------------------------
@@ -258,29 +268,38 @@ def kda_shapes(cfg: KimiLinearConfig) -> dict[str, tuple[int, ...]]:
     for name in ("q", "k", "v"):
         shapes[f"self_attn.{name}_proj.weight"] = (H * K, d)
         shapes[f"self_attn.{name}_conv1d.weight"] = (H * K, 1, W)
-    shapes.update({
-        "self_attn.A_log": (1, 1, H, 1), "self_attn.dt_bias": (H * K,),
-        "self_attn.f_a_proj.weight": (K, d), "self_attn.f_b_proj.weight": (H * K, K),
-        "self_attn.b_proj.weight": (H, d),
-        "self_attn.g_a_proj.weight": (K, d), "self_attn.g_b_proj.weight": (H * K, K),
-        "self_attn.o_norm.weight": (K,), "self_attn.o_proj.weight": (d, H * K),
-    })
-    return shapes
+    return {**shapes, **gate_shapes(cfg), "self_attn.dt_bias": (H * K,), "self_attn.b_proj.weight": (H, d),
+            "self_attn.o_norm.weight": (K,), "self_attn.o_proj.weight": (d, H * K)}
+
+
+def gate_shapes(cfg: KimiLinearConfig) -> dict[str, tuple[int, ...]]:
+    """The forget and output gates' weights: Kimi Linear's rank-K pairs and A_log [1, 1, H, 1], or
+    (kda_full_gates: Ling 3's files) one matrix each and A_log [H]."""
+    d, H, K = cfg.hidden_size, cfg.linear_num_heads, cfg.linear_head_dim
+    if cfg.kda_full_gates:
+        return {"self_attn.A_log": (H,), "self_attn.f_proj.weight": (H * K, d), "self_attn.g_proj.weight": (H * K, d)}
+    return {"self_attn.A_log": (1, 1, H, 1), "self_attn.f_a_proj.weight": (K, d),
+            "self_attn.f_b_proj.weight": (H * K, K), "self_attn.g_a_proj.weight": (K, d),
+            "self_attn.g_b_proj.weight": (H * K, K)}
 
 
 def mla_shapes(cfg: KimiLinearConfig) -> dict[str, tuple[int, ...]]:
     d, h = cfg.hidden_size, cfg.num_attention_heads
+    gate = {"self_attn.g_proj.weight": (h, d)} if cfg.head_gate else {}  # Ling 3's gate per head
     return {
         "self_attn.q_proj.weight": (h * cfg.qk_head_dim, d),
         "self_attn.kv_a_proj_with_mqa.weight": (cfg.kv_lora_rank + cfg.qk_rope_head_dim, d),
         "self_attn.kv_a_layernorm.weight": (cfg.kv_lora_rank,),
         "self_attn.kv_b_proj.weight": (h * (cfg.qk_nope_head_dim + cfg.v_head_dim), cfg.kv_lora_rank),
         "self_attn.o_proj.weight": (d, h * cfg.v_head_dim),
+        **gate,
     }
 
 
 def ffn_shapes(cfg: KimiLinearConfig, layer: int) -> dict[str, tuple[int, ...]]:
-    d = cfg.hidden_size
+    """The dense MLP's (under dense_mlp) or the MoE's tensors (under moe_prefix, each expert's
+    projections named expert_names), as the files name them."""
+    d, moe = cfg.hidden_size, cfg.moe_prefix
 
     def swiglu(prefix: str, inter: int, names=("gate_proj", "up_proj", "down_proj")) -> dict[str, tuple[int, ...]]:
         gate, up, down = names
@@ -289,12 +308,12 @@ def ffn_shapes(cfg: KimiLinearConfig, layer: int) -> dict[str, tuple[int, ...]]:
 
     if not cfg.is_moe_layer(layer):
         return swiglu(cfg.dense_mlp, cfg.intermediate_size)
-    shapes = {"block_sparse_moe.gate.weight": (cfg.n_routed_experts, d),
-              "block_sparse_moe.gate.e_score_correction_bias": (cfg.n_routed_experts,)}
+    shapes = {f"{moe}gate.weight": (cfg.n_routed_experts, d),
+              f"{moe}gate.e_score_correction_bias": (cfg.n_routed_experts,)}
     for e in range(cfg.n_routed_experts):
-        shapes.update(swiglu(f"block_sparse_moe.experts.{e}.", cfg.moe_intermediate_size, ("w1", "w3", "w2")))
+        shapes.update(swiglu(f"{moe}experts.{e}.", cfg.moe_intermediate_size, cfg.expert_names))
     if cfg.n_shared_experts:
-        shapes.update(swiglu("block_sparse_moe.shared_experts.", cfg.moe_intermediate_size * cfg.n_shared_experts))
+        shapes.update(swiglu(f"{moe}shared_experts.", cfg.moe_intermediate_size * cfg.n_shared_experts))
     return shapes
 
 
@@ -368,8 +387,9 @@ def no_seeded_state(cfg: KimiLinearConfig, layer: int) -> str:
     if not cfg.is_kda_layer(layer):
         return ""
     mla = ", ".join(map(str, cfg.full_attn_layers))
+    instead = f", or give an MLA layer ({mla}) its cache" if mla else ""
     return (f"is a delta-attention (KDA) layer, whose state holds no positions to fill; run it on a prompt "
-            f"and its decode steps, or give an MLA layer ({mla}) its cache")
+            f"and its decode steps{instead}")
 
 
 def runtime_sizes(cfg: Any, layer: int | None, t: int, s: int) -> dict[str, int]:

@@ -118,8 +118,8 @@ def rope_fields(f, raw: dict[str, Any]):
 
 def check_yarn(f, raw: dict[str, Any]) -> None:
     """A YaRN block as transformers' YaRN reads it and stepper's does alike: no attention_factor of
-    its own, truncated frequencies, and mscale only beside mscale_all_dim (transformers' rotary takes
-    0.1 ln(factor) + 1 without it, whatever mscale says)."""
+    its own, truncated frequencies, and mscale and mscale_all_dim both or neither (transformers' rotary
+    takes 0.1 ln(factor) + 1 unless both are non-zero, whatever the one given says)."""
     name, block = named_rope_block(f, raw)
     if not block or block.get("rope_type", block.get("type")) != "yarn":
         return
@@ -131,6 +131,10 @@ def check_yarn(f, raw: dict[str, Any]) -> None:
     if block.get("mscale", 1) != 1 and not block.get("mscale_all_dim"):
         raise f.fail(f"{name}.mscale", f"must come with mscale_all_dim: transformers' YaRN reads it only beside "
                      f"that, got {said(block['mscale'])} alone")
+    if block.get("mscale_all_dim") and not block.get("mscale"):
+        raise f.fail(f"{name}.mscale_all_dim", f"must come with a non-zero mscale: transformers' YaRN reads it only "
+                     f"beside that (cos and sin scaled by 0.1 ln(factor) + 1 otherwise), got "
+                     f"{said(block['mscale_all_dim'])} with mscale {said(block.get('mscale'))}")
 
 
 def check_interleaved(f, raw: dict[str, Any]) -> None:

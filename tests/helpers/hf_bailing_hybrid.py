@@ -18,13 +18,15 @@ import transformers.models.bailing_hybrid.modeling_bailing_hybrid as hf
 from tests.helpers import hf_kimi_linear
 
 # four layers: KDA (dense MLP), MLA (MoE), KDA (MoE), MLA (MoE); 8 experts in 4 groups keeping 2, two chosen;
-# an rms_norm_eps large enough that each norm's own (rms_norm_eps, or the latent's 1e-6) shows in the tensors
+# an rms_norm_eps large enough that each norm's own (rms_norm_eps, or the latent's 1e-6) shows in the tensors;
+# the KDA heads' dims (head_dim 12) unlike the rotary dims (8), which transformers' saved head_dim becomes; a
+# forget gate bounded at -3, not the default -5
 TINY_LING = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "moe_intermediate_size": 16,
              "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 4, "num_experts": 8,
              "num_experts_per_token": 2, "num_shared_experts": 1, "num_expert_group": 4, "topk_group": 2,
              "first_k_dense_replace": 1, "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8,
-             "v_head_dim": 12, "head_dim": 8, "layer_group_size": 2, "rms_norm_eps": 0.05, "routed_scaling_factor": 2.5,
-             "model_max_length": 8192, "pad_token_id": 0, "eos_token_id": 1,
+             "v_head_dim": 12, "head_dim": 12, "layer_group_size": 2, "kda_lower_bound": -3.0, "rms_norm_eps": 0.05,
+             "routed_scaling_factor": 2.5, "model_max_length": 8192, "pad_token_id": 0, "eos_token_id": 1,
              "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
 
 

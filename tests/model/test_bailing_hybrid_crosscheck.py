@@ -84,9 +84,11 @@ def test_every_tensor_matches_transformers(saved, ids, reference, form):
     mine = stepper_trace(saved, ids, form)
     assert mismatches(mine, reference) == {}
     for name in COVERED:
-        assert np.abs(reference[name]).max() > 0, name
-    assert mine["prefill.layers.0.self_attn.state_per_chunk"].shape == (1, 4, 2, 8, 8)  # 64 + 6 tokens
+        assert name in mine and np.abs(reference[name]).max() > 0, name
+    assert mine["prefill.layers.0.self_attn.state_per_chunk"].shape == (1, 4, 2, 12, 12)  # 64 + 6 tokens, K = 12
     assert mine["prefill.layers.1.self_attn.head_gate"].shape == (1, PROMPT, 4)  # one logit per head
+    g = mine["prefill.layers.2.self_attn.forget_gate"]  # within [kda_lower_bound, 0] = [-3, 0] (float32 reaches the
+    assert g.max() <= 0 and g.min() >= -3 and g.min() < -2 and g.std() > 0.1  # ends), not stuck at one
 
 
 @pytest.mark.parametrize("attn", ["naive", "absorb"])
@@ -115,13 +117,6 @@ def test_yarn_and_the_unbounded_forget_gate(tmp_path, ids):
             assert cfg.rope_scaling.factor == 4.0
         else:
             assert cfg.kda_lower_bound is None and ref["prefill.layers.0.self_attn.forget_gate"].min() < -5
-
-
-def test_the_forget_gate_keeps_within_its_bound(reference):
-    """The safe gate's values lie in (kda_lower_bound, 0) = (-5, 0), and vary: the run above tests
-    the bound's formula, not a gate stuck at one end."""
-    g = reference["prefill.layers.0.self_attn.forget_gate"]
-    assert g.max() < 0 and g.min() > -5 and g.std() > 0.1
 
 
 def test_the_files_hold_lings_names_and_stepper_reads_them(saved):
@@ -156,15 +151,23 @@ REFUSED = [
     ({"q_lora_rank": 16}, "q_lora_rank"),
     ({"num_key_value_heads": 2}, "num_key_value_heads"),
     ({"hidden_act": "gelu"}, "hidden_act"),
-    ({"tie_word_embeddings": True}, "tie_word_embeddings"),
     ({"attention_bias": True}, "attention_bias"),
+    ({"qk_rope_head_dim": 7}, "qk_rope_head_dim"),
     ({"layer_types": ["linear_attention"] * 3}, "layer_types"),
     ({"layer_types": ["linear_attention", "sliding_attention", "full_attention", "full_attention"]}, "layer_types"),
     ({"mlp_layer_types": ["dense", "sparse", "dense", "sparse"]}, "mlp_layer_types"),
     ({"rope_parameters": {**YARN, "attention_factor": 0.5}}, "rope_parameters.attention_factor"),
     ({"rope_parameters": {**YARN, "truncate": False}}, "rope_parameters.truncate"),
+    ({"rope_parameters": {**YARN, "mscale": 0}}, "rope_parameters.mscale_all_dim"),
+    ({"rope_parameters": {**YARN, "mscale": 2.0, "mscale_all_dim": 0}}, "rope_parameters.mscale"),
     ({"num_experts": 6}, "num_expert_group"),
+    ({"num_experts": 4}, "num_expert_group"),  # one expert a group: a group scores by its top 2
+    ({"num_experts": 0}, "num_experts"),
+    ({"num_experts_per_token": 5}, "num_experts_per_token"),  # more than the 2 kept groups of 2 hold
+    ({"num_experts_per_tok": 3}, "num_experts_per_tok"),  # transformers' other name, the two disagreeing
+    ({"n_group": 3, "num_expert_group": None}, "n_group"),  # the other name, named in the message
     ({"kda_lower_bound": "low"}, "kda_lower_bound"),
+    ({"kda_lower_bound": 0.5}, "kda_lower_bound"),
     ({"quantization_config": {"quant_method": "fp8"}}, "quantization_config"),
 ]
 
@@ -172,9 +175,48 @@ REFUSED = [
 @pytest.mark.parametrize("changes, field", REFUSED, ids=[field for _, field in REFUSED])
 def test_a_config_stepper_cannot_run_as_transformers_does_is_refused_naming_the_field(saved, changes, field):
     raw = {**json.loads((saved / "config.json").read_text()), **changes}
+    raw = {k: v for k, v in raw.items() if v is not None}
     with pytest.raises(StepperError) as e:
         read_config(raw, "Ling/config.json")
     assert str(e.value).startswith(f"Ling/config.json: field '{field}'"), str(e.value)
+
+
+READ = [
+    {},  # BailingHybridConfig's defaults: 42 layers, MLA every 6th, two dense ones first, rope_theta 6e6
+    {"num_hidden_layers": 12, "layer_group_size": 3, "first_k_dense_replace": 0, "rope_theta": 1e6},
+    {"num_hidden_layers": 4, "mlp_layer_types": ["dense", "dense", "dense", "sparse"],
+     "layer_types": ["full_attention", "linear_attention", "linear_attention", "full_attention"]},
+    {"num_experts_per_tok": 4, "n_group": 4, "norm_topk_prob": False, "max_position_embeddings": 1000,
+     "num_local_experts": 32, "n_shared_experts": 2, "topk_group": 2},  # transformers' other names
+    {"rope_parameters": {"rope_type": "default", "rope_theta": 5e5}, "kda_safe_gate": False},
+    {"kda_lower_bound": -2.0, "head_dim": 64, "linear_head_dim": 96, "linear_num_heads": 16,
+     "linear_conv_kernel_dim": 3, "tie_word_embeddings": True},
+]
+
+
+@pytest.mark.parametrize("fields", READ, ids=range(len(READ)))
+def test_a_config_reads_as_transformers_reads_it(fields):
+    """stepper's reading of a config.json against transformers' BailingHybridConfig of the same
+    fields: which layers are KDA and which MoE, the rotary base, the KDA sizes, the router's sizes
+    under either name, the forget gate's bound (None: the softplus gate)."""
+    raw = {"model_type": "bailing_hybrid", **fields}
+    cfg, theirs = read_config(raw, "Ling/config.json"), transformers.BailingHybridConfig(**fields)
+    layers = range(theirs.num_hidden_layers)
+    assert cfg.kda_layers == tuple(i for i in layers if theirs.layer_types[i] == "linear_attention")
+    assert [cfg.is_moe_layer(i) for i in layers] == [theirs.mlp_layer_types[i] == "sparse" for i in layers]
+    assert cfg.rope_theta == theirs.rope_parameters["rope_theta"]
+    assert (cfg.linear_head_dim, cfg.linear_num_heads, cfg.short_conv_kernel_size) == (
+        theirs.linear_head_dim, theirs.linear_num_heads, theirs.linear_conv_kernel_dim)
+    assert (cfg.n_routed_experts, cfg.num_experts_per_tok, cfg.n_group, cfg.topk_group, cfg.norm_topk_prob,
+            cfg.n_shared_experts, cfg.max_position_embeddings, cfg.routed_scaling_factor) == (
+        theirs.num_experts, theirs.num_experts_per_token, theirs.num_expert_group, theirs.topk_group,
+        theirs.moe_renormalize, theirs.num_shared_experts, theirs.model_max_length, theirs.routed_scaling_factor)
+    assert cfg.kda_lower_bound == (theirs.kda_lower_bound if theirs.kda_safe_gate else None)
+    assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.kv_lora_rank, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim,
+            cfg.v_head_dim, cfg.rms_norm_eps) == (theirs.num_hidden_layers, theirs.hidden_size, theirs.kv_lora_rank,
+                                                  theirs.qk_nope_head_dim, theirs.qk_rope_head_dim, theirs.v_head_dim,
+                                                  theirs.rms_norm_eps)
+    assert read_config(cfg.to_hf(), "Ling/config.json") == cfg
 
 
 def test_inspect_and_run_on_the_folder(saved):

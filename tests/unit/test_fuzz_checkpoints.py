@@ -29,7 +29,7 @@ from rich.console import Console
 
 from stepper.config import Config
 from stepper.errors import StepperError
-from stepper.fixtures import verify
+from stepper.fixtures import aliases, verify
 from stepper.fixtures.export import export
 from stepper.fixtures.fixture import load
 from stepper.fixtures.spec import ExportSpec
@@ -54,10 +54,13 @@ dims = st.lists(st.integers(-2, 2**40) | st.sampled_from([0, 1, 16, 32, 48, 64])
 
 @pytest.fixture(scope="module")
 def sound(tmp_path_factory) -> tuple[Path, Path]:
-    """The mini checkpoint, and a fixture folder exported from it."""
+    """The mini checkpoint, and a fixture folder exported from it. stepper's own naming tables (read
+    once a process, by the first verify) are read here, before any bound is measured: the bounds are
+    on the files a user gives, which the tables' bytes would otherwise hide in the first example."""
     root = tmp_path_factory.mktemp("fuzz")
     ckpt = synth_checkpoint(SyntheticWeights(Config.from_hf(MINI_CONFIG, "mini"), seed=0), root / "ck")
     export(ExportSpec(model=str(ckpt), prompt_len=2), root / "fixture")
+    aliases.tables()
     return ckpt, root / "fixture"
 
 
