@@ -268,19 +268,19 @@ def kda_shapes(cfg: KimiLinearConfig) -> dict[str, tuple[int, ...]]:
     for name in ("q", "k", "v"):
         shapes[f"self_attn.{name}_proj.weight"] = (H * K, d)
         shapes[f"self_attn.{name}_conv1d.weight"] = (H * K, 1, W)
-    return {**shapes, **gate_shapes(cfg), "self_attn.dt_bias": (H * K,), "self_attn.b_proj.weight": (H, d),
-            "self_attn.o_norm.weight": (K,), "self_attn.o_proj.weight": (d, H * K)}
+    a_log = (H,) if cfg.kda_full_gates else (1, 1, H, 1)  # Ling 3's files, Kimi Linear's
+    return {**shapes, "self_attn.A_log": a_log, "self_attn.dt_bias": (H * K,), **gate_shapes(cfg, "f"),
+            "self_attn.b_proj.weight": (H, d), **gate_shapes(cfg, "g"), "self_attn.o_norm.weight": (K,),
+            "self_attn.o_proj.weight": (d, H * K)}
 
 
-def gate_shapes(cfg: KimiLinearConfig) -> dict[str, tuple[int, ...]]:
-    """The forget and output gates' weights: Kimi Linear's rank-K pairs and A_log [1, 1, H, 1], or
-    (kda_full_gates: Ling 3's files) one matrix each and A_log [H]."""
-    d, H, K = cfg.hidden_size, cfg.linear_num_heads, cfg.linear_head_dim
+def gate_shapes(cfg: KimiLinearConfig, gate: str) -> dict[str, tuple[int, ...]]:
+    """The forget ("f") or output ("g") gate's weights: Kimi Linear's rank-K pair, or (kda_full_gates,
+    Ling 3's) one matrix (model.kda.gate_projection)."""
+    d, HK, K = cfg.hidden_size, cfg.linear_num_heads * cfg.linear_head_dim, cfg.linear_head_dim
     if cfg.kda_full_gates:
-        return {"self_attn.A_log": (H,), "self_attn.f_proj.weight": (H * K, d), "self_attn.g_proj.weight": (H * K, d)}
-    return {"self_attn.A_log": (1, 1, H, 1), "self_attn.f_a_proj.weight": (K, d),
-            "self_attn.f_b_proj.weight": (H * K, K), "self_attn.g_a_proj.weight": (K, d),
-            "self_attn.g_b_proj.weight": (H * K, K)}
+        return {f"self_attn.{gate}_proj.weight": (HK, d)}
+    return {f"self_attn.{gate}_a_proj.weight": (K, d), f"self_attn.{gate}_b_proj.weight": (HK, K)}
 
 
 def mla_shapes(cfg: KimiLinearConfig) -> dict[str, tuple[int, ...]]:
