@@ -262,7 +262,7 @@ class Run(Mapping):
         if len(entries) > 1:
             listed = ", ".join(e["name"] for e in entries[:4])
             raise NotFound(f"'{name}' names {len(entries)} catalogue entries ({listed}); give one of them")
-        entry = own_words(found.cat, entries[0], found.sizes)  # as `stepper explain` words it
+        entry = own_words(found.cat, entries[0], found.sizes, found.layer)  # as `stepper explain` words it
         entry["reference"] = {source: cited for source, cited in entry["reference"].items() if cited is not None}
         if found.elsewhere:  # a tensor this run's model never emits: the preset that does
             return {**_copy(entry), "emitted_by": found.sizes.name if found.sizes else None}

@@ -7,7 +7,10 @@ under transformers' package folder and, by catalogue name, a citation as the cat
 them against the installed transformers, as the catalogue's own.
 
 A tensor the family's file has no line for (the absorbed path's, which only DeepSeek's inference
-code computes) keeps the catalogue's citations, each naming its own file.
+code computes) keeps the catalogue's citations, each naming its own file. Where a model's KDA and MLA
+layers emit a tensor of one name from different lines (`self_attn.attn_output`, `self_attn.o_proj`),
+the KDA layers' line is cited as `kda:NAME`, and `stepper explain` shows it for a KDA layer it is
+asked about (`layers.0.self_attn.o_proj`).
 
 "The references call it" (the catalogue's `variable`) is modeling_deepseek.py's name, and a family's
 file may name the tensor otherwise (transformers' `q_pass` for DeepSeek's `q_nope`). The family's name
@@ -28,6 +31,7 @@ from importlib import resources
 from typing import Any
 
 FOLDER = "cites"
+KDA = "kda:"  # before a name: the line of a KDA layer's, where MLA's and KDA's layers name a tensor alike
 SOURCE = "transformers"  # the catalogue's reference the families' citations replace
 REPLACED = ("modeling_deepseek.py", SOURCE)  # DeepSeek-V3's lines, not this family's
 

@@ -101,20 +101,25 @@ def found_texts(found: Found) -> list[Text]:
     return [*notes, *(explain_text(found.cat, entry, found.sizes, found.layer) for entry in found.entries)]
 
 
-def own_words(cat: catalog.Catalog, entry: dict[str, Any], cfg: Config | None) -> dict[str, Any]:
+def own_words(cat: catalog.Catalog, entry: dict[str, Any], cfg: Config | None,
+              layer: int | None = None) -> dict[str, Any]:
     """The entry as cfg's model has it (None: the catalogue's): its family's description, formula and
-    explanation where the family computes it otherwise (templates), and its family's own file's lines."""
+    explanation where the family computes it otherwise (templates), and its family's own file's lines
+    (those of the layer's kind, where `layer` is given: a KDA layer's o_proj is not an MLA layer's)."""
     key = catalog.key_of(entry["name"])  # a sublayer's `sub1.self_attn.q` is the entry self_attn.q
+    names = (entry["name"], key)
+    if layer is not None and cfg is not None and getattr(cfg, "is_kda_layer", lambda _: False)(layer):
+        names = (family_cites.KDA + key, *names)
     return {**entry, "description": cat.description(entry["name"], cfg),
             **{which: family_notes.replaced(cfg, entry["name"], key, which, entry[which]) for which in ("formula",
                                                                                                         "explain")},
-            "reference": family_cites.reference(cfg, (entry["name"], key), entry["reference"])}
+            "reference": family_cites.reference(cfg, names, entry["reference"])}
 
 
 def explain_text(cat: catalog.Catalog, entry: dict[str, Any], cfg: Config | None, layer: int | None = None) -> Text:
     """The entry with cfg's sizes (None: its dims and template fields by name), those of `layer` if
     it is given (a DeepSeek-V4 layer's window slots)."""
-    own, key = own_words(cat, entry, cfg), catalog.key_of(entry["name"])
+    own, key = own_words(cat, entry, cfg, layer), catalog.key_of(entry["name"])
     text = Text()
     text.append(f"{entry['name']}\n", style="bold cyan")
     text.append(f"{own['description']}\n")

@@ -583,3 +583,17 @@ def test_longcats_moe_output_counts_its_zero_experts():
     assert "chooses 3 of the 12 experts its router scores: 8 real ones" in out.stdout
     assert "a zero expert (topk_idx >= n_routed_experts): expert(x) = x" in out.stdout
     assert "3 of 8 run" not in out.stdout
+
+
+@pytest.mark.parametrize("model, kda_lines, mla_lines", [
+    ("tiny-kimi-linear", ("line 713", "line 714"), ("line 313", "line 314")),
+    ("tiny-ling3", ("line 785", "line 786"), ("line 406", "line 421")),
+])
+def test_a_kda_layers_merged_heads_and_o_proj_cite_the_kda_lines_not_mlas(model, kda_lines, mla_lines):
+    """self_attn.attn_output and self_attn.o_proj are named alike in both kinds of layer: asked about a
+    KDA layer (0), explain cites the delta attention's lines, about an MLA layer (its last) MLA's."""
+    mla = preset(model).num_hidden_layers - 1
+    for layer, lines in ((0, kda_lines), (mla, mla_lines)):
+        for name, line in zip(("attn_output", "o_proj"), lines):
+            out = stepper("explain", f"layers.{layer}.self_attn.{name}", "--model", model, "--plain")
+            assert out.returncode == 0 and f"modeling_{preset(model).model_type}.py  {line}" in out.stdout, out.stdout

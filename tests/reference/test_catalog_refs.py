@@ -289,7 +289,7 @@ def test_a_familys_citations_name_its_own_files_lines(catalog, model_type):
     family = family_cites.cite_files()[model_type]
     assert family["path"].startswith(f"models/{model_type}/modeling_") and family["tensors"], model_type
     names = {e["name"] for e in catalog["tensors"]}
-    keys = {re.sub(r"^sub\d\.", "", name) for name in family["tensors"]}  # a LongCat sublayer's own line
+    keys = {re.sub(r"^(sub\d\.|kda:)", "", name) for name in family["tensors"]}  # LongCat sublayer's, KDA layer's line
     assert keys <= names, sorted(keys - names)
     assert all(citation_ok(citation) for citation in family["tensors"].values())
     package = installed_transformers(catalog["references"]["transformers"]["version"])
