@@ -41,6 +41,8 @@ class Yarn:
     beta_slow: float = 1.0
     mscale: float = 1.0
     mscale_all_dim: float = 0.0
+    attention_factor: float | None = None  # cos and sin's scale, as transformers' YaRN gives it; None: mscale's ratio
+    truncate: bool = True  # the correction range's ends rounded out to whole dims (transformers' `truncate`)
 
 
 @dataclass(frozen=True)
@@ -311,7 +313,7 @@ class Config(MlaVariants):
         out["tie_word_embeddings"] = False  # lm_head is its own matrix (_parse refuses true)
         out.update(written_token_ids(self))
         if self.rope_scaling is not None:
-            out["rope_scaling"] = {"type": "yarn", **dataclasses.asdict(self.rope_scaling)}
+            out["rope_scaling"] = {"type": "yarn", **yarn_fields(self.rope_scaling)}
         if self.quantization is not None:
             out["quantization_config"] = {
                 "quant_method": "fp8",
@@ -678,6 +680,13 @@ def rope_settings(f: Fields) -> tuple[float, Yarn | None]:
         mscale_all_dim=inner.float("mscale_all_dim", default=0.0, positive=False),
     )
     return theta, checked_yarn(f, yarn, block_name)
+
+
+def yarn_fields(yarn: Yarn) -> dict[str, Any]:
+    """A YaRN block's fields as a config.json gives them: attention_factor and truncate only where
+    they are read (transformers' YaRN) and not their defaults."""
+    fields = dataclasses.asdict(yarn)
+    return {k: v for k, v in fields.items() if (k, v) not in (("attention_factor", None), ("truncate", True))}
 
 
 def checked_yarn(f: Any, yarn: Yarn, block_name: str) -> Yarn:

@@ -24,7 +24,6 @@ prediction) are not read.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -38,6 +37,7 @@ from stepper.config import (
     rope_settings,
     token_ids,
     written_token_ids,
+    yarn_fields,
 )
 from stepper.families import kimi_linear, mla_fields
 from stepper.families.deepseek import part_files
@@ -107,6 +107,7 @@ def parse(raw: dict[str, Any], source: str) -> BailingHybridConfig:
                      f"{said(raw['num_key_value_heads'])}")
     given = raw.get("rope_theta")
     theta, yarn = rope_settings(Fields({**raw, "rope_theta": ROPE_THETA if given is None else given}, source))
+    yarn = mla_fields.transformers_yarn(f, yarn)
     first = dense_prefix(f, raw, layers)
     kda, full = layer_kinds(f, raw, layers)
     cfg = BailingHybridConfig(
@@ -149,7 +150,6 @@ def refuse_unbuilt(f: Fields, raw: dict[str, Any]) -> None:
                      f"{said(raw['q_lora_rank'])}")
     if f.int("qk_rope_head_dim", default=64) % 2:
         raise f.fail("qk_rope_head_dim", f"must be even (rotary dims come in pairs), got {raw['qk_rope_head_dim']}")
-    mla_fields.check_yarn(f, raw)
     mla_fields.refuse_present(f, raw, ("quantization_config",), "stepper reads Ling's weights in BF16 or float32")
 
 
@@ -210,7 +210,7 @@ def published(cfg: BailingHybridConfig) -> dict[str, Any]:
     """The config.json of a Ling checkpoint of this config (BailingHybridConfig's fields)."""
     rope = {"rope_type": "default", "rope_theta": cfg.rope_theta}
     if cfg.rope_scaling is not None:
-        rope = {**rope, "rope_type": "yarn", **dataclasses.asdict(cfg.rope_scaling)}
+        rope = {**rope, "rope_type": "yarn", **yarn_fields(cfg.rope_scaling)}
     layers = range(cfg.num_hidden_layers)
     return {
         "architectures": [ARCHITECTURE], "model_type": MODEL_TYPE, "vocab_size": cfg.vocab_size,

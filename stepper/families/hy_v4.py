@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from stepper.config import Config
+from stepper.config import Config, rope_settings
 from stepper.families import deepseek, glm_moe_dsa, mla_fields
 from stepper.families.deepseek_v4 import lone_streams
 from stepper.families.deepseek_v4_weights import global_shapes as v4_global_shapes
@@ -109,7 +109,6 @@ def to_mla(f) -> tuple[dict[str, Any], dict[str, Any]]:
     mla_fields.check_rotary_fraction(f, raw, 1.0)
     if raw.get("q_lora_rank") is None:
         raise f.fail("q_lora_rank", "is missing: Hy4's indexer reads its query from q_a_norm")
-    mla_fields.check_yarn(f, raw)
     mla_fields.refuse_present(f, raw, ("quantization_config",), "stepper reads Hy4 in BF16 or float32 (not "
                               "Hy4-preview-FP8's E4M3 with an E8M0 scale per 32 columns)")
     fields = mla_fields.typed(f, raw)
@@ -125,6 +124,7 @@ def to_mla(f) -> tuple[dict[str, Any], dict[str, Any]]:
     extra = {"hc_mult": streams.int("hc_mult"), "hc_magnitude": streams.float("hc_magnitude", positive=False),
              "hc_eps": streams.float("hc_eps", positive=False), "swiglu_limit": limit,
              "index_reused_layers": tuple(i for i, kind in enumerate(types) if kind == "shared"),
+             "rope_scaling": mla_fields.transformers_yarn(f, rope_settings(mla_fields.typed(f, raw))[1]),
              "rope_interleave": False, "gate_proj": True, "attention_sinks": True, "indexer_rope_last": True,
              "indexer_norm_eps": fields.float("rms_norm_eps"), "fused_experts": True,
              **{field: fields.int(field) for field in ("index_n_heads", "index_head_dim", "index_topk")}}

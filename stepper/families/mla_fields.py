@@ -16,10 +16,11 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from stepper.config import Config, Fields, read_mla_config
+from stepper.config import Config, Fields, Yarn, read_mla_config
 from stepper.families import deepseek
 from stepper.families.family import Family, MakeModel, ReadConfig
 from stepper.model.layer import decoder_layer
+from stepper.model.rope import yarn_mscale
 from stepper.untrusted import said
 
 Translate = Callable[[Fields], tuple[dict[str, Any], dict[str, Any]]]  # -> DeepseekV3's raw dict, own fields
@@ -116,25 +117,22 @@ def rope_fields(f, raw: dict[str, Any]):
     return type(f)(block or {}, f"{f.source}: {name}")
 
 
-def check_yarn(f, raw: dict[str, Any]) -> None:
-    """A YaRN block as transformers' YaRN reads it and stepper's does alike: no attention_factor of
-    its own, truncated frequencies, and mscale and mscale_all_dim both or neither (transformers' rotary
-    takes 0.1 ln(factor) + 1 unless both are non-zero, whatever the one given says)."""
-    name, block = named_rope_block(f, raw)
-    if not block or block.get("rope_type", block.get("type")) != "yarn":
-        return
+def transformers_yarn(f, yarn: Yarn | None) -> Yarn | None:
+    """The YaRN block of the config f reads (`yarn`, as the MLA reader reads it) as transformers'
+    YaRN reads it: `truncate`, and cos and sin scaled by `attention_factor` where the block gives
+    one, else by mscale / mscale_all_dim's ratio where both are non-zero, else by 0.1 ln(factor) + 1
+    (modeling_rope_utils' _compute_yarn_parameters). None for no YaRN."""
+    if yarn is None:
+        return None
+    _, block = named_rope_block(f, f.raw)
+    inner = rope_fields(f, f.raw)
     if block.get("attention_factor") is not None:
-        raise f.fail(f"{name}.attention_factor", "is not built: stepper scales cos and sin by mscale / "
-                     f"mscale_all_dim, got {said(block['attention_factor'])}")
-    if block.get("truncate", True) is not True:
-        raise f.fail(f"{name}.truncate", f"must be true (stepper's YaRN truncates), got {said(block['truncate'])}")
-    if block.get("mscale", 1) != 1 and not block.get("mscale_all_dim"):
-        raise f.fail(f"{name}.mscale", f"must come with mscale_all_dim: transformers' YaRN reads it only beside "
-                     f"that, got {said(block['mscale'])} alone")
-    if block.get("mscale_all_dim") and not block.get("mscale"):
-        raise f.fail(f"{name}.mscale_all_dim", f"must come with a non-zero mscale: transformers' YaRN reads it only "
-                     f"beside that (cos and sin scaled by 0.1 ln(factor) + 1 otherwise), got "
-                     f"{said(block['mscale_all_dim'])} with mscale {said(block.get('mscale'))}")
+        attention = inner.float("attention_factor")
+    elif block.get("mscale") and block.get("mscale_all_dim"):
+        attention = yarn_mscale(yarn.factor, yarn.mscale) / yarn_mscale(yarn.factor, yarn.mscale_all_dim)
+    else:
+        attention = yarn_mscale(yarn.factor)
+    return dataclasses.replace(yarn, attention_factor=attention, truncate=inner.bool("truncate", default=True))
 
 
 def check_interleaved(f, raw: dict[str, Any]) -> None:

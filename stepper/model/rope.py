@@ -41,11 +41,13 @@ def yarn_correction_dim(rotations: float, dim: int, theta: float, original_max: 
     return (dim * math.log(original_max / (rotations * 2 * math.pi))) / (2 * math.log(theta))
 
 
-def yarn_correction_range(dim: int, theta: float, yarn: Yarn) -> tuple[int, int]:
+def yarn_correction_range(dim: int, theta: float, yarn: Yarn) -> tuple[float, float]:
     """The rotary dims (low, high): below low the frequency is kept (extrapolated), above high it is
-    divided by factor."""
-    low = math.floor(yarn_correction_dim(yarn.beta_fast, dim, theta, yarn.original_max_position_embeddings))
-    high = math.ceil(yarn_correction_dim(yarn.beta_slow, dim, theta, yarn.original_max_position_embeddings))
+    divided by factor; rounded out to whole dims unless the block says `truncate: false`."""
+    low = yarn_correction_dim(yarn.beta_fast, dim, theta, yarn.original_max_position_embeddings)
+    high = yarn_correction_dim(yarn.beta_slow, dim, theta, yarn.original_max_position_embeddings)
+    if yarn.truncate:
+        low, high = math.floor(low), math.ceil(high)
     return max(low, 0), min(high, dim - 1)
 
 

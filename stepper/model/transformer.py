@@ -56,7 +56,7 @@ class Transformer:
         cfg = self.config
         yarn = cfg.rope_scaling
         self.inv_freq = rope_inv_freq(cfg.qk_rope_head_dim, cfg.rope_theta, yarn)  # [rope/2]
-        self.rope_mscale = 1.0 if yarn is None else (
+        self.rope_mscale = 1.0 if yarn is None else yarn.attention_factor if yarn.attention_factor is not None else (
             yarn_mscale(yarn.factor, yarn.mscale) / yarn_mscale(yarn.factor, yarn.mscale_all_dim)
         )
         self.softmax_scale = cfg.qk_head_dim**-0.5

@@ -103,20 +103,29 @@ def test_past_position_4096_on_both_mla_paths(saved, ids, attn):
     assert mismatches(mine, ref) == {}
 
 
-def test_yarn_and_the_unbounded_forget_gate(tmp_path, ids):
-    """YaRN (factor 4 from 1024 positions, mscale_all_dim 1: the softmax scale times mscale^2) from
-    position 4100; and kda_safe_gate false: g = -exp(A_log) softplus(f_proj(x) + dt_bias), with no
-    bound. Each config written back reads the same."""
-    for name, fields in (("yarn", {"rope_parameters": YARN}), ("softplus", {"kda_safe_gate": False})):
-        folder = hf_bailing_hybrid.saved(tmp_path / name, {**TINY, **fields}, seed=4)
-        ref = hf_bailing_hybrid.trace(hf_bailing_hybrid.load(folder), ids[:, :PROMPT], ids[:, PROMPT:], start=4100)
-        assert mismatches(stepper_trace(folder, ids, start=4100), ref) == {}, name
-        cfg = read_config(json.loads((folder / "config.json").read_text()), "Ling/config.json")
-        assert read_config(cfg.to_hf(), "Ling/config.json") == cfg
-        if name == "yarn":
-            assert cfg.rope_scaling.factor == 4.0
-        else:
-            assert cfg.kda_lower_bound is None and ref["prefill.layers.0.self_attn.forget_gate"].min() < -5
+# YaRN blocks transformers reads each its own way: mscale and mscale_all_dim 1 (cos and sin times their ratio, 1;
+# the softmax scale times mscale_all_dim's mscale^2), neither (cos and sin times 0.1 ln 4 + 1), mscale_all_dim
+# alone (the same, though stepper's ratio would read mscale as 1), an attention_factor of its own with the
+# correction range's ends left unrounded (truncate false)
+YARNS = {"both": YARN, "neither": {k: v for k, v in YARN.items() if not k.startswith("mscale")},
+         "all_dim_alone": {**{k: v for k, v in YARN.items() if k != "mscale"}, "mscale_all_dim": 0.7},
+         "attention_factor": {**YARN, "attention_factor": 0.8, "truncate": False, "beta_fast": 24.0}}
+
+
+@pytest.mark.parametrize("name", [*YARNS, "softplus"])
+def test_yarn_as_transformers_reads_it_and_the_unbounded_forget_gate(tmp_path, ids, name):
+    """Each YaRN block from position 4100; and kda_safe_gate false: g = -exp(A_log) softplus(f_proj(x)
+    + dt_bias), with no bound. Each config written back reads the same."""
+    fields = {"kda_safe_gate": False} if name == "softplus" else {"rope_parameters": YARNS[name]}
+    folder = hf_bailing_hybrid.saved(tmp_path / name, {**TINY, **fields}, seed=4)
+    ref = hf_bailing_hybrid.trace(hf_bailing_hybrid.load(folder), ids[:, :PROMPT], ids[:, PROMPT:], start=4100)
+    assert mismatches(stepper_trace(folder, ids, start=4100), ref) == {}, name
+    cfg = read_config(json.loads((folder / "config.json").read_text()), "Ling/config.json")
+    assert read_config(cfg.to_hf(), "Ling/config.json") == cfg
+    if name == "softplus":
+        assert cfg.kda_lower_bound is None and ref["prefill.layers.0.self_attn.forget_gate"].min() < -5
+    else:
+        assert cfg.rope_scaling.factor == 4.0 and cfg.rope_scaling.truncate == (name != "attention_factor")
 
 
 def test_the_files_hold_lings_names_and_stepper_reads_them(saved):
@@ -156,10 +165,8 @@ REFUSED = [
     ({"layer_types": ["linear_attention"] * 3}, "layer_types"),
     ({"layer_types": ["linear_attention", "sliding_attention", "full_attention", "full_attention"]}, "layer_types"),
     ({"mlp_layer_types": ["dense", "sparse", "dense", "sparse"]}, "mlp_layer_types"),
-    ({"rope_parameters": {**YARN, "attention_factor": 0.5}}, "rope_parameters.attention_factor"),
-    ({"rope_parameters": {**YARN, "truncate": False}}, "rope_parameters.truncate"),
-    ({"rope_parameters": {**YARN, "mscale": 0}}, "rope_parameters.mscale_all_dim"),
-    ({"rope_parameters": {**YARN, "mscale": 2.0, "mscale_all_dim": 0}}, "rope_parameters.mscale"),
+    ({"rope_parameters": {**YARN, "attention_factor": -0.5}}, "rope_parameters.attention_factor"),
+    ({"rope_parameters": {**YARN, "truncate": "no"}}, "rope_parameters.truncate"),
     ({"num_experts": 6}, "num_expert_group"),
     ({"num_experts": 4}, "num_expert_group"),  # one expert a group: a group scores by its top 2
     ({"num_experts": 0}, "num_experts"),
@@ -178,7 +185,8 @@ def test_a_config_stepper_cannot_run_as_transformers_does_is_refused_naming_the_
     raw = {k: v for k, v in raw.items() if v is not None}
     with pytest.raises(StepperError) as e:
         read_config(raw, "Ling/config.json")
-    assert str(e.value).startswith(f"Ling/config.json: field '{field}'"), str(e.value)
+    block, _, inner = field.rpartition(".")  # a rope block's field is named after the block
+    assert str(e.value).startswith(f"Ling/config.json: {block + ': ' if block else ''}field '{inner}'"), str(e.value)
 
 
 READ = [

@@ -91,11 +91,14 @@ def test_every_tensor_both_show_matches_in_prefill_and_decode(saved, reference, 
         assert int(np.argmax(ref[f"{STEP_NAMES[step]}.logits"][0, -1])) == token
 
 
-def test_a_model_with_yarn_matches_past_its_original_length(tmp_path):
-    """YaRN (factor 4 from 1024 positions, mscale_all_dim 1: the softmax scale times mscale^2) at
-    positions from 4100, both paths; the config written back reads the same."""
+@pytest.mark.parametrize("block", [YARN, {**YARN, "mscale": 0.7, "mscale_all_dim": 0, "attention_factor": 1.3,
+                                            "truncate": False}], ids=["mscales", "attention_factor"])
+def test_a_model_with_yarn_matches_past_its_original_length(tmp_path, block):
+    """YaRN (factor 4 from 1024 positions) at positions from 4100, both paths: mscale_all_dim 1 (the
+    softmax scale times mscale^2), or an attention_factor of its own scaling cos and sin, the correction
+    range's ends unrounded and an mscale transformers then ignores; the config written back reads the same."""
     folder = tmp_path / "yarn"
-    hf_hy_v4.random_model({**hf_hy_v4.TINY_HY, "rope_parameters": YARN}, seed=4).save_pretrained(folder)
+    hf_hy_v4.random_model({**hf_hy_v4.TINY_HY, "rope_parameters": block}, seed=4).save_pretrained(folder)
     model = transformers.HYV4ForCausalLM.from_pretrained(folder, dtype=torch.float32,
                                                          attn_implementation="eager").eval()
     for attn in ("naive", "absorb"):
@@ -231,9 +234,8 @@ def test_the_config_reads_as_transformers_builds_it():
     ({"layer_types": ["sliding_attention"] * 4}, "field 'layer_types' must be 'indexed_attention' for each"),
     ({"q_lora_rank": None}, "field 'q_lora_rank' is missing"),
     ({"quantization_config": {"quant_method": "fp8"}}, "field 'quantization_config' is not built"),
-    ({"rope_parameters": {**YARN, "attention_factor": 1.2}}, "field 'rope_parameters.attention_factor' is not built"),
-    ({"rope_parameters": {**YARN, "truncate": False}}, "field 'rope_parameters.truncate' must be true"),
-    ({"rope_parameters": {**YARN, "mscale": 0.7, "mscale_all_dim": 0}}, "field 'rope_parameters.mscale' must come"),
+    ({"rope_parameters": {**YARN, "attention_factor": 0}}, "rope_parameters: field 'attention_factor' must be"),
+    ({"rope_parameters": {**YARN, "truncate": 1}}, "rope_parameters: field 'truncate' must be true or false"),
     ({"indexer_types": ["shared", "full", "full", "full"]}, "field 'indexer_types' must start with a 'full' layer"),
     ({"mlp_layer_types": ["dense", "sparse", "dense", "dense"]}, "field 'mlp_layer_types' must be dense layers then"),
     ({"swiglu_limit": 0}, "field 'swiglu_limit' must be"),
