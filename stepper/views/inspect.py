@@ -196,6 +196,15 @@ def wrapper_note(ckpt: Checkpoint) -> str:
             f"{len(ckpt.unused)} tensors of its vision tower and projector, which no run reads")
 
 
+def renamed_note(ckpt: Checkpoint) -> str:
+    """What a family whose files name tensors otherwise than its transformers modules (Ling 3, Hy4)
+    is listed by: stepper's names, each stored one a message names as the files do."""
+    renamed = sorted(ckpt.stored_as.items(), key=lambda pair: listing_order(pair[0]))
+    name, stored = renamed[0]
+    return (f"{len(renamed):,} tensors are stored under other names, which transformers renames on loading: "
+            f"listed by those stepper reads them by ('{name}' is stored as '{stored}')")
+
+
 def file_title(file: SafetensorsFile) -> str:
     parts = [f"file {file.path}"]
     if file.metadata:
@@ -576,6 +585,8 @@ def render(console: Console, source: Source, groups: list[Group], matched: list[
     print_fitted(console, Text(shown(source.title), style="bold"))
     if source.checkpoint is not None and source.checkpoint.config.wrapper is not None:
         print_fitted(console, Text(wrapper_note(source.checkpoint)))
+    elif source.checkpoint is not None and source.checkpoint.stored_as:
+        print_fitted(console, Text(shown(renamed_note(source.checkpoint))))
     several = len(source.shards) > 1
     shard_per_row = [several and len(g.shards()) > 1 for g in groups]
     table = [[[shown(c) for c in columns(r, per_row)] for r in g.rows] for g, per_row in zip(groups, shard_per_row)]

@@ -231,6 +231,7 @@ def test_inspect_and_run_on_the_folder(saved):
     listed = stepper("inspect", saved, "--plain")
     assert listed.returncode == 0 and not listed.stderr, listed.stderr
     assert "bailing_hybrid" in listed.stdout.splitlines()[0] and "problem" not in listed.stdout
+    assert "'model.embed_tokens.weight' is stored as 'model.word_embeddings.weight'" in " ".join(listed.stdout.split())
     ran = stepper("run", "--model", saved, "--decode", "2", "--plain")
     assert ran.returncode == 0 and not ran.stderr, ran.stderr
     assert "decode1.layers.3.self_attn.head_gate" in ran.stdout
