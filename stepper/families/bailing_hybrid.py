@@ -61,6 +61,8 @@ ALIASES = {  # BailingHybridConfig's attribute_map: another name transformers re
 RENAMES = ((r"^model\.word_embeddings\.", "model.embed_tokens."), (r"\.attention\.", ".self_attn."),
            (r"\.self_attn\.dense\.", ".self_attn.o_proj."),
            (r"\.mlp\.gate\.expert_bias$", ".mlp.gate.e_score_correction_bias"))
+WRITE_RENAMES = ((r"^model\.embed_tokens\.", "model.word_embeddings."), (r"\.self_attn\.o_proj\.", ".attention.dense."),
+                 (r"\.self_attn\.", ".attention."), (r"\.mlp\.gate\.e_score_correction_bias$", ".mlp.gate.expert_bias"))
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,14 @@ class BailingHybridConfig(KimiLinearConfig):
         for pattern, name in RENAMES:
             stored = re.sub(pattern, name, stored)
         return stored
+
+    @staticmethod
+    def write_name(name: str) -> str:
+        """read_name's inverse: the name Ling's files give a tensor stepper reads by its module's name
+        (what `stepper synth` writes)."""
+        for pattern, stored in WRITE_RENAMES:
+            name = re.sub(pattern, stored, name)
+        return name
 
     @classmethod
     def from_hf(cls, raw: dict[str, Any], source: str = "config.json") -> BailingHybridConfig:

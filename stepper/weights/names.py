@@ -33,8 +33,12 @@ def text_name(cfg: Config, stored: str) -> str | None:
 
 
 def stored_name(cfg: Config, name: str) -> str:
-    """The name a checkpoint of this config stores a tensor under (text_name's inverse)."""
-    return name if cfg.wrapper is None else cfg.wrapper.text_prefix + name
+    """The name a checkpoint of this config stores a tensor under (text_name's inverse): with the
+    wrapper's prefix, or as the family's files name it (the config class's `write_name`: Ling 3's)."""
+    if cfg.wrapper is not None:
+        return cfg.wrapper.text_prefix + name
+    own = getattr(cfg, "write_name", None)
+    return name if own is None else own(name)
 
 
 QUOTED_TEXT_NAME = re.compile(r"'((?:model|lm_head)\.[^'\s]*)'")  # a text model's tensor, as messages quote it

@@ -141,6 +141,20 @@ def test_the_files_hold_lings_names_and_stepper_reads_them(saved):
     assert ckpt.has("model.embed_tokens.weight") and ckpt.has("model.layers.1.mlp.gate.e_score_correction_bias")
 
 
+def test_synth_writes_lings_names_and_they_read_back_to_the_same_run(tmp_path):
+    """`stepper synth --model tiny-ling3` writes the files as Ling's are named (write_name, read_name's
+    inverse); a run on them is the preset's run."""
+    out = stepper("synth", "--model", "tiny-ling3", "--out", tmp_path / "ling")
+    assert out.returncode == 0, out.stderr
+    held = set(json.loads((tmp_path / "ling" / "model.safetensors.index.json").read_text())["weight_map"])
+    assert {"model.word_embeddings.weight", "model.layers.1.attention.dense.weight",
+            "model.layers.1.mlp.gate.expert_bias", "model.layers.0.attention.f_proj.weight"} <= held
+    assert not any(".self_attn." in n or "embed_tokens" in n or "e_score" in n for n in held)
+    ran = [stepper("run", "--model", model, "--only", "logits", "--plain").stdout.splitlines()[-3:-1]
+           for model in (tmp_path / "ling", "tiny-ling3")]
+    assert ran[0] == ran[1] and "min" in ran[0][0]
+
+
 def test_a_missing_tensor_is_named_as_the_files_name_it(saved, tmp_path):
     from safetensors.numpy import load_file, save_file
 
