@@ -37,8 +37,7 @@ def stored_name(cfg: Config, name: str) -> str:
     wrapper's prefix, or as the family's files name it (the config class's `write_name`: Ling 3's)."""
     if cfg.wrapper is not None:
         return cfg.wrapper.text_prefix + name
-    own = getattr(cfg, "write_name", None)
-    return name if own is None else own(name)
+    return getattr(cfg, "write_name", lambda same: same)(name)
 
 
 QUOTED_TEXT_NAME = re.compile(r"'((?:model|lm_head)\.[^'\s]*)'")  # a text model's tensor, as messages quote it
