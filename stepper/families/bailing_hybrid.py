@@ -24,7 +24,6 @@ prediction) are not read.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -41,7 +40,7 @@ from stepper.config import (
 )
 from stepper.families import kimi_linear, mla_fields
 from stepper.families.deepseek import part_files
-from stepper.families.family import Family
+from stepper.families.family import Family, renamed
 from stepper.families.kimi_linear import KimiLinearConfig, check_experts
 from stepper.kernels import kda_chunked
 from stepper.model.kimi_linear_layer import hybrid_layer
@@ -84,17 +83,13 @@ class BailingHybridConfig(KimiLinearConfig):
     def read_name(stored: str) -> str:
         """A tensor's name in Ling's files (`model.layers.3.attention.dense.weight`) -> its transformers
         module's (`model.layers.3.self_attn.o_proj.weight`), as transformers renames it."""
-        for pattern, name in RENAMES:
-            stored = re.sub(pattern, name, stored)
-        return stored
+        return renamed(stored, RENAMES)
 
     @staticmethod
     def write_name(name: str) -> str:
         """read_name's inverse: the name Ling's files give a tensor stepper reads by its module's name
         (what `stepper synth` writes)."""
-        for pattern, stored in WRITE_RENAMES:
-            name = re.sub(pattern, stored, name)
-        return name
+        return renamed(name, WRITE_RENAMES)
 
     @classmethod
     def from_hf(cls, raw: dict[str, Any], source: str = "config.json") -> BailingHybridConfig:

@@ -13,6 +13,7 @@ option -> why)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from importlib.abc import Traversable
@@ -38,6 +39,14 @@ RuntimeSizes = Callable[[Any, int | None, int, int], dict[str, int]]
 # are wider somewhere than the last step's
 DecodePeaks = Callable[[Any, int | None, int, int], tuple[int, ...]]
 DEFAULT = LayerOptions()
+
+
+def renamed(name: str, renames: tuple[tuple[str, str], ...]) -> str:
+    """A tensor's name after each (pattern, replacement) of a family's renames of its files' names,
+    in order (re.sub): Hy4's and Ling 3's read_name, Ling 3's write_name."""
+    for pattern, replacement in renames:
+        name = re.sub(pattern, replacement, name)
+    return name
 
 
 def around(model: type[Transformer], layer: DecoderLayer) -> MakeModel:

@@ -19,7 +19,6 @@ A field stepper does not honour is refused by name.
 from __future__ import annotations
 
 import dataclasses
-import re
 from importlib import resources
 from typing import Any
 
@@ -30,7 +29,7 @@ from stepper.families import deepseek, glm_moe_dsa, mla_fields
 from stepper.families.deepseek_v4 import lone_streams
 from stepper.families.deepseek_v4_weights import global_shapes as v4_global_shapes
 from stepper.families.deepseek_v4_weights import hc_shapes, head_weights
-from stepper.families.family import Family, around
+from stepper.families.family import Family, around, renamed
 from stepper.model.cache import LayerCache
 from stepper.model.hyper_connections import HcDims
 from stepper.model.layer import mla_step
@@ -84,9 +83,7 @@ class HyV4Config(Config):
     def read_name(stored: str) -> str:
         """A tensor's name in Hy4's files (`self_attn.learnable_sink_param`, `hc_attn_layer.hc_pre.hc_fn`)
         -> its transformers module's (`self_attn.sinks`, `attn_hc.fn`), as transformers renames it."""
-        for pattern, name in RENAMES:
-            stored = re.sub(pattern, name, stored)
-        return stored
+        return renamed(stored, RENAMES)
 
     def layer_shapes(self, layer: int) -> dict[str, tuple[int, ...]]:
         """A layer's tensors: MLA's (fused experts listed per expert), the output gate's projection,

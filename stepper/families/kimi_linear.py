@@ -100,7 +100,7 @@ class KimiLinearConfig(MlaVariants):
     rotary: ClassVar[bool] = False  # no layer rotates: the model makes no rotary tables (model.transformer)
     rope_theta: ClassVar[float] = 10000.0  # the published value, unused
     rope_scaling: ClassVar[None] = None
-    moe_prefix: ClassVar[str] = "block_sparse_moe."  # the published MoE's tensors (kimi_linear_layer.on_disk)
+    moe_prefix: ClassVar[str] = "block_sparse_moe."  # the published MoE's tensors (read by kimi_linear_layer.on_disk)
     expert_names: ClassVar[tuple[str, str, str]] = ("w1", "w3", "w2")  # an expert's gate, up and down projections
 
     @property

@@ -120,7 +120,8 @@ def rope_fields(f, raw: dict[str, Any]):
 def transformers_yarn(f, yarn: Yarn | None) -> Yarn | None:
     """The YaRN block of the config f reads (`yarn`, as the MLA reader reads it) as transformers'
     YaRN reads it: `truncate`, and cos and sin scaled by `attention_factor` where the block gives
-    one, else by mscale / mscale_all_dim's ratio where both are non-zero, else by 0.1 ln(factor) + 1
+    one, else by mscale / mscale_all_dim's ratio where both are non-zero (attention_factor None:
+    stepper's own rule, rope.yarn_cos_sin_scale), else by 0.1 ln(factor) + 1
     (modeling_rope_utils' _compute_yarn_parameters). None for no YaRN."""
     if yarn is None:
         return None
@@ -129,7 +130,7 @@ def transformers_yarn(f, yarn: Yarn | None) -> Yarn | None:
     if block.get("attention_factor") is not None:
         attention = inner.float("attention_factor")
     elif block.get("mscale") and block.get("mscale_all_dim"):
-        attention = yarn_mscale(yarn.factor, yarn.mscale) / yarn_mscale(yarn.factor, yarn.mscale_all_dim)
+        attention = None
     else:
         attention = yarn_mscale(yarn.factor)
     return dataclasses.replace(yarn, attention_factor=attention, truncate=inner.bool("truncate", default=True))

@@ -23,7 +23,7 @@ from stepper.model.moe import moe
 from stepper.model.options import LayerOptions
 from stepper.seams.trace import Emitter
 
-EXPERT_WEIGHTS = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}  # the MoE part's name -> published
+PROJECTIONS = ("gate_proj", "up_proj", "down_proj")  # an expert's, as the MoE part asks for them
 
 
 def decoder_layer(hidden: np.ndarray, w: LayerWeights, cache: LayerCache | None, options: LayerOptions,
@@ -53,16 +53,17 @@ def hybrid_layer(hidden: np.ndarray, w: LayerWeights, cache: LayerCache | None, 
     return pre_norm_block(hidden, w, emit, attention, ffn)
 
 
-def on_disk(name: str, dense_mlp: str = "mlp.") -> str:
+def on_disk(name: str, cfg) -> str:
     """The published name of a layer-relative name the parts ask for: the MoE's `mlp.gate.*`,
-    `mlp.experts.E.gate_proj.weight`, `mlp.shared_experts.*` live under `block_sparse_moe`, the dense
-    MLP's `mlp.*_proj` under the config's dense_mlp (`block_sparse_moe.` as transformers saves it)."""
+    `mlp.experts.E.gate_proj.weight`, `mlp.shared_experts.*` live under the config's moe_prefix
+    (`block_sparse_moe.`, each expert's projections named its expert_names: w1, w3, w2), the dense
+    MLP's `mlp.*_proj` under its dense_mlp (`block_sparse_moe.` as transformers saves it)."""
     if not name.startswith(("mlp.gate.", "mlp.experts.", "mlp.shared_experts.")):
-        return dense_mlp + name.removeprefix("mlp.") if name.startswith("mlp.") else name
-    name = "block_sparse_moe." + name.removeprefix("mlp.")
-    if name.startswith("block_sparse_moe.experts."):
+        return cfg.dense_mlp + name.removeprefix("mlp.") if name.startswith("mlp.") else name
+    name = cfg.moe_prefix + name.removeprefix("mlp.")
+    if name.startswith(cfg.moe_prefix + "experts."):
         head, projection, tail = name.rsplit(".", 2)
-        name = f"{head}.{EXPERT_WEIGHTS[projection]}.{tail}"
+        name = f"{head}.{dict(zip(PROJECTIONS, cfg.expert_names))[projection]}.{tail}"
     return name
 
 
@@ -70,10 +71,10 @@ class PublishedLayerWeights(LayerWeights):
     """A layer's weights asked for by the parts' names, read under the published ones (on_disk)."""
 
     def __call__(self, name: str) -> np.ndarray:
-        return super().__call__(on_disk(name, self.cfg.dense_mlp))
+        return super().__call__(on_disk(name, self.cfg))
 
     def matrix(self, name: str):
-        return super().matrix(on_disk(name, self.cfg.dense_mlp))
+        return super().matrix(on_disk(name, self.cfg))
 
 
 def published(w: LayerWeights) -> PublishedLayerWeights:

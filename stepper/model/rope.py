@@ -36,6 +36,14 @@ def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
     return 0.1 * mscale * math.log(scale) + 1.0
 
 
+def yarn_cos_sin_scale(yarn: Yarn) -> float:
+    """What YaRN multiplies cos and sin by: the block's attention_factor where it gives one
+    (transformers' YaRN), else mscale / mscale_all_dim's magnitude corrections' ratio."""
+    if yarn.attention_factor is not None:
+        return yarn.attention_factor
+    return yarn_mscale(yarn.factor, yarn.mscale) / yarn_mscale(yarn.factor, yarn.mscale_all_dim)
+
+
 def yarn_correction_dim(rotations: float, dim: int, theta: float, original_max: int) -> float:
     """The rotary dim index whose wavelength fits `rotations` full turns in `original_max` positions."""
     return (dim * math.log(original_max / (rotations * 2 * math.pi))) / (2 * math.log(theta))

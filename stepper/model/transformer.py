@@ -24,7 +24,7 @@ from stepper.model.layer_weights import LayerWeights
 from stepper.model.ops import rms_norm
 from stepper.model.options import Attention, Dispatch, IndexScoring, LayerOptions
 from stepper.model.query_scale import llama4_query_scale
-from stepper.model.rope import Rope, longrope_inv_freq, rope_inv_freq, rope_tables, yarn_mscale
+from stepper.model.rope import Rope, longrope_inv_freq, rope_inv_freq, rope_tables, yarn_cos_sin_scale, yarn_mscale
 from stepper.model.stack import seeded_input
 from stepper.seams.trace import Emitter
 from stepper.weights.names import EMBED, head_weight
@@ -56,9 +56,7 @@ class Transformer:
         cfg = self.config
         yarn = cfg.rope_scaling
         self.inv_freq = rope_inv_freq(cfg.qk_rope_head_dim, cfg.rope_theta, yarn)  # [rope/2]
-        self.rope_mscale = 1.0 if yarn is None else yarn.attention_factor if yarn.attention_factor is not None else (
-            yarn_mscale(yarn.factor, yarn.mscale) / yarn_mscale(yarn.factor, yarn.mscale_all_dim)
-        )
+        self.rope_mscale = 1.0 if yarn is None else yarn_cos_sin_scale(yarn)
         self.softmax_scale = cfg.qk_head_dim**-0.5
         if yarn is not None and yarn.mscale_all_dim:
             self.softmax_scale *= yarn_mscale(yarn.factor, yarn.mscale_all_dim) ** 2

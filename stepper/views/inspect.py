@@ -199,9 +199,8 @@ def wrapper_note(ckpt: Checkpoint) -> str:
 def renamed_note(ckpt: Checkpoint) -> str:
     """What a family whose files name tensors otherwise than its transformers modules (Ling 3, Hy4)
     is listed by: stepper's names, each stored one a message names as the files do."""
-    renamed = sorted(ckpt.stored_as.items(), key=lambda pair: listing_order(pair[0]))
-    name, stored = renamed[0]
-    return (f"{len(renamed):,} tensors are stored under other names, which transformers renames on loading: "
+    name, stored = min(ckpt.stored_as.items(), key=lambda pair: listing_order(pair[0]))
+    return (f"{len(ckpt.stored_as):,} tensors are stored under other names, which transformers renames on loading: "
             f"listed by those stepper reads them by ('{name}' is stored as '{stored}')")
 
 

@@ -178,21 +178,28 @@ def test_a_hooked_transformers_dump_of_longcat_verifies_through_the_cli(tmp_path
     assert code == 1 and report["first_divergence"]["name"] == "decode0.layers.1.sub1.self_attn.compressed_kv_norm"
 
 
+def hooked_export(tmp_path, preset: str):
+    """The preset's fixture (one decode step) in tmp_path, transformers' model of its weights folder
+    (loaded as written), and that model's dump with every module hooked, saved as hf.safetensors."""
+    from helpers.hf_families import load
+
+    fixture = tmp_path / preset
+    exported = stepper("fixtures", "export", fixture, "--model", preset, "--decode", "1", "--plain")
+    assert exported.returncode == 0, exported.stderr
+    model = load(fixture / "weights")
+    dump = every_module(model, json.loads((fixture / "manifest.json").read_text())["inputs"]["steps"])
+    save_file(dump, str(tmp_path / "hf.safetensors"))
+    return fixture, model, dump
+
+
 def test_a_hooked_transformers_dump_of_kimi_linear_verifies_through_the_cli(tmp_path):
     """tiny-kimi-linear: KDA layers 0-2 (layer 0 dense, then MoE) and MLA layer 3, each module's
     name read as the kind of layer it is in (a KDA layer's o_proj:input at line 714, the MLA
     layer's at 314). The fixture's weights folder loads as written: its config.json gives token ids
     inside the tiny vocabulary of 1000 (without them transformers' KimiLinearConfig takes the
     published model's, pad 163839, and nn.Embedding refuses that padding_idx)."""
-    from helpers.hf_families import load
-
-    fixture = tmp_path / "tiny-kimi-linear"
-    exported = stepper("fixtures", "export", fixture, "--model", "tiny-kimi-linear", "--decode", "1", "--plain")
-    assert exported.returncode == 0, exported.stderr
-    model = load(fixture / "weights")
+    fixture, model, dump = hooked_export(tmp_path, "tiny-kimi-linear")
     assert model.model.embed_tokens.padding_idx == model.config.pad_token_id == 999
-    dump = every_module(model, json.loads((fixture / "manifest.json").read_text())["inputs"]["steps"])
-    save_file(dump, str(tmp_path / "hf.safetensors"))
 
     code, report = verified(fixture, tmp_path / "hf.safetensors", tmp_path, "good")
     assert code == 0, [c for c in report["tensors"] if c["status"] == "mismatch"][:3]
@@ -224,15 +231,8 @@ def test_a_hooked_transformers_dump_of_ling3_verifies_through_the_cli(tmp_path):
     attn_output in a KDA layer and attn_output_gated in an MLA one. The fixture's weights folder (Ling's
     published names) loads with from_pretrained as written, and the table names exactly the modules
     the hooks see, but a self_attn's input (called with keyword arguments only)."""
-    from helpers.hf_families import load
-
-    fixture = tmp_path / "tiny-ling3"
-    exported = stepper("fixtures", "export", fixture, "--model", "tiny-ling3", "--decode", "1", "--plain")
-    assert exported.returncode == 0, exported.stderr
-    model = load(fixture / "weights")
+    fixture, model, dump = hooked_export(tmp_path, "tiny-ling3")
     assert model.model.embed_tokens.padding_idx == model.config.pad_token_id == 992
-    dump = every_module(model, json.loads((fixture / "manifest.json").read_text())["inputs"]["steps"])
-    save_file(dump, str(tmp_path / "hf.safetensors"))
     table = {entry["name"] for entry in json.loads((TABLES / "transformers-bailing_hybrid.json").read_text())["names"]}
     seen = {re.sub(r"\.layers\.\d+(?=$|[.:\[])", ".layers.{i}", name.split(".", 1)[1]) for name in dump}
     assert table - seen == {"model.layers.{i}.self_attn:input"} and seen <= table, seen - table
