@@ -162,6 +162,20 @@ class MlaVariants:
     kda_full_gates = False  # Ling 3's KDA: f_proj and g_proj, not Kimi's rank-K f_a/f_b, g_a/g_b
     kda_lower_bound = None  # Ling 3's safe forget gate: lower_bound * sigmoid(...)
     rotary = True  # the model makes rotary tables (Kimi Linear: none, no layer rotates)
+    latent_norm_eps = 1e-6  # kv_a_layernorm's eps: DeepSeek's norm default (Mistral Large 4's: rms_norm_eps)
+    lerope = False  # Mistral Large 4: the rotary frequencies times exp(model.rotary_emb.alpha), learned
+    learned_query_scale = False  # Mistral Large 4: queries times scale_h ln(p + 1) + bias_h, learned per head
+    indexer_query_from_hidden = False  # Mistral Large 4's indexer: its query from LayerNorm(x), not q_a_norm
+    final_logit_softcapping = None  # Mistral Large 4: logits = c tanh(logits / c)
+    nope_layers: tuple[int, ...] = ()  # layers whose attention rotates nothing (Mistral Large 4's NoPE layers)
+
+    def rope_dims(self, layer: int) -> int:
+        """The rotary dims of a layer's query and key heads: qk_rope_head_dim, or 0 in a NoPE layer."""
+        return 0 if layer in self.nope_layers else self.qk_rope_head_dim
+
+    def nope_dims(self, layer: int) -> int:
+        """The dims of a layer's heads that carry no position: qk_nope_head_dim, or the whole head in a NoPE layer."""
+        return self.qk_nope_head_dim + self.qk_rope_head_dim - self.rope_dims(layer)
 
     @property
     def has_mup_scalings(self) -> bool:

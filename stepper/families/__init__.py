@@ -30,6 +30,7 @@ from stepper.families import (
     longcat_flash,
     minicpm3,
     mistral4,
+    mistral_large4,
     sarvam_mla,
     youtu,
 )
@@ -39,7 +40,7 @@ from stepper.untrusted import said
 FAMILIES: tuple[Family, ...] = (deepseek.FAMILY, sarvam_mla.FAMILY, youtu.FAMILY, glm4_moe_lite.FAMILY, axk1.FAMILY,
                                 mistral4.FAMILY, minicpm3.FAMILY, glm_moe_dsa.FAMILY, axk2.FAMILY, longcat_flash.FAMILY,
                                 kimi_linear.FAMILY, deepseek_v4_family.FAMILY, hy_v4.FAMILY,
-                                bailing_hybrid.FAMILY)
+                                bailing_hybrid.FAMILY, mistral_large4.FAMILY)
 _added: tuple[Family, ...] = ()  # families registered for a while (`registered`)
 
 

@@ -53,7 +53,7 @@ def mla_attention(x: np.ndarray, w: LayerWeights, cache: LayerCache | None, opti
     cache = LayerCache() if cache is None else cache
     q_nope, q_pe, gate = query_heads(x, w, cfg, emit)  # [B, H, T, nope], [B, H, T, rope], A.X-K2's [B, T, Hv]
     compressed_kv, k_pe = latent(x, w, cfg, emit)  # [B, T, kv_lora], [B, one, T, rope]
-    rope = shown_query_scale(rope, emit)  # Mistral 4's query scale per position, if any
+    rope = shown_query_scale(rope, w, emit)  # Mistral 4's query scale per position, Mistral Large 4's per head too
     if cfg.mla_lora_scales:  # LongCat-Flash
         q_nope, q_pe, compressed_kv = lora_scaled(q_nope, q_pe, compressed_kv, cfg, emit)
     if cfg.gate_proj:  # Hy4: the output gate has a projection of its own
@@ -81,6 +81,8 @@ def query_heads(x: np.ndarray, w: LayerWeights, cfg: Config,
     if gate is not None:
         gate = emit("self_attn.q_gate", gate)
     q = emit("self_attn.q", q)
+    if not cfg.rope_dims(w.layer):  # a NoPE layer (Mistral Large 4): no head dim carries position
+        return q, q[..., :0], gate
     q_nope = emit("self_attn.q_nope", q[..., : cfg.qk_nope_head_dim])  # [B, H, T, nope]
     q_pe = emit("self_attn.q_pe", q[..., cfg.qk_nope_head_dim :])  # [B, H, T, rope]
     return q_nope, q_pe, gate
@@ -95,14 +97,18 @@ def per_head_gate(x: np.ndarray, w: LayerWeights, cfg: Config, emit: Emitter) ->
 
 @exercise
 def latent(x: np.ndarray, w: LayerWeights, cfg: Config, emit: Emitter) -> tuple[np.ndarray, np.ndarray]:
-    """The joint down-projection: one kv latent per token, normalised, plus the shared rotary key."""
+    """The joint down-projection: one kv latent per token, normalised, plus the shared rotary key
+    (none in a NoPE layer: [B, one, T, 0])."""
     B, T, _ = x.shape
     kv_a = linear(x, w.matrix("self_attn.kv_a_proj_with_mqa.weight"))  # [B, T, kv_a]
-    kv_a = emit("self_attn.kv_a", kv_a)
+    rope_dims = cfg.rope_dims(w.layer)
+    if rope_dims:
+        kv_a = emit("self_attn.kv_a", kv_a)
     compressed_kv = emit("self_attn.compressed_kv", kv_a[..., : cfg.kv_lora_rank])  # [B, T, kv_lora]
-    k_pe = kv_a[..., cfg.kv_lora_rank :].reshape(B, T, 1, cfg.qk_rope_head_dim).transpose(0, 2, 1, 3)
-    k_pe = emit("self_attn.k_pe", k_pe)  # [B, one, T, rope]
-    compressed_kv = rms_norm(compressed_kv, w("self_attn.kv_a_layernorm.weight"), LATENT_NORM_EPS)
+    k_pe = kv_a[..., cfg.kv_lora_rank :].reshape(B, T, 1, rope_dims).transpose(0, 2, 1, 3)
+    if rope_dims:
+        k_pe = emit("self_attn.k_pe", k_pe)  # [B, one, T, rope]
+    compressed_kv = rms_norm(compressed_kv, w("self_attn.kv_a_layernorm.weight"), cfg.latent_norm_eps)
     compressed_kv = emit("self_attn.compressed_kv_norm", compressed_kv)  # [B, T, kv_lora]
     return compressed_kv, k_pe
 
@@ -133,7 +139,7 @@ def absorbed(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache: LayerCache,
              mask=None) -> np.ndarray:
     """Attend over the cached latents: W_UK folded into the query, W_UV applied afterwards.
     -> [B, H, T, v_head], the heads' outputs before merging"""
-    w_uk, w_uv = split_kv_b(w.float32("self_attn.kv_b_proj.weight"), cfg)  # [H, nope, kv_lora], [H, v_head, kv_lora]
+    w_uk, w_uv = split_kv_b(w.float32("self_attn.kv_b_proj.weight"), cfg, cfg.nope_dims(w.layer))
     q_latent = emit("self_attn.q_nope_absorbed", np.matmul(q_nope, w_uk))  # [B, H, T, kv_lora]
     q_pe, k_pe = rotate(q_pe, k_pe, rope, emit)  # [B, H, T, rope], [B, one, T, rope]
     latents, k_pes = cache.extend_latent(compressed_kv, k_pe)  # [B, S, kv_lora], [B, one, S, rope]
@@ -142,8 +148,11 @@ def absorbed(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache: LayerCache,
     # and its weights average the latents themselves.
     shared = latents[:, None]  # [B, one, S, kv_lora]: keys and values alike
     queries = [position_scaled(q_latent, rope), position_scaled(q_pe, rope)]  # Mistral 4 scales both parts
+    keys = [shared, k_pes]
+    if not q_pe.shape[-1]:  # a NoPE layer: the latents' scores alone
+        queries, keys = queries[:1], keys[:1]
     mask, causal = seen_keys(mask, (*q_latent.shape[:3], shared.shape[2]))
-    out_latent = attend(kernels.Operands(queries, [shared, k_pes], shared, rope.softmax_scale, mask,
+    out_latent = attend(kernels.Operands(queries, keys, shared, rope.softmax_scale, mask,
                                          in_place_of(softmax), causal, sinks_of(w, cfg)), emit)
     out_latent = emit("self_attn.attn_output_latent", out_latent)
     return np.matmul(out_latent, w_uv.swapaxes(-1, -2))  # [B, H, T, v_head]
@@ -154,21 +163,24 @@ def sinks_of(w: LayerWeights, cfg: Config) -> np.ndarray | None:
     return w("self_attn.sinks") if cfg.attention_sinks else None
 
 
-def split_kv_b(kv_b: np.ndarray, cfg: Config) -> tuple[np.ndarray, np.ndarray]:
-    """kv_b_proj [H*nope_v, kv_lora] -> its key half W_UK [H, nope, kv_lora] and value half
-    W_UV [H, v_head, kv_lora]."""
-    per_head = kv_b.reshape(cfg.num_attention_heads, cfg.qk_nope_head_dim + cfg.v_head_dim, cfg.kv_lora_rank)
-    return per_head[:, : cfg.qk_nope_head_dim], per_head[:, cfg.qk_nope_head_dim :]
+def split_kv_b(kv_b: np.ndarray, cfg: Config, nope: int) -> tuple[np.ndarray, np.ndarray]:
+    """kv_b_proj [H*(nope + v_head), kv_lora] -> its key half W_UK [H, nope, kv_lora] and value half
+    W_UV [H, v_head, kv_lora] (nope: the layer's, a NoPE layer's the whole head)."""
+    per_head = kv_b.reshape(cfg.num_attention_heads, nope + cfg.v_head_dim, cfg.kv_lora_rank)
+    return per_head[:, :nope], per_head[:, nope:]
 
 
 def up_project(compressed_kv: np.ndarray, w: LayerWeights, cfg: Config, emit: Emitter) -> tuple[np.ndarray, np.ndarray]:
-    """kv_b turns each token's latent into per-head keys (nope part) and values."""
+    """kv_b turns each token's latent into per-head keys (nope part; a NoPE layer's whole head) and values."""
     B, T, _ = compressed_kv.shape
+    nope = cfg.nope_dims(w.layer)
     kv = linear(compressed_kv, w.matrix("self_attn.kv_b_proj.weight"))  # [B, T, H*nope_v]
-    kv = kv.reshape(B, T, cfg.num_attention_heads, cfg.qk_nope_head_dim + cfg.v_head_dim).transpose(0, 2, 1, 3)
+    kv = kv.reshape(B, T, cfg.num_attention_heads, nope + cfg.v_head_dim).transpose(0, 2, 1, 3)
+    if not cfg.rope_dims(w.layer):  # a NoPE layer: its keys are shown whole (key_states)
+        return kv[..., :nope], kv[..., nope:]
     kv = emit("self_attn.kv", kv)  # [B, H, T, nope_v]
-    k_nope = emit("self_attn.k_nope", kv[..., : cfg.qk_nope_head_dim])  # [B, H, T, nope]
-    return k_nope, kv[..., cfg.qk_nope_head_dim :]  # values [B, H, T, v_head]
+    k_nope = emit("self_attn.k_nope", kv[..., :nope])  # [B, H, T, nope]
+    return k_nope, kv[..., nope:]  # values [B, H, T, v_head]
 
 
 def turned(x: np.ndarray, rope: Rope) -> np.ndarray:
@@ -185,7 +197,7 @@ def rotate(q_pe: np.ndarray, k_pe: np.ndarray, rope: Rope, emit: Emitter) -> tup
     """Decoupled RoPE on the query's and the shared key's rotary dims: interleaved pairs, or
     (MiniCPM3) dim i with dim i + rope/2; none in a model without rotary tables (Kimi Linear: its
     rope dims enter the scores as projected)."""
-    if not rope.rotates:
+    if not rope.rotates or not q_pe.shape[-1]:  # or a NoPE layer (Mistral Large 4)
         return q_pe, k_pe
     q_pe = emit("self_attn.q_pe_rope", turned(q_pe, rope))  # [B, H, T, rope]
     k_pe = emit("self_attn.k_pe_rope", turned(k_pe, rope))  # [B, one, T, rope]

@@ -35,6 +35,7 @@ from stepper.model.index_fp8 import fp8_index_scores
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.ops import causal_mask, rms_norm
 from stepper.model.options import LayerOptions
+from stepper.model.query_scale import learned_scale
 from stepper.model.rope import Rope, apply_rope
 from stepper.model.rope import rotate_halves as rope_halves
 from stepper.seams.swap import exercise
@@ -48,8 +49,9 @@ def index_mask(x: np.ndarray, w: LayerWeights, cache: LayerCache, options: Layer
     cfg, rope = w.cfg, w.rope
     q = index_queries(x, w, cfg, emit)  # [B, Hi, T, Di]
     k = index_key(x, w, emit)  # [B, T, Di]
-    q = emit("self_attn.indexer.q_rope", rotate_index(q, rope, cfg))  # [B, Hi, T, Di]
-    k = emit("self_attn.indexer.k_rope", rotate_index(k, rope, cfg))  # [B, T, Di]
+    if cfg.rope_dims(w.layer):  # none in a NoPE layer (Mistral Large 4)
+        q = emit("self_attn.indexer.q_rope", rotate_index(q, rope, cfg))  # [B, Hi, T, Di]
+        k = emit("self_attn.indexer.k_rope", rotate_index(k, rope, cfg))  # [B, T, Di]
     keys = emit("self_attn.indexer.keys", cache.extend_index_keys(k))  # [B, S, Di]
     head_weights = linear(x, w.matrix("self_attn.indexer.weights_proj.weight")) * np.float32(cfg.index_n_heads**-0.5)
     head_weights = emit("self_attn.indexer.head_weights", head_weights)  # [B, T, Hi]
@@ -77,13 +79,23 @@ def fp8_scores_beside_exact(q: np.ndarray, k: np.ndarray, keys: np.ndarray, head
 
 
 def index_queries(x: np.ndarray, w: LayerWeights, cfg: Config, emit: Emitter) -> np.ndarray:
-    """q = wq_b(q_a_norm) split into the index heads.  [B, T, d] -> [B, Hi, T, Di]"""
+    """q = wq_b(q_a_norm) split into the index heads; Mistral Large 4's wq_b(LayerNorm(x)), each
+    index head's queries then times its learned scale at their position.  [B, T, d] -> [B, Hi, T, Di]"""
     B, T, _ = x.shape
-    q_a = linear(x, w.matrix("self_attn.q_a_proj.weight"))  # [B, T, q_lora], as MLA's query makes it
-    q_a_norm = rms_norm(q_a, w("self_attn.q_a_layernorm.weight"), LATENT_NORM_EPS)  # as attention's q_a_norm
-    q = linear(q_a_norm, w.matrix("self_attn.indexer.wq_b.weight"))  # [B, T, Hi*Di]
+    if cfg.indexer_query_from_hidden:
+        norm = "self_attn.indexer.q_input_norm."
+        source = emit("self_attn.indexer.q_input_norm",
+                      layer_norm(x, w(norm + "weight"), w(norm + "bias"), cfg.indexer_norm_eps))  # [B, T, d]
+    else:
+        q_a = linear(x, w.matrix("self_attn.q_a_proj.weight"))  # [B, T, q_lora], as MLA's query makes it
+        source = rms_norm(q_a, w("self_attn.q_a_layernorm.weight"), LATENT_NORM_EPS)  # as attention's q_a_norm
+    q = linear(source, w.matrix("self_attn.indexer.wq_b.weight"))  # [B, T, Hi*Di]
     q = q.reshape(B, T, cfg.index_n_heads, cfg.index_head_dim).transpose(0, 2, 1, 3)
-    return emit("self_attn.indexer.q", q)
+    q = emit("self_attn.indexer.q", q)
+    if not cfg.learned_query_scale:
+        return q
+    factor = emit("self_attn.indexer.softmax_scaling", learned_scale(w, "self_attn.indexer.", w.rope.log_positions))
+    return emit("self_attn.indexer.q_scaled", q * factor[..., None])  # [B, Hi, T, Di] times [Hi, T, 1]
 
 
 def index_key(x: np.ndarray, w: LayerWeights, emit: Emitter) -> np.ndarray:

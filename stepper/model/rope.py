@@ -14,7 +14,8 @@ from stepper.seams.swap import exercise
 @dataclass(frozen=True)
 class Rope:
     """The rotary angles of the T new positions: cos, sin [T, rope/2], the softmax scale, and the
-    queries' scale per position [T] where the model has one (Mistral 4, model.query_scale). A model
+    queries' scale per position [T] (or per head and position [H, T]) where the model has one
+    (Mistral 4, Mistral Large 4: model.query_scale). A model
     that rotates nothing (Kimi Linear's MLA layers) has rotates False and no angles."""
 
     cos: np.ndarray
@@ -23,9 +24,10 @@ class Rope:
     query_scale: np.ndarray | None = None
     interleaved: bool = True  # MLA's rotary dims: interleaved pairs (DeepSeek) or two halves (MiniCPM3)
     rotates: bool = True
+    log_positions: np.ndarray | None = None  # ln(p + 1) [T], Mistral Large 4's learned query scales' (query_scale)
 
     def at(self, rows: slice) -> Rope:
-        """The angles of some of the positions (query scale left out: it scales queries, not keys)."""
+        """The angles of some of the positions (query scales left out: they scale queries, not keys)."""
         return Rope(self.cos[rows], self.sin[rows], self.softmax_scale, None, self.interleaved, self.rotates)
 
 

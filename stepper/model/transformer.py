@@ -27,7 +27,7 @@ from stepper.model.query_scale import llama4_query_scale
 from stepper.model.rope import Rope, longrope_inv_freq, rope_inv_freq, rope_tables, yarn_cos_sin_scale, yarn_mscale
 from stepper.model.stack import seeded_input
 from stepper.seams.trace import Emitter
-from stepper.weights.names import EMBED, head_weight
+from stepper.weights.names import EMBED, ROTARY_ALPHA, head_weight
 from stepper.weights.source import WeightSource
 
 HEAD_ROWS = 4096  # vocabulary rows multiplied at a time: for Kimi K2, 4096 x 7168 float32 is 117 MB
@@ -85,13 +85,17 @@ class Transformer:
             return Rope(none, none, self.softmax_scale, rotates=False)
         inv_freq = self.inv_freq if cfg.longrope is None else longrope_inv_freq(
             cfg.qk_rope_head_dim, cfg.rope_theta, cfg.longrope, positions)  # [rope/2]
+        if cfg.lerope:  # Mistral Large 4: each frequency times exp of its learned alpha
+            scale = np.exp(self.weights.get(ROTARY_ALPHA).astype(np.float64)).astype(np.float32)  # correctly rounded
+            inv_freq = emit("rope_inv_freq", inv_freq * scale)  # [rope/2]
         cos, sin = rope_tables(positions, inv_freq, self.rope_mscale)  # [T, rope/2]
         half = cos.shape[-1]
         cos = emit("rope_cos", np.concatenate([cos, cos], axis=-1))[:, :half]
         sin = emit("rope_sin", np.concatenate([sin, sin], axis=-1))[:, :half]
         scale = cfg.query_scale  # Mistral 4: queries scaled by position (model.query_scale)
+        logs = np.log(positions.astype(np.float32) + np.float32(1)) if cfg.learned_query_scale else None  # [T]
         return Rope(cos, sin, self.softmax_scale, None if scale is None else llama4_query_scale(positions, scale),
-                    cfg.rope_interleave)
+                    cfg.rope_interleave, log_positions=logs)
 
     def context(self, ids: np.ndarray, positions: np.ndarray, emit: Emitter) -> Rope:
         """What every layer of a step shares: the rotary tables of positions [T] (ids unused)."""
@@ -137,8 +141,12 @@ class Transformer:
         return emit("embed", self.embed(ids))
 
     def head(self, hidden: np.ndarray, emit: Emitter) -> np.ndarray:
-        """Final norm and lm_head: [B, T, d] -> logits [B, T, V]."""
-        return emit("logits", self.logits(self.final_norm(hidden, emit)))
+        """Final norm and lm_head (Mistral Large 4: then capped, c tanh(logits / c)): [B, T, d] -> logits [B, T, V]."""
+        logits = self.logits(self.final_norm(hidden, emit))
+        cap = self.config.final_logit_softcapping
+        if cap is not None:
+            logits = np.float32(cap) * np.tanh(emit("logits_uncapped", logits) / np.float32(cap))
+        return emit("logits", logits)
 
     def final_norm(self, hidden: np.ndarray, emit: Emitter) -> np.ndarray:
         """The last layer's stream, normalised as lm_head takes it: [B, T, d] -> [B, T, d]."""

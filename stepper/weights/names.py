@@ -74,6 +74,7 @@ def storage_dtype(cfg: Config, name: str) -> str:
 
 EMBED = "model.embed_tokens.weight"
 LM_HEAD = "lm_head.weight"
+ROTARY_ALPHA = "model.rotary_emb.alpha"  # Mistral Large 4's learned exponents of the rotary frequencies [rope/2]
 
 
 def layer_prefix(layer: int) -> str:

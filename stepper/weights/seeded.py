@@ -35,7 +35,8 @@ class SyntheticWeights:
     scales, INT4 with group scales, BF16, F32); `get` returns what a reader of that checkpoint would compute.
     Linear weights [out, in] ~ N(0, 1/in), so activations keep unit scale; RMSNorm weights near
     1; the router's e_score_correction_bias ~ N(0, 0.1^2), large enough to change some choices (the
-    indexer's LayerNorm bias too);
+    indexer's LayerNorm bias, Mistral Large 4's query scales' slopes and LeRoPE's alpha too, the
+    scales' offsets about 1);
     embeddings ~ N(0, 1), made row by row.
     """
 
@@ -158,8 +159,10 @@ class SyntheticWeights:
         """Standard normals z (all or some rows of the tensor) to its values; z is reused."""
         if name.endswith("norm.weight"):
             return np.float32(1) + np.float32(0.1) * z
-        if name.endswith(("e_score_correction_bias", "norm.bias")):
+        if name.endswith(("e_score_correction_bias", "norm.bias", "softmax_scaling.scale", "rotary_emb.alpha")):
             return np.float32(0.1) * z
+        if name.endswith("softmax_scaling.bias"):  # Mistral Large 4's query scales about 1
+            return np.float32(1) + np.float32(0.1) * z
         if name.endswith(("A_log", "dt_bias")):  # KDA's decay rate exp(A_log) about 4, softplus(dt_bias) about 0.02
             return np.float32(0.5) * z + np.float32(1.4 if name.endswith("A_log") else -4.0)
         z *= np.float32(1 / np.sqrt(shape[-1]))  # in place: a full-size weight's normals are 0.5 GB

@@ -134,10 +134,12 @@ ROOM_LINES = {
     # display's text fitted to the terminal of a Python prompt; then legends that keep each item whole at 80
     # columns (pictures.legend) and s state's note at the console's width
     "views": 6050,
-    "weights": 5150,  # 3,778, of which ~700 read and check DeepSeek-V4's published layout; 4,476 with the config
+    # 3,778, of which ~700 read and check DeepSeek-V4's published layout; 4,476 with the config
     # field the weights contradict; 4,628 with the files an index does not name; 4,721 with seeded weights kept;
     # 4,804 with the layouts transformers' save_pretrained writes and a shard cut short refused before its read;
-    # 5,078 with DeepSeek-V4 as transformers saves it (its config.json's form and its tensors' names)
+    # 5,078 with DeepSeek-V4 as transformers saves it (its config.json's form and its tensors' names); 5,154 with
+    # Mistral Large 4's seeded query scales and LeRoPE alpha
+    "weights": 5200,
 }
 
 
