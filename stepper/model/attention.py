@@ -139,7 +139,7 @@ def absorbed(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache: LayerCache,
              mask=None) -> np.ndarray:
     """Attend over the cached latents: W_UK folded into the query, W_UV applied afterwards.
     -> [B, H, T, v_head], the heads' outputs before merging"""
-    w_uk, w_uv = split_kv_b(w.float32("self_attn.kv_b_proj.weight"), cfg, cfg.nope_dims(w.layer))
+    w_uk, w_uv = split_kv_b(w.float32("self_attn.kv_b_proj.weight"), cfg)  # [H, nope, kv_lora], [H, v_head, kv_lora]
     q_latent = emit("self_attn.q_nope_absorbed", np.matmul(q_nope, w_uk))  # [B, H, T, kv_lora]
     q_pe, k_pe = rotate(q_pe, k_pe, rope, emit)  # [B, H, T, rope], [B, one, T, rope]
     latents, k_pes = cache.extend_latent(compressed_kv, k_pe)  # [B, S, kv_lora], [B, one, S, rope]
@@ -163,10 +163,11 @@ def sinks_of(w: LayerWeights, cfg: Config) -> np.ndarray | None:
     return w("self_attn.sinks") if cfg.attention_sinks else None
 
 
-def split_kv_b(kv_b: np.ndarray, cfg: Config, nope: int) -> tuple[np.ndarray, np.ndarray]:
-    """kv_b_proj [H*(nope + v_head), kv_lora] -> its key half W_UK [H, nope, kv_lora] and value half
-    W_UV [H, v_head, kv_lora] (nope: the layer's, a NoPE layer's the whole head)."""
-    per_head = kv_b.reshape(cfg.num_attention_heads, nope + cfg.v_head_dim, cfg.kv_lora_rank)
+def split_kv_b(kv_b: np.ndarray, cfg: Config) -> tuple[np.ndarray, np.ndarray]:
+    """kv_b_proj [H*nope_v, kv_lora] -> its key half W_UK [H, nope, kv_lora] and value half
+    W_UV [H, v_head, kv_lora] (a NoPE layer's key half is the whole head: kv_b's rows say which)."""
+    per_head = kv_b.reshape(cfg.num_attention_heads, -1, cfg.kv_lora_rank)  # [H, nope_v, kv_lora]
+    nope = per_head.shape[1] - cfg.v_head_dim
     return per_head[:, :nope], per_head[:, nope:]
 
 
@@ -185,8 +186,9 @@ def up_project(compressed_kv: np.ndarray, w: LayerWeights, cfg: Config, emit: Em
 
 def turned(x: np.ndarray, rope: Rope) -> np.ndarray:
     """x's rotary dims turned by the rope's angles: interleaved pairs, or (MiniCPM3) dim i with dim
-    i + rope/2; as they are where the model has no rotary tables (Kimi Linear).  [..., T, rope] -> same"""
-    if not rope.rotates:
+    i + rope/2; as they are where the model has no rotary tables (Kimi Linear) or the layer no rotary
+    dims (a NoPE layer's [..., T, 0]).  [..., T, rope] -> same"""
+    if not rope.rotates or not x.shape[-1]:
         return x
     if rope.interleaved:
         return apply_rope(x, rope.cos, rope.sin)

@@ -21,7 +21,7 @@ from stepper.config import Config
 from stepper.model.attention import latent, turned, up_project
 from stepper.model.cache import LayerCache
 from stepper.model.index_fp8 import hadamard, quantize
-from stepper.model.indexer import index_key, rotate_halves
+from stepper.model.indexer import index_key, rotate_index
 from stepper.model.layer_weights import LayerWeights
 from stepper.model.ops import rms_norm
 from stepper.model.options import IndexScoring
@@ -45,7 +45,7 @@ def fill(cache: LayerCache, w: LayerWeights, cfg: Config, sample: np.ndarray, ro
     rng = np.random.default_rng([seed, 5, w.layer])
     n = rope.cos.shape[0]
     latents = np.empty((1, n, cfg.kv_lora_rank), np.float32)  # [1, S, kv_lora]
-    k_pe = np.empty((1, 1, n, cfg.qk_rope_head_dim), np.float32)  # [1, one, S, rope]
+    k_pe = np.empty((1, 1, n, cfg.rope_dims(w.layer)), np.float32)  # [1, one, S, rope] (none in a NoPE layer)
     passes = 2 if per_head else 1
     for start in range(0, n, ROWS):
         emit.progress(TASK, start, passes * n)
@@ -63,13 +63,15 @@ def fill(cache: LayerCache, w: LayerWeights, cfg: Config, sample: np.ndarray, ro
 
 
 def index_keys(x: np.ndarray, w: LayerWeights, cfg: Config, rope: Rope, rng: np.random.Generator) -> np.ndarray:
-    """The indexer's roped keys [1, S, Di] of N positions, drawn like its keys of the sample x [B, T, d]."""
+    """The indexer's roped keys [1, S, Di] of N positions, drawn like its keys of the sample x [B, T, d],
+    turned as the layer's indexer turns them (none in a NoPE layer)."""
     real = index_key(x, w, Emitter())  # [B, T, Di], normalised, not yet turned
     n = rope.cos.shape[0]
     keys = np.empty((1, n, cfg.index_head_dim), np.float32)  # [1, S, Di]
     for start in range(0, n, ROWS):
         rows = slice(start, min(start + ROWS, n))
-        keys[:, rows] = rotate_halves(like(real, rows.stop - rows.start, rng), rope.at(rows), cfg.qk_rope_head_dim)
+        drawn = like(real, rows.stop - rows.start, rng)  # [1, rows, Di]
+        keys[:, rows] = rotate_index(drawn, rope.at(rows), cfg) if cfg.rope_dims(w.layer) else drawn
     return keys
 
 
@@ -84,8 +86,9 @@ def per_head_keys(latents: np.ndarray, k_pe: np.ndarray, w: LayerWeights, cfg: C
         done(start)
         rows = slice(start, min(start + ROWS, n))
         k_nope, values[:, :, rows] = up_project(latents[:, rows], w, cfg, Emitter())  # the rows' keys, values
-        keys[:, :, rows, : cfg.qk_nope_head_dim] = k_nope
-        keys[:, :, rows, cfg.qk_nope_head_dim :] = k_pe[:, :, rows]  # the rotary key, shared by every head
+        nope = k_nope.shape[-1]  # a NoPE layer's: the whole head
+        keys[:, :, rows, :nope] = k_nope
+        keys[:, :, rows, nope:] = k_pe[:, :, rows]  # the rotary key, shared by every head
     return keys, values
 
 

@@ -86,8 +86,7 @@ class Transformer:
         inv_freq = self.inv_freq if cfg.longrope is None else longrope_inv_freq(
             cfg.qk_rope_head_dim, cfg.rope_theta, cfg.longrope, positions)  # [rope/2]
         if cfg.lerope:  # Mistral Large 4: each frequency times exp of its learned alpha
-            scale = np.exp(self.weights.get(ROTARY_ALPHA).astype(np.float64)).astype(np.float32)  # correctly rounded
-            inv_freq = emit("rope_inv_freq", inv_freq * scale)  # [rope/2]
+            inv_freq = inv_freq * np.exp(self.weights.get(ROTARY_ALPHA).astype(np.float64)).astype(np.float32)
         cos, sin = rope_tables(positions, inv_freq, self.rope_mscale)  # [T, rope/2]
         half = cos.shape[-1]
         cos = emit("rope_cos", np.concatenate([cos, cos], axis=-1))[:, :half]
@@ -145,7 +144,8 @@ class Transformer:
         logits = self.logits(self.final_norm(hidden, emit))
         cap = self.config.final_logit_softcapping
         if cap is not None:
-            logits = np.float32(cap) * np.tanh(emit("logits_uncapped", logits) / np.float32(cap))
+            logits = emit("logits_uncapped", logits)
+            logits = np.float32(cap) * np.tanh(logits / np.float32(cap))
         return emit("logits", logits)
 
     def final_norm(self, hidden: np.ndarray, emit: Emitter) -> np.ndarray:

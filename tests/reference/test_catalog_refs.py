@@ -46,7 +46,8 @@ FAMILY_REFERENCE_KEYS = {"inference_v32"}  # optional: DeepSeek-V3.2-Exp's own i
 CITATION_KEYS = {"lines", "symbol", "text"}  # and optionally "path" (another file of the same source), "code"
 SOURCES = ("modeling_deepseek.py", "transformers", "inference", "inference_v32")
 MLA_FAMILY_FILES = ("models/axk1/", "models/mistral4/", "models/minicpm3/", "models/glm_moe_dsa/", "models/axk2/",
-                    "models/longcat_flash/", "models/kimi_linear/", "models/bailing_hybrid/")  # issues 33, 34; Ling 3
+                    "models/longcat_flash/", "models/kimi_linear/", "models/bailing_hybrid/",
+                    "models/mistral_large4/")  # issues 33, 34; Ling 3, Mistral Large 4
 # a family entry cites its family's transformers file
 FAMILY_FILES = ("models/deepseek_v2/", "models/deepseek_v32/", *MLA_FAMILY_FILES)
 NOT_DATA = {"layers", "path", "when", "after"}  # order and branches: the model's to say (families.derive)

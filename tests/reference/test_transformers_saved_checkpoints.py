@@ -59,10 +59,14 @@ def drawn(model, name: str) -> None:
             tensor.copy_(1 + 0.1 * z if key.endswith("norm.weight") else 0.1 * z)
 
 
+OWN_CLASS = ("Mistral4ForCausalLM", "MistralLarge4ForConditionalGeneration")  # not in transformers' auto mapping
+
+
 def made(config):
-    """transformers' model of the config: the class its auto mapping names (Mistral 4's own, which it does not list)."""
-    if config.architectures == ["Mistral4ForCausalLM"]:
-        return transformers.Mistral4ForCausalLM(config)
+    """transformers' model of the config: the class its auto mapping names (Mistral 4's and Mistral Large 4's own,
+    which it does not list)."""
+    if config.architectures[0] in OWN_CLASS:
+        return getattr(transformers, config.architectures[0])(config)
     return AutoModelForCausalLM.from_config(config)
 
 
@@ -78,7 +82,7 @@ def saved_by_transformers(name: str, folder):
     model = made(AutoConfig.from_pretrained(folder))
     drawn(model, name)
     model.save_pretrained(folder / "saved")
-    loader = type(model) if isinstance(model, transformers.Mistral4ForCausalLM) else AutoModelForCausalLM
+    loader = type(model) if type(model).__name__ in OWN_CLASS else AutoModelForCausalLM
     return loader.from_pretrained(folder / "saved", dtype=torch.float32, attn_implementation="eager",
                                   experts_implementation="eager").eval()
 
