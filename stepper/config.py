@@ -168,6 +168,15 @@ class MlaVariants:
     indexer_query_from_hidden = False  # Mistral Large 4's indexer: its query from LayerNorm(x), not q_a_norm
     final_logit_softcapping = None  # Mistral Large 4: logits = c tanh(logits / c)
     nope_layers: tuple[int, ...] = ()  # layers whose attention rotates nothing (Mistral Large 4's NoPE layers)
+    kv_sources: tuple[int, ...] = ()  # per layer, the layer whose latent it reads (Mistral Large 4); (): its own
+
+    def kv_source(self, layer: int) -> int:
+        """The layer whose latent and rotary key `layer` attends over: itself, or an earlier one's."""
+        return self.kv_sources[layer] if self.kv_sources else layer
+
+    def kv_shared(self, layer: int) -> bool:
+        """Whether the layer reads an earlier layer's latent (and has no kv_a_proj_with_mqa of its own)."""
+        return self.kv_source(layer) != layer
 
     def rope_dims(self, layer: int) -> int:
         """The rotary dims of a layer's query and key heads: qk_rope_head_dim, or 0 in a NoPE layer."""

@@ -615,7 +615,8 @@ PRESETS["tiny-ling3"] = {
 
 # Mistral Large 4 (stepper/families/mistral_large4.py), the wrapper's config.json as transformers writes it:
 # `tiny-mistral-large4`, a dense layer then three MoE layers of 8 experts in 2 groups, the third layer
-# reusing the second's index choice ("shared"), the fourth a NoPE layer (transformers' default, every fourth),
+# reusing the second's index choice ("shared") and reading the first's latent (kv_source_layers), the fourth
+# a NoPE layer (transformers' default, every fourth),
 # 8 index heads keeping 4 positions, YaRN as transformers' defaults have it (factor 2048 from 512 positions,
 # attention_factor 1), the logits capped at 30
 PRESETS["tiny-mistral-large4"] = {
@@ -626,7 +627,8 @@ PRESETS["tiny-mistral-large4"] = {
         "kv_lora_rank": 64, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 48, "n_routed_experts": 8,
         "n_group": 2, "topk_group": 1, "num_experts_per_tok": 2, "n_shared_experts": 1, "routed_scaling_factor": 1.5,
         "first_k_dense_replace": 1, "index_n_heads": 8, "index_head_dim": 32, "index_topk": 4,
-        "indexer_types": ["full", "full", "shared", "full"], "rms_norm_eps": 1e-5, "max_position_embeddings": 1048576,
+        "indexer_types": ["full", "full", "shared", "full"], "kv_source_layers": [0, 1, 0, 3],
+        "rms_norm_eps": 1e-5, "max_position_embeddings": 1048576,
         "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 2048.0,
                             "original_max_position_embeddings": 512, "beta_fast": 32.0, "beta_slow": 1.0,
                             "attention_factor": 1.0},

@@ -217,6 +217,11 @@ def layers_shown(spec: RunSpec, cfg: Config) -> range:
         if getattr(cfg, "index_reused", lambda layer: False)(spec.layer):  # GLM-5's shared layer
             raise StepperError(f"layer {spec.layer} runs no indexer: it attends where layer {spec.layer - 1} chose, so "
                                f"it runs only after that layer (--layers 0:{spec.layer + 1}, not --layer {spec.layer})")
+        if getattr(cfg, "kv_shared", lambda layer: False)(spec.layer):  # Mistral Large 4's kv_source_layers
+            source = cfg.kv_source(spec.layer)
+            raise StepperError(f"layer {spec.layer} reads the latent of layer {source} (kv_source_layers), so it "
+                               f"runs only after that layer (--layers {spec.layer}:{spec.layer + 1}, not --layer "
+                               f"{spec.layer})")
         return range(spec.layer, spec.layer + 1)
     if spec.layers is None:
         return range(n)

@@ -101,7 +101,8 @@ def recorded(family: Family, mini: Any, options: LayerOptions) -> tuple[tuple[Em
 @lru_cache(maxsize=512)
 def traced(family: Family, mini: Any, options: LayerOptions) -> tuple[tuple[Emitted, ...], tuple[Emitted, ...],
                                                                      tuple[tuple[str, float], ...]]:
-    """Run the miniature's layer 0: a prefill of PREFILL positions, then one decode step.
+    """Run the miniature's last layer (after the layers before it, silent: a layer that reads an earlier
+    one's latent has a miniature of two): a prefill of PREFILL positions, then one decode step.
     -> what each step emitted, in order; (name, value at a masked future position) pairs"""
     model = family.build(family.synthetic(mini, 0), options)  # every choice, the delta rule's too
     cache = family.cache(mini)
@@ -113,7 +114,9 @@ def traced(family: Family, mini: Any, options: LayerOptions) -> tuple[tuple[Emit
     for span in (slice(0, PREFILL), slice(PREFILL, PREFILL + 1)):
         recorder = Recorder()
         context = model.context(ids[:, span], np.arange(span.start, span.stop), Emitter())
-        model.layer(0, hidden[:, span], context, cache, Emitter([recorder]), options.attention)
+        for i in range(mini.num_hidden_layers):
+            shown = Emitter([recorder]) if i == mini.num_hidden_layers - 1 else Emitter()
+            model.layer(i, hidden[:, span], context, cache, shown, options.attention)
         steps.append({e.key: np.asarray(e.array) for e in recorder.events})
     prefill, decode = steps
     futures = tuple((key, future) for key, array in prefill.items()

@@ -16,14 +16,15 @@ The config.json is the vision-language wrapper (`mistral_large4`, the text model
 stepper runs the text model. Its files name the tensors as Mistral's consolidated format does
 (`layers.N.attention.wq.weight`, `lerope.alpha`: what save_pretrained writes by default, experts
 one by one), or, saved with save_original_format=False, as transformers' modules under
-`model.language_model.` with each layer's experts fused; either is read. A field stepper does not
-honour is refused by name; cross-layer KV sharing (`kv_source_layers`) is not built.
+`model.language_model.` with each layer's experts fused; either is read. A layer may read an earlier
+layer's latent and turned rotary key (`kv_source_layers`), with kv_b_proj and the rest its own. A field
+stepper does not honour is refused by name.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -90,6 +91,7 @@ class MistralLarge4Config(Config):
     as its config.json (the wrapper)."""
 
     nope_layers: tuple[int, ...] = ()
+    kv_sources: tuple[int, ...] = ()
     final_logit_softcapping: float | None = 30.0
     lerope = True
     learned_query_scale = True
@@ -126,8 +128,11 @@ class MistralLarge4Config(Config):
         and bias)."""
         d, heads, pre = self.hidden_size, self.num_attention_heads, layer_prefix(layer)
         shapes = mla_layer_shapes(self, layer)
-        own = {"self_attn.kv_a_proj_with_mqa.weight": (self.kv_lora_rank + self.rope_dims(layer), d),
-               "self_attn.kv_b_proj.weight": (heads * (self.nope_dims(layer) + self.v_head_dim), self.kv_lora_rank),
+        if self.kv_shared(layer):  # it reads an earlier layer's latent: no kv_a of its own
+            shapes = {k: v for k, v in shapes.items() if not k.startswith(f"{pre}self_attn.kv_a_")}
+        own = {} if self.kv_shared(layer) else {
+            "self_attn.kv_a_proj_with_mqa.weight": (self.kv_lora_rank + self.rope_dims(layer), d)}
+        own |= {"self_attn.kv_b_proj.weight": (heads * (self.nope_dims(layer) + self.v_head_dim), self.kv_lora_rank),
                "self_attn.softmax_scaling.scale": (heads,), "self_attn.softmax_scaling.bias": (heads,)}
         if not self.index_reused(layer):
             index_heads = self.index_n_heads
@@ -157,10 +162,11 @@ def to_mla(f) -> tuple[dict[str, Any], dict[str, Any]]:
                      f"kind), got {said(kinds)}")
     first, freq = (raw.get("first_k_dense_replace"), 1) if own.get("mlp_layer_types") is None else \
         mla_fields.dense_prefix(f, {**raw, **own})
-    check_sources(f, own.get("kv_source_layers"), layers)
+    nope = nope_layers(f, own, layers)
     types = glm_moe_dsa.indexer_types(mla_fields.typed(f, {**f.raw, **own}), layers)
     cap = mla_fields.typed(f, own).float("final_logit_softcapping")
-    extra = {"nope_layers": nope_layers(f, own, layers), "final_logit_softcapping": cap,
+    extra = {"nope_layers": nope, "kv_sources": kv_sources(f, own.get("kv_source_layers"), nope, layers),
+             "final_logit_softcapping": cap,
              "index_reused_layers": tuple(i for i, kind in enumerate(types) if kind == "shared"),
              "rope_scaling": mla_fields.transformers_yarn(fields, rope_settings(fields)[1]), "router_bias": False,
              "norm_topk_prob": True, "indexer_rope_interleave": True,
@@ -201,12 +207,28 @@ def nope_layers(f, own: dict[str, Any], layers: int) -> tuple[int, ...]:
     return tuple(i for i in range(layers) if given[i] == 0)
 
 
-def check_sources(f, given: Any, layers: int) -> None:
-    """`kv_source_layers` must name each layer itself: stepper does not build the cross-layer KV sharing
-    of a layer reading an earlier one's latent."""
-    if given is not None and given != list(range(layers)):
-        raise f.fail("kv_source_layers", f"must be [0, 1, ..., {layers - 1}] (each layer its own latent): stepper "
-                     f"does not build cross-layer KV sharing, got {said(given)}")
+def kv_sources(f, given: Any, nope: tuple[int, ...], layers: int) -> tuple[int, ...]:
+    """Per layer, the layer whose latent it reads (`kv_source_layers`; () when each reads its own). A
+    source is the layer itself or an earlier one that reads its own; and it must be the one transformers'
+    layer reads: the last earlier source of its kind (RoPE or NoPE), whatever the list names."""
+    if given is None or given == list(range(layers)):
+        return ()
+    if not isinstance(given, list) or len(given) != layers or \
+            any(isinstance(s, bool) or not isinstance(s, int) or not 0 <= s <= i for i, s in enumerate(given)):
+        raise f.fail("kv_source_layers", f"must give, for each of the {layers} layers, itself or an earlier layer, "
+                     f"got {said(given)}")
+    sources = {s for i, s in enumerate(given) if s != i}
+    for i, s in enumerate(given):
+        if s != i and given[s] != s:
+            raise f.fail("kv_source_layers", f"names layer {s} for layer {i}, which reads layer {given[s]}'s latent "
+                         f"in turn: a source keeps its own")
+        kind = [j for j in sources if j < i and (j in nope) == (i in nope)]
+        if s != i and s != max(kind, default=None):
+            what = "RoPE" if i not in nope else "NoPE"
+            read = f"layer {max(kind)}'s" if kind else "none (a KeyError)"
+            raise f.fail("kv_source_layers", f"names layer {s} for layer {i}, but transformers' layer reads the last "
+                         f"earlier source of its kind ({what}): {read}")
+    return tuple(given)
 
 
 def published(cfg: MistralLarge4Config) -> dict[str, Any]:
@@ -220,7 +242,8 @@ def published(cfg: MistralLarge4Config) -> dict[str, Any]:
     layers = range(cfg.num_hidden_layers)
     text = {**out, "mlp_layer_types": ["sparse" if cfg.is_moe_layer(i) else "dense" for i in layers],
             "indexer_types": ["shared" if cfg.index_reused(i) else "full" for i in layers],
-            "no_rope_layers": [int(cfg.rope_dims(i) > 0) for i in layers], "kv_source_layers": list(layers),
+            "no_rope_layers": [int(cfg.rope_dims(i) > 0) for i in layers],
+            "kv_source_layers": [cfg.kv_source(i) for i in layers],
             "layer_types": [ATTENTION] * cfg.num_hidden_layers,
             "final_logit_softcapping": cfg.final_logit_softcapping}
     return {"architectures": [ARCHITECTURE], "model_type": MODEL_TYPE, "text_config": text, "vision_config": VISION,
@@ -264,9 +287,23 @@ def open_checkpoint(where: str | Path, read: Callable[[dict[str, Any], str], Any
 
 
 def miniature(cfg: MistralLarge4Config, layer: int) -> MistralLarge4Config:
-    """DeepSeek's miniature whose layer 0 is a NoPE layer, and "shared", when `layer` is."""
-    return dataclasses.replace(deepseek.miniature(cfg, layer), nope_layers=(0,) if layer in cfg.nope_layers else (),
-                               index_reused_layers=(0,) if cfg.index_reused(layer) else ())
+    """DeepSeek's miniature whose layer 0 is a NoPE layer, and "shared", when `layer` is; for a layer that
+    reads an earlier one's latent, two layers of its kind, the second reading the first's."""
+    nope = layer in cfg.nope_layers
+    if not cfg.kv_shared(layer):
+        return dataclasses.replace(deepseek.miniature(cfg, layer), nope_layers=(0,) if nope else (),
+                                   index_reused_layers=(0,) if cfg.index_reused(layer) else (), kv_sources=())
+    return dataclasses.replace(deepseek.miniature(cfg, layer), num_hidden_layers=2, nope_layers=(0, 1) if nope else (),
+                               index_reused_layers=(1,) if cfg.index_reused(layer) else (), kv_sources=(0, 0))
+
+
+def cache_bytes(cfg: MistralLarge4Config, layers: Iterable[int], positions: int, attn: str, index_scoring: str) -> int:
+    """Each layer's cache: its latent and rotary key (none in a NoPE layer) where it makes its own, its
+    indexer's key where it runs its indexer, and on the naive path its per-head keys and values."""
+    index_key = cfg.index_head_dim * 4 + (cfg.index_head_dim + 4 if index_scoring == "fp8" else 0)
+    per_head = cfg.num_attention_heads * (cfg.qk_head_dim + cfg.v_head_dim) * 4 if attn == "naive" else 0
+    return positions * sum(per_head + (0 if cfg.kv_shared(i) else (cfg.kv_lora_rank + cfg.rope_dims(i)) * 4)
+                           + (0 if cfg.index_reused(i) else index_key) for i in layers)
 
 
 PARTS = ("model", "residual", "mla_attention", "mlp", "router", "router_softmax", "router_noaux_tc", "router_groups",
@@ -275,4 +312,4 @@ PARTS = ("model", "residual", "mla_attention", "mlp", "router", "router_softmax"
 
 FAMILY = Family(name="mistral_large4", model_types=(MODEL_TYPE, TEXT_TYPE), read_config=read_config,
                 decoder_layer=decoder_layer, parts=deepseek.part_files(PARTS), miniature=miniature,
-                checkpoint=partial(open_checkpoint, read=read_config))
+                checkpoint=partial(open_checkpoint, read=read_config), cache_bytes=cache_bytes)

@@ -26,6 +26,7 @@ from functools import partial
 import numpy as np
 
 from stepper.config import Config
+from stepper.errors import StepperError
 from stepper.kernels import attention as kernels
 from stepper.kernels.linear import linear
 from stepper.model.cache import LayerCache
@@ -52,7 +53,10 @@ def mla_attention(x: np.ndarray, w: LayerWeights, cache: LayerCache | None, opti
     cfg, rope = w.cfg, w.rope
     cache = LayerCache() if cache is None else cache
     q_nope, q_pe, gate = query_heads(x, w, cfg, emit)  # [B, H, T, nope], [B, H, T, rope], A.X-K2's [B, T, Hv]
-    compressed_kv, k_pe = latent(x, w, cfg, emit)  # [B, T, kv_lora], [B, one, T, rope]
+    if cfg.kv_shared(w.layer):  # Mistral Large 4: an earlier layer's latent, its rotary key turned already
+        compressed_kv, k_pe = shared_latent(cache, x.shape[1], w, emit), None  # [B, T, kv_lora]
+    else:
+        compressed_kv, k_pe = latent(x, w, cfg, emit)  # [B, T, kv_lora], [B, one, T, rope]
     rope = shown_query_scale(rope, w, emit)  # Mistral 4's query scale per position, Mistral Large 4's per head too
     if cfg.mla_lora_scales:  # LongCat-Flash
         q_nope, q_pe, compressed_kv = lora_scaled(q_nope, q_pe, compressed_kv, cfg, emit)
@@ -113,12 +117,23 @@ def latent(x: np.ndarray, w: LayerWeights, cfg: Config, emit: Emitter) -> tuple[
     return compressed_kv, k_pe
 
 
+def shared_latent(cache: LayerCache, T: int, w: LayerWeights, emit: Emitter) -> np.ndarray:
+    """The latents of the T new positions that the layer this one reads (Mistral Large 4's
+    kv_source_layers) has normalised and cached this step (its rotary keys, turned, the cache gives:
+    LayerCache.extend_latent).  -> [B, T, kv_lora]"""
+    source = cache.kv_source
+    if source is None:
+        raise StepperError(f"layer {w.layer} reads the latent of layer {w.cfg.kv_source(w.layer)} (kv_source_layers): "
+                           f"it runs after that layer, on one cache")
+    return emit("self_attn.shared_latent", source.latent[:, -T:])
+
+
 def naive(q_nope, q_pe, compressed_kv, k_pe, w, cfg, rope, cache: LayerCache, emit: Emitter, mask=None) -> np.ndarray:
     """Up-project the new latents into per-head keys and values, attend over all of them.
     -> [B, H, T, v_head], the heads' outputs before merging"""
     k_nope, value_states = up_project(compressed_kv, w, cfg, emit)  # [B, H, T, nope], [B, H, T, v_head]
     q_pe, k_pe = rotate(q_pe, k_pe, rope, emit)  # [B, H, T, rope], [B, one, T, rope]
-    cache.extend_latent(compressed_kv, k_pe)
+    k_pe = cache.extend_latent(compressed_kv, k_pe)[1][:, :, -k_nope.shape[2]:]  # the new positions' (a reader's too)
 
     query_states = position_scaled(np.concatenate([q_nope, q_pe], axis=-1), rope)  # [B, H, T, qk_head]
     query_states = emit("self_attn.query_states", query_states)
@@ -195,14 +210,17 @@ def turned(x: np.ndarray, rope: Rope) -> np.ndarray:
     return rotate_halves(x, rope.cos, rope.sin, x.shape[-1])
 
 
-def rotate(q_pe: np.ndarray, k_pe: np.ndarray, rope: Rope, emit: Emitter) -> tuple[np.ndarray, np.ndarray]:
+def rotate(q_pe: np.ndarray, k_pe: np.ndarray | None, rope: Rope,
+           emit: Emitter) -> tuple[np.ndarray, np.ndarray | None]:
     """Decoupled RoPE on the query's and the shared key's rotary dims: interleaved pairs, or
     (MiniCPM3) dim i with dim i + rope/2; none in a model without rotary tables (Kimi Linear: its
-    rope dims enter the scores as projected)."""
+    rope dims enter the scores as projected); the query's alone where the key was turned by the
+    layer whose latent this one reads (k_pe None)."""
     if not rope.rotates or not q_pe.shape[-1]:  # or a NoPE layer (Mistral Large 4)
         return q_pe, k_pe
     q_pe = emit("self_attn.q_pe_rope", turned(q_pe, rope))  # [B, H, T, rope]
-    k_pe = emit("self_attn.k_pe_rope", turned(k_pe, rope))  # [B, one, T, rope]
+    if k_pe is not None:
+        k_pe = emit("self_attn.k_pe_rope", turned(k_pe, rope))  # [B, one, T, rope]
     return q_pe, k_pe
 
 

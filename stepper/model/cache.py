@@ -77,6 +77,8 @@ class LayerCache:
     growing: dict[str, GrowingArray] = field(default_factory=dict, repr=False, compare=False)
     # name -> the spare room after the field's positions (kernels.growing), so appends rarely copy
     recurrent: KdaCache | None = None  # a Kimi Linear KDA layer's fixed-size memory instead (model.kda)
+    # the cache of the layer whose latent this one reads, set by model.transformer (Mistral Large 4's kv_source_layers)
+    kv_source: LayerCache | None = field(default=None, repr=False, compare=False)
 
     @property
     def length(self) -> int:
@@ -95,9 +97,13 @@ class LayerCache:
         return LayerCache(**cut, second=None if self.second is None else self.second.first(n),
                           recurrent=None if self.recurrent is None else self.recurrent.first(n))
 
-    def extend_latent(self, latent: np.ndarray, k_pe: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def extend_latent(self, latent: np.ndarray, k_pe: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         """Append the T new positions' latents [B, T, kv_lora] and rotary keys [B, one, T, rope];
-        return all S positions' [B, S, kv_lora], [B, one, S, rope]."""
+        return all S positions' [B, S, kv_lora], [B, one, S, rope]. A layer reading another's latent
+        (kv_source) keeps that layer's arrays, which it has extended this step, and adds nothing."""
+        if self.kv_source is not None:
+            self.latent, self.k_pe = self.kv_source.latent, self.kv_source.k_pe
+            return self.latent, self.k_pe
         return self.appended("latent", latent), self.appended("k_pe", k_pe)
 
     def extend_heads(self, keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

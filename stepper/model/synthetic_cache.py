@@ -70,7 +70,7 @@ def index_keys(x: np.ndarray, w: LayerWeights, cfg: Config, rope: Rope, rng: np.
     keys = np.empty((1, n, cfg.index_head_dim), np.float32)  # [1, S, Di]
     for start in range(0, n, ROWS):
         rows = slice(start, min(start + ROWS, n))
-        drawn = like(real, rows.stop - rows.start, rng)  # [1, rows, Di]
+        drawn = like(real, rows.stop - rows.start, rng)  # [1, S, Di], S the rows' positions
         keys[:, rows] = rotate_index(drawn, rope.at(rows), cfg) if cfg.rope_dims(w.layer) else drawn
     return keys
 

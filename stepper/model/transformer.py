@@ -127,6 +127,8 @@ class Transformer:
         w = LayerWeights(self.weights, i, self.scratch, rope)
         if layer_cache is not None:  # the layer before's cache: GLM-5's shared layer attends where it chose
             layer_cache.previous = cache.layers[i - 1] if i > 0 else None
+            # the cache of the layer whose latent it reads (Mistral Large 4), extended by it this step
+            layer_cache.kv_source = cache.layers[self.config.kv_source(i)] if self.config.kv_shared(i) else None
         options = dataclasses.replace(self.options, attention=attn)
         return self.decoder_layer(hidden, w, layer_cache, options, emit.layer(i))
 
@@ -174,6 +176,8 @@ class Transformer:
         layer and returns None.
         """
         n = self.config.num_hidden_layers
+        if cache is None and self.config.kv_sources:  # a layer reads an earlier one's latent: kept for the pass
+            cache = KVCache(n)
         layers = range(n) if layers_shown is None else layers_shown
         whole = emit if layers == range(n) else emit.silent()  # what the model emits outside the layers
         hidden, rope = self.start(ids, positions, whole)

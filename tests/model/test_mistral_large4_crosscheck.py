@@ -170,6 +170,41 @@ def test_a_shared_indexer_layer_matches(tmp_path_factory):
     assert "prefill.layers.2.self_attn.indexer.reused_topk_idx" in mine
 
 
+SHARING = {**hf.TINY_TEXT, "no_rope_layers": [1, 0, 1, 0], "kv_source_layers": [0, 1, 0, 1],
+           "indexer_types": ["full", "full", "full", "shared"]}
+
+
+@pytest.fixture(scope="module")
+def sharing(tmp_path_factory):
+    folder = folder_of(tmp_path_factory, "sharing", SHARING)
+    return folder, reference_of(folder)
+
+
+@pytest.mark.parametrize("spec", [{"attn": "naive"}, {"attn": "absorb", "start_pos": 4100},
+                                  {"attn": "absorb", "chunk": 16}, {"attn": "naive", "chunk": 16, "start_pos": 4100}])
+def test_layers_reading_an_earlier_layers_latent_match(sharing, spec):
+    """Layer 2 reads layer 0's latent and turned key with an indexer of its own; layer 3, a NoPE layer,
+    reads NoPE layer 1's and reuses layer 2's index choice (transformers' "reuse"): neither has a kv_a
+    of its own, each up-projects the latent with its own kv_b."""
+    mine, ref, _ = both(*sharing, **spec)
+    assert shown_alike(mine, ref) == [], spec
+    for layer, source in ((2, 0), (3, 1)):
+        assert f"prefill.layers.{layer}.self_attn.kv_a" not in mine
+        assert np.array_equal(array(mine[f"decode1.layers.{layer}.self_attn.shared_latent"]),
+                              array(mine[f"decode1.layers.{source}.self_attn.compressed_kv_norm"]))
+    assert "decode1.layers.2.self_attn.q_pe_rope" in mine and "decode1.layers.2.self_attn.k_pe_rope" not in mine
+
+
+def test_a_reader_runs_after_its_source_not_alone(sharing):
+    folder, _ = sharing
+    alone = stepper("run", "--model", str(folder), "--layer", "2")
+    assert alone.returncode == 2 and "reads the latent of layer 0" in alone.stderr and "--layers 2:3" in alone.stderr
+    shown = stepper("run", "--model", str(folder), "--layers", "2:3", "--prompt-len", "5", "--plain")
+    assert shown.returncode == 0 and "layers.2.self_attn.shared_latent" in shown.stdout, shown.stderr
+    listing = stepper("inspect", str(folder))
+    assert listing.returncode == 0, listing.stderr
+
+
 def text_config(**fields) -> dict:
     return {"model_type": "mistral_large4", "text_config": {**hf.TINY_TEXT, **fields}}
 
@@ -179,6 +214,8 @@ def text_config(**fields) -> dict:
     {"index_topk_pattern": "FSFS"}, {"index_topk_freq": 2, "index_skip_topk_offset": 1},
     {"mlp_layer_types": ["dense", "dense", "sparse", "sparse"]}, {"rope_parameters": None},
     {"rope_parameters": {**hf.TINY_TEXT["rope_parameters"], "attention_factor": 1.25, "truncate": False}},
+    {key: SHARING[key] for key in ("no_rope_layers", "kv_source_layers", "indexer_types")},
+    {"no_rope_layers": [1, 1, 1, 1], "kv_source_layers": [0, 0, 0, 3]},
 ])
 def test_config_json_reads_as_transformers_reads_it(fields):
     """The per-layer facts (NoPE layers, shared indexers, dense layers) and the YaRN block as
@@ -190,6 +227,7 @@ def test_config_json_reads_as_transformers_reads_it(fields):
     assert [int(i not in cfg.nope_layers) for i in layers] == list(theirs.no_rope_layers[:len(layers)])
     assert ["shared" if cfg.index_reused(i) else "full" for i in layers] == list(theirs.indexer_types)
     assert ["sparse" if cfg.is_moe_layer(i) else "dense" for i in layers] == list(theirs.mlp_layer_types)
+    assert [cfg.kv_source(i) for i in layers] == list(theirs.kv_source_layers)
     rope = theirs.rope_parameters
     assert cfg.rope_scaling.factor == rope["factor"] and cfg.rope_scaling.attention_factor == pytest.approx(
         rope.get("attention_factor") or 0.1 * np.log(rope["factor"]) + 1)
@@ -206,8 +244,12 @@ REFUSED = [
     ({"quantization_config": {"quant_method": "fp8"}}, "quantization_config"),
     ({"attention_bias": True}, "attention_bias"),
     ({"no_rope_layers": [1, 1, 0]}, "no_rope_layers"), ({"no_rope_layers": [1, 2, 0, 1]}, "no_rope_layers"),
-    ({"kv_source_layers": [0, 0, 2, 2]}, "kv_source_layers"), ({"indexer_types": ["shared", "full", "full", "full"]},
-                                                                "indexer_types"),
+    ({"kv_source_layers": [0, 0, 2, 2]}, "kv_source_layers"),  # layer 3 (RoPE) would read layer 0, not NoPE layer 2
+    ({"no_rope_layers": [1, 1, 1, 1], "kv_source_layers": [0, 1, 0, 1]}, "kv_source_layers"),  # 2 would read 1
+    ({"no_rope_layers": [0, 1, 1, 1], "kv_source_layers": [0, 0, 2, 3]}, "kv_source_layers"),  # none of its kind
+    ({"kv_source_layers": [0, 0, 1, 3]}, "kv_source_layers"),  # a chain: layer 1 reads layer 0's in turn
+    ({"kv_source_layers": [0, 2, 2, 3]}, "kv_source_layers"),  # a later layer's
+    ({"indexer_types": ["shared", "full", "full", "full"]}, "indexer_types"),
     ({"layer_types": ["full_attention"] * 4}, "layer_types"), ({"scoring_func": "sigmoid"}, "scoring_func"),
     ({"n_group": 8}, "n_group"), ({"model_type": "deepseek_v3"}, "text_config.model_type"),
 ]

@@ -49,7 +49,7 @@ def test_views_of_earlier_positions_keep_them_and_a_cut_cache_writes_only_its_ow
 
 def test_first_cuts_every_kept_field_along_its_own_axis_of_positions():
     # LongCat's second cache is cut by its own first(); recurrent: a KDA layer's state, not positions
-    step_only = ("growing", "second", "previous", "index_choice", "recurrent")
+    step_only = ("growing", "second", "previous", "index_choice", "recurrent", "kv_source")
     kept = [f.name for f in dataclasses.fields(LayerCache) if f.name not in step_only]
     assert sorted(POSITION_AXIS) == sorted(kept)  # a field added to the cache needs its axis
     rng = np.random.default_rng(2)
