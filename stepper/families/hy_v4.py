@@ -40,7 +40,6 @@ from stepper.model.options import LayerOptions
 from stepper.model.transformer import Transformer
 from stepper.model.v4_layer import V4LayerDims, v4_decoder_layer, v4_final, v4_streams
 from stepper.seams.trace import Emitter
-from stepper.untrusted import said
 from stepper.weights.names import layer_prefix, mla_layer_shapes
 
 MODEL_TYPE = "hy_v4"
@@ -110,10 +109,7 @@ def to_mla(f) -> tuple[dict[str, Any], dict[str, Any]]:
                               "Hy4-preview-FP8's E4M3 with an E8M0 scale per 32 columns)")
     fields = mla_fields.typed(f, raw)
     layers = fields.int("num_hidden_layers")
-    kinds = own.get("layer_types")
-    if kinds is not None and (not isinstance(kinds, list) or len(kinds) != layers or set(kinds) != {ATTENTION}):
-        raise f.fail("layer_types", f"must be '{ATTENTION}' for each of the {layers} layers (Hy4's one kind), "
-                     f"got {said(kinds)}")
+    mla_fields.check_one_kind(f, own.get("layer_types"), layers, ATTENTION, "Hy4")
     first, freq = (1, 1) if own.get("mlp_layer_types") is None else mla_fields.dense_prefix(f, {**raw, **own})
     types = indexer_types(f, own.get("indexer_types"), layers)
     streams = mla_fields.typed(f, {**HC_DEFAULTS, **own})

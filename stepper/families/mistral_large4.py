@@ -156,10 +156,7 @@ def to_mla(f) -> tuple[dict[str, Any], dict[str, Any]]:
     refuse(f, raw, own)
     fields = mla_fields.typed(f, raw)
     layers = fields.int("num_hidden_layers")
-    kinds = own.get("layer_types")
-    if kinds is not None and (not isinstance(kinds, list) or len(kinds) != layers or set(kinds) != {ATTENTION}):
-        raise f.fail("layer_types", f"must be '{ATTENTION}' for each of the {layers} layers (Mistral Large 4's one "
-                     f"kind), got {said(kinds)}")
+    mla_fields.check_one_kind(f, own.get("layer_types"), layers, ATTENTION, "Mistral Large 4")
     first, freq = (raw.get("first_k_dense_replace"), 1) if own.get("mlp_layer_types") is None else \
         mla_fields.dense_prefix(f, {**raw, **own})
     nope = nope_layers(f, own, layers)
@@ -225,9 +222,9 @@ def kv_sources(f, given: Any, nope: tuple[int, ...], layers: int) -> tuple[int, 
         kind = [j for j in sources if j < i and (j in nope) == (i in nope)]
         if s != i and s != max(kind, default=None):
             what = "RoPE" if i not in nope else "NoPE"
-            read = f"layer {max(kind)}'s" if kind else "none (a KeyError)"
+            read = f"layer {max(kind)}" if kind else "there is none (transformers raises a KeyError)"
             raise f.fail("kv_source_layers", f"names layer {s} for layer {i}, but transformers' layer reads the last "
-                         f"earlier source of its kind ({what}): {read}")
+                         f"earlier source of its kind ({what} layers): {read}")
     return tuple(given)
 
 

@@ -153,6 +153,14 @@ def check_rotary_fraction(f, raw: dict[str, Any], expected: float) -> None:
             raise f.fail(where, f"must be {expected}: stepper rotates exactly qk_rope_head_dim dims, got {said(value)}")
 
 
+def check_one_kind(f, kinds: Any, layers: int, kind: str, family: str) -> None:
+    """`layer_types`, where given, must name the family's one kind of layer for each layer (Hy4's,
+    Mistral Large 4's "indexed_attention")."""
+    if kinds is not None and (not isinstance(kinds, list) or len(kinds) != layers or set(kinds) != {kind}):
+        raise f.fail("layer_types", f"must be '{kind}' for each of the {layers} layers ({family}'s one kind), "
+                     f"got {said(kinds)}")
+
+
 def dense_prefix(f, raw: dict[str, Any]) -> tuple[int, int]:
     """`mlp_layer_types` ("dense"/"sparse" per layer) as DeepSeek's rule: first_k_dense_replace
     dense layers, then MoE every moe_layer_freq-th layer; a pattern the rule cannot say is refused."""

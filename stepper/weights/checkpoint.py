@@ -176,6 +176,8 @@ class Checkpoint:
         """A tensor's name as the files store it, or (one they lack) as they store it in another layer."""
         if name in self.stored_as or not (found := LAYER_NAME.match(name)):
             return self.stored_as.get(name, name)
+        if (write_name := getattr(self.config, "write_name", None)) is not None:  # the family says (Mistral Large 4)
+            return write_name(name)
         rest = name[found.end():]
         sibling = next((stored for read, stored in self.stored_as.items()
                         if (other := LAYER_NAME.match(read)) and read[other.end():] == rest), None)

@@ -3,6 +3,7 @@ cross-checks share."""
 
 import numpy as np
 
+from stepper.kernels import attention, parallel
 from stepper.seams.trace import unphased
 
 RTOL = 1e-5
@@ -52,3 +53,38 @@ def absorbed_against_naive(mine: dict, ref: dict) -> tuple[dict, dict]:
         assert {unphased(n).split(".", 2)[1] for n in shared if n.endswith(key)} == layers, key
     assert any(unphased(n) == "logits" for n in shared)
     return {n: mine[n] for n in shared}, {n: ref[n] for n in shared}
+
+
+def small_tiles(monkeypatch) -> None:
+    """Scores too many to hold (kernels.attention's WHOLE_SCORES cut to 64) and tiles of 2 heads x 4
+    queries x 7 keys on two threads: the online softmax rescales across key tiles."""
+    monkeypatch.setattr(attention, "WHOLE_SCORES", 64)
+    monkeypatch.setattr(parallel, "cores", lambda: 2)
+    monkeypatch.setattr(attention, "TILE_SCORES", 2 * 4 * 7)
+    monkeypatch.setattr(attention, "KEY_TILE", 7)
+    monkeypatch.setattr(attention, "QUERY_TILE", 4)
+
+
+def same_experts(mine: dict, ref: dict, key: str) -> bool:
+    """The same experts chosen for each token, with the same weights, in any order (`key`: a layer's
+    `....mlp.gate.`; its topk_idx and topk_weight [N, k] in both)."""
+    order, want = np.argsort(mine[key + "topk_idx"]), np.argsort(ref[key + "topk_idx"])
+    return np.array_equal(np.take_along_axis(mine[key + "topk_idx"], order, 1),
+                          np.take_along_axis(ref[key + "topk_idx"], want, 1)) and \
+        np.allclose(np.take_along_axis(mine[key + "topk_weight"], order, 1),
+                    np.take_along_axis(ref[key + "topk_weight"], want, 1), atol=1e-6)
+
+
+def index_rows_apart(chosen: np.ndarray, theirs: np.ndarray, last: np.ndarray) -> list[int]:
+    """The rows whose kept positions differ: stepper's [T, Ki] (-1 none) against transformers' [T, Ki]
+    (positions past each row's own, `last` [T], padding torch.topk's masked picks)."""
+    return [t for t in range(chosen.shape[0])
+            if {int(p) for p in chosen[t] if p >= 0} != {int(p) for p in theirs[t] if p <= last[t]}]
+
+
+def untied(scores: np.ndarray, kept: int) -> bool:
+    """Whether no row's kept-th and next best index scores [T, S] tie, among the rows with more positions
+    than that: the choice is then no seed's luck."""
+    ranked = np.sort(scores, axis=-1)[:, ::-1]
+    rows = ranked[np.isfinite(ranked[:, kept])]
+    return bool(np.all(rows[:, kept - 1] > rows[:, kept]))

@@ -8,6 +8,8 @@ import numpy as np
 import torch
 import transformers
 
+from tests.helpers.hf_steps import prefill_then_decode
+
 # four layers: a dense one with its own indexer, a MoE one with its own, two MoE ones reusing it in turn ("shared",
 # transformers' pattern); three streams; four positions kept of each query's past, scored by eight index heads (a
 # score ties at 0, making the top-k ambiguous, only where all eight relu's are 0); a clamp that bites on these
@@ -70,19 +72,5 @@ def trace_steps(model, prompt: list[int], generated: list[int], start: int = 0) 
                                        f"layers.{i}.mlp.gate.topk_weight", a[2])))
     hooks.append(model.model.hc_head.register_forward_hook(lambda m, a, out: keep("hc_head.collapsed", out)))
     hooks.append(model.model.norm.register_forward_hook(lambda m, a, out: keep("final_norm", out)))
-    try:
-        with torch.no_grad():
-            positions = torch.arange(start, start + len(prompt))[None]
-            out = model(torch.tensor([prompt]), position_ids=positions, use_cache=True)
-            keep("logits", out.logits)
-            cache = out.cache
-            for n, token in enumerate(generated[:-1]):
-                step[0] = f"decode{n}"
-                out = model(torch.tensor([[token]]), position_ids=torch.tensor([[start + len(prompt) + n]]),
-                            cache=cache, use_cache=True)
-                keep("logits", out.logits)
-                cache = out.cache
-    finally:
-        for hook in hooks:
-            hook.remove()
+    prefill_then_decode(model, prompt, generated, start, keep, step, hooks)
     return found

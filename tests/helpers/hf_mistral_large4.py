@@ -9,6 +9,8 @@ import numpy as np
 import torch
 import transformers
 
+from tests.helpers.hf_steps import prefill_then_decode
+
 # four layers: a dense one, then MoE ones; layer 2 NoPE (its latent kv_lora wide, its kv_b_proj nope+rope+v per
 # head, no rotation in it or its indexer); every layer its own latent and indexer (no sharing); 8 experts in 2
 # groups keeping 1, two chosen; four positions kept of each query's past, scored by eight index heads (a score
@@ -109,19 +111,5 @@ def trace_steps(model, prompt: list[int], generated: list[int], start: int = 0) 
     hooks.append(text.norm.register_forward_hook(lambda m, a, out: keep("norm", out)))
     # the softcap 30 tanh(x / 30) is applied in the wrapper's forward, after lm_head
     hooks.append(model.lm_head.register_forward_hook(lambda m, a, out: keep("logits_uncapped", out)))
-    try:
-        with torch.no_grad():
-            positions = torch.arange(start, start + len(prompt))[None]
-            out = model(torch.tensor([prompt]), position_ids=positions, use_cache=True)
-            keep("logits", out.logits)
-            cache = out.cache  # transformers 5.24 names it `cache` (`past_key_values` is deprecated)
-            for n, token in enumerate(generated[:-1]):
-                step[0] = f"decode{n}"
-                out = model(torch.tensor([[token]]), position_ids=torch.tensor([[start + len(prompt) + n]]),
-                            cache=cache, use_cache=True)
-                keep("logits", out.logits)
-                cache = out.cache
-    finally:
-        for hook in hooks:
-            hook.remove()
+    prefill_then_decode(model, prompt, generated, start, keep, step, hooks)
     return found

@@ -19,11 +19,12 @@ import pytest
 
 from stepper.errors import StepperError
 from stepper.families import read_config
-from stepper.kernels import attention, parallel
 from stepper.seams.trace import Recorder
 from stepper.session import RunSpec, run
 from tests.helpers import hf_hy_v4
 from tests.helpers.cli import stepper
+from tests.helpers.compare import index_rows_apart, same_experts, small_tiles, untied
+from tests.helpers.hf_steps import paired_runs
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -64,10 +65,7 @@ def prompt_ids() -> tuple[int, ...]:
 
 def both(folder, reference, **spec) -> tuple[dict, dict, list[int]]:
     """stepper's tensors of a run over the prompt and two decode steps, transformers' over the same."""
-    recorder = Recorder()
-    result = run(RunSpec(model=str(folder), ids=prompt_ids(), decode=STEPS, **spec), [recorder])
-    ref = hf_hy_v4.trace_steps(reference, list(prompt_ids()), result.generated, spec.get("start_pos", 0))
-    return recorder.tensors(), ref, result.generated
+    return paired_runs(folder, reference, prompt_ids(), STEPS, hf_hy_v4.trace_steps, **spec)
 
 
 def shown_alike(mine: dict, ref: dict) -> list[str]:
@@ -112,11 +110,7 @@ def test_tiled_attention_and_a_chunked_prefill_match_too(saved, reference, monke
     """Scores too many to hold (WHOLE_SCORES cut to 64) and tiles of 2 heads x 4 queries x 7 keys
     on two threads: the online softmax starts from each head's sink and rescales across key tiles;
     a prefill run 16 positions at a time gives the same tensors."""
-    monkeypatch.setattr(attention, "WHOLE_SCORES", 64)
-    monkeypatch.setattr(parallel, "cores", lambda: 2)
-    monkeypatch.setattr(attention, "TILE_SCORES", 2 * 4 * 7)
-    monkeypatch.setattr(attention, "KEY_TILE", 7)
-    monkeypatch.setattr(attention, "QUERY_TILE", 4)
+    small_tiles(monkeypatch)
     for spec in ({"attn": "naive"}, {"attn": "absorb", "chunk": 16}):
         mine, ref, _ = both(saved, reference, **spec)
         assert shown_alike(mine, ref) == [], spec
@@ -126,24 +120,16 @@ def test_every_expert_and_index_choice_is_the_same(default_run):
     mine, ref, _ = default_run
     for n, step in enumerate(STEP_NAMES):
         for layer in range(1, LAYERS):  # the MoE layers: the same experts, the same weights
-            key = f"{step}.layers.{layer}.mlp.gate."
-            order, want = np.argsort(mine[key + "topk_idx"]), np.argsort(ref[key + "topk_idx"])
-            assert np.array_equal(np.take_along_axis(mine[key + "topk_idx"], order, 1),
-                                  np.take_along_axis(ref[key + "topk_idx"], want, 1)), key
-            assert np.allclose(np.take_along_axis(mine[key + "topk_weight"], order, 1),
-                               np.take_along_axis(ref[key + "topk_weight"], want, 1), atol=1e-6), key
+            assert same_experts(mine, ref, f"{step}.layers.{layer}.mlp.gate."), (step, layer)
         for layer, name in CHOOSING:
             chosen = mine[f"{step}.layers.{layer}.self_attn.indexer.{name}"][0]  # [T, Ki], -1: none
             theirs = ref[f"{step}.layers.{layer}.topk_indices"][0]  # [T, Ki], past the query's own: masked
             last = np.arange(PROMPT) if n == 0 else np.array([PROMPT + n - 1])  # each row's own position
-            for t in range(chosen.shape[0]):
-                assert {int(p) for p in chosen[t] if p >= 0} == {int(p) for p in theirs[t] if p <= last[t]}, (step, t)
+            assert index_rows_apart(chosen, theirs, last) == [], (step, layer)
     assert all(len(set(row.tolist())) == 4 for row in mine["prefill.layers.1.self_attn.indexer.topk_idx"][0, 4:])
     for step in STEP_NAMES:  # one top-k: no row's 4th and 5th best scores tie, so the choice is no seed's luck
         for layer in (0, 1):
-            scores = np.sort(mine[f"{step}.layers.{layer}.self_attn.indexer.index_scores"][0], axis=-1)[:, ::-1]
-            kept = scores[np.isfinite(scores[:, 4])]  # [T, S] of the rows with more than 4 positions
-            assert np.all(kept[:, 3] > kept[:, 4]), (step, layer)
+            assert untied(mine[f"{step}.layers.{layer}.self_attn.indexer.index_scores"][0], 4), (step, layer)
 
 
 def test_the_clamp_bites_and_the_sinks_take_weight(default_run):

@@ -18,11 +18,10 @@ import pytest
 
 from stepper.errors import StepperError
 from stepper.families import read_config
-from stepper.kernels import attention, parallel
-from stepper.seams.trace import Recorder
-from stepper.session import RunSpec, run
 from tests.helpers import hf_mistral_large4 as hf
 from tests.helpers.cli import stepper
+from tests.helpers.compare import index_rows_apart, same_experts, small_tiles, untied
+from tests.helpers.hf_steps import paired_runs
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -71,10 +70,7 @@ def prompt_ids() -> tuple[int, ...]:
 
 def both(folder, reference, **spec) -> tuple[dict, dict, list[int]]:
     """stepper's tensors of a run over the prompt and two decode steps, transformers' over the same."""
-    recorder = Recorder()
-    result = run(RunSpec(model=str(folder), ids=prompt_ids(), decode=STEPS, **spec), [recorder])
-    ref = hf.trace_steps(reference, list(prompt_ids()), result.generated, spec.get("start_pos", 0))
-    return recorder.tensors(), ref, result.generated
+    return paired_runs(folder, reference, prompt_ids(), STEPS, hf.trace_steps, **spec)
 
 
 def array(shown) -> np.ndarray:
@@ -119,11 +115,7 @@ def test_the_nope_layer_rotates_nothing_and_the_others_do(default_run):
 def test_tiled_attention_and_a_chunked_prefill_match_too(saved, reference, monkeypatch):
     """Scores too many to hold (WHOLE_SCORES cut to 64) and tiles of 2 heads x 4 queries x 7 keys on two
     threads; a prefill run 16 positions at a time gives the same tensors."""
-    monkeypatch.setattr(attention, "WHOLE_SCORES", 64)
-    monkeypatch.setattr(parallel, "cores", lambda: 2)
-    monkeypatch.setattr(attention, "TILE_SCORES", 2 * 4 * 7)
-    monkeypatch.setattr(attention, "KEY_TILE", 7)
-    monkeypatch.setattr(attention, "QUERY_TILE", 4)
+    small_tiles(monkeypatch)
     for spec in ({"attn": "naive"}, {"attn": "absorb", "chunk": 16}):
         mine, ref, _ = both(saved, reference, **spec)
         assert shown_alike(mine, ref) == [], spec
@@ -133,18 +125,14 @@ def test_every_expert_and_index_choice_is_the_same(default_run):
     mine, ref, _ = default_run
     for n, step in enumerate(STEP_NAMES):
         for layer in range(1, LAYERS):  # the MoE layers: the same experts, the same weights
-            key = f"{step}.layers.{layer}.mlp.gate."
-            order, want = np.argsort(mine[key + "topk_idx"]), np.argsort(ref[key + "topk_idx"])
-            assert np.array_equal(np.take_along_axis(mine[key + "topk_idx"], order, 1),
-                                  np.take_along_axis(ref[key + "topk_idx"], want, 1)), key
-            assert np.allclose(np.take_along_axis(mine[key + "topk_weight"], order, 1),
-                               np.take_along_axis(ref[key + "topk_weight"], want, 1), atol=1e-6), key
+            assert same_experts(mine, ref, f"{step}.layers.{layer}.mlp.gate."), (step, layer)
         for layer in range(LAYERS):
             chosen = mine[f"{step}.layers.{layer}.self_attn.indexer.topk_idx"][0]  # [T, Ki], -1: none
             theirs = ref[f"{step}.layers.{layer}.topk_indices"][0]  # [T, Ki], past the query's own: masked
             last = np.arange(PROMPT) if n == 0 else np.array([PROMPT + n - 1])
-            for t in range(chosen.shape[0]):
-                assert {int(p) for p in chosen[t] if p >= 0} == {int(p) for p in theirs[t] if p <= last[t]}, (step, t)
+            assert index_rows_apart(chosen, theirs, last) == [], (step, layer)
+            if f"{step}.layers.{layer}.self_attn.indexer.index_scores" in mine:  # one top-k: no tie at the 4th
+                assert untied(mine[f"{step}.layers.{layer}.self_attn.indexer.index_scores"][0], 4), (step, layer)
 
 
 def test_transformers_own_layout_reads_the_same(tmp_path_factory, default_run):
