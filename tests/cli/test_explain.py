@@ -290,6 +290,8 @@ def test_explain_gives_a_familys_own_formula_and_explanation(name, model, own, d
      "compressed_kv = self.kv_a_proj_with_mqa(hidden_states)"),
     ("layers.1.mlp.gate.topk_idx", "tiny-glm4-flash", "transformers modeling_glm4_moe_lite.py", "topk_indices"),
     ("layers.1.self_attn.kv_a", "tiny-v2", "transformers modeling_deepseek_v2.py", "self.kv_a_proj_with_mqa("),
+    ("logits", "tiny-mistral-large4", "transformers modeling_mistral_large4.py lines 1114-1116",
+     "logits = torch.tanh(logits)"),
 ])
 def test_a_family_cites_its_own_transformers_file(name, model, cited, line):
     """Every family's explain cited DeepSeek-V3's lines (modeling_deepseek.py, modeling_deepseek_v3.py)."""
@@ -552,6 +554,7 @@ def test_tree_and_the_debugger_describe_a_tensor_as_the_family_computes_it():
     ("layers.0.self_attn.q_proj", "tiny-kimi-linear", "model.layers.{i}.self_attn.q_proj"),
     ("layers.1.self_attn.q", "tiny-glm5", "model.layers.{i}.self_attn.q_b_proj"),
     ("layers.1.self_attn.head_gate", "tiny-ling3", "model.layers.{i}.self_attn.g_proj"),
+    ("layers.1.self_attn.q", "tiny-mistral-large4", "model.language_model.layers.{i}.self_attn.q_proj"),
 ])
 def test_a_family_of_its_own_file_is_pointed_to_its_names_not_given_deepseeks(name, model, own):
     """The aliases line gave DeepSeek-V3's module names for every family (LongCat's sub1 query is

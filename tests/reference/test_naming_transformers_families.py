@@ -14,7 +14,8 @@ of V3.2's names hold. So has LongCat-Flash (two sublayers a layer, self_attn.0 /
 sub0. / sub1., a shortcut MoE with zero experts), whose published checkpoint from_pretrained refuses:
 its model is built from the config and given the experts fused, zeros in the zero experts' slots.
 Kimi Linear and Ling 3 (bailing_hybrid) mix KDA and MLA layers: a name spelt alike in both (q_proj,
-o_proj, Ling's g_proj) is read as the kind of layer it is in.
+o_proj, Ling's g_proj) is read as the kind of layer it is in. Mistral Large 4's text model is named
+under model.language_model. of its vision-language wrapper, loaded by its class.
 """
 
 import hashlib
@@ -317,6 +318,68 @@ def test_a_hooked_transformers_dump_of_kimi_k25_verifies_through_the_cli(tmp_pat
     perturbed(dump, "decode0.model.language_model.layers.1.self_attn.kv_a_layernorm", tmp_path / "bad.safetensors")
     code, report = verified(fixture, tmp_path / "bad.safetensors", tmp_path, "bad")
     assert code == 1 and report["first_divergence"]["name"] == "decode0.layers.1.self_attn.compressed_kv_norm"
+
+
+@pytest.mark.xfail(strict=True, reason="stepper fixtures verify reads qk_rope_head_dim from the manifest's "
+                   "config.json, which a wrapper's (mistral_large4) holds under text_config: a KeyError")
+def test_a_hooked_transformers_dump_of_mistral_large4_verifies_through_the_cli(tmp_path):
+    """tiny-mistral-large4 (layer 0 dense, then MoE): layer 2 reads layer 0's latent and reuses layer 1's
+    index choice, so it has no kv_a modules (its kv_b_proj:input is self_attn.shared_latent) and no indexer
+    (its self_attn[2] is indexer.reused_topk_idx); layer 3 rotates nothing, and its kv_a_proj_with_mqa,
+    softmax_scaling:input and kv_b_proj, which hold other tensors than a RoPE layer's, are listed with why.
+    transformers has no causal LM of it: the checkpoint (stepper synth, Mistral's consolidated names, no
+    vision tower) loads as MistralLarge4ForConditionalGeneration, the text model's modules under
+    model.language_model., the vision tower and projector drawn afresh (a text prompt never runs them)."""
+    import torch
+    from transformers import MistralLarge4ForConditionalGeneration
+
+    checkpoint, fixture = tmp_path / "ml4", tmp_path / "fixture"
+    synth = stepper("synth", "--model", "tiny-mistral-large4", "--out", checkpoint)
+    assert synth.returncode == 0, synth.stderr
+    exported = stepper("fixtures", "export", fixture, "--model", checkpoint, "--decode", "1", "--plain")
+    assert exported.returncode == 0, exported.stderr
+    model, info = MistralLarge4ForConditionalGeneration.from_pretrained(
+        checkpoint, dtype=torch.float32, attn_implementation="eager", experts_implementation="eager",
+        output_loading_info=True)
+    assert not info["unexpected_keys"] and not info["mismatched_keys"] and info["missing_keys"]
+    assert all(k.startswith(("model.vision_tower.", "model.multi_modal_projector.")) for k in info["missing_keys"])
+    dump = every_module(model.eval(), json.loads((fixture / "manifest.json").read_text())["inputs"]["steps"])
+    save_file(dump, str(tmp_path / "hf.safetensors"))
+    layers = "model.language_model.layers."
+    table = {e["name"] for e in json.loads((TABLES / "transformers-mistral_large4.json").read_text())["names"]}
+    seen = {re.sub(r"\.layers\.\d+(?=$|[.:\[])", ".layers.{i}", name.split(".", 1)[1]) for name in dump}
+    assert table - seen == {layers + "{i}.self_attn:input"} and seen <= table, seen - table
+
+    code, report = verified(fixture, tmp_path / "hf.safetensors", tmp_path, "good")
+    assert code == 0, [c for c in report["tensors"] if c["status"] == "mismatch"][:3]
+    assert report["unrecognised"] == [] and not report["ambiguous"], report["unrecognised"][:5]
+    matched = {c["name"]: c for c in report["tensors"] if c["status"] == "match"}
+    every = {"embed", "rope_cos", "layers.0.mlp.act", "layers.1.self_attn.q_nope", "layers.1.mlp.gate.topk_idx",
+             "layers.1.self_attn.indexer.q_input_norm", "layers.1.self_attn.indexer.q_scaled",
+             "layers.1.self_attn.indexer.topk_idx", "layers.2.self_attn.shared_latent",
+             "layers.2.self_attn.indexer.reused_topk_idx", "layers.3.self_attn.compressed_kv", "layers.3.output",
+             "norm", "logits_uncapped"}
+    assert {f"{p}.{n}" for p in ("prefill", "decode0") for n in every} <= set(matched)
+    assert {"prefill.layers.1.self_attn.query_states", "prefill.layers.3.self_attn.query_states"} <= set(matched)
+    assert "absorb attention path" in report["not_placed"][f"decode0.{layers}1.self_attn.softmax_scaling"]
+    assert all("NoPE layer" in report["not_placed"][f"prefill.{layers}3.self_attn.{module}"]
+               for module in ("kv_a_proj_with_mqa", "softmax_scaling:input", "kv_b_proj"))
+    candidate = {name: c["candidate"].removeprefix(f"prefill.{layers}") for name, c in matched.items()}
+    assert candidate["prefill.layers.1.self_attn.q_nope"] == "1.self_attn.softmax_scaling:input"
+    assert candidate["prefill.layers.2.self_attn.shared_latent"] == "2.self_attn.kv_b_proj:input"
+    assert candidate["prefill.layers.2.self_attn.indexer.reused_topk_idx"] == "2.self_attn[2]"
+    assert candidate["prefill.logits_uncapped"] == "prefill.lm_head" and "prefill.logits" not in matched
+    assert {c["read_as"]["source"].split(":")[0] for c in matched.values()} == {
+        "models/mistral_large4/modeling_mistral_large4.py"}
+
+    # kv_b_proj:input holds every attended position: perturbed in the prefill, where the fixture has them all
+    for step, module, first in (("prefill", "1.self_attn.softmax_scaling", "layers.1.self_attn.query_states"),
+                                ("prefill", "2.self_attn.kv_b_proj:input", "layers.2.self_attn.shared_latent"),
+                                ("decode0", "3.self_attn.indexer.softmax_scaling",
+                                 "layers.3.self_attn.indexer.q_scaled")):
+        bad = perturbed(dump, f"{step}.{layers}{module}", tmp_path / f"bad-{first}.safetensors")
+        code, report = verified(fixture, bad, tmp_path, f"bad-{first}")
+        assert code == 1 and report["first_divergence"]["name"] == f"{step}.{first}"
 
 
 def test_every_transformers_table_line_calls_the_module_it_names():
