@@ -320,8 +320,6 @@ def test_a_hooked_transformers_dump_of_kimi_k25_verifies_through_the_cli(tmp_pat
     assert code == 1 and report["first_divergence"]["name"] == "decode0.layers.1.self_attn.compressed_kv_norm"
 
 
-@pytest.mark.xfail(strict=True, reason="stepper fixtures verify reads qk_rope_head_dim from the manifest's "
-                   "config.json, which a wrapper's (mistral_large4) holds under text_config: a KeyError")
 def test_a_hooked_transformers_dump_of_mistral_large4_verifies_through_the_cli(tmp_path):
     """tiny-mistral-large4 (layer 0 dense, then MoE): layer 2 reads layer 0's latent and reuses layer 1's
     index choice, so it has no kv_a modules (its kv_b_proj:input is self_attn.shared_latent) and no indexer
