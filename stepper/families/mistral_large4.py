@@ -50,8 +50,9 @@ DEFAULTS: dict[str, Any] = {  # MistralLarge4TextConfig's
     "routed_scaling_factor": 1.0, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "v_head_dim": 128,
     "qk_nope_head_dim": 64, "n_group": 1, "topk_group": 1, "num_experts_per_tok": 4, "max_position_embeddings": 1048576,
     "rms_norm_eps": 1e-5, "index_topk": 2048, "index_head_dim": 128, "index_n_heads": 32, "first_k_dense_replace": 1,
-    "final_logit_softcapping": 30.0, "rope_parameters": YARN, "norm_topk_prob": True,
+    "final_logit_softcapping": 30.0, "norm_topk_prob": True,
 }
+RENAMES = {"num_local_experts": "n_routed_experts", "num_experts": "n_routed_experts"}  # transformers' other names
 # MistralLarge4TextConfig's own fields, read here and not by the MLA reader; `head_dim` transformers sets
 # itself (to qk_rope_head_dim), `qk_head_dim` it derives (nope + rope)
 OWN = ("no_rope_layers", "no_rope_layer_interval", "kv_source_layers", "indexer_types", "index_topk_pattern",
@@ -87,8 +88,8 @@ VISION = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1, "n
 
 @dataclasses.dataclass(frozen=True)
 class MistralLarge4Config(Config):
-    """MLA's config with Mistral Large 4's fields set: its NoPE layers and logit cap; written back
-    as its config.json (the wrapper)."""
+    """MLA's config with Mistral Large 4's fields set: its NoPE layers, the layer each reads the latent
+    of (kv_sources) and the logit cap; written back as its config.json (the wrapper)."""
 
     nope_layers: tuple[int, ...] = ()
     kv_sources: tuple[int, ...] = ()
@@ -142,6 +143,18 @@ class MistralLarge4Config(Config):
                     "self_attn.indexer.softmax_scaling.bias": (index_heads,)}
         return {**shapes, **{pre + k: v for k, v in own.items()}}
 
+    def layer_label(self, layer: int) -> str:
+        """What sets the layer's tensors apart (stepper tree, the run's headings): dense or MoE, NoPE, the
+        latent of another layer, a reused index choice."""
+        kinds = ["MoE" if self.is_moe_layer(layer) else "dense", "NoPE" if layer in self.nope_layers else "",
+                 f"layer {self.kv_source(layer)}'s latent" if self.kv_shared(layer) else "",
+                 "reused index choice" if self.index_reused(layer) else ""]
+        return ", ".join(kind for kind in kinds if kind)
+
+    def layer_globals(self) -> dict[str, tuple[int, ...]]:
+        """What every layer's RoPE reads beside its own tensors: LeRoPE's alpha."""
+        return {ROTARY_ALPHA: (self.qk_rope_head_dim // 2,)}
+
     def global_shapes(self) -> dict[str, tuple[int, ...]]:
         """The embedding, LeRoPE's alpha, the final norm and lm_head."""
         return {EMBED: (self.vocab_size, self.hidden_size), ROTARY_ALPHA: (self.qk_rope_head_dim // 2,),
@@ -150,8 +163,11 @@ class MistralLarge4Config(Config):
 
 def to_mla(f) -> tuple[dict[str, Any], dict[str, Any]]:
     """The text config.json in DeepseekV3's names, and the fields of its own."""
-    given = {k: v for k, v in f.raw.items() if k != "rope_parameters" or v is not None}  # null: the default block
-    raw = mla_fields.with_defaults(given, DEFAULTS)
+    raw = mla_fields.with_defaults(mla_fields.renamed(f, RENAMES), DEFAULTS)
+    if raw.get("rope_scaling") is not None:  # transformers reads the older block, given, before rope_parameters
+        raw["rope_parameters"] = None
+    elif raw.get("rope_parameters") is None:  # neither: transformers' default YaRN
+        raw["rope_parameters"] = YARN
     own = {field: raw.pop(field) for field in OWN if field in raw}
     refuse(f, raw, own)
     fields = mla_fields.typed(f, raw)
@@ -168,6 +184,9 @@ def to_mla(f) -> tuple[dict[str, Any], dict[str, Any]]:
              "rope_scaling": mla_fields.transformers_yarn(fields, rope_settings(fields)[1]), "router_bias": False,
              "norm_topk_prob": True, "indexer_rope_interleave": True,
              **{field: fields.int(field) for field in ("index_n_heads", "index_head_dim", "index_topk")}}
+    if extra["index_head_dim"] < fields.int("qk_rope_head_dim"):
+        raise f.fail("index_head_dim", f"({extra['index_head_dim']}) must be at least qk_rope_head_dim "
+                     f"({fields.int('qk_rope_head_dim')}): the indexer turns its first qk_rope_head_dim dims")
     return {**raw, "first_k_dense_replace": first, "moe_layer_freq": freq}, extra
 
 
@@ -197,8 +216,8 @@ def nope_layers(f, own: dict[str, Any], layers: int) -> tuple[int, ...]:
     if given is None:
         interval = mla_fields.typed(f, own).int("no_rope_layer_interval", default=NOPE_INTERVAL)
         return tuple(i for i in range(layers) if (i + 1) % interval == 0)
-    if not isinstance(given, list) or len(given) < layers or not set(given[:layers]) <= {0, 1} or \
-            any(isinstance(v, bool) for v in given):
+    if not isinstance(given, list) or len(given) < layers or \
+            not all(type(v) is int and v in (0, 1) for v in given[:layers]):
         raise f.fail("no_rope_layers", f"must give 1 (RoPE) or 0 (none) for each of the {layers} layers, "
                      f"got {said(given)}")
     return tuple(i for i in range(layers) if given[i] == 0)
@@ -258,10 +277,11 @@ def read_config(raw: dict[str, Any], source: str) -> MistralLarge4Config:
     if raw.get("model_type") != MODEL_TYPE:  # the text model's own (TEXT_TYPE)
         raise f.fail("model_type", f"must be '{MODEL_TYPE}' (the model with lm_head and its logit cap, "
                      f"MistralLarge4ForConditionalGeneration), got {said(raw.get('model_type'))}")
-    text = raw.get("text_config", {})
-    if not isinstance(text, dict) or text.get("model_type", TEXT_TYPE) != TEXT_TYPE:
-        found = text.get("model_type") if isinstance(text, dict) else text
-        raise f.fail("text_config.model_type", f"must be '{TEXT_TYPE}', got {said(found)}")
+    text = {} if raw.get("text_config") is None else raw["text_config"]  # none: transformers' defaults
+    if not isinstance(text, dict):
+        raise f.fail("text_config", f"must be an object (the text model's config), got {said(text)}")
+    if text.get("model_type", TEXT_TYPE) != TEXT_TYPE:
+        raise f.fail("text_config.model_type", f"must be '{TEXT_TYPE}', got {said(text['model_type'])}")
     if raw.get("tie_word_embeddings"):
         raise f.fail("tie_word_embeddings", "must be false: lm_head is its own matrix")
     if raw.get("quantization_config") is not None:

@@ -15,7 +15,7 @@ from stepper.seams.swap import exercise
 class Rope:
     """The rotary angles of the T new positions: cos, sin [T, rope/2], the softmax scale, and the
     queries' scale per position [T] (or per head and position [H, T]) where the model has one
-    (Mistral 4, Mistral Large 4: model.query_scale). A model
+    (Mistral 4, Mistral Large 4: model.query_scale, llama4_query_scale and learned_scale). A model
     that rotates nothing (Kimi Linear's MLA layers) has rotates False and no angles."""
 
     cos: np.ndarray

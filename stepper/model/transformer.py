@@ -176,8 +176,6 @@ class Transformer:
         layer and returns None.
         """
         n = self.config.num_hidden_layers
-        if cache is None and self.config.kv_sources:  # a layer reads an earlier one's latent: kept for the pass
-            cache = KVCache(n)
         layers = range(n) if layers_shown is None else layers_shown
         whole = emit if layers == range(n) else emit.silent()  # what the model emits outside the layers
         hidden, rope = self.start(ids, positions, whole)

@@ -44,6 +44,7 @@ from stepper.weights.fused_experts import expert_of, expert_start, expert_view, 
 from stepper.weights.names import (
     QUOTED_TEXT_NAME,
     global_shapes,
+    layer_globals,
     layer_prefix,
     layer_shapes,
     named_on_disk,
@@ -174,10 +175,12 @@ class Checkpoint:
 
     def _as_stored(self, name: str) -> str:
         """A tensor's name as the files store it, or (one they lack) as they store it in another layer."""
-        if name in self.stored_as or not (found := LAYER_NAME.match(name)):
-            return self.stored_as.get(name, name)
+        if name in self.stored_as:
+            return self.stored_as[name]
         if (write_name := getattr(self.config, "write_name", None)) is not None:  # the family says (Mistral Large 4)
             return write_name(name)
+        if not (found := LAYER_NAME.match(name)):
+            return name
         rest = name[found.end():]
         sibling = next((stored for read, stored in self.stored_as.items()
                         if (other := LAYER_NAME.match(read)) and read[other.end():] == rest), None)
@@ -375,6 +378,8 @@ class Checkpoint:
                                  if name in self.weight_map or name in self.disagreements})  # held: checked
         if with_globals and not globals_absent:
             required.update(global_shapes(self.config))
+        elif any(layer in present for layer in layers):
+            required.update(layer_globals(self.config))
         if self.config.fused_experts:
             required = stored_shapes(required)
         problems = self._partial_problems(present, absent, globals_absent) + self._fused_problems(required)

@@ -236,6 +236,12 @@ def global_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def layer_globals(cfg: Config) -> dict[str, tuple[int, ...]]:
+    """Tensors outside the layers that any layer's run reads (the config class's `layer_globals()`:
+    Mistral Large 4's rotary alpha), held and checked with any slice of layers."""
+    return own() if (own := getattr(cfg, "layer_globals", None)) else {}
+
+
 def head_weight(cfg: Config) -> str:
     """The matrix the logits are made with: lm_head.weight, or the embedding when tied (Youtu, MiniCPM3)."""
     return EMBED if cfg.tie_word_embeddings else LM_HEAD

@@ -35,7 +35,15 @@ from stepper.untrusted import shown
 from stepper.untrusted.jsonfile import read_json
 from stepper.weights.checkpoint import GROUP_SCALE, INDEX, PACKED, SCALE, WEIGHT_SHAPE
 from stepper.weights.fused_experts import fused_data, fused_scales, stored_shapes
-from stepper.weights.names import EMBED, global_shapes, layer_shapes, storage_dtype, stored_name, unread_layer_shapes
+from stepper.weights.names import (
+    EMBED,
+    global_shapes,
+    layer_globals,
+    layer_shapes,
+    storage_dtype,
+    stored_name,
+    unread_layer_shapes,
+)
 from stepper.weights.safetensors_writer import Entry, write_safetensors
 from stepper.weights.seeded import SyntheticWeights
 
@@ -119,7 +127,9 @@ def shard_plan(source: SyntheticWeights, layers: range, with_globals: bool) -> l
     stored = stored_shapes if cfg.fused_experts else dict  # fused experts: as the checkpoint stores them
     # a layer's shard as published: with what no run reads (A.X-K1's dense layers' post_mlp_layernorm)
     shards += [stored({**layer_shapes(cfg, layer), **unread_layer_shapes(cfg, layer)}) for layer in layers]
-    return shards + [outer] if with_globals else shards
+    if with_globals:
+        return shards + [outer]
+    return shards + ([layer_globals(cfg)] if layer_globals(cfg) else [])  # what any layer reads (LeRoPE's alpha)
 
 
 ByteProgress = Callable[[str, int], AbstractContextManager[Callable[[int], None]]]
