@@ -151,6 +151,16 @@ class MistralLarge4Config(Config):
                  "reused index choice" if self.index_reused(layer) else ""]
         return ", ".join(kind for kind in kinds if kind)
 
+    def memory_line(self, positions: int) -> str:
+        """The run header's line on the latent caches: a NoPE layer's keeps no rotary key, a layer reading
+        an earlier layer's latent keeps none of its own."""
+        own = [i for i in range(self.num_hidden_layers) if not self.kv_shared(i)]
+        nope = sum(1 for i in own if not self.rope_dims(i))
+        per_position = sum(4 * (self.kv_lora_rank + self.rope_dims(i)) for i in own)
+        return (f"latents: {len(own)} of {self.num_hidden_layers} layers keep their own ({nope} of them NoPE, "
+                f"no rotary key), {self.num_hidden_layers - len(own)} read an earlier layer's: {per_position:,} B "
+                f"a position for the model, {per_position * positions:,} B over {positions:,} positions")
+
     def layer_globals(self) -> dict[str, tuple[int, ...]]:
         """What every layer's RoPE reads beside its own tensors: LeRoPE's alpha."""
         return {ROTARY_ALPHA: (self.qk_rope_head_dim // 2,)}

@@ -43,6 +43,14 @@ def test_the_memory_plan_counts_what_the_caches_hold_a_shared_latent_once(attn):
     assert sum(a.nbytes for a in held.values()) == family.cache_bytes(cfg, range(4), T, attn, "exact")
 
 
+def test_the_run_header_says_what_the_latent_caches_hold():
+    out = stepper("run", "--model", NAME, "--prompt-len", 6, "--plain")
+    assert out.returncode == 0, out.stderr
+    # layers 0 and 1 keep 64 + 16 floats a position, NoPE layer 3 64, layer 2 layer 0's
+    assert ("latents: 3 of 4 layers keep their own (1 of them NoPE, no rotary key), 1 read an earlier layer's: "
+            "896 B a position for the model, 5,376 B over 6 positions") in out.stdout
+
+
 @pytest.mark.parametrize("layer, attn", [(3, "naive"), (3, "absorb"), (1, "naive")])
 def test_a_lone_layers_synthetic_cache(layer, attn):
     out = stepper("run", "--model", NAME, "--layer", layer, "--cache-len", 40, "--attn", attn, "--plain")
