@@ -112,9 +112,9 @@ class MistralLarge4Config(Config):
         (`model.layers.0.self_attn.q_proj.weight`); None for the vision tower's, projector's, MTP head's."""
         if stored.startswith(UNUSED):
             return None
-        if stored.startswith((HF_PREFIX, LM_HEAD)):
-            return "model." + stored.removeprefix(HF_PREFIX) if stored.startswith(HF_PREFIX) else stored
-        return renamed(stored, READ)
+        if stored.startswith(HF_PREFIX):
+            return "model." + stored.removeprefix(HF_PREFIX)
+        return stored if stored == LM_HEAD else renamed(stored, READ)
 
     def write_name(self, name: str) -> str:
         """read_name's inverse: the consolidated name, or (experts fused: transformers' layout) the
@@ -128,12 +128,8 @@ class MistralLarge4Config(Config):
         learned query scales, and the indexer's query from the hidden state (its LayerNorm's weight
         and bias)."""
         d, heads, pre = self.hidden_size, self.num_attention_heads, layer_prefix(layer)
-        shapes = mla_layer_shapes(self, layer)
-        if self.kv_shared(layer):  # it reads an earlier layer's latent: no kv_a of its own
-            shapes = {k: v for k, v in shapes.items() if not k.startswith(f"{pre}self_attn.kv_a_")}
-        own = {} if self.kv_shared(layer) else {
-            "self_attn.kv_a_proj_with_mqa.weight": (self.kv_lora_rank + self.rope_dims(layer), d)}
-        own |= {"self_attn.kv_b_proj.weight": (heads * (self.nope_dims(layer) + self.v_head_dim), self.kv_lora_rank),
+        own = {"self_attn.kv_a_proj_with_mqa.weight": (self.kv_lora_rank + self.rope_dims(layer), d),
+               "self_attn.kv_b_proj.weight": (heads * (self.nope_dims(layer) + self.v_head_dim), self.kv_lora_rank),
                "self_attn.softmax_scaling.scale": (heads,), "self_attn.softmax_scaling.bias": (heads,)}
         if not self.index_reused(layer):
             index_heads = self.index_n_heads
@@ -141,7 +137,10 @@ class MistralLarge4Config(Config):
                     "self_attn.indexer.q_input_norm.weight": (d,), "self_attn.indexer.q_input_norm.bias": (d,),
                     "self_attn.indexer.softmax_scaling.scale": (index_heads,),
                     "self_attn.indexer.softmax_scaling.bias": (index_heads,)}
-        return {**shapes, **{pre + k: v for k, v in own.items()}}
+        shapes = {**mla_layer_shapes(self, layer), **{pre + k: v for k, v in own.items()}}
+        if self.kv_shared(layer):  # it reads an earlier layer's latent: no kv_a of its own
+            return {k: v for k, v in shapes.items() if not k.startswith(f"{pre}self_attn.kv_a_")}
+        return shapes
 
     def layer_label(self, layer: int) -> str:
         """What sets the layer's tensors apart (stepper tree, the run's headings): dense or MoE, NoPE, the
@@ -167,7 +166,7 @@ class MistralLarge4Config(Config):
 
     def global_shapes(self) -> dict[str, tuple[int, ...]]:
         """The embedding, LeRoPE's alpha, the final norm and lm_head."""
-        return {EMBED: (self.vocab_size, self.hidden_size), ROTARY_ALPHA: (self.qk_rope_head_dim // 2,),
+        return {EMBED: (self.vocab_size, self.hidden_size), **self.layer_globals(),
                 "model.norm.weight": (self.hidden_size,), LM_HEAD: (self.vocab_size, self.hidden_size)}
 
 
@@ -277,7 +276,6 @@ def published(cfg: MistralLarge4Config) -> dict[str, Any]:
 
 
 read_text_config = mla_fields.reader(TEXT_TYPE, ROUTER, to_mla, MistralLarge4Config)
-WRAPPER_READ = ("model_type", "text_config", "tie_word_embeddings", "quantization_config", "_name_or_path")
 
 
 def read_config(raw: dict[str, Any], source: str) -> MistralLarge4Config:

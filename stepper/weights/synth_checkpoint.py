@@ -129,7 +129,8 @@ def shard_plan(source: SyntheticWeights, layers: range, with_globals: bool) -> l
     shards += [stored({**layer_shapes(cfg, layer), **unread_layer_shapes(cfg, layer)}) for layer in layers]
     if with_globals:
         return shards + [outer]
-    return shards + ([layer_globals(cfg)] if layer_globals(cfg) else [])  # what any layer reads (LeRoPE's alpha)
+    read_by_any = layer_globals(cfg)  # what any layer reads (LeRoPE's alpha)
+    return shards + ([read_by_any] if read_by_any else [])
 
 
 ByteProgress = Callable[[str, int], AbstractContextManager[Callable[[int], None]]]
