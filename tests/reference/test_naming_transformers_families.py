@@ -323,8 +323,9 @@ def test_a_hooked_transformers_dump_of_kimi_k25_verifies_through_the_cli(tmp_pat
 def test_a_hooked_transformers_dump_of_mistral_large4_verifies_through_the_cli(tmp_path):
     """tiny-mistral-large4 (layer 0 dense, then MoE): layer 2 reads layer 0's latent and reuses layer 1's
     index choice, so it has no kv_a modules (its kv_b_proj:input is self_attn.shared_latent) and no indexer
-    (its self_attn[2] is indexer.reused_topk_idx); layer 3 rotates nothing, and its kv_a_proj_with_mqa,
-    softmax_scaling:input and kv_b_proj, which hold other tensors than a RoPE layer's, are listed with why.
+    (its self_attn[2] is indexer.reused_topk_idx); layer 3 rotates nothing: its kv_a_proj_with_mqa is the
+    latent alone and its softmax_scaling:input the whole query (the table's "nope" names), and its kv_b_proj
+    (whole heads, which the fixture shows split) is listed with why.
     transformers has no causal LM of it: the checkpoint (stepper synth, Mistral's consolidated names, no
     vision tower) loads as MistralLarge4ForConditionalGeneration, the text model's modules under
     model.language_model., the vision tower and projector drawn afresh (a text prompt never runs them)."""
@@ -360,8 +361,14 @@ def test_a_hooked_transformers_dump_of_mistral_large4_verifies_through_the_cli(t
     assert {f"{p}.{n}" for p in ("prefill", "decode0") for n in every} <= set(matched)
     assert {"prefill.layers.1.self_attn.query_states", "prefill.layers.3.self_attn.query_states"} <= set(matched)
     assert "absorb attention path" in report["not_placed"][f"decode0.{layers}1.self_attn.softmax_scaling"]
-    assert all("NoPE layer" in report["not_placed"][f"prefill.{layers}3.self_attn.{module}"]
-               for module in ("kv_a_proj_with_mqa", "softmax_scaling:input", "kv_b_proj"))
+    assert "NoPE layer" in report["not_placed"][f"prefill.{layers}3.self_attn.kv_b_proj"]
+    assert f"prefill.{layers}1.self_attn.kv_b_proj" not in report["not_placed"]
+    compared = {c["candidate"]: c["name"] for c in report["tensors"] if c["status"] == "match"} | report["other_names"]
+    for step in ("prefill", "decode0"):  # (other_names: a tensor's other names, each compared)
+        placed = {f"{step}.{layers}3.self_attn.kv_a_proj_with_mqa": f"{step}.layers.3.self_attn.compressed_kv",
+                  f"{step}.{layers}3.self_attn.softmax_scaling:input": f"{step}.layers.3.self_attn.q",
+                  f"{step}.{layers}1.self_attn.kv_a_proj_with_mqa": f"{step}.layers.1.self_attn.kv_a"}
+        assert placed.items() <= compared.items()
     candidate = {name: c["candidate"].removeprefix(f"prefill.{layers}") for name, c in matched.items()}
     assert candidate["prefill.layers.1.self_attn.q_nope"] == "1.self_attn.softmax_scaling:input"
     assert candidate["prefill.layers.2.self_attn.shared_latent"] == "2.self_attn.kv_b_proj:input"
@@ -373,6 +380,8 @@ def test_a_hooked_transformers_dump_of_mistral_large4_verifies_through_the_cli(t
     # kv_b_proj:input holds every attended position: perturbed in the prefill, where the fixture has them all
     for step, module, first in (("prefill", "1.self_attn.softmax_scaling", "layers.1.self_attn.query_states"),
                                 ("prefill", "2.self_attn.kv_b_proj:input", "layers.2.self_attn.shared_latent"),
+                                ("prefill", "3.self_attn.kv_a_proj_with_mqa", "layers.3.self_attn.compressed_kv"),
+                                ("prefill", "3.self_attn.softmax_scaling:input", "layers.3.self_attn.q"),
                                 ("decode0", "3.self_attn.indexer.softmax_scaling",
                                  "layers.3.self_attn.indexer.q_scaled")):
         bad = perturbed(dump, f"{step}.{layers}{module}", tmp_path / f"bad-{first}.safetensors")
