@@ -187,9 +187,8 @@ def names_command(
     From each implementation's naming table (stepper/fixtures/naming/), in its source's order: the
     fixture tensor it holds (empty, with the reason in the note, when none), where it exists only
     (attention path, dense or MoE layers, KDA or MLA ones, layers without RoPE), its source line and
-    revision. {i} is the layer; #n a
-    variable's n-th value (fixtures/README.md, Names); multi-step fixtures prefix every name with
-    prefill. or decode{k}.
+    revision. {i} is the layer; #n a variable's n-th value (fixtures/README.md, Names); multi-step
+    fixtures prefix every name with prefill. or decode{k}.
     """
     with user_errors():
         if system is not None and system not in aliases.NAMINGS:
