@@ -22,7 +22,8 @@ from stepper.weights.stored import Fp8Matrix
 
 Decoder = Callable[[np.ndarray, np.ndarray], object]  # (codes [rows, in], out float32 [rows, in]); result unused
 # Up to this many tokens a tile's part is multiplied as soon as it is decoded, in the cache; with
-# more, the whole tile at once (the shorter products of parts ran slower: 1.3x at 64 tokens)
+# more, the whole tile at once (the shorter products of parts ran slower: 1.3x at 64 tokens), but
+# for the few that MKL multiplies dearly (gemm.cached_rest)
 PART_PRODUCT_TOKENS = 1
 TALL_TILE_BYTES = 1 << 25  # float32 bytes of a tile of several scale blocks, for many tokens
 SIGN_EXPONENT_MANTISSA = np.int32(-0x78100000)  # 0x87F00000 as int32: bit 31 and bits 26..20
@@ -76,11 +77,12 @@ def apply_tiles(tokens: np.ndarray, w: Fp8Matrix, k: int, rows: np.ndarray, deco
     With fewer tokens than a scale block has rows, a tile is one block and its scales go onto the
     inputs. With more, they go onto the tiles (one pass over each), the inputs are scaled once,
     and a tile is several blocks high: BLAS repacks the inputs for every product, so taller tiles
-    run faster (docs/design-notes.md). A tile is decoded (and, for one token, multiplied) in parts
-    of at most a block whose float32 fit in half the L2 read from the machine (cpu_caches), so
-    that each pass runs in the cache: a block [128, 7168] (3.5 MiB) does not fit a 2 MiB L2. Where
-    NumPy's OpenBLAS multiplies small products directly, a few tokens' tile is multiplied in such
-    parts (gemm.direct_parts).
+    run faster (docs/design-notes.md). A tile is decoded in parts of at most a block whose float32
+    fit in half the L2 read from the machine (cpu_caches), so that each pass runs in the cache: a
+    block [128, 7168] (3.5 MiB) does not fit a 2 MiB L2. One token, and with MKL the 1 to 4 tokens
+    past a multiple of 16 (gemm.cached_rest), are multiplied by each part as soon as it is decoded;
+    the other tokens by the whole tile. Where NumPy's OpenBLAS multiplies small products directly,
+    a few tokens' tile is multiplied in such parts (gemm.direct_parts).
 
     With `claim`, only the tiles it hands out are done (by index, until it gives None), and with
     `nan_check` the caller puts together and remembers what was found (fp8_workers shares a
@@ -99,8 +101,10 @@ def apply_tiles(tokens: np.ndarray, w: Fp8Matrix, k: int, rows: np.ndarray, deco
     else:
         scales, scaled = column_scales(w, k), np.empty(tokens.shape, np.float32)
     step = part_rows(block_rows, in_dim)
-    by_parts = not many and tokens.shape[0] <= PART_PRODUCT_TOKENS
-    direct = None if many else gemm.direct_parts(in_dim, tokens.shape[0])  # the tile's product in direct parts
+    n = tokens.shape[0]
+    rest = 0 if many else (n if n <= PART_PRODUCT_TOKENS else gemm.cached_rest(n, in_dim))
+    head = n - rest  # tokens multiplied with the whole tile; the rest part by part, in the cache
+    direct = None if many else gemm.direct_parts(in_dim, n)  # the tile's product in direct parts
     for i in range(len(tiles)) if claim is None else iter(claim, None):
         r, start, end = tiles[i]
         tile = buffer[: end - start]
@@ -111,10 +115,10 @@ def apply_tiles(tokens: np.ndarray, w: Fp8Matrix, k: int, rows: np.ndarray, deco
             nan_check.decode(w.codes[start + b0 : start + b1], part)
             if many:
                 np.multiply(part, scales[r + b0 // block_rows], out=part)
-            elif by_parts:  # a matrix-vector product, while the part is in the cache
-                np.matmul(part, inputs, out=rows[start + b0 : start + b1])
-        if not by_parts:
-            multiply_tile(tile, inputs, rows[start:end], direct)
+            elif rest:
+                multiply_in_cache(part, inputs[:, head:], rows[start + b0 : start + b1, head:])
+        if head:
+            multiply_tile(tile, inputs[:, :head], rows[start:end, :head], direct)
     if remember:
         nan_check.done()
 
@@ -127,6 +131,17 @@ def multiply_tile(tile: np.ndarray, inputs: np.ndarray, out: np.ndarray, direct:
     else:
         scratch = kept_memory("tile parts", tile.shape[0] * inputs.shape[1], tile.shape[1] // direct[1])
         gemm.parts_matmul(tile, inputs, out, direct, scratch.reshape(-1))
+
+
+def multiply_in_cache(part: np.ndarray, inputs: np.ndarray, out: np.ndarray) -> None:
+    """out = part @ inputs for a part of a tile just decoded, while it is in the cache: one
+    token's as one matrix-vector product, a few tokens' in blocks of rows that OpenBLAS multiplies
+    directly (gemm.most_direct_rows).  [rows, in] x [in, r] -> [rows, r]"""
+    step = part.shape[0]
+    if inputs.shape[1] > 1:
+        step = 1 << (max(gemm.most_direct_rows(part.shape[1], inputs.shape[1]), 1).bit_length() - 1)
+    for r0 in range(0, part.shape[0], step):
+        np.matmul(part[r0 : r0 + step], inputs, out=out[r0 : r0 + step])
 
 
 def part_rows(block_rows: int, in_dim: int) -> int:

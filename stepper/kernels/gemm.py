@@ -81,11 +81,22 @@ def most_direct_rows(inner: int, tokens: int) -> int:
 CHEAP_REMAINDERS = (1, 2, 3, 4)
 
 
+def cached_rest(tokens: int, inputs: int) -> int:
+    """How many of `tokens` columns of a full-size FP8 tile's product are better not given to MKL:
+    1 to 4 past a multiple of 16, which MKL's sgemm multiplies at the cost of 16 more (a [128, 7168]
+    tile by 17 tokens as by 32). Those are multiplied part by part as each part of the tile is
+    decoded, in the cache, by NumPy's BLAS. 0 elsewhere."""
+    rest = tokens % 16
+    return rest if rest in CHEAP_REMAINDERS and inputs >= MKL_FROM_INPUTS and backend() == "mkl" else 0
+
+
 def unpadded(tokens: int, inputs: int) -> bool:
     """Whether `tokens` columns of a full-size product (MKL_FROM_INPUTS inputs or more) are
     multiplied faster as they are than padded to 8s: with NumPy's OpenBLAS and its AVX-512
     kernels, in direct parts (direct_parts) or 1 to 4 past a multiple of 16. The built-in tiny
     models' products are padded alike on every machine."""
+    if cached_rest(tokens, inputs):
+        return True
     return full_size_on_avx512_openblas(inputs) and (tokens % 16 in CHEAP_REMAINDERS
                                                      or direct_parts(inputs, tokens) is not None)
 

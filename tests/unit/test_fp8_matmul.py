@@ -187,6 +187,7 @@ def test_a_few_tokens_product_in_direct_parts_is_the_dequantized_one(tokens, mon
     from stepper.kernels import gemm
 
     monkeypatch.setattr(gemm, "full_size_on_avx512_openblas", lambda inputs: True)
+    monkeypatch.setattr(gemm, "backend", lambda: "numpy")
     calls = []
     real = gemm.parts_matmul
     monkeypatch.setattr(gemm, "parts_matmul", lambda a, b, out, parts, scratch: calls.append((a.shape, b.shape, parts))
@@ -200,6 +201,34 @@ def test_a_few_tokens_product_in_direct_parts_is_the_dequantized_one(tokens, mon
     assert made.shape == (tokens, 300) and np.abs(made - exact).max() <= 2e-6 * np.abs(exact).max()
     parts = gemm.direct_parts(2048, tokens)
     assert calls == [((128, 2048), (2048, tokens), parts)] * 2 + [((44, 2048), (2048, tokens), parts)]
+
+
+@pytest.mark.parametrize("tokens, head", [(2, 0), (4, 0), (5, 5), (16, 16), (17, 16), (20, 16), (21, 21), (36, 32)])
+def test_with_mkl_the_few_tokens_past_16s_are_multiplied_in_the_cache(tokens, head, monkeypatch):
+    """With MKL (chosen here on any machine; NumPy's BLAS stands in where it is not installed), 1
+    to 4 tokens past a multiple of 16 go unpadded and are multiplied by each part of a tile as
+    it is decoded (fp8_tiles.multiply_in_cache), the other tokens by the whole tile; the product
+    is the dequantized one's either way."""
+    from stepper.kernels import fp8_tiles, gemm
+
+    monkeypatch.setattr(gemm, "backend", lambda: "mkl")
+    wholes, parts = [], []
+    real_tile, real_part = fp8_tiles.multiply_tile, fp8_tiles.multiply_in_cache
+    monkeypatch.setattr(fp8_tiles, "multiply_tile", lambda tile, inputs, out, direct: wholes.append(inputs.shape[1])
+                        or real_tile(tile, inputs, out, direct))
+    monkeypatch.setattr(fp8_tiles, "multiply_in_cache", lambda part, inputs, out: parts.append(inputs.shape[1])
+                        or real_part(part, inputs, out))
+    rng = np.random.default_rng(tokens)
+    codes, scale_inv = fp8.quantize(rng.standard_normal((300, 2048)).astype(np.float32) * 0.05)
+    w = Fp8Matrix.of(codes, scale_inv)
+    x = rng.standard_normal((tokens, 2048)).astype(np.float32)
+    exact = x.astype(np.float64) @ w.dequantize().astype(np.float64).T
+    made = linear_fp8(x, w)
+    assert made.shape == (tokens, 300) and np.abs(made - exact).max() <= 2e-6 * np.abs(exact).max()
+    padded = head if head % 8 == 0 else -(-head // 8) * 8
+    assert wholes == ([padded] * 3 if head else [])  # three tiles: 128, 128 and 44 rows
+    assert set(parts) == ({tokens - head} if tokens > head else set())
+    assert len(parts) >= (3 if tokens > head else 0)
 
 
 @pytest.mark.parametrize("scale", [1e-3, 2.0**-140, 100.0, 2.0**10, np.inf])  # subnormal; s * 2^120 overflows

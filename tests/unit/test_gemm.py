@@ -127,7 +127,8 @@ def test_the_choice_of_blas(monkeypatch):
     ("SkylakeX", "numpy", 7168, [*range(1, 62), 65, 66, 67, 68]),  # 2-61 in direct parts, then 1-4 past 16s
     ("SkylakeX", "numpy", 1023, []),  # the built-in tiny models' products: padded on every machine
     ("Haswell", "numpy", 7168, []),
-    ("SkylakeX", "mkl", 7168, []),
+    ("SkylakeX", "mkl", 7168, [1, 2, 3, 4, 17, 18, 19, 20, 33, 34, 35, 36, 49, 50, 51, 52, 65, 66, 67, 68]),
+    ("SkylakeX", "mkl", 1023, []),
 ])
 def test_which_token_counts_go_unpadded(kernels, blas, inputs, expected, monkeypatch):
     monkeypatch.setattr(gemm, "openblas_kernels", lambda: kernels)
