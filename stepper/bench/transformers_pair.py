@@ -12,7 +12,7 @@ from stepper.bench.figures import Figure, median_time, paired_times
 from stepper.config import Config, Fp8
 from stepper.kernels import gemm, parallel
 from stepper.kernels.fp8_matmul import padded_columns
-from stepper.kernels.fp8_tiles import multiply_tile, tall_rows
+from stepper.kernels.fp8_tiles import multiply_in_cache, multiply_tile, part_rows, tall_rows, tokens_in_cache
 from stepper.kernels.weight_cache import CachedWeights
 from stepper.model import Transformer
 from stepper.seams.trace import Emitter
@@ -81,7 +81,8 @@ def least_time(cfg: Config, tokens: int, counts: list[int]) -> tuple[float, str]
 
     The columns are padded as stepper pads them, each expert's own: a BLAS may take them 16 at a
     time (MKL's sgemm takes one [128, 7168] tile by 4 to 16 tokens in the same time, 1.65x that by
-    17 to 32), so the experts' average would understate the products. A tile is what the product
+    17 to 32), so the experts' average would understate the products; the last few multiplied
+    part by part (fp8_tiles.tokens_in_cache) are timed so. A tile is what the product
     reads: with few tokens one scale block of rows, just decoded into the cache; with many,
     TALL_TILE_BYTES of rows (fp8_tiles.apply_tiles). Its rate is taken with the tile in the cache.
     (A whole [2048, 7168] weight read from memory at every product, as this took before,
@@ -126,8 +127,18 @@ def tile_rate(cfg: Config, columns: int) -> float:
     rows = tile_rows(cfg, columns)
     tile, inputs = np.ones((rows, cfg.hidden_size), np.float32), np.ones((columns, cfg.hidden_size), np.float32)
     out = np.empty((rows, columns), np.float32)
-    direct = gemm.direct_parts(cfg.hidden_size, columns) if columns <= block_rows(cfg) else None  # as apply_tiles
-    return 2 * tile.size * columns / median_time(lambda: multiply_tile(tile, inputs.T, out, direct), 9)
+    few = columns <= block_rows(cfg)  # as apply_tiles: the last tokens part by part, the others by the whole tile
+    direct = gemm.direct_parts(cfg.hidden_size, columns) if few else None
+    head = columns - (tokens_in_cache(columns, cfg.hidden_size) if few else 0)
+    step = part_rows(block_rows(cfg), cfg.hidden_size)
+
+    def product() -> None:
+        for b0 in range(0, rows, step) if head < columns else ():
+            multiply_in_cache(tile[b0 : b0 + step], inputs[head:].T, out[b0 : b0 + step, head:])
+        if head:
+            multiply_tile(tile, inputs[:head].T, out[:, :head], direct)
+
+    return 2 * tile.size * columns / median_time(product, 9)
 
 
 def tile_rows(cfg: Config, columns: int) -> int:

@@ -102,7 +102,7 @@ def apply_tiles(tokens: np.ndarray, w: Fp8Matrix, k: int, rows: np.ndarray, deco
         scales, scaled = column_scales(w, k), np.empty(tokens.shape, np.float32)
     step = part_rows(block_rows, in_dim)
     n = tokens.shape[0]
-    rest = 0 if many else (n if n <= PART_PRODUCT_TOKENS else gemm.cached_rest(n, in_dim))
+    rest = 0 if many else tokens_in_cache(n, in_dim)
     head = n - rest  # tokens multiplied with the whole tile; the rest part by part, in the cache
     direct = None if many else gemm.direct_parts(in_dim, n)  # the tile's product in direct parts
     for i in range(len(tiles)) if claim is None else iter(claim, None):
@@ -121,6 +121,13 @@ def apply_tiles(tokens: np.ndarray, w: Fp8Matrix, k: int, rows: np.ndarray, deco
             multiply_tile(tile, inputs[:, :head], rows[start:end, :head], direct)
     if remember:
         nan_check.done()
+
+
+def tokens_in_cache(n: int, in_dim: int) -> int:
+    """How many of a few tokens' n (the last ones) are multiplied by each part of a tile as soon
+    as it is decoded: one token, or with MKL the 1 to 4 past a multiple of 16 (gemm.cached_rest);
+    the others by the whole tile."""
+    return n if n <= PART_PRODUCT_TOKENS else gemm.cached_rest(n, in_dim)
 
 
 def multiply_tile(tile: np.ndarray, inputs: np.ndarray, out: np.ndarray, direct: tuple[int, int] | None) -> None:
