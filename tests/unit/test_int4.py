@@ -246,6 +246,28 @@ def test_tiles_for_few_tokens_follow_the_blas_and_the_cache(monkeypatch):
     assert int4_tiles.tile_height(tall, 11) == 288  # a taller weight's sixteenth is more than 2^21 values
 
 
+@pytest.mark.parametrize("tokens", [1, 4, 5])
+def test_at_most_four_tokens_multiply_each_part_as_it_is_decoded(tokens, monkeypatch):
+    """Where tiles are decoded in parts (32 rows of 7168 inputs, a tile 128 rows here), up to
+    PART_PRODUCT_TOKENS tokens multiply each part as soon as it is decoded; more multiply the whole
+    tile. The product is the dense one either way."""
+    from stepper.kernels import cpu_caches, gemm, int4_tiles
+
+    monkeypatch.setattr(cpu_caches, "l2_bytes", lambda: 1 << 20)
+    monkeypatch.setattr(int4_tiles, "decode_in_parts", lambda: True)
+    monkeypatch.setattr(int4_tiles, "SHARED_TILES", 2)  # 300 rows: tiles of 128, 128 and 44
+    heights, planes_matmul = [], gemm.planes_matmul
+    monkeypatch.setattr(gemm, "planes_matmul", lambda planes, inputs, out, rows, scratch: (
+        heights.append(planes.shape[1]), planes_matmul(planes, inputs, out, rows, scratch)))
+    w = int4_weight(300, 7168)
+    x = np.random.default_rng(2).standard_normal((tokens, 7168), dtype=np.float32)
+    ref = x.astype(np.float64) @ w.dequantize().T.astype(np.float64)
+    y = int4_products(x, [w])[0]
+    assert np.abs(y - ref).max() <= 1e-6 * np.abs(ref).max()
+    assert int4_tiles.decode_rows(w, 128) == 32 and int4_tiles.row_tiles(w, tokens)[-1] == (256, 300)
+    assert sorted(heights) == ([12] + [32] * 9 if tokens <= int4_tiles.PART_PRODUCT_TOKENS else [44, 128, 128])
+
+
 def test_few_tokens_tiles_decode_whole_where_the_machine_prefers_it(monkeypatch):
     from stepper.kernels import cpu_caches, int4_tiles
 
