@@ -93,8 +93,9 @@ def cached_rest(tokens: int, inputs: int) -> int:
 def unpadded(tokens: int, inputs: int) -> bool:
     """Whether `tokens` columns of a full-size product (MKL_FROM_INPUTS inputs or more) are
     multiplied faster as they are than padded to 8s: with NumPy's OpenBLAS and its AVX-512
-    kernels, in direct parts (direct_parts) or 1 to 4 past a multiple of 16. The built-in tiny
-    models' products are padded alike on every machine."""
+    kernels, in direct parts (direct_parts) or 1 to 4 past a multiple of 16; with MKL, 1 to 4 past
+    a multiple of 16 (cached_rest). The built-in tiny models' products are padded alike on every
+    machine."""
     if cached_rest(tokens, inputs):
         return True
     return full_size_on_avx512_openblas(inputs) and (tokens % 16 in CHEAP_REMAINDERS
