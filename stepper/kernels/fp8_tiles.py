@@ -152,7 +152,7 @@ def multiply_in_cache(part: np.ndarray, inputs: np.ndarray, out: np.ndarray) -> 
 
 
 def part_rows(block_rows: int, in_dim: int) -> int:
-    """Rows of a tile decoded (and, for one token, multiplied) at once: those whose float32 fit
+    """Rows of a tile decoded (and, for the tokens of tokens_in_cache, multiplied) at once: those whose float32 fit
     half the L2 (cpu_caches), where that runs faster on this machine (decode_in_parts); else a
     whole block of scale rows."""
     rows = min(block_rows, cpu_caches.rows_in_cache(4 * in_dim))

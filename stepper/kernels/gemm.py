@@ -85,9 +85,12 @@ def cached_rest(tokens: int, inputs: int) -> int:
     """How many of `tokens` columns of a full-size FP8 tile's product are better not given to MKL:
     1 to 4 past a multiple of 16, which MKL's sgemm multiplies at the cost of 16 more (a [128, 7168]
     tile by 17 tokens as by 32). Those are multiplied part by part as each part of the tile is
-    decoded, in the cache, by NumPy's BLAS. 0 elsewhere."""
+    decoded, in the cache, by NumPy's BLAS: one as a matrix-vector product, 2 to 4 where its
+    kernels multiply small products directly (avx512_openblas). 0 elsewhere."""
     rest = tokens % 16
-    return rest if rest in CHEAP_REMAINDERS and inputs >= MKL_FROM_INPUTS and backend() == "mkl" else 0
+    if rest not in CHEAP_REMAINDERS or inputs < MKL_FROM_INPUTS or backend() != "mkl":
+        return 0
+    return rest if rest == 1 or avx512_openblas() else 0
 
 
 def unpadded(tokens: int, inputs: int) -> bool:

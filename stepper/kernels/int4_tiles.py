@@ -48,8 +48,9 @@ MANY_TOKENS = 128  # past this, tiles are taller (BLAS repacks the inputs for ev
 PRODUCT_VALUES = 1 << 21  # a few tokens' tall tile holds at least these float32 values (8 MiB): over [256, 7168]
 # the planes' products ran 1.8x faster than over [32, 7168] at 64 and 128 tokens (1.15x with OpenBLAS's Haswell kernels)
 DECODED_VALUES = 1 << 20  # at most these decoded at once where whole tiles decode faster (decode_rows)
-PART_PRODUCT_TOKENS = 4  # up to this many tokens each part is multiplied as soon as it is decoded, in the cache:
-# on an Intel Xeon whose tiles are decoded in parts, a decode step took 0.95x its time with whole tiles' products
+PART_PRODUCT_TOKENS = 4  # up to this many tokens each part is multiplied as soon as it is decoded, in the cache
+# (one token, or in direct blocks): on an Intel Xeon whose tiles are decoded in parts, a decode step took 0.95x its
+# time with whole tiles' products
 SHARED_TILES = 16  # a few tokens' tiles of a weight: at least this many, each of at least cached_rows
 
 
@@ -258,9 +259,9 @@ def apply_tiles(split: np.ndarray, w: Nibbles, tiles: Sequence[tuple[int, int]],
     (in direct blocks of rows where block_rows gives them) and the products summed (every pass
     over the tile one long run), with at most PART_PRODUCT_TOKENS a part at a time as soon as it
     is decoded (where tiles are decoded in parts, while the part is in the cache); with many, as
-    rows [rows, in], the planes side by side, for one GEMM over whole rows (BLAS is slower on short ones). With
-    `claim`, only the tiles it hands out are done (by index, until it gives None): a product
-    shared from both ends with a helper process (fp8_workers)."""
+    rows [rows, in], the planes side by side, for one GEMM over whole rows (BLAS is slower on
+    short ones). With `claim`, only the tiles it hands out are done (by index, until it gives
+    None): a product shared from both ends with a helper process (fp8_workers)."""
     n, count, many = split.shape[0], planes(w), split.shape[0] > MANY_TOKENS
     width = w.in_features // count
     height = max((end - start for start, end in tiles), default=0)
@@ -269,7 +270,7 @@ def apply_tiles(split: np.ndarray, w: Nibbles, tiles: Sequence[tuple[int, int]],
     inputs = split.T if many else split.reshape(n, count, width).transpose(1, 2, 0)  # [in, N] or [planes, in/8, N]
     step = cached_rows(w) if many else decode_rows(w, height)
     blocks = 0 if many else block_rows(w, n)
-    by_parts = not many and decode is None and n <= PART_PRODUCT_TOKENS
+    by_parts = not many and decode is None and n <= PART_PRODUCT_TOKENS and (n == 1 or blocks > 0)
     for i in range(len(tiles)) if claim is None else iter(claim, None):
         start, end = tiles[i]
         tile = buffer[: (end - start) * w.in_features]

@@ -249,13 +249,15 @@ def test_tiles_for_few_tokens_follow_the_blas_and_the_cache(monkeypatch):
 @pytest.mark.parametrize("tokens", [1, 4, 5])
 def test_at_most_four_tokens_multiply_each_part_as_it_is_decoded(tokens, monkeypatch):
     """Where tiles are decoded in parts (32 rows of 7168 inputs, a tile 128 rows here), up to
-    PART_PRODUCT_TOKENS tokens multiply each part as soon as it is decoded; more multiply the whole
-    tile. The product is the dense one either way."""
+    PART_PRODUCT_TOKENS tokens multiply each part as soon as it is decoded (one token, or where
+    OpenBLAS multiplies the planes in direct blocks); more multiply the whole tile. The product is
+    the dense one either way."""
     from stepper.kernels import cpu_caches, gemm, int4_tiles
 
     monkeypatch.setattr(cpu_caches, "l2_bytes", lambda: 1 << 20)
     monkeypatch.setattr(int4_tiles, "decode_in_parts", lambda: True)
     monkeypatch.setattr(int4_tiles, "SHARED_TILES", 2)  # 300 rows: tiles of 128, 128 and 44
+    monkeypatch.setattr(gemm, "avx512_openblas", lambda: True)  # 2-4 tokens' planes in direct blocks
     heights, planes_matmul = [], gemm.planes_matmul
     monkeypatch.setattr(gemm, "planes_matmul", lambda planes, inputs, out, rows, scratch: (
         heights.append(planes.shape[1]), planes_matmul(planes, inputs, out, rows, scratch)))
