@@ -179,6 +179,18 @@ def test_tokens_as_they_are_or_padded_give_the_same_product(tokens, monkeypatch)
     assert made[True].shape == made[False].shape == (tokens, 256)
 
 
+def product_of_300_rows_checked(tokens: int) -> None:
+    """A [300, 2048] FP8 weight (tiles of 128, 128 and 44 rows) times `tokens` tokens through
+    linear_fp8, held to the float64 product of its dequantized values."""
+    rng = np.random.default_rng(tokens)
+    codes, scale_inv = fp8.quantize(rng.standard_normal((300, 2048)).astype(np.float32) * 0.05)
+    w = Fp8Matrix.of(codes, scale_inv)
+    x = rng.standard_normal((tokens, 2048)).astype(np.float32)
+    exact = x.astype(np.float64) @ w.dequantize().astype(np.float64).T
+    made = linear_fp8(x, w)
+    assert made.shape == (tokens, 300) and np.abs(made - exact).max() <= 2e-6 * np.abs(exact).max()
+
+
 @pytest.mark.parametrize("tokens", [2, 11, 17, 61])
 def test_a_few_tokens_product_in_direct_parts_is_the_dequantized_one(tokens, monkeypatch):
     """Where OpenBLAS's AVX-512 kernels multiply small products directly (forced here, on any
@@ -192,13 +204,7 @@ def test_a_few_tokens_product_in_direct_parts_is_the_dequantized_one(tokens, mon
     real = gemm.parts_matmul
     monkeypatch.setattr(gemm, "parts_matmul", lambda a, b, out, parts, scratch: calls.append((a.shape, b.shape, parts))
                         or real(a, b, out, parts, scratch))
-    rng = np.random.default_rng(tokens)
-    codes, scale_inv = fp8.quantize(rng.standard_normal((300, 2048)).astype(np.float32) * 0.05)
-    w = Fp8Matrix.of(codes, scale_inv)
-    x = rng.standard_normal((tokens, 2048)).astype(np.float32)
-    exact = x.astype(np.float64) @ w.dequantize().astype(np.float64).T
-    made = linear_fp8(x, w)
-    assert made.shape == (tokens, 300) and np.abs(made - exact).max() <= 2e-6 * np.abs(exact).max()
+    product_of_300_rows_checked(tokens)
     parts = gemm.direct_parts(2048, tokens)
     assert calls == [((128, 2048), (2048, tokens), parts)] * 2 + [((44, 2048), (2048, tokens), parts)]
 
@@ -219,13 +225,7 @@ def test_with_mkl_the_few_tokens_past_16s_are_multiplied_in_the_cache(tokens, he
                         or real_tile(tile, inputs, out, direct))
     monkeypatch.setattr(fp8_tiles, "multiply_in_cache", lambda part, inputs, out: parts.append(inputs.shape[1])
                         or real_part(part, inputs, out))
-    rng = np.random.default_rng(tokens)
-    codes, scale_inv = fp8.quantize(rng.standard_normal((300, 2048)).astype(np.float32) * 0.05)
-    w = Fp8Matrix.of(codes, scale_inv)
-    x = rng.standard_normal((tokens, 2048)).astype(np.float32)
-    exact = x.astype(np.float64) @ w.dequantize().astype(np.float64).T
-    made = linear_fp8(x, w)
-    assert made.shape == (tokens, 300) and np.abs(made - exact).max() <= 2e-6 * np.abs(exact).max()
+    product_of_300_rows_checked(tokens)
     padded = head if head % 8 == 0 else -(-head // 8) * 8
     assert wholes == ([padded] * 3 if head else [])  # three tiles: 128, 128 and 44 rows
     assert set(parts) == ({tokens - head} if tokens > head else set())
