@@ -133,8 +133,9 @@ def tile_rate(cfg: Config, columns: int) -> float:
     step = part_rows(block_rows(cfg), cfg.hidden_size)
 
     def product() -> None:
-        for b0 in range(0, rows, step) if head < columns else ():
-            multiply_in_cache(tile[b0 : b0 + step], inputs[head:].T, out[b0 : b0 + step, head:])
+        if head < columns:
+            for b0 in range(0, rows, step):
+                multiply_in_cache(tile[b0 : b0 + step], inputs[head:].T, out[b0 : b0 + step, head:])
         if head:
             multiply_tile(tile, inputs[:head].T, out[:, :head], direct)
 

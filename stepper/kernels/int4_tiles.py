@@ -236,6 +236,13 @@ def block_rows(w: Nibbles, n: int) -> int:
     return gemm.direct_part_rows(w.in_features // planes(w), n) if gemm.avx512_openblas() else 0
 
 
+def products_by_parts(n: int, blocks: int) -> bool:
+    """Whether a tile's planes are multiplied by n tokens a part at a time, each part as soon as it
+    is decoded: where tiles are decoded in parts (decode_in_parts), at most PART_PRODUCT_TOKENS
+    tokens, one or in direct blocks of rows (blocks, from block_rows)."""
+    return n <= PART_PRODUCT_TOKENS and (n == 1 or blocks > 0) and decode_in_parts()
+
+
 def product_rows(w: Nibbles) -> int:
     """Rows of a few tokens' tall tile: cached_rows(w) as many times as PRODUCT_VALUES hold, at least once."""
     rows = cached_rows(w)
@@ -257,8 +264,8 @@ def apply_tiles(split: np.ndarray, w: Nibbles, tiles: Sequence[tuple[int, int]],
 
     With few tokens a tile is held as its planes one after another, each multiplied by its inputs
     (in direct blocks of rows where block_rows gives them) and the products summed (every pass
-    over the tile one long run), with at most PART_PRODUCT_TOKENS a part at a time as soon as it
-    is decoded (where tiles are decoded in parts, while the part is in the cache); with many, as
+    over the tile one long run), with a very few a part at a time as soon as it is decoded, while
+    it is in the cache (products_by_parts); with many, as
     rows [rows, in], the planes side by side, for one GEMM over whole rows (BLAS is slower on
     short ones). With `claim`, only the tiles it hands out are done (by index, until it gives
     None): a product shared from both ends with a helper process (fp8_workers)."""
@@ -270,7 +277,7 @@ def apply_tiles(split: np.ndarray, w: Nibbles, tiles: Sequence[tuple[int, int]],
     inputs = split.T if many else split.reshape(n, count, width).transpose(1, 2, 0)  # [in, N] or [planes, in/8, N]
     step = cached_rows(w) if many else decode_rows(w, height)
     blocks = 0 if many else block_rows(w, n)
-    by_parts = not many and decode is None and n <= PART_PRODUCT_TOKENS and (n == 1 or blocks > 0)
+    by_parts = not many and decode is None and products_by_parts(n, blocks)
     for i in range(len(tiles)) if claim is None else iter(claim, None):
         start, end = tiles[i]
         tile = buffer[: (end - start) * w.in_features]
