@@ -88,7 +88,7 @@ def cached_rest(tokens: int, inputs: int) -> int:
     decoded, in the cache, by NumPy's BLAS: one as a matrix-vector product, 2 to 4 where its
     kernels multiply small products directly (avx512_openblas). 0 elsewhere."""
     rest = tokens % 16
-    if rest not in CHEAP_REMAINDERS or inputs < MKL_FROM_INPUTS or backend() != "mkl":
+    if rest not in CHEAP_REMAINDERS or not mkl_products(inputs):
         return 0
     return rest if rest == 1 or avx512_openblas() else 0
 
@@ -103,6 +103,11 @@ def unpadded(tokens: int, inputs: int) -> bool:
         return True
     return full_size_on_avx512_openblas(inputs) and (tokens % 16 in CHEAP_REMAINDERS
                                                      or direct_parts(inputs, tokens) is not None)
+
+
+def mkl_products(inputs: int) -> bool:
+    """Whether MKL makes the products over `inputs` inputs (MKL_FROM_INPUTS or more) of two or more tokens."""
+    return inputs >= MKL_FROM_INPUTS and backend() == "mkl"
 
 
 def full_size_on_avx512_openblas(inputs: int) -> bool:

@@ -52,6 +52,8 @@ PART_PRODUCT_TOKENS = 4  # up to this many tokens each part is multiplied as soo
 # (one token, or in direct blocks): on an Intel Xeon whose tiles are decoded in parts, a decode step took 0.95x its
 # time with whole tiles' products
 SHARED_TILES = 16  # a few tokens' tiles of a weight: at least this many, each of at least cached_rows
+MKL_ROWS_TOKENS = 24  # with MKL, past this many tokens an INT4 tile is multiplied as whole rows, in one product: a
+# Kimi K2 expert at 26 to 128 tokens took 0.90-0.98x the time of its planes' products, at 5 to 24 1.0-1.1x (Intel Xeon)
 
 
 @cache
@@ -243,6 +245,14 @@ def products_by_parts(n: int, blocks: int) -> bool:
     return n <= PART_PRODUCT_TOKENS and (n == 1 or blocks > 0) and decode_in_parts()
 
 
+def rows_product(n: int, w: Nibbles) -> bool:
+    """Whether a tile's product by n tokens is one GEMM of its rows [rows, in] (the planes side by
+    side in each row): past MANY_TOKENS, or an INT4 weight's past MKL_ROWS_TOKENS where MKL makes
+    the products (gemm.mkl_products), which multiplies whole rows faster than OpenBLAS the planes.
+    FP4's tiles (fp4_tiles) keep their planes: not measured."""
+    return n > MANY_TOKENS or (n > MKL_ROWS_TOKENS and isinstance(w, Int4Matrix) and gemm.mkl_products(w.in_features))
+
+
 def product_rows(w: Nibbles) -> int:
     """Rows of a few tokens' tall tile: cached_rows(w) as many times as PRODUCT_VALUES hold, at least once."""
     rows = cached_rows(w)
@@ -265,23 +275,23 @@ def apply_tiles(split: np.ndarray, w: Nibbles, tiles: Sequence[tuple[int, int]],
     With few tokens a tile is held as its planes one after another, each multiplied by its inputs
     (in direct blocks of rows where block_rows gives them) and the products summed (every pass
     over the tile one long run), with a very few a part at a time as soon as it is decoded, while
-    it is in the cache (products_by_parts); with many, as
-    rows [rows, in], the planes side by side, for one GEMM over whole rows (BLAS is slower on
-    short ones). With `claim`, only the tiles it hands out are done (by index, until it gives
+    it is in the cache (products_by_parts); with many (and with MKL more than MKL_ROWS_TOKENS:
+    rows_product), as rows [rows, in], the planes side by side, for one GEMM over whole rows (BLAS
+    is slower on short ones). With `claim`, only the tiles it hands out are done (by index, until it gives
     None): a product shared from both ends with a helper process (fp8_workers)."""
-    n, count, many = split.shape[0], planes(w), split.shape[0] > MANY_TOKENS
+    n, count, whole = split.shape[0], planes(w), rows_product(split.shape[0], w)
     width = w.in_features // count
     height = max((end - start for start, end in tiles), default=0)
     buffer = kept_memory("int4 tile", height, w.in_features).reshape(-1)
-    products = None if many else kept_memory("int4 products", count * height, n).reshape(-1)
-    inputs = split.T if many else split.reshape(n, count, width).transpose(1, 2, 0)  # [in, N] or [planes, in/8, N]
-    step = cached_rows(w) if many else decode_rows(w, height)
-    blocks = 0 if many else block_rows(w, n)
-    by_parts = not many and decode is None and products_by_parts(n, blocks)
+    products = None if whole else kept_memory("int4 products", count * height, n).reshape(-1)
+    inputs = split.T if whole else split.reshape(n, count, width).transpose(1, 2, 0)  # [in, N] or [planes, in/8, N]
+    step = cached_rows(w) if n > MANY_TOKENS else decode_rows(w, height)
+    blocks = 0 if whole else block_rows(w, n)
+    by_parts = not whole and decode is None and products_by_parts(n, blocks)
     for i in range(len(tiles)) if claim is None else iter(claim, None):
         start, end = tiles[i]
         tile = buffer[: (end - start) * w.in_features]
-        places = tile.reshape(end - start, count, width).transpose(1, 0, 2) if many else tile.reshape(count, -1, width)
+        places = tile.reshape(end - start, count, width).transpose(1, 0, 2) if whole else tile.reshape(count, -1, width)
         if decode is None:
             for r in range(0, end - start, step):
                 part = places[:, r : r + step]
@@ -291,7 +301,7 @@ def apply_tiles(split: np.ndarray, w: Nibbles, tiles: Sequence[tuple[int, int]],
                                        blocks or part.shape[1], products)
         else:
             decode(w, start, end, places)
-        if many:
+        if whole:
             gemm.matmul(tile.reshape(end - start, -1), inputs, rows[start:end])
         elif not by_parts:
             gemm.planes_matmul(places, inputs, rows[start:end], blocks or end - start, products)

@@ -270,6 +270,32 @@ def test_at_most_four_tokens_multiply_each_part_as_it_is_decoded(tokens, monkeyp
     assert sorted(heights) == ([12] + [32] * 9 if tokens <= int4_tiles.PART_PRODUCT_TOKENS else [44, 128, 128])
 
 
+@pytest.mark.parametrize(("backend", "tokens", "whole_rows"),
+                         [("mkl", 24, False), ("mkl", 25, True), ("mkl", 128, True), ("numpy", 40, False),
+                          ("numpy", 129, True)])
+def test_with_mkl_more_than_24_tokens_multiply_whole_rows(backend, tokens, whole_rows, monkeypatch):
+    """With MKL, a tile of more than MKL_ROWS_TOKENS tokens is multiplied as its rows [rows, in] in one
+    product, as past MANY_TOKENS with either BLAS; fewer, or with NumPy's BLAS, as its planes. An FP4
+    weight's tiles keep their planes. The product is the dense one either way."""
+    from stepper.kernels import gemm, int4_tiles
+    from stepper.weights.stored import Fp4Matrix
+
+    monkeypatch.setattr(gemm, "backend", lambda: backend)  # without MKL installed, gemm.matmul is NumPy's
+    planes, rows, planes_matmul, matmul = [], [], gemm.planes_matmul, gemm.matmul
+    monkeypatch.setattr(gemm, "planes_matmul", lambda p, inputs, out, r, scratch: (
+        planes.append(p.shape), planes_matmul(p, inputs, out, r, scratch)))
+    monkeypatch.setattr(gemm, "matmul", lambda a, b, out: (rows.append(a.shape), matmul(a, b, out))[1])
+    w = int4_weight(300, 2048, seed=5)
+    x = np.random.default_rng(tokens).standard_normal((tokens, 2048)).astype(np.float32)
+    exact = x.astype(np.float64) @ w.dequantize().astype(np.float64).T
+    bound = 1e-6 * (np.abs(x).astype(np.float64) @ np.abs(w.dequantize()).astype(np.float64).T)
+    assert (np.abs(int4_products(x, [w])[0] - exact) <= bound).all()
+    assert bool(rows) == whole_rows and bool(planes) != whole_rows
+    assert all(shape[1] == 2048 for shape in rows) and sum(shape[0] for shape in rows) == (300 if whole_rows else 0)
+    fp4 = Fp4Matrix(np.zeros((300, 1024), np.uint8), np.full((300, 64), 127, np.uint8))
+    assert not int4_tiles.rows_product(min(tokens, 128), fp4)
+
+
 def test_few_tokens_tiles_decode_whole_where_the_machine_prefers_it(monkeypatch):
     from stepper.kernels import cpu_caches, int4_tiles
 
