@@ -82,11 +82,10 @@ CHEAP_REMAINDERS = (1, 2, 3, 4)
 
 
 def cached_rest(tokens: int, inputs: int) -> int:
-    """How many of `tokens` columns of a full-size FP8 tile's product are better not given to MKL:
-    1 to 4 past a multiple of 16, which MKL's sgemm multiplies at the cost of 16 more (a [128, 7168]
-    tile by 17 tokens as by 32). Those are multiplied part by part as each part of the tile is
-    decoded, in the cache, by NumPy's BLAS: one as a matrix-vector product, 2 to 4 where its
-    kernels multiply small products directly (avx512_openblas). 0 elsewhere."""
+    """How many of `tokens` columns of an FP8 tile's product by MKL are better not given to it: 1 to
+    4 past a multiple of 16, which its sgemm multiplies at the cost of 16 more. They are multiplied
+    by each part of the tile as it is decoded, in the cache, by NumPy's BLAS: one as a matrix-vector
+    product, 2 to 4 where its kernels multiply small products directly (avx512_openblas). Else 0."""
     rest = tokens % 16
     if rest not in CHEAP_REMAINDERS or not mkl_products(inputs):
         return 0

@@ -248,9 +248,8 @@ def products_by_parts(n: int, blocks: int) -> bool:
 def rows_product(n: int, w: Nibbles) -> bool:
     """Whether a tile's product by n tokens is one GEMM of its rows [rows, in] (the planes side by
     side in each row): past MANY_TOKENS, or an INT4 weight's past MKL_ROWS_TOKENS where MKL makes
-    the products (gemm.mkl_products), which multiplies whole rows faster than OpenBLAS the planes.
-    FP4's tiles (fp4_tiles) keep their planes: a [2048, 4096] FP4 weight's rows by MKL took 1.03-1.08x
-    the time of its planes at 32 to 64 tokens (Intel Xeon)."""
+    the products (gemm.mkl_products). FP4's tiles (fp4_tiles) keep their planes: a [2048, 4096] FP4
+    weight's rows by MKL took 1.03-1.08x the time of its planes at 32 to 64 tokens (Intel Xeon)."""
     return n > MANY_TOKENS or (n > MKL_ROWS_TOKENS and isinstance(w, Int4Matrix) and gemm.mkl_products(w.in_features))
 
 
@@ -276,10 +275,10 @@ def apply_tiles(split: np.ndarray, w: Nibbles, tiles: Sequence[tuple[int, int]],
     With few tokens a tile is held as its planes one after another, each multiplied by its inputs
     (in direct blocks of rows where block_rows gives them) and the products summed (every pass
     over the tile one long run), with a very few a part at a time as soon as it is decoded, while
-    it is in the cache (products_by_parts); with many (and with MKL more than MKL_ROWS_TOKENS:
-    rows_product), as rows [rows, in], the planes side by side, for one GEMM over whole rows (BLAS
-    is slower on short ones). With `claim`, only the tiles it hands out are done (by index, until it gives
-    None): a product shared from both ends with a helper process (fp8_workers)."""
+    it is in the cache (products_by_parts); with many (rows_product), as rows [rows, in], the
+    planes side by side, for one GEMM over whole rows (BLAS is slower on short ones). With
+    `claim`, only the tiles it hands out are done (by index, until it gives None): a product
+    shared from both ends with a helper process (fp8_workers)."""
     n, count, whole = split.shape[0], planes(w), rows_product(split.shape[0], w)
     width = w.in_features // count
     height = max((end - start for start, end in tiles), default=0)
