@@ -134,8 +134,9 @@ def tile_rate(cfg: Config, columns: int) -> float:
 
     def product() -> None:
         if head < columns:
-            for b0 in range(0, rows, step):
-                multiply_in_cache(tile[b0 : b0 + step], inputs[head:].T, out[b0 : b0 + step, head:])
+            for b0 in range(0, rows, step):  # with no tokens for the whole tile, every part in one part's memory
+                part = tile[b0 : b0 + step] if head else tile[: min(step, rows - b0)]
+                multiply_in_cache(part, inputs[head:].T, out[b0 : b0 + step, head:])
         if head:
             multiply_tile(tile, inputs[:head].T, out[:, :head], direct)
 

@@ -80,9 +80,10 @@ def apply_tiles(tokens: np.ndarray, w: Fp8Matrix, k: int, rows: np.ndarray, deco
     run faster (docs/design-notes.md). A tile is decoded in parts of at most a block whose float32
     fit in half the L2 read from the machine (cpu_caches), so that each pass runs in the cache: a
     block [128, 7168] (3.5 MiB) does not fit a 2 MiB L2. One token, and with MKL the 1 to 4 tokens
-    past a multiple of 16 (gemm.cached_rest), are multiplied by each part as soon as it is decoded;
-    the other tokens by the whole tile. Where NumPy's OpenBLAS multiplies small products directly,
-    a few tokens' tile is multiplied in such parts (gemm.direct_parts).
+    past a multiple of 16 (gemm.cached_rest), are multiplied by each part as soon as it is decoded
+    (with no others, all parts decoded into one part's memory, kept in the L2); the others by the
+    whole tile. Where OpenBLAS multiplies small products directly, a few tokens' tile is multiplied
+    in such parts (gemm.direct_parts).
 
     With `claim`, only the tiles it hands out are done (by index, until it gives None), and with
     `nan_check` the caller puts together and remembers what was found (fp8_workers shares a
@@ -111,7 +112,7 @@ def apply_tiles(tokens: np.ndarray, w: Fp8Matrix, k: int, rows: np.ndarray, deco
         if not many:
             inputs = np.multiply(tokens, scales[r], out=scaled).T  # [in, N]
         for b0, b1 in in_steps(end - start, block_rows, step):
-            part = tile[b0:b1]  # [<= step, in]
+            part = tile[b0:b1] if head or many else buffer[: b1 - b0]  # [<= step, in]; else one part's, in the L2
             nan_check.decode(w.codes[start + b0 : start + b1], part)
             if many:
                 np.multiply(part, scales[r + b0 // block_rows], out=part)

@@ -52,8 +52,7 @@ PART_PRODUCT_TOKENS = 4  # up to this many tokens each part is multiplied as soo
 # (one token, or in direct blocks): on an Intel Xeon whose tiles are decoded in parts, a decode step took 0.95x its
 # time with whole tiles' products
 SHARED_TILES = 16  # a few tokens' tiles of a weight: at least this many, each of at least cached_rows
-MKL_ROWS_TOKENS = 24  # with MKL, past this many tokens an INT4 tile is multiplied as whole rows, in one product: a
-# Kimi K2 expert at 26 to 128 tokens took 0.90-0.98x the time of its planes' products, at 5 to 24 1.0-1.1x (Intel Xeon)
+MKL_ROWS_TOKENS = 24  # with MKL, past this many an INT4 tile's tokens multiply its rows (26-128: 0.90-0.98x planes')
 
 
 @cache
@@ -248,8 +247,7 @@ def products_by_parts(n: int, blocks: int) -> bool:
 def rows_product(n: int, w: Nibbles) -> bool:
     """Whether a tile's product by n tokens is one GEMM of its rows [rows, in] (the planes side by
     side in each row): past MANY_TOKENS, or an INT4 weight's past MKL_ROWS_TOKENS where MKL makes
-    the products (gemm.mkl_products). FP4's tiles (fp4_tiles) keep their planes: a [2048, 4096] FP4
-    weight's rows by MKL took 1.03-1.08x the time of its planes at 32 to 64 tokens (Intel Xeon)."""
+    the products (gemm.mkl_products). FP4's tiles (fp4_tiles) keep their planes, faster for them."""
     return n > MANY_TOKENS or (n > MKL_ROWS_TOKENS and isinstance(w, Int4Matrix) and gemm.mkl_products(w.in_features))
 
 
@@ -274,11 +272,11 @@ def apply_tiles(split: np.ndarray, w: Nibbles, tiles: Sequence[tuple[int, int]],
 
     With few tokens a tile is held as its planes one after another, each multiplied by its inputs
     (in direct blocks of rows where block_rows gives them) and the products summed (every pass
-    over the tile one long run), with a very few a part at a time as soon as it is decoded, while
-    it is in the cache (products_by_parts); with many (rows_product), as rows [rows, in], the
-    planes side by side, for one GEMM over whole rows (BLAS is slower on short ones). With
-    `claim`, only the tiles it hands out are done (by index, until it gives None): a product
-    shared from both ends with a helper process (fp8_workers)."""
+    over the tile one long run); with a very few, each part as soon as it is decoded, all decoded
+    into one part's memory, kept in the L2 (products_by_parts). With many (rows_product), as rows
+    [rows, in], the planes side by side, for one GEMM over whole rows (BLAS is slower on short
+    ones). With `claim`, only the tiles it hands out are done (by index, until it gives None): a
+    product shared from both ends with a helper process (fp8_workers)."""
     n, count, whole = split.shape[0], planes(w), rows_product(split.shape[0], w)
     width = w.in_features // count
     height = max((end - start for start, end in tiles), default=0)
@@ -294,7 +292,8 @@ def apply_tiles(split: np.ndarray, w: Nibbles, tiles: Sequence[tuple[int, int]],
         places = tile.reshape(end - start, count, width).transpose(1, 0, 2) if whole else tile.reshape(count, -1, width)
         if decode is None:
             for r in range(0, end - start, step):
-                part = places[:, r : r + step]
+                part = (buffer[: min(step, end - start - r) * w.in_features].reshape(count, -1, width) if by_parts
+                        else places[:, r : r + step])
                 decode_tile(w, start + r, start + r + part.shape[1], part)
                 if by_parts:  # while the part is in the cache
                     gemm.planes_matmul(part, inputs, rows[start + r : start + r + part.shape[1]],

@@ -232,6 +232,26 @@ def test_with_mkl_the_few_tokens_past_16s_are_multiplied_in_the_cache(tokens, he
     assert len(parts) >= (3 if tokens > head else 0)
 
 
+@pytest.mark.parametrize(("tokens", "one_part"), [(1, True), (3, True), (17, False)])
+def test_tokens_all_multiplied_in_the_cache_need_one_part_of_memory(tokens, one_part, monkeypatch):
+    """Where blocks are decoded in parts (16 rows of 2048 inputs here), and every token is multiplied
+    by each part as it is decoded (one token; with MKL, 2 to 4), every part is decoded into the same
+    memory, which stays in the L2; with tokens for the whole tile (17: 16 of them), each part into
+    its rows of the tile. The product is the dequantized one's either way."""
+    from stepper.kernels import cpu_caches, fp8_tiles, gemm
+
+    monkeypatch.setattr(cpu_caches, "l2_bytes", lambda: 1 << 18)
+    monkeypatch.setattr(fp8_tiles, "decode_in_parts", lambda: True)
+    monkeypatch.setattr(gemm, "backend", lambda: "mkl")
+    monkeypatch.setattr(gemm, "avx512_openblas", lambda: True)
+    places, decode = [], fp8_tiles.NanCheck.decode
+    monkeypatch.setattr(fp8_tiles.NanCheck, "decode", lambda check, codes, out: (
+        places.append((out.shape[0], out.ctypes.data)), decode(check, codes, out))[1])
+    product_of_300_rows_checked(tokens)
+    assert [rows for rows, _ in places] == [16] * 18 + [12]  # tiles of 128, 128 and 44 rows
+    assert len({place for _, place in places}) == (1 if one_part else 8)
+
+
 @pytest.mark.parametrize("scale", [1e-3, 2.0**-140, 100.0, 2.0**10, np.inf])  # subnormal; s * 2^120 overflows
 def test_decoded_equals_dequantize_bit_for_bit(scale):
     rng = np.random.default_rng(5)

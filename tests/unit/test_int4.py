@@ -250,17 +250,22 @@ def test_tiles_for_few_tokens_follow_the_blas_and_the_cache(monkeypatch):
 def test_at_most_four_tokens_multiply_each_part_as_it_is_decoded(tokens, monkeypatch):
     """Where tiles are decoded in parts (32 rows of 7168 inputs, a tile 128 rows here), up to
     PART_PRODUCT_TOKENS tokens multiply each part as soon as it is decoded (one token, or where
-    OpenBLAS multiplies the planes in direct blocks); more multiply the whole tile. The product is
-    the dense one either way."""
-    from stepper.kernels import cpu_caches, gemm, int4_tiles
+    OpenBLAS multiplies the planes in direct blocks), every part decoded into the same memory (kept
+    in the L2); more multiply the whole tile, each part decoded into its rows. The product is the
+    dense one either way."""
+    from stepper.kernels import cpu_caches, gemm, int4_tiles, parallel
 
     monkeypatch.setattr(cpu_caches, "l2_bytes", lambda: 1 << 20)
     monkeypatch.setattr(int4_tiles, "decode_in_parts", lambda: True)
     monkeypatch.setattr(int4_tiles, "SHARED_TILES", 2)  # 300 rows: tiles of 128, 128 and 44
+    monkeypatch.setattr(parallel, "cores", lambda: 1)  # one thread's memory
     monkeypatch.setattr(gemm, "avx512_openblas", lambda: True)  # 2-4 tokens' planes in direct blocks
     heights, planes_matmul = [], gemm.planes_matmul
     monkeypatch.setattr(gemm, "planes_matmul", lambda planes, inputs, out, rows, scratch: (
         heights.append(planes.shape[1]), planes_matmul(planes, inputs, out, rows, scratch)))
+    places, decode_tile = [], int4_tiles.decode_tile
+    monkeypatch.setattr(int4_tiles, "decode_tile", lambda w, start, end, out: (
+        places.append(out.ctypes.data), decode_tile(w, start, end, out))[1])
     w = int4_weight(300, 7168)
     x = np.random.default_rng(2).standard_normal((tokens, 7168), dtype=np.float32)
     ref = x.astype(np.float64) @ w.dequantize().T.astype(np.float64)
@@ -268,6 +273,7 @@ def test_at_most_four_tokens_multiply_each_part_as_it_is_decoded(tokens, monkeyp
     assert np.abs(y - ref).max() <= 1e-6 * np.abs(ref).max()
     assert int4_tiles.decode_rows(w, 128) == 32 and int4_tiles.row_tiles(w, tokens)[-1] == (256, 300)
     assert sorted(heights) == ([12] + [32] * 9 if tokens <= int4_tiles.PART_PRODUCT_TOKENS else [44, 128, 128])
+    assert len(places) == 10 and len(set(places)) == (1 if tokens <= int4_tiles.PART_PRODUCT_TOKENS else 4)
 
 
 @pytest.mark.parametrize(("backend", "tokens", "whole_rows"),
