@@ -79,8 +79,8 @@ def apply_tiles(tokens: np.ndarray, w: Fp8Matrix, k: int, rows: np.ndarray, deco
     and a tile is several blocks high: BLAS repacks the inputs for every product, so taller tiles
     run faster (docs/design-notes.md). A tile is decoded in parts of at most a block whose float32
     fit in half the L2 read from the machine (cpu_caches), so that each pass runs in the cache: a
-    block [128, 7168] (3.5 MiB) does not fit a 2 MiB L2. One token, and with MKL the 1 to 4 tokens
-    past a multiple of 16 (gemm.cached_rest), are multiplied by each part as soon as it is decoded
+    block [128, 7168] (3.5 MiB) does not fit a 2 MiB L2. One token, and with MKL up to 11 and the 1
+    to 4 past a multiple of 16 (gemm.cached_rest), are multiplied by each part as soon as it is decoded
     (with no others, all parts decoded into one part's memory, kept in the L2); the others by the
     whole tile. Where OpenBLAS multiplies small products directly, a few tokens' tile is multiplied
     in such parts (gemm.direct_parts).
@@ -126,8 +126,8 @@ def apply_tiles(tokens: np.ndarray, w: Fp8Matrix, k: int, rows: np.ndarray, deco
 
 def tokens_in_cache(n: int, in_dim: int) -> int:
     """How many of a few tokens' n (the last ones) are multiplied by each part of a tile as soon
-    as it is decoded: one token, or with MKL the 1 to 4 past a multiple of 16 (gemm.cached_rest);
-    the others by the whole tile."""
+    as it is decoded: one token, or with MKL up to 11 and the 1 to 4 past a multiple of 16
+    (gemm.cached_rest); the others by the whole tile."""
     return n if n <= PART_PRODUCT_TOKENS else gemm.cached_rest(n, in_dim)
 
 

@@ -79,15 +79,16 @@ def most_direct_rows(inner: int, tokens: int) -> int:
 # to 24; 5 to 15 past a multiple of 16 ran as fast or faster padded to 8s (AMD EPYC Zen 4,
 # docs/performance.md).
 CHEAP_REMAINDERS = (1, 2, 3, 4)
+FEW_CACHED = 11  # with MKL, up to this many tokens all go to the parts (9: 0.89x MKL's whole tiles, 13: 1.03x)
 
 
 def cached_rest(tokens: int, inputs: int) -> int:
-    """How many of `tokens` columns of an FP8 tile's product by MKL are better not given to it: 1 to
-    4 past a multiple of 16, which its sgemm multiplies at the cost of 16 more. They are multiplied
-    by each part of the tile as it is decoded, in the cache, by NumPy's BLAS: one as a matrix-vector
-    product, 2 to 4 where its kernels multiply small products directly (avx512_openblas). Else 0."""
-    rest = tokens % 16
-    if rest not in CHEAP_REMAINDERS or not mkl_products(inputs):
+    """How many of `tokens` columns of an FP8 tile's product by MKL are better not given to it: all
+    of at most FEW_CACHED, or 1 to 4 past a multiple of 16 (its sgemm's cost is 16's). They are
+    multiplied by each part of the tile as it is decoded, in the cache, by NumPy's BLAS: one as a
+    matrix-vector product, more where its kernels multiply small products directly. Else 0."""
+    rest = tokens if tokens <= FEW_CACHED else tokens % 16 if tokens % 16 in CHEAP_REMAINDERS else 0
+    if not (rest and mkl_products(inputs)):
         return 0
     return rest if rest == 1 or avx512_openblas() else 0
 

@@ -48,9 +48,8 @@ MANY_TOKENS = 128  # past this, tiles are taller (BLAS repacks the inputs for ev
 PRODUCT_VALUES = 1 << 21  # a few tokens' tall tile holds at least these float32 values (8 MiB): over [256, 7168]
 # the planes' products ran 1.8x faster than over [32, 7168] at 64 and 128 tokens (1.15x with OpenBLAS's Haswell kernels)
 DECODED_VALUES = 1 << 20  # at most these decoded at once where whole tiles decode faster (decode_rows)
-PART_PRODUCT_TOKENS = 4  # up to this many tokens each part is multiplied as soon as it is decoded, in the cache
-# (one token, or in direct blocks): on an Intel Xeon whose tiles are decoded in parts, a decode step took 0.95x its
-# time with whole tiles' products
+PART_PRODUCT_TOKENS = 16  # up to this many tokens each part is multiplied as soon as it is decoded, in the cache
+# (one token, or in direct blocks): a [2048, 7168] weight by 5 / 16 tokens 0.88x / 0.97x whole tiles' time (Intel)
 SHARED_TILES = 16  # a few tokens' tiles of a weight: at least this many, each of at least cached_rows
 MKL_ROWS_TOKENS = 24  # with MKL, past this many an INT4 tile's tokens multiply its rows (26-128: 0.90-0.98x planes')
 

@@ -209,12 +209,14 @@ def test_a_few_tokens_product_in_direct_parts_is_the_dequantized_one(tokens, mon
     assert calls == [((128, 2048), (2048, tokens), parts)] * 2 + [((44, 2048), (2048, tokens), parts)]
 
 
-@pytest.mark.parametrize("tokens, head", [(2, 0), (4, 0), (5, 5), (16, 16), (17, 16), (20, 16), (21, 21), (36, 32)])
+@pytest.mark.parametrize("tokens, head", [(2, 0), (4, 0), (5, 0), (11, 0), (12, 12), (16, 16), (17, 16), (20, 16),
+                                          (21, 21), (36, 32)])
 def test_with_mkl_the_few_tokens_past_16s_are_multiplied_in_the_cache(tokens, head, monkeypatch):
     """With MKL (chosen here on any machine; NumPy's BLAS stands in where it is not installed) and
-    OpenBLAS's AVX-512 kernels beside it, 1 to 4 tokens past a multiple of 16 go unpadded and are
-    multiplied by each part of a tile as it is decoded (fp8_tiles.multiply_in_cache), the other
-    tokens by the whole tile; the product is the dequantized one's either way."""
+    OpenBLAS's AVX-512 kernels beside it, up to 11 tokens, and 1 to 4 tokens past a multiple of 16,
+    go unpadded and are multiplied by each part of a tile as it is decoded
+    (fp8_tiles.multiply_in_cache), the other tokens by the whole tile; the product is the
+    dequantized one's either way."""
     from stepper.kernels import fp8_tiles, gemm
 
     monkeypatch.setattr(gemm, "backend", lambda: "mkl")

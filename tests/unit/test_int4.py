@@ -246,8 +246,8 @@ def test_tiles_for_few_tokens_follow_the_blas_and_the_cache(monkeypatch):
     assert int4_tiles.tile_height(tall, 11) == 288  # a taller weight's sixteenth is more than 2^21 values
 
 
-@pytest.mark.parametrize("tokens", [1, 4, 5])
-def test_at_most_four_tokens_multiply_each_part_as_it_is_decoded(tokens, monkeypatch):
+@pytest.mark.parametrize("tokens", [1, 4, 16, 17])
+def test_a_few_tokens_multiply_each_part_as_it_is_decoded(tokens, monkeypatch):
     """Where tiles are decoded in parts (32 rows of 7168 inputs, a tile 128 rows here), up to
     PART_PRODUCT_TOKENS tokens multiply each part as soon as it is decoded (one token, or where
     OpenBLAS multiplies the planes in direct blocks), every part decoded into the same memory (kept
