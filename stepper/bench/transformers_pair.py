@@ -129,7 +129,7 @@ def tile_rate(cfg: Config, columns: int) -> float:
     out = np.empty((rows, columns), np.float32)
     few = columns <= block_rows(cfg)  # as apply_tiles: the last tokens part by part, the others by the whole tile
     direct = gemm.direct_parts(cfg.hidden_size, columns) if few else None
-    head = columns - (tokens_in_cache(columns, cfg.hidden_size) if few else 0)
+    head = columns - (tokens_in_cache(columns, block_rows(cfg), cfg.hidden_size) if few else 0)
     step = part_rows(block_rows(cfg), cfg.hidden_size)
 
     def product() -> None:

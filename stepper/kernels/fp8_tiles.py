@@ -79,11 +79,11 @@ def apply_tiles(tokens: np.ndarray, w: Fp8Matrix, k: int, rows: np.ndarray, deco
     and a tile is several blocks high: BLAS repacks the inputs for every product, so taller tiles
     run faster (docs/design-notes.md). A tile is decoded in parts of at most a block whose float32
     fit in half the L2 read from the machine (cpu_caches), so that each pass runs in the cache: a
-    block [128, 7168] (3.5 MiB) does not fit a 2 MiB L2. One token, and with MKL up to 11 and the 1
-    to 4 past a multiple of 16 (gemm.cached_rest), are multiplied by each part as soon as it is decoded
-    (with no others, all parts decoded into one part's memory, kept in the L2); the others by the
-    whole tile. Where OpenBLAS multiplies small products directly, a few tokens' tile is multiplied
-    in such parts (gemm.direct_parts).
+    block [128, 7168] (3.5 MiB) does not fit a 2 MiB L2. One token, and with MKL a few more
+    (tokens_in_cache), are multiplied by each part as soon as it is decoded (with no others, all
+    parts decoded into one part's memory, kept in the L2); the others by the whole tile. Where
+    OpenBLAS multiplies small products directly, a few tokens' tile is multiplied in such parts
+    (gemm.direct_parts).
 
     With `claim`, only the tiles it hands out are done (by index, until it gives None), and with
     `nan_check` the caller puts together and remembers what was found (fp8_workers shares a
@@ -103,7 +103,7 @@ def apply_tiles(tokens: np.ndarray, w: Fp8Matrix, k: int, rows: np.ndarray, deco
         scales, scaled = column_scales(w, k), np.empty(tokens.shape, np.float32)
     step = part_rows(block_rows, in_dim)
     n = tokens.shape[0]
-    rest = 0 if many else tokens_in_cache(n, in_dim)
+    rest = 0 if many else tokens_in_cache(n, block_rows, in_dim)
     head = n - rest  # tokens multiplied with the whole tile; the rest part by part, in the cache
     direct = None if many else gemm.direct_parts(in_dim, n)  # the tile's product in direct parts
     for i in range(len(tiles)) if claim is None else iter(claim, None):
@@ -124,11 +124,12 @@ def apply_tiles(tokens: np.ndarray, w: Fp8Matrix, k: int, rows: np.ndarray, deco
         nan_check.done()
 
 
-def tokens_in_cache(n: int, in_dim: int) -> int:
-    """How many of a few tokens' n (the last ones) are multiplied by each part of a tile as soon
-    as it is decoded: one token, or with MKL up to 11 and the 1 to 4 past a multiple of 16
-    (gemm.cached_rest); the others by the whole tile."""
-    return n if n <= PART_PRODUCT_TOKENS else gemm.cached_rest(n, in_dim)
+def tokens_in_cache(n: int, block_rows: int, in_dim: int) -> int:
+    """How many of a few tokens' n (the last ones) each part of a tile multiplies as it is decoded: one,
+    or with MKL the 1-4 past a multiple of 16 and, where parts are smaller than a block, all of up to 11
+    (gemm.cached_rest; a [128, 2048] block by 7-12 ran 1.06-1.45x slower); the others the whole tile."""
+    rest = n if n <= PART_PRODUCT_TOKENS else gemm.cached_rest(n, in_dim)
+    return rest if rest < n or n % 16 in gemm.CHEAP_REMAINDERS or part_rows(block_rows, in_dim) < block_rows else 0
 
 
 def multiply_tile(tile: np.ndarray, inputs: np.ndarray, out: np.ndarray, direct: tuple[int, int] | None) -> None:

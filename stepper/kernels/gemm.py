@@ -83,10 +83,9 @@ FEW_CACHED = 11  # with MKL, up to this many tokens all go to the parts (9: 0.89
 
 
 def cached_rest(tokens: int, inputs: int) -> int:
-    """How many of `tokens` columns of an FP8 tile's product by MKL are better not given to it: all
-    of at most FEW_CACHED, or 1 to 4 past a multiple of 16 (its sgemm's cost is 16's). They are
-    multiplied by each part of the tile as it is decoded, in the cache, by NumPy's BLAS: one as a
-    matrix-vector product, more where its kernels multiply small products directly. Else 0."""
+    """How many of `tokens` columns of an FP8 tile's product by MKL are better not given to it: all of
+    at most FEW_CACHED, or 1 to 4 past a multiple of 16 (its sgemm's cost is 16's), for each part to
+    multiply as it is decoded, by NumPy's BLAS (more than one where it makes them directly). Else 0."""
     rest = tokens if tokens <= FEW_CACHED else tokens % 16 if tokens % 16 in CHEAP_REMAINDERS else 0
     if not (rest and mkl_products(inputs)):
         return 0

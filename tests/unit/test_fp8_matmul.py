@@ -209,18 +209,23 @@ def test_a_few_tokens_product_in_direct_parts_is_the_dequantized_one(tokens, mon
     assert calls == [((128, 2048), (2048, tokens), parts)] * 2 + [((44, 2048), (2048, tokens), parts)]
 
 
-@pytest.mark.parametrize("tokens, head", [(2, 0), (4, 0), (5, 0), (11, 0), (12, 12), (16, 16), (17, 16), (20, 16),
-                                          (21, 21), (36, 32)])
-def test_with_mkl_the_few_tokens_past_16s_are_multiplied_in_the_cache(tokens, head, monkeypatch):
+@pytest.mark.parametrize("tokens, small_parts, head, whole", [
+    (2, False, 0, 0), (4, False, 0, 0), (5, True, 0, 0), (11, True, 0, 0), (5, False, 5, 5), (12, True, 12, 16),
+    (16, False, 16, 16), (17, False, 16, 16), (20, False, 16, 16), (21, False, 21, 24), (36, False, 32, 32)])
+def test_with_mkl_the_few_tokens_past_16s_are_multiplied_in_the_cache(tokens, small_parts, head, whole, monkeypatch):
     """With MKL (chosen here on any machine; NumPy's BLAS stands in where it is not installed) and
-    OpenBLAS's AVX-512 kernels beside it, up to 11 tokens, and 1 to 4 tokens past a multiple of 16,
-    go unpadded and are multiplied by each part of a tile as it is decoded
-    (fp8_tiles.multiply_in_cache), the other tokens by the whole tile; the product is the
-    dequantized one's either way."""
-    from stepper.kernels import fp8_tiles, gemm
+    OpenBLAS's AVX-512 kernels beside it, 1 to 4 tokens past a multiple of 16, and where a block is
+    decoded in smaller parts (16 rows of 2048 inputs here) all of up to 11, go unpadded and are
+    multiplied by each part of a tile as it is decoded (fp8_tiles.multiply_in_cache); the other
+    tokens by the whole tile (`whole` columns: unpadded up to 11); the product is the dequantized
+    one's either way."""
+    from stepper.kernels import cpu_caches, fp8_tiles, gemm
 
     monkeypatch.setattr(gemm, "backend", lambda: "mkl")
     monkeypatch.setattr(gemm, "avx512_openblas", lambda: True)  # 2-4 tokens are multiplied directly
+    if small_parts:
+        monkeypatch.setattr(cpu_caches, "l2_bytes", lambda: 1 << 18)
+        monkeypatch.setattr(fp8_tiles, "decode_in_parts", lambda: True)
     wholes, parts = [], []
     real_tile, real_part = fp8_tiles.multiply_tile, fp8_tiles.multiply_in_cache
     monkeypatch.setattr(fp8_tiles, "multiply_tile", lambda tile, inputs, out, direct: wholes.append(inputs.shape[1])
@@ -228,8 +233,7 @@ def test_with_mkl_the_few_tokens_past_16s_are_multiplied_in_the_cache(tokens, he
     monkeypatch.setattr(fp8_tiles, "multiply_in_cache", lambda part, inputs, out: parts.append(inputs.shape[1])
                         or real_part(part, inputs, out))
     product_of_300_rows_checked(tokens)
-    padded = head if head % 8 == 0 else -(-head // 8) * 8
-    assert wholes == ([padded] * 3 if head else [])  # three tiles: 128, 128 and 44 rows
+    assert wholes == ([whole] * 3 if head else [])  # three tiles: 128, 128 and 44 rows
     assert set(parts) == ({tokens - head} if tokens > head else set())
     assert len(parts) >= (3 if tokens > head else 0)
 
