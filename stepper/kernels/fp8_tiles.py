@@ -126,10 +126,10 @@ def apply_tiles(tokens: np.ndarray, w: Fp8Matrix, k: int, rows: np.ndarray, deco
 
 def tokens_in_cache(n: int, block_rows: int, in_dim: int) -> int:
     """How many of a few tokens' n (the last ones) each part of a tile multiplies as it is decoded: one,
-    or with MKL the 1-4 past a multiple of 16 and, where parts are smaller than a block, all of up to 11
-    (gemm.cached_rest; a [128, 2048] block by 7-12 ran 1.06-1.45x slower); the others the whole tile."""
+    or with MKL the 1-4 past a multiple of 16 and, where parts are smaller than a block, all of up to
+    gemm.FEW_CACHED (cached_rest; a [128, 2048] block by 7-12 ran 1.06-1.45x slower); the others the tile."""
     rest = n if n <= PART_PRODUCT_TOKENS else gemm.cached_rest(n, in_dim)
-    return rest if rest < n or n % 16 in gemm.CHEAP_REMAINDERS or part_rows(block_rows, in_dim) < block_rows else 0
+    return rest if n % 16 in gemm.CHEAP_REMAINDERS or part_rows(block_rows, in_dim) < block_rows else 0
 
 
 def multiply_tile(tile: np.ndarray, inputs: np.ndarray, out: np.ndarray, direct: tuple[int, int] | None) -> None:
